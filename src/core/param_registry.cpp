@@ -1,0 +1,131 @@
+#include "core/param_registry.h"
+
+#include <cstring>
+
+#include "core/rng.h"
+
+namespace moecore {
+
+std::vector<int64_t> Param::local_shape() const {
+  std::vector<int64_t> s = spec.global_shape;
+  if (spec.slice.dim >= 0) s[spec.slice.dim] = spec.slice.length;
+  return s;
+}
+
+int64_t Param::local_numel() const {
+  int64_t n = 1;
+  for (int64_t d : local_shape()) n *= d;
+  return n;
+}
+
+int64_t Param::global_numel() const {
+  int64_t n = 1;
+  for (int64_t d : spec.global_shape) n *= d;
+  return n;
+}
+
+Param& ParamRegistry::add(ParamSpec spec) {
+  MOE_CHECK(find(spec.name) == nullptr, "[params] parameter '{}' registered twice", spec.name);
+  MOE_CHECK(!spec.global_shape.empty(), "[params] parameter '{}' has no shape", spec.name);
+  for (int64_t d : spec.global_shape) {
+    MOE_CHECK(d > 0, "[params] parameter '{}' has a dimension of size {}", spec.name, d);
+  }
+  if (spec.slice.dim >= 0) {
+    MOE_CHECK(spec.slice.dim < static_cast<int>(spec.global_shape.size()) &&
+                  spec.slice.offset >= 0 && spec.slice.length > 0 &&
+                  spec.slice.offset + spec.slice.length <= spec.global_shape[spec.slice.dim],
+              "[params] slice [{}, +{}) on dim {} does not fit '{}'", spec.slice.offset,
+              spec.slice.length, spec.slice.dim, spec.name);
+  }
+  MOE_CHECK(data_[0] == nullptr && data_[1] == nullptr,
+            "[params] '{}' registered after allocate()", spec.name);
+  Param p;
+  p.spec = std::move(spec);
+  p.dtype = dtype_;
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+void ParamRegistry::allocate(Arena& arena) {
+  size_t esize = dtype_size(dtype_);
+  for (int k = 0; k < 2; ++k) {
+    int64_t n = 0;
+    for (Param& p : params_) {
+      if (static_cast<int>(p.spec.kind) != k) continue;
+      p.offset = n;
+      n += p.local_numel();
+    }
+    numel_[k] = n;
+    const char* kname = k == 0 ? "params.dense" : "params.expert";
+    data_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Weights);
+    grad_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Grads);
+  }
+  for (Param& p : params_) {
+    int k = static_cast<int>(p.spec.kind);
+    p.data = data_[k] ? static_cast<char*>(data_[k]) + p.offset * esize : nullptr;
+    p.grad = grad_[k] ? static_cast<char*>(grad_[k]) + p.offset * esize : nullptr;
+  }
+}
+
+double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index) {
+  switch (spec.init) {
+    case ParamInit::Ones: return 1.0;
+    case ParamInit::Zeros: return 0.0;
+    case ParamInit::Normal:
+      return spec.init_std * rng_normal(rng_key(seed, spec.name), static_cast<uint64_t>(global_index));
+  }
+  return 0.0;
+}
+
+void ParamRegistry::init(uint64_t seed) {
+  for (Param& p : params_) {
+    MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
+    const auto& g = p.spec.global_shape;
+    const int nd = static_cast<int>(g.size());
+    const int sd = p.spec.slice.dim;
+    // Elements before / after the sliced dimension map local -> global index.
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < (sd < 0 ? 0 : sd); ++i) outer *= g[i];
+    for (int i = (sd < 0 ? nd : sd + 1); i < nd; ++i) inner *= g[i];
+    const int64_t glen = sd < 0 ? 1 : g[sd];
+    const int64_t llen = sd < 0 ? 1 : p.spec.slice.length;
+    const int64_t off = sd < 0 ? 0 : p.spec.slice.offset;
+    if (sd < 0) inner = p.global_numel();
+    int64_t local = 0;
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t s = 0; s < llen; ++s) {
+        int64_t gbase = (o * glen + off + s) * inner;
+        for (int64_t i = 0; i < inner; ++i, ++local) {
+          double v = param_init_value(p.spec, seed, gbase + i);
+          switch (dtype_) {
+            case DType::F32: static_cast<float*>(p.data)[local] = static_cast<float>(v); break;
+            case DType::F64: static_cast<double*>(p.data)[local] = v; break;
+            default: MOE_FAIL("[params] unsupported parameter dtype {}", dtype_name(dtype_));
+          }
+        }
+      }
+    }
+  }
+}
+
+void ParamRegistry::zero_grads() {
+  for (int k = 0; k < 2; ++k) {
+    if (grad_[k] != nullptr) std::memset(grad_[k], 0, numel_[k] * dtype_size(dtype_));
+  }
+}
+
+Param& ParamRegistry::get(const std::string& name) {
+  for (Param& p : params_) {
+    if (p.name() == name) return p;
+  }
+  MOE_FAIL("[params] no parameter named '{}'", name);
+}
+
+const Param* ParamRegistry::find(const std::string& name) const {
+  for (const Param& p : params_) {
+    if (p.name() == name) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace moecore

@@ -1,0 +1,96 @@
+// The parameter registry: every parameter's global name and shape, which slice this rank
+// holds, and whether it is a dense or an expert parameter. Values and gradients live in one
+// flat buffer per kind (dense, expert) so that optimizers and gradient buckets see contiguous
+// memory; initialization is a pure function of (seed, name, global element index).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/dtype.h"
+
+namespace moecore {
+
+enum class ParamKind : uint8_t { Dense, Expert };
+enum class ParamInit : uint8_t { Normal, Ones, Zeros };
+
+// The slice of the global tensor this rank holds: [offset, offset + length) along `dim`;
+// dim = -1 means the whole tensor.
+struct ParamSlice {
+  int dim = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  ParamInit init = ParamInit::Normal;
+  double init_std = 0.02;
+  ParamKind kind = ParamKind::Dense;
+  bool weight_decay = true;  // Megatron: no decay on norms and biases
+  ParamSlice slice{};
+};
+
+struct Param {
+  ParamSpec spec;
+  DType dtype = DType::F32;
+  int64_t offset = 0;  // element offset into its kind's flat buffers
+  void* data = nullptr;
+  void* grad = nullptr;
+
+  const std::string& name() const { return spec.name; }
+  std::vector<int64_t> local_shape() const;
+  int64_t local_numel() const;
+  int64_t global_numel() const;
+
+  template <typename T>
+  T* data_as() const {
+    MOE_CHECK(DTypeOf<T>::value == dtype, "[params] '{}' is {} not {}", spec.name,
+              dtype_name(dtype), dtype_name(DTypeOf<T>::value));
+    return static_cast<T*>(data);
+  }
+  template <typename T>
+  T* grad_as() const {
+    (void)data_as<T>();
+    return static_cast<T*>(grad);
+  }
+};
+
+class ParamRegistry {
+ public:
+  explicit ParamRegistry(DType dtype = DType::F32) : dtype_(dtype) {}
+
+  // Registers a parameter; the reference stays valid for the registry's lifetime.
+  Param& add(ParamSpec spec);
+
+  // Two passes like every arena user: flat value and gradient buffers per kind.
+  void allocate(Arena& arena);
+  void init(uint64_t seed);
+  void zero_grads();
+
+  Param& get(const std::string& name);
+  const Param* find(const std::string& name) const;
+  std::deque<Param>& params() { return params_; }
+  const std::deque<Param>& params() const { return params_; }
+
+  DType dtype() const { return dtype_; }
+  int64_t numel(ParamKind kind) const { return numel_[static_cast<int>(kind)]; }
+  void* flat_data(ParamKind kind) const { return data_[static_cast<int>(kind)]; }
+  void* flat_grad(ParamKind kind) const { return grad_[static_cast<int>(kind)]; }
+
+ private:
+  DType dtype_;
+  std::deque<Param> params_;
+  int64_t numel_[2] = {0, 0};
+  void* data_[2] = {nullptr, nullptr};
+  void* grad_[2] = {nullptr, nullptr};
+};
+
+// Initial value of global element `global_index` of parameter `spec` for `seed`.
+double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index);
+
+}  // namespace moecore

@@ -1,0 +1,33 @@
+// Causal self-attention core with grouped-query attention (GQA), after the projections and
+// RoPE. Layout [S, B, heads, D] (sequence-major, as Megatron), scale 1/sqrt(D). Memory-frugal:
+// the fast path materialises at most one head's S x S block per thread (workspace below); the
+// backward recomputes probabilities from the saved log-sum-exp.
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::ops {
+
+struct AttentionShape {
+  int64_t S = 0, B = 0, Hq = 0, Hkv = 0, D = 0;  // Hq % Hkv == 0
+};
+
+// Workspace elements (of T) the fast path needs for `n_threads` threads.
+int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
+
+// q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& s, T* workspace);
+template <typename T>
+void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
+                           const AttentionShape& s);
+// dq, dk, dv are assigned.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionShape& s, T* workspace);
+template <typename T>
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                            const T* v, const T* out, const T* lse, const AttentionShape& s);
+
+}  // namespace moecore::ops

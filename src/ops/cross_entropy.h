@@ -1,0 +1,34 @@
+// Output head fused with cross entropy, chunked over tokens: logits = h W^T exist only for
+// `chunk` tokens at a time ([chunk, V] workspace), never for the whole batch. The forward
+// saves the log-sum-exp per token; the backward recomputes each chunk's logits.
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::ops {
+
+struct HeadLossShape {
+  int64_t n_tok = 0, H = 0, V = 0, chunk = 256;
+};
+
+int64_t head_loss_workspace_elems(const HeadLossShape& s);
+
+// loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).
+// Targets < 0 are ignored (loss 0, no gradient).
+template <typename T>
+double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
+                         const int32_t* target_T, const HeadLossShape& s, T* workspace);
+template <typename T>
+double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
+                             const int32_t* target_T, const HeadLossShape& s);
+// With d(total loss)/d(loss_T[t]) = dloss for every token:
+//   dh (assigned) and dw (accumulated) of the head + cross entropy.
+template <typename T>
+void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
+                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace);
+template <typename T>
+void head_loss_backward_ref(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
+                            const int32_t* target_T, const T* lse_T, T dloss,
+                            const HeadLossShape& s);
+
+}  // namespace moecore::ops

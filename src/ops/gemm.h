@@ -1,0 +1,45 @@
+// GEMM and grouped GEMM. Row-major. `*_ref` are plain loops (the oracle and the fallback);
+// the unsuffixed functions are the fast path (oneDNN sgemm for f32; loops for f64, which only
+// reference computations and gradient checks use).
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::ops {
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is [M,K], op(B) is [K,N].
+// lda/ldb/ldc are the row strides of A, B, C as stored (before op).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+template <typename T>
+void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+              int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// Convenience for contiguous operands: y[M,N] (+)= x[M,K] * w^T with w [N,K]  (a "linear").
+template <typename T>
+void linear_forward(T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N, int64_t K,
+                    bool accumulate = false);
+// dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates).
+template <typename T>
+void linear_backward(T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK, const T* w_NK, int64_t M,
+                     int64_t N, int64_t K, bool accumulate_dx = false);
+
+// Grouped GEMM over G groups (local experts), one call, zero-row groups allowed.
+// x is stacked by rows: group g owns rows [sum_{h<g} m_G[h], + m_G[g]).
+// Forward:  y_g[m_g, N] = x_g[m_g, K] * op(w_g),  w is [G, N, K] if trans_w else [G, K, N].
+template <typename T>
+void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
+                  bool trans_w, T* y);
+template <typename T>
+void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
+                      const T* w, bool trans_w, T* y);
+// Weight gradient: dw_g[N, K] += dy_g[m_g, N]^T * x_g[m_g, K]  (dw is [G, N, K], accumulated).
+template <typename T>
+void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
+                        const T* x, T* dw);
+template <typename T>
+void grouped_gemm_wgrad_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
+                            const T* x, T* dw);
+
+}  // namespace moecore::ops

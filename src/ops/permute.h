@@ -1,0 +1,36 @@
+// Token permutation for dispatch: rows ordered expert-major, token index ascending within an
+// expert (stable). Both directions are gathers over precomputed maps, so they are
+// deterministic without atomics; permute's backward is unpermute and vice versa.
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::ops {
+
+// From idx [T, K] (expert per (token, slot); negative = dropped) build:
+//   counts_E [E]         rows per expert;
+//   row_token_N [N]      source token of permuted row r (N = number of kept (t, k) pairs);
+//   row_slot_N [N]       the slot k of that row (to fetch its prob);
+//   token_rows_TK [T,K]  the permuted row of (t, k), or -1 if dropped.
+// Returns N.
+int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                          int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok, int64_t K,
+                          int64_t E);
+int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                              int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok,
+                              int64_t K, int64_t E);
+
+// y[r] = x[row_token[r]]  (y [N, H], x [T, H]).
+template <typename T>
+void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
+template <typename T>
+void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
+// y[t] = sum_k x[token_rows[t, k]] over kept slots, in k order  (y [T, H] assigned).
+template <typename T>
+void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                    int64_t K, int64_t H);
+template <typename T>
+void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                        int64_t K, int64_t H);
+
+}  // namespace moecore::ops

@@ -1,0 +1,33 @@
+// Rotary position embedding, Megatron's non-interleaved form: with x = [x1 | x2] (halves of the
+// head dim D), y = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1], angle for pair i
+// at position p = p * base^(-2i/D).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace moecore::ops {
+
+// cos/sin tables [max_pos, D/2] in f64, built once before step 0.
+struct RopeCache {
+  int64_t max_pos = 0, D = 0;
+  std::vector<double> cos_PD, sin_PD;
+};
+RopeCache make_rope_cache(int64_t max_pos, int64_t D, double base);
+
+// x, y [n_tok, n_heads, D]; token t is at position pos_T[t]. y may alias x.
+template <typename T>
+void rope_forward(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                  const RopeCache& cache);
+template <typename T>
+void rope_forward_ref(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                      int64_t D, double base);
+// The inverse rotation (the transpose): dx may alias dy.
+template <typename T>
+void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                   const RopeCache& cache);
+template <typename T>
+void rope_backward_ref(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                       int64_t D, double base);
+
+}  // namespace moecore::ops

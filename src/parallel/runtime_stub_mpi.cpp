@@ -1,0 +1,25 @@
+// Built without MOECORE_MPI: a single process. Being launched by mpirun with several ranks is an
+// error, not N copies of the same single-rank job.
+#include <cstdlib>
+
+#include "core/check.h"
+#include "parallel/runtime.h"
+
+namespace moecore::parallel {
+
+bool mpi_available() { return false; }
+
+Runtime runtime_init(int*, char***) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = std::getenv(var);
+    MOE_CHECK(v == nullptr || std::atoi(v) <= 1,
+              "[runtime] launched with {}={} but this moecore was built without MPI "
+              "(unavailable): rebuild with -DMOECORE_MPI=ON",
+              var, v ? v : "");
+  }
+  return Runtime{};
+}
+
+void runtime_finalize() {}
+
+}  // namespace moecore::parallel

@@ -1,0 +1,97 @@
+// Test helpers: seeded random fills, buffers with guard bytes, per-tensor closeness checks that
+// report the worst element, and fp64 central finite differences.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tolerances.h"
+
+namespace moecore::testing {
+
+template <typename T>
+std::vector<T> random_vec(int64_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(d(gen));
+  return v;
+}
+
+// A buffer of n elements with canary elements on both sides; intact() tells whether an op
+// wrote outside [0, n).
+template <typename T>
+class Guarded {
+ public:
+  static constexpr int64_t kGuard = 16;
+  explicit Guarded(int64_t n, T fill = T(0)) : n_(n), buf_(n + 2 * kGuard, canary()) {
+    for (int64_t i = 0; i < n; ++i) buf_[kGuard + i] = fill;
+  }
+  T* data() { return buf_.data() + kGuard; }
+  const T* data() const { return buf_.data() + kGuard; }
+  T& operator[](int64_t i) { return buf_[kGuard + i]; }
+  const T& operator[](int64_t i) const { return buf_[kGuard + i]; }
+  int64_t size() const { return n_; }
+  bool intact() const {
+    for (int64_t i = 0; i < kGuard; ++i) {
+      if (!same(buf_[i]) || !same(buf_[kGuard + n_ + i])) return false;
+    }
+    return true;
+  }
+  std::vector<T> vec() const { return std::vector<T>(data(), data() + n_); }
+
+ private:
+  static T canary() {
+    if constexpr (std::is_floating_point_v<T>) return static_cast<T>(-12345.678);
+    else return static_cast<T>(0x5a5a5a5a);
+  }
+  static bool same(const T& v) {
+    if constexpr (std::is_floating_point_v<T>) return v == canary();
+    else return v == canary();
+  }
+  int64_t n_;
+  std::vector<T> buf_;
+};
+
+// |a - b| <= atol + rtol * |b| elementwise; on failure names the worst element.
+template <typename A, typename B>
+::testing::AssertionResult all_close(const A* a, const B* b, int64_t n, double rtol, double atol) {
+  double worst = -1;
+  int64_t wi = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    double err = std::abs(x - y) - (atol + rtol * std::abs(y));
+    if (!(err <= 0) && (std::isnan(err) || err > worst)) {
+      worst = std::isnan(err) ? INFINITY : err;
+      wi = i;
+    }
+  }
+  if (wi < 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "element " << wi << " of " << n << ": " << static_cast<double>(a[wi]) << " vs "
+         << static_cast<double>(b[wi]) << " (rtol " << rtol << ", atol " << atol << ")";
+}
+
+template <typename A, typename B>
+::testing::AssertionResult all_close(const std::vector<A>& a, const std::vector<B>& b, double rtol,
+                                     double atol) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
+  }
+  return all_close(a.data(), b.data(), static_cast<int64_t>(a.size()), rtol, atol);
+}
+
+// Checks analytic gradient `grad[i]` of loss() w.r.t. x[i] against fp64 central differences
+// for up to `max_checks` indices spread over [0, n). loss() must read x.
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
+                                          const double* grad, int64_t n, const std::string& what,
+                                          int64_t max_checks = 64, double h = kFdStep,
+                                          double rtol = kFdRtol, double atol = kFdAtol);
+
+}  // namespace moecore::testing

@@ -1,0 +1,25 @@
+// The tolerance table of docs/numerics.md, in one place. Raising a value needs a reason in the
+// commit message and a row in docs/numerics.md.
+#pragma once
+
+namespace moecore::testing {
+
+// fp64 central finite differences: truncation error O(h^2) ~ 1e-12 relative at h = 1e-5 on
+// O(1) smooth functions, rounding error ~ eps/h ~ 1e-11.
+inline constexpr double kFdStep = 1e-5;
+inline constexpr double kFdRtol = 1e-6;
+inline constexpr double kFdAtol = 1e-8;
+
+// f32 fast path vs f32 reference loop: different summation order (blocked BLAS, vector lanes);
+// error grows like sqrt(K) * eps32 ~ 1e-6 for K ~ 1e2..1e3 with O(1) inputs.
+inline constexpr double kF32Rtol = 1e-5;
+inline constexpr double kF32Atol = 1e-5;
+
+// f64 fast path vs f64 reference.
+inline constexpr double kF64Rtol = 1e-12;
+inline constexpr double kF64Atol = 1e-12;
+
+// bf16 round trip: 8 bits of mantissa, half an ulp = 2^-9 relative.
+inline constexpr double kBf16Rtol = 1.0 / 256.0;
+
+}  // namespace moecore::testing
