@@ -1,0 +1,91 @@
+// Dispatch permutation fast path: the map is a stable counting sort in O(T*K + E) that uses
+// counts_E itself as the scatter cursor (no scratch memory); the row gathers run OpenMP over
+// destination rows, so every output element has one writer and a fixed summation order.
+#include <cstring>
+#include <limits>
+
+#include "core/check.h"
+#include "ops/permute.h"
+
+namespace moecore::ops {
+
+namespace {
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = int64_t(1) << 14;
+}  // namespace
+
+int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                          int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok, int64_t K,
+                          int64_t E) {
+  MOE_CHECK(E >= 1, "[permute] num_experts={} must be >= 1", E);
+  MOE_CHECK(n_tok * K <= std::numeric_limits<int32_t>::max(),
+            "[permute] T*K={}*{} rows overflow the int32 row maps: use smaller micro-batches",
+            n_tok, K);
+  const int64_t TK = n_tok * K;
+  for (int64_t e = 0; e < E; ++e) counts_E[e] = 0;
+  for (int64_t i = 0; i < TK; ++i) {
+    const int32_t e = idx_TK[i];
+    MOE_CHECK(e < E,
+              "[permute] expert id {} at token {} slot {} >= num_experts {}: the router output "
+              "and --moe-num-experts disagree",
+              e, i / K, i % K, E);
+    if (e >= 0) ++counts_E[e];
+  }
+  // counts -> start offsets.
+  int64_t N = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = counts_E[e];
+    counts_E[e] = N;
+    N += c;
+  }
+  // Scatter in (t, k) order: stable, hence token-ascending within an expert. Afterwards
+  // counts_E[e] holds the end offset of expert e.
+  for (int64_t i = 0; i < TK; ++i) {
+    const int32_t e = idx_TK[i];
+    if (e < 0) {
+      token_rows_TK[i] = -1;
+      continue;
+    }
+    const int64_t r = counts_E[e]++;
+    row_token_N[r] = int32_t(i / K);
+    row_slot_N[r] = int32_t(i % K);
+    token_rows_TK[i] = int32_t(r);
+  }
+  // End offsets -> counts (high to low so counts_E[e - 1] is still an end offset).
+  for (int64_t e = E - 1; e > 0; --e) counts_E[e] -= counts_E[e - 1];
+  return N;
+}
+
+template <typename T>
+void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
+  for (int64_t r = 0; r < N; ++r) {
+    std::memcpy(y_NH + r * H, x_TH + int64_t(row_token_N[r]) * H, sizeof(T) * size_t(H));
+  }
+}
+
+template <typename T>
+void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                    int64_t K, int64_t H) {
+#pragma omp parallel for schedule(static) if (n_tok * K * H >= kParallelMin)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    T* y = y_TH + t * H;
+    for (int64_t h = 0; h < H; ++h) y[h] = T(0);
+    for (int64_t k = 0; k < K; ++k) {  // k order: a fixed summation order, hence deterministic
+      const int64_t r = token_rows_TK[t * K + k];
+      if (r < 0) continue;
+      const T* x = x_NH + r * H;
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) y[h] += x[h];
+    }
+  }
+}
+
+template void permute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t);
+template void permute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t);
+template void unpermute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t,
+                                    int64_t);
+template void unpermute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t,
+                                     int64_t);
+
+}  // namespace moecore::ops

@@ -1,0 +1,74 @@
+// Dispatch permutation reference: the map is built by scanning experts, then tokens, then slots
+// (O(E*T*K), obviously expert-major and token-ascending); the gathers are plain loops with f64
+// accumulation. The oracle for permute.cpp.
+#include <limits>
+
+#include "core/check.h"
+#include "ops/permute.h"
+
+namespace moecore::ops {
+
+int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                              int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok,
+                              int64_t K, int64_t E) {
+  MOE_CHECK(E >= 1, "[permute] num_experts={} must be >= 1", E);
+  MOE_CHECK(n_tok * K <= std::numeric_limits<int32_t>::max(),
+            "[permute] T*K={}*{} rows overflow the int32 row maps: use smaller micro-batches",
+            n_tok, K);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = idx_TK[t * K + k];
+      MOE_CHECK(e < E,
+                "[permute] expert id {} at token {} slot {} >= num_experts {}: the router output "
+                "and --moe-num-experts disagree",
+                e, t, k, E);
+      token_rows_TK[t * K + k] = -1;
+    }
+  }
+  int64_t r = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    counts_E[e] = 0;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      for (int64_t k = 0; k < K; ++k) {
+        if (idx_TK[t * K + k] != e) continue;
+        row_token_N[r] = int32_t(t);
+        row_slot_N[r] = int32_t(k);
+        token_rows_TK[t * K + k] = int32_t(r);
+        ++counts_E[e];
+        ++r;
+      }
+    }
+  }
+  return r;
+}
+
+template <typename T>
+void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H) {
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t h = 0; h < H; ++h) y_NH[r * H + h] = x_TH[int64_t(row_token_N[r]) * H + h];
+  }
+}
+
+template <typename T>
+void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                        int64_t K, int64_t H) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        int64_t r = token_rows_TK[t * K + k];
+        if (r >= 0) acc += double(x_NH[r * H + h]);
+      }
+      y_TH[t * H + h] = T(acc);
+    }
+  }
+}
+
+template void permute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t);
+template void permute_rows_ref<double>(double*, const double*, const int32_t*, int64_t, int64_t);
+template void unpermute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t,
+                                        int64_t);
+template void unpermute_rows_ref<double>(double*, const double*, const int32_t*, int64_t, int64_t,
+                                         int64_t);
+
+}  // namespace moecore::ops

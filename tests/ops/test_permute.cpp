@@ -1,0 +1,226 @@
+// Dispatch permutation: the map on a hand example (expert-major, token-ascending), fast map ==
+// reference map on awkward routings (drops, empty experts, all to one expert, K = E), gathers vs
+// reference with guard bytes, unpermute(permute(x)) == K * x, and the adjoint gradients.
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "core/check.h"
+#include "ops/permute.h"
+
+namespace moecore::testing {
+namespace {
+
+using ops::build_permutation;
+using ops::build_permutation_ref;
+using ops::permute_rows;
+using ops::permute_rows_ref;
+using ops::unpermute_rows;
+using ops::unpermute_rows_ref;
+
+struct Map {
+  int64_t N = 0;
+  std::vector<int64_t> counts;
+  std::vector<int32_t> row_token, row_slot, token_rows;
+};
+
+template <bool kFast>
+Map build(const std::vector<int32_t>& idx, int64_t T, int64_t K, int64_t E) {
+  Guarded<int64_t> counts(E);
+  Guarded<int32_t> row_token(T * K), row_slot(T * K), token_rows(T * K);
+  auto f = kFast ? build_permutation : build_permutation_ref;
+  Map m;
+  m.N = f(counts.data(), row_token.data(), row_slot.data(), token_rows.data(), idx.data(), T, K,
+          E);
+  EXPECT_TRUE(counts.intact() && row_token.intact() && row_slot.intact() && token_rows.intact());
+  m.counts = counts.vec();
+  m.row_token = row_token.vec();
+  m.row_slot = row_slot.vec();
+  m.row_token.resize(m.N);  // rows past N are unspecified
+  m.row_slot.resize(m.N);
+  m.token_rows = token_rows.vec();
+  return m;
+}
+
+TEST(Permute, HandExampleIsExpertMajorTokenAscending) {
+  // T = 4, K = 2, E = 4 (expert 3 gets no tokens); -1 = dropped slot.
+  const std::vector<int32_t> idx = {2, 0,  0, 1,  2, -1,  0, 2};
+  for (const Map& m : {build<true>(idx, 4, 2, 4), build<false>(idx, 4, 2, 4)}) {
+    EXPECT_EQ(m.N, 7);
+    EXPECT_EQ(m.counts, (std::vector<int64_t>{3, 1, 3, 0}));
+    EXPECT_EQ(m.row_token, (std::vector<int32_t>{0, 1, 3, 1, 0, 2, 3}));
+    EXPECT_EQ(m.row_slot, (std::vector<int32_t>{1, 0, 0, 1, 0, 0, 1}));
+    EXPECT_EQ(m.token_rows, (std::vector<int32_t>{4, 0, 1, 3, 5, -1, 2, 6}));
+  }
+}
+
+TEST(Permute, RepeatedExpertInOneTokenKeepsSlotOrder) {
+  const std::vector<int32_t> idx = {1, 1, 0, 1};  // T = 2, K = 2, E = 2
+  for (const Map& m : {build<true>(idx, 2, 2, 2), build<false>(idx, 2, 2, 2)}) {
+    EXPECT_EQ(m.row_token, (std::vector<int32_t>{1, 0, 0, 1}));
+    EXPECT_EQ(m.row_slot, (std::vector<int32_t>{0, 0, 1, 1}));
+    EXPECT_EQ(m.token_rows, (std::vector<int32_t>{1, 2, 0, 3}));
+  }
+}
+
+struct Routing {
+  std::string name;
+  int64_t T, K, E;
+  std::vector<int32_t> idx;
+};
+
+std::vector<Routing> routings() {
+  std::vector<Routing> out;
+  std::mt19937 gen(42);
+  auto distinct = [&](int64_t T, int64_t K, int64_t E, double drop) {
+    std::vector<int32_t> idx(T * K);
+    std::vector<int32_t> perm(E);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t k = 0; k < K; ++k) idx[t * K + k] = u(gen) < drop ? -1 : perm[k];
+    }
+    return idx;
+  };
+  out.push_back({"T1K1E1", 1, 1, 1, {0}});
+  out.push_back({"random", 13, 2, 8, distinct(13, 2, 8, 0.0)});
+  out.push_back({"random_drops", 13, 3, 7, distinct(13, 3, 7, 0.3)});
+  out.push_back({"K_equals_E", 13, 4, 4, distinct(13, 4, 4, 0.0)});
+  out.push_back({"big", 200, 8, 64, distinct(200, 8, 64, 0.1)});
+  std::vector<int32_t> one(13, 5);  // all tokens to expert 5, K = 1: the others get 0 rows
+  out.push_back({"all_to_one", 13, 1, 8, one});
+  out.push_back({"all_dropped", 5, 2, 3, std::vector<int32_t>(10, -1)});
+  return out;
+}
+
+TEST(Permute, FastMapEqualsRefMap) {
+  for (const auto& r : routings()) {
+    SCOPED_TRACE(r.name);
+    Map a = build<true>(r.idx, r.T, r.K, r.E), b = build<false>(r.idx, r.T, r.K, r.E);
+    EXPECT_EQ(a.N, b.N);
+    EXPECT_EQ(a.counts, b.counts);
+    EXPECT_EQ(a.row_token, b.row_token);
+    EXPECT_EQ(a.row_slot, b.row_slot);
+    EXPECT_EQ(a.token_rows, b.token_rows);
+    int64_t kept = std::count_if(r.idx.begin(), r.idx.end(), [](int32_t e) { return e >= 0; });
+    EXPECT_EQ(a.N, kept);
+    EXPECT_EQ(std::accumulate(a.counts.begin(), a.counts.end(), int64_t(0)), kept);
+    // Each row maps back to its (t, k), and rows are sorted by (expert, token).
+    for (int64_t row = 0; row < a.N; ++row) {
+      EXPECT_EQ(a.token_rows[a.row_token[row] * r.K + a.row_slot[row]], row);
+      if (row > 0) {
+        int32_t e0 = r.idx[a.row_token[row - 1] * r.K + a.row_slot[row - 1]];
+        int32_t e1 = r.idx[a.row_token[row] * r.K + a.row_slot[row]];
+        EXPECT_TRUE(e0 < e1 || (e0 == e1 && a.row_token[row - 1] <= a.row_token[row]));
+      }
+    }
+  }
+}
+
+TEST(Permute, RejectsOutOfRangeExpert) {
+  const std::vector<int32_t> idx = {0, 1, 9, 2};
+  std::vector<int64_t> counts(4);
+  std::vector<int32_t> rt(4), rs(4), tr(4);
+  for (auto f : {build_permutation, build_permutation_ref}) {
+    try {
+      f(counts.data(), rt.data(), rs.data(), tr.data(), idx.data(), 2, 2, 4);
+      ADD_FAILURE() << "expert id 9 >= E = 4 accepted";
+    } catch (const moecore::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expert id 9"), std::string::npos) << e.what();
+    }
+  }
+}
+
+template <typename T>
+void compare_gathers(double rtol, double atol) {
+  for (const auto& r : routings()) {
+    for (int64_t H : {1, 7, 37}) {
+      SCOPED_TRACE(::testing::Message() << r.name << " H=" << H);
+      Map m = build<true>(r.idx, r.T, r.K, r.E);
+      auto x = random_vec<T>(r.T * H, 1);
+      auto xn = random_vec<T>(m.N * H, 2);
+      Guarded<T> y(m.N * H), y_r(m.N * H), z(r.T * H), z_r(r.T * H);
+      permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+      permute_rows_ref(y_r.data(), x.data(), m.row_token.data(), m.N, H);
+      unpermute_rows(z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows_ref(z_r.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      EXPECT_EQ(y.vec(), y_r.vec());  // a pure gather: exact
+      EXPECT_TRUE(all_close(z.vec(), z_r.vec(), rtol, atol));
+      for (auto* g : {&y, &y_r, &z, &z_r}) EXPECT_TRUE(g->intact());
+    }
+  }
+}
+
+TEST(Permute, FastGathersMatchRefF32) { compare_gathers<float>(kF32Rtol, kF32Atol); }
+TEST(Permute, FastGathersMatchRefF64) { compare_gathers<double>(kF64Rtol, kF64Atol); }
+
+TEST(Permute, UnpermuteOfPermuteIsKeptCountTimesX) {
+  for (const auto& r : routings()) {
+    SCOPED_TRACE(r.name);
+    const int64_t H = 9;
+    Map m = build<true>(r.idx, r.T, r.K, r.E);
+    // Small integers: every sum is exact in f32, so equality is exact.
+    std::vector<float> x(r.T * H);
+    for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(int(i % 11) - 5);
+    std::vector<float> y(m.N * H), z(r.T * H);
+    permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+    unpermute_rows(z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+    for (int64_t t = 0; t < r.T; ++t) {
+      int kept = 0;
+      for (int64_t k = 0; k < r.K; ++k) kept += r.idx[t * r.K + k] >= 0;
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(z[t * H + h], float(kept) * x[t * H + h]);
+    }
+  }
+}
+
+TEST(Permute, UnpermuteOfPermuteIsKTimesXWhenNothingDropped) {
+  const auto rs = routings();
+  const Routing& r = rs[3];  // K_equals_E, dropless
+  ASSERT_EQ(r.name, "K_equals_E");
+  const int64_t H = 5;
+  Map m = build<true>(r.idx, r.T, r.K, r.E);
+  ASSERT_EQ(m.N, r.T * r.K);
+  std::vector<float> x(r.T * H), y(m.N * H), z(r.T * H);
+  for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(i % 7) - 3.f;
+  permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+  unpermute_rows(z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+  for (int64_t i = 0; i < r.T * H; ++i) ASSERT_EQ(z[i], float(r.K) * x[i]);
+}
+
+// permute and unpermute are each other's adjoints; check both against finite differences.
+TEST(Permute, GradientsMatchFiniteDifferences) {
+  for (const auto& r : routings()) {
+    if (r.T * r.K > 64) continue;
+    SCOPED_TRACE(r.name);
+    const int64_t H = 3;
+    Map m = build<true>(r.idx, r.T, r.K, r.E);
+    auto x = random_vec<double>(r.T * H, 3);
+    auto xn = random_vec<double>(m.N * H, 4);
+    auto Rn = random_vec<double>(m.N * H, 5);
+    auto Rt = random_vec<double>(r.T * H, 6);
+    std::vector<double> y(m.N * H), z(r.T * H), dx(r.T * H), dxn(m.N * H);
+    auto loss_p = [&] {
+      permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+      double l = 0;
+      for (int64_t i = 0; i < m.N * H; ++i) l += y[i] * Rn[i];
+      return l;
+    };
+    auto loss_u = [&] {
+      unpermute_rows(z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      double l = 0;
+      for (int64_t i = 0; i < r.T * H; ++i) l += z[i] * Rt[i];
+      return l;
+    };
+    unpermute_rows(dx.data(), Rn.data(), m.token_rows.data(), r.T, r.K, H);
+    permute_rows(dxn.data(), Rt.data(), m.row_token.data(), m.N, H);
+    EXPECT_TRUE(check_gradient(loss_p, x.data(), dx.data(), r.T * H, "permute dx"));
+    EXPECT_TRUE(check_gradient(loss_u, xn.data(), dxn.data(), m.N * H, "unpermute dx"));
+  }
+}
+
+}  // namespace
+}  // namespace moecore::testing
