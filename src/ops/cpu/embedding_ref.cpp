@@ -1,0 +1,43 @@
+// Token embedding reference: plain loops. The backward adds rows in token order, which is the
+// order the fast path keeps, so the two agree bitwise.
+#include "core/check.h"
+#include "ops/embedding.h"
+
+namespace moecore::ops {
+
+template <typename T>
+void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
+                           int64_t H, int64_t V) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t id = ids_T[t];
+    MOE_CHECK(id >= 0 && id < V,
+              "[embedding] token id {} at position {} outside [0, V={}): the data and "
+              "--vocab-size disagree",
+              id, t, V);
+    for (int64_t h = 0; h < H; ++h) y_TH[t * H + h] = w_VH[id * H + h];
+  }
+}
+
+template <typename T>
+void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                            int64_t H, int64_t V) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t id = ids_T[t];
+    MOE_CHECK(id >= 0 && id < V,
+              "[embedding] token id {} at position {} outside [0, V={}): the data and "
+              "--vocab-size disagree",
+              id, t, V);
+    for (int64_t h = 0; h < H; ++h) dw_VH[id * H + h] += dy_TH[t * H + h];
+  }
+}
+
+template void embedding_forward_ref<float>(float*, const int32_t*, const float*, int64_t, int64_t,
+                                           int64_t);
+template void embedding_forward_ref<double>(double*, const int32_t*, const double*, int64_t,
+                                            int64_t, int64_t);
+template void embedding_backward_ref<float>(float*, const float*, const int32_t*, int64_t,
+                                            int64_t, int64_t);
+template void embedding_backward_ref<double>(double*, const double*, const int32_t*, int64_t,
+                                             int64_t, int64_t);
+
+}  // namespace moecore::ops
