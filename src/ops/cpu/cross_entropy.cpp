@@ -1,0 +1,113 @@
+// Output head + cross entropy fast path, chunked over tokens: per chunk one GEMM for the logits
+// into the [chunk, V] workspace, row-wise log-sum-exp (OpenMP over rows, exp sums in f64), and in
+// the backward two more GEMMs (dh = dlogits W, dW += dlogits^T h). Peak memory is the workspace,
+// never [T, V] logits.
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "ops/cross_entropy.h"
+#include "ops/gemm.h"
+
+namespace moecore::ops {
+
+namespace {
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = int64_t(1) << 14;
+
+void check_args(const HeadLossShape& s, const int32_t* target_T, const void* workspace) {
+  MOE_CHECK(s.n_tok >= 0 && s.H >= 1 && s.V >= 1 && s.chunk >= 1,
+            "[head_loss] bad shape n_tok={} H={} V={} chunk={}: all but n_tok must be >= 1",
+            s.n_tok, s.H, s.V, s.chunk);
+  MOE_CHECK(workspace != nullptr || s.n_tok == 0,
+            "[head_loss] null workspace: allocate head_loss_workspace_elems(shape) = {} elements",
+            head_loss_workspace_elems(s));
+  for (int64_t t = 0; t < s.n_tok; ++t) {
+    MOE_CHECK(target_T[t] < s.V,
+              "[head_loss] target {} at position {} >= V={}: the data and --vocab-size disagree",
+              target_T[t], t, s.V);
+  }
+}
+
+// z_MV = h_MH W_VH^T for rows [c0, c0 + m).
+template <typename T>
+void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
+                  const HeadLossShape& s) {
+  gemm<T>(false, true, m, s.V, s.H, T(1), h_TH + c0 * s.H, s.H, w_VH, s.H, T(0), z, s.V);
+}
+}  // namespace
+
+// A chunk larger than the batch only ever holds n_tok rows.
+int64_t head_loss_workspace_elems(const HeadLossShape& s) {
+  return std::min(s.chunk, s.n_tok) * s.V;
+}
+
+template <typename T>
+double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
+                         const int32_t* target_T, const HeadLossShape& s, T* workspace) {
+  check_args(s, target_T, workspace);
+  const int64_t V = s.V;
+  for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
+    const int64_t m = std::min(s.chunk, s.n_tok - c0);
+    chunk_logits(workspace, h_TH, w_VH, c0, m, s);
+#pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
+    for (int64_t i = 0; i < m; ++i) {
+      const T* z = workspace + i * V;
+      T mx = z[0];
+#pragma omp simd reduction(max : mx)
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v]);
+      // f64 sum: V is up to ~1e5, an f32 sum would lose ~sqrt(V) ulps of the log-sum-exp.
+      double se = 0;
+      for (int64_t v = 0; v < V; ++v) se += double(std::exp(z[v] - mx));
+      const double lse = double(mx) + std::log(se);
+      const int64_t t = c0 + i;
+      lse_T[t] = T(lse);
+      loss_T[t] = target_T[t] >= 0 ? T(lse - double(z[target_T[t]])) : T(0);
+    }
+  }
+  double total = 0;  // serial, in token order: independent of chunk and thread count
+  for (int64_t t = 0; t < s.n_tok; ++t) total += double(loss_T[t]);
+  return total;
+}
+
+template <typename T>
+void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
+                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace) {
+  check_args(s, target_T, workspace);
+  const int64_t V = s.V, H = s.H;
+  for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
+    const int64_t m = std::min(s.chunk, s.n_tok - c0);
+    chunk_logits(workspace, h_TH, w_VH, c0, m, s);
+    // Logits -> dlogits = (softmax - onehot) * dloss, in place.
+#pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
+    for (int64_t i = 0; i < m; ++i) {
+      T* z = workspace + i * V;
+      const int64_t t = c0 + i;
+      const int32_t tgt = target_T[t];
+      if (tgt < 0) {  // ignored: no gradient into dh or dW
+        std::fill(z, z + V, T(0));
+        continue;
+      }
+      const T lse = lse_T[t];
+      for (int64_t v = 0; v < V; ++v) z[v] = std::exp(z[v] - lse);
+      z[tgt] -= T(1);
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) z[v] *= dloss;
+    }
+    gemm<T>(false, false, m, H, V, T(1), workspace, V, w_VH, H, T(0), dh_TH + c0 * H, H);
+    gemm<T>(true, false, V, H, m, T(1), workspace, V, h_TH + c0 * H, H, T(1), dw_VH, H);
+  }
+}
+
+template double head_loss_forward<float>(float*, float*, const float*, const float*,
+                                         const int32_t*, const HeadLossShape&, float*);
+template double head_loss_forward<double>(double*, double*, const double*, const double*,
+                                          const int32_t*, const HeadLossShape&, double*);
+template void head_loss_backward<float>(float*, float*, const float*, const float*,
+                                        const int32_t*, const float*, float, const HeadLossShape&,
+                                        float*);
+template void head_loss_backward<double>(double*, double*, const double*, const double*,
+                                         const int32_t*, const double*, double,
+                                         const HeadLossShape&, double*);
+
+}  // namespace moecore::ops
