@@ -33,6 +33,15 @@ class Arena {
   }
   void* alloc_bytes(size_t bytes, std::string_view name, MemKind kind);
 
+  // Runs layout(arena) twice (planning, then allocating) and freezes: the usual way to set up.
+  template <typename Layout>
+  void plan(Layout&& layout) {
+    layout(*this);
+    commit();
+    layout(*this);
+    freeze();
+  }
+
   // Plan -> Allocate: one zero-filled block of the planned size; the same alloc() sequence
   // must follow.
   void commit();

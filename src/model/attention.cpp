@@ -1,0 +1,100 @@
+#include "model/attention.h"
+
+#include <omp.h>
+
+#include <cstring>
+
+#include "ops/gemm.h"
+
+namespace moecore::model {
+
+template <typename T>
+SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
+                                const std::string& prefix, const ops::RopeCache& rope)
+    : H_(cfg.hidden),
+      Hq_(cfg.num_heads),
+      Hkv_(cfg.num_query_groups),
+      D_(cfg.head_dim()),
+      rope_(rope) {
+  qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight", {(Hq_ + 2 * Hkv_) * D_, H_},
+                               ParamInit::Normal, cfg.init_std, ParamKind::Dense, true, {}});
+  proj_ = &params.add(ParamSpec{prefix + ".linear_proj.weight", {H_, Hq_ * D_}, ParamInit::Normal,
+                                cfg.output_init_std(), ParamKind::Dense, true, {}});
+}
+
+template <typename T>
+void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
+  MOE_CHECK(S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
+            "[attention] sequence {} > RoPE table {}", S, rope_.max_pos);
+  shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
+  const int64_t n = S * B;
+  saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
+  saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
+  saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
+  saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
+  saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
+  pos_T_ = a.alloc<int32_t>(n, "attn.positions");
+  qkv_TC_ = a.alloc<T>(n * (Hq_ + 2 * Hkv_) * D_, "attn.qkv", MemKind::Workspace);
+  dq_ = a.alloc<T>(n * Hq_ * D_, "attn.dq", MemKind::Workspace);
+  dk_ = a.alloc<T>(n * Hkv_ * D_, "attn.dk", MemKind::Workspace);
+  dv_ = a.alloc<T>(n * Hkv_ * D_, "attn.dv", MemKind::Workspace);
+  dcore_ = a.alloc<T>(n * Hq_ * D_, "attn.dcore", MemKind::Workspace);
+  workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
+                          "attn.workspace", MemKind::Workspace);
+  if (pos_T_ != nullptr) {
+    for (int64_t t = 0; t < n; ++t) pos_T_[t] = static_cast<int32_t>(t / B);
+  }
+}
+
+// Copies between the fused projection [T, G, (Hq/G + 2) D] and q/k/v; to_fused=true is the
+// reverse (for the gradient).
+template <typename T>
+static void split_qkv(T* fused, T* q, T* k, T* v, int64_t n_tok, int64_t Hq, int64_t Hkv,
+                      int64_t D, bool to_fused) {
+  const int64_t qpg = Hq / Hkv, row = (Hq + 2 * Hkv) * D;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t g = 0; g < Hkv; ++g) {
+      T* src = fused + t * row + g * (qpg + 2) * D;
+      T* parts[3] = {q + (t * Hq + g * qpg) * D, k + (t * Hkv + g) * D, v + (t * Hkv + g) * D};
+      int64_t lens[3] = {qpg * D, D, D};
+      for (int p = 0; p < 3; ++p) {
+        if (to_fused) std::memcpy(src, parts[p], sizeof(T) * lens[p]);
+        else std::memcpy(parts[p], src, sizeof(T) * lens[p]);
+        src += lens[p];
+      }
+    }
+  }
+}
+
+template <typename T>
+void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
+  const int64_t n = shape_.S * shape_.B;
+  saved_.x_TH = x_TH;
+  ops::linear_forward(qkv_TC_, x_TH, qkv_->data_as<T>(), n, (Hq_ + 2 * Hkv_) * D_, H_);
+  split_qkv(qkv_TC_, saved_.q, saved_.k, saved_.v, n, Hq_, Hkv_, D_, false);
+  ops::rope_forward(saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
+  ops::rope_forward(saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
+  ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
+                         workspace_);
+  ops::linear_forward(y_TH, saved_.core_out, proj_->data_as<T>(), n, H_, Hq_ * D_);
+}
+
+template <typename T>
+void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
+  const int64_t n = shape_.S * shape_.B;
+  ops::linear_backward(dcore_, proj_->grad_as<T>(), dy_TH, saved_.core_out, proj_->data_as<T>(),
+                       n, H_, Hq_ * D_);
+  ops::attention_backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out,
+                          saved_.lse, shape_, workspace_);
+  ops::rope_backward(dq_, dq_, pos_T_, n, Hq_, rope_);
+  ops::rope_backward(dk_, dk_, pos_T_, n, Hkv_, rope_);
+  split_qkv(qkv_TC_, dq_, dk_, dv_, n, Hq_, Hkv_, D_, true);
+  ops::linear_backward(dx_TH, qkv_->grad_as<T>(), qkv_TC_, saved_.x_TH, qkv_->data_as<T>(), n,
+                       (Hq_ + 2 * Hkv_) * D_, H_);
+}
+
+template class SelfAttention<float>;
+template class SelfAttention<double>;
+
+}  // namespace moecore::model

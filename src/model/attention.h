@@ -1,0 +1,53 @@
+// Self-attention block: fused QKV projection (Megatron's layout: per query group, its query
+// heads then one key and one value head), RoPE on q and k, causal GQA core attention, output
+// projection. Tokens are sequence-major: token t = s * B + b sits at position s.
+// Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/arena.h"
+#include "core/param_registry.h"
+#include "model/config.h"
+#include "ops/attention.h"
+#include "ops/rope.h"
+
+namespace moecore::model {
+
+template <typename T>
+struct AttentionSaved {
+  const T* x_TH = nullptr;   // block input (normed), owned by the caller until backward
+  T* q = nullptr;            // [S, B, Hq, D] after RoPE
+  T* k = nullptr;            // [S, B, Hkv, D] after RoPE
+  T* v = nullptr;            // [S, B, Hkv, D]
+  T* core_out = nullptr;     // [S, B, Hq, D]
+  T* lse = nullptr;          // [B, Hq, S]
+};
+
+template <typename T>
+class SelfAttention {
+ public:
+  SelfAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+                const ops::RopeCache& rope);
+  void allocate(Arena& arena, int64_t S, int64_t B);
+  void forward(T* y_TH, const T* x_TH);
+  void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
+
+ private:
+  int64_t H_, Hq_, Hkv_, D_;
+  const ops::RopeCache& rope_;
+  Param* qkv_;   // [(Hq + 2 Hkv) D, H]
+  Param* proj_;  // [H, Hq D]
+  ops::AttentionShape shape_;
+  AttentionSaved<T> saved_;
+  int32_t* pos_T_ = nullptr;
+  T* qkv_TC_ = nullptr;   // projection output / its gradient
+  T* dq_ = nullptr;
+  T* dk_ = nullptr;
+  T* dv_ = nullptr;
+  T* dcore_ = nullptr;
+  T* workspace_ = nullptr;
+};
+
+}  // namespace moecore::model

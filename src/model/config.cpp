@@ -1,0 +1,125 @@
+#include "model/config.h"
+
+#include <cctype>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace moecore {
+
+void RouterConfig::validate() const {
+  MOE_CHECK(num_experts >= 1, "[router] num_experts={} must be >= 1", num_experts);
+  MOE_CHECK(topk >= 1 && topk <= num_experts,
+            "[router] --moe-router-topk={} must be in [1, num_experts={}]", topk, num_experts);
+  MOE_CHECK(!(score == ScoreFunction::Softmax && !pre_softmax && topk == 1),
+            "[router] softmax routing with --moe-router-topk=1 gives every token prob 1.0 and no "
+            "router gradient: add --moe-router-pre-softmax");
+  MOE_CHECK(aux_loss_coeff >= 0 && z_loss_coeff >= 0,
+            "[router] loss coefficients must be >= 0 (aux={}, z={})", aux_loss_coeff,
+            z_loss_coeff);
+  MOE_CHECK(topk_scaling_factor > 0, "[router] --moe-router-topk-scaling-factor={} must be > 0",
+            topk_scaling_factor);
+}
+
+double ModelConfig::output_init_std() const {
+  return init_std / std::sqrt(2.0 * static_cast<double>(num_layers));
+}
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (num_experts == 0) return false;
+  if (moe_layer_pattern.empty()) return true;
+  return moe_layer_pattern[layer] != 0;
+}
+
+void ModelConfig::validate() const {
+  MOE_CHECK(vocab_size >= 2 && hidden >= 1 && num_layers >= 1 && seq_length >= 1,
+            "[model] sizes must be positive (vocab={}, hidden={}, layers={}, seq={})", vocab_size,
+            hidden, num_layers, seq_length);
+  MOE_CHECK(num_heads >= 1 && (kv_channels > 0 || hidden % num_heads == 0),
+            "[model] --num-attention-heads={} does not divide --hidden-size={}: pick a divisor "
+            "or set --kv-channels",
+            num_heads, hidden);
+  MOE_CHECK(num_query_groups >= 1 && num_heads % num_query_groups == 0,
+            "[model] --num-query-groups={} must divide --num-attention-heads={}",
+            num_query_groups, num_heads);
+  MOE_CHECK(head_dim() % 2 == 0, "[model] head dim {} must be even for RoPE", head_dim());
+  MOE_CHECK(max_positions() >= seq_length,
+            "[model] --max-position-embeddings={} < --seq-length={}", max_positions(),
+            seq_length);
+  MOE_CHECK(num_experts >= 0, "[model] --num-experts={} must be >= 0", num_experts);
+  MOE_CHECK(moe_layer_pattern.empty() ||
+                static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
+            "[model] --moe-layer-freq lists {} layers but --num-layers={}",
+            moe_layer_pattern.size(), num_layers);
+  bool any_dense = false;
+  for (int64_t i = 0; i < num_layers; ++i) any_dense |= !is_moe_layer(i);
+  if (any_dense) {
+    MOE_CHECK(ffn_hidden >= 1, "[model] dense layers need --ffn-hidden-size >= 1 (got {})",
+              ffn_hidden);
+  }
+  if (num_experts > 0) {
+    MOE_CHECK(moe.router.num_experts == num_experts,
+              "[model] router has {} experts, model {}", moe.router.num_experts, num_experts);
+    moe.router.validate();
+    MOE_CHECK(moe.ffn_hidden >= 1, "[model] --moe-ffn-hidden-size={} must be >= 1",
+              moe.ffn_hidden);
+    MOE_CHECK(moe.shared_ffn_hidden >= 0,
+              "[model] --moe-shared-expert-intermediate-size={} must be >= 0",
+              moe.shared_ffn_hidden);
+  }
+}
+
+std::vector<int> parse_moe_layer_freq(const std::string& spec, int64_t num_layers) {
+  std::string s;
+  for (char c : spec) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  }
+  MOE_CHECK(!s.empty(), "[model] empty --moe-layer-freq");
+  std::vector<int> out;
+  if (std::isdigit(static_cast<unsigned char>(s[0]))) {
+    int n = std::stoi(s);
+    MOE_CHECK(n >= 1, "[model] --moe-layer-freq={} must be >= 1", n);
+    for (int64_t i = 0; i < num_layers; ++i) out.push_back(i % n == 0 ? 1 : 0);
+    return out;
+  }
+  // Terms joined by '+': "[a,b,...]" optionally followed by "*count"; outer parens allowed.
+  if (s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  size_t pos = 0;
+  while (pos < s.size()) {
+    MOE_CHECK(s[pos] == '[', "[model] cannot parse --moe-layer-freq '{}': expected '[' at {}",
+              spec, pos);
+    size_t close = s.find(']', pos);
+    MOE_CHECK(close != std::string::npos, "[model] unbalanced '[' in --moe-layer-freq '{}'", spec);
+    std::vector<int> items;
+    size_t i = pos + 1;
+    while (i < close) {
+      size_t comma = s.find(',', i);
+      if (comma == std::string::npos || comma > close) comma = close;
+      std::string tok = s.substr(i, comma - i);
+      MOE_CHECK(tok == "0" || tok == "1", "[model] --moe-layer-freq entries must be 0 or 1, got '{}'",
+                tok);
+      items.push_back(tok == "1");
+      i = comma + 1;
+    }
+    pos = close + 1;
+    int reps = 1;
+    if (pos < s.size() && s[pos] == '*') {
+      size_t end = pos + 1;
+      while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
+      MOE_CHECK(end > pos + 1, "[model] expected a count after '*' in --moe-layer-freq '{}'", spec);
+      reps = std::stoi(s.substr(pos + 1, end - pos - 1));
+      pos = end;
+    }
+    for (int r = 0; r < reps; ++r) out.insert(out.end(), items.begin(), items.end());
+    if (pos < s.size()) {
+      MOE_CHECK(s[pos] == '+', "[model] cannot parse --moe-layer-freq '{}' at {}", spec, pos);
+      ++pos;
+    }
+  }
+  MOE_CHECK(static_cast<int64_t>(out.size()) == num_layers,
+            "[model] --moe-layer-freq '{}' has {} entries but --num-layers={}", spec, out.size(),
+            num_layers);
+  return out;
+}
+
+}  // namespace moecore

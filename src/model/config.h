@@ -1,0 +1,63 @@
+// Model configuration: small structs per component, validated at construction by the component
+// that owns them (ModelConfig::validate checks the whole before anything is allocated).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moecore {
+
+enum class ScoreFunction : uint8_t { Softmax, Sigmoid };
+enum class LoadBalancing : uint8_t { None, AuxLoss };
+
+struct RouterConfig {
+  int64_t num_experts = 8;                            // E
+  int64_t topk = 2;                                   // K
+  ScoreFunction score = ScoreFunction::Softmax;       // --moe-router-score-function
+  bool pre_softmax = false;                           // --moe-router-pre-softmax
+  double topk_scaling_factor = 1.0;                   // --moe-router-topk-scaling-factor
+  LoadBalancing load_balancing = LoadBalancing::AuxLoss;  // --moe-router-load-balancing-type
+  double aux_loss_coeff = 0.0;                        // --moe-aux-loss-coeff
+  double z_loss_coeff = 0.0;                          // --moe-z-loss-coeff
+  void validate() const;
+};
+
+struct MoeConfig {
+  RouterConfig router;
+  int64_t ffn_hidden = 0;         // --moe-ffn-hidden-size (F per expert)
+  int64_t shared_ffn_hidden = 0;  // --moe-shared-expert-intermediate-size (0: none)
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t hidden = 64;            // H
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;          // query heads
+  int64_t num_query_groups = 4;   // KV heads (GQA); = num_heads without --group-query-attention
+  int64_t kv_channels = 0;        // head dim D (0: hidden / num_heads)
+  int64_t ffn_hidden = 256;       // dense MLP width
+  int64_t seq_length = 64;
+  int64_t max_position_embeddings = 0;  // 0: seq_length
+  double rotary_base = 10000.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  int64_t num_experts = 0;        // 0: every FFN is a dense MLP
+  std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
+  MoeConfig moe;
+
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / num_heads; }
+  int64_t max_positions() const {
+    return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
+  }
+  // Megatron scales the init of output projections (attention proj, fc2) by 1/sqrt(2 L).
+  double output_init_std() const;
+  bool is_moe_layer(int64_t layer) const;
+  void validate() const;
+};
+
+// --moe-layer-freq: an integer N (layer i is MoE iff i % N == 0) or a Python-like list
+// expression such as "([0]*3+[1]*58)" or "[1,0,1,0]".
+std::vector<int> parse_moe_layer_freq(const std::string& spec, int64_t num_layers);
+
+}  // namespace moecore

@@ -1,0 +1,109 @@
+#include "model/gpt_model.h"
+
+#include <cstring>
+
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+
+namespace moecore::model {
+
+template <typename T>
+GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed)
+    : cfg_(cfg),
+      S_(cfg.seq_length),
+      B_(micro_batch),
+      T_(cfg.seq_length * micro_batch),
+      params_(DTypeOf<T>::value) {
+  cfg_.validate();
+  MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
+  rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
+  embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
+                                      {cfg_.vocab_size, cfg_.hidden}, ParamInit::Normal,
+                                      cfg_.init_std, ParamKind::Dense, true, {}});
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_));
+  }
+  final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight", {cfg_.hidden},
+                                       ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
+  head_ = &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
+                                 ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true, {}});
+  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 256};
+
+  arena_.plan([this](Arena& a) { allocate(a); });
+  params_.init(seed);
+}
+
+template <typename T>
+void GPTModel<T>::allocate(Arena& a) {
+  params_.allocate(a);
+  const int64_t H = cfg_.hidden;
+  ids_T_ = a.alloc<int32_t>(T_, "model.ids");
+  targets_T_ = a.alloc<int32_t>(T_, "model.targets");
+  stream_.assign(cfg_.num_layers + 1, nullptr);
+  for (auto& s : stream_) s = a.alloc<T>(T_ * H, "model.residual");
+  for (auto& b : blocks_) b->allocate(a, S_, B_);
+  final_n_ = a.alloc<T>(T_ * H, "model.final_norm");
+  final_rstd_ = a.alloc<T>(T_, "model.final_rstd");
+  loss_T_ = a.alloc<T>(T_, "model.loss");
+  lse_T_ = a.alloc<T>(T_, "model.lse");
+  head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
+                        MemKind::Workspace);
+  dstream_ = a.alloc<T>(T_ * H, "model.dstream", MemKind::Workspace);
+  dfinal_ = a.alloc<T>(T_ * H, "model.dfinal", MemKind::Workspace);
+}
+
+template <typename T>
+double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
+  // [B, S] -> sequence-major tokens t = s * B + b.
+  counted_ = 0;
+  for (int64_t b = 0; b < B_; ++b) {
+    for (int64_t s = 0; s < S_; ++s) {
+      ids_T_[s * B_ + b] = ids_BS[b * S_ + s];
+      targets_T_[s * B_ + b] = targets_BS[b * S_ + s];
+      counted_ += targets_BS[b * S_ + s] >= 0;
+    }
+  }
+  const int64_t H = cfg_.hidden;
+  ops::embedding_forward(stream_[0], ids_T_, embedding_->data_as<T>(), T_, H, cfg_.vocab_size);
+  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(stream_[l + 1], stream_[l]);
+  ops::rmsnorm_forward(final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
+                       cfg_.norm_eps);
+  double sum = ops::head_loss_forward(loss_T_, lse_T_, final_n_, head_->data_as<T>(), targets_T_,
+                                      head_shape_, head_ws_);
+  return counted_ > 0 ? sum / counted_ : 0.0;
+}
+
+template <typename T>
+void GPTModel<T>::backward(double loss_grad_scale) {
+  const int64_t H = cfg_.hidden;
+  T dloss = static_cast<T>(counted_ > 0 ? loss_grad_scale / counted_ : 0.0);
+  ops::head_loss_backward(dfinal_, head_->grad_as<T>(), final_n_, head_->data_as<T>(), targets_T_,
+                          lse_T_, dloss, head_shape_, head_ws_);
+  ops::rmsnorm_backward(dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
+                        final_norm_->data_as<T>(), final_rstd_, T_, H);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
+  }
+  ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
+}
+
+template <typename T>
+MoeStats GPTModel<T>::moe_stats() const {
+  MoeStats st;
+  st.tokens_per_expert.assign(cfg_.num_experts, 0);
+  for (const auto& b : blocks_) {
+    if (!b->is_moe()) continue;
+    const auto& rs = b->moe()->router().saved();
+    ++st.num_moe_layers;
+    st.aux_value += rs.aux_value;
+    st.aux_loss += rs.aux_loss;
+    st.z_loss += rs.z_loss;
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
+  }
+  return st;
+}
+
+template class GPTModel<float>;
+template class GPTModel<double>;
+
+}  // namespace moecore::model

@@ -1,0 +1,86 @@
+#include "model/mlp.h"
+
+#include "ops/gemm.h"
+#include "ops/swiglu.h"
+
+namespace moecore::model {
+
+template <typename T>
+void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
+                         const char* name) {
+  s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
+  s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+}
+
+template <typename T>
+void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p_N,
+                        const int64_t* m_G, int64_t G, int64_t N, const T* fc1, const T* fc2,
+                        SwigluMlpShape sh) {
+  s.x_NH = x_NH;
+  s.p_N = p_N;
+  s.m_G = m_G;
+  s.G = G;
+  s.N = N;
+  ops::grouped_gemm(m_G, G, 2 * sh.F, sh.H, x_NH, fc1, /*trans_w=*/true, s.h_N2F);
+  ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
+  ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
+}
+
+template <typename T>
+void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
+                         const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
+                         T* dh_N2F) {
+  // fc2: y = a fc2^T  ->  da = dy fc2 (fc2_g is [H, F] = [K, N] untransposed), dfc2 += dy^T a.
+  ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy_NH, fc2, /*trans_w=*/false, da_NF);
+  ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2);
+  ops::swiglu_backward(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+  // fc1: h = x fc1^T  ->  dx = dh fc1, dfc1 += dh^T x.
+  ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, fc1, /*trans_w=*/false, dx_NH);
+  ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, s.x_NH, dfc1);
+}
+
+template <typename T>
+MLP<T>::MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
+            ParamRegistry& params, const std::string& prefix)
+    : sh_{hidden, ffn} {
+  fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight", {2 * ffn, hidden}, ParamInit::Normal,
+                               init_std, ParamKind::Dense, true, {}});
+  fc2_ = &params.add(ParamSpec{prefix + ".linear_fc2.weight", {hidden, ffn}, ParamInit::Normal,
+                               out_init_std, ParamKind::Dense, true, {}});
+}
+
+template <typename T>
+void MLP<T>::allocate(Arena& a, int64_t max_tokens) {
+  swiglu_mlp_allocate(saved_, a, max_tokens, sh_, "mlp.saved");
+  da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
+  dh_ = a.alloc<T>(max_tokens * 2 * sh_.F, "mlp.dh", MemKind::Workspace);
+}
+
+template <typename T>
+void MLP<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
+  rows_ = n_tok;
+  swiglu_mlp_forward(saved_, y_TH, x_TH, static_cast<const T*>(nullptr), &rows_, 1, n_tok,
+                     fc1_->data_as<T>(), fc2_->data_as<T>(), sh_);
+}
+
+template <typename T>
+void MLP<T>::backward(T* dx_TH, const T* dy_TH) {
+  swiglu_mlp_backward(saved_, dx_TH, static_cast<T*>(nullptr), fc1_->grad_as<T>(),
+                      fc2_->grad_as<T>(), dy_TH, fc1_->data_as<T>(), fc2_->data_as<T>(), sh_, da_,
+                      dh_);
+}
+
+#define MOECORE_INSTANTIATE(T)                                                                 \
+  template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,     \
+                                       const char*);                                           \
+  template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*,               \
+                                      const int64_t*, int64_t, int64_t, const T*, const T*,     \
+                                      SwigluMlpShape);                                         \
+  template void swiglu_mlp_backward<T>(const SwigluMlpSaved<T>&, T*, T*, T*, T*, const T*,      \
+                                       const T*, const T*, SwigluMlpShape, T*, T*);            \
+  template class MLP<T>;
+MOECORE_INSTANTIATE(float)
+MOECORE_INSTANTIATE(double)
+#undef MOECORE_INSTANTIATE
+
+}  // namespace moecore::model

@@ -1,0 +1,67 @@
+// SwiGLU MLP: h = x fc1^T (rows [gate | up]), a = silu(gate) * up (* p), y = a fc2^T.
+// The functional core works on G groups of rows with per-group weights, so the dense MLP
+// (G = 1), the shared expert (G = 1) and the routed experts (G = local experts, grouped GEMM)
+// run the same code.
+// Legend: N rows, H hidden, F ffn width, G groups (local experts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/arena.h"
+#include "core/param_registry.h"
+
+namespace moecore::model {
+
+template <typename T>
+struct SwigluMlpSaved {
+  const T* x_NH = nullptr;        // input rows, owned by the caller until backward
+  const T* p_N = nullptr;         // per-row probs (null: 1)
+  const int64_t* m_G = nullptr;   // rows per group
+  int64_t G = 0, N = 0;
+  T* h_N2F = nullptr;             // fc1 output
+  T* a_NF = nullptr;              // activation (fc2 input)
+};
+
+struct SwigluMlpShape {
+  int64_t H = 0, F = 0;
+};
+
+// Buffers of a SwigluMlpSaved for up to max_rows rows.
+template <typename T>
+void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
+                         const char* name);
+
+// fc1 [G, 2F, H], fc2 [G, H, F]; y [N, H] assigned.
+template <typename T>
+void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p_N,
+                        const int64_t* m_G, int64_t G, int64_t N, const T* fc1, const T* fc2,
+                        SwigluMlpShape sh);
+// dx assigned, dp assigned (if p and dp non-null), dfc1/dfc2 accumulated. da_NF, dh_N2F are
+// workspace of the saved sizes.
+template <typename T>
+void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
+                         const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
+                         T* dh_N2F);
+
+// A dense SwiGLU MLP layer (a transformer FFN or the shared expert).
+template <typename T>
+class MLP {
+ public:
+  MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std, ParamRegistry& params,
+      const std::string& prefix);
+  void allocate(Arena& arena, int64_t max_tokens);
+  void forward(T* y_TH, const T* x_TH, int64_t n_tok);
+  void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
+
+ private:
+  SwigluMlpShape sh_;
+  Param* fc1_;  // [2F, H]
+  Param* fc2_;  // [H, F]
+  SwigluMlpSaved<T> saved_;
+  int64_t rows_ = 0;
+  T* da_ = nullptr;
+  T* dh_ = nullptr;
+};
+
+}  // namespace moecore::model

@@ -1,0 +1,74 @@
+#include "model/transformer_block.h"
+
+#include "ops/rmsnorm.h"
+
+namespace moecore::model {
+
+template <typename T>
+TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
+                                      ParamRegistry& params, const ops::RopeCache& rope)
+    : H_(cfg.hidden),
+      eps_(cfg.norm_eps),
+      norm1_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.input_layernorm.weight", layer),
+                                   {cfg.hidden}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}})),
+      norm2_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.pre_mlp_layernorm.weight", layer),
+                                   {cfg.hidden}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}})),
+      attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
+  std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
+  if (cfg.is_moe_layer(layer)) {
+    moe_ = std::make_unique<moe::MoELayer<T>>(cfg, params, mlp_prefix);
+  } else {
+    mlp_ = std::make_unique<MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
+                                    cfg.output_init_std(), params, mlp_prefix);
+  }
+}
+
+template <typename T>
+void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
+  n_tok_ = S * B;
+  attn_.allocate(a, S, B);
+  if (moe_) moe_->allocate(a, n_tok_);
+  else mlp_->allocate(a, n_tok_);
+  n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
+  rstd1_ = a.alloc<T>(n_tok_, "block.rstd1");
+  x1_ = a.alloc<T>(n_tok_ * H_, "block.x1");
+  n2_ = a.alloc<T>(n_tok_ * H_, "block.norm2");
+  rstd2_ = a.alloc<T>(n_tok_, "block.rstd2");
+  branch_ = a.alloc<T>(n_tok_ * H_, "block.branch", MemKind::Workspace);
+  dn_ = a.alloc<T>(n_tok_ * H_, "block.dnorm", MemKind::Workspace);
+  dx1_ = a.alloc<T>(n_tok_ * H_, "block.dx1", MemKind::Workspace);
+}
+
+template <typename T>
+void TransformerBlock<T>::forward(T* y_TH, const T* x_TH) {
+  const int64_t n = n_tok_ * H_;
+  x_TH_ = x_TH;
+  ops::rmsnorm_forward(n1_, rstd1_, x_TH, norm1_->data_as<T>(), n_tok_, H_, eps_);
+  attn_.forward(branch_, n1_);
+  for (int64_t i = 0; i < n; ++i) x1_[i] = x_TH[i] + branch_[i];
+  ops::rmsnorm_forward(n2_, rstd2_, x1_, norm2_->data_as<T>(), n_tok_, H_, eps_);
+  if (moe_) moe_->forward(branch_, n2_, n_tok_);
+  else mlp_->forward(branch_, n2_, n_tok_);
+  for (int64_t i = 0; i < n; ++i) y_TH[i] = x1_[i] + branch_[i];
+}
+
+template <typename T>
+void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
+  const int64_t n = n_tok_ * H_;
+  // FFN branch: dx1 = dy + norm2'(ffn'(dy)).
+  if (moe_) moe_->backward(dn_, dy_TH, loss_grad_scale);
+  else mlp_->backward(dn_, dy_TH);
+  ops::rmsnorm_backward(branch_, norm2_->grad_as<T>(), dn_, x1_, norm2_->data_as<T>(), rstd2_,
+                        n_tok_, H_);
+  for (int64_t i = 0; i < n; ++i) dx1_[i] = dy_TH[i] + branch_[i];
+  // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
+  attn_.backward(dn_, dx1_);
+  ops::rmsnorm_backward(branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(), rstd1_,
+                        n_tok_, H_);
+  for (int64_t i = 0; i < n; ++i) dx_TH[i] = dx1_[i] + branch_[i];
+}
+
+template class TransformerBlock<float>;
+template class TransformerBlock<double>;
+
+}  // namespace moecore::model

@@ -1,0 +1,48 @@
+// A pre-norm transformer block: x1 = x + attn(norm1(x)); y = x1 + ffn(norm2(x1)), where the FFN
+// is a MoE layer or a dense SwiGLU MLP (--moe-layer-freq decides per layer).
+// Legend: T tokens, H hidden.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/mlp.h"
+#include "moe/moe_layer.h"
+
+namespace moecore::model {
+
+template <typename T>
+class TransformerBlock {
+ public:
+  TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
+                   const ops::RopeCache& rope);
+  void allocate(Arena& arena, int64_t S, int64_t B);
+  void forward(T* y_TH, const T* x_TH);
+  // dx assigned (dx may alias dy: the residual stream gradient is updated in place).
+  void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
+
+  bool is_moe() const { return moe_ != nullptr; }
+  const moe::MoELayer<T>* moe() const { return moe_.get(); }
+
+ private:
+  int64_t H_, n_tok_ = 0;
+  double eps_;
+  Param* norm1_;
+  Param* norm2_;
+  SelfAttention<T> attn_;
+  std::unique_ptr<moe::MoELayer<T>> moe_;
+  std::unique_ptr<MLP<T>> mlp_;
+  const T* x_TH_ = nullptr;
+  T* n1_ = nullptr;
+  T* rstd1_ = nullptr;
+  T* x1_ = nullptr;
+  T* n2_ = nullptr;
+  T* rstd2_ = nullptr;
+  T* branch_ = nullptr;  // attention / FFN output, then gradients
+  T* dn_ = nullptr;
+  T* dx1_ = nullptr;
+};
+
+}  // namespace moecore::model

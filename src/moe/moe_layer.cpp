@@ -1,0 +1,76 @@
+#include "moe/moe_layer.h"
+
+
+namespace moecore::moe {
+
+template <typename T>
+static std::unique_ptr<TokenDispatcher<T>> default_dispatcher(const ModelConfig& cfg) {
+  return std::make_unique<LocalDispatcher<T>>(cfg.num_experts, cfg.moe.router.topk, cfg.hidden);
+}
+
+template <typename T>
+MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+                      std::unique_ptr<TokenDispatcher<T>> dispatcher)
+    : H_(cfg.hidden),
+      K_(cfg.moe.router.topk),
+      router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
+      dispatcher_(dispatcher ? std::move(dispatcher) : default_dispatcher<T>(cfg)),
+      experts_(cfg.num_experts, 0, dispatcher_->num_local_experts(), cfg.hidden,
+               cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std(), params, prefix) {
+  if (cfg.moe.shared_ffn_hidden > 0) {
+    shared_ = std::make_unique<model::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
+                                              cfg.output_init_std(), params,
+                                              prefix + ".shared_experts");
+  }
+}
+
+template <typename T>
+void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
+  router_.allocate(a, max_tokens);
+  dispatcher_->allocate(a, max_tokens);
+  const int64_t rows = dispatcher_->max_rows(max_tokens);
+  experts_.allocate(a, rows);
+  x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
+  p_N_ = a.alloc<T>(rows, "moe.p_rows");
+  y_NH_ = a.alloc<T>(rows * H_, "moe.y_rows", MemKind::Workspace);
+  dy_NH_ = a.alloc<T>(rows * H_, "moe.dy_rows", MemKind::Workspace);
+  dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
+  dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
+  dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
+  if (shared_) {
+    shared_->allocate(a, max_tokens);
+    shared_TH_ = a.alloc<T>(max_tokens * H_, "moe.shared_out", MemKind::Workspace);
+  }
+}
+
+template <typename T>
+void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
+  n_tok_ = n_tok;
+  router_.forward(x_TH, n_tok);
+  const auto& rs = router_.saved();
+  plan_ = &dispatcher_->plan(rs.idx_TK, n_tok);
+  dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
+  experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+  dispatcher_->combine(y_TH, y_NH_);
+  if (shared_) {
+    shared_->forward(shared_TH_, x_TH, n_tok);
+    for (int64_t i = 0; i < n_tok * H_; ++i) y_TH[i] += shared_TH_[i];
+  }
+}
+
+template <typename T>
+void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
+  dispatcher_->combine_backward(dy_NH_, dy_TH);
+  experts_.backward(dx_NH_, dp_N_, dy_NH_);
+  dispatcher_->dispatch_backward(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+  router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
+  if (shared_) {
+    shared_->backward(shared_TH_, dy_TH);
+    for (int64_t i = 0; i < n_tok_ * H_; ++i) dx_TH[i] += shared_TH_[i];
+  }
+}
+
+template class MoELayer<float>;
+template class MoELayer<double>;
+
+}  // namespace moecore::moe

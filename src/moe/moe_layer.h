@@ -1,0 +1,52 @@
+// The MoE layer only sequences the phases: route -> dispatch -> experts -> combine
+// (+ the shared expert on the same input). Backward runs them in reverse, reusing the plan.
+// Legend: T tokens, H hidden, K top-k, N rows for the local experts.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+#include "model/mlp.h"
+#include "moe/dispatcher.h"
+#include "moe/experts.h"
+#include "moe/router.h"
+
+namespace moecore::moe {
+
+template <typename T>
+class MoELayer {
+ public:
+  // dispatcher: null -> a LocalDispatcher holding every expert.
+  MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+           std::unique_ptr<TokenDispatcher<T>> dispatcher = nullptr);
+
+  void allocate(Arena& arena, int64_t max_tokens);
+  void forward(T* y_TH, const T* x_TH, int64_t n_tok);
+  // dx assigned; loss_grad_scale multiplies the aux/z-loss gradients.
+  void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
+
+  const Router<T>& router() const { return router_; }
+  const GroupedExperts<T>& experts() const { return experts_; }
+  const DispatchPlan& plan() const { return *plan_; }
+
+ private:
+  int64_t H_, K_;
+  Router<T> router_;
+  std::unique_ptr<TokenDispatcher<T>> dispatcher_;
+  GroupedExperts<T> experts_;
+  std::unique_ptr<model::MLP<T>> shared_;
+  const DispatchPlan* plan_ = nullptr;
+  int64_t n_tok_ = 0;
+  // Expert-side rows and their gradients.
+  T* x_NH_ = nullptr;
+  T* p_N_ = nullptr;
+  T* y_NH_ = nullptr;
+  T* dy_NH_ = nullptr;
+  T* dx_NH_ = nullptr;
+  T* dp_N_ = nullptr;
+  T* dprobs_TK_ = nullptr;
+  T* shared_TH_ = nullptr;  // shared expert output, then its input gradient
+};
+
+}  // namespace moecore::moe

@@ -1,0 +1,185 @@
+// Core: dtype conversions, checked errors, arena planning, counter-based RNG purity, and
+// layout-independent parameter initialization.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "common/testing.h"
+#include "core/arena.h"
+#include "core/check.h"
+#include "core/param_registry.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace moecore {
+namespace {
+
+TEST(Check, MessageCarriesValuesAndLocation) {
+  try {
+    int k = 9, e = 8;
+    MOE_CHECK(k <= e, "[router] top_k={} > num_experts={}", k, e);
+    FAIL() << "no throw";
+  } catch (const Error& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("[router] top_k=9 > num_experts=8"), std::string::npos) << m;
+    EXPECT_NE(m.find("k <= e"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_core.cpp"), std::string::npos) << m;
+  }
+}
+
+TEST(Tensor, ShapeAndTypedAccess) {
+  float buf[24];
+  Tensor t(buf, {2, 3, 4}, DType::F32);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.bytes(), 96u);
+  EXPECT_EQ(t.dim(-1), 4);
+  EXPECT_EQ(t.shape_str(), "[2, 3, 4]");
+  EXPECT_EQ(t.as<float>(), buf);
+  EXPECT_THROW(t.as<double>(), Error);
+}
+
+TEST(Arena, TwoPassesOneBlockThenFrozen) {
+  Arena a;
+  auto layout = [&](Arena& ar) {
+    float* x = ar.alloc<float>(10, "x");
+    double* y = ar.alloc<double>(3, "y", MemKind::Weights);
+    return std::make_pair(x, y);
+  };
+  auto [px, py] = layout(a);
+  EXPECT_EQ(px, nullptr);
+  EXPECT_EQ(py, nullptr);
+  EXPECT_EQ(a.planned_bytes(), 128u);  // two 64-byte aligned buffers
+  EXPECT_EQ(a.bytes_of(MemKind::Weights), 64u);
+  a.commit();
+  auto [x, y] = layout(a);
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(y) % Arena::kAlign, 0u);
+  EXPECT_EQ(x[9], 0.0f);  // zero-filled
+  a.freeze();
+  EXPECT_THROW(a.alloc<float>(1, "late"), Error);
+}
+
+TEST(Arena, AllocatingPassMustMatchPlan) {
+  Arena a;
+  a.alloc<float>(4, "x");
+  a.commit();
+  a.alloc<float>(4, "x");
+  EXPECT_THROW(a.alloc<float>(100, "extra"), Error);
+  Arena b;
+  b.alloc<float>(4, "x");
+  b.alloc<float>(4, "y");
+  b.commit();
+  b.alloc<float>(4, "x");
+  EXPECT_THROW(b.freeze(), Error);  // the second buffer was never allocated
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is exactly half way between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);
+  // 1 + 3 * 2^-8 is half way between 1 + 2^-7 (odd) and 1 + 2^-6: rounds up to even.
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(bf16_to_float(float_to_bf16(INFINITY)), INFINITY);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(-2.5f)), -2.5f);
+}
+
+TEST(Rng, PhiloxKnownAnswer) {
+  // Random123's published known-answer vector for philox4x32-10 with zero counter and key.
+  auto r = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(r[0], 0x6627e8d5u);
+  EXPECT_EQ(r[1], 0xe169c58du);
+  EXPECT_EQ(r[2], 0xbc57ac4cu);
+  EXPECT_EQ(r[3], 0x9b00dbd8u);
+}
+
+TEST(Rng, PureFunctionOfSeedNameIndex) {
+  uint64_t k1 = rng_key(1234, "decoder.layers.0.mlp.router.weight");
+  uint64_t k2 = rng_key(1234, "decoder.layers.1.mlp.router.weight");
+  uint64_t k3 = rng_key(1235, "decoder.layers.0.mlp.router.weight");
+  EXPECT_NE(k1, k2);
+  EXPECT_NE(k1, k3);
+  EXPECT_EQ(rng_normal(k1, 77), rng_normal(k1, 77));
+  EXPECT_NE(rng_normal(k1, 77), rng_normal(k1, 78));
+  // Moments of the normal stream.
+  double m = 0, v = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double x = rng_normal(k1, i);
+    m += x;
+    v += x * x;
+  }
+  m /= n;
+  v = v / n - m * m;
+  EXPECT_NEAR(m, 0.0, 0.01);  // 4.5 standard errors
+  EXPECT_NEAR(v, 1.0, 0.015);
+  for (int i = 0; i < 1000; ++i) {
+    double u = rng_uniform(k2, i);
+    EXPECT_GT(u, 0.0);
+    EXPECT_LT(u, 1.0);
+  }
+}
+
+// A parameter sliced along any dimension holds exactly the matching slice of the global one.
+TEST(ParamRegistry, InitIsLayoutIndependent) {
+  const std::vector<int64_t> shape = {6, 4, 5};
+  for (int dim = 0; dim < 3; ++dim) {
+    ParamRegistry full(DType::F64);
+    full.add(ParamSpec{"w", shape, ParamInit::Normal, 0.02, ParamKind::Expert, true, {}});
+    Arena full_arena;
+    full_arena.plan([&](Arena& a) { full.allocate(a); });
+    full.init(42);
+    const int64_t n_parts = 2, len = shape[dim] / n_parts;
+    for (int64_t p = 0; p < n_parts; ++p) {
+      ParamSpec spec{"w", shape, ParamInit::Normal, 0.02, ParamKind::Expert, true,
+                     ParamSlice{dim, p * len, len}};
+      ParamRegistry one(DType::F64);
+      one.add(spec);
+      Arena arena;
+      arena.plan([&](Arena& a) { one.allocate(a); });
+      one.init(42);
+      const double* g = full.get("w").data_as<double>();
+      const double* l = one.get("w").data_as<double>();
+      int64_t li = 0;
+      for (int64_t i = 0; i < shape[0]; ++i) {
+        for (int64_t j = 0; j < shape[1]; ++j) {
+          for (int64_t k = 0; k < shape[2]; ++k) {
+            int64_t idx[3] = {i, j, k};
+            if (idx[dim] < p * len || idx[dim] >= (p + 1) * len) continue;
+            EXPECT_EQ(l[li++], g[(i * shape[1] + j) * shape[2] + k]) << "dim " << dim;
+          }
+        }
+      }
+      EXPECT_EQ(li, one.get("w").local_numel());
+    }
+  }
+}
+
+TEST(ParamRegistry, FlatBuffersPerKindAndErrors) {
+  ParamRegistry r(DType::F32);
+  r.add(ParamSpec{"a", {3, 2}, ParamInit::Ones, 0, ParamKind::Dense, false, {}});
+  r.add(ParamSpec{"e", {4, 2}, ParamInit::Zeros, 0, ParamKind::Expert, true, ParamSlice{0, 2, 2}});
+  r.add(ParamSpec{"b", {5}, ParamInit::Normal, 1.0, ParamKind::Dense, true, {}});
+  EXPECT_THROW(r.add(ParamSpec{"a", {1}, ParamInit::Ones, 0, ParamKind::Dense, false, {}}), Error);
+  EXPECT_THROW(r.add(ParamSpec{"bad", {4}, ParamInit::Ones, 0, ParamKind::Dense, false,
+                               ParamSlice{0, 3, 2}}),
+               Error);
+  Arena a;
+  r.allocate(a);
+  a.commit();
+  r.allocate(a);
+  a.freeze();
+  r.init(1);
+  EXPECT_EQ(r.numel(ParamKind::Dense), 11);
+  EXPECT_EQ(r.numel(ParamKind::Expert), 4);
+  EXPECT_EQ(r.get("b").offset, 6);
+  EXPECT_EQ(static_cast<float*>(r.flat_data(ParamKind::Dense))[0], 1.0f);
+  EXPECT_EQ(r.get("b").data_as<float>(), static_cast<float*>(r.flat_data(ParamKind::Dense)) + 6);
+  EXPECT_THROW(r.get("missing"), Error);
+  EXPECT_THROW(r.add(ParamSpec{"late", {1}, ParamInit::Ones, 0, ParamKind::Dense, false, {}}),
+               Error);
+}
+
+}  // namespace
+}  // namespace moecore

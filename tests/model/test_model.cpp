@@ -1,0 +1,241 @@
+// Model layers: attention block, dense MLP, transformer blocks (dense and MoE) and the whole GPT
+// model against fp64 finite differences; f32 vs f64 agreement; config parsing and validation.
+#include <gtest/gtest.h>
+
+#include "common/layer_testing.h"
+#include "model/attention.h"
+#include "model/gpt_model.h"
+#include "model/mlp.h"
+#include "model/transformer_block.h"
+
+namespace moecore::model {
+namespace {
+
+using testing::random_vec;
+
+ModelConfig tiny_config() {
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.hidden = 8;
+  cfg.num_layers = 2;
+  cfg.num_heads = 4;
+  cfg.num_query_groups = 2;
+  cfg.ffn_hidden = 6;
+  cfg.seq_length = 5;
+  cfg.init_std = 0.3;
+  cfg.num_experts = 4;
+  cfg.moe_layer_pattern = {1, 0};
+  cfg.moe.router.num_experts = 4;
+  cfg.moe.router.topk = 2;
+  cfg.moe.router.aux_loss_coeff = 0.1;
+  cfg.moe.router.z_loss_coeff = 0.01;
+  cfg.moe.ffn_hidden = 3;
+  cfg.moe.shared_ffn_hidden = 4;
+  return cfg;
+}
+
+TEST(SelfAttention, FiniteDifferences) {
+  ModelConfig cfg = tiny_config();
+  const int64_t S = 5, B = 2, n = S * B, H = cfg.hidden;
+  ParamRegistry params(DType::F64);
+  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  SelfAttention<double> attn(cfg, params, "attn", rope);
+  Arena arena;
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    attn.allocate(a, S, B);
+  });
+  params.init(1);
+  auto x = random_vec<double>(n * H, 2);
+  auto R = random_vec<double>(n * H, 3);
+  std::vector<double> y(n * H), dx(n * H);
+  auto loss = [&] {
+    attn.forward(y.data(), x.data());
+    return testing::weighted_sum(y.data(), R);
+  };
+  loss();
+  params.zero_grads();
+  attn.backward(dx.data(), R.data());
+  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
+  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+}
+
+TEST(SelfAttention, IsCausalOverSequence) {
+  ModelConfig cfg = tiny_config();
+  const int64_t S = 5, B = 2, n = S * B, H = cfg.hidden;
+  ParamRegistry params(DType::F64);
+  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  SelfAttention<double> attn(cfg, params, "attn", rope);
+  Arena arena;
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    attn.allocate(a, S, B);
+  });
+  params.init(1);
+  auto x = random_vec<double>(n * H, 2);
+  std::vector<double> y0(n * H), y1(n * H);
+  attn.forward(y0.data(), x.data());
+  for (int64_t h = 0; h < H; ++h) x[(3 * B + 1) * H + h] += 1.0;  // token s=3, b=1
+  attn.forward(y1.data(), x.data());
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < B; ++b) {
+      bool may_change = b == 1 && s >= 3;
+      for (int64_t h = 0; h < H; ++h) {
+        int64_t i = (s * B + b) * H + h;
+        if (!may_change) EXPECT_EQ(y0[i], y1[i]) << "s=" << s << " b=" << b;
+      }
+    }
+  }
+}
+
+TEST(MLP, FiniteDifferences) {
+  const int64_t n = 5, H = 4, F = 3;
+  ParamRegistry params(DType::F64);
+  MLP<double> mlp(H, F, 0.5, 0.5, params, "mlp");
+  Arena arena;
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    mlp.allocate(a, n);
+  });
+  params.init(4);
+  auto x = random_vec<double>(n * H, 5);
+  auto R = random_vec<double>(n * H, 6);
+  std::vector<double> y(n * H), dx(n * H);
+  auto loss = [&] {
+    mlp.forward(y.data(), x.data(), n);
+    return testing::weighted_sum(y.data(), R);
+  };
+  loss();
+  params.zero_grads();
+  mlp.backward(dx.data(), R.data());
+  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
+  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+}
+
+TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
+  ModelConfig cfg = tiny_config();
+  const int64_t S = 4, B = 2, n = S * B, H = cfg.hidden;
+  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  for (int64_t layer : {0, 1}) {  // pattern {1, 0}: layer 0 MoE, layer 1 dense
+    ParamRegistry params(DType::F64);
+    TransformerBlock<double> block(cfg, layer, params, rope);
+    EXPECT_EQ(block.is_moe(), layer == 0);
+    Arena arena;
+    arena.plan([&](Arena& a) {
+      params.allocate(a);
+      block.allocate(a, S, B);
+    });
+    params.init(8);
+    auto x = random_vec<double>(n * H, 9);
+    auto R = random_vec<double>(n * H, 10);
+    std::vector<double> y(n * H), dx(n * H);
+    auto loss = [&] {
+      block.forward(y.data(), x.data());
+      double l = testing::weighted_sum(y.data(), R);
+      if (block.is_moe()) l += block.moe()->router().saved().aux_loss + block.moe()->router().saved().z_loss;
+      return l;
+    };
+    loss();
+    params.zero_grads();
+    block.backward(dx.data(), R.data(), 1.0);
+    SCOPED_TRACE(layer == 0 ? "moe block" : "dense block");
+    EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
+    EXPECT_TRUE(testing::check_param_gradients(params, loss));
+  }
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& i : ids) i = static_cast<int32_t>(gen() % V);
+  return ids;
+}
+
+TEST(GPTModel, FiniteDifferencesEveryParameter) {
+  ModelConfig cfg = tiny_config();
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 1234);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 1);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 2);
+  targets[3] = -1;  // ignored position
+  auto loss = [&] {
+    double l = model.forward(ids.data(), targets.data());
+    MoeStats st = model.moe_stats();
+    return l + st.aux_loss + st.z_loss;
+  };
+  loss();
+  model.params().zero_grads();
+  model.backward(1.0);
+  EXPECT_TRUE(testing::check_param_gradients(model.params(), loss, 16));
+}
+
+TEST(GPTModel, F32MatchesF64AndIsDeterministic) {
+  ModelConfig cfg = tiny_config();
+  cfg.init_std = 0.02;
+  GPTModel<double> m64(cfg, 3, 99);
+  GPTModel<float> m32(cfg, 3, 99);
+  auto ids = random_ids(3 * cfg.seq_length, cfg.vocab_size, 4);
+  auto targets = random_ids(3 * cfg.seq_length, cfg.vocab_size, 5);
+  double l64 = m64.forward(ids.data(), targets.data());
+  double l32 = m32.forward(ids.data(), targets.data());
+  EXPECT_NEAR(l32, l64, testing::kF32Rtol * std::abs(l64));
+  EXPECT_NEAR(l64, std::log(11.0), 0.05);  // small init: near-uniform predictions
+  EXPECT_EQ(m32.forward(ids.data(), targets.data()), l32);
+  // Same seed, same global model regardless of dtype: the embedding matches to f32 rounding.
+  const double* w64 = m64.params().get("embedding.word_embeddings.weight").data_as<double>();
+  const float* w32 = m32.params().get("embedding.word_embeddings.weight").data_as<float>();
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(w32[i], static_cast<float>(w64[i]));
+}
+
+TEST(GPTModel, ParameterNamesAndKinds) {
+  ModelConfig cfg = tiny_config();
+  GPTModel<float> model(cfg, 1, 1);
+  const auto& p = model.params();
+  ASSERT_NE(p.find("decoder.layers.0.mlp.router.weight"), nullptr);
+  ASSERT_NE(p.find("decoder.layers.0.mlp.experts.linear_fc1.weight"), nullptr);
+  ASSERT_NE(p.find("decoder.layers.0.mlp.shared_experts.linear_fc2.weight"), nullptr);
+  ASSERT_NE(p.find("decoder.layers.1.mlp.linear_fc1.weight"), nullptr);
+  EXPECT_EQ(p.find("decoder.layers.1.mlp.router.weight"), nullptr);
+  EXPECT_EQ(p.find("decoder.layers.0.mlp.experts.linear_fc1.weight")->spec.kind, ParamKind::Expert);
+  EXPECT_FALSE(p.find("decoder.final_layernorm.weight")->spec.weight_decay);
+  EXPECT_EQ(p.find("decoder.layers.0.self_attention.linear_qkv.weight")->spec.global_shape,
+            (std::vector<int64_t>{(4 + 2 * 2) * 2, 8}));
+}
+
+TEST(Config, MoeLayerFreqPatterns) {
+  EXPECT_EQ(parse_moe_layer_freq("1", 3), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("2", 5), (std::vector<int>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("([0]*3+[1]*2)", 5), (std::vector<int>{0, 0, 0, 1, 1}));
+  EXPECT_EQ(parse_moe_layer_freq("[1, 0, 1]", 3), (std::vector<int>{1, 0, 1}));
+  EXPECT_THROW(parse_moe_layer_freq("[1,0]", 3), Error);
+  EXPECT_THROW(parse_moe_layer_freq("[2,0]", 2), Error);
+  EXPECT_THROW(parse_moe_layer_freq("0", 2), Error);
+}
+
+TEST(Config, ValidationNamesTheValues) {
+  auto expect_error = [](ModelConfig cfg, const std::string& needle) {
+    try {
+      cfg.validate();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  ModelConfig cfg = tiny_config();
+  EXPECT_NO_THROW(cfg.validate());
+  ModelConfig c1 = cfg;
+  c1.num_heads = 3;
+  expect_error(c1, "--num-attention-heads=3");
+  ModelConfig c2 = cfg;
+  c2.num_query_groups = 3;
+  expect_error(c2, "--num-query-groups=3");
+  ModelConfig c3 = cfg;
+  c3.moe.router.topk = 5;
+  expect_error(c3, "--moe-router-topk=5");
+  ModelConfig c4 = cfg;
+  c4.moe_layer_pattern = {1, 0, 1};
+  expect_error(c4, "--num-layers=2");
+}
+
+}  // namespace
+}  // namespace moecore::model

@@ -1,0 +1,223 @@
+// Dispatcher and experts: dispatch then combine with probs = 1/K returns the input and its
+// gradient is the identity; grouped experts equal a per-expert loop (outputs, input grad,
+// prob grad, every weight grad) including experts with no tokens; f64 finite differences.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/layer_testing.h"
+#include "moe/dispatcher.h"
+#include "moe/experts.h"
+#include "moe/moe_layer.h"
+#include "ops/gemm.h"
+#include "ops/swiglu.h"
+
+namespace moecore::moe {
+namespace {
+
+using testing::all_close;
+using testing::random_vec;
+
+// Routing with awkward structure: expert 1 never chosen, expert 0 chosen by every token.
+std::vector<int32_t> awkward_routing(int64_t n_tok, int64_t K, int64_t E) {
+  std::vector<int32_t> idx(n_tok * K);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    idx[t * K] = 0;
+    for (int64_t k = 1; k < K; ++k) {
+      int64_t e = 2 + (t * 7 + k * 3) % (E - 2);
+      for (int64_t j = 0; j < k; ++j) {
+        if (idx[t * K + j] == e) e = 2 + (e - 1) % (E - 2);
+      }
+      idx[t * K + k] = static_cast<int32_t>(e);
+    }
+  }
+  return idx;
+}
+
+TEST(LocalDispatcher, DispatchThenCombineIsIdentity) {
+  for (int64_t K : {1, 3}) {
+    const int64_t n_tok = 11, E = 6, H = 5;
+    LocalDispatcher<double> d(E, K, H);
+    Arena arena;
+    arena.plan([&](Arena& a) { d.allocate(a, n_tok); });
+    auto idx = awkward_routing(n_tok, K, E);
+    const DispatchPlan& plan = d.plan(idx.data(), n_tok);
+    ASSERT_EQ(plan.n_rows, n_tok * K);
+    EXPECT_EQ(plan.tokens_per_expert_L[0], n_tok);
+    EXPECT_EQ(plan.tokens_per_expert_L[1], 0);
+    auto x = random_vec<double>(n_tok * H, 1);
+    std::vector<double> probs(n_tok * K, 1.0 / K), x_NH(n_tok * K * H), p_N(n_tok * K);
+    d.dispatch(x_NH.data(), p_N.data(), x.data(), probs.data());
+    // "Experts" = multiply by the row's prob.
+    for (int64_t r = 0; r < plan.n_rows; ++r) {
+      for (int64_t h = 0; h < H; ++h) x_NH[r * H + h] *= p_N[r];
+    }
+    std::vector<double> y(n_tok * H);
+    d.combine(y.data(), x_NH.data());
+    EXPECT_TRUE(all_close(y, x, 1e-15, 0));
+    // Gradient: combine_backward then (prob-scaled) dispatch_backward is the identity.
+    auto dy = random_vec<double>(n_tok * H, 2);
+    std::vector<double> dy_NH(n_tok * K * H), dx(n_tok * H), dprobs(n_tok * K), dp(n_tok * K, 0);
+    d.combine_backward(dy_NH.data(), dy.data());
+    for (int64_t r = 0; r < plan.n_rows; ++r) {
+      for (int64_t h = 0; h < H; ++h) dy_NH[r * H + h] *= p_N[r];
+      dp[r] = 1.0 + r;
+    }
+    d.dispatch_backward(dx.data(), dprobs.data(), dy_NH.data(), dp.data());
+    EXPECT_TRUE(all_close(dx, dy, 1e-15, 0));
+    for (int64_t i = 0; i < n_tok * K; ++i) EXPECT_EQ(dprobs[i], 1.0 + plan.token_rows_TK[i]);
+  }
+}
+
+TEST(LocalDispatcher, DroppedSlotsGetNoRowAndZeroGrad) {
+  const int64_t n_tok = 4, E = 3, K = 2, H = 2;
+  LocalDispatcher<double> d(E, K, H);
+  Arena arena;
+  arena.plan([&](Arena& a) { d.allocate(a, n_tok); });
+  std::vector<int32_t> idx = {0, 1, 2, -1, -1, -1, 1, 0};
+  const DispatchPlan& plan = d.plan(idx.data(), n_tok);
+  EXPECT_EQ(plan.n_rows, 5);
+  std::vector<double> dx_NH(5 * H, 1.0), dp(5, 3.0), dx(n_tok * H), dprobs(n_tok * K);
+  d.dispatch_backward(dx.data(), dprobs.data(), dx_NH.data(), dp.data());
+  EXPECT_EQ(dprobs[3], 0.0);
+  EXPECT_EQ(dprobs[4], 0.0);
+  EXPECT_EQ(dx[2 * H], 0.0);  // token 2 was dropped entirely
+  EXPECT_EQ(dx[0], 2.0);      // token 0 kept both slots
+}
+
+// The per-expert loop the grouped experts must equal: plain linears and the reference SwiGLU.
+void sequential_experts(std::vector<double>& y, std::vector<double>& dx, std::vector<double>& dp,
+                        std::vector<double>& dfc1, std::vector<double>& dfc2,
+                        const std::vector<double>& x, const std::vector<double>& p,
+                        const std::vector<double>& dy, const double* fc1, const double* fc2,
+                        const std::vector<int64_t>& m, int64_t H, int64_t F) {
+  int64_t row = 0;
+  for (size_t e = 0; e < m.size(); ++e) {
+    const int64_t n = m[e];
+    if (n == 0) continue;
+    const double* w1 = fc1 + e * 2 * F * H;
+    const double* w2 = fc2 + e * H * F;
+    std::vector<double> h(n * 2 * F), a(n * F), da(n * F), dh(n * 2 * F);
+    ops::linear_forward(h.data(), &x[row * H], w1, n, 2 * F, H);
+    ops::swiglu_forward_ref(a.data(), h.data(), &p[row], n, F);
+    ops::linear_forward(&y[row * H], a.data(), w2, n, H, F);
+    ops::linear_backward(da.data(), &dfc2[e * H * F], &dy[row * H], a.data(), w2, n, H, F);
+    ops::swiglu_backward_ref(dh.data(), &dp[row], da.data(), h.data(), &p[row], n, F);
+    ops::linear_backward(&dx[row * H], &dfc1[e * 2 * F * H], dh.data(), &x[row * H], w1, n, 2 * F,
+                         H);
+    row += n;
+  }
+}
+
+TEST(GroupedExperts, EqualsPerExpertLoopWithEmptyExperts) {
+  const int64_t E = 5, H = 6, F = 3;
+  const std::vector<int64_t> m = {0, 4, 0, 7, 0};  // first, middle and last expert empty
+  const int64_t N = 11;
+  ParamRegistry params(DType::F64);
+  GroupedExperts<double> experts(E, 0, E, H, F, 0.3, 0.2, params, "moe");
+  Arena arena;
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    experts.allocate(a, N);
+  });
+  params.init(7);
+  auto x = random_vec<double>(N * H, 1);
+  auto p = random_vec<double>(N, 2, 0.1, 1.0);
+  auto dy = random_vec<double>(N * H, 3);
+  std::vector<double> y(N * H), dx(N * H), dp(N);
+  experts.forward(y.data(), x.data(), p.data(), m.data(), N);
+  params.zero_grads();
+  experts.backward(dx.data(), dp.data(), dy.data());
+
+  std::vector<double> ys(N * H), dxs(N * H), dps(N), dfc1(E * 2 * F * H, 0), dfc2(E * H * F, 0);
+  sequential_experts(ys, dxs, dps, dfc1, dfc2, x, p, dy, experts.fc1().data_as<double>(),
+                     experts.fc2().data_as<double>(), m, H, F);
+  EXPECT_TRUE(all_close(y, ys, 1e-13, 1e-15));
+  EXPECT_TRUE(all_close(dx, dxs, 1e-13, 1e-15));
+  EXPECT_TRUE(all_close(dp, dps, 1e-13, 1e-15));
+  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H, 1e-13, 1e-15));
+  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, 1e-13, 1e-15));
+  // Empty experts get exactly zero gradient.
+  for (int64_t i = 0; i < 2 * F * H; ++i) EXPECT_EQ(experts.fc1().grad_as<double>()[i], 0.0);
+}
+
+TEST(GroupedExperts, FiniteDifferences) {
+  const int64_t E = 3, H = 4, F = 3;
+  const std::vector<int64_t> m = {3, 0, 2};
+  const int64_t N = 5;
+  ParamRegistry params(DType::F64);
+  GroupedExperts<double> experts(E, 0, E, H, F, 0.5, 0.5, params, "moe");
+  Arena arena;
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    experts.allocate(a, N);
+  });
+  params.init(5);
+  auto x = random_vec<double>(N * H, 1);
+  auto p = random_vec<double>(N, 2, 0.1, 1.0);
+  auto R = random_vec<double>(N * H, 3);
+  std::vector<double> y(N * H), dx(N * H), dp(N);
+  auto loss = [&] {
+    experts.forward(y.data(), x.data(), p.data(), m.data(), N);
+    return testing::weighted_sum(y.data(), R);
+  };
+  loss();
+  params.zero_grads();
+  experts.backward(dx.data(), dp.data(), R.data());
+  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), N * H, "dx"));
+  EXPECT_TRUE(testing::check_gradient(loss, p.data(), dp.data(), N, "dp"));
+  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+}
+
+ModelConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score) {
+  ModelConfig cfg;
+  cfg.hidden = 6;
+  cfg.num_experts = E;
+  cfg.moe.router.num_experts = E;
+  cfg.moe.router.topk = K;
+  cfg.moe.router.score = score;
+  cfg.moe.router.pre_softmax = K == 1;
+  cfg.moe.router.aux_loss_coeff = 0.05;
+  cfg.moe.router.z_loss_coeff = 0.01;
+  cfg.moe.ffn_hidden = 4;
+  cfg.moe.shared_ffn_hidden = shared;
+  cfg.init_std = 0.4;
+  return cfg;
+}
+
+TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
+  struct Case {
+    int64_t E, K, shared;
+    ScoreFunction score;
+  };
+  for (Case c : {Case{4, 2, 0, ScoreFunction::Softmax}, Case{5, 1, 3, ScoreFunction::Softmax},
+                 Case{6, 3, 5, ScoreFunction::Sigmoid}, Case{3, 3, 0, ScoreFunction::Softmax}}) {
+    ModelConfig cfg = tiny_moe_config(c.E, c.K, c.shared, c.score);
+    const int64_t n_tok = 7, H = cfg.hidden;
+    ParamRegistry params(DType::F64);
+    MoELayer<double> layer(cfg, params, "mlp");
+    Arena arena;
+    arena.plan([&](Arena& a) {
+      params.allocate(a);
+      layer.allocate(a, n_tok);
+    });
+    params.init(17);
+    auto x = random_vec<double>(n_tok * H, 21);
+    auto R = random_vec<double>(n_tok * H, 22);
+    std::vector<double> y(n_tok * H), dx(n_tok * H);
+    auto loss = [&] {
+      layer.forward(y.data(), x.data(), n_tok);
+      const auto& rs = layer.router().saved();
+      return testing::weighted_sum(y.data(), R) + rs.aux_loss + rs.z_loss;
+    };
+    loss();
+    params.zero_grads();
+    layer.backward(dx.data(), R.data(), 1.0);
+    SCOPED_TRACE(::testing::Message() << "E=" << c.E << " K=" << c.K << " shared=" << c.shared);
+    EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n_tok * H, "dx"));
+    EXPECT_TRUE(testing::check_param_gradients(params, loss));
+  }
+}
+
+}  // namespace
+}  // namespace moecore::moe
