@@ -1,0 +1,133 @@
+// AdamW: a single step worked by hand on three elements, fast vs reference over several steps
+// (serial and OpenMP sizes, f32 and f64 params), decoupled weight decay on/off, grad_scale, and
+// invalid hyper-parameters.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/testing.h"
+#include "core/check.h"
+#include "ops/adamw.h"
+
+namespace moecore::ops {
+namespace {
+
+using moecore::testing::all_close;
+using moecore::testing::Guarded;
+using moecore::testing::kF32Atol;
+using moecore::testing::kF32Rtol;
+using moecore::testing::random_vec;
+
+TEST(AdamW, HandComputedFirstStep) {
+  // Step 1 from m = v = 0: m = (1-b1) g, v = (1-b2) g^2, bias correction gives mhat = g and
+  // vhat = g^2, so the Adam direction is g / (|g| + eps) ~ sign(g).
+  //   p0 =  1.0, g =  0.5 : 1.0  - 0.1 * ( 0.5/(0.5+1e-8)   + 0.01 *  1.0) = 0.899000002
+  //   p1 = -2.0, g = -0.25: -2.0 - 0.1 * (-0.25/(0.25+1e-8) + 0.01 * -2.0) = -1.898000004
+  //   p2 =  0.5, g =  0   : 0.5  - 0.1 * ( 0                + 0.01 *  0.5) = 0.4995
+  AdamWParams a;
+  a.lr = 0.1;
+  a.weight_decay = 0.01;
+  const double expect_p[3] = {0.899000002, -1.898000004, 0.4995};
+  const double expect_m[3] = {0.05, -0.025, 0.0};
+  const double expect_v[3] = {0.00025, 0.0000625, 0.0};
+  for (bool fast : {true, false}) {
+    std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, -0.25f, 0.0f}, m(3, 0.f), v(3, 0.f);
+    if (fast) adamw_step<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
+    else adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
+    EXPECT_TRUE(all_close(p.data(), expect_p, 3, kF32Rtol, 0.0)) << "p, fast=" << fast;
+    EXPECT_TRUE(all_close(m.data(), expect_m, 3, kF32Rtol, 0.0)) << "m, fast=" << fast;
+    EXPECT_TRUE(all_close(v.data(), expect_v, 3, kF32Rtol, 0.0)) << "v, fast=" << fast;
+  }
+}
+
+template <typename T>
+void check_fast_vs_ref(int64_t n, double wd, double grad_scale) {
+  SCOPED_TRACE(::testing::Message() << "n=" << n << " wd=" << wd << " scale=" << grad_scale);
+  AdamWParams a;
+  a.lr = 3e-3;
+  a.beta2 = 0.95;
+  a.weight_decay = wd;
+  a.grad_scale = grad_scale;
+  auto p0 = random_vec<T>(n, 1);
+  Guarded<T> p(n), p_ref(n);
+  Guarded<float> m(n, 0.f), v(n, 0.f), m_ref(n, 0.f), v_ref(n, 0.f);
+  std::copy(p0.begin(), p0.end(), p.data());
+  std::copy(p0.begin(), p0.end(), p_ref.data());
+  for (int64_t step = 1; step <= 3; ++step) {
+    a.step = step;
+    auto g = random_vec<T>(n, 100 + static_cast<uint32_t>(step), -2.0, 2.0);
+    adamw_step<T>(p.data(), g.data(), m.data(), v.data(), n, a);
+    adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+  }
+  EXPECT_TRUE(p.intact() && m.intact() && v.intact()) << "fast path wrote outside its arrays";
+  EXPECT_TRUE(p_ref.intact() && m_ref.intact() && v_ref.intact());
+  // Fast works in T with folded constants, the reference in double: f32 rounding apart.
+  EXPECT_TRUE(all_close(m.vec(), m_ref.vec(), kF32Rtol, kF32Atol)) << "m";
+  EXPECT_TRUE(all_close(v.vec(), v_ref.vec(), kF32Rtol, kF32Atol)) << "v";
+  EXPECT_TRUE(all_close(p.vec(), p_ref.vec(), kF32Rtol, kF32Atol)) << "p";
+}
+
+TEST(AdamW, FastMatchesReference) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, (int64_t{1} << 14) + 7}) {
+    for (double wd : {0.0, 0.1}) {
+      check_fast_vs_ref<float>(n, wd, 1.0);
+      check_fast_vs_ref<double>(n, wd, 0.5);
+    }
+  }
+}
+
+TEST(AdamW, WeightDecayIsDecoupled) {
+  // Zero gradient: m = v = 0, so the Adam term vanishes and only the decay acts:
+  // wd = 0 leaves p bitwise alone, wd > 0 shrinks it by exactly lr * wd * p.
+  AdamWParams a;
+  a.lr = 0.1;
+  std::vector<float> g(4, 0.f);
+  for (double wd : {0.0, 0.5}) {
+    a.weight_decay = wd;
+    for (bool fast : {true, false}) {
+      std::vector<float> p = {1.f, -2.f, 0.25f, 8.f}, m(4, 0.f), v(4, 0.f);
+      const std::vector<float> p0 = p;
+      if (fast) adamw_step<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
+      else adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_FLOAT_EQ(p[i], p0[i] * static_cast<float>(1.0 - a.lr * wd))
+            << "wd=" << wd << " fast=" << fast << " i=" << i;
+      }
+      if (wd == 0.0) {
+        EXPECT_EQ(0, std::memcmp(p.data(), p0.data(), 4 * sizeof(float)));
+      }
+    }
+  }
+}
+
+TEST(AdamW, GradScaleEqualsPrescaledGradient) {
+  // Scaling by a power of two is exact, so both forms must agree bitwise.
+  AdamWParams a;
+  a.weight_decay = 0.1;
+  auto g = random_vec<float>(37, 5), p0 = random_vec<float>(37, 6);
+  std::vector<float> g_half(g);
+  for (auto& x : g_half) x *= 0.5f;
+  std::vector<float> p1 = p0, p2 = p0, m1(37, 0.f), v1(37, 0.f), m2(37, 0.f), v2(37, 0.f);
+  a.grad_scale = 0.5;
+  adamw_step<float>(p1.data(), g.data(), m1.data(), v1.data(), 37, a);
+  a.grad_scale = 1.0;
+  adamw_step<float>(p2.data(), g_half.data(), m2.data(), v2.data(), 37, a);
+  EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)));
+}
+
+TEST(AdamW, InvalidHyperParametersAreErrors) {
+  float p = 1.f, g = 1.f, m = 0.f, v = 0.f;
+  AdamWParams a;
+  a.step = 0;
+  EXPECT_THROW(adamw_step<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+  a = AdamWParams{};
+  a.beta2 = 1.0;
+  EXPECT_THROW(adamw_step_ref<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+  a = AdamWParams{};
+  a.eps = 0.0;
+  EXPECT_THROW(adamw_step<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+}
+
+}  // namespace
+}  // namespace moecore::ops
