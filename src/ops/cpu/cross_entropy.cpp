@@ -39,7 +39,7 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
 
 // A chunk larger than the batch only ever holds n_tok rows.
 int64_t head_loss_workspace_elems(const HeadLossShape& s) {
-  return std::min(s.chunk, s.n_tok) * s.V;
+  return std::max<int64_t>(0, std::min(s.chunk, s.n_tok)) * s.V;
 }
 
 template <typename T>
