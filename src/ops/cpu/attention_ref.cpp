@@ -1,0 +1,160 @@
+// Plain-loop causal GQA attention: the oracle the fast path is tested against. It materialises
+// each head's full S x S probabilities and accumulates in double, so its own rounding is far
+// below the f32 tolerances it judges. The backward is derived from the math alone.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+#include "ops/attention.h"
+
+namespace moecore::ops {
+
+namespace {
+
+void check_shape_ref(const AttentionShape& s) {
+  MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
+            "[attention_ref] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and "
+            "Hq, Hkv, D > 0",
+            s.S, s.B, s.Hq, s.Hkv, s.D);
+  MOE_CHECK(s.Hq % s.Hkv == 0,
+            "[attention_ref] Hq={} not a multiple of Hkv={}: choose a number of query heads "
+            "divisible by the number of key/value groups",
+            s.Hq, s.Hkv);
+}
+
+// P[i, j] for one (b, h): softmax over j <= i of scale * q_i . k_j, zero above the diagonal;
+// lse_S[i] = log sum_{j <= i} exp(scale * q_i . k_j).
+template <typename T>
+void probabilities_ref(std::vector<double>& P_SS, std::vector<double>& lse_S, const T* q,
+                       const T* k, const AttentionShape& s, int64_t b, int64_t h) {
+  const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
+  const int64_t g = h / (Hq / Hkv);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t i = 0; i < S; ++i) {
+    const T* q_i = q + ((i * B + b) * Hq + h) * D;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < S; ++j) {
+      double score = 0.0;
+      if (j <= i) {
+        const T* k_j = k + ((j * B + b) * Hkv + g) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          score += static_cast<double>(q_i[d]) * static_cast<double>(k_j[d]);
+        }
+        score *= scale;
+        mx = std::max(mx, score);
+      }
+      P_SS[i * S + j] = score;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j <= i; ++j) sum += std::exp(P_SS[i * S + j] - mx);
+    lse_S[i] = mx + std::log(sum);
+    for (int64_t j = 0; j < S; ++j) {
+      P_SS[i * S + j] = j <= i ? std::exp(P_SS[i * S + j] - mx) / sum : 0.0;
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
+                           const AttentionShape& s) {
+  check_shape_ref(s);
+  const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
+  std::vector<double> P_SS(S * S), lse_S(S);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / Hkv);
+      probabilities_ref(P_SS, lse_S, q, k, s, b, h);
+      for (int64_t i = 0; i < S; ++i) {
+        lse[(b * Hq + h) * S + i] = static_cast<T>(lse_S[i]);
+        T* o_i = out + ((i * B + b) * Hq + h) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            acc += P_SS[i * S + j] * static_cast<double>(v[((j * B + b) * Hkv + g) * D + d]);
+          }
+          o_i[d] = static_cast<T>(acc);
+        }
+      }
+    }
+  }
+}
+
+// Recomputes P from q and k and takes delta_i = sum_j P_ij dP_ij (== rowsum(dO * O)), so the
+// oracle depends on nothing the forward saved: `out` and `lse` are accepted for signature
+// parity with the fast path and deliberately unused.
+template <typename T>
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                            const T* v, const T* out, const T* lse, const AttentionShape& s) {
+  check_shape_ref(s);
+  const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> P_SS(S * S), dP_SS(S * S), lse_S(S);
+  // GQA: dK/dV of a kv head sum over the query heads of its group; accumulate in double.
+  std::vector<double> dk_acc(S * B * Hkv * D, 0.0), dv_acc(S * B * Hkv * D, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / Hkv);
+      probabilities_ref(P_SS, lse_S, q, k, s, b, h);
+      // dP = dO V^T
+      for (int64_t i = 0; i < S; ++i) {
+        for (int64_t j = 0; j < S; ++j) {
+          double acc = 0.0;
+          for (int64_t d = 0; d < D; ++d) {
+            acc += static_cast<double>(dout[((i * B + b) * Hq + h) * D + d]) *
+                   static_cast<double>(v[((j * B + b) * Hkv + g) * D + d]);
+          }
+          dP_SS[i * S + j] = acc;
+        }
+      }
+      // dS = P * (dP - delta), in place of dP
+      for (int64_t i = 0; i < S; ++i) {
+        double delta = 0.0;
+        for (int64_t j = 0; j < S; ++j) delta += P_SS[i * S + j] * dP_SS[i * S + j];
+        for (int64_t j = 0; j < S; ++j) {
+          dP_SS[i * S + j] = P_SS[i * S + j] * (dP_SS[i * S + j] - delta);
+        }
+      }
+      // dQ = scale * dS K;  dK += scale * dS^T Q;  dV += P^T dO
+      for (int64_t i = 0; i < S; ++i) {
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < S; ++j) {
+            acc += dP_SS[i * S + j] * static_cast<double>(k[((j * B + b) * Hkv + g) * D + d]);
+          }
+          dq[((i * B + b) * Hq + h) * D + d] = static_cast<T>(scale * acc);
+        }
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        for (int64_t d = 0; d < D; ++d) {
+          double acc_k = 0.0, acc_v = 0.0;
+          for (int64_t i = 0; i < S; ++i) {
+            acc_k += dP_SS[i * S + j] * static_cast<double>(q[((i * B + b) * Hq + h) * D + d]);
+            acc_v += P_SS[i * S + j] * static_cast<double>(dout[((i * B + b) * Hq + h) * D + d]);
+          }
+          dk_acc[((j * B + b) * Hkv + g) * D + d] += scale * acc_k;
+          dv_acc[((j * B + b) * Hkv + g) * D + d] += acc_v;
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < S * B * Hkv * D; ++i) {
+    dk[i] = static_cast<T>(dk_acc[i]);
+    dv[i] = static_cast<T>(dv_acc[i]);
+  }
+}
+
+#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                   \
+  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,               \
+                                         const AttentionShape&);                             \
+  template void attention_backward_ref<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
+                                          const T*, const T*, const AttentionShape&);
+MOECORE_INSTANTIATE_ATTENTION_REF(float)
+MOECORE_INSTANTIATE_ATTENTION_REF(double)
+#undef MOECORE_INSTANTIATE_ATTENTION_REF
+
+}  // namespace moecore::ops
