@@ -11,7 +11,7 @@ TrainFlags default_train_flags() {
   m.hidden = 64;
   m.num_layers = 2;
   m.num_heads = 4;
-  m.num_query_groups = 2;
+  m.num_query_groups = 4;  // MHA unless --group-query-attention, as in Megatron
   m.ffn_hidden = 256;
   m.seq_length = 64;
   m.norm_eps = 1e-5;
@@ -31,7 +31,6 @@ TrainFlags default_train_flags() {
   t.lr.warmup_steps = 20;
   t.adam.weight_decay = 0.01;
   t.adam.beta2 = 0.95;
-  f.group_query_attention = true;
   return f;
 }
 

@@ -54,7 +54,7 @@ TEST(LocalDispatcher, DispatchThenCombineIsIdentity) {
     }
     std::vector<double> y(n_tok * H);
     d.combine(y.data(), x_NH.data());
-    EXPECT_TRUE(all_close(y, x, 1e-15, 0));
+    EXPECT_TRUE(all_close(y, x, testing::kF64FewUlps, 0));
     // Gradient: combine_backward then (prob-scaled) dispatch_backward is the identity.
     auto dy = random_vec<double>(n_tok * H, 2);
     std::vector<double> dy_NH(n_tok * K * H), dx(n_tok * H), dprobs(n_tok * K), dp(n_tok * K, 0);
@@ -64,7 +64,7 @@ TEST(LocalDispatcher, DispatchThenCombineIsIdentity) {
       dp[r] = 1.0 + r;
     }
     d.dispatch_backward(dx.data(), dprobs.data(), dy_NH.data(), dp.data());
-    EXPECT_TRUE(all_close(dx, dy, 1e-15, 0));
+    EXPECT_TRUE(all_close(dx, dy, testing::kF64FewUlps, 0));
     for (int64_t i = 0; i < n_tok * K; ++i) EXPECT_EQ(dprobs[i], 1.0 + plan.token_rows_TK[i]);
   }
 }
@@ -132,11 +132,11 @@ TEST(GroupedExperts, EqualsPerExpertLoopWithEmptyExperts) {
   std::vector<double> ys(N * H), dxs(N * H), dps(N), dfc1(E * 2 * F * H, 0), dfc2(E * H * F, 0);
   sequential_experts(ys, dxs, dps, dfc1, dfc2, x, p, dy, experts.fc1().data_as<double>(),
                      experts.fc2().data_as<double>(), m, H, F);
-  EXPECT_TRUE(all_close(y, ys, 1e-13, 1e-15));
-  EXPECT_TRUE(all_close(dx, dxs, 1e-13, 1e-15));
-  EXPECT_TRUE(all_close(dp, dps, 1e-13, 1e-15));
-  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H, 1e-13, 1e-15));
-  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, 1e-13, 1e-15));
+  EXPECT_TRUE(all_close(y, ys, testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(dx, dxs, testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(dp, dps, testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H, testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, testing::kF64Rtol, testing::kF64Atol));
   // Empty experts get exactly zero gradient.
   for (int64_t i = 0; i < 2 * F * H; ++i) EXPECT_EQ(experts.fc1().grad_as<double>()[i], 0.0);
 }
