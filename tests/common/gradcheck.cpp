@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "layer_testing.h"
 #include "testing.h"
 
 namespace moecore::testing {
@@ -27,6 +28,21 @@ namespace moecore::testing {
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult check_layer_gradients(ParamRegistry& params,
+                                                 const std::function<double()>& loss,
+                                                 const std::function<void()>& backward,
+                                                 std::initializer_list<InputGrad> inputs,
+                                                 int64_t max_checks) {
+  loss();
+  params.zero_grads();
+  backward();
+  for (const InputGrad& in : inputs) {
+    auto r = check_gradient(loss, in.x, in.dx, in.n, in.name, std::max<int64_t>(max_checks, 64));
+    if (!r) return r;
+  }
+  return check_param_gradients(params, loss, max_checks);
 }
 
 }  // namespace moecore::testing

@@ -11,6 +11,32 @@
 
 namespace moecore::testing {
 
+// Plans the arena for the registry's parameters plus whatever `layer_buffers` allocates, and
+// initializes the parameters from `seed`.
+template <typename LayerBuffers>
+void plan_layer(Arena& arena, ParamRegistry& params, uint64_t seed, LayerBuffers&& layer_buffers) {
+  arena.plan([&](Arena& a) {
+    params.allocate(a);
+    layer_buffers(a);
+  });
+  params.init(seed);
+}
+
+struct InputGrad {
+  double* x;
+  const double* dx;
+  int64_t n;
+  const char* name;
+};
+
+// Runs loss() once, zeroes the parameter gradients, runs backward(), then checks every listed
+// input gradient and every parameter gradient against finite differences of loss().
+::testing::AssertionResult check_layer_gradients(ParamRegistry& params,
+                                                 const std::function<double()>& loss,
+                                                 const std::function<void()>& backward,
+                                                 std::initializer_list<InputGrad> inputs,
+                                                 int64_t max_checks = 24);
+
 // Checks each parameter's accumulated gradient (registry must hold the gradient of loss()).
 inline ::testing::AssertionResult check_param_gradients(ParamRegistry& params,
                                                         const std::function<double()>& loss,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -57,6 +58,19 @@ class Guarded {
   }
   int64_t n_;
   std::vector<T> buf_;
+};
+
+// Sets the OpenMP thread count for a scope, so tests exercise the parallel paths even under
+// ctest's OMP_NUM_THREADS=1.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  int saved_;
 };
 
 // |a - b| <= atol + rtol * |b| elementwise; on failure names the worst element.

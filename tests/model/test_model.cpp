@@ -41,11 +41,7 @@ TEST(SelfAttention, FiniteDifferences) {
   auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
   SelfAttention<double> attn(cfg, params, "attn", rope);
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    attn.allocate(a, S, B);
-  });
-  params.init(1);
+  testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
   auto x = random_vec<double>(n * H, 2);
   auto R = random_vec<double>(n * H, 3);
   std::vector<double> y(n * H), dx(n * H);
@@ -53,11 +49,9 @@ TEST(SelfAttention, FiniteDifferences) {
     attn.forward(y.data(), x.data());
     return testing::weighted_sum(y.data(), R);
   };
-  loss();
-  params.zero_grads();
-  attn.backward(dx.data(), R.data());
-  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
-  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+  EXPECT_TRUE(testing::check_layer_gradients(
+      params, loss, [&] { attn.backward(dx.data(), R.data()); },
+      {{x.data(), dx.data(), n * H, "dx"}}));
 }
 
 TEST(SelfAttention, IsCausalOverSequence) {
@@ -67,11 +61,7 @@ TEST(SelfAttention, IsCausalOverSequence) {
   auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
   SelfAttention<double> attn(cfg, params, "attn", rope);
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    attn.allocate(a, S, B);
-  });
-  params.init(1);
+  testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
   auto x = random_vec<double>(n * H, 2);
   std::vector<double> y0(n * H), y1(n * H);
   attn.forward(y0.data(), x.data());
@@ -93,11 +83,7 @@ TEST(MLP, FiniteDifferences) {
   ParamRegistry params(DType::F64);
   MLP<double> mlp(H, F, 0.5, 0.5, params, "mlp");
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    mlp.allocate(a, n);
-  });
-  params.init(4);
+  testing::plan_layer(arena, params, 4, [&](Arena& a) { mlp.allocate(a, n); });
   auto x = random_vec<double>(n * H, 5);
   auto R = random_vec<double>(n * H, 6);
   std::vector<double> y(n * H), dx(n * H);
@@ -105,11 +91,9 @@ TEST(MLP, FiniteDifferences) {
     mlp.forward(y.data(), x.data(), n);
     return testing::weighted_sum(y.data(), R);
   };
-  loss();
-  params.zero_grads();
-  mlp.backward(dx.data(), R.data());
-  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
-  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+  EXPECT_TRUE(testing::check_layer_gradients(
+      params, loss, [&] { mlp.backward(dx.data(), R.data()); },
+      {{x.data(), dx.data(), n * H, "dx"}}));
 }
 
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
@@ -121,11 +105,7 @@ TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
     TransformerBlock<double> block(cfg, layer, params, rope);
     EXPECT_EQ(block.is_moe(), layer == 0);
     Arena arena;
-    arena.plan([&](Arena& a) {
-      params.allocate(a);
-      block.allocate(a, S, B);
-    });
-    params.init(8);
+    testing::plan_layer(arena, params, 8, [&](Arena& a) { block.allocate(a, S, B); });
     auto x = random_vec<double>(n * H, 9);
     auto R = random_vec<double>(n * H, 10);
     std::vector<double> y(n * H), dx(n * H);
@@ -135,12 +115,10 @@ TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
       if (block.is_moe()) l += block.moe()->router().saved().aux_loss + block.moe()->router().saved().z_loss;
       return l;
     };
-    loss();
-    params.zero_grads();
-    block.backward(dx.data(), R.data(), 1.0);
     SCOPED_TRACE(layer == 0 ? "moe block" : "dense block");
-    EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n * H, "dx"));
-    EXPECT_TRUE(testing::check_param_gradients(params, loss));
+    EXPECT_TRUE(testing::check_layer_gradients(
+        params, loss, [&] { block.backward(dx.data(), R.data(), 1.0); },
+        {{x.data(), dx.data(), n * H, "dx"}}));
   }
 }
 

@@ -116,11 +116,7 @@ TEST(GroupedExperts, EqualsPerExpertLoopWithEmptyExperts) {
   ParamRegistry params(DType::F64);
   GroupedExperts<double> experts(E, 0, E, H, F, 0.3, 0.2, params, "moe");
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    experts.allocate(a, N);
-  });
-  params.init(7);
+  testing::plan_layer(arena, params, 7, [&](Arena& a) { experts.allocate(a, N); });
   auto x = random_vec<double>(N * H, 1);
   auto p = random_vec<double>(N, 2, 0.1, 1.0);
   auto dy = random_vec<double>(N * H, 3);
@@ -148,11 +144,7 @@ TEST(GroupedExperts, FiniteDifferences) {
   ParamRegistry params(DType::F64);
   GroupedExperts<double> experts(E, 0, E, H, F, 0.5, 0.5, params, "moe");
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    experts.allocate(a, N);
-  });
-  params.init(5);
+  testing::plan_layer(arena, params, 5, [&](Arena& a) { experts.allocate(a, N); });
   auto x = random_vec<double>(N * H, 1);
   auto p = random_vec<double>(N, 2, 0.1, 1.0);
   auto R = random_vec<double>(N * H, 3);
@@ -161,12 +153,9 @@ TEST(GroupedExperts, FiniteDifferences) {
     experts.forward(y.data(), x.data(), p.data(), m.data(), N);
     return testing::weighted_sum(y.data(), R);
   };
-  loss();
-  params.zero_grads();
-  experts.backward(dx.data(), dp.data(), R.data());
-  EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), N * H, "dx"));
-  EXPECT_TRUE(testing::check_gradient(loss, p.data(), dp.data(), N, "dp"));
-  EXPECT_TRUE(testing::check_param_gradients(params, loss));
+  EXPECT_TRUE(testing::check_layer_gradients(
+      params, loss, [&] { experts.backward(dx.data(), dp.data(), R.data()); },
+      {{x.data(), dx.data(), N * H, "dx"}, {p.data(), dp.data(), N, "dp"}}));
 }
 
 ModelConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score) {
@@ -197,11 +186,7 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
     ParamRegistry params(DType::F64);
     MoELayer<double> layer(cfg, params, "mlp");
     Arena arena;
-    arena.plan([&](Arena& a) {
-      params.allocate(a);
-      layer.allocate(a, n_tok);
-    });
-    params.init(17);
+    testing::plan_layer(arena, params, 17, [&](Arena& a) { layer.allocate(a, n_tok); });
     auto x = random_vec<double>(n_tok * H, 21);
     auto R = random_vec<double>(n_tok * H, 22);
     std::vector<double> y(n_tok * H), dx(n_tok * H);
@@ -210,12 +195,10 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
       const auto& rs = layer.router().saved();
       return testing::weighted_sum(y.data(), R) + rs.aux_loss + rs.z_loss;
     };
-    loss();
-    params.zero_grads();
-    layer.backward(dx.data(), R.data(), 1.0);
     SCOPED_TRACE(::testing::Message() << "E=" << c.E << " K=" << c.K << " shared=" << c.shared);
-    EXPECT_TRUE(testing::check_gradient(loss, x.data(), dx.data(), n_tok * H, "dx"));
-    EXPECT_TRUE(testing::check_param_gradients(params, loss));
+    EXPECT_TRUE(testing::check_layer_gradients(
+        params, loss, [&] { layer.backward(dx.data(), R.data(), 1.0); },
+        {{x.data(), dx.data(), n_tok * H, "dx"}}));
   }
 }
 

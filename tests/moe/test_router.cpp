@@ -39,11 +39,7 @@ TEST_P(RouterGrad, MatchesFiniteDifferences) {
   ParamRegistry params(DType::F64);
   Router<double> router(cfg, H, 0.5, params, "r");
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    router.allocate(a, n_tok);
-  });
-  params.init(3);
+  testing::plan_layer(arena, params, 3, [&](Arena& a) { router.allocate(a, n_tok); });
   auto x = random_vec<double>(n_tok * H, 11);
   auto R = random_vec<double>(n_tok * c.K, 12);
   auto loss = [&] {
@@ -101,11 +97,7 @@ TEST(Router, AuxAndZGradientOnlyWithNonZeroCoeff) {
   ParamRegistry params(DType::F64);
   Router<double> router(cfg, 3, 0.5, params, "r");
   Arena arena;
-  arena.plan([&](Arena& a) {
-    params.allocate(a);
-    router.allocate(a, 5);
-  });
-  params.init(9);
+  testing::plan_layer(arena, params, 9, [&](Arena& a) { router.allocate(a, 5); });
   auto x = random_vec<double>(15, 1);
   std::vector<double> zero_dprobs(10, 0.0), dx(15, 0.0);
   router.forward(x.data(), 5);

@@ -21,16 +21,7 @@ using moecore::testing::check_gradient;
 using moecore::testing::Guarded;
 using moecore::testing::random_vec;
 
-// Sets the OpenMP thread count for a scope, so tests exercise the parallel path even under
-// ctest's OMP_NUM_THREADS=1.
-class ScopedOmpThreads {
- public:
-  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using moecore::testing::ScopedOmpThreads;
 
 std::string name(const AttentionShape& s) {
   return "S=" + std::to_string(s.S) + " B=" + std::to_string(s.B) + " Hq=" + std::to_string(s.Hq) +

@@ -84,13 +84,11 @@ TEST(Embedding, BackwardBitwiseDeterministicAcrossThreadCounts) {
   auto ids = random_ids(T, V, 8);
   auto dy = random_vec<float>(T * H, 9);
   std::vector<float> dw[2];
-  const int saved = omp_get_max_threads();
   for (int i = 0; i < 2; ++i) {
-    omp_set_num_threads(i == 0 ? 1 : 3);
+    moecore::testing::ScopedOmpThreads threads(i == 0 ? 1 : 3);
     dw[i].assign(V * H, 0.f);
     embedding_backward(dw[i].data(), dy.data(), ids.data(), T, H, V);
   }
-  omp_set_num_threads(saved);
   EXPECT_EQ(dw[0], dw[1]);
 }
 

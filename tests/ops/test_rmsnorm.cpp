@@ -96,15 +96,13 @@ TEST(RmsNorm, BitwiseDeterministicAcrossThreadCounts) {
   auto w = random_vec<float>(H, 22);
   auto dy = random_vec<float>(T * H, 23);
   std::vector<float> y[2], rstd[2], dx[2], dw[2];
-  const int saved = omp_get_max_threads();
   for (int i = 0; i < 2; ++i) {
-    omp_set_num_threads(i == 0 ? 1 : 3);
+    moecore::testing::ScopedOmpThreads threads(i == 0 ? 1 : 3);
     y[i].resize(T * H), rstd[i].resize(T), dx[i].resize(T * H), dw[i].assign(H, 0.f);
     rmsnorm_forward(y[i].data(), rstd[i].data(), x.data(), w.data(), T, H, kEps);
     rmsnorm_backward(dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(), rstd[i].data(),
                      T, H);
   }
-  omp_set_num_threads(saved);
   EXPECT_EQ(y[0], y[1]);
   EXPECT_EQ(rstd[0], rstd[1]);
   EXPECT_EQ(dx[0], dx[1]);
