@@ -1,35 +1,29 @@
-// The moecore command line (thin: parsing and dispatch only).
+// The moecore command line (thin: each area registers its subcommands).
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/runtime.h"
-#include "train/train_flags.h"
-#include "train/trainer.h"
+#include "train/train_command.h"
 
 int main(int argc, char** argv) {
   using namespace moecore;
   CLI::App app{"moecore: Mixture-of-Experts training in C++"};
   app.require_subcommand(1);
-  CLI::App* train_cmd = app.add_subcommand("train", "Train a model (Megatron-LM flag names)");
-  train::TrainFlags flags = train::default_train_flags();
-  train::add_train_flags(*train_cmd, flags);
+  std::vector<Subcommand> commands = {
+      train::add_train_command(app),
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  int rc = 0;
   try {
-    parallel::Runtime rt = parallel::runtime_init(&argc, &argv);
-    if (train_cmd->parsed()) {
-      train::finalize_train_flags(flags);
-      train::Trainer trainer(flags.model, flags.train);
-      auto metrics = trainer.run(std::cout);
-      if (rt.rank == 0) {
-        std::cout << fmt::format("[train] final lm loss {:.4f}, entropy floor {:.4f} (gap {:.4f})\n",
-                                 metrics.back().lm_loss, trainer.entropy_floor(),
-                                 metrics.back().lm_loss - trainer.entropy_floor());
-      }
+    parallel::runtime_init(&argc, &argv);
+    for (Subcommand& c : commands) {
+      if (c.cli->parsed()) rc = c.run();
     }
     parallel::runtime_finalize();
   } catch (const Error& e) {
@@ -37,5 +31,5 @@ int main(int argc, char** argv) {
     parallel::runtime_finalize();
     return 1;
   }
-  return 0;
+  return rc;
 }

@@ -59,22 +59,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   const char* kMoe = "Mixture of experts";
   app.add_option("--num-experts", m.num_experts, "Routed experts (0: dense)")->group(kMoe);
   app.add_option("--moe-ffn-hidden-size", m.moe.ffn_hidden, "Expert width")->group(kMoe);
-  app.add_option("--moe-router-topk", m.moe.router.topk, "Experts per token")->group(kMoe);
-  app.add_option("--moe-router-score-function", f.score_function, "softmax | sigmoid")
-      ->check(CLI::IsMember({"softmax", "sigmoid"}))
-      ->group(kMoe);
-  app.add_flag("--moe-router-pre-softmax", m.moe.router.pre_softmax, "Softmax before top-k")
-      ->group(kMoe);
-  app.add_option("--moe-router-topk-scaling-factor", m.moe.router.topk_scaling_factor,
-                 "Scale the routing probs")
-      ->group(kMoe);
-  app.add_option("--moe-router-load-balancing-type", f.load_balancing, "aux_loss | none")
-      ->check(CLI::IsMember({"aux_loss", "none"}))
-      ->group(kMoe);
-  app.add_option("--moe-aux-loss-coeff", m.moe.router.aux_loss_coeff, "Aux loss coefficient")
-      ->group(kMoe);
-  app.add_option("--moe-z-loss-coeff", m.moe.router.z_loss_coeff, "Z-loss coefficient")
-      ->group(kMoe);
+  add_router_flags(app, m.moe.router, f.router);
   app.add_option("--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden,
                  "Shared expert width (0: none)")
       ->group(kMoe);
@@ -110,10 +95,7 @@ void finalize_train_flags(TrainFlags& f) {
   ModelConfig& m = f.model;
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
   m.moe.router.num_experts = m.num_experts;
-  m.moe.router.score =
-      f.score_function == "sigmoid" ? ScoreFunction::Sigmoid : ScoreFunction::Softmax;
-  m.moe.router.load_balancing =
-      f.load_balancing == "none" ? LoadBalancing::None : LoadBalancing::AuxLoss;
+  finalize_router_flags(m.moe.router, f.router);
   m.moe_layer_pattern = m.num_experts > 0 ? parse_moe_layer_freq(f.moe_layer_freq, m.num_layers)
                                           : std::vector<int>{};
   f.train.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);

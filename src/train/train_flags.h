@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "train/router_flags.h"
 #include "train/trainer.h"
 
 namespace moecore::train {
@@ -14,8 +15,7 @@ struct TrainFlags {
   ModelConfig model;
   TrainConfig train;
   // Strings resolved after parsing.
-  std::string score_function = "softmax";
-  std::string load_balancing = "aux_loss";
+  RouterFlags router;
   std::string moe_layer_freq = "1";
   std::string lr_decay_style = "cosine";
   bool group_query_attention = false;

@@ -1,0 +1,15 @@
+// A `moecore` subcommand: its CLI11 parser and the function that runs it once parsed. Each area
+// registers its own (train/train_command.h, ...); apps/moecore.cpp only lists them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace moecore {
+
+struct Subcommand {
+  CLI::App* cli = nullptr;
+  std::function<int()> run;  // returns the process exit code
+};
+
+}  // namespace moecore

@@ -1,0 +1,10 @@
+// `moecore train`: parses Megatron-LM flags into the configs, validates them, trains.
+#pragma once
+
+#include "core/command.h"
+
+namespace moecore::train {
+
+Subcommand add_train_command(CLI::App& app);
+
+}  // namespace moecore::train
