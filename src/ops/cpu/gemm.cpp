@@ -97,8 +97,8 @@ namespace {
 // inside an OpenMP region), or one after another with all threads per GEMM. Measured in
 // bench/RESULTS.md "Grouped GEMM": with w as [G,N,K] parallel groups are 1.2-2.8x faster at 2
 // threads (oneDNN's small-M 'NT' sgemm splits badly over threads); with [G,K,N] they tie, except
-// at 16-row groups where they lost ~20% in 2 of 3 runs. Only when the work splits evenly: with
-// one dominant group parallel groups would leave threads idle. The
+// at 16-row groups where they lost 18-24% in 2 of 3 clean runs. Only when the work splits evenly:
+// with one dominant group parallel groups would leave threads idle. The
 // choice depends only on m_G and the thread count, so results stay deterministic run to run.
 bool groups_in_parallel(const int64_t* m_G, int64_t G) {
   int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
