@@ -20,7 +20,8 @@ void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alp
 template <typename T>
 void linear_forward(T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N, int64_t K,
                     bool accumulate = false);
-// dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates).
+// dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates). dx may be
+// null (a first layer needs no input gradient).
 template <typename T>
 void linear_backward(T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK, const T* w_NK, int64_t M,
                      int64_t N, int64_t K, bool accumulate_dx = false);

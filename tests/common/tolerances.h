@@ -23,7 +23,8 @@ inline constexpr double kF64Atol = 1e-12;
 // prob-weighted copies): a few ulps.
 inline constexpr double kF64FewUlps = 1e-15;
 
-// bf16 round trip: 8 bits of mantissa, half an ulp = 2^-9 relative.
+// bf16 round trip: 8 significant bits; round-to-nearest errs by at most half an ulp, which is
+// up to 2^-8 relative just above a power of two.
 inline constexpr double kBf16Rtol = 1.0 / 256.0;
 
 }  // namespace moecore::testing
