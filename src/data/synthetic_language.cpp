@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 #include "core/rng.h"
 
@@ -97,15 +99,10 @@ void SyntheticLanguage::sample(int32_t* tokens, int64_t len, uint64_t index) con
   }
 }
 
-void synthetic_batch(const SyntheticLanguage& lang, int32_t* ids_BS, int32_t* targets_BS,
-                     int64_t n_samples, int64_t S, uint64_t first_index, int32_t* scratch_S1) {
-  for (int64_t b = 0; b < n_samples; ++b) {
-    lang.sample(scratch_S1, S + 1, first_index + b);
-    for (int64_t s = 0; s < S; ++s) {
-      ids_BS[b * S + s] = scratch_S1[s];
-      targets_BS[b * S + s] = scratch_S1[s + 1];
-    }
-  }
+std::string SyntheticLanguage::describe() const {
+  return fmt::format("synthetic Markov language (vocab {}, {} successors per token, entropy "
+                     "rate {:.4f} nats/token)",
+                     V_, branching_, entropy_rate_);
 }
 
 }  // namespace moecore::data

@@ -8,16 +8,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "data/token_source.h"
+
 namespace moecore::data {
 
-class SyntheticLanguage {
+class SyntheticLanguage final : public TokenSource {
  public:
   SyntheticLanguage(int64_t vocab, int64_t branching, uint64_t seed);
 
   double entropy_rate() const { return entropy_rate_; }  // nats per token
-  int64_t vocab() const { return V_; }
-  // Tokens of sample `index` (len tokens).
-  void sample(int32_t* tokens, int64_t len, uint64_t index) const;
+  double entropy_floor() const override { return entropy_rate_; }
+  int64_t vocab() const override { return V_; }
+  void sample(int32_t* tokens, int64_t len, uint64_t index) const override;
+  std::string describe() const override;
   // Transition probability P(next | prev), for tests.
   double transition(int32_t prev, int32_t next) const;
 
@@ -29,10 +32,5 @@ class SyntheticLanguage {
   std::vector<double> pi_cdf_;   // [V] cumulative stationary distribution
   double entropy_rate_ = 0;
 };
-
-// Fills ids/targets [n_samples, S] with samples first_index, first_index + 1, ...: ids are
-// tokens [0, S), targets tokens [1, S].
-void synthetic_batch(const SyntheticLanguage& lang, int32_t* ids_BS, int32_t* targets_BS,
-                     int64_t n_samples, int64_t S, uint64_t first_index, int32_t* scratch_S1);
 
 }  // namespace moecore::data

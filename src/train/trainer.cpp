@@ -1,12 +1,15 @@
 #include "train/trainer.h"
 
-#include <algorithm>
-#include <chrono>
-#include <ostream>
-
 #include <fmt/ostream.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ostream>
+
 #include "core/check.h"
+#include "ops/gemm_probe.h"
+#include "train/progress.h"
 
 namespace moecore::train {
 
@@ -16,18 +19,27 @@ void TrainConfig::validate() const {
             global_batch, micro_batch);
   MOE_CHECK(train_iters >= 1, "[train] --train-iters={} must be >= 1", train_iters);
   MOE_CHECK(log_interval >= 1, "[train] --log-interval={} must be >= 1", log_interval);
+  MOE_CHECK(peak_gflops >= 0, "[train] --peak-tflops must be >= 0");
   lr.validate();
   adam.validate();
 }
 
 Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
-    : model_cfg_(model_cfg),
-      cfg_(cfg),
-      language_(model_cfg.vocab_size, cfg.synthetic_branching, cfg.seed) {
+    : model_cfg_(model_cfg), cfg_(cfg) {
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   cfg_.validate();
+  model_cfg_.validate();
+  data_ = data::make_token_source(cfg_.data, model_cfg_.vocab_size, model_cfg_.seq_length,
+                                  cfg_.seed);
+  MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
+            "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
+            data_->vocab(), model_cfg_.vocab_size);
   model_ = std::make_unique<model::GPTModel<float>>(model_cfg_, cfg_.micro_batch, cfg_.seed);
   optimizer_ = std::make_unique<optim::AdamWOptimizer>(model_->params(), cfg_.adam);
+  flops_ = flops_model(model_cfg_);
+  // The MFU denominator: the fp32 GEMM rate of this machine now, at this thread count.
+  peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops
+                                      : ops::measure_gemm_gflops(false, 1024, 1024, 1024, 0.3);
   const int64_t S = model_cfg_.seq_length;
   ids_.resize(cfg_.micro_batch * S);
   targets_.resize(cfg_.micro_batch * S);
@@ -46,9 +58,10 @@ StepMetrics Trainer::train_step() {
   model_->params().zero_grads();
   int64_t moe_layers = 0;
   for (int64_t mb = 0; mb < n_micro; ++mb) {
-    uint64_t first = static_cast<uint64_t>((iteration_ - 1) * cfg_.global_batch + mb * cfg_.micro_batch);
-    data::synthetic_batch(language_, ids_.data(), targets_.data(), cfg_.micro_batch, S, first,
-                          scratch_.data());
+    uint64_t first =
+        static_cast<uint64_t>((iteration_ - 1) * cfg_.global_batch + mb * cfg_.micro_batch);
+    data::make_batch(*data_, ids_.data(), targets_.data(), cfg_.micro_batch, S, first,
+                     scratch_.data());
     m.lm_loss += model_->forward(ids_.data(), targets_.data()) / n_micro;
     // Megatron averages the loss over micro-batches: each backward carries 1 / n_micro.
     model_->backward(1.0 / n_micro);
@@ -73,30 +86,84 @@ StepMetrics Trainer::train_step() {
     m.max_over_mean_load = sum > 0 ? mx / (sum / load_.size()) : 0;
   }
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.tokens_per_s = static_cast<double>(cfg_.global_batch * S) / m.seconds;
+  const double tokens = static_cast<double>(cfg_.global_batch * S);
+  m.tokens_per_s = tokens / m.seconds;
+  m.tflops = flops_.train_flops_per_token() * m.tokens_per_s / 1e12;
+  m.mfu = m.tflops * 1e3 / peak_gflops_;
+  m.peak_mem_bytes = peak_rss_bytes();
   return m;
 }
 
+void Trainer::print_header(std::ostream& log) const {
+  const auto& p = model_->params();
+  const Arena& ma = model_->arena();
+  const Arena& oa = optimizer_->arena();
+  constexpr double kMiB = 1024.0 * 1024.0;
+  fmt::print(log, "[train] data: {}\n", data_->describe());
+  if (!std::isnan(entropy_floor())) {
+    fmt::print(log, "[train] entropy floor (best achievable lm loss): {:.4f} nats/token\n",
+               entropy_floor());
+  }
+  fmt::print(log, "[train] parameters: {} ({} dense, {} expert); active matmul parameters per "
+                  "token: {:.0f}\n",
+             p.numel(ParamKind::Dense) + p.numel(ParamKind::Expert), p.numel(ParamKind::Dense),
+             p.numel(ParamKind::Expert), flops_.active_matmul_params);
+  fmt::print(log, "[train] memory plan (MiB): weights {:.2f}, grads {:.2f}, optimizer {:.2f}, "
+                  "activations {:.2f}, workspace {:.2f}\n",
+             ma.bytes_of(MemKind::Weights) / kMiB, ma.bytes_of(MemKind::Grads) / kMiB,
+             oa.bytes_of(MemKind::OptimizerState) / kMiB, ma.bytes_of(MemKind::Activations) / kMiB,
+             ma.bytes_of(MemKind::Workspace) / kMiB);
+  fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
+                  "/ peak; peak fp32 GEMM {}: {:.1f} GFLOP/s\n",
+             cfg_.peak_gflops > 0 ? "(given)" : "(measured)", peak_gflops_);
+}
+
 std::vector<StepMetrics> Trainer::run(std::ostream& log) {
-  fmt::print(log, "[train] {} parameters ({} dense, {} expert); entropy floor of the synthetic "
-                  "language: {:.4f} nats/token\n",
-             model_->params().numel(ParamKind::Dense) + model_->params().numel(ParamKind::Expert),
-             model_->params().numel(ParamKind::Dense), model_->params().numel(ParamKind::Expert),
-             entropy_floor());
+  print_header(log);
+  MetricsFile metrics(cfg_.metrics_file);
+  ProgressLine progress(log, cfg_.live_progress, cfg_.train_iters);
   std::vector<StepMetrics> all;
+  StepMetrics acc;  // sums over the log interval
+  int64_t in_interval = 0;
+  double elapsed = 0;
   for (int64_t it = 0; it < cfg_.train_iters; ++it) {
     StepMetrics m = train_step();
     all.push_back(m);
-    if (m.iteration % cfg_.log_interval == 0 || m.iteration == cfg_.train_iters) {
-      fmt::print(log,
-                 " iteration {:>6}/{:<6} | elapsed time per iteration (ms): {:.1f} | learning "
-                 "rate: {:.6E} | global batch size: {} | lm loss: {:.6E} | load_balancing_loss: "
-                 "{:.6E} | grad norm: {:.4f} | tokens/s: {:.0f} | max/mean expert load: {:.3f}\n",
-                 m.iteration, cfg_.train_iters, m.seconds * 1e3, m.lr, cfg_.global_batch,
-                 m.lm_loss, m.aux_loss, m.grad_norm, m.tokens_per_s, m.max_over_mean_load);
-      log.flush();
-    }
+    elapsed += m.seconds;
+    acc.lm_loss += m.lm_loss;
+    acc.aux_loss += m.aux_loss;
+    acc.z_loss += m.z_loss;
+    acc.seconds += m.seconds;
+    ++in_interval;
+    progress.update(m.iteration, elapsed, m.lm_loss);
+    if (m.iteration % cfg_.log_interval != 0 && m.iteration != cfg_.train_iters) continue;
+    // Megatron logs interval means of the losses and the iteration time.
+    StepMetrics logged = m;
+    logged.lm_loss = acc.lm_loss / in_interval;
+    logged.aux_loss = acc.aux_loss / in_interval;
+    logged.z_loss = acc.z_loss / in_interval;
+    logged.seconds = acc.seconds / in_interval;
+    logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
+    logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
+    logged.mfu = logged.tflops * 1e3 / peak_gflops_;
+    acc = StepMetrics{};
+    in_interval = 0;
+    progress.clear();
+    fmt::print(log,
+               " iteration {:>6}/{:<6} | consumed samples: {:>9} | elapsed time per iteration "
+               "(ms): {:.1f} | learning rate: {:.6E} | global batch size: {:>4} | lm loss: "
+               "{:.6E} | load_balancing_loss: {:.6E} | z_loss: {:.6E} | grad norm: {:.4f} | "
+               "tokens/s: {:.0f} | TFLOP/s: {:.4f} | MFU: {:.1f}% | max/mean expert load: {:.3f} "
+               "| dropped tokens: {} | peak mem (MiB): {:.1f}\n",
+               logged.iteration, cfg_.train_iters, logged.iteration * cfg_.global_batch,
+               logged.seconds * 1e3, logged.lr, cfg_.global_batch, logged.lm_loss,
+               logged.aux_loss, logged.z_loss, logged.grad_norm, logged.tokens_per_s,
+               logged.tflops, logged.mfu * 100, logged.max_over_mean_load, logged.dropped_tokens,
+               logged.peak_mem_bytes / (1024.0 * 1024.0));
+    log.flush();
+    metrics.write(logged);
   }
+  progress.clear();
   return all;
 }
 

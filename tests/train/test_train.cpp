@@ -112,6 +112,7 @@ train::TrainFlags short_run_flags(int64_t iters) {
   f.train.log_interval = 1000;
   f.train.lr.warmup_steps = 5;
   f.train.lr.decay_steps = 0;
+  f.train.peak_gflops = 100;  // skip the start-up GEMM probe
   train::finalize_train_flags(f);
   return f;
 }

@@ -1,0 +1,62 @@
+#include "train/metrics.h"
+
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace moecore::train {
+
+FlopsModel flops_model(const ModelConfig& cfg) {
+  const double H = cfg.hidden, D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_query_groups;
+  FlopsModel f;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    double p = H * (Hq + 2 * Hkv) * D + Hq * D * H;  // linear_qkv + linear_proj
+    if (cfg.is_moe_layer(l)) {
+      const double E = cfg.num_experts, K = cfg.moe.router.topk;
+      p += H * E;                                          // router
+      p += K * 3.0 * H * cfg.moe.ffn_hidden;               // routed experts (fc1 is 2F x H)
+      p += 3.0 * H * cfg.moe.shared_ffn_hidden;            // shared expert
+    } else {
+      p += 3.0 * H * cfg.ffn_hidden;
+    }
+    f.active_matmul_params += p;
+    f.attention_flops_per_token += 2.0 * Hq * D * (cfg.seq_length + 1);
+  }
+  f.active_matmul_params += H * cfg.vocab_size;  // output head
+  return f;
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+MetricsFile::MetricsFile(const std::string& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::trunc);
+  MOE_CHECK(out_.good(), "[metrics] cannot write --metrics-file '{}'", path);
+}
+
+void MetricsFile::write(const StepMetrics& m) {
+  if (!out_.is_open()) return;
+  nlohmann::json j = {{"iteration", m.iteration},
+                      {"lm_loss", m.lm_loss},
+                      {"aux_loss", m.aux_loss},
+                      {"z_loss", m.z_loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"iteration_time_s", m.seconds},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"tflops", m.tflops},
+                      {"mfu", m.mfu},
+                      {"max_over_mean_load", m.max_over_mean_load},
+                      {"dropped_tokens", m.dropped_tokens},
+                      {"peak_mem_bytes", m.peak_mem_bytes}};
+  out_ << j.dump() << "\n";  // doubles are written with round-trip precision
+  out_.flush();
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,56 @@
+// What the trainer reports: the FLOPs model behind TFLOP/s and MFU, the memory breakdown, and the
+// machine-readable metrics file (JSON lines, one object per logged iteration, losses with full
+// round-trip precision so two runs can be compared exactly).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "model/config.h"
+
+namespace moecore::train {
+
+// Per-token FLOPs of one training step (forward + backward = 3 x forward):
+//   6 * N_active + 6 * L * Hq * D * (S + 1)
+// N_active: matmul parameters a token passes through (QKV, attention output, router, the K
+// routed experts' fc1/fc2, the shared expert or dense MLP, output head; not the embedding).
+// The attention term counts Q K^T and P V over the causal context, (S + 1) / 2 keys on average.
+struct FlopsModel {
+  double active_matmul_params = 0;
+  double attention_flops_per_token = 0;  // forward, all layers
+  double train_flops_per_token() const {
+    return 6.0 * active_matmul_params + 3.0 * attention_flops_per_token;
+  }
+};
+FlopsModel flops_model(const ModelConfig& cfg);
+
+struct StepMetrics {
+  int64_t iteration = 0;
+  double lm_loss = 0;     // mean over the tokens of the global batch (interval mean when logged)
+  double aux_loss = 0;    // mean over MoE layers of aux / coeff (1.0 = balanced)
+  double z_loss = 0;      // mean over MoE layers of z / coeff
+  double lr = 0;
+  double grad_norm = 0;
+  double seconds = 0;     // wall time of the iteration (interval mean when logged)
+  double tokens_per_s = 0;
+  double tflops = 0;      // achieved, from flops_model
+  double mfu = 0;         // tflops / measured (or given) peak
+  double max_over_mean_load = 0;  // over experts, summed over layers and micro-batches
+  int64_t dropped_tokens = 0;
+  int64_t peak_mem_bytes = 0;     // peak resident set size of the process
+};
+
+// Peak resident set size of this process in bytes.
+int64_t peak_rss_bytes();
+
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& path);  // empty path: disabled
+  void write(const StepMetrics& m);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace moecore::train
