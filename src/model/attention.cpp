@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/gemm.h"
+#include "ops/rmsnorm.h"
 
 namespace moecore::model {
 
@@ -15,9 +16,20 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
       Hq_(cfg.num_heads),
       Hkv_(cfg.num_query_groups),
       D_(cfg.head_dim()),
-      rope_(rope) {
+      rope_(rope),
+      eps_(cfg.norm_eps) {
   qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight", {(Hq_ + 2 * Hkv_) * D_, H_},
                                ParamInit::Normal, cfg.init_std, ParamKind::Dense, true, {}});
+  if (cfg.add_qkv_bias) {
+    qkv_bias_ = &params.add(ParamSpec{prefix + ".linear_qkv.bias", {(Hq_ + 2 * Hkv_) * D_},
+                                      ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+  }
+  if (cfg.qk_layernorm) {
+    q_norm_ = &params.add(ParamSpec{prefix + ".q_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
+                                    ParamKind::Dense, false, {}});
+    k_norm_ = &params.add(ParamSpec{prefix + ".k_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
+                                    ParamKind::Dense, false, {}});
+  }
   proj_ = &params.add(ParamSpec{prefix + ".linear_proj.weight", {H_, Hq_ * D_}, ParamInit::Normal,
                                 cfg.output_init_std(), ParamKind::Dense, true, {}});
 }
@@ -28,6 +40,12 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
             "[attention] sequence {} > RoPE table {}", S, rope_.max_pos);
   shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
   const int64_t n = S * B;
+  if (q_norm_ != nullptr) {
+    saved_.q_raw = a.alloc<T>(n * Hq_ * D_, "attn.q_raw");
+    saved_.k_raw = a.alloc<T>(n * Hkv_ * D_, "attn.k_raw");
+    saved_.rstd_q = a.alloc<T>(n * Hq_, "attn.rstd_q");
+    saved_.rstd_k = a.alloc<T>(n * Hkv_, "attn.rstd_k");
+  }
   saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
   saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
   saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
@@ -71,8 +89,24 @@ template <typename T>
 void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
-  ops::linear_forward(qkv_TC_, x_TH, qkv_->data_as<T>(), n, (Hq_ + 2 * Hkv_) * D_, H_);
-  split_qkv(qkv_TC_, saved_.q, saved_.k, saved_.v, n, Hq_, Hkv_, D_, false);
+  const int64_t C = (Hq_ + 2 * Hkv_) * D_;
+  ops::linear_forward(qkv_TC_, x_TH, qkv_->data_as<T>(), n, C, H_);
+  if (qkv_bias_ != nullptr) {
+    const T* b = qkv_bias_->data_as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < C; ++c) qkv_TC_[t * C + c] += b[c];
+    }
+  }
+  if (q_norm_ != nullptr) {
+    split_qkv(qkv_TC_, saved_.q_raw, saved_.k_raw, saved_.v, n, Hq_, Hkv_, D_, false);
+    ops::rmsnorm_forward(saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->data_as<T>(), n * Hq_, D_,
+                         eps_);
+    ops::rmsnorm_forward(saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->data_as<T>(), n * Hkv_,
+                         D_, eps_);
+  } else {
+    split_qkv(qkv_TC_, saved_.q, saved_.k, saved_.v, n, Hq_, Hkv_, D_, false);
+  }
   ops::rope_forward(saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
   ops::rope_forward(saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
   ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
@@ -89,9 +123,30 @@ void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
                           saved_.lse, shape_, workspace_);
   ops::rope_backward(dq_, dq_, pos_T_, n, Hq_, rope_);
   ops::rope_backward(dk_, dk_, pos_T_, n, Hkv_, rope_);
-  split_qkv(qkv_TC_, dq_, dk_, dv_, n, Hq_, Hkv_, D_, true);
-  ops::linear_backward(dx_TH, qkv_->grad_as<T>(), qkv_TC_, saved_.x_TH, qkv_->data_as<T>(), n,
-                       (Hq_ + 2 * Hkv_) * D_, H_);
+  if (q_norm_ != nullptr) {
+    // dq/dk now hold gradients w.r.t. the normed q/k; the core-attention buffers q/k are free
+    // for the pre-norm gradients.
+    ops::rmsnorm_backward(saved_.q, q_norm_->grad_as<T>(), dq_, saved_.q_raw, q_norm_->data_as<T>(),
+                          saved_.rstd_q, n * Hq_, D_);
+    ops::rmsnorm_backward(saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw, k_norm_->data_as<T>(),
+                          saved_.rstd_k, n * Hkv_, D_);
+    split_qkv(qkv_TC_, saved_.q, saved_.k, dv_, n, Hq_, Hkv_, D_, true);
+  } else {
+    split_qkv(qkv_TC_, dq_, dk_, dv_, n, Hq_, Hkv_, D_, true);
+  }
+  const int64_t C = (Hq_ + 2 * Hkv_) * D_;
+  if (qkv_bias_ != nullptr) {
+    // Column sums in token order, one thread per column range: deterministic.
+    T* db = qkv_bias_->grad_as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      T acc = 0;
+      for (int64_t t = 0; t < n; ++t) acc += qkv_TC_[t * C + c];
+      db[c] += acc;
+    }
+  }
+  ops::linear_backward(dx_TH, qkv_->grad_as<T>(), qkv_TC_, saved_.x_TH, qkv_->data_as<T>(), n, C,
+                       H_);
 }
 
 template class SelfAttention<float>;

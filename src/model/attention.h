@@ -1,6 +1,7 @@
 // Self-attention block: fused QKV projection (Megatron's layout: per query group, its query
 // heads then one key and one value head), RoPE on q and k, causal GQA core attention, output
-// projection. Tokens are sequence-major: token t = s * B + b sits at position s.
+// projection. Optional: a bias on the QKV projection (--add-qkv-bias) and RMSNorm of q and k
+// over the head dim before RoPE (--qk-layernorm). Tokens are sequence-major: token t = s * B + b sits at position s.
 // Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
 #pragma once
 
@@ -18,6 +19,10 @@ namespace moecore::model {
 template <typename T>
 struct AttentionSaved {
   const T* x_TH = nullptr;   // block input (normed), owned by the caller until backward
+  T* q_raw = nullptr;        // [S, B, Hq, D] before qk-layernorm (when enabled)
+  T* k_raw = nullptr;        // [S, B, Hkv, D]
+  T* rstd_q = nullptr;       // [S, B, Hq] qk-layernorm statistics
+  T* rstd_k = nullptr;       // [S, B, Hkv]
   T* q = nullptr;            // [S, B, Hq, D] after RoPE
   T* k = nullptr;            // [S, B, Hkv, D] after RoPE
   T* v = nullptr;            // [S, B, Hkv, D]
@@ -38,6 +43,10 @@ class SelfAttention {
   int64_t H_, Hq_, Hkv_, D_;
   const ops::RopeCache& rope_;
   Param* qkv_;   // [(Hq + 2 Hkv) D, H]
+  Param* qkv_bias_ = nullptr;  // [(Hq + 2 Hkv) D] with --add-qkv-bias
+  Param* q_norm_ = nullptr;    // [D] with --qk-layernorm
+  Param* k_norm_ = nullptr;    // [D]
+  double eps_;
   Param* proj_;  // [H, Hq D]
   ops::AttentionShape shape_;
   AttentionSaved<T> saved_;

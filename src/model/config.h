@@ -42,6 +42,9 @@ struct ModelConfig {
   double rotary_base = 10000.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
+  bool add_qkv_bias = false;      // --add-qkv-bias
+  bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
+  bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
   int64_t num_experts = 0;        // 0: every FFN is a dense MLP
   std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
   MoeConfig moe;

@@ -25,8 +25,12 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight", {cfg_.hidden},
                                        ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
-  head_ = &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
-                                 ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true, {}});
+  // Tied (Megatron's default): the output head is the embedding table and both gradients add.
+  head_ = cfg_.tie_embeddings
+              ? embedding_
+              : &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
+                                       ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
+                                       {}});
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 256};
 
   arena_.plan([this](Arena& a) { allocate(a); });

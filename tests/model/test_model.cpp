@@ -31,6 +31,7 @@ ModelConfig tiny_config() {
   cfg.moe.router.z_loss_coeff = 0.01;
   cfg.moe.ffn_hidden = 3;
   cfg.moe.shared_ffn_hidden = 4;
+  cfg.tie_embeddings = false;
   return cfg;
 }
 
@@ -136,6 +137,33 @@ TEST(GPTModel, FiniteDifferencesEveryParameter) {
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 1);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 2);
   targets[3] = -1;  // ignored position
+  auto loss = [&] {
+    double l = model.forward(ids.data(), targets.data());
+    MoeStats st = model.moe_stats();
+    return l + st.aux_loss + st.z_loss;
+  };
+  loss();
+  model.params().zero_grads();
+  model.backward(1.0);
+  EXPECT_TRUE(testing::check_param_gradients(model.params(), loss, 16));
+}
+
+// Tied embeddings (head gradient adds into the embedding), QKV bias and qk-layernorm.
+TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
+  ModelConfig cfg = tiny_config();
+  cfg.tie_embeddings = true;
+  cfg.add_qkv_bias = true;
+  cfg.qk_layernorm = true;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 77);
+  EXPECT_EQ(model.params().find("output_layer.weight"), nullptr);
+  ASSERT_NE(model.params().find("decoder.layers.1.self_attention.linear_qkv.bias"), nullptr);
+  ASSERT_NE(model.params().find("decoder.layers.0.self_attention.k_layernorm.weight"), nullptr);
+  // Non-zero biases so their gradient path is exercised away from the zero init.
+  Param& bias = model.params().get("decoder.layers.0.self_attention.linear_qkv.bias");
+  for (int64_t i = 0; i < bias.local_numel(); ++i) bias.data_as<double>()[i] = 0.1 * std::sin(i);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 3);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 4);
   auto loss = [&] {
     double l = model.forward(ids.data(), targets.data());
     MoeStats st = model.moe_stats();
