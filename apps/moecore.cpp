@@ -1,10 +1,12 @@
 // The moecore command line (thin: each area registers its subcommands).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <vector>
 
 #include "core/check.h"
 #include "parallel/runtime.h"
+#include "train/config_file.h"
 #include "train/train_command.h"
 
 int main(int argc, char** argv) {
@@ -15,9 +17,16 @@ int main(int argc, char** argv) {
       train::add_train_command(app),
   };
   try {
-    app.parse(argc, argv);
+    // --config FILE expands into flags before the command line's own (which then override).
+    std::vector<std::string> args(argv + 1, argv + argc);
+    args = train::expand_config_files(args);
+    std::reverse(args.begin(), args.end());  // CLI11 takes the arguments reversed
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
   }
   int rc = 0;
   try {

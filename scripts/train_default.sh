@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds moecore and trains the default tiny MoE model on the synthetic language.
+# Builds moecore and trains the default tiny MoE model (configs/tiny.toml) on the synthetic
+# language; extra arguments are moecore train flags and override the config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-./build/moecore train "$@"
+./build/moecore train --config configs/tiny.toml "$@"

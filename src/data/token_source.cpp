@@ -6,10 +6,10 @@
 
 namespace moecore::data {
 
-std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, int64_t vocab_size,
-                                               int64_t seq_length, uint64_t seed) {
+std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, int64_t seq_length,
+                                               uint64_t seed) {
   if (cfg.data_path.empty()) {
-    return std::make_unique<SyntheticLanguage>(vocab_size, cfg.synthetic_branching, seed);
+    return std::make_unique<SyntheticLanguage>(cfg.synthetic_vocab, cfg.synthetic_branching, seed);
   }
   MOE_CHECK(cfg.tokenizer_type == "ByteLevel",
             "[data] --tokenizer-type {} is not supported for text files: use ByteLevel",

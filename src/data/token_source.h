@@ -25,12 +25,13 @@ class TokenSource {
 struct DataConfig {
   std::string data_path;                 // --data-path (empty: the synthetic language)
   std::string tokenizer_type = "ByteLevel";  // --tokenizer-type
+  int64_t synthetic_vocab = 256;         // --vocab-size before padding (synthetic language)
   int64_t synthetic_branching = 4;       // successors per token of the synthetic language
 };
 
 // The source for `cfg` (checks the file exists and is long enough for seq_length + 1 tokens).
-std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, int64_t vocab_size,
-                                               int64_t seq_length, uint64_t seed);
+std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, int64_t seq_length,
+                                               uint64_t seed);
 
 // Fills ids/targets [n_samples, S] with samples first_index, first_index + 1, ...: ids are
 // tokens [0, S), targets tokens [1, S]. scratch holds S + 1 tokens.

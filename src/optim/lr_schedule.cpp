@@ -20,7 +20,8 @@ void LrSchedule::validate() const {
 
 double LrSchedule::lr(int64_t step) const {
   if (warmup_steps > 0 && step <= warmup_steps) {
-    return max_lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
+    return warmup_init +
+           (max_lr - warmup_init) * static_cast<double>(step) / static_cast<double>(warmup_steps);
   }
   if (style == LrDecayStyle::Constant) return max_lr;
   if (step > decay_steps) return min_lr;

@@ -1,11 +1,12 @@
 #include "train/train_command.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
-#include "parallel/runtime.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -17,12 +18,18 @@ Subcommand add_train_command(CLI::App& app) {
   add_train_flags(*cli, *flags);
   return Subcommand{cli, [flags]() {
                       finalize_train_flags(*flags);
+                      for (const std::string& n : flags->notices) std::cout << n << "\n";
+                      flags->train.live_progress = isatty(STDOUT_FILENO) != 0;
                       Trainer trainer(flags->model, flags->train);
                       auto metrics = trainer.run(std::cout);
-                      std::cout << fmt::format(
-                          "[train] final lm loss {:.4f}, entropy floor {:.4f} (gap {:.4f})\n",
-                          metrics.back().lm_loss, trainer.entropy_floor(),
-                          metrics.back().lm_loss - trainer.entropy_floor());
+                      const double last = metrics.back().lm_loss, floor = trainer.entropy_floor();
+                      if (std::isnan(floor)) {
+                        std::cout << fmt::format("[train] final lm loss {:.4f}\n", last);
+                      } else {
+                        std::cout << fmt::format(
+                            "[train] final lm loss {:.4f}, entropy floor {:.4f} (gap {:.4f})\n",
+                            last, floor, last - floor);
+                      }
                       return 0;
                     }};
 }

@@ -7,7 +7,7 @@ namespace moecore::train {
 TrainFlags default_train_flags() {
   TrainFlags f;
   ModelConfig& m = f.model;
-  m.vocab_size = 256;
+  f.vocab_size = 256;
   m.hidden = 64;
   m.num_layers = 2;
   m.num_heads = 4;
@@ -34,26 +34,53 @@ TrainFlags default_train_flags() {
   return f;
 }
 
+int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by) {
+  MOE_CHECK(divisible_by >= 1, "[flags] --make-vocab-size-divisible-by={} must be >= 1",
+            divisible_by);
+  return (vocab + divisible_by - 1) / divisible_by * divisible_by;
+}
+
 void add_train_flags(CLI::App& app, TrainFlags& f) {
   ModelConfig& m = f.model;
   TrainConfig& t = f.train;
+  // A flag given twice (config file, then command line) takes the last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--config", f.config_file,
+                 "TOML file of flags (keys = flag names); the command line overrides it");
+
   const char* kModel = "Model";
   app.add_option("--num-layers", m.num_layers, "Number of transformer layers")->group(kModel);
   app.add_option("--hidden-size", m.hidden, "Hidden size")->group(kModel);
   app.add_option("--ffn-hidden-size", m.ffn_hidden, "Dense MLP width")->group(kModel);
   app.add_option("--num-attention-heads", m.num_heads, "Query heads")->group(kModel);
-  app.add_option("--num-query-groups", m.num_query_groups, "KV heads with --group-query-attention")
-      ->group(kModel);
   app.add_flag("--group-query-attention", f.group_query_attention, "Use --num-query-groups")
+      ->group(kModel);
+  app.add_option("--num-query-groups", m.num_query_groups, "KV heads with --group-query-attention")
       ->group(kModel);
   app.add_option("--kv-channels", m.kv_channels, "Head dim (default hidden / heads)")->group(kModel);
   app.add_option("--seq-length", m.seq_length, "Sequence length")->group(kModel);
-  app.add_option("--max-position-embeddings", m.max_position_embeddings, "RoPE table length")
+  app.add_option("--max-position-embeddings", m.max_position_embeddings,
+                 "RoPE table length (default seq-length)")
       ->group(kModel);
   app.add_option("--rotary-base", m.rotary_base, "RoPE theta")->group(kModel);
   app.add_option("--norm-epsilon", m.norm_eps, "RMSNorm epsilon")->group(kModel);
-  app.add_option("--vocab-size", m.vocab_size, "Vocabulary (synthetic language)")->group(kModel);
-  app.add_option("--init-method-std", m.init_std, "Init std (output layers / sqrt(2L))")
+  app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language")
+      ->group(kModel);
+  app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
+                 "Pad the vocabulary to a multiple of this")
+      ->group(kModel);
+  app.add_option("--init-method-std", m.init_std, "Init std (output layers: / sqrt(2 L))")
+      ->group(kModel);
+  app.add_flag("--untie-embeddings-and-output-weights", f.untie_embeddings,
+               "Separate output head (default: tied to the embedding)")
+      ->group(kModel);
+  app.add_flag("--add-qkv-bias", m.add_qkv_bias, "Bias on the QKV projection")->group(kModel);
+  app.add_flag("--qk-layernorm", m.qk_layernorm, "RMSNorm of q and k over the head dim")
+      ->group(kModel);
+  app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (the only MLP moecore implements)")
+      ->group(kModel);
+  app.add_flag("--disable-bias-linear", f.disable_bias_linear,
+               "No biases in linear layers (moecore has none)")
       ->group(kModel);
 
   const char* kMoe = "Mixture of experts";
@@ -63,7 +90,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden,
                  "Shared expert width (0: none)")
       ->group(kMoe);
-  app.add_option("--moe-layer-freq", f.moe_layer_freq, "N or a list like ([0]*1+[1]*3)")
+  app.add_option("--moe-layer-freq", f.moe_layer_freq, "N, or a list like ([0]*1+[1]*3)")
       ->group(kMoe);
 
   const char* kTrain = "Training";
@@ -71,17 +98,28 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--global-batch-size", t.global_batch, "Sequences per iteration")->group(kTrain);
   app.add_option("--train-iters", t.train_iters, "Iterations")->group(kTrain);
   app.add_option("--seed", t.seed, "Seed for init and data")->group(kTrain);
-  app.add_option("--log-interval", t.log_interval, "Iterations between log lines")->group(kTrain);
   app.add_option("--clip-grad", t.adam.clip_grad, "Global grad-norm clip (0: off)")->group(kTrain);
+  app.add_flag("--fp32", f.fp32, "fp32 training (the default)")->group(kTrain);
 
   const char* kLr = "Learning rate";
   app.add_option("--lr", t.lr.max_lr, "Peak learning rate")->group(kLr);
   app.add_option("--min-lr", t.lr.min_lr, "Final learning rate")->group(kLr);
   app.add_option("--lr-warmup-iters", t.lr.warmup_steps, "Linear warmup iterations")->group(kLr);
+  app.add_option("--lr-warmup-fraction", f.lr_warmup_fraction,
+                 "Warmup as a fraction of --lr-decay-iters")
+      ->group(kLr);
+  app.add_option("--lr-warmup-init", t.lr.warmup_init, "Learning rate at the start of warmup")
+      ->group(kLr);
   app.add_option("--lr-decay-iters", t.lr.decay_steps, "Decay iterations (default train-iters)")
       ->group(kLr);
-  app.add_option("--lr-decay-style", f.lr_decay_style, "constant | linear | cosine")
-      ->check(CLI::IsMember({"constant", "linear", "cosine"}))
+  app.add_option("--lr-decay-style", f.lr_decay_style, "constant | linear | cosine | WSD")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "WSD"}))
+      ->group(kLr);
+  app.add_option("--lr-wsd-decay-iters", t.lr.wsd_decay_steps, "WSD: iterations of the decay")
+      ->group(kLr);
+  app.add_option("--lr-wsd-decay-style", f.lr_wsd_decay_style,
+                 "WSD: linear | cosine | exponential | minus_sqrt")
+      ->check(CLI::IsMember({"linear", "cosine", "exponential", "minus_sqrt"}))
       ->group(kLr);
 
   const char* kReg = "Regularization";
@@ -89,19 +127,56 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--adam-beta1", t.adam.beta1, "Adam beta1")->group(kReg);
   app.add_option("--adam-beta2", t.adam.beta2, "Adam beta2")->group(kReg);
   app.add_option("--adam-eps", t.adam.eps, "Adam epsilon")->group(kReg);
+
+  const char* kData = "Data";
+  app.add_option("--data-path", t.data.data_path,
+                 "A plain text file (byte-level); default: the synthetic language")
+      ->group(kData);
+
+  const char* kLog = "Logging";
+  app.add_option("--log-interval", t.log_interval, "Iterations between log lines")->group(kLog);
+  app.add_option("--metrics-file", t.metrics_file, "JSON lines, one object per log line")
+      ->group(kLog);
+  app.add_option("--peak-tflops", f.peak_tflops,
+                 "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
+      ->group(kLog);
+
+  f.compat.add_to(app);  // --tokenizer-type, --normalization, ... and the rejected ones
 }
 
 void finalize_train_flags(TrainFlags& f) {
+  f.notices = f.compat.check();
   ModelConfig& m = f.model;
+  TrainConfig& t = f.train;
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
+  m.tie_embeddings = !f.untie_embeddings;
+  // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
+  const bool text = !t.data.data_path.empty();
+  MOE_CHECK(!text || f.vocab_size == 256 || f.vocab_size == default_train_flags().vocab_size,
+            "[flags] --vocab-size={} conflicts with the byte-level tokenizer (256 tokens): drop "
+            "--vocab-size",
+            f.vocab_size);
+  const int64_t vocab = text ? 256 : f.vocab_size;
+  MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
+  m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by);
+  t.data.synthetic_vocab = vocab;
   m.moe.router.num_experts = m.num_experts;
   finalize_router_flags(m.moe.router, f.router);
   m.moe_layer_pattern = m.num_experts > 0 ? parse_moe_layer_freq(f.moe_layer_freq, m.num_layers)
                                           : std::vector<int>{};
-  f.train.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);
+  t.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);
+  t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
+  if (t.lr.decay_steps == 0) t.lr.decay_steps = t.train_iters;
+  if (f.lr_warmup_fraction > 0) {
+    MOE_CHECK(t.lr.warmup_steps == 0 || t.lr.warmup_steps == default_train_flags().train.lr.warmup_steps,
+              "[flags] give --lr-warmup-iters or --lr-warmup-fraction, not both");
+    MOE_CHECK(f.lr_warmup_fraction < 1, "[flags] --lr-warmup-fraction={} must be < 1",
+              f.lr_warmup_fraction);
+    t.lr.warmup_steps = static_cast<int64_t>(f.lr_warmup_fraction * t.lr.decay_steps);
+  }
+  t.peak_gflops = f.peak_tflops * 1e3;
   m.validate();
-  if (f.train.lr.decay_steps == 0) f.train.lr.decay_steps = f.train.train_iters;
-  f.train.validate();
+  t.validate();
 }
 
 }  // namespace moecore::train

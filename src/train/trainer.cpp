@@ -29,8 +29,7 @@ Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   cfg_.validate();
   model_cfg_.validate();
-  data_ = data::make_token_source(cfg_.data, model_cfg_.vocab_size, model_cfg_.seq_length,
-                                  cfg_.seed);
+  data_ = data::make_token_source(cfg_.data, model_cfg_.seq_length, cfg_.seed);
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
             "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
             data_->vocab(), model_cfg_.vocab_size);

@@ -98,7 +98,7 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
 
 train::TrainFlags short_run_flags(int64_t iters) {
   train::TrainFlags f = train::default_train_flags();
-  f.model.vocab_size = 64;
+  f.vocab_size = 64;
   f.model.hidden = 32;
   f.model.seq_length = 32;
   f.model.num_experts = 4;
@@ -106,6 +106,8 @@ train::TrainFlags short_run_flags(int64_t iters) {
   f.model.moe.shared_ffn_hidden = 16;
   f.model.moe.router.z_loss_coeff = 1e-3;
   f.moe_layer_freq = "[1,0]";
+  f.untie_embeddings = true;
+  f.make_vocab_size_divisible_by = 64;
   f.train.train_iters = iters;
   f.train.micro_batch = 4;
   f.train.global_batch = 8;

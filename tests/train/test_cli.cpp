@@ -1,0 +1,149 @@
+// The `moecore train` command line as a user meets it: config file with overrides, the metrics
+// file, bitwise-identical reruns, byte-level text data, and every bad input stopping before
+// training with a message that names the values.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+std::string binary() { return std::string(MOECORE_BUILD_DIR) + "/moecore"; }
+
+// A few milliseconds per run: tiny shapes, no GEMM probe.
+const char* kTiny =
+    " --hidden-size 32 --num-attention-heads 2 --seq-length 16 --num-layers 2 --num-experts 4"
+    " --moe-ffn-hidden-size 16 --ffn-hidden-size 32 --vocab-size 64 --micro-batch-size 2"
+    " --global-batch-size 4 --train-iters 3 --lr-warmup-iters 0 --log-interval 1"
+    " --peak-tflops 0.1";
+
+CommandResult run(const std::string& args) {
+  std::string cmd = binary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CommandResult r{-1, ""};
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p) != nullptr) r.output += buf.data();
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          (name + "." + std::to_string(::getpid()) + "." +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+      .string();
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+void expect_stops(const std::string& args, const std::string& needle) {
+  CommandResult r = run("train" + std::string(kTiny) + " " + args);
+  EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+  EXPECT_EQ(r.output.find("iteration "), std::string::npos) << "trained despite: " << args;
+}
+
+TEST(Cli, BadInputStopsBeforeTraining) {
+  expect_stops("--no-such-flag", "--no-such-flag");
+  expect_stops("--num-attention-heads 3", "--num-attention-heads=3");
+  expect_stops("--moe-router-topk 5", "--moe-router-topk=5");
+  expect_stops("--global-batch-size 5", "--global-batch-size=5");
+  expect_stops("--vocab-size 256 --data-path /nonexistent/corpus.txt", "/nonexistent/corpus.txt");
+  expect_stops("--data-path /etc/hostname", "--vocab-size=64 conflicts with the byte-level");
+  expect_stops("--bf16", "--bf16 is not supported");
+  expect_stops("--normalization LayerNorm", "--normalization LayerNorm");
+  expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
+}
+
+TEST(Cli, ImplementationDetailFlagsAreAcceptedWithANotice) {
+  CommandResult r = run("train" + std::string(kTiny) +
+              " --use-mcore-models --no-masked-softmax-fusion --transformer-impl local"
+              " --normalization RMSNorm --swiglu --disable-bias-linear");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--use-mcore-models accepted and ignored"), std::string::npos);
+  EXPECT_NE(r.output.find("--transformer-impl accepted and ignored"), std::string::npos);
+}
+
+TEST(Cli, ConfigFileWithCommandLineOverrides) {
+  std::string cfg = temp_path("moecore_cfg") + ".toml";
+  std::string metrics = temp_path("moecore_metrics") + ".jsonl";
+  {
+    std::ofstream out(cfg);
+    out << "train_iters = 5\nmoe-router-topk = 3\nlr = 0.01\nuntie-embeddings-and-output-weights "
+           "= true\n";
+  }
+  CommandResult r = run("train" + std::string(kTiny) + " --config " + cfg + " --train-iters 2 --min-lr 0 --metrics-file " +
+              metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rows = read_jsonl(metrics);
+  ASSERT_EQ(rows.size(), 2u);  // the command line's --train-iters wins over the file's
+  for (const char* key : {"iteration", "lm_loss", "aux_loss", "z_loss", "lr", "grad_norm",
+                          "tokens_per_s", "tflops", "mfu", "max_over_mean_load", "dropped_tokens",
+                          "peak_mem_bytes"}) {
+    EXPECT_TRUE(rows[1].contains(key)) << key;
+  }
+  EXPECT_DOUBLE_EQ(rows[1]["lr"].get<double>(), 0.01 * 0.5 * (1 + std::cos(M_PI * 1 / 2.0)));
+  std::remove(cfg.c_str());
+  std::remove(metrics.c_str());
+}
+
+TEST(Cli, SameSeedSameCommandBitwiseIdenticalLossCurve) {
+  std::string m1 = temp_path("moecore_a") + ".jsonl", m2 = temp_path("moecore_b") + ".jsonl";
+  ASSERT_EQ(run("train" + std::string(kTiny) + " --seed 7 --metrics-file " + m1).exit_code, 0);
+  ASSERT_EQ(run("train" + std::string(kTiny) + " --seed 7 --metrics-file " + m2).exit_code, 0);
+  auto a = read_jsonl(m1), b = read_jsonl(m2);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["lm_loss"].get<double>(), b[i]["lm_loss"].get<double>());
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>());
+  }
+  std::string m3 = temp_path("moecore_c") + ".jsonl";
+  ASSERT_EQ(run("train" + std::string(kTiny) + " --seed 8 --metrics-file " + m3).exit_code, 0);
+  EXPECT_NE(read_jsonl(m3)[0]["lm_loss"].get<double>(), a[0]["lm_loss"].get<double>());
+  for (auto* p : {&m1, &m2, &m3}) std::remove(p->c_str());
+}
+
+TEST(Cli, TrainsOnAByteLevelTextFile) {
+  std::string text = temp_path("moecore_corpus") + ".txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 50; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+  }
+  CommandResult r = run("train" + std::string(kTiny) + " --vocab-size 256 --data-path " + text +
+              " --tokenizer-type ByteLevel");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("byte-level text"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("final lm loss"), std::string::npos) << r.output;
+  std::remove(text.c_str());
+  // Too short for one sequence: a clear error.
+  std::ofstream(text) << "tiny";
+  CommandResult s = run("train" + std::string(kTiny) + " --vocab-size 256 --data-path " + text);
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.output.find("fewer than --seq-length + 1"), std::string::npos) << s.output;
+  std::remove(text.c_str());
+}
+
+}  // namespace
