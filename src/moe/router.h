@@ -107,6 +107,8 @@ class Router {
   float* quantile_beta() { return beta_E_; }
   const float* quantile_beta() const { return beta_E_; }
   int64_t steps_finished() const { return step_; }
+  // d(loss) / d(logits) of the last backward, [T, E] (tests compare it with Megatron's).
+  const double* dlogits_TE() const { return dlogits_TE_; }
 
  private:
   void gate_forward(const T* x_TH, int64_t n_tok);
