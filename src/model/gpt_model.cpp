@@ -1,5 +1,6 @@
 #include "model/gpt_model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/embedding.h"
@@ -15,6 +16,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
       T_(cfg.seq_length * micro_batch),
       params_(DTypeOf<T>::value) {
   cfg_.validate();
+  cfg_.moe.router.seed = seed;  // the routers' input-jitter streams
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
   rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
@@ -91,18 +93,47 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
 }
 
+// TransformerBlock hands out only a const MoE layer; the layers are not const objects (the
+// blocks own them through unique_ptr), so casting the const away is well defined.
+template <typename T>
+static moe::MoELayer<T>* mutable_moe(const TransformerBlock<T>& b) {
+  return const_cast<moe::MoELayer<T>*>(b.moe());
+}
+
+template <typename T>
+void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
+  for (const auto& b : blocks_) {
+    if (b->is_moe()) mutable_moe(*b)->finish_step(sync);
+  }
+}
+
+template <typename T>
+void GPTModel<T>::set_training(bool training) {
+  for (const auto& b : blocks_) {
+    if (b->is_moe()) mutable_moe(*b)->set_training(training);
+  }
+}
+
 template <typename T>
 MoeStats GPTModel<T>::moe_stats() const {
   MoeStats st;
   st.tokens_per_expert.assign(cfg_.num_experts, 0);
-  for (const auto& b : blocks_) {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const auto& b = blocks_[l];
     if (!b->is_moe()) continue;
-    const auto& rs = b->moe()->router().saved();
+    const auto& router = b->moe()->router();
+    const auto& rs = router.saved();
     ++st.num_moe_layers;
     st.aux_value += rs.aux_value;
     st.aux_loss += rs.aux_loss;
     st.z_loss += rs.z_loss;
+    st.z_value += rs.z_value;
+    for (int i = 0; i < 3; ++i) st.lb_value[i] += rs.lb_value[i];
+    st.dropped += rs.dropped;
     for (int64_t e = 0; e < cfg_.num_experts; ++e) st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
+    MoeLayerStats ls{static_cast<int64_t>(l), router.stats()};
+    st.max_over_mean_load = std::max(st.max_over_mean_load, ls.router.max_over_mean_load);
+    st.layers.push_back(std::move(ls));
   }
   return st;
 }

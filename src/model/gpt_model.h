@@ -16,13 +16,27 @@
 
 namespace moecore::model {
 
-// Per-step router statistics summed over MoE layers (the logged values average them).
+// One MoE layer's routing in the last forward, for the logs.
+struct MoeLayerStats {
+  int64_t layer = 0;
+  moe::RouterStats router;  // tokens per expert, max/mean load, dropped, bias / beta range
+};
+
+// Router statistics of the last forward summed over MoE layers (the logged values average
+// them), plus each layer's own.
 struct MoeStats {
   int64_t num_moe_layers = 0;
-  double aux_value = 0;  // sum over layers of the coefficient-free aux loss
-  double aux_loss = 0;   // sum of coeff * aux
+  double aux_value = 0;  // sum over layers of the coefficient-free aux loss (first listed type)
+  double aux_loss = 0;   // sum of coeff * aux over every listed aux type
   double z_loss = 0;     // sum of coeff_z * mean(lse^2)
+  double z_value = 0;    // sum of mean(lse^2)
+  // Sums over layers of each aux type's coefficient-free value: aux_loss, seq_aux_loss,
+  // global_aux_loss (0 for types not listed).
+  double lb_value[3] = {0, 0, 0};
+  int64_t dropped = 0;   // (token, slot) pairs dropped by capacity, summed over layers
+  double max_over_mean_load = 0;           // the worst layer's max/mean expert load
   std::vector<int64_t> tokens_per_expert;  // summed over layers, [E]
+  std::vector<MoeLayerStats> layers;
 };
 
 template <typename T>
@@ -35,6 +49,12 @@ class GPTModel {
   double forward(const int32_t* ids_BS, const int32_t* targets_BS);
   // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses).
   void backward(double loss_grad_scale);
+
+  // Once per optimizer step, after the gradient sync: every router's expert-bias / quantile
+  // update and accumulator reset. `sync` carries the parallel layout's all-reduces.
+  void finish_step(const moe::RouterStepSync& sync = {});
+  // Training forwards jitter router inputs and accumulate balancing counts; eval ones do not.
+  void set_training(bool training);
 
   MoeStats moe_stats() const;
   ParamRegistry& params() { return params_; }

@@ -5,7 +5,9 @@ namespace moecore::moe {
 
 template <typename T>
 static std::unique_ptr<TokenDispatcher<T>> default_dispatcher(const ModelConfig& cfg) {
-  return std::make_unique<LocalDispatcher<T>>(cfg.num_experts, cfg.moe.router.topk, cfg.hidden);
+  const RouterConfig& r = cfg.moe.router;
+  return std::make_unique<LocalDispatcher<T>>(cfg.num_experts, r.topk, cfg.hidden,
+                                              r.pad_to_capacity ? r.capacity_factor : 0.0);
 }
 
 template <typename T>
@@ -13,6 +15,8 @@ MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::
                       std::unique_ptr<TokenDispatcher<T>> dispatcher)
     : H_(cfg.hidden),
       K_(cfg.moe.router.topk),
+      seq_length_(cfg.seq_length),
+      pad_to_capacity_(cfg.moe.router.pad_to_capacity),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
       dispatcher_(dispatcher ? std::move(dispatcher) : default_dispatcher<T>(cfg)),
       experts_(cfg.num_experts, 0, dispatcher_->num_local_experts(), cfg.hidden,
@@ -46,9 +50,10 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
 template <typename T>
 void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
   n_tok_ = n_tok;
-  router_.forward(x_TH, n_tok);
+  // Whole sequences only matter to seq_aux_loss; a partial one (layer tests) counts as one.
+  router_.forward(x_TH, n_tok, n_tok % seq_length_ == 0 ? seq_length_ : 0);
   const auto& rs = router_.saved();
-  plan_ = &dispatcher_->plan(rs.idx_TK, n_tok);
+  plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
   dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
   experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
   dispatcher_->combine(y_TH, y_NH_);

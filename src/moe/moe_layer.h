@@ -25,13 +25,19 @@ class MoELayer {
   void forward(T* y_TH, const T* x_TH, int64_t n_tok);
   // dx assigned; loss_grad_scale multiplies the aux/z-loss gradients.
   void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
+  // Once per optimizer step: the router's expert-bias / quantile updates and accumulator reset.
+  void finish_step(const RouterStepSync& sync = {}) { router_.finish_step(sync); }
+  void set_training(bool training) { router_.set_training(training); }
 
   const Router<T>& router() const { return router_; }
+  Router<T>& router() { return router_; }
   const GroupedExperts<T>& experts() const { return experts_; }
   const DispatchPlan& plan() const { return *plan_; }
 
  private:
   int64_t H_, K_;
+  int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
+  bool pad_to_capacity_;
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
   GroupedExperts<T> experts_;

@@ -1,10 +1,15 @@
-// The router: gating logits, score function, top-k selection, the probabilities the experts
-// apply, and the load-balancing (aux) and z losses with their gradients.
-// Legend: T tokens, H hidden, E routed experts, K top-k.
+// The router: gating logits, score function, top-k selection (group-limited, expert-biased,
+// quantile-offset or Sinkhorn-balanced), capacity dropping, the probabilities the experts
+// apply, the load-balancing and z losses with their gradients, and the once-per-step
+// expert-bias / quantile updates. Every mode, and where we differ from Megatron: docs/router.md.
+// Legend: T tokens (sequence-major, t = s * B + b), H hidden, E routed experts, K top-k,
+// B sequences in the micro-batch, S sequence length.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/param_registry.h"
@@ -12,47 +17,154 @@
 
 namespace moecore::moe {
 
+// The router math runs in f64 whatever the model dtype: only the gate GEMM follows
+// --moe-router-dtype (fp32: in the model dtype; fp64: x and W_r widened first). Top-k on f64
+// scores cannot flip near-ties the way bf16 does, and the loss values are exact enough for the
+// "uniform routing logs exactly 1.0" property.
 template <typename T>
 struct RouterSaved {
-  const T* x_TH = nullptr;       // router input, owned by the caller until backward
-  T* logits_TE = nullptr;        // x W_r^T
-  T* scores_TE = nullptr;        // softmax(logits) over E, or sigmoid(logits)
-  T* aux_scores_TE = nullptr;    // the aux loss's scores (sigmoid: s / (sum_E s + 1e-20))
-  T* topv_TK = nullptr;          // selected logits (softmax) or scores (pre-softmax, sigmoid)
-  int32_t* idx_TK = nullptr;     // chosen experts, descending score
-  T* probs_TK = nullptr;         // the weights the experts apply
-  int64_t* tokens_per_expert_E = nullptr;
-  T* lse_T = nullptr;            // logsumexp(logits), for the z-loss
+  const T* x_TH = nullptr;         // router input, owned by the caller until backward
+  const T* gate_in_TH = nullptr;   // what the gate saw: x, or x * jitter
+  T* jitter_TH = nullptr;          // input-jitter factors (null when off or in eval)
+  double* logits_TE = nullptr;     // x W_r^T
+  double* scores_TE = nullptr;     // softmax / sigmoid / sqrt(softplus) of the logits over E
+  double* aux_scores_TE = nullptr; // aux-loss scores: softmax, or s / (sum_E s + 1e-20)
+  int32_t* routed_TK = nullptr;    // chosen experts before capacity dropping, descending key
+  int32_t* idx_TK = nullptr;       // chosen experts after dropping: -1 where a slot was dropped
+  double* topv_TK = nullptr;       // what the probs derive from: selected logits or scores
+  double* probs64_TK = nullptr;    // the routing probs in f64 (0 at dropped slots)
+  T* probs_TK = nullptr;           // the weights the experts apply (0 at dropped slots)
+  int64_t* tokens_per_expert_E = nullptr;  // rows each expert really processes (after dropping)
+  int64_t* aux_counts_E = nullptr;         // N_i of the aux map for this micro-batch
+  int64_t* aux_seq_counts_BE = nullptr;    // N_i of the aux map per sequence
+  double* global_counts_E = nullptr;       // global_aux_loss: mean N_i over the step so far
+  double* lse_T = nullptr;                 // logsumexp(logits), for the z-loss
   int64_t n_tok = 0;
-  double aux_value = 0;          // coefficient-free switch loss (exactly 1 for uniform routing)
-  double aux_loss = 0;           // aux_loss_coeff * aux_value
-  double z_loss = 0;             // z_loss_coeff * mean(lse^2)
+  int64_t n_seq = 1;               // B
+  int64_t capacity = 0;            // rows per expert allowed; 0 = dropless
+  int64_t dropped = 0;             // (token, slot) pairs dropped by capacity
+  bool training = true;
+  // Coefficient-free values (aux / coeff: exactly 1.0 for uniform routing), computed for every
+  // listed aux type whatever its coefficient, in the order aux_loss, seq_aux_loss, global.
+  double lb_value[3] = {0, 0, 0};
+  double aux_value = 0;            // the first listed aux type's value (the logged one)
+  double aux_loss = 0;             // sum over the aux types of coeff * value
+  double z_value = 0;              // mean_t lse_t^2
+  double z_loss = 0;               // z_loss_coeff * z_value
+};
+
+// Per-layer routing statistics for the logs.
+struct RouterStats {
+  std::vector<int64_t> tokens_per_expert;  // [E] this micro-batch, after dropping
+  double max_over_mean_load = 0;           // max_e N_e / mean_e N_e
+  int64_t dropped = 0;
+  int64_t capacity = 0;                    // 0 = dropless
+  float bias_min = 0, bias_max = 0;        // expert bias range (0 when off)
+  float beta_min = 0, beta_max = 0;        // quantile beta range (0 when off)
+};
+
+// Collectives for the once-per-step updates; empty members = one rank. The parallel layouts
+// plug their all-reduces in here: the router looks no process group up.
+struct RouterStepSync {
+  // In-place sum of n values over TP x DP x CP (expert-bias token counts).
+  std::function<void(double*, int64_t)> sum_tp_dp_cp;
+  // In-place mean of n values over DP x CP (the quantile beta estimate).
+  std::function<void(double*, int64_t)> mean_dp_cp;
 };
 
 template <typename T>
 class Router {
  public:
+  // prefix names the layer ("decoder.layers.3.mlp"): the weight's name and the jitter stream.
   Router(const RouterConfig& cfg, int64_t hidden, double init_std, ParamRegistry& params,
          const std::string& prefix);
 
   void allocate(Arena& arena, int64_t max_tokens);
-  void forward(const T* x_TH, int64_t n_tok);
+  // x [T, H] sequence-major; seq_length S splits T into B = T / S sequences for seq_aux_loss
+  // (0: one sequence).
+  void forward(const T* x_TH, int64_t n_tok, int64_t seq_length = 0);
   // dprobs [T, K] -> dW_r (+=) and dx (+=: the router is one branch of the MoE input). The
-  // aux and z-loss gradients enter here, multiplied by loss_grad_scale (1 / micro-batches).
+  // aux and z-loss gradients enter here, multiplied by loss_grad_scale (Megatron's
+  // MoEAuxLossAutoScaler scale: 1 / micro-batches).
   void backward(T* dx_TH, const T* dprobs_TK, double loss_grad_scale);
 
+  // Once per optimizer step, after the gradient sync: expert-bias and quantile-beta updates
+  // from this step's training forwards, then the step's accumulators reset.
+  void finish_step(const RouterStepSync& sync = {});
+  // Drops this step's accumulators without updating anything (tests, aborted steps).
+  void reset_step();
+  // Training forwards jitter the input, accumulate counts and use Sinkhorn selection; eval
+  // forwards route with the current bias / beta and change no state.
+  void set_training(bool training) { training_ = training; }
+
   const RouterSaved<T>& saved() const { return saved_; }
+  RouterStats stats() const;
   const RouterConfig& config() const { return cfg_; }
   const Param& weight() const { return *weight_; }
+  // fp32 buffers [E], part of the model state (checkpointed with it).
+  float* expert_bias() { return expert_bias_E_; }
+  const float* expert_bias() const { return expert_bias_E_; }
+  float* quantile_beta() { return beta_E_; }
+  const float* quantile_beta() const { return beta_E_; }
+  int64_t steps_finished() const { return step_; }
+  // d(loss) / d(logits) of the last backward, [T, E] (tests compare it with Megatron's).
+  const double* dlogits_TE() const { return dlogits_TE_; }
 
  private:
+  void gate_forward(const T* x_TH, int64_t n_tok);
+  void compute_scores(int64_t n_tok);
+  void select(int64_t n_tok);
+  void sinkhorn_select(int64_t n_tok);
+  void quantile_select(int64_t n_tok);
+  void group_limited_topk(double* key_TE, int64_t n_tok);
+  void compute_probs(int64_t n_tok);
+  void apply_capacity(int64_t n_tok);
+  void compute_losses(int64_t n_tok);
+  void backward_probs(double* dlogits_TE, const T* dprobs_TK);
+  void backward_losses(double* dlogits_TE, double loss_grad_scale);
+  void gate_backward(T* dx_TH);
+
   RouterConfig cfg_;
-  int64_t H_;
+  std::vector<LoadBalancingTerm> terms_;
+  int64_t E_, K_, H_;
+  int64_t max_tokens_ = 0;
+  bool training_ = true;
+  bool gate_f64_ = false;  // gate GEMM widened to f64 (T = float with --moe-router-dtype fp64)
+  uint64_t jitter_key_ = 0;
+  int64_t step_ = 0, micro_ = 0;
   Param* weight_;  // [E, H]
   RouterSaved<T> saved_;
-  T* dlogits_TE_ = nullptr;
-  T* work_TE_ = nullptr;
-  T* work_TK_ = nullptr;
+
+  // Model state and the step's accumulators.
+  float* expert_bias_E_ = nullptr;
+  float* beta_E_ = nullptr;
+  double* bias_counts_E_ = nullptr;    // tokens per expert over the step's training forwards
+  double* global_sum_E_ = nullptr;     // global_aux_loss counts summed over micro-batches
+  int64_t global_micro_ = 0;
+  double* beta_sum_E_ = nullptr;       // quantile beta estimates summed over micro-batches
+  int64_t beta_micro_ = 0;
+
+  // Workspace.
+  T* jitter_TH_ = nullptr;      // U(1 - eps, 1 + eps) factors
+  T* gate_TH_ = nullptr;        // x * jitter
+  T* dgate_TH_ = nullptr;
+  T* logits_T_TE_ = nullptr;    // gate output in the model dtype (fp32 gate)
+  T* dlogits_T_TE_ = nullptr;
+  double* x64_TH_ = nullptr;    // f64 gate (fp64 router with an f32 model)
+  double* w64_EH_ = nullptr;
+  double* dx64_TH_ = nullptr;
+  double* dw64_EH_ = nullptr;
+  double* key_TE_ = nullptr;    // the selection key (logits / scores + bias / l - beta / ...)
+  double* keyv_TK_ = nullptr;   // top-k values of the key (K + 1 columns for quantile)
+  int32_t* keyi_TK_ = nullptr;
+  double* col_T_ = nullptr;     // one column of (l - alpha) for the quantile estimate
+  double* sk_d0_T_ = nullptr;   // Sinkhorn scalings
+  double* sk_d1_E_ = nullptr;
+  int32_t* cand_N_ = nullptr;   // capacity: (t, k) candidates per expert, expert-major
+  int64_t* cand_off_E_ = nullptr;
+  double* dlogits_TE_ = nullptr;
+  double* work_TE_ = nullptr;
+  double* work_TK_ = nullptr;
 };
 
 }  // namespace moecore::moe

@@ -1,9 +1,11 @@
-// Megatron-LM's router flags (--moe-router-*, load balancing, aux/z losses) bound to
-// RouterConfig. String-valued flags are kept in RouterFlags and resolved after parsing.
+// Megatron-LM's router flags (--moe-router-*, load balancing, aux/z losses, capacity) bound to
+// RouterConfig. String- and list-valued flags are kept in RouterFlags and resolved after
+// parsing; finalize_router_flags validates the whole RouterConfig. Modes: docs/router.md.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 
@@ -11,7 +13,10 @@ namespace moecore::train {
 
 struct RouterFlags {
   std::string score_function = "softmax";
-  std::string load_balancing = "aux_loss";
+  std::vector<std::string> load_balancing = {"aux_loss"};  // one entry per type
+  std::vector<double> aux_loss_coeff;  // empty: RouterConfig::aux_loss_coeff for one type
+  std::string router_dtype = "fp32";
+  std::string token_drop_policy = "probs";
 };
 
 void add_router_flags(CLI::App& app, RouterConfig& cfg, RouterFlags& f);
