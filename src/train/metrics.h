@@ -29,7 +29,7 @@ struct StepMetrics {
   int64_t iteration = 0;
   double lm_loss = 0;     // mean over the tokens of the global batch (interval mean when logged)
   double aux_loss = 0;    // mean over MoE layers of aux / coeff (1.0 = balanced)
-  double z_loss = 0;      // mean over MoE layers of z / coeff
+  double z_loss = 0;      // mean over MoE layers of mean(logsumexp^2) (z / coeff)
   double lr = 0;
   double grad_norm = 0;
   double seconds = 0;     // wall time of the iteration (interval mean when logged)
@@ -37,7 +37,7 @@ struct StepMetrics {
   double tflops = 0;      // achieved, from flops_model
   double mfu = 0;         // tflops / measured (or given) peak
   double max_over_mean_load = 0;  // over experts, summed over layers and micro-batches
-  int64_t dropped_tokens = 0;
+  int64_t dropped_tokens = 0;     // (token, slot) pairs dropped by capacity, all layers
   int64_t peak_mem_bytes = 0;     // peak resident set size of the process
 };
 

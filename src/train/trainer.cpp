@@ -68,14 +68,15 @@ StepMetrics Trainer::train_step() {
     moe_layers = st.num_moe_layers;
     if (moe_layers > 0) {
       m.aux_loss += st.aux_value / moe_layers / n_micro;
-      if (model_cfg_.moe.router.z_loss_coeff > 0) {
-        m.z_loss += st.z_loss / model_cfg_.moe.router.z_loss_coeff / moe_layers / n_micro;
-      }
+      m.z_loss += st.z_value / moe_layers / n_micro;
+      m.dropped_tokens += st.dropped;
       for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) load_[e] += st.tokens_per_expert[e];
     }
   }
   optim::StepInfo info = optimizer_->step(m.lr);
   m.grad_norm = info.grad_norm;
+  // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
+  model_->finish_step();
   if (moe_layers > 0) {
     double sum = 0, mx = 0;
     for (int64_t c : load_) {
