@@ -63,6 +63,8 @@ StepMetrics Trainer::train_step() {
     }
   }
   optim::StepInfo info = optimizer_->step(m.lr);
+  // Once per step after the update: expert-bias / quantile-beta updates, accumulators reset.
+  model_->finish_step();
   m.grad_norm = info.grad_norm;
   if (moe_layers > 0) {
     double sum = 0, mx = 0;
@@ -94,6 +96,12 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
                  "{:.6E} | grad norm: {:.4f} | tokens/s: {:.0f} | max/mean expert load: {:.3f}\n",
                  m.iteration, cfg_.train_iters, m.seconds * 1e3, m.lr, cfg_.global_batch,
                  m.lm_loss, m.aux_loss, m.grad_norm, m.tokens_per_s, m.max_over_mean_load);
+      for (const auto& l : model_->moe_stats().layers) {  // last micro-batch, per MoE layer
+        fmt::print(log, "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
+                        "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
+                   l.layer, l.router.max_over_mean_load, l.router.dropped, l.router.bias_min,
+                   l.router.bias_max, l.router.beta_min, l.router.beta_max);
+      }
       log.flush();
     }
   }
