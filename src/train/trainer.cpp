@@ -160,6 +160,12 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
                logged.aux_loss, logged.z_loss, logged.grad_norm, logged.tokens_per_s,
                logged.tflops, logged.mfu * 100, logged.max_over_mean_load, logged.dropped_tokens,
                logged.peak_mem_bytes / (1024.0 * 1024.0));
+    for (const auto& l : model_->moe_stats().layers) {  // last micro-batch, per MoE layer
+      fmt::print(log, "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
+                      "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
+                 l.layer, l.router.max_over_mean_load, l.router.dropped, l.router.bias_min,
+                 l.router.bias_max, l.router.beta_min, l.router.beta_max);
+    }
     log.flush();
     metrics.write(logged);
   }
