@@ -1,5 +1,7 @@
 #include "moe/moe_layer.h"
 
+#include "core/profiler.h"
+
 
 namespace moecore::moe {
 
@@ -51,12 +53,21 @@ template <typename T>
 void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
   n_tok_ = n_tok;
   // Whole sequences only matter to seq_aux_loss; a partial one (layer tests) counts as one.
-  router_.forward(x_TH, n_tok, n_tok % seq_length_ == 0 ? seq_length_ : 0);
+  {
+    ScopedPhase phase(Phase::Router);
+    router_.forward(x_TH, n_tok, n_tok % seq_length_ == 0 ? seq_length_ : 0);
+  }
   const auto& rs = router_.saved();
-  plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
-  dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
+  {
+    ScopedPhase phase(Phase::Permute);
+    plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
+    dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
+  }
   experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
-  dispatcher_->combine(y_TH, y_NH_);
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->combine(y_TH, y_NH_);
+  }
   if (shared_) {
     shared_->forward(shared_TH_, x_TH, n_tok);
     for (int64_t i = 0; i < n_tok * H_; ++i) y_TH[i] += shared_TH_[i];
@@ -65,10 +76,19 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
 
 template <typename T>
 void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
-  dispatcher_->combine_backward(dy_NH_, dy_TH);
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->combine_backward(dy_NH_, dy_TH);
+  }
   experts_.backward(dx_NH_, dp_N_, dy_NH_);
-  dispatcher_->dispatch_backward(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
-  router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->dispatch_backward(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+  }
+  {
+    ScopedPhase phase(Phase::Router);
+    router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
+  }
   if (shared_) {
     shared_->backward(shared_TH_, dy_TH);
     for (int64_t i = 0; i < n_tok_ * H_; ++i) dx_TH[i] += shared_TH_[i];

@@ -1,4 +1,5 @@
 #include "optim/optimizer.h"
+#include "core/profiler.h"
 
 #include <cmath>
 
@@ -66,6 +67,7 @@ void AdamWOptimizer::update(double lr, double grad_scale) {
 }
 
 StepInfo AdamWOptimizer::step(double lr) {
+  ScopedPhase phase(Phase::Optimizer);
   StepInfo info;
   info.grad_norm = global_grad_norm(params_);
   MOE_CHECK(std::isfinite(info.grad_norm),

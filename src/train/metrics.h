@@ -3,10 +3,12 @@
 // round-trip precision so two runs can be compared exactly).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <string>
 
+#include "core/profiler.h"
 #include "model/config.h"
 
 namespace moecore::train {
@@ -39,6 +41,7 @@ struct StepMetrics {
   double max_over_mean_load = 0;  // over experts, summed over layers and micro-batches
   int64_t dropped_tokens = 0;     // (token, slot) pairs dropped by capacity, all layers
   int64_t peak_mem_bytes = 0;     // peak resident set size of the process
+  std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
 };
 
 // Peak resident set size of this process in bytes.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <ostream>
 
 #include "core/check.h"
@@ -48,6 +49,9 @@ Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
 
 StepMetrics Trainer::train_step() {
   auto t0 = std::chrono::steady_clock::now();
+  profiler_.reset();
+  ActiveProfiler active(&profiler_);
+  std::optional<ScopedPhase> step_phase(Phase::Other);
   const int64_t n_micro = cfg_.global_batch / cfg_.micro_batch;
   const int64_t S = model_cfg_.seq_length;
   StepMetrics m;
@@ -85,7 +89,9 @@ StepMetrics Trainer::train_step() {
     }
     m.max_over_mean_load = sum > 0 ? mx / (sum / load_.size()) : 0;
   }
+  step_phase.reset();
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int p = 0; p < kNumPhases; ++p) m.phase_seconds[p] = profiler_.seconds(static_cast<Phase>(p));
   const double tokens = static_cast<double>(cfg_.global_batch * S);
   m.tokens_per_s = tokens / m.seconds;
   m.tflops = flops_.train_flops_per_token() * m.tokens_per_s / 1e12;
@@ -170,7 +176,33 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
     metrics.write(logged);
   }
   progress.clear();
+  print_summary(log, all);
   return all;
+}
+
+void Trainer::print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const {
+  // Steady state: the first iterations (thread pools, page faults) are left out when possible.
+  const size_t skip = all.size() > 4 ? 2 : 0;
+  double seconds = 0;
+  std::array<double, kNumPhases> phases{};
+  for (size_t i = skip; i < all.size(); ++i) {
+    seconds += all[i].seconds;
+    for (int p = 0; p < kNumPhases; ++p) phases[p] += all[i].phase_seconds[p];
+  }
+  const double iters = static_cast<double>(all.size() - skip);
+  const double tokens_per_s = iters * cfg_.global_batch * model_cfg_.seq_length / seconds;
+  const double gflops = flops_.train_flops_per_token() * tokens_per_s / 1e9;
+  std::string breakdown;
+  for (int p = 0; p < kNumPhases; ++p) {
+    breakdown += fmt::format("{}{} {:.1f} ms ({:.0f}%)", p ? ", " : "",
+                             phase_name(static_cast<Phase>(p)), phases[p] / iters * 1e3,
+                             100.0 * phases[p] / seconds);
+  }
+  fmt::print(log,
+             "[summary] {:.0f} tokens/s | {:.1f} GFLOP/s | MFU {:.1f}% of {:.1f} GFLOP/s fp32 GEMM "
+             "peak | step {:.1f} ms: {} | peak mem {:.1f} MiB\n",
+             tokens_per_s, gflops, 100.0 * gflops / peak_gflops_, peak_gflops_,
+             seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
 }
 
 }  // namespace moecore::train

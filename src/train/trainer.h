@@ -48,6 +48,7 @@ class Trainer {
 
  private:
   void print_header(std::ostream& log) const;
+  void print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const;
 
   ModelConfig model_cfg_;
   TrainConfig cfg_;
@@ -59,6 +60,7 @@ class Trainer {
   std::vector<int32_t> ids_, targets_, scratch_;  // sized once, before step 0
   std::vector<int64_t> load_;
   int64_t iteration_ = 0;
+  PhaseProfiler profiler_;
 };
 
 }  // namespace moecore::train

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/profiler.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
 
@@ -84,6 +85,7 @@ int64_t attention_workspace_elems(const AttentionShape& s, int n_threads) {
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s, T* workspace) {
+  ScopedPhase phase(Phase::Attention);
   check_shape(s);
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,
@@ -142,6 +144,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s, T* workspace) {
+  ScopedPhase phase(Phase::Attention);
   check_shape(s);
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/check.h"
+#include "core/profiler.h"
 #include "ops/gemm.h"
 
 namespace moecore::ops {
@@ -58,6 +59,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  ScopedPhase phase(Phase::Gemm);
   check_gemm_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -148,6 +150,7 @@ void check_group_sizes(const char* who, const int64_t* m_G, int64_t G, int64_t N
 template <typename T>
 void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
                   bool trans_w, T* y) {
+  ScopedPhase phase(Phase::Gemm);
   check_group_sizes("grouped_gemm", m_G, G, N, K);
   // f64 (gradient checks on tiny shapes) stays serial: nothing to gain, one less code path.
   bool parallel = std::is_same_v<T, float> && groups_in_parallel(m_G, G);
@@ -161,6 +164,7 @@ void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* 
 template <typename T>
 void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
                         const T* x, T* dw) {
+  ScopedPhase phase(Phase::Gemm);
   check_group_sizes("grouped_gemm_wgrad", m_G, G, N, K);
   bool parallel = std::is_same_v<T, float> && groups_in_parallel(m_G, G);
   const int64_t ld_k = std::max<int64_t>(1, K), ld_n = std::max<int64_t>(1, N);
