@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "parallel/groups_command.h"
 #include "parallel/runtime.h"
 #include "train/config_file.h"
 #include "train/train_command.h"
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Subcommand> commands = {
       train::add_train_command(app),
+      parallel::add_groups_command(app),
   };
   try {
     // --config FILE expands into flags before the command line's own (which then override).
@@ -29,16 +31,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   int rc = 0;
+  parallel::Runtime rt;
   try {
-    parallel::runtime_init(&argc, &argv);
+    rt = parallel::runtime_init(&argc, &argv);
+    parallel::quiet_stdout_on_other_ranks(rt);  // rank 0 alone prints progress
     for (Subcommand& c : commands) {
       if (c.cli->parsed()) rc = c.run();
     }
     parallel::runtime_finalize();
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    parallel::runtime_finalize();
-    return 1;
+    // Every rank's error reaches the terminal with its rank; then the whole job ends, so the
+    // other ranks do not wait for this one in a collective.
+    std::cerr << parallel::format_rank_error(rt, e.what()) << std::endl;
+    parallel::runtime_abort(rt, 1);
   }
   return rc;
 }

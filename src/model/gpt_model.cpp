@@ -93,24 +93,17 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
 }
 
-// TransformerBlock hands out only a const MoE layer; the layers are not const objects (the
-// blocks own them through unique_ptr), so casting the const away is well defined.
-template <typename T>
-static moe::MoELayer<T>* mutable_moe(const TransformerBlock<T>& b) {
-  return const_cast<moe::MoELayer<T>*>(b.moe());
-}
-
 template <typename T>
 void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
   for (const auto& b : blocks_) {
-    if (b->is_moe()) mutable_moe(*b)->finish_step(sync);
+    if (b->is_moe()) b->moe()->finish_step(sync);
   }
 }
 
 template <typename T>
 void GPTModel<T>::set_training(bool training) {
   for (const auto& b : blocks_) {
-    if (b->is_moe()) mutable_moe(*b)->set_training(training);
+    if (b->is_moe()) b->moe()->set_training(training);
   }
 }
 

@@ -25,6 +25,7 @@ class TransformerBlock {
 
   bool is_moe() const { return moe_ != nullptr; }
   const moe::MoELayer<T>* moe() const { return moe_.get(); }
+  moe::MoELayer<T>* moe() { return moe_.get(); }
 
  private:
   int64_t H_, n_tok_ = 0;

@@ -1,5 +1,6 @@
 // Built without MOECORE_MPI: a single process. Being launched by mpirun with several ranks is an
 // error, not N copies of the same single-rank job.
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/check.h"
@@ -21,5 +22,11 @@ Runtime runtime_init(int*, char***) {
 }
 
 void runtime_finalize() {}
+
+void runtime_abort(const Runtime&, int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::exit(code);
+}
 
 }  // namespace moecore::parallel

@@ -23,6 +23,13 @@ inline constexpr double kF64Atol = 1e-12;
 // prob-weighted copies): a few ulps.
 inline constexpr double kF64FewUlps = 1e-15;
 
+// moecore's router vs fixtures from Megatron-Core's own functions: Megatron rounds softmax /
+// sigmoid to fp32 inside topk_routing_with_score_function even for fp64 logits (and the f32
+// variants round probs and GEMMs to fp32): a few fp32 ulps of O(1) values, ~1e-7, with headroom
+// for the sums in the aux losses and gradients.
+inline constexpr double kMegatronRtol = 1e-5;
+inline constexpr double kMegatronAtol = 1e-6;
+
 // bf16 round trip: 8 significant bits; round-to-nearest errs by at most half an ulp, which is
 // up to 2^-8 relative just above a power of two.
 inline constexpr double kBf16Rtol = 1.0 / 256.0;

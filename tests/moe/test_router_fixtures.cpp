@@ -20,11 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-// Megatron rounds softmax / sigmoid to fp32 inside topk_routing_with_score_function even for
-// fp64 logits (and the f32 variants round probs and GEMMs to fp32): a few fp32 ulps of O(1)
-// values, ~1e-7, with headroom for the sums in the aux losses and gradients.
-constexpr double kMegatronRtol = 1e-5;
-constexpr double kMegatronAtol = 1e-6;
+using testing::kMegatronAtol;
+using testing::kMegatronRtol;
 
 std::string fixture_dir() { return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/router"; }
 

@@ -1,0 +1,242 @@
+// The communicator of one process group: the collectives every parallel feature uses, blocking
+// and non-blocking, typed for f32, bf16, f64, i32 and i64. Backends implement the protected
+// start_* functions (Open MPI now, NCCL later, a one-rank local one for single-process runs);
+// the public functions check the arguments the same way for all of them.
+//
+// Semantics (all counts in elements, all ranks and roots are ranks *within the group*):
+// - bf16 reductions are computed in f32 and rounded once at the end.
+// - v-variants take one count per group member; pieces are packed back to back in rank order.
+// - A non-blocking call returns a CommHandle; its buffers must stay untouched until wait()
+//   (or a test() that returned true). Dropping a pending handle waits for it.
+// - Every wait is bounded by the group's timeout; past it the backend prints which group, which
+//   call, which rank is waiting and what the other members are doing, then aborts the job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace moecore::parallel {
+
+enum class ReduceOp : uint8_t { Sum, Max };
+
+std::string_view reduce_op_name(ReduceOp op);
+
+// One in-flight operation of a backend.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  // Makes progress; true once the operation is complete and its results are in place.
+  virtual bool test() = 0;
+  // Blocks until complete (bounded by the timeout: reports and aborts past it).
+  virtual void wait() = 0;
+};
+
+// The handle of a non-blocking operation. Default-constructed = already complete.
+class CommHandle {
+ public:
+  CommHandle() = default;
+  explicit CommHandle(std::unique_ptr<CommRequest> req) : req_(std::move(req)) {}
+  CommHandle(CommHandle&&) noexcept = default;
+  CommHandle& operator=(CommHandle&& other) noexcept;
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  // A pending handle is waited for: the backend may still write into the caller's buffers.
+  ~CommHandle();
+
+  void wait();
+  bool test();
+  bool done() const { return req_ == nullptr; }
+
+ private:
+  void finish_or_die() noexcept;
+  std::unique_ptr<CommRequest> req_;
+};
+
+template <typename R>
+concept CommBuffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
+
+template <typename R>
+using CommElem = std::remove_cv_t<std::ranges::range_value_t<R>>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // position of this process in the group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;            // "tp", "ep", "world", ...
+  virtual const std::vector<int>& global_ranks() const = 0;  // world rank of each member
+
+  // ---- untyped (runtime dtype) non-blocking operations ----
+  // In place: data[i] = op over ranks of data[i].
+  CommHandle all_reduce_async(void* data, int64_t count, DType dt, ReduceOp op);
+  // recv = concat over ranks of send (count elements each).
+  CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dt);
+  // recv = concat over ranks r of send_r, where send_r has counts[r] elements.
+  CommHandle all_gather_v_async(const void* send, void* recv, std::span<const int64_t> counts,
+                                DType dt);
+  // recv (count elements) = op over ranks of send[rank*count, (rank+1)*count).
+  CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dt,
+                                  ReduceOp op);
+  // recv (counts[rank] elements) = op over ranks of this rank's piece of send (sum(counts)).
+  CommHandle reduce_scatter_v_async(const void* send, void* recv,
+                                    std::span<const int64_t> counts, DType dt, ReduceOp op);
+  // send holds send_counts[r] elements for each rank r in order; recv gets recv_counts[r] from
+  // each rank r in order. recv_counts[r] must equal rank r's send_counts[this rank].
+  CommHandle all_to_all_v_async(const void* send, std::span<const int64_t> send_counts,
+                                void* recv, std::span<const int64_t> recv_counts, DType dt);
+  CommHandle broadcast_async(void* data, int64_t count, DType dt, int root);
+  CommHandle send_async(const void* data, int64_t count, DType dt, int dst, int tag = 0);
+  CommHandle recv_async(void* data, int64_t count, DType dt, int src, int tag = 0);
+  CommHandle barrier_async();
+
+  // ---- blocking untyped ----
+  void all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
+    all_reduce_async(data, count, dt, op).wait();
+  }
+  void barrier() { barrier_async().wait(); }
+
+  // ---- typed (any contiguous range: std::vector, std::span, ...) ----
+  template <CommBuffer R>
+  CommHandle all_reduce_async(R&& data, ReduceOp op = ReduceOp::Sum) {
+    return all_reduce_async(std::ranges::data(data), n(data), dtype_of<R>(), op);
+  }
+  template <CommBuffer R>
+  void all_reduce(R&& data, ReduceOp op = ReduceOp::Sum) {
+    all_reduce_async(data, op).wait();
+  }
+  template <CommBuffer S, CommBuffer R>
+  CommHandle all_gather_async(const S& send, R&& recv) {
+    same_type<S, R>();
+    check_recv_size(n(recv), n(send) * size(), "all_gather");
+    return all_gather_async(std::ranges::data(send), std::ranges::data(recv), n(send),
+                            dtype_of<R>());
+  }
+  template <CommBuffer S, CommBuffer R>
+  void all_gather(const S& send, R&& recv) {
+    all_gather_async(send, recv).wait();
+  }
+  template <CommBuffer S, CommBuffer R>
+  CommHandle all_gather_v_async(const S& send, R&& recv, std::span<const int64_t> counts) {
+    same_type<S, R>();
+    check_v_sizes(n(send), n(recv), counts, "all_gather_v", /*gather=*/true);
+    return all_gather_v_async(std::ranges::data(send), std::ranges::data(recv), counts,
+                              dtype_of<R>());
+  }
+  template <CommBuffer S, CommBuffer R>
+  void all_gather_v(const S& send, R&& recv, std::span<const int64_t> counts) {
+    all_gather_v_async(send, recv, counts).wait();
+  }
+  template <CommBuffer S, CommBuffer R>
+  CommHandle reduce_scatter_async(const S& send, R&& recv, ReduceOp op = ReduceOp::Sum) {
+    same_type<S, R>();
+    check_recv_size(n(send), n(recv) * size(), "reduce_scatter (send)");
+    return reduce_scatter_async(std::ranges::data(send), std::ranges::data(recv), n(recv),
+                                dtype_of<R>(), op);
+  }
+  template <CommBuffer S, CommBuffer R>
+  void reduce_scatter(const S& send, R&& recv, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(send, recv, op).wait();
+  }
+  template <CommBuffer S, CommBuffer R>
+  CommHandle reduce_scatter_v_async(const S& send, R&& recv, std::span<const int64_t> counts,
+                                    ReduceOp op = ReduceOp::Sum) {
+    same_type<S, R>();
+    check_v_sizes(n(recv), n(send), counts, "reduce_scatter_v", /*gather=*/false);
+    return reduce_scatter_v_async(std::ranges::data(send), std::ranges::data(recv), counts,
+                                  dtype_of<R>(), op);
+  }
+  template <CommBuffer S, CommBuffer R>
+  void reduce_scatter_v(const S& send, R&& recv, std::span<const int64_t> counts,
+                        ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_v_async(send, recv, counts, op).wait();
+  }
+  template <CommBuffer S, CommBuffer R>
+  CommHandle all_to_all_v_async(const S& send, std::span<const int64_t> send_counts, R&& recv,
+                                std::span<const int64_t> recv_counts) {
+    same_type<S, R>();
+    check_recv_size(n(send), sum_counts(send_counts, "all_to_all_v send"), "all_to_all_v send");
+    check_recv_size(n(recv), sum_counts(recv_counts, "all_to_all_v recv"), "all_to_all_v recv");
+    return all_to_all_v_async(std::ranges::data(send), send_counts, std::ranges::data(recv),
+                              recv_counts, dtype_of<R>());
+  }
+  template <CommBuffer S, CommBuffer R>
+  void all_to_all_v(const S& send, std::span<const int64_t> send_counts, R&& recv,
+                    std::span<const int64_t> recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+  }
+  template <CommBuffer R>
+  CommHandle broadcast_async(R&& data, int root) {
+    return broadcast_async(std::ranges::data(data), n(data), dtype_of<R>(), root);
+  }
+  template <CommBuffer R>
+  void broadcast(R&& data, int root) {
+    broadcast_async(data, root).wait();
+  }
+  template <CommBuffer R>
+  CommHandle send_async(const R& data, int dst, int tag = 0) {
+    return send_async(std::ranges::data(data), n(data), dtype_of<R>(), dst, tag);
+  }
+  template <CommBuffer R>
+  void send(const R& data, int dst, int tag = 0) {
+    send_async(data, dst, tag).wait();
+  }
+  template <CommBuffer R>
+  CommHandle recv_async(R&& data, int src, int tag = 0) {
+    return recv_async(std::ranges::data(data), n(data), dtype_of<R>(), src, tag);
+  }
+  template <CommBuffer R>
+  void recv(R&& data, int src, int tag = 0) {
+    recv_async(data, src, tag).wait();
+  }
+
+ protected:
+  // Backend hooks, called after the arguments were checked. Counts fit in int64 and are >= 0.
+  virtual CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) = 0;
+  virtual CommHandle start_all_gather_v(const void* send, void* recv,
+                                        std::span<const int64_t> counts, bool equal,
+                                        DType dt) = 0;
+  virtual CommHandle start_reduce_scatter_v(const void* send, void* recv,
+                                            std::span<const int64_t> counts, bool equal,
+                                            DType dt, ReduceOp op) = 0;
+  virtual CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
+                                        void* recv, std::span<const int64_t> recv_counts,
+                                        DType dt) = 0;
+  virtual CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) = 0;
+  virtual CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int tag) = 0;
+  virtual CommHandle start_recv(void* data, int64_t count, DType dt, int src, int tag) = 0;
+  virtual CommHandle start_barrier() = 0;
+
+ private:
+  template <typename R>
+  static int64_t n(const R& r) {
+    return static_cast<int64_t>(std::ranges::size(r));
+  }
+  template <typename R>
+  static constexpr DType dtype_of() {
+    return DTypeOf<CommElem<R>>::value;
+  }
+  template <typename S, typename R>
+  static constexpr void same_type() {
+    static_assert(std::is_same_v<CommElem<S>, CommElem<R>>,
+                  "send and recv buffers must have the same element type");
+  }
+  void check_counts(std::span<const int64_t> counts, const char* call) const;
+  int64_t sum_counts(std::span<const int64_t> counts, const char* call) const;
+  void check_recv_size(int64_t have, int64_t want, const char* call) const;
+  void check_v_sizes(int64_t mine, int64_t total, std::span<const int64_t> counts,
+                     const char* call, bool gather) const;
+  void check_peer(int peer, const char* what, const char* call) const;
+};
+
+// A group of one process: every collective is a local copy. Used for size-1 groups without
+// MPI (single-process runs, the stub build) and in tests of the argument checks.
+std::unique_ptr<Communicator> make_local_communicator(std::string name, int global_rank);
+
+}  // namespace moecore::parallel

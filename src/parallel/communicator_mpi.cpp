@@ -1,0 +1,646 @@
+// Open MPI communicators: one MPI_Comm per process group, every operation started non-blocking
+// and completed by polling MPI_Test against a deadline, so that no wait can hang silently. A
+// rank that times out asks the members it waits for, over a side channel, how far they got
+// (every rank inside a wait answers), prints that, and aborts the job.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "parallel/mpi_check.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool mpi_alive() {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  return inited && !finalized;
+}
+
+// Tags of the diagnosis side channel (its own communicator, so no clash with user tags).
+constexpr int kQueryTag = 1;
+constexpr int kReplyTag = 2;
+constexpr int kNameLen = 32;
+
+void copy_name(char (&dst)[kNameLen], std::string_view src) {
+  std::memset(dst, 0, kNameLen);
+  std::memcpy(dst, src.data(), std::min<size_t>(src.size(), kNameLen - 1));
+}
+
+// "What are you doing, and how far are you on group <group>?"
+struct Query {
+  char group[kNameLen];
+};
+
+struct Reply {
+  int64_t entered = 0;       // calls this rank has entered on the queried group
+  char last_call[kNameLen];  // the latest of them
+  int32_t waiting = 0;       // inside a wait right now?
+  char wait_call[kNameLen];
+  char wait_group[kNameLen];
+  int64_t wait_seq = 0;
+  double wait_seconds = 0;
+};
+
+class MpiCommunicator;
+
+// Shared by the communicators of one ProcessGroups.
+class MpiContext {
+ public:
+  MpiContext(double timeout_s, int world_rank) : timeout_s_(timeout_s), world_rank_(world_rank) {}
+  ~MpiContext() {
+    if (!mpi_alive()) return;
+    if (!replies_.empty()) {
+      // A querier that never took its reply is aborting the job; MPI may still read these
+      // buffers, so they are deliberately leaked rather than freed under it.
+      new std::deque<PendingReply>(std::move(replies_));
+    }
+    if (diag_ != MPI_COMM_NULL) MPI_Comm_free(&diag_);
+  }
+  MpiContext(const MpiContext&) = delete;
+  MpiContext& operator=(const MpiContext&) = delete;
+
+  void set_diag(MPI_Comm diag) { diag_ = diag; }
+  double timeout_s() const { return timeout_s_; }
+  int world_rank() const { return world_rank_; }
+  void add(const MpiCommunicator* c) { comms_.push_back(c); }
+  void remove(const MpiCommunicator* c) { std::erase(comms_, c); }
+
+  struct WaitState {
+    const MpiCommunicator* comm = nullptr;
+    const char* call = nullptr;
+    int64_t seq = 0;
+    Clock::time_point since;
+  };
+  WaitState& waiting() { return waiting_; }
+
+  // Answers pending queries of ranks that timed out. Called from every wait loop.
+  void service();
+  [[noreturn]] void abort_on_timeout(const MpiCommunicator& c, const char* call, int64_t seq,
+                                     const std::string& what, int peer, double waited);
+
+ private:
+  Reply describe(std::string_view group) const;
+  struct PendingReply {
+    MPI_Request req = MPI_REQUEST_NULL;
+    Reply reply;
+  };
+  double timeout_s_;
+  int world_rank_;
+  MPI_Comm diag_ = MPI_COMM_NULL;
+  std::vector<const MpiCommunicator*> comms_;
+  WaitState waiting_;
+  std::deque<PendingReply> replies_;  // deque: elements never move while MPI sends them
+};
+
+class MpiRequest;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, std::vector<int> ranks,
+                  std::shared_ptr<MpiContext> ctx)
+      : comm_(comm), name_(std::move(name)), ranks_(std::move(ranks)), ctx_(std::move(ctx)) {
+    MOE_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "[comm] group '{}'", name_);
+    MOE_CHECK_MPI(MPI_Comm_rank(comm_, &rank_), "[comm] group '{}'", name_);
+    MOE_CHECK_MPI(MPI_Comm_size(comm_, &size_), "[comm] group '{}'", name_);
+    ctx_->add(this);
+  }
+  ~MpiCommunicator() override {
+    ctx_->remove(this);
+    if (mpi_alive()) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+  MpiContext& ctx() const { return *ctx_; }
+  int64_t calls() const { return calls_; }
+  const char* last_call() const { return last_call_; }
+  int64_t enter(const char* call) {
+    last_call_ = call;
+    return ++calls_;
+  }
+
+ protected:
+  CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override;
+  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                bool equal, DType dt) override;
+  CommHandle start_reduce_scatter_v(const void* send, void* recv,
+                                    std::span<const int64_t> counts, bool equal, DType dt,
+                                    ReduceOp op) override;
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
+                                void* recv, std::span<const int64_t> recv_counts,
+                                DType dt) override;
+  CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override;
+  CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int tag) override;
+  CommHandle start_recv(void* data, int64_t count, DType dt, int src, int tag) override;
+  CommHandle start_barrier() override;
+
+ private:
+  int to_int(int64_t v, const char* call) const {
+    MOE_CHECK(v <= INT_MAX,
+              "[comm] {} on group '{}': {} elements exceed MPI's int count limit {}; split the "
+              "buffer into smaller calls",
+              call, name_, v, INT_MAX);
+    return static_cast<int>(v);
+  }
+  std::vector<int> ints(std::span<const int64_t> v, const char* call) const {
+    std::vector<int> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = to_int(v[i], call);
+    return out;
+  }
+  std::vector<int> displs(std::span<const int64_t> counts, const char* call) const {
+    std::vector<int> out(counts.size());
+    int64_t off = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      out[i] = to_int(off, call);
+      off += counts[i];
+    }
+    to_int(off, call);
+    return out;
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  std::vector<int> ranks_;
+  std::shared_ptr<MpiContext> ctx_;
+  int rank_ = 0, size_ = 1;
+  int64_t calls_ = 0;
+  const char* last_call_ = "none";
+};
+
+// One in-flight MPI operation and what it needs kept alive until completion.
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MpiCommunicator& comm, const char* call, DType dt, int64_t count, int peer = -1)
+      : comm_(comm), call_(call), seq_(comm.enter(call)), dt_(dt), count_(count), peer_(peer) {}
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MOE_CHECK_MPI(MPI_Test(&req, &flag, &status), "[comm] {} #{} on group '{}' (rank {} of {})",
+                  call_, seq_, comm_.name(), comm_.rank(), comm_.size());
+    if (!flag) return false;
+    done_ = true;
+    if (finish) finish();
+    return true;
+  }
+
+  void wait() override {
+    if (done_) return;
+    MpiContext& ctx = comm_.ctx();
+    const auto start = Clock::now();
+    const MpiContext::WaitState saved = ctx.waiting();
+    ctx.waiting() = {&comm_, call_, seq_, start};
+    struct Restore {
+      MpiContext& ctx;
+      MpiContext::WaitState saved;
+      ~Restore() { ctx.waiting() = saved; }
+    } restore{ctx, saved};
+    auto last_service = start;
+    for (int64_t spin = 0; !test(); ++spin) {
+      const auto now = Clock::now();
+      const double waited = std::chrono::duration<double>(now - start).count();
+      if (waited > ctx.timeout_s()) ctx.abort_on_timeout(comm_, call_, seq_, what(), peer_, waited);
+      if (now - last_service > std::chrono::milliseconds(1)) {
+        ctx.service();
+        last_service = now;
+      }
+      // Spin briefly (latency), then give the core away: ranks are often oversubscribed.
+      if (waited > 5e-3) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else if (spin > 1000) {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  std::string what() const {
+    std::string s = fmt::format("{} x {}", dtype_name(dt_), count_);
+    if (peer_ >= 0) s += fmt::format(", peer {} (world rank {})", peer_, comm_.global_ranks()[peer_]);
+    return s;
+  }
+
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Status status{};
+  std::vector<int> counts, displs, counts2, displs2;
+  std::vector<float> staging, staging2;  // bf16 reductions run in f32
+  std::function<void()> finish;
+
+ private:
+  MpiCommunicator& comm_;
+  const char* call_;
+  int64_t seq_;
+  DType dt_;
+  int64_t count_;
+  int peer_;
+  bool done_ = false;
+};
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::BF16: return MPI_UINT16_T;  // moved as raw bits; reductions are staged in f32
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+
+void bf16_to_f32(const void* src, float* dst, int64_t n) {
+  const bf16* s = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+}
+
+void f32_to_bf16(const float* src, void* dst, int64_t n) {
+  bf16* d = static_cast<bf16*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+}
+
+CommHandle MpiCommunicator::start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
+  auto r = std::make_unique<MpiRequest>(*this, "all_reduce", dt, count);
+  const int n = to_int(count, "all_reduce");
+  if (dt == DType::BF16) {
+    r->staging.resize(count);
+    bf16_to_f32(data, r->staging.data(), count);
+    MOE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, r->staging.data(), n, MPI_FLOAT, mpi_op(op), comm_,
+                                 &r->req),
+                  "[comm] all_reduce on group '{}'", name_);
+    MpiRequest* raw = r.get();
+    r->finish = [raw, data, count] { f32_to_bf16(raw->staging.data(), data, count); };
+  } else {
+    MOE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dt), mpi_op(op), comm_, &r->req),
+                  "[comm] all_reduce on group '{}'", name_);
+  }
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_all_gather_v(const void* send, void* recv,
+                                               std::span<const int64_t> counts, bool equal,
+                                               DType dt) {
+  const char* call = equal ? "all_gather" : "all_gather_v";
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  auto r = std::make_unique<MpiRequest>(*this, call, dt, total);
+  r->counts = ints(counts, call);
+  r->displs = displs(counts, call);
+  const size_t es = dtype_size(dt);
+  // The caller may pass its own slot of recv as send: MPI needs MPI_IN_PLACE for that.
+  const void* sendbuf = send;
+  if (send == static_cast<const char*>(recv) + r->displs[rank_] * es) sendbuf = MPI_IN_PLACE;
+  const MPI_Datatype t = mpi_type(dt);
+  if (equal) {
+    MOE_CHECK_MPI(MPI_Iallgather(sendbuf, r->counts[rank_], t, recv, r->counts[0], t, comm_,
+                                 &r->req),
+                  "[comm] {} on group '{}'", call, name_);
+  } else {
+    MOE_CHECK_MPI(MPI_Iallgatherv(sendbuf, r->counts[rank_], t, recv, r->counts.data(),
+                                  r->displs.data(), t, comm_, &r->req),
+                  "[comm] {} on group '{}'", call, name_);
+  }
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
+                                                   std::span<const int64_t> counts, bool equal,
+                                                   DType dt, ReduceOp op) {
+  const char* call = equal ? "reduce_scatter" : "reduce_scatter_v";
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  auto r = std::make_unique<MpiRequest>(*this, call, dt, total);
+  r->counts = ints(counts, call);
+  displs(counts, call);  // checks the total fits MPI's int
+  const int64_t mine = counts[rank_];
+  MOE_CHECK(send != recv || total == 0,
+            "[comm] {} on group '{}': send and recv must be different buffers", call, name_);
+  const void* sbuf = send;
+  void* rbuf = recv;
+  MPI_Datatype t = mpi_type(dt);
+  if (dt == DType::BF16) {
+    r->staging.resize(total);
+    r->staging2.resize(mine);
+    bf16_to_f32(send, r->staging.data(), total);
+    sbuf = r->staging.data();
+    rbuf = r->staging2.data();
+    t = MPI_FLOAT;
+    MpiRequest* raw = r.get();
+    r->finish = [raw, recv, mine] { f32_to_bf16(raw->staging2.data(), recv, mine); };
+  }
+  if (equal) {
+    MOE_CHECK_MPI(MPI_Ireduce_scatter_block(sbuf, rbuf, r->counts[0], t, mpi_op(op), comm_,
+                                            &r->req),
+                  "[comm] {} on group '{}'", call, name_);
+  } else {
+    MOE_CHECK_MPI(MPI_Ireduce_scatter(sbuf, rbuf, r->counts.data(), t, mpi_op(op), comm_, &r->req),
+                  "[comm] {} on group '{}'", call, name_);
+  }
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_all_to_all_v(const void* send,
+                                               std::span<const int64_t> send_counts, void* recv,
+                                               std::span<const int64_t> recv_counts, DType dt) {
+  int64_t total = 0;
+  for (int64_t c : recv_counts) total += c;
+  auto r = std::make_unique<MpiRequest>(*this, "all_to_all_v", dt, total);
+  r->counts = ints(send_counts, "all_to_all_v");
+  r->displs = displs(send_counts, "all_to_all_v");
+  r->counts2 = ints(recv_counts, "all_to_all_v");
+  r->displs2 = displs(recv_counts, "all_to_all_v");
+  const MPI_Datatype t = mpi_type(dt);
+  MOE_CHECK_MPI(MPI_Ialltoallv(send, r->counts.data(), r->displs.data(), t, recv,
+                               r->counts2.data(), r->displs2.data(), t, comm_, &r->req),
+                "[comm] all_to_all_v on group '{}'", name_);
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_broadcast(void* data, int64_t count, DType dt, int root) {
+  auto r = std::make_unique<MpiRequest>(*this, "broadcast", dt, count, root);
+  MOE_CHECK_MPI(MPI_Ibcast(data, to_int(count, "broadcast"), mpi_type(dt), root, comm_, &r->req),
+                "[comm] broadcast on group '{}'", name_);
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_send(const void* data, int64_t count, DType dt, int dst,
+                                       int tag) {
+  MOE_CHECK(tag <= 32767, "[comm] send on group '{}': tag {} above MPI's guaranteed bound 32767",
+            name_, tag);
+  auto r = std::make_unique<MpiRequest>(*this, "send", dt, count, dst);
+  MOE_CHECK_MPI(MPI_Isend(data, to_int(count, "send"), mpi_type(dt), dst, tag, comm_, &r->req),
+                "[comm] send to {} on group '{}'", dst, name_);
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_recv(void* data, int64_t count, DType dt, int src, int tag) {
+  MOE_CHECK(tag <= 32767, "[comm] recv on group '{}': tag {} above MPI's guaranteed bound 32767",
+            name_, tag);
+  auto r = std::make_unique<MpiRequest>(*this, "recv", dt, count, src);
+  const MPI_Datatype t = mpi_type(dt);
+  MOE_CHECK_MPI(MPI_Irecv(data, to_int(count, "recv"), t, src, tag, comm_, &r->req),
+                "[comm] recv from {} on group '{}'", src, name_);
+  MpiRequest* raw = r.get();
+  const std::string group = name_;
+  r->finish = [raw, count, t, src, tag, group] {
+    int got = 0;
+    MOE_CHECK_MPI(MPI_Get_count(&raw->status, t, &got), "[comm] recv on group '{}'", group);
+    MOE_CHECK(got == count,
+              "[comm] recv on group '{}': expected {} elements from rank {} (tag {}), got {}: the "
+              "sender and receiver disagree on the size",
+              group, count, src, tag, got);
+  };
+  return CommHandle(std::move(r));
+}
+
+CommHandle MpiCommunicator::start_barrier() {
+  auto r = std::make_unique<MpiRequest>(*this, "barrier", DType::I32, 0);
+  MOE_CHECK_MPI(MPI_Ibarrier(comm_, &r->req), "[comm] barrier on group '{}'", name_);
+  return CommHandle(std::move(r));
+}
+
+// ---- timeout diagnosis ----
+
+Reply MpiContext::describe(std::string_view group) const {
+  Reply r{};
+  copy_name(r.last_call, "none");
+  for (const MpiCommunicator* c : comms_) {
+    if (c->name() == group) {
+      r.entered = c->calls();
+      copy_name(r.last_call, c->last_call());
+    }
+  }
+  if (waiting_.comm != nullptr) {
+    r.waiting = 1;
+    copy_name(r.wait_call, waiting_.call);
+    copy_name(r.wait_group, waiting_.comm->name());
+    r.wait_seq = waiting_.seq;
+    r.wait_seconds = seconds_since(waiting_.since);
+  }
+  return r;
+}
+
+void MpiContext::service() {
+  if (diag_ == MPI_COMM_NULL) return;
+  while (!replies_.empty()) {
+    int done = 0;
+    MOE_CHECK_MPI(MPI_Test(&replies_.front().req, &done, MPI_STATUS_IGNORE), "[comm] diagnosis");
+    if (!done) break;
+    replies_.pop_front();
+  }
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    MOE_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, diag_, &flag, &st), "[comm] diagnosis");
+    if (!flag) return;
+    Query q{};
+    MOE_CHECK_MPI(MPI_Recv(&q, sizeof(q), MPI_BYTE, st.MPI_SOURCE, kQueryTag, diag_,
+                           MPI_STATUS_IGNORE),
+                  "[comm] diagnosis");
+    q.group[kNameLen - 1] = 0;
+    PendingReply& p = replies_.emplace_back();
+    p.reply = describe(q.group);
+    MOE_CHECK_MPI(MPI_Isend(&p.reply, sizeof(Reply), MPI_BYTE, st.MPI_SOURCE, kReplyTag, diag_,
+                            &p.req),
+                  "[comm] diagnosis");
+  }
+}
+
+void MpiContext::abort_on_timeout(const MpiCommunicator& c, const char* call, int64_t seq,
+                                  const std::string& what, int peer, double waited) {
+  std::vector<int> peers;  // world ranks this rank waits for
+  if (peer >= 0) {
+    if (peer != c.rank()) peers.push_back(c.global_ranks()[peer]);
+  } else {
+    for (int r = 0; r < c.size(); ++r) {
+      if (r != c.rank()) peers.push_back(c.global_ranks()[r]);
+    }
+  }
+  std::string members;
+  for (int r : c.global_ranks()) {
+    if (!members.empty()) members += ',';
+    members += std::to_string(r);
+  }
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format(
+      "[comm] timeout: world rank {} (rank {} of {} in group '{}' = world ranks [{}]) waited "
+      "{:.1f} s in {} #{} on '{}' ({}), over the {:.1f} s limit (--distributed-timeout-minutes)",
+      world_rank_, c.rank(), c.size(), c.name(), members, waited, call, seq, c.name(), what,
+      timeout_s_));
+
+  // Ask the others; answer their questions meanwhile (they may be stuck too).
+  Query q{};
+  copy_name(q.group, c.name());
+  std::vector<MPI_Request> sends(peers.size(), MPI_REQUEST_NULL);
+  std::map<int, Reply> answers;
+  if (diag_ != MPI_COMM_NULL) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      MPI_Isend(&q, sizeof(q), MPI_BYTE, peers[i], kQueryTag, diag_, &sends[i]);
+    }
+    const double grace = std::clamp(timeout_s_ * 0.5, 0.5, 5.0);
+    const auto start = Clock::now();
+    while (answers.size() < peers.size() && seconds_since(start) < grace) {
+      try {
+        service();
+      } catch (const Error&) {
+      }
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, diag_, &flag, &st) != MPI_SUCCESS) break;
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      Reply r{};
+      MPI_Recv(&r, sizeof(r), MPI_BYTE, st.MPI_SOURCE, kReplyTag, diag_, MPI_STATUS_IGNORE);
+      answers[st.MPI_SOURCE] = r;
+    }
+  }
+  for (int p : peers) {
+    auto it = answers.find(p);
+    if (it == answers.end()) {
+      lines.push_back(fmt::format(
+          "  world rank {}: no answer (busy outside moecore's communication, exited, or hung)",
+          p));
+      continue;
+    }
+    Reply& r = it->second;
+    r.last_call[kNameLen - 1] = r.wait_call[kNameLen - 1] = r.wait_group[kNameLen - 1] = 0;
+    std::string s;
+    if (r.entered < seq) {
+      s = fmt::format("has NOT reached {} #{} on '{}' (it entered {} call{} there)", call, seq,
+                      c.name(), r.entered, r.entered == 1 ? "" : "s");
+    } else if (r.entered == seq && std::string_view(r.last_call) != call) {
+      s = fmt::format("called {} as #{} on '{}' where this rank called {} (mismatched calls)",
+                      r.last_call, seq, c.name(), call);
+    } else {
+      s = fmt::format("has reached {} #{} on '{}' (entered {} calls there)", call, seq, c.name(),
+                      r.entered);
+    }
+    if (r.waiting) {
+      s += fmt::format("; it is waiting in {} #{} on '{}' for {:.1f} s", r.wait_call, r.wait_seq,
+                       r.wait_group, r.wait_seconds);
+    } else {
+      s += "; it is not waiting in a collective";
+    }
+    lines.push_back(fmt::format("  world rank {}: {}", p, s));
+  }
+  lines.push_back("  aborting the job; if this step is legitimately slow, raise "
+                  "--distributed-timeout-minutes");
+  std::string out;
+  for (const std::string& l : lines) out += fmt::format("[rank {}] error: {}\n", world_rank_, l);
+  std::fputs(out.c_str(), stderr);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();  // not reached
+}
+
+// A barrier over the world with the timeout, before the blocking communicator constructors.
+void timed_world_barrier(double timeout_s, int rank, int size) {
+  MPI_Request req;
+  MOE_CHECK_MPI(MPI_Ibarrier(MPI_COMM_WORLD, &req), "[parallel] connect_communicators");
+  const auto start = Clock::now();
+  for (;;) {
+    int flag = 0;
+    MOE_CHECK_MPI(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "[parallel] connect_communicators");
+    if (flag) return;
+    if (seconds_since(start) > timeout_s) {
+      std::fprintf(stderr,
+                   "[rank %d] error: [parallel] timeout: world rank %d of %d waited %.1f s in "
+                   "connect_communicators for the other ranks to build their process groups; "
+                   "aborting the job\n",
+                   rank, rank, size, seconds_since(start));
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace
+
+void connect_communicators(ProcessGroups& groups) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  MOE_CHECK(inited, "[parallel] connect_communicators: MPI is not initialised (call "
+                    "runtime_init first)");
+  int rank = 0, size = 0;
+  MOE_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "[parallel] connect_communicators");
+  MOE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size), "[parallel] connect_communicators");
+  MOE_CHECK(size == groups.world_size(),
+            "[parallel] the layout is for {} ranks but {} were launched: start with mpirun -np {} "
+            "or change the parallel sizes",
+            groups.world_size(), size, groups.world_size());
+  MOE_CHECK(rank == groups.rank(), "[parallel] groups built for rank {} used on world rank {}",
+            groups.rank(), rank);
+  const ParallelConfig& cfg = groups.layout().config;
+  const double timeout_s = cfg.timeout_seconds();
+  timed_world_barrier(timeout_s, rank, size);
+
+  // Every rank must have been given the same layout, or the groups would not match up. (Plain
+  // MPI_Allreduce: the timed barrier above proved every rank is here.)
+  const Degrees& d = groups.degrees();
+  std::vector<int64_t> hi = {d.tp, d.cp, d.dp, d.pp, d.etp, d.ep, d.edp,
+                             int64_t{cfg.use_tp_pp_dp_mapping}};
+  std::vector<int64_t> lo(hi.size());
+  for (size_t i = 0; i < hi.size(); ++i) lo[i] = -hi[i];
+  MOE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(hi.size()), MPI_INT64_T,
+                              MPI_MAX, MPI_COMM_WORLD),
+                "[parallel] connect_communicators");
+  MOE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, lo.data(), static_cast<int>(lo.size()), MPI_INT64_T,
+                              MPI_MAX, MPI_COMM_WORLD),
+                "[parallel] connect_communicators");
+  for (size_t i = 0; i < hi.size(); ++i) {
+    MOE_CHECK(hi[i] == -lo[i],
+              "[parallel] ranks were started with different parallel flags (tp, cp, dp, pp, etp, "
+              "ep, edp, tp-pp-dp mapping differ in entry {}: {} vs {}): give every rank the same "
+              "command line",
+              i, -lo[i], hi[i]);
+  }
+
+  auto ctx = std::make_shared<MpiContext>(timeout_s, rank);
+  MPI_Comm diag;
+  MOE_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &diag), "[parallel] connect_communicators");
+  MOE_CHECK_MPI(MPI_Comm_set_errhandler(diag, MPI_ERRORS_RETURN), "[parallel] diagnosis comm");
+  ctx->set_diag(diag);
+
+  MPI_Comm world;
+  MOE_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world), "[parallel] connect_communicators");
+  groups.world().comm =
+      std::make_unique<MpiCommunicator>(world, "world", groups.world().ranks, ctx);
+
+  for (GroupKind k : kAllGroupKinds) {
+    ProcessGroup& g = groups.group(k);
+    const int color = groups.layout().group_index(k, rank);
+    MPI_Comm c;
+    MOE_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, color, g.rank, &c),
+                  "[parallel] creating group '{}'", g.name);
+    auto comm = std::make_unique<MpiCommunicator>(c, g.name, g.ranks, ctx);
+    MOE_CHECK(comm->rank() == g.rank && comm->size() == g.size(),
+              "[parallel] group '{}': MPI gave rank {} of {}, the layout says {} of {}", g.name,
+              comm->rank(), comm->size(), g.rank, g.size());
+    g.comm = std::move(comm);
+  }
+}
+
+}  // namespace moecore::parallel

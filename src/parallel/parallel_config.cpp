@@ -1,0 +1,209 @@
+// Validation of the parallel layout: every message names the numbers and the flag to change.
+#include "parallel/parallel_config.h"
+
+#include "core/check.h"
+
+namespace moecore::parallel {
+
+Degrees resolve_degrees(const ParallelConfig& cfg, int world_size) {
+  MOE_CHECK(world_size >= 1, "[parallel] world size {} must be >= 1", world_size);
+  auto positive = [](int v, const char* flag) {
+    MOE_CHECK(v >= 1, "[parallel] {} {} must be >= 1", flag, v);
+  };
+  positive(cfg.tp, "--tensor-model-parallel-size");
+  positive(cfg.pp, "--pipeline-model-parallel-size");
+  positive(cfg.cp, "--context-parallel-size");
+  positive(cfg.ep, "--expert-model-parallel-size");
+  MOE_CHECK(cfg.etp >= 0,
+            "[parallel] --expert-tensor-parallel-size {} must be >= 1 (or unset: same as "
+            "--tensor-model-parallel-size)",
+            cfg.etp);
+  MOE_CHECK(cfg.timeout_minutes > 0,
+            "[parallel] --distributed-timeout-minutes {} must be > 0 (a collective that waits "
+            "longer reports the missing ranks and aborts)",
+            cfg.timeout_minutes);
+
+  Degrees d;
+  d.world = world_size;
+  d.tp = cfg.tp;
+  d.cp = cfg.cp;
+  d.pp = cfg.pp;
+  d.etp = cfg.expert_tp();
+  d.ep = cfg.ep;
+  const int64_t attn_mp = int64_t{cfg.tp} * cfg.cp * cfg.pp;
+  MOE_CHECK(world_size % attn_mp == 0,
+            "[parallel] world size {} is not divisible by tp*cp*pp = {}*{}*{} = {}: the "
+            "attention grid needs data-parallel size = world / (tp*cp*pp) to be whole; change "
+            "--tensor-model-parallel-size, --context-parallel-size or "
+            "--pipeline-model-parallel-size, or launch a multiple of {} ranks",
+            world_size, cfg.tp, cfg.cp, cfg.pp, attn_mp, attn_mp);
+  d.dp = static_cast<int>(world_size / attn_mp);
+  const int64_t expt_mp = int64_t{d.etp} * d.ep * cfg.pp;
+  MOE_CHECK(world_size % expt_mp == 0,
+            "[parallel] world size {} is not divisible by etp*ep*pp = {}*{}*{} = {}: the expert "
+            "grid (Parallel Folding) needs expert-data-parallel size = world / (etp*ep*pp) to be "
+            "whole; change --expert-tensor-parallel-size (default: the TP size), "
+            "--expert-model-parallel-size or --pipeline-model-parallel-size",
+            world_size, d.etp, d.ep, cfg.pp, expt_mp);
+  d.edp = static_cast<int>(world_size / expt_mp);
+  // With pp not the slowest digit, a pipeline group strides over tp*cp ranks in the attention
+  // grid and over etp*ep in the expert grid; they coincide only when both data-parallel sizes
+  // are equal. Otherwise a stage would hold attention and experts of different layers.
+  if (cfg.use_tp_pp_dp_mapping && cfg.pp > 1) {
+    MOE_CHECK(d.dp == d.edp,
+              "[parallel] --use-tp-pp-dp-mapping (order {}) with pp={} needs the attention and "
+              "expert data-parallel sizes to be equal, got dp = world/(tp*cp*pp) = {} and "
+              "edp = world/(etp*ep*pp) = {}: make tp*cp = etp*ep ({}*{} vs {}*{}) or drop "
+              "--use-tp-pp-dp-mapping",
+              cfg.order(), cfg.pp, d.dp, d.edp, cfg.tp, cfg.cp, d.etp, d.ep);
+  }
+  if (cfg.first_stage_layers != 0 || cfg.last_stage_layers != 0) {
+    MOE_CHECK(cfg.first_stage_layers >= 0 && cfg.last_stage_layers >= 0,
+              "[parallel] --decoder-first-pipeline-num-layers {} and "
+              "--decoder-last-pipeline-num-layers {} must be >= 0",
+              cfg.first_stage_layers, cfg.last_stage_layers);
+    MOE_CHECK(cfg.pp > 1,
+              "[parallel] --decoder-first/last-pipeline-num-layers set uneven pipeline stages but "
+              "--pipeline-model-parallel-size is {}: set it > 1 or drop them",
+              cfg.pp);
+  }
+  return d;
+}
+
+int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage) {
+  MOE_CHECK(stage >= 0 && stage < cfg.pp, "[parallel] pipeline stage {} outside [0, {})", stage,
+            cfg.pp);
+  const bool first = cfg.first_stage_layers > 0, last = cfg.last_stage_layers > 0;
+  if (first && stage == 0) return cfg.first_stage_layers;
+  if (last && stage == cfg.pp - 1) return cfg.last_stage_layers;
+  const int middle_stages = cfg.pp - int{first} - int{last};
+  const int middle_layers =
+      num_layers - (first ? cfg.first_stage_layers : 0) - (last ? cfg.last_stage_layers : 0);
+  return middle_stages > 0 ? middle_layers / middle_stages : 0;
+}
+
+Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& m) {
+  Degrees d = resolve_degrees(cfg, world_size);
+
+  if (m.num_experts) {
+    const int64_t e = *m.num_experts;
+    MOE_CHECK(e > 0 || cfg.ep == 1,
+              "[parallel] --expert-model-parallel-size {} needs routed experts, but the model is "
+              "dense (--num-experts {}): set --num-experts or use EP 1",
+              cfg.ep, e);
+    MOE_CHECK(e == 0 || e % cfg.ep == 0,
+              "[parallel] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
+              "every EP rank holds E/EP experts; pick an EP that divides {} (or change the "
+              "expert count)",
+              e, cfg.ep, e);
+  }
+  if (m.num_layers) {
+    const int64_t l = *m.num_layers;
+    const bool uneven = cfg.first_stage_layers > 0 || cfg.last_stage_layers > 0;
+    if (!uneven) {
+      MOE_CHECK(l % cfg.pp == 0,
+                "[parallel] --num-layers {} is not divisible by --pipeline-model-parallel-size "
+                "{}: change either, or give uneven stages with "
+                "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers",
+                l, cfg.pp);
+    } else {
+      const int first = cfg.first_stage_layers, last = cfg.last_stage_layers;
+      const int64_t middle_layers = l - first - last;
+      const int middle_stages = cfg.pp - (first > 0) - (last > 0);
+      MOE_CHECK(middle_layers >= 0,
+                "[parallel] uneven stages take {} (first) + {} (last) layers, more than "
+                "--num-layers {}",
+                first, last, l);
+      if (middle_stages == 0) {
+        MOE_CHECK(middle_layers == 0,
+                  "[parallel] with pp={} the first and last stages are all stages, so "
+                  "--decoder-first-pipeline-num-layers {} + --decoder-last-pipeline-num-layers "
+                  "{} must equal --num-layers {}",
+                  cfg.pp, first, last, l);
+      } else {
+        MOE_CHECK(middle_layers > 0 && middle_layers % middle_stages == 0,
+                  "[parallel] uneven stages leave {} layers for the other {} pipeline stages "
+                  "(--num-layers {} - first {} - last {}): they must split evenly and not be "
+                  "empty; adjust --decoder-first/last-pipeline-num-layers",
+                  middle_layers, middle_stages, l, first, last);
+      }
+    }
+  }
+  // Megatron: with EP and TP together the MoE input must be sequence-parallel, so the
+  // dispatcher sees each token once per TP group instead of TP duplicates.
+  MOE_CHECK(!(cfg.tp > 1 && cfg.ep > 1) || cfg.sequence_parallel,
+            "[parallel] attention TP {} with EP {} requires --sequence-parallel (each TP rank "
+            "must route its own slice of the sequence, not a copy of the whole): add "
+            "--sequence-parallel",
+            cfg.tp, cfg.ep);
+  if (m.num_attention_heads) {
+    MOE_CHECK(*m.num_attention_heads % cfg.tp == 0,
+              "[parallel] --num-attention-heads {} is not divisible by "
+              "--tensor-model-parallel-size {}: each TP rank holds heads/TP heads",
+              *m.num_attention_heads, cfg.tp);
+  }
+  if (m.num_query_groups) {
+    MOE_CHECK(*m.num_query_groups % cfg.tp == 0,
+              "[parallel] --num-query-groups {} is not divisible by --tensor-model-parallel-size "
+              "{}: each TP rank holds groups/TP key-value heads",
+              *m.num_query_groups, cfg.tp);
+  }
+  if (m.ffn_hidden) {
+    MOE_CHECK(*m.ffn_hidden % cfg.tp == 0,
+              "[parallel] --ffn-hidden-size {} is not divisible by --tensor-model-parallel-size "
+              "{}",
+              *m.ffn_hidden, cfg.tp);
+  }
+  if (m.moe_ffn_hidden && (!m.num_experts || *m.num_experts > 0)) {
+    MOE_CHECK(*m.moe_ffn_hidden % d.etp == 0,
+              "[parallel] --moe-ffn-hidden-size {} is not divisible by expert TP {} "
+              "(--expert-tensor-parallel-size, default the TP size)",
+              *m.moe_ffn_hidden, d.etp);
+  }
+  if (m.seq_length) {
+    const int64_t s = *m.seq_length;
+    if (cfg.cp > 1) {
+      MOE_CHECK(s % (2 * cfg.cp) == 0,
+                "[parallel] --seq-length {} is not divisible by 2*cp = {}: causal context "
+                "parallelism splits each sequence into 2*cp chunks for load balance",
+                s, 2 * cfg.cp);
+    }
+    if (cfg.sequence_parallel && cfg.tp > 1) {
+      MOE_CHECK(s % (int64_t{cfg.tp} * cfg.cp) == 0,
+                "[parallel] --seq-length {} is not divisible by tp*cp = {}*{}: "
+                "--sequence-parallel splits each rank's sequence over TP",
+                s, cfg.tp, cfg.cp);
+    }
+  }
+  return d;
+}
+
+void add_parallel_flags(CLI::App& app, ParallelConfig& cfg) {
+  const char* g = "Distributed";
+  app.add_option("--tensor-model-parallel-size", cfg.tp, "Attention/dense tensor parallel size")
+      ->group(g);
+  app.add_option("--pipeline-model-parallel-size", cfg.pp, "Pipeline stages")->group(g);
+  app.add_option("--context-parallel-size", cfg.cp, "Context (sequence) parallel size")
+      ->group(g);
+  app.add_option("--expert-model-parallel-size", cfg.ep, "Expert parallel size (EP)")->group(g);
+  app.add_option("--expert-tensor-parallel-size", cfg.etp,
+                 "Tensor parallel size inside experts (default: the TP size)")
+      ->group(g);
+  app.add_flag("--sequence-parallel", cfg.sequence_parallel,
+               "Split activations outside TP regions along the sequence")
+      ->group(g);
+  app.add_flag("--use-tp-pp-dp-mapping", cfg.use_tp_pp_dp_mapping,
+               "Rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp")
+      ->group(g);
+  app.add_option("--decoder-first-pipeline-num-layers", cfg.first_stage_layers,
+                 "Layers on the first pipeline stage (uneven stages)")
+      ->group(g);
+  app.add_option("--decoder-last-pipeline-num-layers", cfg.last_stage_layers,
+                 "Layers on the last pipeline stage (uneven stages)")
+      ->group(g);
+  app.add_option("--distributed-timeout-minutes", cfg.timeout_minutes,
+                 "A collective waiting longer reports the missing ranks and aborts (fractions ok)")
+      ->group(g);
+}
+
+}  // namespace moecore::parallel

@@ -1,0 +1,72 @@
+// The parallel layout (Megatron-LM's degrees and flags) and its validation. Everything here is
+// pure arithmetic on the degrees, so layouts can be checked with no processes launched
+// (`moecore groups`) and every message is testable in one process.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace moecore::parallel {
+
+struct ParallelConfig {
+  int tp = 1;   // --tensor-model-parallel-size (attention / dense layers)
+  int pp = 1;   // --pipeline-model-parallel-size
+  int cp = 1;   // --context-parallel-size
+  int ep = 1;   // --expert-model-parallel-size
+  int etp = 0;  // --expert-tensor-parallel-size; 0: same as tp (Megatron's default)
+  bool sequence_parallel = false;     // --sequence-parallel
+  bool use_tp_pp_dp_mapping = false;  // --use-tp-pp-dp-mapping: order tp-cp-ep-pp-dp
+  // Uneven pipeline stages (Megatron's --decoder-first/last-pipeline-num-layers); 0: even split.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+  // A blocking wait in any collective longer than this reports who is missing and aborts the
+  // job. Megatron's --distributed-timeout-minutes (default 10); fractions allowed.
+  double timeout_minutes = 10.0;
+
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // The rank order string, fastest-varying first (Megatron's RankGenerator).
+  std::string order() const { return use_tp_pp_dp_mapping ? "tp-cp-ep-pp-dp" : "tp-cp-ep-dp-pp"; }
+  double timeout_seconds() const { return timeout_minutes * 60.0; }
+};
+
+// The degrees resolved against a world size: both grids of Parallel Folding.
+struct Degrees {
+  int world = 1;
+  int tp = 1, cp = 1, dp = 1, pp = 1;  // attention grid: tp x cp x dp x pp = world
+  int etp = 1, ep = 1, edp = 1;        // expert grid:    etp x ep x edp x pp = world
+};
+
+// Checks the degrees against the world size and returns both grids. Throws moecore::Error
+// naming the numbers and the flag to change: non-positive degrees, world size not divisible by
+// tp*cp*pp or by etp*ep*pp, ordering constraints of --use-tp-pp-dp-mapping, timeout <= 0.
+Degrees resolve_degrees(const ParallelConfig& cfg, int world_size);
+
+// What the layout must agree with in the model; unset fields are not checked (`moecore groups`
+// may know only some of them).
+struct ModelDims {
+  std::optional<int64_t> num_layers;           // --num-layers
+  std::optional<int64_t> num_experts;          // --num-experts (0: dense)
+  std::optional<int64_t> num_attention_heads;  // --num-attention-heads
+  std::optional<int64_t> num_query_groups;     // --num-query-groups (KV heads)
+  std::optional<int64_t> ffn_hidden;           // --ffn-hidden-size
+  std::optional<int64_t> moe_ffn_hidden;       // --moe-ffn-hidden-size
+  std::optional<int64_t> seq_length;           // --seq-length
+};
+
+// resolve_degrees plus the model-dependent rules: EP divides the expert count (and needs
+// experts), PP divides the layers unless uneven stages are given (then the stages must add up),
+// TP > 1 with EP > 1 needs --sequence-parallel, heads / query groups / ffn widths divisible by
+// tp (etp for experts), sequence length divisible by 2*cp (causal load balancing) and, with
+// sequence parallelism, by tp*cp.
+Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& model);
+
+// Layers held by pipeline stage `stage` (uneven first/last stages honoured).
+int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage);
+
+// Binds the Megatron-LM flags above to `cfg` (group "Distributed"). The caller validates after
+// parsing with validate_layout, once the world size and the model are known.
+void add_parallel_flags(CLI::App& app, ParallelConfig& cfg);
+
+}  // namespace moecore::parallel

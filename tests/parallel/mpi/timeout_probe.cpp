@@ -1,0 +1,29 @@
+// Run under mpirun -np 4: rank 3 skips the second all-reduce on 'world' and waits in a barrier
+// on its 'tp' group instead. Ranks 0-2 must time out after 1.5 s with a diagnostic naming the
+// group, the call and rank 3's whereabouts, and abort the job (tests/parallel/test_launch.cpp).
+#include <cstdio>
+#include <vector>
+
+#include "parallel/process_groups.h"
+
+int main(int argc, char** argv) {
+  using namespace moecore::parallel;
+  const Runtime rt = runtime_init(&argc, &argv);
+  ParallelConfig cfg;
+  cfg.tp = 2;
+  // Rank 3 waits longer, so the diagnostic comes from the ranks it left waiting.
+  cfg.timeout_minutes = (rt.rank == 3 ? 15.0 : 1.5) / 60.0;
+  ProcessGroups groups(make_layout(cfg, rt.world_size), rt.rank);
+  connect_communicators(groups);
+  Communicator& world = groups.world().communicator();
+  std::vector<float> x(10, 1.0f);
+  world.all_reduce(x);
+  if (rt.rank != 3) {
+    world.all_reduce(x);
+  } else {
+    groups.tp().communicator().barrier();
+  }
+  std::printf("probe: not reached on rank %d\n", rt.rank);
+  runtime_finalize();
+  return 0;
+}

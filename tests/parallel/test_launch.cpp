@@ -1,0 +1,137 @@
+// The command line and the launcher: `moecore groups --json` parsed with nlohmann_json;
+// under mpirun (oversubscribed, as root in containers): rank 0 alone prints, every rank's error
+// carries its rank, and a rank that skips a collective ends the job with a diagnostic, not a
+// hang.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "parallel/groups_command.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::parallel {
+namespace {
+
+struct ProcResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+ProcResult run(const std::string& cmd) {
+  ProcResult r;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::string moecore_binary() {
+#ifdef MOECORE_BINARY
+  return MOECORE_BINARY;
+#else
+  const char* dir = std::getenv("MOECORE_BUILD_DIR");
+  return std::string(dir ? dir : ".") + "/moecore";
+#endif
+}
+
+TEST(GroupsCommand, JsonHasExactlyTheGroupKeys) {
+  const ProcResult r = run(moecore_binary() +
+                    " groups --world-size 16 --tensor-model-parallel-size 2 "
+                    "--pipeline-model-parallel-size 2 --expert-model-parallel-size 4 "
+                    "--expert-tensor-parallel-size 1 --sequence-parallel --num-experts 8 "
+                    "--num-layers 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  ASSERT_TRUE(j.is_object());
+  const std::vector<std::string> keys = {"tp", "cp",      "dp",      "dp_cp", "tp_cp", "tp_dp_cp",
+                                         "pp", "ep",      "expt_tp", "expt_dp", "tp_ep", "tp_ep_pp"};
+  EXPECT_EQ(j.size(), keys.size());
+  ParallelConfig c;
+  c.tp = 2;
+  c.pp = 2;
+  c.ep = 4;
+  c.etp = 1;
+  const Layout l = make_layout(c, 16);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(j.contains(keys[i])) << keys[i];
+    EXPECT_EQ(j[keys[i]].get<RankLists>(), l.of(kAllGroupKinds[i])) << keys[i];
+  }
+  EXPECT_EQ(j["dp"].get<RankLists>(),
+            (RankLists{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(layout_json(l) + "\n", r.output);
+}
+
+TEST(GroupsCommand, TextListingAndBadLayout) {
+  ProcResult r = run(moecore_binary() +
+              " groups --world-size 8 --tensor-model-parallel-size 2 --context-parallel-size 2 "
+              "--rank 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("attention grid: tp 2 x cp 2 x dp 2 x pp 1"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dp_cp       2 x 4   [0,2,4,6] [1,3,5,7]"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("cp        [5,7] (position 0)"), std::string::npos) << r.output;
+  r = run(moecore_binary() +
+          " groups --world-size 8 --expert-model-parallel-size 4 --num-experts 6");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("error: [parallel] --num-experts 6 is not divisible by "
+                          "--expert-model-parallel-size 4"),
+            std::string::npos)
+      << r.output;
+}
+
+#ifdef MOECORE_MPIEXEC
+std::string mpirun(int np) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+         std::string(MOECORE_MPIEXEC) + " --oversubscribe -np " + std::to_string(np) + " ";
+}
+
+TEST(Launch, RankZeroAlonePrints) {
+  const ProcResult r = run(mpirun(3) + moecore_binary() + " groups --world-size 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Exactly one JSON object: the other ranks' stdout is quiet.
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NO_THROW(nlohmann::json::parse(r.output)) << r.output;
+}
+
+TEST(Launch, ErrorsCarryTheRank) {
+  const ProcResult r = run(mpirun(2) + moecore_binary() +
+                    " groups --world-size 12 --tensor-model-parallel-size 8");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const bool r0 = r.output.find("[rank 0] error: [parallel] world size 12") != std::string::npos;
+  const bool r1 = r.output.find("[rank 1] error: [parallel] world size 12") != std::string::npos;
+  EXPECT_TRUE(r0 || r1) << r.output;
+}
+
+// One rank skips a collective: the others time out (1.5 s), name the group, the call, the rank
+// that is waiting and the rank that never arrived (with what it is doing instead), and the job
+// ends with a non-zero status.
+TEST(Launch, SkippedCollectiveTimesOutWithDiagnostic) {
+  const ProcResult r = run(mpirun(4) + MOECORE_TIMEOUT_PROBE);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+  EXPECT_NE(r.output.find("[comm] timeout: world rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("in all_reduce #2 on 'world' (f32 x 10)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("world rank 3: has NOT reached all_reduce #2 on 'world' (it entered "
+                          "1 call there); it is waiting in barrier #1 on 'tp'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("probe: not reached"), std::string::npos) << r.output;
+}
+#endif
+
+}  // namespace
+}  // namespace moecore::parallel
