@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -55,6 +56,12 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"max_over_mean_load", m.max_over_mean_load},
                       {"dropped_tokens", m.dropped_tokens},
                       {"peak_mem_bytes", m.peak_mem_bytes}};
+  for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
+    j[fmt::format("mem_{}_bytes", mem_kind_name(static_cast<MemKind>(k)))] = m.mem_bytes[k];
+  }
+  for (int p = 0; p < kNumPhases; ++p) {
+    j[fmt::format("time_{}_s", phase_name(static_cast<Phase>(p)))] = m.phase_seconds[p];
+  }
   out_ << j.dump() << "\n";  // doubles are written with round-trip precision
   out_.flush();
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/arena.h"
 #include "core/profiler.h"
 #include "model/config.h"
 
@@ -42,6 +43,8 @@ struct StepMetrics {
   int64_t dropped_tokens = 0;     // (token, slot) pairs dropped by capacity, all layers
   int64_t peak_mem_bytes = 0;     // peak resident set size of the process
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
+  // Planned bytes by kind (weights, grads, optimizer state, activations, workspace).
+  std::array<int64_t, static_cast<int>(MemKind::Count)> mem_bytes{};
 };
 
 // Peak resident set size of this process in bytes.

@@ -97,6 +97,11 @@ StepMetrics Trainer::train_step() {
   m.tflops = flops_.train_flops_per_token() * m.tokens_per_s / 1e12;
   m.mfu = m.tflops * 1e3 / peak_gflops_;
   m.peak_mem_bytes = peak_rss_bytes();
+  for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
+    const MemKind kind = static_cast<MemKind>(k);
+    m.mem_bytes[k] = static_cast<int64_t>(model_->arena().bytes_of(kind) +
+                                          optimizer_->arena().bytes_of(kind));
+  }
   return m;
 }
 
@@ -140,6 +145,7 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
     acc.aux_loss += m.aux_loss;
     acc.z_loss += m.z_loss;
     acc.seconds += m.seconds;
+    for (int p = 0; p < kNumPhases; ++p) acc.phase_seconds[p] += m.phase_seconds[p];
     ++in_interval;
     progress.update(m.iteration, elapsed, m.lm_loss);
     if (m.iteration % cfg_.log_interval != 0 && m.iteration != cfg_.train_iters) continue;
@@ -149,6 +155,7 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
     logged.aux_loss = acc.aux_loss / in_interval;
     logged.z_loss = acc.z_loss / in_interval;
     logged.seconds = acc.seconds / in_interval;
+    for (int p = 0; p < kNumPhases; ++p) logged.phase_seconds[p] = acc.phase_seconds[p] / in_interval;
     logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
     logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
     logged.mfu = logged.tflops * 1e3 / peak_gflops_;

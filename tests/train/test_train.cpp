@@ -17,6 +17,8 @@
 namespace moecore {
 namespace {
 
+using train::StepMetrics;
+
 TEST(SyntheticLanguage, EmpiricalEntropyMatchesRate) {
   data::SyntheticLanguage lang(64, 4, 7);
   EXPECT_GT(lang.entropy_rate(), 0.3);
@@ -142,6 +144,25 @@ TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
   for (size_t i = 0; i < ma.size(); ++i) {
     EXPECT_EQ(ma[i].lm_loss, mb[i].lm_loss) << "iteration " << i + 1;
     EXPECT_EQ(ma[i].grad_norm, mb[i].grad_norm) << "iteration " << i + 1;
+  }
+}
+
+// The step breakdown is exclusive time per phase: the parts add up to the step (within 5%:
+// only the bookkeeping outside the profiled region is missing), and each MoE phase shows up.
+TEST(Train, StepBreakdownAddsUpToTheStepTime) {
+  train::TrainFlags f = short_run_flags(10);
+  train::Trainer trainer(f.model, f.train);
+  for (int i = 0; i < 4; ++i) {
+    StepMetrics m = trainer.train_step();
+    double sum = 0;
+    for (double s : m.phase_seconds) sum += s;
+    EXPECT_NEAR(sum, m.seconds, 0.05 * m.seconds) << "iteration " << m.iteration;
+    for (Phase p : {Phase::Gemm, Phase::Attention, Phase::Router, Phase::Permute,
+                    Phase::Optimizer, Phase::Other}) {
+      EXPECT_GT(m.phase_seconds[static_cast<int>(p)], 0.0) << phase_name(p);
+    }
+    EXPECT_EQ(m.phase_seconds[static_cast<int>(Phase::Communication)], 0.0);  // one rank
+    EXPECT_GT(m.mem_bytes[static_cast<int>(MemKind::OptimizerState)], 0);
   }
 }
 
