@@ -59,11 +59,14 @@ void ParamRegistry::allocate(Arena& arena) {
     const char* kname = k == 0 ? "params.dense" : "params.expert";
     data_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Weights);
     grad_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Grads);
+    if (bf16_copies_) data16_[k] = arena.alloc<bf16>(n, kname, MemKind::Weights);
   }
   for (Param& p : params_) {
     int k = static_cast<int>(p.spec.kind);
     p.data = data_[k] ? static_cast<char*>(data_[k]) + p.offset * esize : nullptr;
     p.grad = grad_[k] ? static_cast<char*>(grad_[k]) + p.offset * esize : nullptr;
+    p.data16 = data16_[k] ? data16_[k] + p.offset : nullptr;
+    p.has_data16 = bf16_copies_;
   }
 }
 
@@ -105,6 +108,18 @@ void ParamRegistry::init(uint64_t seed) {
         }
       }
     }
+  }
+}
+
+void ParamRegistry::refresh_bf16() {
+  if (!bf16_copies_) return;
+  MOE_CHECK(dtype_ == DType::F32, "[params] bf16 copies need f32 master values, not {}",
+            dtype_name(dtype_));
+  for (int k = 0; k < 2; ++k) {
+    const float* src = static_cast<const float*>(data_[k]);
+    bf16* dst = data16_[k];
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < numel_[k]; ++i) dst[i] = float_to_bf16(src[i]);
   }
 }
 

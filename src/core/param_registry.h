@@ -41,6 +41,8 @@ struct Param {
   int64_t offset = 0;  // element offset into its kind's flat buffers
   void* data = nullptr;
   void* grad = nullptr;
+  bf16* data16 = nullptr;  // bf16 compute copy (--bf16), refreshed from `data` each step
+  bool has_data16 = false; // set by allocate() in both passes (data16 is null while planning)
 
   const std::string& name() const { return spec.name; }
   std::vector<int64_t> local_shape() const;
@@ -67,6 +69,12 @@ class ParamRegistry {
   // Registers a parameter; the reference stays valid for the registry's lifetime.
   Param& add(ParamSpec spec);
 
+  // Mixed precision (--bf16): also keep bf16 compute copies of the values. Call before
+  // allocate(); refresh_bf16() after every change of the values (init, optimizer step).
+  void enable_bf16_copies() { bf16_copies_ = true; }
+  bool has_bf16_copies() const { return bf16_copies_; }
+  void refresh_bf16();
+
   // Two passes like every arena user: flat value and gradient buffers per kind.
   void allocate(Arena& arena);
   void init(uint64_t seed);
@@ -88,6 +96,8 @@ class ParamRegistry {
   int64_t numel_[2] = {0, 0};
   void* data_[2] = {nullptr, nullptr};
   void* grad_[2] = {nullptr, nullptr};
+  bf16* data16_[2] = {nullptr, nullptr};
+  bool bf16_copies_ = false;
 };
 
 // Initial value of global element `global_index` of parameter `spec` for `seed`.

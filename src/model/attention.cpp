@@ -2,9 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -59,6 +62,11 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dcore_ = a.alloc<T>(n * Hq_ * D_, "attn.dcore", MemKind::Workspace);
   workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
                           "attn.workspace", MemKind::Workspace);
+  if (std::is_same_v<T, float> && qkv_->has_data16) {
+    const int64_t C = (Hq_ + 2 * Hkv_) * D_;
+    in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
+    dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
+  }
   if (pos_T_ != nullptr) {
     for (int64_t t = 0; t < n; ++t) pos_T_[t] = static_cast<int32_t>(t / B);
   }
@@ -85,12 +93,33 @@ static void split_qkv(T* fused, T* q, T* k, T* v, int64_t n_tok, int64_t Hq, int
   }
 }
 
+// The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.
+template <typename T>
+void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
+                                      int64_t K) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_);
+  }
+  ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
+}
+
+template <typename T>
+void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M,
+                                       int64_t N, int64_t K) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (in16_ != nullptr) {
+      return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_);
+    }
+  }
+  ops::linear_backward(dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);
+}
+
 template <typename T>
 void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  ops::linear_forward(qkv_TC_, x_TH, qkv_->data_as<T>(), n, C, H_);
+  linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_);
   if (qkv_bias_ != nullptr) {
     const T* b = qkv_bias_->data_as<T>();
 #pragma omp parallel for schedule(static)
@@ -111,14 +140,13 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   ops::rope_forward(saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
   ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                          workspace_);
-  ops::linear_forward(y_TH, saved_.core_out, proj_->data_as<T>(), n, H_, Hq_ * D_);
+  linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
 }
 
 template <typename T>
 void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
   const int64_t n = shape_.S * shape_.B;
-  ops::linear_backward(dcore_, proj_->grad_as<T>(), dy_TH, saved_.core_out, proj_->data_as<T>(),
-                       n, H_, Hq_ * D_);
+  linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out,
                           saved_.lse, shape_, workspace_);
   ops::rope_backward(dq_, dq_, pos_T_, n, Hq_, rope_);
@@ -145,8 +173,7 @@ void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
       db[c] += acc;
     }
   }
-  ops::linear_backward(dx_TH, qkv_->grad_as<T>(), qkv_TC_, saved_.x_TH, qkv_->data_as<T>(), n, C,
-                       H_);
+  linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_);
 }
 
 template class SelfAttention<float>;

@@ -40,6 +40,10 @@ class SelfAttention {
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
 
  private:
+  void linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N, int64_t K);
+  void linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M, int64_t N,
+                       int64_t K);
+
   int64_t H_, Hq_, Hkv_, D_;
   const ops::RopeCache& rope_;
   Param* qkv_;   // [(Hq + 2 Hkv) D, H]
@@ -57,6 +61,8 @@ class SelfAttention {
   T* dv_ = nullptr;
   T* dcore_ = nullptr;
   T* workspace_ = nullptr;
+  bf16* in16_ = nullptr;   // --bf16: the GEMM inputs cast to bf16
+  bf16* dy16_ = nullptr;
 };
 
 }  // namespace moecore::model

@@ -94,6 +94,9 @@ struct ModelConfig {
   bool add_qkv_bias = false;      // --add-qkv-bias
   bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
   bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
+  // --bf16: GEMMs take bf16 inputs (bf16 copies of the fp32 master weights, activations cast
+  // on the way in) and accumulate in f32; router, softmax, norms, losses stay f32.
+  bool bf16 = false;
   int64_t num_experts = 0;        // 0: every FFN is a dense MLP
   std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
   MoeConfig moe;

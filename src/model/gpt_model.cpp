@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/embedding.h"
 #include "ops/rmsnorm.h"
@@ -18,6 +19,10 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   cfg_.validate();
   cfg_.moe.router.seed = seed;  // the routers' input-jitter streams
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
+  if (cfg_.bf16) {
+    MOE_CHECK((std::is_same_v<T, float>), "[model] --bf16 needs f32 master weights");
+    params_.enable_bf16_copies();  // before any layer reads has_data16
+  }
   rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden}, ParamInit::Normal,
@@ -37,6 +42,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
 
   arena_.plan([this](Arena& a) { allocate(a); });
   params_.init(seed);
+  params_.refresh_bf16();
 }
 
 template <typename T>
@@ -52,6 +58,12 @@ void GPTModel<T>::allocate(Arena& a) {
   final_rstd_ = a.alloc<T>(T_, "model.final_rstd");
   loss_T_ = a.alloc<T>(T_, "model.loss");
   lse_T_ = a.alloc<T>(T_, "model.lse");
+  if (cfg_.bf16) {
+    head16_.h16 = a.alloc<bf16>(T_ * cfg_.hidden, "model.head_h16", MemKind::Workspace);
+    head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
+                                 MemKind::Workspace);
+    head16_.w_VH = head_->data16;
+  }
   head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                         MemKind::Workspace);
   dstream_ = a.alloc<T>(T_ * H, "model.dstream", MemKind::Workspace);
@@ -75,7 +87,7 @@ double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
   ops::rmsnorm_forward(final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
                        cfg_.norm_eps);
   double sum = ops::head_loss_forward(loss_T_, lse_T_, final_n_, head_->data_as<T>(), targets_T_,
-                                      head_shape_, head_ws_);
+                                      head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
   return counted_ > 0 ? sum / counted_ : 0.0;
 }
 
@@ -84,7 +96,7 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   const int64_t H = cfg_.hidden;
   T dloss = static_cast<T>(counted_ > 0 ? loss_grad_scale / counted_ : 0.0);
   ops::head_loss_backward(dfinal_, head_->grad_as<T>(), final_n_, head_->data_as<T>(), targets_T_,
-                          lse_T_, dloss, head_shape_, head_ws_);
+                          lse_T_, dloss, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
   ops::rmsnorm_backward(dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
                         final_norm_->data_as<T>(), final_rstd_, T_, H);
   for (size_t l = blocks_.size(); l-- > 0;) {
@@ -95,6 +107,7 @@ void GPTModel<T>::backward(double loss_grad_scale) {
 
 template <typename T>
 void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
+  params_.refresh_bf16();  // the optimizer changed the master weights
   for (const auto& b : blocks_) {
     if (b->is_moe()) b->moe()->finish_step(sync);
   }

@@ -50,8 +50,9 @@ class GPTModel {
   // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses).
   void backward(double loss_grad_scale);
 
-  // Once per optimizer step, after the gradient sync: every router's expert-bias / quantile
-  // update and accumulator reset. `sync` carries the parallel layout's all-reduces.
+  // Once per optimizer step, after the update: the bf16 weight copies (--bf16) are refreshed
+  // from the masters, and every router's expert-bias / quantile update and accumulator reset
+  // run. `sync` carries the parallel layout's all-reduces.
   void finish_step(const moe::RouterStepSync& sync = {});
   // Training forwards jitter router inputs and accumulate balancing counts; eval ones do not.
   void set_training(bool training);
@@ -85,6 +86,7 @@ class GPTModel {
   T* loss_T_ = nullptr;
   T* lse_T_ = nullptr;
   T* head_ws_ = nullptr;
+  ops::HeadLossBf16 head16_;  // --bf16 head GEMM inputs
   T* dstream_ = nullptr;
   T* dfinal_ = nullptr;
 };

@@ -1,15 +1,26 @@
 #include "model/mlp.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 #include "ops/swiglu.h"
 
 namespace moecore::model {
 
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
-                         const char* name) {
+                         const char* name, const Param* fc1, const Param* fc2) {
   s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
   s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+  if (std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16) {
+    s.fc1_16 = fc1->data16;
+    s.fc2_16 = fc2->data16;
+    const int64_t width = std::max(2 * sh.F, sh.H);
+    s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+    s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+  }
 }
 
 template <typename T>
@@ -21,6 +32,14 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   s.m_G = m_G;
   s.G = G;
   s.N = N;
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.fc1_16 != nullptr) {
+      ops::grouped_gemm_bf16(m_G, G, 2 * sh.F, sh.H, x_NH, s.fc1_16, true, s.h_N2F, s.ws_a16);
+      ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
+      ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16, true, y_NH, s.ws_a16);
+      return;
+    }
+  }
   ops::grouped_gemm(m_G, G, 2 * sh.F, sh.H, x_NH, fc1, /*trans_w=*/true, s.h_N2F);
   ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
   ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
@@ -30,6 +49,19 @@ template <typename T>
 void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
                          const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
                          T* dh_N2F) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.fc1_16 != nullptr) {  // the same products with bf16 inputs, f32 accumulation
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, dy_NH, s.fc2_16, false, da_NF, s.ws_a16);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2, s.ws_a16,
+                                   s.ws_b16);
+      ops::swiglu_backward(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16, false, dx_NH,
+                             s.ws_a16);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, s.x_NH, dfc1, s.ws_a16,
+                                   s.ws_b16);
+      return;
+    }
+  }
   // fc2: y = a fc2^T  ->  da = dy fc2 (fc2_g is [H, F] = [K, N] untransposed), dfc2 += dy^T a.
   ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy_NH, fc2, /*trans_w=*/false, da_NF);
   ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2);
@@ -51,7 +83,7 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
 
 template <typename T>
 void MLP<T>::allocate(Arena& a, int64_t max_tokens) {
-  swiglu_mlp_allocate(saved_, a, max_tokens, sh_, "mlp.saved");
+  swiglu_mlp_allocate(saved_, a, max_tokens, sh_, "mlp.saved", fc1_, fc2_);
   da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_tokens * 2 * sh_.F, "mlp.dh", MemKind::Workspace);
 }
@@ -72,7 +104,7 @@ void MLP<T>::backward(T* dx_TH, const T* dy_TH) {
 
 #define MOECORE_INSTANTIATE(T)                                                                 \
   template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,     \
-                                       const char*);                                           \
+                                       const char*, const Param*, const Param*);               \
   template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*,               \
                                       const int64_t*, int64_t, int64_t, const T*, const T*,     \
                                       SwigluMlpShape);                                         \

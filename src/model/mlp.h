@@ -21,16 +21,23 @@ struct SwigluMlpSaved {
   int64_t G = 0, N = 0;
   T* h_N2F = nullptr;             // fc1 output
   T* a_NF = nullptr;              // activation (fc2 input)
+  // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
+  // two bf16 workspaces of max_rows * max(2F, H) for the GEMM inputs.
+  const bf16* fc1_16 = nullptr;
+  const bf16* fc2_16 = nullptr;
+  bf16* ws_a16 = nullptr;
+  bf16* ws_b16 = nullptr;
 };
 
 struct SwigluMlpShape {
   int64_t H = 0, F = 0;
 };
 
-// Buffers of a SwigluMlpSaved for up to max_rows rows.
+// Buffers of a SwigluMlpSaved for up to max_rows rows; with bf16 copies of the weights
+// (fc1_16/fc2_16 non-null after the params are allocated) also the bf16 workspaces.
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
-                         const char* name);
+                         const char* name, const Param* fc1 = nullptr, const Param* fc2 = nullptr);
 
 // fc1 [G, 2F, H], fc2 [G, H, F]; y [N, H] assigned.
 template <typename T>

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace moecore::ops {
 
 struct HeadLossShape {
@@ -13,11 +15,20 @@ struct HeadLossShape {
 
 int64_t head_loss_workspace_elems(const HeadLossShape& s);
 
+// --bf16: the head GEMMs take bf16 inputs (w16: bf16 copy of W; h16 [n_tok, H] and dz16
+// [chunk, V] workspace), accumulate in f32; softmax and losses stay f32. f32 models only.
+struct HeadLossBf16 {
+  const bf16* w_VH = nullptr;
+  bf16* h16 = nullptr;
+  bf16* dz16 = nullptr;
+};
+
 // loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).
 // Targets < 0 are ignored (loss 0, no gradient).
 template <typename T>
 double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
-                         const int32_t* target_T, const HeadLossShape& s, T* workspace);
+                         const int32_t* target_T, const HeadLossShape& s, T* workspace,
+                         const HeadLossBf16* bf16 = nullptr);
 template <typename T>
 double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
                              const int32_t* target_T, const HeadLossShape& s);
@@ -25,7 +36,8 @@ double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
 //   dh (assigned) and dw (accumulated) of the head + cross entropy.
 template <typename T>
 void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
-                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace);
+                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
+                        const HeadLossBf16* bf16 = nullptr);
 template <typename T>
 void head_loss_backward_ref(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
                             const int32_t* target_T, const T* lse_T, T dloss,

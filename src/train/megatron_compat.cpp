@@ -77,7 +77,6 @@ const std::vector<CompatFlag>& megatron_compat_flags() {
       {"--expert-tensor-parallel-size", true, V, "1", "expert tensor parallelism is not implemented yet"},
       // Flags that would change the model or the training math.
       {"--fp16", false, R, "", "fp16 with loss scaling is not implemented: train in fp32"},
-      {"--bf16", false, R, "", "bf16 mixed precision is not implemented yet: train in fp32"},
       {"--fp8-format", true, R, "", "fp8 is not implemented"},
       {"--loss-scale", true, R, "", "loss scaling is for fp16, which is not implemented"},
       {"--initial-loss-scale", true, R, "", "loss scaling is for fp16, which is not implemented"},

@@ -100,6 +100,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--seed", t.seed, "Seed for init and data")->group(kTrain);
   app.add_option("--clip-grad", t.adam.clip_grad, "Global grad-norm clip (0: off)")->group(kTrain);
   app.add_flag("--fp32", f.fp32, "fp32 training (the default)")->group(kTrain);
+  app.add_flag("--bf16", f.bf16,
+               "bf16 mixed precision: bf16 GEMM inputs, fp32 master weights, grads and state")
+      ->group(kTrain);
 
   const char* kLr = "Learning rate";
   app.add_option("--lr", t.lr.max_lr, "Peak learning rate")->group(kLr);
@@ -150,6 +153,7 @@ void finalize_train_flags(TrainFlags& f) {
   TrainConfig& t = f.train;
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
   m.tie_embeddings = !f.untie_embeddings;
+  m.bf16 = f.bf16;
   // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
   const bool text = !t.data.data_path.empty();
   MOE_CHECK(!text || f.vocab_size == 256 || f.vocab_size == default_train_flags().vocab_size,

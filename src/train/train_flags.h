@@ -26,6 +26,7 @@ struct TrainFlags {
   bool swiglu = true;                       // SwiGLU is the only MLP: the flag is accepted
   bool disable_bias_linear = true;          // no linear biases (except --add-qkv-bias)
   bool fp32 = true;
+  bool bf16 = false;
   std::string moe_layer_freq = "1";
   std::string lr_decay_style = "cosine";
   std::string lr_wsd_decay_style = "exponential";

@@ -37,9 +37,11 @@ Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
   model_ = std::make_unique<model::GPTModel<float>>(model_cfg_, cfg_.micro_batch, cfg_.seed);
   optimizer_ = std::make_unique<optim::AdamWOptimizer>(model_->params(), cfg_.adam);
   flops_ = flops_model(model_cfg_);
-  // The MFU denominator: the fp32 GEMM rate of this machine now, at this thread count.
-  peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops
-                                      : ops::measure_gemm_gflops(false, 1024, 1024, 1024, 0.3);
+  // The MFU denominator: the GEMM rate of this machine now, at this thread count, at the
+  // training precision (bf16 inputs with --bf16).
+  peak_gflops_ = cfg_.peak_gflops > 0
+                     ? cfg_.peak_gflops
+                     : ops::measure_gemm_gflops(model_cfg_.bf16, 1024, 1024, 1024, 0.3);
   const int64_t S = model_cfg_.seq_length;
   ids_.resize(cfg_.micro_batch * S);
   targets_.resize(cfg_.micro_batch * S);
@@ -125,8 +127,9 @@ void Trainer::print_header(std::ostream& log) const {
              oa.bytes_of(MemKind::OptimizerState) / kMiB, ma.bytes_of(MemKind::Activations) / kMiB,
              ma.bytes_of(MemKind::Workspace) / kMiB);
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
-                  "/ peak; peak fp32 GEMM {}: {:.1f} GFLOP/s\n",
-             cfg_.peak_gflops > 0 ? "(given)" : "(measured)", peak_gflops_);
+                  "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
+             model_cfg_.bf16 ? "bf16" : "fp32", cfg_.peak_gflops > 0 ? "(given)" : "(measured)",
+             peak_gflops_);
 }
 
 std::vector<StepMetrics> Trainer::run(std::ostream& log) {
@@ -206,9 +209,10 @@ void Trainer::print_summary(std::ostream& log, const std::vector<StepMetrics>& a
                              100.0 * phases[p] / seconds);
   }
   fmt::print(log,
-             "[summary] {:.0f} tokens/s | {:.1f} GFLOP/s | MFU {:.1f}% of {:.1f} GFLOP/s fp32 GEMM "
+             "[summary] {:.0f} tokens/s | {:.1f} GFLOP/s | MFU {:.1f}% of {:.1f} GFLOP/s {} GEMM "
              "peak | step {:.1f} ms: {} | peak mem {:.1f} MiB\n",
              tokens_per_s, gflops, 100.0 * gflops / peak_gflops_, peak_gflops_,
+             model_cfg_.bf16 ? "bf16" : "fp32",
              seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
 }
 

@@ -193,6 +193,41 @@ TEST(GPTModel, F32MatchesF64AndIsDeterministic) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(w32[i], static_cast<float>(w64[i]));
 }
 
+// --bf16 runs the same model with bf16 GEMM inputs: loss and every gradient stay close to the
+// f32 model's (docs/numerics.md, bf16 rows), and the bf16 copies track the masters.
+TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
+  ModelConfig cfg = tiny_config();
+  cfg.hidden = 32;
+  cfg.init_std = 0.1;
+  ModelConfig cfg16 = cfg;
+  cfg16.bf16 = true;
+  GPTModel<float> m32(cfg, 3, 5), m16(cfg16, 3, 5);
+  auto ids = random_ids(3 * cfg.seq_length, cfg.vocab_size, 6);
+  auto targets = random_ids(3 * cfg.seq_length, cfg.vocab_size, 7);
+  double l32 = m32.forward(ids.data(), targets.data());
+  double l16 = m16.forward(ids.data(), targets.data());
+  EXPECT_NEAR(l16, l32, testing::kBf16LossRtol * l32);
+  m32.params().zero_grads();
+  m16.params().zero_grads();
+  m32.backward(1.0);
+  m16.backward(1.0);
+  for (const Param& p : m32.params().params()) {
+    const Param& q = m16.params().get(p.name());
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < p.local_numel(); ++i) {
+      double a = p.grad_as<float>()[i], b = q.grad_as<float>()[i];
+      diff += (a - b) * (a - b);
+      ref += a * a;
+    }
+    EXPECT_LE(std::sqrt(diff), testing::kBf16GradRelNorm * std::sqrt(ref)) << p.name();
+    // The bf16 copy is the master rounded to nearest even.
+    for (int64_t i = 0; i < std::min<int64_t>(q.local_numel(), 16); ++i) {
+      EXPECT_EQ(q.data16[i].bits, float_to_bf16(q.data_as<float>()[i]).bits) << q.name();
+    }
+  }
+  EXPECT_EQ(m32.params().get("output_layer.weight").data16, nullptr);
+}
+
 TEST(GPTModel, ParameterNamesAndKinds) {
   ModelConfig cfg = tiny_config();
   GPTModel<float> model(cfg, 1, 1);

@@ -136,6 +136,18 @@ TEST(Train, LossApproachesEntropyFloor) {
   EXPECT_LT(m.back().max_over_mean_load, 2.0);
 }
 
+// bf16 mixed precision meets the same bar as fp32 on the short run.
+TEST(Train, Bf16LossApproachesEntropyFloor) {
+  train::TrainFlags f = short_run_flags(150);
+  f.model.bf16 = true;
+  train::Trainer trainer(f.model, f.train);
+  std::ostringstream log;
+  auto m = trainer.run(log);
+  double last = 0;
+  for (int i = 140; i < 150; ++i) last += m[i].lm_loss / 10;
+  EXPECT_LT(last - trainer.entropy_floor(), 0.6) << log.str();
+}
+
 TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
   train::TrainFlags f = short_run_flags(6);
   std::ostringstream log;

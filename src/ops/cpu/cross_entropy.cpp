@@ -4,10 +4,13 @@
 // never [T, V] logits.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 #include "ops/cross_entropy.h"
+#include "ops/cast.h"
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 
 namespace moecore::ops {
 
@@ -29,11 +32,25 @@ void check_args(const HeadLossShape& s, const int32_t* target_T, const void* wor
   }
 }
 
-// z_MV = h_MH W_VH^T for rows [c0, c0 + m).
+// z_MV = h_MH W_VH^T for rows [c0, c0 + m) (bf16 inputs when given: h16 holds bf16(h)).
 template <typename T>
 void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
-                  const HeadLossShape& s) {
+                  const HeadLossShape& s, const HeadLossBf16* bf16) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16 != nullptr) {
+      gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V);
+      return;
+    }
+  }
   gemm<T>(false, true, m, s.V, s.H, T(1), h_TH + c0 * s.H, s.H, w_VH, s.H, T(0), z, s.V);
+}
+
+template <typename T>
+void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s) {
+  if (bf16 == nullptr) return;
+  MOE_CHECK((std::is_same_v<T, float>) && bf16->w_VH && bf16->h16 && bf16->dz16,
+            "[head_loss] the bf16 path needs an f32 model and bf16 weights and workspace");
+  if constexpr (std::is_same_v<T, float>) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
 }
 }  // namespace
 
@@ -44,12 +61,14 @@ int64_t head_loss_workspace_elems(const HeadLossShape& s) {
 
 template <typename T>
 double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
-                         const int32_t* target_T, const HeadLossShape& s, T* workspace) {
+                         const int32_t* target_T, const HeadLossShape& s, T* workspace,
+                         const HeadLossBf16* bf16) {
   check_args(s, target_T, workspace);
+  check_bf16(bf16, h_TH, s);
   const int64_t V = s.V;
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
-    chunk_logits(workspace, h_TH, w_VH, c0, m, s);
+    chunk_logits(workspace, h_TH, w_VH, c0, m, s, bf16);
 #pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
     for (int64_t i = 0; i < m; ++i) {
       const T* z = workspace + i * V;
@@ -72,12 +91,14 @@ double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
 
 template <typename T>
 void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
-                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace) {
+                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
+                        const HeadLossBf16* bf16) {
   check_args(s, target_T, workspace);
+  check_bf16(bf16, h_TH, s);
   const int64_t V = s.V, H = s.H;
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
-    chunk_logits(workspace, h_TH, w_VH, c0, m, s);
+    chunk_logits(workspace, h_TH, w_VH, c0, m, s, bf16);
     // Logits -> dlogits = (softmax - onehot) * dloss, in place.
 #pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
     for (int64_t i = 0; i < m; ++i) {
@@ -94,20 +115,30 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
 #pragma omp simd
       for (int64_t v = 0; v < V; ++v) z[v] *= dloss;
     }
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16 != nullptr) {
+        cast_f32_to_bf16(bf16->dz16, workspace, m * V);
+        gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H);
+        gemm_bf16(true, false, V, H, m, bf16->dz16, V, bf16->h16 + c0 * H, H, 1.f, dw_VH, H);
+        continue;
+      }
+    }
     gemm<T>(false, false, m, H, V, T(1), workspace, V, w_VH, H, T(0), dh_TH + c0 * H, H);
     gemm<T>(true, false, V, H, m, T(1), workspace, V, h_TH + c0 * H, H, T(1), dw_VH, H);
   }
 }
 
 template double head_loss_forward<float>(float*, float*, const float*, const float*,
-                                         const int32_t*, const HeadLossShape&, float*);
+                                         const int32_t*, const HeadLossShape&, float*,
+                                         const HeadLossBf16*);
 template double head_loss_forward<double>(double*, double*, const double*, const double*,
-                                          const int32_t*, const HeadLossShape&, double*);
+                                          const int32_t*, const HeadLossShape&, double*,
+                                          const HeadLossBf16*);
 template void head_loss_backward<float>(float*, float*, const float*, const float*,
                                         const int32_t*, const float*, float, const HeadLossShape&,
-                                        float*);
+                                        float*, const HeadLossBf16*);
 template void head_loss_backward<double>(double*, double*, const double*, const double*,
                                          const int32_t*, const double*, double,
-                                         const HeadLossShape&, double*);
+                                         const HeadLossShape&, double*, const HeadLossBf16*);
 
 }  // namespace moecore::ops
