@@ -20,6 +20,7 @@
 #include "common/layer_testing.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
+#include "model/gpt_model.h"
 #include "moe/moe_layer.h"
 #include "parallel/process_groups.h"
 
@@ -356,6 +357,57 @@ TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
               << pe.name() << " grad";
         }
       }
+}
+
+// The whole model with EP groups: each rank's loss and gradients equal the one-rank model's on
+// the same micro-batch (dropless: routing is per token, aux/z losses per rank); the expert
+// grads, which see every EP rank's tokens, equal the one-rank grads summed over EP.
+TEST(EpGPTModelMpi, EachRankMatchesTheOneRankModelOnItsMicroBatch) {
+  for (ProcessGroups* g : layouts()) {
+    Communicator& c = ep_comm(g);
+    const int me = c.rank();
+    SCOPED_TRACE(::testing::Message() << "EP=" << c.size());
+    ModelConfig cfg;
+    cfg.vocab_size = 11;
+    cfg.hidden = 8;
+    cfg.num_layers = 2;
+    cfg.num_heads = 2;
+    cfg.num_query_groups = 2;
+    cfg.ffn_hidden = 6;
+    cfg.seq_length = 5;
+    cfg.init_std = 0.3;
+    cfg.num_experts = 4;
+    cfg.moe.router.num_experts = 4;
+    cfg.moe.router.topk = 2;
+    cfg.moe.router.aux_loss_coeff = 0.1;
+    cfg.moe.ffn_hidden = 3;
+    const int64_t B = 2, n = B * cfg.seq_length;
+    std::vector<int32_t> ids(n), targets(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ids[i] = static_cast<int32_t>((i * 7 + 3 * me) % cfg.vocab_size);
+      targets[i] = static_cast<int32_t>((i * 5 + me + 1) % cfg.vocab_size);
+    }
+    model::GPTModel<double> ep(cfg, B, 99, g), one(cfg, B, 99);
+    const double l_ep = ep.forward(ids.data(), targets.data());
+    const double l_one = one.forward(ids.data(), targets.data());
+    EXPECT_NEAR(l_ep, l_one, 1e-12 * std::abs(l_one));
+    ep.params().zero_grads();
+    one.params().zero_grads();
+    ep.backward(1.0);
+    one.backward(1.0);
+    for (const Param& pe : ep.params().params()) {
+      const Param& po = one.params().get(pe.name());
+      std::vector<double> go = grad(po);
+      int64_t first = 0;
+      if (pe.spec.kind == ParamKind::Expert) {
+        c.all_reduce(go);
+        first = pe.spec.slice.offset * (po.local_numel() / pe.spec.global_shape[0]);
+      }
+      EXPECT_TRUE(all_close(grad(pe), std::vector<double>(go.begin() + first, go.begin() + first + pe.local_numel()),
+                            testing::kF64Rtol, testing::kF64Atol))
+          << pe.name();
+    }
+  }
 }
 
 // Failures on other ranks print with their rank; rank 0 keeps the usual output.
