@@ -28,6 +28,14 @@ const char* score_function_name(ScoreFunction s) {
   return "?";
 }
 
+const char* dispatcher_type_name(DispatcherType d) {
+  switch (d) {
+    case DispatcherType::AllGather: return "allgather";
+    case DispatcherType::AlltoAll: return "alltoall";
+  }
+  return "?";
+}
+
 int64_t expert_capacity(int64_t n_tok, int64_t topk, int64_t num_experts,
                         double capacity_factor) {
   const double tokens = static_cast<double>(n_tok * topk);

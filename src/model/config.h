@@ -21,6 +21,9 @@ enum class LoadBalancing : uint8_t {
 };
 enum class RouterDType : uint8_t { F32, F64 };
 enum class TokenDropPolicy : uint8_t { Probs, Position };
+// --moe-token-dispatcher-type (docs/parallel.md, "Expert parallelism"). Both give the same
+// model; on one EP rank neither communicates. Megatron's `flex` is not implemented yet.
+enum class DispatcherType : uint8_t { AllGather, AlltoAll };
 
 struct LoadBalancingTerm {
   LoadBalancing type = LoadBalancing::None;
@@ -29,6 +32,7 @@ struct LoadBalancingTerm {
 
 const char* load_balancing_name(LoadBalancing lb);  // Megatron's spelling, e.g. "seq_aux_loss"
 const char* score_function_name(ScoreFunction s);
+const char* dispatcher_type_name(DispatcherType d);  // "allgather", "alltoall"
 
 // Megatron's get_capacity(T * K, E, cf): ceil(T * K / E * cf), evaluated in double as Python does.
 int64_t expert_capacity(int64_t n_tok, int64_t topk, int64_t num_experts, double capacity_factor);
@@ -76,6 +80,7 @@ struct MoeConfig {
   RouterConfig router;
   int64_t ffn_hidden = 0;         // --moe-ffn-hidden-size (F per expert)
   int64_t shared_ffn_hidden = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  DispatcherType dispatcher_type = DispatcherType::AlltoAll;  // --moe-token-dispatcher-type
 };
 
 struct ModelConfig {

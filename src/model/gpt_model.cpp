@@ -10,8 +10,10 @@
 namespace moecore::model {
 
 template <typename T>
-GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed)
+GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
+                      const parallel::ProcessGroups* groups)
     : cfg_(cfg),
+      groups_(groups),
       S_(cfg.seq_length),
       B_(micro_batch),
       T_(cfg.seq_length * micro_batch),
@@ -28,7 +30,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                       {cfg_.vocab_size, cfg_.hidden}, ParamInit::Normal,
                                       cfg_.init_std, ParamKind::Dense, true, {}});
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_));
+    blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_));
   }
   final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight", {cfg_.hidden},
                                        ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});

@@ -42,7 +42,10 @@ struct MoeStats {
 template <typename T>
 class GPTModel {
  public:
-  GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed);
+  // groups: null = one rank. MoE layers hold their EP rank's experts and dispatch over its
+  // EP group; the groups must outlive the model.
+  GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
+           const parallel::ProcessGroups* groups = nullptr);
 
   // ids, targets [B, S] (batch-major as a data loader yields them); targets < 0 are ignored.
   // Returns the mean cross entropy over the counted tokens.
@@ -68,6 +71,7 @@ class GPTModel {
   void allocate(Arena& a);
 
   ModelConfig cfg_;
+  const parallel::ProcessGroups* groups_ = nullptr;
   int64_t S_, B_, T_;
   ParamRegistry params_;
   Arena arena_;

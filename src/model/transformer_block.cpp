@@ -6,7 +6,8 @@ namespace moecore::model {
 
 template <typename T>
 TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
-                                      ParamRegistry& params, const ops::RopeCache& rope)
+                                      ParamRegistry& params, const ops::RopeCache& rope,
+                                      const parallel::ProcessGroups* groups)
     : H_(cfg.hidden),
       eps_(cfg.norm_eps),
       norm1_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.input_layernorm.weight", layer),
@@ -16,7 +17,7 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
       attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
-    moe_ = std::make_unique<moe::MoELayer<T>>(cfg, params, mlp_prefix);
+    moe_ = std::make_unique<moe::MoELayer<T>>(cfg, params, mlp_prefix, groups);
   } else {
     mlp_ = std::make_unique<MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
                                     cfg.output_init_std(), params, mlp_prefix);

@@ -16,8 +16,9 @@ namespace moecore::model {
 template <typename T>
 class TransformerBlock {
  public:
+  // groups: null = one rank; the MoE layer takes its EP group from it.
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
-                   const ops::RopeCache& rope);
+                   const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr);
   void allocate(Arena& arena, int64_t S, int64_t B);
   void forward(T* y_TH, const T* x_TH);
   // dx assigned (dx may alias dy: the residual stream gradient is updated in place).

@@ -2,27 +2,45 @@
 // rows of the local experts, expert-major), combine (expert outputs back to token order,
 // summing the K copies). The plan is the handle that combine and both backwards reuse:
 // dispatch's gradient runs combine's data path and vice versa. The local dispatcher (one
-// rank, no communication) is the reference the EP dispatchers are tested against.
-// Legend: T tokens, H hidden, K top-k, N rows for the local experts, L local experts.
+// rank, no communication) is the reference the EP dispatchers are tested against; the EP ones
+// (alltoall_dispatcher.h, allgather_dispatcher.h) come from make_dispatcher.
+// Legend: T tokens, H hidden, K top-k, N rows for the local experts, L local experts, R EP ranks.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/arena.h"
 #include "model/config.h"
 
+namespace moecore::parallel {
+class ProcessGroups;
+}
+
 namespace moecore::moe {
 
+// Under expert parallelism (R > 1) the rows of a local expert are ordered by (source EP rank,
+// token index on that rank); with padding each source contributes exactly `capacity` rows
+// per expert (its real rows, then pad rows), so rows_per_expert = R * capacity.
 struct DispatchPlan {
   int64_t n_tok = 0;
   int64_t topk = 0;
   int64_t n_rows = 0;                      // N (pad rows included)
   int64_t rows_per_expert = 0;             // > 0: padded, every local expert has exactly this
-  int64_t pad_rows = 0;                    // rows that carry no token (zero input, prob 0)
+  // Rows that carry no token (zero input, prob 0). EP + padding: the pad rows this rank sent
+  // (the splits are static, so the receivers' real counts are never exchanged).
+  int64_t pad_rows = 0;
   int64_t* tokens_per_expert_L = nullptr;  // rows of each local expert (pad rows included)
+  // Local dispatcher only (null under EP, where rows come from other ranks):
   int32_t* row_token_N = nullptr;          // source token of each row, -1 for a pad row
   int32_t* row_slot_N = nullptr;           // top-k slot of each row, -1 for a pad row
-  int32_t* token_rows_TK = nullptr;        // row of each (token, slot), -1 if dropped
+  // Row of each (token, slot), -1 if dropped: the expert row (local), the row in this rank's
+  // send order (alltoall), null (allgather).
+  int32_t* token_rows_TK = nullptr;
+  // EP: rows this rank sends to / receives from each EP rank ([R]; null for the local one).
+  int64_t ep_size = 1;
+  int64_t* send_rows_R = nullptr;
+  int64_t* recv_rows_R = nullptr;
 };
 
 template <typename T>
@@ -31,14 +49,18 @@ class TokenDispatcher {
   virtual ~TokenDispatcher() = default;
 
   virtual int64_t num_local_experts() const = 0;
-  // Worst-case rows the local experts can receive for `max_tokens` tokens (memory planning).
+  // Global index of the first local expert: ep_rank * L (0 on one rank).
+  virtual int64_t first_local_expert() const { return 0; }
+  // Worst-case rows the local experts can receive when every rank has `max_tokens` tokens
+  // (memory planning); plan() fails loudly rather than exceed it.
   virtual int64_t max_rows(int64_t max_tokens) const = 0;
   virtual void allocate(Arena& arena, int64_t max_tokens) = 0;
 
   // idx < 0 marks a (token, slot) dropped by capacity. pad_to_rows > 0
   // (--moe-pad-expert-input-to-capacity): every local expert gets exactly that many rows, the
   // missing ones pad rows with zero input and prob 0 (static shapes); the router guarantees no
-  // expert has more.
+  // expert has more. Under EP every rank of the EP group calls plan (and each later phase) in
+  // the same order: they are collectives.
   virtual const DispatchPlan& plan(const int32_t* idx_TK, int64_t n_tok,
                                    int64_t pad_to_rows = 0) = 0;
   // x [T, H], probs [T, K] -> x_NH expert-major, p_N the prob of each row.
@@ -76,5 +98,12 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   int64_t max_tokens_ = 0;
   DispatchPlan plan_;
 };
+
+// The dispatcher for a layout: LocalDispatcher without groups or with EP = 1 (bitwise the
+// single-process path), else cfg.moe.dispatcher_type over the EP group. Throws when EP does not
+// divide the expert count or expert tensor parallelism (ETP > 1) is asked for.
+template <typename T>
+std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
+                                                    const parallel::ProcessGroups* groups);
 
 }  // namespace moecore::moe

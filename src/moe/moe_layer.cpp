@@ -2,15 +2,12 @@
 
 #include "core/profiler.h"
 
-
 namespace moecore::moe {
 
 template <typename T>
-static std::unique_ptr<TokenDispatcher<T>> default_dispatcher(const ModelConfig& cfg) {
-  const RouterConfig& r = cfg.moe.router;
-  return std::make_unique<LocalDispatcher<T>>(cfg.num_experts, r.topk, cfg.hidden,
-                                              r.pad_to_capacity ? r.capacity_factor : 0.0);
-}
+MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+                      const parallel::ProcessGroups* groups)
+    : MoELayer(cfg, params, prefix, make_dispatcher<T>(cfg, groups)) {}
 
 template <typename T>
 MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
@@ -20,8 +17,9 @@ MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::
       seq_length_(cfg.seq_length),
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
-      dispatcher_(dispatcher ? std::move(dispatcher) : default_dispatcher<T>(cfg)),
-      experts_(cfg.num_experts, 0, dispatcher_->num_local_experts(), cfg.hidden,
+      dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
+      experts_(cfg.num_experts, dispatcher_->first_local_expert(),
+               dispatcher_->num_local_experts(), cfg.hidden,
                cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std(), params, prefix) {
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<model::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,

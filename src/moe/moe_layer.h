@@ -17,9 +17,13 @@ namespace moecore::moe {
 template <typename T>
 class MoELayer {
  public:
-  // dispatcher: null -> a LocalDispatcher holding every expert.
+  // groups: null = one rank. The dispatcher comes from make_dispatcher(cfg, groups); the
+  // experts are this rank's E/EP slice, [ep_rank * L, (ep_rank + 1) * L).
   MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
-           std::unique_ptr<TokenDispatcher<T>> dispatcher = nullptr);
+           const parallel::ProcessGroups* groups = nullptr);
+  // A given dispatcher (tests); its first_local_expert() decides the experts held.
+  MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+           std::unique_ptr<TokenDispatcher<T>> dispatcher);
 
   void allocate(Arena& arena, int64_t max_tokens);
   void forward(T* y_TH, const T* x_TH, int64_t n_tok);
@@ -33,6 +37,7 @@ class MoELayer {
   Router<T>& router() { return router_; }
   const GroupedExperts<T>& experts() const { return experts_; }
   const DispatchPlan& plan() const { return *plan_; }
+  const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
  private:
   int64_t H_, K_;

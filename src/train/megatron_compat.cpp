@@ -68,8 +68,6 @@ const std::vector<CompatFlag>& megatron_compat_flags() {
       {"--tokenizer-type", true, V, "ByteLevel", "only the byte-level tokenizer is implemented"},
       {"--attention-dropout", true, V, "0,0.0", "dropout is not implemented (moecore trains without)"},
       {"--hidden-dropout", true, V, "0,0.0", "dropout is not implemented (moecore trains without)"},
-      {"--moe-token-dispatcher-type", true, V, "allgather,alltoall,flex",
-       "dispatcher types are allgather, alltoall, flex (identical on one rank)"},
       {"--tensor-model-parallel-size", true, V, "1", "tensor parallelism is not implemented yet"},
       {"--pipeline-model-parallel-size", true, V, "1", "pipeline parallelism is not implemented yet"},
       {"--context-parallel-size", true, V, "1", "context parallelism is not implemented yet"},

@@ -18,10 +18,25 @@ LoadBalancing parse_load_balancing(const std::string& s) {
            s);
 }
 
+DispatcherType parse_dispatcher_type(const std::string& s) {
+  if (s == "alltoall") return DispatcherType::AlltoAll;
+  if (s == "allgather") return DispatcherType::AllGather;
+  MOE_CHECK(s != "flex",
+            "[dispatcher] --moe-token-dispatcher-type flex (DeepEP/HybridEP fused dispatch) is not "
+            "implemented yet: use alltoall (same model) or allgather");
+  MOE_FAIL("[dispatcher] unknown --moe-token-dispatcher-type '{}': use alltoall or allgather", s);
+}
+
 }  // namespace
 
-void add_router_flags(CLI::App& app, RouterConfig& cfg, RouterFlags& f) {
+void add_router_flags(CLI::App& app, MoeConfig& moe, RouterFlags& f) {
+  RouterConfig& cfg = moe.router;
   const char* kMoe = "Mixture of experts";
+  // Validated in finalize_router_flags, so that `flex` gets its own message.
+  app.add_option("--moe-token-dispatcher-type", f.token_dispatcher_type,
+                 "How tokens reach experts on other EP ranks: alltoall | allgather "
+                 "(identical on one EP rank)")
+      ->group(kMoe);
   app.add_option("--moe-router-topk", cfg.topk, "Experts per token")->group(kMoe);
   app.add_option("--moe-router-score-function", f.score_function,
                  "softmax | sigmoid | sqrtsoftplus")
@@ -77,7 +92,9 @@ void add_router_flags(CLI::App& app, RouterConfig& cfg, RouterFlags& f) {
       ->group(kMoe);
 }
 
-void finalize_router_flags(RouterConfig& cfg, const RouterFlags& f) {
+void finalize_router_flags(MoeConfig& moe, const RouterFlags& f) {
+  moe.dispatcher_type = parse_dispatcher_type(f.token_dispatcher_type);
+  RouterConfig& cfg = moe.router;
   cfg.score = f.score_function == "sigmoid"        ? ScoreFunction::Sigmoid
               : f.score_function == "sqrtsoftplus" ? ScoreFunction::SqrtSoftplus
                                                    : ScoreFunction::Softmax;

@@ -1,6 +1,7 @@
 // Megatron-LM's router flags (--moe-router-*, load balancing, aux/z losses, capacity) bound to
-// RouterConfig. String- and list-valued flags are kept in RouterFlags and resolved after
-// parsing; finalize_router_flags validates the whole RouterConfig. Modes: docs/router.md.
+// RouterConfig, and --moe-token-dispatcher-type bound to MoeConfig. String- and list-valued
+// flags are kept in RouterFlags and resolved after parsing. Modes: docs/router.md; dispatchers:
+// docs/parallel.md.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,9 +18,11 @@ struct RouterFlags {
   std::vector<double> aux_loss_coeff;  // empty: RouterConfig::aux_loss_coeff for one type
   std::string router_dtype = "fp32";
   std::string token_drop_policy = "probs";
+  std::string token_dispatcher_type = "alltoall";  // allgather | alltoall (flex: not yet)
 };
 
-void add_router_flags(CLI::App& app, RouterConfig& cfg, RouterFlags& f);
-void finalize_router_flags(RouterConfig& cfg, const RouterFlags& f);
+// The router flags fill cfg.router; --moe-token-dispatcher-type fills cfg.dispatcher_type.
+void add_router_flags(CLI::App& app, MoeConfig& cfg, RouterFlags& f);
+void finalize_router_flags(MoeConfig& cfg, const RouterFlags& f);
 
 }  // namespace moecore::train

@@ -86,7 +86,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   const char* kMoe = "Mixture of experts";
   app.add_option("--num-experts", m.num_experts, "Routed experts (0: dense)")->group(kMoe);
   app.add_option("--moe-ffn-hidden-size", m.moe.ffn_hidden, "Expert width")->group(kMoe);
-  add_router_flags(app, m.moe.router, f.router);
+  add_router_flags(app, m.moe, f.router);
   app.add_option("--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden,
                  "Shared expert width (0: none)")
       ->group(kMoe);
@@ -165,7 +165,7 @@ void finalize_train_flags(TrainFlags& f) {
   m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by);
   t.data.synthetic_vocab = vocab;
   m.moe.router.num_experts = m.num_experts;
-  finalize_router_flags(m.moe.router, f.router);
+  finalize_router_flags(m.moe, f.router);
   m.moe_layer_pattern = m.num_experts > 0 ? parse_moe_layer_freq(f.moe_layer_freq, m.num_layers)
                                           : std::vector<int>{};
   t.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);

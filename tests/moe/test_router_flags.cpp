@@ -100,6 +100,16 @@ TEST(RouterFlags, ClearErrors) {
                "must be divisible by --moe-router-group-topk=2");
   expect_error({"--moe-router-load-balancing-type", "fancy"}, "fancy");
   expect_error({"--moe-pad-expert-input-to-capacity"}, "needs --moe-expert-capacity-factor");
+  expect_error({"--moe-token-dispatcher-type", "flex"}, "flex (DeepEP/HybridEP fused dispatch) is not implemented yet");
+  expect_error({"--moe-token-dispatcher-type", "ring"}, "unknown --moe-token-dispatcher-type 'ring'");
+}
+
+TEST(RouterFlags, TokenDispatcherType) {
+  EXPECT_EQ(parse({}).model.moe.dispatcher_type, DispatcherType::AlltoAll);
+  EXPECT_EQ(parse({"--moe-token-dispatcher-type", "allgather"}).model.moe.dispatcher_type,
+            DispatcherType::AllGather);
+  EXPECT_EQ(parse({"--moe-token-dispatcher-type", "alltoall"}).model.moe.dispatcher_type,
+            DispatcherType::AlltoAll);
 }
 
 }  // namespace

@@ -1,0 +1,232 @@
+// AllGatherDispatcher: the plan is a counting sort of the gathered routing map restricted to the
+// local experts, ordered (local expert, source rank, token), so the experts see exactly the rows
+// AlltoAllDispatcher gives them. The combine is a sum over ranks (reduce-scatter): equal to the
+// alltoall combine up to the order of at most K additions per element.
+#include "moe/allgather_dispatcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include "core/check.h"
+#include "core/profiler.h"
+#include "ops/permute.h"
+
+namespace moecore::moe {
+
+template <typename T>
+AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
+                                            double pad_capacity_factor,
+                                            parallel::Communicator& ep)
+    : E_(num_experts),
+      K_(topk),
+      H_(hidden),
+      L_(0),
+      R_(ep.size()),
+      me_(ep.rank()),
+      pad_capacity_factor_(pad_capacity_factor),
+      ep_(ep) {
+  MOE_CHECK(R_ >= 1 && E_ % R_ == 0,
+            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
+            "every EP rank holds E/EP experts",
+            E_, R_);
+  L_ = E_ / R_;
+}
+
+template <typename T>
+int64_t AllGatherDispatcher<T>::max_rows(int64_t max_tokens) const {
+  int64_t rows = R_ * max_tokens * K_;
+  if (pad_capacity_factor_ > 0) {
+    rows = std::max(rows, R_ * L_ * expert_capacity(max_tokens, K_, E_, pad_capacity_factor_));
+  }
+  return rows;
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
+  max_tokens_ = max_tokens;
+  const int64_t G = R_ * max_tokens, N = max_rows(max_tokens);
+  plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
+  meta_R2_ = a.alloc<int64_t>(2 * R_, "dispatcher.rank_meta");
+  tok_off_R_ = a.alloc<int64_t>(R_ + 1, "dispatcher.token_offsets");
+  tok_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.token_elems");
+  slot_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.slot_elems");
+  cnt_LR_ = a.alloc<int64_t>(L_ * R_, "dispatcher.chunk_rows");
+  idx_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_idx");
+  group_rows_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_rows");
+  row_token_N_ = a.alloc<int32_t>(N, "dispatcher.row_token");
+  row_slot_N_ = a.alloc<int32_t>(N, "dispatcher.row_slot");
+  send_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.send_rows");
+  recv_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_rows");
+  all_GH_ = a.alloc<T>(G * H_, "dispatcher.group_rows_data", MemKind::Workspace);
+  all_GK_ = a.alloc<T>(G * K_, "dispatcher.group_probs", MemKind::Workspace);
+}
+
+template <typename T>
+const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_tok,
+                                                 int64_t pad_to_rows) {
+  MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
+            max_tokens_);
+  {
+    ScopedPhase phase(Phase::Communication);
+    const int64_t meta[2] = {n_tok, pad_to_rows};
+    ep_.all_gather(std::span<const int64_t>(meta, 2), std::span<int64_t>(meta_R2_, 2 * R_));
+  }
+  tok_off_R_[0] = 0;
+  for (int64_t r = 0; r < R_; ++r) {
+    const int64_t t = meta_R2_[2 * r];
+    MOE_CHECK(t <= max_tokens_,
+              "[dispatcher] EP rank {} has {} tokens > the planned maximum {} of EP rank {}: "
+              "every EP rank must be planned for the same maximum micro-batch",
+              r, t, max_tokens_, me_);
+    MOE_CHECK((meta_R2_[2 * r + 1] > 0) == (pad_to_rows > 0),
+              "[dispatcher] EP rank {} pads to {} rows per expert but EP rank {} to {}: "
+              "--moe-pad-expert-input-to-capacity must be the same on every rank",
+              r, meta_R2_[2 * r + 1], me_, pad_to_rows);
+    tok_off_R_[r + 1] = tok_off_R_[r] + t;
+    tok_elems_R_[r] = t * H_;
+    slot_elems_R_[r] = t * K_;
+  }
+  const int64_t G = tok_off_R_[R_];
+  n_group_ = G;
+  {
+    ScopedPhase phase(Phase::Communication);
+    ep_.all_gather_v_async(idx_TK, idx_GK_, {slot_elems_R_, size_t(R_)}, DType::I32).wait();
+  }
+
+  // Counting sort over (local expert, source rank); within a chunk, token order.
+  const int64_t first = me_ * L_;
+  std::fill(cnt_LR_, cnt_LR_ + L_ * R_, 0);
+  for (int64_t r = 0; r < R_; ++r) {
+    for (int64_t i = tok_off_R_[r] * K_; i < tok_off_R_[r + 1] * K_; ++i) {
+      const int64_t l = idx_GK_[i] - first;
+      if (idx_GK_[i] >= 0 && l >= 0 && l < L_) ++cnt_LR_[l * R_ + r];
+    }
+  }
+  int64_t N = 0, pads = 0;
+  for (int64_t l = 0; l < L_; ++l) {
+    int64_t rows = 0;
+    for (int64_t r = 0; r < R_; ++r) {
+      int64_t& c = cnt_LR_[l * R_ + r];
+      const int64_t cap = meta_R2_[2 * r + 1];
+      MOE_CHECK(cap <= 0 || c <= cap,
+                "[dispatcher] expert {} has {} rows from EP rank {} > capacity {}: the router must "
+                "drop to capacity before padding",
+                first + l, c, r, cap);
+      const int64_t block = cap > 0 ? cap : c;
+      if (r == me_) pads += block - c;
+      const int64_t start = N;
+      c = start;  // from here on: the chunk's first row
+      N += block;
+      rows += block;
+    }
+    plan_.tokens_per_expert_L[l] = rows;
+  }
+  MOE_CHECK(N <= max_rows(max_tokens_),
+            "[dispatcher] EP rank {} gets {} rows for its {} experts > the planned worst case {}",
+            me_, N, L_, max_rows(max_tokens_));
+  std::fill(row_token_N_, row_token_N_ + N, -1);
+  std::fill(row_slot_N_, row_slot_N_ + N, -1);
+  for (int64_t r = 0; r < R_; ++r) {
+    for (int64_t i = tok_off_R_[r] * K_; i < tok_off_R_[r + 1] * K_; ++i) {
+      const int64_t l = idx_GK_[i] - first;
+      if (idx_GK_[i] < 0 || l < 0 || l >= L_) {
+        group_rows_GK_[i] = -1;
+        continue;
+      }
+      const int64_t row = cnt_LR_[l * R_ + r]++;
+      row_token_N_[row] = static_cast<int32_t>(i / K_);
+      row_slot_N_[row] = static_cast<int32_t>(i % K_);
+      group_rows_GK_[i] = static_cast<int32_t>(row);
+    }
+  }
+  // Traffic: every rank's tokens go to every other rank (and the sums come back).
+  for (int64_t r = 0; r < R_; ++r) {
+    send_rows_R_[r] = r == me_ ? 0 : n_tok;
+    recv_rows_R_[r] = r == me_ ? 0 : meta_R2_[2 * r];
+  }
+  plan_.n_tok = n_tok;
+  plan_.topk = K_;
+  plan_.n_rows = N;
+  plan_.rows_per_expert = pad_to_rows > 0 ? R_ * pad_to_rows : 0;
+  plan_.pad_rows = pads;
+  plan_.row_token_N = nullptr;
+  plan_.row_slot_N = nullptr;
+  plan_.token_rows_TK = nullptr;
+  plan_.ep_size = R_;
+  plan_.send_rows_R = send_rows_R_;
+  plan_.recv_rows_R = recv_rows_R_;
+  return plan_;
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::gather_rows(T* out_NH, const T* all_GH) const {
+  for (int64_t r = 0; r < plan_.n_rows; ++r) {
+    const int32_t t = row_token_N_[r];
+    if (t >= 0) std::memcpy(out_NH + r * H_, all_GH + int64_t(t) * H_, sizeof(T) * H_);
+    else std::memset(out_NH + r * H_, 0, sizeof(T) * H_);
+  }
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::scatter_rows(T* all_GH, const T* in_NH) const {
+  ops::unpermute_rows(all_GH, in_NH, group_rows_GK_, n_group_, K_, H_);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
+  {
+    ScopedPhase phase(Phase::Communication);
+    parallel::CommHandle hx =
+        ep_.all_gather_v_async(x_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value);
+    parallel::CommHandle hp =
+        ep_.all_gather_v_async(probs_TK, all_GK_, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value);
+    hx.wait();
+    hp.wait();
+  }
+  gather_rows(x_NH, all_GH_);
+  for (int64_t r = 0; r < plan_.n_rows; ++r) {
+    const int32_t t = row_token_N_[r];
+    p_N[r] = t >= 0 ? all_GK_[int64_t(t) * K_ + row_slot_N_[r]] : T(0);
+  }
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::combine(T* y_TH, const T* y_NH) {
+  scatter_rows(all_GH_, y_NH);
+  ScopedPhase phase(Phase::Communication);
+  ep_.reduce_scatter_v_async(all_GH_, y_TH, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value,
+                             parallel::ReduceOp::Sum)
+      .wait();
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
+  {
+    ScopedPhase phase(Phase::Communication);
+    ep_.all_gather_v_async(dy_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value).wait();
+  }
+  gather_rows(dy_NH, all_GH_);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
+                                               const T* dp_N) {
+  scatter_rows(all_GH_, dx_NH);
+  for (int64_t i = 0; i < n_group_ * K_; ++i) {
+    const int32_t r = group_rows_GK_[i];
+    all_GK_[i] = r >= 0 ? dp_N[r] : T(0);
+  }
+  ScopedPhase phase(Phase::Communication);
+  parallel::CommHandle hx = ep_.reduce_scatter_v_async(
+      all_GH_, dx_TH, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
+  parallel::CommHandle hp = ep_.reduce_scatter_v_async(
+      all_GK_, dprobs_TK, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
+  hx.wait();
+  hp.wait();
+}
+
+template class AllGatherDispatcher<float>;
+template class AllGatherDispatcher<double>;
+
+}  // namespace moecore::moe

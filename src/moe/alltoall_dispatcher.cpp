@@ -1,0 +1,202 @@
+// AlltoAllDispatcher: the local permutation is LocalDispatcher's (over all E experts), so the
+// send side is exactly the single-rank path; what is added is the split arithmetic, the
+// all-to-all-v and the chunk sort. Deterministic: no reductions, every row is copied.
+#include "moe/alltoall_dispatcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include <fmt/ranges.h>
+
+#include "core/check.h"
+#include "core/profiler.h"
+
+namespace moecore::moe {
+
+template <typename T>
+AlltoAllDispatcher<T>::AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
+                                          double pad_capacity_factor, parallel::Communicator& ep)
+    : E_(num_experts),
+      K_(topk),
+      H_(hidden),
+      L_(0),
+      R_(ep.size()),
+      me_(ep.rank()),
+      pad_capacity_factor_(pad_capacity_factor),
+      ep_(ep),
+      local_(num_experts, topk, hidden, pad_capacity_factor) {
+  MOE_CHECK(R_ >= 1 && E_ % R_ == 0,
+            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
+            "every EP rank holds E/EP experts",
+            E_, R_);
+  L_ = E_ / R_;
+}
+
+template <typename T>
+int64_t AlltoAllDispatcher<T>::max_rows(int64_t max_tokens) const {
+  int64_t rows = R_ * max_tokens * K_;
+  if (pad_capacity_factor_ > 0) {
+    rows = std::max(rows, R_ * L_ * expert_capacity(max_tokens, K_, E_, pad_capacity_factor_));
+  }
+  return rows;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
+  max_tokens_ = max_tokens;
+  local_.allocate(a, max_tokens);
+  const int64_t S = local_.max_rows(max_tokens), N = max_rows(max_tokens);
+  plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
+  counts_RE_ = a.alloc<int64_t>(R_ * E_, "dispatcher.counts_all");
+  chunk_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.chunk_rows");
+  recv_off_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.recv_offsets");
+  sort_off_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.sort_offsets");
+  send_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.send_rows");
+  recv_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_rows");
+  send_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.send_elems");
+  recv_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_elems");
+  send_SH_ = a.alloc<T>(S * H_, "dispatcher.send_rows_data", MemKind::Workspace);
+  send_p_S_ = a.alloc<T>(S, "dispatcher.send_probs", MemKind::Workspace);
+  recv_NH_ = a.alloc<T>(N * H_, "dispatcher.recv_rows_data", MemKind::Workspace);
+  recv_p_N_ = a.alloc<T>(N, "dispatcher.recv_probs", MemKind::Workspace);
+}
+
+template <typename T>
+const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_tok,
+                                                int64_t pad_to_rows) {
+  MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
+            max_tokens_);
+  // Send side: expert-major rows over all E experts; experts [j*L, (j+1)*L) go to EP rank j.
+  const DispatchPlan& lp = local_.plan(idx_TK, n_tok, pad_to_rows);
+  const int64_t* counts_E = lp.tokens_per_expert_L;
+  if (pad_to_rows > 0) {
+    // Static splits: every source sends exactly pad_to_rows rows per expert.
+    std::fill(counts_RE_, counts_RE_ + R_ * E_, pad_to_rows);
+  } else {
+    ScopedPhase phase(Phase::Communication);
+    ep_.all_gather(std::span<const int64_t>(counts_E, E_), std::span<int64_t>(counts_RE_, R_ * E_));
+  }
+  int64_t recv_off = 0;
+  for (int64_t r = 0; r < R_; ++r) {
+    int64_t sent = 0, got = 0;
+    for (int64_t l = 0; l < L_; ++l) {
+      sent += counts_E[r * L_ + l];
+      const int64_t c = counts_RE_[r * E_ + me_ * L_ + l];
+      chunk_RL_[r * L_ + l] = c;
+      recv_off_RL_[r * L_ + l] = recv_off;
+      recv_off += c;
+      got += c;
+    }
+    send_rows_R_[r] = sent;
+    recv_rows_R_[r] = got;
+    send_elems_R_[r] = sent * H_;
+    recv_elems_R_[r] = got * H_;
+  }
+  const int64_t N = recv_off;
+  MOE_CHECK(N <= max_rows(max_tokens_),
+            "[dispatcher] EP rank {} receives {} rows for its {} experts > the planned worst case "
+            "{} (EP {} x {} tokens x top-k {}): every EP rank must be planned for the same "
+            "maximum micro-batch; rows per source rank: {}",
+            me_, N, L_, max_rows(max_tokens_), R_, max_tokens_, K_,
+            fmt::join(std::span<const int64_t>(recv_rows_R_, R_), ","));
+  int64_t sort_off = 0;
+  for (int64_t l = 0; l < L_; ++l) {
+    int64_t rows = 0;
+    for (int64_t r = 0; r < R_; ++r) {
+      sort_off_RL_[r * L_ + l] = sort_off;
+      sort_off += chunk_RL_[r * L_ + l];
+      rows += chunk_RL_[r * L_ + l];
+    }
+    plan_.tokens_per_expert_L[l] = rows;
+  }
+  plan_.n_tok = n_tok;
+  plan_.topk = K_;
+  plan_.n_rows = N;
+  plan_.rows_per_expert = pad_to_rows > 0 ? R_ * pad_to_rows : 0;
+  plan_.pad_rows = lp.pad_rows;
+  plan_.row_token_N = nullptr;
+  plan_.row_slot_N = nullptr;
+  plan_.token_rows_TK = lp.token_rows_TK;
+  plan_.ep_size = R_;
+  plan_.send_rows_R = send_rows_R_;
+  plan_.recv_rows_R = recv_rows_R_;
+  return plan_;
+}
+
+template <typename T>
+parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(const T* send, const int64_t* send_counts,
+                                                      T* recv, const int64_t* recv_counts) {
+  return ep_.all_to_all_v_async(send, {send_counts, size_t(R_)}, recv,
+                                {recv_counts, size_t(R_)}, DTypeOf<T>::value);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::sort_chunks(T* out_NW, const T* recv_W, int64_t W) const {
+  for (int64_t i = 0; i < R_ * L_; ++i) {
+    std::memcpy(out_NW + sort_off_RL_[i] * W, recv_W + recv_off_RL_[i] * W,
+                sizeof(T) * chunk_RL_[i] * W);
+  }
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::unsort_chunks(T* recv_W, const T* in_NW, int64_t W) const {
+  for (int64_t i = 0; i < R_ * L_; ++i) {
+    std::memcpy(recv_W + recv_off_RL_[i] * W, in_NW + sort_off_RL_[i] * W,
+                sizeof(T) * chunk_RL_[i] * W);
+  }
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
+  local_.dispatch(send_SH_, send_p_S_, x_TH, probs_TK);
+  {
+    ScopedPhase phase(Phase::Communication);
+    parallel::CommHandle hx = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
+    parallel::CommHandle hp = start_a2a(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
+    hx.wait();
+    hp.wait();
+  }
+  sort_chunks(x_NH, recv_NH_, H_);
+  sort_chunks(p_N, recv_p_N_, 1);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine(T* y_TH, const T* y_NH) {
+  unsort_chunks(recv_NH_, y_NH, H_);
+  {
+    ScopedPhase phase(Phase::Communication);
+    start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_).wait();
+  }
+  local_.combine(y_TH, send_SH_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
+  local_.combine_backward(send_SH_, dy_TH);
+  {
+    ScopedPhase phase(Phase::Communication);
+    start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_).wait();
+  }
+  sort_chunks(dy_NH, recv_NH_, H_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
+                                              const T* dp_N) {
+  unsort_chunks(recv_NH_, dx_NH, H_);
+  unsort_chunks(recv_p_N_, dp_N, 1);
+  {
+    ScopedPhase phase(Phase::Communication);
+    parallel::CommHandle hx = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
+    parallel::CommHandle hp = start_a2a(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
+    hx.wait();
+    hp.wait();
+  }
+  local_.dispatch_backward(dx_TH, dprobs_TK, send_SH_, send_p_S_);
+}
+
+template class AlltoAllDispatcher<float>;
+template class AlltoAllDispatcher<double>;
+
+}  // namespace moecore::moe

@@ -1,0 +1,44 @@
+// make_dispatcher: the one place that picks a dispatcher for a layout. EP = 1 keeps the local
+// dispatcher so single-rank runs stay bitwise what they were.
+#include "moe/dispatcher.h"
+
+#include "core/check.h"
+#include "moe/allgather_dispatcher.h"
+#include "moe/alltoall_dispatcher.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::moe {
+
+template <typename T>
+std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
+                                                    const parallel::ProcessGroups* groups) {
+  const RouterConfig& r = cfg.moe.router;
+  const double pad_cf = r.pad_to_capacity ? r.capacity_factor : 0.0;
+  const int64_t E = cfg.num_experts;
+  const int ep = groups ? groups->degrees().ep : 1;
+  const int etp = groups ? groups->degrees().etp : 1;
+  MOE_CHECK(etp == 1,
+            "[dispatcher] expert tensor parallelism (--expert-tensor-parallel-size {}) is not "
+            "implemented yet: set --expert-tensor-parallel-size 1 (it defaults to the TP size)",
+            etp);
+  MOE_CHECK(ep >= 1 && E > 0 && E % ep == 0,
+            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
+            "every EP rank holds E/EP experts; pick an EP that divides {}",
+            E, ep, E);
+  if (ep == 1) return std::make_unique<LocalDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf);
+  parallel::Communicator& comm = groups->group(parallel::GroupKind::Ep).communicator();
+  switch (cfg.moe.dispatcher_type) {
+    case DispatcherType::AllGather:
+      return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf, comm);
+    case DispatcherType::AlltoAll:
+      return std::make_unique<AlltoAllDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf, comm);
+  }
+  MOE_FAIL("[dispatcher] unknown dispatcher type {}", static_cast<int>(cfg.moe.dispatcher_type));
+}
+
+template std::unique_ptr<TokenDispatcher<float>> make_dispatcher<float>(
+    const ModelConfig&, const parallel::ProcessGroups*);
+template std::unique_ptr<TokenDispatcher<double>> make_dispatcher<double>(
+    const ModelConfig&, const parallel::ProcessGroups*);
+
+}  // namespace moecore::moe

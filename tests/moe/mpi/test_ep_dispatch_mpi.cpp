@@ -1,0 +1,460 @@
+// Expert parallelism under mpirun (4 ranks, oversubscribed): EP = 2 (two EP groups of two) and
+// EP = 4, both dispatchers.
+// - Routing proof: each rank fills its tokens with its EP rank and token index; the experts'
+//   rows must be exactly the routed (source rank, token, slot) triples in (expert, source rank,
+//   token) order, every output row must come back to its source token, and the prob gradient to
+//   its source slot. Uneven token counts (one rank has none), dropped slots, an expert no rank
+//   routes to, every token to one expert, padding to capacity.
+// - allgather == alltoall: MoE layer outputs, input grads, router and expert weight grads.
+// - The EP-sharded MoE layer equals the single-rank layer: dropless on all ranks' tokens
+//   concatenated (loss summed), and with capacity dropping / padding (capacity is per rank, as
+//   in Megatron) against each rank's own single-rank layer with expert grads summed over EP.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/layer_testing.h"
+#include "moe/allgather_dispatcher.h"
+#include "moe/alltoall_dispatcher.h"
+#include "model/gpt_model.h"
+#include "moe/moe_layer.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::moe {
+namespace {
+
+using parallel::Communicator;
+using parallel::ProcessGroups;
+using testing::all_close;
+
+parallel::Runtime g_rt;
+ProcessGroups* g_ep2 = nullptr;  // EP = 2 (EDP = 2)
+ProcessGroups* g_ep4 = nullptr;  // EP = 4
+
+std::vector<ProcessGroups*> layouts() { return {g_ep2, g_ep4}; }
+Communicator& ep_comm(ProcessGroups* g) { return g->ep().communicator(); }
+
+// ---- routing patterns, reproducible on every rank for every source rank ----
+
+enum class Pattern { Random, AllToOne };
+
+struct Routing {
+  int64_t n_tok = 0;
+  std::vector<int32_t> idx;  // [T, K], -1 = dropped
+};
+
+// Random distinct experts per token, never expert E-1 (no rank routes to it), and with
+// `drops` some slots dropped. AllToOne: slot 0 of every token picks expert E/2 + 1.
+Routing make_routing(Pattern pat, int src, int64_t n_tok, int64_t K, int64_t E, bool drops) {
+  Routing r{n_tok, std::vector<int32_t>(n_tok * K)};
+  std::mt19937 gen(1234 + 17 * src + 5 * K);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::vector<int32_t> pool;
+    for (int32_t e = 0; e < E - 1; ++e) pool.push_back(e);
+    std::shuffle(pool.begin(), pool.end(), gen);
+    if (pat == Pattern::AllToOne) {
+      const int32_t one = static_cast<int32_t>(E / 2 + 1);
+      std::erase(pool, one);
+      pool.insert(pool.begin(), one);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      r.idx[t * K + k] = pool[k];
+      if (drops && (t * 3 + k + src) % 5 == 0) r.idx[t * K + k] = -1;
+    }
+  }
+  return r;
+}
+
+// Token counts per EP rank: uneven, one rank with none.
+int64_t tokens_of(int ep_rank) { return std::vector<int64_t>{5, 0, 7, 3}[ep_rank % 4]; }
+
+double xval(int src, int64_t t, int64_t h) { return src * 1000 + t * 10 + h; }
+double pval(int src, int64_t t, int64_t k) { return src * 1000 + t * 10 + k + 0.5; }
+
+std::unique_ptr<TokenDispatcher<double>> make(DispatcherType type, int64_t E, int64_t K,
+                                              int64_t H, double pad_cf, Communicator& c) {
+  if (type == DispatcherType::AllGather)
+    return std::make_unique<AllGatherDispatcher<double>>(E, K, H, pad_cf, c);
+  return std::make_unique<AlltoAllDispatcher<double>>(E, K, H, pad_cf, c);
+}
+
+struct RouteCase {
+  Pattern pat;
+  int64_t K;
+  bool drops;
+  bool pad;
+};
+
+// Dispatch, identity "experts", combine and both backwards on rank-id data: exact equality.
+void check_routing(ProcessGroups* g, DispatcherType type, RouteCase rc) {
+  Communicator& c = ep_comm(g);
+  const int me = c.rank(), R = c.size();
+  const int64_t E = 8, K = rc.K, H = 3, L = E / R, max_tok = 8;
+  std::vector<Routing> all;
+  for (int s = 0; s < R; ++s) all.push_back(make_routing(rc.pat, s, tokens_of(s), K, E, rc.drops));
+  const Routing& mine = all[me];
+  // Padding: one capacity for every rank, at least the fullest (expert, rank) chunk.
+  int64_t cap = 0;
+  if (rc.pad) {
+    for (const Routing& r : all)
+      for (int64_t e = 0; e < E; ++e) cap = std::max<int64_t>(cap, std::count(r.idx.begin(), r.idx.end(), e));
+    cap += 1;  // at least one pad row everywhere
+  }
+  auto d = make(type, E, K, H, rc.pad ? 8.0 : 0.0, c);
+  Arena arena;
+  arena.plan([&](Arena& a) { d->allocate(a, max_tok); });
+  const DispatchPlan& p = d->plan(mine.idx.data(), mine.n_tok, cap);
+
+  // Expected expert rows: (expert, source rank, token), pad rows after each source's chunk.
+  struct Row { int src; int64_t t, k; };
+  std::vector<Row> rows;
+  std::vector<int64_t> per_expert(L, 0);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int s = 0; s < R; ++s) {
+      int64_t n = 0;
+      for (int64_t t = 0; t < all[s].n_tok; ++t)
+        for (int64_t k = 0; k < K; ++k)
+          if (all[s].idx[t * K + k] == me * L + l) rows.push_back({s, t, k}), ++n;
+      for (; rc.pad && n < cap; ++n) rows.push_back({-1, -1, -1});
+      per_expert[l] += rc.pad ? cap : n;
+    }
+  }
+  ASSERT_EQ(p.n_rows, static_cast<int64_t>(rows.size()));
+  ASSERT_EQ(std::vector<int64_t>(p.tokens_per_expert_L, p.tokens_per_expert_L + L), per_expert);
+  EXPECT_EQ(p.ep_size, R);
+  if (rc.pad) {
+    EXPECT_EQ(p.rows_per_expert, R * cap);
+  }
+
+  const int64_t T = mine.n_tok, N = p.n_rows;
+  std::vector<double> x(T * H), probs(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) x[t * H + h] = xval(me, t, h);
+    for (int64_t k = 0; k < K; ++k) probs[t * K + k] = pval(me, t, k);
+  }
+  testing::Guarded<double> x_NH(N * H, -7), p_N(N, -7);
+  d->dispatch(x_NH.data(), p_N.data(), x.data(), probs.data());
+  EXPECT_TRUE(x_NH.intact() && p_N.intact());
+  for (int64_t r = 0; r < N; ++r) {
+    const Row& w = rows[r];
+    for (int64_t h = 0; h < H; ++h)
+      ASSERT_EQ(x_NH[r * H + h], w.src < 0 ? 0.0 : xval(w.src, w.t, h))
+          << "row " << r << " of EP rank " << me << " (source " << w.src << ", token " << w.t << ")";
+    ASSERT_EQ(p_N[r], w.src < 0 ? 0.0 : pval(w.src, w.t, w.k)) << "prob of row " << r;
+  }
+  // Identity experts: every token comes back times its kept slots.
+  std::vector<double> kept(T, 0);
+  for (int64_t i = 0; i < T * K; ++i) kept[i / K] += mine.idx[i] >= 0;
+  testing::Guarded<double> y(T * H, -7), dy_NH(N * H, -7), dx(T * H, -7), dprobs(T * K, -7);
+  d->combine(y.data(), x_NH.data());
+  d->combine_backward(dy_NH.data(), x.data());
+  d->dispatch_backward(dx.data(), dprobs.data(), x_NH.data(), p_N.data());
+  EXPECT_TRUE(y.intact() && dy_NH.intact() && dx.intact() && dprobs.intact());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      ASSERT_EQ(y[t * H + h], kept[t] * xval(me, t, h)) << "combine, token " << t;
+      ASSERT_EQ(dx[t * H + h], kept[t] * xval(me, t, h)) << "dispatch_backward, token " << t;
+    }
+  for (int64_t r = 0; r < N * H; ++r) ASSERT_EQ(dy_NH[r], x_NH[r]) << "combine_backward";
+  for (int64_t i = 0; i < T * K; ++i)
+    ASSERT_EQ(dprobs[i], mine.idx[i] >= 0 ? probs[i] : 0.0) << "prob grad of slot " << i;
+}
+
+TEST(EpDispatcherMpi, EveryTokenReturnsToItsSourceRow) {
+  for (ProcessGroups* g : layouts())
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather})
+      for (RouteCase rc : {RouteCase{Pattern::Random, 1, false, false},
+                           RouteCase{Pattern::Random, 2, true, false},
+                           RouteCase{Pattern::Random, 3, false, false},
+                           RouteCase{Pattern::AllToOne, 1, false, false},
+                           RouteCase{Pattern::AllToOne, 2, true, false},
+                           RouteCase{Pattern::Random, 2, true, true},
+                           RouteCase{Pattern::AllToOne, 1, false, true}}) {
+        SCOPED_TRACE(::testing::Message() << "EP=" << g->degrees().ep << " " << dispatcher_type_name(type)
+                     << " K=" << rc.K << " pattern=" << int(rc.pat) << " drops=" << rc.drops
+                     << " pad=" << rc.pad);
+        check_routing(g, type, rc);
+      }
+}
+
+// ---- the MoE layer ----
+
+ModelConfig layer_config(int64_t E, int64_t K, DispatcherType type) {
+  ModelConfig cfg;
+  cfg.hidden = 6;
+  cfg.seq_length = 4;
+  cfg.num_experts = E;
+  cfg.moe.router.num_experts = E;
+  cfg.moe.router.topk = K;
+  cfg.moe.router.aux_loss_coeff = 0.0;
+  cfg.moe.ffn_hidden = 4;
+  cfg.moe.dispatcher_type = type;
+  cfg.init_std = 0.4;
+  return cfg;
+}
+
+struct LayerRun {
+  std::vector<double> y, dx;
+  ParamRegistry params{DType::F64};
+  Arena arena;
+  std::unique_ptr<MoELayer<double>> layer;
+};
+
+std::vector<double> inputs(int src, int64_t n, uint32_t salt) {
+  return testing::random_vec<double>(n, 100 + 31 * src + salt);
+}
+
+// Forward + backward of sum(y * dy) on `x` (n_tok tokens); groups null = one rank.
+void run_layer(LayerRun& run, const ModelConfig& cfg, const ProcessGroups* groups,
+               const std::vector<double>& x, const std::vector<double>& dy, int64_t n_tok,
+               int64_t max_tokens) {
+  if (!run.layer) {
+    run.layer = std::make_unique<MoELayer<double>>(cfg, run.params, "decoder.layers.0.mlp", groups);
+    testing::plan_layer(run.arena, run.params, 7,
+                        [&](Arena& a) { run.layer->allocate(a, max_tokens); });
+  }
+  run.params.zero_grads();
+  run.y.assign(n_tok * cfg.hidden, 0);
+  run.dx.assign(n_tok * cfg.hidden, 0);
+  run.layer->forward(run.y.data(), x.data(), n_tok);
+  run.layer->backward(run.dx.data(), dy.data(), 1.0);
+}
+
+std::vector<double> grad(const Param& p) {
+  return std::vector<double>(p.grad_as<double>(), p.grad_as<double>() + p.local_numel());
+}
+std::vector<double> slice(const Param& p, int64_t first, int64_t n) {
+  const double* g = p.grad_as<double>();
+  return std::vector<double>(g + first, g + first + n);
+}
+
+TEST(EpMoELayerMpi, AllGatherEqualsAlltoAll) {
+  for (ProcessGroups* g : layouts()) {
+    const int me = ep_comm(g).rank();
+    SCOPED_TRACE(::testing::Message() << "EP=" << g->degrees().ep);
+    ModelConfig a2a = layer_config(8, 3, DispatcherType::AlltoAll);
+    a2a.moe.router.aux_loss_coeff = 0.02;
+    a2a.moe.router.z_loss_coeff = 0.01;
+    a2a.moe.shared_ffn_hidden = 3;
+    ModelConfig ag = a2a;
+    ag.moe.dispatcher_type = DispatcherType::AllGather;
+    const int64_t n = 5 + me, H = a2a.hidden;
+    auto x = inputs(me, n * H, 1), dy = inputs(me, n * H, 2);
+    LayerRun ra, rg;
+    run_layer(ra, a2a, g, x, dy, n, 8);
+    run_layer(rg, ag, g, x, dy, n, 8);
+    EXPECT_TRUE(all_close(rg.y, ra.y, testing::kF64Rtol, testing::kF64Atol)) << "output";
+    EXPECT_TRUE(all_close(rg.dx, ra.dx, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
+    for (size_t i = 0; i < ra.params.params().size(); ++i) {
+      const Param& pa = ra.params.params()[i];
+      EXPECT_TRUE(all_close(grad(rg.params.params()[i]), grad(pa), testing::kF64Rtol, testing::kF64Atol))
+          << pa.name();
+    }
+    // Determinism: the same step again is bitwise the same.
+    std::vector<double> y0 = ra.y, dx0 = ra.dx, g0 = grad(ra.layer->experts().fc1());
+    run_layer(ra, a2a, g, x, dy, n, 8);
+    EXPECT_EQ(ra.y, y0);
+    EXPECT_EQ(ra.dx, dx0);
+    EXPECT_EQ(grad(ra.layer->experts().fc1()), g0);
+  }
+}
+
+// Dropless: the EP layer on each rank's tokens == the one-rank layer on all EP ranks' tokens
+// concatenated in EP-rank order, with the loss summed over ranks.
+TEST(EpMoELayerMpi, EqualsSingleRankLayerOnConcatenatedTokens) {
+  for (ProcessGroups* g : layouts())
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather}) {
+      Communicator& c = ep_comm(g);
+      const int me = c.rank(), R = c.size();
+      SCOPED_TRACE(::testing::Message() << "EP=" << R << " " << dispatcher_type_name(type));
+      const ModelConfig cfg = layer_config(8, 2, type);
+      const int64_t H = cfg.hidden, max_tok = 8;
+      std::vector<double> X, DY;
+      int64_t total = 0, my_off = 0;
+      for (int s = 0; s < R; ++s) {
+        const int64_t n = 4 + s;  // uneven, not divisible by EP
+        auto xs = inputs(s, n * H, 1), dys = inputs(s, n * H, 2);
+        if (s == me) my_off = total;
+        X.insert(X.end(), xs.begin(), xs.end());
+        DY.insert(DY.end(), dys.begin(), dys.end());
+        total += n;
+      }
+      const int64_t n = 4 + me;
+      std::vector<double> x(X.begin() + my_off * H, X.begin() + (my_off + n) * H);
+      std::vector<double> dy(DY.begin() + my_off * H, DY.begin() + (my_off + n) * H);
+      LayerRun ep, one;
+      run_layer(ep, cfg, g, x, dy, n, max_tok);
+      run_layer(one, cfg, nullptr, X, DY, total, total);
+      const std::vector<double> y_ref(one.y.begin() + my_off * H, one.y.begin() + (my_off + n) * H);
+      const std::vector<double> dx_ref(one.dx.begin() + my_off * H, one.dx.begin() + (my_off + n) * H);
+      EXPECT_TRUE(all_close(ep.y, y_ref, testing::kF64Rtol, testing::kF64Atol)) << "output";
+      EXPECT_TRUE(all_close(ep.dx, dx_ref, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
+      // The router is replicated over EP (each rank its own tokens): its grads sum over EP.
+      std::vector<double> gr = grad(ep.layer->router().weight());
+      c.all_reduce(gr);
+      EXPECT_TRUE(all_close(gr, grad(one.layer->router().weight()), testing::kF64Rtol, testing::kF64Atol))
+          << "router grad";
+      const int64_t first = ep.layer->dispatcher().first_local_expert();
+      EXPECT_EQ(first, me * (8 / R));
+      for (auto pick : {&GroupedExperts<double>::fc1, &GroupedExperts<double>::fc2}) {
+        const Param& pe = (ep.layer->experts().*pick)();
+        const Param& po = (one.layer->experts().*pick)();
+        const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
+        // The local slice was initialised from the global index: same values as the 1-rank ones.
+        EXPECT_EQ(std::vector<double>(pe.data_as<double>(), pe.data_as<double>() + pe.local_numel()),
+                  std::vector<double>(po.data_as<double>() + first * per,
+                                      po.data_as<double>() + first * per + pe.local_numel()))
+            << pe.name() << " values";
+        EXPECT_TRUE(all_close(grad(pe), slice(po, first * per, pe.local_numel()), testing::kF64Rtol,
+                              testing::kF64Atol))
+            << pe.name() << " grad";
+      }
+    }
+}
+
+// Capacity is per rank (Megatron: on the rank's own tokens), so the reference is each rank's
+// own one-rank layer; the EP experts see every rank's kept rows, so their grads are the sum over
+// EP ranks of the references'.
+TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
+  for (ProcessGroups* g : layouts())
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather})
+      for (bool pad : {false, true}) {
+        Communicator& c = ep_comm(g);
+        const int me = c.rank(), R = c.size();
+        SCOPED_TRACE(::testing::Message() << "EP=" << R << " " << dispatcher_type_name(type) << " pad=" << pad);
+        ModelConfig cfg = layer_config(8, 2, type);
+        cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 8) = 2 rows per expert
+        cfg.moe.router.pad_to_capacity = pad;
+        cfg.moe.router.aux_loss_coeff = 0.01;
+        const int64_t n = 8, H = cfg.hidden;
+        auto x = inputs(me, n * H, 3), dy = inputs(me, n * H, 4);
+        LayerRun ep, one;
+        run_layer(ep, cfg, g, x, dy, n, n);
+        run_layer(one, cfg, nullptr, x, dy, n, n);
+        EXPECT_GT(ep.layer->router().saved().dropped, 0) << "the case must drop tokens";
+        if (pad) {
+          EXPECT_EQ(ep.layer->plan().rows_per_expert, R * 2);
+        }
+        EXPECT_TRUE(all_close(ep.y, one.y, testing::kF64Rtol, testing::kF64Atol)) << "output";
+        EXPECT_TRUE(all_close(ep.dx, one.dx, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
+        EXPECT_TRUE(all_close(grad(ep.layer->router().weight()), grad(one.layer->router().weight()),
+                              testing::kF64Rtol, testing::kF64Atol))
+            << "router grad";
+        const int64_t first = ep.layer->dispatcher().first_local_expert();
+        for (auto pick : {&GroupedExperts<double>::fc1, &GroupedExperts<double>::fc2}) {
+          const Param& pe = (ep.layer->experts().*pick)();
+          std::vector<double> sum = grad((one.layer->experts().*pick)());
+          c.all_reduce(sum);
+          const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
+          EXPECT_TRUE(all_close(grad(pe),
+                                std::vector<double>(sum.begin() + first * per,
+                                                    sum.begin() + first * per + pe.local_numel()),
+                                testing::kF64Rtol, testing::kF64Atol))
+              << pe.name() << " grad";
+        }
+      }
+}
+
+// The whole model with EP groups: each rank's loss and gradients equal the one-rank model's on
+// the same micro-batch (dropless: routing is per token, aux/z losses per rank); the expert
+// grads, which see every EP rank's tokens, equal the one-rank grads summed over EP.
+TEST(EpGPTModelMpi, EachRankMatchesTheOneRankModelOnItsMicroBatch) {
+  for (ProcessGroups* g : layouts()) {
+    Communicator& c = ep_comm(g);
+    const int me = c.rank();
+    SCOPED_TRACE(::testing::Message() << "EP=" << c.size());
+    ModelConfig cfg;
+    cfg.vocab_size = 11;
+    cfg.hidden = 8;
+    cfg.num_layers = 2;
+    cfg.num_heads = 2;
+    cfg.num_query_groups = 2;
+    cfg.ffn_hidden = 6;
+    cfg.seq_length = 5;
+    cfg.init_std = 0.3;
+    cfg.num_experts = 4;
+    cfg.moe.router.num_experts = 4;
+    cfg.moe.router.topk = 2;
+    cfg.moe.router.aux_loss_coeff = 0.1;
+    cfg.moe.ffn_hidden = 3;
+    const int64_t B = 2, n = B * cfg.seq_length;
+    std::vector<int32_t> ids(n), targets(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ids[i] = static_cast<int32_t>((i * 7 + 3 * me) % cfg.vocab_size);
+      targets[i] = static_cast<int32_t>((i * 5 + me + 1) % cfg.vocab_size);
+    }
+    model::GPTModel<double> ep(cfg, B, 99, g), one(cfg, B, 99);
+    const double l_ep = ep.forward(ids.data(), targets.data());
+    const double l_one = one.forward(ids.data(), targets.data());
+    EXPECT_NEAR(l_ep, l_one, 1e-12 * std::abs(l_one));
+    ep.params().zero_grads();
+    one.params().zero_grads();
+    ep.backward(1.0);
+    one.backward(1.0);
+    for (const Param& pe : ep.params().params()) {
+      const Param& po = one.params().get(pe.name());
+      std::vector<double> go = grad(po);
+      int64_t first = 0;
+      if (pe.spec.kind == ParamKind::Expert) {
+        c.all_reduce(go);
+        first = pe.spec.slice.offset * (po.local_numel() / pe.spec.global_shape[0]);
+      }
+      EXPECT_TRUE(all_close(grad(pe), std::vector<double>(go.begin() + first, go.begin() + first + pe.local_numel()),
+                            testing::kF64Rtol, testing::kF64Atol))
+          << pe.name();
+    }
+  }
+}
+
+// Failures on other ranks print with their rank; rank 0 keeps the usual output.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "",
+                 r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace moecore::moe
+
+int main(int argc, char** argv) {
+  using namespace moecore;
+  using namespace moecore::parallel;
+  ::testing::InitGoogleTest(&argc, argv);
+  moe::g_rt = runtime_init(&argc, &argv);
+  if (moe::g_rt.rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new moe::RankFailurePrinter(moe::g_rt.rank));
+  }
+  int rc = 0;
+  {
+    ParallelConfig c2, c4;
+    c2.ep = 2;
+    c4.ep = 4;
+    c2.timeout_minutes = c4.timeout_minutes = 1.0;  // a deadlock ends with a diagnostic
+    ProcessGroups ep2(make_layout(c2, moe::g_rt.world_size), moe::g_rt.rank);
+    ProcessGroups ep4(make_layout(c4, moe::g_rt.world_size), moe::g_rt.rank);
+    connect_communicators(ep2);
+    connect_communicators(ep4);
+    moe::g_ep2 = &ep2;
+    moe::g_ep4 = &ep4;
+    rc = RUN_ALL_TESTS();
+    std::vector<int32_t> any = {rc};
+    ep2.world().communicator().all_reduce(any, ReduceOp::Max);
+    rc = any[0];
+    moe::g_ep2 = moe::g_ep4 = nullptr;
+  }
+  runtime_finalize();
+  return rc;
+}

@@ -1,0 +1,118 @@
+// The EP dispatchers in one process: with an EP group of one they must be bitwise the local
+// dispatcher (dropless, dropped slots, padding), and make_dispatcher picks the local one for
+// EP = 1 and refuses layouts it cannot serve with messages that name the numbers.
+// Under mpirun with EP = 2 and 4: tests/moe/mpi/test_ep_dispatch_mpi.cpp.
+#include <gtest/gtest.h>
+
+#include "common/layer_testing.h"
+#include "core/check.h"
+#include "moe/allgather_dispatcher.h"
+#include "moe/alltoall_dispatcher.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::moe {
+namespace {
+
+using testing::random_vec;
+
+struct Out {
+  std::vector<double> x_NH, p_N, y, dy_NH, dx, dprobs;
+  std::vector<int64_t> per_expert;
+};
+
+Out run(TokenDispatcher<double>& d, const std::vector<int32_t>& idx, int64_t n_tok, int64_t K,
+        int64_t H, int64_t pad) {
+  Arena arena;
+  arena.plan([&](Arena& a) { d.allocate(a, n_tok); });
+  const DispatchPlan& p = d.plan(idx.data(), n_tok, pad);
+  const int64_t N = p.n_rows;
+  Out o;
+  o.per_expert.assign(p.tokens_per_expert_L, p.tokens_per_expert_L + d.num_local_experts());
+  auto x = random_vec<double>(n_tok * H, 1), probs = random_vec<double>(n_tok * K, 2);
+  auto dy = random_vec<double>(n_tok * H, 3), dp = random_vec<double>(N, 4);
+  o.x_NH.resize(N * H), o.p_N.resize(N), o.y.resize(n_tok * H), o.dy_NH.resize(N * H);
+  o.dx.resize(n_tok * H), o.dprobs.resize(n_tok * K);
+  d.dispatch(o.x_NH.data(), o.p_N.data(), x.data(), probs.data());
+  d.combine(o.y.data(), o.x_NH.data());
+  d.combine_backward(o.dy_NH.data(), dy.data());
+  d.dispatch_backward(o.dx.data(), o.dprobs.data(), o.dy_NH.data(), dp.data());
+  return o;
+}
+
+void expect_same(const Out& a, const Out& b) {
+  EXPECT_EQ(a.per_expert, b.per_expert);
+  EXPECT_EQ(a.x_NH, b.x_NH);
+  EXPECT_EQ(a.p_N, b.p_N);
+  EXPECT_EQ(a.y, b.y);
+  EXPECT_EQ(a.dy_NH, b.dy_NH);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.dprobs, b.dprobs);
+}
+
+TEST(EpDispatchers, GroupOfOneIsBitwiseTheLocalDispatcher) {
+  const int64_t n_tok = 9, E = 5, K = 2, H = 4;
+  // Expert 4 never chosen, expert 0 by every token, two dropped slots.
+  std::vector<int32_t> idx(n_tok * K);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    idx[t * K] = 0;
+    idx[t * K + 1] = static_cast<int32_t>(1 + t % 3);
+  }
+  idx[3] = -1;
+  idx[10] = -1;
+  for (int64_t pad : {int64_t{0}, int64_t{n_tok + 1}}) {
+    SCOPED_TRACE(::testing::Message() << "pad " << pad);
+    const double cf = pad ? 4.0 : 0.0;  // planned capacity ceil(9 * 2 / 5 * 4) = 15 >= pad
+    LocalDispatcher<double> local(E, K, H, cf);
+    auto comm = parallel::make_local_communicator("ep", 0);
+    AlltoAllDispatcher<double> a2a(E, K, H, cf, *comm);
+    AllGatherDispatcher<double> ag(E, K, H, cf, *comm);
+    const Out ref = run(local, idx, n_tok, K, H, pad);
+    expect_same(run(a2a, idx, n_tok, K, H, pad), ref);
+    expect_same(run(ag, idx, n_tok, K, H, pad), ref);
+    EXPECT_EQ(a2a.max_rows(n_tok), local.max_rows(n_tok));
+  }
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error containing " << parts[0];
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+ModelConfig moe_config(int64_t E) {
+  ModelConfig cfg;
+  cfg.num_experts = E;
+  cfg.moe.router.num_experts = E;
+  cfg.moe.ffn_hidden = 4;
+  return cfg;
+}
+
+TEST(EpDispatchers, FactoryPicksLocalForOneRankAndRejectsBadLayouts) {
+  EXPECT_NE(dynamic_cast<LocalDispatcher<double>*>(make_dispatcher<double>(moe_config(8), nullptr).get()),
+            nullptr);
+  parallel::ParallelConfig one;
+  parallel::ProcessGroups g1(parallel::make_layout(one, 1), 0);
+  EXPECT_NE(dynamic_cast<LocalDispatcher<double>*>(make_dispatcher<double>(moe_config(8), &g1).get()),
+            nullptr);
+  // Pure layouts (no communicators): the checks come before any communication.
+  parallel::ParallelConfig ep4;
+  ep4.ep = 4;
+  parallel::ProcessGroups g4(parallel::make_layout(ep4, 4), 1);
+  expect_error([&] { make_dispatcher<double>(moe_config(6), &g4); },
+               {"[dispatcher]", "--num-experts 6", "--expert-model-parallel-size 4"});
+  parallel::ParallelConfig etp2;
+  etp2.ep = 2;
+  etp2.etp = 2;
+  parallel::ProcessGroups ge(parallel::make_layout(etp2, 4), 0);
+  expect_error([&] { make_dispatcher<double>(moe_config(8), &ge); },
+               {"[dispatcher]", "--expert-tensor-parallel-size 2", "not implemented yet"});
+  auto comm = parallel::make_local_communicator("ep", 0);
+  expect_error([&] { AlltoAllDispatcher<double>(6, 2, 4, 0.0, *comm).plan(nullptr, 5); },
+               {"5 tokens > planned maximum 0"});
+}
+
+}  // namespace
+}  // namespace moecore::moe
