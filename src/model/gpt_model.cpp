@@ -29,9 +29,13 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden}, ParamInit::Normal,
                                       cfg_.init_std, ParamKind::Dense, true, {}});
+  // Each block's parameters are the ones it registers: they form its backward stage.
+  std::vector<size_t> block_first(cfg_.num_layers + 1);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    block_first[l] = params_.params().size();
     blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_));
   }
+  block_first[cfg_.num_layers] = params_.params().size();
   final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight", {cfg_.hidden},
                                        ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
@@ -41,6 +45,23 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                        ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
                                        {}});
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 256};
+
+  grad_stages_.assign(cfg_.num_layers + 2, {});
+  grad_stages_[0].push_back(final_norm_);
+  if (!cfg_.tie_embeddings) grad_stages_[0].push_back(head_);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    auto& stage = grad_stages_[cfg_.num_layers - l];
+    for (size_t i = block_first[l]; i < block_first[l + 1]; ++i) {
+      stage.push_back(&params_.params()[i]);
+    }
+  }
+  grad_stages_.back().push_back(embedding_);
+  size_t staged = 0;
+  for (const auto& s : grad_stages_) staged += s.size();
+  MOE_CHECK(staged == params_.params().size(),
+            "[model] {} parameters are registered but {} are in backward stages: a parameter "
+            "was registered outside its block",
+            params_.params().size(), staged);
 
   arena_.plan([this](Arena& a) { allocate(a); });
   params_.init(seed);
@@ -101,10 +122,13 @@ void GPTModel<T>::backward(double loss_grad_scale) {
                           lse_T_, dloss, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
   ops::rmsnorm_backward(dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
                         final_norm_->data_as<T>(), final_rstd_, T_, H);
+  stage_done(0);
   for (size_t l = blocks_.size(); l-- > 0;) {
     blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
+    stage_done(static_cast<int>(blocks_.size() - l));
   }
   ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
+  stage_done(static_cast<int>(blocks_.size()) + 1);
 }
 
 template <typename T>

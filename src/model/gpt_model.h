@@ -4,6 +4,7 @@
 // Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V vocab.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,10 @@
 #include "model/transformer_block.h"
 #include "ops/cross_entropy.h"
 #include "ops/rope.h"
+
+namespace moecore::parallel {
+class ProcessGroups;
+}
 
 namespace moecore::model {
 
@@ -51,7 +56,17 @@ class GPTModel {
   // Returns the mean cross entropy over the counted tokens.
   double forward(const int32_t* ids_BS, const int32_t* targets_BS);
   // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses).
+  // After each backward stage (see grad_stages) the grad-ready hook, if set, is called with
+  // the stage's index: the data-parallel gradient buckets launch their all-reduces from it.
   void backward(double loss_grad_scale);
+
+  // The backward in stages, in the order it runs: [0] the final norm and an untied output head,
+  // [1 + i] the parameters of block L-1-i, [L + 1] the embedding (with a tied head it receives
+  // its last gradient there). Once backward has finished stage s, the gradients of the
+  // parameters of stages <= s are final for this micro-batch. Every parameter is in exactly
+  // one stage.
+  const std::vector<std::vector<const Param*>>& grad_stages() const { return grad_stages_; }
+  void set_grad_ready_hook(std::function<void(int stage)> hook) { grad_ready_ = std::move(hook); }
 
   // Once per optimizer step, after the update: the bf16 weight copies (--bf16) are refreshed
   // from the masters, and every router's expert-bias / quantile update and accumulator reset
@@ -65,10 +80,14 @@ class GPTModel {
   const ParamRegistry& params() const { return params_; }
   const Arena& arena() const { return arena_; }
   const ModelConfig& config() const { return cfg_; }
+  const parallel::ProcessGroups* groups() const { return groups_; }
   int64_t micro_batch() const { return B_; }
 
  private:
   void allocate(Arena& a);
+  void stage_done(int stage) {
+    if (grad_ready_) grad_ready_(stage);
+  }
 
   ModelConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
@@ -80,6 +99,8 @@ class GPTModel {
   Param* final_norm_;
   Param* head_;
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
+  std::vector<std::vector<const Param*>> grad_stages_;
+  std::function<void(int)> grad_ready_;
   ops::HeadLossShape head_shape_;
   int32_t* ids_T_ = nullptr;
   int32_t* targets_T_ = nullptr;

@@ -24,25 +24,47 @@ static double sum_squares(const T* g, int64_t n) {
   return s;
 }
 
+double grad_sum_squares(const ParamRegistry& params, ParamKind k) {
+  if (params.numel(k) == 0) return 0.0;
+  if (params.dtype() == DType::F32) {
+    return sum_squares(static_cast<const float*>(params.flat_grad(k)), params.numel(k));
+  }
+  return sum_squares(static_cast<const double*>(params.flat_grad(k)), params.numel(k));
+}
+
 double global_grad_norm(const ParamRegistry& params) {
   double s = 0;
-  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-    if (params.numel(k) == 0) continue;
-    if (params.dtype() == DType::F32) {
-      s += sum_squares(static_cast<const float*>(params.flat_grad(k)), params.numel(k));
-    } else {
-      s += sum_squares(static_cast<const double*>(params.flat_grad(k)), params.numel(k));
-    }
-  }
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) s += grad_sum_squares(params, k);
   return std::sqrt(s);
+}
+
+double clip_coefficient(double grad_norm, double max_norm, int64_t step) {
+  MOE_CHECK(std::isfinite(grad_norm),
+            "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad",
+            grad_norm, step);
+  if (max_norm > 0) {
+    double c = max_norm / (grad_norm + 1e-6);
+    if (c < 1.0) return c;
+  }
+  return 1.0;
 }
 
 AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg)
     : params_(params), cfg_(cfg) {
+  plan();
+}
+
+AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only)
+    : params_(params), cfg_(cfg), all_kinds_(false), only_(only) {
+  plan();
+}
+
+void AdamWOptimizer::plan() {
   cfg_.validate();
   arena_.plan([this](Arena& a) {
     for (int k = 0; k < 2; ++k) {
-      int64_t n = params_.numel(static_cast<ParamKind>(k));
+      // Planned for both kinds; a one-kind optimizer leaves the other's state empty.
+      int64_t n = covers(static_cast<ParamKind>(k)) ? params_.numel(static_cast<ParamKind>(k)) : 0;
       m_[k] = a.alloc<float>(n, "adam.m", MemKind::OptimizerState);
       v_[k] = a.alloc<float>(n, "adam.v", MemKind::OptimizerState);
     }
@@ -50,8 +72,9 @@ AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg)
 }
 
 template <typename T>
-void AdamWOptimizer::update(double lr, double grad_scale) {
+void AdamWOptimizer::update_typed(double lr, double grad_scale) {
   for (Param& p : params_.params()) {
+    if (!covers(p.spec.kind)) continue;
     const int k = static_cast<int>(p.spec.kind);
     ops::AdamWParams a;
     a.lr = lr;
@@ -66,20 +89,26 @@ void AdamWOptimizer::update(double lr, double grad_scale) {
   }
 }
 
+double AdamWOptimizer::grad_sum_squares() const {
+  double s = 0;
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    if (covers(k)) s += optim::grad_sum_squares(params_, k);
+  }
+  return s;
+}
+
+void AdamWOptimizer::update(double lr, double clip_coeff) {
+  ++step_;
+  if (params_.dtype() == DType::F32) update_typed<float>(lr, clip_coeff);
+  else update_typed<double>(lr, clip_coeff);
+}
+
 StepInfo AdamWOptimizer::step(double lr) {
   ScopedPhase phase(Phase::Optimizer);
   StepInfo info;
-  info.grad_norm = global_grad_norm(params_);
-  MOE_CHECK(std::isfinite(info.grad_norm),
-            "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad",
-            info.grad_norm, step_ + 1);
-  if (cfg_.clip_grad > 0) {
-    double c = cfg_.clip_grad / (info.grad_norm + 1e-6);
-    if (c < 1.0) info.clip_coeff = c;
-  }
-  ++step_;
-  if (params_.dtype() == DType::F32) update<float>(lr, info.clip_coeff);
-  else update<double>(lr, info.clip_coeff);
+  info.grad_norm = std::sqrt(grad_sum_squares());
+  info.clip_coeff = clip_coefficient(info.grad_norm, cfg_.clip_grad, step_ + 1);
+  update(lr, info.clip_coeff);
   return info;
 }
 

@@ -7,6 +7,8 @@
 #include <iostream>
 #include <memory>
 
+#include "parallel/process_groups.h"
+#include "parallel/runtime.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -20,7 +22,11 @@ Subcommand add_train_command(CLI::App& app) {
                       finalize_train_flags(*flags);
                       for (const std::string& n : flags->notices) std::cout << n << "\n";
                       flags->train.live_progress = isatty(STDOUT_FILENO) != 0;
-                      Trainer trainer(flags->model, flags->train);
+                      // MPI is up already (apps/moecore.cpp); this returns the same runtime.
+                      const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
+                      parallel::ProcessGroups groups = parallel::init_process_groups(
+                          flags->parallel, rt, model_dims(flags->model));
+                      Trainer trainer(flags->model, flags->train, &groups);
                       auto metrics = trainer.run(std::cout);
                       const double last = metrics.back().lm_loss, floor = trainer.entropy_floor();
                       if (std::isnan(floor)) {

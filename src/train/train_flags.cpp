@@ -1,6 +1,7 @@
 #include "train/train_flags.h"
 
 #include "core/check.h"
+#include "train/trainer.h"
 
 namespace moecore::train {
 
@@ -144,6 +145,15 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
       ->group(kLog);
 
+  parallel::add_parallel_flags(app, f.parallel);  // group "Distributed"
+  app.add_flag("--overlap-grad-reduce", t.ddp.overlap,
+               "Start each gradient bucket's all-reduce during the backward, as soon as its "
+               "gradients are final")
+      ->group("Distributed");
+  app.add_option("--ddp-bucket-size", t.ddp.bucket_size,
+                 "Elements per data-parallel gradient bucket (default: one bucket per layer)")
+      ->group("Distributed");
+
   f.compat.add_to(app);  // --tokenizer-type, --normalization, ... and the rejected ones
 }
 
@@ -181,6 +191,20 @@ void finalize_train_flags(TrainFlags& f) {
   t.peak_gflops = f.peak_tflops * 1e3;
   m.validate();
   t.validate();
+  // The layout itself (world size, EP | experts, ...) is checked once the ranks are running.
+  check_parallel_support(f.parallel);
+}
+
+parallel::ModelDims model_dims(const ModelConfig& m) {
+  parallel::ModelDims d;
+  d.num_layers = m.num_layers;
+  d.num_experts = m.num_experts;
+  d.num_attention_heads = m.num_heads;
+  d.num_query_groups = m.num_query_groups;
+  d.ffn_hidden = m.ffn_hidden;
+  if (m.num_experts > 0) d.moe_ffn_hidden = m.moe.ffn_hidden;
+  d.seq_length = m.seq_length;
+  return d;
 }
 
 }  // namespace moecore::train

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/parallel_config.h"
 #include "train/megatron_compat.h"
 #include "train/router_flags.h"
 #include "train/trainer.h"
@@ -17,6 +18,7 @@ namespace moecore::train {
 struct TrainFlags {
   ModelConfig model;
   TrainConfig train;
+  parallel::ParallelConfig parallel;        // --tensor-model-parallel-size, ... (Distributed)
   // Values resolved after parsing.
   RouterFlags router;
   int64_t vocab_size = 256;                 // --vocab-size (before padding)
@@ -41,6 +43,9 @@ TrainFlags default_train_flags();
 void add_train_flags(CLI::App& app, TrainFlags& f);
 // Resolves the string flags and derived values; validates everything before any allocation.
 void finalize_train_flags(TrainFlags& f);
+
+// What the parallel layout is validated against (parallel::validate_layout).
+parallel::ModelDims model_dims(const ModelConfig& m);
 
 // Megatron's vocabulary padding: the smallest multiple of `divisible_by` >= vocab.
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by);

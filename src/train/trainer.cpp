@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 #include <ostream>
+#include <span>
 
 #include "core/check.h"
 #include "ops/gemm_probe.h"
@@ -14,28 +15,102 @@
 
 namespace moecore::train {
 
-void TrainConfig::validate() const {
+void TrainConfig::validate(int dp) const {
   MOE_CHECK(micro_batch >= 1 && global_batch >= 1 && global_batch % micro_batch == 0,
             "[train] --global-batch-size={} must be a positive multiple of --micro-batch-size={}",
             global_batch, micro_batch);
+  MOE_CHECK(dp >= 1, "[train] data-parallel size {} must be >= 1", dp);
+  // Every dp rank takes the same number of whole micro-batches of the global batch.
+  MOE_CHECK(global_batch % (micro_batch * dp) == 0,
+            "[train] --global-batch-size={} must be a multiple of --micro-batch-size={} x "
+            "data-parallel size {} = {} (data-parallel size = world size / (tp*cp*pp)): change "
+            "the batch sizes or the number of ranks",
+            global_batch, micro_batch, dp, micro_batch * dp);
   MOE_CHECK(train_iters >= 1, "[train] --train-iters={} must be >= 1", train_iters);
   MOE_CHECK(log_interval >= 1, "[train] --log-interval={} must be >= 1", log_interval);
   MOE_CHECK(peak_gflops >= 0, "[train] --peak-tflops must be >= 0");
   lr.validate();
   adam.validate();
+  ddp.validate();
 }
 
-Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
-    : model_cfg_(model_cfg), cfg_(cfg) {
+void check_parallel_support(const parallel::ParallelConfig& p) {
+  auto not_yet = [](int v, const char* flag, const char* what) {
+    MOE_CHECK(v == 1,
+              "[train] {} {}: {} is not implemented yet; moecore train runs data and expert "
+              "parallelism (--expert-model-parallel-size): set {} 1",
+              flag, v, what, flag);
+  };
+  not_yet(p.tp, "--tensor-model-parallel-size", "tensor parallelism");
+  not_yet(p.cp, "--context-parallel-size", "context parallelism");
+  not_yet(p.pp, "--pipeline-model-parallel-size", "pipeline parallelism");
+  not_yet(p.expert_tp(), "--expert-tensor-parallel-size", "expert tensor parallelism");
+  MOE_CHECK(!p.sequence_parallel || p.tp > 1,
+            "[train] --sequence-parallel needs tensor parallelism "
+            "(--tensor-model-parallel-size > 1), which is not implemented yet: drop "
+            "--sequence-parallel");
+}
+
+template <typename T>
+BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
+                              const parallel::ProcessGroups* groups)
+    : model_cfg_(model_cfg), cfg_(cfg), groups_(groups) {
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
-  cfg_.validate();
+  if (groups_ != nullptr) {
+    check_parallel_support(groups_->layout().config);
+    // Data parallelism runs over dp x cp (cp = 1 here): each rank reads its own share.
+    dp_size_ = groups_->group(parallel::GroupKind::DpCp).size();
+    dp_rank_ = groups_->group(parallel::GroupKind::DpCp).rank;
+  }
+  cfg_.validate(dp_size_);
   model_cfg_.validate();
+  MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
+            "[train] --moe-router-load-balancing-type global_aux_loss with data-parallel size {} "
+            "is not implemented yet: its counts must be summed over TP x DP x CP inside every "
+            "forward; use aux_loss or seq_aux_loss, or one data-parallel rank",
+            dp_size_);
+  n_micro_ = cfg_.global_batch / (cfg_.micro_batch * dp_size_);
   data_ = data::make_token_source(cfg_.data, model_cfg_.seq_length, cfg_.seed);
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
             "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
             data_->vocab(), model_cfg_.vocab_size);
-  model_ = std::make_unique<model::GPTModel<float>>(model_cfg_, cfg_.micro_batch, cfg_.seed);
-  optimizer_ = std::make_unique<optim::AdamWOptimizer>(model_->params(), cfg_.adam);
+  model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_);
+
+  // Dense gradients reduce over dp x cp, expert gradients over expt_dp.
+  const parallel::ProcessGroup* dense_group =
+      groups_ ? &groups_->group(parallel::GroupKind::DpCp) : nullptr;
+  const parallel::ProcessGroup* expert_group =
+      groups_ ? &groups_->group(parallel::GroupKind::ExptDp) : nullptr;
+  buckets_ = std::make_unique<parallel::GradBuckets>(model_->params(), model_->grad_stages(),
+                                                     dense_group, expert_group, cfg_.ddp);
+  model_->set_grad_ready_hook([this](int stage) { buckets_->stage_done(stage); });
+
+  optim::GradNormSync norm_sync;
+  if (groups_ && groups_->group(parallel::GroupKind::Ep).size() > 1) {
+    const parallel::ProcessGroup* ep = &groups_->group(parallel::GroupKind::Ep);
+    norm_sync.sum_expert = [ep](double* sq) {
+      ep->communicator().all_reduce(std::span<double>(sq, 1));
+    };
+  }
+  optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
+
+  // The routers' once-per-step all-reduces (MOE_SEMANTICS Router 4 and 5).
+  if (groups_ && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
+    const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::TpDpCp);
+    router_sync_.sum_tp_dp_cp = [g](double* v, int64_t n) {
+      ScopedPhase phase(Phase::Communication);
+      g->communicator().all_reduce(std::span<double>(v, n));
+    };
+  }
+  if (dp_size_ > 1) {
+    const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::DpCp);
+    router_sync_.mean_dp_cp = [g](double* v, int64_t n) {
+      ScopedPhase phase(Phase::Communication);
+      g->communicator().all_reduce(std::span<double>(v, n));
+      for (int64_t i = 0; i < n; ++i) v[i] /= static_cast<double>(g->size());
+    };
+  }
+
   flops_ = flops_model(model_cfg_);
   // The MFU denominator: the GEMM rate of this machine now, at this thread count, at the
   // training precision (bf16 inputs with --bf16).
@@ -46,15 +121,19 @@ Trainer::Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg)
   ids_.resize(cfg_.micro_batch * S);
   targets_.resize(cfg_.micro_batch * S);
   scratch_.resize(S + 1);
-  load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1));
+  // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
+  load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
+  mb_values_.resize(n_micro_ * 3);
+  all_values_.resize(n_micro_ * dp_size_ * 3);
 }
 
-StepMetrics Trainer::train_step() {
+template <typename T>
+StepMetrics BasicTrainer<T>::train_step() {
   auto t0 = std::chrono::steady_clock::now();
   profiler_.reset();
   ActiveProfiler active(&profiler_);
   std::optional<ScopedPhase> step_phase(Phase::Other);
-  const int64_t n_micro = cfg_.global_batch / cfg_.micro_batch;
+  const int64_t n_global = n_micro_ * dp_size_;
   const int64_t S = model_cfg_.seq_length;
   StepMetrics m;
   m.iteration = ++iteration_;
@@ -62,38 +141,66 @@ StepMetrics Trainer::train_step() {
   std::fill(load_.begin(), load_.end(), 0);
   model_->params().zero_grads();
   int64_t moe_layers = 0;
-  for (int64_t mb = 0; mb < n_micro; ++mb) {
-    uint64_t first =
-        static_cast<uint64_t>((iteration_ - 1) * cfg_.global_batch + mb * cfg_.micro_batch);
+  // This rank's contiguous share of the global batch: samples
+  // [step * GB + dp_rank * GB / dp, step * GB + (dp_rank + 1) * GB / dp).
+  const int64_t share = cfg_.global_batch / dp_size_;
+  for (int64_t mb = 0; mb < n_micro_; ++mb) {
+    uint64_t first = static_cast<uint64_t>((iteration_ - 1) * cfg_.global_batch +
+                                           dp_rank_ * share + mb * cfg_.micro_batch);
     data::make_batch(*data_, ids_.data(), targets_.data(), cfg_.micro_batch, S, first,
                      scratch_.data());
-    m.lm_loss += model_->forward(ids_.data(), targets_.data()) / n_micro;
-    // Megatron averages the loss over micro-batches: each backward carries 1 / n_micro.
-    model_->backward(1.0 / n_micro);
+    mb_values_[mb * 3] = model_->forward(ids_.data(), targets_.data());
+    // Gradients are final only after the last micro-batch: its backward launches the buckets.
+    if (mb == n_micro_ - 1) buckets_->arm();
+    // Megatron averages the loss over micro-batches and the gradients over dp x cp replicas:
+    // each backward carries 1 / (micro-batches x dp), so the all-reduce is a plain sum.
+    model_->backward(1.0 / static_cast<double>(n_global));
     model::MoeStats st = model_->moe_stats();
     moe_layers = st.num_moe_layers;
+    mb_values_[mb * 3 + 1] = moe_layers > 0 ? st.aux_value / moe_layers : 0.0;
+    mb_values_[mb * 3 + 2] = moe_layers > 0 ? st.z_value / moe_layers : 0.0;
     if (moe_layers > 0) {
-      m.aux_loss += st.aux_value / moe_layers / n_micro;
-      m.z_loss += st.z_value / moe_layers / n_micro;
       m.dropped_tokens += st.dropped;
       for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) load_[e] += st.tokens_per_expert[e];
+    }
+  }
+  buckets_->finish();  // every gradient summed over its data-parallel group
+  // The logged losses: every micro-batch of the global batch, summed in global order (the
+  // same arithmetic as one rank).
+  if (dp_size_ > 1) {
+    ScopedPhase phase(Phase::Communication);
+    auto& dp = groups_->group(parallel::GroupKind::DpCp).communicator();
+    dp.all_gather(mb_values_, all_values_);
+    load_.back() = m.dropped_tokens;
+    dp.all_reduce(load_);
+    m.dropped_tokens = load_.back();
+  } else {
+    all_values_ = mb_values_;
+  }
+  for (int64_t mb = 0; mb < n_global; ++mb) {
+    m.lm_loss += all_values_[mb * 3] / n_global;
+    if (moe_layers > 0) {
+      m.aux_loss += all_values_[mb * 3 + 1] / n_global;
+      m.z_loss += all_values_[mb * 3 + 2] / n_global;
     }
   }
   optim::StepInfo info = optimizer_->step(m.lr);
   m.grad_norm = info.grad_norm;
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
-  model_->finish_step();
+  model_->finish_step(router_sync_);
   if (moe_layers > 0) {
+    const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
-    for (int64_t c : load_) {
-      sum += c;
-      mx = std::max(mx, static_cast<double>(c));
+    for (size_t e = 0; e < n_experts; ++e) {
+      sum += load_[e];
+      mx = std::max(mx, static_cast<double>(load_[e]));
     }
-    m.max_over_mean_load = sum > 0 ? mx / (sum / load_.size()) : 0;
+    m.max_over_mean_load = sum > 0 ? mx / (sum / n_experts) : 0;
   }
   step_phase.reset();
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int p = 0; p < kNumPhases; ++p) m.phase_seconds[p] = profiler_.seconds(static_cast<Phase>(p));
+  // Throughput of the whole job: the global batch.
   const double tokens = static_cast<double>(cfg_.global_batch * S);
   m.tokens_per_s = tokens / m.seconds;
   m.tflops = flops_.train_flops_per_token() * m.tokens_per_s / 1e12;
@@ -102,29 +209,43 @@ StepMetrics Trainer::train_step() {
   for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
     const MemKind kind = static_cast<MemKind>(k);
     m.mem_bytes[k] = static_cast<int64_t>(model_->arena().bytes_of(kind) +
-                                          optimizer_->arena().bytes_of(kind));
+                                          optimizer_->state_bytes(kind));
   }
   return m;
 }
 
-void Trainer::print_header(std::ostream& log) const {
+template <typename T>
+void BasicTrainer<T>::print_header(std::ostream& log) const {
   const auto& p = model_->params();
   const Arena& ma = model_->arena();
-  const Arena& oa = optimizer_->arena();
+
   constexpr double kMiB = 1024.0 * 1024.0;
   fmt::print(log, "[train] data: {}\n", data_->describe());
   if (!std::isnan(entropy_floor())) {
     fmt::print(log, "[train] entropy floor (best achievable lm loss): {:.4f} nats/token\n",
                entropy_floor());
   }
-  fmt::print(log, "[train] parameters: {} ({} dense, {} expert); active matmul parameters per "
+  if (groups_ != nullptr) {
+    const parallel::Degrees& d = groups_->degrees();
+    int64_t dense_buckets = 0;
+    for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
+    fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
+                    "{}), expert parallel {} x expert data parallel {}; gradient buckets: {} "
+                    "dense over dp_cp, {} expert over expt_dp, {}\n",
+               d.world, dp_size_, n_micro_, cfg_.micro_batch, d.ep, d.edp, dense_buckets,
+               buckets_->buckets().size() - dense_buckets,
+               cfg_.ddp.overlap ? "overlapped with the backward (--overlap-grad-reduce)"
+                                : "reduced after the backward");
+  }
+  fmt::print(log, "[train] parameters{}: {} ({} dense, {} expert); active matmul parameters per "
                   "token: {:.0f}\n",
+             groups_ != nullptr && groups_->world_size() > 1 ? " on this rank" : "",
              p.numel(ParamKind::Dense) + p.numel(ParamKind::Expert), p.numel(ParamKind::Dense),
              p.numel(ParamKind::Expert), flops_.active_matmul_params);
   fmt::print(log, "[train] memory plan (MiB): weights {:.2f}, grads {:.2f}, optimizer {:.2f}, "
                   "activations {:.2f}, workspace {:.2f}\n",
              ma.bytes_of(MemKind::Weights) / kMiB, ma.bytes_of(MemKind::Grads) / kMiB,
-             oa.bytes_of(MemKind::OptimizerState) / kMiB, ma.bytes_of(MemKind::Activations) / kMiB,
+             optimizer_->state_bytes(MemKind::OptimizerState) / kMiB, ma.bytes_of(MemKind::Activations) / kMiB,
              ma.bytes_of(MemKind::Workspace) / kMiB);
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
@@ -132,9 +253,10 @@ void Trainer::print_header(std::ostream& log) const {
              peak_gflops_);
 }
 
-std::vector<StepMetrics> Trainer::run(std::ostream& log) {
+template <typename T>
+std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   print_header(log);
-  MetricsFile metrics(cfg_.metrics_file);
+  MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string());  // rank 0 writes
   ProgressLine progress(log, cfg_.live_progress, cfg_.train_iters);
   std::vector<StepMetrics> all;
   StepMetrics acc;  // sums over the log interval
@@ -190,7 +312,8 @@ std::vector<StepMetrics> Trainer::run(std::ostream& log) {
   return all;
 }
 
-void Trainer::print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const {
+template <typename T>
+void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const {
   // Steady state: the first iterations (thread pools, page faults) are left out when possible.
   const size_t skip = all.size() > 4 ? 2 : 0;
   double seconds = 0;
@@ -215,5 +338,8 @@ void Trainer::print_summary(std::ostream& log, const std::vector<StepMetrics>& a
              model_cfg_.bf16 ? "bf16" : "fp32",
              seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
 }
+
+template class BasicTrainer<float>;
+template class BasicTrainer<double>;
 
 }  // namespace moecore::train

@@ -1,7 +1,11 @@
-// The training loop: the global batch of each iteration from a token source, split into
-// micro-batches with gradient accumulation, AdamW with the LR schedule and global-norm clipping,
-// log lines every --log-interval (Megatron's format plus throughput, MFU, expert load, memory),
-// a live progress line on terminals and an optional JSON-lines metrics file.
+// The training loop: the global batch of each iteration from a token source, each data-parallel
+// rank taking its contiguous share, split into micro-batches with gradient accumulation;
+// gradients reduced over the data-parallel groups in buckets (overlapped with the backward under
+// --overlap-grad-reduce); the ChainedOptimizer (dense and expert AdamW, one global norm, one clip
+// coefficient) with the LR schedule; log lines every --log-interval (Megatron's format plus
+// throughput, MFU, expert load, memory; rank 0 prints and writes the metrics file), a live
+// progress line on terminals and an optional JSON-lines metrics file. A template over the model
+// dtype so that tests can train the f64 model with the same loop.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +17,12 @@
 #include "data/token_source.h"
 #include "model/config.h"
 #include "model/gpt_model.h"
+#include "optim/chained_optimizer.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/parallel_config.h"
+#include "parallel/process_groups.h"
 #include "train/metrics.h"
 
 namespace moecore::train {
@@ -31,36 +39,61 @@ struct TrainConfig {
   std::string metrics_file;   // --metrics-file (JSON lines)
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
-  void validate() const;
+  parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
+  // Checks every value; dp is the data-parallel size (the global batch splits over it).
+  void validate(int dp = 1) const;
 };
 
-class Trainer {
- public:
-  Trainer(const ModelConfig& model_cfg, const TrainConfig& cfg);
+// The parallel degrees `moecore train` implements: data parallelism and expert parallelism.
+// Throws naming the flag for tensor, context, pipeline and expert-tensor parallelism (not
+// implemented yet) and for --sequence-parallel without tensor parallelism.
+void check_parallel_support(const parallel::ParallelConfig& cfg);
 
-  // Runs train_iters iterations, logging to `log`; returns the metrics of every iteration.
+template <typename T>
+class BasicTrainer {
+ public:
+  // groups: this rank's process groups (null: one rank). Collective over the world when given:
+  // every rank constructs its trainer with the same configs.
+  BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
+               const parallel::ProcessGroups* groups = nullptr);
+
+  // Runs train_iters iterations, logging to `log`; returns the metrics of every iteration
+  // (global values: the same on every rank).
   std::vector<StepMetrics> run(std::ostream& log);
   StepMetrics train_step();
 
   double entropy_floor() const { return data_->entropy_floor(); }
   double peak_gflops() const { return peak_gflops_; }
-  model::GPTModel<float>& model() { return *model_; }
+  model::GPTModel<T>& model() { return *model_; }
+  const parallel::GradBuckets& grad_buckets() const { return *buckets_; }
+  int dp_size() const { return dp_size_; }
+  int dp_rank() const { return dp_rank_; }
 
  private:
   void print_header(std::ostream& log) const;
   void print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const;
+  bool logging_rank() const { return groups_ == nullptr || groups_->rank() == 0; }
 
   ModelConfig model_cfg_;
   TrainConfig cfg_;
+  const parallel::ProcessGroups* groups_ = nullptr;
+  int dp_size_ = 1, dp_rank_ = 0;
+  int64_t n_micro_ = 1;  // micro-batches per dp rank and step
   std::unique_ptr<data::TokenSource> data_;
-  std::unique_ptr<model::GPTModel<float>> model_;
-  std::unique_ptr<optim::AdamWOptimizer> optimizer_;
+  std::unique_ptr<model::GPTModel<T>> model_;
+  std::unique_ptr<parallel::GradBuckets> buckets_;
+  std::unique_ptr<optim::ChainedOptimizer> optimizer_;
+  moe::RouterStepSync router_sync_;
   FlopsModel flops_;
   double peak_gflops_ = 0;
   std::vector<int32_t> ids_, targets_, scratch_;  // sized once, before step 0
   std::vector<int64_t> load_;
+  std::vector<double> mb_values_;   // [n_micro, 3]: lm loss, aux, z of this rank's micro-batches
+  std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;
   PhaseProfiler profiler_;
 };
+
+using Trainer = BasicTrainer<float>;
 
 }  // namespace moecore::train

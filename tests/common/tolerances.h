@@ -41,4 +41,18 @@ inline constexpr double kBf16GradRelNorm = 3e-2;
 // up to 2^-8 relative just above a power of two.
 inline constexpr double kBf16Rtol = 1.0 / 256.0;
 
+// Layout parity (tests/parallel/mpi/test_train_parity_mpi.cpp): N ranks vs 1 rank, 10 training
+// steps of the same global batch. The layouts sum the same gradients in another order (per-rank
+// partial sums of the micro-batches, then the all-reduce; the expert sum of squares per EP rank):
+// an ulp or two per step. f64: measured bitwise-equal losses and weights for DP 2..8 (Adam's
+// moments are fp32 and absorb ulp-level gradient differences); the tolerance allows a rounding
+// flip of one fp32 moment (6e-8 relative in one update, ~1e-8 relative in the weight, ~1e-10 in
+// the loss). f32: measured <= 2e-8 on the metrics, <= 8e-6 relative on weights above 1e-3.
+inline constexpr double kParityF64Rtol = 1e-10;        // per-step lm loss, aux, z, grad norm
+inline constexpr double kParityF64WeightRtol = 1e-7;   // final weights
+inline constexpr double kParityF64WeightAtol = 1e-10;
+inline constexpr double kParityF32Rtol = 1e-5;
+inline constexpr double kParityF32WeightRtol = 1e-4;
+inline constexpr double kParityF32WeightAtol = 1e-6;
+
 }  // namespace moecore::testing

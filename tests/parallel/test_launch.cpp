@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <string>
 
 #include "parallel/groups_command.h"
@@ -113,6 +115,59 @@ TEST(Launch, ErrorsCarryTheRank) {
   const bool r0 = r.output.find("[rank 0] error: [parallel] world size 12") != std::string::npos;
   const bool r1 = r.output.find("[rank 1] error: [parallel] world size 12") != std::string::npos;
   EXPECT_TRUE(r0 || r1) << r.output;
+}
+
+// `moecore train` under mpirun: data parallelism over 2 ranks trains the same global batch as
+// one process. Rank 0 alone prints and writes the metrics file; step 1 is bitwise the 1-rank
+// value (same micro-batches, same weights, losses summed in global order), later steps within
+// the f32 layout-parity tolerance. A global batch that does not split over DP stops before
+// training, naming the three numbers.
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(Launch, DataParallelTrainMatchesOneRank) {
+  const std::string tiny =
+      " train --hidden-size 32 --num-attention-heads 2 --seq-length 16 --num-layers 2"
+      " --num-experts 4 --moe-ffn-hidden-size 16 --ffn-hidden-size 32 --vocab-size 64"
+      " --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr-warmup-iters 0"
+      " --log-interval 1 --peak-tflops 0.1 --metrics-file ";
+  const std::string base = ::testing::TempDir() + "moecore_dp_" + std::to_string(::getpid());
+  const ProcResult one = run(moecore_binary() + tiny + base + ".1.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const ProcResult two =
+      run(mpirun(2) + moecore_binary() + tiny + base + ".2.jsonl --overlap-grad-reduce");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find(" iteration      4/4"), std::string::npos) << two.output;
+  // One header, one set of log lines: rank 1 is quiet.
+  size_t headers = 0;
+  for (size_t at = 0; (at = two.output.find("[train] parallel: 2 ranks", at)) != std::string::npos;
+       ++at) {
+    ++headers;
+  }
+  EXPECT_EQ(headers, 1u) << two.output;
+  const auto a = read_jsonl(base + ".1.jsonl"), b = read_jsonl(base + ".2.jsonl");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(a[0]["lm_loss"].get<double>(), b[0]["lm_loss"].get<double>());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i]["lm_loss"].get<double>(), y = b[i]["lm_loss"].get<double>();
+    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x)) << "iteration " << i + 1;
+  }
+  std::remove((base + ".1.jsonl").c_str());
+  std::remove((base + ".2.jsonl").c_str());
+
+  const ProcResult bad = run(mpirun(2) + moecore_binary() + tiny + base + ".3.jsonl" +
+                             " --global-batch-size 6");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("--global-batch-size=6 must be a multiple of --micro-batch-size=2 x "
+                            "data-parallel size 2 = 4"),
+            std::string::npos)
+      << bad.output;
+  EXPECT_EQ(bad.output.find("iteration "), std::string::npos) << bad.output;
 }
 
 // One rank skips a collective: the others time out (1.5 s), name the group, the call, the rank

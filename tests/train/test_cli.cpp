@@ -77,6 +77,27 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
 }
 
+// Parallel flags are real: the implemented ones run (one rank here; tests/parallel has mpirun),
+// the others stop before training naming their flag.
+TEST(Cli, ParallelFlags) {
+  expect_stops("--tensor-model-parallel-size 2",
+               "--tensor-model-parallel-size 2: tensor parallelism is not implemented yet");
+  expect_stops("--context-parallel-size 2", "--context-parallel-size 2: context parallelism");
+  expect_stops("--pipeline-model-parallel-size 2",
+               "--pipeline-model-parallel-size 2: pipeline parallelism");
+  expect_stops("--expert-tensor-parallel-size 2",
+               "--expert-tensor-parallel-size 2: expert tensor parallelism");
+  expect_stops("--sequence-parallel", "--sequence-parallel needs tensor parallelism");
+  expect_stops("--expert-model-parallel-size 2", "etp*ep*pp = 1*2*1 = 2");  // one rank only
+  expect_stops("--ddp-bucket-size -5", "--ddp-bucket-size -5 must be >= 0");
+  CommandResult r = run("train" + std::string(kTiny) +
+                        " --overlap-grad-reduce --ddp-bucket-size 100 "
+                        "--expert-model-parallel-size 1 --distributed-timeout-minutes 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[train] parallel: 1 ranks"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("accepted and ignored"), std::string::npos) << r.output;
+}
+
 TEST(Cli, ImplementationDetailFlagsAreAcceptedWithANotice) {
   CommandResult r = run("train" + std::string(kTiny) +
               " --use-mcore-models --no-masked-softmax-fusion --transformer-impl local"

@@ -9,6 +9,7 @@
 #include "common/testing.h"
 #include "core/arena.h"
 #include "data/synthetic_language.h"
+#include "optim/chained_optimizer.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/train_flags.h"
@@ -96,6 +97,74 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
   EXPECT_NEAR(w[1], 1.0 - 0.1 * 0.5, 1e-6);  // zero grad: decay only
   EXPECT_FLOAT_EQ(params.get("norm").data_as<float>()[0], 1.0f);  // no decay, no grad
   EXPECT_NEAR(params.get("e").data_as<float>()[0], 1.0 - 0.1 - 0.05, 1e-6);
+}
+
+// Dense w [2] (decay), norm [1] (no decay), expert e [1]; grads dense (3, 0, 0), expert 4.
+void fill_optimizer_registry(ParamRegistry& params, Arena& arena) {
+  params.add(ParamSpec{"w", {2}, ParamInit::Ones, 0, ParamKind::Dense, true, {}});
+  params.add(ParamSpec{"norm", {1}, ParamInit::Ones, 0, ParamKind::Dense, false, {}});
+  params.add(ParamSpec{"e", {1}, ParamInit::Ones, 0, ParamKind::Expert, true, {}});
+  arena.plan([&](Arena& a) { params.allocate(a); });
+  params.init(0);
+  float* g = static_cast<float*>(params.flat_grad(ParamKind::Dense));
+  g[0] = 3;
+  g[1] = 0;
+  g[2] = 0;
+  static_cast<float*>(params.flat_grad(ParamKind::Expert))[0] = 4;
+}
+
+TEST(ChainedOptimizer, OneRankEqualsTheSingleAdamWBitwise) {
+  ParamRegistry a(DType::F32), b(DType::F32);
+  Arena aa, ab;
+  fill_optimizer_registry(a, aa);
+  fill_optimizer_registry(b, ab);
+  optim::AdamWConfig cfg;
+  cfg.clip_grad = 1.0;
+  optim::AdamWOptimizer single(a, cfg);
+  optim::ChainedOptimizer chained(b, cfg);
+  for (int step = 0; step < 3; ++step) {
+    optim::StepInfo x = single.step(0.1), y = chained.step(0.1);
+    EXPECT_EQ(x.grad_norm, y.grad_norm);
+    EXPECT_EQ(x.clip_coeff, y.clip_coeff);
+  }
+  EXPECT_EQ(chained.steps_taken(), 3);
+  for (const char* n : {"w", "norm", "e"}) {
+    const Param& pa = a.get(n);
+    const Param& pb = b.get(n);
+    for (int64_t i = 0; i < pa.local_numel(); ++i) {
+      EXPECT_EQ(pa.data_as<float>()[i], pb.data_as<float>()[i]) << n << "[" << i << "]";
+    }
+  }
+  EXPECT_EQ(chained.state_bytes(MemKind::OptimizerState),
+            single.arena().bytes_of(MemKind::OptimizerState));
+}
+
+TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
+  ParamRegistry p(DType::F32);
+  Arena arena;
+  fill_optimizer_registry(p, arena);
+  optim::AdamWConfig cfg;
+  cfg.clip_grad = 1.0;
+  cfg.weight_decay = 0;
+  // As if a second EP rank held another expert with the same gradient: 16 + 16.
+  optim::GradNormSync sync;
+  sync.sum_expert = [](double* sq) { *sq *= 2; };
+  optim::ChainedOptimizer opt(p, cfg, sync);
+  optim::StepInfo info = opt.step(0.1);
+  EXPECT_DOUBLE_EQ(info.grad_norm, std::sqrt(9.0 + 32.0));
+  EXPECT_DOUBLE_EQ(info.clip_coeff, 1.0 / (std::sqrt(41.0) + 1e-6));
+  // First Adam step: lr * sign(g) for both kinds (the clip scale cancels in m / sqrt(v)).
+  EXPECT_NEAR(p.get("w").data_as<float>()[0], 0.9, 1e-6);
+  EXPECT_NEAR(p.get("e").data_as<float>()[0], 0.9, 1e-6);
+  // One-kind AdamW leaves the other kind alone.
+  ParamRegistry q(DType::F32);
+  Arena qa;
+  fill_optimizer_registry(q, qa);
+  optim::AdamWOptimizer dense_only(q, cfg, ParamKind::Dense);
+  EXPECT_DOUBLE_EQ(dense_only.grad_sum_squares(), 9.0);
+  dense_only.update(0.1, 1.0);
+  EXPECT_EQ(q.get("e").data_as<float>()[0], 1.0f);
+  EXPECT_NEAR(q.get("w").data_as<float>()[0], 0.9, 1e-6);
 }
 
 train::TrainFlags short_run_flags(int64_t iters) {

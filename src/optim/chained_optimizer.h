@@ -1,0 +1,42 @@
+// The ChainedOptimizer of Megatron-Core: one AdamW for the dense parameters, one for the expert
+// parameters, one global gradient norm over both counting every unique parameter once, and one
+// clip coefficient applied to both (MOE_SEMANTICS "Gradients and the optimizer").
+#pragma once
+
+#include <functional>
+
+#include "core/param_registry.h"
+#include "optim/optimizer.h"
+
+namespace moecore::optim {
+
+// How the norm's pieces combine across ranks; empty members = one rank. After the data-parallel
+// reduction the dense gradients are identical on every dp rank, so each rank counts all of them
+// (tensor / pipeline parallelism would sum over their groups here). Each expert lives on exactly
+// one EP rank: the expert sum of squares is summed over the EP group.
+struct GradNormSync {
+  std::function<void(double* sum_sq)> sum_expert;  // in place, over ep
+};
+
+class ChainedOptimizer {
+ public:
+  ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync = {});
+
+  // norm = sqrt(dense sum of squares + expert sum of squares over EP); coeff = Megatron's clip
+  // coefficient from it; both AdamWs update with that coefficient. Collective over EP.
+  StepInfo step(double lr);
+  int64_t steps_taken() const { return dense_.steps_taken(); }
+  int64_t state_bytes(MemKind kind) const {
+    return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);
+  }
+  const AdamWOptimizer& dense() const { return dense_; }
+  const AdamWOptimizer& expert() const { return expert_; }
+
+ private:
+  AdamWConfig cfg_;
+  GradNormSync sync_;
+  AdamWOptimizer dense_;
+  AdamWOptimizer expert_;
+};
+
+}  // namespace moecore::optim

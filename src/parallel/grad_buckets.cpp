@@ -1,0 +1,125 @@
+#include "parallel/grad_buckets.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/profiler.h"
+
+namespace moecore::parallel {
+
+void GradReduceConfig::validate() const {
+  MOE_CHECK(bucket_size >= 0,
+            "[ddp] --ddp-bucket-size {} must be >= 0 (elements per gradient bucket; 0: one "
+            "bucket per layer)",
+            bucket_size);
+}
+
+GradBuckets::GradBuckets(const ParamRegistry& params,
+                         const std::vector<std::vector<const Param*>>& stages,
+                         const ProcessGroup* dense_group, const ProcessGroup* expert_group,
+                         const GradReduceConfig& cfg)
+    : params_(params), cfg_(cfg) {
+  cfg_.validate();
+  groups_[0] = dense_group;
+  groups_[1] = expert_group;
+  for (int k = 0; k < 2; ++k) communicates_[k] = groups_[k] != nullptr && groups_[k]->size() > 1;
+
+  // Walk the parameters in the order their gradients become final; a bucket grows downwards
+  // through its kind's flat buffer while the next parameter sits right below it and the bucket
+  // is not full (one stage per bucket when no size is given).
+  std::vector<GradBucket> open(2);
+  std::vector<char> has_open(2, 0);
+  std::vector<GradBucket> closed;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    for (int k = 0; k < 2; ++k) {
+      std::vector<const Param*> ps;
+      for (const Param* p : stages[s]) {
+        if (static_cast<int>(p->spec.kind) == k) ps.push_back(p);
+      }
+      std::sort(ps.begin(), ps.end(),
+                [](const Param* a, const Param* b) { return a->offset > b->offset; });
+      for (const Param* p : ps) {
+        const int64_t n = p->local_numel();
+        GradBucket& cur = open[k];
+        const bool extend =
+            has_open[k] && p->offset + n == cur.offset &&
+            (cfg_.bucket_size == 0 ? cur.ready_stage == static_cast<int>(s)
+                                   : cur.count < cfg_.bucket_size);
+        if (extend) {
+          cur.offset = p->offset;
+          cur.count += n;
+          cur.ready_stage = static_cast<int>(s);
+          cur.params.push_back(p->name());
+          continue;
+        }
+        if (has_open[k]) closed.push_back(std::move(cur));
+        cur = GradBucket{static_cast<ParamKind>(k), p->offset, n, static_cast<int>(s), {p->name()}};
+        has_open[k] = 1;
+      }
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (has_open[k]) closed.push_back(std::move(open[k]));
+  }
+  // Launch order = bucket order: by ready stage, dense before expert, then as formed. The same
+  // on every rank of a group, as collectives on one communicator must be.
+  std::stable_sort(closed.begin(), closed.end(), [](const GradBucket& a, const GradBucket& b) {
+    if (a.ready_stage != b.ready_stage) return a.ready_stage < b.ready_stage;
+    return a.kind < b.kind;
+  });
+  buckets_ = std::move(closed);
+
+  int64_t covered[2] = {0, 0};
+  for (const GradBucket& b : buckets_) covered[static_cast<int>(b.kind)] += b.count;
+  for (int k = 0; k < 2; ++k) {
+    MOE_CHECK(covered[k] == params_.numel(static_cast<ParamKind>(k)),
+              "[ddp] gradient buckets cover {} of the {} {} gradient elements: a parameter is "
+              "missing from the model's backward stages",
+              covered[k], params_.numel(static_cast<ParamKind>(k)), k == 0 ? "dense" : "expert");
+  }
+  handles_.resize(buckets_.size());
+  launched_.assign(buckets_.size(), 0);
+}
+
+void GradBuckets::arm() {
+  armed_ = true;
+  launched_early_ = 0;
+  std::fill(launched_.begin(), launched_.end(), 0);
+}
+
+void GradBuckets::launch(size_t b) {
+  launched_[b] = 1;
+  const GradBucket& bk = buckets_[b];
+  const int k = static_cast<int>(bk.kind);
+  if (!communicates_[k]) return;
+  const size_t esize = dtype_size(params_.dtype());
+  void* ptr = static_cast<char*>(params_.flat_grad(bk.kind)) + bk.offset * esize;
+  handles_[b] = groups_[k]->communicator().all_reduce_async(ptr, bk.count, params_.dtype(),
+                                                            ReduceOp::Sum);
+}
+
+void GradBuckets::stage_done(int stage) {
+  if (!armed_ || !cfg_.overlap || !communicates()) return;
+  ScopedPhase phase(Phase::Communication);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (launched_[b] || buckets_[b].ready_stage != stage) continue;
+    launch(b);
+    ++launched_early_;
+  }
+  // Open MPI progresses non-blocking collectives only inside MPI calls.
+  for (CommHandle& h : handles_) {
+    if (!h.done()) h.test();
+  }
+}
+
+void GradBuckets::finish() {
+  armed_ = false;
+  if (!communicates()) return;
+  ScopedPhase phase(Phase::Communication);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!launched_[b]) launch(b);
+  }
+  for (CommHandle& h : handles_) h.wait();
+}
+
+}  // namespace moecore::parallel

@@ -1,0 +1,70 @@
+// Data-parallel gradient reduction: the registry's flat gradient buffers cut into contiguous
+// buckets, dense buckets all-reduced (sum) over dp x cp, expert buckets over expt_dp. With
+// --overlap-grad-reduce a bucket's all-reduce starts, non-blocking, as soon as the backward stage
+// that finishes its gradients is done, while the rest of the backward runs; without it the same
+// buckets are reduced after the backward. Both issue identical collectives (same buckets, same
+// order), so both give bitwise-identical gradients. The 1/|dp x cp| mean scale is not applied
+// here: the trainer folds it into the backward's loss-gradient scale (docs/parallel.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/param_registry.h"
+#include "parallel/communicator.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::parallel {
+
+struct GradReduceConfig {
+  bool overlap = false;     // --overlap-grad-reduce
+  int64_t bucket_size = 0;  // --ddp-bucket-size in elements; 0: one bucket per backward stage
+  void validate() const;
+};
+
+struct GradBucket {
+  ParamKind kind = ParamKind::Dense;
+  int64_t offset = 0;  // element range [offset, offset + count) of the kind's flat grad buffer
+  int64_t count = 0;
+  int ready_stage = 0;  // the backward stage after which every gradient in it is final
+  std::vector<std::string> params;  // names, for messages and tests
+};
+
+class GradBuckets {
+ public:
+  // stages: the parameters in the order their gradients become final (GPTModel::grad_stages()).
+  // dense_group / expert_group: where each kind reduces (dp_cp, expt_dp); null or size 1: no
+  // communication for that kind.
+  GradBuckets(const ParamRegistry& params, const std::vector<std::vector<const Param*>>& stages,
+              const ProcessGroup* dense_group, const ProcessGroup* expert_group,
+              const GradReduceConfig& cfg);
+
+  // Before the backward of the step's last micro-batch: from now on stage_done may launch.
+  void arm();
+  // The model's grad-ready hook. With overlap: starts the buckets this stage completed and
+  // lets the earlier ones progress. Without overlap (or not armed): nothing.
+  void stage_done(int stage);
+  // Starts every bucket not started yet (in bucket order) and waits for all of them. After it,
+  // every rank of a group holds the same summed gradients.
+  void finish();
+
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  bool communicates() const { return communicates_[0] || communicates_[1]; }
+  int64_t launched_during_backward() const { return launched_early_; }
+
+ private:
+  void launch(size_t b);
+
+  const ParamRegistry& params_;
+  GradReduceConfig cfg_;
+  const ProcessGroup* groups_[2] = {nullptr, nullptr};
+  bool communicates_[2] = {false, false};
+  std::vector<GradBucket> buckets_;
+  std::vector<CommHandle> handles_;
+  std::vector<char> launched_;
+  bool armed_ = false;
+  int64_t launched_early_ = 0;  // buckets started from stage_done in the last step
+};
+
+}  // namespace moecore::parallel

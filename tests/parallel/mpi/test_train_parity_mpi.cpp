@@ -1,0 +1,418 @@
+// Layout parity under mpirun: the same global model trained for 10 steps on the same global
+// batch must give the 1-rank run's per-step lm loss, aux and z values and grad norm, and the same
+// final weights (expert slices gathered over EP), within the "layout parity" rows of
+// docs/numerics.md. The world size picks the layouts: data parallelism alone (EP 1, DP = world),
+// and every EP in {2, 4, 8} dividing the world and the experts (expert-data-parallel size
+// world / EP), with both dispatchers. Each rank also trains the 1-rank reference itself (tiny
+// model), so nothing has to be shipped around. --overlap-grad-reduce must give bitwise the same
+// run as the reduction after the backward, and data-parallel replicas must stay bitwise equal.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/tolerances.h"
+#include "core/check.h"
+#include "parallel/process_groups.h"
+#include "parallel/runtime.h"
+#include "train/train_flags.h"
+#include "train/trainer.h"
+
+namespace moecore {
+namespace {
+
+parallel::Runtime g_rt;
+
+// Tiny: two MoE layers (8 experts, top-2, shared expert), aux and z losses, clipping active.
+// micro-batch 1 and global batch 8, so every world size up to 8 splits it.
+const std::vector<std::string> kBase = {
+    "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+    "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "16",
+    "--ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "16",
+    "--vocab-size", "64", "--make-vocab-size-divisible-by", "64",
+    "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "10",
+    "--lr-warmup-iters", "2", "--log-interval", "1000", "--peak-tflops", "0.1",
+    "--moe-z-loss-coeff", "1e-3", "--clip-grad", "0.5"};
+// The aux loss on (a list option: given once per run).
+const std::vector<std::string> kAux = {"--moe-aux-loss-coeff", "1e-2"};
+
+// The flags exactly as `moecore train` parses them (so options of other branches, e.g. the
+// dispatcher type, reach the configs the same way).
+void parse_flags(train::TrainFlags& f, std::vector<std::string> args) {
+  CLI::App app;
+  train::add_train_flags(app, f);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
+  app.parse(args);
+  train::finalize_train_flags(f);
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct Run {
+  std::vector<train::StepMetrics> metrics;
+  std::map<std::string, std::vector<double>> weights;  // global tensors (expert slices gathered)
+  std::vector<double> dense_flat, expert_flat;         // this rank's buffers, for replica checks
+  int64_t launched_during_backward = 0;
+};
+
+template <typename T>
+std::vector<double> to_double(const T* p, int64_t n) {
+  return std::vector<double>(p, p + n);
+}
+
+// Trains with `args`; groups null = the 1-rank reference.
+template <typename T>
+Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
+  train::TrainFlags f = train::default_train_flags();
+  parse_flags(f, args);
+  train::BasicTrainer<T> trainer(f.model, f.train, groups);
+  std::ostringstream log;
+  Run r;
+  r.metrics = trainer.run(log);
+  r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
+  const ParamRegistry& params = trainer.model().params();
+  for (const Param& p : params.params()) {
+    std::vector<double> local = to_double(p.data_as<T>(), p.local_numel());
+    const ParamSlice& sl = p.spec.slice;
+    if (sl.dim < 0 || sl.length == p.spec.global_shape[sl.dim]) {  // the whole tensor
+      r.weights[p.name()] = std::move(local);
+      continue;
+    }
+    // An expert slice along dim 0: the EP ranks hold consecutive ranges, in ep-rank order.
+    EXPECT_EQ(p.spec.slice.dim, 0) << p.name();
+    EXPECT_NE(groups, nullptr) << p.name() << " is sliced on one rank";
+    if (groups == nullptr) continue;
+    const parallel::ProcessGroup& ep = groups->group(parallel::GroupKind::Ep);
+    EXPECT_EQ(p.spec.slice.offset, ep.rank * p.spec.slice.length) << p.name();
+    std::vector<double> global(local.size() * ep.size());
+    ep.communicator().all_gather(local, global);
+    r.weights[p.name()] = std::move(global);
+  }
+  r.dense_flat = to_double(static_cast<const T*>(params.flat_data(ParamKind::Dense)),
+                           params.numel(ParamKind::Dense));
+  r.expert_flat = to_double(static_cast<const T*>(params.flat_data(ParamKind::Expert)),
+                            params.numel(ParamKind::Expert));
+  return r;
+}
+
+struct Diff {
+  double lm = 0, aux = 0, z = 0, norm = 0, weights = 0;  // max relative differences
+};
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+
+struct Tol {
+  double metric_rtol;  // per-step lm loss, aux, z, grad norm
+  double weight_rtol, weight_atol;
+};
+
+// Compares a layout's run with the reference: per-step values and every final weight.
+Diff compare(const Run& got, const Run& ref, const Tol& tol, const std::string& what) {
+  Diff d;
+  EXPECT_EQ(got.metrics.size(), ref.metrics.size()) << what;
+  for (size_t i = 0; i < std::min(got.metrics.size(), ref.metrics.size()); ++i) {
+    const auto &g = got.metrics[i], &r = ref.metrics[i];
+    d.lm = std::max(d.lm, rel(g.lm_loss, r.lm_loss));
+    d.aux = std::max(d.aux, rel(g.aux_loss, r.aux_loss));
+    d.z = std::max(d.z, rel(g.z_loss, r.z_loss));
+    d.norm = std::max(d.norm, rel(g.grad_norm, r.grad_norm));
+    EXPECT_LE(rel(g.lm_loss, r.lm_loss), tol.metric_rtol) << what << " lm loss, step " << i + 1;
+    EXPECT_LE(rel(g.aux_loss, r.aux_loss), tol.metric_rtol) << what << " aux, step " << i + 1;
+    EXPECT_LE(rel(g.z_loss, r.z_loss), tol.metric_rtol) << what << " z, step " << i + 1;
+    EXPECT_LE(rel(g.grad_norm, r.grad_norm), tol.metric_rtol)
+        << what << " grad norm, step " << i + 1;
+  }
+  EXPECT_EQ(got.weights.size(), ref.weights.size()) << what;
+  for (const auto& [name, want] : ref.weights) {
+    auto it = got.weights.find(name);
+    EXPECT_NE(it, got.weights.end()) << what << ": no " << name;
+    if (it == got.weights.end()) continue;
+    const std::vector<double>& have = it->second;
+    EXPECT_EQ(have.size(), want.size()) << what << " " << name;
+    if (have.size() != want.size()) continue;
+    double worst = 0;
+    size_t worst_i = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double err = std::abs(have[i] - want[i]);
+      const double scaled = err / (tol.weight_atol + tol.weight_rtol * std::abs(want[i]));
+      if (scaled > worst) {
+        worst = scaled;
+        worst_i = i;
+      }
+      if (std::abs(want[i]) > 1e-3) d.weights = std::max(d.weights, err / std::abs(want[i]));
+    }
+    EXPECT_LE(worst, 1.0) << what << " " << name << "[" << worst_i << "] = " << have[worst_i]
+                          << ", 1 rank: " << want[worst_i];
+  }
+  return d;
+}
+
+void report(const std::string& what, const Diff& d) {
+  if (g_rt.rank != 0) return;
+  std::printf("[parity] %-52s max rel: lm %.2e  aux %.2e  z %.2e  grad norm %.2e  weights %.2e\n",
+              what.c_str(), d.lm, d.aux, d.z, d.norm, d.weights);
+  std::fflush(stdout);
+}
+
+// Bitwise: the same numbers, the same run.
+void expect_bitwise(const Run& a, const Run& b, const std::string& what) {
+  ASSERT_EQ(a.metrics.size(), b.metrics.size());
+  for (size_t i = 0; i < a.metrics.size(); ++i) {
+    EXPECT_EQ(a.metrics[i].lm_loss, b.metrics[i].lm_loss) << what << " step " << i + 1;
+    EXPECT_EQ(a.metrics[i].grad_norm, b.metrics[i].grad_norm) << what << " step " << i + 1;
+  }
+  EXPECT_TRUE(a.dense_flat == b.dense_flat) << what << ": dense weights differ";
+  EXPECT_TRUE(a.expert_flat == b.expert_flat) << what << ": expert weights differ";
+}
+
+// Replicas: dense weights equal on every rank, expert weights on every rank of the expt_dp group.
+void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
+                           const std::string& what) {
+  auto check = [&](const parallel::ProcessGroup& g, std::vector<double> v, const char* kind) {
+    std::vector<double> root = v;
+    g.communicator().broadcast(root, 0);
+    EXPECT_TRUE(root == v) << what << ": " << kind << " weights differ from rank 0 of '"
+                           << g.name << "' (world rank " << g_rt.rank << ")";
+  };
+  check(groups.group(parallel::GroupKind::DpCp), r.dense_flat, "dense");
+  check(groups.group(parallel::GroupKind::ExptDp), r.expert_flat, "expert");
+}
+
+parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
+  train::TrainFlags f = train::default_train_flags();
+  parse_flags(f, args);
+  parallel::ParallelConfig cfg;
+  cfg.ep = ep;
+  cfg.timeout_minutes = 1.0;  // a deadlock ends with a diagnostic, not a ctest timeout
+  return parallel::init_process_groups(cfg, g_rt, train::model_dims(f.model));
+}
+
+template <typename T>
+Tol parity_tol() {
+  if constexpr (std::is_same_v<T, double>) {
+    return {testing::kParityF64Rtol, testing::kParityF64WeightRtol, testing::kParityF64WeightAtol};
+  } else {
+    return {testing::kParityF32Rtol, testing::kParityF32WeightRtol, testing::kParityF32WeightAtol};
+  }
+}
+
+template <typename T>
+const char* dtype_str() {
+  return std::is_same_v<T, double> ? "f64" : "f32";
+}
+
+// EP = 1, DP = world: both reduction schedules against the 1-rank run, and against each other.
+template <typename T>
+void data_parallel_parity(const std::vector<std::string>& args, const std::string& name) {
+  const Run ref = train_run<T>(args, nullptr);
+  parallel::ProcessGroups groups = make_groups(1, args);
+  const Run after = train_run<T>(args, &groups);
+  const Run overlap = train_run<T>(args + std::vector<std::string>{"--overlap-grad-reduce"}, &groups);
+  const std::string what = fmt::format("{} {} dp={} ep=1", name, dtype_str<T>(), g_rt.world_size);
+  report(what, compare(after, ref, parity_tol<T>(), what));
+  // Step 1: the same micro-batches on the same weights, losses summed in global order.
+  EXPECT_EQ(after.metrics[0].lm_loss, ref.metrics[0].lm_loss) << what;
+  EXPECT_EQ(after.metrics[0].aux_loss, ref.metrics[0].aux_loss) << what;
+  expect_bitwise(overlap, after, what + " overlap vs after-backward");
+  expect_replicas_equal(after, groups, what);
+  if (g_rt.world_size > 1) {
+    EXPECT_EQ(after.launched_during_backward, 0);
+    EXPECT_GT(overlap.launched_during_backward, 0) << "nothing was overlapped";
+  }
+}
+
+TEST(LayoutParity, DataParallelF64) { data_parallel_parity<double>(kBase + kAux, "base"); }
+TEST(LayoutParity, DataParallelF32) { data_parallel_parity<float>(kBase + kAux, "base"); }
+
+// Two micro-batches per rank where the world allows it, untied head, small buckets (several per
+// layer: --ddp-bucket-size 300 elements), dense layer in between.
+TEST(LayoutParity, DataParallelAccumulationAndSmallBuckets) {
+  if (8 % (2 * g_rt.world_size) != 0) GTEST_SKIP() << "global batch 8 with micro-batch 2";
+  const auto args = kBase + kAux + std::vector<std::string>{"--micro-batch-size", "2",
+                                                     "--untie-embeddings-and-output-weights",
+                                                     "--num-layers", "3", "--moe-layer-freq",
+                                                     "[1,0,1]", "--ddp-bucket-size", "300"};
+  data_parallel_parity<double>(args, "accumulation+buckets");
+  data_parallel_parity<float>(args, "accumulation+buckets");
+}
+
+// EP > 1 (x expert data parallel world / EP), both dispatchers.
+template <typename T>
+void expert_parallel_parity(const std::vector<std::string>& args, const std::string& name) {
+  const Run ref = train_run<T>(args, nullptr);
+  int layouts = 0;
+  for (int ep : {2, 4, 8}) {
+    if (g_rt.world_size % ep != 0 || 8 % ep != 0) continue;
+    parallel::ProcessGroups groups = make_groups(ep, args);
+    for (const char* disp : {"allgather", "alltoall"}) {
+      const auto a = args + std::vector<std::string>{"--moe-token-dispatcher-type", disp};
+      const Run after = train_run<T>(a, &groups);
+      const Run overlap = train_run<T>(a + std::vector<std::string>{"--overlap-grad-reduce"},
+                                       &groups);
+      const std::string what = fmt::format("{} {} ep={} edp={} {}", name, dtype_str<T>(), ep,
+                                           g_rt.world_size / ep, disp);
+      report(what, compare(after, ref, parity_tol<T>(), what));
+      expect_bitwise(overlap, after, what + " overlap vs after-backward");
+      expect_replicas_equal(after, groups, what);
+      ++layouts;
+    }
+  }
+  if (layouts == 0) GTEST_SKIP() << "no EP > 1 layout for world size " << g_rt.world_size;
+}
+
+TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + kAux, "base"); }
+TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
+
+// Aux-loss-free balancing: the expert bias moves from the token counts summed over TP x DP x CP
+// (sigmoid router, no aux loss), quantile balancing from the beta estimates averaged over DP x CP.
+// The routing after a few steps depends on them, so equal losses and weights mean equal buffers;
+// the buffers are compared directly too.
+template <typename T>
+void balancing_parity(const std::vector<std::string>& args, const std::string& name, int ep) {
+  const Run ref = train_run<T>(args, nullptr);
+  parallel::ProcessGroups groups = make_groups(ep, args);
+  const Run got = train_run<T>(args, &groups);
+  const std::string what = fmt::format("{} {} dp={} ep={}", name, dtype_str<T>(),
+                                       g_rt.world_size, ep);
+  report(what, compare(got, ref, parity_tol<T>(), what));
+}
+
+const std::vector<std::string> kExpertBias = {
+    "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+    "--moe-router-bias-update-rate", "1e-2", "--moe-router-load-balancing-type", "none",
+    "--moe-aux-loss-coeff", "0"};
+const std::vector<std::string> kQuantile = {
+    "--moe-router-load-balancing-type", "quantile_balancing", "--moe-aux-loss-coeff", "0",
+    "--moe-router-quantile-balancing-ema", "0.5"};
+
+TEST(BalancingParity, ExpertBiasDataParallel) {
+  balancing_parity<double>(kBase + kExpertBias, "expert bias", 1);
+}
+TEST(BalancingParity, QuantileDataParallel) {
+  balancing_parity<double>(kBase + kQuantile, "quantile", 1);
+}
+TEST(BalancingParity, ExpertBiasExpertParallel) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP();
+  balancing_parity<double>(kBase + kExpertBias, "expert bias", 2);
+}
+
+// The expert-bias buffers themselves (their range per layer): after the same steps equal to the
+// 1-rank run's, exactly (they move by +-rate from integer token counts).
+TEST(BalancingParity, ExpertBiasBuffersEqualOneRank) {
+  const auto args = kBase + kExpertBias;
+  auto bias_of = [&](const parallel::ProcessGroups* groups) {
+    train::TrainFlags f = train::default_train_flags();
+    parse_flags(f, args);
+    f.train.train_iters = 4;
+    train::BasicTrainer<double> t(f.model, f.train, groups);
+    std::ostringstream log;
+    t.run(log);
+    std::vector<float> all;
+    model::MoeStats st = t.model().moe_stats();
+    for (const auto& layer : st.layers) {
+      all.push_back(layer.router.bias_min);
+      all.push_back(layer.router.bias_max);
+    }
+    return all;
+  };
+  const std::vector<float> ref = bias_of(nullptr);
+  parallel::ProcessGroups groups = make_groups(1, args);
+  const std::vector<float> got = bias_of(&groups);
+  EXPECT_EQ(got, ref);
+  EXPECT_NE(ref[1], 0.0f) << "the expert bias never moved";
+}
+
+// Bad layouts stop before training, on every rank, with the numbers in the message.
+TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
+  if (g_rt.world_size == 1) GTEST_SKIP();
+  parallel::ProcessGroups groups = make_groups(1, kBase + kAux);
+  const int w = g_rt.world_size;
+  // micro 1: global batch w + 1 is not a multiple of dp = w.
+  train::TrainFlags f = train::default_train_flags();
+  parse_flags(f, kBase + std::vector<std::string>{"--global-batch-size", std::to_string(w + 1)});
+  try {
+    train::Trainer t(f.model, f.train, &groups);
+    ADD_FAILURE() << "global batch " << w + 1 << " accepted with dp " << w;
+  } catch (const Error& e) {
+    const std::string want = fmt::format("--global-batch-size={} must be a multiple of "
+                                         "--micro-batch-size=1 x data-parallel size {} = {}",
+                                         w + 1, w, w);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  // micro 2 x dp w does not divide a global batch of 2 w - 2... use 2 (w >= 2): 2 % (2 w) != 0.
+  train::TrainFlags g = train::default_train_flags();
+  parse_flags(g, kBase + std::vector<std::string>{"--micro-batch-size", "2", "--global-batch-size",
+                                                  "2"});
+  try {
+    train::Trainer t(g.model, g.train, &groups);
+    ADD_FAILURE() << "micro-batch 2 x dp " << w << " accepted for a global batch of 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("data-parallel size {} = {}", w, 2 * w)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
+  if (g_rt.world_size == 1) GTEST_SKIP();
+  parallel::ProcessGroups groups = make_groups(1, kBase);
+  train::TrainFlags f = train::default_train_flags();
+  parse_flags(f, kBase + std::vector<std::string>{"--moe-router-load-balancing-type",
+                                                  "global_aux_loss"});
+  try {
+    train::Trainer t(f.model, f.train, &groups);
+    ADD_FAILURE() << "global_aux_loss accepted with dp " << g_rt.world_size;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global_aux_loss"), std::string::npos) << e.what();
+  }
+}
+
+// Failures on other ranks print with their rank; rank 0 keeps the usual output.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
+                 r.file_name() ? r.file_name() : "", r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace moecore
+
+int main(int argc, char** argv) {
+  using namespace moecore;
+  ::testing::InitGoogleTest(&argc, argv);
+  g_rt = parallel::runtime_init(&argc, &argv);
+  if (g_rt.rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(g_rt.rank));
+  }
+  int rc = 0;
+  {
+    parallel::ParallelConfig cfg;
+    cfg.timeout_minutes = 1.0;
+    parallel::ProcessGroups world(parallel::make_layout(cfg, g_rt.world_size), g_rt.rank);
+    parallel::connect_communicators(world);
+    rc = RUN_ALL_TESTS();
+    std::vector<int32_t> any = {rc};  // the job fails if any rank failed
+    world.world().communicator().all_reduce(any, parallel::ReduceOp::Max);
+    rc = any[0];
+  }
+  parallel::runtime_finalize();
+  return rc;
+}
