@@ -70,19 +70,27 @@ void ParamRegistry::allocate(Arena& arena) {
   }
 }
 
-double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index) {
+// With the stream key rng_key(seed, spec.name) already computed (once per parameter).
+static double init_value(const ParamSpec& spec, uint64_t key, int64_t global_index) {
   switch (spec.init) {
     case ParamInit::Ones: return 1.0;
     case ParamInit::Zeros: return 0.0;
     case ParamInit::Normal:
-      return spec.init_std * rng_normal(rng_key(seed, spec.name), static_cast<uint64_t>(global_index));
+      return spec.init_std * rng_normal(key, static_cast<uint64_t>(global_index));
   }
   return 0.0;
 }
 
+double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index) {
+  return init_value(spec, rng_key(seed, spec.name), global_index);
+}
+
 void ParamRegistry::init(uint64_t seed) {
+  MOE_CHECK(dtype_ == DType::F32 || dtype_ == DType::F64, "[params] unsupported parameter dtype {}",
+            dtype_name(dtype_));
   for (Param& p : params_) {
     MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
+    const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
     const auto& g = p.spec.global_shape;
     const int nd = static_cast<int>(g.size());
     const int sd = p.spec.slice.dim;
@@ -94,17 +102,16 @@ void ParamRegistry::init(uint64_t seed) {
     const int64_t llen = sd < 0 ? 1 : p.spec.slice.length;
     const int64_t off = sd < 0 ? 0 : p.spec.slice.offset;
     if (sd < 0) inner = p.global_numel();
-    int64_t local = 0;
+    // Each element is a pure function of its global index: the loop order cannot matter.
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t s = 0; s < llen; ++s) {
-        int64_t gbase = (o * glen + off + s) * inner;
-        for (int64_t i = 0; i < inner; ++i, ++local) {
-          double v = param_init_value(p.spec, seed, gbase + i);
-          switch (dtype_) {
-            case DType::F32: static_cast<float*>(p.data)[local] = static_cast<float>(v); break;
-            case DType::F64: static_cast<double*>(p.data)[local] = v; break;
-            default: MOE_FAIL("[params] unsupported parameter dtype {}", dtype_name(dtype_));
-          }
+        const int64_t gbase = (o * glen + off + s) * inner;
+        const int64_t lbase = (o * llen + s) * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          double v = init_value(p.spec, key, gbase + i);
+          if (dtype_ == DType::F32) static_cast<float*>(p.data)[lbase + i] = static_cast<float>(v);
+          else static_cast<double*>(p.data)[lbase + i] = v;
         }
       }
     }

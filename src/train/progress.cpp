@@ -17,6 +17,8 @@ ProgressLine::ProgressLine(std::ostream& out, bool enabled, int64_t total)
 
 void ProgressLine::update(int64_t iteration, double elapsed_s, double loss) {
   if (!enabled_) return;
+  if (iteration != total_ && last_draw_ >= 0 && elapsed_s - last_draw_ < 0.2) return;
+  last_draw_ = elapsed_s;
   constexpr int kWidth = 30;
   int filled = static_cast<int>(kWidth * iteration / total_);
   double eta = iteration > 0 ? elapsed_s / iteration * (total_ - iteration) : 0.0;

@@ -1,5 +1,6 @@
 // A live progress line for terminals: iteration, bar, elapsed, ETA, last loss, redrawn in place.
 // Log lines clear it first, so plain logs and the live line never interleave on one row.
+// Redrawn at most every 0.2 s, so fast iterations do not flood the terminal.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@ class ProgressLine {
   bool enabled_;
   int64_t total_;
   bool shown_ = false;
+  double last_draw_ = -1.0;  // elapsed seconds at the last redraw
 };
 
 }  // namespace moecore::train
