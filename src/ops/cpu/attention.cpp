@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "ops/attention.h"
+#include "ops/cpu/fast_exp.h"
 #include "ops/gemm.h"
 
 namespace moecore::ops {
@@ -34,29 +35,6 @@ void check_shape(const AttentionShape& s) {
             s.Hq, s.Hkv);
 }
 
-// exp for the softmax rows. std::exp(float) is a scalar libm call (-ffast-math would be needed
-// for the vector one) and cost a quarter of the run time; this Cephes-style version
-// (x = n ln2 + r, degree-6 polynomial on |r| <= ln2/2) is within 2 ulp and vectorises under
-// `omp simd`. The double instantiation keeps std::exp: it serves references and grad checks.
-#pragma omp declare simd notinbranch
-inline float exp_softmax(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);  // keep 2^n a normal float
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;  // ln2 split in two so n * hi is exact
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-inline double exp_softmax(double x) { return std::exp(x); }
 
 int64_t row_block(const AttentionShape& s) { return std::min(s.S, kRowBlock); }
 
@@ -127,7 +105,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         double sum = 0.0;  // up to S terms: accumulate wide, it is nearly free
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j <= i; ++j) {
-          p[j] = exp_softmax(p[j] - mx);
+          p[j] = fast_exp(p[j] - mx);
           sum += static_cast<double>(p[j]);
         }
         const T inv = static_cast<T>(1.0 / sum);
@@ -200,7 +178,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             T* p = P + rr * n;
             const T lse_i = lse_h[i];
 #pragma omp simd
-            for (int64_t j = 0; j <= i; ++j) p[j] = exp_softmax(p[j] - lse_i);
+            for (int64_t j = 0; j <= i; ++j) p[j] = fast_exp(p[j] - lse_i);
             for (int64_t j = i + 1; j < n; ++j) p[j] = T(0);
           }
           // dP = dO V^T, then dS = P * (dP - delta) (zero above the diagonal since P is).
