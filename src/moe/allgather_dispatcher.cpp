@@ -26,20 +26,12 @@ AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, i
       me_(ep.rank()),
       pad_capacity_factor_(pad_capacity_factor),
       ep_(ep) {
-  MOE_CHECK(R_ >= 1 && E_ % R_ == 0,
-            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
-            "every EP rank holds E/EP experts",
-            E_, R_);
-  L_ = E_ / R_;
+  L_ = experts_per_ep_rank(E_, R_);
 }
 
 template <typename T>
 int64_t AllGatherDispatcher<T>::max_rows(int64_t max_tokens) const {
-  int64_t rows = R_ * max_tokens * K_;
-  if (pad_capacity_factor_ > 0) {
-    rows = std::max(rows, R_ * L_ * expert_capacity(max_tokens, K_, E_, pad_capacity_factor_));
-  }
-  return rows;
+  return ep_max_rows(R_, max_tokens, K_, E_, pad_capacity_factor_);
 }
 
 template <typename T>

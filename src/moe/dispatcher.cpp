@@ -2,12 +2,33 @@
 // dispatcher so single-rank runs stay bitwise what they were.
 #include "moe/dispatcher.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::moe {
+
+int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size) {
+  MOE_CHECK(ep_size >= 1 && num_experts > 0 && num_experts % ep_size == 0,
+            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
+            "every EP rank holds E/EP experts; pick an EP that divides {}",
+            num_experts, ep_size, num_experts);
+  return num_experts / ep_size;
+}
+
+int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
+                    double pad_capacity_factor) {
+  int64_t rows = ep_size * max_tokens * topk;
+  if (pad_capacity_factor > 0) {
+    const int64_t local = experts_per_ep_rank(num_experts, ep_size);
+    rows = std::max(rows, ep_size * local *
+                              expert_capacity(max_tokens, topk, num_experts, pad_capacity_factor));
+  }
+  return rows;
+}
 
 template <typename T>
 std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
@@ -21,10 +42,7 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
             "[dispatcher] expert tensor parallelism (--expert-tensor-parallel-size {}) is not "
             "implemented yet: set --expert-tensor-parallel-size 1 (it defaults to the TP size)",
             etp);
-  MOE_CHECK(ep >= 1 && E > 0 && E % ep == 0,
-            "[dispatcher] --num-experts {} is not divisible by --expert-model-parallel-size {}: "
-            "every EP rank holds E/EP experts; pick an EP that divides {}",
-            E, ep, E);
+  experts_per_ep_rank(E, ep);
   if (ep == 1) return std::make_unique<LocalDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf);
   parallel::Communicator& comm = groups->group(parallel::GroupKind::Ep).communicator();
   switch (cfg.moe.dispatcher_type) {

@@ -99,6 +99,13 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   DispatchPlan plan_;
 };
 
+// Experts per EP rank (checks that EP divides the expert count), and the worst-case rows the
+// local experts of one EP rank can receive: every token of every EP rank (dropless), or every
+// local expert full to capacity from every source (padded). Shared by the EP dispatchers.
+int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size);
+int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
+                    double pad_capacity_factor);
+
 // The dispatcher for a layout: LocalDispatcher without groups or with EP = 1 (bitwise the
 // single-process path), else cfg.moe.dispatcher_type over the EP group. Throws when EP does not
 // divide the expert count or expert tensor parallelism (ETP > 1) is asked for.
