@@ -44,7 +44,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
               : &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
                                        ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
                                        {}});
-  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 256};
+  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 1024};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
   grad_stages_[0].push_back(final_norm_);

@@ -2,6 +2,7 @@
 // Each row is independent, so results do not depend on the thread count.
 #include <cmath>
 
+#include "ops/cpu/fast_exp.h"
 #include "ops/swiglu.h"
 
 namespace moecore::ops {
@@ -20,7 +21,7 @@ void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F)
     T* a = a_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (T(1) + std::exp(-g[f])) * u[f] * p;
+    for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p;
   }
 }
 
@@ -39,7 +40,7 @@ void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T
     T dp = 0;
 #pragma omp simd reduction(+ : dp)
     for (int64_t f = 0; f < F; ++f) {
-      const T s = T(1) / (T(1) + std::exp(-g[f]));
+      const T s = T(1) / (T(1) + fast_exp(-g[f]));
       const T silu = g[f] * s;
       dg[f] = da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s));
       du[f] = da[f] * p * silu;
