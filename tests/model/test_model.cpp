@@ -130,13 +130,10 @@ std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
   return ids;
 }
 
-TEST(GPTModel, FiniteDifferencesEveryParameter) {
-  ModelConfig cfg = tiny_config();
-  const int64_t B = 2;
-  GPTModel<double> model(cfg, B, 1234);
-  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 1);
-  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 2);
-  targets[3] = -1;  // ignored position
+// Every parameter gradient of (mean CE + aux + z losses) against finite differences.
+::testing::AssertionResult check_model_gradients(GPTModel<double>& model,
+                                                 const std::vector<int32_t>& ids,
+                                                 const std::vector<int32_t>& targets) {
   auto loss = [&] {
     double l = model.forward(ids.data(), targets.data());
     MoeStats st = model.moe_stats();
@@ -145,7 +142,17 @@ TEST(GPTModel, FiniteDifferencesEveryParameter) {
   loss();
   model.params().zero_grads();
   model.backward(1.0);
-  EXPECT_TRUE(testing::check_param_gradients(model.params(), loss, 16));
+  return testing::check_param_gradients(model.params(), loss, 16);
+}
+
+TEST(GPTModel, FiniteDifferencesEveryParameter) {
+  ModelConfig cfg = tiny_config();
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 1234);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 1);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 2);
+  targets[3] = -1;  // ignored position
+  EXPECT_TRUE(check_model_gradients(model, ids, targets));
 }
 
 // Tied embeddings (head gradient adds into the embedding), QKV bias and qk-layernorm.
@@ -164,15 +171,7 @@ TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   for (int64_t i = 0; i < bias.local_numel(); ++i) bias.data_as<double>()[i] = 0.1 * std::sin(i);
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 3);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 4);
-  auto loss = [&] {
-    double l = model.forward(ids.data(), targets.data());
-    MoeStats st = model.moe_stats();
-    return l + st.aux_loss + st.z_loss;
-  };
-  loss();
-  model.params().zero_grads();
-  model.backward(1.0);
-  EXPECT_TRUE(testing::check_param_gradients(model.params(), loss, 16));
+  EXPECT_TRUE(check_model_gradients(model, ids, targets));
 }
 
 TEST(GPTModel, F32MatchesF64AndIsDeterministic) {

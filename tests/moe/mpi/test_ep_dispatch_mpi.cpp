@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "common/mpi_testing.h"
 #include "common/layer_testing.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
@@ -410,20 +411,6 @@ TEST(EpGPTModelMpi, EachRankMatchesTheOneRankModelOnItsMicroBatch) {
   }
 }
 
-// Failures on other ranks print with their rank; rank 0 keeps the usual output.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "",
-                 r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace moecore::moe
 
@@ -432,11 +419,7 @@ int main(int argc, char** argv) {
   using namespace moecore::parallel;
   ::testing::InitGoogleTest(&argc, argv);
   moe::g_rt = runtime_init(&argc, &argv);
-  if (moe::g_rt.rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new moe::RankFailurePrinter(moe::g_rt.rank));
-  }
+  moecore::testing::quiet_gtest_on_other_ranks(moe::g_rt.rank);
   int rc = 0;
   {
     ParallelConfig c2, c4;
@@ -450,9 +433,7 @@ int main(int argc, char** argv) {
     moe::g_ep2 = &ep2;
     moe::g_ep4 = &ep4;
     rc = RUN_ALL_TESTS();
-    std::vector<int32_t> any = {rc};
-    ep2.world().communicator().all_reduce(any, ReduceOp::Max);
-    rc = any[0];
+    rc = moecore::testing::any_rank_failed(rc, ep2.world().communicator());
     moe::g_ep2 = moe::g_ep4 = nullptr;
   }
   runtime_finalize();

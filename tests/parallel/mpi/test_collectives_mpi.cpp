@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/mpi_testing.h"
 #include "core/check.h"
 #include "parallel/process_groups.h"
 
@@ -292,20 +293,6 @@ TEST(ProcessGroupsMpi, CommunicatorsMatchLayouts) {
   check_layout(c);
 }
 
-// Failures on other ranks print with their rank; rank 0 keeps the usual output.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "",
-                 r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace moecore::parallel
 
@@ -313,11 +300,7 @@ int main(int argc, char** argv) {
   using namespace moecore::parallel;
   ::testing::InitGoogleTest(&argc, argv);
   g_rt = runtime_init(&argc, &argv);
-  if (g_rt.rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(g_rt.rank));
-  }
+  moecore::testing::quiet_gtest_on_other_ranks(g_rt.rank);
   int rc = 0;
   {
     ParallelConfig cfg;
@@ -327,9 +310,7 @@ int main(int argc, char** argv) {
     g_groups = &groups;
     rc = RUN_ALL_TESTS();
     // The job fails if any rank failed.
-    std::vector<int32_t> any = {rc};
-    groups.world().communicator().all_reduce(any, ReduceOp::Max);
-    rc = any[0];
+    rc = moecore::testing::any_rank_failed(rc, groups.world().communicator());
     g_groups = nullptr;
   }
   runtime_finalize();

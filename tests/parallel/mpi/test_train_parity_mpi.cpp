@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mpi_testing.h"
 #include "common/tolerances.h"
 #include "core/check.h"
 #include "parallel/process_groups.h"
@@ -376,20 +377,6 @@ TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   }
 }
 
-// Failures on other ranks print with their rank; rank 0 keeps the usual output.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
-                 r.file_name() ? r.file_name() : "", r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace moecore
 
@@ -397,11 +384,7 @@ int main(int argc, char** argv) {
   using namespace moecore;
   ::testing::InitGoogleTest(&argc, argv);
   g_rt = parallel::runtime_init(&argc, &argv);
-  if (g_rt.rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(g_rt.rank));
-  }
+  moecore::testing::quiet_gtest_on_other_ranks(g_rt.rank);
   int rc = 0;
   {
     parallel::ParallelConfig cfg;
@@ -409,9 +392,7 @@ int main(int argc, char** argv) {
     parallel::ProcessGroups world(parallel::make_layout(cfg, g_rt.world_size), g_rt.rank);
     parallel::connect_communicators(world);
     rc = RUN_ALL_TESTS();
-    std::vector<int32_t> any = {rc};  // the job fails if any rank failed
-    world.world().communicator().all_reduce(any, parallel::ReduceOp::Max);
-    rc = any[0];
+    rc = moecore::testing::any_rank_failed(rc, world.world().communicator());
   }
   parallel::runtime_finalize();
   return rc;
