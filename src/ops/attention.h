@@ -12,6 +12,9 @@ struct AttentionShape {
   int64_t S = 0, B = 0, Hq = 0, Hkv = 0, D = 0;  // Hq % Hkv == 0
 };
 
+// Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv).
+void check_attention_shape(const AttentionShape& s, const char* op);
+
 // Workspace elements (of T) the fast path needs for `n_threads` threads.
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 

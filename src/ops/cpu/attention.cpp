@@ -24,16 +24,6 @@ namespace {
 // triangle of each diagonal block stays small against S; with S < 64 the block is all of S.
 constexpr int64_t kRowBlock = 64;
 
-void check_shape(const AttentionShape& s) {
-  MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
-            "[attention] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and "
-            "Hq, Hkv, D > 0",
-            s.S, s.B, s.Hq, s.Hkv, s.D);
-  MOE_CHECK(s.Hq % s.Hkv == 0,
-            "[attention] Hq={} not a multiple of Hkv={}: choose a number of query heads "
-            "divisible by the number of key/value groups",
-            s.Hq, s.Hkv);
-}
 
 
 int64_t row_block(const AttentionShape& s) { return std::min(s.S, kRowBlock); }
@@ -48,8 +38,18 @@ int64_t slab_elems(const AttentionShape& s) {
 
 }  // namespace
 
+void check_attention_shape(const AttentionShape& s, const char* op) {
+  MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
+            "[{}] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and Hq, Hkv, D > 0",
+            op, s.S, s.B, s.Hq, s.Hkv, s.D);
+  MOE_CHECK(s.Hq % s.Hkv == 0,
+            "[{}] Hq={} not a multiple of Hkv={}: choose a number of query heads divisible by "
+            "the number of key/value groups",
+            op, s.Hq, s.Hkv);
+}
+
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads) {
-  check_shape(s);
+  check_attention_shape(s, "attention");
   MOE_CHECK(n_threads >= 1,
             "[attention] n_threads={}: pass omp_get_max_threads() of the thread that will call "
             "attention_forward/backward",
@@ -64,7 +64,7 @@ template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s, T* workspace) {
   ScopedPhase phase(Phase::Attention);
-  check_shape(s);
+  check_attention_shape(s, "attention");
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,
             "[attention] forward got no workspace: allocate attention_workspace_elems(shape, "
@@ -123,7 +123,7 @@ template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s, T* workspace) {
   ScopedPhase phase(Phase::Attention);
-  check_shape(s);
+  check_attention_shape(s, "attention");
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,
             "[attention] backward got no workspace: allocate attention_workspace_elems(shape, "

@@ -14,17 +14,6 @@ namespace moecore::ops {
 
 namespace {
 
-void check_shape_ref(const AttentionShape& s) {
-  MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
-            "[attention_ref] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and "
-            "Hq, Hkv, D > 0",
-            s.S, s.B, s.Hq, s.Hkv, s.D);
-  MOE_CHECK(s.Hq % s.Hkv == 0,
-            "[attention_ref] Hq={} not a multiple of Hkv={}: choose a number of query heads "
-            "divisible by the number of key/value groups",
-            s.Hq, s.Hkv);
-}
-
 // P[i, j] for one (b, h): softmax over j <= i of scale * q_i . k_j, zero above the diagonal;
 // lse_S[i] = log sum_{j <= i} exp(scale * q_i . k_j).
 template <typename T>
@@ -62,7 +51,7 @@ void probabilities_ref(std::vector<double>& P_SS, std::vector<double>& lse_S, co
 template <typename T>
 void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
                            const AttentionShape& s) {
-  check_shape_ref(s);
+  check_attention_shape(s, "attention_ref");
   const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
   std::vector<double> P_SS(S * S), lse_S(S);
   for (int64_t b = 0; b < B; ++b) {
@@ -90,7 +79,7 @@ void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
 template <typename T>
 void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                             const T* v, const T* out, const T* lse, const AttentionShape& s) {
-  check_shape_ref(s);
+  check_attention_shape(s, "attention_ref");
   const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> P_SS(S * S), dP_SS(S * S), lse_S(S);
