@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/cast.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 #include "ops/swiglu.h"
@@ -34,9 +35,11 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   s.N = N;
   if constexpr (std::is_same_v<T, float>) {
     if (s.fc1_16 != nullptr) {
-      ops::grouped_gemm_bf16(m_G, G, 2 * sh.F, sh.H, x_NH, s.fc1_16, true, s.h_N2F, s.ws_a16);
+      ops::cast_f32_to_bf16(s.ws_a16, x_NH, N * sh.H);
+      ops::grouped_gemm_bf16(m_G, G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F);
       ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
-      ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16, true, y_NH, s.ws_a16);
+      ops::cast_f32_to_bf16(s.ws_a16, s.a_NF, N * sh.F);
+      ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.ws_a16, s.fc2_16, true, y_NH);
       return;
     }
   }
@@ -50,15 +53,16 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
                          const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
                          T* dh_N2F) {
   if constexpr (std::is_same_v<T, float>) {
-    if (s.fc1_16 != nullptr) {  // the same products with bf16 inputs, f32 accumulation
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, dy_NH, s.fc2_16, false, da_NF, s.ws_a16);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2, s.ws_a16,
-                                   s.ws_b16);
+    if (s.fc1_16 != nullptr) {  // the same products, bf16 inputs cast once, f32 accumulation
+      ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
+      ops::cast_f32_to_bf16(s.ws_b16, s.a_NF, s.N * sh.F);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.ws_b16, dfc2);
       ops::swiglu_backward(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16, false, dx_NH,
-                             s.ws_a16);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, s.x_NH, dfc1, s.ws_a16,
-                                   s.ws_b16);
+      ops::cast_f32_to_bf16(s.ws_a16, dh_N2F, s.N * 2 * sh.F);
+      ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1);
       return;
     }
   }

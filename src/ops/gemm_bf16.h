@@ -23,12 +23,13 @@ void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
                           const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16);
 
-// Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h:
-//   y_g = bf16(x_g) * op(w_g),  w [G, N, K] (trans_w) or [G, K, N];   x16 workspace sum(m)*K.
-void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const float* x,
-                       const bf16* w, bool trans_w, float* y, bf16* x16);
-//   dw_g[N, K] += bf16(dy_g)^T * bf16(x_g) (f32 accumulate); dy16, x16 workspace.
-void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const float* dy,
-                             const float* x, float* dw, bf16* dy16, bf16* x16);
+// Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
+// on inputs already cast to bf16 (the caller casts each activation once and reuses it):
+//   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
+void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
+                       const bf16* w, bool trans_w, float* y);
+//   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
+void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* dy16,
+                             const bf16* x16, float* dw);
 
 }  // namespace moecore::ops

@@ -81,9 +81,9 @@ TEST(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   auto wg = random_vec<float>(G * N * K, 7);
   auto wg16 = to_bf16(wg);
   std::vector<float> yg(rows * N), yg_ref(rows * N), dwg(G * N * K, 0.f), dwg_ref(G * N * K, 0.f);
-  grouped_gemm_bf16(m.data(), G, N, K, x.data(), wg16.data(), true, yg.data(), x16.data());
-  grouped_gemm_wgrad_bf16(m.data(), G, N, K, dy.data(), x.data(), dwg.data(), dy16.data(),
-                          x16.data());
+  auto xg16 = to_bf16(x), dyg16 = to_bf16(dy);
+  grouped_gemm_bf16(m.data(), G, N, K, xg16.data(), wg16.data(), true, yg.data());
+  grouped_gemm_wgrad_bf16(m.data(), G, N, K, dyg16.data(), xg16.data(), dwg.data());
   auto wgr = rounded(wg);
   grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wgr.data(), true, yg_ref.data());
   grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dwg_ref.data());

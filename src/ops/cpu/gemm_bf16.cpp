@@ -116,11 +116,8 @@ void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const 
   gemm_bf16(true, false, N, K, M, dy16, N, x16, K, 1.f, dw_NK, K);
 }
 
-void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const float* x,
-                       const bf16* w, bool trans_w, float* y, bf16* x16) {
-  int64_t rows = 0;
-  for (int64_t g = 0; g < G; ++g) rows += m_G[g];
-  cast_f32_to_bf16(x16, x, rows * K);
+void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
+                       const bf16* w, bool trans_w, float* y) {
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     if (m_G[g] > 0) {
@@ -131,12 +128,8 @@ void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, cons
   }
 }
 
-void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const float* dy,
-                             const float* x, float* dw, bf16* dy16, bf16* x16) {
-  int64_t rows = 0;
-  for (int64_t g = 0; g < G; ++g) rows += m_G[g];
-  cast_f32_to_bf16(dy16, dy, rows * N);
-  cast_f32_to_bf16(x16, x, rows * K);
+void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* dy16,
+                             const bf16* x16, float* dw) {
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     if (m_G[g] > 0) {
