@@ -108,7 +108,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   const char* kLr = "Learning rate";
   app.add_option("--lr", t.lr.max_lr, "Peak learning rate")->group(kLr);
   app.add_option("--min-lr", t.lr.min_lr, "Final learning rate")->group(kLr);
-  app.add_option("--lr-warmup-iters", t.lr.warmup_steps, "Linear warmup iterations")->group(kLr);
+  f.lr_warmup_iters_opt =
+      app.add_option("--lr-warmup-iters", t.lr.warmup_steps, "Linear warmup iterations")
+          ->group(kLr);
   app.add_option("--lr-warmup-fraction", f.lr_warmup_fraction,
                  "Warmup as a fraction of --lr-decay-iters")
       ->group(kLr);
@@ -166,7 +168,7 @@ void finalize_train_flags(TrainFlags& f) {
   m.bf16 = f.bf16;
   // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
   const bool text = !t.data.data_path.empty();
-  MOE_CHECK(!text || f.vocab_size == 256 || f.vocab_size == default_train_flags().vocab_size,
+  MOE_CHECK(!text || f.vocab_size == 256,
             "[flags] --vocab-size={} conflicts with the byte-level tokenizer (256 tokens): drop "
             "--vocab-size",
             f.vocab_size);
@@ -182,7 +184,7 @@ void finalize_train_flags(TrainFlags& f) {
   t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
   if (t.lr.decay_steps == 0) t.lr.decay_steps = t.train_iters;
   if (f.lr_warmup_fraction > 0) {
-    MOE_CHECK(t.lr.warmup_steps == 0 || t.lr.warmup_steps == default_train_flags().train.lr.warmup_steps,
+    MOE_CHECK(f.lr_warmup_iters_opt == nullptr || f.lr_warmup_iters_opt->count() == 0,
               "[flags] give --lr-warmup-iters or --lr-warmup-fraction, not both");
     MOE_CHECK(f.lr_warmup_fraction < 1, "[flags] --lr-warmup-fraction={} must be < 1",
               f.lr_warmup_fraction);

@@ -33,6 +33,7 @@ struct TrainFlags {
   std::string lr_decay_style = "cosine";
   std::string lr_wsd_decay_style = "exponential";
   double lr_warmup_fraction = 0;
+  const CLI::Option* lr_warmup_iters_opt = nullptr;  // given explicitly? (vs the fraction)
   double peak_tflops = 0;
   std::string config_file;                  // consumed before parsing (expand_config_files)
   MegatronCompat compat;

@@ -73,6 +73,7 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--vocab-size 256 --data-path /nonexistent/corpus.txt", "/nonexistent/corpus.txt");
   expect_stops("--data-path /etc/hostname", "--vocab-size=64 conflicts with the byte-level");
   expect_stops("--fp16", "--fp16 is not supported");
+  expect_stops("--lr-warmup-fraction 0.1", "--lr-warmup-fraction, not both");
   expect_stops("--normalization LayerNorm", "--normalization LayerNorm");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
 }
