@@ -35,15 +35,24 @@ ModelConfig tiny_config() {
   return cfg;
 }
 
-TEST(SelfAttention, FiniteDifferences) {
+// One f64 attention block over S = 5, B = 2 tokens with initialized parameters.
+class SelfAttentionTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t S = 5, B = 2, n = S * B;
   ModelConfig cfg = tiny_config();
-  const int64_t S = 5, B = 2, n = S * B, H = cfg.hidden;
-  ParamRegistry params(DType::F64);
-  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
-  SelfAttention<double> attn(cfg, params, "attn", rope);
+  const int64_t H = cfg.hidden;
+  ParamRegistry params{DType::F64};
+  ops::RopeCache rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  SelfAttention<double> attn{cfg, params, "attn", rope};
   Arena arena;
-  testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
-  auto x = random_vec<double>(n * H, 2);
+  std::vector<double> x = random_vec<double>(n * H, 2);
+
+  void SetUp() override {
+    testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
+  }
+};
+
+TEST_F(SelfAttentionTest, FiniteDifferences) {
   auto R = random_vec<double>(n * H, 3);
   std::vector<double> y(n * H), dx(n * H);
   auto loss = [&] {
@@ -55,15 +64,7 @@ TEST(SelfAttention, FiniteDifferences) {
       {{x.data(), dx.data(), n * H, "dx"}}));
 }
 
-TEST(SelfAttention, IsCausalOverSequence) {
-  ModelConfig cfg = tiny_config();
-  const int64_t S = 5, B = 2, n = S * B, H = cfg.hidden;
-  ParamRegistry params(DType::F64);
-  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
-  SelfAttention<double> attn(cfg, params, "attn", rope);
-  Arena arena;
-  testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
-  auto x = random_vec<double>(n * H, 2);
+TEST_F(SelfAttentionTest, IsCausalOverSequence) {
   std::vector<double> y0(n * H), y1(n * H);
   attn.forward(y0.data(), x.data());
   for (int64_t h = 0; h < H; ++h) x[(3 * B + 1) * H + h] += 1.0;  // token s=3, b=1
