@@ -20,7 +20,8 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
       Hkv_(cfg.num_query_groups),
       D_(cfg.head_dim()),
       rope_(rope),
-      eps_(cfg.norm_eps) {
+      eps_(cfg.norm_eps),
+      recompute_core_(cfg.recompute.modules().core_attn) {
   qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight", {(Hq_ + 2 * Hkv_) * D_, H_},
                                ParamInit::Normal, cfg.init_std, ParamKind::Dense, true, {}});
   if (cfg.add_qkv_bias) {
@@ -52,9 +53,12 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
   saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
   saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
-  saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
-  saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
-  pos_T_ = a.alloc<int32_t>(n, "attn.positions");
+  {
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+    saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
+    saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
+  }
+  pos_T_ = a.alloc<int32_t>(n, "attn.positions", MemKind::State);
   qkv_TC_ = a.alloc<T>(n * (Hq_ + 2 * Hkv_) * D_, "attn.qkv", MemKind::Workspace);
   dq_ = a.alloc<T>(n * Hq_ * D_, "attn.dq", MemKind::Workspace);
   dk_ = a.alloc<T>(n * Hkv_ * D_, "attn.dk", MemKind::Workspace);
@@ -146,6 +150,10 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
 template <typename T>
 void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
   const int64_t n = shape_.S * shape_.B;
+  if (recompute_core_) {
+    ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
+                           workspace_);
+  }
   linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out,
                           saved_.lse, shape_, workspace_);

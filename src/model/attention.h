@@ -35,6 +35,8 @@ class SelfAttention {
  public:
   SelfAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
                 const ops::RopeCache& rope);
+  // With cfg.recompute's core_attn the attention core's out and lse are recomputed from q, k
+  // and v at the start of the backward instead of kept (MemKind::Recomputed).
   void allocate(Arena& arena, int64_t S, int64_t B);
   void forward(T* y_TH, const T* x_TH);
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
@@ -51,10 +53,11 @@ class SelfAttention {
   Param* q_norm_ = nullptr;    // [D] with --qk-layernorm
   Param* k_norm_ = nullptr;    // [D]
   double eps_;
+  bool recompute_core_;
   Param* proj_;  // [H, Hq D]
   ops::AttentionShape shape_;
   AttentionSaved<T> saved_;
-  int32_t* pos_T_ = nullptr;
+  int32_t* pos_T_ = nullptr;  // token positions, filled once (MemKind::State)
   T* qkv_TC_ = nullptr;   // projection output / its gradient
   T* dq_ = nullptr;
   T* dk_ = nullptr;

@@ -74,8 +74,19 @@ void GPTModel<T>::allocate(Arena& a) {
   const int64_t H = cfg_.hidden;
   ids_T_ = a.alloc<int32_t>(T_, "model.ids");
   targets_T_ = a.alloc<int32_t>(T_, "model.targets");
+  // The residual stream at each layer boundary. Full recomputation keeps only the streams at
+  // chunk boundaries: the ones inside a chunk are recomputed with it.
+  const RecomputeConfig& rc = cfg_.recompute;
   stream_.assign(cfg_.num_layers + 1, nullptr);
-  for (auto& s : stream_) s = a.alloc<T>(T_ * H, "model.residual");
+  for (int64_t l = 0; l <= cfg_.num_layers; ++l) {
+    const int64_t chunk = l > 0 && l < cfg_.num_layers ? rc.chunk_of(l - 1) : -1;
+    if (chunk >= 0 && rc.chunk_of(l) == chunk) {
+      Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
+      stream_[l] = a.alloc<T>(T_ * H, "model.residual", MemKind::Recomputed);
+    } else {
+      stream_[l] = a.alloc<T>(T_ * H, "model.residual");
+    }
+  }
   for (auto& b : blocks_) b->allocate(a, S_, B_);
   final_n_ = a.alloc<T>(T_ * H, "model.final_norm");
   final_rstd_ = a.alloc<T>(T_, "model.final_rstd");
@@ -123,9 +134,20 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   ops::rmsnorm_backward(dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
                         final_norm_->data_as<T>(), final_rstd_, T_, H);
   stage_done(0);
-  for (size_t l = blocks_.size(); l-- > 0;) {
+  const RecomputeConfig& rc = cfg_.recompute;
+  const int64_t L = cfg_.num_layers;
+  for (int64_t l = L; l-- > 0;) {
+    const int64_t chunk = rc.chunk_of(l);
+    if (chunk >= 0 && (l == L - 1 || rc.chunk_of(l + 1) != chunk)) {
+      // Entering a recomputed chunk from its top: rerun its forward from the kept input.
+      int64_t first = l;
+      while (first > 0 && rc.chunk_of(first - 1) == chunk) --first;
+      for (int64_t j = first; j <= l; ++j) {
+        blocks_[j]->forward(stream_[j + 1], stream_[j], /*recompute=*/true);
+      }
+    }
     blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
-    stage_done(static_cast<int>(blocks_.size() - l));
+    stage_done(static_cast<int>(L - l));
   }
   ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
   stage_done(static_cast<int>(blocks_.size()) + 1);

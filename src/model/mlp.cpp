@@ -12,9 +12,18 @@ namespace moecore::model {
 
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
-                         const char* name, const Param* fc1, const Param* fc2) {
-  s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
-  s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+                         const char* name, const Param* fc1, const Param* fc2,
+                         SwigluRecompute recompute) {
+  s.recompute_fc1 = recompute.fc1;
+  s.recompute_act = recompute.fc1 || recompute.act;
+  {
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
+    s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
+  }
+  {
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_act);
+    s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+  }
   if (std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16) {
     s.fc1_16 = fc1->data16;
     s.fc2_16 = fc2->data16;
@@ -52,6 +61,22 @@ template <typename T>
 void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
                          const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
                          T* dh_N2F) {
+  if (s.recompute_fc1 || s.recompute_act) {
+    // The forward's arithmetic again, so the values are bitwise the forward's.
+    T* h = s.h_N2F;
+    if (s.recompute_fc1) {
+      bool done = false;
+      if constexpr (std::is_same_v<T, float>) {
+        if (s.fc1_16 != nullptr) {
+          ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
+          ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, h);
+          done = true;
+        }
+      }
+      if (!done) ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, s.x_NH, fc1, /*trans_w=*/true, h);
+    }
+    ops::swiglu_forward(s.a_NF, h, s.p_N, s.N, sh.F);
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (s.fc1_16 != nullptr) {  // the same products, bf16 inputs cast once, f32 accumulation
       ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
@@ -86,8 +111,9 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
 }
 
 template <typename T>
-void MLP<T>::allocate(Arena& a, int64_t max_tokens) {
-  swiglu_mlp_allocate(saved_, a, max_tokens, sh_, "mlp.saved", fc1_, fc2_);
+void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
+  swiglu_mlp_allocate(saved_, a, max_tokens, sh_, "mlp.saved", fc1_, fc2_,
+                      SwigluRecompute{recompute, recompute});
   da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_tokens * 2 * sh_.F, "mlp.dh", MemKind::Workspace);
 }
@@ -108,7 +134,8 @@ void MLP<T>::backward(T* dx_TH, const T* dy_TH) {
 
 #define MOECORE_INSTANTIATE(T)                                                                 \
   template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,     \
-                                       const char*, const Param*, const Param*);               \
+                                       const char*, const Param*, const Param*,                \
+                                       SwigluRecompute);                                       \
   template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*,               \
                                       const int64_t*, int64_t, int64_t, const T*, const T*,     \
                                       SwigluMlpShape);                                         \

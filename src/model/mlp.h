@@ -21,6 +21,10 @@ struct SwigluMlpSaved {
   int64_t G = 0, N = 0;
   T* h_N2F = nullptr;             // fc1 output
   T* a_NF = nullptr;              // activation (fc2 input)
+  // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
+  // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
+  bool recompute_fc1 = false;
+  bool recompute_act = false;
   // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
   // two bf16 workspaces of max_rows * max(2F, H) for the GEMM inputs.
   const bf16* fc1_16 = nullptr;
@@ -33,11 +37,18 @@ struct SwigluMlpShape {
   int64_t H = 0, F = 0;
 };
 
+// What a SwiGLU MLP recomputes in its backward instead of keeping from the forward.
+struct SwigluRecompute {
+  bool fc1 = false;  // fc1's output (and so the activation): only the input is kept
+  bool act = false;  // the activation: fc1's output is kept
+};
+
 // Buffers of a SwigluMlpSaved for up to max_rows rows; with bf16 copies of the weights
 // (fc1_16/fc2_16 non-null after the params are allocated) also the bf16 workspaces.
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
-                         const char* name, const Param* fc1 = nullptr, const Param* fc2 = nullptr);
+                         const char* name, const Param* fc1 = nullptr, const Param* fc2 = nullptr,
+                         SwigluRecompute recompute = {});
 
 // fc1 [G, 2F, H], fc2 [G, H, F]; y [N, H] assigned.
 template <typename T>
@@ -45,7 +56,7 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
                         const int64_t* m_G, int64_t G, int64_t N, const T* fc1, const T* fc2,
                         SwigluMlpShape sh);
 // dx assigned, dp assigned (if p and dp non-null), dfc1/dfc2 accumulated. da_NF, dh_N2F are
-// workspace of the saved sizes.
+// workspace of the saved sizes. Recomputes first what s.recompute_* say was not kept.
 template <typename T>
 void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
                          const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
@@ -57,7 +68,8 @@ class MLP {
  public:
   MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std, ParamRegistry& params,
       const std::string& prefix);
-  void allocate(Arena& arena, int64_t max_tokens);
+  // recompute: keep only the input; the backward recomputes fc1 and the activation.
+  void allocate(Arena& arena, int64_t max_tokens, bool recompute = false);
   void forward(T* y_TH, const T* x_TH, int64_t n_tok);
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
 

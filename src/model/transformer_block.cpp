@@ -1,5 +1,7 @@
 #include "model/transformer_block.h"
 
+#include <optional>
+
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -8,8 +10,12 @@ template <typename T>
 TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
                                       ParamRegistry& params, const ops::RopeCache& rope,
                                       const parallel::ProcessGroups* groups)
-    : H_(cfg.hidden),
+    : layer_(layer),
+      H_(cfg.hidden),
       eps_(cfg.norm_eps),
+      recompute_chunk_(cfg.recompute.chunk_of(layer)),
+      recompute_norms_(cfg.recompute.modules().layernorm),
+      recompute_mlp_(cfg.recompute.modules().mlp),
       norm1_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.input_layernorm.weight", layer),
                                    {cfg.hidden}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}})),
       norm2_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.pre_mlp_layernorm.weight", layer),
@@ -27,13 +33,24 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
 template <typename T>
 void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   n_tok_ = S * B;
+  const bool full = recompute_chunk_ >= 0;
+  Arena::Share layer_share(a, "layer", layer_,
+                           full ? std::initializer_list<MemKind>{MemKind::Workspace}
+                                : std::initializer_list<MemKind>{MemKind::Workspace,
+                                                                 MemKind::Recomputed});
+  std::optional<Arena::Share> chunk_share;
+  if (full) chunk_share.emplace(a, "recompute", recompute_chunk_, std::initializer_list<MemKind>{MemKind::Recomputed});
+  Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
   attn_.allocate(a, S, B);
   if (moe_) moe_->allocate(a, n_tok_);
-  else mlp_->allocate(a, n_tok_);
-  n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
+  else mlp_->allocate(a, n_tok_, recompute_mlp_);
+  {
+    Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
+    n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
+    n2_ = a.alloc<T>(n_tok_ * H_, "block.norm2");
+  }
   rstd1_ = a.alloc<T>(n_tok_, "block.rstd1");
   x1_ = a.alloc<T>(n_tok_ * H_, "block.x1");
-  n2_ = a.alloc<T>(n_tok_ * H_, "block.norm2");
   rstd2_ = a.alloc<T>(n_tok_, "block.rstd2");
   branch_ = a.alloc<T>(n_tok_ * H_, "block.branch", MemKind::Workspace);
   dn_ = a.alloc<T>(n_tok_ * H_, "block.dnorm", MemKind::Workspace);
@@ -41,14 +58,14 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
 }
 
 template <typename T>
-void TransformerBlock<T>::forward(T* y_TH, const T* x_TH) {
+void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
   const int64_t n = n_tok_ * H_;
   x_TH_ = x_TH;
   ops::rmsnorm_forward(n1_, rstd1_, x_TH, norm1_->data_as<T>(), n_tok_, H_, eps_);
   attn_.forward(branch_, n1_);
   for (int64_t i = 0; i < n; ++i) x1_[i] = x_TH[i] + branch_[i];
   ops::rmsnorm_forward(n2_, rstd2_, x1_, norm2_->data_as<T>(), n_tok_, H_, eps_);
-  if (moe_) moe_->forward(branch_, n2_, n_tok_);
+  if (moe_) moe_->forward(branch_, n2_, n_tok_, recompute);
   else mlp_->forward(branch_, n2_, n_tok_);
   for (int64_t i = 0; i < n; ++i) y_TH[i] = x1_[i] + branch_[i];
 }
@@ -56,6 +73,10 @@ void TransformerBlock<T>::forward(T* y_TH, const T* x_TH) {
 template <typename T>
 void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
   const int64_t n = n_tok_ * H_;
+  // "layernorm" recomputation: the FFN reads its input n2 in its backward.
+  if (recompute_norms_) {
+    ops::rmsnorm_forward(n2_, rstd2_, x1_, norm2_->data_as<T>(), n_tok_, H_, eps_);
+  }
   // FFN branch: dx1 = dy + norm2'(ffn'(dy)).
   if (moe_) moe_->backward(dn_, dy_TH, loss_grad_scale);
   else mlp_->backward(dn_, dy_TH);
@@ -63,6 +84,9 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
                         n_tok_, H_);
   for (int64_t i = 0; i < n; ++i) dx1_[i] = dy_TH[i] + branch_[i];
   // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
+  if (recompute_norms_) {
+    ops::rmsnorm_forward(n1_, rstd1_, x_TH_, norm1_->data_as<T>(), n_tok_, H_, eps_);
+  }
   attn_.backward(dn_, dx1_);
   ops::rmsnorm_backward(branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(), rstd1_,
                         n_tok_, H_);

@@ -19,8 +19,12 @@ class TransformerBlock {
   // groups: null = one rank; the MoE layer takes its EP group from it.
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                    const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr);
+  // The layer's workspace and recomputed activations go to member `layer` of the arena's
+  // "layer" overlay: they are live only while this layer runs. Under full recomputation its
+  // activations go to the "recompute" overlay's member of its chunk instead of being kept.
   void allocate(Arena& arena, int64_t S, int64_t B);
-  void forward(T* y_TH, const T* x_TH);
+  // recompute: the backward's rerun of this layer's forward (full recomputation).
+  void forward(T* y_TH, const T* x_TH, bool recompute = false);
   // dx assigned (dx may alias dy: the residual stream gradient is updated in place).
   void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
 
@@ -29,8 +33,11 @@ class TransformerBlock {
   moe::MoELayer<T>* moe() { return moe_.get(); }
 
  private:
-  int64_t H_, n_tok_ = 0;
+  int64_t layer_, H_, n_tok_ = 0;
   double eps_;
+  int64_t recompute_chunk_;   // full recomputation: this layer's chunk (-1: kept)
+  bool recompute_norms_;      // selective "layernorm": n1 and n2 recomputed in the backward
+  bool recompute_mlp_;        // selective "mlp": a dense FFN recomputes fc1 and activation
   Param* norm1_;
   Param* norm2_;
   SelfAttention<T> attn_;

@@ -21,8 +21,8 @@ GroupedExperts<T>::GroupedExperts(int64_t num_experts, int64_t first_expert, int
 }
 
 template <typename T>
-void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows) {
-  model::swiglu_mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_);
+void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, model::SwigluRecompute recompute) {
+  model::swiglu_mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute);
   da_ = a.alloc<T>(max_rows * sh_.F, "experts.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_rows * 2 * sh_.F, "experts.dh", MemKind::Workspace);
 }

@@ -19,7 +19,8 @@ class GroupedExperts {
   GroupedExperts(int64_t num_experts, int64_t first_expert, int64_t num_local, int64_t hidden,
                  int64_t ffn, double init_std, double out_init_std, ParamRegistry& params,
                  const std::string& prefix);
-  void allocate(Arena& arena, int64_t max_rows);
+  // recompute: what the backward recomputes (moe_act: the activation; moe: fc1 too).
+  void allocate(Arena& arena, int64_t max_rows, model::SwigluRecompute recompute = {});
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
   void forward(T* y_NH, const T* x_NH, const T* p_N, const int64_t* rows_per_expert_L, int64_t N);
   // dx, dp assigned; weight grads accumulated.

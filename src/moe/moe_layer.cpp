@@ -16,6 +16,7 @@ MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::
       K_(cfg.moe.router.topk),
       seq_length_(cfg.seq_length),
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
+      recompute_(cfg.recompute.modules()),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(),
@@ -30,10 +31,11 @@ MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::
 
 template <typename T>
 void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
+  Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_.moe);
   router_.allocate(a, max_tokens);
   dispatcher_->allocate(a, max_tokens);
   const int64_t rows = dispatcher_->max_rows(max_tokens);
-  experts_.allocate(a, rows);
+  experts_.allocate(a, rows, model::SwigluRecompute{recompute_.moe, recompute_.moe_act});
   x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
   p_N_ = a.alloc<T>(rows, "moe.p_rows");
   y_NH_ = a.alloc<T>(rows * H_, "moe.y_rows", MemKind::Workspace);
@@ -42,18 +44,19 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
   if (shared_) {
-    shared_->allocate(a, max_tokens);
+    shared_->allocate(a, max_tokens, recompute_.moe || recompute_.shared_experts);
     shared_TH_ = a.alloc<T>(max_tokens * H_, "moe.shared_out", MemKind::Workspace);
   }
 }
 
 template <typename T>
-void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
+void MoELayer<T>::route_and_dispatch(const T* x_TH, int64_t n_tok, bool recompute) {
   n_tok_ = n_tok;
+  x_TH_ = x_TH;
   // Whole sequences only matter to seq_aux_loss; a partial one (layer tests) counts as one.
   {
     ScopedPhase phase(Phase::Router);
-    router_.forward(x_TH, n_tok, n_tok % seq_length_ == 0 ? seq_length_ : 0);
+    router_.forward(x_TH, n_tok, n_tok % seq_length_ == 0 ? seq_length_ : 0, recompute);
   }
   const auto& rs = router_.saved();
   {
@@ -61,6 +64,11 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
     plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
     dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
   }
+}
+
+template <typename T>
+void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute) {
+  route_and_dispatch(x_TH, n_tok, recompute);
   experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
   {
     ScopedPhase phase(Phase::Permute);
@@ -74,6 +82,8 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
 
 template <typename T>
 void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
+  // "moe" recomputation: routing and the expert rows again (the experts recompute their fc1).
+  if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true);
   {
     ScopedPhase phase(Phase::Permute);
     dispatcher_->combine_backward(dy_NH_, dy_TH);

@@ -25,8 +25,12 @@ class MoELayer {
   MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
            std::unique_ptr<TokenDispatcher<T>> dispatcher);
 
+  // Selective recomputation (cfg.recompute): "moe" keeps only the input and reruns routing,
+  // dispatch and the experts' fc1 in the backward; "moe_act" recomputes the experts'
+  // activation; "shared_experts" the shared expert's fc1 and activation.
   void allocate(Arena& arena, int64_t max_tokens);
-  void forward(T* y_TH, const T* x_TH, int64_t n_tok);
+  // recompute: the backward's rerun of the last forward (full recomputation of the layer).
+  void forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute = false);
   // dx assigned; loss_grad_scale multiplies the aux/z-loss gradients.
   void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
   // Once per optimizer step: the router's expert-bias / quantile updates and accumulator reset.
@@ -40,15 +44,19 @@ class MoELayer {
   const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
  private:
+  void route_and_dispatch(const T* x_TH, int64_t n_tok, bool recompute);
+
   int64_t H_, K_;
   int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
   bool pad_to_capacity_;
+  RecomputeModules recompute_;
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
   GroupedExperts<T> experts_;
   std::unique_ptr<model::MLP<T>> shared_;
   const DispatchPlan* plan_ = nullptr;
   int64_t n_tok_ = 0;
+  const T* x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
   // Expert-side rows and their gradients.
   T* x_NH_ = nullptr;
   T* p_N_ = nullptr;

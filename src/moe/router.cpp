@@ -79,7 +79,7 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   s.topv_TK = a.alloc<double>(N * K, "router.topv");
   s.probs64_TK = a.alloc<double>(N * K, "router.probs64");
   s.probs_TK = a.alloc<T>(N * K, "router.probs");
-  s.tokens_per_expert_E = a.alloc<int64_t>(E, "router.tokens_per_expert");
+  s.tokens_per_expert_E = a.alloc<int64_t>(E, "router.tokens_per_expert", MemKind::State);
   s.aux_counts_E = a.alloc<int64_t>(E, "router.aux_counts");
   s.aux_seq_counts_BE = a.alloc<int64_t>(N * E, "router.aux_seq_counts");
   s.global_counts_E = a.alloc<double>(E, "router.global_counts");
@@ -122,8 +122,11 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
 // Forward
 
 template <typename T>
-void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length) {
+void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length, bool recompute) {
   MOE_CHECK(n_tok <= max_tokens_, "[router] {} tokens > planned maximum {}", n_tok, max_tokens_);
+  MOE_CHECK(!recompute || !training_ || micro_ > 0,
+            "[router] a recomputing forward must follow a training forward of the same step");
+  recompute_ = recompute;
   RouterSaved<T>& s = saved_;
   s.x_TH = x_TH;
   s.n_tok = n_tok;
@@ -153,13 +156,14 @@ void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length) {
   }
   compute_losses(n_tok);
 
-  if (training_) {
+  if (training_ && !recompute_) {
     // Aux-loss-free balancing counts the rows experts really processed (after dropping).
     if (cfg_.enable_expert_bias) {
       for (int64_t e = 0; e < E_; ++e) bias_counts_E_[e] += s.tokens_per_expert_E[e];
     }
     ++micro_;
   }
+  recompute_ = false;
 }
 
 template <typename T>
@@ -173,9 +177,10 @@ void Router<T>::gate_forward(const T* x_TH, int64_t n) {
     // (seed, layer, step, micro-batch, element), so reruns and resumes see the same noise.
     const double eps = cfg_.input_jitter_eps;
     const uint64_t base = static_cast<uint64_t>(step_) * static_cast<uint64_t>(max_tokens_ * H);
+    // A recomputing forward reruns the last training forward: its micro-batch index.
+    const auto micro = static_cast<uint32_t>(recompute_ ? micro_ - 1 : micro_);
     for (int64_t i = 0; i < n * H; ++i) {
-      double u = rng_uniform(jitter_key_, base + static_cast<uint64_t>(i),
-                             static_cast<uint32_t>(micro_));
+      double u = rng_uniform(jitter_key_, base + static_cast<uint64_t>(i), micro);
       jitter_TH_[i] = static_cast<T>(1.0 - eps + 2.0 * eps * u);
       gate_TH_[i] = x_TH[i] * jitter_TH_[i];
     }
@@ -330,7 +335,7 @@ void Router<T>::quantile_select(int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t k = 0; k < K; ++k) s.routed_TK[t * K + k] = keyi_TK_[t * K1 + k];
   }
-  if (!training_ || n == 0) return;
+  if (!training_ || recompute_ || n == 0) return;
   const int64_t C = n * K / E;  // divisibility checked in forward
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t t = 0; t < n; ++t) col_T_[t] = s.logits_TE[t * E + e] - keyv_TK_[t * K1 + K];
@@ -457,11 +462,19 @@ void Router<T>::compute_losses(int64_t n) {
     } else {
       // global_aux_loss: N_i averaged over the micro-batches of the step so far (Megatron's
       // ga_steps average; the fix of #7213), normalised with this micro-batch's T.
-      const double steps = static_cast<double>(global_micro_ + 1);
-      for (int64_t e = 0; e < E; ++e) {
-        s.global_counts_E[e] = (global_sum_E_[e] + static_cast<double>(s.aux_counts_E[e])) / steps;
+      // A recomputing forward finds this micro-batch's counts already in the sums; the values
+      // are the same doubles (the sum was stored as computed here).
+      if (recompute_) {
+        const double steps = static_cast<double>(global_micro_);
+        for (int64_t e = 0; e < E; ++e) s.global_counts_E[e] = global_sum_E_[e] / steps;
+      } else {
+        const double steps = static_cast<double>(global_micro_ + 1);
+        for (int64_t e = 0; e < E; ++e) {
+          s.global_counts_E[e] =
+              (global_sum_E_[e] + static_cast<double>(s.aux_counts_E[e])) / steps;
+        }
       }
-      if (training_) {
+      if (training_ && !recompute_) {
         for (int64_t e = 0; e < E; ++e) global_sum_E_[e] += static_cast<double>(s.aux_counts_E[e]);
         ++global_micro_;
       }

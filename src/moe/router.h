@@ -34,7 +34,8 @@ struct RouterSaved {
   double* topv_TK = nullptr;       // what the probs derive from: selected logits or scores
   double* probs64_TK = nullptr;    // the routing probs in f64 (0 at dropped slots)
   T* probs_TK = nullptr;           // the weights the experts apply (0 at dropped slots)
-  int64_t* tokens_per_expert_E = nullptr;  // rows each expert really processes (after dropping)
+  int64_t* tokens_per_expert_E = nullptr;  // rows each expert really processes (after dropping);
+                                           // kept for the logs (MemKind::State)
   int64_t* aux_counts_E = nullptr;         // N_i of the aux map for this micro-batch
   int64_t* aux_seq_counts_BE = nullptr;    // N_i of the aux map per sequence
   double* global_counts_E = nullptr;       // global_aux_loss: mean N_i over the step so far
@@ -81,8 +82,9 @@ class Router {
 
   void allocate(Arena& arena, int64_t max_tokens);
   // x [T, H] sequence-major; seq_length S splits T into B = T / S sequences for seq_aux_loss
-  // (0: one sequence).
-  void forward(const T* x_TH, int64_t n_tok, int64_t seq_length = 0);
+  // (0: one sequence). recompute: the backward's rerun of the last forward (activation
+  // recomputation): the same jitter and the same results, and no balancing state changes.
+  void forward(const T* x_TH, int64_t n_tok, int64_t seq_length = 0, bool recompute = false);
   // dprobs [T, K] -> dW_r (+=) and dx (+=: the router is one branch of the MoE input). The
   // aux and z-loss gradients enter here, multiplied by loss_grad_scale (Megatron's
   // MoEAuxLossAutoScaler scale: 1 / micro-batches).
@@ -129,9 +131,10 @@ class Router {
   int64_t E_, K_, H_;
   int64_t max_tokens_ = 0;
   bool training_ = true;
+  bool recompute_ = false;  // inside a recomputing forward
   bool gate_f64_ = false;  // gate GEMM widened to f64 (T = float with --moe-router-dtype fp64)
   uint64_t jitter_key_ = 0;
-  int64_t step_ = 0, micro_ = 0;
+  int64_t step_ = 0, micro_ = 0;  // micro_: training forwards of this step so far
   Param* weight_;  // [E, H]
   RouterSaved<T> saved_;
 

@@ -29,6 +29,9 @@ class ChainedOptimizer {
   int64_t state_bytes(MemKind kind) const {
     return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);
   }
+  int64_t planned_bytes() const {
+    return dense_.arena().planned_bytes() + expert_.arena().planned_bytes();
+  }
   const AdamWOptimizer& dense() const { return dense_; }
   const AdamWOptimizer& expert() const { return expert_; }
 

@@ -55,7 +55,10 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"max_over_mean_load", m.max_over_mean_load},
                       {"dropped_tokens", m.dropped_tokens},
-                      {"peak_mem_bytes", m.peak_mem_bytes}};
+                      {"peak_mem_bytes", m.peak_mem_bytes},
+                      {"mem_planned_bytes", m.mem_planned_bytes},
+                      {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
+                      {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes}};
   for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
     j[fmt::format("mem_{}_bytes", mem_kind_name(static_cast<MemKind>(k)))] = m.mem_bytes[k];
   }

@@ -43,8 +43,12 @@ struct StepMetrics {
   int64_t dropped_tokens = 0;     // (token, slot) pairs dropped by capacity, all layers
   int64_t peak_mem_bytes = 0;     // peak resident set size of the process
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
-  // Planned bytes by kind (weights, grads, optimizer state, activations, workspace).
+  // Planned bytes by kind (weights, grads, optimizer state, activations, recomputed, state,
+  // workspace), as requested: buffers that share memory count in full.
   std::array<int64_t, static_cast<int>(MemKind::Count)> mem_bytes{};
+  int64_t mem_planned_bytes = 0;          // what the arenas really hold
+  int64_t mem_shared_saved_bytes = 0;     // saved by sharing per-layer buffers across layers
+  int64_t mem_recompute_saved_bytes = 0;  // saved by activation recomputation
 };
 
 // Peak resident set size of this process in bytes.

@@ -104,6 +104,25 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_flag("--bf16", f.bf16,
                "bf16 mixed precision: bf16 GEMM inputs, fp32 master weights, grads and state")
       ->group(kTrain);
+  app.add_option("--recompute-granularity", f.recompute_granularity,
+                 "Activation recomputation: full (whole layers) | selective (--recompute-modules)")
+      ->check(CLI::IsMember({"full", "selective"}))
+      ->group(kTrain);
+  app.add_flag("--recompute-activations", f.recompute_activations,
+               "Same as --recompute-granularity selective")
+      ->group(kTrain);
+  app.add_option("--recompute-method", f.recompute_method,
+                 "Full recomputation: uniform (chunks of --recompute-num-layers, chunk inputs "
+                 "kept) | block (the first --recompute-num-layers layers)")
+      ->check(CLI::IsMember({"uniform", "block"}))
+      ->group(kTrain);
+  app.add_option("--recompute-num-layers", m.recompute.num_layers,
+                 "Full recomputation: layers per chunk (uniform) or layers recomputed (block)")
+      ->group(kTrain);
+  app.add_option("--recompute-modules", m.recompute.module_names,
+                 "Selective recomputation: any of core_attn (default), layernorm, moe_act, moe, "
+                 "shared_experts, mlp")
+      ->group(kTrain);
 
   const char* kLr = "Learning rate";
   app.add_option("--lr", t.lr.max_lr, "Peak learning rate")->group(kLr);
@@ -166,6 +185,16 @@ void finalize_train_flags(TrainFlags& f) {
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
   m.tie_embeddings = !f.untie_embeddings;
   m.bf16 = f.bf16;
+  MOE_CHECK(!f.recompute_activations || f.recompute_granularity != "full",
+            "[flags] --recompute-activations means --recompute-granularity selective: drop one "
+            "of them");
+  if (f.recompute_activations) f.recompute_granularity = "selective";
+  m.recompute.granularity = f.recompute_granularity == "full"        ? RecomputeGranularity::Full
+                            : f.recompute_granularity == "selective" ? RecomputeGranularity::Selective
+                                                                      : RecomputeGranularity::None;
+  m.recompute.method = f.recompute_method == "uniform" ? RecomputeMethod::Uniform
+                       : f.recompute_method == "block" ? RecomputeMethod::Block
+                                                       : RecomputeMethod::None;
   // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
   const bool text = !t.data.data_path.empty();
   MOE_CHECK(!text || f.vocab_size == 256,

@@ -30,6 +30,9 @@ struct TrainFlags {
   bool fp32 = true;
   bool bf16 = false;
   std::string moe_layer_freq = "1";
+  bool recompute_activations = false;       // --recompute-activations: selective
+  std::string recompute_granularity;        // "", full, selective
+  std::string recompute_method;             // "", uniform, block
   std::string lr_decay_style = "cosine";
   std::string lr_wsd_decay_style = "exponential";
   double lr_warmup_fraction = 0;

@@ -211,6 +211,10 @@ StepMetrics BasicTrainer<T>::train_step() {
     m.mem_bytes[k] = static_cast<int64_t>(model_->arena().bytes_of(kind) +
                                           optimizer_->state_bytes(kind));
   }
+  const Arena& ma = model_->arena();
+  m.mem_planned_bytes = static_cast<int64_t>(ma.planned_bytes()) + optimizer_->planned_bytes();
+  m.mem_shared_saved_bytes = static_cast<int64_t>(ma.shared_saving_bytes());
+  m.mem_recompute_saved_bytes = static_cast<int64_t>(ma.recompute_saving_bytes());
   return m;
 }
 
@@ -243,10 +247,19 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
              p.numel(ParamKind::Dense) + p.numel(ParamKind::Expert), p.numel(ParamKind::Dense),
              p.numel(ParamKind::Expert), flops_.active_matmul_params);
   fmt::print(log, "[train] memory plan (MiB): weights {:.2f}, grads {:.2f}, optimizer {:.2f}, "
-                  "activations {:.2f}, workspace {:.2f}\n",
+                  "activations kept {:.2f}, recomputed {:.2f}, state {:.2f}, workspace {:.2f}; "
+                  "planned {:.2f} after sharing per-layer workspace across layers (saves {:.2f})"
+                  "{}\n",
              ma.bytes_of(MemKind::Weights) / kMiB, ma.bytes_of(MemKind::Grads) / kMiB,
-             optimizer_->state_bytes(MemKind::OptimizerState) / kMiB, ma.bytes_of(MemKind::Activations) / kMiB,
-             ma.bytes_of(MemKind::Workspace) / kMiB);
+             optimizer_->state_bytes(MemKind::OptimizerState) / kMiB,
+             ma.bytes_of(MemKind::Activations) / kMiB, ma.bytes_of(MemKind::Recomputed) / kMiB,
+             ma.bytes_of(MemKind::State) / kMiB, ma.bytes_of(MemKind::Workspace) / kMiB,
+             (ma.planned_bytes() + optimizer_->planned_bytes()) / kMiB,
+             (ma.shared_saving_bytes() - ma.recompute_saving_bytes()) / kMiB,
+             model_cfg_.recompute.granularity == RecomputeGranularity::None
+                 ? std::string()
+                 : fmt::format(", activation recomputation saves {:.2f}",
+                               ma.recompute_saving_bytes() / kMiB));
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
              model_cfg_.bf16 ? "bf16" : "fp32", cfg_.peak_gflops > 0 ? "(given)" : "(measured)",

@@ -273,6 +273,26 @@ void expert_parallel_parity(const std::vector<std::string>& args, const std::str
 TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + kAux, "base"); }
 TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
 
+// Activation recomputation under expert parallelism reruns the dispatch's collectives in the
+// backward (between the overlapped gradient all-reduces): the model must be bitwise the one
+// trained without it on the same layout.
+TEST(RecomputeParity, ExpertParallelBitwise) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "EP = 2";
+  const auto args = kBase + kAux + std::vector<std::string>{
+      "--moe-token-dispatcher-type", "alltoall", "--moe-input-jitter-eps", "1e-2",
+      "--overlap-grad-reduce"};
+  parallel::ProcessGroups groups = make_groups(2, args);
+  const auto plain = train_run<float>(args, &groups);
+  const std::vector<std::vector<std::string>> modes = {
+      {"--recompute-granularity", "selective", "--recompute-modules", "moe", "core_attn"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform",
+       "--recompute-num-layers", "1"}};
+  for (const auto& mode : modes) {
+    const auto got = train_run<float>(args + mode, &groups);
+    expect_bitwise(got, plain, fmt::format("ep=2 alltoall {}", mode[1]));
+  }
+}
+
 // Aux-loss-free balancing: the expert bias moves from the token counts summed over TP x DP x CP
 // (sigmoid router, no aux loss), quantile balancing from the beta estimates averaged over DP x CP.
 // The routing after a few steps depends on them, so equal losses and weights mean equal buffers;
