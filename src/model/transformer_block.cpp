@@ -1,7 +1,5 @@
 #include "model/transformer_block.h"
 
-#include <optional>
-
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -33,13 +31,13 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
 template <typename T>
 void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   n_tok_ = S * B;
+  // Workspace shares the layer's member of "layer". Recomputed activations go there too, or,
+  // under full recomputation, to the chunk's member of "recompute" with every activation of the
+  // layer (they are rebuilt together before the chunk's backward).
   const bool full = recompute_chunk_ >= 0;
-  Arena::Share layer_share(a, "layer", layer_,
-                           full ? std::initializer_list<MemKind>{MemKind::Workspace}
-                                : std::initializer_list<MemKind>{MemKind::Workspace,
-                                                                 MemKind::Recomputed});
-  std::optional<Arena::Share> chunk_share;
-  if (full) chunk_share.emplace(a, "recompute", recompute_chunk_, std::initializer_list<MemKind>{MemKind::Recomputed});
+  Arena::Share workspace(a, "layer", layer_, {MemKind::Workspace});
+  Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : layer_,
+                          {MemKind::Recomputed});
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
   attn_.allocate(a, S, B);
   if (moe_) moe_->allocate(a, n_tok_);
