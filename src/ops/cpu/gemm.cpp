@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/profiler.h"
+#include "ops/cpu/grouped.h"
 #include "ops/gemm.h"
 
 namespace moecore::ops {
@@ -93,69 +94,15 @@ void linear_backward(T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK, const T*
   gemm<T>(true, false, N, K, M, T(1), dy_MN, ld_n, x_MK, ld_k, T(1), dw_NK, ld_k);
 }
 
-namespace {
-
-// Groups in parallel, one single-threaded GEMM each (oneDNN runs sgemm on the calling thread
-// inside an OpenMP region), or one after another with all threads per GEMM. Measured in
-// bench/RESULTS.md "Grouped GEMM": with w as [G,N,K] parallel groups are 1.2-2.8x faster at 2
-// threads (oneDNN's small-M 'NT' sgemm splits badly over threads); with [G,K,N] they tie, except
-// at 16-row groups where they lost 18-24% in 2 of 3 clean runs. Only when the work splits evenly:
-// with one dominant group parallel groups would leave threads idle. The
-// choice depends only on m_G and the thread count, so results stay deterministic run to run.
-bool groups_in_parallel(const int64_t* m_G, int64_t G) {
-  int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads <= 1) return false;
-  int64_t total = 0, largest = 0, non_empty = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    total += m_G[g];
-    largest = std::max(largest, m_G[g]);
-    non_empty += m_G[g] > 0;
-  }
-  return non_empty >= threads && largest * threads <= total;
-}
-
-// Runs body(g, row0) for every non-empty group g, whose rows start at row0.
-template <typename Body>
-void for_each_group(const int64_t* m_G, int64_t G, bool parallel, const Body& body) {
-  if (!parallel) {
-    int64_t row0 = 0;
-    for (int64_t g = 0; g < G; ++g) {
-      if (m_G[g] > 0) body(g, row0);
-      row0 += m_G[g];
-    }
-    return;
-  }
-  // Each iteration recomputes its row offset: O(G^2) adds for G local experts (<= a few
-  // hundred) is nothing next to a GEMM, and needs no scratch buffer inside the step.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t g = 0; g < G; ++g) {
-    if (m_G[g] == 0) continue;
-    int64_t row0 = 0;
-    for (int64_t h = 0; h < g; ++h) row0 += m_G[h];
-    body(g, row0);
-  }
-}
-
-void check_group_sizes(const char* who, const int64_t* m_G, int64_t G, int64_t N, int64_t K) {
-  MOE_CHECK(G >= 0 && N >= 0 && K >= 0, "[{}] negative size G={} N={} K={}", who, G, N, K);
-  MOE_CHECK(G == 0 || m_G != nullptr, "[{}] m_G is null with G={} groups", who, G);
-  for (int64_t g = 0; g < G; ++g) {
-    MOE_CHECK(m_G[g] >= 0, "[{}] group {} has {} rows: token counts must be >= 0", who, g,
-              m_G[g]);
-  }
-}
-
-}  // namespace
-
 template <typename T>
 void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
                   bool trans_w, T* y) {
   ScopedPhase phase(Phase::Gemm);
-  check_group_sizes("grouped_gemm", m_G, G, N, K);
+  detail::check_group_sizes("grouped_gemm", m_G, G, N, K);
   // f64 (gradient checks on tiny shapes) stays serial: nothing to gain, one less code path.
-  bool parallel = std::is_same_v<T, float> && groups_in_parallel(m_G, G);
+  bool parallel = std::is_same_v<T, float> && detail::groups_in_parallel(m_G, G);
   const int64_t ld_k = std::max<int64_t>(1, K), ld_n = std::max<int64_t>(1, N);
-  for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
+  detail::for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
     gemm<T>(false, trans_w, m_G[g], N, K, T(1), x + row0 * K, ld_k, w + g * N * K,
             trans_w ? ld_k : ld_n, T(0), y + row0 * N, ld_n);
   });
@@ -165,11 +112,11 @@ template <typename T>
 void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
                         const T* x, T* dw) {
   ScopedPhase phase(Phase::Gemm);
-  check_group_sizes("grouped_gemm_wgrad", m_G, G, N, K);
-  bool parallel = std::is_same_v<T, float> && groups_in_parallel(m_G, G);
+  detail::check_group_sizes("grouped_gemm_wgrad", m_G, G, N, K);
+  bool parallel = std::is_same_v<T, float> && detail::groups_in_parallel(m_G, G);
   const int64_t ld_k = std::max<int64_t>(1, K), ld_n = std::max<int64_t>(1, N);
   // An expert that got no tokens is skipped: its dw_g += 0.
-  for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
+  detail::for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
     gemm<T>(true, false, N, K, m_G[g], T(1), dy + row0 * N, ld_n, x + row0 * K, ld_k, T(1),
             dw + g * N * K, ld_k);
   });
