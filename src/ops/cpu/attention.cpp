@@ -174,7 +174,8 @@ class Prefetcher {
   int64_t row_ = 0, byte_ = 0;
 };
 
-// K^T panels of one (b, kv head) from rows x[j * ld + d]; keys S..Sk-1 are zero.
+// K^T panels of one (b, kv head) from rows x[j * ld + d]; keys S..Sp-1 are zero, keys past Sp
+// (the rest of the last panel) are never read.
 template <typename T>
 void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
 #if defined(__AVX512F__)
@@ -185,7 +186,7 @@ void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
       const __m512i idx = _mm512_mullo_epi32(
           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
           _mm512_set1_epi32(static_cast<int32_t>(ld)));
-      for (int64_t j = 0; j < L.Sk; j += kLanes) {
+      for (int64_t j = 0; j < L.Sp; j += kLanes) {
         for (int64_t jn = j + 2 * kLanes; jn < std::min(L.S, j + 3 * kLanes); ++jn) {
           prefetch_span(x + jn * ld, L.D * int64_t{sizeof(T)});
         }
@@ -201,9 +202,9 @@ void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
     }
   }
 #endif
-  for (int64_t j0 = 0; j0 < L.Sk; j0 += kPanel) {
+  for (int64_t j0 = 0; j0 < L.Sp; j0 += kPanel) {
     T* panel = dst + j0 * L.D;
-    for (int64_t jj = 0; jj < kPanel; ++jj) {
+    for (int64_t jj = 0; jj < std::min(kPanel, L.Sp - j0); ++jj) {
       const int64_t j = j0 + jj;
       for (int64_t d = 0; d < L.D; ++d) panel[d * kPanel + jj] = j < L.S ? x[j * ld + d] : T(0);
     }
@@ -244,38 +245,6 @@ void unpack_rows(T* x, const T* src, int64_t ld, int64_t n, const Blocking& L, i
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t hh = 0; hh < hc; ++hh) {
       std::memcpy(x + j * ld + hh * L.D, src + hh * hs + j * L.Dp, L.D * sizeof(T));
-    }
-  }
-}
-
-// delta[hh * hs_d + r] = sum_d dO[hh * hs + r * Dp + d] * O[r * ldo + hh * D + d] (dO packed,
-// O strided), accumulated in double.
-template <typename T>
-void row_dots(T* delta, int64_t hs_d, const T* dO, int64_t hs, const T* o, int64_t ldo, int64_t m,
-              int64_t hc, const Blocking& L) {
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t hh = 0; hh < hc; ++hh) {
-      const T* x = dO + hh * hs + r * L.Dp;
-      const T* y = o + r * ldo + hh * L.D;
-      double acc = 0.0;
-#if defined(__AVX512F__)
-      if constexpr (use_avx512<T>()) {
-        __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
-        for (int64_t c = 0; c < L.Dp; c += kLanes) {
-          const __m512 xv = _mm512_load_ps(x + c), yv = load_upto(y + c, L.D - c);
-          a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(xv)),
-                               _mm512_cvtps_pd(_mm512_castps512_ps256(yv)), a0);
-          a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(high_half(xv)), _mm512_cvtps_pd(high_half(yv)),
-                               a1);
-        }
-        delta[hh * hs_d + r] = static_cast<T>(_mm512_reduce_add_pd(_mm512_add_pd(a0, a1)));
-        continue;
-      }
-#endif
-      for (int64_t d = 0; d < L.D; ++d) {
-        acc += static_cast<double>(x[d]) * static_cast<double>(y[d]);
-      }
-      delta[hh * hs_d + r] = static_cast<T>(acc);
     }
   }
 }
@@ -615,12 +584,16 @@ void softmax_rows(T* P, T* inv_sum, T* lse_h, const Blocking& L, int64_t i0, int
 }
 
 // Backward of the softmax for a block: P = exp(scale * q.k - lse) from the scaled scores in P
-// (the saved lse replaces the max/sum pass), and dS = scale * P * (dP - delta) in place of dP;
-// the scale of dQ = scale dS K and dK = scale dS^T Q is folded in here. Both zero above the
-// diagonal up to the next 16 keys past the block (the P^T tiles read that far).
+// (the saved lse replaces the max/sum pass), delta_i = sum_j P_ij dP_ij, and
+// dS = scale * P * (dP - delta) in place of dP; the scale of dQ = scale dS K and
+// dK = scale dS^T Q is folded in here. Both zero above the diagonal up to the next 16 keys past
+// the block (the P^T tiles read that far).
+// delta from P and dP (two passes over an L1-resident row, ~i/16 vector FMAs) rather than as
+// rowsum(dO * O) (D per row): the same value, but it spares reading O, whose rows were the
+// backward's costliest cache misses (4 MiB from DRAM per call at the benchmark shape).
 template <typename T>
-void softmax_grad_rows(T* P, T* dS, const T* lse_h, const T* delta, T scale, const Blocking& L,
-                       int64_t i0, int64_t m) {
+void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, int64_t i0,
+                       int64_t m) {
   const int64_t fill = std::min(L.Sp, round_up(i0 + m, kLanes));
   for (int64_t rr = 0; rr < m; ++rr) {
     const int64_t i = i0 + rr;
@@ -628,15 +601,26 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, const T* delta, T scale, con
     T* ds = dS + rr * L.Sp;
 #if defined(__AVX512F__)
     if constexpr (use_avx512<T>()) {
-      const __m512 vl = _mm512_set1_ps(lse_h[i]), vd = _mm512_set1_ps(delta[rr]);
-      const __m512 vs = _mm512_set1_ps(scale);
+      const __m512 vl = _mm512_set1_ps(lse_h[i]);
+      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();  // delta in double
       for (int64_t j = 0; j <= i; j += 16) {
         const __mmask16 k = lanes_upto(i - j);
         const __m512 x = _mm512_sub_ps(_mm512_maskz_load_ps(k, p + j), vl);
         const __m512 e = _mm512_maskz_mov_ps(k, fast_exp16(x));
-        const __m512 g = _mm512_sub_ps(_mm512_maskz_load_ps(k, ds + j), vd);
+        const __m512 g = _mm512_maskz_load_ps(k, ds + j);
         _mm512_store_ps(p + j, e);
-        _mm512_store_ps(ds + j, _mm512_mul_ps(_mm512_mul_ps(vs, e), g));
+        a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                             _mm512_cvtps_pd(_mm512_castps512_ps256(g)), a0);
+        a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(high_half(e)), _mm512_cvtps_pd(high_half(g)), a1);
+      }
+      const __m512 vd =
+          _mm512_set1_ps(static_cast<float>(_mm512_reduce_add_pd(_mm512_add_pd(a0, a1))));
+      const __m512 vs = _mm512_set1_ps(scale);
+      for (int64_t j = 0; j <= i; j += 16) {
+        // Lanes past key i: P is 0 and dP masked to 0, so dS is 0 (never garbage * 0).
+        const __m512 g = _mm512_maskz_load_ps(lanes_upto(i - j), ds + j);
+        const __m512 e = _mm512_load_ps(p + j);
+        _mm512_store_ps(ds + j, _mm512_mul_ps(_mm512_mul_ps(vs, e), _mm512_sub_ps(g, vd)));
       }
       for (int64_t j = round_up(i + 1, kLanes); j < fill; j += 16) {
         _mm512_store_ps(p + j, _mm512_setzero_ps());
@@ -645,11 +629,14 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, const T* delta, T scale, con
       continue;
     }
 #endif
-    const T lse_i = lse_h[i], delta_i = delta[rr];
+    const T lse_i = lse_h[i];
+    double delta = 0.0;
     for (int64_t j = 0; j <= i; ++j) {
       p[j] = fast_exp(p[j] - lse_i);
-      ds[j] = scale * p[j] * (ds[j] - delta_i);
+      delta += static_cast<double>(p[j]) * static_cast<double>(ds[j]);
     }
+    const T delta_i = static_cast<T>(delta);
+    for (int64_t j = 0; j <= i; ++j) ds[j] = scale * p[j] * (ds[j] - delta_i);
     std::fill(p + i + 1, p + fill, T(0));
     std::fill(ds + i + 1, ds + fill, T(0));
   }
@@ -712,7 +699,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     T* inv_sum = P + 2 * bk * L.Sp;                          // [bk]
 
     // Pack K^T panels and V rows of every (b, kv head) once; all its query heads reuse them.
-#pragma omp for schedule(static)
+    // (dynamic: a thread the OS preempts does not hold the others at the barrier below.)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * Hkv; ++bg) {
       T* pk = packs + bg * L.pack_elems();
       const int64_t off = (bg / Hkv) * Hkv * D + (bg % Hkv) * D;
@@ -763,6 +751,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   }
 }
 
+// `out` is not read: delta = rowsum(dO * O) is taken as sum_j P_ij dP_ij (softmax_grad_rows).
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionShape& s, T* workspace) {
@@ -787,10 +776,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     T* dQc = dOc + kHeadsPerTask * hs;                       // [hc][bk, Dp] query gradients
     T* P = dQc + kHeadsPerTask * hs;                         // [bk, Sp]
     T* dS = P + bk * L.Sp;                                   // [bk, Sp] dP, then scale * dS
-    T* delta = dS + bk * L.Sp;                               // [hc][round_up(bk, 16)]
+    T* ones = dS + bk * L.Sp;                                // [bk] row scales of dQ = dS K
+    std::fill(ones, ones + bk, T(1));
     // dK, dV of the task [S, Dp], contiguous: the rows of dk/dv are 4 KiB apart at the
     // benchmark shape, so the tiles' loads and stores of them all fell into the same cache sets.
-    T* dKa = delta + kHeadsPerTask * hs_d;
+    T* dKa = ones + kHeadsPerTask * hs_d;
     T* dVa = dKa + L.Sp * L.Dp;
 
     // One task per (b, kv head): it alone writes that dK/dV slice (summed over the query heads
@@ -804,10 +794,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       T* dv_g = dv + b * Hkv * D + g * D;
       // K^T and V^T panels (for Q K^T and dO V^T) and K rows (for dS K); only this task reads
       // them, so it packs them itself (no barrier, and they are still in cache).
+      // K^T comes from the packed K rows (in cache) rather than from k again.
       T* pk = packs + bg * L.pack_elems();
-      pack_panels(pk, k + (b * Hkv + g) * D, L.ldk, L);
-      pack_panels(pk + L.panel_elems(), v + (b * Hkv + g) * D, L.ldk, L);
       pack_rows(pk + 2 * L.panel_elems(), k + (b * Hkv + g) * D, L.ldk, S, L);
+      pack_panels(pk, pk + 2 * L.panel_elems(), L.Dp, L);
+      pack_panels(pk + L.panel_elems(), v + (b * Hkv + g) * D, L.ldk, L);
       std::fill(dKa, dKa + 2 * L.Sp * L.Dp, T(0));  // dKa and dVa
       for (int64_t r = 0; r < L.n_blocks; ++r) {
         const int64_t i0 = r * bk, m = std::min(S, i0 + bk) - i0;
@@ -824,8 +815,6 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           const int64_t off_next = (i0_next * B + b) * Hq * D + h0_next * D;
           pack_rows(Qc, q + off, L.ldq, m, L, nh, hs);
           pack_rows(dOc, dout + off, L.ldq, m, L, nh, hs);
-          // delta_i = rowsum(dO * O) equals sum_j P_ij dP_ij but costs D per row, not S.
-          row_dots(delta, hs_d, dOc, hs, out + off, L.ldq, m, nh, L);
           Prefetcher pf;
           const int64_t row_bytes = L.ldq * int64_t{sizeof(T)};
           pf.add(dq + off, row_bytes, m, nh * D * int64_t{sizeof(T)}, true);
@@ -833,20 +822,17 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             const int64_t n = nh_next * D * int64_t{sizeof(T)};
             pf.add(q + off_next, row_bytes, m_next, n);
             pf.add(dout + off_next, row_bytes, m_next, n);
-            pf.add(out + off_next, row_bytes, m_next, n);
           }
           for (int64_t hh = 0; hh < nh; ++hh) {
             const int64_t h = h0 + hh;
             // Scaled scores and dP = dO V^T, then P and dS in place.
             scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
             scores_any<T>(dOc + hh * hs, pk + L.panel_elems(), T(1), dS, L, i0, m, pf);
-            softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, delta + hh * hs_d, scale, L, i0,
-                                 m);
+            softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, scale, L, i0, m);
             cols_times_any<T>(P, dOc + hh * hs, dVa, L.Dp, L, i0, m, pf);  // dV += P^T dO
             cols_times_any<T>(dS, Qc + hh * hs, dKa, L.Dp, L, i0, m, pf);  // dK += dS^T Q
-            std::fill(delta + hh * hs_d, delta + hh * hs_d + m, T(1));    // row scales of dS K
-            rows_times_any<T>(dS, pk + 2 * L.panel_elems(), delta + hh * hs_d, dQc + hh * hs,
-                              L.Dp, L, i0, m, pf);
+            rows_times_any<T>(dS, pk + 2 * L.panel_elems(), ones, dQc + hh * hs, L.Dp, L, i0,
+                              m, pf);
           }
           unpack_rows(dq + off, dQc, L.ldq, m, L, nh, hs);
         }
