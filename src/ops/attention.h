@@ -17,7 +17,7 @@ struct AttentionShape {
 void check_attention_shape(const AttentionShape& s, const char* op);
 
 // Workspace elements (of T) the fast path needs for `n_threads` threads: about
-// 3 * S * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * S + 2 * S * D + 12 * 64 * D).
+// 2 * S * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * S + 5 * S * D + 12 * 64 * D).
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 
 // q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.

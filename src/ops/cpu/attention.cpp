@@ -77,22 +77,24 @@ struct Blocking {
         Sp(round_up(s.S, kLanes)), Sk(round_up(s.S, kPanel)), bk(std::min(s.S, kRowBlock)),
         n_blocks(bk > 0 ? (s.S + bk - 1) / bk : 0) {}
 
-  // Per (b, kv head): K^T and V^T in panels [Sk / 64][D][64] (the scores tiles read 64
-  // consecutive keys of one d), and K or V as rows [S, Dp] (the P V and dS K tiles read whole
-  // rows). The forward packs K^T + V rows for all threads to share; the backward task that owns
-  // the (b, kv head) packs K^T + V^T + K rows into the same slot for itself.
+  // K/V operands of one (b, kv head): K^T (and V^T) in panels [Sk / 64][D][64] (the scores
+  // tiles read 64 consecutive keys of one d), V (or K) as rows [S, Dp] (the P V and dS K tiles
+  // read whole rows). The forward packs K^T + V rows of every (b, kv head) once, for all threads
+  // to share; a backward task packs K^T + V^T + K rows of its own (b, kv head) into its thread's
+  // slab (hot in L2 from one task to the next, no barrier).
   int64_t panel_elems() const { return Sk * D; }
-  int64_t pack_elems() const { return 2 * panel_elems() + S * Dp; }
+  int64_t fwd_pack_elems() const { return panel_elems() + S * Dp; }
+  int64_t bwd_pack_elems() const { return 2 * panel_elems() + S * Dp; }
   // Per thread: Q, dO and O (or dQ) rows of one block for up to kHeadsPerTask heads
-  // [kHeadsPerTask][bk, Dp] each, P and dS [bk, Sp], one value per row and head, and the
-  // backward's dK and dV accumulators [Sp, Dp] each.
+  // [kHeadsPerTask][bk, Dp] each, P and dS [bk, Sp], one value per row and head, the
+  // backward's dK and dV accumulators [Sp, Dp] each and its K/V pack.
   int64_t head_stride() const { return bk * Dp; }
   int64_t slab_elems() const {
     return 3 * kHeadsPerTask * head_stride() + 2 * bk * Sp + kHeadsPerTask * round_up(bk, kLanes) +
-           2 * Sp * Dp;
+           2 * Sp * Dp + bwd_pack_elems();
   }
   int64_t workspace_elems(int n_threads) const {
-    return kLanes + B * Hkv * pack_elems() + n_threads * slab_elems();  // + alignment slack
+    return kLanes + B * Hkv * fwd_pack_elems() + n_threads * slab_elems();  // + alignment slack
   }
 };
 
@@ -602,19 +604,18 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, 
 #if defined(__AVX512F__)
     if constexpr (use_avx512<T>()) {
       const __m512 vl = _mm512_set1_ps(lse_h[i]);
-      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();  // delta in double
+      // delta in f32 lanes (each adds at most S / 16 terms, P_ij <= 1), the lanes in double.
+      __m512 acc = _mm512_setzero_ps();
       for (int64_t j = 0; j <= i; j += 16) {
         const __mmask16 k = lanes_upto(i - j);
         const __m512 x = _mm512_sub_ps(_mm512_maskz_load_ps(k, p + j), vl);
         const __m512 e = _mm512_maskz_mov_ps(k, fast_exp16(x));
-        const __m512 g = _mm512_maskz_load_ps(k, ds + j);
         _mm512_store_ps(p + j, e);
-        a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
-                             _mm512_cvtps_pd(_mm512_castps512_ps256(g)), a0);
-        a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(high_half(e)), _mm512_cvtps_pd(high_half(g)), a1);
+        acc = _mm512_fmadd_ps(e, _mm512_maskz_load_ps(k, ds + j), acc);
       }
-      const __m512 vd =
-          _mm512_set1_ps(static_cast<float>(_mm512_reduce_add_pd(_mm512_add_pd(a0, a1))));
+      const double delta = _mm512_reduce_add_pd(_mm512_add_pd(
+          _mm512_cvtps_pd(_mm512_castps512_ps256(acc)), _mm512_cvtps_pd(high_half(acc))));
+      const __m512 vd = _mm512_set1_ps(static_cast<float>(delta));
       const __m512 vs = _mm512_set1_ps(scale);
       for (int64_t j = 0; j <= i; j += 16) {
         // Lanes past key i: P is 0 and dP masked to 0, so dS is 0 (never garbage * 0).
@@ -666,7 +667,7 @@ int64_t attention_workspace_elems(const AttentionShape& s, int n_threads) {
 // Workspace contract: `workspace` holds attention_workspace_elems(s, omp_get_max_threads())
 // elements, omp_get_max_threads() as seen by the calling thread at the time of the call (the
 // team below is exactly that size, and thread t uses slab t only). Layout after aligning the
-// base to 64 bytes: B * Hkv packs (Blocking::pack_elems), then one slab per thread.
+// base to 64 bytes: B * Hkv forward packs (Blocking::fwd_pack_elems), then one slab per thread.
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                        const AttentionShape& s, T* workspace) {
@@ -689,7 +690,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   const int64_t per_grab = std::clamp<int64_t>(n_tasks / (8 * n_threads), 1, 4);
   const int64_t n_grabs = (n_tasks + per_grab - 1) / per_grab;
   T* packs = align64(workspace);
-  T* slabs = packs + B * Hkv * L.pack_elems();
+  T* slabs = packs + B * Hkv * L.fwd_pack_elems();
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -702,10 +703,10 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     // (dynamic: a thread the OS preempts does not hold the others at the barrier below.)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * Hkv; ++bg) {
-      T* pk = packs + bg * L.pack_elems();
+      T* pk = packs + bg * L.fwd_pack_elems();
       const int64_t off = (bg / Hkv) * Hkv * D + (bg % Hkv) * D;
       pack_panels(pk, k + off, L.ldk, L);
-      pack_rows(pk + 2 * L.panel_elems(), v + off, L.ldk, S, L);
+      pack_rows(pk + L.panel_elems(), v + off, L.ldk, S, L);
     }
     // (implicit barrier: packs complete)
 
@@ -739,11 +740,10 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         }
         for (int64_t hh = 0; hh < nh; ++hh) {
           const int64_t h = h0 + hh;
-          const T* pk = packs + (b * Hkv + h / L.group) * L.pack_elems();
+          const T* pk = packs + (b * Hkv + h / L.group) * L.fwd_pack_elems();
           scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
           softmax_rows<T>(P, inv_sum, lse + (b * Hq + h) * S, L, i0, m);
-          rows_times_any<T>(P, pk + 2 * L.panel_elems(), inv_sum, Oc + hh * hs, L.Dp, L, i0, m,
-                            pf);
+          rows_times_any<T>(P, pk + L.panel_elems(), inv_sum, Oc + hh * hs, L.Dp, L, i0, m, pf);
         }
         unpack_rows(out + off, Oc, L.ldq, m, L, nh, hs);
       }
@@ -767,7 +767,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const int n_threads = omp_get_max_threads();
   const int64_t hs = L.head_stride(), hs_d = round_up(bk, kLanes);
   T* packs = align64(workspace);
-  T* slabs = packs + B * Hkv * L.pack_elems();
+  T* slabs = packs + B * Hkv * L.fwd_pack_elems();
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -782,6 +782,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     // benchmark shape, so the tiles' loads and stores of them all fell into the same cache sets.
     T* dKa = ones + kHeadsPerTask * hs_d;
     T* dVa = dKa + L.Sp * L.Dp;
+    T* pk = dVa + L.Sp * L.Dp;  // K^T panels, V^T panels, K rows of the task's (b, kv head)
 
     // One task per (b, kv head): it alone writes that dK/dV slice (summed over the query heads
     // of the group) and the dQ of those query heads, in a fixed order (row block, then head)
@@ -793,9 +794,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       T* dk_g = dk + b * Hkv * D + g * D;
       T* dv_g = dv + b * Hkv * D + g * D;
       // K^T and V^T panels (for Q K^T and dO V^T) and K rows (for dS K); only this task reads
-      // them, so it packs them itself (no barrier, and they are still in cache).
+      // them, so it packs them itself into its thread's slab.
       // K^T comes from the packed K rows (in cache) rather than from k again.
-      T* pk = packs + bg * L.pack_elems();
       pack_rows(pk + 2 * L.panel_elems(), k + (b * Hkv + g) * D, L.ldk, S, L);
       pack_panels(pk, pk + 2 * L.panel_elems(), L.Dp, L);
       pack_panels(pk + L.panel_elems(), v + (b * Hkv + g) * D, L.ldk, L);
