@@ -2,7 +2,7 @@
 // recomputes P from lse) with hand-written AVX-512 register tiles for f32. K and V of each
 // (b, kv head) are packed once per call into the layouts the tiles stream; the backward owns one
 // (b, kv head) per task, so dK/dV need no atomics and are bitwise reproducible for any thread
-// count. f64 (gradient checks) and builds without AVX-512 run the same blocking with plain loops.
+// count. f64 (gradient checks) and builds without AVX-512 run the same blocking on ops::gemm.
 //
 // Why not ops::gemm: at S = 256, D = 64 the products are 64 x (<= 256) x 64; dnnl_sgemm's
 // per-call overhead and its strided reads of [S, B, heads, D] (rows 4-16 KiB apart, so every
@@ -37,6 +37,7 @@
 #include "core/profiler.h"
 #include "ops/attention.h"
 #include "ops/cpu/fast_exp.h"
+#include "ops/gemm.h"
 
 namespace moecore::ops {
 
@@ -456,53 +457,36 @@ void cols_times(const float* P, const float* Y, float* C, int64_t ldc, const Blo
 
 #endif  // __AVX512F__
 
-// Plain-loop versions of the three products (f64, and f32 without AVX-512): same contracts,
-// only the keys j <= i0 + r of each row.
+// The three products on ops::gemm (oneDNN for f32 without AVX-512, loops for f64): same
+// contracts, each a few whole-block GEMMs instead of register tiles, so builds for CPUs without
+// AVX-512 keep the speed of a BLAS. They run over the block's full key range; the softmax
+// passes mask what lies above the diagonal.
 template <typename T>
-void scores_loops(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0,
-                  int64_t m, Prefetcher& pf) {
-  for (int64_t r = 0; r < m; ++r) {
+void scores_gemm(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0,
+                 int64_t m, Prefetcher& pf) {
+  const int64_t n = std::min(L.Sp, round_up(i0 + m, kLanes));
+  for (int64_t j0 = 0; j0 < n; j0 += kPanel) {  // one GEMM per 64-key panel of K^T
     pf.step();
-    const int64_t n = i0 + r + 1;
-    T* c = C + r * L.Sp;
-    std::fill(c, c + n, T(0));
-    for (int64_t d = 0; d < L.D; ++d) {
-      const T a = A[r * L.Dp + d];
-      for (int64_t j = 0; j < n; ++j) {
-        c[j] += a * Kt[(j / kPanel) * kPanel * L.D + d * kPanel + j % kPanel];
-      }
-    }
-    for (int64_t j = 0; j < n; ++j) c[j] *= alpha;
+    gemm<T>(false, false, m, std::min(kPanel, n - j0), L.D, alpha, A, L.Dp, Kt + j0 * L.D, kPanel,
+            T(0), C + j0, L.Sp);
   }
 }
 
 template <typename T>
-void rows_times_loops(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc,
-                      const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
+void rows_times_gemm(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc,
+                     const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
+  pf.step();
+  gemm<T>(false, false, m, L.D, i0 + m, T(1), P, L.Sp, X, L.Dp, T(0), C, ldc);
   for (int64_t r = 0; r < m; ++r) {
-    pf.step();
-    T* c = C + r * ldc;
-    std::fill(c, c + L.D, T(0));
-    for (int64_t j = 0; j <= i0 + r; ++j) {
-      const T p = P[r * L.Sp + j];
-#pragma omp simd
-      for (int64_t d = 0; d < L.D; ++d) c[d] += p * X[j * L.Dp + d];
-    }
-    for (int64_t d = 0; d < L.D; ++d) c[d] *= rowscale[r];
+    for (int64_t d = 0; d < L.D; ++d) C[r * ldc + d] *= rowscale[r];
   }
 }
 
 template <typename T>
-void cols_times_loops(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L, int64_t i0,
-                      int64_t m, Prefetcher& pf) {
-  for (int64_t r = 0; r < m; ++r) {
-    pf.step();
-    for (int64_t j = 0; j <= i0 + r; ++j) {
-      const T p = P[r * L.Sp + j];
-#pragma omp simd
-      for (int64_t d = 0; d < L.D; ++d) C[j * ldc + d] += p * Y[r * L.Dp + d];
-    }
-  }
+void cols_times_gemm(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L, int64_t i0,
+                     int64_t m, Prefetcher& pf) {
+  pf.step();
+  gemm<T>(true, false, i0 + m, L.D, m, T(1), P, L.Sp, Y, L.Dp, T(1), C, ldc);
 }
 
 template <typename T>
@@ -511,7 +495,7 @@ void scores_any(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64
 #if defined(__AVX512F__)
   if constexpr (use_avx512<T>()) return scores(A, Kt, alpha, C, L, i0, m, pf);
 #endif
-  scores_loops(A, Kt, alpha, C, L, i0, m, pf);
+  scores_gemm(A, Kt, alpha, C, L, i0, m, pf);
 }
 
 template <typename T>
@@ -520,7 +504,7 @@ void rows_times_any(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc
 #if defined(__AVX512F__)
   if constexpr (use_avx512<T>()) return rows_times(P, X, rowscale, C, ldc, L, i0, m, pf);
 #endif
-  rows_times_loops(P, X, rowscale, C, ldc, L, i0, m, pf);
+  rows_times_gemm(P, X, rowscale, C, ldc, L, i0, m, pf);
 }
 
 template <typename T>
@@ -529,7 +513,7 @@ void cols_times_any(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L
 #if defined(__AVX512F__)
   if constexpr (use_avx512<T>()) return cols_times(P, Y, C, ldc, L, i0, m, pf);
 #endif
-  cols_times_loops(P, Y, C, ldc, L, i0, m, pf);
+  cols_times_gemm(P, Y, C, ldc, L, i0, m, pf);
 }
 
 // Softmax of each row of a block over its keys j <= i, in place on the scaled scores: P holds
