@@ -1,7 +1,8 @@
 // Causal self-attention core with grouped-query attention (GQA), after the projections and
 // RoPE. Layout [S, B, heads, D] (sequence-major, as Megatron), scale 1/sqrt(D). Memory-frugal:
-// the fast path materialises at most one head's S x S block per thread (workspace below); the
-// backward recomputes probabilities from the saved log-sum-exp.
+// the fast path materialises at most a 64 x S block of scores per thread, plus K and V repacked
+// once per (b, kv head) (workspace below); the backward recomputes probabilities from the saved
+// log-sum-exp.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,8 @@ struct AttentionShape {
 // Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv).
 void check_attention_shape(const AttentionShape& s, const char* op);
 
-// Workspace elements (of T) the fast path needs for `n_threads` threads.
+// Workspace elements (of T) the fast path needs for `n_threads` threads: about
+// 2 * S * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * S + 5 * S * D + 12 * 64 * D).
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 
 // q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.

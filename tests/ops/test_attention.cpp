@@ -29,10 +29,15 @@ std::string name(const AttentionShape& s) {
 }
 
 // S = 1 (one key), odd S, S crossing the 64-row block of the fast path (70, 129), MHA, MQA
-// (Hq = 4, Hkv = 1) and GQA groups of 3 (Hq = 6, Hkv = 2).
+// (Hq = 4, Hkv = 1) and GQA groups of 3 (Hq = 6, Hkv = 2). D covers each register-tile width of
+// the f32 kernels (16 floats per vector): 1 vector with a tail (8), 1 (16), 2 (32), 3 with a
+// tail (40), 4 (64) and two chunks of 4 (128); GQA groups of 4 (Hq = 8, Hkv = 2) are packed as
+// one run of heads.
 const AttentionShape kShapes[] = {
-    {1, 1, 1, 1, 8},  {1, 3, 4, 1, 16}, {7, 2, 2, 2, 8},   {7, 1, 4, 1, 16}, {33, 2, 6, 2, 8},
-    {33, 3, 4, 1, 16}, {33, 1, 3, 3, 16}, {70, 2, 6, 2, 8}, {129, 1, 4, 1, 8},
+    {1, 1, 1, 1, 8},   {1, 3, 4, 1, 16},  {7, 2, 2, 2, 8},    {7, 1, 4, 1, 16},
+    {33, 2, 6, 2, 8},  {33, 3, 4, 1, 16}, {33, 1, 3, 3, 16},  {70, 2, 6, 2, 8},
+    {129, 1, 4, 1, 8}, {65, 2, 2, 2, 32}, {100, 1, 4, 2, 40}, {70, 2, 8, 2, 64},
+    {50, 1, 2, 1, 128},
 };
 
 template <typename T>
@@ -195,21 +200,23 @@ TEST(Attention, CausalFastF64) { causal<double>(true); }
 TEST(Attention, CausalRefF64) { causal<double>(false); }
 
 // One task owns each (b, kv head), so results do not depend on the thread count or the
-// schedule (given a GEMM that is deterministic when single-threaded).
+// schedule (nor on how many heads the forward packs per task, which follows the thread count).
 TEST(Attention, DeterministicAcrossThreadCounts) {
-  const AttentionShape s{70, 3, 6, 2, 16};
-  Problem<float> p(s, 3);
-  Results<float> base(p);
-  {
-    ScopedOmpThreads scoped(1);
-    run_fast(base, p);
-  }
-  for (int threads : {2, 3, 3}) {
-    SCOPED_TRACE("threads=" + std::to_string(threads));
-    ScopedOmpThreads scoped(threads);
-    Results<float> r(p);
-    run_fast(r, p);
-    expect_close(r, base, p.n_q, p.n_kv, p.n_lse, 0, 0);
+  const AttentionShape shapes[] = {{70, 3, 6, 2, 16}, {130, 2, 8, 2, 40}, {96, 1, 4, 4, 64}};
+  for (const AttentionShape& s : shapes) {
+    Problem<float> p(s, 3);
+    Results<float> base(p);
+    {
+      ScopedOmpThreads scoped(1);
+      run_fast(base, p);
+    }
+    for (int threads : {2, 3, 3, 8}) {
+      SCOPED_TRACE(name(s) + " threads=" + std::to_string(threads));
+      ScopedOmpThreads scoped(threads);
+      Results<float> r(p);
+      run_fast(r, p);
+      expect_close(r, base, p.n_q, p.n_kv, p.n_lse, 0, 0);
+    }
   }
 }
 
