@@ -1,5 +1,7 @@
 #include "core/param_registry.h"
 
+#include <omp.h>
+
 #include <cstring>
 
 #include "core/rng.h"
@@ -88,6 +90,7 @@ double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_ind
 void ParamRegistry::init(uint64_t seed) {
   MOE_CHECK(dtype_ == DType::F32 || dtype_ == DType::F64, "[params] unsupported parameter dtype {}",
             dtype_name(dtype_));
+  bf16_current_[0] = bf16_current_[1] = false;  // new values: the copies must be refreshed
   for (Param& p : params_) {
     MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
     const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
@@ -123,6 +126,10 @@ void ParamRegistry::refresh_bf16() {
   MOE_CHECK(dtype_ == DType::F32, "[params] bf16 copies need f32 master values, not {}",
             dtype_name(dtype_));
   for (int k = 0; k < 2; ++k) {
+    if (bf16_current_[k]) {  // the optimizer wrote these copies with the update
+      bf16_current_[k] = false;
+      continue;
+    }
     const float* src = static_cast<const float*>(data_[k]);
     bf16* dst = data16_[k];
 #pragma omp parallel for schedule(static)
@@ -130,9 +137,21 @@ void ParamRegistry::refresh_bf16() {
   }
 }
 
+// One contiguous piece per thread: glibc's memset streams (non-temporal stores) only large
+// pieces, and one thread's memset of the ~250 MB of gradients runs at one core's store bandwidth
+// (bench-small: 8 ms on one thread, 4.4 ms on two; 1 MiB pieces were slower than one thread).
 void ParamRegistry::zero_grads() {
-  for (int k = 0; k < 2; ++k) {
-    if (grad_[k] != nullptr) std::memset(grad_[k], 0, numel_[k] * dtype_size(dtype_));
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype_));
+  constexpr int64_t kParallelMinBytes = int64_t{1} << 22;
+#pragma omp parallel if ((numel_[0] + numel_[1]) * esize >= kParallelMinBytes)
+  {
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    for (int k = 0; k < 2; ++k) {
+      if (grad_[k] == nullptr) continue;
+      const int64_t bytes = numel_[k] * esize;
+      const int64_t b0 = bytes * id / nt, b1 = bytes * (id + 1) / nt;
+      std::memset(static_cast<char*>(grad_[k]) + b0, 0, static_cast<size_t>(b1 - b0));
+    }
   }
 }
 

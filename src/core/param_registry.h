@@ -74,6 +74,11 @@ class ParamRegistry {
   void enable_bf16_copies() { bf16_copies_ = true; }
   bool has_bf16_copies() const { return bf16_copies_; }
   void refresh_bf16();
+  // For an optimizer that rewrote every bf16 copy of `kind` in the pass that updated the values
+  // (ops::adamw_step's p16): the next refresh_bf16() skips that kind instead of converting its
+  // values again, then converts as usual. Valid only when nothing else changes the values of
+  // `kind` before that refresh (the trainer refreshes right after the optimizer step).
+  void mark_bf16_current(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
 
   // Two passes like every arena user: flat value and gradient buffers per kind.
   void allocate(Arena& arena);
@@ -98,6 +103,7 @@ class ParamRegistry {
   void* grad_[2] = {nullptr, nullptr};
   bf16* data16_[2] = {nullptr, nullptr};
   bool bf16_copies_ = false;
+  bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16
 };
 
 // Initial value of global element `global_index` of parameter `spec` for `seed`.

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace moecore::ops {
 
 struct AdamWParams {
@@ -13,8 +15,11 @@ struct AdamWParams {
   double grad_scale = 1.0;  // g is multiplied by this first (clipping coefficient)
 };
 
+// p16 (f32 p only; may be null): the bf16 compute copy of p (--bf16), rewritten in the same
+// pass from the updated values, bitwise what cast_f32_to_bf16 of the new p gives.
 template <typename T>
-void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a);
+void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
+                bf16* p16 = nullptr);
 template <typename T>
 void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a);
 

@@ -1,6 +1,7 @@
 // Conversions between f32 and bf16 (round to nearest even).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -11,5 +12,16 @@ void cast_f32_to_bf16(bf16* y, const float* x, int64_t n);
 void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n);
 void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n);
+
+// The bits of float_to_bf16(x) (core/dtype.h), branch-free so that loops calling it vectorise:
+// for kernels that write a bf16 copy of what they compute in the same pass (the cross-entropy
+// gradient for the bf16 head GEMMs, AdamW's bf16 weight copies). Bitwise equal to the reference.
+inline uint16_t f32_to_bf16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
+}
 
 }  // namespace moecore::ops

@@ -1,6 +1,6 @@
 // AdamW: a single step worked by hand on three elements, fast vs reference over several steps
-// (serial and OpenMP sizes, f32 and f64 params), decoupled weight decay on/off, grad_scale, and
-// invalid hyper-parameters.
+// (serial and OpenMP sizes, f32 and f64 params), the bf16 copy written in the same pass,
+// decoupled weight decay on/off, grad_scale, and invalid hyper-parameters.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -8,6 +8,7 @@
 #include "common/testing.h"
 #include "core/check.h"
 #include "ops/adamw.h"
+#include "ops/cast.h"
 
 namespace moecore::ops {
 namespace {
@@ -74,6 +75,40 @@ TEST(AdamW, FastMatchesReference) {
       check_fast_vs_ref<double>(n, wd, 0.5);
     }
   }
+}
+
+// The bf16 copy written in the update pass is the new p rounded as cast_f32_to_bf16 rounds it,
+// and writing it changes nothing else (serial and OpenMP sizes, specials in the copy's input).
+TEST(AdamW, Bf16CopyIsTheCastOfTheUpdatedValues) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, (int64_t{1} << 14) + 7}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    AdamWParams a;
+    a.lr = 3e-3;
+    a.weight_decay = 0.1;
+    auto p0 = random_vec<float>(n, 11);
+    if (n > 1) p0[1] = 1.0f + std::ldexp(1.0f, -8);  // a bf16 rounding tie
+    std::vector<float> p1 = p0, p2 = p0, m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
+    Guarded<uint16_t> p16(n);
+    std::vector<bf16> cast(n);
+    for (int64_t step = 1; step <= 2; ++step) {
+      a.step = step;
+      auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
+      adamw_step<float>(p1.data(), g.data(), m1.data(), v1.data(), n, a,
+                        reinterpret_cast<bf16*>(p16.data()));
+      adamw_step<float>(p2.data(), g.data(), m2.data(), v2.data(), n, a);
+      EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), n * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * sizeof(float)));
+      cast_f32_to_bf16_ref(cast.data(), p1.data(), n);
+      EXPECT_EQ(0, std::memcmp(p16.data(), cast.data(), n * sizeof(bf16)));
+      EXPECT_TRUE(p16.intact());
+    }
+  }
+  // f64 parameters keep no bf16 copy.
+  double p = 1.0, g = 1.0;
+  float m = 0.f, v = 0.f;
+  bf16 p16;
+  EXPECT_THROW(adamw_step<double>(&p, &g, &m, &v, 1, AdamWParams{}, &p16), moecore::Error);
 }
 
 TEST(AdamW, WeightDecayIsDecoupled) {

@@ -1,6 +1,7 @@
 // Fused output head + cross entropy: fast (chunked, GEMM) vs reference on awkward shapes with
 // guard bytes on every output and on the workspace, equality with a naive -log softmax, chunk
-// size invariance, ignored targets, and fp64 finite differences for dh and dW.
+// size invariance, ignored targets, fp64 finite differences for dh and dW, and the bf16 head
+// against the f32 one on inputs whose logits are exact in both.
 #include <cmath>
 #include <random>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "common/testing.h"
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/cross_entropy.h"
 
 namespace moecore::testing {
@@ -199,6 +201,59 @@ TEST(HeadLoss, TargetOutOfRangeThrows) {
   }
   EXPECT_THROW(head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s),
                moecore::Error);
+}
+
+// --bf16 head on h, W in {-1, -1/2, 0, 1/2, 1}: the logits are exact in the f32 and in the bf16
+// GEMM, so the forward must equal the f32 forward bitwise, and the backward must be the bf16
+// GEMMs of exactly bf16(the f32 path's dlogits) (read from the f32 workspace, which holds every
+// row when chunk >= T): f32 accumulation against f64 sums of the same products.
+TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
+  for (int64_t T : {13, 64}) {  // 64 x 300 takes the parallel branch
+    const int64_t H = 8, V = 300;
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    std::mt19937 gen(21);
+    auto pick = [&] { return 0.5f * static_cast<float>(static_cast<int>(gen() % 5) - 2); };
+    std::vector<float> h(T * H), w(V * H);
+    for (auto& x : h) x = pick();
+    for (auto& x : w) x = pick();
+    auto tg = make_targets(T, V, 5, 22);
+    const float dloss = 0.375f;
+    // f32, one chunk: the workspace ends up holding every row's dlogits.
+    const HeadLossShape s32{T, H, V, T};
+    std::vector<float> loss(T), lse(T), ws(head_loss_workspace_elems(s32)), dh(T * H),
+        dw(V * H, 0.f);
+    const double total =
+        head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s32, ws.data());
+    head_loss_backward(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss,
+                       s32, ws.data());
+    // bf16, chunks of 16.
+    const HeadLossShape s16{T, H, V, 16};
+    std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
+    ops::cast_f32_to_bf16(w16.data(), w.data(), V * H);
+    ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data()};
+    std::vector<float> loss16(T), lse16(T), ws16(head_loss_workspace_elems(s16)), dh16(T * H),
+        dw16(V * H, 0.f);
+    const double total16 = head_loss_forward(loss16.data(), lse16.data(), h.data(), w.data(),
+                                             tg.data(), s16, ws16.data(), &b);
+    head_loss_backward(dh16.data(), dw16.data(), h.data(), w.data(), tg.data(), lse16.data(),
+                       dloss, s16, ws16.data(), &b);
+    EXPECT_EQ(total16, total);
+    EXPECT_EQ(loss16, loss);
+    EXPECT_EQ(lse16, lse);
+    std::vector<double> dh_expect(T * H, 0.0), dw_expect(V * H, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t v = 0; v < V; ++v) {
+        const double dz = bf16_to_float(float_to_bf16(ws[t * V + v]));
+        if (tg[t] < 0) EXPECT_EQ(dz, 0.0);
+        for (int64_t k = 0; k < H; ++k) {
+          dh_expect[t * H + k] += dz * w[v * H + k];
+          dw_expect[v * H + k] += dz * h[t * H + k];
+        }
+      }
+    }
+    EXPECT_TRUE(all_close(dh16, dh_expect, kF32Rtol, kF32Atol)) << "dh";
+    EXPECT_TRUE(all_close(dw16, dw_expect, kF32Rtol, kF32Atol)) << "dw";
+  }
 }
 
 // loss = dloss * sum_t loss_t, so dloss is also exercised.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "common/testing.h"
@@ -97,6 +98,92 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
   EXPECT_NEAR(w[1], 1.0 - 0.1 * 0.5, 1e-6);  // zero grad: decay only
   EXPECT_FLOAT_EQ(params.get("norm").data_as<float>()[0], 1.0f);  // no decay, no grad
   EXPECT_NEAR(params.get("e").data_as<float>()[0], 1.0 - 0.1 - 0.05, 1e-6);
+}
+
+// The gradient sum of squares: f64 accuracy on a long vector of awkward length (n not a
+// multiple of the lanes or blocks, both kinds, f32 and f64 gradients), and bitwise the same for
+// 1, 2 and 3 threads.
+template <typename T>
+void check_sum_squares() {
+  SCOPED_TRACE(DTypeOf<T>::value == DType::F32 ? "f32" : "f64");
+  ParamRegistry params(DTypeOf<T>::value);
+  params.add(ParamSpec{"a", {1000, 1003}, ParamInit::Zeros, 0, ParamKind::Dense, true, {}});
+  params.add(ParamSpec{"b", {5}, ParamInit::Zeros, 0, ParamKind::Dense, false, {}});
+  params.add(ParamSpec{"e", {3, 7001}, ParamInit::Zeros, 0, ParamKind::Expert, true, {}});
+  Arena arena;
+  arena.plan([&](Arena& a) { params.allocate(a); });
+  double expect = 0;
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    auto g = testing::random_vec<T>(params.numel(k), 30 + static_cast<uint32_t>(k), -3, 3);
+    std::copy(g.begin(), g.end(), static_cast<T*>(params.flat_grad(k)));
+    long double s = 0;  // serial, wider than the sum under test
+    for (T x : g) s += static_cast<long double>(x) * static_cast<long double>(x);
+    expect += static_cast<double>(s);
+  }
+  double by_threads[3];
+  for (int threads = 1; threads <= 3; ++threads) {
+    testing::ScopedOmpThreads scoped(threads);
+    by_threads[threads - 1] = optim::global_grad_norm(params);
+  }
+  EXPECT_NEAR(by_threads[0], std::sqrt(expect), 1e-13 * std::sqrt(expect));
+  EXPECT_EQ(by_threads[1], by_threads[0]) << "2 threads vs 1";
+  EXPECT_EQ(by_threads[2], by_threads[0]) << "3 threads vs 1";
+}
+
+TEST(Optimizer, GradSumOfSquaresIsAccurateAndThreadCountInvariant) {
+  check_sum_squares<float>();
+  check_sum_squares<double>();
+}
+
+// --bf16: the optimizer writes the bf16 copies with the update; the trainer's refresh_bf16 then
+// skips them once. The copies equal the rounded master values either way, and a later change of
+// the values is still picked up by the next refresh.
+TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
+  auto make = [](ParamRegistry& p, Arena& arena) {
+    p.enable_bf16_copies();
+    p.add(ParamSpec{"w", {300, 70}, ParamInit::Normal, 0.02, ParamKind::Dense, true, {}});
+    p.add(ParamSpec{"e", {2, 9000}, ParamInit::Normal, 0.02, ParamKind::Expert, true, {}});
+    arena.plan([&](Arena& a) { p.allocate(a); });
+    p.init(5);
+    p.refresh_bf16();
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      auto g = testing::random_vec<float>(p.numel(k), 40 + static_cast<uint32_t>(k));
+      std::copy(g.begin(), g.end(), static_cast<float*>(p.flat_grad(k)));
+    }
+  };
+  auto copies_match = [](const ParamRegistry& p) {
+    for (const Param& q : p.params()) {
+      for (int64_t i = 0; i < q.local_numel(); ++i) {
+        if (q.data16[i].bits != float_to_bf16(q.data_as<float>()[i]).bits) {
+          ADD_FAILURE() << q.name() << "[" << i << "]";
+          return;
+        }
+      }
+    }
+  };
+  ParamRegistry p(DType::F32), ref(DType::F32);
+  Arena pa, ra;
+  make(p, pa);
+  make(ref, ra);
+  optim::AdamWConfig cfg;
+  optim::ChainedOptimizer opt(p, cfg);
+  optim::AdamWOptimizer opt_ref(ref, cfg);
+  for (int step = 0; step < 2; ++step) {
+    opt.step(1e-2);
+    copies_match(p);  // before the refresh: written by the update itself
+    p.refresh_bf16();
+    copies_match(p);
+    opt_ref.step(1e-2);
+    ref.refresh_bf16();
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      EXPECT_EQ(0, std::memcmp(p.flat_data(k), ref.flat_data(k), p.numel(k) * sizeof(float)));
+    }
+  }
+  // After the skipped refresh, a refresh converts again.
+  p.get("w").data_as<float>()[7] = 3.0f;
+  p.get("e").data_as<float>()[11] = -5.0f;
+  p.refresh_bf16();
+  copies_match(p);
 }
 
 // Dense w [2] (decay), norm [1] (no decay), expert e [1]; grads dense (3, 0, 0), expert 4.

@@ -1,11 +1,15 @@
 // Fast AdamW on CPU: one fused, OpenMP-parallel pass over p, g, m, v (the update is memory-bound,
-// so touching each array once is what matters). Arithmetic in T with the bias corrections folded
-// into per-step constants; agrees with adamw_ref to f32 rounding. GCC 12 leaves the loop scalar:
-// std::sqrt's errno branch blocks vectorisation unless the build adds -fno-math-errno.
+// so touching each array once is what matters), writing the bf16 copy of p in the same pass
+// when there is one (--bf16: saves re-reading p to refresh it). Arithmetic in T with the bias
+// corrections folded into per-step constants; agrees with adamw_ref to f32 rounding. GCC 12
+// leaves the loop scalar: std::sqrt's errno branch blocks vectorisation unless the build adds
+// -fno-math-errno.
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 #include "ops/adamw.h"
+#include "ops/cast.h"
 
 namespace moecore::ops {
 
@@ -26,11 +30,12 @@ void check_adamw_params(const char* who, int64_t n, const AdamWParams& a) {
 namespace {
 // Below this the parallel region's fork/join costs more than the update.
 constexpr int64_t kParallelMin = int64_t{1} << 14;
-}  // namespace
 
-template <typename T>
-void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a) {
-  check_adamw_params("adamw", n, a);
+// The update loop; kBf16 also writes p16. Two instantiations rather than a branch per element,
+// so both loops stay plain vector code.
+template <typename T, bool kBf16>
+void adamw_loop(T* p, const T* g, float* m, float* v, uint16_t* p16, int64_t n,
+                const AdamWParams& a) {
   // Constants in double, rounded once to T: mhat/(sqrt(vhat)+eps) becomes
   // m*inv_bc1 / (sqrt(v*inv_bc2) + eps), multiplications instead of divisions in the loop.
   const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
@@ -50,13 +55,28 @@ void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWPara
     // Use the stored (f32) m, v so both paths see the same state next step.
     T mhat = static_cast<T>(m[i]) * inv_bc1;
     T vhat = static_cast<T>(v[i]) * inv_bc2;
-    p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
+    const T pi = p[i] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
+    p[i] = pi;
+    if constexpr (kBf16) p16[i] = f32_to_bf16_bits(pi);
+  }
+}
+}  // namespace
+
+template <typename T>
+void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
+                bf16* p16) {
+  check_adamw_params("adamw", n, a);
+  if (p16 == nullptr) return adamw_loop<T, false>(p, g, m, v, nullptr, n, a);
+  MOE_CHECK((std::is_same_v<T, float>),
+            "[adamw] a bf16 copy needs f32 parameters: f64 models keep no bf16 copies");
+  if constexpr (std::is_same_v<T, float>) {
+    adamw_loop<T, true>(p, g, m, v, reinterpret_cast<uint16_t*>(p16), n, a);
   }
 }
 
 template void adamw_step<float>(float*, const float*, float*, float*, int64_t,
-                                const AdamWParams&);
+                                const AdamWParams&, bf16*);
 template void adamw_step<double>(double*, const double*, float*, float*, int64_t,
-                                 const AdamWParams&);
+                                 const AdamWParams&, bf16*);
 
 }  // namespace moecore::ops

@@ -1,7 +1,7 @@
 // Fast f32 <-> bf16 conversion: the same bit arithmetic as core/dtype.h, written branch-free
-// so the compiler vectorises it, and split over OpenMP threads for large tensors. Bitwise equal
-// to the reference. We do not use AVX512-BF16's vcvtneps2bf16: it flushes denormal inputs to
-// zero, which the reference (and PyTorch's CPU cast) does not.
+// (f32_to_bf16_bits in ops/cast.h) so the compiler vectorises it, and split over OpenMP threads
+// for large tensors. Bitwise equal to the reference. We do not use AVX512-BF16's vcvtneps2bf16:
+// it flushes denormal inputs to zero, which the reference (and PyTorch's CPU cast) does not.
 #include <bit>
 #include <cstdint>
 
@@ -19,13 +19,7 @@ void cast_f32_to_bf16(bf16* y, const float* x, int64_t n) {
   static_assert(sizeof(bf16) == sizeof(uint16_t), "bf16 must be its 16 raw bits");
   uint16_t* y16 = reinterpret_cast<uint16_t*>(y);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = std::bit_cast<uint32_t>(x[i]);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet_nan = (u >> 16) | 0x0040u;
-    bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-    y16[i] = static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
-  }
+  for (int64_t i = 0; i < n; ++i) y16[i] = f32_to_bf16_bits(x[i]);
 }
 
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n) {

@@ -1,7 +1,9 @@
 // Output head + cross entropy fast path, chunked over tokens: per chunk one GEMM for the logits
 // into the [chunk, V] workspace, row-wise log-sum-exp (OpenMP over rows, exp sums in f64), and in
 // the backward two more GEMMs (dh = dlogits W, dW += dlogits^T h). Peak memory is the workspace,
-// never [T, V] logits.
+// never [T, V] logits. Each row is a max pass and one exp pass (forward) or one exp pass that
+// writes the gradient (backward, in bf16 straight into the GEMM input); rows are independent, so
+// results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -53,6 +55,53 @@ void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s)
             "[head_loss] the bf16 path needs an f32 model and bf16 weights and workspace");
   if constexpr (std::is_same_v<T, float>) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
 }
+
+// max of z[0, V): kLanes running maxima (a vector register or two) and one final pass over
+// them. `omp simd reduction(max)` over std::max stays scalar with GCC 12 (a vmaxss chain that
+// cost 60% of the forward's softmax). The maximum is exact, so the order does not matter.
+template <typename T>
+T row_max(const T* z, int64_t V) {
+  constexpr int64_t kLanes = 32;
+  T lane[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[0];
+  int64_t v = 0;
+  for (; v + kLanes <= V; v += kLanes) {
+#pragma omp simd
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[v + j] > lane[j] ? z[v + j] : lane[j];
+  }
+  T mx = z[0];
+  for (; v < V; ++v) mx = z[v] > mx ? z[v] : mx;
+  for (int64_t j = 0; j < kLanes; ++j) mx = lane[j] > mx ? lane[j] : mx;
+  return mx;
+}
+
+// One row of logits -> dlogits = (exp(z - lse) - [v == tgt]) * dloss, in place; the target's
+// entry is recomputed from its saved logit so that it rounds as (e - 1) * dloss. Ignored
+// tokens (tgt < 0) get zeros: no gradient into dh or dW.
+template <typename T>
+void softmax_grad_row(T* z, int64_t V, int32_t tgt, T lse, T dloss) {
+  if (tgt < 0) {
+    std::fill(z, z + V, T(0));
+    return;
+  }
+  const T zt = z[tgt];
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) z[v] = fast_exp(z[v] - lse) * dloss;
+  z[tgt] = (fast_exp(zt - lse) - T(1)) * dloss;
+}
+
+// The same row written as bf16 bits (the bf16 head GEMMs' input): the values of
+// softmax_grad_row, rounded as cast_f32_to_bf16 rounds them.
+void softmax_grad_row_bf16(uint16_t* d16, const float* z, int64_t V, int32_t tgt, float lse,
+                           float dloss) {
+  if (tgt < 0) {
+    std::fill(d16, d16 + V, uint16_t{0});  // bf16 +0
+    return;
+  }
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) d16[v] = f32_to_bf16_bits(fast_exp(z[v] - lse) * dloss);
+  d16[tgt] = f32_to_bf16_bits((fast_exp(z[tgt] - lse) - 1.0f) * dloss);
+}
 }  // namespace
 
 // A chunk larger than the batch only ever holds n_tok rows.
@@ -73,9 +122,7 @@ double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
 #pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
     for (int64_t i = 0; i < m; ++i) {
       const T* z = workspace + i * V;
-      T mx = z[0];
-#pragma omp simd reduction(max : mx)
-      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v]);
+      const T mx = row_max(z, V);
       // Blocks of 256 summed in f32 (vectorised), the blocks in f64: V is up to ~1e5, a plain
       // f32 sum would lose ~sqrt(V) ulps of the log-sum-exp.
       double se = 0;
@@ -107,26 +154,27 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
     chunk_logits(workspace, h_TH, w_VH, c0, m, s, bf16);
-    // Logits -> dlogits = (softmax - onehot) * dloss, in place.
+    // Logits -> dlogits = (softmax - onehot) * dloss in one pass over each row: in place, or
+    // (bf16) straight into the bf16 GEMM input, so the f32 dlogits are never written.
+    uint16_t* dz16 = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16 != nullptr) dz16 = reinterpret_cast<uint16_t*>(bf16->dz16);
+    }
 #pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
     for (int64_t i = 0; i < m; ++i) {
       T* z = workspace + i * V;
       const int64_t t = c0 + i;
       const int32_t tgt = target_T[t];
-      if (tgt < 0) {  // ignored: no gradient into dh or dW
-        std::fill(z, z + V, T(0));
-        continue;
+      if constexpr (std::is_same_v<T, float>) {
+        if (dz16 != nullptr) {
+          softmax_grad_row_bf16(dz16 + i * V, z, V, tgt, lse_T[t], dloss);
+          continue;
+        }
       }
-      const T lse = lse_T[t];
-#pragma omp simd
-      for (int64_t v = 0; v < V; ++v) z[v] = fast_exp(z[v] - lse);
-      z[tgt] -= T(1);
-#pragma omp simd
-      for (int64_t v = 0; v < V; ++v) z[v] *= dloss;
+      softmax_grad_row(z, V, tgt, lse_T[t], dloss);
     }
     if constexpr (std::is_same_v<T, float>) {
       if (bf16 != nullptr) {
-        cast_f32_to_bf16(bf16->dz16, workspace, m * V);
         gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H);
         gemm_bf16(true, false, V, H, m, bf16->dz16, V, bf16->h16 + c0 * H, H, 1.f, dw_VH, H);
         continue;
