@@ -19,18 +19,14 @@
 #include "moe/dispatcher.h"
 #include "parallel/process_groups.h"
 
+#include "bench_timing.h"
+
 using namespace moecore;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench_timing::median;
+using bench_timing::now;
 
 }  // namespace
 
