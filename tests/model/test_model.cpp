@@ -74,7 +74,9 @@ TEST_F(SelfAttentionTest, IsCausalOverSequence) {
       bool may_change = b == 1 && s >= 3;
       for (int64_t h = 0; h < H; ++h) {
         int64_t i = (s * B + b) * H + h;
-        if (!may_change) EXPECT_EQ(y0[i], y1[i]) << "s=" << s << " b=" << b;
+        if (!may_change) {
+          EXPECT_EQ(y0[i], y1[i]) << "s=" << s << " b=" << b;
+        }
       }
     }
   }
