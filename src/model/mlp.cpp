@@ -16,15 +16,19 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
                          SwigluRecompute recompute) {
   s.recompute_fc1 = recompute.fc1;
   s.recompute_act = recompute.fc1 || recompute.act;
+  const bool use16 =
+      std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16;
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
     s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
   }
   {
+    // The activation only feeds fc2: under --bf16 it is kept as the bf16 GEMM input alone.
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_act);
-    s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+    if (use16) s.a16_NF = a.alloc<bf16>(max_rows * sh.F, name);
+    else s.a_NF = a.alloc<T>(max_rows * sh.F, name);
   }
-  if (std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16) {
+  if (use16) {
     s.fc1_16 = fc1->data16;
     s.fc2_16 = fc2->data16;
     const int64_t width = std::max(2 * sh.F, sh.H);
@@ -32,6 +36,32 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
     s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
   }
 }
+
+namespace {
+
+// h = x fc1^T (the forward's first GEMM; also its recomputation).
+template <typename T>
+void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.fc1_16 != nullptr) {
+      ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F);
+      return;
+    }
+  }
+  ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_N2F);
+}
+
+// a = silu(gate) * up * p, in bf16 when that is what fc2 reads.
+template <typename T>
+void act_forward(const SwigluMlpSaved<T>& s, SwigluMlpShape sh) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.a16_NF != nullptr) return ops::swiglu_forward_bf16(s.a16_NF, s.h_N2F, s.p_N, s.N, sh.F);
+  }
+  ops::swiglu_forward(s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
+}
+
+}  // namespace
 
 template <typename T>
 void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p_N,
@@ -42,18 +72,13 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   s.m_G = m_G;
   s.G = G;
   s.N = N;
+  fc1_forward(s, fc1, sh);
+  act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
-    if (s.fc1_16 != nullptr) {
-      ops::cast_f32_to_bf16(s.ws_a16, x_NH, N * sh.H);
-      ops::grouped_gemm_bf16(m_G, G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F);
-      ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
-      ops::cast_f32_to_bf16(s.ws_a16, s.a_NF, N * sh.F);
-      ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.ws_a16, s.fc2_16, true, y_NH);
-      return;
+    if (s.fc2_16 != nullptr) {
+      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH);
     }
   }
-  ops::grouped_gemm(m_G, G, 2 * sh.F, sh.H, x_NH, fc1, /*trans_w=*/true, s.h_N2F);
-  ops::swiglu_forward(s.a_NF, s.h_N2F, p_N, N, sh.F);
   ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
 }
 
@@ -61,30 +86,16 @@ template <typename T>
 void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
                          const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
                          T* dh_N2F) {
-  if (s.recompute_fc1 || s.recompute_act) {
-    // The forward's arithmetic again, so the values are bitwise the forward's.
-    T* h = s.h_N2F;
-    if (s.recompute_fc1) {
-      bool done = false;
-      if constexpr (std::is_same_v<T, float>) {
-        if (s.fc1_16 != nullptr) {
-          ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
-          ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, h);
-          done = true;
-        }
-      }
-      if (!done) ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, s.x_NH, fc1, /*trans_w=*/true, h);
-    }
-    ops::swiglu_forward(s.a_NF, h, s.p_N, s.N, sh.F);
-  }
+  // Recomputation: the forward's arithmetic again, so the values are bitwise the forward's.
+  if (s.recompute_fc1) fc1_forward(s, fc1, sh);
+  if (s.recompute_act) act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
-    if (s.fc1_16 != nullptr) {  // the same products, bf16 inputs cast once, f32 accumulation
+    if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
       ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
-      ops::cast_f32_to_bf16(s.ws_b16, s.a_NF, s.N * sh.F);
       ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.ws_b16, dfc2);
-      ops::swiglu_backward(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
-      ops::cast_f32_to_bf16(s.ws_a16, dh_N2F, s.N * 2 * sh.F);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2);
+      // dh only feeds fc1's GEMMs: written as bf16 straight away.
+      ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
       ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
       ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH);
       ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1);

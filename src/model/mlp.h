@@ -20,13 +20,14 @@ struct SwigluMlpSaved {
   const int64_t* m_G = nullptr;   // rows per group
   int64_t G = 0, N = 0;
   T* h_N2F = nullptr;             // fc1 output
-  T* a_NF = nullptr;              // activation (fc2 input)
+  T* a_NF = nullptr;              // activation (fc2 input); null under --bf16, which keeps
+  bf16* a16_NF = nullptr;         // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
   // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
   bool recompute_fc1 = false;
   bool recompute_act = false;
   // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
-  // two bf16 workspaces of max_rows * max(2F, H) for the GEMM inputs.
+  // two bf16 workspaces of max_rows * max(2F, H) for the other GEMM inputs.
   const bf16* fc1_16 = nullptr;
   const bf16* fc2_16 = nullptr;
   bf16* ws_a16 = nullptr;

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "ops/cast.h"
 #include "ops/swiglu.h"
 
 namespace moecore::testing {
@@ -59,6 +60,35 @@ TEST(SwiGlu, NullProbEqualsUnitProb) {
   swiglu_forward<float>(a0.data(), h.data(), nullptr, N, F);  // nullptr: T not deducible
   swiglu_forward(a1.data(), h.data(), ones.data(), N, F);
   EXPECT_EQ(a0, a1);
+}
+
+// --bf16 outputs: bitwise the bf16 cast of the f32 fast path's outputs; dp (f32) the same sum,
+// possibly vectorised with another association.
+TEST(SwiGlu, Bf16OutputsAreTheCastOfF32) {
+  for (auto [N, F] : kShapes) {
+    for (bool with_p : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " F=" << F << " p=" << with_p);
+      auto h = random_vec<float>(N * 2 * F, 8, -6, 6);
+      auto p = random_vec<float>(N, 9, 0, 1);
+      auto da = random_vec<float>(N * F, 10);
+      const float* pp = with_p ? p.data() : nullptr;
+      std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f), dp16(N, -1.f);
+      swiglu_forward(a.data(), h.data(), pp, N, F);
+      swiglu_backward(dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      std::vector<bf16> a_cast(N * F), dh_cast(N * 2 * F);
+      ops::cast_f32_to_bf16(a_cast.data(), a.data(), N * F);
+      ops::cast_f32_to_bf16(dh_cast.data(), dh.data(), N * 2 * F);
+      Guarded<uint16_t> a16(N * F), dh16(N * 2 * F);  // bf16 bits
+      ops::swiglu_forward_bf16(reinterpret_cast<bf16*>(a16.data()), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16(reinterpret_cast<bf16*>(dh16.data()), dp16.data(), da.data(),
+                                h.data(), pp, N, F);
+      for (int64_t i = 0; i < N * F; ++i) ASSERT_EQ(a16[i], a_cast[i].bits) << "a " << i;
+      for (int64_t i = 0; i < N * 2 * F; ++i) ASSERT_EQ(dh16[i], dh_cast[i].bits) << "dh " << i;
+      EXPECT_TRUE(all_close(dp16, dp, kF32Rtol, kF32Atol)) << "dp";
+      EXPECT_TRUE(a16.intact());
+      EXPECT_TRUE(dh16.intact());
+    }
+  }
 }
 
 // loss = sum(a * R); da = R.

@@ -2,6 +2,7 @@
 // Each row is independent, so results do not depend on the thread count.
 #include <cmath>
 
+#include "ops/cast.h"
 #include "ops/cpu/fast_exp.h"
 #include "ops/swiglu.h"
 
@@ -10,44 +11,73 @@ namespace moecore::ops {
 namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
-}  // namespace
 
+// The output element type: T itself, or bf16 bits (uint16_t) of an f32 result.
 template <typename T>
-void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+inline T store_as(T v, T*) {
+  return v;
+}
+inline uint16_t store_as(float v, uint16_t*) { return f32_to_bf16_bits(v); }
+
+template <typename T, typename Out>
+void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* g = h_N2F + n * 2 * F;
     const T* u = g + F;
-    T* a = a_NF + n * F;
+    Out* a = a_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p;
+    for (int64_t f = 0; f < F; ++f) a[f] = store_as(g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p, a);
   }
 }
 
-template <typename T>
-void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
-                     int64_t F) {
+template <typename T, typename Out>
+void backward_rows(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
+                   int64_t F) {
   const bool want_dp = p_N && dp_N;
 #pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* g = h_N2F + n * 2 * F;
     const T* u = g + F;
     const T* da = da_NF + n * F;
-    T* dg = dh_N2F + n * 2 * F;
-    T* du = dg + F;
+    Out* dg = dh_N2F + n * 2 * F;
+    Out* du = dg + F;
     const T p = p_N ? p_N[n] : T(1);
     T dp = 0;
 #pragma omp simd reduction(+ : dp)
     for (int64_t f = 0; f < F; ++f) {
       const T s = T(1) / (T(1) + fast_exp(-g[f]));
       const T silu = g[f] * s;
-      dg[f] = da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s));
-      du[f] = da[f] * p * silu;
+      dg[f] = store_as(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
+      du[f] = store_as(da[f] * p * silu, du);
       dp += silu * u[f] * da[f];
     }
     if (want_dp) dp_N[n] = dp;
   }
+}
+
+}  // namespace
+
+template <typename T>
+void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+  forward_rows(a_NF, h_N2F, p_N, N, F);
+}
+
+template <typename T>
+void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
+                     int64_t F) {
+  backward_rows(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+}
+
+void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N,
+                         int64_t F) {
+  forward_rows(reinterpret_cast<uint16_t*>(a16_NF), h_N2F, p_N, N, F);
+}
+
+void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
+                          const float* p_N, int64_t N, int64_t F) {
+  backward_rows(reinterpret_cast<uint16_t*>(dh16_N2F), dp_N, da_NF, h_N2F, p_N, N, F);
 }
 
 template void swiglu_forward<float>(float*, const float*, const float*, int64_t, int64_t);
