@@ -31,7 +31,7 @@ int Arena::overlay_index(std::string_view name) {
   MOE_CHECK(mode_ == Mode::Plan,
             "[arena] overlay '{}' first used in the allocating pass: it must repeat the plan",
             name);
-  overlays_.push_back(Overlay{std::string(name), {}, {}, {}, 0, 0});
+  overlays_.push_back(Overlay{std::string(name), {}, {}, {}, 0});
   return static_cast<int>(overlays_.size()) - 1;
 }
 
@@ -81,19 +81,28 @@ void* Arena::alloc_bytes(size_t bytes, std::string_view name, MemKind kind) {
   return p;
 }
 
+static size_t largest(const std::vector<size_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+size_t Arena::overlay_bytes() const {
+  size_t total = 0;
+  for (const Overlay& o : overlays_) total += largest(o.member_bytes);
+  return total;
+}
+
 void Arena::commit() {
   MOE_CHECK(mode_ == Mode::Plan, "[arena] commit() called twice");
-  overlay_total_ = 0;
+  size_t base = planned_;
   for (Overlay& o : overlays_) {
-    o.size = o.member_bytes.empty() ? 0
-                                    : *std::max_element(o.member_bytes.begin(), o.member_bytes.end());
-    o.base = planned_ + overlay_total_;
+    o.base = base;
     o.cursor.assign(o.member_bytes.size(), 0);
-    overlay_total_ += o.size;
+    base += largest(o.member_bytes);
   }
   const size_t total = std::max(planned_bytes(), kAlign);
   block_ = static_cast<char*>(std::aligned_alloc(kAlign, total));
-  MOE_CHECK(block_ != nullptr, "[arena] cannot allocate {} bytes: reduce the model or batch", total);
+  MOE_CHECK(block_ != nullptr, "[arena] cannot allocate {} bytes: reduce the model or batch",
+            total);
   std::memset(block_, 0, total);
   mode_ = Mode::Allocate;
 }
@@ -116,7 +125,7 @@ size_t Arena::shared_saving_bytes() const {
   for (const Overlay& o : overlays_) {
     for (size_t b : o.member_bytes) requested += b;
   }
-  return requested - overlay_total_;
+  return requested - overlay_bytes();
 }
 
 size_t Arena::recompute_saving_bytes() const {

@@ -105,8 +105,9 @@ class Arena {
   };
 
   Mode mode() const { return mode_; }
-  // The block's size: the plain buffers plus every overlay at the size of its largest member.
-  size_t planned_bytes() const { return planned_ + overlay_total_; }
+  // The block's size: the plain buffers plus every overlay at the size of its largest member
+  // (valid from the end of the planning pass).
+  size_t planned_bytes() const { return planned_ + overlay_bytes(); }
   // Bytes requested by buffers of kind k, as if nothing were shared.
   size_t bytes_of(MemKind k) const { return by_kind_[static_cast<int>(k)]; }
   // What the overlays save: bytes requested into overlays minus their size.
@@ -121,21 +122,22 @@ class Arena {
     std::vector<size_t> member_bytes;       // planned
     std::vector<size_t> member_recomputed;  // planned bytes of kind Recomputed
     std::vector<size_t> cursor;             // allocating pass
-    size_t base = 0, size = 0;
+    size_t base = 0;                        // offset in the block
   };
   int overlay_index(std::string_view name);
+  size_t overlay_bytes() const;  // sum over overlays of their largest member
 
   Mode mode_ = Mode::Plan;
   size_t planned_ = 0;
   size_t cursor_ = 0;
-  size_t overlay_total_ = 0;
   size_t plan_count_ = 0, alloc_count_ = 0;
   size_t by_kind_[kNumMemKinds] = {};
   // Routing of each kind: overlay index (-1: plain) and member; the retag of each kind.
   int route_overlay_[kNumMemKinds] = {-1, -1, -1, -1, -1, -1, -1};
   int64_t route_member_[kNumMemKinds] = {};
-  MemKind retag_[kNumMemKinds] = {MemKind::Weights,     MemKind::Grads,      MemKind::OptimizerState,
-                                  MemKind::Activations, MemKind::Recomputed, MemKind::State,
+  MemKind retag_[kNumMemKinds] = {MemKind::Weights,     MemKind::Grads,
+                                  MemKind::OptimizerState, MemKind::Activations,
+                                  MemKind::Recomputed,  MemKind::State,
                                   MemKind::Workspace};
   std::vector<Overlay> overlays_;
   char* block_ = nullptr;

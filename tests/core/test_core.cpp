@@ -74,6 +74,59 @@ TEST(Arena, AllocatingPassMustMatchPlan) {
   EXPECT_THROW(b.freeze(), Error);  // the second buffer was never allocated
 }
 
+// Overlay members start at the same address; the overlay is as large as its largest member;
+// Share routes only the kinds it names, Retag changes a kind for its scope, scopes nest.
+TEST(Arena, OverlaysShareMemoryBetweenMembers) {
+  struct Ptrs {
+    float *kept, *ws0, *ws1, *act0, *rec0, *rec1;
+  };
+  auto layout = [](Arena& a) {
+    Ptrs p{};
+    p.kept = a.alloc<float>(16, "kept");  // 64 bytes, plain
+    for (int m = 0; m < 2; ++m) {
+      Arena::Share share(a, "layer", m, {MemKind::Workspace, MemKind::Recomputed});
+      float* ws = a.alloc<float>(m == 0 ? 32 : 64, "ws", MemKind::Workspace);
+      float* act = a.alloc<float>(16, "act");  // Activations: not routed, stays plain
+      float* rec = nullptr;
+      {
+        Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed);
+        rec = a.alloc<float>(16, "rec");  // Recomputed: into the member
+      }
+      (m == 0 ? p.ws0 : p.ws1) = ws;
+      if (m == 0) p.act0 = act;
+      (m == 0 ? p.rec0 : p.rec1) = rec;
+    }
+    return p;
+  };
+  Arena a;
+  layout(a);
+  // Plain: kept + two act = 192; overlay: max(128 + 64, 256 + 64) = 320.
+  EXPECT_EQ(a.planned_bytes(), 192u + 320u);
+  EXPECT_EQ(a.bytes_of(MemKind::Workspace), 128u + 256u);
+  EXPECT_EQ(a.bytes_of(MemKind::Recomputed), 128u);
+  EXPECT_EQ(a.bytes_of(MemKind::Activations), 192u);
+  EXPECT_EQ(a.shared_saving_bytes(), (192u + 320u) - 320u);
+  // Without recomputation: +128 plain, overlay max(128, 256) = 256 -> 576; with: 512.
+  EXPECT_EQ(a.recompute_saving_bytes(), 576u - 512u);
+  a.commit();
+  Ptrs p = layout(a);
+  a.freeze();
+  EXPECT_EQ(p.ws0, p.ws1);                // members overlap
+  EXPECT_EQ(p.ws0 + 32, p.rec0);          // a member's buffers follow one another
+  EXPECT_EQ(p.ws1 + 64, p.rec1);
+  EXPECT_LT(p.act0, p.ws0);               // the plain part comes first
+  EXPECT_EQ(p.kept + 16, p.act0);
+  // After the scopes, nothing is routed or retagged any more.
+  Arena b;
+  { Arena::Share share(b, "o", 0, {MemKind::Workspace}); }
+  { Arena::Retag retag(b, MemKind::Activations, MemKind::Recomputed); }
+  b.alloc<float>(16, "w", MemKind::Workspace);
+  b.alloc<float>(16, "x");
+  EXPECT_EQ(b.bytes_of(MemKind::Recomputed), 0u);
+  EXPECT_EQ(b.shared_saving_bytes(), 0u);
+  EXPECT_EQ(b.planned_bytes(), 128u);
+}
+
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
   // 1 + 2^-8 is exactly half way between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
