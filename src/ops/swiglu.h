@@ -22,8 +22,8 @@ void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, con
 
 // --bf16: the same f32 arithmetic with the result written only as bf16 (round to nearest
 // even), for outputs that only feed bf16 GEMMs (a into fc2; dh into fc1's backward). a16 and
-// dh16 are bitwise cast_f32_to_bf16 of the f32 versions' outputs; dp stays f32 (the same sum,
-// which the compiler may vectorise with another association).
+// dh16 are bitwise cast_f32_to_bf16 of the f32 versions' outputs; dp stays f32 and is bitwise
+// the f32 version's (its sum has one fixed association on every target).
 void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
 void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
                           const float* p_N, int64_t N, int64_t F);

@@ -1,5 +1,6 @@
 // SwiGLU fast path: OpenMP over rows, vectorisable per-row loops in the working precision.
 // Each row is independent, so results do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cast.h"
@@ -32,6 +33,23 @@ void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F)
   }
 }
 
+// dp is a dot product over F. `omp simd reduction` would associate it by whatever vector width
+// the compiler picks for each instantiation, and that differs between the f32 and the bf16-out
+// loops on some targets (8 vs 16 lanes with -march=icelake-server): the same sum, other bits.
+// So the sum has a fixed association on every target and for every output type: element f goes
+// to lane f % kLanes, lanes add up in order, then a fixed pairwise tree.
+constexpr int kLanes = 16;
+
+template <typename T>
+T sum_lanes(const T* part) {
+  T s[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) s[l] = part[l] + part[l + kLanes / 2];
+  for (int w = kLanes / 4; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
+  }
+  return s[0];
+}
+
 template <typename T, typename Out>
 void backward_rows(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
                    int64_t F) {
@@ -44,16 +62,20 @@ void backward_rows(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T
     Out* dg = dh_N2F + n * 2 * F;
     Out* du = dg + F;
     const T p = p_N ? p_N[n] : T(1);
-    T dp = 0;
-#pragma omp simd reduction(+ : dp)
-    for (int64_t f = 0; f < F; ++f) {
-      const T s = T(1) / (T(1) + fast_exp(-g[f]));
-      const T silu = g[f] * s;
-      dg[f] = store_as(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
-      du[f] = store_as(da[f] * p * silu, du);
-      dp += silu * u[f] * da[f];
+    T part[kLanes] = {};
+    for (int64_t f0 = 0; f0 < F; f0 += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, F - f0);
+#pragma omp simd
+      for (int64_t l = 0; l < m; ++l) {
+        const int64_t f = f0 + l;
+        const T s = T(1) / (T(1) + fast_exp(-g[f]));
+        const T silu = g[f] * s;
+        dg[f] = store_as(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
+        du[f] = store_as(da[f] * p * silu, du);
+        part[l] += silu * u[f] * da[f];
+      }
     }
-    if (want_dp) dp_N[n] = dp;
+    if (want_dp) dp_N[n] = sum_lanes(part);
   }
 }
 
