@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
-# Builds moecore and runs the whole test suite (ctest). Where nvcc is installed, also checks
-# that the CUDA backend compiles and links.
+# Builds moecore and runs the whole test suite (ctest), first for this machine's CPU
+# (-march=native), then again for restricted ISAs (AVX-512 without BF16, AVX2 without AVX-512)
+# with oneDNN held to the same ISA, so the code paths for a missing CPU feature are tested on
+# any machine that can run them. Where nvcc is installed, also checks that the CUDA backend
+# compiles and links.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "[test] native ISA: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 (cd build && ctest --output-on-failure -j2 --timeout 600)
+
+# The ISA variants: -march level, the oneDNN ISA cap (DNNL_MAX_CPU_ISA), the CPU flags needed.
+variants=(
+  "x86-64-v4 AVX512_CORE avx512f avx512bw avx512cd avx512dq avx512vl"
+  "x86-64-v3 AVX2 avx2 fma bmi1 bmi2 f16c movbe"
+)
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+for v in "${variants[@]}"; do
+  read -r arch dnnl_isa needed <<< "$v"
+  runnable=1
+  for f in $needed; do [[ "$cpu_flags" == *" $f "* ]] || runnable=0; done
+  if [ "$runnable" -eq 0 ]; then
+    echo "[test] ISA variant $arch: NOT RUN (this CPU lacks one of: $needed)"
+    continue
+  fi
+  echo "[test] ISA variant $arch (oneDNN capped at $dnnl_isa)"
+  cmake -S . -B "build-$arch" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_ARCH="$arch" \
+    > "build-$arch.log" 2>&1 || { cat "build-$arch.log"; exit 1; }
+  cmake --build "build-$arch" -j"$(nproc)"
+  (cd "build-$arch" && DNNL_MAX_CPU_ISA="$dnnl_isa" ctest --output-on-failure -j2 --timeout 600)
+done
+
 if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "[test] CUDA build check (compile and link only; no GPU needed)"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_CUDA=ON \
