@@ -30,20 +30,23 @@ struct InputGrad {
 };
 
 // Runs loss() once, zeroes the parameter gradients, runs backward(), then checks every listed
-// input gradient and every parameter gradient against finite differences of loss().
+// input gradient (strided, at least 64 elements) and every parameter gradient (every row and
+// column, at least `min_checks` elements each) against finite differences of loss().
 ::testing::AssertionResult check_layer_gradients(ParamRegistry& params,
                                                  const std::function<double()>& loss,
                                                  const std::function<void()>& backward,
                                                  std::initializer_list<InputGrad> inputs,
-                                                 int64_t max_checks = 24);
+                                                 int64_t min_checks = 24);
 
-// Checks each parameter's accumulated gradient (registry must hold the gradient of loss()).
+// Checks each parameter's accumulated gradient (registry must hold the gradient of loss())
+// at every row and every column of each weight matrix (each expert's, for [E, N, K] grouped
+// weights), at least `min_checks` elements per parameter (see covering_indices).
 inline ::testing::AssertionResult check_param_gradients(ParamRegistry& params,
                                                         const std::function<double()>& loss,
-                                                        int64_t max_checks = 24) {
+                                                        int64_t min_checks = 24) {
   for (Param& p : params.params()) {
-    auto r = check_gradient(loss, p.data_as<double>(), p.grad_as<double>(), p.local_numel(),
-                            p.name(), max_checks);
+    auto r = check_gradient(loss, p.data_as<double>(), p.grad_as<double>(), p.local_shape(),
+                            p.name(), min_checks);
     if (!r) return r;
   }
   return ::testing::AssertionSuccess();

@@ -102,10 +102,48 @@ template <typename A, typename B>
 }
 
 // Checks analytic gradient `grad[i]` of loss() w.r.t. x[i] against fp64 central differences
-// for up to `max_checks` indices spread over [0, n). loss() must read x.
+// for up to `max_checks` indices spread over [0, n) with a stride. loss() must read x.
+// For a matrix use the shape-aware overload: a stride that is a multiple of the row length
+// lands on the same column every time.
 ::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
                                           const double* grad, int64_t n, const std::string& what,
                                           int64_t max_checks = 64, double h = kFdStep,
                                           double rtol = kFdRtol, double atol = kFdAtol);
+
+// A tensor seen as G groups of R x C row-major matrices: [n] -> [1, 1, n], [R, C] -> [1, R, C],
+// [d0, ..., R, C] -> [d0 * ..., R, C] (the grouped expert weights [E, N, K]).
+struct GroupedShape {
+  int64_t G = 1, R = 1, C = 1;
+  int64_t numel() const { return G * R * C; }
+};
+GroupedShape grouped_shape(const std::vector<int64_t>& shape);
+
+// Flat indices into a [G, R, C] tensor that hit every row and every column of every group:
+// per group, with seeded permutations pr of the rows and pc of the columns, the pairs
+// (pr[i % R], pc[i % C]) for i < max(R, C) (distinct, since i < max(R, C) <= lcm(R, C)), then
+// further distinct elements of the group in seeded random order until it has
+// min(R * C, max(max(R, C), per_group)) of them. Deterministic in `seed`.
+std::vector<int64_t> covering_indices(const GroupedShape& s, int64_t per_group, uint64_t seed);
+
+// Whether `idx` (flat indices into a [G, R, C] tensor) are distinct, in range, and hit every
+// (group, row) and every (group, column); names the first one missed.
+::testing::AssertionResult covers_every_row_and_column(const std::vector<int64_t>& idx,
+                                                       const GroupedShape& s);
+
+// check_gradient at exactly the given indices.
+::testing::AssertionResult check_gradient_at(const std::function<double()>& loss, double* x,
+                                             const double* grad,
+                                             const std::vector<int64_t>& indices,
+                                             const std::string& what, double h = kFdStep,
+                                             double rtol = kFdRtol, double atol = kFdAtol);
+
+// check_gradient over covering_indices of `shape`: every row and every column of each matrix
+// is checked, at least `min_checks` elements in all (capped at the size), in a permutation
+// seeded by `what` (so two tensors of one shape are sampled differently).
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
+                                          const double* grad, const std::vector<int64_t>& shape,
+                                          const std::string& what, int64_t min_checks = 24,
+                                          double h = kFdStep, double rtol = kFdRtol,
+                                          double atol = kFdAtol);
 
 }  // namespace moecore::testing

@@ -1,9 +1,13 @@
 // Dispatcher and experts: dispatch then combine with probs = 1/K returns the input and its
 // gradient is the identity; grouped experts equal a per-expert loop (outputs, input grad,
-// prob grad, every weight grad) including experts with no tokens; f64 finite differences.
+// prob grad, every weight grad) including experts with no tokens; f64 finite differences of
+// the experts and of the whole MoE layer, dropless and with capacity dropping and padding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "common/layer_testing.h"
 #include "moe/dispatcher.h"
@@ -196,6 +200,105 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
       return testing::weighted_sum(y.data(), R) + rs.aux_loss + rs.z_loss;
     };
     SCOPED_TRACE(::testing::Message() << "E=" << c.E << " K=" << c.K << " shared=" << c.shared);
+    EXPECT_TRUE(testing::check_layer_gradients(
+        params, loss, [&] { layer.backward(dx.data(), R.data(), 1.0); },
+        {{x.data(), dx.data(), n_tok * H, "dx"}}));
+  }
+}
+
+// How far the last forward's routing is from changing: the smallest gap, over tokens, between
+// the K-th and (K+1)-th largest logit (top-k selection; softmax and sigmoid are monotone in
+// the logit), and over experts that overflow their capacity, between the probs of the last
+// kept and the first dropped (token, slot) (the probs drop policy; position drops depend on
+// the selection only). Probs before dropping are recomputed from the logits (softmax) or
+// scores (sigmoid) of the selected experts.
+struct RoutingMargins {
+  double topk = INFINITY;
+  double drop = INFINITY;
+};
+
+RoutingMargins routing_margins(const RouterSaved<double>& s, const RouterConfig& cfg) {
+  const int64_t E = cfg.num_experts, K = cfg.topk, T = s.n_tok;
+  RoutingMargins m;
+  std::vector<double> pre(T * K);
+  std::vector<std::vector<double>> cand(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> l(s.logits_TE + t * E, s.logits_TE + (t + 1) * E);
+    std::sort(l.begin(), l.end(), std::greater<>());
+    if (K < E) m.topk = std::min(m.topk, l[K - 1] - l[K]);
+    double sum = 0, mx = -INFINITY;
+    for (int64_t k = 0; k < K; ++k) mx = std::max(mx, s.logits_TE[t * E + s.routed_TK[t * K + k]]);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = s.routed_TK[t * K + k];
+      double v = cfg.score == ScoreFunction::Softmax ? std::exp(s.logits_TE[t * E + e] - mx)
+                                                     : s.scores_TE[t * E + e];
+      pre[t * K + k] = v;
+      sum += v;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      cand[s.routed_TK[t * K + k]].push_back(pre[t * K + k] / sum * cfg.topk_scaling_factor);
+    }
+  }
+  for (auto& c : cand) {
+    if (static_cast<int64_t>(c.size()) <= s.capacity) continue;
+    std::sort(c.begin(), c.end(), std::greater<>());
+    m.drop = std::min(m.drop, c[s.capacity - 1] - c[s.capacity]);
+  }
+  return m;
+}
+
+// The whole layer with capacity dropping (both policies) and with padding to capacity, in
+// fp64: dx and every parameter (router, fc1 and fc2 of every expert, the shared expert).
+// Inputs in [0, 1) skew the load so some experts overflow and others (padding) get pad rows.
+// A finite-difference step moves a logit or a prob by ~1e-5 * |x| or |W| (the expert and
+// shared weights do not move them at all), so routing margins of kMargin = 1e-3, checked
+// below, keep every top-k choice and every drop decision fixed under the perturbations.
+TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
+  constexpr double kMargin = 1e-3;
+  struct Case {
+    const char* name;
+    TokenDropPolicy policy;
+    bool pad;
+    int64_t shared;
+    ScoreFunction score;
+    uint32_t seed;
+  };
+  for (Case c : {Case{"probs", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31},
+                 Case{"probs_pad", TokenDropPolicy::Probs, true, 0, ScoreFunction::Softmax, 31},
+                 Case{"position", TokenDropPolicy::Position, false, 0, ScoreFunction::Sigmoid, 31},
+                 Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax,
+                      31}}) {
+    SCOPED_TRACE(c.name);
+    ModelConfig cfg = tiny_moe_config(4, 2, c.shared, c.score);
+    cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 4 * 1.0) = 4
+    cfg.moe.router.drop_policy = c.policy;
+    cfg.moe.router.pad_to_capacity = c.pad;
+    const int64_t n_tok = 8, H = cfg.hidden;
+    ParamRegistry params(DType::F64);
+    MoELayer<double> layer(cfg, params, "mlp");
+    Arena arena;
+    testing::plan_layer(arena, params, 17, [&](Arena& a) { layer.allocate(a, n_tok); });
+    auto x = random_vec<double>(n_tok * H, c.seed, 0.0, 1.0);
+    auto R = random_vec<double>(n_tok * H, c.seed + 1);
+    std::vector<double> y(n_tok * H), dx(n_tok * H);
+    auto loss = [&] {
+      layer.forward(y.data(), x.data(), n_tok);
+      const auto& rs = layer.router().saved();
+      return testing::weighted_sum(y.data(), R) + rs.aux_loss + rs.z_loss;
+    };
+    loss();
+    const auto& rs = layer.router().saved();
+    ASSERT_EQ(rs.capacity, 4);
+    EXPECT_GT(rs.dropped, 0) << "the case must really drop";
+    if (c.pad) {
+      EXPECT_EQ(layer.plan().rows_per_expert, rs.capacity);
+      EXPECT_GT(layer.plan().pad_rows, 0) << "the case must really pad";
+    }
+    RoutingMargins m = routing_margins(rs, cfg.moe.router);
+    EXPECT_GT(m.topk, kMargin) << "a top-k choice is near a tie: pick another seed";
+    if (c.policy == TokenDropPolicy::Probs) {
+      EXPECT_GT(m.drop, kMargin) << "a drop decision is near a tie: pick another seed";
+    }
     EXPECT_TRUE(testing::check_layer_gradients(
         params, loss, [&] { layer.backward(dx.data(), R.data(), 1.0); },
         {{x.data(), dx.data(), n_tok * H, "dx"}}));
