@@ -2,7 +2,11 @@
 // any thread count. The shapes are big enough that every parallel branch runs (the ops' omp
 // regions, the grouped GEMMs' parallel-groups path with 8 balanced experts, oneDNN's threaded
 // GEMMs), and the model is run in f32 and --bf16.
+// The claim holds where oneDNN's sgemm is itself thread-count invariant: its AVX-512 kernels
+// are (measured), its AVX2 ones are not (a few elements per GEMM differ in the last bit between
+// 1 and 2 threads, e.g. M=256 N=64 K=64 'NT'), so below AVX-512 the test says so and skips.
 #include <gtest/gtest.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <random>
 #include <vector>
@@ -76,12 +80,26 @@ void expect_same(const StepResult& a, const StepResult& b, int threads) {
   }
 }
 
+// Whether oneDNN runs its AVX-512 kernels here (DNNL_MAX_CPU_ISA may cap it lower).
+bool onednn_has_avx512() {
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+}
+
+#define SKIP_UNLESS_ONEDNN_AVX512()                                                          \
+  if (!onednn_has_avx512()) {                                                                \
+    GTEST_SKIP() << "oneDNN runs below AVX-512 here; its AVX2 sgemm is not thread-count "      \
+                    "invariant, so only the per-op invariance tests apply";                   \
+  }
+
 TEST(ThreadInvariance, F32LossAndGradientsBitwiseAt1To3Threads) {
+  SKIP_UNLESS_ONEDNN_AVX512();
   const StepResult one = run_at(1, false);
   for (int t : {2, 3}) expect_same(one, run_at(t, false), t);
 }
 
 TEST(ThreadInvariance, Bf16LossAndGradientsBitwiseAt1To3Threads) {
+  SKIP_UNLESS_ONEDNN_AVX512();
   const StepResult one = run_at(1, true);
   for (int t : {2, 3}) expect_same(one, run_at(t, true), t);
 }
