@@ -59,5 +59,9 @@ inline constexpr double kParityF64WeightAtol = 1e-10;
 inline constexpr double kParityF32Rtol = 1e-5;
 inline constexpr double kParityF32WeightRtol = 1e-4;
 inline constexpr double kParityF32WeightAtol = 1e-6;
+// Quantile beta (an fp32 buffer) after N ranks vs 1 rank: the per-micro-batch estimates are
+// averaged in another order (per rank, then over dp_cp) in f64 and rounded to fp32: one fp32
+// rounding flip, in units of the buffer's largest |value| (entries are centred, so some are ~0).
+inline constexpr double kParityBetaUlps = 4;
 
 }  // namespace moecore::testing
