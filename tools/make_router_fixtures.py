@@ -33,11 +33,20 @@ the case sets megatron_aux_map.
 
 Inputs are exact binary fractions (x and W_r multiples of 2^-8, R multiples of 2^-3) so both
 sides see identical logits. Megatron rounds softmax/sigmoid to fp32 inside
-topk_routing_with_score_function even for fp64 logits, so expected values carry fp32
-precision; the C++ test compares with docs/numerics.md's "Megatron fixtures" tolerance.
+topk_routing_with_score_function and compute_routing_scores_for_aux_loss even for fp64 logits,
+so "expected" carries fp32 precision, and its aux-loss gradients (fp32 sums that cancel) only a
+few fp32 ulps of the largest term, whatever the entry's own size. Each case is therefore run a
+second time with those fp32 casts widened to fp64 (`widened_to_fp64`: the same Megatron
+functions, torch.softmax(..., dtype=float32) and Tensor.float() made fp64 for the duration);
+its values are "expected_f64", and its maps must equal the fp32 run's. The C++ test checks
+moecore against expected_f64 elementwise with bounds derived per tensor, and against the fp32
+"expected" within a few fp32 ulps of each tensor's largest value (docs/numerics.md, "Megatron
+router fixtures"). The aux and z losses' part of the logit gradient (R = 0) is recorded on its
+own as "dlogits_lb", so that its small entries are compared at their own scale.
 Cases are redrawn until every top-k boundary has a margin far above fp32 rounding.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -53,9 +62,18 @@ OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"
 MARGIN = 1e-5  # minimum gap at any top-k boundary (fp32 rounding is ~1e-7)
 
 
+# Significant digits written: 10 for the fp32 run (beyond fp32 precision, small files), 17 (every
+# fp64 bit) for the widened run.
+DIGITS = 10
+
+
 def r10(v):
-    """Rounds to 10 significant digits (beyond fp32 precision) to keep the files small."""
-    return [float(f"{x:.10g}") for x in np.asarray(v, dtype=np.float64).reshape(-1)]
+    """Rounds to DIGITS significant digits."""
+    return [float(f"{x:.{DIGITS}g}") for x in np.asarray(v, dtype=np.float64).reshape(-1)]
+
+
+def scalar(v):
+    return float(f"{v.item():.{max(DIGITS, 12)}g}")
 
 
 def ints(v):
@@ -64,6 +82,22 @@ def ints(v):
 
 class Redraw(Exception):
     pass
+
+
+@contextlib.contextmanager
+def widened_to_fp64():
+    """Megatron's fp32 casts (softmax dtype=float32, Tensor.float()) become fp64 inside."""
+    softmax, tensor_float = torch.softmax, torch.Tensor.float
+
+    def softmax64(x, dim=None, dtype=None, **kw):
+        return softmax(x, dim=dim, dtype=torch.float64 if dtype == torch.float32 else dtype, **kw)
+
+    torch.softmax = softmax64
+    torch.Tensor.float = lambda self, *a, **kw: self.double()
+    try:
+        yield
+    finally:
+        torch.softmax, torch.Tensor.float = softmax, tensor_float
 
 
 def check_margin(values, k, what):
@@ -89,7 +123,7 @@ def sinkhorn_load_balancing(logits, topk, training):
 
     if training:
         with torch.no_grad():
-            norm_logits = mu.sinkhorn(logits.to(dtype=torch.float32))
+            norm_logits = mu.sinkhorn(logits.float())
             check_margin(norm_logits, topk, "sinkhorn")
             _, indices = torch.topk(norm_logits, k=topk, dim=1)
         logits = _sinkhorn_activation(logits)
@@ -268,9 +302,27 @@ def make_case(name, seed, E, K, T, H=4, B=1, score="softmax", pre_softmax=False,
     for attempt in range(200):
         g = torch.Generator().manual_seed(seed * 1000 + attempt)
         try:
-            return fill(case, g, micro_batches)
+            out = fill(case, g, micro_batches)
         except Redraw as why:
             last = str(why)
+            continue
+        # The same draw with Megatron's fp32 casts widened: same maps, fp64 values.
+        global DIGITS
+        DIGITS = 17
+        try:
+            with widened_to_fp64():
+                wide = fill(case, torch.Generator().manual_seed(seed * 1000 + attempt),
+                            micro_batches)
+        finally:
+            DIGITS = 10
+        ex, wx = out["expected"], wide["expected"]
+        for key in ("routed_TE", "kept_TE", "tokens_per_expert", "capacity", "dropped"):
+            if ex[key] != wx[key]:
+                raise RuntimeError(f"{name}: {key} differs between the fp32 and fp64 runs")
+        out["expected_f64"] = {k: wx[k] for k in ("logits", "probs_TE", "aux", "z", "dlogits",
+                                                  "dlogits_lb", "dx", "dW", "beta_after")
+                               if k in wx}
+        return out
     raise RuntimeError(f"{name}: no draw with top-k margins ({last})")
 
 
@@ -284,7 +336,9 @@ def fill(case, g, micro_batches):
         for x in xs:
             x[:, 0] = x[:, 0].abs()
     R = torch.randint(-8, 9, (T, E), generator=g).double() / 8
-    beta = torch.tensor(case["quantile_beta"], dtype=torch.float64) \
+    # beta is an fp32 buffer (MOE_SEMANTICS Router 5), like the expert bias: the starting
+    # values are its fp32 roundings; the update is computed in fp64.
+    beta = torch.tensor(case["quantile_beta"], dtype=torch.float32).double() \
         if case["quantile_beta"] is not None else None
     prev_counts = torch.zeros(E, dtype=torch.float64)
     bias_counts = torch.zeros(E, dtype=torch.float64)
@@ -302,14 +356,22 @@ def fill(case, g, micro_batches):
         bias_counts += kept.sum(dim=0)
         if beta_local is not None:
             beta_sum += beta_local
-    loss = (probs * R).sum()
+    lb = torch.zeros((), dtype=torch.float64)
     for t, c in case["load_balancing"]:
         if t in vals and c > 0:
-            loss = loss + c * vals[t]
+            lb = lb + c * vals[t]
     z = mu.z_loss_func(logits, 1.0)
     if case["z_coeff"] > 0:
-        loss = loss + case["z_coeff"] * z
-    loss.backward()
+        lb = lb + case["z_coeff"] * z
+    loss = (probs * R).sum() + lb
+    loss.backward(retain_graph=True)
+    dlogits = logits.grad.clone()
+    # The aux and z losses' part of the logit gradient alone (R = 0); after the full backward,
+    # because autograd.grad also feeds logits' retained .grad.
+    dlogits_lb = torch.autograd.grad(lb, logits, allow_unused=True)[0] \
+        if lb.requires_grad else None
+    if dlogits_lb is None:
+        dlogits_lb = torch.zeros_like(logits)
 
     cap = mu.get_capacity(T * K, E, case["capacity_factor"]) if case["capacity_factor"] > 0 else 0
     exp = dict(
@@ -317,8 +379,8 @@ def fill(case, g, micro_batches):
         routed_TE=ints(routed.int()), kept_TE=ints(kept.int()),
         tokens_per_expert=ints(kept.sum(dim=0)), capacity=int(cap),
         dropped=int(routed.sum().item() - kept.sum().item()),
-        aux={t: float(f"{v.item():.12g}") for t, v in vals.items()},
-        z=float(f"{z.item():.12g}"), dlogits=r10(logits.grad), dx=r10(x.grad), dW=r10(Wg.grad))
+        aux={t: scalar(v) for t, v in vals.items()}, z=scalar(z), dlogits=r10(dlogits), dlogits_lb=r10(dlogits_lb),
+        dx=r10(x.grad), dW=r10(Wg.grad))
     if case["expert_bias"] is not None:
         # get_updated_expert_bias, one rank: bias + sign(mean(c) - c) * rate (in fp32).
         b = torch.tensor(case["expert_bias"], dtype=torch.float32)

@@ -192,6 +192,15 @@ MoeStats GPTModel<T>::moe_stats() const {
   return st;
 }
 
+template <typename T>
+std::vector<const moe::Router<T>*> GPTModel<T>::routers() const {
+  std::vector<const moe::Router<T>*> out;
+  for (const auto& b : blocks_) {
+    if (b->is_moe()) out.push_back(&b->moe()->router());
+  }
+  return out;
+}
+
 template class GPTModel<float>;
 template class GPTModel<double>;
 

@@ -76,6 +76,9 @@ class GPTModel {
   void set_training(bool training);
 
   MoeStats moe_stats() const;
+  // The routers of the MoE layers in layer order: their balancing state (expert bias, quantile
+  // beta) for checks across replicas.
+  std::vector<const moe::Router<T>*> routers() const;
   ParamRegistry& params() { return params_; }
   const ParamRegistry& params() const { return params_; }
   const Arena& arena() const { return arena_; }

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -37,6 +39,50 @@ inline int any_rank_failed(int rc, parallel::Communicator& world) {
   std::vector<int32_t> any = {rc};
   world.all_reduce(any, parallel::ReduceOp::Max);
   return any[0];
+}
+
+// After RUN_ALL_TESTS, on every rank (the world size decides what skips, so all ranks agree):
+// rank 0 names each skipped case with its reason, so a skip shows in ctest's output. A run that
+// skipped every case prints "[mpi] world size W: every case skipped", which the ctest entry's
+// SKIP_REGULAR_EXPRESSION (tests/CMakeLists.txt) reports as skipped. A run that skipped some of
+// its cases but not all would be reported as passed: it fails instead, and says to register the
+// skipping cases as their own ctest entry (a --gtest_filter).
+inline int report_skips(int rc, int rank, int world_size) {
+  const auto& unit = *::testing::UnitTest::GetInstance();
+  std::vector<std::string> skipped;
+  int ran = 0;
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const ::testing::TestInfo& info = *suite.GetTestInfo(j);
+      if (!info.should_run()) continue;
+      const ::testing::TestResult& r = *info.result();
+      if (!r.Skipped()) {
+        ++ran;
+        continue;
+      }
+      std::string why;
+      for (int k = 0; k < r.total_part_count(); ++k) {
+        if (r.GetTestPartResult(k).skipped()) why += r.GetTestPartResult(k).message();
+      }
+      skipped.push_back(std::string(suite.name()) + "." + info.name() + " (" +
+                        (why.empty() ? "no reason given" : why) + ")");
+    }
+  }
+  if (skipped.empty()) return rc;
+  if (rank == 0) {
+    for (const auto& s : skipped) std::printf("[mpi] world size %d: skipped %s\n", world_size, s.c_str());
+    if (ran == 0) {
+      std::printf("[mpi] world size %d: every case skipped\n", world_size);
+    } else {
+      std::printf("[mpi] world size %d: %zu of %zu cases skipped while the others ran; ctest would "
+                  "count this run as passed. Register the skipping cases as their own ctest entry "
+                  "(--gtest_filter) in tests/CMakeLists.txt\n",
+                  world_size, skipped.size(), skipped.size() + ran);
+    }
+    std::fflush(stdout);
+  }
+  return ran == 0 ? rc : std::max(rc, 1);
 }
 
 }  // namespace moecore::testing

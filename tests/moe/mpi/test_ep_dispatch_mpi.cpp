@@ -5,7 +5,8 @@
 //   token) order, every output row must come back to its source token, and the prob gradient to
 //   its source slot. Uneven token counts (one rank has none), dropped slots, an expert no rank
 //   routes to, every token to one expert, padding to capacity.
-// - allgather == alltoall: MoE layer outputs, input grads, router and expert weight grads.
+// - allgather == alltoall: MoE layer outputs, input grads, router and expert weight grads
+//   (bitwise for top-k <= 2, within the f64 tolerance for top-k 3).
 // - The EP-sharded MoE layer equals the single-rank layer: dropless on all ranks' tokens
 //   concatenated (loss summed), and with capacity dropping / padding (capacity is per rank, as
 //   in Megatron) against each rank's own single-rank layer with expert grads summed over EP.
@@ -264,6 +265,40 @@ TEST(EpMoELayerMpi, AllGatherEqualsAlltoAll) {
   }
 }
 
+// With top-k <= 2 the two dispatchers agree bitwise (docs/parallel.md): a token's combine is
+// the sum of at most two copies (a + b == b + a; the allgather's other terms are exact zeros),
+// the experts see identical rows in the same order, and so every gradient is the same too.
+// Aux and z losses, a shared expert, capacity dropping on and off.
+TEST(EpMoELayerMpi, AllGatherEqualsAlltoAllBitwiseForTopkUpToTwo) {
+  for (ProcessGroups* g : layouts()) {
+    const int me = ep_comm(g).rank();
+    for (int64_t K : {1, 2}) {
+      for (double cf : {0.0, 1.0}) {
+        SCOPED_TRACE(::testing::Message() << "EP=" << g->degrees().ep << " K=" << K << " cf=" << cf);
+        ModelConfig a2a = layer_config(8, K, DispatcherType::AlltoAll);
+        a2a.moe.router.pre_softmax = K == 1;  // softmax top-1 needs it
+        a2a.moe.router.aux_loss_coeff = 0.02;
+        a2a.moe.router.z_loss_coeff = 0.01;
+        a2a.moe.router.capacity_factor = cf;
+        a2a.moe.shared_ffn_hidden = 3;
+        ModelConfig ag = a2a;
+        ag.moe.dispatcher_type = DispatcherType::AllGather;
+        const int64_t n = 5 + me, H = a2a.hidden;
+        auto x = inputs(me, n * H, 1), dy = inputs(me, n * H, 2);
+        LayerRun ra, rg;
+        run_layer(ra, a2a, g, x, dy, n, 8);
+        run_layer(rg, ag, g, x, dy, n, 8);
+        EXPECT_EQ(rg.y, ra.y) << "output";
+        EXPECT_EQ(rg.dx, ra.dx) << "input grad";
+        for (size_t i = 0; i < ra.params.params().size(); ++i) {
+          EXPECT_EQ(grad(rg.params.params()[i]), grad(ra.params.params()[i]))
+              << ra.params.params()[i].name();
+        }
+      }
+    }
+  }
+}
+
 // Dropless: the EP layer on each rank's tokens == the one-rank layer on all EP ranks' tokens
 // concatenated in EP-rank order, with the loss summed over ranks.
 TEST(EpMoELayerMpi, EqualsSingleRankLayerOnConcatenatedTokens) {
@@ -434,6 +469,7 @@ int main(int argc, char** argv) {
     moe::g_ep4 = &ep4;
     rc = RUN_ALL_TESTS();
     rc = moecore::testing::any_rank_failed(rc, ep2.world().communicator());
+    rc = moecore::testing::report_skips(rc, moe::g_rt.rank, moe::g_rt.world_size);
     moe::g_ep2 = moe::g_ep4 = nullptr;
   }
   runtime_finalize();

@@ -311,6 +311,7 @@ int main(int argc, char** argv) {
     rc = RUN_ALL_TESTS();
     // The job fails if any rank failed.
     rc = moecore::testing::any_rank_failed(rc, groups.world().communicator());
+    rc = moecore::testing::report_skips(rc, g_rt.rank, g_rt.world_size);
     g_groups = nullptr;
   }
   runtime_finalize();

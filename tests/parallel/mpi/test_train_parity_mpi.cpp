@@ -62,7 +62,9 @@ struct Run {
   std::vector<train::StepMetrics> metrics;
   std::map<std::string, std::vector<double>> weights;  // global tensors (expert slices gathered)
   std::vector<double> dense_flat, expert_flat;         // this rank's buffers, for replica checks
+  std::vector<float> beta, bias;  // every MoE layer's quantile beta / expert bias, layer order
   int64_t launched_during_backward = 0;
+  size_t recomputed_bytes = 0;  // activations the plan recomputes instead of keeping
 };
 
 template <typename T>
@@ -80,6 +82,7 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   Run r;
   r.metrics = trainer.run(log);
   r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
+  r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
     std::vector<double> local = to_double(p.data_as<T>(), p.local_numel());
@@ -97,6 +100,11 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
     std::vector<double> global(local.size() * ep.size());
     ep.communicator().all_gather(local, global);
     r.weights[p.name()] = std::move(global);
+  }
+  const int64_t E = f.model.num_experts;
+  for (const auto* router : trainer.model().routers()) {
+    r.beta.insert(r.beta.end(), router->quantile_beta(), router->quantile_beta() + E);
+    r.bias.insert(r.bias.end(), router->expert_bias(), router->expert_bias() + E);
   }
   r.dense_flat = to_double(static_cast<const T*>(params.flat_data(ParamKind::Dense)),
                            params.numel(ParamKind::Dense));
@@ -274,22 +282,41 @@ TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + k
 TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
 
 // Activation recomputation under expert parallelism reruns the dispatch's collectives in the
-// backward (between the overlapped gradient all-reduces): the model must be bitwise the one
-// trained without it on the same layout.
-TEST(RecomputeParity, ExpertParallelBitwise) {
-  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "EP = 2";
-  const auto args = kBase + kAux + std::vector<std::string>{
-      "--moe-token-dispatcher-type", "alltoall", "--moe-input-jitter-eps", "1e-2",
-      "--overlap-grad-reduce"};
-  parallel::ProcessGroups groups = make_groups(2, args);
-  const auto plain = train_run<float>(args, &groups);
+// backward (between the overlapped gradient all-reduces): in every --recompute-* mode (those of
+// tests/train/test_recompute.cpp that fit two layers) and with both dispatchers, the model must
+// be bitwise the one trained without it on the same layout. Several micro-batches per rank and
+// input jitter; 3 steps (the world size 4 entry only: EP 2 x expert DP 2).
+TEST(RecomputeParity, EveryModeExpertParallelBitwise) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "EP = 2 needs an even world size";
+  const auto base = kBase + kAux + std::vector<std::string>{
+      "--moe-input-jitter-eps", "1e-2", "--overlap-grad-reduce", "--train-iters", "3"};
+  parallel::ProcessGroups groups = make_groups(2, base);
   const std::vector<std::vector<std::string>> modes = {
-      {"--recompute-granularity", "selective", "--recompute-modules", "moe", "core_attn"},
+      {"--recompute-granularity", "selective"},  // Megatron's default: core_attn
+      {"--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act",
+       "shared_experts"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "moe", "core_attn",
+       "layernorm"},
       {"--recompute-granularity", "full", "--recompute-method", "uniform",
-       "--recompute-num-layers", "1"}};
-  for (const auto& mode : modes) {
-    const auto got = train_run<float>(args + mode, &groups);
-    expect_bitwise(got, plain, fmt::format("ep=2 alltoall {}", mode[1]));
+       "--recompute-num-layers", "1"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform",
+       "--recompute-num-layers", "2"},
+      {"--recompute-granularity", "full", "--recompute-method", "block",
+       "--recompute-num-layers", "1"},
+      {"--recompute-granularity", "full", "--recompute-method", "block",
+       "--recompute-num-layers", "2"}};
+  for (const char* disp : {"alltoall", "allgather"}) {
+    const auto args = base + std::vector<std::string>{"--moe-token-dispatcher-type", disp};
+    const auto plain = train_run<float>(args, &groups);
+    for (const auto& mode : modes) {
+      std::string what = fmt::format("ep=2 {}", disp);
+      for (size_t i = 1; i < mode.size(); i += 2) what += " " + mode[i];
+      const auto got = train_run<float>(args + mode, &groups);
+      EXPECT_EQ(plain.recomputed_bytes, 0u);
+      EXPECT_GT(got.recomputed_bytes, 0u) << what << ": nothing recomputed";
+      expect_bitwise(got, plain, what);
+      EXPECT_TRUE(got.beta == plain.beta && got.bias == plain.bias) << what << ": router state";
+    }
   }
 }
 
@@ -321,6 +348,41 @@ TEST(BalancingParity, ExpertBiasDataParallel) {
 TEST(BalancingParity, QuantileDataParallel) {
   balancing_parity<double>(kBase + kQuantile, "quantile", 1);
 }
+// Quantile beta: every replica holds bitwise the same beta after each step (the estimates are
+// averaged by one all-reduce over dp_cp, whose sum every rank receives), and it matches the
+// 1-rank run within the parity tolerance (it is the mean of per-micro-batch order statistics,
+// summed in another order). EP = 1 and, where the world allows, EP = 2 (dp_cp = the world).
+TEST(BalancingParity, QuantileBetaEqualOnEveryReplica) {
+  const auto args = kBase + kQuantile + std::vector<std::string>{"--train-iters", "3"};
+  const ::moecore::Run ref = train_run<double>(args, nullptr);
+  for (int ep : {1, 2}) {
+    if (g_rt.world_size % ep != 0) continue;
+    parallel::ProcessGroups groups = make_groups(ep, args);
+    const ::moecore::Run got = train_run<double>(args, &groups);
+    const std::string what = fmt::format("quantile dp={} ep={}", g_rt.world_size, ep);
+    std::vector<float> root = got.beta;
+    groups.group(parallel::GroupKind::DpCp).communicator().broadcast(root, 0);
+    EXPECT_TRUE(root == got.beta) << what << ": beta differs from rank 0's (world rank "
+                                  << g_rt.rank << ")";
+    ASSERT_EQ(got.beta.size(), ref.beta.size());
+    // beta is an fp32 buffer: kParityBetaUlps fp32 ulps of its largest |value|.
+    double max_beta = 0, worst = 0;
+    for (float b : ref.beta) max_beta = std::max(max_beta, std::abs(static_cast<double>(b)));
+    const double atol = testing::kParityBetaUlps * 0x1p-23 * max_beta;
+    for (size_t i = 0; i < ref.beta.size(); ++i) {
+      const double err = std::abs(static_cast<double>(got.beta[i]) - ref.beta[i]);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, atol) << what << " beta[" << i << "] = " << got.beta[i] << ", 1 rank "
+                           << ref.beta[i];
+    }
+    EXPECT_GT(max_beta, 0.0) << "beta never moved";
+    if (g_rt.rank == 0) {
+      std::printf("[parity] %-52s beta: max |diff| %.2e = %.2f fp32 ulps of max |beta| %.3f\n",
+                  what.c_str(), worst, worst / (0x1p-23 * max_beta), max_beta);
+    }
+  }
+}
+
 TEST(BalancingParity, ExpertBiasExpertParallel) {
   if (g_rt.world_size % 2 != 0) GTEST_SKIP();
   balancing_parity<double>(kBase + kExpertBias, "expert bias", 2);
@@ -413,6 +475,7 @@ int main(int argc, char** argv) {
     parallel::connect_communicators(world);
     rc = RUN_ALL_TESTS();
     rc = moecore::testing::any_rank_failed(rc, world.world().communicator());
+    rc = moecore::testing::report_skips(rc, g_rt.rank, g_rt.world_size);
   }
   parallel::runtime_finalize();
   return rc;
