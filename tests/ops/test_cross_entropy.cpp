@@ -244,7 +244,9 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t v = 0; v < V; ++v) {
         const double dz = bf16_to_float(float_to_bf16(ws[t * V + v]));
-        if (tg[t] < 0) EXPECT_EQ(dz, 0.0);
+        if (tg[t] < 0) {
+          EXPECT_EQ(dz, 0.0);
+        }
         for (int64_t k = 0; k < H; ++k) {
           dh_expect[t * H + k] += dz * w[v * H + k];
           dw_expect[v * H + k] += dz * h[t * H + k];
