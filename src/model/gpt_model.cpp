@@ -44,7 +44,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
               : &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
                                        ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
                                        {}});
-  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 1024};
+  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
   grad_stages_[0].push_back(final_norm_);
@@ -97,6 +97,9 @@ void GPTModel<T>::allocate(Arena& a) {
     head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
                                  MemKind::Workspace);
     head16_.w_VH = head_->data16;
+    if (const int64_t n = ops::head_loss_bf16_workspace_elems(head_shape_); n > 0) {
+      head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
+    }
   }
   head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                         MemKind::Workspace);

@@ -1,5 +1,7 @@
 #include "model/mlp.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -34,6 +36,16 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
     const int64_t width = std::max(2 * sh.F, sh.H);
     s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
     s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+    // The widened-bf16 GEMM path's f32 operands (none on the native path).
+    const int threads = omp_get_max_threads();
+    const int64_t ws32 = std::max(
+        {ops::grouped_gemm_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, sh.F, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
+         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
+         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
+    if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }
 
@@ -45,7 +57,8 @@ void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
     if (s.fc1_16 != nullptr) {
       ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F);
+      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F,
+                             s.ws32);
       return;
     }
   }
@@ -76,7 +89,8 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
     if (s.fc2_16 != nullptr) {
-      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH);
+      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
+                                    s.ws32);
     }
   }
   ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
@@ -92,13 +106,17 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
   if constexpr (std::is_same_v<T, float>) {
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
       ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
+                             s.ws32);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2,
+                                   s.ws32);
       // dh only feeds fc1's GEMMs: written as bf16 straight away.
       ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
       ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH,
+                             s.ws32);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1,
+                                   s.ws32);
       return;
     }
   }

@@ -32,6 +32,7 @@ struct SwigluMlpSaved {
   const bf16* fc2_16 = nullptr;
   bf16* ws_a16 = nullptr;
   bf16* ws_b16 = nullptr;
+  float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)
 };
 
 struct SwigluMlpShape {
