@@ -105,7 +105,8 @@ template <typename T>
 void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
                                       int64_t K) {
   if constexpr (std::is_same_v<T, float>) {
-    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_);
+    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_,
+                                          w.data16w);
   }
   ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
 }
@@ -116,7 +117,7 @@ void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Par
   if constexpr (std::is_same_v<T, float>) {
     if (in16_ != nullptr) {
       return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_,
-                                       ws32_);
+                                       ws32_, w.data16w);
     }
   }
   ops::linear_backward(dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);

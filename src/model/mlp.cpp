@@ -12,6 +12,13 @@
 
 namespace moecore::model {
 
+// The widened-bf16 path's f32 operands when the weights come widened (Param::data16w):
+// [x | dy | a, then dh] for max_rows rows, each widened once per use.
+static int64_t widened_elems(int64_t max_rows, SwigluMlpShape sh) {
+  if (ops::bf16_gemm_path() != ops::Bf16GemmPath::Widen) return 0;
+  return max_rows * (2 * sh.H + 2 * sh.F);
+}
+
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
                          const char* name, const Param* fc1, const Param* fc2,
@@ -33,6 +40,8 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   if (use16) {
     s.fc1_16 = fc1->data16;
     s.fc2_16 = fc2->data16;
+    s.fc1_16w = fc1->data16w;
+    s.fc2_16w = fc2->data16w;
     const int64_t width = std::max(2 * sh.F, sh.H);
     s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
     s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
@@ -44,7 +53,8 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
          ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
          ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
          ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
-         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
+         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H),
+         widened_elems(max_rows, sh)});
     if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }
@@ -55,10 +65,15 @@ namespace {
 template <typename T>
 void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
+    if (s.fc1_16w != nullptr) {  // widened bf16: x rounded straight into f32, one pass
+      float* x32 = s.ws32;
+      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+      return ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, x32, s.fc1_16w, true, s.h_N2F);
+    }
     if (s.fc1_16 != nullptr) {
       ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
       ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F,
-                             s.ws32);
+                             s.ws32, s.fc1_16w);
       return;
     }
   }
@@ -88,9 +103,14 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   fc1_forward(s, fc1, sh);
   act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
+    if (s.fc2_16w != nullptr) {
+      float* a32 = s.ws32 + 2 * N * sh.H;
+      ops::cast_bf16_to_f32(a32, s.a16_NF, N * sh.F);
+      return ops::grouped_gemm(m_G, G, sh.H, sh.F, a32, s.fc2_16w, true, y_NH);
+    }
     if (s.fc2_16 != nullptr) {
       return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
-                                    s.ws32);
+                                    s.ws32, s.fc2_16w);
     }
   }
   ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
@@ -104,17 +124,32 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
   if (s.recompute_fc1) fc1_forward(s, fc1, sh);
   if (s.recompute_act) act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
+    if (s.fc1_16w != nullptr) {  // widened bf16: each operand widened once, f32 GEMMs
+      float* x32 = s.ws32;
+      float* dy32 = s.ws32 + s.N * sh.H;
+      float* a32 = s.ws32 + 2 * s.N * sh.H;  // then dh32: a is dead once dfc2 is done
+      ops::round_f32_to_bf16(dy32, dy_NH, s.N * sh.H);
+      ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
+      ops::cast_bf16_to_f32(a32, s.a16_NF, s.N * sh.F);
+      ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy32, a32, dfc2);
+      ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+      ops::cast_bf16_to_f32(a32, s.ws_a16, s.N * 2 * sh.F);
+      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, a32, s.fc1_16w, false, dx_NH);
+      ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, a32, x32, dfc1);
+      return;
+    }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
       ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
       ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
-                             s.ws32);
+                             s.ws32, s.fc2_16w);
       ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2,
                                    s.ws32);
       // dh only feeds fc1's GEMMs: written as bf16 straight away.
       ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
       ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
       ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH,
-                             s.ws32);
+                             s.ws32, s.fc1_16w);
       ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1,
                                    s.ws32);
       return;

@@ -30,6 +30,8 @@ struct SwigluMlpSaved {
   // two bf16 workspaces of max_rows * max(2F, H) for the other GEMM inputs.
   const bf16* fc1_16 = nullptr;
   const bf16* fc2_16 = nullptr;
+  const float* fc1_16w = nullptr;  // the same widened to f32 (widen GEMM path; else null)
+  const float* fc2_16w = nullptr;
   bf16* ws_a16 = nullptr;
   bf16* ws_b16 = nullptr;
   float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)

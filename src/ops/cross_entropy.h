@@ -22,6 +22,7 @@ struct HeadLossBf16 {
   bf16* h16 = nullptr;
   bf16* dz16 = nullptr;
   float* ws32 = nullptr;  // head_loss_bf16_workspace_elems (widened-bf16 GEMM path; 0 native)
+  const float* w_VH_wide = nullptr;  // optional: w_VH widened to f32 (Param::data16w)
 };
 int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
 

@@ -8,6 +8,9 @@
 //           sgemm rate (Ice Lake: 32 vs 211 GFLOP/s), so widening is the fast correct path.
 // Every entry point takes `ws32`, f32 workspace of the size its *_workspace_elems function
 // returns for the current path (0 on Native: ws32 may then be null). Callers plan it.
+// The weight operand may also come already widened (`b32` / `w32`: the same bf16 values in
+// f32, same layout; Param::data16w, written by the optimizer): the widen path then reads it
+// instead of widening the weight at every GEMM. The native path ignores it.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +36,7 @@ std::string bf16_gemm_path_line();
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
-               float* ws32);
+               float* ws32, const float* b32 = nullptr);
 int64_t gemm_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                    int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -41,12 +44,12 @@ void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 // The bf16 "linear": y[M,N] = bf16(x)[M,K] * w^T, w [N,K] bf16; x16 is workspace of M*K.
 // (Widen rounds x straight into ws32; x16 is then unused.)
 void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                         int64_t K, bf16* x16, float* ws32);
+                         int64_t K, bf16* x16, float* ws32, const float* w32 = nullptr);
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
 // dy16 and x16 are workspace of M*N and M*K.
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
                           const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16,
-                          float* ws32);
+                          float* ws32, const float* w32 = nullptr);
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
 int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 
@@ -54,7 +57,8 @@ int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
 //   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
 void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
-                       const bf16* w, bool trans_w, float* y, float* ws32);
+                       const bf16* w, bool trans_w, float* y, float* ws32,
+                       const float* w32 = nullptr);
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
 void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* dy16,
                              const bf16* x16, float* dw, float* ws32);

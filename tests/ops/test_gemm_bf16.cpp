@@ -118,6 +118,28 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dwg_ref.data());
   EXPECT_TRUE(all_close(yg, yg_ref, kF32Rtol, kF32Atol));
   EXPECT_TRUE(all_close(dwg, dwg_ref, kF32Rtol, kF32Atol));
+
+  // The weights given already widened (Param::data16w): the same results, bitwise.
+  std::vector<float> w32(N * K), wg32(G * N * K), y_w(M * N), dx_w(M * K), dw_w(N * K, 0.f),
+      yg_w(rows * N);
+  cast_bf16_to_f32_ref(w32.data(), w16.data(), N * K);
+  cast_bf16_to_f32_ref(wg32.data(), wg16.data(), G * N * K);
+  linear_forward_bf16(y_w.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data(),
+                      w32.data());
+  linear_backward_bf16(dx_w.data(), dw_w.data(), dy.data(), x.data(), w16.data(), M, N, K,
+                       dy16.data(), x16.data(), lws.data(), w32.data());
+  grouped_gemm_bf16(m.data(), G, N, K, xg16.data(), wg16.data(), true, yg_w.data(), gws.data(),
+                    wg32.data());
+  EXPECT_EQ(y_w, y);
+  EXPECT_EQ(dx_w, dx);
+  EXPECT_EQ(dw_w, dw);
+  EXPECT_EQ(yg_w, yg);
+  std::vector<float> c_w(M * N);
+  auto cws = ws(gemm_bf16_workspace_elems(M, N, K));
+  const auto xs16 = to_bf16(x);  // (the widen path's linear layers never write x16)
+  gemm_bf16(false, true, M, N, K, xs16.data(), K, w16.data(), K, 0.f, c_w.data(), N, cws.data(),
+            w32.data());
+  EXPECT_TRUE(all_close(c_w, y_ref, kF32Rtol, kF32Atol));
 }
 
 // The remaining entry points and orientations the model uses: linear backward without dx (a

@@ -141,8 +141,9 @@ TEST(Optimizer, GradSumOfSquaresIsAccurateAndThreadCountInvariant) {
 // skips them once. The copies equal the rounded master values either way, and a later change of
 // the values is still picked up by the next refresh.
 TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
-  auto make = [](ParamRegistry& p, Arena& arena) {
-    p.enable_bf16_copies();
+  // p also keeps the widened copies (the widened-bf16 GEMM path): written in the same pass.
+  auto make = [](ParamRegistry& p, Arena& arena, bool widened) {
+    p.enable_bf16_copies(widened);
     p.add(ParamSpec{"w", {300, 70}, ParamInit::Normal, 0.02, ParamKind::Dense, true, {}});
     p.add(ParamSpec{"e", {2, 9000}, ParamInit::Normal, 0.02, ParamKind::Expert, true, {}});
     arena.plan([&](Arena& a) { p.allocate(a); });
@@ -160,13 +161,19 @@ TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
           ADD_FAILURE() << q.name() << "[" << i << "]";
           return;
         }
+        if (q.data16w != nullptr && q.data16w[i] != bf16_to_float(q.data16[i])) {
+          ADD_FAILURE() << q.name() << " widened [" << i << "]";
+          return;
+        }
       }
     }
   };
   ParamRegistry p(DType::F32), ref(DType::F32);
   Arena pa, ra;
-  make(p, pa);
-  make(ref, ra);
+  make(p, pa, true);
+  make(ref, ra, false);
+  ASSERT_NE(p.params().front().data16w, nullptr);
+  ASSERT_EQ(ref.params().front().data16w, nullptr);
   optim::AdamWConfig cfg;
   optim::ChainedOptimizer opt(p, cfg);
   optim::AdamWOptimizer opt_ref(ref, cfg);

@@ -42,7 +42,7 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
   if constexpr (std::is_same_v<T, float>) {
     if (bf16 != nullptr) {
       gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V,
-                bf16->ws32);
+                bf16->ws32, bf16->w_VH_wide);
       return;
     }
   }
@@ -183,7 +183,7 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
     if constexpr (std::is_same_v<T, float>) {
       if (bf16 != nullptr) {
         gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H,
-                  bf16->ws32);
+                  bf16->ws32, bf16->w_VH_wide);
         gemm_bf16(true, false, V, H, m, bf16->dz16, V, bf16->h16 + c0 * H, H, 1.f, dw_VH, H,
                   bf16->ws32);
         continue;

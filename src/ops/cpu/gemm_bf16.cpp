@@ -200,7 +200,7 @@ int64_t grouped_gemm_wgrad_bf16_workspace_elems(int64_t max_rows, int64_t N, int
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
-               float* ws32) {
+               float* ws32, const float* b32) {
   ScopedPhase phase(Phase::Gemm);
   MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "[gemm_bf16] negative shape M={} N={} K={}", M, N, K);
   MOE_CHECK(beta == 0.f || beta == 1.f, "[gemm_bf16] beta={} must be 0 or 1", beta);
@@ -219,10 +219,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
     float* a32 = ws32;
-    float* b32 = ws32 + M * K;
     widen(a32, A, a_rows, a_cols, lda);
-    widen(b32, B, b_rows, b_cols, ldb);
-    return gemm<float>(trans_a, trans_b, M, N, K, 1.f, a32, a_cols, b32, b_cols, beta, C, ldc);
+    if (b32 != nullptr) {
+      return gemm<float>(trans_a, trans_b, M, N, K, 1.f, a32, a_cols, b32, ldb, beta, C, ldc);
+    }
+    float* bw = ws32 + M * K;
+    widen(bw, B, b_rows, b_cols, ldb);
+    return gemm<float>(trans_a, trans_b, M, N, K, 1.f, a32, a_cols, bw, b_cols, beta, C, ldc);
   }
   cache().run(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
@@ -231,14 +234,17 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 // no bf16 copy); the bf16 weight is widened. Layout of ws32: forward [x | w]; backward
 // [dy | w], then [dy | x] (w is dead once dx is done).
 void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                         int64_t K, bf16* x16, float* ws32) {
+                         int64_t K, bf16* x16, float* ws32, const float* w32) {
   if (bf16_gemm_path() == Bf16GemmPath::Widen && M > 0 && N > 0 && K > 0) {
     check_ws(ws32, "linear_forward_bf16");
     ScopedPhase phase(Phase::Gemm);
     float* x32 = ws32;
-    float* w32 = ws32 + M * K;
     round_f32_to_bf16(x32, x_MK, M * K);
-    cast_bf16_to_f32(w32, w_NK, N * K);
+    if (w32 == nullptr) {
+      float* wide = ws32 + M * K;
+      cast_bf16_to_f32(wide, w_NK, N * K);
+      w32 = wide;
+    }
     return linear_forward<float>(y_MN, x32, w32, M, N, K);
   }
   cast_f32_to_bf16(x16, x_MK, M * K);
@@ -247,7 +253,7 @@ void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64
 
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
                           const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16,
-                          float* ws32) {
+                          float* ws32, const float* w32) {
   if (bf16_gemm_path() == Bf16GemmPath::Widen && M > 0 && N > 0 && K > 0) {
     check_ws(ws32, "linear_backward_bf16");
     ScopedPhase phase(Phase::Gemm);
@@ -255,8 +261,11 @@ void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const 
     float* rest = ws32 + M * N;
     round_f32_to_bf16(dy32, dy_MN, M * N);
     if (dx_MK != nullptr) {
-      cast_bf16_to_f32(rest, w_NK, N * K);
-      gemm<float>(false, false, M, K, N, 1.f, dy32, N, rest, K, 0.f, dx_MK, K);
+      if (w32 == nullptr) {
+        cast_bf16_to_f32(rest, w_NK, N * K);
+        w32 = rest;
+      }
+      gemm<float>(false, false, M, K, N, 1.f, dy32, N, w32, K, 0.f, dx_MK, K);
     }
     round_f32_to_bf16(rest, x_MK, M * K);
     return gemm<float>(true, false, N, K, M, 1.f, dy32, N, rest, K, 1.f, dw_NK, K);
@@ -292,7 +301,8 @@ bool bf16_groups_in_parallel(const int64_t* m_G, int64_t G) {
 }  // namespace
 
 void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
-                       const bf16* w, bool trans_w, float* y, float* ws32) {
+                       const bf16* w, bool trans_w, float* y, float* ws32,
+                       const float* w32) {
   ScopedPhase phase(Phase::Gemm);
   detail::check_group_sizes("grouped_gemm_bf16", m_G, G, N, K);
   if (N == 0) return;
@@ -315,9 +325,13 @@ void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, cons
     const bool parallel = detail::groups_in_parallel(m_G, G);
     const int64_t ld_w = trans_w ? K : N;
     detail::for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
-      float* w32 = slots + (omp_in_parallel() ? omp_get_thread_num() : 0) * N * K;
-      cast_bf16_to_f32(w32, w + g * N * K, N * K);
-      gemm<float>(false, trans_w, m_G[g], N, K, 1.f, x32 + row0 * K, K, w32, ld_w, 0.f,
+      const float* wg = w32 != nullptr ? w32 + g * N * K : nullptr;
+      if (wg == nullptr) {
+        float* slot = slots + (omp_in_parallel() ? omp_get_thread_num() : 0) * N * K;
+        cast_bf16_to_f32(slot, w + g * N * K, N * K);
+        wg = slot;
+      }
+      gemm<float>(false, trans_w, m_G[g], N, K, 1.f, x32 + row0 * K, K, wg, ld_w, 0.f,
                   y + row0 * N, N);
     });
     return;
