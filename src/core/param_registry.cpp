@@ -71,6 +71,7 @@ void ParamRegistry::allocate(Arena& arena) {
     p.data16 = data16_[k] ? data16_[k] + p.offset : nullptr;
     p.data16w = data16w_[k] ? data16w_[k] + p.offset : nullptr;
     p.has_data16 = bf16_copies_;
+    p.has_data16w = bf16_copies_ && bf16_widened_;
   }
 }
 

@@ -43,6 +43,7 @@ struct Param {
   void* grad = nullptr;
   bf16* data16 = nullptr;  // bf16 compute copy (--bf16), refreshed from `data` each step
   float* data16w = nullptr;  // data16 widened to f32 (the widened-bf16 GEMM path only)
+  bool has_data16w = false;  // as has_data16, for data16w
   bool has_data16 = false; // set by allocate() in both passes (data16 is null while planning)
 
   const std::string& name() const { return spec.name; }
