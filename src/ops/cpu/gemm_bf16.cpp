@@ -125,6 +125,9 @@ PathChoice detect_path() {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const auto bf16_bits = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   if ((isa & bf16_bits) == bf16_bits) return {Bf16GemmPath::Native, "avx512_core_bf16"};
+  if (const char* cap = std::getenv("DNNL_MAX_CPU_ISA"); cap != nullptr && *cap != '\0') {
+    return {Bf16GemmPath::Widen, std::string("no AVX512-BF16 under DNNL_MAX_CPU_ISA=") + cap};
+  }
   return {Bf16GemmPath::Widen, "CPU has no AVX512-BF16"};
 }
 
