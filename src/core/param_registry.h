@@ -42,6 +42,8 @@ struct Param {
   void* data = nullptr;
   void* grad = nullptr;
   bf16* data16 = nullptr;  // bf16 compute copy (--bf16), refreshed from `data` each step
+  float* data16w = nullptr;  // data16 widened to f32 (the widened-bf16 GEMM path only)
+  bool has_data16w = false;  // as has_data16, for data16w
   bool has_data16 = false; // set by allocate() in both passes (data16 is null while planning)
 
   const std::string& name() const { return spec.name; }
@@ -71,7 +73,12 @@ class ParamRegistry {
 
   // Mixed precision (--bf16): also keep bf16 compute copies of the values. Call before
   // allocate(); refresh_bf16() after every change of the values (init, optimizer step).
-  void enable_bf16_copies() { bf16_copies_ = true; }
+  // widened: also keep the bf16 values widened to f32 (data16w), what the widened-bf16 GEMM
+  // path (ops/gemm_bf16.h) reads instead of widening every weight at every GEMM.
+  void enable_bf16_copies(bool widened = false) {
+    bf16_copies_ = true;
+    bf16_widened_ = widened;
+  }
   bool has_bf16_copies() const { return bf16_copies_; }
   void refresh_bf16();
   // For an optimizer that rewrote every bf16 copy of `kind` in the pass that updated the values
@@ -102,7 +109,9 @@ class ParamRegistry {
   void* data_[2] = {nullptr, nullptr};
   void* grad_[2] = {nullptr, nullptr};
   bf16* data16_[2] = {nullptr, nullptr};
+  float* data16w_[2] = {nullptr, nullptr};
   bool bf16_copies_ = false;
+  bool bf16_widened_ = false;
   bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16
 };
 

@@ -70,6 +70,9 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     const int64_t C = (Hq_ + 2 * Hkv_) * D_;
     in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
     dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
+    const int64_t ws32 = std::max(ops::linear_bf16_workspace_elems(n, C, H_),
+                                  ops::linear_bf16_workspace_elems(n, H_, Hq_ * D_));
+    if (ws32 > 0) ws32_ = a.alloc<float>(ws32, "attn.ws32", MemKind::Workspace);
   }
   if (pos_T_ != nullptr) {
     for (int64_t t = 0; t < n; ++t) pos_T_[t] = static_cast<int32_t>(t / B);
@@ -102,7 +105,8 @@ template <typename T>
 void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
                                       int64_t K) {
   if constexpr (std::is_same_v<T, float>) {
-    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_);
+    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_,
+                                          w.data16w);
   }
   ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
 }
@@ -112,7 +116,8 @@ void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Par
                                        int64_t N, int64_t K) {
   if constexpr (std::is_same_v<T, float>) {
     if (in16_ != nullptr) {
-      return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_);
+      return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_,
+                                       ws32_, w.data16w);
     }
   }
   ops::linear_backward(dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);

@@ -66,6 +66,7 @@ class SelfAttention {
   T* workspace_ = nullptr;
   bf16* in16_ = nullptr;   // --bf16: the GEMM inputs cast to bf16
   bf16* dy16_ = nullptr;
+  float* ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands
 };
 
 }  // namespace moecore::model

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "ops/embedding.h"
+#include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -23,7 +24,10 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
   if (cfg_.bf16) {
     MOE_CHECK((std::is_same_v<T, float>), "[model] --bf16 needs f32 master weights");
-    params_.enable_bf16_copies();  // before any layer reads has_data16
+    // Before any layer reads has_data16. The widened-bf16 GEMM path reads f32 copies of the
+    // bf16 weights, kept up to date by the optimizer's pass, rather than widening each weight
+    // at each GEMM (that cost ~15% of the GEMM time at bench-small's shapes).
+    params_.enable_bf16_copies(ops::bf16_gemm_path() == ops::Bf16GemmPath::Widen);
   }
   rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
@@ -44,7 +48,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
               : &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
                                        ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
                                        {}});
-  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, 1024};
+  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
   grad_stages_[0].push_back(final_norm_);
@@ -97,6 +101,10 @@ void GPTModel<T>::allocate(Arena& a) {
     head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
                                  MemKind::Workspace);
     head16_.w_VH = head_->data16;
+    head16_.w_VH_wide = head_->data16w;
+    if (const int64_t n = ops::head_loss_bf16_workspace_elems(head_shape_); n > 0) {
+      head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
+    }
   }
   head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                         MemKind::Workspace);

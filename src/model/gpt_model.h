@@ -47,6 +47,8 @@ struct MoeStats {
 template <typename T>
 class GPTModel {
  public:
+  // Tokens per chunk of the fused output head + cross entropy (its logits workspace).
+  static constexpr int64_t kHeadChunk = 1024;
   // groups: null = one rank. MoE layers hold their EP rank's experts and dispatch over its
   // EP group; the groups must outlive the model.
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,

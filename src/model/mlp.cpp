@@ -1,5 +1,7 @@
 #include "model/mlp.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -10,6 +12,12 @@
 
 namespace moecore::model {
 
+// The widened-bf16 path's f32 operands when the weights come widened (Param::data16w):
+// [x | dy] rounded from f32 (a and dh are written widened by the SwiGLU kernels).
+static int64_t widened_elems(int64_t max_rows, SwigluMlpShape sh) {
+  return max_rows * 2 * sh.H;
+}
+
 template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
                          const char* name, const Param* fc1, const Param* fc2,
@@ -18,6 +26,7 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   s.recompute_act = recompute.fc1 || recompute.act;
   const bool use16 =
       std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16;
+  s.widened = use16 && fc1->has_data16w && fc2->has_data16w;
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
     s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
@@ -25,15 +34,29 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   {
     // The activation only feeds fc2: under --bf16 it is kept as the bf16 GEMM input alone.
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_act);
-    if (use16) s.a16_NF = a.alloc<bf16>(max_rows * sh.F, name);
+    if (use16 && !s.widened) s.a16_NF = a.alloc<bf16>(max_rows * sh.F, name);
     else s.a_NF = a.alloc<T>(max_rows * sh.F, name);
   }
   if (use16) {
     s.fc1_16 = fc1->data16;
     s.fc2_16 = fc2->data16;
+    s.fc1_16w = fc1->data16w;
+    s.fc2_16w = fc2->data16w;
     const int64_t width = std::max(2 * sh.F, sh.H);
-    s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
-    s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+    if (!s.widened) {
+      s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+      s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
+    }
+    // The widened-bf16 GEMM path's f32 operands (none on the native path).
+    const int threads = omp_get_max_threads();
+    const int64_t ws32 = s.widened ? widened_elems(max_rows, sh) : std::max(
+        {ops::grouped_gemm_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, sh.F, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
+         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
+         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
+         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
+    if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }
 
@@ -43,9 +66,15 @@ namespace {
 template <typename T>
 void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
+    if (s.widened) {  // x rounded straight into f32, one pass
+      float* x32 = s.ws32;
+      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+      return ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, x32, s.fc1_16w, true, s.h_N2F);
+    }
     if (s.fc1_16 != nullptr) {
       ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F);
+      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F,
+                             s.ws32, s.fc1_16w);
       return;
     }
   }
@@ -56,6 +85,7 @@ void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
 template <typename T>
 void act_forward(const SwigluMlpSaved<T>& s, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
+    if (s.widened) return ops::swiglu_forward_bf16w(s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
     if (s.a16_NF != nullptr) return ops::swiglu_forward_bf16(s.a16_NF, s.h_N2F, s.p_N, s.N, sh.F);
   }
   ops::swiglu_forward(s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
@@ -75,8 +105,10 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   fc1_forward(s, fc1, sh);
   act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
+    if (s.widened) return ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH);
     if (s.fc2_16 != nullptr) {
-      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH);
+      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
+                                    s.ws32, s.fc2_16w);
     }
   }
   ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
@@ -90,15 +122,31 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
   if (s.recompute_fc1) fc1_forward(s, fc1, sh);
   if (s.recompute_act) act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
+    if (s.widened) {  // f32 GEMMs on bf16 values: dy, x rounded; a, dh written so by SwiGLU
+      float* x32 = s.ws32;
+      float* dy32 = s.ws32 + s.N * sh.H;
+      ops::round_f32_to_bf16(dy32, dy_NH, s.N * sh.H);
+      ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
+      ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
+      ops::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16w, false, dx_NH);
+      ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, x32, dfc1);
+      return;
+    }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
       ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
+                             s.ws32, s.fc2_16w);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2,
+                                   s.ws32);
       // dh only feeds fc1's GEMMs: written as bf16 straight away.
       ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
       ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1);
+      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH,
+                             s.ws32, s.fc1_16w);
+      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1,
+                                   s.ws32);
       return;
     }
   }

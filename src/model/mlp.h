@@ -30,8 +30,14 @@ struct SwigluMlpSaved {
   // two bf16 workspaces of max_rows * max(2F, H) for the other GEMM inputs.
   const bf16* fc1_16 = nullptr;
   const bf16* fc2_16 = nullptr;
+  const float* fc1_16w = nullptr;  // the same widened to f32 (widen GEMM path; else null)
+  const float* fc2_16w = nullptr;
+  // Widened bf16 (the weights' data16w exist): a_NF holds the activation's bf16 values in f32
+  // (a16_NF stays null) and the GEMMs are f32 GEMMs on bf16 values.
+  bool widened = false;
   bf16* ws_a16 = nullptr;
   bf16* ws_b16 = nullptr;
+  float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)
 };
 
 struct SwigluMlpShape {

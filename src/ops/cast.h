@@ -12,6 +12,10 @@ void cast_f32_to_bf16(bf16* y, const float* x, int64_t n);
 void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n);
 void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n);
+// y = f32(bf16(x)): the bf16 value of x kept in an f32 (the widened-bf16 GEMM path's inputs,
+// made in one pass from the f32 source instead of a cast and a widening). y may be x.
+void round_f32_to_bf16(float* y, const float* x, int64_t n);
+void round_f32_to_bf16_ref(float* y, const float* x, int64_t n);
 
 // The bits of float_to_bf16(x) (core/dtype.h), branch-free so that loops calling it vectorise:
 // for kernels that write a bf16 copy of what they compute in the same pass (the cross-entropy

@@ -21,7 +21,10 @@ struct HeadLossBf16 {
   const bf16* w_VH = nullptr;
   bf16* h16 = nullptr;
   bf16* dz16 = nullptr;
+  float* ws32 = nullptr;  // head_loss_bf16_workspace_elems (widened-bf16 GEMM path; 0 native)
+  const float* w_VH_wide = nullptr;  // optional: w_VH widened to f32 (Param::data16w)
 };
+int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
 
 // loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).
 // Targets < 0 are ignored (loss 0, no gradient).

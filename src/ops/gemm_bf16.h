@@ -1,35 +1,69 @@
 // bf16 GEMM with f32 accumulation and output, for --bf16 mixed precision: the inputs are bf16
 // (weights: the bf16 copies of the fp32 master weights; activations: cast on the way in), the
-// product accumulates in f32 (oneDNN's AVX512-BF16 kernels, about 2x the fp32 rate here).
+// product accumulates in f32. Two paths compute that same contract, chosen once per process
+// from what the CPU has (bf16_gemm_path()):
+//   Native: oneDNN's bf16 kernels (AVX512-BF16 dot products; about 2x the fp32 rate on Zen 4).
+//   Widen:  the bf16 operands widened to f32 (exact) into planned f32 workspace, then the f32
+//           GEMM (dnnl_sgemm). On CPUs without AVX512-BF16 oneDNN emulates bf16 at ~1/6 of its
+//           sgemm rate (Ice Lake: 32 vs 211 GFLOP/s), so widening is the fast correct path.
+// Every entry point takes `ws32`, f32 workspace of the size its *_workspace_elems function
+// returns for the current path (0 on Native: ws32 may then be null). Callers plan it.
+// The weight operand may also come already widened (`b32` / `w32`: the same bf16 values in
+// f32, same layout; Param::data16w, written by the optimizer): the widen path then reads it
+// instead of widening the weight at every GEMM. The native path ignores it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
 namespace moecore::ops {
 
+enum class Bf16GemmPath { Native, Widen };
+
+// The process-wide choice, made on first use: MOECORE_BF16_GEMM=native|widen if set, else
+// Native when oneDNN's effective ISA (which honours DNNL_MAX_CPU_ISA) has AVX512-BF16 dot
+// products, else Widen.
+Bf16GemmPath bf16_gemm_path();
+// Overrides the choice (tests run both paths on any machine). Plan workspaces after it.
+void set_bf16_gemm_path(Bf16GemmPath path);
+const char* bf16_gemm_path_name(Bf16GemmPath path);  // "native" / "widen"
+// One line for the start-up log, e.g. "[gemm] bf16 GEMMs: widen to f32 + sgemm (CPU has no
+// AVX512-BF16)".
+std::string bf16_gemm_path_line();
+
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
-               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
+               float* ws32, const float* b32 = nullptr);
+int64_t gemm_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                    int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // The bf16 "linear": y[M,N] = bf16(x)[M,K] * w^T, w [N,K] bf16; x16 is workspace of M*K.
+// (Widen rounds x straight into ws32; x16 is then unused.)
 void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                         int64_t K, bf16* x16);
+                         int64_t K, bf16* x16, float* ws32, const float* w32 = nullptr);
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
 // dy16 and x16 are workspace of M*N and M*K.
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
-                          const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16);
+                          const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16,
+                          float* ws32, const float* w32 = nullptr);
+// ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
+int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 
 // Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
 //   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
 void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
-                       const bf16* w, bool trans_w, float* y);
+                       const bf16* w, bool trans_w, float* y, float* ws32,
+                       const float* w32 = nullptr);
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
 void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* dy16,
-                             const bf16* x16, float* dw);
+                             const bf16* x16, float* dw, float* ws32);
+// ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.
+int64_t grouped_gemm_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K, int threads);
+int64_t grouped_gemm_wgrad_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K);
 
 }  // namespace moecore::ops

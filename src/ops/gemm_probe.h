@@ -14,6 +14,17 @@ namespace moecore::ops {
 // thread count.
 double measure_gemm_gflops(bool bf16, int64_t M, int64_t N, int64_t K, double min_seconds);
 
+// One GEMM as a model runs it: C[M,N] = op(A) op(B), row-major, dense operands.
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+};
+
+// The rate of the GEMM path the model's GEMMs take at this shape and orientation: ops::gemm<float>
+// (bf16 = false) or ops::gemm_bf16 on the path bf16_gemm_path() chose, widening included
+// (bf16 = true), timed as measure_gemm_gflops. In GFLOP/s.
+double measure_model_gemm_gflops(bool bf16, const GemmShape& shape, double min_seconds);
+
 // The timing loop behind it, for benches that time other libraries the same way: calls `fn`
 // once to warm up, then repeatedly for at least `min_seconds` (and at least 3 times), and
 // returns the median of flops_per_call / seconds_per_call, in GFLOP/s.

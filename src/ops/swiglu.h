@@ -27,5 +27,10 @@ void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, con
 void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
 void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
                           const float* p_N, int64_t N, int64_t F);
+// The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
+// bitwise cast_bf16_to_f32 of what the _bf16 versions write.
+void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
+void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
+                           const float* p_N, int64_t N, int64_t F);
 
 }  // namespace moecore::ops

@@ -130,8 +130,9 @@ void AdamWOptimizer::update_typed(double lr, double grad_scale) {
     a.grad_scale = grad_scale;
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
     bf16* p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
+    float* p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
     ops::adamw_step(p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset, v_[k] + p.offset,
-                    p.local_numel(), a, p16);
+                    p.local_numel(), a, p16, p16w);
   }
   if (std::is_same_v<T, float> && params_.has_bf16_copies()) {
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {

@@ -1,5 +1,7 @@
 #include "train/metrics.h"
 
+#include <algorithm>
+
 #include <sys/resource.h>
 
 #include <fmt/format.h>
@@ -27,6 +29,41 @@ FlopsModel flops_model(const ModelConfig& cfg) {
   }
   f.active_matmul_params += H * cfg.vocab_size;  // output head
   return f;
+}
+
+std::vector<ops::GemmShape> peak_probe_shapes(const ModelConfig& cfg, int64_t tokens,
+                                              int64_t head_chunk) {
+  std::vector<ops::GemmShape> shapes;
+  // y[m, n] = x[m, k] W[n, k]^T, and its two backward GEMMs.
+  auto linear = [&](int64_t m, int64_t n, int64_t k) {
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    shapes.push_back({false, true, m, n, k});   // forward
+    shapes.push_back({false, false, m, k, n});  // dx = dy W
+    shapes.push_back({true, false, n, k, m});   // dW += dy^T x
+  };
+  const int64_t H = cfg.hidden, D = cfg.head_dim();
+  const int64_t qkv = (cfg.num_heads + 2 * cfg.num_query_groups) * D;
+  linear(tokens, std::max(qkv, H), H);
+  bool any_dense = false;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) any_dense |= !cfg.is_moe_layer(l);
+  int64_t dense_f = any_dense ? cfg.ffn_hidden : 0;
+  if (cfg.num_experts > 0) dense_f = std::max(dense_f, cfg.moe.shared_ffn_hidden);
+  linear(tokens, 2 * dense_f, H);
+  linear(std::min(head_chunk, tokens), cfg.vocab_size, H);
+  if (cfg.num_experts > 0) {
+    const int64_t rows = std::max<int64_t>(1, tokens * cfg.moe.router.topk / cfg.num_experts);
+    linear(rows, 2 * cfg.moe.ffn_hidden, H);
+  }
+  return shapes;
+}
+
+MfuReport mfu_report(double flops, double seconds, double peak_gflops) {
+  MfuReport r;
+  r.achieved_gflops = seconds > 0 ? flops / seconds * 1e-9 : 0.0;
+  r.peak_raised = r.achieved_gflops > peak_gflops;
+  r.peak_gflops = std::max(peak_gflops, r.achieved_gflops);
+  r.mfu = r.peak_gflops > 0 ? r.achieved_gflops / r.peak_gflops : 0.0;
+  return r;
 }
 
 int64_t peak_rss_bytes() {

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/profiler.h"
 #include "model/config.h"
+#include "ops/gemm_probe.h"
 
 namespace moecore::train {
 
@@ -27,6 +29,26 @@ struct FlopsModel {
   }
 };
 FlopsModel flops_model(const ModelConfig& cfg);
+
+// The GEMMs the MFU peak is probed at: the biggest dense ones (attention projection, dense MLP
+// or shared expert, output head chunk) and the routed experts' fc1 at the balanced load
+// (tokens * topk / E rows), each in its forward (x W^T), data-gradient (dy W) and
+// weight-gradient (dy^T x) orientation. `tokens` per micro-batch; `head_chunk` as the model's.
+std::vector<ops::GemmShape> peak_probe_shapes(const ModelConfig& cfg, int64_t tokens,
+                                              int64_t head_chunk);
+
+// MFU from what was achieved and the peak. The probe can under-measure (a noisy neighbour
+// during the probe, or GEMM shapes that run faster in the step than in isolation); a step
+// cannot beat the machine, so when the achieved rate exceeds the peak the peak is raised to
+// it (MFU = 100%) and peak_raised says so. With --peak-tflops the given peak is used the same
+// way. Pure: tested with synthetic numbers.
+struct MfuReport {
+  double achieved_gflops = 0;
+  double peak_gflops = 0;  // the denominator used: max(probe or given peak, achieved)
+  double mfu = 0;          // achieved / peak, in [0, 1]
+  bool peak_raised = false;
+};
+MfuReport mfu_report(double flops, double seconds, double peak_gflops);
 
 struct StepMetrics {
   int64_t iteration = 0;

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "core/check.h"
+#include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
 #include "train/progress.h"
 
@@ -112,11 +113,20 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   }
 
   flops_ = flops_model(model_cfg_);
-  // The MFU denominator: the GEMM rate of this machine now, at this thread count, at the
-  // training precision (bf16 inputs with --bf16).
-  peak_gflops_ = cfg_.peak_gflops > 0
-                     ? cfg_.peak_gflops
-                     : ops::measure_gemm_gflops(model_cfg_.bf16, 1024, 1024, 1024, 0.3);
+  // The MFU denominator: the best rate of the GEMM path the model's GEMMs take (f32 sgemm, or
+  // the bf16 path chosen for this CPU, widening included) at the model's own biggest dense
+  // and expert GEMM shapes, forward and backward orientations, on this machine now, at this
+  // thread count. A square 1024^3 sgemm is not what the step runs.
+  if (cfg_.peak_gflops > 0) {
+    peak_gflops_ = cfg_.peak_gflops;
+  } else {
+    for (const ops::GemmShape& s :
+         peak_probe_shapes(model_cfg_, cfg_.micro_batch * model_cfg_.seq_length,
+                           model::GPTModel<T>::kHeadChunk)) {
+      peak_gflops_ =
+          std::max(peak_gflops_, ops::measure_model_gemm_gflops(model_cfg_.bf16, s, 0.05));
+    }
+  }
   const int64_t S = model_cfg_.seq_length;
   ids_.resize(cfg_.micro_batch * S);
   targets_.resize(cfg_.micro_batch * S);
@@ -266,9 +276,14 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                  ? std::string()
                  : fmt::format(", activation recomputation saves {:.2f}",
                                ma.recompute_saving_bytes() / kMiB));
+  if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
-             model_cfg_.bf16 ? "bf16" : "fp32", cfg_.peak_gflops > 0 ? "(given)" : "(measured)",
+             model_cfg_.bf16
+                 ? fmt::format("bf16 ({})", ops::bf16_gemm_path_name(ops::bf16_gemm_path()))
+                 : std::string("fp32"),
+             cfg_.peak_gflops > 0 ? "(given)"
+                                  : "(measured at the model's GEMM shapes, best of fwd/bwd)",
              peak_gflops_);
 }
 
@@ -302,7 +317,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
     for (int p = 0; p < kNumPhases; ++p) logged.phase_seconds[p] = acc.phase_seconds[p] / in_interval;
     logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
     logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
-    logged.mfu = logged.tflops * 1e3 / peak_gflops_;
+    logged.mfu = mfu_report(logged.tflops * 1e12, 1.0, peak_gflops_).mfu;
     acc = StepMetrics{};
     in_interval = 0;
     progress.clear();
@@ -343,7 +358,9 @@ void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMet
   }
   const double iters = static_cast<double>(all.size() - skip);
   const double tokens_per_s = iters * cfg_.global_batch * model_cfg_.seq_length / seconds;
-  const double gflops = flops_.train_flops_per_token() * tokens_per_s / 1e9;
+  const MfuReport mfu =
+      mfu_report(flops_.train_flops_per_token() * tokens_per_s, 1.0, peak_gflops_);
+  const double gflops = mfu.achieved_gflops;
   std::string breakdown;
   for (int p = 0; p < kNumPhases; ++p) {
     breakdown += fmt::format("{}{} {:.1f} ms ({:.0f}%)", p ? ", " : "",
@@ -352,9 +369,13 @@ void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMet
   }
   fmt::print(log,
              "[summary] {:.0f} tokens/s | {:.1f} GFLOP/s | MFU {:.1f}% of {:.1f} GFLOP/s {} GEMM "
-             "peak | step {:.1f} ms: {} | peak mem {:.1f} MiB\n",
-             tokens_per_s, gflops, 100.0 * gflops / peak_gflops_, peak_gflops_,
+             "peak{} | step {:.1f} ms: {} | peak mem {:.1f} MiB\n",
+             tokens_per_s, gflops, 100.0 * mfu.mfu, mfu.peak_gflops,
              model_cfg_.bf16 ? "bf16" : "fp32",
+             mfu.peak_raised ? fmt::format(" (raised to the achieved rate: the {} peak of {:.1f} "
+                                           "GFLOP/s was under-measured)",
+                                           cfg_.peak_gflops > 0 ? "given" : "probed", peak_gflops_)
+                             : std::string(),
              seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
 }
 

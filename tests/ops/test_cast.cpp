@@ -82,6 +82,28 @@ TEST(Cast, FastMatchesReferenceBitwise) {
   }
 }
 
+// round_f32_to_bf16 (the widened-bf16 GEMM inputs) == the reference bitwise, and == widening
+// the cast, in place too.
+TEST(Cast, RoundToBf16InF32MatchesCastThenWiden) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, (int64_t{1} << 16) + 3}) {
+    auto x = random_vec<float>(n, 8, -1e3, 1e3);
+    for (int64_t i = 0; i < n && i < int64_t(std::size(kCases)); ++i) {
+      x[i * 3 % n] = from_bits(kCases[i].f32_bits);
+    }
+    Guarded<float> y(n), y_ref(n), widened(n);
+    std::vector<bf16> x16(n);
+    round_f32_to_bf16(y.data(), x.data(), n);
+    round_f32_to_bf16_ref(y_ref.data(), x.data(), n);
+    cast_f32_to_bf16_ref(x16.data(), x.data(), n);
+    cast_bf16_to_f32_ref(widened.data(), x16.data(), n);
+    EXPECT_TRUE(y.intact() && y_ref.intact()) << "n=" << n;
+    EXPECT_EQ(0, std::memcmp(y.data(), y_ref.data(), n * sizeof(float))) << "n=" << n;
+    EXPECT_EQ(0, std::memcmp(y.data(), widened.data(), n * sizeof(float))) << "n=" << n;
+    round_f32_to_bf16(x.data(), x.data(), n);
+    EXPECT_EQ(0, std::memcmp(x.data(), widened.data(), n * sizeof(float))) << "n=" << n;
+  }
+}
+
 TEST(Cast, Bf16ToF32ToBf16IsIdentityForAllPatterns) {
   // bf16 -> f32 is exact, so the way back must reproduce every non-NaN pattern.
   const int64_t n = 1 << 16;

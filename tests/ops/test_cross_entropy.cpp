@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "ops/cast.h"
 #include "ops/cross_entropy.h"
+#include "ops/gemm_bf16.h"
 
 namespace moecore::testing {
 namespace {
@@ -207,10 +208,15 @@ TEST(HeadLoss, TargetOutOfRangeThrows) {
 // GEMM, so the forward must equal the f32 forward bitwise, and the backward must be the bf16
 // GEMMs of exactly bf16(the f32 path's dlogits) (read from the f32 workspace, which holds every
 // row when chunk >= T): f32 accumulation against f64 sums of the same products.
+// Both bf16 GEMM paths (native oneDNN bf16, widen to f32 + sgemm), on any machine.
 TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
-  for (int64_t T : {13, 64}) {  // 64 x 300 takes the parallel branch
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  for (int run = 0; run < 4; ++run) {
+    const int64_t T = run % 2 ? 64 : 13;  // 64 x 300 takes the parallel branch
+    const ops::Bf16GemmPath path = run < 2 ? ops::Bf16GemmPath::Native : ops::Bf16GemmPath::Widen;
+    ops::set_bf16_gemm_path(path);
     const int64_t H = 8, V = 300;
-    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    SCOPED_TRACE(::testing::Message() << "T=" << T << " path=" << ops::bf16_gemm_path_name(path));
     std::mt19937 gen(21);
     auto pick = [&] { return 0.5f * static_cast<float>(static_cast<int>(gen() % 5) - 2); };
     std::vector<float> h(T * H), w(V * H);
@@ -230,7 +236,8 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     const HeadLossShape s16{T, H, V, 16};
     std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
     ops::cast_f32_to_bf16(w16.data(), w.data(), V * H);
-    ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data()};
+    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s16));
+    ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data(), ws32.data()};
     std::vector<float> loss16(T), lse16(T), ws16(head_loss_workspace_elems(s16)), dh16(T * H),
         dw16(V * H, 0.f);
     const double total16 = head_loss_forward(loss16.data(), lse16.data(), h.data(), w.data(),
@@ -256,6 +263,7 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     EXPECT_TRUE(all_close(dh16, dh_expect, kF32Rtol, kF32Atol)) << "dh";
     EXPECT_TRUE(all_close(dw16, dw_expect, kF32Rtol, kF32Atol)) << "dw";
   }
+  ops::set_bf16_gemm_path(chosen);
 }
 
 // loss = dloss * sum_t loss_t, so dloss is also exercised.

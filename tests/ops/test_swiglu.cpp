@@ -95,6 +95,34 @@ TEST(SwiGlu, Bf16OutputsAreTheCastOfF32) {
   }
 }
 
+// The widened outputs (widened-bf16 GEMM path) are the bf16 outputs widened, bitwise. (dp is
+// the same f32 sum in both kernels; its tolerance is Bf16OutputsAreTheCastOfF32's business.)
+TEST(SwiGlu, WidenedOutputsAreTheBf16OutputsWidened) {
+  for (auto [N, F] : kShapes) {
+    for (bool with_p : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " F=" << F << " p=" << with_p);
+      auto h = random_vec<float>(N * 2 * F, 8, -6, 6);
+      auto p = random_vec<float>(N, 9, 0, 1);
+      auto da = random_vec<float>(N * F, 10);
+      const float* pp = with_p ? p.data() : nullptr;
+      std::vector<bf16> a16(N * F), dh16(N * 2 * F);
+      std::vector<float> dp16(N, -1.f), dpw(N, -1.f), a_ref(N * F), dh_ref(N * 2 * F);
+      ops::swiglu_forward_bf16(a16.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16(dh16.data(), dp16.data(), da.data(), h.data(), pp, N, F);
+      ops::cast_bf16_to_f32(a_ref.data(), a16.data(), N * F);
+      ops::cast_bf16_to_f32(dh_ref.data(), dh16.data(), N * 2 * F);
+      Guarded<float> aw(N * F), dhw(N * 2 * F);
+      ops::swiglu_forward_bf16w(aw.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16w(dhw.data(), dpw.data(), da.data(), h.data(), pp, N, F);
+      EXPECT_EQ(0, std::memcmp(aw.data(), a_ref.data(), N * F * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(dhw.data(), dh_ref.data(), N * 2 * F * sizeof(float)));
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(dpw[n], dp16[n]) << "dp " << n;  // -1: unwritten
+      EXPECT_TRUE(aw.intact());
+      EXPECT_TRUE(dhw.intact());
+    }
+  }
+}
+
 // loss = sum(a * R); da = R.
 template <bool kFast>
 void gradcheck(int64_t N, int64_t F) {

@@ -10,9 +10,11 @@
 #include "common/testing.h"
 #include "core/arena.h"
 #include "data/synthetic_language.h"
+#include "ops/gemm_bf16.h"
 #include "optim/chained_optimizer.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "train/metrics.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -139,8 +141,9 @@ TEST(Optimizer, GradSumOfSquaresIsAccurateAndThreadCountInvariant) {
 // skips them once. The copies equal the rounded master values either way, and a later change of
 // the values is still picked up by the next refresh.
 TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
-  auto make = [](ParamRegistry& p, Arena& arena) {
-    p.enable_bf16_copies();
+  // p also keeps the widened copies (the widened-bf16 GEMM path): written in the same pass.
+  auto make = [](ParamRegistry& p, Arena& arena, bool widened) {
+    p.enable_bf16_copies(widened);
     p.add(ParamSpec{"w", {300, 70}, ParamInit::Normal, 0.02, ParamKind::Dense, true, {}});
     p.add(ParamSpec{"e", {2, 9000}, ParamInit::Normal, 0.02, ParamKind::Expert, true, {}});
     arena.plan([&](Arena& a) { p.allocate(a); });
@@ -158,13 +161,19 @@ TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
           ADD_FAILURE() << q.name() << "[" << i << "]";
           return;
         }
+        if (q.data16w != nullptr && q.data16w[i] != bf16_to_float(q.data16[i])) {
+          ADD_FAILURE() << q.name() << " widened [" << i << "]";
+          return;
+        }
       }
     }
   };
   ParamRegistry p(DType::F32), ref(DType::F32);
   Arena pa, ra;
-  make(p, pa);
-  make(ref, ra);
+  make(p, pa, true);
+  make(ref, ra, false);
+  ASSERT_NE(p.params().front().data16w, nullptr);
+  ASSERT_EQ(ref.params().front().data16w, nullptr);
   optim::AdamWConfig cfg;
   optim::ChainedOptimizer opt(p, cfg);
   optim::AdamWOptimizer opt_ref(ref, cfg);
@@ -302,6 +311,85 @@ TEST(Train, Bf16LossApproachesEntropyFloor) {
   double last = 0;
   for (int i = 140; i < 150; ++i) last += m[i].lm_loss / 10;
   EXPECT_LT(last - trainer.entropy_floor(), 0.6) << log.str();
+}
+
+// Both bf16 GEMM paths compute the same products on the same bf16 inputs (only the f32
+// summation order differs), so a short run trains alike on either; the start-up log names the
+// path. The widen path's workspaces are planned (the arena would throw on a step allocation).
+TEST(Train, Bf16GemmPathsTrainAlike) {
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  std::vector<std::vector<train::StepMetrics>> runs;
+  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    ops::set_bf16_gemm_path(path);
+    train::TrainFlags f = short_run_flags(6);
+    f.model.bf16 = true;
+    train::Trainer trainer(f.model, f.train);
+    std::ostringstream log;
+    runs.push_back(trainer.run(log));
+    EXPECT_NE(log.str().find(path == ops::Bf16GemmPath::Native ? "[gemm] bf16 GEMMs: oneDNN native"
+                                                               : "[gemm] bf16 GEMMs: widen to f32"),
+              std::string::npos)
+        << log.str();
+  }
+  ops::set_bf16_gemm_path(chosen);
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_NEAR(runs[0][i].lm_loss, runs[1][i].lm_loss, 1e-4 * std::abs(runs[0][i].lm_loss))
+        << "iteration " << i + 1;
+    EXPECT_NEAR(runs[0][i].grad_norm, runs[1][i].grad_norm, 1e-3 * runs[0][i].grad_norm)
+        << "iteration " << i + 1;
+  }
+}
+
+// MFU never exceeds 100%: an achieved rate above the probed (or given) peak raises the peak to
+// it and says so; below it, MFU = achieved / peak. Synthetic numbers, no clocks.
+TEST(Mfu, AchievedAboveThePeakRaisesThePeak) {
+  const train::MfuReport below = train::mfu_report(100e9, 2.0, 200.0);  // 50 GFLOP/s
+  EXPECT_DOUBLE_EQ(below.achieved_gflops, 50.0);
+  EXPECT_DOUBLE_EQ(below.peak_gflops, 200.0);
+  EXPECT_DOUBLE_EQ(below.mfu, 0.25);
+  EXPECT_FALSE(below.peak_raised);
+  // The case: 55.3 GFLOP/s achieved against a 31.9 GFLOP/s probe (was "MFU 173.3%").
+  const train::MfuReport above = train::mfu_report(55.3e9, 1.0, 31.9);
+  EXPECT_TRUE(above.peak_raised);
+  EXPECT_DOUBLE_EQ(above.peak_gflops, above.achieved_gflops);
+  EXPECT_DOUBLE_EQ(above.mfu, 1.0);
+  const train::MfuReport equal = train::mfu_report(10e9, 1.0, 10.0);
+  EXPECT_FALSE(equal.peak_raised);
+  EXPECT_DOUBLE_EQ(equal.mfu, 1.0);
+  EXPECT_DOUBLE_EQ(train::mfu_report(0.0, 1.0, 10.0).mfu, 0.0);
+  EXPECT_DOUBLE_EQ(train::mfu_report(1e9, 0.0, 10.0).mfu, 0.0);  // no time measured
+  EXPECT_DOUBLE_EQ(train::mfu_report(1e9, 1.0, 0.0).mfu, 1.0);   // no peak: achieved is it
+}
+
+// The probe runs the model's own GEMMs: bench-small's biggest dense ones (qkv projection,
+// shared expert fc1, head chunk) and the routed experts' fc1 at the balanced load, each in
+// forward, data-gradient and weight-gradient orientation.
+TEST(Mfu, PeakProbeShapesAreTheModelsGemms) {
+  ModelConfig c;
+  c.num_layers = 4;
+  c.hidden = 512;
+  c.num_heads = 8;
+  c.num_query_groups = 2;
+  c.kv_channels = 64;
+  c.vocab_size = 8192;
+  c.num_experts = 16;
+  c.moe.router.topk = 2;
+  c.moe.ffn_hidden = 512;
+  c.moe.shared_ffn_hidden = 512;
+  const auto shapes = train::peak_probe_shapes(c, 2048, 1024);
+  ASSERT_EQ(shapes.size(), 12u);
+  auto has = [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    for (const auto& s : shapes) {
+      if (s.trans_a == ta && s.trans_b == tb && s.M == M && s.N == N && s.K == K) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has(false, true, 2048, 768, 512));    // qkv forward
+  EXPECT_TRUE(has(false, false, 2048, 512, 1024));  // shared expert fc1 dx
+  EXPECT_TRUE(has(false, true, 1024, 8192, 512));   // head chunk logits
+  EXPECT_TRUE(has(true, false, 8192, 512, 1024));   // head dW
+  EXPECT_TRUE(has(false, true, 256, 1024, 512));    // expert fc1 at 2048 * 2 / 16 rows
+  EXPECT_TRUE(has(true, false, 1024, 512, 256));    // expert fc1 dW
 }
 
 TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {

@@ -15,4 +15,9 @@ void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
 }
 
+void round_f32_to_bf16_ref(float* y, const float* x, int64_t n) {
+  MOE_CHECK(n >= 0, "[cast_ref] n={} < 0", n);
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(float_to_bf16(x[i]));
+}
+
 }  // namespace moecore::ops

@@ -41,7 +41,8 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
                   const HeadLossShape& s, const HeadLossBf16* bf16) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16 != nullptr) {
-      gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V);
+      gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V,
+                bf16->ws32, bf16->w_VH_wide);
       return;
     }
   }
@@ -107,6 +108,12 @@ void softmax_grad_row_bf16(uint16_t* d16, const float* z, int64_t V, int32_t tgt
 // A chunk larger than the batch only ever holds n_tok rows.
 int64_t head_loss_workspace_elems(const HeadLossShape& s) {
   return std::max<int64_t>(0, std::min(s.chunk, s.n_tok)) * s.V;
+}
+
+int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s) {
+  const int64_t m = std::max<int64_t>(0, std::min(s.chunk, s.n_tok));
+  return std::max({gemm_bf16_workspace_elems(m, s.V, s.H), gemm_bf16_workspace_elems(m, s.H, s.V),
+                   gemm_bf16_workspace_elems(s.V, s.H, m)});
 }
 
 template <typename T>
@@ -175,8 +182,10 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
     }
     if constexpr (std::is_same_v<T, float>) {
       if (bf16 != nullptr) {
-        gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H);
-        gemm_bf16(true, false, V, H, m, bf16->dz16, V, bf16->h16 + c0 * H, H, 1.f, dw_VH, H);
+        gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H,
+                  bf16->ws32, bf16->w_VH_wide);
+        gemm_bf16(true, false, V, H, m, bf16->dz16, V, bf16->h16 + c0 * H, H, 1.f, dw_VH, H,
+                  bf16->ws32);
         continue;
       }
     }

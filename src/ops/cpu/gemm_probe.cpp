@@ -13,6 +13,8 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 
 namespace moecore::ops {
 
@@ -84,6 +86,38 @@ double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, doubl
              "or oneDNN build may lack bf16 support: probe with bf16=false",
              M, N, K, e.what(), static_cast<int>(e.status));
   }
+}
+
+double measure_model_gemm_gflops(bool use_bf16, const GemmShape& s, double min_seconds) {
+  MOE_CHECK(s.M > 0 && s.N > 0 && s.K > 0, "[gemm_probe] shape M={} N={} K={} must be positive",
+            s.M, s.N, s.K);
+  // Stored shapes: op(A) [M,K] is stored [K,M] when transposed; likewise B.
+  const int64_t lda = s.trans_a ? s.M : s.K, ldb = s.trans_b ? s.K : s.N;
+  std::mt19937 gen(1234);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N, 0.f);
+  for (auto& v : a) v = dist(gen);
+  for (auto& v : b) v = dist(gen);
+  const double flops = 2.0 * static_cast<double>(s.M) * static_cast<double>(s.N) *
+                       static_cast<double>(s.K);
+  if (!use_bf16) {
+    return measure_gflops(
+        [&] {
+          gemm<float>(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.f, a.data(), lda, b.data(), ldb, 0.f,
+                      c.data(), s.N);
+        },
+        flops, min_seconds);
+  }
+  std::vector<moecore::bf16> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
+  std::vector<float> ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
+  return measure_gflops(
+      [&] {
+        gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, a16.data(), lda, b16.data(), ldb, 0.f,
+                  c.data(), s.N, ws.data());
+      },
+      flops, min_seconds);
 }
 
 }  // namespace moecore::ops

@@ -1,6 +1,7 @@
 // SwiGLU fast path: OpenMP over rows, vectorisable per-row loops in the working precision.
 // Each row is independent, so results do not depend on the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "ops/cast.h"
@@ -19,8 +20,17 @@ inline T store_as(T v, T*) {
   return v;
 }
 inline uint16_t store_as(float v, uint16_t*) { return f32_to_bf16_bits(v); }
+// kWide: an f32 output holding the bf16 value of the result.
+template <bool kWide, typename T, typename Out>
+inline Out store(T v, Out* p) {
+  if constexpr (kWide) {
+    return std::bit_cast<float>(static_cast<uint32_t>(f32_to_bf16_bits(v)) << 16);
+  } else {
+    return store_as(v, p);
+  }
+}
 
-template <typename T, typename Out>
+template <typename T, typename Out, bool kWide = false>
 void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
@@ -29,7 +39,7 @@ void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F)
     Out* a = a_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) a[f] = store_as(g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p, a);
+    for (int64_t f = 0; f < F; ++f) a[f] = store<kWide>(g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p, a);
   }
 }
 
@@ -50,7 +60,7 @@ T sum_lanes(const T* part) {
   return s[0];
 }
 
-template <typename T, typename Out>
+template <typename T, typename Out, bool kWide = false>
 void backward_rows(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
                    int64_t F) {
   const bool want_dp = p_N && dp_N;
@@ -70,8 +80,8 @@ void backward_rows(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T
         const int64_t f = f0 + l;
         const T s = T(1) / (T(1) + fast_exp(-g[f]));
         const T silu = g[f] * s;
-        dg[f] = store_as(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
-        du[f] = store_as(da[f] * p * silu, du);
+        dg[f] = store<kWide>(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
+        du[f] = store<kWide>(da[f] * p * silu, du);
         part[l] += silu * u[f] * da[f];
       }
     }
@@ -100,6 +110,16 @@ void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int
 void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
                           const float* p_N, int64_t N, int64_t F) {
   backward_rows(reinterpret_cast<uint16_t*>(dh16_N2F), dp_N, da_NF, h_N2F, p_N, N, F);
+}
+
+void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N,
+                          int64_t F) {
+  forward_rows<float, float, true>(a_NF, h_N2F, p_N, N, F);
+}
+
+void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
+                           const float* p_N, int64_t N, int64_t F) {
+  backward_rows<float, float, true>(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
 }
 
 template void swiglu_forward<float>(float*, const float*, const float*, int64_t, int64_t);
