@@ -26,7 +26,12 @@ enum class Bf16GemmPath { Native, Widen };
 // Native when oneDNN's effective ISA (which honours DNNL_MAX_CPU_ISA) has AVX512-BF16 dot
 // products, else Widen.
 Bf16GemmPath bf16_gemm_path();
-// Overrides the choice (tests run both paths on any machine). Plan workspaces after it.
+// Whether the native path can run at all: oneDNN builds bf16 matmuls from AVX-512 (avx512_core)
+// up, natively with AVX512-BF16 and emulated without; below AVX-512 (AVX2 CPUs, or
+// DNNL_MAX_CPU_ISA=AVX2) only the widen path exists.
+bool bf16_native_available();
+// Overrides the choice (tests run both paths where both exist). Plan workspaces after it.
+// Native where it is not available is an error.
 void set_bf16_gemm_path(Bf16GemmPath path);
 const char* bf16_gemm_path_name(Bf16GemmPath path);  // "native" / "widen"
 // One line for the start-up log, e.g. "[gemm] bf16 GEMMs: widen to f32 + sgemm (CPU has no

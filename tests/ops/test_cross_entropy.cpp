@@ -3,6 +3,7 @@
 // size invariance, ignored targets, fp64 finite differences for dh and dW, and the bf16 head
 // against the f32 one on inputs whose logits are exact in both.
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -214,6 +215,10 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
   for (int run = 0; run < 4; ++run) {
     const int64_t T = run % 2 ? 64 : 13;  // 64 x 300 takes the parallel branch
     const ops::Bf16GemmPath path = run < 2 ? ops::Bf16GemmPath::Native : ops::Bf16GemmPath::Widen;
+    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
+      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
+      continue;
+    }
     ops::set_bf16_gemm_path(path);
     const int64_t H = 8, V = 300;
     SCOPED_TRACE(::testing::Message() << "T=" << T << " path=" << ops::bf16_gemm_path_name(path));

@@ -112,6 +112,11 @@ struct PathChoice {
 // oneDNN's effective ISA already honours DNNL_MAX_CPU_ISA. The ISA values are nested bit masks
 // (avx512_core_bf16 = avx512_core_vnni | one more bit), but not ordered: avx2_vnni > bf16
 // numerically, so test the bits, not `>=`.
+bool isa_has(dnnl_cpu_isa_t bits) {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & static_cast<unsigned>(bits)) == static_cast<unsigned>(bits);
+}
+
 PathChoice detect_path() {
   if (const char* env = std::getenv("MOECORE_BF16_GEMM"); env != nullptr && *env != '\0') {
     const std::string v(env);
@@ -119,12 +124,13 @@ PathChoice detect_path() {
               "[gemm_bf16] MOECORE_BF16_GEMM={} must be 'native' or 'widen' (or unset: chosen "
               "from the CPU)",
               v);
+    MOE_CHECK(v == "widen" || isa_has(dnnl_cpu_isa_avx512_core),
+              "[gemm_bf16] MOECORE_BF16_GEMM=native, but oneDNN runs below AVX-512 here and has "
+              "no bf16 matmul: use MOECORE_BF16_GEMM=widen or leave it unset");
     return {v == "native" ? Bf16GemmPath::Native : Bf16GemmPath::Widen,
             "forced by MOECORE_BF16_GEMM=" + v};
   }
-  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const auto bf16_bits = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  if ((isa & bf16_bits) == bf16_bits) return {Bf16GemmPath::Native, "avx512_core_bf16"};
+  if (isa_has(dnnl_cpu_isa_avx512_core_bf16)) return {Bf16GemmPath::Native, "avx512_core_bf16"};
   if (const char* cap = std::getenv("DNNL_MAX_CPU_ISA"); cap != nullptr && *cap != '\0') {
     return {Bf16GemmPath::Widen, std::string("no AVX512-BF16 under DNNL_MAX_CPU_ISA=") + cap};
   }
@@ -166,7 +172,12 @@ Bf16GemmPath bf16_gemm_path() {
   return choice().path;
 }
 
+bool bf16_native_available() { return isa_has(dnnl_cpu_isa_avx512_core); }
+
 void set_bf16_gemm_path(Bf16GemmPath path) {
+  MOE_CHECK(path == Bf16GemmPath::Widen || bf16_native_available(),
+            "[gemm_bf16] the native bf16 path needs oneDNN at AVX-512 or above; it runs below "
+            "that here (no bf16 matmul): use the widen path");
   PathChoice& c = choice();
   std::lock_guard<std::mutex> lock(path_mutex);
   c.path = path;
