@@ -234,16 +234,24 @@ std::vector<double> slice(const Param& p, int64_t first, int64_t n) {
   return std::vector<double>(g + first, g + first + n);
 }
 
+// The layer both dispatcher tests compare: 8 experts, top-k K, aux and z losses, a shared
+// expert, capacity factor cf (0: dropless).
+ModelConfig dispatcher_config(int64_t K, double cf, DispatcherType type) {
+  ModelConfig cfg = layer_config(8, K, type);
+  cfg.moe.router.pre_softmax = K == 1;  // softmax top-1 needs it
+  cfg.moe.router.aux_loss_coeff = 0.02;
+  cfg.moe.router.z_loss_coeff = 0.01;
+  cfg.moe.router.capacity_factor = cf;
+  cfg.moe.shared_ffn_hidden = 3;
+  return cfg;
+}
+
 TEST(EpMoELayerMpi, AllGatherEqualsAlltoAll) {
   for (ProcessGroups* g : layouts()) {
     const int me = ep_comm(g).rank();
     SCOPED_TRACE(::testing::Message() << "EP=" << g->degrees().ep);
-    ModelConfig a2a = layer_config(8, 3, DispatcherType::AlltoAll);
-    a2a.moe.router.aux_loss_coeff = 0.02;
-    a2a.moe.router.z_loss_coeff = 0.01;
-    a2a.moe.shared_ffn_hidden = 3;
-    ModelConfig ag = a2a;
-    ag.moe.dispatcher_type = DispatcherType::AllGather;
+    const ModelConfig a2a = dispatcher_config(3, 0.0, DispatcherType::AlltoAll);
+    const ModelConfig ag = dispatcher_config(3, 0.0, DispatcherType::AllGather);
     const int64_t n = 5 + me, H = a2a.hidden;
     auto x = inputs(me, n * H, 1), dy = inputs(me, n * H, 2);
     LayerRun ra, rg;
@@ -275,14 +283,8 @@ TEST(EpMoELayerMpi, AllGatherEqualsAlltoAllBitwiseForTopkUpToTwo) {
     for (int64_t K : {1, 2}) {
       for (double cf : {0.0, 1.0}) {
         SCOPED_TRACE(::testing::Message() << "EP=" << g->degrees().ep << " K=" << K << " cf=" << cf);
-        ModelConfig a2a = layer_config(8, K, DispatcherType::AlltoAll);
-        a2a.moe.router.pre_softmax = K == 1;  // softmax top-1 needs it
-        a2a.moe.router.aux_loss_coeff = 0.02;
-        a2a.moe.router.z_loss_coeff = 0.01;
-        a2a.moe.router.capacity_factor = cf;
-        a2a.moe.shared_ffn_hidden = 3;
-        ModelConfig ag = a2a;
-        ag.moe.dispatcher_type = DispatcherType::AllGather;
+        const ModelConfig a2a = dispatcher_config(K, cf, DispatcherType::AlltoAll);
+        const ModelConfig ag = dispatcher_config(K, cf, DispatcherType::AllGather);
         const int64_t n = 5 + me, H = a2a.hidden;
         auto x = inputs(me, n * H, 1), dy = inputs(me, n * H, 2);
         LayerRun ra, rg;
