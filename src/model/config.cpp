@@ -181,6 +181,13 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
   return moe_layer_pattern[layer] != 0;
 }
 
+bool ModelConfig::has_dense_layer() const {
+  for (int64_t l = 0; l < num_layers; ++l) {
+    if (!is_moe_layer(l)) return true;
+  }
+  return false;
+}
+
 RecomputeModules RecomputeConfig::modules() const {
   RecomputeModules m;
   if (!selective()) return m;
@@ -255,9 +262,7 @@ void ModelConfig::validate() const {
                 static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
             "[model] --moe-layer-freq lists {} layers but --num-layers={}",
             moe_layer_pattern.size(), num_layers);
-  bool any_dense = false;
-  for (int64_t i = 0; i < num_layers; ++i) any_dense |= !is_moe_layer(i);
-  if (any_dense) {
+  if (has_dense_layer()) {
     MOE_CHECK(ffn_hidden >= 1, "[model] dense layers need --ffn-hidden-size >= 1 (got {})",
               ffn_hidden);
   }

@@ -149,6 +149,8 @@ struct ModelConfig {
   // Megatron scales the init of output projections (attention proj, fc2) by 1/sqrt(2 L).
   double output_init_std() const;
   bool is_moe_layer(int64_t layer) const;
+  // Whether any layer has a dense MLP (not every layer is MoE).
+  bool has_dense_layer() const;
   void validate() const;
 };
 

@@ -44,9 +44,7 @@ std::vector<ops::GemmShape> peak_probe_shapes(const ModelConfig& cfg, int64_t to
   const int64_t H = cfg.hidden, D = cfg.head_dim();
   const int64_t qkv = (cfg.num_heads + 2 * cfg.num_query_groups) * D;
   linear(tokens, std::max(qkv, H), H);
-  bool any_dense = false;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) any_dense |= !cfg.is_moe_layer(l);
-  int64_t dense_f = any_dense ? cfg.ffn_hidden : 0;
+  int64_t dense_f = cfg.has_dense_layer() ? cfg.ffn_hidden : 0;
   if (cfg.num_experts > 0) dense_f = std::max(dense_f, cfg.moe.shared_ffn_hidden);
   linear(tokens, 2 * dense_f, H);
   linear(std::min(head_chunk, tokens), cfg.vocab_size, H);

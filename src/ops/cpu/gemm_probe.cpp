@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "ops/cast.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 
@@ -57,8 +58,8 @@ double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, doubl
   }
 
   std::vector<moecore::bf16> a16(a.size()), b16(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
+  cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+  cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
   using dnnl::memory;
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -109,8 +110,8 @@ double measure_model_gemm_gflops(bool use_bf16, const GemmShape& s, double min_s
         flops, min_seconds);
   }
   std::vector<moecore::bf16> a16(a.size()), b16(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
+  cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+  cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
   std::vector<float> ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
   return measure_gflops(
       [&] {
