@@ -165,9 +165,11 @@ int main(int argc, char** argv) {
           [&] { ops::embedding_backward(dw.data(), dy.data(), ids.data(), T, H, V); });
   }
   // The optimizer over bench-small's parameters (the model's shapes and kinds).
-  for (bool bf16_copies : {false, true}) {
+  // Compute copies: none (fp32), bf16 (native bf16 GEMMs), bf16 values widened to f32 (widen).
+  for (int copies : {0, 1, 2}) {
+    const bool bf16_copies = copies > 0;
     ParamRegistry params(DType::F32);
-    if (bf16_copies) params.enable_bf16_copies();
+    if (bf16_copies) params.enable_bf16_copies(/*widened=*/copies == 2);
     auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind, bool wd) {
       params.add(ParamSpec{name, std::move(shape), ParamInit::Normal, 0.02, kind, wd, {}});
     };
@@ -202,7 +204,9 @@ int main(int argc, char** argv) {
     cfg.weight_decay = 0.1;
     optim::ChainedOptimizer opt(params, cfg);
     char shape[64];
-    std::snprintf(shape, sizeof(shape), "%.1fM params%s", n * 1e-6, bf16_copies ? " bf16" : "");
+    std::snprintf(shape, sizeof(shape), "%.1fM params%s", n * 1e-6,
+                  copies == 0 ? "" : copies == 1 ? " bf16" : " bf16 widened");
+    const double copy_bytes = copies == 0 ? 0.0 : copies == 1 ? b2 * n : f4 * n;
     if (!bf16_copies) {
       bench("grad sum of squares", shape, f4 * n, [&] {
         volatile double s = optim::global_grad_norm(params);
@@ -212,12 +216,12 @@ int main(int argc, char** argv) {
       fill_grads();
     }
     // One optimizer step as the trainer runs it: the step (norm + update), then the refresh.
-    bench("optimizer step + refresh", shape, f4 * 8 * n + (bf16_copies ? b2 * n : 0), [&] {
+    bench("optimizer step + refresh", shape, f4 * 8 * n + copy_bytes, [&] {
       opt.step(1e-4);
       params.refresh_bf16();
     });
     if (bf16_copies) {
-      bench("refresh_bf16 alone", shape, (f4 + b2) * n, [&] { params.refresh_bf16(); });
+      bench("refresh_bf16 alone", shape, f4 * n + copy_bytes, [&] { params.refresh_bf16(); });
     }
   }
   return 0;

@@ -61,7 +61,7 @@ void ParamRegistry::allocate(Arena& arena) {
     const char* kname = k == 0 ? "params.dense" : "params.expert";
     data_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Weights);
     grad_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Grads);
-    if (bf16_copies_) data16_[k] = arena.alloc<bf16>(n, kname, MemKind::Weights);
+    if (bf16_copies_ && !bf16_widened_) data16_[k] = arena.alloc<bf16>(n, kname, MemKind::Weights);
     if (bf16_copies_ && bf16_widened_) data16w_[k] = arena.alloc<float>(n, kname, MemKind::Weights);
   }
   for (Param& p : params_) {
@@ -70,7 +70,7 @@ void ParamRegistry::allocate(Arena& arena) {
     p.grad = grad_[k] ? static_cast<char*>(grad_[k]) + p.offset * esize : nullptr;
     p.data16 = data16_[k] ? data16_[k] + p.offset : nullptr;
     p.data16w = data16w_[k] ? data16w_[k] + p.offset : nullptr;
-    p.has_data16 = bf16_copies_;
+    p.has_data16 = bf16_copies_ && !bf16_widened_;
     p.has_data16w = bf16_copies_ && bf16_widened_;
   }
 }
@@ -136,11 +136,12 @@ void ParamRegistry::refresh_bf16() {
     const float* src = static_cast<const float*>(data_[k]);
     bf16* dst = data16_[k];
     float* wide = data16w_[k];
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < numel_[k]; ++i) dst[i] = float_to_bf16(src[i]);
     if (wide != nullptr) {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < numel_[k]; ++i) wide[i] = bf16_to_float(dst[i]);
+      for (int64_t i = 0; i < numel_[k]; ++i) wide[i] = bf16_to_float(float_to_bf16(src[i]));
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < numel_[k]; ++i) dst[i] = float_to_bf16(src[i]);
     }
   }
 }

@@ -41,10 +41,15 @@ struct Param {
   int64_t offset = 0;  // element offset into its kind's flat buffers
   void* data = nullptr;
   void* grad = nullptr;
-  bf16* data16 = nullptr;  // bf16 compute copy (--bf16), refreshed from `data` each step
-  float* data16w = nullptr;  // data16 widened to f32 (the widened-bf16 GEMM path only)
-  bool has_data16w = false;  // as has_data16, for data16w
-  bool has_data16 = false; // set by allocate() in both passes (data16 is null while planning)
+  // --bf16 compute copy, refreshed from `data` each step, in one of two formats: bf16 (data16,
+  // what the native bf16 GEMMs read) or the same bf16 values widened to f32 (data16w, what the
+  // widened-bf16 GEMM path reads). The has_ flags are set by allocate() in both passes (the
+  // pointers are null while planning).
+  bf16* data16 = nullptr;
+  float* data16w = nullptr;
+  bool has_data16 = false;
+  bool has_data16w = false;
+  bool has_bf16_copy() const { return has_data16 || has_data16w; }
 
   const std::string& name() const { return spec.name; }
   std::vector<int64_t> local_shape() const;
@@ -73,8 +78,9 @@ class ParamRegistry {
 
   // Mixed precision (--bf16): also keep bf16 compute copies of the values. Call before
   // allocate(); refresh_bf16() after every change of the values (init, optimizer step).
-  // widened: also keep the bf16 values widened to f32 (data16w), what the widened-bf16 GEMM
-  // path (ops/gemm_bf16.h) reads instead of widening every weight at every GEMM.
+  // widened: keep the bf16 values widened to f32 (data16w) instead of bf16 (data16): what the
+  // widened-bf16 GEMM path (ops/gemm_bf16.h) reads instead of widening every weight at every
+  // GEMM; it never reads bf16 weights, so no bf16 copy is kept beside it.
   void enable_bf16_copies(bool widened = false) {
     bf16_copies_ = true;
     bf16_widened_ = widened;

@@ -66,10 +66,13 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dcore_ = a.alloc<T>(n * Hq_ * D_, "attn.dcore", MemKind::Workspace);
   workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
                           "attn.workspace", MemKind::Workspace);
-  if (std::is_same_v<T, float> && qkv_->has_data16) {
+  bf16_ = std::is_same_v<T, float> && qkv_->has_bf16_copy();
+  if (bf16_) {
     const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-    in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
-    dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
+    if (qkv_->has_data16) {  // the widen path rounds straight into ws32
+      in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
+      dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
+    }
     const int64_t ws32 = std::max(ops::linear_bf16_workspace_elems(n, C, H_),
                                   ops::linear_bf16_workspace_elems(n, H_, Hq_ * D_));
     if (ws32 > 0) ws32_ = a.alloc<float>(ws32, "attn.ws32", MemKind::Workspace);
@@ -105,7 +108,7 @@ template <typename T>
 void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
                                       int64_t K) {
   if constexpr (std::is_same_v<T, float>) {
-    if (in16_ != nullptr) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_,
+    if (bf16_) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_,
                                           w.data16w);
   }
   ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
@@ -115,7 +118,7 @@ template <typename T>
 void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M,
                                        int64_t N, int64_t K) {
   if constexpr (std::is_same_v<T, float>) {
-    if (in16_ != nullptr) {
+    if (bf16_) {
       return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_,
                                        ws32_, w.data16w);
     }

@@ -64,7 +64,8 @@ class SelfAttention {
   T* dv_ = nullptr;
   T* dcore_ = nullptr;
   T* workspace_ = nullptr;
-  bf16* in16_ = nullptr;   // --bf16: the GEMM inputs cast to bf16
+  bool bf16_ = false;      // --bf16: bf16 GEMM inputs, f32 accumulation
+  bf16* in16_ = nullptr;   // --bf16 on the native path: the GEMM inputs cast to bf16
   bf16* dy16_ = nullptr;
   float* ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands
 };

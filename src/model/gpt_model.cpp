@@ -24,7 +24,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
   if (cfg_.bf16) {
     MOE_CHECK((std::is_same_v<T, float>), "[model] --bf16 needs f32 master weights");
-    // Before any layer reads has_data16. The widened-bf16 GEMM path reads f32 copies of the
+    // Before any layer reads has_bf16_copy(). The widened-bf16 GEMM path reads f32 copies of the
     // bf16 weights, kept up to date by the optimizer's pass, rather than widening each weight
     // at each GEMM (that cost ~15% of the GEMM time at bench-small's shapes).
     params_.enable_bf16_copies(ops::bf16_gemm_path() == ops::Bf16GemmPath::Widen);
@@ -96,12 +96,14 @@ void GPTModel<T>::allocate(Arena& a) {
   final_rstd_ = a.alloc<T>(T_, "model.final_rstd");
   loss_T_ = a.alloc<T>(T_, "model.loss");
   lse_T_ = a.alloc<T>(T_, "model.lse");
-  if (cfg_.bf16) {
+  if (cfg_.bf16 && head_->has_data16w) {  // widened: f32 GEMMs on bf16 values
+    head16_.w_VH_wide = head_->data16w;
+    head16_.h32 = a.alloc<float>(T_ * cfg_.hidden, "model.head_h32", MemKind::Workspace);
+  } else if (cfg_.bf16) {
+    head16_.w_VH = head_->data16;
     head16_.h16 = a.alloc<bf16>(T_ * cfg_.hidden, "model.head_h16", MemKind::Workspace);
     head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
                                  MemKind::Workspace);
-    head16_.w_VH = head_->data16;
-    head16_.w_VH_wide = head_->data16w;
     if (const int64_t n = ops::head_loss_bf16_workspace_elems(head_shape_); n > 0) {
       head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
     }

@@ -25,7 +25,7 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   s.recompute_fc1 = recompute.fc1;
   s.recompute_act = recompute.fc1 || recompute.act;
   const bool use16 =
-      std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_data16;
+      std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_bf16_copy();
   s.widened = use16 && fc1->has_data16w && fc2->has_data16w;
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);

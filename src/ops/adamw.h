@@ -17,8 +17,8 @@ struct AdamWParams {
 
 // p16 (f32 p only; may be null): the bf16 compute copy of p (--bf16), rewritten in the same
 // pass from the updated values, bitwise what cast_f32_to_bf16 of the new p gives.
-// p16w (only with p16; may be null): the same bf16 values widened to f32, for the widened-bf16
-// GEMM path (ops/gemm_bf16.h), written in the same pass too.
+// p16w (f32 p only; may be null): the same bf16 values widened to f32, for the widened-bf16
+// GEMM path (ops/gemm_bf16.h), written in the same pass too; with or without p16.
 template <typename T>
 void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
                 bf16* p16 = nullptr, float* p16w = nullptr);

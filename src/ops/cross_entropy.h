@@ -15,15 +15,23 @@ struct HeadLossShape {
 
 int64_t head_loss_workspace_elems(const HeadLossShape& s);
 
-// --bf16: the head GEMMs take bf16 inputs (w16: bf16 copy of W; h16 [n_tok, H] and dz16
-// [chunk, V] workspace), accumulate in f32; softmax and losses stay f32. f32 models only.
+// --bf16: the head GEMMs take bf16 inputs and accumulate in f32; softmax and losses stay f32.
+// f32 models only. Two forms of the same contract:
+//   bf16 operands (w_VH: the bf16 copy of W; h16 [n_tok, H] and dz16 [chunk, V] workspace;
+//     ws32 of head_loss_bf16_workspace_elems for the widen GEMM path, none on the native one);
+//   widened operands (w_VH_wide set: W's bf16 values in f32, Param::data16w): h's bf16 values
+//     go to h32 [n_tok, H], the dlogits are rounded to bf16 values in place in the workspace,
+//     and the GEMMs are f32 GEMMs (h16, dz16, ws32 unused). Bitwise the widen path's results
+//     without its widening passes.
 struct HeadLossBf16 {
   const bf16* w_VH = nullptr;
   bf16* h16 = nullptr;
   bf16* dz16 = nullptr;
-  float* ws32 = nullptr;  // head_loss_bf16_workspace_elems (widened-bf16 GEMM path; 0 native)
-  const float* w_VH_wide = nullptr;  // optional: w_VH widened to f32 (Param::data16w)
+  float* ws32 = nullptr;
+  const float* w_VH_wide = nullptr;
+  float* h32 = nullptr;
 };
+// ws32 of the bf16-operand form (0 on the native GEMM path).
 int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
 
 // loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).

@@ -288,12 +288,17 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
       ref += a * a;
     }
     EXPECT_LE(std::sqrt(diff), testing::kBf16GradRelNorm * std::sqrt(ref)) << p.name();
-    // The bf16 copy is the master rounded to nearest even.
+    // The bf16 copy (bf16, or widened to f32 on the widen GEMM path) is the master rounded to
+    // nearest even.
+    ASSERT_TRUE(q.data16 != nullptr || q.data16w != nullptr) << q.name();
     for (int64_t i = 0; i < std::min<int64_t>(q.local_numel(), 16); ++i) {
-      EXPECT_EQ(q.data16[i].bits, float_to_bf16(q.data_as<float>()[i]).bits) << q.name();
+      const bf16 expect = float_to_bf16(q.data_as<float>()[i]);
+      if (q.data16 != nullptr) EXPECT_EQ(q.data16[i].bits, expect.bits) << q.name();
+      if (q.data16w != nullptr) EXPECT_EQ(q.data16w[i], bf16_to_float(expect)) << q.name();
     }
   }
   EXPECT_EQ(m32.params().get("output_layer.weight").data16, nullptr);
+  EXPECT_EQ(m32.params().get("output_layer.weight").data16w, nullptr);
 }
 
 TEST(GPTModel, ParameterNamesAndKinds) {

@@ -79,7 +79,7 @@ TEST(AdamW, FastMatchesReference) {
 
 // The bf16 copy written in the update pass is the new p rounded as cast_f32_to_bf16 rounds it,
 // and writing it changes nothing else (serial and OpenMP sizes, specials in the copy's input).
-TEST(AdamW, Bf16CopyIsTheCastOfTheUpdatedValues) {
+TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, (int64_t{1} << 14) + 7}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     AdamWParams a;
@@ -88,20 +88,37 @@ TEST(AdamW, Bf16CopyIsTheCastOfTheUpdatedValues) {
     auto p0 = random_vec<float>(n, 11);
     if (n > 1) p0[1] = 1.0f + std::ldexp(1.0f, -8);  // a bf16 rounding tie
     std::vector<float> p1 = p0, p2 = p0, m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
-    Guarded<uint16_t> p16(n);
+    // p3: the widened copy alone (the widened-bf16 GEMM path); p4: both copies.
+    std::vector<float> p3 = p0, p4 = p0, m3(n, 0.f), v3(n, 0.f), m4(n, 0.f), v4(n, 0.f);
+    Guarded<uint16_t> p16(n), p16_both(n);
+    Guarded<float> p16w(n), p16w_both(n);
     std::vector<bf16> cast(n);
+    std::vector<float> rounded(n);
     for (int64_t step = 1; step <= 2; ++step) {
       a.step = step;
       auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
       adamw_step<float>(p1.data(), g.data(), m1.data(), v1.data(), n, a,
                         reinterpret_cast<bf16*>(p16.data()));
       adamw_step<float>(p2.data(), g.data(), m2.data(), v2.data(), n, a);
-      EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), n * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * sizeof(float)));
-      EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * sizeof(float)));
+      adamw_step<float>(p3.data(), g.data(), m3.data(), v3.data(), n, a, nullptr, p16w.data());
+      adamw_step<float>(p4.data(), g.data(), m4.data(), v4.data(), n, a,
+                        reinterpret_cast<bf16*>(p16_both.data()), p16w_both.data());
+      for (const auto* q : {&p1, &p3, &p4}) {
+        EXPECT_EQ(0, std::memcmp(q->data(), p2.data(), n * sizeof(float)));
+      }
+      for (const auto* q : {&m1, &m3, &m4}) {
+        EXPECT_EQ(0, std::memcmp(q->data(), m2.data(), n * sizeof(float)));
+      }
+      for (const auto* q : {&v1, &v3, &v4}) {
+        EXPECT_EQ(0, std::memcmp(q->data(), v2.data(), n * sizeof(float)));
+      }
       cast_f32_to_bf16_ref(cast.data(), p1.data(), n);
+      round_f32_to_bf16_ref(rounded.data(), p1.data(), n);
       EXPECT_EQ(0, std::memcmp(p16.data(), cast.data(), n * sizeof(bf16)));
-      EXPECT_TRUE(p16.intact());
+      EXPECT_EQ(0, std::memcmp(p16_both.data(), cast.data(), n * sizeof(bf16)));
+      EXPECT_EQ(0, std::memcmp(p16w.data(), rounded.data(), n * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(p16w_both.data(), rounded.data(), n * sizeof(float)));
+      EXPECT_TRUE(p16.intact() && p16_both.intact() && p16w.intact() && p16w_both.intact());
     }
   }
   // f64 parameters keep no bf16 copy.
@@ -109,6 +126,9 @@ TEST(AdamW, Bf16CopyIsTheCastOfTheUpdatedValues) {
   float m = 0.f, v = 0.f;
   bf16 p16;
   EXPECT_THROW(adamw_step<double>(&p, &g, &m, &v, 1, AdamWParams{}, &p16), moecore::Error);
+  float p16w;
+  EXPECT_THROW(adamw_step<double>(&p, &g, &m, &v, 1, AdamWParams{}, nullptr, &p16w),
+               moecore::Error);
 }
 
 TEST(AdamW, WeightDecayIsDecoupled) {

@@ -4,6 +4,7 @@
 // against the f32 one on inputs whose logits are exact in both.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -209,11 +210,15 @@ TEST(HeadLoss, TargetOutOfRangeThrows) {
 // GEMM, so the forward must equal the f32 forward bitwise, and the backward must be the bf16
 // GEMMs of exactly bf16(the f32 path's dlogits) (read from the f32 workspace, which holds every
 // row when chunk >= T): f32 accumulation against f64 sums of the same products.
-// Both bf16 GEMM paths (native oneDNN bf16, widen to f32 + sgemm), on any machine.
+// Both bf16 GEMM paths (native oneDNN bf16, widen to f32 + sgemm), on any machine, and the
+// widened-operand form (W given widened, Param::data16w), which must equal the widen path
+// bitwise.
 TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
   const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (int run = 0; run < 4; ++run) {
+  std::vector<float> widen_dh[2], widen_dw[2];  // per T, from the widen path's runs
+  for (int run = 0; run < 6; ++run) {
     const int64_t T = run % 2 ? 64 : 13;  // 64 x 300 takes the parallel branch
+    const bool widened_form = run >= 4;
     const ops::Bf16GemmPath path = run < 2 ? ops::Bf16GemmPath::Native : ops::Bf16GemmPath::Widen;
     if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
       std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
@@ -221,7 +226,8 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     }
     ops::set_bf16_gemm_path(path);
     const int64_t H = 8, V = 300;
-    SCOPED_TRACE(::testing::Message() << "T=" << T << " path=" << ops::bf16_gemm_path_name(path));
+    SCOPED_TRACE(::testing::Message() << "T=" << T << " path=" << ops::bf16_gemm_path_name(path)
+                                      << (widened_form ? " widened operands" : ""));
     std::mt19937 gen(21);
     auto pick = [&] { return 0.5f * static_cast<float>(static_cast<int>(gen() % 5) - 2); };
     std::vector<float> h(T * H), w(V * H);
@@ -241,8 +247,10 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     const HeadLossShape s16{T, H, V, 16};
     std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
     ops::cast_f32_to_bf16(w16.data(), w.data(), V * H);
-    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s16));
+    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s16)), w32(V * H), h32(T * H);
+    ops::round_f32_to_bf16(w32.data(), w.data(), V * H);
     ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data(), ws32.data()};
+    if (widened_form) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};
     std::vector<float> loss16(T), lse16(T), ws16(head_loss_workspace_elems(s16)), dh16(T * H),
         dw16(V * H, 0.f);
     const double total16 = head_loss_forward(loss16.data(), lse16.data(), h.data(), w.data(),
@@ -267,6 +275,13 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     }
     EXPECT_TRUE(all_close(dh16, dh_expect, kF32Rtol, kF32Atol)) << "dh";
     EXPECT_TRUE(all_close(dw16, dw_expect, kF32Rtol, kF32Atol)) << "dw";
+    if (path == ops::Bf16GemmPath::Widen && !widened_form) {
+      widen_dh[run % 2] = dh16;
+      widen_dw[run % 2] = dw16;
+    } else if (widened_form) {
+      EXPECT_EQ(0, std::memcmp(dh16.data(), widen_dh[run % 2].data(), dh16.size() * 4)) << "dh";
+      EXPECT_EQ(0, std::memcmp(dw16.data(), widen_dw[run % 2].data(), dw16.size() * 4)) << "dw";
+    }
   }
   ops::set_bf16_gemm_path(chosen);
 }

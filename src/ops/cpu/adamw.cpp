@@ -32,11 +32,12 @@ namespace {
 // Below this the parallel region's fork/join costs more than the update.
 constexpr int64_t kParallelMin = int64_t{1} << 14;
 
-// The update loop; kBf16 also writes p16. Two instantiations rather than a branch per element,
-// so both loops stay plain vector code.
-template <typename T, bool kBf16, bool kWide = false>
-void adamw_loop(T* p, const T* g, float* m, float* v, uint16_t* p16, int64_t n,
-                const AdamWParams& a, float* p16w = nullptr) {
+// The update loop; kBf16 also writes p16, kWide p16w (the same bf16 values widened). One
+// instantiation per combination rather than a branch per element, so each loop stays plain
+// vector code.
+template <typename T, bool kBf16, bool kWide>
+void adamw_loop(T* p, const T* g, float* m, float* v, uint16_t* p16, float* p16w, int64_t n,
+                const AdamWParams& a) {
   // Constants in double, rounded once to T: mhat/(sqrt(vhat)+eps) becomes
   // m*inv_bc1 / (sqrt(v*inv_bc2) + eps), multiplications instead of divisions in the loop.
   const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
@@ -58,9 +59,9 @@ void adamw_loop(T* p, const T* g, float* m, float* v, uint16_t* p16, int64_t n,
     T vhat = static_cast<T>(v[i]) * inv_bc2;
     const T pi = p[i] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
     p[i] = pi;
-    if constexpr (kBf16) {
+    if constexpr (kBf16 || kWide) {
       const uint16_t b = f32_to_bf16_bits(pi);
-      p16[i] = b;
+      if constexpr (kBf16) p16[i] = b;
       if constexpr (kWide) p16w[i] = std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
     }
   }
@@ -71,14 +72,15 @@ template <typename T>
 void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
                 bf16* p16, float* p16w) {
   check_adamw_params("adamw", n, a);
-  MOE_CHECK(p16w == nullptr || p16 != nullptr, "[adamw] a widened bf16 copy needs the bf16 copy");
-  if (p16 == nullptr) return adamw_loop<T, false>(p, g, m, v, nullptr, n, a);
+  if (p16 == nullptr && p16w == nullptr) return adamw_loop<T, false, false>(p, g, m, v, nullptr,
+                                                                           nullptr, n, a);
   MOE_CHECK((std::is_same_v<T, float>),
             "[adamw] a bf16 copy needs f32 parameters: f64 models keep no bf16 copies");
   if constexpr (std::is_same_v<T, float>) {
     uint16_t* b = reinterpret_cast<uint16_t*>(p16);
-    if (p16w != nullptr) return adamw_loop<T, true, true>(p, g, m, v, b, n, a, p16w);
-    adamw_loop<T, true>(p, g, m, v, b, n, a);
+    if (p16 != nullptr && p16w != nullptr) return adamw_loop<T, true, true>(p, g, m, v, b, p16w, n, a);
+    if (p16 != nullptr) return adamw_loop<T, true, false>(p, g, m, v, b, nullptr, n, a);
+    adamw_loop<T, false, true>(p, g, m, v, nullptr, p16w, n, a);
   }
 }
 

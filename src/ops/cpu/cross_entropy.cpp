@@ -5,6 +5,7 @@
 // writes the gradient (backward, in bf16 straight into the GEMM input); rows are independent, so
 // results do not depend on the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <type_traits>
 
@@ -40,6 +41,10 @@ template <typename T>
 void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
                   const HeadLossShape& s, const HeadLossBf16* bf16) {
   if constexpr (std::is_same_v<T, float>) {
+    if (bf16 != nullptr && bf16->w_VH_wide != nullptr) {
+      return gemm<float>(false, true, m, s.V, s.H, 1.f, bf16->h32 + c0 * s.H, s.H,
+                         bf16->w_VH_wide, s.H, 0.f, z, s.V);
+    }
     if (bf16 != nullptr) {
       gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V,
                 bf16->ws32, bf16->w_VH_wide);
@@ -52,8 +57,14 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
 template <typename T>
 void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s) {
   if (bf16 == nullptr) return;
-  MOE_CHECK((std::is_same_v<T, float>) && bf16->w_VH && bf16->h16 && bf16->dz16,
-            "[head_loss] the bf16 path needs an f32 model and bf16 weights and workspace");
+  MOE_CHECK((std::is_same_v<T, float>), "[head_loss] the bf16 path needs an f32 model");
+  if (bf16->w_VH_wide != nullptr) {
+    MOE_CHECK(bf16->h32 != nullptr, "[head_loss] widened bf16 weights need the h32 workspace");
+    if constexpr (std::is_same_v<T, float>) round_f32_to_bf16(bf16->h32, h_TH, s.n_tok * s.H);
+    return;
+  }
+  MOE_CHECK(bf16->w_VH && bf16->h16 && bf16->dz16,
+            "[head_loss] the bf16 path needs bf16 weights and the h16 and dz16 workspaces");
   if constexpr (std::is_same_v<T, float>) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
 }
 
@@ -89,6 +100,22 @@ void softmax_grad_row(T* z, int64_t V, int32_t tgt, T lse, T dloss) {
 #pragma omp simd
   for (int64_t v = 0; v < V; ++v) z[v] = fast_exp(z[v] - lse) * dloss;
   z[tgt] = (fast_exp(zt - lse) - T(1)) * dloss;
+}
+
+// The same row rounded to bf16 values in place (the widened head GEMMs' input): bitwise
+// softmax_grad_row_bf16's values, widened.
+void softmax_grad_row_bf16w(float* z, int64_t V, int32_t tgt, float lse, float dloss) {
+  if (tgt < 0) {
+    std::fill(z, z + V, 0.f);
+    return;
+  }
+  const float zt = z[tgt];
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) {
+    z[v] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits(fast_exp(z[v] - lse) * dloss)} << 16);
+  }
+  z[tgt] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits((fast_exp(zt - lse) - 1.0f) * dloss)}
+                                << 16);
 }
 
 // The same row written as bf16 bits (the bf16 head GEMMs' input): the values of
@@ -164,8 +191,10 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
     // Logits -> dlogits = (softmax - onehot) * dloss in one pass over each row: in place, or
     // (bf16) straight into the bf16 GEMM input, so the f32 dlogits are never written.
     uint16_t* dz16 = nullptr;
+    bool widened = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (bf16 != nullptr) dz16 = reinterpret_cast<uint16_t*>(bf16->dz16);
+      widened = bf16 != nullptr && bf16->w_VH_wide != nullptr;
+      if (bf16 != nullptr && !widened) dz16 = reinterpret_cast<uint16_t*>(bf16->dz16);
     }
 #pragma omp parallel for schedule(static) if (m * V >= kParallelMin)
     for (int64_t i = 0; i < m; ++i) {
@@ -173,6 +202,10 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
       const int64_t t = c0 + i;
       const int32_t tgt = target_T[t];
       if constexpr (std::is_same_v<T, float>) {
+        if (widened) {
+          softmax_grad_row_bf16w(z, V, tgt, lse_T[t], dloss);
+          continue;
+        }
         if (dz16 != nullptr) {
           softmax_grad_row_bf16(dz16 + i * V, z, V, tgt, lse_T[t], dloss);
           continue;
@@ -181,6 +214,13 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
       softmax_grad_row(z, V, tgt, lse_T[t], dloss);
     }
     if constexpr (std::is_same_v<T, float>) {
+      if (widened) {
+        gemm<float>(false, false, m, H, V, 1.f, workspace, V, bf16->w_VH_wide, H, 0.f,
+                    dh_TH + c0 * H, H);
+        gemm<float>(true, false, V, H, m, 1.f, workspace, V, bf16->h32 + c0 * H, H, 1.f, dw_VH,
+                    H);
+        continue;
+      }
       if (bf16 != nullptr) {
         gemm_bf16(false, false, m, H, V, bf16->dz16, V, bf16->w_VH, H, 0.f, dh_TH + c0 * H, H,
                   bf16->ws32, bf16->w_VH_wide);
