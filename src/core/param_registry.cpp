@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <bit>
 #include <cstring>
 
 #include "core/rng.h"
@@ -86,6 +87,64 @@ static double init_value(const ParamSpec& spec, uint64_t key, int64_t global_ind
   return 0.0;
 }
 
+namespace {
+// A parameter's local elements as rows of `inner` contiguous elements: row (o, s) is index s of
+// the sliced dimension's local part within outer index o; it starts at global element
+// global_base(o, s). An unsliced parameter is one row.
+struct SliceMap {
+  int64_t outer = 1, inner = 1, glen = 1, llen = 1, off = 0;
+  explicit SliceMap(const Param& p) {
+    const auto& g = p.spec.global_shape;
+    const int nd = static_cast<int>(g.size());
+    const int sd = p.spec.slice.dim;
+    if (sd < 0) {
+      inner = p.global_numel();
+      return;
+    }
+    for (int i = 0; i < sd; ++i) outer *= g[i];
+    for (int i = sd + 1; i < nd; ++i) inner *= g[i];
+    glen = g[sd];
+    llen = p.spec.slice.length;
+    off = p.spec.slice.offset;
+  }
+  int64_t global_base(int64_t o, int64_t s) const { return (o * glen + off + s) * inner; }
+  int64_t local_base(int64_t o, int64_t s) const { return (o * llen + s) * inner; }
+};
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+uint64_t ParamRegistry::digest(ParamKind kind) const {
+  uint64_t total = 0;
+  for (const Param& p : params_) {
+    if (p.spec.kind != kind) continue;
+    MOE_CHECK(p.data != nullptr, "[params] digest() before allocate() for '{}'", p.name());
+    const uint64_t key = rng_key(0, p.spec.name);
+    const SliceMap m(p);
+    const bool f32 = dtype_ == DType::F32;
+    uint64_t sum = 0;
+#pragma omp parallel for collapse(2) schedule(static) reduction(+ : sum)
+    for (int64_t o = 0; o < m.outer; ++o) {
+      for (int64_t s = 0; s < m.llen; ++s) {
+        const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
+        for (int64_t i = 0; i < m.inner; ++i) {
+          const int64_t l = lbase + i;
+          const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(p.data)[l])
+                                    : std::bit_cast<uint64_t>(static_cast<const double*>(p.data)[l]);
+          sum += splitmix64(key ^ splitmix64(static_cast<uint64_t>(gbase + i)) ^ bits);
+        }
+      }
+    }
+    total += sum;  // unsigned: wraps, so the order of the terms cannot matter
+  }
+  return total;
+}
+
 double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index) {
   return init_value(spec, rng_key(seed, spec.name), global_index);
 }
@@ -97,24 +156,13 @@ void ParamRegistry::init(uint64_t seed) {
   for (Param& p : params_) {
     MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
     const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
-    const auto& g = p.spec.global_shape;
-    const int nd = static_cast<int>(g.size());
-    const int sd = p.spec.slice.dim;
-    // Elements before / after the sliced dimension map local -> global index.
-    int64_t outer = 1, inner = 1;
-    for (int i = 0; i < (sd < 0 ? 0 : sd); ++i) outer *= g[i];
-    for (int i = (sd < 0 ? nd : sd + 1); i < nd; ++i) inner *= g[i];
-    const int64_t glen = sd < 0 ? 1 : g[sd];
-    const int64_t llen = sd < 0 ? 1 : p.spec.slice.length;
-    const int64_t off = sd < 0 ? 0 : p.spec.slice.offset;
-    if (sd < 0) inner = p.global_numel();
+    const SliceMap m(p);
     // Each element is a pure function of its global index: the loop order cannot matter.
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t s = 0; s < llen; ++s) {
-        const int64_t gbase = (o * glen + off + s) * inner;
-        const int64_t lbase = (o * llen + s) * inner;
-        for (int64_t i = 0; i < inner; ++i) {
+    for (int64_t o = 0; o < m.outer; ++o) {
+      for (int64_t s = 0; s < m.llen; ++s) {
+        const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
+        for (int64_t i = 0; i < m.inner; ++i) {
           double v = init_value(p.spec, key, gbase + i);
           if (dtype_ == DType::F32) static_cast<float*>(p.data)[lbase + i] = static_cast<float>(v);
           else static_cast<double*>(p.data)[lbase + i] = v;

@@ -97,6 +97,11 @@ class ParamRegistry {
   void allocate(Arena& arena);
   void init(uint64_t seed);
   void zero_grads();
+  // Digest of the values of `kind` held here: a sum over elements of a hash of (name, global
+  // index, value bits), so the digests of ranks holding disjoint slices add up (mod 2^64) to the
+  // digest of the whole tensor, whatever the layout. Two models with bitwise equal values have
+  // equal digests; a changed value changes it (up to hash collisions).
+  uint64_t digest(ParamKind kind) const;
 
   Param& get(const std::string& name);
   const Param* find(const std::string& name) const;

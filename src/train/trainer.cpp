@@ -3,6 +3,7 @@
 #include <fmt/ostream.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -343,7 +344,26 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   }
   progress.clear();
   print_summary(log, all);
+  const uint64_t digest = weights_digest();
+  if (logging_rank()) {
+    fmt::print(log, "[train] weights digest {:016x} (of the final master weights; the same for "
+                    "bitwise equal models in any layout)\n", digest);
+  }
   return all;
+}
+
+template <typename T>
+uint64_t BasicTrainer<T>::weights_digest() const {
+  const ParamRegistry& p = model_->params();
+  // Dense parameters are whole on every rank; expert parameters are split over the EP group
+  // (and replicated over expert-data-parallel ranks, which hold the same slices).
+  uint64_t experts = p.digest(ParamKind::Expert);
+  if (groups_ != nullptr && groups_->group(parallel::GroupKind::Ep).size() > 1) {
+    std::vector<int64_t> sum{std::bit_cast<int64_t>(experts)};
+    groups_->group(parallel::GroupKind::Ep).communicator().all_reduce(sum);
+    experts = std::bit_cast<uint64_t>(sum[0]);
+  }
+  return p.digest(ParamKind::Dense) + experts;
 }
 
 template <typename T>

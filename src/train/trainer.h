@@ -63,6 +63,10 @@ class BasicTrainer {
   StepMetrics train_step();
 
   double entropy_floor() const { return data_->entropy_floor(); }
+  // Digest of the whole model's master weights (ParamRegistry::digest of every parameter, the
+  // expert-parallel slices summed over the EP group): a function of the global values alone,
+  // whatever the layout. Collective: every rank calls it.
+  uint64_t weights_digest() const;
   double peak_gflops() const { return peak_gflops_; }
   model::GPTModel<T>& model() { return *model_; }
   const parallel::GradBuckets& grad_buckets() const { return *buckets_; }

@@ -2,8 +2,10 @@
 // layout-independent parameter initialization.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "common/testing.h"
 #include "core/arena.h"
@@ -207,6 +209,46 @@ TEST(ParamRegistry, InitIsLayoutIndependent) {
       EXPECT_EQ(li, one.get("w").local_numel());
     }
   }
+}
+
+// The digest of a sliced parameter's parts adds up to the whole one's, for every sliced
+// dimension; any changed bit, a swap of two values or another name changes it.
+TEST(ParamRegistry, DigestIsLayoutIndependentAndSensitive) {
+  const std::vector<int64_t> shape = {6, 4, 8};  // even: two halves cover each dim
+  auto make = [&](ParamRegistry& r, Arena& arena, const std::string& name, ParamSlice slice) {
+    r.add(ParamSpec{name, shape, ParamInit::Normal, 0.02, ParamKind::Expert, true, slice});
+    arena.plan([&](Arena& a) { r.allocate(a); });
+    r.init(42);
+  };
+  ParamRegistry full(DType::F32);
+  Arena full_arena;
+  make(full, full_arena, "w", {});
+  const uint64_t whole = full.digest(ParamKind::Expert);
+  EXPECT_EQ(full.digest(ParamKind::Dense), 0u);  // no dense parameters
+  for (int dim = 0; dim < 3; ++dim) {
+    const int64_t len = shape[dim] / 2;
+    uint64_t sum = 0;
+    for (int64_t p = 0; p < 2; ++p) {
+      ParamRegistry part(DType::F32);
+      Arena arena;
+      make(part, arena, "w", ParamSlice{dim, p * len, len});
+      sum += part.digest(ParamKind::Expert);
+    }
+    EXPECT_EQ(sum, whole) << "dim " << dim;
+  }
+  float* v = full.get("w").data_as<float>();
+  v[7] = std::nextafter(v[7], 1.0f);
+  EXPECT_NE(full.digest(ParamKind::Expert), whole) << "one ulp";
+  v[7] = std::nextafter(v[7], -1.0f);
+  EXPECT_EQ(full.digest(ParamKind::Expert), whole);
+  std::swap(v[3], v[11]);
+  EXPECT_NE(full.digest(ParamKind::Expert), whole) << "swapped values";
+  ParamRegistry renamed(DType::F32);
+  Arena renamed_arena;
+  make(renamed, renamed_arena, "w2", {});
+  std::copy(v, v + full.get("w").local_numel(), renamed.get("w2").data_as<float>());
+  std::swap(renamed.get("w2").data_as<float>()[3], renamed.get("w2").data_as<float>()[11]);
+  EXPECT_NE(renamed.digest(ParamKind::Expert), whole) << "another name";
 }
 
 TEST(ParamRegistry, FlatBuffersPerKindAndErrors) {
