@@ -67,6 +67,7 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
                           "attn.workspace", MemKind::Workspace);
   bf16_ = std::is_same_v<T, float> && qkv_->has_bf16_copy();
+  x_rounded_ = false;  // until the block says otherwise
   if (bf16_) {
     const int64_t C = (Hq_ + 2 * Hkv_) * D_;
     if (qkv_->has_data16) {  // the widen path rounds straight into ws32
@@ -106,21 +107,23 @@ static void split_qkv(T* fused, T* q, T* k, T* v, int64_t n_tok, int64_t Hq, int
 // The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.
 template <typename T>
 void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
-                                      int64_t K) {
+                                      int64_t K, bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
-    if (bf16_) return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_,
-                                          w.data16w);
+    if (bf16_) {
+      return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_, w.data16w,
+                                      x_rounded);
+    }
   }
   ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
 }
 
 template <typename T>
 void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M,
-                                       int64_t N, int64_t K) {
+                                       int64_t N, int64_t K, bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
       return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_,
-                                       ws32_, w.data16w);
+                                       ws32_, w.data16w, x_rounded);
     }
   }
   ops::linear_backward(dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);
@@ -131,7 +134,7 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_);
+  linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_, x_rounded_);
   if (qkv_bias_ != nullptr) {
     const T* b = qkv_bias_->data_as<T>();
 #pragma omp parallel for schedule(static)
@@ -189,7 +192,7 @@ void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
       db[c] += acc;
     }
   }
-  linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_);
+  linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_, x_rounded_);
 }
 
 template class SelfAttention<float>;

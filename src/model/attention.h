@@ -38,13 +38,20 @@ class SelfAttention {
   // With cfg.recompute's core_attn the attention core's out and lse are recomputed from q, k
   // and v at the start of the backward instead of kept (MemKind::Recomputed).
   void allocate(Arena& arena, int64_t S, int64_t B);
+  // --bf16 on the widened GEMM path: the QKV GEMMs read the weights' widened copies, so an input
+  // that already holds bf16 values (rmsnorm_forward_bf16w) needs no rounding pass; after
+  // allocate(), the block says so with input_rounded() when widened_bf16().
+  bool widened_bf16() const { return bf16_ && qkv_->has_data16w; }
+  void input_rounded() { x_rounded_ = widened_bf16(); }
   void forward(T* y_TH, const T* x_TH);
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
 
  private:
-  void linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N, int64_t K);
+  // x_rounded: x holds bf16 values already (the QKV input after input_rounded()).
+  void linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N, int64_t K,
+                      bool x_rounded = false);
   void linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M, int64_t N,
-                       int64_t K);
+                       int64_t K, bool x_rounded = false);
 
   int64_t H_, Hq_, Hkv_, D_;
   const ops::RopeCache& rope_;
@@ -65,6 +72,7 @@ class SelfAttention {
   T* dcore_ = nullptr;
   T* workspace_ = nullptr;
   bool bf16_ = false;      // --bf16: bf16 GEMM inputs, f32 accumulation
+  bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
   bf16* in16_ = nullptr;   // --bf16 on the native path: the GEMM inputs cast to bf16
   bf16* dy16_ = nullptr;
   float* ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands

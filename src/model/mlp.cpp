@@ -27,6 +27,7 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   const bool use16 =
       std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_bf16_copy();
   s.widened = use16 && fc1->has_data16w && fc2->has_data16w;
+  s.x_rounded = false;  // until the owner says otherwise
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
     s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
@@ -66,9 +67,12 @@ namespace {
 template <typename T>
 void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) {  // x rounded straight into f32, one pass
-      float* x32 = s.ws32;
-      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+    if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
+      const float* x32 = s.x_NH;
+      if (!s.x_rounded) {
+        ops::round_f32_to_bf16(s.ws32, s.x_NH, s.N * sh.H);
+        x32 = s.ws32;
+      }
       return ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, x32, s.fc1_16w, true, s.h_N2F);
     }
     if (s.fc1_16 != nullptr) {
@@ -129,9 +133,13 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
       ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
       ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
       ops::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
-      ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+      const float* x_in = s.x_NH;
+      if (!s.x_rounded) {
+        ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+        x_in = x32;
+      }
       ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16w, false, dx_NH);
-      ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, x32, dfc1);
+      ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, x_in, dfc1);
       return;
     }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation

@@ -35,6 +35,9 @@ struct SwigluMlpSaved {
   // Widened bf16 (the weights' data16w exist): a_NF holds the activation's bf16 values in f32
   // (a16_NF stays null) and the GEMMs are f32 GEMMs on bf16 values.
   bool widened = false;
+  // Widened: x_NH arrives as bf16 values (its producer rounded it), so neither fc1 GEMM rounds
+  // it again. Set by the owner after allocation; the forward's recomputation must then hold too.
+  bool x_rounded = false;
   bf16* ws_a16 = nullptr;
   bf16* ws_b16 = nullptr;
   float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)
@@ -77,6 +80,9 @@ class MLP {
       const std::string& prefix);
   // recompute: keep only the input; the backward recomputes fc1 and the activation.
   void allocate(Arena& arena, int64_t max_tokens, bool recompute = false);
+  // As SelfAttention's: after allocate(), an input of bf16 values skips the rounding passes.
+  bool widened_bf16() const { return saved_.widened; }
+  void input_rounded() { saved_.x_rounded = saved_.widened; }
   void forward(T* y_TH, const T* x_TH, int64_t n_tok);
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
 

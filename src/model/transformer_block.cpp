@@ -1,5 +1,7 @@
 #include "model/transformer_block.h"
 
+#include <type_traits>
+
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -42,6 +44,12 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   attn_.allocate(a, S, B);
   if (moe_) moe_->allocate(a, n_tok_);
   else mlp_->allocate(a, n_tok_, recompute_mlp_);
+  // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
+  // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
+  round_n1_ = attn_.widened_bf16();
+  if (round_n1_) attn_.input_rounded();
+  round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
+  if (round_n2_) mlp_->input_rounded();
   {
     Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
     n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
@@ -56,13 +64,21 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
 }
 
 template <typename T>
+void TransformerBlock<T>::norm(T* y, T* rstd, const T* x, const Param& w, bool round) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (round) return ops::rmsnorm_forward_bf16w(y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
+  }
+  ops::rmsnorm_forward(y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
+}
+
+template <typename T>
 void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
   const int64_t n = n_tok_ * H_;
   x_TH_ = x_TH;
-  ops::rmsnorm_forward(n1_, rstd1_, x_TH, norm1_->data_as<T>(), n_tok_, H_, eps_);
+  norm(n1_, rstd1_, x_TH, *norm1_, round_n1_);
   attn_.forward(branch_, n1_);
   for (int64_t i = 0; i < n; ++i) x1_[i] = x_TH[i] + branch_[i];
-  ops::rmsnorm_forward(n2_, rstd2_, x1_, norm2_->data_as<T>(), n_tok_, H_, eps_);
+  norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
   if (moe_) moe_->forward(branch_, n2_, n_tok_, recompute);
   else mlp_->forward(branch_, n2_, n_tok_);
   for (int64_t i = 0; i < n; ++i) y_TH[i] = x1_[i] + branch_[i];
@@ -73,7 +89,7 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
   const int64_t n = n_tok_ * H_;
   // "layernorm" recomputation: the FFN reads its input n2 in its backward.
   if (recompute_norms_) {
-    ops::rmsnorm_forward(n2_, rstd2_, x1_, norm2_->data_as<T>(), n_tok_, H_, eps_);
+    norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
   }
   // FFN branch: dx1 = dy + norm2'(ffn'(dy)).
   if (moe_) moe_->backward(dn_, dy_TH, loss_grad_scale);
@@ -83,7 +99,7 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
   for (int64_t i = 0; i < n; ++i) dx1_[i] = dy_TH[i] + branch_[i];
   // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
   if (recompute_norms_) {
-    ops::rmsnorm_forward(n1_, rstd1_, x_TH_, norm1_->data_as<T>(), n_tok_, H_, eps_);
+    norm(n1_, rstd1_, x_TH_, *norm1_, round_n1_);
   }
   attn_.backward(dn_, dx1_);
   ops::rmsnorm_backward(branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(), rstd1_,

@@ -21,6 +21,9 @@ class GroupedExperts {
                  const std::string& prefix);
   // recompute: what the backward recomputes (moe_act: the activation; moe: fc1 too).
   void allocate(Arena& arena, int64_t max_rows, model::SwigluRecompute recompute = {});
+  // As model::MLP's: after allocate(), rows of bf16 values skip the rounding passes.
+  bool widened_bf16() const { return saved_.widened; }
+  void input_rounded() { saved_.x_rounded = saved_.widened; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
   void forward(T* y_NH, const T* x_NH, const T* p_N, const int64_t* rows_per_expert_L, int64_t N);
   // dx, dp assigned; weight grads accumulated.

@@ -1,6 +1,9 @@
 #include "moe/moe_layer.h"
 
+#include <type_traits>
+
 #include "core/profiler.h"
+#include "ops/cast.h"
 
 namespace moecore::moe {
 
@@ -36,6 +39,14 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dispatcher_->allocate(a, max_tokens);
   const int64_t rows = dispatcher_->max_rows(max_tokens);
   experts_.allocate(a, rows, model::SwigluRecompute{recompute_.moe, recompute_.moe_act});
+  // Widened bf16: the input feeds the router in f32 and, as bf16 values, the experts' and the
+  // shared expert's fc1 GEMMs; it is rounded once into x16w_TH_, which the dispatch permutes
+  // (rounding commutes with it), instead of at each of those GEMMs.
+  round_rows_ = experts_.widened_bf16();
+  if (round_rows_) {
+    experts_.input_rounded();
+    x16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.x_bf16_values");
+  }
   x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
   p_N_ = a.alloc<T>(rows, "moe.p_rows");
   y_NH_ = a.alloc<T>(rows * H_, "moe.y_rows", MemKind::Workspace);
@@ -45,6 +56,7 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
   if (shared_) {
     shared_->allocate(a, max_tokens, recompute_.moe || recompute_.shared_experts);
+    if (round_rows_) shared_->input_rounded();
     shared_TH_ = a.alloc<T>(max_tokens * H_, "moe.shared_out", MemKind::Workspace);
   }
 }
@@ -62,7 +74,16 @@ void MoELayer<T>::route_and_dispatch(const T* x_TH, int64_t n_tok, bool recomput
   {
     ScopedPhase phase(Phase::Permute);
     plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
-    dispatcher_->dispatch(x_NH_, p_N_, x_TH, rs.probs_TK);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (round_rows_) {
+      ScopedPhase phase(Phase::Gemm);  // where the GEMMs' own rounding was counted
+      ops::round_f32_to_bf16(x16w_TH_, x_TH, n_tok * H_);
+    }
+  }
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->dispatch(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
   }
 }
 
@@ -75,7 +96,7 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute)
     dispatcher_->combine(y_TH, y_NH_);
   }
   if (shared_) {
-    shared_->forward(shared_TH_, x_TH, n_tok);
+    shared_->forward(shared_TH_, gemm_input(x_TH), n_tok);
     for (int64_t i = 0; i < n_tok * H_; ++i) y_TH[i] += shared_TH_[i];
   }
 }

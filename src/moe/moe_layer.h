@@ -49,6 +49,7 @@ class MoELayer {
   int64_t H_, K_;
   int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
   bool pad_to_capacity_;
+  bool round_rows_ = false;  // widened bf16: the GEMMs read the input's bf16 values, x16w_TH_
   RecomputeModules recompute_;
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
@@ -58,6 +59,8 @@ class MoELayer {
   int64_t n_tok_ = 0;
   const T* x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
   // Expert-side rows and their gradients.
+  T* x16w_TH_ = nullptr;
+  const T* gemm_input(const T* x_TH) const { return round_rows_ ? x16w_TH_ : x_TH; }
   T* x_NH_ = nullptr;
   T* p_N_ = nullptr;
   T* y_NH_ = nullptr;

@@ -47,14 +47,17 @@ void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
                    int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // The bf16 "linear": y[M,N] = bf16(x)[M,K] * w^T, w [N,K] bf16; x16 is workspace of M*K.
-// (Widen rounds x straight into ws32; x16 is then unused.)
+// (Widen rounds x straight into ws32; x16 is then unused.) x_rounded: x already holds bf16
+// values (its producer rounded it, e.g. rmsnorm_forward_bf16w), so the widen path reads it as
+// it is instead of rounding it again; the results are the same.
 void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                         int64_t K, bf16* x16, float* ws32, const float* w32 = nullptr);
+                         int64_t K, bf16* x16, float* ws32, const float* w32 = nullptr,
+                         bool x_rounded = false);
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
 // dy16 and x16 are workspace of M*N and M*K.
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
                           const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16,
-                          float* ws32, const float* w32 = nullptr);
+                          float* ws32, const float* w32 = nullptr, bool x_rounded = false);
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
 int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 

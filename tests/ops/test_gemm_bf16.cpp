@@ -137,6 +137,20 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   EXPECT_EQ(dx_w, dx);
   EXPECT_EQ(dw_w, dw);
   EXPECT_EQ(yg_w, yg);
+  // x given already rounded to bf16 values (x_rounded), with and without widened weights: the
+  // same results, bitwise (x itself is read, never written).
+  for (const float* wide : {static_cast<const float*>(nullptr), static_cast<const float*>(w32.data())}) {
+    const std::vector<float> xr_in = rounded(x);
+    std::vector<float> y_r(M * N), dx_r(M * K), dw_r(N * K, 0.f);
+    linear_forward_bf16(y_r.data(), xr_in.data(), w16.data(), M, N, K, x16.data(), lws.data(),
+                        wide, /*x_rounded=*/true);
+    linear_backward_bf16(dx_r.data(), dw_r.data(), dy.data(), xr_in.data(), w16.data(), M, N, K,
+                         dy16.data(), x16.data(), lws.data(), wide, /*x_rounded=*/true);
+    EXPECT_EQ(y_r, y);
+    EXPECT_EQ(dx_r, dx);
+    EXPECT_EQ(dw_r, dw);
+    EXPECT_EQ(xr_in, rounded(x));
+  }
   std::vector<float> c_w(M * N);
   auto cws = ws(gemm_bf16_workspace_elems(M, N, K));
   const auto xs16 = to_bf16(x);  // (the widen path's linear layers never write x16)

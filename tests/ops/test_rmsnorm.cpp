@@ -2,9 +2,11 @@
 // output, both backwards vs fp64 finite differences, and bitwise determinism across threads.
 #include <omp.h>
 
+#include <cstring>
 #include <vector>
 
 #include "common/testing.h"
+#include "ops/cast.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::testing {
@@ -48,6 +50,24 @@ void compare_fast_ref(double rtol, double atol) {
 
 TEST(RmsNorm, FastMatchesRefF32) { compare_fast_ref<float>(kF32Rtol, kF32Atol); }
 TEST(RmsNorm, FastMatchesRefF64) { compare_fast_ref<double>(kF64Rtol, kF64Atol); }
+
+// The bf16-valued output (--bf16, widened GEMM path) is the f32 output rounded, bitwise, with
+// the same rstd (serial and parallel shapes).
+TEST(RmsNorm, Bf16wOutputIsTheRoundedF32Output) {
+  for (auto [T_, H] : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T_ << " H=" << H);
+    auto x = random_vec<float>(T_ * H, 21, -2, 2);
+    auto w = random_vec<float>(H, 22, 0.5, 1.5);
+    Guarded<float> y(T_ * H), rstd(T_), y16(T_ * H), rstd16(T_);
+    rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    ops::rmsnorm_forward_bf16w(y16.data(), rstd16.data(), x.data(), w.data(), T_, H, kEps);
+    std::vector<float> rounded(T_ * H);
+    ops::round_f32_to_bf16_ref(rounded.data(), y.data(), T_ * H);
+    EXPECT_EQ(0, std::memcmp(y16.data(), rounded.data(), rounded.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(rstd16.data(), rstd.data(), T_ * sizeof(float)));
+    for (auto* g : {&y, &rstd, &y16, &rstd16}) EXPECT_TRUE(g->intact());
+  }
+}
 
 TEST(RmsNorm, UnitWeightRowsHaveUnitRms) {
   const int64_t T = 5, H = 33;

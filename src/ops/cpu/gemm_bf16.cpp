@@ -248,12 +248,15 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 // no bf16 copy); the bf16 weight is widened. Layout of ws32: forward [x | w]; backward
 // [dy | w], then [dy | x] (w is dead once dx is done).
 void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                         int64_t K, bf16* x16, float* ws32, const float* w32) {
+                         int64_t K, bf16* x16, float* ws32, const float* w32, bool x_rounded) {
   if (bf16_gemm_path() == Bf16GemmPath::Widen && M > 0 && N > 0 && K > 0) {
-    check_ws(ws32, "linear_forward_bf16");
     ScopedPhase phase(Phase::Gemm);
-    float* x32 = ws32;
-    round_f32_to_bf16(x32, x_MK, M * K);
+    if (!x_rounded || w32 == nullptr) check_ws(ws32, "linear_forward_bf16");
+    const float* x32 = x_MK;
+    if (!x_rounded) {
+      round_f32_to_bf16(ws32, x_MK, M * K);
+      x32 = ws32;
+    }
     if (w32 == nullptr) {
       float* wide = ws32 + M * K;
       cast_bf16_to_f32(wide, w_NK, N * K);
@@ -267,7 +270,7 @@ void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64
 
 void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const float* x_MK,
                           const bf16* w_NK, int64_t M, int64_t N, int64_t K, bf16* dy16, bf16* x16,
-                          float* ws32, const float* w32) {
+                          float* ws32, const float* w32, bool x_rounded) {
   if (bf16_gemm_path() == Bf16GemmPath::Widen && M > 0 && N > 0 && K > 0) {
     check_ws(ws32, "linear_backward_bf16");
     ScopedPhase phase(Phase::Gemm);
@@ -281,8 +284,12 @@ void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const 
       }
       gemm<float>(false, false, M, K, N, 1.f, dy32, N, w32, K, 0.f, dx_MK, K);
     }
-    round_f32_to_bf16(rest, x_MK, M * K);
-    return gemm<float>(true, false, N, K, M, 1.f, dy32, N, rest, K, 1.f, dw_NK, K);
+    const float* x32 = x_MK;
+    if (!x_rounded) {
+      round_f32_to_bf16(rest, x_MK, M * K);
+      x32 = rest;
+    }
+    return gemm<float>(true, false, N, K, M, 1.f, dy32, N, x32, K, 1.f, dw_NK, K);
   }
   cast_f32_to_bf16(dy16, dy_MN, M * N);
   if (dx_MK != nullptr) gemm_bf16(false, false, M, K, N, dy16, N, w_NK, K, 0.f, dx_MK, K, ws32);

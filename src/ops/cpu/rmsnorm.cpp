@@ -2,8 +2,10 @@
 // dw is reduced without atomics or per-thread buffers: threads own column blocks of dw and visit
 // tokens in order, so the result is bitwise reproducible for any thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
+#include "ops/cast.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::ops {
@@ -15,9 +17,11 @@ constexpr int64_t kParallelMin = int64_t(1) << 14;
 constexpr int64_t kColBlock = 64;
 }  // namespace
 
-template <typename T>
-void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok, int64_t H,
-                     double eps) {
+namespace {
+// kRound: y rounded to bf16 values (f32 only), in the same pass.
+template <typename T, bool kRound>
+void rmsnorm_forward_loop(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
+                          int64_t H, double eps) {
 #pragma omp parallel for schedule(static) if (n_tok * H >= kParallelMin)
   for (int64_t t = 0; t < n_tok; ++t) {
     const T* x = x_TH + t * H;
@@ -27,9 +31,28 @@ void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_
     for (int64_t h = 0; h < H; ++h) ss += x[h] * x[h];
     T rstd = T(1) / std::sqrt(ss / T(H) + T(eps));
     rstd_T[t] = rstd;
+    if constexpr (kRound) {
 #pragma omp simd
-    for (int64_t h = 0; h < H; ++h) y[h] = x[h] * rstd * w_H[h];
+      for (int64_t h = 0; h < H; ++h) {
+        y[h] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits(x[h] * rstd * w_H[h])} << 16);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) y[h] = x[h] * rstd * w_H[h];
+    }
   }
+}
+}  // namespace
+
+template <typename T>
+void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok, int64_t H,
+                     double eps) {
+  rmsnorm_forward_loop<T, false>(y_TH, rstd_T, x_TH, w_H, n_tok, H, eps);
+}
+
+void rmsnorm_forward_bf16w(float* y_TH, float* rstd_T, const float* x_TH, const float* w_H,
+                           int64_t n_tok, int64_t H, double eps) {
+  rmsnorm_forward_loop<float, true>(y_TH, rstd_T, x_TH, w_H, n_tok, H, eps);
 }
 
 template <typename T>
