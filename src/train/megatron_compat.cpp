@@ -99,6 +99,7 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--attention-dropout", Y, "0", "dropout", ""},
       {"--hidden-dropout", Y, "0", "dropout", ""},
       {"--rotary-percent", Y, "1", "partial rotary embeddings", ""},
+      {"--rotary-seq-len-interpolation-factor", Y, "|1", "RoPE sequence-length interpolation", ""},
       {"--tensor-model-parallel-size", Y, "1", "tensor parallelism", ""},
       {"--pipeline-model-parallel-size", Y, "1", "pipeline parallelism", ""},
       {"--context-parallel-size", Y, "1", "context parallelism", ""},

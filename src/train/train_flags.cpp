@@ -195,6 +195,26 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group("Distributed");
 
   app.add_flag("--fp32", f.fp32, "fp32 training (the default; moecore's flag)");
+  // Switches show their state as their default (CLI11 captures none for flags).
+  const RouterConfig& rc = m.moe.router;
+  const std::vector<std::pair<const char*, const bool*>> switches = {
+      {"--group-query-attention", &f.group_query_attention},
+      {"--untie-embeddings-and-output-weights", &f.untie_embeddings},
+      {"--add-qkv-bias", &m.add_qkv_bias}, {"--qk-layernorm", &m.qk_layernorm},
+      {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
+      {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
+      {"--moe-layer-recompute", &f.moe_layer_recompute},
+      {"--checkpoint-activations", &f.checkpoint_activations},
+      {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
+      {"--moe-router-pre-softmax", &rc.pre_softmax},
+      {"--moe-router-enable-expert-bias", &rc.enable_expert_bias},
+      {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
+      {"--moe-aux-loss-megatron-map", &rc.megatron_aux_map},
+      {"--sequence-parallel", &f.parallel.sequence_parallel},
+      {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping}};
+  for (const auto& [name, value] : switches) {
+    app.get_option(name)->default_str(*value ? "true" : "false");
+  }
   // --help groups the flags as arguments.py does; Megatron's defaults are shown.
   for (CLI::Option* o : app.get_options()) {
     const MegatronFlag* mf = megatron_arguments().find("--" + o->get_lnames().front());
@@ -203,7 +223,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       continue;
     }
     o->group(mf->group);
-    if (!mf->default_value.is_null()) o->capture_default_str();
+    if (!mf->default_value.is_null() && o->get_items_expected_max() > 0 &&
+        o->get_default_str().empty()) {
+      o->capture_default_str();
+    }
   }
 }
 
@@ -282,7 +305,7 @@ void finalize_train_flags(TrainFlags& f) {
   t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
   if (t.lr.decay_steps == 0) t.lr.decay_steps = t.train_iters;
   if (!is_none(f.lr_warmup_fraction)) {
-    MOE_CHECK(!f.lr_warmup_iters_given && t.lr.warmup_steps == 0,
+    MOE_CHECK(t.lr.warmup_steps == 0,
               "[flags] can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
     MOE_CHECK(f.lr_warmup_fraction >= 0 && f.lr_warmup_fraction < 1,
               "[flags] --lr-warmup-fraction={} must be in [0, 1)", f.lr_warmup_fraction);
@@ -356,7 +379,6 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   std::vector<std::string> cli_args = given.args_for([](const GivenFlag& g) {
     return g.megatron == nullptr || train_binds(*g.megatron);
   });
-  f.lr_warmup_iters_given = given.find_dest("lr_warmup_iters") != nullptr;
   std::reverse(cli_args.begin(), cli_args.end());  // CLI11 takes the arguments reversed
   app.parse(cli_args);
   std::vector<std::string> notices = std::move(f.notices);

@@ -48,7 +48,6 @@ struct TrainFlags {
   std::string lr_decay_style = "linear";
   std::string lr_wsd_decay_style = "exponential";
   double lr_warmup_fraction = NAN;          // None
-  bool lr_warmup_iters_given = false;       // set by parse_train_args
   double peak_tflops = 0;
   std::string config_file;                  // consumed before parsing (expand_config_files)
   std::vector<std::string> notices;         // one line per flag accepted without effect
