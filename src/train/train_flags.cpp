@@ -56,7 +56,9 @@ int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by) {
 void add_train_flags(CLI::App& app, TrainFlags& f) {
   ModelConfig& m = f.model;
   TrainConfig& t = f.train;
-  // parse_train_args leaves one occurrence per dest (argparse: the last one wins).
+  // parse_train_args leaves one occurrence per dest (argparse: the last one wins); a caller
+  // parsing with CLI11 directly gets the same for a repeated flag.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--config", f.config_file,
                  "TOML file of flags (keys = flag names); the command line overrides it");
 
