@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include "core/check.h"
@@ -9,126 +11,249 @@
 namespace moecore::train {
 
 namespace {
-constexpr CompatKind I = CompatKind::Ignored;
-constexpr CompatKind V = CompatKind::OnlyValue;
-constexpr CompatKind R = CompatKind::Rejected;
+
+constexpr FlagClass N = FlagClass::NoEffect;
+constexpr FlagClass Y = FlagClass::NotYet;
+constexpr const char* kFusion = "kernel fusion choice: moecore has its own kernels";
+constexpr const char* kLogs = "logging back-end: use --metrics-file (JSON lines)";
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);) out.push_back(item);
+  if (!s.empty() && s.back() == sep) out.emplace_back();
+  if (s.empty()) out.emplace_back();
+  return out;
+}
+
+bool same_value(const MegatronFlag& f, const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  if (f.type != ArgType::Int && f.type != ArgType::Float) return false;
+  // Lists compare element by element, numbers by value ("1" == "1.0").
+  std::vector<std::string> x = split(a, ' '), y = split(b, ' ');
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i) {
+    char *ex = nullptr, *ey = nullptr;
+    const double vx = std::strtod(x[i].c_str(), &ex), vy = std::strtod(y[i].c_str(), &ey);
+    if (*ex != '\0' || *ey != '\0' || x[i].empty() || vx != vy) return false;
+  }
+  return true;
+}
+
+std::string issue_text(const FlagRule* r) {
+  if (r == nullptr || r->issue[0] == '\0') return "not implemented yet";
+  return fmt::format("not implemented yet (issue {})", r->issue);
+}
+
 }  // namespace
 
-const std::vector<CompatFlag>& megatron_compat_flags() {
-  static const std::vector<CompatFlag> kFlags = {
-      // Kernel fusions and implementation choices: same math.
-      {"--use-mcore-models", false, I, "", "moecore has one model implementation"},
-      {"--transformer-impl", true, I, "", "moecore has its own kernels"},
-      {"--attention-backend", true, I, "", "moecore has its own attention kernel"},
-      {"--use-flash-attn", false, I, "", "the attention kernel is always memory-frugal"},
-      {"--no-masked-softmax-fusion", false, I, "", "kernel fusion choice"},
-      {"--no-bias-gelu-fusion", false, I, "", "kernel fusion choice"},
-      {"--no-bias-swiglu-fusion", false, I, "", "kernel fusion choice"},
-      {"--no-bias-dropout-fusion", false, I, "", "kernel fusion choice"},
-      {"--no-rope-fusion", false, I, "", "kernel fusion choice"},
-      {"--no-persist-layer-norm", false, I, "", "kernel fusion choice"},
-      {"--no-gradient-accumulation-fusion", false, I, "", "kernel fusion choice"},
-      {"--moe-permute-fusion", false, I, "", "kernel fusion choice"},
-      {"--cross-entropy-loss-fusion", false, I, "", "the head and cross entropy are always fused"},
-      {"--cross-entropy-fusion-impl", true, I, "", "kernel fusion choice"},
-      {"--no-async-tensor-model-parallel-allreduce", false, I, "", "communication scheduling"},
-      {"--overlap-param-gather", false, I, "",
-       "no distributed optimizer yet: parameters are never gathered"},
-      {"--moe-shared-expert-overlap", false, I, "", "communication scheduling (one rank)"},
-      {"--use-cpu-initialization", false, I, "", "initialization is layout-independent anyway"},
-      {"--no-create-attention-mask-in-dataloader", false, I, "", "masks are implicit (causal)"},
-      {"--distributed-backend", true, I, "", "Open MPI on CPUs"},
-      {"--dataloader-type", true, I, "", "samples are indexed deterministically"},
-      {"--num-workers", true, I, "", "data is generated or read in-process"},
-      {"--manual-gc", false, I, "", "no garbage collector"},
-      {"--manual-gc-interval", true, I, "", "no garbage collector"},
-      {"--no-check-for-nan-in-loss-and-grad", false, I, "", "a non-finite grad norm always stops"},
-      {"--eval-iters", true, I, "", "evaluation is not implemented yet; training is unchanged"},
-      {"--eval-interval", true, I, "", "evaluation is not implemented yet; training is unchanged"},
-      {"--tensorboard-dir", true, I, "", "use --metrics-file (JSON lines)"},
-      {"--wandb-project", true, I, "", "use --metrics-file (JSON lines)"},
-      {"--wandb-exp-name", true, I, "", "use --metrics-file (JSON lines)"},
-      {"--log-throughput", false, I, "", "throughput is always logged"},
-      {"--log-timers-to-tensorboard", false, I, "", "use --metrics-file"},
-      {"--log-memory-to-tensorboard", false, I, "", "peak memory is always logged"},
-      {"--log-params-norm", false, I, "", "not logged yet"},
-      {"--log-num-zeros-in-grad", false, I, "", "not logged yet"},
-      {"--timing-log-level", true, I, "", "one timing level"},
-      {"--moe-grouped-gemm", false, I, "", "experts always run as one grouped GEMM"},
-      // Flags whose only implemented value is moecore's.
-      {"--normalization", true, V, "RMSNorm", "only RMSNorm is implemented"},
-      {"--position-embedding-type", true, V, "rope", "only RoPE is implemented"},
-      {"--rotary-percent", true, V, "1.0,1", "partial rotary embeddings are not implemented"},
-      {"--optimizer", true, V, "adam", "only AdamW is implemented"},
-      {"--tokenizer-type", true, V, "ByteLevel", "only the byte-level tokenizer is implemented"},
-      {"--attention-dropout", true, V, "0,0.0", "dropout is not implemented (moecore trains without)"},
-      {"--hidden-dropout", true, V, "0,0.0", "dropout is not implemented (moecore trains without)"},
-      // Flags that would change the model or the training math.
-      {"--fp16", false, R, "", "fp16 with loss scaling is not implemented: train in fp32"},
-      {"--fp8-format", true, R, "", "fp8 is not implemented"},
-      {"--loss-scale", true, R, "", "loss scaling is for fp16, which is not implemented"},
-      {"--initial-loss-scale", true, R, "", "loss scaling is for fp16, which is not implemented"},
-      {"--use-distributed-optimizer", false, R, "", "the distributed optimizer is not implemented yet"},
-      {"--save", true, R, "", "checkpointing is not implemented yet: nothing would be saved"},
-      {"--load", true, R, "", "checkpointing is not implemented yet"},
-      {"--save-interval", true, R, "", "checkpointing is not implemented yet"},
-      {"--split", true, R, "", "train/valid/test splits are not implemented: all data trains"},
-      {"--vocab-file", true, R, "", "BPE tokenizers are not implemented: use ByteLevel"},
-      {"--merge-file", true, R, "", "BPE tokenizers are not implemented: use ByteLevel"},
-      {"--tokenizer-model", true, R, "", "model-file tokenizers are not implemented: use ByteLevel"},
-      {"--train-samples", true, R, "", "give --train-iters instead"},
-      {"--exit-interval", true, R, "", "early exit is not implemented: set --train-iters"},
-      {"--exit-duration-in-mins", true, R, "", "early exit is not implemented"},
-      {"--apply-layernorm-1p", false, R, "", "zero-centred norm weights are not implemented"},
-      {"--rotary-seq-len-interpolation-factor", true, R, "", "RoPE interpolation is not implemented"},
-      {"--moe-shared-expert-gate", false, R, "", "the shared-expert gate is not implemented yet"},
-      {"--moe-use-upcycling", false, R, "", "upcycling is not implemented yet"},
-      {"--mtp-num-layers", true, R, "", "multi-token prediction is not implemented yet"},
-      {"--num-layers-per-virtual-pipeline-stage", true, R, "", "pipeline parallelism is not implemented yet"},
-      {"--start-weight-decay", true, R, "", "weight-decay schedules are not implemented"},
-      {"--end-weight-decay", true, R, "", "weight-decay schedules are not implemented"},
-      {"--weight-decay-incr-style", true, V, "constant", "weight-decay schedules are not implemented"},
+const std::vector<FlagRule>& megatron_flag_rules() {
+  static const std::vector<FlagRule> kRules = {
+      // Implementation details: the same math whatever they say.
+      {"--use-mcore-models", N, "", "moecore has one model implementation", ""},
+      {"--transformer-impl", N, "", "moecore has its own kernels", ""},
+      {"--attention-backend", N, "", "moecore has its own attention kernel", ""},
+      {"--use-flash-attn", N, "", "the attention kernel is always memory-frugal", ""},
+      {"--no-masked-softmax-fusion", N, "", kFusion, ""},
+      {"--no-bias-gelu-fusion", N, "", kFusion, ""},
+      {"--no-bias-swiglu-fusion", N, "", kFusion, ""},
+      {"--no-bias-dropout-fusion", N, "", kFusion, ""},
+      {"--no-rope-fusion", N, "", kFusion, ""},
+      {"--no-persist-layer-norm", N, "", kFusion, ""},
+      {"--no-gradient-accumulation-fusion", N, "", kFusion, ""},
+      {"--moe-permute-fusion", N, "", kFusion, ""},
+      {"--moe-router-fusion", N, "", kFusion, ""},
+      {"--cross-entropy-loss-fusion", N, "", "the output head and cross entropy are always fused", ""},
+      {"--cross-entropy-fusion-impl", N, "", kFusion, ""},
+      {"--moe-grouped-gemm", N, "", "experts always run as one grouped GEMM", ""},
+      {"--overlap-param-gather", N, "", "no distributed optimizer yet: parameters are never gathered", ""},
+      {"--moe-shared-expert-overlap", N, "", "communication scheduling: the same result", ""},
+      {"--use-cpu-initialization", N, "", "initialization is layout-independent anyway", ""},
+      {"--no-create-attention-mask-in-dataloader", N, "", "masks are implicit (causal)", ""},
+      {"--no-position-embedding", N, "",
+       "no learned position embedding with --position-embedding-type rope anyway", ""},
+      {"--distributed-backend", N, "", "Open MPI on CPUs", ""},
+      {"--dataloader-type", N, "", "samples are indexed deterministically", ""},
+      {"--num-workers", N, "", "data is generated or read in-process", ""},
+      {"--manual-gc", N, "", "no garbage collector", ""},
+      {"--manual-gc-interval", N, "", "no garbage collector", ""},
+      {"--no-check-for-nan-in-loss-and-grad", N, "", "a non-finite grad norm always stops", ""},
+      {"--tensorboard-dir", N, "", kLogs, ""},
+      {"--wandb-project", N, "", kLogs, ""},
+      {"--wandb-exp-name", N, "", kLogs, ""},
+      {"--log-throughput", N, "", "throughput is always logged", ""},
+      {"--log-memory-to-tensorboard", N, "", "peak memory is always logged", ""},
+      {"--timing-log-level", N, "", "one timing level", ""},
+      {"group:logging", N, "", kLogs, ""},
+      {"group:one logger", N, "", kLogs, ""},
+      {"group:straggler", N, "", "straggler detection: monitoring only", ""},
+      {"group:workload inspector", N, "", "monitoring only", ""},
+      {"group:profiling", N, "", "profiling only", ""},
+      {"group:opentelemetry", N, "", "monitoring only", ""},
+      // What moecore implements only in part: the values it implements are accepted.
+      {"--normalization", Y, "RMSNorm", "LayerNorm", ""},
+      {"--position-embedding-type", Y, "rope", "position embeddings other than RoPE", ""},
+      {"--swiglu", Y, "true", "the GeLU MLP (Megatron's MLP without --swiglu)", ""},
+      {"--disable-bias-linear", Y, "false",
+       "biases in linear layers (Megatron has them without --disable-bias-linear)", ""},
+      {"--attention-dropout", Y, "0", "dropout", ""},
+      {"--hidden-dropout", Y, "0", "dropout", ""},
+      {"--rotary-percent", Y, "1", "partial rotary embeddings", ""},
+      {"--rotary-seq-len-interpolation-factor", Y, "|1", "RoPE sequence-length interpolation", ""},
+      {"--tensor-model-parallel-size", Y, "1", "tensor parallelism", ""},
+      {"--pipeline-model-parallel-size", Y, "1", "pipeline parallelism", ""},
+      {"--context-parallel-size", Y, "1", "context parallelism", ""},
+      {"--expert-tensor-parallel-size", Y, "|1", "expert tensor parallelism", ""},
+      {"--decoder-first-pipeline-num-layers", Y, "", "uneven pipeline stages", ""},
+      {"--decoder-last-pipeline-num-layers", Y, "", "uneven pipeline stages", ""},
+      {"--num-layers-per-virtual-pipeline-stage", Y, "", "pipeline parallelism", ""},
+      {"--use-distributed-optimizer", Y, "", "the distributed optimizer", ""},
+      {"--fp16", Y, "", "fp16 with loss scaling", ""},
+      {"--fp8-format", Y, "", "fp8", ""},
+      {"--multi-latent-attention", Y, "", "multi-latent attention (MLA)", ""},
+      {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
+      {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
+      {"--moe-use-upcycling", Y, "", "upcycling", ""},
+      {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
+      {"--tokenizer-type", Y, "|ByteLevel", "tokenizers other than the byte-level one", "14"},
+      {"--mock-data", Y, "", "Megatron's mock dataset: without --data-path moecore trains on "
+                             "its synthetic language", "14"},
+      {"group:checkpointing", Y, "", "checkpointing", "13"},
+      {"group:data and dataloader", Y, "", "Megatron's data pipeline", "14"},
+      {"group:tokenizer", Y, "", "Megatron's tokenizers", "14"},
+      {"group:validation", Y, "", "evaluation", "14"},
   };
-  return kFlags;
+  return kRules;
 }
 
-void MegatronCompat::add_to(CLI::App& app) {
-  for (const CompatFlag& f : megatron_compat_flags()) {
-    std::string name = f.name;
-    bool defined = false;
-    for (const CLI::Option* o : app.get_options()) defined |= o->check_lname(name.substr(2));
-    if (defined) continue;
-    std::string* value = &values_.emplace_back();
-    CLI::Option* opt = f.takes_value ? app.add_option(name, *value) : app.add_flag(name);
-    opt->group("");  // hidden from --help; docs/flags.md lists them
-    entries_.push_back(Entry{&f, opt, value});
-  }
+const std::vector<std::string>& moecore_extra_choices() {
+  static const std::vector<std::string> kExtra = {"--tokenizer-type=ByteLevel"};
+  return kExtra;
 }
 
-std::vector<std::string> MegatronCompat::check() const {
-  std::vector<std::string> notices;
-  for (const Entry& e : entries_) {
-    if (e.opt->count() == 0) continue;
-    const CompatFlag& f = *e.flag;
-    switch (f.kind) {
-      case CompatKind::Ignored:
-        notices.push_back(fmt::format("[flags] {} accepted and ignored: {}", f.name, f.why));
-        break;
-      case CompatKind::Rejected:
-        MOE_FAIL("[flags] {} is not supported: {}. Remove it from the command line or config",
-                 f.name, f.why);
-      case CompatKind::OnlyValue: {
-        std::stringstream allowed(f.allowed);
-        std::string item;
-        bool ok = false;
-        while (std::getline(allowed, item, ',')) ok |= item == *e.value;
-        MOE_CHECK(ok, "[flags] {} {} is not supported: {} (accepted: {})", f.name, *e.value, f.why,
-                  f.allowed);
-        break;
-      }
+const FlagRule* find_rule(const MegatronFlag& f) {
+  for (const FlagRule& r : megatron_flag_rules()) {
+    for (const std::string& n : f.names) {
+      if (n == r.name) return &r;
     }
   }
+  return nullptr;
+}
+
+static const FlagRule* find_group_rule(const MegatronFlag& f) {
+  for (const FlagRule& r : megatron_flag_rules()) {
+    if (std::string(r.name) == "group:" + f.group) return &r;
+  }
+  return nullptr;
+}
+
+static const FlagRule* rule_for(const MegatronFlag& f, bool bound) {
+  if (const FlagRule* r = find_rule(f)) return r;
+  if (bound) return nullptr;
+  return find_group_rule(f);
+}
+
+FlagClass flag_class(const MegatronFlag& f, bool bound) {
+  if (const FlagRule* r = rule_for(f, bound)) return r->cls;
+  return bound ? FlagClass::Implemented : FlagClass::NotYet;
+}
+
+std::vector<std::string> accepted_values(const MegatronFlag& f) {
+  const FlagRule* r = find_rule(f);
+  if (r == nullptr || r->accepted[0] == '\0') return {default_text(f)};
+  std::vector<std::string> out = split(r->accepted, '|');
+  return out;
+}
+
+static std::string shown(const std::string& v) { return v.empty() ? "None" : v; }
+
+std::vector<std::string> check_megatron_flags(
+    const ParsedArgs& given, const std::function<bool(const MegatronFlag&)>& bound) {
+  std::vector<std::string> notices;
+  for (const MegatronFlag& f : megatron_arguments().flags) {
+    const bool is_bound = bound(f);
+    const FlagClass cls = flag_class(f, is_bound);
+    const GivenFlag* g = given.find_dest(f.dest);
+    // A store_true / store_false pair shares its dest: judge the flag that was given.
+    if (g != nullptr && g->megatron != &f) continue;
+    if (cls == FlagClass::NoEffect && g != nullptr) {
+      notices.push_back(fmt::format("[flags] {} accepted without effect: {}", g->name,
+                                    rule_for(f, is_bound)->why));
+    }
+    if (cls != FlagClass::NotYet) continue;
+    const FlagRule* r = rule_for(f, is_bound);
+    const std::string value = g != nullptr ? g->value_text() : default_text(f);
+    bool ok = false;
+    for (const std::string& a : accepted_values(f)) ok |= same_value(f, value, a);
+    if (ok) continue;
+    const std::string what = r != nullptr ? r->why : f.dest;
+    std::string fix;
+    const std::vector<std::string> acc = accepted_values(f);
+    if (f.action != ArgAction::Store) {
+      fix = g != nullptr ? fmt::format("remove {}", g->name) : fmt::format("add {}", f.name());
+    } else if (acc.size() == 1 && acc[0].empty()) {
+      fix = fmt::format("remove {}", f.name());
+    } else {
+      std::string list;
+      for (const std::string& a : acc) list += (list.empty() ? "" : " or ") + shown(a);
+      fix = fmt::format("moecore implements {} {}", f.name(), list);
+    }
+    if (g != nullptr) {
+      MOE_FAIL("[flags] {}{}{}: {} is {}; {}", g->name, g->values.empty() ? "" : " ",
+               g->value_text() == "true" || g->value_text() == "false" ? "" : g->value_text(),
+               what, issue_text(r), fix);
+    }
+    if (f.action != ArgAction::Store) {
+      MOE_FAIL("[flags] {} is absent: {} is {}; {}", f.name(), what, issue_text(r), fix);
+    }
+    MOE_FAIL("[flags] {} is absent, so Megatron's default {} applies: {} is {}; {}", f.name(),
+             shown(value), what, issue_text(r), fix);
+  }
   return notices;
+}
+
+std::string megatron_flags_markdown(const std::function<bool(const MegatronFlag&)>& bound,
+                                    const std::function<std::string(const MegatronFlag&)>& help) {
+  const MegatronArguments& t = megatron_arguments();
+  std::map<FlagClass, std::vector<const MegatronFlag*>> by_class;
+  for (const MegatronFlag& f : t.flags) by_class[flag_class(f, bound(f))].push_back(&f);
+  auto names = [](const MegatronFlag& f) {
+    std::string s;
+    for (const std::string& n : f.names) s += (s.empty() ? "" : ", ") + ("`" + n + "`");
+    return s;
+  };
+  auto cell = [](std::string s) {
+    for (char& c : s) c = c == '|' ? '/' : c;
+    return s;
+  };
+  std::string out = fmt::format(
+      "Generated from `src/train/megatron_arguments.json` ({} at commit `{}`) by `moecore "
+      "train --flags-markdown`; a test checks it is current. {} flags: {} implemented, {} "
+      "accepted without effect, {} not implemented yet.\n",
+      t.source, t.commit, t.flags.size(), by_class[FlagClass::Implemented].size(),
+      by_class[FlagClass::NoEffect].size(), by_class[FlagClass::NotYet].size());
+  out += "\n### Implemented\n\n| flag | Megatron group | default | meaning in moecore |\n"
+         "| --- | --- | --- | --- |\n";
+  for (const MegatronFlag* f : by_class[FlagClass::Implemented]) {
+    out += fmt::format("| {} | {} | {} | {} |\n", names(*f), f->group,
+                       cell(shown(default_text(*f))), cell(help(*f)));
+  }
+  out += "\n### Accepted without effect (a one-line notice says why)\n\n| flag | why |\n"
+         "| --- | --- |\n";
+  for (const MegatronFlag* f : by_class[FlagClass::NoEffect]) {
+    out += fmt::format("| {} | {} |\n", names(*f), cell(rule_for(*f, bound(*f))->why));
+  }
+  out += "\n### Not implemented yet (refused unless the value is one moecore implements)\n\n"
+         "| flag | Megatron group | accepted values | not implemented yet | issue |\n"
+         "| --- | --- | --- | --- | --- |\n";
+  for (const MegatronFlag* f : by_class[FlagClass::NotYet]) {
+    const FlagRule* r = rule_for(*f, bound(*f));
+    std::string acc;
+    for (const std::string& a : accepted_values(*f)) acc += (acc.empty() ? "" : ", ") + shown(a);
+    out += fmt::format("| {} | {} | {} | {} | {} |\n", names(*f), f->group, cell(acc),
+                       r != nullptr ? cell(r->why) : "", r != nullptr && r->issue[0] ? r->issue : "");
+  }
+  return out;
 }
 
 }  // namespace moecore::train

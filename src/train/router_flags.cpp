@@ -54,9 +54,10 @@ void add_router_flags(CLI::App& app, MoeConfig& moe, RouterFlags& f) {
       ->group(kMoe);
   app.add_option("--moe-aux-loss-coeff", f.aux_loss_coeff,
                  "Aux loss coefficient; one per --moe-router-load-balancing-type entry")
+      ->default_str("0.0")
       ->group(kMoe);
   app.add_option("--moe-z-loss-coeff", cfg.z_loss_coeff, "Z-loss coefficient")->group(kMoe);
-  app.add_option("--moe-router-dtype", f.router_dtype, "Router gate precision: fp32 | fp64")
+  app.add_option("--moe-router-dtype", f.router_dtype, "Router gate precision: fp32 | fp64 (None: fp32, also with --bf16)")
       ->check(CLI::IsMember({"fp32", "fp64"}))
       ->group(kMoe);
   app.add_option("--moe-input-jitter-eps", cfg.input_jitter_eps,

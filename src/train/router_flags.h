@@ -16,9 +16,9 @@ struct RouterFlags {
   std::string score_function = "softmax";
   std::vector<std::string> load_balancing = {"aux_loss"};  // one entry per type
   std::vector<double> aux_loss_coeff;  // empty: RouterConfig::aux_loss_coeff for one type
-  std::string router_dtype = "fp32";
+  std::string router_dtype;  // None (Megatron: the params dtype): fp32, as invariant 5 says
   std::string token_drop_policy = "probs";
-  std::string token_dispatcher_type = "alltoall";  // allgather | alltoall (flex: not yet)
+  std::string token_dispatcher_type = "allgather";  // Megatron's default; alltoall: same model
 };
 
 // The router flags fill cfg.router; --moe-token-dispatcher-type fills cfg.dispatcher_type.

@@ -15,18 +15,34 @@
 namespace moecore::train {
 
 Subcommand add_train_command(CLI::App& app) {
-  CLI::App* cli = app.add_subcommand("train", "Train a model (Megatron-LM flag names)");
-  auto flags = std::make_shared<TrainFlags>(default_train_flags());
-  add_train_flags(*cli, *flags);
-  return Subcommand{cli, [flags]() {
-                      finalize_train_flags(*flags);
-                      for (const std::string& n : flags->notices) std::cout << n << "\n";
-                      flags->train.live_progress = isatty(STDOUT_FILENO) != 0;
+  CLI::App* cli = app.add_subcommand("train", "Train a model (Megatron-LM's flags and defaults)");
+  // Every argument goes to parse_train_args, which has argparse's semantics (megatron_argv.h).
+  cli->prefix_command();
+  cli->set_help_flag();
+  cli->allow_extras();
+  return Subcommand{cli, [cli]() {
+                      std::vector<std::string> args = cli->remaining();
+                      if (args.size() == 1 && args[0] == "--flags-markdown") {
+                        std::cout << train_flags_markdown();
+                        return 0;
+                      }
+                      TrainFlags flags;
+                      try {
+                        flags = parse_train_args(args);
+                      } catch (const CLI::CallForHelp&) {
+                        std::cout << train_help();
+                        return 0;
+                      } catch (const CLI::ParseError& e) {
+                        std::cerr << "error: [flags] " << e.what() << "\n";
+                        return 2;
+                      }
+                      for (const std::string& n : flags.notices) std::cout << n << "\n";
+                      flags.train.live_progress = isatty(STDOUT_FILENO) != 0;
                       // MPI is up already (apps/moecore.cpp); this returns the same runtime.
                       const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
                       parallel::ProcessGroups groups = parallel::init_process_groups(
-                          flags->parallel, rt, model_dims(flags->model));
-                      Trainer trainer(flags->model, flags->train, &groups);
+                          flags.parallel, rt, model_dims(flags.model));
+                      Trainer trainer(flags.model, flags.train, &groups);
                       auto metrics = trainer.run(std::cout);
                       const double last = metrics.back().lm_loss, floor = trainer.entropy_floor();
                       if (std::isnan(floor)) {

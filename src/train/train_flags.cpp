@@ -1,38 +1,50 @@
 #include "train/train_flags.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+
 #include "core/check.h"
+#include "train/config_file.h"
+#include "train/megatron_argv.h"
 #include "train/trainer.h"
 
 namespace moecore::train {
 
-TrainFlags default_train_flags() {
-  TrainFlags f;
-  ModelConfig& m = f.model;
-  f.vocab_size = 256;
-  m.hidden = 64;
-  m.num_layers = 2;
-  m.num_heads = 4;
-  m.num_query_groups = 4;  // MHA unless --group-query-attention, as in Megatron
-  m.ffn_hidden = 256;
-  m.seq_length = 64;
+TrainFlags::TrainFlags() {
+  // ModelConfig and TrainConfig default to a small model for the tests that build them
+  // directly; the command line starts from Megatron's defaults (None: 0 or NaN here).
+  ModelConfig& m = model;
+  m.vocab_size = 0;
+  m.hidden = 0;
+  m.num_layers = 0;
+  m.num_heads = 0;
+  m.num_query_groups = 1;
+  m.kv_channels = 0;
+  m.ffn_hidden = 0;
+  m.seq_length = 0;
+  m.max_position_embeddings = 0;
+  m.rotary_base = 10000;
   m.norm_eps = 1e-5;
   m.init_std = 0.02;
-  m.num_experts = 8;
-  m.moe.ffn_hidden = 64;
+  m.num_experts = 0;
+  m.moe.ffn_hidden = 0;
   m.moe.shared_ffn_hidden = 0;
+  m.moe.router = RouterConfig{};
   m.moe.router.topk = 2;
-  m.moe.router.aux_loss_coeff = 0.01;
-  TrainConfig& t = f.train;
-  t.micro_batch = 8;
-  t.global_batch = 16;
-  t.train_iters = 300;
-  t.log_interval = 25;
-  t.lr.max_lr = 3e-3;
-  t.lr.min_lr = 3e-4;
-  t.lr.warmup_steps = 20;
-  t.adam.weight_decay = 0.01;
-  t.adam.beta2 = 0.95;
-  return f;
+  m.moe.router.aux_loss_coeff = 0.0;
+  TrainConfig& t = train;
+  t.micro_batch = 0;
+  t.global_batch = 0;  // None: micro-batch size x data-parallel size
+  t.train_iters = 0;
+  t.log_interval = 100;
+  t.seed = 1234;
+  t.lr = optim::LrSchedule{};
+  t.lr.max_lr = NAN;
+  t.lr.min_lr = 0;
+  t.lr.warmup_steps = 0;
+  t.adam = optim::AdamWConfig{};
 }
 
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by) {
@@ -44,7 +56,8 @@ int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by) {
 void add_train_flags(CLI::App& app, TrainFlags& f) {
   ModelConfig& m = f.model;
   TrainConfig& t = f.train;
-  // A flag given twice (config file, then command line) takes the last value.
+  // parse_train_args leaves one occurrence per dest (argparse: the last one wins); a caller
+  // parsing with CLI11 directly gets the same for a repeated flag.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--config", f.config_file,
                  "TOML file of flags (keys = flag names); the command line overrides it");
@@ -100,7 +113,6 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--train-iters", t.train_iters, "Iterations")->group(kTrain);
   app.add_option("--seed", t.seed, "Seed for init and data")->group(kTrain);
   app.add_option("--clip-grad", t.adam.clip_grad, "Global grad-norm clip (0: off)")->group(kTrain);
-  app.add_flag("--fp32", f.fp32, "fp32 training (the default)")->group(kTrain);
   app.add_flag("--bf16", f.bf16,
                "bf16 mixed precision: bf16 GEMM inputs, fp32 master weights, grads and state")
       ->group(kTrain);
@@ -109,7 +121,18 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::IsMember({"full", "selective"}))
       ->group(kTrain);
   app.add_flag("--recompute-activations", f.recompute_activations,
-               "Same as --recompute-granularity selective")
+               "Sets --recompute-granularity selective")
+      ->group(kTrain);
+  app.add_flag("--moe-layer-recompute", f.moe_layer_recompute,
+               "Deprecated: --recompute-granularity selective with the moe module")
+      ->group(kTrain);
+  app.add_flag("--checkpoint-activations", f.checkpoint_activations,
+               "Deprecated: use --recompute-activations")
+      ->group(kTrain);
+  app.add_option("--batch-size", f.batch_size, "Deprecated: use --micro-batch-size")
+      ->group(kTrain);
+  app.add_option("--model-parallel-size", f.model_parallel_size,
+                 "Deprecated: use --tensor-model-parallel-size")
       ->group(kTrain);
   app.add_option("--recompute-method", f.recompute_method,
                  "Full recomputation: uniform (chunks of --recompute-num-layers, chunk inputs "
@@ -127,9 +150,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   const char* kLr = "Learning rate";
   app.add_option("--lr", t.lr.max_lr, "Peak learning rate")->group(kLr);
   app.add_option("--min-lr", t.lr.min_lr, "Final learning rate")->group(kLr);
-  f.lr_warmup_iters_opt =
-      app.add_option("--lr-warmup-iters", t.lr.warmup_steps, "Linear warmup iterations")
-          ->group(kLr);
+  app.add_option("--lr-warmup-iters", t.lr.warmup_steps, "Linear warmup iterations")->group(kLr);
   app.add_option("--lr-warmup-fraction", f.lr_warmup_fraction,
                  "Warmup as a fraction of --lr-decay-iters")
       ->group(kLr);
@@ -155,7 +176,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
 
   const char* kData = "Data";
   app.add_option("--data-path", t.data.data_path,
-                 "A plain text file (byte-level); default: the synthetic language")
+                 "A plain text file (byte-level); absent: the synthetic language")
       ->group(kData);
 
   const char* kLog = "Logging";
@@ -175,20 +196,90 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "Elements per data-parallel gradient bucket (default: one bucket per layer)")
       ->group("Distributed");
 
-  f.compat.add_to(app);  // --tokenizer-type, --normalization, ... and the rejected ones
+  app.add_flag("--fp32", f.fp32, "fp32 training (the default; moecore's flag)");
+  // Switches show their state as their default (CLI11 captures none for flags).
+  const RouterConfig& rc = m.moe.router;
+  const std::vector<std::pair<const char*, const bool*>> switches = {
+      {"--group-query-attention", &f.group_query_attention},
+      {"--untie-embeddings-and-output-weights", &f.untie_embeddings},
+      {"--add-qkv-bias", &m.add_qkv_bias}, {"--qk-layernorm", &m.qk_layernorm},
+      {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
+      {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
+      {"--moe-layer-recompute", &f.moe_layer_recompute},
+      {"--checkpoint-activations", &f.checkpoint_activations},
+      {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
+      {"--moe-router-pre-softmax", &rc.pre_softmax},
+      {"--moe-router-enable-expert-bias", &rc.enable_expert_bias},
+      {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
+      {"--moe-aux-loss-megatron-map", &rc.megatron_aux_map},
+      {"--sequence-parallel", &f.parallel.sequence_parallel},
+      {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping}};
+  for (const auto& [name, value] : switches) {
+    app.get_option(name)->default_str(*value ? "true" : "false");
+  }
+  // --help groups the flags as arguments.py does; Megatron's defaults are shown.
+  for (CLI::Option* o : app.get_options()) {
+    const MegatronFlag* mf = megatron_arguments().find("--" + o->get_lnames().front());
+    if (mf == nullptr) {
+      if (o->get_group() != "") o->group("moecore");
+      continue;
+    }
+    o->group(mf->group);
+    if (!mf->default_value.is_null() && o->get_items_expected_max() > 0 &&
+        o->get_default_str().empty()) {
+      o->capture_default_str();
+    }
+  }
 }
 
 void finalize_train_flags(TrainFlags& f) {
-  f.notices = f.compat.check();
   ModelConfig& m = f.model;
   TrainConfig& t = f.train;
+  // Megatron's deprecated spellings stop as they do in Megatron.
+  MOE_CHECK(!f.checkpoint_activations,
+            "[flags] --checkpoint-activations is no longer valid, use --recompute-activations, "
+            "or, for more control, --recompute-granularity and --recompute-method");
+  MOE_CHECK(f.batch_size == 0,
+            "[flags] --batch-size argument is no longer valid, use --micro-batch-size instead");
+  MOE_CHECK(f.model_parallel_size == 0,
+            "[flags] --model-parallel-size is no longer valid, use --tensor-model-parallel-size "
+            "instead");
+  // Megatron's required arguments.
+  auto required = [](int64_t v, const char* flag) {
+    MOE_CHECK(v != 0, "[flags] {} is required (Megatron has no default for it): give {} N", flag,
+              flag);
+  };
+  required(m.num_layers, "--num-layers");
+  required(m.hidden, "--hidden-size");
+  required(m.num_heads, "--num-attention-heads");
+  required(m.max_position_embeddings, "--max-position-embeddings");
+  required(m.seq_length, "--seq-length");
+  required(t.micro_batch, "--micro-batch-size");
+  MOE_CHECK(t.train_iters != 0,
+            "[flags] --train-iters is required (sample-based training, --train-samples, is not "
+            "implemented yet): give --train-iters N");
+  MOE_CHECK(!is_none(t.lr.max_lr),
+            "[flags] --lr is required (Megatron has no default learning rate): give --lr VALUE");
+  MOE_CHECK(t.lr.min_lr <= t.lr.max_lr, "[flags] --min-lr={} must be <= --lr={}", t.lr.min_lr,
+            t.lr.max_lr);
+  MOE_CHECK(m.max_position_embeddings >= m.seq_length,
+            "[flags] --max-position-embeddings={} must be >= --seq-length={}",
+            m.max_position_embeddings, m.seq_length);
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
+  // Megatron: without --ffn-hidden-size, 4 h (SwiGLU: 2/3 of that, rounded down to 64).
+  if (m.ffn_hidden == 0) m.ffn_hidden = (4 * m.hidden * 2 / 3) / 64 * 64;
+  if (m.num_experts > 0 && m.moe.ffn_hidden == 0) m.moe.ffn_hidden = m.ffn_hidden;
   m.tie_embeddings = !f.untie_embeddings;
   m.bf16 = f.bf16;
-  MOE_CHECK(!f.recompute_activations || f.recompute_granularity != "full",
-            "[flags] --recompute-activations means --recompute-granularity selective: drop one "
-            "of them");
+  // Megatron: --recompute-activations sets the granularity; --moe-layer-recompute adds "moe".
   if (f.recompute_activations) f.recompute_granularity = "selective";
+  if (f.moe_layer_recompute) {
+    MOE_CHECK(f.recompute_granularity != "full",
+              "[flags] Do not set --moe-layer-recompute with full recompute granularity");
+    f.recompute_granularity = "selective";
+    auto& mods = m.recompute.module_names;
+    if (std::find(mods.begin(), mods.end(), "moe") == mods.end()) mods.push_back("moe");
+  }
   m.recompute.granularity = f.recompute_granularity == "full"        ? RecomputeGranularity::Full
                             : f.recompute_granularity == "selective" ? RecomputeGranularity::Selective
                                                                       : RecomputeGranularity::None;
@@ -197,10 +288,13 @@ void finalize_train_flags(TrainFlags& f) {
                                                        : RecomputeMethod::None;
   // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
   const bool text = !t.data.data_path.empty();
-  MOE_CHECK(!text || f.vocab_size == 256,
+  MOE_CHECK(!text || f.vocab_size == 0 || f.vocab_size == 256,
             "[flags] --vocab-size={} conflicts with the byte-level tokenizer (256 tokens): drop "
             "--vocab-size",
             f.vocab_size);
+  MOE_CHECK(text || f.vocab_size != 0,
+            "[flags] --vocab-size is required for the synthetic language (no --data-path): give "
+            "--vocab-size N");
   const int64_t vocab = text ? 256 : f.vocab_size;
   MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
   m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by);
@@ -212,18 +306,108 @@ void finalize_train_flags(TrainFlags& f) {
   t.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);
   t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
   if (t.lr.decay_steps == 0) t.lr.decay_steps = t.train_iters;
-  if (f.lr_warmup_fraction > 0) {
-    MOE_CHECK(f.lr_warmup_iters_opt == nullptr || f.lr_warmup_iters_opt->count() == 0,
-              "[flags] give --lr-warmup-iters or --lr-warmup-fraction, not both");
-    MOE_CHECK(f.lr_warmup_fraction < 1, "[flags] --lr-warmup-fraction={} must be < 1",
-              f.lr_warmup_fraction);
+  if (!is_none(f.lr_warmup_fraction)) {
+    MOE_CHECK(t.lr.warmup_steps == 0,
+              "[flags] can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
+    MOE_CHECK(f.lr_warmup_fraction >= 0 && f.lr_warmup_fraction < 1,
+              "[flags] --lr-warmup-fraction={} must be in [0, 1)", f.lr_warmup_fraction);
     t.lr.warmup_steps = static_cast<int64_t>(f.lr_warmup_fraction * t.lr.decay_steps);
   }
   t.peak_gflops = f.peak_tflops * 1e3;
+  // Megatron disables sequence parallelism without tensor parallelism (same numerics).
+  if (f.parallel.tp == 1 && f.parallel.sequence_parallel) {
+    f.parallel.sequence_parallel = false;
+    f.notices.push_back(
+        "[flags] --sequence-parallel: disabling sequence parallelism because tensor model "
+        "parallelism is disabled (as Megatron does)");
+  }
   m.validate();
-  t.validate();
+  TrainConfig checked = t;  // None: the micro-batch size x data-parallel size (the trainer)
+  if (checked.global_batch == 0) checked.global_batch = checked.micro_batch;
+  checked.validate();
   // The layout itself (world size, EP | experts, ...) is checked once the ranks are running.
   check_parallel_support(f.parallel);
+}
+
+namespace {
+
+// moecore's own flags, with their arity, for the argparse layer.
+std::vector<OwnFlag> own_flags(const CLI::App& app) {
+  std::vector<OwnFlag> out;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->get_lnames().empty()) continue;
+    const std::string name = "--" + o->get_lnames().front();
+    if (megatron_arguments().find(name) != nullptr) continue;
+    OwnFlag f{name, o->get_items_expected_min(), o->get_items_expected_max()};
+    if (f.max_values > 1000) f.max_values = -1;
+    out.push_back(f);
+  }
+  return out;
+}
+
+// Binding is a property of the flag set, not of one parse: a throwaway app answers it.
+const CLI::App& reference_app() {
+  static TrainFlags flags;
+  static const std::unique_ptr<CLI::App> app = [] {
+    auto a = std::make_unique<CLI::App>("moecore train: Megatron-LM's flags, Megatron's defaults");
+    add_train_flags(*a, flags);
+    return a;
+  }();
+  return *app;
+}
+
+}  // namespace
+
+bool train_binds(const MegatronFlag& f) {
+  for (const std::string& n : f.names) {
+    for (const CLI::Option* o : reference_app().get_options()) {
+      if (o->check_lname(n.substr(2))) return true;
+    }
+  }
+  return false;
+}
+
+TrainFlags parse_train_args(const std::vector<std::string>& raw) {
+  std::vector<std::string> with_cmd = {"train"};
+  with_cmd.insert(with_cmd.end(), raw.begin(), raw.end());
+  std::vector<std::string> args = expand_config_files(with_cmd);
+  args.erase(args.begin());
+  TrainFlags f;
+  CLI::App app("moecore train");
+  add_train_flags(app, f);
+  const ParsedArgs given = parse_megatron_argv(args, own_flags(app), moecore_extra_choices());
+  if (given.help) throw CLI::CallForHelp();
+  f.notices = check_megatron_flags(given, train_binds);
+  std::vector<std::string> cli_args = given.args_for([](const GivenFlag& g) {
+    return g.megatron == nullptr || train_binds(*g.megatron);
+  });
+  std::reverse(cli_args.begin(), cli_args.end());  // CLI11 takes the arguments reversed
+  app.parse(cli_args);
+  std::vector<std::string> notices = std::move(f.notices);
+  finalize_train_flags(f);
+  notices.insert(notices.end(), f.notices.begin(), f.notices.end());
+  f.notices = std::move(notices);
+  return f;
+}
+
+std::string train_help() {
+  std::string help = reference_app().help();
+  help += fmt::format(
+      "\nEvery other flag of Megatron-LM's arguments.py (commit {}) parses too: accepted without "
+      "effect (with a notice) or refused as not implemented yet; docs/flags.md lists them.\n",
+      megatron_arguments().commit.substr(0, 12));
+  return help;
+}
+
+std::string train_flags_markdown() {
+  return megatron_flags_markdown(train_binds, [](const MegatronFlag& f) -> std::string {
+    for (const CLI::Option* o : reference_app().get_options()) {
+      for (const std::string& n : f.names) {
+        if (o->check_lname(n.substr(2))) return o->get_description();
+      }
+    }
+    return "";
+  });
 }
 
 parallel::ModelDims model_dims(const ModelConfig& m) {

@@ -1,9 +1,13 @@
-// Megatron-LM flag names for `moecore train`, bound to the config structs. Defaults describe
-// the built-in tiny MoE model on the synthetic language; where Megatron's own default differs
-// (tied embeddings, no --swiglu, ...) docs/flags.md says so.
+// Megatron-LM flag names for `moecore train`, bound to the config structs, with Megatron's
+// defaults (src/train/megatron_arguments.json; a test compares them). Megatron's required
+// flags (--num-layers, --hidden-size, ...) are required here too; configs/tiny.toml states the
+// tiny default model. parse_train_args is the whole command line: argparse semantics
+// (megatron_argv.h), every Megatron flag classified (megatron_compat.h), then the bound values
+// resolved and validated with Megatron's rules before anything is allocated.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -15,38 +19,54 @@
 
 namespace moecore::train {
 
+// Megatron's None for a float flag.
+inline bool is_none(double v) { return std::isnan(v); }
+
 struct TrainFlags {
+  TrainFlags();  // Megatron's defaults
   ModelConfig model;
   TrainConfig train;
-  parallel::ParallelConfig parallel;        // --tensor-model-parallel-size, ... (Distributed)
+  parallel::ParallelConfig parallel;        // --tensor-model-parallel-size, ...
   // Values resolved after parsing.
   RouterFlags router;
-  int64_t vocab_size = 256;                 // --vocab-size (before padding)
+  int64_t vocab_size = 0;                   // --vocab-size (before padding); 0: None
   int64_t make_vocab_size_divisible_by = 128;
   bool untie_embeddings = false;
   bool group_query_attention = false;
-  bool swiglu = true;                       // SwiGLU is the only MLP: the flag is accepted
-  bool disable_bias_linear = true;          // no linear biases (except --add-qkv-bias)
-  bool fp32 = true;
+  bool swiglu = false;                      // must be given (GeLU is not implemented)
+  bool disable_bias_linear = false;         // must be given (biases are not implemented)
+  bool fp32 = true;                         // moecore's own: fp32 training (the default)
   bool bf16 = false;
   std::string moe_layer_freq = "1";
+  bool moe_layer_recompute = false;         // deprecated: selective + the "moe" module
   bool recompute_activations = false;       // --recompute-activations: selective
-  std::string recompute_granularity;        // "", full, selective
-  std::string recompute_method;             // "", uniform, block
-  std::string lr_decay_style = "cosine";
+  bool checkpoint_activations = false;      // deprecated: an error, as in Megatron
+  int64_t batch_size = 0;                   // --batch-size (deprecated: an error)
+  int64_t model_parallel_size = 0;          // --model-parallel-size (deprecated: an error)
+  std::string recompute_granularity;        // "" (None), full, selective
+  std::string recompute_method;             // "" (None), uniform, block
+  std::string lr_decay_style = "linear";
   std::string lr_wsd_decay_style = "exponential";
-  double lr_warmup_fraction = 0;
-  const CLI::Option* lr_warmup_iters_opt = nullptr;  // given explicitly? (vs the fraction)
+  double lr_warmup_fraction = NAN;          // None
   double peak_tflops = 0;
   std::string config_file;                  // consumed before parsing (expand_config_files)
-  MegatronCompat compat;
-  std::vector<std::string> notices;         // one line per accepted-and-ignored flag
+  std::vector<std::string> notices;         // one line per flag accepted without effect
 };
 
-TrainFlags default_train_flags();
 void add_train_flags(CLI::App& app, TrainFlags& f);
-// Resolves the string flags and derived values; validates everything before any allocation.
+// Resolves the string flags and derived values (Megatron's rules: --ffn-hidden-size from
+// --hidden-size, --moe-ffn-hidden-size from --ffn-hidden-size, ...); validates everything.
 void finalize_train_flags(TrainFlags& f);
+
+// The `moecore train` command line (without the subcommand; --config FILE expanded here):
+// throws moecore::Error with the flag, the values and the fix.
+TrainFlags parse_train_args(const std::vector<std::string>& args);
+// `moecore train --help`: the bound flags grouped as arguments.py groups them.
+std::string train_help();
+// Whether add_train_flags binds `f` (by any of its names).
+bool train_binds(const MegatronFlag& f);
+// The generated section of docs/flags.md.
+std::string train_flags_markdown();
 
 // What the parallel layout is validated against (parallel::validate_layout).
 parallel::ModelDims model_dims(const ModelConfig& m);

@@ -64,6 +64,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     dp_size_ = groups_->group(parallel::GroupKind::DpCp).size();
     dp_rank_ = groups_->group(parallel::GroupKind::DpCp).rank;
   }
+  // Megatron: without --global-batch-size, one micro-batch per data-parallel rank.
+  if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
   model_cfg_.validate();
   MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -18,7 +19,7 @@ constexpr int64_t kIters = 60;
 constexpr int64_t kTail = 10;
 
 double tail_load(const std::vector<std::string>& lb, bool sigmoid_bias) {
-  TrainFlags f = default_train_flags();
+  TrainFlags f = tiny_train_flags();
   f.untie_embeddings = true;  // the default run (configs/tiny.toml)
   f.peak_tflops = 0.1;        // skip the start-up GEMM probe
   f.train.train_iters = kIters;

@@ -6,13 +6,14 @@
 #include <vector>
 
 #include "core/check.h"
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 
 namespace moecore::train {
 namespace {
 
 TrainFlags parse(std::vector<std::string> args) {
-  TrainFlags f = default_train_flags();
+  TrainFlags f = tiny_train_flags();
   CLI::App app;
   add_train_flags(app, f);
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
@@ -56,7 +57,7 @@ TEST(RouterFlags, SeveralLoadBalancingTypesEachWithItsCoeff) {
 TEST(RouterFlags, DefaultsKeepTheTinyModelsAuxCoeff) {
   TrainFlags f = parse({});
   EXPECT_EQ(f.model.moe.router.load_balancing, LoadBalancing::AuxLoss);
-  EXPECT_DOUBLE_EQ(f.model.moe.router.aux_loss_coeff, default_train_flags().model.moe.router.aux_loss_coeff);
+  EXPECT_DOUBLE_EQ(f.model.moe.router.aux_loss_coeff, tiny_train_flags().model.moe.router.aux_loss_coeff);
   EXPECT_TRUE(f.model.moe.router.dropless());
   EXPECT_EQ(f.model.moe.router.dtype, RouterDType::F32);
 }

@@ -10,13 +10,14 @@
 
 #include "model/gpt_model.h"
 #include "parallel/grad_buckets.h"
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 
 namespace moecore::parallel {
 namespace {
 
 train::TrainFlags tiny_flags(bool untie) {
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   f.vocab_size = 64;
   f.make_vocab_size_divisible_by = 64;
   f.model.hidden = 16;

@@ -132,9 +132,12 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 TEST(Launch, DataParallelTrainMatchesOneRank) {
   const std::string tiny =
       " train --hidden-size 32 --num-attention-heads 2 --seq-length 16 --num-layers 2"
-      " --num-experts 4 --moe-ffn-hidden-size 16 --ffn-hidden-size 32 --vocab-size 64"
-      " --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr-warmup-iters 0"
-      " --log-interval 1 --peak-tflops 0.1 --metrics-file ";
+      " --max-position-embeddings 16 --num-experts 4 --moe-ffn-hidden-size 16"
+      " --ffn-hidden-size 32 --vocab-size 64 --swiglu --disable-bias-linear"
+      " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
+      " --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3"
+      " --min-lr 3e-4 --lr-decay-style cosine --moe-aux-loss-coeff 0.01"
+      " --moe-token-dispatcher-type alltoall --log-interval 1 --peak-tflops 0.1 --metrics-file ";
   const std::string base = ::testing::TempDir() + "moecore_dp_" + std::to_string(::getpid());
   const ProcResult one = run(moecore_binary() + tiny + base + ".1.jsonl");
   ASSERT_EQ(one.exit_code, 0) << one.output;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -18,7 +19,7 @@ namespace {
 // A small model touching every recomputed piece: MoE and dense layers, a shared expert,
 // qk-layernorm and a qkv bias, input jitter, and 2 micro-batches per step.
 train::TrainFlags base_flags(const std::string& variant) {
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   f.vocab_size = 64;
   f.make_vocab_size_divisible_by = 64;
   f.untie_embeddings = true;

@@ -16,6 +16,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -271,7 +272,7 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
 }
 
 train::TrainFlags short_run_flags(int64_t iters) {
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   f.vocab_size = 64;
   f.model.hidden = 32;
   f.model.seq_length = 32;

@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
+#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -75,7 +76,7 @@ std::vector<double> to_double(const T* p, int64_t n) {
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
 Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   parse_flags(f, args);
   train::BasicTrainer<T> trainer(f.model, f.train, groups);
   std::ostringstream log;
@@ -197,7 +198,7 @@ void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
 }
 
 parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   parse_flags(f, args);
   parallel::ParallelConfig cfg;
   cfg.ep = ep;
@@ -393,7 +394,7 @@ TEST(BalancingParity, ExpertBiasExpertParallel) {
 TEST(BalancingParity, ExpertBiasBuffersEqualOneRank) {
   const auto args = kBase + kExpertBias;
   auto bias_of = [&](const parallel::ProcessGroups* groups) {
-    train::TrainFlags f = train::default_train_flags();
+    train::TrainFlags f = train::tiny_train_flags();
     parse_flags(f, args);
     f.train.train_iters = 4;
     train::BasicTrainer<double> t(f.model, f.train, groups);
@@ -420,7 +421,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
   parallel::ProcessGroups groups = make_groups(1, kBase + kAux);
   const int w = g_rt.world_size;
   // micro 1: global batch w + 1 is not a multiple of dp = w.
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   parse_flags(f, kBase + std::vector<std::string>{"--global-batch-size", std::to_string(w + 1)});
   try {
     train::Trainer t(f.model, f.train, &groups);
@@ -432,7 +433,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   // micro 2 x dp w does not divide a global batch of 2 w - 2... use 2 (w >= 2): 2 % (2 w) != 0.
-  train::TrainFlags g = train::default_train_flags();
+  train::TrainFlags g = train::tiny_train_flags();
   parse_flags(g, kBase + std::vector<std::string>{"--micro-batch-size", "2", "--global-batch-size",
                                                   "2"});
   try {
@@ -448,7 +449,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
 TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   if (g_rt.world_size == 1) GTEST_SKIP();
   parallel::ProcessGroups groups = make_groups(1, kBase);
-  train::TrainFlags f = train::default_train_flags();
+  train::TrainFlags f = train::tiny_train_flags();
   parse_flags(f, kBase + std::vector<std::string>{"--moe-router-load-balancing-type",
                                                   "global_aux_loss"});
   try {
