@@ -10,8 +10,8 @@
 
 namespace moecore::data {
 
-// numpy's pairwise summation (add.reduce on a contiguous float64 array: the first element, plus
-// the pairwise sum of the rest), so the normalised weights are numpy's to the last bit.
+// numpy's pairwise summation (add.reduce on a contiguous float64 array), so the normalised
+// weights are numpy's to the last bit.
 static double pairwise_sum(const double* a, size_t n) {
   if (n < 8) {
     double r = 0.;
@@ -36,7 +36,7 @@ static double pairwise_sum(const double* a, size_t n) {
 
 std::vector<double> normalize_weights(const std::vector<double>& w) {
   MOE_CHECK(!w.empty(), "[data] no weights to normalise");
-  const double sum = w[0] + pairwise_sum(w.data() + 1, w.size() - 1);
+  const double sum = pairwise_sum(w.data(), w.size());
   std::vector<double> out(w.size());
   for (size_t i = 0; i < w.size(); ++i) out[i] = w[i] / sum;
   return out;
