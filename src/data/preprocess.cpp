@@ -31,7 +31,7 @@ struct EncodedDoc {
 // (the text, or each item of a list) tokenized; empty ones dropped; eod appended to the last.
 void encode_text(const Tokenizer& tok, const std::vector<std::string_view>& sentences,
                  bool append_eod, EncodedDoc& d) {
-  const size_t ids_begin = d.ids.size(), len_begin = d.lengths.size();
+  const size_t ids_begin = d.ids.size();
   for (std::string_view s : sentences) {
     const size_t before = d.ids.size();
     tok.tokenize(s, d.ids);
@@ -42,7 +42,6 @@ void encode_text(const Tokenizer& tok, const std::vector<std::string_view>& sent
     d.ids.push_back(tok.eod());
     d.lengths.back() += 1;
   }
-  (void)len_begin;
   d.key_ids_end.push_back(d.ids.size());
   d.key_len_end.push_back(d.lengths.size());
 }
