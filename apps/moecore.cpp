@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "data/dataset_info_command.h"
+#include "data/preprocess_command.h"
 #include "parallel/groups_command.h"
 #include "parallel/runtime.h"
 #include "train/config_file.h"
@@ -17,6 +19,8 @@ int main(int argc, char** argv) {
   std::vector<Subcommand> commands = {
       train::add_train_command(app),
       parallel::add_groups_command(app),
+      data::add_preprocess_command(app),
+      data::add_dataset_info_command(app),
   };
   try {
     // --config FILE expands into flags before the command line's own (which then override).

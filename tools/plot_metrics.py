@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def read(path):
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        # Training rows only: evaluation rows carry valid_/test_ keys instead of lm_loss.
+        return [r for r in (json.loads(line) for line in f if line.strip()) if "lm_loss" in r]
 
 
 def main():

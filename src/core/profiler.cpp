@@ -16,6 +16,7 @@ std::string_view phase_name(Phase p) {
     case Phase::Permute: return "permute";
     case Phase::Communication: return "communication";
     case Phase::Optimizer: return "optimizer";
+    case Phase::Data: return "data";
     case Phase::Other: return "other";
     case Phase::Count: break;
   }

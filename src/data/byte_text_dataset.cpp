@@ -8,11 +8,14 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "data/mapped_file.h"
 
 namespace moecore::data {
 
 ByteTextDataset::ByteTextDataset(const std::string& path, int64_t seq_length, uint64_t seed)
     : path_(path), S_(seq_length), key_(rng_key(seed, "data.byte_text.shuffle")) {
+  const std::string why = unreadable_reason(path);
+  MOE_CHECK(why.empty(), "[data] --data-path '{}' {}", path, why);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[data] cannot open --data-path '{}': check the path", path);
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -7,6 +7,9 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
 
 namespace moecore::data {
 
@@ -20,18 +23,23 @@ class TokenSource {
   // Writes len tokens of sample `index` (len = seq_length + 1: inputs and shifted targets).
   virtual void sample(int32_t* tokens, int64_t len, uint64_t index) const = 0;
   virtual std::string describe() const = 0;
+  // Distinct samples the source holds (sample indices run below it), or -1: unbounded.
+  virtual int64_t num_samples() const { return -1; }
 };
 
 struct DataConfig {
-  std::string data_path;                 // --data-path (empty: the synthetic language)
-  std::string tokenizer_type = "ByteLevel";  // --tokenizer-type
+  // --data-path: one prefix of a .bin/.idx pair, weight/prefix pairs, or several prefixes
+  // (data_pipeline.h); a single plain text file is read byte-level. Empty (and no --mock-data):
+  // the synthetic language.
+  std::vector<std::string> data_path;
+  std::string split;            // --split ("": Megatron's legacy default "969, 30, 1")
+  std::string data_cache_path;  // --data-cache-path ("": indices are rebuilt every run)
+  bool mock_data = false;       // --mock-data
+  TokenizerConfig tokenizer;    // --tokenizer-type, --vocab-size, --vocab-file, ...
   int64_t synthetic_vocab = 256;         // --vocab-size before padding (synthetic language)
   int64_t synthetic_branching = 4;       // successors per token of the synthetic language
+  bool synthetic() const { return data_path.empty() && !mock_data; }
 };
-
-// The source for `cfg` (checks the file exists and is long enough for seq_length + 1 tokens).
-std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, int64_t seq_length,
-                                               uint64_t seed);
 
 // Fills ids/targets [n_samples, S] with samples first_index, first_index + 1, ...: ids are
 // tokens [0, S), targets tokens [1, S]. scratch holds S + 1 tokens.

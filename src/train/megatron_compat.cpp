@@ -115,9 +115,8 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
       {"--moe-use-upcycling", Y, "", "upcycling", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
-      {"--tokenizer-type", Y, "|ByteLevel", "tokenizers other than the byte-level one", "14"},
-      {"--mock-data", Y, "", "Megatron's mock dataset: without --data-path moecore trains on "
-                             "its synthetic language", "14"},
+      {"--tokenizer-type", Y, "|ByteLevel|NullTokenizer",
+       "tokenizers other than the byte-level one and NullTokenizer", "14"},
       {"group:checkpointing", Y, "", "checkpointing", "13"},
       {"group:data and dataloader", Y, "", "Megatron's data pipeline", "14"},
       {"group:tokenizer", Y, "", "Megatron's tokenizers", "14"},

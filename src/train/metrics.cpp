@@ -104,4 +104,14 @@ void MetricsFile::write(const StepMetrics& m) {
   out_.flush();
 }
 
+void MetricsFile::write(const EvalMetrics& m) {
+  if (!out_.is_open()) return;
+  nlohmann::json j = {{"iteration", m.iteration},
+                      {m.split + "_lm_loss", m.lm_loss},
+                      {m.split + "_lm_loss_ppl", m.ppl},
+                      {m.split + "_samples", m.samples}};
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
 }  // namespace moecore::train

@@ -76,10 +76,23 @@ struct StepMetrics {
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();
 
+// One evaluation (--eval-interval, and after training): the mean lm loss over --eval-iters
+// global batches of the validation (or test) split, and its perplexity exp(min(20, loss)) as
+// Megatron logs it.
+struct EvalMetrics {
+  int64_t iteration = 0;
+  std::string split;  // "valid" or "test"
+  double lm_loss = 0;
+  double ppl = 0;
+  int64_t samples = 0;
+};
+
 class MetricsFile {
  public:
   explicit MetricsFile(const std::string& path);  // empty path: disabled
   void write(const StepMetrics& m);
+  // {"iteration", "<split>_lm_loss", "<split>_lm_loss_ppl", "<split>_samples"}
+  void write(const EvalMetrics& m);
 
  private:
   std::ofstream out_;

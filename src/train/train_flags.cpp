@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "train/config_file.h"
+#include "train/data_flags.h"
 #include "train/megatron_argv.h"
 #include "train/trainer.h"
 
@@ -78,7 +79,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group(kModel);
   app.add_option("--rotary-base", m.rotary_base, "RoPE theta")->group(kModel);
   app.add_option("--norm-epsilon", m.norm_eps, "RMSNorm epsilon")->group(kModel);
-  app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language")
+  app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
                  "Pad the vocabulary to a multiple of this")
@@ -174,10 +175,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--adam-beta2", t.adam.beta2, "Adam beta2")->group(kReg);
   app.add_option("--adam-eps", t.adam.eps, "Adam epsilon")->group(kReg);
 
-  const char* kData = "Data";
-  app.add_option("--data-path", t.data.data_path,
-                 "A plain text file (byte-level); absent: the synthetic language")
-      ->group(kData);
+  add_data_flags(app, t);  // groups "Data" and "Validation"
 
   const char* kLog = "Logging";
   app.add_option("--log-interval", t.log_interval, "Iterations between log lines")->group(kLog);
@@ -213,7 +211,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
       {"--moe-aux-loss-megatron-map", &rc.megatron_aux_map},
       {"--sequence-parallel", &f.parallel.sequence_parallel},
-      {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping}};
+      {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping},
+      {"--mock-data", &t.data.mock_data}};
   for (const auto& [name, value] : switches) {
     app.get_option(name)->default_str(*value ? "true" : "false");
   }
@@ -286,16 +285,8 @@ void finalize_train_flags(TrainFlags& f) {
   m.recompute.method = f.recompute_method == "uniform" ? RecomputeMethod::Uniform
                        : f.recompute_method == "block" ? RecomputeMethod::Block
                                                        : RecomputeMethod::None;
-  // The byte-level tokenizer fixes the vocabulary; the synthetic language takes --vocab-size.
-  const bool text = !t.data.data_path.empty();
-  MOE_CHECK(!text || f.vocab_size == 0 || f.vocab_size == 256,
-            "[flags] --vocab-size={} conflicts with the byte-level tokenizer (256 tokens): drop "
-            "--vocab-size",
-            f.vocab_size);
-  MOE_CHECK(text || f.vocab_size != 0,
-            "[flags] --vocab-size is required for the synthetic language (no --data-path): give "
-            "--vocab-size N");
-  const int64_t vocab = text ? 256 : f.vocab_size;
+  // The tokenizer fixes the vocabulary of real data; the synthetic language takes --vocab-size.
+  const int64_t vocab = finalize_data_flags(t, f.vocab_size);
   MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
   m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by);
   t.data.synthetic_vocab = vocab;

@@ -11,6 +11,8 @@
 #include <span>
 
 #include "core/check.h"
+#include "data/synthetic_language.h"
+#include "data/tokenizer.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
 #include "train/progress.h"
@@ -30,6 +32,9 @@ void TrainConfig::validate(int dp) const {
             global_batch, micro_batch, dp, micro_batch * dp);
   MOE_CHECK(train_iters >= 1, "[train] --train-iters={} must be >= 1", train_iters);
   MOE_CHECK(log_interval >= 1, "[train] --log-interval={} must be >= 1", log_interval);
+  MOE_CHECK(eval_interval >= 0 && eval_iters >= 0,
+            "[train] --eval-interval={} and --eval-iters={} must be >= 0", eval_interval,
+            eval_iters);
   MOE_CHECK(peak_gflops >= 0, "[train] --peak-tflops must be >= 0");
   lr.validate();
   adam.validate();
@@ -74,7 +79,33 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
             "forward; use aux_loss or seq_aux_loss, or one data-parallel rank",
             dp_size_);
   n_micro_ = cfg_.global_batch / (cfg_.micro_batch * dp_size_);
-  data_ = data::make_token_source(cfg_.data, model_cfg_.seq_length, cfg_.seed);
+  {
+    if (cfg_.data.synthetic()) {
+      splits_.split[0] = std::make_unique<data::SyntheticLanguage>(
+          cfg_.data.synthetic_vocab, cfg_.data.synthetic_branching, cfg_.seed);
+    } else {
+      // Megatron's train / valid / test sample counts (get_train_valid_test_num_samples).
+      const int64_t eval_points =
+          (cfg_.eval_interval > 0 ? cfg_.train_iters / cfg_.eval_interval : 0) + 1;
+      const std::array<int64_t, data::kNumSplits> samples = {
+          cfg_.train_iters * cfg_.global_batch, eval_points * cfg_.eval_iters * cfg_.global_batch,
+          cfg_.eval_iters * cfg_.global_batch};
+      const auto tok = data::make_tokenizer(cfg_.data.tokenizer);
+      splits_ = data::build_data_splits(cfg_.data, model_cfg_.seq_length,
+                                        static_cast<uint32_t>(cfg_.seed), samples,
+                                        tok->vocab_size(), tok->eod());
+    }
+  }
+  data_ = splits_.train();
+  MOE_CHECK(data_ != nullptr, "[train] --split '{}' leaves no training data",
+            cfg_.data.split);
+  train_stream_ = std::make_unique<data::SampleStream>(data_, cfg_.global_batch, dp_size_, dp_rank_);
+  for (int s = 1; s < data::kNumSplits; ++s) {
+    if (splits_.split[s]) {
+      eval_streams_[s] = std::make_unique<data::SampleStream>(splits_.split[s].get(),
+                                                              cfg_.global_batch, dp_size_, dp_rank_);
+    }
+  }
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
             "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
             data_->vocab(), model_cfg_.vocab_size);
@@ -160,14 +191,13 @@ StepMetrics BasicTrainer<T>::train_step() {
   std::fill(load_.begin(), load_.end(), 0);
   model_->params().zero_grads();
   int64_t moe_layers = 0;
-  // This rank's contiguous share of the global batch: samples
-  // [step * GB + dp_rank * GB / dp, step * GB + (dp_rank + 1) * GB / dp).
-  const int64_t share = cfg_.global_batch / dp_size_;
+  // This rank's contiguous share of the global batch (data::SampleStream).
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    uint64_t first = static_cast<uint64_t>((iteration_ - 1) * cfg_.global_batch +
-                                           dp_rank_ * share + mb * cfg_.micro_batch);
-    data::make_batch(*data_, ids_.data(), targets_.data(), cfg_.micro_batch, S, first,
-                     scratch_.data());
+    {
+      ScopedPhase phase(Phase::Data);
+      train_stream_->fill_micro_batch(mb, cfg_.micro_batch, S, ids_.data(), targets_.data(),
+                                      scratch_.data());
+    }
     mb_values_[mb * 3] = model_->forward(ids_.data(), targets_.data());
     // Gradients are final only after the last micro-batch: its backward launches the buckets.
     if (mb == n_micro_ - 1) buckets_->arm();
@@ -184,6 +214,7 @@ StepMetrics BasicTrainer<T>::train_step() {
     }
   }
   buckets_->finish();  // every gradient summed over its data-parallel group
+  train_stream_->advance();
   // The logged losses: every micro-batch of the global batch, summed in global order (the
   // same arithmetic as one rank).
   if (dp_size_ > 1) {
@@ -244,6 +275,13 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
 
   constexpr double kMiB = 1024.0 * 1024.0;
   fmt::print(log, "[train] data: {}\n", data_->describe());
+  for (int s = 1; s < data::kNumSplits; ++s) {
+    if (splits_.split[s]) {
+      fmt::print(log, "[train] {} data: {}\n", data::split_name(static_cast<data::Split>(s)),
+                 splits_.split[s]->describe());
+    }
+  }
+  for (const std::string& n : splits_.notes) fmt::print(log, "{}\n", n);
   if (!std::isnan(entropy_floor())) {
     fmt::print(log, "[train] entropy floor (best achievable lm loss): {:.4f} nats/token\n",
                entropy_floor());
@@ -343,9 +381,20 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
     }
     log.flush();
     metrics.write(logged);
+    if (cfg_.eval_interval > 0 && m.iteration % cfg_.eval_interval == 0 &&
+        has_eval_data(data::Split::Valid)) {
+      evaluate_and_print(log, data::Split::Valid, "", metrics);
+    }
   }
   progress.clear();
   print_summary(log, all);
+  // Megatron evaluates once more after training, on the validation and the test split.
+  for (data::Split s : {data::Split::Valid, data::Split::Test}) {
+    if (has_eval_data(s)) {
+      evaluate_and_print(log, s, s == data::Split::Valid ? " on validation set" : " on test set",
+                         metrics);
+    }
+  }
   const uint64_t digest = weights_digest();
   if (logging_rank()) {
     fmt::print(log, "[train] weights digest {:016x} (of the final master weights; the same for "
@@ -366,6 +415,75 @@ uint64_t BasicTrainer<T>::weights_digest() const {
     experts = std::bit_cast<uint64_t>(sum[0]);
   }
   return p.digest(ParamKind::Dense) + experts;
+}
+
+template <typename T>
+bool BasicTrainer<T>::has_eval_data(data::Split split) const {
+  return cfg_.eval_iters > 0 && eval_streams_[static_cast<int>(split)] != nullptr;
+}
+
+template <typename T>
+int64_t BasicTrainer<T>::consumed_valid_samples() const {
+  const auto& s = eval_streams_[static_cast<int>(data::Split::Valid)];
+  return s ? s->consumed_samples() : 0;
+}
+
+template <typename T>
+void BasicTrainer<T>::set_consumed_valid_samples(int64_t n) {
+  const auto& s = eval_streams_[static_cast<int>(data::Split::Valid)];
+  MOE_CHECK(s != nullptr || n == 0, "[train] no validation split to resume at sample {}", n);
+  if (s) s->set_consumed_samples(n);
+}
+
+template <typename T>
+EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
+  data::SampleStream* stream = eval_streams_[static_cast<int>(split)].get();
+  MOE_CHECK(stream != nullptr && cfg_.eval_iters > 0, "[train] no {} data to evaluate on",
+            data::split_name(split));
+  const int64_t S = model_cfg_.seq_length;
+  const int64_t n_global = n_micro_ * dp_size_;
+  EvalMetrics r;
+  r.iteration = iteration_;
+  r.split = data::split_name(split);
+  model_->set_training(false);
+  double sum = 0;
+  for (int64_t it = 0; it < cfg_.eval_iters; ++it) {
+    for (int64_t mb = 0; mb < n_micro_; ++mb) {
+      stream->fill_micro_batch(mb, cfg_.micro_batch, S, ids_.data(), targets_.data(),
+                               scratch_.data());
+      mb_values_[mb * 3] = model_->forward(ids_.data(), targets_.data());
+      mb_values_[mb * 3 + 1] = mb_values_[mb * 3 + 2] = 0;
+    }
+    if (dp_size_ > 1) {
+      groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
+    } else {
+      all_values_ = mb_values_;
+    }
+    // Every micro-batch has the same number of tokens: the token mean is the mean of means,
+    // summed in global order (the same arithmetic at any data-parallel size).
+    for (int64_t mb = 0; mb < n_global; ++mb) sum += all_values_[mb * 3] / n_global;
+    stream->advance();
+    r.samples += cfg_.global_batch;
+  }
+  model_->set_training(true);
+  r.lm_loss = sum / static_cast<double>(cfg_.eval_iters);
+  r.ppl = std::exp(std::min(20.0, r.lm_loss));
+  evals_.push_back(r);
+  return r;
+}
+
+template <typename T>
+void BasicTrainer<T>::evaluate_and_print(std::ostream& log, data::Split split,
+                                         const char* where, MetricsFile& metrics) {
+  const EvalMetrics r = evaluate(split);
+  // Megatron's evaluate_and_print_results line, framed by dashes.
+  const std::string line = fmt::format(
+      " validation loss at iteration {}{} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | ",
+      r.iteration, where, r.lm_loss, r.ppl);
+  const std::string dashes(line.size() + 1, '-');
+  fmt::print(log, "{}\n{}\n{}\n", dashes, line, dashes);
+  log.flush();
+  metrics.write(r);
 }
 
 template <typename T>

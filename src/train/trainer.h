@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "data/data_pipeline.h"
+#include "data/sample_stream.h"
 #include "data/token_source.h"
 #include "model/config.h"
 #include "model/gpt_model.h"
@@ -32,6 +34,8 @@ struct TrainConfig {
   int64_t global_batch = 16;  // --global-batch-size
   int64_t train_iters = 300;  // --train-iters
   int64_t log_interval = 25;  // --log-interval
+  int64_t eval_interval = 0;  // --eval-interval (0: only after training)
+  int64_t eval_iters = 100;   // --eval-iters: global batches per evaluation (0: none)
   uint64_t seed = 1234;       // --seed
   data::DataConfig data;
   optim::LrSchedule lr;
@@ -62,6 +66,21 @@ class BasicTrainer {
   std::vector<StepMetrics> run(std::ostream& log);
   StepMetrics train_step();
 
+  // Evaluates the model on the next --eval-iters global batches of the validation (or test)
+  // split: forward only, in eval mode (no router jitter, no balancing counts). Collective over
+  // the data-parallel group. Requires has_eval_data(split).
+  EvalMetrics evaluate(data::Split split);
+  bool has_eval_data(data::Split split) const;
+  const std::vector<EvalMetrics>& eval_results() const { return evals_; }
+
+  // The data position (Megatron's consumed_train_samples / consumed_valid_samples), for
+  // checkpoints: a run resumed with the saved values continues the same sample streams.
+  int64_t consumed_train_samples() const { return train_stream_->consumed_samples(); }
+  void set_consumed_train_samples(int64_t n) { train_stream_->set_consumed_samples(n); }
+  int64_t consumed_valid_samples() const;
+  void set_consumed_valid_samples(int64_t n);
+  const data::TokenSource& train_data() const { return *data_; }
+
   double entropy_floor() const { return data_->entropy_floor(); }
   // Digest of the whole model's master weights (ParamRegistry::digest of every parameter, the
   // expert-parallel slices summed over the EP group): a function of the global values alone,
@@ -83,7 +102,14 @@ class BasicTrainer {
   const parallel::ProcessGroups* groups_ = nullptr;
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t n_micro_ = 1;  // micro-batches per dp rank and step
-  std::unique_ptr<data::TokenSource> data_;
+  void evaluate_and_print(std::ostream& log, data::Split split, const char* where,
+                          MetricsFile& metrics);
+
+  data::DataSplits splits_;      // train (the synthetic language when no data is given), valid, test
+  data::TokenSource* data_ = nullptr;  // the training split
+  std::unique_ptr<data::SampleStream> train_stream_;
+  std::array<std::unique_ptr<data::SampleStream>, data::kNumSplits> eval_streams_;
+  std::vector<EvalMetrics> evals_;
   std::unique_ptr<model::GPTModel<T>> model_;
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::unique_ptr<optim::ChainedOptimizer> optimizer_;

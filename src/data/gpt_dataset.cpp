@@ -1,0 +1,231 @@
+#include "data/gpt_dataset.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/check.h"
+#include "data/index_cache.h"
+#include "data/numpy_random.h"
+
+namespace moecore::data {
+
+int64_t gpt_num_epochs(int64_t tokens_per_epoch, int64_t num_samples, int64_t seq_length) {
+  if (num_samples < 0) return 1;
+  MOE_CHECK(tokens_per_epoch > 0, "[data] an epoch with {} tokens cannot give samples",
+            tokens_per_epoch);
+  const int64_t requested = num_samples * seq_length + 1;
+  int64_t epochs = 1, tokens = tokens_per_epoch;
+  while (tokens < requested) {
+    ++epochs;
+    tokens += tokens_per_epoch;
+  }
+  return epochs;
+}
+
+std::vector<int64_t> build_sample_index(std::span<const int32_t> sizes,
+                                        std::span<const int32_t> document_index,
+                                        int64_t seq_length, int64_t num_epochs,
+                                        int64_t tokens_per_epoch) {
+  const int64_t num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length;
+  std::vector<int64_t> idx(2 * (num_samples + 1));
+  int64_t sample = 0, doc = 0, offset = 0;
+  idx[0] = doc;
+  idx[1] = offset;
+  ++sample;
+  const int64_t last_doc = static_cast<int64_t>(document_index.size()) - 1;
+  while (sample <= num_samples) {
+    int64_t remaining = seq_length + 1;
+    while (remaining != 0) {
+      const int64_t doc_length = sizes[document_index[doc]] - offset;
+      remaining -= doc_length;
+      if (remaining <= 0) {
+        // The sample ends inside this document; the next starts on its last token (the
+        // extra token is shared by both).
+        offset += remaining + doc_length - 1;
+        remaining = 0;
+      } else {
+        if (doc == last_doc) {
+          // Only reached by the last sample (Megatron asserts sample == num_samples).
+          offset = sizes[document_index[doc]] - 1;
+          break;
+        }
+        ++doc;
+        offset = 0;
+      }
+    }
+    idx[2 * sample] = doc;
+    idx[2 * sample + 1] = offset;
+    ++sample;
+  }
+  return idx;
+}
+
+namespace {
+
+// _build_document_index: the documents once per epoch, shuffled as one array.
+std::vector<int32_t> document_index_epochs(int64_t doc_begin, int64_t doc_end, int64_t epochs,
+                                           NumpyRandomState& rng) {
+  const int64_t n = doc_end - doc_begin;
+  std::vector<int32_t> idx(static_cast<size_t>(epochs * n));
+  for (int64_t e = 0; e < epochs; ++e) {
+    for (int64_t d = 0; d < n; ++d) idx[e * n + d] = static_cast<int32_t>(doc_begin + d);
+  }
+  rng.shuffle(std::span<int32_t>(idx));
+  return idx;
+}
+
+// _build_shuffle_index: [0, num) shuffled, then [num, total) shuffled on its own.
+std::vector<int64_t> shuffle_index(int64_t num, int64_t total, NumpyRandomState& rng) {
+  std::vector<int64_t> idx(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) idx[i] = i;
+  rng.shuffle(std::span<int64_t>(idx.data(), static_cast<size_t>(num)));
+  if (num < total) {
+    rng.shuffle(std::span<int64_t>(idx.data() + num, static_cast<size_t>(total - num)));
+  }
+  return idx;
+}
+
+}  // namespace
+
+// Sets num_epochs and separate_final_epoch from tokens_per_epoch; returns the samples before
+// the final epoch (Megatron's num_samples_sans_final_epoch; 0 for one epoch).
+static int64_t plan_epochs(GPTIndices& out, int64_t num_samples, int64_t seq_length) {
+  out.num_epochs = gpt_num_epochs(out.tokens_per_epoch, num_samples, seq_length);
+  out.separate_final_epoch = false;
+  if (out.num_epochs == 1) return 0;
+  const int64_t sans_final = ((out.num_epochs - 1) * out.tokens_per_epoch - 1) / seq_length;
+  const int64_t from_final = num_samples - sans_final;
+  const int64_t per_epoch = (out.tokens_per_epoch - 1) / seq_length;
+  MOE_CHECK(from_final >= 0 && from_final <= per_epoch + 1,
+            "[data] internal: {} samples from the final epoch of {}", from_final, per_epoch);
+  // int(0.80 * per_epoch) in Python: truncation of the double product.
+  out.separate_final_epoch = from_final < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
+  return sans_final;
+}
+
+GPTIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end,
+                             int64_t num_samples, int64_t seq_length, uint32_t seed) {
+  MOE_CHECK(seq_length > 1, "[data] --seq-length={} must be > 1", seq_length);
+  MOE_CHECK(0 <= doc_begin && doc_begin <= doc_end && doc_end <= static_cast<int64_t>(sizes.size()),
+            "[data] documents [{}, {}) of {}", doc_begin, doc_end, sizes.size());
+  MOE_CHECK(doc_end <= std::numeric_limits<int32_t>::max(),
+            "[data] {} documents exceed the int32 document index", doc_end);
+  GPTIndices out;
+  for (int64_t d = doc_begin; d < doc_end; ++d) out.tokens_per_epoch += sizes[d];
+  MOE_CHECK(out.tokens_per_epoch > 1,
+            "[data] the split's {} documents hold {} tokens: a sample needs at least 2; give the "
+            "split more data (--split) or use a larger dataset",
+            doc_end - doc_begin, out.tokens_per_epoch);
+  const int64_t sans_final = plan_epochs(out, num_samples, seq_length);
+  // One RandomState for all the shuffles, in Megatron's order.
+  NumpyRandomState rng(seed);
+  if (!out.separate_final_epoch) {
+    out.document_index = document_index_epochs(doc_begin, doc_end, out.num_epochs, rng);
+  } else {
+    out.document_index = document_index_epochs(doc_begin, doc_end, out.num_epochs - 1, rng);
+    std::vector<int32_t> last = document_index_epochs(doc_begin, doc_end, 1, rng);
+    out.document_index.insert(out.document_index.end(), last.begin(), last.end());
+  }
+  out.sample_index =
+      build_sample_index(sizes, out.document_index, seq_length, out.num_epochs, out.tokens_per_epoch);
+  const int64_t total = static_cast<int64_t>(out.sample_index.size()) / 2 - 1;
+  out.shuffle_index = shuffle_index(out.separate_final_epoch ? sans_final : total, total, rng);
+  return out;
+}
+
+GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split,
+                       int64_t num_samples, const GPTDatasetConfig& cfg)
+    : data_(std::move(data)), split_(split), cfg_(cfg) {
+  const SplitMatrix m = split_matrix(parse_split(cfg_.split));
+  const auto range = split_range(m, split, data_->num_sequences());
+  MOE_CHECK(range.has_value(), "[data] --split '{}' gives the {} split no share", cfg_.split,
+            split_name(split));
+  doc_begin_ = range->first;
+  doc_end_ = range->second;
+  MOE_CHECK(doc_end_ > doc_begin_,
+            "[data] --data-path prefix '{}': the {} split of --split '{}' gets none of its {} "
+            "sequences (documents [{}, {})): use more data or a larger share",
+            data_->name(), split_name(split), cfg_.split, data_->num_sequences(), doc_begin_,
+            doc_end_);
+  description_ = fmt::format(
+      "{{\"class\": \"{}\", \"dataset_path\": \"{}\", \"num_samples\": {}, "
+      "\"index_split\": \"{}\", \"random_seed\": {}, \"sequence_length\": {}, \"split\": \"{}\", "
+      "\"documents\": [{}, {}], \"sequences\": {}, \"tokens\": {}, \"format\": 1}}",
+      cfg_.class_name, data_->name(), num_samples < 0 ? std::string("null") : std::to_string(num_samples),
+      split_name(split), cfg_.seed, cfg_.seq_length, cfg_.split, doc_begin_, doc_end_,
+      data_->num_sequences(), data_->num_tokens());
+  IndexCache cache(cfg_.cache_path, cfg_.class_name, split_name(split), description_);
+  if (cache.hit()) {
+    int64_t r = 0, c = 0, r2 = 0, c2 = 0, r3 = 0, c3 = 0;
+    auto doc = read_npy<int32_t>(cache.path_of("document_index.npy"), &r, &c);
+    auto smp = read_npy<int64_t>(cache.path_of("sample_index.npy"), &r2, &c2);
+    auto shf = read_npy<int64_t>(cache.path_of("shuffle_index.npy"), &r3, &c3);
+    if (doc && smp && shf && c2 == 2 && r3 == r2 - 1) {
+      indices_.document_index = std::move(*doc);
+      indices_.sample_index = std::move(*smp);
+      indices_.shuffle_index = std::move(*shf);
+      for (int64_t d = doc_begin_; d < doc_end_; ++d) indices_.tokens_per_epoch += data_->sequence_length(d);
+      plan_epochs(indices_, num_samples, cfg_.seq_length);
+      from_cache_ = true;
+    }
+  }
+  if (!from_cache_) {
+    const std::vector<int32_t> sizes = data_->sequence_lengths();
+    indices_ = build_gpt_indices(sizes, doc_begin_, doc_end_, num_samples, cfg_.seq_length, cfg_.seed);
+    if (cache.enabled()) {
+      write_npy(cache.path_of("document_index.npy"), indices_.document_index,
+                static_cast<int64_t>(indices_.document_index.size()), 0);
+      write_npy(cache.path_of("sample_index.npy"), indices_.sample_index,
+                static_cast<int64_t>(indices_.sample_index.size() / 2), 2);
+      write_npy(cache.path_of("shuffle_index.npy"), indices_.shuffle_index,
+                indices_.num_samples(), 0);
+      cache.save_description();  // last: a description means the arrays are complete
+    }
+  }
+  MOE_CHECK(num_samples < 0 || indices_.num_samples() >= num_samples,
+            "[data] internal: {} samples built, {} requested", indices_.num_samples(), num_samples);
+}
+
+void GPTDataset::sample(int32_t* tokens, int64_t len, uint64_t index) const {
+  MOE_CHECK(len == cfg_.seq_length + 1, "[data] GPTDataset samples have {} tokens, not {}",
+            cfg_.seq_length + 1, len);
+  MOE_CHECK(index < static_cast<uint64_t>(indices_.num_samples()),
+            "[data] sample {} of the {} split of '{}', which was built for {} samples", index,
+            split_name(split_), data_->name(), indices_.num_samples());
+  const int64_t j = indices_.shuffle_index[index];
+  const int64_t b = indices_.sample_index[2 * j], b_off = indices_.sample_index[2 * j + 1];
+  const int64_t e = indices_.sample_index[2 * j + 2], e_off = indices_.sample_index[2 * j + 3];
+  int64_t n = 0;
+  for (int64_t i = b; i <= e; ++i) {
+    const int32_t seq = indices_.document_index[i];
+    const int64_t from = i == b ? b_off : 0;
+    const int64_t to = i == e ? e_off + 1 : data_->sequence_length(seq);
+    const int64_t take = std::min<int64_t>(to - from, len - n);
+    data_->get(seq, from, take, tokens + n);
+    n += take;
+  }
+  // Megatron pads a short sample (only possible without drop_last_partial_sequence) with a
+  // masked pad token; there is no loss mask here, so such a sample is an error.
+  MOE_CHECK(n == len, "[data] sample {} has {} tokens, not {}", index, n, len);
+  for (int64_t t = 0; t < len; ++t) {
+    MOE_CHECK(tokens[t] < cfg_.vocab,
+              "[data] '{}' holds token id {} but the tokenizer's vocabulary has {} ids: give the "
+              "--tokenizer-type (and --vocab-size) the data was made with",
+              data_->name(), tokens[t], cfg_.vocab);
+  }
+}
+
+std::string GPTDataset::describe() const {
+  return fmt::format("'{}' {} split: sequences [{}, {}) of {}, {} tokens per epoch, {} epochs{}, "
+                     "{} samples of {} tokens{}",
+                     data_->name(), split_name(split_), doc_begin_, doc_end_,
+                     data_->num_sequences(), indices_.tokens_per_epoch, indices_.num_epochs,
+                     indices_.separate_final_epoch ? " (final epoch shuffled apart)" : "",
+                     indices_.num_samples(), cfg_.seq_length + 1,
+                     from_cache_ ? ", indices from --data-cache-path" : "");
+}
+
+}  // namespace moecore::data
