@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < T * H; ++i) x[i] = static_cast<float>((i * 7 + me) % 13) - 6;
 
     for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather}) {
-      ModelConfig cfg;
+      MoeLayerConfig cfg;
       cfg.hidden = H;
       cfg.num_experts = E;
       cfg.moe.router.num_experts = E;

@@ -23,9 +23,9 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
       attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
-    moe_ = std::make_unique<moe::MoELayer<T>>(cfg, params, mlp_prefix, groups);
+    moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
   } else {
-    mlp_ = std::make_unique<MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
+    mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
                                     cfg.output_init_std(), params, mlp_prefix);
   }
 }

@@ -8,7 +8,7 @@
 
 #include "model/attention.h"
 #include "model/config.h"
-#include "model/mlp.h"
+#include "nn/swiglu_mlp.h"
 #include "moe/moe_layer.h"
 
 namespace moecore::model {
@@ -47,7 +47,7 @@ class TransformerBlock {
   Param* norm2_;
   SelfAttention<T> attn_;
   std::unique_ptr<moe::MoELayer<T>> moe_;
-  std::unique_ptr<MLP<T>> mlp_;
+  std::unique_ptr<nn::MLP<T>> mlp_;
   const T* x_TH_ = nullptr;
   T* n1_ = nullptr;
   T* rstd1_ = nullptr;

@@ -31,7 +31,7 @@ int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t n
 }
 
 template <typename T>
-std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
+std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
                                                     const parallel::ProcessGroups* groups) {
   const RouterConfig& r = cfg.moe.router;
   const double pad_cf = r.pad_to_capacity ? r.capacity_factor : 0.0;
@@ -55,8 +55,8 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
 }
 
 template std::unique_ptr<TokenDispatcher<float>> make_dispatcher<float>(
-    const ModelConfig&, const parallel::ProcessGroups*);
+    const MoeLayerConfig&, const parallel::ProcessGroups*);
 template std::unique_ptr<TokenDispatcher<double>> make_dispatcher<double>(
-    const ModelConfig&, const parallel::ProcessGroups*);
+    const MoeLayerConfig&, const parallel::ProcessGroups*);
 
 }  // namespace moecore::moe

@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "core/arena.h"
-#include "model/config.h"
+#include "moe/config.h"
 
 namespace moecore::parallel {
 class ProcessGroups;
@@ -110,7 +110,7 @@ int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t n
 // single-process path), else cfg.moe.dispatcher_type over the EP group. Throws when EP does not
 // divide the expert count or expert tensor parallelism (ETP > 1) is asked for.
 template <typename T>
-std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const ModelConfig& cfg,
+std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
                                                     const parallel::ProcessGroups* groups);
 
 }  // namespace moecore::moe

@@ -21,8 +21,8 @@ GroupedExperts<T>::GroupedExperts(int64_t num_experts, int64_t first_expert, int
 }
 
 template <typename T>
-void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, model::SwigluRecompute recompute) {
-  model::swiglu_mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute);
+void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, nn::SwigluRecompute recompute) {
+  nn::swiglu_mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute);
   da_ = a.alloc<T>(max_rows * sh_.F, "experts.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_rows * 2 * sh_.F, "experts.dh", MemKind::Workspace);
 }
@@ -30,13 +30,13 @@ void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, model::SwigluRecomp
 template <typename T>
 void GroupedExperts<T>::forward(T* y_NH, const T* x_NH, const T* p_N,
                                 const int64_t* rows_per_expert_L, int64_t N) {
-  model::swiglu_mlp_forward(saved_, y_NH, x_NH, p_N, rows_per_expert_L, L_, N,
+  nn::swiglu_mlp_forward(saved_, y_NH, x_NH, p_N, rows_per_expert_L, L_, N,
                             fc1_->data_as<T>(), fc2_->data_as<T>(), sh_);
 }
 
 template <typename T>
 void GroupedExperts<T>::backward(T* dx_NH, T* dp_N, const T* dy_NH) {
-  model::swiglu_mlp_backward(saved_, dx_NH, dp_N, fc1_->grad_as<T>(), fc2_->grad_as<T>(), dy_NH,
+  nn::swiglu_mlp_backward(saved_, dx_NH, dp_N, fc1_->grad_as<T>(), fc2_->grad_as<T>(), dy_NH,
                              fc1_->data_as<T>(), fc2_->data_as<T>(), sh_, da_, dh_);
 }
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/mlp.h"
+#include "nn/swiglu_mlp.h"
 
 namespace moecore::moe {
 
@@ -20,8 +20,8 @@ class GroupedExperts {
                  int64_t ffn, double init_std, double out_init_std, ParamRegistry& params,
                  const std::string& prefix);
   // recompute: what the backward recomputes (moe_act: the activation; moe: fc1 too).
-  void allocate(Arena& arena, int64_t max_rows, model::SwigluRecompute recompute = {});
-  // As model::MLP's: after allocate(), rows of bf16 values skip the rounding passes.
+  void allocate(Arena& arena, int64_t max_rows, nn::SwigluRecompute recompute = {});
+  // As nn::MLP's: after allocate(), rows of bf16 values skip the rounding passes.
   bool widened_bf16() const { return saved_.widened; }
   void input_rounded() { saved_.x_rounded = saved_.widened; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
@@ -35,10 +35,10 @@ class GroupedExperts {
 
  private:
   int64_t L_;
-  model::SwigluMlpShape sh_;
+  nn::SwigluMlpShape sh_;
   Param* fc1_;  // [L, 2F, H] of global [E, 2F, H]
   Param* fc2_;  // [L, H, F] of global [E, H, F]
-  model::SwigluMlpSaved<T> saved_;
+  nn::SwigluMlpSaved<T> saved_;
   T* da_ = nullptr;
   T* dh_ = nullptr;
 };

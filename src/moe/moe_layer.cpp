@@ -8,26 +8,26 @@
 namespace moecore::moe {
 
 template <typename T>
-MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
                       const parallel::ProcessGroups* groups)
     : MoELayer(cfg, params, prefix, make_dispatcher<T>(cfg, groups)) {}
 
 template <typename T>
-MoELayer<T>::MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
                       std::unique_ptr<TokenDispatcher<T>> dispatcher)
     : H_(cfg.hidden),
       K_(cfg.moe.router.topk),
       seq_length_(cfg.seq_length),
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
-      recompute_(cfg.recompute.modules()),
+      recompute_(cfg.recompute),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(),
                dispatcher_->num_local_experts(), cfg.hidden,
-               cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std(), params, prefix) {
+               cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std, params, prefix) {
   if (cfg.moe.shared_ffn_hidden > 0) {
-    shared_ = std::make_unique<model::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
-                                              cfg.output_init_std(), params,
+    shared_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
+                                              cfg.output_init_std, params,
                                               prefix + ".shared_experts");
   }
 }
@@ -38,7 +38,7 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   router_.allocate(a, max_tokens);
   dispatcher_->allocate(a, max_tokens);
   const int64_t rows = dispatcher_->max_rows(max_tokens);
-  experts_.allocate(a, rows, model::SwigluRecompute{recompute_.moe, recompute_.moe_act});
+  experts_.allocate(a, rows, nn::SwigluRecompute{recompute_.moe, recompute_.moe_act});
   // Widened bf16: the input feeds the router in f32 and, as bf16 values, the experts' and the
   // shared expert's fc1 GEMMs; it is rounded once into x16w_TH_, which the dispatch permutes
   // (rounding commutes with it), instead of at each of those GEMMs.

@@ -6,11 +6,11 @@
 #include <memory>
 #include <string>
 
-#include "model/config.h"
-#include "model/mlp.h"
+#include "moe/config.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
+#include "nn/swiglu_mlp.h"
 
 namespace moecore::moe {
 
@@ -19,10 +19,10 @@ class MoELayer {
  public:
   // groups: null = one rank. The dispatcher comes from make_dispatcher(cfg, groups); the
   // experts are this rank's E/EP slice, [ep_rank * L, (ep_rank + 1) * L).
-  MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+  MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
            const parallel::ProcessGroups* groups = nullptr);
   // A given dispatcher (tests); its first_local_expert() decides the experts held.
-  MoELayer(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
+  MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
            std::unique_ptr<TokenDispatcher<T>> dispatcher);
 
   // Selective recomputation (cfg.recompute): "moe" keeps only the input and reruns routing,
@@ -54,7 +54,7 @@ class MoELayer {
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
   GroupedExperts<T> experts_;
-  std::unique_ptr<model::MLP<T>> shared_;
+  std::unique_ptr<nn::MLP<T>> shared_;
   const DispatchPlan* plan_ = nullptr;
   int64_t n_tok_ = 0;
   const T* x_TH_ = nullptr;  // the forward's input, owned by the caller until backward

@@ -13,7 +13,7 @@
 
 #include "core/arena.h"
 #include "core/param_registry.h"
-#include "model/config.h"
+#include "moe/config.h"
 
 namespace moecore::moe {
 

@@ -7,7 +7,7 @@
 #include "common/layer_testing.h"
 #include "model/attention.h"
 #include "model/gpt_model.h"
-#include "model/mlp.h"
+#include "nn/swiglu_mlp.h"
 #include "model/transformer_block.h"
 
 namespace moecore::model {
@@ -87,7 +87,7 @@ TEST_F(SelfAttentionTest, IsCausalOverSequence) {
 TEST(MLP, FiniteDifferences) {
   const int64_t n = 5, H = 4, F = 3;
   ParamRegistry params(DType::F64);
-  MLP<double> mlp(H, F, 0.5, 0.5, params, "mlp");
+  nn::MLP<double> mlp(H, F, 0.5, 0.5, params, "mlp");
   Arena arena;
   testing::plan_layer(arena, params, 4, [&](Arena& a) { mlp.allocate(a, n); });
   auto x = random_vec<double>(n * H, 5);

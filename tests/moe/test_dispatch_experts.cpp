@@ -162,8 +162,8 @@ TEST(GroupedExperts, FiniteDifferences) {
       {{x.data(), dx.data(), N * H, "dx"}, {p.data(), dp.data(), N, "dp"}}));
 }
 
-ModelConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score) {
-  ModelConfig cfg;
+MoeLayerConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score) {
+  MoeLayerConfig cfg;
   cfg.hidden = 6;
   cfg.num_experts = E;
   cfg.moe.router.num_experts = E;
@@ -175,6 +175,7 @@ ModelConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction 
   cfg.moe.ffn_hidden = 4;
   cfg.moe.shared_ffn_hidden = shared;
   cfg.init_std = 0.4;
+  cfg.output_init_std = 0.2;  // init_std / sqrt(2 L) of a 2-layer model
   return cfg;
 }
 
@@ -185,7 +186,7 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
   };
   for (Case c : {Case{4, 2, 0, ScoreFunction::Softmax}, Case{5, 1, 3, ScoreFunction::Softmax},
                  Case{6, 3, 5, ScoreFunction::Sigmoid}, Case{3, 3, 0, ScoreFunction::Softmax}}) {
-    ModelConfig cfg = tiny_moe_config(c.E, c.K, c.shared, c.score);
+    MoeLayerConfig cfg = tiny_moe_config(c.E, c.K, c.shared, c.score);
     const int64_t n_tok = 7, H = cfg.hidden;
     ParamRegistry params(DType::F64);
     MoELayer<double> layer(cfg, params, "mlp");
@@ -269,7 +270,7 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
                  Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax,
                       31}}) {
     SCOPED_TRACE(c.name);
-    ModelConfig cfg = tiny_moe_config(4, 2, c.shared, c.score);
+    MoeLayerConfig cfg = tiny_moe_config(4, 2, c.shared, c.score);
     cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 4 * 1.0) = 4
     cfg.moe.router.drop_policy = c.policy;
     cfg.moe.router.pad_to_capacity = c.pad;

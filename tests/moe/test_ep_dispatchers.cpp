@@ -82,8 +82,8 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   }
 }
 
-ModelConfig moe_config(int64_t E) {
-  ModelConfig cfg;
+MoeLayerConfig moe_config(int64_t E) {
+  MoeLayerConfig cfg;
   cfg.num_experts = E;
   cfg.moe.router.num_experts = E;
   cfg.moe.ffn_hidden = 4;

@@ -215,7 +215,8 @@ void run_layer(LayerRun& run, const ModelConfig& cfg, const ProcessGroups* group
                const std::vector<double>& x, const std::vector<double>& dy, int64_t n_tok,
                int64_t max_tokens) {
   if (!run.layer) {
-    run.layer = std::make_unique<MoELayer<double>>(cfg, run.params, "decoder.layers.0.mlp", groups);
+    run.layer = std::make_unique<MoELayer<double>>(cfg.moe_layer(), run.params, "decoder.layers.0.mlp",
+                                                   groups);
     testing::plan_layer(run.arena, run.params, 7,
                         [&](Arena& a) { run.layer->allocate(a, max_tokens); });
   }

@@ -11,7 +11,7 @@
 #include "core/arena.h"
 #include "core/param_registry.h"
 
-namespace moecore::model {
+namespace moecore::nn {
 
 template <typename T>
 struct SwigluMlpSaved {
@@ -96,4 +96,4 @@ class MLP {
   T* dh_ = nullptr;
 };
 
-}  // namespace moecore::model
+}  // namespace moecore::nn

@@ -1,4 +1,4 @@
-#include "model/mlp.h"
+#include "nn/swiglu_mlp.h"
 
 #include <omp.h>
 
@@ -10,7 +10,7 @@
 #include "ops/gemm_bf16.h"
 #include "ops/swiglu.h"
 
-namespace moecore::model {
+namespace moecore::nn {
 
 // The widened-bf16 path's f32 operands when the weights come widened (Param::data16w):
 // [x | dy] rounded from f32 (a and dh are written widened by the SwiGLU kernels).
@@ -213,4 +213,4 @@ MOECORE_INSTANTIATE(float)
 MOECORE_INSTANTIATE(double)
 #undef MOECORE_INSTANTIATE
 
-}  // namespace moecore::model
+}  // namespace moecore::nn

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The folder layering of src/ (docs/design.md, "Layout"): each folder includes only itself and
+# the folders listed for it, so the architecture stays a stack without cycles. A new folder must
+# be added here. Usage: check_layering.sh SRC_DIR (exit 1 names every offending include).
+set -euo pipefail
+src=${1:?usage: check_layering.sh SRC_DIR}
+declare -A allowed=(
+  [core]=""
+  [ops]="core"
+  [nn]="core ops"
+  [parallel]="core"
+  [moe]="core ops nn parallel"
+  [model]="core ops nn parallel moe"
+  [data]="core"
+  [optim]="core ops parallel"
+  [plan]="core ops nn parallel moe model data optim train"
+  [train]="core ops nn parallel moe model data optim"
+)
+status=0
+for dir in "$src"/*/; do
+  folder=$(basename "$dir")
+  if [[ ! -v allowed[$folder] ]]; then
+    echo "src/$folder/: not in the layering table of $0: add it with the folders it may include"
+    status=1
+    continue
+  fi
+  ok=" $folder ${allowed[$folder]} "
+  while IFS= read -r hit; do
+    file=${hit%%:*}
+    dep=$(sed -E 's/.*#include "([a-z_]+)\/.*/\1/' <<< "${hit#*:}")
+    if [[ "$ok" != *" $dep "* ]]; then
+      echo "${file#"$src"/}: includes $dep/ (src/$folder/ may include only: ${allowed[$folder]:-nothing else})"
+      status=1
+    fi
+  done < <(grep -rnoE '^#include "[a-z_]+/' "$dir" | sed -E 's/:[0-9]+:/:/')
+done
+[[ $status == 0 ]] && echo "[layering] src/ folders include only what they may"
+exit $status
