@@ -41,6 +41,8 @@ declare -A runs=(
     --moe-layer-freq ([0]*1+[1]*1) --recompute-granularity selective
     --recompute-modules layernorm moe_act shared_experts mlp"
   [capacity_padding]="$aux --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
+  [gqa_qkv_bias_qk_norm]="$aux --group-query-attention --num-query-groups 2 --add-qkv-bias
+    --qk-layernorm"
 )
 mpi_runs=(ep2_alltoall ep2_alltoall_bf16)
 declare -A mpi_flags=(

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <type_traits>
 
+#include "ops/bias.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
+#include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -83,27 +85,6 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   }
 }
 
-// Copies between the fused projection [T, G, (Hq/G + 2) D] and q/k/v; to_fused=true is the
-// reverse (for the gradient).
-template <typename T>
-static void split_qkv(T* fused, T* q, T* k, T* v, int64_t n_tok, int64_t Hq, int64_t Hkv,
-                      int64_t D, bool to_fused) {
-  const int64_t qpg = Hq / Hkv, row = (Hq + 2 * Hkv) * D;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n_tok; ++t) {
-    for (int64_t g = 0; g < Hkv; ++g) {
-      T* src = fused + t * row + g * (qpg + 2) * D;
-      T* parts[3] = {q + (t * Hq + g * qpg) * D, k + (t * Hkv + g) * D, v + (t * Hkv + g) * D};
-      int64_t lens[3] = {qpg * D, D, D};
-      for (int p = 0; p < 3; ++p) {
-        if (to_fused) std::memcpy(src, parts[p], sizeof(T) * lens[p]);
-        else std::memcpy(parts[p], src, sizeof(T) * lens[p]);
-        src += lens[p];
-      }
-    }
-  }
-}
-
 // The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.
 template <typename T>
 void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
@@ -135,21 +116,16 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_, x_rounded_);
-  if (qkv_bias_ != nullptr) {
-    const T* b = qkv_bias_->data_as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t c = 0; c < C; ++c) qkv_TC_[t * C + c] += b[c];
-    }
-  }
+  if (qkv_bias_ != nullptr) ops::bias_forward(qkv_TC_, qkv_bias_->data_as<T>(), n, C);
+  const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
-    split_qkv(qkv_TC_, saved_.q_raw, saved_.k_raw, saved_.v, n, Hq_, Hkv_, D_, false);
+    ops::split_qkv(saved_.q_raw, saved_.k_raw, saved_.v, qkv_TC_, qs);
     ops::rmsnorm_forward(saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->data_as<T>(), n * Hq_, D_,
                          eps_);
     ops::rmsnorm_forward(saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->data_as<T>(), n * Hkv_,
                          D_, eps_);
   } else {
-    split_qkv(qkv_TC_, saved_.q, saved_.k, saved_.v, n, Hq_, Hkv_, D_, false);
+    ops::split_qkv(saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
   }
   ops::rope_forward(saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
   ops::rope_forward(saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
@@ -161,6 +137,7 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
 template <typename T>
 void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
   const int64_t n = shape_.S * shape_.B;
+  const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (recompute_core_) {
     ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                            workspace_);
@@ -177,21 +154,12 @@ void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
                           saved_.rstd_q, n * Hq_, D_);
     ops::rmsnorm_backward(saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw, k_norm_->data_as<T>(),
                           saved_.rstd_k, n * Hkv_, D_);
-    split_qkv(qkv_TC_, saved_.q, saved_.k, dv_, n, Hq_, Hkv_, D_, true);
+    ops::fuse_qkv(qkv_TC_, saved_.q, saved_.k, dv_, qs);
   } else {
-    split_qkv(qkv_TC_, dq_, dk_, dv_, n, Hq_, Hkv_, D_, true);
+    ops::fuse_qkv(qkv_TC_, dq_, dk_, dv_, qs);
   }
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  if (qkv_bias_ != nullptr) {
-    // Column sums in token order, one thread per column range: deterministic.
-    T* db = qkv_bias_->grad_as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      T acc = 0;
-      for (int64_t t = 0; t < n; ++t) acc += qkv_TC_[t * C + c];
-      db[c] += acc;
-    }
-  }
+  if (qkv_bias_ != nullptr) ops::bias_backward(qkv_bias_->grad_as<T>(), qkv_TC_, n, C);
   linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_, x_rounded_);
 }
 

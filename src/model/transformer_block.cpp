@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "ops/add.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore::model {
@@ -77,11 +78,11 @@ void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
   x_TH_ = x_TH;
   norm(n1_, rstd1_, x_TH, *norm1_, round_n1_);
   attn_.forward(branch_, n1_);
-  for (int64_t i = 0; i < n; ++i) x1_[i] = x_TH[i] + branch_[i];
+  ops::add(x1_, x_TH, branch_, n);
   norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
   if (moe_) moe_->forward(branch_, n2_, n_tok_, recompute);
   else mlp_->forward(branch_, n2_, n_tok_);
-  for (int64_t i = 0; i < n; ++i) y_TH[i] = x1_[i] + branch_[i];
+  ops::add(y_TH, x1_, branch_, n);
 }
 
 template <typename T>
@@ -96,7 +97,7 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
   else mlp_->backward(dn_, dy_TH);
   ops::rmsnorm_backward(branch_, norm2_->grad_as<T>(), dn_, x1_, norm2_->data_as<T>(), rstd2_,
                         n_tok_, H_);
-  for (int64_t i = 0; i < n; ++i) dx1_[i] = dy_TH[i] + branch_[i];
+  ops::add(dx1_, dy_TH, branch_, n);
   // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
   if (recompute_norms_) {
     norm(n1_, rstd1_, x_TH_, *norm1_, round_n1_);
@@ -104,7 +105,7 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
   attn_.backward(dn_, dx1_);
   ops::rmsnorm_backward(branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(), rstd1_,
                         n_tok_, H_);
-  for (int64_t i = 0; i < n; ++i) dx_TH[i] = dx1_[i] + branch_[i];
+  ops::add(dx_TH, dx1_, branch_, n);
 }
 
 template class TransformerBlock<float>;

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "core/profiler.h"
+#include "ops/add.h"
 #include "ops/cast.h"
 
 namespace moecore::moe {
@@ -97,7 +98,7 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute)
   }
   if (shared_) {
     shared_->forward(shared_TH_, gemm_input(x_TH), n_tok);
-    for (int64_t i = 0; i < n_tok * H_; ++i) y_TH[i] += shared_TH_[i];
+    ops::add(y_TH, y_TH, shared_TH_, n_tok * H_);
   }
 }
 
@@ -120,7 +121,7 @@ void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
   }
   if (shared_) {
     shared_->backward(shared_TH_, dy_TH);
-    for (int64_t i = 0; i < n_tok_ * H_; ++i) dx_TH[i] += shared_TH_[i];
+    ops::add(dx_TH, dx_TH, shared_TH_, n_tok_ * H_);
   }
 }
 

@@ -1,0 +1,24 @@
+// The fused QKV projection's layout (Megatron's): per token, per query group g of Hkv, the group's
+// Hq/Hkv query heads, then its key head, then its value head, D values each. split_qkv copies a
+// [T, (Hq + 2 Hkv) D] projection out into q [T, Hq, D], k and v [T, Hkv, D]; fuse_qkv is its
+// inverse (the backward assembles dq, dk, dv into the projection's gradient). Pure copies.
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::ops {
+
+struct QkvShape {
+  int64_t n_tok = 0, Hq = 0, Hkv = 0, D = 0;
+};
+
+template <typename T>
+void split_qkv(T* q, T* k, T* v, const T* fused, const QkvShape& s);
+template <typename T>
+void split_qkv_ref(T* q, T* k, T* v, const T* fused, const QkvShape& s);
+template <typename T>
+void fuse_qkv(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
+template <typename T>
+void fuse_qkv_ref(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
+
+}  // namespace moecore::ops

@@ -1,0 +1,103 @@
+// add, bias and the QKV layout: fast == reference (bitwise where the op is exact: add, the
+// bias forward, the QKV copies; the bias backward within f32 rounding of the f64-accumulating
+// reference, and bitwise at any thread count), serial and OpenMP sizes, guard bytes, aliasing.
+#include <omp.h>
+
+#include <vector>
+
+#include "common/testing.h"
+#include "core/check.h"
+#include "ops/add.h"
+#include "ops/bias.h"
+#include "ops/qkv_layout.h"
+
+namespace moecore::ops {
+namespace {
+
+using moecore::testing::all_close;
+using moecore::testing::Guarded;
+using moecore::testing::kF32Atol;
+using moecore::testing::kF32Rtol;
+using moecore::testing::random_vec;
+
+TEST(Add, FastEqualsRefAndAliasesEitherInput) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, (int64_t{1} << 16) + 5}) {
+    SCOPED_TRACE(n);
+    auto a = random_vec<float>(n, 1), b = random_vec<float>(n, 2);
+    Guarded<float> y(n), y_ref(n);
+    add(y.data(), a.data(), b.data(), n);
+    add_ref(y_ref.data(), a.data(), b.data(), n);
+    EXPECT_EQ(y.vec(), y_ref.vec());
+    EXPECT_TRUE(y.intact() && y_ref.intact());
+    std::vector<float> in_a = a, in_b = b;
+    add(in_a.data(), in_a.data(), b.data(), n);  // y is a
+    add(in_b.data(), a.data(), in_b.data(), n);  // y is b
+    EXPECT_EQ(in_a, y_ref.vec());
+    EXPECT_EQ(in_b, y_ref.vec());
+  }
+  auto a = random_vec<double>(5, 3), b = random_vec<double>(5, 4);
+  std::vector<double> y(5);
+  add(y.data(), a.data(), b.data(), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+}
+
+TEST(Bias, ForwardExactBackwardAccurateAndThreadInvariant) {
+  struct Shape { int64_t M, N; };
+  for (Shape s : {Shape{0, 3}, Shape{1, 1}, Shape{13, 7}, Shape{300, 70}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N);
+    auto y0 = random_vec<float>(s.M * s.N, 5), b = random_vec<float>(s.N, 6);
+    Guarded<float> y(s.M * s.N), y_ref(s.M * s.N);
+    for (int64_t i = 0; i < s.M * s.N; ++i) y[i] = y_ref[i] = y0[i];
+    bias_forward(y.data(), b.data(), s.M, s.N);
+    bias_forward_ref(y_ref.data(), b.data(), s.M, s.N);
+    EXPECT_EQ(y.vec(), y_ref.vec());
+    auto db0 = random_vec<float>(s.N, 7);  // the gradient accumulates
+    std::vector<float> by_threads[2];
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      Guarded<float> db(s.N);
+      for (int64_t i = 0; i < s.N; ++i) db[i] = db0[i];
+      bias_backward(db.data(), y0.data(), s.M, s.N);
+      EXPECT_TRUE(db.intact());
+      by_threads[threads - 1] = db.vec();
+    }
+    omp_set_num_threads(1);
+    EXPECT_EQ(by_threads[0], by_threads[1]) << "1 vs 2 threads";
+    std::vector<float> db_ref = db0;
+    bias_backward_ref(db_ref.data(), y0.data(), s.M, s.N);
+    EXPECT_TRUE(all_close(by_threads[0], db_ref, kF32Rtol * (1 + s.M), kF32Atol * (1 + s.M)));
+  }
+}
+
+TEST(QkvLayout, SplitAndFuseEqualTheLayoutDefinitionAndInvertEachOther) {
+  for (QkvShape s : {QkvShape{1, 1, 1, 1}, QkvShape{5, 4, 2, 3}, QkvShape{7, 6, 6, 2},
+                     QkvShape{64, 8, 2, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << s.n_tok << " Hq=" << s.Hq << " Hkv=" << s.Hkv
+                                      << " D=" << s.D);
+    const int64_t nq = s.n_tok * s.Hq * s.D, nkv = s.n_tok * s.Hkv * s.D, nf = nq + 2 * nkv;
+    auto fused = random_vec<float>(nf, 8);
+    Guarded<float> q(nq), k(nkv), v(nkv), q_r(nq), k_r(nkv), v_r(nkv), back(nf), back_r(nf);
+    split_qkv(q.data(), k.data(), v.data(), fused.data(), s);
+    split_qkv_ref(q_r.data(), k_r.data(), v_r.data(), fused.data(), s);
+    EXPECT_EQ(q.vec(), q_r.vec());
+    EXPECT_EQ(k.vec(), k_r.vec());
+    EXPECT_EQ(v.vec(), v_r.vec());
+    fuse_qkv(back.data(), q.data(), k.data(), v.data(), s);
+    fuse_qkv_ref(back_r.data(), q.data(), k.data(), v.data(), s);
+    EXPECT_EQ(back.vec(), fused);
+    EXPECT_EQ(back_r.vec(), fused);
+    for (auto* g : {&q, &k, &v, &q_r, &k_r, &v_r, &back, &back_r}) EXPECT_TRUE(g->intact());
+  }
+  // Megatron's layout, by hand: Hq 4, Hkv 2, D 1: [q0 q1 k0 v0 | q2 q3 k1 v1].
+  const std::vector<float> fused = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> q(4), k(2), v(2);
+  split_qkv(q.data(), k.data(), v.data(), fused.data(), QkvShape{1, 4, 2, 1});
+  EXPECT_EQ(q, (std::vector<float>{0, 1, 4, 5}));
+  EXPECT_EQ(k, (std::vector<float>{2, 6}));
+  EXPECT_EQ(v, (std::vector<float>{3, 7}));
+  const QkvShape bad{1, 3, 2, 1};  // 3 query heads over 2 KV heads
+  EXPECT_THROW(split_qkv(q.data(), k.data(), v.data(), fused.data(), bad), moecore::Error);
+}
+
+}  // namespace
+}  // namespace moecore::ops
