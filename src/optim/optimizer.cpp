@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "ops/adamw.h"
+#include "ops/sum_squares.h"
 
 namespace moecore::optim {
 
@@ -20,60 +21,16 @@ void AdamWConfig::validate() const {
   MOE_CHECK(clip_grad >= 0, "[optimizer] --clip-grad={} must be >= 0", clip_grad);
 }
 
-namespace {
-// Sum of squares in f64, bitwise the same for any thread count: at most kMaxBlocks fixed blocks
-// (their bounds depend on n only), each summed over kLanes independent lanes (vectorised; the
-// lanes hide the add latency) that are added in lane order, then the block sums in block order.
-// The earlier `omp parallel for reduction(+)` was a scalar chain of dependent f64 adds (about
-// half the optimizer's time) whose association depended on the thread count.
-constexpr int64_t kMaxBlocks = 256;
-constexpr int64_t kLanes = 32;
-constexpr int64_t kMinBlock = int64_t{1} << 14;
-
-template <typename T>
-double block_sum_squares(const T* g, int64_t n) {
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-#pragma omp simd
-    for (int64_t j = 0; j < kLanes; ++j) {
-      const double x = static_cast<double>(g[i + j]);
-      acc[j] += x * x;
-    }
-  }
-  for (int64_t j = 0; i + j < n; ++j) {
-    const double x = static_cast<double>(g[i + j]);
-    acc[j] += x * x;
-  }
-  double s = 0;
-  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
-}
-
-template <typename T>
-double sum_squares(const T* g, int64_t n) {
-  // Blocks a multiple of kLanes long: every block starts 128-byte aligned (f32) when g does.
-  int64_t block = std::max(kMinBlock, (n + kMaxBlocks - 1) / kMaxBlocks);
-  block = (block + kLanes - 1) / kLanes * kLanes;
-  const int64_t n_blocks = (n + block - 1) / block;
-  double part[kMaxBlocks];
-#pragma omp parallel for schedule(static) if (n_blocks > 1)
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t b0 = b * block;
-    part[b] = block_sum_squares(g + b0, std::min(block, n - b0));
-  }
-  double s = 0;
-  for (int64_t b = 0; b < n_blocks; ++b) s += part[b];
-  return s;
-}
-}  // namespace
 
 double grad_sum_squares(const ParamRegistry& params, ParamKind k) {
-  if (params.numel(k) == 0) return 0.0;
+  double s = 0.0;
+  if (params.numel(k) == 0) return s;
   if (params.dtype() == DType::F32) {
-    return sum_squares(static_cast<const float*>(params.flat_grad(k)), params.numel(k));
+    ops::sum_squares(&s, static_cast<const float*>(params.flat_grad(k)), params.numel(k));
+  } else {
+    ops::sum_squares(&s, static_cast<const double*>(params.flat_grad(k)), params.numel(k));
   }
-  return sum_squares(static_cast<const double*>(params.flat_grad(k)), params.numel(k));
+  return s;
 }
 
 double global_grad_norm(const ParamRegistry& params) {
