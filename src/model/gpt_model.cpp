@@ -7,6 +7,7 @@
 #include "ops/embedding.h"
 #include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
+#include "ops/token_layout.h"
 
 namespace moecore::model {
 
@@ -117,14 +118,7 @@ void GPTModel<T>::allocate(Arena& a) {
 template <typename T>
 double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
   // [B, S] -> sequence-major tokens t = s * B + b.
-  counted_ = 0;
-  for (int64_t b = 0; b < B_; ++b) {
-    for (int64_t s = 0; s < S_; ++s) {
-      ids_T_[s * B_ + b] = ids_BS[b * S_ + s];
-      targets_T_[s * B_ + b] = targets_BS[b * S_ + s];
-      counted_ += targets_BS[b * S_ + s] >= 0;
-    }
-  }
+  ops::tokens_to_sequence_major(ids_T_, targets_T_, &counted_, ids_BS, targets_BS, B_, S_);
   const int64_t H = cfg_.hidden;
   ops::embedding_forward(stream_[0], ids_T_, embedding_->data_as<T>(), T_, H, cfg_.vocab_size);
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(stream_[l + 1], stream_[l]);

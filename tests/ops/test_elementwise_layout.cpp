@@ -10,6 +10,7 @@
 #include "ops/add.h"
 #include "ops/bias.h"
 #include "ops/qkv_layout.h"
+#include "ops/token_layout.h"
 
 namespace moecore::ops {
 namespace {
@@ -97,6 +98,30 @@ TEST(QkvLayout, SplitAndFuseEqualTheLayoutDefinitionAndInvertEachOther) {
   EXPECT_EQ(v, (std::vector<float>{3, 7}));
   const QkvShape bad{1, 3, 2, 1};  // 3 query heads over 2 KV heads
   EXPECT_THROW(split_qkv(q.data(), k.data(), v.data(), fused.data(), bad), moecore::Error);
+}
+
+TEST(TokenLayout, SequenceMajorEqualsTheDefinitionAndCountsTargets) {
+  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {8, 64}, {0, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " S=" << S);
+    std::vector<int32_t> ids(B * S), tg(B * S);
+    for (int64_t i = 0; i < B * S; ++i) {
+      ids[i] = static_cast<int32_t>(i * 7 % 101);
+      tg[i] = i % 5 == 3 ? -1 : static_cast<int32_t>(i % 97);  // some ignored targets
+    }
+    Guarded<int32_t> ids_T(B * S), tg_T(B * S), ids_r(B * S), tg_r(B * S);
+    int64_t counted = -1, counted_r = -1;
+    tokens_to_sequence_major(ids_T.data(), tg_T.data(), &counted, ids.data(), tg.data(), B, S);
+    tokens_to_sequence_major_ref(ids_r.data(), tg_r.data(), &counted_r, ids.data(), tg.data(), B,
+                                 S);
+    EXPECT_EQ(ids_T.vec(), ids_r.vec());
+    EXPECT_EQ(tg_T.vec(), tg_r.vec());
+    EXPECT_EQ(counted, counted_r);
+    int64_t expect = 0;
+    for (int32_t t : tg) expect += t >= 0;
+    EXPECT_EQ(counted, expect);
+    if (B > 1) EXPECT_EQ(ids_T[1], ids[S]);  // t = 1 is (s = 0, b = 1): row 1 of [B, S]
+    for (auto* g : {&ids_T, &tg_T, &ids_r, &tg_r}) EXPECT_TRUE(g->intact());
+  }
 }
 
 }  // namespace

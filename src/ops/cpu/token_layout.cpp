@@ -1,0 +1,23 @@
+// [B, S] -> [S, B] token ids and targets: per sequence position, the B tokens of that position.
+#include "core/check.h"
+#include "ops/token_layout.h"
+
+namespace moecore::ops {
+
+void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* counted,
+                              const int32_t* ids_BS, const int32_t* targets_BS, int64_t B,
+                              int64_t S) {
+  MOE_CHECK(B >= 0 && S >= 0, "[tokens] negative shape B={} S={}", B, S);
+  int64_t n = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t tgt = targets_BS[b * S + s];
+      ids_T[s * B + b] = ids_BS[b * S + s];
+      targets_T[s * B + b] = tgt;
+      n += tgt >= 0;
+    }
+  }
+  *counted = n;
+}
+
+}  // namespace moecore::ops
