@@ -20,7 +20,32 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
                               int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok,
                               int64_t K, int64_t E);
 
-// y[r] = x[row_token[r]]  (y [N, H], x [T, H]).
+// Padding to capacity (--moe-pad-expert-input-to-capacity): moves each expert's block of a
+// packed map (build_permutation's, n_real rows) to rows [e * cap, e * cap + count_e) and fills
+// the rest of the block with pad rows (row_token = row_slot = -1); token_rows follows, counts
+// become cap. Throws when an expert has more than cap rows. Returns the number of pad rows.
+int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
+                        int64_t E, int64_t cap);
+int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                            int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
+                            int64_t E, int64_t cap);
+
+// Each row's routing prob: p[r] = probs[row_token[r], row_slot[r]] (0 for a pad row).
+template <typename T>
+void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                      const int32_t* row_slot_N, int64_t N, int64_t K);
+template <typename T>
+void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                          const int32_t* row_slot_N, int64_t N, int64_t K);
+// Its backward: dprobs[t, k] = dp[token_rows[t, k]] (0 for a dropped slot), assigned.
+template <typename T>
+void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
+template <typename T>
+void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
+                           int64_t TK);
+
+// y[r] = x[row_token[r]]  (y [N, H], x [T, H]); a pad row (row_token[r] < 0) becomes zeros.
 template <typename T>
 void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
 template <typename T>

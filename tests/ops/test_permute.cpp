@@ -155,6 +155,64 @@ void compare_gathers(double rtol, double atol) {
   }
 }
 
+// Padding to capacity, the probs gather and its scatter backward: fast == reference bitwise on
+// every routing (cap = the largest count, and one more), pad rows zero in the row gather.
+TEST(Permute, PaddingAndProbGathersEqualRef) {
+  for (const auto& r : routings()) {
+    Map m = build<true>(r.idx, r.T, r.K, r.E);
+    const int64_t max_count = *std::max_element(m.counts.begin(), m.counts.end());
+    for (int64_t cap : {max_count, max_count + 1}) {
+      SCOPED_TRACE(::testing::Message() << r.name << " cap=" << cap);
+      if (cap == 0) continue;
+      const int64_t rows = r.E * cap;
+      std::vector<int64_t> cnt_f = m.counts, cnt_r = m.counts;
+      std::vector<int32_t> tok_f(std::max(rows, m.N)), slot_f(tok_f.size()), tr_f = m.token_rows;
+      std::copy(m.row_token.begin(), m.row_token.end(), tok_f.begin());
+      std::copy(m.row_slot.begin(), m.row_slot.end(), slot_f.begin());
+      std::vector<int32_t> tok_r = tok_f, slot_r = slot_f, tr_r = m.token_rows;
+      const int64_t pad_f = ops::pad_permutation(cnt_f.data(), tok_f.data(), slot_f.data(),
+                                                 tr_f.data(), m.N, r.T, r.K, r.E, cap);
+      const int64_t pad_r = ops::pad_permutation_ref(cnt_r.data(), tok_r.data(), slot_r.data(),
+                                                     tr_r.data(), m.N, r.T, r.K, r.E, cap);
+      EXPECT_EQ(pad_f, pad_r);
+      EXPECT_EQ(pad_f, rows - m.N);
+      EXPECT_EQ(cnt_f, cnt_r);
+      tok_f.resize(rows);
+      tok_r.resize(rows);
+      slot_f.resize(rows);
+      slot_r.resize(rows);
+      EXPECT_EQ(tok_f, tok_r);
+      EXPECT_EQ(slot_f, slot_r);
+      EXPECT_EQ(tr_f, tr_r);
+      auto probs = random_vec<float>(r.T * r.K, 3);
+      auto x = random_vec<float>(r.T * 5, 4);
+      Guarded<float> p(rows), p_r(rows), y(rows * 5), y_r(rows * 5);
+      ops::gather_row_probs(p.data(), probs.data(), tok_f.data(), slot_f.data(), rows, r.K);
+      ops::gather_row_probs_ref(p_r.data(), probs.data(), tok_f.data(), slot_f.data(), rows, r.K);
+      permute_rows(y.data(), x.data(), tok_f.data(), rows, 5);
+      permute_rows_ref(y_r.data(), x.data(), tok_f.data(), rows, 5);
+      EXPECT_EQ(p.vec(), p_r.vec());
+      EXPECT_EQ(y.vec(), y_r.vec());
+      for (int64_t row = 0; row < rows; ++row) {
+        if (tok_f[row] >= 0) continue;
+        EXPECT_EQ(p[row], 0.f) << "pad row " << row;
+        for (int h = 0; h < 5; ++h) EXPECT_EQ(y[row * 5 + h], 0.f) << "pad row " << row;
+      }
+      auto dp = random_vec<float>(rows, 5);
+      Guarded<float> dprobs(r.T * r.K), dprobs_r(r.T * r.K);
+      ops::scatter_row_probs(dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
+      ops::scatter_row_probs_ref(dprobs_r.data(), dp.data(), tr_f.data(), r.T * r.K);
+      EXPECT_EQ(dprobs.vec(), dprobs_r.vec());
+      for (auto* g : {&p, &p_r, &y, &y_r, &dprobs, &dprobs_r}) EXPECT_TRUE(g->intact());
+    }
+  }
+  std::vector<int64_t> counts = {3};
+  std::vector<int32_t> tok = {0, 1, 2}, slot = {0, 0, 0}, tr = {0, 1, 2};
+  EXPECT_THROW(ops::pad_permutation(counts.data(), tok.data(), slot.data(), tr.data(), 3, 3, 1, 1,
+                                    2),
+               moecore::Error);  // 3 rows > capacity 2
+}
+
 TEST(Permute, FastGathersMatchRefF32) { compare_gathers<float>(kF32Rtol, kF32Atol); }
 TEST(Permute, FastGathersMatchRefF64) { compare_gathers<double>(kF64Rtol, kF64Atol); }
 

@@ -56,11 +56,61 @@ int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_
   return N;
 }
 
+int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
+                        int64_t E, int64_t cap) {
+  // Last expert first: blocks only move up (e * cap >= their packed offset), so memmove never
+  // overwrites a block not yet moved.
+  int64_t end = n_real, pad = 0;
+  for (int64_t e = E - 1; e >= 0; --e) {
+    const int64_t cnt = counts_E[e];
+    MOE_CHECK(cnt <= cap,
+              "[dispatcher] expert {} has {} rows > capacity {}: the router must drop to "
+              "capacity before padding",
+              e, cnt, cap);
+    const int64_t from = end - cnt;
+    end = from;
+    std::memmove(row_token_N + e * cap, row_token_N + from, sizeof(int32_t) * cnt);
+    std::memmove(row_slot_N + e * cap, row_slot_N + from, sizeof(int32_t) * cnt);
+    for (int64_t r = e * cap + cnt; r < (e + 1) * cap; ++r) row_token_N[r] = row_slot_N[r] = -1;
+    pad += cap - cnt;
+    counts_E[e] = cap;
+  }
+  for (int64_t r = 0; r < E * cap; ++r) {
+    if (row_token_N[r] >= 0) token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
+  }
+  (void)n_tok;  // dropped slots keep token_rows -1 from build_permutation (the ref resets them)
+  return pad;
+}
+
+template <typename T>
+void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                      const int32_t* row_slot_N, int64_t N, int64_t K) {
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
+  for (int64_t r = 0; r < N; ++r) {
+    const int32_t t = row_token_N[r];
+    p_N[r] = t >= 0 ? probs_TK[int64_t(t) * K + row_slot_N[r]] : T(0);
+  }
+}
+
+template <typename T>
+void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK) {
+#pragma omp parallel for simd schedule(static) if (TK >= kParallelMin)
+  for (int64_t i = 0; i < TK; ++i) {
+    const int32_t r = token_rows_TK[i];
+    dprobs_TK[i] = r >= 0 ? dp_N[r] : T(0);
+  }
+}
+
 template <typename T>
 void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
   for (int64_t r = 0; r < N; ++r) {
-    std::memcpy(y_NH + r * H, x_TH + int64_t(row_token_N[r]) * H, sizeof(T) * size_t(H));
+    if (row_token_N[r] < 0) {
+      std::memset(y_NH + r * H, 0, sizeof(T) * size_t(H));
+    } else {
+      std::memcpy(y_NH + r * H, x_TH + int64_t(row_token_N[r]) * H, sizeof(T) * size_t(H));
+    }
   }
 }
 
@@ -81,6 +131,12 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
   }
 }
 
+template void gather_row_probs<float>(float*, const float*, const int32_t*, const int32_t*,
+                                      int64_t, int64_t);
+template void gather_row_probs<double>(double*, const double*, const int32_t*, const int32_t*,
+                                       int64_t, int64_t);
+template void scatter_row_probs<float>(float*, const float*, const int32_t*, int64_t);
+template void scatter_row_probs<double>(double*, const double*, const int32_t*, int64_t);
 template void permute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t);
 template void permute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t);
 template void unpermute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t,

@@ -2,6 +2,7 @@
 // (O(E*T*K), obviously expert-major and token-ascending); the gathers are plain loops with f64
 // accumulation. The oracle for permute.cpp.
 #include <limits>
+#include <vector>
 
 #include "core/check.h"
 #include "ops/permute.h"
@@ -42,10 +43,52 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
   return r;
 }
 
+// Rebuilt from the packed map: expert e's rows are the packed rows [start_e, start_e + count_e)
+// in order, then pad rows up to cap.
+int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                            int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
+                            int64_t E, int64_t cap) {
+  std::vector<int32_t> tok(row_token_N, row_token_N + n_real), slot(row_slot_N, row_slot_N + n_real);
+  int64_t start = 0, pad = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    MOE_CHECK(counts_E[e] <= cap, "[dispatcher] expert {} has {} rows > capacity {}", e,
+              counts_E[e], cap);
+    for (int64_t j = 0; j < cap; ++j) {
+      const bool real = j < counts_E[e];
+      row_token_N[e * cap + j] = real ? tok[start + j] : -1;
+      row_slot_N[e * cap + j] = real ? slot[start + j] : -1;
+    }
+    start += counts_E[e];
+    pad += cap - counts_E[e];
+    counts_E[e] = cap;
+  }
+  for (int64_t i = 0; i < n_tok * K; ++i) token_rows_TK[i] = -1;
+  for (int64_t r = 0; r < E * cap; ++r) {
+    if (row_token_N[r] >= 0) token_rows_TK[row_token_N[r] * K + row_slot_N[r]] = int32_t(r);
+  }
+  return pad;
+}
+
+template <typename T>
+void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                          const int32_t* row_slot_N, int64_t N, int64_t K) {
+  for (int64_t r = 0; r < N; ++r) {
+    p_N[r] = row_token_N[r] < 0 ? T(0) : probs_TK[row_token_N[r] * K + row_slot_N[r]];
+  }
+}
+
+template <typename T>
+void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
+                           int64_t TK) {
+  for (int64_t i = 0; i < TK; ++i) dprobs_TK[i] = token_rows_TK[i] < 0 ? T(0) : dp_N[token_rows_TK[i]];
+}
+
 template <typename T>
 void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H) {
   for (int64_t r = 0; r < N; ++r) {
-    for (int64_t h = 0; h < H; ++h) y_NH[r * H + h] = x_TH[int64_t(row_token_N[r]) * H + h];
+    for (int64_t h = 0; h < H; ++h) {
+      y_NH[r * H + h] = row_token_N[r] < 0 ? T(0) : x_TH[int64_t(row_token_N[r]) * H + h];
+    }
   }
 }
 
@@ -64,6 +107,12 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
   }
 }
 
+template void gather_row_probs_ref<float>(float*, const float*, const int32_t*, const int32_t*,
+                                          int64_t, int64_t);
+template void gather_row_probs_ref<double>(double*, const double*, const int32_t*, const int32_t*,
+                                           int64_t, int64_t);
+template void scatter_row_probs_ref<float>(float*, const float*, const int32_t*, int64_t);
+template void scatter_row_probs_ref<double>(double*, const double*, const int32_t*, int64_t);
 template void permute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t);
 template void permute_rows_ref<double>(double*, const double*, const int32_t*, int64_t, int64_t);
 template void unpermute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t,
