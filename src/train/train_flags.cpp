@@ -1,6 +1,7 @@
 #include "train/train_flags.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <memory>
@@ -358,6 +359,33 @@ bool train_binds(const MegatronFlag& f) {
   return false;
 }
 
+// A bound flag given one of Megatron's choices that moecore's option does not take (e.g.
+// --lr-decay-style inverse-square-root): "not implemented yet", naming the choices it takes.
+// (The value is a Megatron choice: parse_megatron_argv checked that.)
+static void check_implemented_choices(CLI::App& app, const ParsedArgs& given) {
+  for (const GivenFlag& g : given.flags) {
+    if (g.megatron == nullptr || g.megatron->choices.empty() || !train_binds(*g.megatron)) continue;
+    CLI::Option* o = app.get_option_no_throw(g.megatron->name());
+    if (o == nullptr) continue;
+    CLI::Validator* v = nullptr;
+    try {
+      v = o->get_validator(0);
+    } catch (const CLI::OptionNotFound&) {
+      continue;  // no validator: every Megatron choice is taken
+    }
+    auto takes = [&](std::string value) { return (*v)(value).empty(); };
+    for (const std::string& value : g.values) {
+      if (takes(value)) continue;
+      std::vector<std::string> implemented;
+      for (const std::string& c : g.megatron->choices) {
+        if (takes(c)) implemented.push_back(c);
+      }
+      MOE_FAIL("[flags] {} {}: Megatron's choice is not implemented yet; moecore implements {}",
+               g.name, value, fmt::join(implemented, ", "));
+    }
+  }
+}
+
 TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   std::vector<std::string> with_cmd = {"train"};
   with_cmd.insert(with_cmd.end(), raw.begin(), raw.end());
@@ -369,6 +397,7 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   const ParsedArgs given = parse_megatron_argv(args, own_flags(app), moecore_extra_choices());
   if (given.help) throw CLI::CallForHelp();
   f.notices = check_megatron_flags(given, train_binds);
+  check_implemented_choices(app, given);
   std::vector<std::string> cli_args = given.args_for([](const GivenFlag& g) {
     return g.megatron == nullptr || train_binds(*g.megatron);
   });
