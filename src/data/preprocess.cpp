@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string_view>
@@ -112,6 +113,13 @@ PreprocessStats preprocess(const PreprocessConfig& cfg, std::ostream& log) {
   const std::string_view text(reinterpret_cast<const char*>(in.data()), in.size());
 
   const TokenDType dtype = optimal_dtype(tok->vocab_size());
+  // A missing output folder is created (as `--output-prefix data/corpus` suggests).
+  if (const auto dir = std::filesystem::path(cfg.output_prefix).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    MOE_CHECK(!ec, "[preprocess] cannot create the folder '{}' of --output-prefix: {}",
+              dir.string(), ec.message());
+  }
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
   PreprocessStats st;
   for (const std::string& key : cfg.json_keys) {

@@ -85,11 +85,12 @@ std::string make_corpus(const std::string& dir) {
 
 TEST(DataCli, PreprocessWritesMegatronsBytes) {
   const std::string dir = temp_dir();
+  // The output folder does not exist yet: preprocess creates it.
   CommandResult r = run("preprocess --input " + fixture("preprocess_input.jsonl") +
-                        " --output-prefix " + dir + "/b --append-eod --tokenizer-type ByteLevel");
+                        " --output-prefix " + dir + "/new/b --append-eod --tokenizer-type ByteLevel");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(bytes(dir + "/b_text_document.bin"), bytes(fixture("preprocess_bytelevel_text_document.bin")));
-  EXPECT_EQ(bytes(dir + "/b_text_document.idx"), bytes(fixture("preprocess_bytelevel_text_document.idx")));
+  EXPECT_EQ(bytes(dir + "/new/b_text_document.bin"), bytes(fixture("preprocess_bytelevel_text_document.bin")));
+  EXPECT_EQ(bytes(dir + "/new/b_text_document.idx"), bytes(fixture("preprocess_bytelevel_text_document.idx")));
   r = run("preprocess --input " + fixture("preprocess_null.jsonl") + " --output-prefix " + dir +
           "/n --append-eod --tokenizer-type NullTokenizer --vocab-size 70000 --workers 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
