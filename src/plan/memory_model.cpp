@@ -81,6 +81,11 @@ std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel:
   if (d.tp > 1) why.push_back("TP");
   if (d.cp > 1) why.push_back("CP");
   if (d.etp > 1) why.push_back("ETP");
+  if (r.fp8) why.push_back("FP8");
+  if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
+      r.main_param_bytes != 4) {
+    why.push_back("reduced-precision optimizer state");
+  }
   if (!r.recompute_modules.empty() &&
       std::find(r.recompute_modules.begin(), r.recompute_modules.end(), "mla_up_proj") !=
           r.recompute_modules.end() && !m.mla) {
@@ -99,6 +104,7 @@ double layer_activation_bytes(const ModelSpec& m, const RunSpec& r, const parall
   const double T = static_cast<double>(m.seq_length * r.micro_batch) / d.cp;
   const double tp = d.tp, sp = r.parallel.sequence_parallel ? d.tp : 1, etp = d.etp;
   const double dt = r.bf16 ? 2 : 4;
+  const double g8 = r.fp8 ? 1.0 / dt : 1.0;  // fp8: a linear layer's saved input takes 1 byte
   const double H = m.hidden, Hq = m.num_heads;
   const RecomputeModules rm = r.recompute.modules();
   const bool up_proj = std::find(r.recompute_modules.begin(), r.recompute_modules.end(),
@@ -131,15 +137,16 @@ double layer_activation_bytes(const ModelSpec& m, const RunSpec& r, const parall
     const double rows = T / sp * m.topk * etp;
     const double F = m.moe_ffn_hidden;
     const double router = T / sp * (4.0 * 2 * m.num_experts + 12.0 * m.topk);
-    double expert = rows * (H + 2 * F / etp + (rm.moe_act ? 0 : F / etp) + H);
+    double expert = rows * (H * g8 + 2 * F / etp + (rm.moe_act ? 0 : F / etp * g8) + H);
     double shared = m.shared_ffn_hidden > 0
-                        ? (rm.shared_experts ? 0 : T / sp * 3.0 * m.shared_ffn_hidden / tp * sp)
+                        ? (rm.shared_experts ? 0 : T * 3.0 * m.shared_ffn_hidden / tp)
                         : 0;
     if (rm.moe) expert = shared = 0;
     bytes += T * dt * ffn + router + dt * (expert + shared);
     f += fmt::format("; MoE T*dt*(H/sp{}) + router T/sp*(8E+12K) B + rows*dt*(2H + 2F/etp{}) with "
-                     "rows = T/sp*K*etp (the permuted tokens, K x the layer's tokens){}{}",
+                     "rows = T/sp*K*etp (the permuted tokens, K x the layer's tokens){}{}{}",
                      rm.layernorm ? "" : " + H/sp", rm.moe_act ? "" : " + F/etp",
+                     r.fp8 ? " [fp8: fc1 / fc2 inputs 1 B]" : "",
                      m.shared_ffn_hidden > 0 && !rm.shared_experts ? " + shared T*dt*3Fs/tp" : "",
                      rm.moe ? " [moe recomputed: its input only]" : "");
   } else {
@@ -273,13 +280,15 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       st.why_formula = reason;
       // Megatron's mixed precision: bf16 weights, fp32 main grads, fp32 master + Adam m, v
       // (6 + 12/d bytes per parameter); fp32 training: 4 + 4 + 8/d.
-      const double wb = run.bf16 ? 2 : 4, gb = 4, ob = run.bf16 ? 12 : 8;
+      const double wb = run.bf16 ? 2 : 4, gb = run.main_grad_bytes;
+      const double ob = (run.bf16 ? run.main_param_bytes : 0) + run.exp_avg_bytes +
+                        run.exp_avg_sq_bytes;
       add(st, MemPart::Weights, (dense_rank + expert_rank) * wb, "parameters",
           fmt::format("(dense {:.3g} + expert {:.3g}) x {} B", dense_rank, expert_rank, wb));
       add(st, MemPart::Grads, (dense_rank + expert_rank) * gb, "fp32 main grads",
           fmt::format("params x {} B", gb));
       add(st, MemPart::Optimizer, dense_rank * ob / dense_shards + expert_rank * ob / expert_shards,
-          run.bf16 ? "fp32 master + Adam m, v" : "Adam m, v",
+          run.bf16 ? "master weights + Adam m, v" : "Adam m, v",
           fmt::format("dense x {}/{} + expert x {}/{} B", ob, dense_shards, ob, expert_shards));
       add(st, MemPart::Activations, act_layer * st.in_flight_layers,
           "activations in flight",

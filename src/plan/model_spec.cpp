@@ -111,6 +111,14 @@ RunSpec run_from_args(const train::ParsedArgs& a) {
   r.global_batch = int_or(a, "--global-batch-size", 0);
   r.bf16 = on(a, "--bf16");
   r.distributed_optimizer = on(a, "--use-distributed-optimizer");
+  auto dtype_bytes = [](const std::string& t) {
+    return t == "fp8" ? 1.0 : (t == "fp16" || t == "bf16") ? 2.0 : 4.0;
+  };
+  r.main_param_bytes = dtype_bytes(text(a, "--main-params-dtype"));
+  r.main_grad_bytes = dtype_bytes(text(a, "--main-grads-dtype"));
+  r.exp_avg_bytes = dtype_bytes(text(a, "--exp-avg-dtype"));
+  r.exp_avg_sq_bytes = dtype_bytes(text(a, "--exp-avg-sq-dtype"));
+  r.fp8 = !text(a, "--fp8-format").empty();
   const std::string gran = text(a, "--recompute-granularity");
   const std::string method = text(a, "--recompute-method");
   if (gran == "full") r.recompute.granularity = RecomputeGranularity::Full;

@@ -62,6 +62,11 @@ struct RunSpec {
   int64_t global_batch = 0;           // 0: micro_batch x dp
   bool bf16 = false;
   bool distributed_optimizer = false; // --use-distributed-optimizer
+  // Megatron's precision-aware optimizer (--main-params-dtype, --main-grads-dtype,
+  // --exp-avg-dtype, --exp-avg-sq-dtype), bytes per element; and FP8 GEMMs (--fp8-format):
+  // the linear layers' saved inputs are fp8. Modelled by formula only (the trainer has neither).
+  double main_param_bytes = 4, main_grad_bytes = 4, exp_avg_bytes = 4, exp_avg_sq_bytes = 4;
+  bool fp8 = false;
   RecomputeConfig recompute;          // --recompute-*
   std::vector<std::string> recompute_modules;  // as given (mla_up_proj included)
 };

@@ -232,7 +232,9 @@ TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
   EXPECT_DOUBLE_EQ(p.attention_flops_per_token, t.attention_flops_per_token);
 }
 
-// The layouts NVIDIA publishes (docs/plan.md has the table and the sources) fit.
+// The layouts NVIDIA publishes (docs/plan.md has the table and the sources) fit. Qwen3-30B-A3B's
+// (TP 1, EP 8) is one the trainer builds, so its figure is the trainer's own plan, which does not
+// fit an H100 today (fp32 activations, dropless worst-case EP buffers): docs/plan.md.
 TEST(PlanPublished, PublishedLayoutsFit) {
   struct Case {
     const char* cfg;
@@ -252,11 +254,9 @@ TEST(PlanPublished, PublishedLayoutsFit) {
         "--num-virtual-stages-per-pipeline-rank", "4", "--expert-model-parallel-size", "32",
         "--micro-batch-size", "1", "--global-batch-size", "2048", "--use-distributed-optimizer",
         "--recompute-granularity", "selective", "--recompute-modules", "mlp", "mla_up_proj",
-        "--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "8"}},
-      {"qwen3-30b-a3b",
-       {"--hardware", "h100", "--gpus", "64", "--expert-model-parallel-size", "8",
-        "--micro-batch-size", "1", "--global-batch-size", "512", "--use-distributed-optimizer",
-        "--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act"}},
+        "--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "8",
+        "--fp8-format", "e4m3", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+        "--exp-avg-sq-dtype", "bf16"}},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--config", config(c.cfg)};
