@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/check.h"
 
@@ -49,7 +50,7 @@ std::string layout_flags(const RunSpec& r) {
 }
 
 SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
-                            const Hardware& hw) {
+                            const Hardware& hw, const ModelConfig* trainer_cfg) {
   SearchResult out;
   const int64_t E = std::max<int64_t>(m.num_experts, 1);
   std::vector<RecomputeConfig> recomputes;
@@ -106,8 +107,12 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
                   ++out.tried;
                   try {
                     validate_run(m, r, world);
-                    ModelSpec mm = m;
-                    Plan p = make_plan(mm, r, world, hw);
+                    std::optional<ModelConfig> tc;
+                    if (trainer_cfg) {  // this candidate's recomputation
+                      tc = *trainer_cfg;
+                      tc->recompute = r.recompute;
+                    }
+                    Plan p = make_plan(m, r, world, hw, tc ? &*tc : nullptr);
                     if (!p.fits) {
                       out.rejected.push_back(
                           {r, fmt::format("needs {:.1f} GiB on stage {} > {:.0f} GiB",
@@ -117,7 +122,9 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
                     }
                     out.fits.push_back(std::move(p));
                   } catch (const Error& e) {
-                    out.rejected.push_back({r, e.what()});
+                    // The message without the failed check's location.
+                    const std::string what = e.what();
+                    out.rejected.push_back({r, what.substr(0, what.find(" (check `"))});
                   }
                 }
               }
@@ -153,7 +160,13 @@ std::string search_text(const SearchResult& r, int top) {
   // The reasons, most frequent first, each with one example layout.
   std::map<std::string, std::pair<int, std::string>> reasons;
   for (const auto& [run, why] : r.rejected) {
-    std::string key = why.substr(0, why.find(':') == std::string::npos ? why.size() : why.find(':'));
+    // The reason with its numbers left out, so that one rule is one line.
+    std::string key;
+    for (char ch : why) {
+      const bool digit = ch >= '0' && ch <= '9';
+      if (!digit) key += ch;
+      else if (key.empty() || key.back() != 'N') key += 'N';
+    }
     if (key.rfind("needs", 0) == 0) key = "does not fit in device memory";
     auto& e = reasons[key];
     if (e.first++ == 0) e.second = layout_flags(run) + ": " + why;

@@ -17,8 +17,9 @@ struct SearchResult {
 };
 
 // base: the batch, precision and the recompute modules to try; its layout is ignored.
+// trainer_cfg: the model as `moecore train` parses it (null: derived), as for make_plan.
 SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
-                            const Hardware& hw);
+                            const Hardware& hw, const ModelConfig* trainer_cfg = nullptr);
 
 // A layout's Megatron flags ("--tensor-model-parallel-size 2 ..."): all of them, and the
 // process-group ones alone (what `moecore groups` takes).

@@ -111,22 +111,18 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
     world = std::lcm(pc.tp * pc.cp, pc.ep * pc.expert_tp()) * pc.pp;
   }
   const bool json = own(a, "--json") != nullptr;
-  if (own(a, "--search")) {
-    MOE_CHECK(own(a, "--gpus") || own(a, "--world-size"), "[plan] --search needs --gpus N");
-    const SearchResult r = search_layouts(m, run, world, hw);
-    const int top = static_cast<int>(own_num(a, "--top", 10));
-    out = json ? search_json(r, top) + "\n" : search_text(r, top);
-    return 0;
-  }
-  validate_run(m, run, world);
   // The trainer's own ModelConfig when `moecore train` accepts the model flags.
   std::optional<ModelConfig> trainer_cfg;
   std::string trainer_note;
   if (own(a, "--hf-config") == nullptr && m.trainer_builds()) {
     try {
-      trainer_cfg = train::parse_train_args(a.args_for([](const train::GivenFlag& g) {
-                                              return !layout_flag(g);
-                                            })).model;
+      // --train-iters and --lr do not change the model; the trainer requires them.
+      std::vector<std::string> targs;
+      if (a.find_dest("train_iters") == nullptr) targs = {"--train-iters=1", "--lr-warmup-iters=0"};
+      if (a.find_dest("lr") == nullptr) targs.push_back("--lr=1e-4");
+      const auto model_args = a.args_for([](const train::GivenFlag& g) { return !layout_flag(g); });
+      targs.insert(targs.end(), model_args.begin(), model_args.end());
+      trainer_cfg = train::parse_train_args(targs).model;
     } catch (const Error& e) {
       trainer_note = fmt::format("[plan] note: moecore train refuses these flags ({}); the "
                                  "planning pass runs on the model derived from them\n",
@@ -136,6 +132,14 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
                                  e.what());
     }
   }
+  if (own(a, "--search")) {
+    MOE_CHECK(own(a, "--gpus") || own(a, "--world-size"), "[plan] --search needs --gpus N");
+    const SearchResult r = search_layouts(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
+    const int top = static_cast<int>(own_num(a, "--top", 10));
+    out = json ? search_json(r, top) + "\n" : search_text(r, top);
+    return 0;
+  }
+  validate_run(m, run, world);
   const Plan p = make_plan(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
   out = json ? plan_json(p) + "\n" : trainer_note + plan_text(p);
   return 0;
