@@ -59,8 +59,6 @@ ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
 
 namespace {
 
-std::string gib(double b) { return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024)); }
-
 ModelConfig slice_layers(ModelConfig c, int64_t first, int64_t n) {
   if (!c.moe_layer_pattern.empty()) {
     c.moe_layer_pattern.assign(c.moe_layer_pattern.begin() + first,
@@ -186,7 +184,6 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
   const std::string reason = formula_reason(m, run, d);
   const double dense_shards = run.distributed_optimizer ? d.dp * d.cp : 1;
   const double expert_shards = run.distributed_optimizer ? d.edp : 1;
-  const double L = static_cast<double>(m.num_layers);
   MemoryPlan plan;
   int64_t first = 0;
   for (int s = 0; s < d.pp; ++s) {
@@ -226,10 +223,22 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     const double expert_rank = static_cast<double>(st.params_expert);
 
     std::string act_f;
-    double act_layer = 0;
+    double act_layer = 0, chunk_bytes = 0;
+    const double T_rank = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;
+    const double sp_rank = run.parallel.sequence_parallel ? d.tp : 1;
     for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
-      act_layer += layer_activation_bytes(m, run, d, m.is_moe_layer(l), &act_f);
+      const double full = layer_activation_bytes(m, run, d, m.is_moe_layer(l), &act_f);
+      if (run.recompute.chunk_of(l) >= 0) {
+        // Full recomputation keeps the layer's input only; its chunk is rebuilt, one at a time.
+        act_layer += T_rank * (run.bf16 ? 2 : 4) * m.hidden / sp_rank;
+        chunk_bytes = std::max(chunk_bytes, full * (run.recompute.method == RecomputeMethod::Uniform
+                                                        ? run.recompute.num_layers
+                                                        : 1));
+      } else {
+        act_layer += full;
+      }
     }
+    if (chunk_bytes > 0) act_f += "; full recomputation: T dt H/sp per recomputed layer";
     act_layer /= std::max<int64_t>(1, st.num_layers);
     st.act_layer_bytes = act_layer;
     st.act_formula = act_f;
@@ -306,6 +315,8 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                                                           T * m.vocab_size / d.tp * 4.0),
             "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
       }
+      add(st, MemPart::Recomputed, chunk_bytes, "one recomputed chunk, rebuilt in the backward",
+          "layers per chunk x a layer's activations");
       // One layer's backward scratch (gradients of its activations) at a time.
       add(st, MemPart::Workspace, act_layer, "one layer's backward gradients", "~ one layer's activations");
       if (m.num_experts > 0 && d.ep > 1) {
@@ -332,8 +343,6 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     }
     plan.stages.push_back(std::move(st));
   }
-  (void)L;
-  (void)gib;
   return plan;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -106,6 +107,38 @@ TEST(PlanParams, Mixtral8x22B) {
   const ParamCounts c = count_params(shipped("mixtral-8x22b"));
   EXPECT_NEAR(c.total() / kB, 141, 0.5);
   EXPECT_NEAR(c.active() / kB, 39, 0.5);
+}
+
+// A HuggingFace config.json gives the same model as the shipped Megatron flags.
+TEST(PlanParams, HfConfigEqualsTheShippedFlags) {
+  const std::string dir = ::testing::TempDir();
+  const std::string mixtral = dir + "/mixtral_config.json";
+  {
+    std::ofstream f(mixtral);
+    f << R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "max_position_embeddings": 32768, "tie_word_embeddings": false})";
+  }
+  EXPECT_EQ(count_params(spec_from_hf_config(mixtral)).total(),
+            count_params(shipped("mixtral-8x7b")).total());
+  const std::string dsv3 = dir + "/deepseek_v3_config.json";
+  {
+    std::ofstream f(dsv3);
+    f << R"({"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+            "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+            "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+            "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 163840,
+            "tie_word_embeddings": false})";
+  }
+  const ParamCounts hf = count_params(spec_from_hf_config(dsv3));
+  const ParamCounts flags = count_params(shipped("deepseek-v3"));
+  EXPECT_EQ(hf.total(), flags.total());
+  EXPECT_EQ(hf.active(), flags.active());
+  EXPECT_EQ(hf.total_with_mtp(), flags.total_with_mtp());
 }
 
 // The planner's count equals what the trainer registers for a model it builds.
