@@ -9,6 +9,7 @@
 #include "data/preprocess_command.h"
 #include "parallel/groups_command.h"
 #include "parallel/runtime.h"
+#include "plan/plan_command.h"
 #include "train/config_file.h"
 #include "train/train_command.h"
 
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
       parallel::add_groups_command(app),
       data::add_preprocess_command(app),
       data::add_dataset_info_command(app),
+      plan::add_plan_command(app),
   };
   try {
     // --config FILE expands into flags before the command line's own (which then override).

@@ -65,6 +65,15 @@ class Arena {
     freeze();
   }
 
+  // Runs only the planning pass: every size and breakdown below is valid, nothing is allocated
+  // and the arena stays in Plan mode (allocated() is false). For sizing models that will not
+  // be built here (`moecore plan`).
+  template <typename Layout>
+  void size_only(Layout&& layout) {
+    layout(*this);
+  }
+  bool allocated() const { return block_ != nullptr; }
+
   // Plan -> Allocate: one zero-filled block of the planned size; the same alloc() sequence
   // must follow.
   void commit();

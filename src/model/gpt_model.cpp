@@ -13,7 +13,7 @@ namespace moecore::model {
 
 template <typename T>
 GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
-                      const parallel::ProcessGroups* groups)
+                      const parallel::ProcessGroups* groups, bool size_only)
     : cfg_(cfg),
       groups_(groups),
       S_(cfg.seq_length),
@@ -68,6 +68,10 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
             "was registered outside its block",
             params_.params().size(), staged);
 
+  if (size_only) {
+    arena_.size_only([this](Arena& a) { allocate(a); });
+    return;
+  }
   arena_.plan([this](Arena& a) { allocate(a); });
   params_.init(seed);
   params_.refresh_bf16();

@@ -51,8 +51,11 @@ class GPTModel {
   static constexpr int64_t kHeadChunk = 1024;
   // groups: null = one rank. MoE layers hold their EP rank's experts and dispatch over its
   // EP group; the groups must outlive the model.
+  // size_only: run the arena's planning pass alone (sizes, no allocation, no initialization):
+  // the model then answers arena() and params() sizes and nothing else. `moecore plan` uses it
+  // to size a rank of any model without allocating it.
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
-           const parallel::ProcessGroups* groups = nullptr);
+           const parallel::ProcessGroups* groups = nullptr, bool size_only = false);
 
   // ids, targets [B, S] (batch-major as a data loader yields them); targets < 0 are ignored.
   // Returns the mean cross entropy over the counted tokens.

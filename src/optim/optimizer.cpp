@@ -60,16 +60,21 @@ AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, Pa
   plan();
 }
 
+void adamw_state_layout(Arena& a, const int64_t numel[2], float* m[2], float* v[2]) {
+  for (int k = 0; k < 2; ++k) {
+    m[k] = a.alloc<float>(numel[k], "adam.m", MemKind::OptimizerState);
+    v[k] = a.alloc<float>(numel[k], "adam.v", MemKind::OptimizerState);
+  }
+}
+
 void AdamWOptimizer::plan() {
   cfg_.validate();
-  arena_.plan([this](Arena& a) {
-    for (int k = 0; k < 2; ++k) {
-      // Planned for both kinds; a one-kind optimizer leaves the other's state empty.
-      int64_t n = covers(static_cast<ParamKind>(k)) ? params_.numel(static_cast<ParamKind>(k)) : 0;
-      m_[k] = a.alloc<float>(n, "adam.m", MemKind::OptimizerState);
-      v_[k] = a.alloc<float>(n, "adam.v", MemKind::OptimizerState);
-    }
-  });
+  // Planned for both kinds; a one-kind optimizer leaves the other's state empty.
+  int64_t n[2];
+  for (int k = 0; k < 2; ++k) {
+    n[k] = covers(static_cast<ParamKind>(k)) ? params_.numel(static_cast<ParamKind>(k)) : 0;
+  }
+  arena_.plan([this, &n](Arena& a) { adamw_state_layout(a, n, m_, v_); });
 }
 
 template <typename T>

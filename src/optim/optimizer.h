@@ -29,6 +29,11 @@ double global_grad_norm(const ParamRegistry& params);
 // when clipping is off). Throws on a non-finite norm.
 double clip_coefficient(double grad_norm, double max_norm, int64_t step);
 
+// The moment buffers an AdamW over `numel` elements of each kind (dense, expert) plans: m and v
+// in fp32 for each kind. The optimizer allocates this layout; `moecore plan` runs it in a sizing
+// arena (Arena::size_only) with counts from a sized registry.
+void adamw_state_layout(Arena& a, const int64_t numel[2], float* m[2], float* v[2]);
+
 class AdamWOptimizer {
  public:
   // Over every parameter of the registry (dense and expert).

@@ -1,0 +1,349 @@
+#include "plan/memory_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "parallel/process_groups.h"
+#include "plan/sizing_groups.h"
+
+namespace moecore::plan {
+
+const char* mem_part_name(MemPart p) {
+  switch (p) {
+    case MemPart::Weights: return "weights";
+    case MemPart::Grads: return "grads";
+    case MemPart::Optimizer: return "optimizer";
+    case MemPart::Activations: return "activations";
+    case MemPart::Recomputed: return "recomputed";
+    case MemPart::State: return "state";
+    case MemPart::Workspace: return "workspace";
+    case MemPart::CommBuffers: return "comm_buffers";
+    case MemPart::Reserved: return "reserved";
+    case MemPart::Count: break;
+  }
+  return "?";
+}
+
+ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
+                               const parallel::ParallelConfig& parallel, int world, int rank) {
+  std::unique_ptr<parallel::ProcessGroups> groups;
+  if (world > 1) groups = sizing_groups(parallel::make_layout(parallel, world), rank);
+  model::GPTModel<float> model(cfg, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true);
+  const Arena& a = model.arena();
+  MOE_CHECK(!a.allocated(), "[plan] the sizing pass allocated its arena");
+  // The ChainedOptimizer's two AdamWs: one over the dense, one over the expert parameters.
+  const ParamRegistry& p = model.params();
+  const int64_t dense[2] = {p.numel(ParamKind::Dense), 0};
+  const int64_t expert[2] = {0, p.numel(ParamKind::Expert)};
+  Arena od, oe;
+  float* m[2];
+  float* v[2];
+  od.size_only([&](Arena& x) { optim::adamw_state_layout(x, dense, m, v); });
+  oe.size_only([&](Arena& x) { optim::adamw_state_layout(x, expert, m, v); });
+  ArenaSizes s;
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    const MemKind kind = static_cast<MemKind>(k);
+    s.by_kind[k] = static_cast<double>(a.bytes_of(kind) + od.bytes_of(kind) + oe.bytes_of(kind));
+  }
+  s.planned = static_cast<double>(a.planned_bytes() + od.planned_bytes() + oe.planned_bytes());
+  s.recompute_saves = static_cast<double>(a.recompute_saving_bytes());
+  s.sharing_saves = static_cast<double>(a.shared_saving_bytes()) - s.recompute_saves;
+  s.numel_dense = p.numel(ParamKind::Dense);
+  s.numel_expert = p.numel(ParamKind::Expert);
+  return s;
+}
+
+namespace {
+
+ModelConfig slice_layers(ModelConfig c, int64_t first, int64_t n) {
+  if (!c.moe_layer_pattern.empty()) {
+    c.moe_layer_pattern.assign(c.moe_layer_pattern.begin() + first,
+                               c.moe_layer_pattern.begin() + first + n);
+  } else if (c.num_experts > 0) {
+    c.moe_layer_pattern.assign(n, 1);
+  }
+  c.num_layers = n;
+  if (c.recompute.full()) c.recompute.num_layers = std::min(c.recompute.num_layers, n);
+  return c;
+}
+
+// Why the trainer's planning pass cannot size this rank (empty: it can).
+std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
+  std::vector<std::string> why;
+  if (m.mla) why.push_back("MLA");
+  if (m.mtp_num_layers > 0) why.push_back("MTP");
+  if (d.tp > 1) why.push_back("TP");
+  if (d.cp > 1) why.push_back("CP");
+  if (d.etp > 1) why.push_back("ETP");
+  if (r.fp8) why.push_back("FP8");
+  if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
+      r.main_param_bytes != 4) {
+    why.push_back("reduced-precision optimizer state");
+  }
+  if (!r.recompute_modules.empty() &&
+      std::find(r.recompute_modules.begin(), r.recompute_modules.end(), "mla_up_proj") !=
+          r.recompute_modules.end() && !m.mla) {
+    why.push_back("mla_up_proj");
+  }
+  std::string s;
+  for (const std::string& w : why) s += (s.empty() ? "" : ", ") + w;
+  return s;
+}
+
+// Activation bytes of one micro-batch of one decoder layer, Megatron's GPU accounting (flash
+// attention: no score matrix), with the formula as text. T = s b / cp tokens on this rank, sp =
+// tp with --sequence-parallel (else 1), dt = 2 (bf16) or 4 bytes.
+double layer_activation_bytes(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d,
+                              bool moe, std::string* formula) {
+  const double T = static_cast<double>(m.seq_length * r.micro_batch) / d.cp;
+  const double tp = d.tp, sp = r.parallel.sequence_parallel ? d.tp : 1, etp = d.etp;
+  const double dt = r.bf16 ? 2 : 4;
+  const double g8 = r.fp8 ? 1.0 / dt : 1.0;  // fp8: a linear layer's saved input takes 1 byte
+  const double H = m.hidden, Hq = m.num_heads;
+  const RecomputeModules rm = r.recompute.modules();
+  const bool up_proj = std::find(r.recompute_modules.begin(), r.recompute_modules.end(),
+                                 "mla_up_proj") != r.recompute_modules.end() &&
+                       r.recompute.selective();
+  std::string f;
+  // Attention: the norm's input (the residual) and output, what the core keeps, its output.
+  double attn = H / sp + (rm.layernorm ? 0 : H / sp);
+  if (m.mla) {
+    const MlaSpec& s = *m.mla;
+    const double qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+    const double latents = (s.q_lora_rank > 0 ? 2.0 * s.q_lora_rank : 0) +
+                           2.0 * s.kv_lora_rank + s.qk_pos_emb_head_dim;
+    attn += latents / sp + (up_proj ? 0 : Hq * (2 * qk + s.v_head_dim) / tp);
+    f += fmt::format("attention(MLA) T*dt*(2H/sp + latents {:.0f}/sp{} + core out Hq*v/tp)", latents,
+                     up_proj ? " [mla_up_proj recomputed]" : " + Hq*(2*qk+v)/tp");
+    if (!rm.core_attn) attn += Hq * s.v_head_dim / tp;
+  } else {
+    const double D = m.kv_channels, Hkv = m.num_query_groups;
+    attn += (Hq + 2 * Hkv) * D / tp + (rm.core_attn ? 0 : Hq * D / tp);
+    f += fmt::format("attention T*dt*(H/sp{} + (Hq+2Hkv)D/tp{})", rm.layernorm ? "" : " + H/sp",
+                     rm.core_attn ? " [core_attn recomputed]" : " + Hq*D/tp");
+  }
+  double bytes = T * dt * attn + (rm.core_attn ? 0 : T * 4 * Hq / tp);  // + fp32 softmax lse
+  double ffn = H / sp + (rm.layernorm ? 0 : H / sp);
+  if (moe) {
+    // Router: fp32 logits / scores over E, top-k indices and probs. Dispatch: balanced routing
+    // leaves T K rows per EP rank (all-gathered over ETP): fc1 input, fc1 output (2F/etp), the
+    // activation (F/etp), and fc2's output kept for the probability-weighted unpermute.
+    const double rows = T / sp * m.topk * etp;
+    const double F = m.moe_ffn_hidden;
+    const double router = T / sp * (4.0 * 2 * m.num_experts + 12.0 * m.topk);
+    double expert = rows * (H * g8 + 2 * F / etp + (rm.moe_act ? 0 : F / etp * g8) + H);
+    double shared = m.shared_ffn_hidden > 0
+                        ? (rm.shared_experts ? 0 : T * 3.0 * m.shared_ffn_hidden / tp)
+                        : 0;
+    if (rm.moe) expert = shared = 0;
+    bytes += T * dt * ffn + router + dt * (expert + shared);
+    f += fmt::format("; MoE T*dt*(H/sp{}) + router T/sp*(8E+12K) B + rows*dt*(2H + 2F/etp{}) with "
+                     "rows = T/sp*K*etp (the permuted tokens, K x the layer's tokens){}{}{}",
+                     rm.layernorm ? "" : " + H/sp", rm.moe_act ? "" : " + F/etp",
+                     r.fp8 ? " [fp8: fc1 / fc2 inputs 1 B]" : "",
+                     m.shared_ffn_hidden > 0 && !rm.shared_experts ? " + shared T*dt*3Fs/tp" : "",
+                     rm.moe ? " [moe recomputed: its input only]" : "");
+  } else {
+    const double F = m.ffn_hidden;
+    ffn += rm.mlp ? 0 : 3 * F / tp;
+    bytes += T * dt * ffn;
+    f += fmt::format("; MLP T*dt*(H/sp{}{})", rm.layernorm ? "" : " + H/sp",
+                     rm.mlp ? " [mlp recomputed]" : " + 3F/tp");
+  }
+  if (formula) *formula = f;
+  return bytes;
+}
+
+// Layer x micro-batch activations held on `stage` at the peak of the schedule: 1F1B keeps
+// pp - stage micro-batches; interleaving (vpp chunks) keeps (pp - stage - 1) * 2 + (vpp - 1) * pp
+// + 1 chunks of L / (pp vpp) layers (Megatron's warm-up); never more than the step has.
+double in_flight_layers(int pp, int vpp, int stage, int64_t layers_per_stage, int64_t n_micro) {
+  if (pp == 1) return static_cast<double>(layers_per_stage);
+  const double chunks = vpp > 1 ? (pp - stage - 1) * 2.0 + (vpp - 1.0) * pp + 1 : pp - stage;
+  const double cap = static_cast<double>(n_micro) * vpp;
+  return std::min(chunks, cap) * static_cast<double>(layers_per_stage) / vpp;
+}
+
+void add(StageMemory& s, MemPart part, double bytes, std::string what, std::string formula) {
+  if (bytes == 0) return;
+  s.lines.push_back(MemLine{part, bytes, std::move(what), std::move(formula)});
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const Hardware& hw,
+                       const ModelConfig* trainer_cfg) {
+  const parallel::Degrees d = parallel::resolve_degrees(run.parallel, world);
+  const parallel::Layout layout = parallel::make_layout(run.parallel, world);
+  const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
+  const int64_t n_micro = std::max<int64_t>(1, global / (run.micro_batch * d.dp));
+  const std::string reason = formula_reason(m, run, d);
+  const double dense_shards = run.distributed_optimizer ? d.dp * d.cp : 1;
+  const double expert_shards = run.distributed_optimizer ? d.edp : 1;
+  MemoryPlan plan;
+  int64_t first = 0;
+  for (int s = 0; s < d.pp; ++s) {
+    StageMemory st;
+    st.stage = s;
+    st.first_layer = first;
+    st.num_layers = parallel::stage_num_layers(run.parallel, static_cast<int>(m.num_layers), s);
+    first += st.num_layers;
+    st.has_embedding = s == 0;
+    st.has_head = s == d.pp - 1;
+    st.has_mtp = st.has_head && m.mtp_num_layers > 0;
+    // Parameters of one rank: dense parts split over TP, experts over EP x ETP.
+    double dense = 0, experts = 0;
+    for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+      const LayerParams p = layer_params(m, m.is_moe_layer(l));
+      dense += static_cast<double>(p.dense());
+      experts += static_cast<double>(p.experts);
+    }
+    const ParamCounts pc = count_params(m);
+    if (st.has_mtp) {
+      const LayerParams p = layer_params(m, m.is_moe_layer(m.num_layers - 1));
+      dense += static_cast<double>(pc.mtp_total - m.mtp_num_layers * p.experts);
+      experts += static_cast<double>(m.mtp_num_layers * p.experts);
+    }
+    const double emb = st.has_embedding ? static_cast<double>(pc.embedding) : 0;
+    // With pp > 1 and tied embeddings the last stage keeps its own copy of the table as the head.
+    const double head = st.has_head ? static_cast<double>(m.tie_embeddings && d.pp > 1
+                                                              ? pc.embedding
+                                                              : pc.head + pc.final_norm)
+                                    : 0;
+    st.params_dense = static_cast<int64_t>(dense / d.tp);
+    st.params_expert = static_cast<int64_t>(experts / (d.ep * d.etp));
+    st.params_embedding = static_cast<int64_t>(emb / d.tp);
+    st.params_head = static_cast<int64_t>(head / d.tp);
+    const double dense_rank = static_cast<double>(st.params_dense + st.params_embedding +
+                                                  st.params_head);
+    const double expert_rank = static_cast<double>(st.params_expert);
+
+    std::string act_f;
+    double act_layer = 0, chunk_bytes = 0;
+    const double T_rank = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;
+    const double sp_rank = run.parallel.sequence_parallel ? d.tp : 1;
+    for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+      const double full = layer_activation_bytes(m, run, d, m.is_moe_layer(l), &act_f);
+      if (run.recompute.chunk_of(l) >= 0) {
+        // Full recomputation keeps the layer's input only; its chunk is rebuilt, one at a time.
+        act_layer += T_rank * (run.bf16 ? 2 : 4) * m.hidden / sp_rank;
+        chunk_bytes = std::max(chunk_bytes, full * (run.recompute.method == RecomputeMethod::Uniform
+                                                        ? run.recompute.num_layers
+                                                        : 1));
+      } else {
+        act_layer += full;
+      }
+    }
+    if (chunk_bytes > 0) act_f += "; full recomputation: T dt H/sp per recomputed layer";
+    act_layer /= std::max<int64_t>(1, st.num_layers);
+    st.act_layer_bytes = act_layer;
+    st.act_formula = act_f;
+    st.in_flight_layers = in_flight_layers(d.pp, run.vpp, s, st.num_layers, n_micro);
+
+    if (reason.empty()) {
+      // The trainer's own planning pass for the first rank of this stage.
+      st.from_arena = true;
+      const ModelConfig whole = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
+      const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
+      const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
+      const ArenaSizes a = trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank);
+      st.arena_planned = a.planned;
+      st.sharing_saves = a.sharing_saves;
+      const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,
+                                MemPart::Activations, MemPart::Recomputed, MemPart::State,
+                                MemPart::Workspace};
+      for (int k = 0; k < 7; ++k) {
+        add(st, parts[k], a.by_kind[k], "trainer planning pass", "");
+      }
+      const double numel = static_cast<double>(a.numel_dense + a.numel_expert);
+      const double per_param = numel > 0 ? (a.by_kind[0] + a.by_kind[1] + a.by_kind[2]) / numel : 0;
+      if (d.pp > 1) {
+        // GPTModel holds the embedding (and an untied head) on every stage; Megatron's stages
+        // hold them on the first / last stage only.
+        double drop = 0;
+        if (!st.has_embedding) drop += static_cast<double>(pc.embedding);
+        if (!st.has_head && !m.tie_embeddings) drop += static_cast<double>(pc.head);
+        if (st.has_head && m.tie_embeddings && !st.has_embedding) drop -= static_cast<double>(pc.embedding);
+        add(st, MemPart::Weights, -drop * per_param, "embedding / head not on this stage",
+            fmt::format("-{:.0f} params x {:.1f} B (the trainer's bytes per parameter)", drop,
+                        per_param));
+        const double extra = (st.in_flight_layers / st.num_layers - 1.0) *
+                             (a.by_kind[3]);
+        add(st, MemPart::Activations, extra, "micro-batches in flight (1F1B / interleaved)",
+            fmt::format("({:.2f} layer-micro-batches / {} layers - 1) x kept activations",
+                        st.in_flight_layers, st.num_layers));
+      }
+      if (run.distributed_optimizer) {
+        const double od = a.by_kind[2] * a.numel_dense / std::max(1.0, numel);
+        const double oe = a.by_kind[2] - od;
+        add(st, MemPart::Optimizer, -(od * (1 - 1 / dense_shards) + oe * (1 - 1 / expert_shards)),
+            "distributed optimizer shards Adam state",
+            fmt::format("-(dense x (1 - 1/{}) + expert x (1 - 1/{}))", dense_shards,
+                        expert_shards));
+      }
+    } else {
+      st.why_formula = reason;
+      // Megatron's mixed precision: bf16 weights, fp32 main grads, fp32 master + Adam m, v
+      // (6 + 12/d bytes per parameter); fp32 training: 4 + 4 + 8/d.
+      const double wb = run.bf16 ? 2 : 4, gb = run.main_grad_bytes;
+      const double ob = (run.bf16 ? run.main_param_bytes : 0) + run.exp_avg_bytes +
+                        run.exp_avg_sq_bytes;
+      add(st, MemPart::Weights, (dense_rank + expert_rank) * wb, "parameters",
+          fmt::format("(dense {:.3g} + expert {:.3g}) x {} B", dense_rank, expert_rank, wb));
+      add(st, MemPart::Grads, (dense_rank + expert_rank) * gb, "fp32 main grads",
+          fmt::format("params x {} B", gb));
+      add(st, MemPart::Optimizer, dense_rank * ob / dense_shards + expert_rank * ob / expert_shards,
+          run.bf16 ? "master weights + Adam m, v" : "Adam m, v",
+          fmt::format("dense x {}/{} + expert x {}/{} B", ob, dense_shards, ob, expert_shards));
+      add(st, MemPart::Activations, act_layer * st.in_flight_layers,
+          "activations in flight",
+          fmt::format("{:.3g} B per layer-micro-batch x {:.2f} (1F1B{})", act_layer,
+                      st.in_flight_layers, run.vpp > 1 ? " interleaved" : ""));
+      const double T = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;
+      const double sp = run.parallel.sequence_parallel ? d.tp : 1;
+      const double dt = run.bf16 ? 2 : 4;
+      if (st.has_head) {
+        add(st, MemPart::Activations, T * m.vocab_size / d.tp * 4.0, "output logits (fp32)",
+            "T x V/tp x 4 B");
+      }
+      if (st.has_mtp) {
+        add(st, MemPart::Activations, m.mtp_num_layers * (act_layer + T * 2 * m.hidden * dt / sp +
+                                                          T * m.vocab_size / d.tp * 4.0),
+            "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
+      }
+      add(st, MemPart::Recomputed, chunk_bytes, "one recomputed chunk, rebuilt in the backward",
+          "layers per chunk x a layer's activations");
+      // One layer's backward scratch (gradients of its activations) at a time.
+      add(st, MemPart::Workspace, act_layer, "one layer's backward gradients", "~ one layer's activations");
+      if (m.num_experts > 0 && d.ep > 1) {
+        add(st, MemPart::CommBuffers, 2.0 * T / sp * m.topk * m.hidden * dt,
+            "all-to-all send + receive buffers", "2 x T/sp x K x H x dt");
+      }
+    }
+    add(st, MemPart::Reserved, hw.reserved_gib * 1024.0 * 1024 * 1024,
+        "CUDA context, library workspaces, NCCL buffers", fmt::format("{} GiB (estimate)",
+                                                                      hw.reserved_gib));
+    for (const MemLine& l : st.lines) st.by_part[static_cast<int>(l.part)] += l.bytes;
+    st.total = 0;
+    if (st.from_arena) {
+      st.total = st.arena_planned;
+      for (const MemLine& l : st.lines) {
+        if (!l.formula.empty()) st.total += l.bytes;
+      }
+    } else {
+      for (const MemLine& l : st.lines) st.total += l.bytes;
+    }
+    if (st.total > plan.max_total) {
+      plan.max_total = st.total;
+      plan.worst_stage = s;
+    }
+    plan.stages.push_back(std::move(st));
+  }
+  return plan;
+}
+
+}  // namespace moecore::plan

@@ -1,0 +1,233 @@
+#include "plan/model_spec.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.h"
+#include "train/megatron_arguments.h"
+#include "train/train_flags.h"
+
+namespace moecore::plan {
+namespace {
+
+// The value of a Megatron flag as text: its last occurrence, else Megatron's default ("" = None).
+std::string text(const train::ParsedArgs& a, const std::string& flag) {
+  const train::MegatronFlag* f = train::megatron_arguments().find(flag);
+  MOE_CHECK(f != nullptr, "[plan] {} is not a Megatron flag", flag);
+  if (const train::GivenFlag* g = a.find_dest(f->dest)) return g->value_text();
+  return train::default_text(*f);
+}
+
+int64_t int_or(const train::ParsedArgs& a, const std::string& flag, int64_t none) {
+  const std::string t = text(a, flag);
+  return t.empty() || t == "None" ? none : std::stoll(t);
+}
+
+int64_t required_int(const train::ParsedArgs& a, const std::string& flag) {
+  const int64_t v = int_or(a, flag, -1);
+  MOE_CHECK(v >= 0, "[plan] {} is required (or give --config FILE / --hf-config FILE)", flag);
+  return v;
+}
+
+bool on(const train::ParsedArgs& a, const std::string& flag) { return text(a, flag) == "true"; }
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+int64_t ModelSpec::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l);
+  return n;
+}
+
+ModelSpec model_from_args(const train::ParsedArgs& a) {
+  ModelSpec m;
+  m.num_layers = required_int(a, "--num-layers");
+  m.hidden = required_int(a, "--hidden-size");
+  m.num_heads = required_int(a, "--num-attention-heads");
+  m.seq_length = required_int(a, "--seq-length");
+  m.max_position_embeddings = int_or(a, "--max-position-embeddings", m.seq_length);
+  m.num_query_groups =
+      on(a, "--group-query-attention") ? int_or(a, "--num-query-groups", 1) : m.num_heads;
+  m.kv_channels = int_or(a, "--kv-channels", m.hidden / std::max<int64_t>(1, m.num_heads));
+  // Megatron: --ffn-hidden-size defaults to 4h, with SwiGLU 2/3 of that rounded to 64.
+  int64_t ffn = int_or(a, "--ffn-hidden-size", -1);
+  if (ffn < 0) ffn = on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden;
+  m.ffn_hidden = ffn;
+  m.tie_embeddings = !on(a, "--untie-embeddings-and-output-weights");
+  m.add_qkv_bias = on(a, "--add-qkv-bias");
+  m.qk_layernorm = on(a, "--qk-layernorm");
+  m.num_experts = int_or(a, "--num-experts", 0);
+  m.moe_ffn_hidden = int_or(a, "--moe-ffn-hidden-size", m.ffn_hidden);
+  m.shared_ffn_hidden = int_or(a, "--moe-shared-expert-intermediate-size", 0);
+  m.topk = int_or(a, "--moe-router-topk", 2);
+  if (m.num_experts > 0) {
+    m.moe_layer_pattern = parse_moe_layer_freq(text(a, "--moe-layer-freq"), m.num_layers);
+  }
+  if (on(a, "--multi-latent-attention")) {
+    MlaSpec s;
+    s.q_lora_rank = int_or(a, "--q-lora-rank", 0);
+    s.kv_lora_rank = int_or(a, "--kv-lora-rank", 32);
+    s.qk_head_dim = int_or(a, "--qk-head-dim", 128);
+    s.qk_pos_emb_head_dim = int_or(a, "--qk-pos-emb-head-dim", 64);
+    s.v_head_dim = int_or(a, "--v-head-dim", 128);
+    m.mla = s;
+  }
+  m.mtp_num_layers = int_or(a, "--mtp-num-layers", 0);
+  m.vocab_unpadded = m.vocab_size = required_int(a, "--vocab-size");
+  return m;
+}
+
+void pad_vocab(ModelSpec& m, const train::ParsedArgs& a, int tp) {
+  const int64_t div = int_or(a, "--make-vocab-size-divisible-by", 128) * tp;
+  m.vocab_size = text(a, "--no-pad-vocab-size") == "false"
+                     ? m.vocab_unpadded
+                     : train::padded_vocab_size(m.vocab_unpadded, div);
+}
+
+RunSpec run_from_args(const train::ParsedArgs& a) {
+  RunSpec r;
+  r.parallel.tp = static_cast<int>(int_or(a, "--tensor-model-parallel-size", 1));
+  r.parallel.pp = static_cast<int>(int_or(a, "--pipeline-model-parallel-size", 1));
+  r.parallel.cp = static_cast<int>(int_or(a, "--context-parallel-size", 1));
+  r.parallel.ep = static_cast<int>(int_or(a, "--expert-model-parallel-size", 1));
+  r.parallel.etp = static_cast<int>(int_or(a, "--expert-tensor-parallel-size", 0));
+  r.parallel.sequence_parallel = on(a, "--sequence-parallel");
+  r.parallel.first_stage_layers =
+      static_cast<int>(int_or(a, "--decoder-first-pipeline-num-layers", 0));
+  r.parallel.last_stage_layers =
+      static_cast<int>(int_or(a, "--decoder-last-pipeline-num-layers", 0));
+  r.vpp = static_cast<int>(int_or(a, "--num-virtual-stages-per-pipeline-rank", 1));
+  r.micro_batch = int_or(a, "--micro-batch-size", 1);
+  r.global_batch = int_or(a, "--global-batch-size", 0);
+  r.bf16 = on(a, "--bf16");
+  r.distributed_optimizer = on(a, "--use-distributed-optimizer");
+  auto dtype_bytes = [](const std::string& t) {
+    return t == "fp8" ? 1.0 : (t == "fp16" || t == "bf16") ? 2.0 : 4.0;
+  };
+  r.main_param_bytes = dtype_bytes(text(a, "--main-params-dtype"));
+  r.main_grad_bytes = dtype_bytes(text(a, "--main-grads-dtype"));
+  r.exp_avg_bytes = dtype_bytes(text(a, "--exp-avg-dtype"));
+  r.exp_avg_sq_bytes = dtype_bytes(text(a, "--exp-avg-sq-dtype"));
+  r.fp8 = !text(a, "--fp8-format").empty();
+  const std::string gran = text(a, "--recompute-granularity");
+  const std::string method = text(a, "--recompute-method");
+  if (gran == "full") r.recompute.granularity = RecomputeGranularity::Full;
+  if (gran == "selective") r.recompute.granularity = RecomputeGranularity::Selective;
+  if (method == "uniform") r.recompute.method = RecomputeMethod::Uniform;
+  if (method == "block") r.recompute.method = RecomputeMethod::Block;
+  r.recompute.num_layers = int_or(a, "--recompute-num-layers", 0);
+  if (on(a, "--recompute-activations")) r.recompute.granularity = RecomputeGranularity::Selective;
+  const std::string mods = text(a, "--recompute-modules");
+  r.recompute_modules = mods.empty() ? std::vector<std::string>{"core_attn"} : words(mods);
+  r.recompute.module_names.clear();
+  for (const std::string& s : r.recompute_modules) {
+    if (s != "mla_up_proj") r.recompute.module_names.push_back(s);
+  }
+  if (r.recompute.module_names.empty()) r.recompute.module_names = {"core_attn"};
+  return r;
+}
+
+ModelSpec spec_from_hf_config(const std::string& path) {
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "[plan] cannot read --hf-config '{}'", path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    MOE_FAIL("[plan] --hf-config '{}' is not JSON: {}", path, e.what());
+  }
+  auto get = [&](std::initializer_list<const char*> keys, int64_t dflt) -> int64_t {
+    for (const char* k : keys) {
+      if (j.contains(k) && j[k].is_number()) return j[k].get<int64_t>();
+    }
+    return dflt;
+  };
+  ModelSpec m;
+  m.name = j.value("model_type", std::string("hf"));
+  m.vocab_size = m.vocab_unpadded = get({"vocab_size"}, 0);
+  m.hidden = get({"hidden_size"}, 0);
+  m.num_layers = get({"num_hidden_layers"}, 0);
+  m.num_heads = get({"num_attention_heads"}, 0);
+  m.num_query_groups = get({"num_key_value_heads"}, m.num_heads);
+  m.kv_channels = get({"head_dim"}, m.num_heads > 0 ? m.hidden / m.num_heads : 0);
+  m.ffn_hidden = get({"intermediate_size"}, 0);
+  m.max_position_embeddings = get({"max_position_embeddings"}, 4096);
+  m.seq_length = std::min<int64_t>(m.max_position_embeddings, 4096);
+  m.tie_embeddings = j.value("tie_word_embeddings", false);
+  m.qk_layernorm = m.name.rfind("qwen3", 0) == 0;
+  m.add_qkv_bias = j.value("attention_bias", false);
+  m.num_experts = get({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
+  m.topk = get({"num_experts_per_tok"}, 2);
+  m.moe_ffn_hidden = get({"moe_intermediate_size"}, m.ffn_hidden);
+  m.shared_ffn_hidden = get({"n_shared_experts"}, 0) * m.moe_ffn_hidden +
+                        get({"shared_expert_intermediate_size"}, 0);
+  if (m.num_experts > 0) {
+    const int64_t first_dense = get({"first_k_dense_replace"}, 0);
+    const int64_t step = get({"moe_layer_freq", "decoder_sparse_step"}, 1);
+    m.moe_layer_pattern.assign(m.num_layers, 0);
+    for (int64_t l = first_dense; l < m.num_layers; ++l) {
+      m.moe_layer_pattern[l] = (l % std::max<int64_t>(step, 1)) == 0 || step <= 1;
+    }
+  }
+  if (j.contains("kv_lora_rank") && j["kv_lora_rank"].is_number()) {
+    MlaSpec s;
+    s.q_lora_rank = get({"q_lora_rank"}, 0);
+    s.kv_lora_rank = get({"kv_lora_rank"}, 0);
+    s.qk_head_dim = get({"qk_nope_head_dim"}, 128);
+    s.qk_pos_emb_head_dim = get({"qk_rope_head_dim"}, 64);
+    s.v_head_dim = get({"v_head_dim"}, 128);
+    m.mla = s;
+  }
+  m.mtp_num_layers = get({"num_nextn_predict_layers"}, 0);
+  MOE_CHECK(m.vocab_size > 0 && m.hidden > 0 && m.num_layers > 0 && m.num_heads > 0,
+            "[plan] --hf-config '{}' lacks vocab_size / hidden_size / num_hidden_layers / "
+            "num_attention_heads",
+            path);
+  return m;
+}
+
+ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer,
+                                 int64_t num_layers) {
+  MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MLA or MTP yet");
+  if (num_layers < 0) num_layers = m.num_layers - first_layer;
+  ModelConfig c;
+  c.vocab_size = m.vocab_size;
+  c.hidden = m.hidden;
+  c.num_layers = num_layers;
+  c.num_heads = m.num_heads;
+  c.num_query_groups = m.num_query_groups;
+  c.kv_channels = m.kv_channels;
+  c.ffn_hidden = m.ffn_hidden;
+  c.seq_length = m.seq_length;
+  c.max_position_embeddings = m.max_position_embeddings;
+  c.add_qkv_bias = m.add_qkv_bias;
+  c.qk_layernorm = m.qk_layernorm;
+  c.tie_embeddings = m.tie_embeddings;
+  c.bf16 = run.bf16;
+  c.num_experts = m.num_experts;
+  if (m.num_experts > 0) {
+    c.moe_layer_pattern.assign(m.moe_layer_pattern.begin() + first_layer,
+                               m.moe_layer_pattern.begin() + first_layer + num_layers);
+    c.moe.router.num_experts = m.num_experts;
+    c.moe.router.topk = m.topk;
+    c.moe.ffn_hidden = m.moe_ffn_hidden;
+    c.moe.shared_ffn_hidden = m.shared_ffn_hidden;
+    // Softmax top-1 without pre-softmax gives no router gradient: the trainer refuses it.
+    c.moe.router.pre_softmax = m.topk == 1;
+  }
+  c.recompute = run.recompute;
+  if (c.recompute.full() && c.recompute.num_layers > num_layers) c.recompute.num_layers = num_layers;
+  return c;
+}
+
+}  // namespace moecore::plan

@@ -1,0 +1,91 @@
+// The architecture the planner models: everything `moecore train` trains plus what Megatron-Core
+// and DeepSeek-V3 define beyond it (Multi-head Latent Attention, multi-token prediction), read
+// from Megatron's flags (the same table and argparse layer as `moecore train`, but accepting the
+// architecture flags the trainer refuses) or from a HuggingFace config.json.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "parallel/parallel_config.h"
+#include "train/megatron_argv.h"
+
+namespace moecore::plan {
+
+// DeepSeek-V3's MLA (Megatron's --multi-latent-attention and its ranks / head dims).
+struct MlaSpec {
+  int64_t q_lora_rank = 0;          // --q-lora-rank (0: None, a full-rank q projection)
+  int64_t kv_lora_rank = 32;        // --kv-lora-rank
+  int64_t qk_head_dim = 128;        // --qk-head-dim (the "nope" part)
+  int64_t qk_pos_emb_head_dim = 64; // --qk-pos-emb-head-dim (the rope part)
+  int64_t v_head_dim = 128;         // --v-head-dim
+};
+
+struct ModelSpec {
+  std::string name;
+  int64_t vocab_size = 0;       // padded (Megatron's --make-vocab-size-divisible-by x TP)
+  int64_t vocab_unpadded = 0;
+  int64_t hidden = 0;           // H
+  int64_t num_layers = 0;       // L (decoder, without MTP)
+  int64_t num_heads = 0;        // Hq
+  int64_t num_query_groups = 0; // Hkv
+  int64_t kv_channels = 0;      // D
+  int64_t ffn_hidden = 0;       // dense MLP width
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;
+  bool tie_embeddings = true;
+  bool add_qkv_bias = false;
+  bool qk_layernorm = false;
+  int64_t num_experts = 0;      // E (0: dense)
+  int64_t moe_ffn_hidden = 0;   // F per expert
+  int64_t shared_ffn_hidden = 0;
+  int64_t topk = 2;             // K
+  std::vector<int> moe_layer_pattern;  // one 0/1 per layer
+  std::optional<MlaSpec> mla;   // set with --multi-latent-attention
+  int64_t mtp_num_layers = 0;   // --mtp-num-layers
+  bool is_moe_layer(int64_t l) const {
+    return num_experts > 0 && (moe_layer_pattern.empty() || moe_layer_pattern[l] != 0);
+  }
+  int64_t num_moe_layers() const;
+  // Whether `moecore train` builds this architecture today (no MLA, no MTP).
+  bool trainer_builds() const { return !mla && mtp_num_layers == 0; }
+};
+
+// The run the plan is for: the layout and the batch.
+struct RunSpec {
+  parallel::ParallelConfig parallel;
+  int vpp = 1;                        // --num-virtual-stages-per-pipeline-rank
+  int64_t micro_batch = 1;
+  int64_t global_batch = 0;           // 0: micro_batch x dp
+  bool bf16 = false;
+  bool distributed_optimizer = false; // --use-distributed-optimizer
+  // Megatron's precision-aware optimizer (--main-params-dtype, --main-grads-dtype,
+  // --exp-avg-dtype, --exp-avg-sq-dtype), bytes per element; and FP8 GEMMs (--fp8-format):
+  // the linear layers' saved inputs are fp8. Modelled by formula only (the trainer has neither).
+  double main_param_bytes = 4, main_grad_bytes = 4, exp_avg_bytes = 4, exp_avg_sq_bytes = 4;
+  bool fp8 = false;
+  RecomputeConfig recompute;          // --recompute-*
+  std::vector<std::string> recompute_modules;  // as given (mla_up_proj included)
+};
+
+// Reads the model and run flags from a parsed Megatron command line (megatron_argv.h), with
+// Megatron's defaults and derivations (ffn width from hidden, query groups without GQA, vocab
+// padding). Throws naming the flag when a required one is missing.
+// model_from_args reads the model; run_from_args the layout, batch, precision and recompute
+// (vocab_tp_pad: the model's vocabulary is re-padded for the run's TP, as Megatron pads it).
+ModelSpec model_from_args(const train::ParsedArgs& args);
+RunSpec run_from_args(const train::ParsedArgs& args);
+// Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP.
+void pad_vocab(ModelSpec& m, const train::ParsedArgs& args, int tp);
+// A HuggingFace config.json (DeepSeek-V3, Qwen3-MoE, Mixtral and Llama-like keys).
+ModelSpec spec_from_hf_config(const std::string& path);
+
+// The trainer's ModelConfig for this spec (requires trainer_builds()); with `layers` set, only
+// those decoder layers (a pipeline stage).
+ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer = 0,
+                                 int64_t num_layers = -1);
+
+}  // namespace moecore::plan

@@ -1,0 +1,230 @@
+#include "plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace moecore::plan {
+
+void validate_run(const ModelSpec& m, const RunSpec& run, int world) {
+  parallel::ModelDims dims;
+  dims.num_layers = m.num_layers;
+  dims.num_experts = m.num_experts;
+  dims.num_attention_heads = m.num_heads;
+  dims.num_query_groups = m.mla ? m.num_heads : m.num_query_groups;
+  dims.ffn_hidden = m.ffn_hidden;
+  if (m.num_experts > 0) dims.moe_ffn_hidden = m.moe_ffn_hidden;
+  dims.seq_length = m.seq_length;
+  const parallel::Degrees d = parallel::validate_layout(run.parallel, world, dims);
+  MOE_CHECK(run.vpp >= 1, "[plan] --num-virtual-stages-per-pipeline-rank={} must be >= 1",
+            run.vpp);
+  MOE_CHECK(run.vpp == 1 || d.pp > 1,
+            "[plan] --num-virtual-stages-per-pipeline-rank={} needs "
+            "--pipeline-model-parallel-size > 1",
+            run.vpp);
+  for (int s = 0; s < d.pp; ++s) {
+    const int n = parallel::stage_num_layers(run.parallel, static_cast<int>(m.num_layers), s);
+    MOE_CHECK(n >= run.vpp,
+              "[plan] pipeline stage {} has {} layers: fewer than {} virtual stages", s, n,
+              run.vpp);
+  }
+  const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
+  MOE_CHECK(run.micro_batch >= 1 && global % (run.micro_batch * d.dp) == 0,
+            "[plan] --global-batch-size={} must be a multiple of --micro-batch-size={} x "
+            "data-parallel size {}",
+            global, run.micro_batch, d.dp);
+  run.recompute.validate(m.num_layers);
+}
+
+Plan make_plan(const ModelSpec& m, const RunSpec& run, int world, const Hardware& hw,
+               const ModelConfig* trainer_cfg) {
+  Plan p;
+  p.model = m;
+  p.run = run;
+  p.world = world;
+  p.hw = hw;
+  p.degrees = parallel::resolve_degrees(run.parallel, world);
+  p.params = count_params(m);
+  p.memory = plan_memory(m, run, world, hw, trainer_cfg);
+  p.comm = plan_comm(m, run, world, hw);
+  p.flops = plan_flops(m, run);
+  p.roof = roofline(m, run, world, hw, p.flops, p.comm);
+  p.fits = p.memory.max_total <= hw.memory_gib * 1024.0 * 1024 * 1024;
+  return p;
+}
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+std::string count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string bytes(double b) {
+  if (std::abs(b) >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
+  return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+}
+
+}  // namespace
+
+std::string plan_text(const Plan& p) {
+  const ModelSpec& m = p.model;
+  const parallel::Degrees& d = p.degrees;
+  std::string o;
+  o += fmt::format("[plan] model {}: {} layers ({} MoE), hidden {}, {} heads{}, vocab {}{}\n",
+                   m.name.empty() ? "(flags)" : m.name, m.num_layers, m.num_moe_layers(),
+                   m.hidden, m.num_heads,
+                   m.mla ? fmt::format(" (MLA: q_lora {}, kv_lora {}, qk {}+{}, v {})",
+                                       m.mla->q_lora_rank, m.mla->kv_lora_rank,
+                                       m.mla->qk_head_dim, m.mla->qk_pos_emb_head_dim,
+                                       m.mla->v_head_dim)
+                         : fmt::format(" / {} query groups x {}", m.num_query_groups,
+                                       m.kv_channels),
+                   m.vocab_size,
+                   m.num_experts > 0 ? fmt::format(", {} experts top-{} (F {}, shared {})",
+                                                   m.num_experts, m.topk, m.moe_ffn_hidden,
+                                                   m.shared_ffn_hidden)
+                                     : std::string());
+  o += fmt::format("[plan] layout: {} GPUs ({} per node, {}): tp {} cp {} dp {} pp {} vpp {} | "
+                   "etp {} ep {} edp {}{}{}; micro-batch {}, global batch {}, seq {}, {}\n",
+                   p.world, p.hw.gpus_per_node, p.hw.name, d.tp, d.cp, d.dp, d.pp, p.run.vpp,
+                   d.etp, d.ep, d.edp, p.run.parallel.sequence_parallel ? ", SP" : "",
+                   p.run.distributed_optimizer ? ", distributed optimizer" : "",
+                   p.run.micro_batch,
+                   p.run.global_batch > 0 ? p.run.global_batch : p.run.micro_batch * d.dp,
+                   m.seq_length, p.run.bf16 ? "bf16" : "fp32");
+  const ParamCounts& c = p.params;
+  o += fmt::format("[plan] parameters: total {} ({} with MTP), active per token {} ({} with "
+                   "MTP); embedding {}, head {}, dense decoder {}, experts {}\n",
+                   count(c.total()), count(c.total_with_mtp()), count(c.active()),
+                   count(c.active_with_mtp()), count(c.embedding), count(c.head),
+                   count(c.decoder_dense), count(c.decoder_experts));
+  for (const StageMemory& s : p.memory.stages) {
+    o += fmt::format("[plan] stage {} (layers {}..{}{}{}): per rank params dense {}, expert {}, "
+                     "embedding {}, head {}; memory from {}\n",
+                     s.stage, s.first_layer, s.first_layer + s.num_layers - 1,
+                     s.has_embedding ? ", embedding" : "", s.has_head ? ", head" : "",
+                     count(s.params_dense), count(s.params_expert), count(s.params_embedding),
+                     count(s.params_head),
+                     s.from_arena ? "the trainer's planning pass (+ formula lines)"
+                                  : fmt::format("formulas (the trainer does not build {} yet)",
+                                                s.why_formula));
+    for (const MemLine& l : s.lines) {
+      o += fmt::format("         {:<12} {:>12}  {}{}\n", mem_part_name(l.part), bytes(l.bytes),
+                       l.what, l.formula.empty() ? " [arena]" : " [formula: " + l.formula + "]");
+    }
+    if (s.from_arena) {
+      o += fmt::format("         arena planned {} after sharing per-layer buffers (saves {})\n",
+                       bytes(s.arena_planned), bytes(s.sharing_saves));
+    }
+    o += fmt::format("         total {} of {:.0f} GiB{}\n", bytes(s.total), p.hw.memory_gib,
+                     s.total <= p.hw.memory_gib * kGiB ? "" : "  DOES NOT FIT");
+    if (s.stage == 0) {
+      o += fmt::format("         activations per layer per micro-batch (formula): {} = {}\n",
+                       bytes(s.act_layer_bytes), s.act_formula);
+    }
+  }
+  o += fmt::format("[plan] communication per step per rank:\n");
+  for (const CommItem& it : p.comm.items) {
+    o += fmt::format("         {:<52} {:>12} on {:<8} {:>9.2f} ms{}  [{}]\n", it.name,
+                     bytes(it.bytes), it.internode ? "network" : "NVLink", it.seconds * 1e3,
+                     it.overlapped ? " (overlapped)" : "", it.formula);
+  }
+  if (p.comm.alltoall_bytes_per_layer_fwd > 0) {
+    o += fmt::format("         all-to-all per MoE layer per micro-batch forward: {} (2 x T x K x "
+                     "H x dt x (ep-1)/ep)\n",
+                     bytes(p.comm.alltoall_bytes_per_layer_fwd));
+  }
+  o += fmt::format("[plan] FLOPs per token: 6 x {} active matmul params + 3 x {:.3g} attention "
+                   "= {:.4g} (recomputation adds {:.3g})\n",
+                   count(p.flops.active_matmul_params), p.flops.attention_flops_per_token,
+                   p.flops.train_flops_per_token(), p.flops.recompute_flops_per_token);
+  const Roofline& r = p.roof;
+  o += fmt::format("[plan] roofline on {} ({:.0f} TFLOP/s peak): step {:.3f} s = (compute {:.3f} "
+                   "+ exposed comm {:.3f}) x (1 + bubble {:.3f}) + dp {:.3f}; {:.0f} tokens/s, "
+                   "{:.0f} TFLOP/s per GPU, MFU {:.1f}%\n",
+                   p.hw.name, p.run.bf16 ? p.hw.peak_tflops_bf16 : p.hw.peak_tflops_fp32,
+                   r.step_seconds, r.compute_seconds, r.exposed_comm_seconds, r.bubble_fraction,
+                   r.dp_exposed_seconds, r.tokens_per_second, r.tflops_per_gpu, 100 * r.mfu);
+  o += fmt::format("[plan] {} (worst stage {}: {} of {:.0f} GiB)\n",
+                   p.fits ? "fits" : "does NOT fit", p.memory.worst_stage,
+                   bytes(p.memory.max_total), p.hw.memory_gib);
+  return o;
+}
+
+std::string plan_json(const Plan& p) {
+  using J = nlohmann::ordered_json;
+  const ParamCounts& c = p.params;
+  J j;
+  j["params_total"] = c.total();
+  j["params_total_with_mtp"] = c.total_with_mtp();
+  j["params_active"] = c.active();
+  j["params_active_with_mtp"] = c.active_with_mtp();
+  j["params_embedding"] = c.embedding;
+  j["params_head"] = c.head;
+  j["params_experts"] = c.experts();
+  const parallel::Degrees& d = p.degrees;
+  j["layout"] = {{"world", p.world}, {"tp", d.tp}, {"cp", d.cp}, {"dp", d.dp}, {"pp", d.pp},
+                 {"vpp", p.run.vpp}, {"ep", d.ep}, {"etp", d.etp}, {"edp", d.edp},
+                 {"sequence_parallel", p.run.parallel.sequence_parallel},
+                 {"distributed_optimizer", p.run.distributed_optimizer}};
+  J stages = J::array();
+  const StageMemory& worst = p.memory.stages[p.memory.worst_stage];
+  auto mem_obj = [](const StageMemory& s) {
+    J m;
+    for (int k = 0; k < kNumMemParts; ++k) m[mem_part_name(static_cast<MemPart>(k))] = s.by_part[k];
+    m["total"] = s.total;
+    return m;
+  };
+  for (const StageMemory& s : p.memory.stages) {
+    J st = {{"stage", s.stage},
+            {"first_layer", s.first_layer},
+            {"num_layers", s.num_layers},
+            {"source", s.from_arena ? "arena" : "formula"},
+            {"params_dense", s.params_dense},
+            {"params_expert", s.params_expert},
+            {"params_embedding", s.params_embedding},
+            {"params_head", s.params_head},
+            {"memory_bytes", mem_obj(s)}};
+    if (s.from_arena) {
+      st["arena_planned_bytes"] = s.arena_planned;
+      st["sharing_saves_bytes"] = s.sharing_saves;
+    }
+    stages.push_back(st);
+  }
+  j["memory_per_rank_bytes"] = mem_obj(worst);
+  j["memory_worst_stage"] = p.memory.worst_stage;
+  j["stages"] = stages;
+  j["fits"] = p.fits;
+  j["device_memory_bytes"] = p.hw.memory_gib * kGiB;
+  j["alltoall_bytes_per_step"] = p.comm.alltoall_bytes_per_step;
+  j["alltoall_bytes_per_moe_layer_fwd"] = p.comm.alltoall_bytes_per_layer_fwd;
+  J comm = J::array();
+  for (const CommItem& it : p.comm.items) {
+    comm.push_back({{"name", it.name}, {"group", it.group}, {"bytes", it.bytes},
+                    {"link", it.internode ? "network" : "nvlink"}, {"seconds", it.seconds},
+                    {"overlapped", it.overlapped}});
+  }
+  j["communication"] = comm;
+  j["flops_per_token"] = p.flops.train_flops_per_token();
+  j["active_matmul_params"] = p.flops.active_matmul_params;
+  j["attention_flops_per_token"] = p.flops.attention_flops_per_token;
+  j["recompute_flops_per_token"] = p.flops.recompute_flops_per_token;
+  const Roofline& r = p.roof;
+  j["hardware"] = p.hw.name;
+  j["step_seconds"] = r.step_seconds;
+  j["compute_seconds"] = r.compute_seconds;
+  j["exposed_comm_seconds"] = r.exposed_comm_seconds;
+  j["bubble_fraction"] = r.bubble_fraction;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  return j.dump();
+}
+
+}  // namespace moecore::plan

@@ -1,0 +1,168 @@
+#include "plan/plan_command.h"
+
+#include <fmt/format.h>
+
+#include <iostream>
+#include <numeric>
+
+#include "core/check.h"
+#include "plan/layout_search.h"
+#include "plan/plan.h"
+#include "train/megatron_compat.h"
+#include "train/train_flags.h"
+
+namespace moecore::plan {
+namespace {
+
+// The planner's own flags (beyond Megatron's table), with their arity.
+const std::vector<train::OwnFlag>& own_flags() {
+  static const std::vector<train::OwnFlag> f = {
+      {"--hf-config", 1, 1},      {"--hardware", 1, 1},     {"--gpus", 1, 1},
+      {"--world-size", 1, 1},     {"--gpus-per-node", 1, 1}, {"--peak-tflops", 1, 1},
+      {"--device-memory-gib", 1, 1}, {"--hbm-tbps", 1, 1},  {"--nvlink-gbps", 1, 1},
+      {"--internode-gbps", 1, 1}, {"--reserved-gib", 1, 1}, {"--search", 0, 0},
+      {"--json", 0, 0},           {"--top", 1, 1},          {"--help", 0, 0}};
+  return f;
+}
+
+const train::GivenFlag* own(const train::ParsedArgs& a, const std::string& name) {
+  for (const train::GivenFlag& g : a.flags) {
+    if (g.megatron == nullptr && g.name == name) return &g;
+  }
+  return nullptr;
+}
+
+double own_num(const train::ParsedArgs& a, const std::string& name, double dflt) {
+  const train::GivenFlag* g = own(a, name);
+  if (g == nullptr) return dflt;
+  try {
+    return std::stod(g->values.at(0));
+  } catch (const std::exception&) {
+    MOE_FAIL("[plan] {} takes a number, got '{}'", name, g->value_text());
+  }
+}
+
+// Flags that describe the layout or the planner, not the model: what `moecore train` parses
+// without them gives the trainer's ModelConfig for the same model.
+bool layout_flag(const train::GivenFlag& g) {
+  if (g.megatron == nullptr) return true;
+  static const char* names[] = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                                "--context-parallel-size", "--expert-model-parallel-size",
+                                "--expert-tensor-parallel-size", "--sequence-parallel",
+                                "--num-virtual-stages-per-pipeline-rank",
+                                "--use-distributed-optimizer", "--decoder-first-pipeline-num-layers",
+                                "--decoder-last-pipeline-num-layers", "--global-batch-size"};
+  for (const char* n : names) {
+    if (g.megatron->name() == n) return true;
+  }
+  return false;
+}
+
+const char* kHelp =
+    "moecore plan: memory, communication and throughput of a layout (docs/plan.md)\n"
+    "  model:    Megatron flags (--num-layers ...), --config FILE (configs/*.toml) or\n"
+    "            --hf-config config.json; MLA (--multi-latent-attention, --q-lora-rank, ...)\n"
+    "            and --mtp-num-layers are accepted\n"
+    "  layout:   --tensor-model-parallel-size, --pipeline-model-parallel-size,\n"
+    "            --num-virtual-stages-per-pipeline-rank, --expert-model-parallel-size,\n"
+    "            --expert-tensor-parallel-size, --context-parallel-size, --sequence-parallel,\n"
+    "            --use-distributed-optimizer, --gpus N (default: the smallest world)\n"
+    "  run:      --micro-batch-size, --global-batch-size, --seq-length, --bf16, --recompute-*\n"
+    "  hardware: --hardware h100|h200|b200|gb200|gb300|cpu (default h100), --gpus-per-node,\n"
+    "            --peak-tflops, --device-memory-gib, --hbm-tbps, --nvlink-gbps,\n"
+    "            --internode-gbps, --reserved-gib\n"
+    "  output:   --json; --search (every layout of --gpus N that fits, best first; --top K)\n";
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args, std::string& out) {
+  const train::ParsedArgs a =
+      train::parse_megatron_argv(args, own_flags(), train::moecore_extra_choices());
+  if (a.help || own(a, "--help")) {
+    out = kHelp;
+    return 0;
+  }
+  ModelSpec m;
+  if (const train::GivenFlag* hf = own(a, "--hf-config")) {
+    m = spec_from_hf_config(hf->values.at(0));
+  } else {
+    m = model_from_args(a);
+  }
+  RunSpec run = run_from_args(a);
+  if (own(a, "--hf-config") == nullptr) pad_vocab(m, a, run.parallel.tp);
+  if (const train::GivenFlag* g = a.find_dest("seq_length")) m.seq_length = std::stoll(g->values.at(0));
+
+  Hardware hw = hardware_preset(own(a, "--hardware") ? own(a, "--hardware")->values.at(0) : "h100");
+  hw.gpus_per_node = static_cast<int>(own_num(a, "--gpus-per-node", hw.gpus_per_node));
+  const double peak = own_num(a, "--peak-tflops", 0);
+  if (peak > 0) hw.peak_tflops_bf16 = hw.peak_tflops_fp32 = peak;
+  hw.memory_gib = own_num(a, "--device-memory-gib", hw.memory_gib);
+  hw.hbm_tbps = own_num(a, "--hbm-tbps", hw.hbm_tbps);
+  hw.nvlink_gbps = own_num(a, "--nvlink-gbps", hw.nvlink_gbps);
+  hw.internode_gbps = own_num(a, "--internode-gbps", hw.internode_gbps);
+  hw.reserved_gib = own_num(a, "--reserved-gib", hw.reserved_gib);
+  MOE_CHECK(hw.gpus_per_node >= 1 && hw.memory_gib > 0 && hw.nvlink_gbps > 0 &&
+                hw.internode_gbps > 0 && hw.peak_tflops_bf16 > 0,
+            "[plan] hardware numbers must be positive");
+
+  const parallel::ParallelConfig& pc = run.parallel;
+  int world = static_cast<int>(own_num(a, "--gpus", own_num(a, "--world-size", 0)));
+  if (world <= 0) {
+    world = std::lcm(pc.tp * pc.cp, pc.ep * pc.expert_tp()) * pc.pp;
+  }
+  const bool json = own(a, "--json") != nullptr;
+  // The trainer's own ModelConfig when `moecore train` accepts the model flags.
+  std::optional<ModelConfig> trainer_cfg;
+  std::string trainer_note;
+  if (own(a, "--hf-config") == nullptr && m.trainer_builds()) {
+    try {
+      // --train-iters and --lr do not change the model; the trainer requires them.
+      std::vector<std::string> targs;
+      if (a.find_dest("train_iters") == nullptr) targs = {"--train-iters=1", "--lr-warmup-iters=0"};
+      if (a.find_dest("lr") == nullptr) targs.push_back("--lr=1e-4");
+      const auto model_args = a.args_for([](const train::GivenFlag& g) { return !layout_flag(g); });
+      targs.insert(targs.end(), model_args.begin(), model_args.end());
+      trainer_cfg = train::parse_train_args(targs).model;
+    } catch (const Error& e) {
+      trainer_note = fmt::format("[plan] note: moecore train refuses these flags ({}); the "
+                                 "planning pass runs on the model derived from them\n",
+                                 e.what());
+    } catch (const std::exception& e) {
+      trainer_note = fmt::format("[plan] note: moecore train refuses these flags ({})\n",
+                                 e.what());
+    }
+  }
+  if (own(a, "--search")) {
+    MOE_CHECK(own(a, "--gpus") || own(a, "--world-size"), "[plan] --search needs --gpus N");
+    const SearchResult r = search_layouts(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
+    const int top = static_cast<int>(own_num(a, "--top", 10));
+    out = json ? search_json(r, top) + "\n" : search_text(r, top);
+    return 0;
+  }
+  validate_run(m, run, world);
+  const Plan p = make_plan(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
+  out = json ? plan_json(p) + "\n" : trainer_note + plan_text(p);
+  return 0;
+}
+
+Subcommand add_plan_command(CLI::App& app) {
+  CLI::App* cli = app.add_subcommand(
+      "plan", "Memory, communication and throughput of a model and layout (no GPUs needed)");
+  cli->prefix_command();
+  cli->set_help_flag();
+  cli->allow_extras();
+  return Subcommand{cli, [cli]() {
+                      std::string out;
+                      int rc = 0;
+                      try {
+                        rc = run_plan(cli->remaining(), out);
+                      } catch (const CLI::ParseError& e) {
+                        std::cerr << "error: [flags] " << e.what() << "\n";
+                        return 2;
+                      }
+                      std::cout << out;
+                      return rc;
+                    }};
+}
+
+}  // namespace moecore::plan

@@ -1,0 +1,64 @@
+#include "plan/sizing_groups.h"
+
+#include "core/check.h"
+
+namespace moecore::plan {
+namespace {
+
+class SizingCommunicator final : public parallel::Communicator {
+ public:
+  SizingCommunicator(std::string name, std::vector<int> ranks, int rank)
+      : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+ protected:
+  parallel::CommHandle refuse() const {
+    MOE_FAIL("[plan] group '{}' is a sizing group: the planner sizes a rank, it never "
+             "communicates",
+             name_);
+  }
+  parallel::CommHandle start_all_reduce(void*, int64_t, DType, parallel::ReduceOp) override {
+    return refuse();
+  }
+  parallel::CommHandle start_all_gather_v(const void*, void*, std::span<const int64_t>, bool,
+                                          DType) override {
+    return refuse();
+  }
+  parallel::CommHandle start_reduce_scatter_v(const void*, void*, std::span<const int64_t>, bool,
+                                              DType, parallel::ReduceOp) override {
+    return refuse();
+  }
+  parallel::CommHandle start_all_to_all_v(const void*, std::span<const int64_t>, void*,
+                                          std::span<const int64_t>, DType) override {
+    return refuse();
+  }
+  parallel::CommHandle start_broadcast(void*, int64_t, DType, int) override { return refuse(); }
+  parallel::CommHandle start_send(const void*, int64_t, DType, int, int) override {
+    return refuse();
+  }
+  parallel::CommHandle start_recv(void*, int64_t, DType, int, int) override { return refuse(); }
+  parallel::CommHandle start_barrier() override { return refuse(); }
+
+ private:
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<parallel::ProcessGroups> sizing_groups(const parallel::Layout& layout, int rank) {
+  auto groups = std::make_unique<parallel::ProcessGroups>(layout, rank);
+  for (parallel::GroupKind k : parallel::kAllGroupKinds) {
+    parallel::ProcessGroup& g = groups->group(k);
+    g.comm = std::make_unique<SizingCommunicator>(g.name, g.ranks, g.rank);
+  }
+  parallel::ProcessGroup& w = groups->world();
+  w.comm = std::make_unique<SizingCommunicator>(w.name, w.ranks, w.rank);
+  return groups;
+}
+
+}  // namespace moecore::plan

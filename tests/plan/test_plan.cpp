@@ -1,0 +1,332 @@
+// moecore plan: parameter counts of the shipped configs against the published numbers, the
+// memory figures against the trainer's own plan, the sizing pass allocating nothing, the JSON
+// keys, the published layouts fitting, and --search returning layouts `moecore groups` accepts.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "plan/layout_search.h"
+#include "plan/memory_model.h"
+#include "plan/plan.h"
+#include "plan/plan_command.h"
+#include "plan/sizing_groups.h"
+#include "train/config_file.h"
+#include "train/megatron_compat.h"
+#include "train/train_flags.h"
+#include "train/trainer.h"
+#include "model/gpt_model.h"
+#include "train/metrics.h"
+
+namespace moecore::plan {
+namespace {
+
+std::string config(const std::string& name) {
+  return std::string(MOECORE_SOURCE_DIR) + "/configs/" + name + ".toml";
+}
+
+// The model of a shipped config, as `moecore plan --config` reads it (TP 1).
+ModelSpec shipped(const std::string& name) {
+  const auto args = train::config_file_args(config(name));
+  const train::ParsedArgs a = train::parse_megatron_argv(args, {}, train::moecore_extra_choices());
+  ModelSpec m = model_from_args(a);
+  pad_vocab(m, a, 1);
+  return m;
+}
+
+// `moecore plan ARGS` (with --config expanded as the command line does).
+std::string plan_out(const std::vector<std::string>& args) {
+  std::vector<std::string> v{"plan"};
+  v.insert(v.end(), args.begin(), args.end());
+  v = train::expand_config_files(v);
+  v.erase(v.begin());
+  std::string out;
+  EXPECT_EQ(run_plan(v, out), 0);
+  return out;
+}
+
+int64_t peak_rss() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+constexpr double kB = 1e9;
+
+// Published counts. Each publisher rounds its own way; each test says which, and the tolerance
+// is what that rounding allows.
+// DeepSeek-V3: "671B total parameters with 37B activated for each token"; "685B, which includes
+// 671B of the main model weights and 14B of the Multi-Token Prediction (MTP) module weights"
+// (DeepSeek-V3 Technical Report, arXiv:2412.19437, and the deepseek-ai/DeepSeek-V3 model card).
+// Rounded to 1B (+-0.5). The 37B leaves out the embedding table (a lookup, no matmul): with it
+// the count is 37.55B. The 685B is the checkpoint's count: the MTP module with its own copies of
+// the embedding and output head (Megatron and count_params share them), plus about 0.04B of
+// FP8 block-scale tensors that are not parameters (one fp32 per 128 x 128 block): 684.49B here,
+// so +-0.55.
+TEST(PlanParams, DeepSeekV3) {
+  const ParamCounts c = count_params(shipped("deepseek-v3"));
+  EXPECT_NEAR(c.total() / kB, 671, 0.5);
+  EXPECT_NEAR((c.active() - c.embedding) / kB, 37, 0.5);
+  EXPECT_NEAR((c.total_with_mtp() + c.embedding + c.head) / kB, 685, 0.55);
+}
+
+// Qwen3 model cards (Qwen/Qwen3-235B-A22B: "235B in total and 22B activated";
+// Qwen/Qwen3-30B-A3B: "30.5B in total and 3.3B activated"). The cards truncate to their last
+// digit (30.53 -> 30.5, 3.353 -> 3.3): the count lies in [published, published + 1 unit).
+TEST(PlanParams, Qwen3_235B_A22B) {
+  const ParamCounts c = count_params(shipped("qwen3-235b-a22b"));
+  EXPECT_GE(c.total() / kB, 235);
+  EXPECT_LT(c.total() / kB, 236);
+  EXPECT_GE(c.active() / kB, 22);
+  EXPECT_LT(c.active() / kB, 23);
+}
+
+TEST(PlanParams, Qwen3_30B_A3B) {
+  const ParamCounts c = count_params(shipped("qwen3-30b-a3b"));
+  EXPECT_GE(c.total() / kB, 30.5);
+  EXPECT_LT(c.total() / kB, 30.6);
+  EXPECT_GE(c.active() / kB, 3.3);
+  EXPECT_LT(c.active() / kB, 3.4);
+}
+
+// Mistral AI, "Mixtral of experts" (mistral.ai/news/mixtral-of-experts): "46.7B total
+// parameters but only uses 12.9B parameters per token"; "Cheaper, Better, Faster, Stronger"
+// (mistral.ai/news/mixtral-8x22b): "39B active parameters out of 141B". Rounded to the last
+// digit given (+-half of it); the active counts include the embedding and the head.
+TEST(PlanParams, Mixtral8x7B) {
+  const ParamCounts c = count_params(shipped("mixtral-8x7b"));
+  EXPECT_NEAR(c.total() / kB, 46.7, 0.05);
+  EXPECT_NEAR(c.active() / kB, 12.9, 0.05);
+}
+
+TEST(PlanParams, Mixtral8x22B) {
+  const ParamCounts c = count_params(shipped("mixtral-8x22b"));
+  EXPECT_NEAR(c.total() / kB, 141, 0.5);
+  EXPECT_NEAR(c.active() / kB, 39, 0.5);
+}
+
+// A HuggingFace config.json gives the same model as the shipped Megatron flags.
+TEST(PlanParams, HfConfigEqualsTheShippedFlags) {
+  const std::string dir = ::testing::TempDir();
+  const std::string mixtral = dir + "/mixtral_config.json";
+  {
+    std::ofstream f(mixtral);
+    f << R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "max_position_embeddings": 32768, "tie_word_embeddings": false})";
+  }
+  EXPECT_EQ(count_params(spec_from_hf_config(mixtral)).total(),
+            count_params(shipped("mixtral-8x7b")).total());
+  const std::string dsv3 = dir + "/deepseek_v3_config.json";
+  {
+    std::ofstream f(dsv3);
+    f << R"({"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+            "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+            "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+            "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 163840,
+            "tie_word_embeddings": false})";
+  }
+  const ParamCounts hf = count_params(spec_from_hf_config(dsv3));
+  const ParamCounts flags = count_params(shipped("deepseek-v3"));
+  EXPECT_EQ(hf.total(), flags.total());
+  EXPECT_EQ(hf.active(), flags.active());
+  EXPECT_EQ(hf.total_with_mtp(), flags.total_with_mtp());
+}
+
+// The planner's count equals what the trainer registers for a model it builds.
+TEST(PlanParams, EqualsTheTrainersRegistry) {
+  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  const ArenaSizes a = trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0);
+  EXPECT_EQ(a.numel_dense + a.numel_expert, count_params(shipped("tiny")).total());
+  EXPECT_EQ(a.numel_expert, count_params(shipped("tiny")).experts());
+}
+
+// One rank: the planner's memory is the trainer's plan (StepMetrics::mem_bytes by kind and
+// mem_planned_bytes, what "[train] memory plan (MiB)" prints), byte for byte, with and without
+// --bf16 and recomputation.
+TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"--bf16"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform",
+       "--recompute-num-layers", "1"}};
+  for (const auto& extra : variants) {
+    std::vector<std::string> args = {"--config", config("tiny"), "--train-iters", "1",
+                                     "--lr-warmup-iters", "0", "--peak-tflops", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> v{"train"};
+    v.insert(v.end(), args.begin(), args.end());
+    v = train::expand_config_files(v);
+    v.erase(v.begin());
+    const train::TrainFlags f = train::parse_train_args(v);
+    train::Trainer trainer(f.model, f.train);
+    const train::StepMetrics m = trainer.train_step();
+
+    const ArenaSizes a = trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0);
+    for (int k = 0; k < kNumMemKinds; ++k) {
+      EXPECT_EQ(a.by_kind[k], static_cast<double>(m.mem_bytes[k]))
+          << mem_kind_name(static_cast<MemKind>(k)) << " with " << extra.size() << " flags";
+    }
+    EXPECT_EQ(a.planned, static_cast<double>(m.mem_planned_bytes));
+    EXPECT_EQ(a.sharing_saves, static_cast<double>(m.mem_shared_saved_bytes));
+    EXPECT_EQ(a.recompute_saves, static_cast<double>(m.mem_recompute_saved_bytes));
+
+    // And through the command: the stage's arena lines and its planned total.
+    std::vector<std::string> pargs = {"--config", config("tiny"), "--hardware", "cpu", "--json"};
+    pargs.insert(pargs.end(), extra.begin(), extra.end());
+    const auto j = nlohmann::json::parse(plan_out(pargs));
+    const auto& st = j["stages"][0];
+    EXPECT_EQ(st["source"], "arena");
+    EXPECT_EQ(st["arena_planned_bytes"].get<double>(), static_cast<double>(m.mem_planned_bytes));
+    EXPECT_EQ(st["memory_bytes"]["activations"].get<double>(),
+              static_cast<double>(m.mem_bytes[static_cast<int>(MemKind::Activations)]));
+    EXPECT_EQ(st["memory_bytes"]["weights"].get<double>(),
+              static_cast<double>(m.mem_bytes[static_cast<int>(MemKind::Weights)]));
+    EXPECT_EQ(j["memory_per_rank_bytes"]["total"].get<double>(),
+              static_cast<double>(m.mem_planned_bytes));  // cpu: nothing reserved
+  }
+}
+
+// Expert parallelism, every rank of EP 2 x EDP 2 on 4 ranks: the sizing pass on sizing groups
+// plans what the allocating model of that rank holds (the same groups, no MPI needed: neither
+// communicates while it is built), and the EP ranks hold half the experts.
+TEST(PlanMemory, ExpertParallelRanksEqualTheAllocatedModel) {
+  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  parallel::ParallelConfig pc;
+  pc.ep = 2;
+  const parallel::Layout layout = parallel::make_layout(pc, 4);
+  const ArenaSizes one = trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    auto groups = sizing_groups(layout, rank);
+    model::GPTModel<float> model(f.model, f.train.micro_batch, 1, groups.get());
+    ASSERT_TRUE(model.arena().allocated());
+    const ArenaSizes a = trainer_arena_sizes(f.model, f.train.micro_batch, pc, 4, rank);
+    for (int k = 0; k < kNumMemKinds; ++k) {
+      const MemKind kind = static_cast<MemKind>(k);
+      double want = static_cast<double>(model.arena().bytes_of(kind));
+      if (kind == MemKind::OptimizerState) {  // + Adam m, v of each kind, 64-byte aligned
+        auto up = [](int64_t n) { return static_cast<double>((n * 4 + 63) / 64 * 64); };
+        want += 2 * up(model.params().numel(ParamKind::Dense)) +
+                2 * up(model.params().numel(ParamKind::Expert));
+      }
+      EXPECT_EQ(a.by_kind[k], want) << "rank " << rank << " " << mem_kind_name(kind);
+    }
+    EXPECT_EQ(a.numel_expert * 2, one.numel_expert);
+    EXPECT_EQ(a.numel_dense, one.numel_dense);
+  }
+}
+
+// The sizing pass allocates nothing: Mixtral-8x22B (141B parameters, some 2.8 TB in the
+// trainer's fp32 plan) sized on one rank leaves the resident set where it was.
+TEST(PlanMemory, SizingPassAllocatesNothing) {
+  const ModelSpec m = shipped("mixtral-8x22b");
+  RunSpec run;
+  run.bf16 = true;
+  const int64_t before = peak_rss();
+  const ArenaSizes a = trainer_arena_sizes(trainer_model_config(m, run), 1, {}, 1, 0);
+  const int64_t after = peak_rss();
+  EXPECT_GT(a.planned, 2e12);
+  EXPECT_LT(after - before, int64_t{512} << 20);
+}
+
+TEST(PlanJson, KeysPresent) {
+  for (const char* cfg : {"tiny", "deepseek-v3"}) {
+    const auto j = nlohmann::json::parse(
+        plan_out({"--config", config(cfg), "--expert-model-parallel-size", "8", "--gpus", "8",
+                  "--micro-batch-size", "1", "--global-batch-size", "64", "--json"}));
+    for (const char* key : {"params_total", "params_active", "memory_per_rank_bytes",
+                            "alltoall_bytes_per_step", "flops_per_token", "tflops_per_gpu",
+                            "step_seconds", "stages", "communication"}) {
+      EXPECT_TRUE(j.contains(key)) << cfg << ": " << key;
+    }
+    for (const char* kind : {"weights", "grads", "optimizer", "activations", "workspace",
+                             "comm_buffers", "reserved", "total"}) {
+      EXPECT_TRUE(j["memory_per_rank_bytes"].contains(kind)) << cfg << ": " << kind;
+    }
+    EXPECT_GT(j["alltoall_bytes_per_step"].get<double>(), 0) << cfg;
+  }
+}
+
+// The planner's FLOPs are the trainer's FLOPs model for the models the trainer builds.
+TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
+  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  const train::FlopsModel t = train::flops_model(f.model);
+  const PlanFlops p = plan_flops(shipped("tiny"), RunSpec{});
+  EXPECT_DOUBLE_EQ(p.active_matmul_params, t.active_matmul_params);
+  EXPECT_DOUBLE_EQ(p.attention_flops_per_token, t.attention_flops_per_token);
+}
+
+// The layouts NVIDIA publishes (docs/plan.md has the table and the sources) fit. Qwen3-30B-A3B's
+// (TP 1, EP 8) is one the trainer builds, so its figure is the trainer's own plan, which does not
+// fit an H100 today (fp32 activations, dropless worst-case EP buffers): docs/plan.md.
+TEST(PlanPublished, PublishedLayoutsFit) {
+  struct Case {
+    const char* cfg;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {
+      {"qwen3-235b-a22b",
+       {"--hardware", "h100", "--gpus", "256", "--tensor-model-parallel-size", "2",
+        "--sequence-parallel", "--pipeline-model-parallel-size", "8",
+        "--num-virtual-stages-per-pipeline-rank", "4", "--expert-model-parallel-size", "32",
+        "--expert-tensor-parallel-size", "1", "--decoder-first-pipeline-num-layers", "11",
+        "--decoder-last-pipeline-num-layers", "11", "--micro-batch-size", "1", "--global-batch-size",
+        "2048", "--use-distributed-optimizer", "--recompute-granularity", "selective",
+        "--recompute-modules", "layernorm", "moe_act"}},
+      {"deepseek-v3",
+       {"--hardware", "gb200", "--gpus", "256", "--pipeline-model-parallel-size", "8",
+        "--num-virtual-stages-per-pipeline-rank", "4", "--expert-model-parallel-size", "32",
+        "--micro-batch-size", "1", "--global-batch-size", "2048", "--use-distributed-optimizer",
+        "--recompute-granularity", "selective", "--recompute-modules", "mlp", "mla_up_proj",
+        "--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "8",
+        "--fp8-format", "e4m3", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+        "--exp-avg-sq-dtype", "bf16"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--config", config(c.cfg)};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    args.push_back("--json");
+    const auto j = nlohmann::json::parse(plan_out(args));
+    EXPECT_TRUE(j["fits"].get<bool>())
+        << c.cfg << ": " << j["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30)
+        << " GiB";
+    EXPECT_GT(j["tflops_per_gpu"].get<double>(), 0) << c.cfg;
+  }
+}
+
+// --search: every layout it returns fits and `moecore groups` accepts it.
+TEST(PlanSearch, ReturnsOnlyFittingLayoutsThatGroupsAccepts) {
+  const auto j = nlohmann::json::parse(
+      plan_out({"--config", config("tiny"), "--search", "--gpus", "4", "--hardware", "cpu",
+                "--device-memory-gib", "0.03", "--top", "50", "--json"}));
+  ASSERT_GT(j["layouts"].size(), 0u);
+  EXPECT_GT(j["rejected"].get<int>(), 0);  // the memory limit rejects some
+  for (const auto& l : j["layouts"]) {
+    EXPECT_LE(l["memory_bytes"].get<double>(), 0.03 * (1 << 30));
+    const std::string cmd = std::string(MOECORE_BUILD_DIR) + "/moecore groups --world-size 4 " +
+                            l["groups_flags"].get<std::string>() +
+                            " --num-layers 2 --num-experts 8 --num-attention-heads 4 "
+                            "--num-query-groups 4 --ffn-hidden-size 256 "
+                            "--moe-ffn-hidden-size 64 --seq-length 64 > /dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  // The groups command's ranks match the planner's layouts' degrees.
+  for (const auto& l : j["layouts"]) {
+    EXPECT_EQ(l["tp"].get<int>() * l["cp"].get<int>() * l["dp"].get<int>() * l["pp"].get<int>(),
+              4);
+    EXPECT_EQ(l["etp"].get<int>() * l["ep"].get<int>() * l["edp"].get<int>() * l["pp"].get<int>(),
+              4);
+  }
+}
+
+}  // namespace
+}  // namespace moecore::plan
