@@ -10,9 +10,8 @@ Trains, on a small built-in multilingual corpus:
   - SentencePiece models, bpe and unigram (SentencePieceTokenizer, GPTSentencePieceTokenizer,
     Llama2Tokenizer);
 then tokenizes test_corpus.jsonl with each and writes reference.json: per tokenizer, the ids of
-every line, the vocabulary size and the eod id as Megatron reports them. The SentencePiece
-wrappers' rules (Megatron's _SentencePieceTokenizer special tokens, Llama2's bos) are applied
-around the real sentencepiece encoder here, as Megatron applies them.
+every line, the vocabulary size and the eod id as Megatron reports them (at the commit of
+moecore's flag table, d98e8a6, its three SentencePiece types are the plain model).
 
 Also writes src/data/unicode_classes.inc: the code point ranges of Unicode's L (letters) and N
 (numbers) general categories, from Python's unicodedata.
@@ -128,40 +127,10 @@ def train_bpe(lines, pattern, vocab_size, specials):
 
 
 def megatron_sp_reference(sp, kind, lines):
-    """Megatron's three SentencePiece wrappers (megatron/training/tokenizer/tokenizer.py)."""
-    n = sp.get_piece_size()
-    if kind == "GPTSentencePieceTokenizer":
-        return {"vocab_size": n, "eod": sp.eos_id(), "ids": [sp.encode(t) for t in lines]}
-    if kind == "Llama2Tokenizer":
-        return {"vocab_size": n, "eod": sp.eos_id(),
-                "ids": [[sp.bos_id()] + sp.encode(t) for t in lines]}
-    vocab = {sp.id_to_piece(i): i for i in range(n)}
-    special = {}
-
-    def add(t):
-        if t not in vocab:
-            vocab[t] = len(vocab)
-        special[t] = vocab[t]
-
-    for t in ("<CLS>", "<SEP>", "<EOD>", "<MASK>"):
-        add(t)
-    for pid, name in ((sp.pad_id(), "<PAD>"), (sp.bos_id(), "<BOS>"), (sp.eos_id(), "<EOS>")):
-        add(sp.id_to_piece(pid) if 0 <= pid < n else name)
-
-    def tokenize(text):
-        ids, idx = [], 0
-        while True:
-            found = {t: text.find(t, idx) for t in special}
-            found = {t: p for t, p in found.items() if p >= 0}
-            if not found:
-                break
-            t = min(found, key=found.get)  # the first found wins ties: dict order
-            ids += sp.encode(text[idx:found[t]])
-            ids.append(special[t])
-            idx = found[t] + len(t)
-        return ids + sp.encode(text[idx:])
-
-    return {"vocab_size": len(vocab), "eod": vocab["<EOD>"], "ids": [tokenize(t) for t in lines]}
+    """Megatron-LM at d98e8a6 (megatron/core/tokenizers, legacy=False): the three SentencePiece
+    types alike, the model's ids as they are, vocabulary its pieces, eod its eos."""
+    return {"vocab_size": sp.get_piece_size(), "eod": sp.eos_id(),
+            "ids": [sp.encode(t) for t in lines]}
 
 
 def main():

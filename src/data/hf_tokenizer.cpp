@@ -202,7 +202,8 @@ void HuggingFaceTokenizer::tokenize(std::string_view text, std::vector<int64_t>&
     const size_t end = m.pos == std::string_view::npos ? text.size() : m.pos;
     std::string_view segment = text.substr(pos, end - pos);
     if (add_prefix_space_ && !segment.empty() && segment[0] != ' ') {
-      prefixed = " " + std::string(segment);
+      prefixed.assign(1, ' ');
+      prefixed.append(segment);
       segment = prefixed;
     }
     pieces.clear();

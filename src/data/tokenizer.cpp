@@ -64,16 +64,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerConfig& cfg) {
   if (cfg.type == "HuggingFaceTokenizer") {
     return std::make_unique<HuggingFaceTokenizer>(cfg.tokenizer_model);
   }
-  if (cfg.type == "SentencePieceTokenizer") {
-    return std::make_unique<SentencePieceTokenizer>(cfg.tokenizer_model,
-                                                    SentencePieceFlavour::Megatron);
-  }
-  if (cfg.type == "GPTSentencePieceTokenizer") {
-    return std::make_unique<SentencePieceTokenizer>(cfg.tokenizer_model, SentencePieceFlavour::Gpt);
-  }
-  if (cfg.type == "Llama2Tokenizer") {
-    return std::make_unique<SentencePieceTokenizer>(cfg.tokenizer_model,
-                                                    SentencePieceFlavour::Llama2);
+  if (cfg.type == "SentencePieceTokenizer" || cfg.type == "GPTSentencePieceTokenizer" ||
+      cfg.type == "Llama2Tokenizer") {
+    return std::make_unique<SentencePieceTokenizer>(cfg.tokenizer_model, cfg.type);
   }
   MOE_FAIL("[tokenizer] --tokenizer-type {} is not implemented: use one of {}", cfg.type,
            tokenizer_types());
