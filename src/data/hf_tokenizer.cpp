@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "data/gpt2_bpe_tokenizer.h"
+#include "data/unicode_nfc.h"
 
 namespace moecore::data {
 
@@ -57,11 +58,16 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   MOE_CHECK(!flag(model, "byte_fallback", false),
             "[tokenizer] {}: BPE byte_fallback is not implemented", what);
 
-  // Normalizer: none. (NFC, Qwen2's, needs Unicode composition tables moecore does not have.)
+  // Normalizer: none, or NFC (Qwen2's).
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    MOE_FAIL("[tokenizer] {}: normalizer {} is not implemented: moecore reads tokenizer.json "
-             "files without a normalizer",
-             what, type_of(j["normalizer"]));
+    const json& n = j["normalizer"];
+    const bool lone_nfc = type_of(n) == "Sequence" && n["normalizers"].is_array() &&
+                          n["normalizers"].size() == 1 && type_of(n["normalizers"][0]) == "NFC";
+    MOE_CHECK(type_of(n) == "NFC" || lone_nfc,
+              "[tokenizer] {}: normalizer {} is not implemented: moecore reads tokenizer.json "
+              "files without a normalizer or with NFC",
+              what, type_of(n) == "Sequence" ? n.dump().substr(0, 200) : type_of(n));
+    nfc_ = true;
   }
 
   // Pre-tokenizer: ByteLevel (its regex is GPT-2's), or Sequence[Split(regex), ByteLevel].
@@ -196,11 +202,15 @@ int64_t HuggingFaceTokenizer::eod() const {
 void HuggingFaceTokenizer::tokenize(std::string_view text, std::vector<int64_t>& out) const {
   out.insert(out.end(), prefix_ids_.begin(), prefix_ids_.end());
   std::vector<std::string_view> pieces;
-  std::string prefixed;
+  std::string prefixed, normalized;
   for (size_t pos = 0; pos <= text.size();) {
     const AddedTokens::Match m = added_.find(text, pos);
     const size_t end = m.pos == std::string_view::npos ? text.size() : m.pos;
     std::string_view segment = text.substr(pos, end - pos);
+    if (nfc_) {
+      nfc_normalize(segment, normalized);
+      segment = normalized;
+    }
     if (add_prefix_space_ && !segment.empty() && segment[0] != ' ') {
       prefixed.assign(1, ' ');
       prefixed.append(segment);
@@ -217,7 +227,8 @@ void HuggingFaceTokenizer::tokenize(std::string_view text, std::vector<int64_t>&
 }
 
 std::string HuggingFaceTokenizer::describe() const {
-  return fmt::format("HuggingFaceTokenizer ('{}', {} pre-tokenizer, vocab {}, eod {})", path_,
+  return fmt::format("HuggingFaceTokenizer ('{}', {}{} pre-tokenizer, vocab {}, eod {})", path_,
+                     nfc_ ? "NFC, " : "",
                      pattern_ == PreTokenizerPattern::Gpt2     ? "GPT-2"
                      : pattern_ == PreTokenizerPattern::Llama3 ? "Llama-3"
                                                                : "Qwen2",

@@ -23,6 +23,7 @@
 #include "data/pretokenizer.h"
 #include "data/tokenizer.h"
 #include "data/unicode_classes.h"
+#include "data/unicode_nfc.h"
 
 namespace moecore::data {
 namespace {
@@ -52,7 +53,7 @@ std::vector<Case> cases() {
   g.vocab_file = fixture("gpt2-vocab.json");
   g.merge_file = fixture("gpt2-merges.txt");
   out.push_back({"GPT2BPETokenizer", g});
-  for (const char* dir : {"hf_gpt2", "hf_llama3"}) {
+  for (const char* dir : {"hf_gpt2", "hf_llama3", "hf_qwen2"}) {
     TokenizerConfig h;
     h.type = "HuggingFaceTokenizer";
     h.tokenizer_model = fixture(dir);  // the directory, as Megatron takes it
@@ -131,6 +132,19 @@ TEST(Tokenizers, UnicodeClasses) {
   EXPECT_EQ(n, 4u);
   EXPECT_EQ(decode_utf8("\xC0\xAF", 0, &n), 0xFFFDu);  // overlong
   EXPECT_EQ(n, 1u);
+}
+
+// NFC (Qwen2's normalizer) against Python's unicodedata: composition, singletons, exclusions,
+// Hangul, canonical reordering, blocked marks.
+TEST(Tokenizers, NfcMatchesUnicodedata) {
+  std::string out;
+  for (const auto& pair : reference()["nfc"]) {
+    const std::string in = pair[0].get<std::string>();
+    nfc_normalize(in, out);
+    EXPECT_EQ(out, pair[1].get<std::string>()) << "'" << in << "'";
+  }
+  nfc_normalize("a\xFF\xC3", out);  // malformed bytes kept
+  EXPECT_EQ(out, "a\xFF\xC3");
 }
 
 TEST(Tokenizers, RefusalsNameWhatIsMissing) {
