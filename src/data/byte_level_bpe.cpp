@@ -42,7 +42,9 @@ const ByteMap& byte_map() {
 
 }  // namespace
 
-const std::string& byte_to_unicode(uint8_t b) { return byte_map().spelled[b]; }
+const std::string& byte_to_unicode(uint8_t b) {
+  return byte_map().spelled[b];
+}
 
 bool unicode_to_bytes(std::string_view spelled, std::string* bytes) {
   const ByteMap& m = byte_map();

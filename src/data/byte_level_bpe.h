@@ -24,8 +24,8 @@ class ByteLevelBpe {
   // ignore_merges: a piece that is itself in the vocabulary is that token, unmerged
   // (tokenizers' BPE option, set by Llama-3's tokenizer.json). `what` names the files.
   ByteLevelBpe(const std::unordered_map<std::string, int64_t>& vocab,
-               const std::vector<std::pair<std::string, std::string>>& merges,
-               bool ignore_merges, const std::string& what);
+               const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+               const std::string& what);
 
   // Appends the ids of one pre-tokenized piece (raw bytes).
   void encode(std::string_view piece, std::vector<int64_t>& out) const;
@@ -35,9 +35,11 @@ class ByteLevelBpe {
     int32_t rank;
     int64_t id;
   };
-  static uint64_t key(int64_t a, int64_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); }
+  static uint64_t key(int64_t a, int64_t b) {
+    return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
+  }
   int64_t byte_id_[256];
-  std::unordered_map<uint64_t, Merge> merges_;        // (left id, right id) -> rank, merged id
+  std::unordered_map<uint64_t, Merge> merges_;         // (left id, right id) -> rank, merged id
   std::unordered_map<std::string, int64_t> by_bytes_;  // raw bytes -> id (ignore_merges)
   bool ignore_merges_;
 };

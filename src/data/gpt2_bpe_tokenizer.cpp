@@ -58,7 +58,8 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
   vocab_size_ = static_cast<int64_t>(vocab.size());
   added_.add("<|endoftext|>", eod_);
   bpe_ = std::make_unique<ByteLevelBpe>(
-      vocab, merges, false, fmt::format("--vocab-file '{}' / --merge-file '{}'", vocab_file, merge_file));
+      vocab, merges, false,
+      fmt::format("--vocab-file '{}' / --merge-file '{}'", vocab_file, merge_file));
 }
 
 void Gpt2BpeTokenizer::tokenize(std::string_view text, std::vector<int64_t>& out) const {

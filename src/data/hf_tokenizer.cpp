@@ -32,8 +32,9 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   MOE_CHECK(!tokenizer_model.empty(),
             "[tokenizer] HuggingFaceTokenizer needs --tokenizer-model (tokenizer.json or its "
             "directory)");
-  path_ = fs::is_directory(tokenizer_model) ? (fs::path(tokenizer_model) / "tokenizer.json").string()
-                                            : tokenizer_model;
+  path_ = fs::is_directory(tokenizer_model)
+              ? (fs::path(tokenizer_model) / "tokenizer.json").string()
+              : tokenizer_model;
   const std::string what = fmt::format("--tokenizer-model '{}'", path_);
   json j;
   try {
@@ -41,8 +42,10 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   } catch (const json::exception& e) {
     MOE_FAIL("[tokenizer] {} is not JSON: {}", what, e.what());
   }
-  MOE_CHECK(j.is_object() && j.contains("model"), "[tokenizer] {} has no \"model\": not a "
-            "HuggingFace tokenizer.json", what);
+  MOE_CHECK(j.is_object() && j.contains("model"),
+            "[tokenizer] {} has no \"model\": not a "
+            "HuggingFace tokenizer.json",
+            what);
   const json& model = j["model"];
   MOE_CHECK(type_of(model) == "BPE",
             "[tokenizer] {}: model type {} is not implemented: moecore reads byte-level BPE "
@@ -87,8 +90,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
              type_of(pre["pretokenizers"][1]) == "ByteLevel") {
     const json& split = pre["pretokenizers"][0];
     MOE_CHECK(split.contains("pattern") && split["pattern"].contains("Regex"),
-              "[tokenizer] {}: a Split pre-tokenizer on {} is not implemented (a Regex only)",
-              what, split.value("pattern", json()).dump());
+              "[tokenizer] {}: a Split pre-tokenizer on {} is not implemented (a Regex only)", what,
+              split.value("pattern", json()).dump());
     MOE_CHECK(split.value("behavior", "") == "Isolated" && !flag(split, "invert", false),
               "[tokenizer] {}: a Split with behavior {} invert {} is not implemented (Isolated, "
               "not inverted)",
@@ -96,9 +99,10 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
     pattern_ = pretokenizer_pattern_from_regex(split["pattern"]["Regex"].get<std::string>());
     byte_level(pre["pretokenizers"][1], false);
   } else {
-    MOE_FAIL("[tokenizer] {}: pre-tokenizer {} is not implemented: moecore reads ByteLevel, or "
-             "Sequence[Split(regex), ByteLevel]",
-             what, pre.is_null() ? std::string("null") : pre.dump().substr(0, 200));
+    MOE_FAIL(
+        "[tokenizer] {}: pre-tokenizer {} is not implemented: moecore reads ByteLevel, or "
+        "Sequence[Split(regex), ByteLevel]",
+        what, pre.is_null() ? std::string("null") : pre.dump().substr(0, 200));
   }
 
   std::unordered_map<std::string, int64_t> vocab;
@@ -158,7 +162,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
       }
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
       const json& st = p["special_tokens"][name];
-      for (const json& id : st["ids"]) (seen_a ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
+      for (const json& id : st["ids"])
+        (seen_a ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
     }
   }
 
@@ -194,8 +199,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
 }
 
 int64_t HuggingFaceTokenizer::eod() const {
-  MOE_CHECK(eod_ >= 0, "[tokenizer] HuggingFaceTokenizer {}: no end-of-document token: {}",
-            path_, eod_why_);
+  MOE_CHECK(eod_ >= 0, "[tokenizer] HuggingFaceTokenizer {}: no end-of-document token: {}", path_,
+            eod_why_);
   return eod_;
 }
 

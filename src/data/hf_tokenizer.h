@@ -1,12 +1,12 @@
 // HuggingFaceTokenizer: a tokenizer.json (--tokenizer-model: the file or its directory) of a
 // byte-level BPE model, the GPT-2 / Llama-3 / Qwen2 kind, tokenized as transformers'
-// AutoTokenizer(...)(text).input_ids does (what Megatron's HuggingFaceTokenizer calls):
-// added tokens split out first, the NFC normalizer if any (Qwen2's), the pre-tokenizer's regex (ByteLevel's own, or a Split with
-// one of the patterns in pretokenizer.h), byte-level BPE (ignore_merges honoured), then the
-// post-processor's special tokens (TemplateProcessing, e.g. Llama-3's bos). Anything else in
-// the file (another model type, another normalizer, another pre-tokenizer) is refused by name.
-// Vocabulary: the model's tokens and the added ones (len(tokenizer)); end of document:
-// tokenizer_config.json's eos_token beside tokenizer.json.
+// AutoTokenizer(...)(text).input_ids does (what Megatron's HuggingFaceTokenizer calls): added
+// tokens split out first, the NFC normalizer if any (Qwen2's), the pre-tokenizer's regex
+// (ByteLevel's own, or a Split with one of the patterns in pretokenizer.h), byte-level BPE
+// (ignore_merges honoured), then the post-processor's special tokens (TemplateProcessing, e.g.
+// Llama-3's bos). Anything else in the file (another model type, another normalizer, another
+// pre-tokenizer) is refused by name. Vocabulary: the model's tokens and the added ones
+// (len(tokenizer)); end of document: tokenizer_config.json's eos_token beside tokenizer.json.
 #pragma once
 
 #include <memory>

@@ -140,9 +140,12 @@ PreTokenizerPattern pretokenizer_pattern_from_regex(const std::string& regex) {
 
 const char* pretokenizer_pattern_regex(PreTokenizerPattern p) {
   switch (p) {
-    case PreTokenizerPattern::Gpt2: return kGpt2Regex;
-    case PreTokenizerPattern::Llama3: return kLlama3Regex;
-    case PreTokenizerPattern::Qwen2: return kQwen2Regex;
+    case PreTokenizerPattern::Gpt2:
+      return kGpt2Regex;
+    case PreTokenizerPattern::Llama3:
+      return kLlama3Regex;
+    case PreTokenizerPattern::Qwen2:
+      return kQwen2Regex;
   }
   return "";
 }
@@ -150,8 +153,9 @@ const char* pretokenizer_pattern_regex(PreTokenizerPattern p) {
 void pretokenize(PreTokenizerPattern p, std::string_view text, std::vector<std::string_view>& out) {
   const CodePoints t(text);
   for (size_t i = 0; i < t.n;) {
-    const size_t m = p == PreTokenizerPattern::Gpt2 ? match_gpt2(t, i)
-                     : match_llama3(t, i, p == PreTokenizerPattern::Llama3 ? 3 : 1);
+    const size_t m = p == PreTokenizerPattern::Gpt2
+                         ? match_gpt2(t, i)
+                         : match_llama3(t, i, p == PreTokenizerPattern::Llama3 ? 3 : 1);
     out.push_back(text.substr(t.offset[i], t.offset[i + m] - t.offset[i]));
     i += m;
   }

@@ -13,8 +13,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file,
     : model_file_(model_file),
       type_(type),
       sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  MOE_CHECK(!model_file.empty(), "[tokenizer] {} needs --tokenizer-model (a SentencePiece .model "
-            "file)", type);
+  MOE_CHECK(!model_file.empty(),
+            "[tokenizer] {} needs --tokenizer-model (a SentencePiece .model "
+            "file)",
+            type);
   const std::string why = unreadable_reason(model_file);
   MOE_CHECK(why.empty(), "[tokenizer] --tokenizer-model '{}': {}", model_file, why);
   const auto status = sp_->Load(model_file);
@@ -27,8 +29,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file,
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 int64_t SentencePieceTokenizer::eod() const {
-  MOE_CHECK(eos_ >= 0, "[tokenizer] {} '{}': the model has no eos piece, which is the end of "
-            "document", type_, model_file_);
+  MOE_CHECK(eos_ >= 0,
+            "[tokenizer] {} '{}': the model has no eos piece, which is the end of "
+            "document",
+            type_, model_file_);
   return eos_;
 }
 

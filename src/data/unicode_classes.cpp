@@ -12,9 +12,9 @@ namespace {
 template <size_t N>
 bool in_ranges(const CodePointRange (&ranges)[N], uint32_t cp) {
   // The first range whose last >= cp.
-  const CodePointRange* it = std::lower_bound(
-      std::begin(ranges), std::end(ranges), cp,
-      [](const CodePointRange& r, uint32_t v) { return r.last < v; });
+  const CodePointRange* it =
+      std::lower_bound(std::begin(ranges), std::end(ranges), cp,
+                       [](const CodePointRange& r, uint32_t v) { return r.last < v; });
   return it != std::end(ranges) && it->first <= cp;
 }
 

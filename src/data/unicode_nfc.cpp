@@ -32,8 +32,9 @@ constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount *
 
 uint8_t combining_class(uint32_t cp) {
   if (cp < 0x300) return 0;
-  const auto* it = std::lower_bound(std::begin(kCombiningClasses), std::end(kCombiningClasses), cp,
-                                    [](const CombiningClassRange& r, uint32_t v) { return r.last < v; });
+  const auto* it =
+      std::lower_bound(std::begin(kCombiningClasses), std::end(kCombiningClasses), cp,
+                       [](const CombiningClassRange& r, uint32_t v) { return r.last < v; });
   return it != std::end(kCombiningClasses) && it->first <= cp ? it->ccc : 0;
 }
 
@@ -48,7 +49,8 @@ void decompose(uint32_t cp, std::vector<uint32_t>& out) {
   const auto* it = std::lower_bound(std::begin(kDecompositions), std::end(kDecompositions), cp,
                                     [](const Decomposition& d, uint32_t v) { return d.cp < v; });
   if (it != std::end(kDecompositions) && it->cp == cp) {
-    out.insert(out.end(), kDecompositionData + it->offset, kDecompositionData + it->offset + it->length);
+    out.insert(out.end(), kDecompositionData + it->offset,
+               kDecompositionData + it->offset + it->length);
   } else {
     out.push_back(cp);
   }
@@ -63,11 +65,11 @@ uint32_t compose(uint32_t a, uint32_t b) {
       b < kTBase + kTCount) {
     return a + (b - kTBase);
   }
-  const auto* it = std::lower_bound(
-      std::begin(kCompositions), std::end(kCompositions), std::pair{a, b},
-      [](const Composition& c, std::pair<uint32_t, uint32_t> v) {
-        return c.first < v.first || (c.first == v.first && c.second < v.second);
-      });
+  const auto* it =
+      std::lower_bound(std::begin(kCompositions), std::end(kCompositions), std::pair{a, b},
+                       [](const Composition& c, std::pair<uint32_t, uint32_t> v) {
+                         return c.first < v.first || (c.first == v.first && c.second < v.second);
+                       });
   return it != std::end(kCompositions) && it->first == a && it->second == b ? it->composite : 0;
 }
 
@@ -107,9 +109,9 @@ void normalize_run(const std::vector<uint32_t>& cps, std::vector<uint32_t>& d,
     }
     size_t j = i;
     while (j < d.size() && combining_class(d[j]) != 0) ++j;
-    std::stable_sort(d.begin() + static_cast<std::ptrdiff_t>(i),
-                     d.begin() + static_cast<std::ptrdiff_t>(j),
-                     [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
+    std::stable_sort(
+        d.begin() + static_cast<std::ptrdiff_t>(i), d.begin() + static_cast<std::ptrdiff_t>(j),
+        [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
     i = j;
   }
   // Canonical composition: a character combines with the last starter unless blocked, i.e.

@@ -114,7 +114,8 @@ TEST(Tokenizers, PreTokenizerScannersSplitAsTheRegexes) {
   EXPECT_EQ(split(G, "it's  a   b\n"), (V{"it", "'s", " ", " a", "  ", " b", "\n"}));
   EXPECT_EQ(split(G, "IT'S 12345 ok!!"), (V{"IT", "'", "S", " 12345", " ok", "!!"}));
   EXPECT_EQ(split(G, "x   "), (V{"x", "   "}));
-  EXPECT_EQ(split(L, "IT'S 12345\r\n\n  x"), (V{"IT", "'S", " ", "123", "45", "\r\n\n", " ", " x"}));
+  EXPECT_EQ(split(L, "IT'S 12345\r\n\n  x"),
+            (V{"IT", "'S", " ", "123", "45", "\r\n\n", " ", " x"}));
   EXPECT_EQ(split(L, "\thi ..\n\nok"), (V{"\thi", " ..\n\n", "ok"}));
   EXPECT_EQ(split(Q, "12345"), (V{"1", "2", "3", "4", "5"}));
   EXPECT_EQ(split(G, "日本語 abc"), (V{"日本語", " abc"}));
@@ -170,7 +171,8 @@ TEST(Tokenizers, RefusalsNameWhatIsMissing) {
   c.type = "BertWordPieceCase";
   fails_with(c, "is not implemented");
   // A tokenizer.json with a normalizer, another pattern, another model: refused by name.
-  const auto dir = std::filesystem::temp_directory_path() / ("moecore_tok." + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moecore_tok." + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   nlohmann::json j;
   {
@@ -187,8 +189,11 @@ TEST(Tokenizers, RefusalsNameWhatIsMissing) {
     fails_with(c, what);
   };
   with([](nlohmann::json& k) { k["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC");
-  with([](nlohmann::json& k) { k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; },
-       "regex '\\w+' is not implemented");
+  with(
+      [](nlohmann::json& k) {
+        k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
+      },
+      "regex '\\w+' is not implemented");
   with([](nlohmann::json& k) { k["model"]["type"] = "WordPiece"; }, "model type WordPiece");
   // No tokenizer_config.json: no eos, and eod says so.
   std::ofstream(dir / "t.json") << j.dump();
@@ -224,15 +229,15 @@ std::string flags(const TokenizerConfig& c) {
 
 TEST(Tokenizers, PreprocessWritesTheReferenceTokens) {
   const nlohmann::json& ref = reference();
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("moecore_tok_pre." + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moecore_tok_pre." + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.key);
     const std::string prefix = (dir / "out").string();
-    const CommandResult r = run("preprocess --input " + fixture("test_corpus.jsonl") +
-                                " --output-prefix " + prefix + " --append-eod --workers 2" +
-                                flags(c.cfg));
+    const CommandResult r =
+        run("preprocess --input " + fixture("test_corpus.jsonl") + " --output-prefix " + prefix +
+            " --append-eod --workers 2" + flags(c.cfg));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const IndexedDataset ds(prefix + "_text_document");
     const nlohmann::json& want = ref[c.key]["ids"];
