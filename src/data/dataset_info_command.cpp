@@ -147,7 +147,8 @@ Subcommand add_dataset_info_command(CLI::App& app) {
   cli->add_option("--vocab-file", f->data.tokenizer.vocab_file, "GPT2BPETokenizer: vocab.json");
   cli->add_option("--merge-file", f->data.tokenizer.merge_file, "GPT2BPETokenizer: merges.txt");
   cli->add_option("--tokenizer-model", f->data.tokenizer.tokenizer_model,
-                  "HuggingFaceTokenizer / SentencePieceTokenizer model");
+                  "HuggingFaceTokenizer: tokenizer.json or its directory; the SentencePiece "
+                  "types: the .model file");
   cli->add_option("--dump-samples", f->dump, "Print the token ids of the first K training samples");
   cli->add_flag("--json", f->json, "One JSON object (with --dump-samples: \"samples\")");
   return Subcommand{cli, [f]() { return run_info(*f); }};
