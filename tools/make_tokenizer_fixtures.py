@@ -255,6 +255,14 @@ def main():
         "vocab_size": h.get_vocab_size(with_added_tokens=True),
         "eod": h.token_to_id("<|endoftext|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
 
+    # The same with ByteLevel's add_prefix_space (the test flips it in a copy of the file).
+    j = json.load(open(os.path.join(args.out, "hf_gpt2", "tokenizer.json"), encoding="utf-8"))
+    j["pre_tokenizer"]["add_prefix_space"] = True
+    h = Tokenizer.from_str(json.dumps(j))
+    ref["HuggingFaceTokenizer:hf_gpt2+add_prefix_space"] = {
+        "vocab_size": h.get_vocab_size(with_added_tokens=True),
+        "eod": h.token_to_id("<|endoftext|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
+
     # Llama-3 style: Split(regex) + ByteLevel(use_regex=False), ignore_merges, bos prepended.
     llama = train_bpe(lines, "llama3", 700, ["<|begin_of_text|>", "<|end_of_text|>"])
     bos = llama.token_to_id("<|begin_of_text|>")

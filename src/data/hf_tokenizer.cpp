@@ -81,6 +81,11 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
     MOE_CHECK(use_regex == regex_expected,
               "[tokenizer] {}: a ByteLevel pre-tokenizer with use_regex {} {} is not implemented",
               what, use_regex, regex_expected ? "alone" : "after a Split");
+    // After a Split, ByteLevel would prefix every regex piece, not each text segment.
+    MOE_CHECK(regex_expected || !add_prefix_space_,
+              "[tokenizer] {}: a ByteLevel pre-tokenizer with add_prefix_space after a Split is "
+              "not implemented",
+              what);
   };
   if (type_of(pre) == "ByteLevel") {
     byte_level(pre, true);

@@ -89,6 +89,34 @@ TEST(Tokenizers, EveryIdMatchesTheRealLibraries) {
   }
 }
 
+// ByteLevel's add_prefix_space, on a copy of hf_gpt2's tokenizer.json with it set.
+TEST(Tokenizers, HuggingFaceAddPrefixSpace) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moecore_tok_prefix." + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nlohmann::json j;
+  {
+    std::ifstream in(fixture("hf_gpt2/tokenizer.json"));
+    j = nlohmann::json::parse(in);
+  }
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  std::ofstream(dir / "tokenizer.json") << j.dump();
+  std::filesystem::copy_file(fixture("hf_gpt2/tokenizer_config.json"),
+                             dir / "tokenizer_config.json");
+  TokenizerConfig c;
+  c.type = "HuggingFaceTokenizer";
+  c.tokenizer_model = dir.string();
+  const auto tok = make_tokenizer(c);
+  const nlohmann::json& r = reference()["HuggingFaceTokenizer:hf_gpt2+add_prefix_space"];
+  const auto& lines = reference()["lines"];
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string text = lines[i].get<std::string>();
+    EXPECT_EQ(tok->tokenize(text), r["ids"][i].get<std::vector<int64_t>>())
+        << "line " << i << ": '" << text << "'";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Tokenizers, HuggingFaceTokenizerTakesTheFileOrItsDirectory) {
   TokenizerConfig h;
   h.type = "HuggingFaceTokenizer";
@@ -195,6 +223,8 @@ TEST(Tokenizers, RefusalsNameWhatIsMissing) {
       },
       "regex '\\w+' is not implemented");
   with([](nlohmann::json& k) { k["model"]["type"] = "WordPiece"; }, "model type WordPiece");
+  with([](nlohmann::json& k) { k["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+       "add_prefix_space after a Split");
   // No tokenizer_config.json: no eos, and eod says so.
   std::ofstream(dir / "t.json") << j.dump();
   const auto t = make_tokenizer(c);
