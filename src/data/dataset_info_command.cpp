@@ -91,7 +91,8 @@ int run_info(const InfoFlags& f) {
     }
   }
   const DataSplits splits = build_data_splits(f.data, f.seq_length, f.seed, f.samples,
-                                              tok->vocab_size(), tok->eod());
+                                              tok->vocab_size(),
+                                              f.data.mock_data ? tok->eod() : -1);
   out["splits"] = nlohmann::ordered_json::object();
   for (int s = 0; s < kNumSplits; ++s) {
     const char* name = split_name(static_cast<Split>(s));

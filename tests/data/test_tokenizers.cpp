@@ -288,5 +288,28 @@ TEST(Tokenizers, PreprocessWritesTheReferenceTokens) {
   std::filesystem::remove_all(dir);
 }
 
+// A tokenizer.json without tokenizer_config.json has no eos: --append-eod stops naming that,
+// while preprocessing without it and reading the data (which needs no eod) work.
+TEST(Tokenizers, NoEosStopsOnlyWhatNeedsIt) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moecore_tok_noeos." + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "tok");
+  std::filesystem::copy_file(fixture("hf_llama3/tokenizer.json"), dir / "tok" / "tokenizer.json");
+  const std::string tok =
+      " --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + (dir / "tok").string();
+  const std::string prefix = (dir / "out").string();
+  CommandResult r = run("preprocess --input " + fixture("test_corpus.jsonl") + " --output-prefix " +
+                        prefix + " --append-eod" + tok);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no end-of-document token"), std::string::npos) << r.output;
+  r = run("preprocess --input " + fixture("test_corpus.jsonl") + " --output-prefix " + prefix +
+          tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run("dataset-info --data-path " + prefix + "_text_document --seq-length 4 --split 1,0,0" +
+          " --train-samples 4" + tok);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace moecore::data
