@@ -8,6 +8,7 @@ packages=(
   libopenmpi-dev openmpi-bin # the distributed runtime
   libgtest-dev               # tests
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  libsentencepiece-dev       # the SentencePiece tokenizers
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -45,7 +45,8 @@ struct DataSplits {
 
 // num_samples: Megatron's train_valid_test_num_samples. vocab, eod: the tokenizer's vocabulary
 // (token ids are checked against it) and end-of-document id (the mock data ends sequences
-// with it).
+// with it; only mock data needs one, so callers ask the tokenizer for it only then: a
+// tokenizer.json without an eos_token trains on files).
 DataSplits build_data_splits(const DataConfig& cfg, int64_t seq_length, uint32_t seed,
                              const std::array<int64_t, kNumSplits>& num_samples, int64_t vocab,
                              int64_t eod);

@@ -91,7 +91,8 @@ int run_info(const InfoFlags& f) {
     }
   }
   const DataSplits splits = build_data_splits(f.data, f.seq_length, f.seed, f.samples,
-                                              tok->vocab_size(), tok->eod());
+                                              tok->vocab_size(),
+                                              f.data.mock_data ? tok->eod() : -1);
   out["splits"] = nlohmann::ordered_json::object();
   for (int s = 0; s < kNumSplits; ++s) {
     const char* name = split_name(static_cast<Split>(s));
@@ -147,7 +148,8 @@ Subcommand add_dataset_info_command(CLI::App& app) {
   cli->add_option("--vocab-file", f->data.tokenizer.vocab_file, "GPT2BPETokenizer: vocab.json");
   cli->add_option("--merge-file", f->data.tokenizer.merge_file, "GPT2BPETokenizer: merges.txt");
   cli->add_option("--tokenizer-model", f->data.tokenizer.tokenizer_model,
-                  "HuggingFaceTokenizer / SentencePieceTokenizer model");
+                  "HuggingFaceTokenizer: tokenizer.json or its directory; the SentencePiece "
+                  "types: the .model file");
   cli->add_option("--dump-samples", f->dump, "Print the token ids of the first K training samples");
   cli->add_flag("--json", f->json, "One JSON object (with --dump-samples: \"samples\")");
   return Subcommand{cli, [f]() { return run_info(*f); }};

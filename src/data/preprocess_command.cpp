@@ -42,7 +42,8 @@ Subcommand add_preprocess_command(CLI::App& app) {
   cli->add_option("--vocab-file", c.tokenizer.vocab_file, "GPT2BPETokenizer: vocab.json");
   cli->add_option("--merge-file", c.tokenizer.merge_file, "GPT2BPETokenizer: merges.txt");
   cli->add_option("--tokenizer-model", c.tokenizer.tokenizer_model,
-                  "HuggingFaceTokenizer: tokenizer.json; SentencePieceTokenizer: .model");
+                  "HuggingFaceTokenizer: tokenizer.json or its directory; the SentencePiece "
+                  "types: the .model file");
   cli->add_flag("--split-sentences", f->split_sentences, "(not implemented: NLTK sentence splitting)")
       ->group("");
   cli->add_flag("--keep-newlines", f->keep_newlines, "(not implemented)")->group("");

@@ -6,6 +6,9 @@
 #include <charconv>
 
 #include "core/check.h"
+#include "data/gpt2_bpe_tokenizer.h"
+#include "data/hf_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 
 namespace moecore::data {
 
@@ -45,7 +48,8 @@ std::string NullTokenizer::describe() const {
 }
 
 const char* tokenizer_types() {
-  return "ByteLevel, NullTokenizer";
+  return "ByteLevel, NullTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, "
+         "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer";
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerConfig& cfg) {
@@ -53,6 +57,16 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerConfig& cfg) {
   if (cfg.type == "NullTokenizer") {
     MOE_CHECK(cfg.vocab_size > 0, "[tokenizer] NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(cfg.vocab_size);
+  }
+  if (cfg.type == "GPT2BPETokenizer") {
+    return std::make_unique<Gpt2BpeTokenizer>(cfg.vocab_file, cfg.merge_file);
+  }
+  if (cfg.type == "HuggingFaceTokenizer") {
+    return std::make_unique<HuggingFaceTokenizer>(cfg.tokenizer_model);
+  }
+  if (cfg.type == "SentencePieceTokenizer" || cfg.type == "GPTSentencePieceTokenizer" ||
+      cfg.type == "Llama2Tokenizer") {
+    return std::make_unique<SentencePieceTokenizer>(cfg.tokenizer_model, cfg.type);
   }
   MOE_FAIL("[tokenizer] --tokenizer-type {} is not implemented: use one of {}", cfg.type,
            tokenizer_types());

@@ -115,8 +115,10 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
       {"--moe-use-upcycling", Y, "", "upcycling", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
-      {"--tokenizer-type", Y, "|ByteLevel|NullTokenizer",
-       "tokenizers other than the byte-level one and NullTokenizer", "14"},
+      {"--tokenizer-type", Y,
+       "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"
+       "GPTSentencePieceTokenizer|Llama2Tokenizer",
+       "BertWordPiece, TikTokenizer, Multimodal and SFT tokenizers", "14"},
       {"group:checkpointing", Y, "", "checkpointing", "13"},
       {"group:data and dataloader", Y, "", "Megatron's data pipeline", "14"},
       {"group:tokenizer", Y, "", "Megatron's tokenizers", "14"},

@@ -93,7 +93,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       const auto tok = data::make_tokenizer(cfg_.data.tokenizer);
       splits_ = data::build_data_splits(cfg_.data, model_cfg_.seq_length,
                                         static_cast<uint32_t>(cfg_.seed), samples,
-                                        tok->vocab_size(), tok->eod());
+                                        tok->vocab_size(),
+                                        cfg_.data.mock_data ? tok->eod() : -1);
     }
   }
   data_ = splits_.train();

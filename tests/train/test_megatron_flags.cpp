@@ -291,6 +291,14 @@ void refused(const std::string& recipe, const std::string& shrunk,
   }
 }
 
+std::string tokenizer_fixture(const std::string& name) {
+  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/tokenizers/" + name;
+}
+// The recipes' --tokenizer-type HuggingFaceTokenizer with a small tokenizer.json, on mock data.
+const std::string kHuggingFaceMock =
+    " --mock-data --tokenizer-type HuggingFaceTokenizer --tokenizer-model " +
+    tokenizer_fixture("hf_llama3");
+
 // examples/mixtral/train_mixtral_8x7b_distributed.sh: MODEL_ARGS, MOE_ARGS, TRAINING_ARGS,
 // MODEL_PARALLEL_ARGS and LOGGING_ARGS as they are, but the refused flags below.
 const char* kMixtral =
@@ -325,8 +333,10 @@ TEST(MegatronRecipes, Mixtral8x7B) {
            {"--load /tmp/ckpt", " (issue 13)"},
            {"--save-interval 10000", " (issue 13)"},
            {"--no-load-optim", " (issue 13)"},
-           {"--no-load-rng", " (issue 13)"},
-           {"--tokenizer-type Llama2Tokenizer", " (issue 14)"}});
+           {"--no-load-rng", " (issue 13)"}});
+  // The recipe's tokenizer (a Llama-2 SentencePiece model) on mock data.
+  trains(kMixtral, std::string(kShrunk) + " --mock-data --tokenizer-type Llama2Tokenizer" +
+                       " --tokenizer-model " + tokenizer_fixture("sp_bpe.model"));
 }
 
 // examples/post_training/modelopt/conf/Qwen/Qwen3-30B-A3B.sh (MODEL_ARGS) and Qwen3-235B-A22B.sh.
@@ -352,8 +362,9 @@ TEST(MegatronRecipes, Qwen3_30B_A3B) {
   refused(kQwen3_30B, kQwenShrunk, {{"", ""}});
   trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0");
   refused(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0",
-          {{"--save-interval 100000", " (issue 13)"},
-           {"--tokenizer-type HuggingFaceTokenizer", " (issue 14)"}});
+          {{"--save-interval 100000", " (issue 13)"}});
+  trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0" +
+                         kHuggingFaceMock);
 }
 
 const char* kQwen3_235B =
@@ -372,8 +383,8 @@ TEST(MegatronRecipes, Qwen3_235B_A22B) {
   trains(kQwen3_235B, kQwenShrunk);
   refused(kQwen3_235B, kQwenShrunk,
           {{"--save-interval 100000", " (issue 13)"},
-           {"--tokenizer-type HuggingFaceTokenizer", " (issue 14)"},
            {"--rotary-seq-len-interpolation-factor 2", ""}});
+  trains(kQwen3_235B, std::string(kQwenShrunk) + kHuggingFaceMock);
 }
 
 // examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh (DeepSeek-V3's architecture):
@@ -409,8 +420,8 @@ TEST(MegatronRecipes, DeepSeekV3) {
            {"--q-lora-rank 1536", ""},
            {"--rotary-scaling-factor 40", ""},
            {"--mscale-all-dim 1.0", ""},
-           {"--save-interval 100000", " (issue 13)"},
-           {"--tokenizer-type HuggingFaceTokenizer", " (issue 14)"}});
+           {"--save-interval 100000", " (issue 13)"}});
+  trains(kDeepSeekV3, std::string(kDeepSeekShrunk) + kHuggingFaceMock);
 }
 
 }  // namespace

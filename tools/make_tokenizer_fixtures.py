@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Small tokenizer files and their reference tokenizations, made by the real libraries.
+
+Trains, on a small built-in multilingual corpus:
+  - a byte-level BPE with HuggingFace `tokenizers`, saved as GPT-2's vocab.json + merges.txt
+    (GPT2BPETokenizer) and as tokenizer.json (HuggingFaceTokenizer, GPT-2 pre-tokenizer);
+  - a byte-level BPE with the Llama-3 pre-tokenizer (Split regex, then ByteLevel without regex),
+    ignore_merges, added special tokens and a TemplateProcessing that prepends a bos token
+    (HuggingFaceTokenizer, Llama-3 style), and its tokenizer_config.json (eos_token);
+  - SentencePiece models, bpe and unigram (SentencePieceTokenizer, GPTSentencePieceTokenizer,
+    Llama2Tokenizer);
+then tokenizes test_corpus.jsonl with each and writes reference.json: per tokenizer, the ids of
+every line, the vocabulary size and the eod id as Megatron reports them (at the commit of
+moecore's flag table, d98e8a6, its three SentencePiece types are the plain model).
+
+Also writes src/data/unicode_classes.inc: the code point ranges of Unicode's L (letters) and N
+(numbers) general categories, from Python's unicodedata.
+
+Usage: python3 -m venv /tmp/v && /tmp/v/bin/pip install tokenizers sentencepiece tiktoken
+       /tmp/v/bin/python tools/make_tokenizer_fixtures.py
+"""
+import argparse
+import io
+import json
+import os
+import sys
+import unicodedata
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+TRAIN_TEXT = [
+    "The quick brown fox jumps over the lazy dog. It's a test; they'll see what we've done.",
+    "I'm sure you'd like numbers: 12345, 3.14159, 2026-12-01 and 1,000,000 dollars.",
+    "Ceci n'est pas une pipe. Les élèves étudient à l'école près de la forêt.",
+    "Größere Straßen führen über Brücken; Äpfel und Öl sind günstig.",
+    "El niño comió piña y jalapeños en España. ¿Dónde está la estación?",
+    "Москва — столица России. Привет, как дела? Всё хорошо.",
+    "東京は日本の首都です。中文汉字和日本語のかなカナ。",
+    "한국어 문장도 있습니다. 서울은 큰 도시입니다.",
+    "Ελληνικά γράμματα: αβγδε. Καλημέρα κόσμε!",
+    "Emoji: 😀 🎉 👍🏽 ❤️ 🇫🇷 and symbols ©®™ ±×÷ €£¥.",
+    "def main():\n    return x + y  # comment\n\tindented\twith\ttabs\n",
+    "Windows line\r\nendings and   multiple    spaces   here.",
+    "العربية لغة جميلة. שלום עולם. हिन्दी भाषा।",
+    "Numbers like ١٢٣ and ⅫⅣ and ½ ¾ and ²³ appear too.",
+]
+
+
+def train_lines(repeat=30):
+    out = []
+    for r in range(repeat):
+        for i, t in enumerate(TRAIN_TEXT):
+            out.append(t if r % 2 == 0 else t.upper() if i % 3 == 0 else t.lower())
+    return out
+
+
+TEST_LINES = [
+    "Hello world! It's a simple test, isn't it? They're here; we've won; I'm ok; you'll see; he'd go.",
+    "HELLO WORLD IT'S LOUD. SHE'LL GO.",
+    "Accents: café, naïve, façade, Zürich, São Paulo, Ærøskøbing.",
+    "CJK: 東京タワーは高い。我喜欢学习中文。한국어 텍스트.",
+    "Emoji: 😀😃😄 👩‍👩‍👧 🏳️‍🌈 🇯🇵 and 💯!!",
+    "Digits: 0 12 345 6789 1234567890 3.14 -42 +7 1e10 ١٢٣٤.",
+    "Whitespace:   three spaces,\ttab, two tabs\t\tand trailing spaces   ",
+    "Newlines:\nsecond line\r\nthird line\n\n\nafter blanks\n",
+    "   leading spaces and a final newline\n",
+    "Mixed: abc123def 456ghi ___ --- ... !!! ??? 'quoted' \"double\" (paren) [bracket] {brace}",
+    "Contractions: don't won't can't shouldn't y'all 'tis o'clock rock'n'roll 'S 'T 'RE 'VE 'M 'LL 'D",
+    "Special token inside: before<|endoftext|>after and <|begin_of_text|> and <|end_of_text|>.",
+    "Unseen chars: ∑∫√∞ ♠♥♦♣ ☃ ⚡ ⌘ ℃ Ω ₿ ꙮ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀",
+    "Arabic and Hebrew: مرحبا بالعالم שלום Hindi: नमस्ते दुनिया Thai: สวัสดีครับ",
+    "",
+    " ",
+    "a",
+    "\t\n \r\n",
+    "Long word: pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism",
+    "Numbers with spaces  1  22   333    4444 and ²³ ½ Ⅻ",
+    "<SEP> <CLS> <EOD> <MASK> <|im_start|>user<|im_end|> tokens",
+    # Decomposed (NFD) text, which Qwen2's NFC normalizer composes.
+    "NFD: cafe\u0301 nai\u0308ve A\u030A \u212B \u1100\u1161\u11A8 a\u0302\u0323 \u0958 "
+    "q\u0307\u0323 \u1E0B\u0323 \u0344 A\u0308\u0304 \uAC00\u11A8 e\u0301\u0301",
+]
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def write_unicode_table(path):
+    def ranges(pred):
+        out, start = [], None
+        for cp in range(0x110000):
+            ok = pred(chr(cp))
+            if ok and start is None:
+                start = cp
+            elif not ok and start is not None:
+                out.append((start, cp - 1))
+                start = None
+        if start is not None:
+            out.append((start, 0x10FFFF))
+        return out
+
+    letters = ranges(lambda c: unicodedata.category(c).startswith("L"))
+    numbers = ranges(lambda c: unicodedata.category(c).startswith("N"))
+    with open(path, "w") as f:
+        f.write("// Generated by tools/make_tokenizer_fixtures.py from Python's unicodedata "
+                f"(Unicode {unicodedata.unidata_version}):\n// inclusive code point ranges of the "
+                "general categories L (letters) and N (numbers). Do not edit.\n")
+        for name, rs in (("kLetterRanges", letters), ("kNumberRanges", numbers)):
+            f.write(f"inline constexpr CodePointRange {name}[] = {{\n")
+            for i in range(0, len(rs), 6):
+                f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}}}," for a, b in rs[i:i + 6]) + "\n")
+            f.write("};\n")
+
+
+def write_nfc_table(path):
+    """Unicode canonical composition (NFC) data: combining classes, full canonical
+    decompositions (Hangul syllables are algorithmic, not listed), and the primary composites
+    (pairs that compose: two-code-point canonical decompositions not excluded from composition,
+    i.e. whose composite is its own NFC)."""
+    ccc, decomp, comp = [], [], []
+    for cp in range(0x110000):
+        c = chr(cp)
+        k = unicodedata.combining(c)
+        if k:
+            if ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == k:
+                ccc[-1][1] = cp
+            else:
+                ccc.append([cp, cp, k])
+        d = unicodedata.decomposition(c)
+        if d and not d.startswith("<"):
+            decomp.append((cp, [ord(x) for x in unicodedata.normalize("NFD", c)]))
+            parts = [int(x, 16) for x in d.split()]
+            if len(parts) == 2 and unicodedata.normalize("NFC", c) == c:
+                comp.append((parts[0], parts[1], cp))
+    comp.sort()
+    with open(path, "w") as f:
+        f.write("// Generated by tools/make_tokenizer_fixtures.py from Python's unicodedata "
+                f"(Unicode {unicodedata.unidata_version}): NFC data.\n// Do not edit.\n")
+        f.write("inline constexpr CombiningClassRange kCombiningClasses[] = {\n")
+        for i in range(0, len(ccc), 5):
+            f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, {k}}}," for a, b, k in ccc[i:i + 5]) + "\n")
+        f.write("};\n")
+        data, entries = [], []
+        for cp, seq in decomp:
+            entries.append((cp, len(data), len(seq)))
+            data += seq
+        f.write("inline constexpr uint32_t kDecompositionData[] = {\n")
+        for i in range(0, len(data), 10):
+            f.write("    " + " ".join(f"0x{x:X}," for x in data[i:i + 10]) + "\n")
+        f.write("};\n")
+        f.write("inline constexpr Decomposition kDecompositions[] = {\n")
+        for i in range(0, len(entries), 5):
+            f.write("    " + " ".join(f"{{0x{a:X}, {o}, {n}}}," for a, o, n in entries[i:i + 5]) + "\n")
+        f.write("};\n")
+        f.write("inline constexpr Composition kCompositions[] = {\n")
+        for i in range(0, len(comp), 4):
+            f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in comp[i:i + 4]) + "\n")
+        f.write("};\n")
+
+
+def train_bpe(lines, pattern, vocab_size, specials):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=(pattern == "llama3")))
+    if pattern == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif pattern == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+def megatron_sp_reference(sp, kind, lines):
+    """Megatron-LM at d98e8a6 (megatron/core/tokenizers, legacy=False): the three SentencePiece
+    types alike, the model's ids as they are, vocabulary its pieces, eod its eos."""
+    return {"vocab_size": sp.get_piece_size(), "eod": sp.eos_id(),
+            "ids": [sp.encode(t) for t in lines]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tests/fixtures/tokenizers")
+    ap.add_argument("--unicode-table", default="src/data/unicode_classes.inc")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    write_unicode_table(args.unicode_table)
+    write_nfc_table(os.path.join(os.path.dirname(args.unicode_table), "unicode_nfc.inc"))
+    lines = train_lines()
+    ref = {}
+
+    with open(os.path.join(args.out, "test_corpus.jsonl"), "w", encoding="utf-8") as f:
+        for t in TEST_LINES:
+            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    ref["lines"] = TEST_LINES
+
+    # GPT-2 files: vocab.json + merges.txt, read back as GPT2TokenizerFast reads them (a BPE
+    # model, the ByteLevel pre-tokenizer, <|endoftext|> an added special token).
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
+    gpt2 = train_bpe(lines, "gpt2", 700, ["<|endoftext|>"])
+    gpt2.model.save(args.out, "gpt2")  # gpt2-vocab.json, gpt2-merges.txt
+    g = Tokenizer(models.BPE.from_file(os.path.join(args.out, "gpt2-vocab.json"),
+                                       os.path.join(args.out, "gpt2-merges.txt")))
+    g.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    g.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    vocab = json.load(open(os.path.join(args.out, "gpt2-vocab.json"), encoding="utf-8"))
+    ref["GPT2BPETokenizer"] = {"vocab_size": len(vocab), "eod": vocab["<|endoftext|>"],
+                               "ids": [g.encode(t).ids for t in TEST_LINES]}
+    # tiktoken with the same ranks (ids are the merge order above the byte alphabet) as a second
+    # reference: it cannot see added tokens, so lines holding one are skipped.
+    try:
+        import tiktoken
+        # GPT-2's byte-to-unicode map, to turn vocab strings back into bytes.
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+            list(range(ord("®"), ord("ÿ") + 1))
+        cs = bs[:]
+        k = 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + k)
+                k += 1
+        to_byte = {chr(c): b for b, c in zip(bs, cs)}
+        ranks = {bytes(to_byte[c] for c in s): i for s, i in vocab.items() if s != "<|endoftext|>"}
+        # tiktoken merges by rank; single bytes must rank below every merge: they do (alphabet
+        # first in the trained vocab).
+        enc = tiktoken.Encoding("tiny", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                                special_tokens={})
+        for t, ids in zip(TEST_LINES, ref["GPT2BPETokenizer"]["ids"]):
+            if "<|endoftext|>" in t:
+                continue
+            assert enc.encode_ordinary(t) == ids, ("tiktoken disagrees", t)
+    except ImportError:
+        print("tiktoken not installed: the second GPT-2 check is skipped", file=sys.stderr)
+
+    # HuggingFace tokenizer.json, GPT-2 style (ByteLevel pre-tokenizer with its regex).
+    gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
+    os.makedirs(os.path.join(args.out, "hf_gpt2"), exist_ok=True)
+    gpt2.save(os.path.join(args.out, "hf_gpt2", "tokenizer.json"))
+    with open(os.path.join(args.out, "hf_gpt2", "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}, f, indent=1)
+    h = Tokenizer.from_file(os.path.join(args.out, "hf_gpt2", "tokenizer.json"))
+    ref["HuggingFaceTokenizer:hf_gpt2"] = {
+        "vocab_size": h.get_vocab_size(with_added_tokens=True),
+        "eod": h.token_to_id("<|endoftext|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
+
+    # The same with ByteLevel's add_prefix_space (the test flips it in a copy of the file).
+    j = json.load(open(os.path.join(args.out, "hf_gpt2", "tokenizer.json"), encoding="utf-8"))
+    j["pre_tokenizer"]["add_prefix_space"] = True
+    h = Tokenizer.from_str(json.dumps(j))
+    ref["HuggingFaceTokenizer:hf_gpt2+add_prefix_space"] = {
+        "vocab_size": h.get_vocab_size(with_added_tokens=True),
+        "eod": h.token_to_id("<|endoftext|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
+
+    # Llama-3 style: Split(regex) + ByteLevel(use_regex=False), ignore_merges, bos prepended.
+    llama = train_bpe(lines, "llama3", 700, ["<|begin_of_text|>", "<|end_of_text|>"])
+    bos = llama.token_to_id("<|begin_of_text|>")
+    llama.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+        special_tokens=[("<|begin_of_text|>", bos)])
+    os.makedirs(os.path.join(args.out, "hf_llama3"), exist_ok=True)
+    llama.save(os.path.join(args.out, "hf_llama3", "tokenizer.json"))
+    with open(os.path.join(args.out, "hf_llama3", "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f, indent=1)
+    h = Tokenizer.from_file(os.path.join(args.out, "hf_llama3", "tokenizer.json"))
+    ref["HuggingFaceTokenizer:hf_llama3"] = {
+        "vocab_size": h.get_vocab_size(with_added_tokens=True),
+        "eod": h.token_to_id("<|end_of_text|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
+
+    # Qwen2 style: the NFC normalizer, the Qwen2 regex (one digit a piece), no bos.
+    qwen = train_bpe(lines, "qwen2", 400, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    qwen.post_processor = processors.ByteLevel(trim_offsets=False)
+    os.makedirs(os.path.join(args.out, "hf_qwen2"), exist_ok=True)
+    qwen.save(os.path.join(args.out, "hf_qwen2", "tokenizer.json"))
+    with open(os.path.join(args.out, "hf_qwen2", "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": None, "eos_token": "<|endoftext|>"}, f, indent=1)
+    h = Tokenizer.from_file(os.path.join(args.out, "hf_qwen2", "tokenizer.json"))
+    ref["HuggingFaceTokenizer:hf_qwen2"] = {
+        "vocab_size": h.get_vocab_size(with_added_tokens=True),
+        "eod": h.token_to_id("<|endoftext|>"), "ids": [h.encode(t).ids for t in TEST_LINES]}
+    # NFC itself, by unicodedata, on the test lines and the cases of the NFC algorithm.
+    nfc_cases = TEST_LINES + ["e\u0301", "\u212B", "\u1100\u1161\u11A8", "\u0344", "\u0958",
+                              "a\u0323\u0302", "a\u0302\u0323", "q\u0307\u0323", "\u1E0B\u0323",
+                              "A\u0308\u0304", "\uAC00\u11A8", "\u1100\u1161", "e\u0301\u0301",
+                              "\u0301a", "a\u0301\u0301b\u0327\u0301", "\u05B8\u05B9\u05B1\u0591",
+                              "\u0B47\u0B3E", "\u1025\u102E", "\u0915\u093C", "\u00C5\u0301"]
+    ref["nfc"] = [[t, unicodedata.normalize("NFC", t)] for t in nfc_cases]
+
+    # SentencePiece, bpe and unigram.
+    import sentencepiece as spm
+    for kind in ("bpe", "unigram"):
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, model_type=kind, vocab_size=600,
+            character_coverage=0.995, byte_fallback=True, hard_vocab_limit=False, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+            num_threads=1, minloglevel=2,
+            normalization_rule_name="identity")  # nmt_nfkc would add a 240 KB table
+        path = os.path.join(args.out, f"sp_{kind}.model")
+        with open(path, "wb") as f:
+            f.write(model.getvalue())
+        sp = spm.SentencePieceProcessor(model_file=path)
+        for wrapper in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
+            ref[f"{wrapper}:sp_{kind}"] = megatron_sp_reference(sp, wrapper, TEST_LINES)
+
+    with open(os.path.join(args.out, "reference.json"), "w", encoding="utf-8") as f:
+        json.dump(ref, f, ensure_ascii=False, indent=None, separators=(",", ":"))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
