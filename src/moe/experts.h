@@ -24,6 +24,7 @@ class GroupedExperts {
   // As nn::MLP's: after allocate(), rows of bf16 values skip the rounding passes.
   bool widened_bf16() const { return saved_.widened; }
   void input_rounded() { saved_.x_rounded = saved_.widened; }
+  void output_grad_rounded() { saved_.dy_rounded = saved_.widened; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
   void forward(T* y_NH, const T* x_NH, const T* p_N, const int64_t* rows_per_expert_L, int64_t N);
   // dx, dp assigned; weight grads accumulated.

@@ -42,11 +42,14 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   experts_.allocate(a, rows, nn::SwigluRecompute{recompute_.moe, recompute_.moe_act});
   // Widened bf16: the input feeds the router in f32 and, as bf16 values, the experts' and the
   // shared expert's fc1 GEMMs; it is rounded once into x16w_TH_, which the dispatch permutes
-  // (rounding commutes with it), instead of at each of those GEMMs.
+  // (rounding commutes with it), instead of at each of those GEMMs. The same for the output's
+  // gradient, which feeds only the fc2 GEMMs: dy16w_TH_.
   round_rows_ = experts_.widened_bf16();
   if (round_rows_) {
     experts_.input_rounded();
+    experts_.output_grad_rounded();
     x16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.x_bf16_values");
+    dy16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.dy_bf16_values", MemKind::Workspace);
   }
   x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
   p_N_ = a.alloc<T>(rows, "moe.p_rows");
@@ -57,7 +60,10 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
   if (shared_) {
     shared_->allocate(a, max_tokens, recompute_.moe || recompute_.shared_experts);
-    if (round_rows_) shared_->input_rounded();
+    if (round_rows_) {
+      shared_->input_rounded();
+      shared_->output_grad_rounded();
+    }
     shared_TH_ = a.alloc<T>(max_tokens * H_, "moe.shared_out", MemKind::Workspace);
   }
 }
@@ -106,9 +112,17 @@ template <typename T>
 void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
   // "moe" recomputation: routing and the expert rows again (the experts recompute their fc1).
   if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true);
+  const T* dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
+  if constexpr (std::is_same_v<T, float>) {
+    if (round_rows_) {
+      ScopedPhase phase(Phase::Gemm);
+      ops::round_f32_to_bf16(dy16w_TH_, dy_TH, n_tok_ * H_);
+      dy_in = dy16w_TH_;
+    }
+  }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->combine_backward(dy_NH_, dy_TH);
+    dispatcher_->combine_backward(dy_NH_, dy_in);
   }
   experts_.backward(dx_NH_, dp_N_, dy_NH_);
   {
@@ -120,7 +134,7 @@ void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
     router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
   }
   if (shared_) {
-    shared_->backward(shared_TH_, dy_TH);
+    shared_->backward(shared_TH_, dy_in);
     ops::add(dx_TH, dx_TH, shared_TH_, n_tok_ * H_);
   }
 }

@@ -60,6 +60,7 @@ class MoELayer {
   const T* x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
   // Expert-side rows and their gradients.
   T* x16w_TH_ = nullptr;
+  T* dy16w_TH_ = nullptr;
   const T* gemm_input(const T* x_TH) const { return round_rows_ ? x16w_TH_ : x_TH; }
   T* x_NH_ = nullptr;
   T* p_N_ = nullptr;

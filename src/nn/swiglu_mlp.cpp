@@ -27,7 +27,7 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   const bool use16 =
       std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_bf16_copy();
   s.widened = use16 && fc1->has_data16w && fc2->has_data16w;
-  s.x_rounded = false;  // until the owner says otherwise
+  s.x_rounded = s.dy_rounded = false;  // until the owner says otherwise
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
     s.h_N2F = a.alloc<T>(max_rows * 2 * sh.F, name);
@@ -128,8 +128,11 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
   if constexpr (std::is_same_v<T, float>) {
     if (s.widened) {  // f32 GEMMs on bf16 values: dy, x rounded; a, dh written so by SwiGLU
       float* x32 = s.ws32;
-      float* dy32 = s.ws32 + s.N * sh.H;
-      ops::round_f32_to_bf16(dy32, dy_NH, s.N * sh.H);
+      const float* dy32 = dy_NH;
+      if (!s.dy_rounded) {
+        ops::round_f32_to_bf16(s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
+        dy32 = s.ws32 + s.N * sh.H;
+      }
       ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
       ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
       ops::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);

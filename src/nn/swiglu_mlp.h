@@ -38,6 +38,7 @@ struct SwigluMlpSaved {
   // Widened: x_NH arrives as bf16 values (its producer rounded it), so neither fc1 GEMM rounds
   // it again. Set by the owner after allocation; the forward's recomputation must then hold too.
   bool x_rounded = false;
+  bool dy_rounded = false;  // the same for the backward's dy_NH
   bf16* ws_a16 = nullptr;
   bf16* ws_b16 = nullptr;
   float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)
@@ -83,6 +84,7 @@ class MLP {
   // As SelfAttention's: after allocate(), an input of bf16 values skips the rounding passes.
   bool widened_bf16() const { return saved_.widened; }
   void input_rounded() { saved_.x_rounded = saved_.widened; }
+  void output_grad_rounded() { saved_.dy_rounded = saved_.widened; }  // dy as bf16 values
   void forward(T* y_TH, const T* x_TH, int64_t n_tok);
   void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
 
