@@ -3,10 +3,8 @@
 // trains with validation and test evaluation, and every data path that cannot serve stops
 // with a message naming it (never an uncaught exception).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,28 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "common/command.h"
 #include "data/data_pipeline.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 
 namespace {
 
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
+using moecore::testing::CommandResult;
 
-CommandResult run(const std::string& args) {
-  const std::string cmd = std::string(MOECORE_BUILD_DIR) + "/moecore " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CommandResult r{-1, ""};
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CommandResult run(const std::string& args) { return moecore::testing::run_moecore(args); }
 
 std::string temp_dir() {
   const auto d = std::filesystem::temp_directory_path() /

@@ -5,10 +5,8 @@
 // Megatron reports; `moecore preprocess` with each writes those ids; refusals name what is
 // missing.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command.h"
 #include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "data/pretokenizer.h"
@@ -232,22 +231,9 @@ TEST(Tokenizers, RefusalsNameWhatIsMissing) {
   std::filesystem::remove_all(dir);
 }
 
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
+using moecore::testing::CommandResult;
 
-CommandResult run(const std::string& args) {
-  const std::string cmd = std::string(MOECORE_BUILD_DIR) + "/moecore " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CommandResult r{-1, ""};
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p) != nullptr) r.output += buf.data();
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CommandResult run(const std::string& args) { return moecore::testing::run_moecore(args); }
 
 std::string flags(const TokenizerConfig& c) {
   std::string s = " --tokenizer-type " + c.type;

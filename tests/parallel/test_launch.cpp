@@ -3,9 +3,7 @@
 // carries its rank, and a rank that skips a collective ends the job with a diagnostic, not a
 // hang.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,31 +11,15 @@
 #include <unistd.h>
 #include <string>
 
+#include "common/command.h"
 #include "parallel/groups_command.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::parallel {
 namespace {
 
-struct ProcResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-  double seconds = 0;
-};
-
-ProcResult run(const std::string& cmd) {
-  ProcResult r;
-  const auto start = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
+using ProcResult = moecore::testing::CommandResult;
+ProcResult run(const std::string& cmd) { return moecore::testing::run_command(cmd); }
 
 std::string moecore_binary() {
 #ifdef MOECORE_BINARY

@@ -3,10 +3,8 @@
 // training with a message that names the values.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,14 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "common/command.h"
+
 namespace {
 
-struct CommandResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-std::string binary() { return std::string(MOECORE_BUILD_DIR) + "/moecore"; }
+using moecore::testing::CommandResult;
 
 // A few milliseconds per run: tiny shapes, no GEMM probe. Megatron's defaults need the model
 // stated: sizes, the SwiGLU RMSNorm RoPE model without biases and dropout, the learning rate.
@@ -35,17 +30,7 @@ const char* kTiny =
     " --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --lr 3e-3 --min-lr 3e-4"
     " --lr-decay-style cosine --moe-aux-loss-coeff 0.01 --log-interval 1 --peak-tflops 0.1";
 
-CommandResult run(const std::string& args) {
-  std::string cmd = binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CommandResult r{-1, ""};
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p) != nullptr) r.output += buf.data();
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CommandResult run(const std::string& args) { return moecore::testing::run_moecore(args); }
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
