@@ -2,7 +2,8 @@
 """Checks the committed data fixtures (tests/fixtures/data, written by make_data_fixtures.py,
 numpy only) against megatron-core itself: the preprocess outputs against its
 IndexedDatasetBuilder, the GPT document / sample / shuffle indices against
-gpt_dataset._build_document_index, helpers_cpp.build_sample_idx and _build_shuffle_index.
+gpt_dataset._build_document_index, helpers_cpp.build_sample_idx and _build_shuffle_index, and
+the weighted blends against helpers_cpp.build_blending_indices.
 
 Needs megatron-core (and torch) from PyPI:  pip install megatron-core torch numpy
     python3 tools/check_data_fixtures_with_megatron.py      # exit 0: every fixture is Megatron's
@@ -76,8 +77,24 @@ def check_gpt_indices():
     return bad == 0
 
 
+def check_blends():
+    d = json.load(open(os.path.join(FIXTURES, "indices.json")))
+    bad = 0
+    for b in d["blends"]:
+        w = numpy.array([float.fromhex(x) for x in b["normalized"]], dtype=numpy.float64)
+        di = numpy.zeros(b["size"], dtype=numpy.int16)
+        dsi = numpy.zeros(b["size"], dtype=numpy.int64)
+        helpers_cpp.build_blending_indices(di, dsi, w, len(w), b["size"], False)
+        if di.tolist() != b["dataset_index"] or dsi.tolist() != b["dataset_sample_index"]:
+            bad += 1
+            print(f"blend {b['weights']} size {b['size']}: DIFFERS")
+    print(f"blends: {len(d['blends']) - bad} of {len(d['blends'])} equal megatron-core's")
+    return bad == 0
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as out:
         ok = check_preprocess(out)
     ok &= check_gpt_indices()
+    ok &= check_blends()
     sys.exit(0 if ok else 1)
