@@ -23,6 +23,8 @@ int64_t head_loss_workspace_elems(const HeadLossShape& s);
 //     go to h32 [n_tok, H], the dlogits are rounded to bf16 values in place in the workspace,
 //     and the GEMMs are f32 GEMMs (h16, dz16, ws32 unused). Bitwise the widen path's results
 //     without its widening passes.
+// The forward writes h's bf16 form (h16 or h32); the backward reads it as the forward left it
+// (like lse_T), so nothing may overwrite it in between.
 struct HeadLossBf16 {
   const bf16* w_VH = nullptr;
   bf16* h16 = nullptr;

@@ -54,18 +54,25 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
   gemm<T>(false, true, m, s.V, s.H, T(1), h_TH + c0 * s.H, s.H, w_VH, s.H, T(0), z, s.V);
 }
 
+// The forward (convert_h) writes h's bf16 form into h16 / h32; the backward reads it as the
+// forward left it, as it reads lse_T.
 template <typename T>
-void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s) {
+void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s,
+                bool convert_h) {
   if (bf16 == nullptr) return;
   MOE_CHECK((std::is_same_v<T, float>), "[head_loss] the bf16 path needs an f32 model");
   if (bf16->w_VH_wide != nullptr) {
     MOE_CHECK(bf16->h32 != nullptr, "[head_loss] widened bf16 weights need the h32 workspace");
-    if constexpr (std::is_same_v<T, float>) round_f32_to_bf16(bf16->h32, h_TH, s.n_tok * s.H);
+    if constexpr (std::is_same_v<T, float>) {
+      if (convert_h) round_f32_to_bf16(bf16->h32, h_TH, s.n_tok * s.H);
+    }
     return;
   }
   MOE_CHECK(bf16->w_VH && bf16->h16 && bf16->dz16,
             "[head_loss] the bf16 path needs bf16 weights and the h16 and dz16 workspaces");
-  if constexpr (std::is_same_v<T, float>) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
+  if constexpr (std::is_same_v<T, float>) {
+    if (convert_h) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
+  }
 }
 
 // max of z[0, V): kLanes running maxima (a vector register or two) and one final pass over
@@ -148,7 +155,7 @@ double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
                          const int32_t* target_T, const HeadLossShape& s, T* workspace,
                          const HeadLossBf16* bf16) {
   check_args(s, target_T, workspace);
-  check_bf16(bf16, h_TH, s);
+  check_bf16(bf16, h_TH, s, /*convert_h=*/true);
   const int64_t V = s.V;
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
@@ -183,7 +190,7 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
                         const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
                         const HeadLossBf16* bf16) {
   check_args(s, target_T, workspace);
-  check_bf16(bf16, h_TH, s);
+  check_bf16(bf16, h_TH, s, /*convert_h=*/false);
   const int64_t V = s.V, H = s.H;
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
