@@ -3,6 +3,7 @@
 // reference, and bitwise at any thread count), serial and OpenMP sizes, guard bytes, aliasing.
 #include <omp.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/testing.h"
@@ -68,6 +69,48 @@ TEST(Bias, ForwardExactBackwardAccurateAndThreadInvariant) {
     bias_backward_ref(db_ref.data(), y0.data(), s.M, s.N);
     EXPECT_TRUE(all_close(by_threads[0], db_ref, kF32Rtol * (1 + s.M), kF32Atol * (1 + s.M)));
   }
+}
+
+// f64 central finite differences of L(b) = sum(R * (y0 + bias(b))): dL/db = bias_backward(R).
+TEST(Bias, BackwardMatchesFiniteDifferences) {
+  const int64_t M = 5, N = 3;
+  auto y0 = random_vec<double>(M * N, 11), R = random_vec<double>(M * N, 12);
+  auto b = random_vec<double>(N, 13);
+  auto loss = [&] {
+    std::vector<double> y = y0;
+    bias_forward(y.data(), b.data(), M, N);
+    double l = 0;
+    for (int64_t i = 0; i < M * N; ++i) l += R[i] * y[i];
+    return l;
+  };
+  std::vector<double> db(N, 0.0);
+  bias_backward(db.data(), R.data(), M, N);
+  for (int64_t n = 0; n < N; ++n) {
+    const double e = 1e-6, keep = b[n];
+    b[n] = keep + e;
+    const double up = loss();
+    b[n] = keep - e;
+    const double down = loss();
+    b[n] = keep;
+    EXPECT_NEAR(db[n], (up - down) / (2 * e), 1e-8) << "column " << n;
+  }
+}
+
+// fuse_qkv is split_qkv's adjoint (the QKV projection's gradient): <split(f), g> = <f, fuse(g)>
+// in f64.
+TEST(QkvLayout, FuseIsTheAdjointOfSplit) {
+  const QkvShape s{3, 4, 2, 2};
+  const int64_t nq = s.n_tok * s.Hq * s.D, nkv = s.n_tok * s.Hkv * s.D, nf = nq + 2 * nkv;
+  auto f = random_vec<double>(nf, 14), gq = random_vec<double>(nq, 15);
+  auto gk = random_vec<double>(nkv, 16), gv = random_vec<double>(nkv, 17);
+  std::vector<double> q(nq), k(nkv), v(nkv), fused(nf);
+  split_qkv(q.data(), k.data(), v.data(), f.data(), s);
+  fuse_qkv(fused.data(), gq.data(), gk.data(), gv.data(), s);
+  double lhs = 0, rhs = 0;
+  for (int64_t i = 0; i < nq; ++i) lhs += q[i] * gq[i];
+  for (int64_t i = 0; i < nkv; ++i) lhs += k[i] * gk[i] + v[i] * gv[i];
+  for (int64_t i = 0; i < nf; ++i) rhs += f[i] * fused[i];
+  EXPECT_NEAR(lhs, rhs, 1e-12 * (std::abs(lhs) + 1));
 }
 
 TEST(QkvLayout, SplitAndFuseEqualTheLayoutDefinitionAndInvertEachOther) {
