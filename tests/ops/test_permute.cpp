@@ -2,6 +2,7 @@
 // reference map on awkward routings (drops, empty experts, all to one expert, K = E), gathers vs
 // reference with guard bytes, unpermute(permute(x)) == K * x, and the adjoint gradients.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
@@ -203,6 +204,11 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       ops::scatter_row_probs(dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
       ops::scatter_row_probs_ref(dprobs_r.data(), dp.data(), tr_f.data(), r.T * r.K);
       EXPECT_EQ(dprobs.vec(), dprobs_r.vec());
+      // The scatter is the gather's adjoint: <gather(probs), dp> = <probs, scatter(dp)>.
+      double lhs = 0, rhs = 0;
+      for (int64_t row = 0; row < rows; ++row) lhs += double(p[row]) * dp[row];
+      for (int64_t i = 0; i < r.T * r.K; ++i) rhs += double(probs[i]) * dprobs[i];
+      EXPECT_NEAR(lhs, rhs, 1e-12 * (std::abs(lhs) + 1));
       for (auto* g : {&p, &p_r, &y, &y_r, &dprobs, &dprobs_r}) EXPECT_TRUE(g->intact());
     }
   }
