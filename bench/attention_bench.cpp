@@ -37,12 +37,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
-    if (a == "--S") s.S = std::atoll(v);
-    else if (a == "--B") s.B = std::atoll(v);
-    else if (a == "--Hq") s.Hq = std::atoll(v);
-    else if (a == "--Hkv") s.Hkv = std::atoll(v);
-    else if (a == "--D") s.D = std::atoll(v);
-    else if (a == "--seconds") seconds = std::atof(v);
+    if (a == "--S")
+      s.S = std::atoll(v);
+    else if (a == "--B")
+      s.B = std::atoll(v);
+    else if (a == "--Hq")
+      s.Hq = std::atoll(v);
+    else if (a == "--Hkv")
+      s.Hkv = std::atoll(v);
+    else if (a == "--D")
+      s.D = std::atoll(v);
+    else if (a == "--seconds")
+      seconds = std::atof(v);
     else {
       std::fprintf(stderr, "bench_attention: unknown option %s (see the header comment)\n",
                    a.c_str());
@@ -61,15 +67,15 @@ int main(int argc, char** argv) {
   const double fwd_flops = 4.0 * s.D * pairs, bwd_flops = 10.0 * s.D * pairs;
   const double fwd = moecore::ops::measure_gflops(
       [&] {
-        moecore::ops::attention_forward<float>(out.data(), lse.data(), q.data(), k.data(),
-                                               v.data(), s, ws.data());
+        moecore::ops::attention_forward<float>(moecore::cpu_exec(), out.data(), lse.data(), q.data(),
+                                               k.data(), v.data(), s, ws.data());
       },
       fwd_flops, seconds);
   const double bwd = moecore::ops::measure_gflops(
       [&] {
-        moecore::ops::attention_backward<float>(dq.data(), dk.data(), dv.data(), dout.data(),
-                                                q.data(), k.data(), v.data(), out.data(),
-                                                lse.data(), s, ws.data());
+        moecore::ops::attention_backward<float>(moecore::cpu_exec(), dq.data(), dk.data(), dv.data(),
+                                                dout.data(), q.data(), k.data(), v.data(),
+                                                out.data(), lse.data(), s, ws.data());
       },
       bwd_flops, seconds);
 

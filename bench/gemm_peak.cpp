@@ -31,7 +31,7 @@ using BlisSetThreads = void (*)(int64_t);
 struct Blas {
   std::string name;
   CblasSgemm sgemm = nullptr;
-  SetThreads set_threads = nullptr;         // OpenBLAS
+  SetThreads set_threads = nullptr;           // OpenBLAS
   BlisSetThreads blis_set_threads = nullptr;  // BLIS reads its thread count from its own API/env
 };
 
@@ -47,8 +47,10 @@ bool load(Blas& b, const char* path, const char* threads_sym) {
     return false;
   }
   void* t = dlsym(h, threads_sym);
-  if (b.name == "BLIS") b.blis_set_threads = reinterpret_cast<BlisSetThreads>(t);
-  else b.set_threads = reinterpret_cast<SetThreads>(t);
+  if (b.name == "BLIS")
+    b.blis_set_threads = reinterpret_cast<BlisSetThreads>(t);
+  else
+    b.set_threads = reinterpret_cast<SetThreads>(t);
   return true;
 }
 
@@ -70,9 +72,9 @@ double time_cblas(const Blas& b, const Shape& s, double min_s) {
   std::vector<float> c(s.M * s.N);
   return moecore::ops::measure_gflops(
       [&] {
-        b.sgemm(101, 111, 111, static_cast<int>(s.M), static_cast<int>(s.N),
-                static_cast<int>(s.K), 1.f, a.data(), static_cast<int>(s.K), w.data(),
-                static_cast<int>(s.N), 0.f, c.data(), static_cast<int>(s.N));
+        b.sgemm(101, 111, 111, static_cast<int>(s.M), static_cast<int>(s.N), static_cast<int>(s.K),
+                1.f, a.data(), static_cast<int>(s.K), w.data(), static_cast<int>(s.N), 0.f,
+                c.data(), static_cast<int>(s.N));
       },
       2.0 * s.M * s.N * s.K, min_s);
 }
@@ -102,14 +104,13 @@ void bench_grouped(int64_t G, int64_t m, int64_t F, int64_t H, bool trans_w, dou
       flops, min_s);
   double ours = moecore::ops::measure_gflops(
       [&] {
-        moecore::ops::grouped_gemm<float>(m_G.data(), G, F, H, x.data(), w.data(), trans_w,
-                                          y.data());
+        moecore::ops::grouped_gemm<float>(moecore::cpu_exec(), m_G.data(), G, F, H, x.data(), w.data(),
+                                          trans_w, y.data());
       },
       flops, min_s);
-  std::printf("| %ld x (%ld x %ld x %ld) | %s | %d | %.1f | %.1f | %.1f |\n",
-              static_cast<long>(G), static_cast<long>(m), static_cast<long>(F),
-              static_cast<long>(H), trans_w ? "[G,F,H]" : "[G,H,F]", omp_get_max_threads(),
-              serial, parallel, ours);
+  std::printf("| %ld x (%ld x %ld x %ld) | %s | %d | %.1f | %.1f | %.1f |\n", static_cast<long>(G),
+              static_cast<long>(m), static_cast<long>(F), static_cast<long>(H),
+              trans_w ? "[G,F,H]" : "[G,H,F]", omp_get_max_threads(), serial, parallel, ours);
 }
 
 }  // namespace
@@ -119,18 +120,18 @@ int main(int argc, char** argv) {
   Blas openblas{"OpenBLAS"}, blis{"BLIS"};
   bool have_openblas = load(openblas, "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
                             "openblas_set_num_threads");
-  bool have_blis =
-      load(blis, "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4", "bli_thread_set_num_threads");
+  bool have_blis = load(blis, "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4",
+                        "bli_thread_set_num_threads");
 
   const std::vector<Shape> shapes = {
-      {2048, 512, 512, "attn proj"},      {2048, 1024, 512, "ffn up"},
-      {2048, 512, 1024, "ffn down"},      {256, 512, 512, "small expert"},
-      {2048, 8192, 512, "lm head"},
+      {2048, 512, 512, "attn proj"},   {2048, 1024, 512, "ffn up"},  {2048, 512, 1024, "ffn down"},
+      {256, 512, 512, "small expert"}, {2048, 8192, 512, "lm head"},
   };
   std::printf("# GFLOP/s, median over calls, >= %.2f s per point; C = A * B, row-major, no trans\n",
               min_s);
-  std::printf("| M x N x K | shape | threads | oneDNN sgemm | OpenBLAS sgemm | BLIS sgemm | "
-              "oneDNN bf16 matmul |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| M x N x K | shape | threads | oneDNN sgemm | OpenBLAS sgemm | BLIS sgemm | "
+      "oneDNN bf16 matmul |\n|---|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     if (openblas.set_threads) openblas.set_threads(threads);
@@ -147,10 +148,12 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n# grouped GEMM (f32, oneDNN): serial groups with all threads vs parallel groups "
-              "with 1-thread GEMMs vs what ops::grouped_gemm picks\n");
-  std::printf("| groups x (m x F x H) | w layout | threads | serial groups | parallel groups | "
-              "ops::grouped_gemm |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n# grouped GEMM (f32, oneDNN): serial groups with all threads vs parallel groups "
+      "with 1-thread GEMMs vs what ops::grouped_gemm picks\n");
+  std::printf(
+      "| groups x (m x F x H) | w layout | threads | serial groups | parallel groups | "
+      "ops::grouped_gemm |\n|---|---|---|---|---|---|\n");
   omp_set_num_threads(2);
   for (bool trans_w : {true, false}) {
     for (int64_t m : {16, 64, 256}) bench_grouped(8, m, 1024, 512, trans_w, min_s);

@@ -90,19 +90,21 @@ int main(int argc, char** argv) {
     auto da = rand_vec<float>(N * F, 3);
     std::vector<float> a(N * F), dh(N * 2 * F), dp(N);
     bench("swiglu_forward", "N=4096 F=512 with p", f4 * (N * 2 * F + N + N * F),
-          [&] { ops::swiglu_forward(a.data(), h.data(), p.data(), N, F); });
+          [&] { ops::swiglu_forward(cpu_exec(), a.data(), h.data(), p.data(), N, F); });
     bench("swiglu_backward", "N=4096 F=512 with p", f4 * (N * 2 * F + 2 * N + N * F + N * 2 * F),
-          [&] { ops::swiglu_backward(dh.data(), dp.data(), da.data(), h.data(), p.data(), N, F); });
+          [&] {
+            ops::swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), p.data(), N,
+                                 F);
+          });
   }
   {  // Output head + cross entropy (the model's chunk of 1024 tokens), GEMMs subtracted.
     ops::HeadLossShape s{T, H, V, 1024};
     auto h = rand_vec<float>(T * H, 4), w = rand_vec<float>(V * H, 5, -0.05, 0.05);
     std::vector<int32_t> tgt(T);
     for (int64_t t = 0; t < T; ++t) tgt[t] = static_cast<int32_t>((t * 7919) % V);
-    std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s)), dh(T * H),
-        dw(V * H);
+    std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s)), dh(T * H), dw(V * H);
     std::vector<bf16> w16(V * H), h16(T * H), dz16(ops::head_loss_workspace_elems(s));
-    ops::cast_f32_to_bf16(w16.data(), w.data(), V * H);
+    ops::cast_f32_to_bf16(cpu_exec(), w16.data(), w.data(), V * H);
     std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s));
     ops::HeadLossBf16 hb{w16.data(), h16.data(), dz16.data(), ws32.data()};
     PhaseProfiler prof;
@@ -115,24 +117,31 @@ int main(int argc, char** argv) {
     for (const ops::HeadLossBf16* b : {static_cast<const ops::HeadLossBf16*>(nullptr),
                                        static_cast<const ops::HeadLossBf16*>(&hb)}) {
       const std::string shape = std::string("T=2048 V=8192 chunk=1024") + (b ? " bf16" : "");
-      bench("head_loss_forward - GEMM", shape, f4 * T * V, [&] {
-        ops::head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tgt.data(), s,
-                               ws.data(), b);
-      }, gemm_s);
-      bench("head_loss_backward - GEMMs", shape, f4 * T * V + (b ? b2 : f4) * T * V, [&] {
-        ops::head_loss_backward(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), lse.data(),
-                                1.f / T, s, ws.data(), b);
-      }, gemm_s);
+      bench(
+          "head_loss_forward - GEMM", shape, f4 * T * V,
+          [&] {
+            ops::head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(),
+                                   tgt.data(), s, ws.data(), b);
+          },
+          gemm_s);
+      bench(
+          "head_loss_backward - GEMMs", shape, f4 * T * V + (b ? b2 : f4) * T * V,
+          [&] {
+            ops::head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(),
+                                    tgt.data(), lse.data(), 1.f / T, s, ws.data(), b);
+          },
+          gemm_s);
     }
   }
   {
     auto x = rand_vec<float>(T * H, 6), w = rand_vec<float>(H, 7), dy = rand_vec<float>(T * H, 8);
     std::vector<float> y(T * H), rstd(T), dx(T * H), dw(H);
-    bench("rmsnorm_forward", "T=2048 H=512", f4 * (2 * T * H + T),
-          [&] { ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, H, 1e-6); });
+    bench("rmsnorm_forward", "T=2048 H=512", f4 * (2 * T * H + T), [&] {
+      ops::rmsnorm_forward(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T, H, 1e-6);
+    });
     bench("rmsnorm_backward", "T=2048 H=512", f4 * (3 * T * H + T), [&] {
-      ops::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T,
-                            H);
+      ops::rmsnorm_backward(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                            rstd.data(), T, H);
     });
   }
   {  // RoPE in place on q (8 heads; k has 2), token t = s * B + b at position t / 8.
@@ -141,18 +150,18 @@ int main(int argc, char** argv) {
     for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t / 8);
     auto q = rand_vec<float>(T * Hq * D, 9);
     bench("rope_forward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D,
-          [&] { ops::rope_forward(q.data(), q.data(), pos.data(), T, Hq, cache); });
+          [&] { ops::rope_forward(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache); });
     bench("rope_backward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D,
-          [&] { ops::rope_backward(q.data(), q.data(), pos.data(), T, Hq, cache); });
+          [&] { ops::rope_backward(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache); });
   }
   {  // The largest bf16 GEMM input: dh of the routed experts.
     auto x = rand_vec<float>(N * 2 * F, 10);
     std::vector<bf16> y(N * 2 * F);
     std::vector<float> z(N * 2 * F);
     bench("cast_f32_to_bf16", "4096 x 1024", (f4 + b2) * N * 2 * F,
-          [&] { ops::cast_f32_to_bf16(y.data(), x.data(), N * 2 * F); });
+          [&] { ops::cast_f32_to_bf16(cpu_exec(), y.data(), x.data(), N * 2 * F); });
     bench("cast_bf16_to_f32", "4096 x 1024", (f4 + b2) * N * 2 * F,
-          [&] { ops::cast_bf16_to_f32(z.data(), y.data(), N * 2 * F); });
+          [&] { ops::cast_bf16_to_f32(cpu_exec(), z.data(), y.data(), N * 2 * F); });
   }
   {
     auto w = rand_vec<float>(V * H, 11), dy = rand_vec<float>(T * H, 12);
@@ -160,9 +169,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids(T);
     for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 104729) % V);
     bench("embedding_forward", "T=2048 H=512 V=8192", f4 * 2 * T * H,
-          [&] { ops::embedding_forward(y.data(), ids.data(), w.data(), T, H, V); });
+          [&] { ops::embedding_forward(cpu_exec(), y.data(), ids.data(), w.data(), T, H, V); });
     bench("embedding_backward", "T=2048 H=512 V=8192", f4 * 3 * T * H,
-          [&] { ops::embedding_backward(dw.data(), dy.data(), ids.data(), T, H, V); });
+          [&] { ops::embedding_backward(cpu_exec(), dw.data(), dy.data(), ids.data(), T, H, V); });
   }
   // The optimizer over bench-small's parameters (the model's shapes and kinds).
   // Compute copies: none (fp32), bf16 (native bf16 GEMMs), bf16 values widened to f32 (widen).
@@ -205,7 +214,9 @@ int main(int argc, char** argv) {
     optim::ChainedOptimizer opt(params, cfg);
     char shape[64];
     std::snprintf(shape, sizeof(shape), "%.1fM params%s", n * 1e-6,
-                  copies == 0 ? "" : copies == 1 ? " bf16" : " bf16 widened");
+                  copies == 0   ? ""
+                  : copies == 1 ? " bf16"
+                                : " bf16 widened");
     const double copy_bytes = copies == 0 ? 0.0 : copies == 1 ? b2 * n : f4 * n;
     if (!bf16_copies) {
       bench("grad sum of squares", shape, f4 * n, [&] {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/exec.h"
 
 namespace moecore {
 
@@ -45,7 +46,9 @@ class Arena {
   enum class Mode { Plan, Allocate, Frozen };
   static constexpr size_t kAlign = 64;
 
-  Arena() = default;
+  // ex: the execution context whose memory the arena plans; the layers that allocate from it
+  // run their ops on it (they keep arena.exec()).
+  explicit Arena(const Exec& ex = cpu_exec()) : exec_(ex) {}
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -114,6 +117,7 @@ class Arena {
   };
 
   Mode mode() const { return mode_; }
+  const Exec& exec() const { return exec_; }
   // The block's size: the plain buffers plus every overlay at the size of its largest member
   // (valid from the end of the planning pass).
   size_t planned_bytes() const { return planned_ + overlay_bytes(); }
@@ -136,6 +140,7 @@ class Arena {
   int overlay_index(std::string_view name);
   size_t overlay_bytes() const;  // sum over overlays of their largest member
 
+  Exec exec_;
   Mode mode_ = Mode::Plan;
   size_t planned_ = 0;
   size_t cursor_ = 0;
@@ -144,10 +149,9 @@ class Arena {
   // Routing of each kind: overlay index (-1: plain) and member; the retag of each kind.
   int route_overlay_[kNumMemKinds] = {-1, -1, -1, -1, -1, -1, -1};
   int64_t route_member_[kNumMemKinds] = {};
-  MemKind retag_[kNumMemKinds] = {MemKind::Weights,     MemKind::Grads,
-                                  MemKind::OptimizerState, MemKind::Activations,
-                                  MemKind::Recomputed,  MemKind::State,
-                                  MemKind::Workspace};
+  MemKind retag_[kNumMemKinds] = {
+      MemKind::Weights,    MemKind::Grads, MemKind::OptimizerState, MemKind::Activations,
+      MemKind::Recomputed, MemKind::State, MemKind::Workspace};
   std::vector<Overlay> overlays_;
   char* block_ = nullptr;
 };

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "core/exec.h"
+
 namespace moecore {
 
 struct DeviceInfo {
@@ -13,5 +15,8 @@ struct DeviceInfo {
 };
 
 DeviceInfo cuda_device_info();
+// A CUDA execution context on the current device with its own stream (the CUDA build);
+// without it, or without a visible device, an error saying which and the fix.
+Exec make_cuda_exec();
 
 }  // namespace moecore

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include "core/check.h"
 #include "core/device.h"
 
 namespace moecore {
@@ -19,6 +20,19 @@ DeviceInfo cuda_device_info() {
   }
   if (n == 0) info.description = "CUDA built in, but no device is visible";
   return info;
+}
+
+Exec make_cuda_exec() {
+  const DeviceInfo info = cuda_device_info();
+  MOE_CHECK(info.available, "[exec] --device cuda: {}; use --device cpu", info.description);
+  cudaStream_t stream = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  MOE_CHECK(err == cudaSuccess, "[exec] --device cuda: cudaStreamCreate failed: {}",
+            cudaGetErrorString(err));
+  Exec ex;
+  ex.device = Device::CUDA;
+  ex.stream = stream;
+  return ex;
 }
 
 }  // namespace moecore

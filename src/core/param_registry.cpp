@@ -40,8 +40,8 @@ Param& ParamRegistry::add(ParamSpec spec) {
               "[params] slice [{}, +{}) on dim {} does not fit '{}'", spec.slice.offset,
               spec.slice.length, spec.slice.dim, spec.name);
   }
-  MOE_CHECK(data_[0] == nullptr && data_[1] == nullptr,
-            "[params] '{}' registered after allocate()", spec.name);
+  MOE_CHECK(data_[0] == nullptr && data_[1] == nullptr, "[params] '{}' registered after allocate()",
+            spec.name);
   Param p;
   p.spec = std::move(spec);
   p.dtype = dtype_;
@@ -50,6 +50,7 @@ Param& ParamRegistry::add(ParamSpec spec) {
 }
 
 void ParamRegistry::allocate(Arena& arena) {
+  ex_ = &arena.exec();
   size_t esize = dtype_size(dtype_);
   for (int k = 0; k < 2; ++k) {
     int64_t n = 0;
@@ -79,8 +80,10 @@ void ParamRegistry::allocate(Arena& arena) {
 // With the stream key rng_key(seed, spec.name) already computed (once per parameter).
 static double init_value(const ParamSpec& spec, uint64_t key, int64_t global_index) {
   switch (spec.init) {
-    case ParamInit::Ones: return 1.0;
-    case ParamInit::Zeros: return 0.0;
+    case ParamInit::Ones:
+      return 1.0;
+    case ParamInit::Zeros:
+      return 0.0;
     case ParamInit::Normal:
       return spec.init_std * rng_normal(key, static_cast<uint64_t>(global_index));
   }
@@ -134,8 +137,9 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
         const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
         for (int64_t i = 0; i < m.inner; ++i) {
           const int64_t l = lbase + i;
-          const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(p.data)[l])
-                                    : std::bit_cast<uint64_t>(static_cast<const double*>(p.data)[l]);
+          const uint64_t bits =
+              f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(p.data)[l])
+                  : std::bit_cast<uint64_t>(static_cast<const double*>(p.data)[l]);
           sum += splitmix64(key ^ splitmix64(static_cast<uint64_t>(gbase + i)) ^ bits);
         }
       }
@@ -164,8 +168,10 @@ void ParamRegistry::init(uint64_t seed) {
         const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
         for (int64_t i = 0; i < m.inner; ++i) {
           double v = init_value(p.spec, key, gbase + i);
-          if (dtype_ == DType::F32) static_cast<float*>(p.data)[lbase + i] = static_cast<float>(v);
-          else static_cast<double*>(p.data)[lbase + i] = v;
+          if (dtype_ == DType::F32)
+            static_cast<float*>(p.data)[lbase + i] = static_cast<float>(v);
+          else
+            static_cast<double*>(p.data)[lbase + i] = v;
         }
       }
     }

@@ -109,12 +109,15 @@ class ParamRegistry {
   const std::deque<Param>& params() const { return params_; }
 
   DType dtype() const { return dtype_; }
+  // The execution context of the arena the values live in (from allocate()).
+  const Exec& exec() const { return *ex_; }
   int64_t numel(ParamKind kind) const { return numel_[static_cast<int>(kind)]; }
   void* flat_data(ParamKind kind) const { return data_[static_cast<int>(kind)]; }
   void* flat_grad(ParamKind kind) const { return grad_[static_cast<int>(kind)]; }
 
  private:
   DType dtype_;
+  const Exec* ex_ = &cpu_exec();
   std::deque<Param> params_;
   int64_t numel_[2] = {0, 0};
   void* data_[2] = {nullptr, nullptr};

@@ -1,8 +1,8 @@
 // Where a training step's time goes: exclusive wall time per phase (GEMM, attention, router,
-// permutation, communication, optimizer, data loading, other). Code marks a region with ScopedPhase; a nested
-// region pauses the enclosing one, so the phases add up to the step. Only the thread that
-// installed the profiler records (regions inside OpenMP workers count for their caller), and
-// with no profiler installed a ScopedPhase costs one thread-local load.
+// permutation, communication, optimizer, data loading, other). Code marks a region with
+// ScopedPhase; a nested region pauses the enclosing one, so the phases add up to the step. Only the
+// thread that installed the profiler records (regions inside OpenMP workers count for their
+// caller), and with no profiler installed a ScopedPhase costs one thread-local load.
 #pragma once
 
 #include <array>
@@ -14,7 +14,15 @@
 namespace moecore {
 
 enum class Phase : uint8_t {
-  Gemm, Attention, Router, Permute, Communication, Optimizer, Data, Other, Count
+  Gemm,
+  Attention,
+  Router,
+  Permute,
+  Communication,
+  Optimizer,
+  Data,
+  Other,
+  Count
 };
 inline constexpr int kNumPhases = static_cast<int>(Phase::Count);
 std::string_view phase_name(Phase p);

@@ -24,24 +24,40 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
       rope_(rope),
       eps_(cfg.norm_eps),
       recompute_core_(cfg.recompute.modules().core_attn) {
-  qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight", {(Hq_ + 2 * Hkv_) * D_, H_},
-                               ParamInit::Normal, cfg.init_std, ParamKind::Dense, true, {}});
+  qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight",
+                               {(Hq_ + 2 * Hkv_) * D_, H_},
+                               ParamInit::Normal,
+                               cfg.init_std,
+                               ParamKind::Dense,
+                               true,
+                               {}});
   if (cfg.add_qkv_bias) {
-    qkv_bias_ = &params.add(ParamSpec{prefix + ".linear_qkv.bias", {(Hq_ + 2 * Hkv_) * D_},
-                                      ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+    qkv_bias_ = &params.add(ParamSpec{prefix + ".linear_qkv.bias",
+                                      {(Hq_ + 2 * Hkv_) * D_},
+                                      ParamInit::Zeros,
+                                      0.0,
+                                      ParamKind::Dense,
+                                      false,
+                                      {}});
   }
   if (cfg.qk_layernorm) {
-    q_norm_ = &params.add(ParamSpec{prefix + ".q_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
-                                    ParamKind::Dense, false, {}});
-    k_norm_ = &params.add(ParamSpec{prefix + ".k_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
-                                    ParamKind::Dense, false, {}});
+    q_norm_ = &params.add(ParamSpec{
+        prefix + ".q_layernorm.weight", {D_}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
+    k_norm_ = &params.add(ParamSpec{
+        prefix + ".k_layernorm.weight", {D_}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
   }
-  proj_ = &params.add(ParamSpec{prefix + ".linear_proj.weight", {H_, Hq_ * D_}, ParamInit::Normal,
-                                cfg.output_init_std(), ParamKind::Dense, true, {}});
+  proj_ = &params.add(ParamSpec{prefix + ".linear_proj.weight",
+                                {H_, Hq_ * D_},
+                                ParamInit::Normal,
+                                cfg.output_init_std(),
+                                ParamKind::Dense,
+                                true,
+                                {}});
 }
 
 template <typename T>
 void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
+  ex_ = &a.exec();
   MOE_CHECK(S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
             "[attention] sequence {} > RoPE table {}", S, rope_.max_pos);
   shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
@@ -91,11 +107,11 @@ void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t 
                                       int64_t K, bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
-      return ops::linear_forward_bf16(y, x, w.data16, M, N, K, in16_, ws32_, w.data16w,
+      return ops::linear_forward_bf16(*ex_, y, x, w.data16, M, N, K, in16_, ws32_, w.data16w,
                                       x_rounded);
     }
   }
-  ops::linear_forward(y, x, w.data_as<T>(), M, N, K);
+  ops::linear_forward(*ex_, y, x, w.data_as<T>(), M, N, K);
 }
 
 template <typename T>
@@ -103,11 +119,11 @@ void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Par
                                        int64_t N, int64_t K, bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
-      return ops::linear_backward_bf16(dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_, in16_,
-                                       ws32_, w.data16w, x_rounded);
+      return ops::linear_backward_bf16(*ex_, dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_,
+                                       in16_, ws32_, w.data16w, x_rounded);
     }
   }
-  ops::linear_backward(dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);
+  ops::linear_backward(*ex_, dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);
 }
 
 template <typename T>
@@ -116,20 +132,20 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_, x_rounded_);
-  if (qkv_bias_ != nullptr) ops::bias_forward(qkv_TC_, qkv_bias_->data_as<T>(), n, C);
+  if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->data_as<T>(), n, C);
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
-    ops::split_qkv(saved_.q_raw, saved_.k_raw, saved_.v, qkv_TC_, qs);
-    ops::rmsnorm_forward(saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->data_as<T>(), n * Hq_, D_,
-                         eps_);
-    ops::rmsnorm_forward(saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->data_as<T>(), n * Hkv_,
-                         D_, eps_);
+    ops::split_qkv(*ex_, saved_.q_raw, saved_.k_raw, saved_.v, qkv_TC_, qs);
+    ops::rmsnorm_forward(*ex_, saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->data_as<T>(),
+                         n * Hq_, D_, eps_);
+    ops::rmsnorm_forward(*ex_, saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->data_as<T>(),
+                         n * Hkv_, D_, eps_);
   } else {
-    ops::split_qkv(saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
+    ops::split_qkv(*ex_, saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
   }
-  ops::rope_forward(saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
-  ops::rope_forward(saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
-  ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
+  ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
+  ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
+  ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                          workspace_);
   linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
 }
@@ -139,27 +155,27 @@ void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
   const int64_t n = shape_.S * shape_.B;
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (recompute_core_) {
-    ops::attention_forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
+    ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                            workspace_);
   }
   linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
-  ops::attention_backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out,
-                          saved_.lse, shape_, workspace_);
-  ops::rope_backward(dq_, dq_, pos_T_, n, Hq_, rope_);
-  ops::rope_backward(dk_, dk_, pos_T_, n, Hkv_, rope_);
+  ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
+                          saved_.core_out, saved_.lse, shape_, workspace_);
+  ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
+  ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);
   if (q_norm_ != nullptr) {
     // dq/dk now hold gradients w.r.t. the normed q/k; the core-attention buffers q/k are free
     // for the pre-norm gradients.
-    ops::rmsnorm_backward(saved_.q, q_norm_->grad_as<T>(), dq_, saved_.q_raw, q_norm_->data_as<T>(),
-                          saved_.rstd_q, n * Hq_, D_);
-    ops::rmsnorm_backward(saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw, k_norm_->data_as<T>(),
-                          saved_.rstd_k, n * Hkv_, D_);
-    ops::fuse_qkv(qkv_TC_, saved_.q, saved_.k, dv_, qs);
+    ops::rmsnorm_backward(*ex_, saved_.q, q_norm_->grad_as<T>(), dq_, saved_.q_raw,
+                          q_norm_->data_as<T>(), saved_.rstd_q, n * Hq_, D_);
+    ops::rmsnorm_backward(*ex_, saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw,
+                          k_norm_->data_as<T>(), saved_.rstd_k, n * Hkv_, D_);
+    ops::fuse_qkv(*ex_, qkv_TC_, saved_.q, saved_.k, dv_, qs);
   } else {
-    ops::fuse_qkv(qkv_TC_, dq_, dk_, dv_, qs);
+    ops::fuse_qkv(*ex_, qkv_TC_, dq_, dk_, dv_, qs);
   }
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  if (qkv_bias_ != nullptr) ops::bias_backward(qkv_bias_->grad_as<T>(), qkv_TC_, n, C);
+  if (qkv_bias_ != nullptr) ops::bias_backward(*ex_, qkv_bias_->grad_as<T>(), qkv_TC_, n, C);
   linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_, x_rounded_);
 }
 

@@ -13,13 +13,14 @@ namespace moecore::model {
 
 template <typename T>
 GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
-                      const parallel::ProcessGroups* groups, bool size_only)
+                      const parallel::ProcessGroups* groups, bool size_only, const Exec& ex)
     : cfg_(cfg),
       groups_(groups),
       S_(cfg.seq_length),
       B_(micro_batch),
       T_(cfg.seq_length * micro_batch),
-      params_(DTypeOf<T>::value) {
+      params_(DTypeOf<T>::value),
+      arena_(ex) {
   cfg_.validate();
   cfg_.moe.router.seed = seed;  // the routers' input-jitter streams
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
@@ -32,8 +33,12 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
-                                      {cfg_.vocab_size, cfg_.hidden}, ParamInit::Normal,
-                                      cfg_.init_std, ParamKind::Dense, true, {}});
+                                      {cfg_.vocab_size, cfg_.hidden},
+                                      ParamInit::Normal,
+                                      cfg_.init_std,
+                                      ParamKind::Dense,
+                                      true,
+                                      {}});
   // Each block's parameters are the ones it registers: they form its backward stage.
   std::vector<size_t> block_first(cfg_.num_layers + 1);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
@@ -41,14 +46,22 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_));
   }
   block_first[cfg_.num_layers] = params_.params().size();
-  final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight", {cfg_.hidden},
-                                       ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
-  // Tied (Megatron's default): the output head is the embedding table and both gradients add.
-  head_ = cfg_.tie_embeddings
-              ? embedding_
-              : &params_.add(ParamSpec{"output_layer.weight", {cfg_.vocab_size, cfg_.hidden},
-                                       ParamInit::Normal, cfg_.init_std, ParamKind::Dense, true,
+  final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight",
+                                       {cfg_.hidden},
+                                       ParamInit::Ones,
+                                       0.0,
+                                       ParamKind::Dense,
+                                       false,
                                        {}});
+  // Tied (Megatron's default): the output head is the embedding table and both gradients add.
+  head_ = cfg_.tie_embeddings ? embedding_
+                              : &params_.add(ParamSpec{"output_layer.weight",
+                                                       {cfg_.vocab_size, cfg_.hidden},
+                                                       ParamInit::Normal,
+                                                       cfg_.init_std,
+                                                       ParamKind::Dense,
+                                                       true,
+                                                       {}});
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
@@ -113,8 +126,8 @@ void GPTModel<T>::allocate(Arena& a) {
       head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
     }
   }
-  head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
-                        MemKind::Workspace);
+  head_ws_ =
+      a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws", MemKind::Workspace);
   dstream_ = a.alloc<T>(T_ * H, "model.dstream", MemKind::Workspace);
   dfinal_ = a.alloc<T>(T_ * H, "model.dfinal", MemKind::Workspace);
 }
@@ -122,14 +135,17 @@ void GPTModel<T>::allocate(Arena& a) {
 template <typename T>
 double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
   // [B, S] -> sequence-major tokens t = s * B + b.
-  ops::tokens_to_sequence_major(ids_T_, targets_T_, &counted_, ids_BS, targets_BS, B_, S_);
+  ops::tokens_to_sequence_major(arena_.exec(), ids_T_, targets_T_, &counted_, ids_BS, targets_BS,
+                                B_, S_);
   const int64_t H = cfg_.hidden;
-  ops::embedding_forward(stream_[0], ids_T_, embedding_->data_as<T>(), T_, H, cfg_.vocab_size);
+  ops::embedding_forward(arena_.exec(), stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
+                         cfg_.vocab_size);
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(stream_[l + 1], stream_[l]);
-  ops::rmsnorm_forward(final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
-                       cfg_.norm_eps);
-  double sum = ops::head_loss_forward(loss_T_, lse_T_, final_n_, head_->data_as<T>(), targets_T_,
-                                      head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
+  ops::rmsnorm_forward(arena_.exec(), final_n_, final_rstd_, stream_.back(),
+                       final_norm_->data_as<T>(), T_, H, cfg_.norm_eps);
+  double sum =
+      ops::head_loss_forward(arena_.exec(), loss_T_, lse_T_, final_n_, head_->data_as<T>(),
+                             targets_T_, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
   return counted_ > 0 ? sum / counted_ : 0.0;
 }
 
@@ -137,9 +153,10 @@ template <typename T>
 void GPTModel<T>::backward(double loss_grad_scale) {
   const int64_t H = cfg_.hidden;
   T dloss = static_cast<T>(counted_ > 0 ? loss_grad_scale / counted_ : 0.0);
-  ops::head_loss_backward(dfinal_, head_->grad_as<T>(), final_n_, head_->data_as<T>(), targets_T_,
-                          lse_T_, dloss, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
-  ops::rmsnorm_backward(dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
+  ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
+                          head_->data_as<T>(), targets_T_, lse_T_, dloss, head_shape_, head_ws_,
+                          cfg_.bf16 ? &head16_ : nullptr);
+  ops::rmsnorm_backward(arena_.exec(), dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
                         final_norm_->data_as<T>(), final_rstd_, T_, H);
   stage_done(0);
   const RecomputeConfig& rc = cfg_.recompute;
@@ -157,7 +174,8 @@ void GPTModel<T>::backward(double loss_grad_scale) {
     blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
     stage_done(static_cast<int>(L - l));
   }
-  ops::embedding_backward(embedding_->grad_as<T>(), dstream_, ids_T_, T_, H, cfg_.vocab_size);
+  ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
+                          cfg_.vocab_size);
   stage_done(static_cast<int>(blocks_.size()) + 1);
 }
 
@@ -192,7 +210,8 @@ MoeStats GPTModel<T>::moe_stats() const {
     st.z_value += rs.z_value;
     for (int i = 0; i < 3; ++i) st.lb_value[i] += rs.lb_value[i];
     st.dropped += rs.dropped;
-    for (int64_t e = 0; e < cfg_.num_experts; ++e) st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
+    for (int64_t e = 0; e < cfg_.num_experts; ++e)
+      st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
     MoeLayerStats ls{static_cast<int64_t>(l), router.stats()};
     st.max_over_mean_load = std::max(st.max_over_mean_load, ls.router.max_over_mean_load);
     st.layers.push_back(std::move(ls));

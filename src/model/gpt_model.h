@@ -38,8 +38,8 @@ struct MoeStats {
   // Sums over layers of each aux type's coefficient-free value: aux_loss, seq_aux_loss,
   // global_aux_loss (0 for types not listed).
   double lb_value[3] = {0, 0, 0};
-  int64_t dropped = 0;   // (token, slot) pairs dropped by capacity, summed over layers
-  double max_over_mean_load = 0;           // the worst layer's max/mean expert load
+  int64_t dropped = 0;            // (token, slot) pairs dropped by capacity, summed over layers
+  double max_over_mean_load = 0;  // the worst layer's max/mean expert load
   std::vector<int64_t> tokens_per_expert;  // summed over layers, [E]
   std::vector<MoeLayerStats> layers;
 };
@@ -54,8 +54,10 @@ class GPTModel {
   // size_only: run the arena's planning pass alone (sizes, no allocation, no initialization):
   // the model then answers arena() and params() sizes and nothing else. `moecore plan` uses it
   // to size a rank of any model without allocating it.
+  // ex: the execution context every layer runs its ops on (the arena plans its memory).
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
-           const parallel::ProcessGroups* groups = nullptr, bool size_only = false);
+           const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
+           const Exec& ex = cpu_exec());
 
   // ids, targets [B, S] (batch-major as a data loader yields them); targets < 0 are ignored.
   // Returns the mean cross entropy over the counted tokens.

@@ -8,8 +8,8 @@
 namespace moecore::model {
 
 template <typename T>
-TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
-                                      ParamRegistry& params, const ops::RopeCache& rope,
+TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
+                                      const ops::RopeCache& rope,
                                       const parallel::ProcessGroups* groups)
     : layer_(layer),
       H_(cfg.hidden),
@@ -18,21 +18,32 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer,
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
       norm1_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.input_layernorm.weight", layer),
-                                   {cfg.hidden}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}})),
+                                   {cfg.hidden},
+                                   ParamInit::Ones,
+                                   0.0,
+                                   ParamKind::Dense,
+                                   false,
+                                   {}})),
       norm2_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.pre_mlp_layernorm.weight", layer),
-                                   {cfg.hidden}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}})),
+                                   {cfg.hidden},
+                                   ParamInit::Ones,
+                                   0.0,
+                                   ParamKind::Dense,
+                                   false,
+                                   {}})),
       attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
   } else {
     mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
-                                    cfg.output_init_std(), params, mlp_prefix);
+                                        cfg.output_init_std(), params, mlp_prefix);
   }
 }
 
 template <typename T>
 void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
+  ex_ = &a.exec();
   n_tok_ = S * B;
   // Workspace shares the layer's member of "layer". Recomputed activations go there too, or,
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
@@ -43,8 +54,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
                           {MemKind::Recomputed});
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
   attn_.allocate(a, S, B);
-  if (moe_) moe_->allocate(a, n_tok_);
-  else mlp_->allocate(a, n_tok_, recompute_mlp_);
+  if (moe_)
+    moe_->allocate(a, n_tok_);
+  else
+    mlp_->allocate(a, n_tok_, recompute_mlp_);
   // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
   // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
   round_n1_ = attn_.widened_bf16();
@@ -67,9 +80,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
 template <typename T>
 void TransformerBlock<T>::norm(T* y, T* rstd, const T* x, const Param& w, bool round) {
   if constexpr (std::is_same_v<T, float>) {
-    if (round) return ops::rmsnorm_forward_bf16w(y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
+    if (round)
+      return ops::rmsnorm_forward_bf16w(*ex_, y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
   }
-  ops::rmsnorm_forward(y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
+  ops::rmsnorm_forward(*ex_, y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
 }
 
 template <typename T>
@@ -78,11 +92,13 @@ void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
   x_TH_ = x_TH;
   norm(n1_, rstd1_, x_TH, *norm1_, round_n1_);
   attn_.forward(branch_, n1_);
-  ops::add(x1_, x_TH, branch_, n);
+  ops::add(*ex_, x1_, x_TH, branch_, n);
   norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
-  if (moe_) moe_->forward(branch_, n2_, n_tok_, recompute);
-  else mlp_->forward(branch_, n2_, n_tok_);
-  ops::add(y_TH, x1_, branch_, n);
+  if (moe_)
+    moe_->forward(branch_, n2_, n_tok_, recompute);
+  else
+    mlp_->forward(branch_, n2_, n_tok_);
+  ops::add(*ex_, y_TH, x1_, branch_, n);
 }
 
 template <typename T>
@@ -93,19 +109,21 @@ void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_sc
     norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
   }
   // FFN branch: dx1 = dy + norm2'(ffn'(dy)).
-  if (moe_) moe_->backward(dn_, dy_TH, loss_grad_scale);
-  else mlp_->backward(dn_, dy_TH);
-  ops::rmsnorm_backward(branch_, norm2_->grad_as<T>(), dn_, x1_, norm2_->data_as<T>(), rstd2_,
+  if (moe_)
+    moe_->backward(dn_, dy_TH, loss_grad_scale);
+  else
+    mlp_->backward(dn_, dy_TH);
+  ops::rmsnorm_backward(*ex_, branch_, norm2_->grad_as<T>(), dn_, x1_, norm2_->data_as<T>(), rstd2_,
                         n_tok_, H_);
-  ops::add(dx1_, dy_TH, branch_, n);
+  ops::add(*ex_, dx1_, dy_TH, branch_, n);
   // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
   if (recompute_norms_) {
     norm(n1_, rstd1_, x_TH_, *norm1_, round_n1_);
   }
   attn_.backward(dn_, dx1_);
-  ops::rmsnorm_backward(branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(), rstd1_,
-                        n_tok_, H_);
-  ops::add(dx_TH, dx1_, branch_, n);
+  ops::rmsnorm_backward(*ex_, branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(),
+                        rstd1_, n_tok_, H_);
+  ops::add(*ex_, dx_TH, dx1_, branch_, n);
 }
 
 template class TransformerBlock<float>;

@@ -8,8 +8,8 @@
 
 #include "model/attention.h"
 #include "model/config.h"
-#include "nn/swiglu_mlp.h"
 #include "moe/moe_layer.h"
+#include "nn/swiglu_mlp.h"
 
 namespace moecore::model {
 
@@ -33,15 +33,16 @@ class TransformerBlock {
   moe::MoELayer<T>* moe() { return moe_.get(); }
 
  private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // y = RMSNorm(x) w, as bf16 values when `round` (widened bf16, see allocate()).
   void norm(T* y, T* rstd, const T* x, const Param& w, bool round);
 
   int64_t layer_, H_, n_tok_ = 0;
   double eps_;
-  int64_t recompute_chunk_;   // full recomputation: this layer's chunk (-1: kept)
-  bool recompute_norms_;      // selective "layernorm": n1 and n2 recomputed in the backward
-  bool recompute_mlp_;        // selective "mlp": a dense FFN recomputes fc1 and activation
-  bool round_n1_ = false;     // n1 / n2 written as bf16 values (they feed only bf16 GEMMs)
+  int64_t recompute_chunk_;  // full recomputation: this layer's chunk (-1: kept)
+  bool recompute_norms_;     // selective "layernorm": n1 and n2 recomputed in the backward
+  bool recompute_mlp_;       // selective "mlp": a dense FFN recomputes fc1 and activation
+  bool round_n1_ = false;    // n1 / n2 written as bf16 values (they feed only bf16 GEMMs)
   bool round_n2_ = false;
   Param* norm1_;
   Param* norm2_;

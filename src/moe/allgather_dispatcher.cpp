@@ -16,8 +16,7 @@ namespace moecore::moe {
 
 template <typename T>
 AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                                            double pad_capacity_factor,
-                                            parallel::Communicator& ep)
+                                            double pad_capacity_factor, parallel::Communicator& ep)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
@@ -36,6 +35,7 @@ int64_t AllGatherDispatcher<T>::max_rows(int64_t max_tokens) const {
 
 template <typename T>
 void AllGatherDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
+  ex_ = &a.exec();
   max_tokens_ = max_tokens;
   const int64_t G = R_ * max_tokens, N = max_rows(max_tokens);
   plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
@@ -155,14 +155,16 @@ template <typename T>
 void AllGatherDispatcher<T>::gather_rows(T* out_NH, const T* all_GH) const {
   for (int64_t r = 0; r < plan_.n_rows; ++r) {
     const int32_t t = row_token_N_[r];
-    if (t >= 0) std::memcpy(out_NH + r * H_, all_GH + int64_t(t) * H_, sizeof(T) * H_);
-    else std::memset(out_NH + r * H_, 0, sizeof(T) * H_);
+    if (t >= 0)
+      std::memcpy(out_NH + r * H_, all_GH + int64_t(t) * H_, sizeof(T) * H_);
+    else
+      std::memset(out_NH + r * H_, 0, sizeof(T) * H_);
   }
 }
 
 template <typename T>
 void AllGatherDispatcher<T>::scatter_rows(T* all_GH, const T* in_NH) const {
-  ops::unpermute_rows(all_GH, in_NH, group_rows_GK_, n_group_, K_, H_);
+  ops::unpermute_rows(*ex_, all_GH, in_NH, group_rows_GK_, n_group_, K_, H_);
 }
 
 template <typename T>
@@ -210,8 +212,8 @@ void AllGatherDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* 
     all_GK_[i] = r >= 0 ? dp_N[r] : T(0);
   }
   ScopedPhase phase(Phase::Communication);
-  parallel::CommHandle hx = ep_.reduce_scatter_v_async(
-      all_GH_, dx_TH, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
+  parallel::CommHandle hx = ep_.reduce_scatter_v_async(all_GH_, dx_TH, {tok_elems_R_, size_t(R_)},
+                                                       DTypeOf<T>::value, parallel::ReduceOp::Sum);
   parallel::CommHandle hp = ep_.reduce_scatter_v_async(
       all_GK_, dprobs_TK, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
   hx.wait();

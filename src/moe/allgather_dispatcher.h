@@ -16,8 +16,8 @@ namespace moecore::moe {
 template <typename T>
 class AllGatherDispatcher final : public TokenDispatcher<T> {
  public:
-  AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                      double pad_capacity_factor, parallel::Communicator& ep);
+  AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, double pad_capacity_factor,
+                      parallel::Communicator& ep);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
@@ -31,6 +31,7 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) override;
 
  private:
+  const Exec* ex_ = &cpu_exec();                       // the arena's, from allocate()
   void gather_rows(T* out_NH, const T* all_GH) const;  // pad rows zero
   void scatter_rows(T* all_GH, const T* in_NH) const;  // sum of each token's local copies
 
@@ -38,7 +39,7 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   double pad_capacity_factor_;
   parallel::Communicator& ep_;
   int64_t max_tokens_ = 0;
-  int64_t n_group_ = 0;               // G
+  int64_t n_group_ = 0;  // G
   DispatchPlan plan_;
   int64_t* meta_R2_ = nullptr;        // (tokens, pad_to_rows) of each EP rank
   int64_t* tok_off_R_ = nullptr;      // first group token of each EP rank
@@ -49,7 +50,7 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   int32_t* group_rows_GK_ = nullptr;  // row of each group (token, slot), -1: not mine / dropped
   int32_t* row_token_N_ = nullptr;    // group token of each row, -1 for a pad row
   int32_t* row_slot_N_ = nullptr;
-  int64_t* send_rows_R_ = nullptr;    // bytes accounting: rows leaving / arriving per rank
+  int64_t* send_rows_R_ = nullptr;  // bytes accounting: rows leaving / arriving per rank
   int64_t* recv_rows_R_ = nullptr;
   // Workspace, reused by every phase.
   T* all_GH_ = nullptr;  // gathered tokens; then the partial outputs / input gradients

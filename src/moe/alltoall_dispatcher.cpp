@@ -119,8 +119,8 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
 template <typename T>
 parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(const T* send, const int64_t* send_counts,
                                                       T* recv, const int64_t* recv_counts) {
-  return ep_.all_to_all_v_async(send, {send_counts, size_t(R_)}, recv,
-                                {recv_counts, size_t(R_)}, DTypeOf<T>::value);
+  return ep_.all_to_all_v_async(send, {send_counts, size_t(R_)}, recv, {recv_counts, size_t(R_)},
+                                DTypeOf<T>::value);
 }
 
 template <typename T>

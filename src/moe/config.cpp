@@ -8,37 +8,48 @@ namespace moecore {
 
 const char* load_balancing_name(LoadBalancing lb) {
   switch (lb) {
-    case LoadBalancing::None: return "none";
-    case LoadBalancing::AuxLoss: return "aux_loss";
-    case LoadBalancing::SeqAuxLoss: return "seq_aux_loss";
-    case LoadBalancing::GlobalAuxLoss: return "global_aux_loss";
-    case LoadBalancing::Sinkhorn: return "sinkhorn";
-    case LoadBalancing::QuantileBalancing: return "quantile_balancing";
+    case LoadBalancing::None:
+      return "none";
+    case LoadBalancing::AuxLoss:
+      return "aux_loss";
+    case LoadBalancing::SeqAuxLoss:
+      return "seq_aux_loss";
+    case LoadBalancing::GlobalAuxLoss:
+      return "global_aux_loss";
+    case LoadBalancing::Sinkhorn:
+      return "sinkhorn";
+    case LoadBalancing::QuantileBalancing:
+      return "quantile_balancing";
   }
   return "?";
 }
 
 const char* score_function_name(ScoreFunction s) {
   switch (s) {
-    case ScoreFunction::Softmax: return "softmax";
-    case ScoreFunction::Sigmoid: return "sigmoid";
-    case ScoreFunction::SqrtSoftplus: return "sqrtsoftplus";
+    case ScoreFunction::Softmax:
+      return "softmax";
+    case ScoreFunction::Sigmoid:
+      return "sigmoid";
+    case ScoreFunction::SqrtSoftplus:
+      return "sqrtsoftplus";
   }
   return "?";
 }
 
 const char* dispatcher_type_name(DispatcherType d) {
   switch (d) {
-    case DispatcherType::AllGather: return "allgather";
-    case DispatcherType::AlltoAll: return "alltoall";
+    case DispatcherType::AllGather:
+      return "allgather";
+    case DispatcherType::AlltoAll:
+      return "alltoall";
   }
   return "?";
 }
 
-int64_t expert_capacity(int64_t n_tok, int64_t topk, int64_t num_experts,
-                        double capacity_factor) {
+int64_t expert_capacity(int64_t n_tok, int64_t topk, int64_t num_experts, double capacity_factor) {
   const double tokens = static_cast<double>(n_tok * topk);
-  return static_cast<int64_t>(std::ceil(tokens / static_cast<double>(num_experts) * capacity_factor));
+  return static_cast<int64_t>(
+      std::ceil(tokens / static_cast<double>(num_experts) * capacity_factor));
 }
 
 std::vector<LoadBalancingTerm> RouterConfig::load_balancing_terms() const {

@@ -25,15 +25,15 @@ namespace moecore::moe {
 struct DispatchPlan {
   int64_t n_tok = 0;
   int64_t topk = 0;
-  int64_t n_rows = 0;                      // N (pad rows included)
-  int64_t rows_per_expert = 0;             // > 0: padded, every local expert has exactly this
+  int64_t n_rows = 0;           // N (pad rows included)
+  int64_t rows_per_expert = 0;  // > 0: padded, every local expert has exactly this
   // Rows that carry no token (zero input, prob 0). EP + padding: the pad rows this rank sent
   // (the splits are static, so the receivers' real counts are never exchanged).
   int64_t pad_rows = 0;
   int64_t* tokens_per_expert_L = nullptr;  // rows of each local expert (pad rows included)
   // Local dispatcher only (null under EP, where rows come from other ranks):
-  int32_t* row_token_N = nullptr;          // source token of each row, -1 for a pad row
-  int32_t* row_slot_N = nullptr;           // top-k slot of each row, -1 for a pad row
+  int32_t* row_token_N = nullptr;  // source token of each row, -1 for a pad row
+  int32_t* row_slot_N = nullptr;   // top-k slot of each row, -1 for a pad row
   // Row of each (token, slot), -1 if dropped: the expert row (local), the row in this rank's
   // send order (alltoall), null (allgather).
   int32_t* token_rows_TK = nullptr;
@@ -93,6 +93,7 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) override;
 
  private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   int64_t E_, K_, H_;
   double pad_capacity_factor_;
   int64_t max_tokens_ = 0;

@@ -26,6 +26,7 @@ int64_t LocalDispatcher<T>::max_rows(int64_t max_tokens) const {
 
 template <typename T>
 void LocalDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
+  ex_ = &a.exec();
   max_tokens_ = max_tokens;
   plan_.tokens_per_expert_L = a.alloc<int64_t>(E_, "dispatcher.tokens_per_expert");
   plan_.row_token_N = a.alloc<int32_t>(max_rows(max_tokens), "dispatcher.row_token");
@@ -42,9 +43,9 @@ const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_to
   plan_.topk = K_;
   plan_.rows_per_expert = pad_to_rows;
   plan_.pad_rows = 0;
-  const int64_t real = ops::build_permutation(plan_.tokens_per_expert_L, plan_.row_token_N,
-                                              plan_.row_slot_N, plan_.token_rows_TK, idx_TK,
-                                              n_tok, K_, E_);
+  const int64_t real =
+      ops::build_permutation(*ex_, plan_.tokens_per_expert_L, plan_.row_token_N, plan_.row_slot_N,
+                             plan_.token_rows_TK, idx_TK, n_tok, K_, E_);
   plan_.n_rows = real;
   if (pad_to_rows <= 0) return plan_;
 
@@ -53,9 +54,9 @@ const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_to
             "[dispatcher] padding to {} rows per expert needs {} rows > planned {}: the "
             "dispatcher was built for a smaller --moe-expert-capacity-factor",
             cap, E_ * cap, max_rows(max_tokens_));
-  plan_.pad_rows = ops::pad_permutation(plan_.tokens_per_expert_L, plan_.row_token_N,
-                                        plan_.row_slot_N, plan_.token_rows_TK, real, n_tok, K_,
-                                        E_, cap);
+  plan_.pad_rows =
+      ops::pad_permutation(*ex_, plan_.tokens_per_expert_L, plan_.row_token_N, plan_.row_slot_N,
+                           plan_.token_rows_TK, real, n_tok, K_, E_, cap);
   plan_.n_rows = E_ * cap;
   return plan_;
 }
@@ -63,25 +64,24 @@ const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_to
 template <typename T>
 void LocalDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
   // Pad rows (row_token -1) become zero rows with prob 0.
-  ops::permute_rows(x_NH, x_TH, plan_.row_token_N, plan_.n_rows, H_);
-  ops::gather_row_probs(p_N, probs_TK, plan_.row_token_N, plan_.row_slot_N, plan_.n_rows, K_);
+  ops::permute_rows(*ex_, x_NH, x_TH, plan_.row_token_N, plan_.n_rows, H_);
+  ops::gather_row_probs(*ex_, p_N, probs_TK, plan_.row_token_N, plan_.row_slot_N, plan_.n_rows, K_);
 }
 
 template <typename T>
 void LocalDispatcher<T>::combine(T* y_TH, const T* y_NH) {
-  ops::unpermute_rows(y_TH, y_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
+  ops::unpermute_rows(*ex_, y_TH, y_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
 }
 
 template <typename T>
 void LocalDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
-  ops::permute_rows(dy_NH, dy_TH, plan_.row_token_N, plan_.n_rows, H_);
+  ops::permute_rows(*ex_, dy_NH, dy_TH, plan_.row_token_N, plan_.n_rows, H_);
 }
 
 template <typename T>
-void LocalDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
-                                           const T* dp_N) {
-  ops::unpermute_rows(dx_TH, dx_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
-  ops::scatter_row_probs(dprobs_TK, dp_N, plan_.token_rows_TK, plan_.n_tok * K_);
+void LocalDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) {
+  ops::unpermute_rows(*ex_, dx_TH, dx_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
+  ops::scatter_row_probs(*ex_, dprobs_TK, dp_N, plan_.token_rows_TK, plan_.n_tok * K_);
 }
 
 template class LocalDispatcher<float>;

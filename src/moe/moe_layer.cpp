@@ -23,18 +23,17 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
       recompute_(cfg.recompute),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
-      experts_(cfg.num_experts, dispatcher_->first_local_expert(),
-               dispatcher_->num_local_experts(), cfg.hidden,
-               cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std, params, prefix) {
+      experts_(cfg.num_experts, dispatcher_->first_local_expert(), dispatcher_->num_local_experts(),
+               cfg.hidden, cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std, params, prefix) {
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
-                                              cfg.output_init_std, params,
-                                              prefix + ".shared_experts");
+                                           cfg.output_init_std, params, prefix + ".shared_experts");
   }
 }
 
 template <typename T>
 void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
+  ex_ = &a.exec();
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_.moe);
   router_.allocate(a, max_tokens);
   dispatcher_->allocate(a, max_tokens);
@@ -85,7 +84,7 @@ void MoELayer<T>::route_and_dispatch(const T* x_TH, int64_t n_tok, bool recomput
   if constexpr (std::is_same_v<T, float>) {
     if (round_rows_) {
       ScopedPhase phase(Phase::Gemm);  // where the GEMMs' own rounding was counted
-      ops::round_f32_to_bf16(x16w_TH_, x_TH, n_tok * H_);
+      ops::round_f32_to_bf16(*ex_, x16w_TH_, x_TH, n_tok * H_);
     }
   }
   {
@@ -104,7 +103,7 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute)
   }
   if (shared_) {
     shared_->forward(shared_TH_, gemm_input(x_TH), n_tok);
-    ops::add(y_TH, y_TH, shared_TH_, n_tok * H_);
+    ops::add(*ex_, y_TH, y_TH, shared_TH_, n_tok * H_);
   }
 }
 
@@ -116,7 +115,7 @@ void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
   if constexpr (std::is_same_v<T, float>) {
     if (round_rows_) {
       ScopedPhase phase(Phase::Gemm);
-      ops::round_f32_to_bf16(dy16w_TH_, dy_TH, n_tok_ * H_);
+      ops::round_f32_to_bf16(*ex_, dy16w_TH_, dy_TH, n_tok_ * H_);
       dy_in = dy16w_TH_;
     }
   }
@@ -135,7 +134,7 @@ void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
   }
   if (shared_) {
     shared_->backward(shared_TH_, dy_in);
-    ops::add(dx_TH, dx_TH, shared_TH_, n_tok_ * H_);
+    ops::add(*ex_, dx_TH, dx_TH, shared_TH_, n_tok_ * H_);
   }
 }
 

@@ -44,6 +44,7 @@ class MoELayer {
   const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
  private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   void route_and_dispatch(const T* x_TH, int64_t n_tok, bool recompute);
 
   int64_t H_, K_;

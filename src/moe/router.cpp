@@ -25,16 +25,24 @@ constexpr int kSinkhornMaxIters = 100000;
 // Slot of an aux-loss type in RouterSaved::lb_value, -1 for the loss-free types.
 int lb_slot(LoadBalancing t) {
   switch (t) {
-    case LoadBalancing::AuxLoss: return 0;
-    case LoadBalancing::SeqAuxLoss: return 1;
-    case LoadBalancing::GlobalAuxLoss: return 2;
-    default: return -1;
+    case LoadBalancing::AuxLoss:
+      return 0;
+    case LoadBalancing::SeqAuxLoss:
+      return 1;
+    case LoadBalancing::GlobalAuxLoss:
+      return 2;
+    default:
+      return -1;
   }
 }
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 // log(1 + e^x) without overflow.
-double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+double softplus(double x) {
+  return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+}
 
 bool sigmoid_like(ScoreFunction s) {
   return s == ScoreFunction::Sigmoid || s == ScoreFunction::SqrtSoftplus;
@@ -56,12 +64,18 @@ Router<T>::Router(const RouterConfig& cfg, int64_t hidden, double init_std, Para
   terms_ = cfg_.load_balancing_terms();
   gate_f64_ = std::is_same_v<T, float> && cfg_.dtype == RouterDType::F64;
   jitter_key_ = rng_key(cfg_.seed, prefix + ".router.input_jitter");
-  weight_ = &params.add(ParamSpec{prefix + ".router.weight", {cfg.num_experts, hidden},
-                                  ParamInit::Normal, init_std, ParamKind::Dense, true, {}});
+  weight_ = &params.add(ParamSpec{prefix + ".router.weight",
+                                  {cfg.num_experts, hidden},
+                                  ParamInit::Normal,
+                                  init_std,
+                                  ParamKind::Dense,
+                                  true,
+                                  {}});
 }
 
 template <typename T>
 void Router<T>::allocate(Arena& a, int64_t max_tokens) {
+  ex_ = &a.exec();
   const int64_t N = max_tokens, E = E_, K = K_, H = H_;
   if (cfg_.uses(LoadBalancing::QuantileBalancing)) {
     MOE_CHECK((N * K) % E == 0,
@@ -192,9 +206,9 @@ void Router<T>::gate_forward(const T* x_TH, int64_t n) {
   if (gate_f64_) {
     for (int64_t i = 0; i < n * H; ++i) x64_TH_[i] = static_cast<double>(in[i]);
     for (int64_t i = 0; i < E * H; ++i) w64_EH_[i] = static_cast<double>(w[i]);
-    ops::linear_forward(s.logits_TE, x64_TH_, w64_EH_, n, E, H);
+    ops::linear_forward(*ex_, s.logits_TE, x64_TH_, w64_EH_, n, E, H);
   } else {
-    ops::linear_forward(logits_T_TE_, in, w, n, E, H);
+    ops::linear_forward(*ex_, logits_T_TE_, in, w, n, E, H);
     for (int64_t i = 0; i < n * E; ++i) s.logits_TE[i] = static_cast<double>(logits_T_TE_[i]);
   }
 }
@@ -204,7 +218,7 @@ void Router<T>::compute_scores(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_;
   if (cfg_.score == ScoreFunction::Softmax) {
-    ops::softmax_forward(s.scores_TE, s.logits_TE, n, E);
+    ops::softmax_forward(*ex_, s.scores_TE, s.logits_TE, n, E);
     std::memcpy(s.aux_scores_TE, s.scores_TE, sizeof(double) * n * E);
     return;
   }
@@ -242,7 +256,7 @@ void Router<T>::select(int64_t n) {
     }
   }
   if (cfg_.group_limited()) group_limited_topk(key_TE_, n);
-  ops::topk(s.routed_TK, keyv_TK_, key_TE_, n, E, K_);
+  ops::topk(*ex_, s.routed_TK, keyv_TK_, key_TE_, n, E, K_);
 }
 
 // Megatron's group_limited_topk: group score = sum of the top-(K/g) keys in each of G
@@ -318,7 +332,7 @@ void Router<T>::sinkhorn_select(int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t e = 0; e < E; ++e) cost[t * E + e] *= d1[e] * d0[t];
   }
-  ops::topk(s.routed_TK, keyv_TK_, cost, n, E, K_);
+  ops::topk(*ex_, s.routed_TK, keyv_TK_, cost, n, E, K_);
 }
 
 // Quantile balancing (MOE_SEMANTICS Router 5): idx = top-k of (l - beta); alpha_t = the
@@ -331,7 +345,7 @@ void Router<T>::quantile_select(int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t e = 0; e < E; ++e) key_TE_[t * E + e] = s.logits_TE[t * E + e] - beta_E_[e];
   }
-  ops::topk(keyi_TK_, keyv_TK_, key_TE_, n, E, K1);
+  ops::topk(*ex_, keyi_TK_, keyv_TK_, key_TE_, n, E, K1);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t k = 0; k < K; ++k) s.routed_TK[t * K + k] = keyi_TK_[t * K1 + k];
   }
@@ -350,14 +364,17 @@ void Router<T>::compute_probs(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_, K = K_;
   const bool sinkhorn = cfg_.uses(LoadBalancing::Sinkhorn);
-  const bool softmax_over_k = !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
+  const bool softmax_over_k =
+      !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
   for (int64_t t = 0; t < n; ++t) {
     double* v = s.topv_TK + t * K;
     double* p = s.probs64_TK + t * K;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t te = t * E + s.routed_TK[t * K + k];
-      if (sinkhorn && K == 1) v[k] = sigmoid(s.logits_TE[te]);
-      else v[k] = softmax_over_k ? s.logits_TE[te] : s.scores_TE[te];
+      if (sinkhorn && K == 1)
+        v[k] = sigmoid(s.logits_TE[te]);
+      else
+        v[k] = softmax_over_k ? s.logits_TE[te] : s.scores_TE[te];
     }
     if (softmax_over_k) {
       double m = v[0], z = 0;  // v is in descending order of the key, not necessarily of v
@@ -399,7 +416,8 @@ void Router<T>::apply_capacity(int64_t n) {
     int32_t* end = cand_N_ + cand_off_E_[e + 1];
     if (end - b <= cap) continue;
     if (cfg_.drop_policy == TokenDropPolicy::Probs) {
-      std::sort(b, end, [p](int32_t i, int32_t j) { return p[i] > p[j] || (p[i] == p[j] && i < j); });
+      std::sort(b, end,
+                [p](int32_t i, int32_t j) { return p[i] > p[j] || (p[i] == p[j] && i < j); });
     }
     for (int32_t* it = b + cap; it < end; ++it) {
       s.idx_TK[*it] = -1;
@@ -419,7 +437,7 @@ void Router<T>::compute_losses(int64_t n) {
   // the aux scores (issue #2767).
   const int32_t* map = s.routed_TK;
   if (cfg_.megatron_aux_map) {
-    ops::topk(keyi_TK_, keyv_TK_, s.aux_scores_TE, n, E, K);
+    ops::topk(*ex_, keyi_TK_, keyv_TK_, s.aux_scores_TE, n, E, K);
     map = keyi_TK_;
   }
   std::memset(s.aux_counts_E, 0, sizeof(int64_t) * E);
@@ -523,14 +541,15 @@ void Router<T>::backward_probs(double* dl, const T* dprobs_TK) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, K = K_;
   const bool sinkhorn = cfg_.uses(LoadBalancing::Sinkhorn);
-  const bool softmax_over_k = !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
+  const bool softmax_over_k =
+      !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
   // Undo the scaling factor; dropped slots carry no gradient (their prob is the constant 0).
   double* g_TK = work_TK_;
   for (int64_t i = 0; i < n * K; ++i) {
     g_TK[i] = s.idx_TK[i] >= 0 ? static_cast<double>(dprobs_TK[i]) * cfg_.topk_scaling_factor : 0;
   }
-  const bool over_e_softmax = (sinkhorn && K > 1) || (cfg_.score == ScoreFunction::Softmax &&
-                                                      cfg_.pre_softmax);
+  const bool over_e_softmax =
+      (sinkhorn && K > 1) || (cfg_.score == ScoreFunction::Softmax && cfg_.pre_softmax);
   if (over_e_softmax) std::memset(work_TE_, 0, sizeof(double) * n * E);
   for (int64_t t = 0; t < n; ++t) {
     const double* v = s.topv_TK + t * K;
@@ -561,7 +580,7 @@ void Router<T>::backward_probs(double* dl, const T* dprobs_TK) {
     }
   }
   if (over_e_softmax) {
-    ops::softmax_backward(work_TE_, work_TE_, s.scores_TE, n, E);
+    ops::softmax_backward(*ex_, work_TE_, work_TE_, s.scores_TE, n, E);
     for (int64_t i = 0; i < n * E; ++i) dl[i] += work_TE_[i];
   }
 }
@@ -579,7 +598,8 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
     std::memset(work_TE_, 0, sizeof(double) * n * E);
     for (const LoadBalancingTerm& term : terms_) {
       if (lb_slot(term.type) < 0 || term.coeff == 0) continue;
-      const double c = loss_grad_scale * term.coeff * static_cast<double>(E) / static_cast<double>(K);
+      const double c =
+          loss_grad_scale * term.coeff * static_cast<double>(E) / static_cast<double>(K);
       for (int64_t t = 0; t < n; ++t) {
         for (int64_t e = 0; e < E; ++e) {
           double gte;
@@ -596,7 +616,7 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
       }
     }
     if (cfg_.score == ScoreFunction::Softmax) {
-      ops::softmax_backward(work_TE_, work_TE_, s.aux_scores_TE, n, E);
+      ops::softmax_backward(*ex_, work_TE_, work_TE_, s.aux_scores_TE, n, E);
       for (int64_t i = 0; i < n * E; ++i) dl[i] += work_TE_[i];
     } else {
       for (int64_t t = 0; t < n; ++t) {
@@ -618,7 +638,7 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
   if (cfg_.z_loss_coeff > 0) {
     const double* sm = s.scores_TE;
     if (cfg_.score != ScoreFunction::Softmax) {
-      ops::softmax_forward(work_TE_, s.logits_TE, n, E);
+      ops::softmax_forward(*ex_, work_TE_, s.logits_TE, n, E);
       sm = work_TE_;
     }
     const double c = loss_grad_scale * cfg_.z_loss_coeff * 2.0 / static_cast<double>(n);
@@ -636,7 +656,7 @@ void Router<T>::gate_backward(T* dx_TH) {
   const T* w = weight_->data_as<T>();
   if (gate_f64_) {
     std::memset(dw64_EH_, 0, sizeof(double) * E * H);
-    ops::linear_backward(dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);
+    ops::linear_backward(*ex_, dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);
     for (int64_t i = 0; i < E * H; ++i) dw[i] += static_cast<T>(dw64_EH_[i]);
     for (int64_t i = 0; i < n * H; ++i) {
       const double j = s.jitter_TH ? static_cast<double>(s.jitter_TH[i]) : 1.0;
@@ -646,10 +666,10 @@ void Router<T>::gate_backward(T* dx_TH) {
   }
   for (int64_t i = 0; i < n * E; ++i) dlogits_T_TE_[i] = static_cast<T>(dlogits_TE_[i]);
   if (s.jitter_TH) {
-    ops::linear_backward(dgate_TH_, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H, false);
+    ops::linear_backward(*ex_, dgate_TH_, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H, false);
     for (int64_t i = 0; i < n * H; ++i) dx_TH[i] += dgate_TH_[i] * s.jitter_TH[i];
   } else {
-    ops::linear_backward(dx_TH, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H,
+    ops::linear_backward(*ex_, dx_TH, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H,
                          /*accumulate_dx=*/true);
   }
 }

@@ -23,17 +23,17 @@ namespace moecore::moe {
 // "uniform routing logs exactly 1.0" property.
 template <typename T>
 struct RouterSaved {
-  const T* x_TH = nullptr;         // router input, owned by the caller until backward
-  const T* gate_in_TH = nullptr;   // what the gate saw: x, or x * jitter
-  T* jitter_TH = nullptr;          // input-jitter factors (null when off or in eval)
-  double* logits_TE = nullptr;     // x W_r^T
-  double* scores_TE = nullptr;     // softmax / sigmoid / sqrt(softplus) of the logits over E
-  double* aux_scores_TE = nullptr; // aux-loss scores: softmax, or s / (sum_E s + 1e-20)
-  int32_t* routed_TK = nullptr;    // chosen experts before capacity dropping, descending key
-  int32_t* idx_TK = nullptr;       // chosen experts after dropping: -1 where a slot was dropped
-  double* topv_TK = nullptr;       // what the probs derive from: selected logits or scores
-  double* probs64_TK = nullptr;    // the routing probs in f64 (0 at dropped slots)
-  T* probs_TK = nullptr;           // the weights the experts apply (0 at dropped slots)
+  const T* x_TH = nullptr;          // router input, owned by the caller until backward
+  const T* gate_in_TH = nullptr;    // what the gate saw: x, or x * jitter
+  T* jitter_TH = nullptr;           // input-jitter factors (null when off or in eval)
+  double* logits_TE = nullptr;      // x W_r^T
+  double* scores_TE = nullptr;      // softmax / sigmoid / sqrt(softplus) of the logits over E
+  double* aux_scores_TE = nullptr;  // aux-loss scores: softmax, or s / (sum_E s + 1e-20)
+  int32_t* routed_TK = nullptr;     // chosen experts before capacity dropping, descending key
+  int32_t* idx_TK = nullptr;        // chosen experts after dropping: -1 where a slot was dropped
+  double* topv_TK = nullptr;        // what the probs derive from: selected logits or scores
+  double* probs64_TK = nullptr;     // the routing probs in f64 (0 at dropped slots)
+  T* probs_TK = nullptr;            // the weights the experts apply (0 at dropped slots)
   int64_t* tokens_per_expert_E = nullptr;  // rows each expert really processes (after dropping);
                                            // kept for the logs (MemKind::State)
   int64_t* aux_counts_E = nullptr;         // N_i of the aux map for this micro-batch
@@ -41,17 +41,17 @@ struct RouterSaved {
   double* global_counts_E = nullptr;       // global_aux_loss: mean N_i over the step so far
   double* lse_T = nullptr;                 // logsumexp(logits), for the z-loss
   int64_t n_tok = 0;
-  int64_t n_seq = 1;               // B
-  int64_t capacity = 0;            // rows per expert allowed; 0 = dropless
-  int64_t dropped = 0;             // (token, slot) pairs dropped by capacity
+  int64_t n_seq = 1;     // B
+  int64_t capacity = 0;  // rows per expert allowed; 0 = dropless
+  int64_t dropped = 0;   // (token, slot) pairs dropped by capacity
   bool training = true;
   // Coefficient-free values (aux / coeff: exactly 1.0 for uniform routing), computed for every
   // listed aux type whatever its coefficient, in the order aux_loss, seq_aux_loss, global.
   double lb_value[3] = {0, 0, 0};
-  double aux_value = 0;            // the first listed aux type's value (the logged one)
-  double aux_loss = 0;             // sum over the aux types of coeff * value
-  double z_value = 0;              // mean_t lse_t^2
-  double z_loss = 0;               // z_loss_coeff * z_value
+  double aux_value = 0;  // the first listed aux type's value (the logged one)
+  double aux_loss = 0;   // sum over the aux types of coeff * value
+  double z_value = 0;    // mean_t lse_t^2
+  double z_loss = 0;     // z_loss_coeff * z_value
 };
 
 // Per-layer routing statistics for the logs.
@@ -59,9 +59,9 @@ struct RouterStats {
   std::vector<int64_t> tokens_per_expert;  // [E] this micro-batch, after dropping
   double max_over_mean_load = 0;           // max_e N_e / mean_e N_e
   int64_t dropped = 0;
-  int64_t capacity = 0;                    // 0 = dropless
-  float bias_min = 0, bias_max = 0;        // expert bias range (0 when off)
-  float beta_min = 0, beta_max = 0;        // quantile beta range (0 when off)
+  int64_t capacity = 0;              // 0 = dropless
+  float bias_min = 0, bias_max = 0;  // expert bias range (0 when off)
+  float beta_min = 0, beta_max = 0;  // quantile beta range (0 when off)
 };
 
 // Collectives for the once-per-step updates; empty members = one rank. The parallel layouts
@@ -113,6 +113,7 @@ class Router {
   const double* dlogits_TE() const { return dlogits_TE_; }
 
  private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   void gate_forward(const T* x_TH, int64_t n_tok);
   void compute_scores(int64_t n_tok);
   void select(int64_t n_tok);
@@ -132,38 +133,38 @@ class Router {
   int64_t max_tokens_ = 0;
   bool training_ = true;
   bool recompute_ = false;  // inside a recomputing forward
-  bool gate_f64_ = false;  // gate GEMM widened to f64 (T = float with --moe-router-dtype fp64)
+  bool gate_f64_ = false;   // gate GEMM widened to f64 (T = float with --moe-router-dtype fp64)
   uint64_t jitter_key_ = 0;
   int64_t step_ = 0, micro_ = 0;  // micro_: training forwards of this step so far
-  Param* weight_;  // [E, H]
+  Param* weight_;                 // [E, H]
   RouterSaved<T> saved_;
 
   // Model state and the step's accumulators.
   float* expert_bias_E_ = nullptr;
   float* beta_E_ = nullptr;
-  double* bias_counts_E_ = nullptr;    // tokens per expert over the step's training forwards
-  double* global_sum_E_ = nullptr;     // global_aux_loss counts summed over micro-batches
+  double* bias_counts_E_ = nullptr;  // tokens per expert over the step's training forwards
+  double* global_sum_E_ = nullptr;   // global_aux_loss counts summed over micro-batches
   int64_t global_micro_ = 0;
-  double* beta_sum_E_ = nullptr;       // quantile beta estimates summed over micro-batches
+  double* beta_sum_E_ = nullptr;  // quantile beta estimates summed over micro-batches
   int64_t beta_micro_ = 0;
 
   // Workspace.
-  T* jitter_TH_ = nullptr;      // U(1 - eps, 1 + eps) factors
-  T* gate_TH_ = nullptr;        // x * jitter
+  T* jitter_TH_ = nullptr;  // U(1 - eps, 1 + eps) factors
+  T* gate_TH_ = nullptr;    // x * jitter
   T* dgate_TH_ = nullptr;
-  T* logits_T_TE_ = nullptr;    // gate output in the model dtype (fp32 gate)
+  T* logits_T_TE_ = nullptr;  // gate output in the model dtype (fp32 gate)
   T* dlogits_T_TE_ = nullptr;
-  double* x64_TH_ = nullptr;    // f64 gate (fp64 router with an f32 model)
+  double* x64_TH_ = nullptr;  // f64 gate (fp64 router with an f32 model)
   double* w64_EH_ = nullptr;
   double* dx64_TH_ = nullptr;
   double* dw64_EH_ = nullptr;
-  double* key_TE_ = nullptr;    // the selection key (logits / scores + bias / l - beta / ...)
-  double* keyv_TK_ = nullptr;   // top-k values of the key (K + 1 columns for quantile)
+  double* key_TE_ = nullptr;   // the selection key (logits / scores + bias / l - beta / ...)
+  double* keyv_TK_ = nullptr;  // top-k values of the key (K + 1 columns for quantile)
   int32_t* keyi_TK_ = nullptr;
-  double* col_T_ = nullptr;     // one column of (l - alpha) for the quantile estimate
-  double* sk_d0_T_ = nullptr;   // Sinkhorn scalings
+  double* col_T_ = nullptr;    // one column of (l - alpha) for the quantile estimate
+  double* sk_d0_T_ = nullptr;  // Sinkhorn scalings
   double* sk_d1_E_ = nullptr;
-  int32_t* cand_N_ = nullptr;   // capacity: (t, k) candidates per expert, expert-major
+  int32_t* cand_N_ = nullptr;  // capacity: (t, k) candidates per expert, expert-major
   int64_t* cand_off_E_ = nullptr;
   double* dlogits_TE_ = nullptr;
   double* work_TE_ = nullptr;

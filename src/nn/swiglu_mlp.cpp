@@ -22,6 +22,7 @@ template <typename T>
 void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, SwigluMlpShape sh,
                          const char* name, const Param* fc1, const Param* fc2,
                          SwigluRecompute recompute) {
+  s.ex = &a.exec();
   s.recompute_fc1 = recompute.fc1;
   s.recompute_act = recompute.fc1 || recompute.act;
   const bool use16 =
@@ -35,8 +36,10 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
   {
     // The activation only feeds fc2: under --bf16 it is kept as the bf16 GEMM input alone.
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_act);
-    if (use16 && !s.widened) s.a16_NF = a.alloc<bf16>(max_rows * sh.F, name);
-    else s.a_NF = a.alloc<T>(max_rows * sh.F, name);
+    if (use16 && !s.widened)
+      s.a16_NF = a.alloc<bf16>(max_rows * sh.F, name);
+    else
+      s.a_NF = a.alloc<T>(max_rows * sh.F, name);
   }
   if (use16) {
     s.fc1_16 = fc1->data16;
@@ -50,13 +53,15 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
     }
     // The widened-bf16 GEMM path's f32 operands (none on the native path).
     const int threads = omp_get_max_threads();
-    const int64_t ws32 = s.widened ? widened_elems(max_rows, sh) : std::max(
-        {ops::grouped_gemm_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H, threads),
-         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, sh.F, threads),
-         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
-         ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
-         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
-         ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
+    const int64_t ws32 =
+        s.widened
+            ? widened_elems(max_rows, sh)
+            : std::max({ops::grouped_gemm_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, sh.F, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
+                        ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
+                        ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
     if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }
@@ -70,29 +75,30 @@ void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
     if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
       const float* x32 = s.x_NH;
       if (!s.x_rounded) {
-        ops::round_f32_to_bf16(s.ws32, s.x_NH, s.N * sh.H);
+        ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
         x32 = s.ws32;
       }
-      return ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, x32, s.fc1_16w, true, s.h_N2F);
+      return ops::grouped_gemm(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, x32, s.fc1_16w, true, s.h_N2F);
     }
     if (s.fc1_16 != nullptr) {
-      ops::cast_f32_to_bf16(s.ws_a16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F,
+      ops::cast_f32_to_bf16(*s.ex, s.ws_a16, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.fc1_16, true, s.h_N2F,
                              s.ws32, s.fc1_16w);
       return;
     }
   }
-  ops::grouped_gemm(s.m_G, s.G, 2 * sh.F, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_N2F);
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_N2F);
 }
 
 // a = silu(gate) * up * p, in bf16 when that is what fc2 reads.
 template <typename T>
 void act_forward(const SwigluMlpSaved<T>& s, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) return ops::swiglu_forward_bf16w(s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
-    if (s.a16_NF != nullptr) return ops::swiglu_forward_bf16(s.a16_NF, s.h_N2F, s.p_N, s.N, sh.F);
+    if (s.widened) return ops::swiglu_forward_bf16w(*s.ex, s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
+    if (s.a16_NF != nullptr)
+      return ops::swiglu_forward_bf16(*s.ex, s.a16_NF, s.h_N2F, s.p_N, s.N, sh.F);
   }
-  ops::swiglu_forward(s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
+  ops::swiglu_forward(*s.ex, s.a_NF, s.h_N2F, s.p_N, s.N, sh.F);
 }
 
 }  // namespace
@@ -109,13 +115,14 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
   fc1_forward(s, fc1, sh);
   act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) return ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH);
+    if (s.widened)
+      return ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH);
     if (s.fc2_16 != nullptr) {
-      return ops::grouped_gemm_bf16(m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
+      return ops::grouped_gemm_bf16(*s.ex, m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
                                     s.ws32, s.fc2_16w);
     }
   }
-  ops::grouped_gemm(m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
+  ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, fc2, /*trans_w=*/true, y_NH);
 }
 
 template <typename T>
@@ -130,54 +137,63 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
       float* x32 = s.ws32;
       const float* dy32 = dy_NH;
       if (!s.dy_rounded) {
-        ops::round_f32_to_bf16(s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
+        ops::round_f32_to_bf16(*s.ex, s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
         dy32 = s.ws32 + s.N * sh.H;
       }
-      ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
-      ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
-      ops::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
+      ops::swiglu_backward_bf16w(*s.ex, dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
       const float* x_in = s.x_NH;
       if (!s.x_rounded) {
-        ops::round_f32_to_bf16(x32, s.x_NH, s.N * sh.H);
+        ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
         x_in = x32;
       }
-      ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16w, false, dx_NH);
-      ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, x_in, dfc1);
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, s.fc1_16w, false, dx_NH);
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, x_in, dfc1);
       return;
     }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
-      ops::cast_f32_to_bf16(s.ws_a16, dy_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
+      ops::cast_f32_to_bf16(*s.ex, s.ws_a16, dy_NH, s.N * sh.H);
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
                              s.ws32, s.fc2_16w);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2,
-                                   s.ws32);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, dfc2, s.ws32);
       // dh only feeds fc1's GEMMs: written as bf16 straight away.
-      ops::swiglu_backward_bf16(s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
-      ops::cast_f32_to_bf16(s.ws_b16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH,
+      ops::swiglu_backward_bf16(*s.ex, s.ws_a16, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+      ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, 2 * sh.F, s.ws_a16, s.fc1_16, false, dx_NH,
                              s.ws32, s.fc1_16w);
-      ops::grouped_gemm_wgrad_bf16(s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1,
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, s.ws_a16, s.ws_b16, dfc1,
                                    s.ws32);
       return;
     }
   }
   // fc2: y = a fc2^T  ->  da = dy fc2 (fc2_g is [H, F] = [K, N] untransposed), dfc2 += dy^T a.
-  ops::grouped_gemm(s.m_G, s.G, sh.F, sh.H, dy_NH, fc2, /*trans_w=*/false, da_NF);
-  ops::grouped_gemm_wgrad(s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2);
-  ops::swiglu_backward(dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy_NH, fc2, /*trans_w=*/false, da_NF);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, dfc2);
+  ops::swiglu_backward(*s.ex, dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
   // fc1: h = x fc1^T  ->  dx = dh fc1, dfc1 += dh^T x.
-  ops::grouped_gemm(s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, fc1, /*trans_w=*/false, dx_NH);
-  ops::grouped_gemm_wgrad(s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, s.x_NH, dfc1);
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, 2 * sh.F, dh_N2F, fc1, /*trans_w=*/false, dx_NH);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, 2 * sh.F, sh.H, dh_N2F, s.x_NH, dfc1);
 }
 
 template <typename T>
 MLP<T>::MLP(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
             ParamRegistry& params, const std::string& prefix)
     : sh_{hidden, ffn} {
-  fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight", {2 * ffn, hidden}, ParamInit::Normal,
-                               init_std, ParamKind::Dense, true, {}});
-  fc2_ = &params.add(ParamSpec{prefix + ".linear_fc2.weight", {hidden, ffn}, ParamInit::Normal,
-                               out_init_std, ParamKind::Dense, true, {}});
+  fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight",
+                               {2 * ffn, hidden},
+                               ParamInit::Normal,
+                               init_std,
+                               ParamKind::Dense,
+                               true,
+                               {}});
+  fc2_ = &params.add(ParamSpec{prefix + ".linear_fc2.weight",
+                               {hidden, ffn},
+                               ParamInit::Normal,
+                               out_init_std,
+                               ParamKind::Dense,
+                               true,
+                               {}});
 }
 
 template <typename T>
@@ -202,15 +218,13 @@ void MLP<T>::backward(T* dx_TH, const T* dy_TH) {
                       dh_);
 }
 
-#define MOECORE_INSTANTIATE(T)                                                                 \
-  template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,     \
-                                       const char*, const Param*, const Param*,                \
-                                       SwigluRecompute);                                       \
-  template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*,               \
-                                      const int64_t*, int64_t, int64_t, const T*, const T*,     \
-                                      SwigluMlpShape);                                         \
-  template void swiglu_mlp_backward<T>(const SwigluMlpSaved<T>&, T*, T*, T*, T*, const T*,      \
-                                       const T*, const T*, SwigluMlpShape, T*, T*);            \
+#define MOECORE_INSTANTIATE(T)                                                                    \
+  template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,       \
+                                       const char*, const Param*, const Param*, SwigluRecompute); \
+  template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*, const int64_t*, \
+                                      int64_t, int64_t, const T*, const T*, SwigluMlpShape);      \
+  template void swiglu_mlp_backward<T>(const SwigluMlpSaved<T>&, T*, T*, T*, T*, const T*,        \
+                                       const T*, const T*, SwigluMlpShape, T*, T*);               \
   template class MLP<T>;
 MOECORE_INSTANTIATE(float)
 MOECORE_INSTANTIATE(double)

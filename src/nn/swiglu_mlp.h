@@ -15,13 +15,14 @@ namespace moecore::nn {
 
 template <typename T>
 struct SwigluMlpSaved {
-  const T* x_NH = nullptr;        // input rows, owned by the caller until backward
-  const T* p_N = nullptr;         // per-row probs (null: 1)
-  const int64_t* m_G = nullptr;   // rows per group
+  const Exec* ex = &cpu_exec();  // the arena's: where the ops run (set by allocate)
+  const T* x_NH = nullptr;       // input rows, owned by the caller until backward
+  const T* p_N = nullptr;        // per-row probs (null: 1)
+  const int64_t* m_G = nullptr;  // rows per group
   int64_t G = 0, N = 0;
-  T* h_N2F = nullptr;             // fc1 output
-  T* a_NF = nullptr;              // activation (fc2 input); null under --bf16, which keeps
-  bf16* a16_NF = nullptr;         // only its bf16 copy
+  T* h_N2F = nullptr;      // fc1 output
+  T* a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
+  bf16* a16_NF = nullptr;  // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
   // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
   bool recompute_fc1 = false;

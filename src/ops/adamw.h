@@ -5,23 +5,34 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 #include "core/dtype.h"
 
 namespace moecore::ops {
 
 struct AdamWParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-  int64_t step = 1;        // 1-based, for bias correction
+  int64_t step = 1;         // 1-based, for bias correction
   double grad_scale = 1.0;  // g is multiplied by this first (clipping coefficient)
 };
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
+                bf16* p16 = nullptr, float* p16w = nullptr);
+}  // namespace cpu
 
 // p16 (f32 p only; may be null): the bf16 compute copy of p (--bf16), rewritten in the same
 // pass from the updated values, bitwise what cast_f32_to_bf16 of the new p gives.
 // p16w (f32 p only; may be null): the same bf16 values widened to f32, for the widened-bf16
 // GEMM path (ops/gemm_bf16.h), written in the same pass too; with or without p16.
 template <typename T>
-void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
-                bf16* p16 = nullptr, float* p16w = nullptr);
+void adamw_step(const Exec& ex, T* p, const T* g, float* m, float* v, int64_t n,
+                const AdamWParams& a, bf16* p16 = nullptr, float* p16w = nullptr) {
+  if (ex.on_cpu()) return cpu::adamw_step(p, g, m, v, n, a, p16, p16w);
+  no_kernel(ex, "adamw_step");
+}
 template <typename T>
 void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a);
 

@@ -4,10 +4,20 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void add(T* y, const T* a, const T* b, int64_t n);
+}  // namespace cpu
+
+template <typename T>
+void add(const Exec& ex, T* y, const T* a, const T* b, int64_t n) {
+  if (ex.on_cpu()) return cpu::add(y, a, b, n);
+  no_kernel(ex, "add");
+}
 template <typename T>
 void add_ref(T* y, const T* a, const T* b, int64_t n);
 

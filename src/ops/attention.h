@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
 struct AttentionShape {
@@ -20,19 +22,36 @@ void check_attention_shape(const AttentionShape& s, const char* op);
 // 2 * S * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * S + 5 * S * D + 12 * 64 * D).
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s,
+                       T* workspace);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionShape& s, T* workspace);
+}  // namespace cpu
+
 // q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const AttentionShape& s, T* workspace);
+void attention_forward(const Exec& ex, T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& s, T* workspace) {
+  if (ex.on_cpu()) return cpu::attention_forward(out, lse, q, k, v, s, workspace);
+  no_kernel(ex, "attention_forward");
+}
 template <typename T>
 void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
                            const AttentionShape& s);
 // dq, dk, dv are assigned.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const AttentionShape& s, T* workspace);
+void attention_backward(const Exec& ex, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                        const T* v, const T* out, const T* lse, const AttentionShape& s,
+                        T* workspace) {
+  if (ex.on_cpu())
+    return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
+  no_kernel(ex, "attention_backward");
+}
 template <typename T>
-void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                            const T* v, const T* out, const T* lse, const AttentionShape& s);
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                            const T* out, const T* lse, const AttentionShape& s);
 
 }  // namespace moecore::ops

@@ -5,14 +5,29 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void bias_forward(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
+void bias_backward(T* db_N, const T* dy_MN, int64_t M, int64_t N);
+}  // namespace cpu
+
+template <typename T>
+void bias_forward(const Exec& ex, T* y_MN, const T* b_N, int64_t M, int64_t N) {
+  if (ex.on_cpu()) return cpu::bias_forward(y_MN, b_N, M, N);
+  no_kernel(ex, "bias_forward");
+}
+template <typename T>
 void bias_forward_ref(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
-void bias_backward(T* db_N, const T* dy_MN, int64_t M, int64_t N);
+void bias_backward(const Exec& ex, T* db_N, const T* dy_MN, int64_t M, int64_t N) {
+  if (ex.on_cpu()) return cpu::bias_backward(db_N, dy_MN, M, N);
+  no_kernel(ex, "bias_backward");
+}
 template <typename T>
 void bias_backward_ref(T* db_N, const T* dy_MN, int64_t M, int64_t N);
 

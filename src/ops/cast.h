@@ -4,17 +4,34 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/exec.h"
+
 #include "core/dtype.h"
 
 namespace moecore::ops {
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 void cast_f32_to_bf16(bf16* y, const float* x, int64_t n);
-void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n);
+void round_f32_to_bf16(float* y, const float* x, int64_t n);
+}  // namespace cpu
+
+inline void cast_f32_to_bf16(const Exec& ex, bf16* y, const float* x, int64_t n) {
+  if (ex.on_cpu()) return cpu::cast_f32_to_bf16(y, x, n);
+  no_kernel(ex, "cast_f32_to_bf16");
+}
+void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
+inline void cast_bf16_to_f32(const Exec& ex, float* y, const bf16* x, int64_t n) {
+  if (ex.on_cpu()) return cpu::cast_bf16_to_f32(y, x, n);
+  no_kernel(ex, "cast_bf16_to_f32");
+}
 void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n);
 // y = f32(bf16(x)): the bf16 value of x kept in an f32 (the widened-bf16 GEMM path's inputs,
 // made in one pass from the f32 source instead of a cast and a widening). y may be x.
-void round_f32_to_bf16(float* y, const float* x, int64_t n);
+inline void round_f32_to_bf16(const Exec& ex, float* y, const float* x, int64_t n) {
+  if (ex.on_cpu()) return cpu::round_f32_to_bf16(y, x, n);
+  no_kernel(ex, "round_f32_to_bf16");
+}
 void round_f32_to_bf16_ref(float* y, const float* x, int64_t n);
 
 // The bits of float_to_bf16(x) (core/dtype.h), branch-free so that loops calling it vectorise:

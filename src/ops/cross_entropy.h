@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 #include "core/dtype.h"
 
 namespace moecore::ops {
@@ -36,21 +38,40 @@ struct HeadLossBf16 {
 // ws32 of the bf16-operand form (0 on the native GEMM path).
 int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH, const int32_t* target_T,
+                         const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16 = nullptr);
+template <typename T>
+void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
+                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
+                        const HeadLossBf16* bf16 = nullptr);
+}  // namespace cpu
+
 // loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).
 // Targets < 0 are ignored (loss 0, no gradient).
 template <typename T>
-double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
+double head_loss_forward(const Exec& ex, T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
                          const int32_t* target_T, const HeadLossShape& s, T* workspace,
-                         const HeadLossBf16* bf16 = nullptr);
+                         const HeadLossBf16* bf16 = nullptr) {
+  if (ex.on_cpu())
+    return cpu::head_loss_forward(loss_T, lse_T, h_TH, w_VH, target_T, s, workspace, bf16);
+  no_kernel(ex, "head_loss_forward");
+}
 template <typename T>
 double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
                              const int32_t* target_T, const HeadLossShape& s);
 // With d(total loss)/d(loss_T[t]) = dloss for every token:
 //   dh (assigned) and dw (accumulated) of the head + cross entropy.
 template <typename T>
-void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
-                        const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
-                        const HeadLossBf16* bf16 = nullptr);
+void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
+                        const int32_t* target_T, const T* lse_T, T dloss, const HeadLossShape& s,
+                        T* workspace, const HeadLossBf16* bf16 = nullptr) {
+  if (ex.on_cpu())
+    return cpu::head_loss_backward(dh_TH, dw_VH, h_TH, w_VH, target_T, lse_T, dloss, s, workspace,
+                                   bf16);
+  no_kernel(ex, "head_loss_backward");
+}
 template <typename T>
 void head_loss_backward_ref(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
                             const int32_t* target_T, const T* lse_T, T dloss,

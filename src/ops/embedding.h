@@ -4,19 +4,36 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
-// y[t] = w[ids[t]]; every id must be in [0, V) (checked).
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void embedding_forward(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok, int64_t H,
                        int64_t V);
 template <typename T>
-void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
-                           int64_t H, int64_t V);
-// dw[ids[t]] += dy[t].
-template <typename T>
 void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok, int64_t H,
                         int64_t V);
+}  // namespace cpu
+
+// y[t] = w[ids[t]]; every id must be in [0, V) (checked).
+template <typename T>
+void embedding_forward(const Exec& ex, T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
+                       int64_t H, int64_t V) {
+  if (ex.on_cpu()) return cpu::embedding_forward(y_TH, ids_T, w_VH, n_tok, H, V);
+  no_kernel(ex, "embedding_forward");
+}
+template <typename T>
+void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok, int64_t H,
+                           int64_t V);
+// dw[ids[t]] += dy[t].
+template <typename T>
+void embedding_backward(const Exec& ex, T* dw_VH, const T* dy_TH, const int32_t* ids_T,
+                        int64_t n_tok, int64_t H, int64_t V) {
+  if (ex.on_cpu()) return cpu::embedding_backward(dw_VH, dy_TH, ids_T, n_tok, H, V);
+  no_kernel(ex, "embedding_backward");
+}
 template <typename T>
 void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                             int64_t H, int64_t V);

@@ -1,44 +1,81 @@
-// GEMM and grouped GEMM. Row-major. `*_ref` are plain loops (the oracle and the fallback);
-// the unsuffixed functions are the fast path (oneDNN sgemm for f32; loops for f64, which only
-// reference computations and gradient checks use).
+// GEMM and grouped GEMM. Row-major. `*_ref` are plain loops (the oracle); the unsuffixed
+// functions take the execution context and switch to its backend: on the CPU the fast path
+// (oneDNN sgemm for f32; loops for f64, which only reference computations and gradient checks
+// use).
 #pragma once
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+template <typename T>
+void linear_forward(T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N, int64_t K,
+                    bool accumulate = false);
+template <typename T>
+void linear_backward(T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK, const T* w_NK, int64_t M,
+                     int64_t N, int64_t K, bool accumulate_dx = false);
+template <typename T>
+void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
+                  bool trans_w, T* y);
+template <typename T>
+void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
+                        const T* x, T* dw);
+}  // namespace cpu
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is [M,K], op(B) is [K,N].
 // lda/ldb/ldc are the row strides of A, B, C as stored (before op).
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+void gemm(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+          const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (ex.on_cpu()) return cpu::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  no_kernel(ex, "gemm");
+}
 template <typename T>
 void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
               int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
 // Convenience for contiguous operands: y[M,N] (+)= x[M,K] * w^T with w [N,K]  (a "linear").
 template <typename T>
-void linear_forward(T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N, int64_t K,
-                    bool accumulate = false);
+void linear_forward(const Exec& ex, T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N,
+                    int64_t K, bool accumulate = false) {
+  if (ex.on_cpu()) return cpu::linear_forward(y_MN, x_MK, w_NK, M, N, K, accumulate);
+  no_kernel(ex, "linear_forward");
+}
 // dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates). dx may be
 // null (a first layer needs no input gradient).
 template <typename T>
-void linear_backward(T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK, const T* w_NK, int64_t M,
-                     int64_t N, int64_t K, bool accumulate_dx = false);
+void linear_backward(const Exec& ex, T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK,
+                     const T* w_NK, int64_t M, int64_t N, int64_t K, bool accumulate_dx = false) {
+  if (ex.on_cpu())
+    return cpu::linear_backward(dx_MK, dw_NK, dy_MN, x_MK, w_NK, M, N, K, accumulate_dx);
+  no_kernel(ex, "linear_backward");
+}
 
 // Grouped GEMM over G groups (local experts), one call, zero-row groups allowed.
 // x is stacked by rows: group g owns rows [sum_{h<g} m_G[h], + m_G[g]).
 // Forward:  y_g[m_g, N] = x_g[m_g, K] * op(w_g),  w is [G, N, K] if trans_w else [G, K, N].
 template <typename T>
-void grouped_gemm(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
-                  bool trans_w, T* y);
+void grouped_gemm(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
+                  const T* w, bool trans_w, T* y) {
+  if (ex.on_cpu()) return cpu::grouped_gemm(m_G, G, N, K, x, w, trans_w, y);
+  no_kernel(ex, "grouped_gemm");
+}
 template <typename T>
-void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
-                      const T* w, bool trans_w, T* y);
+void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
+                      bool trans_w, T* y);
 // Weight gradient: dw_g[N, K] += dy_g[m_g, N]^T * x_g[m_g, K]  (dw is [G, N, K], accumulated).
 template <typename T>
-void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
-                        const T* x, T* dw);
+void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
+                        const T* dy, const T* x, T* dw) {
+  if (ex.on_cpu()) return cpu::grouped_gemm_wgrad(m_G, G, N, K, dy, x, dw);
+  no_kernel(ex, "grouped_gemm_wgrad");
+}
 template <typename T>
 void grouped_gemm_wgrad_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
                             const T* x, T* dw);

@@ -5,7 +5,28 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                          int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok, int64_t K,
+                          int64_t E);
+int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
+                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K, int64_t E,
+                        int64_t cap);
+template <typename T>
+void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                      const int32_t* row_slot_N, int64_t N, int64_t K);
+template <typename T>
+void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
+template <typename T>
+void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
+template <typename T>
+void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok, int64_t K,
+                    int64_t H);
+}  // namespace cpu
 
 // From idx [T, K] (expert per (token, slot); negative = dropped) build:
 //   counts_E [E]         rows per expert;
@@ -13,9 +34,14 @@ namespace moecore::ops {
 //   row_slot_N [N]       the slot k of that row (to fetch its prob);
 //   token_rows_TK [T,K]  the permuted row of (t, k), or -1 if dropped.
 // Returns N.
-int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
-                          int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok, int64_t K,
-                          int64_t E);
+inline int64_t build_permutation(const Exec& ex, int64_t* counts_E, int32_t* row_token_N,
+                                 int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,
+                                 int64_t n_tok, int64_t K, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::build_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, idx_TK, n_tok,
+                                  K, E);
+  no_kernel(ex, "build_permutation");
+}
 int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                               int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok,
                               int64_t K, int64_t E);
@@ -24,36 +50,54 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
 // packed map (build_permutation's, n_real rows) to rows [e * cap, e * cap + count_e) and fills
 // the rest of the block with pad rows (row_token = row_slot = -1); token_rows follows, counts
 // become cap. Throws when an expert has more than cap rows. Returns the number of pad rows.
-int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
-                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
-                        int64_t E, int64_t cap);
+inline int64_t pad_permutation(const Exec& ex, int64_t* counts_E, int32_t* row_token_N,
+                               int32_t* row_slot_N, int32_t* token_rows_TK, int64_t n_real,
+                               int64_t n_tok, int64_t K, int64_t E, int64_t cap) {
+  if (ex.on_cpu())
+    return cpu::pad_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, n_real, n_tok, K,
+                                E, cap);
+  no_kernel(ex, "pad_permutation");
+}
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                             int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
                             int64_t E, int64_t cap);
 
 // Each row's routing prob: p[r] = probs[row_token[r], row_slot[r]] (0 for a pad row).
 template <typename T>
-void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
-                      const int32_t* row_slot_N, int64_t N, int64_t K);
+void gather_row_probs(const Exec& ex, T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                      const int32_t* row_slot_N, int64_t N, int64_t K) {
+  if (ex.on_cpu()) return cpu::gather_row_probs(p_N, probs_TK, row_token_N, row_slot_N, N, K);
+  no_kernel(ex, "gather_row_probs");
+}
 template <typename T>
 void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
                           const int32_t* row_slot_N, int64_t N, int64_t K);
 // Its backward: dprobs[t, k] = dp[token_rows[t, k]] (0 for a dropped slot), assigned.
 template <typename T>
-void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
+void scatter_row_probs(const Exec& ex, T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
+                       int64_t TK) {
+  if (ex.on_cpu()) return cpu::scatter_row_probs(dprobs_TK, dp_N, token_rows_TK, TK);
+  no_kernel(ex, "scatter_row_probs");
+}
 template <typename T>
-void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
-                           int64_t TK);
+void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
 
 // y[r] = x[row_token[r]]  (y [N, H], x [T, H]); a pad row (row_token[r] < 0) becomes zeros.
 template <typename T>
-void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
+void permute_rows(const Exec& ex, T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
+                  int64_t H) {
+  if (ex.on_cpu()) return cpu::permute_rows(y_NH, x_TH, row_token_N, N, H);
+  no_kernel(ex, "permute_rows");
+}
 template <typename T>
 void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
 // y[t] = sum_k x[token_rows[t, k]] over kept slots, in k order  (y [T, H] assigned).
 template <typename T>
-void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
-                    int64_t K, int64_t H);
+void unpermute_rows(const Exec& ex, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
+                    int64_t n_tok, int64_t K, int64_t H) {
+  if (ex.on_cpu()) return cpu::unpermute_rows(y_TH, x_NH, token_rows_TK, n_tok, K, H);
+  no_kernel(ex, "unpermute_rows");
+}
 template <typename T>
 void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
                         int64_t K, int64_t H);

@@ -6,18 +6,33 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
 struct QkvShape {
   int64_t n_tok = 0, Hq = 0, Hkv = 0, D = 0;
 };
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void split_qkv(T* q, T* k, T* v, const T* fused, const QkvShape& s);
 template <typename T>
+void fuse_qkv(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
+}  // namespace cpu
+
+template <typename T>
+void split_qkv(const Exec& ex, T* q, T* k, T* v, const T* fused, const QkvShape& s) {
+  if (ex.on_cpu()) return cpu::split_qkv(q, k, v, fused, s);
+  no_kernel(ex, "split_qkv");
+}
+template <typename T>
 void split_qkv_ref(T* q, T* k, T* v, const T* fused, const QkvShape& s);
 template <typename T>
-void fuse_qkv(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
+void fuse_qkv(const Exec& ex, T* fused, const T* q, const T* k, const T* v, const QkvShape& s) {
+  if (ex.on_cpu()) return cpu::fuse_qkv(fused, q, k, v, s);
+  no_kernel(ex, "fuse_qkv");
+}
 template <typename T>
 void fuse_qkv_ref(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
 // cos/sin tables [max_pos, D/2] in f64, built once before step 0.
@@ -15,17 +17,32 @@ struct RopeCache {
 };
 RopeCache make_rope_cache(int64_t max_pos, int64_t D, double base);
 
-// x, y [n_tok, n_heads, D]; token t is at position pos_T[t]. y may alias x.
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void rope_forward(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                   const RopeCache& cache);
+template <typename T>
+void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                   const RopeCache& cache);
+}  // namespace cpu
+
+// x, y [n_tok, n_heads, D]; token t is at position pos_T[t]. y may alias x.
+template <typename T>
+void rope_forward(const Exec& ex, T* y, const T* x, const int32_t* pos_T, int64_t n_tok,
+                  int64_t n_heads, const RopeCache& cache) {
+  if (ex.on_cpu()) return cpu::rope_forward(y, x, pos_T, n_tok, n_heads, cache);
+  no_kernel(ex, "rope_forward");
+}
 template <typename T>
 void rope_forward_ref(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                       int64_t D, double base);
 // The inverse rotation (the transpose): dx may alias dy.
 template <typename T>
-void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
-                   const RopeCache& cache);
+void rope_backward(const Exec& ex, T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok,
+                   int64_t n_heads, const RopeCache& cache) {
+  if (ex.on_cpu()) return cpu::rope_backward(dx, dy, pos_T, n_tok, n_heads, cache);
+  no_kernel(ex, "rope_backward");
+}
 template <typename T>
 void rope_backward_ref(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                        int64_t D, double base);

@@ -4,23 +4,45 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void softmax_forward(T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
+template <typename T>
+void softmax_backward(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok, int64_t E);
+template <typename T>
+void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K);
+}  // namespace cpu
 
 // y[T,E] = softmax(x) per row; y may alias x.
 template <typename T>
-void softmax_forward(T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
+void softmax_forward(const Exec& ex, T* y_TE, const T* x_TE, int64_t n_tok, int64_t E) {
+  if (ex.on_cpu()) return cpu::softmax_forward(y_TE, x_TE, n_tok, E);
+  no_kernel(ex, "softmax_forward");
+}
 template <typename T>
 void softmax_forward_ref(T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
 // dx = y * (dy - sum(dy * y)); dx may alias dy.
 template <typename T>
-void softmax_backward(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok, int64_t E);
+void softmax_backward(const Exec& ex, T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok,
+                      int64_t E) {
+  if (ex.on_cpu()) return cpu::softmax_backward(dx_TE, dy_TE, y_TE, n_tok, E);
+  no_kernel(ex, "softmax_backward");
+}
 template <typename T>
 void softmax_backward_ref(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok, int64_t E);
 
 // Top-k per row: idx/val [T, K] in descending value order; ties go to the lower index.
 // Entries equal to -inf are never preferred over finite ones.
 template <typename T>
-void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K);
+void topk(const Exec& ex, int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E,
+          int64_t K) {
+  if (ex.on_cpu()) return cpu::topk(idx_TK, val_TK, x_TE, n_tok, E, K);
+  no_kernel(ex, "topk");
+}
 template <typename T>
 void topk_ref(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K);
 

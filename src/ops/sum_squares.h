@@ -6,10 +6,20 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 namespace moecore::ops {
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void sum_squares(double* out, const T* x, int64_t n);
+}  // namespace cpu
+
+template <typename T>
+void sum_squares(const Exec& ex, double* out, const T* x, int64_t n) {
+  if (ex.on_cpu()) return cpu::sum_squares(out, x, n);
+  no_kernel(ex, "sum_squares");
+}
 // Plain loop with a long double accumulator: the oracle.
 template <typename T>
 void sum_squares_ref(double* out, const T* x, int64_t n);

@@ -4,18 +4,40 @@
 
 #include <cstdint>
 
+#include "core/exec.h"
+
 #include "core/dtype.h"
 
 namespace moecore::ops {
 
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F);
+template <typename T>
+void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
+                     int64_t F);
+void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
+void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
+                          const float* p_N, int64_t N, int64_t F);
+void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
+void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
+                           const float* p_N, int64_t N, int64_t F);
+}  // namespace cpu
+
+template <typename T>
+void swiglu_forward(const Exec& ex, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_forward(a_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_forward");
+}
 template <typename T>
 void swiglu_forward_ref(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F);
 // dh assigned; dp_N assigned when both p_N and dp_N are non-null.
 template <typename T>
-void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N, int64_t N,
-                     int64_t F);
+void swiglu_backward(const Exec& ex, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F,
+                     const T* p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_backward(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_backward");
+}
 template <typename T>
 void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
                          int64_t N, int64_t F);
@@ -24,13 +46,27 @@ void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, con
 // even), for outputs that only feed bf16 GEMMs (a into fc2; dh into fc1's backward). a16 and
 // dh16 are bitwise cast_f32_to_bf16 of the f32 versions' outputs; dp stays f32 and is bitwise
 // the f32 version's (its sum has one fixed association on every target).
-void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
-void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
-                          const float* p_N, int64_t N, int64_t F);
+inline void swiglu_forward_bf16(const Exec& ex, bf16* a16_NF, const float* h_N2F, const float* p_N,
+                                int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_forward_bf16(a16_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_forward_bf16");
+}
+inline void swiglu_backward_bf16(const Exec& ex, bf16* dh16_N2F, float* dp_N, const float* da_NF,
+                                 const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_backward_bf16(dh16_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_backward_bf16");
+}
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
 // bitwise cast_bf16_to_f32 of what the _bf16 versions write.
-void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F);
-void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
-                           const float* p_N, int64_t N, int64_t F);
+inline void swiglu_forward_bf16w(const Exec& ex, float* a_NF, const float* h_N2F, const float* p_N,
+                                 int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_forward_bf16w(a_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_forward_bf16w");
+}
+inline void swiglu_backward_bf16w(const Exec& ex, float* dh_N2F, float* dp_N, const float* da_NF,
+                                  const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+  no_kernel(ex, "swiglu_backward_bf16w");
+}
 
 }  // namespace moecore::ops

@@ -6,8 +6,7 @@
 
 namespace moecore::optim {
 
-ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg,
-                                   GradNormSync sync)
+ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync)
     : cfg_(cfg),
       sync_(std::move(sync)),
       dense_(params, cfg, ParamKind::Dense),

@@ -21,14 +21,15 @@ void AdamWConfig::validate() const {
   MOE_CHECK(clip_grad >= 0, "[optimizer] --clip-grad={} must be >= 0", clip_grad);
 }
 
-
 double grad_sum_squares(const ParamRegistry& params, ParamKind k) {
   double s = 0.0;
   if (params.numel(k) == 0) return s;
   if (params.dtype() == DType::F32) {
-    ops::sum_squares(&s, static_cast<const float*>(params.flat_grad(k)), params.numel(k));
+    ops::sum_squares(params.exec(), &s, static_cast<const float*>(params.flat_grad(k)),
+                     params.numel(k));
   } else {
-    ops::sum_squares(&s, static_cast<const double*>(params.flat_grad(k)), params.numel(k));
+    ops::sum_squares(params.exec(), &s, static_cast<const double*>(params.flat_grad(k)),
+                     params.numel(k));
   }
   return s;
 }
@@ -51,12 +52,12 @@ double clip_coefficient(double grad_norm, double max_norm, int64_t step) {
 }
 
 AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg)
-    : params_(params), cfg_(cfg) {
+    : params_(params), cfg_(cfg), arena_(params.exec()) {
   plan();
 }
 
 AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only)
-    : params_(params), cfg_(cfg), all_kinds_(false), only_(only) {
+    : params_(params), cfg_(cfg), all_kinds_(false), only_(only), arena_(params.exec()) {
   plan();
 }
 
@@ -93,8 +94,8 @@ void AdamWOptimizer::update_typed(double lr, double grad_scale) {
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
     bf16* p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
     float* p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
-    ops::adamw_step(p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset, v_[k] + p.offset,
-                    p.local_numel(), a, p16, p16w);
+    ops::adamw_step(arena_.exec(), p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset,
+                    v_[k] + p.offset, p.local_numel(), a, p16, p16w);
   }
   if (std::is_same_v<T, float> && params_.has_bf16_copies()) {
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
@@ -113,8 +114,10 @@ double AdamWOptimizer::grad_sum_squares() const {
 
 void AdamWOptimizer::update(double lr, double clip_coeff) {
   ++step_;
-  if (params_.dtype() == DType::F32) update_typed<float>(lr, clip_coeff);
-  else update_typed<double>(lr, clip_coeff);
+  if (params_.dtype() == DType::F32)
+    update_typed<float>(lr, clip_coeff);
+  else
+    update_typed<double>(lr, clip_coeff);
 }
 
 StepInfo AdamWOptimizer::step(double lr) {

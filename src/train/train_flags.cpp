@@ -182,6 +182,11 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--log-interval", t.log_interval, "Iterations between log lines")->group(kLog);
   app.add_option("--metrics-file", t.metrics_file, "JSON lines, one object per log line")
       ->group(kLog);
+  app.add_option("--device", t.device,
+                 "Backend of every op of the step: cpu, or cuda (needs the CUDA build; its "
+                 "kernels are not written yet)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->group(kTrain);
   app.add_option("--peak-tflops", f.peak_tflops,
                  "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
       ->group(kLog);

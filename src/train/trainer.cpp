@@ -62,6 +62,12 @@ template <typename T>
 BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
                               const parallel::ProcessGroups* groups)
     : model_cfg_(model_cfg), cfg_(cfg), groups_(groups) {
+  {
+    const Device device = parse_device(cfg_.device);
+    exec_ = make_exec(device);  // first: a build or machine without the device says so
+    std::string why;
+    MOE_CHECK(training_step_supported(device, &why), "[train] --device {}: {}", cfg_.device, why);
+  }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   if (groups_ != nullptr) {
     check_parallel_support(groups_->layout().config);
@@ -110,7 +116,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
             "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
             data_->vocab(), model_cfg_.vocab_size);
-  model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_);
+  model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
+                                                /*size_only=*/false, exec_);
 
   // Dense gradients reduce over dp x cp, expert gradients over expt_dp.
   const parallel::ProcessGroup* dense_group =

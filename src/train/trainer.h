@@ -41,6 +41,7 @@ struct TrainConfig {
   optim::LrSchedule lr;
   optim::AdamWConfig adam;
   std::string metrics_file;   // --metrics-file (JSON lines)
+  std::string device = "cpu"; // --device: the backend every op of the step runs on
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
   parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
@@ -100,6 +101,7 @@ class BasicTrainer {
   ModelConfig model_cfg_;
   TrainConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
+  Exec exec_;  // from --device, before anything is built
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t n_micro_ = 1;  // micro-batches per dp rank and step
   void evaluate_and_print(std::ostream& log, data::Split split, const char* where,

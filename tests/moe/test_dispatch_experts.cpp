@@ -102,13 +102,14 @@ void sequential_experts(std::vector<double>& y, std::vector<double>& dx, std::ve
     const double* w1 = fc1 + e * 2 * F * H;
     const double* w2 = fc2 + e * H * F;
     std::vector<double> h(n * 2 * F), a(n * F), da(n * F), dh(n * 2 * F);
-    ops::linear_forward(h.data(), &x[row * H], w1, n, 2 * F, H);
+    ops::linear_forward(cpu_exec(), h.data(), &x[row * H], w1, n, 2 * F, H);
     ops::swiglu_forward_ref(a.data(), h.data(), &p[row], n, F);
-    ops::linear_forward(&y[row * H], a.data(), w2, n, H, F);
-    ops::linear_backward(da.data(), &dfc2[e * H * F], &dy[row * H], a.data(), w2, n, H, F);
+    ops::linear_forward(cpu_exec(), &y[row * H], a.data(), w2, n, H, F);
+    ops::linear_backward(cpu_exec(), da.data(), &dfc2[e * H * F], &dy[row * H], a.data(), w2, n, H,
+                         F);
     ops::swiglu_backward_ref(dh.data(), &dp[row], da.data(), h.data(), &p[row], n, F);
-    ops::linear_backward(&dx[row * H], &dfc1[e * 2 * F * H], dh.data(), &x[row * H], w1, n, 2 * F,
-                         H);
+    ops::linear_backward(cpu_exec(), &dx[row * H], &dfc1[e * 2 * F * H], dh.data(), &x[row * H], w1,
+                         n, 2 * F, H);
     row += n;
   }
 }
@@ -135,8 +136,10 @@ TEST(GroupedExperts, EqualsPerExpertLoopWithEmptyExperts) {
   EXPECT_TRUE(all_close(y, ys, testing::kF64Rtol, testing::kF64Atol));
   EXPECT_TRUE(all_close(dx, dxs, testing::kF64Rtol, testing::kF64Atol));
   EXPECT_TRUE(all_close(dp, dps, testing::kF64Rtol, testing::kF64Atol));
-  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H, testing::kF64Rtol, testing::kF64Atol));
-  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H,
+                        testing::kF64Rtol, testing::kF64Atol));
+  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, testing::kF64Rtol,
+                        testing::kF64Atol));
   // Empty experts get exactly zero gradient.
   for (int64_t i = 0; i < 2 * F * H; ++i) EXPECT_EQ(experts.fc1().grad_as<double>()[i], 0.0);
 }
@@ -201,9 +204,9 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
       return testing::weighted_sum(y.data(), R) + rs.aux_loss + rs.z_loss;
     };
     SCOPED_TRACE(::testing::Message() << "E=" << c.E << " K=" << c.K << " shared=" << c.shared);
-    EXPECT_TRUE(testing::check_layer_gradients(
-        params, loss, [&] { layer.backward(dx.data(), R.data(), 1.0); },
-        {{x.data(), dx.data(), n_tok * H, "dx"}}));
+    EXPECT_TRUE(testing::check_layer_gradients(params, loss,
+                                               [&] { layer.backward(dx.data(), R.data(), 1.0); },
+                                               {{x.data(), dx.data(), n_tok * H, "dx"}}));
   }
 }
 
@@ -264,11 +267,11 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     ScoreFunction score;
     uint32_t seed;
   };
-  for (Case c : {Case{"probs", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31},
-                 Case{"probs_pad", TokenDropPolicy::Probs, true, 0, ScoreFunction::Softmax, 31},
-                 Case{"position", TokenDropPolicy::Position, false, 0, ScoreFunction::Sigmoid, 31},
-                 Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax,
-                      31}}) {
+  for (Case c :
+       {Case{"probs", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31},
+        Case{"probs_pad", TokenDropPolicy::Probs, true, 0, ScoreFunction::Softmax, 31},
+        Case{"position", TokenDropPolicy::Position, false, 0, ScoreFunction::Sigmoid, 31},
+        Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax, 31}}) {
     SCOPED_TRACE(c.name);
     MoeLayerConfig cfg = tiny_moe_config(4, 2, c.shared, c.score);
     cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 4 * 1.0) = 4
@@ -300,9 +303,9 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     if (c.policy == TokenDropPolicy::Probs) {
       EXPECT_GT(m.drop, kMargin) << "a drop decision is near a tie: pick another seed";
     }
-    EXPECT_TRUE(testing::check_layer_gradients(
-        params, loss, [&] { layer.backward(dx.data(), R.data(), 1.0); },
-        {{x.data(), dx.data(), n_tok * H, "dx"}}));
+    EXPECT_TRUE(testing::check_layer_gradients(params, loss,
+                                               [&] { layer.backward(dx.data(), R.data(), 1.0); },
+                                               {{x.data(), dx.data(), n_tok * H, "dx"}}));
   }
 }
 

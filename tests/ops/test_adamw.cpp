@@ -33,8 +33,10 @@ TEST(AdamW, HandComputedFirstStep) {
   const double expect_v[3] = {0.00025, 0.0000625, 0.0};
   for (bool fast : {true, false}) {
     std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, -0.25f, 0.0f}, m(3, 0.f), v(3, 0.f);
-    if (fast) adamw_step<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
-    else adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
+    if (fast)
+      adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 3, a);
+    else
+      adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
     EXPECT_TRUE(all_close(p.data(), expect_p, 3, kF32Rtol, 0.0)) << "p, fast=" << fast;
     EXPECT_TRUE(all_close(m.data(), expect_m, 3, kF32Rtol, 0.0)) << "m, fast=" << fast;
     EXPECT_TRUE(all_close(v.data(), expect_v, 3, kF32Rtol, 0.0)) << "v, fast=" << fast;
@@ -57,7 +59,7 @@ void check_fast_vs_ref(int64_t n, double wd, double grad_scale) {
   for (int64_t step = 1; step <= 3; ++step) {
     a.step = step;
     auto g = random_vec<T>(n, 100 + static_cast<uint32_t>(step), -2.0, 2.0);
-    adamw_step<T>(p.data(), g.data(), m.data(), v.data(), n, a);
+    adamw_step<T>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), n, a);
     adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
   }
   EXPECT_TRUE(p.intact() && m.intact() && v.intact()) << "fast path wrote outside its arrays";
@@ -97,11 +99,12 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
     for (int64_t step = 1; step <= 2; ++step) {
       a.step = step;
       auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
-      adamw_step<float>(p1.data(), g.data(), m1.data(), v1.data(), n, a,
+      adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), n, a,
                         reinterpret_cast<bf16*>(p16.data()));
-      adamw_step<float>(p2.data(), g.data(), m2.data(), v2.data(), n, a);
-      adamw_step<float>(p3.data(), g.data(), m3.data(), v3.data(), n, a, nullptr, p16w.data());
-      adamw_step<float>(p4.data(), g.data(), m4.data(), v4.data(), n, a,
+      adamw_step<float>(cpu_exec(), p2.data(), g.data(), m2.data(), v2.data(), n, a);
+      adamw_step<float>(cpu_exec(), p3.data(), g.data(), m3.data(), v3.data(), n, a, nullptr,
+                        p16w.data());
+      adamw_step<float>(cpu_exec(), p4.data(), g.data(), m4.data(), v4.data(), n, a,
                         reinterpret_cast<bf16*>(p16_both.data()), p16w_both.data());
       for (const auto* q : {&p1, &p3, &p4}) {
         EXPECT_EQ(0, std::memcmp(q->data(), p2.data(), n * sizeof(float)));
@@ -125,9 +128,10 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
   double p = 1.0, g = 1.0;
   float m = 0.f, v = 0.f;
   bf16 p16;
-  EXPECT_THROW(adamw_step<double>(&p, &g, &m, &v, 1, AdamWParams{}, &p16), moecore::Error);
+  EXPECT_THROW(adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, &p16),
+               moecore::Error);
   float p16w;
-  EXPECT_THROW(adamw_step<double>(&p, &g, &m, &v, 1, AdamWParams{}, nullptr, &p16w),
+  EXPECT_THROW(adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, nullptr, &p16w),
                moecore::Error);
 }
 
@@ -142,8 +146,10 @@ TEST(AdamW, WeightDecayIsDecoupled) {
     for (bool fast : {true, false}) {
       std::vector<float> p = {1.f, -2.f, 0.25f, 8.f}, m(4, 0.f), v(4, 0.f);
       const std::vector<float> p0 = p;
-      if (fast) adamw_step<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
-      else adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
+      if (fast)
+        adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 4, a);
+      else
+        adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
       for (int i = 0; i < 4; ++i) {
         EXPECT_FLOAT_EQ(p[i], p0[i] * static_cast<float>(1.0 - a.lr * wd))
             << "wd=" << wd << " fast=" << fast << " i=" << i;
@@ -164,9 +170,9 @@ TEST(AdamW, GradScaleEqualsPrescaledGradient) {
   for (auto& x : g_half) x *= 0.5f;
   std::vector<float> p1 = p0, p2 = p0, m1(37, 0.f), v1(37, 0.f), m2(37, 0.f), v2(37, 0.f);
   a.grad_scale = 0.5;
-  adamw_step<float>(p1.data(), g.data(), m1.data(), v1.data(), 37, a);
+  adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), 37, a);
   a.grad_scale = 1.0;
-  adamw_step<float>(p2.data(), g_half.data(), m2.data(), v2.data(), 37, a);
+  adamw_step<float>(cpu_exec(), p2.data(), g_half.data(), m2.data(), v2.data(), 37, a);
   EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)));
 }
@@ -175,13 +181,13 @@ TEST(AdamW, InvalidHyperParametersAreErrors) {
   float p = 1.f, g = 1.f, m = 0.f, v = 0.f;
   AdamWParams a;
   a.step = 0;
-  EXPECT_THROW(adamw_step<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a), moecore::Error);
   a = AdamWParams{};
   a.beta2 = 1.0;
   EXPECT_THROW(adamw_step_ref<float>(&p, &g, &m, &v, 1, a), moecore::Error);
   a = AdamWParams{};
   a.eps = 0.0;
-  EXPECT_THROW(adamw_step<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a), moecore::Error);
 }
 
 }  // namespace

@@ -34,10 +34,9 @@ std::string name(const AttentionShape& s) {
 // tail (40), 4 (64) and two chunks of 4 (128); GQA groups of 4 (Hq = 8, Hkv = 2) are packed as
 // one run of heads.
 const AttentionShape kShapes[] = {
-    {1, 1, 1, 1, 8},   {1, 3, 4, 1, 16},  {7, 2, 2, 2, 8},    {7, 1, 4, 1, 16},
-    {33, 2, 6, 2, 8},  {33, 3, 4, 1, 16}, {33, 1, 3, 3, 16},  {70, 2, 6, 2, 8},
-    {129, 1, 4, 1, 8}, {65, 2, 2, 2, 32}, {100, 1, 4, 2, 40}, {70, 2, 8, 2, 64},
-    {50, 1, 2, 1, 128},
+    {1, 1, 1, 1, 8},    {1, 3, 4, 1, 16},  {7, 2, 2, 2, 8},    {7, 1, 4, 1, 16},  {33, 2, 6, 2, 8},
+    {33, 3, 4, 1, 16},  {33, 1, 3, 3, 16}, {70, 2, 6, 2, 8},   {129, 1, 4, 1, 8}, {65, 2, 2, 2, 32},
+    {100, 1, 4, 2, 40}, {70, 2, 8, 2, 64}, {50, 1, 2, 1, 128},
 };
 
 template <typename T>
@@ -72,10 +71,11 @@ struct Results {
 template <typename T>
 void run_fast(Results<T>& r, const Problem<T>& p) {
   Guarded<T> ws(attention_workspace_elems(p.s, omp_get_max_threads()));
-  attention_forward<T>(r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.s,
-                       ws.data());
-  attention_backward<T>(r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(), p.q.data(),
-                        p.k.data(), p.v.data(), r.out.data(), r.lse.data(), p.s, ws.data());
+  attention_forward<T>(cpu_exec(), r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(),
+                       p.s, ws.data());
+  attention_backward<T>(cpu_exec(), r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(),
+                        p.q.data(), p.k.data(), p.v.data(), r.out.data(), r.lse.data(), p.s,
+                        ws.data());
   EXPECT_TRUE(ws.intact()) << "workspace overrun";
 }
 
@@ -134,8 +134,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     const std::vector<double>& R = p.dout;
     std::vector<double> out(p.n_q), lse(p.n_lse);
     auto loss = [&]() {
-      attention_forward_ref<double>(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(),
-                                    s);
+      attention_forward_ref<double>(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), s);
       double acc = 0.0;
       for (int64_t i = 0; i < p.n_q; ++i) acc += out[i] * R[i];
       return acc;
@@ -195,9 +194,15 @@ void causal(bool fast) {
   EXPECT_FALSE(all_close(r_q.dk.data() + s0 * row_kv, base.dk.data() + s0 * row_kv, row_kv, 0, 0));
 }
 
-TEST(Attention, CausalFastF32) { causal<float>(true); }
-TEST(Attention, CausalFastF64) { causal<double>(true); }
-TEST(Attention, CausalRefF64) { causal<double>(false); }
+TEST(Attention, CausalFastF32) {
+  causal<float>(true);
+}
+TEST(Attention, CausalFastF64) {
+  causal<double>(true);
+}
+TEST(Attention, CausalRefF64) {
+  causal<double>(false);
+}
 
 // One task owns each (b, kv head), so results do not depend on the thread count or the
 // schedule (nor on how many heads the forward packs per task, which follows the thread count).
@@ -227,7 +232,7 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(attention_forward_ref<float>(buf.data(), buf.data(), buf.data(), buf.data(),
                                             buf.data(), not_grouped),
                moecore::Error);
-  EXPECT_THROW(attention_forward<float>(buf.data(), buf.data(), buf.data(), buf.data(),
+  EXPECT_THROW(attention_forward<float>(cpu_exec(), buf.data(), buf.data(), buf.data(), buf.data(),
                                         buf.data(), not_grouped, buf.data()),
                moecore::Error);
   EXPECT_THROW(attention_workspace_elems({4, 1, 2, 1, 8}, 0), moecore::Error);

@@ -16,8 +16,12 @@ using moecore::testing::Guarded;
 using moecore::testing::kBf16Rtol;
 using moecore::testing::random_vec;
 
-float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
-bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
+float from_bits(uint32_t u) {
+  return std::bit_cast<float>(u);
+}
+bf16* as_bf16(uint16_t* p) {
+  return reinterpret_cast<bf16*>(p);
+}
 
 struct Case {
   uint32_t f32_bits;
@@ -53,7 +57,7 @@ TEST(Cast, RoundToNearestEvenAndSpecialValues) {
   for (const Case& c : kCases) {
     float x = from_bits(c.f32_bits);
     bf16 fast, ref;
-    cast_f32_to_bf16(&fast, &x, 1);
+    cast_f32_to_bf16(cpu_exec(), &fast, &x, 1);
     cast_f32_to_bf16_ref(&ref, &x, 1);
     EXPECT_EQ(ref.bits, c.bf16_bits) << c.why << std::hex << " input 0x" << c.f32_bits;
     EXPECT_EQ(fast.bits, c.bf16_bits) << c.why << std::hex << " input 0x" << c.f32_bits;
@@ -69,13 +73,13 @@ TEST(Cast, FastMatchesReferenceBitwise) {
     }
     // Guarded<bf16> does not compile (bf16 has no operator==), so guard the raw bits.
     Guarded<uint16_t> y(n), y_ref(n);
-    cast_f32_to_bf16(as_bf16(y.data()), x.data(), n);
+    cast_f32_to_bf16(cpu_exec(), as_bf16(y.data()), x.data(), n);
     cast_f32_to_bf16_ref(as_bf16(y_ref.data()), x.data(), n);
     EXPECT_TRUE(y.intact() && y_ref.intact()) << "n=" << n;
     EXPECT_EQ(0, std::memcmp(y.data(), y_ref.data(), n * sizeof(bf16))) << "n=" << n;
 
     Guarded<float> back(n), back_ref(n);
-    cast_bf16_to_f32(back.data(), as_bf16(y.data()), n);
+    cast_bf16_to_f32(cpu_exec(), back.data(), as_bf16(y.data()), n);
     cast_bf16_to_f32_ref(back_ref.data(), as_bf16(y.data()), n);
     EXPECT_TRUE(back.intact() && back_ref.intact()) << "n=" << n;
     EXPECT_EQ(0, std::memcmp(back.data(), back_ref.data(), n * sizeof(float))) << "n=" << n;
@@ -92,14 +96,14 @@ TEST(Cast, RoundToBf16InF32MatchesCastThenWiden) {
     }
     Guarded<float> y(n), y_ref(n), widened(n);
     std::vector<bf16> x16(n);
-    round_f32_to_bf16(y.data(), x.data(), n);
+    round_f32_to_bf16(cpu_exec(), y.data(), x.data(), n);
     round_f32_to_bf16_ref(y_ref.data(), x.data(), n);
     cast_f32_to_bf16_ref(x16.data(), x.data(), n);
     cast_bf16_to_f32_ref(widened.data(), x16.data(), n);
     EXPECT_TRUE(y.intact() && y_ref.intact()) << "n=" << n;
     EXPECT_EQ(0, std::memcmp(y.data(), y_ref.data(), n * sizeof(float))) << "n=" << n;
     EXPECT_EQ(0, std::memcmp(y.data(), widened.data(), n * sizeof(float))) << "n=" << n;
-    round_f32_to_bf16(x.data(), x.data(), n);
+    round_f32_to_bf16(cpu_exec(), x.data(), x.data(), n);
     EXPECT_EQ(0, std::memcmp(x.data(), widened.data(), n * sizeof(float))) << "n=" << n;
   }
 }
@@ -110,8 +114,8 @@ TEST(Cast, Bf16ToF32ToBf16IsIdentityForAllPatterns) {
   std::vector<bf16> x(n), y(n);
   std::vector<float> f(n);
   for (int64_t i = 0; i < n; ++i) x[i].bits = static_cast<uint16_t>(i);
-  cast_bf16_to_f32(f.data(), x.data(), n);
-  cast_f32_to_bf16(y.data(), f.data(), n);
+  cast_bf16_to_f32(cpu_exec(), f.data(), x.data(), n);
+  cast_f32_to_bf16(cpu_exec(), y.data(), f.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(f[i])) {
       ASSERT_TRUE(std::isnan(bf16_to_float(y[i]))) << std::hex << "pattern 0x" << i;
@@ -128,8 +132,8 @@ TEST(Cast, RoundTripRelativeErrorBound) {
   auto x = random_vec<float>(4096, 3, -100.0, 100.0);
   std::vector<bf16> y(x.size());
   std::vector<float> back(x.size());
-  cast_f32_to_bf16(y.data(), x.data(), x.size());
-  cast_bf16_to_f32(back.data(), y.data(), x.size());
+  cast_f32_to_bf16(cpu_exec(), y.data(), x.data(), x.size());
+  cast_bf16_to_f32(cpu_exec(), back.data(), y.data(), x.size());
   double worst = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     double rel = std::abs(double(back[i]) - double(x[i])) / std::abs(double(x[i]));

@@ -49,9 +49,10 @@ Result<T> run_fast(const HeadLossShape& s, const std::vector<T>& h, const std::v
       ws(head_loss_workspace_elems(s));
   for (int64_t i = 0; i < s.V * s.H; ++i) dw[i] = dw0[i];
   Result<T> r;
-  r.total = head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s, ws.data());
-  head_loss_backward(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss, s,
-                     ws.data());
+  r.total = head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(), tg.data(), s,
+                              ws.data());
+  head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
+                     dloss, s, ws.data());
   for (auto* g : {&loss, &lse, &dh, &dw, &ws}) EXPECT_TRUE(g->intact());
   r.loss = loss.vec(), r.lse = lse.vec(), r.dh = dh.vec(), r.dw = dw.vec();
   return r;
@@ -64,22 +65,21 @@ Result<T> run_ref(const HeadLossShape& s, const std::vector<T>& h, const std::ve
   for (int64_t i = 0; i < s.V * s.H; ++i) dw[i] = dw0[i];
   Result<T> r;
   r.total = head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s);
-  head_loss_backward_ref(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss,
-                         s);
+  head_loss_backward_ref(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss, s);
   for (auto* g : {&loss, &lse, &dh, &dw}) EXPECT_TRUE(g->intact());
   r.loss = loss.vec(), r.lse = lse.vec(), r.dh = dh.vec(), r.dw = dw.vec();
   return r;
 }
 
 // T = 1, V = 1, odd T and H, chunk 1 / not dividing T / > T, one shape with a parallel branch.
-const HeadLossShape kShapes[] = {{1, 1, 1, 1},    {1, 5, 7, 256}, {13, 7, 11, 3},
+const HeadLossShape kShapes[] = {{1, 1, 1, 1},      {1, 5, 7, 256},    {13, 7, 11, 3},
                                  {13, 37, 50, 256}, {64, 24, 300, 16}, {5, 3, 1, 2}};
 
 template <typename T>
 void compare_fast_ref(double rtol, double atol) {
   for (const auto& s : kShapes) {
-    SCOPED_TRACE(::testing::Message() << "T=" << s.n_tok << " H=" << s.H << " V=" << s.V
-                                      << " chunk=" << s.chunk);
+    SCOPED_TRACE(::testing::Message()
+                 << "T=" << s.n_tok << " H=" << s.H << " V=" << s.V << " chunk=" << s.chunk);
     auto h = random_vec<T>(s.n_tok * s.H, 1, -1, 1);
     auto w = random_vec<T>(s.V * s.H, 2, -1, 1);
     auto dw0 = random_vec<T>(s.V * s.H, 3);  // dW accumulates: start from non-zero
@@ -94,8 +94,12 @@ void compare_fast_ref(double rtol, double atol) {
   }
 }
 
-TEST(HeadLoss, FastMatchesRefF32) { compare_fast_ref<float>(kF32Rtol, kF32Atol); }
-TEST(HeadLoss, FastMatchesRefF64) { compare_fast_ref<double>(kF64Rtol, kF64Atol); }
+TEST(HeadLoss, FastMatchesRefF32) {
+  compare_fast_ref<float>(kF32Rtol, kF32Atol);
+}
+TEST(HeadLoss, FastMatchesRefF64) {
+  compare_fast_ref<double>(kF64Rtol, kF64Atol);
+}
 
 TEST(HeadLoss, EqualsNaiveMinusLogSoftmaxAtTarget) {
   const HeadLossShape s{9, 6, 17, 4};
@@ -103,8 +107,8 @@ TEST(HeadLoss, EqualsNaiveMinusLogSoftmaxAtTarget) {
   auto w = random_vec<double>(s.V * s.H, 6, -2, 2);
   auto tg = make_targets(s.n_tok, s.V, 0, 7);
   std::vector<double> loss(s.n_tok), lse(s.n_tok), ws(head_loss_workspace_elems(s));
-  double total = head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s,
-                                   ws.data());
+  double total = head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(),
+                                   tg.data(), s, ws.data());
   double naive_total = 0;
   for (int64_t t = 0; t < s.n_tok; ++t) {
     std::vector<double> z(s.V);
@@ -156,8 +160,12 @@ void chunk_invariance() {
   }
 }
 
-TEST(HeadLoss, ChunkSizeDoesNotChangeResultsF32) { chunk_invariance<float>(); }
-TEST(HeadLoss, ChunkSizeDoesNotChangeResultsF64) { chunk_invariance<double>(); }
+TEST(HeadLoss, ChunkSizeDoesNotChangeResultsF32) {
+  chunk_invariance<float>();
+}
+TEST(HeadLoss, ChunkSizeDoesNotChangeResultsF64) {
+  chunk_invariance<double>();
+}
 
 TEST(HeadLoss, IgnoredTargetsContributeNothing) {
   const int64_t T = 11, H = 5, V = 13;
@@ -196,11 +204,11 @@ TEST(HeadLoss, TargetOutOfRangeThrows) {
   std::vector<double> h(6), w(10), loss(3), lse(3), ws(head_loss_workspace_elems(s));
   std::vector<int32_t> tg = {0, 5, 1};
   try {
-    head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s, ws.data());
+    head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(), tg.data(), s,
+                      ws.data());
     ADD_FAILURE() << "target 5 >= V = 5 accepted";
   } catch (const moecore::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("target 5 at position 1"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("target 5 at position 1"), std::string::npos) << e.what();
   }
   EXPECT_THROW(head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s),
                moecore::Error);
@@ -239,24 +247,24 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     const HeadLossShape s32{T, H, V, T};
     std::vector<float> loss(T), lse(T), ws(head_loss_workspace_elems(s32)), dh(T * H),
         dw(V * H, 0.f);
-    const double total =
-        head_loss_forward(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s32, ws.data());
-    head_loss_backward(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss,
-                       s32, ws.data());
+    const double total = head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(),
+                                           tg.data(), s32, ws.data());
+    head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
+                       dloss, s32, ws.data());
     // bf16, chunks of 16.
     const HeadLossShape s16{T, H, V, 16};
     std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
-    ops::cast_f32_to_bf16(w16.data(), w.data(), V * H);
+    ops::cast_f32_to_bf16(cpu_exec(), w16.data(), w.data(), V * H);
     std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s16)), w32(V * H), h32(T * H);
-    ops::round_f32_to_bf16(w32.data(), w.data(), V * H);
+    ops::round_f32_to_bf16(cpu_exec(), w32.data(), w.data(), V * H);
     ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data(), ws32.data()};
     if (widened_form) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};
     std::vector<float> loss16(T), lse16(T), ws16(head_loss_workspace_elems(s16)), dh16(T * H),
         dw16(V * H, 0.f);
-    const double total16 = head_loss_forward(loss16.data(), lse16.data(), h.data(), w.data(),
-                                             tg.data(), s16, ws16.data(), &b);
-    head_loss_backward(dh16.data(), dw16.data(), h.data(), w.data(), tg.data(), lse16.data(),
-                       dloss, s16, ws16.data(), &b);
+    const double total16 = head_loss_forward(cpu_exec(), loss16.data(), lse16.data(), h.data(),
+                                             w.data(), tg.data(), s16, ws16.data(), &b);
+    head_loss_backward(cpu_exec(), dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
+                       lse16.data(), dloss, s16, ws16.data(), &b);
     EXPECT_EQ(total16, total);
     EXPECT_EQ(loss16, loss);
     EXPECT_EQ(lse16, lse);
@@ -289,8 +297,8 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
 // loss = dloss * sum_t loss_t, so dloss is also exercised.
 template <bool kFast>
 void gradcheck(const HeadLossShape& s) {
-  SCOPED_TRACE(::testing::Message() << (kFast ? "fast" : "ref") << " T=" << s.n_tok
-                                    << " H=" << s.H << " V=" << s.V << " chunk=" << s.chunk);
+  SCOPED_TRACE(::testing::Message() << (kFast ? "fast" : "ref") << " T=" << s.n_tok << " H=" << s.H
+                                    << " V=" << s.V << " chunk=" << s.chunk);
   auto h = random_vec<double>(s.n_tok * s.H, 15);
   auto w = random_vec<double>(s.V * s.H, 16);
   auto tg = make_targets(s.n_tok, s.V, 3, 17);
@@ -298,16 +306,16 @@ void gradcheck(const HeadLossShape& s) {
   std::vector<double> loss(s.n_tok), lse(s.n_tok), ws(head_loss_workspace_elems(s)),
       dh(s.n_tok * s.H), dw(s.V * s.H, 0.0);
   auto f = [&] {
-    double total = kFast ? head_loss_forward(loss.data(), lse.data(), h.data(), w.data(),
-                                             tg.data(), s, ws.data())
-                         : head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(),
-                                                 tg.data(), s);
+    double total =
+        kFast ? head_loss_forward(cpu_exec(), loss.data(), lse.data(), h.data(), w.data(),
+                                  tg.data(), s, ws.data())
+              : head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s);
     return dloss * total;
   };
   f();
   if (kFast) {
-    head_loss_backward(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss, s,
-                       ws.data());
+    head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
+                       dloss, s, ws.data());
   } else {
     head_loss_backward_ref(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss,
                            s);

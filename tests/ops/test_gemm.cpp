@@ -17,11 +17,11 @@ namespace {
 using moecore::testing::all_close;
 using moecore::testing::check_gradient;
 using moecore::testing::Guarded;
-using moecore::testing::random_vec;
 using moecore::testing::kF32Atol;
 using moecore::testing::kF32Rtol;
 using moecore::testing::kF64Atol;
 using moecore::testing::kF64Rtol;
+using moecore::testing::random_vec;
 
 template <typename T>
 void fill(Guarded<T>& g, const std::vector<T>& v) {
@@ -33,9 +33,9 @@ void fill(Guarded<T>& g, const std::vector<T>& v) {
 template <typename T>
 void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, T beta, int64_t pad,
                 uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N
-                                    << " K=" << K << " alpha=" << alpha << " beta=" << beta
-                                    << " pad=" << pad);
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K
+               << " alpha=" << alpha << " beta=" << beta << " pad=" << pad);
   int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
   int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
   int64_t lda = std::max<int64_t>(1, a_cols + pad), ldb = std::max<int64_t>(1, b_cols + pad);
@@ -45,7 +45,8 @@ void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, T be
   fill(b, random_vec<T>(b.size(), seed + 1));
   fill(c_fast, random_vec<T>(c_fast.size(), seed + 2));
   std::copy(c_fast.data(), c_fast.data() + c_fast.size(), c_ref.data());
-  gemm<T>(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c_fast.data(), ldc);
+  gemm<T>(cpu_exec(), ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c_fast.data(),
+          ldc);
   gemm_ref<T>(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc);
   EXPECT_TRUE(a.intact() && b.intact()) << "inputs' guards written";
   EXPECT_TRUE(c_fast.intact()) << "gemm wrote outside C";
@@ -90,7 +91,7 @@ TEST(Gemm, EmptyDimensions) {
   for (float beta : {0.f, 0.5f, 1.f}) {
     Guarded<float> c(7 * 5, 3.f);
     float dummy = 0.f;
-    gemm<float>(false, false, 7, 5, 0, 1.f, &dummy, 1, &dummy, 5, beta, c.data(), 5);
+    gemm<float>(cpu_exec(), false, false, 7, 5, 0, 1.f, &dummy, 1, &dummy, 5, beta, c.data(), 5);
     EXPECT_TRUE(c.intact());
     for (int64_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], 3.f * beta) << "beta=" << beta;
   }
@@ -100,7 +101,7 @@ TEST(Gemm, BetaZeroIgnoresGarbageInC) {
   // BLAS convention the callers rely on: with beta == 0, uninitialised C (even NaN) is not read.
   auto a = random_vec<float>(7 * 13, 1), b = random_vec<float>(13 * 5, 2);
   Guarded<float> c(7 * 5, NAN), c_ref(7 * 5, NAN);
-  gemm<float>(false, false, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f, c.data(), 5);
+  gemm<float>(cpu_exec(), false, false, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f, c.data(), 5);
   gemm_ref<float>(false, false, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f, c_ref.data(), 5);
   for (int64_t i = 0; i < c.size(); ++i) ASSERT_FALSE(std::isnan(c[i])) << i;
   EXPECT_TRUE(all_close(c.data(), c_ref.data(), c.size(), kF32Rtol, kF32Atol));
@@ -108,14 +109,14 @@ TEST(Gemm, BetaZeroIgnoresGarbageInC) {
 
 TEST(Gemm, ShortLeadingDimensionIsAnError) {
   std::vector<float> a(7 * 13), b(13 * 5), c(7 * 5);
-  EXPECT_THROW(gemm<float>(false, false, 7, 5, 13, 1.f, a.data(), 12, b.data(), 5, 0.f, c.data(),
-                           5),
+  EXPECT_THROW(gemm<float>(cpu_exec(), false, false, 7, 5, 13, 1.f, a.data(), 12, b.data(), 5, 0.f,
+                           c.data(), 5),
                moecore::Error);
-  EXPECT_THROW(gemm<float>(false, true, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f, c.data(),
-                           5),
+  EXPECT_THROW(gemm<float>(cpu_exec(), false, true, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f,
+                           c.data(), 5),
                moecore::Error);
-  EXPECT_THROW(gemm<float>(false, false, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f, c.data(),
-                           4),
+  EXPECT_THROW(gemm<float>(cpu_exec(), false, false, 7, 5, 13, 1.f, a.data(), 13, b.data(), 5, 0.f,
+                           c.data(), 4),
                moecore::Error);
 }
 
@@ -126,7 +127,7 @@ TEST(Gemm, SmallIntegerInputsAreExact) {
   std::vector<float> a(M * K), b(K * N), c(M * N), c_ref(M * N);
   for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<float>(i % 7 - 3);
   for (int64_t i = 0; i < K * N; ++i) b[i] = static_cast<float>(i % 5 - 2);
-  gemm<float>(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
+  gemm<float>(cpu_exec(), false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
   gemm_ref<float>(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c_ref.data(), N);
   EXPECT_EQ(0, std::memcmp(c.data(), c_ref.data(), c.size() * sizeof(float)));
 }
@@ -136,11 +137,11 @@ TEST(Linear, ForwardMatchesGemmAndAccumulates) {
   auto x = random_vec<float>(M * K, 1), w = random_vec<float>(N * K, 2);
   Guarded<float> y(M * N, 0.f);
   std::vector<float> y_ref(M * N);
-  linear_forward<float>(y.data(), x.data(), w.data(), M, N, K);
+  linear_forward<float>(cpu_exec(), y.data(), x.data(), w.data(), M, N, K);
   gemm_ref<float>(false, true, M, N, K, 1.f, x.data(), K, w.data(), K, 0.f, y_ref.data(), N);
   EXPECT_TRUE(y.intact());
   EXPECT_TRUE(all_close(y.data(), y_ref.data(), M * N, kF32Rtol, kF32Atol));
-  linear_forward<float>(y.data(), x.data(), w.data(), M, N, K, /*accumulate=*/true);
+  linear_forward<float>(cpu_exec(), y.data(), x.data(), w.data(), M, N, K, /*accumulate=*/true);
   for (auto& v : y_ref) v *= 2.f;
   EXPECT_TRUE(all_close(y.data(), y_ref.data(), M * N, kF32Rtol, kF32Atol));
 }
@@ -154,7 +155,8 @@ TEST(Linear, BackwardMatchesReferenceAndAccumulates) {
     Guarded<float> dx(M * K), dw(N * K);
     fill(dx, dx0);
     fill(dw, dw0);
-    linear_backward<float>(dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N, K, acc_dx);
+    linear_backward<float>(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N, K,
+                           acc_dx);
     std::vector<float> dx_ref = dx0, dw_ref = dw0;
     gemm_ref<float>(false, false, M, K, N, 1.f, dy.data(), N, w.data(), K, acc_dx ? 1.f : 0.f,
                     dx_ref.data(), K);
@@ -165,7 +167,7 @@ TEST(Linear, BackwardMatchesReferenceAndAccumulates) {
   }
   // A null dx skips the data gradient (first layer) but still accumulates dw.
   std::vector<float> dw = dw0, dw_ref = dw0;
-  linear_backward<float>(nullptr, dw.data(), dy.data(), x.data(), w.data(), M, N, K);
+  linear_backward<float>(cpu_exec(), nullptr, dw.data(), dy.data(), x.data(), w.data(), M, N, K);
   gemm_ref<float>(true, false, N, K, M, 1.f, dy.data(), N, x.data(), K, 1.f, dw_ref.data(), K);
   EXPECT_TRUE(all_close(dw, dw_ref, kF32Rtol, kF32Atol));
 }
@@ -177,13 +179,13 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
   auto r = random_vec<double>(M * N, 13);
   auto loss = [&] {
     std::vector<double> y(M * N);
-    linear_forward<double>(y.data(), x.data(), w.data(), M, N, K);
+    linear_forward<double>(cpu_exec(), y.data(), x.data(), w.data(), M, N, K);
     double s = 0;
     for (int64_t i = 0; i < M * N; ++i) s += y[i] * r[i];
     return s;
   };
   std::vector<double> dx(M * K, 0.0), dw(N * K, 0.0);
-  linear_backward<double>(dx.data(), dw.data(), r.data(), x.data(), w.data(), M, N, K);
+  linear_backward<double>(cpu_exec(), dx.data(), dw.data(), r.data(), x.data(), w.data(), M, N, K);
   EXPECT_TRUE(check_gradient(loss, x.data(), dx.data(), {M, K}, "dx", 64));
   EXPECT_TRUE(check_gradient(loss, w.data(), dw.data(), {N, K}, "dw", 64));
 }
@@ -196,19 +198,19 @@ const std::vector<std::vector<int64_t>> kGroupCases = {
 template <typename T>
 void check_grouped(const std::vector<int64_t>& m_G, bool trans_w, int64_t N, int64_t K,
                    uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "G=" << m_G.size() << " m0=" << m_G[0]
-                                    << " trans_w=" << trans_w);
+  SCOPED_TRACE(::testing::Message()
+               << "G=" << m_G.size() << " m0=" << m_G[0] << " trans_w=" << trans_w);
   const int64_t G = static_cast<int64_t>(m_G.size());
   const int64_t rows = std::accumulate(m_G.begin(), m_G.end(), int64_t{0});
   auto x = random_vec<T>(rows * K, seed), w = random_vec<T>(G * N * K, seed + 1);
   Guarded<T> y(rows * N, T(7)), y_ref(rows * N, T(7)), y_loop(rows * N, T(7));
-  grouped_gemm<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, y.data());
+  grouped_gemm<T>(cpu_exec(), m_G.data(), G, N, K, x.data(), w.data(), trans_w, y.data());
   grouped_gemm_ref<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, y_ref.data());
   // Megatron's check: grouped == a loop of per-expert GEMMs.
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
-    gemm<T>(false, trans_w, m_G[g], N, K, T(1), x.data() + row0 * K, K, w.data() + g * N * K,
-            trans_w ? K : N, T(0), y_loop.data() + row0 * N, N);
+    gemm<T>(cpu_exec(), false, trans_w, m_G[g], N, K, T(1), x.data() + row0 * K, K,
+            w.data() + g * N * K, trans_w ? K : N, T(0), y_loop.data() + row0 * N, N);
     row0 += m_G[g];
   }
   EXPECT_TRUE(y.intact() && y_ref.intact() && y_loop.intact());
@@ -223,12 +225,12 @@ void check_grouped(const std::vector<int64_t>& m_G, bool trans_w, int64_t N, int
   fill(dw, dw0);
   fill(dw_ref, dw0);
   fill(dw_loop, dw0);
-  grouped_gemm_wgrad<T>(m_G.data(), G, N, K, dy.data(), x.data(), dw.data());
+  grouped_gemm_wgrad<T>(cpu_exec(), m_G.data(), G, N, K, dy.data(), x.data(), dw.data());
   grouped_gemm_wgrad_ref<T>(m_G.data(), G, N, K, dy.data(), x.data(), dw_ref.data());
   row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
-    gemm<T>(true, false, N, K, m_G[g], T(1), dy.data() + row0 * N, N, x.data() + row0 * K, K,
-            T(1), dw_loop.data() + g * N * K, K);
+    gemm<T>(cpu_exec(), true, false, N, K, m_G[g], T(1), dy.data() + row0 * N, N,
+            x.data() + row0 * K, K, T(1), dw_loop.data() + g * N * K, K);
     row0 += m_G[g];
   }
   EXPECT_TRUE(dw.intact() && dw_ref.intact() && dw_loop.intact());
@@ -254,16 +256,17 @@ TEST(GroupedGemm, MatchesReferenceAndPerGroupLoopWithEmptyGroups) {
 
 TEST(GroupedGemm, NoGroupsAndNoRows) {
   Guarded<float> y(0), dw(0);
-  grouped_gemm<float>(nullptr, 0, 7, 13, nullptr, nullptr, true, y.data());
-  grouped_gemm_wgrad<float>(nullptr, 0, 7, 13, nullptr, nullptr, dw.data());
+  grouped_gemm<float>(cpu_exec(), nullptr, 0, 7, 13, nullptr, nullptr, true, y.data());
+  grouped_gemm_wgrad<float>(cpu_exec(), nullptr, 0, 7, 13, nullptr, nullptr, dw.data());
   EXPECT_TRUE(y.intact() && dw.intact());
 }
 
 TEST(GroupedGemm, NegativeCountIsAnError) {
   std::vector<int64_t> m_G = {3, -1};
   std::vector<float> x(3 * 4), w(2 * 5 * 4), y(3 * 5);
-  EXPECT_THROW(grouped_gemm<float>(m_G.data(), 2, 5, 4, x.data(), w.data(), true, y.data()),
-               moecore::Error);
+  EXPECT_THROW(
+      grouped_gemm<float>(cpu_exec(), m_G.data(), 2, 5, 4, x.data(), w.data(), true, y.data()),
+      moecore::Error);
 }
 
 TEST(GroupedGemm, DeterministicRunToRun) {
@@ -273,10 +276,10 @@ TEST(GroupedGemm, DeterministicRunToRun) {
   auto x = random_vec<float>(rows * K, 1), w = random_vec<float>(G * N * K, 2);
   auto dy = random_vec<float>(rows * N, 3);
   std::vector<float> y1(rows * N), y2(rows * N), dw1(G * N * K, 0.f), dw2(G * N * K, 0.f);
-  grouped_gemm<float>(m_G.data(), G, N, K, x.data(), w.data(), true, y1.data());
-  grouped_gemm<float>(m_G.data(), G, N, K, x.data(), w.data(), true, y2.data());
-  grouped_gemm_wgrad<float>(m_G.data(), G, N, K, dy.data(), x.data(), dw1.data());
-  grouped_gemm_wgrad<float>(m_G.data(), G, N, K, dy.data(), x.data(), dw2.data());
+  grouped_gemm<float>(cpu_exec(), m_G.data(), G, N, K, x.data(), w.data(), true, y1.data());
+  grouped_gemm<float>(cpu_exec(), m_G.data(), G, N, K, x.data(), w.data(), true, y2.data());
+  grouped_gemm_wgrad<float>(cpu_exec(), m_G.data(), G, N, K, dy.data(), x.data(), dw1.data());
+  grouped_gemm_wgrad<float>(cpu_exec(), m_G.data(), G, N, K, dy.data(), x.data(), dw2.data());
   EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * sizeof(float)));
 }

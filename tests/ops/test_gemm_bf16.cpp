@@ -57,7 +57,9 @@ class GemmBf16 : public ::testing::TestWithParam<Bf16GemmPath> {
 };
 
 TEST_P(GemmBf16, FastMatchesReferenceAllTransposesAndShapes) {
-  struct Shape { int64_t M, N, K; };
+  struct Shape {
+    int64_t M, N, K;
+  };
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{64, 48, 96}, Shape{33, 17, 129}}) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
@@ -69,10 +71,9 @@ TEST_P(GemmBf16, FastMatchesReferenceAllTransposesAndShapes) {
           Guarded<float> fast(s.M * ldc), ref(s.M * ldc);
           for (int64_t i = 0; i < s.M * ldc; ++i) fast[i] = ref[i] = C0[i];
           auto ws32 = ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
-          gemm_bf16(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, fast.data(), ldc,
-                    ws32.data());
-          gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, ref.data(),
-                        ldc);
+          gemm_bf16(cpu_exec(), ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
+                    fast.data(), ldc, ws32.data());
+          gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
           EXPECT_TRUE(fast.intact());
           EXPECT_TRUE(all_close(fast.data(), ref.data(), s.M * ldc, kF32Rtol, kF32Atol))
               << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta << " tb=" << tb
@@ -94,8 +95,8 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   std::vector<float> y(M * N), y_ref(M * N), dx(M * K), dx_ref(M * K), dw(N * K, 0.f),
       dw_ref(N * K, 0.f);
   auto lws = ws(linear_bf16_workspace_elems(M, N, K));
-  linear_forward_bf16(y.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data());
-  linear_backward_bf16(dx.data(), dw.data(), dy.data(), x.data(), w16.data(), M, N, K,
+  linear_forward_bf16(cpu_exec(), y.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data());
+  linear_backward_bf16(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w16.data(), M, N, K,
                        dy16.data(), x16.data(), lws.data());
   auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
   gemm_ref<float>(false, true, M, N, K, 1.f, xr.data(), K, wr.data(), K, 0.f, y_ref.data(), N);
@@ -114,8 +115,10 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   auto xg16 = to_bf16(x), dyg16 = to_bf16(dy);
   auto gws = ws(grouped_gemm_bf16_workspace_elems(rows, N, K, omp_get_max_threads()));
   auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
-  grouped_gemm_bf16(m.data(), G, N, K, xg16.data(), wg16.data(), true, yg.data(), gws.data());
-  grouped_gemm_wgrad_bf16(m.data(), G, N, K, dyg16.data(), xg16.data(), dwg.data(), wws.data());
+  grouped_gemm_bf16(cpu_exec(), m.data(), G, N, K, xg16.data(), wg16.data(), true, yg.data(),
+                    gws.data());
+  grouped_gemm_wgrad_bf16(cpu_exec(), m.data(), G, N, K, dyg16.data(), xg16.data(), dwg.data(),
+                          wws.data());
   auto wgr = rounded(wg);
   grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wgr.data(), true, yg_ref.data());
   grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dwg_ref.data());
@@ -127,25 +130,26 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
       yg_w(rows * N);
   cast_bf16_to_f32_ref(w32.data(), w16.data(), N * K);
   cast_bf16_to_f32_ref(wg32.data(), wg16.data(), G * N * K);
-  linear_forward_bf16(y_w.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data(),
+  linear_forward_bf16(cpu_exec(), y_w.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data(),
                       w32.data());
-  linear_backward_bf16(dx_w.data(), dw_w.data(), dy.data(), x.data(), w16.data(), M, N, K,
-                       dy16.data(), x16.data(), lws.data(), w32.data());
-  grouped_gemm_bf16(m.data(), G, N, K, xg16.data(), wg16.data(), true, yg_w.data(), gws.data(),
-                    wg32.data());
+  linear_backward_bf16(cpu_exec(), dx_w.data(), dw_w.data(), dy.data(), x.data(), w16.data(), M, N,
+                       K, dy16.data(), x16.data(), lws.data(), w32.data());
+  grouped_gemm_bf16(cpu_exec(), m.data(), G, N, K, xg16.data(), wg16.data(), true, yg_w.data(),
+                    gws.data(), wg32.data());
   EXPECT_EQ(y_w, y);
   EXPECT_EQ(dx_w, dx);
   EXPECT_EQ(dw_w, dw);
   EXPECT_EQ(yg_w, yg);
   // x given already rounded to bf16 values (x_rounded), with and without widened weights: the
   // same results, bitwise (x itself is read, never written).
-  for (const float* wide : {static_cast<const float*>(nullptr), static_cast<const float*>(w32.data())}) {
+  for (const float* wide :
+       {static_cast<const float*>(nullptr), static_cast<const float*>(w32.data())}) {
     const std::vector<float> xr_in = rounded(x);
     std::vector<float> y_r(M * N), dx_r(M * K), dw_r(N * K, 0.f);
-    linear_forward_bf16(y_r.data(), xr_in.data(), w16.data(), M, N, K, x16.data(), lws.data(),
-                        wide, /*x_rounded=*/true);
-    linear_backward_bf16(dx_r.data(), dw_r.data(), dy.data(), xr_in.data(), w16.data(), M, N, K,
-                         dy16.data(), x16.data(), lws.data(), wide, /*x_rounded=*/true);
+    linear_forward_bf16(cpu_exec(), y_r.data(), xr_in.data(), w16.data(), M, N, K, x16.data(),
+                        lws.data(), wide, /*x_rounded=*/true);
+    linear_backward_bf16(cpu_exec(), dx_r.data(), dw_r.data(), dy.data(), xr_in.data(), w16.data(),
+                         M, N, K, dy16.data(), x16.data(), lws.data(), wide, /*x_rounded=*/true);
     EXPECT_EQ(y_r, y);
     EXPECT_EQ(dx_r, dx);
     EXPECT_EQ(dw_r, dw);
@@ -154,8 +158,8 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   std::vector<float> c_w(M * N);
   auto cws = ws(gemm_bf16_workspace_elems(M, N, K));
   const auto xs16 = to_bf16(x);  // (the widen path's linear layers never write x16)
-  gemm_bf16(false, true, M, N, K, xs16.data(), K, w16.data(), K, 0.f, c_w.data(), N, cws.data(),
-            w32.data());
+  gemm_bf16(cpu_exec(), false, true, M, N, K, xs16.data(), K, w16.data(), K, 0.f, c_w.data(), N,
+            cws.data(), w32.data());
   EXPECT_TRUE(all_close(c_w, y_ref, kF32Rtol, kF32Atol));
 }
 
@@ -184,7 +188,8 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
         Guarded<float> y(rows * N);
         std::vector<float> y_ref(rows * N);
         auto gws = ws(grouped_gemm_bf16_workspace_elems(rows, N, K, threads));
-        grouped_gemm_bf16(m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(), gws.data());
+        grouped_gemm_bf16(cpu_exec(), m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(),
+                          gws.data());
         grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wr.data(), trans_w, y_ref.data());
         EXPECT_TRUE(y.intact());
         EXPECT_TRUE(all_close(y.data(), y_ref.data(), rows * N, kF32Rtol, kF32Atol));
@@ -193,7 +198,8 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
         std::vector<float> dw_ref = dw0;
         for (int64_t i = 0; i < G * N * K; ++i) dw[i] = dw0[i];
         auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
-        grouped_gemm_wgrad_bf16(m.data(), G, N, K, dy16.data(), x16.data(), dw.data(), wws.data());
+        grouped_gemm_wgrad_bf16(cpu_exec(), m.data(), G, N, K, dy16.data(), x16.data(), dw.data(),
+                                wws.data());
         grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dw_ref.data());
         EXPECT_TRUE(dw.intact());
         EXPECT_TRUE(all_close(dw.data(), dw_ref.data(), G * N * K, kF32Rtol, kF32Atol));
@@ -201,7 +207,7 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
     }
     // K = 0: empty products, y = 0.
     std::vector<float> y0(rows * N, 5.f);
-    grouped_gemm_bf16(m.data(), G, N, 0, nullptr, nullptr, true, y0.data(), nullptr);
+    grouped_gemm_bf16(cpu_exec(), m.data(), G, N, 0, nullptr, nullptr, true, y0.data(), nullptr);
     for (float v : y0) EXPECT_EQ(v, 0.f);
   }
   omp_set_num_threads(threads0);
@@ -214,8 +220,8 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
   auto dw = random_vec<float>(Nl * Kl, 18);
   auto dw_ref = dw;
   auto lws = ws(linear_bf16_workspace_elems(M, Nl, Kl));
-  linear_backward_bf16(nullptr, dw.data(), dy.data(), x.data(), w16.data(), M, Nl, Kl, dy16.data(),
-                       x16.data(), lws.data());
+  linear_backward_bf16(cpu_exec(), nullptr, dw.data(), dy.data(), x.data(), w16.data(), M, Nl, Kl,
+                       dy16.data(), x16.data(), lws.data());
   auto xr = rounded(x), dyr = rounded(dy);
   gemm_ref<float>(true, false, Nl, Kl, M, 1.f, dyr.data(), Nl, xr.data(), Kl, 1.f, dw_ref.data(),
                   Kl);
@@ -228,9 +234,9 @@ TEST(GemmBf16Path, WidenWithoutWorkspaceFailsLoudly) {
   set_bf16_gemm_path(Bf16GemmPath::Widen);
   std::vector<bf16> a(4), b(4);
   std::vector<float> c(4);
-  EXPECT_THROW(
-      gemm_bf16(false, false, 2, 2, 2, a.data(), 2, b.data(), 2, 0.f, c.data(), 2, nullptr),
-      moecore::Error);
+  EXPECT_THROW(gemm_bf16(cpu_exec(), false, false, 2, 2, 2, a.data(), 2, b.data(), 2, 0.f, c.data(),
+                         2, nullptr),
+               moecore::Error);
   EXPECT_EQ(gemm_bf16_workspace_elems(2, 3, 5), 2 * 5 + 5 * 3);
   if (bf16_native_available()) {
     set_bf16_gemm_path(Bf16GemmPath::Native);

@@ -32,10 +32,9 @@ template <bool kFast>
 Map build(const std::vector<int32_t>& idx, int64_t T, int64_t K, int64_t E) {
   Guarded<int64_t> counts(E);
   Guarded<int32_t> row_token(T * K), row_slot(T * K), token_rows(T * K);
-  auto f = kFast ? build_permutation : build_permutation_ref;
+  auto f = kFast ? ops::cpu::build_permutation : build_permutation_ref;
   Map m;
-  m.N = f(counts.data(), row_token.data(), row_slot.data(), token_rows.data(), idx.data(), T, K,
-          E);
+  m.N = f(counts.data(), row_token.data(), row_slot.data(), token_rows.data(), idx.data(), T, K, E);
   EXPECT_TRUE(counts.intact() && row_token.intact() && row_slot.intact() && token_rows.intact());
   m.counts = counts.vec();
   m.row_token = row_token.vec();
@@ -48,7 +47,7 @@ Map build(const std::vector<int32_t>& idx, int64_t T, int64_t K, int64_t E) {
 
 TEST(Permute, HandExampleIsExpertMajorTokenAscending) {
   // T = 4, K = 2, E = 4 (expert 3 gets no tokens); -1 = dropped slot.
-  const std::vector<int32_t> idx = {2, 0,  0, 1,  2, -1,  0, 2};
+  const std::vector<int32_t> idx = {2, 0, 0, 1, 2, -1, 0, 2};
   for (const Map& m : {build<true>(idx, 4, 2, 4), build<false>(idx, 4, 2, 4)}) {
     EXPECT_EQ(m.N, 7);
     EXPECT_EQ(m.counts, (std::vector<int64_t>{3, 1, 3, 0}));
@@ -126,7 +125,7 @@ TEST(Permute, RejectsOutOfRangeExpert) {
   const std::vector<int32_t> idx = {0, 1, 9, 2};
   std::vector<int64_t> counts(4);
   std::vector<int32_t> rt(4), rs(4), tr(4);
-  for (auto f : {build_permutation, build_permutation_ref}) {
+  for (auto f : {ops::cpu::build_permutation, build_permutation_ref}) {
     try {
       f(counts.data(), rt.data(), rs.data(), tr.data(), idx.data(), 2, 2, 4);
       ADD_FAILURE() << "expert id 9 >= E = 4 accepted";
@@ -145,9 +144,9 @@ void compare_gathers(double rtol, double atol) {
       auto x = random_vec<T>(r.T * H, 1);
       auto xn = random_vec<T>(m.N * H, 2);
       Guarded<T> y(m.N * H), y_r(m.N * H), z(r.T * H), z_r(r.T * H);
-      permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+      permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
       permute_rows_ref(y_r.data(), x.data(), m.row_token.data(), m.N, H);
-      unpermute_rows(z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       unpermute_rows_ref(z_r.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       EXPECT_EQ(y.vec(), y_r.vec());  // a pure gather: exact
       EXPECT_TRUE(all_close(z.vec(), z_r.vec(), rtol, atol));
@@ -171,8 +170,9 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       std::copy(m.row_token.begin(), m.row_token.end(), tok_f.begin());
       std::copy(m.row_slot.begin(), m.row_slot.end(), slot_f.begin());
       std::vector<int32_t> tok_r = tok_f, slot_r = slot_f, tr_r = m.token_rows;
-      const int64_t pad_f = ops::pad_permutation(cnt_f.data(), tok_f.data(), slot_f.data(),
-                                                 tr_f.data(), m.N, r.T, r.K, r.E, cap);
+      const int64_t pad_f =
+          ops::pad_permutation(cpu_exec(), cnt_f.data(), tok_f.data(), slot_f.data(), tr_f.data(),
+                               m.N, r.T, r.K, r.E, cap);
       const int64_t pad_r = ops::pad_permutation_ref(cnt_r.data(), tok_r.data(), slot_r.data(),
                                                      tr_r.data(), m.N, r.T, r.K, r.E, cap);
       EXPECT_EQ(pad_f, pad_r);
@@ -188,9 +188,10 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       auto probs = random_vec<float>(r.T * r.K, 3);
       auto x = random_vec<float>(r.T * 5, 4);
       Guarded<float> p(rows), p_r(rows), y(rows * 5), y_r(rows * 5);
-      ops::gather_row_probs(p.data(), probs.data(), tok_f.data(), slot_f.data(), rows, r.K);
+      ops::gather_row_probs(cpu_exec(), p.data(), probs.data(), tok_f.data(), slot_f.data(), rows,
+                            r.K);
       ops::gather_row_probs_ref(p_r.data(), probs.data(), tok_f.data(), slot_f.data(), rows, r.K);
-      permute_rows(y.data(), x.data(), tok_f.data(), rows, 5);
+      permute_rows(cpu_exec(), y.data(), x.data(), tok_f.data(), rows, 5);
       permute_rows_ref(y_r.data(), x.data(), tok_f.data(), rows, 5);
       EXPECT_EQ(p.vec(), p_r.vec());
       EXPECT_EQ(y.vec(), y_r.vec());
@@ -201,7 +202,7 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       }
       auto dp = random_vec<float>(rows, 5);
       Guarded<float> dprobs(r.T * r.K), dprobs_r(r.T * r.K);
-      ops::scatter_row_probs(dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
+      ops::scatter_row_probs(cpu_exec(), dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
       ops::scatter_row_probs_ref(dprobs_r.data(), dp.data(), tr_f.data(), r.T * r.K);
       EXPECT_EQ(dprobs.vec(), dprobs_r.vec());
       // The scatter is the gather's adjoint: <gather(probs), dp> = <probs, scatter(dp)>.
@@ -214,13 +215,17 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
   }
   std::vector<int64_t> counts = {3};
   std::vector<int32_t> tok = {0, 1, 2}, slot = {0, 0, 0}, tr = {0, 1, 2};
-  EXPECT_THROW(ops::pad_permutation(counts.data(), tok.data(), slot.data(), tr.data(), 3, 3, 1, 1,
-                                    2),
+  EXPECT_THROW(ops::pad_permutation(cpu_exec(), counts.data(), tok.data(), slot.data(), tr.data(),
+                                    3, 3, 1, 1, 2),
                moecore::Error);  // 3 rows > capacity 2
 }
 
-TEST(Permute, FastGathersMatchRefF32) { compare_gathers<float>(kF32Rtol, kF32Atol); }
-TEST(Permute, FastGathersMatchRefF64) { compare_gathers<double>(kF64Rtol, kF64Atol); }
+TEST(Permute, FastGathersMatchRefF32) {
+  compare_gathers<float>(kF32Rtol, kF32Atol);
+}
+TEST(Permute, FastGathersMatchRefF64) {
+  compare_gathers<double>(kF64Rtol, kF64Atol);
+}
 
 TEST(Permute, UnpermuteOfPermuteIsKeptCountTimesX) {
   for (const auto& r : routings()) {
@@ -231,8 +236,8 @@ TEST(Permute, UnpermuteOfPermuteIsKeptCountTimesX) {
     std::vector<float> x(r.T * H);
     for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(int(i % 11) - 5);
     std::vector<float> y(m.N * H), z(r.T * H);
-    permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
-    unpermute_rows(z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+    permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+    unpermute_rows(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
     for (int64_t t = 0; t < r.T; ++t) {
       int kept = 0;
       for (int64_t k = 0; k < r.K; ++k) kept += r.idx[t * r.K + k] >= 0;
@@ -250,8 +255,8 @@ TEST(Permute, UnpermuteOfPermuteIsKTimesXWhenNothingDropped) {
   ASSERT_EQ(m.N, r.T * r.K);
   std::vector<float> x(r.T * H), y(m.N * H), z(r.T * H);
   for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(i % 7) - 3.f;
-  permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
-  unpermute_rows(z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+  permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+  unpermute_rows(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
   for (int64_t i = 0; i < r.T * H; ++i) ASSERT_EQ(z[i], float(r.K) * x[i]);
 }
 
@@ -268,19 +273,19 @@ TEST(Permute, GradientsMatchFiniteDifferences) {
     auto Rt = random_vec<double>(r.T * H, 6);
     std::vector<double> y(m.N * H), z(r.T * H), dx(r.T * H), dxn(m.N * H);
     auto loss_p = [&] {
-      permute_rows(y.data(), x.data(), m.row_token.data(), m.N, H);
+      permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
       double l = 0;
       for (int64_t i = 0; i < m.N * H; ++i) l += y[i] * Rn[i];
       return l;
     };
     auto loss_u = [&] {
-      unpermute_rows(z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       double l = 0;
       for (int64_t i = 0; i < r.T * H; ++i) l += z[i] * Rt[i];
       return l;
     };
-    unpermute_rows(dx.data(), Rn.data(), m.token_rows.data(), r.T, r.K, H);
-    permute_rows(dxn.data(), Rt.data(), m.row_token.data(), m.N, H);
+    unpermute_rows(cpu_exec(), dx.data(), Rn.data(), m.token_rows.data(), r.T, r.K, H);
+    permute_rows(cpu_exec(), dxn.data(), Rt.data(), m.row_token.data(), m.N, H);
     EXPECT_TRUE(check_gradient(loss_p, x.data(), dx.data(), r.T * H, "permute dx"));
     EXPECT_TRUE(check_gradient(loss_u, xn.data(), dxn.data(), m.N * H, "unpermute dx"));
   }

@@ -27,7 +27,7 @@ struct RopeShape {
 // D = 2 (one pair), odd token and head counts, D = 128, Llama-3's base 500000, and one
 // shape above the size where the fast path goes multi-threaded.
 const RopeShape kShapes[] = {
-    {1, 1, 2, 10000.0},   {7, 3, 8, 10000.0},  {33, 2, 16, 10000.0},
+    {1, 1, 2, 10000.0},    {7, 3, 8, 10000.0},    {33, 2, 16, 10000.0},
     {5, 4, 128, 500000.0}, {300, 4, 32, 10000.0},
 };
 constexpr int64_t kMaxPos = 4096;
@@ -56,9 +56,9 @@ void fast_matches_ref(double rtol, double atol) {
     const std::vector<T> x = random_vec<T>(n, seed += 3);
     const std::vector<int32_t> pos = random_positions(s.n_tok, seed);
     Guarded<T> y(n), y_ref(n), dx(n), dx_ref(n);
-    rope_forward<T>(y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    rope_forward<T>(cpu_exec(), y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
     rope_forward_ref<T>(y_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
-    rope_backward<T>(dx.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    rope_backward<T>(cpu_exec(), dx.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
     rope_backward_ref<T>(dx_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
     EXPECT_TRUE(y.intact() && y_ref.intact() && dx.intact() && dx_ref.intact());
     EXPECT_TRUE(all_close(y.data(), y_ref.data(), n, rtol, atol)) << "forward";
@@ -66,13 +66,13 @@ void fast_matches_ref(double rtol, double atol) {
 
     // In place (y aliases x) gives the same result as out of place, for all four functions.
     std::vector<T> buf = x;
-    rope_forward<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    rope_forward<T>(cpu_exec(), buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
     EXPECT_TRUE(all_close(buf.data(), y.data(), n, 0, 0)) << "forward in place";
     buf = x;
     rope_forward_ref<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
     EXPECT_TRUE(all_close(buf.data(), y_ref.data(), n, 0, 0)) << "forward_ref in place";
     buf = x;
-    rope_backward<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    rope_backward<T>(cpu_exec(), buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
     EXPECT_TRUE(all_close(buf.data(), dx.data(), n, 0, 0)) << "backward in place";
     buf = x;
     rope_backward_ref<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
@@ -96,12 +96,11 @@ TEST(Rope, NonInterleavedConventionByHand) {
   const int32_t pos[1] = {3};
   const double x[4] = {1.0, 2.0, 0.5, -1.0};  // pairs (1, 0.5) and (2, -1)
   const double a0 = 3.0, a1 = 0.3;
-  const double expect[4] = {1.0 * std::cos(a0) - 0.5 * std::sin(a0),
-                            2.0 * std::cos(a1) + 1.0 * std::sin(a1),
-                            0.5 * std::cos(a0) + 1.0 * std::sin(a0),
-                            -1.0 * std::cos(a1) + 2.0 * std::sin(a1)};
+  const double expect[4] = {
+      1.0 * std::cos(a0) - 0.5 * std::sin(a0), 2.0 * std::cos(a1) + 1.0 * std::sin(a1),
+      0.5 * std::cos(a0) + 1.0 * std::sin(a0), -1.0 * std::cos(a1) + 2.0 * std::sin(a1)};
   double y[4], y_ref[4];
-  rope_forward<double>(y, x, pos, 1, 1, cache);
+  rope_forward<double>(cpu_exec(), y, x, pos, 1, 1, cache);
   rope_forward_ref<double>(y_ref, x, pos, 1, 1, 4, base);
   EXPECT_TRUE(all_close(y, expect, 4, 1e-14, 1e-14));
   EXPECT_TRUE(all_close(y_ref, expect, 4, 1e-14, 1e-14));
@@ -114,7 +113,7 @@ TEST(Rope, PreservesNormPerPair) {
   const std::vector<double> x = random_vec<double>(n, 11);
   const std::vector<int32_t> pos = random_positions(s.n_tok, 12);
   std::vector<double> y(n);
-  rope_forward<double>(y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_forward<double>(cpu_exec(), y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
   for (int64_t row = 0; row < s.n_tok * s.n_heads; ++row) {
     for (int64_t i = 0; i < half; ++i) {
       const double* xr = x.data() + row * s.D;
@@ -135,16 +134,20 @@ void position_zero_is_identity() {
   const std::vector<T> x = random_vec<T>(n, 21);
   const std::vector<int32_t> pos(s.n_tok, 0);
   std::vector<T> y(n), y_ref(n), dx(n);
-  rope_forward<T>(y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_forward<T>(cpu_exec(), y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
   rope_forward_ref<T>(y_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
-  rope_backward<T>(dx.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_backward<T>(cpu_exec(), dx.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
   EXPECT_TRUE(all_close(y, x, 0, 0));
   EXPECT_TRUE(all_close(y_ref, x, 0, 0));
   EXPECT_TRUE(all_close(dx, x, 0, 0));
 }
 
-TEST(Rope, PositionZeroIsIdentityF32) { position_zero_is_identity<float>(); }
-TEST(Rope, PositionZeroIsIdentityF64) { position_zero_is_identity<double>(); }
+TEST(Rope, PositionZeroIsIdentityF32) {
+  position_zero_is_identity<float>();
+}
+TEST(Rope, PositionZeroIsIdentityF64) {
+  position_zero_is_identity<double>();
+}
 
 // The backward is the inverse rotation: backward(forward(x)) == x up to rounding.
 template <typename T>
@@ -155,12 +158,10 @@ void backward_inverts_forward(double rtol, double atol) {
   const std::vector<T> x = random_vec<T>(n, 31);
   const std::vector<int32_t> pos = random_positions(s.n_tok, 32);
   std::vector<T> buf = x, buf_ref = x;
-  rope_forward<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
-  rope_backward<T>(buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
-  rope_forward_ref<T>(buf_ref.data(), buf_ref.data(), pos.data(), s.n_tok, s.n_heads, s.D,
-                      s.base);
-  rope_backward_ref<T>(buf_ref.data(), buf_ref.data(), pos.data(), s.n_tok, s.n_heads, s.D,
-                       s.base);
+  rope_forward<T>(cpu_exec(), buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_backward<T>(cpu_exec(), buf.data(), buf.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_forward_ref<T>(buf_ref.data(), buf_ref.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
+  rope_backward_ref<T>(buf_ref.data(), buf_ref.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
   EXPECT_TRUE(all_close(buf, x, rtol, atol)) << "fast";
   EXPECT_TRUE(all_close(buf_ref, x, rtol, atol)) << "ref";
 }
@@ -172,7 +173,7 @@ TEST(Rope, BackwardInvertsForwardF64) {
   backward_inverts_forward<double>(moecore::testing::kF64Rtol, moecore::testing::kF64Atol);
 }
 
-// loss = sum(rope(x) * R): dL/dx = rope_backward(R), against fp64 central differences.
+// loss = sum(rope(x) * R): dL/dx = rope_backward(cpu_exec(), R), against fp64 central differences.
 TEST(Rope, BackwardMatchesFiniteDifferences) {
   const RopeShape s{6, 2, 8, 10000.0};
   const RopeCache cache = make_rope_cache(64, s.D, s.base);
@@ -187,7 +188,7 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
     for (int64_t i = 0; i < n; ++i) acc += y[i] * R[i];
     return acc;
   };
-  rope_backward<double>(dx.data(), R.data(), pos.data(), s.n_tok, s.n_heads, cache);
+  rope_backward<double>(cpu_exec(), dx.data(), R.data(), pos.data(), s.n_tok, s.n_heads, cache);
   rope_backward_ref<double>(dx_ref.data(), R.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
   EXPECT_TRUE(check_gradient(loss, x.data(), dx.data(), n, "dx fast", n));
   EXPECT_TRUE(check_gradient(loss, x.data(), dx_ref.data(), n, "dx ref", n));
@@ -200,13 +201,15 @@ TEST(Rope, RejectsBadArguments) {
   const RopeCache cache = make_rope_cache(16, 8, 10000.0);
   std::vector<float> x(2 * 8, 1.0f);
   const int32_t past_end[2] = {3, 16}, negative[2] = {-1, 0};
-  EXPECT_THROW(rope_forward<float>(x.data(), x.data(), past_end, 2, 1, cache), moecore::Error);
-  EXPECT_THROW(rope_backward<float>(x.data(), x.data(), negative, 2, 1, cache), moecore::Error);
+  EXPECT_THROW(rope_forward<float>(cpu_exec(), x.data(), x.data(), past_end, 2, 1, cache),
+               moecore::Error);
+  EXPECT_THROW(rope_backward<float>(cpu_exec(), x.data(), x.data(), negative, 2, 1, cache),
+               moecore::Error);
   EXPECT_THROW(rope_forward_ref<float>(x.data(), x.data(), negative, 2, 1, 8, 10000.0),
                moecore::Error);
   EXPECT_THROW(rope_forward_ref<float>(x.data(), x.data(), past_end, 2, 1, 7, 10000.0),
                moecore::Error);
-  EXPECT_THROW(rope_forward<float>(x.data(), x.data(), past_end, 2, 1, RopeCache{}),
+  EXPECT_THROW(rope_forward<float>(cpu_exec(), x.data(), x.data(), past_end, 2, 1, RopeCache{}),
                moecore::Error);
 }
 

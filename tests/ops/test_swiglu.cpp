@@ -29,9 +29,9 @@ void compare_fast_ref(bool with_p, double rtol, double atol) {
     auto da = random_vec<T>(N * F, 3);
     const T* pp = with_p ? p.data() : nullptr;
     Guarded<T> a(N * F), dh(N * 2 * F), dp(N), a_r(N * F), dh_r(N * 2 * F), dp_r(N);
-    swiglu_forward(a.data(), h.data(), pp, N, F);
+    swiglu_forward(cpu_exec(), a.data(), h.data(), pp, N, F);
     swiglu_forward_ref(a_r.data(), h.data(), pp, N, F);
-    swiglu_backward(dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+    swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
     swiglu_backward_ref(dh_r.data(), dp_r.data(), da.data(), h.data(), pp, N, F);
     EXPECT_TRUE(all_close(a.vec(), a_r.vec(), rtol, atol)) << "a";
     EXPECT_TRUE(all_close(dh.vec(), dh_r.vec(), rtol, atol)) << "dh";
@@ -57,8 +57,9 @@ TEST(SwiGlu, NullProbEqualsUnitProb) {
   const int64_t N = 5, F = 11;
   auto h = random_vec<float>(N * 2 * F, 4, -3, 3);
   std::vector<float> ones(N, 1.f), a0(N * F), a1(N * F);
-  swiglu_forward<float>(a0.data(), h.data(), nullptr, N, F);  // nullptr: T not deducible
-  swiglu_forward(a1.data(), h.data(), ones.data(), N, F);
+  swiglu_forward<float>(cpu_exec(), a0.data(), h.data(), nullptr, N,
+                        F);  // nullptr: T not deducible
+  swiglu_forward(cpu_exec(), a1.data(), h.data(), ones.data(), N, F);
   EXPECT_EQ(a0, a1);
 }
 
@@ -73,15 +74,15 @@ TEST(SwiGlu, Bf16OutputsAreTheCastOfF32) {
       auto da = random_vec<float>(N * F, 10);
       const float* pp = with_p ? p.data() : nullptr;
       std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f), dp16(N, -1.f);
-      swiglu_forward(a.data(), h.data(), pp, N, F);
-      swiglu_backward(dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      swiglu_forward(cpu_exec(), a.data(), h.data(), pp, N, F);
+      swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
       std::vector<bf16> a_cast(N * F), dh_cast(N * 2 * F);
-      ops::cast_f32_to_bf16(a_cast.data(), a.data(), N * F);
-      ops::cast_f32_to_bf16(dh_cast.data(), dh.data(), N * 2 * F);
+      ops::cast_f32_to_bf16(cpu_exec(), a_cast.data(), a.data(), N * F);
+      ops::cast_f32_to_bf16(cpu_exec(), dh_cast.data(), dh.data(), N * 2 * F);
       Guarded<uint16_t> a16(N * F), dh16(N * 2 * F);  // bf16 bits
-      ops::swiglu_forward_bf16(reinterpret_cast<bf16*>(a16.data()), h.data(), pp, N, F);
-      ops::swiglu_backward_bf16(reinterpret_cast<bf16*>(dh16.data()), dp16.data(), da.data(),
-                                h.data(), pp, N, F);
+      ops::swiglu_forward_bf16(cpu_exec(), reinterpret_cast<bf16*>(a16.data()), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16(cpu_exec(), reinterpret_cast<bf16*>(dh16.data()), dp16.data(),
+                                da.data(), h.data(), pp, N, F);
       for (int64_t i = 0; i < N * F; ++i) ASSERT_EQ(a16[i], a_cast[i].bits) << "a " << i;
       for (int64_t i = 0; i < N * 2 * F; ++i) ASSERT_EQ(dh16[i], dh_cast[i].bits) << "dh " << i;
       if (with_p) {
@@ -107,13 +108,14 @@ TEST(SwiGlu, WidenedOutputsAreTheBf16OutputsWidened) {
       const float* pp = with_p ? p.data() : nullptr;
       std::vector<bf16> a16(N * F), dh16(N * 2 * F);
       std::vector<float> dp16(N, -1.f), dpw(N, -1.f), a_ref(N * F), dh_ref(N * 2 * F);
-      ops::swiglu_forward_bf16(a16.data(), h.data(), pp, N, F);
-      ops::swiglu_backward_bf16(dh16.data(), dp16.data(), da.data(), h.data(), pp, N, F);
-      ops::cast_bf16_to_f32(a_ref.data(), a16.data(), N * F);
-      ops::cast_bf16_to_f32(dh_ref.data(), dh16.data(), N * 2 * F);
+      ops::swiglu_forward_bf16(cpu_exec(), a16.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16(cpu_exec(), dh16.data(), dp16.data(), da.data(), h.data(), pp, N,
+                                F);
+      ops::cast_bf16_to_f32(cpu_exec(), a_ref.data(), a16.data(), N * F);
+      ops::cast_bf16_to_f32(cpu_exec(), dh_ref.data(), dh16.data(), N * 2 * F);
       Guarded<float> aw(N * F), dhw(N * 2 * F);
-      ops::swiglu_forward_bf16w(aw.data(), h.data(), pp, N, F);
-      ops::swiglu_backward_bf16w(dhw.data(), dpw.data(), da.data(), h.data(), pp, N, F);
+      ops::swiglu_forward_bf16w(cpu_exec(), aw.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16w(cpu_exec(), dhw.data(), dpw.data(), da.data(), h.data(), pp, N, F);
       EXPECT_EQ(0, std::memcmp(aw.data(), a_ref.data(), N * F * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(dhw.data(), dh_ref.data(), N * 2 * F * sizeof(float)));
       for (int64_t n = 0; n < N; ++n) ASSERT_EQ(dpw[n], dp16[n]) << "dp " << n;  // -1: unwritten
@@ -131,8 +133,8 @@ void gradcheck(int64_t N, int64_t F) {
   auto p = random_vec<double>(N, 6, 0.1, 1);
   auto R = random_vec<double>(N * F, 7);
   std::vector<double> a(N * F), dh(N * 2 * F), dp(N);
-  auto fwd = kFast ? swiglu_forward<double> : swiglu_forward_ref<double>;
-  auto bwd = kFast ? swiglu_backward<double> : swiglu_backward_ref<double>;
+  auto fwd = kFast ? ops::cpu::swiglu_forward<double> : swiglu_forward_ref<double>;
+  auto bwd = kFast ? ops::cpu::swiglu_backward<double> : swiglu_backward_ref<double>;
   auto loss = [&] {
     fwd(a.data(), h.data(), p.data(), N, F);
     double l = 0;

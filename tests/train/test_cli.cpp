@@ -65,6 +65,12 @@ TEST(Cli, BadInputStopsBeforeTraining) {
                "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
   expect_stops("--normalization LayerNorm", "--normalization LayerNorm");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
+  expect_stops("--device tpu", "--device: tpu not in {cpu,cuda}");
+#ifdef MOECORE_HAVE_CUDA
+  expect_stops("--device cuda", "--device cuda:");
+#else
+  expect_stops("--device cuda", "--device cuda: this moecore was built without CUDA");
+#endif
 }
 
 // Parallel flags are real: the implemented ones run (one rank here; tests/parallel has mpirun),

@@ -17,8 +17,10 @@ namespace moecore::ops {
 // Shared with adamw_ref.cpp (not in the header: an implementation detail of both paths).
 void check_adamw_params(const char* who, int64_t n, const AdamWParams& a) {
   MOE_CHECK(n >= 0, "[{}] n={} < 0", who, n);
-  MOE_CHECK(a.step >= 1, "[{}] step={}: the step is 1-based (bias correction divides by "
-            "1-beta^step); pass the count of steps taken including this one", who, a.step);
+  MOE_CHECK(a.step >= 1,
+            "[{}] step={}: the step is 1-based (bias correction divides by "
+            "1-beta^step); pass the count of steps taken including this one",
+            who, a.step);
   MOE_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
             "[{}] beta1={} beta2={} must lie in [0, 1): fix --adam-beta1/--adam-beta2", who,
             a.beta1, a.beta2);
@@ -27,6 +29,8 @@ void check_adamw_params(const char* who, int64_t n, const AdamWParams& a) {
             "[{}] lr={} weight_decay={} must be >= 0: fix the schedule or --weight-decay", who,
             a.lr, a.weight_decay);
 }
+
+namespace cpu {
 
 namespace {
 // Below this the parallel region's fork/join costs more than the update.
@@ -69,24 +73,26 @@ void adamw_loop(T* p, const T* g, float* m, float* v, uint16_t* p16, float* p16w
 }  // namespace
 
 template <typename T>
-void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
-                bf16* p16, float* p16w) {
+void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a, bf16* p16,
+                float* p16w) {
   check_adamw_params("adamw", n, a);
-  if (p16 == nullptr && p16w == nullptr) return adamw_loop<T, false, false>(p, g, m, v, nullptr,
-                                                                           nullptr, n, a);
+  if (p16 == nullptr && p16w == nullptr)
+    return adamw_loop<T, false, false>(p, g, m, v, nullptr, nullptr, n, a);
   MOE_CHECK((std::is_same_v<T, float>),
             "[adamw] a bf16 copy needs f32 parameters: f64 models keep no bf16 copies");
   if constexpr (std::is_same_v<T, float>) {
     uint16_t* b = reinterpret_cast<uint16_t*>(p16);
-    if (p16 != nullptr && p16w != nullptr) return adamw_loop<T, true, true>(p, g, m, v, b, p16w, n, a);
+    if (p16 != nullptr && p16w != nullptr)
+      return adamw_loop<T, true, true>(p, g, m, v, b, p16w, n, a);
     if (p16 != nullptr) return adamw_loop<T, true, false>(p, g, m, v, b, nullptr, n, a);
     adamw_loop<T, false, true>(p, g, m, v, nullptr, p16w, n, a);
   }
 }
 
-template void adamw_step<float>(float*, const float*, float*, float*, int64_t,
-                                const AdamWParams&, bf16*, float*);
+template void adamw_step<float>(float*, const float*, float*, float*, int64_t, const AdamWParams&,
+                                bf16*, float*);
 template void adamw_step<double>(double*, const double*, float*, float*, int64_t,
                                  const AdamWParams&, bf16*, float*);
 
+}  // namespace cpu
 }  // namespace moecore::ops

@@ -1,8 +1,8 @@
 // y = a + b: one vectorised pass, OpenMP over large tensors.
-#include "core/check.h"
 #include "ops/add.h"
+#include "core/check.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 }  // namespace
@@ -17,4 +17,4 @@ void add(T* y, const T* a, const T* b, int64_t n) {
 template void add<float>(float*, const float*, const float*, int64_t);
 template void add<double>(double*, const double*, const double*, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -60,7 +60,9 @@ constexpr int64_t kPanel = 64;  // keys per K^T panel (the widest scores tile)
 // is large: one visit per position instead of one per head).
 constexpr int64_t kHeadsPerTask = 4;
 
-constexpr int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+constexpr int64_t round_up(int64_t x, int64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 // Sizes of the packed operands and per-thread buffers; all multiples of 16 elements, so every
 // buffer starts 64-byte aligned once the workspace base is.
@@ -73,9 +75,18 @@ struct Blocking {
   int64_t bk, n_blocks;
 
   explicit Blocking(const AttentionShape& s)
-      : S(s.S), B(s.B), Hq(s.Hq), Hkv(s.Hkv), D(s.D), group(s.Hq / s.Hkv),
-        ldq(s.B * s.Hq * s.D), ldk(s.B * s.Hkv * s.D), Dp(round_up(s.D, kLanes)),
-        Sp(round_up(s.S, kLanes)), Sk(round_up(s.S, kPanel)), bk(std::min(s.S, kRowBlock)),
+      : S(s.S),
+        B(s.B),
+        Hq(s.Hq),
+        Hkv(s.Hkv),
+        D(s.D),
+        group(s.Hq / s.Hkv),
+        ldq(s.B * s.Hq * s.D),
+        ldk(s.B * s.Hkv * s.D),
+        Dp(round_up(s.D, kLanes)),
+        Sp(round_up(s.S, kLanes)),
+        Sk(round_up(s.S, kPanel)),
+        bk(std::min(s.S, kRowBlock)),
         n_blocks(bk > 0 ? (s.S + bk - 1) / bk : 0) {}
 
   // K/V operands of one (b, kv head): K^T (and V^T) in panels [Sk / 64][D][64] (the scores
@@ -131,8 +142,10 @@ constexpr bool use_avx512() {
 inline void prefetch_span(const void* x, int64_t n, bool for_write = false) {
   const char* p = static_cast<const char*>(x);
   for (int64_t byte = 0; byte < n; byte += 64) {
-    if (for_write) __builtin_prefetch(p + byte, 1, 2);
-    else __builtin_prefetch(p + byte, 0, 2);
+    if (for_write)
+      __builtin_prefetch(p + byte, 1, 2);
+    else
+      __builtin_prefetch(p + byte, 0, 2);
   }
 }
 
@@ -155,8 +168,10 @@ class Prefetcher {
     for (int i = 0; i < kLinesPerStep && span_ < n_spans_; ++i) {
       const Span& s = spans_[span_];
       const char* p = s.base + row_ * s.ld + byte_;
-      if (s.write) __builtin_prefetch(p, 1, 2);
-      else __builtin_prefetch(p, 0, 2);
+      if (s.write)
+        __builtin_prefetch(p, 1, 2);
+      else
+        __builtin_prefetch(p, 0, 2);
       if ((byte_ += 64) >= s.bytes) {
         byte_ = 0;
         if (++row_ == s.n) row_ = 0, ++span_;
@@ -372,7 +387,9 @@ inline void tile_cols(const float* P, int64_t ldp, const float* Y, int64_t ldy, 
 
 // Rows per tile for NV vectors of D: ~24 accumulators, leaving registers for the operands.
 template <int NV>
-constexpr int kTileRows = NV == 4 ? 6 : NV == 3 ? 8 : 12;
+constexpr int kTileRows = NV == 4   ? 6
+                          : NV == 3 ? 8
+                                    : 12;
 
 // Columns of D are done in chunks of up to 4 vectors (64 floats); the mask covers the real
 // columns of a chunk's last vector.
@@ -381,8 +398,8 @@ __mmask16 tail_mask(int64_t c0, int nv, int64_t D) {
   return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
 }
 
-void scores(const float* A, const float* Kt, float alpha, float* C, const Blocking& L,
-            int64_t i0, int64_t m, Prefetcher& pf) {
+void scores(const float* A, const float* Kt, float alpha, float* C, const Blocking& L, int64_t i0,
+            int64_t m, Prefetcher& pf) {
   constexpr int R = 6;
   for (int64_t r0 = 0; r0 < m; r0 += R) {
     const int rows = static_cast<int>(std::min<int64_t>(R, m - r0));
@@ -394,10 +411,18 @@ void scores(const float* A, const float* Kt, float alpha, float* C, const Blocki
       const float* a = A + r0 * L.Dp;
       float* c = C + r0 * L.Sp + j0;
       switch (std::min<int64_t>(4, (n - j0) / kLanes)) {
-        case 4: tile_scores<R, 4>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows); break;
-        case 3: tile_scores<R, 3>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows); break;
-        case 2: tile_scores<R, 2>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows); break;
-        default: tile_scores<R, 1>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows); break;
+        case 4:
+          tile_scores<R, 4>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows);
+          break;
+        case 3:
+          tile_scores<R, 3>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows);
+          break;
+        case 2:
+          tile_scores<R, 2>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows);
+          break;
+        default:
+          tile_scores<R, 1>(a, L.Dp, kt, L.D, alpha, c, L.Sp, rows);
+          break;
       }
     }
   }
@@ -420,10 +445,18 @@ void rows_times(const float* P, const float* X, const float* rowscale, float* C,
                 const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
   for (int64_t c0 = 0; c0 < L.Dp; c0 += 64) {
     switch (std::min<int64_t>(4, (L.Dp - c0) / kLanes)) {
-      case 4: rows_times_nv<4>(P, X, rowscale, C, ldc, L, i0, m, c0, pf); break;
-      case 3: rows_times_nv<3>(P, X, rowscale, C, ldc, L, i0, m, c0, pf); break;
-      case 2: rows_times_nv<2>(P, X, rowscale, C, ldc, L, i0, m, c0, pf); break;
-      default: rows_times_nv<1>(P, X, rowscale, C, ldc, L, i0, m, c0, pf); break;
+      case 4:
+        rows_times_nv<4>(P, X, rowscale, C, ldc, L, i0, m, c0, pf);
+        break;
+      case 3:
+        rows_times_nv<3>(P, X, rowscale, C, ldc, L, i0, m, c0, pf);
+        break;
+      case 2:
+        rows_times_nv<2>(P, X, rowscale, C, ldc, L, i0, m, c0, pf);
+        break;
+      default:
+        rows_times_nv<1>(P, X, rowscale, C, ldc, L, i0, m, c0, pf);
+        break;
     }
   }
 }
@@ -447,10 +480,18 @@ void cols_times(const float* P, const float* Y, float* C, int64_t ldc, const Blo
                 int64_t i0, int64_t m, Prefetcher& pf) {
   for (int64_t c0 = 0; c0 < L.Dp; c0 += 64) {
     switch (std::min<int64_t>(4, (L.Dp - c0) / kLanes)) {
-      case 4: cols_times_nv<4>(P, Y, C, ldc, L, i0, m, c0, pf); break;
-      case 3: cols_times_nv<3>(P, Y, C, ldc, L, i0, m, c0, pf); break;
-      case 2: cols_times_nv<2>(P, Y, C, ldc, L, i0, m, c0, pf); break;
-      default: cols_times_nv<1>(P, Y, C, ldc, L, i0, m, c0, pf); break;
+      case 4:
+        cols_times_nv<4>(P, Y, C, ldc, L, i0, m, c0, pf);
+        break;
+      case 3:
+        cols_times_nv<3>(P, Y, C, ldc, L, i0, m, c0, pf);
+        break;
+      case 2:
+        cols_times_nv<2>(P, Y, C, ldc, L, i0, m, c0, pf);
+        break;
+      default:
+        cols_times_nv<1>(P, Y, C, ldc, L, i0, m, c0, pf);
+        break;
     }
   }
 }
@@ -462,13 +503,13 @@ void cols_times(const float* P, const float* Y, float* C, int64_t ldc, const Blo
 // AVX-512 keep the speed of a BLAS. They run over the block's full key range; the softmax
 // passes mask what lies above the diagonal.
 template <typename T>
-void scores_gemm(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0,
-                 int64_t m, Prefetcher& pf) {
+void scores_gemm(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0, int64_t m,
+                 Prefetcher& pf) {
   const int64_t n = std::min(L.Sp, round_up(i0 + m, kLanes));
   for (int64_t j0 = 0; j0 < n; j0 += kPanel) {  // one GEMM per 64-key panel of K^T
     pf.step();
-    gemm<T>(false, false, m, std::min(kPanel, n - j0), L.D, alpha, A, L.Dp, Kt + j0 * L.D, kPanel,
-            T(0), C + j0, L.Sp);
+    cpu::gemm<T>(false, false, m, std::min(kPanel, n - j0), L.D, alpha, A, L.Dp, Kt + j0 * L.D,
+                 kPanel, T(0), C + j0, L.Sp);
   }
 }
 
@@ -476,7 +517,7 @@ template <typename T>
 void rows_times_gemm(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc,
                      const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
   pf.step();
-  gemm<T>(false, false, m, L.D, i0 + m, T(1), P, L.Sp, X, L.Dp, T(0), C, ldc);
+  cpu::gemm<T>(false, false, m, L.D, i0 + m, T(1), P, L.Sp, X, L.Dp, T(0), C, ldc);
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t d = 0; d < L.D; ++d) C[r * ldc + d] *= rowscale[r];
   }
@@ -486,12 +527,12 @@ template <typename T>
 void cols_times_gemm(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L, int64_t i0,
                      int64_t m, Prefetcher& pf) {
   pf.step();
-  gemm<T>(true, false, i0 + m, L.D, m, T(1), P, L.Sp, Y, L.Dp, T(1), C, ldc);
+  cpu::gemm<T>(true, false, i0 + m, L.D, m, T(1), P, L.Sp, Y, L.Dp, T(1), C, ldc);
 }
 
 template <typename T>
-void scores_any(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0,
-                int64_t m, Prefetcher& pf) {
+void scores_any(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0, int64_t m,
+                Prefetcher& pf) {
 #if defined(__AVX512F__)
   if constexpr (use_avx512<T>()) return scores(A, Kt, alpha, C, L, i0, m, pf);
 #endif
@@ -499,8 +540,8 @@ void scores_any(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64
 }
 
 template <typename T>
-void rows_times_any(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc,
-                    const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
+void rows_times_any(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc, const Blocking& L,
+                    int64_t i0, int64_t m, Prefetcher& pf) {
 #if defined(__AVX512F__)
   if constexpr (use_avx512<T>()) return rows_times(P, X, rowscale, C, ldc, L, i0, m, pf);
 #endif
@@ -631,8 +672,8 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, 
 
 void check_attention_shape(const AttentionShape& s, const char* op) {
   MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
-            "[{}] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and Hq, Hkv, D > 0",
-            op, s.S, s.B, s.Hq, s.Hkv, s.D);
+            "[{}] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and Hq, Hkv, D > 0", op,
+            s.S, s.B, s.Hq, s.Hkv, s.D);
   MOE_CHECK(s.Hq % s.Hkv == 0,
             "[{}] Hq={} not a multiple of Hkv={}: choose a number of query heads divisible by "
             "the number of key/value groups",
@@ -648,13 +689,15 @@ int64_t attention_workspace_elems(const AttentionShape& s, int n_threads) {
   return Blocking(s).workspace_elems(n_threads);
 }
 
+namespace cpu {
+
 // Workspace contract: `workspace` holds attention_workspace_elems(s, omp_get_max_threads())
 // elements, omp_get_max_threads() as seen by the calling thread at the time of the call (the
 // team below is exactly that size, and thread t uses slab t only). Layout after aligning the
 // base to 64 bytes: B * Hkv forward packs (Blocking::fwd_pack_elems), then one slab per thread.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const AttentionShape& s, T* workspace) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s,
+                       T* workspace) {
   ScopedPhase phase(Phase::Attention);
   check_attention_shape(s, "attention");
   if (s.S == 0 || s.B == 0) return;
@@ -679,9 +722,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 #pragma omp parallel num_threads(n_threads)
   {
     T* Qc = slabs + omp_get_thread_num() * L.slab_elems();  // [hc][bk, Dp] queries
-    T* Oc = Qc + 2 * kHeadsPerTask * hs;                     // [hc][bk, Dp] outputs
-    T* P = Oc + kHeadsPerTask * hs;                          // [bk, Sp] scores, then exp
-    T* inv_sum = P + 2 * bk * L.Sp;                          // [bk]
+    T* Oc = Qc + 2 * kHeadsPerTask * hs;                    // [hc][bk, Dp] outputs
+    T* P = Oc + kHeadsPerTask * hs;                         // [bk, Sp] scores, then exp
+    T* inv_sum = P + 2 * bk * L.Sp;                         // [bk]
 
     // Pack K^T panels and V rows of every (b, kv head) once; all its query heads reuse them.
     // (dynamic: a thread the OS preempts does not hold the others at the barrier below.)
@@ -756,11 +799,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 #pragma omp parallel num_threads(n_threads)
   {
     T* Qc = slabs + omp_get_thread_num() * L.slab_elems();  // [hc][bk, Dp] queries
-    T* dOc = Qc + kHeadsPerTask * hs;                        // [hc][bk, Dp] output gradients
-    T* dQc = dOc + kHeadsPerTask * hs;                       // [hc][bk, Dp] query gradients
-    T* P = dQc + kHeadsPerTask * hs;                         // [bk, Sp]
-    T* dS = P + bk * L.Sp;                                   // [bk, Sp] dP, then scale * dS
-    T* ones = dS + bk * L.Sp;                                // [bk] row scales of dQ = dS K
+    T* dOc = Qc + kHeadsPerTask * hs;                       // [hc][bk, Dp] output gradients
+    T* dQc = dOc + kHeadsPerTask * hs;                      // [hc][bk, Dp] query gradients
+    T* P = dQc + kHeadsPerTask * hs;                        // [bk, Sp]
+    T* dS = P + bk * L.Sp;                                  // [bk, Sp] dP, then scale * dS
+    T* ones = dS + bk * L.Sp;                               // [bk] row scales of dQ = dS K
     std::fill(ones, ones + bk, T(1));
     // dK, dV of the task [S, Dp], contiguous: the rows of dk/dv are 4 KiB apart at the
     // benchmark shape, so the tiles' loads and stores of them all fell into the same cache sets.
@@ -815,8 +858,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, scale, L, i0, m);
             cols_times_any<T>(P, dOc + hh * hs, dVa, L.Dp, L, i0, m, pf);  // dV += P^T dO
             cols_times_any<T>(dS, Qc + hh * hs, dKa, L.Dp, L, i0, m, pf);  // dK += dS^T Q
-            rows_times_any<T>(dS, pk + 2 * L.panel_elems(), ones, dQc + hh * hs, L.Dp, L, i0,
-                              m, pf);
+            rows_times_any<T>(dS, pk + 2 * L.panel_elems(), ones, dQc + hh * hs, L.Dp, L, i0, m,
+                              pf);
           }
           unpack_rows(dq + off, dQc, L.ldq, m, L, nh, hs);
         }
@@ -827,13 +870,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   }
 }
 
-#define MOECORE_INSTANTIATE_ATTENTION(T)                                                         \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*,                     \
-                                     const AttentionShape&, T*);                               \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,      \
+#define MOECORE_INSTANTIATE_ATTENTION(T)                                                          \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&, \
+                                     T*);                                                         \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, const T*, const AttentionShape&, T*);
 MOECORE_INSTANTIATE_ATTENTION(float)
 MOECORE_INSTANTIATE_ATTENTION(double)
 #undef MOECORE_INSTANTIATE_ATTENTION
 
+}  // namespace cpu
 }  // namespace moecore::ops

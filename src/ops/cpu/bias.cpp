@@ -1,9 +1,9 @@
 // Column bias: the forward over rows (OpenMP), the backward over columns (each thread sums its
 // columns over the rows in order).
-#include "core/check.h"
 #include "ops/bias.h"
+#include "core/check.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 14;
 }  // namespace
@@ -35,4 +35,4 @@ template void bias_forward<double>(double*, const double*, int64_t, int64_t);
 template void bias_backward<float>(float*, const float*, int64_t, int64_t);
 template void bias_backward<double>(double*, const double*, int64_t, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -8,7 +8,7 @@
 #include "core/check.h"
 #include "ops/cast.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 namespace {
 // Below this a parallel region costs more (~1-2 us) than the conversion itself.
 constexpr int64_t kParallelMin = int64_t{1} << 16;
@@ -37,4 +37,4 @@ void round_f32_to_bf16(float* y, const float* x, int64_t n) {
   }
 }
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/cpu/fast_exp.h"
 #include "ops/cross_entropy.h"
-#include "ops/cast.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 
@@ -38,40 +38,39 @@ void check_args(const HeadLossShape& s, const int32_t* target_T, const void* wor
 
 // z_MV = h_MH W_VH^T for rows [c0, c0 + m) (bf16 inputs when given: h16 holds bf16(h)).
 template <typename T>
-void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m,
-                  const HeadLossShape& s, const HeadLossBf16* bf16) {
+void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m, const HeadLossShape& s,
+                  const HeadLossBf16* bf16) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16 != nullptr && bf16->w_VH_wide != nullptr) {
-      return gemm<float>(false, true, m, s.V, s.H, 1.f, bf16->h32 + c0 * s.H, s.H,
-                         bf16->w_VH_wide, s.H, 0.f, z, s.V);
+      return cpu::gemm<float>(false, true, m, s.V, s.H, 1.f, bf16->h32 + c0 * s.H, s.H,
+                              bf16->w_VH_wide, s.H, 0.f, z, s.V);
     }
     if (bf16 != nullptr) {
-      gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z, s.V,
-                bf16->ws32, bf16->w_VH_wide);
+      cpu::gemm_bf16(false, true, m, s.V, s.H, bf16->h16 + c0 * s.H, s.H, bf16->w_VH, s.H, 0.f, z,
+                     s.V, bf16->ws32, bf16->w_VH_wide);
       return;
     }
   }
-  gemm<T>(false, true, m, s.V, s.H, T(1), h_TH + c0 * s.H, s.H, w_VH, s.H, T(0), z, s.V);
+  cpu::gemm<T>(false, true, m, s.V, s.H, T(1), h_TH + c0 * s.H, s.H, w_VH, s.H, T(0), z, s.V);
 }
 
 // The forward (convert_h) writes h's bf16 form into h16 / h32; the backward reads it as the
 // forward left it, as it reads lse_T.
 template <typename T>
-void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s,
-                bool convert_h) {
+void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s, bool convert_h) {
   if (bf16 == nullptr) return;
   MOE_CHECK((std::is_same_v<T, float>), "[head_loss] the bf16 path needs an f32 model");
   if (bf16->w_VH_wide != nullptr) {
     MOE_CHECK(bf16->h32 != nullptr, "[head_loss] widened bf16 weights need the h32 workspace");
     if constexpr (std::is_same_v<T, float>) {
-      if (convert_h) round_f32_to_bf16(bf16->h32, h_TH, s.n_tok * s.H);
+      if (convert_h) cpu::round_f32_to_bf16(bf16->h32, h_TH, s.n_tok * s.H);
     }
     return;
   }
   MOE_CHECK(bf16->w_VH && bf16->h16 && bf16->dz16,
             "[head_loss] the bf16 path needs bf16 weights and the h16 and dz16 workspaces");
   if constexpr (std::is_same_v<T, float>) {
-    if (convert_h) cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
+    if (convert_h) cpu::cast_f32_to_bf16(bf16->h16, h_TH, s.n_tok * s.H);
   }
 }
 
@@ -121,8 +120,8 @@ void softmax_grad_row_bf16w(float* z, int64_t V, int32_t tgt, float lse, float d
   for (int64_t v = 0; v < V; ++v) {
     z[v] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits(fast_exp(z[v] - lse) * dloss)} << 16);
   }
-  z[tgt] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits((fast_exp(zt - lse) - 1.0f) * dloss)}
-                                << 16);
+  z[tgt] =
+      std::bit_cast<float>(uint32_t{f32_to_bf16_bits((fast_exp(zt - lse) - 1.0f) * dloss)} << 16);
 }
 
 // The same row written as bf16 bits (the bf16 head GEMMs' input): the values of
@@ -150,10 +149,11 @@ int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s) {
                    gemm_bf16_workspace_elems(s.V, s.H, m)});
 }
 
+namespace cpu {
+
 template <typename T>
-double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
-                         const int32_t* target_T, const HeadLossShape& s, T* workspace,
-                         const HeadLossBf16* bf16) {
+double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH, const int32_t* target_T,
+                         const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16) {
   check_args(s, target_T, workspace);
   check_bf16(bf16, h_TH, s, /*convert_h=*/true);
   const int64_t V = s.V;
@@ -224,8 +224,7 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
       if (widened) {
         gemm<float>(false, false, m, H, V, 1.f, workspace, V, bf16->w_VH_wide, H, 0.f,
                     dh_TH + c0 * H, H);
-        gemm<float>(true, false, V, H, m, 1.f, workspace, V, bf16->h32 + c0 * H, H, 1.f, dw_VH,
-                    H);
+        gemm<float>(true, false, V, H, m, 1.f, workspace, V, bf16->h32 + c0 * H, H, 1.f, dw_VH, H);
         continue;
       }
       if (bf16 != nullptr) {
@@ -241,17 +240,17 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
   }
 }
 
-template double head_loss_forward<float>(float*, float*, const float*, const float*,
-                                         const int32_t*, const HeadLossShape&, float*,
-                                         const HeadLossBf16*);
+template double head_loss_forward<float>(float*, float*, const float*, const float*, const int32_t*,
+                                         const HeadLossShape&, float*, const HeadLossBf16*);
 template double head_loss_forward<double>(double*, double*, const double*, const double*,
                                           const int32_t*, const HeadLossShape&, double*,
                                           const HeadLossBf16*);
-template void head_loss_backward<float>(float*, float*, const float*, const float*,
-                                        const int32_t*, const float*, float, const HeadLossShape&,
-                                        float*, const HeadLossBf16*);
+template void head_loss_backward<float>(float*, float*, const float*, const float*, const int32_t*,
+                                        const float*, float, const HeadLossShape&, float*,
+                                        const HeadLossBf16*);
 template void head_loss_backward<double>(double*, double*, const double*, const double*,
                                          const int32_t*, const double*, double,
                                          const HeadLossShape&, double*, const HeadLossBf16*);
 
+}  // namespace cpu
 }  // namespace moecore::ops

@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "ops/embedding.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
@@ -62,4 +62,4 @@ template void embedding_backward<float>(float*, const float*, const int32_t*, in
 template void embedding_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t,
                                          int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -14,7 +14,7 @@
 #include "ops/cpu/grouped.h"
 #include "ops/gemm.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 namespace {
 
 // dnnl_sgemm rejects (and a loop would overrun with) a leading dimension shorter than a row.
@@ -44,11 +44,10 @@ void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
   }
 }
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc) {
-  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda,
-                                B, ldb, beta, C, ldc);
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B,
+                                ldb, beta, C, ldc);
   MOE_CHECK(st == dnnl_success,
             "[gemm] dnnl_sgemm failed with status {} (M={} N={} K={} lda={} ldb={} ldc={} "
             "trans_a={} trans_b={}): check the oneDNN install (libdnnl) and the leading dims",
@@ -78,8 +77,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 template <typename T>
 void linear_forward(T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N, int64_t K,
                     bool accumulate) {
-  gemm<T>(false, true, M, N, K, T(1), x_MK, std::max<int64_t>(1, K), w_NK,
-          std::max<int64_t>(1, K), accumulate ? T(1) : T(0), y_MN, std::max<int64_t>(1, N));
+  gemm<T>(false, true, M, N, K, T(1), x_MK, std::max<int64_t>(1, K), w_NK, std::max<int64_t>(1, K),
+          accumulate ? T(1) : T(0), y_MN, std::max<int64_t>(1, N));
 }
 
 template <typename T>
@@ -136,4 +135,4 @@ MOECORE_INSTANTIATE_GEMM(float)
 MOECORE_INSTANTIATE_GEMM(double)
 #undef MOECORE_INSTANTIATE_GEMM
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -28,11 +28,10 @@
 
 #if MOECORE_HAVE_DNNL_GEMM_BF16
 // Row-major like dnnl_sgemm; bfloat16_t in oneDNN's definition, the same 2-byte layout as bf16.
-extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
-                                               dnnl_dim_t N, dnnl_dim_t K, float alpha,
-                                               const void* A, dnnl_dim_t lda, const void* B,
-                                               dnnl_dim_t ldb, float beta, float* C,
-                                               dnnl_dim_t ldc);
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                               dnnl_dim_t K, float alpha, const void* A,
+                                               dnnl_dim_t lda, const void* B, dnnl_dim_t ldb,
+                                               float beta, float* C, dnnl_dim_t ldc);
 #endif
 
 namespace moecore::ops {
@@ -87,9 +86,10 @@ class MatmulCache {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng_);
       return Matmul{dnnl::matmul(pd), a, b, c};
     } catch (const dnnl::error& e) {
-      MOE_FAIL("[gemm_bf16] oneDNN cannot build a bf16 matmul M={} N={} K={}: {} (this CPU may "
-               "lack bf16 support: train without --bf16)",
-               M, N, K, e.what());
+      MOE_FAIL(
+          "[gemm_bf16] oneDNN cannot build a bf16 matmul M={} N={} K={}: {} (this CPU may "
+          "lack bf16 support: train without --bf16)",
+          M, N, K, e.what());
     }
   }
 
@@ -148,7 +148,7 @@ PathChoice& choice() {
 
 // Widens a rows x cols block of a row-major bf16 matrix (row stride ld) into a dense f32 one.
 void widen(float* y, const bf16* x, int64_t rows, int64_t cols, int64_t ld) {
-  if (ld == cols) return cast_bf16_to_f32(y, x, rows * cols);
+  if (ld == cols) return cpu::cast_bf16_to_f32(y, x, rows * cols);
   const uint16_t* x16 = reinterpret_cast<const uint16_t*>(x);
 #pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
   for (int64_t i = 0; i < rows; ++i) {
@@ -172,7 +172,9 @@ Bf16GemmPath bf16_gemm_path() {
   return choice().path;
 }
 
-bool bf16_native_available() { return isa_has(dnnl_cpu_isa_avx512_core); }
+bool bf16_native_available() {
+  return isa_has(dnnl_cpu_isa_avx512_core);
+}
 
 void set_bf16_gemm_path(Bf16GemmPath path) {
   MOE_CHECK(path == Bf16GemmPath::Widen || bf16_native_available(),
@@ -211,6 +213,8 @@ int64_t grouped_gemm_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K
 int64_t grouped_gemm_wgrad_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K) {
   return bf16_gemm_path() == Bf16GemmPath::Widen ? max_rows * (N + K) : 0;
 }
+
+namespace cpu {
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
@@ -303,8 +307,8 @@ namespace {
 void group_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                 int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #if MOECORE_HAVE_DNNL_GEMM_BF16
-  const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N,
-                                                 K, 1.f, A, lda, B, ldb, beta, C, ldc);
+  const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
+                                                 1.f, A, lda, B, ldb, beta, C, ldc);
   MOE_CHECK(st == dnnl_success,
             "[gemm_bf16] dnnl_gemm_bf16bf16f32 failed with status {} (M={} N={} K={}): this CPU "
             "may lack bf16 support: train without --bf16",
@@ -322,8 +326,7 @@ bool bf16_groups_in_parallel(const int64_t* m_G, int64_t G) {
 }  // namespace
 
 void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
-                       const bf16* w, bool trans_w, float* y, float* ws32,
-                       const float* w32) {
+                       const bf16* w, bool trans_w, float* y, float* ws32, const float* w32) {
   ScopedPhase phase(Phase::Gemm);
   detail::check_group_sizes("grouped_gemm_bf16", m_G, G, N, K);
   if (N == 0) return;
@@ -352,14 +355,14 @@ void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, cons
         cast_bf16_to_f32(slot, w + g * N * K, N * K);
         wg = slot;
       }
-      gemm<float>(false, trans_w, m_G[g], N, K, 1.f, x32 + row0 * K, K, wg, ld_w, 0.f,
-                  y + row0 * N, N);
+      gemm<float>(false, trans_w, m_G[g], N, K, 1.f, x32 + row0 * K, K, wg, ld_w, 0.f, y + row0 * N,
+                  N);
     });
     return;
   }
   detail::for_each_group(m_G, G, bf16_groups_in_parallel(m_G, G), [&](int64_t g, int64_t row0) {
-    group_gemm(false, trans_w, m_G[g], N, K, x16 + row0 * K, K, w + g * N * K, trans_w ? K : N,
-               0.f, y + row0 * N, N);
+    group_gemm(false, trans_w, m_G[g], N, K, x16 + row0 * K, K, w + g * N * K, trans_w ? K : N, 0.f,
+               y + row0 * N, N);
   });
 }
 
@@ -386,4 +389,5 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
   });
 }
 
+}  // namespace cpu
 }  // namespace moecore::ops

@@ -19,8 +19,7 @@
 
 namespace moecore::ops {
 
-double measure_gflops(const std::function<void()>& fn, double flops_per_call,
-                      double min_seconds) {
+double measure_gflops(const std::function<void()>& fn, double flops_per_call, double min_seconds) {
   using clock = std::chrono::steady_clock;
   fn();  // warm-up: first-call costs (page faults, JIT, thread pool start) are not the rate
   std::vector<double> rates;
@@ -37,8 +36,7 @@ double measure_gflops(const std::function<void()>& fn, double flops_per_call,
 }
 
 double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, double min_seconds) {
-  MOE_CHECK(M > 0 && N > 0 && K > 0, "[gemm_probe] shape M={} N={} K={} must be positive", M, N,
-            K);
+  MOE_CHECK(M > 0 && N > 0 && K > 0, "[gemm_probe] shape M={} N={} K={} must be positive", M, N, K);
   std::mt19937 gen(1234);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   std::vector<float> a(M * K), b(K * N), c(M * N, 0.f);
@@ -49,8 +47,8 @@ double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, doubl
   if (!use_bf16) {
     return measure_gflops(
         [&] {
-          dnnl_status_t st = dnnl_sgemm('N', 'N', M, N, K, 1.f, a.data(), K, b.data(), N, 0.f,
-                                        c.data(), N);
+          dnnl_status_t st =
+              dnnl_sgemm('N', 'N', M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
           MOE_CHECK(st == dnnl_success, "[gemm_probe] dnnl_sgemm status {} at M={} N={} K={}",
                     static_cast<int>(st), M, N, K);
         },
@@ -58,8 +56,8 @@ double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, doubl
   }
 
   std::vector<moecore::bf16> a16(a.size()), b16(b.size());
-  cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
-  cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
+  cpu::cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+  cpu::cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
   using dnnl::memory;
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -83,9 +81,10 @@ double measure_gemm_gflops(bool use_bf16, int64_t M, int64_t N, int64_t K, doubl
         },
         flops, min_seconds);
   } catch (const dnnl::error& e) {
-    MOE_FAIL("[gemm_probe] oneDNN bf16 matmul M={} N={} K={} failed: {} (status {}); this CPU "
-             "or oneDNN build may lack bf16 support: probe with bf16=false",
-             M, N, K, e.what(), static_cast<int>(e.status));
+    MOE_FAIL(
+        "[gemm_probe] oneDNN bf16 matmul M={} N={} K={} failed: {} (status {}); this CPU "
+        "or oneDNN build may lack bf16 support: probe with bf16=false",
+        M, N, K, e.what(), static_cast<int>(e.status));
   }
 }
 
@@ -99,24 +98,24 @@ double measure_model_gemm_gflops(bool use_bf16, const GemmShape& s, double min_s
   std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N, 0.f);
   for (auto& v : a) v = dist(gen);
   for (auto& v : b) v = dist(gen);
-  const double flops = 2.0 * static_cast<double>(s.M) * static_cast<double>(s.N) *
-                       static_cast<double>(s.K);
+  const double flops =
+      2.0 * static_cast<double>(s.M) * static_cast<double>(s.N) * static_cast<double>(s.K);
   if (!use_bf16) {
     return measure_gflops(
         [&] {
-          gemm<float>(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.f, a.data(), lda, b.data(), ldb, 0.f,
-                      c.data(), s.N);
+          cpu::gemm<float>(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.f, a.data(), lda, b.data(), ldb,
+                           0.f, c.data(), s.N);
         },
         flops, min_seconds);
   }
   std::vector<moecore::bf16> a16(a.size()), b16(b.size());
-  cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
-  cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
+  cpu::cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+  cpu::cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
   std::vector<float> ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
   return measure_gflops(
       [&] {
-        gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, a16.data(), lda, b16.data(), ldb, 0.f,
-                  c.data(), s.N, ws.data());
+        cpu::gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, a16.data(), lda, b16.data(), ldb, 0.f,
+                       c.data(), s.N, ws.data());
       },
       flops, min_seconds);
 }

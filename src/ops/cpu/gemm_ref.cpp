@@ -21,17 +21,17 @@ void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alp
         acc += a * b;
       }
       // BLAS convention: beta == 0 means C is not read, so garbage (even NaN) in C is ignored.
-      double c = beta == T(0) ? 0.0 : static_cast<double>(beta) * static_cast<double>(C[i * ldc + j]);
+      double c =
+          beta == T(0) ? 0.0 : static_cast<double>(beta) * static_cast<double>(C[i * ldc + j]);
       C[i * ldc + j] = static_cast<T>(static_cast<double>(alpha) * acc + c);
     }
   }
 }
 
 template <typename T>
-void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
-                      const T* w, bool trans_w, T* y) {
-  MOE_CHECK(G >= 0 && N >= 0 && K >= 0, "[grouped_gemm_ref] negative size G={} N={} K={}", G, N,
-            K);
+void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
+                      bool trans_w, T* y) {
+  MOE_CHECK(G >= 0 && N >= 0 && K >= 0, "[grouped_gemm_ref] negative size G={} N={} K={}", G, N, K);
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     int64_t m = m_G[g];
@@ -56,8 +56,8 @@ void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const
 template <typename T>
 void grouped_gemm_wgrad_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
                             const T* x, T* dw) {
-  MOE_CHECK(G >= 0 && N >= 0 && K >= 0, "[grouped_gemm_wgrad_ref] negative size G={} N={} K={}",
-            G, N, K);
+  MOE_CHECK(G >= 0 && N >= 0 && K >= 0, "[grouped_gemm_wgrad_ref] negative size G={} N={} K={}", G,
+            N, K);
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     int64_t m = m_G[g];
@@ -78,12 +78,12 @@ void grouped_gemm_wgrad_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K,
   }
 }
 
-#define MOECORE_INSTANTIATE_GEMM_REF(T)                                                        \
-  template void gemm_ref<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t,       \
-                            const T*, int64_t, T, T*, int64_t);                                \
-  template void grouped_gemm_ref<T>(const int64_t*, int64_t, int64_t, int64_t, const T*,       \
-                                    const T*, bool, T*);                                       \
-  template void grouped_gemm_wgrad_ref<T>(const int64_t*, int64_t, int64_t, int64_t, const T*, \
+#define MOECORE_INSTANTIATE_GEMM_REF(T)                                                            \
+  template void gemm_ref<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                            int64_t, T, T*, int64_t);                                              \
+  template void grouped_gemm_ref<T>(const int64_t*, int64_t, int64_t, int64_t, const T*, const T*, \
+                                    bool, T*);                                                     \
+  template void grouped_gemm_wgrad_ref<T>(const int64_t*, int64_t, int64_t, int64_t, const T*,     \
                                           const T*, T*);
 MOECORE_INSTANTIATE_GEMM_REF(float)
 MOECORE_INSTANTIATE_GEMM_REF(double)

@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "ops/permute.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
@@ -57,8 +57,8 @@ int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_
 }
 
 int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
-                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
-                        int64_t E, int64_t cap) {
+                        int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K, int64_t E,
+                        int64_t cap) {
   // Last expert first: blocks only move up (e * cap >= their packed offset), so memmove never
   // overwrites a block not yet moved.
   int64_t end = n_real, pad = 0;
@@ -77,7 +77,8 @@ int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_sl
     counts_E[e] = cap;
   }
   for (int64_t r = 0; r < E * cap; ++r) {
-    if (row_token_N[r] >= 0) token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
+    if (row_token_N[r] >= 0)
+      token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
   }
   (void)n_tok;  // dropped slots keep token_rows -1 from build_permutation (the ref resets them)
   return pad;
@@ -115,8 +116,8 @@ void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
 }
 
 template <typename T>
-void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
-                    int64_t K, int64_t H) {
+void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok, int64_t K,
+                    int64_t H) {
 #pragma omp parallel for schedule(static) if (n_tok * K * H >= kParallelMin)
   for (int64_t t = 0; t < n_tok; ++t) {
     T* y = y_TH + t * H;
@@ -131,8 +132,8 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
   }
 }
 
-template void gather_row_probs<float>(float*, const float*, const int32_t*, const int32_t*,
-                                      int64_t, int64_t);
+template void gather_row_probs<float>(float*, const float*, const int32_t*, const int32_t*, int64_t,
+                                      int64_t);
 template void gather_row_probs<double>(double*, const double*, const int32_t*, const int32_t*,
                                        int64_t, int64_t);
 template void scatter_row_probs<float>(float*, const float*, const int32_t*, int64_t);
@@ -144,4 +145,4 @@ template void unpermute_rows<float>(float*, const float*, const int32_t*, int64_
 template void unpermute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t,
                                      int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -4,7 +4,7 @@
 #include "core/check.h"
 #include "ops/qkv_layout.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 namespace {
 
 void check(const QkvShape& s) {
@@ -55,4 +55,4 @@ template void fuse_qkv<float>(float*, const float*, const float*, const float*, 
 template void fuse_qkv<double>(double*, const double*, const double*, const double*,
                                const QkvShape&);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -8,7 +8,7 @@
 #include "ops/cast.h"
 #include "ops/rmsnorm.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
@@ -20,8 +20,8 @@ constexpr int64_t kColBlock = 64;
 namespace {
 // kRound: y rounded to bf16 values (f32 only), in the same pass.
 template <typename T, bool kRound>
-void rmsnorm_forward_loop(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
-                          int64_t H, double eps) {
+void rmsnorm_forward_loop(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok, int64_t H,
+                          double eps) {
 #pragma omp parallel for schedule(static) if (n_tok * H >= kParallelMin)
   for (int64_t t = 0; t < n_tok; ++t) {
     const T* x = x_TH + t * H;
@@ -97,4 +97,4 @@ template void rmsnorm_backward<float>(float*, float*, const float*, const float*
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*,
                                        const double*, const double*, int64_t, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -49,8 +49,7 @@ void rope_rotate(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t 
                 static_cast<int64_t>(cache.sin_PD.size()) == cache.max_pos * half,
             "[rope] cache not built (D={}, max_pos={}, {} cos entries): use make_rope_cache", D,
             cache.max_pos, cache.cos_PD.size());
-  MOE_CHECK(n_tok >= 0 && n_heads >= 0, "[rope] negative size n_tok={} n_heads={}", n_tok,
-            n_heads);
+  MOE_CHECK(n_tok >= 0 && n_heads >= 0, "[rope] negative size n_tok={} n_heads={}", n_tok, n_heads);
   // Validate positions up front: a throw inside the OpenMP region would terminate instead.
   for (int64_t t = 0; t < n_tok; ++t) {
     MOE_CHECK(pos_T[t] >= 0 && pos_T[t] < cache.max_pos,
@@ -80,6 +79,8 @@ void rope_rotate(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t 
 
 }  // namespace
 
+namespace cpu {
+
 template <typename T>
 void rope_forward(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                   const RopeCache& cache) {
@@ -92,13 +93,12 @@ void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int6
   rope_rotate(dx, dy, pos_T, n_tok, n_heads, cache, T(-1));
 }
 
-#define MOECORE_INSTANTIATE_ROPE(T)                                                          \
-  template void rope_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t,             \
-                                const RopeCache&);                                          \
-  template void rope_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,            \
-                                 const RopeCache&);
+#define MOECORE_INSTANTIATE_ROPE(T)                                                                \
+  template void rope_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, const RopeCache&); \
+  template void rope_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, const RopeCache&);
 MOECORE_INSTANTIATE_ROPE(float)
 MOECORE_INSTANTIATE_ROPE(double)
 #undef MOECORE_INSTANTIATE_ROPE
 
+}  // namespace cpu
 }  // namespace moecore::ops

@@ -58,11 +58,11 @@ void rope_backward_ref(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, 
   rope_rotate_ref(dx, dy, pos_T, n_tok, n_heads, D, base, -1.0);
 }
 
-#define MOECORE_INSTANTIATE_ROPE_REF(T)                                                  \
-  template void rope_forward_ref<T>(T*, const T*, const int32_t*, int64_t, int64_t,     \
-                                    int64_t, double);                                   \
-  template void rope_backward_ref<T>(T*, const T*, const int32_t*, int64_t, int64_t,    \
-                                     int64_t, double);
+#define MOECORE_INSTANTIATE_ROPE_REF(T)                                                       \
+  template void rope_forward_ref<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t,  \
+                                    double);                                                  \
+  template void rope_backward_ref<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                     double);
 MOECORE_INSTANTIATE_ROPE_REF(float)
 MOECORE_INSTANTIATE_ROPE_REF(double)
 #undef MOECORE_INSTANTIATE_ROPE_REF

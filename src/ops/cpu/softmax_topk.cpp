@@ -6,7 +6,7 @@
 #include "core/check.h"
 #include "ops/softmax_topk.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
@@ -89,4 +89,4 @@ template void softmax_backward<double>(double*, const double*, const double*, in
 template void topk<float>(int32_t*, float*, const float*, int64_t, int64_t, int64_t);
 template void topk<double>(int32_t*, double*, const double*, int64_t, int64_t, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

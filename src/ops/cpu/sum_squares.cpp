@@ -4,7 +4,7 @@
 #include "core/check.h"
 #include "ops/sum_squares.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Sum of squares in f64, bitwise the same for any thread count: at most kMaxBlocks fixed blocks
@@ -63,4 +63,4 @@ void sum_squares(double* out, const T* x, int64_t n) {
 template void sum_squares<float>(double*, const float*, int64_t);
 template void sum_squares<double>(double*, const double*, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

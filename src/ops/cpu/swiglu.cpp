@@ -8,7 +8,7 @@
 #include "ops/cpu/fast_exp.h"
 #include "ops/swiglu.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
@@ -19,7 +19,9 @@ template <typename T>
 inline T store_as(T v, T*) {
   return v;
 }
-inline uint16_t store_as(float v, uint16_t*) { return f32_to_bf16_bits(v); }
+inline uint16_t store_as(float v, uint16_t*) {
+  return f32_to_bf16_bits(v);
+}
 // kWide: an f32 output holding the bf16 value of the result.
 template <bool kWide, typename T, typename Out>
 inline Out store(T v, Out* p) {
@@ -39,7 +41,8 @@ void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F)
     Out* a = a_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) a[f] = store<kWide>(g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p, a);
+    for (int64_t f = 0; f < F; ++f)
+      a[f] = store<kWide>(g[f] / (T(1) + fast_exp(-g[f])) * u[f] * p, a);
   }
 }
 
@@ -102,8 +105,7 @@ void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T
   backward_rows(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
 }
 
-void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N,
-                         int64_t F) {
+void swiglu_forward_bf16(bf16* a16_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
   forward_rows(reinterpret_cast<uint16_t*>(a16_NF), h_N2F, p_N, N, F);
 }
 
@@ -112,8 +114,7 @@ void swiglu_backward_bf16(bf16* dh16_N2F, float* dp_N, const float* da_NF, const
   backward_rows(reinterpret_cast<uint16_t*>(dh16_N2F), dp_N, da_NF, h_N2F, p_N, N, F);
 }
 
-void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N,
-                          int64_t F) {
+void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
   forward_rows<float, float, true>(a_NF, h_N2F, p_N, N, F);
 }
 
@@ -126,7 +127,7 @@ template void swiglu_forward<float>(float*, const float*, const float*, int64_t,
 template void swiglu_forward<double>(double*, const double*, const double*, int64_t, int64_t);
 template void swiglu_backward<float>(float*, float*, const float*, const float*, const float*,
                                      int64_t, int64_t);
-template void swiglu_backward<double>(double*, double*, const double*, const double*,
-                                      const double*, int64_t, int64_t);
+template void swiglu_backward<double>(double*, double*, const double*, const double*, const double*,
+                                      int64_t, int64_t);
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

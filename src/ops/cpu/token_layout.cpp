@@ -1,8 +1,8 @@
 // [B, S] -> [S, B] token ids and targets: per sequence position, the B tokens of that position.
-#include "core/check.h"
 #include "ops/token_layout.h"
+#include "core/check.h"
 
-namespace moecore::ops {
+namespace moecore::ops::cpu {
 
 void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* counted,
                               const int32_t* ids_BS, const int32_t* targets_BS, int64_t B,
@@ -20,4 +20,4 @@ void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* count
   *counted = n;
 }
 
-}  // namespace moecore::ops
+}  // namespace moecore::ops::cpu

@@ -1,0 +1,38 @@
+// The execution context: the backend that runs the ops of a step, with its stream and library
+// handles. It is chosen once per process (--device cpu|cuda), planned into the arena with the
+// memory it places, held by every layer and optimizer, and passed first to every op in
+// src/ops/, whose one small switch calls the CPU fast path or the backend's kernel. Layers never
+// branch on the device; the plain-loop `_ref` functions are never dispatched (they are the
+// oracle every backend is tested against).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace moecore {
+
+struct Exec {
+  Device device = Device::CPU;
+  void* stream = nullptr;  // the backend's stream (a cudaStream_t on CUDA); null on the CPU
+  bool on_cpu() const { return device == Device::CPU; }
+};
+
+// The CPU context: what a component that is not given one runs on.
+const Exec& cpu_exec();
+
+std::string_view device_name(Device d);  // "cpu", "cuda"
+// "cpu" or "cuda" (as --device spells them) -> the device; anything else names the choices.
+Device parse_device(std::string_view name);
+// The context for a device. CUDA needs the CUDA build and a visible device: otherwise this is
+// an error saying which is missing and how to get it.
+Exec make_exec(Device device);
+// Whether the whole training step has kernels on this device: the trainer refuses a device
+// without them before step 0, naming what is missing.
+bool training_step_supported(Device device, std::string* why);
+
+// An op reached with a context whose backend has no kernel for it: the error names both.
+[[noreturn]] void no_kernel(const Exec& ex, const char* op);
+
+}  // namespace moecore

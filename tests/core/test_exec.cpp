@@ -1,0 +1,68 @@
+// The execution context: device names, the errors for a device this build or machine cannot
+// run, and the switch of an op sending a context without a kernel to a located error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/check.h"
+#include "core/exec.h"
+#include "ops/add.h"
+#include "ops/permute.h"
+
+namespace moecore {
+namespace {
+
+std::string error_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Exec, DevicesByName) {
+  EXPECT_EQ(parse_device("cpu"), Device::CPU);
+  EXPECT_EQ(parse_device("cuda"), Device::CUDA);
+  EXPECT_EQ(device_name(Device::CPU), "cpu");
+  EXPECT_EQ(device_name(Device::CUDA), "cuda");
+  EXPECT_NE(error_of([] { parse_device("gpu"); }).find("--device gpu: unknown device"),
+            std::string::npos);
+  EXPECT_TRUE(cpu_exec().on_cpu());
+  EXPECT_TRUE(make_exec(Device::CPU).on_cpu());
+  EXPECT_EQ(make_exec(Device::CPU).stream, nullptr);
+}
+
+TEST(Exec, CudaWithoutTheBuildOrTheKernelsIsAClearError) {
+#ifndef MOECORE_HAVE_CUDA
+  EXPECT_NE(error_of([] { make_exec(Device::CUDA); }).find("built without CUDA"),
+            std::string::npos);
+#endif
+  std::string why;
+  EXPECT_TRUE(training_step_supported(Device::CPU, &why));
+  EXPECT_FALSE(training_step_supported(Device::CUDA, &why));
+  EXPECT_NE(why.find("issue 12"), std::string::npos) << why;
+}
+
+// A context whose backend lacks the op's kernel never falls back silently to the CPU: the op
+// throws naming itself and the device, and writes nothing.
+TEST(Exec, AnOpWithoutAKernelForTheDeviceThrowsNamingIt) {
+  Exec ex;
+  ex.device = Device::CUDA;
+  float a[2] = {1, 2}, b[2] = {3, 4}, y[2] = {-1, -1};
+  const std::string msg = error_of([&] { ops::add(ex, y, a, b, 2); });
+  EXPECT_NE(msg.find("[add] no cuda kernel"), std::string::npos) << msg;
+  EXPECT_EQ(y[0], -1.0f);
+  int64_t counts[2];
+  int32_t row_token[2], row_slot[2], token_rows[2];
+  const int32_t idx[2] = {0, 1};
+  EXPECT_NE(error_of([&] {
+              ops::build_permutation(ex, counts, row_token, row_slot, token_rows, idx, 2, 1, 2);
+            }).find("[build_permutation] no cuda kernel"),
+            std::string::npos);
+  ops::add(cpu_exec(), y, a, b, 2);
+  EXPECT_EQ(y[1], 6.0f);
+}
+
+}  // namespace
+}  // namespace moecore
