@@ -11,16 +11,25 @@
 
 namespace moecore::ops {
 
+// The constants of a run (the same every step).
 struct AdamWParams {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+// One step's scalars. The op reads them from memory (a planned buffer, on the device with a
+// device backend), never by value: a captured step replays with each step's values. The host
+// writes lr and step before the step; ops::grad_clip writes grad_scale and skip.
+struct AdamWStep {
+  double lr = 1e-3;
   int64_t step = 1;         // 1-based, for bias correction
   double grad_scale = 1.0;  // g is multiplied by this first (clipping coefficient)
+  int32_t skip = 0;         // non-zero: p, m, v (and the copies) stay as they are
 };
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
-                bf16* p16 = nullptr, float* p16w = nullptr);
+                const AdamWStep* s, bf16* p16 = nullptr, float* p16w = nullptr);
 }  // namespace cpu
 
 // p16 (f32 p only; may be null): the bf16 compute copy of p (--bf16), rewritten in the same
@@ -29,11 +38,13 @@ void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWPara
 // GEMM path (ops/gemm_bf16.h), written in the same pass too; with or without p16.
 template <typename T>
 void adamw_step(const Exec& ex, T* p, const T* g, float* m, float* v, int64_t n,
-                const AdamWParams& a, bf16* p16 = nullptr, float* p16w = nullptr) {
-  if (ex.on_cpu()) return cpu::adamw_step(p, g, m, v, n, a, p16, p16w);
+                const AdamWParams& a, const AdamWStep* s, bf16* p16 = nullptr,
+                float* p16w = nullptr) {
+  if (ex.on_cpu()) return cpu::adamw_step(p, g, m, v, n, a, s, p16, p16w);
   no_kernel(ex, "adamw_step");
 }
 template <typename T>
-void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a);
+void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
+                    const AdamWStep& s);
 
 }  // namespace moecore::ops

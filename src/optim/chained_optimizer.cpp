@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/profiler.h"
+#include "ops/grad_clip.h"
 
 namespace moecore::optim {
 
@@ -10,23 +11,25 @@ ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg
     : cfg_(cfg),
       sync_(std::move(sync)),
       dense_(params, cfg, ParamKind::Dense),
-      expert_(params, cfg, ParamKind::Expert) {}
+      expert_(params, cfg, ParamKind::Expert),
+      arena_(params.exec()) {
+  arena_.plan([this](Arena& a) { buf_.layout(a); });
+}
 
 StepInfo ChainedOptimizer::step(double lr) {
   ScopedPhase phase(Phase::Optimizer);
-  StepInfo info;
-  const double dense_sq = dense_.grad_sum_squares();
-  double expert_sq = expert_.grad_sum_squares();
+  buf_.write_inputs(lr, steps_taken() + 1);
+  dense_.grad_sum_squares(buf_.sum_sq);   // [0]
+  expert_.grad_sum_squares(buf_.sum_sq);  // [1]
   if (sync_.sum_expert) {
     ScopedPhase comm(Phase::Communication);
-    sync_.sum_expert(&expert_sq);
+    sync_.sum_expert(buf_.sum_sq + 1);
   }
   // Same association as global_grad_norm on one rank: (0 + dense) + expert.
-  info.grad_norm = std::sqrt(0.0 + dense_sq + expert_sq);
-  info.clip_coeff = clip_coefficient(info.grad_norm, cfg_.clip_grad, steps_taken() + 1);
-  dense_.update(lr, info.clip_coeff);
-  expert_.update(lr, info.clip_coeff);
-  return info;
+  ops::grad_clip(arena_.exec(), buf_.norm, buf_.step, buf_.sum_sq, 2, cfg_.clip_grad);
+  dense_.update(buf_.step);
+  expert_.update(buf_.step);
+  return read_step_info(buf_);
 }
 
 }  // namespace moecore::optim

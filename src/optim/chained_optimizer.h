@@ -23,7 +23,9 @@ class ChainedOptimizer {
   ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync = {});
 
   // norm = sqrt(dense sum of squares + expert sum of squares over EP); coeff = Megatron's clip
-  // coefficient from it; both AdamWs update with that coefficient. Collective over EP.
+  // coefficient from it; both AdamWs update with that coefficient. Collective over EP. The
+  // scalars stay in the step buffers from the sums to the updates; the host reads the result
+  // once, after both updates (read_step_info).
   StepInfo step(double lr);
   int64_t steps_taken() const { return dense_.steps_taken(); }
   int64_t state_bytes(MemKind kind) const {
@@ -40,6 +42,8 @@ class ChainedOptimizer {
   GradNormSync sync_;
   AdamWOptimizer dense_;
   AdamWOptimizer expert_;
+  Arena arena_;  // the step's scalars, shared by both updates
+  OptimizerStepBuffers buf_;
 };
 
 }  // namespace moecore::optim

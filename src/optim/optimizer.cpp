@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "ops/adamw.h"
+#include "ops/grad_clip.h"
 #include "ops/sum_squares.h"
 
 namespace moecore::optim {
@@ -21,43 +22,63 @@ void AdamWConfig::validate() const {
   MOE_CHECK(clip_grad >= 0, "[optimizer] --clip-grad={} must be >= 0", clip_grad);
 }
 
-double grad_sum_squares(const ParamRegistry& params, ParamKind k) {
-  double s = 0.0;
-  if (params.numel(k) == 0) return s;
+void grad_sum_squares(const ParamRegistry& params, ParamKind k, double* out) {
   if (params.dtype() == DType::F32) {
-    ops::sum_squares(params.exec(), &s, static_cast<const float*>(params.flat_grad(k)),
+    ops::sum_squares(params.exec(), out, static_cast<const float*>(params.flat_grad(k)),
                      params.numel(k));
   } else {
-    ops::sum_squares(params.exec(), &s, static_cast<const double*>(params.flat_grad(k)),
+    ops::sum_squares(params.exec(), out, static_cast<const double*>(params.flat_grad(k)),
                      params.numel(k));
   }
-  return s;
 }
 
 double global_grad_norm(const ParamRegistry& params) {
+  MOE_CHECK(params.exec().on_cpu(), "[optimizer] global_grad_norm reads host memory");
   double s = 0;
-  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) s += grad_sum_squares(params, k);
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    double part = 0;
+    grad_sum_squares(params, k, &part);
+    s += part;
+  }
   return std::sqrt(s);
 }
 
-double clip_coefficient(double grad_norm, double max_norm, int64_t step) {
-  MOE_CHECK(std::isfinite(grad_norm),
-            "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad",
-            grad_norm, step);
-  if (max_norm > 0) {
-    double c = max_norm / (grad_norm + 1e-6);
-    if (c < 1.0) return c;
-  }
-  return 1.0;
+void OptimizerStepBuffers::layout(Arena& a) {
+  step = a.alloc<ops::AdamWStep>(1, "optimizer.step", MemKind::State);
+  sum_sq = a.alloc<double>(2, "optimizer.grad_sum_sq", MemKind::State);
+  norm = a.alloc<double>(1, "optimizer.grad_norm", MemKind::State);
+}
+
+void OptimizerStepBuffers::write_inputs(double lr, int64_t step_number) const {
+  // The CPU backend's buffers are host memory; a device backend copies these two scalars up
+  // (the one upload of a step besides its token ids).
+  step->lr = lr;
+  step->step = step_number;
+}
+
+StepInfo read_step_info(const OptimizerStepBuffers& b) {
+  MOE_CHECK(!b.step->skip,
+            "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad (the "
+            "update was skipped: the weights are those before this step)",
+            *b.norm, b.step->step);
+  StepInfo info;
+  info.grad_norm = *b.norm;
+  info.clip_coeff = b.step->grad_scale;
+  return info;
 }
 
 AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg)
-    : params_(params), cfg_(cfg), arena_(params.exec()) {
+    : params_(params), cfg_(cfg), arena_(params.exec()), step_arena_(params.exec()) {
   plan();
 }
 
 AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only)
-    : params_(params), cfg_(cfg), all_kinds_(false), only_(only), arena_(params.exec()) {
+    : params_(params),
+      cfg_(cfg),
+      all_kinds_(false),
+      only_(only),
+      arena_(params.exec()),
+      step_arena_(params.exec()) {
   plan();
 }
 
@@ -76,26 +97,24 @@ void AdamWOptimizer::plan() {
     n[k] = covers(static_cast<ParamKind>(k)) ? params_.numel(static_cast<ParamKind>(k)) : 0;
   }
   arena_.plan([this, &n](Arena& a) { adamw_state_layout(a, n, m_, v_); });
+  step_arena_.plan([this](Arena& a) { buf_.layout(a); });
 }
 
 template <typename T>
-void AdamWOptimizer::update_typed(double lr, double grad_scale) {
+void AdamWOptimizer::update_typed(const ops::AdamWStep* s) {
   for (Param& p : params_.params()) {
     if (!covers(p.spec.kind)) continue;
     const int k = static_cast<int>(p.spec.kind);
     ops::AdamWParams a;
-    a.lr = lr;
     a.beta1 = cfg_.beta1;
     a.beta2 = cfg_.beta2;
     a.eps = cfg_.eps;
     a.weight_decay = p.spec.weight_decay ? cfg_.weight_decay : 0.0;
-    a.step = step_;
-    a.grad_scale = grad_scale;
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
     bf16* p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
     float* p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
     ops::adamw_step(arena_.exec(), p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset,
-                    v_[k] + p.offset, p.local_numel(), a, p16, p16w);
+                    v_[k] + p.offset, p.local_numel(), a, s, p16, p16w);
   }
   if (std::is_same_v<T, float> && params_.has_bf16_copies()) {
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
@@ -104,29 +123,35 @@ void AdamWOptimizer::update_typed(double lr, double grad_scale) {
   }
 }
 
-double AdamWOptimizer::grad_sum_squares() const {
-  double s = 0;
+void AdamWOptimizer::grad_sum_squares(double* sum_sq) const {
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-    if (covers(k)) s += optim::grad_sum_squares(params_, k);
+    if (covers(k)) optim::grad_sum_squares(params_, k, sum_sq + static_cast<int>(k));
   }
-  return s;
 }
 
-void AdamWOptimizer::update(double lr, double clip_coeff) {
+void AdamWOptimizer::update(const ops::AdamWStep* s) {
   ++step_;
   if (params_.dtype() == DType::F32)
-    update_typed<float>(lr, clip_coeff);
+    update_typed<float>(s);
   else
-    update_typed<double>(lr, clip_coeff);
+    update_typed<double>(s);
 }
 
 StepInfo AdamWOptimizer::step(double lr) {
   ScopedPhase phase(Phase::Optimizer);
-  StepInfo info;
-  info.grad_norm = std::sqrt(grad_sum_squares());
-  info.clip_coeff = clip_coefficient(info.grad_norm, cfg_.clip_grad, step_ + 1);
-  update(lr, info.clip_coeff);
-  return info;
+  buf_.write_inputs(lr, step_ + 1);
+  // A kind this optimizer does not cover adds an exact 0 (the sum of no squares): the norm is
+  // (0 + dense) + expert as always.
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    double* out = buf_.sum_sq + static_cast<int>(k);
+    if (covers(k))
+      optim::grad_sum_squares(params_, k, out);
+    else
+      ops::sum_squares(step_arena_.exec(), out, static_cast<const double*>(nullptr), 0);
+  }
+  ops::grad_clip(step_arena_.exec(), buf_.norm, buf_.step, buf_.sum_sq, 2, cfg_.clip_grad);
+  update(buf_.step);
+  return read_step_info(buf_);
 }
 
 }  // namespace moecore::optim

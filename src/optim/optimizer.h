@@ -7,6 +7,7 @@
 
 #include "core/arena.h"
 #include "core/param_registry.h"
+#include "ops/adamw.h"
 
 namespace moecore::optim {
 
@@ -21,13 +22,29 @@ struct StepInfo {
   double clip_coeff = 1;  // applied to the gradients
 };
 
-// Sum of squares of the gradients of one kind, accumulated in f64.
-double grad_sum_squares(const ParamRegistry& params, ParamKind kind);
-// L2 norm of all gradients of `params` (dense and expert), accumulated in f64.
+// *out = the sum of squares of the gradients of one kind, accumulated in f64 (an op: `out` is
+// planned memory of the registry's execution context).
+void grad_sum_squares(const ParamRegistry& params, ParamKind kind, double* out);
+// L2 norm of all gradients of `params` (dense and expert), accumulated in f64; for checks on
+// the host (the optimizer keeps its norm in its step buffers).
 double global_grad_norm(const ParamRegistry& params);
-// Megatron's clip_grad_norm coefficient: max_norm / (norm + 1e-6) when below 1, else 1 (and 1
-// when clipping is off). Throws on a non-finite norm.
-double clip_coefficient(double grad_norm, double max_norm, int64_t step);
+
+// An optimizer step's scalars in planned memory (the arena's memory space: on the device with a
+// device backend), so that a step reads its inputs and leaves its results without a host round
+// trip: the host writes step->lr and step->step before the step; the ops write the gradient
+// sums of squares per kind, the norm, and step->grad_scale / step->skip (ops::grad_clip). The
+// host reads them once, after the update (read_step_info).
+struct OptimizerStepBuffers {
+  ops::AdamWStep* step = nullptr;
+  double* sum_sq = nullptr;  // [2]: dense, expert (the expert one summed over EP)
+  double* norm = nullptr;    // [1]: before clipping
+  void layout(Arena& a);
+  // The host's write of the step's inputs (lr, 1-based step) before the step.
+  void write_inputs(double lr, int64_t step) const;
+};
+// The results of a finished step. Throws when its gradient norm was not finite: the update
+// skipped every weight and moment (ops::adamw_step), so nothing is lost.
+StepInfo read_step_info(const OptimizerStepBuffers& b);
 
 // The moment buffers an AdamW over `numel` elements of each kind (dense, expert) plans: m and v
 // in fp32 for each kind. The optimizer allocates this layout; `moecore plan` runs it in a sizing
@@ -43,16 +60,17 @@ class AdamWOptimizer {
   // Norm, clip coefficient and one AdamW update at learning rate lr; the step counter advances.
   StepInfo step(double lr);
   // The pieces of step() for an optimizer that computes the norm over several: this
-  // optimizer's sum of squared gradients, and the update with a given clip coefficient.
-  double grad_sum_squares() const;
-  void update(double lr, double clip_coeff);
+  // optimizer's sums of squared gradients into sum_sq[kind] for the kinds it covers, and the
+  // update with the step's scalars (lr, step, clip coefficient, skip) read from `s`.
+  void grad_sum_squares(double* sum_sq) const;
+  void update(const ops::AdamWStep* s);
   int64_t steps_taken() const { return step_; }
   const Arena& arena() const { return arena_; }
 
  private:
   void plan();
   template <typename T>
-  void update_typed(double lr, double grad_scale);
+  void update_typed(const ops::AdamWStep* s);
   bool covers(ParamKind k) const { return all_kinds_ || k == only_; }
 
   ParamRegistry& params_;
@@ -60,6 +78,8 @@ class AdamWOptimizer {
   bool all_kinds_ = true;
   ParamKind only_ = ParamKind::Dense;
   Arena arena_;
+  Arena step_arena_;  // step()'s buffers, apart from the moments (adamw_state_layout)
+  OptimizerStepBuffers buf_;
   float* m_[2] = {nullptr, nullptr};
   float* v_[2] = {nullptr, nullptr};
   int64_t step_ = 0;

@@ -26,7 +26,8 @@ TEST(AdamW, HandComputedFirstStep) {
   //   p1 = -2.0, g = -0.25: -2.0 - 0.1 * (-0.25/(0.25+1e-8) + 0.01 * -2.0) = -1.898000004
   //   p2 =  0.5, g =  0   : 0.5  - 0.1 * ( 0                + 0.01 *  0.5) = 0.4995
   AdamWParams a;
-  a.lr = 0.1;
+  AdamWStep s;
+  s.lr = 0.1;
   a.weight_decay = 0.01;
   const double expect_p[3] = {0.899000002, -1.898000004, 0.4995};
   const double expect_m[3] = {0.05, -0.025, 0.0};
@@ -34,9 +35,9 @@ TEST(AdamW, HandComputedFirstStep) {
   for (bool fast : {true, false}) {
     std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, -0.25f, 0.0f}, m(3, 0.f), v(3, 0.f);
     if (fast)
-      adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 3, a);
+      adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 3, a, &s);
     else
-      adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 3, a);
+      adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 3, a, s);
     EXPECT_TRUE(all_close(p.data(), expect_p, 3, kF32Rtol, 0.0)) << "p, fast=" << fast;
     EXPECT_TRUE(all_close(m.data(), expect_m, 3, kF32Rtol, 0.0)) << "m, fast=" << fast;
     EXPECT_TRUE(all_close(v.data(), expect_v, 3, kF32Rtol, 0.0)) << "v, fast=" << fast;
@@ -47,20 +48,21 @@ template <typename T>
 void check_fast_vs_ref(int64_t n, double wd, double grad_scale) {
   SCOPED_TRACE(::testing::Message() << "n=" << n << " wd=" << wd << " scale=" << grad_scale);
   AdamWParams a;
-  a.lr = 3e-3;
+  AdamWStep s;
+  s.lr = 3e-3;
   a.beta2 = 0.95;
   a.weight_decay = wd;
-  a.grad_scale = grad_scale;
+  s.grad_scale = grad_scale;
   auto p0 = random_vec<T>(n, 1);
   Guarded<T> p(n), p_ref(n);
   Guarded<float> m(n, 0.f), v(n, 0.f), m_ref(n, 0.f), v_ref(n, 0.f);
   std::copy(p0.begin(), p0.end(), p.data());
   std::copy(p0.begin(), p0.end(), p_ref.data());
   for (int64_t step = 1; step <= 3; ++step) {
-    a.step = step;
+    s.step = step;
     auto g = random_vec<T>(n, 100 + static_cast<uint32_t>(step), -2.0, 2.0);
-    adamw_step<T>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), n, a);
-    adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+    adamw_step<T>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), n, a, &s);
+    adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a, s);
   }
   EXPECT_TRUE(p.intact() && m.intact() && v.intact()) << "fast path wrote outside its arrays";
   EXPECT_TRUE(p_ref.intact() && m_ref.intact() && v_ref.intact());
@@ -85,7 +87,8 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, (int64_t{1} << 14) + 7}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     AdamWParams a;
-    a.lr = 3e-3;
+    AdamWStep s;
+    s.lr = 3e-3;
     a.weight_decay = 0.1;
     auto p0 = random_vec<float>(n, 11);
     if (n > 1) p0[1] = 1.0f + std::ldexp(1.0f, -8);  // a bf16 rounding tie
@@ -97,14 +100,14 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
     std::vector<bf16> cast(n);
     std::vector<float> rounded(n);
     for (int64_t step = 1; step <= 2; ++step) {
-      a.step = step;
+      s.step = step;
       auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
-      adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), n, a,
+      adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), n, a, &s,
                         reinterpret_cast<bf16*>(p16.data()));
-      adamw_step<float>(cpu_exec(), p2.data(), g.data(), m2.data(), v2.data(), n, a);
-      adamw_step<float>(cpu_exec(), p3.data(), g.data(), m3.data(), v3.data(), n, a, nullptr,
+      adamw_step<float>(cpu_exec(), p2.data(), g.data(), m2.data(), v2.data(), n, a, &s);
+      adamw_step<float>(cpu_exec(), p3.data(), g.data(), m3.data(), v3.data(), n, a, &s, nullptr,
                         p16w.data());
-      adamw_step<float>(cpu_exec(), p4.data(), g.data(), m4.data(), v4.data(), n, a,
+      adamw_step<float>(cpu_exec(), p4.data(), g.data(), m4.data(), v4.data(), n, a, &s,
                         reinterpret_cast<bf16*>(p16_both.data()), p16w_both.data());
       for (const auto* q : {&p1, &p3, &p4}) {
         EXPECT_EQ(0, std::memcmp(q->data(), p2.data(), n * sizeof(float)));
@@ -128,18 +131,21 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
   double p = 1.0, g = 1.0;
   float m = 0.f, v = 0.f;
   bf16 p16;
-  EXPECT_THROW(adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, &p16),
+  const AdamWStep one;
+  EXPECT_THROW(adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, &one, &p16),
                moecore::Error);
   float p16w;
-  EXPECT_THROW(adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, nullptr, &p16w),
-               moecore::Error);
+  EXPECT_THROW(
+      adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, &one, nullptr, &p16w),
+      moecore::Error);
 }
 
 TEST(AdamW, WeightDecayIsDecoupled) {
   // Zero gradient: m = v = 0, so the Adam term vanishes and only the decay acts:
   // wd = 0 leaves p bitwise alone, wd > 0 shrinks it by exactly lr * wd * p.
   AdamWParams a;
-  a.lr = 0.1;
+  AdamWStep s;
+  s.lr = 0.1;
   std::vector<float> g(4, 0.f);
   for (double wd : {0.0, 0.5}) {
     a.weight_decay = wd;
@@ -147,11 +153,11 @@ TEST(AdamW, WeightDecayIsDecoupled) {
       std::vector<float> p = {1.f, -2.f, 0.25f, 8.f}, m(4, 0.f), v(4, 0.f);
       const std::vector<float> p0 = p;
       if (fast)
-        adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 4, a);
+        adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), 4, a, &s);
       else
-        adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 4, a);
+        adamw_step_ref<float>(p.data(), g.data(), m.data(), v.data(), 4, a, s);
       for (int i = 0; i < 4; ++i) {
-        EXPECT_FLOAT_EQ(p[i], p0[i] * static_cast<float>(1.0 - a.lr * wd))
+        EXPECT_FLOAT_EQ(p[i], p0[i] * static_cast<float>(1.0 - s.lr * wd))
             << "wd=" << wd << " fast=" << fast << " i=" << i;
       }
       if (wd == 0.0) {
@@ -164,15 +170,16 @@ TEST(AdamW, WeightDecayIsDecoupled) {
 TEST(AdamW, GradScaleEqualsPrescaledGradient) {
   // Scaling by a power of two is exact, so both forms must agree bitwise.
   AdamWParams a;
+  AdamWStep s;
   a.weight_decay = 0.1;
   auto g = random_vec<float>(37, 5), p0 = random_vec<float>(37, 6);
   std::vector<float> g_half(g);
   for (auto& x : g_half) x *= 0.5f;
   std::vector<float> p1 = p0, p2 = p0, m1(37, 0.f), v1(37, 0.f), m2(37, 0.f), v2(37, 0.f);
-  a.grad_scale = 0.5;
-  adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), 37, a);
-  a.grad_scale = 1.0;
-  adamw_step<float>(cpu_exec(), p2.data(), g_half.data(), m2.data(), v2.data(), 37, a);
+  s.grad_scale = 0.5;
+  adamw_step<float>(cpu_exec(), p1.data(), g.data(), m1.data(), v1.data(), 37, a, &s);
+  s.grad_scale = 1.0;
+  adamw_step<float>(cpu_exec(), p2.data(), g_half.data(), m2.data(), v2.data(), 37, a, &s);
   EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)));
 }
@@ -180,14 +187,17 @@ TEST(AdamW, GradScaleEqualsPrescaledGradient) {
 TEST(AdamW, InvalidHyperParametersAreErrors) {
   float p = 1.f, g = 1.f, m = 0.f, v = 0.f;
   AdamWParams a;
-  a.step = 0;
-  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a), moecore::Error);
+  AdamWStep s;
+  s.step = 0;
+  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a, &s), moecore::Error);
   a = AdamWParams{};
+  s = AdamWStep{};
   a.beta2 = 1.0;
-  EXPECT_THROW(adamw_step_ref<float>(&p, &g, &m, &v, 1, a), moecore::Error);
+  EXPECT_THROW(adamw_step_ref<float>(&p, &g, &m, &v, 1, a, s), moecore::Error);
   a = AdamWParams{};
+  s = AdamWStep{};
   a.eps = 0.0;
-  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a), moecore::Error);
+  EXPECT_THROW(adamw_step<float>(cpu_exec(), &p, &g, &m, &v, 1, a, &s), moecore::Error);
 }
 
 }  // namespace

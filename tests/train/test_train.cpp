@@ -3,12 +3,14 @@
 // determinism for the same seed).
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "common/testing.h"
+#include "common/tiny_train_flags.h"
 #include "core/arena.h"
 #include "data/synthetic_language.h"
 #include "ops/gemm_bf16.h"
@@ -16,7 +18,6 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
-#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
@@ -99,7 +100,7 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
   // First Adam step moves by lr * sign(g) (bias-corrected), plus decoupled decay lr * wd * p.
   const float* w = params.get("w").data_as<float>();
   EXPECT_NEAR(w[0], 1.0 - 0.1 - 0.1 * 0.5, 1e-6);
-  EXPECT_NEAR(w[1], 1.0 - 0.1 * 0.5, 1e-6);  // zero grad: decay only
+  EXPECT_NEAR(w[1], 1.0 - 0.1 * 0.5, 1e-6);                       // zero grad: decay only
   EXPECT_FLOAT_EQ(params.get("norm").data_as<float>()[0], 1.0f);  // no decay, no grad
   EXPECT_NEAR(params.get("e").data_as<float>()[0], 1.0 - 0.1 - 0.05, 1e-6);
 }
@@ -134,6 +135,41 @@ void check_sum_squares() {
   EXPECT_EQ(by_threads[2], by_threads[0]) << "3 threads vs 1";
 }
 
+// A non-finite gradient norm stops training with the norm and the step named, after a step
+// that changed nothing: the update read the skip flag the clip op set (no host round trip
+// between the norm and the update), so the weights and moments are the ones before the step.
+TEST(Optimizer, NonFiniteNormIsAnErrorAfterAStepThatChangedNothing) {
+  for (bool chained : {false, true}) {
+    SCOPED_TRACE(chained);
+    ParamRegistry params(DType::F32);
+    params.add(ParamSpec{"w", {2}, ParamInit::Ones, 0, ParamKind::Dense, true, {}});
+    params.add(ParamSpec{"e", {1}, ParamInit::Ones, 0, ParamKind::Expert, true, {}});
+    Arena arena;
+    arena.plan([&](Arena& a) { params.allocate(a); });
+    params.init(0);
+    float* g = static_cast<float*>(params.flat_grad(ParamKind::Dense));
+    g[0] = 1;
+    g[1] = std::numeric_limits<float>::infinity();
+    static_cast<float*>(params.flat_grad(ParamKind::Expert))[0] = 2;
+    optim::AdamWConfig cfg;
+    std::unique_ptr<optim::AdamWOptimizer> single;
+    std::unique_ptr<optim::ChainedOptimizer> chain;
+    if (chained) chain = std::make_unique<optim::ChainedOptimizer>(params, cfg);
+    else single = std::make_unique<optim::AdamWOptimizer>(params, cfg);
+    try {
+      if (chained) chain->step(0.1);
+      else single->step(0.1);
+      ADD_FAILURE() << "no error for an infinite gradient";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gradient norm is inf at step 1"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(params.get("w").data_as<float>()[0], 1.0f);
+    EXPECT_EQ(params.get("w").data_as<float>()[1], 1.0f);
+    EXPECT_EQ(params.get("e").data_as<float>()[0], 1.0f);
+  }
+}
+
 TEST(Optimizer, GradSumOfSquaresIsAccurateAndThreadCountInvariant) {
   check_sum_squares<float>();
   check_sum_squares<double>();
@@ -165,8 +201,8 @@ TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
           ADD_FAILURE() << q.name() << "[" << i << "]";
           return;
         }
-        if (q.data16w != nullptr &&
-            std::bit_cast<uint32_t>(q.data16w[i]) != std::bit_cast<uint32_t>(bf16_to_float(expect))) {
+        if (q.data16w != nullptr && std::bit_cast<uint32_t>(q.data16w[i]) !=
+                                        std::bit_cast<uint32_t>(bf16_to_float(expect))) {
           ADD_FAILURE() << q.name() << " widened [" << i << "]";
           return;
         }
@@ -265,8 +301,13 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
   Arena qa;
   fill_optimizer_registry(q, qa);
   optim::AdamWOptimizer dense_only(q, cfg, ParamKind::Dense);
-  EXPECT_DOUBLE_EQ(dense_only.grad_sum_squares(), 9.0);
-  dense_only.update(0.1, 1.0);
+  double sum_sq[2] = {-1.0, -1.0};
+  dense_only.grad_sum_squares(sum_sq);
+  EXPECT_DOUBLE_EQ(sum_sq[0], 9.0);
+  EXPECT_EQ(sum_sq[1], -1.0) << "a dense-only optimizer wrote the expert sum";
+  ops::AdamWStep step;
+  step.lr = 0.1;
+  dense_only.update(&step);
   EXPECT_EQ(q.get("e").data_as<float>()[0], 1.0f);
   EXPECT_NEAR(q.get("w").data_as<float>()[0], 0.9, 1e-6);
 }
@@ -425,8 +466,8 @@ TEST(Train, StepBreakdownAddsUpToTheStepTime) {
     double sum = 0;
     for (double s : m.phase_seconds) sum += s;
     EXPECT_NEAR(sum, m.seconds, 0.05 * m.seconds) << "iteration " << m.iteration;
-    for (Phase p : {Phase::Gemm, Phase::Attention, Phase::Router, Phase::Permute,
-                    Phase::Optimizer, Phase::Other}) {
+    for (Phase p : {Phase::Gemm, Phase::Attention, Phase::Router, Phase::Permute, Phase::Optimizer,
+                    Phase::Other}) {
       EXPECT_GT(m.phase_seconds[static_cast<int>(p)], 0.0) << phase_name(p);
     }
     EXPECT_EQ(m.phase_seconds[static_cast<int>(Phase::Communication)], 0.0);  // one rank

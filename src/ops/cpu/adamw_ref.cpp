@@ -8,26 +8,28 @@
 
 namespace moecore::ops {
 
-void check_adamw_params(const char* who, int64_t n, const AdamWParams& a);
+void check_adamw_params(const char* who, int64_t n, const AdamWParams& a, const AdamWStep& s);
 
 template <typename T>
-void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a) {
-  check_adamw_params("adamw_ref", n, a);
-  double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-  double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
+                    const AdamWStep& s) {
+  check_adamw_params("adamw_ref", n, a, s);
+  if (s.skip) return;
+  double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(s.step));
+  double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(s.step));
   for (int64_t i = 0; i < n; ++i) {
-    double gi = a.grad_scale * static_cast<double>(g[i]);
+    double gi = s.grad_scale * static_cast<double>(g[i]);
     m[i] = static_cast<float>(a.beta1 * m[i] + (1.0 - a.beta1) * gi);
     v[i] = static_cast<float>(a.beta2 * v[i] + (1.0 - a.beta2) * gi * gi);
     double mhat = m[i] / bc1, vhat = v[i] / bc2;
     double pi = static_cast<double>(p[i]);
-    p[i] = static_cast<T>(pi - a.lr * (mhat / (std::sqrt(vhat) + a.eps) + a.weight_decay * pi));
+    p[i] = static_cast<T>(pi - s.lr * (mhat / (std::sqrt(vhat) + a.eps) + a.weight_decay * pi));
   }
 }
 
 template void adamw_step_ref<float>(float*, const float*, float*, float*, int64_t,
-                                    const AdamWParams&);
+                                    const AdamWParams&, const AdamWStep&);
 template void adamw_step_ref<double>(double*, const double*, float*, float*, int64_t,
-                                     const AdamWParams&);
+                                     const AdamWParams&, const AdamWStep&);
 
 }  // namespace moecore::ops
