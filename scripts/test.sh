@@ -33,9 +33,11 @@ for v in "${variants[@]}"; do
 done
 
 if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "[test] CUDA build check (compile and link only; no GPU needed)"
+  # Everything, tests included, so the CUDA configuration's code (MOECORE_HAVE_CUDA branches,
+  # the CUDA context) compiles and links wherever nvcc is; the tests run on a GPU machine.
+  echo "[test] CUDA build check: the CUDA configuration with its tests (compile and link only)"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_CUDA=ON \
-    -DMOECORE_TESTS=OFF -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
+    -DMOECORE_TESTS=ON -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
     > build-cuda.log 2>&1 || { cat build-cuda.log; exit 1; }
-  cmake --build build-cuda -j"$(nproc)" --target moecore
+  cmake --build build-cuda -j"$(nproc)"
 fi
