@@ -16,8 +16,11 @@ std::vector<int64_t> Param::local_shape() const {
 }
 
 int64_t Param::local_numel() const {
+  // The product of local_shape(), without building it: the optimizer asks inside a step.
   int64_t n = 1;
-  for (int64_t d : local_shape()) n *= d;
+  for (size_t i = 0; i < spec.global_shape.size(); ++i) {
+    n *= static_cast<int>(i) == spec.slice.dim ? spec.slice.length : spec.global_shape[i];
+  }
   return n;
 }
 

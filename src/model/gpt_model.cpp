@@ -195,9 +195,15 @@ void GPTModel<T>::set_training(bool training) {
 }
 
 template <typename T>
-MoeStats GPTModel<T>::moe_stats() const {
-  MoeStats st;
+void GPTModel<T>::moe_stats(MoeStats* out) const {
+  MoeStats& st = *out;
+  st.num_moe_layers = 0;
+  st.aux_value = st.aux_loss = st.z_loss = st.z_value = 0;
+  for (double& v : st.lb_value) v = 0;
+  st.dropped = 0;
+  st.max_over_mean_load = 0;
   st.tokens_per_expert.assign(cfg_.num_experts, 0);
+  size_t n_layers = 0;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const auto& b = blocks_[l];
     if (!b->is_moe()) continue;
@@ -212,11 +218,13 @@ MoeStats GPTModel<T>::moe_stats() const {
     st.dropped += rs.dropped;
     for (int64_t e = 0; e < cfg_.num_experts; ++e)
       st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
-    MoeLayerStats ls{static_cast<int64_t>(l), router.stats()};
+    if (st.layers.size() <= n_layers) st.layers.emplace_back();  // the first call only
+    MoeLayerStats& ls = st.layers[n_layers++];
+    ls.layer = static_cast<int64_t>(l);
+    router.stats(&ls.router);
     st.max_over_mean_load = std::max(st.max_over_mean_load, ls.router.max_over_mean_load);
-    st.layers.push_back(std::move(ls));
   }
-  return st;
+  st.layers.resize(n_layers);
 }
 
 template <typename T>

@@ -82,7 +82,13 @@ class GPTModel {
   // Training forwards jitter router inputs and accumulate balancing counts; eval ones do not.
   void set_training(bool training);
 
-  MoeStats moe_stats() const;
+  // Fills *out in place: after the first call with a given model nothing allocates.
+  void moe_stats(MoeStats* out) const;
+  MoeStats moe_stats() const {
+    MoeStats st;
+    moe_stats(&st);
+    return st;
+  }
   // The routers of the MoE layers in layer order: their balancing state (expert bias, quantile
   // beta) for checks across replicas.
   std::vector<const moe::Router<T>*> routers() const;

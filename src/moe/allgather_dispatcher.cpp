@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/profiler.h"
+#include "core/sync_audit.h"
 #include "ops/permute.h"
 
 namespace moecore::moe {
@@ -61,6 +62,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
             max_tokens_);
   {
     ScopedPhase phase(Phase::Communication);
+    SyncAudit::instance().host_sync("allgather dispatcher plan", SyncAudit::kEpTokenCounts);
     const int64_t meta[2] = {n_tok, pad_to_rows};
     ep_.all_gather(std::span<const int64_t>(meta, 2), std::span<int64_t>(meta_R2_, 2 * R_));
   }

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/profiler.h"
+#include "core/sync_audit.h"
 
 namespace moecore::moe {
 
@@ -67,6 +68,9 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
     std::fill(counts_RE_, counts_RE_ + R_ * E_, pad_to_rows);
   } else {
     ScopedPhase phase(Phase::Communication);
+    // The one documented host sync of a dropless MoE layer under EP: the host sizes the
+    // all-to-all from every rank's counts (padded dispatch has static splits and none).
+    SyncAudit::instance().host_sync("alltoall dispatcher plan", SyncAudit::kEpCountExchange);
     ep_.all_gather(std::span<const int64_t>(counts_E, E_), std::span<int64_t>(counts_RE_, R_ * E_));
   }
   int64_t recv_off = 0;

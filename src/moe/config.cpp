@@ -58,15 +58,18 @@ std::vector<LoadBalancingTerm> RouterConfig::load_balancing_terms() const {
   return out;
 }
 
+// Both read the listed terms in place (the router asks inside a step, which allocates nothing).
 bool RouterConfig::uses(LoadBalancing type) const {
-  for (const auto& t : load_balancing_terms()) {
+  if (load_balancing == type) return true;
+  for (const auto& t : extra_load_balancing) {
     if (t.type == type) return true;
   }
   return false;
 }
 
 double RouterConfig::coeff(LoadBalancing type) const {
-  for (const auto& t : load_balancing_terms()) {
+  if (load_balancing == type) return aux_loss_coeff;
+  for (const auto& t : extra_load_balancing) {
     if (t.type == type) return t.coeff;
   }
   return 0.0;

@@ -721,9 +721,9 @@ void Router<T>::reset_step() {
 }
 
 template <typename T>
-RouterStats Router<T>::stats() const {
+void Router<T>::stats(RouterStats* out) const {
   const RouterSaved<T>& s = saved_;
-  RouterStats st;
+  RouterStats& st = *out;
   st.tokens_per_expert.assign(s.tokens_per_expert_E, s.tokens_per_expert_E + E_);
   int64_t sum = 0, mx = 0;
   for (int64_t c : st.tokens_per_expert) {
@@ -733,6 +733,7 @@ RouterStats Router<T>::stats() const {
   st.max_over_mean_load = sum > 0 ? static_cast<double>(mx) * E_ / static_cast<double>(sum) : 0;
   st.dropped = s.dropped;
   st.capacity = s.capacity;
+  st.bias_min = st.bias_max = st.beta_min = st.beta_max = 0;
   if (cfg_.enable_expert_bias) {
     st.bias_min = *std::min_element(expert_bias_E_, expert_bias_E_ + E_);
     st.bias_max = *std::max_element(expert_bias_E_, expert_bias_E_ + E_);
@@ -741,7 +742,6 @@ RouterStats Router<T>::stats() const {
     st.beta_min = *std::min_element(beta_E_, beta_E_ + E_);
     st.beta_max = *std::max_element(beta_E_, beta_E_ + E_);
   }
-  return st;
 }
 
 template class Router<float>;

@@ -100,7 +100,13 @@ class Router {
   void set_training(bool training) { training_ = training; }
 
   const RouterSaved<T>& saved() const { return saved_; }
-  RouterStats stats() const;
+  // Fills *out in place (its vector keeps its capacity: nothing allocates inside a step).
+  void stats(RouterStats* out) const;
+  RouterStats stats() const {
+    RouterStats st;
+    stats(&st);
+    return st;
+  }
   const RouterConfig& config() const { return cfg_; }
   const Param& weight() const { return *weight_; }
   // fp32 buffers [E], part of the model state (checkpointed with it).

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "core/sync_audit.h"
 
 namespace moecore::parallel {
 
@@ -41,6 +42,8 @@ void CommHandle::finish_or_die() noexcept {
 
 void CommHandle::wait() {
   if (!req_) return;
+  // Counted: the MPI backend waits on the host; a stream-ordered backend (NCCL) will not.
+  SyncAudit::instance().host_sync("CommHandle::wait", SyncAudit::kHostCommWait);
   req_->wait();
   req_.reset();
 }

@@ -187,6 +187,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "kernels are not written yet)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->group(kTrain);
+  app.add_flag("--sync-audit", t.sync_audit,
+               "Stop with the call sites if a step allocates or waits for the host outside its "
+               "documented sync points (docs/design.md)")
+      ->group(kTrain);
   app.add_option("--peak-tflops", f.peak_tflops,
                  "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
       ->group(kLog);

@@ -11,6 +11,7 @@
 #include <span>
 
 #include "core/check.h"
+#include "core/sync_audit.h"
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
 #include "ops/gemm_bf16.h"
@@ -197,12 +198,26 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.iteration = ++iteration_;
   m.lr = cfg_.lr.lr(optimizer_->steps_taken());
   std::fill(load_.begin(), load_.end(), 0);
+  // --sync-audit: from here to the end of the step's work nothing may allocate or sync outside
+  // the documented points; the audit is disarmed on any exit, and end_step() reports.
+  SyncAudit& audit = SyncAudit::instance();
+  struct Disarm {
+    SyncAudit* a;
+    ~Disarm() {
+      if (a && a->in_step()) a->end_step_quietly();
+    }
+  } disarm{cfg_.sync_audit ? &audit : nullptr};
+  // The first step is the warm-up (what a CUDA graph is captured after): libraries and
+  // reusable host structures reach their sizes there; every later step is audited.
+  const bool audited = cfg_.sync_audit && iteration_ > 1;
+  if (audited) audit.begin_step();
   model_->params().zero_grads();
   int64_t moe_layers = 0;
   // This rank's contiguous share of the global batch (data::SampleStream).
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
     {
       ScopedPhase phase(Phase::Data);
+      SyncAudit::Paused inputs;  // the host writes the step's inputs
       train_stream_->fill_micro_batch(mb, cfg_.micro_batch, S, ids_.data(), targets_.data(),
                                       scratch_.data());
     }
@@ -212,7 +227,8 @@ StepMetrics BasicTrainer<T>::train_step() {
     // Megatron averages the loss over micro-batches and the gradients over dp x cp replicas:
     // each backward carries 1 / (micro-batches x dp), so the all-reduce is a plain sum.
     model_->backward(1.0 / static_cast<double>(n_global));
-    model::MoeStats st = model_->moe_stats();
+    model::MoeStats& st = moe_stats_;
+    model_->moe_stats(&st);
     moe_layers = st.num_moe_layers;
     mb_values_[mb * 3 + 1] = moe_layers > 0 ? st.aux_value / moe_layers : 0.0;
     mb_values_[mb * 3 + 2] = moe_layers > 0 ? st.z_value / moe_layers : 0.0;
@@ -246,6 +262,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.grad_norm = info.grad_norm;
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
+  if (audited) audit.end_step();
   if (moe_layers > 0) {
     const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
@@ -525,6 +542,18 @@ void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMet
                                            cfg_.peak_gflops > 0 ? "given" : "probed", peak_gflops_)
                              : std::string(),
              seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
+  if (cfg_.sync_audit && iters > 1) {
+    const SyncAudit& audit = SyncAudit::instance();
+    std::string counted;
+    for (const auto& [what, n] : audit.documented_syncs()) {
+      counted += fmt::format("{}{} x{}", counted.empty() ? ": " : "; ", what, n);
+    }
+    fmt::print(log,
+               "[sync-audit] steps 2-{} audited: {} allocations, {} undocumented host syncs; "
+               "counted in the last step{}\n",
+               iteration_, audit.allocations(), audit.violations().size(),
+               counted.empty() ? ": nothing" : counted);
+  }
 }
 
 template class BasicTrainer<float>;

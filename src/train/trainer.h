@@ -42,6 +42,7 @@ struct TrainConfig {
   optim::AdamWConfig adam;
   std::string metrics_file;   // --metrics-file (JSON lines)
   std::string device = "cpu"; // --device: the backend every op of the step runs on
+  bool sync_audit = false;    // --sync-audit: every step proves it allocates and syncs nothing
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
   parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
@@ -116,6 +117,7 @@ class BasicTrainer {
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::unique_ptr<optim::ChainedOptimizer> optimizer_;
   moe::RouterStepSync router_sync_;
+  model::MoeStats moe_stats_;  // refilled per micro-batch, in place
   FlopsModel flops_;
   double peak_gflops_ = 0;
   std::vector<int32_t> ids_, targets_, scratch_;  // sized once, before step 0

@@ -73,6 +73,22 @@ TEST(Cli, BadInputStopsBeforeTraining) {
 #endif
 }
 
+// --sync-audit: after the warm-up step, no step allocates or syncs outside the documented
+// points, dropless and padded, f32 and --bf16 with quantile balancing (one rank; the counts of
+// oneDNN's own allocations are reported, not hidden).
+TEST(Cli, SyncAuditedStepsAllocateNothing) {
+  for (const char* mode : {"", " --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity",
+                           " --bf16 --moe-router-load-balancing-type quantile_balancing"
+                           " --moe-aux-loss-coeff 0"}) {
+    CommandResult r = run("train" + std::string(kTiny) + " --train-iters 4 --sync-audit" + mode);
+    EXPECT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
+    EXPECT_NE(r.output.find("[sync-audit] steps 2-4 audited: 0 allocations, 0 undocumented host "
+                            "syncs"),
+              std::string::npos)
+        << mode << "\n" << r.output;
+  }
+}
+
 // Parallel flags are real: the implemented ones run (one rank here; tests/parallel has mpirun),
 // the others stop before training naming their flag.
 TEST(Cli, ParallelFlags) {

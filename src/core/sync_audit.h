@@ -1,0 +1,79 @@
+// The sync audit (`moecore train --sync-audit`): evidence that a training step never waits for
+// the host. While an audited step runs, the events a captured step could not contain are
+// recorded with their call site (a symbolised backtrace):
+//   - a heap allocation (global operator new, any thread): a step allocates nothing;
+//   - a host synchronisation that is not one of the documented sync points (host_sync()).
+// A documented sync point (dropless EP's count exchange: the host needs the counts to size the
+// all-to-all) is declared by its site with a name, and counted, not hidden. At the end of the
+// step, end_step() throws naming every violation's kind, count and first call site.
+// The host writing the step's inputs (token ids) is outside the audit (Paused).
+// On the CPU backend the buffers are host memory, so a host read of step data is not an event
+// the audit can see; on a device backend every device-to-host copy goes through host_sync().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moecore {
+
+class SyncAudit {
+ public:
+  // The documented count of the allocations oneDNN's sgemm makes inside its calls.
+  static constexpr const char* kBlasAllocations = "CPU BLAS (oneDNN sgemm) internal allocations";
+  // The documented sync points (docs/design.md, "The execution model").
+  static constexpr const char* kEpCountExchange =
+      "dropless EP count exchange (the host sizes the all-to-all)";
+  static constexpr const char* kEpTokenCounts = "allgather dispatcher token counts per EP rank";
+  static constexpr const char* kHostCommWait = "host waits on communication (the MPI backend)";
+  struct Violation {
+    std::string kind;   // "allocation", "host sync"
+    std::string where;  // the first call site seen, symbolised
+    int64_t count = 0;
+  };
+
+  // The audit of this process (one trainer per process).
+  static SyncAudit& instance();
+
+  // Arms recording until end_step(); only one step is audited at a time.
+  void begin_step();
+  // Disarms and throws moecore::Error listing every violation of the step, if any.
+  void end_step();
+  // Disarms without reporting (a step left by an exception).
+  void end_step_quietly();
+  bool in_step() const;
+
+  // While alive, the audit records nothing (the host preparing the step's inputs).
+  class Paused {
+   public:
+    Paused();
+    ~Paused();
+    Paused(const Paused&) = delete;
+    Paused& operator=(const Paused&) = delete;
+
+   private:
+    bool was_armed_;
+  };
+
+  // Called by the code that makes the host wait for, or read, the step's data. `documented`
+  // names a documented sync point (docs/design.md): counted per name; otherwise a violation.
+  void host_sync(const char* what, const char* documented = nullptr);
+
+  // Counts of the last audited step.
+  int64_t allocations() const { return allocations_; }
+  const std::map<std::string, int64_t>& documented_syncs() const { return documented_; }
+  const std::vector<Violation>& violations() const { return violations_; }
+
+  // From the global operator new (sync_audit.cpp).
+  void on_allocation(std::size_t bytes);
+
+ private:
+  void record(const std::string& kind, void* const* frames, int n, int skip_frames);
+
+  int64_t allocations_ = 0;
+  std::map<std::string, int64_t> documented_;
+  std::vector<Violation> violations_;
+};
+
+}  // namespace moecore

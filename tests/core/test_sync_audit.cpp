@@ -1,0 +1,76 @@
+// The sync audit records what a captured step could not contain, with the call site: a heap
+// allocation, an undocumented host sync; documented sync points are counted, and the host
+// writing the step's inputs (Paused) is not an event.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "core/check.h"
+#include "core/sync_audit.h"
+
+namespace moecore {
+
+// Not inlined, and not in an anonymous namespace (whose symbols are not exported): the audit
+// must name it as the allocating call site.
+[[gnu::noinline]] void allocate_inside_the_step(std::unique_ptr<int>* out) {
+  *out = std::make_unique<int>(42);
+}
+
+namespace {
+
+std::string end_step_error(SyncAudit& audit) {
+  try {
+    audit.end_step();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SyncAudit, AnAllocationInsideAStepIsReportedWithItsCallSite) {
+  SyncAudit& audit = SyncAudit::instance();
+  std::unique_ptr<int> p;
+  audit.begin_step();
+  allocate_inside_the_step(&p);
+  const std::string msg = end_step_error(audit);
+  EXPECT_FALSE(audit.in_step());
+  EXPECT_EQ(audit.allocations(), 1);
+  EXPECT_NE(msg.find("allocation x1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("allocate_inside_the_step"), std::string::npos) << msg;
+  // Outside a step, allocations are no events.
+  allocate_inside_the_step(&p);
+  EXPECT_EQ(audit.allocations(), 1);
+}
+
+TEST(SyncAudit, PausedAndDocumentedSyncsAreNoViolations) {
+  SyncAudit& audit = SyncAudit::instance();
+  std::unique_ptr<int> p;
+  audit.begin_step();
+  {
+    SyncAudit::Paused inputs;
+    allocate_inside_the_step(&p);  // the host preparing the step's inputs
+  }
+  audit.host_sync("test", SyncAudit::kEpCountExchange);
+  audit.host_sync("test", SyncAudit::kEpCountExchange);
+  EXPECT_EQ(end_step_error(audit), "");
+  EXPECT_EQ(audit.allocations(), 0);
+  ASSERT_EQ(audit.documented_syncs().count(SyncAudit::kEpCountExchange), 1u);
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kEpCountExchange), 2);
+
+  audit.begin_step();
+  audit.host_sync("a read of the loss");  // not documented: a violation
+  const std::string msg = end_step_error(audit);
+  EXPECT_NE(msg.find("host sync: a read of the loss x1"), std::string::npos) << msg;
+}
+
+TEST(SyncAudit, OneStepAtATime) {
+  SyncAudit& audit = SyncAudit::instance();
+  audit.begin_step();
+  EXPECT_THROW(audit.begin_step(), Error);
+  audit.end_step_quietly();
+  EXPECT_FALSE(audit.in_step());
+}
+
+}  // namespace
+}  // namespace moecore
