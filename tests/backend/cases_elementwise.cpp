@@ -1,0 +1,422 @@
+// Cases: the element-wise and layout ops: SwiGLU (with and without the routing prob, and its
+// bf16 / bf16w forms), RMSNorm (and rmsnorm_forward_bf16w), add, bias, the QKV layout, the
+// token layout, the f32 <-> bf16 casts (NaN, inf, denormals, ties), sum of squares and AdamW
+// (with and without the bf16 copies). Sizes 0 / 1 / odd / not a multiple of 8, and one above
+// each op's OpenMP threshold.
+#include <bit>
+#include <cmath>
+#include <random>
+
+#include "backend_case.h"
+#include "ops/adamw.h"
+#include "ops/add.h"
+#include "ops/bias.h"
+#include "ops/cast.h"
+#include "ops/qkv_layout.h"
+#include "ops/rmsnorm.h"
+#include "ops/sum_squares.h"
+#include "ops/swiglu.h"
+#include "ops/token_layout.h"
+
+namespace moecore::backend_test {
+namespace {
+
+struct NF {
+  int64_t N, F;
+};
+// N = 0 (an expert with no tokens), N = 1, odd N, F not a multiple of 8, a parallel shape.
+const NF kSwiGluShapes[] = {{0, 5}, {1, 1}, {1, 7}, {13, 37}, {64, 300}};
+
+// The backward takes the same h as the forward; dp is written only with p.
+template <typename T>
+void swiglu_case(const Exec& ex) {
+  uint32_t seed = 1;
+  for (auto [N, F] : kSwiGluShapes) {
+    const auto h = random_vec<T>(N * 2 * F, seed++, -6, 6);  // both tails of the sigmoid
+    const auto p = random_vec<T>(N, seed++, 0, 1);
+    const auto da = random_vec<T>(N * F, seed++);
+    for (bool with_p : {true, false}) {
+      BACKEND_TRACE("N=" << N << " F=" << F << " p=" << with_p);
+      const T* pp = with_p ? p.data() : nullptr;
+      std::vector<T> a_ref(N * F), dh_ref(N * 2 * F), dp_ref(N, T(-1));
+      ops::swiglu_forward_ref(a_ref.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_ref(dh_ref.data(), dp_ref.data(), da.data(), h.data(), pp, N, F);
+      Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * 2 * F), dp(N, T(-1));
+      ops::swiglu_forward(ex, a.data(), h.data(), pp, N, F);
+      ops::swiglu_backward(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      expect_close(a, a_ref.data(), "a");
+      expect_close(dh, dh_ref.data(), "dh");
+      if (with_p) {
+        expect_close(dp, dp_ref.data(), "dp");
+      } else {
+        for (int64_t n = 0; n < N; ++n) EXPECT_EQ(dp[n], T(-1)) << "dp written without p";
+      }
+    }
+  }
+}
+
+// No plain loop of its own: the bf16 forms are specified as the cast of the f32 op's outputs
+// (bitwise, ops/swiglu.h), and the f32 op is checked against its reference in swiglu_f32.
+void swiglu_bf16_case(const Exec& ex) {
+  uint32_t seed = 20;
+  for (auto [N, F] : kSwiGluShapes) {
+    const auto h = random_vec<float>(N * 2 * F, seed++, -6, 6);
+    const auto p = random_vec<float>(N, seed++, 0, 1);
+    const auto da = random_vec<float>(N * F, seed++);
+    for (bool with_p : {true, false}) {
+      BACKEND_TRACE("N=" << N << " F=" << F << " p=" << with_p);
+      const float* pp = with_p ? p.data() : nullptr;
+      std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f);
+      ops::swiglu_forward(ex, a.data(), h.data(), pp, N, F);
+      ops::swiglu_backward(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      const auto a16_want = to_bf16(a), dh16_want = to_bf16(dh);
+      const auto aw_want = bf16_rounded(a), dhw_want = bf16_rounded(dh);
+
+      Guarded<uint16_t> a16(N * F), dh16(N * 2 * F);
+      Guarded<float> dp16(N, -1.f);
+      ops::swiglu_forward_bf16(ex, as_bf16(a16.data()), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16(ex, as_bf16(dh16.data()), dp16.data(), da.data(), h.data(), pp, N,
+                                F);
+      expect_bitwise(a16, reinterpret_cast<const uint16_t*>(a16_want.data()), "a16");
+      expect_bitwise(dh16, reinterpret_cast<const uint16_t*>(dh16_want.data()), "dh16");
+      expect_bitwise(dp16, dp.data(), "dp (bf16 kernel)");  // -1 where p is null: unwritten
+
+      Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * 2 * F), dpw(N, -1.f);
+      ops::swiglu_forward_bf16w(ex, aw.data(), h.data(), pp, N, F);
+      ops::swiglu_backward_bf16w(ex, dhw.data(), dpw.data(), da.data(), h.data(), pp, N, F);
+      expect_bitwise(aw, aw_want.data(), "a (bf16w)");
+      expect_bitwise(dhw, dhw_want.data(), "dh (bf16w)");
+      expect_bitwise(dpw, dp.data(), "dp (bf16w kernel)");
+    }
+  }
+}
+
+struct TH {
+  int64_t T, H;
+};
+// T = 1, odd T, H not a multiple of 8, shapes big enough for the parallel branch.
+const TH kNormShapes[] = {{1, 1}, {1, 7}, {13, 37}, {3, 130}, {64, 256}, {70, 300}};
+constexpr double kEps = 1e-6;
+
+// The backward takes the reference forward's rstd; dw accumulates from a non-zero start.
+template <typename T>
+void rmsnorm_case(const Exec& ex) {
+  uint32_t seed = 30;
+  for (auto [T_, H] : kNormShapes) {
+    BACKEND_TRACE("T=" << T_ << " H=" << H);
+    const auto x = random_vec<T>(T_ * H, seed++, -2, 2);
+    const auto w = random_vec<T>(H, seed++, 0.5, 1.5);
+    const auto dy = random_vec<T>(T_ * H, seed++);
+    const auto dw0 = random_vec<T>(H, seed++);
+    std::vector<T> y_ref(T_ * H), rstd_ref(T_), dx_ref(T_ * H), dw_ref = dw0;
+    ops::rmsnorm_forward_ref(y_ref.data(), rstd_ref.data(), x.data(), w.data(), T_, H, kEps);
+    ops::rmsnorm_backward_ref(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(),
+                              rstd_ref.data(), T_, H);
+    Guarded<T> y = nan_out<T>(T_ * H), rstd = nan_out<T>(T_), dx = nan_out<T>(T_ * H),
+               dw = guarded(dw0);
+    ops::rmsnorm_forward(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    ops::rmsnorm_backward(ex, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd_ref.data(),
+                          T_, H);
+    expect_close(y, y_ref.data(), "y");
+    expect_close(rstd, rstd_ref.data(), "rstd");
+    expect_close(dx, dx_ref.data(), "dx");
+    expect_close(dw, dw_ref.data(), "dw (accumulated)");
+  }
+}
+
+// Specified as round_f32_to_bf16 of rmsnorm_forward's y, with the same rstd (ops/rmsnorm.h):
+// bitwise against the backend's f32 forward, which rmsnorm_f32 checks against the reference.
+void rmsnorm_bf16w_case(const Exec& ex) {
+  uint32_t seed = 40;
+  for (auto [T_, H] : kNormShapes) {
+    BACKEND_TRACE("T=" << T_ << " H=" << H);
+    const auto x = random_vec<float>(T_ * H, seed++, -2, 2);
+    const auto w = random_vec<float>(H, seed++, 0.5, 1.5);
+    std::vector<float> y(T_ * H), rstd(T_);
+    ops::rmsnorm_forward(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    const auto y_want = bf16_rounded(y);
+    Guarded<float> y16 = nan_out<float>(T_ * H), rstd16 = nan_out<float>(T_);
+    ops::rmsnorm_forward_bf16w(ex, y16.data(), rstd16.data(), x.data(), w.data(), T_, H, kEps);
+    expect_bitwise(y16, y_want.data(), "y (bf16 values)");
+    expect_bitwise(rstd16, rstd.data(), "rstd");
+  }
+}
+
+const int64_t kSizes[] = {0, 1, 37, (int64_t{1} << 16) + 5};
+
+// Exact per element: bitwise, also with y aliasing a or b.
+template <typename T>
+void add_one(const Exec& ex) {
+  uint32_t seed = 50;
+  for (int64_t n : kSizes) {
+    BACKEND_TRACE(dtype_name<T>() << " n=" << n);
+    const auto a = random_vec<T>(n, seed++), b = random_vec<T>(n, seed++);
+    std::vector<T> y_ref(n);
+    ops::add_ref(y_ref.data(), a.data(), b.data(), n);
+    Guarded<T> y = nan_out<T>(n), ya = guarded(a), yb = guarded(b);
+    ops::add(ex, y.data(), a.data(), b.data(), n);
+    ops::add(ex, ya.data(), ya.data(), b.data(), n);
+    ops::add(ex, yb.data(), a.data(), yb.data(), n);
+    expect_bitwise(y, y_ref.data(), "y");
+    expect_bitwise(ya, y_ref.data(), "y aliasing a");
+    expect_bitwise(yb, y_ref.data(), "y aliasing b");
+  }
+}
+
+// Forward exact (bitwise); backward sums rows in f32 vs the f64-accumulating reference.
+template <typename T>
+void bias_one(const Exec& ex) {
+  struct MN {
+    int64_t M, N;
+  };
+  uint32_t seed = 60;
+  for (MN s : {MN{0, 3}, MN{1, 1}, MN{13, 7}, MN{100, 70}, MN{300, 37}}) {
+    BACKEND_TRACE(dtype_name<T>() << " M=" << s.M << " N=" << s.N);
+    const auto y0 = random_vec<T>(s.M * s.N, seed++), b = random_vec<T>(s.N, seed++);
+    const auto db0 = random_vec<T>(s.N, seed++);
+    std::vector<T> y_ref = y0, db_ref = db0;
+    ops::bias_forward_ref(y_ref.data(), b.data(), s.M, s.N);
+    ops::bias_backward_ref(db_ref.data(), y0.data(), s.M, s.N);
+    Guarded<T> y = guarded(y0), db = guarded(db0);
+    ops::bias_forward(ex, y.data(), b.data(), s.M, s.N);
+    ops::bias_backward(ex, db.data(), y0.data(), s.M, s.N);
+    expect_bitwise(y, y_ref.data(), "y");
+    expect_close(db, db_ref.data(), "db (accumulated)");
+  }
+}
+
+// Pure copies: bitwise; fuse(split(f)) == f.
+template <typename T>
+void qkv_one(const Exec& ex) {
+  uint32_t seed = 70;
+  for (ops::QkvShape s :
+       {ops::QkvShape{1, 1, 1, 1}, ops::QkvShape{5, 4, 2, 3}, ops::QkvShape{7, 6, 6, 2},
+        ops::QkvShape{13, 6, 2, 5}, ops::QkvShape{64, 8, 2, 16}}) {
+    BACKEND_TRACE(dtype_name<T>() << " T=" << s.n_tok << " Hq=" << s.Hq << " Hkv=" << s.Hkv
+                                  << " D=" << s.D);
+    const int64_t nq = s.n_tok * s.Hq * s.D, nkv = s.n_tok * s.Hkv * s.D, nf = nq + 2 * nkv;
+    const auto fused = random_vec<T>(nf, seed++);
+    std::vector<T> q_ref(nq), k_ref(nkv), v_ref(nkv), f_ref(nf);
+    ops::split_qkv_ref(q_ref.data(), k_ref.data(), v_ref.data(), fused.data(), s);
+    Guarded<T> q = nan_out<T>(nq), k = nan_out<T>(nkv), v = nan_out<T>(nkv);
+    ops::split_qkv(ex, q.data(), k.data(), v.data(), fused.data(), s);
+    expect_bitwise(q, q_ref.data(), "q");
+    expect_bitwise(k, k_ref.data(), "k");
+    expect_bitwise(v, v_ref.data(), "v");
+    const auto gq = random_vec<T>(nq, seed++), gk = random_vec<T>(nkv, seed++),
+               gv = random_vec<T>(nkv, seed++);
+    ops::fuse_qkv_ref(f_ref.data(), gq.data(), gk.data(), gv.data(), s);
+    Guarded<T> f = nan_out<T>(nf), back = nan_out<T>(nf);
+    ops::fuse_qkv(ex, f.data(), gq.data(), gk.data(), gv.data(), s);
+    expect_bitwise(f, f_ref.data(), "fused");
+    ops::fuse_qkv(ex, back.data(), q_ref.data(), k_ref.data(), v_ref.data(), s);
+    expect_bitwise(back, fused.data(), "fuse(split(f))");
+  }
+}
+
+// Ignored (negative) targets are kept in place and not counted.
+void token_layout_case(const Exec& ex) {
+  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {8, 64}, {0, 4}, {5, 13}}) {
+    BACKEND_TRACE("B=" << B << " S=" << S);
+    std::vector<int32_t> ids(B * S), tg(B * S);
+    for (int64_t i = 0; i < B * S; ++i) {
+      ids[i] = static_cast<int32_t>(i * 7 % 101);
+      tg[i] = i % 5 == 3 ? -1 : i % 7 == 2 ? -100 : static_cast<int32_t>(i % 97);
+    }
+    std::vector<int32_t> ids_ref(B * S), tg_ref(B * S);
+    int64_t counted_ref = -1;
+    ops::tokens_to_sequence_major_ref(ids_ref.data(), tg_ref.data(), &counted_ref, ids.data(),
+                                      tg.data(), B, S);
+    Guarded<int32_t> ids_T(B * S, -7), tg_T(B * S, -7);
+    Guarded<int64_t> counted(1, -1);
+    ops::tokens_to_sequence_major(ex, ids_T.data(), tg_T.data(), counted.data(), ids.data(),
+                                  tg.data(), B, S);
+    expect_bitwise(ids_T, ids_ref.data(), "ids_T");
+    expect_bitwise(tg_T, tg_ref.data(), "targets_T");
+    expect_bitwise(counted, &counted_ref, "counted");
+  }
+}
+
+float from_bits(uint32_t u) {
+  return std::bit_cast<float>(u);
+}
+
+// Ties (both parities, both signs), carries into the exponent, FLT_MAX -> inf, +-inf, quiet and
+// signalling NaNs (payload only in the low bits, all-ones payload, negative), +-0, denormals.
+const uint32_t kSpecialBits[] = {
+    0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf808000u, 0xbf818000u,
+    0x3fffffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xff800001u,
+    0x7fffffffu, 0x00000000u, 0x80000000u, 0x00000001u, 0x00018000u, 0x00008000u, 0x807fffffu};
+
+std::vector<float> cast_inputs(int64_t n, uint32_t seed) {
+  auto x = random_vec<float>(n, seed, -1e3, 1e3);
+  for (int64_t i = 0; i < n && i < int64_t(std::size(kSpecialBits)); ++i) {
+    x[i * 3 % n] = from_bits(kSpecialBits[i]);
+  }
+  return x;
+}
+
+// Every cast is exact given the rounding rule: bitwise (NaN payloads included).
+void cast_case(const Exec& ex) {
+  uint32_t seed = 80;
+  for (int64_t n : kSizes) {
+    BACKEND_TRACE("n=" << n);
+    const auto x = cast_inputs(n, seed++);
+    std::vector<bf16> y_ref(n);
+    ops::cast_f32_to_bf16_ref(y_ref.data(), x.data(), n);
+    Guarded<uint16_t> y(n);
+    ops::cast_f32_to_bf16(ex, as_bf16(y.data()), x.data(), n);
+    expect_bitwise(y, reinterpret_cast<const uint16_t*>(y_ref.data()), "f32 -> bf16");
+
+    std::vector<float> r_ref(n);
+    ops::round_f32_to_bf16_ref(r_ref.data(), x.data(), n);
+    Guarded<float> r = nan_out<float>(n), in_place = guarded(x);
+    ops::round_f32_to_bf16(ex, r.data(), x.data(), n);
+    ops::round_f32_to_bf16(ex, in_place.data(), in_place.data(), n);
+    expect_bitwise(r, r_ref.data(), "round f32 to bf16 values");
+    expect_bitwise(in_place, r_ref.data(), "round in place");
+  }
+  // bf16 -> f32 over every bit pattern.
+  std::vector<bf16> all(1 << 16);
+  for (int64_t i = 0; i < (1 << 16); ++i) all[i].bits = static_cast<uint16_t>(i);
+  std::vector<float> w_ref(all.size());
+  ops::cast_bf16_to_f32_ref(w_ref.data(), all.data(), 1 << 16);
+  Guarded<float> w = nan_out<float>(1 << 16);
+  ops::cast_bf16_to_f32(ex, w.data(), all.data(), 1 << 16);
+  expect_bitwise(w, w_ref.data(), "bf16 -> f32, all 65536 patterns");
+}
+
+// f64 sums against the long double reference: the bound of tests/ops/test_sum_squares.cpp,
+// 1e-13 relative (f64 summation over n non-negative terms: about log2(n) + 32 roundings of
+// 2^-53), tighter than kF64Rtol; exact on small integers.
+template <typename T>
+void sum_squares_one(const Exec& ex) {
+  constexpr double kSumSquaresRtol = 1e-13;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{33}, int64_t{1} << 14,
+                    (int64_t{1} << 18) + 7}) {
+    BACKEND_TRACE(dtype_name<T>() << " n=" << n);
+    const auto x = random_vec<T>(n, 9, -3.0, 3.0);
+    double want = -1;
+    ops::sum_squares_ref(&want, x.data(), n);
+    Guarded<double> got(1, -1.0);
+    ops::sum_squares(ex, got.data(), x.data(), n);
+    expect_close(got, &want, "sum of squares", kSumSquaresRtol, 0.0);
+  }
+  std::vector<T> small = {1, -2, 3, 4};
+  Guarded<double> got(1, -1.0);
+  const double want = 30.0;
+  ops::sum_squares(ex, got.data(), small.data(), 4);
+  expect_bitwise(got, &want, "small integers: exact");
+}
+
+// Three steps from zero moments, weight decay on and off, grad_scale. The fast path works in T
+// with folded constants, the reference in f64 with m, v rounded to f32: both dtypes compare with
+// the f32 tolerance, as tests/ops/test_adamw.cpp (the moments are f32 either way).
+template <typename T>
+void adamw_one(const Exec& ex) {
+  uint32_t seed = 90;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, (int64_t{1} << 14) + 7}) {
+    for (double wd : {0.0, 0.1}) {
+      BACKEND_TRACE(dtype_name<T>() << " n=" << n << " wd=" << wd);
+      ops::AdamWParams a;
+      a.lr = 3e-3;
+      a.beta2 = 0.95;
+      a.weight_decay = wd;
+      a.grad_scale = std::is_same_v<T, float> ? 1.0 : 0.5;
+      const auto p0 = random_vec<T>(n, seed++);
+      Guarded<T> p = guarded(p0);
+      Guarded<float> m(n, 0.f), v(n, 0.f);
+      std::vector<T> p_ref = p0;
+      std::vector<float> m_ref(n, 0.f), v_ref(n, 0.f);
+      for (int64_t step = 1; step <= 3; ++step) {
+        a.step = step;
+        const auto g = random_vec<T>(n, seed++, -2.0, 2.0);
+        ops::adamw_step<T>(ex, p.data(), g.data(), m.data(), v.data(), n, a);
+        ops::adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+      }
+      expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
+      expect_close(v, v_ref.data(), "v", testing::kF32Rtol, testing::kF32Atol);
+      expect_close(p, p_ref.data(), "p", testing::kF32Rtol, testing::kF32Atol);
+    }
+  }
+}
+
+// The bf16 copies (p16, p16w, either or both): bitwise the cast / rounding of the updated p,
+// which itself matches the reference; writing them changes nothing else. A rounding tie in p.
+void adamw_bf16_copies(const Exec& ex) {
+  uint32_t seed = 120;
+  for (int64_t n : {int64_t{1}, int64_t{37}, (int64_t{1} << 14) + 7}) {
+    ops::AdamWParams a;
+    a.lr = 3e-3;
+    a.weight_decay = 0.1;
+    auto p0 = random_vec<float>(n, seed++);
+    if (n > 1) p0[1] = 1.0f + std::ldexp(1.0f, -8);
+    for (int form = 0; form < 3; ++form) {  // p16; p16w; both
+      BACKEND_TRACE("n=" << n << " form=" << (form == 0 ? "p16" : form == 1 ? "p16w" : "both"));
+      Guarded<float> p = guarded(p0), m(n, 0.f), v(n, 0.f), p16w(n, -1.f);
+      Guarded<uint16_t> p16(n);
+      std::vector<float> p_ref = p0, m_ref(n, 0.f), v_ref(n, 0.f);
+      for (int64_t step = 1; step <= 2; ++step) {
+        a.step = step;
+        const auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
+        ops::adamw_step<float>(ex, p.data(), g.data(), m.data(), v.data(), n, a,
+                               form != 1 ? as_bf16(p16.data()) : nullptr,
+                               form != 0 ? p16w.data() : nullptr);
+        ops::adamw_step_ref<float>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+      }
+      expect_close(p, p_ref.data(), "p", testing::kF32Rtol, testing::kF32Atol);
+      expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
+      expect_close(v, v_ref.data(), "v", testing::kF32Rtol, testing::kF32Atol);
+      const std::vector<bf16> p16_want = to_bf16(p.vec());
+      const std::vector<float> p16w_want = bf16_rounded(p.vec());
+      if (form != 1) {
+        expect_bitwise(p16, reinterpret_cast<const uint16_t*>(p16_want.data()), "p16");
+      }
+      if (form != 0) expect_bitwise(p16w, p16w_want.data(), "p16w");
+    }
+  }
+}
+
+}  // namespace
+
+void add_elementwise_cases(std::vector<OpCase>& out) {
+  out.push_back({"swiglu_f32", {"swiglu_forward", "swiglu_backward"}, swiglu_case<float>});
+  out.push_back({"swiglu_f64", {"swiglu_forward", "swiglu_backward"}, swiglu_case<double>});
+  out.push_back({"swiglu_bf16",
+                 {"swiglu_forward", "swiglu_backward", "swiglu_forward_bf16",
+                  "swiglu_backward_bf16", "swiglu_forward_bf16w", "swiglu_backward_bf16w"},
+                 swiglu_bf16_case});
+  out.push_back({"rmsnorm_f32", {"rmsnorm_forward", "rmsnorm_backward"}, rmsnorm_case<float>});
+  out.push_back({"rmsnorm_f64", {"rmsnorm_forward", "rmsnorm_backward"}, rmsnorm_case<double>});
+  out.push_back(
+      {"rmsnorm_forward_bf16w", {"rmsnorm_forward", "rmsnorm_forward_bf16w"}, rmsnorm_bf16w_case});
+  out.push_back({"add", {"add"}, [](const Exec& ex) {
+                   add_one<float>(ex);
+                   add_one<double>(ex);
+                 }});
+  out.push_back({"bias", {"bias_forward", "bias_backward"}, [](const Exec& ex) {
+                   bias_one<float>(ex);
+                   bias_one<double>(ex);
+                 }});
+  out.push_back({"qkv_layout", {"split_qkv", "fuse_qkv"}, [](const Exec& ex) {
+                   qkv_one<float>(ex);
+                   qkv_one<double>(ex);
+                 }});
+  out.push_back({"tokens_to_sequence_major_ignored_targets",
+                 {"tokens_to_sequence_major"},
+                 token_layout_case});
+  out.push_back({"cast_bf16_specials",
+                 {"cast_f32_to_bf16", "cast_bf16_to_f32", "round_f32_to_bf16"},
+                 cast_case});
+  out.push_back({"sum_squares", {"sum_squares"}, [](const Exec& ex) {
+                   sum_squares_one<float>(ex);
+                   sum_squares_one<double>(ex);
+                 }});
+  out.push_back({"adamw", {"adamw_step"}, [](const Exec& ex) {
+                   adamw_one<float>(ex);
+                   adamw_one<double>(ex);
+                 }});
+  out.push_back({"adamw_bf16_copies", {"adamw_step"}, adamw_bf16_copies});
+}
+
+}  // namespace moecore::backend_test

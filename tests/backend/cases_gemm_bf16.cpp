@@ -1,0 +1,294 @@
+// Cases: the bf16 GEMMs (gemm_bf16, linear_*_bf16, grouped_gemm_bf16, grouped_gemm_wgrad_bf16)
+// and the bf16 head (head_loss_bf16, below), against the f32 plain loops on the same bf16
+// values, as tests/ops/test_gemm_bf16.cpp: both sides multiply the same bf16 inputs and
+// accumulate in f32 / f64, so only the summation order differs and the tolerance is the f32 one
+// (docs/numerics.md, "bf16 GEMM vs loop"). On the CPU each case runs on every bf16 GEMM path
+// that exists here (widen always, native from AVX-512 up); workspaces are planned after the path
+// is set and NaN-filled, so reading workspace the path did not write shows.
+#include <omp.h>
+
+#include <cstdio>
+#include <random>
+
+#include "backend_case.h"
+#include "ops/cast.h"
+#include "ops/cross_entropy.h"
+#include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
+
+namespace moecore::backend_test {
+namespace {
+
+using ops::Bf16GemmPath;
+using ops::gemm_ref;
+
+// Runs `body` once per bf16 GEMM path available here, restoring the process's choice.
+void on_each_path(const std::function<void()>& body) {
+  const Bf16GemmPath chosen = ops::bf16_gemm_path();
+  for (Bf16GemmPath path : {Bf16GemmPath::Widen, Bf16GemmPath::Native}) {
+    if (path == Bf16GemmPath::Native && !ops::bf16_native_available()) {
+      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
+      continue;
+    }
+    ops::set_bf16_gemm_path(path);
+    BACKEND_TRACE("bf16 path " << ops::bf16_gemm_path_name(path));
+    try {
+      body();
+    } catch (...) {
+      ops::set_bf16_gemm_path(chosen);
+      throw;
+    }
+  }
+  ops::set_bf16_gemm_path(chosen);
+}
+
+Guarded<float> nan_ws(int64_t n) {
+  return nan_out<float>(n);
+}
+
+void gemm_bf16_case(const Exec& ex) {
+  on_each_path([&] {
+    struct Shape {
+      int64_t M, N, K;
+    };
+    uint32_t seed = 1;
+    for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 17, 129}, Shape{64, 48, 96}}) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          for (float beta : {0.f, 1.f}) {
+            BACKEND_TRACE("M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta
+                               << " tb=" << tb << " beta=" << beta);
+            const int64_t lda = (ta ? s.M : s.K) + 3, ldb = (tb ? s.K : s.N) + 2, ldc = s.N + 1;
+            const auto A = to_bf16(random_vec<float>((ta ? s.K : s.M) * lda, seed++));
+            const auto B = to_bf16(random_vec<float>((tb ? s.N : s.K) * ldb, seed++));
+            const auto C0 = random_vec<float>(s.M * ldc, seed++);
+            Guarded<float> c = guarded(C0);
+            std::vector<float> c_ref = C0;
+            Guarded<float> ws = nan_ws(ops::gemm_bf16_workspace_elems(s.M, s.N, s.K));
+            ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, c.data(),
+                           ldc, ws.data());
+            ops::gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
+                               c_ref.data(), ldc);
+            expect_close(c, c_ref.data(), "C (padding columns included)");
+            expect_intact(ws, "ws32");
+            if (ta == 0 && tb == 1 && beta == 0.f) {
+              // The weight operand given already widened (b32): the same C, bitwise.
+              std::vector<float> B32(B.size());
+              ops::cast_bf16_to_f32_ref(B32.data(), B.data(), static_cast<int64_t>(B.size()));
+              Guarded<float> c32 = guarded(C0);
+              ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
+                             c32.data(), ldc, ws.data(), B32.data());
+              expect_bitwise(c32, c, "C with b32");
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// linear_forward_bf16 / linear_backward_bf16 vs gemm_ref on the rounded values; the widened
+// weight (w32) and pre-rounded x (x_rounded) forms give the same results bitwise; dx may be null.
+void linear_bf16_case(const Exec& ex) {
+  on_each_path([&] {
+    struct Shape {
+      int64_t M, N, K;
+    };
+    uint32_t seed = 100;
+    for (Shape s : {Shape{1, 1, 1}, Shape{19, 24, 40}, Shape{23, 16, 37}}) {
+      const auto [M, N, K] = s;
+      BACKEND_TRACE("M=" << M << " N=" << N << " K=" << K);
+      const auto x = random_vec<float>(M * K, seed++), w = random_vec<float>(N * K, seed++);
+      const auto dy = random_vec<float>(M * N, seed++), dw0 = random_vec<float>(N * K, seed++);
+      const auto w16 = to_bf16(w);
+      const auto xr = bf16_rounded(x), wr = bf16_rounded(w), dyr = bf16_rounded(dy);
+      std::vector<float> y_ref(M * N), dx_ref(M * K), dw_ref = dw0;
+      gemm_ref<float>(false, true, M, N, K, 1.f, xr.data(), K, wr.data(), K, 0.f, y_ref.data(), N);
+      gemm_ref<float>(false, false, M, K, N, 1.f, dyr.data(), N, wr.data(), K, 0.f, dx_ref.data(),
+                      K);
+      gemm_ref<float>(true, false, N, K, M, 1.f, dyr.data(), N, xr.data(), K, 1.f, dw_ref.data(),
+                      K);
+      Guarded<float> ws = nan_ws(ops::linear_bf16_workspace_elems(M, N, K));
+      Guarded<uint16_t> x16(M * K), dy16(M * N);
+      Guarded<float> y = nan_out<float>(M * N), dx = nan_out<float>(M * K), dw = guarded(dw0);
+      ops::linear_forward_bf16(ex, y.data(), x.data(), w16.data(), M, N, K, as_bf16(x16.data()),
+                               ws.data());
+      ops::linear_backward_bf16(ex, dx.data(), dw.data(), dy.data(), x.data(), w16.data(), M, N, K,
+                                as_bf16(dy16.data()), as_bf16(x16.data()), ws.data());
+      expect_close(y, y_ref.data(), "y");
+      expect_close(dx, dx_ref.data(), "dx");
+      expect_close(dw, dw_ref.data(), "dw (accumulated)");
+      for (auto* g : {&x16, &dy16}) expect_intact(*g, "x16 / dy16");
+      expect_intact(ws, "ws32");
+
+      std::vector<float> w32(N * K);
+      ops::cast_bf16_to_f32_ref(w32.data(), w16.data(), N * K);
+      for (int form = 0; form < 3; ++form) {  // w32; x_rounded; both
+        BACKEND_TRACE("form " << (form == 0 ? "w32" : form == 1 ? "x_rounded" : "w32+x_rounded"));
+        const float* wide = form == 1 ? nullptr : w32.data();
+        const bool x_rounded = form >= 1;
+        const std::vector<float>& x_in = x_rounded ? xr : x;
+        Guarded<float> y2 = nan_out<float>(M * N), dx2 = nan_out<float>(M * K), dw2 = guarded(dw0);
+        ops::linear_forward_bf16(ex, y2.data(), x_in.data(), w16.data(), M, N, K,
+                                 as_bf16(x16.data()), ws.data(), wide, x_rounded);
+        ops::linear_backward_bf16(ex, dx2.data(), dw2.data(), dy.data(), x_in.data(), w16.data(), M,
+                                  N, K, as_bf16(dy16.data()), as_bf16(x16.data()), ws.data(), wide,
+                                  x_rounded);
+        expect_bitwise(y2, y, "y");
+        expect_bitwise(dx2, dx, "dx");
+        expect_bitwise(dw2, dw, "dw");
+      }
+      Guarded<float> dw3 = guarded(dw0);
+      ops::linear_backward_bf16(ex, nullptr, dw3.data(), dy.data(), x.data(), w16.data(), M, N, K,
+                                as_bf16(dy16.data()), as_bf16(x16.data()), ws.data());
+      expect_close(dw3, dw_ref.data(), "dw without dx");
+    }
+  });
+}
+
+const std::vector<std::vector<int64_t>> kBf16Groups = {
+    {0, 9, 11, 0, 8}, {0, 30, 1, 0, 0}, {0, 0, 0, 0, 0}, {7}, {3, 1, 4, 1, 5, 9, 2, 6}};
+
+int64_t rows_of(const std::vector<int64_t>& m) {
+  int64_t r = 0;
+  for (int64_t v : m) r += v;
+  return r;
+}
+
+void grouped_bf16_case(const Exec& ex) {
+  on_each_path([&] {
+    const int64_t N = 20, K = 36;
+    uint32_t seed = 200;
+    for (const auto& m : kBf16Groups) {
+      const int64_t G = static_cast<int64_t>(m.size()), rows = rows_of(m);
+      const auto x = random_vec<float>(rows * K, seed++), w = random_vec<float>(G * N * K, seed++);
+      const auto x16 = to_bf16(x), w16 = to_bf16(w);
+      const auto xr = bf16_rounded(x), wr = bf16_rounded(w);
+      std::vector<float> w32(G * N * K);
+      ops::cast_bf16_to_f32_ref(w32.data(), w16.data(), G * N * K);
+      for (bool trans_w : {false, true}) {
+        BACKEND_TRACE("G=" << G << " rows=" << rows << " trans_w=" << trans_w);
+        std::vector<float> y_ref(rows * N);
+        ops::grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wr.data(), trans_w,
+                                     y_ref.data());
+        Guarded<float> ws =
+            nan_ws(ops::grouped_gemm_bf16_workspace_elems(rows, N, K, omp_get_max_threads()));
+        Guarded<float> y = nan_out<float>(rows * N), y32 = nan_out<float>(rows * N);
+        ops::grouped_gemm_bf16(ex, m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(),
+                               ws.data());
+        expect_close(y, y_ref.data(), "y");
+        ops::grouped_gemm_bf16(ex, m.data(), G, N, K, x16.data(), w16.data(), trans_w, y32.data(),
+                               ws.data(), w32.data());
+        expect_bitwise(y32, y, "y with w32");
+        expect_intact(ws, "ws32");
+      }
+    }
+  });
+}
+
+void grouped_wgrad_bf16_case(const Exec& ex) {
+  on_each_path([&] {
+    const int64_t N = 20, K = 36;
+    uint32_t seed = 300;
+    for (const auto& m : kBf16Groups) {
+      const int64_t G = static_cast<int64_t>(m.size()), rows = rows_of(m);
+      BACKEND_TRACE("G=" << G << " rows=" << rows);
+      const auto x = random_vec<float>(rows * K, seed++), dy = random_vec<float>(rows * N, seed++);
+      const auto dw0 = random_vec<float>(G * N * K, seed++);
+      const auto x16 = to_bf16(x), dy16 = to_bf16(dy);
+      const auto xr = bf16_rounded(x), dyr = bf16_rounded(dy);
+      std::vector<float> dw_ref = dw0;
+      ops::grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dw_ref.data());
+      Guarded<float> ws = nan_ws(ops::grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
+      Guarded<float> dw = guarded(dw0);
+      ops::grouped_gemm_wgrad_bf16(ex, m.data(), G, N, K, dy16.data(), x16.data(), dw.data(),
+                                   ws.data());
+      expect_close(dw, dw_ref.data(), "dw (accumulated)");
+      expect_intact(ws, "ws32");
+    }
+  });
+}
+
+// The --bf16 head (ops/cross_entropy.h, HeadLossBf16), both operand forms, as
+// HeadLoss.Bf16PathUsesTheRoundedF32Gradient: on h, W in {-1, -1/2, 0, 1/2, 1} the logits are
+// exact in the f32 and the bf16 GEMMs, so the bf16 forward equals the backend's f32 head
+// (head_loss_f32 checks that one against the reference) bitwise, and the backward is the bf16
+// GEMMs of exactly bf16(the f32 head's dlogits), which the f32 head leaves in its workspace when
+// one chunk holds every token: f32 accumulation against f64 sums of the same products. h's bf16
+// form (h16 / h32) is the cast of h, bitwise.
+void head_loss_bf16_case(const Exec& ex) {
+  on_each_path([&] {
+    const int64_t H = 8, V = 300;
+    for (int64_t T : {int64_t{13}, int64_t{64}}) {  // 64 x 300 takes the parallel branch
+      std::mt19937 gen(21);
+      auto pick = [&] { return 0.5f * static_cast<float>(static_cast<int>(gen() % 5) - 2); };
+      std::vector<float> h(T * H), w(V * H);
+      for (auto& x : h) x = pick();
+      for (auto& x : w) x = pick();
+      std::vector<int32_t> tg(T);
+      for (int64_t t = 0; t < T; ++t) tg[t] = t % 5 == 1 ? -1 : static_cast<int32_t>(gen() % V);
+      const float dloss = 0.375f;
+      const ops::HeadLossShape s32{T, H, V, T};
+      std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s32)), dh(T * H),
+          dw(V * H, 0.f);
+      const double total = ops::head_loss_forward(ex, loss.data(), lse.data(), h.data(), w.data(),
+                                                  tg.data(), s32, ws.data());
+      ops::head_loss_backward(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
+                              dloss, s32, ws.data());
+      std::vector<double> dh_want(T * H, 0.0), dw_want(V * H, 0.0);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t v = 0; v < V; ++v) {
+          const double dz = bf16_to_float(float_to_bf16(ws[t * V + v]));
+          for (int64_t k = 0; k < H; ++k) {
+            dh_want[t * H + k] += dz * w[v * H + k];
+            dw_want[v * H + k] += dz * h[t * H + k];
+          }
+        }
+      }
+      const auto w16 = to_bf16(w), h16_want = to_bf16(h);
+      const auto w32 = bf16_rounded(w), h32_want = bf16_rounded(h);
+      const ops::HeadLossShape s16{T, H, V, 16};  // chunks of 16: the last one partial
+      for (bool widened : {false, true}) {
+        BACKEND_TRACE("T=" << T << (widened ? " widened operands" : " bf16 operands"));
+        Guarded<uint16_t> h16(T * H), dz16(ops::head_loss_workspace_elems(s16));
+        Guarded<float> ws32 = nan_ws(ops::head_loss_bf16_workspace_elems(s16));
+        Guarded<float> h32 = nan_out<float>(T * H);
+        ops::HeadLossBf16 b{w16.data(), as_bf16(h16.data()), as_bf16(dz16.data()), ws32.data()};
+        if (widened) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};
+        Guarded<float> loss16 = nan_out<float>(T), lse16 = nan_out<float>(T),
+                       ws16 = nan_ws(ops::head_loss_workspace_elems(s16)),
+                       dh16 = nan_out<float>(T * H), dw16(V * H, 0.f);
+        const double total16 = ops::head_loss_forward(ex, loss16.data(), lse16.data(), h.data(),
+                                                      w.data(), tg.data(), s16, ws16.data(), &b);
+        ops::head_loss_backward(ex, dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
+                                lse16.data(), dloss, s16, ws16.data(), &b);
+        EXPECT_EQ(total16, total) << "total loss";
+        expect_bitwise(loss16, loss.data(), "loss_T");
+        expect_bitwise(lse16, lse.data(), "lse_T");
+        expect_close(dh16, dh_want.data(), "dh");
+        expect_close(dw16, dw_want.data(), "dw");
+        if (widened) {
+          expect_bitwise(h32, h32_want.data(), "h32");
+        } else {
+          expect_bitwise(h16, reinterpret_cast<const uint16_t*>(h16_want.data()), "h16");
+          expect_intact(dz16, "dz16");
+          expect_intact(ws32, "ws32");
+        }
+        expect_intact(ws16, "workspace");
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void add_gemm_bf16_cases(std::vector<OpCase>& out) {
+  out.push_back({"gemm_bf16", {"gemm_bf16"}, gemm_bf16_case});
+  out.push_back({"linear_bf16", {"linear_forward_bf16", "linear_backward_bf16"}, linear_bf16_case});
+  out.push_back({"grouped_gemm_bf16", {"grouped_gemm_bf16"}, grouped_bf16_case});
+  out.push_back({"grouped_gemm_wgrad_bf16", {"grouped_gemm_wgrad_bf16"}, grouped_wgrad_bf16_case});
+  out.push_back(
+      {"head_loss_bf16", {"head_loss_forward", "head_loss_backward"}, head_loss_bf16_case});
+}
+
+}  // namespace moecore::backend_test

@@ -1,0 +1,209 @@
+// Cases: the model's ops around the experts: embedding (repeated ids), the fused head + cross
+// entropy (ignored targets, chunks that do not divide the tokens), causal GQA attention (S = 1,
+// S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D = 2, D = 128, both ends
+// of the position table, in place). Every backward takes the reference forward's saved values.
+#include <omp.h>
+
+#include <random>
+
+#include "backend_case.h"
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/rope.h"
+
+namespace moecore::backend_test {
+namespace {
+
+std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(gen() % static_cast<uint32_t>(V));
+  return ids;
+}
+
+// Same copies and additions in the same order as the reference: bitwise.
+template <typename T>
+void embedding_one(const Exec& ex) {
+  struct Shape {
+    int64_t n_tok, H, V;
+  };
+  uint32_t seed = 1;
+  // V = 1 (every token the same id), V < T (many repeats), a parallel shape.
+  for (Shape s :
+       {Shape{1, 1, 1}, Shape{1, 7, 5}, Shape{13, 37, 1}, Shape{13, 37, 4}, Shape{300, 130, 50}}) {
+    BACKEND_TRACE(dtype_name<T>() << " T=" << s.n_tok << " H=" << s.H << " V=" << s.V);
+    const auto ids = random_ids(s.n_tok, s.V, seed++);
+    const auto w = random_vec<T>(s.V * s.H, seed++), dy = random_vec<T>(s.n_tok * s.H, seed++);
+    const auto dw0 = random_vec<T>(s.V * s.H, seed++);
+    std::vector<T> y_ref(s.n_tok * s.H), dw_ref = dw0;
+    ops::embedding_forward_ref(y_ref.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
+    ops::embedding_backward_ref(dw_ref.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
+    Guarded<T> y = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0);
+    ops::embedding_forward(ex, y.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
+    ops::embedding_backward(ex, dw.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
+    expect_bitwise(y, y_ref.data(), "y");
+    expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
+  }
+}
+
+// Targets in [0, V), every `ignore_every`-th one -1 (ignored); all of them for kAllIgnored.
+constexpr int kAllIgnored = -1;
+std::vector<int32_t> targets(int64_t T, int64_t V, int ignore_every, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> tg(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const bool ignored = ignore_every == kAllIgnored || (ignore_every > 0 && t % ignore_every == 1);
+    tg[t] = ignored ? -1 : static_cast<int32_t>(gen() % uint32_t(V));
+  }
+  return tg;
+}
+
+// T = 1, V = 1, odd T and H, chunk 1 / not dividing T / larger than T, every target ignored,
+// and a shape with a parallel branch. The total loss compares as tests/ops/test_cross_entropy.cpp
+// does: the per-token tolerance summed over the tokens.
+template <typename T>
+void head_loss_case(const Exec& ex) {
+  struct Shape {
+    ops::HeadLossShape s;
+    int ignore_every;
+  };
+  uint32_t seed = 10;
+  for (Shape c : {Shape{{1, 1, 1, 1}, 4}, Shape{{1, 5, 7, 256}, 4}, Shape{{13, 7, 11, 3}, 4},
+                  Shape{{13, 37, 50, 256}, 4}, Shape{{64, 24, 300, 16}, 4}, Shape{{5, 3, 1, 2}, 4},
+                  Shape{{11, 5, 13, 4}, kAllIgnored}, Shape{{29, 9, 17, 8}, 3}}) {
+    const ops::HeadLossShape& s = c.s;
+    BACKEND_TRACE("T=" << s.n_tok << " H=" << s.H << " V=" << s.V << " chunk=" << s.chunk
+                       << " ignore_every=" << c.ignore_every);
+    const auto h = random_vec<T>(s.n_tok * s.H, seed++), w = random_vec<T>(s.V * s.H, seed++);
+    const auto dw0 = random_vec<T>(s.V * s.H, seed++);
+    const auto tg = targets(s.n_tok, s.V, c.ignore_every, seed++);
+    const T dloss = T(0.25);
+    std::vector<T> loss_ref(s.n_tok), lse_ref(s.n_tok), dh_ref(s.n_tok * s.H), dw_ref = dw0;
+    const double total_ref = ops::head_loss_forward_ref(loss_ref.data(), lse_ref.data(), h.data(),
+                                                        w.data(), tg.data(), s);
+    ops::head_loss_backward_ref(dh_ref.data(), dw_ref.data(), h.data(), w.data(), tg.data(),
+                                lse_ref.data(), dloss, s);
+    Guarded<T> loss = nan_out<T>(s.n_tok), lse = nan_out<T>(s.n_tok),
+               dh = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0),
+               ws = nan_out<T>(ops::head_loss_workspace_elems(s));
+    const double total = ops::head_loss_forward(ex, loss.data(), lse.data(), h.data(), w.data(),
+                                                tg.data(), s, ws.data());
+    ops::head_loss_backward(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse_ref.data(),
+                            dloss, s, ws.data());
+    EXPECT_NEAR(total, total_ref, Tol<T>::atol * s.n_tok + Tol<T>::rtol * std::abs(total_ref))
+        << "total loss";
+    for (int64_t t = 0; t < s.n_tok; ++t) {
+      if (tg[t] < 0) {
+        EXPECT_EQ(loss[t], T(0)) << "ignored target " << t;
+      }
+    }
+    expect_close(loss, loss_ref.data(), "loss_T");
+    // lse is the log-sum-exp of every token, ignored or not.
+    expect_close(lse, lse_ref.data(), "lse_T");
+    expect_close(dh, dh_ref.data(), "dh");
+    expect_close(dw, dw_ref.data(), "dw (accumulated)");
+    expect_intact(ws, "workspace");
+  }
+}
+
+// S = 1 (one key), odd S, S crossing the 64-row block (70, 129), MHA, MQA (Hkv = 1), GQA groups
+// of 3 and of 4, D of each register-tile width of the f32 kernels (8, 16, 32, 40, 64, 128).
+const ops::AttentionShape kAttentionShapes[] = {
+    {1, 1, 1, 1, 8},    {1, 3, 4, 1, 16},  {7, 2, 2, 2, 8},    {33, 2, 6, 2, 8},
+    {33, 1, 3, 3, 16},  {70, 2, 6, 2, 8},  {129, 1, 4, 1, 8},  {65, 2, 2, 2, 32},
+    {100, 1, 4, 2, 40}, {70, 1, 8, 2, 64}, {50, 1, 2, 1, 128},
+};
+
+template <typename T>
+void attention_case(const Exec& ex) {
+  uint32_t seed = 100;
+  for (const ops::AttentionShape& s : kAttentionShapes) {
+    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv
+                       << " D=" << s.D);
+    const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.S * s.B * s.Hkv * s.D,
+                  n_lse = s.B * s.Hq * s.S;
+    // q, k in [-2, 2]: scores of O(1), the softmax neither flat nor one-hot.
+    const auto q = random_vec<T>(n_q, seed++, -2.0, 2.0),
+               k = random_vec<T>(n_kv, seed++, -2.0, 2.0);
+    const auto v = random_vec<T>(n_kv, seed++), dout = random_vec<T>(n_q, seed++);
+    std::vector<T> out_ref(n_q), lse_ref(n_lse), dq_ref(n_q), dk_ref(n_kv), dv_ref(n_kv);
+    ops::attention_forward_ref<T>(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), s);
+    ops::attention_backward_ref<T>(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(),
+                                   q.data(), k.data(), v.data(), out_ref.data(), lse_ref.data(), s);
+    Guarded<T> ws = nan_out<T>(ops::attention_workspace_elems(s, omp_get_max_threads()));
+    Guarded<T> out = nan_out<T>(n_q), lse = nan_out<T>(n_lse), dq = nan_out<T>(n_q),
+               dk = nan_out<T>(n_kv), dv = nan_out<T>(n_kv);
+    ops::attention_forward<T>(ex, out.data(), lse.data(), q.data(), k.data(), v.data(), s,
+                              ws.data());
+    ops::attention_backward<T>(ex, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                               v.data(), out_ref.data(), lse_ref.data(), s, ws.data());
+    expect_close(out, out_ref.data(), "out");
+    expect_close(lse, lse_ref.data(), "lse");
+    expect_close(dq, dq_ref.data(), "dq");
+    expect_close(dk, dk_ref.data(), "dk");
+    expect_close(dv, dv_ref.data(), "dv");
+    expect_intact(ws, "workspace");
+  }
+}
+
+// The fast path reads the f64 cos / sin cache, the reference computes the angles from base.
+template <typename T>
+void rope_one(const Exec& ex) {
+  struct Shape {
+    int64_t n_tok, n_heads, D;
+    double base;
+  };
+  constexpr int64_t kMaxPos = 4096;
+  uint32_t seed = 200;
+  for (Shape s : {Shape{1, 1, 2, 10000.0}, Shape{7, 3, 8, 10000.0}, Shape{33, 2, 16, 10000.0},
+                  Shape{5, 4, 128, 500000.0}, Shape{300, 4, 32, 10000.0}}) {
+    BACKEND_TRACE(dtype_name<T>() << " n_tok=" << s.n_tok << " n_heads=" << s.n_heads
+                                  << " D=" << s.D << " base=" << s.base);
+    const ops::RopeCache cache = ops::make_rope_cache(kMaxPos, s.D, s.base);
+    const int64_t n = s.n_tok * s.n_heads * s.D;
+    const auto x = random_vec<T>(n, seed++), dy = random_vec<T>(n, seed++);
+    auto pos = random_ids(s.n_tok, kMaxPos, seed++);
+    if (s.n_tok > 1) pos[0] = 0, pos[s.n_tok - 1] = kMaxPos - 1;  // both ends of the table
+    std::vector<T> y_ref(n), dx_ref(n);
+    ops::rope_forward_ref<T>(y_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.D, s.base);
+    ops::rope_backward_ref<T>(dx_ref.data(), dy.data(), pos.data(), s.n_tok, s.n_heads, s.D,
+                              s.base);
+    Guarded<T> y = nan_out<T>(n), dx = nan_out<T>(n), y_in_place = guarded(x),
+               dx_in_place = guarded(dy);
+    ops::rope_forward<T>(ex, y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    ops::rope_backward<T>(ex, dx.data(), dy.data(), pos.data(), s.n_tok, s.n_heads, cache);
+    ops::rope_forward<T>(ex, y_in_place.data(), y_in_place.data(), pos.data(), s.n_tok, s.n_heads,
+                         cache);
+    ops::rope_backward<T>(ex, dx_in_place.data(), dx_in_place.data(), pos.data(), s.n_tok,
+                          s.n_heads, cache);
+    expect_close(y, y_ref.data(), "y");
+    expect_close(dx, dx_ref.data(), "dx");
+    expect_bitwise(y_in_place, y, "y in place");
+    expect_bitwise(dx_in_place, dx, "dx in place");
+  }
+}
+
+}  // namespace
+
+void add_model_cases(std::vector<OpCase>& out) {
+  out.push_back(
+      {"embedding_repeated_ids", {"embedding_forward", "embedding_backward"}, [](const Exec& ex) {
+         embedding_one<float>(ex);
+         embedding_one<double>(ex);
+       }});
+  out.push_back(
+      {"head_loss_f32", {"head_loss_forward", "head_loss_backward"}, head_loss_case<float>});
+  out.push_back(
+      {"head_loss_f64", {"head_loss_forward", "head_loss_backward"}, head_loss_case<double>});
+  out.push_back(
+      {"attention_f32", {"attention_forward", "attention_backward"}, attention_case<float>});
+  out.push_back(
+      {"attention_f64", {"attention_forward", "attention_backward"}, attention_case<double>});
+  out.push_back({"rope", {"rope_forward", "rope_backward"}, [](const Exec& ex) {
+                   rope_one<float>(ex);
+                   rope_one<double>(ex);
+                 }});
+}
+
+}  // namespace moecore::backend_test

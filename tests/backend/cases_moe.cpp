@@ -1,0 +1,283 @@
+// Cases: the router's softmax and top-k (K = 1, K = E, exact ties, -inf entries), and the
+// dispatch maps and gathers (build_permutation, pad_permutation, gather_row_probs,
+// scatter_row_probs, permute_rows, unpermute_rows) on routings with experts that get no tokens,
+// K = 1, K = E, dropped slots (idx -1) and T * K not divisible by 8. Maps and gathers are exact:
+// compared bitwise. Each case's map comes from the reference (build_permutation_ref), so the op
+// under test is the only backend call in its case.
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "backend_case.h"
+#include "ops/permute.h"
+#include "ops/softmax_topk.h"
+
+namespace moecore::backend_test {
+namespace {
+
+struct Routing {
+  std::string name;
+  int64_t T, K, E;
+  std::vector<int32_t> idx;
+};
+
+// Distinct experts per token (as top-k gives), some slots dropped.
+std::vector<int32_t> distinct(int64_t T, int64_t K, int64_t E, double drop, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int32_t> idx(T * K), perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), gen);
+    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = u(gen) < drop ? -1 : perm[k];
+  }
+  return idx;
+}
+
+const std::vector<Routing>& routings() {
+  static const std::vector<Routing> r = {
+      {"T1K1E1", 1, 1, 1, {0}},
+      {"K1_all_to_one_expert", 13, 1, 8, std::vector<int32_t>(13, 5)},  // 7 experts empty
+      {"K2_random", 13, 2, 8, distinct(13, 2, 8, 0.0, 1)},              // T K = 26
+      {"K3_drops", 13, 3, 7, distinct(13, 3, 7, 0.3, 2)},               // T K = 39
+      {"K_equals_E", 13, 4, 4, distinct(13, 4, 4, 0.0, 3)},
+      {"K_equals_E_drops", 11, 5, 5, distinct(11, 5, 5, 0.2, 4)},
+      {"big_drops", 203, 8, 64, distinct(203, 8, 64, 0.1, 5)},
+      {"all_dropped", 5, 2, 3, std::vector<int32_t>(10, -1)},
+  };
+  return r;
+}
+
+struct Map {
+  int64_t N = 0;
+  std::vector<int64_t> counts;
+  std::vector<int32_t> row_token, row_slot, token_rows;  // row_* sized T * K, valid to N
+};
+
+Map ref_map(const Routing& r) {
+  Map m;
+  m.counts.resize(r.E);
+  m.row_token.resize(r.T * r.K);
+  m.row_slot.resize(r.T * r.K);
+  m.token_rows.resize(r.T * r.K);
+  m.N = ops::build_permutation_ref(m.counts.data(), m.row_token.data(), m.row_slot.data(),
+                                   m.token_rows.data(), r.idx.data(), r.T, r.K, r.E);
+  return m;
+}
+
+// A padded map (capacity cap): returns the number of rows E * cap.
+int64_t ref_padded(const Routing& r, int64_t cap, Map& m) {
+  const int64_t rows = r.E * cap;
+  m.row_token.resize(std::max<int64_t>(rows, m.row_token.size()));
+  m.row_slot.resize(m.row_token.size());
+  ops::pad_permutation_ref(m.counts.data(), m.row_token.data(), m.row_slot.data(),
+                           m.token_rows.data(), m.N, r.T, r.K, r.E, cap);
+  return rows;
+}
+
+int64_t max_count(const Map& m) {
+  return m.counts.empty() ? 0 : *std::max_element(m.counts.begin(), m.counts.end());
+}
+
+void build_permutation_case(const Exec& ex) {
+  for (const Routing& r : routings()) {
+    BACKEND_TRACE(r.name << " T=" << r.T << " K=" << r.K << " E=" << r.E);
+    const Map want = ref_map(r);
+    Guarded<int64_t> counts(r.E, -7);
+    Guarded<int32_t> row_token(r.T * r.K, -7), row_slot(r.T * r.K, -7), token_rows(r.T * r.K, -7);
+    const int64_t N = ops::build_permutation(ex, counts.data(), row_token.data(), row_slot.data(),
+                                             token_rows.data(), r.idx.data(), r.T, r.K, r.E);
+    EXPECT_EQ(N, want.N);
+    expect_bitwise(counts, want.counts.data(), "counts_E");
+    expect_bitwise(row_token, want.row_token.data(), "row_token_N", want.N);  // past N: unspecified
+    expect_bitwise(row_slot, want.row_slot.data(), "row_slot_N", want.N);
+    expect_bitwise(token_rows, want.token_rows.data(), "token_rows_TK");
+  }
+}
+
+// Capacity = the largest count and one more (every expert padded).
+void pad_permutation_case(const Exec& ex) {
+  for (const Routing& r : routings()) {
+    const Map m = ref_map(r);
+    for (int64_t cap : {max_count(m), max_count(m) + 1}) {
+      if (cap == 0) continue;
+      BACKEND_TRACE(r.name << " cap=" << cap);
+      Map want = m;
+      const int64_t rows = ref_padded(r, cap, want);
+      const int64_t pad_want = rows - m.N;
+      Guarded<int64_t> counts = guarded(m.counts);
+      std::vector<int32_t> tok0 = m.row_token, slot0 = m.row_slot;
+      tok0.resize(want.row_token.size(), -7);
+      slot0.resize(want.row_slot.size(), -7);
+      Guarded<int32_t> row_token = guarded(tok0), row_slot = guarded(slot0),
+                       token_rows = guarded(m.token_rows);
+      const int64_t pad = ops::pad_permutation(ex, counts.data(), row_token.data(), row_slot.data(),
+                                               token_rows.data(), m.N, r.T, r.K, r.E, cap);
+      EXPECT_EQ(pad, pad_want);
+      expect_bitwise(counts, want.counts.data(), "counts_E");
+      expect_bitwise(row_token, want.row_token.data(), "row_token", rows);
+      expect_bitwise(row_slot, want.row_slot.data(), "row_slot", rows);
+      expect_bitwise(token_rows, want.token_rows.data(), "token_rows_TK");
+    }
+  }
+}
+
+// gather_row_probs and scatter_row_probs on the packed map and on a padded one (pad rows: prob
+// 0); pure copies, so bitwise.
+template <typename T>
+void row_probs(const Exec& ex) {
+  uint32_t seed = 10;
+  for (const Routing& r : routings()) {
+    Map m = ref_map(r);
+    for (int padded = 0; padded < 2; ++padded) {
+      int64_t rows = m.N;
+      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
+      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows);
+      const auto probs = random_vec<T>(r.T * r.K, seed++);
+      std::vector<T> p_ref(rows);
+      Guarded<T> p = nan_out<T>(rows);
+      ops::gather_row_probs(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(), rows,
+                            r.K);
+      ops::gather_row_probs_ref(p_ref.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
+                                rows, r.K);
+      expect_bitwise(p, p_ref.data(), "p_N");
+      const auto dp = random_vec<T>(rows, seed++);
+      std::vector<T> dprobs_ref(r.T * r.K);
+      Guarded<T> dprobs = nan_out<T>(r.T * r.K);
+      ops::scatter_row_probs(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+      ops::scatter_row_probs_ref(dprobs_ref.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+      expect_bitwise(dprobs, dprobs_ref.data(), "dprobs_TK");
+    }
+  }
+}
+
+// permute_rows on packed and padded maps (pad rows zero): a gather, bitwise.
+template <typename T>
+void permute_rows_case(const Exec& ex) {
+  uint32_t seed = 20;
+  for (const Routing& r : routings()) {
+    Map m = ref_map(r);
+    for (int padded = 0; padded < 2; ++padded) {
+      int64_t rows = m.N;
+      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
+      for (int64_t H : {1, 7, 37}) {
+        BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+        const auto x = random_vec<T>(r.T * H, seed++);
+        std::vector<T> y_ref(rows * H);
+        Guarded<T> y = nan_out<T>(rows * H);
+        ops::permute_rows(ex, y.data(), x.data(), m.row_token.data(), rows, H);
+        ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
+        expect_bitwise(y, y_ref.data(), "y_NH");
+      }
+    }
+  }
+}
+
+// unpermute_rows sums a token's kept rows in k order; the reference sums in f64, so random
+// values compare within the dtype's tolerance, small integers (exact sums) bitwise.
+template <typename T>
+void unpermute_rows_case(const Exec& ex) {
+  uint32_t seed = 30;
+  for (const Routing& r : routings()) {
+    Map m = ref_map(r);
+    for (int padded = 0; padded < 2; ++padded) {
+      int64_t rows = m.N;
+      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
+      for (int64_t H : {1, 7, 37}) {
+        BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+        const auto x = random_vec<T>(rows * H, seed++);
+        std::vector<T> y_ref(r.T * H);
+        Guarded<T> y = nan_out<T>(r.T * H);
+        ops::unpermute_rows(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+        ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+        expect_close(y, y_ref.data(), "y_TH");
+        std::vector<T> xi(rows * H);
+        for (int64_t i = 0; i < rows * H; ++i) xi[i] = T(int(i % 11) - 5);
+        Guarded<T> yi = nan_out<T>(r.T * H);
+        ops::unpermute_rows(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+        ops::unpermute_rows_ref(y_ref.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+        expect_bitwise(yi, y_ref.data(), "y_TH, small integers");
+      }
+    }
+  }
+}
+
+// Softmax rows with a masked (-inf) expert; the backward takes the reference's y.
+struct SoftmaxShape {
+  int64_t T, E;
+};
+const SoftmaxShape kSoftmaxShapes[] = {{1, 1}, {1, 2}, {13, 7}, {5, 256}, {70, 256}, {33, 60}};
+
+template <typename T>
+void softmax_case(const Exec& ex) {
+  uint32_t seed = 40;
+  for (auto [T_, E] : kSoftmaxShapes) {
+    BACKEND_TRACE("T=" << T_ << " E=" << E);
+    auto x = random_vec<T>(T_ * E, seed++, -8, 8);
+    if (E > 1) x[0] = -std::numeric_limits<T>::infinity();  // probability exactly 0
+    const auto dy = random_vec<T>(T_ * E, seed++);
+    std::vector<T> y_ref(T_ * E), dx_ref(T_ * E);
+    ops::softmax_forward_ref(y_ref.data(), x.data(), T_, E);
+    ops::softmax_backward_ref(dx_ref.data(), dy.data(), y_ref.data(), T_, E);
+    Guarded<T> y = nan_out<T>(T_ * E), dx = nan_out<T>(T_ * E);
+    ops::softmax_forward(ex, y.data(), x.data(), T_, E);
+    ops::softmax_backward(ex, dx.data(), dy.data(), y_ref.data(), T_, E);
+    expect_close(y, y_ref.data(), "y");
+    expect_close(dx, dx_ref.data(), "dx");
+    if (E > 1) {
+      EXPECT_EQ(y[0], T(0)) << "a -inf logit has probability 0";
+    }
+  }
+}
+
+// Top-k: continuous values, small integers with many exact ties and -inf entries (ties go to
+// the lower index), K = 1, 2, 8 and E. Indices and values bitwise.
+template <typename T>
+void topk_values(const Exec& ex, int64_t T_, int64_t E, const std::vector<T>& x, const char* what) {
+  for (int64_t K : {int64_t(1), std::min<int64_t>(2, E), std::min<int64_t>(8, E), E}) {
+    BACKEND_TRACE(what << " " << dtype_name<T>() << " T=" << T_ << " E=" << E << " K=" << K);
+    Guarded<int32_t> idx(T_ * K, -7);
+    Guarded<T> val = nan_out<T>(T_ * K);
+    std::vector<int32_t> idx_ref(T_ * K);
+    std::vector<T> val_ref(T_ * K);
+    ops::topk(ex, idx.data(), val.data(), x.data(), T_, E, K);
+    ops::topk_ref(idx_ref.data(), val_ref.data(), x.data(), T_, E, K);
+    expect_bitwise(idx, idx_ref.data(), "idx_TK");
+    expect_bitwise(val, val_ref.data(), "val_TK");
+  }
+}
+
+void topk_case(const Exec& ex) {
+  uint32_t seed = 50;
+  for (auto [T_, E] : kSoftmaxShapes) {
+    topk_values<float>(ex, T_, E, random_vec<float>(T_ * E, seed++), "random");
+    topk_values<double>(ex, T_, E, random_vec<double>(T_ * E, seed++), "random");
+    std::mt19937 gen(seed++);
+    std::vector<float> ties(T_ * E);
+    for (auto& v : ties) {
+      const int r = static_cast<int>(gen() % 4);
+      v = r == 3 ? -std::numeric_limits<float>::infinity() : static_cast<float>(r);
+    }
+    topk_values<float>(ex, T_, E, ties, "ties and -inf");
+  }
+}
+
+}  // namespace
+
+void add_moe_cases(std::vector<OpCase>& out) {
+  out.push_back({"softmax_f32", {"softmax_forward", "softmax_backward"}, softmax_case<float>});
+  out.push_back({"softmax_f64", {"softmax_forward", "softmax_backward"}, softmax_case<double>});
+  out.push_back({"topk_k1_ke_ties", {"topk"}, topk_case});
+  out.push_back({"build_permutation", {"build_permutation"}, build_permutation_case});
+  out.push_back({"pad_permutation", {"pad_permutation"}, pad_permutation_case});
+  out.push_back({"row_probs_f32", {"gather_row_probs", "scatter_row_probs"}, row_probs<float>});
+  out.push_back({"row_probs_f64", {"gather_row_probs", "scatter_row_probs"}, row_probs<double>});
+  out.push_back({"permute_rows", {"permute_rows"}, [](const Exec& ex) {
+                   permute_rows_case<float>(ex);
+                   permute_rows_case<double>(ex);
+                 }});
+  out.push_back({"unpermute_rows_f32", {"unpermute_rows"}, unpermute_rows_case<float>});
+  out.push_back({"unpermute_rows_f64", {"unpermute_rows"}, unpermute_rows_case<double>});
+}
+
+}  // namespace moecore::backend_test

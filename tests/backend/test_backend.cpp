@@ -1,0 +1,146 @@
+// The harness's driver: every case of the table on every backend, one test each
+// (Backend/Ops.Run/<backend>_<case>), and the check that the table covers every op of
+// src/ops/*.h. A case that cannot run on a backend (no CUDA build, no device, or no kernel for
+// the op there yet) is reported as skipped, "not run: <reason>", never as passed.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "backend_case.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "ops/cast.h"
+
+namespace moecore::backend_test {
+
+const std::vector<Backend>& backends() {
+  static const std::vector<Backend> all = [] {
+    std::vector<Backend> b;
+    b.push_back({"cpu", true, "", cpu_exec()});
+    const DeviceInfo info = cuda_device_info();
+    Backend cuda{"cuda", info.available, info.description, Exec{}};
+    if (info.available) {
+      try {
+        cuda.ex = make_exec(Device::CUDA);
+      } catch (const moecore::Error& e) {  // a device that is listed but cannot be used
+        cuda.available = false;
+        cuda.why = e.what();
+      }
+    }
+    b.push_back(cuda);
+    return b;
+  }();
+  return all;
+}
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> all = [] {
+    std::vector<OpCase> c;
+    add_gemm_cases(c);
+    add_gemm_bf16_cases(c);
+    add_moe_cases(c);
+    add_elementwise_cases(c);
+    add_model_cases(c);
+    return c;
+  }();
+  return all;
+}
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  ops::cast_f32_to_bf16_ref(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  return y;
+}
+
+std::vector<float> bf16_rounded(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  ops::round_f32_to_bf16_ref(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  return y;
+}
+
+namespace {
+
+struct Param {
+  size_t backend, op_case;
+};
+
+std::vector<Param> all_params() {
+  std::vector<Param> p;
+  for (size_t b = 0; b < backends().size(); ++b) {
+    for (size_t c = 0; c < op_cases().size(); ++c) p.push_back({b, c});
+  }
+  return p;
+}
+
+// For gtest's failure lines: the test's own name instead of the param's bytes.
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << backends()[p.backend].name << "_" << op_cases()[p.op_case].name;
+}
+
+class Ops : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Ops, Run) {
+  const Backend& b = backends()[GetParam().backend];
+  const OpCase& c = op_cases()[GetParam().op_case];
+  if (!b.available) GTEST_SKIP() << "not run: " << b.name << " backend: " << b.why;
+  try {
+    c.run(b.ex);
+  } catch (const moecore::Error& e) {
+    // A backend without the op's kernel (ops::no_kernel) has not run it: not a pass.
+    const std::string what = e.what();
+    if (!b.ex.on_cpu() && what.find("no " + b.name + " kernel") != std::string::npos) {
+      GTEST_SKIP() << "not run: " << what;
+    }
+    throw;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backend, Ops, ::testing::ValuesIn(all_params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return backends()[info.param.backend].name + "_" +
+                                  op_cases()[info.param.op_case].name;
+                         });
+
+// The ops of src/ops/*.h: every function whose first parameter is `const Exec&`.
+std::set<std::string> ops_in_headers() {
+  std::set<std::string> ops;
+  const std::filesystem::path dir = std::filesystem::path(MOECORE_SOURCE_DIR) / "src" / "ops";
+  const std::regex op_decl(R"(([A-Za-z_][A-Za-z_0-9]*)\s*\(\s*const\s+Exec\s*&)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".h") continue;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (std::sregex_iterator it(s.begin(), s.end(), op_decl), end; it != end; ++it) {
+      ops.insert((*it)[1].str());
+    }
+  }
+  return ops;
+}
+
+TEST(BackendTable, CoversEveryOpInTheHeaders) {
+  const std::set<std::string> declared = ops_in_headers();
+  ASSERT_GT(declared.size(), 40u) << "the header scan found too few ops: is the regex broken?";
+  std::set<std::string> covered;
+  for (const OpCase& c : op_cases()) {
+    EXPECT_FALSE(c.ops.empty()) << c.name << " names no op";
+    covered.insert(c.ops.begin(), c.ops.end());
+  }
+  for (const std::string& op : declared) {
+    EXPECT_TRUE(covered.count(op)) << op << " (src/ops/) has no case in tests/backend/";
+  }
+  for (const std::string& op : covered) {
+    EXPECT_TRUE(declared.count(op)) << op << " is named by a case but declared by no op header";
+  }
+  std::set<std::string> names;
+  for (const OpCase& c : op_cases()) {
+    EXPECT_TRUE(names.insert(c.name).second) << "two cases named " << c.name;
+    EXPECT_TRUE(std::regex_match(c.name, std::regex("[a-z0-9_]+"))) << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace moecore::backend_test
