@@ -1,7 +1,8 @@
 // Router selection: the key the top-k runs on (expert bias added, quantile beta subtracted),
 // group-limited routing's mask, Sinkhorn (S-BASE) balancing of the training key, the top-K of
 // a top-(K+1), and capacity dropping. The top-k itself is ops/softmax_topk.h's. Ties go to the
-// lower index everywhere, so every result is exact and the same on every backend.
+// lower index everywhere and the sums run in a fixed order, so every result is deterministic
+// and bitwise the same for any thread count.
 #pragma once
 
 #include <cstdint>
