@@ -7,20 +7,22 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "ops/convert_f64.h"
 #include "ops/gemm.h"
+#include "ops/input_jitter.h"
+#include "ops/router_balance.h"
+#include "ops/router_losses.h"
+#include "ops/router_probs.h"
+#include "ops/router_scores.h"
+#include "ops/router_select.h"
 #include "ops/softmax_topk.h"
 
 namespace moecore::moe {
 
 namespace {
 
-// Megatron's epsilon in the sigmoid / sqrtsoftplus normalisations (issue #1545: it lets the
-// aux loss dip below its floor; we keep it for parity, it is far below f64 resolution of 1).
-constexpr double kNormEps = 1e-20;
-// Megatron's Sinkhorn: stop when mean |d1 change| <= tol; eps guards the divisions.
-constexpr double kSinkhornTol = 1e-4;
-constexpr double kSinkhornEps = 1e-8;
-constexpr int kSinkhornMaxIters = 100000;
+// Slots of the report buffer (values the ops write; read on the host after each op for now).
+constexpr int kReportZ = 3;  // 0..2: lb_value's slots
 
 // Slot of an aux-loss type in RouterSaved::lb_value, -1 for the loss-free types.
 int lb_slot(LoadBalancing t) {
@@ -36,22 +38,24 @@ int lb_slot(LoadBalancing t) {
   }
 }
 
-double sigmoid(double x) {
-  return 1.0 / (1.0 + std::exp(-x));
-}
-// log(1 + e^x) without overflow.
-double softplus(double x) {
-  return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+ops::ScoreFn score_fn(ScoreFunction s) {
+  switch (s) {
+    case ScoreFunction::Sigmoid:
+      return ops::ScoreFn::Sigmoid;
+    case ScoreFunction::SqrtSoftplus:
+      return ops::ScoreFn::SqrtSoftplus;
+    default:
+      return ops::ScoreFn::Softmax;
+  }
 }
 
-bool sigmoid_like(ScoreFunction s) {
-  return s == ScoreFunction::Sigmoid || s == ScoreFunction::SqrtSoftplus;
-}
-
-// d score / d logit for the elementwise score functions, from the logit and the score.
-double dscore_dlogit(ScoreFunction f, double logit, double score) {
-  if (f == ScoreFunction::Sigmoid) return score * (1.0 - score);
-  return sigmoid(logit) / (2.0 * score);  // d sqrt(softplus(l)) / dl
+// How the probs follow from the selected values (docs/router.md, "Selection").
+ops::ProbsFn probs_fn(const RouterConfig& cfg) {
+  if (cfg.uses(LoadBalancing::Sinkhorn))
+    return cfg.topk == 1 ? ops::ProbsFn::SigmoidTop1 : ops::ProbsFn::SoftmaxOverE;
+  if (cfg.score == ScoreFunction::Softmax)
+    return cfg.pre_softmax ? ops::ProbsFn::SoftmaxOverE : ops::ProbsFn::SoftmaxOverK;
+  return ops::ProbsFn::Normalized;
 }
 
 }  // namespace
@@ -130,6 +134,8 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   dlogits_TE_ = a.alloc<double>(N * E, "router.dlogits", MemKind::Workspace);
   work_TE_ = a.alloc<double>(N * E, "router.work", MemKind::Workspace);
   work_TK_ = a.alloc<double>(N * K, "router.work_k", MemKind::Workspace);
+  report_ = a.alloc<double>(4, "router.report", MemKind::State);
+  report_dropped_ = a.alloc<int64_t>(1, "router.report_dropped", MemKind::State);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,17 +169,14 @@ void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length, bool r
   select(n_tok);
   compute_probs(n_tok);
   apply_capacity(n_tok);
-  for (int64_t i = 0; i < n_tok * K_; ++i) s.probs_TK[i] = static_cast<T>(s.probs64_TK[i]);
-  std::memset(s.tokens_per_expert_E, 0, sizeof(int64_t) * E_);
-  for (int64_t i = 0; i < n_tok * K_; ++i) {
-    if (s.idx_TK[i] >= 0) ++s.tokens_per_expert_E[s.idx_TK[i]];
-  }
+  ops::narrow_from_f64(*ex_, s.probs_TK, s.probs64_TK, n_tok * K_);
+  ops::count_tokens_per_expert(*ex_, s.tokens_per_expert_E, nullptr, s.idx_TK, n_tok, K_, E_, 1);
   compute_losses(n_tok);
 
   if (training_ && !recompute_) {
     // Aux-loss-free balancing counts the rows experts really processed (after dropping).
     if (cfg_.enable_expert_bias) {
-      for (int64_t e = 0; e < E_; ++e) bias_counts_E_[e] += s.tokens_per_expert_E[e];
+      ops::accumulate_counts(*ex_, bias_counts_E_, s.tokens_per_expert_E, E_);
     }
     ++micro_;
   }
@@ -193,46 +196,29 @@ void Router<T>::gate_forward(const T* x_TH, int64_t n) {
     const uint64_t base = static_cast<uint64_t>(step_) * static_cast<uint64_t>(max_tokens_ * H);
     // A recomputing forward reruns the last training forward: its micro-batch index.
     const auto micro = static_cast<uint32_t>(recompute_ ? micro_ - 1 : micro_);
-    for (int64_t i = 0; i < n * H; ++i) {
-      double u = rng_uniform(jitter_key_, base + static_cast<uint64_t>(i), micro);
-      jitter_TH_[i] = static_cast<T>(1.0 - eps + 2.0 * eps * u);
-      gate_TH_[i] = x_TH[i] * jitter_TH_[i];
-    }
+    ops::input_jitter_forward(*ex_, jitter_TH_, gate_TH_, x_TH, eps, jitter_key_, base, micro,
+                              n * H);
     s.jitter_TH = jitter_TH_;
     in = gate_TH_;
   }
   s.gate_in_TH = in;
   const T* w = weight_->data_as<T>();
   if (gate_f64_) {
-    for (int64_t i = 0; i < n * H; ++i) x64_TH_[i] = static_cast<double>(in[i]);
-    for (int64_t i = 0; i < E * H; ++i) w64_EH_[i] = static_cast<double>(w[i]);
+    ops::widen_to_f64(*ex_, x64_TH_, in, n * H);
+    ops::widen_to_f64(*ex_, w64_EH_, w, E * H);
     ops::linear_forward(*ex_, s.logits_TE, x64_TH_, w64_EH_, n, E, H);
   } else {
     ops::linear_forward(*ex_, logits_T_TE_, in, w, n, E, H);
-    for (int64_t i = 0; i < n * E; ++i) s.logits_TE[i] = static_cast<double>(logits_T_TE_[i]);
+    ops::widen_to_f64(*ex_, s.logits_TE, logits_T_TE_, n * E);
   }
 }
 
 template <typename T>
 void Router<T>::compute_scores(int64_t n) {
   RouterSaved<T>& s = saved_;
-  const int64_t E = E_;
-  if (cfg_.score == ScoreFunction::Softmax) {
-    ops::softmax_forward(*ex_, s.scores_TE, s.logits_TE, n, E);
-    std::memcpy(s.aux_scores_TE, s.scores_TE, sizeof(double) * n * E);
-    return;
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    const double* l = s.logits_TE + t * E;
-    double* sc = s.scores_TE + t * E;
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      sc[e] = cfg_.score == ScoreFunction::Sigmoid ? sigmoid(l[e]) : std::sqrt(softplus(l[e]));
-      sum += sc[e];
-    }
-    // Megatron normalises the aux scores for every K (compute_routing_scores_for_aux_loss).
-    for (int64_t e = 0; e < E; ++e) s.aux_scores_TE[t * E + e] = sc[e] / (sum + kNormEps);
-  }
+  // Megatron normalises the aux scores for every K (compute_routing_scores_for_aux_loss).
+  ops::router_scores(*ex_, score_fn(cfg_.score), s.scores_TE, s.aux_scores_TE, s.logits_TE, n,
+                     E_);
 }
 
 template <typename T>
@@ -246,52 +232,18 @@ void Router<T>::select(int64_t n) {
   // from the logits / scores at the chosen experts in compute_probs.
   const bool on_logits = cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax &&
                          !cfg_.uses(LoadBalancing::Sinkhorn);
-  std::memcpy(key_TE_, on_logits ? s.logits_TE : s.scores_TE, sizeof(double) * n * E);
-  if (cfg_.uses(LoadBalancing::Sinkhorn) && K_ == 1) {
-    for (int64_t i = 0; i < n * E; ++i) key_TE_[i] = sigmoid(s.logits_TE[i]);  // eval, top-1
+  if (cfg_.uses(LoadBalancing::Sinkhorn) && K_ == 1) {  // eval, top-1: sigmoid(logits)
+    ops::router_scores(*ex_, ops::ScoreFn::Sigmoid, key_TE_, nullptr, s.logits_TE, n, E);
+  } else {
+    // The expert bias (sigmoid-like scores only; never with sinkhorn) is added to the key.
+    ops::routing_key(*ex_, key_TE_, on_logits ? s.logits_TE : s.scores_TE,
+                     cfg_.enable_expert_bias ? expert_bias_E_ : nullptr, /*subtract=*/false, n,
+                     E);
   }
-  if (cfg_.enable_expert_bias) {
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t e = 0; e < E; ++e) key_TE_[t * E + e] += expert_bias_E_[e];
-    }
+  if (cfg_.group_limited()) {
+    ops::group_limited_mask(*ex_, key_TE_, work_TE_, n, E, cfg_.num_groups, cfg_.group_topk, K_);
   }
-  if (cfg_.group_limited()) group_limited_topk(key_TE_, n);
   ops::topk(*ex_, s.routed_TK, keyv_TK_, key_TE_, n, E, K_);
-}
-
-// Megatron's group_limited_topk: group score = sum of the top-(K/g) keys in each of G
-// contiguous groups; keep the g best groups and mask every other expert to -inf.
-template <typename T>
-void Router<T>::group_limited_topk(double* key_TE, int64_t n) {
-  const int64_t E = E_, G = cfg_.num_groups, g = cfg_.group_topk, per = E / G, kg = K_ / g;
-  for (int64_t t = 0; t < n; ++t) {
-    double* key = key_TE + t * E;
-    double* row = work_TE_ + t * E;  // scratch copy, partially sorted per group
-    std::memcpy(row, key, sizeof(double) * E);
-    double* group_score = col_T_;  // [G] (col_T_ holds max(T, E) >= G values)
-    for (int64_t j = 0; j < G; ++j) {
-      double* seg = row + j * per;
-      std::partial_sort(seg, seg + kg, seg + per, std::greater<double>());
-      double sum = 0;
-      for (int64_t i = 0; i < kg; ++i) sum += seg[i];
-      group_score[j] = sum;
-    }
-    // Pick g groups, best first, ties to the lower group; picked groups are marked by NaN.
-    uint64_t keep_bits[4] = {0, 0, 0, 0};  // G <= E <= 256
-    for (int64_t r = 0; r < g; ++r) {
-      int64_t best = -1;
-      for (int64_t j = 0; j < G; ++j) {
-        if (std::isnan(group_score[j])) continue;
-        if (best < 0 || group_score[j] > group_score[best]) best = j;
-      }
-      keep_bits[best / 64] |= uint64_t(1) << (best % 64);
-      group_score[best] = NAN;
-    }
-    for (int64_t j = 0; j < G; ++j) {
-      if (keep_bits[j / 64] >> (j % 64) & 1) continue;
-      for (int64_t i = 0; i < per; ++i) key[j * per + i] = -INFINITY;
-    }
-  }
 }
 
 // Megatron's sinkhorn(): S-BASE balancing of exp(logits) into a doubly stochastic matrix;
@@ -300,39 +252,8 @@ template <typename T>
 void Router<T>::sinkhorn_select(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_;
-  double* cost = key_TE_;
-  for (int64_t i = 0; i < n * E; ++i) cost[i] = std::exp(s.logits_TE[i]);
-  double* d0 = sk_d0_T_;
-  double* d1 = sk_d1_E_;
-  double* d1_old = sk_d1_E_ + E;
-  for (int64_t t = 0; t < n; ++t) d0[t] = 1.0;
-  for (int64_t e = 0; e < E; ++e) d1[e] = d1_old[e] = 1.0;
-  double error = 1e9;
-  int iters = 0;
-  while (error > kSinkhornTol) {
-    MOE_CHECK(++iters <= kSinkhornMaxIters,
-              "[router] sinkhorn did not converge in {} iterations (error {}): the router logits "
-              "are degenerate",
-              kSinkhornMaxIters, error);
-    for (int64_t t = 0; t < n; ++t) {
-      double acc = 0;
-      for (int64_t e = 0; e < E; ++e) acc += d1[e] * cost[t * E + e];
-      d0[t] = (1.0 / static_cast<double>(n)) * 1.0 / (acc + kSinkhornEps);
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      double acc = 0;
-      for (int64_t t = 0; t < n; ++t) acc += d0[t] * cost[t * E + e];
-      d1[e] = (1.0 / static_cast<double>(E)) * 1.0 / (acc + kSinkhornEps);
-    }
-    error = 0;
-    for (int64_t e = 0; e < E; ++e) error += std::abs(d1_old[e] - d1[e]);
-    error /= static_cast<double>(E);
-    std::memcpy(d1_old, d1, sizeof(double) * E);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t e = 0; e < E; ++e) cost[t * E + e] *= d1[e] * d0[t];
-  }
-  ops::topk(*ex_, s.routed_TK, keyv_TK_, cost, n, E, K_);
+  ops::sinkhorn_balance(*ex_, key_TE_, sk_d0_T_, sk_d1_E_, s.logits_TE, n, E);
+  ops::topk(*ex_, s.routed_TK, keyv_TK_, key_TE_, n, E, K_);
 }
 
 // Quantile balancing (MOE_SEMANTICS Router 5): idx = top-k of (l - beta); alpha_t = the
@@ -342,20 +263,12 @@ template <typename T>
 void Router<T>::quantile_select(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_, K = K_, K1 = K_ + 1;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t e = 0; e < E; ++e) key_TE_[t * E + e] = s.logits_TE[t * E + e] - beta_E_[e];
-  }
+  ops::routing_key(*ex_, key_TE_, s.logits_TE, beta_E_, /*subtract=*/true, n, E);
   ops::topk(*ex_, keyi_TK_, keyv_TK_, key_TE_, n, E, K1);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t k = 0; k < K; ++k) s.routed_TK[t * K + k] = keyi_TK_[t * K1 + k];
-  }
+  ops::topk_prefix(*ex_, s.routed_TK, keyi_TK_, n, K, K1);
   if (!training_ || recompute_ || n == 0) return;
-  const int64_t C = n * K / E;  // divisibility checked in forward
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t t = 0; t < n; ++t) col_T_[t] = s.logits_TE[t * E + e] - keyv_TK_[t * K1 + K];
-    std::nth_element(col_T_, col_T_ + C, col_T_ + n, std::greater<double>());
-    beta_sum_E_[e] += col_T_[C];
-  }
+  // T K divisible by E: checked in forward.
+  ops::quantile_beta_estimate(*ex_, beta_sum_E_, col_T_, s.logits_TE, keyv_TK_, n, E, K);
   ++beta_micro_;
 }
 
@@ -363,34 +276,15 @@ template <typename T>
 void Router<T>::compute_probs(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_, K = K_;
-  const bool sinkhorn = cfg_.uses(LoadBalancing::Sinkhorn);
-  const bool softmax_over_k =
-      !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
-  for (int64_t t = 0; t < n; ++t) {
-    double* v = s.topv_TK + t * K;
-    double* p = s.probs64_TK + t * K;
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t te = t * E + s.routed_TK[t * K + k];
-      if (sinkhorn && K == 1)
-        v[k] = sigmoid(s.logits_TE[te]);
-      else
-        v[k] = softmax_over_k ? s.logits_TE[te] : s.scores_TE[te];
-    }
-    if (softmax_over_k) {
-      double m = v[0], z = 0;  // v is in descending order of the key, not necessarily of v
-      for (int64_t k = 1; k < K; ++k) m = std::max(m, v[k]);
-      for (int64_t k = 0; k < K; ++k) z += std::exp(v[k] - m);
-      for (int64_t k = 0; k < K; ++k) p[k] = std::exp(v[k] - m) / z;
-    } else if (sigmoid_like(cfg_.score) && K > 1) {
-      double sum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += v[k];
-      for (int64_t k = 0; k < K; ++k) p[k] = v[k] / (sum + kNormEps);
-    } else {
-      for (int64_t k = 0; k < K; ++k) p[k] = v[k];
-    }
-    for (int64_t k = 0; k < K; ++k) p[k] *= cfg_.topk_scaling_factor;
+  const ops::ProbsFn fn = probs_fn(cfg_);
+  // The values the probs derive from: the selected logits (softmax over K), else the scores.
+  // Sinkhorn's top-1 takes sigmoid(logit) of the chosen expert.
+  const bool on_logits = fn == ops::ProbsFn::SoftmaxOverK || fn == ops::ProbsFn::SigmoidTop1;
+  ops::gather_topk(*ex_, s.topv_TK, on_logits ? s.logits_TE : s.scores_TE, s.routed_TK, n, E, K);
+  if (fn == ops::ProbsFn::SigmoidTop1) {
+    ops::router_scores(*ex_, ops::ScoreFn::Sigmoid, s.topv_TK, nullptr, s.topv_TK, n, K);
   }
-  std::memcpy(s.idx_TK, s.routed_TK, sizeof(int32_t) * n * K);
+  ops::topk_probs(*ex_, fn, s.probs64_TK, s.topv_TK, cfg_.topk_scaling_factor, n, K);
 }
 
 // Capacity: each expert keeps at most `capacity` of its (token, slot) pairs, by prob (ties to
@@ -398,40 +292,17 @@ void Router<T>::compute_probs(int64_t n) {
 template <typename T>
 void Router<T>::apply_capacity(int64_t n) {
   RouterSaved<T>& s = saved_;
-  const int64_t E = E_, K = K_;
-  s.dropped = 0;
   s.capacity = cfg_.dropless() ? 0 : cfg_.capacity(n);
-  if (cfg_.dropless()) return;
-  const int64_t cap = s.capacity;
-  // Counting sort of the pairs by expert, token order within an expert.
-  std::fill(cand_off_E_, cand_off_E_ + E + 1, 0);
-  for (int64_t i = 0; i < n * K; ++i) ++cand_off_E_[s.routed_TK[i] + 1];
-  for (int64_t e = 0; e < E; ++e) cand_off_E_[e + 1] += cand_off_E_[e];
-  int64_t* fill = cand_off_E_ + E + 1;  // E cursors
-  for (int64_t e = 0; e < E; ++e) fill[e] = cand_off_E_[e];
-  for (int64_t i = 0; i < n * K; ++i) cand_N_[fill[s.routed_TK[i]]++] = static_cast<int32_t>(i);
-  const double* p = s.probs64_TK;
-  for (int64_t e = 0; e < E; ++e) {
-    int32_t* b = cand_N_ + cand_off_E_[e];
-    int32_t* end = cand_N_ + cand_off_E_[e + 1];
-    if (end - b <= cap) continue;
-    if (cfg_.drop_policy == TokenDropPolicy::Probs) {
-      std::sort(b, end,
-                [p](int32_t i, int32_t j) { return p[i] > p[j] || (p[i] == p[j] && i < j); });
-    }
-    for (int32_t* it = b + cap; it < end; ++it) {
-      s.idx_TK[*it] = -1;
-      s.probs64_TK[*it] = 0.0;
-      ++s.dropped;
-    }
-  }
+  ops::apply_capacity(*ex_, s.idx_TK, s.probs64_TK, report_dropped_, cand_N_, cand_off_E_,
+                      s.routed_TK, n, K_, E_, s.capacity,
+                      cfg_.drop_policy == TokenDropPolicy::Probs);
+  s.dropped = *report_dropped_;  // host read of the report (the device step will defer it)
 }
 
 template <typename T>
 void Router<T>::compute_losses(int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t E = E_, K = K_, B = s.n_seq;
-  const int64_t S = n / B;
   // The aux map: the experts the router chose (group limit, bias, quantile offsets included,
   // before capacity dropping), or with --moe-aux-loss-megatron-map Megatron's plain top-k of
   // the aux scores (issue #2767).
@@ -440,15 +311,7 @@ void Router<T>::compute_losses(int64_t n) {
     ops::topk(*ex_, keyi_TK_, keyv_TK_, s.aux_scores_TE, n, E, K);
     map = keyi_TK_;
   }
-  std::memset(s.aux_counts_E, 0, sizeof(int64_t) * E);
-  std::memset(s.aux_seq_counts_BE, 0, sizeof(int64_t) * B * E);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = map[t * K + k];
-      ++s.aux_counts_E[e];
-      ++s.aux_seq_counts_BE[(t % B) * E + e];
-    }
-  }
+  ops::count_tokens_per_expert(*ex_, s.aux_counts_E, s.aux_seq_counts_BE, map, n, K, E, B);
 
   for (double& v : s.lb_value) v = 0;
   s.aux_value = s.aux_loss = 0;
@@ -456,72 +319,40 @@ void Router<T>::compute_losses(int64_t n) {
   for (const LoadBalancingTerm& term : terms_) {
     const int slot = lb_slot(term.type);
     if (slot < 0 || n == 0) continue;
-    double value = 0;
+    double* value = report_ + slot;
     if (term.type == LoadBalancing::AuxLoss) {
       // E / (K T^2) * sum_i P_i N_i with P_i = sum_t a_ti.
-      double acc = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        double psum = 0;
-        for (int64_t t = 0; t < n; ++t) psum += s.aux_scores_TE[t * E + e];
-        acc += psum * static_cast<double>(s.aux_counts_E[e]);
-      }
-      value = acc * static_cast<double>(E) / (static_cast<double>(K) * n * n);
+      ops::aux_loss_value(*ex_, value, s.aux_scores_TE, s.aux_counts_E, n, E, K);
     } else if (term.type == LoadBalancing::SeqAuxLoss) {
       // The same per sequence (tokens t = s * B + b), averaged over the B sequences.
-      double acc = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t e = 0; e < E; ++e) {
-          double psum = 0;
-          for (int64_t q = 0; q < S; ++q) psum += s.aux_scores_TE[(q * B + b) * E + e];
-          acc += psum * static_cast<double>(s.aux_seq_counts_BE[b * E + e]);
-        }
-      }
-      value = acc * static_cast<double>(E) / (static_cast<double>(K) * S * S) / B;
+      ops::seq_aux_loss_value(*ex_, value, s.aux_scores_TE, s.aux_seq_counts_BE, n, E, K, B);
     } else {
       // global_aux_loss: N_i averaged over the micro-batches of the step so far (Megatron's
       // ga_steps average; the fix of #7213), normalised with this micro-batch's T.
       // A recomputing forward finds this micro-batch's counts already in the sums; the values
       // are the same doubles (the sum was stored as computed here).
       if (recompute_) {
-        const double steps = static_cast<double>(global_micro_);
-        for (int64_t e = 0; e < E; ++e) s.global_counts_E[e] = global_sum_E_[e] / steps;
+        ops::running_mean_counts(*ex_, s.global_counts_E, global_sum_E_, nullptr,
+                                 static_cast<double>(global_micro_), E);
       } else {
-        const double steps = static_cast<double>(global_micro_ + 1);
-        for (int64_t e = 0; e < E; ++e) {
-          s.global_counts_E[e] =
-              (global_sum_E_[e] + static_cast<double>(s.aux_counts_E[e])) / steps;
-        }
+        ops::running_mean_counts(*ex_, s.global_counts_E, global_sum_E_, s.aux_counts_E,
+                                 static_cast<double>(global_micro_ + 1), E);
       }
       if (training_ && !recompute_) {
-        for (int64_t e = 0; e < E; ++e) global_sum_E_[e] += static_cast<double>(s.aux_counts_E[e]);
+        ops::accumulate_counts(*ex_, global_sum_E_, s.aux_counts_E, E);
         ++global_micro_;
       }
-      double acc = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        double psum = 0;
-        for (int64_t t = 0; t < n; ++t) psum += s.aux_scores_TE[t * E + e];
-        acc += psum * s.global_counts_E[e];
-      }
-      value = acc * static_cast<double>(E) / (static_cast<double>(K) * n * n);
+      ops::aux_loss_value(*ex_, value, s.aux_scores_TE, s.global_counts_E, n, E, K);
     }
-    s.lb_value[slot] = value;
-    s.aux_loss += term.coeff * value;
-    if (first) s.aux_value = value;
+    s.lb_value[slot] = *value;  // host read of the report (the device step will defer it)
+    s.aux_loss += term.coeff * s.lb_value[slot];
+    if (first) s.aux_value = s.lb_value[slot];
     first = false;
   }
 
   // z-loss = coeff * mean_t logsumexp(logits_t)^2.
-  double acc = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const double* l = s.logits_TE + t * E;
-    double m = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) m = std::max(m, l[e]);
-    double z = 0;
-    for (int64_t e = 0; e < E; ++e) z += std::exp(l[e] - m);
-    s.lse_T[t] = m + std::log(z);
-    acc += s.lse_T[t] * s.lse_T[t];
-  }
-  s.z_value = n > 0 ? acc / n : 0.0;
+  ops::z_loss_value(*ex_, report_ + kReportZ, s.lse_T, s.logits_TE, n, E);
+  s.z_value = report_[kReportZ];
   s.z_loss = cfg_.z_loss_coeff * s.z_value;
 }
 
@@ -540,49 +371,10 @@ template <typename T>
 void Router<T>::backward_probs(double* dl, const T* dprobs_TK) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, K = K_;
-  const bool sinkhorn = cfg_.uses(LoadBalancing::Sinkhorn);
-  const bool softmax_over_k =
-      !sinkhorn && cfg_.score == ScoreFunction::Softmax && !cfg_.pre_softmax;
   // Undo the scaling factor; dropped slots carry no gradient (their prob is the constant 0).
-  double* g_TK = work_TK_;
-  for (int64_t i = 0; i < n * K; ++i) {
-    g_TK[i] = s.idx_TK[i] >= 0 ? static_cast<double>(dprobs_TK[i]) * cfg_.topk_scaling_factor : 0;
-  }
-  const bool over_e_softmax =
-      (sinkhorn && K > 1) || (cfg_.score == ScoreFunction::Softmax && cfg_.pre_softmax);
-  if (over_e_softmax) std::memset(work_TE_, 0, sizeof(double) * n * E);
-  for (int64_t t = 0; t < n; ++t) {
-    const double* v = s.topv_TK + t * K;
-    const double* g = g_TK + t * K;
-    const int32_t* idx = s.routed_TK + t * K;
-    if (softmax_over_k) {
-      // p = softmax(v) over K, recomputed unscaled.
-      double m = v[0], z = 0, dot = 0;
-      for (int64_t k = 1; k < K; ++k) m = std::max(m, v[k]);
-      for (int64_t k = 0; k < K; ++k) z += std::exp(v[k] - m);
-      for (int64_t k = 0; k < K; ++k) dot += g[k] * std::exp(v[k] - m) / z;
-      for (int64_t k = 0; k < K; ++k) dl[t * E + idx[k]] += std::exp(v[k] - m) / z * (g[k] - dot);
-    } else if (over_e_softmax) {
-      for (int64_t k = 0; k < K; ++k) work_TE_[t * E + idx[k]] += g[k];
-    } else if (sinkhorn) {  // top-1 sigmoid
-      dl[t * E + idx[0]] += g[0] * v[0] * (1.0 - v[0]);
-    } else {
-      // Sigmoid-like: p = v / (sum v + eps) for K > 1, else v.
-      double sum = 0, dot = 0;
-      for (int64_t k = 0; k < K; ++k) sum += v[k];
-      const double den = sum + kNormEps;
-      for (int64_t k = 0; k < K; ++k) dot += g[k] * v[k];
-      for (int64_t k = 0; k < K; ++k) {
-        const double dv = K > 1 ? g[k] / den - dot / (den * den) : g[k];
-        const int64_t te = t * E + idx[k];
-        dl[te] += dv * dscore_dlogit(cfg_.score, s.logits_TE[te], s.scores_TE[te]);
-      }
-    }
-  }
-  if (over_e_softmax) {
-    ops::softmax_backward(*ex_, work_TE_, work_TE_, s.scores_TE, n, E);
-    for (int64_t i = 0; i < n * E; ++i) dl[i] += work_TE_[i];
-  }
+  ops::kept_prob_grads(*ex_, work_TK_, dprobs_TK, s.idx_TK, cfg_.topk_scaling_factor, n * K);
+  ops::topk_probs_backward(*ex_, probs_fn(cfg_), score_fn(cfg_.score), dl, work_TE_, work_TK_,
+                           s.topv_TK, s.routed_TK, s.logits_TE, s.scores_TE, n, E, K);
 }
 
 template <typename T>
@@ -590,7 +382,6 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, K = K_, B = s.n_seq;
   if (n == 0) return;
-  const int64_t S = n / B;
   // d(sum_j coeff_j aux_j) / d a_te, then through the aux scores to the logits.
   bool any = false;
   for (const LoadBalancingTerm& term : terms_) any |= lb_slot(term.type) >= 0 && term.coeff > 0;
@@ -600,38 +391,16 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
       if (lb_slot(term.type) < 0 || term.coeff == 0) continue;
       const double c =
           loss_grad_scale * term.coeff * static_cast<double>(E) / static_cast<double>(K);
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t e = 0; e < E; ++e) {
-          double gte;
-          if (term.type == LoadBalancing::AuxLoss) {
-            gte = c / (static_cast<double>(n) * n) * static_cast<double>(s.aux_counts_E[e]);
-          } else if (term.type == LoadBalancing::SeqAuxLoss) {
-            gte = c / (static_cast<double>(S) * S * B) *
-                  static_cast<double>(s.aux_seq_counts_BE[(t % B) * E + e]);
-          } else {
-            gte = c / (static_cast<double>(n) * n) * s.global_counts_E[e];
-          }
-          work_TE_[t * E + e] += gte;
-        }
+      if (term.type == LoadBalancing::AuxLoss) {
+        ops::aux_loss_grad(*ex_, work_TE_, s.aux_counts_E, c, n, E);
+      } else if (term.type == LoadBalancing::SeqAuxLoss) {
+        ops::seq_aux_loss_grad(*ex_, work_TE_, s.aux_seq_counts_BE, c, n, E, B);
+      } else {
+        ops::aux_loss_grad(*ex_, work_TE_, s.global_counts_E, c, n, E);
       }
     }
-    if (cfg_.score == ScoreFunction::Softmax) {
-      ops::softmax_backward(*ex_, work_TE_, work_TE_, s.aux_scores_TE, n, E);
-      for (int64_t i = 0; i < n * E; ++i) dl[i] += work_TE_[i];
-    } else {
-      for (int64_t t = 0; t < n; ++t) {
-        const double* sc = s.scores_TE + t * E;
-        const double* g = work_TE_ + t * E;
-        double sum = 0, dot = 0;
-        for (int64_t e = 0; e < E; ++e) sum += sc[e];
-        const double den = sum + kNormEps;
-        for (int64_t e = 0; e < E; ++e) dot += g[e] * sc[e];
-        for (int64_t e = 0; e < E; ++e) {
-          const double ds = g[e] / den - dot / (den * den);
-          dl[t * E + e] += ds * dscore_dlogit(cfg_.score, s.logits_TE[t * E + e], sc[e]);
-        }
-      }
-    }
+    ops::aux_scores_backward(*ex_, score_fn(cfg_.score), dl, work_TE_, s.aux_scores_TE,
+                             s.scores_TE, s.logits_TE, n, E);
   }
 
   // z-loss: d/dlogits = coeff * 2 * lse_t * softmax(logits_t) / T.
@@ -642,9 +411,7 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
       sm = work_TE_;
     }
     const double c = loss_grad_scale * cfg_.z_loss_coeff * 2.0 / static_cast<double>(n);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t e = 0; e < E; ++e) dl[t * E + e] += c * s.lse_T[t] * sm[t * E + e];
-    }
+    ops::z_loss_grad(*ex_, dl, s.lse_T, sm, c, n, E);
   }
 }
 
@@ -657,17 +424,14 @@ void Router<T>::gate_backward(T* dx_TH) {
   if (gate_f64_) {
     std::memset(dw64_EH_, 0, sizeof(double) * E * H);
     ops::linear_backward(*ex_, dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);
-    for (int64_t i = 0; i < E * H; ++i) dw[i] += static_cast<T>(dw64_EH_[i]);
-    for (int64_t i = 0; i < n * H; ++i) {
-      const double j = s.jitter_TH ? static_cast<double>(s.jitter_TH[i]) : 1.0;
-      dx_TH[i] += static_cast<T>(dx64_TH_[i] * j);
-    }
+    ops::add_from_f64(*ex_, dw, dw64_EH_, static_cast<const T*>(nullptr), E * H);
+    ops::add_from_f64(*ex_, dx_TH, dx64_TH_, static_cast<const T*>(s.jitter_TH), n * H);
     return;
   }
-  for (int64_t i = 0; i < n * E; ++i) dlogits_T_TE_[i] = static_cast<T>(dlogits_TE_[i]);
+  ops::narrow_from_f64(*ex_, dlogits_T_TE_, dlogits_TE_, n * E);
   if (s.jitter_TH) {
     ops::linear_backward(*ex_, dgate_TH_, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H, false);
-    for (int64_t i = 0; i < n * H; ++i) dx_TH[i] += dgate_TH_[i] * s.jitter_TH[i];
+    ops::input_jitter_backward(*ex_, dx_TH, dgate_TH_, static_cast<const T*>(s.jitter_TH), n * H);
   } else {
     ops::linear_backward(*ex_, dx_TH, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H,
                          /*accumulate_dx=*/true);
@@ -684,28 +448,13 @@ void Router<T>::finish_step(const RouterStepSync& sync) {
     // bias += u * sign(mean(c) - c) over the step's counts summed over TP x DP x CP
     // (Megatron's get_updated_expert_bias), in fp32 like Megatron's buffer.
     if (sync.sum_tp_dp_cp) sync.sum_tp_dp_cp(bias_counts_E_, E);
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += bias_counts_E_[e];
-    const double mean = sum / static_cast<double>(E);
-    const float rate = static_cast<float>(cfg_.bias_update_rate);
-    for (int64_t e = 0; e < E; ++e) {
-      const double off = mean - bias_counts_E_[e];
-      const float sign = off > 0 ? 1.0f : (off < 0 ? -1.0f : 0.0f);
-      expert_bias_E_[e] = expert_bias_E_[e] + sign * rate;
-    }
+    ops::expert_bias_update(*ex_, expert_bias_E_, bias_counts_E_,
+                            static_cast<float>(cfg_.bias_update_rate), E);
   }
   if (cfg_.uses(LoadBalancing::QuantileBalancing) && beta_micro_ > 0) {
-    for (int64_t e = 0; e < E; ++e) beta_sum_E_[e] /= static_cast<double>(beta_micro_);
+    ops::divide_in_place(*ex_, beta_sum_E_, static_cast<double>(beta_micro_), E);
     if (sync.mean_dp_cp) sync.mean_dp_cp(beta_sum_E_, E);
-    const double ema = cfg_.quantile_ema;
-    double mean = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      col_T_[e] = ema * beta_E_[e] + (1.0 - ema) * beta_sum_E_[e];
-      mean += col_T_[e];
-    }
-    mean /= static_cast<double>(E);
-    // Only differences of beta matter to the top-k; centring keeps it from drifting.
-    for (int64_t e = 0; e < E; ++e) beta_E_[e] = static_cast<float>(col_T_[e] - mean);
+    ops::quantile_beta_update(*ex_, beta_E_, col_T_, beta_sum_E_, cfg_.quantile_ema, E);
   }
   reset_step();
   ++step_;

@@ -125,7 +125,6 @@ class Router {
   void select(int64_t n_tok);
   void sinkhorn_select(int64_t n_tok);
   void quantile_select(int64_t n_tok);
-  void group_limited_topk(double* key_TE, int64_t n_tok);
   void compute_probs(int64_t n_tok);
   void apply_capacity(int64_t n_tok);
   void compute_losses(int64_t n_tok);
@@ -175,6 +174,10 @@ class Router {
   double* dlogits_TE_ = nullptr;
   double* work_TE_ = nullptr;
   double* work_TK_ = nullptr;
+  // The report: values the ops write for the step (aux values by lb slot, then z; dropped
+  // pairs), read on the host after each op for now.
+  double* report_ = nullptr;
+  int64_t* report_dropped_ = nullptr;
 };
 
 }  // namespace moecore::moe

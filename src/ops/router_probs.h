@@ -1,0 +1,83 @@
+// The routing probabilities at the chosen experts and their backward: gather the values they
+// derive from (the selected logits or scores), then softmax over the K selected logits,
+// s / (sum_K s + eps) for the elementwise score functions, or the scores as they are; times the
+// scaling factor. The backward undoes the scaling, skips dropped slots and goes through the same
+// formula to the logits. f64 (docs/router.md).
+#pragma once
+
+#include <cstdint>
+
+#include "core/exec.h"
+#include "ops/router_scores.h"
+
+namespace moecore::ops {
+
+// How the probs follow from the gathered values v [T, K] (docs/router.md, "Selection"):
+enum class ProbsFn {
+  SoftmaxOverK,  // v = logits at the chosen experts; p = softmax(v) over K
+  SoftmaxOverE,  // v = softmax(logits) over E at the chosen experts (pre-softmax, sinkhorn K > 1)
+  Normalized,    // v = sigmoid / sqrtsoftplus scores; p = v / (sum_K v + eps) if K > 1, else v
+  SigmoidTop1,   // v = sigmoid(logit) of the one chosen expert (sinkhorn, K = 1)
+};
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+void gather_topk(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t n_tok,
+                 int64_t E, int64_t K);
+void topk_probs(ProbsFn fn, double* probs_TK, const double* val_TK, double scale, int64_t n_tok,
+                int64_t K);
+template <typename T>
+void kept_prob_grads(double* g_TK, const T* dprobs_TK, const int32_t* idx_TK, double scale,
+                     int64_t TK);
+void topk_probs_backward(ProbsFn fn, ScoreFn score, double* dlogits_TE, double* work_TE,
+                         const double* g_TK, const double* val_TK, const int32_t* routed_TK,
+                         const double* logits_TE, const double* scores_TE, int64_t n_tok,
+                         int64_t E, int64_t K);
+}  // namespace cpu
+
+// val[t, k] = src[t, idx[t, k]] (idx >= 0).
+inline void gather_topk(const Exec& ex, double* val_TK, const double* src_TE,
+                        const int32_t* idx_TK, int64_t n_tok, int64_t E, int64_t K) {
+  if (ex.on_cpu()) return cpu::gather_topk(val_TK, src_TE, idx_TK, n_tok, E, K);
+  no_kernel(ex, "gather_topk");
+}
+void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t n_tok,
+                     int64_t E, int64_t K);
+
+// probs [T, K] = fn's probs of val, times scale (--moe-router-topk-scaling-factor, 1: none).
+inline void topk_probs(const Exec& ex, ProbsFn fn, double* probs_TK, const double* val_TK,
+                       double scale, int64_t n_tok, int64_t K) {
+  if (ex.on_cpu()) return cpu::topk_probs(fn, probs_TK, val_TK, scale, n_tok, K);
+  no_kernel(ex, "topk_probs");
+}
+void topk_probs_ref(ProbsFn fn, double* probs_TK, const double* val_TK, double scale,
+                    int64_t n_tok, int64_t K);
+
+// g [T, K] = dprobs * scale where idx >= 0, 0 at dropped slots (their prob is the constant 0).
+template <typename T>
+void kept_prob_grads(const Exec& ex, double* g_TK, const T* dprobs_TK, const int32_t* idx_TK,
+                     double scale, int64_t TK) {
+  if (ex.on_cpu()) return cpu::kept_prob_grads(g_TK, dprobs_TK, idx_TK, scale, TK);
+  no_kernel(ex, "kept_prob_grads");
+}
+template <typename T>
+void kept_prob_grads_ref(double* g_TK, const T* dprobs_TK, const int32_t* idx_TK, double scale,
+                         int64_t TK);
+
+// dlogits [T, E] += the gradient of sum g * probs/scale through fn (g: kept_prob_grads'), with
+// val and routed (before dropping) the forward's; scores [T, E] are the score function's (the
+// softmax for SoftmaxOverE), logits [T, E] the gate's. work [T, E] is scratch (SoftmaxOverE).
+inline void topk_probs_backward(const Exec& ex, ProbsFn fn, ScoreFn score, double* dlogits_TE,
+                                double* work_TE, const double* g_TK, const double* val_TK,
+                                const int32_t* routed_TK, const double* logits_TE,
+                                const double* scores_TE, int64_t n_tok, int64_t E, int64_t K) {
+  if (ex.on_cpu())
+    return cpu::topk_probs_backward(fn, score, dlogits_TE, work_TE, g_TK, val_TK, routed_TK,
+                                    logits_TE, scores_TE, n_tok, E, K);
+  no_kernel(ex, "topk_probs_backward");
+}
+void topk_probs_backward_ref(ProbsFn fn, ScoreFn score, double* dlogits_TE, const double* g_TK,
+                             const double* val_TK, const int32_t* routed_TK,
+                             const double* logits_TE, const double* scores_TE, int64_t n_tok,
+                             int64_t E, int64_t K);
+
+}  // namespace moecore::ops
