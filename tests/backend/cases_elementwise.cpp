@@ -319,20 +319,21 @@ void adamw_one(const Exec& ex) {
     for (double wd : {0.0, 0.1}) {
       BACKEND_TRACE(dtype_name<T>() << " n=" << n << " wd=" << wd);
       ops::AdamWParams a;
-      a.lr = 3e-3;
+      ops::AdamWStep st;  // host memory: see docs/numerics.md on device buffers
+      st.lr = 3e-3;
       a.beta2 = 0.95;
       a.weight_decay = wd;
-      a.grad_scale = std::is_same_v<T, float> ? 1.0 : 0.5;
+      st.grad_scale = std::is_same_v<T, float> ? 1.0 : 0.5;
       const auto p0 = random_vec<T>(n, seed++);
       Guarded<T> p = guarded(p0);
       Guarded<float> m(n, 0.f), v(n, 0.f);
       std::vector<T> p_ref = p0;
       std::vector<float> m_ref(n, 0.f), v_ref(n, 0.f);
       for (int64_t step = 1; step <= 3; ++step) {
-        a.step = step;
+        st.step = step;
         const auto g = random_vec<T>(n, seed++, -2.0, 2.0);
-        ops::adamw_step<T>(ex, p.data(), g.data(), m.data(), v.data(), n, a);
-        ops::adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+        ops::adamw_step<T>(ex, p.data(), g.data(), m.data(), v.data(), n, a, &st);
+        ops::adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a, st);
       }
       expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
       expect_close(v, v_ref.data(), "v", testing::kF32Rtol, testing::kF32Atol);
@@ -347,7 +348,8 @@ void adamw_bf16_copies(const Exec& ex) {
   uint32_t seed = 120;
   for (int64_t n : {int64_t{1}, int64_t{37}, (int64_t{1} << 14) + 7}) {
     ops::AdamWParams a;
-    a.lr = 3e-3;
+    ops::AdamWStep st;
+    st.lr = 3e-3;
     a.weight_decay = 0.1;
     auto p0 = random_vec<float>(n, seed++);
     if (n > 1) p0[1] = 1.0f + std::ldexp(1.0f, -8);
@@ -357,12 +359,12 @@ void adamw_bf16_copies(const Exec& ex) {
       Guarded<uint16_t> p16(n);
       std::vector<float> p_ref = p0, m_ref(n, 0.f), v_ref(n, 0.f);
       for (int64_t step = 1; step <= 2; ++step) {
-        a.step = step;
+        st.step = step;
         const auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
-        ops::adamw_step<float>(ex, p.data(), g.data(), m.data(), v.data(), n, a,
+        ops::adamw_step<float>(ex, p.data(), g.data(), m.data(), v.data(), n, a, &st,
                                form != 1 ? as_bf16(p16.data()) : nullptr,
                                form != 0 ? p16w.data() : nullptr);
-        ops::adamw_step_ref<float>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a);
+        ops::adamw_step_ref<float>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a, st);
       }
       expect_close(p, p_ref.data(), "p", testing::kF32Rtol, testing::kF32Atol);
       expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
