@@ -11,7 +11,9 @@
 
 namespace moecore::parallel {
 
-std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "max"; }
+std::string_view reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::Sum ? "sum" : "max";
+}
 
 // ---- CommHandle ----
 
@@ -23,7 +25,9 @@ CommHandle& CommHandle::operator=(CommHandle&& other) noexcept {
   return *this;
 }
 
-CommHandle::~CommHandle() { finish_or_die(); }
+CommHandle::~CommHandle() {
+  finish_or_die();
+}
 
 void CommHandle::finish_or_die() noexcept {
   if (!req_) return;
@@ -75,8 +79,9 @@ int64_t Communicator::sum_counts(std::span<const int64_t> counts, const char* ca
 }
 
 void Communicator::check_recv_size(int64_t have, int64_t want, const char* call) const {
-  MOE_CHECK(have == want, "[comm] {} on group '{}' (rank {} of {}): buffer has {} elements, {} needed",
-            call, name(), rank(), size(), have, want);
+  MOE_CHECK(have == want,
+            "[comm] {} on group '{}' (rank {} of {}): buffer has {} elements, {} needed", call,
+            name(), rank(), size(), have, want);
 }
 
 void Communicator::check_v_sizes(int64_t mine, int64_t total, std::span<const int64_t> counts,
@@ -105,11 +110,10 @@ CommHandle Communicator::all_reduce_async(void* data, int64_t count, DType dt, R
   return start_all_reduce(data, count, dt, op);
 }
 
-CommHandle Communicator::all_gather_async(const void* send, void* recv, int64_t count,
-                                          DType dt) {
+CommHandle Communicator::all_gather_async(const void* send, void* recv, int64_t count, DType dt) {
   check_count(count, "all_gather", name());
-  std::vector<int64_t> counts(size(), count);
-  return start_all_gather_v(send, recv, counts, /*equal=*/true, dt);
+  equal_counts_.assign(size(), count);  // keeps its capacity: no allocation per call
+  return start_all_gather_v(send, recv, equal_counts_, /*equal=*/true, dt);
 }
 
 CommHandle Communicator::all_gather_v_async(const void* send, void* recv,
@@ -118,11 +122,11 @@ CommHandle Communicator::all_gather_v_async(const void* send, void* recv,
   return start_all_gather_v(send, recv, counts, /*equal=*/false, dt);
 }
 
-CommHandle Communicator::reduce_scatter_async(const void* send, void* recv, int64_t count,
-                                              DType dt, ReduceOp op) {
+CommHandle Communicator::reduce_scatter_async(const void* send, void* recv, int64_t count, DType dt,
+                                              ReduceOp op) {
   check_count(count, "reduce_scatter", name());
-  std::vector<int64_t> counts(size(), count);
-  return start_reduce_scatter_v(send, recv, counts, /*equal=*/true, dt, op);
+  equal_counts_.assign(size(), count);
+  return start_reduce_scatter_v(send, recv, equal_counts_, /*equal=*/true, dt, op);
 }
 
 CommHandle Communicator::reduce_scatter_v_async(const void* send, void* recv,
@@ -132,9 +136,9 @@ CommHandle Communicator::reduce_scatter_v_async(const void* send, void* recv,
   return start_reduce_scatter_v(send, recv, counts, /*equal=*/false, dt, op);
 }
 
-CommHandle Communicator::all_to_all_v_async(const void* send,
-                                            std::span<const int64_t> send_counts, void* recv,
-                                            std::span<const int64_t> recv_counts, DType dt) {
+CommHandle Communicator::all_to_all_v_async(const void* send, std::span<const int64_t> send_counts,
+                                            void* recv, std::span<const int64_t> recv_counts,
+                                            DType dt) {
   check_counts(send_counts, "all_to_all_v (send counts)");
   check_counts(recv_counts, "all_to_all_v (recv counts)");
   return start_all_to_all_v(send, send_counts, recv, recv_counts, dt);
@@ -160,7 +164,9 @@ CommHandle Communicator::recv_async(void* data, int64_t count, DType dt, int src
   return start_recv(data, count, dt, src, tag);
 }
 
-CommHandle Communicator::barrier_async() { return start_barrier(); }
+CommHandle Communicator::barrier_async() {
+  return start_barrier();
+}
 
 // ---- the local (one-rank) communicator ----
 
@@ -178,20 +184,18 @@ class LocalCommunicator final : public Communicator {
  protected:
   // A sum or max over one rank is the value itself (bf16 included: f32 round trip is exact).
   CommHandle start_all_reduce(void*, int64_t, DType, ReduceOp) override { return {}; }
-  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
-                                bool, DType dt) override {
-    copy(send, recv, counts[0], dt);
-    return {};
-  }
-  CommHandle start_reduce_scatter_v(const void* send, void* recv,
-                                    std::span<const int64_t> counts, bool, DType dt,
-                                    ReduceOp) override {
-    copy(send, recv, counts[0], dt);
-    return {};
-  }
-  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
-                                void* recv, std::span<const int64_t> recv_counts,
+  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts, bool,
                                 DType dt) override {
+    copy(send, recv, counts[0], dt);
+    return {};
+  }
+  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                    bool, DType dt, ReduceOp) override {
+    copy(send, recv, counts[0], dt);
+    return {};
+  }
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                std::span<const int64_t> recv_counts, DType dt) override {
     MOE_CHECK(send_counts[0] == recv_counts[0],
               "[comm] all_to_all_v on group '{}': sends {} elements to itself but expects {}",
               name_, send_counts[0], recv_counts[0]);

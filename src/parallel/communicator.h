@@ -36,13 +36,20 @@ class CommRequest {
   virtual bool test() = 0;
   // Blocks until complete (bounded by the timeout: reports and aborts past it).
   virtual void wait() = 0;
+  // Called once the handle is done with it: a backend may keep its requests for reuse (nothing
+  // allocates per call once the pool holds as many as are ever in flight).
+  virtual void release() { delete this; }
+  struct Release {
+    void operator()(CommRequest* r) const { r->release(); }
+  };
 };
+using CommRequestPtr = std::unique_ptr<CommRequest, CommRequest::Release>;
 
 // The handle of a non-blocking operation. Default-constructed = already complete.
 class CommHandle {
  public:
   CommHandle() = default;
-  explicit CommHandle(std::unique_ptr<CommRequest> req) : req_(std::move(req)) {}
+  explicit CommHandle(CommRequestPtr req) : req_(std::move(req)) {}
   CommHandle(CommHandle&&) noexcept = default;
   CommHandle& operator=(CommHandle&& other) noexcept;
   CommHandle(const CommHandle&) = delete;
@@ -56,7 +63,7 @@ class CommHandle {
 
  private:
   void finish_or_die() noexcept;
-  std::unique_ptr<CommRequest> req_;
+  CommRequestPtr req_;
 };
 
 template <typename R>
@@ -70,7 +77,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;  // position of this process in the group
   virtual int size() const = 0;
-  virtual const std::string& name() const = 0;            // "tp", "ep", "world", ...
+  virtual const std::string& name() const = 0;               // "tp", "ep", "world", ...
   virtual const std::vector<int>& global_ranks() const = 0;  // world rank of each member
 
   // ---- untyped (runtime dtype) non-blocking operations ----
@@ -85,12 +92,12 @@ class Communicator {
   CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dt,
                                   ReduceOp op);
   // recv (counts[rank] elements) = op over ranks of this rank's piece of send (sum(counts)).
-  CommHandle reduce_scatter_v_async(const void* send, void* recv,
-                                    std::span<const int64_t> counts, DType dt, ReduceOp op);
+  CommHandle reduce_scatter_v_async(const void* send, void* recv, std::span<const int64_t> counts,
+                                    DType dt, ReduceOp op);
   // send holds send_counts[r] elements for each rank r in order; recv gets recv_counts[r] from
   // each rank r in order. recv_counts[r] must equal rank r's send_counts[this rank].
-  CommHandle all_to_all_v_async(const void* send, std::span<const int64_t> send_counts,
-                                void* recv, std::span<const int64_t> recv_counts, DType dt);
+  CommHandle all_to_all_v_async(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                std::span<const int64_t> recv_counts, DType dt);
   CommHandle broadcast_async(void* data, int64_t count, DType dt, int root);
   CommHandle send_async(const void* data, int64_t count, DType dt, int dst, int tag = 0);
   CommHandle recv_async(void* data, int64_t count, DType dt, int src, int tag = 0);
@@ -200,11 +207,10 @@ class Communicator {
   // Backend hooks, called after the arguments were checked. Counts fit in int64 and are >= 0.
   virtual CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) = 0;
   virtual CommHandle start_all_gather_v(const void* send, void* recv,
-                                        std::span<const int64_t> counts, bool equal,
-                                        DType dt) = 0;
+                                        std::span<const int64_t> counts, bool equal, DType dt) = 0;
   virtual CommHandle start_reduce_scatter_v(const void* send, void* recv,
-                                            std::span<const int64_t> counts, bool equal,
-                                            DType dt, ReduceOp op) = 0;
+                                            std::span<const int64_t> counts, bool equal, DType dt,
+                                            ReduceOp op) = 0;
   virtual CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
                                         void* recv, std::span<const int64_t> recv_counts,
                                         DType dt) = 0;
@@ -230,9 +236,11 @@ class Communicator {
   void check_counts(std::span<const int64_t> counts, const char* call) const;
   int64_t sum_counts(std::span<const int64_t> counts, const char* call) const;
   void check_recv_size(int64_t have, int64_t want, const char* call) const;
-  void check_v_sizes(int64_t mine, int64_t total, std::span<const int64_t> counts,
-                     const char* call, bool gather) const;
+  void check_v_sizes(int64_t mine, int64_t total, std::span<const int64_t> counts, const char* call,
+                     bool gather) const;
   void check_peer(int peer, const char* what, const char* call) const;
+
+  std::vector<int64_t> equal_counts_;  // the equal-count forms' counts, reused per call
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without

@@ -122,10 +122,7 @@ class MpiCommunicator final : public Communicator {
     MOE_CHECK_MPI(MPI_Comm_size(comm_, &size_), "[comm] group '{}'", name_);
     ctx_->add(this);
   }
-  ~MpiCommunicator() override {
-    ctx_->remove(this);
-    if (mpi_alive()) MPI_Comm_free(&comm_);
-  }
+  ~MpiCommunicator() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
@@ -138,17 +135,20 @@ class MpiCommunicator final : public Communicator {
     last_call_ = call;
     return ++calls_;
   }
+  // A request from the pool (new only while the pool is smaller than the most ever in flight);
+  // its vectors keep their capacity, so a steady state allocates nothing per call.
+  std::unique_ptr<MpiRequest, CommRequest::Release> acquire(const char* call, DType dt,
+                                                            int64_t count, int peer = -1);
+  void give_back(MpiRequest* r) { pool_.push_back(r); }
 
  protected:
   CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override;
   CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
                                 bool equal, DType dt) override;
-  CommHandle start_reduce_scatter_v(const void* send, void* recv,
-                                    std::span<const int64_t> counts, bool equal, DType dt,
-                                    ReduceOp op) override;
-  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
-                                void* recv, std::span<const int64_t> recv_counts,
-                                DType dt) override;
+  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                    bool equal, DType dt, ReduceOp op) override;
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                std::span<const int64_t> recv_counts, DType dt) override;
   CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override;
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int tag) override;
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int tag) override;
@@ -162,26 +162,26 @@ class MpiCommunicator final : public Communicator {
               call, name_, v, INT_MAX);
     return static_cast<int>(v);
   }
-  std::vector<int> ints(std::span<const int64_t> v, const char* call) const {
-    std::vector<int> out(v.size());
+  // Into `out` (resized: its capacity is kept across calls).
+  void ints(std::vector<int>& out, std::span<const int64_t> v, const char* call) const {
+    out.resize(v.size());
     for (size_t i = 0; i < v.size(); ++i) out[i] = to_int(v[i], call);
-    return out;
   }
-  std::vector<int> displs(std::span<const int64_t> counts, const char* call) const {
-    std::vector<int> out(counts.size());
+  void displs(std::vector<int>& out, std::span<const int64_t> counts, const char* call) const {
+    out.resize(counts.size());
     int64_t off = 0;
     for (size_t i = 0; i < counts.size(); ++i) {
       out[i] = to_int(off, call);
       off += counts[i];
     }
     to_int(off, call);
-    return out;
   }
 
   MPI_Comm comm_;
   std::string name_;
   std::vector<int> ranks_;
   std::shared_ptr<MpiContext> ctx_;
+  std::vector<MpiRequest*> pool_;  // finished requests, owned here (freed with the group)
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
   const char* last_call_ = "none";
@@ -190,8 +190,27 @@ class MpiCommunicator final : public Communicator {
 // One in-flight MPI operation and what it needs kept alive until completion.
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MpiCommunicator& comm, const char* call, DType dt, int64_t count, int peer = -1)
-      : comm_(comm), call_(call), seq_(comm.enter(call)), dt_(dt), count_(count), peer_(peer) {}
+  // The count vectors are sized for the group once: whichever call a pooled request serves
+  // next, they do not grow.
+  explicit MpiRequest(MpiCommunicator& comm) : comm_(comm) {
+    for (auto* v : {&counts, &displs, &counts2, &displs2}) v->reserve(comm.size());
+  }
+
+  // Ready for one call (a pooled request keeps its vectors' capacity).
+  void reset(const char* call, DType dt, int64_t count, int peer) {
+    call_ = call;
+    seq_ = comm_.enter(call);
+    dt_ = dt;
+    count_ = count;
+    peer_ = peer;
+    done_ = false;
+    req = MPI_REQUEST_NULL;
+    status = MPI_Status{};
+    finish = nullptr;
+    dst = nullptr;
+    n = 0;
+  }
+  void release() override;
 
   bool test() override {
     if (done_) return true;
@@ -200,7 +219,7 @@ class MpiRequest final : public CommRequest {
                   call_, seq_, comm_.name(), comm_.rank(), comm_.size());
     if (!flag) return false;
     done_ = true;
-    if (finish) finish();
+    if (finish) finish(*this);
     return true;
   }
 
@@ -235,7 +254,8 @@ class MpiRequest final : public CommRequest {
 
   std::string what() const {
     std::string s = fmt::format("{} x {}", dtype_name(dt_), count_);
-    if (peer_ >= 0) s += fmt::format(", peer {} (world rank {})", peer_, comm_.global_ranks()[peer_]);
+    if (peer_ >= 0)
+      s += fmt::format(", peer {} (world rank {})", peer_, comm_.global_ranks()[peer_]);
     return s;
   }
 
@@ -243,30 +263,69 @@ class MpiRequest final : public CommRequest {
   MPI_Status status{};
   std::vector<int> counts, displs, counts2, displs2;
   std::vector<float> staging, staging2;  // bf16 reductions run in f32
-  std::function<void()> finish;
+  // Run once on completion, with what it needs in the request (no capturing closure: those
+  // allocate).
+  void (*finish)(MpiRequest&) = nullptr;
+  void* dst = nullptr;
+  int64_t n = 0;
+  MPI_Datatype recv_type = MPI_DATATYPE_NULL;
+  int recv_tag = 0;
+  const MpiCommunicator& comm() const { return comm_; }
+  int peer() const { return peer_; }
 
  private:
   MpiCommunicator& comm_;
-  const char* call_;
-  int64_t seq_;
-  DType dt_;
-  int64_t count_;
-  int peer_;
+  const char* call_ = "none";
+  int64_t seq_ = 0;
+  DType dt_ = DType::F32;
+  int64_t count_ = 0;
+  int peer_ = -1;
   bool done_ = false;
 };
 
+void MpiRequest::release() {
+  comm_.give_back(this);
+}
+
+std::unique_ptr<MpiRequest, CommRequest::Release> MpiCommunicator::acquire(const char* call,
+                                                                           DType dt, int64_t count,
+                                                                           int peer) {
+  MpiRequest* r = nullptr;
+  if (pool_.empty()) {
+    r = new MpiRequest(*this);
+  } else {
+    r = pool_.back();
+    pool_.pop_back();
+  }
+  r->reset(call, dt, count, peer);
+  return std::unique_ptr<MpiRequest, CommRequest::Release>(r);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  for (MpiRequest* r : pool_) delete r;
+  ctx_->remove(this);
+  if (mpi_alive()) MPI_Comm_free(&comm_);
+}
+
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::I32: return MPI_INT32_T;
-    case DType::I64: return MPI_INT64_T;
-    case DType::BF16: return MPI_UINT16_T;  // moved as raw bits; reductions are staged in f32
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::BF16:
+      return MPI_UINT16_T;  // moved as raw bits; reductions are staged in f32
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+}
 
 void bf16_to_f32(const void* src, float* dst, int64_t n) {
   const bf16* s = static_cast<const bf16*>(src);
@@ -279,16 +338,17 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
 }
 
 CommHandle MpiCommunicator::start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
-  auto r = std::make_unique<MpiRequest>(*this, "all_reduce", dt, count);
+  auto r = acquire("all_reduce", dt, count);
   const int n = to_int(count, "all_reduce");
   if (dt == DType::BF16) {
     r->staging.resize(count);
     bf16_to_f32(data, r->staging.data(), count);
-    MOE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, r->staging.data(), n, MPI_FLOAT, mpi_op(op), comm_,
-                                 &r->req),
-                  "[comm] all_reduce on group '{}'", name_);
-    MpiRequest* raw = r.get();
-    r->finish = [raw, data, count] { f32_to_bf16(raw->staging.data(), data, count); };
+    MOE_CHECK_MPI(
+        MPI_Iallreduce(MPI_IN_PLACE, r->staging.data(), n, MPI_FLOAT, mpi_op(op), comm_, &r->req),
+        "[comm] all_reduce on group '{}'", name_);
+    r->dst = data;
+    r->n = count;
+    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging.data(), q.dst, q.n); };
   } else {
     MOE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dt), mpi_op(op), comm_, &r->req),
                   "[comm] all_reduce on group '{}'", name_);
@@ -302,18 +362,18 @@ CommHandle MpiCommunicator::start_all_gather_v(const void* send, void* recv,
   const char* call = equal ? "all_gather" : "all_gather_v";
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  auto r = std::make_unique<MpiRequest>(*this, call, dt, total);
-  r->counts = ints(counts, call);
-  r->displs = displs(counts, call);
+  auto r = acquire(call, dt, total);
+  ints(r->counts, counts, call);
+  displs(r->displs, counts, call);
   const size_t es = dtype_size(dt);
   // The caller may pass its own slot of recv as send: MPI needs MPI_IN_PLACE for that.
   const void* sendbuf = send;
   if (send == static_cast<const char*>(recv) + r->displs[rank_] * es) sendbuf = MPI_IN_PLACE;
   const MPI_Datatype t = mpi_type(dt);
   if (equal) {
-    MOE_CHECK_MPI(MPI_Iallgather(sendbuf, r->counts[rank_], t, recv, r->counts[0], t, comm_,
-                                 &r->req),
-                  "[comm] {} on group '{}'", call, name_);
+    MOE_CHECK_MPI(
+        MPI_Iallgather(sendbuf, r->counts[rank_], t, recv, r->counts[0], t, comm_, &r->req),
+        "[comm] {} on group '{}'", call, name_);
   } else {
     MOE_CHECK_MPI(MPI_Iallgatherv(sendbuf, r->counts[rank_], t, recv, r->counts.data(),
                                   r->displs.data(), t, comm_, &r->req),
@@ -328,9 +388,9 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
   const char* call = equal ? "reduce_scatter" : "reduce_scatter_v";
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  auto r = std::make_unique<MpiRequest>(*this, call, dt, total);
-  r->counts = ints(counts, call);
-  displs(counts, call);  // checks the total fits MPI's int
+  auto r = acquire(call, dt, total);
+  ints(r->counts, counts, call);
+  displs(r->displs, counts, call);  // checks the total fits MPI's int
   const int64_t mine = counts[rank_];
   MOE_CHECK(send != recv || total == 0,
             "[comm] {} on group '{}': send and recv must be different buffers", call, name_);
@@ -344,13 +404,14 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
     sbuf = r->staging.data();
     rbuf = r->staging2.data();
     t = MPI_FLOAT;
-    MpiRequest* raw = r.get();
-    r->finish = [raw, recv, mine] { f32_to_bf16(raw->staging2.data(), recv, mine); };
+    r->dst = recv;
+    r->n = mine;
+    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging2.data(), q.dst, q.n); };
   }
   if (equal) {
-    MOE_CHECK_MPI(MPI_Ireduce_scatter_block(sbuf, rbuf, r->counts[0], t, mpi_op(op), comm_,
-                                            &r->req),
-                  "[comm] {} on group '{}'", call, name_);
+    MOE_CHECK_MPI(
+        MPI_Ireduce_scatter_block(sbuf, rbuf, r->counts[0], t, mpi_op(op), comm_, &r->req),
+        "[comm] {} on group '{}'", call, name_);
   } else {
     MOE_CHECK_MPI(MPI_Ireduce_scatter(sbuf, rbuf, r->counts.data(), t, mpi_op(op), comm_, &r->req),
                   "[comm] {} on group '{}'", call, name_);
@@ -363,20 +424,20 @@ CommHandle MpiCommunicator::start_all_to_all_v(const void* send,
                                                std::span<const int64_t> recv_counts, DType dt) {
   int64_t total = 0;
   for (int64_t c : recv_counts) total += c;
-  auto r = std::make_unique<MpiRequest>(*this, "all_to_all_v", dt, total);
-  r->counts = ints(send_counts, "all_to_all_v");
-  r->displs = displs(send_counts, "all_to_all_v");
-  r->counts2 = ints(recv_counts, "all_to_all_v");
-  r->displs2 = displs(recv_counts, "all_to_all_v");
+  auto r = acquire("all_to_all_v", dt, total);
+  ints(r->counts, send_counts, "all_to_all_v");
+  displs(r->displs, send_counts, "all_to_all_v");
+  ints(r->counts2, recv_counts, "all_to_all_v");
+  displs(r->displs2, recv_counts, "all_to_all_v");
   const MPI_Datatype t = mpi_type(dt);
-  MOE_CHECK_MPI(MPI_Ialltoallv(send, r->counts.data(), r->displs.data(), t, recv,
-                               r->counts2.data(), r->displs2.data(), t, comm_, &r->req),
+  MOE_CHECK_MPI(MPI_Ialltoallv(send, r->counts.data(), r->displs.data(), t, recv, r->counts2.data(),
+                               r->displs2.data(), t, comm_, &r->req),
                 "[comm] all_to_all_v on group '{}'", name_);
   return CommHandle(std::move(r));
 }
 
 CommHandle MpiCommunicator::start_broadcast(void* data, int64_t count, DType dt, int root) {
-  auto r = std::make_unique<MpiRequest>(*this, "broadcast", dt, count, root);
+  auto r = acquire("broadcast", dt, count, root);
   MOE_CHECK_MPI(MPI_Ibcast(data, to_int(count, "broadcast"), mpi_type(dt), root, comm_, &r->req),
                 "[comm] broadcast on group '{}'", name_);
   return CommHandle(std::move(r));
@@ -386,7 +447,7 @@ CommHandle MpiCommunicator::start_send(const void* data, int64_t count, DType dt
                                        int tag) {
   MOE_CHECK(tag <= 32767, "[comm] send on group '{}': tag {} above MPI's guaranteed bound 32767",
             name_, tag);
-  auto r = std::make_unique<MpiRequest>(*this, "send", dt, count, dst);
+  auto r = acquire("send", dt, count, dst);
   MOE_CHECK_MPI(MPI_Isend(data, to_int(count, "send"), mpi_type(dt), dst, tag, comm_, &r->req),
                 "[comm] send to {} on group '{}'", dst, name_);
   return CommHandle(std::move(r));
@@ -395,25 +456,27 @@ CommHandle MpiCommunicator::start_send(const void* data, int64_t count, DType dt
 CommHandle MpiCommunicator::start_recv(void* data, int64_t count, DType dt, int src, int tag) {
   MOE_CHECK(tag <= 32767, "[comm] recv on group '{}': tag {} above MPI's guaranteed bound 32767",
             name_, tag);
-  auto r = std::make_unique<MpiRequest>(*this, "recv", dt, count, src);
+  auto r = acquire("recv", dt, count, src);
   const MPI_Datatype t = mpi_type(dt);
   MOE_CHECK_MPI(MPI_Irecv(data, to_int(count, "recv"), t, src, tag, comm_, &r->req),
                 "[comm] recv from {} on group '{}'", src, name_);
-  MpiRequest* raw = r.get();
-  const std::string group = name_;
-  r->finish = [raw, count, t, src, tag, group] {
+  r->n = count;
+  r->recv_type = t;
+  r->recv_tag = tag;
+  r->finish = [](MpiRequest& q) {
     int got = 0;
-    MOE_CHECK_MPI(MPI_Get_count(&raw->status, t, &got), "[comm] recv on group '{}'", group);
-    MOE_CHECK(got == count,
+    MOE_CHECK_MPI(MPI_Get_count(&q.status, q.recv_type, &got), "[comm] recv on group '{}'",
+                  q.comm().name());
+    MOE_CHECK(got == q.n,
               "[comm] recv on group '{}': expected {} elements from rank {} (tag {}), got {}: the "
               "sender and receiver disagree on the size",
-              group, count, src, tag, got);
+              q.comm().name(), q.n, q.peer(), q.recv_tag, got);
   };
   return CommHandle(std::move(r));
 }
 
 CommHandle MpiCommunicator::start_barrier() {
-  auto r = std::make_unique<MpiRequest>(*this, "barrier", DType::I32, 0);
+  auto r = acquire("barrier", DType::I32, 0);
   MOE_CHECK_MPI(MPI_Ibarrier(comm_, &r->req), "[comm] barrier on group '{}'", name_);
   return CommHandle(std::move(r));
 }
@@ -453,15 +516,15 @@ void MpiContext::service() {
     MOE_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, diag_, &flag, &st), "[comm] diagnosis");
     if (!flag) return;
     Query q{};
-    MOE_CHECK_MPI(MPI_Recv(&q, sizeof(q), MPI_BYTE, st.MPI_SOURCE, kQueryTag, diag_,
-                           MPI_STATUS_IGNORE),
-                  "[comm] diagnosis");
+    MOE_CHECK_MPI(
+        MPI_Recv(&q, sizeof(q), MPI_BYTE, st.MPI_SOURCE, kQueryTag, diag_, MPI_STATUS_IGNORE),
+        "[comm] diagnosis");
     q.group[kNameLen - 1] = 0;
     PendingReply& p = replies_.emplace_back();
     p.reply = describe(q.group);
-    MOE_CHECK_MPI(MPI_Isend(&p.reply, sizeof(Reply), MPI_BYTE, st.MPI_SOURCE, kReplyTag, diag_,
-                            &p.req),
-                  "[comm] diagnosis");
+    MOE_CHECK_MPI(
+        MPI_Isend(&p.reply, sizeof(Reply), MPI_BYTE, st.MPI_SOURCE, kReplyTag, diag_, &p.req),
+        "[comm] diagnosis");
   }
 }
 
@@ -519,8 +582,7 @@ void MpiContext::abort_on_timeout(const MpiCommunicator& c, const char* call, in
     auto it = answers.find(p);
     if (it == answers.end()) {
       lines.push_back(fmt::format(
-          "  world rank {}: no answer (busy outside moecore's communication, exited, or hung)",
-          p));
+          "  world rank {}: no answer (busy outside moecore's communication, exited, or hung)", p));
       continue;
     }
     Reply& r = it->second;
@@ -544,8 +606,9 @@ void MpiContext::abort_on_timeout(const MpiCommunicator& c, const char* call, in
     }
     lines.push_back(fmt::format("  world rank {}: {}", p, s));
   }
-  lines.push_back("  aborting the job; if this step is legitimately slow, raise "
-                  "--distributed-timeout-minutes");
+  lines.push_back(
+      "  aborting the job; if this step is legitimately slow, raise "
+      "--distributed-timeout-minutes");
   std::string out;
   for (const std::string& l : lines) out += fmt::format("[rank {}] error: {}\n", world_rank_, l);
   std::fputs(out.c_str(), stderr);
@@ -582,8 +645,9 @@ void timed_world_barrier(double timeout_s, int rank, int size) {
 void connect_communicators(ProcessGroups& groups) {
   int inited = 0;
   MPI_Initialized(&inited);
-  MOE_CHECK(inited, "[parallel] connect_communicators: MPI is not initialised (call "
-                    "runtime_init first)");
+  MOE_CHECK(inited,
+            "[parallel] connect_communicators: MPI is not initialised (call "
+            "runtime_init first)");
   int rank = 0, size = 0;
   MOE_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "[parallel] connect_communicators");
   MOE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size), "[parallel] connect_communicators");
@@ -600,8 +664,8 @@ void connect_communicators(ProcessGroups& groups) {
   // Every rank must have been given the same layout, or the groups would not match up. (Plain
   // MPI_Allreduce: the timed barrier above proved every rank is here.)
   const Degrees& d = groups.degrees();
-  std::vector<int64_t> hi = {d.tp, d.cp, d.dp, d.pp, d.etp, d.ep, d.edp,
-                             int64_t{cfg.use_tp_pp_dp_mapping}};
+  std::vector<int64_t> hi = {d.tp,  d.cp, d.dp,  d.pp,
+                             d.etp, d.ep, d.edp, int64_t{cfg.use_tp_pp_dp_mapping}};
   std::vector<int64_t> lo(hi.size());
   for (size_t i = 0; i < hi.size(); ++i) lo[i] = -hi[i];
   MOE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(hi.size()), MPI_INT64_T,
