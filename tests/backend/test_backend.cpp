@@ -43,6 +43,8 @@ const std::vector<OpCase>& op_cases() {
     add_moe_cases(c);
     add_elementwise_cases(c);
     add_model_cases(c);
+    add_router_cases(c);
+    add_router_balance_cases(c);
     return c;
   }();
   return all;
