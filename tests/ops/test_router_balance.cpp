@@ -90,6 +90,14 @@ TEST(RouterBalance, QuantileEstimateMatchesRef) {
       EXPECT_EQ(above, C) << "expert " << e;
     }
   }
+  // K = E would read past the T values of a column: both paths refuse it, as they refuse T K
+  // not divisible by E.
+  std::vector<double> l(4, 0.0), keyv(8, 0.0), b(2, 0.0), col(2);
+  EXPECT_THROW(ops::quantile_beta_estimate(cpu_exec(), b.data(), col.data(), l.data(),
+                                           keyv.data(), 2, 2, 2),
+               Error);
+  EXPECT_THROW(ops::quantile_beta_estimate_ref(b.data(), l.data(), keyv.data(), 2, 2, 2), Error);
+  EXPECT_THROW(ops::quantile_beta_estimate_ref(b.data(), l.data(), keyv.data(), 3, 2, 1), Error);
 }
 
 TEST(RouterBalance, ExpertBiasUpdate) {

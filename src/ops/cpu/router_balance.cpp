@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/check.h"
 #include "ops/router_balance.h"
 
 namespace moecore::ops::cpu {
@@ -39,6 +40,10 @@ void running_mean_counts(double* mean_E, const double* sum_E, const int64_t* cou
 
 void quantile_beta_estimate(double* beta_sum_E, double* col_T, const double* logits_TE,
                             const double* keyv_TK1, int64_t n_tok, int64_t E, int64_t K) {
+  MOE_CHECK(K >= 1 && K < E && n_tok * K % E == 0,
+            "[{}] K={} E={} T={}: needs 1 <= K < E (keyv is a top-(K+1) of E) and T K divisible "
+            "by E",
+            "quantile_beta_estimate", K, E, n_tok);
   const int64_t n = n_tok, K1 = K + 1;
   const int64_t C = n * K / E;
   for (int64_t e = 0; e < E; ++e) {

@@ -4,6 +4,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/check.h"
 #include "ops/router_balance.h"
 
 namespace moecore::ops {
@@ -39,6 +40,10 @@ void running_mean_counts_ref(double* mean_E, const double* sum_E, const int64_t*
 
 void quantile_beta_estimate_ref(double* beta_sum_E, const double* logits_TE,
                                 const double* keyv_TK1, int64_t n_tok, int64_t E, int64_t K) {
+  MOE_CHECK(K >= 1 && K < E && n_tok * K % E == 0,
+            "[{}] K={} E={} T={}: needs 1 <= K < E (keyv is a top-(K+1) of E) and T K divisible "
+            "by E",
+            "quantile_beta_estimate_ref", K, E, n_tok);
   const int64_t C = n_tok * K / E;
   for (int64_t e = 0; e < E; ++e) {
     std::vector<double> col(n_tok);
