@@ -35,16 +35,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
-    if (a == "--tokens")
-      T = v;
-    else if (a == "--hidden")
-      H = v;
-    else if (a == "--experts")
-      E = v;
-    else if (a == "--topk")
-      K = v;
-    else if (a == "--iters")
-      iters = v;
+    if (a == "--tokens") T = v;
+    else if (a == "--hidden") H = v;
+    else if (a == "--experts") E = v;
+    else if (a == "--topk") K = v;
+    else if (a == "--iters") iters = v;
   }
   const parallel::Runtime rt = parallel::runtime_init(&argc, &argv);
   int rc = 0;
@@ -123,13 +118,13 @@ int main(int argc, char** argv) {
       const double per_rank = b[0] / R;
       const double design = 2.0 * T * K * H * sizeof(float);  // DESIGN.md volume, per rank
       if (me == 0) {
-        std::printf(
-            "EP=%d %-9s T=%lld H=%lld E=%lld K=%lld  fwd(plan+dispatch+combine) %7.3f ms  "
-            "bwd %7.3f ms  off-rank bytes/rank/fwd %8.2f MiB = %.3f x 2*T*K*H*4 (%.2f MiB)  "
-            "%.2f GB/s\n",
-            R, R == 1 ? "local" : dispatcher_type_name(type), (long long)T, (long long)H,
-            (long long)E, (long long)K, 1e3 * median(fwd), 1e3 * median(bwd), per_rank / (1 << 20),
-            per_rank / design, design / (1 << 20), per_rank / median(fwd) / 1e9);
+        std::printf("EP=%d %-9s T=%lld H=%lld E=%lld K=%lld  fwd(plan+dispatch+combine) %7.3f ms  "
+                    "bwd %7.3f ms  off-rank bytes/rank/fwd %8.2f MiB = %.3f x 2*T*K*H*4 (%.2f MiB)  "
+                    "%.2f GB/s\n",
+                    R, R == 1 ? "local" : dispatcher_type_name(type), (long long)T, (long long)H,
+                    (long long)E, (long long)K, 1e3 * median(fwd), 1e3 * median(bwd),
+                    per_rank / (1 << 20), per_rank / design, design / (1 << 20),
+                    per_rank / median(fwd) / 1e9);
       }
       if (R == 1) break;  // one rank: both types are the local dispatcher
     }

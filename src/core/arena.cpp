@@ -8,33 +8,21 @@ namespace moecore {
 
 std::string_view mem_kind_name(MemKind k) {
   switch (k) {
-    case MemKind::Weights:
-      return "weights";
-    case MemKind::Grads:
-      return "grads";
-    case MemKind::OptimizerState:
-      return "optimizer";
-    case MemKind::Activations:
-      return "activations";
-    case MemKind::Recomputed:
-      return "recomputed";
-    case MemKind::State:
-      return "state";
-    case MemKind::Workspace:
-      return "workspace";
-    case MemKind::Count:
-      break;
+    case MemKind::Weights: return "weights";
+    case MemKind::Grads: return "grads";
+    case MemKind::OptimizerState: return "optimizer";
+    case MemKind::Activations: return "activations";
+    case MemKind::Recomputed: return "recomputed";
+    case MemKind::State: return "state";
+    case MemKind::Workspace: return "workspace";
+    case MemKind::Count: break;
   }
   return "?";
 }
 
-Arena::~Arena() {
-  std::free(block_);
-}
+Arena::~Arena() { std::free(block_); }
 
-static size_t round_up(size_t n, size_t a) {
-  return (n + a - 1) / a * a;
-}
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 int Arena::overlay_index(std::string_view name) {
   for (size_t i = 0; i < overlays_.size(); ++i) {
@@ -126,7 +114,8 @@ void Arena::freeze() {
             alloc_count_, planned_, plan_count_);
   for (const Overlay& o : overlays_) {
     MOE_CHECK(o.cursor == o.member_bytes,
-              "[arena] the allocating pass filled overlay '{}' differently from the plan", o.name);
+              "[arena] the allocating pass filled overlay '{}' differently from the plan",
+              o.name);
   }
   mode_ = Mode::Frozen;
 }
@@ -178,8 +167,6 @@ Arena::Retag::Retag(Arena& arena, MemKind from, MemKind to, bool active)
   if (active) arena.retag_[static_cast<int>(from)] = to;
 }
 
-Arena::Retag::~Retag() {
-  arena_.retag_[static_cast<int>(from_)] = prev_;
-}
+Arena::Retag::~Retag() { arena_.retag_[static_cast<int>(from_)] = prev_; }
 
 }  // namespace moecore

@@ -21,8 +21,8 @@ class Error : public std::runtime_error {
 }  // namespace moecore
 
 // MOE_CHECK(cond, "[router] top_k={} > num_experts={}: lower --moe-router-topk", k, e);
-#define MOE_CHECK(cond, ...)                                                           \
-  do {                                                                                 \
+#define MOE_CHECK(cond, ...)                                                        \
+  do {                                                                              \
     if (!(cond)) ::moecore::fail(#cond, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
   } while (0)
 

@@ -34,57 +34,31 @@ inline bf16 float_to_bf16(float f) {
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32:
-      return 4;
-    case DType::BF16:
-      return 2;
-    case DType::F64:
-      return 8;
-    case DType::I32:
-      return 4;
-    case DType::I64:
-      return 8;
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F64: return 8;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::BF16:
-      return "bf16";
-    case DType::F64:
-      return "f64";
-    case DType::I32:
-      return "i32";
-    case DType::I64:
-      return "i64";
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::F64: return "f64";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
   }
   return "?";
 }
 
-template <typename T>
-struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::F32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::F64;
-};
-template <>
-struct DTypeOf<bf16> {
-  static constexpr DType value = DType::BF16;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::I32;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::I64;
-};
+template <typename T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
+template <> struct DTypeOf<bf16> { static constexpr DType value = DType::BF16; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::I32; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::I64; };
 
 }  // namespace moecore

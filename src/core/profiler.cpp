@@ -10,24 +10,15 @@ thread_local PhaseProfiler* t_active = nullptr;
 
 std::string_view phase_name(Phase p) {
   switch (p) {
-    case Phase::Gemm:
-      return "gemm";
-    case Phase::Attention:
-      return "attention";
-    case Phase::Router:
-      return "router";
-    case Phase::Permute:
-      return "permute";
-    case Phase::Communication:
-      return "communication";
-    case Phase::Optimizer:
-      return "optimizer";
-    case Phase::Data:
-      return "data";
-    case Phase::Other:
-      return "other";
-    case Phase::Count:
-      break;
+    case Phase::Gemm: return "gemm";
+    case Phase::Attention: return "attention";
+    case Phase::Router: return "router";
+    case Phase::Permute: return "permute";
+    case Phase::Communication: return "communication";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::Data: return "data";
+    case Phase::Other: return "other";
+    case Phase::Count: break;
   }
   return "?";
 }
@@ -56,12 +47,8 @@ double PhaseProfiler::total() const {
   return t;
 }
 
-ActiveProfiler::ActiveProfiler(PhaseProfiler* p) : saved_(t_active) {
-  t_active = p;
-}
-ActiveProfiler::~ActiveProfiler() {
-  t_active = saved_;
-}
+ActiveProfiler::ActiveProfiler(PhaseProfiler* p) : saved_(t_active) { t_active = p; }
+ActiveProfiler::~ActiveProfiler() { t_active = saved_; }
 
 ScopedPhase::ScopedPhase(Phase p) : prof_(t_active) {
   if (prof_ != nullptr && omp_in_parallel()) prof_ = nullptr;

@@ -43,8 +43,8 @@ struct Tensor {
 
   template <typename T>
   T* as() const {
-    MOE_CHECK(DTypeOf<T>::value == dtype, "[tensor] view of dtype {} read as {}", dtype_name(dtype),
-              dtype_name(DTypeOf<T>::value));
+    MOE_CHECK(DTypeOf<T>::value == dtype, "[tensor] view of dtype {} read as {}",
+              dtype_name(dtype), dtype_name(DTypeOf<T>::value));
     return static_cast<T*>(data);
   }
 

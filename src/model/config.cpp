@@ -45,25 +45,27 @@ void ModelConfig::validate() const {
             "or set --kv-channels",
             num_heads, hidden);
   MOE_CHECK(num_query_groups >= 1 && num_heads % num_query_groups == 0,
-            "[model] --num-query-groups={} must divide --num-attention-heads={}", num_query_groups,
-            num_heads);
+            "[model] --num-query-groups={} must divide --num-attention-heads={}",
+            num_query_groups, num_heads);
   MOE_CHECK(head_dim() % 2 == 0, "[model] head dim {} must be even for RoPE", head_dim());
-  MOE_CHECK(max_positions() >= seq_length, "[model] --max-position-embeddings={} < --seq-length={}",
-            max_positions(), seq_length);
+  MOE_CHECK(max_positions() >= seq_length,
+            "[model] --max-position-embeddings={} < --seq-length={}", max_positions(),
+            seq_length);
   MOE_CHECK(num_experts >= 0, "[model] --num-experts={} must be >= 0", num_experts);
-  MOE_CHECK(
-      moe_layer_pattern.empty() || static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
-      "[model] --moe-layer-freq lists {} layers but --num-layers={}", moe_layer_pattern.size(),
-      num_layers);
+  MOE_CHECK(moe_layer_pattern.empty() ||
+                static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
+            "[model] --moe-layer-freq lists {} layers but --num-layers={}",
+            moe_layer_pattern.size(), num_layers);
   if (has_dense_layer()) {
     MOE_CHECK(ffn_hidden >= 1, "[model] dense layers need --ffn-hidden-size >= 1 (got {})",
               ffn_hidden);
   }
   if (num_experts > 0) {
-    MOE_CHECK(moe.router.num_experts == num_experts, "[model] router has {} experts, model {}",
-              moe.router.num_experts, num_experts);
+    MOE_CHECK(moe.router.num_experts == num_experts,
+              "[model] router has {} experts, model {}", moe.router.num_experts, num_experts);
     moe.router.validate();
-    MOE_CHECK(moe.ffn_hidden >= 1, "[model] --moe-ffn-hidden-size={} must be >= 1", moe.ffn_hidden);
+    MOE_CHECK(moe.ffn_hidden >= 1, "[model] --moe-ffn-hidden-size={} must be >= 1",
+              moe.ffn_hidden);
     MOE_CHECK(moe.shared_ffn_hidden >= 0,
               "[model] --moe-shared-expert-intermediate-size={} must be >= 0",
               moe.shared_ffn_hidden);
@@ -88,8 +90,8 @@ std::vector<int> parse_moe_layer_freq(const std::string& spec, int64_t num_layer
   if (s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
   size_t pos = 0;
   while (pos < s.size()) {
-    MOE_CHECK(s[pos] == '[', "[model] cannot parse --moe-layer-freq '{}': expected '[' at {}", spec,
-              pos);
+    MOE_CHECK(s[pos] == '[', "[model] cannot parse --moe-layer-freq '{}': expected '[' at {}",
+              spec, pos);
     size_t close = s.find(']', pos);
     MOE_CHECK(close != std::string::npos, "[model] unbalanced '[' in --moe-layer-freq '{}'", spec);
     std::vector<int> items;
@@ -98,8 +100,8 @@ std::vector<int> parse_moe_layer_freq(const std::string& spec, int64_t num_layer
       size_t comma = s.find(',', i);
       if (comma == std::string::npos || comma > close) comma = close;
       std::string tok = s.substr(i, comma - i);
-      MOE_CHECK(tok == "0" || tok == "1",
-                "[model] --moe-layer-freq entries must be 0 or 1, got '{}'", tok);
+      MOE_CHECK(tok == "0" || tok == "1", "[model] --moe-layer-freq entries must be 0 or 1, got '{}'",
+                tok);
       items.push_back(tok == "1");
       i = comma + 1;
     }

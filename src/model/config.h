@@ -14,24 +14,24 @@ namespace moecore {
 
 struct ModelConfig {
   int64_t vocab_size = 256;
-  int64_t hidden = 64;  // H
+  int64_t hidden = 64;            // H
   int64_t num_layers = 2;
-  int64_t num_heads = 4;         // query heads
-  int64_t num_query_groups = 4;  // KV heads (GQA); = num_heads without --group-query-attention
-  int64_t kv_channels = 0;       // head dim D (0: hidden / num_heads)
-  int64_t ffn_hidden = 256;      // dense MLP width
+  int64_t num_heads = 4;          // query heads
+  int64_t num_query_groups = 4;   // KV heads (GQA); = num_heads without --group-query-attention
+  int64_t kv_channels = 0;        // head dim D (0: hidden / num_heads)
+  int64_t ffn_hidden = 256;       // dense MLP width
   int64_t seq_length = 64;
   int64_t max_position_embeddings = 0;  // 0: seq_length
   double rotary_base = 10000.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
-  bool add_qkv_bias = false;   // --add-qkv-bias
-  bool qk_layernorm = false;   // --qk-layernorm (RMSNorm over the head dim of q and k)
-  bool tie_embeddings = true;  // false with --untie-embeddings-and-output-weights
+  bool add_qkv_bias = false;      // --add-qkv-bias
+  bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
+  bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
   // --bf16: GEMMs take bf16 inputs (bf16 copies of the fp32 master weights, activations cast
   // on the way in) and accumulate in f32; router, softmax, norms, losses stay f32.
   bool bf16 = false;
-  int64_t num_experts = 0;             // 0: every FFN is a dense MLP
+  int64_t num_experts = 0;        // 0: every FFN is a dense MLP
   std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
   MoeConfig moe;
   RecomputeConfig recompute;

@@ -19,8 +19,8 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // ep: the EP group (ETP = 1). pad_capacity_factor > 0: plans may be padded to
   // expert_capacity(T, K, E, factor) rows per expert; every EP rank must then pass the same
   // pad_to_rows to plan() (same micro-batch shape), as the splits are not exchanged.
-  AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, double pad_capacity_factor,
-                     parallel::Communicator& ep);
+  AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
+                     double pad_capacity_factor, parallel::Communicator& ep);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
@@ -40,7 +40,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // sends with send_*, receives with recv_*; backward (combine) swaps them.
   parallel::CommHandle start_a2a(const T* send, const int64_t* send_counts, T* recv,
                                  const int64_t* recv_counts);
-  void sort_chunks(T* out_NW, const T* recv_W, int64_t W) const;   // [r][l] -> [l][r]
+  void sort_chunks(T* out_NW, const T* recv_W, int64_t W) const;    // [r][l] -> [l][r]
   void unsort_chunks(T* recv_W, const T* in_NW, int64_t W) const;  // [l][r] -> [r][l]
 
   int64_t E_, K_, H_, L_, R_, me_;

@@ -41,27 +41,27 @@ const char* dispatcher_type_name(DispatcherType d);  // "allgather", "alltoall"
 int64_t expert_capacity(int64_t n_tok, int64_t topk, int64_t num_experts, double capacity_factor);
 
 struct RouterConfig {
-  int64_t num_experts = 8;                       // E
-  int64_t topk = 2;                              // K
-  ScoreFunction score = ScoreFunction::Softmax;  // --moe-router-score-function
-  bool pre_softmax = false;                      // --moe-router-pre-softmax
-  double topk_scaling_factor = 1.0;              // --moe-router-topk-scaling-factor
+  int64_t num_experts = 8;                            // E
+  int64_t topk = 2;                                   // K
+  ScoreFunction score = ScoreFunction::Softmax;       // --moe-router-score-function
+  bool pre_softmax = false;                           // --moe-router-pre-softmax
+  double topk_scaling_factor = 1.0;                   // --moe-router-topk-scaling-factor
   // --moe-router-load-balancing-type / --moe-aux-loss-coeff are parallel lists in Megatron:
   // the first entry lives here, further entries in extra_load_balancing.
   LoadBalancing load_balancing = LoadBalancing::AuxLoss;
   double aux_loss_coeff = 0.0;
   std::vector<LoadBalancingTerm> extra_load_balancing;
-  double z_loss_coeff = 0.0;             // --moe-z-loss-coeff
-  RouterDType dtype = RouterDType::F32;  // --moe-router-dtype
-  double input_jitter_eps = 0.0;         // --moe-input-jitter-eps (0: off)
-  int64_t num_groups = 0;                // --moe-router-num-groups (0: off)
-  int64_t group_topk = 0;                // --moe-router-group-topk (0: off)
-  bool enable_expert_bias = false;       // --moe-router-enable-expert-bias
-  double bias_update_rate = 1e-3;        // --moe-router-bias-update-rate
-  double quantile_ema = 0.0;             // --moe-router-quantile-balancing-ema
-  double capacity_factor = 0.0;          // --moe-expert-capacity-factor (<= 0: dropless)
+  double z_loss_coeff = 0.0;                          // --moe-z-loss-coeff
+  RouterDType dtype = RouterDType::F32;               // --moe-router-dtype
+  double input_jitter_eps = 0.0;                      // --moe-input-jitter-eps (0: off)
+  int64_t num_groups = 0;                             // --moe-router-num-groups (0: off)
+  int64_t group_topk = 0;                             // --moe-router-group-topk (0: off)
+  bool enable_expert_bias = false;                    // --moe-router-enable-expert-bias
+  double bias_update_rate = 1e-3;                     // --moe-router-bias-update-rate
+  double quantile_ema = 0.0;                          // --moe-router-quantile-balancing-ema
+  double capacity_factor = 0.0;                       // --moe-expert-capacity-factor (<= 0: dropless)
   TokenDropPolicy drop_policy = TokenDropPolicy::Probs;  // --moe-token-drop-policy
-  bool pad_to_capacity = false;                          // --moe-pad-expert-input-to-capacity
+  bool pad_to_capacity = false;                       // --moe-pad-expert-input-to-capacity
   // --moe-aux-loss-megatron-map: the aux-loss counts come from the plain top-k of the aux
   // scores, ignoring group limits, expert bias and quantile offsets (Megatron issue #2767).
   bool megatron_aux_map = false;
@@ -94,7 +94,7 @@ struct MoeLayerConfig {
   double init_std = 0.02;         // --init-method-std
   double output_init_std = 0.02;  // the output projections' (fc2): init_std / sqrt(2 L)
   MoeConfig moe;
-  RecomputeModules recompute;  // the selective recomputation modules in effect
+  RecomputeModules recompute;     // the selective recomputation modules in effect
 };
 
 }  // namespace moecore

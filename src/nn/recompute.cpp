@@ -8,18 +8,12 @@ RecomputeModules RecomputeConfig::modules() const {
   RecomputeModules m;
   if (!selective()) return m;
   for (const std::string& name : module_names) {
-    if (name == "core_attn")
-      m.core_attn = true;
-    else if (name == "layernorm")
-      m.layernorm = true;
-    else if (name == "moe_act")
-      m.moe_act = true;
-    else if (name == "moe")
-      m.moe = true;
-    else if (name == "shared_experts")
-      m.shared_experts = true;
-    else if (name == "mlp")
-      m.mlp = true;
+    if (name == "core_attn") m.core_attn = true;
+    else if (name == "layernorm") m.layernorm = true;
+    else if (name == "moe_act") m.moe_act = true;
+    else if (name == "moe") m.moe = true;
+    else if (name == "shared_experts") m.shared_experts = true;
+    else if (name == "mlp") m.mlp = true;
   }
   return m;
 }

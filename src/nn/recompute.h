@@ -28,7 +28,7 @@ struct RecomputeModules {
 struct RecomputeConfig {
   RecomputeGranularity granularity = RecomputeGranularity::None;
   RecomputeMethod method = RecomputeMethod::None;  // --recompute-method (full only)
-  int64_t num_layers = 0;                          // --recompute-num-layers (full only)
+  int64_t num_layers = 0;                           // --recompute-num-layers (full only)
   // --recompute-modules (selective only); Megatron's default is core_attn.
   std::vector<std::string> module_names = {"core_attn"};
 

@@ -16,8 +16,7 @@ namespace {
 double ulp_error(float x) {
   const double ref = std::exp(static_cast<double>(x));
   const float rf = static_cast<float>(ref);
-  const double ulp =
-      static_cast<double>(std::nextafter(rf, std::numeric_limits<float>::infinity())) - rf;
+  const double ulp = static_cast<double>(std::nextafter(rf, std::numeric_limits<float>::infinity())) - rf;
   return std::fabs(static_cast<double>(fast_exp(x)) - ref) / ulp;
 }
 

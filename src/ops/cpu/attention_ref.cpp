@@ -77,8 +77,8 @@ void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
 // oracle depends on nothing the forward saved: `out` and `lse` are accepted for signature
 // parity with the fast path and deliberately unused.
 template <typename T>
-void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                            const T* out, const T* lse, const AttentionShape& s) {
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                            const T* v, const T* out, const T* lse, const AttentionShape& s) {
   check_attention_shape(s, "attention_ref");
   const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -137,9 +137,9 @@ void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
   }
 }
 
-#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                  \
-  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,                \
-                                         const AttentionShape&);                              \
+#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                   \
+  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,               \
+                                         const AttentionShape&);                             \
   template void attention_backward_ref<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
                                           const T*, const T*, const AttentionShape&);
 MOECORE_INSTANTIATE_ATTENTION_REF(float)

@@ -6,8 +6,8 @@
 namespace moecore::ops {
 
 template <typename T>
-void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok, int64_t H,
-                           int64_t V) {
+void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
+                           int64_t H, int64_t V) {
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t id = ids_T[t];
     MOE_CHECK(id >= 0 && id < V,
@@ -35,8 +35,8 @@ template void embedding_forward_ref<float>(float*, const int32_t*, const float*,
                                            int64_t);
 template void embedding_forward_ref<double>(double*, const int32_t*, const double*, int64_t,
                                             int64_t, int64_t);
-template void embedding_backward_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t,
-                                            int64_t);
+template void embedding_backward_ref<float>(float*, const float*, const int32_t*, int64_t,
+                                            int64_t, int64_t);
 template void embedding_backward_ref<double>(double*, const double*, const int32_t*, int64_t,
                                              int64_t, int64_t);
 

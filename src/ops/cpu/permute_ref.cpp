@@ -48,8 +48,7 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                             int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
                             int64_t E, int64_t cap) {
-  std::vector<int32_t> tok(row_token_N, row_token_N + n_real),
-      slot(row_slot_N, row_slot_N + n_real);
+  std::vector<int32_t> tok(row_token_N, row_token_N + n_real), slot(row_slot_N, row_slot_N + n_real);
   int64_t start = 0, pad = 0;
   for (int64_t e = 0; e < E; ++e) {
     MOE_CHECK(counts_E[e] <= cap, "[dispatcher] expert {} has {} rows > capacity {}", e,
@@ -79,9 +78,9 @@ void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
 }
 
 template <typename T>
-void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK) {
-  for (int64_t i = 0; i < TK; ++i)
-    dprobs_TK[i] = token_rows_TK[i] < 0 ? T(0) : dp_N[token_rows_TK[i]];
+void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
+                           int64_t TK) {
+  for (int64_t i = 0; i < TK; ++i) dprobs_TK[i] = token_rows_TK[i] < 0 ? T(0) : dp_N[token_rows_TK[i]];
 }
 
 template <typename T>

@@ -18,8 +18,7 @@ void split_qkv_ref(T* q, T* k, T* v, const T* fused, const QkvShape& s) {
   const int64_t row = (s.Hq + 2 * s.Hkv) * s.D;
   for (int64_t t = 0; t < s.n_tok; ++t) {
     for (int64_t d = 0; d < s.D; ++d) {
-      for (int64_t h = 0; h < s.Hq; ++h)
-        q[(t * s.Hq + h) * s.D + d] = fused[t * row + fused_col(s, 0, h, d)];
+      for (int64_t h = 0; h < s.Hq; ++h) q[(t * s.Hq + h) * s.D + d] = fused[t * row + fused_col(s, 0, h, d)];
       for (int64_t h = 0; h < s.Hkv; ++h) {
         k[(t * s.Hkv + h) * s.D + d] = fused[t * row + fused_col(s, 1, h, d)];
         v[(t * s.Hkv + h) * s.D + d] = fused[t * row + fused_col(s, 2, h, d)];
@@ -33,8 +32,7 @@ void fuse_qkv_ref(T* fused, const T* q, const T* k, const T* v, const QkvShape& 
   const int64_t row = (s.Hq + 2 * s.Hkv) * s.D;
   for (int64_t t = 0; t < s.n_tok; ++t) {
     for (int64_t d = 0; d < s.D; ++d) {
-      for (int64_t h = 0; h < s.Hq; ++h)
-        fused[t * row + fused_col(s, 0, h, d)] = q[(t * s.Hq + h) * s.D + d];
+      for (int64_t h = 0; h < s.Hq; ++h) fused[t * row + fused_col(s, 0, h, d)] = q[(t * s.Hq + h) * s.D + d];
       for (int64_t h = 0; h < s.Hkv; ++h) {
         fused[t * row + fused_col(s, 1, h, d)] = k[(t * s.Hkv + h) * s.D + d];
         fused[t * row + fused_col(s, 2, h, d)] = v[(t * s.Hkv + h) * s.D + d];

@@ -7,8 +7,8 @@
 namespace moecore::ops {
 
 template <typename T>
-void rmsnorm_forward_ref(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok, int64_t H,
-                         double eps) {
+void rmsnorm_forward_ref(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
+                         int64_t H, double eps) {
   for (int64_t t = 0; t < n_tok; ++t) {
     const T* x = x_TH + t * H;
     double ss = 0;
@@ -48,8 +48,8 @@ template void rmsnorm_forward_ref<float>(float*, float*, const float*, const flo
                                          int64_t, double);
 template void rmsnorm_forward_ref<double>(double*, double*, const double*, const double*, int64_t,
                                           int64_t, double);
-template void rmsnorm_backward_ref<float>(float*, float*, const float*, const float*, const float*,
-                                          const float*, int64_t, int64_t);
+template void rmsnorm_backward_ref<float>(float*, float*, const float*, const float*,
+                                          const float*, const float*, int64_t, int64_t);
 template void rmsnorm_backward_ref<double>(double*, double*, const double*, const double*,
                                            const double*, const double*, int64_t, int64_t);
 

@@ -55,7 +55,8 @@ void topk_ref(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t 
 template void softmax_forward_ref<float>(float*, const float*, int64_t, int64_t);
 template void softmax_forward_ref<double>(double*, const double*, int64_t, int64_t);
 template void softmax_backward_ref<float>(float*, const float*, const float*, int64_t, int64_t);
-template void softmax_backward_ref<double>(double*, const double*, const double*, int64_t, int64_t);
+template void softmax_backward_ref<double>(double*, const double*, const double*, int64_t,
+                                           int64_t);
 template void topk_ref<float>(int32_t*, float*, const float*, int64_t, int64_t, int64_t);
 template void topk_ref<double>(int32_t*, double*, const double*, int64_t, int64_t, int64_t);
 

@@ -7,9 +7,7 @@
 namespace moecore::ops {
 
 namespace {
-double sigmoid_d(double g) {
-  return 1.0 / (1.0 + std::exp(-g));
-}
+double sigmoid_d(double g) { return 1.0 / (1.0 + std::exp(-g)); }
 }  // namespace
 
 template <typename T>
