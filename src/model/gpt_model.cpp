@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "ops/embedding.h"
+#include "ops/fill.h"
 #include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
 #include "ops/token_layout.h"
@@ -96,6 +97,10 @@ void GPTModel<T>::allocate(Arena& a) {
   const int64_t H = cfg_.hidden;
   ids_T_ = a.alloc<int32_t>(T_, "model.ids");
   targets_T_ = a.alloc<int32_t>(T_, "model.targets");
+  own_report_ = a.alloc<ops::MicroBatchReport>(1, "model.report", MemKind::State);
+  own_tokens_E_ = a.alloc<int64_t>(std::max<int64_t>(cfg_.num_experts, 1), "model.report_tokens",
+                                   MemKind::State);
+  dloss_ = a.alloc<T>(1, "model.dloss", MemKind::Workspace);
   // The residual stream at each layer boundary. Full recomputation keeps only the streams at
   // chunk boundaries: the ones inside a chunk are recomputed with it.
   const RecomputeConfig& rc = cfg_.recompute;
@@ -133,28 +138,46 @@ void GPTModel<T>::allocate(Arena& a) {
 }
 
 template <typename T>
-double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
+void GPTModel<T>::forward(const MicroBatchIO& io) {
+  const Exec& ex = arena_.exec();
+  io_ = io;
+  ops::zero(ex, io.report, 1);
+  const int64_t E = cfg_.num_experts;
+  if (E > 0) ops::zero(ex, io.tokens_per_expert_E, E);
   // [B, S] -> sequence-major tokens t = s * B + b.
-  ops::tokens_to_sequence_major(arena_.exec(), ids_T_, targets_T_, &counted_, ids_BS, targets_BS,
-                                B_, S_);
+  ops::tokens_to_sequence_major(ex, ids_T_, targets_T_, &io.report->counted, io.ids_BS,
+                                io.targets_BS, B_, S_);
   const int64_t H = cfg_.hidden;
-  ops::embedding_forward(arena_.exec(), stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
+  ops::embedding_forward(ex, stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
                          cfg_.vocab_size);
-  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(stream_[l + 1], stream_[l]);
-  ops::rmsnorm_forward(arena_.exec(), final_n_, final_rstd_, stream_.back(),
-                       final_norm_->data_as<T>(), T_, H, cfg_.norm_eps);
-  double sum =
-      ops::head_loss_forward(arena_.exec(), loss_T_, lse_T_, final_n_, head_->data_as<T>(),
-                             targets_T_, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
-  return counted_ > 0 ? sum / counted_ : 0.0;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    blocks_[l]->forward(stream_[l + 1], stream_[l]);
+    if (blocks_[l]->is_moe()) {  // in layer order: the report sums as the logs always did
+      const moe::RouterReport r = blocks_[l]->moe()->router().report();
+      ops::report_moe_layer(ex, io.report, io.tokens_per_expert_E, r.aux_value, r.z_value,
+                            r.dropped, r.tokens_per_expert_E, E);
+    }
+  }
+  ops::rmsnorm_forward(ex, final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
+                       cfg_.norm_eps);
+  ops::head_loss_forward(ex, &io.report->lm_loss_sum, loss_T_, lse_T_, final_n_,
+                         head_->data_as<T>(), targets_T_, head_shape_, head_ws_,
+                         cfg_.bf16 ? &head16_ : nullptr);
+}
+
+template <typename T>
+double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
+  forward(MicroBatchIO{ids_BS, targets_BS, own_report_, own_tokens_E_});
+  return mean_loss(*own_report_);
 }
 
 template <typename T>
 void GPTModel<T>::backward(double loss_grad_scale) {
   const int64_t H = cfg_.hidden;
-  T dloss = static_cast<T>(counted_ > 0 ? loss_grad_scale / counted_ : 0.0);
+  MOE_CHECK(io_.report != nullptr, "[model] backward() without a forward");
+  ops::loss_grad_scale(arena_.exec(), dloss_, &io_.report->counted, loss_grad_scale);
   ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
-                          head_->data_as<T>(), targets_T_, lse_T_, dloss, head_shape_, head_ws_,
+                          head_->data_as<T>(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
                           cfg_.bf16 ? &head16_ : nullptr);
   ops::rmsnorm_backward(arena_.exec(), dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
                         final_norm_->data_as<T>(), final_rstd_, T_, H);
@@ -210,12 +233,12 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     const auto& router = b->moe()->router();
     const auto& rs = router.saved();
     ++st.num_moe_layers;
-    st.aux_value += rs.aux_value;
-    st.aux_loss += rs.aux_loss;
-    st.z_loss += rs.z_loss;
-    st.z_value += rs.z_value;
-    for (int i = 0; i < 3; ++i) st.lb_value[i] += rs.lb_value[i];
-    st.dropped += rs.dropped;
+    st.aux_value += router.aux_value();
+    st.aux_loss += router.aux_loss();
+    st.z_loss += router.z_loss();
+    st.z_value += router.z_value();
+    for (int i = 0; i < 3; ++i) st.lb_value[i] += router.lb_value(i);
+    st.dropped += router.dropped();
     for (int64_t e = 0; e < cfg_.num_experts; ++e)
       st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
     if (st.layers.size() <= n_layers) st.layers.emplace_back();  // the first call only

@@ -14,6 +14,7 @@
 #include "model/transformer_block.h"
 #include "ops/cross_entropy.h"
 #include "ops/rope.h"
+#include "ops/step_report.h"
 
 namespace moecore::parallel {
 class ProcessGroups;
@@ -44,6 +45,16 @@ struct MoeStats {
   std::vector<MoeLayerStats> layers;
 };
 
+// One micro-batch's planned memory: its inputs, token ids and targets [B, S] (batch-major as a
+// data loader yields them), which the host writes before the step, and its slot of the step
+// report, which the forward's ops write and the host reads once, after the step.
+struct MicroBatchIO {
+  const int32_t* ids_BS = nullptr;
+  const int32_t* targets_BS = nullptr;
+  ops::MicroBatchReport* report = nullptr;
+  int64_t* tokens_per_expert_E = nullptr;  // [E] summed over MoE layers (unused without them)
+};
+
 template <typename T>
 class GPTModel {
  public:
@@ -59,10 +70,21 @@ class GPTModel {
            const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
            const Exec& ex = cpu_exec());
 
-  // ids, targets [B, S] (batch-major as a data loader yields them); targets < 0 are ignored.
-  // Returns the mean cross entropy over the counted tokens.
+  // The step's forward of one micro-batch: reads io's inputs, writes its report slot (the sum of
+  // the cross entropy over the counted tokens, the count, the MoE layers' aux and z values,
+  // dropped slots and tokens per expert). Targets < 0 are ignored. Nothing returns to the host.
+  void forward(const MicroBatchIO& io);
+  // The same on host arrays with the model's own report slot, read back at once: the mean cross
+  // entropy over the counted tokens (tests and tools; the trainer reads its report after the
+  // step).
   double forward(const int32_t* ids_BS, const int32_t* targets_BS);
-  // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses).
+  // The mean cross entropy of a report slot (0 when no target counts).
+  static double mean_loss(const ops::MicroBatchReport& r) {
+    return r.counted > 0 ? r.lm_loss_sum / static_cast<double>(r.counted) : 0.0;
+  }
+  // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses) of the last
+  // forward; 1 / counted tokens is applied from that forward's report slot, in memory.
+  // loss_grad_scale is a constant of the layout (1 / (micro-batches x data-parallel size)).
   // After each backward stage (see grad_stages) the grad-ready hook, if set, is called with
   // the stage's index: the data-parallel gradient buckets launch their all-reduces from it.
   void backward(double loss_grad_scale);
@@ -82,7 +104,8 @@ class GPTModel {
   // Training forwards jitter router inputs and accumulate balancing counts; eval ones do not.
   void set_training(bool training);
 
-  // Fills *out in place: after the first call with a given model nothing allocates.
+  // The routers' reports of the last forward, read on the host (after the step: the per-layer
+  // log lines; tests). Fills *out in place: after the first call nothing allocates.
   void moe_stats(MoeStats* out) const;
   MoeStats moe_stats() const {
     MoeStats st;
@@ -120,7 +143,10 @@ class GPTModel {
   ops::HeadLossShape head_shape_;
   int32_t* ids_T_ = nullptr;
   int32_t* targets_T_ = nullptr;
-  int64_t counted_ = 0;
+  MicroBatchIO io_;                             // the last forward's
+  ops::MicroBatchReport* own_report_ = nullptr;  // forward(ids, targets)'s slot
+  int64_t* own_tokens_E_ = nullptr;
+  T* dloss_ = nullptr;  // d(loss) / d(each token's CE): loss_grad_scale / counted
   std::vector<T*> stream_;  // residual stream at each layer boundary, [L + 1] x [T, H]
   T* final_n_ = nullptr;
   T* final_rstd_ = nullptr;

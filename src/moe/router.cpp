@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 
 #include "core/check.h"
 #include "core/rng.h"
 #include "ops/convert_f64.h"
+#include "ops/fill.h"
 #include "ops/gemm.h"
 #include "ops/input_jitter.h"
 #include "ops/router_balance.h"
@@ -21,10 +21,11 @@ namespace moecore::moe {
 
 namespace {
 
-// Slots of the report buffer (values the ops write; read on the host after each op for now).
+// Slots of the report buffer (values the ops write; the host reads them after the step).
 constexpr int kReportZ = 3;  // 0..2: lb_value's slots
+constexpr int kReportSlots = 4;
 
-// Slot of an aux-loss type in RouterSaved::lb_value, -1 for the loss-free types.
+// Slot of an aux-loss type in the report's lb values, -1 for the loss-free types.
 int lb_slot(LoadBalancing t) {
   switch (t) {
     case LoadBalancing::AuxLoss:
@@ -134,7 +135,7 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   dlogits_TE_ = a.alloc<double>(N * E, "router.dlogits", MemKind::Workspace);
   work_TE_ = a.alloc<double>(N * E, "router.work", MemKind::Workspace);
   work_TK_ = a.alloc<double>(N * K, "router.work_k", MemKind::Workspace);
-  report_ = a.alloc<double>(4, "router.report", MemKind::State);
+  report_ = a.alloc<double>(kReportSlots, "router.report", MemKind::State);
   report_dropped_ = a.alloc<int64_t>(1, "router.report_dropped", MemKind::State);
 }
 
@@ -296,7 +297,6 @@ void Router<T>::apply_capacity(int64_t n) {
   ops::apply_capacity(*ex_, s.idx_TK, s.probs64_TK, report_dropped_, cand_N_, cand_off_E_,
                       s.routed_TK, n, K_, E_, s.capacity,
                       cfg_.drop_policy == TokenDropPolicy::Probs);
-  s.dropped = *report_dropped_;  // host read of the report (the device step will defer it)
 }
 
 template <typename T>
@@ -313,9 +313,8 @@ void Router<T>::compute_losses(int64_t n) {
   }
   ops::count_tokens_per_expert(*ex_, s.aux_counts_E, s.aux_seq_counts_BE, map, n, K, E, B);
 
-  for (double& v : s.lb_value) v = 0;
-  s.aux_value = s.aux_loss = 0;
-  bool first = true;
+  // The report's slots of types not listed (and all of them when n = 0) stay 0.
+  ops::zero(*ex_, report_, kReportSlots);
   for (const LoadBalancingTerm& term : terms_) {
     const int slot = lb_slot(term.type);
     if (slot < 0 || n == 0) continue;
@@ -344,16 +343,10 @@ void Router<T>::compute_losses(int64_t n) {
       }
       ops::aux_loss_value(*ex_, value, s.aux_scores_TE, s.global_counts_E, n, E, K);
     }
-    s.lb_value[slot] = *value;  // host read of the report (the device step will defer it)
-    s.aux_loss += term.coeff * s.lb_value[slot];
-    if (first) s.aux_value = s.lb_value[slot];
-    first = false;
   }
 
   // z-loss = coeff * mean_t logsumexp(logits_t)^2.
   ops::z_loss_value(*ex_, report_ + kReportZ, s.lse_T, s.logits_TE, n, E);
-  s.z_value = report_[kReportZ];
-  s.z_loss = cfg_.z_loss_coeff * s.z_value;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -361,7 +354,7 @@ void Router<T>::compute_losses(int64_t n) {
 
 template <typename T>
 void Router<T>::backward(T* dx_TH, const T* dprobs_TK, double loss_grad_scale) {
-  std::memset(dlogits_TE_, 0, sizeof(double) * saved_.n_tok * E_);
+  ops::zero(*ex_, dlogits_TE_, saved_.n_tok * E_);
   backward_probs(dlogits_TE_, dprobs_TK);
   backward_losses(dlogits_TE_, loss_grad_scale);
   gate_backward(dx_TH);
@@ -386,7 +379,7 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
   bool any = false;
   for (const LoadBalancingTerm& term : terms_) any |= lb_slot(term.type) >= 0 && term.coeff > 0;
   if (any) {
-    std::memset(work_TE_, 0, sizeof(double) * n * E);
+    ops::zero(*ex_, work_TE_, n * E);
     for (const LoadBalancingTerm& term : terms_) {
       if (lb_slot(term.type) < 0 || term.coeff == 0) continue;
       const double c =
@@ -422,7 +415,7 @@ void Router<T>::gate_backward(T* dx_TH) {
   T* dw = weight_->grad_as<T>();
   const T* w = weight_->data_as<T>();
   if (gate_f64_) {
-    std::memset(dw64_EH_, 0, sizeof(double) * E * H);
+    ops::zero(*ex_, dw64_EH_, E * H);
     ops::linear_backward(*ex_, dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);
     ops::add_from_f64(*ex_, dw, dw64_EH_, static_cast<const T*>(nullptr), E * H);
     ops::add_from_f64(*ex_, dx_TH, dx64_TH_, static_cast<const T*>(s.jitter_TH), n * H);
@@ -462,11 +455,36 @@ void Router<T>::finish_step(const RouterStepSync& sync) {
 
 template <typename T>
 void Router<T>::reset_step() {
-  std::memset(bias_counts_E_, 0, sizeof(double) * E_);
-  std::memset(global_sum_E_, 0, sizeof(double) * E_);
-  std::memset(beta_sum_E_, 0, sizeof(double) * E_);
+  ops::zero(*ex_, bias_counts_E_, E_);
+  ops::zero(*ex_, global_sum_E_, E_);
+  ops::zero(*ex_, beta_sum_E_, E_);
   global_micro_ = beta_micro_ = 0;
   micro_ = 0;
+}
+
+template <typename T>
+RouterReport Router<T>::report() const {
+  RouterReport r;
+  r.lb_value = report_;
+  r.z_value = report_ + kReportZ;
+  r.dropped = report_dropped_;
+  r.tokens_per_expert_E = saved_.tokens_per_expert_E;
+  for (const LoadBalancingTerm& term : terms_) {
+    if (const int slot = lb_slot(term.type); slot >= 0) {
+      r.aux_value = report_ + slot;
+      break;
+    }
+  }
+  return r;
+}
+
+template <typename T>
+double Router<T>::aux_loss() const {
+  double sum = 0;
+  for (const LoadBalancingTerm& term : terms_) {
+    if (const int slot = lb_slot(term.type); slot >= 0) sum += term.coeff * report_[slot];
+  }
+  return sum;
 }
 
 template <typename T>
@@ -480,7 +498,7 @@ void Router<T>::stats(RouterStats* out) const {
     mx = std::max(mx, c);
   }
   st.max_over_mean_load = sum > 0 ? static_cast<double>(mx) * E_ / static_cast<double>(sum) : 0;
-  st.dropped = s.dropped;
+  st.dropped = *report_dropped_;
   st.capacity = s.capacity;
   st.bias_min = st.bias_max = st.beta_min = st.beta_max = 0;
   if (cfg_.enable_expert_bias) {

@@ -43,15 +43,19 @@ struct RouterSaved {
   int64_t n_tok = 0;
   int64_t n_seq = 1;     // B
   int64_t capacity = 0;  // rows per expert allowed; 0 = dropless
-  int64_t dropped = 0;   // (token, slot) pairs dropped by capacity
   bool training = true;
-  // Coefficient-free values (aux / coeff: exactly 1.0 for uniform routing), computed for every
-  // listed aux type whatever its coefficient, in the order aux_loss, seq_aux_loss, global.
-  double lb_value[3] = {0, 0, 0};
-  double aux_value = 0;  // the first listed aux type's value (the logged one)
-  double aux_loss = 0;   // sum over the aux types of coeff * value
-  double z_value = 0;    // mean_t lse_t^2
-  double z_loss = 0;     // z_loss_coeff * z_value
+};
+
+// Where the last forward's ops wrote its results for the logs and the step report: planned
+// memory that the host reads only after the step (the model sums it into the step report with
+// ops::report_moe_layer). Coefficient-free values (aux / coeff: exactly 1.0 for uniform
+// routing) are computed for every listed aux type whatever its coefficient.
+struct RouterReport {
+  const double* lb_value = nullptr;   // [3]: aux_loss, seq_aux_loss, global_aux_loss (0: not listed)
+  const double* aux_value = nullptr;  // the first listed aux type's slot; null when none is listed
+  const double* z_value = nullptr;    // mean_t lse_t^2
+  const int64_t* dropped = nullptr;   // (token, slot) pairs dropped by capacity
+  const int64_t* tokens_per_expert_E = nullptr;  // rows each expert processes (after dropping)
 };
 
 // Per-layer routing statistics for the logs.
@@ -100,6 +104,14 @@ class Router {
   void set_training(bool training) { training_ = training; }
 
   const RouterSaved<T>& saved() const { return saved_; }
+  RouterReport report() const;
+  // Host reads of the last forward's report (after the step, or in tests after a forward).
+  double lb_value(int slot) const { return report_[slot]; }
+  double aux_value() const { return report().aux_value ? *report().aux_value : 0.0; }
+  double aux_loss() const;  // sum over the listed aux types of coeff * value
+  double z_value() const { return *report().z_value; }
+  double z_loss() const { return cfg_.z_loss_coeff * z_value(); }
+  int64_t dropped() const { return *report_dropped_; }
   // Fills *out in place (its vector keeps its capacity: nothing allocates inside a step).
   void stats(RouterStats* out) const;
   RouterStats stats() const {
@@ -175,7 +187,7 @@ class Router {
   double* work_TE_ = nullptr;
   double* work_TK_ = nullptr;
   // The report: values the ops write for the step (aux values by lb slot, then z; dropped
-  // pairs), read on the host after each op for now.
+  // pairs), read on the host after the step (report()).
   double* report_ = nullptr;
   int64_t* report_dropped_ = nullptr;
 };

@@ -48,28 +48,31 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
                         const HeadLossBf16* bf16 = nullptr);
 }  // namespace cpu
 
-// loss_T[t] = lse_t - logit_t[target_t]; returns the sum over tokens (in f64).
-// Targets < 0 are ignored (loss 0, no gradient).
+// loss_T[t] = lse_t - logit_t[target_t]; *sum = the sum over tokens (in f64, in memory: the step
+// report's slot, read on the host after the step). Targets < 0 are ignored (loss 0, no
+// gradient).
 template <typename T>
-double head_loss_forward(const Exec& ex, T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
-                         const int32_t* target_T, const HeadLossShape& s, T* workspace,
-                         const HeadLossBf16* bf16 = nullptr) {
-  if (ex.on_cpu())
-    return cpu::head_loss_forward(loss_T, lse_T, h_TH, w_VH, target_T, s, workspace, bf16);
+void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T* h_TH,
+                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s,
+                       T* workspace, const HeadLossBf16* bf16 = nullptr) {
+  if (ex.on_cpu()) {
+    *sum = cpu::head_loss_forward(loss_T, lse_T, h_TH, w_VH, target_T, s, workspace, bf16);
+    return;
+  }
   no_kernel(ex, "head_loss_forward");
 }
 template <typename T>
 double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
                              const int32_t* target_T, const HeadLossShape& s);
-// With d(total loss)/d(loss_T[t]) = dloss for every token:
-//   dh (assigned) and dw (accumulated) of the head + cross entropy.
+// With d(total loss)/d(loss_T[t]) = *dloss for every token (read from memory: the step's
+// scale, ops::loss_grad_scale): dh (assigned) and dw (accumulated) of the head + cross entropy.
 template <typename T>
 void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
-                        const int32_t* target_T, const T* lse_T, T dloss, const HeadLossShape& s,
-                        T* workspace, const HeadLossBf16* bf16 = nullptr) {
+                        const int32_t* target_T, const T* lse_T, const T* dloss,
+                        const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16 = nullptr) {
   if (ex.on_cpu())
-    return cpu::head_loss_backward(dh_TH, dw_VH, h_TH, w_VH, target_T, lse_T, dloss, s, workspace,
-                                   bf16);
+    return cpu::head_loss_backward(dh_TH, dw_VH, h_TH, w_VH, target_T, lse_T, *dloss, s,
+                                   workspace, bf16);
   no_kernel(ex, "head_loss_backward");
 }
 template <typename T>

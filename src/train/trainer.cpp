@@ -171,8 +171,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
   }
   const int64_t S = model_cfg_.seq_length;
-  ids_.resize(cfg_.micro_batch * S);
-  targets_.resize(cfg_.micro_batch * S);
+  step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * S,
+                                        model_cfg_.num_experts);
   scratch_.resize(S + 1);
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
@@ -187,6 +187,16 @@ static size_t sharing_saving_bytes(const Arena& a) {
 }
 
 template <typename T>
+void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
+  ScopedPhase phase(Phase::Data);
+  SyncAudit::Paused inputs;  // the host writes the step's inputs
+  for (int64_t mb = 0; mb < n_micro_; ++mb) {
+    stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
+                            step_->targets(mb), scratch_.data());
+  }
+}
+
+template <typename T>
 StepMetrics BasicTrainer<T>::train_step() {
   auto t0 = std::chrono::steady_clock::now();
   profiler_.reset();
@@ -197,7 +207,6 @@ StepMetrics BasicTrainer<T>::train_step() {
   StepMetrics m;
   m.iteration = ++iteration_;
   m.lr = cfg_.lr.lr(optimizer_->steps_taken());
-  std::fill(load_.begin(), load_.end(), 0);
   // --sync-audit: from here to the end of the step's work nothing may allocate or sync outside
   // the documented points; the audit is disarmed on any exit, and end_step() reports.
   SyncAudit& audit = SyncAudit::instance();
@@ -212,33 +221,41 @@ StepMetrics BasicTrainer<T>::train_step() {
   const bool audited = cfg_.sync_audit && iteration_ > 1;
   if (audited) audit.begin_step();
   model_->params().zero_grads();
-  int64_t moe_layers = 0;
-  // This rank's contiguous share of the global batch (data::SampleStream).
+  // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
+  // inputs written before the step's work.
+  fill_inputs(*train_stream_);
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    {
-      ScopedPhase phase(Phase::Data);
-      SyncAudit::Paused inputs;  // the host writes the step's inputs
-      train_stream_->fill_micro_batch(mb, cfg_.micro_batch, S, ids_.data(), targets_.data(),
-                                      scratch_.data());
-    }
-    mb_values_[mb * 3] = model_->forward(ids_.data(), targets_.data());
+    model_->forward(step_->io(mb));
     // Gradients are final only after the last micro-batch: its backward launches the buckets.
     if (mb == n_micro_ - 1) buckets_->arm();
     // Megatron averages the loss over micro-batches and the gradients over dp x cp replicas:
     // each backward carries 1 / (micro-batches x dp), so the all-reduce is a plain sum.
     model_->backward(1.0 / static_cast<double>(n_global));
-    model::MoeStats& st = moe_stats_;
-    model_->moe_stats(&st);
-    moe_layers = st.num_moe_layers;
-    mb_values_[mb * 3 + 1] = moe_layers > 0 ? st.aux_value / moe_layers : 0.0;
-    mb_values_[mb * 3 + 2] = moe_layers > 0 ? st.z_value / moe_layers : 0.0;
-    if (moe_layers > 0) {
-      m.dropped_tokens += st.dropped;
-      for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) load_[e] += st.tokens_per_expert[e];
-    }
   }
   buckets_->finish();  // every gradient summed over its data-parallel group
   train_stream_->advance();
+  optim::StepInfo info = optimizer_->step(m.lr);
+  m.grad_norm = info.grad_norm;
+  // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
+  model_->finish_step(router_sync_);
+  if (audited) audit.end_step();
+
+  // The step report, read once after the step: this rank's micro-batches' losses, dropped
+  // slots and tokens per expert.
+  std::fill(load_.begin(), load_.end(), 0);
+  int64_t moe_layers = 0;
+  for (int64_t mb = 0; mb < n_micro_; ++mb) {
+    const ops::MicroBatchReport& r = step_->report(mb);
+    moe_layers = r.moe_layers;
+    mb_values_[mb * 3] = model::GPTModel<T>::mean_loss(r);
+    mb_values_[mb * 3 + 1] = moe_layers > 0 ? r.aux_value / moe_layers : 0.0;
+    mb_values_[mb * 3 + 2] = moe_layers > 0 ? r.z_value / moe_layers : 0.0;
+    if (moe_layers > 0) {
+      m.dropped_tokens += r.dropped;
+      const int64_t* tokens = step_->tokens_per_expert(mb);
+      for (size_t e = 0; e + 1 < load_.size(); ++e) load_[e] += tokens[e];
+    }
+  }
   // The logged losses: every micro-batch of the global batch, summed in global order (the
   // same arithmetic as one rank).
   if (dp_size_ > 1) {
@@ -258,11 +275,6 @@ StepMetrics BasicTrainer<T>::train_step() {
       m.z_loss += all_values_[mb * 3 + 2] / n_global;
     }
   }
-  optim::StepInfo info = optimizer_->step(m.lr);
-  m.grad_norm = info.grad_norm;
-  // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
-  model_->finish_step(router_sync_);
-  if (audited) audit.end_step();
   if (moe_layers > 0) {
     const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
@@ -465,7 +477,6 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   data::SampleStream* stream = eval_streams_[static_cast<int>(split)].get();
   MOE_CHECK(stream != nullptr && cfg_.eval_iters > 0, "[train] no {} data to evaluate on",
             data::split_name(split));
-  const int64_t S = model_cfg_.seq_length;
   const int64_t n_global = n_micro_ * dp_size_;
   EvalMetrics r;
   r.iteration = iteration_;
@@ -473,10 +484,10 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   model_->set_training(false);
   double sum = 0;
   for (int64_t it = 0; it < cfg_.eval_iters; ++it) {
-    for (int64_t mb = 0; mb < n_micro_; ++mb) {
-      stream->fill_micro_batch(mb, cfg_.micro_batch, S, ids_.data(), targets_.data(),
-                               scratch_.data());
-      mb_values_[mb * 3] = model_->forward(ids_.data(), targets_.data());
+    fill_inputs(*stream);
+    for (int64_t mb = 0; mb < n_micro_; ++mb) model_->forward(step_->io(mb));
+    for (int64_t mb = 0; mb < n_micro_; ++mb) {  // the report, after the iteration's forwards
+      mb_values_[mb * 3] = model::GPTModel<T>::mean_loss(step_->report(mb));
       mb_values_[mb * 3 + 1] = mb_values_[mb * 3 + 2] = 0;
     }
     if (dp_size_ > 1) {

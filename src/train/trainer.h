@@ -26,6 +26,7 @@
 #include "parallel/parallel_config.h"
 #include "parallel/process_groups.h"
 #include "train/metrics.h"
+#include "train/step_buffers.h"
 
 namespace moecore::train {
 
@@ -117,11 +118,14 @@ class BasicTrainer {
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::unique_ptr<optim::ChainedOptimizer> optimizer_;
   moe::RouterStepSync router_sync_;
-  model::MoeStats moe_stats_;  // refilled per micro-batch, in place
+  std::unique_ptr<StepBuffers> step_;  // the step's inputs and report, one slot per micro-batch
   FlopsModel flops_;
   double peak_gflops_ = 0;
-  std::vector<int32_t> ids_, targets_, scratch_;  // sized once, before step 0
+  std::vector<int32_t> scratch_;  // the data loader's, sized once before step 0
   std::vector<int64_t> load_;
+  // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
+  // iteration) from `stream`.
+  void fill_inputs(data::SampleStream& stream);
   std::vector<double> mb_values_;   // [n_micro, 3]: lm loss, aux, z of this rank's micro-batches
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;

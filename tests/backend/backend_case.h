@@ -52,6 +52,7 @@ void add_elementwise_cases(std::vector<OpCase>& out);
 void add_model_cases(std::vector<OpCase>& out);
 void add_router_cases(std::vector<OpCase>& out);          // cases_router.cpp
 void add_router_balance_cases(std::vector<OpCase>& out);  // cases_router_balance.cpp
+void add_step_cases(std::vector<OpCase>& out);            // cases_step.cpp
 
 // The dtype's tolerance (tests/common/tolerances.h): f32 fast vs f32 reference, f64 vs f64.
 template <typename T>

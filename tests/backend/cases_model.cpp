@@ -87,11 +87,13 @@ void head_loss_case(const Exec& ex) {
     Guarded<T> loss = nan_out<T>(s.n_tok), lse = nan_out<T>(s.n_tok),
                dh = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0),
                ws = nan_out<T>(ops::head_loss_workspace_elems(s));
-    const double total = ops::head_loss_forward(ex, loss.data(), lse.data(), h.data(), w.data(),
-                                                tg.data(), s, ws.data());
+    Guarded<double> total(1, std::nan(""));
+    ops::head_loss_forward(ex, total.data(), loss.data(), lse.data(), h.data(), w.data(), tg.data(),
+                           s, ws.data());
     ops::head_loss_backward(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse_ref.data(),
-                            dloss, s, ws.data());
-    EXPECT_NEAR(total, total_ref, Tol<T>::atol * s.n_tok + Tol<T>::rtol * std::abs(total_ref))
+                            &dloss, s, ws.data());
+    expect_intact(total, "total");
+    EXPECT_NEAR(total[0], total_ref, Tol<T>::atol * s.n_tok + Tol<T>::rtol * std::abs(total_ref))
         << "total loss";
     for (int64_t t = 0; t < s.n_tok; ++t) {
       if (tg[t] < 0) {

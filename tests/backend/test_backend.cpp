@@ -45,6 +45,7 @@ const std::vector<OpCase>& op_cases() {
     add_model_cases(c);
     add_router_cases(c);
     add_router_balance_cases(c);
+    add_step_cases(c);
     return c;
   }();
   return all;

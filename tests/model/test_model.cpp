@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "common/layer_testing.h"
 #include "model/attention.h"
@@ -118,7 +119,7 @@ TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
     auto loss = [&] {
       block.forward(y.data(), x.data());
       double l = testing::weighted_sum(y.data(), R);
-      if (block.is_moe()) l += block.moe()->router().saved().aux_loss + block.moe()->router().saved().z_loss;
+      if (block.is_moe()) l += block.moe()->router().aux_loss() + block.moe()->router().z_loss();
       return l;
     };
     SCOPED_TRACE(layer == 0 ? "moe block" : "dense block");
@@ -177,6 +178,53 @@ TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 3);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 4);
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
+}
+
+// The step's path: forward(io) writes each micro-batch's results into its report slot (whatever
+// the slot held before) and backward takes 1 / counted from that slot. Two micro-batches with
+// different counted tokens, two MoE layers that drop: the slots hold exactly what the host
+// path returns and the routers report, and the gradients are bitwise those of the host path.
+TEST(GPTModel, StepReportHoldsEachMicroBatchsResults) {
+  ModelConfig cfg = tiny_config();
+  cfg.moe_layer_pattern = {1, 1};
+  cfg.moe.router.capacity_factor = 0.5;  // drops
+  const int64_t B = 2, n = B * cfg.seq_length, E = cfg.num_experts;
+  GPTModel<double> step(cfg, B, 5), host(cfg, B, 5);
+  std::vector<std::vector<int32_t>> ids, targets;
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    ids.push_back(random_ids(n, cfg.vocab_size, 10 + mb));
+    targets.push_back(random_ids(n, cfg.vocab_size, 20 + mb));
+  }
+  targets[1][0] = targets[1][7] = -1;  // micro-batch 1 counts 8 of 10 tokens
+  std::vector<ops::MicroBatchReport> report(2);
+  std::vector<int64_t> tokens(2 * E);
+  std::memset(report.data(), 0xff, sizeof(ops::MicroBatchReport) * 2);  // stale bytes
+  std::fill(tokens.begin(), tokens.end(), -3);
+  step.params().zero_grads();
+  host.params().zero_grads();
+  for (int mb = 0; mb < 2; ++mb) {
+    SCOPED_TRACE(::testing::Message() << "micro-batch " << mb);
+    step.forward(MicroBatchIO{ids[mb].data(), targets[mb].data(), &report[mb], &tokens[mb * E]});
+    step.backward(0.5);
+    const double loss = host.forward(ids[mb].data(), targets[mb].data());
+    const MoeStats st = host.moe_stats();
+    host.backward(0.5);
+    const ops::MicroBatchReport& r = report[mb];
+    EXPECT_EQ(r.counted, mb == 0 ? 10 : 8);
+    EXPECT_EQ(GPTModel<double>::mean_loss(r), loss);
+    EXPECT_EQ(r.moe_layers, 2);
+    EXPECT_EQ(r.aux_value, st.aux_value);
+    EXPECT_EQ(r.z_value, st.z_value);
+    EXPECT_EQ(r.dropped, st.dropped);
+    EXPECT_GT(r.dropped, 0) << "the case must drop";
+    EXPECT_EQ(std::vector<int64_t>(tokens.begin() + mb * E, tokens.begin() + (mb + 1) * E),
+              st.tokens_per_expert);
+  }
+  for (size_t k = 0; k < step.params().params().size(); ++k) {
+    const Param& a = step.params().params()[k];
+    const Param& b = host.params().params()[k];
+    EXPECT_EQ(std::memcmp(a.grad, b.grad, sizeof(double) * a.local_numel()), 0) << a.spec.name;
+  }
 }
 
 TEST(GPTModel, F32MatchesF64AndIsDeterministic) {

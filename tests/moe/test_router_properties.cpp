@@ -60,12 +60,12 @@ TEST(RouterProperties, UniformRoutingLogsAuxExactlyOneForEveryType) {
       for (int micro = 0; micro < 3; ++micro) {  // global_aux_loss accumulates over these
         auto x = random_vec<float>(32 * 4, 5 + micro);
         rig.router.forward(x.data(), 32, 8);  // 4 sequences of 8
-        const auto& s = rig.router.saved();
+        const Router<float>& r = rig.router;
         // sqrt(softplus(0)) is irrational: its normalisation 1/E is a rounding off exact.
         const double tol = score == ScoreFunction::SqrtSoftplus ? 1e-15 : 0.0;
-        for (int i = 0; i < 3; ++i) EXPECT_NEAR(s.lb_value[i], 1.0, tol) << "type " << i;
-        EXPECT_NEAR(s.aux_value, 1.0, tol);
-        EXPECT_NEAR(s.aux_loss, 0.013, 1e-15);
+        for (int i = 0; i < 3; ++i) EXPECT_NEAR(r.lb_value(i), 1.0, tol) << "type " << i;
+        EXPECT_NEAR(r.aux_value(), 1.0, tol);
+        EXPECT_NEAR(r.aux_loss(), 0.013, 1e-15);
       }
     }
   }
@@ -84,7 +84,7 @@ TEST(RouterProperties, SeqAuxEqualsAuxWithOneSequence) {
       std::vector<double> dprobs(11 * 2, 0.0), dx(11 * 5, 0.0);
       rig.router.backward(dx.data(), dprobs.data(), 1.0);
       dlogits->assign(rig.router.dlogits_TE(), rig.router.dlogits_TE() + 66);
-      return rig.router.saved().aux_value;
+      return rig.router.aux_value();
     };
     std::vector<double> g_aux, g_seq;
     const double aux = run(LoadBalancing::AuxLoss, &g_aux);
@@ -134,7 +134,7 @@ TEST(RouterProperties, CapacityKeepsExactlyCapacityRowsWithPadAtMostWithout) {
         EXPECT_LE(s.tokens_per_expert_E[e], cap) << "expert " << e;
         kept += s.tokens_per_expert_E[e];
       }
-      EXPECT_EQ(kept + s.dropped, c.T * c.K);
+      EXPECT_EQ(kept + router.dropped(), c.T * c.K);
       const DispatchPlan& p = disp.plan(s.idx_TK, c.T, pad ? s.capacity : 0);
       std::vector<double> x_NH(disp.max_rows(c.T) * H, -1.0), p_N(disp.max_rows(c.T), -1.0);
       disp.dispatch(x_NH.data(), p_N.data(), x.data(), s.probs_TK);

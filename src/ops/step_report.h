@@ -1,0 +1,56 @@
+// The step report's ops. A training step's results (each micro-batch's loss, counted tokens,
+// aux and z values, dropped slots, tokens per expert) are written by the step's ops into
+// planned memory, never returned to the host mid-step; the host reads the report once, after
+// the step. The loss gradient's per-micro-batch scale (1 / counted tokens) is computed from the
+// counted tokens in that memory, not passed by value.
+#pragma once
+
+#include <cstdint>
+
+#include "core/exec.h"
+
+namespace moecore::ops {
+
+// One micro-batch's slot of the step report (plain data: the host zeroes nothing, the forward
+// clears it with ops::zero).
+struct MicroBatchReport {
+  double lm_loss_sum = 0;  // sum of the cross entropy over the counted tokens
+  int64_t counted = 0;     // tokens whose target counts (>= 0)
+  double aux_value = 0;    // sum over MoE layers of the first listed aux type's value
+  double z_value = 0;      // sum over MoE layers of mean_t lse_t^2
+  int64_t dropped = 0;     // (token, slot) pairs dropped by capacity, summed over MoE layers
+  int64_t moe_layers = 0;  // MoE layers that reported
+};
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void loss_grad_scale(T* dloss, const int64_t* counted, double scale);
+void report_moe_layer(MicroBatchReport* r, int64_t* tokens_E, const double* aux_value,
+                      const double* z_value, const int64_t* dropped, const int64_t* layer_tokens_E,
+                      int64_t E);
+}  // namespace cpu
+
+// *dloss = T(scale / *counted), 0 when nothing counts: d(loss)/d(each token's CE) of the mean
+// cross entropy, times the step's gradient scale.
+template <typename T>
+void loss_grad_scale(const Exec& ex, T* dloss, const int64_t* counted, double scale) {
+  if (ex.on_cpu()) return cpu::loss_grad_scale(dloss, counted, scale);
+  no_kernel(ex, "loss_grad_scale");
+}
+template <typename T>
+void loss_grad_scale_ref(T* dloss, const int64_t* counted, double scale);
+
+// One MoE layer's routing results added into its micro-batch's report: aux_value (null: the
+// layer lists no aux type) and z_value, dropped, tokens per expert [E], and one more layer.
+inline void report_moe_layer(const Exec& ex, MicroBatchReport* r, int64_t* tokens_E,
+                             const double* aux_value, const double* z_value,
+                             const int64_t* dropped, const int64_t* layer_tokens_E, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::report_moe_layer(r, tokens_E, aux_value, z_value, dropped, layer_tokens_E, E);
+  no_kernel(ex, "report_moe_layer");
+}
+void report_moe_layer_ref(MicroBatchReport* r, int64_t* tokens_E, const double* aux_value,
+                          const double* z_value, const int64_t* dropped,
+                          const int64_t* layer_tokens_E, int64_t E);
+
+}  // namespace moecore::ops

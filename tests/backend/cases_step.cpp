@@ -1,0 +1,100 @@
+// Cases: the step's bookkeeping ops: zero (every dtype the layers clear, sizes 0 / 1 / odd /
+// large), loss_grad_scale (no counted token, odd counts, both dtypes) and report_moe_layer
+// (layers with and without an aux type, E = 1 and an odd E, accumulation over layers). All
+// exact: bitwise against the references, neighbours of every output untouched.
+#include <cstring>
+
+#include "backend_case.h"
+#include "ops/fill.h"
+#include "ops/step_report.h"
+
+namespace moecore::backend_test {
+namespace {
+
+template <typename T>
+void zero_one(const Exec& ex) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, int64_t{100003}}) {
+    BACKEND_TRACE(n << " elements");
+    auto v = random_vec<double>(n, 3);
+    Guarded<T> got(n), want(n);
+    for (int64_t i = 0; i < n; ++i) got[i] = want[i] = static_cast<T>(v[i] * 1000 + 1);
+    ops::zero(ex, got.data(), n);
+    ops::zero_ref(want.data(), n);
+    expect_bitwise(got, want, "zeroed");
+  }
+}
+
+// The report structs: the middle one of three is cleared, its neighbours keep their bytes.
+void zero_report(const Exec& ex) {
+  ops::MicroBatchReport r[3];
+  for (auto& x : r) x = ops::MicroBatchReport{1.5, 7, 2.5, 3.5, 4, 2};
+  ops::zero(ex, r + 1, 1);
+  const ops::MicroBatchReport cleared{}, kept{1.5, 7, 2.5, 3.5, 4, 2};
+  EXPECT_EQ(std::memcmp(r + 1, &cleared, sizeof cleared), 0) << "report not cleared";
+  EXPECT_EQ(std::memcmp(r, &kept, sizeof kept), 0) << "the slot before was written";
+  EXPECT_EQ(std::memcmp(r + 2, &kept, sizeof kept), 0) << "the slot after was written";
+}
+
+template <typename T>
+void loss_grad_scale_one(const Exec& ex) {
+  for (int64_t counted : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{4093}}) {
+    for (double scale : {1.0, 1.0 / 3.0, 0.125}) {
+      BACKEND_TRACE(dtype_name<T>() << " counted=" << counted << " scale=" << scale);
+      Guarded<int64_t> c(1, counted);
+      Guarded<T> got(1, T(-5));
+      T want = T(-5);
+      ops::loss_grad_scale(ex, got.data(), c.data(), scale);
+      ops::loss_grad_scale_ref(&want, c.data(), scale);
+      expect_bitwise(got, &want, "dloss");
+      expect_intact(c, "counted");
+    }
+  }
+}
+
+void report_moe_layer_case(const Exec& ex) {
+  for (int64_t E : {int64_t{1}, int64_t{7}, int64_t{64}}) {
+    BACKEND_TRACE("E=" << E);
+    const ops::MicroBatchReport start{0.25, 11, 0.5, 0.75, 3, 1};
+    ops::MicroBatchReport got = start, want = start;
+    Guarded<int64_t> tokens(E), tokens_want(E);
+    for (int64_t e = 0; e < E; ++e) tokens[e] = tokens_want[e] = e * 3;
+    // Three layers: with an aux value, without one (no aux type listed), with one again.
+    for (int layer = 0; layer < 3; ++layer) {
+      const double aux = 1.0 + 0.1 * layer, z = 2.0 + 0.01 * layer;
+      const int64_t dropped = 5 * layer;
+      Guarded<int64_t> layer_tokens(E);
+      for (int64_t e = 0; e < E; ++e) layer_tokens[e] = (e * 7 + layer) % 5;
+      const double* a = layer == 1 ? nullptr : &aux;
+      ops::report_moe_layer(ex, &got, tokens.data(), a, &z, &dropped, layer_tokens.data(), E);
+      ops::report_moe_layer_ref(&want, tokens_want.data(), a, &z, &dropped, layer_tokens.data(),
+                                E);
+      expect_intact(layer_tokens, "layer tokens");
+    }
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+        << "report: loss " << got.lm_loss_sum << " counted " << got.counted << " aux "
+        << got.aux_value << " z " << got.z_value << " dropped " << got.dropped << " layers "
+        << got.moe_layers;
+    EXPECT_EQ(got.lm_loss_sum, start.lm_loss_sum) << "the layers wrote the loss";
+    EXPECT_EQ(got.moe_layers, 4);
+    expect_bitwise(tokens, tokens_want, "tokens per expert");
+  }
+}
+
+}  // namespace
+
+void add_step_cases(std::vector<OpCase>& out) {
+  out.push_back({"zero", {"zero"}, [](const Exec& ex) {
+                   zero_one<float>(ex);
+                   zero_one<double>(ex);
+                   zero_one<int64_t>(ex);
+                   zero_one<int32_t>(ex);
+                   zero_report(ex);
+                 }});
+  out.push_back({"loss_grad_scale", {"loss_grad_scale"}, [](const Exec& ex) {
+                   loss_grad_scale_one<float>(ex);
+                   loss_grad_scale_one<double>(ex);
+                 }});
+  out.push_back({"report_moe_layer", {"report_moe_layer"}, report_moe_layer_case});
+}
+
+}  // namespace moecore::backend_test
