@@ -43,10 +43,15 @@ declare -A runs=(
   [capacity_padding]="$aux --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
   [gqa_qkv_bias_qk_norm]="$aux --group-query-attention --num-query-groups 2 --add-qkv-bias
     --qk-layernorm"
+  [jitter_z_full_recompute_eval]="$aux --moe-input-jitter-eps 0.01 --moe-z-loss-coeff 1e-3
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+    --mock-data --eval-interval 4 --eval-iters 2"
 )
-mpi_runs=(ep2_alltoall ep2_alltoall_bf16)
+mpi_runs=(ep2_alltoall ep2_alltoall_bf16 ep2_allgather)
 declare -A mpi_flags=(
   [ep2_alltoall]="$aux --expert-model-parallel-size 2 --micro-batch-size 4"
+  [ep2_allgather]="$aux --expert-model-parallel-size 2 --micro-batch-size 4
+    --moe-token-dispatcher-type allgather"
   [ep2_alltoall_bf16]="$aux --expert-model-parallel-size 2 --micro-batch-size 4 --bf16"
 )
 
@@ -72,7 +77,9 @@ compare() {  # name
   python3 - "$work/$name.before" "$work/$name.after" "$name" <<'EOF' || status=1
 import json, sys
 a_path, b_path, name = sys.argv[1:]
-keys = ("lm_loss", "aux_loss", "z_loss", "grad_norm", "max_over_mean_load", "dropped_tokens")
+# Training steps, and the evaluations' records (valid_* / test_*) where a run evaluates.
+keys = ("lm_loss", "aux_loss", "z_loss", "grad_norm", "max_over_mean_load", "dropped_tokens",
+        "valid_lm_loss", "test_lm_loss")
 a = [json.loads(l) for l in open(a_path + ".jsonl")]
 b = [json.loads(l) for l in open(b_path + ".jsonl")]
 if len(a) != len(b) or not a:

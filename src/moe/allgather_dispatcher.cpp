@@ -5,7 +5,6 @@
 #include "moe/allgather_dispatcher.h"
 
 #include <algorithm>
-#include <cstring>
 #include <span>
 
 #include "core/check.h"
@@ -155,13 +154,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
 
 template <typename T>
 void AllGatherDispatcher<T>::gather_rows(T* out_NH, const T* all_GH) const {
-  for (int64_t r = 0; r < plan_.n_rows; ++r) {
-    const int32_t t = row_token_N_[r];
-    if (t >= 0)
-      std::memcpy(out_NH + r * H_, all_GH + int64_t(t) * H_, sizeof(T) * H_);
-    else
-      std::memset(out_NH + r * H_, 0, sizeof(T) * H_);
-  }
+  ops::permute_rows(*ex_, out_NH, all_GH, row_token_N_, plan_.n_rows, H_);  // pad rows: zeros
 }
 
 template <typename T>
@@ -181,10 +174,7 @@ void AllGatherDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* p
     hp.wait();
   }
   gather_rows(x_NH, all_GH_);
-  for (int64_t r = 0; r < plan_.n_rows; ++r) {
-    const int32_t t = row_token_N_[r];
-    p_N[r] = t >= 0 ? all_GK_[int64_t(t) * K_ + row_slot_N_[r]] : T(0);
-  }
+  ops::gather_row_probs(*ex_, p_N, all_GK_, row_token_N_, row_slot_N_, plan_.n_rows, K_);
 }
 
 template <typename T>
@@ -209,10 +199,7 @@ template <typename T>
 void AllGatherDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
                                                const T* dp_N) {
   scatter_rows(all_GH_, dx_NH);
-  for (int64_t i = 0; i < n_group_ * K_; ++i) {
-    const int32_t r = group_rows_GK_[i];
-    all_GK_[i] = r >= 0 ? dp_N[r] : T(0);
-  }
+  ops::scatter_row_probs(*ex_, all_GK_, dp_N, group_rows_GK_, n_group_ * K_);
   ScopedPhase phase(Phase::Communication);
   parallel::CommHandle hx = ep_.reduce_scatter_v_async(all_GH_, dx_TH, {tok_elems_R_, size_t(R_)},
                                                        DTypeOf<T>::value, parallel::ReduceOp::Sum);

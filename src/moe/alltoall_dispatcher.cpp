@@ -4,7 +4,6 @@
 #include "moe/alltoall_dispatcher.h"
 
 #include <algorithm>
-#include <cstring>
 #include <span>
 
 #include <fmt/ranges.h>
@@ -12,6 +11,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "core/sync_audit.h"
+#include "ops/permute.h"
 
 namespace moecore::moe {
 
@@ -37,6 +37,7 @@ int64_t AlltoAllDispatcher<T>::max_rows(int64_t max_tokens) const {
 
 template <typename T>
 void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
+  ex_ = &a.exec();
   max_tokens_ = max_tokens;
   local_.allocate(a, max_tokens);
   const int64_t S = local_.max_rows(max_tokens), N = max_rows(max_tokens);
@@ -129,18 +130,12 @@ parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(const T* send, const int64
 
 template <typename T>
 void AlltoAllDispatcher<T>::sort_chunks(T* out_NW, const T* recv_W, int64_t W) const {
-  for (int64_t i = 0; i < R_ * L_; ++i) {
-    std::memcpy(out_NW + sort_off_RL_[i] * W, recv_W + recv_off_RL_[i] * W,
-                sizeof(T) * chunk_RL_[i] * W);
-  }
+  ops::copy_row_chunks(*ex_, out_NW, recv_W, sort_off_RL_, recv_off_RL_, chunk_RL_, R_ * L_, W);
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::unsort_chunks(T* recv_W, const T* in_NW, int64_t W) const {
-  for (int64_t i = 0; i < R_ * L_; ++i) {
-    std::memcpy(recv_W + recv_off_RL_[i] * W, in_NW + sort_off_RL_[i] * W,
-                sizeof(T) * chunk_RL_[i] * W);
-  }
+  ops::copy_row_chunks(*ex_, recv_W, in_NW, recv_off_RL_, sort_off_RL_, chunk_RL_, R_ * L_, W);
 }
 
 template <typename T>

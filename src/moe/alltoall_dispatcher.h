@@ -36,6 +36,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) override;
 
  private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // Counts per EP rank in elements: rows (x H) for tokens, rows for probs. Forward (dispatch)
   // sends with send_*, receives with recv_*; backward (combine) swaps them.
   parallel::CommHandle start_a2a(const T* send, const int64_t* send_counts, T* recv,

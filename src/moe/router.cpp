@@ -104,6 +104,7 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   s.global_counts_E = a.alloc<double>(E, "router.global_counts");
   s.lse_T = a.alloc<double>(N, "router.lse");
   if (cfg_.input_jitter_eps > 0) {
+    jitter_step_ = a.alloc<int64_t>(1, "router.jitter_step", MemKind::State);
     jitter_TH_ = a.alloc<T>(N * H, "router.jitter");
     gate_TH_ = a.alloc<T>(N * H, "router.gate_in");
     dgate_TH_ = a.alloc<T>(N * H, "router.dgate_in", MemKind::Workspace);
@@ -194,11 +195,11 @@ void Router<T>::gate_forward(const T* x_TH, int64_t n) {
     // Megatron: x * U(1 - eps, 1 + eps), a fresh draw per element. Ours is a pure function of
     // (seed, layer, step, micro-batch, element), so reruns and resumes see the same noise.
     const double eps = cfg_.input_jitter_eps;
-    const uint64_t base = static_cast<uint64_t>(step_) * static_cast<uint64_t>(max_tokens_ * H);
-    // A recomputing forward reruns the last training forward: its micro-batch index.
+    // Stream offset: the step counter (in memory) times the planned tokens x H. A recomputing
+    // forward reruns the last training forward: its micro-batch index.
     const auto micro = static_cast<uint32_t>(recompute_ ? micro_ - 1 : micro_);
-    ops::input_jitter_forward(*ex_, jitter_TH_, gate_TH_, x_TH, eps, jitter_key_, base, micro,
-                              n * H);
+    ops::input_jitter_forward(*ex_, jitter_TH_, gate_TH_, x_TH, eps, jitter_key_, jitter_step_,
+                              max_tokens_ * H, micro, n * H);
     s.jitter_TH = jitter_TH_;
     in = gate_TH_;
   }
@@ -450,6 +451,7 @@ void Router<T>::finish_step(const RouterStepSync& sync) {
     ops::quantile_beta_update(*ex_, beta_E_, col_T_, beta_sum_E_, cfg_.quantile_ema, E);
   }
   reset_step();
+  if (jitter_step_) ops::input_jitter_advance(*ex_, jitter_step_);
   ++step_;
 }
 

@@ -165,6 +165,9 @@ class Router {
   double* beta_sum_E_ = nullptr;  // quantile beta estimates summed over micro-batches
   int64_t beta_micro_ = 0;
 
+  // The jitter stream's step counter, in memory (steps_finished(), advanced by an op).
+  int64_t* jitter_step_ = nullptr;
+
   // Workspace.
   T* jitter_TH_ = nullptr;  // U(1 - eps, 1 + eps) factors
   T* gate_TH_ = nullptr;    // x * jitter

@@ -18,12 +18,26 @@ template <typename T>
 void input_jitter_backward(T* dx, const T* dy, const T* jitter, int64_t n);
 }  // namespace cpu
 
-// jitter [n] = T(1 - eps + 2 eps rng_uniform(key, base + i, lane)); y [n] = x * jitter.
+// jitter [n] = T(1 - eps + 2 eps rng_uniform(key, base + i, lane)); y [n] = x * jitter, with
+// base = *step * stride: the stream's step counter is read from memory (it changes every
+// optimizer step, input_jitter_advance), the lane (the micro-batch of the step) is a constant
+// of each forward.
 template <typename T>
 void input_jitter_forward(const Exec& ex, T* jitter, T* y, const T* x, double eps, uint64_t key,
-                          uint64_t base, uint32_t lane, int64_t n) {
-  if (ex.on_cpu()) return cpu::input_jitter_forward(jitter, y, x, eps, key, base, lane, n);
+                          const int64_t* step, int64_t stride, uint32_t lane, int64_t n) {
+  if (ex.on_cpu()) {
+    const uint64_t base = static_cast<uint64_t>(*step) * static_cast<uint64_t>(stride);
+    return cpu::input_jitter_forward(jitter, y, x, eps, key, base, lane, n);
+  }
   no_kernel(ex, "input_jitter_forward");
+}
+// *step += 1: once per optimizer step, after the step's forwards.
+inline void input_jitter_advance(const Exec& ex, int64_t* step) {
+  if (ex.on_cpu()) {
+    ++*step;
+    return;
+  }
+  no_kernel(ex, "input_jitter_advance");
 }
 template <typename T>
 void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key,

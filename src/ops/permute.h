@@ -24,6 +24,9 @@ void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK
 template <typename T>
 void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
 template <typename T>
+void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off, const int64_t* src_off,
+                     const int64_t* rows, int64_t n_chunks, int64_t W);
+template <typename T>
 void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok, int64_t K,
                     int64_t H);
 }  // namespace cpu
@@ -101,5 +104,19 @@ void unpermute_rows(const Exec& ex, T* y_TH, const T* x_NH, const int32_t* token
 template <typename T>
 void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
                         int64_t K, int64_t H);
+
+// Chunk c of rows[c] rows of W elements moves from row src_off[c] of src to row dst_off[c] of
+// dst (the all-to-all dispatcher's reorder between (source rank, expert) and (expert, source
+// rank) order). Chunks must not overlap in dst; src and dst are distinct buffers.
+template <typename T>
+void copy_row_chunks(const Exec& ex, T* dst_NW, const T* src_NW, const int64_t* dst_off,
+                     const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W) {
+  if (ex.on_cpu())
+    return cpu::copy_row_chunks(dst_NW, src_NW, dst_off, src_off, rows, n_chunks, W);
+  no_kernel(ex, "copy_row_chunks");
+}
+template <typename T>
+void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off,
+                         const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W);
 
 }  // namespace moecore::ops

@@ -202,6 +202,44 @@ void unpermute_rows_case(const Exec& ex) {
   }
 }
 
+// copy_row_chunks: the all-to-all reorder [source rank][expert] -> [expert][source rank] and
+// back, with empty chunks (an expert no rank sends to, a rank that sends nothing), one rank,
+// and W = 1 (the probs) or H; a copy, bitwise, rows outside every chunk untouched.
+template <typename T>
+void copy_row_chunks_case(const Exec& ex) {
+  uint32_t seed = 40;
+  struct Layout {
+    int64_t R, L;
+    std::vector<int64_t> rows;  // [R, L]
+  };
+  for (const Layout& c : {Layout{1, 1, {0}}, Layout{1, 3, {2, 0, 5}}, Layout{2, 2, {3, 0, 0, 4}},
+                          Layout{3, 2, {1, 2, 0, 0, 7, 1}}}) {
+    std::vector<int64_t> src_off(c.R * c.L), dst_off(c.R * c.L);
+    int64_t n = 0;
+    for (int64_t i = 0; i < c.R * c.L; ++i) src_off[i] = n, n += c.rows[i];  // [r][l] packed
+    int64_t d = 0;
+    for (int64_t l = 0; l < c.L; ++l) {
+      for (int64_t r = 0; r < c.R; ++r) dst_off[r * c.L + l] = d, d += c.rows[r * c.L + l];
+    }
+    for (int64_t W : {1, 7}) {
+      BACKEND_TRACE("R=" << c.R << " L=" << c.L << " rows=" << n << " W=" << W);
+      const auto src = random_vec<T>(n * W, seed++);
+      Guarded<T> dst = nan_out<T>(n * W + W);  // one row past the chunks: never written
+      std::vector<T> want(n * W + W, std::numeric_limits<T>::quiet_NaN());
+      const int64_t chunks = c.R * c.L;
+      ops::copy_row_chunks(ex, dst.data(), src.data(), dst_off.data(), src_off.data(),
+                           c.rows.data(), chunks, W);
+      ops::copy_row_chunks_ref(want.data(), src.data(), dst_off.data(), src_off.data(),
+                               c.rows.data(), chunks, W);
+      expect_bitwise(dst, want.data(), "sorted");
+      Guarded<T> back = nan_out<T>(n * W);  // and back: the identity
+      ops::copy_row_chunks(ex, back.data(), dst.data(), src_off.data(), dst_off.data(),
+                           c.rows.data(), chunks, W);
+      expect_bitwise(back, src.data(), "unsorted");
+    }
+  }
+}
+
 // Softmax rows with a masked (-inf) expert; the backward takes the reference's y.
 struct SoftmaxShape {
   int64_t T, E;
@@ -278,6 +316,10 @@ void add_moe_cases(std::vector<OpCase>& out) {
                  }});
   out.push_back({"unpermute_rows_f32", {"unpermute_rows"}, unpermute_rows_case<float>});
   out.push_back({"unpermute_rows_f64", {"unpermute_rows"}, unpermute_rows_case<double>});
+  out.push_back({"copy_row_chunks", {"copy_row_chunks"}, [](const Exec& ex) {
+                   copy_row_chunks_case<float>(ex);
+                   copy_row_chunks_case<double>(ex);
+                 }});
 }
 
 }  // namespace moecore::backend_test

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "backend_case.h"
 #include "core/rng.h"
@@ -197,15 +198,25 @@ void input_jitter_case(const Exec& ex) {
   uint32_t seed = 520;
   const uint64_t key = rng_key(7, "backend.jitter");
   for (int64_t n : {0, 1, 9, 1000, 20000}) {
-    for (auto [base, lane] : {std::pair<uint64_t, uint32_t>{0, 0}, {100, 2}}) {
-      BACKEND_TRACE(dtype_name<T>() << " n=" << n << " base=" << base << " lane=" << lane);
+    // base = step x stride: the step read from memory.
+    for (auto [step, stride, lane] : {std::tuple<int64_t, int64_t, uint32_t>{0, 77, 0},
+                                      {3, 37, 2}, {1 << 20, 1 << 22, 1}}) {
+      const uint64_t base = static_cast<uint64_t>(step) * static_cast<uint64_t>(stride);
+      BACKEND_TRACE(dtype_name<T>() << " n=" << n << " step=" << step << " stride=" << stride
+                                    << " lane=" << lane);
       const double eps = 0.1;
       const auto x = random_vec<T>(n, seed++, -2, 2);
       std::vector<T> j_ref(n), y_ref(n);
       ops::input_jitter_forward_ref(j_ref.data(), y_ref.data(), x.data(), eps, key, base, lane, n);
       Guarded<T> j = nan_out<T>(n), y = nan_out<T>(n);
-      ops::input_jitter_forward(ex, j.data(), y.data(), x.data(), eps, key, base, lane, n);
+      Guarded<int64_t> step_mem(1, step);
+      ops::input_jitter_forward(ex, j.data(), y.data(), x.data(), eps, key, step_mem.data(), stride,
+                                lane, n);
       expect_bitwise(j, j_ref.data(), "jitter");
+      expect_intact(step_mem, "step");
+      ops::input_jitter_advance(ex, step_mem.data());
+      EXPECT_EQ(step_mem[0], step + 1) << "advanced step";
+      expect_intact(step_mem, "step");
       expect_bitwise(y, y_ref.data(), "y");
       const auto dy = random_vec<T>(n, seed++);
       const auto dx0 = random_vec<T>(n, seed++);
@@ -272,10 +283,10 @@ void add_router_balance_cases(std::vector<OpCase>& out) {
                  {"widen_to_f64", "narrow_from_f64", "add_from_f64"},
                  convert_f64_case<double>});
   out.push_back({"input_jitter_f32",
-                 {"input_jitter_forward", "input_jitter_backward"},
+                 {"input_jitter_forward", "input_jitter_backward", "input_jitter_advance"},
                  input_jitter_case<float>});
   out.push_back({"input_jitter_f64",
-                 {"input_jitter_forward", "input_jitter_backward"},
+                 {"input_jitter_forward", "input_jitter_backward", "input_jitter_advance"},
                  input_jitter_case<double>});
   out.push_back({"grad_clip", {"grad_clip"}, grad_clip_case});
 }

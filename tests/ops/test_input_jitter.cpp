@@ -10,6 +10,9 @@
 namespace moecore::testing {
 namespace {
 
+// base 100 = step 100 x stride 1.
+constexpr int64_t kStep = 100;
+
 template <typename T>
 void compare(int64_t n, double rtol) {
   SCOPED_TRACE(::testing::Message() << "n=" << n << " sizeof(T)=" << sizeof(T));
@@ -17,7 +20,7 @@ void compare(int64_t n, double rtol) {
   const uint64_t key = rng_key(7, "test.jitter");
   auto x = random_vec<T>(n, 1, -2, 2);
   Guarded<T> j(n), y(n), j_r(n), y_r(n);
-  ops::input_jitter_forward(cpu_exec(), j.data(), y.data(), x.data(), eps, key, 100, 2, n);
+  ops::input_jitter_forward(cpu_exec(), j.data(), y.data(), x.data(), eps, key, &kStep, 1, 2, n);
   ops::input_jitter_forward_ref(j_r.data(), y_r.data(), x.data(), eps, key, 100, 2, n);
   EXPECT_EQ(j.vec(), j_r.vec());
   EXPECT_EQ(y.vec(), y_r.vec());
@@ -28,12 +31,14 @@ void compare(int64_t n, double rtol) {
   {
     ScopedOmpThreads threads(3);
     Guarded<T> j3(n), y3(n);
-    ops::input_jitter_forward(cpu_exec(), j3.data(), y3.data(), x.data(), eps, key, 100, 2, n);
+    ops::input_jitter_forward(cpu_exec(), j3.data(), y3.data(), x.data(), eps, key, &kStep, 1, 2,
+                              n);
     EXPECT_EQ(j3.vec(), j.vec());
   }
   if (n > 0) {
     Guarded<T> j4(n), y4(n);
-    ops::input_jitter_forward(cpu_exec(), j4.data(), y4.data(), x.data(), eps, key, 100, 3, n);
+    ops::input_jitter_forward(cpu_exec(), j4.data(), y4.data(), x.data(), eps, key, &kStep, 1, 3,
+                              n);
     EXPECT_NE(j4.vec(), j.vec());  // another micro-batch: other draws
   }
   auto dy = random_vec<T>(n, 2);

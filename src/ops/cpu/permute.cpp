@@ -132,6 +132,23 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
   }
 }
 
+template <typename T>
+void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off, const int64_t* src_off,
+                     const int64_t* rows, int64_t n_chunks, int64_t W) {
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    MOE_CHECK(rows[c] >= 0 && dst_off[c] >= 0 && src_off[c] >= 0,
+              "[copy_row_chunks] chunk {}: {} rows from row {} to row {}", c, rows[c], src_off[c],
+              dst_off[c]);
+    if (rows[c] > 0) {
+      std::memcpy(dst_NW + dst_off[c] * W, src_NW + src_off[c] * W, sizeof(T) * rows[c] * W);
+    }
+  }
+}
+
+template void copy_row_chunks<float>(float*, const float*, const int64_t*, const int64_t*,
+                                     const int64_t*, int64_t, int64_t);
+template void copy_row_chunks<double>(double*, const double*, const int64_t*, const int64_t*,
+                                      const int64_t*, int64_t, int64_t);
 template void gather_row_probs<float>(float*, const float*, const int32_t*, const int32_t*, int64_t,
                                       int64_t);
 template void gather_row_probs<double>(double*, const double*, const int32_t*, const int32_t*,

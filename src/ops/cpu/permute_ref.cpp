@@ -107,6 +107,18 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
   }
 }
 
+template <typename T>
+void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off,
+                         const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W) {
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    for (int64_t i = 0; i < rows[c] * W; ++i) dst_NW[dst_off[c] * W + i] = src_NW[src_off[c] * W + i];
+  }
+}
+
+template void copy_row_chunks_ref<float>(float*, const float*, const int64_t*, const int64_t*,
+                                         const int64_t*, int64_t, int64_t);
+template void copy_row_chunks_ref<double>(double*, const double*, const int64_t*, const int64_t*,
+                                          const int64_t*, int64_t, int64_t);
 template void gather_row_probs_ref<float>(float*, const float*, const int32_t*, const int32_t*,
                                           int64_t, int64_t);
 template void gather_row_probs_ref<double>(double*, const double*, const int32_t*, const int32_t*,
