@@ -44,6 +44,8 @@ void AllGatherDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   tok_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.token_elems");
   slot_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.slot_elems");
   cnt_LR_ = a.alloc<int64_t>(L_ * R_, "dispatcher.chunk_rows");
+  cap_R_ = a.alloc<int64_t>(R_, "dispatcher.rank_capacity");
+  pads_ = a.alloc<int64_t>(1, "dispatcher.pad_rows");
   idx_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_idx");
   group_rows_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_rows");
   row_token_N_ = a.alloc<int32_t>(N, "dispatcher.row_token");
@@ -79,6 +81,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
     tok_off_R_[r + 1] = tok_off_R_[r] + t;
     tok_elems_R_[r] = t * H_;
     slot_elems_R_[r] = t * K_;
+    cap_R_[r] = meta_R2_[2 * r + 1];
   }
   const int64_t G = tok_off_R_[R_];
   n_group_ = G;
@@ -87,52 +90,16 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
     ep_.all_gather_v_async(idx_TK, idx_GK_, {slot_elems_R_, size_t(R_)}, DType::I32).wait();
   }
 
-  // Counting sort over (local expert, source rank); within a chunk, token order.
-  const int64_t first = me_ * L_;
-  std::fill(cnt_LR_, cnt_LR_ + L_ * R_, 0);
-  for (int64_t r = 0; r < R_; ++r) {
-    for (int64_t i = tok_off_R_[r] * K_; i < tok_off_R_[r + 1] * K_; ++i) {
-      const int64_t l = idx_GK_[i] - first;
-      if (idx_GK_[i] >= 0 && l >= 0 && l < L_) ++cnt_LR_[l * R_ + r];
-    }
-  }
-  int64_t N = 0, pads = 0;
-  for (int64_t l = 0; l < L_; ++l) {
-    int64_t rows = 0;
-    for (int64_t r = 0; r < R_; ++r) {
-      int64_t& c = cnt_LR_[l * R_ + r];
-      const int64_t cap = meta_R2_[2 * r + 1];
-      MOE_CHECK(cap <= 0 || c <= cap,
-                "[dispatcher] expert {} has {} rows from EP rank {} > capacity {}: the router must "
-                "drop to capacity before padding",
-                first + l, c, r, cap);
-      const int64_t block = cap > 0 ? cap : c;
-      if (r == me_) pads += block - c;
-      const int64_t start = N;
-      c = start;  // from here on: the chunk's first row
-      N += block;
-      rows += block;
-    }
-    plan_.tokens_per_expert_L[l] = rows;
-  }
-  MOE_CHECK(N <= max_rows(max_tokens_),
-            "[dispatcher] EP rank {} gets {} rows for its {} experts > the planned worst case {}",
-            me_, N, L_, max_rows(max_tokens_));
-  std::fill(row_token_N_, row_token_N_ + N, -1);
-  std::fill(row_slot_N_, row_slot_N_ + N, -1);
-  for (int64_t r = 0; r < R_; ++r) {
-    for (int64_t i = tok_off_R_[r] * K_; i < tok_off_R_[r + 1] * K_; ++i) {
-      const int64_t l = idx_GK_[i] - first;
-      if (idx_GK_[i] < 0 || l < 0 || l >= L_) {
-        group_rows_GK_[i] = -1;
-        continue;
-      }
-      const int64_t row = cnt_LR_[l * R_ + r]++;
-      row_token_N_[row] = static_cast<int32_t>(i / K_);
-      row_slot_N_[row] = static_cast<int32_t>(i % K_);
-      group_rows_GK_[i] = static_cast<int32_t>(row);
-    }
-  }
+  // The rows of the local experts, ordered (local expert, source rank, token).
+  ops::GroupRouting g;
+  g.idx_GK = idx_GK_;
+  g.tok_off_R = tok_off_R_;
+  g.cap_R = cap_R_;
+  g.R = R_, g.me = me_, g.L = L_, g.first = me_ * L_, g.K = K_;
+  g.max_rows = max_rows(max_tokens_);
+  const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
+                                                 row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
+  const int64_t pads = *pads_;
   // Traffic: every rank's tokens go to every other rank (and the sums come back).
   for (int64_t r = 0; r < R_; ++r) {
     send_rows_R_[r] = r == me_ ? 0 : n_tok;

@@ -46,6 +46,8 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   int64_t* tok_elems_R_ = nullptr;    // tokens * H of each rank (x, y)
   int64_t* slot_elems_R_ = nullptr;   // tokens * K of each rank (idx, probs)
   int64_t* cnt_LR_ = nullptr;         // rows for local expert l from rank r
+  int64_t* cap_R_ = nullptr;          // rows per expert rank r pads to (0: dropless)
+  int64_t* pads_ = nullptr;           // pad rows in this rank's blocks
   int32_t* idx_GK_ = nullptr;         // the group's routing map
   int32_t* group_rows_GK_ = nullptr;  // row of each group (token, slot), -1: not mine / dropped
   int32_t* row_token_N_ = nullptr;    // group token of each row, -1 for a pad row

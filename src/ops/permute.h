@@ -9,6 +9,16 @@
 
 namespace moecore::ops {
 
+// The shape of build_group_permutation's input: G = tok_off[R] gathered tokens of R ranks, rank
+// r's at [tok_off[r], tok_off[r + 1]); the local experts [first, first + L) of EP rank `me`.
+struct GroupRouting {
+  const int32_t* idx_GK = nullptr;    // [G, K] expert per (token, slot); negative = dropped
+  const int64_t* tok_off_R = nullptr;  // [R + 1]
+  const int64_t* cap_R = nullptr;      // [R] rank r pads each expert's block to cap_R[r] (0: not)
+  int64_t R = 1, me = 0, L = 0, first = 0, K = 1;
+  int64_t max_rows = 0;  // the planned worst case of N
+};
+
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                           int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok, int64_t K,
@@ -16,6 +26,9 @@ int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_
 int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                         int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K, int64_t E,
                         int64_t cap);
+int64_t build_group_permutation(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
+                                int32_t* group_rows_GK, int64_t* chunk_LR, int64_t* pads,
+                                const GroupRouting& g);
 template <typename T>
 void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
                       const int32_t* row_slot_N, int64_t N, int64_t K);
@@ -64,6 +77,25 @@ inline int64_t pad_permutation(const Exec& ex, int64_t* counts_E, int32_t* row_t
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                             int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
                             int64_t E, int64_t cap);
+
+// The all-gather dispatcher's permutation: the gathered routing map restricted to the local
+// experts, rows ordered (local expert, source rank, token, slot), so the experts see exactly
+// the rows the all-to-all dispatcher gives them. Rank r's block of each local expert is padded
+// to cap_R[r] rows when cap_R[r] > 0 (pad rows: row_token = row_slot = -1; more rows than the
+// cap throws). Writes rows_L [L] (rows per local expert, pads included), row_token_N (the token
+// within the gathered G) and row_slot_N [N], group_rows_GK [G, K] (the row of each slot, -1
+// when dropped or not local) and *pads (pad rows in rank me's blocks); chunk_LR [L, R] is
+// workspace. Returns N; more than g.max_rows throws.
+inline int64_t build_group_permutation(const Exec& ex, int64_t* rows_L, int32_t* row_token_N,
+                                       int32_t* row_slot_N, int32_t* group_rows_GK,
+                                       int64_t* chunk_LR, int64_t* pads, const GroupRouting& g) {
+  if (ex.on_cpu())
+    return cpu::build_group_permutation(rows_L, row_token_N, row_slot_N, group_rows_GK, chunk_LR,
+                                        pads, g);
+  no_kernel(ex, "build_group_permutation");
+}
+int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
+                                    int32_t* group_rows_GK, int64_t* pads, const GroupRouting& g);
 
 // Each row's routing prob: p[r] = probs[row_token[r], row_slot[r]] (0 for a pad row).
 template <typename T>

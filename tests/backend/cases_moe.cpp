@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend_case.h"
+#include "core/check.h"
 #include "ops/permute.h"
 #include "ops/softmax_topk.h"
 
@@ -202,6 +203,88 @@ void unpermute_rows_case(const Exec& ex) {
   }
 }
 
+// build_group_permutation against its definition, bitwise: one rank and two or three, each
+// rank's share of the local experts, K = 1 and 2, dropped slots, a rank with no tokens, experts
+// no slot routes to, padded blocks; and the errors (over capacity, over the planned rows).
+void build_group_permutation_case(const Exec& ex) {
+  struct Layout {
+    std::vector<int64_t> tokens;  // per rank
+    int64_t E, K;
+    int64_t cap;  // 0: dropless
+  };
+  uint32_t seed = 50;
+  for (const Layout& c : {Layout{{7}, 4, 2, 0}, Layout{{5, 0, 9}, 6, 1, 0},
+                          Layout{{6, 6}, 4, 2, 0}, Layout{{6, 6}, 4, 2, 5},
+                          Layout{{3, 8, 1}, 3, 2, 6}}) {
+    const int64_t R = static_cast<int64_t>(c.tokens.size()), L = c.E / R, K = c.K;
+    std::vector<int64_t> tok_off(R + 1, 0), cap(R, c.cap);
+    for (int64_t r = 0; r < R; ++r) tok_off[r + 1] = tok_off[r] + c.tokens[r];
+    const int64_t G = tok_off[R];
+    // Random experts, a few dropped slots, and capacity respected when padding.
+    std::mt19937 gen(seed++);
+    std::vector<int32_t> idx(G * K);
+    for (int64_t t = 0; t < G; ++t) {
+      for (int64_t k = 0; k < K; ++k) {
+        int32_t e = static_cast<int32_t>((t * 7 + k * 3 + gen() % 2) % c.E);
+        if (gen() % 6 == 0) e = -1;
+        idx[t * K + k] = e;
+      }
+    }
+    if (c.cap > 0) {  // drop to capacity per (rank, expert), as the router does
+      for (int64_t r = 0; r < R; ++r) {
+        std::vector<int64_t> seen(c.E, 0);
+        for (int64_t i = tok_off[r] * K; i < tok_off[r + 1] * K; ++i) {
+          if (idx[i] >= 0 && ++seen[idx[i]] > c.cap) idx[i] = -1;
+        }
+      }
+    }
+    const int64_t max_rows = R * (c.cap > 0 ? c.cap * L : G * K);
+    for (int64_t me = 0; me < R; ++me) {
+      BACKEND_TRACE("R=" << R << " me=" << me << " L=" << L << " K=" << K << " cap=" << c.cap);
+      ops::GroupRouting g{idx.data(), tok_off.data(), cap.data(), R, me, L, me * L, K, max_rows};
+      std::vector<int64_t> rows_ref(L), pads_ref(1);
+      std::vector<int32_t> tok_ref(max_rows), slot_ref(max_rows), grp_ref(G * K);
+      const int64_t n_ref = ops::build_group_permutation_ref(rows_ref.data(), tok_ref.data(),
+                                                             slot_ref.data(), grp_ref.data(),
+                                                             pads_ref.data(), g);
+      Guarded<int64_t> rows(L, -9), chunk(L * R, -9), pads(1, -9);
+      Guarded<int32_t> tok(max_rows, -9), slot(max_rows, -9), grp(G * K, -9);
+      const int64_t n = ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
+                                                     grp.data(), chunk.data(), pads.data(), g);
+      EXPECT_EQ(n, n_ref) << "rows";
+      expect_bitwise(rows, rows_ref.data(), "rows_L");
+      expect_bitwise(tok, tok_ref.data(), "row_token_N", n);
+      expect_bitwise(slot, slot_ref.data(), "row_slot_N", n);
+      expect_bitwise(grp, grp_ref.data(), "group_rows_GK");
+      expect_bitwise(pads, pads_ref.data(), "pads");
+      expect_intact(chunk, "chunk_LR");
+      for (int64_t i = n; i < max_rows; ++i) EXPECT_EQ(tok[i], -9) << "row " << i << " >= N";
+      if (c.cap > 0 && G > 0) {  // one row over capacity is refused
+        std::vector<int32_t> over = idx;
+        int64_t on_first = 0;
+        for (int64_t i = tok_off[me] * K; i < tok_off[me + 1] * K; ++i) on_first += over[i] == me * L;
+        for (int64_t i = tok_off[me] * K; i < tok_off[me + 1] * K && on_first <= c.cap; ++i) {
+          if (over[i] != me * L) over[i] = static_cast<int32_t>(me * L), ++on_first;
+        }
+        if (on_first > c.cap) {
+          ops::GroupRouting bad = g;
+          bad.idx_GK = over.data();
+          EXPECT_THROW(ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
+                                                    grp.data(), chunk.data(), pads.data(), bad),
+                       moecore::Error);
+        }
+      }
+      if (n > 0) {  // fewer planned rows than the routing needs
+        ops::GroupRouting small = g;
+        small.max_rows = n - 1;
+        EXPECT_THROW(ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
+                                                  grp.data(), chunk.data(), pads.data(), small),
+                     moecore::Error);
+      }
+    }
+  }
+}
+
 // copy_row_chunks: the all-to-all reorder [source rank][expert] -> [expert][source rank] and
 // back, with empty chunks (an expert no rank sends to, a rank that sends nothing), one rank,
 // and W = 1 (the probs) or H; a copy, bitwise, rows outside every chunk untouched.
@@ -316,6 +399,8 @@ void add_moe_cases(std::vector<OpCase>& out) {
                  }});
   out.push_back({"unpermute_rows_f32", {"unpermute_rows"}, unpermute_rows_case<float>});
   out.push_back({"unpermute_rows_f64", {"unpermute_rows"}, unpermute_rows_case<double>});
+  out.push_back({"build_group_permutation", {"build_group_permutation"},
+                 build_group_permutation_case});
   out.push_back({"copy_row_chunks", {"copy_row_chunks"}, [](const Exec& ex) {
                    copy_row_chunks_case<float>(ex);
                    copy_row_chunks_case<double>(ex);

@@ -84,6 +84,60 @@ int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_sl
   return pad;
 }
 
+// A counting sort over (local expert, source rank); within a chunk, token order.
+int64_t build_group_permutation(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
+                                int32_t* group_rows_GK, int64_t* chunk_LR, int64_t* pads,
+                                const GroupRouting& g) {
+  const int64_t R = g.R, L = g.L, K = g.K;
+  const int32_t* idx = g.idx_GK;
+  std::fill(chunk_LR, chunk_LR + L * R, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = g.tok_off_R[r] * K; i < g.tok_off_R[r + 1] * K; ++i) {
+      const int64_t l = idx[i] - g.first;
+      if (idx[i] >= 0 && l >= 0 && l < L) ++chunk_LR[l * R + r];
+    }
+  }
+  int64_t N = 0, pad = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t rows = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t& c = chunk_LR[l * R + r];
+      const int64_t cap = g.cap_R[r];
+      MOE_CHECK(cap <= 0 || c <= cap,
+                "[dispatcher] expert {} has {} rows from EP rank {} > capacity {}: the router must "
+                "drop to capacity before padding",
+                g.first + l, c, r, cap);
+      const int64_t block = cap > 0 ? cap : c;
+      if (r == g.me) pad += block - c;
+      const int64_t start = N;
+      c = start;  // from here on: the chunk's first row
+      N += block;
+      rows += block;
+    }
+    rows_L[l] = rows;
+  }
+  MOE_CHECK(N <= g.max_rows,
+            "[dispatcher] EP rank {} gets {} rows for its {} experts > the planned worst case {}",
+            g.me, N, L, g.max_rows);
+  std::fill(row_token_N, row_token_N + N, -1);
+  std::fill(row_slot_N, row_slot_N + N, -1);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = g.tok_off_R[r] * K; i < g.tok_off_R[r + 1] * K; ++i) {
+      const int64_t l = idx[i] - g.first;
+      if (idx[i] < 0 || l < 0 || l >= L) {
+        group_rows_GK[i] = -1;
+        continue;
+      }
+      const int64_t row = chunk_LR[l * R + r]++;
+      row_token_N[row] = static_cast<int32_t>(i / K);
+      row_slot_N[row] = static_cast<int32_t>(i % K);
+      group_rows_GK[i] = static_cast<int32_t>(row);
+    }
+  }
+  *pads = pad;
+  return N;
+}
+
 template <typename T>
 void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
                       const int32_t* row_slot_N, int64_t N, int64_t K) {

@@ -107,6 +107,42 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
   }
 }
 
+// From the definition: for each local expert, for each source rank, that rank's kept slots of
+// the expert in (token, slot) order, then the block's pad rows.
+int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
+                                    int32_t* group_rows_GK, int64_t* pads, const GroupRouting& g) {
+  const int64_t G = g.tok_off_R[g.R];
+  for (int64_t i = 0; i < G * g.K; ++i) group_rows_GK[i] = -1;
+  int64_t N = 0;
+  *pads = 0;
+  for (int64_t l = 0; l < g.L; ++l) {
+    const int64_t start = N;
+    for (int64_t r = 0; r < g.R; ++r) {
+      int64_t c = 0;
+      for (int64_t t = g.tok_off_R[r]; t < g.tok_off_R[r + 1]; ++t) {
+        for (int64_t k = 0; k < g.K; ++k) {
+          if (g.idx_GK[t * g.K + k] != g.first + l) continue;
+          MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
+          row_token_N[N] = static_cast<int32_t>(t);
+          row_slot_N[N] = static_cast<int32_t>(k);
+          group_rows_GK[t * g.K + k] = static_cast<int32_t>(N);
+          ++N, ++c;
+        }
+      }
+      MOE_CHECK(g.cap_R[r] <= 0 || c <= g.cap_R[r], "[dispatcher] expert {} over capacity",
+                g.first + l);
+      for (; g.cap_R[r] > 0 && c < g.cap_R[r]; ++c) {
+        MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
+        row_token_N[N] = row_slot_N[N] = -1;
+        ++N;
+        if (r == g.me) ++*pads;
+      }
+    }
+    rows_L[l] = N - start;
+  }
+  return N;
+}
+
 template <typename T>
 void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off,
                          const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W) {
