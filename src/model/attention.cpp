@@ -11,6 +11,7 @@
 #include "ops/gemm_bf16.h"
 #include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
+#include "ops/token_layout.h"
 
 namespace moecore::model {
 
@@ -96,9 +97,7 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
                                   ops::linear_bf16_workspace_elems(n, H_, Hq_ * D_));
     if (ws32 > 0) ws32_ = a.alloc<float>(ws32, "attn.ws32", MemKind::Workspace);
   }
-  if (pos_T_ != nullptr) {
-    for (int64_t t = 0; t < n; ++t) pos_T_[t] = static_cast<int32_t>(t / B);
-  }
+  if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
 }
 
 // The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.

@@ -404,6 +404,17 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
                    qkv_one<float>(ex);
                    qkv_one<double>(ex);
                  }});
+  out.push_back({"sequence_positions", {"sequence_positions"}, [](const Exec& ex) {
+                   for (auto [n, B] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {12, 3},
+                                       {13, 4}, {70000, 8}}) {
+                     BACKEND_TRACE("n=" << n << " B=" << B);
+                     std::vector<int32_t> want(n);
+                     ops::sequence_positions_ref(want.data(), n, B);
+                     Guarded<int32_t> pos(n, -7);
+                     ops::sequence_positions(ex, pos.data(), n, B);
+                     expect_bitwise(pos, want.data(), "positions");
+                   }
+                 }});
   out.push_back({"tokens_to_sequence_major_ignored_targets",
                  {"tokens_to_sequence_major"},
                  token_layout_case});

@@ -20,4 +20,11 @@ void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* count
   *counted = n;
 }
 
+void sequence_positions(int32_t* pos_T, int64_t n_tok, int64_t B) {
+  MOE_CHECK(n_tok >= 0 && B >= 1, "[positions] n_tok={} B={}", n_tok, B);
+  for (int64_t s = 0, t = 0; t < n_tok; ++s) {
+    for (int64_t b = 0; b < B && t < n_tok; ++b, ++t) pos_T[t] = static_cast<int32_t>(s);
+  }
+}
+
 }  // namespace moecore::ops::cpu

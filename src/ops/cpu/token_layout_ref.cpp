@@ -15,4 +15,8 @@ void tokens_to_sequence_major_ref(int32_t* ids_T, int32_t* targets_T, int64_t* c
   }
 }
 
+void sequence_positions_ref(int32_t* pos_T, int64_t n_tok, int64_t B) {
+  for (int64_t t = 0; t < n_tok; ++t) pos_T[t] = static_cast<int32_t>(t / B);
+}
+
 }  // namespace moecore::ops
