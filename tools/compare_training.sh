@@ -41,14 +41,17 @@ declare -A runs=(
     --moe-layer-freq ([0]*1+[1]*1) --recompute-granularity selective
     --recompute-modules layernorm moe_act shared_experts mlp"
   [capacity_padding]="$aux --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
+  [capacity_dropping_bf16]="$aux --moe-expert-capacity-factor 0.8 --bf16"
   [gqa_qkv_bias_qk_norm]="$aux --group-query-attention --num-query-groups 2 --add-qkv-bias
     --qk-layernorm"
   [jitter_z_full_recompute_eval]="$aux --moe-input-jitter-eps 0.01 --moe-z-loss-coeff 1e-3
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
     --mock-data --eval-interval 4 --eval-iters 2"
 )
-mpi_runs=(ep2_alltoall ep2_alltoall_bf16 ep2_allgather)
+mpi_runs=(ep2_alltoall ep2_alltoall_bf16 ep2_allgather ep2_alltoall_capacity)
 declare -A mpi_flags=(
+  [ep2_alltoall_capacity]="$aux --expert-model-parallel-size 2 --micro-batch-size 4
+    --moe-expert-capacity-factor 0.8"
   [ep2_alltoall]="$aux --expert-model-parallel-size 2 --micro-batch-size 4"
   [ep2_allgather]="$aux --expert-model-parallel-size 2 --micro-batch-size 4
     --moe-token-dispatcher-type allgather"

@@ -99,7 +99,6 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   g.max_rows = max_rows(max_tokens_);
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
                                                  row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
-  const int64_t pads = *pads_;
   // Traffic: every rank's tokens go to every other rank (and the sums come back).
   for (int64_t r = 0; r < R_; ++r) {
     send_rows_R_[r] = r == me_ ? 0 : n_tok;
@@ -109,7 +108,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   plan_.topk = K_;
   plan_.n_rows = N;
   plan_.rows_per_expert = pad_to_rows > 0 ? R_ * pad_to_rows : 0;
-  plan_.pad_rows = pads;
+  plan_.pad_rows = pads_;
   plan_.row_token_N = nullptr;
   plan_.row_slot_N = nullptr;
   plan_.token_rows_TK = nullptr;

@@ -25,11 +25,15 @@ namespace moecore::moe {
 struct DispatchPlan {
   int64_t n_tok = 0;
   int64_t topk = 0;
-  int64_t n_rows = 0;           // N (pad rows included)
+  // N: the rows dispatched, a size the host knows without reading the routing: T * K (the
+  // local dispatcher without padding: the dropped slots' rows are zero rows past the kept
+  // ones), E * capacity (padded), or the received total (EP, after its count exchange). The
+  // experts' GEMMs take their group sizes from tokens_per_expert_L in memory.
+  int64_t n_rows = 0;
   int64_t rows_per_expert = 0;  // > 0: padded, every local expert has exactly this
-  // Rows that carry no token (zero input, prob 0). EP + padding: the pad rows this rank sent
-  // (the splits are static, so the receivers' real counts are never exchanged).
-  int64_t pad_rows = 0;
+  // In memory: the rows padding added (zero input, prob 0). EP + padding: the pad rows this
+  // rank sent (the splits are static, so the receivers' real counts are never exchanged).
+  const int64_t* pad_rows = nullptr;
   int64_t* tokens_per_expert_L = nullptr;  // rows of each local expert (pad rows included)
   // Local dispatcher only (null under EP, where rows come from other ranks):
   int32_t* row_token_N = nullptr;  // source token of each row, -1 for a pad row
@@ -98,6 +102,8 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   double pad_capacity_factor_;
   int64_t max_tokens_ = 0;
   DispatchPlan plan_;
+  int64_t* n_kept_ = nullptr;  // kept (token, slot) rows of the last plan (memory)
+  int64_t* pads_ = nullptr;    // pad rows of the last plan (memory)
 };
 
 // Experts per EP rank (checks that EP divides the expert count), and the worst-case rows the

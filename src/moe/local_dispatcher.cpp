@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "moe/dispatcher.h"
+#include "ops/fill.h"
 #include "ops/permute.h"
 
 namespace moecore::moe {
@@ -32,6 +33,9 @@ void LocalDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   plan_.row_token_N = a.alloc<int32_t>(max_rows(max_tokens), "dispatcher.row_token");
   plan_.row_slot_N = a.alloc<int32_t>(max_rows(max_tokens), "dispatcher.row_slot");
   plan_.token_rows_TK = a.alloc<int32_t>(max_tokens * K_, "dispatcher.token_rows");
+  n_kept_ = a.alloc<int64_t>(1, "dispatcher.kept_rows");
+  pads_ = a.alloc<int64_t>(1, "dispatcher.pad_rows");
+  plan_.pad_rows = pads_;
 }
 
 template <typename T>
@@ -42,21 +46,22 @@ const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_to
   plan_.n_tok = n_tok;
   plan_.topk = K_;
   plan_.rows_per_expert = pad_to_rows;
-  plan_.pad_rows = 0;
-  const int64_t real =
-      ops::build_permutation(*ex_, plan_.tokens_per_expert_L, plan_.row_token_N, plan_.row_slot_N,
-                             plan_.token_rows_TK, idx_TK, n_tok, K_, E_);
-  plan_.n_rows = real;
-  if (pad_to_rows <= 0) return plan_;
+  // The kept rows stay in memory; T * K rows are dispatched (the dropped slots' are zero).
+  ops::build_permutation(*ex_, n_kept_, plan_.tokens_per_expert_L, plan_.row_token_N,
+                         plan_.row_slot_N, plan_.token_rows_TK, idx_TK, n_tok, K_, E_);
+  plan_.n_rows = n_tok * K_;
+  if (pad_to_rows <= 0) {
+    ops::zero(*ex_, pads_, 1);
+    return plan_;
+  }
 
   const int64_t cap = pad_to_rows;
   MOE_CHECK(E_ * cap <= max_rows(max_tokens_),
             "[dispatcher] padding to {} rows per expert needs {} rows > planned {}: the "
             "dispatcher was built for a smaller --moe-expert-capacity-factor",
             cap, E_ * cap, max_rows(max_tokens_));
-  plan_.pad_rows =
-      ops::pad_permutation(*ex_, plan_.tokens_per_expert_L, plan_.row_token_N, plan_.row_slot_N,
-                           plan_.token_rows_TK, real, n_tok, K_, E_, cap);
+  ops::pad_permutation(*ex_, pads_, plan_.tokens_per_expert_L, plan_.row_token_N,
+                       plan_.row_slot_N, plan_.token_rows_TK, n_kept_, n_tok, K_, E_, cap);
   plan_.n_rows = E_ * cap;
   return plan_;
 }

@@ -46,16 +46,21 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
 
 // From idx [T, K] (expert per (token, slot); negative = dropped) build:
 //   counts_E [E]         rows per expert;
-//   row_token_N [N]      source token of permuted row r (N = number of kept (t, k) pairs);
-//   row_slot_N [N]       the slot k of that row (to fetch its prob);
+//   row_token_N [T*K]    source token of permuted row r, for the N kept (t, k) pairs; the rows
+//                        [N, T*K) are pad rows (-1), so T*K rows (the planned launch size, known
+//                        on the host) can always be dispatched: the dropped slots' rows are zero;
+//   row_slot_N [T*K]     the slot k of that row (to fetch its prob), -1 for a pad row;
 //   token_rows_TK [T,K]  the permuted row of (t, k), or -1 if dropped.
-// Returns N.
-inline int64_t build_permutation(const Exec& ex, int64_t* counts_E, int32_t* row_token_N,
-                                 int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,
-                                 int64_t n_tok, int64_t K, int64_t E) {
-  if (ex.on_cpu())
-    return cpu::build_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, idx_TK, n_tok,
-                                  K, E);
+// The fast path and the reference return N; the op writes it into *n_kept (memory: nothing of
+// the plan returns to the host).
+inline void build_permutation(const Exec& ex, int64_t* n_kept, int64_t* counts_E,
+                              int32_t* row_token_N, int32_t* row_slot_N, int32_t* token_rows_TK,
+                              const int32_t* idx_TK, int64_t n_tok, int64_t K, int64_t E) {
+  if (ex.on_cpu()) {
+    *n_kept = cpu::build_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, idx_TK,
+                                     n_tok, K, E);
+    return;
+  }
   no_kernel(ex, "build_permutation");
 }
 int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
@@ -63,15 +68,19 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
                               int64_t K, int64_t E);
 
 // Padding to capacity (--moe-pad-expert-input-to-capacity): moves each expert's block of a
-// packed map (build_permutation's, n_real rows) to rows [e * cap, e * cap + count_e) and fills
-// the rest of the block with pad rows (row_token = row_slot = -1); token_rows follows, counts
-// become cap. Throws when an expert has more than cap rows. Returns the number of pad rows.
-inline int64_t pad_permutation(const Exec& ex, int64_t* counts_E, int32_t* row_token_N,
-                               int32_t* row_slot_N, int32_t* token_rows_TK, int64_t n_real,
-                               int64_t n_tok, int64_t K, int64_t E, int64_t cap) {
-  if (ex.on_cpu())
-    return cpu::pad_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, n_real, n_tok, K,
-                                E, cap);
+// packed map (build_permutation's, *n_kept rows, read from memory) to rows
+// [e * cap, e * cap + count_e) and fills the rest of the block with pad rows (row_token =
+// row_slot = -1); token_rows follows, counts become cap. Throws when an expert has more than
+// cap rows. Writes the number of pad rows into *pads (the fast path and reference return it).
+inline void pad_permutation(const Exec& ex, int64_t* pads, int64_t* counts_E,
+                            int32_t* row_token_N, int32_t* row_slot_N, int32_t* token_rows_TK,
+                            const int64_t* n_kept, int64_t n_tok, int64_t K, int64_t E,
+                            int64_t cap) {
+  if (ex.on_cpu()) {
+    *pads = cpu::pad_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, *n_kept, n_tok,
+                                 K, E, cap);
+    return;
+  }
   no_kernel(ex, "pad_permutation");
 }
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,

@@ -84,14 +84,16 @@ void build_permutation_case(const Exec& ex) {
   for (const Routing& r : routings()) {
     BACKEND_TRACE(r.name << " T=" << r.T << " K=" << r.K << " E=" << r.E);
     const Map want = ref_map(r);
-    Guarded<int64_t> counts(r.E, -7);
+    Guarded<int64_t> counts(r.E, -7), n_kept(1, -7);
     Guarded<int32_t> row_token(r.T * r.K, -7), row_slot(r.T * r.K, -7), token_rows(r.T * r.K, -7);
-    const int64_t N = ops::build_permutation(ex, counts.data(), row_token.data(), row_slot.data(),
-                                             token_rows.data(), r.idx.data(), r.T, r.K, r.E);
-    EXPECT_EQ(N, want.N);
+    ops::build_permutation(ex, n_kept.data(), counts.data(), row_token.data(), row_slot.data(),
+                           token_rows.data(), r.idx.data(), r.T, r.K, r.E);
+    expect_bitwise(n_kept, &want.N, "kept rows");
     expect_bitwise(counts, want.counts.data(), "counts_E");
-    expect_bitwise(row_token, want.row_token.data(), "row_token_N", want.N);  // past N: unspecified
-    expect_bitwise(row_slot, want.row_slot.data(), "row_slot_N", want.N);
+    // All T * K rows: past the kept ones, the dropped slots' pad rows (-1).
+    expect_bitwise(row_token, want.row_token.data(), "row_token_N");
+    expect_bitwise(row_slot, want.row_slot.data(), "row_slot_N");
+    for (int64_t i = want.N; i < r.T * r.K; ++i) EXPECT_EQ(row_token[i], -1) << "row " << i;
     expect_bitwise(token_rows, want.token_rows.data(), "token_rows_TK");
   }
 }
@@ -112,9 +114,11 @@ void pad_permutation_case(const Exec& ex) {
       slot0.resize(want.row_slot.size(), -7);
       Guarded<int32_t> row_token = guarded(tok0), row_slot = guarded(slot0),
                        token_rows = guarded(m.token_rows);
-      const int64_t pad = ops::pad_permutation(ex, counts.data(), row_token.data(), row_slot.data(),
-                                               token_rows.data(), m.N, r.T, r.K, r.E, cap);
-      EXPECT_EQ(pad, pad_want);
+      Guarded<int64_t> n_kept(1, m.N), pad(1, -7);
+      ops::pad_permutation(ex, pad.data(), counts.data(), row_token.data(), row_slot.data(),
+                           token_rows.data(), n_kept.data(), r.T, r.K, r.E, cap);
+      expect_bitwise(pad, &pad_want, "pad rows");
+      expect_intact(n_kept, "kept rows");
       expect_bitwise(counts, want.counts.data(), "counts_E");
       expect_bitwise(row_token, want.row_token.data(), "row_token", rows);
       expect_bitwise(row_slot, want.row_slot.data(), "row_slot", rows);

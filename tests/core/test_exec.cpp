@@ -53,11 +53,12 @@ TEST(Exec, AnOpWithoutAKernelForTheDeviceThrowsNamingIt) {
   const std::string msg = error_of([&] { ops::add(ex, y, a, b, 2); });
   EXPECT_NE(msg.find("[add] no cuda kernel"), std::string::npos) << msg;
   EXPECT_EQ(y[0], -1.0f);
-  int64_t counts[2];
+  int64_t counts[2], kept = -1;
   int32_t row_token[2], row_slot[2], token_rows[2];
   const int32_t idx[2] = {0, 1};
   EXPECT_NE(error_of([&] {
-              ops::build_permutation(ex, counts, row_token, row_slot, token_rows, idx, 2, 1, 2);
+              ops::build_permutation(ex, &kept, counts, row_token, row_slot, token_rows, idx, 2, 1,
+                                     2);
             }).find("[build_permutation] no cuda kernel"),
             std::string::npos);
   ops::add(cpu_exec(), y, a, b, 2);

@@ -80,8 +80,12 @@ TEST(LocalDispatcher, DroppedSlotsGetNoRowAndZeroGrad) {
   arena.plan([&](Arena& a) { d.allocate(a, n_tok); });
   std::vector<int32_t> idx = {0, 1, 2, -1, -1, -1, 1, 0};
   const DispatchPlan& plan = d.plan(idx.data(), n_tok);
-  EXPECT_EQ(plan.n_rows, 5);
-  std::vector<double> dx_NH(5 * H, 1.0), dp(5, 3.0), dx(n_tok * H), dprobs(n_tok * K);
+  // All T * K rows are dispatched (a size the host knows): the 5 kept ones, then the 3 dropped
+  // slots' rows, which carry no token.
+  EXPECT_EQ(plan.n_rows, n_tok * K);
+  for (int64_t r = 0; r < plan.n_rows; ++r) EXPECT_EQ(plan.row_token_N[r] < 0, r >= 5) << r;
+  std::vector<double> dx_NH(plan.n_rows * H, 1.0), dp(plan.n_rows, 3.0), dx(n_tok * H),
+      dprobs(n_tok * K);
   d.dispatch_backward(dx.data(), dprobs.data(), dx_NH.data(), dp.data());
   EXPECT_EQ(dprobs[3], 0.0);
   EXPECT_EQ(dprobs[4], 0.0);
@@ -296,7 +300,7 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     EXPECT_GT(layer.router().dropped(), 0) << "the case must really drop";
     if (c.pad) {
       EXPECT_EQ(layer.plan().rows_per_expert, rs.capacity);
-      EXPECT_GT(layer.plan().pad_rows, 0) << "the case must really pad";
+      EXPECT_GT(*layer.plan().pad_rows, 0) << "the case must really pad";
     }
     RoutingMargins m = routing_margins(rs, cfg.moe.router);
     EXPECT_GT(m.topk, kMargin) << "a top-k choice is near a tie: pick another seed";

@@ -142,8 +142,12 @@ TEST(RouterProperties, CapacityKeepsExactlyCapacityRowsWithPadAtMostWithout) {
         if (pad) EXPECT_EQ(p.tokens_per_expert_L[e], cap) << "expert " << e;
         else EXPECT_EQ(p.tokens_per_expert_L[e], s.tokens_per_expert_E[e]) << "expert " << e;
       }
-      EXPECT_EQ(p.n_rows, pad ? c.E * cap : kept);
-      EXPECT_EQ(p.pad_rows, pad ? c.E * cap - kept : 0);
+      // Dispatched: E * cap rows padded, else all T * K (the dropped slots' rows are zero).
+      EXPECT_EQ(p.n_rows, pad ? c.E * cap : c.T * c.K);
+      EXPECT_EQ(*p.pad_rows, pad ? c.E * cap - kept : 0);
+      int64_t token_rows = 0;
+      for (int64_t r = 0; r < p.n_rows; ++r) token_rows += p.row_token_N[r] >= 0;
+      EXPECT_EQ(token_rows, kept) << "rows that carry a token";
       for (int64_t r = 0; r < p.n_rows; ++r) {
         if (p.row_token_N[r] >= 0) continue;
         EXPECT_EQ(p_N[r], 0.0);

@@ -39,7 +39,11 @@ Map build(const std::vector<int32_t>& idx, int64_t T, int64_t K, int64_t E) {
   m.counts = counts.vec();
   m.row_token = row_token.vec();
   m.row_slot = row_slot.vec();
-  m.row_token.resize(m.N);  // rows past N are unspecified
+  for (int64_t r = m.N; r < T * K; ++r) {  // the dropped slots' rows: pad rows
+    EXPECT_EQ(m.row_token[r], -1) << "row " << r;
+    EXPECT_EQ(m.row_slot[r], -1) << "row " << r;
+  }
+  m.row_token.resize(m.N);
   m.row_slot.resize(m.N);
   m.token_rows = token_rows.vec();
   return m;
@@ -170,9 +174,9 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       std::copy(m.row_token.begin(), m.row_token.end(), tok_f.begin());
       std::copy(m.row_slot.begin(), m.row_slot.end(), slot_f.begin());
       std::vector<int32_t> tok_r = tok_f, slot_r = slot_f, tr_r = m.token_rows;
-      const int64_t pad_f =
-          ops::pad_permutation(cpu_exec(), cnt_f.data(), tok_f.data(), slot_f.data(), tr_f.data(),
-                               m.N, r.T, r.K, r.E, cap);
+      int64_t pad_f = -1;
+      ops::pad_permutation(cpu_exec(), &pad_f, cnt_f.data(), tok_f.data(), slot_f.data(),
+                           tr_f.data(), &m.N, r.T, r.K, r.E, cap);
       const int64_t pad_r = ops::pad_permutation_ref(cnt_r.data(), tok_r.data(), slot_r.data(),
                                                      tr_r.data(), m.N, r.T, r.K, r.E, cap);
       EXPECT_EQ(pad_f, pad_r);
@@ -215,8 +219,10 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
   }
   std::vector<int64_t> counts = {3};
   std::vector<int32_t> tok = {0, 1, 2}, slot = {0, 0, 0}, tr = {0, 1, 2};
-  EXPECT_THROW(ops::pad_permutation(cpu_exec(), counts.data(), tok.data(), slot.data(), tr.data(),
-                                    3, 3, 1, 1, 2),
+  const int64_t kept = 3;
+  int64_t pads = -1;
+  EXPECT_THROW(ops::pad_permutation(cpu_exec(), &pads, counts.data(), tok.data(), slot.data(),
+                                    tr.data(), &kept, 3, 1, 1, 2),
                moecore::Error);  // 3 rows > capacity 2
 }
 

@@ -53,6 +53,8 @@ int64_t build_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_
   }
   // End offsets -> counts (high to low so counts_E[e - 1] is still an end offset).
   for (int64_t e = E - 1; e > 0; --e) counts_E[e] -= counts_E[e - 1];
+  // The dropped slots' rows: pad rows up to T*K.
+  for (int64_t r = N; r < TK; ++r) row_token_N[r] = row_slot_N[r] = -1;
   return N;
 }
 

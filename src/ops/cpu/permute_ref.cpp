@@ -40,7 +40,9 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
       }
     }
   }
-  return r;
+  const int64_t n_kept = r;
+  for (; r < n_tok * K; ++r) row_token_N[r] = row_slot_N[r] = -1;  // the dropped slots' rows
+  return n_kept;
 }
 
 // Rebuilt from the packed map: expert e's rows are the packed rows [start_e, start_e + count_e)
