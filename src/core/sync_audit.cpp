@@ -21,6 +21,7 @@ namespace {
 std::atomic<bool> g_armed{false};
 std::mutex g_mutex;                  // recording from several threads
 thread_local bool t_recording = false;  // a recording's own allocations are not events
+thread_local const char* t_point = nullptr;  // the documented point this thread is inside
 constexpr int kFrames = 16;
 
 // "module(mangled+0x12) [0x...]" -> "demangled+0x12" where the frame has a symbol.
@@ -68,8 +69,16 @@ void SyncAudit::end_step() {
 SyncAudit::Paused::Paused() : was_armed_(g_armed.exchange(false)) {}
 SyncAudit::Paused::~Paused() { g_armed.store(was_armed_); }
 
+SyncAudit::Point::Point(const char* documented) : outer_(t_point) {
+  SyncAudit::instance().host_sync("a documented point", documented);
+  t_point = documented;
+}
+
+SyncAudit::Point::~Point() { t_point = outer_; }
+
 void SyncAudit::host_sync(const char* what, const char* documented) {
   if (!in_step() || t_recording) return;
+  if (documented == nullptr && t_point != nullptr) return;  // part of the point
   t_recording = true;  // what this records allocates: not an event
   if (documented != nullptr) {
     std::lock_guard<std::mutex> lock(g_mutex);

@@ -26,7 +26,11 @@ class SyncAudit {
   static constexpr const char* kEpCountExchange =
       "dropless EP count exchange (the host sizes the all-to-all)";
   static constexpr const char* kEpTokenCounts = "allgather dispatcher token counts per EP rank";
-  static constexpr const char* kHostCommWait = "host waits on communication (the MPI backend)";
+  // Not a sync a stream-ordered backend has: CommHandle::wait_on, where the MPI backend completes
+  // the collective on the host before the ops of a stream read its result.
+  static constexpr const char* kHostCommWait =
+      "collectives completed on the host for a stream's ops (the MPI backend; NCCL orders them "
+      "on the stream)";
   struct Violation {
     std::string kind;   // "allocation", "host sync"
     std::string where;  // the first call site seen, symbolised
@@ -57,8 +61,23 @@ class SyncAudit {
   };
 
   // Called by the code that makes the host wait for, or read, the step's data. `documented`
-  // names a documented sync point (docs/design.md): counted per name; otherwise a violation.
+  // names a documented sync point (docs/design.md): counted per name; otherwise a violation,
+  // unless it happens inside a Point (it is then part of that point).
   void host_sync(const char* what, const char* documented = nullptr);
+
+  // The scope of one documented sync point: counted once per scope, and the host syncs inside
+  // it (the collective's host wait, the host's read of what it returns) belong to it. Points
+  // nest: the innermost one owns the syncs.
+  class Point {
+   public:
+    explicit Point(const char* documented);
+    ~Point();
+    Point(const Point&) = delete;
+    Point& operator=(const Point&) = delete;
+
+   private:
+    const char* outer_;
+  };
 
   // Counts of the last audited step.
   int64_t allocations() const { return allocations_; }

@@ -61,9 +61,11 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
                                                  int64_t pad_to_rows) {
   MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
             max_tokens_);
+  // The documented sync point of this dispatcher: the host reads every rank's token count, and
+  // the row count of the plan, to size the gathers and the experts' launch.
+  SyncAudit::Point point(SyncAudit::kEpTokenCounts);
   {
     ScopedPhase phase(Phase::Communication);
-    SyncAudit::instance().host_sync("allgather dispatcher plan", SyncAudit::kEpTokenCounts);
     const int64_t meta[2] = {n_tok, pad_to_rows};
     ep_.all_gather(std::span<const int64_t>(meta, 2), std::span<int64_t>(meta_R2_, 2 * R_));
   }
@@ -87,7 +89,8 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   n_group_ = G;
   {
     ScopedPhase phase(Phase::Communication);
-    ep_.all_gather_v_async(idx_TK, idx_GK_, {slot_elems_R_, size_t(R_)}, DType::I32).wait();
+    ep_.all_gather_v_async(idx_TK, idx_GK_, {slot_elems_R_, size_t(R_)}, DType::I32)
+        .wait_on(*ex_);  // the plan op reads the gathered map
   }
 
   // The rows of the local experts, ordered (local expert, source rank, token).
@@ -136,8 +139,8 @@ void AllGatherDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* p
         ep_.all_gather_v_async(x_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value);
     parallel::CommHandle hp =
         ep_.all_gather_v_async(probs_TK, all_GK_, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value);
-    hx.wait();
-    hp.wait();
+    hx.wait_on(*ex_);
+    hp.wait_on(*ex_);
   }
   gather_rows(x_NH, all_GH_);
   ops::gather_row_probs(*ex_, p_N, all_GK_, row_token_N_, row_slot_N_, plan_.n_rows, K_);
@@ -149,14 +152,15 @@ void AllGatherDispatcher<T>::combine(T* y_TH, const T* y_NH) {
   ScopedPhase phase(Phase::Communication);
   ep_.reduce_scatter_v_async(all_GH_, y_TH, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value,
                              parallel::ReduceOp::Sum)
-      .wait();
+      .wait_on(*ex_);
 }
 
 template <typename T>
 void AllGatherDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
   {
     ScopedPhase phase(Phase::Communication);
-    ep_.all_gather_v_async(dy_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value).wait();
+    ep_.all_gather_v_async(dy_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value)
+        .wait_on(*ex_);
   }
   gather_rows(dy_NH, all_GH_);
 }
@@ -171,8 +175,8 @@ void AllGatherDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* 
                                                        DTypeOf<T>::value, parallel::ReduceOp::Sum);
   parallel::CommHandle hp = ep_.reduce_scatter_v_async(
       all_GK_, dprobs_TK, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
-  hx.wait();
-  hp.wait();
+  hx.wait_on(*ex_);
+  hp.wait_on(*ex_);
 }
 
 template class AllGatherDispatcher<float>;

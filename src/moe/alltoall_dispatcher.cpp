@@ -71,7 +71,7 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
     ScopedPhase phase(Phase::Communication);
     // The one documented host sync of a dropless MoE layer under EP: the host sizes the
     // all-to-all from every rank's counts (padded dispatch has static splits and none).
-    SyncAudit::instance().host_sync("alltoall dispatcher plan", SyncAudit::kEpCountExchange);
+    SyncAudit::Point point(SyncAudit::kEpCountExchange);
     ep_.all_gather(std::span<const int64_t>(counts_E, E_), std::span<int64_t>(counts_RE_, R_ * E_));
   }
   int64_t recv_off = 0;
@@ -145,8 +145,8 @@ void AlltoAllDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* pr
     ScopedPhase phase(Phase::Communication);
     parallel::CommHandle hx = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
     parallel::CommHandle hp = start_a2a(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
-    hx.wait();
-    hp.wait();
+    hx.wait_on(*ex_);
+    hp.wait_on(*ex_);
   }
   sort_chunks(x_NH, recv_NH_, H_);
   sort_chunks(p_N, recv_p_N_, 1);
@@ -157,7 +157,7 @@ void AlltoAllDispatcher<T>::combine(T* y_TH, const T* y_NH) {
   unsort_chunks(recv_NH_, y_NH, H_);
   {
     ScopedPhase phase(Phase::Communication);
-    start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_).wait();
+    start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_).wait_on(*ex_);
   }
   local_.combine(y_TH, send_SH_);
 }
@@ -167,7 +167,7 @@ void AlltoAllDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
   local_.combine_backward(send_SH_, dy_TH);
   {
     ScopedPhase phase(Phase::Communication);
-    start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_).wait();
+    start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_).wait_on(*ex_);
   }
   sort_chunks(dy_NH, recv_NH_, H_);
 }
@@ -181,8 +181,8 @@ void AlltoAllDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* d
     ScopedPhase phase(Phase::Communication);
     parallel::CommHandle hx = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
     parallel::CommHandle hp = start_a2a(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
-    hx.wait();
-    hp.wait();
+    hx.wait_on(*ex_);
+    hp.wait_on(*ex_);
   }
   local_.dispatch_backward(dx_TH, dprobs_TK, send_SH_, send_p_S_);
 }

@@ -46,9 +46,16 @@ void CommHandle::finish_or_die() noexcept {
 
 void CommHandle::wait() {
   if (!req_) return;
-  // Counted: the MPI backend waits on the host; a stream-ordered backend (NCCL) will not.
-  SyncAudit::instance().host_sync("CommHandle::wait", SyncAudit::kHostCommWait);
+  SyncAudit::instance().host_sync("CommHandle::wait: the host reads a collective's result");
   req_->wait();
+  req_.reset();
+}
+
+void CommHandle::wait_on(const Exec& ex) {
+  if (!req_) return;
+  if (req_->wait_on(ex)) {  // the backend completed it on the host
+    SyncAudit::instance().host_sync("CommHandle::wait_on", SyncAudit::kHostCommWait);
+  }
   req_.reset();
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/exec.h"
 
 namespace moecore::parallel {
 
@@ -36,6 +37,13 @@ class CommRequest {
   virtual bool test() = 0;
   // Blocks until complete (bounded by the timeout: reports and aborts past it).
   virtual void wait() = 0;
+  // The operation's results are next read by ops on `ex`'s stream. A stream-ordered backend
+  // makes that stream wait for the operation and returns at once (false: the host did not
+  // wait); a backend progressed by the host (MPI) completes it here (true).
+  virtual bool wait_on(const Exec& ex) {
+    wait();
+    return true;
+  }
   // Called once the handle is done with it: a backend may keep its requests for reuse (nothing
   // allocates per call once the pool holds as many as are ever in flight).
   virtual void release() { delete this; }
@@ -57,7 +65,12 @@ class CommHandle {
   // A pending handle is waited for: the backend may still write into the caller's buffers.
   ~CommHandle();
 
+  // The host needs the result (it reads it, or sizes a later call from it): a host sync. Inside
+  // a training step only a documented sync point (SyncAudit::Point) may do this.
   void wait();
+  // The result is next read by ops on ex's stream: ordered on that stream where the backend
+  // can (NCCL); completed on the host where it cannot (MPI: counted as SyncAudit::kHostCommWait).
+  void wait_on(const Exec& ex);
   bool test();
   bool done() const { return req_ == nullptr; }
 

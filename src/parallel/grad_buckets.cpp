@@ -119,7 +119,7 @@ void GradBuckets::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!launched_[b]) launch(b);
   }
-  for (CommHandle& h : handles_) h.wait();
+  for (CommHandle& h : handles_) h.wait_on(params_.exec());  // the optimizer's ops read them
 }
 
 }  // namespace moecore::parallel

@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
+#include "ops/router_balance.h"
 #include "train/progress.h"
 
 namespace moecore::train {
@@ -132,8 +133,10 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   optim::GradNormSync norm_sync;
   if (groups_ && groups_->group(parallel::GroupKind::Ep).size() > 1) {
     const parallel::ProcessGroup* ep = &groups_->group(parallel::GroupKind::Ep);
-    norm_sync.sum_expert = [ep](double* sq) {
-      ep->communicator().all_reduce(std::span<double>(sq, 1));
+    // The sums feed grad_clip, an op: ordered on the stream where the backend can.
+    const Exec* ex = &exec_;
+    norm_sync.sum_expert = [ep, ex](double* sq) {
+      ep->communicator().all_reduce_async(std::span<double>(sq, 1)).wait_on(*ex);
     };
   }
   optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
@@ -141,17 +144,19 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   // The routers' once-per-step all-reduces (MOE_SEMANTICS Router 4 and 5).
   if (groups_ && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::TpDpCp);
-    router_sync_.sum_tp_dp_cp = [g](double* v, int64_t n) {
+    const Exec* ex = &exec_;
+    router_sync_.sum_tp_dp_cp = [g, ex](double* v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce(std::span<double>(v, n));
+      g->communicator().all_reduce_async(std::span<double>(v, n)).wait_on(*ex);
     };
   }
   if (dp_size_ > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::DpCp);
-    router_sync_.mean_dp_cp = [g](double* v, int64_t n) {
+    const Exec* ex = &exec_;
+    router_sync_.mean_dp_cp = [g, ex](double* v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce(std::span<double>(v, n));
-      for (int64_t i = 0; i < n; ++i) v[i] /= static_cast<double>(g->size());
+      g->communicator().all_reduce_async(std::span<double>(v, n)).wait_on(*ex);
+      ops::divide_in_place(*ex, v, static_cast<double>(g->size()), n);
     };
   }
 

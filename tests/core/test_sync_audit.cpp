@@ -64,6 +64,33 @@ TEST(SyncAudit, PausedAndDocumentedSyncsAreNoViolations) {
   EXPECT_NE(msg.find("host sync: a read of the loss x1"), std::string::npos) << msg;
 }
 
+// A documented point counts once per scope and owns the host syncs inside it (its collective's
+// wait, the host's read of the result); the innermost of nested points owns them; outside any
+// point the same sync is a violation again.
+TEST(SyncAudit, HostSyncsInsideAPointBelongToIt) {
+  SyncAudit& audit = SyncAudit::instance();
+  audit.begin_step();
+  for (int layer = 0; layer < 2; ++layer) {
+    SyncAudit::Point point(SyncAudit::kEpCountExchange);
+    audit.host_sync("the count exchange's wait");
+    audit.host_sync("the host reads the counts");
+    {
+      SyncAudit::Point inner(SyncAudit::kEpTokenCounts);
+      audit.host_sync("inside the inner point");
+    }
+    audit.host_sync("back in the outer point");
+  }
+  EXPECT_EQ(end_step_error(audit), "");
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kEpCountExchange), 2);
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kEpTokenCounts), 2);
+
+  audit.begin_step();
+  { SyncAudit::Point point(SyncAudit::kEpCountExchange); }
+  audit.host_sync("after the point");
+  const std::string msg = end_step_error(audit);
+  EXPECT_NE(msg.find("host sync: after the point x1"), std::string::npos) << msg;
+}
+
 TEST(SyncAudit, OneStepAtATime) {
   SyncAudit& audit = SyncAudit::instance();
   audit.begin_step();

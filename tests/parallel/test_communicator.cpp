@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/sync_audit.h"
 #include "parallel/communicator.h"
 #include "parallel/process_groups.h"
 
@@ -71,6 +72,50 @@ TEST(Communicator, ArgumentChecksNameTheGroupAndSizes) {
 
 #ifndef MOECORE_HAVE_MPI
 // The stub build connects a world of one and refuses anything larger, saying why.
+// A request the host completes (as MPI's): how many times it was waited for.
+struct HostRequest : CommRequest {
+  int* waits;
+  explicit HostRequest(int* w) : waits(w) {}
+  bool test() override { return false; }
+  void wait() override { ++*waits; }
+};
+// A request a stream-ordered backend would make its stream wait for: no host wait.
+struct StreamRequest : HostRequest {
+  using HostRequest::HostRequest;
+  bool wait_on(const Exec&) override { return false; }
+};
+
+// Inside an audited step: wait() (the host reads the result) is a host sync, a violation
+// outside a documented point; wait_on (ops read it) completed on the host is counted as
+// kHostCommWait; ordered on a stream it is nothing.
+TEST(CommHandle, HostReadsAndStreamWaitsAreTold) {
+  SyncAudit& audit = SyncAudit::instance();
+  int waits = 0;
+  audit.begin_step();
+  CommHandle(CommRequestPtr(new HostRequest(&waits))).wait_on(cpu_exec());
+  CommHandle(CommRequestPtr(new HostRequest(&waits))).wait_on(cpu_exec());
+  CommHandle(CommRequestPtr(new StreamRequest(&waits))).wait_on(cpu_exec());
+  {
+    SyncAudit::Point point(SyncAudit::kEpCountExchange);
+    CommHandle(CommRequestPtr(new HostRequest(&waits))).wait();  // part of the point
+  }
+  audit.end_step();
+  EXPECT_EQ(waits, 3);
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kHostCommWait), 2);
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kEpCountExchange), 1);
+
+  audit.begin_step();
+  CommHandle(CommRequestPtr(new HostRequest(&waits))).wait();
+  try {
+    audit.end_step();
+    ADD_FAILURE() << "a host read of a collective's result outside a documented point passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the host reads a collective's result"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(StubBuild, OnlyOneProcessIsAvailable) {
   ProcessGroups one(make_layout(ParallelConfig{}, 1), 0);
   connect_communicators(one);
