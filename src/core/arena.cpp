@@ -1,8 +1,6 @@
 #include "core/arena.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 namespace moecore {
 
@@ -20,7 +18,7 @@ std::string_view mem_kind_name(MemKind k) {
   return "?";
 }
 
-Arena::~Arena() { std::free(block_); }
+Arena::~Arena() { exec_free(exec_, space_, block_); }
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -100,10 +98,7 @@ void Arena::commit() {
     base += largest(o.member_bytes);
   }
   const size_t total = std::max(planned_bytes(), kAlign);
-  block_ = static_cast<char*>(std::aligned_alloc(kAlign, total));
-  MOE_CHECK(block_ != nullptr, "[arena] cannot allocate {} bytes: reduce the model or batch",
-            total);
-  std::memset(block_, 0, total);
+  block_ = static_cast<char*>(exec_alloc(exec_, space_, total));  // zero-filled, 64-aligned
   mode_ = Mode::Allocate;
 }
 

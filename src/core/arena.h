@@ -47,8 +47,10 @@ class Arena {
   static constexpr size_t kAlign = 64;
 
   // ex: the execution context whose memory the arena plans; the layers that allocate from it
-  // run their ops on it (they keep arena.exec()).
-  explicit Arena(const Exec& ex = cpu_exec()) : exec_(ex) {}
+  // run their ops on it (they keep arena.exec()). space: where its block lives (the step's
+  // buffers on the device; the host's staging of inputs and reports in pinned host memory).
+  explicit Arena(const Exec& ex = cpu_exec(), MemSpace space = MemSpace::Device)
+      : exec_(ex), space_(space) {}
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -77,8 +79,8 @@ class Arena {
   }
   bool allocated() const { return block_ != nullptr; }
 
-  // Plan -> Allocate: one zero-filled block of the planned size; the same alloc() sequence
-  // must follow.
+  // Plan -> Allocate: one zero-filled block of the planned size in the arena's memory space
+  // (exec_alloc); the same alloc() sequence must follow.
   void commit();
   // Allocate -> Frozen: checks that the allocating pass matched the plan exactly.
   void freeze();
@@ -118,6 +120,7 @@ class Arena {
 
   Mode mode() const { return mode_; }
   const Exec& exec() const { return exec_; }
+  MemSpace space() const { return space_; }
   // The block's size: the plain buffers plus every overlay at the size of its largest member
   // (valid from the end of the planning pass).
   size_t planned_bytes() const { return planned_ + overlay_bytes(); }
@@ -141,6 +144,7 @@ class Arena {
   size_t overlay_bytes() const;  // sum over overlays of their largest member
 
   Exec exec_;
+  MemSpace space_;
   Mode mode_ = Mode::Plan;
   size_t planned_ = 0;
   size_t cursor_ = 0;

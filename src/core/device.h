@@ -18,5 +18,10 @@ DeviceInfo cuda_device_info();
 // A CUDA execution context on the current device with its own stream (the CUDA build);
 // without it, or without a visible device, an error saying which and the fix.
 Exec make_cuda_exec();
+// Device memory (cudaMalloc) or pinned host memory (cudaMallocHost) for exec_alloc, zero-filled
+// before it returns; and its release. The CUDA build only (without it: an error).
+void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes);
+void cuda_free(const Exec& ex, MemSpace space, void* p);
+void cuda_synchronize(const Exec& ex);  // cudaStreamSynchronize of ex's stream
 
 }  // namespace moecore

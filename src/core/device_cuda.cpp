@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "core/check.h"
 #include "core/device.h"
 
@@ -33,6 +35,38 @@ Exec make_cuda_exec() {
   ex.device = Device::CUDA;
   ex.stream = stream;
   return ex;
+}
+
+void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err =
+      space == MemSpace::Device ? cudaMalloc(&p, bytes) : cudaMallocHost(&p, bytes);
+  MOE_CHECK(err == cudaSuccess, "[exec] cannot allocate {} bytes of {} memory: {}", bytes,
+            mem_space_name(space), cudaGetErrorString(err));
+  if (space == MemSpace::PinnedHost) {
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  // Planning happens before step 0: the block is zero before anything reads it.
+  cudaStream_t stream = static_cast<cudaStream_t>(ex.stream);
+  cudaError_t set = cudaMemsetAsync(p, 0, bytes, stream);
+  if (set == cudaSuccess) set = cudaStreamSynchronize(stream);
+  MOE_CHECK(set == cudaSuccess, "[exec] cannot zero {} bytes of device memory: {}", bytes,
+            cudaGetErrorString(set));
+  return p;
+}
+
+void cuda_synchronize(const Exec& ex) {
+  const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(ex.stream));
+  MOE_CHECK(err == cudaSuccess, "[exec] the step's stream failed: {}", cudaGetErrorString(err));
+}
+
+void cuda_free(const Exec&, MemSpace space, void* p) {
+  if (space == MemSpace::Device) {
+    cudaFree(p);
+  } else {
+    cudaFreeHost(p);
+  }
 }
 
 }  // namespace moecore

@@ -13,4 +13,15 @@ Exec make_cuda_exec() {
       "cmake -DMOECORE_CUDA=ON (needs nvcc and the CUDA toolkit), or use --device cpu");
 }
 
+void* cuda_alloc(const Exec&, MemSpace space, size_t bytes) {
+  MOE_FAIL("[exec] {} bytes of {} memory on a CUDA context: this moecore was built without CUDA",
+           bytes, mem_space_name(space));
+}
+
+void cuda_free(const Exec&, MemSpace, void*) {}
+
+void cuda_synchronize(const Exec&) {
+  MOE_FAIL("[exec] a CUDA stream: this moecore was built without CUDA");
+}
+
 }  // namespace moecore

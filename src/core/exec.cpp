@@ -2,6 +2,9 @@
 // device_cuda.cpp (device_stub_cuda.cpp without the CUDA build).
 #include "core/exec.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/check.h"
 #include "core/device.h"
 
@@ -35,6 +38,32 @@ bool training_step_supported(Device device, std::string* why) {
         "backend); train with --device cpu";
   }
   return false;
+}
+
+std::string_view mem_space_name(MemSpace s) {
+  return s == MemSpace::Device ? "device" : "pinned host";
+}
+
+void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes) {
+  MOE_CHECK(bytes > 0, "[exec] a {} block of 0 bytes", mem_space_name(space));
+  if (!ex.on_cpu()) return cuda_alloc(ex, space, bytes);
+  constexpr size_t kAlign = 64;
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;  // aligned_alloc's contract
+  void* p = std::aligned_alloc(kAlign, rounded);
+  MOE_CHECK(p != nullptr, "[exec] cannot allocate {} bytes of host memory: reduce the model or "
+            "batch", bytes);
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void exec_free(const Exec& ex, MemSpace space, void* p) {
+  if (p == nullptr) return;
+  if (!ex.on_cpu()) return cuda_free(ex, space, p);
+  std::free(p);
+}
+
+void exec_synchronize(const Exec& ex) {
+  if (!ex.on_cpu()) cuda_synchronize(ex);
 }
 
 void no_kernel(const Exec& ex, const char* op) {

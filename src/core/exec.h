@@ -6,6 +6,7 @@
 // oracle every backend is tested against).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -31,6 +32,19 @@ Exec make_exec(Device device);
 // Whether the whole training step has kernels on this device: the trainer refuses a device
 // without them before step 0, naming what is missing.
 bool training_step_supported(Device device, std::string* why);
+
+// Where an arena's block lives. Device: where the context's ops run (host memory on the CPU
+// backend). PinnedHost: host memory the device can copy to and from asynchronously (the host's
+// staging of the step's inputs and report); plain host memory on the CPU backend.
+enum class MemSpace : uint8_t { Device, PinnedHost };
+std::string_view mem_space_name(MemSpace s);  // "device", "pinned host"
+// One zero-filled block of `bytes` (> 0, aligned to 64) in `space` of the context's device;
+// throws naming the size when it cannot be had. exec_free takes the same context and space.
+void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes);
+void exec_free(const Exec& ex, MemSpace space, void* p);
+// Blocks the host until the context's stream has run everything enqueued on it: the host's one
+// wait per step, before it reads the step's report (nothing to wait for on the CPU).
+void exec_synchronize(const Exec& ex);
 
 // An op reached with a context whose backend has no kernel for it: the error names both.
 [[noreturn]] void no_kernel(const Exec& ex, const char* op);

@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "ops/embedding.h"
-#include "ops/fill.h"
+#include "ops/memory.h"
 #include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
 #include "ops/token_layout.h"

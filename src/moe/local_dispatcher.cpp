@@ -6,7 +6,7 @@
 
 #include "core/check.h"
 #include "moe/dispatcher.h"
-#include "ops/fill.h"
+#include "ops/memory.h"
 #include "ops/permute.h"
 
 namespace moecore::moe {

@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "ops/convert_f64.h"
-#include "ops/fill.h"
+#include "ops/memory.h"
 #include "ops/gemm.h"
 #include "ops/input_jitter.h"
 #include "ops/router_balance.h"

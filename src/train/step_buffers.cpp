@@ -2,27 +2,47 @@
 
 #include <algorithm>
 
+#include "ops/memory.h"
+
 namespace moecore::train {
 
 StepBuffers::StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E)
-    : n_micro_(n_micro), tokens_(tokens), E_(std::max<int64_t>(E, 1)), arena_(ex) {
+    : n_micro_(n_micro),
+      tokens_(tokens),
+      E_(std::max<int64_t>(E, 1)),
+      host_arena_(ex, MemSpace::PinnedHost),
+      dev_arena_(ex, MemSpace::Device) {
   MOE_CHECK(n_micro >= 1 && tokens >= 1 && E >= 0,
             "[train] step buffers for {} micro-batches of {} tokens and {} experts", n_micro,
             tokens, E);
-  arena_.plan([this](Arena& a) { layout(a); });
+  host_arena_.plan([this](Arena& a) { layout(a, host_); });
+  dev_arena_.plan([this](Arena& a) { layout(a, dev_); });
 }
 
-void StepBuffers::layout(Arena& a) {
-  ids_ = a.alloc<int32_t>(n_micro_ * tokens_, "step.ids");
-  targets_ = a.alloc<int32_t>(n_micro_ * tokens_, "step.targets");
-  report_ = a.alloc<ops::MicroBatchReport>(n_micro_, "step.report", MemKind::State);
-  tokens_E_ = a.alloc<int64_t>(n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
+void StepBuffers::layout(Arena& a, Slots& s) const {
+  s.ids = a.alloc<int32_t>(n_micro_ * tokens_, "step.ids");
+  s.targets = a.alloc<int32_t>(n_micro_ * tokens_, "step.targets");
+  s.report = a.alloc<ops::MicroBatchReport>(n_micro_, "step.report", MemKind::State);
+  s.tokens_E = a.alloc<int64_t>(n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
+}
+
+void StepBuffers::upload() {
+  const Exec& ex = dev_arena_.exec();
+  ops::copy(ex, dev_.ids, host_.ids, n_micro_ * tokens_);
+  ops::copy(ex, dev_.targets, host_.targets, n_micro_ * tokens_);
+}
+
+void StepBuffers::download() {
+  const Exec& ex = dev_arena_.exec();
+  ops::copy(ex, host_.report, dev_.report, n_micro_);
+  ops::copy(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * E_);
+  exec_synchronize(ex);  // the host reads the copies next
 }
 
 model::MicroBatchIO StepBuffers::io(int64_t mb) const {
   MOE_CHECK(mb >= 0 && mb < n_micro_, "[train] micro-batch {} of {}", mb, n_micro_);
-  return model::MicroBatchIO{ids_ + mb * tokens_, targets_ + mb * tokens_, report_ + mb,
-                             tokens_E_ + mb * E_};
+  return model::MicroBatchIO{dev_.ids + mb * tokens_, dev_.targets + mb * tokens_,
+                             dev_.report + mb, dev_.tokens_E + mb * E_};
 }
 
 }  // namespace moecore::train

@@ -1,8 +1,11 @@
-// The training step's planned input and report memory, one slot per micro-batch of this rank:
-// the host writes every micro-batch's token ids and targets before the step's work starts and
-// reads the report once, after the step (after the optimizer update). Between the two, the
-// step's ops read their inputs and write their results there and nothing returns to the host:
-// the same path on every backend.
+// The training step's input and report memory, one slot per micro-batch of this rank, in two
+// planned arenas: the host's staging in pinned host memory, and the buffers the step's ops read
+// and write on the device. The host writes every micro-batch's token ids and targets into the
+// staging before the step's work starts, upload() copies them to the device (an op on the
+// stream), the step's ops write the report there, and download() copies it back once, after
+// the step (after the optimizer update), for the host to read. Between the two copies nothing of
+// the step returns to the host: the same path on every backend (on the CPU both arenas are host
+// memory and the copies are memcpys of a few KiB).
 #pragma once
 
 #include <cstdint>
@@ -19,25 +22,32 @@ class StepBuffers {
   StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E);
 
   int64_t micro_batches() const { return n_micro_; }
-  // Micro-batch mb's inputs, [B, S] batch-major, for the host to fill before the step.
-  int32_t* ids(int64_t mb) { return ids_ + mb * tokens_; }
-  int32_t* targets(int64_t mb) { return targets_ + mb * tokens_; }
-  // What the model's forward of micro-batch mb reads and writes.
+  // Micro-batch mb's inputs in the host's staging, [B, S] batch-major, for the host to fill
+  // before the step.
+  int32_t* ids(int64_t mb) { return host_.ids + mb * tokens_; }
+  int32_t* targets(int64_t mb) { return host_.targets + mb * tokens_; }
+  // The staged inputs of every micro-batch to the device buffers the forwards read.
+  void upload();
+  // What the model's forward of micro-batch mb reads and writes (device buffers).
   model::MicroBatchIO io(int64_t mb) const;
-  // Host reads of the report, after the step.
-  const ops::MicroBatchReport& report(int64_t mb) const { return report_[mb]; }
-  const int64_t* tokens_per_expert(int64_t mb) const { return tokens_E_ + mb * E_; }
-  const Arena& arena() const { return arena_; }
+  // The report of every micro-batch back to the host's staging, after the step.
+  void download();
+  // Host reads of the downloaded report.
+  const ops::MicroBatchReport& report(int64_t mb) const { return host_.report[mb]; }
+  const int64_t* tokens_per_expert(int64_t mb) const { return host_.tokens_E + mb * E_; }
 
  private:
-  void layout(Arena& a);
+  struct Slots {
+    int32_t* ids = nullptr;                   // [n_micro, tokens]
+    int32_t* targets = nullptr;               // [n_micro, tokens]
+    ops::MicroBatchReport* report = nullptr;  // [n_micro]
+    int64_t* tokens_E = nullptr;              // [n_micro, max(E, 1)]
+  };
+  void layout(Arena& a, Slots& s) const;
 
   int64_t n_micro_, tokens_, E_;
-  Arena arena_;
-  int32_t* ids_ = nullptr;                   // [n_micro, tokens]
-  int32_t* targets_ = nullptr;               // [n_micro, tokens]
-  ops::MicroBatchReport* report_ = nullptr;  // [n_micro]
-  int64_t* tokens_E_ = nullptr;              // [n_micro, max(E, 1)]
+  Arena host_arena_, dev_arena_;
+  Slots host_, dev_;
 };
 
 }  // namespace moecore::train

@@ -194,11 +194,14 @@ static size_t sharing_saving_bytes(const Arena& a) {
 template <typename T>
 void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
   ScopedPhase phase(Phase::Data);
-  SyncAudit::Paused inputs;  // the host writes the step's inputs
-  for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
-                            step_->targets(mb), scratch_.data());
+  {
+    SyncAudit::Paused inputs;  // the host writes the step's inputs into its staging
+    for (int64_t mb = 0; mb < n_micro_; ++mb) {
+      stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
+                              step_->targets(mb), scratch_.data());
+    }
   }
+  step_->upload();  // an op on the stream: part of the step
 }
 
 template <typename T>
@@ -247,6 +250,7 @@ StepMetrics BasicTrainer<T>::train_step() {
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert.
+  step_->download();
   std::fill(load_.begin(), load_.end(), 0);
   int64_t moe_layers = 0;
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
@@ -491,6 +495,7 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   for (int64_t it = 0; it < cfg_.eval_iters; ++it) {
     fill_inputs(*stream);
     for (int64_t mb = 0; mb < n_micro_; ++mb) model_->forward(step_->io(mb));
+    step_->download();
     for (int64_t mb = 0; mb < n_micro_; ++mb) {  // the report, after the iteration's forwards
       mb_values_[mb * 3] = model::GPTModel<T>::mean_loss(step_->report(mb));
       mb_values_[mb * 3 + 1] = mb_values_[mb * 3 + 2] = 0;

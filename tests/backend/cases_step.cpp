@@ -1,11 +1,11 @@
-// Cases: the step's bookkeeping ops: zero (every dtype the layers clear, sizes 0 / 1 / odd /
-// large), loss_grad_scale (no counted token, odd counts, both dtypes) and report_moe_layer
+// Cases: the step's bookkeeping ops: zero and copy (every dtype the layers clear or move, sizes
+// 0 / 1 / odd / large, and the report structs), loss_grad_scale (no counted token, odd counts, both dtypes) and report_moe_layer
 // (layers with and without an aux type, E = 1 and an odd E, accumulation over layers). All
 // exact: bitwise against the references, neighbours of every output untouched.
 #include <cstring>
 
 #include "backend_case.h"
-#include "ops/fill.h"
+#include "ops/memory.h"
 #include "ops/step_report.h"
 
 namespace moecore::backend_test {
@@ -21,6 +21,20 @@ void zero_one(const Exec& ex) {
     ops::zero(ex, got.data(), n);
     ops::zero_ref(want.data(), n);
     expect_bitwise(got, want, "zeroed");
+  }
+}
+
+template <typename T>
+void copy_one(const Exec& ex) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, int64_t{100003}}) {
+    BACKEND_TRACE(n << " elements");
+    auto v = random_vec<double>(n, 4);
+    std::vector<T> src(n);
+    for (int64_t i = 0; i < n; ++i) src[i] = static_cast<T>(v[i] * 1000 - 3);
+    Guarded<T> got(n, T(7)), want(n, T(7));
+    ops::copy(ex, got.data(), src.data(), n);
+    ops::copy_ref(want.data(), src.data(), n);
+    expect_bitwise(got, want, "copied");
   }
 }
 
@@ -89,6 +103,16 @@ void add_step_cases(std::vector<OpCase>& out) {
                    zero_one<int64_t>(ex);
                    zero_one<int32_t>(ex);
                    zero_report(ex);
+                 }});
+  out.push_back({"copy", {"copy"}, [](const Exec& ex) {
+                   copy_one<float>(ex);
+                   copy_one<double>(ex);
+                   copy_one<int64_t>(ex);
+                   copy_one<int32_t>(ex);
+                   ops::MicroBatchReport from[2] = {{1.5, 7, 2.5, 3.5, 4, 2}, {-1, 3, 0, 9, 1, 1}};
+                   ops::MicroBatchReport to[2];
+                   ops::copy(ex, to, from, 2);
+                   EXPECT_EQ(std::memcmp(to, from, sizeof from), 0) << "report structs";
                  }});
   out.push_back({"loss_grad_scale", {"loss_grad_scale"}, [](const Exec& ex) {
                    loss_grad_scale_one<float>(ex);

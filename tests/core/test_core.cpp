@@ -62,6 +62,35 @@ TEST(Arena, TwoPassesOneBlockThenFrozen) {
   EXPECT_THROW(a.alloc<float>(1, "late"), Error);
 }
 
+// Both memory spaces plan the same way; on the CPU backend both blocks are zero-filled,
+// aligned host memory. A CUDA context without the CUDA build refuses to allocate, naming why.
+TEST(Arena, MemorySpaces) {
+  for (MemSpace space : {MemSpace::Device, MemSpace::PinnedHost}) {
+    SCOPED_TRACE(std::string(mem_space_name(space)));
+    Arena a(cpu_exec(), space);
+    EXPECT_EQ(a.space(), space);
+    int64_t* p = nullptr;
+    a.plan([&](Arena& ar) { p = ar.alloc<int64_t>(100, "x", MemKind::State); });
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::kAlign, 0u);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(p[i], 0) << i;
+    p[99] = 5;  // host-writable
+  }
+#ifndef MOECORE_HAVE_CUDA
+  Exec cuda;
+  cuda.device = Device::CUDA;
+  Arena a(cuda, MemSpace::PinnedHost);
+  a.alloc<float>(4, "x");
+  try {
+    a.commit();
+    ADD_FAILURE() << "a CUDA block without the CUDA build";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pinned host"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+  }
+#endif
+}
+
 TEST(Arena, AllocatingPassMustMatchPlan) {
   Arena a;
   a.alloc<float>(4, "x");
