@@ -4,7 +4,10 @@
 
 #include <string>
 
+#include <memory>
+
 #include "core/exec.h"
+#include "core/profiler.h"
 
 namespace moecore {
 
@@ -23,5 +26,8 @@ Exec make_cuda_exec();
 void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void cuda_free(const Exec& ex, MemSpace space, void* p);
 void cuda_synchronize(const Exec& ex);  // cudaStreamSynchronize of ex's stream
+// The phase profiler's timer on ex's stream: a planned pool of `capacity` CUDA events, one
+// recorded per phase boundary, read after the stream ran them (cudaEventElapsedTime).
+std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec& ex, int capacity);
 
 }  // namespace moecore

@@ -1,6 +1,9 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -59,6 +62,39 @@ void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes) {
 void cuda_synchronize(const Exec& ex) {
   const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(ex.stream));
   MOE_CHECK(err == cudaSuccess, "[exec] the step's stream failed: {}", cudaGetErrorString(err));
+}
+
+namespace {
+class CudaPhaseTimer : public PhaseTimer {
+ public:
+  CudaPhaseTimer(cudaStream_t stream, int capacity) : stream_(stream), events_(capacity) {
+    for (cudaEvent_t& e : events_) {
+      const cudaError_t err = cudaEventCreate(&e);
+      MOE_CHECK(err == cudaSuccess, "[profiler] cudaEventCreate: {}", cudaGetErrorString(err));
+    }
+  }
+  ~CudaPhaseTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  int capacity() const override { return static_cast<int>(events_.size()); }
+  void mark(int i) override { cudaEventRecord(events_[i], stream_); }
+  void move(int i, int j) override { std::swap(events_[i], events_[j]); }
+  double seconds(int i, int j) override {
+    cudaEventSynchronize(events_[j]);
+    float ms = 0;
+    const cudaError_t err = cudaEventElapsedTime(&ms, events_[i], events_[j]);
+    MOE_CHECK(err == cudaSuccess, "[profiler] cudaEventElapsedTime: {}", cudaGetErrorString(err));
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+};
+}  // namespace
+
+std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec& ex, int capacity) {
+  return std::make_unique<CudaPhaseTimer>(static_cast<cudaStream_t>(ex.stream), capacity);
 }
 
 void cuda_free(const Exec&, MemSpace space, void* p) {

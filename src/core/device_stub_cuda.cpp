@@ -20,6 +20,10 @@ void* cuda_alloc(const Exec&, MemSpace space, size_t bytes) {
 
 void cuda_free(const Exec&, MemSpace, void*) {}
 
+std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec&, int) {
+  MOE_FAIL("[profiler] CUDA events: this moecore was built without CUDA");
+}
+
 void cuda_synchronize(const Exec&) {
   MOE_FAIL("[exec] a CUDA stream: this moecore was built without CUDA");
 }

@@ -67,6 +67,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   {
     const Device device = parse_device(cfg_.device);
     exec_ = make_exec(device);  // first: a build or machine without the device says so
+    // Phase boundaries timed where the ops run (stream events on a device).
+    profiler_ = PhaseProfiler(make_phase_timer(exec_, PhaseProfiler::kDefaultMarks));
     std::string why;
     MOE_CHECK(training_step_supported(device, &why), "[train] --device {}: {}", cfg_.device, why);
   }
