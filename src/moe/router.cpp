@@ -67,6 +67,12 @@ Router<T>::Router(const RouterConfig& cfg, int64_t hidden, double init_std, Para
     : cfg_(cfg), E_(cfg.num_experts), K_(cfg.topk), H_(hidden) {
   cfg_.validate();
   terms_ = cfg_.load_balancing_terms();
+  for (const LoadBalancingTerm& term : terms_) {  // the logged aux value: the first listed type
+    if (const int slot = lb_slot(term.type); slot >= 0) {
+      aux_slot_ = slot;
+      break;
+    }
+  }
   gate_f64_ = std::is_same_v<T, float> && cfg_.dtype == RouterDType::F64;
   jitter_key_ = rng_key(cfg_.seed, prefix + ".router.input_jitter");
   weight_ = &params.add(ParamSpec{prefix + ".router.weight",
@@ -471,12 +477,7 @@ RouterReport Router<T>::report() const {
   r.z_value = report_ + kReportZ;
   r.dropped = report_dropped_;
   r.tokens_per_expert_E = saved_.tokens_per_expert_E;
-  for (const LoadBalancingTerm& term : terms_) {
-    if (const int slot = lb_slot(term.type); slot >= 0) {
-      r.aux_value = report_ + slot;
-      break;
-    }
-  }
+  r.aux_value = aux_slot_ >= 0 ? report_ + aux_slot_ : nullptr;
   return r;
 }
 

@@ -107,7 +107,7 @@ class Router {
   RouterReport report() const;
   // Host reads of the last forward's report (after the step, or in tests after a forward).
   double lb_value(int slot) const { return report_[slot]; }
-  double aux_value() const { return report().aux_value ? *report().aux_value : 0.0; }
+  double aux_value() const { return aux_slot_ >= 0 ? report_[aux_slot_] : 0.0; }
   double aux_loss() const;  // sum over the listed aux types of coeff * value
   double z_value() const { return *report().z_value; }
   double z_loss() const { return cfg_.z_loss_coeff * z_value(); }
@@ -146,6 +146,7 @@ class Router {
 
   RouterConfig cfg_;
   std::vector<LoadBalancingTerm> terms_;
+  int aux_slot_ = -1;  // the report slot of the first listed aux type (-1: none listed)
   int64_t E_, K_, H_;
   int64_t max_tokens_ = 0;
   bool training_ = true;
