@@ -132,6 +132,10 @@ inline bf16* as_bf16(uint16_t* p) {
 inline const bf16* as_bf16(const uint16_t* p) {
   return reinterpret_cast<const bf16*>(p);
 }
+// A routing map [T, K] with distinct experts per token (as top-k gives); drop > 0 marks that
+// fraction of the slots dropped (-1). Seeded, so every backend sees the same map.
+std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double drop,
+                                      uint32_t seed);
 std::vector<bf16> to_bf16(const std::vector<float>& x);        // cast_f32_to_bf16_ref
 std::vector<float> bf16_rounded(const std::vector<float>& x);  // round_f32_to_bf16_ref
 

@@ -22,28 +22,15 @@ struct Routing {
   std::vector<int32_t> idx;
 };
 
-// Distinct experts per token (as top-k gives), some slots dropped.
-std::vector<int32_t> distinct(int64_t T, int64_t K, int64_t E, double drop, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  std::vector<int32_t> idx(T * K), perm(E);
-  for (int64_t t = 0; t < T; ++t) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), gen);
-    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = u(gen) < drop ? -1 : perm[k];
-  }
-  return idx;
-}
-
 const std::vector<Routing>& routings() {
   static const std::vector<Routing> r = {
       {"T1K1E1", 1, 1, 1, {0}},
       {"K1_all_to_one_expert", 13, 1, 8, std::vector<int32_t>(13, 5)},  // 7 experts empty
-      {"K2_random", 13, 2, 8, distinct(13, 2, 8, 0.0, 1)},              // T K = 26
-      {"K3_drops", 13, 3, 7, distinct(13, 3, 7, 0.3, 2)},               // T K = 39
-      {"K_equals_E", 13, 4, 4, distinct(13, 4, 4, 0.0, 3)},
-      {"K_equals_E_drops", 11, 5, 5, distinct(11, 5, 5, 0.2, 4)},
-      {"big_drops", 203, 8, 64, distinct(203, 8, 64, 0.1, 5)},
+      {"K2_random", 13, 2, 8, distinct_experts(13, 2, 8, 0.0, 1)},  // T K = 26
+      {"K3_drops", 13, 3, 7, distinct_experts(13, 3, 7, 0.3, 2)},   // T K = 39
+      {"K_equals_E", 13, 4, 4, distinct_experts(13, 4, 4, 0.0, 3)},
+      {"K_equals_E_drops", 11, 5, 5, distinct_experts(11, 5, 5, 0.2, 4)},
+      {"big_drops", 203, 8, 64, distinct_experts(203, 8, 64, 0.1, 5)},
       {"all_dropped", 5, 2, 3, std::vector<int32_t>(10, -1)},
   };
   return r;
@@ -52,7 +39,7 @@ const std::vector<Routing>& routings() {
 struct Map {
   int64_t N = 0;
   std::vector<int64_t> counts;
-  std::vector<int32_t> row_token, row_slot, token_rows;  // row_* sized T * K, valid to N
+  std::vector<int32_t> row_token, row_slot, token_rows;  // row_* sized T * K: pad rows past N
 };
 
 Map ref_map(const Routing& r) {
@@ -78,6 +65,20 @@ int64_t ref_padded(const Routing& r, int64_t cap, Map& m) {
 
 int64_t max_count(const Map& m) {
   return m.counts.empty() ? 0 : *std::max_element(m.counts.begin(), m.counts.end());
+}
+
+// Every routing's reference map, packed and padded to one row more than its largest count:
+// body(routing, map, rows, padded).
+void for_each_map(
+    const std::function<void(const Routing&, const Map&, int64_t rows, bool padded)>& body) {
+  for (const Routing& r : routings()) {
+    Map m = ref_map(r);
+    for (int padded = 0; padded < 2; ++padded) {
+      int64_t rows = m.N;
+      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
+      body(r, m, rows, padded != 0);
+    }
+  }
 }
 
 void build_permutation_case(const Exec& ex) {
@@ -132,50 +133,40 @@ void pad_permutation_case(const Exec& ex) {
 template <typename T>
 void row_probs(const Exec& ex) {
   uint32_t seed = 10;
-  for (const Routing& r : routings()) {
-    Map m = ref_map(r);
-    for (int padded = 0; padded < 2; ++padded) {
-      int64_t rows = m.N;
-      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
-      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows);
-      const auto probs = random_vec<T>(r.T * r.K, seed++);
-      std::vector<T> p_ref(rows);
-      Guarded<T> p = nan_out<T>(rows);
-      ops::gather_row_probs(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(), rows,
-                            r.K);
-      ops::gather_row_probs_ref(p_ref.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
-                                rows, r.K);
-      expect_bitwise(p, p_ref.data(), "p_N");
-      const auto dp = random_vec<T>(rows, seed++);
-      std::vector<T> dprobs_ref(r.T * r.K);
-      Guarded<T> dprobs = nan_out<T>(r.T * r.K);
-      ops::scatter_row_probs(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
-      ops::scatter_row_probs_ref(dprobs_ref.data(), dp.data(), m.token_rows.data(), r.T * r.K);
-      expect_bitwise(dprobs, dprobs_ref.data(), "dprobs_TK");
-    }
-  }
+  for_each_map([&](const Routing& r, const Map& m, int64_t rows, bool padded) {
+    BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows);
+    const auto probs = random_vec<T>(r.T * r.K, seed++);
+    std::vector<T> p_ref(rows);
+    Guarded<T> p = nan_out<T>(rows);
+    ops::gather_row_probs(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(), rows,
+                          r.K);
+    ops::gather_row_probs_ref(p_ref.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
+                              rows, r.K);
+    expect_bitwise(p, p_ref.data(), "p_N");
+    const auto dp = random_vec<T>(rows, seed++);
+    std::vector<T> dprobs_ref(r.T * r.K);
+    Guarded<T> dprobs = nan_out<T>(r.T * r.K);
+    ops::scatter_row_probs(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+    ops::scatter_row_probs_ref(dprobs_ref.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+    expect_bitwise(dprobs, dprobs_ref.data(), "dprobs_TK");
+  });
 }
 
 // permute_rows on packed and padded maps (pad rows zero): a gather, bitwise.
 template <typename T>
 void permute_rows_case(const Exec& ex) {
   uint32_t seed = 20;
-  for (const Routing& r : routings()) {
-    Map m = ref_map(r);
-    for (int padded = 0; padded < 2; ++padded) {
-      int64_t rows = m.N;
-      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
-      for (int64_t H : {1, 7, 37}) {
-        BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
-        const auto x = random_vec<T>(r.T * H, seed++);
-        std::vector<T> y_ref(rows * H);
-        Guarded<T> y = nan_out<T>(rows * H);
-        ops::permute_rows(ex, y.data(), x.data(), m.row_token.data(), rows, H);
-        ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
-        expect_bitwise(y, y_ref.data(), "y_NH");
-      }
+  for_each_map([&](const Routing& r, const Map& m, int64_t rows, bool padded) {
+    for (int64_t H : {1, 7, 37}) {
+      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+      const auto x = random_vec<T>(r.T * H, seed++);
+      std::vector<T> y_ref(rows * H);
+      Guarded<T> y = nan_out<T>(rows * H);
+      ops::permute_rows(ex, y.data(), x.data(), m.row_token.data(), rows, H);
+      ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
+      expect_bitwise(y, y_ref.data(), "y_NH");
     }
-  }
+  });
 }
 
 // unpermute_rows sums a token's kept rows in k order; the reference sums in f64, so random
@@ -183,28 +174,23 @@ void permute_rows_case(const Exec& ex) {
 template <typename T>
 void unpermute_rows_case(const Exec& ex) {
   uint32_t seed = 30;
-  for (const Routing& r : routings()) {
-    Map m = ref_map(r);
-    for (int padded = 0; padded < 2; ++padded) {
-      int64_t rows = m.N;
-      if (padded) rows = ref_padded(r, max_count(m) + 1, m);
-      for (int64_t H : {1, 7, 37}) {
-        BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
-        const auto x = random_vec<T>(rows * H, seed++);
-        std::vector<T> y_ref(r.T * H);
-        Guarded<T> y = nan_out<T>(r.T * H);
-        ops::unpermute_rows(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
-        ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
-        expect_close(y, y_ref.data(), "y_TH");
-        std::vector<T> xi(rows * H);
-        for (int64_t i = 0; i < rows * H; ++i) xi[i] = T(int(i % 11) - 5);
-        Guarded<T> yi = nan_out<T>(r.T * H);
-        ops::unpermute_rows(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
-        ops::unpermute_rows_ref(y_ref.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
-        expect_bitwise(yi, y_ref.data(), "y_TH, small integers");
-      }
+  for_each_map([&](const Routing& r, const Map& m, int64_t rows, bool padded) {
+    for (int64_t H : {1, 7, 37}) {
+      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+      const auto x = random_vec<T>(rows * H, seed++);
+      std::vector<T> y_ref(r.T * H);
+      Guarded<T> y = nan_out<T>(r.T * H);
+      ops::unpermute_rows(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      expect_close(y, y_ref.data(), "y_TH");
+      std::vector<T> xi(rows * H);
+      for (int64_t i = 0; i < rows * H; ++i) xi[i] = T(int(i % 11) - 5);
+      Guarded<T> yi = nan_out<T>(r.T * H);
+      ops::unpermute_rows(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+      ops::unpermute_rows_ref(y_ref.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+      expect_bitwise(yi, y_ref.data(), "y_TH, small integers");
     }
-  }
+  });
 }
 
 // build_group_permutation against its definition, bitwise: one rank and two or three, each
@@ -266,7 +252,9 @@ void build_group_permutation_case(const Exec& ex) {
       if (c.cap > 0 && G > 0) {  // one row over capacity is refused
         std::vector<int32_t> over = idx;
         int64_t on_first = 0;
-        for (int64_t i = tok_off[me] * K; i < tok_off[me + 1] * K; ++i) on_first += over[i] == me * L;
+        for (int64_t i = tok_off[me] * K; i < tok_off[me + 1] * K; ++i) {
+          on_first += over[i] == me * L;
+        }
         for (int64_t i = tok_off[me] * K; i < tok_off[me + 1] * K && on_first <= c.cap; ++i) {
           if (over[i] != me * L) over[i] = static_cast<int32_t>(me * L), ++on_first;
         }

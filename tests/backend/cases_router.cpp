@@ -38,18 +38,6 @@ struct TE {
 // T = 0, E = 1, E not divisible by 8, a parallel shape.
 const TE kScoreShapes[] = {{1, 1}, {3, 2}, {13, 7}, {5, 64}, {70, 256}, {0, 8}};
 
-// Distinct experts per token (as top-k gives); drop > 0 marks some slots dropped (-1).
-std::vector<int32_t> distinct(int64_t T, int64_t K, int64_t E, double drop, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  std::vector<int32_t> idx(T * K), perm(E);
-  for (int64_t t = 0; t < T; ++t) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), gen);
-    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = drop > 0 && u(gen) < drop ? -1 : perm[k];
-  }
-  return idx;
-}
 
 // ---- router_scores.h ----
 
@@ -172,7 +160,7 @@ void topk_prefix_case(const Exec& ex) {
                  Case{11, 5, 6}, Case{0, 2, 4}}) {
     for (int64_t K1 : {c.K, std::min(c.K + 1, c.E)}) {
       BACKEND_TRACE("T=" << c.T << " K=" << c.K << " K1=" << K1 << " E=" << c.E);
-      const auto idx1 = distinct(c.T, K1, c.E, 0.0, seed++);
+      const auto idx1 = distinct_experts(c.T, K1, c.E, 0.0, seed++);
       std::vector<int32_t> idx_ref(c.T * c.K);
       ops::topk_prefix_ref(idx_ref.data(), idx1.data(), c.T, c.K, K1);
       Guarded<int32_t> idx(c.T * c.K, -7);
@@ -244,7 +232,7 @@ void gather_topk_probs_case(const Exec& ex) {
   uint32_t seed = 240;
   for (auto c : kProbsCases) {
     const auto src = random_vec<double>(c.T * c.E, seed++, 0.01, 1);
-    const auto idx = distinct(c.T, c.K, c.E, 0.0, seed++);
+    const auto idx = distinct_experts(c.T, c.K, c.E, 0.0, seed++);
     std::vector<double> v_ref(c.T * c.K);
     ops::gather_topk_ref(v_ref.data(), src.data(), idx.data(), c.T, c.E, c.K);
     {
@@ -276,7 +264,7 @@ void kept_prob_grads_case(const Exec& ex) {
     const int64_t TK = c.T * c.K;
     for (double drop : {0.0, 0.3}) {
       BACKEND_TRACE(dtype_name<T>() << " T=" << c.T << " K=" << c.K << " drop=" << drop);
-      const auto idx = distinct(c.T, c.K, c.E, drop, seed++);
+      const auto idx = distinct_experts(c.T, c.K, c.E, drop, seed++);
       const auto dp = random_vec<T>(TK, seed++);
       std::vector<double> g_ref(TK);
       ops::kept_prob_grads_ref(g_ref.data(), dp.data(), idx.data(), 0.5, TK);
@@ -300,7 +288,7 @@ void topk_probs_backward_case(const Exec& ex) {
         BACKEND_TRACE(probs_name(fn) << " " << score_name(score) << " T=" << c.T << " E=" << c.E
                                      << " K=" << c.K);
         const auto l = random_vec<double>(c.T * c.E, seed++, -3, 3);
-        const auto idx = distinct(c.T, c.K, c.E, 0.0, seed++);
+        const auto idx = distinct_experts(c.T, c.K, c.E, 0.0, seed++);
         const auto g = random_vec<double>(c.T * c.K, seed++);
         std::vector<double> s(c.T * c.E), v(c.T * c.K);
         const ScoreFn sf = fn == ProbsFn::SoftmaxOverE ? ScoreFn::Softmax : score;

@@ -2,7 +2,10 @@
 // (Backend/Ops.Run/<backend>_<case>), and the check that the table covers every op of
 // src/ops/*.h. A case that cannot run on a backend (no CUDA build, no device, or no kernel for
 // the op there yet) is reported as skipped, "not run: <reason>", never as passed.
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -49,6 +52,19 @@ const std::vector<OpCase>& op_cases() {
     return c;
   }();
   return all;
+}
+
+std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double drop,
+                                      uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int32_t> idx(T * K), perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), gen);
+    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = drop > 0 && u(gen) < drop ? -1 : perm[k];
+  }
+  return idx;
 }
 
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
