@@ -76,6 +76,7 @@ TEST(Arena, MemorySpaces) {
     for (int i = 0; i < 100; ++i) EXPECT_EQ(p[i], 0) << i;
     p[99] = 5;  // host-writable
   }
+  EXPECT_THROW(exec_alloc(cpu_exec(), MemSpace::Device, 0), Error);  // names the space
 #ifndef MOECORE_HAVE_CUDA
   Exec cuda;
   cuda.device = Device::CUDA;

@@ -172,5 +172,17 @@ TEST(TokenLayout, SequenceMajorEqualsTheDefinitionAndCountsTargets) {
   }
 }
 
+// Bad shapes of the layout ops stop with the op's name and the values.
+TEST(TokenLayout, SequencePositionsRefuseABatchOfZero) {
+  std::vector<int32_t> pos(4);
+  try {
+    ops::sequence_positions(cpu_exec(), pos.data(), 4, 0);
+    ADD_FAILURE() << "B = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[positions] n_tok=4 B=0"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace moecore::ops

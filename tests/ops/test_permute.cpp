@@ -297,5 +297,20 @@ TEST(Permute, GradientsMatchFiniteDifferences) {
   }
 }
 
+// A chunk with a negative row count or offset (a corrupted plan) stops naming the chunk.
+TEST(Permute, CopyRowChunksRefusesNegativeChunks) {
+  std::vector<float> src(8, 1.f), dst(8, 0.f);
+  const std::vector<int64_t> dst_off = {0, 2}, src_off = {0, 4}, rows = {2, -1};
+  try {
+    ops::copy_row_chunks(cpu_exec(), dst.data(), src.data(), dst_off.data(), src_off.data(),
+                         rows.data(), 2, 2);
+    ADD_FAILURE() << "a chunk of -1 rows accepted";
+  } catch (const moecore::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[copy_row_chunks] chunk 1: -1 rows"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace moecore::testing
