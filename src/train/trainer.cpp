@@ -63,14 +63,16 @@ void check_parallel_support(const parallel::ParallelConfig& p) {
 template <typename T>
 BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
                               const parallel::ProcessGroups* groups)
-    : model_cfg_(model_cfg), cfg_(cfg), groups_(groups) {
+    : model_cfg_(model_cfg),
+      cfg_(cfg),
+      groups_(groups),
+      exec_(make_exec(parse_device(cfg_.device))),  // first: a missing device says so
+      // Phase boundaries timed where the ops run (stream events on a device).
+      profiler_(make_phase_timer(exec_, PhaseProfiler::kDefaultMarks)) {
   {
-    const Device device = parse_device(cfg_.device);
-    exec_ = make_exec(device);  // first: a build or machine without the device says so
-    // Phase boundaries timed where the ops run (stream events on a device).
-    profiler_ = PhaseProfiler(make_phase_timer(exec_, PhaseProfiler::kDefaultMarks));
     std::string why;
-    MOE_CHECK(training_step_supported(device, &why), "[train] --device {}: {}", cfg_.device, why);
+    MOE_CHECK(training_step_supported(exec_.device, &why), "[train] --device {}: {}", cfg_.device,
+              why);
   }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   if (groups_ != nullptr) {
