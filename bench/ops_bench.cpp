@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "core/profiler.h"
 #include "ops/adamw.h"
 #include "ops/cast.h"

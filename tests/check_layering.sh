@@ -8,11 +8,11 @@ declare -A allowed=(
   [core]=""
   [ops]="core"
   [nn]="core ops"
-  [parallel]="core"
+  [parallel]="core ops nn"
   [moe]="core ops nn parallel"
   [model]="core ops nn parallel moe"
   [data]="core"
-  [optim]="core ops parallel"
+  [optim]="core ops nn parallel"
   [plan]="core ops nn parallel moe model data optim train"
   [train]="core ops nn parallel moe model data optim"
 )

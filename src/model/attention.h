@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "model/config.h"
 #include "ops/attention.h"
 #include "ops/rope.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "model/config.h"
 #include "model/transformer_block.h"
 #include "ops/cross_entropy.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "moe/config.h"
 
 namespace moecore::moe {

@@ -5,7 +5,7 @@
 
 #include <functional>
 
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "optim/optimizer.h"
 
 namespace moecore::optim {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "ops/adamw.h"
 
 namespace moecore::optim {

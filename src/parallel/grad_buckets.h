@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "parallel/communicator.h"
 #include "parallel/process_groups.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/arena.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "testing.h"
 
 namespace moecore::testing {

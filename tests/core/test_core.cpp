@@ -10,7 +10,7 @@
 #include "common/testing.h"
 #include "core/arena.h"
 #include "core/check.h"
-#include "core/param_registry.h"
+#include "nn/param_registry.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 

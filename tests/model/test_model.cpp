@@ -198,7 +198,7 @@ TEST(GPTModel, StepReportHoldsEachMicroBatchsResults) {
   targets[1][0] = targets[1][7] = -1;  // micro-batch 1 counts 8 of 10 tokens
   std::vector<ops::MicroBatchReport> report(2);
   std::vector<int64_t> tokens(2 * E);
-  std::memset(report.data(), 0xff, sizeof(ops::MicroBatchReport) * 2);  // stale bytes
+  std::memset(static_cast<void*>(report.data()), 0xff, sizeof(ops::MicroBatchReport) * 2);  // stale
   std::fill(tokens.begin(), tokens.end(), -3);
   step.params().zero_grads();
   host.params().zero_grads();
@@ -341,8 +341,12 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
     ASSERT_TRUE(q.data16 != nullptr || q.data16w != nullptr) << q.name();
     for (int64_t i = 0; i < std::min<int64_t>(q.local_numel(), 16); ++i) {
       const bf16 expect = float_to_bf16(q.data_as<float>()[i]);
-      if (q.data16 != nullptr) EXPECT_EQ(q.data16[i].bits, expect.bits) << q.name();
-      if (q.data16w != nullptr) EXPECT_EQ(q.data16w[i], bf16_to_float(expect)) << q.name();
+      if (q.data16 != nullptr) {
+        EXPECT_EQ(q.data16[i].bits, expect.bits) << q.name();
+      }
+      if (q.data16w != nullptr) {
+        EXPECT_EQ(q.data16w[i], bf16_to_float(expect)) << q.name();
+      }
     }
   }
   EXPECT_EQ(m32.params().get("output_layer.weight").data16, nullptr);

@@ -86,6 +86,7 @@ class ParamRegistry {
     bf16_widened_ = widened;
   }
   bool has_bf16_copies() const { return bf16_copies_; }
+  // The copies from the values, with the cast ops on the arena's context.
   void refresh_bf16();
   // For an optimizer that rewrote every bf16 copy of `kind` in the pass that updated the values
   // (ops::adamw_step's p16): the next refresh_bf16() skips that kind instead of converting its
@@ -95,7 +96,10 @@ class ParamRegistry {
 
   // Two passes like every arena user: flat value and gradient buffers per kind.
   void allocate(Arena& arena);
+  // Writes every value on the host, before step 0 (a pure function of the seed, the name and
+  // the global index).
   void init(uint64_t seed);
+  // Clears the gradients (ops::zero on the arena's context: part of the step).
   void zero_grads();
   // Digest of the values of `kind` held here: a sum over elements of a hash of (name, global
   // index, value bits), so the digests of ranks holding disjoint slices add up (mod 2^64) to the

@@ -1,11 +1,10 @@
-#include "core/param_registry.h"
-
-#include <omp.h>
+#include "nn/param_registry.h"
 
 #include <bit>
-#include <cstring>
 
 #include "core/rng.h"
+#include "ops/cast.h"
+#include "ops/memory.h"
 
 namespace moecore {
 
@@ -191,33 +190,17 @@ void ParamRegistry::refresh_bf16() {
       continue;
     }
     const float* src = static_cast<const float*>(data_[k]);
-    bf16* dst = data16_[k];
-    float* wide = data16w_[k];
-    if (wide != nullptr) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < numel_[k]; ++i) wide[i] = bf16_to_float(float_to_bf16(src[i]));
-    } else {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < numel_[k]; ++i) dst[i] = float_to_bf16(src[i]);
-    }
+    if (data16w_[k] != nullptr)
+      ops::round_f32_to_bf16(*ex_, data16w_[k], src, numel_[k]);
+    else
+      ops::cast_f32_to_bf16(*ex_, data16_[k], src, numel_[k]);
   }
 }
 
-// One contiguous piece per thread: glibc's memset streams (non-temporal stores) only large
-// pieces, and one thread's memset of the ~250 MB of gradients runs at one core's store bandwidth
-// (bench-small: 8 ms on one thread, 4.4 ms on two; 1 MiB pieces were slower than one thread).
 void ParamRegistry::zero_grads() {
-  const int64_t esize = static_cast<int64_t>(dtype_size(dtype_));
-  constexpr int64_t kParallelMinBytes = int64_t{1} << 22;
-#pragma omp parallel if ((numel_[0] + numel_[1]) * esize >= kParallelMinBytes)
-  {
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    for (int k = 0; k < 2; ++k) {
-      if (grad_[k] == nullptr) continue;
-      const int64_t bytes = numel_[k] * esize;
-      const int64_t b0 = bytes * id / nt, b1 = bytes * (id + 1) / nt;
-      std::memset(static_cast<char*>(grad_[k]) + b0, 0, static_cast<size_t>(b1 - b0));
-    }
+  for (int k = 0; k < 2; ++k) {
+    if (grad_[k] != nullptr)
+      ops::zero(*ex_, static_cast<char*>(grad_[k]), numel_[k] * int64_t(dtype_size(dtype_)));
   }
 }
 
