@@ -90,11 +90,11 @@ int main(int argc, char** argv) {
     auto da = rand_vec<float>(N * F, 3);
     std::vector<float> a(N * F), dh(N * 2 * F), dp(N);
     bench("swiglu_forward", "N=4096 F=512 with p", f4 * (N * 2 * F + N + N * F),
-          [&] { ops::swiglu_forward(cpu_exec(), a.data(), h.data(), p.data(), N, F); });
+          [&] { ops::swiglu_forward<float>(cpu_exec(), a.data(), h.data(), p.data(), N, F); });
     bench("swiglu_backward", "N=4096 F=512 with p", f4 * (N * 2 * F + 2 * N + N * F + N * 2 * F),
           [&] {
-            ops::swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), p.data(), N,
-                                 F);
+            ops::swiglu_backward<float>(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(),
+                                        p.data(), N, F);
           });
   }
   {  // Output head + cross entropy (the model's chunk of 1024 tokens), GEMMs subtracted.
@@ -122,15 +122,15 @@ int main(int argc, char** argv) {
       bench(
           "head_loss_forward - GEMM", shape, f4 * T * V,
           [&] {
-            ops::head_loss_forward(cpu_exec(), &loss_sum, loss.data(), lse.data(), h.data(),
-                                   w.data(), tgt.data(), s, ws.data(), b);
+            ops::head_loss_forward<float>(cpu_exec(), &loss_sum, loss.data(), lse.data(), h.data(),
+                                          w.data(), tgt.data(), s, ws.data(), b);
           },
           gemm_s);
       bench(
           "head_loss_backward - GEMMs", shape, f4 * T * V + (b ? b2 : f4) * T * V,
           [&] {
-            ops::head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(),
-                                    tgt.data(), lse.data(), &dloss, s, ws.data(), b);
+            ops::head_loss_backward<float>(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(),
+                                           tgt.data(), lse.data(), &dloss, s, ws.data(), b);
           },
           gemm_s);
     }
@@ -139,11 +139,12 @@ int main(int argc, char** argv) {
     auto x = rand_vec<float>(T * H, 6), w = rand_vec<float>(H, 7), dy = rand_vec<float>(T * H, 8);
     std::vector<float> y(T * H), rstd(T), dx(T * H), dw(H);
     bench("rmsnorm_forward", "T=2048 H=512", f4 * (2 * T * H + T), [&] {
-      ops::rmsnorm_forward(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T, H, 1e-6);
+      ops::rmsnorm_forward<float>(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T, H,
+                                  1e-6);
     });
     bench("rmsnorm_backward", "T=2048 H=512", f4 * (3 * T * H + T), [&] {
-      ops::rmsnorm_backward(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
-                            rstd.data(), T, H);
+      ops::rmsnorm_backward<float>(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                   rstd.data(), T, H);
     });
   }
   {  // RoPE in place on q (8 heads; k has 2), token t = s * B + b at position t / 8.
@@ -151,10 +152,12 @@ int main(int argc, char** argv) {
     std::vector<int32_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t / 8);
     auto q = rand_vec<float>(T * Hq * D, 9);
-    bench("rope_forward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D,
-          [&] { ops::rope_forward(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache); });
-    bench("rope_backward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D,
-          [&] { ops::rope_backward(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache); });
+    bench("rope_forward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D, [&] {
+      ops::rope_forward<float>(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache);
+    });
+    bench("rope_backward (q)", "T=2048 heads=8 D=64", f4 * 2 * T * Hq * D, [&] {
+      ops::rope_backward<float>(cpu_exec(), q.data(), q.data(), pos.data(), T, Hq, cache);
+    });
   }
   {  // The largest bf16 GEMM input: dh of the routed experts.
     auto x = rand_vec<float>(N * 2 * F, 10);
@@ -170,10 +173,12 @@ int main(int argc, char** argv) {
     std::vector<float> y(T * H), dw(V * H);
     std::vector<int32_t> ids(T);
     for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 104729) % V);
-    bench("embedding_forward", "T=2048 H=512 V=8192", f4 * 2 * T * H,
-          [&] { ops::embedding_forward(cpu_exec(), y.data(), ids.data(), w.data(), T, H, V); });
-    bench("embedding_backward", "T=2048 H=512 V=8192", f4 * 3 * T * H,
-          [&] { ops::embedding_backward(cpu_exec(), dw.data(), dy.data(), ids.data(), T, H, V); });
+    bench("embedding_forward", "T=2048 H=512 V=8192", f4 * 2 * T * H, [&] {
+      ops::embedding_forward<float>(cpu_exec(), y.data(), ids.data(), w.data(), T, H, V);
+    });
+    bench("embedding_backward", "T=2048 H=512 V=8192", f4 * 3 * T * H, [&] {
+      ops::embedding_backward<float>(cpu_exec(), dw.data(), dy.data(), ids.data(), T, H, V);
+    });
   }
   // The optimizer over bench-small's parameters (the model's shapes and kinds).
   // Compute copies: none (fp32), bf16 (native bf16 GEMMs), bf16 values widened to f32 (widen).
@@ -204,7 +209,7 @@ int main(int argc, char** argv) {
     params.init(1);
     auto fill_grads = [&] {
       for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-        float* g = static_cast<float*>(params.flat_grad(k));
+        float* g = static_cast<float*>(raw_ptr(params.flat_grad(k)));
         for (int64_t i = 0; i < params.numel(k); ++i) g[i] = 1e-3f * float(i % 97 - 48);
       }
     };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The folder layering of src/ (docs/design.md, "Layout"): each folder includes only itself and
 # the folders listed for it, so the architecture stays a stack without cycles. A new folder must
-# be added here. Usage: check_layering.sh SRC_DIR (exit 1 names every offending include).
+# be added here. And no layer takes a raw address of device memory (raw_ptr, core/dev_ptr.h).
+# Usage: check_layering.sh SRC_DIR (exit 1 names every offending include or call).
 set -euo pipefail
 src=${1:?usage: check_layering.sh SRC_DIR}
 declare -A allowed=(
@@ -35,4 +36,13 @@ for dir in "$src"/*/; do
   done < <(grep -rnoE '^#include "[a-z_]+/' "$dir" | sed -E 's/:[0-9]+:/:/')
 done
 [[ $status == 0 ]] && echo "[layering] src/ folders include only what they may"
+
+# The layers hold device addresses (core/dev_ptr.h) and touch their memory only through ops:
+# raw_ptr(), the address as a host pointer, is for ops, communicators and the host's own
+# staging. The parameter registry's init and digest run on the host before and after steps.
+while IFS= read -r hit; do
+  echo "${hit#"$src"/}: raw_ptr() in a layer: element work is an op (src/ops/), a host read is ops::read_back"
+  status=1
+done < <(grep -rn 'raw_ptr(' "$src"/moe "$src"/model "$src"/nn "$src"/optim | grep -v '^[^:]*nn/param_registry\.cpp:')
+[[ $status == 0 ]] && echo "[layering] no layer takes a raw address of device memory"
 exit $status

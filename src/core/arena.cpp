@@ -33,7 +33,7 @@ int Arena::overlay_index(std::string_view name) {
   return static_cast<int>(overlays_.size()) - 1;
 }
 
-void* Arena::alloc_bytes(size_t bytes, std::string_view name, MemKind kind) {
+DevPtr<void> Arena::alloc_bytes(size_t bytes, std::string_view name, MemKind kind) {
   MOE_CHECK(mode_ != Mode::Frozen,
             "[arena] buffer '{}' ({} bytes) requested after freeze(): memory must be planned "
             "before step 0",

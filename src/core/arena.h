@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore {
@@ -55,11 +56,23 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
+  // A buffer of n elements in the arena's memory space: an address for ops (no element access;
+  // core/dev_ptr.h). Null in the planning pass.
   template <typename T>
-  T* alloc(int64_t n, std::string_view name, MemKind kind = MemKind::Activations) {
-    return static_cast<T*>(alloc_bytes(static_cast<size_t>(n) * sizeof(T), name, kind));
+  DevPtr<T> alloc(int64_t n, std::string_view name, MemKind kind = MemKind::Activations) {
+    return dev_ptr_cast<T>(alloc_bytes(static_cast<size_t>(n) * sizeof(T), name, kind));
   }
-  void* alloc_bytes(size_t bytes, std::string_view name, MemKind kind);
+  // The same, as a host pointer: only in a PinnedHost arena, whose memory the host reads and
+  // writes (the staging of a step's inputs and report).
+  template <typename T>
+  T* alloc_host(int64_t n, std::string_view name, MemKind kind = MemKind::Activations) {
+    MOE_CHECK(space_ == MemSpace::PinnedHost,
+              "[arena] host buffer '{}' asked of an arena in {} memory: the host reads and "
+              "writes only a pinned-host arena",
+              name, mem_space_name(space_));
+    return static_cast<T*>(raw_ptr(alloc_bytes(static_cast<size_t>(n) * sizeof(T), name, kind)));
+  }
+  DevPtr<void> alloc_bytes(size_t bytes, std::string_view name, MemKind kind);
 
   // Runs layout(arena) twice (planning, then allocating) and freezes: the usual way to set up.
   template <typename Layout>

@@ -102,8 +102,8 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
 
 // The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.
 template <typename T>
-void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N,
-                                      int64_t K, bool x_rounded) {
+void SelfAttention<T>::linear_forward(DevPtr<T> y, DevPtr<const T> x, const Param& w, int64_t M,
+                                      int64_t N, int64_t K, bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
       return ops::linear_forward_bf16(*ex_, y, x, w.data16, M, N, K, in16_, ws32_, w.data16w,
@@ -114,8 +114,9 @@ void SelfAttention<T>::linear_forward(T* y, const T* x, const Param& w, int64_t 
 }
 
 template <typename T>
-void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M,
-                                       int64_t N, int64_t K, bool x_rounded) {
+void SelfAttention<T>::linear_backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> x,
+                                       const Param& w, int64_t M, int64_t N, int64_t K,
+                                       bool x_rounded) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_) {
       return ops::linear_backward_bf16(*ex_, dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_,
@@ -126,7 +127,7 @@ void SelfAttention<T>::linear_backward(T* dx, const T* dy, const T* x, const Par
 }
 
 template <typename T>
-void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
+void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
@@ -150,7 +151,7 @@ void SelfAttention<T>::forward(T* y_TH, const T* x_TH) {
 }
 
 template <typename T>
-void SelfAttention<T>::backward(T* dx_TH, const T* dy_TH) {
+void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const int64_t n = shape_.S * shape_.B;
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (recompute_core_) {

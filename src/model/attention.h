@@ -18,16 +18,16 @@ namespace moecore::model {
 
 template <typename T>
 struct AttentionSaved {
-  const T* x_TH = nullptr;  // block input (normed), owned by the caller until backward
-  T* q_raw = nullptr;       // [S, B, Hq, D] before qk-layernorm (when enabled)
-  T* k_raw = nullptr;       // [S, B, Hkv, D]
-  T* rstd_q = nullptr;      // [S, B, Hq] qk-layernorm statistics
-  T* rstd_k = nullptr;      // [S, B, Hkv]
-  T* q = nullptr;           // [S, B, Hq, D] after RoPE
-  T* k = nullptr;           // [S, B, Hkv, D] after RoPE
-  T* v = nullptr;           // [S, B, Hkv, D]
-  T* core_out = nullptr;    // [S, B, Hq, D]
-  T* lse = nullptr;         // [B, Hq, S]
+  DevPtr<const T> x_TH = nullptr;  // block input (normed), owned by the caller until backward
+  DevPtr<T> q_raw = nullptr;       // [S, B, Hq, D] before qk-layernorm (when enabled)
+  DevPtr<T> k_raw = nullptr;       // [S, B, Hkv, D]
+  DevPtr<T> rstd_q = nullptr;      // [S, B, Hq] qk-layernorm statistics
+  DevPtr<T> rstd_k = nullptr;      // [S, B, Hkv]
+  DevPtr<T> q = nullptr;           // [S, B, Hq, D] after RoPE
+  DevPtr<T> k = nullptr;           // [S, B, Hkv, D] after RoPE
+  DevPtr<T> v = nullptr;           // [S, B, Hkv, D]
+  DevPtr<T> core_out = nullptr;    // [S, B, Hq, D]
+  DevPtr<T> lse = nullptr;         // [B, Hq, S]
 };
 
 template <typename T>
@@ -43,16 +43,16 @@ class SelfAttention {
   // allocate(), the block says so with input_rounded() when widened_bf16().
   bool widened_bf16() const { return bf16_ && qkv_->has_data16w; }
   void input_rounded() { x_rounded_ = widened_bf16(); }
-  void forward(T* y_TH, const T* x_TH);
-  void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // x_rounded: x holds bf16 values already (the QKV input after input_rounded()).
-  void linear_forward(T* y, const T* x, const Param& w, int64_t M, int64_t N, int64_t K,
-                      bool x_rounded = false);
-  void linear_backward(T* dx, const T* dy, const T* x, const Param& w, int64_t M, int64_t N,
-                       int64_t K, bool x_rounded = false);
+  void linear_forward(DevPtr<T> y, DevPtr<const T> x, const Param& w, int64_t M, int64_t N,
+                      int64_t K, bool x_rounded = false);
+  void linear_backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> x, const Param& w,
+                       int64_t M, int64_t N, int64_t K, bool x_rounded = false);
 
   int64_t H_, Hq_, Hkv_, D_;
   const ops::RopeCache& rope_;
@@ -65,18 +65,18 @@ class SelfAttention {
   Param* proj_;  // [H, Hq D]
   ops::AttentionShape shape_;
   AttentionSaved<T> saved_;
-  int32_t* pos_T_ = nullptr;  // token positions, filled once (MemKind::State)
-  T* qkv_TC_ = nullptr;       // projection output / its gradient
-  T* dq_ = nullptr;
-  T* dk_ = nullptr;
-  T* dv_ = nullptr;
-  T* dcore_ = nullptr;
-  T* workspace_ = nullptr;
+  DevPtr<int32_t> pos_T_ = nullptr;  // token positions, filled once (MemKind::State)
+  DevPtr<T> qkv_TC_ = nullptr;       // projection output / its gradient
+  DevPtr<T> dq_ = nullptr;
+  DevPtr<T> dk_ = nullptr;
+  DevPtr<T> dv_ = nullptr;
+  DevPtr<T> dcore_ = nullptr;
+  DevPtr<T> workspace_ = nullptr;
   bool bf16_ = false;       // --bf16: bf16 GEMM inputs, f32 accumulation
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
-  bf16* in16_ = nullptr;    // --bf16 on the native path: the GEMM inputs cast to bf16
-  bf16* dy16_ = nullptr;
-  float* ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands
+  DevPtr<bf16> in16_ = nullptr;  // --bf16 on the native path: the GEMM inputs cast to bf16
+  DevPtr<bf16> dy16_ = nullptr;
+  DevPtr<float> ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands
 };
 
 }  // namespace moecore::model

@@ -145,7 +145,8 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
   const int64_t E = cfg_.num_experts;
   if (E > 0) ops::zero(ex, io.tokens_per_expert_E, E);
   // [B, S] -> sequence-major tokens t = s * B + b.
-  ops::tokens_to_sequence_major(ex, ids_T_, targets_T_, &io.report->counted, io.ids_BS,
+  ops::tokens_to_sequence_major(ex, ids_T_, targets_T_,
+                                member_ptr(io.report, &ops::MicroBatchReport::counted), io.ids_BS,
                                 io.targets_BS, B_, S_);
   const int64_t H = cfg_.hidden;
   ops::embedding_forward(ex, stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
@@ -160,22 +161,23 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
   }
   ops::rmsnorm_forward(ex, final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
                        cfg_.norm_eps);
-  ops::head_loss_forward(ex, &io.report->lm_loss_sum, loss_T_, lse_T_, final_n_,
-                         head_->data_as<T>(), targets_T_, head_shape_, head_ws_,
+  ops::head_loss_forward(ex, member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum), loss_T_,
+                         lse_T_, final_n_, head_->data_as<T>(), targets_T_, head_shape_, head_ws_,
                          cfg_.bf16 ? &head16_ : nullptr);
 }
 
 template <typename T>
-double GPTModel<T>::forward(const int32_t* ids_BS, const int32_t* targets_BS) {
+double GPTModel<T>::forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS) {
   forward(MicroBatchIO{ids_BS, targets_BS, own_report_, own_tokens_E_});
-  return mean_loss(*own_report_);
+  return mean_loss(ops::read_value<ops::MicroBatchReport>(arena_.exec(), own_report_));
 }
 
 template <typename T>
 void GPTModel<T>::backward(double loss_grad_scale) {
   const int64_t H = cfg_.hidden;
   MOE_CHECK(io_.report != nullptr, "[model] backward() without a forward");
-  ops::loss_grad_scale(arena_.exec(), dloss_, &io_.report->counted, loss_grad_scale);
+  ops::loss_grad_scale(arena_.exec(), dloss_,
+                       member_ptr(io_.report, &ops::MicroBatchReport::counted), loss_grad_scale);
   ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
                           head_->data_as<T>(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
                           cfg_.bf16 ? &head16_ : nullptr);
@@ -231,7 +233,6 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     const auto& b = blocks_[l];
     if (!b->is_moe()) continue;
     const auto& router = b->moe()->router();
-    const auto& rs = router.saved();
     ++st.num_moe_layers;
     st.aux_value += router.aux_value();
     st.aux_loss += router.aux_loss();
@@ -239,12 +240,12 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     st.z_value += router.z_value();
     for (int i = 0; i < 3; ++i) st.lb_value[i] += router.lb_value(i);
     st.dropped += router.dropped();
-    for (int64_t e = 0; e < cfg_.num_experts; ++e)
-      st.tokens_per_expert[e] += rs.tokens_per_expert_E[e];
     if (st.layers.size() <= n_layers) st.layers.emplace_back();  // the first call only
     MoeLayerStats& ls = st.layers[n_layers++];
     ls.layer = static_cast<int64_t>(l);
     router.stats(&ls.router);
+    for (int64_t e = 0; e < cfg_.num_experts; ++e)
+      st.tokens_per_expert[e] += ls.router.tokens_per_expert[e];
     st.max_over_mean_load = std::max(st.max_over_mean_load, ls.router.max_over_mean_load);
   }
   st.layers.resize(n_layers);

@@ -49,10 +49,11 @@ struct MoeStats {
 // data loader yields them), which the host writes before the step, and its slot of the step
 // report, which the forward's ops write and the host reads once, after the step.
 struct MicroBatchIO {
-  const int32_t* ids_BS = nullptr;
-  const int32_t* targets_BS = nullptr;
-  ops::MicroBatchReport* report = nullptr;
-  int64_t* tokens_per_expert_E = nullptr;  // [E] summed over MoE layers (unused without them)
+  DevPtr<const int32_t> ids_BS = nullptr;
+  DevPtr<const int32_t> targets_BS = nullptr;
+  DevPtr<ops::MicroBatchReport> report = nullptr;
+  // [E] summed over MoE layers (unused without them).
+  DevPtr<int64_t> tokens_per_expert_E = nullptr;
 };
 
 template <typename T>
@@ -77,7 +78,7 @@ class GPTModel {
   // The same on host arrays with the model's own report slot, read back at once: the mean cross
   // entropy over the counted tokens (tests and tools; the trainer reads its report after the
   // step).
-  double forward(const int32_t* ids_BS, const int32_t* targets_BS);
+  double forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS);
   // The mean cross entropy of a report slot (0 when no target counts).
   static double mean_loss(const ops::MicroBatchReport& r) {
     return r.counted > 0 ? r.lm_loss_sum / static_cast<double>(r.counted) : 0.0;
@@ -141,21 +142,21 @@ class GPTModel {
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
   ops::HeadLossShape head_shape_;
-  int32_t* ids_T_ = nullptr;
-  int32_t* targets_T_ = nullptr;
+  DevPtr<int32_t> ids_T_ = nullptr;
+  DevPtr<int32_t> targets_T_ = nullptr;
   MicroBatchIO io_;                             // the last forward's
-  ops::MicroBatchReport* own_report_ = nullptr;  // forward(ids, targets)'s slot
-  int64_t* own_tokens_E_ = nullptr;
-  T* dloss_ = nullptr;  // d(loss) / d(each token's CE): loss_grad_scale / counted
-  std::vector<T*> stream_;  // residual stream at each layer boundary, [L + 1] x [T, H]
-  T* final_n_ = nullptr;
-  T* final_rstd_ = nullptr;
-  T* loss_T_ = nullptr;
-  T* lse_T_ = nullptr;
-  T* head_ws_ = nullptr;
+  DevPtr<ops::MicroBatchReport> own_report_ = nullptr;  // forward(ids, targets)'s slot
+  DevPtr<int64_t> own_tokens_E_ = nullptr;
+  DevPtr<T> dloss_ = nullptr;      // d(loss) / d(each token's CE): loss_grad_scale / counted
+  std::vector<DevPtr<T>> stream_;  // residual stream at each layer boundary, [L + 1] x [T, H]
+  DevPtr<T> final_n_ = nullptr;
+  DevPtr<T> final_rstd_ = nullptr;
+  DevPtr<T> loss_T_ = nullptr;
+  DevPtr<T> lse_T_ = nullptr;
+  DevPtr<T> head_ws_ = nullptr;
   ops::HeadLossBf16 head16_;  // --bf16 head GEMM inputs
-  T* dstream_ = nullptr;
-  T* dfinal_ = nullptr;
+  DevPtr<T> dstream_ = nullptr;
+  DevPtr<T> dfinal_ = nullptr;
 };
 
 }  // namespace moecore::model

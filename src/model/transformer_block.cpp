@@ -78,7 +78,8 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
 }
 
 template <typename T>
-void TransformerBlock<T>::norm(T* y, T* rstd, const T* x, const Param& w, bool round) {
+void TransformerBlock<T>::norm(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x, const Param& w,
+                               bool round) {
   if constexpr (std::is_same_v<T, float>) {
     if (round)
       return ops::rmsnorm_forward_bf16w(*ex_, y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
@@ -87,7 +88,7 @@ void TransformerBlock<T>::norm(T* y, T* rstd, const T* x, const Param& w, bool r
 }
 
 template <typename T>
-void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
+void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute) {
   const int64_t n = n_tok_ * H_;
   x_TH_ = x_TH;
   norm(n1_, rstd1_, x_TH, *norm1_, round_n1_);
@@ -102,7 +103,7 @@ void TransformerBlock<T>::forward(T* y_TH, const T* x_TH, bool recompute) {
 }
 
 template <typename T>
-void TransformerBlock<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
+void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
   const int64_t n = n_tok_ * H_;
   // "layernorm" recomputation: the FFN reads its input n2 in its backward.
   if (recompute_norms_) {

@@ -24,9 +24,9 @@ class TransformerBlock {
   // activations go to the "recompute" overlay's member of its chunk instead of being kept.
   void allocate(Arena& arena, int64_t S, int64_t B);
   // recompute: the backward's rerun of this layer's forward (full recomputation).
-  void forward(T* y_TH, const T* x_TH, bool recompute = false);
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute = false);
   // dx assigned (dx may alias dy: the residual stream gradient is updated in place).
-  void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale);
 
   bool is_moe() const { return moe_ != nullptr; }
   const moe::MoELayer<T>* moe() const { return moe_.get(); }
@@ -35,7 +35,7 @@ class TransformerBlock {
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // y = RMSNorm(x) w, as bf16 values when `round` (widened bf16, see allocate()).
-  void norm(T* y, T* rstd, const T* x, const Param& w, bool round);
+  void norm(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x, const Param& w, bool round);
 
   int64_t layer_, H_, n_tok_ = 0;
   double eps_;
@@ -49,15 +49,15 @@ class TransformerBlock {
   SelfAttention<T> attn_;
   std::unique_ptr<moe::MoELayer<T>> moe_;
   std::unique_ptr<nn::MLP<T>> mlp_;
-  const T* x_TH_ = nullptr;
-  T* n1_ = nullptr;
-  T* rstd1_ = nullptr;
-  T* x1_ = nullptr;
-  T* n2_ = nullptr;
-  T* rstd2_ = nullptr;
-  T* branch_ = nullptr;  // attention / FFN output, then gradients
-  T* dn_ = nullptr;
-  T* dx1_ = nullptr;
+  DevPtr<const T> x_TH_ = nullptr;
+  DevPtr<T> n1_ = nullptr;
+  DevPtr<T> rstd1_ = nullptr;
+  DevPtr<T> x1_ = nullptr;
+  DevPtr<T> n2_ = nullptr;
+  DevPtr<T> rstd2_ = nullptr;
+  DevPtr<T> branch_ = nullptr;  // attention / FFN output, then gradients
+  DevPtr<T> dn_ = nullptr;
+  DevPtr<T> dx1_ = nullptr;
 };
 
 }  // namespace moecore::model

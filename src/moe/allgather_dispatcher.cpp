@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "core/sync_audit.h"
+#include "ops/memory.h"
 #include "ops/permute.h"
 
 namespace moecore::moe {
@@ -39,25 +40,24 @@ void AllGatherDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   max_tokens_ = max_tokens;
   const int64_t G = R_ * max_tokens, N = max_rows(max_tokens);
   plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
-  meta_R2_ = a.alloc<int64_t>(2 * R_, "dispatcher.rank_meta");
-  tok_off_R_ = a.alloc<int64_t>(R_ + 1, "dispatcher.token_offsets");
-  tok_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.token_elems");
-  slot_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.slot_elems");
+  meta_R2_.assign(2 * R_, 0);
+  tok_off_R_.assign(R_ + 1, 0);
+  for (auto* v : {&cap_R_, &tok_elems_R_, &slot_elems_R_, &send_rows_R_, &recv_rows_R_})
+    v->assign(R_, 0);
+  tok_off_dev_R_ = a.alloc<int64_t>(R_ + 1, "dispatcher.token_offsets");
+  cap_dev_R_ = a.alloc<int64_t>(R_, "dispatcher.rank_capacity");
   cnt_LR_ = a.alloc<int64_t>(L_ * R_, "dispatcher.chunk_rows");
-  cap_R_ = a.alloc<int64_t>(R_, "dispatcher.rank_capacity");
   pads_ = a.alloc<int64_t>(1, "dispatcher.pad_rows");
   idx_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_idx");
   group_rows_GK_ = a.alloc<int32_t>(G * K_, "dispatcher.group_rows");
   row_token_N_ = a.alloc<int32_t>(N, "dispatcher.row_token");
   row_slot_N_ = a.alloc<int32_t>(N, "dispatcher.row_slot");
-  send_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.send_rows");
-  recv_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_rows");
   all_GH_ = a.alloc<T>(G * H_, "dispatcher.group_rows_data", MemKind::Workspace);
   all_GK_ = a.alloc<T>(G * K_, "dispatcher.group_probs", MemKind::Workspace);
 }
 
 template <typename T>
-const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_tok,
+const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
                                                  int64_t pad_to_rows) {
   MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
             max_tokens_);
@@ -67,7 +67,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   {
     ScopedPhase phase(Phase::Communication);
     const int64_t meta[2] = {n_tok, pad_to_rows};
-    ep_.all_gather(std::span<const int64_t>(meta, 2), std::span<int64_t>(meta_R2_, 2 * R_));
+    ep_.all_gather(std::span<const int64_t>(meta, 2), meta_R2_);
   }
   tok_off_R_[0] = 0;
   for (int64_t r = 0; r < R_; ++r) {
@@ -89,15 +89,17 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   n_group_ = G;
   {
     ScopedPhase phase(Phase::Communication);
-    ep_.all_gather_v_async(idx_TK, idx_GK_, {slot_elems_R_, size_t(R_)}, DType::I32)
+    ep_.all_gather_v_async(idx_TK, idx_GK_, slot_elems_R_, DType::I32)
         .wait_on(*ex_);  // the plan op reads the gathered map
   }
 
   // The rows of the local experts, ordered (local expert, source rank, token).
   ops::GroupRouting g;
+  ops::copy<int64_t>(*ex_, tok_off_dev_R_, tok_off_R_.data(), R_ + 1);
+  ops::copy<int64_t>(*ex_, cap_dev_R_, cap_R_.data(), R_);
   g.idx_GK = idx_GK_;
-  g.tok_off_R = tok_off_R_;
-  g.cap_R = cap_R_;
+  g.tok_off_R = tok_off_dev_R_;
+  g.cap_R = cap_dev_R_;
   g.R = R_, g.me = me_, g.L = L_, g.first = me_ * L_, g.K = K_;
   g.max_rows = max_rows(max_tokens_);
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
@@ -116,29 +118,30 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(const int32_t* idx_TK, int64_t 
   plan_.row_slot_N = nullptr;
   plan_.token_rows_TK = nullptr;
   plan_.ep_size = R_;
-  plan_.send_rows_R = send_rows_R_;
-  plan_.recv_rows_R = recv_rows_R_;
+  plan_.send_rows_R = send_rows_R_.data();
+  plan_.recv_rows_R = recv_rows_R_.data();
   return plan_;
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::gather_rows(T* out_NH, const T* all_GH) const {
+void AllGatherDispatcher<T>::gather_rows(DevPtr<T> out_NH, DevPtr<const T> all_GH) const {
   ops::permute_rows(*ex_, out_NH, all_GH, row_token_N_, plan_.n_rows, H_);  // pad rows: zeros
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::scatter_rows(T* all_GH, const T* in_NH) const {
+void AllGatherDispatcher<T>::scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const {
   ops::unpermute_rows(*ex_, all_GH, in_NH, group_rows_GK_, n_group_, K_, H_);
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
+void AllGatherDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                                      DevPtr<const T> probs_TK) {
   {
     ScopedPhase phase(Phase::Communication);
     parallel::CommHandle hx =
-        ep_.all_gather_v_async(x_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value);
+        ep_.all_gather_v_async(x_TH, all_GH_, tok_elems_R_, DTypeOf<T>::value);
     parallel::CommHandle hp =
-        ep_.all_gather_v_async(probs_TK, all_GK_, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value);
+        ep_.all_gather_v_async(probs_TK, all_GK_, slot_elems_R_, DTypeOf<T>::value);
     hx.wait_on(*ex_);
     hp.wait_on(*ex_);
   }
@@ -147,34 +150,33 @@ void AllGatherDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* p
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::combine(T* y_TH, const T* y_NH) {
+void AllGatherDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
   scatter_rows(all_GH_, y_NH);
   ScopedPhase phase(Phase::Communication);
-  ep_.reduce_scatter_v_async(all_GH_, y_TH, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value,
+  ep_.reduce_scatter_v_async(all_GH_, y_TH, tok_elems_R_, DTypeOf<T>::value,
                              parallel::ReduceOp::Sum)
       .wait_on(*ex_);
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
+void AllGatherDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
   {
     ScopedPhase phase(Phase::Communication);
-    ep_.all_gather_v_async(dy_TH, all_GH_, {tok_elems_R_, size_t(R_)}, DTypeOf<T>::value)
-        .wait_on(*ex_);
+    ep_.all_gather_v_async(dy_TH, all_GH_, tok_elems_R_, DTypeOf<T>::value).wait_on(*ex_);
   }
   gather_rows(dy_NH, all_GH_);
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
-                                               const T* dp_N) {
+void AllGatherDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                               DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
   scatter_rows(all_GH_, dx_NH);
   ops::scatter_row_probs(*ex_, all_GK_, dp_N, group_rows_GK_, n_group_ * K_);
   ScopedPhase phase(Phase::Communication);
-  parallel::CommHandle hx = ep_.reduce_scatter_v_async(all_GH_, dx_TH, {tok_elems_R_, size_t(R_)},
+  parallel::CommHandle hx = ep_.reduce_scatter_v_async(all_GH_, dx_TH, tok_elems_R_,
                                                        DTypeOf<T>::value, parallel::ReduceOp::Sum);
-  parallel::CommHandle hp = ep_.reduce_scatter_v_async(
-      all_GK_, dprobs_TK, {slot_elems_R_, size_t(R_)}, DTypeOf<T>::value, parallel::ReduceOp::Sum);
+  parallel::CommHandle hp = ep_.reduce_scatter_v_async(all_GK_, dprobs_TK, slot_elems_R_,
+                                                       DTypeOf<T>::value, parallel::ReduceOp::Sum);
   hx.wait_on(*ex_);
   hp.wait_on(*ex_);
 }

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "core/sync_audit.h"
+#include "ops/memory.h"
 #include "ops/permute.h"
 
 namespace moecore::moe {
@@ -42,14 +43,14 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   local_.allocate(a, max_tokens);
   const int64_t S = local_.max_rows(max_tokens), N = max_rows(max_tokens);
   plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
-  counts_RE_ = a.alloc<int64_t>(R_ * E_, "dispatcher.counts_all");
-  chunk_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.chunk_rows");
-  recv_off_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.recv_offsets");
-  sort_off_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.sort_offsets");
-  send_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.send_rows");
-  recv_rows_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_rows");
-  send_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.send_elems");
-  recv_elems_R_ = a.alloc<int64_t>(R_, "dispatcher.recv_elems");
+  chunk_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.chunk_rows");
+  recv_off_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.recv_offsets");
+  sort_off_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.sort_offsets");
+  counts_E_.assign(E_, 0);
+  counts_RE_.assign(R_ * E_, 0);
+  for (auto* v : {&chunk_RL_, &recv_off_RL_, &sort_off_RL_}) v->assign(R_ * L_, 0);
+  rows_L_.assign(L_, 0);
+  for (auto* v : {&send_rows_R_, &recv_rows_R_, &send_elems_R_, &recv_elems_R_}) v->assign(R_, 0);
   send_SH_ = a.alloc<T>(S * H_, "dispatcher.send_rows_data", MemKind::Workspace);
   send_p_S_ = a.alloc<T>(S, "dispatcher.send_probs", MemKind::Workspace);
   recv_NH_ = a.alloc<T>(N * H_, "dispatcher.recv_rows_data", MemKind::Workspace);
@@ -57,28 +58,29 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
 }
 
 template <typename T>
-const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_tok,
+const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
                                                 int64_t pad_to_rows) {
   MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
             max_tokens_);
   // Send side: expert-major rows over all E experts; experts [j*L, (j+1)*L) go to EP rank j.
   const DispatchPlan& lp = local_.plan(idx_TK, n_tok, pad_to_rows);
-  const int64_t* counts_E = lp.tokens_per_expert_L;
   if (pad_to_rows > 0) {
     // Static splits: every source sends exactly pad_to_rows rows per expert.
-    std::fill(counts_RE_, counts_RE_ + R_ * E_, pad_to_rows);
+    std::fill(counts_E_.begin(), counts_E_.end(), pad_to_rows);
+    std::fill(counts_RE_.begin(), counts_RE_.end(), pad_to_rows);
   } else {
     ScopedPhase phase(Phase::Communication);
     // The one documented host sync of a dropless MoE layer under EP: the host sizes the
     // all-to-all from every rank's counts (padded dispatch has static splits and none).
     SyncAudit::Point point(SyncAudit::kEpCountExchange);
-    ep_.all_gather(std::span<const int64_t>(counts_E, E_), std::span<int64_t>(counts_RE_, R_ * E_));
+    ops::read_back(*ex_, counts_E_.data(), DevPtr<const int64_t>(lp.tokens_per_expert_L), E_);
+    ep_.all_gather(counts_E_, counts_RE_);
   }
   int64_t recv_off = 0;
   for (int64_t r = 0; r < R_; ++r) {
     int64_t sent = 0, got = 0;
     for (int64_t l = 0; l < L_; ++l) {
-      sent += counts_E[r * L_ + l];
+      sent += counts_E_[r * L_ + l];
       const int64_t c = counts_RE_[r * E_ + me_ * L_ + l];
       chunk_RL_[r * L_ + l] = c;
       recv_off_RL_[r * L_ + l] = recv_off;
@@ -95,8 +97,7 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
             "[dispatcher] EP rank {} receives {} rows for its {} experts > the planned worst case "
             "{} (EP {} x {} tokens x top-k {}): every EP rank must be planned for the same "
             "maximum micro-batch; rows per source rank: {}",
-            me_, N, L_, max_rows(max_tokens_), R_, max_tokens_, K_,
-            fmt::join(std::span<const int64_t>(recv_rows_R_, R_), ","));
+            me_, N, L_, max_rows(max_tokens_), R_, max_tokens_, K_, fmt::join(recv_rows_R_, ","));
   int64_t sort_off = 0;
   for (int64_t l = 0; l < L_; ++l) {
     int64_t rows = 0;
@@ -105,8 +106,13 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
       sort_off += chunk_RL_[r * L_ + l];
       rows += chunk_RL_[r * L_ + l];
     }
-    plan_.tokens_per_expert_L[l] = rows;
+    rows_L_[l] = rows;
   }
+  // What the ops read from memory: the chunk table and the experts' group sizes.
+  ops::copy<int64_t>(*ex_, chunk_dev_RL_, chunk_RL_.data(), R_ * L_);
+  ops::copy<int64_t>(*ex_, recv_off_dev_RL_, recv_off_RL_.data(), R_ * L_);
+  ops::copy<int64_t>(*ex_, sort_off_dev_RL_, sort_off_RL_.data(), R_ * L_);
+  ops::copy<int64_t>(*ex_, plan_.tokens_per_expert_L, rows_L_.data(), L_);
   plan_.n_tok = n_tok;
   plan_.topk = K_;
   plan_.n_rows = N;
@@ -116,30 +122,35 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(const int32_t* idx_TK, int64_t n
   plan_.row_slot_N = nullptr;
   plan_.token_rows_TK = lp.token_rows_TK;
   plan_.ep_size = R_;
-  plan_.send_rows_R = send_rows_R_;
-  plan_.recv_rows_R = recv_rows_R_;
+  plan_.send_rows_R = send_rows_R_.data();
+  plan_.recv_rows_R = recv_rows_R_.data();
   return plan_;
 }
 
 template <typename T>
-parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(const T* send, const int64_t* send_counts,
-                                                      T* recv, const int64_t* recv_counts) {
-  return ep_.all_to_all_v_async(send, {send_counts, size_t(R_)}, recv, {recv_counts, size_t(R_)},
-                                DTypeOf<T>::value);
+parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(DevPtr<const T> send,
+                                                      const std::vector<int64_t>& send_counts,
+                                                      DevPtr<T> recv,
+                                                      const std::vector<int64_t>& recv_counts) {
+  return ep_.all_to_all_v_async(send, send_counts, recv, recv_counts, DTypeOf<T>::value);
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::sort_chunks(T* out_NW, const T* recv_W, int64_t W) const {
-  ops::copy_row_chunks(*ex_, out_NW, recv_W, sort_off_RL_, recv_off_RL_, chunk_RL_, R_ * L_, W);
+void AlltoAllDispatcher<T>::sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const {
+  ops::copy_row_chunks(*ex_, out_NW, recv_W, sort_off_dev_RL_, recv_off_dev_RL_, chunk_dev_RL_,
+                       R_ * L_, W);
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::unsort_chunks(T* recv_W, const T* in_NW, int64_t W) const {
-  ops::copy_row_chunks(*ex_, recv_W, in_NW, recv_off_RL_, sort_off_RL_, chunk_RL_, R_ * L_, W);
+void AlltoAllDispatcher<T>::unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW,
+                                          int64_t W) const {
+  ops::copy_row_chunks(*ex_, recv_W, in_NW, recv_off_dev_RL_, sort_off_dev_RL_, chunk_dev_RL_,
+                       R_ * L_, W);
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
+void AlltoAllDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                                     DevPtr<const T> probs_TK) {
   local_.dispatch(send_SH_, send_p_S_, x_TH, probs_TK);
   {
     ScopedPhase phase(Phase::Communication);
@@ -153,7 +164,7 @@ void AlltoAllDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* pr
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::combine(T* y_TH, const T* y_NH) {
+void AlltoAllDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
   unsort_chunks(recv_NH_, y_NH, H_);
   {
     ScopedPhase phase(Phase::Communication);
@@ -163,7 +174,7 @@ void AlltoAllDispatcher<T>::combine(T* y_TH, const T* y_NH) {
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
+void AlltoAllDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
   local_.combine_backward(send_SH_, dy_TH);
   {
     ScopedPhase phase(Phase::Communication);
@@ -173,8 +184,8 @@ void AlltoAllDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH,
-                                              const T* dp_N) {
+void AlltoAllDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                              DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
   unsort_chunks(recv_NH_, dx_NH, H_);
   unsort_chunks(recv_p_N_, dp_N, 1);
   {

@@ -8,6 +8,8 @@
 // S rows this rank sends, N rows for the local experts.
 #pragma once
 
+#include <vector>
+
 #include "moe/dispatcher.h"
 #include "parallel/communicator.h"
 
@@ -29,20 +31,23 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   int64_t max_rows(int64_t max_tokens) const override;
   void allocate(Arena& arena, int64_t max_tokens) override;
 
-  const DispatchPlan& plan(const int32_t* idx_TK, int64_t n_tok, int64_t pad_to_rows = 0) override;
-  void dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) override;
-  void combine(T* y_TH, const T* y_NH) override;
-  void combine_backward(T* dy_NH, const T* dy_TH) override;
-  void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) override;
+  const DispatchPlan& plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
+                           int64_t pad_to_rows = 0) override;
+  void dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                DevPtr<const T> probs_TK) override;
+  void combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) override;
+  void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
+  void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                         DevPtr<const T> dp_N) override;
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // Counts per EP rank in elements: rows (x H) for tokens, rows for probs. Forward (dispatch)
   // sends with send_*, receives with recv_*; backward (combine) swaps them.
-  parallel::CommHandle start_a2a(const T* send, const int64_t* send_counts, T* recv,
-                                 const int64_t* recv_counts);
-  void sort_chunks(T* out_NW, const T* recv_W, int64_t W) const;    // [r][l] -> [l][r]
-  void unsort_chunks(T* recv_W, const T* in_NW, int64_t W) const;  // [l][r] -> [r][l]
+  parallel::CommHandle start_a2a(DevPtr<const T> send, const std::vector<int64_t>& send_counts,
+                                 DevPtr<T> recv, const std::vector<int64_t>& recv_counts);
+  void sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const;   // [r][l] -> [l][r]
+  void unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW, int64_t W) const;  // [l][r] -> [r][l]
 
   int64_t E_, K_, H_, L_, R_, me_;
   double pad_capacity_factor_;
@@ -50,19 +55,24 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   LocalDispatcher<T> local_;  // this rank's permutation over all E experts (the send side)
   int64_t max_tokens_ = 0;
   DispatchPlan plan_;
-  int64_t* counts_RE_ = nullptr;    // rows each EP rank sends to each expert
-  int64_t* chunk_RL_ = nullptr;     // rows from source r for local expert l
-  int64_t* recv_off_RL_ = nullptr;  // where that chunk lands in the all-to-all output
-  int64_t* sort_off_RL_ = nullptr;  // where it goes in expert order
-  int64_t* send_rows_R_ = nullptr;
-  int64_t* recv_rows_R_ = nullptr;
-  int64_t* send_elems_R_ = nullptr;  // rows * H
-  int64_t* recv_elems_R_ = nullptr;
+  // The host's split arithmetic (host memory, sized in allocate()): the count exchange's
+  // result, the MPI counts and the chunk table, whose copies in memory the chunk sort reads.
+  std::vector<int64_t> counts_E_, counts_RE_;  // this rank's rows per expert; every rank's
+  std::vector<int64_t> chunk_RL_;              // rows from source r for local expert l
+  std::vector<int64_t> recv_off_RL_;           // where that chunk lands in the all-to-all output
+  std::vector<int64_t> sort_off_RL_;           // where it goes in expert order
+  std::vector<int64_t> rows_L_;                // rows per local expert
+  std::vector<int64_t> send_rows_R_, recv_rows_R_;
+  std::vector<int64_t> send_elems_R_, recv_elems_R_;  // rows * H
+  // The chunk table in memory (uploaded after the arithmetic): what copy_row_chunks reads.
+  DevPtr<int64_t> chunk_dev_RL_ = nullptr;
+  DevPtr<int64_t> recv_off_dev_RL_ = nullptr;
+  DevPtr<int64_t> sort_off_dev_RL_ = nullptr;
   // Workspace, reused by every phase: send-side rows and probs, all-to-all output rows and probs.
-  T* send_SH_ = nullptr;
-  T* send_p_S_ = nullptr;
-  T* recv_NH_ = nullptr;
-  T* recv_p_N_ = nullptr;
+  DevPtr<T> send_SH_ = nullptr;
+  DevPtr<T> send_p_S_ = nullptr;
+  DevPtr<T> recv_NH_ = nullptr;
+  DevPtr<T> recv_p_N_ = nullptr;
 };
 
 }  // namespace moecore::moe

@@ -33,18 +33,19 @@ struct DispatchPlan {
   int64_t rows_per_expert = 0;  // > 0: padded, every local expert has exactly this
   // In memory: the rows padding added (zero input, prob 0). EP + padding: the pad rows this
   // rank sent (the splits are static, so the receivers' real counts are never exchanged).
-  const int64_t* pad_rows = nullptr;
-  int64_t* tokens_per_expert_L = nullptr;  // rows of each local expert (pad rows included)
+  DevPtr<const int64_t> pad_rows = nullptr;
+  DevPtr<int64_t> tokens_per_expert_L = nullptr;  // rows of each local expert (pad rows included)
   // Local dispatcher only (null under EP, where rows come from other ranks):
-  int32_t* row_token_N = nullptr;  // source token of each row, -1 for a pad row
-  int32_t* row_slot_N = nullptr;   // top-k slot of each row, -1 for a pad row
+  DevPtr<int32_t> row_token_N = nullptr;  // source token of each row, -1 for a pad row
+  DevPtr<int32_t> row_slot_N = nullptr;   // top-k slot of each row, -1 for a pad row
   // Row of each (token, slot), -1 if dropped: the expert row (local), the row in this rank's
   // send order (alltoall), null (allgather).
-  int32_t* token_rows_TK = nullptr;
-  // EP: rows this rank sends to / receives from each EP rank ([R]; null for the local one).
+  DevPtr<int32_t> token_rows_TK = nullptr;
+  // EP: rows this rank sends to / receives from each EP rank ([R] in host memory: the host's
+  // split arithmetic after the count exchange; null for the local one).
   int64_t ep_size = 1;
-  int64_t* send_rows_R = nullptr;
-  int64_t* recv_rows_R = nullptr;
+  const int64_t* send_rows_R = nullptr;
+  const int64_t* recv_rows_R = nullptr;
 };
 
 template <typename T>
@@ -65,16 +66,18 @@ class TokenDispatcher {
   // missing ones pad rows with zero input and prob 0 (static shapes); the router guarantees no
   // expert has more. Under EP every rank of the EP group calls plan (and each later phase) in
   // the same order: they are collectives.
-  virtual const DispatchPlan& plan(const int32_t* idx_TK, int64_t n_tok,
+  virtual const DispatchPlan& plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
                                    int64_t pad_to_rows = 0) = 0;
   // x [T, H], probs [T, K] -> x_NH expert-major, p_N the prob of each row.
-  virtual void dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) = 0;
+  virtual void dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                        DevPtr<const T> probs_TK) = 0;
   // y_NH -> y_TH (assigned): the sum of each token's K expert outputs.
-  virtual void combine(T* y_TH, const T* y_NH) = 0;
+  virtual void combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) = 0;
   // Gradients: dy_TH -> dy_NH (dispatch's data path) and dx_NH, dp_N -> dx_TH, dprobs_TK
   // (combine's data path); all assigned.
-  virtual void combine_backward(T* dy_NH, const T* dy_TH) = 0;
-  virtual void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) = 0;
+  virtual void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) = 0;
+  virtual void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                                 DevPtr<const T> dp_N) = 0;
 };
 
 // One rank holds every expert: permutation only.
@@ -90,11 +93,14 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   int64_t max_rows(int64_t max_tokens) const override;
   void allocate(Arena& arena, int64_t max_tokens) override;
 
-  const DispatchPlan& plan(const int32_t* idx_TK, int64_t n_tok, int64_t pad_to_rows = 0) override;
-  void dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) override;
-  void combine(T* y_TH, const T* y_NH) override;
-  void combine_backward(T* dy_NH, const T* dy_TH) override;
-  void dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) override;
+  const DispatchPlan& plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
+                           int64_t pad_to_rows = 0) override;
+  void dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                DevPtr<const T> probs_TK) override;
+  void combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) override;
+  void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
+  void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                         DevPtr<const T> dp_N) override;
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
@@ -102,8 +108,8 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   double pad_capacity_factor_;
   int64_t max_tokens_ = 0;
   DispatchPlan plan_;
-  int64_t* n_kept_ = nullptr;  // kept (token, slot) rows of the last plan (memory)
-  int64_t* pads_ = nullptr;    // pad rows of the last plan (memory)
+  DevPtr<int64_t> n_kept_ = nullptr;  // kept (token, slot) rows of the last plan (memory)
+  DevPtr<int64_t> pads_ = nullptr;    // pad rows of the last plan (memory)
 };
 
 // Experts per EP rank (checks that EP divides the expert count), and the worst-case rows the

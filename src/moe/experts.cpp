@@ -28,14 +28,14 @@ void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, nn::SwigluRecompute
 }
 
 template <typename T>
-void GroupedExperts<T>::forward(T* y_NH, const T* x_NH, const T* p_N,
-                                const int64_t* rows_per_expert_L, int64_t N) {
+void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
+                                DevPtr<const int64_t> rows_per_expert_L, int64_t N) {
   nn::swiglu_mlp_forward(saved_, y_NH, x_NH, p_N, rows_per_expert_L, L_, N,
                             fc1_->data_as<T>(), fc2_->data_as<T>(), sh_);
 }
 
 template <typename T>
-void GroupedExperts<T>::backward(T* dx_NH, T* dp_N, const T* dy_NH) {
+void GroupedExperts<T>::backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH) {
   nn::swiglu_mlp_backward(saved_, dx_NH, dp_N, fc1_->grad_as<T>(), fc2_->grad_as<T>(), dy_NH,
                              fc1_->data_as<T>(), fc2_->data_as<T>(), sh_, da_, dh_);
 }

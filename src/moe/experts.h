@@ -26,9 +26,10 @@ class GroupedExperts {
   void input_rounded() { saved_.x_rounded = saved_.widened; }
   void output_grad_rounded() { saved_.dy_rounded = saved_.widened; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
-  void forward(T* y_NH, const T* x_NH, const T* p_N, const int64_t* rows_per_expert_L, int64_t N);
+  void forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
+               DevPtr<const int64_t> rows_per_expert_L, int64_t N);
   // dx, dp assigned; weight grads accumulated.
-  void backward(T* dx_NH, T* dp_N, const T* dy_NH);
+  void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH);
 
   int64_t num_local() const { return L_; }
   const Param& fc1() const { return *fc1_; }
@@ -40,8 +41,8 @@ class GroupedExperts {
   Param* fc1_;  // [L, 2F, H] of global [E, 2F, H]
   Param* fc2_;  // [L, H, F] of global [E, H, F]
   nn::SwigluMlpSaved<T> saved_;
-  T* da_ = nullptr;
-  T* dh_ = nullptr;
+  DevPtr<T> da_ = nullptr;
+  DevPtr<T> dh_ = nullptr;
 };
 
 }  // namespace moecore::moe

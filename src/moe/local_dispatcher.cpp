@@ -39,7 +39,7 @@ void LocalDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
 }
 
 template <typename T>
-const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_tok,
+const DispatchPlan& LocalDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
                                              int64_t pad_to_rows) {
   MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
             max_tokens_);
@@ -67,24 +67,26 @@ const DispatchPlan& LocalDispatcher<T>::plan(const int32_t* idx_TK, int64_t n_to
 }
 
 template <typename T>
-void LocalDispatcher<T>::dispatch(T* x_NH, T* p_N, const T* x_TH, const T* probs_TK) {
+void LocalDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                                  DevPtr<const T> probs_TK) {
   // Pad rows (row_token -1) become zero rows with prob 0.
   ops::permute_rows(*ex_, x_NH, x_TH, plan_.row_token_N, plan_.n_rows, H_);
   ops::gather_row_probs(*ex_, p_N, probs_TK, plan_.row_token_N, plan_.row_slot_N, plan_.n_rows, K_);
 }
 
 template <typename T>
-void LocalDispatcher<T>::combine(T* y_TH, const T* y_NH) {
+void LocalDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
   ops::unpermute_rows(*ex_, y_TH, y_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
 }
 
 template <typename T>
-void LocalDispatcher<T>::combine_backward(T* dy_NH, const T* dy_TH) {
+void LocalDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
   ops::permute_rows(*ex_, dy_NH, dy_TH, plan_.row_token_N, plan_.n_rows, H_);
 }
 
 template <typename T>
-void LocalDispatcher<T>::dispatch_backward(T* dx_TH, T* dprobs_TK, const T* dx_NH, const T* dp_N) {
+void LocalDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                           DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
   ops::unpermute_rows(*ex_, dx_TH, dx_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
   ops::scatter_row_probs(*ex_, dprobs_TK, dp_N, plan_.token_rows_TK, plan_.n_tok * K_);
 }

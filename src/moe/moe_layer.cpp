@@ -68,7 +68,7 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
 }
 
 template <typename T>
-void MoELayer<T>::route_and_dispatch(const T* x_TH, int64_t n_tok, bool recompute) {
+void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
   n_tok_ = n_tok;
   x_TH_ = x_TH;
   // Whole sequences only matter to seq_aux_loss; a partial one (layer tests) counts as one.
@@ -94,7 +94,7 @@ void MoELayer<T>::route_and_dispatch(const T* x_TH, int64_t n_tok, bool recomput
 }
 
 template <typename T>
-void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute) {
+void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
   route_and_dispatch(x_TH, n_tok, recompute);
   experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
   {
@@ -108,10 +108,10 @@ void MoELayer<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute)
 }
 
 template <typename T>
-void MoELayer<T>::backward(T* dx_TH, const T* dy_TH, double loss_grad_scale) {
+void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
   // "moe" recomputation: routing and the expert rows again (the experts recompute their fc1).
   if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true);
-  const T* dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
+  DevPtr<const T> dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
   if constexpr (std::is_same_v<T, float>) {
     if (round_rows_) {
       ScopedPhase phase(Phase::Gemm);

@@ -30,9 +30,9 @@ class MoELayer {
   // activation; "shared_experts" the shared expert's fc1 and activation.
   void allocate(Arena& arena, int64_t max_tokens);
   // recompute: the backward's rerun of the last forward (full recomputation of the layer).
-  void forward(T* y_TH, const T* x_TH, int64_t n_tok, bool recompute = false);
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute = false);
   // dx assigned; loss_grad_scale multiplies the aux/z-loss gradients.
-  void backward(T* dx_TH, const T* dy_TH, double loss_grad_scale);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale);
   // Once per optimizer step: the router's expert-bias / quantile updates and accumulator reset.
   void finish_step(const RouterStepSync& sync = {}) { router_.finish_step(sync); }
   void set_training(bool training) { router_.set_training(training); }
@@ -45,7 +45,7 @@ class MoELayer {
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  void route_and_dispatch(const T* x_TH, int64_t n_tok, bool recompute);
+  void route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute);
 
   int64_t H_, K_;
   int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
@@ -58,19 +58,21 @@ class MoELayer {
   std::unique_ptr<nn::MLP<T>> shared_;
   const DispatchPlan* plan_ = nullptr;
   int64_t n_tok_ = 0;
-  const T* x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
+  DevPtr<const T> x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
   // Expert-side rows and their gradients.
-  T* x16w_TH_ = nullptr;
-  T* dy16w_TH_ = nullptr;
-  const T* gemm_input(const T* x_TH) const { return round_rows_ ? x16w_TH_ : x_TH; }
-  T* x_NH_ = nullptr;
-  T* p_N_ = nullptr;
-  T* y_NH_ = nullptr;
-  T* dy_NH_ = nullptr;
-  T* dx_NH_ = nullptr;
-  T* dp_N_ = nullptr;
-  T* dprobs_TK_ = nullptr;
-  T* shared_TH_ = nullptr;  // shared expert output, then its input gradient
+  DevPtr<T> x16w_TH_ = nullptr;
+  DevPtr<T> dy16w_TH_ = nullptr;
+  DevPtr<const T> gemm_input(DevPtr<const T> x_TH) const {
+    return round_rows_ ? DevPtr<const T>(x16w_TH_) : x_TH;
+  }
+  DevPtr<T> x_NH_ = nullptr;
+  DevPtr<T> p_N_ = nullptr;
+  DevPtr<T> y_NH_ = nullptr;
+  DevPtr<T> dy_NH_ = nullptr;
+  DevPtr<T> dx_NH_ = nullptr;
+  DevPtr<T> dp_N_ = nullptr;
+  DevPtr<T> dprobs_TK_ = nullptr;
+  DevPtr<T> shared_TH_ = nullptr;  // shared expert output, then its input gradient
 };
 
 }  // namespace moecore::moe

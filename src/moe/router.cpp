@@ -87,6 +87,7 @@ Router<T>::Router(const RouterConfig& cfg, int64_t hidden, double init_std, Para
 template <typename T>
 void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   ex_ = &a.exec();
+  range_E_.assign(E_, 0.0f);
   const int64_t N = max_tokens, E = E_, K = K_, H = H_;
   if (cfg_.uses(LoadBalancing::QuantileBalancing)) {
     MOE_CHECK((N * K) % E == 0,
@@ -150,7 +151,7 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
 // Forward
 
 template <typename T>
-void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length, bool recompute) {
+void Router<T>::forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length, bool recompute) {
   MOE_CHECK(n_tok <= max_tokens_, "[router] {} tokens > planned maximum {}", n_tok, max_tokens_);
   MOE_CHECK(!recompute || !training_ || micro_ > 0,
             "[router] a recomputing forward must follow a training forward of the same step");
@@ -192,10 +193,10 @@ void Router<T>::forward(const T* x_TH, int64_t n_tok, int64_t seq_length, bool r
 }
 
 template <typename T>
-void Router<T>::gate_forward(const T* x_TH, int64_t n) {
+void Router<T>::gate_forward(DevPtr<const T> x_TH, int64_t n) {
   RouterSaved<T>& s = saved_;
   const int64_t H = H_, E = E_;
-  const T* in = x_TH;
+  DevPtr<const T> in = x_TH;
   s.jitter_TH = nullptr;
   if (cfg_.input_jitter_eps > 0 && training_) {
     // Megatron: x * U(1 - eps, 1 + eps), a fresh draw per element. Ours is a pure function of
@@ -210,7 +211,7 @@ void Router<T>::gate_forward(const T* x_TH, int64_t n) {
     in = gate_TH_;
   }
   s.gate_in_TH = in;
-  const T* w = weight_->data_as<T>();
+  DevPtr<const T> w = weight_->data_as<T>();
   if (gate_f64_) {
     ops::widen_to_f64(*ex_, x64_TH_, in, n * H);
     ops::widen_to_f64(*ex_, w64_EH_, w, E * H);
@@ -313,7 +314,7 @@ void Router<T>::compute_losses(int64_t n) {
   // The aux map: the experts the router chose (group limit, bias, quantile offsets included,
   // before capacity dropping), or with --moe-aux-loss-megatron-map Megatron's plain top-k of
   // the aux scores (issue #2767).
-  const int32_t* map = s.routed_TK;
+  DevPtr<const int32_t> map = s.routed_TK;
   if (cfg_.megatron_aux_map) {
     ops::topk(*ex_, keyi_TK_, keyv_TK_, s.aux_scores_TE, n, E, K);
     map = keyi_TK_;
@@ -325,7 +326,7 @@ void Router<T>::compute_losses(int64_t n) {
   for (const LoadBalancingTerm& term : terms_) {
     const int slot = lb_slot(term.type);
     if (slot < 0 || n == 0) continue;
-    double* value = report_ + slot;
+    DevPtr<double> value = report_ + slot;
     if (term.type == LoadBalancing::AuxLoss) {
       // E / (K T^2) * sum_i P_i N_i with P_i = sum_t a_ti.
       ops::aux_loss_value(*ex_, value, s.aux_scores_TE, s.aux_counts_E, n, E, K);
@@ -360,7 +361,7 @@ void Router<T>::compute_losses(int64_t n) {
 // Backward
 
 template <typename T>
-void Router<T>::backward(T* dx_TH, const T* dprobs_TK, double loss_grad_scale) {
+void Router<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dprobs_TK, double loss_grad_scale) {
   ops::zero(*ex_, dlogits_TE_, saved_.n_tok * E_);
   backward_probs(dlogits_TE_, dprobs_TK);
   backward_losses(dlogits_TE_, loss_grad_scale);
@@ -368,7 +369,7 @@ void Router<T>::backward(T* dx_TH, const T* dprobs_TK, double loss_grad_scale) {
 }
 
 template <typename T>
-void Router<T>::backward_probs(double* dl, const T* dprobs_TK) {
+void Router<T>::backward_probs(DevPtr<double> dl, DevPtr<const T> dprobs_TK) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, K = K_;
   // Undo the scaling factor; dropped slots carry no gradient (their prob is the constant 0).
@@ -378,7 +379,7 @@ void Router<T>::backward_probs(double* dl, const T* dprobs_TK) {
 }
 
 template <typename T>
-void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
+void Router<T>::backward_losses(DevPtr<double> dl, double loss_grad_scale) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, K = K_, B = s.n_seq;
   if (n == 0) return;
@@ -405,7 +406,7 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
 
   // z-loss: d/dlogits = coeff * 2 * lse_t * softmax(logits_t) / T.
   if (cfg_.z_loss_coeff > 0) {
-    const double* sm = s.scores_TE;
+    DevPtr<const double> sm = s.scores_TE;
     if (cfg_.score != ScoreFunction::Softmax) {
       ops::softmax_forward(*ex_, work_TE_, s.logits_TE, n, E);
       sm = work_TE_;
@@ -416,22 +417,22 @@ void Router<T>::backward_losses(double* dl, double loss_grad_scale) {
 }
 
 template <typename T>
-void Router<T>::gate_backward(T* dx_TH) {
+void Router<T>::gate_backward(DevPtr<T> dx_TH) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, H = H_;
-  T* dw = weight_->grad_as<T>();
-  const T* w = weight_->data_as<T>();
+  DevPtr<T> dw = weight_->grad_as<T>();
+  DevPtr<const T> w = weight_->data_as<T>();
   if (gate_f64_) {
     ops::zero(*ex_, dw64_EH_, E * H);
     ops::linear_backward(*ex_, dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);
-    ops::add_from_f64(*ex_, dw, dw64_EH_, static_cast<const T*>(nullptr), E * H);
-    ops::add_from_f64(*ex_, dx_TH, dx64_TH_, static_cast<const T*>(s.jitter_TH), n * H);
+    ops::add_from_f64(*ex_, dw, dw64_EH_, DevPtr<const T>(nullptr), E * H);
+    ops::add_from_f64(*ex_, dx_TH, dx64_TH_, DevPtr<const T>(s.jitter_TH), n * H);
     return;
   }
   ops::narrow_from_f64(*ex_, dlogits_T_TE_, dlogits_TE_, n * E);
   if (s.jitter_TH) {
     ops::linear_backward(*ex_, dgate_TH_, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H, false);
-    ops::input_jitter_backward(*ex_, dx_TH, dgate_TH_, static_cast<const T*>(s.jitter_TH), n * H);
+    ops::input_jitter_backward(*ex_, dx_TH, dgate_TH_, DevPtr<const T>(s.jitter_TH), n * H);
   } else {
     ops::linear_backward(*ex_, dx_TH, dw, dlogits_T_TE_, s.gate_in_TH, w, n, E, H,
                          /*accumulate_dx=*/true);
@@ -482,10 +483,25 @@ RouterReport Router<T>::report() const {
 }
 
 template <typename T>
+double Router<T>::lb_value(int slot) const {
+  return ops::read_value<double>(*ex_, report_ + slot);
+}
+
+template <typename T>
+double Router<T>::z_value() const {
+  return ops::read_value<double>(*ex_, report_ + kReportZ);
+}
+
+template <typename T>
+int64_t Router<T>::dropped() const {
+  return ops::read_value<int64_t>(*ex_, report_dropped_);
+}
+
+template <typename T>
 double Router<T>::aux_loss() const {
   double sum = 0;
   for (const LoadBalancingTerm& term : terms_) {
-    if (const int slot = lb_slot(term.type); slot >= 0) sum += term.coeff * report_[slot];
+    if (const int slot = lb_slot(term.type); slot >= 0) sum += term.coeff * lb_value(slot);
   }
   return sum;
 }
@@ -494,23 +510,27 @@ template <typename T>
 void Router<T>::stats(RouterStats* out) const {
   const RouterSaved<T>& s = saved_;
   RouterStats& st = *out;
-  st.tokens_per_expert.assign(s.tokens_per_expert_E, s.tokens_per_expert_E + E_);
+  st.tokens_per_expert.resize(E_);
+  ops::read_back(*ex_, st.tokens_per_expert.data(), DevPtr<const int64_t>(s.tokens_per_expert_E),
+                 E_);
   int64_t sum = 0, mx = 0;
   for (int64_t c : st.tokens_per_expert) {
     sum += c;
     mx = std::max(mx, c);
   }
   st.max_over_mean_load = sum > 0 ? static_cast<double>(mx) * E_ / static_cast<double>(sum) : 0;
-  st.dropped = *report_dropped_;
+  st.dropped = dropped();
   st.capacity = s.capacity;
   st.bias_min = st.bias_max = st.beta_min = st.beta_max = 0;
   if (cfg_.enable_expert_bias) {
-    st.bias_min = *std::min_element(expert_bias_E_, expert_bias_E_ + E_);
-    st.bias_max = *std::max_element(expert_bias_E_, expert_bias_E_ + E_);
+    ops::read_back(*ex_, range_E_.data(), DevPtr<const float>(expert_bias_E_), E_);
+    st.bias_min = *std::min_element(range_E_.begin(), range_E_.end());
+    st.bias_max = *std::max_element(range_E_.begin(), range_E_.end());
   }
   if (cfg_.uses(LoadBalancing::QuantileBalancing)) {
-    st.beta_min = *std::min_element(beta_E_, beta_E_ + E_);
-    st.beta_max = *std::max_element(beta_E_, beta_E_ + E_);
+    ops::read_back(*ex_, range_E_.data(), DevPtr<const float>(beta_E_), E_);
+    st.beta_min = *std::min_element(range_E_.begin(), range_E_.end());
+    st.beta_max = *std::max_element(range_E_.begin(), range_E_.end());
   }
 }
 

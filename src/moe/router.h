@@ -23,23 +23,23 @@ namespace moecore::moe {
 // "uniform routing logs exactly 1.0" property.
 template <typename T>
 struct RouterSaved {
-  const T* x_TH = nullptr;          // router input, owned by the caller until backward
-  const T* gate_in_TH = nullptr;    // what the gate saw: x, or x * jitter
-  T* jitter_TH = nullptr;           // input-jitter factors (null when off or in eval)
-  double* logits_TE = nullptr;      // x W_r^T
-  double* scores_TE = nullptr;      // softmax / sigmoid / sqrt(softplus) of the logits over E
-  double* aux_scores_TE = nullptr;  // aux-loss scores: softmax, or s / (sum_E s + 1e-20)
-  int32_t* routed_TK = nullptr;     // chosen experts before capacity dropping, descending key
-  int32_t* idx_TK = nullptr;        // chosen experts after dropping: -1 where a slot was dropped
-  double* topv_TK = nullptr;        // what the probs derive from: selected logits or scores
-  double* probs64_TK = nullptr;     // the routing probs in f64 (0 at dropped slots)
-  T* probs_TK = nullptr;            // the weights the experts apply (0 at dropped slots)
-  int64_t* tokens_per_expert_E = nullptr;  // rows each expert really processes (after dropping);
-                                           // kept for the logs (MemKind::State)
-  int64_t* aux_counts_E = nullptr;         // N_i of the aux map for this micro-batch
-  int64_t* aux_seq_counts_BE = nullptr;    // N_i of the aux map per sequence
-  double* global_counts_E = nullptr;       // global_aux_loss: mean N_i over the step so far
-  double* lse_T = nullptr;                 // logsumexp(logits), for the z-loss
+  DevPtr<const T> x_TH = nullptr;        // router input, owned by the caller until backward
+  DevPtr<const T> gate_in_TH = nullptr;  // what the gate saw: x, or x * jitter
+  DevPtr<T> jitter_TH = nullptr;         // input-jitter factors (null when off or in eval)
+  DevPtr<double> logits_TE = nullptr;    // x W_r^T
+  DevPtr<double> scores_TE = nullptr;    // softmax / sigmoid / sqrt(softplus) of the logits over E
+  DevPtr<double> aux_scores_TE = nullptr;  // aux-loss scores: softmax, or s / (sum_E s + 1e-20)
+  DevPtr<int32_t> routed_TK = nullptr;  // chosen experts before capacity dropping, descending key
+  DevPtr<int32_t> idx_TK = nullptr;  // chosen experts after dropping: -1 where a slot was dropped
+  DevPtr<double> topv_TK = nullptr;  // what the probs derive from: selected logits or scores
+  DevPtr<double> probs64_TK = nullptr;  // the routing probs in f64 (0 at dropped slots)
+  DevPtr<T> probs_TK = nullptr;         // the weights the experts apply (0 at dropped slots)
+  DevPtr<int64_t> tokens_per_expert_E = nullptr;  // rows each expert really processes (after
+                                                  // dropping); kept for the logs (MemKind::State)
+  DevPtr<int64_t> aux_counts_E = nullptr;       // N_i of the aux map for this micro-batch
+  DevPtr<int64_t> aux_seq_counts_BE = nullptr;  // N_i of the aux map per sequence
+  DevPtr<double> global_counts_E = nullptr;     // global_aux_loss: mean N_i over the step so far
+  DevPtr<double> lse_T = nullptr;               // logsumexp(logits), for the z-loss
   int64_t n_tok = 0;
   int64_t n_seq = 1;     // B
   int64_t capacity = 0;  // rows per expert allowed; 0 = dropless
@@ -51,11 +51,14 @@ struct RouterSaved {
 // ops::report_moe_layer). Coefficient-free values (aux / coeff: exactly 1.0 for uniform
 // routing) are computed for every listed aux type whatever its coefficient.
 struct RouterReport {
-  const double* lb_value = nullptr;   // [3]: aux_loss, seq_aux_loss, global_aux_loss (0: not listed)
-  const double* aux_value = nullptr;  // the first listed aux type's slot; null when none is listed
-  const double* z_value = nullptr;    // mean_t lse_t^2
-  const int64_t* dropped = nullptr;   // (token, slot) pairs dropped by capacity
-  const int64_t* tokens_per_expert_E = nullptr;  // rows each expert processes (after dropping)
+  // [3]: aux_loss, seq_aux_loss, global_aux_loss (0: not listed).
+  DevPtr<const double> lb_value = nullptr;
+  // The first listed aux type's slot; null when none is listed.
+  DevPtr<const double> aux_value = nullptr;
+  DevPtr<const double> z_value = nullptr;   // mean_t lse_t^2
+  DevPtr<const int64_t> dropped = nullptr;  // (token, slot) pairs dropped by capacity
+  // Rows each expert processes (after dropping).
+  DevPtr<const int64_t> tokens_per_expert_E = nullptr;
 };
 
 // Per-layer routing statistics for the logs.
@@ -72,9 +75,9 @@ struct RouterStats {
 // plug their all-reduces in here: the router looks no process group up.
 struct RouterStepSync {
   // In-place sum of n values over TP x DP x CP (expert-bias token counts).
-  std::function<void(double*, int64_t)> sum_tp_dp_cp;
+  std::function<void(DevPtr<double>, int64_t)> sum_tp_dp_cp;
   // In-place mean of n values over DP x CP (the quantile beta estimate).
-  std::function<void(double*, int64_t)> mean_dp_cp;
+  std::function<void(DevPtr<double>, int64_t)> mean_dp_cp;
 };
 
 template <typename T>
@@ -88,11 +91,11 @@ class Router {
   // x [T, H] sequence-major; seq_length S splits T into B = T / S sequences for seq_aux_loss
   // (0: one sequence). recompute: the backward's rerun of the last forward (activation
   // recomputation): the same jitter and the same results, and no balancing state changes.
-  void forward(const T* x_TH, int64_t n_tok, int64_t seq_length = 0, bool recompute = false);
+  void forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length = 0, bool recompute = false);
   // dprobs [T, K] -> dW_r (+=) and dx (+=: the router is one branch of the MoE input). The
   // aux and z-loss gradients enter here, multiplied by loss_grad_scale (Megatron's
   // MoEAuxLossAutoScaler scale: 1 / micro-batches).
-  void backward(T* dx_TH, const T* dprobs_TK, double loss_grad_scale);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dprobs_TK, double loss_grad_scale);
 
   // Once per optimizer step, after the gradient sync: expert-bias and quantile-beta updates
   // from this step's training forwards, then the step's accumulators reset.
@@ -105,14 +108,16 @@ class Router {
 
   const RouterSaved<T>& saved() const { return saved_; }
   RouterReport report() const;
-  // Host reads of the last forward's report (after the step, or in tests after a forward).
-  double lb_value(int slot) const { return report_[slot]; }
-  double aux_value() const { return aux_slot_ >= 0 ? report_[aux_slot_] : 0.0; }
+  // Host reads of the last forward's report (ops::read_back: after the step, or in tests after
+  // a forward).
+  double lb_value(int slot) const;
+  double aux_value() const { return aux_slot_ >= 0 ? lb_value(aux_slot_) : 0.0; }
   double aux_loss() const;  // sum over the listed aux types of coeff * value
-  double z_value() const { return *report().z_value; }
+  double z_value() const;
   double z_loss() const { return cfg_.z_loss_coeff * z_value(); }
-  int64_t dropped() const { return *report_dropped_; }
-  // Fills *out in place (its vector keeps its capacity: nothing allocates inside a step).
+  int64_t dropped() const;
+  // Fills *out in place (its vector keeps its capacity: nothing allocates inside a step); a
+  // host read like the accessors above.
   void stats(RouterStats* out) const;
   RouterStats stats() const {
     RouterStats st;
@@ -122,17 +127,17 @@ class Router {
   const RouterConfig& config() const { return cfg_; }
   const Param& weight() const { return *weight_; }
   // fp32 buffers [E], part of the model state (checkpointed with it).
-  float* expert_bias() { return expert_bias_E_; }
-  const float* expert_bias() const { return expert_bias_E_; }
-  float* quantile_beta() { return beta_E_; }
-  const float* quantile_beta() const { return beta_E_; }
+  DevPtr<float> expert_bias() { return expert_bias_E_; }
+  DevPtr<const float> expert_bias() const { return expert_bias_E_; }
+  DevPtr<float> quantile_beta() { return beta_E_; }
+  DevPtr<const float> quantile_beta() const { return beta_E_; }
   int64_t steps_finished() const { return step_; }
   // d(loss) / d(logits) of the last backward, [T, E] (tests compare it with Megatron's).
-  const double* dlogits_TE() const { return dlogits_TE_; }
+  DevPtr<const double> dlogits_TE() const { return dlogits_TE_; }
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  void gate_forward(const T* x_TH, int64_t n_tok);
+  void gate_forward(DevPtr<const T> x_TH, int64_t n_tok);
   void compute_scores(int64_t n_tok);
   void select(int64_t n_tok);
   void sinkhorn_select(int64_t n_tok);
@@ -140,9 +145,9 @@ class Router {
   void compute_probs(int64_t n_tok);
   void apply_capacity(int64_t n_tok);
   void compute_losses(int64_t n_tok);
-  void backward_probs(double* dlogits_TE, const T* dprobs_TK);
-  void backward_losses(double* dlogits_TE, double loss_grad_scale);
-  void gate_backward(T* dx_TH);
+  void backward_probs(DevPtr<double> dlogits_TE, DevPtr<const T> dprobs_TK);
+  void backward_losses(DevPtr<double> dlogits_TE, double loss_grad_scale);
+  void gate_backward(DevPtr<T> dx_TH);
 
   RouterConfig cfg_;
   std::vector<LoadBalancingTerm> terms_;
@@ -158,42 +163,43 @@ class Router {
   RouterSaved<T> saved_;
 
   // Model state and the step's accumulators.
-  float* expert_bias_E_ = nullptr;
-  float* beta_E_ = nullptr;
-  double* bias_counts_E_ = nullptr;  // tokens per expert over the step's training forwards
-  double* global_sum_E_ = nullptr;   // global_aux_loss counts summed over micro-batches
+  DevPtr<float> expert_bias_E_ = nullptr;
+  DevPtr<float> beta_E_ = nullptr;
+  DevPtr<double> bias_counts_E_ = nullptr;  // tokens per expert over the step's training forwards
+  DevPtr<double> global_sum_E_ = nullptr;   // global_aux_loss counts summed over micro-batches
   int64_t global_micro_ = 0;
-  double* beta_sum_E_ = nullptr;  // quantile beta estimates summed over micro-batches
+  DevPtr<double> beta_sum_E_ = nullptr;  // quantile beta estimates summed over micro-batches
   int64_t beta_micro_ = 0;
 
   // The jitter stream's step counter, in memory (steps_finished(), advanced by an op).
-  int64_t* jitter_step_ = nullptr;
+  DevPtr<int64_t> jitter_step_ = nullptr;
 
   // Workspace.
-  T* jitter_TH_ = nullptr;  // U(1 - eps, 1 + eps) factors
-  T* gate_TH_ = nullptr;    // x * jitter
-  T* dgate_TH_ = nullptr;
-  T* logits_T_TE_ = nullptr;  // gate output in the model dtype (fp32 gate)
-  T* dlogits_T_TE_ = nullptr;
-  double* x64_TH_ = nullptr;  // f64 gate (fp64 router with an f32 model)
-  double* w64_EH_ = nullptr;
-  double* dx64_TH_ = nullptr;
-  double* dw64_EH_ = nullptr;
-  double* key_TE_ = nullptr;   // the selection key (logits / scores + bias / l - beta / ...)
-  double* keyv_TK_ = nullptr;  // top-k values of the key (K + 1 columns for quantile)
-  int32_t* keyi_TK_ = nullptr;
-  double* col_T_ = nullptr;    // one column of (l - alpha) for the quantile estimate
-  double* sk_d0_T_ = nullptr;  // Sinkhorn scalings
-  double* sk_d1_E_ = nullptr;
-  int32_t* cand_N_ = nullptr;  // capacity: (t, k) candidates per expert, expert-major
-  int64_t* cand_off_E_ = nullptr;
-  double* dlogits_TE_ = nullptr;
-  double* work_TE_ = nullptr;
-  double* work_TK_ = nullptr;
+  DevPtr<T> jitter_TH_ = nullptr;  // U(1 - eps, 1 + eps) factors
+  DevPtr<T> gate_TH_ = nullptr;    // x * jitter
+  DevPtr<T> dgate_TH_ = nullptr;
+  DevPtr<T> logits_T_TE_ = nullptr;  // gate output in the model dtype (fp32 gate)
+  DevPtr<T> dlogits_T_TE_ = nullptr;
+  DevPtr<double> x64_TH_ = nullptr;  // f64 gate (fp64 router with an f32 model)
+  DevPtr<double> w64_EH_ = nullptr;
+  DevPtr<double> dx64_TH_ = nullptr;
+  DevPtr<double> dw64_EH_ = nullptr;
+  DevPtr<double> key_TE_ = nullptr;   // the selection key (logits / scores + bias / l - beta / ...)
+  DevPtr<double> keyv_TK_ = nullptr;  // top-k values of the key (K + 1 columns for quantile)
+  DevPtr<int32_t> keyi_TK_ = nullptr;
+  DevPtr<double> col_T_ = nullptr;    // one column of (l - alpha) for the quantile estimate
+  DevPtr<double> sk_d0_T_ = nullptr;  // Sinkhorn scalings
+  DevPtr<double> sk_d1_E_ = nullptr;
+  DevPtr<int32_t> cand_N_ = nullptr;  // capacity: (t, k) candidates per expert, expert-major
+  DevPtr<int64_t> cand_off_E_ = nullptr;
+  DevPtr<double> dlogits_TE_ = nullptr;
+  DevPtr<double> work_TE_ = nullptr;
+  DevPtr<double> work_TK_ = nullptr;
   // The report: values the ops write for the step (aux values by lb slot, then z; dropped
   // pairs), read on the host after the step (report()).
-  double* report_ = nullptr;
-  int64_t* report_dropped_ = nullptr;
+  DevPtr<double> report_ = nullptr;
+  DevPtr<int64_t> report_dropped_ = nullptr;
+  mutable std::vector<float> range_E_;  // host scratch of stats(): a bias or beta vector
 };
 
 }  // namespace moecore::moe

@@ -70,8 +70,8 @@ void ParamRegistry::allocate(Arena& arena) {
   }
   for (Param& p : params_) {
     int k = static_cast<int>(p.spec.kind);
-    p.data = data_[k] ? static_cast<char*>(data_[k]) + p.offset * esize : nullptr;
-    p.grad = grad_[k] ? static_cast<char*>(grad_[k]) + p.offset * esize : nullptr;
+    p.data = data_[k] ? dev_ptr_cast<char>(data_[k]) + p.offset * esize : nullptr;
+    p.grad = grad_[k] ? dev_ptr_cast<char>(grad_[k]) + p.offset * esize : nullptr;
     p.data16 = data16_[k] ? data16_[k] + p.offset : nullptr;
     p.data16w = data16w_[k] ? data16w_[k] + p.offset : nullptr;
     p.has_data16 = bf16_copies_ && !bf16_widened_;
@@ -140,8 +140,8 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
         for (int64_t i = 0; i < m.inner; ++i) {
           const int64_t l = lbase + i;
           const uint64_t bits =
-              f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(p.data)[l])
-                  : std::bit_cast<uint64_t>(static_cast<const double*>(p.data)[l]);
+              f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(raw_ptr(p.data))[l])
+                  : std::bit_cast<uint64_t>(static_cast<const double*>(raw_ptr(p.data))[l]);
           sum += splitmix64(key ^ splitmix64(static_cast<uint64_t>(gbase + i)) ^ bits);
         }
       }
@@ -171,9 +171,9 @@ void ParamRegistry::init(uint64_t seed) {
         for (int64_t i = 0; i < m.inner; ++i) {
           double v = init_value(p.spec, key, gbase + i);
           if (dtype_ == DType::F32)
-            static_cast<float*>(p.data)[lbase + i] = static_cast<float>(v);
+            static_cast<float*>(raw_ptr(p.data))[lbase + i] = static_cast<float>(v);
           else
-            static_cast<double*>(p.data)[lbase + i] = v;
+            static_cast<double*>(raw_ptr(p.data))[lbase + i] = v;
         }
       }
     }
@@ -189,7 +189,7 @@ void ParamRegistry::refresh_bf16() {
       bf16_current_[k] = false;
       continue;
     }
-    const float* src = static_cast<const float*>(data_[k]);
+    const DevPtr<const float> src = dev_ptr_cast<const float>(data_[k]);
     if (data16w_[k] != nullptr)
       ops::round_f32_to_bf16(*ex_, data16w_[k], src, numel_[k]);
     else
@@ -200,7 +200,7 @@ void ParamRegistry::refresh_bf16() {
 void ParamRegistry::zero_grads() {
   for (int k = 0; k < 2; ++k) {
     if (grad_[k] != nullptr)
-      ops::zero(*ex_, static_cast<char*>(grad_[k]), numel_[k] * int64_t(dtype_size(dtype_)));
+      ops::zero(*ex_, dev_ptr_cast<char>(grad_[k]), numel_[k] * int64_t(dtype_size(dtype_)));
   }
 }
 

@@ -39,14 +39,14 @@ struct Param {
   ParamSpec spec;
   DType dtype = DType::F32;
   int64_t offset = 0;  // element offset into its kind's flat buffers
-  void* data = nullptr;
-  void* grad = nullptr;
+  DevPtr<void> data = nullptr;
+  DevPtr<void> grad = nullptr;
   // --bf16 compute copy, refreshed from `data` each step, in one of two formats: bf16 (data16,
   // what the native bf16 GEMMs read) or the same bf16 values widened to f32 (data16w, what the
   // widened-bf16 GEMM path reads). The has_ flags are set by allocate() in both passes (the
   // pointers are null while planning).
-  bf16* data16 = nullptr;
-  float* data16w = nullptr;
+  DevPtr<bf16> data16 = nullptr;
+  DevPtr<float> data16w = nullptr;
   bool has_data16 = false;
   bool has_data16w = false;
   bool has_bf16_copy() const { return has_data16 || has_data16w; }
@@ -57,15 +57,15 @@ struct Param {
   int64_t global_numel() const;
 
   template <typename T>
-  T* data_as() const {
+  DevPtr<T> data_as() const {
     MOE_CHECK(DTypeOf<T>::value == dtype, "[params] '{}' is {} not {}", spec.name,
               dtype_name(dtype), dtype_name(DTypeOf<T>::value));
-    return static_cast<T*>(data);
+    return dev_ptr_cast<T>(data);
   }
   template <typename T>
-  T* grad_as() const {
+  DevPtr<T> grad_as() const {
     (void)data_as<T>();
-    return static_cast<T*>(grad);
+    return dev_ptr_cast<T>(grad);
   }
 };
 
@@ -116,18 +116,18 @@ class ParamRegistry {
   // The execution context of the arena the values live in (from allocate()).
   const Exec& exec() const { return *ex_; }
   int64_t numel(ParamKind kind) const { return numel_[static_cast<int>(kind)]; }
-  void* flat_data(ParamKind kind) const { return data_[static_cast<int>(kind)]; }
-  void* flat_grad(ParamKind kind) const { return grad_[static_cast<int>(kind)]; }
+  DevPtr<void> flat_data(ParamKind kind) const { return data_[static_cast<int>(kind)]; }
+  DevPtr<void> flat_grad(ParamKind kind) const { return grad_[static_cast<int>(kind)]; }
 
  private:
   DType dtype_;
   const Exec* ex_ = &cpu_exec();
   std::deque<Param> params_;
   int64_t numel_[2] = {0, 0};
-  void* data_[2] = {nullptr, nullptr};
-  void* grad_[2] = {nullptr, nullptr};
-  bf16* data16_[2] = {nullptr, nullptr};
-  float* data16w_[2] = {nullptr, nullptr};
+  DevPtr<void> data_[2] = {nullptr, nullptr};
+  DevPtr<void> grad_[2] = {nullptr, nullptr};
+  DevPtr<bf16> data16_[2] = {nullptr, nullptr};
+  DevPtr<float> data16w_[2] = {nullptr, nullptr};
   bool bf16_copies_ = false;
   bool bf16_widened_ = false;
   bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16

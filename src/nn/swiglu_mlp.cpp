@@ -8,6 +8,7 @@
 #include "ops/cast.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
+#include "ops/memory.h"
 #include "ops/swiglu.h"
 
 namespace moecore::nn {
@@ -70,10 +71,10 @@ namespace {
 
 // h = x fc1^T (the forward's first GEMM; also its recomputation).
 template <typename T>
-void fc1_forward(const SwigluMlpSaved<T>& s, const T* fc1, SwigluMlpShape sh) {
+void fc1_forward(const SwigluMlpSaved<T>& s, DevPtr<const T> fc1, SwigluMlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
     if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
-      const float* x32 = s.x_NH;
+      DevPtr<const float> x32 = s.x_NH;
       if (!s.x_rounded) {
         ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
         x32 = s.ws32;
@@ -104,9 +105,9 @@ void act_forward(const SwigluMlpSaved<T>& s, SwigluMlpShape sh) {
 }  // namespace
 
 template <typename T>
-void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p_N,
-                        const int64_t* m_G, int64_t G, int64_t N, const T* fc1, const T* fc2,
-                        SwigluMlpShape sh) {
+void swiglu_mlp_forward(SwigluMlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH,
+                        DevPtr<const T> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                        DevPtr<const T> fc1, DevPtr<const T> fc2, SwigluMlpShape sh) {
   s.x_NH = x_NH;
   s.p_N = p_N;
   s.m_G = m_G;
@@ -126,16 +127,17 @@ void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p
 }
 
 template <typename T>
-void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
-                         const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
-                         T* dh_N2F) {
+void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
+                         DevPtr<T> dfc1, DevPtr<T> dfc2, DevPtr<const T> dy_NH, DevPtr<const T> fc1,
+                         DevPtr<const T> fc2, SwigluMlpShape sh, DevPtr<T> da_NF,
+                         DevPtr<T> dh_N2F) {
   // Recomputation: the forward's arithmetic again, so the values are bitwise the forward's.
   if (s.recompute_fc1) fc1_forward(s, fc1, sh);
   if (s.recompute_act) act_forward(s, sh);
   if constexpr (std::is_same_v<T, float>) {
     if (s.widened) {  // f32 GEMMs on bf16 values: dy, x rounded; a, dh written so by SwiGLU
-      float* x32 = s.ws32;
-      const float* dy32 = dy_NH;
+      DevPtr<float> x32 = s.ws32;
+      DevPtr<const float> dy32 = dy_NH;
       if (!s.dy_rounded) {
         ops::round_f32_to_bf16(*s.ex, s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
         dy32 = s.ws32 + s.N * sh.H;
@@ -143,7 +145,7 @@ void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1,
       ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
       ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, dfc2);
       ops::swiglu_backward_bf16w(*s.ex, dh_N2F, dp_N, da_NF, s.h_N2F, s.p_N, s.N, sh.F);
-      const float* x_in = s.x_NH;
+      DevPtr<const float> x_in = s.x_NH;
       if (!s.x_rounded) {
         ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
         x_in = x32;
@@ -202,29 +204,33 @@ void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
                       SwigluRecompute{recompute, recompute});
   da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_tokens * 2 * sh_.F, "mlp.dh", MemKind::Workspace);
+  rows_dev_ = a.alloc<int64_t>(1, "mlp.rows", MemKind::State);
 }
 
 template <typename T>
-void MLP<T>::forward(T* y_TH, const T* x_TH, int64_t n_tok) {
+void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
+  // One group of n_tok rows: the grouped GEMMs read the group size from memory.
   rows_ = n_tok;
-  swiglu_mlp_forward(saved_, y_TH, x_TH, static_cast<const T*>(nullptr), &rows_, 1, n_tok,
+  ops::copy<int64_t>(*saved_.ex, rows_dev_, &rows_, 1);
+  swiglu_mlp_forward(saved_, y_TH, x_TH, DevPtr<const T>(nullptr), rows_dev_, 1, n_tok,
                      fc1_->data_as<T>(), fc2_->data_as<T>(), sh_);
 }
 
 template <typename T>
-void MLP<T>::backward(T* dx_TH, const T* dy_TH) {
-  swiglu_mlp_backward(saved_, dx_TH, static_cast<T*>(nullptr), fc1_->grad_as<T>(),
-                      fc2_->grad_as<T>(), dy_TH, fc1_->data_as<T>(), fc2_->data_as<T>(), sh_, da_,
-                      dh_);
+void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
+  swiglu_mlp_backward(saved_, dx_TH, DevPtr<T>(nullptr), fc1_->grad_as<T>(), fc2_->grad_as<T>(),
+                      dy_TH, fc1_->data_as<T>(), fc2_->data_as<T>(), sh_, da_, dh_);
 }
 
 #define MOECORE_INSTANTIATE(T)                                                                    \
   template void swiglu_mlp_allocate<T>(SwigluMlpSaved<T>&, Arena&, int64_t, SwigluMlpShape,       \
                                        const char*, const Param*, const Param*, SwigluRecompute); \
-  template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, T*, const T*, const T*, const int64_t*, \
-                                      int64_t, int64_t, const T*, const T*, SwigluMlpShape);      \
-  template void swiglu_mlp_backward<T>(const SwigluMlpSaved<T>&, T*, T*, T*, T*, const T*,        \
-                                       const T*, const T*, SwigluMlpShape, T*, T*);               \
+  template void swiglu_mlp_forward<T>(SwigluMlpSaved<T>&, DevPtr<T>, DevPtr<const T>,             \
+                                      DevPtr<const T>, DevPtr<const int64_t>, int64_t, int64_t,   \
+                                      DevPtr<const T>, DevPtr<const T>, SwigluMlpShape);          \
+  template void swiglu_mlp_backward<T>(const SwigluMlpSaved<T>&, DevPtr<T>, DevPtr<T>, DevPtr<T>, \
+                                       DevPtr<T>, DevPtr<const T>, DevPtr<const T>,               \
+                                       DevPtr<const T>, SwigluMlpShape, DevPtr<T>, DevPtr<T>);    \
   template class MLP<T>;
 MOECORE_INSTANTIATE(float)
 MOECORE_INSTANTIATE(double)

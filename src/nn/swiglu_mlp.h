@@ -16,23 +16,23 @@ namespace moecore::nn {
 template <typename T>
 struct SwigluMlpSaved {
   const Exec* ex = &cpu_exec();  // the arena's: where the ops run (set by allocate)
-  const T* x_NH = nullptr;       // input rows, owned by the caller until backward
-  const T* p_N = nullptr;        // per-row probs (null: 1)
-  const int64_t* m_G = nullptr;  // rows per group
+  DevPtr<const T> x_NH = nullptr;       // input rows, owned by the caller until backward
+  DevPtr<const T> p_N = nullptr;        // per-row probs (null: 1)
+  DevPtr<const int64_t> m_G = nullptr;  // rows per group
   int64_t G = 0, N = 0;
-  T* h_N2F = nullptr;      // fc1 output
-  T* a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
-  bf16* a16_NF = nullptr;  // only its bf16 copy
+  DevPtr<T> h_N2F = nullptr;      // fc1 output
+  DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
+  DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
   // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
   bool recompute_fc1 = false;
   bool recompute_act = false;
   // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
   // two bf16 workspaces of max_rows * max(2F, H) for the other GEMM inputs.
-  const bf16* fc1_16 = nullptr;
-  const bf16* fc2_16 = nullptr;
-  const float* fc1_16w = nullptr;  // the same widened to f32 (widen GEMM path; else null)
-  const float* fc2_16w = nullptr;
+  DevPtr<const bf16> fc1_16 = nullptr;
+  DevPtr<const bf16> fc2_16 = nullptr;
+  DevPtr<const float> fc1_16w = nullptr;  // the same widened to f32 (widen GEMM path; else null)
+  DevPtr<const float> fc2_16w = nullptr;
   // Widened bf16 (the weights' data16w exist): a_NF holds the activation's bf16 values in f32
   // (a16_NF stays null) and the GEMMs are f32 GEMMs on bf16 values.
   bool widened = false;
@@ -40,9 +40,10 @@ struct SwigluMlpSaved {
   // it again. Set by the owner after allocation; the forward's recomputation must then hold too.
   bool x_rounded = false;
   bool dy_rounded = false;  // the same for the backward's dy_NH
-  bf16* ws_a16 = nullptr;
-  bf16* ws_b16 = nullptr;
-  float* ws32 = nullptr;  // f32 operands of the widened-bf16 GEMM path (null on the native one)
+  DevPtr<bf16> ws_a16 = nullptr;
+  DevPtr<bf16> ws_b16 = nullptr;
+  // f32 operands of the widened-bf16 GEMM path (null on the native one).
+  DevPtr<float> ws32 = nullptr;
 };
 
 struct SwigluMlpShape {
@@ -64,15 +65,15 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
 
 // fc1 [G, 2F, H], fc2 [G, H, F]; y [N, H] assigned.
 template <typename T>
-void swiglu_mlp_forward(SwigluMlpSaved<T>& s, T* y_NH, const T* x_NH, const T* p_N,
-                        const int64_t* m_G, int64_t G, int64_t N, const T* fc1, const T* fc2,
-                        SwigluMlpShape sh);
+void swiglu_mlp_forward(SwigluMlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH,
+                        DevPtr<const T> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                        DevPtr<const T> fc1, DevPtr<const T> fc2, SwigluMlpShape sh);
 // dx assigned, dp assigned (if p and dp non-null), dfc1/dfc2 accumulated. da_NF, dh_N2F are
 // workspace of the saved sizes. Recomputes first what s.recompute_* say was not kept.
 template <typename T>
-void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, T* dx_NH, T* dp_N, T* dfc1, T* dfc2,
-                         const T* dy_NH, const T* fc1, const T* fc2, SwigluMlpShape sh, T* da_NF,
-                         T* dh_N2F);
+void swiglu_mlp_backward(const SwigluMlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
+                         DevPtr<T> dfc1, DevPtr<T> dfc2, DevPtr<const T> dy_NH, DevPtr<const T> fc1,
+                         DevPtr<const T> fc2, SwigluMlpShape sh, DevPtr<T> da_NF, DevPtr<T> dh_N2F);
 
 // A dense SwiGLU MLP layer (a transformer FFN or the shared expert).
 template <typename T>
@@ -86,17 +87,18 @@ class MLP {
   bool widened_bf16() const { return saved_.widened; }
   void input_rounded() { saved_.x_rounded = saved_.widened; }
   void output_grad_rounded() { saved_.dy_rounded = saved_.widened; }  // dy as bf16 values
-  void forward(T* y_TH, const T* x_TH, int64_t n_tok);
-  void backward(T* dx_TH, const T* dy_TH);  // dx assigned, weight grads accumulated
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 
  private:
   SwigluMlpShape sh_;
   Param* fc1_;  // [2F, H]
   Param* fc2_;  // [H, F]
   SwigluMlpSaved<T> saved_;
-  int64_t rows_ = 0;
-  T* da_ = nullptr;
-  T* dh_ = nullptr;
+  int64_t rows_ = 0;                    // the host's group size, uploaded each forward
+  DevPtr<int64_t> rows_dev_ = nullptr;  // [1] what the grouped GEMMs read
+  DevPtr<T> da_ = nullptr;
+  DevPtr<T> dh_ = nullptr;
 };
 
 }  // namespace moecore::nn

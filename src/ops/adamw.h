@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 #include "core/dtype.h"
@@ -37,10 +38,12 @@ void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWPara
 // p16w (f32 p only; may be null): the same bf16 values widened to f32, for the widened-bf16
 // GEMM path (ops/gemm_bf16.h), written in the same pass too; with or without p16.
 template <typename T>
-void adamw_step(const Exec& ex, T* p, const T* g, float* m, float* v, int64_t n,
-                const AdamWParams& a, const AdamWStep* s, bf16* p16 = nullptr,
-                float* p16w = nullptr) {
-  if (ex.on_cpu()) return cpu::adamw_step(p, g, m, v, n, a, s, p16, p16w);
+void adamw_step(const Exec& ex, DevPtr<T> p, DevPtr<const T> g, DevPtr<float> m, DevPtr<float> v,
+                int64_t n, const AdamWParams& a, DevPtr<const AdamWStep> s,
+                DevPtr<bf16> p16 = nullptr, DevPtr<float> p16w = nullptr) {
+  if (ex.on_cpu())
+    return cpu::adamw_step(raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a, raw_ptr(s),
+                           raw_ptr(p16), raw_ptr(p16w));
   no_kernel(ex, "adamw_step");
 }
 template <typename T>

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -14,8 +15,8 @@ void add(T* y, const T* a, const T* b, int64_t n);
 }  // namespace cpu
 
 template <typename T>
-void add(const Exec& ex, T* y, const T* a, const T* b, int64_t n) {
-  if (ex.on_cpu()) return cpu::add(y, a, b, n);
+void add(const Exec& ex, DevPtr<T> y, DevPtr<const T> a, DevPtr<const T> b, int64_t n) {
+  if (ex.on_cpu()) return cpu::add(raw_ptr(y), raw_ptr(a), raw_ptr(b), n);
   no_kernel(ex, "add");
 }
 template <typename T>

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -33,9 +34,12 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
 // q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.
 template <typename T>
-void attention_forward(const Exec& ex, T* out, T* lse, const T* q, const T* k, const T* v,
-                       const AttentionShape& s, T* workspace) {
-  if (ex.on_cpu()) return cpu::attention_forward(out, lse, q, k, v, s, workspace);
+void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q,
+                       DevPtr<const T> k, DevPtr<const T> v, const AttentionShape& s,
+                       DevPtr<T> workspace) {
+  if (ex.on_cpu())
+    return cpu::attention_forward(raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k), raw_ptr(v), s,
+                                  raw_ptr(workspace));
   no_kernel(ex, "attention_forward");
 }
 template <typename T>
@@ -43,11 +47,14 @@ void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
                            const AttentionShape& s);
 // dq, dk, dv are assigned.
 template <typename T>
-void attention_backward(const Exec& ex, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                        const T* v, const T* out, const T* lse, const AttentionShape& s,
-                        T* workspace) {
+void attention_backward(const Exec& ex, DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv,
+                        DevPtr<const T> dout, DevPtr<const T> q, DevPtr<const T> k,
+                        DevPtr<const T> v, DevPtr<const T> out, DevPtr<const T> lse,
+                        const AttentionShape& s, DevPtr<T> workspace) {
   if (ex.on_cpu())
-    return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
+    return cpu::attention_backward(raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout), raw_ptr(q),
+                                   raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
+                                   raw_ptr(workspace));
   no_kernel(ex, "attention_backward");
 }
 template <typename T>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -17,15 +18,15 @@ void bias_backward(T* db_N, const T* dy_MN, int64_t M, int64_t N);
 }  // namespace cpu
 
 template <typename T>
-void bias_forward(const Exec& ex, T* y_MN, const T* b_N, int64_t M, int64_t N) {
-  if (ex.on_cpu()) return cpu::bias_forward(y_MN, b_N, M, N);
+void bias_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> b_N, int64_t M, int64_t N) {
+  if (ex.on_cpu()) return cpu::bias_forward(raw_ptr(y_MN), raw_ptr(b_N), M, N);
   no_kernel(ex, "bias_forward");
 }
 template <typename T>
 void bias_forward_ref(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
-void bias_backward(const Exec& ex, T* db_N, const T* dy_MN, int64_t M, int64_t N) {
-  if (ex.on_cpu()) return cpu::bias_backward(db_N, dy_MN, M, N);
+void bias_backward(const Exec& ex, DevPtr<T> db_N, DevPtr<const T> dy_MN, int64_t M, int64_t N) {
+  if (ex.on_cpu()) return cpu::bias_backward(raw_ptr(db_N), raw_ptr(dy_MN), M, N);
   no_kernel(ex, "bias_backward");
 }
 template <typename T>

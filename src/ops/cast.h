@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 #include "core/dtype.h"
@@ -16,20 +17,20 @@ void cast_bf16_to_f32(float* y, const bf16* x, int64_t n);
 void round_f32_to_bf16(float* y, const float* x, int64_t n);
 }  // namespace cpu
 
-inline void cast_f32_to_bf16(const Exec& ex, bf16* y, const float* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::cast_f32_to_bf16(y, x, n);
+inline void cast_f32_to_bf16(const Exec& ex, DevPtr<bf16> y, DevPtr<const float> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::cast_f32_to_bf16(raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "cast_f32_to_bf16");
 }
 void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
-inline void cast_bf16_to_f32(const Exec& ex, float* y, const bf16* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::cast_bf16_to_f32(y, x, n);
+inline void cast_bf16_to_f32(const Exec& ex, DevPtr<float> y, DevPtr<const bf16> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::cast_bf16_to_f32(raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "cast_bf16_to_f32");
 }
 void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n);
 // y = f32(bf16(x)): the bf16 value of x kept in an f32 (the widened-bf16 GEMM path's inputs,
 // made in one pass from the f32 source instead of a cast and a widening). y may be x.
-inline void round_f32_to_bf16(const Exec& ex, float* y, const float* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::round_f32_to_bf16(y, x, n);
+inline void round_f32_to_bf16(const Exec& ex, DevPtr<float> y, DevPtr<const float> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::round_f32_to_bf16(raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "round_f32_to_bf16");
 }
 void round_f32_to_bf16_ref(float* y, const float* x, int64_t n);

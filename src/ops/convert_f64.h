@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -21,8 +22,8 @@ void add_from_f64(T* y, const double* x, const T* factor, int64_t n);
 
 // y [n] = double(x).
 template <typename T>
-void widen_to_f64(const Exec& ex, double* y, const T* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::widen_to_f64(y, x, n);
+void widen_to_f64(const Exec& ex, DevPtr<double> y, DevPtr<const T> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::widen_to_f64(raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "widen_to_f64");
 }
 template <typename T>
@@ -30,8 +31,8 @@ void widen_to_f64_ref(double* y, const T* x, int64_t n);
 
 // y [n] = T(x) (round to nearest).
 template <typename T>
-void narrow_from_f64(const Exec& ex, T* y, const double* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::narrow_from_f64(y, x, n);
+void narrow_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::narrow_from_f64(raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "narrow_from_f64");
 }
 template <typename T>
@@ -39,8 +40,9 @@ void narrow_from_f64_ref(T* y, const double* x, int64_t n);
 
 // y [n] += T(x * factor) (factor null: y += T(x)); the product is taken in f64.
 template <typename T>
-void add_from_f64(const Exec& ex, T* y, const double* x, const T* factor, int64_t n) {
-  if (ex.on_cpu()) return cpu::add_from_f64(y, x, factor, n);
+void add_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, DevPtr<const T> factor,
+                  int64_t n) {
+  if (ex.on_cpu()) return cpu::add_from_f64(raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
   no_kernel(ex, "add_from_f64");
 }
 template <typename T>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 #include "core/dtype.h"
@@ -28,12 +29,12 @@ int64_t head_loss_workspace_elems(const HeadLossShape& s);
 // The forward writes h's bf16 form (h16 or h32); the backward reads it as the forward left it
 // (like lse_T), so nothing may overwrite it in between.
 struct HeadLossBf16 {
-  const bf16* w_VH = nullptr;
-  bf16* h16 = nullptr;
-  bf16* dz16 = nullptr;
-  float* ws32 = nullptr;
-  const float* w_VH_wide = nullptr;
-  float* h32 = nullptr;
+  DevPtr<const bf16> w_VH = nullptr;
+  DevPtr<bf16> h16 = nullptr;
+  DevPtr<bf16> dz16 = nullptr;
+  DevPtr<float> ws32 = nullptr;
+  DevPtr<const float> w_VH_wide = nullptr;
+  DevPtr<float> h32 = nullptr;
 };
 // ws32 of the bf16-operand form (0 on the native GEMM path).
 int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
@@ -52,11 +53,14 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
 // report's slot, read on the host after the step). Targets < 0 are ignored (loss 0, no
 // gradient).
 template <typename T>
-void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T* h_TH,
-                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s,
-                       T* workspace, const HeadLossBf16* bf16 = nullptr) {
+void head_loss_forward(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_T, DevPtr<T> lse_T,
+                       DevPtr<const T> h_TH, DevPtr<const T> w_VH, DevPtr<const int32_t> target_T,
+                       const HeadLossShape& s, DevPtr<T> workspace,
+                       const HeadLossBf16* bf16 = nullptr) {
   if (ex.on_cpu()) {
-    *sum = cpu::head_loss_forward(loss_T, lse_T, h_TH, w_VH, target_T, s, workspace, bf16);
+    *raw_ptr(sum) =
+        cpu::head_loss_forward(raw_ptr(loss_T), raw_ptr(lse_T), raw_ptr(h_TH), raw_ptr(w_VH),
+                               raw_ptr(target_T), s, raw_ptr(workspace), bf16);
     return;
   }
   no_kernel(ex, "head_loss_forward");
@@ -67,12 +71,14 @@ double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
 // With d(total loss)/d(loss_T[t]) = *dloss for every token (read from memory: the step's
 // scale, ops::loss_grad_scale): dh (assigned) and dw (accumulated) of the head + cross entropy.
 template <typename T>
-void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
-                        const int32_t* target_T, const T* lse_T, const T* dloss,
-                        const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16 = nullptr) {
+void head_loss_backward(const Exec& ex, DevPtr<T> dh_TH, DevPtr<T> dw_VH, DevPtr<const T> h_TH,
+                        DevPtr<const T> w_VH, DevPtr<const int32_t> target_T, DevPtr<const T> lse_T,
+                        DevPtr<const T> dloss, const HeadLossShape& s, DevPtr<T> workspace,
+                        const HeadLossBf16* bf16 = nullptr) {
   if (ex.on_cpu())
-    return cpu::head_loss_backward(dh_TH, dw_VH, h_TH, w_VH, target_T, lse_T, *dloss, s,
-                                   workspace, bf16);
+    return cpu::head_loss_backward(raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH), raw_ptr(w_VH),
+                                   raw_ptr(target_T), raw_ptr(lse_T), *raw_ptr(dloss), s,
+                                   raw_ptr(workspace), bf16);
   no_kernel(ex, "head_loss_backward");
 }
 template <typename T>

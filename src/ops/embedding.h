@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -19,9 +20,10 @@ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t 
 
 // y[t] = w[ids[t]]; every id must be in [0, V) (checked).
 template <typename T>
-void embedding_forward(const Exec& ex, T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
-                       int64_t H, int64_t V) {
-  if (ex.on_cpu()) return cpu::embedding_forward(y_TH, ids_T, w_VH, n_tok, H, V);
+void embedding_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
+                       DevPtr<const T> w_VH, int64_t n_tok, int64_t H, int64_t V) {
+  if (ex.on_cpu())
+    return cpu::embedding_forward(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
   no_kernel(ex, "embedding_forward");
 }
 template <typename T>
@@ -29,9 +31,10 @@ void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t
                            int64_t V);
 // dw[ids[t]] += dy[t].
 template <typename T>
-void embedding_backward(const Exec& ex, T* dw_VH, const T* dy_TH, const int32_t* ids_T,
-                        int64_t n_tok, int64_t H, int64_t V) {
-  if (ex.on_cpu()) return cpu::embedding_backward(dw_VH, dy_TH, ids_T, n_tok, H, V);
+void embedding_backward(const Exec& ex, DevPtr<T> dw_VH, DevPtr<const T> dy_TH,
+                        DevPtr<const int32_t> ids_T, int64_t n_tok, int64_t H, int64_t V) {
+  if (ex.on_cpu())
+    return cpu::embedding_backward(raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H, V);
   no_kernel(ex, "embedding_backward");
 }
 template <typename T>

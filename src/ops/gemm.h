@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -32,8 +33,11 @@ void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, con
 // lda/ldb/ldc are the row strides of A, B, C as stored (before op).
 template <typename T>
 void gemm(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
-          const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (ex.on_cpu()) return cpu::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+          DevPtr<const T> A, int64_t lda, DevPtr<const T> B, int64_t ldb, T beta, DevPtr<T> C,
+          int64_t ldc) {
+  if (ex.on_cpu())
+    return cpu::gemm(trans_a, trans_b, M, N, K, alpha, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
+                     raw_ptr(C), ldc);
   no_kernel(ex, "gemm");
 }
 template <typename T>
@@ -42,18 +46,21 @@ void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alp
 
 // Convenience for contiguous operands: y[M,N] (+)= x[M,K] * w^T with w [N,K]  (a "linear").
 template <typename T>
-void linear_forward(const Exec& ex, T* y_MN, const T* x_MK, const T* w_NK, int64_t M, int64_t N,
-                    int64_t K, bool accumulate = false) {
-  if (ex.on_cpu()) return cpu::linear_forward(y_MN, x_MK, w_NK, M, N, K, accumulate);
+void linear_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> x_MK, DevPtr<const T> w_NK,
+                    int64_t M, int64_t N, int64_t K, bool accumulate = false) {
+  if (ex.on_cpu())
+    return cpu::linear_forward(raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K, accumulate);
   no_kernel(ex, "linear_forward");
 }
 // dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates). dx may be
 // null (a first layer needs no input gradient).
 template <typename T>
-void linear_backward(const Exec& ex, T* dx_MK, T* dw_NK, const T* dy_MN, const T* x_MK,
-                     const T* w_NK, int64_t M, int64_t N, int64_t K, bool accumulate_dx = false) {
+void linear_backward(const Exec& ex, DevPtr<T> dx_MK, DevPtr<T> dw_NK, DevPtr<const T> dy_MN,
+                     DevPtr<const T> x_MK, DevPtr<const T> w_NK, int64_t M, int64_t N, int64_t K,
+                     bool accumulate_dx = false) {
   if (ex.on_cpu())
-    return cpu::linear_backward(dx_MK, dw_NK, dy_MN, x_MK, w_NK, M, N, K, accumulate_dx);
+    return cpu::linear_backward(raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
+                                raw_ptr(w_NK), M, N, K, accumulate_dx);
   no_kernel(ex, "linear_backward");
 }
 
@@ -61,9 +68,10 @@ void linear_backward(const Exec& ex, T* dx_MK, T* dw_NK, const T* dy_MN, const T
 // x is stacked by rows: group g owns rows [sum_{h<g} m_G[h], + m_G[g]).
 // Forward:  y_g[m_g, N] = x_g[m_g, K] * op(w_g),  w is [G, N, K] if trans_w else [G, K, N].
 template <typename T>
-void grouped_gemm(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
-                  const T* w, bool trans_w, T* y) {
-  if (ex.on_cpu()) return cpu::grouped_gemm(m_G, G, N, K, x, w, trans_w, y);
+void grouped_gemm(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N, int64_t K,
+                  DevPtr<const T> x, DevPtr<const T> w, bool trans_w, DevPtr<T> y) {
+  if (ex.on_cpu())
+    return cpu::grouped_gemm(raw_ptr(m_G), G, N, K, raw_ptr(x), raw_ptr(w), trans_w, raw_ptr(y));
   no_kernel(ex, "grouped_gemm");
 }
 template <typename T>
@@ -71,9 +79,10 @@ void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const
                       bool trans_w, T* y);
 // Weight gradient: dw_g[N, K] += dy_g[m_g, N]^T * x_g[m_g, K]  (dw is [G, N, K], accumulated).
 template <typename T>
-void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
-                        const T* dy, const T* x, T* dw) {
-  if (ex.on_cpu()) return cpu::grouped_gemm_wgrad(m_G, G, N, K, dy, x, dw);
+void grouped_gemm_wgrad(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N, int64_t K,
+                        DevPtr<const T> dy, DevPtr<const T> x, DevPtr<T> dw) {
+  if (ex.on_cpu())
+    return cpu::grouped_gemm_wgrad(raw_ptr(m_G), G, N, K, raw_ptr(dy), raw_ptr(x), raw_ptr(dw));
   no_kernel(ex, "grouped_gemm_wgrad");
 }
 template <typename T>

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 #include "core/dtype.h"
@@ -59,10 +60,12 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
 inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                      const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
-                      int64_t ldc, float* ws32, const float* b32 = nullptr) {
+                      DevPtr<const bf16> A, int64_t lda, DevPtr<const bf16> B, int64_t ldb,
+                      float beta, DevPtr<float> C, int64_t ldc, DevPtr<float> ws32,
+                      DevPtr<const float> b32 = nullptr) {
   if (ex.on_cpu())
-    return cpu::gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, ws32, b32);
+    return cpu::gemm_bf16(trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
+                          raw_ptr(C), ldc, raw_ptr(ws32), raw_ptr(b32));
   no_kernel(ex, "gemm_bf16");
 }
 int64_t gemm_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
@@ -73,22 +76,26 @@ void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 // (Widen rounds x straight into ws32; x16 is then unused.) x_rounded: x already holds bf16
 // values (its producer rounded it, e.g. rmsnorm_forward_bf16w), so the widen path reads it as
 // it is instead of rounding it again; the results are the same.
-inline void linear_forward_bf16(const Exec& ex, float* y_MN, const float* x_MK, const bf16* w_NK,
-                                int64_t M, int64_t N, int64_t K, bf16* x16, float* ws32,
-                                const float* w32 = nullptr, bool x_rounded = false) {
+inline void linear_forward_bf16(const Exec& ex, DevPtr<float> y_MN, DevPtr<const float> x_MK,
+                                DevPtr<const bf16> w_NK, int64_t M, int64_t N, int64_t K,
+                                DevPtr<bf16> x16, DevPtr<float> ws32,
+                                DevPtr<const float> w32 = nullptr, bool x_rounded = false) {
   if (ex.on_cpu())
-    return cpu::linear_forward_bf16(y_MN, x_MK, w_NK, M, N, K, x16, ws32, w32, x_rounded);
+    return cpu::linear_forward_bf16(raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
+                                    raw_ptr(x16), raw_ptr(ws32), raw_ptr(w32), x_rounded);
   no_kernel(ex, "linear_forward_bf16");
 }
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
 // dy16 and x16 are workspace of M*N and M*K.
-inline void linear_backward_bf16(const Exec& ex, float* dx_MK, float* dw_NK, const float* dy_MN,
-                                 const float* x_MK, const bf16* w_NK, int64_t M, int64_t N,
-                                 int64_t K, bf16* dy16, bf16* x16, float* ws32,
-                                 const float* w32 = nullptr, bool x_rounded = false) {
+inline void linear_backward_bf16(const Exec& ex, DevPtr<float> dx_MK, DevPtr<float> dw_NK,
+                                 DevPtr<const float> dy_MN, DevPtr<const float> x_MK,
+                                 DevPtr<const bf16> w_NK, int64_t M, int64_t N, int64_t K,
+                                 DevPtr<bf16> dy16, DevPtr<bf16> x16, DevPtr<float> ws32,
+                                 DevPtr<const float> w32 = nullptr, bool x_rounded = false) {
   if (ex.on_cpu())
-    return cpu::linear_backward_bf16(dx_MK, dw_NK, dy_MN, x_MK, w_NK, M, N, K, dy16, x16, ws32, w32,
-                                     x_rounded);
+    return cpu::linear_backward_bf16(raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
+                                     raw_ptr(w_NK), M, N, K, raw_ptr(dy16), raw_ptr(x16),
+                                     raw_ptr(ws32), raw_ptr(w32), x_rounded);
   no_kernel(ex, "linear_backward_bf16");
 }
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
@@ -97,17 +104,22 @@ int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
 // Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
 //   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
-inline void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
-                              const bf16* x16, const bf16* w, bool trans_w, float* y, float* ws32,
-                              const float* w32 = nullptr) {
-  if (ex.on_cpu()) return cpu::grouped_gemm_bf16(m_G, G, N, K, x16, w, trans_w, y, ws32, w32);
+inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                              int64_t K, DevPtr<const bf16> x16, DevPtr<const bf16> w, bool trans_w,
+                              DevPtr<float> y, DevPtr<float> ws32,
+                              DevPtr<const float> w32 = nullptr) {
+  if (ex.on_cpu())
+    return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
+                                  raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
   no_kernel(ex, "grouped_gemm_bf16");
 }
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
-inline void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N,
-                                    int64_t K, const bf16* dy16, const bf16* x16, float* dw,
-                                    float* ws32) {
-  if (ex.on_cpu()) return cpu::grouped_gemm_wgrad_bf16(m_G, G, N, K, dy16, x16, dw, ws32);
+inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                                    int64_t K, DevPtr<const bf16> dy16, DevPtr<const bf16> x16,
+                                    DevPtr<float> dw, DevPtr<float> ws32) {
+  if (ex.on_cpu())
+    return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
+                                        raw_ptr(dw), raw_ptr(ws32));
   no_kernel(ex, "grouped_gemm_wgrad_bf16");
 }
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.

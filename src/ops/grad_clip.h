@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "ops/adamw.h"
 
@@ -19,9 +20,10 @@ void grad_clip(double* norm, AdamWStep* step, const double* sum_sq, int64_t n_pa
 }  // namespace cpu
 
 // norm: one double (the norm before clipping); step: its grad_scale and skip are written.
-inline void grad_clip(const Exec& ex, double* norm, AdamWStep* step, const double* sum_sq,
-                      int64_t n_parts, double max_norm) {
-  if (ex.on_cpu()) return cpu::grad_clip(norm, step, sum_sq, n_parts, max_norm);
+inline void grad_clip(const Exec& ex, DevPtr<double> norm, DevPtr<AdamWStep> step,
+                      DevPtr<const double> sum_sq, int64_t n_parts, double max_norm) {
+  if (ex.on_cpu())
+    return cpu::grad_clip(raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts, max_norm);
   no_kernel(ex, "grad_clip");
 }
 void grad_clip_ref(double* norm, AdamWStep* step, const double* sum_sq, int64_t n_parts,

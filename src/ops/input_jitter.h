@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -23,30 +24,33 @@ void input_jitter_backward(T* dx, const T* dy, const T* jitter, int64_t n);
 // optimizer step, input_jitter_advance), the lane (the micro-batch of the step) is a constant
 // of each forward.
 template <typename T>
-void input_jitter_forward(const Exec& ex, T* jitter, T* y, const T* x, double eps, uint64_t key,
-                          const int64_t* step, int64_t stride, uint32_t lane, int64_t n) {
+void input_jitter_forward(const Exec& ex, DevPtr<T> jitter, DevPtr<T> y, DevPtr<const T> x,
+                          double eps, uint64_t key, DevPtr<const int64_t> step, int64_t stride,
+                          uint32_t lane, int64_t n) {
   if (ex.on_cpu()) {
-    const uint64_t base = static_cast<uint64_t>(*step) * static_cast<uint64_t>(stride);
-    return cpu::input_jitter_forward(jitter, y, x, eps, key, base, lane, n);
+    const uint64_t base = static_cast<uint64_t>(*raw_ptr(step)) * static_cast<uint64_t>(stride);
+    return cpu::input_jitter_forward(raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key, base, lane,
+                                     n);
   }
   no_kernel(ex, "input_jitter_forward");
 }
 // *step += 1: once per optimizer step, after the step's forwards.
-inline void input_jitter_advance(const Exec& ex, int64_t* step) {
+inline void input_jitter_advance(const Exec& ex, DevPtr<int64_t> step) {
   if (ex.on_cpu()) {
-    ++*step;
+    ++*raw_ptr(step);
     return;
   }
   no_kernel(ex, "input_jitter_advance");
 }
 template <typename T>
-void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key,
-                              uint64_t base, uint32_t lane, int64_t n);
+void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key, uint64_t base,
+                              uint32_t lane, int64_t n);
 
 // dx [n] += dy * jitter (accumulated: the router is one branch of the MoE input).
 template <typename T>
-void input_jitter_backward(const Exec& ex, T* dx, const T* dy, const T* jitter, int64_t n) {
-  if (ex.on_cpu()) return cpu::input_jitter_backward(dx, dy, jitter, n);
+void input_jitter_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> jitter,
+                           int64_t n) {
+  if (ex.on_cpu()) return cpu::input_jitter_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
   no_kernel(ex, "input_jitter_backward");
 }
 template <typename T>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -12,9 +13,9 @@ namespace moecore::ops {
 // The shape of build_group_permutation's input: G = tok_off[R] gathered tokens of R ranks, rank
 // r's at [tok_off[r], tok_off[r + 1]); the local experts [first, first + L) of EP rank `me`.
 struct GroupRouting {
-  const int32_t* idx_GK = nullptr;    // [G, K] expert per (token, slot); negative = dropped
-  const int64_t* tok_off_R = nullptr;  // [R + 1]
-  const int64_t* cap_R = nullptr;      // [R] rank r pads each expert's block to cap_R[r] (0: not)
+  DevPtr<const int32_t> idx_GK = nullptr;     // [G, K] expert per (token, slot); < 0: dropped
+  DevPtr<const int64_t> tok_off_R = nullptr;  // [R + 1]
+  DevPtr<const int64_t> cap_R = nullptr;      // [R] rank r pads each expert's block to cap_R[r]
   int64_t R = 1, me = 0, L = 0, first = 0, K = 1;
   int64_t max_rows = 0;  // the planned worst case of N
 };
@@ -53,12 +54,14 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
 //   token_rows_TK [T,K]  the permuted row of (t, k), or -1 if dropped.
 // The fast path and the reference return N; the op writes it into *n_kept (memory: nothing of
 // the plan returns to the host).
-inline void build_permutation(const Exec& ex, int64_t* n_kept, int64_t* counts_E,
-                              int32_t* row_token_N, int32_t* row_slot_N, int32_t* token_rows_TK,
-                              const int32_t* idx_TK, int64_t n_tok, int64_t K, int64_t E) {
+inline void build_permutation(const Exec& ex, DevPtr<int64_t> n_kept, DevPtr<int64_t> counts_E,
+                              DevPtr<int32_t> row_token_N, DevPtr<int32_t> row_slot_N,
+                              DevPtr<int32_t> token_rows_TK, DevPtr<const int32_t> idx_TK,
+                              int64_t n_tok, int64_t K, int64_t E) {
   if (ex.on_cpu()) {
-    *n_kept = cpu::build_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, idx_TK,
-                                     n_tok, K, E);
+    *raw_ptr(n_kept) =
+        cpu::build_permutation(raw_ptr(counts_E), raw_ptr(row_token_N), raw_ptr(row_slot_N),
+                               raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
     return;
   }
   no_kernel(ex, "build_permutation");
@@ -72,13 +75,14 @@ int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* 
 // [e * cap, e * cap + count_e) and fills the rest of the block with pad rows (row_token =
 // row_slot = -1); token_rows follows, counts become cap. Throws when an expert has more than
 // cap rows. Writes the number of pad rows into *pads (the fast path and reference return it).
-inline void pad_permutation(const Exec& ex, int64_t* pads, int64_t* counts_E,
-                            int32_t* row_token_N, int32_t* row_slot_N, int32_t* token_rows_TK,
-                            const int64_t* n_kept, int64_t n_tok, int64_t K, int64_t E,
-                            int64_t cap) {
+inline void pad_permutation(const Exec& ex, DevPtr<int64_t> pads, DevPtr<int64_t> counts_E,
+                            DevPtr<int32_t> row_token_N, DevPtr<int32_t> row_slot_N,
+                            DevPtr<int32_t> token_rows_TK, DevPtr<const int64_t> n_kept,
+                            int64_t n_tok, int64_t K, int64_t E, int64_t cap) {
   if (ex.on_cpu()) {
-    *pads = cpu::pad_permutation(counts_E, row_token_N, row_slot_N, token_rows_TK, *n_kept, n_tok,
-                                 K, E, cap);
+    *raw_ptr(pads) =
+        cpu::pad_permutation(raw_ptr(counts_E), raw_ptr(row_token_N), raw_ptr(row_slot_N),
+                             raw_ptr(token_rows_TK), *raw_ptr(n_kept), n_tok, K, E, cap);
     return;
   }
   no_kernel(ex, "pad_permutation");
@@ -95,12 +99,14 @@ int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* ro
 // within the gathered G) and row_slot_N [N], group_rows_GK [G, K] (the row of each slot, -1
 // when dropped or not local) and *pads (pad rows in rank me's blocks); chunk_LR [L, R] is
 // workspace. Returns N; more than g.max_rows throws.
-inline int64_t build_group_permutation(const Exec& ex, int64_t* rows_L, int32_t* row_token_N,
-                                       int32_t* row_slot_N, int32_t* group_rows_GK,
-                                       int64_t* chunk_LR, int64_t* pads, const GroupRouting& g) {
+inline int64_t build_group_permutation(const Exec& ex, DevPtr<int64_t> rows_L,
+                                       DevPtr<int32_t> row_token_N, DevPtr<int32_t> row_slot_N,
+                                       DevPtr<int32_t> group_rows_GK, DevPtr<int64_t> chunk_LR,
+                                       DevPtr<int64_t> pads, const GroupRouting& g) {
   if (ex.on_cpu())
-    return cpu::build_group_permutation(rows_L, row_token_N, row_slot_N, group_rows_GK, chunk_LR,
-                                        pads, g);
+    return cpu::build_group_permutation(raw_ptr(rows_L), raw_ptr(row_token_N), raw_ptr(row_slot_N),
+                                        raw_ptr(group_rows_GK), raw_ptr(chunk_LR), raw_ptr(pads),
+                                        g);
   no_kernel(ex, "build_group_permutation");
 }
 int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
@@ -108,9 +114,12 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
 
 // Each row's routing prob: p[r] = probs[row_token[r], row_slot[r]] (0 for a pad row).
 template <typename T>
-void gather_row_probs(const Exec& ex, T* p_N, const T* probs_TK, const int32_t* row_token_N,
-                      const int32_t* row_slot_N, int64_t N, int64_t K) {
-  if (ex.on_cpu()) return cpu::gather_row_probs(p_N, probs_TK, row_token_N, row_slot_N, N, K);
+void gather_row_probs(const Exec& ex, DevPtr<T> p_N, DevPtr<const T> probs_TK,
+                      DevPtr<const int32_t> row_token_N, DevPtr<const int32_t> row_slot_N,
+                      int64_t N, int64_t K) {
+  if (ex.on_cpu())
+    return cpu::gather_row_probs(raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
+                                 raw_ptr(row_slot_N), N, K);
   no_kernel(ex, "gather_row_probs");
 }
 template <typename T>
@@ -118,9 +127,10 @@ void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
                           const int32_t* row_slot_N, int64_t N, int64_t K);
 // Its backward: dprobs[t, k] = dp[token_rows[t, k]] (0 for a dropped slot), assigned.
 template <typename T>
-void scatter_row_probs(const Exec& ex, T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
-                       int64_t TK) {
-  if (ex.on_cpu()) return cpu::scatter_row_probs(dprobs_TK, dp_N, token_rows_TK, TK);
+void scatter_row_probs(const Exec& ex, DevPtr<T> dprobs_TK, DevPtr<const T> dp_N,
+                       DevPtr<const int32_t> token_rows_TK, int64_t TK) {
+  if (ex.on_cpu())
+    return cpu::scatter_row_probs(raw_ptr(dprobs_TK), raw_ptr(dp_N), raw_ptr(token_rows_TK), TK);
   no_kernel(ex, "scatter_row_probs");
 }
 template <typename T>
@@ -128,18 +138,20 @@ void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_row
 
 // y[r] = x[row_token[r]]  (y [N, H], x [T, H]); a pad row (row_token[r] < 0) becomes zeros.
 template <typename T>
-void permute_rows(const Exec& ex, T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
-                  int64_t H) {
-  if (ex.on_cpu()) return cpu::permute_rows(y_NH, x_TH, row_token_N, N, H);
+void permute_rows(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> x_TH,
+                  DevPtr<const int32_t> row_token_N, int64_t N, int64_t H) {
+  if (ex.on_cpu())
+    return cpu::permute_rows(raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
   no_kernel(ex, "permute_rows");
 }
 template <typename T>
 void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
 // y[t] = sum_k x[token_rows[t, k]] over kept slots, in k order  (y [T, H] assigned).
 template <typename T>
-void unpermute_rows(const Exec& ex, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
-                    int64_t n_tok, int64_t K, int64_t H) {
-  if (ex.on_cpu()) return cpu::unpermute_rows(y_TH, x_NH, token_rows_TK, n_tok, K, H);
+void unpermute_rows(const Exec& ex, DevPtr<T> y_TH, DevPtr<const T> x_NH,
+                    DevPtr<const int32_t> token_rows_TK, int64_t n_tok, int64_t K, int64_t H) {
+  if (ex.on_cpu())
+    return cpu::unpermute_rows(raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK), n_tok, K, H);
   no_kernel(ex, "unpermute_rows");
 }
 template <typename T>
@@ -150,14 +162,16 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
 // dst (the all-to-all dispatcher's reorder between (source rank, expert) and (expert, source
 // rank) order). Chunks must not overlap in dst; src and dst are distinct buffers.
 template <typename T>
-void copy_row_chunks(const Exec& ex, T* dst_NW, const T* src_NW, const int64_t* dst_off,
-                     const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W) {
+void copy_row_chunks(const Exec& ex, DevPtr<T> dst_NW, DevPtr<const T> src_NW,
+                     DevPtr<const int64_t> dst_off, DevPtr<const int64_t> src_off,
+                     DevPtr<const int64_t> rows, int64_t n_chunks, int64_t W) {
   if (ex.on_cpu())
-    return cpu::copy_row_chunks(dst_NW, src_NW, dst_off, src_off, rows, n_chunks, W);
+    return cpu::copy_row_chunks(raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
+                                raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
   no_kernel(ex, "copy_row_chunks");
 }
 template <typename T>
-void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off,
-                         const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W);
+void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off, const int64_t* src_off,
+                         const int64_t* rows, int64_t n_chunks, int64_t W);
 
 }  // namespace moecore::ops

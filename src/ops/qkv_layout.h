@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -22,15 +23,17 @@ void fuse_qkv(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);
 }  // namespace cpu
 
 template <typename T>
-void split_qkv(const Exec& ex, T* q, T* k, T* v, const T* fused, const QkvShape& s) {
-  if (ex.on_cpu()) return cpu::split_qkv(q, k, v, fused, s);
+void split_qkv(const Exec& ex, DevPtr<T> q, DevPtr<T> k, DevPtr<T> v, DevPtr<const T> fused,
+               const QkvShape& s) {
+  if (ex.on_cpu()) return cpu::split_qkv(raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(fused), s);
   no_kernel(ex, "split_qkv");
 }
 template <typename T>
 void split_qkv_ref(T* q, T* k, T* v, const T* fused, const QkvShape& s);
 template <typename T>
-void fuse_qkv(const Exec& ex, T* fused, const T* q, const T* k, const T* v, const QkvShape& s) {
-  if (ex.on_cpu()) return cpu::fuse_qkv(fused, q, k, v, s);
+void fuse_qkv(const Exec& ex, DevPtr<T> fused, DevPtr<const T> q, DevPtr<const T> k,
+              DevPtr<const T> v, const QkvShape& s) {
+  if (ex.on_cpu()) return cpu::fuse_qkv(raw_ptr(fused), raw_ptr(q), raw_ptr(k), raw_ptr(v), s);
   no_kernel(ex, "fuse_qkv");
 }
 template <typename T>

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -28,9 +29,10 @@ void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int6
 
 // x, y [n_tok, n_heads, D]; token t is at position pos_T[t]. y may alias x.
 template <typename T>
-void rope_forward(const Exec& ex, T* y, const T* x, const int32_t* pos_T, int64_t n_tok,
-                  int64_t n_heads, const RopeCache& cache) {
-  if (ex.on_cpu()) return cpu::rope_forward(y, x, pos_T, n_tok, n_heads, cache);
+void rope_forward(const Exec& ex, DevPtr<T> y, DevPtr<const T> x, DevPtr<const int32_t> pos_T,
+                  int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
+  if (ex.on_cpu())
+    return cpu::rope_forward(raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads, cache);
   no_kernel(ex, "rope_forward");
 }
 template <typename T>
@@ -38,9 +40,10 @@ void rope_forward_ref(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int
                       int64_t D, double base);
 // The inverse rotation (the transpose): dx may alias dy.
 template <typename T>
-void rope_backward(const Exec& ex, T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok,
-                   int64_t n_heads, const RopeCache& cache) {
-  if (ex.on_cpu()) return cpu::rope_backward(dx, dy, pos_T, n_tok, n_heads, cache);
+void rope_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const int32_t> pos_T,
+                   int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
+  if (ex.on_cpu())
+    return cpu::rope_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads, cache);
   no_kernel(ex, "rope_backward");
 }
 template <typename T>

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -17,12 +18,11 @@ void aux_loss_value(double* value, const double* aux_scores_TE, const C* counts_
                     int64_t E, int64_t K);
 void seq_aux_loss_value(double* value, const double* aux_scores_TE, const int64_t* seq_counts_BE,
                         int64_t n_tok, int64_t E, int64_t K, int64_t B);
-void z_loss_value(double* value, double* lse_T, const double* logits_TE, int64_t n_tok,
-                  int64_t E);
+void z_loss_value(double* value, double* lse_T, const double* logits_TE, int64_t n_tok, int64_t E);
 template <typename C>
 void aux_loss_grad(double* daux_TE, const C* counts_E, double coeff, int64_t n_tok, int64_t E);
-void seq_aux_loss_grad(double* daux_TE, const int64_t* seq_counts_BE, double coeff,
-                       int64_t n_tok, int64_t E, int64_t B);
+void seq_aux_loss_grad(double* daux_TE, const int64_t* seq_counts_BE, double coeff, int64_t n_tok,
+                       int64_t E, int64_t B);
 void z_loss_grad(double* dlogits_TE, const double* lse_T, const double* softmax_TE, double coeff,
                  int64_t n_tok, int64_t E);
 }  // namespace cpu
@@ -30,9 +30,11 @@ void z_loss_grad(double* dlogits_TE, const double* lse_T, const double* softmax_
 // *value = E / (K T^2) sum_e (sum_t a_te) N_e (T = n_tok >= 1); C: int64_t counts of the
 // micro-batch or double running means (global_aux_loss).
 template <typename C>
-void aux_loss_value(const Exec& ex, double* value, const double* aux_scores_TE, const C* counts_E,
-                    int64_t n_tok, int64_t E, int64_t K) {
-  if (ex.on_cpu()) return cpu::aux_loss_value(value, aux_scores_TE, counts_E, n_tok, E, K);
+void aux_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<const double> aux_scores_TE,
+                    DevPtr<const C> counts_E, int64_t n_tok, int64_t E, int64_t K) {
+  if (ex.on_cpu())
+    return cpu::aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(counts_E), n_tok, E,
+                               K);
   no_kernel(ex, "aux_loss_value");
 }
 template <typename C>
@@ -41,11 +43,13 @@ void aux_loss_value_ref(double* value, const double* aux_scores_TE, const C* cou
 
 // *value = 1/B sum_b E / (K S^2) sum_e (sum_{t in b} a_te) N_be: tokens t = s * B + b, S = T / B,
 // seq_counts [B, E].
-inline void seq_aux_loss_value(const Exec& ex, double* value, const double* aux_scores_TE,
-                               const int64_t* seq_counts_BE, int64_t n_tok, int64_t E, int64_t K,
-                               int64_t B) {
+inline void seq_aux_loss_value(const Exec& ex, DevPtr<double> value,
+                               DevPtr<const double> aux_scores_TE,
+                               DevPtr<const int64_t> seq_counts_BE, int64_t n_tok, int64_t E,
+                               int64_t K, int64_t B) {
   if (ex.on_cpu())
-    return cpu::seq_aux_loss_value(value, aux_scores_TE, seq_counts_BE, n_tok, E, K, B);
+    return cpu::seq_aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(seq_counts_BE),
+                                   n_tok, E, K, B);
   no_kernel(ex, "seq_aux_loss_value");
 }
 void seq_aux_loss_value_ref(double* value, const double* aux_scores_TE,
@@ -53,9 +57,10 @@ void seq_aux_loss_value_ref(double* value, const double* aux_scores_TE,
                             int64_t B);
 
 // lse [T] = logsumexp(logits_t); *value = mean_t lse_t^2 (0 for no tokens).
-inline void z_loss_value(const Exec& ex, double* value, double* lse_T, const double* logits_TE,
-                         int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::z_loss_value(value, lse_T, logits_TE, n_tok, E);
+inline void z_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<double> lse_T,
+                         DevPtr<const double> logits_TE, int64_t n_tok, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::z_loss_value(raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok, E);
   no_kernel(ex, "z_loss_value");
 }
 void z_loss_value_ref(double* value, double* lse_T, const double* logits_TE, int64_t n_tok,
@@ -63,19 +68,20 @@ void z_loss_value_ref(double* value, double* lse_T, const double* logits_TE, int
 
 // daux [T, E] += coeff * d(aux value)/d a_te = coeff / T^2 * N_e (coeff includes E / K).
 template <typename C>
-void aux_loss_grad(const Exec& ex, double* daux_TE, const C* counts_E, double coeff,
+void aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE, DevPtr<const C> counts_E, double coeff,
                    int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::aux_loss_grad(daux_TE, counts_E, coeff, n_tok, E);
+  if (ex.on_cpu()) return cpu::aux_loss_grad(raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
   no_kernel(ex, "aux_loss_grad");
 }
 template <typename C>
-void aux_loss_grad_ref(double* daux_TE, const C* counts_E, double coeff, int64_t n_tok,
-                       int64_t E);
+void aux_loss_grad_ref(double* daux_TE, const C* counts_E, double coeff, int64_t n_tok, int64_t E);
 
 // daux [T, E] += coeff / (S^2 B) * N_{t mod B, e} (coeff includes E / K).
-inline void seq_aux_loss_grad(const Exec& ex, double* daux_TE, const int64_t* seq_counts_BE,
-                              double coeff, int64_t n_tok, int64_t E, int64_t B) {
-  if (ex.on_cpu()) return cpu::seq_aux_loss_grad(daux_TE, seq_counts_BE, coeff, n_tok, E, B);
+inline void seq_aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE,
+                              DevPtr<const int64_t> seq_counts_BE, double coeff, int64_t n_tok,
+                              int64_t E, int64_t B) {
+  if (ex.on_cpu())
+    return cpu::seq_aux_loss_grad(raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff, n_tok, E, B);
   no_kernel(ex, "seq_aux_loss_grad");
 }
 void seq_aux_loss_grad_ref(double* daux_TE, const int64_t* seq_counts_BE, double coeff,
@@ -83,9 +89,11 @@ void seq_aux_loss_grad_ref(double* daux_TE, const int64_t* seq_counts_BE, double
 
 // dlogits [T, E] += coeff * lse_t * softmax(logits_t)_e: the z value's gradient times
 // coeff * T / 2 (the caller passes coeff = scale * z_coeff * 2 / T).
-inline void z_loss_grad(const Exec& ex, double* dlogits_TE, const double* lse_T,
-                        const double* softmax_TE, double coeff, int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::z_loss_grad(dlogits_TE, lse_T, softmax_TE, coeff, n_tok, E);
+inline void z_loss_grad(const Exec& ex, DevPtr<double> dlogits_TE, DevPtr<const double> lse_T,
+                        DevPtr<const double> softmax_TE, double coeff, int64_t n_tok, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::z_loss_grad(raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE), coeff, n_tok,
+                            E);
   no_kernel(ex, "z_loss_grad");
 }
 void z_loss_grad_ref(double* dlogits_TE, const double* lse_T, const double* softmax_TE,

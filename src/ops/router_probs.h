@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "ops/router_scores.h"
 
@@ -30,33 +31,35 @@ void kept_prob_grads(double* g_TK, const T* dprobs_TK, const int32_t* idx_TK, do
                      int64_t TK);
 void topk_probs_backward(ProbsFn fn, ScoreFn score, double* dlogits_TE, double* work_TE,
                          const double* g_TK, const double* val_TK, const int32_t* routed_TK,
-                         const double* logits_TE, const double* scores_TE, int64_t n_tok,
-                         int64_t E, int64_t K);
+                         const double* logits_TE, const double* scores_TE, int64_t n_tok, int64_t E,
+                         int64_t K);
 }  // namespace cpu
 
 // val[t, k] = src[t, idx[t, k]] (idx >= 0).
-inline void gather_topk(const Exec& ex, double* val_TK, const double* src_TE,
-                        const int32_t* idx_TK, int64_t n_tok, int64_t E, int64_t K) {
-  if (ex.on_cpu()) return cpu::gather_topk(val_TK, src_TE, idx_TK, n_tok, E, K);
+inline void gather_topk(const Exec& ex, DevPtr<double> val_TK, DevPtr<const double> src_TE,
+                        DevPtr<const int32_t> idx_TK, int64_t n_tok, int64_t E, int64_t K) {
+  if (ex.on_cpu())
+    return cpu::gather_topk(raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok, E, K);
   no_kernel(ex, "gather_topk");
 }
 void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t n_tok,
                      int64_t E, int64_t K);
 
 // probs [T, K] = fn's probs of val, times scale (--moe-router-topk-scaling-factor, 1: none).
-inline void topk_probs(const Exec& ex, ProbsFn fn, double* probs_TK, const double* val_TK,
-                       double scale, int64_t n_tok, int64_t K) {
-  if (ex.on_cpu()) return cpu::topk_probs(fn, probs_TK, val_TK, scale, n_tok, K);
+inline void topk_probs(const Exec& ex, ProbsFn fn, DevPtr<double> probs_TK,
+                       DevPtr<const double> val_TK, double scale, int64_t n_tok, int64_t K) {
+  if (ex.on_cpu()) return cpu::topk_probs(fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
   no_kernel(ex, "topk_probs");
 }
-void topk_probs_ref(ProbsFn fn, double* probs_TK, const double* val_TK, double scale,
-                    int64_t n_tok, int64_t K);
+void topk_probs_ref(ProbsFn fn, double* probs_TK, const double* val_TK, double scale, int64_t n_tok,
+                    int64_t K);
 
 // g [T, K] = dprobs * scale where idx >= 0, 0 at dropped slots (their prob is the constant 0).
 template <typename T>
-void kept_prob_grads(const Exec& ex, double* g_TK, const T* dprobs_TK, const int32_t* idx_TK,
-                     double scale, int64_t TK) {
-  if (ex.on_cpu()) return cpu::kept_prob_grads(g_TK, dprobs_TK, idx_TK, scale, TK);
+void kept_prob_grads(const Exec& ex, DevPtr<double> g_TK, DevPtr<const T> dprobs_TK,
+                     DevPtr<const int32_t> idx_TK, double scale, int64_t TK) {
+  if (ex.on_cpu())
+    return cpu::kept_prob_grads(raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK), scale, TK);
   no_kernel(ex, "kept_prob_grads");
 }
 template <typename T>
@@ -66,13 +69,16 @@ void kept_prob_grads_ref(double* g_TK, const T* dprobs_TK, const int32_t* idx_TK
 // dlogits [T, E] += the gradient of sum g * probs/scale through fn (g: kept_prob_grads'), with
 // val and routed (before dropping) the forward's; scores [T, E] are the score function's (the
 // softmax for SoftmaxOverE), logits [T, E] the gate's. work [T, E] is scratch (SoftmaxOverE).
-inline void topk_probs_backward(const Exec& ex, ProbsFn fn, ScoreFn score, double* dlogits_TE,
-                                double* work_TE, const double* g_TK, const double* val_TK,
-                                const int32_t* routed_TK, const double* logits_TE,
-                                const double* scores_TE, int64_t n_tok, int64_t E, int64_t K) {
+inline void topk_probs_backward(const Exec& ex, ProbsFn fn, ScoreFn score,
+                                DevPtr<double> dlogits_TE, DevPtr<double> work_TE,
+                                DevPtr<const double> g_TK, DevPtr<const double> val_TK,
+                                DevPtr<const int32_t> routed_TK, DevPtr<const double> logits_TE,
+                                DevPtr<const double> scores_TE, int64_t n_tok, int64_t E,
+                                int64_t K) {
   if (ex.on_cpu())
-    return cpu::topk_probs_backward(fn, score, dlogits_TE, work_TE, g_TK, val_TK, routed_TK,
-                                    logits_TE, scores_TE, n_tok, E, K);
+    return cpu::topk_probs_backward(fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE), raw_ptr(g_TK),
+                                    raw_ptr(val_TK), raw_ptr(routed_TK), raw_ptr(logits_TE),
+                                    raw_ptr(scores_TE), n_tok, E, K);
   no_kernel(ex, "topk_probs_backward");
 }
 void topk_probs_backward_ref(ProbsFn fn, ScoreFn score, double* dlogits_TE, const double* g_TK,

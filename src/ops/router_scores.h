@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -28,9 +29,12 @@ void aux_scores_backward(ScoreFn fn, double* dlogits_TE, double* daux_TE,
 // aux_scores [T, E] (may be null: not computed) = the aux-loss scores: the softmax itself, or
 // s / (sum_E s + kRouterNormEps) (Megatron normalises them for every K). scores may alias logits
 // when aux_scores is null.
-inline void router_scores(const Exec& ex, ScoreFn fn, double* scores_TE, double* aux_scores_TE,
-                          const double* logits_TE, int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::router_scores(fn, scores_TE, aux_scores_TE, logits_TE, n_tok, E);
+inline void router_scores(const Exec& ex, ScoreFn fn, DevPtr<double> scores_TE,
+                          DevPtr<double> aux_scores_TE, DevPtr<const double> logits_TE,
+                          int64_t n_tok, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::router_scores(fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE), raw_ptr(logits_TE),
+                              n_tok, E);
   no_kernel(ex, "router_scores");
 }
 void router_scores_ref(ScoreFn fn, double* scores_TE, double* aux_scores_TE,
@@ -40,11 +44,13 @@ void router_scores_ref(ScoreFn fn, double* scores_TE, double* aux_scores_TE,
 // gradient w.r.t. the aux scores, is used as scratch and left unspecified). Softmax: through
 // aux_scores (= the softmax); elementwise: through the normalisation and fn, from scores and
 // logits.
-inline void aux_scores_backward(const Exec& ex, ScoreFn fn, double* dlogits_TE, double* daux_TE,
-                                const double* aux_scores_TE, const double* scores_TE,
-                                const double* logits_TE, int64_t n_tok, int64_t E) {
+inline void aux_scores_backward(const Exec& ex, ScoreFn fn, DevPtr<double> dlogits_TE,
+                                DevPtr<double> daux_TE, DevPtr<const double> aux_scores_TE,
+                                DevPtr<const double> scores_TE, DevPtr<const double> logits_TE,
+                                int64_t n_tok, int64_t E) {
   if (ex.on_cpu())
-    return cpu::aux_scores_backward(fn, dlogits_TE, daux_TE, aux_scores_TE, scores_TE, logits_TE,
+    return cpu::aux_scores_backward(fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
+                                    raw_ptr(aux_scores_TE), raw_ptr(scores_TE), raw_ptr(logits_TE),
                                     n_tok, E);
   no_kernel(ex, "aux_scores_backward");
 }

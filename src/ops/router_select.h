@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -26,9 +27,11 @@ void apply_capacity(int32_t* idx_TK, double* probs_TK, int64_t* dropped, int32_t
 
 // key[t, e] = src[t, e] + offset[e] (subtract: - offset[e]); offset null: a copy. The expert
 // bias (added) and the quantile beta (subtracted) touch only the key, never the probs.
-inline void routing_key(const Exec& ex, double* key_TE, const double* src_TE,
-                        const float* offset_E, bool subtract, int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::routing_key(key_TE, src_TE, offset_E, subtract, n_tok, E);
+inline void routing_key(const Exec& ex, DevPtr<double> key_TE, DevPtr<const double> src_TE,
+                        DevPtr<const float> offset_E, bool subtract, int64_t n_tok, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::routing_key(raw_ptr(key_TE), raw_ptr(src_TE), raw_ptr(offset_E), subtract, n_tok,
+                            E);
   no_kernel(ex, "routing_key");
 }
 void routing_key_ref(double* key_TE, const double* src_TE, const float* offset_E, bool subtract,
@@ -38,10 +41,12 @@ void routing_key_ref(double* key_TE, const double* src_TE, const float* offset_E
 // a group's score is the sum of its top-(K / group_topk) keys (largest first); the group_topk
 // best groups stay (ties to the lower group), every other expert's key becomes -inf.
 // scratch [T, E] is overwritten. num_groups <= 256.
-inline void group_limited_mask(const Exec& ex, double* key_TE, double* scratch_TE, int64_t n_tok,
-                               int64_t E, int64_t num_groups, int64_t group_topk, int64_t K) {
+inline void group_limited_mask(const Exec& ex, DevPtr<double> key_TE, DevPtr<double> scratch_TE,
+                               int64_t n_tok, int64_t E, int64_t num_groups, int64_t group_topk,
+                               int64_t K) {
   if (ex.on_cpu())
-    return cpu::group_limited_mask(key_TE, scratch_TE, n_tok, E, num_groups, group_topk, K);
+    return cpu::group_limited_mask(raw_ptr(key_TE), raw_ptr(scratch_TE), n_tok, E, num_groups,
+                                   group_topk, K);
   no_kernel(ex, "group_limited_mask");
 }
 void group_limited_mask_ref(double* key_TE, int64_t n_tok, int64_t E, int64_t num_groups,
@@ -51,9 +56,12 @@ void group_limited_mask_ref(double* key_TE, int64_t n_tok, int64_t E, int64_t nu
 // factors d0 [T] and column factors d1 (d1_2E: [E] factors, [E] the previous iteration's),
 // iterated until the mean |change of d1| <= 1e-4 (eps 1e-8 guards the divisions). Throws when
 // it does not converge in 100000 iterations.
-inline void sinkhorn_balance(const Exec& ex, double* cost_TE, double* d0_T, double* d1_2E,
-                             const double* logits_TE, int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::sinkhorn_balance(cost_TE, d0_T, d1_2E, logits_TE, n_tok, E);
+inline void sinkhorn_balance(const Exec& ex, DevPtr<double> cost_TE, DevPtr<double> d0_T,
+                             DevPtr<double> d1_2E, DevPtr<const double> logits_TE, int64_t n_tok,
+                             int64_t E) {
+  if (ex.on_cpu())
+    return cpu::sinkhorn_balance(raw_ptr(cost_TE), raw_ptr(d0_T), raw_ptr(d1_2E),
+                                 raw_ptr(logits_TE), n_tok, E);
   no_kernel(ex, "sinkhorn_balance");
 }
 void sinkhorn_balance_ref(double* cost_TE, double* d0_T, double* d1_2E, const double* logits_TE,
@@ -61,24 +69,25 @@ void sinkhorn_balance_ref(double* cost_TE, double* d0_T, double* d1_2E, const do
 
 // idx [T, K] = the first K columns of idx [T, K1] (quantile balancing selects K of a top-(K+1)
 // whose last column is the threshold).
-inline void topk_prefix(const Exec& ex, int32_t* idx_TK, const int32_t* idx_TK1, int64_t n_tok,
-                        int64_t K, int64_t K1) {
-  if (ex.on_cpu()) return cpu::topk_prefix(idx_TK, idx_TK1, n_tok, K, K1);
+inline void topk_prefix(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<const int32_t> idx_TK1,
+                        int64_t n_tok, int64_t K, int64_t K1) {
+  if (ex.on_cpu()) return cpu::topk_prefix(raw_ptr(idx_TK), raw_ptr(idx_TK1), n_tok, K, K1);
   no_kernel(ex, "topk_prefix");
 }
-void topk_prefix_ref(int32_t* idx_TK, const int32_t* idx_TK1, int64_t n_tok, int64_t K,
-                     int64_t K1);
+void topk_prefix_ref(int32_t* idx_TK, const int32_t* idx_TK1, int64_t n_tok, int64_t K, int64_t K1);
 
 // Capacity: idx = routed, then each expert keeps at most `capacity` of its (token, slot) pairs,
 // the largest probs (by_probs; ties to the lower (t, k)) or the first in token order; a dropped
 // pair gets idx -1 and prob 0, and *dropped counts them. capacity 0: dropless (idx = routed,
 // nothing dropped). cand_N [T * K] and cand_off_2E1 [2 E + 1] are scratch.
-inline void apply_capacity(const Exec& ex, int32_t* idx_TK, double* probs_TK, int64_t* dropped,
-                           int32_t* cand_N, int64_t* cand_off_2E1, const int32_t* routed_TK,
+inline void apply_capacity(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<double> probs_TK,
+                           DevPtr<int64_t> dropped, DevPtr<int32_t> cand_N,
+                           DevPtr<int64_t> cand_off_2E1, DevPtr<const int32_t> routed_TK,
                            int64_t n_tok, int64_t K, int64_t E, int64_t capacity, bool by_probs) {
   if (ex.on_cpu())
-    return cpu::apply_capacity(idx_TK, probs_TK, dropped, cand_N, cand_off_2E1, routed_TK, n_tok,
-                               K, E, capacity, by_probs);
+    return cpu::apply_capacity(raw_ptr(idx_TK), raw_ptr(probs_TK), raw_ptr(dropped),
+                               raw_ptr(cand_N), raw_ptr(cand_off_2E1), raw_ptr(routed_TK), n_tok, K,
+                               E, capacity, by_probs);
   no_kernel(ex, "apply_capacity");
 }
 void apply_capacity_ref(int32_t* idx_TK, double* probs_TK, int64_t* dropped,

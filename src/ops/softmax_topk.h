@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -19,17 +20,19 @@ void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, i
 
 // y[T,E] = softmax(x) per row; y may alias x.
 template <typename T>
-void softmax_forward(const Exec& ex, T* y_TE, const T* x_TE, int64_t n_tok, int64_t E) {
-  if (ex.on_cpu()) return cpu::softmax_forward(y_TE, x_TE, n_tok, E);
+void softmax_forward(const Exec& ex, DevPtr<T> y_TE, DevPtr<const T> x_TE, int64_t n_tok,
+                     int64_t E) {
+  if (ex.on_cpu()) return cpu::softmax_forward(raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
   no_kernel(ex, "softmax_forward");
 }
 template <typename T>
 void softmax_forward_ref(T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
 // dx = y * (dy - sum(dy * y)); dx may alias dy.
 template <typename T>
-void softmax_backward(const Exec& ex, T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok,
-                      int64_t E) {
-  if (ex.on_cpu()) return cpu::softmax_backward(dx_TE, dy_TE, y_TE, n_tok, E);
+void softmax_backward(const Exec& ex, DevPtr<T> dx_TE, DevPtr<const T> dy_TE, DevPtr<const T> y_TE,
+                      int64_t n_tok, int64_t E) {
+  if (ex.on_cpu())
+    return cpu::softmax_backward(raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok, E);
   no_kernel(ex, "softmax_backward");
 }
 template <typename T>
@@ -38,9 +41,9 @@ void softmax_backward_ref(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok
 // Top-k per row: idx/val [T, K] in descending value order; ties go to the lower index.
 // Entries equal to -inf are never preferred over finite ones.
 template <typename T>
-void topk(const Exec& ex, int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E,
-          int64_t K) {
-  if (ex.on_cpu()) return cpu::topk(idx_TK, val_TK, x_TE, n_tok, E, K);
+void topk(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<T> val_TK, DevPtr<const T> x_TE,
+          int64_t n_tok, int64_t E, int64_t K) {
+  if (ex.on_cpu()) return cpu::topk(raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
   no_kernel(ex, "topk");
 }
 template <typename T>

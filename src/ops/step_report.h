@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -33,8 +34,8 @@ void report_moe_layer(MicroBatchReport* r, int64_t* tokens_E, const double* aux_
 // *dloss = T(scale / *counted), 0 when nothing counts: d(loss)/d(each token's CE) of the mean
 // cross entropy, times the step's gradient scale.
 template <typename T>
-void loss_grad_scale(const Exec& ex, T* dloss, const int64_t* counted, double scale) {
-  if (ex.on_cpu()) return cpu::loss_grad_scale(dloss, counted, scale);
+void loss_grad_scale(const Exec& ex, DevPtr<T> dloss, DevPtr<const int64_t> counted, double scale) {
+  if (ex.on_cpu()) return cpu::loss_grad_scale(raw_ptr(dloss), raw_ptr(counted), scale);
   no_kernel(ex, "loss_grad_scale");
 }
 template <typename T>
@@ -42,11 +43,13 @@ void loss_grad_scale_ref(T* dloss, const int64_t* counted, double scale);
 
 // One MoE layer's routing results added into its micro-batch's report: aux_value (null: the
 // layer lists no aux type) and z_value, dropped, tokens per expert [E], and one more layer.
-inline void report_moe_layer(const Exec& ex, MicroBatchReport* r, int64_t* tokens_E,
-                             const double* aux_value, const double* z_value,
-                             const int64_t* dropped, const int64_t* layer_tokens_E, int64_t E) {
+inline void report_moe_layer(const Exec& ex, DevPtr<MicroBatchReport> r, DevPtr<int64_t> tokens_E,
+                             DevPtr<const double> aux_value, DevPtr<const double> z_value,
+                             DevPtr<const int64_t> dropped, DevPtr<const int64_t> layer_tokens_E,
+                             int64_t E) {
   if (ex.on_cpu())
-    return cpu::report_moe_layer(r, tokens_E, aux_value, z_value, dropped, layer_tokens_E, E);
+    return cpu::report_moe_layer(raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
+                                 raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
   no_kernel(ex, "report_moe_layer");
 }
 void report_moe_layer_ref(MicroBatchReport* r, int64_t* tokens_E, const double* aux_value,

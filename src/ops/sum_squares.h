@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -16,8 +17,8 @@ void sum_squares(double* out, const T* x, int64_t n);
 }  // namespace cpu
 
 template <typename T>
-void sum_squares(const Exec& ex, double* out, const T* x, int64_t n) {
-  if (ex.on_cpu()) return cpu::sum_squares(out, x, n);
+void sum_squares(const Exec& ex, DevPtr<double> out, DevPtr<const T> x, int64_t n) {
+  if (ex.on_cpu()) return cpu::sum_squares(raw_ptr(out), raw_ptr(x), n);
   no_kernel(ex, "sum_squares");
 }
 // Plain loop with a long double accumulator: the oracle.

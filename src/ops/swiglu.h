@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 #include "core/dtype.h"
@@ -25,17 +26,20 @@ void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const
 }  // namespace cpu
 
 template <typename T>
-void swiglu_forward(const Exec& ex, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_forward(a_NF, h_N2F, p_N, N, F);
+void swiglu_forward(const Exec& ex, DevPtr<T> a_NF, DevPtr<const T> h_N2F, DevPtr<const T> p_N,
+                    int64_t N, int64_t F) {
+  if (ex.on_cpu()) return cpu::swiglu_forward(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward");
 }
 template <typename T>
 void swiglu_forward_ref(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F);
 // dh assigned; dp_N assigned when both p_N and dp_N are non-null.
 template <typename T>
-void swiglu_backward(const Exec& ex, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F,
-                     const T* p_N, int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_backward(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+void swiglu_backward(const Exec& ex, DevPtr<T> dh_N2F, DevPtr<T> dp_N, DevPtr<const T> da_NF,
+                     DevPtr<const T> h_N2F, DevPtr<const T> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::swiglu_backward(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF), raw_ptr(h_N2F),
+                                raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward");
 }
 template <typename T>
@@ -46,26 +50,34 @@ void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, con
 // even), for outputs that only feed bf16 GEMMs (a into fc2; dh into fc1's backward). a16 and
 // dh16 are bitwise cast_f32_to_bf16 of the f32 versions' outputs; dp stays f32 and is bitwise
 // the f32 version's (its sum has one fixed association on every target).
-inline void swiglu_forward_bf16(const Exec& ex, bf16* a16_NF, const float* h_N2F, const float* p_N,
-                                int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_forward_bf16(a16_NF, h_N2F, p_N, N, F);
+inline void swiglu_forward_bf16(const Exec& ex, DevPtr<bf16> a16_NF, DevPtr<const float> h_N2F,
+                                DevPtr<const float> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::swiglu_forward_bf16(raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward_bf16");
 }
-inline void swiglu_backward_bf16(const Exec& ex, bf16* dh16_N2F, float* dp_N, const float* da_NF,
-                                 const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_backward_bf16(dh16_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+inline void swiglu_backward_bf16(const Exec& ex, DevPtr<bf16> dh16_N2F, DevPtr<float> dp_N,
+                                 DevPtr<const float> da_NF, DevPtr<const float> h_N2F,
+                                 DevPtr<const float> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::swiglu_backward_bf16(raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+                                     raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward_bf16");
 }
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
 // bitwise cast_bf16_to_f32 of what the _bf16 versions write.
-inline void swiglu_forward_bf16w(const Exec& ex, float* a_NF, const float* h_N2F, const float* p_N,
-                                 int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_forward_bf16w(a_NF, h_N2F, p_N, N, F);
+inline void swiglu_forward_bf16w(const Exec& ex, DevPtr<float> a_NF, DevPtr<const float> h_N2F,
+                                 DevPtr<const float> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::swiglu_forward_bf16w(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward_bf16w");
 }
-inline void swiglu_backward_bf16w(const Exec& ex, float* dh_N2F, float* dp_N, const float* da_NF,
-                                  const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
-  if (ex.on_cpu()) return cpu::swiglu_backward_bf16w(dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+inline void swiglu_backward_bf16w(const Exec& ex, DevPtr<float> dh_N2F, DevPtr<float> dp_N,
+                                  DevPtr<const float> da_NF, DevPtr<const float> h_N2F,
+                                  DevPtr<const float> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::swiglu_backward_bf16w(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+                                      raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward_bf16w");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dev_ptr.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -16,16 +17,18 @@ void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* count
 void sequence_positions(int32_t* pos_T, int64_t n_tok, int64_t B);
 }  // namespace cpu
 
-inline void tokens_to_sequence_major(const Exec& ex, int32_t* ids_T, int32_t* targets_T,
-                                     int64_t* counted, const int32_t* ids_BS,
-                                     const int32_t* targets_BS, int64_t B, int64_t S) {
+inline void tokens_to_sequence_major(const Exec& ex, DevPtr<int32_t> ids_T,
+                                     DevPtr<int32_t> targets_T, DevPtr<int64_t> counted,
+                                     DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS,
+                                     int64_t B, int64_t S) {
   if (ex.on_cpu())
-    return cpu::tokens_to_sequence_major(ids_T, targets_T, counted, ids_BS, targets_BS, B, S);
+    return cpu::tokens_to_sequence_major(raw_ptr(ids_T), raw_ptr(targets_T), raw_ptr(counted),
+                                         raw_ptr(ids_BS), raw_ptr(targets_BS), B, S);
   no_kernel(ex, "tokens_to_sequence_major");
 }
 // pos [n_tok]: the position of token t = s * B + b in its sequence, s = t / B (RoPE's angles).
-inline void sequence_positions(const Exec& ex, int32_t* pos_T, int64_t n_tok, int64_t B) {
-  if (ex.on_cpu()) return cpu::sequence_positions(pos_T, n_tok, B);
+inline void sequence_positions(const Exec& ex, DevPtr<int32_t> pos_T, int64_t n_tok, int64_t B) {
+  if (ex.on_cpu()) return cpu::sequence_positions(raw_ptr(pos_T), n_tok, B);
   no_kernel(ex, "sequence_positions");
 }
 void sequence_positions_ref(int32_t* pos_T, int64_t n_tok, int64_t B);

@@ -16,9 +16,9 @@ ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg
   arena_.plan([this](Arena& a) { buf_.layout(a); });
 }
 
-StepInfo ChainedOptimizer::step(double lr) {
+void ChainedOptimizer::apply(double lr) {
   ScopedPhase phase(Phase::Optimizer);
-  buf_.write_inputs(lr, steps_taken() + 1);
+  buf_.write_inputs(arena_.exec(), lr, steps_taken() + 1);
   dense_.grad_sum_squares(buf_.sum_sq);   // [0]
   expert_.grad_sum_squares(buf_.sum_sq);  // [1]
   if (sync_.sum_expert) {
@@ -29,7 +29,6 @@ StepInfo ChainedOptimizer::step(double lr) {
   ops::grad_clip(arena_.exec(), buf_.norm, buf_.step, buf_.sum_sq, 2, cfg_.clip_grad);
   dense_.update(buf_.step);
   expert_.update(buf_.step);
-  return read_step_info(buf_);
 }
 
 }  // namespace moecore::optim

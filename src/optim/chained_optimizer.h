@@ -15,7 +15,7 @@ namespace moecore::optim {
 // (tensor / pipeline parallelism would sum over their groups here). Each expert lives on exactly
 // one EP rank: the expert sum of squares is summed over the EP group.
 struct GradNormSync {
-  std::function<void(double* sum_sq)> sum_expert;  // in place, over ep
+  std::function<void(DevPtr<double> sum_sq)> sum_expert;  // in place, over ep
 };
 
 class ChainedOptimizer {
@@ -26,7 +26,13 @@ class ChainedOptimizer {
   // coefficient from it; both AdamWs update with that coefficient. Collective over EP. The
   // scalars stay in the step buffers from the sums to the updates; the host reads the result
   // once, after both updates (read_step_info).
-  StepInfo step(double lr);
+  void apply(double lr);
+  StepInfo last_step() const { return read_step_info(arena_.exec(), buf_); }
+  // apply() then last_step() (tests, tools).
+  StepInfo step(double lr) {
+    apply(lr);
+    return last_step();
+  }
   int64_t steps_taken() const { return dense_.steps_taken(); }
   int64_t state_bytes(MemKind kind) const {
     return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);

@@ -10,6 +10,7 @@
 #include "core/profiler.h"
 #include "ops/adamw.h"
 #include "ops/grad_clip.h"
+#include "ops/memory.h"
 #include "ops/sum_squares.h"
 
 namespace moecore::optim {
@@ -22,12 +23,12 @@ void AdamWConfig::validate() const {
   MOE_CHECK(clip_grad >= 0, "[optimizer] --clip-grad={} must be >= 0", clip_grad);
 }
 
-void grad_sum_squares(const ParamRegistry& params, ParamKind k, double* out) {
+void grad_sum_squares(const ParamRegistry& params, ParamKind k, DevPtr<double> out) {
   if (params.dtype() == DType::F32) {
-    ops::sum_squares(params.exec(), out, static_cast<const float*>(params.flat_grad(k)),
+    ops::sum_squares(params.exec(), out, dev_ptr_cast<const float>(params.flat_grad(k)),
                      params.numel(k));
   } else {
-    ops::sum_squares(params.exec(), out, static_cast<const double*>(params.flat_grad(k)),
+    ops::sum_squares(params.exec(), out, dev_ptr_cast<const double>(params.flat_grad(k)),
                      params.numel(k));
   }
 }
@@ -37,7 +38,7 @@ double global_grad_norm(const ParamRegistry& params) {
   double s = 0;
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
     double part = 0;
-    grad_sum_squares(params, k, &part);
+    grad_sum_squares(params, k, &part);  // the CPU backend's ops write host memory
     s += part;
   }
   return std::sqrt(s);
@@ -49,21 +50,24 @@ void OptimizerStepBuffers::layout(Arena& a) {
   norm = a.alloc<double>(1, "optimizer.grad_norm", MemKind::State);
 }
 
-void OptimizerStepBuffers::write_inputs(double lr, int64_t step_number) const {
-  // The CPU backend's buffers are host memory; a device backend copies these two scalars up
-  // (the one upload of a step besides its token ids).
-  step->lr = lr;
-  step->step = step_number;
+void OptimizerStepBuffers::write_inputs(const Exec& ex, double lr, int64_t step_number) {
+  // The one upload of a step besides its token ids.
+  lr_host_ = lr;
+  step_host_ = step_number;
+  ops::copy<double>(ex, member_ptr(step, &ops::AdamWStep::lr), &lr_host_, 1);
+  ops::copy<int64_t>(ex, member_ptr(step, &ops::AdamWStep::step), &step_host_, 1);
 }
 
-StepInfo read_step_info(const OptimizerStepBuffers& b) {
-  MOE_CHECK(!b.step->skip,
+StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b) {
+  const ops::AdamWStep s = ops::read_value<ops::AdamWStep>(ex, b.step);
+  const double norm = ops::read_value<double>(ex, b.norm);
+  MOE_CHECK(!s.skip,
             "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad (the "
             "update was skipped: the weights are those before this step)",
-            *b.norm, b.step->step);
+            norm, s.step);
   StepInfo info;
-  info.grad_norm = *b.norm;
-  info.clip_coeff = b.step->grad_scale;
+  info.grad_norm = norm;
+  info.clip_coeff = s.grad_scale;
   return info;
 }
 
@@ -82,7 +86,7 @@ AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, Pa
   plan();
 }
 
-void adamw_state_layout(Arena& a, const int64_t numel[2], float* m[2], float* v[2]) {
+void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]) {
   for (int k = 0; k < 2; ++k) {
     m[k] = a.alloc<float>(numel[k], "adam.m", MemKind::OptimizerState);
     v[k] = a.alloc<float>(numel[k], "adam.v", MemKind::OptimizerState);
@@ -101,7 +105,7 @@ void AdamWOptimizer::plan() {
 }
 
 template <typename T>
-void AdamWOptimizer::update_typed(const ops::AdamWStep* s) {
+void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
   for (Param& p : params_.params()) {
     if (!covers(p.spec.kind)) continue;
     const int k = static_cast<int>(p.spec.kind);
@@ -111,8 +115,8 @@ void AdamWOptimizer::update_typed(const ops::AdamWStep* s) {
     a.eps = cfg_.eps;
     a.weight_decay = p.spec.weight_decay ? cfg_.weight_decay : 0.0;
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
-    bf16* p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
-    float* p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
+    DevPtr<bf16> p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
+    DevPtr<float> p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
     ops::adamw_step(arena_.exec(), p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset,
                     v_[k] + p.offset, p.local_numel(), a, s, p16, p16w);
   }
@@ -123,13 +127,13 @@ void AdamWOptimizer::update_typed(const ops::AdamWStep* s) {
   }
 }
 
-void AdamWOptimizer::grad_sum_squares(double* sum_sq) const {
+void AdamWOptimizer::grad_sum_squares(DevPtr<double> sum_sq) const {
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
     if (covers(k)) optim::grad_sum_squares(params_, k, sum_sq + static_cast<int>(k));
   }
 }
 
-void AdamWOptimizer::update(const ops::AdamWStep* s) {
+void AdamWOptimizer::update(DevPtr<const ops::AdamWStep> s) {
   ++step_;
   if (params_.dtype() == DType::F32)
     update_typed<float>(s);
@@ -137,21 +141,20 @@ void AdamWOptimizer::update(const ops::AdamWStep* s) {
     update_typed<double>(s);
 }
 
-StepInfo AdamWOptimizer::step(double lr) {
+void AdamWOptimizer::apply(double lr) {
   ScopedPhase phase(Phase::Optimizer);
-  buf_.write_inputs(lr, step_ + 1);
+  buf_.write_inputs(step_arena_.exec(), lr, step_ + 1);
   // A kind this optimizer does not cover adds an exact 0 (the sum of no squares): the norm is
   // (0 + dense) + expert as always.
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-    double* out = buf_.sum_sq + static_cast<int>(k);
+    DevPtr<double> out = buf_.sum_sq + static_cast<int>(k);
     if (covers(k))
       optim::grad_sum_squares(params_, k, out);
     else
-      ops::sum_squares(step_arena_.exec(), out, static_cast<const double*>(nullptr), 0);
+      ops::sum_squares(step_arena_.exec(), out, DevPtr<const double>(nullptr), 0);
   }
   ops::grad_clip(step_arena_.exec(), buf_.norm, buf_.step, buf_.sum_sq, 2, cfg_.clip_grad);
   update(buf_.step);
-  return read_step_info(buf_);
 }
 
 }  // namespace moecore::optim

@@ -24,7 +24,7 @@ struct StepInfo {
 
 // *out = the sum of squares of the gradients of one kind, accumulated in f64 (an op: `out` is
 // planned memory of the registry's execution context).
-void grad_sum_squares(const ParamRegistry& params, ParamKind kind, double* out);
+void grad_sum_squares(const ParamRegistry& params, ParamKind kind, DevPtr<double> out);
 // L2 norm of all gradients of `params` (dense and expert), accumulated in f64; for checks on
 // the host (the optimizer keeps its norm in its step buffers).
 double global_grad_norm(const ParamRegistry& params);
@@ -35,21 +35,27 @@ double global_grad_norm(const ParamRegistry& params);
 // sums of squares per kind, the norm, and step->grad_scale / step->skip (ops::grad_clip). The
 // host reads them once, after the update (read_step_info).
 struct OptimizerStepBuffers {
-  ops::AdamWStep* step = nullptr;
-  double* sum_sq = nullptr;  // [2]: dense, expert (the expert one summed over EP)
-  double* norm = nullptr;    // [1]: before clipping
+  DevPtr<ops::AdamWStep> step = nullptr;
+  DevPtr<double> sum_sq = nullptr;  // [2]: dense, expert (the expert one summed over EP)
+  DevPtr<double> norm = nullptr;    // [1]: before clipping
   void layout(Arena& a);
-  // The host's write of the step's inputs (lr, 1-based step) before the step.
-  void write_inputs(double lr, int64_t step) const;
+  // The step's inputs (lr, 1-based step), copied into `step` by an op on the stream: the host
+  // values stay here until the copy has run.
+  void write_inputs(const Exec& ex, double lr, int64_t step);
+
+ private:
+  double lr_host_ = 0;
+  int64_t step_host_ = 0;
 };
-// The results of a finished step. Throws when its gradient norm was not finite: the update
-// skipped every weight and moment (ops::adamw_step), so nothing is lost.
-StepInfo read_step_info(const OptimizerStepBuffers& b);
+// The results of a finished step, read back to the host (after the step: a host read). Throws
+// when its gradient norm was not finite: the update skipped every weight and moment
+// (ops::adamw_step), so nothing is lost.
+StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b);
 
 // The moment buffers an AdamW over `numel` elements of each kind (dense, expert) plans: m and v
 // in fp32 for each kind. The optimizer allocates this layout; `moecore plan` runs it in a sizing
 // arena (Arena::size_only) with counts from a sized registry.
-void adamw_state_layout(Arena& a, const int64_t numel[2], float* m[2], float* v[2]);
+void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]);
 
 class AdamWOptimizer {
  public:
@@ -57,20 +63,27 @@ class AdamWOptimizer {
   AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg);
   // Over the parameters of one kind only (ChainedOptimizer holds one per kind).
   AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only);
-  // Norm, clip coefficient and one AdamW update at learning rate lr; the step counter advances.
-  StepInfo step(double lr);
+  // Norm, clip coefficient and one AdamW update at learning rate lr, enqueued as ops that read
+  // nothing back; the step counter advances. last_step() reads the results afterwards.
+  void apply(double lr);
+  StepInfo last_step() const { return read_step_info(step_arena_.exec(), buf_); }
+  // apply() then last_step() (tests, tools).
+  StepInfo step(double lr) {
+    apply(lr);
+    return last_step();
+  }
   // The pieces of step() for an optimizer that computes the norm over several: this
   // optimizer's sums of squared gradients into sum_sq[kind] for the kinds it covers, and the
   // update with the step's scalars (lr, step, clip coefficient, skip) read from `s`.
-  void grad_sum_squares(double* sum_sq) const;
-  void update(const ops::AdamWStep* s);
+  void grad_sum_squares(DevPtr<double> sum_sq) const;
+  void update(DevPtr<const ops::AdamWStep> s);
   int64_t steps_taken() const { return step_; }
   const Arena& arena() const { return arena_; }
 
  private:
   void plan();
   template <typename T>
-  void update_typed(const ops::AdamWStep* s);
+  void update_typed(DevPtr<const ops::AdamWStep> s);
   bool covers(ParamKind k) const { return all_kinds_ || k == only_; }
 
   ParamRegistry& params_;
@@ -80,8 +93,8 @@ class AdamWOptimizer {
   Arena arena_;
   Arena step_arena_;  // step()'s buffers, apart from the moments (adamw_state_layout)
   OptimizerStepBuffers buf_;
-  float* m_[2] = {nullptr, nullptr};
-  float* v_[2] = {nullptr, nullptr};
+  DevPtr<float> m_[2] = {nullptr, nullptr};
+  DevPtr<float> v_[2] = {nullptr, nullptr};
   int64_t step_ = 0;
 };
 

@@ -112,63 +112,66 @@ void check_count(int64_t count, const char* call, const std::string& group) {
 }
 }  // namespace
 
-CommHandle Communicator::all_reduce_async(void* data, int64_t count, DType dt, ReduceOp op) {
+CommHandle Communicator::all_reduce_async(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
   check_count(count, "all_reduce", name());
-  return start_all_reduce(data, count, dt, op);
+  return start_all_reduce(raw_ptr(data), count, dt, op);
 }
 
-CommHandle Communicator::all_gather_async(const void* send, void* recv, int64_t count, DType dt) {
+CommHandle Communicator::all_gather_async(DevPtr<const void> send, DevPtr<void> recv, int64_t count,
+                                          DType dt) {
   check_count(count, "all_gather", name());
   equal_counts_.assign(size(), count);  // keeps its capacity: no allocation per call
-  return start_all_gather_v(send, recv, equal_counts_, /*equal=*/true, dt);
+  return start_all_gather_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt);
 }
 
-CommHandle Communicator::all_gather_v_async(const void* send, void* recv,
+CommHandle Communicator::all_gather_v_async(DevPtr<const void> send, DevPtr<void> recv,
                                             std::span<const int64_t> counts, DType dt) {
   check_counts(counts, "all_gather_v");
-  return start_all_gather_v(send, recv, counts, /*equal=*/false, dt);
+  return start_all_gather_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt);
 }
 
-CommHandle Communicator::reduce_scatter_async(const void* send, void* recv, int64_t count, DType dt,
-                                              ReduceOp op) {
+CommHandle Communicator::reduce_scatter_async(DevPtr<const void> send, DevPtr<void> recv,
+                                              int64_t count, DType dt, ReduceOp op) {
   check_count(count, "reduce_scatter", name());
   equal_counts_.assign(size(), count);
-  return start_reduce_scatter_v(send, recv, equal_counts_, /*equal=*/true, dt, op);
+  return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt,
+                                op);
 }
 
-CommHandle Communicator::reduce_scatter_v_async(const void* send, void* recv,
+CommHandle Communicator::reduce_scatter_v_async(DevPtr<const void> send, DevPtr<void> recv,
                                                 std::span<const int64_t> counts, DType dt,
                                                 ReduceOp op) {
   check_counts(counts, "reduce_scatter_v");
-  return start_reduce_scatter_v(send, recv, counts, /*equal=*/false, dt, op);
+  return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt, op);
 }
 
-CommHandle Communicator::all_to_all_v_async(const void* send, std::span<const int64_t> send_counts,
-                                            void* recv, std::span<const int64_t> recv_counts,
-                                            DType dt) {
+CommHandle Communicator::all_to_all_v_async(DevPtr<const void> send,
+                                            std::span<const int64_t> send_counts, DevPtr<void> recv,
+                                            std::span<const int64_t> recv_counts, DType dt) {
   check_counts(send_counts, "all_to_all_v (send counts)");
   check_counts(recv_counts, "all_to_all_v (recv counts)");
-  return start_all_to_all_v(send, send_counts, recv, recv_counts, dt);
+  return start_all_to_all_v(raw_ptr(send), send_counts, raw_ptr(recv), recv_counts, dt);
 }
 
-CommHandle Communicator::broadcast_async(void* data, int64_t count, DType dt, int root) {
+CommHandle Communicator::broadcast_async(DevPtr<void> data, int64_t count, DType dt, int root) {
   check_count(count, "broadcast", name());
   check_peer(root, "root", "broadcast");
-  return start_broadcast(data, count, dt, root);
+  return start_broadcast(raw_ptr(data), count, dt, root);
 }
 
-CommHandle Communicator::send_async(const void* data, int64_t count, DType dt, int dst, int tag) {
+CommHandle Communicator::send_async(DevPtr<const void> data, int64_t count, DType dt, int dst,
+                                    int tag) {
   check_count(count, "send", name());
   check_peer(dst, "destination", "send");
   MOE_CHECK(tag >= 0, "[comm] send on group '{}': tag {} < 0", name(), tag);
-  return start_send(data, count, dt, dst, tag);
+  return start_send(raw_ptr(data), count, dt, dst, tag);
 }
 
-CommHandle Communicator::recv_async(void* data, int64_t count, DType dt, int src, int tag) {
+CommHandle Communicator::recv_async(DevPtr<void> data, int64_t count, DType dt, int src, int tag) {
   check_count(count, "recv", name());
   check_peer(src, "source", "recv");
   MOE_CHECK(tag >= 0, "[comm] recv on group '{}': tag {} < 0", name(), tag);
-  return start_recv(data, count, dt, src, tag);
+  return start_recv(raw_ptr(data), count, dt, src, tag);
 }
 
 CommHandle Communicator::barrier_async() {

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/dev_ptr.h"
 #include "core/dtype.h"
 #include "core/exec.h"
 
@@ -95,29 +96,29 @@ class Communicator {
 
   // ---- untyped (runtime dtype) non-blocking operations ----
   // In place: data[i] = op over ranks of data[i].
-  CommHandle all_reduce_async(void* data, int64_t count, DType dt, ReduceOp op);
+  CommHandle all_reduce_async(DevPtr<void> data, int64_t count, DType dt, ReduceOp op);
   // recv = concat over ranks of send (count elements each).
-  CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dt);
+  CommHandle all_gather_async(DevPtr<const void> send, DevPtr<void> recv, int64_t count, DType dt);
   // recv = concat over ranks r of send_r, where send_r has counts[r] elements.
-  CommHandle all_gather_v_async(const void* send, void* recv, std::span<const int64_t> counts,
-                                DType dt);
+  CommHandle all_gather_v_async(DevPtr<const void> send, DevPtr<void> recv,
+                                std::span<const int64_t> counts, DType dt);
   // recv (count elements) = op over ranks of send[rank*count, (rank+1)*count).
-  CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dt,
-                                  ReduceOp op);
+  CommHandle reduce_scatter_async(DevPtr<const void> send, DevPtr<void> recv, int64_t count,
+                                  DType dt, ReduceOp op);
   // recv (counts[rank] elements) = op over ranks of this rank's piece of send (sum(counts)).
-  CommHandle reduce_scatter_v_async(const void* send, void* recv, std::span<const int64_t> counts,
-                                    DType dt, ReduceOp op);
+  CommHandle reduce_scatter_v_async(DevPtr<const void> send, DevPtr<void> recv,
+                                    std::span<const int64_t> counts, DType dt, ReduceOp op);
   // send holds send_counts[r] elements for each rank r in order; recv gets recv_counts[r] from
   // each rank r in order. recv_counts[r] must equal rank r's send_counts[this rank].
-  CommHandle all_to_all_v_async(const void* send, std::span<const int64_t> send_counts, void* recv,
-                                std::span<const int64_t> recv_counts, DType dt);
-  CommHandle broadcast_async(void* data, int64_t count, DType dt, int root);
-  CommHandle send_async(const void* data, int64_t count, DType dt, int dst, int tag = 0);
-  CommHandle recv_async(void* data, int64_t count, DType dt, int src, int tag = 0);
+  CommHandle all_to_all_v_async(DevPtr<const void> send, std::span<const int64_t> send_counts,
+                                DevPtr<void> recv, std::span<const int64_t> recv_counts, DType dt);
+  CommHandle broadcast_async(DevPtr<void> data, int64_t count, DType dt, int root);
+  CommHandle send_async(DevPtr<const void> data, int64_t count, DType dt, int dst, int tag = 0);
+  CommHandle recv_async(DevPtr<void> data, int64_t count, DType dt, int src, int tag = 0);
   CommHandle barrier_async();
 
   // ---- blocking untyped ----
-  void all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
+  void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
     all_reduce_async(data, count, dt, op).wait();
   }
   void barrier() { barrier_async().wait(); }

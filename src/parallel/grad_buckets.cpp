@@ -93,7 +93,7 @@ void GradBuckets::launch(size_t b) {
   const int k = static_cast<int>(bk.kind);
   if (!communicates_[k]) return;
   const size_t esize = dtype_size(params_.dtype());
-  void* ptr = static_cast<char*>(params_.flat_grad(bk.kind)) + bk.offset * esize;
+  DevPtr<void> ptr = dev_ptr_cast<char>(params_.flat_grad(bk.kind)) + bk.offset * esize;
   handles_[b] = groups_[k]->communicator().all_reduce_async(ptr, bk.count, params_.dtype(),
                                                             ReduceOp::Sum);
 }

@@ -40,8 +40,8 @@ ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
   const int64_t dense[2] = {p.numel(ParamKind::Dense), 0};
   const int64_t expert[2] = {0, p.numel(ParamKind::Expert)};
   Arena od, oe;
-  float* m[2];
-  float* v[2];
+  DevPtr<float> m[2];
+  DevPtr<float> v[2];
   od.size_only([&](Arena& x) { optim::adamw_state_layout(x, dense, m, v); });
   oe.size_only([&](Arena& x) { optim::adamw_state_layout(x, expert, m, v); });
   ArenaSizes s;

@@ -19,23 +19,36 @@ StepBuffers::StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_
   dev_arena_.plan([this](Arena& a) { layout(a, dev_); });
 }
 
-void StepBuffers::layout(Arena& a, Slots& s) const {
-  s.ids = a.alloc<int32_t>(n_micro_ * tokens_, "step.ids");
-  s.targets = a.alloc<int32_t>(n_micro_ * tokens_, "step.targets");
-  s.report = a.alloc<ops::MicroBatchReport>(n_micro_, "step.report", MemKind::State);
-  s.tokens_E = a.alloc<int64_t>(n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
+namespace {
+// A slot in the host's staging (alloc_host) or on the device (alloc).
+template <typename T>
+void alloc_slot(Arena& a, T*& p, int64_t n, const char* name, MemKind kind) {
+  p = a.alloc_host<T>(n, name, kind);
+}
+template <typename T>
+void alloc_slot(Arena& a, DevPtr<T>& p, int64_t n, const char* name, MemKind kind) {
+  p = a.alloc<T>(n, name, kind);
+}
+}  // namespace
+
+template <typename S>
+void StepBuffers::layout(Arena& a, S& s) const {
+  alloc_slot(a, s.ids, n_micro_ * tokens_, "step.ids", MemKind::Activations);
+  alloc_slot(a, s.targets, n_micro_ * tokens_, "step.targets", MemKind::Activations);
+  alloc_slot(a, s.report, n_micro_, "step.report", MemKind::State);
+  alloc_slot(a, s.tokens_E, n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
 }
 
 void StepBuffers::upload() {
   const Exec& ex = dev_arena_.exec();
-  ops::copy(ex, dev_.ids, host_.ids, n_micro_ * tokens_);
-  ops::copy(ex, dev_.targets, host_.targets, n_micro_ * tokens_);
+  ops::copy<int32_t>(ex, dev_.ids, host_.ids, n_micro_ * tokens_);
+  ops::copy<int32_t>(ex, dev_.targets, host_.targets, n_micro_ * tokens_);
 }
 
 void StepBuffers::download() {
   const Exec& ex = dev_arena_.exec();
-  ops::copy(ex, host_.report, dev_.report, n_micro_);
-  ops::copy(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * E_);
+  ops::copy<ops::MicroBatchReport>(ex, host_.report, dev_.report, n_micro_);
+  ops::copy<int64_t>(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * E_);
   exec_synchronize(ex);  // the host reads the copies next
 }
 

@@ -37,17 +37,23 @@ class StepBuffers {
   const int64_t* tokens_per_expert(int64_t mb) const { return host_.tokens_E + mb * E_; }
 
  private:
+  // The same slots in the host's staging (P = a host pointer) and on the device (DevPtr).
+  template <template <typename> class P>
   struct Slots {
-    int32_t* ids = nullptr;                   // [n_micro, tokens]
-    int32_t* targets = nullptr;               // [n_micro, tokens]
-    ops::MicroBatchReport* report = nullptr;  // [n_micro]
-    int64_t* tokens_E = nullptr;              // [n_micro, max(E, 1)]
+    P<int32_t> ids = nullptr;                   // [n_micro, tokens]
+    P<int32_t> targets = nullptr;               // [n_micro, tokens]
+    P<ops::MicroBatchReport> report = nullptr;  // [n_micro]
+    P<int64_t> tokens_E = nullptr;              // [n_micro, max(E, 1)]
   };
-  void layout(Arena& a, Slots& s) const;
+  template <typename T>
+  using HostPtr = T*;
+  template <typename S>
+  void layout(Arena& a, S& s) const;
 
   int64_t n_micro_, tokens_, E_;
   Arena host_arena_, dev_arena_;
-  Slots host_, dev_;
+  Slots<HostPtr> host_;
+  Slots<DevPtr> dev_;
 };
 
 }  // namespace moecore::train

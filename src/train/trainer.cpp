@@ -139,8 +139,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     const parallel::ProcessGroup* ep = &groups_->group(parallel::GroupKind::Ep);
     // The sums feed grad_clip, an op: ordered on the stream where the backend can.
     const Exec* ex = &exec_;
-    norm_sync.sum_expert = [ep, ex](double* sq) {
-      ep->communicator().all_reduce_async(std::span<double>(sq, 1)).wait_on(*ex);
+    norm_sync.sum_expert = [ep, ex](DevPtr<double> sq) {
+      ep->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
   optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
@@ -149,17 +149,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   if (groups_ && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::TpDpCp);
     const Exec* ex = &exec_;
-    router_sync_.sum_tp_dp_cp = [g, ex](double* v, int64_t n) {
+    router_sync_.sum_tp_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce_async(std::span<double>(v, n)).wait_on(*ex);
+      g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
   if (dp_size_ > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::DpCp);
     const Exec* ex = &exec_;
-    router_sync_.mean_dp_cp = [g, ex](double* v, int64_t n) {
+    router_sync_.mean_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce_async(std::span<double>(v, n)).wait_on(*ex);
+      g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
       ops::divide_in_place(*ex, v, static_cast<double>(g->size()), n);
     };
   }
@@ -246,12 +246,12 @@ StepMetrics BasicTrainer<T>::train_step() {
   }
   buckets_->finish();  // every gradient summed over its data-parallel group
   train_stream_->advance();
-  optim::StepInfo info = optimizer_->step(m.lr);
-  m.grad_norm = info.grad_norm;
+  optimizer_->apply(m.lr);
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
 
+  m.grad_norm = optimizer_->last_step().grad_norm;  // a host read, after the step
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert.
   step_->download();

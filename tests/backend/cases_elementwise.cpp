@@ -42,8 +42,8 @@ void swiglu_case(const Exec& ex) {
       ops::swiglu_forward_ref(a_ref.data(), h.data(), pp, N, F);
       ops::swiglu_backward_ref(dh_ref.data(), dp_ref.data(), da.data(), h.data(), pp, N, F);
       Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * 2 * F), dp(N, T(-1));
-      ops::swiglu_forward(ex, a.data(), h.data(), pp, N, F);
-      ops::swiglu_backward(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      ops::swiglu_forward<T>(ex, a.data(), h.data(), pp, N, F);
+      ops::swiglu_backward<T>(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
       expect_close(a, a_ref.data(), "a");
       expect_close(dh, dh_ref.data(), "dh");
       if (with_p) {
@@ -67,8 +67,8 @@ void swiglu_bf16_case(const Exec& ex) {
       BACKEND_TRACE("N=" << N << " F=" << F << " p=" << with_p);
       const float* pp = with_p ? p.data() : nullptr;
       std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f);
-      ops::swiglu_forward(ex, a.data(), h.data(), pp, N, F);
-      ops::swiglu_backward(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      ops::swiglu_forward<float>(ex, a.data(), h.data(), pp, N, F);
+      ops::swiglu_backward<float>(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
       const auto a16_want = to_bf16(a), dh16_want = to_bf16(dh);
       const auto aw_want = bf16_rounded(a), dhw_want = bf16_rounded(dh);
 
@@ -114,9 +114,9 @@ void rmsnorm_case(const Exec& ex) {
                               rstd_ref.data(), T_, H);
     Guarded<T> y = nan_out<T>(T_ * H), rstd = nan_out<T>(T_), dx = nan_out<T>(T_ * H),
                dw = guarded(dw0);
-    ops::rmsnorm_forward(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
-    ops::rmsnorm_backward(ex, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd_ref.data(),
-                          T_, H);
+    ops::rmsnorm_forward<T>(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    ops::rmsnorm_backward<T>(ex, dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                             rstd_ref.data(), T_, H);
     expect_close(y, y_ref.data(), "y");
     expect_close(rstd, rstd_ref.data(), "rstd");
     expect_close(dx, dx_ref.data(), "dx");
@@ -133,7 +133,7 @@ void rmsnorm_bf16w_case(const Exec& ex) {
     const auto x = random_vec<float>(T_ * H, seed++, -2, 2);
     const auto w = random_vec<float>(H, seed++, 0.5, 1.5);
     std::vector<float> y(T_ * H), rstd(T_);
-    ops::rmsnorm_forward(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    ops::rmsnorm_forward<float>(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
     const auto y_want = bf16_rounded(y);
     Guarded<float> y16 = nan_out<float>(T_ * H), rstd16 = nan_out<float>(T_);
     ops::rmsnorm_forward_bf16w(ex, y16.data(), rstd16.data(), x.data(), w.data(), T_, H, kEps);
@@ -154,9 +154,9 @@ void add_one(const Exec& ex) {
     std::vector<T> y_ref(n);
     ops::add_ref(y_ref.data(), a.data(), b.data(), n);
     Guarded<T> y = nan_out<T>(n), ya = guarded(a), yb = guarded(b);
-    ops::add(ex, y.data(), a.data(), b.data(), n);
-    ops::add(ex, ya.data(), ya.data(), b.data(), n);
-    ops::add(ex, yb.data(), a.data(), yb.data(), n);
+    ops::add<T>(ex, y.data(), a.data(), b.data(), n);
+    ops::add<T>(ex, ya.data(), ya.data(), b.data(), n);
+    ops::add<T>(ex, yb.data(), a.data(), yb.data(), n);
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(ya, y_ref.data(), "y aliasing a");
     expect_bitwise(yb, y_ref.data(), "y aliasing b");
@@ -178,8 +178,8 @@ void bias_one(const Exec& ex) {
     ops::bias_forward_ref(y_ref.data(), b.data(), s.M, s.N);
     ops::bias_backward_ref(db_ref.data(), y0.data(), s.M, s.N);
     Guarded<T> y = guarded(y0), db = guarded(db0);
-    ops::bias_forward(ex, y.data(), b.data(), s.M, s.N);
-    ops::bias_backward(ex, db.data(), y0.data(), s.M, s.N);
+    ops::bias_forward<T>(ex, y.data(), b.data(), s.M, s.N);
+    ops::bias_backward<T>(ex, db.data(), y0.data(), s.M, s.N);
     expect_bitwise(y, y_ref.data(), "y");
     expect_close(db, db_ref.data(), "db (accumulated)");
   }
@@ -199,7 +199,7 @@ void qkv_one(const Exec& ex) {
     std::vector<T> q_ref(nq), k_ref(nkv), v_ref(nkv), f_ref(nf);
     ops::split_qkv_ref(q_ref.data(), k_ref.data(), v_ref.data(), fused.data(), s);
     Guarded<T> q = nan_out<T>(nq), k = nan_out<T>(nkv), v = nan_out<T>(nkv);
-    ops::split_qkv(ex, q.data(), k.data(), v.data(), fused.data(), s);
+    ops::split_qkv<T>(ex, q.data(), k.data(), v.data(), fused.data(), s);
     expect_bitwise(q, q_ref.data(), "q");
     expect_bitwise(k, k_ref.data(), "k");
     expect_bitwise(v, v_ref.data(), "v");
@@ -207,9 +207,9 @@ void qkv_one(const Exec& ex) {
                gv = random_vec<T>(nkv, seed++);
     ops::fuse_qkv_ref(f_ref.data(), gq.data(), gk.data(), gv.data(), s);
     Guarded<T> f = nan_out<T>(nf), back = nan_out<T>(nf);
-    ops::fuse_qkv(ex, f.data(), gq.data(), gk.data(), gv.data(), s);
+    ops::fuse_qkv<T>(ex, f.data(), gq.data(), gk.data(), gv.data(), s);
     expect_bitwise(f, f_ref.data(), "fused");
-    ops::fuse_qkv(ex, back.data(), q_ref.data(), k_ref.data(), v_ref.data(), s);
+    ops::fuse_qkv<T>(ex, back.data(), q_ref.data(), k_ref.data(), v_ref.data(), s);
     expect_bitwise(back, fused.data(), "fuse(split(f))");
   }
 }
@@ -299,13 +299,13 @@ void sum_squares_one(const Exec& ex) {
     double want = -1;
     ops::sum_squares_ref(&want, x.data(), n);
     Guarded<double> got(1, -1.0);
-    ops::sum_squares(ex, got.data(), x.data(), n);
+    ops::sum_squares<T>(ex, got.data(), x.data(), n);
     expect_close(got, &want, "sum of squares", kSumSquaresRtol, 0.0);
   }
   std::vector<T> small = {1, -2, 3, 4};
   Guarded<double> got(1, -1.0);
   const double want = 30.0;
-  ops::sum_squares(ex, got.data(), small.data(), 4);
+  ops::sum_squares<T>(ex, got.data(), small.data(), 4);
   expect_bitwise(got, &want, "small integers: exact");
 }
 

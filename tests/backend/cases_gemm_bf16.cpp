@@ -232,10 +232,10 @@ void head_loss_bf16_case(const Exec& ex) {
       std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s32)), dh(T * H),
           dw(V * H, 0.f);
       double total = 0;
-      ops::head_loss_forward(ex, &total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                             s32, ws.data());
-      ops::head_loss_backward(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
-                              &dloss, s32, ws.data());
+      ops::head_loss_forward<float>(ex, &total, loss.data(), lse.data(), h.data(), w.data(),
+                                    tg.data(), s32, ws.data());
+      ops::head_loss_backward<float>(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(),
+                                     lse.data(), &dloss, s32, ws.data());
       std::vector<double> dh_want(T * H, 0.0), dw_want(V * H, 0.0);
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t v = 0; v < V; ++v) {
@@ -260,10 +260,10 @@ void head_loss_bf16_case(const Exec& ex) {
                        ws16 = nan_ws(ops::head_loss_workspace_elems(s16)),
                        dh16 = nan_out<float>(T * H), dw16(V * H, 0.f);
         double total16 = 0;
-        ops::head_loss_forward(ex, &total16, loss16.data(), lse16.data(), h.data(), w.data(),
-                               tg.data(), s16, ws16.data(), &b);
-        ops::head_loss_backward(ex, dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
-                                lse16.data(), &dloss, s16, ws16.data(), &b);
+        ops::head_loss_forward<float>(ex, &total16, loss16.data(), lse16.data(), h.data(), w.data(),
+                                      tg.data(), s16, ws16.data(), &b);
+        ops::head_loss_backward<float>(ex, dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
+                                       lse16.data(), &dloss, s16, ws16.data(), &b);
         EXPECT_EQ(total16, total) << "total loss";
         expect_bitwise(loss16, loss.data(), "loss_T");
         expect_bitwise(lse16, lse.data(), "lse_T");

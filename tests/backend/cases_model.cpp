@@ -40,8 +40,8 @@ void embedding_one(const Exec& ex) {
     ops::embedding_forward_ref(y_ref.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
     ops::embedding_backward_ref(dw_ref.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
     Guarded<T> y = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0);
-    ops::embedding_forward(ex, y.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
-    ops::embedding_backward(ex, dw.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
+    ops::embedding_forward<T>(ex, y.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
+    ops::embedding_backward<T>(ex, dw.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
   }
@@ -88,10 +88,10 @@ void head_loss_case(const Exec& ex) {
                dh = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0),
                ws = nan_out<T>(ops::head_loss_workspace_elems(s));
     Guarded<double> total(1, std::nan(""));
-    ops::head_loss_forward(ex, total.data(), loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                           s, ws.data());
-    ops::head_loss_backward(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse_ref.data(),
-                            &dloss, s, ws.data());
+    ops::head_loss_forward<T>(ex, total.data(), loss.data(), lse.data(), h.data(), w.data(),
+                              tg.data(), s, ws.data());
+    ops::head_loss_backward<T>(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(),
+                               lse_ref.data(), &dloss, s, ws.data());
     expect_intact(total, "total");
     EXPECT_NEAR(total[0], total_ref, Tol<T>::atol * s.n_tok + Tol<T>::rtol * std::abs(total_ref))
         << "total loss";

@@ -138,15 +138,15 @@ void row_probs(const Exec& ex) {
     const auto probs = random_vec<T>(r.T * r.K, seed++);
     std::vector<T> p_ref(rows);
     Guarded<T> p = nan_out<T>(rows);
-    ops::gather_row_probs(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(), rows,
-                          r.K);
+    ops::gather_row_probs<T>(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
+                             rows, r.K);
     ops::gather_row_probs_ref(p_ref.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
                               rows, r.K);
     expect_bitwise(p, p_ref.data(), "p_N");
     const auto dp = random_vec<T>(rows, seed++);
     std::vector<T> dprobs_ref(r.T * r.K);
     Guarded<T> dprobs = nan_out<T>(r.T * r.K);
-    ops::scatter_row_probs(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+    ops::scatter_row_probs<T>(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
     ops::scatter_row_probs_ref(dprobs_ref.data(), dp.data(), m.token_rows.data(), r.T * r.K);
     expect_bitwise(dprobs, dprobs_ref.data(), "dprobs_TK");
   });
@@ -162,7 +162,7 @@ void permute_rows_case(const Exec& ex) {
       const auto x = random_vec<T>(r.T * H, seed++);
       std::vector<T> y_ref(rows * H);
       Guarded<T> y = nan_out<T>(rows * H);
-      ops::permute_rows(ex, y.data(), x.data(), m.row_token.data(), rows, H);
+      ops::permute_rows<T>(ex, y.data(), x.data(), m.row_token.data(), rows, H);
       ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
       expect_bitwise(y, y_ref.data(), "y_NH");
     }
@@ -180,13 +180,13 @@ void unpermute_rows_case(const Exec& ex) {
       const auto x = random_vec<T>(rows * H, seed++);
       std::vector<T> y_ref(r.T * H);
       Guarded<T> y = nan_out<T>(r.T * H);
-      ops::unpermute_rows(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      ops::unpermute_rows<T>(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
       ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
       expect_close(y, y_ref.data(), "y_TH");
       std::vector<T> xi(rows * H);
       for (int64_t i = 0; i < rows * H; ++i) xi[i] = T(int(i % 11) - 5);
       Guarded<T> yi = nan_out<T>(r.T * H);
-      ops::unpermute_rows(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+      ops::unpermute_rows<T>(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
       ops::unpermute_rows_ref(y_ref.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
       expect_bitwise(yi, y_ref.data(), "y_TH, small integers");
     }
@@ -302,14 +302,14 @@ void copy_row_chunks_case(const Exec& ex) {
       Guarded<T> dst = nan_out<T>(n * W + W);  // one row past the chunks: never written
       std::vector<T> want(n * W + W, std::numeric_limits<T>::quiet_NaN());
       const int64_t chunks = c.R * c.L;
-      ops::copy_row_chunks(ex, dst.data(), src.data(), dst_off.data(), src_off.data(),
-                           c.rows.data(), chunks, W);
+      ops::copy_row_chunks<T>(ex, dst.data(), src.data(), dst_off.data(), src_off.data(),
+                              c.rows.data(), chunks, W);
       ops::copy_row_chunks_ref(want.data(), src.data(), dst_off.data(), src_off.data(),
                                c.rows.data(), chunks, W);
       expect_bitwise(dst, want.data(), "sorted");
       Guarded<T> back = nan_out<T>(n * W);  // and back: the identity
-      ops::copy_row_chunks(ex, back.data(), dst.data(), src_off.data(), dst_off.data(),
-                           c.rows.data(), chunks, W);
+      ops::copy_row_chunks<T>(ex, back.data(), dst.data(), src_off.data(), dst_off.data(),
+                              c.rows.data(), chunks, W);
       expect_bitwise(back, src.data(), "unsorted");
     }
   }
@@ -333,8 +333,8 @@ void softmax_case(const Exec& ex) {
     ops::softmax_forward_ref(y_ref.data(), x.data(), T_, E);
     ops::softmax_backward_ref(dx_ref.data(), dy.data(), y_ref.data(), T_, E);
     Guarded<T> y = nan_out<T>(T_ * E), dx = nan_out<T>(T_ * E);
-    ops::softmax_forward(ex, y.data(), x.data(), T_, E);
-    ops::softmax_backward(ex, dx.data(), dy.data(), y_ref.data(), T_, E);
+    ops::softmax_forward<T>(ex, y.data(), x.data(), T_, E);
+    ops::softmax_backward<T>(ex, dx.data(), dy.data(), y_ref.data(), T_, E);
     expect_close(y, y_ref.data(), "y");
     expect_close(dx, dx_ref.data(), "dx");
     if (E > 1) {
@@ -353,7 +353,7 @@ void topk_values(const Exec& ex, int64_t T_, int64_t E, const std::vector<T>& x,
     Guarded<T> val = nan_out<T>(T_ * K);
     std::vector<int32_t> idx_ref(T_ * K);
     std::vector<T> val_ref(T_ * K);
-    ops::topk(ex, idx.data(), val.data(), x.data(), T_, E, K);
+    ops::topk<T>(ex, idx.data(), val.data(), x.data(), T_, E, K);
     ops::topk_ref(idx_ref.data(), val_ref.data(), x.data(), T_, E, K);
     expect_bitwise(idx, idx_ref.data(), "idx_TK");
     expect_bitwise(val, val_ref.data(), "val_TK");

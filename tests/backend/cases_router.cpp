@@ -269,7 +269,7 @@ void kept_prob_grads_case(const Exec& ex) {
       std::vector<double> g_ref(TK);
       ops::kept_prob_grads_ref(g_ref.data(), dp.data(), idx.data(), 0.5, TK);
       Guarded<double> g = nan_out<double>(TK);
-      ops::kept_prob_grads(ex, g.data(), dp.data(), idx.data(), 0.5, TK);
+      ops::kept_prob_grads<T>(ex, g.data(), dp.data(), idx.data(), 0.5, TK);
       expect_bitwise(g, g_ref.data(), "g_TK");
     }
   }
@@ -349,8 +349,8 @@ void loss_values_case(const Exec& ex) {
     ops::z_loss_value_ref(&want[3], lse_ref.data(), l.data(), c.T, c.E);
     Guarded<double> v0 = nan_out<double>(1), v1 = nan_out<double>(1), v2 = nan_out<double>(1),
                     v3 = nan_out<double>(1), lse = nan_out<double>(c.T);
-    ops::aux_loss_value(ex, v0.data(), a.data(), counts.data(), c.T, c.E, c.K);
-    ops::aux_loss_value(ex, v1.data(), a.data(), mean.data(), c.T, c.E, c.K);
+    ops::aux_loss_value<long int>(ex, v0.data(), a.data(), counts.data(), c.T, c.E, c.K);
+    ops::aux_loss_value<double>(ex, v1.data(), a.data(), mean.data(), c.T, c.E, c.K);
     ops::seq_aux_loss_value(ex, v2.data(), a.data(), seq.data(), c.T, c.E, c.K, c.B);
     ops::z_loss_value(ex, v3.data(), lse.data(), l.data(), c.T, c.E);
     expect_close(v0, &want[0], "aux_loss_value, int64 counts");
@@ -387,8 +387,8 @@ void loss_grads_case(const Exec& ex) {
     ops::z_loss_grad_ref(r_z.data(), lse.data(), sm.data(), 0.1, c.T, c.E);
     Guarded<double> g_aux = guarded(d0), g_mean = guarded(d0), g_seq = guarded(d0),
                     g_z = guarded(d0);
-    ops::aux_loss_grad(ex, g_aux.data(), counts.data(), 0.3, c.T, c.E);
-    ops::aux_loss_grad(ex, g_mean.data(), mean.data(), 0.3, c.T, c.E);
+    ops::aux_loss_grad<long int>(ex, g_aux.data(), counts.data(), 0.3, c.T, c.E);
+    ops::aux_loss_grad<double>(ex, g_mean.data(), mean.data(), 0.3, c.T, c.E);
     ops::seq_aux_loss_grad(ex, g_seq.data(), seq.data(), 0.2, c.T, c.E, c.B);
     ops::z_loss_grad(ex, g_z.data(), lse.data(), sm.data(), 0.1, c.T, c.E);
     expect_close(g_aux, r_aux.data(), "aux_loss_grad, int64 counts");

@@ -174,18 +174,18 @@ void convert_f64_case(const Exec& ex) {
     std::vector<double> w_ref(n);
     ops::widen_to_f64_ref(w_ref.data(), x.data(), n);
     Guarded<double> w = nan_out<double>(n);
-    ops::widen_to_f64(ex, w.data(), x.data(), n);
+    ops::widen_to_f64<T>(ex, w.data(), x.data(), n);
     expect_bitwise(w, w_ref.data(), "widen_to_f64");
     std::vector<T> y_ref(n);
     ops::narrow_from_f64_ref(y_ref.data(), x64.data(), n);
     Guarded<T> y = nan_out<T>(n);
-    ops::narrow_from_f64(ex, y.data(), x64.data(), n);
+    ops::narrow_from_f64<T>(ex, y.data(), x64.data(), n);
     expect_bitwise(y, y_ref.data(), "narrow_from_f64");
     for (const T* fac : {static_cast<const T*>(nullptr), f.data()}) {
       std::vector<T> a_ref = y0;
       ops::add_from_f64_ref(a_ref.data(), x64.data(), fac, n);
       Guarded<T> a = guarded(y0);
-      ops::add_from_f64(ex, a.data(), x64.data(), fac, n);
+      ops::add_from_f64<T>(ex, a.data(), x64.data(), fac, n);
       expect_bitwise(a, a_ref.data(), fac ? "add_from_f64, factor" : "add_from_f64");
     }
   }
@@ -210,8 +210,8 @@ void input_jitter_case(const Exec& ex) {
       ops::input_jitter_forward_ref(j_ref.data(), y_ref.data(), x.data(), eps, key, base, lane, n);
       Guarded<T> j = nan_out<T>(n), y = nan_out<T>(n);
       Guarded<int64_t> step_mem(1, step);
-      ops::input_jitter_forward(ex, j.data(), y.data(), x.data(), eps, key, step_mem.data(), stride,
-                                lane, n);
+      ops::input_jitter_forward<T>(ex, j.data(), y.data(), x.data(), eps, key, step_mem.data(),
+                                   stride, lane, n);
       expect_bitwise(j, j_ref.data(), "jitter");
       expect_intact(step_mem, "step");
       ops::input_jitter_advance(ex, step_mem.data());
@@ -223,7 +223,7 @@ void input_jitter_case(const Exec& ex) {
       std::vector<T> dx_ref = dx0;
       ops::input_jitter_backward_ref(dx_ref.data(), dy.data(), j_ref.data(), n);
       Guarded<T> dx = guarded(dx0);
-      ops::input_jitter_backward(ex, dx.data(), dy.data(), j_ref.data(), n);
+      ops::input_jitter_backward<T>(ex, dx.data(), dy.data(), j_ref.data(), n);
       expect_close(dx, dx_ref.data(), "dx += dy * jitter");
     }
   }

@@ -1,7 +1,8 @@
-// Cases: the step's bookkeeping ops: zero and copy (every dtype the layers clear or move, sizes
-// 0 / 1 / odd / large, and the report structs), loss_grad_scale (no counted token, odd counts, both dtypes) and report_moe_layer
-// (layers with and without an aux type, E = 1 and an odd E, accumulation over layers). All
-// exact: bitwise against the references, neighbours of every output untouched.
+// Cases: the step's bookkeeping ops: zero, copy and read_back (every dtype the layers clear,
+// move or read, sizes 0 / 1 / odd / large, and the report structs), loss_grad_scale (no counted
+// token, odd counts, both dtypes) and report_moe_layer (layers with and without an aux type, E = 1
+// and an odd E, accumulation over layers). All exact: bitwise against the references, neighbours of
+// every output untouched.
 #include <cstring>
 
 #include "backend_case.h"
@@ -18,7 +19,7 @@ void zero_one(const Exec& ex) {
     auto v = random_vec<double>(n, 3);
     Guarded<T> got(n), want(n);
     for (int64_t i = 0; i < n; ++i) got[i] = want[i] = static_cast<T>(v[i] * 1000 + 1);
-    ops::zero(ex, got.data(), n);
+    ops::zero<T>(ex, got.data(), n);
     ops::zero_ref(want.data(), n);
     expect_bitwise(got, want, "zeroed");
   }
@@ -32,9 +33,28 @@ void copy_one(const Exec& ex) {
     std::vector<T> src(n);
     for (int64_t i = 0; i < n; ++i) src[i] = static_cast<T>(v[i] * 1000 - 3);
     Guarded<T> got(n, T(7)), want(n, T(7));
-    ops::copy(ex, got.data(), src.data(), n);
+    ops::copy<T>(ex, got.data(), src.data(), n);
     ops::copy_ref(want.data(), src.data(), n);
     expect_bitwise(got, want, "copied");
+  }
+}
+
+// The host's read of device data: every element into guarded host memory, and one value.
+template <typename T>
+void read_back_one(const Exec& ex) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, int64_t{100003}}) {
+    BACKEND_TRACE(n << " elements");
+    auto v = random_vec<double>(n, 5);
+    std::vector<T> src(n);
+    for (int64_t i = 0; i < n; ++i) src[i] = static_cast<T>(v[i] * 1000 + 5);
+    Guarded<T> got(n, T(9)), want(n, T(9));
+    ops::read_back<T>(ex, got.data(), src.data(), n);
+    ops::copy_ref(want.data(), src.data(), n);
+    expect_bitwise(got, want, "read back");
+    if (n > 0) {
+      const T one = ops::read_value<T>(ex, src.data() + n - 1);
+      EXPECT_EQ(std::memcmp(&one, &src[n - 1], sizeof(T)), 0) << "read_value";
+    }
   }
 }
 
@@ -42,7 +62,7 @@ void copy_one(const Exec& ex) {
 void zero_report(const Exec& ex) {
   ops::MicroBatchReport r[3];
   for (auto& x : r) x = ops::MicroBatchReport{1.5, 7, 2.5, 3.5, 4, 2};
-  ops::zero(ex, r + 1, 1);
+  ops::zero<ops::MicroBatchReport>(ex, r + 1, 1);
   const ops::MicroBatchReport cleared{}, kept{1.5, 7, 2.5, 3.5, 4, 2};
   EXPECT_EQ(std::memcmp(r + 1, &cleared, sizeof cleared), 0) << "report not cleared";
   EXPECT_EQ(std::memcmp(r, &kept, sizeof kept), 0) << "the slot before was written";
@@ -57,7 +77,7 @@ void loss_grad_scale_one(const Exec& ex) {
       Guarded<int64_t> c(1, counted);
       Guarded<T> got(1, T(-5));
       T want = T(-5);
-      ops::loss_grad_scale(ex, got.data(), c.data(), scale);
+      ops::loss_grad_scale<T>(ex, got.data(), c.data(), scale);
       ops::loss_grad_scale_ref(&want, c.data(), scale);
       expect_bitwise(got, &want, "dloss");
       expect_intact(c, "counted");
@@ -111,8 +131,16 @@ void add_step_cases(std::vector<OpCase>& out) {
                    copy_one<int32_t>(ex);
                    ops::MicroBatchReport from[2] = {{1.5, 7, 2.5, 3.5, 4, 2}, {-1, 3, 0, 9, 1, 1}};
                    ops::MicroBatchReport to[2];
-                   ops::copy(ex, to, from, 2);
+                   ops::copy<ops::MicroBatchReport>(ex, to, from, 2);
                    EXPECT_EQ(std::memcmp(to, from, sizeof from), 0) << "report structs";
+                 }});
+  out.push_back({"read_back", {"read_back", "read_value"}, [](const Exec& ex) {
+                   read_back_one<float>(ex);
+                   read_back_one<double>(ex);
+                   read_back_one<int64_t>(ex);
+                   const ops::MicroBatchReport r{1.5, 7, 2.5, 3.5, 4, 2};
+                   const ops::MicroBatchReport got = ops::read_value<ops::MicroBatchReport>(ex, &r);
+                   EXPECT_EQ(std::memcmp(&got, &r, sizeof r), 0) << "a report struct";
                  }});
   out.push_back({"loss_grad_scale", {"loss_grad_scale"}, [](const Exec& ex) {
                    loss_grad_scale_one<float>(ex);

@@ -18,11 +18,13 @@ uint64_t name_seed(const std::string& s) {
 
 }  // namespace
 
-::testing::AssertionResult check_gradient_at(const std::function<double()>& loss, double* x,
-                                             const double* grad,
+::testing::AssertionResult check_gradient_at(const std::function<double()>& loss,
+                                             DevPtr<double> x_dev, DevPtr<const double> grad_dev,
                                              const std::vector<int64_t>& indices,
                                              const std::string& what, double h, double rtol,
                                              double atol) {
+  double* x = host(x_dev);
+  const double* grad = host(grad_dev);
   for (int64_t i : indices) {
     double saved = x[i];
     x[i] = saved + h;
@@ -41,10 +43,12 @@ uint64_t name_seed(const std::string& s) {
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
-                                          const double* grad, int64_t n, const std::string& what,
-                                          int64_t max_checks, double h, double rtol,
-                                          double atol) {
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, DevPtr<double> x_dev,
+                                          DevPtr<const double> grad_dev, int64_t n,
+                                          const std::string& what, int64_t max_checks, double h,
+                                          double rtol, double atol) {
+  double* x = host(x_dev);
+  const double* grad = host(grad_dev);
   if (n == 0) return ::testing::AssertionSuccess();
   int64_t stride = std::max<int64_t>(1, n / max_checks);
   std::vector<int64_t> idx;
@@ -122,10 +126,13 @@ std::vector<int64_t> covering_indices(const GroupedShape& s, int64_t per_group, 
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
-                                          const double* grad, const std::vector<int64_t>& shape,
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, DevPtr<double> x_dev,
+                                          DevPtr<const double> grad_dev,
+                                          const std::vector<int64_t>& shape,
                                           const std::string& what, int64_t min_checks, double h,
                                           double rtol, double atol) {
+  double* x = host(x_dev);
+  const double* grad = host(grad_dev);
   const GroupedShape s = grouped_shape(shape);
   const int64_t per_group = (min_checks + s.G - 1) / s.G;
   return check_gradient_at(loss, x, grad, covering_indices(s, per_group, name_seed(what)), what,

@@ -12,9 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "core/dev_ptr.h"
 #include "tolerances.h"
 
 namespace moecore::testing {
+
+// A buffer of a layer or arena as a host pointer: the tests run on the CPU backend, whose
+// device memory is the host's (the layers themselves have no such access; core/dev_ptr.h).
+template <typename T>
+T* host(DevPtr<T> p) {
+  return raw_ptr(p);
+}
+template <typename T>
+const T* host(DevPtr<const T> p) {
+  return raw_ptr(p);
+}
 
 template <typename T>
 std::vector<T> random_vec(int64_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
@@ -105,10 +117,11 @@ template <typename A, typename B>
 // for up to `max_checks` indices spread over [0, n) with a stride. loss() must read x.
 // For a matrix use the shape-aware overload: a stride that is a multiple of the row length
 // lands on the same column every time.
-::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
-                                          const double* grad, int64_t n, const std::string& what,
-                                          int64_t max_checks = 64, double h = kFdStep,
-                                          double rtol = kFdRtol, double atol = kFdAtol);
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, DevPtr<double> x_dev,
+                                          DevPtr<const double> grad_dev, int64_t n,
+                                          const std::string& what, int64_t max_checks = 64,
+                                          double h = kFdStep, double rtol = kFdRtol,
+                                          double atol = kFdAtol);
 
 // A tensor seen as G groups of R x C row-major matrices: [n] -> [1, 1, n], [R, C] -> [1, R, C],
 // [d0, ..., R, C] -> [d0 * ..., R, C] (the grouped expert weights [E, N, K]).
@@ -131,8 +144,8 @@ std::vector<int64_t> covering_indices(const GroupedShape& s, int64_t per_group, 
                                                        const GroupedShape& s);
 
 // check_gradient at exactly the given indices.
-::testing::AssertionResult check_gradient_at(const std::function<double()>& loss, double* x,
-                                             const double* grad,
+::testing::AssertionResult check_gradient_at(const std::function<double()>& loss,
+                                             DevPtr<double> x_dev, DevPtr<const double> grad_dev,
                                              const std::vector<int64_t>& indices,
                                              const std::string& what, double h = kFdStep,
                                              double rtol = kFdRtol, double atol = kFdAtol);
@@ -140,8 +153,9 @@ std::vector<int64_t> covering_indices(const GroupedShape& s, int64_t per_group, 
 // check_gradient over covering_indices of `shape`: every row and every column of each matrix
 // is checked, at least `min_checks` elements in all (capped at the size), in a permutation
 // seeded by `what` (so two tensors of one shape are sampled differently).
-::testing::AssertionResult check_gradient(const std::function<double()>& loss, double* x,
-                                          const double* grad, const std::vector<int64_t>& shape,
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, DevPtr<double> x_dev,
+                                          DevPtr<const double> grad_dev,
+                                          const std::vector<int64_t>& shape,
                                           const std::string& what, int64_t min_checks = 24,
                                           double h = kFdStep, double rtol = kFdRtol,
                                           double atol = kFdAtol);

@@ -15,6 +15,8 @@
 #include "core/tensor.h"
 
 namespace moecore {
+
+using testing::host;
 namespace {
 
 TEST(Check, MessageCarriesValuesAndLocation) {
@@ -44,8 +46,8 @@ TEST(Tensor, ShapeAndTypedAccess) {
 TEST(Arena, TwoPassesOneBlockThenFrozen) {
   Arena a;
   auto layout = [&](Arena& ar) {
-    float* x = ar.alloc<float>(10, "x");
-    double* y = ar.alloc<double>(3, "y", MemKind::Weights);
+    float* x = host(ar.alloc<float>(10, "x"));
+    double* y = host(ar.alloc<double>(3, "y", MemKind::Weights));
     return std::make_pair(x, y);
   };
   auto [px, py] = layout(a);
@@ -70,7 +72,7 @@ TEST(Arena, MemorySpaces) {
     Arena a(cpu_exec(), space);
     EXPECT_EQ(a.space(), space);
     int64_t* p = nullptr;
-    a.plan([&](Arena& ar) { p = ar.alloc<int64_t>(100, "x", MemKind::State); });
+    a.plan([&](Arena& ar) { p = host(ar.alloc<int64_t>(100, "x", MemKind::State)); });
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::kAlign, 0u);
     for (int i = 0; i < 100; ++i) EXPECT_EQ(p[i], 0) << i;
@@ -114,15 +116,15 @@ TEST(Arena, OverlaysShareMemoryBetweenMembers) {
   };
   auto layout = [](Arena& a) {
     Ptrs p{};
-    p.kept = a.alloc<float>(16, "kept");  // 64 bytes, plain
+    p.kept = host(a.alloc<float>(16, "kept"));  // 64 bytes, plain
     for (int m = 0; m < 2; ++m) {
       Arena::Share share(a, "layer", m, {MemKind::Workspace, MemKind::Recomputed});
-      float* ws = a.alloc<float>(m == 0 ? 32 : 64, "ws", MemKind::Workspace);
-      float* act = a.alloc<float>(16, "act");  // Activations: not routed, stays plain
+      float* ws = host(a.alloc<float>(m == 0 ? 32 : 64, "ws", MemKind::Workspace));
+      float* act = host(a.alloc<float>(16, "act"));  // Activations: not routed, stays plain
       float* rec = nullptr;
       {
         Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed);
-        rec = a.alloc<float>(16, "rec");  // Recomputed: into the member
+        rec = host(a.alloc<float>(16, "rec"));  // Recomputed: into the member
       }
       (m == 0 ? p.ws0 : p.ws1) = ws;
       if (m == 0) p.act0 = act;
@@ -224,8 +226,8 @@ TEST(ParamRegistry, InitIsLayoutIndependent) {
       Arena arena;
       arena.plan([&](Arena& a) { one.allocate(a); });
       one.init(42);
-      const double* g = full.get("w").data_as<double>();
-      const double* l = one.get("w").data_as<double>();
+      const double* g = host(full.get("w").data_as<double>());
+      const double* l = host(one.get("w").data_as<double>());
       int64_t li = 0;
       for (int64_t i = 0; i < shape[0]; ++i) {
         for (int64_t j = 0; j < shape[1]; ++j) {
@@ -266,7 +268,7 @@ TEST(ParamRegistry, DigestIsLayoutIndependentAndSensitive) {
     }
     EXPECT_EQ(sum, whole) << "dim " << dim;
   }
-  float* v = full.get("w").data_as<float>();
+  float* v = host(full.get("w").data_as<float>());
   v[7] = std::nextafter(v[7], 1.0f);
   EXPECT_NE(full.digest(ParamKind::Expert), whole) << "one ulp";
   v[7] = std::nextafter(v[7], -1.0f);
@@ -276,8 +278,9 @@ TEST(ParamRegistry, DigestIsLayoutIndependentAndSensitive) {
   ParamRegistry renamed(DType::F32);
   Arena renamed_arena;
   make(renamed, renamed_arena, "w2", {});
-  std::copy(v, v + full.get("w").local_numel(), renamed.get("w2").data_as<float>());
-  std::swap(renamed.get("w2").data_as<float>()[3], renamed.get("w2").data_as<float>()[11]);
+  std::copy(v, v + full.get("w").local_numel(), host(renamed.get("w2").data_as<float>()));
+  std::swap(host(renamed.get("w2").data_as<float>())[3],
+            host(renamed.get("w2").data_as<float>())[11]);
   EXPECT_NE(renamed.digest(ParamKind::Expert), whole) << "another name";
 }
 
@@ -299,8 +302,9 @@ TEST(ParamRegistry, FlatBuffersPerKindAndErrors) {
   EXPECT_EQ(r.numel(ParamKind::Dense), 11);
   EXPECT_EQ(r.numel(ParamKind::Expert), 4);
   EXPECT_EQ(r.get("b").offset, 6);
-  EXPECT_EQ(static_cast<float*>(r.flat_data(ParamKind::Dense))[0], 1.0f);
-  EXPECT_EQ(r.get("b").data_as<float>(), static_cast<float*>(r.flat_data(ParamKind::Dense)) + 6);
+  EXPECT_EQ(static_cast<float*>(host(r.flat_data(ParamKind::Dense)))[0], 1.0f);
+  EXPECT_EQ(r.get("b").data_as<float>(),
+            static_cast<float*>(host(r.flat_data(ParamKind::Dense))) + 6);
   EXPECT_THROW(r.get("missing"), Error);
   EXPECT_THROW(r.add(ParamSpec{"late", {1}, ParamInit::Ones, 0, ParamKind::Dense, false, {}}),
                Error);

@@ -50,7 +50,7 @@ TEST(Exec, AnOpWithoutAKernelForTheDeviceThrowsNamingIt) {
   Exec ex;
   ex.device = Device::CUDA;
   float a[2] = {1, 2}, b[2] = {3, 4}, y[2] = {-1, -1};
-  const std::string msg = error_of([&] { ops::add(ex, y, a, b, 2); });
+  const std::string msg = error_of([&] { ops::add<float>(ex, y, a, b, 2); });
   EXPECT_NE(msg.find("[add] no cuda kernel"), std::string::npos) << msg;
   EXPECT_EQ(y[0], -1.0f);
   int64_t counts[2], kept = -1;
@@ -61,7 +61,7 @@ TEST(Exec, AnOpWithoutAKernelForTheDeviceThrowsNamingIt) {
                                      2);
             }).find("[build_permutation] no cuda kernel"),
             std::string::npos);
-  ops::add(cpu_exec(), y, a, b, 2);
+  ops::add<float>(cpu_exec(), y, a, b, 2);
   EXPECT_EQ(y[1], 6.0f);
 }
 

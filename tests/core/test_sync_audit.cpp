@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/sync_audit.h"
+#include "ops/memory.h"
 
 namespace moecore {
 
@@ -89,6 +90,28 @@ TEST(SyncAudit, HostSyncsInsideAPointBelongToIt) {
   audit.host_sync("after the point");
   const std::string msg = end_step_error(audit);
   EXPECT_NE(msg.find("host sync: after the point x1"), std::string::npos) << msg;
+}
+
+// A layer's read of device data (ops::read_back, the router's and optimizer's host accessors)
+// is a host sync the audit sees on every backend, the CPU's included: a violation inside a
+// step, part of a documented point inside one, nothing outside a step.
+TEST(SyncAudit, AReadBackIsAHostSync) {
+  SyncAudit& audit = SyncAudit::instance();
+  const double value = 2.5;
+  EXPECT_EQ(ops::read_value<double>(cpu_exec(), &value), 2.5);  // no step: not recorded
+  audit.begin_step();
+  EXPECT_EQ(ops::read_value<double>(cpu_exec(), &value), 2.5);
+  const std::string msg = end_step_error(audit);
+  EXPECT_NE(msg.find("host sync: ops::read_back: the host reads device data x1"), std::string::npos)
+      << msg;
+  audit.begin_step();
+  {
+    SyncAudit::Point point(SyncAudit::kEpCountExchange);
+    double got[1];
+    ops::read_back<double>(cpu_exec(), got, &value, 1);
+  }
+  EXPECT_EQ(end_step_error(audit), "");
+  EXPECT_EQ(audit.documented_syncs().at(SyncAudit::kEpCountExchange), 1);
 }
 
 TEST(SyncAudit, OneStepAtATime) {

@@ -12,6 +12,8 @@
 #include "model/transformer_block.h"
 
 namespace moecore::model {
+
+using testing::host;
 namespace {
 
 using testing::random_vec;
@@ -174,7 +176,8 @@ TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   ASSERT_NE(model.params().find("decoder.layers.0.self_attention.k_layernorm.weight"), nullptr);
   // Non-zero biases so their gradient path is exercised away from the zero init.
   Param& bias = model.params().get("decoder.layers.0.self_attention.linear_qkv.bias");
-  for (int64_t i = 0; i < bias.local_numel(); ++i) bias.data_as<double>()[i] = 0.1 * std::sin(i);
+  for (int64_t i = 0; i < bias.local_numel(); ++i)
+    host(bias.data_as<double>())[i] = 0.1 * std::sin(i);
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 3);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 4);
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
@@ -223,7 +226,10 @@ TEST(GPTModel, StepReportHoldsEachMicroBatchsResults) {
   for (size_t k = 0; k < step.params().params().size(); ++k) {
     const Param& a = step.params().params()[k];
     const Param& b = host.params().params()[k];
-    EXPECT_EQ(std::memcmp(a.grad, b.grad, sizeof(double) * a.local_numel()), 0) << a.spec.name;
+    EXPECT_EQ(
+        std::memcmp(testing::host(a.grad), testing::host(b.grad), sizeof(double) * a.local_numel()),
+        0)
+        << a.spec.name;
   }
 }
 
@@ -240,8 +246,8 @@ TEST(GPTModel, F32MatchesF64AndIsDeterministic) {
   EXPECT_NEAR(l64, std::log(11.0), 0.05);  // small init: near-uniform predictions
   EXPECT_EQ(m32.forward(ids.data(), targets.data()), l32);
   // Same seed, same global model regardless of dtype: the embedding matches to f32 rounding.
-  const double* w64 = m64.params().get("embedding.word_embeddings.weight").data_as<double>();
-  const float* w32 = m32.params().get("embedding.word_embeddings.weight").data_as<float>();
+  const double* w64 = host(m64.params().get("embedding.word_embeddings.weight").data_as<double>());
+  const float* w32 = host(m32.params().get("embedding.word_embeddings.weight").data_as<float>());
   for (int i = 0; i < 20; ++i) EXPECT_EQ(w32[i], static_cast<float>(w64[i]));
 }
 
@@ -261,7 +267,7 @@ TEST(GPTModel, F32GradientsMatchF64OnTheSameWeights) {
   for (const Param& p : m32.params().params()) {
     const Param& q = m64.params().get(p.name());
     for (int64_t i = 0; i < p.local_numel(); ++i) {
-      q.data_as<double>()[i] = static_cast<double>(p.data_as<float>()[i]);
+      host(q.data_as<double>())[i] = static_cast<double>(host(p.data_as<float>())[i]);
     }
   }
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 8);
@@ -284,8 +290,8 @@ TEST(GPTModel, F32GradientsMatchF64OnTheSameWeights) {
   double worst_rel = 0, worst_elem = 0;
   for (const Param& p : m64.params().params()) {
     const Param& q = m32.params().get(p.name());
-    const double* g64 = p.grad_as<double>();
-    const float* g32 = q.grad_as<float>();
+    const double* g64 = host(p.grad_as<double>());
+    const float* g32 = host(q.grad_as<float>());
     const int64_t n = p.local_numel();
     double diff = 0, ref = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -331,7 +337,7 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
     const Param& q = m16.params().get(p.name());
     double diff = 0, ref = 0;
     for (int64_t i = 0; i < p.local_numel(); ++i) {
-      double a = p.grad_as<float>()[i], b = q.grad_as<float>()[i];
+      double a = host(p.grad_as<float>())[i], b = host(q.grad_as<float>())[i];
       diff += (a - b) * (a - b);
       ref += a * a;
     }
@@ -340,12 +346,12 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
     // nearest even.
     ASSERT_TRUE(q.data16 != nullptr || q.data16w != nullptr) << q.name();
     for (int64_t i = 0; i < std::min<int64_t>(q.local_numel(), 16); ++i) {
-      const bf16 expect = float_to_bf16(q.data_as<float>()[i]);
+      const bf16 expect = float_to_bf16(host(q.data_as<float>())[i]);
       if (q.data16 != nullptr) {
-        EXPECT_EQ(q.data16[i].bits, expect.bits) << q.name();
+        EXPECT_EQ(host(q.data16)[i].bits, expect.bits) << q.name();
       }
       if (q.data16w != nullptr) {
-        EXPECT_EQ(q.data16w[i], bf16_to_float(expect)) << q.name();
+        EXPECT_EQ(host(q.data16w)[i], bf16_to_float(expect)) << q.name();
       }
     }
   }

@@ -15,6 +15,8 @@
 #include "model/gpt_model.h"
 
 namespace moecore::model {
+
+using testing::host;
 namespace {
 
 ModelConfig threaded_config(bool bf16) {
@@ -59,7 +61,7 @@ StepResult run_at(int threads, bool bf16) {
   model.params().zero_grads();
   model.backward(1.0);
   for (const Param& p : model.params().params()) {
-    const float* g = p.grad_as<float>();
+    const float* g = host(p.grad_as<float>());
     r.grads.emplace_back(g, g + p.local_numel());
   }
   return r;

@@ -17,6 +17,8 @@
 #include "ops/swiglu.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using testing::all_close;
@@ -47,8 +49,8 @@ TEST(LocalDispatcher, DispatchThenCombineIsIdentity) {
     auto idx = awkward_routing(n_tok, K, E);
     const DispatchPlan& plan = d.plan(idx.data(), n_tok);
     ASSERT_EQ(plan.n_rows, n_tok * K);
-    EXPECT_EQ(plan.tokens_per_expert_L[0], n_tok);
-    EXPECT_EQ(plan.tokens_per_expert_L[1], 0);
+    EXPECT_EQ(host(plan.tokens_per_expert_L)[0], n_tok);
+    EXPECT_EQ(host(plan.tokens_per_expert_L)[1], 0);
     auto x = random_vec<double>(n_tok * H, 1);
     std::vector<double> probs(n_tok * K, 1.0 / K), x_NH(n_tok * K * H), p_N(n_tok * K);
     d.dispatch(x_NH.data(), p_N.data(), x.data(), probs.data());
@@ -69,7 +71,7 @@ TEST(LocalDispatcher, DispatchThenCombineIsIdentity) {
     }
     d.dispatch_backward(dx.data(), dprobs.data(), dy_NH.data(), dp.data());
     EXPECT_TRUE(all_close(dx, dy, testing::kF64FewUlps, 0));
-    for (int64_t i = 0; i < n_tok * K; ++i) EXPECT_EQ(dprobs[i], 1.0 + plan.token_rows_TK[i]);
+    for (int64_t i = 0; i < n_tok * K; ++i) EXPECT_EQ(dprobs[i], 1.0 + host(plan.token_rows_TK)[i]);
   }
 }
 
@@ -83,7 +85,7 @@ TEST(LocalDispatcher, DroppedSlotsGetNoRowAndZeroGrad) {
   // All T * K rows are dispatched (a size the host knows): the 5 kept ones, then the 3 dropped
   // slots' rows, which carry no token.
   EXPECT_EQ(plan.n_rows, n_tok * K);
-  for (int64_t r = 0; r < plan.n_rows; ++r) EXPECT_EQ(plan.row_token_N[r] < 0, r >= 5) << r;
+  for (int64_t r = 0; r < plan.n_rows; ++r) EXPECT_EQ(host(plan.row_token_N)[r] < 0, r >= 5) << r;
   std::vector<double> dx_NH(plan.n_rows * H, 1.0), dp(plan.n_rows, 3.0), dx(n_tok * H),
       dprobs(n_tok * K);
   d.dispatch_backward(dx.data(), dprobs.data(), dx_NH.data(), dp.data());
@@ -106,14 +108,15 @@ void sequential_experts(std::vector<double>& y, std::vector<double>& dx, std::ve
     const double* w1 = fc1 + e * 2 * F * H;
     const double* w2 = fc2 + e * H * F;
     std::vector<double> h(n * 2 * F), a(n * F), da(n * F), dh(n * 2 * F);
-    ops::linear_forward(cpu_exec(), h.data(), &x[row * H], w1, n, 2 * F, H);
+    ops::linear_forward<double>(cpu_exec(), h.data(), &x[row * H], w1, n, 2 * F, H);
     ops::swiglu_forward_ref(a.data(), h.data(), &p[row], n, F);
-    ops::linear_forward(cpu_exec(), &y[row * H], a.data(), w2, n, H, F);
-    ops::linear_backward(cpu_exec(), da.data(), &dfc2[e * H * F], &dy[row * H], a.data(), w2, n, H,
-                         F);
+    ops::linear_forward<__gnu_cxx::__alloc_traits<std::allocator<double>, double>::value_type>(
+        cpu_exec(), &y[row * H], a.data(), w2, n, H, F);
+    ops::linear_backward<double>(cpu_exec(), da.data(), &dfc2[e * H * F], &dy[row * H], a.data(),
+                                 w2, n, H, F);
     ops::swiglu_backward_ref(dh.data(), &dp[row], da.data(), h.data(), &p[row], n, F);
-    ops::linear_backward(cpu_exec(), &dx[row * H], &dfc1[e * 2 * F * H], dh.data(), &x[row * H], w1,
-                         n, 2 * F, H);
+    ops::linear_backward<__gnu_cxx::__alloc_traits<std::allocator<double>, double>::value_type>(
+        cpu_exec(), &dx[row * H], &dfc1[e * 2 * F * H], dh.data(), &x[row * H], w1, n, 2 * F, H);
     row += n;
   }
 }
@@ -135,17 +138,17 @@ TEST(GroupedExperts, EqualsPerExpertLoopWithEmptyExperts) {
   experts.backward(dx.data(), dp.data(), dy.data());
 
   std::vector<double> ys(N * H), dxs(N * H), dps(N), dfc1(E * 2 * F * H, 0), dfc2(E * H * F, 0);
-  sequential_experts(ys, dxs, dps, dfc1, dfc2, x, p, dy, experts.fc1().data_as<double>(),
-                     experts.fc2().data_as<double>(), m, H, F);
+  sequential_experts(ys, dxs, dps, dfc1, dfc2, x, p, dy, host(experts.fc1().data_as<double>()),
+                     host(experts.fc2().data_as<double>()), m, H, F);
   EXPECT_TRUE(all_close(y, ys, testing::kF64Rtol, testing::kF64Atol));
   EXPECT_TRUE(all_close(dx, dxs, testing::kF64Rtol, testing::kF64Atol));
   EXPECT_TRUE(all_close(dp, dps, testing::kF64Rtol, testing::kF64Atol));
-  EXPECT_TRUE(all_close(experts.fc1().grad_as<double>(), dfc1.data(), E * 2 * F * H,
+  EXPECT_TRUE(all_close(host(experts.fc1().grad_as<double>()), dfc1.data(), E * 2 * F * H,
                         testing::kF64Rtol, testing::kF64Atol));
-  EXPECT_TRUE(all_close(experts.fc2().grad_as<double>(), dfc2.data(), E * H * F, testing::kF64Rtol,
-                        testing::kF64Atol));
+  EXPECT_TRUE(all_close(host(experts.fc2().grad_as<double>()), dfc2.data(), E * H * F,
+                        testing::kF64Rtol, testing::kF64Atol));
   // Empty experts get exactly zero gradient.
-  for (int64_t i = 0; i < 2 * F * H; ++i) EXPECT_EQ(experts.fc1().grad_as<double>()[i], 0.0);
+  for (int64_t i = 0; i < 2 * F * H; ++i) EXPECT_EQ(host(experts.fc1().grad_as<double>())[i], 0.0);
 }
 
 TEST(GroupedExperts, FiniteDifferences) {
@@ -231,20 +234,21 @@ RoutingMargins routing_margins(const RouterSaved<double>& s, const RouterConfig&
   std::vector<double> pre(T * K);
   std::vector<std::vector<double>> cand(E);
   for (int64_t t = 0; t < T; ++t) {
-    std::vector<double> l(s.logits_TE + t * E, s.logits_TE + (t + 1) * E);
+    std::vector<double> l(host(s.logits_TE) + t * E, host(s.logits_TE) + (t + 1) * E);
     std::sort(l.begin(), l.end(), std::greater<>());
     if (K < E) m.topk = std::min(m.topk, l[K - 1] - l[K]);
     double sum = 0, mx = -INFINITY;
-    for (int64_t k = 0; k < K; ++k) mx = std::max(mx, s.logits_TE[t * E + s.routed_TK[t * K + k]]);
+    for (int64_t k = 0; k < K; ++k)
+      mx = std::max(mx, host(s.logits_TE)[t * E + host(s.routed_TK)[t * K + k]]);
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t e = s.routed_TK[t * K + k];
-      double v = cfg.score == ScoreFunction::Softmax ? std::exp(s.logits_TE[t * E + e] - mx)
-                                                     : s.scores_TE[t * E + e];
+      const int64_t e = host(s.routed_TK)[t * K + k];
+      double v = cfg.score == ScoreFunction::Softmax ? std::exp(host(s.logits_TE)[t * E + e] - mx)
+                                                     : host(s.scores_TE)[t * E + e];
       pre[t * K + k] = v;
       sum += v;
     }
     for (int64_t k = 0; k < K; ++k) {
-      cand[s.routed_TK[t * K + k]].push_back(pre[t * K + k] / sum * cfg.topk_scaling_factor);
+      cand[host(s.routed_TK)[t * K + k]].push_back(pre[t * K + k] / sum * cfg.topk_scaling_factor);
     }
   }
   for (auto& c : cand) {
@@ -300,7 +304,7 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     EXPECT_GT(layer.router().dropped(), 0) << "the case must really drop";
     if (c.pad) {
       EXPECT_EQ(layer.plan().rows_per_expert, rs.capacity);
-      EXPECT_GT(*layer.plan().pad_rows, 0) << "the case must really pad";
+      EXPECT_GT(*host(layer.plan().pad_rows), 0) << "the case must really pad";
     }
     RoutingMargins m = routing_margins(rs, cfg.moe.router);
     EXPECT_GT(m.topk, kMargin) << "a top-k choice is near a tie: pick another seed";

@@ -27,7 +27,8 @@ Out run(TokenDispatcher<double>& d, const std::vector<int32_t>& idx, int64_t n_t
   const DispatchPlan& p = d.plan(idx.data(), n_tok, pad);
   const int64_t N = p.n_rows;
   Out o;
-  o.per_expert.assign(p.tokens_per_expert_L, p.tokens_per_expert_L + d.num_local_experts());
+  o.per_expert.assign(raw_ptr(p.tokens_per_expert_L),
+                      raw_ptr(p.tokens_per_expert_L) + d.num_local_experts());
   auto x = random_vec<double>(n_tok * H, 1), probs = random_vec<double>(n_tok * K, 2);
   auto dy = random_vec<double>(n_tok * H, 3), dp = random_vec<double>(N, 4);
   o.x_NH.resize(N * H), o.p_N.resize(N), o.y.resize(n_tok * H), o.dy_NH.resize(N * H);

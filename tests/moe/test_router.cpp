@@ -8,6 +8,8 @@
 #include "moe/router.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using testing::check_gradient;
@@ -44,7 +46,7 @@ TEST_P(RouterGrad, MatchesFiniteDifferences) {
   auto R = random_vec<double>(n_tok * c.K, 12);
   auto loss = [&] {
     router.forward(x.data(), n_tok);
-    return testing::weighted_sum(router.saved().probs_TK, R) + router.aux_loss() +
+    return testing::weighted_sum(host(router.saved().probs_TK), R) + router.aux_loss() +
            router.z_loss();
   };
   loss();
@@ -82,7 +84,7 @@ TEST(Router, UniformRoutingLogsAuxExactlyOne) {
       params.allocate(a);
       router.allocate(a, 16);
     });
-    std::memset(params.get("r.router.weight").data, 0, sizeof(float) * 32);
+    std::memset(host(params.get("r.router.weight").data), 0, sizeof(float) * 32);
     auto x = random_vec<float>(16 * 4, 5);
     router.forward(x.data(), 16);
     EXPECT_EQ(router.aux_value(), 1.0);
@@ -104,7 +106,7 @@ TEST(Router, AuxAndZGradientOnlyWithNonZeroCoeff) {
   EXPECT_GT(router.aux_value(), 0.0);  // computed for logging even with coeff 0
   router.backward(dx.data(), zero_dprobs.data(), 1.0);
   for (double v : dx) EXPECT_EQ(v, 0.0);
-  const double* g = params.get("r.router.weight").grad_as<double>();
+  const double* g = host(params.get("r.router.weight").grad_as<double>());
   for (int i = 0; i < 12; ++i) EXPECT_EQ(g[i], 0.0);
 }
 

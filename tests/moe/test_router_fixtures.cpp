@@ -19,6 +19,8 @@
 #include "moe/router.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using nlohmann::json;
@@ -180,15 +182,15 @@ void replay(const json& c, bool gate64) {
     router.allocate(a, T_);
   });
   std::vector<double> W = c["W"];
-  T* w = params.get("decoder.layers.0.mlp.router.weight").template data_as<T>();
+  T* w = host(params.get("decoder.layers.0.mlp.router.weight").template data_as<T>());
   for (int64_t i = 0; i < E * H; ++i) w[i] = static_cast<T>(W[i]);
   if (cfg.enable_expert_bias) {
     std::vector<double> b = c["expert_bias"];
-    for (int64_t e = 0; e < E; ++e) router.expert_bias()[e] = static_cast<float>(b[e]);
+    for (int64_t e = 0; e < E; ++e) host(router.expert_bias())[e] = static_cast<float>(b[e]);
   }
   if (!c["quantile_beta"].is_null()) {
     std::vector<double> b = c["quantile_beta"];
-    for (int64_t e = 0; e < E; ++e) router.quantile_beta()[e] = static_cast<float>(b[e]);
+    for (int64_t e = 0; e < E; ++e) host(router.quantile_beta())[e] = static_cast<float>(b[e]);
   }
   router.set_training(c["training"].get<bool>());
 
@@ -216,16 +218,16 @@ void replay(const json& c, bool gate64) {
     return within(got, vec(ex, key), kMegatronFp32Ulps, kEps32, 0.0);
   };
 
-  EXPECT_TRUE(within(s.logits_TE, vec(wx, "logits"), 0, kEps64, 0.0)) << "logits (exact)";
+  EXPECT_TRUE(within(host(s.logits_TE), vec(wx, "logits"), 0, kEps64, 0.0)) << "logits (exact)";
   std::vector<int> routed(T_ * E, 0), kept(T_ * E, 0);
   std::vector<double> probs(T_ * E, 0.0);
   for (int64_t t = 0; t < T_; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      routed[t * E + s.routed_TK[t * K + k]] = 1;
-      const int32_t e = s.idx_TK[t * K + k];
+      routed[t * E + host(s.routed_TK)[t * K + k]] = 1;
+      const int32_t e = host(s.idx_TK)[t * K + k];
       if (e >= 0) {
         kept[t * E + e] = 1;
-        probs[t * E + e] = static_cast<double>(s.probs_TK[t * K + k]);
+        probs[t * E + e] = static_cast<double>(host(s.probs_TK)[t * K + k]);
       }
     }
   }
@@ -233,7 +235,7 @@ void replay(const json& c, bool gate64) {
   EXPECT_EQ(kept, ex["kept_TE"].get<std::vector<int>>()) << "experts kept after capacity";
   EXPECT_TRUE(within(probs, vec(wx, "probs_TE"), kFixtureF64Ulps, kEps64, round_rtol)) << "probs";
   EXPECT_TRUE(megatron(probs.data(), "probs_TE")) << "probs vs Megatron fp32";
-  EXPECT_EQ(std::vector<int64_t>(s.tokens_per_expert_E, s.tokens_per_expert_E + E),
+  EXPECT_EQ(std::vector<int64_t>(host(s.tokens_per_expert_E), host(s.tokens_per_expert_E) + E),
             ex["tokens_per_expert"].get<std::vector<int64_t>>());
   EXPECT_EQ(s.capacity, ex["capacity"].get<int64_t>());
   EXPECT_EQ(router.dropped(), ex["dropped"].get<int64_t>());
@@ -242,13 +244,14 @@ void replay(const json& c, bool gate64) {
   for (int i = 0; i < 3; ++i) {
     if (!ex["aux"].contains(kNames[i])) continue;
     const std::vector<double> want = {wx["aux"][kNames[i]].get<double>()};
-    EXPECT_TRUE(within(rep.lb_value + i, want, kFixtureF64Ulps, kEps64, 0.0)) << kNames[i];
-    EXPECT_TRUE(within(rep.lb_value + i, {ex["aux"][kNames[i]].get<double>()}, kMegatronFp32Ulps,
-                       kEps32, 0.0))
+    EXPECT_TRUE(within(host(rep.lb_value + i), want, kFixtureF64Ulps, kEps64, 0.0)) << kNames[i];
+    EXPECT_TRUE(within(host(rep.lb_value + i), {ex["aux"][kNames[i]].get<double>()},
+                       kMegatronFp32Ulps, kEps32, 0.0))
         << kNames[i] << " vs Megatron fp32";
   }
-  EXPECT_TRUE(within(rep.z_value, {wx["z"].get<double>()}, kFixtureF64Ulps, kEps64, 0.0)) << "z";
-  EXPECT_TRUE(within(rep.z_value, {ex["z"].get<double>()}, kMegatronFp32Ulps, kEps32, 0.0))
+  EXPECT_TRUE(within(host(rep.z_value), {wx["z"].get<double>()}, kFixtureF64Ulps, kEps64, 0.0))
+      << "z";
+  EXPECT_TRUE(within(host(rep.z_value), {ex["z"].get<double>()}, kMegatronFp32Ulps, kEps32, 0.0))
       << "z vs Megatron fp32";
 
   // The aux and z losses' part of the logit gradient alone (dprobs = 0): its entries are
@@ -256,22 +259,25 @@ void replay(const json& c, bool gate64) {
   std::vector<T> dx(T_ * H, T(0)), dprobs(T_ * K, T(0));
   params.zero_grads();
   router.backward(dx.data(), dprobs.data(), 1.0);
-  EXPECT_TRUE(within(router.dlogits_TE(), vec(wx, "dlogits_lb"), kFixtureF64Ulps, kEps64, 0.0))
+  EXPECT_TRUE(
+      within(host(router.dlogits_TE()), vec(wx, "dlogits_lb"), kFixtureF64Ulps, kEps64, 0.0))
       << "dlogits of the aux and z losses";
-  EXPECT_TRUE(megatron(router.dlogits_TE(), "dlogits_lb")) << "aux/z dlogits vs Megatron fp32";
+  EXPECT_TRUE(megatron(host(router.dlogits_TE()), "dlogits_lb"))
+      << "aux/z dlogits vs Megatron fp32";
 
   // Gradients of sum(probs * R) + sum coeff * aux + coeff_z * z at loss scale 1.
   std::vector<double> R = c["R"];
   for (int64_t t = 0; t < T_; ++t) {
-    for (int64_t k = 0; k < K; ++k) dprobs[t * K + k] = static_cast<T>(R[t * E + s.routed_TK[t * K + k]]);
+    for (int64_t k = 0; k < K; ++k)
+      dprobs[t * K + k] = static_cast<T>(R[t * E + host(s.routed_TK)[t * K + k]]);
   }
   std::fill(dx.begin(), dx.end(), T(0));
   params.zero_grads();
   router.backward(dx.data(), dprobs.data(), 1.0);
-  const T* dW = params.get("decoder.layers.0.mlp.router.weight").template grad_as<T>();
-  EXPECT_TRUE(within(router.dlogits_TE(), vec(wx, "dlogits"), kFixtureF64Ulps, kEps64, 0.0))
+  const T* dW = host(params.get("decoder.layers.0.mlp.router.weight").template grad_as<T>());
+  EXPECT_TRUE(within(host(router.dlogits_TE()), vec(wx, "dlogits"), kFixtureF64Ulps, kEps64, 0.0))
       << "dlogits";
-  EXPECT_TRUE(megatron(router.dlogits_TE(), "dlogits")) << "dlogits vs Megatron fp32";
+  EXPECT_TRUE(megatron(host(router.dlogits_TE()), "dlogits")) << "dlogits vs Megatron fp32";
   std::vector<double> dx_bound, dw_bound;
   if (f32 && !gate64) {
     const std::vector<double> dl = vec(wx, "dlogits");
@@ -290,12 +296,12 @@ void replay(const json& c, bool gate64) {
   if (ex.contains("bias_after")) {
     std::vector<double> want = ex["bias_after"];
     for (int64_t e = 0; e < E; ++e) {
-      EXPECT_EQ(router.expert_bias()[e], static_cast<float>(want[e])) << "expert bias " << e;
+      EXPECT_EQ(host(router.expert_bias())[e], static_cast<float>(want[e])) << "expert bias " << e;
     }
   }
   if (wx.contains("beta_after")) {
     // An fp32 buffer: the f64 update rounded once.
-    EXPECT_TRUE(within(router.quantile_beta(), vec(wx, "beta_after"), kFixtureF64Ulps, kEps64,
+    EXPECT_TRUE(within(host(router.quantile_beta()), vec(wx, "beta_after"), kFixtureF64Ulps, kEps64,
                        kUnit32))
         << "quantile beta";
   }

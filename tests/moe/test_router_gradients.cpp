@@ -10,6 +10,8 @@
 #include "moe/router.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using testing::random_vec;
@@ -39,10 +41,12 @@ TEST_P(RouterGradients, MatchFiniteDifferences) {
   Arena arena;
   testing::plan_layer(arena, params, 5, [&](Arena& a) { router.allocate(a, c.T); });
   if (cfg.enable_expert_bias) {
-    for (int64_t e = 0; e < c.E; ++e) router.expert_bias()[e] = 0.03f * static_cast<float>(e % 4) - 0.04f;
+    for (int64_t e = 0; e < c.E; ++e)
+      host(router.expert_bias())[e] = 0.03f * static_cast<float>(e % 4) - 0.04f;
   }
   if (cfg.uses(LoadBalancing::QuantileBalancing)) {
-    for (int64_t e = 0; e < c.E; ++e) router.quantile_beta()[e] = 0.1f * static_cast<float>(e % 3) - 0.1f;
+    for (int64_t e = 0; e < c.E; ++e)
+      host(router.quantile_beta())[e] = 0.1f * static_cast<float>(e % 3) - 0.1f;
   }
   const double lo = c.expect_drops ? 0.0 : -1.0;  // positive inputs skew the load
   auto x = random_vec<double>(c.T * H, 11, lo, 1.0);
@@ -53,7 +57,7 @@ TEST_P(RouterGradients, MatchFiniteDifferences) {
     router.reset_step();  // same jitter draws and accumulators for every evaluation
     if (c.previous_micro) router.forward(x_prev.data(), c.T, S);
     router.forward(x.data(), c.T, S);
-    return testing::weighted_sum(router.saved().probs_TK, R) + router.aux_loss() +
+    return testing::weighted_sum(host(router.saved().probs_TK), R) + router.aux_loss() +
            router.z_loss();
   };
   std::vector<double> dx(c.T * H, 0.0);

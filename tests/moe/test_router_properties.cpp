@@ -13,6 +13,8 @@
 #include "moe/router.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using testing::random_vec;
@@ -28,7 +30,9 @@ struct RouterRig {
       : router(cfg, H, init_std, params, "decoder.layers.1.mlp") {
     testing::plan_layer(arena, params, seed, [&](Arena& a) { router.allocate(a, max_tokens); });
   }
-  T* weight() { return params.get("decoder.layers.1.mlp.router.weight").template data_as<T>(); }
+  T* weight() {
+    return host(params.get("decoder.layers.1.mlp.router.weight").template data_as<T>());
+  }
   T* weight_grad() {
     return params.get("decoder.layers.1.mlp.router.weight").template grad_as<T>();
   }
@@ -83,7 +87,7 @@ TEST(RouterProperties, SeqAuxEqualsAuxWithOneSequence) {
       rig.router.forward(x.data(), 11, 11);
       std::vector<double> dprobs(11 * 2, 0.0), dx(11 * 5, 0.0);
       rig.router.backward(dx.data(), dprobs.data(), 1.0);
-      dlogits->assign(rig.router.dlogits_TE(), rig.router.dlogits_TE() + 66);
+      dlogits->assign(host(rig.router.dlogits_TE()), host(rig.router.dlogits_TE()) + 66);
       return rig.router.aux_value();
     };
     std::vector<double> g_aux, g_seq;
@@ -131,25 +135,28 @@ TEST(RouterProperties, CapacityKeepsExactlyCapacityRowsWithPadAtMostWithout) {
       EXPECT_EQ(s.capacity, cap);
       int64_t kept = 0;
       for (int64_t e = 0; e < c.E; ++e) {
-        EXPECT_LE(s.tokens_per_expert_E[e], cap) << "expert " << e;
-        kept += s.tokens_per_expert_E[e];
+        EXPECT_LE(host(s.tokens_per_expert_E)[e], cap) << "expert " << e;
+        kept += host(s.tokens_per_expert_E)[e];
       }
       EXPECT_EQ(kept + router.dropped(), c.T * c.K);
       const DispatchPlan& p = disp.plan(s.idx_TK, c.T, pad ? s.capacity : 0);
       std::vector<double> x_NH(disp.max_rows(c.T) * H, -1.0), p_N(disp.max_rows(c.T), -1.0);
       disp.dispatch(x_NH.data(), p_N.data(), x.data(), s.probs_TK);
       for (int64_t e = 0; e < c.E; ++e) {
-        if (pad) EXPECT_EQ(p.tokens_per_expert_L[e], cap) << "expert " << e;
-        else EXPECT_EQ(p.tokens_per_expert_L[e], s.tokens_per_expert_E[e]) << "expert " << e;
+        if (pad)
+          EXPECT_EQ(host(p.tokens_per_expert_L)[e], cap) << "expert " << e;
+        else
+          EXPECT_EQ(host(p.tokens_per_expert_L)[e], host(s.tokens_per_expert_E)[e])
+              << "expert " << e;
       }
       // Dispatched: E * cap rows padded, else all T * K (the dropped slots' rows are zero).
       EXPECT_EQ(p.n_rows, pad ? c.E * cap : c.T * c.K);
-      EXPECT_EQ(*p.pad_rows, pad ? c.E * cap - kept : 0);
+      EXPECT_EQ(*host(p.pad_rows), pad ? c.E * cap - kept : 0);
       int64_t token_rows = 0;
-      for (int64_t r = 0; r < p.n_rows; ++r) token_rows += p.row_token_N[r] >= 0;
+      for (int64_t r = 0; r < p.n_rows; ++r) token_rows += host(p.row_token_N)[r] >= 0;
       EXPECT_EQ(token_rows, kept) << "rows that carry a token";
       for (int64_t r = 0; r < p.n_rows; ++r) {
-        if (p.row_token_N[r] >= 0) continue;
+        if (host(p.row_token_N)[r] >= 0) continue;
         EXPECT_EQ(p_N[r], 0.0);
         for (int64_t h = 0; h < H; ++h) EXPECT_EQ(x_NH[r * H + h], 0.0);
       }
@@ -158,7 +165,7 @@ TEST(RouterProperties, CapacityKeepsExactlyCapacityRowsWithPadAtMostWithout) {
       disp.combine(y.data(), x_NH.data());
       for (int64_t t = 0; t < c.T; ++t) {
         int64_t n_kept = 0;
-        for (int64_t k = 0; k < c.K; ++k) n_kept += s.idx_TK[t * c.K + k] >= 0;
+        for (int64_t k = 0; k < c.K; ++k) n_kept += host(s.idx_TK)[t * c.K + k] >= 0;
         for (int64_t h = 0; h < H; ++h) EXPECT_DOUBLE_EQ(y[t * H + h], n_kept * x[t * H + h]);
       }
     }
@@ -174,7 +181,8 @@ TEST(RouterProperties, GroupLimitedRoutingUsesAtMostGroupTopkGroups) {
     cfg.enable_expert_bias = score == ScoreFunction::Sigmoid;
     RouterRig<float> rig(cfg, 8, 200, 1.0);
     if (cfg.enable_expert_bias) {
-      for (int e = 0; e < 16; ++e) rig.router.expert_bias()[e] = 0.05f * static_cast<float>(e % 5);
+      for (int e = 0; e < 16; ++e)
+        host(rig.router.expert_bias())[e] = 0.05f * static_cast<float>(e % 5);
     }
     auto x = random_vec<float>(200 * 8, 21);
     rig.router.forward(x.data(), 200);
@@ -182,7 +190,7 @@ TEST(RouterProperties, GroupLimitedRoutingUsesAtMostGroupTopkGroups) {
     std::set<int> groups_used;
     for (int64_t t = 0; t < 200; ++t) {
       std::set<int> groups;
-      for (int64_t k = 0; k < 4; ++k) groups.insert(s.idx_TK[t * 4 + k] / 2);
+      for (int64_t k = 0; k < 4; ++k) groups.insert(host(s.idx_TK)[t * 4 + k] / 2);
       EXPECT_LE(groups.size(), 2u) << "token " << t;
       groups_used.insert(groups.begin(), groups.end());
     }
@@ -201,26 +209,26 @@ TEST(RouterProperties, ExpertBiasMovesUnderLoadedUpAndOverLoadedDown) {
   auto x2 = random_vec<double>(40 * 4, 32, 0.0, 1.0);
   std::vector<int64_t> counts(8, 0);
   rig.router.forward(x1.data(), 40);
-  for (int e = 0; e < 8; ++e) counts[e] += rig.router.saved().tokens_per_expert_E[e];
+  for (int e = 0; e < 8; ++e) counts[e] += host(rig.router.saved().tokens_per_expert_E)[e];
   rig.router.forward(x2.data(), 40);
-  for (int e = 0; e < 8; ++e) counts[e] += rig.router.saved().tokens_per_expert_E[e];
+  for (int e = 0; e < 8; ++e) counts[e] += host(rig.router.saved().tokens_per_expert_E)[e];
   rig.router.set_training(false);  // eval forwards do not count
   rig.router.forward(x2.data(), 40);
   rig.router.set_training(true);
   // The all-reduce hook sees the step's counts (both training micro-batches, nothing else).
   RouterStepSync sync;
   int calls = 0;
-  sync.sum_tp_dp_cp = [&](double* c, int64_t n) {
+  sync.sum_tp_dp_cp = [&](DevPtr<double> c, int64_t n) {
     ++calls;
     ASSERT_EQ(n, 8);
-    for (int e = 0; e < 8; ++e) EXPECT_EQ(c[e], static_cast<double>(counts[e])) << e;
+    for (int e = 0; e < 8; ++e) EXPECT_EQ(host(c)[e], static_cast<double>(counts[e])) << e;
   };
   rig.router.finish_step(sync);
   EXPECT_EQ(calls, 1);
   const double mean = 160.0 * 2 / 8;
   int up = 0, down = 0;
   for (int e = 0; e < 8; ++e) {
-    const float b = rig.router.expert_bias()[e];
+    const float b = host(rig.router.expert_bias())[e];
     const float want = counts[e] < mean ? 0.01f : (counts[e] > mean ? -0.01f : 0.0f);
     EXPECT_EQ(b, want) << "expert " << e << " with " << counts[e] << " tokens, mean " << mean;
     up += counts[e] < mean;
@@ -232,14 +240,16 @@ TEST(RouterProperties, ExpertBiasMovesUnderLoadedUpAndOverLoadedDown) {
   rig.router.forward(x1.data(), 40);
   const auto& s = rig.router.saved();
   for (int64_t t = 0; t < 40; ++t) {
-    const double a = s.scores_TE[t * 8 + s.idx_TK[t * 2]], b = s.scores_TE[t * 8 + s.idx_TK[t * 2 + 1]];
-    EXPECT_NEAR(s.probs_TK[t * 2], a / (a + b), 1e-15);
+    const double a = host(s.scores_TE)[t * 8 + host(s.idx_TK)[t * 2]],
+                 b = host(s.scores_TE)[t * 8 + host(s.idx_TK)[t * 2 + 1]];
+    EXPECT_NEAR(host(s.probs_TK)[t * 2], a / (a + b), 1e-15);
   }
   // Nothing counted since the reset: a second finish_step leaves the bias alone.
-  std::vector<float> before(rig.router.expert_bias(), rig.router.expert_bias() + 8);
+  std::vector<float> before(host(rig.router.expert_bias()), host(rig.router.expert_bias()) + 8);
   rig.router.reset_step();
   rig.router.finish_step();
-  EXPECT_EQ(std::vector<float>(rig.router.expert_bias(), rig.router.expert_bias() + 8), before);
+  EXPECT_EQ(std::vector<float>(host(rig.router.expert_bias()), host(rig.router.expert_bias()) + 8),
+            before);
 }
 
 TEST(RouterProperties, QuantileBetaBalancesARepeatedBatch) {
@@ -257,7 +267,7 @@ TEST(RouterProperties, QuantileBetaBalancesARepeatedBatch) {
   EXPECT_GT(before, 1.5);
   EXPECT_LT(after, 1.3);
   double mean = 0;
-  for (int e = 0; e < 8; ++e) mean += rig.router.quantile_beta()[e];
+  for (int e = 0; e < 8; ++e) mean += host(rig.router.quantile_beta())[e];
   EXPECT_NEAR(mean / 8, 0.0, 1e-6);  // centred
 }
 
@@ -318,7 +328,7 @@ TEST(RouterProperties, LossGradScaleMultipliesOnlyAuxAndZ) {
   rig.router.forward(x.data(), 9);
   auto dl = [&](const std::vector<double>& dprobs, double scale) {
     rig.router.backward(dx.data(), dprobs.data(), scale);
-    return std::vector<double>(rig.router.dlogits_TE(), rig.router.dlogits_TE() + 54);
+    return std::vector<double>(host(rig.router.dlogits_TE()), host(rig.router.dlogits_TE()) + 54);
   };
   auto probs_only = dl(dp, 0.0), losses1 = dl(zero, 1.0), both = dl(dp, 0.25);
   for (int i = 0; i < 54; ++i) {
@@ -334,7 +344,8 @@ TEST(RouterProperties, InputJitterIsDeterministicAndTrainingOnly) {
   auto x = random_vec<float>(64, 8);
   auto logits = [&] {
     rig.router.forward(x.data(), 16);
-    return std::vector<double>(rig.router.saved().logits_TE, rig.router.saved().logits_TE + 128);
+    return std::vector<double>(host(rig.router.saved().logits_TE),
+                               host(rig.router.saved().logits_TE) + 128);
   };
   auto a = logits();              // step 0, micro 0
   auto b = logits();              // step 0, micro 1
@@ -345,7 +356,7 @@ TEST(RouterProperties, InputJitterIsDeterministicAndTrainingOnly) {
   EXPECT_EQ(a, a2);
   EXPECT_NE(a, b);
   EXPECT_NE(a, c);
-  const float* j = rig.router.saved().jitter_TH;
+  const float* j = host(rig.router.saved().jitter_TH);
   ASSERT_NE(j, nullptr);
   for (int i = 0; i < 64; ++i) {
     EXPECT_GE(j[i], 0.9f);

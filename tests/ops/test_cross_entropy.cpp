@@ -49,10 +49,10 @@ Result<T> run_fast(const HeadLossShape& s, const std::vector<T>& h, const std::v
       ws(head_loss_workspace_elems(s));
   for (int64_t i = 0; i < s.V * s.H; ++i) dw[i] = dw0[i];
   Result<T> r;
-  head_loss_forward(cpu_exec(), &r.total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                    s, ws.data());
-  head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
-                     &dloss, s, ws.data());
+  head_loss_forward<T>(cpu_exec(), &r.total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
+                       s, ws.data());
+  head_loss_backward<T>(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
+                        &dloss, s, ws.data());
   for (auto* g : {&loss, &lse, &dh, &dw, &ws}) EXPECT_TRUE(g->intact());
   r.loss = loss.vec(), r.lse = lse.vec(), r.dh = dh.vec(), r.dw = dw.vec();
   return r;
@@ -108,8 +108,8 @@ TEST(HeadLoss, EqualsNaiveMinusLogSoftmaxAtTarget) {
   auto tg = make_targets(s.n_tok, s.V, 0, 7);
   std::vector<double> loss(s.n_tok), lse(s.n_tok), ws(head_loss_workspace_elems(s));
   double total = 0;
-  head_loss_forward(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(), tg.data(), s,
-                    ws.data());
+  head_loss_forward<double>(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(),
+                            tg.data(), s, ws.data());
   double naive_total = 0;
   for (int64_t t = 0; t < s.n_tok; ++t) {
     std::vector<double> z(s.V);
@@ -206,8 +206,8 @@ TEST(HeadLoss, TargetOutOfRangeThrows) {
   std::vector<int32_t> tg = {0, 5, 1};
   try {
     double total = 0;
-    head_loss_forward(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                      s, ws.data());
+    head_loss_forward<double>(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(),
+                              tg.data(), s, ws.data());
     ADD_FAILURE() << "target 5 >= V = 5 accepted";
   } catch (const moecore::Error& e) {
     EXPECT_NE(std::string(e.what()).find("target 5 at position 1"), std::string::npos) << e.what();
@@ -250,10 +250,10 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     std::vector<float> loss(T), lse(T), ws(head_loss_workspace_elems(s32)), dh(T * H),
         dw(V * H, 0.f);
     double total = 0;
-    head_loss_forward(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                      s32, ws.data());
-    head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
-                       &dloss, s32, ws.data());
+    head_loss_forward<float>(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(),
+                             tg.data(), s32, ws.data());
+    head_loss_backward<float>(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(),
+                              lse.data(), &dloss, s32, ws.data());
     // bf16, chunks of 16.
     const HeadLossShape s16{T, H, V, 16};
     std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
@@ -265,10 +265,10 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     std::vector<float> loss16(T), lse16(T), ws16(head_loss_workspace_elems(s16)), dh16(T * H),
         dw16(V * H, 0.f);
     double total16 = 0;
-    head_loss_forward(cpu_exec(), &total16, loss16.data(), lse16.data(), h.data(), w.data(),
-                      tg.data(), s16, ws16.data(), &b);
-    head_loss_backward(cpu_exec(), dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
-                       lse16.data(), &dloss, s16, ws16.data(), &b);
+    head_loss_forward<float>(cpu_exec(), &total16, loss16.data(), lse16.data(), h.data(), w.data(),
+                             tg.data(), s16, ws16.data(), &b);
+    head_loss_backward<float>(cpu_exec(), dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
+                              lse16.data(), &dloss, s16, ws16.data(), &b);
     EXPECT_EQ(total16, total);
     EXPECT_EQ(loss16, loss);
     EXPECT_EQ(lse16, lse);
@@ -312,8 +312,8 @@ void gradcheck(const HeadLossShape& s) {
   auto f = [&] {
     double total = 0;
     if (kFast) {
-      head_loss_forward(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(), tg.data(),
-                        s, ws.data());
+      head_loss_forward<double>(cpu_exec(), &total, loss.data(), lse.data(), h.data(), w.data(),
+                                tg.data(), s, ws.data());
     } else {
       total = head_loss_forward_ref(loss.data(), lse.data(), h.data(), w.data(), tg.data(), s);
     }
@@ -321,8 +321,8 @@ void gradcheck(const HeadLossShape& s) {
   };
   f();
   if (kFast) {
-    head_loss_backward(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(),
-                       &dloss, s, ws.data());
+    head_loss_backward<double>(cpu_exec(), dh.data(), dw.data(), h.data(), w.data(), tg.data(),
+                               lse.data(), &dloss, s, ws.data());
   } else {
     head_loss_backward_ref(dh.data(), dw.data(), h.data(), w.data(), tg.data(), lse.data(), dloss,
                            s);

@@ -27,19 +27,19 @@ TEST(Add, FastEqualsRefAndAliasesEitherInput) {
     SCOPED_TRACE(n);
     auto a = random_vec<float>(n, 1), b = random_vec<float>(n, 2);
     Guarded<float> y(n), y_ref(n);
-    add(cpu_exec(), y.data(), a.data(), b.data(), n);
+    add<float>(cpu_exec(), y.data(), a.data(), b.data(), n);
     add_ref(y_ref.data(), a.data(), b.data(), n);
     EXPECT_EQ(y.vec(), y_ref.vec());
     EXPECT_TRUE(y.intact() && y_ref.intact());
     std::vector<float> in_a = a, in_b = b;
-    add(cpu_exec(), in_a.data(), in_a.data(), b.data(), n);  // y is a
-    add(cpu_exec(), in_b.data(), a.data(), in_b.data(), n);  // y is b
+    add<float>(cpu_exec(), in_a.data(), in_a.data(), b.data(), n);  // y is a
+    add<float>(cpu_exec(), in_b.data(), a.data(), in_b.data(), n);  // y is b
     EXPECT_EQ(in_a, y_ref.vec());
     EXPECT_EQ(in_b, y_ref.vec());
   }
   auto a = random_vec<double>(5, 3), b = random_vec<double>(5, 4);
   std::vector<double> y(5);
-  add(cpu_exec(), y.data(), a.data(), b.data(), 5);
+  add<double>(cpu_exec(), y.data(), a.data(), b.data(), 5);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
 }
 
@@ -52,7 +52,7 @@ TEST(Bias, ForwardExactBackwardAccurateAndThreadInvariant) {
     auto y0 = random_vec<float>(s.M * s.N, 5), b = random_vec<float>(s.N, 6);
     Guarded<float> y(s.M * s.N), y_ref(s.M * s.N);
     for (int64_t i = 0; i < s.M * s.N; ++i) y[i] = y_ref[i] = y0[i];
-    bias_forward(cpu_exec(), y.data(), b.data(), s.M, s.N);
+    bias_forward<float>(cpu_exec(), y.data(), b.data(), s.M, s.N);
     bias_forward_ref(y_ref.data(), b.data(), s.M, s.N);
     EXPECT_EQ(y.vec(), y_ref.vec());
     auto db0 = random_vec<float>(s.N, 7);  // the gradient accumulates
@@ -61,7 +61,7 @@ TEST(Bias, ForwardExactBackwardAccurateAndThreadInvariant) {
       omp_set_num_threads(threads);
       Guarded<float> db(s.N);
       for (int64_t i = 0; i < s.N; ++i) db[i] = db0[i];
-      bias_backward(cpu_exec(), db.data(), y0.data(), s.M, s.N);
+      bias_backward<float>(cpu_exec(), db.data(), y0.data(), s.M, s.N);
       EXPECT_TRUE(db.intact());
       by_threads[threads - 1] = db.vec();
     }
@@ -81,13 +81,13 @@ TEST(Bias, BackwardMatchesFiniteDifferences) {
   auto b = random_vec<double>(N, 13);
   auto loss = [&] {
     std::vector<double> y = y0;
-    bias_forward(cpu_exec(), y.data(), b.data(), M, N);
+    bias_forward<double>(cpu_exec(), y.data(), b.data(), M, N);
     double l = 0;
     for (int64_t i = 0; i < M * N; ++i) l += R[i] * y[i];
     return l;
   };
   std::vector<double> db(N, 0.0);
-  bias_backward(cpu_exec(), db.data(), R.data(), M, N);
+  bias_backward<double>(cpu_exec(), db.data(), R.data(), M, N);
   for (int64_t n = 0; n < N; ++n) {
     const double e = 1e-6, keep = b[n];
     b[n] = keep + e;
@@ -107,8 +107,8 @@ TEST(QkvLayout, FuseIsTheAdjointOfSplit) {
   auto f = random_vec<double>(nf, 14), gq = random_vec<double>(nq, 15);
   auto gk = random_vec<double>(nkv, 16), gv = random_vec<double>(nkv, 17);
   std::vector<double> q(nq), k(nkv), v(nkv), fused(nf);
-  split_qkv(cpu_exec(), q.data(), k.data(), v.data(), f.data(), s);
-  fuse_qkv(cpu_exec(), fused.data(), gq.data(), gk.data(), gv.data(), s);
+  split_qkv<double>(cpu_exec(), q.data(), k.data(), v.data(), f.data(), s);
+  fuse_qkv<double>(cpu_exec(), fused.data(), gq.data(), gk.data(), gv.data(), s);
   double lhs = 0, rhs = 0;
   for (int64_t i = 0; i < nq; ++i) lhs += q[i] * gq[i];
   for (int64_t i = 0; i < nkv; ++i) lhs += k[i] * gk[i] + v[i] * gv[i];
@@ -124,12 +124,12 @@ TEST(QkvLayout, SplitAndFuseEqualTheLayoutDefinitionAndInvertEachOther) {
     const int64_t nq = s.n_tok * s.Hq * s.D, nkv = s.n_tok * s.Hkv * s.D, nf = nq + 2 * nkv;
     auto fused = random_vec<float>(nf, 8);
     Guarded<float> q(nq), k(nkv), v(nkv), q_r(nq), k_r(nkv), v_r(nkv), back(nf), back_r(nf);
-    split_qkv(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), s);
+    split_qkv<float>(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), s);
     split_qkv_ref(q_r.data(), k_r.data(), v_r.data(), fused.data(), s);
     EXPECT_EQ(q.vec(), q_r.vec());
     EXPECT_EQ(k.vec(), k_r.vec());
     EXPECT_EQ(v.vec(), v_r.vec());
-    fuse_qkv(cpu_exec(), back.data(), q.data(), k.data(), v.data(), s);
+    fuse_qkv<float>(cpu_exec(), back.data(), q.data(), k.data(), v.data(), s);
     fuse_qkv_ref(back_r.data(), q.data(), k.data(), v.data(), s);
     EXPECT_EQ(back.vec(), fused);
     EXPECT_EQ(back_r.vec(), fused);
@@ -138,12 +138,12 @@ TEST(QkvLayout, SplitAndFuseEqualTheLayoutDefinitionAndInvertEachOther) {
   // Megatron's layout, by hand: Hq 4, Hkv 2, D 1: [q0 q1 k0 v0 | q2 q3 k1 v1].
   const std::vector<float> fused = {0, 1, 2, 3, 4, 5, 6, 7};
   std::vector<float> q(4), k(2), v(2);
-  split_qkv(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), QkvShape{1, 4, 2, 1});
+  split_qkv<float>(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), QkvShape{1, 4, 2, 1});
   EXPECT_EQ(q, (std::vector<float>{0, 1, 4, 5}));
   EXPECT_EQ(k, (std::vector<float>{2, 6}));
   EXPECT_EQ(v, (std::vector<float>{3, 7}));
   const QkvShape bad{1, 3, 2, 1};  // 3 query heads over 2 KV heads
-  EXPECT_THROW(split_qkv(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), bad),
+  EXPECT_THROW(split_qkv<float>(cpu_exec(), q.data(), k.data(), v.data(), fused.data(), bad),
                moecore::Error);
 }
 
@@ -167,7 +167,9 @@ TEST(TokenLayout, SequenceMajorEqualsTheDefinitionAndCountsTargets) {
     int64_t expect = 0;
     for (int32_t t : tg) expect += t >= 0;
     EXPECT_EQ(counted, expect);
-    if (B > 1) EXPECT_EQ(ids_T[1], ids[S]);  // t = 1 is (s = 0, b = 1): row 1 of [B, S]
+    if (B > 1) {
+      EXPECT_EQ(ids_T[1], ids[S]);  // t = 1 is (s = 0, b = 1): row 1 of [B, S]
+    }
     for (auto* g : {&ids_T, &tg_T, &ids_r, &tg_r}) EXPECT_TRUE(g->intact());
   }
 }

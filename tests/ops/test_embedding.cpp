@@ -41,9 +41,9 @@ void compare_fast_ref() {
     auto dw0 = random_vec<T>(V * H, 4);  // dw accumulates: start from non-zero
     Guarded<T> y(T_ * H), y_r(T_ * H), dw(V * H), dw_r(V * H);
     for (int64_t i = 0; i < V * H; ++i) dw[i] = dw_r[i] = dw0[i];
-    embedding_forward(cpu_exec(), y.data(), ids.data(), w.data(), T_, H, V);
+    embedding_forward<T>(cpu_exec(), y.data(), ids.data(), w.data(), T_, H, V);
     embedding_forward_ref(y_r.data(), ids.data(), w.data(), T_, H, V);
-    embedding_backward(cpu_exec(), dw.data(), dy.data(), ids.data(), T_, H, V);
+    embedding_backward<T>(cpu_exec(), dw.data(), dy.data(), ids.data(), T_, H, V);
     embedding_backward_ref(dw_r.data(), dy.data(), ids.data(), T_, H, V);
     // Same additions in the same order: bitwise equal.
     EXPECT_EQ(y.vec(), y_r.vec());
@@ -91,7 +91,7 @@ TEST(Embedding, BackwardBitwiseDeterministicAcrossThreadCounts) {
   for (int i = 0; i < 2; ++i) {
     moecore::testing::ScopedOmpThreads threads(i == 0 ? 1 : 3);
     dw[i].assign(V * H, 0.f);
-    embedding_backward(cpu_exec(), dw[i].data(), dy.data(), ids.data(), T, H, V);
+    embedding_backward<float>(cpu_exec(), dw[i].data(), dy.data(), ids.data(), T, H, V);
   }
   EXPECT_EQ(dw[0], dw[1]);
 }
@@ -104,9 +104,11 @@ TEST(Embedding, BadIdThrowsNamingIdPositionAndV) {
     const std::string want = "token id " + std::to_string(bad) + " at position 2";
     for (int which = 0; which < 4; ++which) {
       try {
-        if (which == 0) embedding_forward(cpu_exec(), y.data(), ids.data(), w.data(), 4, H, V);
+        if (which == 0)
+          embedding_forward<float>(cpu_exec(), y.data(), ids.data(), w.data(), 4, H, V);
         if (which == 1) embedding_forward_ref(y.data(), ids.data(), w.data(), 4, H, V);
-        if (which == 2) embedding_backward(cpu_exec(), dw.data(), y.data(), ids.data(), 4, H, V);
+        if (which == 2)
+          embedding_backward<float>(cpu_exec(), dw.data(), y.data(), ids.data(), 4, H, V);
         if (which == 3) embedding_backward_ref(dw.data(), y.data(), ids.data(), 4, H, V);
         ADD_FAILURE() << "id " << bad << " accepted by variant " << which;
       } catch (const moecore::Error& e) {

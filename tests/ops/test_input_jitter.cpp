@@ -20,7 +20,7 @@ void compare(int64_t n, double rtol) {
   const uint64_t key = rng_key(7, "test.jitter");
   auto x = random_vec<T>(n, 1, -2, 2);
   Guarded<T> j(n), y(n), j_r(n), y_r(n);
-  ops::input_jitter_forward(cpu_exec(), j.data(), y.data(), x.data(), eps, key, &kStep, 1, 2, n);
+  ops::input_jitter_forward<T>(cpu_exec(), j.data(), y.data(), x.data(), eps, key, &kStep, 1, 2, n);
   ops::input_jitter_forward_ref(j_r.data(), y_r.data(), x.data(), eps, key, 100, 2, n);
   EXPECT_EQ(j.vec(), j_r.vec());
   EXPECT_EQ(y.vec(), y_r.vec());
@@ -31,21 +31,21 @@ void compare(int64_t n, double rtol) {
   {
     ScopedOmpThreads threads(3);
     Guarded<T> j3(n), y3(n);
-    ops::input_jitter_forward(cpu_exec(), j3.data(), y3.data(), x.data(), eps, key, &kStep, 1, 2,
-                              n);
+    ops::input_jitter_forward<T>(cpu_exec(), j3.data(), y3.data(), x.data(), eps, key, &kStep, 1, 2,
+                                 n);
     EXPECT_EQ(j3.vec(), j.vec());
   }
   if (n > 0) {
     Guarded<T> j4(n), y4(n);
-    ops::input_jitter_forward(cpu_exec(), j4.data(), y4.data(), x.data(), eps, key, &kStep, 1, 3,
-                              n);
+    ops::input_jitter_forward<T>(cpu_exec(), j4.data(), y4.data(), x.data(), eps, key, &kStep, 1, 3,
+                                 n);
     EXPECT_NE(j4.vec(), j.vec());  // another micro-batch: other draws
   }
   auto dy = random_vec<T>(n, 2);
   auto dx0 = random_vec<T>(n, 3);
   Guarded<T> dx(n), dx_r(n);
   for (int64_t i = 0; i < n; ++i) dx[i] = dx_r[i] = dx0[i];
-  ops::input_jitter_backward(cpu_exec(), dx.data(), dy.data(), j.data(), n);
+  ops::input_jitter_backward<T>(cpu_exec(), dx.data(), dy.data(), j.data(), n);
   ops::input_jitter_backward_ref(dx_r.data(), dy.data(), j.data(), n);
   // A fused multiply-add may round once where the reference rounds twice.
   EXPECT_TRUE(all_close(dx.vec(), dx_r.vec(), rtol, rtol));

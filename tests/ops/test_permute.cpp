@@ -148,9 +148,9 @@ void compare_gathers(double rtol, double atol) {
       auto x = random_vec<T>(r.T * H, 1);
       auto xn = random_vec<T>(m.N * H, 2);
       Guarded<T> y(m.N * H), y_r(m.N * H), z(r.T * H), z_r(r.T * H);
-      permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+      permute_rows<T>(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
       permute_rows_ref(y_r.data(), x.data(), m.row_token.data(), m.N, H);
-      unpermute_rows(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows<T>(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       unpermute_rows_ref(z_r.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       EXPECT_EQ(y.vec(), y_r.vec());  // a pure gather: exact
       EXPECT_TRUE(all_close(z.vec(), z_r.vec(), rtol, atol));
@@ -192,10 +192,10 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       auto probs = random_vec<float>(r.T * r.K, 3);
       auto x = random_vec<float>(r.T * 5, 4);
       Guarded<float> p(rows), p_r(rows), y(rows * 5), y_r(rows * 5);
-      ops::gather_row_probs(cpu_exec(), p.data(), probs.data(), tok_f.data(), slot_f.data(), rows,
-                            r.K);
+      ops::gather_row_probs<float>(cpu_exec(), p.data(), probs.data(), tok_f.data(), slot_f.data(),
+                                   rows, r.K);
       ops::gather_row_probs_ref(p_r.data(), probs.data(), tok_f.data(), slot_f.data(), rows, r.K);
-      permute_rows(cpu_exec(), y.data(), x.data(), tok_f.data(), rows, 5);
+      permute_rows<float>(cpu_exec(), y.data(), x.data(), tok_f.data(), rows, 5);
       permute_rows_ref(y_r.data(), x.data(), tok_f.data(), rows, 5);
       EXPECT_EQ(p.vec(), p_r.vec());
       EXPECT_EQ(y.vec(), y_r.vec());
@@ -206,7 +206,7 @@ TEST(Permute, PaddingAndProbGathersEqualRef) {
       }
       auto dp = random_vec<float>(rows, 5);
       Guarded<float> dprobs(r.T * r.K), dprobs_r(r.T * r.K);
-      ops::scatter_row_probs(cpu_exec(), dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
+      ops::scatter_row_probs<float>(cpu_exec(), dprobs.data(), dp.data(), tr_f.data(), r.T * r.K);
       ops::scatter_row_probs_ref(dprobs_r.data(), dp.data(), tr_f.data(), r.T * r.K);
       EXPECT_EQ(dprobs.vec(), dprobs_r.vec());
       // The scatter is the gather's adjoint: <gather(probs), dp> = <probs, scatter(dp)>.
@@ -242,8 +242,8 @@ TEST(Permute, UnpermuteOfPermuteIsKeptCountTimesX) {
     std::vector<float> x(r.T * H);
     for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(int(i % 11) - 5);
     std::vector<float> y(m.N * H), z(r.T * H);
-    permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
-    unpermute_rows(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+    permute_rows<float>(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+    unpermute_rows<float>(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
     for (int64_t t = 0; t < r.T; ++t) {
       int kept = 0;
       for (int64_t k = 0; k < r.K; ++k) kept += r.idx[t * r.K + k] >= 0;
@@ -261,8 +261,8 @@ TEST(Permute, UnpermuteOfPermuteIsKTimesXWhenNothingDropped) {
   ASSERT_EQ(m.N, r.T * r.K);
   std::vector<float> x(r.T * H), y(m.N * H), z(r.T * H);
   for (int64_t i = 0; i < r.T * H; ++i) x[i] = float(i % 7) - 3.f;
-  permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
-  unpermute_rows(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
+  permute_rows<float>(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+  unpermute_rows<float>(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
   for (int64_t i = 0; i < r.T * H; ++i) ASSERT_EQ(z[i], float(r.K) * x[i]);
 }
 
@@ -279,19 +279,19 @@ TEST(Permute, GradientsMatchFiniteDifferences) {
     auto Rt = random_vec<double>(r.T * H, 6);
     std::vector<double> y(m.N * H), z(r.T * H), dx(r.T * H), dxn(m.N * H);
     auto loss_p = [&] {
-      permute_rows(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
+      permute_rows<double>(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
       double l = 0;
       for (int64_t i = 0; i < m.N * H; ++i) l += y[i] * Rn[i];
       return l;
     };
     auto loss_u = [&] {
-      unpermute_rows(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows<double>(cpu_exec(), z.data(), xn.data(), m.token_rows.data(), r.T, r.K, H);
       double l = 0;
       for (int64_t i = 0; i < r.T * H; ++i) l += z[i] * Rt[i];
       return l;
     };
-    unpermute_rows(cpu_exec(), dx.data(), Rn.data(), m.token_rows.data(), r.T, r.K, H);
-    permute_rows(cpu_exec(), dxn.data(), Rt.data(), m.row_token.data(), m.N, H);
+    unpermute_rows<double>(cpu_exec(), dx.data(), Rn.data(), m.token_rows.data(), r.T, r.K, H);
+    permute_rows<double>(cpu_exec(), dxn.data(), Rt.data(), m.row_token.data(), m.N, H);
     EXPECT_TRUE(check_gradient(loss_p, x.data(), dx.data(), r.T * H, "permute dx"));
     EXPECT_TRUE(check_gradient(loss_u, xn.data(), dxn.data(), m.N * H, "unpermute dx"));
   }
@@ -302,8 +302,8 @@ TEST(Permute, CopyRowChunksRefusesNegativeChunks) {
   std::vector<float> src(8, 1.f), dst(8, 0.f);
   const std::vector<int64_t> dst_off = {0, 2}, src_off = {0, 4}, rows = {2, -1};
   try {
-    ops::copy_row_chunks(cpu_exec(), dst.data(), src.data(), dst_off.data(), src_off.data(),
-                         rows.data(), 2, 2);
+    ops::copy_row_chunks<float>(cpu_exec(), dst.data(), src.data(), dst_off.data(), src_off.data(),
+                                rows.data(), 2, 2);
     ADD_FAILURE() << "a chunk of -1 rows accepted";
   } catch (const moecore::Error& e) {
     EXPECT_NE(std::string(e.what()).find("[copy_row_chunks] chunk 1: -1 rows"),

@@ -35,10 +35,10 @@ void compare_fast_ref(double rtol, double atol) {
     Guarded<T> y(T_ * H), rstd(T_), dx(T_ * H), dw(H), y_r(T_ * H), rstd_r(T_), dx_r(T_ * H),
         dw_r(H);
     for (int64_t h = 0; h < H; ++h) dw[h] = dw_r[h] = dw0[h];
-    rmsnorm_forward(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    rmsnorm_forward<T>(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
     rmsnorm_forward_ref(y_r.data(), rstd_r.data(), x.data(), w.data(), T_, H, kEps);
-    rmsnorm_backward(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(),
-                     T_, H);
+    rmsnorm_backward<T>(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                        rstd.data(), T_, H);
     rmsnorm_backward_ref(dx_r.data(), dw_r.data(), dy.data(), x.data(), w.data(), rstd_r.data(), T_,
                          H);
     EXPECT_TRUE(all_close(y.vec(), y_r.vec(), rtol, atol)) << "y";
@@ -64,7 +64,7 @@ TEST(RmsNorm, Bf16wOutputIsTheRoundedF32Output) {
     auto x = random_vec<float>(T_ * H, 21, -2, 2);
     auto w = random_vec<float>(H, 22, 0.5, 1.5);
     Guarded<float> y(T_ * H), rstd(T_), y16(T_ * H), rstd16(T_);
-    rmsnorm_forward(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    rmsnorm_forward<float>(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
     ops::rmsnorm_forward_bf16w(cpu_exec(), y16.data(), rstd16.data(), x.data(), w.data(), T_, H,
                                kEps);
     std::vector<float> rounded(T_ * H);
@@ -79,7 +79,7 @@ TEST(RmsNorm, UnitWeightRowsHaveUnitRms) {
   const int64_t T = 5, H = 33;
   auto x = random_vec<double>(T * H, 7, -3, 3);
   std::vector<double> w(H, 1.0), y(T * H), rstd(T);
-  rmsnorm_forward(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T, H, 0.0);
+  rmsnorm_forward<double>(cpu_exec(), y.data(), rstd.data(), x.data(), w.data(), T, H, 0.0);
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0;
     for (int64_t h = 0; h < H; ++h) ss += y[t * H + h] * y[t * H + h];
@@ -125,9 +125,9 @@ TEST(RmsNorm, BitwiseDeterministicAcrossThreadCounts) {
   for (int i = 0; i < 2; ++i) {
     moecore::testing::ScopedOmpThreads threads(i == 0 ? 1 : 3);
     y[i].resize(T * H), rstd[i].resize(T), dx[i].resize(T * H), dw[i].assign(H, 0.f);
-    rmsnorm_forward(cpu_exec(), y[i].data(), rstd[i].data(), x.data(), w.data(), T, H, kEps);
-    rmsnorm_backward(cpu_exec(), dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(),
-                     rstd[i].data(), T, H);
+    rmsnorm_forward<float>(cpu_exec(), y[i].data(), rstd[i].data(), x.data(), w.data(), T, H, kEps);
+    rmsnorm_backward<float>(cpu_exec(), dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(),
+                            rstd[i].data(), T, H);
   }
   EXPECT_EQ(y[0], y[1]);
   EXPECT_EQ(rstd[0], rstd[1]);

@@ -35,9 +35,9 @@ TEST(RouterLosses, ValuesMatchRef) {
     std::vector<double> mean(c.E);
     for (int64_t e = 0; e < c.E; ++e) mean[e] = counts[e] * 0.75;
     Guarded<double> v(4), v_r(4), lse(c.T), lse_r(c.T);
-    ops::aux_loss_value(cpu_exec(), &v[0], a.data(), counts.data(), c.T, c.E, c.K);
+    ops::aux_loss_value<long int>(cpu_exec(), &v[0], a.data(), counts.data(), c.T, c.E, c.K);
     ops::aux_loss_value_ref(&v_r[0], a.data(), counts.data(), c.T, c.E, c.K);
-    ops::aux_loss_value(cpu_exec(), &v[1], a.data(), mean.data(), c.T, c.E, c.K);
+    ops::aux_loss_value<double>(cpu_exec(), &v[1], a.data(), mean.data(), c.T, c.E, c.K);
     ops::aux_loss_value_ref(&v_r[1], a.data(), mean.data(), c.T, c.E, c.K);
     ops::seq_aux_loss_value(cpu_exec(), &v[2], a.data(), seq.data(), c.T, c.E, c.K, c.B);
     ops::seq_aux_loss_value_ref(&v_r[2], a.data(), seq.data(), c.T, c.E, c.K, c.B);
@@ -59,8 +59,8 @@ TEST(RouterLosses, UniformRoutingIsExactlyOne) {
   std::vector<int64_t> counts(E, 4), seq(B * E, 2);
   std::vector<double> mean(E, 4.0);
   double v[3];
-  ops::aux_loss_value(cpu_exec(), &v[0], a.data(), counts.data(), T, E, K);
-  ops::aux_loss_value(cpu_exec(), &v[1], a.data(), mean.data(), T, E, K);
+  ops::aux_loss_value<long int>(cpu_exec(), &v[0], a.data(), counts.data(), T, E, K);
+  ops::aux_loss_value<double>(cpu_exec(), &v[1], a.data(), mean.data(), T, E, K);
   ops::seq_aux_loss_value(cpu_exec(), &v[2], a.data(), seq.data(), T, E, K, B);
   EXPECT_EQ(v[0], 1.0);
   EXPECT_EQ(v[1], 1.0);
@@ -94,8 +94,10 @@ void gradcheck(Case c) {
       return coeff * v;
     };
     auto g = grad_of([&](double* d) {
-      if (kFast) ops::aux_loss_grad(cpu_exec(), d, counts.data(), coeff * k_over, c.T, c.E);
-      else ops::aux_loss_grad_ref(d, counts.data(), coeff * k_over, c.T, c.E);
+      if (kFast)
+        ops::aux_loss_grad<long int>(cpu_exec(), d, counts.data(), coeff * k_over, c.T, c.E);
+      else
+        ops::aux_loss_grad_ref(d, counts.data(), coeff * k_over, c.T, c.E);
     });
     EXPECT_TRUE(check_gradient(loss, a.data(), g.data(), {c.T, c.E}, "aux da"));
   }
@@ -106,8 +108,10 @@ void gradcheck(Case c) {
       return coeff * v;
     };
     auto g = grad_of([&](double* d) {
-      if (kFast) ops::aux_loss_grad(cpu_exec(), d, mean.data(), coeff * k_over, c.T, c.E);
-      else ops::aux_loss_grad_ref(d, mean.data(), coeff * k_over, c.T, c.E);
+      if (kFast)
+        ops::aux_loss_grad<double>(cpu_exec(), d, mean.data(), coeff * k_over, c.T, c.E);
+      else
+        ops::aux_loss_grad_ref(d, mean.data(), coeff * k_over, c.T, c.E);
     });
     EXPECT_TRUE(check_gradient(loss, a.data(), g.data(), {c.T, c.E}, "global aux da"));
   }
@@ -158,7 +162,7 @@ TEST(RouterLosses, GradientsFastMatchRef) {
     auto d0 = random_vec<double>(c.T * c.E, 13);
     Guarded<double> d(c.T * c.E), d_r(c.T * c.E);
     for (int64_t i = 0; i < c.T * c.E; ++i) d[i] = d_r[i] = d0[i];
-    ops::aux_loss_grad(cpu_exec(), d.data(), counts.data(), 0.3, c.T, c.E);
+    ops::aux_loss_grad<long int>(cpu_exec(), d.data(), counts.data(), 0.3, c.T, c.E);
     ops::aux_loss_grad_ref(d_r.data(), counts.data(), 0.3, c.T, c.E);
     ops::seq_aux_loss_grad(cpu_exec(), d.data(), seq.data(), 0.2, c.T, c.E, c.B);
     ops::seq_aux_loss_grad_ref(d_r.data(), seq.data(), 0.2, c.T, c.E, c.B);

@@ -69,7 +69,7 @@ TEST(RouterProbs, KeptGradsZeroAtDroppedSlots) {
   const std::vector<int32_t> idx = {0, -1, 2, -1, 1};
   const std::vector<float> dp = {1.f, 2.f, 3.f, 4.f, 5.f};
   Guarded<double> g(5), g_r(5);
-  ops::kept_prob_grads(cpu_exec(), g.data(), dp.data(), idx.data(), 0.5, 5);
+  ops::kept_prob_grads<float>(cpu_exec(), g.data(), dp.data(), idx.data(), 0.5, 5);
   ops::kept_prob_grads_ref(g_r.data(), dp.data(), idx.data(), 0.5, 5);
   EXPECT_EQ(g.vec(), (std::vector<double>{0.5, 0, 1.5, 0, 2.5}));
   EXPECT_EQ(g_r.vec(), g.vec());

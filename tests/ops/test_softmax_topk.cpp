@@ -33,9 +33,9 @@ void compare_softmax(double rtol, double atol) {
     if (E == 1) x[0] = T(0.3);
     auto dy = random_vec<T>(T_ * E, 2);
     Guarded<T> y(T_ * E), y_r(T_ * E), dx(T_ * E), dx_r(T_ * E);
-    softmax_forward(cpu_exec(), y.data(), x.data(), T_, E);
+    softmax_forward<T>(cpu_exec(), y.data(), x.data(), T_, E);
     softmax_forward_ref(y_r.data(), x.data(), T_, E);
-    softmax_backward(cpu_exec(), dx.data(), dy.data(), y.data(), T_, E);
+    softmax_backward<T>(cpu_exec(), dx.data(), dy.data(), y.data(), T_, E);
     softmax_backward_ref(dx_r.data(), dy.data(), y_r.data(), T_, E);
     EXPECT_TRUE(all_close(y.vec(), y_r.vec(), rtol, atol)) << "y";
     EXPECT_TRUE(all_close(dx.vec(), dx_r.vec(), rtol, atol)) << "dx";
@@ -50,8 +50,8 @@ void compare_softmax(double rtol, double atol) {
     }
     // In place (y aliases x, dx aliases dy) gives the same bits as out of place.
     std::vector<T> yi = x, dxi = dy;
-    softmax_forward(cpu_exec(), yi.data(), yi.data(), T_, E);
-    softmax_backward(cpu_exec(), dxi.data(), dxi.data(), yi.data(), T_, E);
+    softmax_forward<T>(cpu_exec(), yi.data(), yi.data(), T_, E);
+    softmax_backward<T>(cpu_exec(), dxi.data(), dxi.data(), yi.data(), T_, E);
     EXPECT_EQ(yi, y.vec());
     EXPECT_EQ(dxi, dx.vec());
   }
@@ -66,7 +66,7 @@ TEST(Softmax, FastMatchesRefF64) {
 
 TEST(Softmax, LargeLogitsDoNotOverflow) {
   std::vector<float> x = {1000.f, 1000.f, -1000.f}, y(3);
-  softmax_forward(cpu_exec(), y.data(), x.data(), 1, 3);
+  softmax_forward<float>(cpu_exec(), y.data(), x.data(), 1, 3);
   EXPECT_FLOAT_EQ(y[0], 0.5f);
   EXPECT_FLOAT_EQ(y[1], 0.5f);
   EXPECT_EQ(y[2], 0.f);
@@ -103,7 +103,7 @@ void compare_topk(int64_t T_, int64_t E, int64_t K, const std::vector<T>& x) {
   SCOPED_TRACE(::testing::Message() << "T=" << T_ << " E=" << E << " K=" << K);
   Guarded<int32_t> idx(T_ * K), idx_r(T_ * K);
   Guarded<T> val(T_ * K), val_r(T_ * K);
-  topk(cpu_exec(), idx.data(), val.data(), x.data(), T_, E, K);
+  topk<T>(cpu_exec(), idx.data(), val.data(), x.data(), T_, E, K);
   topk_ref(idx_r.data(), val_r.data(), x.data(), T_, E, K);
   EXPECT_EQ(idx.vec(), idx_r.vec());
   EXPECT_EQ(val.vec(), val_r.vec());
@@ -145,9 +145,9 @@ TEST(TopK, HandExamples) {
                           ninf, ninf, 0.5f, ninf, -7};  // -inf last, ties among -inf by index
   std::vector<int32_t> idx(2 * 5);
   std::vector<float> val(2 * 5);
-  topk(cpu_exec(), idx.data(), val.data(), x.data(), 2, 5, 5);
+  topk<float>(cpu_exec(), idx.data(), val.data(), x.data(), 2, 5, 5);
   EXPECT_EQ(idx, (std::vector<int32_t>{1, 2, 4, 3, 0, 2, 4, 0, 1, 3}));
-  topk(cpu_exec(), idx.data(), val.data(), x.data(), 2, 5, 3);
+  topk<float>(cpu_exec(), idx.data(), val.data(), x.data(), 2, 5, 3);
   EXPECT_EQ(std::vector<int32_t>(idx.begin(), idx.begin() + 6),
             (std::vector<int32_t>{1, 2, 4, 2, 4, 0}));
   EXPECT_EQ(val[3], 0.5f);
@@ -159,8 +159,8 @@ TEST(TopK, RejectsBadK) {
   std::vector<float> x(4);
   std::vector<int32_t> idx(8);
   std::vector<float> val(8);
-  EXPECT_THROW(topk(cpu_exec(), idx.data(), val.data(), x.data(), 1, 4, 5), moecore::Error);
-  EXPECT_THROW(topk(cpu_exec(), idx.data(), val.data(), x.data(), 1, 4, 0), moecore::Error);
+  EXPECT_THROW(topk<float>(cpu_exec(), idx.data(), val.data(), x.data(), 1, 4, 5), moecore::Error);
+  EXPECT_THROW(topk<float>(cpu_exec(), idx.data(), val.data(), x.data(), 1, 4, 0), moecore::Error);
   EXPECT_THROW(topk_ref(idx.data(), val.data(), x.data(), 1, 4, 5), moecore::Error);
 }
 

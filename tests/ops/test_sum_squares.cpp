@@ -23,7 +23,7 @@ void check() {
     sum_squares_ref(&ref, x.data(), n);
     for (int threads = 1; threads <= 3; ++threads) {
       omp_set_num_threads(threads);
-      sum_squares(cpu_exec(), &by_threads[threads - 1], x.data(), n);
+      sum_squares<T>(cpu_exec(), &by_threads[threads - 1], x.data(), n);
     }
     omp_set_num_threads(1);
     // f64 summation: at most about log2(n) + 32 rounding steps of 2^-53 relative, all terms >= 0.
@@ -33,7 +33,7 @@ void check() {
   }
   std::vector<T> small = {1, -2, 3, 4};
   double s = 0;
-  sum_squares(cpu_exec(), &s, small.data(), 4);
+  sum_squares<T>(cpu_exec(), &s, small.data(), 4);
   EXPECT_EQ(s, 30.0);
 }
 

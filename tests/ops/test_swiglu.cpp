@@ -29,9 +29,9 @@ void compare_fast_ref(bool with_p, double rtol, double atol) {
     auto da = random_vec<T>(N * F, 3);
     const T* pp = with_p ? p.data() : nullptr;
     Guarded<T> a(N * F), dh(N * 2 * F), dp(N), a_r(N * F), dh_r(N * 2 * F), dp_r(N);
-    swiglu_forward(cpu_exec(), a.data(), h.data(), pp, N, F);
+    swiglu_forward<T>(cpu_exec(), a.data(), h.data(), pp, N, F);
     swiglu_forward_ref(a_r.data(), h.data(), pp, N, F);
-    swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+    swiglu_backward<T>(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
     swiglu_backward_ref(dh_r.data(), dp_r.data(), da.data(), h.data(), pp, N, F);
     EXPECT_TRUE(all_close(a.vec(), a_r.vec(), rtol, atol)) << "a";
     EXPECT_TRUE(all_close(dh.vec(), dh_r.vec(), rtol, atol)) << "dh";
@@ -59,7 +59,7 @@ TEST(SwiGlu, NullProbEqualsUnitProb) {
   std::vector<float> ones(N, 1.f), a0(N * F), a1(N * F);
   swiglu_forward<float>(cpu_exec(), a0.data(), h.data(), nullptr, N,
                         F);  // nullptr: T not deducible
-  swiglu_forward(cpu_exec(), a1.data(), h.data(), ones.data(), N, F);
+  swiglu_forward<float>(cpu_exec(), a1.data(), h.data(), ones.data(), N, F);
   EXPECT_EQ(a0, a1);
 }
 
@@ -74,8 +74,8 @@ TEST(SwiGlu, Bf16OutputsAreTheCastOfF32) {
       auto da = random_vec<float>(N * F, 10);
       const float* pp = with_p ? p.data() : nullptr;
       std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f), dp16(N, -1.f);
-      swiglu_forward(cpu_exec(), a.data(), h.data(), pp, N, F);
-      swiglu_backward(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      swiglu_forward<float>(cpu_exec(), a.data(), h.data(), pp, N, F);
+      swiglu_backward<float>(cpu_exec(), dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
       std::vector<bf16> a_cast(N * F), dh_cast(N * 2 * F);
       ops::cast_f32_to_bf16(cpu_exec(), a_cast.data(), a.data(), N * F);
       ops::cast_f32_to_bf16(cpu_exec(), dh_cast.data(), dh.data(), N * 2 * F);

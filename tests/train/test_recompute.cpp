@@ -8,12 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
+#include "common/testing.h"
 #include "common/tiny_train_flags.h"
+#include "core/arena.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
+
+using testing::host;
 namespace {
 
 // A small model touching every recomputed piece: MoE and dense layers, a shared expert,
@@ -86,8 +89,8 @@ RunResult train_with(const std::string& variant, const std::string& granularity,
   auto& model = trainer.model();
   const ParamRegistry& p = model.params();
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-    const char* w = static_cast<const char*>(p.flat_data(k));
-    const char* g = static_cast<const char*>(p.flat_grad(k));
+    const char* w = static_cast<const char*>(host(p.flat_data(k)));
+    const char* g = static_cast<const char*>(host(p.flat_grad(k)));
     const size_t bytes = static_cast<size_t>(p.numel(k)) * sizeof(float);
     if (bytes == 0) continue;
     r.weights.insert(r.weights.end(), w, w + bytes);

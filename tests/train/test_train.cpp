@@ -22,6 +22,8 @@
 #include "train/trainer.h"
 
 namespace moecore {
+
+using testing::host;
 namespace {
 
 using train::StepMetrics;
@@ -85,11 +87,11 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
   Arena arena;
   arena.plan([&](Arena& a) { params.allocate(a); });
   params.init(0);
-  float* g = static_cast<float*>(params.flat_grad(ParamKind::Dense));
+  float* g = static_cast<float*>(host(params.flat_grad(ParamKind::Dense)));
   g[0] = 3;
   g[1] = 0;
   g[2] = 0;
-  static_cast<float*>(params.flat_grad(ParamKind::Expert))[0] = 4;
+  static_cast<float*>(host(params.flat_grad(ParamKind::Expert)))[0] = 4;
   optim::AdamWConfig cfg;
   cfg.weight_decay = 0.5;
   cfg.clip_grad = 1.0;
@@ -98,11 +100,11 @@ TEST(Optimizer, GlobalNormClipAndDecoupledDecay) {
   EXPECT_DOUBLE_EQ(info.grad_norm, 5.0);  // dense and expert grads in one norm
   EXPECT_NEAR(info.clip_coeff, 1.0 / (5.0 + 1e-6), 1e-12);
   // First Adam step moves by lr * sign(g) (bias-corrected), plus decoupled decay lr * wd * p.
-  const float* w = params.get("w").data_as<float>();
+  const float* w = host(params.get("w").data_as<float>());
   EXPECT_NEAR(w[0], 1.0 - 0.1 - 0.1 * 0.5, 1e-6);
   EXPECT_NEAR(w[1], 1.0 - 0.1 * 0.5, 1e-6);                       // zero grad: decay only
-  EXPECT_FLOAT_EQ(params.get("norm").data_as<float>()[0], 1.0f);  // no decay, no grad
-  EXPECT_NEAR(params.get("e").data_as<float>()[0], 1.0 - 0.1 - 0.05, 1e-6);
+  EXPECT_FLOAT_EQ(host(params.get("norm").data_as<float>())[0], 1.0f);  // no decay, no grad
+  EXPECT_NEAR(host(params.get("e").data_as<float>())[0], 1.0 - 0.1 - 0.05, 1e-6);
 }
 
 // The gradient sum of squares: f64 accuracy on a long vector of awkward length (n not a
@@ -120,7 +122,7 @@ void check_sum_squares() {
   double expect = 0;
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
     auto g = testing::random_vec<T>(params.numel(k), 30 + static_cast<uint32_t>(k), -3, 3);
-    std::copy(g.begin(), g.end(), static_cast<T*>(params.flat_grad(k)));
+    std::copy(g.begin(), g.end(), static_cast<T*>(host(params.flat_grad(k))));
     long double s = 0;  // serial, wider than the sum under test
     for (T x : g) s += static_cast<long double>(x) * static_cast<long double>(x);
     expect += static_cast<double>(s);
@@ -147,10 +149,10 @@ TEST(Optimizer, NonFiniteNormIsAnErrorAfterAStepThatChangedNothing) {
     Arena arena;
     arena.plan([&](Arena& a) { params.allocate(a); });
     params.init(0);
-    float* g = static_cast<float*>(params.flat_grad(ParamKind::Dense));
+    float* g = static_cast<float*>(host(params.flat_grad(ParamKind::Dense)));
     g[0] = 1;
     g[1] = std::numeric_limits<float>::infinity();
-    static_cast<float*>(params.flat_grad(ParamKind::Expert))[0] = 2;
+    static_cast<float*>(host(params.flat_grad(ParamKind::Expert)))[0] = 2;
     optim::AdamWConfig cfg;
     std::unique_ptr<optim::AdamWOptimizer> single;
     std::unique_ptr<optim::ChainedOptimizer> chain;
@@ -164,9 +166,9 @@ TEST(Optimizer, NonFiniteNormIsAnErrorAfterAStepThatChangedNothing) {
       EXPECT_NE(std::string(e.what()).find("gradient norm is inf at step 1"), std::string::npos)
           << e.what();
     }
-    EXPECT_EQ(params.get("w").data_as<float>()[0], 1.0f);
-    EXPECT_EQ(params.get("w").data_as<float>()[1], 1.0f);
-    EXPECT_EQ(params.get("e").data_as<float>()[0], 1.0f);
+    EXPECT_EQ(host(params.get("w").data_as<float>())[0], 1.0f);
+    EXPECT_EQ(host(params.get("w").data_as<float>())[1], 1.0f);
+    EXPECT_EQ(host(params.get("e").data_as<float>())[0], 1.0f);
   }
 }
 
@@ -189,19 +191,19 @@ TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
     p.refresh_bf16();
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
       auto g = testing::random_vec<float>(p.numel(k), 40 + static_cast<uint32_t>(k));
-      std::copy(g.begin(), g.end(), static_cast<float*>(p.flat_grad(k)));
+      std::copy(g.begin(), g.end(), static_cast<float*>(host(p.flat_grad(k))));
     }
   };
   auto copies_match = [](const ParamRegistry& p) {
     for (const Param& q : p.params()) {
       ASSERT_NE(q.data16 == nullptr, q.data16w == nullptr) << q.name() << ": one copy format";
       for (int64_t i = 0; i < q.local_numel(); ++i) {
-        const bf16 expect = float_to_bf16(q.data_as<float>()[i]);
-        if (q.data16 != nullptr && q.data16[i].bits != expect.bits) {
+        const bf16 expect = float_to_bf16(host(q.data_as<float>())[i]);
+        if (q.data16 != nullptr && host(q.data16)[i].bits != expect.bits) {
           ADD_FAILURE() << q.name() << "[" << i << "]";
           return;
         }
-        if (q.data16w != nullptr && std::bit_cast<uint32_t>(q.data16w[i]) !=
+        if (q.data16w != nullptr && std::bit_cast<uint32_t>(host(q.data16w)[i]) !=
                                         std::bit_cast<uint32_t>(bf16_to_float(expect))) {
           ADD_FAILURE() << q.name() << " widened [" << i << "]";
           return;
@@ -229,12 +231,13 @@ TEST(Optimizer, Bf16CopiesWrittenWithTheUpdate) {
     ref.refresh_bf16();
     copies_match(ref);
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-      EXPECT_EQ(0, std::memcmp(p.flat_data(k), ref.flat_data(k), p.numel(k) * sizeof(float)));
+      EXPECT_EQ(
+          0, std::memcmp(host(p.flat_data(k)), host(ref.flat_data(k)), p.numel(k) * sizeof(float)));
     }
   }
   // After the skipped refresh, a refresh converts again.
-  p.get("w").data_as<float>()[7] = 3.0f;
-  p.get("e").data_as<float>()[11] = -5.0f;
+  host(p.get("w").data_as<float>())[7] = 3.0f;
+  host(p.get("e").data_as<float>())[11] = -5.0f;
   p.refresh_bf16();
   copies_match(p);
 }
@@ -246,11 +249,11 @@ void fill_optimizer_registry(ParamRegistry& params, Arena& arena) {
   params.add(ParamSpec{"e", {1}, ParamInit::Ones, 0, ParamKind::Expert, true, {}});
   arena.plan([&](Arena& a) { params.allocate(a); });
   params.init(0);
-  float* g = static_cast<float*>(params.flat_grad(ParamKind::Dense));
+  float* g = static_cast<float*>(host(params.flat_grad(ParamKind::Dense)));
   g[0] = 3;
   g[1] = 0;
   g[2] = 0;
-  static_cast<float*>(params.flat_grad(ParamKind::Expert))[0] = 4;
+  static_cast<float*>(host(params.flat_grad(ParamKind::Expert)))[0] = 4;
 }
 
 TEST(ChainedOptimizer, OneRankEqualsTheSingleAdamWBitwise) {
@@ -272,7 +275,7 @@ TEST(ChainedOptimizer, OneRankEqualsTheSingleAdamWBitwise) {
     const Param& pa = a.get(n);
     const Param& pb = b.get(n);
     for (int64_t i = 0; i < pa.local_numel(); ++i) {
-      EXPECT_EQ(pa.data_as<float>()[i], pb.data_as<float>()[i]) << n << "[" << i << "]";
+      EXPECT_EQ(host(pa.data_as<float>())[i], host(pb.data_as<float>())[i]) << n << "[" << i << "]";
     }
   }
   EXPECT_EQ(chained.state_bytes(MemKind::OptimizerState),
@@ -288,14 +291,14 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
   cfg.weight_decay = 0;
   // As if a second EP rank held another expert with the same gradient: 16 + 16.
   optim::GradNormSync sync;
-  sync.sum_expert = [](double* sq) { *sq *= 2; };
+  sync.sum_expert = [](DevPtr<double> sq) { *host(sq) *= 2; };
   optim::ChainedOptimizer opt(p, cfg, sync);
   optim::StepInfo info = opt.step(0.1);
   EXPECT_DOUBLE_EQ(info.grad_norm, std::sqrt(9.0 + 32.0));
   EXPECT_DOUBLE_EQ(info.clip_coeff, 1.0 / (std::sqrt(41.0) + 1e-6));
   // First Adam step: lr * sign(g) for both kinds (the clip scale cancels in m / sqrt(v)).
-  EXPECT_NEAR(p.get("w").data_as<float>()[0], 0.9, 1e-6);
-  EXPECT_NEAR(p.get("e").data_as<float>()[0], 0.9, 1e-6);
+  EXPECT_NEAR(host(p.get("w").data_as<float>())[0], 0.9, 1e-6);
+  EXPECT_NEAR(host(p.get("e").data_as<float>())[0], 0.9, 1e-6);
   // One-kind AdamW leaves the other kind alone.
   ParamRegistry q(DType::F32);
   Arena qa;
@@ -308,8 +311,8 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
   ops::AdamWStep step;
   step.lr = 0.1;
   dense_only.update(&step);
-  EXPECT_EQ(q.get("e").data_as<float>()[0], 1.0f);
-  EXPECT_NEAR(q.get("w").data_as<float>()[0], 0.9, 1e-6);
+  EXPECT_EQ(host(q.get("e").data_as<float>())[0], 1.0f);
+  EXPECT_NEAR(host(q.get("w").data_as<float>())[0], 0.9, 1e-6);
 }
 
 train::TrainFlags short_run_flags(int64_t iters) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 
 #include "core/check.h"
@@ -36,10 +37,25 @@ void check_args(const HeadLossShape& s, const int32_t* target_T, const void* wor
   }
 }
 
+// The bf16 operands' addresses, unwrapped once at the op's entry.
+struct RawHeadBf16 {
+  const bf16* w_VH;
+  bf16* h16;
+  bf16* dz16;
+  float* ws32;
+  const float* w_VH_wide;
+  float* h32;
+};
+std::optional<RawHeadBf16> unwrap(const HeadLossBf16* b) {
+  if (b == nullptr) return std::nullopt;
+  return RawHeadBf16{raw_ptr(b->w_VH), raw_ptr(b->h16),       raw_ptr(b->dz16),
+                     raw_ptr(b->ws32), raw_ptr(b->w_VH_wide), raw_ptr(b->h32)};
+}
+
 // z_MV = h_MH W_VH^T for rows [c0, c0 + m) (bf16 inputs when given: h16 holds bf16(h)).
 template <typename T>
 void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m, const HeadLossShape& s,
-                  const HeadLossBf16* bf16) {
+                  const RawHeadBf16* bf16) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16 != nullptr && bf16->w_VH_wide != nullptr) {
       return cpu::gemm<float>(false, true, m, s.V, s.H, 1.f, bf16->h32 + c0 * s.H, s.H,
@@ -57,7 +73,7 @@ void chunk_logits(T* z, const T* h_TH, const T* w_VH, int64_t c0, int64_t m, con
 // The forward (convert_h) writes h's bf16 form into h16 / h32; the backward reads it as the
 // forward left it, as it reads lse_T.
 template <typename T>
-void check_bf16(const HeadLossBf16* bf16, const T* h_TH, const HeadLossShape& s, bool convert_h) {
+void check_bf16(const RawHeadBf16* bf16, const T* h_TH, const HeadLossShape& s, bool convert_h) {
   if (bf16 == nullptr) return;
   MOE_CHECK((std::is_same_v<T, float>), "[head_loss] the bf16 path needs an f32 model");
   if (bf16->w_VH_wide != nullptr) {
@@ -153,7 +169,9 @@ namespace cpu {
 
 template <typename T>
 double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH, const int32_t* target_T,
-                         const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16) {
+                         const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16_in) {
+  const std::optional<RawHeadBf16> raw_bf16 = unwrap(bf16_in);
+  const RawHeadBf16* bf16 = raw_bf16 ? &*raw_bf16 : nullptr;
   check_args(s, target_T, workspace);
   check_bf16(bf16, h_TH, s, /*convert_h=*/true);
   const int64_t V = s.V;
@@ -188,7 +206,9 @@ double head_loss_forward(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH, cons
 template <typename T>
 void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const int32_t* target_T,
                         const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
-                        const HeadLossBf16* bf16) {
+                        const HeadLossBf16* bf16_in) {
+  const std::optional<RawHeadBf16> raw_bf16 = unwrap(bf16_in);
+  const RawHeadBf16* bf16 = raw_bf16 ? &*raw_bf16 : nullptr;
   check_args(s, target_T, workspace);
   check_bf16(bf16, h_TH, s, /*convert_h=*/false);
   const int64_t V = s.V, H = s.H;

@@ -90,11 +90,13 @@ int64_t pad_permutation(int64_t* counts_E, int32_t* row_token_N, int32_t* row_sl
 int64_t build_group_permutation(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
                                 int32_t* group_rows_GK, int64_t* chunk_LR, int64_t* pads,
                                 const GroupRouting& g) {
+  const int64_t* tok_off = raw_ptr(g.tok_off_R);
+  const int64_t* cap_R = raw_ptr(g.cap_R);
   const int64_t R = g.R, L = g.L, K = g.K;
-  const int32_t* idx = g.idx_GK;
+  const int32_t* idx = raw_ptr(g.idx_GK);
   std::fill(chunk_LR, chunk_LR + L * R, 0);
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = g.tok_off_R[r] * K; i < g.tok_off_R[r + 1] * K; ++i) {
+    for (int64_t i = tok_off[r] * K; i < tok_off[r + 1] * K; ++i) {
       const int64_t l = idx[i] - g.first;
       if (idx[i] >= 0 && l >= 0 && l < L) ++chunk_LR[l * R + r];
     }
@@ -104,7 +106,7 @@ int64_t build_group_permutation(int64_t* rows_L, int32_t* row_token_N, int32_t* 
     int64_t rows = 0;
     for (int64_t r = 0; r < R; ++r) {
       int64_t& c = chunk_LR[l * R + r];
-      const int64_t cap = g.cap_R[r];
+      const int64_t cap = cap_R[r];
       MOE_CHECK(cap <= 0 || c <= cap,
                 "[dispatcher] expert {} has {} rows from EP rank {} > capacity {}: the router must "
                 "drop to capacity before padding",
@@ -124,7 +126,7 @@ int64_t build_group_permutation(int64_t* rows_L, int32_t* row_token_N, int32_t* 
   std::fill(row_token_N, row_token_N + N, -1);
   std::fill(row_slot_N, row_slot_N + N, -1);
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = g.tok_off_R[r] * K; i < g.tok_off_R[r + 1] * K; ++i) {
+    for (int64_t i = tok_off[r] * K; i < tok_off[r + 1] * K; ++i) {
       const int64_t l = idx[i] - g.first;
       if (idx[i] < 0 || l < 0 || l >= L) {
         group_rows_GK[i] = -1;

@@ -113,7 +113,10 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
 // the expert in (token, slot) order, then the block's pad rows.
 int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
                                     int32_t* group_rows_GK, int64_t* pads, const GroupRouting& g) {
-  const int64_t G = g.tok_off_R[g.R];
+  const int32_t* idx = raw_ptr(g.idx_GK);
+  const int64_t* tok_off = raw_ptr(g.tok_off_R);
+  const int64_t* cap_R = raw_ptr(g.cap_R);
+  const int64_t G = tok_off[g.R];
   for (int64_t i = 0; i < G * g.K; ++i) group_rows_GK[i] = -1;
   int64_t N = 0;
   *pads = 0;
@@ -121,9 +124,9 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
     const int64_t start = N;
     for (int64_t r = 0; r < g.R; ++r) {
       int64_t c = 0;
-      for (int64_t t = g.tok_off_R[r]; t < g.tok_off_R[r + 1]; ++t) {
+      for (int64_t t = tok_off[r]; t < tok_off[r + 1]; ++t) {
         for (int64_t k = 0; k < g.K; ++k) {
-          if (g.idx_GK[t * g.K + k] != g.first + l) continue;
+          if (idx[t * g.K + k] != g.first + l) continue;
           MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
           row_token_N[N] = static_cast<int32_t>(t);
           row_slot_N[N] = static_cast<int32_t>(k);
@@ -131,9 +134,9 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
           ++N, ++c;
         }
       }
-      MOE_CHECK(g.cap_R[r] <= 0 || c <= g.cap_R[r], "[dispatcher] expert {} over capacity",
+      MOE_CHECK(cap_R[r] <= 0 || c <= cap_R[r], "[dispatcher] expert {} over capacity",
                 g.first + l);
-      for (; g.cap_R[r] > 0 && c < g.cap_R[r]; ++c) {
+      for (; cap_R[r] > 0 && c < cap_R[r]; ++c) {
         MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
         row_token_N[N] = row_slot_N[N] = -1;
         ++N;

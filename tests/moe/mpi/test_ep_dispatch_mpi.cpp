@@ -27,6 +27,8 @@
 #include "parallel/process_groups.h"
 
 namespace moecore::moe {
+
+using testing::host;
 namespace {
 
 using parallel::Communicator;
@@ -126,7 +128,8 @@ void check_routing(ProcessGroups* g, DispatcherType type, RouteCase rc) {
     }
   }
   ASSERT_EQ(p.n_rows, static_cast<int64_t>(rows.size()));
-  ASSERT_EQ(std::vector<int64_t>(p.tokens_per_expert_L, p.tokens_per_expert_L + L), per_expert);
+  ASSERT_EQ(std::vector<int64_t>(host(p.tokens_per_expert_L), host(p.tokens_per_expert_L) + L),
+            per_expert);
   EXPECT_EQ(p.ep_size, R);
   if (rc.pad) {
     EXPECT_EQ(p.rows_per_expert, R * cap);
@@ -228,10 +231,11 @@ void run_layer(LayerRun& run, const ModelConfig& cfg, const ProcessGroups* group
 }
 
 std::vector<double> grad(const Param& p) {
-  return std::vector<double>(p.grad_as<double>(), p.grad_as<double>() + p.local_numel());
+  return std::vector<double>(host(p.grad_as<double>()),
+                             host(p.grad_as<double>()) + p.local_numel());
 }
 std::vector<double> slice(const Param& p, int64_t first, int64_t n) {
-  const double* g = p.grad_as<double>();
+  const double* g = host(p.grad_as<double>());
   return std::vector<double>(g + first, g + first + n);
 }
 
@@ -344,9 +348,10 @@ TEST(EpMoELayerMpi, EqualsSingleRankLayerOnConcatenatedTokens) {
         const Param& po = (one.layer->experts().*pick)();
         const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
         // The local slice was initialised from the global index: same values as the 1-rank ones.
-        EXPECT_EQ(std::vector<double>(pe.data_as<double>(), pe.data_as<double>() + pe.local_numel()),
-                  std::vector<double>(po.data_as<double>() + first * per,
-                                      po.data_as<double>() + first * per + pe.local_numel()))
+        EXPECT_EQ(std::vector<double>(host(pe.data_as<double>()),
+                                      host(pe.data_as<double>()) + pe.local_numel()),
+                  std::vector<double>(host(po.data_as<double>()) + first * per,
+                                      host(po.data_as<double>()) + first * per + pe.local_numel()))
             << pe.name() << " values";
         EXPECT_TRUE(all_close(grad(pe), slice(po, first * per, pe.local_numel()), testing::kF64Rtol,
                               testing::kF64Atol))

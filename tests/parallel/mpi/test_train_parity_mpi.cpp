@@ -18,15 +18,18 @@
 #include <vector>
 
 #include "common/mpi_testing.h"
+#include "common/testing.h"
+#include "common/tiny_train_flags.h"
 #include "common/tolerances.h"
 #include "core/check.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
-#include "common/tiny_train_flags.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
+
+using testing::host;
 namespace {
 
 parallel::Runtime g_rt;
@@ -86,7 +89,7 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
-    std::vector<double> local = to_double(p.data_as<T>(), p.local_numel());
+    std::vector<double> local = to_double(host(p.data_as<T>()), p.local_numel());
     const ParamSlice& sl = p.spec.slice;
     if (sl.dim < 0 || sl.length == p.spec.global_shape[sl.dim]) {  // the whole tensor
       r.weights[p.name()] = std::move(local);
@@ -104,12 +107,12 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   }
   const int64_t E = f.model.num_experts;
   for (const auto* router : trainer.model().routers()) {
-    r.beta.insert(r.beta.end(), router->quantile_beta(), router->quantile_beta() + E);
-    r.bias.insert(r.bias.end(), router->expert_bias(), router->expert_bias() + E);
+    r.beta.insert(r.beta.end(), host(router->quantile_beta()), host(router->quantile_beta()) + E);
+    r.bias.insert(r.bias.end(), host(router->expert_bias()), host(router->expert_bias()) + E);
   }
-  r.dense_flat = to_double(static_cast<const T*>(params.flat_data(ParamKind::Dense)),
+  r.dense_flat = to_double(static_cast<const T*>(host(params.flat_data(ParamKind::Dense))),
                            params.numel(ParamKind::Dense));
-  r.expert_flat = to_double(static_cast<const T*>(params.flat_data(ParamKind::Expert)),
+  r.expert_flat = to_double(static_cast<const T*>(host(params.flat_data(ParamKind::Expert))),
                             params.numel(ParamKind::Expert));
   return r;
 }
