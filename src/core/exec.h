@@ -7,12 +7,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "core/tensor.h"
-
 namespace moecore {
+
+enum class Device : uint8_t { CPU, CUDA };
 
 struct Exec {
   Device device = Device::CPU;

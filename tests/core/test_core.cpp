@@ -12,7 +12,6 @@
 #include "core/check.h"
 #include "nn/param_registry.h"
 #include "core/rng.h"
-#include "core/tensor.h"
 
 namespace moecore {
 
@@ -30,17 +29,6 @@ TEST(Check, MessageCarriesValuesAndLocation) {
     EXPECT_NE(m.find("k <= e"), std::string::npos) << m;
     EXPECT_NE(m.find("test_core.cpp"), std::string::npos) << m;
   }
-}
-
-TEST(Tensor, ShapeAndTypedAccess) {
-  float buf[24];
-  Tensor t(buf, {2, 3, 4}, DType::F32);
-  EXPECT_EQ(t.numel(), 24);
-  EXPECT_EQ(t.bytes(), 96u);
-  EXPECT_EQ(t.dim(-1), 4);
-  EXPECT_EQ(t.shape_str(), "[2, 3, 4]");
-  EXPECT_EQ(t.as<float>(), buf);
-  EXPECT_THROW(t.as<double>(), Error);
 }
 
 TEST(Arena, TwoPassesOneBlockThenFrozen) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "core/check.h"
 #include "ops/router_balance.h"
 
 namespace moecore::testing {
