@@ -13,6 +13,7 @@ declare -A allowed=(
   [moe]="core ops nn parallel"
   [model]="core ops nn parallel moe"
   [data]="core"
+  [ckpt]="core"
   [optim]="core ops nn parallel"
   [plan]="core ops nn parallel moe model data optim train"
   [train]="core ops nn parallel moe model data optim"

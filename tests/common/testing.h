@@ -12,10 +12,22 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/dev_ptr.h"
 #include "tolerances.h"
 
 namespace moecore::testing {
+
+// The message of the moecore::Error that f throws, or "" when it throws none.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // A buffer of a layer or arena as a host pointer: the tests run on the CPU backend, whose
 // device memory is the host's (the layers themselves have no such access; core/dev_ptr.h).

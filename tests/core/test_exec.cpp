@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/testing.h"
 #include "core/check.h"
 #include "core/exec.h"
 #include "ops/add.h"
@@ -12,14 +13,7 @@
 namespace moecore {
 namespace {
 
-std::string error_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(Exec, DevicesByName) {
   EXPECT_EQ(parse_device("cpu"), Device::CPU);

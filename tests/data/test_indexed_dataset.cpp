@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing.h"
 #include "core/check.h"
 #include "data/data_pipeline.h"
 #include "data/indexed_dataset.h"
@@ -38,15 +39,7 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 #define EXPECT_ERROR_HAS(stmt, needle)                                        \
   do {                                                                        \
