@@ -9,6 +9,7 @@ packages=(
   libgtest-dev               # tests
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libsentencepiece-dev       # the SentencePiece tokenizers
+  libssl-dev                 # SHA-256 of checkpoint shards (libcrypto)
 )
 missing=()
 for p in "${packages[@]}"; do

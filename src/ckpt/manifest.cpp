@@ -1,0 +1,245 @@
+#include "ckpt/manifest.h"
+
+#include <algorithm>
+#include <set>
+
+#include "ckpt/safetensors.h"
+#include "ckpt/sha256.h"
+#include "core/check.h"
+
+namespace moecore::ckpt {
+namespace {
+
+using nlohmann::json;
+
+// A file name that stays inside the checkpoint directory.
+bool plain_name(std::string_view f) {
+  return !f.empty() && f != "." && f != ".." && f.find('/') == std::string_view::npos &&
+         f.find('\\') == std::string_view::npos;
+}
+
+void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& files,
+                     const std::string& where) {
+  MOE_CHECK(!t.slices.empty(), "[checkpoint] '{}': tensor '{}' has no slice", where, t.name);
+  for (size_t i = 0; i < t.slices.size(); ++i) {
+    MOE_CHECK(files.count(t.slices[i].file) > 0,
+              "[checkpoint] '{}': slice {} of tensor '{}' is in '{}', which is not among the "
+              "manifest's files",
+              where, i, t.name, t.slices[i].file);
+  }
+  const int dim = t.slices[0].dim;
+  if (dim < 0) {
+    MOE_CHECK(t.slices.size() == 1 && dim == -1,
+              "[checkpoint] '{}': tensor '{}' has a whole-tensor slice and {} others: a tensor "
+              "is stored whole once or split along one dimension",
+              where, t.name, t.slices.size() - 1);
+    return;
+  }
+  const int ndim = static_cast<int>(t.shape.size());
+  MOE_CHECK(dim < ndim, "[checkpoint] '{}': tensor '{}' {} is split along dimension {}", where,
+            t.name, format_shape(t.shape), dim);
+  std::vector<const SliceRef*> order;
+  for (const SliceRef& s : t.slices) {
+    MOE_CHECK(s.dim == dim,
+              "[checkpoint] '{}': tensor '{}' is split along dimension {} in one slice and {} in "
+              "another: its slices must split one dimension",
+              where, t.name, dim, s.dim);
+    MOE_CHECK(s.offset >= 0 && s.length >= 0,
+              "[checkpoint] '{}': tensor '{}' has a slice at offset {} of length {}", where,
+              t.name, s.offset, s.length);
+    order.push_back(&s);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const SliceRef* a, const SliceRef* b) { return a->offset < b->offset; });
+  int64_t next = 0;
+  for (const SliceRef* s : order) {
+    MOE_CHECK(s->offset == next,
+              "[checkpoint] '{}': tensor '{}' along dimension {}: a slice starts at {} where {} "
+              "was expected ({} a slice of '{}'): the slices must cover every index once",
+              where, t.name, dim, s->offset, next, s->offset < next ? "overlap with" : "gap before",
+              s->file);
+    next += s->length;
+  }
+  MOE_CHECK(next == t.shape[dim],
+            "[checkpoint] '{}': tensor '{}' {}: its slices cover {} of the {} indices of "
+            "dimension {}",
+            where, t.name, format_shape(t.shape), next, t.shape[dim], dim);
+}
+
+json slice_json(const SliceRef& s) {
+  json j = {{"file", s.file}};
+  if (s.dim >= 0) {
+    j["dim"] = s.dim;
+    j["offset"] = s.offset;
+    j["length"] = s.length;
+  }
+  return j;
+}
+
+// The value of a required key, with the kind it must have; the message names the entry.
+const json& need(const json& obj, const char* key, json::value_t kind, const std::string& what,
+                 const std::string& where) {
+  MOE_CHECK(obj.is_object() && obj.contains(key),
+            "[checkpoint] '{}': {} has no \"{}\"", where, what, key);
+  const json& v = obj.at(key);
+  const bool ok = kind == json::value_t::number_integer
+                      ? v.is_number_integer()
+                      : (kind == json::value_t::string ? v.is_string()
+                                                       : (kind == json::value_t::array
+                                                              ? v.is_array()
+                                                              : v.is_object()));
+  MOE_CHECK(ok, "[checkpoint] '{}': \"{}\" of {} is {}, not {}", where, key, what, v.type_name(),
+            json(kind).type_name());
+  return v;
+}
+
+}  // namespace
+
+std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
+  std::vector<int64_t> out = shape;
+  if (s.dim >= 0 && s.dim < static_cast<int>(out.size())) out[s.dim] = s.length;
+  return out;
+}
+
+const GlobalTensor* Manifest::find(std::string_view name) const {
+  for (const GlobalTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+const ShardFile* Manifest::file(std::string_view name) const {
+  for (const ShardFile& f : files) {
+    if (f.file == name) return &f;
+  }
+  return nullptr;
+}
+
+void validate_manifest(const Manifest& m, const std::string& where) {
+  MOE_CHECK(m.iteration >= 0, "[checkpoint] '{}': iteration {} < 0", where, m.iteration);
+  MOE_CHECK(m.world_size >= 1, "[checkpoint] '{}': world size {} < 1", where, m.world_size);
+  std::set<std::string_view> files;
+  for (const ShardFile& f : m.files) {
+    MOE_CHECK(plain_name(f.file),
+              "[checkpoint] '{}': shard name '{}' is not a plain file name inside the checkpoint "
+              "directory",
+              where, f.file);
+    MOE_CHECK(files.insert(f.file).second, "[checkpoint] '{}': shard '{}' is listed twice",
+              where, f.file);
+    MOE_CHECK(f.rank >= 0 && f.rank < m.world_size,
+              "[checkpoint] '{}': shard '{}' was written by rank {} of a world of {}", where,
+              f.file, f.rank, m.world_size);
+    MOE_CHECK(is_sha256_hex(f.sha256),
+              "[checkpoint] '{}': shard '{}' has sha256 '{}', not 64 lowercase hex digits", where,
+              f.file, f.sha256);
+  }
+  std::set<std::string_view> names;
+  for (const GlobalTensor& t : m.tensors) {
+    MOE_CHECK(!t.name.empty(), "[checkpoint] '{}': a tensor has an empty name", where);
+    MOE_CHECK(names.insert(t.name).second, "[checkpoint] '{}': tensor '{}' is listed twice",
+              where, t.name);
+    MOE_CHECK(is_known_dtype(t.dtype), "[checkpoint] '{}': tensor '{}' has dtype '{}' (known: {})",
+              where, t.name, t.dtype, known_dtypes());
+    for (int64_t d : t.shape) {
+      MOE_CHECK(d >= 0, "[checkpoint] '{}': tensor '{}' has shape {}", where, t.name,
+                format_shape(t.shape));
+    }
+    validate_slices(t, files, where);
+  }
+}
+
+std::string Manifest::to_json_text() const {
+  json j;
+  j["format"] = kManifestFormat;
+  j["format_version"] = kManifestVersion;
+  j["iteration"] = iteration;
+  j["world_size"] = world_size;
+  j["layout"] = json::object();
+  for (const auto& [k, v] : layout) j["layout"][k] = v;
+  j["state"] = state;
+  j["files"] = json::array();
+  for (const ShardFile& f : files) {
+    j["files"].push_back({{"file", f.file}, {"rank", f.rank}, {"bytes", f.bytes},
+                          {"sha256", f.sha256}});
+  }
+  j["tensors"] = json::array();
+  for (const GlobalTensor& t : tensors) {
+    json slices = json::array();
+    for (const SliceRef& s : t.slices) slices.push_back(slice_json(s));
+    j["tensors"].push_back(
+        {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"slices", slices}});
+  }
+  return j.dump(1) + "\n";
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    MOE_FAIL("[checkpoint] '{}': the manifest is not valid JSON ({}): the save did not finish "
+             "or the file was altered",
+             where, e.what());
+  }
+  MOE_CHECK(j.is_object(), "[checkpoint] '{}': the manifest is {}, not a JSON object", where,
+            j.type_name());
+  const std::string top = "the manifest";
+  const std::string format = need(j, "format", json::value_t::string, top, where);
+  MOE_CHECK(format == kManifestFormat,
+            "[checkpoint] '{}': format '{}' is not '{}': not a moecore checkpoint manifest",
+            where, format, kManifestFormat);
+  const int64_t version = need(j, "format_version", json::value_t::number_integer, top, where);
+  MOE_CHECK(version == kManifestVersion,
+            "[checkpoint] '{}': format version {}; this moecore reads version {}{}", where,
+            version, kManifestVersion,
+            version > kManifestVersion ? ": the checkpoint was written by a newer moecore" : "");
+  Manifest m;
+  m.iteration = need(j, "iteration", json::value_t::number_integer, top, where);
+  m.world_size = need(j, "world_size", json::value_t::number_integer, top, where).get<int>();
+  for (const auto& [k, v] : need(j, "layout", json::value_t::object, top, where).items()) {
+    MOE_CHECK(v.is_number_integer(), "[checkpoint] '{}': layout \"{}\" is {}, not an integer",
+              where, k, v.type_name());
+    m.layout[k] = v.get<int64_t>();
+  }
+  if (j.contains("state")) m.state = need(j, "state", json::value_t::object, top, where);
+  for (const json& f : need(j, "files", json::value_t::array, top, where)) {
+    const std::string what = "a shard entry";
+    ShardFile s;
+    s.file = need(f, "file", json::value_t::string, what, where);
+    s.rank = need(f, "rank", json::value_t::number_integer, "shard '" + s.file + "'", where)
+                 .get<int>();
+    s.bytes = need(f, "bytes", json::value_t::number_integer, "shard '" + s.file + "'", where)
+                  .get<uint64_t>();
+    s.sha256 = need(f, "sha256", json::value_t::string, "shard '" + s.file + "'", where);
+    m.files.push_back(std::move(s));
+  }
+  for (const json& t : need(j, "tensors", json::value_t::array, top, where)) {
+    GlobalTensor g;
+    g.name = need(t, "name", json::value_t::string, "a tensor entry", where);
+    const std::string what = "tensor '" + g.name + "'";
+    g.dtype = need(t, "dtype", json::value_t::string, what, where);
+    for (const json& d : need(t, "shape", json::value_t::array, what, where)) {
+      MOE_CHECK(d.is_number_integer(), "[checkpoint] '{}': {} has a shape entry {}", where, what,
+                d.dump());
+      g.shape.push_back(d.get<int64_t>());
+    }
+    for (const json& s : need(t, "slices", json::value_t::array, what, where)) {
+      SliceRef r;
+      r.file = need(s, "file", json::value_t::string, "a slice of " + what, where);
+      if (s.contains("dim")) {
+        r.dim = need(s, "dim", json::value_t::number_integer, "a slice of " + what, where)
+                    .get<int>();
+        MOE_CHECK(r.dim >= 0, "[checkpoint] '{}': a slice of {} splits dimension {}", where,
+                  what, r.dim);
+        r.offset = need(s, "offset", json::value_t::number_integer, "a slice of " + what, where);
+        r.length = need(s, "length", json::value_t::number_integer, "a slice of " + what, where);
+      }
+      g.slices.push_back(std::move(r));
+    }
+    m.tensors.push_back(std::move(g));
+  }
+  validate_manifest(m, where);
+  return m;
+}
+
+}  // namespace moecore::ckpt

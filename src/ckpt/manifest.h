@@ -1,0 +1,69 @@
+// The checkpoint manifest (docs/checkpoint_format.md, "Manifest"): every global tensor with its
+// dtype and global shape, the shard file and range of each of its slices, and every shard's size
+// and SHA-256. It is what makes a directory a checkpoint and what resharding reads: a rank of
+// any layout finds the slices overlapping its part of a tensor here. Parsing validates all of it
+// (format, version, names, slices tiling each tensor exactly once) before any shard is opened.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moecore::ckpt {
+
+inline constexpr std::string_view kManifestFormat = "moecore-checkpoint";
+inline constexpr int kManifestVersion = 0;
+
+struct ShardFile {
+  std::string file;  // a name inside the checkpoint directory
+  int rank = 0;      // the global rank that wrote it
+  uint64_t bytes = 0;
+  std::string sha256;  // 64 lowercase hex digits
+};
+
+// A slice of a global tensor: indices [offset, offset + length) along dimension `dim`, stored in
+// `file` under the tensor's global name with shape[dim] = length. dim = -1: the whole tensor.
+struct SliceRef {
+  std::string file;
+  int dim = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+struct GlobalTensor {
+  std::string name;
+  std::string dtype;  // a safetensors dtype ("F32", "BF16", ...)
+  std::vector<int64_t> shape;
+  std::vector<SliceRef> slices;
+  // The shape of slice s as stored in its shard.
+  std::vector<int64_t> slice_shape(const SliceRef& s) const;
+};
+
+struct Manifest {
+  int64_t iteration = 0;
+  int world_size = 1;
+  std::map<std::string, int64_t> layout;  // the writer's parallel sizes ("dp", "ep", ...)
+  nlohmann::json state = nlohmann::json::object();  // the run state (iteration counters, RNG)
+  std::vector<ShardFile> files;
+  std::vector<GlobalTensor> tensors;
+
+  const GlobalTensor* find(std::string_view name) const;
+  const ShardFile* file(std::string_view name) const;
+  // Deterministic JSON text (files and tensors in their order here).
+  std::string to_json_text() const;
+};
+
+// Throws moecore::Error (each message starts "[checkpoint] '<where>': ") unless m is complete:
+// the format version known; files unique, plain names, ranks within the world, hashes well
+// formed; tensors unique with known dtypes and non-negative shapes; every slice in a listed
+// file, and the slices of each tensor either one whole-tensor slice or slices of one dimension
+// tiling [0, shape[dim]) exactly, without gaps or overlaps.
+void validate_manifest(const Manifest& m, const std::string& where);
+// Parses the JSON text of a manifest and validates it (validate_manifest).
+Manifest parse_manifest(std::string_view text, const std::string& where);
+
+}  // namespace moecore::ckpt

@@ -1,0 +1,161 @@
+// The checkpoint manifest: what is written parses back equal; each way a manifest can be
+// incomplete or inconsistent (version, files, dtypes, slices that miss or repeat indices) is
+// refused naming the file, the tensor and the numbers. And the SHA-256 the manifest records.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ckpt/manifest.h"
+#include "ckpt/sha256.h"
+#include "ckpt_files.h"
+
+namespace moecore::ckpt {
+namespace {
+
+#define EXPECT_MANIFEST_ERROR(m, needle) \
+  EXPECT_ERROR_HAS(validate_manifest(m, "iter_0000007/manifest.json"), needle)
+
+const std::string kHash(64, 'a');
+
+// Two ranks of EP = 2: the expert weight split along the experts, the embedding whole on rank 0.
+Manifest two_rank_manifest() {
+  Manifest m;
+  m.iteration = 7;
+  m.world_size = 2;
+  m.layout = {{"dp", 1}, {"ep", 2}};
+  m.state = {{"consumed_samples", 56}};
+  m.files = {{"model_rank_00000.safetensors", 0, 4096, kHash},
+             {"model_rank_00001.safetensors", 1, 2048, std::string(64, 'b')}};
+  m.tensors = {
+      {"decoder.layers.0.mlp.experts.linear_fc1.weight",
+       "F32",
+       {4, 16, 8},
+       {{"model_rank_00001.safetensors", 0, 2, 2}, {"model_rank_00000.safetensors", 0, 0, 2}}},
+      {"embedding.word_embeddings.weight", "BF16", {32, 8}, {{"model_rank_00000.safetensors"}}},
+  };
+  return m;
+}
+
+TEST(Manifest, RoundTripsThroughItsJson) {
+  const Manifest m = two_rank_manifest();
+  const std::string text = m.to_json_text();
+  const Manifest back = parse_manifest(text, "manifest.json");
+  EXPECT_EQ(back.to_json_text(), text);
+  EXPECT_EQ(back.iteration, 7);
+  EXPECT_EQ(back.world_size, 2);
+  EXPECT_EQ(back.layout.at("ep"), 2);
+  EXPECT_EQ(back.state.at("consumed_samples"), 56);
+  ASSERT_EQ(back.tensors.size(), 2u);
+  const GlobalTensor* w = back.find("decoder.layers.0.mlp.experts.linear_fc1.weight");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->slices.size(), 2u);
+  EXPECT_EQ(w->slices[0].file, "model_rank_00001.safetensors");
+  EXPECT_EQ(w->slices[0].offset, 2);
+  EXPECT_EQ(w->slice_shape(w->slices[0]), (std::vector<int64_t>{2, 16, 8}));
+  const GlobalTensor* e = back.find("embedding.word_embeddings.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->slices[0].dim, -1);
+  EXPECT_EQ(e->slice_shape(e->slices[0]), (std::vector<int64_t>{32, 8}));
+  EXPECT_EQ(back.find("nope"), nullptr);
+  ASSERT_NE(back.file("model_rank_00001.safetensors"), nullptr);
+  EXPECT_EQ(back.file("model_rank_00001.safetensors")->bytes, 2048u);
+}
+
+TEST(Manifest, RefusesAnotherFormatOrVersion) {
+  std::string text = two_rank_manifest().to_json_text();
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"format_version\": 0", "\"format_version\": 3"), "m"),
+                   "format version 3; this moecore reads version 0: the checkpoint was written "
+                   "by a newer moecore");
+  EXPECT_ERROR_HAS(parse_manifest(replace("moecore-checkpoint", "megatron"), "m"),
+                   "not a moecore checkpoint manifest");
+  EXPECT_ERROR_HAS(parse_manifest(text.substr(0, text.size() / 2), "dir/manifest.json"),
+                   "'dir/manifest.json': the manifest is not valid JSON");
+  EXPECT_ERROR_HAS(parse_manifest("[1, 2]", "m"), "the manifest is array, not a JSON object");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"iteration\": 7", "\"iteration\": \"7\""), "m"),
+                   "\"iteration\" of the manifest is string, not number");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"world_size\"", "\"world\""), "m"),
+                   "the manifest has no \"world_size\"");
+}
+
+TEST(Manifest, RefusesBadShardEntries) {
+  Manifest m = two_rank_manifest();
+  m.files[1].file = "../elsewhere.safetensors";
+  EXPECT_MANIFEST_ERROR(m, "shard name '../elsewhere.safetensors' is not a plain file name");
+  m = two_rank_manifest();
+  m.files[1].file = m.files[0].file;
+  EXPECT_MANIFEST_ERROR(m, "shard 'model_rank_00000.safetensors' is listed twice");
+  m = two_rank_manifest();
+  m.files[1].rank = 2;
+  EXPECT_MANIFEST_ERROR(m, "written by rank 2 of a world of 2");
+  m = two_rank_manifest();
+  m.files[0].sha256 = "ABC";
+  EXPECT_MANIFEST_ERROR(m, "has sha256 'ABC', not 64 lowercase hex digits");
+}
+
+TEST(Manifest, RefusesBadTensorEntries) {
+  Manifest m = two_rank_manifest();
+  m.tensors[1].name = m.tensors[0].name;
+  EXPECT_MANIFEST_ERROR(m, "is listed twice");
+  m = two_rank_manifest();
+  m.tensors[1].dtype = "F33";
+  EXPECT_MANIFEST_ERROR(m, "tensor 'embedding.word_embeddings.weight' has dtype 'F33'");
+  m = two_rank_manifest();
+  m.tensors[1].shape = {32, -8};
+  EXPECT_MANIFEST_ERROR(m, "has shape [32, -8]");
+  m = two_rank_manifest();
+  m.tensors[1].slices.clear();
+  EXPECT_MANIFEST_ERROR(m, "tensor 'embedding.word_embeddings.weight' has no slice");
+  m = two_rank_manifest();
+  m.tensors[1].slices[0].file = "model_rank_00009.safetensors";
+  EXPECT_MANIFEST_ERROR(m, "is in 'model_rank_00009.safetensors', which is not among");
+}
+
+// The slices of a tensor cover every index of the split dimension exactly once.
+TEST(Manifest, RefusesSlicesThatMissOrRepeatIndices) {
+  const std::string where = "iter_0000007/manifest.json";
+  Manifest m = two_rank_manifest();
+  m.tensors[0].slices[0].offset = 3;  // [3, 5) and [0, 2): a gap at 2
+  EXPECT_MANIFEST_ERROR(m, "a slice starts at 3 where 2 was expected (gap before");
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].offset = 1;  // [1, 3) and [0, 2): index 1 twice
+  EXPECT_MANIFEST_ERROR(m, "a slice starts at 1 where 2 was expected (overlap with");
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].length = 1;  // [0, 3) of 4
+  EXPECT_MANIFEST_ERROR(m, "its slices cover 3 of the 4 indices of dimension 0");
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].dim = 1;
+  EXPECT_MANIFEST_ERROR(m, "split along dimension 1 in one slice and 0 in another");
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].dim = m.tensors[0].slices[1].dim = 3;
+  EXPECT_MANIFEST_ERROR(m, "[4, 16, 8] is split along dimension 3");
+  m = two_rank_manifest();
+  m.tensors[1].slices.push_back({"model_rank_00001.safetensors"});
+  EXPECT_MANIFEST_ERROR(m, "has a whole-tensor slice and 1 others");
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].length = -2;
+  EXPECT_MANIFEST_ERROR(m, "has a slice at offset 2 of length -2");
+  // The messages name the manifest's path.
+  EXPECT_MANIFEST_ERROR(m, "[checkpoint] '" + where + "': tensor");
+}
+
+// The published test vectors of FIPS 180-2, and hashing in pieces equals hashing the whole.
+TEST(Sha256, KnownDigestsAndPieces) {
+  EXPECT_EQ(sha256_hex(std::string_view("")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex(std::string_view("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string a = "abcdbcdecdefdefgefghfghighijhijk", b = "ijkljklmklmnlmnomnopnopq";
+  const std::span<const std::byte> pieces[] = {testing::as_bytes(a), testing::as_bytes(b)};
+  EXPECT_EQ(sha256_hex(pieces), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_TRUE(is_sha256_hex(sha256_hex(std::string_view("x"))));
+  EXPECT_FALSE(is_sha256_hex(std::string(63, 'a')));
+  EXPECT_FALSE(is_sha256_hex(std::string(64, 'A')));
+}
+
+}  // namespace
+}  // namespace moecore::ckpt
