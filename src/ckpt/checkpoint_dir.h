@@ -1,0 +1,71 @@
+// A checkpoint on disk (docs/checkpoint_format.md): the per-iteration directory, the tracker
+// that names the latest complete one, the shards with their sizes and hashes, and the reader
+// that serves any slice of a global tensor from whichever shards hold it, so a checkpoint loads
+// into another layout (resharding) by asking for that layout's slices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ckpt/manifest.h"
+#include "ckpt/safetensors_file.h"
+#include "ckpt/safetensors_writer.h"
+
+namespace moecore::ckpt {
+
+inline constexpr std::string_view kTrackerFile = "latest_checkpointed_iteration.txt";
+inline constexpr std::string_view kManifestFile = "manifest.json";
+
+// <save>/iter_NNNNNNN (7 digits, more when needed: Megatron-LM's names).
+std::filesystem::path iteration_dir(const std::filesystem::path& save, int64_t iteration);
+// "model_rank_RRRRR.safetensors" / "optim_rank_RRRRR.safetensors".
+std::string shard_name(std::string_view kind, int rank);
+
+// The tracker, written last (write_file_atomic: a crash leaves the previous one).
+void write_tracker(const std::filesystem::path& save, int64_t iteration);
+// The iteration the tracker names; nullopt when there is no tracker (a fresh run). A tracker
+// that is not a decimal iteration, or that names a directory without a manifest, throws.
+std::optional<int64_t> read_tracker(const std::filesystem::path& save);
+
+// Writes one shard atomically into `dir` and describes it for the manifest (its size and the
+// SHA-256 of the bytes written).
+ShardFile write_shard(const std::filesystem::path& dir, const std::string& file, int rank,
+                      const SafetensorsWriter& shard);
+// Writes the manifest (validated first) atomically into `dir`.
+void write_manifest(const std::filesystem::path& dir, const Manifest& m);
+
+// A written checkpoint directory, opened for reading. The constructor reads and validates the
+// manifest and checks that every shard exists with the recorded size (and, with verify_hashes,
+// the recorded SHA-256), all before a tensor is read; shards are opened (and validated whole,
+// SafetensorsFile) when first needed.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::filesystem::path& dir, bool verify_hashes = true);
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  // The global tensor `name`; missing throws naming the checkpoint.
+  const GlobalTensor& tensor(std::string_view name) const;
+
+  // Copies indices [offset, offset + length) along dimension `dim` of global tensor `name`
+  // (dim = -1: the whole tensor) into dst, whatever slices the checkpoint stored it in (split
+  // along the same dimension, or whole): the resharding read. dtype and dst's size must match.
+  void read(std::string_view name, std::string_view dtype, int dim, int64_t offset,
+            int64_t length, std::span<std::byte> dst);
+
+ private:
+  SafetensorsFile& shard(const std::string& file);
+
+  std::filesystem::path dir_;
+  Manifest manifest_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
+};
+
+}  // namespace moecore::ckpt
