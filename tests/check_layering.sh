@@ -15,8 +15,8 @@ declare -A allowed=(
   [data]="core"
   [ckpt]="core"
   [optim]="core ops nn parallel"
-  [plan]="core ops nn parallel moe model data optim train"
-  [train]="core ops nn parallel moe model data optim"
+  [plan]="core ops nn parallel moe model data optim ckpt train"
+  [train]="core ops nn parallel moe model data optim ckpt"
 )
 status=0
 for dir in "$src"/*/; do

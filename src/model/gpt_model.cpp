@@ -260,6 +260,15 @@ std::vector<const moe::Router<T>*> GPTModel<T>::routers() const {
   return out;
 }
 
+template <typename T>
+std::vector<moe::Router<T>*> GPTModel<T>::routers() {
+  std::vector<moe::Router<T>*> out;
+  for (const auto& b : blocks_) {
+    if (b->is_moe()) out.push_back(&b->moe()->router());
+  }
+  return out;
+}
+
 template class GPTModel<float>;
 template class GPTModel<double>;
 

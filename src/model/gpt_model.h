@@ -116,6 +116,7 @@ class GPTModel {
   // The routers of the MoE layers in layer order: their balancing state (expert bias, quantile
   // beta) for checks across replicas.
   std::vector<const moe::Router<T>*> routers() const;
+  std::vector<moe::Router<T>*> routers();  // the same, to load their state from a checkpoint
   ParamRegistry& params() { return params_; }
   const ParamRegistry& params() const { return params_; }
   const Arena& arena() const { return arena_; }

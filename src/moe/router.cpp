@@ -463,6 +463,13 @@ void Router<T>::finish_step(const RouterStepSync& sync) {
 }
 
 template <typename T>
+void Router<T>::set_steps_finished(int64_t n) {
+  MOE_CHECK(n >= 0, "[router] {} steps finished < 0", n);
+  step_ = n;
+  if (jitter_step_) ops::copy<int64_t>(*ex_, jitter_step_, &step_, 1);
+}
+
+template <typename T>
 void Router<T>::reset_step() {
   ops::zero(*ex_, bias_counts_E_, E_);
   ops::zero(*ex_, global_sum_E_, E_);

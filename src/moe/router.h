@@ -132,6 +132,8 @@ class Router {
   DevPtr<float> quantile_beta() { return beta_E_; }
   DevPtr<const float> quantile_beta() const { return beta_E_; }
   int64_t steps_finished() const { return step_; }
+  // Resuming from a checkpoint: the optimizer steps finished (the jitter stream's counter too).
+  void set_steps_finished(int64_t n);
   // d(loss) / d(logits) of the last backward, [T, E] (tests compare it with Megatron's).
   DevPtr<const double> dlogits_TE() const { return dlogits_TE_; }
 

@@ -34,6 +34,13 @@ class ChainedOptimizer {
     return last_step();
   }
   int64_t steps_taken() const { return dense_.steps_taken(); }
+  void set_steps_taken(int64_t n) {
+    dense_.set_steps_taken(n);
+    expert_.set_steps_taken(n);
+  }
+  // Parameter p's moments, from the AdamW of its kind.
+  DevPtr<float> exp_avg(const Param& p) const { return of(p).exp_avg(p); }
+  DevPtr<float> exp_avg_sq(const Param& p) const { return of(p).exp_avg_sq(p); }
   int64_t state_bytes(MemKind kind) const {
     return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);
   }
@@ -44,6 +51,9 @@ class ChainedOptimizer {
   const AdamWOptimizer& expert() const { return expert_; }
 
  private:
+  const AdamWOptimizer& of(const Param& p) const {
+    return p.spec.kind == ParamKind::Dense ? dense_ : expert_;
+  }
   AdamWConfig cfg_;
   GradNormSync sync_;
   AdamWOptimizer dense_;

@@ -141,6 +141,21 @@ void AdamWOptimizer::update(DevPtr<const ops::AdamWStep> s) {
     update_typed<double>(s);
 }
 
+void AdamWOptimizer::set_steps_taken(int64_t n) {
+  MOE_CHECK(n >= 0, "[optimizer] {} steps taken < 0", n);
+  step_ = n;
+}
+
+DevPtr<float> AdamWOptimizer::exp_avg(const Param& p) const {
+  MOE_CHECK(covers(p.spec.kind), "[optimizer] '{}' is not updated by this optimizer", p.name());
+  return m_[static_cast<int>(p.spec.kind)] + p.offset;
+}
+
+DevPtr<float> AdamWOptimizer::exp_avg_sq(const Param& p) const {
+  MOE_CHECK(covers(p.spec.kind), "[optimizer] '{}' is not updated by this optimizer", p.name());
+  return v_[static_cast<int>(p.spec.kind)] + p.offset;
+}
+
 void AdamWOptimizer::apply(double lr) {
   ScopedPhase phase(Phase::Optimizer);
   buf_.write_inputs(step_arena_.exec(), lr, step_ + 1);

@@ -78,6 +78,11 @@ class AdamWOptimizer {
   void grad_sum_squares(DevPtr<double> sum_sq) const;
   void update(DevPtr<const ops::AdamWStep> s);
   int64_t steps_taken() const { return step_; }
+  // Resuming from a checkpoint: the steps already taken (bias correction continues from them).
+  void set_steps_taken(int64_t n);
+  // Parameter p's moments (fp32, p's local elements): what a checkpoint saves and loads.
+  DevPtr<float> exp_avg(const Param& p) const;
+  DevPtr<float> exp_avg_sq(const Param& p) const;
   const Arena& arena() const { return arena_; }
 
  private:

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -81,6 +82,16 @@ class BasicTrainer {
   int64_t consumed_train_samples() const { return train_stream_->consumed_samples(); }
   void set_consumed_train_samples(int64_t n) { train_stream_->set_consumed_samples(n); }
   int64_t consumed_valid_samples() const;
+  int64_t iteration() const { return iteration_; }
+  // Checkpoints (docs/checkpoint_format.md). save_checkpoint writes this iteration into
+  // <dir>/iter_NNNNNNN: each rank the slices it is the first holder of (weights, AdamW moments,
+  // the routers' balancing state), then rank 0 the manifest and, last, the tracker. Collective
+  // over the world.
+  void save_checkpoint(const std::filesystem::path& dir);
+  // Loads the checkpoint the tracker of `dir` names into this trainer, whatever layout wrote it
+  // (each rank reads its own slices): weights, router state, iteration and data position, and
+  // with load_optim the moments and the step count. Refuses a checkpoint of another model.
+  void load_checkpoint(const std::filesystem::path& dir, bool load_optim = true);
   void set_consumed_valid_samples(int64_t n);
   const data::TokenSource& train_data() const { return *data_; }
 
