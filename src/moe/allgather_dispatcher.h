@@ -38,8 +38,8 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
  private:
   const Exec* ex_ = &cpu_exec();                       // the arena's, from allocate()
   void gather_rows(DevPtr<T> out_NH, DevPtr<const T> all_GH) const;  // pad rows zero
-  void scatter_rows(DevPtr<T> all_GH,
-                    DevPtr<const T> in_NH) const;  // sum of each token's local copies
+  // The sum of each token's local copies.
+  void scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const;
 
   int64_t E_, K_, H_, L_, R_, me_;
   double pad_capacity_factor_;

@@ -71,43 +71,34 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save) {
   std::vector<StateTensor> state;
   for (const Param& p : model_->params().params()) {
     const bool first = p.spec.kind == ParamKind::Dense ? rank == 0 : edp_rank == 0;
-    StateTensor w{p.name(), p.dtype, p.spec.global_shape, p.spec.slice, p.data, p.local_numel(),
-                  false,    first};
-    state.push_back(w);
-    for (const char* which : {"exp_avg", "exp_avg_sq"}) {
-      const DevPtr<float> m =
-          std::string(which) == "exp_avg" ? optimizer_->exp_avg(p) : optimizer_->exp_avg_sq(p);
-      state.push_back({std::string(which) + "." + p.name(), DType::F32, p.spec.global_shape,
-                       p.spec.slice, DevPtr<void>(m), p.local_numel(), true, first});
-    }
+    const auto add = [&](std::string name, DType dtype, DevPtr<void> data, bool optim) {
+      state.push_back({std::move(name), dtype, p.spec.global_shape, p.spec.slice, data,
+                       p.local_numel(), optim, first});
+    };
+    add(p.name(), p.dtype, p.data, false);
+    add("exp_avg." + p.name(), DType::F32, DevPtr<void>(optimizer_->exp_avg(p)), true);
+    add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(optimizer_->exp_avg_sq(p)), true);
   }
   for (moe::Router<T>* r : model_->routers()) {
     const int64_t E = r->config().num_experts;
-    if (r->config().enable_expert_bias) {
-      state.push_back({router_state_name(r->weight(), "expert_bias"),
+    const auto add = [&](const char* what, DevPtr<float> data) {
+      state.push_back({router_state_name(r->weight(), what),
                        DType::F32,
                        {E},
                        {},
-                       DevPtr<void>(r->expert_bias()),
+                       DevPtr<void>(data),
                        E,
                        false,
                        rank == 0});
-    }
-    if (r->config().uses(LoadBalancing::QuantileBalancing)) {
-      state.push_back({router_state_name(r->weight(), "quantile_beta"),
-                       DType::F32,
-                       {E},
-                       {},
-                       DevPtr<void>(r->quantile_beta()),
-                       E,
-                       false,
-                       rank == 0});
-    }
+    };
+    if (r->config().enable_expert_bias) add("expert_bias", r->expert_bias());
+    if (r->config().uses(LoadBalancing::QuantileBalancing))
+      add("quantile_beta", r->quantile_beta());
   }
 
-  // This rank's shards and their description.
+  // This rank's shards, and the manifest's entries for what they hold.
+  ckpt::Manifest m;
   ckpt::SafetensorsWriter shard[2];  // model, optimizer
-  json mine = {{"files", json::array()}, {"tensors", json::array()}};
   const std::string file[2] = {ckpt::shard_name("model", rank), ckpt::shard_name("optim", rank)};
   for (const StateTensor& t : state) {
     if (!t.write) continue;
@@ -116,60 +107,27 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save) {
                               static_cast<int64_t>(bytes.size()));
     const std::string dtype(ckpt::safetensors_dtype(t.dtype));
     shard[t.optim].add(t.name, dtype, local_shape(t), bytes);
-    json slice = {{"file", file[t.optim]}};
-    if (t.slice.dim >= 0) {
-      slice["dim"] = t.slice.dim;
-      slice["offset"] = t.slice.offset;
-      slice["length"] = t.slice.length;
-    }
-    mine["tensors"].push_back(
-        {{"name", t.name}, {"dtype", dtype}, {"shape", t.global_shape}, {"slice", slice}});
+    ckpt::SliceRef slice{file[t.optim]};
+    if (t.slice.dim >= 0) slice = {file[t.optim], t.slice.dim, t.slice.offset, t.slice.length};
+    m.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
   }
   for (int k = 0; k < 2; ++k) {
-    if (shard[k].num_tensors() == 0) continue;
-    const ckpt::ShardFile f = ckpt::write_shard(dir, file[k], rank, shard[k]);
-    mine["files"].push_back(
-        {{"file", f.file}, {"rank", f.rank}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+    if (shard[k].num_tensors() > 0)
+      m.files.push_back(ckpt::write_shard(dir, file[k], rank, shard[k]));
   }
 
-  // The manifest from every rank's description (this one's), then the tracker, last.
-  const std::vector<json> all = {mine};
-  {
-    ckpt::Manifest m;
-    m.iteration = iteration_;
-    m.world_size = world;
-    m.layout = {{"dp", dp_size_},
-                {"ep", groups_ ? groups_->group(parallel::GroupKind::Ep).size() : 1}};
-    m.state = {{"iteration", iteration_},
-               {"optimizer_steps", optimizer_->steps_taken()},
-               {"consumed_train_samples", consumed_train_samples()},
-               {"consumed_valid_samples", consumed_valid_samples()}};
-    std::map<std::string, size_t> index;
-    for (const json& r : all) {
-      for (const json& f : r["files"]) {
-        m.files.push_back({f["file"], f["rank"], f["bytes"], f["sha256"]});
-      }
-      for (const json& t : r["tensors"]) {
-        const std::string name = t["name"];
-        auto it = index.find(name);
-        if (it == index.end()) {
-          it = index.emplace(name, m.tensors.size()).first;
-          m.tensors.push_back({name, t["dtype"], t["shape"].get<std::vector<int64_t>>(), {}});
-        }
-        const json& s = t["slice"];
-        ckpt::SliceRef ref{s["file"]};
-        if (s.contains("dim")) {
-          ref.dim = s["dim"];
-          ref.offset = s["offset"];
-          ref.length = s["length"];
-        }
-        m.tensors[it->second].slices.push_back(ref);
-      }
-    }
-    // validate_manifest (in write_manifest) proves every global tensor is covered exactly once.
-    ckpt::write_manifest(dir, m);
-    ckpt::write_tracker(save, iteration_);
-  }
+  // The manifest, then the tracker, last.
+  m.iteration = iteration_;
+  m.world_size = world;
+  m.layout = {{"dp", dp_size_},
+              {"ep", groups_ ? groups_->group(parallel::GroupKind::Ep).size() : 1}};
+  m.state = {{"iteration", iteration_},
+             {"optimizer_steps", optimizer_->steps_taken()},
+             {"consumed_train_samples", consumed_train_samples()},
+             {"consumed_valid_samples", consumed_valid_samples()}};
+  // validate_manifest (in write_manifest) proves every global tensor is covered exactly once.
+  ckpt::write_manifest(dir, m);
+  ckpt::write_tracker(save, iteration_);
 }
 
 template <typename T>
