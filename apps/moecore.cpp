@@ -4,6 +4,7 @@
 #include <iostream>
 #include <vector>
 
+#include "ckpt/checkpoint_command.h"
 #include "core/check.h"
 #include "data/dataset_info_command.h"
 #include "data/preprocess_command.h"
@@ -18,11 +19,9 @@ int main(int argc, char** argv) {
   CLI::App app{"moecore: Mixture-of-Experts training in C++"};
   app.require_subcommand(1);
   std::vector<Subcommand> commands = {
-      train::add_train_command(app),
-      parallel::add_groups_command(app),
-      data::add_preprocess_command(app),
-      data::add_dataset_info_command(app),
-      plan::add_plan_command(app),
+      train::add_train_command(app),     parallel::add_groups_command(app),
+      data::add_preprocess_command(app), data::add_dataset_info_command(app),
+      plan::add_plan_command(app),       ckpt::add_checkpoint_command(app),
   };
   try {
     // --config FILE expands into flags before the command line's own (which then override).

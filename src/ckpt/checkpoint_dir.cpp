@@ -5,6 +5,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <unistd.h>
+
 #include "ckpt/atomic_file.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sha256.h"
@@ -32,6 +34,32 @@ int64_t product(const std::vector<int64_t>& v, size_t begin, size_t end) {
 fs::path iteration_dir(const fs::path& save, int64_t iteration) {
   MOE_CHECK(iteration >= 0, "[checkpoint] iteration {} < 0", iteration);
   return save / fmt::format("iter_{:07d}", iteration);
+}
+
+fs::path staging_dir(const fs::path& save, int64_t iteration) {
+  fs::path p = iteration_dir(save, iteration);
+  p += ".partial";
+  return p;
+}
+
+void publish_iteration_dir(const fs::path& staging, const fs::path& dir) {
+  MOE_CHECK(fs::exists(staging / kManifestFile),
+            "[checkpoint] '{}' has no {}: only a complete save is published", staging.string(),
+            kManifestFile);
+  std::error_code ec;
+  fs::path aside;
+  if (fs::exists(dir)) {
+    aside = dir;
+    aside += fmt::format(".replaced.{}", ::getpid());
+    fs::rename(dir, aside, ec);
+    MOE_CHECK(!ec, "[checkpoint] cannot move the earlier '{}' aside to '{}': {}", dir.string(),
+              aside.string(), ec.message());
+  }
+  fs::rename(staging, dir, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot rename '{}' to '{}': {}", staging.string(), dir.string(),
+            ec.message());
+  fsync_dir(dir.parent_path());
+  if (!aside.empty()) fs::remove_all(aside, ec);  // a leftover is harmless debris
 }
 
 std::string shard_name(std::string_view kind, int rank) {
@@ -74,7 +102,8 @@ void write_manifest(const fs::path& dir, const Manifest& m) {
   write_file_atomic(dir / kManifestFile, m.to_json_text());
 }
 
-CheckpointReader::CheckpointReader(const fs::path& dir, bool verify_hashes) : dir_(dir) {
+CheckpointReader::CheckpointReader(const fs::path& dir, HashCheck hashes)
+    : dir_(dir), hashes_(hashes) {
   const fs::path mp = dir / kManifestFile;
   MOE_CHECK(fs::exists(mp),
             "[checkpoint] '{}' is not a complete checkpoint: it has no {} (an interrupted save "
@@ -90,14 +119,16 @@ CheckpointReader::CheckpointReader(const fs::path& dir, bool verify_hashes) : di
               "[checkpoint] '{}': shard '{}' has {} bytes, the manifest recorded {}: the file "
               "was truncated or replaced",
               dir.string(), f.file, size, f.bytes);
-    if (verify_hashes) {
-      const std::string sha = sha256_hex(std::string_view(read_whole(p)));
-      MOE_CHECK(sha == f.sha256,
-                "[checkpoint] '{}': shard '{}' has SHA-256 {}, the manifest recorded {}: the "
-                "file was altered after the save",
-                dir.string(), f.file, sha, f.sha256);
-    }
+    if (hashes_ == HashCheck::Upfront) check_hash(f, read_file_bytes(p).span());
   }
+}
+
+void CheckpointReader::check_hash(const ShardFile& f, std::span<const std::byte> bytes) const {
+  const std::string sha = sha256_hex(bytes);
+  MOE_CHECK(sha == f.sha256,
+            "[checkpoint] '{}': shard '{}' has SHA-256 {}, the manifest recorded {}: the file "
+            "was altered after the save",
+            dir_.string(), f.file, sha, f.sha256);
 }
 
 const GlobalTensor& CheckpointReader::tensor(std::string_view name) const {
@@ -110,7 +141,15 @@ const GlobalTensor& CheckpointReader::tensor(std::string_view name) const {
 SafetensorsFile& CheckpointReader::shard(const std::string& file) {
   auto it = shards_.find(file);
   if (it == shards_.end()) {
-    it = shards_.emplace(file, std::make_unique<SafetensorsFile>(dir_ / file)).first;
+    FileBytes bytes = read_file_bytes(dir_ / file);
+    const ShardFile* f = manifest_.file(file);
+    MOE_CHECK(f != nullptr && bytes.size == f->bytes,
+              "[checkpoint] '{}': shard '{}' has {} bytes, the manifest recorded {}: the file "
+              "was truncated or replaced",
+              dir_.string(), file, bytes.size, f ? f->bytes : 0);
+    if (hashes_ == HashCheck::OnOpen) check_hash(*f, bytes.span());
+    it = shards_.emplace(file, std::make_unique<SafetensorsFile>(dir_ / file, std::move(bytes)))
+             .first;
   }
   return *it->second;
 }

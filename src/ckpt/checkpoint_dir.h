@@ -25,6 +25,13 @@ inline constexpr std::string_view kManifestFile = "manifest.json";
 
 // <save>/iter_NNNNNNN (7 digits, more when needed: Megatron-LM's names).
 std::filesystem::path iteration_dir(const std::filesystem::path& save, int64_t iteration);
+// Where a save writes until it is complete: <save>/iter_NNNNNNN.partial. One left behind is the
+// debris of an interrupted save: never read, removed by the next save of that iteration.
+std::filesystem::path staging_dir(const std::filesystem::path& save, int64_t iteration);
+// Makes `staging` (shards and manifest written and fsynced) the iteration directory `dir`, by a
+// rename, so an iter_* directory always holds a whole checkpoint. An existing `dir` (a save of
+// the same iteration again) is renamed aside first and removed after; `dir`'s parent is fsynced.
+void publish_iteration_dir(const std::filesystem::path& staging, const std::filesystem::path& dir);
 // "model_rank_RRRRR.safetensors" / "optim_rank_RRRRR.safetensors".
 std::string shard_name(std::string_view kind, int rank);
 
@@ -41,13 +48,22 @@ ShardFile write_shard(const std::filesystem::path& dir, const std::string& file,
 // Writes the manifest (validated first) atomically into `dir`.
 void write_manifest(const std::filesystem::path& dir, const Manifest& m);
 
+// When CheckpointReader checks each shard's SHA-256 against the manifest.
+enum class HashCheck {
+  Upfront,  // every shard, in the constructor, before any tensor is read
+  OnOpen,   // each shard when first needed, before any of its tensors is read: a rank that
+            // reads a few shards of a large checkpoint hashes only those
+  None,
+};
+
 // A written checkpoint directory, opened for reading. The constructor reads and validates the
-// manifest and checks that every shard exists with the recorded size (and, with verify_hashes,
-// the recorded SHA-256), all before a tensor is read; shards are opened (and validated whole,
-// SafetensorsFile) when first needed.
+// manifest and checks that every shard exists with the recorded size (and with
+// HashCheck::Upfront the recorded SHA-256), all before a tensor is read; shards are opened (and
+// validated whole, SafetensorsFile) when first needed.
 class CheckpointReader {
  public:
-  explicit CheckpointReader(const std::filesystem::path& dir, bool verify_hashes = true);
+  explicit CheckpointReader(const std::filesystem::path& dir,
+                            HashCheck hashes = HashCheck::Upfront);
 
   const Manifest& manifest() const { return manifest_; }
   const std::filesystem::path& dir() const { return dir_; }
@@ -63,7 +79,10 @@ class CheckpointReader {
  private:
   SafetensorsFile& shard(const std::string& file);
 
+  void check_hash(const ShardFile& f, std::span<const std::byte> bytes) const;
+
   std::filesystem::path dir_;
+  HashCheck hashes_;
   Manifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
 };

@@ -172,7 +172,7 @@ std::string Manifest::to_json_text() const {
   return j.dump(1) + "\n";
 }
 
-Manifest parse_manifest(std::string_view text, const std::string& where) {
+Manifest parse_manifest_part(std::string_view text, const std::string& where) {
   json j;
   try {
     j = json::parse(text);
@@ -238,7 +238,46 @@ Manifest parse_manifest(std::string_view text, const std::string& where) {
     }
     m.tensors.push_back(std::move(g));
   }
+  return m;
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& where) {
+  Manifest m = parse_manifest_part(text, where);
   validate_manifest(m, where);
+  return m;
+}
+
+Manifest merge_manifest_parts(const std::vector<Manifest>& parts, const std::string& where) {
+  MOE_CHECK(!parts.empty(), "[checkpoint] '{}': no parts to merge", where);
+  Manifest m;
+  m.iteration = parts[0].iteration;
+  m.world_size = parts[0].world_size;
+  std::map<std::string, size_t, std::less<>> index;  // tensor name -> position in m.tensors
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const Manifest& p = parts[r];
+    MOE_CHECK(p.iteration == m.iteration && p.world_size == m.world_size,
+              "[checkpoint] '{}': part {} is iteration {} of a world of {}, part 0 iteration {} "
+              "of {}: the ranks are not saving the same checkpoint",
+              where, r, p.iteration, p.world_size, m.iteration, m.world_size);
+    m.files.insert(m.files.end(), p.files.begin(), p.files.end());
+    for (const GlobalTensor& t : p.tensors) {
+      const auto [it, fresh] = index.try_emplace(t.name, m.tensors.size());
+      if (fresh) {
+        m.tensors.push_back(t);
+        continue;
+      }
+      GlobalTensor& g = m.tensors[it->second];
+      MOE_CHECK(g.dtype == t.dtype && g.shape == t.shape,
+                "[checkpoint] '{}': tensor '{}' is {} {} in part {}, {} {} in an earlier part: "
+                "the ranks disagree about the model",
+                where, t.name, t.dtype, format_shape(t.shape), r, g.dtype, format_shape(g.shape));
+      g.slices.insert(g.slices.end(), t.slices.begin(), t.slices.end());
+    }
+  }
+  for (GlobalTensor& g : m.tensors) {
+    std::stable_sort(g.slices.begin(), g.slices.end(),
+                     [](const SliceRef& a, const SliceRef& b) { return a.offset < b.offset; });
+  }
   return m;
 }
 

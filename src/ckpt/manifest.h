@@ -66,4 +66,13 @@ void validate_manifest(const Manifest& m, const std::string& where);
 // Parses the JSON text of a manifest and validates it (validate_manifest).
 Manifest parse_manifest(std::string_view text, const std::string& where);
 
+// A multi-rank save: each rank describes the shards it wrote (their files, and the slices of
+// the global tensors they hold) as a part, a Manifest sent as its to_json_text;
+// parse_manifest_part reads one (the format and every field checked, but not that its slices
+// cover each tensor). merge_manifest_parts joins the parts in rank order: the files, and for
+// each tensor its slices in offset order, its dtype and global shape equal in every part that
+// holds it. validate_manifest on the result proves every global tensor is covered exactly once.
+Manifest parse_manifest_part(std::string_view text, const std::string& where);
+Manifest merge_manifest_parts(const std::vector<Manifest>& parts, const std::string& where);
+
 }  // namespace moecore::ckpt

@@ -26,7 +26,13 @@ struct Entry {
   uint64_t end = 0;
 };
 
-void read_whole_file(const std::string& path, std::unique_ptr<std::byte[]>& buf, size_t& size) {
+}  // namespace
+
+FileBytes read_file_bytes(const std::filesystem::path& file) {
+  const std::string path = file.string();
+  FileBytes out;
+  std::unique_ptr<std::byte[]>& buf = out.data;
+  size_t& size = out.size;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -52,7 +58,10 @@ void read_whole_file(const std::string& path, std::unique_ptr<std::byte[]>& buf,
     got += static_cast<size_t>(n);
   }
   ::close(fd);
+  return out;
 }
+
+namespace {
 
 void parse_metadata(const std::string& path, const Json& m,
                     std::map<std::string, std::string>& out) {
@@ -177,8 +186,11 @@ void check_tiling(const std::string& path, const std::vector<Entry>& sorted, uin
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path.string()) {
-  read_whole_file(path_, file_, file_size_);
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
+    : SafetensorsFile(path, read_file_bytes(path)) {}
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes bytes)
+    : path_(path.string()), file_(std::move(bytes.data)), file_size_(bytes.size) {
   MOE_CHECK(file_size_ >= 8,
             "[safetensors] '{}' is {} bytes, shorter than the 8-byte header "
             "length a safetensors file starts with (truncated, or not a safetensors file)",

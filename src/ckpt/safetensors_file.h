@@ -19,10 +19,21 @@
 
 namespace moecore::ckpt {
 
+// A whole file read into memory.
+struct FileBytes {
+  std::unique_ptr<std::byte[]> data;
+  size_t size = 0;
+  std::span<const std::byte> span() const { return {data.get(), size}; }
+};
+// Throws naming the file when it cannot be opened or read, or is not a regular file.
+FileBytes read_file_bytes(const std::filesystem::path& path);
+
 class SafetensorsFile {
  public:
   // Reads the whole file into memory (a shard is one rank's slice, read once to load it).
   explicit SafetensorsFile(const std::filesystem::path& path);
+  // The file's bytes, read already (to check a hash first); `path` names it in messages.
+  SafetensorsFile(const std::filesystem::path& path, FileBytes bytes);
 
   const std::string& path() const { return path_; }
   size_t num_tensors() const { return names_.size(); }

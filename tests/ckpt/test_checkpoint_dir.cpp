@@ -161,11 +161,29 @@ TEST(CheckpointDir, RefusesAnIncompleteOrAlteredCheckpointBeforeReading) {
     testing::write_text(p, bytes);
     EXPECT_ERROR_HAS(CheckpointReader r(dir), "the file was altered after the save");
     // Without the hash check it opens, and the altered shard is still a valid file.
-    CheckpointReader unchecked(dir, /*verify_hashes=*/false);
+    CheckpointReader unchecked(dir, HashCheck::None);
     std::vector<int64_t> s(1);
     unchecked.read("s", "I64", -1, 0, 0, std::as_writable_bytes(std::span<int64_t>(s)));
     EXPECT_NE(s[0], 42);
   }
+}
+
+// HashCheck::OnOpen: a shard's hash is checked when it is first needed, before any of its
+// tensors is read, and even a header byte flipped is reported as an altered file, not parsed.
+TEST(CheckpointDir, ChecksAShardsHashWhenItIsFirstOpened) {
+  TempDir t;
+  const fs::path dir = save(t, 2);
+  const fs::path p = dir / shard_name("model", 1);
+  std::string bytes = testing::read_text(p);
+  bytes[9] ^= 0x01;  // inside the JSON header
+  testing::write_text(p, bytes);
+  CheckpointReader r(dir, HashCheck::OnOpen);  // sizes only so far
+  std::vector<float> w(2 * 3 * 2);
+  EXPECT_ERROR_HAS(r.read("w", "F32", 0, 2, 2, std::as_writable_bytes(std::span<float>(w))),
+                   "shard 'model_rank_00001.safetensors' has SHA-256");
+  // Rank 0's shard is intact and serves its slice.
+  r.read("w", "F32", 0, 0, 2, std::as_writable_bytes(std::span<float>(w)));
+  EXPECT_EQ(w, experts(0, 2));
 }
 
 // A shard that disagrees with the manifest about a tensor's shape is caught at the read.

@@ -144,6 +144,52 @@ TEST(Manifest, RefusesSlicesThatMissOrRepeatIndices) {
 }
 
 // The published test vectors of FIPS 180-2, and hashing in pieces equals hashing the whole.
+// A multi-rank save: each rank's part (its files and slices) goes through its JSON, and the
+// merge joins them into the manifest of two_rank_manifest(), slices in offset order; parts that
+// repeat a slice or disagree about a tensor are refused.
+TEST(Manifest, MergesTheRanksParts) {
+  const Manifest whole = two_rank_manifest();
+  Manifest p0, p1;
+  for (Manifest* p : {&p0, &p1}) {
+    p->iteration = whole.iteration;
+    p->world_size = whole.world_size;
+  }
+  p0.files = {whole.files[0]};
+  p1.files = {whole.files[1]};
+  const GlobalTensor& w = whole.tensors[0];
+  p0.tensors = {{w.name, w.dtype, w.shape, {w.slices[1]}}, whole.tensors[1]};
+  p1.tensors = {{w.name, w.dtype, w.shape, {w.slices[0]}}};
+  std::vector<Manifest> parts;
+  for (const Manifest* p : {&p0, &p1})
+    parts.push_back(parse_manifest_part(p->to_json_text(), "part"));
+  const Manifest m = merge_manifest_parts(parts, "iter_0000007");
+  validate_manifest(m, "iter_0000007");
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files[1].file, "model_rank_00001.safetensors");
+  ASSERT_EQ(m.tensors.size(), 2u);
+  EXPECT_EQ(m.tensors[0].name, w.name);
+  ASSERT_EQ(m.tensors[0].slices.size(), 2u);
+  EXPECT_EQ(m.tensors[0].slices[0].offset, 0);
+  EXPECT_EQ(m.tensors[0].slices[1].file, "model_rank_00001.safetensors");
+  EXPECT_EQ(m.tensors[1].name, "embedding.word_embeddings.weight");
+
+  // Rank 1 also claims the embedding: covered twice.
+  parts[1].tensors.push_back(whole.tensors[1]);
+  parts[1].tensors.back().slices = {{"model_rank_00001.safetensors"}};
+  EXPECT_MANIFEST_ERROR(
+      merge_manifest_parts(parts, "iter_0000007"),
+      "tensor 'embedding.word_embeddings.weight' has a whole-tensor slice and 1 others");
+  parts[1].tensors.pop_back();
+  // Rank 1 has another shape for the expert weight.
+  parts[1].tensors[0].shape = {4, 16, 9};
+  EXPECT_ERROR_HAS(merge_manifest_parts(parts, "iter_0000007"),
+                   "is F32 [4, 16, 9] in part 1, F32 [4, 16, 8] in an earlier part");
+  parts[1].tensors[0].shape = w.shape;
+  parts[1].iteration = 8;
+  EXPECT_ERROR_HAS(merge_manifest_parts(parts, "iter_0000007"),
+                   "the ranks are not saving the same checkpoint");
+}
+
 TEST(Sha256, KnownDigestsAndPieces) {
   EXPECT_EQ(sha256_hex(std::string_view("")),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
