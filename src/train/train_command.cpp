@@ -44,6 +44,7 @@ Subcommand add_train_command(CLI::App& app) {
                           flags.parallel, rt, model_dims(flags.model));
                       Trainer trainer(flags.model, flags.train, &groups);
                       auto metrics = trainer.run(std::cout);
+                      if (metrics.empty()) return 0;  // resumed at --train-iters already
                       const double last = metrics.back().lm_loss, floor = trainer.entropy_floor();
                       if (std::isnan(floor)) {
                         std::cout << fmt::format("[train] final lm loss {:.4f}\n", last);

@@ -177,6 +177,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--adam-eps", t.adam.eps, "Adam epsilon")->group(kReg);
 
   add_data_flags(app, t);  // groups "Data" and "Validation"
+  add_checkpoint_flags(app, t.ckpt, f.ckpt);  // groups "Checkpointing" and "Training"
 
   const char* kLog = "Logging";
   app.add_option("--log-interval", t.log_interval, "Iterations between log lines")->group(kLog);
@@ -315,6 +316,7 @@ void finalize_train_flags(TrainFlags& f) {
     t.lr.warmup_steps = static_cast<int64_t>(f.lr_warmup_fraction * t.lr.decay_steps);
   }
   t.peak_gflops = f.peak_tflops * 1e3;
+  finalize_checkpoint_flags(t.ckpt, f.ckpt);
   // Megatron disables sequence parallelism without tensor parallelism (same numerics).
   if (f.parallel.tp == 1 && f.parallel.sequence_parallel) {
     f.parallel.sequence_parallel = false;

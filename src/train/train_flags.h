@@ -13,6 +13,7 @@
 
 #include "model/config.h"
 #include "parallel/parallel_config.h"
+#include "train/checkpoint_flags.h"
 #include "train/megatron_compat.h"
 #include "train/router_flags.h"
 #include "train/trainer.h"
@@ -29,6 +30,7 @@ struct TrainFlags {
   parallel::ParallelConfig parallel;        // --tensor-model-parallel-size, ...
   // Values resolved after parsing.
   RouterFlags router;
+  CheckpointFlags ckpt;
   int64_t vocab_size = 0;                   // --vocab-size (before padding); 0: None
   int64_t make_vocab_size_divisible_by = 128;
   bool untie_embeddings = false;

@@ -10,6 +10,7 @@
 #include <ostream>
 #include <span>
 
+#include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
@@ -17,6 +18,7 @@
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
 #include "ops/router_balance.h"
+#include "train/exit_conditions.h"
 #include "train/progress.h"
 
 namespace moecore::train {
@@ -41,6 +43,7 @@ void TrainConfig::validate(int dp) const {
   lr.validate();
   adam.validate();
   ddp.validate();
+  ckpt.validate();
 }
 
 void check_parallel_support(const parallel::ParallelConfig& p) {
@@ -381,13 +384,29 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
 template <typename T>
 std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   print_header(log);
+  const CheckpointConfig& ck = cfg_.ckpt;
+  std::optional<int64_t> loaded;
+  if (!ck.load.empty()) loaded = resume(log);
+  parallel::Communicator* world =
+      groups_ != nullptr && groups_->world_size() > 1 ? &groups_->world().communicator() : nullptr;
+  ExitConditions exits(ck, world);
+  int64_t saved = loaded && ck.save == ck.load ? *loaded : -1;  // the iteration on disk there
+  const auto save = [&] {
+    save_checkpoint(ck.save, ck.save_optim, ck.save_rng);
+    saved = iteration_;
+    if (logging_rank()) {
+      fmt::print(log, "[checkpoint] saved iteration {} to {}\n", iteration_,
+                 ckpt::iteration_dir(ck.save, iteration_).string());
+    }
+  };
   MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string());  // rank 0 writes
   ProgressLine progress(log, cfg_.live_progress, cfg_.train_iters);
   std::vector<StepMetrics> all;
   StepMetrics acc;  // sums over the log interval
   int64_t in_interval = 0;
   double elapsed = 0;
-  for (int64_t it = 0; it < cfg_.train_iters; ++it) {
+  std::string stop;  // why the run stops before --train-iters
+  while (iteration_ < cfg_.train_iters && stop.empty()) {
     StepMetrics m = train_step();
     all.push_back(m);
     elapsed += m.seconds;
@@ -398,59 +417,113 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
     for (int p = 0; p < kNumPhases; ++p) acc.phase_seconds[p] += m.phase_seconds[p];
     ++in_interval;
     progress.update(m.iteration, elapsed, m.lm_loss);
-    if (m.iteration % cfg_.log_interval != 0 && m.iteration != cfg_.train_iters) continue;
-    // Megatron logs interval means of the losses and the iteration time.
-    StepMetrics logged = m;
-    logged.lm_loss = acc.lm_loss / in_interval;
-    logged.aux_loss = acc.aux_loss / in_interval;
-    logged.z_loss = acc.z_loss / in_interval;
-    logged.seconds = acc.seconds / in_interval;
-    for (int p = 0; p < kNumPhases; ++p) logged.phase_seconds[p] = acc.phase_seconds[p] / in_interval;
-    logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
-    logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
-    logged.mfu = mfu_report(logged.tflops * 1e12, 1.0, peak_gflops_).mfu;
-    acc = StepMetrics{};
-    in_interval = 0;
-    progress.clear();
-    fmt::print(log,
-               " iteration {:>6}/{:<6} | consumed samples: {:>9} | elapsed time per iteration "
-               "(ms): {:.1f} | learning rate: {:.6E} | global batch size: {:>4} | lm loss: "
-               "{:.6E} | load_balancing_loss: {:.6E} | z_loss: {:.6E} | grad norm: {:.4f} | "
-               "tokens/s: {:.0f} | TFLOP/s: {:.4f} | MFU: {:.1f}% | max/mean expert load: {:.3f} "
-               "| dropped tokens: {} | peak mem (MiB): {:.1f}\n",
-               logged.iteration, cfg_.train_iters, logged.iteration * cfg_.global_batch,
-               logged.seconds * 1e3, logged.lr, cfg_.global_batch, logged.lm_loss,
-               logged.aux_loss, logged.z_loss, logged.grad_norm, logged.tokens_per_s,
-               logged.tflops, logged.mfu * 100, logged.max_over_mean_load, logged.dropped_tokens,
-               logged.peak_mem_bytes / (1024.0 * 1024.0));
-    for (const auto& l : model_->moe_stats().layers) {  // last micro-batch, per MoE layer
-      fmt::print(log, "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
-                      "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
-                 l.layer, l.router.max_over_mean_load, l.router.dropped, l.router.bias_min,
-                 l.router.bias_max, l.router.beta_min, l.router.beta_max);
+    stop = exits.check(m.iteration);
+    if (m.iteration % cfg_.log_interval == 0 || m.iteration == cfg_.train_iters || !stop.empty()) {
+      log_interval_means(log, metrics, progress, acc, in_interval, m);
     }
-    log.flush();
-    metrics.write(logged);
     if (cfg_.eval_interval > 0 && m.iteration % cfg_.eval_interval == 0 &&
         has_eval_data(data::Split::Valid)) {
       evaluate_and_print(log, data::Split::Valid, "", metrics);
     }
+    if (!ck.save.empty() && ck.save_interval > 0 && m.iteration % ck.save_interval == 0) save();
   }
   progress.clear();
+  // Megatron saves when training ends or stops early, unless that iteration is saved already.
+  if (!ck.save.empty() && saved != iteration_) save();
   print_summary(log, all);
-  // Megatron evaluates once more after training, on the validation and the test split.
-  for (data::Split s : {data::Split::Valid, data::Split::Test}) {
-    if (has_eval_data(s)) {
-      evaluate_and_print(log, s, s == data::Split::Valid ? " on validation set" : " on test set",
-                         metrics);
+  if (!stop.empty()) {
+    if (logging_rank()) {
+      fmt::print(log, "[exit] stopping after iteration {}: {}\n", iteration_, stop);
+    }
+  } else {
+    // Megatron evaluates once more after training, on the validation and the test split.
+    for (data::Split s : {data::Split::Valid, data::Split::Test}) {
+      if (has_eval_data(s)) {
+        evaluate_and_print(log, s, s == data::Split::Valid ? " on validation set" : " on test set",
+                           metrics);
+      }
     }
   }
+  stopped_early_ = !stop.empty();
   const uint64_t digest = weights_digest();
   if (logging_rank()) {
     fmt::print(log, "[train] weights digest {:016x} (of the final master weights; the same for "
                     "bitwise equal models in any layout)\n", digest);
   }
   return all;
+}
+
+template <typename T>
+void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics,
+                                         ProgressLine& progress, StepMetrics& acc,
+                                         int64_t& in_interval, const StepMetrics& m) {
+  // Megatron logs interval means of the losses and the iteration time.
+  StepMetrics logged = m;
+  logged.lm_loss = acc.lm_loss / in_interval;
+  logged.aux_loss = acc.aux_loss / in_interval;
+  logged.z_loss = acc.z_loss / in_interval;
+  logged.seconds = acc.seconds / in_interval;
+  for (int p = 0; p < kNumPhases; ++p) logged.phase_seconds[p] = acc.phase_seconds[p] / in_interval;
+  logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
+  logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
+  logged.mfu = mfu_report(logged.tflops * 1e12, 1.0, peak_gflops_).mfu;
+  acc = StepMetrics{};
+  in_interval = 0;
+  progress.clear();
+  fmt::print(log,
+             " iteration {:>6}/{:<6} | consumed samples: {:>9} | elapsed time per iteration "
+             "(ms): {:.1f} | learning rate: {:.6E} | global batch size: {:>4} | lm loss: "
+             "{:.6E} | load_balancing_loss: {:.6E} | z_loss: {:.6E} | grad norm: {:.4f} | "
+             "tokens/s: {:.0f} | TFLOP/s: {:.4f} | MFU: {:.1f}% | max/mean expert load: {:.3f} "
+             "| dropped tokens: {} | peak mem (MiB): {:.1f}\n",
+             logged.iteration, cfg_.train_iters, logged.iteration * cfg_.global_batch,
+             logged.seconds * 1e3, logged.lr, cfg_.global_batch, logged.lm_loss, logged.aux_loss,
+             logged.z_loss, logged.grad_norm, logged.tokens_per_s, logged.tflops, logged.mfu * 100,
+             logged.max_over_mean_load, logged.dropped_tokens,
+             logged.peak_mem_bytes / (1024.0 * 1024.0));
+  for (const auto& l : model_->moe_stats().layers) {  // last micro-batch, per MoE layer
+    fmt::print(log,
+               "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
+               "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
+               l.layer, l.router.max_over_mean_load, l.router.dropped, l.router.bias_min,
+               l.router.bias_max, l.router.beta_min, l.router.beta_max);
+  }
+  log.flush();
+  metrics.write(logged);
+}
+
+template <typename T>
+std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
+  const CheckpointConfig& ck = cfg_.ckpt;
+  LoadOptions opt;
+  opt.optim = ck.load_optim;
+  opt.rng = ck.load_rng;
+  opt.finetune = ck.finetune;
+  opt.iteration = ck.ckpt_step;
+  const std::optional<int64_t> loaded = load_checkpoint(ck.load, opt);
+  if (!loaded.has_value()) {
+    MOE_CHECK(!ck.exit_on_missing_checkpoint,
+              "[checkpoint] --load '{}' holds no checkpoint (no {}) and "
+              "--exit-on-missing-checkpoint is set: give the --save directory of an earlier run",
+              ck.load, ckpt::kTrackerFile);
+    if (logging_rank()) {
+      fmt::print(log,
+                 "[checkpoint] --load {}: no checkpoint there yet ({} missing): training "
+                 "from the start\n",
+                 ck.load, ckpt::kTrackerFile);
+    }
+    return loaded;
+  }
+  if (logging_rank()) {
+    fmt::print(log,
+               "[checkpoint] loaded iteration {} from {}{}: continuing at iteration {}, "
+               "consumed samples {}\n",
+               *loaded, ckpt::iteration_dir(ck.load, *loaded).string(),
+               ck.finetune ? " (--finetune: the weights only)"
+                           : (!ck.load_optim ? " (--no-load-optim: without the optimizer)" : ""),
+               iteration_, consumed_train_samples());
+  }
+  return loaded;
 }
 
 template <typename T>
@@ -538,6 +611,10 @@ void BasicTrainer<T>::evaluate_and_print(std::ostream& log, data::Split split,
 
 template <typename T>
 void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const {
+  if (all.empty()) {  // resumed at --train-iters already
+    if (logging_rank()) fmt::print(log, "[train] no iterations run: at --train-iters already\n");
+    return;
+  }
   // Steady state: the first iterations (thread pools, page faults) are left out when possible.
   const size_t skip = all.size() > 4 ? 2 : 0;
   double seconds = 0;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,9 @@
 #include "parallel/grad_buckets.h"
 #include "parallel/parallel_config.h"
 #include "parallel/process_groups.h"
+#include "train/checkpoint_config.h"
 #include "train/metrics.h"
+#include "train/progress.h"
 #include "train/step_buffers.h"
 
 namespace moecore::train {
@@ -48,6 +51,7 @@ struct TrainConfig {
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
   parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
+  CheckpointConfig ckpt;           // --save, --load, --exit-*, ...
   // Checks every value; dp is the data-parallel size (the global batch splits over it).
   void validate(int dp = 1) const;
 };
@@ -65,9 +69,12 @@ class BasicTrainer {
   BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
                const parallel::ProcessGroups* groups = nullptr);
 
-  // Runs train_iters iterations, logging to `log`; returns the metrics of every iteration
-  // (global values: the same on every rank).
+  // Runs the iterations up to train_iters, logging to `log`, and returns the metrics of every
+  // iteration run (global values: the same on every rank). With cfg.ckpt: first resumes from
+  // --load, saves every --save-interval and at the end, and stops early (after saving) on the
+  // --exit-* conditions; stopped_early() then says so.
   std::vector<StepMetrics> run(std::ostream& log);
+  bool stopped_early() const { return stopped_early_; }
   StepMetrics train_step();
 
   // Evaluates the model on the next --eval-iters global batches of the validation (or test)
@@ -84,14 +91,24 @@ class BasicTrainer {
   int64_t consumed_valid_samples() const;
   int64_t iteration() const { return iteration_; }
   // Checkpoints (docs/checkpoint_format.md). save_checkpoint writes this iteration into
-  // <dir>/iter_NNNNNNN: each rank the slices it is the first holder of (weights, AdamW moments,
-  // the routers' balancing state), then rank 0 the manifest and, last, the tracker. Collective
-  // over the world.
-  void save_checkpoint(const std::filesystem::path& dir);
-  // Loads the checkpoint the tracker of `dir` names into this trainer, whatever layout wrote it
-  // (each rank reads its own slices): weights, router state, iteration and data position, and
-  // with load_optim the moments and the step count. Refuses a checkpoint of another model.
-  void load_checkpoint(const std::filesystem::path& dir, bool load_optim = true);
+  // <dir>/iter_NNNNNNN: each rank the slices it is the first holder of (weights, with
+  // save_optim the AdamW moments, the routers' balancing state), then rank 0 the manifest and,
+  // last, the tracker. Collective over the world; a failure on any rank throws on every rank.
+  void save_checkpoint(const std::filesystem::path& dir, bool save_optim = true,
+                       bool save_rng = true);
+  struct LoadOptions {
+    bool optim = true;       // the moments and the step count (--no-load-optim: false)
+    bool rng = true;         // the random streams' positions (--no-load-rng: false)
+    bool finetune = false;   // the weights and router state only; everything else from 0
+    int64_t iteration = -1;  // the iteration to load (--ckpt-step); -1: the tracker's
+  };
+  // Loads a checkpoint of `dir` into this trainer, whatever layout wrote it (each rank reads
+  // its own slices): weights, router state, iteration and data position, the optimizer and the
+  // random streams as `opt` says. Returns the iteration loaded, nullopt when `dir` holds no
+  // checkpoint (no tracker). Refuses a checkpoint of another model naming the flags that differ.
+  // Collective over the world.
+  std::optional<int64_t> load_checkpoint(const std::filesystem::path& dir,
+                                         const LoadOptions& opt = LoadOptions());
   void set_consumed_valid_samples(int64_t n);
   const data::TokenSource& train_data() const { return *data_; }
 
@@ -108,6 +125,12 @@ class BasicTrainer {
 
  private:
   void print_header(std::ostream& log) const;
+  // Loads --load as cfg_.ckpt says; prints what it loaded (or that there is nothing yet).
+  std::optional<int64_t> resume(std::ostream& log);
+  // The log line of the interval ending at m (the means of acc over in_interval steps), which
+  // it then resets.
+  void log_interval_means(std::ostream& log, MetricsFile& metrics, ProgressLine& progress,
+                          StepMetrics& acc, int64_t& in_interval, const StepMetrics& m);
   void print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const;
   bool logging_rank() const { return groups_ == nullptr || groups_->rank() == 0; }
 
@@ -140,6 +163,7 @@ class BasicTrainer {
   std::vector<double> mb_values_;   // [n_micro, 3]: lm loss, aux, z of this rank's micro-batches
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;
+  bool stopped_early_ = false;
   PhaseProfiler profiler_;
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,9 @@ TEST(CheckpointResume, WeightsOnlyLoadKeepsTheWeightsNotTheMoments) {
   for (int i = 0; i < 2; ++i) a.train_step();
   a.save_checkpoint(dir);
   train::Trainer b(f.model, f.train);
-  b.load_checkpoint(dir, /*load_optim=*/false);
+  train::Trainer::LoadOptions weights_only;
+  weights_only.optim = false;
+  b.load_checkpoint(dir, weights_only);
   EXPECT_EQ(b.weights_digest(), a.weights_digest());
   const train::StepMetrics ma = a.train_step(), mb = b.train_step();
   EXPECT_EQ(ma.lm_loss, mb.lm_loss);  // the same weights see the same batch
@@ -112,13 +115,85 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
   g.model.moe.ffn_hidden = 48;
   train::finalize_train_flags(g);
   train::Trainer b(g.model, g.train);
+  const std::string e = testing::error_of([&] { b.load_checkpoint(dir); });
+  EXPECT_NE(e.find("holds another model:\n  --moe-ffn-hidden-size: 32 in the checkpoint, 48 in "
+                   "this run\nA checkpoint loads into the model that wrote it, in any layout"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(b.load_checkpoint(dir / "nothing").has_value());  // no tracker: nothing to load
+  fs::remove_all(dir);
+}
+
+// The run loop with --save / --load: saves every --save-interval, stops after --exit-interval
+// (saving first, skipping the final evaluation), and a run resumed from the last save ends with
+// the uninterrupted run's weights. No staging directory is left behind.
+TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
+  std::ostringstream log;
+  train::TrainFlags f = resume_flags(6, false);
+  train::Trainer whole(f.model, f.train);
+  whole.run(log);
+  const fs::path dir = fresh_dir("run_loop");
+  f.train.ckpt.save = dir.string();
+  f.train.ckpt.save_interval = 2;
+  f.train.ckpt.exit_interval = 3;
+  train::Trainer a(f.model, f.train);
+  EXPECT_EQ(a.run(log).size(), 3u);
+  EXPECT_TRUE(a.stopped_early());
+  EXPECT_NE(log.str().find("[exit] stopping after iteration 3: --exit-interval 3"),
+            std::string::npos)
+      << log.str();
+  EXPECT_EQ(ckpt::read_tracker(dir), 3);
+  for (int it : {2, 3}) EXPECT_TRUE(fs::exists(ckpt::iteration_dir(dir, it))) << it;
+  EXPECT_FALSE(fs::exists(ckpt::staging_dir(dir, 3)));
+
+  f.train.ckpt.load = dir.string();
+  f.train.ckpt.exit_interval = 0;
+  train::Trainer b(f.model, f.train);
+  EXPECT_EQ(b.run(log).size(), 3u);  // iterations 4..6
+  EXPECT_FALSE(b.stopped_early());
+  EXPECT_EQ(b.weights_digest(), whole.weights_digest());
+  EXPECT_EQ(ckpt::read_tracker(dir), 6);  // saved at 4, 6 (the end)
+  EXPECT_TRUE(fs::exists(ckpt::iteration_dir(dir, 4)));
+
+  // --ckpt-step: an earlier iteration; --finetune: its weights, everything else from 0.
+  train::TrainFlags g = f;
+  g.train.ckpt.save.clear();
+  g.train.ckpt.save_interval = 0;
+  train::Trainer c(g.model, g.train);
+  train::Trainer::LoadOptions finetune;
+  finetune.finetune = true;
+  finetune.iteration = 2;
+  EXPECT_EQ(c.load_checkpoint(dir, finetune), 2);
+  EXPECT_EQ(c.iteration(), 0);
+  EXPECT_EQ(c.consumed_train_samples(), 0);
+  EXPECT_EQ(c.model().routers().front()->steps_finished(), 0);
+  // An iteration directory instead of the --save directory says which to give.
   EXPECT_NE(testing::error_of([&] {
-              b.load_checkpoint(dir);
-            }).find("a checkpoint loads only into the model that wrote it"),
+              c.load_checkpoint(ckpt::iteration_dir(dir, 2));
+            }).find("is one iteration's directory: give the directory above it"),
             std::string::npos);
-  EXPECT_NE(
-      testing::error_of([&] { b.load_checkpoint(dir / "nothing"); }).find("holds no checkpoint"),
-      std::string::npos);
+  fs::remove_all(dir);
+}
+
+// --no-save-optim writes the weights only; loading that with the optimizer state says how to
+// load it instead.
+TEST(CheckpointResume, AWeightsOnlyCheckpointNeedsNoLoadOptim) {
+  const train::TrainFlags f = resume_flags(4, false);
+  const fs::path dir = fresh_dir("no_save_optim");
+  train::Trainer a(f.model, f.train);
+  a.train_step();
+  a.save_checkpoint(dir, /*save_optim=*/false);
+  EXPECT_FALSE(fs::exists(ckpt::iteration_dir(dir, 1) / ckpt::shard_name("optim", 0)));
+  train::Trainer b(f.model, f.train);
+  EXPECT_NE(testing::error_of([&] { b.load_checkpoint(dir); })
+                .find("was saved without the optimizer state (--no-save-optim): load it with "
+                      "--no-load-optim or --finetune"),
+            std::string::npos);
+  train::Trainer::LoadOptions weights_only;
+  weights_only.optim = false;
+  EXPECT_EQ(b.load_checkpoint(dir, weights_only), 1);
+  EXPECT_EQ(b.weights_digest(), a.weights_digest());
+  EXPECT_EQ(b.iteration(), 1);
   fs::remove_all(dir);
 }
 

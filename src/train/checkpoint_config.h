@@ -1,0 +1,34 @@
+// What a run saves and loads, and when it stops early: Megatron-LM's checkpointing flags
+// (--save, --load, --save-interval, --finetune, --no-save-optim, --no-load-optim, --no-save-rng,
+// --no-load-rng, --ckpt-step, --exit-on-missing-checkpoint) and its exit flags
+// (--exit-interval, --exit-duration-in-mins, --exit-signal-handler). The format and the protocol
+// are docs/checkpoint_format.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moecore::train {
+
+struct CheckpointConfig {
+  std::string save;           // --save: the checkpoints' directory ("": none)
+  std::string load;           // --load: resume from its latest checkpoint ("": none)
+  int64_t save_interval = 0;  // --save-interval (0: only when training ends or exits)
+  bool finetune = false;      // --finetune: the weights only; optimizer, iteration, data
+                              // position and random streams start at 0
+  bool save_optim = true;     // false: --no-save-optim
+  bool load_optim = true;     // false: --no-load-optim
+  bool save_rng = true;       // false: --no-save-rng
+  bool load_rng = true;       // false: --no-load-rng
+  int64_t ckpt_step = -1;     // --ckpt-step: load this iteration, not the tracker's
+  bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint
+  int64_t exit_interval = 0;                // --exit-interval: save and stop after a multiple of it
+  int64_t exit_duration_mins = 0;    // --exit-duration-in-mins: save and stop after that long
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGINT finish the step,
+                                     // save and stop (exit status 0)
+
+  // Throws naming the flag for a value that cannot work.
+  void validate() const;
+};
+
+}  // namespace moecore::train

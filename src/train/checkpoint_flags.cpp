@@ -1,0 +1,60 @@
+#include "train/checkpoint_flags.h"
+
+namespace moecore::train {
+
+void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f) {
+  const char* kCkpt = "Checkpointing";
+  app.add_option("--save", c.save,
+                 "Directory to save checkpoints to (iter_NNNNNNN/ per save, the tracker "
+                 "latest_checkpointed_iteration.txt; docs/checkpoint_format.md)")
+      ->group(kCkpt);
+  app.add_option("--save-interval", c.save_interval,
+                 "Iterations between saves (default: only when training ends or stops early)")
+      ->group(kCkpt);
+  app.add_option("--load", c.load,
+                 "Directory to resume from: its latest checkpoint, in any parallel layout (none "
+                 "there yet: train from the start)")
+      ->group(kCkpt);
+  app.add_flag("--finetune", c.finetune,
+               "Load the weights only: optimizer, iteration, data position and random streams "
+               "start at 0")
+      ->group(kCkpt);
+  app.add_flag("--no-save-optim", f.no_save_optim, "Do not save the optimizer state")->group(kCkpt);
+  app.add_flag("--no-load-optim", f.no_load_optim,
+               "Do not load the optimizer state (a fresh AdamW; iteration and data kept)")
+      ->group(kCkpt);
+  app.add_flag("--no-save-rng", f.no_save_rng, "Do not save the random streams' positions")
+      ->group(kCkpt);
+  app.add_flag("--no-load-rng", f.no_load_rng,
+               "Do not load the random streams' positions (the router jitter restarts)")
+      ->group(kCkpt);
+  app.add_option("--ckpt-step", c.ckpt_step, "Load this iteration instead of the latest")
+      ->group(kCkpt);
+  app.add_flag("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint,
+               "With --load: stop if there is no checkpoint there instead of starting afresh")
+      ->group(kCkpt);
+  const char* kTrain = "Training";
+  app.add_option("--exit-interval", c.exit_interval,
+                 "Save (with --save) and stop after an iteration that is a multiple of this")
+      ->group(kTrain);
+  app.add_option("--exit-duration-in-mins", c.exit_duration_mins,
+                 "Save (with --save) and stop once the run has taken this many minutes")
+      ->group(kTrain);
+  app.add_flag("--exit-signal-handler", c.exit_signal_handler,
+               "On SIGTERM or SIGINT: finish the step, save (with --save), exit with status 0")
+      ->group(kTrain);
+  // Switches show their state as their default; Megatron's --no-* flags default to None.
+  for (const char* name : {"--finetune", "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
+    app.get_option(name)->default_str("false");
+  }
+}
+
+void finalize_checkpoint_flags(CheckpointConfig& c, const CheckpointFlags& f) {
+  c.save_optim = !f.no_save_optim;
+  c.load_optim = !f.no_load_optim;
+  c.save_rng = !f.no_save_rng;
+  c.load_rng = !f.no_load_rng;
+  c.validate();
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Checkpoints through `moecore train` under mpirun (docs/checkpoint_format.md):
+# - resume: 3 steps, save, stop, resume to 6 == an uninterrupted 6-step run, bitwise (per-step
+#   losses and grad norms, final weights), at EP 2 x expert-DP 2 x DP 4;
+# - SIGTERM with --exit-signal-handler: the step finishes, the ranks save and exit 0, and the
+#   resumed run equals the uninterrupted one bitwise;
+# - a rank killed (SIGKILL) after writing its shards: the previous checkpoint stays the latest, a
+#   stray temp tracker is not read, and the resume from it equals the uninterrupted run;
+# - resharding: a checkpoint of EP 2 on 2 ranks loaded on 4 ranks (EP 2 x EDP 2), 4 ranks
+#   (EP 4), 1 rank and 2 ranks of DP, each saved again: every global tensor (weights and AdamW
+#   moments) byte-equal to the source; the next step's loss within the layout-parity tolerance
+#   (docs/numerics.md, f32 per-step values: rtol 1e-5);
+# - corruption: a flipped byte, a truncated or missing shard, another format or version: each a
+#   clear error before any step.
+# Usage: checkpoint_layouts.sh MPIEXEC MOECORE_BINARY CONFIG
+set -euo pipefail
+mpiexec=$1 moecore=$2 config=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
+        --global-batch-size 16 --log-interval 1 --peak-tflops 100)
+# train NP ARGS...: `moecore train` on NP ranks (1: without mpirun).
+train() {
+  local np=$1
+  shift
+  if [ "$np" -eq 1 ]; then
+    OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
+  else
+    "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
+      -x MOECORE_FAULT_KILL_AFTER_SHARDS "$moecore" train "${common[@]}" "$@" 2>&1
+  fi
+}
+fail() { echo "FAIL: $1"; echo "${2:-}"; exit 1; }
+digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
+# The per-step values of a metrics file that a resumed run must reproduce exactly.
+steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
+compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
+export MOECORE_FAULT_KILL_AFTER_SHARDS=""
+
+# ---- resume, bitwise, at EP 2 x EDP 2 (DP 4) ----
+ep2x2=(--expert-model-parallel-size 2)
+out=$(train 4 "${ep2x2[@]}" --train-iters 6 --metrics-file "$work/whole.jsonl") ||
+  fail "the uninterrupted run stopped" "$out"
+whole=$(digest "$out")
+out=$(train 4 "${ep2x2[@]}" --train-iters 3 --save "$work/r") || fail "the first half stopped" "$out"
+out=$(train 4 "${ep2x2[@]}" --train-iters 6 --load "$work/r" --save "$work/r" \
+      --metrics-file "$work/resumed.jsonl") || fail "the resumed run stopped" "$out"
+grep -q "loaded iteration 3 from" <<< "$out" || fail "the resume did not load iteration 3" "$out"
+[ "$(digest "$out")" = "$whole" ] || fail "resumed weights $(digest "$out") != $whole" "$out"
+[ "$(steps "$work/resumed.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
+  fail "the resumed steps 4-6 differ" "$(cat "$work/resumed.jsonl" "$work/whole.jsonl")"
+echo "[checkpoint] resume at 4 ranks (EP 2 x EDP 2): steps 4-6 and weights bitwise equal"
+
+# ---- SIGTERM: finish the step, save, exit 0 ----
+ep2=(--expert-model-parallel-size 2)
+train 2 "${ep2[@]}" --train-iters 2000 --save "$work/sig" --exit-signal-handler \
+  > "$work/sig.log" &
+launcher=$!
+for _ in $(seq 600); do  # up to 60 s for the third step
+  grep -q '^ iteration *3/' "$work/sig.log" && break
+  sleep 0.1
+done
+pkill -TERM -f "^$moecore train .*$work/sig" || fail "no rank to signal" "$(cat "$work/sig.log")"
+wait "$launcher" || fail "SIGTERM: exit status $? instead of 0" "$(cat "$work/sig.log")"
+stopped=$(grep -o 'stopping after iteration [0-9]*' "$work/sig.log" | awk '{print $4}')
+[ -n "$stopped" ] || fail "SIGTERM: no early stop" "$(cat "$work/sig.log")"
+[ "$(cat "$work/sig/latest_checkpointed_iteration.txt")" = "$stopped" ] ||
+  fail "SIGTERM: the tracker does not name iteration $stopped" "$(cat "$work/sig.log")"
+n=$((stopped + 2))
+out=$(train 2 "${ep2[@]}" --train-iters "$n" --load "$work/sig") || fail "resume after SIGTERM" "$out"
+resumed=$(digest "$out")
+out=$(train 2 "${ep2[@]}" --train-iters "$n") || fail "the uninterrupted run stopped" "$out"
+[ "$resumed" = "$(digest "$out")" ] || fail "after SIGTERM at $stopped: $resumed != $(digest "$out")"
+echo "[checkpoint] SIGTERM after iteration $stopped: saved, exit 0, resumed to $n bitwise"
+
+# ---- a rank killed in the middle of a save ----
+c="$work/c"
+out=$(train 2 "${ep2[@]}" --train-iters 4 --save "$c" --save-interval 2) || fail "EP 2 run" "$out"
+if out=$(MOECORE_FAULT_KILL_AFTER_SHARDS=1 train 2 "${ep2[@]}" --train-iters 6 --load "$c" \
+         --save "$c"); then
+  fail "the run whose rank 1 was killed succeeded" "$out"
+fi
+[ "$(cat "$c/latest_checkpointed_iteration.txt")" = 4 ] || fail "the tracker moved" "$(ls "$c")"
+[ ! -e "$c/iter_0000006" ] || fail "a half-written iteration 6 was published" "$(ls "$c")"
+printf '6' > "$c/latest_checkpointed_iteration.txt.tmp.12345"  # a crash's unrenamed temp
+out=$(train 2 "${ep2[@]}" --train-iters 6 --load "$c" --save "$c") || fail "resume after kill" "$out"
+grep -q "loaded iteration 4 from" <<< "$out" || fail "did not resume from iteration 4" "$out"
+killed=$(digest "$out")
+out=$(train 2 "${ep2[@]}" --train-iters 6) || fail "the uninterrupted run stopped" "$out"
+[ "$killed" = "$(digest "$out")" ] || fail "resumed after the kill: $killed != $(digest "$out")"
+[ ! -e "$c/iter_0000006.partial" ] || fail "the interrupted save's staging is left" "$(ls "$c")"
+echo "[checkpoint] rank 1 killed mid-save: iteration 4 stayed the latest and resumed bitwise"
+
+# ---- resharding: iteration 4 of EP 2 on 2 ranks, into other layouts ----
+# The source's next step, then each layout's: NP and its flags.
+loss5() { grep -o '"lm_loss":[^,]*' "$1" | tail -n 1 | cut -d: -f2; }
+out=$(train 2 "${ep2[@]}" --train-iters 5 --load "$c" --ckpt-step 4 \
+      --metrics-file "$work/src5.jsonl") || fail "the source's step 5" "$out"
+ref=$(loss5 "$work/src5.jsonl")
+prev=$c
+layouts=("4 --expert-model-parallel-size 2" "4 --expert-model-parallel-size 4" "1"
+         "2 --expert-model-parallel-size 1")
+k=0
+for l in "${layouts[@]}"; do
+  read -r np flags <<< "$l"
+  k=$((k + 1))
+  # shellcheck disable=SC2086
+  out=$(train "$np" $flags --train-iters 4 --load "$prev" --ckpt-step 4 \
+        --save "$work/re$k") ||
+    fail "load into $np ranks $flags" "$out"
+  compare "$c/iter_0000004" "$work/re$k"
+  # shellcheck disable=SC2086
+  out=$(train "$np" $flags --train-iters 5 --load "$work/re$k" \
+        --metrics-file "$work/re$k.jsonl") || fail "step 5 on $np ranks $flags" "$out"
+  got=$(loss5 "$work/re$k.jsonl")
+  awk -v a="$got" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    fail "step 5 loss on $np ranks $flags: $got vs the source's $ref (rtol 1e-5)" "$out"
+  echo "[checkpoint] EP 2 on 2 ranks -> $np ranks ${flags:-(one rank)}: tensors byte-equal," \
+       "step 5 loss $got vs $ref"
+  prev="$work/re$k"
+done
+
+# ---- corruption: each a clear error before any step ----
+check_bad() {  # check_bad NAME NEEDLE SETUP...: a damaged copy of iteration 4 is refused
+  local name=$1 needle=$2
+  shift 2
+  local save="$work/bad_$name"
+  mkdir -p "$save"
+  cp -r "$c/iter_0000004" "$save/"
+  echo 4 > "$save/latest_checkpointed_iteration.txt"
+  d="$save/iter_0000004"
+  "$@"
+  if out=$(train 1 --train-iters 5 --load "$save"); then fail "$name: loaded" "$out"; fi
+  grep -q -- "$needle" <<< "$out" || fail "$name: not the expected error ($needle)" "$out"
+  if grep -q '^ iteration' <<< "$out"; then fail "$name: a step ran" "$out"; fi
+  echo "[checkpoint] $name: refused before any step"
+}
+flip() { printf '\x55' | dd of="$d/model_rank_00001.safetensors" bs=1 seek=200 conv=notrunc \
+         status=none; }
+truncate_shard() { truncate -s -8 "$d/model_rank_00000.safetensors"; }
+drop_shard() { rm "$d/optim_rank_00001.safetensors"; }
+other_format() { sed -i 's/"moecore-checkpoint"/"other-checkpoint"/' "$d/manifest.json"; }
+other_version() { sed -i 's/"format_version": 0/"format_version": 7/' "$d/manifest.json"; }
+check_bad flipped "the file was altered after the save" flip
+check_bad truncated "the file was truncated or replaced" truncate_shard
+check_bad missing "shard 'optim_rank_00001.safetensors' (rank 1) is missing" drop_shard
+check_bad format "not a moecore checkpoint manifest" other_format
+check_bad version "format version 7; this moecore reads version 0" other_version
