@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Tiny HuggingFace MoE checkpoints and the logits HuggingFace `transformers` computes for them,
+the reference of moecore's HF import and export (docs/hf_interop.md has the mapping).
+
+Writes tests/fixtures/hf/<case>/: the model as `save_pretrained` writes it (config.json,
+generation_config.json, safetensors; a sharded one with model.safetensors.index.json) and
+reference.json with a few token sequences, the logits of each (every position, every vocabulary
+entry), its mean next-token cross entropy, and the experts each token chose in each MoE layer.
+
+Cases:
+  mixtral    MixtralForCausalLM: GQA, untied embeddings, top-2 of 4 experts, float32, one file.
+  qwen2_moe  Qwen2MoeForCausalLM: q/k/v bias, shared expert with its sigmoid gate,
+             norm_topk_prob false, decoder_sparse_step 2 (layers 1 and 3 MoE, 0 and 2 dense),
+             tied embeddings, top-3 of 8 experts, float32, one file.
+  qwen3_moe  Qwen3MoeForCausalLM: q/k RMSNorm, head_dim 16 != hidden / heads = 8,
+             norm_topk_prob true, mlp_only_layers [1] (layers 0 and 2 MoE), untied, top-2 of 8
+             experts; saved in bfloat16 and sharded into several files.
+
+The weights are drawn from torch.Generator(seed) in the order of named_parameters(), normal
+with standard deviation 1/sqrt(fan_in) for linear layers, experts, the shared expert gate and
+lm_head, 2/sqrt(hidden) for the router (so that routing is decisive), 0.5 for the embedding,
+0.2 for biases, and 1 + 0.2 N(0, 1) for every RMSNorm weight (so that a norm mapped to the wrong
+place shows): large enough that the logits depend clearly on which experts a token takes (the
+transformers default, std 0.02, would make every routing look alike). A seed is redrawn (seed + 1, ...) until no
+token of the reference inputs sits near a routing tie: in every MoE layer the k-th and
+(k+1)-th largest softmax router probabilities differ by more than MARGIN, because moecore sums
+in another order than torch.
+
+The reference is computed by the checkpoint as written, loaded back with from_pretrained in
+float32 (eager attention, eager experts, eval mode, no attention mask, each sequence alone as a
+batch of one); for the bfloat16 case that is the bf16 weights widened exactly to float32. The
+script checks that the loaded model equals the one it saved and that the two sequences run as one
+batch give the same logits.
+
+Regenerate (needs a network for pip; the run itself is offline, CPU, a few seconds):
+
+    python3 -m venv /tmp/hfenv && /tmp/hfenv/bin/pip install torch transformers safetensors numpy
+    /tmp/hfenv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]
+
+Generated with torch 2.15.0 (the PyPI wheel, 2.15.0+cu132, run on the CPU) and transformers
+5.24.0, with numpy 2.4.6 and safetensors 0.8.0. The files are byte-identical from run to run
+(one torch thread). tools/check_hf_mapping.py checks docs/hf_interop.md's mapping on them. Another transformers may write config.json keys of its
+own era (4.x writes rope_theta at the top level and torch_dtype; 5.x rope_parameters and dtype),
+which is why the versions are recorded in each reference.json.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
+MARGIN = 1e-3  # minimum gap between the k-th and (k+1)-th router probability of any token
+NUM_SEQUENCES = 2
+SEQ_LEN = 8
+TF_MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def rope(theta):
+    """RoPE settings under the attribute names of the installed transformers."""
+    if TF_MAJOR >= 5:
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+    return {"rope_theta": theta, "rope_scaling": None}
+
+
+# Options every case sets, so that nothing moecore must match is left to a default.
+COMMON = dict(
+    hidden_act="silu",
+    attention_dropout=0.0,
+    max_position_embeddings=32,
+    output_router_logits=False,
+    router_aux_loss_coef=0.01,
+    initializer_range=0.02,  # unused: the script draws every weight itself
+    use_cache=False,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+
+CASES = [
+    dict(
+        name="mixtral",
+        model=MixtralForCausalLM,
+        config=MixtralConfig,
+        seed=1,
+        dtype=torch.float32,
+        max_shard_size=None,
+        kwargs=dict(COMMON, vocab_size=96, hidden_size=32, intermediate_size=24,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=None, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    sliding_window=None, num_local_experts=4, num_experts_per_tok=2,
+                    router_jitter_noise=0.0, **rope(1e6)),
+    ),
+    dict(
+        name="qwen2_moe",
+        model=Qwen2MoeForCausalLM,
+        config=Qwen2MoeConfig,
+        seed=101,
+        dtype=torch.float32,
+        max_shard_size=None,
+        kwargs=dict(COMMON, vocab_size=80, hidden_size=24, intermediate_size=32,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                    sliding_window=None, max_window_layers=4, num_experts=8,
+                    num_experts_per_tok=3, moe_intermediate_size=12,
+                    shared_expert_intermediate_size=24, norm_topk_prob=False,
+                    decoder_sparse_step=2, mlp_only_layers=[], qkv_bias=True, **rope(10000.0)),
+    ),
+    dict(
+        name="qwen3_moe",
+        model=Qwen3MoeForCausalLM,
+        config=Qwen3MoeConfig,
+        seed=201,
+        dtype=torch.bfloat16,
+        max_shard_size="48KB",
+        kwargs=dict(COMMON, vocab_size=112, hidden_size=32, intermediate_size=48,
+                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    attention_bias=False, use_sliding_window=False, sliding_window=None,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                    **rope(1e6)),
+    ),
+]
+
+
+def make_config(case):
+    kwargs = dict(case["kwargs"])
+    if TF_MAJOR < 5 and case["name"] == "qwen2_moe":
+        kwargs.pop("qkv_bias")  # 4.x: q/k/v always carry a bias
+    return case["config"](**kwargs)
+
+
+def load_kwargs():
+    """from_pretrained options: float32, the plain-loop attention and experts."""
+    kw = {"attn_implementation": "eager"}
+    if TF_MAJOR >= 5:
+        kw.update(dtype=torch.float32, experts_implementation="eager")
+    else:
+        kw.update(torch_dtype=torch.float32)
+    return kw
+
+
+def init_weights(model, seed):
+    """Every parameter drawn from one generator, in named_parameters() order."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = model.config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                std = 0.2
+            elif p.dim() == 1:  # RMSNorm weights
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                continue
+            elif "embed_tokens" in name:
+                std = 0.5
+            elif name.endswith("mlp.gate.weight"):  # the router
+                std = 2.0 / math.sqrt(hidden)
+            else:  # linear layers, experts ([E, out, in]), lm_head, the shared expert gate
+                std = 1.0 / math.sqrt(p.shape[-1])
+            p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def moe_routers(model):
+    """(layer index, router module) of the MoE layers, in layer order."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(layer.mlp, "experts"):
+            out.append((i, gate))
+    return out
+
+
+def run(model, ids_BS):
+    """Logits [B, S, V] and, per MoE layer, the router logits [B*S, E] of one forward."""
+    captured = {}
+    hooks = []
+    for i, gate in moe_routers(model):
+        def hook(_m, _inp, out, i=i):
+            captured[i] = out[0].detach().clone()
+        hooks.append(gate.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids_BS, labels=ids_BS, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, captured
+
+
+def routing(router_logits, k):
+    """Top-k experts and their weights as HF applies them, and the smallest top-k gap."""
+    p = torch.softmax(router_logits.float(), dim=-1)
+    s = torch.sort(p, dim=-1, descending=True).values
+    gap = (s[:, k - 1] - s[:, k]).min().item() if k < p.shape[1] else math.inf
+    return p, gap
+
+
+def mean_ce_f64(logits_SV, ids_S):
+    """Mean next-token cross entropy in float64 from the float32 logits."""
+    x = logits_SV[:-1].double()
+    lse = torch.logsumexp(x, dim=-1)
+    return (lse - x.gather(1, ids_S[1:, None]).squeeze(1)).mean().item()
+
+
+def f32(x):
+    """A float32 as the shortest decimal that reads back to the same float32."""
+    v = np.float32(x)
+    assert np.isfinite(v), x
+    return str(v)
+
+
+def dump(obj, indent=0):
+    """JSON with one line per innermost list, floats given as f32() text."""
+    pad = " " * indent
+    if isinstance(obj, dict):
+        items = [f'{pad} {json.dumps(k)}: {dump(v, indent + 1).lstrip()}' for k, v in obj.items()]
+        return pad + "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list):
+        if all(not isinstance(v, (dict, list)) for v in obj):
+            return pad + "[" + ",".join(dump(v) for v in obj) + "]"
+        return pad + "[\n" + ",\n".join(dump(v, indent + 1) for v in obj) + "\n" + pad + "]"
+    if isinstance(obj, (float, np.floating)):
+        return f32(obj)
+    return json.dumps(obj)
+
+
+def draw_model(case):
+    """The case's model with its first seed at or after case['seed'] whose routing of the inputs
+    has no near-tie; returns (model in float32 holding the saved values, ids, seed, gap)."""
+    cfg = make_config(case)
+    k = cfg.num_experts_per_tok
+    for seed in range(case["seed"], case["seed"] + 100):
+        torch.manual_seed(seed)
+        model = case["model"](cfg).eval()
+        init_weights(model, seed)
+        if case["dtype"] != torch.float32:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(case["dtype"]).float())
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, cfg.vocab_size, (NUM_SEQUENCES, SEQ_LEN), generator=g)
+        gap = math.inf
+        for b in range(NUM_SEQUENCES):
+            _, rl = run(model, ids[b:b + 1])
+            for logits in rl.values():
+                gap = min(gap, routing(logits, k)[1])
+        print(f"{case['name']}: seed {seed} min top-k gap {gap:.3g}", file=sys.stderr)
+        if gap > MARGIN:
+            return model, ids, seed, gap
+    raise RuntimeError(f"{case['name']}: no seed without routing near-ties")
+
+
+def write_case(case, out_root):
+    model, ids, seed, gap = draw_model(case)
+    out = os.path.join(out_root, case["name"])
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.to(case["dtype"])
+    save_kw = {} if case["max_shard_size"] is None else {"max_shard_size": case["max_shard_size"]}
+    model.save_pretrained(out, **save_kw)
+
+    ref, info = case["model"].from_pretrained(out, output_loading_info=True, **load_kwargs())
+    ref.eval()
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info.get(key), (case["name"], key, info[key])
+    for n, p in ref.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, saved[n]), (case["name"], n)
+
+    cfg = ref.config
+    k = cfg.num_experts_per_tok
+    moe_layers = [i for i, _ in moe_routers(ref)]
+    sequences, min_gap, losses, single = [], math.inf, [], []
+    for b in range(NUM_SEQUENCES):
+        o, rl = run(ref, ids[b:b + 1])
+        logits = o.logits[0]
+        assert logits.dtype == torch.float32
+        loss = o.loss.item()
+        assert abs(loss - mean_ce_f64(logits, ids[b])) < 1e-5, (loss, mean_ce_f64(logits, ids[b]))
+        layers = []
+        for i in moe_layers:
+            p, g = routing(rl[i], k)
+            min_gap = min(min_gap, g)
+            top_p, top_i = torch.topk(p, k, dim=-1)
+            if getattr(cfg, "norm_topk_prob", True):  # Mixtral always renormalises
+                top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+            layers.append({"layer": i,
+                           "experts": top_i.tolist(),
+                           "weights": [[float(v) for v in row] for row in top_p]})
+        sequences.append({"input_ids": ids[b].tolist(),
+                          "loss": loss,
+                          "routing": layers,
+                          "logits": [[float(v) for v in row] for row in logits]})
+        losses.append(loss)
+        single.append(logits)
+    assert min_gap > MARGIN and abs(min_gap - gap) < 1e-6, (min_gap, gap)
+    batch_out, _ = run(ref, ids)
+    batch_diff = (batch_out.logits - torch.stack(single)).abs().max().item()
+    assert batch_diff < 1e-5, batch_diff
+
+    weights = "bfloat16" if case["dtype"] == torch.bfloat16 else "float32"
+    compute = ("float32: the checkpoint loaded with from_pretrained(dtype=float32), eval mode, "
+               "eager attention and experts, no attention mask, each sequence alone (batch 1)")
+    if weights == "bfloat16":
+        compute += ("; the weights are stored as bfloat16 and widened exactly to float32, so these "
+                    "are float32 logits of the bf16-rounded weights (not a bf16 forward)")
+    shards = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
+    reference = {
+        "format": "moecore-hf-reference",
+        "version": 1,
+        "case": case["name"],
+        "architecture": type(ref).__name__,
+        "generator": {"script": "tools/make_hf_fixtures.py", "torch": torch.__version__,
+                      "transformers": transformers.__version__, "seed": seed},
+        "weights_dtype": weights,
+        "safetensors_files": shards,
+        "compute": compute,
+        "moe_layers": moe_layers,
+        "dense_layers": [i for i in range(cfg.num_hidden_layers) if i not in moe_layers],
+        "loss_definition": ("mean over positions t = 0 .. S-2 of "
+                            "logsumexp(logits[t]) - logits[t][input_ids[t + 1]] (transformers' "
+                            "loss with labels = input_ids)"),
+        "routing_definition": ("per MoE layer and token: the top-k experts of softmax(router "
+                               "logits) in descending order and the weights their outputs are "
+                               "scaled by (renormalised over the k when norm_topk_prob, or "
+                               "always for Mixtral)"),
+        "min_topk_gap": min_gap,
+        "batch_max_abs_diff": batch_diff,
+        "batch_loss": sum(losses) / len(losses),
+        "sequences": sequences,
+    }
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        f.write(dump(reference) + "\n")
+    total = 0
+    for fname in sorted(os.listdir(out)):
+        size = os.path.getsize(os.path.join(out, fname))
+        total += size
+        print(f"  {case['name']}/{fname:40s} {size:8d} bytes")
+    print(f"{case['name']}: seed {seed}, moe layers {moe_layers}, min top-k gap {min_gap:.3g}, "
+          f"losses {', '.join(f'{v:.4f}' for v in losses)}, {total} bytes")
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=OUT_DIR)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # one summation order, the same on every machine
+    os.makedirs(args.out, exist_ok=True)
+    total = sum(write_case(case, args.out) for case in CASES)
+    print(f"total {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
