@@ -1,0 +1,45 @@
+#include "train/checkpoint_state.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace moecore::train {
+
+using nlohmann::json;
+
+json model_signature(const ModelConfig& m) {
+  json moe_layers = json::array();
+  for (int64_t l = 0; l < m.num_layers; ++l) moe_layers.push_back(m.is_moe_layer(l) ? 1 : 0);
+  return {{"--num-layers", m.num_layers},
+          {"--hidden-size", m.hidden},
+          {"--ffn-hidden-size", m.ffn_hidden},
+          {"--num-attention-heads", m.num_heads},
+          {"--num-query-groups", m.num_query_groups},
+          {"--kv-channels", m.head_dim()},
+          {"--vocab-size (padded)", m.vocab_size},
+          {"--num-experts", m.num_experts},
+          {"--moe-ffn-hidden-size", m.moe.ffn_hidden},
+          {"--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden},
+          {"--moe-layer-freq", m.num_experts > 0 ? moe_layers : json::array()},
+          {"--add-qkv-bias", m.add_qkv_bias},
+          {"--qk-layernorm", m.qk_layernorm},
+          {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
+}
+
+void check_same_model(const json& saved, const json& mine, const std::string& dir) {
+  std::string diff;
+  for (const auto& [flag, value] : mine.items()) {
+    if (!saved.contains(flag)) continue;
+    if (saved[flag] != value) {
+      diff += fmt::format("\n  {}: {} in the checkpoint, {} in this run", flag, saved[flag].dump(),
+                          value.dump());
+    }
+  }
+  MOE_CHECK(diff.empty(),
+            "[checkpoint] '{}' holds another model:{}\nA checkpoint loads into the model that "
+            "wrote it, in any layout: give these flags the checkpoint's values",
+            dir, diff);
+}
+
+}  // namespace moecore::train
