@@ -1,5 +1,6 @@
 // What a run saves and loads, and when it stops early: Megatron-LM's checkpointing flags
-// (--save, --load, --save-interval, --finetune, --no-save-optim, --no-load-optim, --no-save-rng,
+// (--save, --load, --save-interval, --async-save, --finetune, --no-save-optim, --no-load-optim,
+// --no-save-rng,
 // --no-load-rng, --ckpt-step, --exit-on-missing-checkpoint) and its exit flags
 // (--exit-interval, --exit-duration-in-mins, --exit-signal-handler). The format and the protocol
 // are docs/checkpoint_format.md.
@@ -20,6 +21,7 @@ struct CheckpointConfig {
   bool load_optim = true;     // false: --no-load-optim
   bool save_rng = true;       // false: --no-save-rng
   bool load_rng = true;       // false: --no-load-rng
+  bool async_save = false;    // --async-save: the step waits only for the copy to host
   int64_t ckpt_step = -1;     // --ckpt-step: load this iteration, not the tracker's
   bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint
   int64_t exit_interval = 0;                // --exit-interval: save and stop after a multiple of it

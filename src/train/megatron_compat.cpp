@@ -129,7 +129,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--ckpt-fully-parallel-load", N, "", "every rank reads its own slices", ""},
       {"--ckpt-assume-constant-structure", N, "", "a save takes no structure cache", ""},
       {"--verify-integrity", N, "", "every shard's size and SHA-256 are always checked", ""},
-      {"--async-save", Y, "", "asynchronous checkpoint saving", "13"},
       {"group:checkpointing", Y, "", "checkpointing", "13"},
       {"group:data and dataloader", Y, "", "Megatron's data pipeline", "14"},
       {"group:tokenizer", Y, "", "Megatron's tokenizers", "14"},

@@ -391,10 +391,17 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
       groups_ != nullptr && groups_->world_size() > 1 ? &groups_->world().communicator() : nullptr;
   ExitConditions exits(ck, world);
   int64_t saved = loaded && ck.save == ck.load ? *loaded : -1;  // the iteration on disk there
+  const auto finished = [&](int64_t it) {                       // a background save completed
+    if (it >= 0 && logging_rank()) {
+      fmt::print(log, "[checkpoint] saved iteration {} to {} (written in the background)\n", it,
+                 ckpt::iteration_dir(ck.save, it).string());
+    }
+  };
   const auto save = [&] {
-    save_checkpoint(ck.save, ck.save_optim, ck.save_rng);
+    if (ck.async_save) finished(finish_pending_save());  // one save at a time
+    save_checkpoint(ck.save, ck.save_optim, ck.save_rng, ck.async_save);
     saved = iteration_;
-    if (logging_rank()) {
+    if (logging_rank() && !ck.async_save) {
       fmt::print(log, "[checkpoint] saved iteration {} to {}\n", iteration_,
                  ckpt::iteration_dir(ck.save, iteration_).string());
     }
@@ -426,10 +433,12 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
       evaluate_and_print(log, data::Split::Valid, "", metrics);
     }
     if (!ck.save.empty() && ck.save_interval > 0 && m.iteration % ck.save_interval == 0) save();
+    finished(finish_pending_save(/*only_if_written=*/true));
   }
   progress.clear();
   // Megatron saves when training ends or stops early, unless that iteration is saved already.
   if (!ck.save.empty() && saved != iteration_) save();
+  finished(finish_pending_save());
   print_summary(log, all);
   if (!stop.empty()) {
     if (logging_rank()) {

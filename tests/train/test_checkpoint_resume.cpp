@@ -175,6 +175,36 @@ TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
   fs::remove_all(dir);
 }
 
+// --async-save: the shards are written in the background while training goes on; every save
+// completes (the next one, or the end of the run, waits), and the resumed run is bitwise the
+// uninterrupted one.
+TEST(CheckpointResume, AsyncSavesCompleteAndResumeBitwise) {
+  std::ostringstream log;
+  train::TrainFlags f = resume_flags(6, true);
+  train::Trainer whole(f.model, f.train);
+  whole.run(log);
+  const fs::path dir = fresh_dir("async");
+  f.train.ckpt.save = dir.string();
+  f.train.ckpt.save_interval = 1;
+  f.train.ckpt.async_save = true;
+  f.train.train_iters = 3;
+  train::Trainer a(f.model, f.train);
+  a.run(log);
+  EXPECT_EQ(a.finish_pending_save(), -1);  // none left pending
+  EXPECT_EQ(ckpt::read_tracker(dir), 3);
+  for (int it : {1, 2, 3}) {
+    EXPECT_TRUE(fs::exists(ckpt::iteration_dir(dir, it) / ckpt::kManifestFile)) << it;
+    EXPECT_FALSE(fs::exists(ckpt::staging_dir(dir, it))) << it;
+  }
+  f.train.train_iters = 6;
+  f.train.ckpt.load = dir.string();
+  train::Trainer b(f.model, f.train);
+  b.run(log);
+  EXPECT_EQ(b.weights_digest(), whole.weights_digest());
+  EXPECT_EQ(ckpt::read_tracker(dir), 6);
+  fs::remove_all(dir);
+}
+
 // --no-save-optim writes the weights only; loading that with the optimizer state says how to
 // load it instead.
 TEST(CheckpointResume, AWeightsOnlyCheckpointNeedsNoLoadOptim) {
