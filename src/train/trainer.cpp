@@ -399,11 +399,18 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   };
   const auto save = [&] {
     if (ck.async_save) finished(finish_pending_save());  // one save at a time
+    const auto t0 = std::chrono::steady_clock::now();
     save_checkpoint(ck.save, ck.save_optim, ck.save_rng, ck.async_save);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     saved = iteration_;
-    if (logging_rank() && !ck.async_save) {
-      fmt::print(log, "[checkpoint] saved iteration {} to {}\n", iteration_,
-                 ckpt::iteration_dir(ck.save, iteration_).string());
+    if (logging_rank()) {
+      fmt::print(log, "[checkpoint] {} iteration {} to {} ({:.3f} s{})\n",
+                 ck.async_save ? "saving" : "saved", iteration_,
+                 ckpt::iteration_dir(ck.save, iteration_).string(), waited,
+                 ck.async_save ? " to copy it to host memory; the files are written in the "
+                                 "background"
+                               : "");
     }
   };
   MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string());  // rank 0 writes
