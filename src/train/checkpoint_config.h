@@ -17,6 +17,7 @@ struct CheckpointConfig {
   int64_t save_interval = 0;  // --save-interval (0: only when training ends or exits)
   bool finetune = false;      // --finetune: the weights only; optimizer, iteration, data
                               // position and random streams start at 0
+  bool upcycling = false;     // --moe-use-upcycling: --load is a dense checkpoint
   bool save_optim = true;     // false: --no-save-optim
   bool load_optim = true;     // false: --no-load-optim
   bool save_rng = true;       // false: --no-save-rng
@@ -31,6 +32,17 @@ struct CheckpointConfig {
 
   // Throws naming the flag for a value that cannot work.
   void validate() const;
+};
+
+// What a load takes from a checkpoint (BasicTrainer::load_checkpoint; --load's flags).
+struct LoadOptions {
+  bool optim = true;       // the moments and the step count (--no-load-optim: false)
+  bool rng = true;         // the random streams' positions (--no-load-rng: false)
+  bool finetune = false;   // the weights and router state only; everything else from 0
+  int64_t iteration = -1;  // the iteration to load (--ckpt-step); -1: the tracker's
+  // --moe-use-upcycling: a dense checkpoint into this MoE model, each expert a copy of its
+  // layer's dense MLP, the routers as initialized; then as finetune.
+  bool upcycle = false;
 };
 
 }  // namespace moecore::train

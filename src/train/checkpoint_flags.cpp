@@ -23,6 +23,11 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                "Load the weights only: optimizer, iteration, data position and random streams "
                "start at 0")
       ->group(kCkpt);
+  app.add_flag("--moe-use-upcycling", c.upcycling,
+               "--load a dense checkpoint into this MoE model: every expert a copy of its "
+               "layer's dense MLP (--moe-ffn-hidden-size = --ffn-hidden-size), routers as "
+               "initialized; optimizer, iteration and data start at 0")
+      ->group(kCkpt);
   app.add_flag("--no-save-optim", f.no_save_optim, "Do not save the optimizer state")->group(kCkpt);
   app.add_flag("--no-load-optim", f.no_load_optim,
                "Do not load the optimizer state (a fresh AdamW; iteration and data kept)")

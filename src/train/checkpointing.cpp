@@ -223,8 +223,27 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     const std::string dir = reader.dir().string();
     MOE_CHECK(m.iteration == *loaded, "[checkpoint] '{}' holds iteration {}, not {}", dir,
               m.iteration, *loaded);
-    check_same_model(state_value(m, "model", dir), model_signature(model_cfg_), dir);
-    const bool optim = opt.optim && !opt.finetune;
+    json saved = state_value(m, "model", dir), mine = model_signature(model_cfg_);
+    const bool up = opt.upcycle;
+    if (up) {
+      MOE_CHECK(saved.value("--num-experts", 0) == 0,
+                "[checkpoint] --moe-use-upcycling loads a dense checkpoint; '{}' has {} experts: "
+                "load it without --moe-use-upcycling",
+                dir, saved.value("--num-experts", 0));
+      MOE_CHECK(model_cfg_.num_experts > 0 && model_cfg_.moe.ffn_hidden == model_cfg_.ffn_hidden &&
+                    model_cfg_.moe.shared_ffn_hidden == 0,
+                "[checkpoint] --moe-use-upcycling makes each expert a copy of the dense MLP: it "
+                "needs --num-experts > 0, --moe-ffn-hidden-size = --ffn-hidden-size ({} and {} "
+                "here) and no shared expert",
+                model_cfg_.moe.ffn_hidden, model_cfg_.ffn_hidden);
+      for (const char* k : {"--num-experts", "--moe-ffn-hidden-size", "--moe-layer-freq",
+                            "--moe-shared-expert-intermediate-size"}) {
+        saved.erase(k);
+        mine.erase(k);
+      }
+    }
+    check_same_model(saved, mine, dir);
+    const bool optim = opt.optim && !opt.finetune && !up;
     MOE_CHECK(!optim || state_value(m, "has_optimizer", dir).get<bool>(),
               "[checkpoint] '{}' was saved without the optimizer state (--no-save-optim): load "
               "it with --no-load-optim or --finetune",
@@ -234,6 +253,32 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     std::set<std::string> read;
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (t.optim && !optim) continue;
+      if (up && m.find(t.name) == nullptr) {
+        // Upcycling: each local expert a copy of the dense MLP of its layer; the routers keep
+        // their initialization (with top-k probabilities that sum to 1 the layer's output is the
+        // dense MLP's).
+        const size_t e = t.name.find(".mlp.experts.linear_fc");
+        if (e == std::string::npos) continue;  // a router's weight or balancing state
+        const std::string dense = t.name.substr(0, e) + ".mlp." + t.name.substr(e + 13);
+        const ckpt::GlobalTensor& g = reader.tensor(dense);
+        const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
+        MOE_CHECK(
+            g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) && t.slice.dim == 0,
+            "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir, dense,
+            g.dtype, ckpt::format_shape(g.shape), t.name, ckpt::safetensors_dtype(t.dtype),
+            ckpt::format_shape(want));
+        const size_t one = static_cast<size_t>(t.numel / t.slice.length) * dtype_size(t.dtype);
+        std::vector<std::byte> bytes(one * static_cast<size_t>(t.slice.length));
+        reader.read(dense, g.dtype, -1, 0, 0, std::span<std::byte>(bytes.data(), one));
+        for (int64_t x = 1; x < t.slice.length; ++x)
+          std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(one),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(one * x));
+        ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
+                             static_cast<int64_t>(bytes.size()));
+        exec_synchronize(ex);
+        read.insert(dense);
+        continue;
+      }
       const ckpt::GlobalTensor& g = reader.tensor(t.name);
       MOE_CHECK(g.shape == t.global_shape && g.dtype == ckpt::safetensors_dtype(t.dtype),
                 "[checkpoint] '{}': tensor '{}' is {} {} there and {} {} in this model: a "
@@ -260,19 +305,20 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir, n_unused, unused, n_unused > 5 ? ", ..." : "");
 
     model_->params().refresh_bf16();
-    const int64_t steps = opt.finetune ? 0 : state_int(m, "optimizer_steps", dir);
+    const bool fresh = opt.finetune || up;  // a new run from the checkpoint's weights
+    const int64_t steps = fresh ? 0 : state_int(m, "optimizer_steps", dir);
     if (optim) optimizer_->set_steps_taken(steps);
     int64_t jitter = 0;  // a fresh run's random streams
-    if (!opt.finetune && opt.rng && m.state.contains("rng")) {
+    if (!fresh && opt.rng && m.state.contains("rng")) {
       const json& rng = m.state["rng"];
       MOE_CHECK(rng.contains("router_jitter_step") && rng["router_jitter_step"].is_number_integer(),
                 "[checkpoint] '{}': the state's rng has no integer \"router_jitter_step\"", dir);
       jitter = rng["router_jitter_step"].get<int64_t>();
     }
     for (moe::Router<T>* r : model_->routers()) r->set_steps_finished(jitter);
-    iteration_ = opt.finetune ? 0 : state_int(m, "iteration", dir);
-    set_consumed_train_samples(opt.finetune ? 0 : state_int(m, "consumed_train_samples", dir));
-    set_consumed_valid_samples(opt.finetune ? 0 : state_int(m, "consumed_valid_samples", dir));
+    iteration_ = fresh ? 0 : state_int(m, "iteration", dir);
+    set_consumed_train_samples(fresh ? 0 : state_int(m, "consumed_train_samples", dir));
+    set_consumed_valid_samples(fresh ? 0 : state_int(m, "consumed_valid_samples", dir));
   });
   return loaded;
 }

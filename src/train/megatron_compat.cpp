@@ -115,7 +115,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--multi-latent-attention", Y, "", "multi-latent attention (MLA)", ""},
       {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
       {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
-      {"--moe-use-upcycling", Y, "", "upcycling", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
       {"--tokenizer-type", Y,
        "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"

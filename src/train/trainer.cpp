@@ -515,6 +515,7 @@ std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
   opt.optim = ck.load_optim;
   opt.rng = ck.load_rng;
   opt.finetune = ck.finetune;
+  opt.upcycle = ck.upcycling;
   opt.iteration = ck.ckpt_step;
   const std::optional<int64_t> loaded = load_checkpoint(ck.load, opt);
   if (!loaded.has_value()) {
@@ -535,8 +536,9 @@ std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
                "[checkpoint] loaded iteration {} from {}{}: continuing at iteration {}, "
                "consumed samples {}\n",
                *loaded, ckpt::iteration_dir(ck.load, *loaded).string(),
-               ck.finetune ? " (--finetune: the weights only)"
-                           : (!ck.load_optim ? " (--no-load-optim: without the optimizer)" : ""),
+               ck.upcycling  ? " (--moe-use-upcycling: every expert a copy of the dense MLP)"
+               : ck.finetune ? " (--finetune: the weights only)"
+                             : (!ck.load_optim ? " (--no-load-optim: without the optimizer)" : ""),
                iteration_, consumed_train_samples());
   }
   return loaded;

@@ -103,12 +103,7 @@ class BasicTrainer {
   // Completes a background save (collective): returns its iteration, -1 when none is pending;
   // with only_if_written, only when every rank has written its shards (else -1, still pending).
   int64_t finish_pending_save(bool only_if_written = false);
-  struct LoadOptions {
-    bool optim = true;       // the moments and the step count (--no-load-optim: false)
-    bool rng = true;         // the random streams' positions (--no-load-rng: false)
-    bool finetune = false;   // the weights and router state only; everything else from 0
-    int64_t iteration = -1;  // the iteration to load (--ckpt-step); -1: the tracker's
-  };
+  using LoadOptions = train::LoadOptions;
   // Loads a checkpoint of `dir` into this trainer, whatever layout wrote it (each rank reads
   // its own slices): weights, router state, iteration and data position, the optimizer and the
   // random streams as `opt` says. Returns the iteration loaded, nullopt when `dir` holds no
