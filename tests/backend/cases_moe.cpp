@@ -1,4 +1,5 @@
-// Cases: the router's softmax and top-k (K = 1, K = E, exact ties, -inf entries), and the
+// Cases: the router's softmax and top-k (K = 1, K = E, exact ties, -inf entries), the shared
+// expert's sigmoid gate (no tokens, H = 1, saturated logits, ds aliasing dy), and the
 // dispatch maps and gathers (build_permutation, pad_permutation, gather_row_probs,
 // scatter_row_probs, permute_rows, unpermute_rows) on routings with experts that get no tokens,
 // K = 1, K = E, dropped slots (idx -1) and T * K not divisible by 8. Maps and gathers are exact:
@@ -11,6 +12,7 @@
 #include "backend_case.h"
 #include "core/check.h"
 #include "ops/permute.h"
+#include "ops/sigmoid_gate.h"
 #include "ops/softmax_topk.h"
 
 namespace moecore::backend_test {
@@ -375,12 +377,50 @@ void topk_case(const Exec& ex) {
   }
 }
 
+// The shared expert's gate: y += sigmoid(l) s into a y that holds values, and its backward,
+// out of place and with ds = dy (in place); logits out to +-30, where the sigmoid saturates.
+template <typename T>
+void sigmoid_gate_case(const Exec& ex) {
+  uint32_t seed = 60;
+  struct NH {
+    int64_t N, H;
+  };
+  for (auto [N, H] : {NH{0, 4}, NH{1, 1}, NH{5, 3}, NH{13, 37}, NH{70, 300}}) {
+    BACKEND_TRACE(dtype_name<T>() << " N=" << N << " H=" << H);
+    const auto s = random_vec<T>(N * H, seed++);
+    const auto l = random_vec<T>(N, seed++, -30, 30);
+    const auto y0 = random_vec<T>(N * H, seed++);
+    const auto dy = random_vec<T>(N * H, seed++);
+    std::vector<T> y_ref = y0, ds_ref(N * H), dl_ref(N);
+    ops::sigmoid_gate_forward_ref(y_ref.data(), s.data(), l.data(), N, H);
+    ops::sigmoid_gate_backward_ref(ds_ref.data(), dl_ref.data(), dy.data(), s.data(), l.data(), N,
+                                   H);
+    Guarded<T> y = guarded(y0), ds = nan_out<T>(N * H), dl = nan_out<T>(N);
+    ops::sigmoid_gate_forward<T>(ex, y.data(), s.data(), l.data(), N, H);
+    ops::sigmoid_gate_backward<T>(ex, ds.data(), dl.data(), dy.data(), s.data(), l.data(), N, H);
+    expect_close(y, y_ref.data(), "y");
+    expect_close(ds, ds_ref.data(), "ds");
+    expect_close(dl, dl_ref.data(), "dl");
+    Guarded<T> inplace = guarded(dy), dl2 = nan_out<T>(N);
+    ops::sigmoid_gate_backward<T>(ex, inplace.data(), dl2.data(), inplace.data(), s.data(),
+                                  l.data(), N, H);
+    expect_bitwise(inplace, ds, "ds in place");
+    expect_bitwise(dl2, dl, "dl (ds in place)");
+  }
+}
+
 }  // namespace
 
 void add_moe_cases(std::vector<OpCase>& out) {
   out.push_back({"softmax_f32", {"softmax_forward", "softmax_backward"}, softmax_case<float>});
   out.push_back({"softmax_f64", {"softmax_forward", "softmax_backward"}, softmax_case<double>});
   out.push_back({"topk_k1_ke_ties", {"topk"}, topk_case});
+  out.push_back({"sigmoid_gate_f32",
+                 {"sigmoid_gate_forward", "sigmoid_gate_backward"},
+                 sigmoid_gate_case<float>});
+  out.push_back({"sigmoid_gate_f64",
+                 {"sigmoid_gate_forward", "sigmoid_gate_backward"},
+                 sigmoid_gate_case<double>});
   out.push_back({"build_permutation", {"build_permutation"}, build_permutation_case});
   out.push_back({"pad_permutation", {"pad_permutation"}, pad_permutation_case});
   out.push_back({"row_probs_f32", {"gather_row_probs", "scatter_row_probs"}, row_probs<float>});
