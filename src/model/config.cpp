@@ -66,10 +66,8 @@ void ModelConfig::validate() const {
     moe.router.validate();
     MOE_CHECK(moe.ffn_hidden >= 1, "[model] --moe-ffn-hidden-size={} must be >= 1",
               moe.ffn_hidden);
-    MOE_CHECK(moe.shared_ffn_hidden >= 0,
-              "[model] --moe-shared-expert-intermediate-size={} must be >= 0",
-              moe.shared_ffn_hidden);
   }
+  moe.validate();  // also for dense models: a shared-expert gate without a shared expert
   recompute.validate(num_layers);
 }
 

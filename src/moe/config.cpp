@@ -75,6 +75,17 @@ double RouterConfig::coeff(LoadBalancing type) const {
   return 0.0;
 }
 
+void MoeConfig::validate() const {
+  MOE_CHECK(shared_ffn_hidden >= 0, "[moe] --moe-shared-expert-intermediate-size={} must be >= 0",
+            shared_ffn_hidden);
+  MOE_CHECK(
+      !shared_expert_gate || shared_ffn_hidden > 0,
+      "[moe] --moe-shared-expert-gate gates the shared expert, but there is none "
+      "(--moe-shared-expert-intermediate-size={}): give --moe-shared-expert-intermediate-size "
+      "N > 0 or remove --moe-shared-expert-gate",
+      shared_ffn_hidden);
+}
+
 void RouterConfig::validate() const {
   MOE_CHECK(num_experts >= 1, "[router] num_experts={} must be >= 1", num_experts);
   MOE_CHECK(topk >= 1 && topk <= num_experts,

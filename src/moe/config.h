@@ -83,7 +83,12 @@ struct MoeConfig {
   RouterConfig router;
   int64_t ffn_hidden = 0;         // --moe-ffn-hidden-size (F per expert)
   int64_t shared_ffn_hidden = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  // --moe-shared-expert-gate: the shared expert's output times sigmoid(x w_g) per token.
+  bool shared_expert_gate = false;
   DispatcherType dispatcher_type = DispatcherType::AlltoAll;  // --moe-token-dispatcher-type
+
+  // The shared-expert fields (the router validates its own config).
+  void validate() const;
 };
 
 // What one MoE layer needs of the model it sits in (ModelConfig::moe_layer() makes it).

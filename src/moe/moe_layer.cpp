@@ -3,7 +3,6 @@
 #include <type_traits>
 
 #include "core/profiler.h"
-#include "ops/add.h"
 #include "ops/cast.h"
 
 namespace moecore::moe {
@@ -25,9 +24,9 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(), dispatcher_->num_local_experts(),
                cfg.hidden, cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std, params, prefix) {
+  cfg.moe.validate();
   if (cfg.moe.shared_ffn_hidden > 0) {
-    shared_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
-                                           cfg.output_init_std, params, prefix + ".shared_experts");
+    shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix);
   }
 }
 
@@ -57,14 +56,7 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
-  if (shared_) {
-    shared_->allocate(a, max_tokens, recompute_.moe || recompute_.shared_experts);
-    if (round_rows_) {
-      shared_->input_rounded();
-      shared_->output_grad_rounded();
-    }
-    shared_TH_ = a.alloc<T>(max_tokens * H_, "moe.shared_out", MemKind::Workspace);
-  }
+  if (shared_) shared_->allocate(a, max_tokens, recompute_, round_rows_);
 }
 
 template <typename T>
@@ -101,10 +93,7 @@ void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, b
     ScopedPhase phase(Phase::Permute);
     dispatcher_->combine(y_TH, y_NH_);
   }
-  if (shared_) {
-    shared_->forward(shared_TH_, gemm_input(x_TH), n_tok);
-    ops::add(*ex_, y_TH, y_TH, shared_TH_, n_tok * H_);
-  }
+  if (shared_) shared_->forward(y_TH, x_TH, gemm_input(x_TH), n_tok);
 }
 
 template <typename T>
@@ -132,10 +121,7 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
     ScopedPhase phase(Phase::Router);
     router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
   }
-  if (shared_) {
-    shared_->backward(shared_TH_, dy_in);
-    ops::add(*ex_, dx_TH, dx_TH, shared_TH_, n_tok_ * H_);
-  }
+  if (shared_) shared_->backward(dx_TH, dy_TH, dy_in);
 }
 
 template class MoELayer<float>;

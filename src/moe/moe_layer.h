@@ -10,7 +10,7 @@
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
-#include "nn/swiglu_mlp.h"
+#include "moe/shared_experts.h"
 
 namespace moecore::moe {
 
@@ -27,7 +27,8 @@ class MoELayer {
 
   // Selective recomputation (cfg.recompute): "moe" keeps only the input and reruns routing,
   // dispatch and the experts' fc1 in the backward; "moe_act" recomputes the experts'
-  // activation; "shared_experts" the shared expert's fc1 and activation.
+  // activation; "shared_experts" the shared expert's fc1 and activation (shared_experts.h:
+  // with the gate, what its backward needs).
   void allocate(Arena& arena, int64_t max_tokens);
   // recompute: the backward's rerun of the last forward (full recomputation of the layer).
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute = false);
@@ -40,6 +41,7 @@ class MoELayer {
   const Router<T>& router() const { return router_; }
   Router<T>& router() { return router_; }
   const GroupedExperts<T>& experts() const { return experts_; }
+  const SharedExperts<T>* shared_experts() const { return shared_.get(); }  // null: none
   const DispatchPlan& plan() const { return *plan_; }
   const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
@@ -55,7 +57,7 @@ class MoELayer {
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
   GroupedExperts<T> experts_;
-  std::unique_ptr<nn::MLP<T>> shared_;
+  std::unique_ptr<SharedExperts<T>> shared_;  // null without a shared expert
   const DispatchPlan* plan_ = nullptr;
   int64_t n_tok_ = 0;
   DevPtr<const T> x_TH_ = nullptr;  // the forward's input, owned by the caller until backward
@@ -72,7 +74,6 @@ class MoELayer {
   DevPtr<T> dx_NH_ = nullptr;
   DevPtr<T> dp_N_ = nullptr;
   DevPtr<T> dprobs_TK_ = nullptr;
-  DevPtr<T> shared_TH_ = nullptr;  // shared expert output, then its input gradient
 };
 
 }  // namespace moecore::moe

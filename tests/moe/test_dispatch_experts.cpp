@@ -172,7 +172,8 @@ TEST(GroupedExperts, FiniteDifferences) {
       {{x.data(), dx.data(), N * H, "dx"}, {p.data(), dp.data(), N, "dp"}}));
 }
 
-MoeLayerConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score) {
+MoeLayerConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFunction score,
+                               bool gate = false) {
   MoeLayerConfig cfg;
   cfg.hidden = 6;
   cfg.num_experts = E;
@@ -184,6 +185,7 @@ MoeLayerConfig tiny_moe_config(int64_t E, int64_t K, int64_t shared, ScoreFuncti
   cfg.moe.router.z_loss_coeff = 0.01;
   cfg.moe.ffn_hidden = 4;
   cfg.moe.shared_ffn_hidden = shared;
+  cfg.moe.shared_expert_gate = gate;
   cfg.init_std = 0.4;
   cfg.output_init_std = 0.2;  // init_std / sqrt(2 L) of a 2-layer model
   return cfg;
@@ -193,10 +195,13 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
   struct Case {
     int64_t E, K, shared;
     ScoreFunction score;
+    bool gate = false;  // --moe-shared-expert-gate
   };
-  for (Case c : {Case{4, 2, 0, ScoreFunction::Softmax}, Case{5, 1, 3, ScoreFunction::Softmax},
-                 Case{6, 3, 5, ScoreFunction::Sigmoid}, Case{3, 3, 0, ScoreFunction::Softmax}}) {
-    MoeLayerConfig cfg = tiny_moe_config(c.E, c.K, c.shared, c.score);
+  for (Case c :
+       {Case{4, 2, 0, ScoreFunction::Softmax}, Case{5, 1, 3, ScoreFunction::Softmax},
+        Case{6, 3, 5, ScoreFunction::Sigmoid}, Case{3, 3, 0, ScoreFunction::Softmax},
+        Case{5, 2, 3, ScoreFunction::Softmax, true}, Case{6, 3, 5, ScoreFunction::Sigmoid, true}}) {
+    MoeLayerConfig cfg = tiny_moe_config(c.E, c.K, c.shared, c.score, c.gate);
     const int64_t n_tok = 7, H = cfg.hidden;
     ParamRegistry params(DType::F64);
     MoELayer<double> layer(cfg, params, "mlp");
@@ -210,7 +215,8 @@ TEST(MoELayer, FiniteDifferencesEveryInputAndParameter) {
       return testing::weighted_sum(y.data(), R) + layer.router().aux_loss() +
              layer.router().z_loss();
     };
-    SCOPED_TRACE(::testing::Message() << "E=" << c.E << " K=" << c.K << " shared=" << c.shared);
+    SCOPED_TRACE(::testing::Message()
+                 << "E=" << c.E << " K=" << c.K << " shared=" << c.shared << " gate=" << c.gate);
     EXPECT_TRUE(testing::check_layer_gradients(params, loss,
                                                [&] { layer.backward(dx.data(), R.data(), 1.0); },
                                                {{x.data(), dx.data(), n_tok * H, "dx"}}));
@@ -260,7 +266,8 @@ RoutingMargins routing_margins(const RouterSaved<double>& s, const RouterConfig&
 }
 
 // The whole layer with capacity dropping (both policies) and with padding to capacity, in
-// fp64: dx and every parameter (router, fc1 and fc2 of every expert, the shared expert).
+// fp64: dx and every parameter (router, fc1 and fc2 of every expert, the shared expert and its
+// gate).
 // Inputs in [0, 1) skew the load so some experts overflow and others (padding) get pad rows.
 // A finite-difference step moves a logit or a prob by ~1e-5 * |x| or |W| (the expert and
 // shared weights do not move them at all), so routing margins of kMargin = 1e-3, checked
@@ -274,14 +281,16 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     int64_t shared;
     ScoreFunction score;
     uint32_t seed;
+    bool gate = false;  // --moe-shared-expert-gate
   };
   for (Case c :
        {Case{"probs", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31},
         Case{"probs_pad", TokenDropPolicy::Probs, true, 0, ScoreFunction::Softmax, 31},
         Case{"position", TokenDropPolicy::Position, false, 0, ScoreFunction::Sigmoid, 31},
-        Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax, 31}}) {
+        Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax, 31},
+        Case{"probs_gate", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31, true}}) {
     SCOPED_TRACE(c.name);
-    MoeLayerConfig cfg = tiny_moe_config(4, 2, c.shared, c.score);
+    MoeLayerConfig cfg = tiny_moe_config(4, 2, c.shared, c.score, c.gate);
     cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 4 * 1.0) = 4
     cfg.moe.router.drop_policy = c.policy;
     cfg.moe.router.pad_to_capacity = c.pad;

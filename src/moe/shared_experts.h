@@ -1,0 +1,61 @@
+// The shared expert (Megatron's SharedExpertMLP): a dense SwiGLU MLP on the MoE layer's input,
+// added to the routed experts' output. With --moe-shared-expert-gate its output is scaled per
+// token by sigmoid(x w_g^T), w_g = shared_experts.gate_weight [1, H] (Qwen2-MoE). Like the
+// router it is replicated over EP: its parameters are dense, their grads reduced over DP.
+// Legend: T tokens, H hidden, F shared expert width.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "moe/config.h"
+#include "nn/param_registry.h"
+#include "nn/swiglu_mlp.h"
+
+namespace moecore::moe {
+
+template <typename T>
+class SharedExperts {
+ public:
+  // prefix names the MoE layer ("decoder.layers.3.mlp"); cfg.moe.shared_ffn_hidden > 0.
+  SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix);
+
+  // recompute: the modules of the MoE layer ("moe", "shared_experts"). rounded_rows: widened
+  // bf16, the MLP's input and output gradient arrive as bf16 values (the MoE layer rounded them).
+  // The gate's backward needs the shared output: it is kept (an activation); under "moe" the
+  // backward reruns this forward instead, and the MLP keeps what the rerun recomputed.
+  void allocate(Arena& arena, int64_t max_tokens, const RecomputeModules& recompute,
+                bool rounded_rows);
+  // y += shared(x) [* sigmoid(x w_g^T)]. x_TH: the MoE layer's input, which the gate reads (in
+  // the model dtype, as the router does: with --bf16 its f32 values and the f32 master weight);
+  // x_mlp_TH: what the MLP's GEMMs read (x, or its bf16 values). Both owned by the caller until
+  // backward.
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok);
+  // dx += the input gradient of the shared branch; weight grads accumulated. dy_mlp_TH: dy as
+  // the ungated MLP's GEMMs read it (its bf16 values under widened bf16; else dy).
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
+
+  bool gated() const { return gate_ != nullptr; }
+  const Param* gate_weight() const { return gate_; }
+
+ private:
+  const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
+  // s = mlp(x_mlp) and the gate logits l = x w_g^T (the forward; also its rerun).
+  void shared_and_logits(int64_t n_tok);
+
+  int64_t H_;
+  std::unique_ptr<nn::MLP<T>> mlp_;
+  Param* gate_ = nullptr;  // [1, H] with the gate
+  bool rerun_ = false;     // gated under "moe" recomputation: backward reruns the forward
+  int64_t n_tok_ = 0;
+  DevPtr<const T> x_TH_ = nullptr;
+  DevPtr<const T> x_mlp_TH_ = nullptr;
+  DevPtr<T> s_TH_ = nullptr;   // the MLP's output, then its input gradient
+  DevPtr<T> l_T_ = nullptr;    // gate logits (gated)
+  DevPtr<T> ds_TH_ = nullptr;  // d(loss)/d(s) (gated)
+  DevPtr<T> dl_T_ = nullptr;   // d(loss)/d(l) (gated)
+};
+
+}  // namespace moecore::moe
