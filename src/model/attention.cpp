@@ -54,6 +54,10 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
                                 ParamKind::Dense,
                                 true,
                                 {}});
+  if (cfg.add_attention_output_bias) {
+    proj_bias_ = &params.add(ParamSpec{
+        prefix + ".linear_proj.bias", {H_}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+  }
 }
 
 template <typename T>
@@ -148,6 +152,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                          workspace_);
   linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->data_as<T>(), n, H_);
 }
 
 template <typename T>
@@ -158,6 +163,7 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                            workspace_);
   }
+  if (proj_bias_ != nullptr) ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy_TH, n, H_);
   linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
                           saved_.core_out, saved_.lse, shape_, workspace_);

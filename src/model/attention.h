@@ -1,8 +1,9 @@
 // Self-attention block: fused QKV projection (Megatron's layout: per query group, its query
 // heads then one key and one value head), RoPE on q and k, causal GQA core attention, output
-// projection. Optional: a bias on the QKV projection (--add-qkv-bias) and RMSNorm of q and k
-// over the head dim before RoPE (--qk-layernorm). Tokens are sequence-major: token t = s * B + b
-// sits at position s. Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
+// projection. Optional: a bias on the QKV projection (--add-qkv-bias), one on the output
+// projection (--add-attention-output-bias) and RMSNorm of q and k over the head dim before RoPE
+// (--qk-layernorm). Tokens are sequence-major: token t = s * B + b sits at position s.
+// Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +64,7 @@ class SelfAttention {
   double eps_;
   bool recompute_core_;
   Param* proj_;  // [H, Hq D]
+  Param* proj_bias_ = nullptr;  // [H] with --add-attention-output-bias
   ops::AttentionShape shape_;
   AttentionSaved<T> saved_;
   DevPtr<int32_t> pos_T_ = nullptr;  // token positions, filled once (MemKind::State)

@@ -26,6 +26,10 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double init_std = 0.02;
   bool add_qkv_bias = false;      // --add-qkv-bias
+  // --add-attention-output-bias (moecore's flag): a bias after the attention output projection,
+  // linear_proj.bias, as HuggingFace configs with attention_bias have (Megatron's
+  // --add-bias-linear gives it to every linear layer).
+  bool add_attention_output_bias = false;
   bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
   bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
   // --bf16: GEMMs take bf16 inputs (bf16 copies of the fp32 master weights, activations cast

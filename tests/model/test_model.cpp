@@ -1,5 +1,6 @@
 // Model layers: attention block, dense MLP, transformer blocks (dense and MoE) and the whole GPT
 // model against fp64 finite differences; f32 vs f64 agreement; config parsing and validation.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -67,6 +68,50 @@ TEST_F(SelfAttentionTest, FiniteDifferences) {
   EXPECT_TRUE(testing::check_layer_gradients(
       params, loss, [&] { attn.backward(dx.data(), R.data()); },
       {{x.data(), dx.data(), n * H, "dx"}}));
+}
+
+// --add-attention-output-bias: linear_proj.bias [H] (zeros, no weight decay), added after the
+// projection; its gradient is the column sums of dy. Non-zero values so the forward adds them.
+TEST(SelfAttention, OutputBiasFiniteDifferences) {
+  constexpr int64_t S = 5, B = 2, n = S * B;
+  ModelConfig cfg = tiny_config();
+  cfg.add_attention_output_bias = true;
+  const int64_t H = cfg.hidden;
+  ParamRegistry params{DType::F64};
+  ops::RopeCache rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  SelfAttention<double> attn{cfg, params, "attn", rope};
+  Arena arena;
+  testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
+  Param& bias = params.get("attn.linear_proj.bias");
+  EXPECT_EQ(bias.spec.global_shape, (std::vector<int64_t>{H}));
+  EXPECT_EQ(bias.spec.init, ParamInit::Zeros);
+  EXPECT_EQ(bias.spec.kind, ParamKind::Dense);
+  EXPECT_FALSE(bias.spec.weight_decay);
+  for (int64_t i = 0; i < H; ++i) EXPECT_EQ(host(bias.data_as<double>())[i], 0.0);
+  auto x = random_vec<double>(n * H, 2);
+  auto R = random_vec<double>(n * H, 3);
+  std::vector<double> y(n * H), dx(n * H), y0(n * H);
+  attn.forward(y0.data(), x.data());  // zero bias: the model without it
+  for (int64_t i = 0; i < H; ++i) host(bias.data_as<double>())[i] = 0.1 * std::cos(i);
+  attn.forward(y.data(), x.data());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_NEAR(y[t * H + h], y0[t * H + h] + 0.1 * std::cos(h), 1e-15) << t << " " << h;
+    }
+  }
+  auto loss = [&] {
+    attn.forward(y.data(), x.data());
+    return testing::weighted_sum(y.data(), R);
+  };
+  EXPECT_TRUE(testing::check_layer_gradients(params, loss,
+                                             [&] { attn.backward(dx.data(), R.data()); },
+                                             {{x.data(), dx.data(), n * H, "dx"}}));
+  // The bias gradient is exactly the column sums of dy = R, in row order.
+  for (int64_t h = 0; h < H; ++h) {
+    double col = 0;
+    for (int64_t t = 0; t < n; ++t) col += R[t * H + h];
+    EXPECT_NEAR(host(bias.grad_as<double>())[h], col, 1e-14) << h;
+  }
 }
 
 TEST_F(SelfAttentionTest, IsCausalOverSequence) {
@@ -181,6 +226,52 @@ TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 3);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 4);
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
+}
+
+// Qwen-style options: the shared expert's gate (--moe-shared-expert-gate) and the attention
+// output bias (--add-attention-output-bias) with the QKV bias; every parameter, gate_weight and
+// linear_proj.bias included, against finite differences.
+TEST(GPTModel, FiniteDifferencesSharedExpertGateAndAttentionOutputBias) {
+  ModelConfig cfg = tiny_config();
+  cfg.moe_layer_pattern = {1, 1};
+  cfg.moe.shared_expert_gate = true;
+  cfg.add_qkv_bias = true;
+  cfg.add_attention_output_bias = true;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 78);
+  for (int layer : {0, 1}) {
+    ASSERT_NE(
+        model.params().find(fmt::format("decoder.layers.{}.mlp.shared_experts.gate_weight", layer)),
+        nullptr);
+    Param& bias =
+        model.params().get(fmt::format("decoder.layers.{}.self_attention.linear_proj.bias", layer));
+    for (int64_t i = 0; i < bias.local_numel(); ++i)
+      host(bias.data_as<double>())[i] = 0.1 * std::sin(i + layer);
+  }
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 5);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 6);
+  EXPECT_TRUE(check_model_gradients(model, ids, targets));
+}
+
+// Without the options no parameter is added: the model of the main line.
+TEST(GPTModel, NoGateOrOutputBiasByDefault) {
+  ModelConfig cfg = tiny_config();
+  GPTModel<double> model(cfg, 2, 78);
+  for (const Param& p : model.params().params()) {
+    EXPECT_EQ(p.name().find("gate_weight"), std::string::npos) << p.name();
+    EXPECT_EQ(p.name().find("linear_proj.bias"), std::string::npos) << p.name();
+  }
+}
+
+// A gate without a shared expert is refused, naming both flags.
+TEST(ModelConfig, SharedExpertGateNeedsASharedExpert) {
+  ModelConfig cfg = tiny_config();
+  cfg.moe.shared_expert_gate = true;
+  EXPECT_NO_THROW(cfg.validate());
+  cfg.moe.shared_ffn_hidden = 0;
+  const std::string msg = testing::error_of([&] { cfg.validate(); });
+  EXPECT_NE(msg.find("--moe-shared-expert-gate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--moe-shared-expert-intermediate-size"), std::string::npos) << msg;
 }
 
 // The step's path: forward(io) writes each micro-batch's results into its report slot (whatever

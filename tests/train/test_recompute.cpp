@@ -54,6 +54,12 @@ train::TrainFlags base_flags(const std::string& variant) {
     f.router.load_balancing = {"global_aux_loss", "seq_aux_loss"};
     f.router.aux_loss_coeff = {1e-2, 1e-3};
     f.model.moe.router.capacity_factor = 1.0;
+  } else if (variant == "shared_gate_bias_bf16") {
+    // The shared expert's gate (under "moe" its forward reruns in the backward; under
+    // "shared_experts" its output stays for the gate) and the attention output bias.
+    f.model.moe.shared_expert_gate = true;
+    f.model.add_attention_output_bias = true;
+    f.bf16 = true;
   } else if (variant == "quantile_bf16") {
     f.router.load_balancing = {"quantile_balancing"};
     f.router.aux_loss_coeff = {0.0};
@@ -149,7 +155,8 @@ TEST_P(Recompute, EveryModeTrainsTheSameModelBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, Recompute,
-                         ::testing::Values("softmax_jitter", "balancing", "quantile_bf16"));
+                         ::testing::Values("softmax_jitter", "balancing", "quantile_bf16",
+                                           "shared_gate_bias_bf16"));
 
 TEST(Recompute, BadFlagsStopWithTheFix) {
   auto expect_error = [](const std::string& g, const std::string& m, int64_t n,
