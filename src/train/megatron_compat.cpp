@@ -114,7 +114,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--fp8-format", Y, "", "fp8", ""},
       {"--multi-latent-attention", Y, "", "multi-latent attention (MLA)", ""},
       {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
-      {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
       {"--tokenizer-type", Y,
        "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"

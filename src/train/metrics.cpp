@@ -21,6 +21,7 @@ FlopsModel flops_model(const ModelConfig& cfg) {
       p += H * E;                                          // router
       p += K * 3.0 * H * cfg.moe.ffn_hidden;               // routed experts (fc1 is 2F x H)
       p += 3.0 * H * cfg.moe.shared_ffn_hidden;            // shared expert
+      if (cfg.moe.shared_expert_gate) p += H;              // its gate
     } else {
       p += 3.0 * H * cfg.ffn_hidden;
     }

@@ -91,6 +91,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "Separate output head (default: tied to the embedding)")
       ->group(kModel);
   app.add_flag("--add-qkv-bias", m.add_qkv_bias, "Bias on the QKV projection")->group(kModel);
+  app.add_flag("--add-attention-output-bias", m.add_attention_output_bias,
+               "Bias on the attention output projection (linear_proj.bias), as HuggingFace "
+               "configs with attention_bias have")
+      ->group(kModel);
   app.add_flag("--qk-layernorm", m.qk_layernorm, "RMSNorm of q and k over the head dim")
       ->group(kModel);
   app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (the only MLP moecore implements)")
@@ -105,6 +109,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   add_router_flags(app, m.moe, f.router);
   app.add_option("--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden,
                  "Shared expert width (0: none)")
+      ->group(kMoe);
+  app.add_flag("--moe-shared-expert-gate", m.moe.shared_expert_gate,
+               "Scale the shared expert's output by sigmoid(x . w_g) per token (gate_weight [1, "
+               "hidden])")
       ->group(kMoe);
   app.add_option("--moe-layer-freq", f.moe_layer_freq, "N, or a list like ([0]*1+[1]*3)")
       ->group(kMoe);
@@ -212,6 +220,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--group-query-attention", &f.group_query_attention},
       {"--untie-embeddings-and-output-weights", &f.untie_embeddings},
       {"--add-qkv-bias", &m.add_qkv_bias}, {"--qk-layernorm", &m.qk_layernorm},
+      {"--add-attention-output-bias", &m.add_attention_output_bias},
       {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
       {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
       {"--moe-layer-recompute", &f.moe_layer_recompute},
@@ -221,6 +230,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-router-enable-expert-bias", &rc.enable_expert_bias},
       {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
       {"--moe-aux-loss-megatron-map", &rc.megatron_aux_map},
+      {"--moe-shared-expert-gate", &m.moe.shared_expert_gate},
       {"--sequence-parallel", &f.parallel.sequence_parallel},
       {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping},
       {"--mock-data", &t.data.mock_data}};

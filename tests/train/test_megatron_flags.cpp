@@ -251,6 +251,28 @@ TEST(MegatronFlags, DeprecatedSpellingsBehaveAsInMegatron) {
             std::string::npos);
 }
 
+// --moe-shared-expert-gate is Megatron's, --add-attention-output-bias moecore's own: both bind
+// to the model config, are off by default, and the gate needs a shared expert.
+TEST(MegatronFlags, SharedExpertGateAndAttentionOutputBias) {
+  const TrainFlags off = parse("--moe-shared-expert-intermediate-size 16");
+  EXPECT_FALSE(off.model.moe.shared_expert_gate);
+  EXPECT_FALSE(off.model.add_attention_output_bias);
+  const MegatronFlag* gate = megatron_arguments().find("--moe-shared-expert-gate");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(flag_class(*gate, train_binds(*gate)), FlagClass::Implemented);
+  EXPECT_EQ(megatron_arguments().find("--add-attention-output-bias"), nullptr);  // moecore's own
+  const TrainFlags on = parse(
+      "--moe-shared-expert-intermediate-size 16 --moe-shared-expert-gate --add-qkv-bias"
+      " --add-attention-output-bias");
+  EXPECT_TRUE(on.model.moe.shared_expert_gate);
+  EXPECT_TRUE(on.model.add_attention_output_bias);
+  EXPECT_TRUE(on.model.add_qkv_bias);
+  const std::string e = error_of({"--moe-shared-expert-gate"});
+  EXPECT_NE(e.find("--moe-shared-expert-gate"), std::string::npos) << e;
+  EXPECT_NE(e.find("--moe-shared-expert-intermediate-size"), std::string::npos) << e;
+  EXPECT_NE(train_help().find("--add-attention-output-bias"), std::string::npos);
+}
+
 TEST(MegatronFlags, DocsFlagsMdIsCurrent) {
   std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/docs/flags.md");
   std::stringstream ss;
@@ -416,6 +438,29 @@ TEST(MegatronRecipes, DeepSeekV3) {
            {"--rotary-scaling-factor 40", ""},
            {"--mscale-all-dim 1.0", ""}});
   trains(kDeepSeekV3, std::string(kDeepSeekShrunk) + kHuggingFaceMock);
+}
+
+// Qwen1.5-MoE-A2.7B's architecture (Qwen2-MoE) as Megatron flags: QKV bias, a gated shared
+// expert of 4 x the expert width, 60 experts top-4; and Qwen3-MoE's attention_bias option, which
+// adds the output projection's bias (moecore's --add-attention-output-bias).
+const char* kQwen2Moe =
+    "--micro-batch-size 1 --bf16 --disable-bias-linear --add-qkv-bias"
+    " --untie-embeddings-and-output-weights --position-embedding-type rope --normalization RMSNorm"
+    " --swiglu --num-layers 24 --hidden-size 2048 --ffn-hidden-size 5632"
+    " --num-attention-heads 16 --num-experts 60 --moe-ffn-hidden-size 1408 --moe-router-topk 4"
+    " --moe-shared-expert-intermediate-size 5632 --moe-shared-expert-gate"
+    " --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3"
+    " --moe-token-dispatcher-type alltoall --seq-length 4096 --max-position-embeddings 8192"
+    " --rotary-base 1000000 --attention-dropout 0 --hidden-dropout 0 --use-mcore-models";
+const char* kQwen2MoeShrunk =
+    "--num-layers 2 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4"
+    " --num-experts 8 --moe-ffn-hidden-size 16 --moe-shared-expert-intermediate-size 32"
+    " --seq-length 16 --max-position-embeddings 32 --global-batch-size 2 --train-iters 2"
+    " --lr 1e-3 --vocab-size 64";
+
+TEST(MegatronRecipes, Qwen2MoeSharedExpertGate) {
+  trains(kQwen2Moe, kQwen2MoeShrunk);
+  trains(kQwen2Moe, std::string(kQwen2MoeShrunk) + " --add-attention-output-bias");
 }
 
 }  // namespace
