@@ -8,8 +8,9 @@
 // - allgather == alltoall: MoE layer outputs, input grads, router and expert weight grads
 //   (bitwise for top-k <= 2, within the f64 tolerance for top-k 3).
 // - The EP-sharded MoE layer equals the single-rank layer: dropless on all ranks' tokens
-//   concatenated (loss summed), and with capacity dropping / padding (capacity is per rank, as
-//   in Megatron) against each rank's own single-rank layer with expert grads summed over EP.
+//   concatenated (loss summed; also with the gated shared expert), and with capacity dropping /
+//   padding (capacity is per rank, as in Megatron) against each rank's own single-rank layer
+//   with expert grads summed over EP.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -360,6 +361,59 @@ TEST(EpMoELayerMpi, EqualsSingleRankLayerOnConcatenatedTokens) {
     }
 }
 
+// The gated shared expert (--moe-shared-expert-gate) under EP: it is dense and replicated like
+// the router, so on each rank's tokens the layer equals the one-rank layer on all EP ranks'
+// tokens concatenated, and its gradients (fc1, fc2, gate_weight) summed over EP equal the
+// one-rank ones, as the router's do; the expert slices as in the ungated case.
+TEST(EpMoELayerMpi, SharedExpertGateEqualsSingleRankLayerOnConcatenatedTokens) {
+  for (ProcessGroups* g : layouts())
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather}) {
+      Communicator& c = ep_comm(g);
+      const int me = c.rank(), R = c.size();
+      SCOPED_TRACE(::testing::Message() << "EP=" << R << " " << dispatcher_type_name(type));
+      ModelConfig cfg = layer_config(8, 2, type);
+      cfg.moe.shared_ffn_hidden = 3;
+      cfg.moe.shared_expert_gate = true;  // no aux loss: it is per rank, not on the concatenation
+      const int64_t H = cfg.hidden, max_tok = 3 + 2 * (R - 1);
+      std::vector<double> X, DY;
+      int64_t total = 0, my_off = 0;
+      for (int s = 0; s < R; ++s) {
+        const int64_t n = 3 + 2 * s;  // uneven, not divisible by EP
+        auto xs = inputs(s, n * H, 5), dys = inputs(s, n * H, 6);
+        if (s == me) my_off = total;
+        X.insert(X.end(), xs.begin(), xs.end());
+        DY.insert(DY.end(), dys.begin(), dys.end());
+        total += n;
+      }
+      const int64_t n = 3 + 2 * me;
+      std::vector<double> x(X.begin() + my_off * H, X.begin() + (my_off + n) * H);
+      std::vector<double> dy(DY.begin() + my_off * H, DY.begin() + (my_off + n) * H);
+      LayerRun ep, one;
+      run_layer(ep, cfg, g, x, dy, n, max_tok);
+      run_layer(one, cfg, nullptr, X, DY, total, total);
+      ASSERT_NE(ep.params.find("decoder.layers.0.mlp.shared_experts.gate_weight"), nullptr);
+      const std::vector<double> y_ref(one.y.begin() + my_off * H, one.y.begin() + (my_off + n) * H);
+      const std::vector<double> dx_ref(one.dx.begin() + my_off * H,
+                                       one.dx.begin() + (my_off + n) * H);
+      EXPECT_TRUE(all_close(ep.y, y_ref, testing::kF64Rtol, testing::kF64Atol)) << "output";
+      EXPECT_TRUE(all_close(ep.dx, dx_ref, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
+      const int64_t first = ep.layer->dispatcher().first_local_expert();
+      for (const Param& pe : ep.params.params()) {
+        const Param& po = one.params.get(pe.name());
+        if (pe.spec.kind == ParamKind::Dense) {  // router and shared expert: summed over EP
+          std::vector<double> gd = grad(pe);
+          c.all_reduce(gd);
+          EXPECT_TRUE(all_close(gd, grad(po), testing::kF64Rtol, testing::kF64Atol)) << pe.name();
+        } else {
+          const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
+          EXPECT_TRUE(all_close(grad(pe), slice(po, first * per, pe.local_numel()),
+                                testing::kF64Rtol, testing::kF64Atol))
+              << pe.name();
+        }
+      }
+    }
+}
+
 // Capacity is per rank (Megatron: on the rank's own tokens), so the reference is each rank's
 // own one-rank layer; the EP experts see every rank's kept rows, so their grads are the sum over
 // EP ranks of the references'.
@@ -407,51 +461,58 @@ TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
 // the same micro-batch (dropless: routing is per token, aux/z losses per rank); the expert
 // grads, which see every EP rank's tokens, equal the one-rank grads summed over EP.
 TEST(EpGPTModelMpi, EachRankMatchesTheOneRankModelOnItsMicroBatch) {
-  for (ProcessGroups* g : layouts()) {
-    Communicator& c = ep_comm(g);
-    const int me = c.rank();
-    SCOPED_TRACE(::testing::Message() << "EP=" << c.size());
-    ModelConfig cfg;
-    cfg.vocab_size = 11;
-    cfg.hidden = 8;
-    cfg.num_layers = 2;
-    cfg.num_heads = 2;
-    cfg.num_query_groups = 2;
-    cfg.ffn_hidden = 6;
-    cfg.seq_length = 5;
-    cfg.init_std = 0.3;
-    cfg.num_experts = 4;
-    cfg.moe.router.num_experts = 4;
-    cfg.moe.router.topk = 2;
-    cfg.moe.router.aux_loss_coeff = 0.1;
-    cfg.moe.ffn_hidden = 3;
-    const int64_t B = 2, n = B * cfg.seq_length;
-    std::vector<int32_t> ids(n), targets(n);
-    for (int64_t i = 0; i < n; ++i) {
-      ids[i] = static_cast<int32_t>((i * 7 + 3 * me) % cfg.vocab_size);
-      targets[i] = static_cast<int32_t>((i * 5 + me + 1) % cfg.vocab_size);
-    }
-    model::GPTModel<double> ep(cfg, B, 99, g), one(cfg, B, 99);
-    const double l_ep = ep.forward(ids.data(), targets.data());
-    const double l_one = one.forward(ids.data(), targets.data());
-    EXPECT_NEAR(l_ep, l_one, 1e-12 * std::abs(l_one));
-    ep.params().zero_grads();
-    one.params().zero_grads();
-    ep.backward(1.0);
-    one.backward(1.0);
-    for (const Param& pe : ep.params().params()) {
-      const Param& po = one.params().get(pe.name());
-      std::vector<double> go = grad(po);
-      int64_t first = 0;
-      if (pe.spec.kind == ParamKind::Expert) {
-        c.all_reduce(go);
-        first = pe.spec.slice.offset * (po.local_numel() / pe.spec.global_shape[0]);
+  for (ProcessGroups* g : layouts())
+    for (bool qwen : {false, true}) {
+      Communicator& c = ep_comm(g);
+      const int me = c.rank();
+      SCOPED_TRACE(::testing::Message() << "EP=" << c.size() << " gate+output bias=" << qwen);
+      ModelConfig cfg;
+      cfg.vocab_size = 11;
+      cfg.hidden = 8;
+      cfg.num_layers = 2;
+      cfg.num_heads = 2;
+      cfg.num_query_groups = 2;
+      cfg.ffn_hidden = 6;
+      cfg.seq_length = 5;
+      cfg.init_std = 0.3;
+      cfg.num_experts = 4;
+      cfg.moe.router.num_experts = 4;
+      cfg.moe.router.topk = 2;
+      cfg.moe.router.aux_loss_coeff = 0.1;
+      cfg.moe.ffn_hidden = 3;
+      // Qwen-style: a gated shared expert and the attention output bias (dense, replicated).
+      cfg.moe.shared_ffn_hidden = qwen ? 4 : 0;
+      cfg.moe.shared_expert_gate = qwen;
+      cfg.add_attention_output_bias = qwen;
+      const int64_t B = 2, n = B * cfg.seq_length;
+      std::vector<int32_t> ids(n), targets(n);
+      for (int64_t i = 0; i < n; ++i) {
+        ids[i] = static_cast<int32_t>((i * 7 + 3 * me) % cfg.vocab_size);
+        targets[i] = static_cast<int32_t>((i * 5 + me + 1) % cfg.vocab_size);
       }
-      EXPECT_TRUE(all_close(grad(pe), std::vector<double>(go.begin() + first, go.begin() + first + pe.local_numel()),
-                            testing::kF64Rtol, testing::kF64Atol))
-          << pe.name();
+      model::GPTModel<double> ep(cfg, B, 99, g), one(cfg, B, 99);
+      const double l_ep = ep.forward(ids.data(), targets.data());
+      const double l_one = one.forward(ids.data(), targets.data());
+      EXPECT_NEAR(l_ep, l_one, 1e-12 * std::abs(l_one));
+      ep.params().zero_grads();
+      one.params().zero_grads();
+      ep.backward(1.0);
+      one.backward(1.0);
+      for (const Param& pe : ep.params().params()) {
+        const Param& po = one.params().get(pe.name());
+        std::vector<double> go = grad(po);
+        int64_t first = 0;
+        if (pe.spec.kind == ParamKind::Expert) {
+          c.all_reduce(go);
+          first = pe.spec.slice.offset * (po.local_numel() / pe.spec.global_shape[0]);
+        }
+        EXPECT_TRUE(all_close(
+            grad(pe),
+            std::vector<double>(go.begin() + first, go.begin() + first + pe.local_numel()),
+            testing::kF64Rtol, testing::kF64Atol))
+            << pe.name();
+      }
     }
-  }
 }
 
 }  // namespace

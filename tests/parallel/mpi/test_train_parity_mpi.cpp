@@ -285,6 +285,21 @@ void expert_parallel_parity(const std::vector<std::string>& args, const std::str
 TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + kAux, "base"); }
 TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
 
+// Qwen-style options: the shared expert's gate and the attention output bias, dense parameters
+// replicated over EP and reduced over DP like the router's; the bias starts at zero and moves.
+const std::vector<std::string> kGateBias = {"--moe-shared-expert-gate",
+                                            "--add-attention-output-bias"};
+
+TEST(LayoutParity, SharedExpertGateAndOutputBiasDataParallel) {
+  data_parallel_parity<double>(kBase + kAux + kGateBias, "gate+output bias");
+}
+TEST(LayoutParity, SharedExpertGateAndOutputBiasExpertParallelF64) {
+  expert_parallel_parity<double>(kBase + kAux + kGateBias, "gate+output bias");
+}
+TEST(LayoutParity, SharedExpertGateAndOutputBiasExpertParallelF32) {
+  expert_parallel_parity<float>(kBase + kAux + kGateBias, "gate+output bias");
+}
+
 // Activation recomputation under expert parallelism reruns the dispatch's collectives in the
 // backward (between the overlapped gradient all-reduces): in every --recompute-* mode (those of
 // tests/train/test_recompute.cpp that fit two layers) and with both dispatchers, the model must
@@ -320,6 +335,36 @@ TEST(RecomputeParity, EveryModeExpertParallelBitwise) {
       EXPECT_GT(got.recomputed_bytes, 0u) << what << ": nothing recomputed";
       expect_bitwise(got, plain, what);
       EXPECT_TRUE(got.beta == plain.beta && got.bias == plain.bias) << what << ": router state";
+    }
+  }
+}
+
+// The gated shared expert under EP 2 with recomputation: "moe" reruns its forward (and the
+// dispatch) in the backward, "shared_experts" keeps its output for the gate, full recomputation
+// reruns the layers; bitwise the run without recomputation, both dispatchers, with --bf16 too.
+TEST(RecomputeParity, SharedExpertGateExpertParallelBitwise) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "EP = 2 needs an even world size";
+  const auto base = kBase + kAux + kGateBias +
+                    std::vector<std::string>{"--moe-input-jitter-eps", "1e-2",
+                                             "--overlap-grad-reduce", "--train-iters", "3"};
+  parallel::ProcessGroups groups = make_groups(2, base);
+  const std::vector<std::vector<std::string>> modes = {
+      {"--recompute-granularity", "selective", "--recompute-modules", "shared_experts"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "moe", "layernorm"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers",
+       "1"}};
+  for (const char* disp : {"alltoall", "allgather"}) {
+    for (bool bf16 : {false, true}) {
+      auto args = base + std::vector<std::string>{"--moe-token-dispatcher-type", disp};
+      if (bf16) args.push_back("--bf16");
+      const auto plain = train_run<float>(args, &groups);
+      for (const auto& mode : modes) {
+        std::string what = fmt::format("gate ep=2 {}{}", disp, bf16 ? " bf16" : "");
+        for (size_t i = 1; i < mode.size(); i += 2) what += " " + mode[i];
+        const auto got = train_run<float>(args + mode, &groups);
+        EXPECT_GT(got.recomputed_bytes, 0u) << what << ": nothing recomputed";
+        expect_bitwise(got, plain, what);
+      }
     }
   }
 }
