@@ -21,8 +21,10 @@ json model_signature(const ModelConfig& m) {
           {"--num-experts", m.num_experts},
           {"--moe-ffn-hidden-size", m.moe.ffn_hidden},
           {"--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden},
+          {"--moe-shared-expert-gate", m.moe.shared_expert_gate},
           {"--moe-layer-freq", m.num_experts > 0 ? moe_layers : json::array()},
           {"--add-qkv-bias", m.add_qkv_bias},
+          {"--add-attention-output-bias", m.add_attention_output_bias},
           {"--qk-layernorm", m.qk_layernorm},
           {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
 }

@@ -125,6 +125,47 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
   fs::remove_all(dir);
 }
 
+// A gated shared expert and the attention output bias: their tensors save and load with the
+// rest (save, load, continue == the uninterrupted run, bitwise), and the run state records both
+// options, so a model without them refuses the checkpoint naming the flags.
+TEST(CheckpointResume, SharedExpertGateAndOutputBiasResumeAndAreChecked) {
+  auto with_options = [](bool on) {
+    train::TrainFlags f = resume_flags(4, false);
+    f.model.moe.shared_ffn_hidden = 16;
+    f.model.moe.shared_expert_gate = on;
+    f.model.add_attention_output_bias = on;
+    f.model.validate();
+    return f;
+  };
+  const train::TrainFlags f = with_options(true);
+  const fs::path dir = fresh_dir("gate_bias");
+  train::Trainer whole(f.model, f.train);
+  std::vector<train::StepMetrics> ref;
+  for (int i = 0; i < 4; ++i) ref.push_back(whole.train_step());
+  train::Trainer first(f.model, f.train);
+  for (int i = 0; i < 2; ++i) first.train_step();
+  first.save_checkpoint(dir);
+  train::Trainer second(f.model, f.train);
+  second.load_checkpoint(dir);
+  EXPECT_EQ(second.weights_digest(), first.weights_digest());
+  for (int i = 2; i < 4; ++i) {
+    const train::StepMetrics m = second.train_step();
+    EXPECT_EQ(m.lm_loss, ref[i].lm_loss) << "iteration " << i + 1;
+    EXPECT_EQ(m.grad_norm, ref[i].grad_norm) << "iteration " << i + 1;
+  }
+  EXPECT_EQ(second.weights_digest(), whole.weights_digest());
+  const train::TrainFlags g = with_options(false);
+  train::Trainer plain(g.model, g.train);
+  const std::string e = testing::error_of([&] { plain.load_checkpoint(dir); });
+  EXPECT_NE(e.find("--moe-shared-expert-gate: true in the checkpoint, false in this run"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--add-attention-output-bias: true in the checkpoint, false in this run"),
+            std::string::npos)
+      << e;
+  fs::remove_all(dir);
+}
+
 // The run loop with --save / --load: saves every --save-interval, stops after --exit-interval
 // (saving first, skipping the final evaluation), and a run resumed from the last save ends with
 // the uninterrupted run's weights. No staging directory is left behind.
