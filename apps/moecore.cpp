@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_command.h"
+#include "convert/convert_command.h"
 #include "core/check.h"
 #include "data/dataset_info_command.h"
 #include "data/preprocess_command.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
       train::add_train_command(app),     parallel::add_groups_command(app),
       data::add_preprocess_command(app), data::add_dataset_info_command(app),
       plan::add_plan_command(app),       ckpt::add_checkpoint_command(app),
+      convert::add_convert_command(app),
   };
   try {
     // --config FILE expands into flags before the command line's own (which then override).
