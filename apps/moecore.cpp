@@ -13,18 +13,26 @@
 #include "parallel/runtime.h"
 #include "plan/plan_command.h"
 #include "train/config_file.h"
+#include "train/eval_command.h"
 #include "train/train_command.h"
 
 int main(int argc, char** argv) {
   using namespace moecore;
   CLI::App app{"moecore: Mixture-of-Experts training in C++"};
   app.require_subcommand(1);
+  // One per line (clang-format off: it would pack them into columns).
+  // clang-format off
   std::vector<Subcommand> commands = {
-      train::add_train_command(app),     parallel::add_groups_command(app),
-      data::add_preprocess_command(app), data::add_dataset_info_command(app),
-      plan::add_plan_command(app),       ckpt::add_checkpoint_command(app),
+      train::add_train_command(app),
+      train::add_eval_command(app),
+      parallel::add_groups_command(app),
+      data::add_preprocess_command(app),
+      data::add_dataset_info_command(app),
+      plan::add_plan_command(app),
+      ckpt::add_checkpoint_command(app),
       convert::add_convert_command(app),
   };
+  // clang-format on
   try {
     // --config FILE expands into flags before the command line's own (which then override).
     std::vector<std::string> args(argv + 1, argv + argc);

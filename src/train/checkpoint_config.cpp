@@ -16,6 +16,8 @@ void CheckpointConfig::validate() const {
   MOE_CHECK(ckpt_step < 0 || !load.empty(), "[flags] --ckpt-step={} needs --load DIR", ckpt_step);
   MOE_CHECK(!finetune || !load.empty(),
             "[flags] --finetune needs --load DIR (the checkpoint whose weights to start from)");
+  MOE_CHECK(!upcycling || !load.empty(),
+            "[flags] --moe-use-upcycling needs --load DIR (the dense checkpoint to upcycle)");
   MOE_CHECK(!exit_on_missing_checkpoint || !load.empty(),
             "[flags] --exit-on-missing-checkpoint needs --load DIR");
 }

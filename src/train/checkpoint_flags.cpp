@@ -15,9 +15,18 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                  "Directory to resume from: its latest checkpoint, in any parallel layout (none "
                  "there yet: train from the start)")
       ->group(kCkpt);
+  app.add_flag("--async-save", c.async_save,
+               "Write the checkpoint files in the background: the step waits only for the copy "
+               "to host memory; the next save or the end of training waits for the files")
+      ->group(kCkpt);
   app.add_flag("--finetune", c.finetune,
                "Load the weights only: optimizer, iteration, data position and random streams "
                "start at 0")
+      ->group(kCkpt);
+  app.add_flag("--moe-use-upcycling", c.upcycling,
+               "--load a dense checkpoint into this MoE model: every expert a copy of its "
+               "layer's dense MLP (--moe-ffn-hidden-size = --ffn-hidden-size), routers as "
+               "initialized; optimizer, iteration and data start at 0")
       ->group(kCkpt);
   app.add_flag("--no-save-optim", f.no_save_optim, "Do not save the optimizer state")->group(kCkpt);
   app.add_flag("--no-load-optim", f.no_load_optim,
@@ -44,7 +53,8 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                "On SIGTERM or SIGINT: finish the step, save (with --save), exit with status 0")
       ->group(kTrain);
   // Switches show their state as their default; Megatron's --no-* flags default to None.
-  for (const char* name : {"--finetune", "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
+  for (const char* name :
+       {"--async-save", "--finetune", "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
     app.get_option(name)->default_str("false");
   }
 }

@@ -1,5 +1,6 @@
 // Megatron-LM's checkpointing and exit flags bound to CheckpointConfig, with Megatron's names
-// and defaults: --save, --load, --save-interval, --finetune, --no-save-optim, --no-load-optim,
+// and defaults: --save, --load, --save-interval, --async-save, --finetune, --no-save-optim,
+// --no-load-optim,
 // --no-save-rng, --no-load-rng, --ckpt-step, --exit-on-missing-checkpoint, --exit-interval,
 // --exit-duration-in-mins, --exit-signal-handler.
 #pragma once

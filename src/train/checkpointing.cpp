@@ -7,10 +7,8 @@
 // checkpoint loads into any layout. Each step is agreed by all ranks, so a failure on one rank
 // stops every rank with its message instead of leaving the others waiting.
 #include <fmt/format.h>
-#include <signal.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +20,7 @@
 #include "ops/memory.h"
 #include "parallel/agree.h"
 #include "train/checkpoint_state.h"
+#include "train/save_in_flight.h"
 #include "train/trainer.h"
 
 namespace moecore::train {
@@ -74,13 +73,6 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
   return v.get<int64_t>();
 }
 
-// Test hook for the crash-safety tests: MOECORE_FAULT_KILL_AFTER_SHARDS=R kills rank R with
-// SIGKILL once its shards are written, before the manifest and the tracker.
-void maybe_killed_after_shards(int rank) {
-  const char* v = std::getenv("MOECORE_FAULT_KILL_AFTER_SHARDS");
-  if (v != nullptr && *v != '\0' && std::atoi(v) == rank) ::raise(SIGKILL);
-}
-
 // Every tensor of the run state on this rank: the parameters, their AdamW moments, the routers'
 // balancing state.
 template <typename T>
@@ -126,83 +118,93 @@ parallel::Communicator* world_comm(const parallel::ProcessGroups* groups) {
 }  // namespace
 
 template <typename T>
-void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, bool save_rng) {
+void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, bool save_rng,
+                                      bool async) {
+  finish_pending_save();  // one save at a time
   parallel::Communicator* world = world_comm(groups_);
-  const int rank = groups_ ? groups_->rank() : 0;
-  const int world_size = groups_ ? groups_->world_size() : 1;
+  auto s = std::make_unique<SaveInFlight>();
+  s->save = save;
+  s->staging = ckpt::staging_dir(save, iteration_);
+  s->iteration = iteration_;
+  s->rank = groups_ ? groups_->rank() : 0;
   const Exec& ex = exec_;
-  const fs::path staging = ckpt::staging_dir(save, iteration_);
 
   // 1. Rank 0 makes the staging directory (a leftover of an interrupted save goes first).
   parallel::run_on_all_ranks(world, [&] {
-    if (rank != 0) return;
+    if (s->rank != 0) return;
     fs::create_directories(save);
-    fs::remove_all(staging);
-    fs::create_directories(staging);
+    fs::remove_all(s->staging);
+    fs::create_directories(s->staging);
     ckpt::fsync_dir(save);
   });
 
-  // 2. Every rank writes its shards and describes them.
-  std::string part;
+  // 2. Every rank copies what it writes to host memory and describes it; rank 0 the run state.
   parallel::run_on_all_ranks(world, [&] {
-    ckpt::Manifest m;
-    m.iteration = iteration_;
-    m.world_size = world_size;
-    ckpt::SafetensorsWriter shard[2];  // model, optimizer
-    const std::string file[2] = {ckpt::shard_name("model", rank), ckpt::shard_name("optim", rank)};
+    s->part.iteration = iteration_;
+    s->part.world_size = groups_ ? groups_->world_size() : 1;
+    s->files[0] = ckpt::shard_name("model", s->rank);
+    s->files[1] = ckpt::shard_name("optim", s->rank);
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (!t.write || (t.optim && !save_optim)) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
       ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
                                 static_cast<int64_t>(bytes.size()));
       const std::string dtype(ckpt::safetensors_dtype(t.dtype));
-      shard[t.optim].add(t.name, dtype, local_shape(t), bytes);
-      ckpt::SliceRef slice{file[t.optim]};
-      if (t.slice.dim >= 0) slice = {file[t.optim], t.slice.dim, t.slice.offset, t.slice.length};
-      m.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
+      const std::string& file = s->files[t.optim];
+      s->shards[t.optim].add(t.name, dtype, local_shape(t), bytes);
+      ckpt::SliceRef slice{file};
+      if (t.slice.dim >= 0) slice = {file, t.slice.dim, t.slice.offset, t.slice.length};
+      s->part.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
     }
-    for (int k = 0; k < 2; ++k) {
-      shard[k].set_metadata("format", "moecore");
-      shard[k].set_metadata("format_version", std::to_string(ckpt::kManifestVersion));
-      shard[k].set_metadata("iteration", std::to_string(iteration_));
-      shard[k].set_metadata("rank", std::to_string(rank));
-      if (shard[k].num_tensors() > 0)
-        m.files.push_back(ckpt::write_shard(staging, file[k], rank, shard[k]));
+    for (ckpt::SafetensorsWriter& shard : s->shards) {
+      shard.set_metadata("format", "moecore");
+      shard.set_metadata("format_version", std::to_string(ckpt::kManifestVersion));
+      shard.set_metadata("iteration", std::to_string(iteration_));
+      shard.set_metadata("rank", std::to_string(s->rank));
     }
-    part = m.to_json_text();
-  });
-  maybe_killed_after_shards(rank);
-  const std::vector<std::string> parts =
-      world ? parallel::all_gather_strings(*world, part) : std::vector<std::string>{part};
-
-  // 3. Rank 0: the manifest (the ranks' parts merged; validate_manifest in write_manifest proves
-  // every global tensor is covered exactly once), the directory published, the tracker last.
-  parallel::run_on_all_ranks(world, [&] {
-    if (rank != 0) return;
-    std::vector<ckpt::Manifest> ms;
-    for (size_t r = 0; r < parts.size(); ++r)
-      ms.push_back(ckpt::parse_manifest_part(parts[r], fmt::format("rank {}'s shards", r)));
-    ckpt::Manifest m = ckpt::merge_manifest_parts(ms, staging.string());
-    m.layout = {{"dp", dp_size_},
-                {"ep", groups_ ? groups_->group(parallel::GroupKind::Ep).size() : 1},
-                {"expt_dp", groups_ ? groups_->group(parallel::GroupKind::ExptDp).size() : 1}};
-    m.state = {{"iteration", iteration_},
-               {"optimizer_steps", optimizer_->steps_taken()},
-               {"has_optimizer", save_optim},
-               {"consumed_train_samples", consumed_train_samples()},
-               {"consumed_valid_samples", consumed_valid_samples()},
-               {"model", model_signature(model_cfg_)}};
+    s->head.layout = {
+        {"dp", dp_size_},
+        {"ep", groups_ ? groups_->group(parallel::GroupKind::Ep).size() : 1},
+        {"expt_dp", groups_ ? groups_->group(parallel::GroupKind::ExptDp).size() : 1}};
+    s->head.state = {{"iteration", iteration_},
+                     {"optimizer_steps", optimizer_->steps_taken()},
+                     {"has_optimizer", save_optim},
+                     {"consumed_train_samples", consumed_train_samples()},
+                     {"consumed_valid_samples", consumed_valid_samples()},
+                     {"model", model_signature(model_cfg_)}};
     if (save_rng) {
       const std::vector<moe::Router<T>*> routers = model_->routers();
-      m.state["rng"] = {
+      s->head.state["rng"] = {
           {"seed", cfg_.seed},
           {"router_jitter_step",
            routers.empty() ? optimizer_->steps_taken() : routers.front()->steps_finished()}};
     }
-    ckpt::write_manifest(staging, m);
-    ckpt::publish_iteration_dir(staging, ckpt::iteration_dir(save, iteration_));
-    ckpt::write_tracker(save, iteration_);
   });
+
+  // 3. The shards, now or in the background; then the manifest and the tracker.
+  if (async) {
+    s->start_background();
+    pending_save_ = std::move(s);
+    return;
+  }
+  s->write();
+  s->finish(world);
+}
+
+template <typename T>
+int64_t BasicTrainer<T>::finish_pending_save(bool only_if_written) {
+  if (!pending_save_) return -1;
+  parallel::Communicator* world = world_comm(groups_);
+  if (only_if_written) {
+    // Every rank must be done writing, or every rank waits for the next poll.
+    std::vector<int64_t> written{pending_save_->written() ? 1 : 0};
+    if (world) world->all_reduce(written, parallel::ReduceOp::Sum);
+    if (written[0] < (world ? world->size() : 1)) return -1;
+  }
+  const int64_t it = pending_save_->iteration;
+  std::unique_ptr<SaveInFlight> s = std::move(pending_save_);
+  s->finish(world);
+  return it;
 }
 
 template <typename T>
@@ -221,8 +223,27 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     const std::string dir = reader.dir().string();
     MOE_CHECK(m.iteration == *loaded, "[checkpoint] '{}' holds iteration {}, not {}", dir,
               m.iteration, *loaded);
-    check_same_model(state_value(m, "model", dir), model_signature(model_cfg_), dir);
-    const bool optim = opt.optim && !opt.finetune;
+    json saved = state_value(m, "model", dir), mine = model_signature(model_cfg_);
+    const bool up = opt.upcycle;
+    if (up) {
+      MOE_CHECK(saved.value("--num-experts", 0) == 0,
+                "[checkpoint] --moe-use-upcycling loads a dense checkpoint; '{}' has {} experts: "
+                "load it without --moe-use-upcycling",
+                dir, saved.value("--num-experts", 0));
+      MOE_CHECK(model_cfg_.num_experts > 0 && model_cfg_.moe.ffn_hidden == model_cfg_.ffn_hidden &&
+                    model_cfg_.moe.shared_ffn_hidden == 0,
+                "[checkpoint] --moe-use-upcycling makes each expert a copy of the dense MLP: it "
+                "needs --num-experts > 0, --moe-ffn-hidden-size = --ffn-hidden-size ({} and {} "
+                "here) and no shared expert",
+                model_cfg_.moe.ffn_hidden, model_cfg_.ffn_hidden);
+      for (const char* k : {"--num-experts", "--moe-ffn-hidden-size", "--moe-layer-freq",
+                            "--moe-shared-expert-intermediate-size"}) {
+        saved.erase(k);
+        mine.erase(k);
+      }
+    }
+    check_same_model(saved, mine, dir);
+    const bool optim = opt.optim && !opt.finetune && !up;
     MOE_CHECK(!optim || state_value(m, "has_optimizer", dir).get<bool>(),
               "[checkpoint] '{}' was saved without the optimizer state (--no-save-optim): load "
               "it with --no-load-optim or --finetune",
@@ -232,6 +253,32 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     std::set<std::string> read;
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (t.optim && !optim) continue;
+      if (up && m.find(t.name) == nullptr) {
+        // Upcycling: each local expert a copy of the dense MLP of its layer; the routers keep
+        // their initialization (with top-k probabilities that sum to 1 the layer's output is the
+        // dense MLP's).
+        const size_t e = t.name.find(".mlp.experts.linear_fc");
+        if (e == std::string::npos) continue;  // a router's weight or balancing state
+        const std::string dense = t.name.substr(0, e) + ".mlp." + t.name.substr(e + 13);
+        const ckpt::GlobalTensor& g = reader.tensor(dense);
+        const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
+        MOE_CHECK(
+            g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) && t.slice.dim == 0,
+            "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir, dense,
+            g.dtype, ckpt::format_shape(g.shape), t.name, ckpt::safetensors_dtype(t.dtype),
+            ckpt::format_shape(want));
+        const size_t one = static_cast<size_t>(t.numel / t.slice.length) * dtype_size(t.dtype);
+        std::vector<std::byte> bytes(one * static_cast<size_t>(t.slice.length));
+        reader.read(dense, g.dtype, -1, 0, 0, std::span<std::byte>(bytes.data(), one));
+        for (int64_t x = 1; x < t.slice.length; ++x)
+          std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(one),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(one * x));
+        ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
+                             static_cast<int64_t>(bytes.size()));
+        exec_synchronize(ex);
+        read.insert(dense);
+        continue;
+      }
       const ckpt::GlobalTensor& g = reader.tensor(t.name);
       MOE_CHECK(g.shape == t.global_shape && g.dtype == ckpt::safetensors_dtype(t.dtype),
                 "[checkpoint] '{}': tensor '{}' is {} {} there and {} {} in this model: a "
@@ -258,25 +305,28 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir, n_unused, unused, n_unused > 5 ? ", ..." : "");
 
     model_->params().refresh_bf16();
-    const int64_t steps = opt.finetune ? 0 : state_int(m, "optimizer_steps", dir);
+    const bool fresh = opt.finetune || up;  // a new run from the checkpoint's weights
+    const int64_t steps = fresh ? 0 : state_int(m, "optimizer_steps", dir);
     if (optim) optimizer_->set_steps_taken(steps);
     int64_t jitter = 0;  // a fresh run's random streams
-    if (!opt.finetune && opt.rng && m.state.contains("rng")) {
+    if (!fresh && opt.rng && m.state.contains("rng")) {
       const json& rng = m.state["rng"];
       MOE_CHECK(rng.contains("router_jitter_step") && rng["router_jitter_step"].is_number_integer(),
                 "[checkpoint] '{}': the state's rng has no integer \"router_jitter_step\"", dir);
       jitter = rng["router_jitter_step"].get<int64_t>();
     }
     for (moe::Router<T>* r : model_->routers()) r->set_steps_finished(jitter);
-    iteration_ = opt.finetune ? 0 : state_int(m, "iteration", dir);
-    set_consumed_train_samples(opt.finetune ? 0 : state_int(m, "consumed_train_samples", dir));
-    set_consumed_valid_samples(opt.finetune ? 0 : state_int(m, "consumed_valid_samples", dir));
+    iteration_ = fresh ? 0 : state_int(m, "iteration", dir);
+    set_consumed_train_samples(fresh ? 0 : state_int(m, "consumed_train_samples", dir));
+    set_consumed_valid_samples(fresh ? 0 : state_int(m, "consumed_valid_samples", dir));
   });
   return loaded;
 }
 
-template void BasicTrainer<float>::save_checkpoint(const fs::path&, bool, bool);
-template void BasicTrainer<double>::save_checkpoint(const fs::path&, bool, bool);
+template void BasicTrainer<float>::save_checkpoint(const fs::path&, bool, bool, bool);
+template void BasicTrainer<double>::save_checkpoint(const fs::path&, bool, bool, bool);
+template int64_t BasicTrainer<float>::finish_pending_save(bool);
+template int64_t BasicTrainer<double>::finish_pending_save(bool);
 template std::optional<int64_t> BasicTrainer<float>::load_checkpoint(const fs::path&,
                                                                      const LoadOptions&);
 template std::optional<int64_t> BasicTrainer<double>::load_checkpoint(const fs::path&,

@@ -115,7 +115,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--multi-latent-attention", Y, "", "multi-latent attention (MLA)", ""},
       {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
       {"--moe-shared-expert-gate", Y, "", "the shared-expert gate", ""},
-      {"--moe-use-upcycling", Y, "", "upcycling", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
       {"--tokenizer-type", Y,
        "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"
@@ -129,7 +128,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--ckpt-fully-parallel-load", N, "", "every rank reads its own slices", ""},
       {"--ckpt-assume-constant-structure", N, "", "a save takes no structure cache", ""},
       {"--verify-integrity", N, "", "every shard's size and SHA-256 are always checked", ""},
-      {"--async-save", Y, "", "asynchronous checkpoint saving", "13"},
       {"group:checkpointing", Y, "", "checkpointing", "13"},
       {"group:data and dataloader", Y, "", "Megatron's data pipeline", "14"},
       {"group:tokenizer", Y, "", "Megatron's tokenizers", "14"},

@@ -391,12 +391,26 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
       groups_ != nullptr && groups_->world_size() > 1 ? &groups_->world().communicator() : nullptr;
   ExitConditions exits(ck, world);
   int64_t saved = loaded && ck.save == ck.load ? *loaded : -1;  // the iteration on disk there
+  const auto finished = [&](int64_t it) {                       // a background save completed
+    if (it >= 0 && logging_rank()) {
+      fmt::print(log, "[checkpoint] saved iteration {} to {} (written in the background)\n", it,
+                 ckpt::iteration_dir(ck.save, it).string());
+    }
+  };
   const auto save = [&] {
-    save_checkpoint(ck.save, ck.save_optim, ck.save_rng);
+    if (ck.async_save) finished(finish_pending_save());  // one save at a time
+    const auto t0 = std::chrono::steady_clock::now();
+    save_checkpoint(ck.save, ck.save_optim, ck.save_rng, ck.async_save);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     saved = iteration_;
     if (logging_rank()) {
-      fmt::print(log, "[checkpoint] saved iteration {} to {}\n", iteration_,
-                 ckpt::iteration_dir(ck.save, iteration_).string());
+      fmt::print(log, "[checkpoint] {} iteration {} to {} ({:.3f} s{})\n",
+                 ck.async_save ? "saving" : "saved", iteration_,
+                 ckpt::iteration_dir(ck.save, iteration_).string(), waited,
+                 ck.async_save ? " to copy it to host memory; the files are written in the "
+                                 "background"
+                               : "");
     }
   };
   MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string());  // rank 0 writes
@@ -426,10 +440,12 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
       evaluate_and_print(log, data::Split::Valid, "", metrics);
     }
     if (!ck.save.empty() && ck.save_interval > 0 && m.iteration % ck.save_interval == 0) save();
+    finished(finish_pending_save(/*only_if_written=*/true));
   }
   progress.clear();
   // Megatron saves when training ends or stops early, unless that iteration is saved already.
   if (!ck.save.empty() && saved != iteration_) save();
+  finished(finish_pending_save());
   print_summary(log, all);
   if (!stop.empty()) {
     if (logging_rank()) {
@@ -499,6 +515,7 @@ std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
   opt.optim = ck.load_optim;
   opt.rng = ck.load_rng;
   opt.finetune = ck.finetune;
+  opt.upcycle = ck.upcycling;
   opt.iteration = ck.ckpt_step;
   const std::optional<int64_t> loaded = load_checkpoint(ck.load, opt);
   if (!loaded.has_value()) {
@@ -519,8 +536,9 @@ std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
                "[checkpoint] loaded iteration {} from {}{}: continuing at iteration {}, "
                "consumed samples {}\n",
                *loaded, ckpt::iteration_dir(ck.load, *loaded).string(),
-               ck.finetune ? " (--finetune: the weights only)"
-                           : (!ck.load_optim ? " (--no-load-optim: without the optimizer)" : ""),
+               ck.upcycling  ? " (--moe-use-upcycling: every expert a copy of the dense MLP)"
+               : ck.finetune ? " (--finetune: the weights only)"
+                             : (!ck.load_optim ? " (--no-load-optim: without the optimizer)" : ""),
                iteration_, consumed_train_samples());
   }
   return loaded;

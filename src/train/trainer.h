@@ -30,6 +30,7 @@
 #include "train/checkpoint_config.h"
 #include "train/metrics.h"
 #include "train/progress.h"
+#include "train/save_in_flight.h"
 #include "train/step_buffers.h"
 
 namespace moecore::train {
@@ -94,14 +95,15 @@ class BasicTrainer {
   // <dir>/iter_NNNNNNN: each rank the slices it is the first holder of (weights, with
   // save_optim the AdamW moments, the routers' balancing state), then rank 0 the manifest and,
   // last, the tracker. Collective over the world; a failure on any rank throws on every rank.
+  // async (--async-save): returns once the state is copied to host memory; the shards are
+  // written in the background and the save completes in finish_pending_save (the next save and
+  // the end of run() wait for it).
   void save_checkpoint(const std::filesystem::path& dir, bool save_optim = true,
-                       bool save_rng = true);
-  struct LoadOptions {
-    bool optim = true;       // the moments and the step count (--no-load-optim: false)
-    bool rng = true;         // the random streams' positions (--no-load-rng: false)
-    bool finetune = false;   // the weights and router state only; everything else from 0
-    int64_t iteration = -1;  // the iteration to load (--ckpt-step); -1: the tracker's
-  };
+                       bool save_rng = true, bool async = false);
+  // Completes a background save (collective): returns its iteration, -1 when none is pending;
+  // with only_if_written, only when every rank has written its shards (else -1, still pending).
+  int64_t finish_pending_save(bool only_if_written = false);
+  using LoadOptions = train::LoadOptions;
   // Loads a checkpoint of `dir` into this trainer, whatever layout wrote it (each rank reads
   // its own slices): weights, router state, iteration and data position, the optimizer and the
   // random streams as `opt` says. Returns the iteration loaded, nullopt when `dir` holds no
@@ -164,6 +166,7 @@ class BasicTrainer {
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;
   bool stopped_early_ = false;
+  std::unique_ptr<SaveInFlight> pending_save_;  // an --async-save being written
   PhaseProfiler profiler_;
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints through `moecore train` under mpirun (docs/checkpoint_format.md):
 # - resume: 3 steps, save, stop, resume to 6 == an uninterrupted 6-step run, bitwise (per-step
-#   losses and grad norms, final weights), at EP 2 x expert-DP 2 x DP 4;
+#   losses and grad norms, final weights), at EP 2 x expert-DP 2 x DP 4, and with --async-save;
 # - SIGTERM with --exit-signal-handler: the step finishes, the ranks save and exit 0, and the
 #   resumed run equals the uninterrupted one bitwise;
 # - a rank killed (SIGKILL) after writing its shards: the previous checkpoint stays the latest, a
@@ -50,6 +50,16 @@ grep -q "loaded iteration 3 from" <<< "$out" || fail "the resume did not load it
 [ "$(steps "$work/resumed.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
   fail "the resumed steps 4-6 differ" "$(cat "$work/resumed.jsonl" "$work/whole.jsonl")"
 echo "[checkpoint] resume at 4 ranks (EP 2 x EDP 2): steps 4-6 and weights bitwise equal"
+# The same with --async-save, saving every iteration.
+out=$(train 4 "${ep2x2[@]}" --train-iters 3 --save "$work/a" --save-interval 1 --async-save) ||
+  fail "the first half with --async-save stopped" "$out"
+[ "$(cat "$work/a/latest_checkpointed_iteration.txt")" = 3 ] || fail "async: tracker" "$out"
+out=$(train 4 "${ep2x2[@]}" --train-iters 6 --load "$work/a" --save "$work/a" --async-save \
+      --metrics-file "$work/resumed_async.jsonl") || fail "the async resumed run stopped" "$out"
+[ "$(digest "$out")" = "$whole" ] || fail "async: resumed weights $(digest "$out") != $whole" "$out"
+[ "$(steps "$work/resumed_async.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
+  fail "async: the resumed steps 4-6 differ" "$(cat "$work/resumed_async.jsonl")"
+echo "[checkpoint] --async-save at 4 ranks: every save completed, resumed bitwise"
 
 # ---- SIGTERM: finish the step, save, exit 0 ----
 ep2=(--expert-model-parallel-size 2)

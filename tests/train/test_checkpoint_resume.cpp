@@ -4,6 +4,7 @@
 // another model is refused.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -173,6 +174,93 @@ TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
             }).find("is one iteration's directory: give the directory above it"),
             std::string::npos);
   fs::remove_all(dir);
+}
+
+// --async-save: the shards are written in the background while training goes on; every save
+// completes (the next one, or the end of the run, waits), and the resumed run is bitwise the
+// uninterrupted one.
+TEST(CheckpointResume, AsyncSavesCompleteAndResumeBitwise) {
+  std::ostringstream log;
+  train::TrainFlags f = resume_flags(6, true);
+  train::Trainer whole(f.model, f.train);
+  whole.run(log);
+  const fs::path dir = fresh_dir("async");
+  f.train.ckpt.save = dir.string();
+  f.train.ckpt.save_interval = 1;
+  f.train.ckpt.async_save = true;
+  f.train.train_iters = 3;
+  train::Trainer a(f.model, f.train);
+  a.run(log);
+  EXPECT_EQ(a.finish_pending_save(), -1);  // none left pending
+  EXPECT_EQ(ckpt::read_tracker(dir), 3);
+  for (int it : {1, 2, 3}) {
+    EXPECT_TRUE(fs::exists(ckpt::iteration_dir(dir, it) / ckpt::kManifestFile)) << it;
+    EXPECT_FALSE(fs::exists(ckpt::staging_dir(dir, it))) << it;
+  }
+  f.train.train_iters = 6;
+  f.train.ckpt.load = dir.string();
+  train::Trainer b(f.model, f.train);
+  b.run(log);
+  EXPECT_EQ(b.weights_digest(), whole.weights_digest());
+  EXPECT_EQ(ckpt::read_tracker(dir), 6);
+  fs::remove_all(dir);
+}
+
+// --moe-use-upcycling: a dense model's checkpoint into a MoE model of the same sizes, every
+// expert a copy of its layer's dense MLP. With softmax after the top-k the combine weights sum
+// to 1, so the MoE model's loss on a batch is the dense model's (f64: summation order only), in
+// a model with a dense layer left dense too; then it trains. A MoE checkpoint is refused.
+TEST(CheckpointResume, UpcyclingStartsAMoeModelAtTheDenseModelsLoss) {
+  train::TrainFlags dense_flags = resume_flags(4, false);
+  dense_flags.router = {};
+  dense_flags.model.num_experts = 0;
+  dense_flags.model.moe = {};
+  dense_flags.model.ffn_hidden = 32;
+  train::finalize_train_flags(dense_flags);
+  const fs::path dir = fresh_dir("upcycling");
+  train::BasicTrainer<double> dense(dense_flags.model, dense_flags.train);
+  for (int i = 0; i < 2; ++i) dense.train_step();
+  dense.save_checkpoint(dir);
+
+  train::TrainFlags moe_flags = resume_flags(4, false);
+  moe_flags.model.ffn_hidden = 32;
+  moe_flags.model.moe.ffn_hidden = 32;
+  moe_flags.moe_layer_freq = "[1,0]";
+  train::finalize_train_flags(moe_flags);
+  train::BasicTrainer<double> moe(moe_flags.model, moe_flags.train);
+  train::Trainer::LoadOptions up;
+  up.upcycle = true;
+  EXPECT_EQ(moe.load_checkpoint(dir, up), 2);
+  EXPECT_EQ(moe.iteration(), 0);
+
+  const int64_t B = moe_flags.train.micro_batch, S = moe_flags.model.seq_length;
+  std::vector<int32_t> ids(static_cast<size_t>(B * S)), targets(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>((i * 7 + 3) % 64);
+    targets[i] = static_cast<int32_t>((i * 5 + 1) % 64);
+  }
+  dense.model().set_training(false);
+  moe.model().set_training(false);
+  const double want = dense.model().forward(ids.data(), targets.data());
+  const double got = moe.model().forward(ids.data(), targets.data());
+  EXPECT_NEAR(got, want, 1e-12 * want);
+  moe.model().set_training(true);
+  EXPECT_TRUE(std::isfinite(moe.train_step().lm_loss));
+
+  // Upcycling a MoE checkpoint, or loading the dense one without upcycling, is refused.
+  const fs::path moe_dir = fresh_dir("upcycling_moe");
+  moe.save_checkpoint(moe_dir);
+  train::BasicTrainer<double> again(moe_flags.model, moe_flags.train);
+  EXPECT_NE(testing::error_of([&] {
+              again.load_checkpoint(moe_dir, up);
+            }).find("--moe-use-upcycling loads a dense checkpoint"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              again.load_checkpoint(dir);
+            }).find("--num-experts: 0 in the checkpoint, 4 in this run"),
+            std::string::npos);
+  fs::remove_all(dir);
+  fs::remove_all(moe_dir);
 }
 
 // --no-save-optim writes the weights only; loading that with the optimizer state says how to

@@ -187,3 +187,55 @@ TEST(Cli, TrainsOnAByteLevelTextFile) {
 }
 
 }  // namespace
+
+namespace {
+
+// The mean next-token loss `moecore eval` prints for sequence i (or, i = -1, over all).
+double eval_loss(const std::string& out, int i) {
+  const std::string key =
+      i < 0 ? "predictions | mean next-token loss " : "[eval] sequence " + std::to_string(i) + ": ";
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return NAN;
+  const size_t v = out.find("loss ", at + (i < 0 ? key.size() - 5 : 0));
+  return std::stod(out.substr(v + 5));
+}
+
+}  // namespace
+
+// `moecore eval --load` of a trained checkpoint: each --tokens-json sequence is scored alone,
+// padded after its end, so a longer --seq-length (more padding) gives the same losses (f32
+// tolerance); the total is the mean over every prediction; bad input stops with its reason.
+TEST(Cli, EvalScoresTokenSequencesOfACheckpoint) {
+  const std::string dir = temp_path("moecore_eval");
+  std::filesystem::remove_all(dir);
+  CommandResult t = run("train" + std::string(kTiny) + " --save " + dir);
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const std::string tokens = dir + "/tokens.json";
+  std::ofstream(tokens) << "[[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42], [7]]";
+  const std::string eval = "eval" + std::string(kTiny) + " --load " + dir + " --tokens-json ";
+  CommandResult a = run(eval + tokens);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("[eval] iteration 3 of"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("3 sequences, 13 predictions"), std::string::npos) << a.output;
+  const double l0 = eval_loss(a.output, 0), l1 = eval_loss(a.output, 1);
+  EXPECT_NEAR(eval_loss(a.output, -1), (11 * l0 + 2 * l1) / 13, 1e-8) << a.output;
+  EXPECT_GT(l0, 0.5);
+  CommandResult b = run(eval + tokens + " --seq-length 32 --max-position-embeddings 32");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NEAR(eval_loss(b.output, 0), l0, 1e-5 * l0) << b.output;
+  EXPECT_NEAR(eval_loss(b.output, 1), l1, 1e-5 * l1) << b.output;
+
+  std::ofstream(tokens) << "[[1, 2, 128]]";  // the vocabulary padded to 128
+  CommandResult c = run(eval + tokens);
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_NE(c.output.find("sequence 0 holds 128, not a token id in [0, 128)"), std::string::npos)
+      << c.output;
+  std::ofstream(tokens) << "[" + std::string(16, ' ') + "[1,2,3,4,5,6,7,8,9,1,2,3,4,5,6,7,8]]";
+  CommandResult d = run(eval + tokens);
+  EXPECT_NE(d.output.find("has 17 tokens, more than --seq-length 16"), std::string::npos)
+      << d.output;
+  CommandResult e = run("eval" + std::string(kTiny) + " --tokens-json " + tokens);
+  EXPECT_NE(e.output.find("give the checkpoint to evaluate: --load DIR"), std::string::npos)
+      << e.output;
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,163 @@
+#include "train/eval_command.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "parallel/process_groups.h"
+#include "parallel/runtime.h"
+#include "train/train_flags.h"
+#include "train/trainer.h"
+
+namespace moecore::train {
+namespace {
+
+using nlohmann::json;
+
+// Pulls "--tokens-json FILE" (or "--tokens-json=FILE") out of args.
+std::string take_tokens_json(std::vector<std::string>& args) {
+  std::string path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--tokens-json") {
+      MOE_CHECK(i + 1 < args.size(), "[eval] --tokens-json needs a FILE");
+      path = args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                 args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      --i;
+    } else if (args[i].rfind("--tokens-json=", 0) == 0) {
+      path = args[i].substr(14);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+  }
+  return path;
+}
+
+struct SequenceLoss {
+  double sum = 0;  // cross entropy summed over the sequence's predictions
+  int64_t predictions = 0;
+};
+
+// Each sequence alone in row 0 of a micro-batch, padded to --seq-length: the padding comes after
+// the sequence, which causal attention never lets it see, and its targets are ignored (< 0).
+SequenceLoss sequence_loss(Trainer& t, const std::vector<int32_t>& seq, int64_t S, int64_t B) {
+  std::vector<int32_t> ids(static_cast<size_t>(B * S), 0), targets(ids.size(), -1);
+  const int64_t n = static_cast<int64_t>(seq.size());
+  for (int64_t s = 0; s < n; ++s) ids[s] = seq[s];
+  for (int64_t s = 0; s + 1 < n; ++s) targets[s] = seq[s + 1];
+  SequenceLoss r;
+  r.predictions = n > 0 ? n - 1 : 0;
+  if (r.predictions == 0) return r;
+  r.sum = t.model().forward(ids.data(), targets.data()) * static_cast<double>(r.predictions);
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int64_t vocab_size) {
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "[eval] cannot read --tokens-json '{}'", path);
+  json j;
+  try {
+    j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+  } catch (const json::exception& e) {
+    MOE_FAIL("[eval] --tokens-json '{}' is not valid JSON: {}", path, e.what());
+  }
+  MOE_CHECK(j.is_array() && !j.empty(),
+            "[eval] --tokens-json '{}' must be a non-empty JSON list of token-id lists", path);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    MOE_CHECK(j[i].is_array(), "[eval] --tokens-json '{}': entry {} is {}, not a list of token ids",
+              path, i, j[i].type_name());
+    std::vector<int32_t> seq;
+    for (const json& v : j[i]) {
+      MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size,
+                "[eval] --tokens-json '{}': sequence {} holds {}, not a token id in [0, {})", path,
+                i, v.dump(), vocab_size);
+      seq.push_back(v.get<int32_t>());
+    }
+    out.push_back(std::move(seq));
+  }
+  return out;
+}
+
+Subcommand add_eval_command(CLI::App& app) {
+  CLI::App* cli = app.add_subcommand(
+      "eval", "Evaluate a checkpoint (--load DIR with the model's flags; --tokens-json FILE)");
+  cli->prefix_command();
+  cli->set_help_flag();
+  cli->allow_extras();
+  return Subcommand{
+      cli, [cli]() {
+        std::vector<std::string> args = cli->remaining();
+        const std::string tokens_json = take_tokens_json(args);
+        TrainFlags flags = parse_train_args(args);
+        const CheckpointConfig& ck = flags.train.ckpt;
+        MOE_CHECK(!ck.load.empty(),
+                  "[eval] give the checkpoint to evaluate: --load DIR (a --save "
+                  "directory, or `moecore convert`'s output)");
+        for (const std::string& n : flags.notices) std::cout << n << "\n";
+        TrainConfig tc = flags.train;
+        tc.ckpt = CheckpointConfig{};  // eval loads below and never saves
+        const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
+        parallel::ProcessGroups groups =
+            parallel::init_process_groups(flags.parallel, rt, model_dims(flags.model));
+        Trainer trainer(flags.model, tc, &groups);
+        Trainer::LoadOptions opt;
+        opt.optim = false;
+        opt.iteration = ck.ckpt_step;
+        const std::optional<int64_t> it = trainer.load_checkpoint(ck.load, opt);
+        MOE_CHECK(it.has_value(), "[eval] --load '{}' holds no checkpoint (no {})", ck.load,
+                  "latest_checkpointed_iteration.txt");
+        const bool print = groups.rank() == 0;
+        if (print) {
+          std::cout << fmt::format("[eval] iteration {} of {}\n", *it, ck.load);
+        }
+        if (tokens_json.empty()) {
+          MOE_CHECK(trainer.has_eval_data(data::Split::Valid),
+                    "[eval] nothing to evaluate on: give --tokens-json FILE, or "
+                    "--data-path with a validation split (--split) and "
+                    "--eval-iters > 0");
+          const EvalMetrics r = trainer.evaluate(data::Split::Valid);
+          if (print) {
+            std::cout << fmt::format(
+                "[eval] validation loss over {} global batches | lm loss value: "
+                "{:.6E} | lm loss PPL: {:.6E}\n",
+                tc.eval_iters, r.lm_loss, r.ppl);
+          }
+          return 0;
+        }
+        const auto seqs = read_tokens_json(tokens_json, flags.model.vocab_size);
+        const int64_t S = flags.model.seq_length;
+        trainer.model().set_training(false);
+        double sum = 0;
+        int64_t n = 0;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          MOE_CHECK(static_cast<int64_t>(seqs[i].size()) <= S,
+                    "[eval] --tokens-json sequence {} has {} tokens, more than "
+                    "--seq-length {}: raise --seq-length or split it",
+                    i, seqs[i].size(), S);
+          const SequenceLoss l = sequence_loss(trainer, seqs[i], S, flags.train.micro_batch);
+          sum += l.sum;
+          n += l.predictions;
+          if (print) {
+            std::cout << fmt::format(
+                "[eval] sequence {}: {} tokens | mean next-token loss {:.9f}\n", i, seqs[i].size(),
+                l.predictions > 0 ? l.sum / static_cast<double>(l.predictions) : 0.0);
+          }
+        }
+        if (print) {
+          std::cout << fmt::format(
+              "[eval] {} sequences, {} predictions | mean next-token loss {:.9f}\n", seqs.size(), n,
+              n > 0 ? sum / static_cast<double>(n) : 0.0);
+        }
+        return 0;
+      }};
+}
+
+}  // namespace moecore::train
