@@ -53,6 +53,8 @@ std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
     for (size_t i = 0; i < s.moe_layers.size(); ++i)
       pattern += fmt::format("{}{}", i ? "," : "", s.moe_layers[i]);
     f.push_back({"moe-layer-freq", pattern + "]"});
+    // Qwen2-MoE's shared expert is gated: with the gate in moecore this adds
+    // --moe-shared-expert-gate (parse_hf_config refuses a shared expert until then).
     if (s.shared_ffn_hidden > 0)
       f.push_back({"moe-shared-expert-intermediate-size", s.shared_ffn_hidden});
   }

@@ -365,6 +365,23 @@ TEST(HfConvert, CommandLineImportTrainExport) {
       "convert hf-to-moecore --input " + fixture("mixtral").string() + " --output " + ck.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("every tensor consumed"), std::string::npos) << r.output;
+  // `moecore eval` scores the reference sequences with the flags file (each padded to 16
+  // tokens): transformers' losses.
+  const json ref = read_json(fixture("mixtral") / "reference.json");
+  json tokens = json::array();
+  for (const json& seq : ref["sequences"]) tokens.push_back(seq["input_ids"]);
+  write_json(ck / "tokens.json", tokens);
+  r = testing::run_moecore("eval --config " + (ck / "moecore_flags.toml").string() + " --load " +
+                           ck.string() + " --seq-length 16 --micro-batch-size 1 --train-iters 1 " +
+                           "--lr 0 --tokens-json " + (ck / "tokens.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (size_t i = 0; i < ref["sequences"].size(); ++i) {
+    const std::string key = "sequence " + std::to_string(i) + ": 8 tokens | mean next-token loss ";
+    const size_t at = r.output.find(key);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const double want = ref["sequences"][i]["loss"].get<double>();
+    EXPECT_NEAR(std::stod(r.output.substr(at + key.size())), want, testing::kHfLogitsRtol * want);
+  }
   r = testing::run_moecore("train --config " + (ck / "moecore_flags.toml").string() + " --load " +
                            ck.string() + " --finetune --save " + save.string() +
                            " --seq-length 8 --micro-batch-size 2 --train-iters 2 --lr 1e-3 "
