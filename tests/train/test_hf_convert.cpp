@@ -24,6 +24,7 @@
 #include "convert/hf_config.h"
 #include "convert/hf_export.h"
 #include "convert/hf_import.h"
+#include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
 #include "train/checkpoint_state.h"
@@ -354,6 +355,52 @@ TEST(HfConvert, RoundTripIsBytewise) {
   // Mixtral's single F32 file: the whole file is the source's, header and order included.
   const fs::path hf = fs::temp_directory_path() / "moecore_hf_convert.rt_hf_mixtral";
   EXPECT_EQ(read_text(hf / "model.safetensors"),
+            read_text(fixture("mixtral") / "model.safetensors"));
+}
+
+// Export reads each global tensor whole, whatever slices hold it: the imported Mixtral saved
+// again as two ranks of expert parallelism (each expert tensor split along experts) exports to
+// the same HF tensors.
+TEST(HfConvert, ExportReadsAnyLayout) {
+  const fs::path ck = fresh_dir("layout_ck"), ep2 = fresh_dir("layout_ep2");
+  convert::import_hf(fixture("mixtral"), ck);
+  ckpt::CheckpointReader r(ckpt::iteration_dir(ck, 0));
+  const fs::path dir = ckpt::iteration_dir(ep2, 0);
+  fs::create_directories(dir);
+  ckpt::SafetensorsWriter shard[2];
+  ckpt::Manifest m;
+  m.world_size = 2;
+  m.layout = {{"dp", 1}, {"ep", 2}, {"expt_dp", 1}};
+  m.state = r.manifest().state;
+  for (const ckpt::GlobalTensor& g : r.manifest().tensors) {
+    std::vector<std::byte> b(static_cast<size_t>(convert::numel(g.shape)) * 4);
+    r.read(g.name, "F32", -1, 0, 0, b);
+    const bool expert = g.name.find(".experts.") != std::string::npos;
+    ckpt::GlobalTensor t{g.name, "F32", g.shape, {}};
+    if (!expert) {
+      shard[0].add(g.name, "F32", g.shape, b);
+      t.slices.push_back({ckpt::shard_name("model", 0)});
+    } else {
+      std::vector<int64_t> half = g.shape;
+      half[0] /= 2;
+      const size_t n = b.size() / 2;
+      for (int k = 0; k < 2; ++k) {
+        shard[k].add(g.name, "F32", half, {b.data() + k * n, n});
+        t.slices.push_back({ckpt::shard_name("model", k), 0, k * half[0], half[0]});
+      }
+    }
+    m.tensors.push_back(t);
+  }
+  for (int k = 0; k < 2; ++k)
+    m.files.push_back(ckpt::write_shard(dir, ckpt::shard_name("model", k), k, shard[k]));
+  ckpt::write_manifest(dir, m);
+  ckpt::write_tracker(ep2, 0);
+  convert::ExportOptions o;
+  o.input = ep2;
+  o.flags = ck / "moecore_flags.toml";
+  o.output = fresh_dir("layout_hf");
+  convert::export_hf(o);
+  EXPECT_EQ(read_text(o.output / "model.safetensors"),
             read_text(fixture("mixtral") / "model.safetensors"));
 }
 
