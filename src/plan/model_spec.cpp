@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -165,18 +166,37 @@ ModelSpec spec_from_hf_config(const std::string& path) {
   m.seq_length = std::min<int64_t>(m.max_position_embeddings, 4096);
   m.tie_embeddings = j.value("tie_word_embeddings", false);
   m.qk_layernorm = m.name.rfind("qwen3", 0) == 0;
-  m.add_qkv_bias = j.value("attention_bias", false);
+  // Qwen2(-MoE) attention always has q/k/v biases (its config's qkv_bias, true when absent);
+  // elsewhere attention_bias puts biases on q, k, v (and o, which moecore does not count).
+  const auto flag = [&](const char* k, bool dflt) {
+    return j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : dflt;
+  };
+  m.add_qkv_bias =
+      m.name.rfind("qwen2", 0) == 0 ? flag("qkv_bias", true) : flag("attention_bias", false);
   m.num_experts = get({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
   m.topk = get({"num_experts_per_tok"}, 2);
   m.moe_ffn_hidden = get({"moe_intermediate_size"}, m.ffn_hidden);
   m.shared_ffn_hidden = get({"n_shared_experts"}, 0) * m.moe_ffn_hidden +
                         get({"shared_expert_intermediate_size"}, 0);
   if (m.num_experts > 0) {
-    const int64_t first_dense = get({"first_k_dense_replace"}, 0);
-    const int64_t step = get({"moe_layer_freq", "decoder_sparse_step"}, 1);
     m.moe_layer_pattern.assign(m.num_layers, 0);
-    for (int64_t l = first_dense; l < m.num_layers; ++l) {
-      m.moe_layer_pattern[l] = (l % std::max<int64_t>(step, 1)) == 0 || step <= 1;
+    if (j.contains("decoder_sparse_step") || j.contains("mlp_only_layers")) {
+      // Qwen-MoE (transformers' Qwen2MoeDecoderLayer): layer l is sparse iff l is not in
+      // mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+      const int64_t step = std::max<int64_t>(get({"decoder_sparse_step"}, 1), 1);
+      std::vector<int64_t> dense_only;
+      if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array())
+        dense_only = j["mlp_only_layers"].get<std::vector<int64_t>>();
+      for (int64_t l = 0; l < m.num_layers; ++l) {
+        m.moe_layer_pattern[l] =
+            (l + 1) % step == 0 &&
+            std::find(dense_only.begin(), dense_only.end(), l) == dense_only.end();
+      }
+    } else {
+      // DeepSeek: layer l is MoE iff l >= first_k_dense_replace and l % moe_layer_freq == 0.
+      const int64_t first_dense = get({"first_k_dense_replace"}, 0);
+      const int64_t freq = std::max<int64_t>(get({"moe_layer_freq"}, 1), 1);
+      for (int64_t l = first_dense; l < m.num_layers; ++l) m.moe_layer_pattern[l] = l % freq == 0;
     }
   }
   if (j.contains("kv_lora_rank") && j["kv_lora_rank"].is_number()) {

@@ -53,8 +53,8 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                "On SIGTERM or SIGINT: finish the step, save (with --save), exit with status 0")
       ->group(kTrain);
   // Switches show their state as their default; Megatron's --no-* flags default to None.
-  for (const char* name :
-       {"--async-save", "--finetune", "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
+  for (const char* name : {"--async-save", "--finetune", "--moe-use-upcycling",
+                           "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
     app.get_option(name)->default_str("false");
   }
 }

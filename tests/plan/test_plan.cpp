@@ -141,6 +141,20 @@ TEST(PlanParams, HfConfigEqualsTheShippedFlags) {
   EXPECT_EQ(hf.total_with_mtp(), flags.total_with_mtp());
 }
 
+// The MoE layers and biases of transformers' Qwen-MoE configs (tests/fixtures/hf): layer l is
+// sparse iff l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0; Qwen2-MoE
+// attention has q/k/v biases.
+TEST(PlanParams, HfQwenMoeLayersAndBiases) {
+  const std::string hf = std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/hf/";
+  const ModelSpec q2 = spec_from_hf_config(hf + "qwen2_moe/config.json");
+  EXPECT_EQ(q2.moe_layer_pattern, (std::vector<int>{0, 1, 0, 1}));  // decoder_sparse_step 2
+  EXPECT_TRUE(q2.add_qkv_bias);
+  const ModelSpec q3 = spec_from_hf_config(hf + "qwen3_moe/config.json");
+  EXPECT_EQ(q3.moe_layer_pattern, (std::vector<int>{1, 0, 1}));  // mlp_only_layers [1]
+  EXPECT_FALSE(q3.add_qkv_bias);
+  EXPECT_EQ(q3.num_experts, 8);
+}
+
 // The planner's count equals what the trainer registers for a model it builds.
 TEST(PlanParams, EqualsTheTrainersRegistry) {
   const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
