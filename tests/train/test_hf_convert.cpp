@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint_command.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors_file.h"
 #include "ckpt/safetensors_writer.h"
@@ -448,6 +449,40 @@ TEST(HfConvert, CommandLineImportTrainExport) {
                            fresh_dir("cli_hf2").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("give --flags FILE"), std::string::npos) << r.output;
+}
+
+// A model trained by `moecore train` from scratch (configs/tiny.toml: untied, softmax top-2,
+// every layer MoE -> Mixtral by its features) with a padded vocabulary: export drops the padded
+// rows and says so, and the export imports back to the same weights but those rows.
+TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
+  const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
+  const fs::path flags = fresh_dir("padded_flags.toml");
+  std::ofstream(flags) << read_text(fs::path(MOECORE_SOURCE_DIR) / "configs" / "tiny.toml")
+                       << "\nmake-vocab-size-divisible-by = 100\n";
+  testing::CommandResult r = testing::run_moecore(
+      "train --config " + flags.string() + " --train-iters 2 --lr-warmup-iters 0 --save " +
+      save.string() + " --peak-tflops 1 --eval-iters 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           flags.string() + " --output " + hf.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("MixtralForCausalLM, from the model's features"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the vocabulary padding (44 rows of 300) is dropped"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_json(hf / "config.json")["vocab_size"], 256);
+  const fs::path back = fresh_dir("padded_back");
+  convert::import_hf(hf, back);
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight",
+                           "decoder.layers.1.mlp.experts.linear_fc1.weight"}) {
+    ckpt::CheckpointReader trained(ckpt::resolve_checkpoint(save));
+    const ckpt::GlobalTensor& g = trained.tensor(name);
+    std::vector<float> v(static_cast<size_t>(convert::numel(g.shape)));
+    trained.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+    const std::vector<float> w = moecore_tensor(back, name);
+    ASSERT_LE(w.size(), v.size()) << name;
+    EXPECT_TRUE(std::equal(w.begin(), w.end(), v.begin())) << name;  // the first 256 rows
+  }
 }
 
 // ---- (3) refusals, naming what is wrong ----
