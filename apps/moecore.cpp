@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_command.h"
+#include "convert/convert_command.h"
 #include "core/check.h"
 #include "data/dataset_info_command.h"
 #include "data/preprocess_command.h"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
       data::add_dataset_info_command(app),
       plan::add_plan_command(app),
       ckpt::add_checkpoint_command(app),
+      convert::add_convert_command(app),
   };
   // clang-format on
   try {

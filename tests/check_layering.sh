@@ -17,6 +17,7 @@ declare -A allowed=(
   [optim]="core ops nn parallel"
   [plan]="core ops nn parallel moe model data optim ckpt train"
   [train]="core ops nn parallel moe model data optim ckpt"
+  [convert]="core ops nn parallel moe model data optim ckpt train"
 )
 status=0
 for dir in "$src"/*/; do

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "ops/embedding.h"
+#include "ops/gemm.h"
 #include "ops/memory.h"
 #include "ops/gemm_bf16.h"
 #include "ops/rmsnorm.h"
@@ -138,9 +139,8 @@ void GPTModel<T>::allocate(Arena& a) {
 }
 
 template <typename T>
-void GPTModel<T>::forward(const MicroBatchIO& io) {
+void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
   const Exec& ex = arena_.exec();
-  io_ = io;
   ops::zero(ex, io.report, 1);
   const int64_t E = cfg_.num_experts;
   if (E > 0) ops::zero(ex, io.tokens_per_expert_E, E);
@@ -161,9 +161,32 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
   }
   ops::rmsnorm_forward(ex, final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
                        cfg_.norm_eps);
-  ops::head_loss_forward(ex, member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum), loss_T_,
-                         lse_T_, final_n_, head_->data_as<T>(), targets_T_, head_shape_, head_ws_,
-                         cfg_.bf16 ? &head16_ : nullptr);
+}
+
+template <typename T>
+void GPTModel<T>::forward(const MicroBatchIO& io) {
+  io_ = io;
+  forward_trunk(io);
+  ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
+                         loss_T_, lse_T_, final_n_, head_->data_as<T>(), targets_T_, head_shape_,
+                         head_ws_, cfg_.bf16 ? &head16_ : nullptr);
+}
+
+template <typename T>
+void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_BSV) {
+  const bool training = training_;
+  set_training(false);
+  io_ = MicroBatchIO{};  // the saved activations are not a forward()'s: no backward from here
+  // The ids stand in for the targets: no loss is computed.
+  forward_trunk(MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_});
+  // Sequence b's tokens are every B-th row of final_n_ (t = s * B + b): one GEMM per sequence
+  // with row stride B * H writes its [S, V] block of the batch-major logits.
+  const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
+  for (int64_t b = 0; b < B_; ++b) {
+    ops::gemm<T>(arena_.exec(), false, true, S_, V, H, T(1), final_n_ + b * H, B_ * H,
+                 head_->data_as<T>(), H, T(0), logits_BSV + b * S_ * V, V);
+  }
+  set_training(training);
 }
 
 template <typename T>
@@ -214,6 +237,7 @@ void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
 
 template <typename T>
 void GPTModel<T>::set_training(bool training) {
+  training_ = training;
   for (const auto& b : blocks_) {
     if (b->is_moe()) b->moe()->set_training(training);
   }

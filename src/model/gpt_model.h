@@ -79,6 +79,13 @@ class GPTModel {
   // entropy over the counted tokens (tests and tools; the trainer reads its report after the
   // step).
   double forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS);
+  // The logits of one micro-batch, forward only: ids [B, S] -> logits_BSV [B, S, V] (batch-major
+  // like the ids; V the model's padded vocabulary), through the same embedding, blocks and final
+  // norm as forward(), with the output head as a plain GEMM instead of the fused cross entropy.
+  // The routers run in eval mode for the call (no jitter, no balancing counts) and return to the
+  // mode they were in. With --bf16 the blocks round their GEMM inputs as in forward(); this head
+  // GEMM takes the f32 master weights. A backward() must follow a forward(), not this.
+  void forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_BSV);
   // The mean cross entropy of a report slot (0 when no target counts).
   static double mean_loss(const ops::MicroBatchReport& r) {
     return r.counted > 0 ? r.lm_loss_sum / static_cast<double>(r.counted) : 0.0;
@@ -126,6 +133,9 @@ class GPTModel {
 
  private:
   void allocate(Arena& a);
+  // forward()'s path up to the final norm (final_n_): io's inputs to sequence-major, the
+  // embedding, every block (the MoE layers' results summed into io's report slot).
+  void forward_trunk(const MicroBatchIO& io);
   void stage_done(int stage) {
     if (grad_ready_) grad_ready_(stage);
   }
@@ -142,6 +152,7 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
+  bool training_ = true;  // set_training's
   ops::HeadLossShape head_shape_;
   DevPtr<int32_t> ids_T_ = nullptr;
   DevPtr<int32_t> targets_T_ = nullptr;

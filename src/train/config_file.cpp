@@ -16,16 +16,9 @@ static std::string value_text(const toml::node& v, const std::string& path, cons
            path, key);
 }
 
-std::vector<std::string> config_file_args(const std::string& path) {
-  MOE_CHECK(!(path.ends_with(".yaml") || path.ends_with(".yml")),
-            "[config] '{}': YAML configs are not supported, write the same keys as TOML", path);
-  toml::table tbl;
-  try {
-    tbl = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    MOE_FAIL("[config] cannot read '{}': {} (line {})", path, e.description(),
-             e.source().begin.line);
-  }
+namespace {
+
+std::vector<std::string> table_args(const toml::table& tbl, const std::string& path) {
   std::vector<std::string> out;
   for (const auto& [k, v] : tbl) {
     std::string key(k.str());
@@ -45,6 +38,32 @@ std::vector<std::string> config_file_args(const std::string& path) {
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> config_file_args(const std::string& path) {
+  MOE_CHECK(!(path.ends_with(".yaml") || path.ends_with(".yml")),
+            "[config] '{}': YAML configs are not supported, write the same keys as TOML", path);
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    MOE_FAIL("[config] cannot read '{}': {} (line {})", path, e.description(),
+             e.source().begin.line);
+  }
+  return table_args(tbl, path);
+}
+
+std::vector<std::string> config_text_args(const std::string& text, const std::string& where) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, where);
+  } catch (const toml::parse_error& e) {
+    MOE_FAIL("[config] cannot read '{}': {} (line {})", where, e.description(),
+             e.source().begin.line);
+  }
+  return table_args(tbl, where);
 }
 
 std::vector<std::string> expand_config_files(const std::vector<std::string>& args) {

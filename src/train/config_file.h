@@ -11,6 +11,9 @@ namespace moecore::train {
 // Arguments for the TOML file at `path`: `key = 3` -> "--key" "3"; `flag = true` -> "--flag"
 // (false: nothing); arrays -> "--key" v1 v2 ...
 std::vector<std::string> config_file_args(const std::string& path);
+// The same for TOML text in memory (a flags file about to be written); `where` names it in
+// messages.
+std::vector<std::string> config_text_args(const std::string& text, const std::string& where);
 
 // args (without the program name; args[0] is the subcommand): every "--config FILE" or
 // "--config=FILE" is replaced by the file's arguments, inserted right after the subcommand.

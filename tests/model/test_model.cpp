@@ -450,6 +450,56 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
   EXPECT_EQ(m32.params().get("output_layer.weight").data16w, nullptr);
 }
 
+// The cross entropy that forward_logits' [B, S, V] logits imply (on the host, in f64) and the
+// loss forward() computes with its fused head on the same batch; whether the routers saw eval
+// mode during forward_logits and training mode in the forward() after it.
+template <typename T>
+void logits_and_loss(const ModelConfig& cfg, int64_t B, double* implied, double* fused,
+                     bool* eval_inside, bool* training_after) {
+  GPTModel<T> model(cfg, B, 321);
+  const int64_t S = cfg.seq_length, V = cfg.vocab_size;
+  auto ids = random_ids(B * S, V, 7);
+  auto targets = random_ids(B * S, V, 8);
+  targets[2] = targets[S + 4] = -1;  // ignored positions, one in each sequence
+  std::vector<T> logits(B * S * V);
+  model.forward_logits(ids.data(), logits.data());
+  *eval_inside = !model.routers().front()->saved().training;
+  double sum = 0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < B * S; ++i) {  // i = b * S + s, as the ids
+    if (targets[i] < 0) continue;
+    const T* z = logits.data() + i * V;
+    double mx = z[0], se = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max<double>(mx, z[v]);
+    for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(z[v]) - mx);
+    sum += mx + std::log(se) - static_cast<double>(z[targets[i]]);
+    ++counted;
+  }
+  *implied = sum / static_cast<double>(counted);
+  *fused = model.forward(ids.data(), targets.data());
+  *training_after = model.routers().front()->saved().training;
+}
+
+// forward_logits is forward() with the head as a plain GEMM: the loss its logits imply is the
+// fused head's loss, to summation order (f64: kF64Rtol; f32: kF32Rtol), with B = 2 so the
+// batch-major rows of sequence-major tokens are exercised; the routers run in eval mode inside
+// it and are back in training mode after.
+TEST(GPTModel, ForwardLogitsImplyTheFusedHeadsLoss) {
+  ModelConfig cfg = tiny_config();
+  cfg.moe_layer_pattern = {1, 1};
+  double implied = 0, fused = 0;
+  bool eval_inside = false, training_after = false;
+  logits_and_loss<double>(cfg, 2, &implied, &fused, &eval_inside, &training_after);
+  EXPECT_NEAR(implied, fused, testing::kF64Rtol * fused);
+  EXPECT_TRUE(eval_inside);
+  EXPECT_TRUE(training_after);
+  logits_and_loss<float>(cfg, 2, &implied, &fused, &eval_inside, &training_after);
+  EXPECT_NEAR(implied, fused, testing::kF32Rtol * fused);
+  cfg.tie_embeddings = true;  // the head is the embedding
+  logits_and_loss<double>(cfg, 3, &implied, &fused, &eval_inside, &training_after);
+  EXPECT_NEAR(implied, fused, testing::kF64Rtol * fused);
+}
+
 TEST(GPTModel, ParameterNamesAndKinds) {
   ModelConfig cfg = tiny_config();
   GPTModel<float> model(cfg, 1, 1);

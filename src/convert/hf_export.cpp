@@ -1,0 +1,160 @@
+#include "convert/hf_export.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/atomic_file.h"
+#include "ckpt/checkpoint_command.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/safetensors.h"
+#include "convert/hf_import.h"
+#include "convert/hf_tensor_map.h"
+#include "convert/hf_weights.h"
+#include "convert/model_flags.h"
+#include "core/check.h"
+#include "train/checkpoint_state.h"
+#include "train/config_file.h"
+
+namespace moecore::convert {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<float> read_whole_f32(ckpt::CheckpointReader& r, const ckpt::GlobalTensor& g) {
+  MOE_CHECK(g.dtype == "F32", "[convert] '{}': tensor '{}' is {}: moecore's weights are F32",
+            r.dir().string(), g.name, g.dtype);
+  std::vector<float> v(static_cast<size_t>(numel(g.shape)));
+  r.read(g.name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+  return v;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+ExportResult export_hf(const ExportOptions& opt) {
+  ExportResult res;
+  MOE_CHECK(opt.dtype == "F32" || opt.dtype == "BF16",
+            "[convert] --dtype {}: HF weights are written as f32 or bf16", opt.dtype);
+  const bool iteration_given = fs::exists(opt.input / ckpt::kManifestFile);
+  res.checkpoint = ckpt::resolve_checkpoint(opt.input);
+  const fs::path flags_path =
+      !opt.flags.empty() ? opt.flags
+                         : (iteration_given ? opt.input.parent_path() : opt.input) / kFlagsFile;
+  MOE_CHECK(fs::exists(flags_path),
+            "[convert] '{}' does not exist: give --flags FILE, the `moecore train` flags (the "
+            "--config TOML) of the checkpoint's model; `convert hf-to-moecore` writes them as {}",
+            flags_path.string(), kFlagsFile);
+  const train::TrainFlags tf = parse_model_flags(train::config_file_args(flags_path.string()));
+  const ModelConfig& m = tf.model;
+
+  ckpt::CheckpointReader reader(res.checkpoint);
+  const ckpt::Manifest& man = reader.manifest();
+  const std::string dir = reader.dir().string();
+  MOE_CHECK(man.state.contains("model"), "[convert] '{}': the manifest's state has no \"model\"",
+            dir);
+  train::check_same_model(man.state["model"], train::model_signature(m), dir);
+
+  const json* recorded = nullptr;
+  if (man.state.contains("hf") && man.state["hf"].is_object()) recorded = &man.state["hf"];
+  HfArch arch;
+  if (opt.arch) {
+    arch = *opt.arch;
+    res.arch_from = "--arch";
+  } else if (recorded && recorded->contains("architecture") &&
+             parse_hf_arch((*recorded)["architecture"].get<std::string>())) {
+    arch = *parse_hf_arch((*recorded)["architecture"].get<std::string>());
+    res.arch_from = "the import";
+  } else {
+    arch = default_hf_arch(m);
+    res.arch_from = "the model's features";
+  }
+  res.spec = hf_spec_of_model(m, tf.train.data.synthetic_vocab, arch);
+  const HfModelSpec& s = res.spec;
+  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+
+  // Every tensor the table reads present with its shape, before any is converted.
+  std::vector<std::string> missing;
+  std::set<std::string> used;
+  for (const TensorMapping& t : map.tensors) {
+    const ckpt::GlobalTensor* g = man.find(t.moecore);
+    if (g == nullptr) {
+      missing.push_back(t.moecore);
+      continue;
+    }
+    MOE_CHECK(g->shape == t.shape, "[convert] '{}': tensor '{}' is {}, the flags imply {}", dir,
+              t.moecore, ckpt::format_shape(g->shape), ckpt::format_shape(t.shape));
+    used.insert(t.moecore);
+  }
+  MOE_CHECK(missing.empty(), "[convert] '{}': {} tensor(s) of the model are missing: {}", dir,
+            missing.size(), name_list(missing));
+  // The rest: optimizer state is not exported; the routers' balancing state has no place in HF
+  // (its routers select by the plain scores), so it must be zero; anything else is left over.
+  std::vector<std::string> left;
+  for (const ckpt::GlobalTensor& g : man.tensors) {
+    if (used.count(g.name) > 0 || g.name.rfind("exp_avg.", 0) == 0 ||
+        g.name.rfind("exp_avg_sq.", 0) == 0)
+      continue;
+    if (ends_with(g.name, ".router.expert_bias") || ends_with(g.name, ".router.quantile_beta")) {
+      for (float x : read_whole_f32(reader, g)) {
+        MOE_CHECK(x == 0.0f,
+                  "[convert] '{}': '{}' is not zero ({}): HF's routers select by the plain "
+                  "scores, so the exported model would route differently",
+                  dir, g.name, x);
+      }
+      continue;
+    }
+    left.push_back(g.name);
+  }
+  MOE_CHECK(left.empty(),
+            "[convert] '{}': {} tensor(s) of the checkpoint have no place in {}: {}. Nothing was "
+            "written",
+            dir, left.size(), hf_arch_class(arch), name_list(left));
+
+  // Refuse before writing: a directory that holds a checkpoint already.
+  MOE_CHECK(!fs::exists(opt.output / "config.json") &&
+                !fs::exists(opt.output / std::string(kHfWeightsFile)) &&
+                !fs::exists(opt.output / std::string(kHfIndexFile)),
+            "[convert] '{}' holds an HF checkpoint already: export into a new directory (or "
+            "remove it)",
+            opt.output.string());
+  std::vector<HfTensorBytes> out;
+  int64_t dropped_rows = 0;
+  for (const TensorMapping& t : map.tensors) {
+    const std::vector<float> v = read_whole_f32(reader, reader.tensor(t.moecore));
+    std::vector<std::vector<float>> parts = to_hf(t, v);
+    for (size_t i = 0; i < parts.size(); ++i)
+      out.push_back({t.hf[i].name, opt.dtype, t.hf[i].shape, f32_as(opt.dtype, parts[i])});
+    dropped_rows += t.padding_rows;
+  }
+  for (const HfTensor& h : map.empty_shared_expert) {
+    out.push_back({h.name, opt.dtype, h.shape,
+                   f32_as(opt.dtype, std::vector<float>(static_cast<size_t>(numel(h.shape))))});
+  }
+  if (dropped_rows > 0) {
+    res.warnings.push_back(fmt::format(
+        "[convert] the vocabulary padding ({} rows of {}) is dropped: HF's vocab_size is {}",
+        m.vocab_size - s.vocab_size, m.vocab_size, s.vocab_size));
+  }
+  res.hf_tensors = static_cast<int64_t>(out.size());
+
+  fs::create_directories(opt.output);
+  const json carry = recorded && recorded->contains("config") ? (*recorded)["config"] : json();
+  const json config = hf_config_json(s, opt.dtype == "BF16" ? "bfloat16" : "float32",
+                                     carry.is_null() ? nullptr : &carry);
+  ckpt::write_file_atomic(opt.output / "config.json", config.dump(2) + "\n");
+  res.files.push_back("config.json");
+  for (std::string& f : write_hf_weights(opt.output, std::move(out), opt.max_shard_bytes))
+    res.files.push_back(std::move(f));
+  return res;
+}
+
+}  // namespace moecore::convert

@@ -1,0 +1,205 @@
+#include "convert/hf_import.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/atomic_file.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/safetensors.h"
+#include "convert/hf_tensor_map.h"
+#include "convert/hf_weights.h"
+#include "convert/model_flags.h"
+#include "core/check.h"
+#include "model/gpt_model.h"
+#include "train/checkpoint_state.h"
+#include "train/config_file.h"
+
+namespace moecore::convert {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json read_config(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MOE_CHECK(in.good(), "[convert] cannot read '{}': an HF checkpoint directory holds config.json",
+            p.string());
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    MOE_FAIL("[convert] '{}' is not valid JSON: {}", p.string(), e.what());
+  }
+}
+
+// The moecore model's parameters, from the model itself (its planning pass only: nothing is
+// allocated), so "every parameter filled" is checked against what the trainer will load.
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameters(const ModelConfig& m) {
+  model::GPTModel<float> sized(m, 1, 0, nullptr, /*size_only=*/true);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const Param& p : sized.params().params()) out.emplace_back(p.name(), p.spec.global_shape);
+  return out;
+}
+
+}  // namespace
+
+ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
+  ImportResult res;
+  MOE_CHECK(
+      !fs::exists(out_dir / ckpt::kTrackerFile) && !fs::exists(ckpt::iteration_dir(out_dir, 0)),
+      "[convert] '{}' holds a checkpoint already: convert into a new directory (or "
+      "remove it)",
+      out_dir.string());
+
+  // The model: config.json -> HF's view -> moecore's flags -> the ModelConfig the trainer builds
+  // from exactly that flags file.
+  const fs::path config_path = hf_dir / "config.json";
+  const json config = read_config(config_path);
+  res.spec = parse_hf_config(config, config_path.string(), &res.warnings);
+  const HfModelSpec& s = res.spec;
+  res.flags_file = out_dir / kFlagsFile;
+  const std::string toml = flags_toml(
+      train_flags_of(s),
+      fmt::format("The moecore train flags of the {} in {}, written by `moecore convert "
+                  "hf-to-moecore`.\nTrain it with: moecore train --config {} --load {} "
+                  "--finetune\n  --seq-length N --micro-batch-size N --train-iters N --lr LR "
+                  "(and the data flags)",
+                  hf_arch_class(s.arch), fs::absolute(hf_dir).lexically_normal().string(),
+                  fs::absolute(res.flags_file).lexically_normal().string(),
+                  fs::absolute(out_dir).lexically_normal().string()));
+  const ModelConfig m =
+      parse_model_flags(train::config_text_args(toml, res.flags_file.string())).model;
+
+  // The table, checked against the model's own parameter list both ways.
+  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  std::map<std::string, const TensorMapping*> by_name;
+  for (const TensorMapping& t : map.tensors) by_name[t.moecore] = &t;
+  const std::map<std::string, const TensorMapping*> table = by_name;
+  const auto params = model_parameters(m);
+  std::vector<std::string> unfilled;
+  for (const auto& [name, shape] : params) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      unfilled.push_back(name);
+      continue;
+    }
+    MOE_CHECK(it->second->shape == shape,
+              "[convert] moecore parameter '{}' is {} in the model, {} in the HF table", name,
+              ckpt::format_shape(shape), ckpt::format_shape(it->second->shape));
+    by_name.erase(it);
+  }
+  MOE_CHECK(unfilled.empty(),
+            "[convert] {} parameter(s) of the moecore model would not be filled from the HF "
+            "checkpoint: {}",
+            unfilled.size(), name_list(unfilled));
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : by_name) extra.push_back(name);
+  MOE_CHECK(extra.empty(),
+            "[convert] the HF table maps {} tensor(s) the moecore model does not "
+            "have: {}",
+            extra.size(), name_list(extra));
+
+  // The weights: every tensor the table names present with its shape, before any is read.
+  HfWeights w(hf_dir);
+  std::vector<std::string> missing;
+  for (const TensorMapping& t : map.tensors) {
+    for (const HfTensor& h : t.hf) {
+      if (!w.has(h.name)) {
+        missing.push_back(h.name);
+        continue;
+      }
+      const ckpt::TensorInfo& info = w.info(h.name);
+      MOE_CHECK(info.shape == h.shape,
+                "[convert] '{}': tensor '{}' is {}, config.json implies {} (for moecore's "
+                "'{}')",
+                hf_dir.string(), h.name, ckpt::format_shape(info.shape),
+                ckpt::format_shape(h.shape), t.moecore);
+    }
+  }
+  MOE_CHECK(missing.empty(),
+            "[convert] '{}': {} tensor(s) that config.json implies are missing: "
+            "{}",
+            hf_dir.string(), missing.size(), name_list(missing));
+
+  // Converted in the model's parameter order, which is the order the trainer writes.
+  ckpt::SafetensorsWriter shard;
+  const std::string file = ckpt::shard_name("model", 0);
+  ckpt::Manifest man;
+  for (const auto& [name, shape] : params) {
+    const TensorMapping& t = *table.at(name);
+    std::vector<std::vector<float>> parts;
+    for (const HfTensor& h : t.hf) parts.push_back(w.read_f32(h.name));
+    const std::vector<float> v = to_moecore(t, parts);
+    shard.add(name, "F32", shape,
+              {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(float)});
+    man.tensors.push_back({name, "F32", shape, {ckpt::SliceRef{file}}});
+    res.parameters += static_cast<int64_t>(v.size());
+  }
+  res.moecore_tensors = static_cast<int64_t>(params.size());
+  // Qwen2-MoE without a shared expert: its empty shared-expert tensors and gate, dropped.
+  for (const HfTensor& h : map.empty_shared_expert) {
+    if (!w.has(h.name)) continue;
+    MOE_CHECK(w.info(h.name).shape == h.shape,
+              "[convert] '{}': tensor '{}' is {}: shared_expert_intermediate_size 0 implies {}",
+              hf_dir.string(), h.name, ckpt::format_shape(w.info(h.name).shape),
+              ckpt::format_shape(h.shape));
+    (void)w.read_f32(h.name);
+  }
+  // A tied model's head, if the file has one, is the embedding.
+  if (map.tied_head && w.has(map.tied_head->name)) {
+    const std::string& n = map.tied_head->name;
+    MOE_CHECK(w.info(n).shape == map.tied_head->shape,
+              "[convert] '{}': tensor '{}' is {}, the embedding {}", hf_dir.string(), n,
+              ckpt::format_shape(w.info(n).shape), ckpt::format_shape(map.tied_head->shape));
+    MOE_CHECK(w.read_f32(n) == w.read_f32("model.embed_tokens.weight"),
+              "[convert] '{}': tie_word_embeddings is true but '{}' differs from "
+              "'model.embed_tokens.weight': the checkpoint is not tied (set "
+              "tie_word_embeddings false) or is corrupt",
+              hf_dir.string(), n);
+  }
+  // Megatron's converter once dropped expert weights silently (issue #5844): here nothing may be
+  // left over.
+  const std::vector<std::string> left = w.unread();
+  MOE_CHECK(left.empty(),
+            "[convert] '{}': {} tensor(s) of the checkpoint have no place in the model config.json "
+            "describes, and would be dropped: {}. Nothing was written",
+            hf_dir.string(), left.size(), name_list(left));
+  res.hf_tensors = static_cast<int64_t>(w.names().size());
+
+  // The checkpoint, as the trainer writes iteration 0 of one rank (checkpointing.cpp).
+  fs::create_directories(out_dir);
+  const fs::path staging = ckpt::staging_dir(out_dir, 0);
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  ckpt::fsync_dir(out_dir);
+  man.iteration = 0;
+  man.world_size = 1;
+  shard.set_metadata("format", "moecore");
+  shard.set_metadata("format_version", std::to_string(ckpt::kManifestVersion));
+  shard.set_metadata("iteration", "0");
+  shard.set_metadata("rank", "0");
+  man.files.push_back(ckpt::write_shard(staging, file, 0, shard));
+  man.layout = {{"dp", 1}, {"ep", 1}, {"expt_dp", 1}};
+  man.state = {{"iteration", 0},
+               {"optimizer_steps", 0},
+               {"has_optimizer", false},
+               {"consumed_train_samples", 0},
+               {"consumed_valid_samples", 0},
+               {"model", train::model_signature(m)},
+               // Where it came from: export's default class, and the config's other keys.
+               {"hf", {{"architecture", hf_arch_class(s.arch)}, {"config", config}}}};
+  ckpt::write_manifest(staging, man);
+  ckpt::write_file_atomic(res.flags_file, toml);
+  res.checkpoint = ckpt::iteration_dir(out_dir, 0);
+  ckpt::publish_iteration_dir(staging, res.checkpoint);
+  ckpt::write_tracker(out_dir, 0);
+  return res;
+}
+
+}  // namespace moecore::convert

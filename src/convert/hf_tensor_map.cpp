@@ -1,0 +1,219 @@
+#include "convert/hf_tensor_map.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ckpt/safetensors.h"
+#include "core/check.h"
+
+namespace moecore::convert {
+namespace {
+
+// Each HF tensor's rows are used exactly once, and the blocks plus the padding are the moecore
+// tensor's rows: what makes export the inverse of import. Checked for every entry as the table
+// is built, so a wrong row in the table cannot silently drop or duplicate weights.
+void check_mapping(const TensorMapping& t) {
+  const int64_t w = row_width(t.shape);
+  std::vector<int64_t> used(t.hf.size(), 0);
+  int64_t rows = 0;
+  for (const RowBlock& b : t.blocks) {
+    MOE_CHECK(b.hf >= 0 && b.hf < static_cast<int>(t.hf.size()) && b.rows >= 0 && b.hf_row >= 0,
+              "[convert] table entry '{}': a bad row block", t.moecore);
+    used[b.hf] += b.rows;
+    rows += b.rows;
+  }
+  for (size_t i = 0; i < t.hf.size(); ++i) {
+    MOE_CHECK(row_width(t.hf[i].shape) == w && used[i] * w == numel(t.hf[i].shape),
+              "[convert] table entry '{}': HF tensor '{}' {} is not covered exactly once by "
+              "rows of {} elements",
+              t.moecore, t.hf[i].name, ckpt::format_shape(t.hf[i].shape), w);
+  }
+  MOE_CHECK((rows + t.padding_rows) * w == numel(t.shape),
+            "[convert] table entry '{}': {} rows mapped + {} padding != the tensor's {} rows",
+            t.moecore, rows, t.padding_rows, numel(t.shape) / std::max<int64_t>(w, 1));
+}
+
+class TableBuilder {
+ public:
+  explicit TableBuilder(HfTensorMap& map) : map_(map) {}
+
+  // moecore tensor = the HF tensor, as it is.
+  void copy(const std::string& m, const std::string& hf, std::vector<int64_t> shape) {
+    add({m, shape, {{hf, shape}}, {{0, 0, shape[0]}}, 0});
+  }
+  // [gate; up] (an MLP's fc1, [2F, H]).
+  void gate_up(const std::string& m, const std::string& gate, const std::string& up, int64_t F,
+               int64_t H) {
+    add({m, {2 * F, H}, {{gate, {F, H}}, {up, {F, H}}}, {{0, 0, F}, {1, 0, F}}, 0});
+  }
+  // Fused QKV: for each query group g, its qpg query heads, its key head, its value head, D rows
+  // each (src/ops/qkv_layout.h). `cols` empty: the bias.
+  void fuse_qkv(const std::string& m, const std::string& a, const std::string& kind, int64_t Hq,
+                int64_t Hkv, int64_t D, std::vector<int64_t> cols) {
+    const int64_t qpg = Hq / Hkv;
+    auto shape = [&](int64_t rows) {
+      std::vector<int64_t> s = {rows};
+      s.insert(s.end(), cols.begin(), cols.end());
+      return s;
+    };
+    TensorMapping t{m,
+                    shape((Hq + 2 * Hkv) * D),
+                    {{a + "q_proj." + kind, shape(Hq * D)},
+                     {a + "k_proj." + kind, shape(Hkv * D)},
+                     {a + "v_proj." + kind, shape(Hkv * D)}},
+                    {},
+                    0};
+    for (int64_t g = 0; g < Hkv; ++g) {
+      t.blocks.push_back({0, g * qpg * D, qpg * D});
+      t.blocks.push_back({1, g * D, D});
+      t.blocks.push_back({2, g * D, D});
+    }
+    add(std::move(t));
+  }
+  // Experts stacked: fc1 [E, 2F, H] with fc1[e] = [gate_e; up_e], fc2 [E, H, F] with fc2[e] =
+  // down_e.
+  void experts(const std::string& q, const std::string& r, const char* gate, const char* up,
+               const char* down, int64_t E, int64_t F, int64_t H) {
+    TensorMapping fc1{q + "experts.linear_fc1.weight", {E, 2 * F, H}, {}, {}, 0};
+    TensorMapping fc2{q + "experts.linear_fc2.weight", {E, H, F}, {}, {}, 0};
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = fmt::format("{}experts.{}.", r, e);
+      fc1.hf.push_back({x + gate + ".weight", {F, H}});
+      fc1.hf.push_back({x + up + ".weight", {F, H}});
+      fc1.blocks.push_back({static_cast<int>(2 * e), 0, F});
+      fc1.blocks.push_back({static_cast<int>(2 * e + 1), 0, F});
+      fc2.hf.push_back({x + down + ".weight", {H, F}});
+      fc2.blocks.push_back({static_cast<int>(e), 0, H});
+    }
+    add(std::move(fc1));
+    add(std::move(fc2));
+  }
+  // The vocabulary rows: the HF tensor's V rows, then moecore's padding.
+  void vocab(const std::string& m, const std::string& hf, int64_t V, int64_t Vp, int64_t H) {
+    add({m, {Vp, H}, {{hf, {V, H}}}, {{0, 0, V}}, Vp - V});
+  }
+
+ private:
+  void add(TensorMapping t) {
+    check_mapping(t);
+    map_.tensors.push_back(std::move(t));
+  }
+  HfTensorMap& map_;
+};
+
+}  // namespace
+
+int64_t row_width(const std::vector<int64_t>& shape) {
+  return shape.size() >= 2 ? shape.back() : 1;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab) {
+  const int64_t V = s.vocab_size, Vp = moecore_vocab, H = s.hidden, D = s.head_dim;
+  const int64_t Hq = s.num_heads, Hkv = s.num_kv_heads;
+  MOE_CHECK(Vp >= V, "[convert] moecore's vocabulary {} < HF's {}", Vp, V);
+  const bool mixtral = s.arch == HfArch::Mixtral;
+  HfTensorMap map;
+  TableBuilder t(map);
+  t.vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", V, Vp, H);
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    const std::string q = fmt::format("decoder.layers.{}.", i);
+    const std::string a = p + "self_attn.", b = q + "self_attention.";
+    t.copy(q + "input_layernorm.weight", p + "input_layernorm.weight", {H});
+    t.fuse_qkv(b + "linear_qkv.weight", a, "weight", Hq, Hkv, D, {H});
+    if (s.qkv_bias) t.fuse_qkv(b + "linear_qkv.bias", a, "bias", Hq, Hkv, D, {});
+    if (s.qk_norm) {
+      t.copy(b + "q_layernorm.weight", a + "q_norm.weight", {D});
+      t.copy(b + "k_layernorm.weight", a + "k_norm.weight", {D});
+    }
+    t.copy(b + "linear_proj.weight", a + "o_proj.weight", {H, Hq * D});
+    t.copy(q + "pre_mlp_layernorm.weight", p + "post_attention_layernorm.weight", {H});
+    if (s.moe_layers[i]) {
+      // Transformers 5.x names the module `mlp` in memory but Mixtral's files keep
+      // block_sparse_moe and w1 (gate) / w3 (up) / w2 (down).
+      const std::string r = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      t.copy(q + "mlp.router.weight", r + "gate.weight", {s.num_experts, H});
+      if (mixtral) {
+        t.experts(q + "mlp.", r, "w1", "w3", "w2", s.num_experts, s.moe_ffn_hidden, H);
+      } else {
+        t.experts(q + "mlp.", r, "gate_proj", "up_proj", "down_proj", s.num_experts,
+                  s.moe_ffn_hidden, H);
+      }
+      const int64_t S = s.shared_ffn_hidden;
+      if (S > 0) {
+        const std::string x = q + "mlp.shared_experts.";
+        t.gate_up(x + "linear_fc1.weight", r + "shared_expert.gate_proj.weight",
+                  r + "shared_expert.up_proj.weight", S, H);
+        t.copy(x + "linear_fc2.weight", r + "shared_expert.down_proj.weight", {H, S});
+        t.copy(x + "gate_weight", r + "shared_expert_gate.weight", {1, H});
+      } else if (s.arch == HfArch::Qwen2Moe) {
+        map.empty_shared_expert.push_back({r + "shared_expert.gate_proj.weight", {0, H}});
+        map.empty_shared_expert.push_back({r + "shared_expert.up_proj.weight", {0, H}});
+        map.empty_shared_expert.push_back({r + "shared_expert.down_proj.weight", {H, 0}});
+        map.empty_shared_expert.push_back({r + "shared_expert_gate.weight", {1, H}});
+      }
+    } else {
+      t.gate_up(q + "mlp.linear_fc1.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                s.ffn_hidden, H);
+      t.copy(q + "mlp.linear_fc2.weight", p + "mlp.down_proj.weight", {H, s.ffn_hidden});
+    }
+  }
+  t.copy("decoder.final_layernorm.weight", "model.norm.weight", {H});
+  if (s.tie_word_embeddings) {
+    map.tied_head = HfTensor{"lm_head.weight", {V, H}};
+  } else {
+    t.vocab("output_layer.weight", "lm_head.weight", V, Vp, H);
+  }
+  return map;
+}
+
+std::string name_list(const std::vector<std::string>& names, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max; ++i)
+    out += fmt::format("{}'{}'", i ? ", " : "", names[i]);
+  if (names.size() > max) out += fmt::format(" and {} more", names.size() - max);
+  return out;
+}
+
+std::vector<float> to_moecore(const TensorMapping& t, const std::vector<std::vector<float>>& hf) {
+  MOE_CHECK(hf.size() == t.hf.size(), "[convert] '{}' is made of {} HF tensors, {} given",
+            t.moecore, t.hf.size(), hf.size());
+  for (size_t i = 0; i < hf.size(); ++i) {
+    MOE_CHECK(static_cast<int64_t>(hf[i].size()) == numel(t.hf[i].shape),
+              "[convert] '{}': {} values given for '{}', its shape needs {}", t.moecore,
+              hf[i].size(), t.hf[i].name, numel(t.hf[i].shape));
+  }
+  const int64_t w = row_width(t.shape);
+  std::vector<float> out(static_cast<size_t>(numel(t.shape)), 0.0f);
+  int64_t row = 0;
+  for (const RowBlock& b : t.blocks) {
+    std::copy_n(hf[b.hf].data() + b.hf_row * w, b.rows * w, out.data() + row * w);
+    row += b.rows;
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> to_hf(const TensorMapping& t, std::span<const float> m) {
+  MOE_CHECK(static_cast<int64_t>(m.size()) == numel(t.shape),
+            "[convert] '{}': {} values given, its shape needs {}", t.moecore, m.size(),
+            numel(t.shape));
+  const int64_t w = row_width(t.shape);
+  std::vector<std::vector<float>> out;
+  for (const HfTensor& h : t.hf) out.emplace_back(static_cast<size_t>(numel(h.shape)));
+  int64_t row = 0;
+  for (const RowBlock& b : t.blocks) {
+    std::copy_n(m.data() + row * w, b.rows * w, out[b.hf].data() + b.hf_row * w);
+    row += b.rows;
+  }
+  return out;
+}
+
+}  // namespace moecore::convert

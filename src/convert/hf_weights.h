@@ -1,0 +1,79 @@
+// The weight files of a HuggingFace checkpoint directory as save_pretrained writes them:
+// model.safetensors, or shards listed by model.safetensors.index.json (its weight_map names the
+// file of every tensor; tensors in any shard, in any order). The reader serves each tensor as
+// f32 (F32 copied, BF16 widened exactly) and keeps count of what was read, so a converter can
+// name every tensor it left over; the writer writes tensors in HF's order, in one file or in
+// shards of a maximum size with their index.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/safetensors_file.h"
+
+namespace moecore::convert {
+
+inline constexpr std::string_view kHfWeightsFile = "model.safetensors";
+inline constexpr std::string_view kHfIndexFile = "model.safetensors.index.json";
+
+class HfWeights {
+ public:
+  // Opens `dir`'s weights (the index when there is one) and validates every file
+  // (SafetensorsFile); the index and the files must list the same tensors.
+  explicit HfWeights(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::vector<std::string>& names() const { return names_; }  // sorted
+  bool has(std::string_view name) const { return where_.count(std::string(name)) > 0; }
+  // A missing name throws naming the directory.
+  const ckpt::TensorInfo& info(std::string_view name) const;
+  // The tensor as f32 values, marked as read. F32 and BF16 only: another dtype throws naming it.
+  std::vector<float> read_f32(std::string_view name);
+  // The tensors never read, in name order.
+  std::vector<std::string> unread() const;
+  // The dtypes of the tensors ("F32", "BF16", ...).
+  std::set<std::string> dtypes() const;
+
+ private:
+  const ckpt::SafetensorsFile& file_of(std::string_view name) const;
+
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<ckpt::SafetensorsFile>> files_;
+  std::map<std::string, size_t, std::less<>> where_;  // tensor -> its file in files_
+  std::vector<std::string> names_;
+  std::set<std::string, std::less<>> read_;
+};
+
+// One tensor to write: its name, safetensors dtype, shape and little-endian bytes.
+struct HfTensorBytes {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+// f32 values as the bytes of `dtype`: "F32" as they are, "BF16" rounded to nearest even (what
+// torch's cast does; exact for values that were bf16).
+std::vector<std::byte> f32_as(std::string_view dtype, const std::vector<float>& v);
+
+// Writes `tensors` into `dir` in HF's order (larger dtypes first, then by name) with HF's
+// metadata {"format": "pt"}: one model.safetensors when max_shard_bytes is 0 or everything fits,
+// else model-0000k-of-0000n.safetensors of at most max_shard_bytes of tensor data each (a larger
+// tensor alone in its shard, as transformers does) and model.safetensors.index.json. Returns
+// the files written.
+std::vector<std::string> write_hf_weights(const std::filesystem::path& dir,
+                                          std::vector<HfTensorBytes> tensors,
+                                          uint64_t max_shard_bytes);
+
+// "5GB" (10^9), "500MB", "64KB", "2GiB" (2^30), "100MiB", "1KiB", or plain bytes "1000000";
+// throws naming the value otherwise (transformers' max_shard_size spellings).
+uint64_t parse_shard_size(const std::string& text);
+
+}  // namespace moecore::convert

@@ -1,0 +1,182 @@
+#include "convert/model_flags.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace moecore::convert {
+
+std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
+  std::vector<TrainFlag> f = {
+      {"num-layers", s.num_layers},
+      {"hidden-size", s.hidden},
+      {"ffn-hidden-size", s.ffn_hidden},
+      {"num-attention-heads", s.num_heads},
+      {"group-query-attention", true},
+      {"num-query-groups", s.num_kv_heads},
+      {"kv-channels", s.head_dim},
+      {"max-position-embeddings", s.max_position_embeddings},
+      {"vocab-size", s.vocab_size},
+      // HF's vocabulary exactly: padded rows would be real logits in moecore's softmax.
+      {"make-vocab-size-divisible-by", int64_t{1}},
+      {"normalization", std::string("RMSNorm")},
+      {"norm-epsilon", s.rms_norm_eps},
+      {"position-embedding-type", std::string("rope")},
+      {"swiglu", true},
+      {"disable-bias-linear", true},
+      {"attention-dropout", 0.0},
+      {"hidden-dropout", 0.0},
+  };
+  // Megatron's --rotary-base is an integer flag; HF's thetas are integral in practice.
+  if (std::floor(s.rope_theta) == s.rope_theta && s.rope_theta < 9e15) {
+    f.push_back({"rotary-base", static_cast<int64_t>(s.rope_theta)});
+  } else {
+    f.push_back({"rotary-base", s.rope_theta});
+  }
+  // Megatron's default is tied: an untied HF model must say so.
+  if (!s.tie_word_embeddings) f.push_back({"untie-embeddings-and-output-weights", true});
+  if (s.qkv_bias) f.push_back({"add-qkv-bias", true});
+  if (s.qk_norm) f.push_back({"qk-layernorm", true});
+  if (s.num_experts > 0) {
+    f.push_back({"num-experts", s.num_experts});
+    f.push_back({"moe-ffn-hidden-size", s.moe_ffn_hidden});
+    f.push_back({"moe-router-topk", s.topk});
+    f.push_back({"moe-router-score-function", std::string("softmax")});
+    // norm_topk_prob (Mixtral: always) is moecore's plain softmax router: softmax over the K
+    // chosen logits. Without it, the K probabilities of the softmax over E: pre-softmax.
+    if (!s.norm_topk_prob) f.push_back({"moe-router-pre-softmax", true});
+    std::string pattern = "[";
+    for (size_t i = 0; i < s.moe_layers.size(); ++i)
+      pattern += fmt::format("{}{}", i ? "," : "", s.moe_layers[i]);
+    f.push_back({"moe-layer-freq", pattern + "]"});
+    // Qwen2-MoE's shared expert is gated: with the gate in moecore this adds
+    // --moe-shared-expert-gate (parse_hf_config refuses a shared expert until then).
+    if (s.shared_ffn_hidden > 0)
+      f.push_back({"moe-shared-expert-intermediate-size", s.shared_ffn_hidden});
+  }
+  return f;
+}
+
+std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& comment) {
+  std::ostringstream os;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) os << "# " << line << "\n";
+  // One table per flag keeps the flags in their order (a toml::table sorts its keys).
+  for (const TrainFlag& f : flags) {
+    if (const double* d = std::get_if<double>(&f.value)) {
+      // The shortest text that reads back as the same double (toml++ prints 17 digits:
+      // 1.0000000000000001e-05 for HF's 1e-05), kept a TOML float.
+      std::string text = fmt::format("{}", *d);
+      if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+      os << f.name << " = " << text << "\n";
+      continue;
+    }
+    toml::table t;
+    std::visit([&](const auto& v) { t.insert_or_assign(f.name, v); }, f.value);
+    os << t << "\n";
+  }
+  return os.str();
+}
+
+train::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
+  // Placeholders first: the flags given after them win (argparse's last occurrence).
+  std::vector<std::string> all = {
+      "--seq-length", "1", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"};
+  all.insert(all.end(), args.begin(), args.end());
+  return train::parse_train_args(all);
+}
+
+HfArch default_hf_arch(const ModelConfig& m) {
+  if (m.qk_layernorm) return HfArch::Qwen3Moe;
+  if (m.moe.shared_ffn_hidden > 0 || m.add_qkv_bias) return HfArch::Qwen2Moe;
+  if (m.num_experts > 0 && !m.has_dense_layer() && !m.moe.router.pre_softmax)
+    return HfArch::Mixtral;
+  return HfArch::Qwen2Moe;
+}
+
+HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
+  const char* cls = hf_arch_class(arch);
+  auto refuse = [&](const std::string& what) {
+    MOE_FAIL("[convert] this moecore model cannot be written as {}: {}", cls, what);
+  };
+  const RouterConfig& rc = m.moe.router;
+  if (m.num_experts > 0) {
+    // What none of HF's three routers computes: softmax scores, plain top-k, weights as they
+    // come, no token dropped.
+    if (rc.score != ScoreFunction::Softmax)
+      refuse(fmt::format("--moe-router-score-function {} (HF's routers are softmax)",
+                         score_function_name(rc.score)));
+    if (rc.group_limited()) refuse("group-limited routing (--moe-router-group-topk)");
+    if (rc.topk_scaling_factor != 1.0)
+      refuse(fmt::format("--moe-router-topk-scaling-factor {} (HF scales by 1)",
+                         rc.topk_scaling_factor));
+    if (!rc.dropless())
+      refuse(fmt::format("--moe-expert-capacity-factor {} (HF's MoE blocks drop no token)",
+                         rc.capacity_factor));
+  }
+  if (m.vocab_size < vocab)
+    refuse(
+        fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));
+  HfModelSpec s;
+  s.arch = arch;
+  s.vocab_size = vocab;
+  s.hidden = m.hidden;
+  s.num_layers = m.num_layers;
+  s.num_heads = m.num_heads;
+  s.num_kv_heads = m.num_query_groups;
+  s.head_dim = m.head_dim();
+  s.ffn_hidden = m.ffn_hidden;
+  s.num_experts = m.num_experts;
+  s.topk = m.num_experts > 0 ? rc.topk : 0;
+  s.moe_ffn_hidden = m.num_experts > 0 ? m.moe.ffn_hidden : 0;
+  s.shared_ffn_hidden = m.num_experts > 0 ? m.moe.shared_ffn_hidden : 0;
+  s.norm_topk_prob = !rc.pre_softmax;
+  for (int64_t l = 0; l < m.num_layers; ++l) s.moe_layers.push_back(m.is_moe_layer(l) ? 1 : 0);
+  s.rms_norm_eps = m.norm_eps;
+  s.rope_theta = m.rotary_base;
+  s.max_position_embeddings = m.max_positions();
+  s.tie_word_embeddings = m.tie_embeddings;
+  s.qkv_bias = m.add_qkv_bias;
+  s.qk_norm = m.qk_layernorm;
+
+  if (s.shared_ffn_hidden > 0)
+    refuse(fmt::format(
+        "--moe-shared-expert-intermediate-size {}: HF's one shared expert (Qwen2-MoE) is gated, "
+        "and moecore has no shared-expert gate yet",
+        s.shared_ffn_hidden));
+  switch (arch) {
+    case HfArch::Mixtral:
+      if (s.num_experts == 0) refuse("it has no experts (--num-experts 0)");
+      if (m.has_dense_layer())
+        refuse(
+            "--moe-layer-freq has dense layers; every Mixtral layer is MoE (export as "
+            "qwen2_moe or qwen3_moe)");
+      if (rc.pre_softmax)
+        refuse("--moe-router-pre-softmax: Mixtral always renormalises the top-k weights");
+      if (s.qkv_bias) refuse("--add-qkv-bias: Mixtral has no attention biases");
+      if (s.qk_norm) refuse("--qk-layernorm: Mixtral has no q/k norms");
+      // MixtralExperts read intermediate_size.
+      s.ffn_hidden = s.moe_ffn_hidden;
+      break;
+    case HfArch::Qwen2Moe:
+      if (s.qk_norm) refuse("--qk-layernorm: Qwen2-MoE has no q/k norms (export as qwen3_moe)");
+      break;
+    case HfArch::Qwen3Moe:
+      if (!s.qk_norm)
+        refuse(
+            "no --qk-layernorm: Qwen3-MoE always has q/k norms (weights of ones are not the "
+            "identity)");
+      if (s.qkv_bias)
+        refuse("--add-qkv-bias: Qwen3-MoE's attention_bias would add an o_proj bias too");
+      break;
+  }
+  if (s.num_experts > 0 && s.topk == 1 && s.norm_topk_prob)
+    refuse("top-1 without --moe-router-pre-softmax");  // moecore refuses it too
+  return s;
+}
+
+}  // namespace moecore::convert

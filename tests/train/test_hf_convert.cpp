@@ -1,0 +1,693 @@
+// `moecore convert` on the HuggingFace fixtures (tests/fixtures/hf/, docs/hf_interop.md): the
+// imported checkpoint's tensors and flags file; import then export gives the source tensors back
+// byte for byte; a tensor left over, a missing tensor and unsupported config keys are refused by
+// name; and the imported model, trained-from by the trainer through its flags file, computes
+// transformers' logits, losses and expert choices (tolerance: docs/numerics.md).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint_command.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/safetensors_file.h"
+#include "ckpt/safetensors_writer.h"
+#include "common/command.h"
+#include "common/testing.h"
+#include "convert/hf_config.h"
+#include "convert/hf_export.h"
+#include "convert/hf_import.h"
+#include "convert/hf_tensor_map.h"
+#include "convert/hf_weights.h"
+#include "convert/model_flags.h"
+#include "train/checkpoint_state.h"
+#include "train/config_file.h"
+#include "train/trainer.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::error_of;
+
+fs::path fixture(const std::string& name) {
+  return fs::path(MOECORE_SOURCE_DIR) / "tests" / "fixtures" / "hf" / name;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("moecore_hf_convert." + name);
+  fs::remove_all(d);
+  return d;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(std::string{std::istreambuf_iterator<char>(in), {}});
+}
+
+void write_json(const fs::path& p, const json& j) {
+  std::ofstream(p) << j.dump(2) << "\n";
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// A copy of fixture `name` to edit.
+fs::path copy_fixture(const std::string& name, const std::string& as) {
+  const fs::path d = fresh_dir(as);
+  fs::copy(fixture(name), d, fs::copy_options::recursive);
+  return d;
+}
+
+// Every HF tensor of a directory: name -> (dtype, shape, bytes).
+struct Tensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+std::map<std::string, Tensor> hf_tensors(const fs::path& dir) {
+  std::map<std::string, Tensor> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    ckpt::SafetensorsFile f(e.path());
+    for (const std::string& n : f.names()) {
+      const auto b = f.bytes(n);
+      out[n] = {f.info(n).dtype, f.info(n).shape, {b.begin(), b.end()}};
+    }
+  }
+  return out;
+}
+
+// The f32 values of a moecore checkpoint's tensor.
+std::vector<float> moecore_tensor(const fs::path& save, const std::string& name) {
+  ckpt::CheckpointReader r(ckpt::iteration_dir(save, 0));
+  const ckpt::GlobalTensor& g = r.tensor(name);
+  int64_t n = 1;
+  for (int64_t d : g.shape) n *= d;
+  std::vector<float> v(n);
+  r.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+  return v;
+}
+
+std::vector<float> hf_f32(const fs::path& dir, const std::string& name) {
+  convert::HfWeights w(dir);
+  return w.read_f32(name);
+}
+
+bool has_arg(const std::vector<std::string>& args, const std::string& flag,
+             const std::string& value = "") {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] != flag) continue;
+    if (value.empty()) return true;
+    if (i + 1 < args.size() && args[i + 1] == value) return true;
+  }
+  return false;
+}
+
+// ---- (1) the imported checkpoint and its flags file ----
+
+TEST(HfConvert, ImportsMixtralAsTheTrainerWritesIteration0) {
+  const fs::path out = fresh_dir("import_mixtral");
+  const convert::ImportResult r = convert::import_hf(fixture("mixtral"), out);
+  EXPECT_EQ(r.spec.arch, convert::HfArch::Mixtral);
+  EXPECT_EQ(r.hf_tensors, 41);  // 2 layers x (4 experts x 3 + router + 2 norms + 4 attention) + 3
+  EXPECT_EQ(ckpt::read_tracker(out), 0);
+  ckpt::CheckpointReader reader(ckpt::iteration_dir(out, 0));
+  const ckpt::Manifest& m = reader.manifest();
+  EXPECT_EQ(m.iteration, 0);
+  EXPECT_EQ(m.world_size, 1);
+  EXPECT_EQ(m.state["iteration"], 0);
+  EXPECT_EQ(m.state["optimizer_steps"], 0);
+  EXPECT_EQ(m.state["has_optimizer"], false);
+  EXPECT_EQ(m.state["consumed_train_samples"], 0);
+  EXPECT_EQ(m.state["consumed_valid_samples"], 0);
+  EXPECT_EQ(m.state["hf"]["architecture"], "MixtralForCausalLM");
+  ASSERT_EQ(m.files.size(), 1u);
+  EXPECT_EQ(m.files[0].file, "model_rank_00000.safetensors");
+  // H 32, 4 heads of D 8 over 2 KV groups, 4 experts of F 24, vocab 96 untied.
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"embedding.word_embeddings.weight", {96, 32}},
+      {"decoder.layers.0.input_layernorm.weight", {32}},
+      {"decoder.layers.0.self_attention.linear_qkv.weight", {(4 + 2 * 2) * 8, 32}},
+      {"decoder.layers.0.self_attention.linear_proj.weight", {32, 32}},
+      {"decoder.layers.0.pre_mlp_layernorm.weight", {32}},
+      {"decoder.layers.0.mlp.router.weight", {4, 32}},
+      {"decoder.layers.1.mlp.experts.linear_fc1.weight", {4, 48, 32}},
+      {"decoder.layers.1.mlp.experts.linear_fc2.weight", {4, 32, 24}},
+      {"decoder.final_layernorm.weight", {32}},
+      {"output_layer.weight", {96, 32}}};
+  EXPECT_EQ(m.tensors.size(), 2u * 7u + 3u);
+  for (const auto& [name, shape] : shapes) {
+    const ckpt::GlobalTensor* t = m.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->shape, shape) << name;
+    EXPECT_EQ(t->dtype, "F32") << name;
+  }
+
+  // The flags file parses as `moecore train --config` does and gives the recorded model.
+  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--make-vocab-size-divisible-by", "1"},
+           {"--vocab-size", "96"},
+           {"--moe-layer-freq", "[1,1]"},
+           {"--num-experts", "4"},
+           {"--moe-router-topk", "2"},
+           {"--moe-ffn-hidden-size", "24"},
+           {"--num-query-groups", "2"},
+           {"--kv-channels", "8"},
+           {"--rotary-base", "1000000"},
+           {"--norm-epsilon", "1e-05"},
+           {"--untie-embeddings-and-output-weights", ""},
+           {"--swiglu", ""},
+           {"--disable-bias-linear", ""}}) {
+    EXPECT_TRUE(has_arg(args, flag, value)) << flag << " " << value;
+  }
+  EXPECT_FALSE(has_arg(args, "--moe-router-pre-softmax"));  // Mixtral renormalises
+  EXPECT_FALSE(has_arg(args, "--add-qkv-bias"));
+  EXPECT_FALSE(has_arg(args, "--qk-layernorm"));
+  const train::TrainFlags f = convert::parse_model_flags(args);
+  EXPECT_EQ(m.state["model"], train::model_signature(f.model));
+
+  // The fused QKV by the doc's formula: row (g * (qpg + 2) + j) * D + d is query head g qpg + j
+  // (j < qpg), the key head (j = qpg) or the value head (j = qpg + 1) of group g, row d.
+  const std::vector<float> qkv =
+      moecore_tensor(out, "decoder.layers.1.self_attention.linear_qkv.weight");
+  const std::vector<float> q = hf_f32(fixture("mixtral"), "model.layers.1.self_attn.q_proj.weight");
+  const std::vector<float> k = hf_f32(fixture("mixtral"), "model.layers.1.self_attn.k_proj.weight");
+  const std::vector<float> v = hf_f32(fixture("mixtral"), "model.layers.1.self_attn.v_proj.weight");
+  const int64_t H = 32, D = 8, qpg = 2;
+  for (int64_t g = 0; g < 2; ++g) {
+    for (int64_t j = 0; j < qpg + 2; ++j) {
+      for (int64_t d = 0; d < D; ++d) {
+        const float* row = qkv.data() + ((g * (qpg + 2) + j) * D + d) * H;
+        const float* src = j < qpg    ? q.data() + ((g * qpg + j) * D + d) * H
+                           : j == qpg ? k.data() + (g * D + d) * H
+                                      : v.data() + (g * D + d) * H;
+        EXPECT_EQ(std::memcmp(row, src, H * 4), 0)
+            << "group " << g << " slot " << j << " row " << d;
+      }
+    }
+  }
+  // fc1[e] = [w1 (gate); w3 (up)], fc2[e] = w2.
+  const std::vector<float> fc1 =
+      moecore_tensor(out, "decoder.layers.0.mlp.experts.linear_fc1.weight");
+  const std::vector<float> fc2 =
+      moecore_tensor(out, "decoder.layers.0.mlp.experts.linear_fc2.weight");
+  const std::string e2 = "model.layers.0.block_sparse_moe.experts.2.";
+  const std::vector<float> w1 = hf_f32(fixture("mixtral"), e2 + "w1.weight");
+  const std::vector<float> w3 = hf_f32(fixture("mixtral"), e2 + "w3.weight");
+  const std::vector<float> w2 = hf_f32(fixture("mixtral"), e2 + "w2.weight");
+  EXPECT_EQ(std::memcmp(fc1.data() + 2 * 48 * 32, w1.data(), 24 * 32 * 4), 0);
+  EXPECT_EQ(std::memcmp(fc1.data() + 2 * 48 * 32 + 24 * 32, w3.data(), 24 * 32 * 4), 0);
+  EXPECT_EQ(std::memcmp(fc2.data() + 2 * 32 * 24, w2.data(), 32 * 24 * 4), 0);
+}
+
+TEST(HfConvert, ImportsShardedBf16Qwen3MoeWidenedExactly) {
+  const fs::path out = fresh_dir("import_qwen3");
+  const convert::ImportResult r = convert::import_hf(fixture("qwen3_moe"), out);
+  EXPECT_EQ(r.spec.arch, convert::HfArch::Qwen3Moe);
+  EXPECT_EQ(r.spec.moe_layers, (std::vector<int>{1, 0, 1}));  // mlp_only_layers [1]
+  ckpt::CheckpointReader reader(ckpt::iteration_dir(out, 0));
+  const ckpt::Manifest& m = reader.manifest();
+  // head_dim 16 (not 32 / 4): QKV rows (4 + 2 * 2) * 16.
+  EXPECT_EQ(m.find("decoder.layers.0.self_attention.linear_qkv.weight")->shape,
+            (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(m.find("decoder.layers.0.self_attention.q_layernorm.weight")->shape,
+            (std::vector<int64_t>{16}));
+  EXPECT_EQ(m.find("decoder.layers.0.self_attention.linear_proj.weight")->shape,
+            (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(m.find("decoder.layers.1.mlp.linear_fc1.weight")->shape,
+            (std::vector<int64_t>{96, 32}));  // dense [gate; up], F 48
+  EXPECT_EQ(m.find("decoder.layers.2.mlp.experts.linear_fc1.weight")->shape,
+            (std::vector<int64_t>{8, 32, 32}));
+  EXPECT_EQ(m.find("decoder.layers.1.mlp.router.weight"), nullptr);
+  EXPECT_EQ(m.find("decoder.layers.0.self_attention.linear_qkv.bias"), nullptr);
+  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  EXPECT_TRUE(has_arg(args, "--moe-layer-freq", "[1,0,1]"));
+  EXPECT_TRUE(has_arg(args, "--qk-layernorm"));
+  EXPECT_TRUE(has_arg(args, "--kv-channels", "16"));
+  EXPECT_TRUE(has_arg(args, "--ffn-hidden-size", "48"));
+  EXPECT_TRUE(has_arg(args, "--moe-ffn-hidden-size", "16"));
+  EXPECT_TRUE(has_arg(args, "--vocab-size", "112"));
+  EXPECT_FALSE(has_arg(args, "--moe-router-pre-softmax"));  // norm_topk_prob: true
+  // BF16 widened exactly: every value is a bf16 value, the same as the file's.
+  const std::vector<float> emb = moecore_tensor(out, "embedding.word_embeddings.weight");
+  const std::vector<float> src = hf_f32(fixture("qwen3_moe"), "model.embed_tokens.weight");
+  EXPECT_EQ(emb, src);
+  for (float x : emb) EXPECT_EQ(bf16_to_float(float_to_bf16(x)), x);
+}
+
+// The Qwen2-MoE fixture has a gated shared expert: refused until moecore has the gate. The
+// same model without its shared expert (shared_expert_intermediate_size 0, the zero-row tensors
+// Qwen2MoeSparseMoeBlock still saves) imports: tied embeddings, q/k/v biases, pre-softmax.
+TEST(HfConvert, Qwen2MoeNeedsTheSharedExpertGate) {
+  const std::string e =
+      error_of([&] { convert::import_hf(fixture("qwen2_moe"), fresh_dir("q2")); });
+  EXPECT_NE(e.find("shared_expert_intermediate_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("24"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs the shared-expert gate"), std::string::npos) << e;
+
+  const fs::path in = copy_fixture("qwen2_moe", "q2_noshared_in");
+  json cfg = read_json(in / "config.json");
+  cfg["shared_expert_intermediate_size"] = 0;
+  write_json(in / "config.json", cfg);
+  {  // the shared expert's tensors as transformers saves them for S = 0
+    ckpt::SafetensorsFile f(in / "model.safetensors");
+    ckpt::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const std::string& n : f.names()) {
+      std::vector<int64_t> shape = f.info(n).shape;
+      if (n.find(".shared_expert.") != std::string::npos) {
+        shape[n.find("down_proj") != std::string::npos ? 1 : 0] = 0;
+        w.add(n, "F32", shape, {});
+      } else {
+        w.add(n, f.info(n).dtype, shape, f.bytes(n));
+      }
+    }
+    w.write(in / "model.safetensors");
+  }
+  const fs::path out = fresh_dir("q2_noshared");
+  const convert::ImportResult r = convert::import_hf(in, out);
+  EXPECT_TRUE(r.spec.tie_word_embeddings);
+  EXPECT_TRUE(r.spec.qkv_bias);
+  EXPECT_EQ(r.spec.moe_layers, (std::vector<int>{0, 1, 0, 1}));  // decoder_sparse_step 2
+  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  EXPECT_TRUE(has_arg(args, "--moe-layer-freq", "[0,1,0,1]"));
+  EXPECT_TRUE(has_arg(args, "--moe-router-pre-softmax"));  // norm_topk_prob: false
+  EXPECT_TRUE(has_arg(args, "--add-qkv-bias"));
+  EXPECT_FALSE(has_arg(args, "--untie-embeddings-and-output-weights"));
+  EXPECT_FALSE(has_arg(args, "--moe-shared-expert-intermediate-size"));
+  ckpt::CheckpointReader reader(ckpt::iteration_dir(out, 0));
+  EXPECT_EQ(reader.manifest().find("output_layer.weight"), nullptr);
+  EXPECT_EQ(reader.manifest().find("decoder.layers.1.self_attention.linear_qkv.bias")->shape,
+            (std::vector<int64_t>{(4 + 2 * 2) * 6}));
+
+  // And back: the same tensors, the empty shared expert and a zero gate written again.
+  const fs::path back = fresh_dir("q2_noshared_back");
+  convert::ExportOptions o;
+  o.input = out;
+  o.output = back;
+  const convert::ExportResult x = convert::export_hf(o);
+  EXPECT_EQ(x.spec.arch, convert::HfArch::Qwen2Moe);
+  const auto a = hf_tensors(in), b = hf_tensors(back);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_EQ(b.at(name).shape, t.shape) << name;
+    if (name.find("shared_expert_gate") == std::string::npos) {
+      EXPECT_EQ(b.at(name).bytes, t.bytes) << name;
+    }
+  }
+}
+
+// ---- (2) import then export: the source tensors back, byte for byte ----
+
+TEST(HfConvert, RoundTripIsBytewise) {
+  struct Case {
+    std::string name, dtype;
+    uint64_t shard;
+  };
+  for (const Case& c : {Case{"mixtral", "F32", 0}, Case{"qwen3_moe", "BF16", 0},
+                        Case{"qwen3_moe", "BF16", 40000}}) {
+    SCOPED_TRACE(c.name + " " + c.dtype + " shard " + std::to_string(c.shard));
+    const fs::path ck = fresh_dir("rt_" + c.name), hf = fresh_dir("rt_hf_" + c.name);
+    convert::import_hf(fixture(c.name), ck);
+    convert::ExportOptions o;
+    o.input = ck;
+    o.output = hf;
+    o.dtype = c.dtype;
+    o.max_shard_bytes = c.shard;
+    const convert::ExportResult r = convert::export_hf(o);
+    EXPECT_EQ(r.arch_from, "the import");
+    const auto a = hf_tensors(fixture(c.name)), b = hf_tensors(hf);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : a) {
+      ASSERT_TRUE(b.count(name)) << name;
+      EXPECT_EQ(b.at(name).dtype, t.dtype) << name;
+      EXPECT_EQ(b.at(name).shape, t.shape) << name;
+      EXPECT_TRUE(b.at(name).bytes == t.bytes) << name;
+    }
+    // The config describes the same model (and re-imports to the same flags).
+    std::vector<std::string> warnings;
+    EXPECT_EQ(convert::parse_hf_config(read_json(hf / "config.json"), "exported", &warnings),
+              convert::parse_hf_config(read_json(fixture(c.name) / "config.json"), "source"));
+    EXPECT_EQ(read_json(hf / "config.json")["initializer_range"], 0.02);  // carried over
+    if (c.shard > 0) {
+      EXPECT_TRUE(fs::exists(hf / "model.safetensors.index.json"));
+      EXPECT_GT(r.files.size(), 3u);  // config, >= 2 shards, the index
+      for (const auto& e : fs::directory_iterator(hf)) {
+        if (e.path().extension() == ".safetensors") {
+          EXPECT_LE(fs::file_size(e.path()), 40000u + 8000u) << e.path();  // + the header
+        }
+      }
+    }
+  }
+  // Mixtral's single F32 file: the whole file is the source's, header and order included.
+  const fs::path hf = fs::temp_directory_path() / "moecore_hf_convert.rt_hf_mixtral";
+  EXPECT_EQ(read_text(hf / "model.safetensors"),
+            read_text(fixture("mixtral") / "model.safetensors"));
+}
+
+// Export reads each global tensor whole, whatever slices hold it: the imported Mixtral saved
+// again as two ranks of expert parallelism (each expert tensor split along experts) exports to
+// the same HF tensors.
+TEST(HfConvert, ExportReadsAnyLayout) {
+  const fs::path ck = fresh_dir("layout_ck"), ep2 = fresh_dir("layout_ep2");
+  convert::import_hf(fixture("mixtral"), ck);
+  ckpt::CheckpointReader r(ckpt::iteration_dir(ck, 0));
+  const fs::path dir = ckpt::iteration_dir(ep2, 0);
+  fs::create_directories(dir);
+  ckpt::SafetensorsWriter shard[2];
+  ckpt::Manifest m;
+  m.world_size = 2;
+  m.layout = {{"dp", 1}, {"ep", 2}, {"expt_dp", 1}};
+  m.state = r.manifest().state;
+  for (const ckpt::GlobalTensor& g : r.manifest().tensors) {
+    std::vector<std::byte> b(static_cast<size_t>(convert::numel(g.shape)) * 4);
+    r.read(g.name, "F32", -1, 0, 0, b);
+    const bool expert = g.name.find(".experts.") != std::string::npos;
+    ckpt::GlobalTensor t{g.name, "F32", g.shape, {}};
+    if (!expert) {
+      shard[0].add(g.name, "F32", g.shape, b);
+      t.slices.push_back({ckpt::shard_name("model", 0)});
+    } else {
+      std::vector<int64_t> half = g.shape;
+      half[0] /= 2;
+      const size_t n = b.size() / 2;
+      for (int k = 0; k < 2; ++k) {
+        shard[k].add(g.name, "F32", half, {b.data() + k * n, n});
+        t.slices.push_back({ckpt::shard_name("model", k), 0, k * half[0], half[0]});
+      }
+    }
+    m.tensors.push_back(t);
+  }
+  for (int k = 0; k < 2; ++k)
+    m.files.push_back(ckpt::write_shard(dir, ckpt::shard_name("model", k), k, shard[k]));
+  ckpt::write_manifest(dir, m);
+  ckpt::write_tracker(ep2, 0);
+  convert::ExportOptions o;
+  o.input = ep2;
+  o.flags = ck / "moecore_flags.toml";
+  o.output = fresh_dir("layout_hf");
+  convert::export_hf(o);
+  EXPECT_EQ(read_text(o.output / "model.safetensors"),
+            read_text(fixture("mixtral") / "model.safetensors"));
+}
+
+// Through the command line, with the checkpoint trained on by `moecore train` in between
+// (weights change; the exported tensors are then the trained ones).
+TEST(HfConvert, CommandLineImportTrainExport) {
+  const fs::path ck = fresh_dir("cli_ck"), hf = fresh_dir("cli_hf"), save = fresh_dir("cli_save");
+  testing::CommandResult r = testing::run_moecore(
+      "convert hf-to-moecore --input " + fixture("mixtral").string() + " --output " + ck.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("every tensor consumed"), std::string::npos) << r.output;
+  // `moecore eval` scores the reference sequences with the flags file (each padded to 16
+  // tokens): transformers' losses.
+  const json ref = read_json(fixture("mixtral") / "reference.json");
+  json tokens = json::array();
+  for (const json& seq : ref["sequences"]) tokens.push_back(seq["input_ids"]);
+  write_json(ck / "tokens.json", tokens);
+  r = testing::run_moecore("eval --config " + (ck / "moecore_flags.toml").string() + " --load " +
+                           ck.string() + " --seq-length 16 --micro-batch-size 1 --train-iters 1 " +
+                           "--lr 0 --tokens-json " + (ck / "tokens.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (size_t i = 0; i < ref["sequences"].size(); ++i) {
+    const std::string key = "sequence " + std::to_string(i) + ": 8 tokens | mean next-token loss ";
+    const size_t at = r.output.find(key);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const double want = ref["sequences"][i]["loss"].get<double>();
+    EXPECT_NEAR(std::stod(r.output.substr(at + key.size())), want, testing::kHfLogitsRtol * want);
+  }
+  r = testing::run_moecore("train --config " + (ck / "moecore_flags.toml").string() + " --load " +
+                           ck.string() + " --finetune --save " + save.string() +
+                           " --seq-length 8 --micro-batch-size 2 --train-iters 2 --lr 1e-3 "
+                           "--log-interval 1 --eval-iters 0 --peak-tflops 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           (ck / "moecore_flags.toml").string() + " --output " + hf.string() +
+                           " --arch mixtral");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = hf_tensors(fixture("mixtral")), b = hf_tensors(hf);
+  ASSERT_EQ(a.size(), b.size());
+  int changed = 0;
+  for (const auto& [name, t] : a) changed += b.at(name).bytes != t.bytes;
+  EXPECT_GT(changed, 30) << "training moved the weights";
+  // Without --flags, a --save directory of `moecore train` has no moecore_flags.toml.
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --output " +
+                           fresh_dir("cli_hf2").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("give --flags FILE"), std::string::npos) << r.output;
+}
+
+// A model trained by `moecore train` from scratch (configs/tiny.toml: untied, softmax top-2,
+// every layer MoE -> Mixtral by its features) with a padded vocabulary: export drops the padded
+// rows and says so, and the export imports back to the same weights but those rows.
+TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
+  const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
+  const fs::path flags = fresh_dir("padded_flags.toml");
+  std::ofstream(flags) << read_text(fs::path(MOECORE_SOURCE_DIR) / "configs" / "tiny.toml")
+                       << "\nmake-vocab-size-divisible-by = 100\n";
+  testing::CommandResult r = testing::run_moecore(
+      "train --config " + flags.string() + " --train-iters 2 --lr-warmup-iters 0 --save " +
+      save.string() + " --peak-tflops 1 --eval-iters 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           flags.string() + " --output " + hf.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("MixtralForCausalLM, from the model's features"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the vocabulary padding (44 rows of 300) is dropped"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_json(hf / "config.json")["vocab_size"], 256);
+  const fs::path back = fresh_dir("padded_back");
+  convert::import_hf(hf, back);
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight",
+                           "decoder.layers.1.mlp.experts.linear_fc1.weight"}) {
+    ckpt::CheckpointReader trained(ckpt::resolve_checkpoint(save));
+    const ckpt::GlobalTensor& g = trained.tensor(name);
+    std::vector<float> v(static_cast<size_t>(convert::numel(g.shape)));
+    trained.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+    const std::vector<float> w = moecore_tensor(back, name);
+    ASSERT_LE(w.size(), v.size()) << name;
+    EXPECT_TRUE(std::equal(w.begin(), w.end(), v.begin())) << name;  // the first 256 rows
+  }
+}
+
+// ---- (3) refusals, naming what is wrong ----
+
+TEST(HfConvert, ATensorLeftOverIsRefusedByName) {
+  const fs::path in = copy_fixture("mixtral", "left_in");
+  {  // a fifth expert the config does not declare (num_local_experts: 4)
+    ckpt::SafetensorsFile f(fixture("mixtral") / "model.safetensors");
+    ckpt::SafetensorsWriter w;
+    for (const std::string& n : f.names()) w.add(n, f.info(n).dtype, f.info(n).shape, f.bytes(n));
+    const std::string e0 = "model.layers.1.block_sparse_moe.experts.0.w1.weight";
+    w.add("model.layers.1.block_sparse_moe.experts.4.w1.weight", "F32", f.info(e0).shape,
+          f.bytes(e0));
+    w.write(in / "model.safetensors");
+  }
+  const fs::path out = fresh_dir("left_out");
+  const std::string e = error_of([&] { convert::import_hf(in, out); });
+  EXPECT_NE(e.find("1 tensor(s) of the checkpoint have no place"), std::string::npos) << e;
+  EXPECT_NE(e.find("'model.layers.1.block_sparse_moe.experts.4.w1.weight'"), std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(out / "latest_checkpointed_iteration.txt"));
+  EXPECT_FALSE(fs::exists(out / "moecore_flags.toml"));
+}
+
+TEST(HfConvert, AMissingTensorIsRefusedByName) {
+  const fs::path in = copy_fixture("qwen3_moe", "missing_in");
+  json index = read_json(in / "model.safetensors.index.json");
+  const std::string gone = "model.layers.2.mlp.experts.5.up_proj.weight";
+  const std::string file = index["weight_map"][gone];
+  index["weight_map"].erase(gone);
+  write_json(in / "model.safetensors.index.json", index);
+  {
+    ckpt::SafetensorsFile f(fixture("qwen3_moe") / file);
+    ckpt::SafetensorsWriter w;
+    for (const std::string& n : f.names()) {
+      if (n != gone) w.add(n, f.info(n).dtype, f.info(n).shape, f.bytes(n));
+    }
+    w.write(in / file);
+  }
+  const std::string e = error_of([&] { convert::import_hf(in, fresh_dir("missing_out")); });
+  EXPECT_NE(e.find("1 tensor(s) that config.json implies are missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("'" + gone + "'"), std::string::npos) << e;
+
+  // An index that names a tensor its file does not hold.
+  index["weight_map"][gone] = file;
+  write_json(in / "model.safetensors.index.json", index);
+  const std::string e2 = error_of([&] { convert::import_hf(in, fresh_dir("missing_out2")); });
+  EXPECT_NE(e2.find("maps tensor '" + gone + "'"), std::string::npos) << e2;
+}
+
+TEST(HfConvert, AShapeThatDisagreesWithTheConfigIsRefused) {
+  const fs::path in = copy_fixture("mixtral", "shape_in");
+  json cfg = read_json(in / "config.json");
+  cfg["intermediate_size"] = 20;
+  write_json(in / "config.json", cfg);
+  const std::string e = error_of([&] { convert::import_hf(in, fresh_dir("shape_out")); });
+  EXPECT_NE(e.find("is [24, 32], config.json implies [20, 32]"), std::string::npos) << e;
+}
+
+TEST(HfConvert, UnsupportedConfigsAreRefusedNamingTheKeyAndValue) {
+  struct Case {
+    std::string fixture, key;
+    json value;
+    std::string expect;  // in the message, beside the key
+  };
+  const std::vector<Case> cases = {
+      {"mixtral", "sliding_window", 4096, "4096"},
+      {"mixtral", "hidden_act", "gelu", "\"gelu\""},
+      {"mixtral", "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
+      {"mixtral", "rope_parameters", {{"rope_theta", 1e6}, {"rope_type", "yarn"}}, "\"yarn\""},
+      {"mixtral", "num_experts_per_tok", 1, "top-1 with renormalised weights"},
+      {"mixtral", "attention_dropout", 0.1, "0.1"},
+      {"mixtral", "architectures", json::array({"LlamaForCausalLM"}), "LlamaForCausalLM"},
+      {"mixtral", "model_type", "deepseek_v3", "deepseek_v3"},
+      {"qwen3_moe", "attention_bias", true, "attention output bias"},
+      {"qwen3_moe", "use_sliding_window", true, "sliding-window"},
+      {"qwen3_moe", "partial_rotary_factor", 0.5, "0.5"},
+      {"qwen3_moe", "head_dim", 15, "15"},
+      {"qwen3_moe", "num_key_value_heads", 3, "3"},
+      {"qwen2_moe", "layer_types",
+       json::array({"full_attention", "sliding_attention", "full_attention", "full_attention"}),
+       "sliding_attention"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const fs::path in = copy_fixture(c.fixture, "cfg_in");
+    json cfg = read_json(in / "config.json");
+    cfg[c.key] = c.value;
+    if (c.key == "architectures") cfg.erase("model_type");
+    write_json(in / "config.json", cfg);
+    const std::string e = error_of([&] { convert::import_hf(in, fresh_dir("cfg_out")); });
+    EXPECT_NE(e.find("\"" + c.key), std::string::npos) << e;  // "key" or "key.subkey"
+    EXPECT_NE(e.find(c.expect), std::string::npos) << e;
+    EXPECT_NE(e.find("config.json"), std::string::npos) << e;
+  }
+}
+
+TEST(HfConvert, ExportRefusesWhatTheClassCannotExpress) {
+  const fs::path ck = fresh_dir("export_refuse");
+  convert::import_hf(fixture("qwen3_moe"), ck);
+  convert::ExportOptions o;
+  o.input = ck;
+  o.output = fresh_dir("export_refuse_hf");
+  o.arch = convert::HfArch::Mixtral;  // dense layer 1 and q/k norms
+  std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: --moe-layer-freq has dense layers"),
+            std::string::npos)
+      << e;
+  o.arch = convert::HfArch::Qwen2Moe;
+  e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("--qk-layernorm"), std::string::npos) << e;
+  // Another model's flags: the checkpoint's signature names the difference.
+  o.arch.reset();
+  o.flags = fresh_dir("other_flags.toml");
+  std::string toml = read_text(ck / "moecore_flags.toml");
+  toml.replace(toml.find("hidden-size = 32"), 16, "hidden-size = 64");
+  std::ofstream(o.flags) << toml;
+  e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("--hidden-size: 32 in the checkpoint, 64 in this run"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output / "config.json"));
+}
+
+// ---- (4) the numbers: transformers' logits, losses and expert choices ----
+
+// The imported checkpoint loaded by the trainer (its flags file, --finetune), each reference
+// sequence alone (micro-batch 1, --seq-length 8, eval mode): logits within docs/numerics.md's
+// "HF import vs transformers" row, the same experts chosen with the same weights, and the mean
+// next-token loss.
+void check_against_transformers(const std::string& name) {
+  const fs::path ck = fresh_dir("numbers_" + name);
+  convert::import_hf(fixture(name), ck);
+  std::vector<std::string> args = train::config_file_args((ck / "moecore_flags.toml").string());
+  for (const char* a : {"--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
+                        "--lr", "1e-4", "--peak-tflops", "1", "--eval-iters", "0"})
+    args.push_back(a);
+  const train::TrainFlags f = train::parse_train_args(args);
+  train::Trainer trainer(f.model, f.train);
+  train::Trainer::LoadOptions lo;
+  lo.finetune = true;
+  ASSERT_EQ(trainer.load_checkpoint(ck, lo), 0);
+  model::GPTModel<float>& model = trainer.model();
+  model.set_training(false);
+
+  const json ref = read_json(fixture(name) / "reference.json");
+  const int64_t V = f.model.vocab_size, K = f.model.moe.router.topk;
+  double worst = 0, worst_rel = 0, worst_weight = 0, worst_loss = 0;
+  for (const json& seq : ref["sequences"]) {
+    const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
+    const int64_t S = static_cast<int64_t>(ids.size());
+    ASSERT_EQ(S, 8);
+    std::vector<float> logits(S * V);
+    model.forward_logits(ids.data(), logits.data());
+    double scale = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t v = 0; v < V; ++v) {
+        const double want = seq["logits"][s][v].get<double>();
+        scale = std::max(scale, std::abs(want));
+        worst = std::max(worst, std::abs(logits[s * V + v] - want));
+      }
+    }
+    worst_rel = std::max(worst_rel, worst / scale);
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t v = 0; v < V; ++v) {
+        const double want = seq["logits"][s][v].get<double>();
+        EXPECT_NEAR(logits[s * V + v], want, testing::kHfLogitsRtol * scale)
+            << name << " position " << s << " token " << v;
+      }
+    }
+    // The routing of every MoE layer: transformers' experts in descending weight, its weights.
+    const auto routers = model.routers();
+    ASSERT_EQ(routers.size(), seq["routing"].size());
+    for (size_t l = 0; l < routers.size(); ++l) {
+      const json& r = seq["routing"][l];
+      const int32_t* idx = testing::host(routers[l]->saved().idx_TK);
+      const float* probs = testing::host(routers[l]->saved().probs_TK);
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t k = 0; k < K; ++k) {
+          EXPECT_EQ(idx[s * K + k], r["experts"][s][k].get<int32_t>())
+              << name << " layer " << r["layer"] << " position " << s << " slot " << k;
+          const double w = r["weights"][s][k].get<double>();
+          worst_weight = std::max(worst_weight, std::abs(probs[s * K + k] - w));
+          EXPECT_NEAR(probs[s * K + k], w, testing::kHfLogitsRtol)
+              << name << " layer " << r["layer"] << " position " << s << " slot " << k;
+        }
+      }
+    }
+    // The loss: positions 0..6 predicting ids 1..7.
+    std::vector<int32_t> targets(ids.begin() + 1, ids.end());
+    targets.push_back(-1);
+    const double loss = model.forward(ids.data(), targets.data());
+    const double want = seq["loss"].get<double>();
+    worst_loss = std::max(worst_loss, std::abs(loss - want) / want);
+    EXPECT_NEAR(loss, want, testing::kHfLogitsRtol * want) << name;
+  }
+  std::cout << "[hf parity] " << name << ": max |logits - transformers| = " << worst << " ("
+            << worst_rel << " of the largest logit), routing weights " << worst_weight << ", loss "
+            << worst_loss << " relative\n";
+}
+
+TEST(HfConvert, MixtralMatchesTransformers) {
+  check_against_transformers("mixtral");
+}
+TEST(HfConvert, Qwen3MoeMatchesTransformers) {
+  check_against_transformers("qwen3_moe");
+}
+
+}  // namespace
+}  // namespace moecore
