@@ -298,20 +298,13 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
   if (s.arch == HfArch::Qwen2Moe) s.qkv_bias = r.boolean("qkv_bias", true);
   if (s.arch == HfArch::Qwen3Moe) {
     s.qk_norm = true;  // Qwen3MoeAttention always has q_norm and k_norm
-    if (r.boolean("attention_bias", false))
-      r.refuse("attention_bias", "true",
-               "it adds a bias to q, k, v and o_proj, and moecore has no attention output bias "
-               "(linear_proj.bias) yet");
+    // Qwen3MoeAttention.__init__: attention_bias adds a bias to q, k, v and o_proj.
+    s.qkv_bias = s.attention_output_bias = r.boolean("attention_bias", false);
   }
 
   // Qwen2-MoE's shared expert is always gated by sigmoid(x shared_expert_gate^T).
   if (s.arch == HfArch::Qwen2Moe) {
     s.shared_ffn_hidden = r.integer("shared_expert_intermediate_size");
-    if (s.shared_ffn_hidden > 0)
-      r.refuse("shared_expert_intermediate_size", std::to_string(s.shared_ffn_hidden),
-               "Qwen2-MoE's shared expert needs the shared-expert gate "
-               "(--moe-shared-expert-gate, decoder.layers.<i>.mlp.shared_experts.gate_weight), "
-               "which moecore does not have yet");
     MOE_CHECK(s.shared_ffn_hidden >= 0,
               "[convert] '{}': \"shared_expert_intermediate_size\" {} must be >= 0", where,
               s.shared_ffn_hidden);
@@ -368,7 +361,7 @@ json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const 
         c["layer_types"] = json::array();
         for (int64_t i = 0; i < s.num_layers; ++i) c["layer_types"].push_back("full_attention");
       } else {
-        c["attention_bias"] = false;
+        c["attention_bias"] = s.attention_output_bias;
       }
       break;
     }

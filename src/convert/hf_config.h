@@ -42,7 +42,8 @@ struct HfModelSpec {
   double rope_theta = 1e4;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // q/k/v biases (Qwen2-MoE's qkv_bias)
+  bool qkv_bias = false;  // q/k/v biases (Qwen2-MoE's qkv_bias, Qwen3-MoE's attention_bias)
+  bool attention_output_bias = false;  // the o_proj bias (Qwen3-MoE's attention_bias)
   bool qk_norm = false;   // q_norm / k_norm (Qwen3-MoE, always)
 
   bool operator==(const HfModelSpec&) const = default;

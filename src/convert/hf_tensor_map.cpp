@@ -135,6 +135,7 @@ HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab) {
       t.copy(b + "k_layernorm.weight", a + "k_norm.weight", {D});
     }
     t.copy(b + "linear_proj.weight", a + "o_proj.weight", {H, Hq * D});
+    if (s.attention_output_bias) t.copy(b + "linear_proj.bias", a + "o_proj.bias", {H});
     t.copy(q + "pre_mlp_layernorm.weight", p + "post_attention_layernorm.weight", {H});
     if (s.moe_layers[i]) {
       // Transformers 5.x names the module `mlp` in memory but Mixtral's files keep

@@ -40,6 +40,7 @@ std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
   // Megatron's default is tied: an untied HF model must say so.
   if (!s.tie_word_embeddings) f.push_back({"untie-embeddings-and-output-weights", true});
   if (s.qkv_bias) f.push_back({"add-qkv-bias", true});
+  if (s.attention_output_bias) f.push_back({"add-attention-output-bias", true});
   if (s.qk_norm) f.push_back({"qk-layernorm", true});
   if (s.num_experts > 0) {
     f.push_back({"num-experts", s.num_experts});
@@ -53,10 +54,11 @@ std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
     for (size_t i = 0; i < s.moe_layers.size(); ++i)
       pattern += fmt::format("{}{}", i ? "," : "", s.moe_layers[i]);
     f.push_back({"moe-layer-freq", pattern + "]"});
-    // Qwen2-MoE's shared expert is gated: with the gate in moecore this adds
-    // --moe-shared-expert-gate (parse_hf_config refuses a shared expert until then).
-    if (s.shared_ffn_hidden > 0)
+    // Qwen2-MoE's shared expert is always gated: sigmoid(x shared_expert_gate^T).
+    if (s.shared_ffn_hidden > 0) {
       f.push_back({"moe-shared-expert-intermediate-size", s.shared_ffn_hidden});
+      f.push_back({"moe-shared-expert-gate", true});
+    }
   }
   return f;
 }
@@ -141,13 +143,15 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
   s.max_position_embeddings = m.max_positions();
   s.tie_word_embeddings = m.tie_embeddings;
   s.qkv_bias = m.add_qkv_bias;
+  s.attention_output_bias = m.add_attention_output_bias;
   s.qk_norm = m.qk_layernorm;
 
-  if (s.shared_ffn_hidden > 0)
-    refuse(fmt::format(
-        "--moe-shared-expert-intermediate-size {}: HF's one shared expert (Qwen2-MoE) is gated, "
-        "and moecore has no shared-expert gate yet",
-        s.shared_ffn_hidden));
+  if (s.shared_ffn_hidden > 0 && arch != HfArch::Qwen2Moe)
+    refuse("a shared expert (--moe-shared-expert-intermediate-size): only Qwen2-MoE has one");
+  if (s.shared_ffn_hidden > 0 && !m.moe.shared_expert_gate)
+    refuse("a shared expert without --moe-shared-expert-gate: Qwen2-MoE always gates it");
+  if (s.attention_output_bias && arch != HfArch::Qwen3Moe)
+    refuse("--add-attention-output-bias: only Qwen3-MoE (attention_bias) has an o_proj bias");
   switch (arch) {
     case HfArch::Mixtral:
       if (s.num_experts == 0) refuse("it has no experts (--num-experts 0)");
@@ -170,8 +174,10 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
         refuse(
             "no --qk-layernorm: Qwen3-MoE always has q/k norms (weights of ones are not the "
             "identity)");
-      if (s.qkv_bias)
-        refuse("--add-qkv-bias: Qwen3-MoE's attention_bias would add an o_proj bias too");
+      if (s.qkv_bias != s.attention_output_bias)
+        refuse(
+            "--add-qkv-bias without --add-attention-output-bias or the reverse: Qwen3-MoE's "
+            "attention_bias adds both");
       break;
   }
   if (s.num_experts > 0 && s.topk == 1 && s.norm_topk_prob)

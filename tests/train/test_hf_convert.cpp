@@ -248,15 +248,23 @@ TEST(HfConvert, ImportsShardedBf16Qwen3MoeWidenedExactly) {
   for (float x : emb) EXPECT_EQ(bf16_to_float(float_to_bf16(x)), x);
 }
 
-// The Qwen2-MoE fixture has a gated shared expert: refused until moecore has the gate. The
-// same model without its shared expert (shared_expert_intermediate_size 0, the zero-row tensors
-// Qwen2MoeSparseMoeBlock still saves) imports: tied embeddings, q/k/v biases, pre-softmax.
-TEST(HfConvert, Qwen2MoeNeedsTheSharedExpertGate) {
-  const std::string e =
-      error_of([&] { convert::import_hf(fixture("qwen2_moe"), fresh_dir("q2")); });
-  EXPECT_NE(e.find("shared_expert_intermediate_size"), std::string::npos) << e;
-  EXPECT_NE(e.find("24"), std::string::npos) << e;
-  EXPECT_NE(e.find("needs the shared-expert gate"), std::string::npos) << e;
+// The Qwen2-MoE fixture: a gated shared expert (S 24), tied embeddings, q/k/v biases,
+// pre-softmax routing, MoE layers 1 and 3. The same model without its shared expert
+// (shared_expert_intermediate_size 0, the zero-row tensors Qwen2MoeSparseMoeBlock still saves)
+// imports too, and exports the empty shared expert and a zero gate again.
+TEST(HfConvert, ImportsQwen2MoeWithItsGatedSharedExpert) {
+  const fs::path q2 = fresh_dir("q2");
+  const convert::ImportResult g = convert::import_hf(fixture("qwen2_moe"), q2);
+  EXPECT_EQ(g.spec.shared_ffn_hidden, 24);
+  const std::vector<std::string> gargs = train::config_file_args(g.flags_file.string());
+  EXPECT_TRUE(has_arg(gargs, "--moe-shared-expert-intermediate-size", "24"));
+  EXPECT_TRUE(has_arg(gargs, "--moe-shared-expert-gate"));
+  ckpt::CheckpointReader gr(ckpt::iteration_dir(q2, 0));
+  EXPECT_EQ(gr.manifest().find("decoder.layers.1.mlp.shared_experts.gate_weight")->shape,
+            (std::vector<int64_t>{1, 24}));
+  EXPECT_EQ(gr.manifest().find("decoder.layers.3.mlp.shared_experts.linear_fc1.weight")->shape,
+            (std::vector<int64_t>{48, 24}));
+  EXPECT_EQ(gr.manifest().find("decoder.layers.2.mlp.shared_experts.gate_weight"), nullptr);
 
   const fs::path in = copy_fixture("qwen2_moe", "q2_noshared_in");
   json cfg = read_json(in / "config.json");
@@ -318,8 +326,8 @@ TEST(HfConvert, RoundTripIsBytewise) {
     std::string name, dtype;
     uint64_t shard;
   };
-  for (const Case& c : {Case{"mixtral", "F32", 0}, Case{"qwen3_moe", "BF16", 0},
-                        Case{"qwen3_moe", "BF16", 40000}}) {
+  for (const Case& c : {Case{"mixtral", "F32", 0}, Case{"qwen2_moe", "F32", 0},
+                        Case{"qwen3_moe", "BF16", 0}, Case{"qwen3_moe", "BF16", 40000}}) {
     SCOPED_TRACE(c.name + " " + c.dtype + " shard " + std::to_string(c.shard));
     const fs::path ck = fresh_dir("rt_" + c.name), hf = fresh_dir("rt_hf_" + c.name);
     convert::import_hf(fixture(c.name), ck);
@@ -353,10 +361,12 @@ TEST(HfConvert, RoundTripIsBytewise) {
       }
     }
   }
-  // Mixtral's single F32 file: the whole file is the source's, header and order included.
-  const fs::path hf = fs::temp_directory_path() / "moecore_hf_convert.rt_hf_mixtral";
-  EXPECT_EQ(read_text(hf / "model.safetensors"),
-            read_text(fixture("mixtral") / "model.safetensors"));
+  // The single F32 files: the whole file is the source's, header and order included.
+  for (const std::string name : {"mixtral", "qwen2_moe"}) {
+    const fs::path hf = fs::temp_directory_path() / ("moecore_hf_convert.rt_hf_" + name);
+    EXPECT_EQ(read_text(hf / "model.safetensors"), read_text(fixture(name) / "model.safetensors"))
+        << name;
+  }
 }
 
 // Export reads each global tensor whole, whatever slices hold it: the imported Mixtral saved
@@ -557,7 +567,6 @@ TEST(HfConvert, UnsupportedConfigsAreRefusedNamingTheKeyAndValue) {
       {"mixtral", "attention_dropout", 0.1, "0.1"},
       {"mixtral", "architectures", json::array({"LlamaForCausalLM"}), "LlamaForCausalLM"},
       {"mixtral", "model_type", "deepseek_v3", "deepseek_v3"},
-      {"qwen3_moe", "attention_bias", true, "attention output bias"},
       {"qwen3_moe", "use_sliding_window", true, "sliding-window"},
       {"qwen3_moe", "partial_rotary_factor", 0.5, "0.5"},
       {"qwen3_moe", "head_dim", 15, "15"},
@@ -685,8 +694,58 @@ void check_against_transformers(const std::string& name) {
 TEST(HfConvert, MixtralMatchesTransformers) {
   check_against_transformers("mixtral");
 }
+TEST(HfConvert, Qwen2MoeMatchesTransformers) {
+  check_against_transformers("qwen2_moe");
+}
 TEST(HfConvert, Qwen3MoeMatchesTransformers) {
   check_against_transformers("qwen3_moe");
+}
+
+// Qwen3-MoE's attention_bias: q, k, v and o_proj biases (--add-qkv-bias
+// --add-attention-output-bias), here on the fixture with random biases added: imported and
+// exported back byte for byte.
+TEST(HfConvert, Qwen3MoeAttentionBiasRoundTrip) {
+  const fs::path in = copy_fixture("qwen3_moe", "q3_bias_in");
+  json cfg = read_json(in / "config.json");
+  cfg["attention_bias"] = true;
+  write_json(in / "config.json", cfg);
+  json index = read_json(in / "model.safetensors.index.json");
+  const std::string file = "model-00003-of-00003.safetensors";
+  {
+    ckpt::SafetensorsFile f(fixture("qwen3_moe") / file);
+    ckpt::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const std::string& n : f.names()) w.add(n, f.info(n).dtype, f.info(n).shape, f.bytes(n));
+    uint32_t seed = 1;
+    for (int l = 0; l < 3; ++l) {
+      for (const auto& [proj, rows] : std::vector<std::pair<std::string, int64_t>>{
+               {"q_proj", 64}, {"k_proj", 32}, {"v_proj", 32}, {"o_proj", 32}}) {
+        const std::vector<float> v = testing::random_vec<float>(rows, seed++);
+        const std::string n = "model.layers." + std::to_string(l) + ".self_attn." + proj + ".bias";
+        w.add(n, "BF16", {rows}, convert::f32_as("BF16", v));
+        index["weight_map"][n] = file;
+      }
+    }
+    w.write(in / file);
+  }
+  write_json(in / "model.safetensors.index.json", index);
+  const fs::path ck = fresh_dir("q3_bias_ck");
+  const convert::ImportResult r = convert::import_hf(in, ck);
+  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  EXPECT_TRUE(has_arg(args, "--add-qkv-bias"));
+  EXPECT_TRUE(has_arg(args, "--add-attention-output-bias"));
+  convert::ExportOptions o;
+  o.input = ck;
+  o.output = fresh_dir("q3_bias_hf");
+  o.dtype = "BF16";
+  convert::export_hf(o);
+  const auto a = hf_tensors(in), b = hf_tensors(o.output);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(b.at(name).bytes == t.bytes) << name;
+  }
+  EXPECT_EQ(read_json(o.output / "config.json")["attention_bias"], true);
 }
 
 }  // namespace
