@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints through `moecore train` under mpirun (docs/checkpoint_format.md):
 # - resume: 3 steps, save, stop, resume to 6 == an uninterrupted 6-step run, bitwise (per-step
-#   losses and grad norms, final weights), at EP 2 x expert-DP 2 x DP 4, and with --async-save;
+#   losses and grad norms, final weights and AdamW moments), at EP 2 x expert-DP 2 x DP 4, and
+#   with --async-save;
 # - SIGTERM with --exit-signal-handler: the step finishes, the ranks save and exit 0, and the
 #   resumed run equals the uninterrupted one bitwise;
 # - a rank killed (SIGKILL) after writing its shards: the previous checkpoint stays the latest, a
@@ -39,8 +40,8 @@ export MOECORE_FAULT_KILL_AFTER_SHARDS=""
 
 # ---- resume, bitwise, at EP 2 x EDP 2 (DP 4) ----
 ep2x2=(--expert-model-parallel-size 2)
-out=$(train 4 "${ep2x2[@]}" --train-iters 6 --metrics-file "$work/whole.jsonl") ||
-  fail "the uninterrupted run stopped" "$out"
+out=$(train 4 "${ep2x2[@]}" --train-iters 6 --metrics-file "$work/whole.jsonl" \
+      --save "$work/w") || fail "the uninterrupted run stopped" "$out"
 whole=$(digest "$out")
 out=$(train 4 "${ep2x2[@]}" --train-iters 3 --save "$work/r") || fail "the first half stopped" "$out"
 out=$(train 4 "${ep2x2[@]}" --train-iters 6 --load "$work/r" --save "$work/r" \
@@ -49,7 +50,9 @@ grep -q "loaded iteration 3 from" <<< "$out" || fail "the resume did not load it
 [ "$(digest "$out")" = "$whole" ] || fail "resumed weights $(digest "$out") != $whole" "$out"
 [ "$(steps "$work/resumed.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
   fail "the resumed steps 4-6 differ" "$(cat "$work/resumed.jsonl" "$work/whole.jsonl")"
-echo "[checkpoint] resume at 4 ranks (EP 2 x EDP 2): steps 4-6 and weights bitwise equal"
+# The optimizer state too: both runs' checkpoints of iteration 6 hold the same bytes.
+compare "$work/w" "$work/r"
+echo "[checkpoint] resume at 4 ranks (EP 2 x EDP 2): steps 4-6, weights and AdamW moments bitwise"
 # The same with --async-save, saving every iteration.
 out=$(train 4 "${ep2x2[@]}" --train-iters 3 --save "$work/a" --save-interval 1 --async-save) ||
   fail "the first half with --async-save stopped" "$out"
