@@ -110,18 +110,19 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
   return out;
 }
 
-parallel::Communicator* world_comm(const parallel::ProcessGroups* groups) {
-  if (groups == nullptr || groups->world_size() == 1) return nullptr;
-  return &groups->world().communicator();
-}
-
 }  // namespace
+
+template <typename T>
+parallel::Communicator* BasicTrainer<T>::world_comm() const {
+  if (groups_ == nullptr || groups_->world_size() == 1) return nullptr;
+  return &groups_->world().communicator();
+}
 
 template <typename T>
 void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, bool save_rng,
                                       bool async) {
   finish_pending_save();  // one save at a time
-  parallel::Communicator* world = world_comm(groups_);
+  parallel::Communicator* world = world_comm();
   auto s = std::make_unique<SaveInFlight>();
   s->save = save;
   s->staging = ckpt::staging_dir(save, iteration_);
@@ -194,7 +195,7 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
 template <typename T>
 int64_t BasicTrainer<T>::finish_pending_save(bool only_if_written) {
   if (!pending_save_) return -1;
-  parallel::Communicator* world = world_comm(groups_);
+  parallel::Communicator* world = world_comm();
   if (only_if_written) {
     // Every rank must be done writing, or every rank waits for the next poll.
     std::vector<int64_t> written{pending_save_->written() ? 1 : 0};
@@ -211,7 +212,7 @@ template <typename T>
 std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                                                         const LoadOptions& opt) {
   std::optional<int64_t> loaded;
-  parallel::run_on_all_ranks(world_comm(groups_), [&] {
+  parallel::run_on_all_ranks(world_comm(), [&] {
     MOE_CHECK(!fs::exists(load / ckpt::kManifestFile),
               "[checkpoint] --load '{}' is one iteration's directory: give the directory above it "
               "(the --save directory), with --ckpt-step N for an iteration other than the latest",
@@ -325,6 +326,8 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
 
 template void BasicTrainer<float>::save_checkpoint(const fs::path&, bool, bool, bool);
 template void BasicTrainer<double>::save_checkpoint(const fs::path&, bool, bool, bool);
+template parallel::Communicator* BasicTrainer<float>::world_comm() const;
+template parallel::Communicator* BasicTrainer<double>::world_comm() const;
 template int64_t BasicTrainer<float>::finish_pending_save(bool);
 template int64_t BasicTrainer<double>::finish_pending_save(bool);
 template std::optional<int64_t> BasicTrainer<float>::load_checkpoint(const fs::path&,

@@ -387,9 +387,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   const CheckpointConfig& ck = cfg_.ckpt;
   std::optional<int64_t> loaded;
   if (!ck.load.empty()) loaded = resume(log);
-  parallel::Communicator* world =
-      groups_ != nullptr && groups_->world_size() > 1 ? &groups_->world().communicator() : nullptr;
-  ExitConditions exits(ck, world);
+  ExitConditions exits(ck, world_comm());
   int64_t saved = loaded && ck.save == ck.load ? *loaded : -1;  // the iteration on disk there
   const auto finished = [&](int64_t it) {                       // a background save completed
     if (it >= 0 && logging_rank()) {

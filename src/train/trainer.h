@@ -135,6 +135,8 @@ class BasicTrainer {
                           StepMetrics& acc, int64_t& in_interval, const StepMetrics& m);
   void print_summary(std::ostream& log, const std::vector<StepMetrics>& all) const;
   bool logging_rank() const { return groups_ == nullptr || groups_->rank() == 0; }
+  // The world's communicator; null for one rank (the checkpoint protocol's and exits' agreement).
+  parallel::Communicator* world_comm() const;
 
   ModelConfig model_cfg_;
   TrainConfig cfg_;
