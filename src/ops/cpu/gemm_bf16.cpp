@@ -41,9 +41,13 @@ namespace {
 using dnnl::memory;
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
+// A primitive with its argument memories, built once per shape: each call only sets the data
+// handles and executes through the C API with a fixed argument array, so a cached shape runs
+// without allocating (the C++ execute builds an argument map and a vector per call, which a
+// sync-audited step reports).
 struct Matmul {
   dnnl::matmul prim;
-  memory::desc a, b, c;
+  memory a, b, c;
 };
 
 class MatmulCache {
@@ -61,10 +65,14 @@ class MatmulCache {
       it = cache_.emplace(key, build(ta, tb, M, N, K, lda, ldb, ldc, beta != 0.f)).first;
     }
     Matmul& mm = it->second;
-    memory am(mm.a, eng_, const_cast<bf16*>(A));
-    memory bm(mm.b, eng_, const_cast<bf16*>(B));
-    memory cm(mm.c, eng_, C);
-    mm.prim.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    mm.a.set_data_handle(const_cast<bf16*>(A));
+    mm.b.set_data_handle(const_cast<bf16*>(B));
+    mm.c.set_data_handle(C);
+    const dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, mm.a.get()}, {DNNL_ARG_WEIGHTS, mm.b.get()}, {DNNL_ARG_DST, mm.c.get()}};
+    const dnnl_status_t st = dnnl_primitive_execute(mm.prim.get(), stream_.get(), 3, args);
+    MOE_CHECK(st == dnnl_success, "[gemm_bf16] oneDNN bf16 matmul M={} N={} K={} failed: status {}",
+              M, N, K, static_cast<int>(st));
     stream_.wait();
   }
 
@@ -84,7 +92,8 @@ class MatmulCache {
     }
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng_);
-      return Matmul{dnnl::matmul(pd), a, b, c};
+      return Matmul{dnnl::matmul(pd), memory(a, eng_, DNNL_MEMORY_NONE),
+                    memory(b, eng_, DNNL_MEMORY_NONE), memory(c, eng_, DNNL_MEMORY_NONE)};
     } catch (const dnnl::error& e) {
       MOE_FAIL(
           "[gemm_bf16] oneDNN cannot build a bf16 matmul M={} N={} K={}: {} (this CPU may "
