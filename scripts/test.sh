@@ -8,8 +8,34 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# run_suite NAME DIR [VAR=VALUE...]: ctest in DIR. On a failure the failing tests' output is
+# printed again at the very end (the last 80 lines of each), with the CPU and the variant, so the
+# tail of a CI log says why, not only which.
+run_suite() {
+  local name=$1 dir=$2
+  shift 2
+  local rc=0
+  (cd "$dir" && env "$@" ctest --output-on-failure -j2 --timeout 600) 2>&1 |
+    tee "$dir/ctest-output.log" || rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] && return 0
+  echo "[test] $name FAILED (ctest exit $rc) on$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+  awk '/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / {
+         flush(); on = /\*\*\*/ && !/\*\*\*(Skipped|Not Run)/; head = $0; n = 0; next
+       }
+       /^ *Start +[0-9]+: / { flush() }
+       on { buf[n++] = $0 }
+       function flush(  i) {
+         if (on) { print head; for (i = (n > 80 ? n - 80 : 0); i < n; ++i) print buf[i] }
+         on = 0
+       }
+       END { flush() }' "$dir/ctest-output.log"
+  echo "[test] $name FAILED: $(tr '\n' ' ' < "$dir/Testing/Temporary/LastTestsFailed.log")"
+  exit "$rc"
+}
+
 echo "[test] native ISA: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
-(cd build && ctest --output-on-failure -j2 --timeout 600)
+run_suite "native" build
 
 # The ISA variants: -march level, the oneDNN ISA cap (DNNL_MAX_CPU_ISA), the CPU flags needed.
 variants=(
@@ -29,7 +55,7 @@ for v in "${variants[@]}"; do
   cmake -S . -B "build-$arch" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_ARCH="$arch" \
     > "build-$arch.log" 2>&1 || { cat "build-$arch.log"; exit 1; }
   cmake --build "build-$arch" -j"$(nproc)"
-  (cd "build-$arch" && DNNL_MAX_CPU_ISA="$dnnl_isa" ctest --output-on-failure -j2 --timeout 600)
+  run_suite "ISA variant $arch" "build-$arch" DNNL_MAX_CPU_ISA="$dnnl_isa"
 done
 
 if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
