@@ -1,8 +1,10 @@
 // AdamW: a single step worked by hand on three elements, fast vs reference over several steps
 // (serial and OpenMP sizes, f32 and f64 params), the bf16 copy written in the same pass,
 // decoupled weight decay on/off, grad_scale, and invalid hyper-parameters.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "common/testing.h"
@@ -138,6 +140,42 @@ TEST(AdamW, Bf16CopiesAreTheCastOfTheUpdatedValues) {
   EXPECT_THROW(
       adamw_step<double>(cpu_exec(), &p, &g, &m, &v, 1, AdamWParams{}, &one, nullptr, &p16w),
       moecore::Error);
+}
+
+// The widened copy is written with streaming stores from its first 16-byte boundary on (scalar
+// stores before it and after the last whole block): at every alignment and length it holds the
+// rounded update, the values around it untouched, p equal to the update without a copy.
+TEST(AdamW, WidenedCopyIsExactAtEveryAlignment) {
+  AdamWParams a;
+  AdamWStep s;
+  s.lr = 3e-3;
+  a.weight_decay = 0.1;
+  for (int64_t n : {int64_t{3}, int64_t{16}, int64_t{53}, (int64_t{1} << 14) + 9}) {
+    for (int64_t offset = 0; offset < 4; ++offset) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << offset << " floats");
+      const auto p0 = random_vec<float>(n, 31);
+      const auto g = random_vec<float>(n, 32, -2.0, 2.0);
+      std::vector<float> p_plain = p0, m_plain(n, 0.f), v_plain(n, 0.f);
+      std::vector<float> p = p0, m(n, 0.f), v(n, 0.f);
+      alignas(64) static float buf[(int64_t{1} << 14) + 32];
+      std::fill(std::begin(buf), std::end(buf), -7.f);
+      float* p16w = buf + offset;
+      for (int64_t step = 1; step <= 2; ++step) {
+        s.step = step;
+        adamw_step<float>(cpu_exec(), p_plain.data(), g.data(), m_plain.data(), v_plain.data(), n,
+                          a, &s);
+        adamw_step<float>(cpu_exec(), p.data(), g.data(), m.data(), v.data(), n, a, &s, nullptr,
+                          p16w);
+      }
+      EXPECT_EQ(0, std::memcmp(p.data(), p_plain.data(), n * sizeof(float)));
+      std::vector<float> rounded(n);
+      round_f32_to_bf16_ref(rounded.data(), p_plain.data(), n);
+      EXPECT_EQ(0, std::memcmp(p16w, rounded.data(), n * sizeof(float)));
+      for (int64_t i = 0; i < offset; ++i) EXPECT_EQ(buf[i], -7.f) << "before, " << i;
+      for (int64_t i = offset + n; i < static_cast<int64_t>(std::size(buf)); ++i)
+        ASSERT_EQ(buf[i], -7.f) << "after, " << i;
+    }
+  }
 }
 
 TEST(AdamW, WeightDecayIsDecoupled) {
