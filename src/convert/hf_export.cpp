@@ -46,19 +46,26 @@ ExportResult export_hf(const ExportOptions& opt) {
             "[convert] --dtype {}: HF weights are written as f32 or bf16", opt.dtype);
   const bool iteration_given = fs::exists(opt.input / ckpt::kManifestFile);
   res.checkpoint = ckpt::resolve_checkpoint(opt.input);
-  const fs::path flags_path =
-      !opt.flags.empty() ? opt.flags
-                         : (iteration_given ? opt.input.parent_path() : opt.input) / kFlagsFile;
-  MOE_CHECK(fs::exists(flags_path),
-            "[convert] '{}' does not exist: give --flags FILE, the `moecore train` flags (the "
-            "--config TOML) of the checkpoint's model; `convert hf-to-moecore` writes them as {}",
-            flags_path.string(), kFlagsFile);
-  const train::TrainFlags tf = parse_model_flags(train::config_file_args(flags_path.string()));
-  const ModelConfig& m = tf.model;
-
   ckpt::CheckpointReader reader(res.checkpoint);
   const ckpt::Manifest& man = reader.manifest();
   const std::string dir = reader.dir().string();
+
+  // The model's flags: --flags, else the save directory's moecore_flags.toml, else the flags
+  // the checkpoint records (--use-checkpoint-args).
+  const fs::path save_dir = iteration_given ? opt.input.parent_path() : opt.input;
+  const fs::path flags_path = !opt.flags.empty() ? opt.flags : save_dir / kFlagsFile;
+  const bool recorded_args =
+      opt.flags.empty() && !fs::exists(flags_path) && man.state.contains("args");
+  MOE_CHECK(recorded_args || fs::exists(flags_path),
+            "[convert] '{}' does not exist and '{}' records no flags: give --flags FILE, the "
+            "`moecore train` flags (the --config TOML) of the checkpoint's model; `convert "
+            "hf-to-moecore` writes them as {}",
+            flags_path.string(), dir, kFlagsFile);
+  const train::TrainFlags tf =
+      recorded_args ? parse_model_flags({"--use-checkpoint-args", "--load=" + save_dir.string(),
+                                         "--ckpt-step=" + std::to_string(man.iteration)})
+                    : parse_model_flags(train::config_file_args(flags_path.string()));
+  const ModelConfig& m = tf.model;
   MOE_CHECK(man.state.contains("model"), "[convert] '{}': the manifest's state has no \"model\"",
             dir);
   train::check_same_model(man.state["model"], train::model_signature(m), dir);

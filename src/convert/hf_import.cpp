@@ -73,8 +73,8 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
                   hf_arch_class(s.arch), fs::absolute(hf_dir).lexically_normal().string(),
                   fs::absolute(res.flags_file).lexically_normal().string(),
                   fs::absolute(out_dir).lexically_normal().string()));
-  const ModelConfig m =
-      parse_model_flags(train::config_text_args(toml, res.flags_file.string())).model;
+  const std::vector<std::string> flag_args = train::config_text_args(toml, res.flags_file.string());
+  const ModelConfig m = parse_model_flags(flag_args).model;
 
   // The table, checked against the model's own parameter list both ways.
   const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
@@ -192,6 +192,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
                {"consumed_train_samples", 0},
                {"consumed_valid_samples", 0},
                {"model", train::model_signature(m)},
+               {"args", flag_args},  // for --use-checkpoint-args, as a trained checkpoint's
                // Where it came from: export's default class, and the config's other keys.
                {"hf", {{"architecture", hf_arch_class(s.arch)}, {"config", config}}}};
   ckpt::write_manifest(staging, man);

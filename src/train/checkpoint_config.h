@@ -1,13 +1,13 @@
 // What a run saves and loads, and when it stops early: Megatron-LM's checkpointing flags
 // (--save, --load, --save-interval, --async-save, --finetune, --no-save-optim, --no-load-optim,
-// --no-save-rng,
-// --no-load-rng, --ckpt-step, --exit-on-missing-checkpoint) and its exit flags
-// (--exit-interval, --exit-duration-in-mins, --exit-signal-handler). The format and the protocol
-// are docs/checkpoint_format.md.
+// --no-save-rng, --no-load-rng, --ckpt-step, --exit-on-missing-checkpoint, --use-checkpoint-args)
+// and its exit flags (--exit-interval, --exit-duration-in-mins, --exit-signal-handler). The
+// format and the protocol are docs/checkpoint_format.md.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moecore::train {
 
@@ -29,6 +29,11 @@ struct CheckpointConfig {
   int64_t exit_duration_mins = 0;    // --exit-duration-in-mins: save and stop after that long
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGINT finish the step,
                                      // save and stop (exit status 0)
+  bool use_checkpoint_args = false;  // --use-checkpoint-args: the model's flags from --load
+                                     // (train/checkpoint_args.h)
+  // The run's flags (its command line with config files expanded, each flag once), recorded in
+  // every checkpoint's state ("args") for --use-checkpoint-args.
+  std::vector<std::string> run_args;
 
   // Throws naming the flag for a value that cannot work.
   void validate() const;

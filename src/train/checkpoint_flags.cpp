@@ -39,6 +39,10 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
       ->group(kCkpt);
   app.add_option("--ckpt-step", c.ckpt_step, "Load this iteration instead of the latest")
       ->group(kCkpt);
+  app.add_flag("--use-checkpoint-args", c.use_checkpoint_args,
+               "Take the model's flags from the --load checkpoint (what the run that wrote it "
+               "was given); flags given here win")
+      ->group(kCkpt);
   app.add_flag("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint,
                "With --load: stop if there is no checkpoint there instead of starting afresh")
       ->group(kCkpt);
@@ -53,8 +57,9 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                "On SIGTERM or SIGINT: finish the step, save (with --save), exit with status 0")
       ->group(kTrain);
   // Switches show their state as their default; Megatron's --no-* flags default to None.
-  for (const char* name : {"--async-save", "--finetune", "--moe-use-upcycling",
-                           "--exit-on-missing-checkpoint", "--exit-signal-handler"}) {
+  for (const char* name :
+       {"--async-save", "--finetune", "--moe-use-upcycling", "--exit-on-missing-checkpoint",
+        "--exit-signal-handler", "--use-checkpoint-args"}) {
     app.get_option(name)->default_str("false");
   }
 }

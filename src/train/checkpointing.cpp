@@ -172,7 +172,8 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
                      {"has_optimizer", save_optim},
                      {"consumed_train_samples", consumed_train_samples()},
                      {"consumed_valid_samples", consumed_valid_samples()},
-                     {"model", model_signature(model_cfg_)}};
+                     {"model", model_signature(model_cfg_)},
+                     {"args", cfg_.ckpt.run_args}};
     if (save_rng) {
       const std::vector<moe::Router<T>*> routers = model_->routers();
       s->head.state["rng"] = {

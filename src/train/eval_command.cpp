@@ -88,7 +88,9 @@ std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int6
 
 Subcommand add_eval_command(CLI::App& app) {
   CLI::App* cli = app.add_subcommand(
-      "eval", "Evaluate a checkpoint (--load DIR with the model's flags; --tokens-json FILE)");
+      "eval",
+      "Evaluate a checkpoint (--load DIR with the model's flags or --use-checkpoint-args; "
+      "--tokens-json FILE)");
   cli->prefix_command();
   cli->set_help_flag();
   cli->allow_extras();
@@ -96,6 +98,8 @@ Subcommand add_eval_command(CLI::App& app) {
       cli, [cli]() {
         std::vector<std::string> args = cli->remaining();
         const std::string tokens_json = take_tokens_json(args);
+        // What training needs and eval does not, unless given: eval runs no step.
+        args.insert(args.begin(), {"--micro-batch-size=1", "--train-iters=1", "--lr=0"});
         TrainFlags flags = parse_train_args(args);
         const CheckpointConfig& ck = flags.train.ckpt;
         MOE_CHECK(!ck.load.empty(),

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/check.h"
+#include "train/checkpoint_args.h"
 #include "train/config_file.h"
 #include "train/data_flags.h"
 #include "train/megatron_argv.h"
@@ -415,15 +416,35 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   TrainFlags f;
   CLI::App app("moecore train");
   add_train_flags(app, f);
-  const ParsedArgs given = parse_megatron_argv(args, own_flags(app), moecore_extra_choices());
+  ParsedArgs given = parse_megatron_argv(args, own_flags(app), moecore_extra_choices());
   if (given.help) throw CLI::CallForHelp();
+  std::string from_checkpoint;
+  if (given.find_dest("use_checkpoint_args") != nullptr) {
+    // The checkpoint's model flags first, so the command line's own win (parse keeps the last).
+    const GivenFlag* load = given.find_dest("load");
+    const GivenFlag* step = given.find_dest("ckpt_step");
+    // parse_megatron_argv has checked that the value is an int.
+    const int64_t ckpt_step =
+        step != nullptr && !step->values.empty() ? std::stoll(step->values[0]) : -1;
+    const std::vector<std::string> saved = checkpoint_model_args(
+        load != nullptr && !load->values.empty() ? load->values[0] : "", ckpt_step, own_flags(app));
+    args.insert(args.begin(), saved.begin(), saved.end());
+    given = parse_megatron_argv(args, own_flags(app), moecore_extra_choices());
+    from_checkpoint = fmt::format(
+        "[checkpoint] --use-checkpoint-args: {} flag(s) from the "
+        "checkpoint ({}); the command line's win",
+        saved.size(), fmt::join(saved, " "));
+  }
   f.notices = check_megatron_flags(given, train_binds);
+  if (!from_checkpoint.empty()) f.notices.push_back(from_checkpoint);
   check_implemented_choices(app, given);
   std::vector<std::string> cli_args = given.args_for([](const GivenFlag& g) {
     return g.megatron == nullptr || train_binds(*g.megatron);
   });
+  const std::vector<std::string> run_args = given.args_for([](const GivenFlag&) { return true; });
   std::reverse(cli_args.begin(), cli_args.end());  // CLI11 takes the arguments reversed
   app.parse(cli_args);
+  f.train.ckpt.run_args = run_args;
   std::vector<std::string> notices = std::move(f.notices);
   finalize_train_flags(f);
   notices.insert(notices.end(), f.notices.begin(), f.notices.end());

@@ -239,3 +239,49 @@ TEST(Cli, EvalScoresTokenSequencesOfACheckpoint) {
       << e.output;
   std::filesystem::remove_all(dir);
 }
+
+// Megatron's --use-checkpoint-args: a checkpoint records its run's flags, and the model's among
+// them fill what the command line leaves unset, so eval (and a resume) need no model flags; a
+// flag given on the command line wins, and a different model is then refused by name.
+TEST(Cli, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
+  const std::string dir = temp_path("moecore_ckpt_args");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(run("train" + std::string(kTiny) + " --save " + dir).exit_code, 0);
+  const std::string tokens = dir + "/tokens.json";
+  std::ofstream(tokens) << "[[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]";
+  const std::string tail = " --load " + dir + " --tokens-json " + tokens;
+  CommandResult given = run("eval" + std::string(kTiny) + tail);
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  CommandResult taken = run("eval --use-checkpoint-args" + tail);
+  ASSERT_EQ(taken.exit_code, 0) << taken.output;
+  EXPECT_NE(
+      taken.output.find("--use-checkpoint-args: 16 flag(s) from the checkpoint (--hidden-size=32"),
+      std::string::npos)
+      << taken.output;
+  for (int i : {-1, 0, 1}) EXPECT_EQ(eval_loss(taken.output, i), eval_loss(given.output, i));
+  // Eval without the training flags (no step runs) but with the model's.
+  CommandResult model_only = run(
+      "eval --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16"
+      " --num-layers 2 --num-experts 4 --moe-ffn-hidden-size 16 --ffn-hidden-size 32"
+      " --vocab-size 64 --swiglu --disable-bias-linear --normalization RMSNorm"
+      " --position-embedding-type rope --attention-dropout 0 --hidden-dropout 0" +
+      tail);
+  ASSERT_EQ(model_only.exit_code, 0) << model_only.output;
+  EXPECT_EQ(eval_loss(model_only.output, -1), eval_loss(given.output, -1));
+  CommandResult other = run("eval --use-checkpoint-args --num-layers 3" + tail);
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("--num-layers: 2 in the checkpoint, 3 in this run"),
+            std::string::npos)
+      << other.output;
+  // A resume takes the model's flags too: the run continues from iteration 3.
+  CommandResult resumed =
+      run("train --use-checkpoint-args --load " + dir +
+          " --micro-batch-size 2 --global-batch-size 4 --train-iters 4 --lr 3e-3 --min-lr 3e-4"
+          " --lr-decay-style cosine --log-interval 1 --peak-tflops 0.1");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("loaded iteration 3 from"), std::string::npos) << resumed.output;
+  EXPECT_NE(
+      run("eval --use-checkpoint-args --tokens-json " + tokens).output.find("give --load DIR"),
+      std::string::npos);
+  std::filesystem::remove_all(dir);
+}

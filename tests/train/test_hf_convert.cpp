@@ -454,11 +454,23 @@ TEST(HfConvert, CommandLineImportTrainExport) {
   int changed = 0;
   for (const auto& [name, t] : a) changed += b.at(name).bytes != t.bytes;
   EXPECT_GT(changed, 30) << "training moved the weights";
-  // Without --flags, a --save directory of `moecore train` has no moecore_flags.toml.
+  // Without --flags, a --save directory of `moecore train` has no moecore_flags.toml: the flags
+  // the checkpoint records (--use-checkpoint-args) give the same files.
+  const fs::path hf2 = fresh_dir("cli_hf2");
   r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --output " +
-                           fresh_dir("cli_hf2").string());
+                           hf2.string() + " --arch mixtral");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_text(hf2 / "model.safetensors"), read_text(hf / "model.safetensors"));
+  EXPECT_EQ(read_json(hf2 / "config.json"), read_json(hf / "config.json"));
+  // A checkpoint that records no flags needs --flags.
+  const fs::path manifest = ckpt::resolve_checkpoint(save) / ckpt::kManifestFile;
+  json m = read_json(manifest);
+  m["state"].erase("args");
+  std::ofstream(manifest) << m.dump();
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --output " +
+                           fresh_dir("cli_hf3").string());
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("give --flags FILE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("records no flags: give --flags FILE"), std::string::npos) << r.output;
 }
 
 // A model trained by `moecore train` from scratch (configs/tiny.toml: untied, softmax top-2,
