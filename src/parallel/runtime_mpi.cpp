@@ -4,12 +4,55 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "parallel/mpi_check.h"
 #include "parallel/runtime.h"
 
 namespace moecore::parallel {
+
+namespace {
+
+// A process started without a launcher (a singleton: `moecore train` without mpirun) gets its own
+// Open MPI session directory base. Open MPI 4.1 creates the shared top-level session directory
+// (<tmp>/ompi.<host>.<uid>) with a stat then a mkdir, and removes it when the last job on the
+// host finishes, so two singletons starting at the same moment can both see it missing and one
+// fails MPI_Init with "mkdir ... File exists". A private base takes singletons out of that race.
+std::string g_private_session_base;
+
+void remove_private_session_base() {
+  if (g_private_session_base.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(g_private_session_base, ec);  // best effort: leftovers are debris
+  g_private_session_base.clear();
+}
+
+bool launched_by_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0') return true;
+  }
+  return false;
+}
+
+void use_private_session_base() {
+  if (launched_by_mpi_launcher()) return;
+  const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
+  if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
+  if (base == nullptr || *base == '\0') base = "/tmp";
+  std::string tmpl = std::string(base) + "/moecore-mpi-XXXXXX";
+  std::vector<char> path(tmpl.begin(), tmpl.end());
+  path.push_back('\0');
+  if (::mkdtemp(path.data()) == nullptr) return;  // Open MPI's default base, as before
+  g_private_session_base = path.data();
+  ::setenv("OMPI_MCA_orte_tmpdir_base", g_private_session_base.c_str(), 1);
+  std::atexit(remove_private_session_base);
+}
+
+}  // namespace
 
 bool mpi_available() { return true; }
 
@@ -17,6 +60,7 @@ Runtime runtime_init(int* argc, char*** argv) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
+    use_private_session_base();
     int provided = 0;
     MOE_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided),
                   "[runtime] MPI_Init_thread");
@@ -35,6 +79,7 @@ void runtime_finalize() {
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (inited && !finalized) MPI_Finalize();
+  if (inited) remove_private_session_base();
 }
 
 void runtime_abort(const Runtime& rt, int code) {
