@@ -18,6 +18,9 @@ set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Open MPI's session directories inside this test's own: no other test's mpirun shares (and races
+# on) the top-level one.
+export OMPI_MCA_orte_tmpdir_base="$work"
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 16 --log-interval 1 --peak-tflops 100)
 # train NP ARGS...: `moecore train` on NP ranks (1: without mpirun).

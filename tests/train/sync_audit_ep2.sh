@@ -5,6 +5,11 @@
 # Usage: sync_audit_ep2.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Open MPI's session directories inside this test's own: no other test's mpirun shares (and races
+# on) the top-level one.
+export OMPI_MCA_orte_tmpdir_base="$work"
 run() {
   "$mpiexec" --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 "$moecore" train \
     --config "$config" --train-iters 4 --lr-warmup-iters 1 --lr-decay-iters 4 --sync-audit \
