@@ -46,4 +46,10 @@ inline uint16_t f32_to_bf16_bits(float x) {
   return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
 }
 
+// x rounded to bf16 and widened back: the bf16 value as an f32, for the f32 buffers that hold
+// bf16 values (the widen GEMM path's inputs and weight copies, bf16-valued outputs).
+inline float f32_bf16_rounded(float x) {
+  return std::bit_cast<float>(uint32_t{f32_to_bf16_bits(x)} << 16);
+}
+
 }  // namespace moecore::ops

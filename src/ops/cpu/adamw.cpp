@@ -78,10 +78,6 @@ inline T adamw_update(T* p, const T* g, float* m, float* v, int64_t i, const Ada
   return pi;
 }
 
-inline float widened(float x) {
-  return std::bit_cast<float>(static_cast<uint32_t>(f32_to_bf16_bits(x)) << 16);
-}
-
 // The update loop; kBf16 also writes p16. One instantiation per combination rather than a
 // branch per element, so each loop stays plain vector code.
 template <typename T, bool kBf16>
@@ -113,7 +109,7 @@ void adamw_loop_widened(float* p, const float* g, float* m, float* v, uint16_t* 
   // Elements before the first 16-byte boundary of p16w, then whole blocks, then the tail.
   const int64_t head =
       std::min<int64_t>(n, ((16 - reinterpret_cast<uintptr_t>(p16w) % 16) % 16) / sizeof(float));
-  for (int64_t i = 0; i < head; ++i) p16w[i] = widened(update(i));
+  for (int64_t i = 0; i < head; ++i) p16w[i] = f32_bf16_rounded(update(i));
   const int64_t blocks = (n - head) / kBlock;
 #pragma omp parallel if (n >= kParallelMin)
   {
@@ -122,7 +118,7 @@ void adamw_loop_widened(float* p, const float* g, float* m, float* v, uint16_t* 
       const int64_t i0 = head + b * kBlock;
       alignas(64) float wide[kBlock];
 #pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j) wide[j] = widened(update(i0 + j));
+      for (int64_t j = 0; j < kBlock; ++j) wide[j] = f32_bf16_rounded(update(i0 + j));
 #if defined(__SSE__)
       for (int64_t q = 0; q < kBlock; q += 4) _mm_stream_ps(p16w + i0 + q, _mm_load_ps(wide + q));
 #else
@@ -133,7 +129,7 @@ void adamw_loop_widened(float* p, const float* g, float* m, float* v, uint16_t* 
     _mm_sfence();  // this thread's streaming stores are visible before the region ends
 #endif
   }
-  for (int64_t i = head + blocks * kBlock; i < n; ++i) p16w[i] = widened(update(i));
+  for (int64_t i = head + blocks * kBlock; i < n; ++i) p16w[i] = f32_bf16_rounded(update(i));
 }
 }  // namespace
 

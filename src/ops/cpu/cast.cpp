@@ -33,7 +33,7 @@ void round_f32_to_bf16(float* y, const float* x, int64_t n) {
   MOE_CHECK(n >= 0, "[cast] n={} < 0", n);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    y[i] = std::bit_cast<float>(static_cast<uint32_t>(f32_to_bf16_bits(x[i])) << 16);
+    y[i] = f32_bf16_rounded(x[i]);
   }
 }
 

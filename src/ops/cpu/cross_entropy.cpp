@@ -134,10 +134,9 @@ void softmax_grad_row_bf16w(float* z, int64_t V, int32_t tgt, float lse, float d
   const float zt = z[tgt];
 #pragma omp simd
   for (int64_t v = 0; v < V; ++v) {
-    z[v] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits(fast_exp(z[v] - lse) * dloss)} << 16);
+    z[v] = f32_bf16_rounded(fast_exp(z[v] - lse) * dloss);
   }
-  z[tgt] =
-      std::bit_cast<float>(uint32_t{f32_to_bf16_bits((fast_exp(zt - lse) - 1.0f) * dloss)} << 16);
+  z[tgt] = f32_bf16_rounded((fast_exp(zt - lse) - 1.0f) * dloss);
 }
 
 // The same row written as bf16 bits (the bf16 head GEMMs' input): the values of

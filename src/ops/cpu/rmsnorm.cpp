@@ -34,7 +34,7 @@ void rmsnorm_forward_loop(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64
     if constexpr (kRound) {
 #pragma omp simd
       for (int64_t h = 0; h < H; ++h) {
-        y[h] = std::bit_cast<float>(uint32_t{f32_to_bf16_bits(x[h] * rstd * w_H[h])} << 16);
+        y[h] = f32_bf16_rounded(x[h] * rstd * w_H[h]);
       }
     } else {
 #pragma omp simd

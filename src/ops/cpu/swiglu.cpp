@@ -26,7 +26,7 @@ inline uint16_t store_as(float v, uint16_t*) {
 template <bool kWide, typename T, typename Out>
 inline Out store(T v, Out* p) {
   if constexpr (kWide) {
-    return std::bit_cast<float>(static_cast<uint32_t>(f32_to_bf16_bits(v)) << 16);
+    return f32_bf16_rounded(v);
   } else {
     return store_as(v, p);
   }
