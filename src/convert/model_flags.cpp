@@ -86,8 +86,9 @@ std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& c
 
 train::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
   // Placeholders first: the flags given after them win (argparse's last occurrence).
-  std::vector<std::string> all = {
-      "--seq-length", "1", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "0"};
+  std::vector<std::string> all = {"--seq-length=1"};
+  const std::vector<std::string>& no_step = train::no_step_placeholder_args();
+  all.insert(all.end(), no_step.begin(), no_step.end());
   all.insert(all.end(), args.begin(), args.end());
   return train::parse_train_args(all);
 }

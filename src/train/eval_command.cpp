@@ -99,7 +99,8 @@ Subcommand add_eval_command(CLI::App& app) {
         std::vector<std::string> args = cli->remaining();
         const std::string tokens_json = take_tokens_json(args);
         // What training needs and eval does not, unless given: eval runs no step.
-        args.insert(args.begin(), {"--micro-batch-size=1", "--train-iters=1", "--lr=0"});
+        const std::vector<std::string>& no_step = no_step_placeholder_args();
+        args.insert(args.begin(), no_step.begin(), no_step.end());
         TrainFlags flags = parse_train_args(args);
         const CheckpointConfig& ck = flags.train.ckpt;
         MOE_CHECK(!ck.load.empty(),

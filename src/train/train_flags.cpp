@@ -408,6 +408,12 @@ static void check_implemented_choices(CLI::App& app, const ParsedArgs& given) {
   }
 }
 
+const std::vector<std::string>& no_step_placeholder_args() {
+  static const std::vector<std::string> args = {"--micro-batch-size=1", "--train-iters=1",
+                                                "--lr=0"};
+  return args;
+}
+
 TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   std::vector<std::string> with_cmd = {"train"};
   with_cmd.insert(with_cmd.end(), raw.begin(), raw.end());

@@ -63,6 +63,9 @@ void finalize_train_flags(TrainFlags& f);
 // The `moecore train` command line (without the subcommand; --config FILE expanded here):
 // throws moecore::Error with the flag, the values and the fix.
 TrainFlags parse_train_args(const std::vector<std::string>& args);
+// Values for the flags training requires (--micro-batch-size, --train-iters, --lr) for uses that
+// run no step (eval, the converters): put before the given flags, which then win.
+const std::vector<std::string>& no_step_placeholder_args();
 // `moecore train --help`: the bound flags grouped as arguments.py groups them.
 std::string train_help();
 // Whether add_train_flags binds `f` (by any of its names).
