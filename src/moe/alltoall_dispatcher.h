@@ -26,7 +26,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
-  // Dropless: R * T * K (every token of every EP rank picks only my experts); padded: at least
+  // Dropless: R * T * K (every token of every EP rank picks only my experts); padded: exactly
   // R * L * capacity.
   int64_t max_rows(int64_t max_tokens) const override;
   void allocate(Arena& arena, int64_t max_tokens) override;

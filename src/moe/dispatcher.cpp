@@ -21,13 +21,13 @@ int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size) {
 
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
                     double pad_capacity_factor) {
-  int64_t rows = ep_size * max_tokens * topk;
+  // Padded, every (local expert, source rank) block has exactly that source's capacity rows,
+  // at most the capacity of max_tokens: the rows are static, whatever the routing.
   if (pad_capacity_factor > 0) {
     const int64_t local = experts_per_ep_rank(num_experts, ep_size);
-    rows = std::max(rows, ep_size * local *
-                              expert_capacity(max_tokens, topk, num_experts, pad_capacity_factor));
+    return ep_size * local * expert_capacity(max_tokens, topk, num_experts, pad_capacity_factor);
   }
-  return rows;
+  return ep_size * max_tokens * topk;
 }
 
 template <typename T>

@@ -113,8 +113,9 @@ class LocalDispatcher final : public TokenDispatcher<T> {
 };
 
 // Experts per EP rank (checks that EP divides the expert count), and the worst-case rows the
-// local experts of one EP rank can receive: every token of every EP rank (dropless), or every
-// local expert full to capacity from every source (padded). Shared by the EP dispatchers.
+// local experts of one EP rank can receive: every token of every EP rank (dropless), or exactly
+// every local expert full to capacity from every source (padded: R * L * capacity, the balanced
+// load at capacity factor 1, not the dropless worst case). Shared by the EP dispatchers.
 int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size);
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
                     double pad_capacity_factor);
