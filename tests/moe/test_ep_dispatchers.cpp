@@ -89,6 +89,17 @@ TEST(EpDispatchers, GroupOfOneIsBitwiseTheLocalDispatcher) {
   }
 }
 
+// The planned rows of an EP rank: dropless, every token of every EP rank (R T K); padded, exactly
+// R x L x capacity, whatever the routing (Qwen3-30B-A3B's EP 8: capacity factor 1 is the
+// balanced load T K, 8 times below the dropless worst case; a factor 2 twice that).
+TEST(EpDispatchers, PaddedRowsAreExactlyTheCapacityBlocks) {
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 0.0), 8 * 4096 * 8);
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 1.0), 4096 * 8);
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 2.0), 2 * 4096 * 8);
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, 1.0), 2 * 2 * expert_capacity(9, 2, 4, 1.0));
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, 16.0), 2 * 2 * expert_capacity(9, 2, 4, 16.0));  // > R T K
+}
+
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
     f();
