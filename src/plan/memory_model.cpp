@@ -284,6 +284,17 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             "distributed optimizer shards Adam state",
             fmt::format("-(dense x (1 - 1/{}) + expert x (1 - 1/{}))", dense_shards,
                         expert_shards));
+        if (run.bf16) {
+          // With bf16 the trainer's weights hold the fp32 master copy beside the bf16 one;
+          // Megatron's distributed optimizer shards the master copy too (6 + 12/d B).
+          const double nd = static_cast<double>(a.numel_dense);
+          const double ne = static_cast<double>(a.numel_expert);
+          add(st, MemPart::Weights,
+              -4 * (nd * (1 - 1 / dense_shards) + ne * (1 - 1 / expert_shards)),
+              "distributed optimizer shards the fp32 master weights",
+              fmt::format("-4 B x (dense x (1 - 1/{}) + expert x (1 - 1/{}))", dense_shards,
+                          expert_shards));
+        }
       }
     } else {
       st.why_formula = reason;

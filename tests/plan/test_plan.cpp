@@ -317,6 +317,45 @@ TEST(PlanPublished, PublishedLayoutsFit) {
   }
 }
 
+// Qwen3-30B-A3B's published layout (TP 1, EP 8, distributed optimizer, 64 H100) is one the
+// trainer builds. Dropless, its EP rows are planned for the worst case (EP x T x K) and it does
+// not fit; with a padded capacity factor 1 the rows are the balanced load and, with the master
+// weights sharded as Megatron's distributed optimizer does, it fits (docs/plan.md).
+TEST(PlanPublished, Qwen3_30B_FitsWithAPaddedCapacityFactor) {
+  const std::vector<std::string> layout = {"--config",
+                                           config("qwen3-30b-a3b"),
+                                           "--hardware",
+                                           "h100",
+                                           "--gpus",
+                                           "64",
+                                           "--expert-model-parallel-size",
+                                           "8",
+                                           "--micro-batch-size",
+                                           "1",
+                                           "--global-batch-size",
+                                           "512",
+                                           "--use-distributed-optimizer",
+                                           "--recompute-granularity",
+                                           "selective",
+                                           "--recompute-modules",
+                                           "layernorm",
+                                           "moe_act",
+                                           "--bf16",
+                                           "--json"};
+  const auto dropless = nlohmann::json::parse(plan_out(layout));
+  std::vector<std::string> padded = layout;
+  for (const char* f :
+       {"--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"})
+    padded.push_back(f);
+  const auto cap = nlohmann::json::parse(plan_out(padded));
+  EXPECT_FALSE(dropless["fits"].get<bool>());
+  EXPECT_TRUE(cap["fits"].get<bool>())
+      << cap["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30);
+  EXPECT_EQ(cap["stages"][0]["source"], "arena");
+  EXPECT_LT(cap["memory_per_rank_bytes"]["total"].get<double>(),
+            0.5 * dropless["memory_per_rank_bytes"]["total"].get<double>());
+}
+
 // --search: every layout it returns fits and `moecore groups` accepts it.
 TEST(PlanSearch, ReturnsOnlyFittingLayoutsThatGroupsAccepts) {
   const auto j = nlohmann::json::parse(
