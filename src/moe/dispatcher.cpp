@@ -2,8 +2,6 @@
 // dispatcher so single-rank runs stay bitwise what they were.
 #include "moe/dispatcher.h"
 
-#include <algorithm>
-
 #include "core/check.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"

@@ -278,22 +278,24 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                         st.in_flight_layers, st.num_layers));
       }
       if (run.distributed_optimizer) {
+        // What sharding takes off a rank: bytes of its dense and expert parameters, each kept
+        // once per dp x cp (dense) or expert dp (experts) ranks.
+        const std::string shards =
+            fmt::format("dense x (1 - 1/{}) + expert x (1 - 1/{})", dense_shards, expert_shards);
+        auto shard = [&](MemPart part, double dense, double expert, const char* what,
+                         const std::string& formula) {
+          add(st, part, -(dense * (1 - 1 / dense_shards) + expert * (1 - 1 / expert_shards)), what,
+              formula);
+        };
         const double od = a.by_kind[2] * a.numel_dense / std::max(1.0, numel);
-        const double oe = a.by_kind[2] - od;
-        add(st, MemPart::Optimizer, -(od * (1 - 1 / dense_shards) + oe * (1 - 1 / expert_shards)),
-            "distributed optimizer shards Adam state",
-            fmt::format("-(dense x (1 - 1/{}) + expert x (1 - 1/{}))", dense_shards,
-                        expert_shards));
+        shard(MemPart::Optimizer, od, a.by_kind[2] - od, "distributed optimizer shards Adam state",
+              "-(" + shards + ")");
         if (run.bf16) {
           // With bf16 the trainer's weights hold the fp32 master copy beside the bf16 one;
           // Megatron's distributed optimizer shards the master copy too (6 + 12/d B).
-          const double nd = static_cast<double>(a.numel_dense);
-          const double ne = static_cast<double>(a.numel_expert);
-          add(st, MemPart::Weights,
-              -4 * (nd * (1 - 1 / dense_shards) + ne * (1 - 1 / expert_shards)),
-              "distributed optimizer shards the fp32 master weights",
-              fmt::format("-4 B x (dense x (1 - 1/{}) + expert x (1 - 1/{}))", dense_shards,
-                          expert_shards));
+          shard(MemPart::Weights, 4.0 * static_cast<double>(a.numel_dense),
+                4.0 * static_cast<double>(a.numel_expert),
+                "distributed optimizer shards the fp32 master weights", "-4 B x (" + shards + ")");
         }
       }
     } else {
