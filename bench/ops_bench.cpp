@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s)), dh(T * H), dw(V * H);
     std::vector<bf16> w16(V * H), h16(T * H), dz16(ops::head_loss_workspace_elems(s));
     ops::cast_f32_to_bf16(cpu_exec(), w16.data(), w.data(), V * H);
-    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(s));
+    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(cpu_exec(), s));
     ops::HeadLossBf16 hb{w16.data(), h16.data(), dz16.data(), ws32.data()};
     PhaseProfiler prof;
     ActiveProfiler active(&prof);

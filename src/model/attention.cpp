@@ -97,8 +97,8 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
       in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
       dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
     }
-    const int64_t ws32 = std::max(ops::linear_bf16_workspace_elems(n, C, H_),
-                                  ops::linear_bf16_workspace_elems(n, H_, Hq_ * D_));
+    const int64_t ws32 = std::max(ops::linear_bf16_workspace_elems(a.exec(), n, C, H_),
+                                  ops::linear_bf16_workspace_elems(a.exec(), n, H_, Hq_ * D_));
     if (ws32 > 0) ws32_ = a.alloc<float>(ws32, "attn.ws32", MemKind::Workspace);
   }
   if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);

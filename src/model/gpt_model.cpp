@@ -31,7 +31,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     // Before any layer reads has_bf16_copy(). The widened-bf16 GEMM path reads f32 copies of the
     // bf16 weights, kept up to date by the optimizer's pass, rather than widening each weight
     // at each GEMM (that cost ~15% of the GEMM time at bench-small's shapes).
-    params_.enable_bf16_copies(ops::bf16_gemm_path() == ops::Bf16GemmPath::Widen);
+    params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen);
   }
   rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
@@ -128,7 +128,7 @@ void GPTModel<T>::allocate(Arena& a) {
     head16_.h16 = a.alloc<bf16>(T_ * cfg_.hidden, "model.head_h16", MemKind::Workspace);
     head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
                                  MemKind::Workspace);
-    if (const int64_t n = ops::head_loss_bf16_workspace_elems(head_shape_); n > 0) {
+    if (const int64_t n = ops::head_loss_bf16_workspace_elems(a.exec(), head_shape_); n > 0) {
       head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
     }
   }

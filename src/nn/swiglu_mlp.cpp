@@ -57,12 +57,12 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
     const int64_t ws32 =
         s.widened
             ? widened_elems(max_rows, sh)
-            : std::max({ops::grouped_gemm_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, sh.F, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.F, sh.H, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(max_rows, sh.H, 2 * sh.F, threads),
-                        ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, sh.H, sh.F),
-                        ops::grouped_gemm_wgrad_bf16_workspace_elems(max_rows, 2 * sh.F, sh.H)});
+            : std::max({ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, 2 * sh.F, sh.H, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.H, sh.F, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.F, sh.H, threads),
+                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.H, 2 * sh.F, threads),
+                        ops::grouped_gemm_wgrad_bf16_workspace_elems(a.exec(), max_rows, sh.H, sh.F),
+                        ops::grouped_gemm_wgrad_bf16_workspace_elems(a.exec(), max_rows, 2 * sh.F, sh.H)});
     if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }

@@ -37,7 +37,7 @@ struct HeadLossBf16 {
   DevPtr<float> h32 = nullptr;
 };
 // ws32 of the bf16-operand form (0 on the native GEMM path).
-int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s);
+int64_t head_loss_bf16_workspace_elems(const Exec& ex, const HeadLossShape& s);
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>

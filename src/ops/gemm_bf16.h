@@ -7,7 +7,10 @@
 //           GEMM (dnnl_sgemm). On CPUs without AVX512-BF16 oneDNN emulates bf16 at ~1/6 of its
 //           sgemm rate (Ice Lake: 32 vs 211 GFLOP/s), so widening is the fast correct path.
 // Every entry point takes `ws32`, f32 workspace of the size its *_workspace_elems function
-// returns for the current path (0 on Native: ws32 may then be null). Callers plan it.
+// returns for the context's path (0 on Native: ws32 may then be null). Callers plan it. The
+// path belongs to the execution context: the CPU backend's is chosen as above, CUDA's is
+// always Native (cuBLASLt takes bf16 operands with f32 accumulation), so a plan made for a GPU
+// on any host has no widened copies and no ws32.
 // The weight operand may also come already widened (`b32` / `w32`: the same bf16 values in
 // f32, same layout; Param::data16w, written by the optimizer): the widen path then reads it
 // instead of widening the weight at every GEMM. The native path ignores it.
@@ -29,6 +32,8 @@ enum class Bf16GemmPath { Native, Widen };
 // Native when oneDNN's effective ISA (which honours DNNL_MAX_CPU_ISA) has AVX512-BF16 dot
 // products, else Widen.
 Bf16GemmPath bf16_gemm_path();
+// The path of an execution context: the CPU's choice above on the CPU, Native on CUDA.
+Bf16GemmPath bf16_gemm_path(const Exec& ex);
 // Whether the native path can run at all: oneDNN builds bf16 matmuls from AVX-512 (avx512_core)
 // up, natively with AVX512-BF16 and emulated without; below AVX-512 (AVX2 CPUs, or
 // DNNL_MAX_CPU_ISA=AVX2) only the widen path exists.
@@ -68,7 +73,7 @@ inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int
                           raw_ptr(C), ldc, raw_ptr(ws32), raw_ptr(b32));
   no_kernel(ex, "gemm_bf16");
 }
-int64_t gemm_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
+int64_t gemm_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K);
 void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                    int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
@@ -99,7 +104,7 @@ inline void linear_backward_bf16(const Exec& ex, DevPtr<float> dx_MK, DevPtr<flo
   no_kernel(ex, "linear_backward_bf16");
 }
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
-int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K);
+int64_t linear_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K);
 
 // Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
@@ -123,7 +128,8 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
   no_kernel(ex, "grouped_gemm_wgrad_bf16");
 }
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.
-int64_t grouped_gemm_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K, int threads);
-int64_t grouped_gemm_wgrad_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K);
+int64_t grouped_gemm_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K,
+                                          int threads);
+int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K);
 
 }  // namespace moecore::ops

@@ -17,7 +17,7 @@ static const std::vector<Hardware>& presets() {
       {"gb300", 2500, 80, 279, 8.0, 900, 100, 72, 2.5},
       // One CPU socket as moecore trains on it today: the GEMM peak is what bench_gemm measures
       // on a 16-core machine, the "links" shared memory between processes.
-      {"cpu", 1.0, 1.0, 128, 0.2, 20, 12.5, 1, 0.0},
+      {"cpu", 1.0, 1.0, 128, 0.2, 20, 12.5, 1, 0.0, Device::CPU},
   };
   return p;
 }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/exec.h"
+
 namespace moecore::plan {
 
 struct Hardware {
@@ -18,6 +20,10 @@ struct Hardware {
   double internode_gbps = 0;     // scale-out (InfiniBand / Ethernet), GB/s per GPU per direction
   int gpus_per_node = 8;         // size of the scale-up (NVLink) domain
   double reserved_gib = 0;       // CUDA context, cuBLAS / NCCL workspaces (not the arena's)
+  // The backend the trainer's planning pass sizes for: its paths decide some buffers (the CPU's
+  // widened-bf16 GEMM path keeps f32 copies of the bf16 weights and f32 GEMM workspace; CUDA's
+  // bf16 GEMMs need neither), so a GPU plan must not depend on the host that runs the planner.
+  Device device = Device::CUDA;
 };
 
 // h100, h200, b200, gb200, gb300, cpu. Throws listing the presets for another name.

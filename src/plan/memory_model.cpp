@@ -29,10 +29,14 @@ const char* mem_part_name(MemPart p) {
 }
 
 ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
-                               const parallel::ParallelConfig& parallel, int world, int rank) {
+                               const parallel::ParallelConfig& parallel, int world, int rank,
+                               Device device) {
   std::unique_ptr<parallel::ProcessGroups> groups;
   if (world > 1) groups = sizing_groups(parallel::make_layout(parallel, world), rank);
-  model::GPTModel<float> model(cfg, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true);
+  Exec target;  // sizes only: no stream, no device needed
+  target.device = device;
+  model::GPTModel<float> model(cfg, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true,
+                               target);
   const Arena& a = model.arena();
   MOE_CHECK(!a.allocated(), "[plan] the sizing pass allocated its arena");
   // The ChainedOptimizer's two AdamWs: one over the dense, one over the expert parameters.
@@ -250,7 +254,8 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       const ModelConfig whole = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
       const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
       const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
-      const ArenaSizes a = trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank);
+      const ArenaSizes a = trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank,
+                                               hw.device);
       st.arena_planned = a.planned;
       st.sharing_saves = a.sharing_saves;
       const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,

@@ -80,7 +80,9 @@ struct ArenaSizes {
   double recompute_saves = 0;
   int64_t numel_dense = 0, numel_expert = 0;
 };
+// device: the backend the pass sizes for (a context that is never run: nothing is allocated).
 ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
-                               const parallel::ParallelConfig& parallel, int world, int rank);
+                               const parallel::ParallelConfig& parallel, int world, int rank,
+                               Device device = Device::CPU);
 
 }  // namespace moecore::plan

@@ -64,7 +64,7 @@ void gemm_bf16_case(const Exec& ex) {
             const auto C0 = random_vec<float>(s.M * ldc, seed++);
             Guarded<float> c = guarded(C0);
             std::vector<float> c_ref = C0;
-            Guarded<float> ws = nan_ws(ops::gemm_bf16_workspace_elems(s.M, s.N, s.K));
+            Guarded<float> ws = nan_ws(ops::gemm_bf16_workspace_elems(ex, s.M, s.N, s.K));
             ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, c.data(),
                            ldc, ws.data());
             ops::gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
@@ -108,7 +108,7 @@ void linear_bf16_case(const Exec& ex) {
                       K);
       gemm_ref<float>(true, false, N, K, M, 1.f, dyr.data(), N, xr.data(), K, 1.f, dw_ref.data(),
                       K);
-      Guarded<float> ws = nan_ws(ops::linear_bf16_workspace_elems(M, N, K));
+      Guarded<float> ws = nan_ws(ops::linear_bf16_workspace_elems(ex, M, N, K));
       Guarded<uint16_t> x16(M * K), dy16(M * N);
       Guarded<float> y = nan_out<float>(M * N), dx = nan_out<float>(M * K), dw = guarded(dw0);
       ops::linear_forward_bf16(ex, y.data(), x.data(), w16.data(), M, N, K, as_bf16(x16.data()),
@@ -172,7 +172,7 @@ void grouped_bf16_case(const Exec& ex) {
         ops::grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wr.data(), trans_w,
                                      y_ref.data());
         Guarded<float> ws =
-            nan_ws(ops::grouped_gemm_bf16_workspace_elems(rows, N, K, omp_get_max_threads()));
+            nan_ws(ops::grouped_gemm_bf16_workspace_elems(ex, rows, N, K, omp_get_max_threads()));
         Guarded<float> y = nan_out<float>(rows * N), y32 = nan_out<float>(rows * N);
         ops::grouped_gemm_bf16(ex, m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(),
                                ws.data());
@@ -199,7 +199,7 @@ void grouped_wgrad_bf16_case(const Exec& ex) {
       const auto xr = bf16_rounded(x), dyr = bf16_rounded(dy);
       std::vector<float> dw_ref = dw0;
       ops::grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dw_ref.data());
-      Guarded<float> ws = nan_ws(ops::grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
+      Guarded<float> ws = nan_ws(ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, rows, N, K));
       Guarded<float> dw = guarded(dw0);
       ops::grouped_gemm_wgrad_bf16(ex, m.data(), G, N, K, dy16.data(), x16.data(), dw.data(),
                                    ws.data());
@@ -252,7 +252,7 @@ void head_loss_bf16_case(const Exec& ex) {
       for (bool widened : {false, true}) {
         BACKEND_TRACE("T=" << T << (widened ? " widened operands" : " bf16 operands"));
         Guarded<uint16_t> h16(T * H), dz16(ops::head_loss_workspace_elems(s16));
-        Guarded<float> ws32 = nan_ws(ops::head_loss_bf16_workspace_elems(s16));
+        Guarded<float> ws32 = nan_ws(ops::head_loss_bf16_workspace_elems(ex, s16));
         Guarded<float> h32 = nan_out<float>(T * H);
         ops::HeadLossBf16 b{w16.data(), as_bf16(h16.data()), as_bf16(dz16.data()), ws32.data()};
         if (widened) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};

@@ -70,7 +70,7 @@ TEST_P(GemmBf16, FastMatchesReferenceAllTransposesAndShapes) {
           auto C0 = random_vec<float>(s.M * ldc, 3);
           Guarded<float> fast(s.M * ldc), ref(s.M * ldc);
           for (int64_t i = 0; i < s.M * ldc; ++i) fast[i] = ref[i] = C0[i];
-          auto ws32 = ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
+          auto ws32 = ws(gemm_bf16_workspace_elems(cpu_exec(), s.M, s.N, s.K));
           gemm_bf16(cpu_exec(), ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
                     fast.data(), ldc, ws32.data());
           gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
@@ -94,7 +94,7 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   std::vector<bf16> x16(M * K), dy16(M * N);
   std::vector<float> y(M * N), y_ref(M * N), dx(M * K), dx_ref(M * K), dw(N * K, 0.f),
       dw_ref(N * K, 0.f);
-  auto lws = ws(linear_bf16_workspace_elems(M, N, K));
+  auto lws = ws(linear_bf16_workspace_elems(cpu_exec(), M, N, K));
   linear_forward_bf16(cpu_exec(), y.data(), x.data(), w16.data(), M, N, K, x16.data(), lws.data());
   linear_backward_bf16(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(), w16.data(), M, N, K,
                        dy16.data(), x16.data(), lws.data());
@@ -113,8 +113,8 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
   auto wg16 = to_bf16(wg);
   std::vector<float> yg(rows * N), yg_ref(rows * N), dwg(G * N * K, 0.f), dwg_ref(G * N * K, 0.f);
   auto xg16 = to_bf16(x), dyg16 = to_bf16(dy);
-  auto gws = ws(grouped_gemm_bf16_workspace_elems(rows, N, K, omp_get_max_threads()));
-  auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
+  auto gws = ws(grouped_gemm_bf16_workspace_elems(cpu_exec(), rows, N, K, omp_get_max_threads()));
+  auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(cpu_exec(), rows, N, K));
   grouped_gemm_bf16(cpu_exec(), m.data(), G, N, K, xg16.data(), wg16.data(), true, yg.data(),
                     gws.data());
   grouped_gemm_wgrad_bf16(cpu_exec(), m.data(), G, N, K, dyg16.data(), xg16.data(), dwg.data(),
@@ -156,7 +156,7 @@ TEST_P(GemmBf16, LinearAndGroupedMatchF32OpsOnRoundedInputs) {
     EXPECT_EQ(xr_in, rounded(x));
   }
   std::vector<float> c_w(M * N);
-  auto cws = ws(gemm_bf16_workspace_elems(M, N, K));
+  auto cws = ws(gemm_bf16_workspace_elems(cpu_exec(), M, N, K));
   const auto xs16 = to_bf16(x);  // (the widen path's linear layers never write x16)
   gemm_bf16(cpu_exec(), false, true, M, N, K, xs16.data(), K, w16.data(), K, 0.f, c_w.data(), N,
             cws.data(), w32.data());
@@ -187,7 +187,7 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
         auto xr = rounded(x), dyr = rounded(dy), wr = rounded(w);
         Guarded<float> y(rows * N);
         std::vector<float> y_ref(rows * N);
-        auto gws = ws(grouped_gemm_bf16_workspace_elems(rows, N, K, threads));
+        auto gws = ws(grouped_gemm_bf16_workspace_elems(cpu_exec(), rows, N, K, threads));
         grouped_gemm_bf16(cpu_exec(), m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(),
                           gws.data());
         grouped_gemm_ref<float>(m.data(), G, N, K, xr.data(), wr.data(), trans_w, y_ref.data());
@@ -197,7 +197,7 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
         Guarded<float> dw(G * N * K);
         std::vector<float> dw_ref = dw0;
         for (int64_t i = 0; i < G * N * K; ++i) dw[i] = dw0[i];
-        auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(rows, N, K));
+        auto wws = ws(grouped_gemm_wgrad_bf16_workspace_elems(cpu_exec(), rows, N, K));
         grouped_gemm_wgrad_bf16(cpu_exec(), m.data(), G, N, K, dy16.data(), x16.data(), dw.data(),
                                 wws.data());
         grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dw_ref.data());
@@ -219,7 +219,7 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
   std::vector<bf16> x16(M * Kl), dy16(M * Nl);
   auto dw = random_vec<float>(Nl * Kl, 18);
   auto dw_ref = dw;
-  auto lws = ws(linear_bf16_workspace_elems(M, Nl, Kl));
+  auto lws = ws(linear_bf16_workspace_elems(cpu_exec(), M, Nl, Kl));
   linear_backward_bf16(cpu_exec(), nullptr, dw.data(), dy.data(), x.data(), w16.data(), M, Nl, Kl,
                        dy16.data(), x16.data(), lws.data());
   auto xr = rounded(x), dyr = rounded(dy);
@@ -237,10 +237,10 @@ TEST(GemmBf16Path, WidenWithoutWorkspaceFailsLoudly) {
   EXPECT_THROW(gemm_bf16(cpu_exec(), false, false, 2, 2, 2, a.data(), 2, b.data(), 2, 0.f, c.data(),
                          2, nullptr),
                moecore::Error);
-  EXPECT_EQ(gemm_bf16_workspace_elems(2, 3, 5), 2 * 5 + 5 * 3);
+  EXPECT_EQ(gemm_bf16_workspace_elems(cpu_exec(), 2, 3, 5), 2 * 5 + 5 * 3);
   if (bf16_native_available()) {
     set_bf16_gemm_path(Bf16GemmPath::Native);
-    EXPECT_EQ(gemm_bf16_workspace_elems(2, 3, 5), 0);
+    EXPECT_EQ(gemm_bf16_workspace_elems(cpu_exec(), 2, 3, 5), 0);
     EXPECT_NE(bf16_gemm_path_line().find("native"), std::string::npos);
   } else {
     EXPECT_THROW(set_bf16_gemm_path(Bf16GemmPath::Native), moecore::Error);

@@ -20,6 +20,7 @@
 #include "train/train_flags.h"
 #include "train/trainer.h"
 #include "model/gpt_model.h"
+#include "ops/gemm_bf16.h"
 #include "train/metrics.h"
 
 namespace moecore::plan {
@@ -250,6 +251,40 @@ TEST(PlanMemory, SizingPassAllocatesNothing) {
   const int64_t after = peak_rss();
   EXPECT_GT(a.planned, 2e12);
   EXPECT_LT(after - before, int64_t{512} << 20);
+}
+
+// A GPU plan does not depend on the host's bf16 GEMM path: sized for CUDA, --bf16 has no
+// widened weight copies and no f32 GEMM workspace whichever path this CPU took; sized for the
+// CPU, the widen path holds both (the trainer's plan on such a CPU).
+TEST(PlanMemory, GpuSizingIsTheSameOnEveryHost) {
+  train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  f.model.bf16 = true;
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  std::vector<ops::Bf16GemmPath> paths = {ops::Bf16GemmPath::Widen};
+  if (ops::bf16_native_available()) paths.push_back(ops::Bf16GemmPath::Native);
+  std::vector<ArenaSizes> gpu, cpu;
+  for (ops::Bf16GemmPath p : paths) {
+    ops::set_bf16_gemm_path(p);
+    gpu.push_back(trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0, Device::CUDA));
+    cpu.push_back(trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0, Device::CPU));
+  }
+  ops::set_bf16_gemm_path(chosen);
+  const int w = static_cast<int>(MemKind::Weights);
+  const double numel = static_cast<double>(gpu[0].numel_dense + gpu[0].numel_expert);
+  // CUDA: the fp32 master and its bf16 copy (each kind's block 64-byte aligned).
+  EXPECT_NEAR(gpu[0].by_kind[w], 6 * numel, 4 * 64);
+  // The CPU's widen path keeps the bf16 values widened to f32 instead (4 B, not 2), and plans
+  // f32 GEMM workspace.
+  EXPECT_NEAR(cpu[0].by_kind[w], 8 * numel, 4 * 64);
+  EXPECT_GT(cpu[0].by_kind[static_cast<int>(MemKind::Workspace)],
+            gpu[0].by_kind[static_cast<int>(MemKind::Workspace)]);
+  for (size_t i = 1; i < paths.size(); ++i) {
+    SCOPED_TRACE(ops::bf16_gemm_path_name(paths[i]));
+    EXPECT_EQ(gpu[i].by_kind, gpu[0].by_kind);
+    EXPECT_EQ(gpu[i].planned, gpu[0].planned);
+    // The CPU's native path sizes as CUDA does.
+    EXPECT_EQ(cpu[i].by_kind, gpu[0].by_kind);
+  }
 }
 
 TEST(PlanJson, KeysPresent) {

@@ -158,10 +158,11 @@ int64_t head_loss_workspace_elems(const HeadLossShape& s) {
   return std::max<int64_t>(0, std::min(s.chunk, s.n_tok)) * s.V;
 }
 
-int64_t head_loss_bf16_workspace_elems(const HeadLossShape& s) {
+int64_t head_loss_bf16_workspace_elems(const Exec& ex, const HeadLossShape& s) {
   const int64_t m = std::max<int64_t>(0, std::min(s.chunk, s.n_tok));
-  return std::max({gemm_bf16_workspace_elems(m, s.V, s.H), gemm_bf16_workspace_elems(m, s.H, s.V),
-                   gemm_bf16_workspace_elems(s.V, s.H, m)});
+  return std::max({gemm_bf16_workspace_elems(ex, m, s.V, s.H),
+                   gemm_bf16_workspace_elems(ex, m, s.H, s.V),
+                   gemm_bf16_workspace_elems(ex, s.V, s.H, m)});
 }
 
 namespace cpu {

@@ -181,6 +181,10 @@ Bf16GemmPath bf16_gemm_path() {
   return choice().path;
 }
 
+Bf16GemmPath bf16_gemm_path(const Exec& ex) {
+  return ex.on_cpu() ? bf16_gemm_path() : Bf16GemmPath::Native;
+}
+
 bool bf16_native_available() {
   return isa_has(dnnl_cpu_isa_avx512_core);
 }
@@ -205,22 +209,24 @@ std::string bf16_gemm_path_line() {
                                         : "[gemm] bf16 GEMMs: widen to f32 + sgemm (" + c.why + ")";
 }
 
-int64_t gemm_bf16_workspace_elems(int64_t M, int64_t N, int64_t K) {
-  return bf16_gemm_path() == Bf16GemmPath::Widen ? M * K + K * N : 0;
+int64_t gemm_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K) {
+  return bf16_gemm_path(ex) == Bf16GemmPath::Widen ? M * K + K * N : 0;
 }
 
-int64_t linear_bf16_workspace_elems(int64_t M, int64_t N, int64_t K) {
-  if (bf16_gemm_path() != Bf16GemmPath::Widen) return 0;
+int64_t linear_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K) {
+  if (bf16_gemm_path(ex) != Bf16GemmPath::Widen) return 0;
   return std::max(M * K + N * K, M * N + std::max(N * K, M * K));
 }
 
-int64_t grouped_gemm_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K, int threads) {
-  if (bf16_gemm_path() != Bf16GemmPath::Widen) return 0;
+int64_t grouped_gemm_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K,
+                                          int threads) {
+  if (bf16_gemm_path(ex) != Bf16GemmPath::Widen) return 0;
   return max_rows * K + std::max(threads, 1) * N * K;
 }
 
-int64_t grouped_gemm_wgrad_bf16_workspace_elems(int64_t max_rows, int64_t N, int64_t K) {
-  return bf16_gemm_path() == Bf16GemmPath::Widen ? max_rows * (N + K) : 0;
+int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N,
+                                                int64_t K) {
+  return bf16_gemm_path(ex) == Bf16GemmPath::Widen ? max_rows * (N + K) : 0;
 }
 
 namespace cpu {

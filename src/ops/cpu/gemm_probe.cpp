@@ -111,7 +111,7 @@ double measure_model_gemm_gflops(bool use_bf16, const GemmShape& s, double min_s
   std::vector<moecore::bf16> a16(a.size()), b16(b.size());
   cpu::cast_f32_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
   cpu::cast_f32_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
-  std::vector<float> ws(gemm_bf16_workspace_elems(s.M, s.N, s.K));
+  std::vector<float> ws(gemm_bf16_workspace_elems(cpu_exec(), s.M, s.N, s.K));
   return measure_gflops(
       [&] {
         cpu::gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, a16.data(), lda, b16.data(), ldb, 0.f,
