@@ -5,6 +5,7 @@
 // (docs/numerics.md, "bf16 GEMM vs loop"). On the CPU each case runs on every bf16 GEMM path
 // that exists here (widen always, native from AVX-512 up); workspaces are planned after the path
 // is set and NaN-filled, so reading workspace the path did not write shows.
+#include <algorithm>
 #include <omp.h>
 
 #include <cstdio>
@@ -282,6 +283,26 @@ void head_loss_bf16_case(const Exec& ex) {
   });
 }
 
+// The context's path and the workspace it plans: the CPU's process-wide choice with the widen
+// path's f32 operands, none on the native path; a device backend takes bf16 operands natively
+// (no workspace, whatever the host chose).
+void bf16_gemm_path_case(const Exec& ex) {
+  on_each_path([&] {
+    const Bf16GemmPath want = ex.on_cpu() ? ops::bf16_gemm_path() : Bf16GemmPath::Native;
+    EXPECT_EQ(ops::bf16_gemm_path(ex), want);
+    const bool widen = want == Bf16GemmPath::Widen;
+    const int64_t M = 7, N = 13, K = 5;
+    EXPECT_EQ(ops::gemm_bf16_workspace_elems(ex, M, N, K), widen ? M * K + K * N : 0);
+    EXPECT_EQ(ops::linear_bf16_workspace_elems(ex, M, N, K),
+              widen ? std::max(M * K + N * K, M * N + std::max(N * K, M * K)) : 0);
+    EXPECT_EQ(ops::grouped_gemm_bf16_workspace_elems(ex, M, N, K, 3), widen ? M * K + 3 * N * K : 0);
+    EXPECT_EQ(ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, M, N, K), widen ? M * (N + K) : 0);
+    const ops::HeadLossShape s{M, K, N, 4};
+    EXPECT_EQ(ops::head_loss_bf16_workspace_elems(ex, s),
+              widen ? std::max({4 * K + K * N, 4 * N + N * K, N * 4 + 4 * K}) : 0);
+  });
+}
+
 }  // namespace
 
 void add_gemm_bf16_cases(std::vector<OpCase>& out) {
@@ -291,6 +312,11 @@ void add_gemm_bf16_cases(std::vector<OpCase>& out) {
   out.push_back({"grouped_gemm_wgrad_bf16", {"grouped_gemm_wgrad_bf16"}, grouped_wgrad_bf16_case});
   out.push_back(
       {"head_loss_bf16", {"head_loss_forward", "head_loss_backward"}, head_loss_bf16_case});
+  out.push_back({"bf16_gemm_path",
+                 {"bf16_gemm_path", "gemm_bf16_workspace_elems", "linear_bf16_workspace_elems",
+                  "grouped_gemm_bf16_workspace_elems", "grouped_gemm_wgrad_bf16_workspace_elems",
+                  "head_loss_bf16_workspace_elems"},
+                 bf16_gemm_path_case});
 }
 
 }  // namespace moecore::backend_test
