@@ -17,21 +17,21 @@ namespace moecore::moe {
 
 template <typename T>
 AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                                            double pad_capacity_factor, parallel::Communicator& ep)
+                                            const EpRowBudget& budget, parallel::Communicator& ep)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
       L_(0),
       R_(ep.size()),
       me_(ep.rank()),
-      pad_capacity_factor_(pad_capacity_factor),
+      budget_(budget),
       ep_(ep) {
   L_ = experts_per_ep_rank(E_, R_);
 }
 
 template <typename T>
 int64_t AllGatherDispatcher<T>::max_rows(int64_t max_tokens) const {
-  return ep_max_rows(R_, max_tokens, K_, E_, pad_capacity_factor_);
+  return ep_max_rows(R_, max_tokens, K_, E_, budget_);
 }
 
 template <typename T>
@@ -104,6 +104,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
   g.max_rows = max_rows(max_tokens_);
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
                                                  row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
+  if (N > g.max_rows) fail_received_rows(me_, N, g.max_rows, R_, max_tokens_, K_, budget_);
   // Traffic: every rank's tokens go to every other rank (and the sums come back).
   for (int64_t r = 0; r < R_; ++r) {
     send_rows_R_[r] = r == me_ ? 0 : n_tok;

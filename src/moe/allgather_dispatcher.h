@@ -18,7 +18,7 @@ namespace moecore::moe {
 template <typename T>
 class AllGatherDispatcher final : public TokenDispatcher<T> {
  public:
-  AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, double pad_capacity_factor,
+  AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
                       parallel::Communicator& ep);
 
   int64_t num_local_experts() const override { return L_; }
@@ -42,7 +42,7 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   void scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const;
 
   int64_t E_, K_, H_, L_, R_, me_;
-  double pad_capacity_factor_;
+  EpRowBudget budget_;
   parallel::Communicator& ep_;
   int64_t max_tokens_ = 0;
   int64_t n_group_ = 0;  // G

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <span>
 
-#include <fmt/ranges.h>
-
 #include "core/check.h"
 #include "core/profiler.h"
 #include "core/sync_audit.h"
@@ -18,22 +16,22 @@ namespace moecore::moe {
 
 template <typename T>
 AlltoAllDispatcher<T>::AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                                          double pad_capacity_factor, parallel::Communicator& ep)
+                                          const EpRowBudget& budget, parallel::Communicator& ep)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
       L_(0),
       R_(ep.size()),
       me_(ep.rank()),
-      pad_capacity_factor_(pad_capacity_factor),
+      budget_(budget),
       ep_(ep),
-      local_(num_experts, topk, hidden, pad_capacity_factor) {
+      local_(num_experts, topk, hidden, budget.pad_capacity_factor) {
   L_ = experts_per_ep_rank(E_, R_);
 }
 
 template <typename T>
 int64_t AlltoAllDispatcher<T>::max_rows(int64_t max_tokens) const {
-  return ep_max_rows(R_, max_tokens, K_, E_, pad_capacity_factor_);
+  return ep_max_rows(R_, max_tokens, K_, E_, budget_);
 }
 
 template <typename T>
@@ -93,11 +91,18 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     recv_elems_R_[r] = got * H_;
   }
   const int64_t N = recv_off;
-  MOE_CHECK(N <= max_rows(max_tokens_),
-            "[dispatcher] EP rank {} receives {} rows for its {} experts > the planned worst case "
-            "{} (EP {} x {} tokens x top-k {}): every EP rank must be planned for the same "
-            "maximum micro-batch; rows per source rank: {}",
-            me_, N, L_, max_rows(max_tokens_), R_, max_tokens_, K_, fmt::join(recv_rows_R_, ","));
+  // Before any row moves: the buffers hold max_rows. Every EP rank holds every rank's counts, so
+  // all of them stop here together, naming the rank whose buffers would overflow (none waits in
+  // an all-to-all for a rank that stopped). Padded splits are static and every rank's are mine.
+  const int64_t planned = max_rows(max_tokens_);
+  for (int64_t dst = 0; dst < R_ && pad_to_rows <= 0; ++dst) {
+    int64_t rows = 0;
+    for (int64_t src = 0; src < R_; ++src) {
+      for (int64_t l = 0; l < L_; ++l) rows += counts_RE_[src * E_ + dst * L_ + l];
+    }
+    if (rows > planned) fail_received_rows(dst, rows, planned, R_, max_tokens_, K_, budget_);
+  }
+  if (N > planned) fail_received_rows(me_, N, planned, R_, max_tokens_, K_, budget_);
   int64_t sort_off = 0;
   for (int64_t l = 0; l < L_; ++l) {
     int64_t rows = 0;

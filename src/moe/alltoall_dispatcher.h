@@ -18,16 +18,16 @@ namespace moecore::moe {
 template <typename T>
 class AlltoAllDispatcher final : public TokenDispatcher<T> {
  public:
-  // ep: the EP group (ETP = 1). pad_capacity_factor > 0: plans may be padded to
+  // ep: the EP group (ETP = 1). budget.pad_capacity_factor > 0: plans may be padded to
   // expert_capacity(T, K, E, factor) rows per expert; every EP rank must then pass the same
   // pad_to_rows to plan() (same micro-batch shape), as the splits are not exchanged.
-  AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                     double pad_capacity_factor, parallel::Communicator& ep);
+  AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
+                     parallel::Communicator& ep);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
-  // Dropless: R * T * K (every token of every EP rank picks only my experts); padded: exactly
-  // R * L * capacity.
+  // ep_max_rows under the budget: dropless R * T * K (every token of every EP rank picks only my
+  // experts) or the rank capacity factor's bound; padded exactly R * L * capacity.
   int64_t max_rows(int64_t max_tokens) const override;
   void allocate(Arena& arena, int64_t max_tokens) override;
 
@@ -50,7 +50,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   void unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW, int64_t W) const;  // [l][r] -> [r][l]
 
   int64_t E_, K_, H_, L_, R_, me_;
-  double pad_capacity_factor_;
+  EpRowBudget budget_;
   parallel::Communicator& ep_;
   LocalDispatcher<T> local_;  // this rank's permutation over all E experts (the send side)
   int64_t max_tokens_ = 0;

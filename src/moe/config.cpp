@@ -84,6 +84,18 @@ void MoeConfig::validate() const {
       "(--moe-shared-expert-intermediate-size={}): give --moe-shared-expert-intermediate-size "
       "N > 0 or remove --moe-shared-expert-gate",
       shared_ffn_hidden);
+  const double f = expert_rank_capacity_factor;
+  MOE_CHECK(
+      f == 0 || f >= 1,
+      "[dispatcher] --moe-expert-rank-capacity-factor {} < 1: dropless, the EP ranks together "
+      "receive EP x T x K rows, so some rank always gets at least its balanced T x K; give "
+      "a factor >= 1 (the headroom over the balanced load, e.g. 1.5) or leave the flag out",
+      f);
+  MOE_CHECK(f == 0 || !router.pad_to_capacity,
+            "[dispatcher] --moe-expert-rank-capacity-factor {} with "
+            "--moe-pad-expert-input-to-capacity: padded dispatch already has static rows (EP x "
+            "local experts x capacity); drop one of the two flags",
+            f);
 }
 
 void RouterConfig::validate() const {

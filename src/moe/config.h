@@ -86,8 +86,12 @@ struct MoeConfig {
   // --moe-shared-expert-gate: the shared expert's output times sigmoid(x w_g) per token.
   bool shared_expert_gate = false;
   DispatcherType dispatcher_type = DispatcherType::AlltoAll;  // --moe-token-dispatcher-type
+  // --moe-expert-rank-capacity-factor (0: unset): under EP, an EP rank's dispatch and expert
+  // buffers hold factor x its balanced rows (T x K) instead of the dropless worst case EP x T x K;
+  // a step that routes more to one rank stops with an error (moe/dispatcher.h, EpRowBudget).
+  double expert_rank_capacity_factor = 0.0;
 
-  // The shared-expert fields (the router validates its own config).
+  // The shared-expert and dispatcher fields (the router validates its own config).
   void validate() const;
 };
 

@@ -2,6 +2,9 @@
 // dispatcher so single-rank runs stay bitwise what they were.
 #include "moe/dispatcher.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
@@ -18,14 +21,44 @@ int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size) {
 }
 
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
-                    double pad_capacity_factor) {
+                    const EpRowBudget& budget) {
   // Padded, every (local expert, source rank) block has exactly that source's capacity rows,
   // at most the capacity of max_tokens: the rows are static, whatever the routing.
-  if (pad_capacity_factor > 0) {
+  if (budget.pad_capacity_factor > 0) {
     const int64_t local = experts_per_ep_rank(num_experts, ep_size);
-    return ep_size * local * expert_capacity(max_tokens, topk, num_experts, pad_capacity_factor);
+    return ep_size * local *
+           expert_capacity(max_tokens, topk, num_experts, budget.pad_capacity_factor);
   }
-  return ep_size * max_tokens * topk;
+  const int64_t worst = ep_size * max_tokens * topk;
+  if (budget.rank_capacity_factor > 0) {
+    // In double, as Megatron's capacities are computed.
+    const auto rows = static_cast<int64_t>(
+        std::ceil(static_cast<double>(max_tokens * topk) * budget.rank_capacity_factor));
+    return std::min(worst, rows);
+  }
+  return worst;
+}
+
+void fail_received_rows(int64_t ep_rank, int64_t rows, int64_t max_rows, int64_t ep_size,
+                        int64_t max_tokens, int64_t topk, const EpRowBudget& budget) {
+  const int64_t balanced = max_tokens * topk;
+  if (budget.rank_capacity_factor > 0 && budget.pad_capacity_factor <= 0) {
+    MOE_FAIL(
+        "[dispatcher] EP rank {} receives {} rows for its experts in this step, {:.3f} x the "
+        "balanced load of {} (T {} x top-k {}), over the {} rows planned by "
+        "--moe-expert-rank-capacity-factor {}: the routing is more skewed than the factor "
+        "allows. Resume from the last checkpoint with a factor of at least {:.2f} (at most "
+        "--expert-model-parallel-size {} holds any step), or leave the flag out to plan the "
+        "dropless worst case",
+        ep_rank, rows, static_cast<double>(rows) / static_cast<double>(balanced), balanced,
+        max_tokens, topk, max_rows, budget.rank_capacity_factor,
+        static_cast<double>(rows) / static_cast<double>(balanced), ep_size);
+  }
+  MOE_FAIL(
+      "[dispatcher] EP rank {} receives {} rows for its experts > the planned maximum {} "
+      "(EP {} x {} tokens x top-k {}, or the padded capacity): every EP rank must be planned "
+      "for the same maximum micro-batch and capacity",
+      ep_rank, rows, max_rows, ep_size, max_tokens, topk);
 }
 
 template <typename T>
@@ -33,6 +66,7 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
                                                     const parallel::ProcessGroups* groups) {
   const RouterConfig& r = cfg.moe.router;
   const double pad_cf = r.pad_to_capacity ? r.capacity_factor : 0.0;
+  const EpRowBudget budget{pad_cf, cfg.moe.expert_rank_capacity_factor};
   const int64_t E = cfg.num_experts;
   const int ep = groups ? groups->degrees().ep : 1;
   const int etp = groups ? groups->degrees().etp : 1;
@@ -45,9 +79,9 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
   parallel::Communicator& comm = groups->group(parallel::GroupKind::Ep).communicator();
   switch (cfg.moe.dispatcher_type) {
     case DispatcherType::AllGather:
-      return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf, comm);
+      return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
     case DispatcherType::AlltoAll:
-      return std::make_unique<AlltoAllDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf, comm);
+      return std::make_unique<AlltoAllDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
   }
   MOE_FAIL("[dispatcher] unknown dispatcher type {}", static_cast<int>(cfg.moe.dispatcher_type));
 }

@@ -112,13 +112,32 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   DevPtr<int64_t> pads_ = nullptr;    // pad rows of the last plan (memory)
 };
 
-// Experts per EP rank (checks that EP divides the expert count), and the worst-case rows the
-// local experts of one EP rank can receive: every token of every EP rank (dropless), or exactly
-// every local expert full to capacity from every source (padded: R * L * capacity, the balanced
-// load at capacity factor 1, not the dropless worst case). Shared by the EP dispatchers.
+// What bounds the rows the local experts of one EP rank receive, so what its buffers are planned
+// for (the experts' activations are sized by it):
+//   pad_capacity_factor > 0 (--moe-pad-expert-input-to-capacity): every source fills each local
+//     expert to exactly its capacity, R * L * capacity rows (static);
+//   rank_capacity_factor > 0 (--moe-expert-rank-capacity-factor, dropless): at most
+//     ceil(factor * T * K) rows, T * K being the balanced load of a rank (the EP group's R T K
+//     rows spread evenly), where a step that routes more to one rank is a hard error naming the
+//     rows (Megatron reruns such a step with buffers sized on the spot; moecore plans memory
+//     before step 0, so the factor is the declared worst case);
+//   neither: the dropless worst case, every token of every EP rank to this rank, R * T * K.
+struct EpRowBudget {
+  double pad_capacity_factor = 0.0;
+  double rank_capacity_factor = 0.0;
+};
+
+// Experts per EP rank (checks that EP divides the expert count), and the most rows the local
+// experts of one EP rank receive under `budget` when every rank has `max_tokens` tokens.
+// Shared by the EP dispatchers.
 int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size);
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
-                    double pad_capacity_factor);
+                    const EpRowBudget& budget);
+// The error of an EP rank receiving `rows` > `max_rows` (the plan's check in both EP
+// dispatchers): the rows, the bound and where it comes from, and the fix.
+[[noreturn]] void fail_received_rows(int64_t ep_rank, int64_t rows, int64_t max_rows,
+                                     int64_t ep_size, int64_t max_tokens, int64_t topk,
+                                     const EpRowBudget& budget);
 
 // The dispatcher for a layout: LocalDispatcher without groups or with EP = 1 (bitwise the
 // single-process path), else cfg.moe.dispatcher_type over the EP group. Throws when EP does not

@@ -130,6 +130,7 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.
 int64_t grouped_gemm_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K,
                                           int threads);
-int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K);
+int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N,
+                                                int64_t K);
 
 }  // namespace moecore::ops

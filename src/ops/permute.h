@@ -98,7 +98,8 @@ int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* ro
 // cap throws). Writes rows_L [L] (rows per local expert, pads included), row_token_N (the token
 // within the gathered G) and row_slot_N [N], group_rows_GK [G, K] (the row of each slot, -1
 // when dropped or not local) and *pads (pad rows in rank me's blocks); chunk_LR [L, R] is
-// workspace. Returns N; more than g.max_rows throws.
+// workspace. Returns N. N > g.max_rows writes only rows_L (and the workspace) and returns N: the
+// caller, which knows what bounds its rows, fails with that.
 inline int64_t build_group_permutation(const Exec& ex, DevPtr<int64_t> rows_L,
                                        DevPtr<int32_t> row_token_N, DevPtr<int32_t> row_slot_N,
                                        DevPtr<int32_t> group_rows_GK, DevPtr<int64_t> chunk_LR,

@@ -254,8 +254,8 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       const ModelConfig whole = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
       const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
       const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
-      const ArenaSizes a = trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank,
-                                               hw.device);
+      const ArenaSizes a =
+          trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank, hw.device);
       st.arena_planned = a.planned;
       st.sharing_saves = a.sharing_saves;
       const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,

@@ -52,6 +52,18 @@ Plan make_plan(const ModelSpec& m, const RunSpec& run, int world, const Hardware
   p.flops = plan_flops(m, run);
   p.roof = roofline(m, run, world, hw, p.flops, p.comm);
   p.fits = p.memory.max_total <= hw.memory_gib * 1024.0 * 1024 * 1024;
+  bool from_arena = false;
+  for (const StageMemory& s : p.memory.stages) from_arena = from_arena || s.from_arena;
+  if (from_arena && trainer_cfg != nullptr && p.degrees.ep > 1 && m.num_experts > 0 &&
+      trainer_cfg->moe.router.dropless() && trainer_cfg->moe.expert_rank_capacity_factor <= 0) {
+    const int64_t balanced = run.micro_batch * m.seq_length * m.topk;
+    p.notes.push_back(fmt::format(
+        "dropless EP: the trainer plans every EP rank's dispatch and expert buffers for all the "
+        "EP group's tokens on its experts (EP x T x K = {} rows per MoE layer, {}x the balanced "
+        "load T x K = {}); --moe-expert-rank-capacity-factor F plans F x T x K rows instead (a "
+        "step routing more to a rank stops with an error)",
+        p.degrees.ep * balanced, p.degrees.ep, balanced));
+  }
   return p;
 }
 
@@ -151,6 +163,7 @@ std::string plan_text(const Plan& p) {
                    p.hw.name, p.run.bf16 ? p.hw.peak_tflops_bf16 : p.hw.peak_tflops_fp32,
                    r.step_seconds, r.compute_seconds, r.exposed_comm_seconds, r.bubble_fraction,
                    r.dp_exposed_seconds, r.tokens_per_second, r.tflops_per_gpu, 100 * r.mfu);
+  for (const std::string& note : p.notes) o += "[plan] note: " + note + "\n";
   o += fmt::format("[plan] {} (worst stage {}: {} of {:.0f} GiB)\n",
                    p.fits ? "fits" : "does NOT fit", p.memory.worst_stage,
                    bytes(p.memory.max_total), p.hw.memory_gib);
@@ -224,6 +237,7 @@ std::string plan_json(const Plan& p) {
   j["tokens_per_second"] = r.tokens_per_second;
   j["tflops_per_gpu"] = r.tflops_per_gpu;
   j["mfu"] = r.mfu;
+  j["notes"] = p.notes;
   return j.dump();
 }
 

@@ -27,6 +27,7 @@ struct Plan {
   PlanFlops flops;
   Roofline roof;
   bool fits = false;  // the worst stage fits in hw.memory_gib
+  std::vector<std::string> notes;  // what the user can change about the figures, one line each
 };
 
 // Validates the layout as `moecore groups` does (parallel::validate_layout against the model)

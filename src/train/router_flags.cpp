@@ -87,6 +87,11 @@ void add_router_flags(CLI::App& app, MoeConfig& moe, RouterFlags& f) {
   app.add_flag("--moe-pad-expert-input-to-capacity", cfg.pad_to_capacity,
                "Every expert processes exactly capacity rows")
       ->group(kMoe);
+  app.add_option("--moe-expert-rank-capacity-factor", moe.expert_rank_capacity_factor,
+                 "Under EP, plan each EP rank's received rows for factor x the balanced load "
+                 "(T*K) instead of the dropless worst case EP*T*K; a step over it stops with an "
+                 "error (>= 1; absent: the worst case)")
+      ->group(kMoe);
   app.add_flag("--moe-aux-loss-megatron-map", cfg.megatron_aux_map,
                "Aux-loss counts from the plain top-k, ignoring group limits and expert bias "
                "(Megatron's behaviour, issue #2767; default: the experts tokens really chose)")

@@ -5,8 +5,8 @@
 // (docs/numerics.md, "bf16 GEMM vs loop"). On the CPU each case runs on every bf16 GEMM path
 // that exists here (widen always, native from AVX-512 up); workspaces are planned after the path
 // is set and NaN-filled, so reading workspace the path did not write shows.
-#include <algorithm>
 #include <omp.h>
+#include <algorithm>
 
 #include <cstdio>
 #include <random>
@@ -295,7 +295,8 @@ void bf16_gemm_path_case(const Exec& ex) {
     EXPECT_EQ(ops::gemm_bf16_workspace_elems(ex, M, N, K), widen ? M * K + K * N : 0);
     EXPECT_EQ(ops::linear_bf16_workspace_elems(ex, M, N, K),
               widen ? std::max(M * K + N * K, M * N + std::max(N * K, M * K)) : 0);
-    EXPECT_EQ(ops::grouped_gemm_bf16_workspace_elems(ex, M, N, K, 3), widen ? M * K + 3 * N * K : 0);
+    EXPECT_EQ(ops::grouped_gemm_bf16_workspace_elems(ex, M, N, K, 3),
+              widen ? M * K + 3 * N * K : 0);
     EXPECT_EQ(ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, M, N, K), widen ? M * (N + K) : 0);
     const ops::HeadLossShape s{M, K, N, 4};
     EXPECT_EQ(ops::head_loss_bf16_workspace_elems(ex, s),

@@ -268,12 +268,21 @@ void build_group_permutation_case(const Exec& ex) {
                        moecore::Error);
         }
       }
-      if (n > 0) {  // fewer planned rows than the routing needs
+      if (n > 0) {  // fewer planned rows than the routing needs: N, and no row written
         ops::GroupRouting small = g;
         small.max_rows = n - 1;
-        EXPECT_THROW(ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
-                                                  grp.data(), chunk.data(), pads.data(), small),
-                     moecore::Error);
+        Guarded<int64_t> rows2(L, -9), chunk2(L * R, -9), pads2(1, -9);
+        Guarded<int32_t> tok2(max_rows, -9), slot2(max_rows, -9), grp2(G * K, -9);
+        EXPECT_EQ(ops::build_group_permutation(ex, rows2.data(), tok2.data(), slot2.data(),
+                                               grp2.data(), chunk2.data(), pads2.data(), small),
+                  n);
+        EXPECT_EQ(ops::build_group_permutation_ref(rows_ref.data(), tok_ref.data(), slot_ref.data(),
+                                                   grp_ref.data(), pads_ref.data(), small),
+                  n);
+        expect_bitwise(rows2, rows_ref.data(), "rows_L (over the plan)");
+        expect_intact(tok2, "row_token_N (over the plan)");
+        expect_intact(slot2, "row_slot_N (over the plan)");
+        expect_intact(grp2, "group_rows_GK (over the plan)");
       }
     }
   }

@@ -79,8 +79,8 @@ TEST(EpDispatchers, GroupOfOneIsBitwiseTheLocalDispatcher) {
     const double cf = pad ? 4.0 : 0.0;  // planned capacity ceil(9 * 2 / 5 * 4) = 15 >= pad
     LocalDispatcher<double> local(E, K, H, cf);
     auto comm = parallel::make_local_communicator("ep", 0);
-    AlltoAllDispatcher<double> a2a(E, K, H, cf, *comm);
-    AllGatherDispatcher<double> ag(E, K, H, cf, *comm);
+    AlltoAllDispatcher<double> a2a(E, K, H, {cf}, *comm);
+    AllGatherDispatcher<double> ag(E, K, H, {cf}, *comm);
     const Out ref = run(local, idx, n_tok, K, H, pad);
     const Out from_a2a = run(a2a, idx, n_tok, K, H, pad), from_ag = run(ag, idx, n_tok, K, H, pad);
     expect_same(from_a2a, first_rows(ref, from_a2a, H));
@@ -93,11 +93,21 @@ TEST(EpDispatchers, GroupOfOneIsBitwiseTheLocalDispatcher) {
 // R x L x capacity, whatever the routing (Qwen3-30B-A3B's EP 8: capacity factor 1 is the
 // balanced load T K, 8 times below the dropless worst case; a factor 2 twice that).
 TEST(EpDispatchers, PaddedRowsAreExactlyTheCapacityBlocks) {
-  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 0.0), 8 * 4096 * 8);
-  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 1.0), 4096 * 8);
-  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, 2.0), 2 * 4096 * 8);
-  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, 1.0), 2 * 2 * expert_capacity(9, 2, 4, 1.0));
-  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, 16.0), 2 * 2 * expert_capacity(9, 2, 4, 16.0));  // > R T K
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, {0.0}), 8 * 4096 * 8);
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, {1.0}), 4096 * 8);
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, {2.0}), 2 * 4096 * 8);
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {1.0}), 2 * 2 * expert_capacity(9, 2, 4, 1.0));
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {16.0}), 2 * 2 * expert_capacity(9, 2, 4, 16.0));  // > R T K
+}
+
+// --moe-expert-rank-capacity-factor: dropless rows up to ceil(factor x T x K), the balanced load
+// times the headroom, never more than the dropless worst case R T K.
+TEST(EpDispatchers, RankCapacityFactorBoundsTheDroplessRows) {
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, {0.0, 1.5}), 3 * 4096 * 4);
+  EXPECT_EQ(ep_max_rows(8, 4096, 8, 128, {0.0, 1.0}), 4096 * 8);
+  EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 1.3}), 24);         // ceil(23.4)
+  EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 7.0}), 4 * 9 * 2);  // capped at R T K
+  EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 0.0}), 4 * 9 * 2);
 }
 
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
@@ -137,7 +147,7 @@ TEST(EpDispatchers, FactoryPicksLocalForOneRankAndRejectsBadLayouts) {
   expect_error([&] { make_dispatcher<double>(moe_config(8), &ge); },
                {"[dispatcher]", "--expert-tensor-parallel-size 2", "not implemented yet"});
   auto comm = parallel::make_local_communicator("ep", 0);
-  expect_error([&] { AlltoAllDispatcher<double>(6, 2, 4, 0.0, *comm).plan(nullptr, 5); },
+  expect_error([&] { AlltoAllDispatcher<double>(6, 2, 4, {}, *comm).plan(nullptr, 5); },
                {"5 tokens > planned maximum 0"});
 }
 

@@ -258,7 +258,8 @@ TEST(HeadLoss, Bf16PathUsesTheRoundedF32Gradient) {
     const HeadLossShape s16{T, H, V, 16};
     std::vector<bf16> w16(V * H), h16(T * H), dz16(head_loss_workspace_elems(s16));
     ops::cast_f32_to_bf16(cpu_exec(), w16.data(), w.data(), V * H);
-    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(cpu_exec(), s16)), w32(V * H), h32(T * H);
+    std::vector<float> ws32(ops::head_loss_bf16_workspace_elems(cpu_exec(), s16)), w32(V * H),
+        h32(T * H);
     ops::round_f32_to_bf16(cpu_exec(), w32.data(), w.data(), V * H);
     ops::HeadLossBf16 b{w16.data(), h16.data(), dz16.data(), ws32.data()};
     if (widened_form) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};

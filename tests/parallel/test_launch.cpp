@@ -155,6 +155,27 @@ TEST(Launch, DataParallelTrainMatchesOneRank) {
   EXPECT_EQ(bad.output.find("iteration "), std::string::npos) << bad.output;
 }
 
+// --moe-expert-rank-capacity-factor under the allgather dispatcher: each EP rank sees only its
+// own rows, so the rank over the budget stops alone, and the job ends at once (the runtime's
+// abort after an error), not after a collective's timeout, with the rank's rows in the message.
+TEST(Launch, RankCapacityOverflowEndsTheJob) {
+  const ProcResult r =
+      run(mpirun(2) + moecore_binary() +
+          " train --hidden-size 32 --num-attention-heads 2 --seq-length 16 --num-layers 2"
+          " --max-position-embeddings 16 --num-experts 4 --moe-ffn-hidden-size 16"
+          " --ffn-hidden-size 32 --vocab-size 64 --swiglu --disable-bias-linear"
+          " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
+          " --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 4 --train-iters 4 --lr 3e-3"
+          " --peak-tflops 0.1 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
+          " --moe-expert-rank-capacity-factor 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  EXPECT_NE(r.output.find("x the balanced load of 64 (T 32 x top-k 2), over the 64 rows planned "
+                          "by --moe-expert-rank-capacity-factor 1"),
+            std::string::npos)
+      << r.output;
+}
+
 // One rank skips a collective: the others time out (1.5 s), name the group, the call, the rank
 // that is waiting and the rank that never arrived (with what it is doing instead), and the job
 // ends with a non-zero status.

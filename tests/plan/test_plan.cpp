@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/gpt_model.h"
+#include "ops/gemm_bf16.h"
 #include "plan/layout_search.h"
 #include "plan/memory_model.h"
 #include "plan/plan.h"
@@ -17,11 +19,9 @@
 #include "plan/sizing_groups.h"
 #include "train/config_file.h"
 #include "train/megatron_compat.h"
+#include "train/metrics.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
-#include "model/gpt_model.h"
-#include "ops/gemm_bf16.h"
-#include "train/metrics.h"
 
 namespace moecore::plan {
 namespace {
@@ -354,8 +354,10 @@ TEST(PlanPublished, PublishedLayoutsFit) {
 
 // Qwen3-30B-A3B's published layout (TP 1, EP 8, distributed optimizer, 64 H100) is one the
 // trainer builds. Dropless, its EP rows are planned for the worst case (EP x T x K) and it does
-// not fit; with a padded capacity factor 1 the rows are the balanced load and, with the master
-// weights sharded as Megatron's distributed optimizer does, it fits (docs/plan.md).
+// not fit, and the plan says which flag bounds them; with a padded capacity factor 1 the rows
+// are the balanced load and, with the master weights sharded as Megatron's distributed optimizer
+// does, it fits; dropless with --moe-expert-rank-capacity-factor 1.2 (20% headroom over the
+// balanced load per EP rank) it fits too (docs/plan.md).
 TEST(PlanPublished, Qwen3_30B_FitsWithAPaddedCapacityFactor) {
   const std::vector<std::string> layout = {"--config",
                                            config("qwen3-30b-a3b"),
@@ -384,11 +386,28 @@ TEST(PlanPublished, Qwen3_30B_FitsWithAPaddedCapacityFactor) {
     padded.push_back(f);
   const auto cap = nlohmann::json::parse(plan_out(padded));
   EXPECT_FALSE(dropless["fits"].get<bool>());
+  ASSERT_EQ(dropless["notes"].size(), 1u);
+  EXPECT_NE(dropless["notes"][0].get<std::string>().find(
+                "EP x T x K = 262144 rows per MoE layer, 8x the balanced load T x K = 32768"),
+            std::string::npos)
+      << dropless["notes"][0];
   EXPECT_TRUE(cap["fits"].get<bool>())
       << cap["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30);
+  EXPECT_TRUE(cap["notes"].empty());
   EXPECT_EQ(cap["stages"][0]["source"], "arena");
   EXPECT_LT(cap["memory_per_rank_bytes"]["total"].get<double>(),
             0.5 * dropless["memory_per_rank_bytes"]["total"].get<double>());
+
+  std::vector<std::string> bounded = layout;
+  for (const char* f : {"--moe-expert-rank-capacity-factor", "1.2"}) bounded.push_back(f);
+  const auto rank_cap = nlohmann::json::parse(plan_out(bounded));
+  EXPECT_TRUE(rank_cap["fits"].get<bool>())
+      << rank_cap["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30);
+  EXPECT_TRUE(rank_cap["notes"].empty());
+  // 1.2 x the balanced rows: above the padded factor 1's plan, far below the worst case.
+  const double b = rank_cap["memory_per_rank_bytes"]["total"].get<double>();
+  EXPECT_GT(b, cap["memory_per_rank_bytes"]["total"].get<double>());
+  EXPECT_LT(b, 0.5 * dropless["memory_per_rank_bytes"]["total"].get<double>());
 }
 
 // --search: every layout it returns fits and `moecore groups` accepts it.

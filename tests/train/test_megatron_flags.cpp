@@ -273,6 +273,25 @@ TEST(MegatronFlags, SharedExpertGateAndAttentionOutputBias) {
   EXPECT_NE(train_help().find("--add-attention-output-bias"), std::string::npos);
 }
 
+// --moe-expert-rank-capacity-factor binds (Megatron's None: unset), and what cannot work stops
+// before training: a factor below the balanced load, a factor beside padded dispatch.
+TEST(MegatronFlags, ExpertRankCapacityFactor) {
+  const MegatronFlag* flag = megatron_arguments().find("--moe-expert-rank-capacity-factor");
+  ASSERT_NE(flag, nullptr);
+  EXPECT_EQ(flag_class(*flag, train_binds(*flag)), FlagClass::Implemented);
+  EXPECT_EQ(parse("").model.moe.expert_rank_capacity_factor, 0.0);
+  EXPECT_EQ(parse("--moe-expert-rank-capacity-factor 1.25").model.moe.expert_rank_capacity_factor,
+            1.25);
+  std::string e = error_of({"--moe-expert-rank-capacity-factor", "0.9"});
+  EXPECT_NE(e.find("--moe-expert-rank-capacity-factor 0.9 < 1"), std::string::npos) << e;
+  e = error_of({"--moe-expert-rank-capacity-factor", "1.5", "--moe-expert-capacity-factor", "1",
+                "--moe-pad-expert-input-to-capacity"});
+  EXPECT_NE(e.find("with --moe-pad-expert-input-to-capacity: padded dispatch already has static "
+                   "rows"),
+            std::string::npos)
+      << e;
+}
+
 TEST(MegatronFlags, DocsFlagsMdIsCurrent) {
   std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/docs/flags.md");
   std::stringstream ss;

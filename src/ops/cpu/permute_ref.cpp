@@ -1,6 +1,7 @@
 // Dispatch permutation reference: the map is built by scanning experts, then tokens, then slots
 // (O(E*T*K), obviously expert-major and token-ascending); the gathers are plain loops with f64
 // accumulation. The oracle for permute.cpp.
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -117,6 +118,20 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
   const int64_t* tok_off = raw_ptr(g.tok_off_R);
   const int64_t* cap_R = raw_ptr(g.cap_R);
   const int64_t G = tok_off[g.R];
+  // Rows beyond the plan: rows_L alone, and N.
+  int64_t need = 0;
+  for (int64_t l = 0; l < g.L; ++l) {
+    const int64_t start = need;
+    for (int64_t r = 0; r < g.R; ++r) {
+      int64_t c = 0;
+      for (int64_t i = tok_off[r] * g.K; i < tok_off[r + 1] * g.K; ++i) c += idx[i] == g.first + l;
+      MOE_CHECK(cap_R[r] <= 0 || c <= cap_R[r], "[dispatcher] expert {} over capacity",
+                g.first + l);
+      need += std::max(c, cap_R[r]);
+    }
+    rows_L[l] = need - start;
+  }
+  if (need > g.max_rows) return need;
   for (int64_t i = 0; i < G * g.K; ++i) group_rows_GK[i] = -1;
   int64_t N = 0;
   *pads = 0;
@@ -127,7 +142,6 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
       for (int64_t t = tok_off[r]; t < tok_off[r + 1]; ++t) {
         for (int64_t k = 0; k < g.K; ++k) {
           if (idx[t * g.K + k] != g.first + l) continue;
-          MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
           row_token_N[N] = static_cast<int32_t>(t);
           row_slot_N[N] = static_cast<int32_t>(k);
           group_rows_GK[t * g.K + k] = static_cast<int32_t>(N);
@@ -137,7 +151,6 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
       MOE_CHECK(cap_R[r] <= 0 || c <= cap_R[r], "[dispatcher] expert {} over capacity",
                 g.first + l);
       for (; cap_R[r] > 0 && c < cap_R[r]; ++c) {
-        MOE_CHECK(N < g.max_rows, "[dispatcher] rows > the planned worst case {}", g.max_rows);
         row_token_N[N] = row_slot_N[N] = -1;
         ++N;
         if (r == g.me) ++*pads;

@@ -83,8 +83,8 @@ double pval(int src, int64_t t, int64_t k) { return src * 1000 + t * 10 + k + 0.
 std::unique_ptr<TokenDispatcher<double>> make(DispatcherType type, int64_t E, int64_t K,
                                               int64_t H, double pad_cf, Communicator& c) {
   if (type == DispatcherType::AllGather)
-    return std::make_unique<AllGatherDispatcher<double>>(E, K, H, pad_cf, c);
-  return std::make_unique<AlltoAllDispatcher<double>>(E, K, H, pad_cf, c);
+    return std::make_unique<AllGatherDispatcher<double>>(E, K, H, EpRowBudget{pad_cf}, c);
+  return std::make_unique<AlltoAllDispatcher<double>>(E, K, H, EpRowBudget{pad_cf}, c);
 }
 
 struct RouteCase {

@@ -69,6 +69,7 @@ struct Run {
   std::vector<float> beta, bias;  // every MoE layer's quantile beta / expert bias, layer order
   int64_t launched_during_backward = 0;
   size_t recomputed_bytes = 0;  // activations the plan recomputes instead of keeping
+  size_t planned_bytes = 0;     // the model arena's block
 };
 
 template <typename T>
@@ -87,6 +88,7 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.metrics = trainer.run(log);
   r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
   r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
+  r.planned_bytes = trainer.model().arena().planned_bytes();
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
     std::vector<double> local = to_double(host(p.data_as<T>()), p.local_numel());
@@ -298,6 +300,56 @@ TEST(LayoutParity, SharedExpertGateAndOutputBiasExpertParallelF64) {
 }
 TEST(LayoutParity, SharedExpertGateAndOutputBiasExpertParallelF32) {
   expert_parallel_parity<float>(kBase + kAux + kGateBias, "gate+output bias");
+}
+
+// --moe-expert-rank-capacity-factor plans an EP rank's received rows for factor x its balanced
+// load instead of the dropless worst case EP x T x K: a smaller plan, and (while no step routes
+// more than that to a rank) bitwise the run planned for the worst case, both dispatchers, every
+// EP of the world. The factors hold the tiny untrained router's 10 steps (one expert per rank at
+// EP 8 is the most skewed: 1.75 is too small there) and stay below the worst case EP.
+TEST(RankCapacity, BoundedDroplessIsBitwiseTheWorstCasePlan) {
+  int layouts = 0;
+  for (int ep : {2, 4, 8}) {
+    if (g_rt.world_size % ep != 0 || 8 % ep != 0) continue;
+    parallel::ProcessGroups groups = make_groups(ep, kBase + kAux);
+    for (const char* disp : {"allgather", "alltoall"}) {
+      const auto args =
+          kBase + kAux + std::vector<std::string>{"--moe-token-dispatcher-type", disp};
+      const std::string what = fmt::format("ep={} {}", ep, disp);
+      const auto worst = train_run<float>(args, &groups);
+      const auto bounded =
+          train_run<float>(args + std::vector<std::string>{"--moe-expert-rank-capacity-factor",
+                                                           ep == 8 ? "2.5" : "1.75"},
+                           &groups);
+      expect_bitwise(bounded, worst, what);
+      EXPECT_LT(bounded.planned_bytes, worst.planned_bytes) << what;
+      ++layouts;
+    }
+  }
+  if (layouts == 0) GTEST_SKIP() << "no EP > 1 layout for world size " << g_rt.world_size;
+}
+
+// A step that routes more rows to an EP rank than the factor planned stops on every rank of the
+// EP group at the count exchange, before any row moves, naming the rank, the rows, the ratio to
+// the balanced load and the fix (EP = the world: one EP group, the alltoall dispatcher).
+TEST(RankCapacity, OverTheBudgetStopsEveryEpRankNamingTheRows) {
+  const int ep = g_rt.world_size;
+  if (ep < 2 || 8 % ep != 0) GTEST_SKIP() << "EP = world size " << ep << " must divide 8 experts";
+  const auto args = kBase + kAux +
+                    std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall",
+                                             "--moe-expert-rank-capacity-factor", "1"};
+  parallel::ProcessGroups groups = make_groups(ep, args);
+  try {
+    train_run<float>(args, &groups);
+    ADD_FAILURE() << "a factor of 1 held every step of an untrained router";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* part : {"x the balanced load of 32 (T 16 x top-k 2)",
+                             "over the 32 rows planned by --moe-expert-rank-capacity-factor 1",
+                             "Resume from the last checkpoint with a factor of at least"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << m;
+    }
+  }
 }
 
 // Activation recomputation under expert parallelism reruns the dispatch's collectives in the
