@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 #include <type_traits>
 
 #include "ops/cast.h"
@@ -54,15 +55,19 @@ void swiglu_mlp_allocate(SwigluMlpSaved<T>& s, Arena& a, int64_t max_rows, Swigl
     }
     // The widened-bf16 GEMM path's f32 operands (none on the native path).
     const int threads = omp_get_max_threads();
-    const int64_t ws32 =
-        s.widened
-            ? widened_elems(max_rows, sh)
-            : std::max({ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, 2 * sh.F, sh.H, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.H, sh.F, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.F, sh.H, threads),
-                        ops::grouped_gemm_bf16_workspace_elems(a.exec(), max_rows, sh.H, 2 * sh.F, threads),
-                        ops::grouped_gemm_wgrad_bf16_workspace_elems(a.exec(), max_rows, sh.H, sh.F),
-                        ops::grouped_gemm_wgrad_bf16_workspace_elems(a.exec(), max_rows, 2 * sh.F, sh.H)});
+    int64_t ws32 = 0;
+    if (s.widened) {
+      ws32 = widened_elems(max_rows, sh);
+    } else {
+      const Exec& ex = a.exec();
+      const int64_t F = sh.F, F2 = 2 * sh.F, H = sh.H;
+      // fc1 and fc2 forward and data gradients (N, K), then the two weight gradients.
+      for (const auto& [n, k] :
+           {std::pair{F2, H}, std::pair{H, F}, std::pair{F, H}, std::pair{H, F2}})
+        ws32 = std::max(ws32, ops::grouped_gemm_bf16_workspace_elems(ex, max_rows, n, k, threads));
+      ws32 = std::max({ws32, ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, max_rows, H, F),
+                       ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, max_rows, F2, H)});
+    }
     if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
 }
