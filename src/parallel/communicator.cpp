@@ -150,6 +150,9 @@ CommHandle Communicator::all_to_all_v_async(DevPtr<const void> send,
                                             std::span<const int64_t> recv_counts, DType dt) {
   check_counts(send_counts, "all_to_all_v (send counts)");
   check_counts(recv_counts, "all_to_all_v (recv counts)");
+  int64_t sent = 0;
+  for (int r = 0; r < size(); ++r) sent += r == rank() ? 0 : send_counts[r];
+  all_to_all_bytes_sent_ += sent * static_cast<int64_t>(dtype_size(dt));
   return start_all_to_all_v(raw_ptr(send), send_counts, raw_ptr(recv), recv_counts, dt);
 }
 

@@ -117,6 +117,11 @@ class Communicator {
   CommHandle recv_async(DevPtr<void> data, int64_t count, DType dt, int src, int tag = 0);
   CommHandle barrier_async();
 
+  // Bytes this member's all_to_all_v calls have sent to the other members (its own block, a
+  // local copy, not counted), since the communicator was made: the EP dispatchers' traffic,
+  // which the trainer reports per step and `moecore plan` predicts.
+  int64_t all_to_all_bytes_sent() const { return all_to_all_bytes_sent_; }
+
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
     all_reduce_async(data, count, dt, op).wait();
@@ -255,6 +260,7 @@ class Communicator {
   void check_peer(int peer, const char* what, const char* call) const;
 
   std::vector<int64_t> equal_counts_;  // the equal-count forms' counts, reused per call
+  int64_t all_to_all_bytes_sent_ = 0;
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without

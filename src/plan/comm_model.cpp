@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "moe/config.h"
 #include "parallel/process_groups.h"
 #include "plan/param_count.h"
 
@@ -50,15 +51,58 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
     c.items.push_back(std::move(it));
   };
   if (m.num_experts > 0 && d.ep > 1) {
-    // Each token goes to K experts and comes back: dispatch + combine, the same again in the
-    // backward; the share (ep - 1) / ep of the rows leaves the rank.
-    const double leave = (d.ep - 1.0) / d.ep;
-    c.alltoall_bytes_per_layer_fwd = 2 * T / sp * m.topk * H * dt * leave;
-    c.alltoall_bytes_per_step = 2 * c.alltoall_bytes_per_layer_fwd * moe_layers * n_micro;
-    add("ep all-to-all (dispatch + combine, fwd + bwd)", parallel::GroupKind::Ep,
-        c.alltoall_bytes_per_step, false,
-        fmt::format("4 x T/sp x K x H x dt x (ep-1)/ep x {:.1f} MoE layers x {} micro-batches",
-                    moe_layers, n_micro));
+    // What the EP dispatcher of one rank sends per MoE layer and micro-batch. Token rows travel
+    // in the activations' dtype (f32 on the CPU backend, whose activations are f32 also with
+    // --bf16), the routing probs in fp32. Recomputation reruns the dispatch: the "moe" module
+    // its forward dispatch (tokens + probs), full recomputation the layer's whole forward.
+    const double tok = hw.device == Device::CPU ? 4.0 : dt, prob = 4.0;
+    const double t_rank = T / sp;  // tokens entering this rank's router
+    double reruns = 0;             // forwards rerun per MoE layer, averaged over the layers
+    if (run.recompute.full()) {
+      int64_t n = 0;
+      for (int64_t l = 0; l < m.num_layers; ++l) n += m.is_moe_layer(l) && run.recompute.chunk_of(l) >= 0;
+      reruns = m.num_moe_layers() > 0 ? static_cast<double>(n) / m.num_moe_layers() : 0;
+    }
+    const bool moe_rerun = run.recompute.selective() && run.recompute.modules().moe;
+    const double per_micro = moe_layers * n_micro;
+    if (run.dispatcher == "alltoall") {
+      // Rows this rank dispatches: every kept (token, slot) dropless (T/sp x K), each expert's
+      // capacity when padded (E x capacity, static); the share (ep-1)/ep leaves the rank, and
+      // as many come back (exactly when padded, in expectation when dropless).
+      const bool padded = run.pad_to_capacity && run.capacity_factor > 0;
+      const double rows =
+          padded ? static_cast<double>(m.num_experts *
+                                       expert_capacity(static_cast<int64_t>(t_rank), m.topk,
+                                                       m.num_experts, run.capacity_factor))
+                 : t_rank * m.topk;
+      const double out = rows * (d.ep - 1.0) / d.ep;
+      const double dispatch = out * (H * tok + prob), combine = out * H * tok;
+      c.alltoall_bytes_per_layer_fwd = dispatch + combine;
+      const double per_layer = 2 * (dispatch + combine) + (moe_rerun ? dispatch : 0) +
+                               reruns * (dispatch + combine);
+      c.alltoall_bytes_per_step = per_layer * per_micro;
+      add("ep all-to-all (dispatch + combine, fwd + bwd)", parallel::GroupKind::Ep,
+          c.alltoall_bytes_per_step, false,
+          fmt::format("rows x (ep-1)/ep x (4 x H x {} B + 2 x 4 B probs){}{} x {:.1f} MoE layers "
+                      "x {} micro-batches, rows = {}",
+                      tok, moe_rerun ? " + the moe module's rerun dispatch" : "",
+                      reruns > 0 ? " + the recomputed layers' forward" : "", moe_layers, n_micro,
+                      padded ? "E x capacity (padded)" : "T/sp x K"));
+    } else {
+      // allgather: every token (x, probs, routing map) goes to every other EP rank, and the
+      // experts' partial sums of every rank's tokens come back in a reduce-scatter; the same
+      // again in the backward (gather of dy, reduce-scatter of dx and dprobs).
+      const double others = (d.ep - 1.0) * t_rank;
+      const double fwd = others * (H * tok + m.topk * (prob + 4)) + others * H * tok;
+      const double bwd = others * H * tok + others * (H * tok + m.topk * prob);
+      const double per_layer =
+          fwd + bwd + (moe_rerun ? others * (H * tok + m.topk * (prob + 4)) : 0) + reruns * fwd;
+      add("ep all-gather + reduce-scatter (allgather dispatcher)", parallel::GroupKind::Ep,
+          per_layer * per_micro, false,
+          fmt::format("(ep-1) x T/sp x (4 x H x {} B + K x 16 B map and probs) per MoE layer, "
+                      "x {:.1f} MoE layers x {} micro-batches",
+                      tok, moe_layers, n_micro));
+    }
   }
   if (d.tp > 1) {
     // Per layer: attention and MLP each an all-gather + reduce-scatter (SP) or an all-reduce,

@@ -282,6 +282,18 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             fmt::format("({:.2f} layer-micro-batches / {} layers - 1) x kept activations",
                         st.in_flight_layers, st.num_layers));
       }
+      if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
+        // The CPU backend reduces gradient buckets with MPI_Iallreduce; Open MPI's non-blocking
+        // collectives (libnbc) allocate a scratch copy of each bucket in flight, and the
+        // buckets of a step are all in flight before the first wait.
+        const double gd = a.by_kind[1] * a.numel_dense / std::max(1.0, numel);
+        const double ge = a.by_kind[1] - gd;
+        const bool dense_red = d.dp * d.cp > 1, expert_red = d.edp > 1;
+        add(st, MemPart::CommBuffers, (dense_red ? gd : 0) + (expert_red ? ge : 0),
+            "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
+            fmt::format("{}{}{} grads", dense_red ? "dense" : "",
+                        dense_red && expert_red ? " + " : "", expert_red ? "expert" : ""));
+      }
       if (run.distributed_optimizer) {
         // What sharding takes off a rank: bytes of its dense and expert parameters, each kept
         // once per dp x cp (dense) or expert dp (experts) ranks.

@@ -135,6 +135,10 @@ RunSpec run_from_args(const train::ParsedArgs& a) {
     if (s != "mla_up_proj") r.recompute.module_names.push_back(s);
   }
   if (r.recompute.module_names.empty()) r.recompute.module_names = {"core_attn"};
+  r.dispatcher = text(a, "--moe-token-dispatcher-type");
+  const std::string cf = text(a, "--moe-expert-capacity-factor");
+  r.capacity_factor = cf.empty() ? 0.0 : std::max(0.0, std::stod(cf));
+  r.pad_to_capacity = on(a, "--moe-pad-expert-input-to-capacity");
   return r;
 }
 

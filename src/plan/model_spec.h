@@ -69,6 +69,11 @@ struct RunSpec {
   bool fp8 = false;
   RecomputeConfig recompute;          // --recompute-*
   std::vector<std::string> recompute_modules;  // as given (mla_up_proj included)
+  // The token dispatch: --moe-token-dispatcher-type (Megatron's default allgather),
+  // --moe-expert-capacity-factor (<= 0: dropless) and --moe-pad-expert-input-to-capacity.
+  std::string dispatcher = "allgather";
+  double capacity_factor = 0;
+  bool pad_to_capacity = false;
 };
 
 // Reads the model and run flags from a parsed Megatron command line (megatron_argv.h), with

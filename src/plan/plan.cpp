@@ -148,8 +148,8 @@ std::string plan_text(const Plan& p) {
                      it.overlapped ? " (overlapped)" : "", it.formula);
   }
   if (p.comm.alltoall_bytes_per_layer_fwd > 0) {
-    o += fmt::format("         all-to-all per MoE layer per micro-batch forward: {} (2 x T x K x "
-                     "H x dt x (ep-1)/ep)\n",
+    o += fmt::format("         all-to-all per MoE layer per micro-batch forward: {} (rows x "
+                     "(ep-1)/ep x (2 x H x dt + 4 B))\n",
                      bytes(p.comm.alltoall_bytes_per_layer_fwd));
   }
   o += fmt::format("[plan] FLOPs per token: 6 x {} active matmul params + 3 x {:.3g} attention "

@@ -92,6 +92,7 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"max_over_mean_load", m.max_over_mean_load},
                       {"dropped_tokens", m.dropped_tokens},
                       {"peak_mem_bytes", m.peak_mem_bytes},
+                      {"alltoall_bytes", m.alltoall_bytes},
                       {"mem_planned_bytes", m.mem_planned_bytes},
                       {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
                       {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes}};

@@ -64,6 +64,9 @@ struct StepMetrics {
   double max_over_mean_load = 0;  // over experts, summed over layers and micro-batches
   int64_t dropped_tokens = 0;     // (token, slot) pairs dropped by capacity, all layers
   int64_t peak_mem_bytes = 0;     // peak resident set size of the process
+  // Bytes this rank's EP all-to-alls sent to the other EP ranks in the step (tokens and probs of
+  // dispatch, combine, their backwards and recomputation's reruns); 0 without EP.
+  int64_t alltoall_bytes = 0;
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
   // Planned bytes by kind (weights, grads, optimizer state, activations, recomputed, state,
   // workspace), as requested: buffers that share memory count in full.

@@ -235,6 +235,12 @@ StepMetrics BasicTrainer<T>::train_step() {
   // reusable host structures reach their sizes there; every later step is audited.
   const bool audited = cfg_.sync_audit && iteration_ > 1;
   if (audited) audit.begin_step();
+  // The EP dispatchers' all-to-all traffic of this step (a host counter of the communicator).
+  const parallel::Communicator* ep =
+      groups_ != nullptr && groups_->degrees().ep > 1
+          ? &groups_->group(parallel::GroupKind::Ep).communicator()
+          : nullptr;
+  const int64_t a2a_before = ep != nullptr ? ep->all_to_all_bytes_sent() : 0;
   model_->params().zero_grads();
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
@@ -253,6 +259,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
+  m.alltoall_bytes = ep != nullptr ? ep->all_to_all_bytes_sent() - a2a_before : 0;
 
   m.grad_norm = optimizer_->last_step().grad_norm;  // a host read, after the step
   // The step report, read once after the step: this rank's micro-batches' losses, dropped

@@ -140,7 +140,7 @@ TEST(Cli, ConfigFileWithCommandLineOverrides) {
   ASSERT_EQ(rows.size(), 2u);  // the command line's --train-iters wins over the file's
   for (const char* key : {"iteration", "lm_loss", "aux_loss", "z_loss", "lr", "grad_norm",
                           "tokens_per_s", "tflops", "mfu", "max_over_mean_load", "dropped_tokens",
-                          "peak_mem_bytes"}) {
+                          "peak_mem_bytes", "alltoall_bytes"}) {
     EXPECT_TRUE(rows[1].contains(key)) << key;
   }
   // The file's lr = 0.01 gives way to kTiny's --lr 3e-3 on the command line.

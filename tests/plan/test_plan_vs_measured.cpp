@@ -1,0 +1,128 @@
+// `moecore plan` against what `moecore train` measures, layout by layout: the predicted memory
+// per rank (--hardware cpu: the trainer's planning pass, nothing reserved) against the process's
+// peak resident set after a step, within 10%; the predicted all-to-all bytes per step against
+// what the rank's EP all-to-alls sent (`alltoall_bytes`): equal for padded dispatch (static
+// splits), within the routing's imbalance dropless. One rank and, under mpirun, DP 2, EP 2 and
+// EP 2 x expert DP 2, with --bf16 and recomputation. The model is sized so the planned arena
+// (weights, grads and Adam state of 50M parameters) is what the process holds, with tokens few
+// enough that a step takes a fraction of a second.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/command.h"
+
+namespace moecore::plan {
+namespace {
+
+const std::string kModel =
+    " --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 64"
+    " --max-position-embeddings 64 --num-experts 32 --moe-ffn-hidden-size 1024"
+    " --moe-router-topk 2 --vocab-size 1024 --swiglu --disable-bias-linear --normalization RMSNorm"
+    " --position-embedding-type rope --attention-dropout 0 --hidden-dropout 0"
+    " --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2";
+
+struct Layout {
+  const char* what;
+  int ranks;
+  std::string flags;   // layout, batch, precision, recomputation: given to plan and train alike
+  bool a2a_exact;      // padded dispatch: the predicted bytes are exact
+};
+
+std::string moecore() { return std::string(MOECORE_BUILD_DIR) + "/moecore"; }
+
+// session: a directory of this test's own for Open MPI's session files, so that its mpiruns do
+// not race other tests' on the shared top-level one (created and removed without locking).
+std::string launcher(int ranks, const std::string& session) {
+  if (ranks == 1) return "OMP_NUM_THREADS=1 ";
+#ifdef MOECORE_MPIEXEC
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+         "OMPI_MCA_orte_tmpdir_base=" + session + " " + std::string(MOECORE_MPIEXEC) +
+         " --oversubscribe -np " + std::to_string(ranks) + " ";
+#else
+  (void)session;
+  return "";
+#endif
+}
+
+TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
+  const std::vector<Layout> layouts = {
+      {"1 rank, fp32", 1, " --micro-batch-size 2 --global-batch-size 2", false},
+      {"1 rank, --bf16, selective layernorm + moe_act", 1,
+       " --micro-batch-size 2 --global-batch-size 2 --bf16 --recompute-granularity selective"
+       " --recompute-modules layernorm moe_act",
+       false},
+      {"DP 2", 2, " --micro-batch-size 2 --global-batch-size 4", false},
+      {"EP 2, padded capacity 1, recompute moe", 2,
+       " --micro-batch-size 2 --global-batch-size 4 --expert-model-parallel-size 2"
+       " --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity"
+       " --recompute-granularity selective --recompute-modules moe",
+       true},
+      {"EP 2 x expert DP 2, dropless, full recompute", 4,
+       " --micro-batch-size 2 --global-batch-size 8 --expert-model-parallel-size 2"
+       " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+       false},
+  };
+  const std::string dir = ::testing::TempDir() + "moecore_plan_measured_" +
+                          std::to_string(::getpid());
+  const std::string session = dir + ".ompi";
+  ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
+  int n = 0;
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.what);
+#ifndef MOECORE_MPIEXEC
+    if (l.ranks > 1) {
+      std::printf("[ NOT RUN  ] %s: no mpirun in this build\n", l.what);
+      continue;
+    }
+#endif
+    const testing::CommandResult p = testing::run_command(
+        moecore() + " plan" + kModel + l.flags + " --hardware cpu --gpus " +
+        std::to_string(l.ranks) + " --json");
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    const auto plan = nlohmann::json::parse(p.output);
+    ASSERT_EQ(plan["stages"][0]["source"], "arena");
+    const double planned = plan["memory_per_rank_bytes"]["total"].get<double>();
+    const double a2a_planned = plan["alltoall_bytes_per_step"].get<double>();
+
+    const std::string metrics = dir + "." + std::to_string(n++) + ".jsonl";
+    const testing::CommandResult t = testing::run_command(
+        launcher(l.ranks, session) + moecore() + " train" + kModel + l.flags +
+        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " +
+        metrics);
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    std::ifstream in(metrics);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << t.output;
+    const auto m = nlohmann::json::parse(line);
+    std::remove(metrics.c_str());
+    const double rss = m["peak_mem_bytes"].get<double>();
+    const double a2a = m["alltoall_bytes"].get<double>();
+    std::printf("[plan vs measured] %-48s memory %8.1f / %8.1f MiB (%.3f)  all-to-all %10.0f / "
+                "%10.0f B (%.3f)\n",
+                l.what, planned / (1 << 20), rss / (1 << 20), planned / rss, a2a_planned, a2a,
+                a2a > 0 ? a2a_planned / a2a : 1.0);
+    EXPECT_GT(planned, 350.0 * (1 << 20)) << "the arena must dominate the process";
+    EXPECT_LE(std::abs(planned - rss), 0.10 * rss) << planned << " planned, " << rss << " RSS";
+    if (l.flags.find("--expert-model-parallel-size") == std::string::npos) {
+      EXPECT_EQ(a2a_planned, 0);
+      EXPECT_EQ(a2a, 0);
+    } else if (l.a2a_exact) {
+      EXPECT_EQ(a2a_planned, a2a);
+    } else {
+      EXPECT_GT(a2a, 0);
+      EXPECT_LE(std::abs(a2a_planned - a2a), 0.25 * a2a);
+    }
+  }
+  testing::run_command("rm -rf " + session);
+}
+
+}  // namespace
+}  // namespace moecore::plan
