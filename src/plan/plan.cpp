@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "train/trainer.h"
 
 namespace moecore::plan {
 
@@ -31,10 +32,7 @@ void validate_run(const ModelSpec& m, const RunSpec& run, int world) {
               run.vpp);
   }
   const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
-  MOE_CHECK(run.micro_batch >= 1 && global % (run.micro_batch * d.dp) == 0,
-            "[plan] --global-batch-size={} must be a multiple of --micro-batch-size={} x "
-            "data-parallel size {}",
-            global, run.micro_batch, d.dp);
+  train::check_batch_split(global, run.micro_batch, d.dp);  // `moecore train`'s message
   run.recompute.validate(m.num_layers);
 }
 

@@ -23,7 +23,7 @@
 
 namespace moecore::train {
 
-void TrainConfig::validate(int dp) const {
+void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp) {
   MOE_CHECK(micro_batch >= 1 && global_batch >= 1 && global_batch % micro_batch == 0,
             "[train] --global-batch-size={} must be a positive multiple of --micro-batch-size={}",
             global_batch, micro_batch);
@@ -34,6 +34,10 @@ void TrainConfig::validate(int dp) const {
             "data-parallel size {} = {} (data-parallel size = world size / (tp*cp*pp)): change "
             "the batch sizes or the number of ranks",
             global_batch, micro_batch, dp, micro_batch * dp);
+}
+
+void TrainConfig::validate(int dp) const {
+  check_batch_split(global_batch, micro_batch, dp);
   MOE_CHECK(train_iters >= 1, "[train] --train-iters={} must be >= 1", train_iters);
   MOE_CHECK(log_interval >= 1, "[train] --log-interval={} must be >= 1", log_interval);
   MOE_CHECK(eval_interval >= 0 && eval_iters >= 0,

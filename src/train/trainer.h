@@ -57,6 +57,10 @@ struct TrainConfig {
   void validate(int dp = 1) const;
 };
 
+// The global batch splits into whole micro-batches per data-parallel rank (TrainConfig::validate
+// and `moecore plan`: one message for both).
+void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
+
 // The parallel degrees `moecore train` implements: data parallelism and expert parallelism.
 // Throws naming the flag for tensor, context, pipeline and expert-tensor parallelism (not
 // implemented yet) and for --sequence-parallel without tensor parallelism.

@@ -126,3 +126,48 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 
 }  // namespace
 }  // namespace moecore::plan
+
+namespace moecore::plan {
+namespace {
+
+// The first error line of a command's output, without the rank prefix mpirun's ranks print and
+// the check's source location (which differs by design: the same message from the same check).
+std::string error_message(const std::string& output) {
+  const size_t at = output.find("error: ");
+  if (at == std::string::npos) return "";
+  std::string m = output.substr(at, output.find('\n', at) - at);
+  const size_t check = m.find(" (check ");
+  return check == std::string::npos ? m : m.substr(0, check);
+}
+
+// A layout that cannot work stops `moecore plan` with the message `moecore train` gives under
+// mpirun for the same flags (EP that leaves no whole expert-data-parallel size, experts not
+// divisible by EP, a global batch that does not split over DP).
+TEST(PlanValidation, SameMessagesAsTrain) {
+#ifndef MOECORE_MPIEXEC
+  GTEST_SKIP() << "no mpirun in this build";
+#else
+  const std::string tiny = std::string(MOECORE_SOURCE_DIR) + "/configs/tiny.toml";
+  const std::string session = ::testing::TempDir() + "moecore_plan_validation_" +
+                              std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
+  for (const char* bad : {" --expert-model-parallel-size 3",
+                          " --expert-model-parallel-size 4 --num-experts 6",
+                          " --micro-batch-size 2 --global-batch-size 6"}) {
+    SCOPED_TRACE(bad);
+    const testing::CommandResult p =
+        testing::run_command(moecore() + " plan --config " + tiny + " --gpus 4" + bad);
+    const testing::CommandResult t = testing::run_command(
+        launcher(4, session) + moecore() + " train --config " + tiny +
+        " --train-iters 1 --lr-warmup-iters 0" + bad);
+    EXPECT_NE(p.exit_code, 0) << p.output;
+    EXPECT_NE(t.exit_code, 0) << t.output;
+    EXPECT_NE(error_message(p.output), "") << p.output;
+    EXPECT_EQ(error_message(p.output), error_message(t.output)) << t.output;
+  }
+  testing::run_command("rm -rf " + session);
+#endif
+}
+
+}  // namespace
+}  // namespace moecore::plan
