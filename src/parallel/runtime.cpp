@@ -33,6 +33,14 @@ std::string format_rank_error(const Runtime& rt, std::string_view what) {
   return fmt::format("error: {}", what);
 }
 
+bool started_by_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0') return true;
+  }
+  return false;
+}
+
 void quiet_stdout_on_other_ranks(const Runtime& rt) {
   if (rt.rank != 0) std::cout.setstate(std::ios::badbit);
 }

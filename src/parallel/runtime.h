@@ -29,6 +29,10 @@ std::string format_rank_error(const Runtime& rt, std::string_view what);
 // would otherwise wait for this one in their next collective. With one rank, finalizes and
 // exits with `code`.
 [[noreturn]] void runtime_abort(const Runtime& rt, int code);
+// Whether a multi-process launcher (mpirun, a PMI launcher) started this process. Its stdout is
+// then the launcher's: Open MPI forwards a rank's output through a pseudo-terminal whatever
+// mpirun's own output is (a log file, a pipe), so isatty() says nothing about the user's screen.
+bool started_by_launcher();
 // Rank 0 alone prints progress: on the other ranks std::cout discards its output (std::cerr,
 // where errors go, is untouched).
 void quiet_stdout_on_other_ranks(const Runtime& rt);

@@ -30,16 +30,8 @@ void remove_private_session_base() {
   g_private_session_base.clear();
 }
 
-bool launched_by_mpi_launcher() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') return true;
-  }
-  return false;
-}
-
 void use_private_session_base() {
-  if (launched_by_mpi_launcher()) return;
+  if (started_by_launcher()) return;
   const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
   if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
   if (base == nullptr || *base == '\0') base = "/tmp";

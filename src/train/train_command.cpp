@@ -37,7 +37,10 @@ Subcommand add_train_command(CLI::App& app) {
                         return 2;
                       }
                       for (const std::string& n : flags.notices) std::cout << n << "\n";
-                      flags.train.live_progress = isatty(STDOUT_FILENO) != 0;
+                      // The redrawn line on a terminal only; under a launcher the rank's stdout
+                      // is the launcher's pty even when mpirun writes to a log file.
+                      flags.train.live_progress =
+                          isatty(STDOUT_FILENO) != 0 && !parallel::started_by_launcher();
                       // MPI is up already (apps/moecore.cpp); this returns the same runtime.
                       const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
                       parallel::ProcessGroups groups = parallel::init_process_groups(
