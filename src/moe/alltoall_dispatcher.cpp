@@ -91,18 +91,22 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     recv_elems_R_[r] = got * H_;
   }
   const int64_t N = recv_off;
-  // Before any row moves: the buffers hold max_rows. Every EP rank holds every rank's counts, so
-  // all of them stop here together, naming the rank whose buffers would overflow (none waits in
-  // an all-to-all for a rank that stopped). Padded splits are static and every rank's are mine.
+  // Before any row moves: the buffers hold max_rows. Dropless, every EP rank holds every rank's
+  // counts, so all of them stop here together, naming the rank whose buffers would overflow
+  // (none waits in an all-to-all for a rank that stopped); padded splits are static, the same N
+  // on every rank.
   const int64_t planned = max_rows(max_tokens_);
-  for (int64_t dst = 0; dst < R_ && pad_to_rows <= 0; ++dst) {
-    int64_t rows = 0;
-    for (int64_t src = 0; src < R_; ++src) {
-      for (int64_t l = 0; l < L_; ++l) rows += counts_RE_[src * E_ + dst * L_ + l];
+  if (pad_to_rows > 0) {
+    if (N > planned) fail_received_rows(me_, N, planned, R_, max_tokens_, K_, budget_);
+  } else {
+    for (int64_t dst = 0; dst < R_; ++dst) {  // host arithmetic on the exchanged counts
+      int64_t rows = 0;
+      for (int64_t src = 0; src < R_; ++src) {
+        for (int64_t l = 0; l < L_; ++l) rows += counts_RE_[src * E_ + dst * L_ + l];
+      }
+      if (rows > planned) fail_received_rows(dst, rows, planned, R_, max_tokens_, K_, budget_);
     }
-    if (rows > planned) fail_received_rows(dst, rows, planned, R_, max_tokens_, K_, budget_);
   }
-  if (N > planned) fail_received_rows(me_, N, planned, R_, max_tokens_, K_, budget_);
   int64_t sort_off = 0;
   for (int64_t l = 0; l < L_; ++l) {
     int64_t rows = 0;

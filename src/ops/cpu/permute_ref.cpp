@@ -135,8 +135,7 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
   for (int64_t i = 0; i < G * g.K; ++i) group_rows_GK[i] = -1;
   int64_t N = 0;
   *pads = 0;
-  for (int64_t l = 0; l < g.L; ++l) {
-    const int64_t start = N;
+  for (int64_t l = 0; l < g.L; ++l) {  // rows_L and the capacities: the counting pass above
     for (int64_t r = 0; r < g.R; ++r) {
       int64_t c = 0;
       for (int64_t t = tok_off[r]; t < tok_off[r + 1]; ++t) {
@@ -148,15 +147,12 @@ int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32
           ++N, ++c;
         }
       }
-      MOE_CHECK(cap_R[r] <= 0 || c <= cap_R[r], "[dispatcher] expert {} over capacity",
-                g.first + l);
       for (; cap_R[r] > 0 && c < cap_R[r]; ++c) {
         row_token_N[N] = row_slot_N[N] = -1;
         ++N;
         if (r == g.me) ++*pads;
       }
     }
-    rows_L[l] = N - start;
   }
   return N;
 }
