@@ -47,4 +47,20 @@ while IFS= read -r hit; do
   status=1
 done < <(grep -rn 'raw_ptr(' "$src"/moe "$src"/model "$src"/nn "$src"/optim | grep -v '^[^:]*nn/param_registry\.cpp:')
 [[ $status == 0 ]] && echo "[layering] no layer takes a raw address of device memory"
+
+# ISA-specific code (intrinsics, the compiler's ISA macros) lives in ops/cpu/ alone, and only
+# ops/cpu/ includes its headers: those files are the ones compiled for MOECORE_ARCH (the
+# top-level CMakeLists.txt), so an ISA variant rebuilds them and nothing else changes.
+isa_status=0
+while IFS= read -r hit; do
+  echo "${hit#"$src"/}: ISA-specific code outside ops/cpu/ (only ops/cpu/ is compiled for MOECORE_ARCH)"
+  isa_status=1
+done < <(grep -rnE '__(AVX|SSE|FMA|F16C|BMI|AMX)[A-Z0-9_]*__|[a-z]+intrin\.h|_mm(256|512)?_' "$src" |
+         grep -v "^$src/ops/cpu/")
+while IFS= read -r hit; do
+  echo "${hit#"$src"/}: includes a header of ops/cpu/ (outside ops/cpu/, it is not compiled for MOECORE_ARCH)"
+  isa_status=1
+done < <(grep -rn '^#include "ops/cpu/' "$src" | grep -v "^$src/ops/cpu/")
+[[ $isa_status == 0 ]] && echo "[layering] ISA-specific code only in ops/cpu/"
+[[ $isa_status == 0 ]] || status=1
 exit $status

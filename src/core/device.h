@@ -17,6 +17,9 @@ struct DeviceInfo {
   std::string description;  // device name(s), or why none is usable
 };
 
+// Whether this moecore was built with the CUDA backend (cmake -DMOECORE_CUDA=ON): a function,
+// not a macro, so only the CUDA translation units differ between the CPU and CUDA builds.
+bool cuda_built();
 DeviceInfo cuda_device_info();
 // A CUDA execution context on the current device with its own stream (the CUDA build);
 // without it, or without a visible device, an error saying which and the fix.

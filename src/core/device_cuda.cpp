@@ -10,6 +10,8 @@
 
 namespace moecore {
 
+bool cuda_built() { return true; }
+
 DeviceInfo cuda_device_info() {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);

@@ -3,6 +3,8 @@
 
 namespace moecore {
 
+bool cuda_built() { return false; }
+
 DeviceInfo cuda_device_info() {
   return DeviceInfo{false, 0, "CUDA unavailable: moecore was built without -DMOECORE_CUDA=ON"};
 }

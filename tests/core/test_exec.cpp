@@ -6,6 +6,7 @@
 
 #include "common/testing.h"
 #include "core/check.h"
+#include "core/device.h"
 #include "core/exec.h"
 #include "ops/add.h"
 #include "ops/permute.h"
@@ -28,10 +29,10 @@ TEST(Exec, DevicesByName) {
 }
 
 TEST(Exec, CudaWithoutTheBuildOrTheKernelsIsAClearError) {
-#ifndef MOECORE_HAVE_CUDA
-  EXPECT_NE(error_of([] { make_exec(Device::CUDA); }).find("built without CUDA"),
-            std::string::npos);
-#endif
+  if (!cuda_built()) {
+    EXPECT_NE(error_of([] { make_exec(Device::CUDA); }).find("built without CUDA"),
+              std::string::npos);
+  }
   std::string why;
   EXPECT_TRUE(training_step_supported(Device::CPU, &why));
   EXPECT_FALSE(training_step_supported(Device::CUDA, &why));

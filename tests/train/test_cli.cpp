@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/command.h"
+#include "core/device.h"
 
 namespace {
 
@@ -66,11 +67,8 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--normalization LayerNorm", "--normalization LayerNorm");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
   expect_stops("--device tpu", "--device: tpu not in {cpu,cuda}");
-#ifdef MOECORE_HAVE_CUDA
-  expect_stops("--device cuda", "--device cuda:");
-#else
-  expect_stops("--device cuda", "--device cuda: this moecore was built without CUDA");
-#endif
+  expect_stops("--device cuda", moecore::cuda_built() ? "--device cuda:"
+                                              : "--device cuda: this moecore was built without CUDA");
 }
 
 // --sync-audit: after the warm-up step, no step allocates or syncs outside the documented
