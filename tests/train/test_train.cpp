@@ -3,6 +3,7 @@
 // determinism for the same seed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -459,16 +460,21 @@ TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
   }
 }
 
-// The step breakdown is exclusive time per phase: the parts add up to the step (within 5%:
-// only the bookkeeping outside the profiled region is missing), and each MoE phase shows up.
+// The step breakdown is exclusive time per phase: the parts never add up to more than the step,
+// and to within 5% of it (only the bookkeeping outside the profiled region is missing) in the
+// best of 4 steps: a loaded machine may preempt the process outside the profiled region in a
+// step, not in every step, while a phase left out of the breakdown is missing from all of them.
+// Each MoE phase shows up.
 TEST(Train, StepBreakdownAddsUpToTheStepTime) {
   train::TrainFlags f = short_run_flags(10);
   train::Trainer trainer(f.model, f.train);
+  double best_covered = 0;
   for (int i = 0; i < 4; ++i) {
     StepMetrics m = trainer.train_step();
     double sum = 0;
     for (double s : m.phase_seconds) sum += s;
-    EXPECT_NEAR(sum, m.seconds, 0.05 * m.seconds) << "iteration " << m.iteration;
+    EXPECT_LE(sum, m.seconds * (1 + 1e-9)) << "iteration " << m.iteration;
+    best_covered = std::max(best_covered, sum / m.seconds);
     for (Phase p : {Phase::Gemm, Phase::Attention, Phase::Router, Phase::Permute, Phase::Optimizer,
                     Phase::Other}) {
       EXPECT_GT(m.phase_seconds[static_cast<int>(p)], 0.0) << phase_name(p);
@@ -476,6 +482,7 @@ TEST(Train, StepBreakdownAddsUpToTheStepTime) {
     EXPECT_EQ(m.phase_seconds[static_cast<int>(Phase::Communication)], 0.0);  // one rank
     EXPECT_GT(m.mem_bytes[static_cast<int>(MemKind::OptimizerState)], 0);
   }
+  EXPECT_GT(best_covered, 0.95);
 }
 
 TEST(Train, BadConfigsStopBeforeTraining) {
