@@ -154,3 +154,11 @@ void* operator new(std::size_t n) {
 }
 
 void* operator new[](std::size_t n) { return ::operator new(n); }
+
+// Their partners: what the library's would do (free), written here so that the replaced new and
+// its delete are visibly a malloc/free pair (GCC's -Wmismatched-new-delete sees through the
+// inlined new to malloc, and cannot see the library's delete).
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }

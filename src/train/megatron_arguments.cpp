@@ -23,7 +23,10 @@ std::string json_text(const nlohmann::json& v) {
   if (v.is_number_float()) return fmt::format("{}", v.get<double>());
   if (v.is_array()) {
     std::string out;
-    for (const auto& x : v) out += (out.empty() ? "" : " ") + json_text(x);
+    for (const auto& x : v) {
+      if (!out.empty()) out += ' ';
+      out += json_text(x);
+    }
     return out;
   }
   if (v.is_object() && v.contains("repr")) return v["repr"].get<std::string>();
