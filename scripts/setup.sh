@@ -4,6 +4,8 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                     # compiler cache: builds in other directories and clones share objects
+  clang libclang-rt-14-dev   # the fuzz targets: libFuzzer, AddressSanitizer, UBSan (scripts/fuzz.sh)
   libdnnl-dev                # CPU GEMM (fp32 and bf16), chosen by measurement: bench/RESULTS.md
   libopenmpi-dev openmpi-bin # the distributed runtime
   libgtest-dev               # tests
