@@ -1,9 +1,13 @@
 #include "ckpt/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -45,7 +49,17 @@ std::string hint(int err, const fs::path& path) {
            fmt::format(fmt::runtime(step), tmp.string()), std::strerror(err), hint(err, path));
 }
 
+// Test hook for the crash tests (tests/ckpt/test_atomic_file.cpp): with
+// MOECORE_FAULT_KILL_AFTER_BYTES=N set, the process kills itself with SIGKILL once N bytes of the
+// file it is writing are written (all of them when the file is shorter), before the fsync and the
+// rename: what a crash in the middle of a write leaves behind. -1: not set.
+int64_t fault_kill_after_bytes() {
+  const char* v = std::getenv("MOECORE_FAULT_KILL_AFTER_BYTES");
+  return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
+}
+
 fs::path write_temp(const fs::path& path, std::span<const std::span<const std::byte>> pieces) {
+  const int64_t kill_at = fault_kill_after_bytes();
   const fs::path tmp = temp_path_for(path);
   // O_TRUNC: a temp left by an earlier crash of this pid is overwritten, not appended to.
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -54,19 +68,27 @@ fs::path write_temp(const fs::path& path, std::span<const std::span<const std::b
     MOE_FAIL("[ckpt] cannot write '{}': creating the temp '{}' failed: {}{}", path.string(),
              tmp.string(), std::strerror(err), hint(err, path));
   }
+  uint64_t written = 0;
   for (const std::span<const std::byte> piece : pieces) {
     const std::byte* p = piece.data();
     size_t left = piece.size();
     while (left > 0) {  // write() may write less than asked (signals, large sizes)
-      const ssize_t n = ::write(fd, p, left);
+      size_t ask = left;
+      if (kill_at >= 0) {
+        if (written >= static_cast<uint64_t>(kill_at)) ::raise(SIGKILL);
+        ask = std::min<uint64_t>(left, static_cast<uint64_t>(kill_at) - written);
+      }
+      const ssize_t n = ::write(fd, p, ask);
       if (n < 0) {
         if (errno == EINTR) continue;
         fail_temp(fd, errno, "writing the temp '{}'", tmp, path);
       }
       p += n;
       left -= static_cast<size_t>(n);
+      written += static_cast<uint64_t>(n);
     }
   }
+  if (kill_at >= 0) ::raise(SIGKILL);
   if (::fsync(fd) != 0) fail_temp(fd, errno, "fsync of the temp '{}'", tmp, path);
   // close() can report a deferred write error (NFS): it is checked like the writes.
   if (::close(fd) != 0) fail_temp(-1, errno, "closing the temp '{}'", tmp, path);

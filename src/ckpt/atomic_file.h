@@ -16,7 +16,9 @@ namespace moecore::ckpt {
 std::filesystem::path temp_path_for(const std::filesystem::path& path);
 
 // Writes `data` to temp_path_for(path), fsyncs it, renames it over `path` and fsyncs the
-// directory. On any failure the temp is removed and moecore::Error names the path.
+// directory. On any failure the temp is removed and moecore::Error names the path. Test hook:
+// MOECORE_FAULT_KILL_AFTER_BYTES=N in the environment kills the process (SIGKILL) once N bytes of
+// the temp are written, before the rename (a crash in the middle of a write).
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 // The concatenation of `pieces` (a safetensors header and its data block, without first
@@ -25,9 +27,10 @@ void write_file_atomic(const std::filesystem::path& path,
                        std::span<const std::span<const std::byte>> pieces);
 
 // The first half of write_file_atomic alone: writes and fsyncs temp_path_for(path), leaves it
-// there and returns its path, without touching `path`. This is the state a crash before the
-// rename leaves behind, for the tests that show such a temp never replaces the target (and
-// that the next write_file_atomic overwrites it).
+// there and returns its path, without touching `path`. This is the temp a crash before the
+// rename leaves under this process's pid, for the tests that show a reader ignores it and that
+// the next write_file_atomic of this process truncates it (a crash inside write_file_atomic
+// itself is MOECORE_FAULT_KILL_AFTER_BYTES's).
 std::filesystem::path write_temp_only(const std::filesystem::path& path,
                                       std::span<const std::byte> data);
 

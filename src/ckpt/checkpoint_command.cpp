@@ -113,7 +113,15 @@ Subcommand add_checkpoint_command(CLI::App& app) {
         const std::vector<std::string> skip =
             *weights_only ? std::vector<std::string>{"exp_avg.", "exp_avg_sq."}
                           : std::vector<std::string>{};
-        const std::vector<std::string> diff = compare_checkpoints((*dirs)[0], (*dirs)[1], skip);
+        std::vector<std::string> diff;
+        try {
+          diff = compare_checkpoints((*dirs)[0], (*dirs)[1], skip);
+        } catch (const Error& e) {
+          // diff's and cmp's convention: 2 is "could not compare", so a script that reads the
+          // status never takes a corrupt or missing checkpoint for a difference in the values.
+          std::cerr << "error: " << e.what() << "\n";
+          return 2;
+        }
         for (const std::string& d : diff) std::cout << d << "\n";
         std::cout << fmt::format("[checkpoint] {} and {}: {}\n", (*dirs)[0], (*dirs)[1],
                                  diff.empty() ? "the same global tensors, bytewise"

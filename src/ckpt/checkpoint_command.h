@@ -1,8 +1,9 @@
 // `moecore checkpoint info DIR` prints a checkpoint's iteration, layout, run state and tensors;
 // `moecore checkpoint compare A B` says whether two checkpoints hold the same global tensors,
-// byte for byte, whatever layouts wrote them (exit status 0: equal, 1: they differ). DIR is a
-// --save directory (its latest checkpoint) or an iter_NNNNNNN directory. Every shard's size and
-// SHA-256 are checked first.
+// byte for byte, whatever layouts wrote them (exit status 0: equal, 1: they differ, each
+// difference named on its own line; 2: one could not be read). DIR is a --save directory (its
+// latest checkpoint) or an iter_NNNNNNN directory. Every shard's size and SHA-256 are checked
+// first.
 #pragma once
 
 #include <filesystem>

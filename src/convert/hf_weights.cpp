@@ -111,8 +111,8 @@ std::vector<float> HfWeights::read_f32(std::string_view name) {
     }
   } else {
     MOE_FAIL(
-        "[convert] '{}': tensor '{}' is {}: moecore imports F32 and BF16 weights (its "
-        "master weights are f32; F16 and F8 would need a rounding choice)",
+        "[convert] '{}': tensor '{}' is {}: moecore imports F32 and BF16 weights only; save "
+        "the model as float32 or bfloat16 first (`model.to(torch.float32).save_pretrained(DIR)`)",
         f.path(), name, t.dtype);
   }
   read_.insert(std::string(name));

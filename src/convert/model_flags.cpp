@@ -1,6 +1,7 @@
 #include "convert/model_flags.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include <cmath>
@@ -113,7 +114,11 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
     if (rc.score != ScoreFunction::Softmax)
       refuse(fmt::format("--moe-router-score-function {} (HF's routers are softmax)",
                          score_function_name(rc.score)));
-    if (rc.group_limited()) refuse("group-limited routing (--moe-router-group-topk)");
+    if (rc.group_limited())
+      refuse(fmt::format(
+          "group-limited routing (--moe-router-num-groups {} --moe-router-group-topk {}): HF's "
+          "routers choose among all experts",
+          rc.num_groups, rc.group_topk));
     if (rc.topk_scaling_factor != 1.0)
       refuse(fmt::format("--moe-router-topk-scaling-factor {} (HF scales by 1)",
                          rc.topk_scaling_factor));
@@ -148,33 +153,44 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
   s.qk_norm = m.qk_layernorm;
 
   if (s.shared_ffn_hidden > 0 && arch != HfArch::Qwen2Moe)
-    refuse("a shared expert (--moe-shared-expert-intermediate-size): only Qwen2-MoE has one");
+    refuse(fmt::format(
+        "a shared expert (--moe-shared-expert-intermediate-size {}): only Qwen2-MoE has one "
+        "(export with --arch qwen2_moe)",
+        s.shared_ffn_hidden));
   if (s.shared_ffn_hidden > 0 && !m.moe.shared_expert_gate)
     refuse("a shared expert without --moe-shared-expert-gate: Qwen2-MoE always gates it");
   if (s.attention_output_bias && arch != HfArch::Qwen3Moe)
-    refuse("--add-attention-output-bias: only Qwen3-MoE (attention_bias) has an o_proj bias");
+    refuse(
+        "--add-attention-output-bias: only Qwen3-MoE (attention_bias) has an o_proj bias (export "
+        "with --arch qwen3_moe)");
   switch (arch) {
     case HfArch::Mixtral:
       if (s.num_experts == 0) refuse("it has no experts (--num-experts 0)");
       if (m.has_dense_layer())
-        refuse(
-            "--moe-layer-freq has dense layers; every Mixtral layer is MoE (export as "
-            "qwen2_moe or qwen3_moe)");
+        refuse(fmt::format(
+            "--moe-layer-freq has dense layers ([{}]); every Mixtral layer is MoE (export with "
+            "--arch qwen2_moe or qwen3_moe)",
+            fmt::join(s.moe_layers, ",")));
       if (rc.pre_softmax)
-        refuse("--moe-router-pre-softmax: Mixtral always renormalises the top-k weights");
-      if (s.qkv_bias) refuse("--add-qkv-bias: Mixtral has no attention biases");
-      if (s.qk_norm) refuse("--qk-layernorm: Mixtral has no q/k norms");
+        refuse(
+            "--moe-router-pre-softmax: Mixtral always renormalises the top-k weights (export "
+            "with --arch qwen2_moe or qwen3_moe: norm_topk_prob false)");
+      if (s.qkv_bias)
+        refuse("--add-qkv-bias: Mixtral has no attention biases (export with --arch qwen2_moe)");
+      if (s.qk_norm)
+        refuse("--qk-layernorm: Mixtral has no q/k norms (export with --arch qwen3_moe)");
       // MixtralExperts read intermediate_size.
       s.ffn_hidden = s.moe_ffn_hidden;
       break;
     case HfArch::Qwen2Moe:
-      if (s.qk_norm) refuse("--qk-layernorm: Qwen2-MoE has no q/k norms (export as qwen3_moe)");
+      if (s.qk_norm)
+        refuse("--qk-layernorm: Qwen2-MoE has no q/k norms (export with --arch qwen3_moe)");
       break;
     case HfArch::Qwen3Moe:
       if (!s.qk_norm)
         refuse(
             "no --qk-layernorm: Qwen3-MoE always has q/k norms (weights of ones are not the "
-            "identity)");
+            "identity; export with --arch mixtral or qwen2_moe)");
       if (s.qkv_bias != s.attention_output_bias)
         refuse(
             "--add-qkv-bias without --add-attention-output-bias or the reverse: Qwen3-MoE's "

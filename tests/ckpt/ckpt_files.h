@@ -1,5 +1,6 @@
-// Helpers of the checkpoint tests: a fresh directory per test, whole-file reads and writes, and
-// the assertion that an error names what it should.
+// Helpers of the checkpoint tests: a fresh directory per test, whole-file reads and writes, a
+// small checkpoint written as N ranks would write it, and the assertion that an error names what
+// it should.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_dir.h"
 #include "common/testing.h"
 #include "core/check.h"
 
@@ -77,6 +79,62 @@ inline std::span<const std::byte> as_bytes(const std::string& s) {
 template <typename T>
 std::span<const std::byte> as_bytes(const std::vector<T>& v) {
   return std::as_bytes(std::span<const T>(v));
+}
+
+// One global tensor of a hand-written checkpoint: its whole value, row-major.
+struct GlobalValues {
+  std::string name, dtype;  // dtype: "F32", "I64", ...
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+  bool split = false;          // along dimension 0 over the ranks (shape[0] / ranks rows each),
+                               // else whole in rank 0's shard
+  std::string kind = "model";  // the shards it is in: model_rank_R or optim_rank_R
+
+  template <typename T>
+  static GlobalValues of(std::string name, const char* dtype, std::vector<int64_t> shape,
+                         const std::vector<T>& v, bool split = false, std::string kind = "model") {
+    const auto b = std::as_bytes(std::span<const T>(v));
+    return {std::move(name), dtype, std::move(shape), {b.begin(), b.end()}, split, std::move(kind)};
+  }
+};
+
+// Writes iteration `iteration` of `save` as `ranks` ranks of expert parallelism would: each
+// rank's model and optim shards (those that hold a tensor) with their sizes and SHA-256, the
+// validated manifest, the tracker. Returns the iteration directory.
+inline std::filesystem::path write_checkpoint(const std::filesystem::path& save, int64_t iteration,
+                                              int ranks, const std::vector<GlobalValues>& tensors) {
+  const std::filesystem::path dir = iteration_dir(save, iteration);
+  std::filesystem::create_directories(dir);
+  Manifest m;
+  m.iteration = iteration;
+  m.world_size = ranks;
+  m.layout = {{"ep", ranks}};
+  for (const GlobalValues& t : tensors) m.tensors.push_back({t.name, t.dtype, t.shape, {}});
+  for (int r = 0; r < ranks; ++r) {
+    for (const char* kind : {"model", "optim"}) {
+      SafetensorsWriter shard;
+      const std::string file = shard_name(kind, r);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const GlobalValues& t = tensors[i];
+        if (t.kind != kind || (!t.split && r > 0)) continue;
+        if (!t.split) {
+          shard.add(t.name, t.dtype, t.shape, t.bytes);
+          m.tensors[i].slices.push_back({file});
+          continue;
+        }
+        const int64_t per = t.shape[0] / ranks;
+        const size_t n = t.bytes.size() / static_cast<size_t>(ranks);
+        std::vector<int64_t> shape = t.shape;
+        shape[0] = per;
+        shard.add(t.name, t.dtype, shape, std::span<const std::byte>(t.bytes).subspan(r * n, n));
+        m.tensors[i].slices.push_back({file, 0, r * per, per});
+      }
+      if (shard.num_tensors() > 0) m.files.push_back(write_shard(dir, file, r, shard));
+    }
+  }
+  write_manifest(dir, m);
+  write_tracker(save, iteration);
+  return dir;
 }
 
 }  // namespace moecore::ckpt::testing

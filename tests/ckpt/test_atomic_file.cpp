@@ -1,8 +1,14 @@
 // Atomic file replacement: the target holds the old content or the new, never a torn mix; no
-// temp survives a write, failed or not; a temp left by a crash before the rename never
-// replaces the target and the next write overwrites it; every failure names the path.
+// temp survives a write, failed or not; a writer killed in the middle of a write leaves the
+// target as it was, and a stale temp is overwritten by the next write; every failure names the
+// path.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -94,19 +100,56 @@ TEST(AtomicFile, FailedRenameRemovesTheTempAndKeepsTheTarget) {
   EXPECT_TRUE(std::filesystem::is_directory(p));
 }
 
+// A writer killed inside write_file_atomic (a forked child, MOECORE_FAULT_KILL_AFTER_BYTES:
+// SIGKILL once that many bytes of the file are written) before any byte, halfway and with every
+// byte written but not yet renamed: the target keeps its old content whole each time, and the
+// dead writer's temp holds what it had written, so the kill did land in the middle of the write.
+// The next write replaces the target; the dead writers' temps are debris nothing reads.
 TEST(AtomicFile, HalfWrittenTempNeverReplacesTheTarget) {
   TempDir dir;
   const auto p = dir / "latest_checkpointed_iteration.txt";
   write_file_atomic(p, std::string_view("100"));
-  // A crash while writing "200000": half of it in the temp, no rename.
   const std::string next = "200000";
-  const auto tmp = write_temp_only(p, as_bytes(next).first(3));
+  std::vector<std::string> entries = {"latest_checkpointed_iteration.txt"};
+  for (const int kill_at : {0, 3, 6}) {
+    SCOPED_TRACE("killed after " + std::to_string(kill_at) + " bytes");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the writer that crashes; _exit: no gtest teardown in the child
+      ::setenv("MOECORE_FAULT_KILL_AFTER_BYTES", std::to_string(kill_at).c_str(), 1);
+      try {
+        write_file_atomic(p, std::string_view(next));
+      } catch (...) {
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "the writer was not killed by the hook: status " << status;
+    EXPECT_EQ(read_text(p), "100");
+    const std::string tmp = "latest_checkpointed_iteration.txt.tmp." + std::to_string(pid);
+    EXPECT_EQ(read_text(dir / tmp), next.substr(0, kill_at));
+    entries.push_back(tmp);
+    std::sort(entries.begin(), entries.end());
+    EXPECT_EQ(dir.entries(), entries);
+  }
+  write_file_atomic(p, std::string_view("300"));
+  EXPECT_EQ(read_text(p), "300");
+  EXPECT_EQ(dir.entries(), entries);
+}
+
+// A temp of this very process left by an earlier crash (the pid reused, or a retry after a
+// failed save) is truncated by the next write, not appended to or partly kept.
+TEST(AtomicFile, StaleTempOfThisProcessIsTruncated) {
+  TempDir dir;
+  const auto p = dir / "latest_checkpointed_iteration.txt";
+  write_file_atomic(p, std::string_view("100"));
+  const auto tmp = write_temp_only(p, as_bytes(std::string("2000000000")));
   EXPECT_EQ(tmp, temp_path_for(p));
   EXPECT_EQ(read_text(p), "100");
-  EXPECT_EQ(read_text(tmp), "200");
-  // The next save (same pid, e.g. a retry) truncates the stale temp and replaces the target.
-  write_file_atomic(p, std::string_view(next));
-  EXPECT_EQ(read_text(p), "200000");
+  write_file_atomic(p, std::string_view("3"));
+  EXPECT_EQ(read_text(p), "3");
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"latest_checkpointed_iteration.txt"});
 }
 

@@ -37,33 +37,11 @@ std::vector<float> experts(int64_t first, int64_t n) {
 // Writes iteration `iter` with W split over `ranks` shards along the experts (each rank 4 /
 // ranks experts), B and the scalar step S whole in rank 0's shard.
 fs::path save(const TempDir& t, int ranks, int64_t iter = 10) {
-  const fs::path dir = iteration_dir(t.path(), iter);
-  fs::create_directories(dir);
-  Manifest m;
-  m.iteration = iter;
-  m.world_size = ranks;
-  m.layout = {{"ep", ranks}};
-  GlobalTensor w{"w", "F32", {4, 3, 2}, {}};
-  const std::vector<float> b = {100, 101, 102, 103, 104};
-  const int64_t step = 42;
-  const int64_t per = 4 / ranks;
-  for (int r = 0; r < ranks; ++r) {
-    SafetensorsWriter shard;
-    const std::vector<float> mine = experts(r * per, per);
-    shard.add("w", "F32", {per, 3, 2}, as_bytes(mine));
-    if (r == 0) {
-      shard.add("b", "F32", {5}, as_bytes(b));
-      shard.add("s", "I64", {}, std::as_bytes(std::span<const int64_t>(&step, 1)));
-    }
-    m.files.push_back(write_shard(dir, shard_name("model", r), r, shard));
-    w.slices.push_back({shard_name("model", r), 0, r * per, per});
-  }
-  m.tensors = {w,
-               {"b", "F32", {5}, {{shard_name("model", 0)}}},
-               {"s", "I64", {}, {{shard_name("model", 0)}}}};
-  write_manifest(dir, m);
-  write_tracker(t.path(), iter);
-  return dir;
+  return testing::write_checkpoint(
+      t.path(), iter, ranks,
+      {testing::GlobalValues::of("w", "F32", {4, 3, 2}, global_w(), /*split=*/true),
+       testing::GlobalValues::of("b", "F32", {5}, std::vector<float>{100, 101, 102, 103, 104}),
+       testing::GlobalValues::of("s", "I64", {}, std::vector<int64_t>{42})});
 }
 
 template <typename T>

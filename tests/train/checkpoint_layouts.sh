@@ -10,7 +10,8 @@
 # - resharding: a checkpoint of EP 2 on 2 ranks loaded on 4 ranks (EP 2 x EDP 2), 4 ranks
 #   (EP 4), 1 rank and 2 ranks of DP, each saved again: every global tensor (weights and AdamW
 #   moments) byte-equal to the source; the next step's loss within the layout-parity tolerance
-#   (docs/numerics.md, f32 per-step values: rtol 1e-5);
+#   (docs/numerics.md, f32 per-step values: rtol 1e-5); and, as the control of those compares,
+#   two checkpoints that do differ (iterations 4 and 6) reported as different;
 # - corruption: a flipped byte, a truncated or missing shard, another format or version: each a
 #   clear error before any step.
 # Usage: checkpoint_layouts.sh MPIEXEC MOECORE_BINARY CONFIG
@@ -145,6 +146,17 @@ for l in "${layouts[@]}"; do
        "step 5 loss $got vs $ref"
   prev="$work/re$k"
 done
+
+# The control for every compare above: iteration 4 saved on 4 ranks against iteration 6 on 2
+# ranks, two valid checkpoints of other layouts, differ (exit status 1, the weights and AdamW
+# moments named), so "byte-equal" is not a compare that finds everything equal.
+if out=$("$moecore" checkpoint compare "$work/re1" "$c" 2>&1); then rc=0; else rc=$?; fi
+if [ "$rc" -ne 1 ] || ! grep -q "^'decoder\..*bytes differ" <<< "$out" ||
+   ! grep -q "^'exp_avg\..*bytes differ" <<< "$out"; then
+  fail "compare: iterations 4 and 6 not reported as different (exit status $rc)" "$out"
+fi
+echo "[checkpoint] compare: iteration 4 (4 ranks) and 6 (2 ranks) differ in" \
+     "$(grep -c 'bytes differ' <<< "$out") tensors"
 
 # ---- corruption: each a clear error before any step ----
 check_bad() {  # check_bad NAME NEEDLE SETUP...: a damaged copy of iteration 4 is refused

@@ -1,7 +1,8 @@
 // Checkpoints through the trainer: N steps, save, a fresh trainer loads, N more steps == an
 // uninterrupted 2N-step run, bitwise (losses, grad norms, weights), with jitter, z-loss, the
-// expert bias and quantile balancing in the run state; a weights-only load; and a checkpoint of
-// another model is refused.
+// expert bias and quantile balancing in the run state, and the two runs' checkpoints the same
+// bytes (`moecore checkpoint compare`); a weights-only load, whose checkpoint differs in the
+// AdamW moments only; and a checkpoint of another model is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_command.h"
 #include "ckpt/checkpoint_dir.h"
 #include "common/testing.h"
 #include "common/tiny_train_flags.h"
@@ -82,7 +84,14 @@ TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
       EXPECT_EQ(m.lr, ref[i].lr) << "iteration " << i + 1;
     }
     EXPECT_EQ(second.weights_digest(), whole.weights_digest());
+    // Their checkpoints of iteration 6 too: weights, AdamW moments and the routers' expert bias
+    // or quantile beta, byte for byte (`moecore checkpoint compare`).
+    const fs::path whole_dir = fresh_dir(quantile ? "quantile_whole" : "bias_whole");
+    second.save_checkpoint(dir);
+    whole.save_checkpoint(whole_dir);
+    EXPECT_EQ(ckpt::compare_checkpoints(dir, whole_dir), std::vector<std::string>{});
     fs::remove_all(dir);
+    fs::remove_all(whole_dir);
   }
 }
 
@@ -99,11 +108,40 @@ TEST(CheckpointResume, WeightsOnlyLoadKeepsTheWeightsNotTheMoments) {
   weights_only.optim = false;
   b.load_checkpoint(dir, weights_only);
   EXPECT_EQ(b.weights_digest(), a.weights_digest());
+  // Saved again at once, b differs from a's checkpoint in the moments only, and
+  // `moecore checkpoint compare` names each of them (two runs that differ, not a corrupt file).
+  const fs::path b_dir = fresh_dir("weights_only_b");
+  b.save_checkpoint(b_dir);
+  const auto is_moment = [](const std::string& line) {
+    return line.rfind("'exp_avg.", 0) == 0 || line.rfind("'exp_avg_sq.", 0) == 0;
+  };
+  std::vector<std::string> diff = ckpt::compare_checkpoints(dir, b_dir);
+  int64_t moments = 0;
+  const ckpt::CheckpointReader saved(ckpt::iteration_dir(dir, 2));
+  for (const ckpt::GlobalTensor& t : saved.manifest().tensors) moments += is_moment("'" + t.name);
+  EXPECT_GT(moments, 10);
+  EXPECT_EQ(static_cast<int64_t>(diff.size()), moments);
+  for (const std::string& d : diff) EXPECT_TRUE(is_moment(d)) << d;
+  EXPECT_EQ(ckpt::compare_checkpoints(dir, b_dir, {"exp_avg.", "exp_avg_sq."}),
+            std::vector<std::string>{});
   const train::StepMetrics ma = a.train_step(), mb = b.train_step();
   EXPECT_EQ(ma.lm_loss, mb.lm_loss);  // the same weights see the same batch
   EXPECT_NE(ma.grad_norm, 0.0);
   EXPECT_NE(a.weights_digest(), b.weights_digest());  // fresh moments, another update
+  // One step later the weights differ too: the router and the experts among them.
+  a.save_checkpoint(dir);
+  b.save_checkpoint(b_dir);
+  diff = ckpt::compare_checkpoints(dir, b_dir, {"exp_avg.", "exp_avg_sq."});
+  const auto named = [&](const std::string& tensor) {
+    for (const std::string& d : diff)
+      if (d.rfind("'" + tensor + "': ", 0) == 0) return true;
+    return false;
+  };
+  EXPECT_TRUE(named("decoder.layers.0.mlp.router.weight")) << ::testing::PrintToString(diff);
+  EXPECT_TRUE(named("decoder.layers.1.mlp.experts.linear_fc1.weight"))
+      << ::testing::PrintToString(diff);
   fs::remove_all(dir);
+  fs::remove_all(b_dir);
 }
 
 TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {

@@ -1,8 +1,10 @@
 // `moecore convert` on the HuggingFace fixtures (tests/fixtures/hf/, docs/hf_interop.md): the
 // imported checkpoint's tensors and flags file; import then export gives the source tensors back
-// byte for byte; a tensor left over, a missing tensor and unsupported config keys are refused by
-// name; and the imported model, trained-from by the trainer through its flags file, computes
-// transformers' logits, losses and expert choices (tolerance: docs/numerics.md).
+// byte for byte; a tensor left over, a missing tensor, unsupported config keys, F16 / F8 weights
+// and an untied head in a tied checkpoint are refused by name, and so is every export of a model
+// HF's classes cannot express, writing nothing; and the imported model, trained-from by the
+// trainer through its flags file, computes transformers' logits, losses and expert choices
+// (tolerance: docs/numerics.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -624,6 +628,294 @@ TEST(HfConvert, ExportRefusesWhatTheClassCannotExpress) {
   e = error_of([&] { convert::export_hf(o); });
   EXPECT_NE(e.find("--hidden-size: 32 in the checkpoint, 64 in this run"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(o.output / "config.json"));
+}
+
+// The Mixtral fixture's model as moecore trains it (its imported moecore_flags.toml) with
+// `edits` applied to that file (key -> TOML value, replacing the key's line or added), after
+// `steps` steps of the trainer (synthetic data) from its initial weights, saved into
+// fresh_dir(name) with the edited flags file beside as moecore_flags.toml: a checkpoint of a
+// model HF's classes may not express, for the export refusals.
+fs::path mixtral_model(const std::string& name,
+                       const std::vector<std::pair<std::string, std::string>>& edits,
+                       int steps = 0) {
+  const fs::path base = fresh_dir(name + "_base");
+  convert::import_hf(fixture("mixtral"), base);
+  std::string toml = read_text(base / "moecore_flags.toml");
+  for (const auto& [key, value] : edits) {
+    const std::string line = key + " = " + value + "\n";
+    const size_t at = toml.find("\n" + key + " = ");
+    if (at == std::string::npos) {
+      toml += line;
+    } else {
+      toml.replace(at + 1, toml.find('\n', at + 1) - at, line);
+    }
+  }
+  const fs::path save = fresh_dir(name);
+  fs::create_directories(save);
+  std::ofstream(save / "moecore_flags.toml") << toml;
+  std::vector<std::string> args = train::config_file_args((save / "moecore_flags.toml").string());
+  for (const char* a : {"--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "2",
+                        "--lr", "1e-3", "--peak-tflops", "1", "--eval-iters", "0"})
+    args.push_back(a);
+  const train::TrainFlags f = train::parse_train_args(args);
+  train::Trainer trainer(f.model, f.train);
+  for (int i = 0; i < steps; ++i) trainer.train_step();
+  trainer.save_checkpoint(save);
+  fs::remove_all(base);
+  return save;
+}
+
+// Exporting `save` stops with `expect` in a "[convert]" message and writes nothing.
+void expect_export_refused(const fs::path& save, std::optional<convert::HfArch> arch,
+                           const std::string& expect, const fs::path& flags = {}) {
+  convert::ExportOptions o;
+  o.input = save;
+  o.output = save;
+  o.output += "_hf";  // beside the checkpoint: each test's own
+  fs::remove_all(o.output);
+  o.arch = arch;
+  o.flags = flags;
+  const std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_EQ(e.rfind("[convert] ", 0), 0u) << e;
+  EXPECT_NE(e.find(expect), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output)) << "the refused export wrote " << o.output;
+}
+
+// Every refusal of docs/hf_interop.md section 7, each alone on the Mixtral fixture's model:
+// the router settings none of HF's classes computes, whatever the class, and the features a
+// class has no place for, with the class to export as instead.
+TEST(HfConvert, ExportRefusesEachSettingHfCannotExpress) {
+  struct Case {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> edits;
+    std::optional<convert::HfArch> arch;
+    std::string expect;
+  };
+  using convert::HfArch;
+  const std::string as_mixtral = "cannot be written as MixtralForCausalLM: ";
+  const std::string as_qwen2 = "cannot be written as Qwen2MoeForCausalLM: ";
+  const std::string as_qwen3 = "cannot be written as Qwen3MoeForCausalLM: ";
+  const std::vector<Case> cases = {
+      {"sigmoid",
+       {{"moe-router-score-function", "'sigmoid'"}},
+       {},
+       as_mixtral + "--moe-router-score-function sigmoid (HF's routers are softmax)"},
+      {"sqrtsoftplus",
+       {{"moe-router-score-function", "'sqrtsoftplus'"}},
+       HfArch::Qwen2Moe,
+       as_qwen2 + "--moe-router-score-function sqrtsoftplus (HF's routers are softmax)"},
+      {"group_limited",
+       {{"moe-router-num-groups", "2"}, {"moe-router-group-topk", "1"}},
+       {},
+       as_mixtral + "group-limited routing (--moe-router-num-groups 2 --moe-router-group-topk 1)"},
+      {"scaling_factor",
+       {{"moe-router-topk-scaling-factor", "2.5"}},
+       {},
+       as_mixtral + "--moe-router-topk-scaling-factor 2.5 (HF scales by 1)"},
+      {"capacity_factor",
+       {{"moe-expert-capacity-factor", "1.5"}},
+       HfArch::Qwen2Moe,
+       as_qwen2 + "--moe-expert-capacity-factor 1.5 (HF's MoE blocks drop no token)"},
+      {"mixtral_dense_layer",
+       {{"moe-layer-freq", "'[1,0]'"}},
+       HfArch::Mixtral,
+       as_mixtral + "--moe-layer-freq has dense layers ([1,0]); every Mixtral layer is MoE "
+                    "(export with --arch qwen2_moe or qwen3_moe)"},
+      {"mixtral_shared_expert",
+       {{"moe-shared-expert-intermediate-size", "16"}, {"moe-shared-expert-gate", "true"}},
+       HfArch::Mixtral,
+       as_mixtral + "a shared expert (--moe-shared-expert-intermediate-size 16): only Qwen2-MoE "
+                    "has one (export with --arch qwen2_moe)"},
+      {"mixtral_qkv_bias",
+       {{"add-qkv-bias", "true"}},
+       HfArch::Mixtral,
+       as_mixtral + "--add-qkv-bias: Mixtral has no attention biases (export with --arch "
+                    "qwen2_moe)"},
+      {"mixtral_qk_norm",
+       {{"qk-layernorm", "true"}},
+       HfArch::Mixtral,
+       as_mixtral + "--qk-layernorm: Mixtral has no q/k norms (export with --arch qwen3_moe)"},
+      {"mixtral_pre_softmax",
+       {{"moe-router-pre-softmax", "true"}},
+       HfArch::Mixtral,
+       as_mixtral + "--moe-router-pre-softmax: Mixtral always renormalises the top-k weights "
+                    "(export with --arch qwen2_moe or qwen3_moe"},
+      {"qwen2_qk_norm",
+       {{"qk-layernorm", "true"}},
+       HfArch::Qwen2Moe,
+       as_qwen2 + "--qk-layernorm: Qwen2-MoE has no q/k norms (export with --arch qwen3_moe)"},
+      {"qwen2_ungated_shared_expert",
+       {{"moe-shared-expert-intermediate-size", "16"}},
+       {},  // a shared expert: Qwen2-MoE by the model's features
+       as_qwen2 + "a shared expert without --moe-shared-expert-gate: Qwen2-MoE always gates it"},
+      {"qwen3_no_qk_norm",
+       {},
+       HfArch::Qwen3Moe,
+       as_qwen3 + "no --qk-layernorm: Qwen3-MoE always has q/k norms (weights of ones are not "
+                  "the identity; export with --arch mixtral or qwen2_moe)"},
+      {"qwen3_qkv_bias_alone",
+       {{"qk-layernorm", "true"}, {"add-qkv-bias", "true"}},
+       {},  // q/k norms: Qwen3-MoE by the model's features
+       as_qwen3 + "--add-qkv-bias without --add-attention-output-bias or the reverse"},
+      {"qwen3_output_bias_alone",
+       {{"qk-layernorm", "true"}, {"add-attention-output-bias", "true"}},
+       {},
+       as_qwen3 + "--add-qkv-bias without --add-attention-output-bias or the reverse"},
+      {"qwen3_shared_expert",
+       {{"qk-layernorm", "true"},
+        {"moe-shared-expert-intermediate-size", "16"},
+        {"moe-shared-expert-gate", "true"}},
+       {},
+       as_qwen3 + "a shared expert (--moe-shared-expert-intermediate-size 16): only Qwen2-MoE "
+                  "has one (export with --arch qwen2_moe)"},
+      {"qwen2_output_bias",
+       {{"add-qkv-bias", "true"}, {"add-attention-output-bias", "true"}},
+       HfArch::Qwen2Moe,
+       as_qwen2 + "--add-attention-output-bias: only Qwen3-MoE (attention_bias) has an o_proj "
+                  "bias (export with --arch qwen3_moe)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path save = mixtral_model("refuse_" + c.name, c.edits);
+    expect_export_refused(save, c.arch, c.expect);
+    fs::remove_all(save);
+  }
+  // Multi-token prediction: the flags do not even parse (moecore has no MTP to export).
+  const fs::path save = mixtral_model("refuse_mtp_save", {});
+  const fs::path flags = fresh_dir("refuse_mtp.toml");
+  std::ofstream(flags) << read_text(save / "moecore_flags.toml") << "mtp-num-layers = 1\n";
+  convert::ExportOptions o;
+  o.input = save;
+  o.output = fresh_dir("refuse_mtp_hf");
+  o.flags = flags;
+  const std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("--mtp-num-layers"), std::string::npos) << e;
+  EXPECT_NE(e.find("multi-token prediction"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output));
+  fs::remove_all(save);
+  fs::remove(flags);
+}
+
+// The routers' balancing state, which HF's routers have no place for: a non-zero expert bias
+// (trained with sigmoid scores; exported with flags that name neither, which is all the
+// checkpoint's model signature can check) or quantile beta stops the export naming the tensor
+// and its value; the same quantile-balanced model before its first step (beta still 0) exports.
+TEST(HfConvert, ExportRefusesANonZeroExpertBiasOrQuantileBeta) {
+  const fs::path bias = mixtral_model("refuse_expert_bias",
+                                      {{"moe-router-score-function", "'sigmoid'"},
+                                       {"moe-router-enable-expert-bias", "true"},
+                                       {"moe-router-bias-update-rate", "0.01"}},
+                                      /*steps=*/1);
+  const fs::path softmax = fresh_dir("refuse_expert_bias_softmax.toml");
+  {
+    std::string toml = read_text(bias / "moecore_flags.toml");
+    toml = toml.substr(0, toml.find("moe-router-enable-expert-bias"));
+    toml.replace(toml.find("'sigmoid'"), 9, "'softmax'");
+    std::ofstream(softmax) << toml;
+  }
+  expect_export_refused(bias, {}, "'decoder.layers.0.mlp.router.expert_bias' is not zero (",
+                        softmax);
+  expect_export_refused(bias, {}, "HF's routers select by the plain scores", softmax);
+  // With its own flags, the score function is refused first.
+  expect_export_refused(bias, {}, "--moe-router-score-function sigmoid");
+
+  const std::vector<std::pair<std::string, std::string>> quantile = {
+      {"moe-router-load-balancing-type", "'quantile_balancing'"}};
+  const fs::path beta = mixtral_model("refuse_quantile_beta", quantile, /*steps=*/1);
+  expect_export_refused(beta, {}, "'decoder.layers.0.mlp.router.quantile_beta' is not zero (");
+  // Through the command line: a non-zero exit, the message, nothing written.
+  const fs::path out = fresh_dir("refuse_quantile_beta_cli");
+  const testing::CommandResult r = testing::run_moecore(
+      "convert moecore-to-hf --input " + beta.string() + " --output " + out.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[convert] '"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("quantile_beta' is not zero ("), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+
+  const fs::path fresh = mixtral_model("quantile_beta_zero", quantile, /*steps=*/0);
+  convert::ExportOptions o;
+  o.input = fresh;
+  o.output = fresh_dir("quantile_beta_zero_hf");
+  EXPECT_EQ(error_of([&] { convert::export_hf(o); }), "");
+  EXPECT_TRUE(fs::exists(o.output / "model.safetensors"));
+  for (const fs::path& d : {bias, softmax, beta, fresh, o.output}) fs::remove_all(d);
+}
+
+// Weights in a dtype the importer does not take (F16, F8): refused naming the file, the tensor,
+// its dtype and the fix, before anything is written; the same through the command line.
+TEST(HfConvert, ImportRefusesF16AndF8Weights) {
+  const std::string victim = "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+  for (const std::string dtype : {"F16", "F8_E4M3"}) {
+    SCOPED_TRACE(dtype);
+    const fs::path in = copy_fixture("mixtral", "dtype_in");
+    {
+      ckpt::SafetensorsFile f(fixture("mixtral") / "model.safetensors");
+      ckpt::SafetensorsWriter w;
+      w.set_metadata("format", "pt");
+      for (const std::string& n : f.names()) {
+        if (n != victim) {
+          w.add(n, f.info(n).dtype, f.info(n).shape, f.bytes(n));
+          continue;
+        }
+        const size_t size = dtype == "F16" ? 2 : 1;
+        const std::vector<std::byte> bytes(
+            static_cast<size_t>(convert::numel(f.info(n).shape)) * size, std::byte{0x3c});
+        w.add(n, dtype, f.info(n).shape, bytes);
+      }
+      w.write(in / "model.safetensors");
+    }
+    const fs::path out = fresh_dir("dtype_out");
+    const std::string e = error_of([&] { convert::import_hf(in, out); });
+    EXPECT_NE(e.find("[convert] '" + (in / "model.safetensors").string() + "': tensor '" + victim +
+                     "' is " + dtype +
+                     ": moecore imports F32 and BF16 weights only; "
+                     "save the model as float32 or bfloat16 first"),
+              std::string::npos)
+        << e;
+    EXPECT_FALSE(fs::exists(out)) << "the refused import wrote " << out;
+    const testing::CommandResult r = testing::run_moecore(
+        "convert hf-to-moecore --input " + in.string() + " --output " + out.string());
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("' is " + dtype + ": moecore imports F32 and BF16"), std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(out));
+    fs::remove_all(in);
+  }
+}
+
+// A tied checkpoint (the Qwen2-MoE fixture) whose lm_head.weight is not the embedding: refused
+// with the fix; one equal to the embedding imports (and is not a tensor of the moecore model).
+TEST(HfConvert, ImportRefusesATiedHeadThatDiffersFromTheEmbedding) {
+  for (const bool equal : {true, false}) {
+    SCOPED_TRACE(equal ? "lm_head == embedding" : "one value apart");
+    const fs::path in = copy_fixture("qwen2_moe", "tied_in");
+    {
+      ckpt::SafetensorsFile f(fixture("qwen2_moe") / "model.safetensors");
+      ckpt::SafetensorsWriter w;
+      w.set_metadata("format", "pt");
+      for (const std::string& n : f.names()) w.add(n, f.info(n).dtype, f.info(n).shape, f.bytes(n));
+      const std::string emb = "model.embed_tokens.weight";
+      std::vector<float> head = hf_f32(fixture("qwen2_moe"), emb);
+      if (!equal) head[100] += 1.0f;
+      w.add("lm_head.weight", "F32", f.info(emb).shape, convert::f32_as("F32", head));
+      w.write(in / "model.safetensors");
+    }
+    const fs::path out = fresh_dir("tied_out");
+    const std::string e = error_of([&] { convert::import_hf(in, out); });
+    fs::remove_all(in);
+    if (equal) {
+      EXPECT_EQ(e, "");
+      fs::remove_all(out);
+      continue;
+    }
+    EXPECT_NE(e.find("[convert] '" + in.string() +
+                     "': tie_word_embeddings is true but "
+                     "'lm_head.weight' differs from 'model.embed_tokens.weight': the checkpoint "
+                     "is not tied (set tie_word_embeddings false) or is corrupt"),
+              std::string::npos)
+        << e;
+    EXPECT_FALSE(fs::exists(out)) << "the refused import wrote " << out;
+  }
 }
 
 // ---- (4) the numbers: transformers' logits, losses and expert choices ----
