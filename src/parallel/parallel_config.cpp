@@ -202,7 +202,8 @@ void add_parallel_flags(CLI::App& app, ParallelConfig& cfg) {
                  "Layers on the last pipeline stage (uneven stages)")
       ->group(g);
   app.add_option("--distributed-timeout-minutes", cfg.timeout_minutes,
-                 "A collective waiting longer reports the missing ranks and aborts (fractions ok)")
+                 "A collective waiting longer reports the missing ranks and aborts (moecore train: "
+                 "whole minutes, Megatron's int)")
       ->group(g);
 }
 

@@ -444,6 +444,17 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   f.notices = check_megatron_flags(given, train_binds);
   if (!from_checkpoint.empty()) f.notices.push_back(from_checkpoint);
   check_implemented_choices(app, given);
+  // A Megatron alias (--persistent-save-interval for --save-interval) reaches CLI11 under the
+  // spelling moecore binds: CLI11 knows one name per option.
+  for (GivenFlag& g : given.flags) {
+    if (g.megatron == nullptr || app.get_option_no_throw(g.name) != nullptr) continue;
+    for (const std::string& n : g.megatron->names) {
+      if (app.get_option_no_throw(n) != nullptr) {
+        g.name = n;
+        break;
+      }
+    }
+  }
   std::vector<std::string> cli_args = given.args_for([](const GivenFlag& g) {
     return g.megatron == nullptr || train_binds(*g.megatron);
   });

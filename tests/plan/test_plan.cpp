@@ -1,15 +1,19 @@
 // moecore plan: parameter counts of the shipped configs against the published numbers, the
 // memory figures against the trainer's own plan, the sizing pass allocating nothing, the JSON
-// keys, the published layouts fitting, and --search returning layouts `moecore groups` accepts.
+// keys, the published layouts fitting, the figures docs/plan.md prints for them pinned, and
+// --search returning layouts `moecore groups` accepts.
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
 
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/testing.h"
+#include "documented_figure.h"
 #include "model/gpt_model.h"
 #include "ops/gemm_bf16.h"
 #include "plan/layout_search.h"
@@ -108,6 +112,34 @@ TEST(PlanParams, Mixtral8x22B) {
   const ParamCounts c = count_params(shipped("mixtral-8x22b"));
   EXPECT_NEAR(c.total() / kB, 141, 0.5);
   EXPECT_NEAR(c.active() / kB, 39, 0.5);
+}
+
+// docs/plan.md's parameter table, the planner's columns (printed to 0.01B).
+TEST(PlanParams, PlannerFiguresOfDocsPlanMd) {
+  struct Row {
+    const char* cfg;
+    const char* total;
+    const char* active;
+    const char* line;  // the row of the table, up to the active count
+  };
+  for (const Row& r : std::vector<Row>{
+           {"qwen3-235b-a22b", "235.09", "22.19", "| Qwen3-235B-A22B | 235.09B | 235B | 22.19B |"},
+           {"qwen3-30b-a3b", "30.53", "3.35", "| Qwen3-30B-A3B | 30.53B | 30.5B | 3.35B |"},
+           {"mixtral-8x7b", "46.70", "12.88", "| Mixtral-8x7B | 46.70B | 46.7B | 12.88B |"},
+           {"mixtral-8x22b", "140.62", "39.15", "| Mixtral-8x22B | 140.62B | 141B | 39.15B |"}}) {
+    SCOPED_TRACE(r.cfg);
+    const ParamCounts c = count_params(shipped(r.cfg));
+    EXPECT_TRUE(documented(c.total() / kB, r.total, r.line));
+    EXPECT_TRUE(documented(c.active() / kB, r.active, r.line));
+  }
+  const ParamCounts d = count_params(shipped("deepseek-v3"));
+  const std::string line =
+      "| DeepSeek-V3 | 671.03B (684.49B with the MTP module's own embedding and head) | 671B "
+      "(685B) | 37.55B; 36.63B without the embedding |";
+  EXPECT_TRUE(documented(d.total() / kB, "671.03", line));
+  EXPECT_TRUE(documented((d.total_with_mtp() + d.embedding + d.head) / kB, "684.49", line));
+  EXPECT_TRUE(documented(d.active() / kB, "37.55", line));
+  EXPECT_TRUE(documented((d.active() - d.embedding) / kB, "36.63", line));
 }
 
 // A HuggingFace config.json gives the same model as the shipped Megatron flags.
@@ -318,9 +350,18 @@ TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
 // (TP 1, EP 8) is one the trainer builds, so its figure is the trainer's own plan, which does not
 // fit an H100 today (fp32 activations, dropless worst-case EP buffers): docs/plan.md.
 TEST(PlanPublished, PublishedLayoutsFit) {
+  // What docs/plan.md prints for each: the worst stage's memory (GiB, 0.1), TFLOP/s per GPU,
+  // and in its text the step's seconds: all-to-all (Qwen3), exposed communication of the whole
+  // step (DeepSeek-V3), and TFLOP/s with every EP group on NVLink (--gpus-per-node 64).
   struct Case {
     const char* cfg;
     std::vector<std::string> flags;
+    const char* gib;
+    const char* tflops;
+    const char* row;  // the table row, from the memory on
+    // A JSON key or the start of a communication item's name, the seconds as printed, and the
+    // line of docs/plan.md that prints them.
+    std::vector<std::array<std::string, 3>> seconds;
   };
   const std::vector<Case> cases = {
       {"qwen3-235b-a22b",
@@ -330,7 +371,11 @@ TEST(PlanPublished, PublishedLayoutsFit) {
         "--expert-tensor-parallel-size", "1", "--decoder-first-pipeline-num-layers", "11",
         "--decoder-last-pipeline-num-layers", "11", "--micro-batch-size", "1", "--global-batch-size",
         "2048", "--use-distributed-optimizer", "--recompute-granularity", "selective",
-        "--recompute-modules", "layernorm", "moe_act"}},
+        "--recompute-modules", "layernorm", "moe_act"},
+       "69.9",
+       "225",
+       "| 69.9 of 80 GiB (fits) | 225 |",
+       {{"ep all-to-all", "15.6", "(the EP32 group spans 4 nodes; 15.6 s of all-to-all per step)"}}},
       {"deepseek-v3",
        {"--hardware", "gb200", "--gpus", "256", "--pipeline-model-parallel-size", "8",
         "--num-virtual-stages-per-pipeline-rank", "4", "--expert-model-parallel-size", "32",
@@ -338,7 +383,13 @@ TEST(PlanPublished, PublishedLayoutsFit) {
         "--recompute-granularity", "selective", "--recompute-modules", "mlp", "mla_up_proj",
         "--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "8",
         "--fp8-format", "e4m3", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
-        "--exp-avg-sq-dtype", "bf16"}},
+        "--exp-avg-sq-dtype", "bf16"},
+       "156.1",
+       "392",
+       "| 156.1 of 186 GiB (fits) | 392 (1672 with `--gpus-per-node 64`) |",
+       {{"ep all-to-all", "17.2", "so the all-to-all is priced on the network: 17.2 s"},
+        {"exposed_comm_seconds", "17.8", "pipeline transfers 17.8 s of exposed communication"},
+        {"step_seconds", "21.8", "exposed communication in a 21.8 s step"}}},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--config", config(c.cfg)};
@@ -348,8 +399,25 @@ TEST(PlanPublished, PublishedLayoutsFit) {
     EXPECT_TRUE(j["fits"].get<bool>())
         << c.cfg << ": " << j["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30)
         << " GiB";
-    EXPECT_GT(j["tflops_per_gpu"].get<double>(), 0) << c.cfg;
+    SCOPED_TRACE(c.cfg);
+    EXPECT_TRUE(documented(j["memory_per_rank_bytes"]["total"].get<double>() / (1 << 30), c.gib,
+                           c.row));
+    EXPECT_TRUE(documented(j["tflops_per_gpu"].get<double>(), c.tflops, c.row));
+    for (const auto& [what, printed, line] : c.seconds) {
+      double s = -1;
+      if (j.contains(what)) s = j[what].get<double>();
+      for (const auto& item : j["communication"]) {
+        if (item["name"].get<std::string>().rfind(what, 0) == 0) s = item["seconds"].get<double>();
+      }
+      EXPECT_TRUE(documented(s, printed, line)) << what;
+    }
   }
+  // DeepSeek-V3 with 64 GPUs per NVLink domain: every EP group on NVLink.
+  std::vector<std::string> nvl = {"--config", config("deepseek-v3"), "--gpus-per-node", "64"};
+  nvl.insert(nvl.end(), cases[1].flags.begin(), cases[1].flags.end());
+  nvl.push_back("--json");
+  EXPECT_TRUE(documented(nlohmann::json::parse(plan_out(nvl))["tflops_per_gpu"].get<double>(),
+                         "1672", cases[1].row));
 }
 
 // Qwen3-30B-A3B's published layout (TP 1, EP 8, distributed optimizer, 64 H100) is one the
@@ -359,6 +427,9 @@ TEST(PlanPublished, PublishedLayoutsFit) {
 // does, it fits; dropless with --moe-expert-rank-capacity-factor 1.2 (20% headroom over the
 // balanced load per EP rank) it fits too (docs/plan.md).
 TEST(PlanPublished, Qwen3_30B_FitsWithAPaddedCapacityFactor) {
+  // The trainer's plan holds the CPU attention kernel's per-thread workspace: docs/plan.md's
+  // figures are for one OpenMP thread.
+  const testing::ScopedOmpThreads one_thread(1);
   const std::vector<std::string> layout = {"--config",
                                            config("qwen3-30b-a3b"),
                                            "--hardware",
@@ -408,6 +479,34 @@ TEST(PlanPublished, Qwen3_30B_FitsWithAPaddedCapacityFactor) {
   const double b = rank_cap["memory_per_rank_bytes"]["total"].get<double>();
   EXPECT_GT(b, cap["memory_per_rank_bytes"]["total"].get<double>());
   EXPECT_LT(b, 0.5 * dropless["memory_per_rank_bytes"]["total"].get<double>());
+
+  // docs/plan.md's figures: the table row, and the padded plan by kind.
+  std::vector<std::string> factor_15 = layout;
+  for (const char* f : {"--moe-expert-rank-capacity-factor", "1.5"}) factor_15.push_back(f);
+  const auto rank_cap_15 = nlohmann::json::parse(plan_out(factor_15));
+  auto gib = [](const nlohmann::json& j, const char* kind) {
+    return j["memory_per_rank_bytes"][kind].get<double>() / (1 << 30);
+  };
+  const std::string row =
+      "| the trainer's plan: 232.6 GiB dropless (does not fit); 79.0 GiB dropless with "
+      "`--moe-expert-rank-capacity-factor 1.2` (fits; 85.8 at 1.5); 74.5 GiB with a padded "
+      "capacity factor 1 (fits) | 621 |";
+  EXPECT_TRUE(documented(gib(dropless, "total"), "232.6", row));
+  EXPECT_TRUE(documented(gib(rank_cap, "total"), "79.0", row));
+  EXPECT_TRUE(documented(gib(rank_cap_15, "total"), "85.8", row));
+  EXPECT_TRUE(documented(gib(cap, "total"), "74.5", row));
+  for (const auto* j : {&dropless, &cap, &rank_cap, &rank_cap_15}) {
+    EXPECT_TRUE(documented((*j)["tflops_per_gpu"].get<double>(), "621", row));
+  }
+  const std::string kinds =
+      "11.4 weights (bf16 copy + sharded fp32 master), 19.2 grads, 3.6 optimizer, 35.1 activations,";
+  EXPECT_TRUE(documented(gib(cap, "weights"), "11.4", kinds));
+  EXPECT_TRUE(documented(gib(cap, "grads"), "19.2", kinds));
+  EXPECT_TRUE(documented(gib(cap, "optimizer"), "3.6", kinds));
+  EXPECT_TRUE(documented(gib(cap, "activations"), "35.1", kinds));
+  const std::string kinds2 = "5.3 recomputed, the workspace shared, 2 reserved";
+  EXPECT_TRUE(documented(gib(cap, "recomputed"), "5.3", kinds2));
+  EXPECT_TRUE(documented(gib(cap, "reserved"), "2", kinds2));
 }
 
 // --search: every layout it returns fits and `moecore groups` accepts it.

@@ -143,6 +143,22 @@ TEST(Cli, ConfigFileWithCommandLineOverrides) {
   }
   // The file's lr = 0.01 gives way to kTiny's --lr 3e-3 on the command line.
   EXPECT_DOUBLE_EQ(rows[1]["lr"].get<double>(), 3e-3 * 0.5 * (1 + std::cos(M_PI * 1 / 2.0)));
+  // The values only the file gives reach the model: its parameters (the untied head) and its
+  // active parameters per token (top-3) are those of a run given both flags on the command
+  // line, not those of a run without them.
+  auto params_line = [](const std::string& out) {
+    const size_t at = out.find("[train] parameters");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CommandResult flags = run("train" + std::string(kTiny) +
+                            " --moe-router-topk 3 --untie-embeddings-and-output-weights"
+                            " --train-iters 1");
+  CommandResult without = run("train" + std::string(kTiny) + " --train-iters 1");
+  ASSERT_EQ(flags.exit_code, 0) << flags.output;
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  EXPECT_NE(params_line(r.output), "") << r.output;
+  EXPECT_EQ(params_line(r.output), params_line(flags.output));
+  EXPECT_NE(params_line(r.output), params_line(without.output));
   std::remove(cfg.c_str());
   std::remove(metrics.c_str());
 }

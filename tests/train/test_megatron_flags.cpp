@@ -3,14 +3,21 @@
 // and the MoE launch flags of Megatron's own recipes run unchanged (sizes shrunk, synthetic data).
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/run_config_fields.h"
 #include "core/check.h"
+#include "train/config_file.h"
 #include "train/megatron_argv.h"
 #include "train/train_flags.h"
 #include "train/trainer.h"
@@ -145,6 +152,443 @@ TEST(MegatronFlags, EveryFlagParsesAsItsClassSays) {
   }
   EXPECT_GT(counts[0], 60);
   EXPECT_GT(counts[1], 40);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every bound flag reaches the configuration the run uses. A flag that is parsed and then
+// ignored passes EveryFlagParsesAsItsClassSays; here each one, given a value other than its
+// default, must change the field it binds in run_config_fields (the model, training and parallel
+// configs train_command hands on), compared with the same command line without it. Covered: every
+// flag the table marks implemented, moecore's own flags, and every value a not-yet flag accepts
+// besides its default (--swiglu, --normalization RMSNorm, ...). A flag that changes nothing by
+// design is listed with the reason; a deprecated spelling with Megatron's error.
+
+// `context`: flags the value needs to be valid or to matter, given to the baseline too (a flag
+// may appear there with another value: the last occurrence wins). The flag is tried under each
+// of its names. `fields`: what the named run-config fields hold afterwards (numbers compare by
+// value); each must differ from the baseline's.
+struct FlagEffect {
+  std::string flag;
+  std::string context;
+  std::string values;
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+struct FlagNoEffect {
+  std::string flag;
+  std::string values;
+  std::string why;
+};
+struct FlagRefused {
+  std::string flag;
+  std::string values;
+  std::string message;
+};
+
+bool same_text(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char *ea = nullptr, *eb = nullptr;
+  const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+  return !a.empty() && !b.empty() && *ea == '\0' && *eb == '\0' && x == y;
+}
+
+std::string fixture(const std::string& path) {
+  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/" + path;
+}
+
+// A directory of this test's own, removed at the end of the scope.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string t = ::testing::TempDir() + "moecore_flags_XXXXXX";
+    path_ = ::mkdtemp(t.data()) != nullptr ? t : "";
+  }
+  ~ScratchDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The flags whose effect must be shown: implemented Megatron flags, moecore's own, and the
+// not-yet flags that accept a value besides their default.
+std::set<std::string> flags_with_effect() {
+  std::set<std::string> out;
+  for (const MegatronFlag& f : megatron_arguments().flags) {
+    const FlagClass cls = flag_class(f, train_binds(f));
+    if (cls == FlagClass::Implemented) out.insert(f.name());
+    if (cls != FlagClass::NotYet) continue;
+    for (const std::string& a : accepted_values(f)) {
+      if (!a.empty() && !same_text(a, default_text(f))) out.insert(f.name());
+    }
+  }
+  TrainFlags flags;
+  CLI::App app;
+  add_train_flags(app, flags);
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->get_lnames().empty() || o == app.get_help_ptr()) continue;
+    const std::string name = "--" + o->get_lnames().front();
+    if (megatron_arguments().find(name) == nullptr) out.insert(name);
+  }
+  return out;
+}
+
+std::vector<std::string> names_of(const std::string& flag) {
+  const MegatronFlag* f = megatron_arguments().find(flag);
+  return f != nullptr ? f->names : std::vector<std::string>{flag};
+}
+
+TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path();
+  // --use-checkpoint-args needs a checkpoint whose recorded flags hold a model flag the command
+  // line does not give.
+  const std::string ckpt = dir + "/ckpt";
+  {
+    TrainFlags f = parse("--qk-layernorm");
+    f.train.peak_gflops = 100;  // no GEMM probe
+    Trainer trainer(f.model, f.train);
+    trainer.save_checkpoint(ckpt);
+  }
+  const std::string toml = dir + "/flags.toml";
+  std::ofstream(toml) << "moe-router-topk = 3\n";
+  const std::string tok = fixture("tokenizers/");
+  const std::string gpt2 = " --mock-data --tokenizer-type GPT2BPETokenizer --vocab-file " + tok +
+                           "gpt2-vocab.json --merge-file " + tok + "gpt2-merges.txt";
+
+  const std::vector<FlagEffect> effects = {
+      // Model.
+      {"--num-layers", "", "4", {{"model.num_layers", "4"}}},
+      {"--hidden-size", "", "64", {{"model.hidden", "64"}}},
+      {"--num-attention-heads", "", "4", {{"model.num_heads", "4"}}},
+      {"--group-query-attention", "", "", {{"model.num_query_groups", "1"}}},
+      // Without --group-query-attention Megatron ignores it (query groups = heads).
+      {"--num-query-groups", "--group-query-attention", "2", {{"model.num_query_groups", "2"}}},
+      {"--ffn-hidden-size", "", "48", {{"model.ffn_hidden", "48"}}},
+      {"--kv-channels", "", "8", {{"model.kv_channels", "8"}}},
+      {"--seq-length", "", "8", {{"model.seq_length", "8"}}},
+      {"--max-position-embeddings", "", "32", {{"model.max_position_embeddings", "32"}}},
+      {"--rotary-base", "", "500000", {{"model.rotary_base", "500000"}}},
+      {"--norm-epsilon", "", "1e-6", {{"model.norm_eps", "1e-6"}}},
+      {"--init-method-std", "", "0.01", {{"model.init_std", "0.01"}}},
+      {"--add-qkv-bias", "", "", {{"model.add_qkv_bias", "true"}}},
+      {"--add-attention-output-bias", "", "", {{"model.add_attention_output_bias", "true"}}},
+      {"--qk-layernorm", "", "", {{"model.qk_layernorm", "true"}}},
+      {"--untie-embeddings-and-output-weights", "", "", {{"model.tie_embeddings", "false"}}},
+      {"--vocab-size", "", "100", {{"train.data.synthetic_vocab", "100"}}},
+      {"--make-vocab-size-divisible-by", "", "32", {{"model.vocab_size", "64"}}},
+      {"--bf16", "", "", {{"model.bf16", "true"}}},
+      // Mixture of experts.
+      {"--num-experts", "", "8", {{"model.num_experts", "8"}, {"model.moe.router.num_experts", "8"}}},
+      {"--moe-layer-freq", "", "2", {{"model.moe_layer_pattern", "1 0"}}},
+      {"--moe-ffn-hidden-size", "", "8", {{"model.moe.ffn_hidden", "8"}}},
+      {"--moe-shared-expert-intermediate-size", "", "16", {{"model.moe.shared_ffn_hidden", "16"}}},
+      {"--moe-shared-expert-gate", "--moe-shared-expert-intermediate-size 16", "",
+       {{"model.moe.shared_expert_gate", "true"}}},
+      {"--moe-token-dispatcher-type", "", "alltoall", {{"model.moe.dispatcher_type", "alltoall"}}},
+      {"--moe-expert-rank-capacity-factor", "", "1.25",
+       {{"model.moe.expert_rank_capacity_factor", "1.25"}}},
+      {"--moe-router-topk", "", "3", {{"model.moe.router.topk", "3"}}},
+      {"--moe-router-score-function", "", "sigmoid", {{"model.moe.router.score", "sigmoid"}}},
+      {"--moe-router-pre-softmax", "", "", {{"model.moe.router.pre_softmax", "true"}}},
+      {"--moe-router-topk-scaling-factor", "", "2.5",
+       {{"model.moe.router.topk_scaling_factor", "2.5"}}},
+      {"--moe-router-load-balancing-type", "", "seq_aux_loss",
+       {{"model.moe.router.load_balancing", "seq_aux_loss"}}},
+      {"--moe-aux-loss-coeff", "", "0.01", {{"model.moe.router.aux_loss_coeff", "0.01"}}},
+      {"--moe-z-loss-coeff", "", "0.001", {{"model.moe.router.z_loss_coeff", "0.001"}}},
+      {"--moe-router-dtype", "", "fp64", {{"model.moe.router.dtype", "fp64"}}},
+      {"--moe-input-jitter-eps", "", "0.01", {{"model.moe.router.input_jitter_eps", "0.01"}}},
+      {"--moe-router-num-groups", "--moe-router-num-groups 1 --moe-router-group-topk 1", "2",
+       {{"model.moe.router.num_groups", "2"}}},
+      {"--moe-router-group-topk", "--moe-router-num-groups 2 --moe-router-group-topk 1", "2",
+       {{"model.moe.router.group_topk", "2"}}},
+      {"--moe-router-enable-expert-bias", "--moe-router-score-function sigmoid", "",
+       {{"model.moe.router.enable_expert_bias", "true"}}},
+      {"--moe-router-bias-update-rate", "", "0.01", {{"model.moe.router.bias_update_rate", "0.01"}}},
+      {"--moe-router-quantile-balancing-ema", "", "0.5",
+       {{"model.moe.router.quantile_ema", "0.5"}}},
+      {"--moe-aux-loss-megatron-map", "", "", {{"model.moe.router.megatron_aux_map", "true"}}},
+      {"--moe-expert-capacity-factor", "", "1.5", {{"model.moe.router.capacity_factor", "1.5"}}},
+      {"--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor 1", "",
+       {{"model.moe.router.pad_to_capacity", "true"}}},
+      {"--moe-token-drop-policy", "--moe-expert-capacity-factor 1", "position",
+       {{"model.moe.router.drop_policy", "position"}}},
+      // Recomputation.
+      {"--recompute-granularity", "", "selective", {{"model.recompute.granularity", "selective"}}},
+      {"--recompute-activations", "", "", {{"model.recompute.granularity", "selective"}}},
+      {"--recompute-method", "--recompute-granularity full --recompute-num-layers 1 "
+       "--recompute-method uniform", "block", {{"model.recompute.method", "block"}}},
+      {"--recompute-num-layers", "--recompute-granularity full --recompute-method uniform "
+       "--recompute-num-layers 1", "2", {{"model.recompute.num_layers", "2"}}},
+      {"--recompute-modules", "--recompute-granularity selective", "moe layernorm",
+       {{"model.recompute.module_names", "moe layernorm"}}},
+      {"--moe-layer-recompute", "", "",
+       {{"model.recompute.granularity", "selective"},
+        {"model.recompute.module_names", "core_attn moe"}}},
+      // Training, learning rate, optimizer.
+      {"--micro-batch-size", "", "4", {{"train.micro_batch", "4"}}},
+      {"--global-batch-size", "", "4", {{"train.global_batch", "4"}}},
+      {"--train-iters", "", "5", {{"train.train_iters", "5"}, {"train.lr.decay_steps", "5"}}},
+      {"--seed", "", "7", {{"train.seed", "7"}}},
+      {"--log-interval", "", "5", {{"train.log_interval", "5"}}},
+      {"--lr", "", "0.002", {{"train.lr.max_lr", "0.002"}}},
+      {"--min-lr", "", "0.0001", {{"train.lr.min_lr", "0.0001"}}},
+      {"--lr-warmup-iters", "", "1", {{"train.lr.warmup_steps", "1"}}},
+      {"--lr-warmup-fraction", "--lr-decay-iters 10", "0.3", {{"train.lr.warmup_steps", "3"}}},
+      {"--lr-warmup-init", "", "0.0001", {{"train.lr.warmup_init", "0.0001"}}},
+      {"--lr-decay-iters", "", "10", {{"train.lr.decay_steps", "10"}}},
+      {"--lr-decay-style", "", "cosine", {{"train.lr.style", "cosine"}}},
+      {"--lr-wsd-decay-iters", "--lr-decay-style WSD --lr-wsd-decay-iters 1", "2",
+       {{"train.lr.wsd_decay_steps", "2"}}},
+      {"--lr-wsd-decay-style", "--lr-decay-style WSD --lr-wsd-decay-iters 1", "linear",
+       {{"train.lr.wsd_style", "linear"}}},
+      {"--weight-decay", "", "0.1", {{"train.adam.weight_decay", "0.1"}}},
+      {"--clip-grad", "", "0.5", {{"train.adam.clip_grad", "0.5"}}},
+      {"--adam-beta1", "", "0.8", {{"train.adam.beta1", "0.8"}}},
+      {"--adam-beta2", "", "0.95", {{"train.adam.beta2", "0.95"}}},
+      {"--adam-eps", "", "1e-6", {{"train.adam.eps", "1e-6"}}},
+      // Data and validation.
+      {"--data-path", "--vocab-size 256", fixture("data/preprocess_bytelevel_text_document"),
+       {{"train.data.data_path", fixture("data/preprocess_bytelevel_text_document")}}},
+      {"--mock-data", "--vocab-size 256", "", {{"train.data.mock_data", "true"}}},
+      {"--split", "--mock-data --vocab-size 256", "90,5,5", {{"train.data.split", "90,5,5"}}},
+      {"--data-cache-path", "", dir + "/cache", {{"train.data.data_cache_path", dir + "/cache"}}},
+      {"--tokenizer-type", "--mock-data --vocab-size 256", "NullTokenizer",
+       {{"train.data.tokenizer.type", "NullTokenizer"}}},
+      {"--tokenizer-model",
+       " --mock-data --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + tok + "hf_gpt2",
+       tok + "hf_qwen2", {{"train.data.tokenizer.tokenizer_model", tok + "hf_qwen2"}}},
+      // One vocab.json and merges.txt in the fixtures: the value is the same file, spelled
+      // through the directory's "." entry.
+      {"--vocab-file", gpt2, tok + "./gpt2-vocab.json",
+       {{"train.data.tokenizer.vocab_file", tok + "./gpt2-vocab.json"}}},
+      {"--merge-file", gpt2, tok + "./gpt2-merges.txt",
+       {{"train.data.tokenizer.merge_file", tok + "./gpt2-merges.txt"}}},
+      {"--eval-interval", "", "5", {{"train.eval_interval", "5"}}},
+      {"--eval-iters", "", "5", {{"train.eval_iters", "5"}}},
+      // Checkpointing and exits.
+      {"--save", "", dir + "/save", {{"train.ckpt.save", dir + "/save"}}},
+      {"--save-interval", "--save " + dir + "/save", "5", {{"train.ckpt.save_interval", "5"}}},
+      {"--load", "", dir + "/load", {{"train.ckpt.load", dir + "/load"}}},
+      {"--finetune", "--load " + dir + "/load", "", {{"train.ckpt.finetune", "true"}}},
+      {"--moe-use-upcycling", "--load " + dir + "/load", "", {{"train.ckpt.upcycling", "true"}}},
+      {"--ckpt-step", "--load " + dir + "/load", "3", {{"train.ckpt.ckpt_step", "3"}}},
+      {"--use-checkpoint-args", "--load " + ckpt, "",
+       {{"train.ckpt.use_checkpoint_args", "true"}, {"model.qk_layernorm", "true"}}},
+      {"--exit-on-missing-checkpoint", "--load " + dir + "/load", "",
+       {{"train.ckpt.exit_on_missing_checkpoint", "true"}}},
+      {"--async-save", "", "", {{"train.ckpt.async_save", "true"}}},
+      {"--no-save-optim", "", "", {{"train.ckpt.save_optim", "false"}}},
+      {"--no-load-optim", "", "", {{"train.ckpt.load_optim", "false"}}},
+      {"--no-save-rng", "", "", {{"train.ckpt.save_rng", "false"}}},
+      {"--no-load-rng", "", "", {{"train.ckpt.load_rng", "false"}}},
+      {"--exit-interval", "", "3", {{"train.ckpt.exit_interval", "3"}}},
+      {"--exit-duration-in-mins", "", "30", {{"train.ckpt.exit_duration_mins", "30"}}},
+      {"--exit-signal-handler", "", "", {{"train.ckpt.exit_signal_handler", "true"}}},
+      // Parallelism (one rank parses any layout; the ranks check it against the world).
+      {"--expert-model-parallel-size", "", "2", {{"parallel.ep", "2"}}},
+      {"--expert-tensor-parallel-size", "", "1", {{"parallel.etp", "1"}}},
+      {"--use-tp-pp-dp-mapping", "", "", {{"parallel.use_tp_pp_dp_mapping", "true"}}},
+      {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
+      {"--overlap-grad-reduce", "", "", {{"train.ddp.overlap", "true"}}},
+      {"--ddp-bucket-size", "", "1000", {{"train.ddp.bucket_size", "1000"}}},
+      // moecore's own.
+      {"--config", "", toml, {{"model.moe.router.topk", "3"}}},
+      {"--metrics-file", "", dir + "/m.jsonl", {{"train.metrics_file", dir + "/m.jsonl"}}},
+      {"--peak-tflops", "", "2", {{"train.peak_gflops", "2000"}}},
+      {"--device", "", "cuda", {{"train.device", "cuda"}}},
+      {"--sync-audit", "", "", {{"train.sync_audit", "true"}}},
+  };
+  const std::vector<FlagNoEffect> no_effect = {
+      {"--sequence-parallel", "",
+       "Megatron turns sequence parallelism off without tensor parallelism, with a notice, and "
+       "tensor parallelism is not implemented yet"},
+      {"--fp32", "", "fp32 training is the default; --bf16 is the other precision"},
+      {"--swiglu", "", "SwiGLU is moecore's only MLP: the flag is required (its absence stops)"},
+      {"--disable-bias-linear", "",
+       "moecore has no linear biases: the flag is required (its absence stops)"},
+      {"--normalization", "RMSNorm",
+       "RMSNorm is moecore's only norm: required (Megatron's LayerNorm stops)"},
+      {"--position-embedding-type", "rope",
+       "RoPE is moecore's only position embedding: required (Megatron's learned_absolute stops)"},
+      {"--attention-dropout", "0", "moecore has no dropout: 0 is required (Megatron's 0.1 stops)"},
+      {"--hidden-dropout", "0", "moecore has no dropout: 0 is required (Megatron's 0.1 stops)"},
+      {"--rotary-seq-len-interpolation-factor", "1", "a factor of 1 interpolates nothing"},
+  };
+  const std::vector<FlagRefused> refused = {
+      {"--batch-size", "4", "use --micro-batch-size"},
+      {"--model-parallel-size", "2", "use --tensor-model-parallel-size"},
+      {"--checkpoint-activations", "", "use --recompute-activations"},
+  };
+
+  // Each flag with an effect is listed exactly once, and nothing else is.
+  const std::set<std::string> expected = flags_with_effect();
+  std::map<std::string, int> listed;
+  for (const FlagEffect& e : effects) ++listed[e.flag];
+  for (const FlagNoEffect& e : no_effect) ++listed[e.flag];
+  for (const FlagRefused& e : refused) ++listed[e.flag];
+  for (const std::string& f : expected) {
+    EXPECT_EQ(listed[f], 1) << f << ": list it once, in effects (the field it reaches), "
+                            << "no_effect (why) or refused";
+  }
+  for (const auto& [f, n] : listed) {
+    EXPECT_TRUE(expected.count(f)) << f << " is listed but binds nothing or has no effect to show";
+  }
+  EXPECT_GT(expected.size(), 100u);
+
+  // The run config of kBase + context + given; a parse error fails the test, naming it.
+  auto fields_of = [](const std::string& context, const std::vector<std::string>& given,
+                      testing::RunConfigFields& out) {
+    try {
+      out = testing::run_config_fields(parse(context, given));
+      return true;
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << "parse error: " << err.what();
+      return false;
+    }
+  };
+  for (const FlagEffect& e : effects) {
+    SCOPED_TRACE(e.flag + " " + e.values + (e.context.empty() ? "" : " after " + e.context));
+    testing::RunConfigFields before, after;
+    if (!fields_of(e.context, {}, before)) continue;
+    for (const std::string& name : names_of(e.flag)) {
+      SCOPED_TRACE(name);
+      std::vector<std::string> given = {name};
+      for (const std::string& v : words(e.values)) given.push_back(v);
+      if (!fields_of(e.context, given, after)) continue;
+      for (const auto& [field, want] : e.fields) {
+        ASSERT_TRUE(after.count(field)) << field << " is not in run_config_fields";
+        EXPECT_TRUE(same_text(after.at(field), want))
+            << field << " is " << after.at(field) << ", not " << want << "; the flag changed: "
+            << ::testing::PrintToString(testing::changed_fields(before, after));
+        EXPECT_FALSE(same_text(before.at(field), want))
+            << field << " is " << want << " without the flag too: give another value";
+      }
+    }
+  }
+  for (const FlagNoEffect& e : no_effect) {
+    SCOPED_TRACE(e.flag + " " + e.values + ": " + e.why);
+    std::vector<std::string> given = {e.flag};
+    for (const std::string& v : words(e.values)) given.push_back(v);
+    testing::RunConfigFields before, after;
+    if (!fields_of("", {}, before) || !fields_of("", given, after)) continue;
+    EXPECT_EQ(testing::changed_fields(before, after), std::vector<std::string>{})
+        << "listed as without effect, but it changes the run: move it to the effects";
+  }
+  for (const FlagRefused& e : refused) {
+    std::vector<std::string> given = {e.flag};
+    for (const std::string& v : words(e.values)) given.push_back(v);
+    const std::string msg = error_of(given);
+    EXPECT_NE(msg.find(e.message), std::string::npos) << e.flag << ": " << msg;
+  }
+}
+
+// --config FILE: the file's values reach the run's configuration (keys with dashes or
+// underscores, switches, lists), and the command line overrides the file.
+TEST(ConfigFile, ValuesReachTheRunConfigAndTheCommandLineWins) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string toml = scratch.path() + "/run.toml";
+  std::ofstream(toml) << "moe-router-topk = 3\n"  // only in the file
+                         "adam_beta2 = 0.95\n"
+                         "untie-embeddings-and-output-weights = true\n"
+                         "qk-layernorm = false\n"  // a switch set false: not given
+                         "moe-router-load-balancing-type = [\"aux_loss\", \"seq_aux_loss\"]\n"
+                         "moe-aux-loss-coeff = [0.01, 0.001]\n"
+                         "lr-decay-style = \"cosine\"\n"
+                         "train-iters = 5\n"  // kBase gives --train-iters 2 and --lr 1e-3
+                         "lr = 0.01\n";
+  const testing::RunConfigFields from_file =
+      testing::run_config_fields(parse("", {"--config", toml}));
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"model.moe.router.topk", "3"},
+      {"train.adam.beta2", "0.95"},
+      {"model.tie_embeddings", "false"},
+      {"model.qk_layernorm", "false"},
+      {"model.moe.router.load_balancing", "aux_loss"},
+      {"model.moe.router.aux_loss_coeff", "0.01"},
+      {"model.moe.router.extra_load_balancing", "seq_aux_loss:0.001"},
+      {"train.lr.style", "cosine"},
+      {"train.train_iters", "2"},  // the command line's
+      {"train.lr.max_lr", "0.001"},
+  };
+  for (const auto& [field, value] : want) {
+    EXPECT_TRUE(same_text(from_file.at(field), value))
+        << field << " is " << from_file.at(field) << ", not " << value;
+  }
+  // The same as the flags given on the command line before kBase's.
+  const std::vector<std::string> args = words(
+      "--moe-router-topk 3 --adam-beta2 0.95 --untie-embeddings-and-output-weights"
+      " --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01 0.001"
+      " --lr-decay-style cosine --train-iters 5 --lr 0.01 " + kBase);
+  EXPECT_EQ(testing::changed_fields(testing::run_config_fields(parse_train_args(args)), from_file),
+            std::vector<std::string>{});
+  // A --config=FILE spelling, and the flag after the command line's: the file still comes first.
+  const std::vector<std::string> eq = words(kBase + " --config=" + toml);
+  EXPECT_EQ(testing::changed_fields(testing::run_config_fields(parse_train_args(eq)), from_file),
+            std::vector<std::string>{});
+}
+
+// configs/tiny.toml, the default run: every key is used. Dropping a key either stops the parse
+// (a flag Megatron or moecore requires), or changes the run's configuration, or restates
+// Megatron's default (then nothing changes), or is a flag accepted without effect.
+TEST(ConfigFile, EveryKeyOfTinyTomlIsUsed) {
+  const std::vector<std::string> all =
+      config_file_args(std::string(MOECORE_SOURCE_DIR) + "/configs/tiny.toml");
+  // The file as flags, one group per key: "--key" and its values.
+  std::vector<std::vector<std::string>> keys;
+  for (const std::string& a : all) {
+    if (a.rfind("--", 0) == 0) keys.emplace_back();
+    keys.back().push_back(a);
+  }
+  ASSERT_GT(keys.size(), 30u);
+  testing::RunConfigFields full;
+  ASSERT_NO_THROW(full = testing::run_config_fields(parse_train_args(all)));
+  int required = 0, changed = 0, restated = 0, without_effect = 0;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const std::string& flag = keys[k][0];
+    SCOPED_TRACE(flag);
+    std::vector<std::string> rest;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i != k) rest.insert(rest.end(), keys[i].begin(), keys[i].end());
+    }
+    const MegatronFlag* mf = megatron_arguments().find(flag);
+    std::string value;
+    for (size_t i = 1; i < keys[k].size(); ++i) value += (i > 1 ? " " : "") + keys[k][i];
+    if (keys[k].size() == 1) value = "true";
+    const bool is_default =
+        mf != nullptr && same_text(value, mf->action == ArgAction::StoreFalse
+                                              ? (default_text(*mf) == "true" ? "false" : "true")
+                                              : default_text(*mf));
+    const bool no_effect = mf != nullptr && flag_class(*mf, train_binds(*mf)) == FlagClass::NoEffect;
+    testing::RunConfigFields dropped;
+    try {
+      dropped = testing::run_config_fields(parse_train_args(rest));
+    } catch (const std::exception&) {
+      ++required;
+      continue;
+    }
+    const std::vector<std::string> diff = testing::changed_fields(full, dropped);
+    if (is_default || no_effect) {
+      EXPECT_EQ(diff, std::vector<std::string>{})
+          << flag << " " << value << (is_default ? " is Megatron's default" : " has no effect")
+          << ", yet dropping it changes the run";
+      ++(is_default ? restated : without_effect);
+    } else {
+      EXPECT_NE(diff, std::vector<std::string>{})
+          << flag << " " << value << " (not the default) changes nothing: the value is ignored";
+      ++changed;
+    }
+  }
+  EXPECT_GT(required, 5);
+  EXPECT_GT(changed, 5);
+  EXPECT_GT(restated, 0);
+  EXPECT_GT(without_effect, 0);
 }
 
 // Megatron's default as moecore's text for the CLI11 default: numbers by value, lists without
