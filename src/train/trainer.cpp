@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
+#include "ops/numerics_class.h"
 #include "ops/router_balance.h"
 #include "train/exit_conditions.h"
 #include "train/progress.h"
@@ -381,6 +382,8 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                  ? std::string()
                  : fmt::format(", activation recomputation saves {:.2f}",
                                ma.recompute_saving_bytes() / kMiB));
+  // What decides the bitwise results on this CPU (the golden digests are kept per class).
+  if (exec_.on_cpu()) fmt::print(log, "[train] numerics class: {}\n", ops::numerics_class());
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
