@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "backend_case.h"
+#include "common/paths.h"
 #include "core/check.h"
 #include "core/device.h"
 #include "ops/cast.h"
@@ -125,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(Backend, Ops, ::testing::ValuesIn(all_params()),
 // The ops of src/ops/*.h: every function whose first parameter is `const Exec&`.
 std::set<std::string> ops_in_headers() {
   std::set<std::string> ops;
-  const std::filesystem::path dir = std::filesystem::path(MOECORE_SOURCE_DIR) / "src" / "ops";
+  const std::filesystem::path dir = std::filesystem::path(::moecore::testing::source_dir()) / "src" / "ops";
   const std::regex op_decl(R"(([A-Za-z_][A-Za-z_0-9]*)\s*\(\s*const\s+Exec\s*&)");
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".h") continue;

@@ -12,12 +12,13 @@
 #include "ckpt/safetensors_file.h"
 #include "ckpt/safetensors_writer.h"
 #include "ckpt_files.h"
+#include "common/paths.h"
 
 namespace moecore::ckpt {
 namespace {
 
 const std::string kFixture =
-    std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/ckpt/reference_layout.safetensors";
+    ::moecore::testing::source_dir() + "/tests/fixtures/ckpt/reference_layout.safetensors";
 
 template <typename T>
 std::vector<T> values(const SafetensorsFile& f, const std::string& name) {

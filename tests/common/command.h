@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "common/paths.h"
+
 namespace moecore::testing {
 
 struct CommandResult {
@@ -29,8 +31,6 @@ inline CommandResult run_command(const std::string& cmd) {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
-
-inline std::string moecore_binary() { return std::string(MOECORE_BUILD_DIR) + "/moecore"; }
 
 inline CommandResult run_moecore(const std::string& args) {
   return run_command(moecore_binary() + " " + args);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/command.h"
+#include "common/paths.h"
 #include "data/data_pipeline.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
@@ -33,7 +34,7 @@ std::string temp_dir() {
 }
 
 std::string fixture(const std::string& name) {
-  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/data/" + name;
+  return ::moecore::testing::source_dir() + "/tests/fixtures/data/" + name;
 }
 
 std::vector<char> bytes(const std::string& path) {

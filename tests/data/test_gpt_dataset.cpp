@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/paths.h"
 #include "core/check.h"
 #include "data/blended_dataset.h"
 #include "data/data_pipeline.h"
@@ -30,7 +31,7 @@ namespace {
 
 const nlohmann::json& fixtures() {
   static const nlohmann::json j = [] {
-    std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/data/indices.json");
+    std::ifstream in(::moecore::testing::source_dir() + "/tests/fixtures/data/indices.json");
     EXPECT_TRUE(in.good()) << "tests/fixtures/data/indices.json (tools/make_data_fixtures.py)";
     return nlohmann::json::parse(in);
   }();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/command.h"
+#include "common/paths.h"
 #include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "data/pretokenizer.h"
@@ -28,7 +29,7 @@ namespace moecore::data {
 namespace {
 
 std::string fixture(const std::string& name) {
-  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/tokenizers/" + name;
+  return ::moecore::testing::source_dir() + "/tests/fixtures/tokenizers/" + name;
 }
 
 const nlohmann::json& reference() {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/layer_testing.h"
+#include "common/paths.h"
 #include "moe/router.h"
 
 namespace moecore::moe {
@@ -31,7 +32,7 @@ constexpr double kEps64 = 0x1p-52;  // ulp of 1 in f64
 constexpr double kEps32 = 0x1p-23;  // ulp of 1 in f32
 constexpr double kUnit32 = 0x1p-24;  // f32 unit roundoff: |fl(x) - x| <= kUnit32 |x|
 
-std::string fixture_dir() { return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/router"; }
+std::string fixture_dir() { return ::moecore::testing::source_dir() + "/tests/fixtures/router"; }
 
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
@@ -330,7 +331,7 @@ std::string fixture_test_name(const ::testing::TestParamInfo<FixtureParam>& info
 INSTANTIATE_TEST_SUITE_P(Megatron, RouterFixture, ::testing::ValuesIn(all_params()),
                          fixture_test_name);
 
-// The fixture set must not silently vanish (a wrong MOECORE_SOURCE_DIR would skip them all).
+// The fixture set must not silently vanish (a wrong source directory would skip them all).
 TEST(RouterFixture, FixturesPresent) { EXPECT_GE(fixture_names().size(), 30u) << fixture_dir(); }
 
 }  // namespace

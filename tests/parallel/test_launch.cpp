@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/command.h"
+#include "common/paths.h"
 #include "parallel/groups_command.h"
 #include "parallel/process_groups.h"
 
@@ -21,14 +22,7 @@ namespace {
 using ProcResult = moecore::testing::CommandResult;
 ProcResult run(const std::string& cmd) { return moecore::testing::run_command(cmd); }
 
-std::string moecore_binary() {
-#ifdef MOECORE_BINARY
-  return MOECORE_BINARY;
-#else
-  const char* dir = std::getenv("MOECORE_BUILD_DIR");
-  return std::string(dir ? dir : ".") + "/moecore";
-#endif
-}
+std::string moecore_binary() { return moecore::testing::moecore_binary(); }
 
 TEST(GroupsCommand, JsonHasExactlyTheGroupKeys) {
   const ProcResult r = run(moecore_binary() +
@@ -76,10 +70,10 @@ TEST(GroupsCommand, TextListingAndBadLayout) {
       << r.output;
 }
 
-#ifdef MOECORE_MPIEXEC
+#ifdef MOECORE_HAVE_MPI
 std::string mpirun(int np) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
-         std::string(MOECORE_MPIEXEC) + " --oversubscribe -np " + std::to_string(np) + " ";
+         moecore::testing::mpiexec() + " --oversubscribe -np " + std::to_string(np) + " ";
 }
 
 TEST(Launch, RankZeroAlonePrints) {
@@ -183,7 +177,7 @@ TEST(Launch, RankCapacityOverflowEndsTheJob) {
 // ends with a non-zero status, at once: rank 3 never reaches its own (120 s) timeout. No
 // wall-clock bound: the absent diagnostic of rank 3 is what tells, however loaded the machine.
 TEST(Launch, SkippedCollectiveTimesOutWithDiagnostic) {
-  const ProcResult r = run(mpirun(4) + MOECORE_TIMEOUT_PROBE);
+  const ProcResult r = run(mpirun(4) + moecore::testing::timeout_probe());
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("timeout: world rank 3 "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[comm] timeout: world rank"), std::string::npos) << r.output;

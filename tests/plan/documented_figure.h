@@ -11,13 +11,14 @@
 #include <sstream>
 #include <string>
 
+#include "common/paths.h"
 #include "common/tolerances.h"
 
 namespace moecore::plan {
 
 inline const std::string& docs_plan_md() {
   static const std::string text = [] {
-    std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/docs/plan.md");
+    std::ifstream in(::moecore::testing::source_dir() + "/docs/plan.md");
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();

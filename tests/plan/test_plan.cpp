@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/paths.h"
 #include "common/testing.h"
 #include "documented_figure.h"
 #include "model/gpt_model.h"
@@ -31,7 +32,7 @@ namespace moecore::plan {
 namespace {
 
 std::string config(const std::string& name) {
-  return std::string(MOECORE_SOURCE_DIR) + "/configs/" + name + ".toml";
+  return ::moecore::testing::source_dir() + "/configs/" + name + ".toml";
 }
 
 // The model of a shipped config, as `moecore plan --config` reads it (TP 1).
@@ -178,7 +179,7 @@ TEST(PlanParams, HfConfigEqualsTheShippedFlags) {
 // sparse iff l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0; Qwen2-MoE
 // attention has q/k/v biases.
 TEST(PlanParams, HfQwenMoeLayersAndBiases) {
-  const std::string hf = std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/hf/";
+  const std::string hf = ::moecore::testing::source_dir() + "/tests/fixtures/hf/";
   const ModelSpec q2 = spec_from_hf_config(hf + "qwen2_moe/config.json");
   EXPECT_EQ(q2.moe_layer_pattern, (std::vector<int>{0, 1, 0, 1}));  // decoder_sparse_step 2
   EXPECT_TRUE(q2.add_qkv_bias);
@@ -518,7 +519,7 @@ TEST(PlanSearch, ReturnsOnlyFittingLayoutsThatGroupsAccepts) {
   EXPECT_GT(j["rejected"].get<int>(), 0);  // the memory limit rejects some
   for (const auto& l : j["layouts"]) {
     EXPECT_LE(l["memory_bytes"].get<double>(), 0.03 * (1 << 30));
-    const std::string cmd = std::string(MOECORE_BUILD_DIR) + "/moecore groups --world-size 4 " +
+    const std::string cmd = ::moecore::testing::moecore_binary() + " groups --world-size 4 " +
                             l["groups_flags"].get<std::string>() +
                             " --num-layers 2 --num-experts 8 --num-attention-heads 4 "
                             "--num-query-groups 4 --ffn-hidden-size 256 "

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "common/command.h"
+#include "common/paths.h"
 #include "common/tolerances.h"
 #include "documented_figure.h"
 
@@ -52,20 +53,18 @@ struct Layout {
   const char* a2a_line = nullptr;
 };
 
-std::string moecore() {
-  return std::string(MOECORE_BUILD_DIR) + "/moecore";
-}
+std::string moecore() { return ::moecore::testing::moecore_binary(); }
 
 // session: a directory of this test's own for Open MPI's session files, so that its mpiruns do
 // not race other tests' on the shared top-level one (created and removed without locking).
 std::string launcher(int ranks, const std::string& session) {
   if (ranks == 1) return "OMP_NUM_THREADS=1 ";
-#ifdef MOECORE_MPIEXEC
+#ifdef MOECORE_HAVE_MPI
   const std::string env =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMP_NUM_THREADS=1 OMPI_MCA_orte_tmpdir_base=" +
       session + " ";
-  return env + MOECORE_MPIEXEC + " --oversubscribe -np " + std::to_string(ranks) + " ";
+  return env + ::moecore::testing::mpiexec() + " --oversubscribe -np " + std::to_string(ranks) + " ";
 #else
   (void)session;
   return "";
@@ -112,7 +111,7 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
     const double planned = plan["memory_per_rank_bytes"]["total"].get<double>();
     const double a2a_planned = plan["alltoall_bytes_per_step"].get<double>();
     if (l.a2a_printed != nullptr) EXPECT_TRUE(documented(a2a_planned, l.a2a_printed, l.a2a_line));
-#ifndef MOECORE_MPIEXEC
+#ifndef MOECORE_HAVE_MPI
     if (l.ranks > 1) {
       std::printf("[ NOT RUN  ] %s: no mpirun in this build\n", l.what);
       continue;
@@ -174,10 +173,10 @@ std::string error_message(const std::string& output) {
 // mpirun for the same flags (EP that leaves no whole expert-data-parallel size, experts not
 // divisible by EP, a global batch that does not split over DP).
 TEST(PlanValidation, SameMessagesAsTrain) {
-#ifndef MOECORE_MPIEXEC
+#ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
 #else
-  const std::string tiny = std::string(MOECORE_SOURCE_DIR) + "/configs/tiny.toml";
+  const std::string tiny = ::moecore::testing::source_dir() + "/configs/tiny.toml";
   const std::string session =
       ::testing::TempDir() + "moecore_plan_validation_" + std::to_string(::getpid());
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;

@@ -25,6 +25,7 @@
 #include "ckpt/safetensors_file.h"
 #include "ckpt/safetensors_writer.h"
 #include "common/command.h"
+#include "common/paths.h"
 #include "common/testing.h"
 #include "convert/hf_config.h"
 #include "convert/hf_export.h"
@@ -44,7 +45,7 @@ using nlohmann::json;
 using testing::error_of;
 
 fs::path fixture(const std::string& name) {
-  return fs::path(MOECORE_SOURCE_DIR) / "tests" / "fixtures" / "hf" / name;
+  return fs::path(::moecore::testing::source_dir()) / "tests" / "fixtures" / "hf" / name;
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -483,7 +484,7 @@ TEST(HfConvert, CommandLineImportTrainExport) {
 TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
   const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
   const fs::path flags = fresh_dir("padded_flags.toml");
-  std::ofstream(flags) << read_text(fs::path(MOECORE_SOURCE_DIR) / "configs" / "tiny.toml")
+  std::ofstream(flags) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" / "tiny.toml")
                        << "\nmake-vocab-size-divisible-by = 100\n";
   testing::CommandResult r = testing::run_moecore(
       "train --config " + flags.string() + " --train-iters 2 --lr-warmup-iters 0 --save " +

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/paths.h"
 #include "common/run_config_fields.h"
 #include "core/check.h"
 #include "train/config_file.h"
@@ -192,7 +193,7 @@ bool same_text(const std::string& a, const std::string& b) {
 }
 
 std::string fixture(const std::string& path) {
-  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/" + path;
+  return ::moecore::testing::source_dir() + "/tests/fixtures/" + path;
 }
 
 // A directory of this test's own, removed at the end of the scope.
@@ -539,7 +540,7 @@ TEST(ConfigFile, ValuesReachTheRunConfigAndTheCommandLineWins) {
 // Megatron's default (then nothing changes), or is a flag accepted without effect.
 TEST(ConfigFile, EveryKeyOfTinyTomlIsUsed) {
   const std::vector<std::string> all =
-      config_file_args(std::string(MOECORE_SOURCE_DIR) + "/configs/tiny.toml");
+      config_file_args(::moecore::testing::source_dir() + "/configs/tiny.toml");
   // The file as flags, one group per key: "--key" and its values.
   std::vector<std::vector<std::string>> keys;
   for (const std::string& a : all) {
@@ -737,7 +738,7 @@ TEST(MegatronFlags, ExpertRankCapacityFactor) {
 }
 
 TEST(MegatronFlags, DocsFlagsMdIsCurrent) {
-  std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/docs/flags.md");
+  std::ifstream in(::moecore::testing::source_dir() + "/docs/flags.md");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string doc = ss.str();
@@ -777,7 +778,7 @@ void refused(const std::string& recipe, const std::string& shrunk,
 }
 
 std::string tokenizer_fixture(const std::string& name) {
-  return std::string(MOECORE_SOURCE_DIR) + "/tests/fixtures/tokenizers/" + name;
+  return ::moecore::testing::source_dir() + "/tests/fixtures/tokenizers/" + name;
 }
 // The recipes' --tokenizer-type HuggingFaceTokenizer with a small tokenizer.json, on mock data.
 const std::string kHuggingFaceMock =
