@@ -6,6 +6,8 @@
 // the same iteration.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -17,8 +19,11 @@ namespace moecore::train {
 
 class ExitConditions {
  public:
-  // Installs the SIGTERM / SIGINT handler when cfg asks for it (the previous handlers come back
-  // in the destructor). world: null for one rank.
+  // When cfg asks for the signal handler: blocks SIGTERM and SIGINT in the calling thread and the
+  // OpenMP threads (no handler may interrupt a oneDNN GEMM: exit_conditions.cpp says why) and
+  // installs a handler for the threads that do not block them; check() also takes a signal left
+  // pending. The previous masks and handlers come back in the destructor. world: null for one
+  // rank.
   ExitConditions(const CheckpointConfig& cfg, parallel::Communicator* world);
   ~ExitConditions();
   ExitConditions(const ExitConditions&) = delete;
@@ -28,7 +33,7 @@ class ExitConditions {
   // signal handler or a duration is set (one all-reduce of one integer per iteration).
   std::string check(int64_t iteration);
 
-  // The signal the handler caught since it was installed (0: none); for tests.
+  // The signal caught since the handler was installed (0: none); for tests.
   static int caught_signal();
 
  private:
@@ -36,6 +41,7 @@ class ExitConditions {
   parallel::Communicator* world_;
   std::chrono::steady_clock::time_point start_;
   bool handler_installed_ = false;
+  sigset_t saved_mask_{};  // the calling thread's mask before, restored on every compute thread
 };
 
 }  // namespace moecore::train
