@@ -5,6 +5,8 @@
 // AdamW moments only; and a checkpoint of another model is refused.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -51,7 +53,8 @@ train::TrainFlags resume_flags(int64_t iters, bool quantile) {
 }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("moecore_resume." + name);
+  const fs::path d =
+      fs::temp_directory_path() / ("moecore_resume." + std::to_string(::getpid()) + "." + name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -7,6 +7,8 @@
 // (tolerance: docs/numerics.md).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,8 +50,14 @@ fs::path fixture(const std::string& name) {
   return fs::path(::moecore::testing::source_dir()) / "tests" / "fixtures" / "hf" / name;
 }
 
+// <tmp>/moecore_hf_convert.<pid>.<name>: this process's own (no other run of the suite shares it).
+fs::path scratch_path(const std::string& name) {
+  return fs::temp_directory_path() /
+         ("moecore_hf_convert." + std::to_string(::getpid()) + "." + name);
+}
+
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("moecore_hf_convert." + name);
+  const fs::path d = scratch_path(name);
   fs::remove_all(d);
   return d;
 }
@@ -368,7 +376,7 @@ TEST(HfConvert, RoundTripIsBytewise) {
   }
   // The single F32 files: the whole file is the source's, header and order included.
   for (const std::string name : {"mixtral", "qwen2_moe"}) {
-    const fs::path hf = fs::temp_directory_path() / ("moecore_hf_convert.rt_hf_" + name);
+    const fs::path hf = scratch_path("rt_hf_" + name);
     EXPECT_EQ(read_text(hf / "model.safetensors"), read_text(fixture(name) / "model.safetensors"))
         << name;
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -751,6 +752,14 @@ TEST(MegatronFlags, DocsFlagsMdIsCurrent) {
       << "regenerate: build/moecore train --flags-markdown, between the markers of docs/flags.md";
 }
 
+// A save directory of this process's own for the recipes' checkpointing flags (the run checks it
+// before step 0; no other run of the suite shares it).
+std::string save_dir() {
+  return (std::filesystem::temp_directory_path() /
+          ("moecore_recipe_ckpt." + std::to_string(::getpid())))
+      .string();
+}
+
 // A recipe's flags, sizes shrunk, two steps on the synthetic language.
 void trains(const std::string& recipe, const std::string& shrunk) {
   TrainFlags f = parse_train_args(words(recipe + " " + shrunk));
@@ -815,7 +824,7 @@ TEST(MegatronRecipes, Mixtral8x7B) {
   refused(kMixtral, kShrunk,
           {{"--pipeline-model-parallel-size 4", ""}, {"--use-distributed-optimizer", ""}});
   // The recipe's CHECKPOINTING_ARGS (nothing is saved or loaded: trains() runs steps only).
-  trains(kMixtral, std::string(kShrunk) + " --save /tmp/ckpt --load /tmp/ckpt" +
+  trains(kMixtral, std::string(kShrunk) + " --save " + save_dir() + " --load " + save_dir() +
                        " --save-interval 10000 --no-load-optim --no-load-rng");
   // The recipe's tokenizer (a Llama-2 SentencePiece model) on mock data.
   trains(kMixtral, std::string(kShrunk) + " --mock-data --tokenizer-type Llama2Tokenizer" +
@@ -845,7 +854,7 @@ TEST(MegatronRecipes, Qwen3_30B_A3B) {
   refused(kQwen3_30B, kQwenShrunk, {{"", ""}});
   trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0");
   trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0" +
-                         " --save /tmp/ckpt --save-interval 100000");
+                         " --save " + save_dir() + " --save-interval 100000");
   trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0" +
                          kHuggingFaceMock);
 }
