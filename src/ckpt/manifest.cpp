@@ -1,6 +1,7 @@
 #include "ckpt/manifest.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "ckpt/safetensors.h"
@@ -51,13 +52,18 @@ void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& fi
   }
   std::stable_sort(order.begin(), order.end(),
                    [](const SliceRef* a, const SliceRef* b) { return a->offset < b->offset; });
-  int64_t next = 0;
+  int64_t next = 0;  // <= t.shape[dim]: no slice may end past the dimension (nor overflow)
   for (const SliceRef* s : order) {
     MOE_CHECK(s->offset == next,
               "[checkpoint] '{}': tensor '{}' along dimension {}: a slice starts at {} where {} "
               "was expected ({} a slice of '{}'): the slices must cover every index once",
               where, t.name, dim, s->offset, next, s->offset < next ? "overlap with" : "gap before",
               s->file);
+    MOE_CHECK(s->length <= t.shape[dim] - next,
+              "[checkpoint] '{}': tensor '{}' {}: a slice of '{}' at offset {} of length {} runs "
+              "past dimension {} ({} indices)",
+              where, t.name, format_shape(t.shape), s->file, s->offset, s->length, dim,
+              t.shape[dim]);
     next += s->length;
   }
   MOE_CHECK(next == t.shape[dim],
@@ -91,6 +97,27 @@ const json& need(const json& obj, const char* key, json::value_t kind, const std
   MOE_CHECK(ok, "[checkpoint] '{}': \"{}\" of {} is {}, not {}", where, key, what, v.type_name(),
             json(kind).type_name());
   return v;
+}
+
+// Whether the JSON integer v is a value of T (int, int64_t, uint64_t): a number outside T must
+// fail, not wrap around (a world size of 2^32 + 1 is not a world of 1, -1 bytes not 2^64 - 1).
+template <typename T>
+bool fits(const json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  }
+  const int64_t x = v.get<int64_t>();
+  return x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+         (x < 0 || static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
+}
+
+// need(obj, key, integer) read as T, its range checked.
+template <typename T>
+T need_int(const json& obj, const char* key, const std::string& what, const std::string& where) {
+  const json& v = need(obj, key, json::value_t::number_integer, what, where);
+  MOE_CHECK(fits<T>(v), "[checkpoint] '{}': \"{}\" of {} is {}, outside [{}, {}]", where, key,
+            what, v.dump(), std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+  return v.get<T>();
 }
 
 }  // namespace
@@ -188,17 +215,17 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
   MOE_CHECK(format == kManifestFormat,
             "[checkpoint] '{}': format '{}' is not '{}': not a moecore checkpoint manifest",
             where, format, kManifestFormat);
-  const int64_t version = need(j, "format_version", json::value_t::number_integer, top, where);
+  const int64_t version = need_int<int64_t>(j, "format_version", top, where);
   MOE_CHECK(version == kManifestVersion,
             "[checkpoint] '{}': format version {}; this moecore reads version {}{}", where,
             version, kManifestVersion,
             version > kManifestVersion ? ": the checkpoint was written by a newer moecore" : "");
   Manifest m;
-  m.iteration = need(j, "iteration", json::value_t::number_integer, top, where);
-  m.world_size = need(j, "world_size", json::value_t::number_integer, top, where).get<int>();
+  m.iteration = need_int<int64_t>(j, "iteration", top, where);
+  m.world_size = need_int<int>(j, "world_size", top, where);
   for (const auto& [k, v] : need(j, "layout", json::value_t::object, top, where).items()) {
-    MOE_CHECK(v.is_number_integer(), "[checkpoint] '{}': layout \"{}\" is {}, not an integer",
-              where, k, v.type_name());
+    MOE_CHECK(v.is_number_integer() && fits<int64_t>(v),
+              "[checkpoint] '{}': layout \"{}\" is {}, not a 64-bit integer", where, k, v.dump());
     m.layout[k] = v.get<int64_t>();
   }
   if (j.contains("state")) m.state = need(j, "state", json::value_t::object, top, where);
@@ -206,10 +233,8 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
     const std::string what = "a shard entry";
     ShardFile s;
     s.file = need(f, "file", json::value_t::string, what, where);
-    s.rank = need(f, "rank", json::value_t::number_integer, "shard '" + s.file + "'", where)
-                 .get<int>();
-    s.bytes = need(f, "bytes", json::value_t::number_integer, "shard '" + s.file + "'", where)
-                  .get<uint64_t>();
+    s.rank = need_int<int>(f, "rank", "shard '" + s.file + "'", where);
+    s.bytes = need_int<uint64_t>(f, "bytes", "shard '" + s.file + "'", where);
     s.sha256 = need(f, "sha256", json::value_t::string, "shard '" + s.file + "'", where);
     m.files.push_back(std::move(s));
   }
@@ -219,20 +244,19 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
     const std::string what = "tensor '" + g.name + "'";
     g.dtype = need(t, "dtype", json::value_t::string, what, where);
     for (const json& d : need(t, "shape", json::value_t::array, what, where)) {
-      MOE_CHECK(d.is_number_integer(), "[checkpoint] '{}': {} has a shape entry {}", where, what,
-                d.dump());
+      MOE_CHECK(d.is_number_integer() && fits<int64_t>(d),
+                "[checkpoint] '{}': {} has a shape entry {}", where, what, d.dump());
       g.shape.push_back(d.get<int64_t>());
     }
     for (const json& s : need(t, "slices", json::value_t::array, what, where)) {
       SliceRef r;
       r.file = need(s, "file", json::value_t::string, "a slice of " + what, where);
       if (s.contains("dim")) {
-        r.dim = need(s, "dim", json::value_t::number_integer, "a slice of " + what, where)
-                    .get<int>();
+        r.dim = need_int<int>(s, "dim", "a slice of " + what, where);
         MOE_CHECK(r.dim >= 0, "[checkpoint] '{}': a slice of {} splits dimension {}", where,
                   what, r.dim);
-        r.offset = need(s, "offset", json::value_t::number_integer, "a slice of " + what, where);
-        r.length = need(s, "length", json::value_t::number_integer, "a slice of " + what, where);
+        r.offset = need_int<int64_t>(s, "offset", "a slice of " + what, where);
+        r.length = need_int<int64_t>(s, "length", "a slice of " + what, where);
       }
       g.slices.push_back(std::move(r));
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 
@@ -53,11 +54,19 @@ class ConfigReader {
   }
 
  private:
+  // An integer, or a float with an integral value (some writers emit 4096.0), that fits int64:
+  // 1e300 must fail here, not wrap around in a cast (UB) or as an unsigned 2^64 - 1.
   int64_t as_integer(const char* key) const {
     const json& v = cfg_[key];
-    MOE_CHECK(v.is_number_integer() ||
-                  (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()),
-              "[convert] '{}': \"{}\" is {}, not an integer", where_, key, text(key));
+    const bool fits =
+        v.is_number_unsigned()
+            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+        : v.is_number_integer() ? true
+        : v.is_number_float()
+            ? std::floor(v.get<double>()) == v.get<double>() && v.get<double>() >= -0x1p63 &&
+                  v.get<double>() < 0x1p63
+            : false;
+    MOE_CHECK(fits, "[convert] '{}': \"{}\" is {}, not an integer", where_, key, text(key));
     return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
   }
 
@@ -204,6 +213,11 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
   s.num_heads = r.integer("num_attention_heads");
   s.max_position_embeddings = r.integer("max_position_embeddings");
   s.ffn_hidden = r.integer("intermediate_size");
+  // The layer count sizes vectors here and a model in the importer: a corrupt value must not
+  // ask for billions of layers.
+  if (s.num_layers > kMaxHfLayers)
+    r.refuse("num_hidden_layers", std::to_string(s.num_layers),
+             fmt::format("moecore converts models of at most {} layers", kMaxHfLayers));
   MOE_CHECK(s.vocab_size >= 2 && s.hidden >= 1 && s.num_layers >= 1 && s.num_heads >= 1 &&
                 s.max_position_embeddings >= 1 && s.ffn_hidden >= 1,
             "[convert] '{}': sizes must be positive (vocab_size {}, hidden_size {}, "
@@ -256,7 +270,7 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
     s.norm_topk_prob = r.boolean("norm_topk_prob", false);
     const int64_t step = r.integer("decoder_sparse_step", 1);
     if (step < 1) r.refuse("decoder_sparse_step", std::to_string(step), "it must be >= 1");
-    std::vector<int64_t> only;
+    std::vector<bool> listed(static_cast<size_t>(s.num_layers));
     if (r.has("mlp_only_layers")) {
       MOE_CHECK(r.at("mlp_only_layers").is_array(),
                 "[convert] '{}': \"mlp_only_layers\" is {}, not a list", where,
@@ -265,15 +279,14 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
         MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < s.num_layers,
                   "[convert] '{}': \"mlp_only_layers\" holds {}, not a layer of 0..{}", where,
                   v.dump(), s.num_layers - 1);
-        only.push_back(v.get<int64_t>());
+        listed[v.get<int64_t>()] = true;
       }
     }
     // Qwen2MoeDecoderLayer.__init__ (Qwen3's the same): sparse iff not listed, experts exist and
     // (i + 1) % decoder_sparse_step == 0. Megatron's integer --moe-layer-freq N means i % N == 0,
     // hence the explicit list.
     for (int64_t i = 0; i < s.num_layers; ++i) {
-      const bool listed = std::find(only.begin(), only.end(), i) != only.end();
-      s.moe_layers.push_back(!listed && s.num_experts > 0 && (i + 1) % step == 0 ? 1 : 0);
+      s.moe_layers.push_back(!listed[i] && s.num_experts > 0 && (i + 1) % step == 0 ? 1 : 0);
     }
   }
   if (s.num_experts > 0) {
@@ -370,7 +383,9 @@ json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const 
   static const char* const kCarried[] = {
       "bos_token_id",         "eos_token_id", "pad_token_id",         "initializer_range",
       "router_aux_loss_coef", "use_cache",    "output_router_logits", "router_jitter_noise"};
-  if (carry != nullptr && carry->is_object() && carry->value("model_type", "") == c["model_type"]) {
+  // find, not value(): an imported model_type of another JSON kind must not throw here.
+  if (carry != nullptr && carry->is_object() && carry->find("model_type") != carry->end() &&
+      *carry->find("model_type") == c["model_type"]) {
     for (const char* k : kCarried) {
       if (carry->contains(k)) c[k] = (*carry)[k];
     }

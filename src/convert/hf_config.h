@@ -49,6 +49,10 @@ struct HfModelSpec {
   bool operator==(const HfModelSpec&) const = default;
 };
 
+// The most layers a config.json may declare (real models have a few hundred at most; the
+// count sizes per-layer tables here and the model the importer plans).
+inline constexpr int64_t kMaxHfLayers = 1 << 16;
+
 // Reads config.json (`where` names it in messages). Throws for an architecture other than the
 // three and for every setting moecore cannot represent, naming the key and its value
 // (docs/hf_interop.md, section 7). Settings that only matter for training and that moecore

@@ -56,6 +56,16 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
             vocab_file);
   eod_ = eod->second;
   vocab_size_ = static_cast<int64_t>(vocab.size());
+  // The embedding has vocab_size rows: every id must be below it, i.e. the ids are 0..n-1 (a
+  // gap or two tokens sharing an id would leave ids at or past it).
+  std::vector<bool> seen(vocab.size());
+  for (const auto& [tok, id] : vocab) {
+    MOE_CHECK(id >= 0 && id < vocab_size_ && !seen[id],
+              "[tokenizer] --vocab-file '{}': token '{}' has id {}, but the {} tokens must have "
+              "the ids 0..{}, each once",
+              vocab_file, tok, id, vocab_size_, vocab_size_ - 1);
+    seen[id] = true;
+  }
   added_.add("<|endoftext|>", eod_);
   bpe_ = std::make_unique<ByteLevelBpe>(
       vocab, merges, false,

@@ -136,6 +136,66 @@ GPTIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
   return out;
 }
 
+namespace {
+
+// Cached indices whose description matches but whose arrays do not fit the dataset (altered,
+// truncated and re-padded, copied from another run) would make sample() read out of bounds:
+// every entry is checked the way sample() walks it, in O(documents + samples) (consecutive
+// samples share their boundary entry, so the walks do not overlap).
+void check_cached_indices(const GPTIndices& ix, const LowLevelDataset& data, int64_t doc_begin,
+                          int64_t doc_end, int64_t seq_length, int64_t num_samples,
+                          const std::string& where) {
+  // Every message: "[data] the index cache <files> does not fit the dataset '<name>': <what>;
+  // delete those files to rebuild them".
+#define MOE_CHECK_CACHE(cond, what, ...)                                                     \
+  MOE_CHECK(cond,                                                                            \
+            "[data] the index cache {} does not fit the dataset '{}': " what                 \
+            "; delete those files to rebuild them",                                          \
+            where, data.name(), __VA_ARGS__)
+  const int64_t docs = static_cast<int64_t>(ix.document_index.size());
+  for (int64_t i = 0; i < docs; ++i) {
+    const int64_t d = ix.document_index[i];
+    MOE_CHECK_CACHE(d >= doc_begin && d < doc_end,
+                    "document_index[{}] = {} is not a document of the split [{}, {})", i, d,
+                    doc_begin, doc_end);
+  }
+  const int64_t samples = static_cast<int64_t>(ix.sample_index.size()) / 2 - 1;
+  MOE_CHECK_CACHE(ix.sample_index.size() % 2 == 0 && samples >= 0 &&
+                      static_cast<int64_t>(ix.shuffle_index.size()) == samples,
+                  "sample_index has {} entries and shuffle_index {}, not 2 * (n + 1) and n",
+                  ix.sample_index.size(), ix.shuffle_index.size());
+  MOE_CHECK_CACHE(num_samples < 0 || samples >= num_samples, "it holds {} samples, {} are needed",
+                  samples, num_samples);
+  for (int64_t j = 0; j < samples; ++j) {
+    const int64_t b = ix.sample_index[2 * j], b_off = ix.sample_index[2 * j + 1];
+    const int64_t e = ix.sample_index[2 * j + 2], e_off = ix.sample_index[2 * j + 3];
+    MOE_CHECK_CACHE(b >= 0 && b <= e && e < docs, "sample {} spans document_index [{}, {}] of {}",
+                    j, b, e, docs);
+    int64_t tokens = 0;
+    for (int64_t i = b; i <= e; ++i) {
+      const int64_t len = data.sequence_length(ix.document_index[i]);
+      // e_off < len before the + 1: an offset near 2^63 must not wrap around.
+      MOE_CHECK_CACHE((i != b || (b_off >= 0 && b_off <= len)) && (i != e || (e_off >= 0 && e_off < len)),
+                      "sample {} starts at offset {} and ends at offset {} in documents of {} "
+                      "tokens",
+                      j, b_off, e_off, len);
+      const int64_t from = i == b ? b_off : 0, to = i == e ? e_off + 1 : len;
+      MOE_CHECK_CACHE(from <= to, "sample {} takes tokens [{}, {}) of a document", j, from, to);
+      tokens += to - from;
+    }
+    MOE_CHECK_CACHE(tokens == seq_length + 1, "sample {} has {} tokens, not {}", j, tokens,
+                    seq_length + 1);
+  }
+  for (int64_t i = 0; i < samples; ++i) {
+    const int64_t k = ix.shuffle_index[i];
+    MOE_CHECK_CACHE(k >= 0 && k < samples, "shuffle_index[{}] = {} is not a sample of {}", i, k,
+                    samples);
+  }
+#undef MOE_CHECK_CACHE
+}
+
+}  // namespace
+
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split,
                        int64_t num_samples, const GPTDatasetConfig& cfg)
     : data_(std::move(data)), split_(split), cfg_(cfg) {
@@ -163,10 +223,16 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split,
     auto doc = read_npy<int32_t>(cache.path_of("document_index.npy"), &r, &c);
     auto smp = read_npy<int64_t>(cache.path_of("sample_index.npy"), &r2, &c2);
     auto shf = read_npy<int64_t>(cache.path_of("shuffle_index.npy"), &r3, &c3);
-    if (doc && smp && shf && c2 == 2 && r3 == r2 - 1) {
+    if (doc && smp && shf) {
+      MOE_CHECK(c == 0 && c2 == 2 && c3 == 0,
+                "[data] the index cache {} has arrays of shapes ({}, {}), ({}, {}), ({}, {}), "
+                "not (n,), (m, 2), (m - 1,): delete those files to rebuild them",
+                cache.path_of("*.npy"), r, c, r2, c2, r3, c3);
       indices_.document_index = std::move(*doc);
       indices_.sample_index = std::move(*smp);
       indices_.shuffle_index = std::move(*shf);
+      check_cached_indices(indices_, *data_, doc_begin_, doc_end_, cfg_.seq_length, num_samples,
+                           cache.path_of("*.npy"));
       for (int64_t d = doc_begin_; d < doc_end_; ++d) indices_.tokens_per_epoch += data_->sequence_length(d);
       plan_epochs(indices_, num_samples, cfg_.seq_length);
       from_cache_ = true;

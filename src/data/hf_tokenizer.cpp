@@ -16,13 +16,52 @@ namespace {
 
 using nlohmann::json;
 
+// The file is untrusted: every member is looked up (a const operator[] on a missing key is UB in
+// nlohmann::json) and every value's kind checked before it is read, so a malformed file fails
+// here with the path, the key and what it holds, never as a json type_error or a crash.
+
+// j[key], or null when j is not an object or has no such key.
+const json& member(const json& j, const char* key) {
+  static const json null;
+  if (!j.is_object()) return null;
+  const auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
 std::string type_of(const json& j) {
-  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                      : std::string("?");
+  const json& t = member(j, "type");
+  return t.is_string() ? t.get<std::string>() : std::string("?");
 }
 
 bool flag(const json& j, const char* key, bool dflt) {
-  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : dflt;
+  const json& v = member(j, key);
+  return v.is_boolean() ? v.get<bool>() : dflt;
+}
+
+// A JSON value for a message: its text, cut short.
+std::string shown(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 200 ? s.substr(0, 197) + "..." : s;
+}
+
+std::string string_of(const json& j, const std::string& what, const std::string& where) {
+  MOE_CHECK(j.is_string(), "[tokenizer] {}: {} is {}, not a string", where, what, shown(j));
+  return j.get<std::string>();
+}
+
+const json& array_of(const json& j, const std::string& what, const std::string& where) {
+  MOE_CHECK(j.is_array(), "[tokenizer] {}: {} is {}, not a list", where, what, shown(j));
+  return j;
+}
+
+// The id of token `name` (`kind`: "token", "added token", ...): an integer in [0, 2^31) (the
+// ids are int32 in the .bin and index the embedding).
+int64_t id_of(const json& j, const char* kind, std::string_view name, const std::string& where) {
+  MOE_CHECK(j.is_number_integer() && (j.is_number_unsigned() || j.get<int64_t>() >= 0) &&
+                j.get<uint64_t>() < (uint64_t{1} << 31),
+            "[tokenizer] {}: {} '{}' has id {}, not an integer in [0, 2^31)", where, kind, name,
+            shown(j));
+  return j.get<int64_t>();
 }
 
 }  // namespace
@@ -46,35 +85,35 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
             "[tokenizer] {} has no \"model\": not a "
             "HuggingFace tokenizer.json",
             what);
-  const json& model = j["model"];
+  const json& model = member(j, "model");
   MOE_CHECK(type_of(model) == "BPE",
             "[tokenizer] {}: model type {} is not implemented: moecore reads byte-level BPE "
             "tokenizer.json files (GPT-2, Llama-3, Qwen2 style)",
             what, type_of(model));
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    MOE_CHECK(!model.contains(k) || model[k].is_null() || model[k] == "",
-              "[tokenizer] {}: BPE {} {} is not implemented", what, k, model[k].dump());
+    MOE_CHECK(member(model, k).is_null() || member(model, k) == "",
+              "[tokenizer] {}: BPE {} {} is not implemented", what, k, shown(member(model, k)));
   }
-  MOE_CHECK(!model.contains("dropout") || model["dropout"].is_null(),
+  MOE_CHECK(member(model, "dropout").is_null(),
             "[tokenizer] {}: BPE dropout {} is not implemented (it samples)", what,
-            model["dropout"].dump());
+            shown(member(model, "dropout")));
   MOE_CHECK(!flag(model, "byte_fallback", false),
             "[tokenizer] {}: BPE byte_fallback is not implemented", what);
 
   // Normalizer: none, or NFC (Qwen2's).
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& n = j["normalizer"];
-    const bool lone_nfc = type_of(n) == "Sequence" && n["normalizers"].is_array() &&
-                          n["normalizers"].size() == 1 && type_of(n["normalizers"][0]) == "NFC";
+  if (const json& n = member(j, "normalizer"); !n.is_null()) {
+    const json& seq = member(n, "normalizers");
+    const bool lone_nfc = type_of(n) == "Sequence" && seq.is_array() && seq.size() == 1 &&
+                          type_of(seq[0]) == "NFC";
     MOE_CHECK(type_of(n) == "NFC" || lone_nfc,
               "[tokenizer] {}: normalizer {} is not implemented: moecore reads tokenizer.json "
               "files without a normalizer or with NFC",
-              what, type_of(n) == "Sequence" ? n.dump().substr(0, 200) : type_of(n));
+              what, type_of(n) == "Sequence" ? shown(n) : type_of(n));
     nfc_ = true;
   }
 
   // Pre-tokenizer: ByteLevel (its regex is GPT-2's), or Sequence[Split(regex), ByteLevel].
-  const json pre = j.value("pre_tokenizer", json());
+  const json& pre = member(j, "pre_tokenizer");
   auto byte_level = [&](const json& p, bool regex_expected) {
     add_prefix_space_ = flag(p, "add_prefix_space", false);
     const bool use_regex = flag(p, "use_regex", true);
@@ -90,40 +129,47 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   if (type_of(pre) == "ByteLevel") {
     byte_level(pre, true);
     pattern_ = PreTokenizerPattern::Gpt2;
-  } else if (type_of(pre) == "Sequence" && pre["pretokenizers"].is_array() &&
-             pre["pretokenizers"].size() == 2 && type_of(pre["pretokenizers"][0]) == "Split" &&
-             type_of(pre["pretokenizers"][1]) == "ByteLevel") {
-    const json& split = pre["pretokenizers"][0];
-    MOE_CHECK(split.contains("pattern") && split["pattern"].contains("Regex"),
+  } else if (const json& seq = member(pre, "pretokenizers");
+             type_of(pre) == "Sequence" && seq.is_array() && seq.size() == 2 &&
+             type_of(seq[0]) == "Split" && type_of(seq[1]) == "ByteLevel") {
+    const json& split = seq[0];
+    const json& regex = member(member(split, "pattern"), "Regex");
+    MOE_CHECK(regex.is_string(),
               "[tokenizer] {}: a Split pre-tokenizer on {} is not implemented (a Regex only)", what,
-              split.value("pattern", json()).dump());
-    MOE_CHECK(split.value("behavior", "") == "Isolated" && !flag(split, "invert", false),
+              shown(member(split, "pattern")));
+    MOE_CHECK(member(split, "behavior") == "Isolated" && !flag(split, "invert", false),
               "[tokenizer] {}: a Split with behavior {} invert {} is not implemented (Isolated, "
               "not inverted)",
-              what, split.value("behavior", json()).dump(), flag(split, "invert", false));
-    pattern_ = pretokenizer_pattern_from_regex(split["pattern"]["Regex"].get<std::string>());
-    byte_level(pre["pretokenizers"][1], false);
+              what, shown(member(split, "behavior")), flag(split, "invert", false));
+    pattern_ = pretokenizer_pattern_from_regex(regex.get<std::string>());
+    byte_level(seq[1], false);
   } else {
     MOE_FAIL(
         "[tokenizer] {}: pre-tokenizer {} is not implemented: moecore reads ByteLevel, or "
         "Sequence[Split(regex), ByteLevel]",
-        what, pre.is_null() ? std::string("null") : pre.dump().substr(0, 200));
+        what, shown(pre));
   }
 
   std::unordered_map<std::string, int64_t> vocab;
   std::set<int64_t> ids;
-  for (const auto& [tok, id] : model["vocab"].items()) {
-    vocab.emplace(tok, id.get<int64_t>());
-    ids.insert(id.get<int64_t>());
+  const json& model_vocab = member(model, "vocab");
+  MOE_CHECK(model_vocab.is_object(),
+            "[tokenizer] {}: the BPE model's \"vocab\" is {}, not an object of token: id", what,
+            shown(model_vocab));
+  for (const auto& [tok, id] : model_vocab.items()) {
+    const int64_t v = id_of(id, "token", tok, what);
+    vocab.emplace(tok, v);
+    ids.insert(v);
   }
   std::vector<std::pair<std::string, std::string>> merges;
-  for (const json& m : model["merges"]) {
+  for (const json& m : array_of(member(model, "merges"), "the BPE model's \"merges\"", what)) {
     // tokenizers writes "a b" (before 0.20) or ["a", "b"].
     if (m.is_array() && m.size() == 2) {
-      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      merges.emplace_back(string_of(m[0], "a merge's token", what),
+                          string_of(m[1], "a merge's token", what));
       continue;
     }
-    const std::string s = m.get<std::string>();
+    const std::string s = string_of(m, "a merge", what);
     const size_t sp = s.find(' ');
     MOE_CHECK(sp != std::string::npos, "[tokenizer] {}: merge '{}' is not two tokens", what, s);
     merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
@@ -131,44 +177,66 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   bpe_ = std::make_unique<ByteLevelBpe>(vocab, merges, flag(model, "ignore_merges", false), what);
 
   std::unordered_map<std::string, int64_t> added_ids;
-  for (const json& a : j.value("added_tokens", json::array())) {
-    const std::string content = a["content"].get<std::string>();
+  const json& added = member(j, "added_tokens");
+  for (const json& a : added.is_null() ? json::array() : array_of(added, "\"added_tokens\"", what)) {
+    const std::string content = string_of(member(a, "content"), "an added token's content", what);
     for (const char* k : {"single_word", "lstrip", "rstrip"}) {
       MOE_CHECK(!flag(a, k, false), "[tokenizer] {}: added token '{}' with {} is not implemented",
                 what, content, k);
     }
-    added_.add(content, a["id"].get<int64_t>());
-    added_ids[content] = a["id"].get<int64_t>();
-    ids.insert(a["id"].get<int64_t>());
+    const int64_t id = id_of(member(a, "id"), "added token", content, what);
+    added_.add(content, id);
+    added_ids[content] = id;
+    ids.insert(id);
   }
+  // len(tokenizer), the embedding's rows: the distinct ids, which must then be 0..n-1. A gap or
+  // two tokens sharing an id would leave ids at or past the vocabulary size.
   vocab_size_ = static_cast<int64_t>(ids.size());
+  MOE_CHECK(!ids.empty() && *ids.rbegin() < vocab_size_,
+            "[tokenizer] {}: the vocabulary and added tokens have {} distinct ids but the largest "
+            "is {}: ids must be 0..{} without gaps (a duplicate or missing id in \"vocab\" or "
+            "\"added_tokens\")",
+            what, ids.size(), ids.empty() ? -1 : *ids.rbegin(), vocab_size_ - 1);
 
   // Post-processor: ByteLevel (offsets only), TemplateProcessing's single template, or both.
-  std::vector<json> procs;
-  if (j.contains("post_processor") && !j["post_processor"].is_null()) {
-    const json& pp = j["post_processor"];
+  std::vector<const json*> procs;
+  if (const json& pp = member(j, "post_processor"); !pp.is_null()) {
     if (type_of(pp) == "Sequence") {
-      for (const json& p : pp["processors"]) procs.push_back(p);
+      for (const json& p : array_of(member(pp, "processors"), "the post-processor's processors",
+                                    what)) {
+        procs.push_back(&p);
+      }
     } else {
-      procs.push_back(pp);
+      procs.push_back(&pp);
     }
   }
-  for (const json& p : procs) {
-    if (type_of(p) == "ByteLevel") continue;
-    MOE_CHECK(type_of(p) == "TemplateProcessing",
+  for (const json* p : procs) {
+    if (type_of(*p) == "ByteLevel") continue;
+    MOE_CHECK(type_of(*p) == "TemplateProcessing",
               "[tokenizer] {}: post-processor {} is not implemented (ByteLevel, "
               "TemplateProcessing)",
-              what, type_of(p));
+              what, type_of(*p));
     bool seen_a = false;
-    for (const json& piece : p["single"]) {
-      if (piece.contains("Sequence")) {
+    for (const json& piece : array_of(member(*p, "single"), "TemplateProcessing's single", what)) {
+      if (member(piece, "Sequence").is_object()) {
         seen_a = true;
         continue;
       }
-      const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-      const json& st = p["special_tokens"][name];
-      for (const json& id : st["ids"])
-        (seen_a ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
+      const std::string name = string_of(member(member(piece, "SpecialToken"), "id"),
+                                         "a TemplateProcessing piece's SpecialToken id", what);
+      const json& st = member(member(*p, "special_tokens"), name.c_str());
+      MOE_CHECK(st.is_object(),
+                "[tokenizer] {}: TemplateProcessing names the special token '{}' but its "
+                "special_tokens do not define it",
+                what, name);
+      for (const json& id : array_of(member(st, "ids"), "special token '" + name + "' ids", what)) {
+        const int64_t v = id_of(id, "special token", name, what);
+        MOE_CHECK(v < vocab_size_,
+                  "[tokenizer] {}: TemplateProcessing's special token '{}' has id {}, outside the "
+                  "vocabulary of {}",
+                  what, name, v, vocab_size_);
+        (seen_a ? suffix_ids_ : prefix_ids_).push_back(v);
+      }
     }
   }
 
@@ -184,11 +252,10 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_model) {
   } catch (const json::exception& e) {
     MOE_FAIL("[tokenizer] '{}' is not JSON: {}", config.string(), e.what());
   }
-  const json eos = c.value("eos_token", json());
-  const std::string name = eos.is_string() ? eos.get<std::string>()
-                           : eos.is_object() && eos.contains("content")
-                               ? eos["content"].get<std::string>()
-                               : std::string();
+  // A string, or an AddedToken object with its content; anything else names no eos.
+  const json& eos = member(c, "eos_token");
+  const json& content = eos.is_object() ? member(eos, "content") : eos;
+  const std::string name = content.is_string() ? content.get<std::string>() : std::string();
   if (name.empty()) {
     eod_why_ = fmt::format("'{}' names no eos_token", config.string());
     return;

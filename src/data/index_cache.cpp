@@ -1,11 +1,13 @@
 #include "data/index_cache.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 
 #include "core/check.h"
 
@@ -51,10 +53,40 @@ void write_npy(const std::string& path, const std::vector<T>& values, int64_t ro
   std::filesystem::rename(tmp, path);
 }
 
+namespace {
+
+// The shape of a header moecore (or numpy) wrote: "(rows,)" or "(rows, cols)", each a decimal
+// that fits int64; anything else (three dimensions, a sign, an overflow) is not a cache file.
+bool parse_npy_shape(std::string_view s, int64_t* rows, int64_t* cols) {
+  auto skip_spaces = [&] {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  };
+  auto number = [&](int64_t* out) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+    if (ec != std::errc() || end == s.data() || *out < 0) return false;
+    s.remove_prefix(static_cast<size_t>(end - s.data()));
+    return true;
+  };
+  *cols = 0;
+  if (!number(rows)) return false;
+  skip_spaces();
+  if (s.empty() || s.front() != ',') return false;
+  s.remove_prefix(1);
+  skip_spaces();
+  if (!s.empty() && s.front() == ')') return true;  // "(rows,)"
+  if (!number(cols)) return false;
+  skip_spaces();
+  return !s.empty() && s.front() == ')' && *cols > 0;
+}
+
+}  // namespace
+
 template <typename T>
 std::optional<std::vector<T>> read_npy(const std::string& path, int64_t* rows, int64_t* cols) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in.good()) return std::nullopt;
+  const std::streamoff file_size = in.tellg();
+  in.seekg(0);
   std::string head(10, '\0');
   in.read(head.data(), 10);
   MOE_CHECK(in.good() && head.compare(0, 6, "\x93NUMPY") == 0 && head[6] == 1,
@@ -68,16 +100,28 @@ std::optional<std::vector<T>> read_npy(const std::string& path, int64_t* rows, i
             "[data] index cache file '{}' has header {} but {} was expected: delete it to rebuild",
             path, dict, want);
   const size_t s = dict.find("'shape': (");
-  MOE_CHECK(s != std::string::npos, "[data] index cache file '{}' has no shape", path);
-  long long r = 0, c = 0;
-  const int n = std::sscanf(dict.c_str() + s + 10, "%lld, %lld", &r, &c);
-  MOE_CHECK(n >= 1 && r >= 0 && c >= 0, "[data] index cache file '{}': bad shape in {}", path, dict);
+  int64_t r = 0, c = 0;
+  MOE_CHECK(s != std::string::npos && parse_npy_shape(std::string_view(dict).substr(s + 10), &r, &c),
+            "[data] index cache file '{}': no shape (rows,) or (rows, cols) in {}: delete it to "
+            "rebuild",
+            path, dict);
+  // The data must be exactly rows * cols values: checked against the file size before anything
+  // is allocated, so a corrupt shape cannot ask for terabytes.
+  const uint64_t data_bytes = static_cast<uint64_t>(file_size) - 10 - hlen;
+  uint64_t count = 0, bytes = 0;
+  const bool fits = !__builtin_mul_overflow(static_cast<uint64_t>(r),
+                                            static_cast<uint64_t>(c > 0 ? c : 1), &count) &&
+                    !__builtin_mul_overflow(count, sizeof(T), &bytes);
+  MOE_CHECK(fits && bytes == data_bytes,
+            "[data] index cache file '{}' has {} bytes of data but its shape {} of {}-byte values "
+            "needs {}: truncated or altered, delete it to rebuild",
+            path, data_bytes, c > 0 ? fmt::format("({}, {})", r, c) : fmt::format("({},)", r),
+            sizeof(T), fits ? fmt::format("{}", bytes) : "more than 2^64");
   *rows = r;
-  *cols = n == 2 ? c : 0;
-  const int64_t count = r * (n == 2 ? c : 1);
+  *cols = c;
   std::vector<T> v(static_cast<size_t>(count));
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(T)));
-  MOE_CHECK(in.gcount() == static_cast<std::streamsize>(count * sizeof(T)),
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(bytes));
+  MOE_CHECK(in.gcount() == static_cast<std::streamsize>(bytes),
             "[data] index cache file '{}' is truncated: delete it to rebuild", path);
   return v;
 }

@@ -3,6 +3,13 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string_view>
+
 #include "core/check.h"
 
 namespace moecore::train {
@@ -17,6 +24,54 @@ static std::string value_text(const toml::node& v, const std::string& path, cons
 }
 
 namespace {
+
+// toml++ 3.3.0 (Debian's libtomlplusplus3) reaches __builtin_unreachable when it asks whether
+// a non-ASCII code point in U+00A1..U+0499, U+2D2E..U+3127 or U+FC1A..U+FEFE (é, Greek,
+// Cyrillic, kana, ...) is whitespace (marzer/tomlplusplus#295, fixed upstream by #305). It asks
+// for characters outside strings and comments, and in a """string""" for the one after a
+// backslash. So the text is parsed first with every non-ASCII byte replaced by '?': toml++ then
+// reads only ASCII, and a '?' outside a string or comment fails to parse wherever it stands (no
+// key, value or separator holds one), as does "\?" in a string. A text that parses so holds
+// non-ASCII only as string or comment content, and the real parse of it is safe. The case the
+// first parse cannot see, a line-ending backslash in a """string""" whose next non-blank
+// character is non-ASCII (the '?' is plain content there), is refused beforehand.
+toml::table parse_toml(std::string_view text, const std::string& where) {
+  const auto fail = [&](const toml::parse_error& e, std::string_view hint) {
+    MOE_FAIL("[config] cannot read '{}': {} (line {}){}", where, e.description(),
+             e.source().begin.line, hint);
+  };
+  const size_t bom = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // toml++ skips a UTF-8 BOM
+  std::string ascii(text);
+  bool non_ascii = false;
+  for (size_t i = bom; i < ascii.size(); ++i) {
+    if (static_cast<unsigned char>(ascii[i]) < 0x80) continue;
+    non_ascii = true;
+    ascii[i] = '?';
+    size_t j = i;  // back over blanks and line breaks: a line-ending backslash before them?
+    while (j > 0 && (text[j - 1] == ' ' || text[j - 1] == '\t' || text[j - 1] == '\r' ||
+                     text[j - 1] == '\n')) {
+      --j;
+    }
+    const bool line_break = text.substr(j, i - j).find('\n') != std::string_view::npos;
+    MOE_CHECK(!(line_break && j > 0 && text[j - 1] == '\\'),
+              "[config] cannot read '{}': a non-ASCII character follows a line-ending backslash "
+              "(line {}): start the continued line with an ASCII character",
+              where, 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(i), '\n'));
+  }
+  if (non_ascii) {
+    try {
+      (void)toml::parse(ascii, std::string(where));
+    } catch (const toml::parse_error& e) {
+      fail(e, "; non-ASCII text is read only inside strings and comments (shown as '?' here)");
+    }
+  }
+  try {
+    return toml::parse(text, std::string(where));
+  } catch (const toml::parse_error& e) {
+    fail(e, "");
+  }
+  return {};  // not reached: fail() throws
+}
 
 std::vector<std::string> table_args(const toml::table& tbl, const std::string& path) {
   std::vector<std::string> out;
@@ -45,25 +100,14 @@ std::vector<std::string> table_args(const toml::table& tbl, const std::string& p
 std::vector<std::string> config_file_args(const std::string& path) {
   MOE_CHECK(!(path.ends_with(".yaml") || path.ends_with(".yml")),
             "[config] '{}': YAML configs are not supported, write the same keys as TOML", path);
-  toml::table tbl;
-  try {
-    tbl = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    MOE_FAIL("[config] cannot read '{}': {} (line {})", path, e.description(),
-             e.source().begin.line);
-  }
-  return table_args(tbl, path);
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "[config] cannot read '{}': {}", path, std::strerror(errno));
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return table_args(parse_toml(text, path), path);
 }
 
 std::vector<std::string> config_text_args(const std::string& text, const std::string& where) {
-  toml::table tbl;
-  try {
-    tbl = toml::parse(text, where);
-  } catch (const toml::parse_error& e) {
-    MOE_FAIL("[config] cannot read '{}': {} (line {})", where, e.description(),
-             e.source().begin.line);
-  }
-  return table_args(tbl, where);
+  return table_args(parse_toml(text, where), where);
 }
 
 std::vector<std::string> expand_config_files(const std::vector<std::string>& args) {

@@ -3,6 +3,7 @@
 // refused naming the file, the tensor and the numbers. And the SHA-256 the manifest records.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "ckpt/manifest.h"
@@ -82,6 +83,32 @@ TEST(Manifest, RefusesAnotherFormatOrVersion) {
                    "the manifest has no \"world_size\"");
 }
 
+// A number outside its field's type is refused, never wrapped around into a valid one: a world
+// of 2^32 + 1 read as a world of 1, -1 bytes as 2^64 - 1, a shape entry of 2^64 - 1 as -1.
+TEST(Manifest, RefusesNumbersOutsideTheirType) {
+  const std::string text = two_rank_manifest().to_json_text();
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? t : t.replace(at, from.size(), to);
+  };
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"world_size\": 2", "\"world_size\": 4294967298"), "m"),
+                   "\"world_size\" of the manifest is 4294967298, outside [-2147483648, 2147483647]");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"rank\": 1", "\"rank\": 4294967297"), "m"),
+                   "\"rank\" of shard 'model_rank_00001.safetensors' is 4294967297, outside");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"bytes\": 2048", "\"bytes\": -1"), "m"),
+                   "\"bytes\" of shard 'model_rank_00001.safetensors' is -1, outside [0, ");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"dim\": 0", "\"dim\": 4294967296"), "m"),
+                   "\"dim\" of a slice of tensor");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"iteration\": 7", "\"iteration\": 18446744073709551615"), "m"),
+                   "\"iteration\" of the manifest is 18446744073709551615, outside");
+  EXPECT_ERROR_HAS(parse_manifest(replace("\"ep\": 2", "\"ep\": 18446744073709551615"), "m"),
+                   "layout \"ep\" is 18446744073709551615, not a 64-bit integer");
+  EXPECT_ERROR_HAS(parse_manifest(replace("32,", "18446744073709551615,"), "m"),
+                   "has a shape entry 18446744073709551615");
+}
+
 TEST(Manifest, RefusesBadShardEntries) {
   Manifest m = two_rank_manifest();
   m.files[1].file = "../elsewhere.safetensors";
@@ -139,6 +166,12 @@ TEST(Manifest, RefusesSlicesThatMissOrRepeatIndices) {
   m = two_rank_manifest();
   m.tensors[0].slices[0].length = -2;
   EXPECT_MANIFEST_ERROR(m, "has a slice at offset 2 of length -2");
+  // A slice past the dimension is refused before the running end could overflow int64 (found
+  // by tests/fuzz/fuzz_manifest: 2 + (2^63 - 1) was signed overflow).
+  m = two_rank_manifest();
+  m.tensors[0].slices[0].length = std::numeric_limits<int64_t>::max();
+  EXPECT_MANIFEST_ERROR(m, "a slice of 'model_rank_00001.safetensors' at offset 2 of length "
+                           "9223372036854775807 runs past dimension 0 (4 indices)");
   // The messages name the manifest's path.
   EXPECT_MANIFEST_ERROR(m, "[checkpoint] '" + where + "': tensor");
 }

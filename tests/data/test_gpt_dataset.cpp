@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "common/testing.h"
 #include "core/check.h"
 #include "data/blended_dataset.h"
 #include "data/data_pipeline.h"
 #include "data/data_split.h"
 #include "data/gpt_dataset.h"
+#include "data/index_cache.h"
 #include "data/indexed_dataset.h"
 #include "data/mock_gpt_dataset.h"
 #include "data/numpy_random.h"
@@ -244,6 +246,83 @@ TEST(GPTDataset, IndicesAreCachedAndReloaded) {
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 8);
+  std::filesystem::remove_all(dir);
+  remove_dataset(p);
+}
+
+// A cache entry whose description matches but whose arrays do not fit the dataset is refused
+// naming the file and the entry (found by tests/fuzz/fuzz_index_cache: a shuffle index past the
+// samples read out of bounds in sample()); a .npy whose shape needs more bytes than the file
+// holds is refused before anything is allocated.
+TEST(GPTDataset, ACorruptCacheIsRefusedNamingTheEntry) {
+  const std::vector<int32_t> sizes = fixtures()["sizes"].get<std::vector<int32_t>>();
+  const std::string p = write_dataset(sizes, "moecore_gpt_bad_cache");
+  const std::string dir = temp_prefix("moecore_bad_cache_dir");
+  auto ds = std::make_shared<const IndexedDataset>(p);
+  GPTDatasetConfig cfg;
+  cfg.seq_length = 8;
+  cfg.seed = 7;
+  cfg.split = "90,5,5";
+  cfg.vocab = 256;
+  cfg.cache_path = dir;
+  const GPTDataset a(ds, Split::Train, 300, cfg);  // writes the cache
+  const GPTIndices& ix = a.indices();
+  const IndexCache cache(dir, cfg.class_name, "train", a.description());
+  const std::string doc = cache.path_of("document_index.npy");
+  const std::string smp = cache.path_of("sample_index.npy");
+  const std::string shf = cache.path_of("shuffle_index.npy");
+  const int64_t n = ix.num_samples();
+  auto reload_error = [&] {
+    std::string e = ::moecore::testing::error_of([&] { GPTDataset b(ds, Split::Train, 300, cfg); });
+    // Each case alters one array; the next starts from the cache as written.
+    write_npy(doc, ix.document_index, static_cast<int64_t>(ix.document_index.size()), 0);
+    write_npy(smp, ix.sample_index, n + 1, 2);
+    write_npy(shf, ix.shuffle_index, n, 0);
+    return e;
+  };
+  EXPECT_EQ(reload_error(), "");  // as written: loads
+
+  std::vector<int64_t> shuffle = ix.shuffle_index;
+  shuffle[3] = n;
+  write_npy(shf, shuffle, n, 0);
+  std::string e = reload_error();
+  EXPECT_NE(e.find(fmt::format("shuffle_index[3] = {} is not a sample of {}; delete those files "
+                               "to rebuild them", n, n)),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("[data] the index cache " + dir), std::string::npos) << e;
+
+  std::vector<int64_t> sample = ix.sample_index;
+  sample[1] += 1;  // sample 0 starts a token later: one short
+  write_npy(smp, sample, n + 1, 2);
+  e = reload_error();
+  EXPECT_NE(e.find("sample 0 has 8 tokens, not 9"), std::string::npos) << e;
+
+  sample = ix.sample_index;
+  sample[2] = static_cast<int64_t>(ix.document_index.size());  // past the document index
+  write_npy(smp, sample, n + 1, 2);
+  e = reload_error();
+  EXPECT_NE(e.find(fmt::format("sample 0 spans document_index [0, {}] of {}",
+                               ix.document_index.size(), ix.document_index.size())),
+            std::string::npos) << e;
+
+  std::vector<int32_t> document = ix.document_index;
+  document[0] = static_cast<int32_t>(a.doc_end());
+  write_npy(doc, document, static_cast<int64_t>(document.size()), 0);
+  e = reload_error();
+  EXPECT_NE(e.find(fmt::format("document_index[0] = {} is not a document of the split [0, {})",
+                               a.doc_end(), a.doc_end())),
+            std::string::npos) << e;
+
+  // Headers whose shapes the data does not hold: refused by size, nothing allocated.
+  write_npy(smp, std::vector<int64_t>{}, int64_t{1} << 62, 4);
+  e = reload_error();
+  EXPECT_NE(e.find("has 0 bytes of data but its shape (4611686018427387904, 4) of 8-byte values "
+                   "needs more than 2^64"),
+            std::string::npos) << e;
+  write_npy(shf, std::vector<int64_t>(3), 1000, 0);
+  e = reload_error();
+  EXPECT_NE(e.find("has 24 bytes of data but its shape (1000,) of 8-byte values needs 8000"),
+            std::string::npos) << e;
   std::filesystem::remove_all(dir);
   remove_dataset(p);
 }

@@ -225,6 +225,53 @@ TEST(Tokenizers, RefusalsNameWhatIsMissing) {
   with([](nlohmann::json& k) { k["model"]["type"] = "WordPiece"; }, "model type WordPiece");
   with([](nlohmann::json& k) { k["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
        "add_prefix_space after a Split");
+  // Malformed files (found by tests/fuzz/fuzz_hf_tokenizer): a missing or mistyped member is
+  // named, never a json type_error, an assertion (a const operator[] on a missing key), or ids
+  // past the vocabulary size.
+  with([](nlohmann::json& k) { k["model"].erase("vocab"); },
+       "the BPE model's \"vocab\" is null, not an object of token: id");
+  with([](nlohmann::json& k) { k["model"]["merges"] = 5; },
+       "the BPE model's \"merges\" is 5, not a list");
+  with([](nlohmann::json& k) { k["model"]["merges"][0] = 7; }, "a merge is 7, not a string");
+  with([](nlohmann::json& k) { k["model"]["vocab"]["!"] = "0"; },
+       "token '!' has id \"0\", not an integer in [0, 2^31)");
+  with([](nlohmann::json& k) { k["added_tokens"][0]["id"] = int64_t{1} << 40; },
+       "added token '<|begin_of_text|>' has id 1099511627776, not an integer in [0, 2^31)");
+  with([](nlohmann::json& k) { k["added_tokens"][0].erase("content"); },
+       "an added token's content is null, not a string");
+  with([](nlohmann::json& k) { k["pre_tokenizer"].erase("pretokenizers"); },
+       "pre-tokenizer {\"type\":\"Sequence\"} is not implemented");
+  with([](nlohmann::json& k) { k["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 1; },
+       "a Split with behavior 1 invert false is not implemented");
+  with([](nlohmann::json& k) { k["post_processor"].erase("special_tokens"); },
+       "TemplateProcessing names the special token '<|begin_of_text|>' but its special_tokens "
+       "do not define it");
+  with([](nlohmann::json& k) { k["post_processor"]["special_tokens"]["<|begin_of_text|>"]["ids"] = {5000}; },
+       "TemplateProcessing's special token '<|begin_of_text|>' has id 5000, outside the "
+       "vocabulary of 700");
+  // Two tokens sharing an id: 699 distinct ids, the largest 699.
+  with([](nlohmann::json& k) { k["model"]["vocab"]["!"] = k["model"]["vocab"]["\""]; },
+       "have 699 distinct ids but the largest is 699: ids must be 0..698 without gaps");
+  // tokenizer_config.json's eos_token of another kind names no eos (eod() says so).
+  std::ofstream(dir / "t.json") << j.dump();
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": {"content": 5}})";
+  EXPECT_THROW(make_tokenizer(c)->eod(), Error);
+  std::ofstream(dir / "tokenizer_config.json") << "[1]";
+  EXPECT_THROW(make_tokenizer(c)->eod(), Error);
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  // GPT-2's vocab.json likewise: its ids are the embedding rows, 0..n-1.
+  {
+    nlohmann::json v;
+    std::ifstream in(fixture("gpt2-vocab.json"));
+    v = nlohmann::json::parse(in);
+    v["!"] = v["\""];
+    std::ofstream(dir / "vocab.json") << v.dump();
+    TokenizerConfig g;
+    g.type = "GPT2BPETokenizer";
+    g.vocab_file = (dir / "vocab.json").string();
+    g.merge_file = fixture("gpt2-merges.txt");
+    fails_with(g, "but the 700 tokens must have the ids 0..699, each once");
+  }
   // No tokenizer_config.json: no eos, and eod says so.
   std::ofstream(dir / "t.json") << j.dump();
   const auto t = make_tokenizer(c);

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "common/command.h"
+#include "common/testing.h"
 #include "core/device.h"
+#include "train/config_file.h"
 
 namespace {
 
@@ -121,6 +123,36 @@ TEST(Cli, ImplementationDetailFlagsAreAcceptedWithANotice) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--use-mcore-models accepted without effect"), std::string::npos);
   EXPECT_NE(r.output.find("--transformer-impl accepted without effect"), std::string::npos);
+}
+
+// Non-ASCII text in a config file is read inside strings and comments (a path, a note) and
+// refused elsewhere by moecore itself: toml++ 3.3.0 reached __builtin_unreachable on é outside
+// a string (found by tests/fuzz/fuzz_config_file; those inputs replay under UBSan from
+// tests/fuzz/regressions/config_file/).
+TEST(Cli, ConfigFileReadsNonAsciiOnlyInStringsAndComments) {
+  using moecore::train::config_text_args;
+  const std::vector<std::string> args = config_text_args(
+      "\xEF\xBB\xBF# \xC3\xA9t\xC3\xA9\ndata_path = [\"/data/caf\xC3\xA9\"]  # caf\xC3\xA9\n"
+      "tokenizer_model = '''\n\xE6\x97\xA5'''\n",
+      "cfg.toml");
+  EXPECT_EQ(args, (std::vector<std::string>{"--data-path", "/data/caf\xC3\xA9", "--tokenizer-model",
+                                            "\xE6\x97\xA5"}));
+  const auto error = [](const std::string& text) {
+    return moecore::testing::error_of([&] { config_text_args(text, "cfg.toml"); });
+  };
+  for (const std::string text : {"lr = 0.01 \xC3\xA9\n", "x = 1\nl\xC3\xA9 = 2\n",
+                                 "x = [ \xCF\x8C ]\n", "x = 0.5'\xE3\x81\x82'\n"}) {
+    const std::string e = error(text);
+    EXPECT_NE(e.find("[config] cannot read 'cfg.toml': "), std::string::npos) << e;
+    EXPECT_NE(e.find("non-ASCII text is read only inside strings and comments (shown as '?' "
+                     "here)"),
+              std::string::npos)
+        << e;
+  }
+  const std::string e = error("x = \"\"\"\\\n  \xC3\xA9\"\"\"\n");
+  EXPECT_NE(e.find("a non-ASCII character follows a line-ending backslash (line 2)"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Cli, ConfigFileWithCommandLineOverrides) {

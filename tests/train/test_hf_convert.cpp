@@ -599,6 +599,12 @@ TEST(HfConvert, UnsupportedConfigsAreRefusedNamingTheKeyAndValue) {
       {"qwen2_moe", "layer_types",
        json::array({"full_attention", "sliding_attention", "full_attention", "full_attention"}),
        "sliding_attention"},
+      // Found by tests/fuzz/fuzz_hf_config: a float past int64 was cast (UB), 2^64 - 1 wrapped
+      // to -1, and a billion layers sized per-layer tables.
+      {"mixtral", "vocab_size", 1e300, "1e+300, not an integer"},
+      {"qwen3_moe", "num_experts", json(uint64_t{18446744073709551615u}),
+       "18446744073709551615, not an integer"},
+      {"mixtral", "num_hidden_layers", 1000000000, "at most 65536 layers"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);
@@ -612,6 +618,19 @@ TEST(HfConvert, UnsupportedConfigsAreRefusedNamingTheKeyAndValue) {
     EXPECT_NE(e.find(c.expect), std::string::npos) << e;
     EXPECT_NE(e.find("config.json"), std::string::npos) << e;
   }
+}
+
+// The keys carried from the imported config.json when its model_type matches; one of another
+// JSON kind (null, with "architectures" naming the class) is no match, not a json type_error.
+TEST(HfConvert, ConfigCarriesKeysOnlyFromTheSameModelType) {
+  const json cfg = read_json(fixture("mixtral") / "config.json");
+  const convert::HfModelSpec s = convert::parse_hf_config(cfg, "config.json");
+  json carry = cfg;
+  carry["bos_token_id"] = 7;
+  EXPECT_EQ(convert::hf_config_json(s, "float32", &carry)["bos_token_id"], 7);
+  carry["model_type"] = nullptr;
+  EXPECT_EQ(convert::parse_hf_config(carry, "config.json"), s);  // the class still says Mixtral
+  EXPECT_FALSE(convert::hf_config_json(s, "float32", &carry).contains("bos_token_id"));
 }
 
 TEST(HfConvert, ExportRefusesWhatTheClassCannotExpress) {
