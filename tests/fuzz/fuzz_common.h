@@ -4,8 +4,10 @@
 // sanitizer report, a leak, a timeout) is a finding: libFuzzer stops and saves the input.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -16,24 +18,36 @@
 
 namespace moecore::fuzz {
 
-// A directory of this process, removed at exit (libFuzzer runs one process per target). In
-// /dev/shm where there is one: rewriting a file on a disk file system (ext4 with discard) per
-// input made the file-reading targets 13x slower.
+// libFuzzer leaves through _Exit (no atexit handlers run), so each process names its directory
+// by its pid and removes those of processes that are gone; a running target's is left alone.
+inline void remove_stale_scratch(const std::filesystem::path& base) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("moecore_fuzz.")) continue;
+    const long pid = std::strtol(name.c_str() + 13, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+}
+
+// The directory of this process. In /dev/shm where there is one: rewriting a file on a disk
+// file system (ext4 with discard) per input made the file-reading targets 13x slower.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     const bool shm = ::access("/dev/shm", W_OK) == 0;
     const std::filesystem::path base =
         shm ? std::filesystem::path("/dev/shm") : std::filesystem::temp_directory_path();
-    std::string tmpl = (base / "moecore_fuzz.XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      std::perror("[fuzz] mkdtemp");
+    remove_stale_scratch(base);
+    const std::filesystem::path d = base / ("moecore_fuzz." + std::to_string(::getpid()));
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);  // a dead process's with this pid
+    if (!std::filesystem::create_directories(d, ec)) {
+      std::fprintf(stderr, "[fuzz] cannot create %s: %s\n", d.c_str(), ec.message().c_str());
       std::abort();
     }
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratch_dir(), ec);
-    });
-    return std::filesystem::path(tmpl);
+    return d;
   }();
   return dir;
 }
