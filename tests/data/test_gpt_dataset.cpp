@@ -218,17 +218,23 @@ TEST(GPTDataset, SamplesAreTheIndexedWindows) {
   remove_dataset(p);
 }
 
-TEST(GPTDataset, IndicesAreCachedAndReloaded) {
-  const std::vector<int32_t> sizes = fixtures()["sizes"].get<std::vector<int32_t>>();
-  const std::string p = write_dataset(sizes, "moecore_gpt_cache");
-  const std::string dir = temp_prefix("moecore_cache_dir");
-  auto ds = std::make_shared<const IndexedDataset>(p);
+// The cache tests' configuration: seed 7, split 90/5/5, indices cached in `dir`.
+GPTDatasetConfig cached_config(const std::string& dir) {
   GPTDatasetConfig cfg;
   cfg.seq_length = 8;
   cfg.seed = 7;
   cfg.split = "90,5,5";
   cfg.vocab = 256;
   cfg.cache_path = dir;
+  return cfg;
+}
+
+TEST(GPTDataset, IndicesAreCachedAndReloaded) {
+  const std::vector<int32_t> sizes = fixtures()["sizes"].get<std::vector<int32_t>>();
+  const std::string p = write_dataset(sizes, "moecore_gpt_cache");
+  const std::string dir = temp_prefix("moecore_cache_dir");
+  auto ds = std::make_shared<const IndexedDataset>(p);
+  GPTDatasetConfig cfg = cached_config(dir);
   GPTDataset a(ds, Split::Train, 300, cfg);
   EXPECT_FALSE(a.loaded_from_cache());
   GPTDataset b(ds, Split::Train, 300, cfg);
@@ -259,12 +265,7 @@ TEST(GPTDataset, ACorruptCacheIsRefusedNamingTheEntry) {
   const std::string p = write_dataset(sizes, "moecore_gpt_bad_cache");
   const std::string dir = temp_prefix("moecore_bad_cache_dir");
   auto ds = std::make_shared<const IndexedDataset>(p);
-  GPTDatasetConfig cfg;
-  cfg.seq_length = 8;
-  cfg.seed = 7;
-  cfg.split = "90,5,5";
-  cfg.vocab = 256;
-  cfg.cache_path = dir;
+  GPTDatasetConfig cfg = cached_config(dir);
   const GPTDataset a(ds, Split::Train, 300, cfg);  // writes the cache
   const GPTIndices& ix = a.indices();
   const IndexCache cache(dir, cfg.class_name, "train", a.description());
