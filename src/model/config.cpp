@@ -33,6 +33,8 @@ MoeLayerConfig ModelConfig::moe_layer() const {
   c.output_init_std = output_init_std();
   c.moe = moe;
   c.recompute = recompute.modules();
+  c.activation = activation;
+  c.add_mlp_bias = add_mlp_bias;
   return c;
 }
 

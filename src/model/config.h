@@ -9,8 +9,15 @@
 
 #include "moe/config.h"
 #include "nn/recompute.h"
+#include "ops/activation.h"
 
 namespace moecore {
+
+// --normalization: Megatron's default LayerNorm (weight and bias) or RMSNorm (weight only).
+enum class Normalization : uint8_t { LayerNorm, RMSNorm };
+// --position-embedding-type: Megatron's default learned_absolute (a [max positions, H] table
+// added to the word embedding), rope, or none.
+enum class PositionEmbedding : uint8_t { LearnedAbsolute, Rope, None };
 
 struct ModelConfig {
   int64_t vocab_size = 256;
@@ -24,6 +31,17 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;  // 0: seq_length
   double rotary_base = 10000.0;
   double norm_eps = 1e-5;
+  Normalization normalization = Normalization::RMSNorm;
+  bool layernorm_1p = false;  // --apply-layernorm-1p: LayerNorm's weight stored as gamma - 1
+  PositionEmbedding position_embedding = PositionEmbedding::Rope;
+  ops::Activation activation = ops::Activation::SwiGLU;  // dense MLPs, experts, shared expert
+  // Biases of the MLPs' fc1 and fc2 (dense, experts, shared expert); Megatron's
+  // --add-bias-linear (its default) also sets add_qkv_bias and add_attention_output_bias.
+  bool add_mlp_bias = false;
+  // --hidden-dropout (after attention and after the MLP / MoE, and on the embeddings) and
+  // --attention-dropout (on the attention probabilities): training forwards only.
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
   double init_std = 0.02;
   bool add_qkv_bias = false;      // --add-qkv-bias
   // --add-attention-output-bias (moecore's flag): a bias after the attention output projection,

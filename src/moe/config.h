@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/recompute.h"
+#include "ops/activation.h"
 
 namespace moecore {
 
@@ -104,6 +105,8 @@ struct MoeLayerConfig {
   double output_init_std = 0.02;  // the output projections' (fc2): init_std / sqrt(2 L)
   MoeConfig moe;
   RecomputeModules recompute;     // the selective recomputation modules in effect
+  ops::Activation activation = ops::Activation::SwiGLU;  // experts' and shared expert's
+  bool add_mlp_bias = false;      // fc1 / fc2 biases of the experts and the shared expert
 };
 
 }  // namespace moecore
