@@ -12,9 +12,9 @@
 #include "parallel/groups_command.h"
 #include "parallel/runtime.h"
 #include "plan/plan_command.h"
-#include "train/config_file.h"
-#include "train/eval_command.h"
-#include "train/train_command.h"
+#include "cli/config_file.h"
+#include "cli/eval_command.h"
+#include "cli/train_command.h"
 
 int main(int argc, char** argv) {
   using namespace moecore;
@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
   // One per line (clang-format off: it would pack them into columns).
   // clang-format off
   std::vector<Subcommand> commands = {
-      train::add_train_command(app),
-      train::add_eval_command(app),
+      cli::add_train_command(app),
+      cli::add_eval_command(app),
       parallel::add_groups_command(app),
       data::add_preprocess_command(app),
       data::add_dataset_info_command(app),
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   try {
     // --config FILE expands into flags before the command line's own (which then override).
     std::vector<std::string> args(argv + 1, argv + argc);
-    args = train::expand_config_files(args);
+    args = cli::expand_config_files(args);
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments reversed
     app.parse(args);
   } catch (const CLI::ParseError& e) {

@@ -15,9 +15,12 @@ declare -A allowed=(
   [data]="core"
   [ckpt]="core"
   [optim]="core ops nn parallel"
-  [plan]="core ops nn parallel moe model data optim ckpt train"
   [train]="core ops nn parallel moe model data optim ckpt"
-  [convert]="core ops nn parallel moe model data optim ckpt train"
+  # The command line: flags -> configs, and the train / eval entry points.
+  [cli]="core ops nn parallel moe model data optim ckpt train"
+  # plan and convert read parsed Megatron command lines (their commands' flags).
+  [plan]="core ops nn parallel moe model data optim ckpt train cli"
+  [convert]="core ops nn parallel moe model data optim ckpt train cli"
 )
 status=0
 for dir in "$src"/*/; do

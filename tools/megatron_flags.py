@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerates src/train/megatron_arguments.json, the table of every flag Megatron-LM's
+"""Regenerates src/cli/megatron_arguments.json, the table of every flag Megatron-LM's
 megatron/training/arguments.py defines (names and aliases, dest, action, type, nargs, choices,
 default, group), from a Megatron-LM checkout, and the generated flag section of docs/flags.md.
 
   python3 tools/megatron_flags.py extract --megatron /path/to/Megatron-LM \
-      [--commit HASH] [-o src/train/megatron_arguments.json]
+      [--commit HASH] [-o src/cli/megatron_arguments.json]
 
 builds Megatron's own argparse parser (add_megatron_arguments) and reads its actions, so types
 and defaults are exactly Megatron's. Megatron imports torch and triton at module level; they are

@@ -17,7 +17,7 @@
 #include "convert/model_flags.h"
 #include "core/check.h"
 #include "train/checkpoint_state.h"
-#include "train/config_file.h"
+#include "cli/config_file.h"
 
 namespace moecore::convert {
 namespace {
@@ -61,10 +61,10 @@ ExportResult export_hf(const ExportOptions& opt) {
             "`moecore train` flags (the --config TOML) of the checkpoint's model; `convert "
             "hf-to-moecore` writes them as {}",
             flags_path.string(), dir, kFlagsFile);
-  const train::TrainFlags tf =
+  const cli::TrainFlags tf =
       recorded_args ? parse_model_flags({"--use-checkpoint-args", "--load=" + save_dir.string(),
                                          "--ckpt-step=" + std::to_string(man.iteration)})
-                    : parse_model_flags(train::config_file_args(flags_path.string()));
+                    : parse_model_flags(cli::config_file_args(flags_path.string()));
   const ModelConfig& m = tf.model;
   MOE_CHECK(man.state.contains("model"), "[convert] '{}': the manifest's state has no \"model\"",
             dir);

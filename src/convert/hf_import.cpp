@@ -18,7 +18,7 @@
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "train/checkpoint_state.h"
-#include "train/config_file.h"
+#include "cli/config_file.h"
 
 namespace moecore::convert {
 namespace {
@@ -73,7 +73,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
                   hf_arch_class(s.arch), fs::absolute(hf_dir).lexically_normal().string(),
                   fs::absolute(res.flags_file).lexically_normal().string(),
                   fs::absolute(out_dir).lexically_normal().string()));
-  const std::vector<std::string> flag_args = train::config_text_args(toml, res.flags_file.string());
+  const std::vector<std::string> flag_args = cli::config_text_args(toml, res.flags_file.string());
   const ModelConfig m = parse_model_flags(flag_args).model;
 
   // The table, checked against the model's own parameter list both ways.

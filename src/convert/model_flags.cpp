@@ -85,13 +85,13 @@ std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& c
   return os.str();
 }
 
-train::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
+cli::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
   // Placeholders first: the flags given after them win (argparse's last occurrence).
   std::vector<std::string> all = {"--seq-length=1"};
-  const std::vector<std::string>& no_step = train::no_step_placeholder_args();
+  const std::vector<std::string>& no_step = cli::no_step_placeholder_args();
   all.insert(all.end(), no_step.begin(), no_step.end());
   all.insert(all.end(), args.begin(), args.end());
-  return train::parse_train_args(all);
+  return cli::parse_train_args(all);
 }
 
 HfArch default_hf_arch(const ModelConfig& m) {

@@ -12,7 +12,7 @@
 
 #include "convert/hf_config.h"
 #include "model/config.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
 namespace moecore::convert {
 
@@ -29,7 +29,7 @@ struct TrainFlag {
 // dropout). Training choices (sequence length, batch, iterations, learning rate, data) are the
 // run's, not the model's, and are not among them.
 std::vector<TrainFlag> train_flags_of(const HfModelSpec& s);
-// The flags as a TOML file of top-level keys (train/config_file.h), `comment` as its first
+// The flags as a TOML file of top-level keys (cli/config_file.h), `comment` as its first
 // lines.
 std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& comment);
 
@@ -37,7 +37,7 @@ std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& c
 // the trainer's parser, so the ModelConfig is exactly the one `moecore train` builds from them.
 // The flags Megatron requires that a model's flags file leaves to the training run
 // (--seq-length, --micro-batch-size, --train-iters, --lr) get placeholders unless given.
-train::TrainFlags parse_model_flags(const std::vector<std::string>& args);
+cli::TrainFlags parse_model_flags(const std::vector<std::string>& args);
 
 // The HF class an exported moecore model becomes when the command names none
 // (docs/hf_interop.md, section 7): q/k norms -> Qwen3-MoE; else a shared expert or a QKV bias

@@ -1,5 +1,5 @@
 // A `moecore` subcommand: its CLI11 parser and the function that runs it once parsed. Each area
-// registers its own (train/train_command.h, ...); apps/moecore.cpp only lists them.
+// registers its own (cli/train_command.h, ...); apps/moecore.cpp only lists them.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -8,32 +8,32 @@
 #include <sstream>
 
 #include "core/check.h"
-#include "train/megatron_arguments.h"
-#include "train/train_flags.h"
+#include "cli/megatron_arguments.h"
+#include "cli/train_flags.h"
 
 namespace moecore::plan {
 namespace {
 
 // The value of a Megatron flag as text: its last occurrence, else Megatron's default ("" = None).
-std::string text(const train::ParsedArgs& a, const std::string& flag) {
-  const train::MegatronFlag* f = train::megatron_arguments().find(flag);
+std::string text(const cli::ParsedArgs& a, const std::string& flag) {
+  const cli::MegatronFlag* f = cli::megatron_arguments().find(flag);
   MOE_CHECK(f != nullptr, "[plan] {} is not a Megatron flag", flag);
-  if (const train::GivenFlag* g = a.find_dest(f->dest)) return g->value_text();
-  return train::default_text(*f);
+  if (const cli::GivenFlag* g = a.find_dest(f->dest)) return g->value_text();
+  return cli::default_text(*f);
 }
 
-int64_t int_or(const train::ParsedArgs& a, const std::string& flag, int64_t none) {
+int64_t int_or(const cli::ParsedArgs& a, const std::string& flag, int64_t none) {
   const std::string t = text(a, flag);
   return t.empty() || t == "None" ? none : std::stoll(t);
 }
 
-int64_t required_int(const train::ParsedArgs& a, const std::string& flag) {
+int64_t required_int(const cli::ParsedArgs& a, const std::string& flag) {
   const int64_t v = int_or(a, flag, -1);
   MOE_CHECK(v >= 0, "[plan] {} is required (or give --config FILE / --hf-config FILE)", flag);
   return v;
 }
 
-bool on(const train::ParsedArgs& a, const std::string& flag) { return text(a, flag) == "true"; }
+bool on(const cli::ParsedArgs& a, const std::string& flag) { return text(a, flag) == "true"; }
 
 std::vector<std::string> words(const std::string& s) {
   std::vector<std::string> out;
@@ -50,7 +50,7 @@ int64_t ModelSpec::num_moe_layers() const {
   return n;
 }
 
-ModelSpec model_from_args(const train::ParsedArgs& a) {
+ModelSpec model_from_args(const cli::ParsedArgs& a) {
   ModelSpec m;
   m.num_layers = required_int(a, "--num-layers");
   m.hidden = required_int(a, "--hidden-size");
@@ -88,14 +88,14 @@ ModelSpec model_from_args(const train::ParsedArgs& a) {
   return m;
 }
 
-void pad_vocab(ModelSpec& m, const train::ParsedArgs& a, int tp) {
+void pad_vocab(ModelSpec& m, const cli::ParsedArgs& a, int tp) {
   const int64_t div = int_or(a, "--make-vocab-size-divisible-by", 128) * tp;
   m.vocab_size = text(a, "--no-pad-vocab-size") == "false"
                      ? m.vocab_unpadded
-                     : train::padded_vocab_size(m.vocab_unpadded, div);
+                     : cli::padded_vocab_size(m.vocab_unpadded, div);
 }
 
-RunSpec run_from_args(const train::ParsedArgs& a) {
+RunSpec run_from_args(const cli::ParsedArgs& a) {
   RunSpec r;
   r.parallel.tp = static_cast<int>(int_or(a, "--tensor-model-parallel-size", 1));
   r.parallel.pp = static_cast<int>(int_or(a, "--pipeline-model-parallel-size", 1));

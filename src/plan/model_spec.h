@@ -11,7 +11,7 @@
 
 #include "model/config.h"
 #include "parallel/parallel_config.h"
-#include "train/megatron_argv.h"
+#include "cli/megatron_argv.h"
 
 namespace moecore::plan {
 
@@ -81,10 +81,10 @@ struct RunSpec {
 // padding). Throws naming the flag when a required one is missing.
 // model_from_args reads the model; run_from_args the layout, batch, precision and recompute
 // (vocab_tp_pad: the model's vocabulary is re-padded for the run's TP, as Megatron pads it).
-ModelSpec model_from_args(const train::ParsedArgs& args);
-RunSpec run_from_args(const train::ParsedArgs& args);
+ModelSpec model_from_args(const cli::ParsedArgs& args);
+RunSpec run_from_args(const cli::ParsedArgs& args);
 // Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP.
-void pad_vocab(ModelSpec& m, const train::ParsedArgs& args, int tp);
+void pad_vocab(ModelSpec& m, const cli::ParsedArgs& args, int tp);
 // A HuggingFace config.json (DeepSeek-V3, Qwen3-MoE, Mixtral and Llama-like keys).
 ModelSpec spec_from_hf_config(const std::string& path);
 

@@ -8,15 +8,15 @@
 #include "core/check.h"
 #include "plan/layout_search.h"
 #include "plan/plan.h"
-#include "train/megatron_compat.h"
-#include "train/train_flags.h"
+#include "cli/megatron_compat.h"
+#include "cli/train_flags.h"
 
 namespace moecore::plan {
 namespace {
 
 // The planner's own flags (beyond Megatron's table), with their arity.
-const std::vector<train::OwnFlag>& own_flags() {
-  static const std::vector<train::OwnFlag> f = {
+const std::vector<cli::OwnFlag>& own_flags() {
+  static const std::vector<cli::OwnFlag> f = {
       {"--hf-config", 1, 1},      {"--hardware", 1, 1},     {"--gpus", 1, 1},
       {"--world-size", 1, 1},     {"--gpus-per-node", 1, 1}, {"--peak-tflops", 1, 1},
       {"--device-memory-gib", 1, 1}, {"--hbm-tbps", 1, 1},  {"--nvlink-gbps", 1, 1},
@@ -25,15 +25,15 @@ const std::vector<train::OwnFlag>& own_flags() {
   return f;
 }
 
-const train::GivenFlag* own(const train::ParsedArgs& a, const std::string& name) {
-  for (const train::GivenFlag& g : a.flags) {
+const cli::GivenFlag* own(const cli::ParsedArgs& a, const std::string& name) {
+  for (const cli::GivenFlag& g : a.flags) {
     if (g.megatron == nullptr && g.name == name) return &g;
   }
   return nullptr;
 }
 
-double own_num(const train::ParsedArgs& a, const std::string& name, double dflt) {
-  const train::GivenFlag* g = own(a, name);
+double own_num(const cli::ParsedArgs& a, const std::string& name, double dflt) {
+  const cli::GivenFlag* g = own(a, name);
   if (g == nullptr) return dflt;
   try {
     return std::stod(g->values.at(0));
@@ -44,7 +44,7 @@ double own_num(const train::ParsedArgs& a, const std::string& name, double dflt)
 
 // Flags that describe the layout or the planner, not the model: what `moecore train` parses
 // without them gives the trainer's ModelConfig for the same model.
-bool layout_flag(const train::GivenFlag& g) {
+bool layout_flag(const cli::GivenFlag& g) {
   if (g.megatron == nullptr) return true;
   static const char* names[] = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                                 "--context-parallel-size", "--expert-model-parallel-size",
@@ -76,21 +76,21 @@ const char* kHelp =
 }  // namespace
 
 int run_plan(const std::vector<std::string>& args, std::string& out) {
-  const train::ParsedArgs a =
-      train::parse_megatron_argv(args, own_flags(), train::moecore_extra_choices());
+  const cli::ParsedArgs a =
+      cli::parse_megatron_argv(args, own_flags(), cli::moecore_extra_choices());
   if (a.help || own(a, "--help")) {
     out = kHelp;
     return 0;
   }
   ModelSpec m;
-  if (const train::GivenFlag* hf = own(a, "--hf-config")) {
+  if (const cli::GivenFlag* hf = own(a, "--hf-config")) {
     m = spec_from_hf_config(hf->values.at(0));
   } else {
     m = model_from_args(a);
   }
   RunSpec run = run_from_args(a);
   if (own(a, "--hf-config") == nullptr) pad_vocab(m, a, run.parallel.tp);
-  if (const train::GivenFlag* g = a.find_dest("seq_length")) m.seq_length = std::stoll(g->values.at(0));
+  if (const cli::GivenFlag* g = a.find_dest("seq_length")) m.seq_length = std::stoll(g->values.at(0));
 
   Hardware hw = hardware_preset(own(a, "--hardware") ? own(a, "--hardware")->values.at(0) : "h100");
   hw.gpus_per_node = static_cast<int>(own_num(a, "--gpus-per-node", hw.gpus_per_node));
@@ -120,9 +120,9 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
       std::vector<std::string> targs;
       if (a.find_dest("train_iters") == nullptr) targs = {"--train-iters=1", "--lr-warmup-iters=0"};
       if (a.find_dest("lr") == nullptr) targs.push_back("--lr=1e-4");
-      const auto model_args = a.args_for([](const train::GivenFlag& g) { return !layout_flag(g); });
+      const auto model_args = a.args_for([](const cli::GivenFlag& g) { return !layout_flag(g); });
       targs.insert(targs.end(), model_args.begin(), model_args.end());
-      trainer_cfg = train::parse_train_args(targs).model;
+      trainer_cfg = cli::parse_train_args(targs).model;
     } catch (const Error& e) {
       trainer_note = fmt::format("[plan] note: moecore train refuses these flags ({}); the "
                                  "planning pass runs on the model derived from them\n",

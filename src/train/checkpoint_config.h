@@ -30,7 +30,7 @@ struct CheckpointConfig {
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGINT finish the step,
                                      // save and stop (exit status 0)
   bool use_checkpoint_args = false;  // --use-checkpoint-args: the model's flags from --load
-                                     // (train/checkpoint_args.h)
+                                     // (cli/checkpoint_args.h)
   // The run's flags (its command line with config files expanded, each flag once), recorded in
   // every checkpoint's state ("args") for --use-checkpoint-args.
   std::vector<std::string> run_args;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
 namespace moecore::testing {
 
@@ -34,7 +34,7 @@ inline std::string text(const std::vector<int>& v) { return fmt::format("{}", fm
 
 }  // namespace run_config_detail
 
-inline RunConfigFields run_config_fields(const train::TrainFlags& f) {
+inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   using run_config_detail::text;
   RunConfigFields out;
   auto add = [&](const std::string& name, std::string value) { out[name] = std::move(value); };

@@ -3,9 +3,9 @@
 // gives, except that the embeddings stay tied; each test overrides what it varies.
 #pragma once
 
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 inline TrainFlags tiny_train_flags() {
   TrainFlags f;
@@ -43,4 +43,4 @@ inline TrainFlags tiny_train_flags() {
   return f;
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -12,7 +12,7 @@
 #include "common/tiny_train_flags.h"
 #include "core/check.h"
 #include "data/indexed_dataset.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -32,8 +32,8 @@ std::string write_corpus() {
   return p;
 }
 
-train::TrainFlags tiny(const std::string& prefix) {
-  train::TrainFlags f = train::tiny_train_flags();
+cli::TrainFlags tiny(const std::string& prefix) {
+  cli::TrainFlags f = cli::tiny_train_flags();
   f.model.hidden = 32;
   f.model.num_heads = 2;
   f.model.num_query_groups = 2;
@@ -50,13 +50,13 @@ train::TrainFlags tiny(const std::string& prefix) {
   f.train.data.data_path = {prefix};
   f.train.data.split = "90,10,0";
   f.train.eval_iters = 2;
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
   return f;
 }
 
 TEST(TrainerData, ConsumedSamplesAdvanceAndResume) {
   const std::string p = write_corpus();
-  train::TrainFlags f = tiny(p);
+  cli::TrainFlags f = tiny(p);
   train::Trainer a(f.model, f.train);
   EXPECT_EQ(a.consumed_train_samples(), 0);
   a.train_step();

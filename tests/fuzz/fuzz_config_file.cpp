@@ -1,4 +1,4 @@
-// libFuzzer target for `--config FILE`, the TOML flags file (src/train/config_file.cpp): any
+// libFuzzer target for `--config FILE`, the TOML flags file (src/cli/config_file.cpp): any
 // bytes, read from a file as `moecore train --config` reads it, either give command-line
 // arguments (each flag "--name", its values after it) or fail with moecore::Error.
 #include <cstddef>
@@ -8,10 +8,10 @@
 
 #include "core/check.h"
 #include "fuzz_common.h"
-#include "train/config_file.h"
+#include "cli/config_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace moecore::train;
+  using namespace moecore::cli;
   const std::string path = moecore::fuzz::write_file("flags.toml", data, size);
   try {
     const std::vector<std::string> args = config_file_args(path);

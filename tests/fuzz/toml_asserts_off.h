@@ -1,4 +1,4 @@
-// Force-included into src/train/config_file.cpp in the fuzz build: toml++'s assertions off, as
+// Force-included into src/cli/config_file.cpp in the fuzz build: toml++'s assertions off, as
 // in the library moecore links (Debian's libtomlplusplus, built by GCC with NDEBUG, where
 // TOML_ASSERT and TOML_ASSERT_ASSUME compile to nothing). toml++ 3.3.0 asserts in parse_key on a
 // table header whose first character cannot start a key ("[:]", "[=]"); the shipped library

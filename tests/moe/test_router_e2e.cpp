@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "common/tiny_train_flags.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 namespace {
 
 constexpr int64_t kIters = 60;
@@ -30,10 +30,10 @@ double tail_load(const std::vector<std::string>& lb, bool sigmoid_bias) {
     f.model.moe.router.enable_expert_bias = true;
   }
   finalize_train_flags(f);
-  Trainer trainer(f.model, f.train);
+  train::Trainer trainer(f.model, f.train);
   double sum = 0;
   for (int64_t it = 0; it < kIters; ++it) {
-    StepMetrics m = trainer.train_step();
+    train::StepMetrics m = trainer.train_step();
     if (it >= kIters - kTail) sum += m.max_over_mean_load;
   }
   return sum / kTail;
@@ -55,4 +55,4 @@ TEST(RouterEndToEnd, LossFreeBalancingBringsMaxOverMeanLoadBelow1p3) {
 }
 
 }  // namespace
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -7,9 +7,9 @@
 
 #include "core/check.h"
 #include "common/tiny_train_flags.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 namespace {
 
 TrainFlags parse(std::vector<std::string> args) {
@@ -114,4 +114,4 @@ TEST(RouterFlags, TokenDispatcherType) {
 }
 
 }  // namespace
-}  // namespace moecore::train
+}  // namespace moecore::cli

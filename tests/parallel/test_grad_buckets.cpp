@@ -11,13 +11,13 @@
 #include "model/gpt_model.h"
 #include "parallel/grad_buckets.h"
 #include "common/tiny_train_flags.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
 namespace moecore::parallel {
 namespace {
 
-train::TrainFlags tiny_flags(bool untie) {
-  train::TrainFlags f = train::tiny_train_flags();
+cli::TrainFlags tiny_flags(bool untie) {
+  cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
   f.make_vocab_size_divisible_by = 64;
   f.model.hidden = 16;
@@ -32,13 +32,13 @@ train::TrainFlags tiny_flags(bool untie) {
   f.untie_embeddings = untie;
   f.train.micro_batch = 2;
   f.train.global_batch = 2;
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
   return f;
 }
 
 TEST(GradStages, EveryParameterOnceAndTheHookFiresInOrder) {
   for (bool untie : {false, true}) {
-    train::TrainFlags f = tiny_flags(untie);
+    cli::TrainFlags f = tiny_flags(untie);
     model::GPTModel<double> m(f.model, 2, 7);
     const auto& stages = m.grad_stages();
     ASSERT_EQ(stages.size(), 3u + 2u);
@@ -89,7 +89,7 @@ void expect_tiling(const GradBuckets& b, const ParamRegistry& params) {
 }
 
 TEST(GradBuckets, OnePerStageByDefault) {
-  train::TrainFlags f = tiny_flags(true);
+  cli::TrainFlags f = tiny_flags(true);
   model::GPTModel<float> m(f.model, 2, 7);
   GradBuckets b(m.params(), m.grad_stages(), nullptr, nullptr, GradReduceConfig{});
   expect_tiling(b, m.params());
@@ -114,7 +114,7 @@ TEST(GradBuckets, OnePerStageByDefault) {
 }
 
 TEST(GradBuckets, BySizeAcrossStages) {
-  train::TrainFlags f = tiny_flags(false);
+  cli::TrainFlags f = tiny_flags(false);
   model::GPTModel<float> m(f.model, 2, 7);
   GradReduceConfig big;
   big.bucket_size = int64_t{1} << 40;
@@ -143,7 +143,7 @@ TEST(GradBuckets, BySizeAcrossStages) {
 }
 
 TEST(GradBuckets, GroupsOfOneDoNotCommunicate) {
-  train::TrainFlags f = tiny_flags(false);
+  cli::TrainFlags f = tiny_flags(false);
   model::GPTModel<float> m(f.model, 2, 7);
   ParallelConfig cfg;
   // Not connected: a group of one must never touch its communicator (it would throw).

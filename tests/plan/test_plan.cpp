@@ -22,10 +22,10 @@
 #include "plan/plan.h"
 #include "plan/plan_command.h"
 #include "plan/sizing_groups.h"
-#include "train/config_file.h"
-#include "train/megatron_compat.h"
+#include "cli/config_file.h"
+#include "cli/megatron_compat.h"
 #include "train/metrics.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore::plan {
@@ -37,8 +37,8 @@ std::string config(const std::string& name) {
 
 // The model of a shipped config, as `moecore plan --config` reads it (TP 1).
 ModelSpec shipped(const std::string& name) {
-  const auto args = train::config_file_args(config(name));
-  const train::ParsedArgs a = train::parse_megatron_argv(args, {}, train::moecore_extra_choices());
+  const auto args = cli::config_file_args(config(name));
+  const cli::ParsedArgs a = cli::parse_megatron_argv(args, {}, cli::moecore_extra_choices());
   ModelSpec m = model_from_args(a);
   pad_vocab(m, a, 1);
   return m;
@@ -48,7 +48,7 @@ ModelSpec shipped(const std::string& name) {
 std::string plan_out(const std::vector<std::string>& args) {
   std::vector<std::string> v{"plan"};
   v.insert(v.end(), args.begin(), args.end());
-  v = train::expand_config_files(v);
+  v = cli::expand_config_files(v);
   v.erase(v.begin());
   std::string out;
   EXPECT_EQ(run_plan(v, out), 0);
@@ -191,7 +191,7 @@ TEST(PlanParams, HfQwenMoeLayersAndBiases) {
 
 // The planner's count equals what the trainer registers for a model it builds.
 TEST(PlanParams, EqualsTheTrainersRegistry) {
-  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  const cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
   const ArenaSizes a = trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0);
   EXPECT_EQ(a.numel_dense + a.numel_expert, count_params(shipped("tiny")).total());
   EXPECT_EQ(a.numel_expert, count_params(shipped("tiny")).experts());
@@ -213,9 +213,9 @@ TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<std::string> v{"train"};
     v.insert(v.end(), args.begin(), args.end());
-    v = train::expand_config_files(v);
+    v = cli::expand_config_files(v);
     v.erase(v.begin());
-    const train::TrainFlags f = train::parse_train_args(v);
+    const cli::TrainFlags f = cli::parse_train_args(v);
     train::Trainer trainer(f.model, f.train);
     const train::StepMetrics m = trainer.train_step();
 
@@ -248,7 +248,7 @@ TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
 // plans what the allocating model of that rank holds (the same groups, no MPI needed: neither
 // communicates while it is built), and the EP ranks hold half the experts.
 TEST(PlanMemory, ExpertParallelRanksEqualTheAllocatedModel) {
-  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  const cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
   parallel::ParallelConfig pc;
   pc.ep = 2;
   const parallel::Layout layout = parallel::make_layout(pc, 4);
@@ -290,7 +290,7 @@ TEST(PlanMemory, SizingPassAllocatesNothing) {
 // widened weight copies and no f32 GEMM workspace whichever path this CPU took; sized for the
 // CPU, the widen path holds both (the trainer's plan on such a CPU).
 TEST(PlanMemory, GpuSizingIsTheSameOnEveryHost) {
-  train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
   f.model.bf16 = true;
   const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
   std::vector<ops::Bf16GemmPath> paths = {ops::Bf16GemmPath::Widen};
@@ -340,7 +340,7 @@ TEST(PlanJson, KeysPresent) {
 
 // The planner's FLOPs are the trainer's FLOPs model for the models the trainer builds.
 TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
-  const train::TrainFlags f = train::parse_train_args(train::config_file_args(config("tiny")));
+  const cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
   const train::FlopsModel t = train::flops_model(f.model);
   const PlanFlops p = plan_flops(shipped("tiny"), RunSpec{});
   EXPECT_DOUBLE_EQ(p.active_matmul_params, t.active_matmul_params);

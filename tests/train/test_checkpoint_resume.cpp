@@ -24,8 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-train::TrainFlags resume_flags(int64_t iters, bool quantile) {
-  train::TrainFlags f = train::tiny_train_flags();
+cli::TrainFlags resume_flags(int64_t iters, bool quantile) {
+  cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
   f.model.hidden = 32;
   f.model.seq_length = 32;
@@ -48,7 +48,7 @@ train::TrainFlags resume_flags(int64_t iters, bool quantile) {
   f.train.log_interval = 1000;
   f.train.lr.warmup_steps = 2;
   f.train.peak_gflops = 100;  // skip the start-up GEMM probe
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
   return f;
 }
 
@@ -63,7 +63,7 @@ fs::path fresh_dir(const std::string& name) {
 TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
   for (bool quantile : {false, true}) {
     SCOPED_TRACE(quantile ? "quantile balancing" : "expert bias");
-    const train::TrainFlags f = resume_flags(6, quantile);
+    const cli::TrainFlags f = resume_flags(6, quantile);
     const fs::path dir = fresh_dir(quantile ? "quantile" : "bias");
     train::Trainer whole(f.model, f.train);
     std::vector<train::StepMetrics> ref;
@@ -101,7 +101,7 @@ TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
 // Without the optimizer state the weights and the data position still load; the moments start
 // from zero, so the next step differs from the uninterrupted run's.
 TEST(CheckpointResume, WeightsOnlyLoadKeepsTheWeightsNotTheMoments) {
-  const train::TrainFlags f = resume_flags(4, false);
+  const cli::TrainFlags f = resume_flags(4, false);
   const fs::path dir = fresh_dir("weights_only");
   train::Trainer a(f.model, f.train);
   for (int i = 0; i < 2; ++i) a.train_step();
@@ -148,14 +148,14 @@ TEST(CheckpointResume, WeightsOnlyLoadKeepsTheWeightsNotTheMoments) {
 }
 
 TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
-  const train::TrainFlags f = resume_flags(4, false);
+  const cli::TrainFlags f = resume_flags(4, false);
   const fs::path dir = fresh_dir("other_model");
   train::Trainer a(f.model, f.train);
   a.train_step();
   a.save_checkpoint(dir);
-  train::TrainFlags g = resume_flags(4, false);
+  cli::TrainFlags g = resume_flags(4, false);
   g.model.moe.ffn_hidden = 48;
-  train::finalize_train_flags(g);
+  cli::finalize_train_flags(g);
   train::Trainer b(g.model, g.train);
   const std::string e = testing::error_of([&] { b.load_checkpoint(dir); });
   EXPECT_NE(e.find("holds another model:\n  --moe-ffn-hidden-size: 32 in the checkpoint, 48 in "
@@ -171,14 +171,14 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
 // options, so a model without them refuses the checkpoint naming the flags.
 TEST(CheckpointResume, SharedExpertGateAndOutputBiasResumeAndAreChecked) {
   auto with_options = [](bool on) {
-    train::TrainFlags f = resume_flags(4, false);
+    cli::TrainFlags f = resume_flags(4, false);
     f.model.moe.shared_ffn_hidden = 16;
     f.model.moe.shared_expert_gate = on;
     f.model.add_attention_output_bias = on;
     f.model.validate();
     return f;
   };
-  const train::TrainFlags f = with_options(true);
+  const cli::TrainFlags f = with_options(true);
   const fs::path dir = fresh_dir("gate_bias");
   train::Trainer whole(f.model, f.train);
   std::vector<train::StepMetrics> ref;
@@ -195,7 +195,7 @@ TEST(CheckpointResume, SharedExpertGateAndOutputBiasResumeAndAreChecked) {
     EXPECT_EQ(m.grad_norm, ref[i].grad_norm) << "iteration " << i + 1;
   }
   EXPECT_EQ(second.weights_digest(), whole.weights_digest());
-  const train::TrainFlags g = with_options(false);
+  const cli::TrainFlags g = with_options(false);
   train::Trainer plain(g.model, g.train);
   const std::string e = testing::error_of([&] { plain.load_checkpoint(dir); });
   EXPECT_NE(e.find("--moe-shared-expert-gate: true in the checkpoint, false in this run"),
@@ -212,7 +212,7 @@ TEST(CheckpointResume, SharedExpertGateAndOutputBiasResumeAndAreChecked) {
 // the uninterrupted run's weights. No staging directory is left behind.
 TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
   std::ostringstream log;
-  train::TrainFlags f = resume_flags(6, false);
+  cli::TrainFlags f = resume_flags(6, false);
   train::Trainer whole(f.model, f.train);
   whole.run(log);
   const fs::path dir = fresh_dir("run_loop");
@@ -239,7 +239,7 @@ TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
   EXPECT_TRUE(fs::exists(ckpt::iteration_dir(dir, 4)));
 
   // --ckpt-step: an earlier iteration; --finetune: its weights, everything else from 0.
-  train::TrainFlags g = f;
+  cli::TrainFlags g = f;
   g.train.ckpt.save.clear();
   g.train.ckpt.save_interval = 0;
   train::Trainer c(g.model, g.train);
@@ -263,7 +263,7 @@ TEST(CheckpointResume, TheRunLoopSavesStopsAndResumes) {
 // uninterrupted one.
 TEST(CheckpointResume, AsyncSavesCompleteAndResumeBitwise) {
   std::ostringstream log;
-  train::TrainFlags f = resume_flags(6, true);
+  cli::TrainFlags f = resume_flags(6, true);
   train::Trainer whole(f.model, f.train);
   whole.run(log);
   const fs::path dir = fresh_dir("async");
@@ -293,22 +293,22 @@ TEST(CheckpointResume, AsyncSavesCompleteAndResumeBitwise) {
 // to 1, so the MoE model's loss on a batch is the dense model's (f64: summation order only), in
 // a model with a dense layer left dense too; then it trains. A MoE checkpoint is refused.
 TEST(CheckpointResume, UpcyclingStartsAMoeModelAtTheDenseModelsLoss) {
-  train::TrainFlags dense_flags = resume_flags(4, false);
+  cli::TrainFlags dense_flags = resume_flags(4, false);
   dense_flags.router = {};
   dense_flags.model.num_experts = 0;
   dense_flags.model.moe = {};
   dense_flags.model.ffn_hidden = 32;
-  train::finalize_train_flags(dense_flags);
+  cli::finalize_train_flags(dense_flags);
   const fs::path dir = fresh_dir("upcycling");
   train::BasicTrainer<double> dense(dense_flags.model, dense_flags.train);
   for (int i = 0; i < 2; ++i) dense.train_step();
   dense.save_checkpoint(dir);
 
-  train::TrainFlags moe_flags = resume_flags(4, false);
+  cli::TrainFlags moe_flags = resume_flags(4, false);
   moe_flags.model.ffn_hidden = 32;
   moe_flags.model.moe.ffn_hidden = 32;
   moe_flags.moe_layer_freq = "[1,0]";
-  train::finalize_train_flags(moe_flags);
+  cli::finalize_train_flags(moe_flags);
   train::BasicTrainer<double> moe(moe_flags.model, moe_flags.train);
   train::Trainer::LoadOptions up;
   up.upcycle = true;
@@ -348,7 +348,7 @@ TEST(CheckpointResume, UpcyclingStartsAMoeModelAtTheDenseModelsLoss) {
 // --no-save-optim writes the weights only; loading that with the optimizer state says how to
 // load it instead.
 TEST(CheckpointResume, AWeightsOnlyCheckpointNeedsNoLoadOptim) {
-  const train::TrainFlags f = resume_flags(4, false);
+  const cli::TrainFlags f = resume_flags(4, false);
   const fs::path dir = fresh_dir("no_save_optim");
   train::Trainer a(f.model, f.train);
   a.train_step();

@@ -36,7 +36,7 @@
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
 #include "train/checkpoint_state.h"
-#include "train/config_file.h"
+#include "cli/config_file.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -169,7 +169,7 @@ TEST(HfConvert, ImportsMixtralAsTheTrainerWritesIteration0) {
   }
 
   // The flags file parses as `moecore train --config` does and gives the recorded model.
-  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  const std::vector<std::string> args = cli::config_file_args(r.flags_file.string());
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--make-vocab-size-divisible-by", "1"},
            {"--vocab-size", "96"},
@@ -189,7 +189,7 @@ TEST(HfConvert, ImportsMixtralAsTheTrainerWritesIteration0) {
   EXPECT_FALSE(has_arg(args, "--moe-router-pre-softmax"));  // Mixtral renormalises
   EXPECT_FALSE(has_arg(args, "--add-qkv-bias"));
   EXPECT_FALSE(has_arg(args, "--qk-layernorm"));
-  const train::TrainFlags f = convert::parse_model_flags(args);
+  const cli::TrainFlags f = convert::parse_model_flags(args);
   EXPECT_EQ(m.state["model"], train::model_signature(f.model));
 
   // The fused QKV by the doc's formula: row (g * (qpg + 2) + j) * D + d is query head g qpg + j
@@ -246,7 +246,7 @@ TEST(HfConvert, ImportsShardedBf16Qwen3MoeWidenedExactly) {
             (std::vector<int64_t>{8, 32, 32}));
   EXPECT_EQ(m.find("decoder.layers.1.mlp.router.weight"), nullptr);
   EXPECT_EQ(m.find("decoder.layers.0.self_attention.linear_qkv.bias"), nullptr);
-  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  const std::vector<std::string> args = cli::config_file_args(r.flags_file.string());
   EXPECT_TRUE(has_arg(args, "--moe-layer-freq", "[1,0,1]"));
   EXPECT_TRUE(has_arg(args, "--qk-layernorm"));
   EXPECT_TRUE(has_arg(args, "--kv-channels", "16"));
@@ -269,7 +269,7 @@ TEST(HfConvert, ImportsQwen2MoeWithItsGatedSharedExpert) {
   const fs::path q2 = fresh_dir("q2");
   const convert::ImportResult g = convert::import_hf(fixture("qwen2_moe"), q2);
   EXPECT_EQ(g.spec.shared_ffn_hidden, 24);
-  const std::vector<std::string> gargs = train::config_file_args(g.flags_file.string());
+  const std::vector<std::string> gargs = cli::config_file_args(g.flags_file.string());
   EXPECT_TRUE(has_arg(gargs, "--moe-shared-expert-intermediate-size", "24"));
   EXPECT_TRUE(has_arg(gargs, "--moe-shared-expert-gate"));
   ckpt::CheckpointReader gr(ckpt::iteration_dir(q2, 0));
@@ -303,7 +303,7 @@ TEST(HfConvert, ImportsQwen2MoeWithItsGatedSharedExpert) {
   EXPECT_TRUE(r.spec.tie_word_embeddings);
   EXPECT_TRUE(r.spec.qkv_bias);
   EXPECT_EQ(r.spec.moe_layers, (std::vector<int>{0, 1, 0, 1}));  // decoder_sparse_step 2
-  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  const std::vector<std::string> args = cli::config_file_args(r.flags_file.string());
   EXPECT_TRUE(has_arg(args, "--moe-layer-freq", "[0,1,0,1]"));
   EXPECT_TRUE(has_arg(args, "--moe-router-pre-softmax"));  // norm_topk_prob: false
   EXPECT_TRUE(has_arg(args, "--add-qkv-bias"));
@@ -681,11 +681,11 @@ fs::path mixtral_model(const std::string& name,
   const fs::path save = fresh_dir(name);
   fs::create_directories(save);
   std::ofstream(save / "moecore_flags.toml") << toml;
-  std::vector<std::string> args = train::config_file_args((save / "moecore_flags.toml").string());
+  std::vector<std::string> args = cli::config_file_args((save / "moecore_flags.toml").string());
   for (const char* a : {"--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "2",
                         "--lr", "1e-3", "--peak-tflops", "1", "--eval-iters", "0"})
     args.push_back(a);
-  const train::TrainFlags f = train::parse_train_args(args);
+  const cli::TrainFlags f = cli::parse_train_args(args);
   train::Trainer trainer(f.model, f.train);
   for (int i = 0; i < steps; ++i) trainer.train_step();
   trainer.save_checkpoint(save);
@@ -955,11 +955,11 @@ TEST(HfConvert, ImportRefusesATiedHeadThatDiffersFromTheEmbedding) {
 void check_against_transformers(const std::string& name) {
   const fs::path ck = fresh_dir("numbers_" + name);
   convert::import_hf(fixture(name), ck);
-  std::vector<std::string> args = train::config_file_args((ck / "moecore_flags.toml").string());
+  std::vector<std::string> args = cli::config_file_args((ck / "moecore_flags.toml").string());
   for (const char* a : {"--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1",
                         "--lr", "1e-4", "--peak-tflops", "1", "--eval-iters", "0"})
     args.push_back(a);
-  const train::TrainFlags f = train::parse_train_args(args);
+  const cli::TrainFlags f = cli::parse_train_args(args);
   train::Trainer trainer(f.model, f.train);
   train::Trainer::LoadOptions lo;
   lo.finetune = true;
@@ -1063,7 +1063,7 @@ TEST(HfConvert, Qwen3MoeAttentionBiasRoundTrip) {
   write_json(in / "model.safetensors.index.json", index);
   const fs::path ck = fresh_dir("q3_bias_ck");
   const convert::ImportResult r = convert::import_hf(in, ck);
-  const std::vector<std::string> args = train::config_file_args(r.flags_file.string());
+  const std::vector<std::string> args = cli::config_file_args(r.flags_file.string());
   EXPECT_TRUE(has_arg(args, "--add-qkv-bias"));
   EXPECT_TRUE(has_arg(args, "--add-attention-output-bias"));
   convert::ExportOptions o;

@@ -11,7 +11,7 @@
 #include "common/testing.h"
 #include "common/tiny_train_flags.h"
 #include "core/arena.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -21,8 +21,8 @@ namespace {
 
 // A small model touching every recomputed piece: MoE and dense layers, a shared expert,
 // qk-layernorm and a qkv bias, input jitter, and 2 micro-batches per step.
-train::TrainFlags base_flags(const std::string& variant) {
-  train::TrainFlags f = train::tiny_train_flags();
+cli::TrainFlags base_flags(const std::string& variant) {
+  cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
   f.make_vocab_size_divisible_by = 64;
   f.untie_embeddings = true;
@@ -78,12 +78,12 @@ struct RunResult {
 RunResult train_with(const std::string& variant, const std::string& granularity,
                const std::string& method, int64_t num_layers,
                const std::vector<std::string>& modules) {
-  train::TrainFlags f = base_flags(variant);
+  cli::TrainFlags f = base_flags(variant);
   f.recompute_granularity = granularity;
   f.recompute_method = method;
   f.model.recompute.num_layers = num_layers;
   if (!modules.empty()) f.model.recompute.module_names = modules;
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
   train::Trainer trainer(f.model, f.train);
   RunResult r;
   for (int i = 0; i < 4; ++i) {
@@ -161,13 +161,13 @@ INSTANTIATE_TEST_SUITE_P(Variants, Recompute,
 TEST(Recompute, BadFlagsStopWithTheFix) {
   auto expect_error = [](const std::string& g, const std::string& m, int64_t n,
                          std::vector<std::string> modules, const std::string& needle) {
-    train::TrainFlags f = base_flags("softmax_jitter");
+    cli::TrainFlags f = base_flags("softmax_jitter");
     f.recompute_granularity = g;
     f.recompute_method = m;
     f.model.recompute.num_layers = n;
     if (!modules.empty()) f.model.recompute.module_names = modules;
     try {
-      train::finalize_train_flags(f);
+      cli::finalize_train_flags(f);
       ADD_FAILURE() << "accepted " << g << " " << m << " " << n;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();

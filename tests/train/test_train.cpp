@@ -19,7 +19,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -316,8 +316,8 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
   EXPECT_NEAR(host(q.get("w").data_as<float>())[0], 0.9, 1e-6);
 }
 
-train::TrainFlags short_run_flags(int64_t iters) {
-  train::TrainFlags f = train::tiny_train_flags();
+cli::TrainFlags short_run_flags(int64_t iters) {
+  cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
   f.model.hidden = 32;
   f.model.seq_length = 32;
@@ -335,12 +335,12 @@ train::TrainFlags short_run_flags(int64_t iters) {
   f.train.lr.warmup_steps = 5;
   f.train.lr.decay_steps = 0;
   f.train.peak_gflops = 100;  // skip the start-up GEMM probe
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
   return f;
 }
 
 TEST(Train, LossApproachesEntropyFloor) {
-  train::TrainFlags f = short_run_flags(150);
+  cli::TrainFlags f = short_run_flags(150);
   train::Trainer trainer(f.model, f.train);
   std::ostringstream log;
   auto m = trainer.run(log);
@@ -356,7 +356,7 @@ TEST(Train, LossApproachesEntropyFloor) {
 
 // bf16 mixed precision meets the same bar as fp32 on the short run.
 TEST(Train, Bf16LossApproachesEntropyFloor) {
-  train::TrainFlags f = short_run_flags(150);
+  cli::TrainFlags f = short_run_flags(150);
   f.model.bf16 = true;
   train::Trainer trainer(f.model, f.train);
   std::ostringstream log;
@@ -378,7 +378,7 @@ TEST(Train, Bf16GemmPathsTrainAlike) {
   }
   for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
     ops::set_bf16_gemm_path(path);
-    train::TrainFlags f = short_run_flags(6);
+    cli::TrainFlags f = short_run_flags(6);
     f.model.bf16 = true;
     train::Trainer trainer(f.model, f.train);
     std::ostringstream log;
@@ -450,7 +450,7 @@ TEST(Mfu, PeakProbeShapesAreTheModelsGemms) {
 }
 
 TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
-  train::TrainFlags f = short_run_flags(6);
+  cli::TrainFlags f = short_run_flags(6);
   std::ostringstream log;
   train::Trainer a(f.model, f.train), b(f.model, f.train);
   auto ma = a.run(log), mb = b.run(log);
@@ -466,7 +466,7 @@ TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
 // step, not in every step, while a phase left out of the breakdown is missing from all of them.
 // Each MoE phase shows up.
 TEST(Train, StepBreakdownAddsUpToTheStepTime) {
-  train::TrainFlags f = short_run_flags(10);
+  cli::TrainFlags f = short_run_flags(10);
   train::Trainer trainer(f.model, f.train);
   double best_covered = 0;
   for (int i = 0; i < 4; ++i) {
@@ -486,11 +486,11 @@ TEST(Train, StepBreakdownAddsUpToTheStepTime) {
 }
 
 TEST(Train, BadConfigsStopBeforeTraining) {
-  train::TrainFlags f = short_run_flags(10);
+  cli::TrainFlags f = short_run_flags(10);
   f.train.global_batch = 6;
   f.train.micro_batch = 4;
   try {
-    train::finalize_train_flags(f);
+    cli::finalize_train_flags(f);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--global-batch-size=6"), std::string::npos) << e.what();

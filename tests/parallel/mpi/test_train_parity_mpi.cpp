@@ -24,7 +24,7 @@
 #include "core/check.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -49,12 +49,12 @@ const std::vector<std::string> kAux = {"--moe-aux-loss-coeff", "1e-2"};
 
 // The flags exactly as `moecore train` parses them (so options of other branches, e.g. the
 // dispatcher type, reach the configs the same way).
-void parse_flags(train::TrainFlags& f, std::vector<std::string> args) {
+void parse_flags(cli::TrainFlags& f, std::vector<std::string> args) {
   CLI::App app;
-  train::add_train_flags(app, f);
+  cli::add_train_flags(app, f);
   std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
   app.parse(args);
-  train::finalize_train_flags(f);
+  cli::finalize_train_flags(f);
 }
 
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -80,7 +80,7 @@ std::vector<double> to_double(const T* p, int64_t n) {
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
 Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
-  train::TrainFlags f = train::tiny_train_flags();
+  cli::TrainFlags f = cli::tiny_train_flags();
   parse_flags(f, args);
   train::BasicTrainer<T> trainer(f.model, f.train, groups);
   std::ostringstream log;
@@ -203,12 +203,12 @@ void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
 }
 
 parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
-  train::TrainFlags f = train::tiny_train_flags();
+  cli::TrainFlags f = cli::tiny_train_flags();
   parse_flags(f, args);
   parallel::ParallelConfig cfg;
   cfg.ep = ep;
   cfg.timeout_minutes = 1.0;  // a deadlock ends with a diagnostic, not a ctest timeout
-  return parallel::init_process_groups(cfg, g_rt, train::model_dims(f.model));
+  return parallel::init_process_groups(cfg, g_rt, cli::model_dims(f.model));
 }
 
 template <typename T>
@@ -494,7 +494,7 @@ TEST(BalancingParity, ExpertBiasExpertParallel) {
 TEST(BalancingParity, ExpertBiasBuffersEqualOneRank) {
   const auto args = kBase + kExpertBias;
   auto bias_of = [&](const parallel::ProcessGroups* groups) {
-    train::TrainFlags f = train::tiny_train_flags();
+    cli::TrainFlags f = cli::tiny_train_flags();
     parse_flags(f, args);
     f.train.train_iters = 4;
     train::BasicTrainer<double> t(f.model, f.train, groups);
@@ -521,7 +521,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
   parallel::ProcessGroups groups = make_groups(1, kBase + kAux);
   const int w = g_rt.world_size;
   // micro 1: global batch w + 1 is not a multiple of dp = w.
-  train::TrainFlags f = train::tiny_train_flags();
+  cli::TrainFlags f = cli::tiny_train_flags();
   parse_flags(f, kBase + std::vector<std::string>{"--global-batch-size", std::to_string(w + 1)});
   try {
     train::Trainer t(f.model, f.train, &groups);
@@ -533,7 +533,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   // micro 2 x dp w does not divide a global batch of 2 w - 2... use 2 (w >= 2): 2 % (2 w) != 0.
-  train::TrainFlags g = train::tiny_train_flags();
+  cli::TrainFlags g = cli::tiny_train_flags();
   parse_flags(g, kBase + std::vector<std::string>{"--micro-batch-size", "2", "--global-batch-size",
                                                   "2"});
   try {
@@ -549,7 +549,7 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
 TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   if (g_rt.world_size == 1) GTEST_SKIP();
   parallel::ProcessGroups groups = make_groups(1, kBase);
-  train::TrainFlags f = train::tiny_train_flags();
+  cli::TrainFlags f = cli::tiny_train_flags();
   parse_flags(f, kBase + std::vector<std::string>{"--moe-router-load-balancing-type",
                                                   "global_aux_loss"});
   try {

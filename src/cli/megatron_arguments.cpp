@@ -1,4 +1,4 @@
-#include "train/megatron_arguments.h"
+#include "cli/megatron_arguments.h"
 
 #include <fmt/format.h>
 
@@ -7,12 +7,12 @@
 
 #include "core/check.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 namespace {
 
 const char* kTableJson =
-#include "train/megatron_arguments.inc"
+#include "cli/megatron_arguments.inc"
     ;
 
 std::string json_text(const nlohmann::json& v) {
@@ -39,7 +39,7 @@ ArgAction parse_action(const std::string& s) {
   if (s == "store_false") return ArgAction::StoreFalse;
   if (s == "other:BooleanOptionalAction") return ArgAction::BooleanOptional;
   MOE_FAIL("[flags] the Megatron flag table has an action '{}' that moecore cannot parse: "
-           "extend train/megatron_arguments.cpp",
+           "extend cli/megatron_arguments.cpp",
            s);
 }
 
@@ -124,4 +124,4 @@ std::string MegatronArguments::nearest(const std::string& name) const {
 
 std::string default_text(const MegatronFlag& f) { return json_text(f.default_value); }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

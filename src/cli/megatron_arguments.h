@@ -1,5 +1,5 @@
 // The table of every flag Megatron-LM's megatron/training/arguments.py defines, read from its
-// own argparse parser by tools/megatron_flags.py (src/train/megatron_arguments.json, embedded at
+// own argparse parser by tools/megatron_flags.py (src/cli/megatron_arguments.json, embedded at
 // build time): names and aliases, dest, action, type, nargs, choices, default and argument
 // group, with the Megatron-LM commit it came from. The facts `moecore train` parses against.
 #pragma once
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace moecore::train {
+namespace moecore::cli {
 
 enum class ArgAction { Store, StoreTrue, StoreFalse, BooleanOptional };
 enum class ArgType { None, Int, Float, Str, Bool, Other };  // Other: a Megatron parse function
@@ -46,4 +46,4 @@ const MegatronArguments& megatron_arguments();
 // False -> "false").
 std::string default_text(const MegatronFlag& f);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,4 +1,4 @@
-#include "train/megatron_argv.h"
+#include "cli/megatron_argv.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/check.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 namespace {
 
@@ -152,4 +152,4 @@ ParsedArgs parse_megatron_argv(const std::vector<std::string>& args,
   return out;
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -3,8 +3,8 @@
 
 #include "core/command.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 Subcommand add_train_command(CLI::App& app);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,6 +1,6 @@
-#include "train/checkpoint_flags.h"
+#include "cli/checkpoint_flags.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f) {
   const char* kCkpt = "Checkpointing";
@@ -72,4 +72,4 @@ void finalize_checkpoint_flags(CheckpointConfig& c, const CheckpointFlags& f) {
   c.validate();
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,4 +1,4 @@
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -7,13 +7,13 @@
 #include <memory>
 
 #include "core/check.h"
-#include "train/checkpoint_args.h"
-#include "train/config_file.h"
-#include "train/data_flags.h"
-#include "train/megatron_argv.h"
+#include "cli/checkpoint_args.h"
+#include "cli/config_file.h"
+#include "cli/data_flags.h"
+#include "cli/megatron_argv.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 TrainFlags::TrainFlags() {
   // ModelConfig and TrainConfig default to a small model for the tests that build them
@@ -340,7 +340,7 @@ void finalize_train_flags(TrainFlags& f) {
   if (checked.global_batch == 0) checked.global_batch = checked.micro_batch;
   checked.validate();
   // The layout itself (world size, EP | experts, ...) is checked once the ranks are running.
-  check_parallel_support(f.parallel);
+  train::check_parallel_support(f.parallel);
 }
 
 namespace {
@@ -501,4 +501,4 @@ parallel::ModelDims model_dims(const ModelConfig& m) {
   return d;
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,9 +1,9 @@
-#include "train/data_flags.h"
+#include "cli/data_flags.h"
 
 #include "core/check.h"
 #include "data/tokenizer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 void add_data_flags(CLI::App& app, TrainConfig& t) {
   data::DataConfig& d = t.data;
@@ -69,4 +69,4 @@ int64_t finalize_data_flags(TrainConfig& t, int64_t vocab_size_flag) {
   return tok->vocab_size();
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,4 +1,4 @@
-#include "train/checkpoint_args.h"
+#include "cli/checkpoint_args.h"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
-#include "train/megatron_arguments.h"
+#include "cli/megatron_arguments.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 namespace {
 
 // The flags that define the model and what it computes, by their first Megatron name (moecore's
@@ -73,4 +73,4 @@ std::vector<std::string> checkpoint_model_args(const std::string& load, int64_t 
   return parse_megatron_argv(saved, own).args_for(is_model_flag);
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

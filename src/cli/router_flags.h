@@ -10,7 +10,7 @@
 
 #include "model/config.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 struct RouterFlags {
   std::string score_function = "softmax";
@@ -25,4 +25,4 @@ struct RouterFlags {
 void add_router_flags(CLI::App& app, MoeConfig& cfg, RouterFlags& f);
 void finalize_router_flags(MoeConfig& cfg, const RouterFlags& f);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

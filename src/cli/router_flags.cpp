@@ -1,8 +1,8 @@
-#include "train/router_flags.h"
+#include "cli/router_flags.h"
 
 #include "core/check.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 namespace {
 
@@ -127,4 +127,4 @@ void finalize_router_flags(MoeConfig& moe, const RouterFlags& f) {
   // RouterConfig::validate runs from ModelConfig::validate once num_experts is known.
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "train/megatron_arguments.h"
+#include "cli/megatron_arguments.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 // A flag moecore has and Megatron lacks (--config, --metrics-file, ...).
 struct OwnFlag {
@@ -54,4 +54,4 @@ ParsedArgs parse_megatron_argv(const std::vector<std::string>& args,
                                const std::vector<OwnFlag>& own,
                                const std::vector<std::string>& extra_choices = {});
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

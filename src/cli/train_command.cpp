@@ -1,4 +1,4 @@
-#include "train/train_command.h"
+#include "cli/train_command.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -9,10 +9,12 @@
 
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
+
+using train::Trainer;
 
 Subcommand add_train_command(CLI::App& app) {
   CLI::App* cli = app.add_subcommand("train", "Train a model (Megatron-LM's flags and defaults)");
@@ -60,4 +62,4 @@ Subcommand add_train_command(CLI::App& app) {
                     }};
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,4 +1,4 @@
-#include "train/eval_command.h"
+#include "cli/eval_command.h"
 
 #include <fmt/format.h>
 
@@ -11,10 +11,13 @@
 #include "core/check.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
-#include "train/train_flags.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
+
+using train::EvalMetrics;
+using train::Trainer;
 namespace {
 
 using nlohmann::json;
@@ -165,4 +168,4 @@ Subcommand add_eval_command(CLI::App& app) {
       }};
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace moecore::train {
+namespace moecore::cli {
 
 // Arguments for the TOML file at `path`: `key = 3` -> "--key" "3"; `flag = true` -> "--flag"
 // (false: nothing); arrays -> "--key" v1 v2 ...
@@ -19,4 +19,4 @@ std::vector<std::string> config_text_args(const std::string& text, const std::st
 // "--config=FILE" is replaced by the file's arguments, inserted right after the subcommand.
 std::vector<std::string> expand_config_files(const std::vector<std::string>& args);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -19,12 +19,12 @@
 #include "common/paths.h"
 #include "common/run_config_fields.h"
 #include "core/check.h"
-#include "train/config_file.h"
-#include "train/megatron_argv.h"
-#include "train/train_flags.h"
+#include "cli/config_file.h"
+#include "cli/megatron_argv.h"
+#include "cli/train_flags.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 namespace {
 
 std::vector<std::string> words(const std::string& s) {
@@ -253,7 +253,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
   {
     TrainFlags f = parse("--qk-layernorm");
     f.train.peak_gflops = 100;  // no GEMM probe
-    Trainer trainer(f.model, f.train);
+    train::Trainer trainer(f.model, f.train);
     trainer.save_checkpoint(ckpt);
   }
   const std::string toml = dir + "/flags.toml";
@@ -764,9 +764,9 @@ std::string save_dir() {
 void trains(const std::string& recipe, const std::string& shrunk) {
   TrainFlags f = parse_train_args(words(recipe + " " + shrunk));
   f.train.peak_gflops = 100;  // no GEMM probe
-  Trainer trainer(f.model, f.train);
+  train::Trainer trainer(f.model, f.train);
   for (int i = 0; i < 2; ++i) {
-    const StepMetrics m = trainer.train_step();
+    const train::StepMetrics m = trainer.train_step();
     EXPECT_TRUE(std::isfinite(m.lm_loss)) << recipe;
   }
 }
@@ -937,4 +937,4 @@ TEST(MegatronRecipes, Qwen2MoeSharedExpertGate) {
 }
 
 }  // namespace
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,4 +1,4 @@
-#include "train/config_file.h"
+#include "cli/config_file.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -12,7 +12,7 @@
 
 #include "core/check.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 static std::string value_text(const toml::node& v, const std::string& path, const std::string& key) {
   if (auto s = v.value<std::string>()) return *s;
@@ -132,4 +132,4 @@ std::vector<std::string> expand_config_files(const std::vector<std::string>& arg
   return out;
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -17,7 +17,7 @@
 #include "common/command.h"
 #include "common/testing.h"
 #include "core/device.h"
-#include "train/config_file.h"
+#include "cli/config_file.h"
 
 namespace {
 
@@ -130,7 +130,7 @@ TEST(Cli, ImplementationDetailFlagsAreAcceptedWithANotice) {
 // a string (found by tests/fuzz/fuzz_config_file; those inputs replay under UBSan from
 // tests/fuzz/regressions/config_file/).
 TEST(Cli, ConfigFileReadsNonAsciiOnlyInStringsAndComments) {
-  using moecore::train::config_text_args;
+  using moecore::cli::config_text_args;
   const std::vector<std::string> args = config_text_args(
       "\xEF\xBB\xBF# \xC3\xA9t\xC3\xA9\ndata_path = [\"/data/caf\xC3\xA9\"]  # caf\xC3\xA9\n"
       "tokenizer_model = '''\n\xE6\x97\xA5'''\n",

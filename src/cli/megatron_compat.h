@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "train/megatron_argv.h"
+#include "cli/megatron_argv.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 enum class FlagClass { Implemented, NoEffect, NotYet };
 
@@ -49,4 +49,4 @@ std::vector<std::string> check_megatron_flags(const ParsedArgs& given,
 std::string megatron_flags_markdown(const std::function<bool(const MegatronFlag&)>& bound,
                                     const std::function<std::string(const MegatronFlag&)>& help);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

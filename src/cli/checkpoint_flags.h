@@ -9,7 +9,9 @@
 
 #include "train/checkpoint_config.h"
 
-namespace moecore::train {
+namespace moecore::cli {
+
+using train::CheckpointConfig;
 
 // The store_true flags Megatron names negatively, as given.
 struct CheckpointFlags {
@@ -23,4 +25,4 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
 // After parsing: the negative flags into `c`, then c.validate().
 void finalize_checkpoint_flags(CheckpointConfig& c, const CheckpointFlags& f);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

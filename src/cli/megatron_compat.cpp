@@ -1,4 +1,4 @@
-#include "train/megatron_compat.h"
+#include "cli/megatron_compat.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/check.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 namespace {
 
@@ -236,7 +236,7 @@ std::string megatron_flags_markdown(const std::function<bool(const MegatronFlag&
     return s;
   };
   std::string out = fmt::format(
-      "Generated from `src/train/megatron_arguments.json` ({} at commit `{}`) by `moecore "
+      "Generated from `src/cli/megatron_arguments.json` ({} at commit `{}`) by `moecore "
       "train --flags-markdown`; a test checks it is current. {} flags: {} implemented, {} "
       "accepted without effect, {} not implemented yet.\n",
       t.source, t.commit, t.flags.size(), by_class[FlagClass::Implemented].size(),
@@ -265,4 +265,4 @@ std::string megatron_flags_markdown(const std::function<bool(const MegatronFlag&
   return out;
 }
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -12,7 +12,7 @@
 
 #include "core/command.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 Subcommand add_eval_command(CLI::App& app);
 
@@ -20,4 +20,4 @@ Subcommand add_eval_command(CLI::App& app);
 // not a JSON list of lists of non-negative integers below vocab_size.
 std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int64_t vocab_size);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "train/megatron_argv.h"
+#include "cli/megatron_argv.h"
 
-namespace moecore::train {
+namespace moecore::cli {
 
 // Whether a flag shapes the model or what it computes (its structure, routing, vocabulary,
 // losses), and so comes from the checkpoint under --use-checkpoint-args. Layout, precision,
@@ -26,4 +26,4 @@ bool is_model_flag(const GivenFlag& g);
 std::vector<std::string> checkpoint_model_args(const std::string& load, int64_t ckpt_step,
                                                const std::vector<OwnFlag>& own);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

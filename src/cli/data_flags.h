@@ -8,7 +8,9 @@
 #include "data/token_source.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
+
+using train::TrainConfig;
 
 void add_data_flags(CLI::App& app, TrainConfig& t);
 // After parsing: checks the data flags go together and returns the vocabulary the model needs
@@ -16,4 +18,4 @@ void add_data_flags(CLI::App& app, TrainConfig& t);
 // language (vocab_size_flag: the --vocab-size value, 256 when not given).
 int64_t finalize_data_flags(TrainConfig& t, int64_t vocab_size_flag);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli

@@ -1,5 +1,5 @@
 // Megatron-LM flag names for `moecore train`, bound to the config structs, with Megatron's
-// defaults (src/train/megatron_arguments.json; a test compares them). Megatron's required
+// defaults (src/cli/megatron_arguments.json; a test compares them). Megatron's required
 // flags (--num-layers, --hidden-size, ...) are required here too; configs/tiny.toml states the
 // tiny default model. parse_train_args is the whole command line: argparse semantics
 // (megatron_argv.h), every Megatron flag classified (megatron_compat.h), then the bound values
@@ -13,12 +13,14 @@
 
 #include "model/config.h"
 #include "parallel/parallel_config.h"
-#include "train/checkpoint_flags.h"
-#include "train/megatron_compat.h"
-#include "train/router_flags.h"
+#include "cli/checkpoint_flags.h"
+#include "cli/megatron_compat.h"
+#include "cli/router_flags.h"
 #include "train/trainer.h"
 
-namespace moecore::train {
+namespace moecore::cli {
+
+using train::TrainConfig;
 
 // Megatron's None for a float flag.
 inline bool is_none(double v) { return std::isnan(v); }
@@ -79,4 +81,4 @@ parallel::ModelDims model_dims(const ModelConfig& m);
 // Megatron's vocabulary padding: the smallest multiple of `divisible_by` >= vocab.
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by);
 
-}  // namespace moecore::train
+}  // namespace moecore::cli
