@@ -36,7 +36,8 @@ int run_export(const ConvertArgs& a) {
   o.output = a.output;
   if (!a.arch.empty()) {
     o.arch = parse_hf_arch(a.arch);
-    MOE_CHECK(o.arch.has_value(), "[convert] --arch {}: mixtral, qwen2_moe, qwen3_moe or gpt2", a.arch);
+    MOE_CHECK(o.arch.has_value(), "[convert] --arch {}: mixtral, qwen2_moe, qwen3_moe or gpt2",
+              a.arch);
   }
   o.flags = a.flags;
   o.dtype = a.dtype == "bf16" ? "BF16" : "F32";
