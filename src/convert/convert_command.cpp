@@ -36,7 +36,8 @@ int run_export(const ConvertArgs& a) {
   o.output = a.output;
   if (!a.arch.empty()) {
     o.arch = parse_hf_arch(a.arch);
-    MOE_CHECK(o.arch.has_value(), "[convert] --arch {}: mixtral, qwen2_moe or qwen3_moe", a.arch);
+    MOE_CHECK(o.arch.has_value(), "[convert] --arch {}: mixtral, qwen2_moe, qwen3_moe or gpt2",
+              a.arch);
   }
   o.flags = a.flags;
   o.dtype = a.dtype == "bf16" ? "BF16" : "F32";
@@ -53,7 +54,8 @@ int run_export(const ConvertArgs& a) {
 
 Subcommand add_convert_command(CLI::App& app) {
   CLI::App* cli = app.add_subcommand(
-      "convert", "HuggingFace checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE) to moecore and back");
+      "convert",
+      "HuggingFace checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2) to moecore and back");
   cli->require_subcommand(1);
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* in = cli->add_subcommand(
@@ -67,10 +69,11 @@ Subcommand add_convert_command(CLI::App& app) {
       "moecore-to-hf", "A moecore checkpoint into an HF directory (config.json + safetensors)");
   out->add_option("--input", args->input, "--save directory or iter_NNNNNNN directory")->required();
   out->add_option("--output", args->output, "HF directory to create")->required();
-  out->add_option("--arch", args->arch,
-                  "mixtral | qwen2_moe | qwen3_moe (default: the class recorded at import, else "
-                  "from the model's features)")
-      ->check(CLI::IsMember({"mixtral", "qwen2_moe", "qwen3_moe"}));
+  out->add_option(
+         "--arch", args->arch,
+         "mixtral | qwen2_moe | qwen3_moe | gpt2 (default: the class recorded at import, else "
+         "from the model's features)")
+      ->check(CLI::IsMember({"mixtral", "qwen2_moe", "qwen3_moe", "gpt2"}));
   out->add_option("--flags", args->flags,
                   "the model's moecore train flags (TOML, as --config takes; default: "
                   "moecore_flags.toml of the --save directory)");

@@ -62,10 +62,9 @@ class ConfigReader {
         v.is_number_unsigned()
             ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
         : v.is_number_integer() ? true
-        : v.is_number_float()
-            ? std::floor(v.get<double>()) == v.get<double>() && v.get<double>() >= -0x1p63 &&
-                  v.get<double>() < 0x1p63
-            : false;
+        : v.is_number_float()   ? std::floor(v.get<double>()) == v.get<double>() &&
+                                    v.get<double>() >= -0x1p63 && v.get<double>() < 0x1p63
+                              : false;
     MOE_CHECK(fits, "[convert] '{}': \"{}\" is {}, not an integer", where_, key, text(key));
     return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
   }
@@ -83,7 +82,7 @@ HfArch read_arch(const ConfigReader& r, const std::string& where) {
     by_type = parse_hf_arch(t);
     if (!by_type)
       r.refuse("model_type", r.text("model_type"),
-               "moecore converts mixtral, qwen2_moe and qwen3_moe");
+               "moecore converts mixtral, qwen2_moe, qwen3_moe and gpt2");
   }
   if (r.has("architectures")) {
     const json& a = r.at("architectures");
@@ -91,10 +90,11 @@ HfArch read_arch(const ConfigReader& r, const std::string& where) {
               "[convert] '{}': \"architectures\" is {}, not a list of one class name", where,
               a.dump());
     by_class = parse_hf_arch(a[0].get<std::string>());
-    if (!by_class || a[0].get<std::string>().find("ForCausalLM") == std::string::npos)
+    // The class itself, not its model_type ("gpt2" is no class name).
+    if (!by_class || a[0].get<std::string>() != hf_arch_class(*by_class))
       r.refuse("architectures", a.dump(),
-               "moecore converts MixtralForCausalLM, Qwen2MoeForCausalLM and "
-               "Qwen3MoeForCausalLM");
+               "moecore converts MixtralForCausalLM, Qwen2MoeForCausalLM, "
+               "Qwen3MoeForCausalLM and GPT2LMHeadModel");
   }
   MOE_CHECK(by_type || by_class,
             "[convert] '{}' has neither \"model_type\" nor "
@@ -142,6 +142,111 @@ double read_rope_theta(const ConfigReader& r, HfArch arch, const std::string& wh
   return theta;
 }
 
+// GPT2LMHeadModel (modeling_gpt2.py, configuration_gpt2.py): pre-norm blocks of LayerNorm,
+// attention with biased c_attn / c_proj, an MLP c_fc -> activation -> c_proj with biases; a
+// learned position table; every head of width n_embd / n_head, no GQA, no RoPE.
+HfModelSpec parse_gpt2(const ConfigReader& r, const std::string& where,
+                       std::vector<std::string>* warnings) {
+  HfModelSpec s;
+  s.arch = HfArch::Gpt2;
+  s.layernorm = true;
+  s.learned_positions = true;
+  s.mlp_bias = s.qkv_bias = s.attention_output_bias = true;
+  const std::string act =
+      r.has("activation_function") && r.at("activation_function").is_string()
+          ? r.at("activation_function").get<std::string>()
+          : (r.has("activation_function") ? r.text("activation_function") : "gelu_new");
+  // GPT2MLP: ACT2FN[activation_function]; gelu_new is the tanh form (NewGELUActivation).
+  if (act == "gelu_new") {
+    s.activation = ops::Activation::GeLUTanh;
+  } else if (act == "gelu") {
+    s.activation = ops::Activation::GeLU;
+  } else {
+    r.refuse("activation_function", r.text("activation_function"),
+             "moecore converts GPT-2's gelu_new (--openai-gelu) and gelu (exact GeLU) only");
+  }
+  // GPT2Attention: these change the attention function itself.
+  if (r.boolean("scale_attn_by_inverse_layer_idx", false))
+    r.refuse(
+        "scale_attn_by_inverse_layer_idx", "true",
+        "moecore scales attention scores by 1/sqrt(head dim) alone, not also by 1/(layer + 1)");
+  if (r.boolean("reorder_and_upcast_attn", false))
+    r.refuse("reorder_and_upcast_attn", "true",
+             "moecore computes the attention scores in the model's precision as transformers does "
+             "without it; convert a model trained with it after setting it false, knowing the "
+             "scores round differently");
+  if (!r.boolean("scale_attn_weights", true))
+    r.refuse("scale_attn_weights", "false", "moecore always scales by 1/sqrt(head dim)");
+  if (r.boolean("add_cross_attention", false))
+    r.refuse("add_cross_attention", "true", "moecore's GPT has no cross-attention");
+
+  s.vocab_size = r.integer("vocab_size");
+  s.hidden = r.integer("n_embd");
+  s.num_layers = r.integer("n_layer");
+  s.num_heads = r.integer("n_head");
+  s.max_position_embeddings = r.integer("n_positions");
+  if (s.num_layers > kMaxHfLayers)
+    r.refuse("n_layer", std::to_string(s.num_layers),
+             fmt::format("moecore converts models of at most {} layers", kMaxHfLayers));
+  // GPT2Block.__init__: inner_dim = n_inner if not None else 4 * hidden_size.
+  s.ffn_hidden = r.integer("n_inner", 4 * s.hidden);
+  MOE_CHECK(s.vocab_size >= 2 && s.hidden >= 1 && s.num_layers >= 1 && s.num_heads >= 1 &&
+                s.max_position_embeddings >= 1 && s.ffn_hidden >= 1,
+            "[convert] '{}': sizes must be positive (vocab_size {}, n_embd {}, n_layer {}, n_head "
+            "{}, n_positions {}, n_inner {})",
+            where, s.vocab_size, s.hidden, s.num_layers, s.num_heads, s.max_position_embeddings,
+            s.ffn_hidden);
+  if (s.hidden % s.num_heads != 0)
+    r.refuse("n_head", std::to_string(s.num_heads),
+             fmt::format("it must divide n_embd {} (GPT2Attention: head_dim = n_embd / n_head)",
+                         s.hidden));
+  s.num_kv_heads = s.num_heads;
+  s.head_dim = s.hidden / s.num_heads;
+  s.rms_norm_eps = r.number("layer_norm_epsilon", 1e-5);
+  s.tie_word_embeddings = r.boolean("tie_word_embeddings", true);  // GPT2Config's default
+  // Dropout: attention probabilities (attn_pdrop) and Megatron's hidden dropout, which also
+  // drops the embeddings' sum (resid_pdrop; embd_pdrop has no flag of its own).
+  s.attention_dropout = r.number("attn_pdrop", 0.1);
+  s.hidden_dropout = r.number("resid_pdrop", 0.1);
+  const double embd = r.number("embd_pdrop", 0.1);
+  MOE_CHECK(s.attention_dropout >= 0 && s.attention_dropout < 1 && s.hidden_dropout >= 0 &&
+                s.hidden_dropout < 1,
+            "[convert] '{}': attn_pdrop {} and resid_pdrop {} must be in [0, 1)", where,
+            s.attention_dropout, s.hidden_dropout);
+  if (embd != s.hidden_dropout && warnings != nullptr)
+    warnings->push_back(fmt::format(
+        "[convert] '{}': \"embd_pdrop\": {} is not converted (training only): Megatron drops the "
+        "embeddings with --hidden-dropout, resid_pdrop {}",
+        where, embd, s.hidden_dropout));
+  return s;
+}
+
+// GPT2Config's keys (configuration_gpt2.py) for `s`.
+json gpt2_config_json(const HfModelSpec& s, const std::string& torch_dtype) {
+  json c;
+  c["architectures"] = json::array({hf_arch_class(s.arch)});
+  c["model_type"] = hf_model_type(s.arch);
+  c["vocab_size"] = s.vocab_size;
+  c["n_embd"] = s.hidden;
+  c["n_layer"] = s.num_layers;
+  c["n_head"] = s.num_heads;
+  c["n_inner"] = s.ffn_hidden;
+  c["n_positions"] = s.max_position_embeddings;
+  c["activation_function"] = s.activation == ops::Activation::GeLU ? "gelu" : "gelu_new";
+  c["layer_norm_epsilon"] = s.rms_norm_eps;
+  c["attn_pdrop"] = s.attention_dropout;
+  c["resid_pdrop"] = s.hidden_dropout;
+  c["embd_pdrop"] = s.hidden_dropout;
+  c["scale_attn_weights"] = true;
+  c["scale_attn_by_inverse_layer_idx"] = false;
+  c["reorder_and_upcast_attn"] = false;
+  c["add_cross_attention"] = false;
+  c["tie_word_embeddings"] = s.tie_word_embeddings;
+  c["dtype"] = torch_dtype;        // 5.x
+  c["torch_dtype"] = torch_dtype;  // 4.x
+  return c;
+}
+
 }  // namespace
 
 const char* hf_arch_class(HfArch a) {
@@ -152,6 +257,8 @@ const char* hf_arch_class(HfArch a) {
       return "Qwen2MoeForCausalLM";
     case HfArch::Qwen3Moe:
       return "Qwen3MoeForCausalLM";
+    case HfArch::Gpt2:
+      return "GPT2LMHeadModel";
   }
   return "?";
 }
@@ -164,12 +271,14 @@ const char* hf_model_type(HfArch a) {
       return "qwen2_moe";
     case HfArch::Qwen3Moe:
       return "qwen3_moe";
+    case HfArch::Gpt2:
+      return "gpt2";
   }
   return "?";
 }
 
 std::optional<HfArch> parse_hf_arch(std::string_view name) {
-  for (HfArch a : {HfArch::Mixtral, HfArch::Qwen2Moe, HfArch::Qwen3Moe}) {
+  for (HfArch a : {HfArch::Mixtral, HfArch::Qwen2Moe, HfArch::Qwen3Moe, HfArch::Gpt2}) {
     if (name == hf_model_type(a) || name == hf_arch_class(a)) return a;
   }
   return std::nullopt;
@@ -180,6 +289,7 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
   const ConfigReader r(cfg, where);
   HfModelSpec s;
   s.arch = read_arch(r, where);
+  if (s.arch == HfArch::Gpt2) return parse_gpt2(r, where, warnings);
   const bool mixtral = s.arch == HfArch::Mixtral;
 
   if (r.has("hidden_act") && r.at("hidden_act") != "silu")
@@ -327,62 +437,70 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
 
 json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const json* carry) {
   json c;
-  c["architectures"] = json::array({hf_arch_class(s.arch)});
-  c["model_type"] = hf_model_type(s.arch);
-  c["vocab_size"] = s.vocab_size;
-  c["hidden_size"] = s.hidden;
-  c["num_hidden_layers"] = s.num_layers;
-  c["num_attention_heads"] = s.num_heads;
-  c["num_key_value_heads"] = s.num_kv_heads;
-  c["head_dim"] = s.head_dim;
-  c["intermediate_size"] = s.ffn_hidden;
-  c["max_position_embeddings"] = s.max_position_embeddings;
-  c["rms_norm_eps"] = s.rms_norm_eps;
-  c["rope_parameters"] = {{"rope_theta", s.rope_theta}, {"rope_type", "default"}};
-  c["rope_theta"] = s.rope_theta;  // 4.x reads this one
-  c["tie_word_embeddings"] = s.tie_word_embeddings;
-  c["hidden_act"] = "silu";
-  c["attention_dropout"] = 0.0;
-  c["num_experts_per_tok"] = s.topk;
-  c["dtype"] = torch_dtype;        // 5.x
-  c["torch_dtype"] = torch_dtype;  // 4.x
-  switch (s.arch) {
-    case HfArch::Mixtral:
-      c["num_local_experts"] = s.num_experts;
-      c["sliding_window"] = nullptr;
-      c["router_jitter_noise"] = 0.0;
-      break;
-    case HfArch::Qwen2Moe:
-    case HfArch::Qwen3Moe: {
-      c["num_experts"] = s.num_experts;
-      if (s.arch == HfArch::Qwen3Moe) c["num_local_experts"] = s.num_experts;
-      c["moe_intermediate_size"] = s.moe_ffn_hidden;
-      c["norm_topk_prob"] = s.norm_topk_prob;
-      // Any pattern: step 1 makes every layer sparse but the listed ones.
-      c["decoder_sparse_step"] = 1;
-      json only = json::array();
-      for (int64_t i = 0; i < s.num_layers; ++i) {
-        if (!s.moe_layers[i]) only.push_back(i);
+  if (s.arch == HfArch::Gpt2) {
+    c = gpt2_config_json(s, torch_dtype);
+  } else {
+    c["architectures"] = json::array({hf_arch_class(s.arch)});
+    c["model_type"] = hf_model_type(s.arch);
+    c["vocab_size"] = s.vocab_size;
+    c["hidden_size"] = s.hidden;
+    c["num_hidden_layers"] = s.num_layers;
+    c["num_attention_heads"] = s.num_heads;
+    c["num_key_value_heads"] = s.num_kv_heads;
+    c["head_dim"] = s.head_dim;
+    c["intermediate_size"] = s.ffn_hidden;
+    c["max_position_embeddings"] = s.max_position_embeddings;
+    c["rms_norm_eps"] = s.rms_norm_eps;
+    c["rope_parameters"] = {{"rope_theta", s.rope_theta}, {"rope_type", "default"}};
+    c["rope_theta"] = s.rope_theta;  // 4.x reads this one
+    c["tie_word_embeddings"] = s.tie_word_embeddings;
+    c["hidden_act"] = "silu";
+    c["attention_dropout"] = 0.0;
+    c["num_experts_per_tok"] = s.topk;
+    c["dtype"] = torch_dtype;        // 5.x
+    c["torch_dtype"] = torch_dtype;  // 4.x
+    switch (s.arch) {
+      case HfArch::Mixtral:
+        c["num_local_experts"] = s.num_experts;
+        c["sliding_window"] = nullptr;
+        c["router_jitter_noise"] = 0.0;
+        break;
+      case HfArch::Qwen2Moe:
+      case HfArch::Qwen3Moe: {
+        c["num_experts"] = s.num_experts;
+        if (s.arch == HfArch::Qwen3Moe) c["num_local_experts"] = s.num_experts;
+        c["moe_intermediate_size"] = s.moe_ffn_hidden;
+        c["norm_topk_prob"] = s.norm_topk_prob;
+        // Any pattern: step 1 makes every layer sparse but the listed ones.
+        c["decoder_sparse_step"] = 1;
+        json only = json::array();
+        for (int64_t i = 0; i < s.num_layers; ++i) {
+          if (!s.moe_layers[i]) only.push_back(i);
+        }
+        c["mlp_only_layers"] = only;
+        c["use_sliding_window"] = false;
+        c["sliding_window"] = nullptr;
+        c["max_window_layers"] = s.num_layers;
+        if (s.arch == HfArch::Qwen2Moe) {
+          c["qkv_bias"] = s.qkv_bias;
+          c["shared_expert_intermediate_size"] = s.shared_ffn_hidden;
+          c["layer_types"] = json::array();
+          for (int64_t i = 0; i < s.num_layers; ++i) c["layer_types"].push_back("full_attention");
+        } else {
+          c["attention_bias"] = s.attention_output_bias;
+        }
+        break;
       }
-      c["mlp_only_layers"] = only;
-      c["use_sliding_window"] = false;
-      c["sliding_window"] = nullptr;
-      c["max_window_layers"] = s.num_layers;
-      if (s.arch == HfArch::Qwen2Moe) {
-        c["qkv_bias"] = s.qkv_bias;
-        c["shared_expert_intermediate_size"] = s.shared_ffn_hidden;
-        c["layer_types"] = json::array();
-        for (int64_t i = 0; i < s.num_layers; ++i) c["layer_types"].push_back("full_attention");
-      } else {
-        c["attention_bias"] = s.attention_output_bias;
-      }
-      break;
+      case HfArch::Gpt2:
+        break;
     }
   }
   // What does not describe the model: the imported values, when there were some.
   static const char* const kCarried[] = {
-      "bos_token_id",         "eos_token_id", "pad_token_id",         "initializer_range",
-      "router_aux_loss_coef", "use_cache",    "output_router_logits", "router_jitter_noise"};
+      "bos_token_id",         "eos_token_id",     "pad_token_id",         "initializer_range",
+      "router_aux_loss_coef", "use_cache",        "output_router_logits", "router_jitter_noise",
+      "summary_type",         "summary_use_proj", "summary_activation",   "summary_proj_to_labels",
+      "summary_first_dropout"};
   // find, not value(): an imported model_type of another JSON kind must not throw here.
   if (carry != nullptr && carry->is_object() && carry->find("model_type") != carry->end() &&
       *carry->find("model_type") == c["model_type"]) {

@@ -1,5 +1,6 @@
 // HuggingFace config.json <-> the model it describes (docs/hf_interop.md, sections 3, 4 and 7):
-// MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM read into one HfModelSpec,
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and GPT2LMHeadModel read into one
+// HfModelSpec,
 // refusing what moecore cannot represent with the key and its value, and the spec written back
 // as the config.json that transformers reads. The spec is HF's view of the model; model_flags.h
 // turns it into moecore's flags and back.
@@ -13,12 +14,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/activation.h"
+
 namespace moecore::convert {
 
-enum class HfArch : uint8_t { Mixtral, Qwen2Moe, Qwen3Moe };
+enum class HfArch : uint8_t { Mixtral, Qwen2Moe, Qwen3Moe, Gpt2 };
 
-const char* hf_arch_class(HfArch a);  // "MixtralForCausalLM", ...
-const char* hf_model_type(HfArch a);  // "mixtral", "qwen2_moe", "qwen3_moe"
+const char* hf_arch_class(HfArch a);  // "MixtralForCausalLM", ..., "GPT2LMHeadModel"
+const char* hf_model_type(HfArch a);  // "mixtral", "qwen2_moe", "qwen3_moe", "gpt2"
 // From a model_type ("qwen3_moe") or a class name ("Qwen3MoeForCausalLM"); nullopt otherwise.
 std::optional<HfArch> parse_hf_arch(std::string_view name);
 
@@ -44,7 +47,18 @@ struct HfModelSpec {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // q/k/v biases (Qwen2-MoE's qkv_bias, Qwen3-MoE's attention_bias)
   bool attention_output_bias = false;  // the o_proj bias (Qwen3-MoE's attention_bias)
-  bool qk_norm = false;   // q_norm / k_norm (Qwen3-MoE, always)
+  bool qk_norm = false;                // q_norm / k_norm (Qwen3-MoE, always)
+  // GPT-2: LayerNorm with a bias instead of RMSNorm (rms_norm_eps is then layer_norm_epsilon),
+  // a learned [max_position_embeddings, H] position table instead of RoPE, an element-wise
+  // activation instead of SwiGLU, and biases on every linear layer (qkv_bias and
+  // attention_output_bias set too).
+  bool layernorm = false;
+  bool learned_positions = false;
+  ops::Activation activation = ops::Activation::SwiGLU;
+  bool mlp_bias = false;
+  // GPT-2's attn_pdrop and resid_pdrop (training only; the other classes' must be 0).
+  double attention_dropout = 0.0;
+  double hidden_dropout = 0.0;
 
   bool operator==(const HfModelSpec&) const = default;
 };

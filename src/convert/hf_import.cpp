@@ -157,11 +157,11 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
     MOE_CHECK(w.info(n).shape == map.tied_head->shape,
               "[convert] '{}': tensor '{}' is {}, the embedding {}", hf_dir.string(), n,
               ckpt::format_shape(w.info(n).shape), ckpt::format_shape(map.tied_head->shape));
-    MOE_CHECK(w.read_f32(n) == w.read_f32("model.embed_tokens.weight"),
+    MOE_CHECK(w.read_f32(n) == w.read_f32(map.embedding),
               "[convert] '{}': tie_word_embeddings is true but '{}' differs from "
-              "'model.embed_tokens.weight': the checkpoint is not tied (set "
+              "'{}': the checkpoint is not tied (set "
               "tie_word_embeddings false) or is corrupt",
-              hf_dir.string(), n);
+              hf_dir.string(), n, map.embedding);
   }
   // Megatron's converter once dropped expert weights silently (issue #5844): here nothing may be
   // left over.

@@ -25,7 +25,7 @@ void check_mapping(const TensorMapping& t) {
     rows += b.rows;
   }
   for (size_t i = 0; i < t.hf.size(); ++i) {
-    MOE_CHECK(row_width(t.hf[i].shape) == w && used[i] * w == numel(t.hf[i].shape),
+    MOE_CHECK(row_width(row_shape(t.hf[i])) == w && used[i] * w == numel(t.hf[i].shape),
               "[convert] table entry '{}': HF tensor '{}' {} is not covered exactly once by "
               "rows of {} elements",
               t.moecore, t.hf[i].name, ckpt::format_shape(t.hf[i].shape), w);
@@ -33,6 +33,15 @@ void check_mapping(const TensorMapping& t) {
   MOE_CHECK((rows + t.padding_rows) * w == numel(t.shape),
             "[convert] table entry '{}': {} rows mapped + {} padding != the tensor's {} rows",
             t.moecore, rows, t.padding_rows, numel(t.shape) / std::max<int64_t>(w, 1));
+}
+
+// The [cols, rows] transpose of a row-major [rows, cols] matrix.
+std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t cols) {
+  std::vector<float> out(a.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = a[r * cols + c];
+  }
+  return out;
 }
 
 class TableBuilder {
@@ -90,6 +99,26 @@ class TableBuilder {
     add(std::move(fc1));
     add(std::move(fc2));
   }
+  // moecore tensor [rows, cols] = GPT-2's Conv1D weight, stored [cols, rows].
+  void copy_transposed(const std::string& m, const std::string& hf, int64_t rows, int64_t cols) {
+    add({m, {rows, cols}, {{hf, {cols, rows}, true}}, {{0, 0, rows}}, 0});
+  }
+  // GPT-2's c_attn: one tensor whose rows (after the Conv1D transpose, for the weight) are
+  // [q | k | v], H each, fused per head (query groups of one head: qpg = 1) as moecore's QKV.
+  // `cols` empty: the bias.
+  void fuse_c_attn(const std::string& m, const std::string& hf, int64_t heads, int64_t D,
+                   std::vector<int64_t> cols) {
+    const int64_t H = heads * D;
+    TensorMapping t{m, {3 * H}, {{hf, {3 * H}}}, {}, 0};
+    if (!cols.empty()) {
+      t.shape = {3 * H, cols[0]};
+      t.hf[0] = {hf, {cols[0], 3 * H}, true};
+    }
+    for (int64_t g = 0; g < heads; ++g) {
+      for (int64_t part = 0; part < 3; ++part) t.blocks.push_back({0, part * H + g * D, D});
+    }
+    add(std::move(t));
+  }
   // The vocabulary rows: the HF tensor's V rows, then moecore's padding.
   void vocab(const std::string& m, const std::string& hf, int64_t V, int64_t Vp, int64_t H) {
     add({m, {Vp, H}, {{hf, {V, H}}}, {{0, 0, V}}, Vp - V});
@@ -105,6 +134,12 @@ class TableBuilder {
 
 }  // namespace
 
+std::vector<int64_t> row_shape(const HfTensor& h) {
+  if (!h.transposed) return h.shape;
+  MOE_CHECK(h.shape.size() == 2, "[convert] '{}': only a matrix is stored transposed", h.name);
+  return {h.shape[1], h.shape[0]};
+}
+
 int64_t row_width(const std::vector<int64_t>& shape) {
   return shape.size() >= 2 ? shape.back() : 1;
 }
@@ -115,13 +150,56 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+namespace {
+
+// GPT2LMHeadModel as save_pretrained writes it: transformer.{wte, wpe, h.i.*, ln_f}, Conv1D
+// weights [in, out], LayerNorm weight and bias, every linear layer biased.
+HfTensorMap gpt2_tensor_map(const HfModelSpec& s, int64_t Vp) {
+  const int64_t V = s.vocab_size, H = s.hidden, D = s.head_dim, F = s.ffn_hidden;
+  HfTensorMap map;
+  TableBuilder t(map);
+  map.embedding = "transformer.wte.weight";
+  t.vocab("embedding.word_embeddings.weight", map.embedding, V, Vp, H);
+  t.copy("embedding.position_embeddings.weight", "transformer.wpe.weight",
+         {s.max_position_embeddings, H});
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    const std::string p = fmt::format("transformer.h.{}.", i);
+    const std::string q = fmt::format("decoder.layers.{}.", i);
+    for (const char* x : {"weight", "bias"})
+      t.copy(q + "input_layernorm." + x, p + "ln_1." + x, {H});
+    t.fuse_c_attn(q + "self_attention.linear_qkv.weight", p + "attn.c_attn.weight", s.num_heads, D,
+                  {H});
+    t.fuse_c_attn(q + "self_attention.linear_qkv.bias", p + "attn.c_attn.bias", s.num_heads, D, {});
+    t.copy_transposed(q + "self_attention.linear_proj.weight", p + "attn.c_proj.weight", H, H);
+    t.copy(q + "self_attention.linear_proj.bias", p + "attn.c_proj.bias", {H});
+    for (const char* x : {"weight", "bias"})
+      t.copy(q + "pre_mlp_layernorm." + x, p + "ln_2." + x, {H});
+    t.copy_transposed(q + "mlp.linear_fc1.weight", p + "mlp.c_fc.weight", F, H);
+    t.copy(q + "mlp.linear_fc1.bias", p + "mlp.c_fc.bias", {F});
+    t.copy_transposed(q + "mlp.linear_fc2.weight", p + "mlp.c_proj.weight", H, F);
+    t.copy(q + "mlp.linear_fc2.bias", p + "mlp.c_proj.bias", {H});
+  }
+  for (const char* x : {"weight", "bias"})
+    t.copy(std::string("decoder.final_layernorm.") + x, std::string("transformer.ln_f.") + x, {H});
+  if (s.tie_word_embeddings) {
+    map.tied_head = HfTensor{"lm_head.weight", {V, H}};
+  } else {
+    t.vocab("output_layer.weight", "lm_head.weight", V, Vp, H);
+  }
+  return map;
+}
+
+}  // namespace
+
 HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab) {
   const int64_t V = s.vocab_size, Vp = moecore_vocab, H = s.hidden, D = s.head_dim;
   const int64_t Hq = s.num_heads, Hkv = s.num_kv_heads;
   MOE_CHECK(Vp >= V, "[convert] moecore's vocabulary {} < HF's {}", Vp, V);
+  if (s.arch == HfArch::Gpt2) return gpt2_tensor_map(s, Vp);
   const bool mixtral = s.arch == HfArch::Mixtral;
   HfTensorMap map;
   TableBuilder t(map);
+  map.embedding = "model.embed_tokens.weight";
   t.vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", V, Vp, H);
   for (int64_t i = 0; i < s.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -193,10 +271,16 @@ std::vector<float> to_moecore(const TensorMapping& t, const std::vector<std::vec
               hf[i].size(), t.hf[i].name, numel(t.hf[i].shape));
   }
   const int64_t w = row_width(t.shape);
+  // A Conv1D weight's rows are its stored columns: transposed first.
+  std::vector<std::vector<float>> rows(hf.size());
+  for (size_t i = 0; i < hf.size(); ++i) {
+    if (t.hf[i].transposed) rows[i] = transpose(hf[i], t.hf[i].shape[0], t.hf[i].shape[1]);
+  }
+  auto src = [&](int i) { return t.hf[i].transposed ? rows[i].data() : hf[i].data(); };
   std::vector<float> out(static_cast<size_t>(numel(t.shape)), 0.0f);
   int64_t row = 0;
   for (const RowBlock& b : t.blocks) {
-    std::copy_n(hf[b.hf].data() + b.hf_row * w, b.rows * w, out.data() + row * w);
+    std::copy_n(src(b.hf) + b.hf_row * w, b.rows * w, out.data() + row * w);
     row += b.rows;
   }
   return out;
@@ -213,6 +297,13 @@ std::vector<std::vector<float>> to_hf(const TensorMapping& t, std::span<const fl
   for (const RowBlock& b : t.blocks) {
     std::copy_n(m.data() + row * w, b.rows * w, out[b.hf].data() + b.hf_row * w);
     row += b.rows;
+  }
+  // Back to a Conv1D weight's stored [in, out].
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.hf[i].transposed) {
+      const std::vector<int64_t> r = row_shape(t.hf[i]);
+      out[i] = transpose(out[i], r[0], r[1]);
+    }
   }
   return out;
 }

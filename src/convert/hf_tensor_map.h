@@ -19,8 +19,13 @@ namespace moecore::convert {
 
 struct HfTensor {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // as stored in the file
+  // GPT-2's Conv1D stores a weight [in, out], the transpose of nn.Linear's [out, in]: its rows
+  // (below) are those of the [out, in] matrix, i.e. the stored columns.
+  bool transposed = false;
 };
+// The shape whose rows the blocks count: `shape`, or its two dimensions swapped when transposed.
+std::vector<int64_t> row_shape(const HfTensor& h);
 
 // Rows [hf_row, hf_row + rows) of HF tensor `hf` (its index in TensorMapping::hf): the next
 // `rows` rows of the moecore tensor. A tensor's rows are its first dimension, or the first two
@@ -49,8 +54,9 @@ struct HfTensorMap {
   // them): import checks their shapes and drops them, export writes them (the gate as zeros).
   std::vector<HfTensor> empty_shared_expert;
   // A tied model's lm_head.weight: absent from HF's files (_tied_weights_keys); import accepts
-  // one equal to the embedding, export writes none.
+  // one equal to the embedding (HF tensor `embedding`), export writes none.
   std::optional<HfTensor> tied_head;
+  std::string embedding;
 };
 
 // The table of `s`, with moecore's embedding (and head) rows `moecore_vocab` (>= s.vocab_size).
@@ -63,9 +69,10 @@ int64_t numel(const std::vector<int64_t>& shape);
 // "'a', 'b', 'c' and 5 more": tensor names for messages.
 std::string name_list(const std::vector<std::string>& names, size_t max = 8);
 
-// The moecore tensor from its HF tensors (hf[i] the values of t.hf[i]); padding rows zero.
+// The moecore tensor from its HF tensors (hf[i] the values of t.hf[i] as stored); padding rows
+// zero.
 std::vector<float> to_moecore(const TensorMapping& t, const std::vector<std::vector<float>>& hf);
-// The HF tensors from the moecore tensor (padding rows dropped).
+// The HF tensors from the moecore tensor, as stored (padding rows dropped).
 std::vector<std::vector<float>> to_hf(const TensorMapping& t, std::span<const float> m);
 
 }  // namespace moecore::convert

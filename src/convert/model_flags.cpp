@@ -11,7 +11,38 @@
 
 namespace moecore::convert {
 
+namespace {
+
+// GPT-2 is Megatron's default GPT: LayerNorm, learned absolute positions, the GeLU MLP and
+// biases on every linear layer are what Megatron builds without --swiglu, --disable-bias-linear,
+// --normalization RMSNorm or --position-embedding-type rope; the flags name them anyway, so the
+// file says what the model is.
+std::vector<TrainFlag> gpt2_train_flags(const HfModelSpec& s) {
+  std::vector<TrainFlag> f = {
+      {"num-layers", s.num_layers},
+      {"hidden-size", s.hidden},
+      {"ffn-hidden-size", s.ffn_hidden},
+      {"num-attention-heads", s.num_heads},
+      {"kv-channels", s.head_dim},
+      {"max-position-embeddings", s.max_position_embeddings},
+      {"vocab-size", s.vocab_size},
+      {"make-vocab-size-divisible-by", int64_t{1}},
+      {"normalization", std::string("LayerNorm")},
+      {"norm-epsilon", s.rms_norm_eps},
+      {"position-embedding-type", std::string("learned_absolute")},
+  };
+  // gelu_new is the tanh form: Megatron's --openai-gelu; gelu the exact one, its default.
+  if (s.activation == ops::Activation::GeLUTanh) f.push_back({"openai-gelu", true});
+  f.push_back({"attention-dropout", s.attention_dropout});
+  f.push_back({"hidden-dropout", s.hidden_dropout});
+  if (!s.tie_word_embeddings) f.push_back({"untie-embeddings-and-output-weights", true});
+  return f;
+}
+
+}  // namespace
+
 std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
+  if (s.arch == HfArch::Gpt2) return gpt2_train_flags(s);
   std::vector<TrainFlag> f = {
       {"num-layers", s.num_layers},
       {"hidden-size", s.hidden},
@@ -95,6 +126,9 @@ cli::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
 }
 
 HfArch default_hf_arch(const ModelConfig& m) {
+  if (m.normalization == Normalization::LayerNorm ||
+      m.position_embedding == PositionEmbedding::LearnedAbsolute)
+    return HfArch::Gpt2;
   if (m.qk_layernorm) return HfArch::Qwen3Moe;
   if (m.moe.shared_ffn_hidden > 0 || m.add_qkv_bias) return HfArch::Qwen2Moe;
   if (m.num_experts > 0 && !m.has_dense_layer() && !m.moe.router.pre_softmax)
@@ -102,12 +136,81 @@ HfArch default_hf_arch(const ModelConfig& m) {
   return HfArch::Qwen2Moe;
 }
 
+namespace {
+
+// GPT2LMHeadModel: what it cannot express is refused through `refuse` (naming the class).
+template <typename Refuse>
+HfModelSpec gpt2_spec_of_model(const ModelConfig& m, int64_t vocab, const Refuse& refuse) {
+  if (m.num_experts > 0)
+    refuse(
+        fmt::format("it has experts (--num-experts {}): GPT-2 is dense (export with --arch "
+                    "mixtral, qwen2_moe or qwen3_moe)",
+                    m.num_experts));
+  if (m.normalization != Normalization::LayerNorm)
+    refuse("--normalization RMSNorm: GPT-2's norms are LayerNorm");
+  if (m.layernorm_1p)
+    refuse("--apply-layernorm-1p: GPT-2 stores the LayerNorm gain itself, not gain - 1");
+  if (m.position_embedding != PositionEmbedding::LearnedAbsolute)
+    refuse(fmt::format("--position-embedding-type {}: GPT-2 has a learned position table",
+                       m.position_embedding == PositionEmbedding::Rope ? "rope" : "none"));
+  if (m.activation != ops::Activation::GeLUTanh && m.activation != ops::Activation::GeLU)
+    refuse(fmt::format("the {} MLP: GPT-2's activation is gelu_new (--openai-gelu) or gelu",
+                       ops::activation_name(m.activation)));
+  if (!m.add_mlp_bias || !m.add_qkv_bias || !m.add_attention_output_bias)
+    refuse(
+        "a linear layer without its bias (--disable-bias-linear or a part of it): every GPT-2 "
+        "linear layer has one");
+  if (m.qk_layernorm) refuse("--qk-layernorm: GPT-2 has no q/k norms");
+  if (m.num_query_groups != m.num_heads)
+    refuse(fmt::format("--num-query-groups {} of {} heads: GPT-2 has no grouped-query attention",
+                       m.num_query_groups, m.num_heads));
+  if (m.head_dim() * m.num_heads != m.hidden)
+    refuse(fmt::format("--kv-channels {}: GPT-2's head dim is hidden / heads = {}", m.head_dim(),
+                       m.hidden / m.num_heads));
+  if (m.vocab_size < vocab)
+    refuse(
+        fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));
+  HfModelSpec s;
+  s.arch = HfArch::Gpt2;
+  s.vocab_size = vocab;
+  s.hidden = m.hidden;
+  s.num_layers = m.num_layers;
+  s.num_heads = m.num_heads;
+  s.num_kv_heads = m.num_heads;
+  s.head_dim = m.head_dim();
+  s.ffn_hidden = m.ffn_hidden;
+  s.rms_norm_eps = m.norm_eps;
+  s.max_position_embeddings = m.max_positions();
+  s.tie_word_embeddings = m.tie_embeddings;
+  s.qkv_bias = s.attention_output_bias = s.mlp_bias = true;
+  s.layernorm = s.learned_positions = true;
+  s.activation = m.activation;
+  s.attention_dropout = m.attention_dropout;
+  s.hidden_dropout = m.hidden_dropout;
+  return s;
+}
+
+}  // namespace
+
 HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
   const char* cls = hf_arch_class(arch);
   auto refuse = [&](const std::string& what) {
     MOE_FAIL("[convert] this moecore model cannot be written as {}: {}", cls, what);
   };
   const RouterConfig& rc = m.moe.router;
+  if (arch == HfArch::Gpt2) return gpt2_spec_of_model(m, vocab, refuse);
+  // What only GPT-2 has among HF's classes here.
+  if (m.normalization != Normalization::RMSNorm)
+    refuse("--normalization LayerNorm: its classes use RMSNorm (export with --arch gpt2)");
+  if (m.position_embedding != PositionEmbedding::Rope)
+    refuse(fmt::format(
+        "--position-embedding-type {}: its classes use RoPE{}",
+        m.position_embedding == PositionEmbedding::None ? "none" : "learned_absolute",
+        m.position_embedding == PositionEmbedding::None ? "" : " (export with --arch gpt2)"));
+  if (m.activation != ops::Activation::SwiGLU)
+    refuse(
+        fmt::format("the {} MLP: its MLPs are SwiGLU (silu)", ops::activation_name(m.activation)));
+  if (m.add_mlp_bias) refuse("MLP biases (--add-bias-linear): its MLPs have none");
   if (m.num_experts > 0) {
     // What none of HF's three routers computes: softmax scores, plain top-k, weights as they
     // come, no token dropped.
@@ -195,6 +298,8 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
         refuse(
             "--add-qkv-bias without --add-attention-output-bias or the reverse: Qwen3-MoE's "
             "attention_bias adds both");
+      break;
+    case HfArch::Gpt2:  // gpt2_spec_of_model above
       break;
   }
   if (s.num_experts > 0 && s.topk == 1 && s.norm_topk_prob)

@@ -1,6 +1,6 @@
 // Cases: the element-wise and layout ops: SwiGLU (with and without the routing prob, and its
-// bf16 / bf16w forms), RMSNorm (and rmsnorm_forward_bf16w), add, bias, the QKV layout, the
-// token layout, the f32 <-> bf16 casts (NaN, inf, denormals, ties), sum of squares and AdamW
+// bf16 / bf16w forms), RMSNorm and LayerNorm (and their forward_bf16w), add, bias, the QKV layout,
+// the token layout, the f32 <-> bf16 casts (NaN, inf, denormals, ties), sum of squares and AdamW
 // (with and without the bf16 copies). Sizes 0 / 1 / odd / not a multiple of 8, and one above
 // each op's OpenMP threshold.
 #include <bit>
@@ -12,6 +12,7 @@
 #include "ops/add.h"
 #include "ops/bias.h"
 #include "ops/cast.h"
+#include "ops/layernorm.h"
 #include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
 #include "ops/sum_squares.h"
@@ -139,6 +140,66 @@ void rmsnorm_bf16w_case(const Exec& ex) {
     ops::rmsnorm_forward_bf16w(ex, y16.data(), rstd16.data(), x.data(), w.data(), T_, H, kEps);
     expect_bitwise(y16, y_want.data(), "y (bf16 values)");
     expect_bitwise(rstd16, rstd.data(), "rstd");
+  }
+}
+
+// Both gains (w, and 1 + w zero-centred); x away from 0 so the mean matters. The backward
+// takes the reference forward's mean and rstd; dw and db accumulate from a non-zero start.
+template <typename T>
+void layernorm_case(const Exec& ex) {
+  uint32_t seed = 60;
+  for (bool zc : {false, true}) {
+    for (auto [T_, H] : kNormShapes) {
+      BACKEND_TRACE("T=" << T_ << " H=" << H << " zero_centered=" << zc);
+      const auto x = random_vec<T>(T_ * H, seed++, -1, 3);
+      const auto w = zc ? random_vec<T>(H, seed++, -0.5, 0.5) : random_vec<T>(H, seed++, 0.5, 1.5);
+      const auto b = random_vec<T>(H, seed++);
+      const auto dy = random_vec<T>(T_ * H, seed++);
+      const auto dw0 = random_vec<T>(H, seed++), db0 = random_vec<T>(H, seed++);
+      std::vector<T> y_ref(T_ * H), mean_ref(T_), rstd_ref(T_), dx_ref(T_ * H), dw_ref = dw0,
+                                                                                db_ref = db0;
+      ops::layernorm_forward_ref(y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), w.data(),
+                                 b.data(), T_, H, kEps, zc);
+      ops::layernorm_backward_ref(dx_ref.data(), dw_ref.data(), db_ref.data(), dy.data(), x.data(),
+                                  w.data(), mean_ref.data(), rstd_ref.data(), T_, H, zc);
+      Guarded<T> y = nan_out<T>(T_ * H), mean = nan_out<T>(T_), rstd = nan_out<T>(T_),
+                 dx = nan_out<T>(T_ * H), dw = guarded(dw0), db = guarded(db0);
+      ops::layernorm_forward<T>(ex, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                b.data(), T_, H, kEps, zc);
+      ops::layernorm_backward<T>(ex, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                 mean_ref.data(), rstd_ref.data(), T_, H, zc);
+      expect_close(y, y_ref.data(), "y");
+      expect_close(mean, mean_ref.data(), "mean");
+      expect_close(rstd, rstd_ref.data(), "rstd");
+      expect_close(dx, dx_ref.data(), "dx");
+      expect_close(dw, dw_ref.data(), "dw (accumulated)");
+      expect_close(db, db_ref.data(), "db (accumulated)");
+    }
+  }
+}
+
+// Specified as round_f32_to_bf16 of layernorm_forward's y, with the same mean and rstd
+// (ops/layernorm.h): bitwise against the backend's f32 forward, which layernorm_f32 checks.
+void layernorm_bf16w_case(const Exec& ex) {
+  uint32_t seed = 80;
+  for (bool zc : {false, true}) {
+    for (auto [T_, H] : kNormShapes) {
+      BACKEND_TRACE("T=" << T_ << " H=" << H << " zero_centered=" << zc);
+      const auto x = random_vec<float>(T_ * H, seed++, -2, 2);
+      const auto w = random_vec<float>(H, seed++, 0.5, 1.5);
+      const auto b = random_vec<float>(H, seed++);
+      std::vector<float> y(T_ * H), mean(T_), rstd(T_);
+      ops::layernorm_forward<float>(ex, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                    b.data(), T_, H, kEps, zc);
+      const auto y_want = bf16_rounded(y);
+      Guarded<float> y16 = nan_out<float>(T_ * H), mean16 = nan_out<float>(T_),
+                     rstd16 = nan_out<float>(T_);
+      ops::layernorm_forward_bf16w(ex, y16.data(), mean16.data(), rstd16.data(), x.data(), w.data(),
+                                   b.data(), T_, H, kEps, zc);
+      expect_bitwise(y16, y_want.data(), "y (bf16 values)");
+      expect_bitwise(mean16, mean.data(), "mean");
+      expect_bitwise(rstd16, rstd.data(), "rstd");
+    }
   }
 }
 
@@ -392,6 +453,13 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
   out.push_back({"rmsnorm_f64", {"rmsnorm_forward", "rmsnorm_backward"}, rmsnorm_case<double>});
   out.push_back(
       {"rmsnorm_forward_bf16w", {"rmsnorm_forward", "rmsnorm_forward_bf16w"}, rmsnorm_bf16w_case});
+  out.push_back(
+      {"layernorm_f32", {"layernorm_forward", "layernorm_backward"}, layernorm_case<float>});
+  out.push_back(
+      {"layernorm_f64", {"layernorm_forward", "layernorm_backward"}, layernorm_case<double>});
+  out.push_back({"layernorm_forward_bf16w",
+                 {"layernorm_forward", "layernorm_forward_bf16w"},
+                 layernorm_bf16w_case});
   out.push_back({"add", {"add"}, [](const Exec& ex) {
                    add_one<float>(ex);
                    add_one<double>(ex);

@@ -17,9 +17,13 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint_command.h"
@@ -492,7 +496,8 @@ TEST(HfConvert, CommandLineImportTrainExport) {
 TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
   const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
   const fs::path flags = fresh_dir("padded_flags.toml");
-  std::ofstream(flags) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" / "tiny.toml")
+  std::ofstream(flags) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
+                                    "tiny.toml")
                        << "\nmake-vocab-size-divisible-by = 100\n";
   testing::CommandResult r = testing::run_moecore(
       "train --config " + flags.string() + " --train-iters 2 --lr-warmup-iters 0 --save " +
@@ -1078,6 +1083,220 @@ TEST(HfConvert, Qwen3MoeAttentionBiasRoundTrip) {
     EXPECT_TRUE(b.at(name).bytes == t.bytes) << name;
   }
   EXPECT_EQ(read_json(o.output / "config.json")["attention_bias"], true);
+}
+
+// ---- (5) GPT-2: LayerNorm with bias, learned positions, gelu_new, Conv1D weights ----
+
+// config.json -> the spec and the flags of Megatron's default GPT.
+TEST(HfConvert, Gpt2ConfigReadsAsLayerNormLearnedPositionsAndGeluNew) {
+  const convert::HfModelSpec s =
+      convert::parse_hf_config(read_json(fixture("gpt2") / "config.json"), "gpt2");
+  EXPECT_EQ(s.arch, convert::HfArch::Gpt2);
+  EXPECT_EQ(s.vocab_size, 88);
+  EXPECT_EQ(s.hidden, 32);
+  EXPECT_EQ(s.num_layers, 2);
+  EXPECT_EQ(s.num_heads, 4);
+  EXPECT_EQ(s.num_kv_heads, 4);
+  EXPECT_EQ(s.head_dim, 8);
+  EXPECT_EQ(s.ffn_hidden, 128);  // n_inner null: 4 n_embd
+  EXPECT_EQ(s.max_position_embeddings, 32);
+  EXPECT_EQ(s.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(s.layernorm && s.learned_positions && s.mlp_bias && s.qkv_bias &&
+              s.attention_output_bias && s.tie_word_embeddings);
+  EXPECT_EQ(s.activation, ops::Activation::GeLUTanh);
+  EXPECT_EQ(s.num_experts, 0);
+  std::vector<std::string> args;
+  for (const convert::TrainFlag& f : convert::train_flags_of(s)) {
+    args.push_back("--" + f.name);
+    std::visit(
+        [&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            args.push_back(v);
+          } else if constexpr (!std::is_same_v<V, bool>) {
+            args.push_back(fmt::format("{}", v));
+          }
+        },
+        f.value);
+  }
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--normalization", "LayerNorm"},
+           {"--position-embedding-type", "learned_absolute"},
+           {"--openai-gelu", ""},
+           {"--ffn-hidden-size", "128"},
+           {"--max-position-embeddings", "32"},
+           {"--vocab-size", "88"},
+           {"--make-vocab-size-divisible-by", "1"},
+           {"--attention-dropout", "0"},
+           {"--hidden-dropout", "0"}}) {
+    EXPECT_TRUE(has_arg(args, flag, value)) << flag << " " << value;
+  }
+  for (const char* absent : {"--swiglu", "--disable-bias-linear", "--rotary-base",
+                             "--untie-embeddings-and-output-weights", "--num-experts"})
+    EXPECT_FALSE(has_arg(args, absent)) << absent;
+  // gelu is the exact GeLU: Megatron's default, no flag.
+  json cfg = read_json(fixture("gpt2") / "config.json");
+  cfg["activation_function"] = "gelu";
+  const convert::HfModelSpec exact = convert::parse_hf_config(cfg, "gelu");
+  EXPECT_EQ(exact.activation, ops::Activation::GeLU);
+  for (const convert::TrainFlag& f : convert::train_flags_of(exact))
+    EXPECT_NE(f.name, "openai-gelu");
+}
+
+// The table on the fixture's own tensors: c_attn's Conv1D weight [H, 3H] transposed and its
+// [q | k | v] columns fused per head into linear_qkv's rows (head g: q, k, v, D rows each), the
+// MLP's Conv1D weights transposed, LayerNorm biases and the position table copied; every tensor
+// of the file used once; and the way back gives every tensor byte for byte.
+TEST(HfConvert, Gpt2TableTransposesConv1DAndFusesCAttnPerHead) {
+  const convert::HfModelSpec s =
+      convert::parse_hf_config(read_json(fixture("gpt2") / "config.json"), "gpt2");
+  const convert::HfTensorMap map = convert::hf_tensor_map(s, s.vocab_size);
+  convert::HfWeights w(fixture("gpt2"));
+  std::map<std::string, std::vector<float>> m;
+  for (const convert::TensorMapping& t : map.tensors) {
+    std::vector<std::vector<float>> parts;
+    for (const convert::HfTensor& h : t.hf) {
+      ASSERT_TRUE(w.has(h.name)) << h.name;
+      EXPECT_EQ(w.info(h.name).shape, h.shape) << h.name;
+      parts.push_back(w.read_f32(h.name));
+    }
+    m[t.moecore] = convert::to_moecore(t, parts);
+    EXPECT_EQ(static_cast<int64_t>(m[t.moecore].size()), convert::numel(t.shape)) << t.moecore;
+  }
+  EXPECT_EQ(w.unread(), std::vector<std::string>{});  // lm_head: tied, absent from the file
+  ASSERT_TRUE(map.tied_head.has_value());
+  EXPECT_EQ(map.embedding, "transformer.wte.weight");
+  EXPECT_EQ(map.tensors.size(), 2u + 2u * 12u + 2u);
+
+  const int64_t H = 32, D = 8, F = 128, heads = 4;
+  auto hf = [&](const std::string& n) { return hf_f32(fixture("gpt2"), n); };
+  const std::vector<float> c_attn = hf("transformer.h.1.attn.c_attn.weight");  // [H, 3H]
+  const std::vector<float> c_attn_b = hf("transformer.h.1.attn.c_attn.bias");  // [3H]
+  const std::vector<float>& qkv = m.at("decoder.layers.1.self_attention.linear_qkv.weight");
+  const std::vector<float>& qkv_b = m.at("decoder.layers.1.self_attention.linear_qkv.bias");
+  ASSERT_EQ(qkv.size(), static_cast<size_t>(3 * H * H));
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int64_t part = 0; part < 3; ++part) {  // q, k, v
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t row = (g * 3 + part) * D + d, col = part * H + g * D + d;
+        EXPECT_EQ(qkv_b[row], c_attn_b[col]) << "head " << g << " part " << part << " d " << d;
+        for (int64_t i = 0; i < H; ++i) {
+          ASSERT_EQ(qkv[row * H + i], c_attn[i * 3 * H + col])
+              << "head " << g << " part " << part << " d " << d << " input " << i;
+        }
+      }
+    }
+  }
+  // fc1 [F, H] = c_fc^T ([H, F] stored); fc2 [H, F] = c_proj^T ([F, H] stored).
+  const std::vector<float> c_fc = hf("transformer.h.0.mlp.c_fc.weight");
+  const std::vector<float> c_proj = hf("transformer.h.0.mlp.c_proj.weight");
+  const std::vector<float>& fc1 = m.at("decoder.layers.0.mlp.linear_fc1.weight");
+  const std::vector<float>& fc2 = m.at("decoder.layers.0.mlp.linear_fc2.weight");
+  for (int64_t f : {int64_t{0}, int64_t{5}, F - 1}) {
+    for (int64_t h : {int64_t{0}, int64_t{7}, H - 1}) {
+      EXPECT_EQ(fc1[f * H + h], c_fc[h * F + f]) << f << " " << h;
+      EXPECT_EQ(fc2[h * F + f], c_proj[f * H + h]) << f << " " << h;
+    }
+  }
+  EXPECT_EQ(m.at("decoder.layers.0.mlp.linear_fc1.bias"), hf("transformer.h.0.mlp.c_fc.bias"));
+  EXPECT_EQ(m.at("decoder.layers.1.pre_mlp_layernorm.bias"), hf("transformer.h.1.ln_2.bias"));
+  EXPECT_EQ(m.at("decoder.final_layernorm.bias"), hf("transformer.ln_f.bias"));
+  EXPECT_EQ(m.at("embedding.position_embeddings.weight"), hf("transformer.wpe.weight"));
+
+  // Back: every HF tensor's bytes.
+  const auto src = hf_tensors(fixture("gpt2"));
+  for (const convert::TensorMapping& t : map.tensors) {
+    const std::vector<std::vector<float>> back = convert::to_hf(t, m.at(t.moecore));
+    for (size_t i = 0; i < t.hf.size(); ++i) {
+      const std::vector<std::byte> b = convert::f32_as("F32", back[i]);
+      EXPECT_TRUE(b == src.at(t.hf[i].name).bytes) << t.hf[i].name;
+    }
+  }
+}
+
+// What GPT-2's config can say that moecore cannot compute: refused naming the key and value.
+TEST(HfConvert, Gpt2RefusesWhatMoecoreCannotCompute) {
+  const json base = read_json(fixture("gpt2") / "config.json");
+  for (const auto& [key, value, why] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"activation_function", "relu", "gelu_new (--openai-gelu) and gelu"},
+           {"scale_attn_by_inverse_layer_idx", true, "1/(layer + 1)"},
+           {"reorder_and_upcast_attn", true, "reorder_and_upcast_attn"},
+           {"scale_attn_weights", false, "always scales"},
+           {"add_cross_attention", true, "cross-attention"},
+           {"n_head", 5, "must divide n_embd 32"}}) {
+    json cfg = base;
+    cfg[key] = value;
+    const std::string e = error_of([&] { convert::parse_hf_config(cfg, "cfg.json"); });
+    EXPECT_NE(e.find("[convert] 'cfg.json': \"" + key + "\": " + value.dump()), std::string::npos)
+        << key << ": " << e;
+    EXPECT_NE(e.find(why), std::string::npos) << key << ": " << e;
+  }
+  json cfg = base;
+  cfg["architectures"] = json::array({"GPT2Model"});
+  EXPECT_NE(error_of([&] { convert::parse_hf_config(cfg, "cfg.json"); }).find("GPT2LMHeadModel"),
+            std::string::npos);
+}
+
+// Export of a GPT-2 model's config: the keys transformers reads back as the same model.
+TEST(HfConvert, Gpt2ConfigJsonReadsBackAsTheSameModel) {
+  const json src = read_json(fixture("gpt2") / "config.json");
+  const convert::HfModelSpec s = convert::parse_hf_config(src, "gpt2");
+  const json out = convert::hf_config_json(s, "float32", &src);
+  EXPECT_EQ(convert::parse_hf_config(out, "exported"), s);
+  EXPECT_EQ(out["architectures"], json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ(out["activation_function"], "gelu_new");
+  EXPECT_EQ(out["n_inner"], 128);
+  EXPECT_EQ(out["layer_norm_epsilon"], 1e-5);
+  EXPECT_EQ(out["summary_type"], "cls_index");  // carried over
+  EXPECT_FALSE(out.contains("rms_norm_eps"));
+  EXPECT_FALSE(out.contains("rope_parameters"));
+}
+
+// Import then export through moecore's model (needs the model's LayerNorm, learned positions,
+// GeLU MLP and biases, and their flags): the checkpoint holds Megatron's names and shapes, and
+// the export gives the fixture's file back byte for byte.
+TEST(HfConvert, Gpt2ImportExportRoundTripIsBytewise) {
+  const fs::path ck = fresh_dir("gpt2_ck"), out = fresh_dir("gpt2_hf");
+  const convert::ImportResult r = convert::import_hf(fixture("gpt2"), ck);
+  EXPECT_EQ(r.spec.arch, convert::HfArch::Gpt2);
+  EXPECT_EQ(r.hf_tensors, 28);
+  ckpt::CheckpointReader reader(ckpt::iteration_dir(ck, 0));
+  const ckpt::Manifest& man = reader.manifest();
+  for (const auto& [name, shape] : std::map<std::string, std::vector<int64_t>>{
+           {"embedding.word_embeddings.weight", {88, 32}},
+           {"embedding.position_embeddings.weight", {32, 32}},
+           {"decoder.layers.0.input_layernorm.bias", {32}},
+           {"decoder.layers.0.self_attention.linear_qkv.weight", {96, 32}},
+           {"decoder.layers.0.self_attention.linear_qkv.bias", {96}},
+           {"decoder.layers.0.self_attention.linear_proj.bias", {32}},
+           {"decoder.layers.1.mlp.linear_fc1.weight", {128, 32}},
+           {"decoder.layers.1.mlp.linear_fc1.bias", {128}},
+           {"decoder.layers.1.mlp.linear_fc2.weight", {32, 128}},
+           {"decoder.final_layernorm.bias", {32}}}) {
+    const ckpt::GlobalTensor* t = man.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->shape, shape) << name;
+  }
+  EXPECT_EQ(man.find("output_layer.weight"), nullptr);  // tied
+  const train::TrainFlags f =
+      convert::parse_model_flags(train::config_file_args(r.flags_file.string()));
+  EXPECT_EQ(f.model.normalization, Normalization::LayerNorm);
+  EXPECT_EQ(f.model.position_embedding, PositionEmbedding::LearnedAbsolute);
+  EXPECT_EQ(f.model.activation, ops::Activation::GeLUTanh);
+  EXPECT_TRUE(f.model.add_mlp_bias && f.model.add_qkv_bias && f.model.add_attention_output_bias);
+
+  convert::ExportOptions o;
+  o.input = ck;
+  o.output = out;
+  const convert::ExportResult x = convert::export_hf(o);
+  EXPECT_EQ(x.spec.arch, convert::HfArch::Gpt2);
+  EXPECT_EQ(read_text(out / "model.safetensors"), read_text(fixture("gpt2") / "model.safetensors"));
+  EXPECT_EQ(convert::parse_hf_config(read_json(out / "config.json"), "exported"),
+            convert::parse_hf_config(read_json(fixture("gpt2") / "config.json"), "source"));
+}
+
+TEST(HfConvert, Gpt2MatchesTransformers) {
+  check_against_transformers("gpt2");
 }
 
 }  // namespace
