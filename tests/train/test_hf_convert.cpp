@@ -1278,7 +1278,7 @@ TEST(HfConvert, Gpt2ImportExportRoundTripIsBytewise) {
     EXPECT_EQ(t->shape, shape) << name;
   }
   EXPECT_EQ(man.find("output_layer.weight"), nullptr);  // tied
-  const train::TrainFlags f =
+  const cli::TrainFlags f =
       convert::parse_model_flags(train::config_file_args(r.flags_file.string()));
   EXPECT_EQ(f.model.normalization, Normalization::LayerNorm);
   EXPECT_EQ(f.model.position_embedding, PositionEmbedding::LearnedAbsolute);
