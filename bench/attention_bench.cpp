@@ -68,14 +68,14 @@ int main(int argc, char** argv) {
   const double fwd = moecore::ops::measure_gflops(
       [&] {
         moecore::ops::attention_forward<float>(moecore::cpu_exec(), out.data(), lse.data(), q.data(),
-                                               k.data(), v.data(), s, ws.data());
+                                               k.data(), v.data(), s, ws.data(), nullptr);
       },
       fwd_flops, seconds);
   const double bwd = moecore::ops::measure_gflops(
       [&] {
         moecore::ops::attention_backward<float>(moecore::cpu_exec(), dq.data(), dk.data(), dv.data(),
                                                 dout.data(), q.data(), k.data(), v.data(),
-                                                out.data(), lse.data(), s, ws.data());
+                                                out.data(), lse.data(), s, ws.data(), nullptr);
       },
       bwd_flops, seconds);
 
