@@ -78,9 +78,9 @@ void dropout_backward(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
 
 // y = keep * x * scale. y may alias x.
 template <typename T>
-void dropout_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> x_SBC, double p,
-                     uint64_t key, DevPtr<const DropoutCounters> counters, int64_t S, int64_t B,
-                     int64_t C, int64_t s0) {
+void dropout_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> x_SBC, double p, uint64_t key,
+                     DevPtr<const DropoutCounters> counters, int64_t S, int64_t B, int64_t C,
+                     int64_t s0) {
   if (ex.on_cpu())
     return cpu::dropout_forward(raw_ptr(y_SBC), raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C,
                                 s0);
@@ -127,7 +127,7 @@ void dropout_backward_ref(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
                           int64_t s0);
 
 // Throws naming `op` unless 0 <= p < 1, the sizes are >= 0 and counters is set when p > 0.
-void check_dropout_args(double p, const DropoutCounters* counters, int64_t S, int64_t B,
-                        int64_t C, int64_t s0, const char* op);
+void check_dropout_args(double p, const DropoutCounters* counters, int64_t S, int64_t B, int64_t C,
+                        int64_t s0, const char* op);
 
 }  // namespace moecore::ops

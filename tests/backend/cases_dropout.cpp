@@ -12,7 +12,7 @@ namespace {
 struct SBC {
   int64_t S, B, C, s0;
 };
-const SBC kDropoutShapes[] = {{0, 2, 5, 0},  {1, 1, 1, 0},  {1, 1, 3, 0},
+const SBC kDropoutShapes[] = {{0, 2, 5, 0},  {1, 1, 1, 0},   {1, 1, 3, 0},
                               {7, 3, 37, 4}, {5, 2, 130, 0}, {64, 3, 101, 0}};
 
 template <typename T>
@@ -23,8 +23,8 @@ void dropout_case(const Exec& ex) {
   uint32_t seed = 500;
   for (double p : {0.0, 0.1, 0.5}) {
     for (auto [S, B, C, s0] : kDropoutShapes) {
-      BACKEND_TRACE(dtype_name<T>() << " p=" << p << " S=" << S << " B=" << B << " C=" << C
-                                    << " s0=" << s0);
+      BACKEND_TRACE(dtype_name<T>()
+                    << " p=" << p << " S=" << S << " B=" << B << " C=" << C << " s0=" << s0);
       const int64_t n = S * B * C;
       const auto x = random_vec<T>(n, seed++), res = random_vec<T>(n, seed++);
       std::vector<T> y_ref(n), a_ref(n), dx_ref(n);

@@ -1,7 +1,8 @@
 // Cases: the model's ops around the experts: embedding (repeated ids), the fused head + cross
-// entropy (ignored targets, chunks that do not divide the tokens), causal GQA attention (with and without dropout; S = 1,
-// S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D = 2, D = 128, both ends
-// of the position table, in place). Every backward takes the reference forward's saved values.
+// entropy (ignored targets, chunks that do not divide the tokens), causal GQA attention (with and
+// without dropout; S = 1, S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D =
+// 2, D = 128, both ends of the position table, in place). Every backward takes the reference
+// forward's saved values.
 #include <omp.h>
 
 #include <random>
@@ -124,8 +125,8 @@ template <typename T>
 void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
   uint32_t seed = 100;
   for (const ops::AttentionShape& s : kAttentionShapes) {
-    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv
-                       << " D=" << s.D << " dropout p=" << (drop ? drop->p : 0.0));
+    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D
+                       << " dropout p=" << (drop ? drop->p : 0.0));
     const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.S * s.B * s.Hkv * s.D,
                   n_lse = s.B * s.Hq * s.S;
     // q, k in [-2, 2]: scores of O(1), the softmax neither flat nor one-hot.

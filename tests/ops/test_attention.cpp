@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -245,7 +245,6 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(attention_workspace_elems({4, 1, 2, 1, 0}, 1), moecore::Error);
 }
 
-
 // ---- Attention dropout ----
 
 const DropoutCounters kCounters{23, 5};
@@ -447,8 +446,8 @@ TEST(AttentionDropout, DeterministicAcrossThreadCounts) {
 TEST(AttentionDropout, RejectsBadArguments) {
   const AttentionShape s{4, 1, 2, 1, 8};
   std::vector<float> buf(4 * 2 * 8, 0.0f);
-  const AttentionDropout no_counters{0.1, kDropKey, nullptr, 0}, too_big{1.0, kDropKey,
-                                                                         &kCounters, 0};
+  const AttentionDropout no_counters{0.1, kDropKey, nullptr, 0},
+      too_big{1.0, kDropKey, &kCounters, 0};
   for (const AttentionDropout* d : {&no_counters, &too_big}) {
     EXPECT_THROW(attention_forward_ref<float>(buf.data(), buf.data(), buf.data(), buf.data(),
                                               buf.data(), s, d),

@@ -42,7 +42,8 @@ void fast_matches_ref_bitwise(double p) {
     const auto x = random_vec<T>(n, seed++), res = random_vec<T>(n, seed++);
     std::vector<T> y_r(n), a_r(n), dx_r(n);
     ops::dropout_forward_ref(y_r.data(), x.data(), p, kKey, &kCounters, S, B, C, s0);
-    ops::dropout_add_forward_ref(a_r.data(), res.data(), x.data(), p, kKey, &kCounters, S, B, C, s0);
+    ops::dropout_add_forward_ref(a_r.data(), res.data(), x.data(), p, kKey, &kCounters, S, B, C,
+                                 s0);
     ops::dropout_backward_ref(dx_r.data(), x.data(), p, kKey, &kCounters, S, B, C, s0);
     const T nan = std::numeric_limits<T>::quiet_NaN();
     Guarded<T> y(n, nan), a(n, nan), dx(n, nan), y_in(n), a_in(n), dx_in(n);
@@ -157,8 +158,8 @@ TEST(Dropout, KeysAndIterationsGiveOtherMasks) {
   const int64_t S = 40, B = 2, C = 100, n = S * B * C;
   const double p = 0.1;
   const auto base = mask_of(p, kKey, kCounters, S, B, C, 0);
-  const auto other_key = mask_of(p, rng_key(1234, "decoder.layers.1.hidden_dropout"), kCounters, S,
-                                 B, C, 0);
+  const auto other_key =
+      mask_of(p, rng_key(1234, "decoder.layers.1.hidden_dropout"), kCounters, S, B, C, 0);
   const auto other_iter = mask_of(p, kKey, {18, 40}, S, B, C, 0);
   for (const auto* m : {&other_key, &other_iter}) {
     int64_t differ = 0;
@@ -204,8 +205,8 @@ TEST(Dropout, ZeroIsTheIdentity) {
   const auto res = random_vec<float>(n, 8);
   std::vector<float> y(n), a(n), a_want(n), d(n);
   ops::dropout_forward<float>(cpu_exec(), y.data(), x.data(), 0.0, kKey, nullptr, S, B, C, 0);
-  ops::dropout_add_forward<float>(cpu_exec(), a.data(), res.data(), x.data(), 0.0, kKey, nullptr,
-                                  S, B, C, 0);
+  ops::dropout_add_forward<float>(cpu_exec(), a.data(), res.data(), x.data(), 0.0, kKey, nullptr, S,
+                                  B, C, 0);
   ops::dropout_backward<float>(cpu_exec(), d.data(), x.data(), 0.0, kKey, nullptr, S, B, C, 0);
   for (int64_t i = 0; i < n; ++i) a_want[i] = res[i] + x[i];
   EXPECT_TRUE(same_bits(y.data(), x.data(), n));
@@ -254,8 +255,8 @@ TEST(Dropout, RejectsBadArguments) {
   std::vector<float> buf(8);
   for (double p : {-0.1, 1.0, 1.5, std::nan("")}) {
     EXPECT_NE(error_of([&] {
-                ops::dropout_forward<float>(cpu_exec(), buf.data(), buf.data(), p, kKey,
-                                            &kCounters, 2, 2, 2, 0);
+                ops::dropout_forward<float>(cpu_exec(), buf.data(), buf.data(), p, kKey, &kCounters,
+                                            2, 2, 2, 0);
               }).find("outside [0, 1)"),
               std::string::npos)
         << p;
@@ -265,9 +266,9 @@ TEST(Dropout, RejectsBadArguments) {
                                            2, 2, 2, 0);
             }).find("without counters"),
             std::string::npos);
-  EXPECT_THROW(ops::dropout_forward_ref<float>(buf.data(), buf.data(), 0.1, kKey, &kCounters, 2,
-                                               -2, 2, 0),
-               Error);
+  EXPECT_THROW(
+      ops::dropout_forward_ref<float>(buf.data(), buf.data(), 0.1, kKey, &kCounters, 2, -2, 2, 0),
+      Error);
 }
 
 }  // namespace

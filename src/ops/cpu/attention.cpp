@@ -701,8 +701,9 @@ struct BlockDropout {
     const uint64_t hk = dropout_head_key(key, static_cast<uint64_t>(head0 + h));
     for (int64_t rr = 0; rr < m; ++rr) {
       const int64_t i = i0 + rr;
-      const cpu::DropoutRow row(hk, static_cast<uint64_t>(iteration), static_cast<uint64_t>(sample0 + b),
-                           static_cast<uint64_t>(i), threshold);
+      const cpu::DropoutRow row(hk, static_cast<uint64_t>(iteration),
+                                static_cast<uint64_t>(sample0 + b), static_cast<uint64_t>(i),
+                                threshold);
       cpu::dropout_row_in_place(X + rr * L.Sp, i + 1, row, scale);
     }
   }
@@ -719,8 +720,10 @@ void check_attention_dropout(const AttentionDropout* drop, const char* op) {
   MOE_CHECK(drop->p == 0.0 || drop->counters != nullptr,
             "[{}] attention dropout p={} without counters: pass the micro-batch's DropoutCounters",
             op, drop->p);
-  MOE_CHECK(drop->head0 >= 0, "[{}] attention dropout head0={} < 0: pass the global index of the "
-            "rank's first query head", op, drop->head0);
+  MOE_CHECK(drop->head0 >= 0,
+            "[{}] attention dropout head0={} < 0: pass the global index of the "
+            "rank's first query head",
+            op, drop->head0);
 }
 
 void check_attention_shape(const AttentionShape& s, const char* op) {
@@ -920,7 +923,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             scores_any<T>(dOc + hh * hs, pk + L.panel_elems(), T(1), dS, L, i0, m, pf);
             if (dropout.on) dropout.apply(dS, L, b, h, i0, m);  // M o dP
             softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, scale, L, i0, m);
-            if (dropout.on) dropout.apply(P, L, b, h, i0, m);  // P o M for dV
+            if (dropout.on) dropout.apply(P, L, b, h, i0, m);              // P o M for dV
             cols_times_any<T>(P, dOc + hh * hs, dVa, L.Dp, L, i0, m, pf);  // dV += P^T dO
             cols_times_any<T>(dS, Qc + hh * hs, dKa, L.Dp, L, i0, m, pf);  // dK += dS^T Q
             rows_times_any<T>(dS, pk + 2 * L.panel_elems(), ones, dQc + hh * hs, L.Dp, L, i0, m,

@@ -102,8 +102,8 @@ void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
 // out = (P o M) V gives dV = (P o M)^T dO and, through the softmax,
 // dS = P o (M o dP - delta).
 template <typename T>
-void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                            const T* v, const T* out, const T* lse, const AttentionShape& s,
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                            const T* out, const T* lse, const AttentionShape& s,
                             const AttentionDropout* drop) {
   check_attention_shape(s, "attention_ref");
   check_attention_dropout(drop, "attention_ref");
@@ -166,9 +166,9 @@ void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
   }
 }
 
-#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                   \
-  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,               \
-                                         const AttentionShape&, const AttentionDropout*);    \
+#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                  \
+  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,                \
+                                         const AttentionShape&, const AttentionDropout*);     \
   template void attention_backward_ref<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
                                           const T*, const T*, const AttentionShape&,          \
                                           const AttentionDropout*);

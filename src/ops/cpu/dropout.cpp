@@ -17,8 +17,8 @@ uint32_t dropout_threshold(double p) {
   return static_cast<uint32_t>(std::floor(p * 4294967296.0));
 }
 
-void check_dropout_args(double p, const DropoutCounters* counters, int64_t S, int64_t B,
-                        int64_t C, int64_t s0, const char* op) {
+void check_dropout_args(double p, const DropoutCounters* counters, int64_t S, int64_t B, int64_t C,
+                        int64_t s0, const char* op) {
   dropout_threshold(p);
   MOE_CHECK(S >= 0 && B >= 0 && C >= 0 && s0 >= 0,
             "[{}] bad shape S={} B={} C={} s0={}: sizes and the first position must be >= 0", op, S,
@@ -96,13 +96,13 @@ void dropout_backward(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
                          "dropout_backward");
 }
 
-#define MOECORE_INSTANTIATE_DROPOUT(T)                                                          \
-  template void dropout_forward<T>(T*, const T*, double, uint64_t, const DropoutCounters*,      \
-                                   int64_t, int64_t, int64_t, int64_t);                         \
-  template void dropout_add_forward<T>(T*, const T*, const T*, double, uint64_t,                \
-                                       const DropoutCounters*, int64_t, int64_t, int64_t,       \
-                                       int64_t);                                                \
-  template void dropout_backward<T>(T*, const T*, double, uint64_t, const DropoutCounters*,     \
+#define MOECORE_INSTANTIATE_DROPOUT(T)                                                      \
+  template void dropout_forward<T>(T*, const T*, double, uint64_t, const DropoutCounters*,  \
+                                   int64_t, int64_t, int64_t, int64_t);                     \
+  template void dropout_add_forward<T>(T*, const T*, const T*, double, uint64_t,            \
+                                       const DropoutCounters*, int64_t, int64_t, int64_t,   \
+                                       int64_t);                                            \
+  template void dropout_backward<T>(T*, const T*, double, uint64_t, const DropoutCounters*, \
                                     int64_t, int64_t, int64_t, int64_t);
 MOECORE_INSTANTIATE_DROPOUT(float)
 MOECORE_INSTANTIATE_DROPOUT(double)

@@ -13,10 +13,9 @@ template <typename T>
 T factor_ref(double p, uint64_t key, const DropoutCounters* counters, int64_t s, int64_t b,
              int64_t c, int64_t s0) {
   if (p == 0.0) return T(1);
-  const bool keep = dropout_keep(key, static_cast<uint64_t>(counters->iteration),
-                                 static_cast<uint64_t>(counters->sample0 + b),
-                                 static_cast<uint64_t>(s0 + s), static_cast<uint64_t>(c),
-                                 dropout_threshold(p));
+  const bool keep = dropout_keep(
+      key, static_cast<uint64_t>(counters->iteration), static_cast<uint64_t>(counters->sample0 + b),
+      static_cast<uint64_t>(s0 + s), static_cast<uint64_t>(c), dropout_threshold(p));
   return keep ? dropout_scale<T>(p) : T(0);
 }
 
@@ -46,7 +45,8 @@ void dropout_add_forward_ref(T* y_SBC, const T* residual_SBC, const T* x_SBC, do
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t c = 0; c < C; ++c) {
         const int64_t i = (s * B + b) * C + c;
-        y_SBC[i] = std::fma(x_SBC[i], factor_ref<T>(p, key, counters, s, b, c, s0), residual_SBC[i]);
+        y_SBC[i] =
+            std::fma(x_SBC[i], factor_ref<T>(p, key, counters, s, b, c, s0), residual_SBC[i]);
       }
     }
   }
