@@ -150,7 +150,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
   ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
   ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                         workspace_);
+                         workspace_, nullptr);
   linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->data_as<T>(), n, H_);
 }
@@ -161,12 +161,12 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (recompute_core_) {
     ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                           workspace_);
+                           workspace_, nullptr);
   }
   if (proj_bias_ != nullptr) ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy_TH, n, H_);
   linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
-                          saved_.core_out, saved_.lse, shape_, workspace_);
+                          saved_.core_out, saved_.lse, shape_, workspace_, nullptr);
   ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
   ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);
   if (q_norm_ != nullptr) {

@@ -2,18 +2,33 @@
 // RoPE. Layout [S, B, heads, D] (sequence-major, as Megatron), scale 1/sqrt(D). Memory-frugal:
 // the fast path materialises at most a 64 x S block of scores per thread, plus K and V repacked
 // once per (b, kv head) (workspace below); the backward recomputes probabilities from the saved
-// log-sum-exp.
+// log-sum-exp. Attention dropout is fused: the probabilities are dropped tile by tile with keep
+// bits drawn from their indices, so no mask is stored.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/dropout.h"
 
 namespace moecore::ops {
 
 struct AttentionShape {
   int64_t S = 0, B = 0, Hq = 0, Hkv = 0, D = 0;  // Hq % Hkv == 0
+};
+
+// Dropout of the probabilities P[b, h, i, j] (after the causal softmax): kept iff
+// dropout_keep(dropout_head_key(key, head0 + h), iteration, sample0 + b, i, j,
+// dropout_threshold(p)), iteration and sample0 read from *counters inside the op; then
+// out = (P o M / (1 - p)) V. head0 is the global index of this rank's first query head, so a
+// tensor-parallel split draws the whole model's bits. The saved lse stays that of the undropped
+// scores; the backward redraws the same bits. p == 0 is no dropout (counters may then be null).
+struct AttentionDropout {
+  double p = 0;
+  uint64_t key = 0;
+  DevPtr<const DropoutCounters> counters = nullptr;
+  int64_t head0 = 0;
 };
 
 // Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv).
@@ -26,39 +41,46 @@ int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s,
-                       T* workspace);
+                       T* workspace, const AttentionDropout* drop);
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const AttentionShape& s, T* workspace);
+                        const T* out, const T* lse, const AttentionShape& s, T* workspace,
+                        const AttentionDropout* drop);
 }  // namespace cpu
 
-// q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward.
+// q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward. drop: nullptr
+// (or p == 0) for no dropout; the backward must get the forward's.
 template <typename T>
 void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q,
                        DevPtr<const T> k, DevPtr<const T> v, const AttentionShape& s,
-                       DevPtr<T> workspace) {
+                       DevPtr<T> workspace, const AttentionDropout* drop) {
   if (ex.on_cpu())
     return cpu::attention_forward(raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k), raw_ptr(v), s,
-                                  raw_ptr(workspace));
+                                  raw_ptr(workspace), drop);
   no_kernel(ex, "attention_forward");
 }
 template <typename T>
 void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
-                           const AttentionShape& s);
+                           const AttentionShape& s, const AttentionDropout* drop);
 // dq, dk, dv are assigned.
 template <typename T>
 void attention_backward(const Exec& ex, DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv,
                         DevPtr<const T> dout, DevPtr<const T> q, DevPtr<const T> k,
                         DevPtr<const T> v, DevPtr<const T> out, DevPtr<const T> lse,
-                        const AttentionShape& s, DevPtr<T> workspace) {
+                        const AttentionShape& s, DevPtr<T> workspace,
+                        const AttentionDropout* drop) {
   if (ex.on_cpu())
     return cpu::attention_backward(raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout), raw_ptr(q),
                                    raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
-                                   raw_ptr(workspace));
+                                   raw_ptr(workspace), drop);
   no_kernel(ex, "attention_backward");
 }
 template <typename T>
 void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                            const T* out, const T* lse, const AttentionShape& s);
+                            const T* out, const T* lse, const AttentionShape& s,
+                            const AttentionDropout* drop);
+
+// Throws naming `op` unless drop is null or has 0 <= p < 1, and counters when p > 0.
+void check_attention_dropout(const AttentionDropout* drop, const char* op);
 
 }  // namespace moecore::ops

@@ -49,6 +49,7 @@ void add_gemm_cases(std::vector<OpCase>& out);
 void add_gemm_bf16_cases(std::vector<OpCase>& out);
 void add_moe_cases(std::vector<OpCase>& out);
 void add_elementwise_cases(std::vector<OpCase>& out);
+void add_dropout_cases(std::vector<OpCase>& out);  // cases_dropout.cpp
 void add_model_cases(std::vector<OpCase>& out);
 void add_router_cases(std::vector<OpCase>& out);          // cases_router.cpp
 void add_router_balance_cases(std::vector<OpCase>& out);  // cases_router_balance.cpp

@@ -1,12 +1,14 @@
 // Cases: the model's ops around the experts: embedding (repeated ids), the fused head + cross
-// entropy (ignored targets, chunks that do not divide the tokens), causal GQA attention (S = 1,
-// S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D = 2, D = 128, both ends
-// of the position table, in place). Every backward takes the reference forward's saved values.
+// entropy (ignored targets, chunks that do not divide the tokens), causal GQA attention (with and
+// without dropout; S = 1, S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D =
+// 2, D = 128, both ends of the position table, in place). Every backward takes the reference
+// forward's saved values.
 #include <omp.h>
 
 #include <random>
 
 #include "backend_case.h"
+#include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
@@ -117,12 +119,14 @@ const ops::AttentionShape kAttentionShapes[] = {
     {100, 1, 4, 2, 40}, {70, 1, 8, 2, 64}, {50, 1, 2, 1, 128},
 };
 
+// drop: the attention dropout of the whole table (nullptr: none). The backward takes the
+// reference forward's out and lse (lse is that of the undropped scores either way).
 template <typename T>
-void attention_case(const Exec& ex) {
+void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
   uint32_t seed = 100;
   for (const ops::AttentionShape& s : kAttentionShapes) {
-    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv
-                       << " D=" << s.D);
+    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D
+                       << " dropout p=" << (drop ? drop->p : 0.0));
     const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.S * s.B * s.Hkv * s.D,
                   n_lse = s.B * s.Hq * s.S;
     // q, k in [-2, 2]: scores of O(1), the softmax neither flat nor one-hot.
@@ -130,22 +134,40 @@ void attention_case(const Exec& ex) {
                k = random_vec<T>(n_kv, seed++, -2.0, 2.0);
     const auto v = random_vec<T>(n_kv, seed++), dout = random_vec<T>(n_q, seed++);
     std::vector<T> out_ref(n_q), lse_ref(n_lse), dq_ref(n_q), dk_ref(n_kv), dv_ref(n_kv);
-    ops::attention_forward_ref<T>(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), s);
+    ops::attention_forward_ref<T>(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), s,
+                                  drop);
     ops::attention_backward_ref<T>(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(),
-                                   q.data(), k.data(), v.data(), out_ref.data(), lse_ref.data(), s);
+                                   q.data(), k.data(), v.data(), out_ref.data(), lse_ref.data(), s,
+                                   drop);
     Guarded<T> ws = nan_out<T>(ops::attention_workspace_elems(s, omp_get_max_threads()));
     Guarded<T> out = nan_out<T>(n_q), lse = nan_out<T>(n_lse), dq = nan_out<T>(n_q),
                dk = nan_out<T>(n_kv), dv = nan_out<T>(n_kv);
     ops::attention_forward<T>(ex, out.data(), lse.data(), q.data(), k.data(), v.data(), s,
-                              ws.data());
+                              ws.data(), drop);
     ops::attention_backward<T>(ex, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-                               v.data(), out_ref.data(), lse_ref.data(), s, ws.data());
+                               v.data(), out_ref.data(), lse_ref.data(), s, ws.data(), drop);
     expect_close(out, out_ref.data(), "out");
     expect_close(lse, lse_ref.data(), "lse");
     expect_close(dq, dq_ref.data(), "dq");
     expect_close(dk, dk_ref.data(), "dk");
     expect_close(dv, dv_ref.data(), "dv");
     expect_intact(ws, "workspace");
+  }
+}
+
+template <typename T>
+void attention_case(const Exec& ex) {
+  attention_one<T>(ex, nullptr);
+}
+
+// Dropout p = 0.1 and 0.3 of the probabilities, the counters in host memory (the harness's
+// buffers are the host's), heads offset as on a tensor-parallel rank.
+template <typename T>
+void attention_dropout_case(const Exec& ex) {
+  const ops::DropoutCounters counters{41, 12};
+  for (double p : {0.1, 0.3}) {
+    const ops::AttentionDropout drop{p, rng_key(7, "attention_dropout"), &counters, 2};
+    attention_one<T>(ex, &drop);
   }
 }
 
@@ -202,6 +224,12 @@ void add_model_cases(std::vector<OpCase>& out) {
       {"attention_f32", {"attention_forward", "attention_backward"}, attention_case<float>});
   out.push_back(
       {"attention_f64", {"attention_forward", "attention_backward"}, attention_case<double>});
+  out.push_back({"attention_dropout_f32",
+                 {"attention_forward", "attention_backward"},
+                 attention_dropout_case<float>});
+  out.push_back({"attention_dropout_f64",
+                 {"attention_forward", "attention_backward"},
+                 attention_dropout_case<double>});
   out.push_back({"rope", {"rope_forward", "rope_backward"}, [](const Exec& ex) {
                    rope_one<float>(ex);
                    rope_one<double>(ex);

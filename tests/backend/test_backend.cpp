@@ -46,6 +46,7 @@ const std::vector<OpCase>& op_cases() {
     add_gemm_bf16_cases(c);
     add_moe_cases(c);
     add_elementwise_cases(c);
+    add_dropout_cases(c);
     add_model_cases(c);
     add_router_cases(c);
     add_router_balance_cases(c);

@@ -16,6 +16,11 @@
 // at D = 64, L1/L2 resident), the scores of one head [64, S] live in the thread's slab, and the
 // K/V operands are the (b, kv head)'s packs (64 KiB each at S = 256, L2 resident), reused by all
 // the heads of the group and all row blocks.
+//
+// Dropout of the probabilities is one more pass over a head's block of P (and, in the backward,
+// of dP) between the products, drawing the keep bits of 64 keys at a time (dropout_mask.h); the
+// block is all that is ever masked. Without dropout the pass is skipped per head, outside every
+// loop over elements.
 #include <omp.h>
 
 #include <algorithm>
@@ -36,6 +41,7 @@
 #include "core/check.h"
 #include "core/profiler.h"
 #include "ops/attention.h"
+#include "ops/cpu/dropout_mask.h"
 #include "ops/cpu/fast_exp.h"
 #include "ops/gemm.h"
 
@@ -668,7 +674,57 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, 
   }
 }
 
+// The dropout of one call: the keep bits of head h of sample b are the stream
+// dropout_head_key(key, head0 + h) at (iteration, sample0 + b, query i, key j).
+template <typename T>
+struct BlockDropout {
+  bool on = false;
+  uint64_t key = 0;
+  int64_t head0 = 0, iteration = 0, sample0 = 0;
+  uint32_t threshold = 0;
+  T scale = T(1);
+
+  explicit BlockDropout(const AttentionDropout* drop) {
+    if (drop == nullptr || drop->p == 0.0) return;
+    const DropoutCounters* c = raw_ptr(drop->counters);
+    on = true;
+    key = drop->key;
+    head0 = drop->head0;
+    iteration = c->iteration;
+    sample0 = c->sample0;
+    threshold = dropout_threshold(drop->p);
+    scale = dropout_scale<T>(drop->p);
+  }
+
+  // X[rr, j] *= M[i0 + rr, j] for the keys j <= i0 + rr of the block's rows (row stride Sp).
+  void apply(T* X, const Blocking& L, int64_t b, int64_t h, int64_t i0, int64_t m) const {
+    const uint64_t hk = dropout_head_key(key, static_cast<uint64_t>(head0 + h));
+    for (int64_t rr = 0; rr < m; ++rr) {
+      const int64_t i = i0 + rr;
+      const cpu::DropoutRow row(hk, static_cast<uint64_t>(iteration),
+                                static_cast<uint64_t>(sample0 + b), static_cast<uint64_t>(i),
+                                threshold);
+      cpu::dropout_row_in_place(X + rr * L.Sp, i + 1, row, scale);
+    }
+  }
+};
+
 }  // namespace
+
+void check_attention_dropout(const AttentionDropout* drop, const char* op) {
+  if (drop == nullptr) return;
+  MOE_CHECK(drop->p >= 0.0 && drop->p < 1.0,
+            "[{}] attention dropout p={} outside [0, 1): pass e.g. 0.1, or 0 / no AttentionDropout "
+            "for none",
+            op, drop->p);
+  MOE_CHECK(drop->p == 0.0 || drop->counters != nullptr,
+            "[{}] attention dropout p={} without counters: pass the micro-batch's DropoutCounters",
+            op, drop->p);
+  MOE_CHECK(drop->head0 >= 0,
+            "[{}] attention dropout head0={} < 0: pass the global index of the "
+            "rank's first query head",
+            op, drop->head0);
+}
 
 void check_attention_shape(const AttentionShape& s, const char* op) {
   MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
@@ -697,9 +753,10 @@ namespace cpu {
 // base to 64 bytes: B * Hkv forward packs (Blocking::fwd_pack_elems), then one slab per thread.
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s,
-                       T* workspace) {
+                       T* workspace, const AttentionDropout* drop) {
   ScopedPhase phase(Phase::Attention);
   check_attention_shape(s, "attention");
+  check_attention_dropout(drop, "attention");
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,
             "[attention] forward got no workspace: allocate attention_workspace_elems(shape, "
@@ -718,6 +775,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const int64_t n_grabs = (n_tasks + per_grab - 1) / per_grab;
   T* packs = align64(workspace);
   T* slabs = packs + B * Hkv * L.fwd_pack_elems();
+  const BlockDropout<T> dropout(drop);
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -770,6 +828,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
           const T* pk = packs + (b * Hkv + h / L.group) * L.fwd_pack_elems();
           scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
           softmax_rows<T>(P, inv_sum, lse + (b * Hq + h) * S, L, i0, m);
+          if (dropout.on) dropout.apply(P, L, b, h, i0, m);  // after lse: it stays undropped
           rows_times_any<T>(P, pk + L.panel_elems(), inv_sum, Oc + hh * hs, L.Dp, L, i0, m, pf);
         }
         unpack_rows(out + off, Oc, L.ldq, m, L, nh, hs);
@@ -779,11 +838,17 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 }
 
 // `out` is not read: delta = rowsum(dO * O) is taken as sum_j P_ij dP_ij (softmax_grad_rows).
+// With dropout (FlashAttention's backward): out = (P o M) V, so dP is masked first,
+// M o dP, and softmax_grad_rows gives dS = P o (M o dP - delta) with delta = sum_j P_ij (M o dP)_ij
+// (still rowsum(dO * O)); then P is masked for dV = (P o M)^T dO. The bits are drawn twice
+// rather than stored.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const AttentionShape& s, T* workspace) {
+                        const T* out, const T* lse, const AttentionShape& s, T* workspace,
+                        const AttentionDropout* drop) {
   ScopedPhase phase(Phase::Attention);
   check_attention_shape(s, "attention");
+  check_attention_dropout(drop, "attention");
   if (s.S == 0 || s.B == 0) return;
   MOE_CHECK(workspace != nullptr,
             "[attention] backward got no workspace: allocate attention_workspace_elems(shape, "
@@ -795,6 +860,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const int64_t hs = L.head_stride(), hs_d = round_up(bk, kLanes);
   T* packs = align64(workspace);
   T* slabs = packs + B * Hkv * L.fwd_pack_elems();
+  const BlockDropout<T> dropout(drop);
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -855,7 +921,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             // Scaled scores and dP = dO V^T, then P and dS in place.
             scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
             scores_any<T>(dOc + hh * hs, pk + L.panel_elems(), T(1), dS, L, i0, m, pf);
+            if (dropout.on) dropout.apply(dS, L, b, h, i0, m);  // M o dP
             softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, scale, L, i0, m);
+            if (dropout.on) dropout.apply(P, L, b, h, i0, m);              // P o M for dV
             cols_times_any<T>(P, dOc + hh * hs, dVa, L.Dp, L, i0, m, pf);  // dV += P^T dO
             cols_times_any<T>(dS, Qc + hh * hs, dKa, L.Dp, L, i0, m, pf);  // dK += dS^T Q
             rows_times_any<T>(dS, pk + 2 * L.panel_elems(), ones, dQc + hh * hs, L.Dp, L, i0, m,
@@ -872,9 +940,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
 #define MOECORE_INSTANTIATE_ATTENTION(T)                                                          \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&, \
-                                     T*);                                                         \
+                                     T*, const AttentionDropout*);                                \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
-                                      const T*, const T*, const AttentionShape&, T*);
+                                      const T*, const T*, const AttentionShape&, T*,              \
+                                      const AttentionDropout*);
 MOECORE_INSTANTIATE_ATTENTION(float)
 MOECORE_INSTANTIATE_ATTENTION(double)
 #undef MOECORE_INSTANTIATE_ATTENTION

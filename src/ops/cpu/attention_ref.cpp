@@ -1,6 +1,7 @@
 // Plain-loop causal GQA attention: the oracle the fast path is tested against. It materialises
 // each head's full S x S probabilities and accumulates in double, so its own rounding is far
-// below the f32 tolerances it judges. The backward is derived from the math alone.
+// below the f32 tolerances it judges. The backward is derived from the math alone. Dropout draws
+// each keep bit with its own dropout_keep call and materialises the S x S factors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,18 +47,40 @@ void probabilities_ref(std::vector<double>& P_SS, std::vector<double>& lse_S, co
   }
 }
 
+// M[i, j] = keep ? 1 / (1 - p) : 0 for one (b, h), j <= i (1 everywhere without dropout).
+void dropout_factors_ref(std::vector<double>& M_SS, const AttentionDropout* drop, int64_t S,
+                         int64_t b, int64_t h) {
+  std::fill(M_SS.begin(), M_SS.end(), 1.0);
+  if (drop == nullptr || drop->p == 0.0) return;
+  const DropoutCounters* c = raw_ptr(drop->counters);
+  const uint64_t key = dropout_head_key(drop->key, static_cast<uint64_t>(drop->head0 + h));
+  const uint32_t threshold = dropout_threshold(drop->p);
+  const double scale = 1.0 / (1.0 - drop->p);
+  for (int64_t i = 0; i < S; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      const bool keep = dropout_keep(key, static_cast<uint64_t>(c->iteration),
+                                     static_cast<uint64_t>(c->sample0 + b),
+                                     static_cast<uint64_t>(i), static_cast<uint64_t>(j), threshold);
+      M_SS[i * S + j] = keep ? scale : 0.0;
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
-                           const AttentionShape& s) {
+                           const AttentionShape& s, const AttentionDropout* drop) {
   check_attention_shape(s, "attention_ref");
+  check_attention_dropout(drop, "attention_ref");
   const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
-  std::vector<double> P_SS(S * S), lse_S(S);
+  std::vector<double> P_SS(S * S), M_SS(S * S), lse_S(S);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t g = h / (Hq / Hkv);
       probabilities_ref(P_SS, lse_S, q, k, s, b, h);
+      dropout_factors_ref(M_SS, drop, S, b, h);
+      for (int64_t i = 0; i < S * S; ++i) P_SS[i] *= M_SS[i];  // lse_S stays undropped
       for (int64_t i = 0; i < S; ++i) {
         lse[(b * Hq + h) * S + i] = static_cast<T>(lse_S[i]);
         T* o_i = out + ((i * B + b) * Hq + h) * D;
@@ -73,22 +96,27 @@ void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
   }
 }
 
-// Recomputes P from q and k and takes delta_i = sum_j P_ij dP_ij (== rowsum(dO * O)), so the
-// oracle depends on nothing the forward saved: `out` and `lse` are accepted for signature
-// parity with the fast path and deliberately unused.
+// Recomputes P from q and k and takes delta_i = sum_j P_ij (M o dP)_ij (== rowsum(dO * O)), so
+// the oracle depends on nothing the forward saved: `out` and `lse` are accepted for signature
+// parity with the fast path and deliberately unused. With dropout (M the factors above),
+// out = (P o M) V gives dV = (P o M)^T dO and, through the softmax,
+// dS = P o (M o dP - delta).
 template <typename T>
-void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                            const T* v, const T* out, const T* lse, const AttentionShape& s) {
+void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                            const T* out, const T* lse, const AttentionShape& s,
+                            const AttentionDropout* drop) {
   check_attention_shape(s, "attention_ref");
+  check_attention_dropout(drop, "attention_ref");
   const int64_t S = s.S, B = s.B, Hq = s.Hq, Hkv = s.Hkv, D = s.D;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  std::vector<double> P_SS(S * S), dP_SS(S * S), lse_S(S);
+  std::vector<double> P_SS(S * S), dP_SS(S * S), M_SS(S * S), lse_S(S);
   // GQA: dK/dV of a kv head sum over the query heads of its group; accumulate in double.
   std::vector<double> dk_acc(S * B * Hkv * D, 0.0), dv_acc(S * B * Hkv * D, 0.0);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t g = h / (Hq / Hkv);
       probabilities_ref(P_SS, lse_S, q, k, s, b, h);
+      dropout_factors_ref(M_SS, drop, S, b, h);
       // dP = dO V^T
       for (int64_t i = 0; i < S; ++i) {
         for (int64_t j = 0; j < S; ++j) {
@@ -97,10 +125,10 @@ void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
             acc += static_cast<double>(dout[((i * B + b) * Hq + h) * D + d]) *
                    static_cast<double>(v[((j * B + b) * Hkv + g) * D + d]);
           }
-          dP_SS[i * S + j] = acc;
+          dP_SS[i * S + j] = acc * M_SS[i * S + j];  // M o dP
         }
       }
-      // dS = P * (dP - delta), in place of dP
+      // dS = P * (M o dP - delta), in place of dP
       for (int64_t i = 0; i < S; ++i) {
         double delta = 0.0;
         for (int64_t j = 0; j < S; ++j) delta += P_SS[i * S + j] * dP_SS[i * S + j];
@@ -123,7 +151,8 @@ void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
           double acc_k = 0.0, acc_v = 0.0;
           for (int64_t i = 0; i < S; ++i) {
             acc_k += dP_SS[i * S + j] * static_cast<double>(q[((i * B + b) * Hq + h) * D + d]);
-            acc_v += P_SS[i * S + j] * static_cast<double>(dout[((i * B + b) * Hq + h) * D + d]);
+            acc_v += P_SS[i * S + j] * M_SS[i * S + j] *
+                     static_cast<double>(dout[((i * B + b) * Hq + h) * D + d]);
           }
           dk_acc[((j * B + b) * Hkv + g) * D + d] += scale * acc_k;
           dv_acc[((j * B + b) * Hkv + g) * D + d] += acc_v;
@@ -137,11 +166,12 @@ void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
   }
 }
 
-#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                   \
-  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,               \
-                                         const AttentionShape&);                             \
+#define MOECORE_INSTANTIATE_ATTENTION_REF(T)                                                  \
+  template void attention_forward_ref<T>(T*, T*, const T*, const T*, const T*,                \
+                                         const AttentionShape&, const AttentionDropout*);     \
   template void attention_backward_ref<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
-                                          const T*, const T*, const AttentionShape&);
+                                          const T*, const T*, const AttentionShape&,          \
+                                          const AttentionDropout*);
 MOECORE_INSTANTIATE_ATTENTION_REF(float)
 MOECORE_INSTANTIATE_ATTENTION_REF(double)
 #undef MOECORE_INSTANTIATE_ATTENTION_REF
