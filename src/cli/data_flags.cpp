@@ -20,6 +20,10 @@ void add_data_flags(CLI::App& app, TrainConfig& t) {
   app.add_option("--data-cache-path", d.data_cache_path,
                  "Directory for the cached document, sample and shuffle indices")
       ->group(kData);
+  app.add_flag("--eod-mask-loss", d.eod_mask_loss,
+               "No loss where the input token is the end-of-document token (Megatron's "
+               "loss mask); the synthetic language has none")
+      ->group(kData);
   app.add_flag("--mock-data", d.mock_data, "Megatron's mock GPT dataset instead of files")
       ->group(kData);
   app.add_option("--tokenizer-type", d.tokenizer.type,

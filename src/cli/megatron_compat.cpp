@@ -73,7 +73,9 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--use-cpu-initialization", N, "", "initialization is layout-independent anyway", ""},
       {"--no-create-attention-mask-in-dataloader", N, "", "masks are implicit (causal)", ""},
       {"--no-position-embedding", N, "",
-       "no learned position embedding with --position-embedding-type rope anyway", ""},
+       "deprecated in Megatron, whose Megatron-Core GPT model ignores it: use "
+       "--position-embedding-type none",
+       ""},
       {"--distributed-backend", N, "", "Open MPI on CPUs", ""},
       {"--dataloader-type", N, "", "samples are indexed deterministically", ""},
       {"--num-workers", N, "", "data is generated or read in-process", ""},
@@ -93,13 +95,8 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"group:profiling", N, "", "profiling only", ""},
       {"group:opentelemetry", N, "", "monitoring only", ""},
       // What moecore implements only in part: the values it implements are accepted.
-      {"--normalization", Y, "RMSNorm", "LayerNorm", ""},
-      {"--position-embedding-type", Y, "rope", "position embeddings other than RoPE", ""},
-      {"--swiglu", Y, "true", "the GeLU MLP (Megatron's MLP without --swiglu)", ""},
-      {"--disable-bias-linear", Y, "false",
-       "biases in linear layers (Megatron has them without --disable-bias-linear)", ""},
-      {"--attention-dropout", Y, "0", "dropout", ""},
-      {"--hidden-dropout", Y, "0", "dropout", ""},
+      {"--position-embedding-type", Y, "learned_absolute|rope|none",
+       "position embeddings other than learned_absolute, rope and none", ""},
       {"--rotary-percent", Y, "1", "partial rotary embeddings", ""},
       {"--rotary-seq-len-interpolation-factor", Y, "|1", "RoPE sequence-length interpolation", ""},
       {"--tensor-model-parallel-size", Y, "1", "tensor parallelism", ""},
@@ -179,6 +176,7 @@ static std::string shown(const std::string& v) { return v.empty() ? "None" : v; 
 std::vector<std::string> check_megatron_flags(
     const ParsedArgs& given, const std::function<bool(const MegatronFlag&)>& bound) {
   std::vector<std::string> notices;
+  std::vector<std::string> refused;
   for (const MegatronFlag& f : megatron_arguments().flags) {
     const bool is_bound = bound(f);
     const FlagClass cls = flag_class(f, is_bound);
@@ -208,15 +206,25 @@ std::vector<std::string> check_megatron_flags(
       fix = fmt::format("moecore implements {} {}", f.name(), list);
     }
     if (g != nullptr) {
-      MOE_FAIL("[flags] {}{}{}: {} is {}; {}", g->name, g->values.empty() ? "" : " ",
-               g->value_text() == "true" || g->value_text() == "false" ? "" : g->value_text(),
-               what, issue_text(r), fix);
+      refused.push_back(fmt::format(
+          "{}{}{}: {} is {}; {}", g->name, g->values.empty() ? "" : " ",
+          g->value_text() == "true" || g->value_text() == "false" ? "" : g->value_text(), what,
+          issue_text(r), fix));
+    } else if (f.action != ArgAction::Store) {
+      refused.push_back(
+          fmt::format("{} is absent: {} is {}; {}", f.name(), what, issue_text(r), fix));
+    } else {
+      refused.push_back(fmt::format("{} is absent, so Megatron's default {} applies: {} is {}; {}",
+                                    f.name(), shown(value), what, issue_text(r), fix));
     }
-    if (f.action != ArgAction::Store) {
-      MOE_FAIL("[flags] {} is absent: {} is {}; {}", f.name(), what, issue_text(r), fix);
-    }
-    MOE_FAIL("[flags] {} is absent, so Megatron's default {} applies: {} is {}; {}", f.name(),
-             shown(value), what, issue_text(r), fix);
+  }
+  // Every refusal in one error, so a pasted command line is fixed in one go.
+  if (refused.size() == 1) MOE_FAIL("[flags] {}", refused[0]);
+  if (!refused.empty()) {
+    std::string list;
+    for (const std::string& line : refused) list += "\n  " + line;
+    MOE_FAIL("[flags] {} flags ask for what moecore does not implement yet:{}", refused.size(),
+             list);
   }
   return notices;
 }

@@ -80,7 +80,25 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "RoPE table length (default seq-length)")
       ->group(kModel);
   app.add_option("--rotary-base", m.rotary_base, "RoPE theta")->group(kModel);
-  app.add_option("--norm-epsilon", m.norm_eps, "RMSNorm epsilon")->group(kModel);
+  app.add_option("--position-embedding-type", f.position_embedding_type,
+                 "learned_absolute (a learned [max positions, hidden] table added to the word "
+                 "embedding), rope, or none")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "none"}))
+      ->group(kModel);
+  app.add_option("--normalization", f.normalization, "LayerNorm (weight and bias) or RMSNorm")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+      ->group(kModel);
+  app.add_flag("--apply-layernorm-1p", f.apply_layernorm_1p,
+               "LayerNorm's weight stored as gamma - 1 (initialised to 0)")
+      ->group(kModel);
+  app.add_option("--norm-epsilon", m.norm_eps, "LayerNorm / RMSNorm epsilon")->group(kModel);
+  app.add_option("--hidden-dropout", m.hidden_dropout,
+                 "Dropout on the embeddings and on the attention and MLP outputs (training only; "
+                 "the same mask in every parallel layout)")
+      ->group(kModel);
+  app.add_option("--attention-dropout", m.attention_dropout,
+                 "Dropout on the attention probabilities (training only)")
+      ->group(kModel);
   app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
@@ -98,10 +116,13 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group(kModel);
   app.add_flag("--qk-layernorm", m.qk_layernorm, "RMSNorm of q and k over the head dim")
       ->group(kModel);
-  app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (the only MLP moecore implements)")
+  app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (default: the GeLU MLP)")->group(kModel);
+  app.add_flag("--openai-gelu", f.openai_gelu, "GeLU in its tanh form (GPT-2's gelu_new)")
       ->group(kModel);
+  app.add_flag("--squared-relu", f.squared_relu, "Squared ReLU MLPs")->group(kModel);
   app.add_flag("--disable-bias-linear", f.disable_bias_linear,
-               "No biases in linear layers (moecore has none)")
+               "No biases in linear layers (default: QKV, output projection, fc1, fc2 and the "
+               "experts' fc1 / fc2 have them)")
       ->group(kModel);
 
   const char* kMoe = "Mixture of experts";
@@ -223,6 +244,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--add-qkv-bias", &m.add_qkv_bias}, {"--qk-layernorm", &m.qk_layernorm},
       {"--add-attention-output-bias", &m.add_attention_output_bias},
       {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
+      {"--openai-gelu", &f.openai_gelu}, {"--squared-relu", &f.squared_relu},
+      {"--apply-layernorm-1p", &f.apply_layernorm_1p},
       {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},
@@ -250,6 +273,40 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
         o->get_default_str().empty()) {
       o->capture_default_str();
     }
+  }
+}
+
+// What the layers compute: activation, biases, normalization, positions, dropout (Megatron's
+// core_transformer_config_from_args and its validate_args checks).
+static void finalize_model_function_flags(TrainFlags& f) {
+  ModelConfig& m = f.model;
+  MOE_CHECK(!(f.squared_relu && f.swiglu),
+            "[flags] --squared-relu and --swiglu are both given: choose one activation");
+  MOE_CHECK(!(f.openai_gelu && (f.swiglu || f.squared_relu)),
+            "[flags] --openai-gelu is a GeLU: it cannot be combined with {}: choose one "
+            "activation",
+            f.swiglu ? "--swiglu" : "--squared-relu");
+  m.activation = f.swiglu         ? ops::Activation::SwiGLU
+                 : f.squared_relu ? ops::Activation::SquaredReLU
+                 : f.openai_gelu  ? ops::Activation::GeLUTanh
+                                  : ops::Activation::GeLU;
+  // --add-bias-linear (Megatron's default): QKV, output projection, fc1, fc2, experts.
+  const bool bias = !f.disable_bias_linear;
+  m.add_qkv_bias = m.add_qkv_bias || bias;
+  m.add_attention_output_bias = m.add_attention_output_bias || bias;
+  m.add_mlp_bias = bias;
+  m.normalization =
+      f.normalization == "RMSNorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
+  MOE_CHECK(!f.apply_layernorm_1p || m.normalization == Normalization::LayerNorm,
+            "[flags] --apply-layernorm-1p is LayerNorm's: remove it or use --normalization "
+            "LayerNorm");
+  m.layernorm_1p = f.apply_layernorm_1p;
+  m.position_embedding = f.position_embedding_type == "rope"   ? PositionEmbedding::Rope
+                         : f.position_embedding_type == "none" ? PositionEmbedding::None
+                                                               : PositionEmbedding::LearnedAbsolute;
+  for (auto [value, flag] : {std::pair{m.hidden_dropout, "--hidden-dropout"},
+                             std::pair{m.attention_dropout, "--attention-dropout"}}) {
+    MOE_CHECK(value >= 0 && value < 1, "[flags] {}={} must be in [0, 1)", flag, value);
   }
 }
 
@@ -288,7 +345,8 @@ void finalize_train_flags(TrainFlags& f) {
             m.max_position_embeddings, m.seq_length);
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
   // Megatron: without --ffn-hidden-size, 4 h (SwiGLU: 2/3 of that, rounded down to 64).
-  if (m.ffn_hidden == 0) m.ffn_hidden = (4 * m.hidden * 2 / 3) / 64 * 64;
+  if (m.ffn_hidden == 0) m.ffn_hidden = f.swiglu ? (4 * m.hidden * 2 / 3) / 64 * 64 : 4 * m.hidden;
+  finalize_model_function_flags(f);
   if (m.num_experts > 0 && m.moe.ffn_hidden == 0) m.moe.ffn_hidden = m.ffn_hidden;
   m.tie_embeddings = !f.untie_embeddings;
   m.bf16 = f.bf16;

@@ -37,8 +37,13 @@ struct TrainFlags {
   int64_t make_vocab_size_divisible_by = 128;
   bool untie_embeddings = false;
   bool group_query_attention = false;
-  bool swiglu = false;                      // must be given (GeLU is not implemented)
-  bool disable_bias_linear = false;         // must be given (biases are not implemented)
+  bool swiglu = false;                      // without it, Megatron's GeLU MLP
+  bool openai_gelu = false;                 // the tanh form of GeLU (GPT-2's)
+  bool squared_relu = false;
+  bool disable_bias_linear = false;         // without it, biases on every linear layer
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  bool apply_layernorm_1p = false;
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
   bool fp32 = true;                         // moecore's own: fp32 training (the default)
   bool bf16 = false;
   std::string moe_layer_freq = "1";

@@ -28,8 +28,13 @@ void SampleStream::fill_micro_batch(int64_t mb, int64_t micro, int64_t S, int32_
   const int64_t share = global_batch_ / dp_size_;
   MOE_CHECK((mb + 1) * micro <= share, "[data] micro-batch {} of {} samples beyond the share {}",
             mb, micro, share);
-  const int64_t first = consumed_ + dp_rank_ * share + mb * micro;
+  const int64_t first = consumed_ + first_sample(mb, micro);
   make_batch(*source_, ids_BS, targets_BS, micro, S, static_cast<uint64_t>(first), scratch_S1);
+  if (eod_mask_ >= 0) {
+    for (int64_t i = 0; i < micro * S; ++i) {
+      if (ids_BS[i] == eod_mask_) targets_BS[i] = -1;
+    }
+  }
 }
 
 }  // namespace moecore::data

@@ -22,6 +22,12 @@ class SampleStream {
   // batch: ids / targets [micro, S] from samples of S + 1 tokens; scratch holds S + 1 tokens.
   void fill_micro_batch(int64_t mb, int64_t micro, int64_t S, int32_t* ids_BS, int32_t* targets_BS,
                         int32_t* scratch_S1) const;
+  // The index within the current global batch of micro-batch mb's first sample.
+  int64_t first_sample(int64_t mb, int64_t micro) const {
+    return dp_rank_ * (global_batch_ / dp_size_) + mb * micro;
+  }
+  // --eod-mask-loss: targets at positions whose input token is `eod` are ignored (-1).
+  void set_eod_mask(int64_t eod) { eod_mask_ = eod; }
   // The global batch has been consumed.
   void advance() { consumed_ += global_batch_; }
   const TokenSource& source() const { return *source_; }
@@ -31,6 +37,7 @@ class SampleStream {
   int64_t global_batch_;
   int dp_size_, dp_rank_;
   int64_t consumed_ = 0;
+  int64_t eod_mask_ = -1;  // -1: no masking
 };
 
 }  // namespace moecore::data

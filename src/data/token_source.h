@@ -35,6 +35,9 @@ struct DataConfig {
   std::string split;            // --split ("": Megatron's legacy default "969, 30, 1")
   std::string data_cache_path;  // --data-cache-path ("": indices are rebuilt every run)
   bool mock_data = false;       // --mock-data
+  // --eod-mask-loss: no loss where the input token is the tokenizer's EOD (Megatron's
+  // loss_mask[tokens == eod] = 0: the prediction made at a document's end).
+  bool eod_mask_loss = false;
   TokenizerConfig tokenizer;    // --tokenizer-type, --vocab-size, --vocab-file, ...
   int64_t synthetic_vocab = 256;         // --vocab-size before padding (synthetic language)
   int64_t synthetic_branching = 4;       // successors per token of the synthetic language

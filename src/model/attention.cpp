@@ -23,6 +23,7 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
       Hkv_(cfg.num_query_groups),
       D_(cfg.head_dim()),
       rope_(rope),
+      rope_on_(cfg.position_embedding == PositionEmbedding::Rope),
       eps_(cfg.norm_eps),
       recompute_core_(cfg.recompute.modules().core_attn) {
   qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight",
@@ -147,10 +148,12 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   } else {
     ops::split_qkv(*ex_, saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
   }
-  ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
-  ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
+  if (rope_on_) {
+    ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
+    ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
+  }
   ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                         workspace_, nullptr);
+                         workspace_, drop_);
   linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->data_as<T>(), n, H_);
 }
@@ -161,14 +164,16 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (recompute_core_) {
     ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                           workspace_, nullptr);
+                           workspace_, drop_);
   }
   if (proj_bias_ != nullptr) ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy_TH, n, H_);
   linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
-                          saved_.core_out, saved_.lse, shape_, workspace_, nullptr);
-  ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
-  ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);
+                          saved_.core_out, saved_.lse, shape_, workspace_, drop_);
+  if (rope_on_) {
+    ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
+    ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);
+  }
   if (q_norm_ != nullptr) {
     // dq/dk now hold gradients w.r.t. the normed q/k; the core-attention buffers q/k are free
     // for the pre-norm gradients.

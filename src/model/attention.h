@@ -44,6 +44,9 @@ class SelfAttention {
   // allocate(), the block says so with input_rounded() when widened_bf16().
   bool widened_bf16() const { return bf16_ && qkv_->has_data16w; }
   void input_rounded() { x_rounded_ = widened_bf16(); }
+  // Dropout on the attention probabilities of the next forward, its recomputation and its
+  // backward (null: none). The caller owns *drop.
+  void set_dropout(const ops::AttentionDropout* drop) { drop_ = drop; }
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH);
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 
@@ -57,6 +60,8 @@ class SelfAttention {
 
   int64_t H_, Hq_, Hkv_, D_;
   const ops::RopeCache& rope_;
+  bool rope_on_;  // --position-embedding-type rope
+  const ops::AttentionDropout* drop_ = nullptr;
   Param* qkv_;                 // [(Hq + 2 Hkv) D, H]
   Param* qkv_bias_ = nullptr;  // [(Hq + 2 Hkv) D] with --add-qkv-bias
   Param* q_norm_ = nullptr;    // [D] with --qk-layernorm

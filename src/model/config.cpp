@@ -49,7 +49,18 @@ void ModelConfig::validate() const {
   MOE_CHECK(num_query_groups >= 1 && num_heads % num_query_groups == 0,
             "[model] --num-query-groups={} must divide --num-attention-heads={}",
             num_query_groups, num_heads);
-  MOE_CHECK(head_dim() % 2 == 0, "[model] head dim {} must be even for RoPE", head_dim());
+  MOE_CHECK(position_embedding != PositionEmbedding::Rope || head_dim() % 2 == 0,
+            "[model] head dim {} must be even for RoPE", head_dim());
+  MOE_CHECK(!qk_layernorm || normalization == Normalization::RMSNorm,
+            "[model] --qk-layernorm normalizes q and k with RMSNorm here; with --normalization "
+            "LayerNorm it is not implemented yet: remove --qk-layernorm or use --normalization "
+            "RMSNorm");
+  MOE_CHECK(!layernorm_1p || normalization == Normalization::LayerNorm,
+            "[model] --apply-layernorm-1p is LayerNorm's: use --normalization LayerNorm");
+  for (auto [p, flag] : {std::pair{hidden_dropout, "--hidden-dropout"},
+                         std::pair{attention_dropout, "--attention-dropout"}}) {
+    MOE_CHECK(p >= 0 && p < 1, "[model] {}={} must be in [0, 1)", flag, p);
+  }
   MOE_CHECK(max_positions() >= seq_length,
             "[model] --max-position-embeddings={} < --seq-length={}", max_positions(),
             seq_length);

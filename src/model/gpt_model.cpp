@@ -4,6 +4,9 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/rng.h"
+#include "ops/add.h"
+#include "ops/dropout.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/memory.h"
@@ -41,20 +44,29 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                       ParamKind::Dense,
                                       true,
                                       {}});
+  if (cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
+    pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
+                                            {cfg_.max_positions(), cfg_.hidden},
+                                            ParamInit::Normal,
+                                            cfg_.init_std,
+                                            ParamKind::Dense,
+                                            true,
+                                            {}});
+  }
+  emb_drop_key_ = rng_key(seed, "embedding.dropout");
   // Each block's parameters are the ones it registers: they form its backward stage.
   std::vector<size_t> block_first(cfg_.num_layers + 1);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     block_first[l] = params_.params().size();
-    blocks_.push_back(std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_));
+    blocks_.push_back(
+        std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_, seed));
   }
   block_first[cfg_.num_layers] = params_.params().size();
-  final_norm_ = &params_.add(ParamSpec{"decoder.final_layernorm.weight",
-                                       {cfg_.hidden},
-                                       ParamInit::Ones,
-                                       0.0,
-                                       ParamKind::Dense,
-                                       false,
-                                       {}});
+  final_norm_ = std::make_unique<nn::Norm<T>>(
+      nn::NormConfig{cfg_.normalization == Normalization::LayerNorm, cfg_.layernorm_1p,
+                     cfg_.norm_eps, cfg_.hidden},
+      params_, "decoder.final_layernorm");
+  const size_t final_norm_end = params_.params().size();
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   head_ = cfg_.tie_embeddings ? embedding_
                               : &params_.add(ParamSpec{"output_layer.weight",
@@ -67,7 +79,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
-  grad_stages_[0].push_back(final_norm_);
+  for (size_t i = block_first[cfg_.num_layers]; i < final_norm_end; ++i)
+    grad_stages_[0].push_back(&params_.params()[i]);  // the final norm's
   if (!cfg_.tie_embeddings) grad_stages_[0].push_back(head_);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     auto& stage = grad_stages_[cfg_.num_layers - l];
@@ -76,6 +89,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     }
   }
   grad_stages_.back().push_back(embedding_);
+  if (pos_embedding_ != nullptr) grad_stages_.back().push_back(pos_embedding_);
   size_t staged = 0;
   for (const auto& s : grad_stages_) staged += s.size();
   MOE_CHECK(staged == params_.params().size(),
@@ -89,6 +103,15 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   arena_.plan([this](Arena& a) { allocate(a); });
   params_.init(seed);
+  {
+    const ops::DropoutCounters zero{};
+    ops::copy<ops::DropoutCounters>(arena_.exec(), own_counters_, &zero, 1);
+  }
+  if (pos_T_ != nullptr) {  // token t = s * B + b sits at position s
+    std::vector<int32_t> pos(T_);
+    for (int64_t t = 0; t < T_; ++t) pos[t] = static_cast<int32_t>(t / B_);
+    ops::copy<int32_t>(arena_.exec(), pos_T_, pos.data(), T_);
+  }
   params_.refresh_bf16();
 }
 
@@ -117,7 +140,12 @@ void GPTModel<T>::allocate(Arena& a) {
   }
   for (auto& b : blocks_) b->allocate(a, S_, B_);
   final_n_ = a.alloc<T>(T_ * H, "model.final_norm");
-  final_rstd_ = a.alloc<T>(T_, "model.final_rstd");
+  final_norm_->allocate(a, T_, "model.final_rstd");
+  own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
+  if (pos_embedding_ != nullptr) {
+    pos_T_ = a.alloc<int32_t>(T_, "model.positions", MemKind::State);
+    pos_TH_ = a.alloc<T>(T_ * H, "model.position_rows", MemKind::Workspace);
+  }
   loss_T_ = a.alloc<T>(T_, "model.loss");
   lse_T_ = a.alloc<T>(T_, "model.lse");
   if (cfg_.bf16 && head_->has_data16w) {  // widened: f32 GEMMs on bf16 values
@@ -151,7 +179,18 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
   const int64_t H = cfg_.hidden;
   ops::embedding_forward(ex, stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
                          cfg_.vocab_size);
+  if (pos_embedding_ != nullptr) {
+    ops::embedding_forward(ex, pos_TH_, DevPtr<const int32_t>(pos_T_),
+                           pos_embedding_->data_as<T>(), T_, H, cfg_.max_positions());
+    ops::add(ex, stream_[0], DevPtr<const T>(stream_[0]), DevPtr<const T>(pos_TH_), T_ * H);
+  }
+  counters_ = io.dropout != nullptr ? io.dropout : DevPtr<const ops::DropoutCounters>(own_counters_);
+  // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
+  if (embedding_dropping())
+    ops::dropout_forward(ex, stream_[0], DevPtr<const T>(stream_[0]), cfg_.hidden_dropout,
+                         emb_drop_key_, counters_, S_, B_, H, 0);
   for (size_t l = 0; l < blocks_.size(); ++l) {
+    blocks_[l]->set_dropout_counters(counters_);
     blocks_[l]->forward(stream_[l + 1], stream_[l]);
     if (blocks_[l]->is_moe()) {  // in layer order: the report sums as the logs always did
       const moe::RouterReport r = blocks_[l]->moe()->router().report();
@@ -159,8 +198,7 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
                             r.dropped, r.tokens_per_expert_E, E);
     }
   }
-  ops::rmsnorm_forward(ex, final_n_, final_rstd_, stream_.back(), final_norm_->data_as<T>(), T_, H,
-                       cfg_.norm_eps);
+  final_norm_->forward(ex, final_n_, stream_.back(), T_);
 }
 
 template <typename T>
@@ -204,8 +242,7 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
                           head_->data_as<T>(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
                           cfg_.bf16 ? &head16_ : nullptr);
-  ops::rmsnorm_backward(arena_.exec(), dstream_, final_norm_->grad_as<T>(), dfinal_, stream_.back(),
-                        final_norm_->data_as<T>(), final_rstd_, T_, H);
+  final_norm_->backward(arena_.exec(), dstream_, dfinal_, stream_.back(), T_);
   stage_done(0);
   const RecomputeConfig& rc = cfg_.recompute;
   const int64_t L = cfg_.num_layers;
@@ -222,8 +259,14 @@ void GPTModel<T>::backward(double loss_grad_scale) {
     blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
     stage_done(static_cast<int>(L - l));
   }
+  if (embedding_dropping())
+    ops::dropout_backward(arena_.exec(), dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
+                          emb_drop_key_, counters_, S_, B_, H, 0);
   ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
                           cfg_.vocab_size);
+  if (pos_embedding_ != nullptr)
+    ops::embedding_backward(arena_.exec(), pos_embedding_->grad_as<T>(), dstream_,
+                            DevPtr<const int32_t>(pos_T_), T_, H, cfg_.max_positions());
   stage_done(static_cast<int>(blocks_.size()) + 1);
 }
 
@@ -238,9 +281,7 @@ void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
 template <typename T>
 void GPTModel<T>::set_training(bool training) {
   training_ = training;
-  for (const auto& b : blocks_) {
-    if (b->is_moe()) b->moe()->set_training(training);
-  }
+  for (const auto& b : blocks_) b->set_training(training);
 }
 
 template <typename T>

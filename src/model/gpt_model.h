@@ -12,6 +12,8 @@
 #include "nn/param_registry.h"
 #include "model/config.h"
 #include "model/transformer_block.h"
+#include "nn/norm.h"
+#include "ops/dropout.h"
 #include "ops/cross_entropy.h"
 #include "ops/rope.h"
 #include "ops/step_report.h"
@@ -54,6 +56,9 @@ struct MicroBatchIO {
   DevPtr<ops::MicroBatchReport> report = nullptr;
   // [E] summed over MoE layers (unused without them).
   DevPtr<int64_t> tokens_per_expert_E = nullptr;
+  // Where the micro-batch sits in the run (iteration, first sample in the global batch): the
+  // dropout masks' counters. Null: the model's own zeros (tests and tools; eval never drops).
+  DevPtr<const ops::DropoutCounters> dropout = nullptr;
 };
 
 template <typename T>
@@ -136,6 +141,7 @@ class GPTModel {
   // forward()'s path up to the final norm (final_n_): io's inputs to sequence-major, the
   // embedding, every block (the MoE layers' results summed into io's report slot).
   void forward_trunk(const MicroBatchIO& io);
+  bool embedding_dropping() const { return training_ && cfg_.hidden_dropout > 0; }
   void stage_done(int stage) {
     if (grad_ready_) grad_ready_(stage);
   }
@@ -147,8 +153,10 @@ class GPTModel {
   Arena arena_;
   ops::RopeCache rope_;
   Param* embedding_;
-  Param* final_norm_;
+  Param* pos_embedding_ = nullptr;  // [max positions, H] with learned_absolute
+  std::unique_ptr<nn::Norm<T>> final_norm_;
   Param* head_;
+  uint64_t emb_drop_key_;  // the embedding dropout's stream
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
@@ -162,7 +170,10 @@ class GPTModel {
   DevPtr<T> dloss_ = nullptr;      // d(loss) / d(each token's CE): loss_grad_scale / counted
   std::vector<DevPtr<T>> stream_;  // residual stream at each layer boundary, [L + 1] x [T, H]
   DevPtr<T> final_n_ = nullptr;
-  DevPtr<T> final_rstd_ = nullptr;
+  DevPtr<int32_t> pos_T_ = nullptr;  // each token's position s (t = s * B + b), filled once
+  DevPtr<T> pos_TH_ = nullptr;       // the position embedding rows (workspace)
+  DevPtr<ops::DropoutCounters> own_counters_ = nullptr;
+  DevPtr<const ops::DropoutCounters> counters_ = nullptr;  // the last forward's
   DevPtr<T> loss_T_ = nullptr;
   DevPtr<T> lse_T_ = nullptr;
   DevPtr<T> head_ws_ = nullptr;

@@ -2,36 +2,37 @@
 
 #include <type_traits>
 
+#include "core/rng.h"
 #include "ops/add.h"
-#include "ops/rmsnorm.h"
+#include "ops/memory.h"
 
 namespace moecore::model {
+
+namespace {
+nn::NormConfig norm_config(const ModelConfig& cfg) {
+  return nn::NormConfig{cfg.normalization == Normalization::LayerNorm, cfg.layernorm_1p,
+                        cfg.norm_eps, cfg.hidden};
+}
+}  // namespace
 
 template <typename T>
 TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                                       const ops::RopeCache& rope,
-                                      const parallel::ProcessGroups* groups)
+                                      const parallel::ProcessGroups* groups, uint64_t seed)
     : layer_(layer),
       H_(cfg.hidden),
-      eps_(cfg.norm_eps),
+      hidden_p_(cfg.hidden_dropout),
+      key_attn_out_(rng_key(seed, fmt::format("decoder.layers.{}.self_attention.output_dropout",
+                                              layer))),
+      key_ffn_out_(rng_key(seed, fmt::format("decoder.layers.{}.mlp.output_dropout", layer))),
       recompute_chunk_(cfg.recompute.chunk_of(layer)),
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
-      norm1_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.input_layernorm.weight", layer),
-                                   {cfg.hidden},
-                                   ParamInit::Ones,
-                                   0.0,
-                                   ParamKind::Dense,
-                                   false,
-                                   {}})),
-      norm2_(&params.add(ParamSpec{fmt::format("decoder.layers.{}.pre_mlp_layernorm.weight", layer),
-                                   {cfg.hidden},
-                                   ParamInit::Ones,
-                                   0.0,
-                                   ParamKind::Dense,
-                                   false,
-                                   {}})),
+      norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer)),
+      norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer)),
       attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
+  attn_drop_.p = cfg.attention_dropout;
+  attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
@@ -42,8 +43,16 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
 }
 
 template <typename T>
+void TransformerBlock<T>::set_training(bool training) {
+  training_ = training;
+  if (moe_) moe_->set_training(training);
+}
+
+template <typename T>
 void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   ex_ = &a.exec();
+  S_ = S;
+  B_ = B;
   n_tok_ = S * B;
   // Workspace shares the layer's member of "layer". Recomputed activations go there too, or,
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
@@ -69,61 +78,69 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
     n2_ = a.alloc<T>(n_tok_ * H_, "block.norm2");
   }
-  rstd1_ = a.alloc<T>(n_tok_, "block.rstd1");
+  norm1_.allocate(a, n_tok_, "block.rstd1");
   x1_ = a.alloc<T>(n_tok_ * H_, "block.x1");
-  rstd2_ = a.alloc<T>(n_tok_, "block.rstd2");
+  norm2_.allocate(a, n_tok_, "block.rstd2");
   branch_ = a.alloc<T>(n_tok_ * H_, "block.branch", MemKind::Workspace);
   dn_ = a.alloc<T>(n_tok_ * H_, "block.dnorm", MemKind::Workspace);
   dx1_ = a.alloc<T>(n_tok_ * H_, "block.dx1", MemKind::Workspace);
 }
 
 template <typename T>
-void TransformerBlock<T>::norm(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x, const Param& w,
-                               bool round) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (round)
-      return ops::rmsnorm_forward_bf16w(*ex_, y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
-  }
-  ops::rmsnorm_forward(*ex_, y, rstd, x, w.data_as<T>(), n_tok_, H_, eps_);
+void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
+                                       DevPtr<const T> branch, uint64_t key) {
+  if (!dropping()) return ops::add(*ex_, y, residual, branch, n_tok_ * H_);
+  ops::dropout_add_forward(*ex_, y, residual, branch, hidden_p_, key, counters_, S_, B_, H_, 0);
+}
+
+template <typename T>
+void TransformerBlock<T>::residual_grad(DevPtr<T> dbranch, DevPtr<const T> dy, uint64_t key) {
+  if (!dropping()) return ops::copy<T>(*ex_, dbranch, dy, n_tok_ * H_);
+  ops::dropout_backward(*ex_, dbranch, dy, hidden_p_, key, counters_, S_, B_, H_, 0);
 }
 
 template <typename T>
 void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute) {
-  const int64_t n = n_tok_ * H_;
   x_TH_ = x_TH;
-  norm(n1_, rstd1_, x_TH, *norm1_, round_n1_);
+  attn_.set_dropout(training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr);
+  attn_drop_.counters = counters_;
+  norm1_.forward(*ex_, n1_, x_TH, n_tok_, round_n1_);
   attn_.forward(branch_, n1_);
-  ops::add(*ex_, x1_, x_TH, branch_, n);
-  norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
+  residual_add(x1_, x_TH, branch_, key_attn_out_);
+  norm2_.forward(*ex_, n2_, x1_, n_tok_, round_n2_);
   if (moe_)
     moe_->forward(branch_, n2_, n_tok_, recompute);
   else
     mlp_->forward(branch_, n2_, n_tok_);
-  ops::add(*ex_, y_TH, x1_, branch_, n);
+  residual_add(y_TH, x1_, branch_, key_ffn_out_);
 }
 
 template <typename T>
 void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
   const int64_t n = n_tok_ * H_;
   // "layernorm" recomputation: the FFN reads its input n2 in its backward.
-  if (recompute_norms_) {
-    norm(n2_, rstd2_, x1_, *norm2_, round_n2_);
+  if (recompute_norms_) norm2_.forward(*ex_, n2_, x1_, n_tok_, round_n2_);
+  // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
+  DevPtr<const T> dffn = dy_TH;
+  if (dropping()) {
+    residual_grad(dx1_, dy_TH, key_ffn_out_);
+    dffn = dx1_;
   }
-  // FFN branch: dx1 = dy + norm2'(ffn'(dy)).
   if (moe_)
-    moe_->backward(dn_, dy_TH, loss_grad_scale);
+    moe_->backward(dn_, dffn, loss_grad_scale);
   else
-    mlp_->backward(dn_, dy_TH);
-  ops::rmsnorm_backward(*ex_, branch_, norm2_->grad_as<T>(), dn_, x1_, norm2_->data_as<T>(), rstd2_,
-                        n_tok_, H_);
+    mlp_->backward(dn_, dffn);
+  norm2_.backward(*ex_, branch_, dn_, x1_, n_tok_);
   ops::add(*ex_, dx1_, dy_TH, branch_, n);
-  // Attention branch: dx = dx1 + norm1'(attn'(dx1)).
-  if (recompute_norms_) {
-    norm(n1_, rstd1_, x_TH_, *norm1_, round_n1_);
+  // Attention branch: dx = dx1 + norm1'(attn'(dropout'(dx1))).
+  if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_tok_, round_n1_);
+  DevPtr<const T> dattn = dx1_;
+  if (dropping()) {
+    residual_grad(branch_, dx1_, key_attn_out_);
+    dattn = branch_;
   }
-  attn_.backward(dn_, dx1_);
-  ops::rmsnorm_backward(*ex_, branch_, norm1_->grad_as<T>(), dn_, x_TH_, norm1_->data_as<T>(),
-                        rstd1_, n_tok_, H_);
+  attn_.backward(dn_, dattn);
+  norm1_.backward(*ex_, branch_, dn_, x_TH_, n_tok_);
   ops::add(*ex_, dx_TH, dx1_, branch_, n);
 }
 

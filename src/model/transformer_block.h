@@ -1,5 +1,7 @@
-// A pre-norm transformer block: x1 = x + attn(norm1(x)); y = x1 + ffn(norm2(x1)), where the FFN
-// is a MoE layer or a dense SwiGLU MLP (--moe-layer-freq decides per layer).
+// A pre-norm transformer block: x1 = x + dropout(attn(norm1(x))); y = x1 + dropout(ffn(norm2(x1))),
+// where the FFN is a MoE layer or a dense MLP (--moe-layer-freq decides per layer), the norms
+// RMSNorm or LayerNorm, and the hidden dropout (training forwards only) a pure function of the
+// micro-batch's counters and each element's global indices (ops/dropout.h).
 // Legend: T tokens, H hidden.
 #pragma once
 
@@ -9,7 +11,9 @@
 #include "model/attention.h"
 #include "model/config.h"
 #include "moe/moe_layer.h"
+#include "nn/norm.h"
 #include "nn/swiglu_mlp.h"
+#include "ops/dropout.h"
 
 namespace moecore::model {
 
@@ -17,8 +21,10 @@ template <typename T>
 class TransformerBlock {
  public:
   // groups: null = one rank; the MoE layer takes its EP group from it.
+  // seed: the dropout streams' (--seed).
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
-                   const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr);
+                   const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr,
+                   uint64_t seed = 0);
   // The layer's workspace and recomputed activations go to member `layer` of the arena's
   // "layer" overlay: they are live only while this layer runs. Under full recomputation its
   // activations go to the "recompute" overlay's member of its chunk instead of being kept.
@@ -28,33 +34,42 @@ class TransformerBlock {
   // dx assigned (dx may alias dy: the residual stream gradient is updated in place).
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale);
 
+  // The micro-batch's dropout counters, read by the next forward (and its recomputation and
+  // backward); training off: no dropout.
+  void set_dropout_counters(DevPtr<const ops::DropoutCounters> c) { counters_ = c; }
+  void set_training(bool training);
+
   bool is_moe() const { return moe_ != nullptr; }
   const moe::MoELayer<T>* moe() const { return moe_.get(); }
   moe::MoELayer<T>* moe() { return moe_.get(); }
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  // y = RMSNorm(x) w, as bf16 values when `round` (widened bf16, see allocate()).
-  void norm(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x, const Param& w, bool round);
+  // y = residual + dropout(branch) (the plain sum without dropout); its backward dbranch.
+  void residual_add(DevPtr<T> y, DevPtr<const T> residual, DevPtr<const T> branch, uint64_t key);
+  void residual_grad(DevPtr<T> dbranch, DevPtr<const T> dy, uint64_t key);
+  bool dropping() const { return training_ && hidden_p_ > 0; }
 
-  int64_t layer_, H_, n_tok_ = 0;
-  double eps_;
+  int64_t layer_, H_, S_ = 0, B_ = 0, n_tok_ = 0;
+  double hidden_p_;
+  uint64_t key_attn_out_, key_ffn_out_;  // the two hidden-dropout sites' streams
+  ops::AttentionDropout attn_drop_;
+  DevPtr<const ops::DropoutCounters> counters_ = nullptr;
+  bool training_ = true;
   int64_t recompute_chunk_;  // full recomputation: this layer's chunk (-1: kept)
   bool recompute_norms_;     // selective "layernorm": n1 and n2 recomputed in the backward
   bool recompute_mlp_;       // selective "mlp": a dense FFN recomputes fc1 and activation
   bool round_n1_ = false;    // n1 / n2 written as bf16 values (they feed only bf16 GEMMs)
   bool round_n2_ = false;
-  Param* norm1_;
-  Param* norm2_;
+  nn::Norm<T> norm1_;
+  nn::Norm<T> norm2_;
   SelfAttention<T> attn_;
   std::unique_ptr<moe::MoELayer<T>> moe_;
   std::unique_ptr<nn::MLP<T>> mlp_;
   DevPtr<const T> x_TH_ = nullptr;
   DevPtr<T> n1_ = nullptr;
-  DevPtr<T> rstd1_ = nullptr;
   DevPtr<T> x1_ = nullptr;
   DevPtr<T> n2_ = nullptr;
-  DevPtr<T> rstd2_ = nullptr;
   DevPtr<T> branch_ = nullptr;  // attention / FFN output, then gradients
   DevPtr<T> dn_ = nullptr;
   DevPtr<T> dx1_ = nullptr;

@@ -37,12 +37,14 @@ void StepBuffers::layout(Arena& a, S& s) const {
   alloc_slot(a, s.targets, n_micro_ * tokens_, "step.targets", MemKind::Activations);
   alloc_slot(a, s.report, n_micro_, "step.report", MemKind::State);
   alloc_slot(a, s.tokens_E, n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
+  alloc_slot(a, s.dropout, n_micro_, "step.dropout_counters", MemKind::State);
 }
 
 void StepBuffers::upload() {
   const Exec& ex = dev_arena_.exec();
   ops::copy<int32_t>(ex, dev_.ids, host_.ids, n_micro_ * tokens_);
   ops::copy<int32_t>(ex, dev_.targets, host_.targets, n_micro_ * tokens_);
+  ops::copy<ops::DropoutCounters>(ex, dev_.dropout, host_.dropout, n_micro_);
 }
 
 void StepBuffers::download() {
@@ -55,7 +57,7 @@ void StepBuffers::download() {
 model::MicroBatchIO StepBuffers::io(int64_t mb) const {
   MOE_CHECK(mb >= 0 && mb < n_micro_, "[train] micro-batch {} of {}", mb, n_micro_);
   return model::MicroBatchIO{dev_.ids + mb * tokens_, dev_.targets + mb * tokens_,
-                             dev_.report + mb, dev_.tokens_E + mb * E_};
+                             dev_.report + mb, dev_.tokens_E + mb * E_, dev_.dropout + mb};
 }
 
 }  // namespace moecore::train

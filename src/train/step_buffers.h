@@ -12,6 +12,7 @@
 
 #include "core/arena.h"
 #include "model/gpt_model.h"
+#include "ops/dropout.h"
 #include "ops/step_report.h"
 
 namespace moecore::train {
@@ -26,6 +27,8 @@ class StepBuffers {
   // before the step.
   int32_t* ids(int64_t mb) { return host_.ids + mb * tokens_; }
   int32_t* targets(int64_t mb) { return host_.targets + mb * tokens_; }
+  // Micro-batch mb's dropout counters (its iteration and first sample in the global batch).
+  ops::DropoutCounters& dropout(int64_t mb) { return host_.dropout[mb]; }
   // The staged inputs of every micro-batch to the device buffers the forwards read.
   void upload();
   // What the model's forward of micro-batch mb reads and writes (device buffers).
@@ -44,6 +47,7 @@ class StepBuffers {
     P<int32_t> targets = nullptr;               // [n_micro, tokens]
     P<ops::MicroBatchReport> report = nullptr;  // [n_micro]
     P<int64_t> tokens_E = nullptr;              // [n_micro, max(E, 1)]
+    P<ops::DropoutCounters> dropout = nullptr;  // [n_micro]
   };
   template <typename T>
   using HostPtr = T*;

@@ -115,16 +115,19 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
                                         static_cast<uint32_t>(cfg_.seed), samples,
                                         tok->vocab_size(),
                                         cfg_.data.mock_data ? tok->eod() : -1);
+      if (cfg_.data.eod_mask_loss) eod_mask_ = tok->eod();
     }
   }
   data_ = splits_.train();
   MOE_CHECK(data_ != nullptr, "[train] --split '{}' leaves no training data",
             cfg_.data.split);
   train_stream_ = std::make_unique<data::SampleStream>(data_, cfg_.global_batch, dp_size_, dp_rank_);
+  train_stream_->set_eod_mask(eod_mask_);
   for (int s = 1; s < data::kNumSplits; ++s) {
     if (splits_.split[s]) {
       eval_streams_[s] = std::make_unique<data::SampleStream>(splits_.split[s].get(),
                                                               cfg_.global_batch, dp_size_, dp_rank_);
+      eval_streams_[s]->set_eod_mask(eod_mask_);
     }
   }
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
@@ -193,8 +196,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   scratch_.resize(S + 1);
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
-  mb_values_.resize(n_micro_ * 3);
-  all_values_.resize(n_micro_ * dp_size_ * 3);
+  mb_values_.resize(n_micro_ * kMbValues);
+  all_values_.resize(n_micro_ * dp_size_ * kMbValues);
 }
 
 // What sharing the per-layer buffers across layers saves by itself: the overlays' saving less
@@ -211,6 +214,8 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
     for (int64_t mb = 0; mb < n_micro_; ++mb) {
       stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
                               step_->targets(mb), scratch_.data());
+      // The dropout masks follow the sample's place in the global batch, not this rank's.
+      step_->dropout(mb) = ops::DropoutCounters{iteration_, stream.first_sample(mb, cfg_.micro_batch)};
     }
   }
   step_->upload();  // an op on the stream: part of the step
@@ -275,9 +280,10 @@ StepMetrics BasicTrainer<T>::train_step() {
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
     const ops::MicroBatchReport& r = step_->report(mb);
     moe_layers = r.moe_layers;
-    mb_values_[mb * 3] = model::GPTModel<T>::mean_loss(r);
-    mb_values_[mb * 3 + 1] = moe_layers > 0 ? r.aux_value / moe_layers : 0.0;
-    mb_values_[mb * 3 + 2] = moe_layers > 0 ? r.z_value / moe_layers : 0.0;
+    mb_values_[mb * kMbValues] = r.lm_loss_sum;
+    mb_values_[mb * kMbValues + 1] = static_cast<double>(r.counted);
+    mb_values_[mb * kMbValues + 2] = moe_layers > 0 ? r.aux_value / moe_layers : 0.0;
+    mb_values_[mb * kMbValues + 3] = moe_layers > 0 ? r.z_value / moe_layers : 0.0;
     if (moe_layers > 0) {
       m.dropped_tokens += r.dropped;
       const int64_t* tokens = step_->tokens_per_expert(mb);
@@ -296,13 +302,19 @@ StepMetrics BasicTrainer<T>::train_step() {
   } else {
     all_values_ = mb_values_;
   }
+  // Megatron reports the lm loss over the global batch's counted tokens (the gradients use
+  // each micro-batch's own mean): the two agree unless --eod-mask-loss leaves micro-batches
+  // with different counts.
+  double loss_sum = 0, counted = 0;
   for (int64_t mb = 0; mb < n_global; ++mb) {
-    m.lm_loss += all_values_[mb * 3] / n_global;
+    loss_sum += all_values_[mb * kMbValues];
+    counted += all_values_[mb * kMbValues + 1];
     if (moe_layers > 0) {
-      m.aux_loss += all_values_[mb * 3 + 1] / n_global;
-      m.z_loss += all_values_[mb * 3 + 2] / n_global;
+      m.aux_loss += all_values_[mb * kMbValues + 2] / n_global;
+      m.z_loss += all_values_[mb * kMbValues + 3] / n_global;
     }
   }
+  m.lm_loss = counted > 0 ? loss_sum / counted : 0.0;
   if (moe_layers > 0) {
     const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
@@ -598,28 +610,32 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   r.iteration = iteration_;
   r.split = data::split_name(split);
   model_->set_training(false);
-  double sum = 0;
+  double sum = 0, counted = 0;
   for (int64_t it = 0; it < cfg_.eval_iters; ++it) {
     fill_inputs(*stream);
     for (int64_t mb = 0; mb < n_micro_; ++mb) model_->forward(step_->io(mb));
     step_->download();
     for (int64_t mb = 0; mb < n_micro_; ++mb) {  // the report, after the iteration's forwards
-      mb_values_[mb * 3] = model::GPTModel<T>::mean_loss(step_->report(mb));
-      mb_values_[mb * 3 + 1] = mb_values_[mb * 3 + 2] = 0;
+      mb_values_[mb * kMbValues] = step_->report(mb).lm_loss_sum;
+      mb_values_[mb * kMbValues + 1] = static_cast<double>(step_->report(mb).counted);
+      mb_values_[mb * kMbValues + 2] = mb_values_[mb * kMbValues + 3] = 0;
     }
     if (dp_size_ > 1) {
       groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
     } else {
       all_values_ = mb_values_;
     }
-    // Every micro-batch has the same number of tokens: the token mean is the mean of means,
-    // summed in global order (the same arithmetic at any data-parallel size).
-    for (int64_t mb = 0; mb < n_global; ++mb) sum += all_values_[mb * 3] / n_global;
+    // The token mean over every evaluated micro-batch, as Megatron's evaluate(), summed in
+    // global order (the same arithmetic at any data-parallel size).
+    for (int64_t mb = 0; mb < n_global; ++mb) {
+      sum += all_values_[mb * kMbValues];
+      counted += all_values_[mb * kMbValues + 1];
+    }
     stream->advance();
     r.samples += cfg_.global_batch;
   }
   model_->set_training(true);
-  r.lm_loss = sum / static_cast<double>(cfg_.eval_iters);
+  r.lm_loss = counted > 0 ? sum / counted : 0.0;
   r.ppl = std::exp(std::min(20.0, r.lm_loss));
   evals_.push_back(r);
   return r;

@@ -168,7 +168,9 @@ class BasicTrainer {
   // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
   // iteration) from `stream`.
   void fill_inputs(data::SampleStream& stream);
-  std::vector<double> mb_values_;   // [n_micro, 3]: lm loss, aux, z of this rank's micro-batches
+  static constexpr int64_t kMbValues = 4;
+  std::vector<double> mb_values_;   // [n_micro, 4]: lm loss sum, counted tokens, aux, z
+  int64_t eod_mask_ = -1;           // --eod-mask-loss: the tokenizer's EOD (-1: no masking)
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;
   bool stopped_early_ = false;

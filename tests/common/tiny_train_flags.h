@@ -13,6 +13,10 @@ inline TrainFlags tiny_train_flags() {
   f.vocab_size = 256;
   f.swiglu = true;
   f.disable_bias_linear = true;
+  f.normalization = "RMSNorm";
+  f.position_embedding_type = "rope";
+  m.hidden_dropout = 0;
+  m.attention_dropout = 0;
   m.hidden = 64;
   m.num_layers = 2;
   m.num_heads = 4;

@@ -1279,7 +1279,7 @@ TEST(HfConvert, Gpt2ImportExportRoundTripIsBytewise) {
   }
   EXPECT_EQ(man.find("output_layer.weight"), nullptr);  // tied
   const cli::TrainFlags f =
-      convert::parse_model_flags(train::config_file_args(r.flags_file.string()));
+      convert::parse_model_flags(cli::config_file_args(r.flags_file.string()));
   EXPECT_EQ(f.model.normalization, Normalization::LayerNorm);
   EXPECT_EQ(f.model.position_embedding, PositionEmbedding::LearnedAbsolute);
   EXPECT_EQ(f.model.activation, ops::Activation::GeLUTanh);
