@@ -1,5 +1,5 @@
 // A pre-norm transformer block: x1 = x + attn(norm1(x)); y = x1 + ffn(norm2(x1)), where the FFN
-// is a MoE layer or a dense SwiGLU MLP (--moe-layer-freq decides per layer).
+// is a MoE layer or a dense MLP (--moe-layer-freq decides per layer).
 // Legend: T tokens, H hidden.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include "model/attention.h"
 #include "model/config.h"
 #include "moe/moe_layer.h"
-#include "nn/swiglu_mlp.h"
+#include "nn/mlp.h"
 
 namespace moecore::model {
 
