@@ -305,12 +305,15 @@ TEST(GPTModel, FiniteDifferencesGeluWithMlpBiases) {
   }
 }
 
-// A tiny f32 GeLU model with MLP biases learns: plain SGD steps on one batch lower its loss,
-// and the biases move away from zero.
+// A tiny f32 GeLU model with MLP biases learns: plain SGD steps (lr 0.1) on one batch lower its
+// loss, and the biases move away from zero. Without aux and z losses the gradient is the
+// reported loss's.
 TEST(GPTModel, GeluWithMlpBiasesLossFallsUnderSgd) {
   ModelConfig cfg = tiny_config();
   cfg.activation = ops::Activation::GeLU;
   cfg.add_mlp_bias = true;
+  cfg.moe.router.aux_loss_coeff = 0;
+  cfg.moe.router.z_loss_coeff = 0;
   cfg.hidden = 16;
   cfg.init_std = 0.1;
   const int64_t B = 4;
@@ -318,20 +321,20 @@ TEST(GPTModel, GeluWithMlpBiasesLossFallsUnderSgd) {
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 11);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 12);
   std::vector<double> losses;
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < 8; ++step) {
     losses.push_back(model.forward(ids.data(), targets.data()));
     model.params().zero_grads();
     model.backward(1.0);
     for (Param& p : model.params().params()) {
       float* w = host(p.data_as<float>());
       const float* g = host(p.grad_as<float>());
-      for (int64_t i = 0; i < p.local_numel(); ++i) w[i] -= 0.5f * g[i];
+      for (int64_t i = 0; i < p.local_numel(); ++i) w[i] -= 0.1f * g[i];
     }
   }
-  for (size_t i = 1; i < losses.size(); ++i) {
-    EXPECT_LT(losses[i], losses[i - 1]) << "step " << i;
-  }
-  EXPECT_LT(losses.back(), 0.9 * losses.front());
+  // Routing choices may flip between steps (the loss is only piecewise smooth in the weights),
+  // so no step-by-step monotonicity: every step below the start, the last well below it.
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[0]) << "step " << i;
+  EXPECT_LT(losses.back(), 0.8 * losses.front());
   const Param& b = model.params().get("decoder.layers.1.mlp.linear_fc2.bias");
   double norm = 0;
   for (int64_t i = 0; i < b.local_numel(); ++i) norm += std::abs(host(b.data_as<float>())[i]);
@@ -506,6 +509,7 @@ void expect_bf16_tracks_f32(ModelConfig cfg) {
     for (int64_t i = 0; i < p.local_numel(); ++i)
       host(p.data_as<float>())[i] = host(q.data_as<float>())[i] = 0.1f * std::sin(float(i));
   }
+  m16.params().refresh_bf16();  // the copies follow their masters (the check below)
   auto ids = random_ids(3 * cfg.seq_length, cfg.vocab_size, 6);
   auto targets = random_ids(3 * cfg.seq_length, cfg.vocab_size, 7);
   double l32 = m32.forward(ids.data(), targets.data());

@@ -386,15 +386,22 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     ScoreFunction score;
     uint32_t seed;
     bool gate = false;  // --moe-shared-expert-gate
+    bool gelu_bias = false;  // GeLU with MLP biases (pad rows: p = 0 keeps p b2 out of them)
   };
   for (Case c :
        {Case{"probs", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31},
         Case{"probs_pad", TokenDropPolicy::Probs, true, 0, ScoreFunction::Softmax, 31},
         Case{"position", TokenDropPolicy::Position, false, 0, ScoreFunction::Sigmoid, 31},
         Case{"position_pad", TokenDropPolicy::Position, true, 3, ScoreFunction::Softmax, 31},
-        Case{"probs_gate", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31, true}}) {
+        Case{"probs_gate", TokenDropPolicy::Probs, false, 3, ScoreFunction::Softmax, 31, true},
+        Case{"probs_pad_gelu_bias", TokenDropPolicy::Probs, true, 3, ScoreFunction::Softmax, 31,
+             false, true}}) {
     SCOPED_TRACE(c.name);
     MoeLayerConfig cfg = tiny_moe_config(4, 2, c.shared, c.score, c.gate);
+    if (c.gelu_bias) {
+      cfg.activation = ops::Activation::GeLU;
+      cfg.add_mlp_bias = true;
+    }
     cfg.moe.router.capacity_factor = 1.0;  // capacity = ceil(8 * 2 / 4 * 1.0) = 4
     cfg.moe.router.drop_policy = c.policy;
     cfg.moe.router.pad_to_capacity = c.pad;
@@ -403,6 +410,11 @@ TEST(MoELayer, FiniteDifferencesWithCapacityDroppingAndPadding) {
     MoELayer<double> layer(cfg, params, "mlp");
     Arena arena;
     testing::plan_layer(arena, params, 17, [&](Arena& a) { layer.allocate(a, n_tok); });
+    int n_bias = 0;
+    for (const Param& prm : params.params()) {
+      if (prm.name().ends_with(".bias")) randomize(prm, 60 + n_bias++);
+    }
+    EXPECT_EQ(n_bias, c.gelu_bias ? 4 : 0);
     auto x = random_vec<double>(n_tok * H, c.seed, 0.0, 1.0);
     auto R = random_vec<double>(n_tok * H, c.seed + 1);
     std::vector<double> y(n_tok * H), dx(n_tok * H);

@@ -171,7 +171,9 @@ TEST(GroupedBias, FastMatchesRefAndIsThreadInvariant) {
         EXPECT_EQ(by_threads[0][0][n * C], y0[n * C]) << "row past the groups written";
         EXPECT_EQ(by_threads[0][2][n], dp0[n]) << "dp past the groups written";
       }
-      if (!with_p) EXPECT_EQ(by_threads[0][2], dp0) << "dp written without p";
+      if (!with_p) {
+        EXPECT_EQ(by_threads[0][2], dp0) << "dp written without p";
+      }
     }
   }
 }
