@@ -170,6 +170,49 @@ TEST(MLP, FiniteDifferences) {
   }
 }
 
+// Recomputing fc1 (with its bias) and the activation in the backward gives bitwise the kept
+// forward's gradients, for GeLU with biases: f32, and --bf16 on the native and widened paths.
+TEST(MLP, RecomputationIsBitwiseWithGeluAndBiases) {
+  const int64_t n = 7, H = 16, F = 24;
+  auto x = random_vec<float>(n * H, 15);
+  auto dy = random_vec<float>(n * H, 16);
+  struct Run {
+    std::vector<float> y, dx;
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [&](bool bf16, bool widened, bool recompute) {
+    ParamRegistry params(DType::F32);
+    if (bf16) params.enable_bf16_copies(widened);
+    nn::MLP<float> mlp(H, F, ops::Activation::GeLU, true, 0.3, 0.2, params, "mlp");
+    Arena arena;
+    testing::plan_layer(arena, params, 8, [&](Arena& a) { mlp.allocate(a, n, recompute); });
+    for (const char* name : {"mlp.linear_fc1.bias", "mlp.linear_fc2.bias"}) {
+      Param& b = params.get(name);
+      for (int64_t i = 0; i < b.local_numel(); ++i)
+        host(b.data_as<float>())[i] = 0.2f * std::cos(float(i));
+    }
+    params.refresh_bf16();
+    EXPECT_EQ(mlp.widened_bf16(), bf16 && widened);
+    Run r{std::vector<float>(n * H), std::vector<float>(n * H), {}};
+    mlp.forward(r.y.data(), x.data(), n);
+    params.zero_grads();
+    mlp.backward(r.dx.data(), dy.data());
+    for (const Param& p : params.params()) {
+      const float* g = host(p.grad_as<float>());
+      r.grads.emplace_back(g, g + p.local_numel());
+    }
+    return r;
+  };
+  for (auto [bf16, widened] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "bf16=" << bf16 << " widened=" << widened);
+    const Run kept = run(bf16, widened, false), again = run(bf16, widened, true);
+    EXPECT_EQ(kept.y, again.y);
+    EXPECT_EQ(kept.dx, again.dx);
+    ASSERT_EQ(kept.grads.size(), 4u);
+    for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(kept.grads[i], again.grads[i]) << i;
+  }
+}
+
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
   ModelConfig cfg = tiny_config();
   const int64_t S = 4, B = 2, n = S * B, H = cfg.hidden;
