@@ -14,16 +14,36 @@ GroupedExperts<T>::GroupedExperts(int64_t num_experts, int64_t first_expert, int
             first_expert + num_local, num_experts);
   const int64_t H = sh.H, F = sh.F, F1 = sh.F1();
   ParamSlice slice{0, first_expert, num_local};
-  fc1_ = &params.add(ParamSpec{prefix + ".experts.linear_fc1.weight", {num_experts, F1, H},
-                               ParamInit::Normal, init_std, ParamKind::Expert, true, slice});
-  fc2_ = &params.add(ParamSpec{prefix + ".experts.linear_fc2.weight", {num_experts, H, F},
-                               ParamInit::Normal, out_init_std, ParamKind::Expert, true, slice});
+  fc1_ = &params.add(ParamSpec{prefix + ".experts.linear_fc1.weight",
+                               {num_experts, F1, H},
+                               ParamInit::Normal,
+                               init_std,
+                               ParamKind::Expert,
+                               true,
+                               slice});
+  fc2_ = &params.add(ParamSpec{prefix + ".experts.linear_fc2.weight",
+                               {num_experts, H, F},
+                               ParamInit::Normal,
+                               out_init_std,
+                               ParamKind::Expert,
+                               true,
+                               slice});
   if (sh.bias) {
     // Megatron: zeros, no weight decay; sliced over EP like the weights.
-    fc1_bias_ = &params.add(ParamSpec{prefix + ".experts.linear_fc1.bias", {num_experts, F1},
-                                      ParamInit::Zeros, 0.0, ParamKind::Expert, false, slice});
-    fc2_bias_ = &params.add(ParamSpec{prefix + ".experts.linear_fc2.bias", {num_experts, H},
-                                      ParamInit::Zeros, 0.0, ParamKind::Expert, false, slice});
+    fc1_bias_ = &params.add(ParamSpec{prefix + ".experts.linear_fc1.bias",
+                                      {num_experts, F1},
+                                      ParamInit::Zeros,
+                                      0.0,
+                                      ParamKind::Expert,
+                                      false,
+                                      slice});
+    fc2_bias_ = &params.add(ParamSpec{prefix + ".experts.linear_fc2.bias",
+                                      {num_experts, H},
+                                      ParamInit::Zeros,
+                                      0.0,
+                                      ParamKind::Expert,
+                                      false,
+                                      slice});
   }
 }
 
@@ -36,8 +56,7 @@ void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, nn::MlpRecompute re
 
 template <typename T>
 void GroupedExperts<T>::output_grad_rounded() {
-  MOE_CHECK(!sh_.bias,
-            "[experts] with biases dy must arrive in f32 (fc2's bias gradient sums it)");
+  MOE_CHECK(!sh_.bias, "[experts] with biases dy must arrive in f32 (fc2's bias gradient sums it)");
   saved_.dy_rounded = saved_.widened;
 }
 

@@ -19,7 +19,9 @@ namespace moecore::nn {
 
 // The widened-bf16 path's f32 operands when the weights come widened (Param::data16w):
 // [x | dy] rounded from f32 (a and dh are written widened by the activation kernels).
-static int64_t widened_elems(int64_t max_rows, MlpShape sh) { return max_rows * 2 * sh.H; }
+static int64_t widened_elems(int64_t max_rows, MlpShape sh) {
+  return max_rows * 2 * sh.H;
+}
 
 template <typename T>
 void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const char* name,
@@ -100,8 +102,7 @@ void act_bwd(const Exec& ex, MlpShape sh, DevPtr<T> dh, DevPtr<T> dp, DevPtr<con
   ops::activation_backward(ex, sh.act, dh, dp, da, h, p, N, sh.F);
 }
 void act_bwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> dh16, DevPtr<float> dp,
-                  DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p,
-                  int64_t N) {
+                  DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU)
     return ops::swiglu_backward_bf16(ex, dh16, dp, da, h, p, N, sh.F);
   ops::activation_backward_bf16(ex, sh.act, dh16, dp, da, h, p, N, sh.F);
@@ -123,8 +124,7 @@ void check_biases(const MlpParams<P>& w, MlpShape sh, const char* what) {
 
 // h = x fc1^T + b1 (the forward's first GEMM; also its recomputation).
 template <typename T>
-void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_bias,
-                 MlpShape sh) {
+void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_bias, MlpShape sh) {
   const int64_t F1 = sh.F1();
   [&] {
     if constexpr (std::is_same_v<T, float>) {
@@ -257,8 +257,8 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
       }
       ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH,
-                             s.ws32, s.fc1_16w);
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
+                             s.fc1_16w);
       ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, s.ws_b16, grad.fc1,
                                    s.ws32);
       return;
@@ -298,10 +298,15 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double 
                                {}});
   if (bias) {
     // Megatron: biases start at zero and take no weight decay.
-    fc1_bias_ = &params.add(ParamSpec{prefix + ".linear_fc1.bias", {sh_.F1()}, ParamInit::Zeros,
-                                      0.0, ParamKind::Dense, false, {}});
-    fc2_bias_ = &params.add(ParamSpec{prefix + ".linear_fc2.bias", {hidden}, ParamInit::Zeros,
-                                      0.0, ParamKind::Dense, false, {}});
+    fc1_bias_ = &params.add(ParamSpec{prefix + ".linear_fc1.bias",
+                                      {sh_.F1()},
+                                      ParamInit::Zeros,
+                                      0.0,
+                                      ParamKind::Dense,
+                                      false,
+                                      {}});
+    fc2_bias_ = &params.add(ParamSpec{
+        prefix + ".linear_fc2.bias", {hidden}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
   }
 }
 
@@ -352,16 +357,15 @@ void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   mlp_backward(saved_, dx_TH, DevPtr<T>(nullptr), grad, dy_TH, values(), sh_, da_, dh_);
 }
 
-#define MOECORE_INSTANTIATE(T)                                                                   \
-  template void mlp_allocate<T>(MlpSaved<T>&, Arena&, int64_t, MlpShape, const char*,           \
-                                const Param*, const Param*, MlpRecompute);                      \
-  template void mlp_forward<T>(MlpSaved<T>&, DevPtr<T>, DevPtr<const T>, DevPtr<const T>,       \
-                               DevPtr<const int64_t>, int64_t, int64_t,                         \
-                               const MlpParams<DevPtr<const T>>&, MlpShape);                    \
-  template void mlp_backward<T>(const MlpSaved<T>&, DevPtr<T>, DevPtr<T>,                       \
-                                const MlpParams<DevPtr<T>>&, DevPtr<const T>,                   \
-                                const MlpParams<DevPtr<const T>>&, MlpShape, DevPtr<T>,         \
-                                DevPtr<T>);                                                     \
+#define MOECORE_INSTANTIATE(T)                                                                \
+  template void mlp_allocate<T>(MlpSaved<T>&, Arena&, int64_t, MlpShape, const char*,         \
+                                const Param*, const Param*, MlpRecompute);                    \
+  template void mlp_forward<T>(MlpSaved<T>&, DevPtr<T>, DevPtr<const T>, DevPtr<const T>,     \
+                               DevPtr<const int64_t>, int64_t, int64_t,                       \
+                               const MlpParams<DevPtr<const T>>&, MlpShape);                  \
+  template void mlp_backward<T>(                                                              \
+      const MlpSaved<T>&, DevPtr<T>, DevPtr<T>, const MlpParams<DevPtr<T>>&, DevPtr<const T>, \
+      const MlpParams<DevPtr<const T>>&, MlpShape, DevPtr<T>, DevPtr<T>);                     \
   template class MLP<T>;
 MOECORE_INSTANTIATE(float)
 MOECORE_INSTANTIATE(double)

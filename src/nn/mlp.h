@@ -37,7 +37,7 @@ struct MlpParams {
 
 template <typename T>
 struct MlpSaved {
-  const Exec* ex = &cpu_exec();  // the arena's: where the ops run (set by allocate)
+  const Exec* ex = &cpu_exec();         // the arena's: where the ops run (set by allocate)
   DevPtr<const T> x_NH = nullptr;       // input rows, owned by the caller until backward
   DevPtr<const T> p_N = nullptr;        // per-row probs (null: 1)
   DevPtr<const int64_t> m_G = nullptr;  // rows per group
@@ -84,8 +84,8 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
 // y [N, H] assigned. w.fc1_bias / w.fc2_bias must be set exactly when sh.bias.
 template <typename T>
 void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
-                 DevPtr<const int64_t> m_G, int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w,
-                 MlpShape sh);
+                 DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                 const MlpParams<DevPtr<const T>>& w, MlpShape sh);
 // dx assigned, dp assigned (if p and dp non-null), every parameter gradient in `grad`
 // accumulated. da_NF [N, F] and dh_NF1 [N, F1] are workspace. Recomputes first what
 // s.recompute_* say was not kept.
@@ -117,8 +117,8 @@ class MLP {
  private:
   MlpParams<DevPtr<const T>> values() const;
   MlpShape sh_;
-  Param* fc1_;  // [F1, H]
-  Param* fc2_;  // [H, F]
+  Param* fc1_;                 // [F1, H]
+  Param* fc2_;                 // [H, F]
   Param* fc1_bias_ = nullptr;  // [F1]
   Param* fc2_bias_ = nullptr;  // [H]
   MlpSaved<T> saved_;

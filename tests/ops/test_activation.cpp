@@ -27,8 +27,8 @@ const Shape kShapes[] = {{0, 5}, {1, 1}, {1, 7}, {13, 37}, {64, 300}};
 template <typename T>
 void compare_fast_ref(Activation act, bool with_p, double rtol, double atol) {
   for (auto [N, F] : kShapes) {
-    SCOPED_TRACE(::testing::Message() << ops::activation_name(act) << " N=" << N << " F=" << F
-                                      << " p=" << with_p);
+    SCOPED_TRACE(::testing::Message()
+                 << ops::activation_name(act) << " N=" << N << " F=" << F << " p=" << with_p);
     auto h = random_vec<T>(N * F, 1, -6, 6);  // both tails, and exact zeros are unlikely
     auto p = random_vec<T>(N, 2, 0, 1);
     auto da = random_vec<T>(N * F, 3);
@@ -141,24 +141,24 @@ TEST(Activation, Bf16OutputsAreTheCastOfF32) {
   for (Activation act : kActs) {
     for (auto [N, F] : kShapes) {
       for (bool with_p : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << ops::activation_name(act) << " N=" << N
-                                          << " F=" << F << " p=" << with_p);
+        SCOPED_TRACE(::testing::Message()
+                     << ops::activation_name(act) << " N=" << N << " F=" << F << " p=" << with_p);
         auto h = random_vec<float>(N * F, 8, -6, 6);
         auto p = random_vec<float>(N, 9, 0, 1);
         auto da = random_vec<float>(N * F, 10);
         const float* pp = with_p ? p.data() : nullptr;
         std::vector<float> a(N * F), dh(N * F), dp(N, -1.f);
         ops::activation_forward<float>(cpu_exec(), act, a.data(), h.data(), pp, N, F);
-        ops::activation_backward<float>(cpu_exec(), act, dh.data(), dp.data(), da.data(),
-                                        h.data(), pp, N, F);
+        ops::activation_backward<float>(cpu_exec(), act, dh.data(), dp.data(), da.data(), h.data(),
+                                        pp, N, F);
         std::vector<bf16> a_cast(N * F), dh_cast(N * F);
         ops::cast_f32_to_bf16(cpu_exec(), a_cast.data(), a.data(), N * F);
         ops::cast_f32_to_bf16(cpu_exec(), dh_cast.data(), dh.data(), N * F);
 
         Guarded<uint16_t> a16(N * F), dh16(N * F);  // bf16 bits
         std::vector<float> dp16(N, -1.f), dpw(N, -1.f);
-        ops::activation_forward_bf16(cpu_exec(), act, reinterpret_cast<bf16*>(a16.data()),
-                                     h.data(), pp, N, F);
+        ops::activation_forward_bf16(cpu_exec(), act, reinterpret_cast<bf16*>(a16.data()), h.data(),
+                                     pp, N, F);
         ops::activation_backward_bf16(cpu_exec(), act, reinterpret_cast<bf16*>(dh16.data()),
                                       dp16.data(), da.data(), h.data(), pp, N, F);
         for (int64_t i = 0; i < N * F; ++i) ASSERT_EQ(a16[i], a_cast[i].bits) << "a " << i;
@@ -172,8 +172,8 @@ TEST(Activation, Bf16OutputsAreTheCastOfF32) {
         ops::cast_bf16_to_f32(cpu_exec(), dh_wide.data(), dh_cast.data(), N * F);
         Guarded<float> aw(N * F), dhw(N * F);
         ops::activation_forward_bf16w(cpu_exec(), act, aw.data(), h.data(), pp, N, F);
-        ops::activation_backward_bf16w(cpu_exec(), act, dhw.data(), dpw.data(), da.data(),
-                                       h.data(), pp, N, F);
+        ops::activation_backward_bf16w(cpu_exec(), act, dhw.data(), dpw.data(), da.data(), h.data(),
+                                       pp, N, F);
         EXPECT_EQ(0, std::memcmp(aw.data(), a_wide.data(), N * F * sizeof(float)));
         EXPECT_EQ(0, std::memcmp(dhw.data(), dh_wide.data(), N * F * sizeof(float)));
         for (int64_t n = 0; n < N; ++n) ASSERT_EQ(dpw[n], dp[n]) << "dp (bf16w) " << n;
@@ -213,8 +213,8 @@ void gradcheck(Activation act, int64_t N, int64_t F) {
     ops::cpu::activation_backward<double>(act, dh.data(), dp.data(), R.data(), h.data(), p.data(),
                                           N, F);
   else
-    ops::activation_backward_ref<double>(act, dh.data(), dp.data(), R.data(), h.data(), p.data(),
-                                         N, F);
+    ops::activation_backward_ref<double>(act, dh.data(), dp.data(), R.data(), h.data(), p.data(), N,
+                                         F);
   EXPECT_TRUE(check_gradient(loss, h.data(), dh.data(), N * F, "dh"));
   EXPECT_TRUE(check_gradient(loss, p.data(), dp.data(), N, "dp"));
 }

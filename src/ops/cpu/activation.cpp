@@ -20,7 +20,9 @@ template <typename T>
 inline T store_as(T v, T*) {
   return v;
 }
-inline uint16_t store_as(float v, uint16_t*) { return f32_to_bf16_bits(v); }
+inline uint16_t store_as(float v, uint16_t*) {
+  return f32_to_bf16_bits(v);
+}
 template <bool kWide, typename T, typename Out>
 inline Out store(T v, Out* p) {
   if constexpr (kWide) {
@@ -118,7 +120,8 @@ void forward(Activation act, Out* a_NF, const T* h_NF, const T* p_N, int64_t N, 
       return forward_rows<Activation::GeLUTanh, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
     case Activation::SquaredReLU:
       return forward_rows<Activation::SquaredReLU, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
-    case Activation::SwiGLU: break;
+    case Activation::SwiGLU:
+      break;
   }
 }
 
@@ -133,9 +136,10 @@ void backward(Activation act, Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF
       return backward_rows<Activation::GeLUTanh, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
                                                                 F);
     case Activation::SquaredReLU:
-      return backward_rows<Activation::SquaredReLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N,
-                                                                   N, F);
-    case Activation::SwiGLU: break;
+      return backward_rows<Activation::SquaredReLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
+                                                                   F);
+    case Activation::SwiGLU:
+      break;
   }
 }
 
@@ -176,8 +180,8 @@ void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const 
 
 template void activation_forward<float>(Activation, float*, const float*, const float*, int64_t,
                                         int64_t);
-template void activation_forward<double>(Activation, double*, const double*, const double*,
-                                         int64_t, int64_t);
+template void activation_forward<double>(Activation, double*, const double*, const double*, int64_t,
+                                         int64_t);
 template void activation_backward<float>(Activation, float*, float*, const float*, const float*,
                                          const float*, int64_t, int64_t);
 template void activation_backward<double>(Activation, double*, double*, const double*,

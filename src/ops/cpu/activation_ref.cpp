@@ -20,11 +20,14 @@ constexpr double kGeluTanhCubic = 0.044715;
 
 double act_d(Activation act, double x) {
   switch (act) {
-    case Activation::GeLU: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::GeLU:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case Activation::GeLUTanh:
       return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
-    case Activation::SquaredReLU: return x > 0 ? x * x : 0.0;
-    case Activation::SwiGLU: break;
+    case Activation::SquaredReLU:
+      return x > 0 ? x * x : 0.0;
+    case Activation::SwiGLU:
+      break;
   }
   return NAN;
 }
@@ -34,8 +37,8 @@ double dact_d(Activation act, double x) {
   switch (act) {
     case Activation::GeLU: {
       const double pi = 3.14159265358979323846;
-      return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) /
-                                                               std::sqrt(2.0 * pi);
+      return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
+             x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * pi);
     }
     case Activation::GeLUTanh: {
       const double u = kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x);
@@ -43,8 +46,10 @@ double dact_d(Activation act, double x) {
       const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhCubic * x * x);
       return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
     }
-    case Activation::SquaredReLU: return x > 0 ? 2.0 * x : 0.0;
-    case Activation::SwiGLU: break;
+    case Activation::SquaredReLU:
+      return x > 0 ? 2.0 * x : 0.0;
+    case Activation::SwiGLU:
+      break;
   }
   return NAN;
 }
@@ -77,12 +82,12 @@ void activation_backward_ref(Activation act, T* dh_NF, T* dp_N, const T* da_NF, 
   }
 }
 
-template void activation_forward_ref<float>(Activation, float*, const float*, const float*,
-                                            int64_t, int64_t);
+template void activation_forward_ref<float>(Activation, float*, const float*, const float*, int64_t,
+                                            int64_t);
 template void activation_forward_ref<double>(Activation, double*, const double*, const double*,
                                              int64_t, int64_t);
-template void activation_backward_ref<float>(Activation, float*, float*, const float*,
-                                             const float*, const float*, int64_t, int64_t);
+template void activation_backward_ref<float>(Activation, float*, float*, const float*, const float*,
+                                             const float*, int64_t, int64_t);
 template void activation_backward_ref<double>(Activation, double*, double*, const double*,
                                               const double*, const double*, int64_t, int64_t);
 
