@@ -65,7 +65,9 @@ ModelSpec model_from_args(const train::ParsedArgs& a) {
   if (ffn < 0) ffn = on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden;
   m.ffn_hidden = ffn;
   m.tie_embeddings = !on(a, "--untie-embeddings-and-output-weights");
-  // Megatron's MLP activation: --swiglu, else --squared-relu, else --openai-gelu, else F.gelu.
+  // Megatron's MLP activation: --swiglu, else --squared-relu, else F.gelu; --openai-gelu (the
+  // tanh form) is read by Megatron's legacy models only, taken here as moecore's ModelConfig
+  // takes it.
   m.activation = on(a, "--swiglu")         ? ops::Activation::SwiGLU
                  : on(a, "--squared-relu") ? ops::Activation::SquaredReLU
                  : on(a, "--openai-gelu")  ? ops::Activation::GeLUTanh
