@@ -229,6 +229,12 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
       refuse(fmt::format("--moe-expert-capacity-factor {} (HF's MoE blocks drop no token)",
                          rc.capacity_factor));
   }
+  // HF's three families have gated SiLU MLPs without biases (gate_proj / up_proj / down_proj).
+  if (m.activation != ops::Activation::SwiGLU)
+    refuse(fmt::format("a {} MLP (HF's MLPs here are SwiGLU: --swiglu)",
+                       ops::activation_name(m.activation)));
+  if (m.add_mlp_bias)
+    refuse("MLP biases (HF's MLPs here have none: --disable-bias-linear)");
   if (m.vocab_size < vocab)
     refuse(
         fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));

@@ -37,8 +37,9 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
   } else {
-    mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.init_std,
-                                        cfg.output_init_std(), params, mlp_prefix);
+    mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.activation,
+                                        cfg.add_mlp_bias, cfg.init_std, cfg.output_init_std(),
+                                        params, mlp_prefix);
   }
 }
 

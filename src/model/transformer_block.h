@@ -11,8 +11,8 @@
 #include "model/attention.h"
 #include "model/config.h"
 #include "moe/moe_layer.h"
+#include "nn/mlp.h"
 #include "nn/norm.h"
-#include "nn/swiglu_mlp.h"
 #include "ops/dropout.h"
 
 namespace moecore::model {

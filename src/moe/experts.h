@@ -1,14 +1,15 @@
-// Routed experts as one grouped MLP: per local expert e, fc1 [2F, H] ([gate; up]) and
-// fc2 [H, F], stored as the expert-parallel slices of global tensors [E, 2F, H] and [E, H, F]
+// Routed experts as one grouped MLP: per local expert e, fc1 [F1, H] (F1 = 2F, [gate; up], for
+// SwiGLU; F for the element-wise activations) and fc2 [H, F], with biases fc1 [F1] and fc2 [H],
+// stored as the expert-parallel slices of global tensors [E, F1, H], [E, H, F], [E, F1], [E, H]
 // so a parameter's values do not depend on the layout. The routing prob multiplies the
-// activation (a = silu(gate) * up * p), so combine is a plain sum.
-// Legend: N rows, H hidden, F expert ffn, E experts, L local experts.
+// activation (a = act(h) * p) and fc2's bias (as Megatron's), so combine is a plain sum.
+// Legend: N rows, H hidden, F expert ffn, F1 fc1's width, E experts, L local experts.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "nn/swiglu_mlp.h"
+#include "nn/mlp.h"
 
 namespace moecore::moe {
 
@@ -16,31 +17,39 @@ template <typename T>
 class GroupedExperts {
  public:
   // Holds experts [first_expert, first_expert + num_local) of num_experts.
-  GroupedExperts(int64_t num_experts, int64_t first_expert, int64_t num_local, int64_t hidden,
-                 int64_t ffn, double init_std, double out_init_std, ParamRegistry& params,
+  // sh: hidden, expert ffn width, activation, biases.
+  GroupedExperts(int64_t num_experts, int64_t first_expert, int64_t num_local, nn::MlpShape sh,
+                 double init_std, double out_init_std, ParamRegistry& params,
                  const std::string& prefix);
   // recompute: what the backward recomputes (moe_act: the activation; moe: fc1 too).
-  void allocate(Arena& arena, int64_t max_rows, nn::SwigluRecompute recompute = {});
+  void allocate(Arena& arena, int64_t max_rows, nn::MlpRecompute recompute = {});
   // As nn::MLP's: after allocate(), rows of bf16 values skip the rounding passes.
   bool widened_bf16() const { return saved_.widened; }
   void input_rounded() { saved_.x_rounded = saved_.widened; }
-  void output_grad_rounded() { saved_.dy_rounded = saved_.widened; }
+  // Not with biases: fc2's bias gradient sums dy's f32 values.
+  void output_grad_rounded();
+  bool has_bias() const { return sh_.bias; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
   void forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
                DevPtr<const int64_t> rows_per_expert_L, int64_t N);
-  // dx, dp assigned; weight grads accumulated.
+  // dx, dp assigned; weight and bias grads accumulated.
   void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH);
 
   int64_t num_local() const { return L_; }
   const Param& fc1() const { return *fc1_; }
   const Param& fc2() const { return *fc2_; }
+  const Param* fc1_bias() const { return fc1_bias_; }  // null without biases
+  const Param* fc2_bias() const { return fc2_bias_; }
 
  private:
   int64_t L_;
-  nn::SwigluMlpShape sh_;
-  Param* fc1_;  // [L, 2F, H] of global [E, 2F, H]
+  nn::MlpParams<DevPtr<const T>> values() const;
+  nn::MlpShape sh_;
+  Param* fc1_;  // [L, F1, H] of global [E, F1, H]
   Param* fc2_;  // [L, H, F] of global [E, H, F]
-  nn::SwigluMlpSaved<T> saved_;
+  Param* fc1_bias_ = nullptr;  // [L, F1] of global [E, F1]
+  Param* fc2_bias_ = nullptr;  // [L, H] of global [E, H]
+  nn::MlpSaved<T> saved_;
   DevPtr<T> da_ = nullptr;
   DevPtr<T> dh_ = nullptr;
 };

@@ -23,7 +23,8 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(), dispatcher_->num_local_experts(),
-               cfg.hidden, cfg.moe.ffn_hidden, cfg.init_std, cfg.output_init_std, params, prefix) {
+               nn::MlpShape{cfg.hidden, cfg.moe.ffn_hidden, cfg.activation, cfg.add_mlp_bias},
+               cfg.init_std, cfg.output_init_std, params, prefix) {
   cfg.moe.validate();
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix);
@@ -37,16 +38,20 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   router_.allocate(a, max_tokens);
   dispatcher_->allocate(a, max_tokens);
   const int64_t rows = dispatcher_->max_rows(max_tokens);
-  experts_.allocate(a, rows, nn::SwigluRecompute{recompute_.moe, recompute_.moe_act});
+  experts_.allocate(a, rows, nn::MlpRecompute{recompute_.moe, recompute_.moe_act});
   // Widened bf16: the input feeds the router in f32 and, as bf16 values, the experts' and the
   // shared expert's fc1 GEMMs; it is rounded once into x16w_TH_, which the dispatch permutes
   // (rounding commutes with it), instead of at each of those GEMMs. The same for the output's
-  // gradient, which feeds only the fc2 GEMMs: dy16w_TH_.
+  // gradient, which feeds only the fc2 GEMMs: dy16w_TH_ (not with biases, whose gradients
+  // sum dy's f32 values).
   round_rows_ = experts_.widened_bf16();
+  round_dy_ = round_rows_ && !experts_.has_bias();
   if (round_rows_) {
     experts_.input_rounded();
-    experts_.output_grad_rounded();
     x16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.x_bf16_values");
+  }
+  if (round_dy_) {
+    experts_.output_grad_rounded();
     dy16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.dy_bf16_values", MemKind::Workspace);
   }
   x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
@@ -56,7 +61,7 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
-  if (shared_) shared_->allocate(a, max_tokens, recompute_, round_rows_);
+  if (shared_) shared_->allocate(a, max_tokens, recompute_, round_rows_, round_dy_);
 }
 
 template <typename T>
@@ -102,7 +107,7 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
   if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true);
   DevPtr<const T> dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
   if constexpr (std::is_same_v<T, float>) {
-    if (round_rows_) {
+    if (round_dy_) {
       ScopedPhase phase(Phase::Gemm);
       ops::round_f32_to_bf16(*ex_, dy16w_TH_, dy_TH, n_tok_ * H_);
       dy_in = dy16w_TH_;

@@ -52,6 +52,9 @@ class MoELayer {
   int64_t H_, K_;
   int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
   bool pad_to_capacity_;
+  // Widened bf16 without MLP biases: dy is rounded once too, dy16w_TH_ (fc2's bias gradients
+  // need dy's f32 values, so with biases the experts round it themselves).
+  bool round_dy_ = false;
   bool round_rows_ = false;  // widened bf16: the GEMMs read the input's bf16 values, x16w_TH_
   RecomputeModules recompute_;
   Router<T> router_;

@@ -14,8 +14,9 @@ SharedExperts<T>::SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params
   MOE_CHECK(cfg.moe.shared_ffn_hidden > 0, "[moe] shared expert of width {} built",
             cfg.moe.shared_ffn_hidden);
   const std::string name = prefix + ".shared_experts";
-  mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.init_std,
-                                      cfg.output_init_std, params, name);
+  mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.activation,
+                                      cfg.add_mlp_bias, cfg.init_std, cfg.output_init_std, params,
+                                      name);
   if (cfg.moe.shared_expert_gate) {
     // Megatron: torch.empty((1, hidden)) initialised with config.init_method, after fc1 and fc2;
     // a 2-D weight, so weight decay applies.
@@ -31,15 +32,13 @@ SharedExperts<T>::SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params
 
 template <typename T>
 void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeModules& recompute,
-                                bool rounded_rows) {
+                                bool rounded_rows, bool rounded_dy) {
   ex_ = &a.exec();
   const int64_t N = max_tokens, H = H_;
   if (!gated()) {
     mlp_->allocate(a, N, recompute.moe || recompute.shared_experts);
-    if (rounded_rows) {
-      mlp_->input_rounded();
-      mlp_->output_grad_rounded();
-    }
+    if (rounded_rows) mlp_->input_rounded();
+    if (rounded_dy) mlp_->output_grad_rounded();
     s_TH_ = a.alloc<T>(N * H, "moe.shared_out", MemKind::Workspace);
     return;
   }

@@ -1,4 +1,5 @@
-// The shared expert (Megatron's SharedExpertMLP): a dense SwiGLU MLP on the MoE layer's input,
+// The shared expert (Megatron's SharedExpertMLP): a dense MLP on the MoE layer's input (the
+// layer's activation and biases),
 // added to the routed experts' output. With --moe-shared-expert-gate its output is scaled per
 // token by sigmoid(x w_g^T), w_g = shared_experts.gate_weight [1, H] (Qwen2-MoE). Like the
 // router it is replicated over EP: its parameters are dense, their grads reduced over DP.
@@ -12,7 +13,7 @@
 #include "core/arena.h"
 #include "moe/config.h"
 #include "nn/param_registry.h"
-#include "nn/swiglu_mlp.h"
+#include "nn/mlp.h"
 
 namespace moecore::moe {
 
@@ -23,11 +24,12 @@ class SharedExperts {
   SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix);
 
   // recompute: the modules of the MoE layer ("moe", "shared_experts"). rounded_rows: widened
-  // bf16, the MLP's input and output gradient arrive as bf16 values (the MoE layer rounded them).
+  // bf16, the MLP's input arrives as bf16 values (the MoE layer rounded it); rounded_dy: its
+  // output gradient too (never with biases).
   // The gate's backward needs the shared output: it is kept (an activation); under "moe" the
   // backward reruns this forward instead, and the MLP keeps what the rerun recomputed.
   void allocate(Arena& arena, int64_t max_tokens, const RecomputeModules& recompute,
-                bool rounded_rows);
+                bool rounded_rows, bool rounded_dy);
   // y += shared(x) [* sigmoid(x w_g^T)]. x_TH: the MoE layer's input, which the gate reads (in
   // the model dtype, as the router does: with --bf16 its f32 values and the f32 master weight);
   // x_mlp_TH: what the MLP's GEMMs read (x, or its bf16 values). Both owned by the caller until

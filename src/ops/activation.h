@@ -1,9 +1,14 @@
 // The MLP activations Megatron offers (--swiglu, the default GeLU, --openai-gelu,
 // --squared-relu). SwiGLU is gated: fc1 writes [gate | up] rows of 2F and ops/swiglu.h computes
-// it; the others act element by element on F columns.
+// it; the others act element by element on F columns, here, with the per-row routing prob of
+// MOE_SEMANTICS as swiglu has it: a = act(h) * p (p null: 1).
 #pragma once
 
 #include <cstdint>
+
+#include "core/dev_ptr.h"
+#include "core/dtype.h"
+#include "core/exec.h"
 
 namespace moecore::ops {
 
@@ -29,6 +34,92 @@ constexpr const char* activation_name(Activation a) {
     case Activation::SquaredReLU: return "squared_relu";
   }
   return "?";
+}
+
+// The element-wise (non-gated) activations below refuse SwiGLU (it reads two halves per row:
+// ops/swiglu.h), naming the op.
+void check_elementwise_activation(Activation act, const char* op);
+
+namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
+template <typename T>
+void activation_forward(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N,
+                        int64_t F);
+template <typename T>
+void activation_backward(Activation act, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
+                         const T* p_N, int64_t N, int64_t F);
+void activation_forward_bf16(Activation act, bf16* a16_NF, const float* h_NF, const float* p_N,
+                             int64_t N, int64_t F);
+void activation_backward_bf16(Activation act, bf16* dh16_NF, float* dp_N, const float* da_NF,
+                              const float* h_NF, const float* p_N, int64_t N, int64_t F);
+void activation_forward_bf16w(Activation act, float* a_NF, const float* h_NF, const float* p_N,
+                              int64_t N, int64_t F);
+void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                               const float* h_NF, const float* p_N, int64_t N, int64_t F);
+}  // namespace cpu
+
+// a = act(h) * p, h and a [N, F].
+template <typename T>
+void activation_forward(const Exec& ex, Activation act, DevPtr<T> a_NF, DevPtr<const T> h_NF,
+                        DevPtr<const T> p_N, int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_forward(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_forward");
+}
+template <typename T>
+void activation_forward_ref(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N,
+                            int64_t F);
+// dh = da * p * act'(h) assigned; dp[n] = sum_f da * act(h) assigned when both p_N and dp_N are
+// non-null (one fixed association of the sum on every target, as swiglu's).
+template <typename T>
+void activation_backward(const Exec& ex, Activation act, DevPtr<T> dh_NF, DevPtr<T> dp_N,
+                         DevPtr<const T> da_NF, DevPtr<const T> h_NF, DevPtr<const T> p_N,
+                         int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                    raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_backward");
+}
+template <typename T>
+void activation_backward_ref(Activation act, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
+                             const T* p_N, int64_t N, int64_t F);
+
+// --bf16, as swiglu's: the same f32 arithmetic with the result written only as bf16 (round to
+// nearest even), for outputs that only feed bf16 GEMMs (a into fc2; dh into fc1's backward). a16
+// and dh16 are bitwise cast_f32_to_bf16 of the f32 versions' outputs; dp stays f32 and is
+// bitwise the f32 version's.
+inline void activation_forward_bf16(const Exec& ex, Activation act, DevPtr<bf16> a16_NF,
+                                    DevPtr<const float> h_NF, DevPtr<const float> p_N, int64_t N,
+                                    int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_forward_bf16(act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_forward_bf16");
+}
+inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16> dh16_NF,
+                                     DevPtr<float> dp_N, DevPtr<const float> da_NF,
+                                     DevPtr<const float> h_NF, DevPtr<const float> p_N, int64_t N,
+                                     int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward_bf16(act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                         raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_backward_bf16");
+}
+// The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
+// bitwise cast_bf16_to_f32 of what the _bf16 versions write.
+inline void activation_forward_bf16w(const Exec& ex, Activation act, DevPtr<float> a_NF,
+                                     DevPtr<const float> h_NF, DevPtr<const float> p_N, int64_t N,
+                                     int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_forward_bf16w(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_forward_bf16w");
+}
+inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<float> dh_NF,
+                                      DevPtr<float> dp_N, DevPtr<const float> da_NF,
+                                      DevPtr<const float> h_NF, DevPtr<const float> p_N,
+                                      int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward_bf16w(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                          raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  no_kernel(ex, "activation_backward_bf16w");
 }
 
 }  // namespace moecore::ops

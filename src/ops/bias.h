@@ -1,6 +1,7 @@
 // A bias over the columns of a row-major [M, N] matrix: forward y[m, n] += b[n], backward
 // db[n] += sum over m of dy[m, n], the rows summed in order (bitwise the same for any thread
-// count: threads own columns).
+// count: threads own columns). And its grouped form, one bias per group of rows (per expert),
+// the rows grouped as ops::grouped_gemm groups them, optionally scaled by the routing prob.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,12 @@ template <typename T>
 void bias_forward(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
 void bias_backward(T* db_N, const T* dy_MN, int64_t M, int64_t N);
+template <typename T>
+void grouped_bias_forward(T* y_NC, const T* b_GC, const T* p_N, const int64_t* m_G, int64_t G,
+                          int64_t C);
+template <typename T>
+void grouped_bias_backward(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, const T* p_N,
+                           const int64_t* m_G, int64_t G, int64_t C);
 }  // namespace cpu
 
 template <typename T>
@@ -31,5 +38,38 @@ void bias_backward(const Exec& ex, DevPtr<T> db_N, DevPtr<const T> dy_MN, int64_
 }
 template <typename T>
 void bias_backward_ref(T* db_N, const T* dy_MN, int64_t M, int64_t N);
+
+// Grouped: rows stacked by group as in ops::grouped_gemm (group g owns rows
+// [sum_{h<g} m_G[h], + m_G[g]), sizes read from memory; rows past the last group untouched).
+// With s_n = p[n] (1 when p_N is null), g(n) the group of row n:
+// forward  y[n, c] += s_n b[g(n), c];
+// backward db[g, c] += sum over the group's rows, in order, of s_n dy[n, c] (deterministic: each
+//          element's sum has one order whatever the thread count), and, when p_N and dp_N are
+//          both non-null, dp[n] += sum_c dy[n, c] b[g(n), c] (accumulated: the activation's
+//          backward assigned dp first).
+// Megatron's grouped experts add fc2's bias times the prob (experts.py, TEGroupedMLP._apply_bias).
+template <typename T>
+void grouped_bias_forward(const Exec& ex, DevPtr<T> y_NC, DevPtr<const T> b_GC,
+                          DevPtr<const T> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t C) {
+  if (ex.on_cpu())
+    return cpu::grouped_bias_forward(raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G,
+                                     C);
+  no_kernel(ex, "grouped_bias_forward");
+}
+template <typename T>
+void grouped_bias_forward_ref(T* y_NC, const T* b_GC, const T* p_N, const int64_t* m_G, int64_t G,
+                              int64_t C);
+template <typename T>
+void grouped_bias_backward(const Exec& ex, DevPtr<T> db_GC, DevPtr<T> dp_N, DevPtr<const T> dy_NC,
+                           DevPtr<const T> b_GC, DevPtr<const T> p_N, DevPtr<const int64_t> m_G,
+                           int64_t G, int64_t C) {
+  if (ex.on_cpu())
+    return cpu::grouped_bias_backward(raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC), raw_ptr(b_GC),
+                                      raw_ptr(p_N), raw_ptr(m_G), G, C);
+  no_kernel(ex, "grouped_bias_backward");
+}
+template <typename T>
+void grouped_bias_backward_ref(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, const T* p_N,
+                               const int64_t* m_G, int64_t G, int64_t C);
 
 }  // namespace moecore::ops

@@ -1,5 +1,7 @@
 #include "plan/memory_model.h"
 
+#include "ops/activation.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -138,25 +140,33 @@ double layer_activation_bytes(const ModelSpec& m, const RunSpec& r, const parall
     // activation (F/etp), and fc2's output kept for the probability-weighted unpermute.
     const double rows = T / sp * m.topk * etp;
     const double F = m.moe_ffn_hidden;
+    const double F1 = static_cast<double>(ops::activation_fc1_width(m.activation, m.moe_ffn_hidden));
+    const double Fs = m.shared_ffn_hidden;
+    const double Fs1 = static_cast<double>(ops::activation_fc1_width(m.activation, m.shared_ffn_hidden));
     const double router = T / sp * (4.0 * 2 * m.num_experts + 12.0 * m.topk);
-    double expert = rows * (H * g8 + 2 * F / etp + (rm.moe_act ? 0 : F / etp * g8) + H);
-    double shared = m.shared_ffn_hidden > 0
-                        ? (rm.shared_experts ? 0 : T * 3.0 * m.shared_ffn_hidden / tp)
-                        : 0;
+    double expert = rows * (H * g8 + F1 / etp + (rm.moe_act ? 0 : F / etp * g8) + H);
+    double shared = m.shared_ffn_hidden > 0 ? (rm.shared_experts ? 0 : T * (Fs1 + Fs) / tp) : 0;
     if (rm.moe) expert = shared = 0;
     bytes += T * dt * ffn + router + dt * (expert + shared);
-    f += fmt::format("; MoE T*dt*(H/sp{}) + router T/sp*(8E+12K) B + rows*dt*(2H + 2F/etp{}) with "
+    // fc1's output is F1 = 2F wide for SwiGLU, F for the element-wise activations.
+    const bool gated = ops::activation_gated(m.activation);
+    f += fmt::format("; MoE T*dt*(H/sp{}) + router T/sp*(8E+12K) B + rows*dt*(2H + {}F/etp{}) with "
                      "rows = T/sp*K*etp (the permuted tokens, K x the layer's tokens){}{}{}",
-                     rm.layernorm ? "" : " + H/sp", rm.moe_act ? "" : " + F/etp",
+                     rm.layernorm ? "" : " + H/sp", gated ? "2" : "", rm.moe_act ? "" : " + F/etp",
                      r.fp8 ? " [fp8: fc1 / fc2 inputs 1 B]" : "",
-                     m.shared_ffn_hidden > 0 && !rm.shared_experts ? " + shared T*dt*3Fs/tp" : "",
+                     m.shared_ffn_hidden > 0 && !rm.shared_experts
+                         ? (gated ? " + shared T*dt*3Fs/tp" : " + shared T*dt*2Fs/tp")
+                         : "",
                      rm.moe ? " [moe recomputed: its input only]" : "");
   } else {
     const double F = m.ffn_hidden;
-    ffn += rm.mlp ? 0 : 3 * F / tp;
+    const double F1 = static_cast<double>(ops::activation_fc1_width(m.activation, m.ffn_hidden));
+    ffn += rm.mlp ? 0 : (F1 + F) / tp;
     bytes += T * dt * ffn;
     f += fmt::format("; MLP T*dt*(H/sp{}{})", rm.layernorm ? "" : " + H/sp",
-                     rm.mlp ? " [mlp recomputed]" : " + 3F/tp");
+                     rm.mlp                                    ? " [mlp recomputed]"
+                     : ops::activation_gated(m.activation) ? " + 3F/tp"
+                                                               : " + 2F/tp");
   }
   if (formula) *formula = f;
   return bytes;

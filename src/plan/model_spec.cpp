@@ -65,6 +65,15 @@ ModelSpec model_from_args(const cli::ParsedArgs& a) {
   if (ffn < 0) ffn = on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden;
   m.ffn_hidden = ffn;
   m.tie_embeddings = !on(a, "--untie-embeddings-and-output-weights");
+  // Megatron's MLP activation: --swiglu, else --squared-relu, else F.gelu; --openai-gelu (the
+  // tanh form) is read by Megatron's legacy models only, taken here as moecore's ModelConfig
+  // takes it.
+  m.activation = on(a, "--swiglu")         ? ops::Activation::SwiGLU
+                 : on(a, "--squared-relu") ? ops::Activation::SquaredReLU
+                 : on(a, "--openai-gelu")  ? ops::Activation::GeLUTanh
+                                           : ops::Activation::GeLU;
+  // --disable-bias-linear stores false into add_bias_linear (default true).
+  m.add_mlp_bias = text(a, "--disable-bias-linear") == "true";
   m.add_qkv_bias = on(a, "--add-qkv-bias");
   m.qk_layernorm = on(a, "--qk-layernorm");
   m.num_experts = int_or(a, "--num-experts", 0);
@@ -166,6 +175,10 @@ ModelSpec spec_from_hf_config(const std::string& path) {
   m.num_query_groups = get({"num_key_value_heads"}, m.num_heads);
   m.kv_channels = get({"head_dim"}, m.num_heads > 0 ? m.hidden / m.num_heads : 0);
   m.ffn_hidden = get({"intermediate_size"}, 0);
+  // The families read here have gated SiLU MLPs (gate_proj / up_proj / down_proj); Llama's
+  // config says whether they carry biases.
+  m.activation = ops::Activation::SwiGLU;
+  m.add_mlp_bias = j.contains("mlp_bias") && j["mlp_bias"].is_boolean() && j["mlp_bias"].get<bool>();
   m.max_position_embeddings = get({"max_position_embeddings"}, 4096);
   m.seq_length = std::min<int64_t>(m.max_position_embeddings, 4096);
   m.tie_embeddings = j.value("tie_word_embeddings", false);
@@ -232,6 +245,8 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   c.num_query_groups = m.num_query_groups;
   c.kv_channels = m.kv_channels;
   c.ffn_hidden = m.ffn_hidden;
+  c.activation = m.activation;
+  c.add_mlp_bias = m.add_mlp_bias;
   c.seq_length = m.seq_length;
   c.max_position_embeddings = m.max_position_embeddings;
   c.add_qkv_bias = m.add_qkv_bias;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "ops/activation.h"
 #include "parallel/parallel_config.h"
 #include "cli/megatron_argv.h"
 
@@ -34,6 +35,10 @@ struct ModelSpec {
   int64_t num_query_groups = 0; // Hkv
   int64_t kv_channels = 0;      // D
   int64_t ffn_hidden = 0;       // dense MLP width
+  // The MLPs' activation (fc1 is 2F wide when gated) and whether their fc1 / fc2 have biases
+  // (Megatron's --add-bias-linear, its default; --disable-bias-linear turns them off).
+  ops::Activation activation = ops::Activation::SwiGLU;
+  bool add_mlp_bias = false;
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;
   bool tie_embeddings = true;

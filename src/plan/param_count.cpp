@@ -1,5 +1,7 @@
 #include "plan/param_count.h"
 
+#include "ops/activation.h"
+
 namespace moecore::plan {
 namespace {
 
@@ -35,6 +37,15 @@ AttnParams attention_params(const ModelSpec& m) {
   return a;
 }
 
+// An MLP of width F: fc1 [F1, H] (F1 = 2F gated) and fc2 [H, F]; with biases F1 + H more.
+int64_t mlp_matmul(const ModelSpec& m, int64_t F) {
+  return (ops::activation_fc1_width(m.activation, F) + F) * m.hidden;
+}
+int64_t mlp_params(const ModelSpec& m, int64_t F) {
+  return mlp_matmul(m, F) +
+         (m.add_mlp_bias ? ops::activation_fc1_width(m.activation, F) + m.hidden : 0);
+}
+
 }  // namespace
 
 LayerParams layer_params(const ModelSpec& m, bool moe_layer) {
@@ -45,19 +56,20 @@ LayerParams layer_params(const ModelSpec& m, bool moe_layer) {
   p.norms = 2 * H;
   if (moe_layer) {
     p.router = m.num_experts * H;
-    p.expert_one = 3 * H * m.moe_ffn_hidden;
+    p.expert_one = mlp_params(m, m.moe_ffn_hidden);
     p.experts = m.num_experts * p.expert_one;
-    p.shared = 3 * H * m.shared_ffn_hidden;
+    p.shared = m.shared_ffn_hidden > 0 ? mlp_params(m, m.shared_ffn_hidden) : 0;
   } else {
-    p.dense_mlp = 3 * H * m.ffn_hidden;
+    p.dense_mlp = mlp_params(m, m.ffn_hidden);
   }
   return p;
 }
 
 int64_t layer_matmul_active(const ModelSpec& m, bool moe_layer) {
-  const LayerParams p = layer_params(m, moe_layer);
-  return attention_params(m).matmul + p.dense_mlp + p.router + p.shared + m.topk * p.expert_one *
-                                                                               (moe_layer ? 1 : 0);
+  const int64_t attn = attention_params(m).matmul;
+  if (!moe_layer) return attn + mlp_matmul(m, m.ffn_hidden);
+  return attn + m.num_experts * m.hidden + mlp_matmul(m, m.shared_ffn_hidden) +
+         m.topk * mlp_matmul(m, m.moe_ffn_hidden);
 }
 
 ParamCounts count_params(const ModelSpec& m) {

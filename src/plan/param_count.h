@@ -1,6 +1,7 @@
-// Parameter counts of a ModelSpec, by part, Megatron's conventions: SwiGLU MLPs (fc1 is 2F x H),
-// no linear biases (except --add-qkv-bias), RMSNorm weights counted, the MTP modules sharing the
-// embedding and output layer with the main model (as Megatron builds them).
+// Parameter counts of a ModelSpec, by part, Megatron's conventions: MLPs of the spec's
+// activation (fc1 is 2F x H gated, F x H otherwise) with fc1 / fc2 biases when it has them,
+// attention without linear biases (except --add-qkv-bias), RMSNorm weights counted, the MTP
+// modules sharing the embedding and output layer with the main model (as Megatron builds them).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@ namespace moecore::plan {
 struct LayerParams {
   int64_t attention = 0;  // projections and their norms (q/kv layernorms of MLA, qk layernorm)
   int64_t norms = 0;      // input_layernorm + pre_mlp_layernorm
-  int64_t dense_mlp = 0;  // dense layers
+  int64_t dense_mlp = 0;  // dense layers (with their biases)
   int64_t router = 0;
   int64_t experts = 0;    // all E routed experts
   int64_t expert_one = 0; // one routed expert
@@ -44,7 +45,8 @@ LayerParams layer_params(const ModelSpec& m, bool moe_layer);
 ParamCounts count_params(const ModelSpec& m);
 
 // Matmul parameters a token passes through in one decoder layer (attention projections, router,
-// K experts, shared expert or dense MLP; not norms): the FLOPs model's N_active per layer.
+// K experts, shared expert or dense MLP; not norms or biases): the FLOPs model's N_active per
+// layer.
 int64_t layer_matmul_active(const ModelSpec& m, bool moe_layer);
 
 }  // namespace moecore::plan

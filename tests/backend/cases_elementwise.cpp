@@ -1,6 +1,7 @@
-// Cases: the element-wise and layout ops: SwiGLU (with and without the routing prob, and its
-// bf16 / bf16w forms), RMSNorm and LayerNorm (and their forward_bf16w), add, bias, the QKV layout,
-// the token layout, the f32 <-> bf16 casts (NaN, inf, denormals, ties), sum of squares and AdamW
+// Cases: the element-wise and layout ops: SwiGLU and the element-wise activations (with and
+// without the routing prob, and their bf16 / bf16w forms), RMSNorm and LayerNorm (and their
+// forward_bf16w), add, bias (plain and grouped), the QKV layout, the token layout, the
+// f32 <-> bf16 casts (NaN, inf, denormals, ties), sum of squares and AdamW
 // (with and without the bf16 copies). Sizes 0 / 1 / odd / not a multiple of 8, and one above
 // each op's OpenMP threshold.
 #include <bit>
@@ -8,6 +9,7 @@
 #include <random>
 
 #include "backend_case.h"
+#include "ops/activation.h"
 #include "ops/adamw.h"
 #include "ops/add.h"
 #include "ops/bias.h"
@@ -88,6 +90,79 @@ void swiglu_bf16_case(const Exec& ex) {
       expect_bitwise(aw, aw_want.data(), "a (bf16w)");
       expect_bitwise(dhw, dhw_want.data(), "dh (bf16w)");
       expect_bitwise(dpw, dp.data(), "dp (bf16w kernel)");
+    }
+  }
+}
+
+const ops::Activation kElementwiseActs[] = {ops::Activation::GeLU, ops::Activation::GeLUTanh,
+                                            ops::Activation::SquaredReLU};
+
+// As swiglu_case, for every element-wise activation: h [N, F].
+template <typename T>
+void activation_case(const Exec& ex) {
+  uint32_t seed = 200;
+  for (ops::Activation act : kElementwiseActs) {
+    for (auto [N, F] : kSwiGluShapes) {
+      const auto h = random_vec<T>(N * F, seed++, -6, 6);
+      const auto p = random_vec<T>(N, seed++, 0, 1);
+      const auto da = random_vec<T>(N * F, seed++);
+      for (bool with_p : {true, false}) {
+        BACKEND_TRACE(ops::activation_name(act) << " N=" << N << " F=" << F << " p=" << with_p);
+        const T* pp = with_p ? p.data() : nullptr;
+        std::vector<T> a_ref(N * F), dh_ref(N * F), dp_ref(N, T(-1));
+        ops::activation_forward_ref(act, a_ref.data(), h.data(), pp, N, F);
+        ops::activation_backward_ref(act, dh_ref.data(), dp_ref.data(), da.data(), h.data(), pp, N,
+                                     F);
+        Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * F), dp(N, T(-1));
+        ops::activation_forward<T>(ex, act, a.data(), h.data(), pp, N, F);
+        ops::activation_backward<T>(ex, act, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+        expect_close(a, a_ref.data(), "a");
+        expect_close(dh, dh_ref.data(), "dh");
+        if (with_p) {
+          expect_close(dp, dp_ref.data(), "dp");
+        } else {
+          for (int64_t n = 0; n < N; ++n) EXPECT_EQ(dp[n], T(-1)) << "dp written without p";
+        }
+      }
+    }
+  }
+}
+
+// As swiglu_bf16_case: the bf16 forms are specified as the cast of the f32 op's outputs.
+void activation_bf16_case(const Exec& ex) {
+  uint32_t seed = 300;
+  for (ops::Activation act : kElementwiseActs) {
+    for (auto [N, F] : kSwiGluShapes) {
+      const auto h = random_vec<float>(N * F, seed++, -6, 6);
+      const auto p = random_vec<float>(N, seed++, 0, 1);
+      const auto da = random_vec<float>(N * F, seed++);
+      for (bool with_p : {true, false}) {
+        BACKEND_TRACE(ops::activation_name(act) << " N=" << N << " F=" << F << " p=" << with_p);
+        const float* pp = with_p ? p.data() : nullptr;
+        std::vector<float> a(N * F), dh(N * F), dp(N, -1.f);
+        ops::activation_forward<float>(ex, act, a.data(), h.data(), pp, N, F);
+        ops::activation_backward<float>(ex, act, dh.data(), dp.data(), da.data(), h.data(), pp, N,
+                                        F);
+        const auto a16_want = to_bf16(a), dh16_want = to_bf16(dh);
+        const auto aw_want = bf16_rounded(a), dhw_want = bf16_rounded(dh);
+
+        Guarded<uint16_t> a16(N * F), dh16(N * F);
+        Guarded<float> dp16(N, -1.f);
+        ops::activation_forward_bf16(ex, act, as_bf16(a16.data()), h.data(), pp, N, F);
+        ops::activation_backward_bf16(ex, act, as_bf16(dh16.data()), dp16.data(), da.data(),
+                                      h.data(), pp, N, F);
+        expect_bitwise(a16, reinterpret_cast<const uint16_t*>(a16_want.data()), "a16");
+        expect_bitwise(dh16, reinterpret_cast<const uint16_t*>(dh16_want.data()), "dh16");
+        expect_bitwise(dp16, dp.data(), "dp (bf16 kernel)");
+
+        Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * F), dpw(N, -1.f);
+        ops::activation_forward_bf16w(ex, act, aw.data(), h.data(), pp, N, F);
+        ops::activation_backward_bf16w(ex, act, dhw.data(), dpw.data(), da.data(), h.data(), pp,
+                                       N, F);
+        expect_bitwise(aw, aw_want.data(), "a (bf16w)");
+        expect_bitwise(dhw, dhw_want.data(), "dh (bf16w)");
+        expect_bitwise(dpw, dp.data(), "dp (bf16w kernel)");
+      }
     }
   }
 }
@@ -243,6 +318,46 @@ void bias_one(const Exec& ex) {
     ops::bias_backward<T>(ex, db.data(), y0.data(), s.M, s.N);
     expect_bitwise(y, y_ref.data(), "y");
     expect_close(db, db_ref.data(), "db (accumulated)");
+  }
+}
+
+// Grouped bias: empty groups first, in the middle and last, rows past the groups (untouched),
+// one shape above the threshold. Forward bitwise without p (an exact add); with p, and the
+// accumulated backwards, within the dtype's tolerance of the f64 reference.
+template <typename T>
+void grouped_bias_one(const Exec& ex) {
+  struct Case {
+    std::vector<int64_t> m_G;
+    int64_t extra_rows, C;
+  };
+  uint32_t seed = 400;
+  for (const Case& c : {Case{{}, 0, 3}, Case{{0, 0}, 2, 5}, Case{{1}, 0, 1},
+                        Case{{0, 4, 0, 7, 0}, 3, 13}, Case{{200, 0, 90, 1}, 0, 70}}) {
+    const int64_t G = static_cast<int64_t>(c.m_G.size()), C = c.C;
+    int64_t N = c.extra_rows;
+    for (int64_t m : c.m_G) N += m;
+    const auto y0 = random_vec<T>(N * C, seed++), b = random_vec<T>(G * C, seed++);
+    const auto p = random_vec<T>(N, seed++, 0, 1), dy = random_vec<T>(N * C, seed++);
+    const auto db0 = random_vec<T>(G * C, seed++), dp0 = random_vec<T>(N, seed++);
+    for (bool with_p : {true, false}) {
+      BACKEND_TRACE(dtype_name<T>() << " G=" << G << " N=" << N << " C=" << C << " p=" << with_p);
+      const T* pp = with_p ? p.data() : nullptr;
+      std::vector<T> y_ref = y0, db_ref = db0, dp_ref = dp0;
+      ops::grouped_bias_forward_ref(y_ref.data(), b.data(), pp, c.m_G.data(), G, C);
+      ops::grouped_bias_backward_ref(db_ref.data(), dp_ref.data(), dy.data(), b.data(), pp,
+                                     c.m_G.data(), G, C);
+      Guarded<T> y = guarded(y0), db = guarded(db0), dp = guarded(dp0);
+      ops::grouped_bias_forward<T>(ex, y.data(), b.data(), pp, c.m_G.data(), G, C);
+      ops::grouped_bias_backward<T>(ex, db.data(), dp.data(), dy.data(), b.data(), pp,
+                                    c.m_G.data(), G, C);
+      if (with_p) {
+        expect_close(y, y_ref.data(), "y");
+      } else {
+        expect_bitwise(y, y_ref.data(), "y");
+      }
+      expect_close(db, db_ref.data(), "db (accumulated)");
+      expect_close(dp, dp_ref.data(), "dp (accumulated)");
+    }
   }
 }
 
@@ -449,6 +564,15 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
                  {"swiglu_forward", "swiglu_backward", "swiglu_forward_bf16",
                   "swiglu_backward_bf16", "swiglu_forward_bf16w", "swiglu_backward_bf16w"},
                  swiglu_bf16_case});
+  out.push_back({"activation_f32", {"activation_forward", "activation_backward"},
+                 activation_case<float>});
+  out.push_back({"activation_f64", {"activation_forward", "activation_backward"},
+                 activation_case<double>});
+  out.push_back({"activation_bf16",
+                 {"activation_forward", "activation_backward", "activation_forward_bf16",
+                  "activation_backward_bf16", "activation_forward_bf16w",
+                  "activation_backward_bf16w"},
+                 activation_bf16_case});
   out.push_back({"rmsnorm_f32", {"rmsnorm_forward", "rmsnorm_backward"}, rmsnorm_case<float>});
   out.push_back({"rmsnorm_f64", {"rmsnorm_forward", "rmsnorm_backward"}, rmsnorm_case<double>});
   out.push_back(
@@ -467,6 +591,11 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
   out.push_back({"bias", {"bias_forward", "bias_backward"}, [](const Exec& ex) {
                    bias_one<float>(ex);
                    bias_one<double>(ex);
+                 }});
+  out.push_back({"grouped_bias", {"grouped_bias_forward", "grouped_bias_backward"},
+                 [](const Exec& ex) {
+                   grouped_bias_one<float>(ex);
+                   grouped_bias_one<double>(ex);
                  }});
   out.push_back({"qkv_layout", {"split_qkv", "fuse_qkv"}, [](const Exec& ex) {
                    qkv_one<float>(ex);

@@ -3,13 +3,15 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
 #include "common/layer_testing.h"
 #include "model/attention.h"
 #include "model/gpt_model.h"
-#include "nn/swiglu_mlp.h"
+#include "nn/mlp.h"
+#include "ops/gemm_bf16.h"
 #include "model/transformer_block.h"
 
 namespace moecore::model {
@@ -132,22 +134,83 @@ TEST_F(SelfAttentionTest, IsCausalOverSequence) {
   }
 }
 
+// Every activation, with and without biases (set away from their zero init so they act).
 TEST(MLP, FiniteDifferences) {
   const int64_t n = 5, H = 4, F = 3;
-  ParamRegistry params(DType::F64);
-  nn::MLP<double> mlp(H, F, 0.5, 0.5, params, "mlp");
-  Arena arena;
-  testing::plan_layer(arena, params, 4, [&](Arena& a) { mlp.allocate(a, n); });
-  auto x = random_vec<double>(n * H, 5);
-  auto R = random_vec<double>(n * H, 6);
-  std::vector<double> y(n * H), dx(n * H);
-  auto loss = [&] {
-    mlp.forward(y.data(), x.data(), n);
-    return testing::weighted_sum(y.data(), R);
+  for (ops::Activation act : {ops::Activation::SwiGLU, ops::Activation::GeLU,
+                              ops::Activation::GeLUTanh, ops::Activation::SquaredReLU}) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << ops::activation_name(act) << " bias=" << bias);
+      ParamRegistry params(DType::F64);
+      nn::MLP<double> mlp(H, F, act, bias, 0.5, 0.5, params, "mlp");
+      EXPECT_EQ(params.params().size(), bias ? 4u : 2u);
+      EXPECT_EQ(params.get("mlp.linear_fc1.weight").spec.global_shape,
+                (std::vector<int64_t>{ops::activation_fc1_width(act, F), H}));
+      Arena arena;
+      testing::plan_layer(arena, params, 4, [&](Arena& a) { mlp.allocate(a, n); });
+      if (bias) {
+        for (const char* name : {"mlp.linear_fc1.bias", "mlp.linear_fc2.bias"}) {
+          Param& b = params.get(name);
+          EXPECT_FALSE(b.spec.weight_decay) << name;
+          auto v = random_vec<double>(b.local_numel(), 9);
+          std::copy(v.begin(), v.end(), host(b.data_as<double>()));
+        }
+      }
+      auto x = random_vec<double>(n * H, 5);
+      auto R = random_vec<double>(n * H, 6);
+      std::vector<double> y(n * H), dx(n * H);
+      auto loss = [&] {
+        mlp.forward(y.data(), x.data(), n);
+        return testing::weighted_sum(y.data(), R);
+      };
+      EXPECT_TRUE(testing::check_layer_gradients(
+          params, loss, [&] { mlp.backward(dx.data(), R.data()); },
+          {{x.data(), dx.data(), n * H, "dx"}}));
+    }
+  }
+}
+
+// Recomputing fc1 (with its bias) and the activation in the backward gives bitwise the kept
+// forward's gradients, for GeLU with biases: f32, and --bf16 on the native and widened paths.
+TEST(MLP, RecomputationIsBitwiseWithGeluAndBiases) {
+  const int64_t n = 7, H = 16, F = 24;
+  auto x = random_vec<float>(n * H, 15);
+  auto dy = random_vec<float>(n * H, 16);
+  struct Run {
+    std::vector<float> y, dx;
+    std::vector<std::vector<float>> grads;
   };
-  EXPECT_TRUE(testing::check_layer_gradients(
-      params, loss, [&] { mlp.backward(dx.data(), R.data()); },
-      {{x.data(), dx.data(), n * H, "dx"}}));
+  auto run = [&](bool bf16, bool widened, bool recompute) {
+    ParamRegistry params(DType::F32);
+    if (bf16) params.enable_bf16_copies(widened);
+    nn::MLP<float> mlp(H, F, ops::Activation::GeLU, true, 0.3, 0.2, params, "mlp");
+    Arena arena;
+    testing::plan_layer(arena, params, 8, [&](Arena& a) { mlp.allocate(a, n, recompute); });
+    for (const char* name : {"mlp.linear_fc1.bias", "mlp.linear_fc2.bias"}) {
+      Param& b = params.get(name);
+      for (int64_t i = 0; i < b.local_numel(); ++i)
+        host(b.data_as<float>())[i] = 0.2f * std::cos(float(i));
+    }
+    params.refresh_bf16();
+    EXPECT_EQ(mlp.widened_bf16(), bf16 && widened);
+    Run r{std::vector<float>(n * H), std::vector<float>(n * H), {}};
+    mlp.forward(r.y.data(), x.data(), n);
+    params.zero_grads();
+    mlp.backward(r.dx.data(), dy.data());
+    for (const Param& p : params.params()) {
+      const float* g = host(p.grad_as<float>());
+      r.grads.emplace_back(g, g + p.local_numel());
+    }
+    return r;
+  };
+  for (auto [bf16, widened] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "bf16=" << bf16 << " widened=" << widened);
+    const Run kept = run(bf16, widened, false), again = run(bf16, widened, true);
+    EXPECT_EQ(kept.y, again.y);
+    EXPECT_EQ(kept.dx, again.dx);
+    ASSERT_EQ(kept.grads.size(), 4u);
+    for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(kept.grads[i], again.grads[i]) << i;
+  }
 }
 
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
@@ -251,6 +314,74 @@ TEST(GPTModel, FiniteDifferencesSharedExpertGateAndAttentionOutputBias) {
   auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 5);
   auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 6);
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
+}
+
+// Megatron's default MLP: GeLU (and its tanh form) with fc1 / fc2 biases in the dense layer, the
+// experts and the shared expert; every parameter against finite differences, the biases set
+// away from their zero init.
+TEST(GPTModel, FiniteDifferencesGeluWithMlpBiases) {
+  for (ops::Activation act : {ops::Activation::GeLU, ops::Activation::GeLUTanh}) {
+    SCOPED_TRACE(ops::activation_name(act));
+    ModelConfig cfg = tiny_config();
+    cfg.activation = act;
+    cfg.add_mlp_bias = true;
+    const int64_t B = 2;
+    GPTModel<double> model(cfg, B, 79);
+    int biases = 0;
+    for (const char* name :
+         {"decoder.layers.0.mlp.experts.linear_fc1.bias", "decoder.layers.0.mlp.experts.linear_fc2.bias",
+          "decoder.layers.0.mlp.shared_experts.linear_fc1.bias",
+          "decoder.layers.0.mlp.shared_experts.linear_fc2.bias", "decoder.layers.1.mlp.linear_fc1.bias",
+          "decoder.layers.1.mlp.linear_fc2.bias"}) {
+      Param& b = model.params().get(name);
+      for (int64_t i = 0; i < b.local_numel(); ++i)
+        host(b.data_as<double>())[i] = 0.1 * std::sin(i + biases);
+      ++biases;
+    }
+    EXPECT_EQ(model.params().get("decoder.layers.0.mlp.experts.linear_fc1.bias").spec.global_shape,
+              (std::vector<int64_t>{cfg.num_experts, cfg.moe.ffn_hidden}));
+    EXPECT_EQ(model.params().get("decoder.layers.1.mlp.linear_fc1.weight").spec.global_shape,
+              (std::vector<int64_t>{cfg.ffn_hidden, cfg.hidden}));
+    auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 9);
+    auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 10);
+    EXPECT_TRUE(check_model_gradients(model, ids, targets));
+  }
+}
+
+// A tiny f32 GeLU model with MLP biases learns: plain SGD steps (lr 0.1) on one batch lower its
+// loss, and the biases move away from zero. Without aux and z losses the gradient is the
+// reported loss's.
+TEST(GPTModel, GeluWithMlpBiasesLossFallsUnderSgd) {
+  ModelConfig cfg = tiny_config();
+  cfg.activation = ops::Activation::GeLU;
+  cfg.add_mlp_bias = true;
+  cfg.moe.router.aux_loss_coeff = 0;
+  cfg.moe.router.z_loss_coeff = 0;
+  cfg.hidden = 16;
+  cfg.init_std = 0.1;
+  const int64_t B = 4;
+  GPTModel<float> model(cfg, B, 80);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 11);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 12);
+  std::vector<double> losses;
+  for (int step = 0; step < 8; ++step) {
+    losses.push_back(model.forward(ids.data(), targets.data()));
+    model.params().zero_grads();
+    model.backward(1.0);
+    for (Param& p : model.params().params()) {
+      float* w = host(p.data_as<float>());
+      const float* g = host(p.grad_as<float>());
+      for (int64_t i = 0; i < p.local_numel(); ++i) w[i] -= 0.1f * g[i];
+    }
+  }
+  // Routing choices may flip between steps (the loss is only piecewise smooth in the weights),
+  // so no step-by-step monotonicity: every step below the start, the last well below it.
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[0]) << "step " << i;
+  EXPECT_LT(losses.back(), 0.8 * losses.front());
+  const Param& b = model.params().get("decoder.layers.1.mlp.linear_fc2.bias");
+  double norm = 0;
+  for (int64_t i = 0; i < b.local_numel(); ++i) norm += std::abs(host(b.data_as<float>())[i]);
+  EXPECT_GT(norm, 0.0);
 }
 
 // Without the options no parameter is added: the model of the main line.
@@ -408,13 +539,20 @@ TEST(GPTModel, F32GradientsMatchF64OnTheSameWeights) {
 
 // --bf16 runs the same model with bf16 GEMM inputs: loss and every gradient stay close to the
 // f32 model's (docs/numerics.md, bf16 rows), and the bf16 copies track the masters.
-TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
-  ModelConfig cfg = tiny_config();
+void expect_bf16_tracks_f32(ModelConfig cfg) {
   cfg.hidden = 32;
   cfg.init_std = 0.1;
   ModelConfig cfg16 = cfg;
   cfg16.bf16 = true;
   GPTModel<float> m32(cfg, 3, 5), m16(cfg16, 3, 5);
+  // Non-zero MLP biases (they start at zero), the same in both models.
+  for (const Param& p : m32.params().params()) {
+    if (!p.name().ends_with("linear_fc1.bias") && !p.name().ends_with("linear_fc2.bias")) continue;
+    const Param& q = m16.params().get(p.name());
+    for (int64_t i = 0; i < p.local_numel(); ++i)
+      host(p.data_as<float>())[i] = host(q.data_as<float>())[i] = 0.1f * std::sin(float(i));
+  }
+  m16.params().refresh_bf16();  // the copies follow their masters (the check below)
   auto ids = random_ids(3 * cfg.seq_length, cfg.vocab_size, 6);
   auto targets = random_ids(3 * cfg.seq_length, cfg.vocab_size, 7);
   double l32 = m32.forward(ids.data(), targets.data());
@@ -448,6 +586,26 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) {
   }
   EXPECT_EQ(m32.params().get("output_layer.weight").data16, nullptr);
   EXPECT_EQ(m32.params().get("output_layer.weight").data16w, nullptr);
+}
+
+TEST(GPTModel, Bf16MixedPrecisionTracksF32) { expect_bf16_tracks_f32(tiny_config()); }
+
+// The same for the element-wise activations with MLP biases (dense, experts, shared expert),
+// on both bf16 GEMM paths: the biases stay f32, their gradients summed from f32 values.
+TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    ops::set_bf16_gemm_path(path);
+    for (ops::Activation act : {ops::Activation::GeLU, ops::Activation::SquaredReLU}) {
+      SCOPED_TRACE(::testing::Message() << ops::bf16_gemm_path_name(path) << " "
+                                        << ops::activation_name(act));
+      ModelConfig cfg = tiny_config();
+      cfg.activation = act;
+      cfg.add_mlp_bias = true;
+      expect_bf16_tracks_f32(cfg);
+    }
+  }
+  ops::set_bf16_gemm_path(chosen);
 }
 
 // The cross entropy that forward_logits' [B, S, V] logits imply (on the host, in f64) and the

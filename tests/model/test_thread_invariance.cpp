@@ -19,8 +19,13 @@ namespace moecore::model {
 using testing::host;
 namespace {
 
-ModelConfig threaded_config(bool bf16) {
+// gelu_bias: GeLU MLPs with fc1 / fc2 biases (dense, experts, shared expert).
+ModelConfig threaded_config(bool bf16, bool gelu_bias = false) {
   ModelConfig cfg;
+  if (gelu_bias) {
+    cfg.activation = ops::Activation::GeLU;
+    cfg.add_mlp_bias = true;
+  }
   cfg.vocab_size = 96;
   cfg.hidden = 64;
   cfg.num_layers = 2;
@@ -47,9 +52,9 @@ struct StepResult {
   std::vector<std::vector<float>> grads;  // per parameter, registry order
 };
 
-StepResult run_at(int threads, bool bf16) {
+StepResult run_at(int threads, bool bf16, bool gelu_bias = false) {
   testing::ScopedOmpThreads scoped(threads);
-  const ModelConfig cfg = threaded_config(bf16);
+  const ModelConfig cfg = threaded_config(bf16, gelu_bias);
   const int64_t B = 4;
   GPTModel<float> model(cfg, B, 17);
   std::mt19937 gen(3);
@@ -67,10 +72,10 @@ StepResult run_at(int threads, bool bf16) {
   return r;
 }
 
-void expect_same(const StepResult& a, const StepResult& b, int threads) {
+void expect_same(const StepResult& a, const StepResult& b, int threads, bool gelu_bias = false) {
   EXPECT_EQ(a.loss, b.loss) << "loss at " << threads << " threads";
   ASSERT_EQ(a.grads.size(), b.grads.size());
-  const ModelConfig cfg = threaded_config(false);
+  const ModelConfig cfg = threaded_config(false, gelu_bias);
   GPTModel<float> names(cfg, 1, 1);
   for (size_t k = 0; k < a.grads.size(); ++k) {
     const std::string& name = names.params().params()[k].name();
@@ -104,6 +109,16 @@ TEST(ThreadInvariance, Bf16LossAndGradientsBitwiseAt1To3Threads) {
   SKIP_UNLESS_ONEDNN_AVX512();
   const StepResult one = run_at(1, true);
   for (int t : {2, 3}) expect_same(one, run_at(t, true), t);
+}
+
+// The element-wise activation and the (grouped) biases, f32 and --bf16.
+TEST(ThreadInvariance, GeluWithMlpBiasesBitwiseAt1To3Threads) {
+  SKIP_UNLESS_ONEDNN_AVX512();
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    const StepResult one = run_at(1, bf16, true);
+    for (int t : {2, 3}) expect_same(one, run_at(t, bf16, true), t, true);
+  }
 }
 
 }  // namespace

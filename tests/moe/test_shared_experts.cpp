@@ -142,7 +142,7 @@ TEST(SharedExperts, GatedEqualsPlainLoops) {
     ParamRegistry params(DType::F64);
     SharedExperts<double> shared(cfg, params, "mlp");
     Arena arena;
-    testing::plan_layer(arena, params, 3, [&](Arena& a) { shared.allocate(a, 8, {}, false); });
+    testing::plan_layer(arena, params, 3, [&](Arena& a) { shared.allocate(a, 8, {}, false, false); });
     const auto x = random_vec<double>(T * H, 4, -2, 2);
     const auto y0 = random_vec<double>(T * H, 5);
     const auto dy = random_vec<double>(T * H, 6);
@@ -175,7 +175,7 @@ TEST(SharedExperts, GatedFiniteDifferences) {
   ParamRegistry params(DType::F64);
   SharedExperts<double> shared(cfg, params, "mlp");
   Arena arena;
-  testing::plan_layer(arena, params, 11, [&](Arena& a) { shared.allocate(a, T, {}, false); });
+  testing::plan_layer(arena, params, 11, [&](Arena& a) { shared.allocate(a, T, {}, false, false); });
   auto x = random_vec<double>(T * H, 12);
   const auto R = random_vec<double>(T * H, 13);
   std::vector<double> y(T * H), dx(T * H);

@@ -1,8 +1,10 @@
-// add, bias and the QKV layout: fast == reference (bitwise where the op is exact: add, the
-// bias forward, the QKV copies; the bias backward within f32 rounding of the f64-accumulating
-// reference, and bitwise at any thread count), serial and OpenMP sizes, guard bytes, aliasing.
+// add, bias (plain and grouped) and the QKV layout: fast == reference (bitwise where the op is
+// exact: add, the bias forward, the QKV copies; the bias backwards within f32 rounding of the
+// f64-accumulating reference, and bitwise at any thread count), serial and OpenMP sizes, guard
+// bytes, aliasing, finite differences of the bias backwards.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -101,6 +103,102 @@ TEST(Bias, BackwardMatchesFiniteDifferences) {
 
 // fuse_qkv is split_qkv's adjoint (the QKV projection's gradient): <split(f), g> = <f, fuse(g)>
 // in f64.
+// Group sizes with empty groups first, in the middle and last, and rows past the last group
+// (dropped slots: untouched); one shape above the OpenMP threshold.
+struct GroupedBiasCase {
+  std::vector<int64_t> m_G;
+  int64_t extra_rows, C;
+};
+const GroupedBiasCase kGroupedBiasCases[] = {{{}, 0, 3},
+                                             {{0, 0}, 2, 5},
+                                             {{1}, 0, 1},
+                                             {{0, 4, 0, 7, 0}, 3, 13},
+                                             {{200, 0, 90, 1}, 0, 70}};
+
+int64_t rows_of(const std::vector<int64_t>& m_G) {
+  int64_t n = 0;
+  for (int64_t m : m_G) n += m;
+  return n;
+}
+
+TEST(GroupedBias, FastMatchesRefAndIsThreadInvariant) {
+  for (const auto& gc : kGroupedBiasCases) {
+    for (bool with_p : {true, false}) {
+      const int64_t G = static_cast<int64_t>(gc.m_G.size()), C = gc.C;
+      const int64_t N = rows_of(gc.m_G) + gc.extra_rows;
+      SCOPED_TRACE(::testing::Message() << "G=" << G << " N=" << N << " C=" << C
+                                        << " p=" << with_p);
+      auto y0 = random_vec<float>(N * C, 21), b = random_vec<float>(G * C, 22);
+      auto p = random_vec<float>(N, 23, 0, 1), dy = random_vec<float>(N * C, 24);
+      auto db0 = random_vec<float>(G * C, 25), dp0 = random_vec<float>(N, 26);
+      const float* pp = with_p ? p.data() : nullptr;
+      std::vector<float> y_ref = y0, db_ref = db0, dp_ref = dp0;
+      grouped_bias_forward_ref(y_ref.data(), b.data(), pp, gc.m_G.data(), G, C);
+      grouped_bias_backward_ref(db_ref.data(), dp_ref.data(), dy.data(), b.data(), pp,
+                                gc.m_G.data(), G, C);
+      std::vector<float> by_threads[3][3];
+      for (int threads : {1, 2, 3}) {
+        moecore::testing::ScopedOmpThreads t(threads);
+        Guarded<float> y(N * C), db(G * C), dp(N);
+        for (int64_t i = 0; i < N * C; ++i) y[i] = y0[i];
+        for (int64_t i = 0; i < G * C; ++i) db[i] = db0[i];
+        for (int64_t i = 0; i < N; ++i) dp[i] = dp0[i];
+        grouped_bias_forward<float>(cpu_exec(), y.data(), b.data(), pp, gc.m_G.data(), G, C);
+        grouped_bias_backward<float>(cpu_exec(), db.data(), dp.data(), dy.data(), b.data(), pp,
+                                     gc.m_G.data(), G, C);
+        EXPECT_TRUE(y.intact() && db.intact() && dp.intact());
+        by_threads[threads - 1][0] = y.vec();
+        by_threads[threads - 1][1] = db.vec();
+        by_threads[threads - 1][2] = dp.vec();
+      }
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(by_threads[0][k], by_threads[1][k]) << "1 vs 2 threads, output " << k;
+        EXPECT_EQ(by_threads[0][k], by_threads[2][k]) << "1 vs 3 threads, output " << k;
+      }
+      // Without p the forward adds b exactly; with p, s b rounds once more than the reference.
+      if (with_p) {
+        EXPECT_TRUE(all_close(by_threads[0][0], y_ref, kF32Rtol, kF32Atol)) << "y";
+      } else {
+        EXPECT_EQ(by_threads[0][0], y_ref) << "y";
+      }
+      // db sums a group's rows in f32 against the f64 reference (as Bias's backward), dp a row's
+      // C columns.
+      const double rows = 1.0 + (G == 0 ? 0 : *std::max_element(gc.m_G.begin(), gc.m_G.end()));
+      EXPECT_TRUE(all_close(by_threads[0][1], db_ref, kF32Rtol * rows, kF32Atol * rows)) << "db";
+      EXPECT_TRUE(all_close(by_threads[0][2], dp_ref, kF32Rtol * (1 + C), kF32Atol * (1 + C)))
+          << "dp";
+      for (int64_t n = rows_of(gc.m_G); n < N; ++n) {
+        EXPECT_EQ(by_threads[0][0][n * C], y0[n * C]) << "row past the groups written";
+        EXPECT_EQ(by_threads[0][2][n], dp0[n]) << "dp past the groups written";
+      }
+      if (!with_p) {
+        EXPECT_EQ(by_threads[0][2], dp0) << "dp written without p";
+      }
+    }
+  }
+}
+
+// f64 central finite differences of L(b, p) = sum(R * (y0 + grouped_bias(b, p))).
+TEST(GroupedBias, BackwardMatchesFiniteDifferences) {
+  const std::vector<int64_t> m_G = {3, 0, 2, 4};
+  const int64_t G = 4, C = 5, N = 9;
+  auto y0 = random_vec<double>(N * C, 31), R = random_vec<double>(N * C, 32);
+  auto b = random_vec<double>(G * C, 33), p = random_vec<double>(N, 34, 0.1, 1);
+  auto loss = [&] {
+    std::vector<double> y = y0;
+    grouped_bias_forward<double>(cpu_exec(), y.data(), b.data(), p.data(), m_G.data(), G, C);
+    double l = 0;
+    for (int64_t i = 0; i < N * C; ++i) l += R[i] * y[i];
+    return l;
+  };
+  std::vector<double> db(G * C, 0.0), dp(N, 0.0);
+  grouped_bias_backward<double>(cpu_exec(), db.data(), dp.data(), R.data(), b.data(), p.data(),
+                                m_G.data(), G, C);
+  EXPECT_TRUE(moecore::testing::check_gradient(loss, b.data(), db.data(), {G, C}, "db"));
+  EXPECT_TRUE(moecore::testing::check_gradient(loss, p.data(), dp.data(), N, "dp"));
+  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(db[1 * C + c], 0.0) << "the empty group's bias";
+}
+
 TEST(QkvLayout, FuseIsTheAdjointOfSplit) {
   const QkvShape s{3, 4, 2, 2};
   const int64_t nq = s.n_tok * s.Hq * s.D, nkv = s.n_tok * s.Hkv * s.D, nf = nq + 2 * nkv;

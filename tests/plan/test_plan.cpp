@@ -18,6 +18,7 @@
 #include "model/gpt_model.h"
 #include "ops/gemm_bf16.h"
 #include "plan/layout_search.h"
+#include "plan/param_count.h"
 #include "plan/memory_model.h"
 #include "plan/plan.h"
 #include "plan/plan_command.h"
@@ -195,6 +196,56 @@ TEST(PlanParams, EqualsTheTrainersRegistry) {
   const ArenaSizes a = trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0);
   EXPECT_EQ(a.numel_dense + a.numel_expert, count_params(shipped("tiny")).total());
   EXPECT_EQ(a.numel_expert, count_params(shipped("tiny")).experts());
+}
+
+// Megatron's default MLP (no --swiglu: F.gelu; no --disable-bias-linear: biases) and the other
+// activation flags: fc1 is F wide, each MLP has F + H biases, and the count equals the registry
+// of the model the trainer builds from the spec.
+TEST(PlanParams, GeluWithBiasesEqualsTheTrainersRegistry) {
+  const std::vector<std::string> base = {
+      "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length",
+      "16", "--vocab-size", "128", "--num-experts", "4", "--moe-ffn-hidden-size", "24",
+      "--moe-shared-expert-intermediate-size", "16", "--moe-layer-freq", "[1,0]",
+      "--ffn-hidden-size", "40", "--moe-router-topk", "2"};
+  auto spec = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const cli::ParsedArgs a =
+        cli::parse_megatron_argv(args, {}, cli::moecore_extra_choices());
+    ModelSpec m = model_from_args(a);
+    pad_vocab(m, a, 1);
+    return m;
+  };
+  const ModelSpec gelu = spec({});
+  EXPECT_EQ(gelu.activation, ops::Activation::GeLU);
+  EXPECT_TRUE(gelu.add_mlp_bias);
+  EXPECT_EQ(spec({"--openai-gelu"}).activation, ops::Activation::GeLUTanh);
+  EXPECT_EQ(spec({"--squared-relu"}).activation, ops::Activation::SquaredReLU);
+  const ModelSpec swiglu = spec({"--swiglu", "--disable-bias-linear"});
+  EXPECT_EQ(swiglu.activation, ops::Activation::SwiGLU);
+  EXPECT_FALSE(swiglu.add_mlp_bias);
+
+  const int64_t H = 32;
+  const LayerParams moe = layer_params(gelu, true), dense = layer_params(gelu, false);
+  EXPECT_EQ(moe.expert_one, (24 + 24) * H + 24 + H);
+  EXPECT_EQ(moe.shared, (16 + 16) * H + 16 + H);
+  EXPECT_EQ(dense.dense_mlp, (40 + 40) * H + 40 + H);
+  EXPECT_EQ(layer_params(swiglu, true).expert_one, 3 * 24 * H);
+  // Matmul parameters leave the biases out.
+  const int64_t attn = 4 * H * H;
+  EXPECT_EQ(layer_matmul_active(gelu, true), attn + 4 * H + 32 * H + 2 * 48 * H);
+  EXPECT_EQ(layer_matmul_active(gelu, false), attn + 80 * H);
+
+  for (const ModelSpec& m : {gelu, spec({"--swiglu"}), spec({"--squared-relu",
+                                                             "--disable-bias-linear"})}) {
+    SCOPED_TRACE(ops::activation_name(m.activation));
+    const ModelConfig c = trainer_model_config(m, RunSpec{});
+    EXPECT_EQ(c.activation, m.activation);
+    EXPECT_EQ(c.add_mlp_bias, m.add_mlp_bias);
+    const ArenaSizes a = trainer_arena_sizes(c, 1, {}, 1, 0);
+    EXPECT_EQ(a.numel_dense + a.numel_expert, count_params(m).total());
+    EXPECT_EQ(a.numel_expert, count_params(m).experts());
+  }
 }
 
 // One rank: the planner's memory is the trainer's plan (StepMetrics::mem_bytes by kind and

@@ -1299,5 +1299,31 @@ TEST(HfConvert, Gpt2MatchesTransformers) {
   check_against_transformers("gpt2");
 }
 
+// HF's three families have SwiGLU MLPs without biases: a model with another activation or with
+// MLP biases is refused before anything is written, naming what and the flag that would fit.
+TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
+  ModelConfig m;
+  m.num_experts = 4;
+  m.moe.router.num_experts = 4;
+  m.moe.ffn_hidden = 8;
+  EXPECT_NO_THROW(convert::hf_spec_of_model(m, m.vocab_size, convert::HfArch::Mixtral));
+  ModelConfig gelu = m;
+  gelu.activation = ops::Activation::GeLU;
+  std::string e = error_of(
+      [&] { convert::hf_spec_of_model(gelu, gelu.vocab_size, convert::HfArch::Mixtral); });
+  EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: a gelu MLP (HF's MLPs here are "
+                   "SwiGLU: --swiglu)"),
+            std::string::npos)
+      << e;
+  ModelConfig biased = m;
+  biased.add_mlp_bias = true;
+  e = error_of(
+      [&] { convert::hf_spec_of_model(biased, biased.vocab_size, convert::HfArch::Qwen2Moe); });
+  EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases (HF's MLPs here have "
+                   "none: --disable-bias-linear)"),
+            std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace moecore

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -215,6 +216,20 @@ std::vector<double> inputs(int src, int64_t n, uint32_t salt) {
 }
 
 // Forward + backward of sum(y * dy) on `x` (n_tok tokens); groups null = one rank.
+// MLP biases (zeros at init) are set to a function of their global index, so that every
+// layout holds the same values and they act.
+void set_biases(LayerRun& run) {
+  const int64_t first = run.layer->dispatcher().first_local_expert();
+  for (Param& p : run.params.params()) {
+    if (!p.name().ends_with("linear_fc1.bias") && !p.name().ends_with("linear_fc2.bias")) continue;
+    const int64_t off = p.spec.kind == ParamKind::Expert
+                            ? first * (p.local_numel() / run.layer->experts().num_local())
+                            : 0;
+    for (int64_t i = 0; i < p.local_numel(); ++i)
+      host(p.data_as<double>())[i] = 0.2 * std::sin(0.7 * static_cast<double>(off + i));
+  }
+}
+
 void run_layer(LayerRun& run, const ModelConfig& cfg, const ProcessGroups* groups,
                const std::vector<double>& x, const std::vector<double>& dy, int64_t n_tok,
                int64_t max_tokens) {
@@ -223,6 +238,7 @@ void run_layer(LayerRun& run, const ModelConfig& cfg, const ProcessGroups* group
                                                    groups);
     testing::plan_layer(run.arena, run.params, 7,
                         [&](Arena& a) { run.layer->allocate(a, max_tokens); });
+    set_biases(run);
   }
   run.params.zero_grads();
   run.y.assign(n_tok * cfg.hidden, 0);
@@ -365,53 +381,66 @@ TEST(EpMoELayerMpi, EqualsSingleRankLayerOnConcatenatedTokens) {
 // the router, so on each rank's tokens the layer equals the one-rank layer on all EP ranks'
 // tokens concatenated, and its gradients (fc1, fc2, gate_weight) summed over EP equal the
 // one-rank ones, as the router's do; the expert slices as in the ungated case.
+// The same for GeLU with MLP biases (no gate): the expert biases [E, F] and [E, H] are sliced
+// over EP like the weights, the shared expert's biases are dense.
 TEST(EpMoELayerMpi, SharedExpertGateEqualsSingleRankLayerOnConcatenatedTokens) {
   for (ProcessGroups* g : layouts())
-    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather}) {
-      Communicator& c = ep_comm(g);
-      const int me = c.rank(), R = c.size();
-      SCOPED_TRACE(::testing::Message() << "EP=" << R << " " << dispatcher_type_name(type));
-      ModelConfig cfg = layer_config(8, 2, type);
-      cfg.moe.shared_ffn_hidden = 3;
-      cfg.moe.shared_expert_gate = true;  // no aux loss: it is per rank, not on the concatenation
-      const int64_t H = cfg.hidden, max_tok = 3 + 2 * (R - 1);
-      std::vector<double> X, DY;
-      int64_t total = 0, my_off = 0;
-      for (int s = 0; s < R; ++s) {
-        const int64_t n = 3 + 2 * s;  // uneven, not divisible by EP
-        auto xs = inputs(s, n * H, 5), dys = inputs(s, n * H, 6);
-        if (s == me) my_off = total;
-        X.insert(X.end(), xs.begin(), xs.end());
-        DY.insert(DY.end(), dys.begin(), dys.end());
-        total += n;
-      }
-      const int64_t n = 3 + 2 * me;
-      std::vector<double> x(X.begin() + my_off * H, X.begin() + (my_off + n) * H);
-      std::vector<double> dy(DY.begin() + my_off * H, DY.begin() + (my_off + n) * H);
-      LayerRun ep, one;
-      run_layer(ep, cfg, g, x, dy, n, max_tok);
-      run_layer(one, cfg, nullptr, X, DY, total, total);
-      ASSERT_NE(ep.params.find("decoder.layers.0.mlp.shared_experts.gate_weight"), nullptr);
-      const std::vector<double> y_ref(one.y.begin() + my_off * H, one.y.begin() + (my_off + n) * H);
-      const std::vector<double> dx_ref(one.dx.begin() + my_off * H,
-                                       one.dx.begin() + (my_off + n) * H);
-      EXPECT_TRUE(all_close(ep.y, y_ref, testing::kF64Rtol, testing::kF64Atol)) << "output";
-      EXPECT_TRUE(all_close(ep.dx, dx_ref, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
-      const int64_t first = ep.layer->dispatcher().first_local_expert();
-      for (const Param& pe : ep.params.params()) {
-        const Param& po = one.params.get(pe.name());
-        if (pe.spec.kind == ParamKind::Dense) {  // router and shared expert: summed over EP
-          std::vector<double> gd = grad(pe);
-          c.all_reduce(gd);
-          EXPECT_TRUE(all_close(gd, grad(po), testing::kF64Rtol, testing::kF64Atol)) << pe.name();
-        } else {
-          const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
-          EXPECT_TRUE(all_close(grad(pe), slice(po, first * per, pe.local_numel()),
-                                testing::kF64Rtol, testing::kF64Atol))
-              << pe.name();
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather})
+      for (bool gelu_bias : {false, true}) {
+        Communicator& c = ep_comm(g);
+        const int me = c.rank(), R = c.size();
+        SCOPED_TRACE(::testing::Message() << "EP=" << R << " " << dispatcher_type_name(type)
+                                          << (gelu_bias ? " gelu+bias" : " gate"));
+        ModelConfig cfg = layer_config(8, 2, type);
+        cfg.moe.shared_ffn_hidden = 3;
+        // No aux loss: it is per rank, not on the concatenation.
+        cfg.moe.shared_expert_gate = !gelu_bias;
+        if (gelu_bias) {
+          cfg.activation = ops::Activation::GeLU;
+          cfg.add_mlp_bias = true;
+        }
+        const int64_t H = cfg.hidden, max_tok = 3 + 2 * (R - 1);
+        std::vector<double> X, DY;
+        int64_t total = 0, my_off = 0;
+        for (int s = 0; s < R; ++s) {
+          const int64_t n = 3 + 2 * s;  // uneven, not divisible by EP
+          auto xs = inputs(s, n * H, 5), dys = inputs(s, n * H, 6);
+          if (s == me) my_off = total;
+          X.insert(X.end(), xs.begin(), xs.end());
+          DY.insert(DY.end(), dys.begin(), dys.end());
+          total += n;
+        }
+        const int64_t n = 3 + 2 * me;
+        std::vector<double> x(X.begin() + my_off * H, X.begin() + (my_off + n) * H);
+        std::vector<double> dy(DY.begin() + my_off * H, DY.begin() + (my_off + n) * H);
+        LayerRun ep, one;
+        run_layer(ep, cfg, g, x, dy, n, max_tok);
+        run_layer(one, cfg, nullptr, X, DY, total, total);
+        EXPECT_EQ(ep.params.find("decoder.layers.0.mlp.shared_experts.gate_weight") != nullptr,
+                  !gelu_bias);
+        EXPECT_EQ(ep.params.find("decoder.layers.0.mlp.experts.linear_fc2.bias") != nullptr,
+                  gelu_bias);
+        const std::vector<double> y_ref(one.y.begin() + my_off * H,
+                                        one.y.begin() + (my_off + n) * H);
+        const std::vector<double> dx_ref(one.dx.begin() + my_off * H,
+                                         one.dx.begin() + (my_off + n) * H);
+        EXPECT_TRUE(all_close(ep.y, y_ref, testing::kF64Rtol, testing::kF64Atol)) << "output";
+        EXPECT_TRUE(all_close(ep.dx, dx_ref, testing::kF64Rtol, testing::kF64Atol)) << "input grad";
+        const int64_t first = ep.layer->dispatcher().first_local_expert();
+        for (const Param& pe : ep.params.params()) {
+          const Param& po = one.params.get(pe.name());
+          if (pe.spec.kind == ParamKind::Dense) {  // router and shared expert: summed over EP
+            std::vector<double> gd = grad(pe);
+            c.all_reduce(gd);
+            EXPECT_TRUE(all_close(gd, grad(po), testing::kF64Rtol, testing::kF64Atol)) << pe.name();
+          } else {
+            const int64_t per = pe.local_numel() / ep.layer->experts().num_local();
+            EXPECT_TRUE(all_close(grad(pe), slice(po, first * per, pe.local_numel()),
+                                  testing::kF64Rtol, testing::kF64Atol))
+                << pe.name();
+          }
         }
       }
-    }
 }
 
 // Capacity is per rank (Megatron: on the rank's own tokens), so the reference is each rank's

@@ -1,0 +1,131 @@
+// The MLP: h = x fc1^T (+ b1), a = act(h) * p, y = a fc2^T (+ p b2). act is SwiGLU (h rows
+// [gate | up], 2F wide) or an element-wise activation (GeLU, its tanh form, squared ReLU: F
+// wide), ops/activation.h. The functional core works on G groups of rows with per-group weights,
+// so the dense MLP (G = 1), the shared expert (G = 1) and the routed experts (G = local experts,
+// grouped GEMM) run the same code.
+// Legend: N rows, H hidden, F ffn width, F1 fc1's output width (2F gated, else F), G groups
+// (local experts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/arena.h"
+#include "nn/param_registry.h"
+#include "ops/activation.h"
+
+namespace moecore::nn {
+
+struct MlpShape {
+  int64_t H = 0, F = 0;
+  ops::Activation act = ops::Activation::SwiGLU;
+  // fc1 bias [G, F1] added to h, fc2 bias [G, H] added to y times the row's prob. They stay f32
+  // under --bf16: added in f32 after the bf16 GEMMs, their gradients summed from f32 values.
+  bool bias = false;
+  int64_t F1() const { return ops::activation_fc1_width(act, F); }
+};
+
+// The values (DevPtr<const T>) or gradients (DevPtr<T>) of one MLP's parameters, G groups;
+// the biases null without them.
+template <typename P>
+struct MlpParams {
+  P fc1 = nullptr;       // [G, F1, H]
+  P fc2 = nullptr;       // [G, H, F]
+  P fc1_bias = nullptr;  // [G, F1]
+  P fc2_bias = nullptr;  // [G, H]
+};
+
+template <typename T>
+struct MlpSaved {
+  const Exec* ex = &cpu_exec();         // the arena's: where the ops run (set by allocate)
+  DevPtr<const T> x_NH = nullptr;       // input rows, owned by the caller until backward
+  DevPtr<const T> p_N = nullptr;        // per-row probs (null: 1)
+  DevPtr<const int64_t> m_G = nullptr;  // rows per group
+  int64_t G = 0, N = 0;
+  DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias)
+  DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
+  DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
+  // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
+  // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
+  bool recompute_fc1 = false;
+  bool recompute_act = false;
+  // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
+  // two bf16 workspaces of max_rows * max(F1, H) for the other GEMM inputs.
+  DevPtr<const bf16> fc1_16 = nullptr;
+  DevPtr<const bf16> fc2_16 = nullptr;
+  DevPtr<const float> fc1_16w = nullptr;  // the same widened to f32 (widen GEMM path; else null)
+  DevPtr<const float> fc2_16w = nullptr;
+  // Widened bf16 (the weights' data16w exist): a_NF holds the activation's bf16 values in f32
+  // (a16_NF stays null) and the GEMMs are f32 GEMMs on bf16 values.
+  bool widened = false;
+  // Widened: x_NH arrives as bf16 values (its producer rounded it), so neither fc1 GEMM rounds
+  // it again. Set by the owner after allocation; the forward's recomputation must then hold too.
+  bool x_rounded = false;
+  bool dy_rounded = false;  // the same for the backward's dy_NH (never with biases)
+  DevPtr<bf16> ws_a16 = nullptr;
+  DevPtr<bf16> ws_b16 = nullptr;
+  // f32 operands of the widened-bf16 GEMM path (null on the native one).
+  DevPtr<float> ws32 = nullptr;
+};
+
+// What an MLP recomputes in its backward instead of keeping from the forward.
+struct MlpRecompute {
+  bool fc1 = false;  // fc1's output (and so the activation): only the input is kept
+  bool act = false;  // the activation: fc1's output is kept
+};
+
+// Buffers of an MlpSaved for up to max_rows rows; with bf16 copies of the weights
+// (fc1_16/fc2_16 non-null after the params are allocated) also the bf16 workspaces.
+template <typename T>
+void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const char* name,
+                  const Param* fc1 = nullptr, const Param* fc2 = nullptr,
+                  MlpRecompute recompute = {});
+
+// y [N, H] assigned. w.fc1_bias / w.fc2_bias must be set exactly when sh.bias.
+template <typename T>
+void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
+                 DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                 const MlpParams<DevPtr<const T>>& w, MlpShape sh);
+// dx assigned, dp assigned (if p and dp non-null), every parameter gradient in `grad`
+// accumulated. da_NF [N, F] and dh_NF1 [N, F1] are workspace. Recomputes first what
+// s.recompute_* say was not kept.
+template <typename T>
+void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
+                  const MlpParams<DevPtr<T>>& grad, DevPtr<const T> dy_NH,
+                  const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> da_NF,
+                  DevPtr<T> dh_NF1);
+
+// A dense MLP layer (a transformer FFN or the shared expert): linear_fc1.weight [F1, H],
+// linear_fc2.weight [H, F], with biases linear_fc1.bias [F1] and linear_fc2.bias [H] (zeros at
+// init, no weight decay, as Megatron's).
+template <typename T>
+class MLP {
+ public:
+  MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double init_std,
+      double out_init_std, ParamRegistry& params, const std::string& prefix);
+  // recompute: keep only the input; the backward recomputes fc1 and the activation.
+  void allocate(Arena& arena, int64_t max_tokens, bool recompute = false);
+  // As SelfAttention's: after allocate(), an input of bf16 values skips the rounding passes.
+  bool widened_bf16() const { return saved_.widened; }
+  void input_rounded() { saved_.x_rounded = saved_.widened; }
+  // dy as bf16 values. Not with biases: fc2's bias gradient sums dy's f32 values.
+  void output_grad_rounded();
+  bool has_bias() const { return sh_.bias; }
+  void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);
+  void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
+
+ private:
+  MlpParams<DevPtr<const T>> values() const;
+  MlpShape sh_;
+  Param* fc1_;                 // [F1, H]
+  Param* fc2_;                 // [H, F]
+  Param* fc1_bias_ = nullptr;  // [F1]
+  Param* fc2_bias_ = nullptr;  // [H]
+  MlpSaved<T> saved_;
+  int64_t rows_ = 0;                    // the host's group size, uploaded each forward
+  DevPtr<int64_t> rows_dev_ = nullptr;  // [1] what the grouped GEMMs read
+  DevPtr<T> da_ = nullptr;
+  DevPtr<T> dh_ = nullptr;
+};
+
+}  // namespace moecore::nn

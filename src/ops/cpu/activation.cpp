@@ -1,0 +1,190 @@
+// Element-wise MLP activations, fast path: OpenMP over rows, per-row loops in the working
+// precision, the activation chosen once per call (a template parameter of the row loops). Each
+// row is independent and dp has one fixed association, so results do not depend on the thread
+// count, and the bf16 outputs are the rounded f32 ones bitwise (swiglu.cpp's scheme).
+#include <algorithm>
+#include <cmath>
+
+#include "ops/activation.h"
+#include "ops/cast.h"
+
+namespace moecore::ops::cpu {
+
+namespace {
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = int64_t(1) << 14;
+
+// The output element type: T itself, or bf16 bits (uint16_t) of an f32 result; kWide: an f32
+// output holding the bf16 value of the result.
+template <typename T>
+inline T store_as(T v, T*) {
+  return v;
+}
+inline uint16_t store_as(float v, uint16_t*) {
+  return f32_to_bf16_bits(v);
+}
+template <bool kWide, typename T, typename Out>
+inline Out store(T v, Out* p) {
+  if constexpr (kWide) {
+    return f32_bf16_rounded(v);
+  } else {
+    return store_as(v, p);
+  }
+}
+
+// act(x) and act'(x) in T. The constants are Megatron's (openai_gelu: 0.7978845608028654 =
+// sqrt(2 / pi), 0.044715) and F.gelu's exact form.
+template <Activation A, typename T>
+struct Act;
+template <typename T>
+struct Act<Activation::GeLU, T> {
+  static T f(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
+  static T df(T x) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+    const T pdf = T(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
+    return cdf + x * pdf;
+  }
+};
+template <typename T>
+struct Act<Activation::GeLUTanh, T> {
+  static T f(T x) {
+    return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+  }
+  static T df(T x) {
+    const T t = std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+    return T(0.5) * (T(1) + t) +
+           T(0.5) * x * (T(1) - t * t) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+  }
+};
+template <typename T>
+struct Act<Activation::SquaredReLU, T> {
+  static T f(T x) { return x > T(0) ? x * x : T(0); }
+  static T df(T x) { return x > T(0) ? T(2) * x : T(0); }
+};
+
+template <Activation A, typename T, typename Out, bool kWide>
+void forward_rows(Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* h = h_NF + n * F;
+    Out* a = a_NF + n * F;
+    const T p = p_N ? p_N[n] : T(1);
+    for (int64_t f = 0; f < F; ++f) a[f] = store<kWide>(Act<A, T>::f(h[f]) * p, a);
+  }
+}
+
+// dp's dot product over F: element f goes to lane f % kLanes, lanes add up in order, then a
+// fixed pairwise tree (swiglu.cpp: the vectoriser's association differs between instantiations).
+constexpr int kLanes = 16;
+
+template <typename T>
+T sum_lanes(const T* part) {
+  T s[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) s[l] = part[l] + part[l + kLanes / 2];
+  for (int w = kLanes / 4; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
+  }
+  return s[0];
+}
+
+template <Activation A, typename T, typename Out, bool kWide>
+void backward_rows(Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N, int64_t N,
+                   int64_t F) {
+  const bool want_dp = p_N && dp_N;
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* h = h_NF + n * F;
+    const T* da = da_NF + n * F;
+    Out* dh = dh_NF + n * F;
+    const T p = p_N ? p_N[n] : T(1);
+    T part[kLanes] = {};
+    for (int64_t f0 = 0; f0 < F; f0 += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, F - f0);
+      for (int64_t l = 0; l < m; ++l) {
+        const int64_t f = f0 + l;
+        dh[f] = store<kWide>(da[f] * p * Act<A, T>::df(h[f]), dh);
+        if (want_dp) part[l] += Act<A, T>::f(h[f]) * da[f];
+      }
+    }
+    if (want_dp) dp_N[n] = sum_lanes(part);
+  }
+}
+
+template <typename T, typename Out, bool kWide = false>
+void forward(Activation act, Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+  check_elementwise_activation(act, "activation_forward");
+  switch (act) {
+    case Activation::GeLU:
+      return forward_rows<Activation::GeLU, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+    case Activation::GeLUTanh:
+      return forward_rows<Activation::GeLUTanh, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+    case Activation::SquaredReLU:
+      return forward_rows<Activation::SquaredReLU, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+    case Activation::SwiGLU:
+      break;
+  }
+}
+
+template <typename T, typename Out, bool kWide = false>
+void backward(Activation act, Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
+              int64_t N, int64_t F) {
+  check_elementwise_activation(act, "activation_backward");
+  switch (act) {
+    case Activation::GeLU:
+      return backward_rows<Activation::GeLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+    case Activation::GeLUTanh:
+      return backward_rows<Activation::GeLUTanh, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
+                                                                F);
+    case Activation::SquaredReLU:
+      return backward_rows<Activation::SquaredReLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
+                                                                   F);
+    case Activation::SwiGLU:
+      break;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void activation_forward(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N,
+                        int64_t F) {
+  forward<T, T>(act, a_NF, h_NF, p_N, N, F);
+}
+
+template <typename T>
+void activation_backward(Activation act, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
+                         const T* p_N, int64_t N, int64_t F) {
+  backward<T, T>(act, dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+}
+
+void activation_forward_bf16(Activation act, bf16* a16_NF, const float* h_NF, const float* p_N,
+                             int64_t N, int64_t F) {
+  forward<float, uint16_t>(act, reinterpret_cast<uint16_t*>(a16_NF), h_NF, p_N, N, F);
+}
+
+void activation_backward_bf16(Activation act, bf16* dh16_NF, float* dp_N, const float* da_NF,
+                              const float* h_NF, const float* p_N, int64_t N, int64_t F) {
+  backward<float, uint16_t>(act, reinterpret_cast<uint16_t*>(dh16_NF), dp_N, da_NF, h_NF, p_N, N,
+                            F);
+}
+
+void activation_forward_bf16w(Activation act, float* a_NF, const float* h_NF, const float* p_N,
+                              int64_t N, int64_t F) {
+  forward<float, float, true>(act, a_NF, h_NF, p_N, N, F);
+}
+
+void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                               const float* h_NF, const float* p_N, int64_t N, int64_t F) {
+  backward<float, float, true>(act, dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+}
+
+template void activation_forward<float>(Activation, float*, const float*, const float*, int64_t,
+                                        int64_t);
+template void activation_forward<double>(Activation, double*, const double*, const double*, int64_t,
+                                         int64_t);
+template void activation_backward<float>(Activation, float*, float*, const float*, const float*,
+                                         const float*, int64_t, int64_t);
+template void activation_backward<double>(Activation, double*, double*, const double*,
+                                          const double*, const double*, int64_t, int64_t);
+
+}  // namespace moecore::ops::cpu
