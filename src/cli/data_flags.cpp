@@ -48,6 +48,8 @@ void add_data_flags(CLI::App& app, TrainConfig& t) {
       ->group(kEval);
 }
 
+constexpr int64_t kSyntheticDefaultVocab = 256;
+
 int64_t finalize_data_flags(TrainConfig& t, int64_t vocab_size_flag) {
   data::DataConfig& d = t.data;
   MOE_CHECK(!(d.mock_data && !d.data_path.empty()),
@@ -56,10 +58,8 @@ int64_t finalize_data_flags(TrainConfig& t, int64_t vocab_size_flag) {
     MOE_CHECK(d.split.empty(),
               "[flags] --split needs --data-path or --mock-data (the synthetic language has no "
               "splits)");
-    MOE_CHECK(vocab_size_flag != 0,
-              "[flags] --vocab-size is required for the synthetic language (no --data-path): "
-              "give --vocab-size N");
-    return vocab_size_flag;
+    // Without data and without --vocab-size, the synthetic language speaks in bytes.
+    return vocab_size_flag != 0 ? vocab_size_flag : kSyntheticDefaultVocab;
   }
   d.tokenizer.vocab_size = vocab_size_flag;
   if (d.tokenizer.type == "ByteLevel") {

@@ -31,6 +31,8 @@ TrainFlags::TrainFlags() {
   m.rotary_base = 10000;
   m.norm_eps = 1e-5;
   m.init_std = 0.02;
+  m.hidden_dropout = 0.1;
+  m.attention_dropout = 0.1;
   m.num_experts = 0;
   m.moe.ffn_hidden = 0;
   m.moe.shared_ffn_hidden = 0;
@@ -99,7 +101,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--attention-dropout", m.attention_dropout,
                  "Dropout on the attention probabilities (training only)")
       ->group(kModel);
-  app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language and of NullTokenizer")
+  app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language (default 256) and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
                  "Pad the vocabulary to a multiple of this")

@@ -207,10 +207,11 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
         "--position-embedding-type {}: its classes use RoPE{}",
         m.position_embedding == PositionEmbedding::None ? "none" : "learned_absolute",
         m.position_embedding == PositionEmbedding::None ? "" : " (export with --arch gpt2)"));
+  // HF's MoE families have gated SiLU MLPs without biases (gate_proj / up_proj / down_proj).
   if (m.activation != ops::Activation::SwiGLU)
-    refuse(
-        fmt::format("the {} MLP: its MLPs are SwiGLU (silu)", ops::activation_name(m.activation)));
-  if (m.add_mlp_bias) refuse("MLP biases (--add-bias-linear): its MLPs have none");
+    refuse(fmt::format("the {} MLP: its MLPs are SwiGLU (--swiglu)",
+                       ops::activation_name(m.activation)));
+  if (m.add_mlp_bias) refuse("MLP biases: its MLPs have none (--disable-bias-linear)");
   if (m.num_experts > 0) {
     // What none of HF's three routers computes: softmax scores, plain top-k, weights as they
     // come, no token dropped.
@@ -229,12 +230,6 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
       refuse(fmt::format("--moe-expert-capacity-factor {} (HF's MoE blocks drop no token)",
                          rc.capacity_factor));
   }
-  // HF's three families have gated SiLU MLPs without biases (gate_proj / up_proj / down_proj).
-  if (m.activation != ops::Activation::SwiGLU)
-    refuse(fmt::format("a {} MLP (HF's MLPs here are SwiGLU: --swiglu)",
-                       ops::activation_name(m.activation)));
-  if (m.add_mlp_bias)
-    refuse("MLP biases (HF's MLPs here have none: --disable-bias-linear)");
   if (m.vocab_size < vocab)
     refuse(
         fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));

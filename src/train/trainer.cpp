@@ -375,6 +375,26 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                cfg_.ddp.overlap ? "overlapped with the backward (--overlap-grad-reduce)"
                                 : "reduced after the backward");
   }
+  {
+    const ModelConfig& mc = model_cfg_;
+    fmt::print(log,
+               "[train] model: {} layers, hidden {}, {} heads ({} query groups); {} MLPs{}; {}; "
+               "positions {}; hidden dropout {}, attention dropout {} (training only)\n",
+               mc.num_layers, mc.hidden, mc.num_heads, mc.num_query_groups,
+               ops::activation_name(mc.activation),
+               mc.add_mlp_bias || mc.add_qkv_bias || mc.add_attention_output_bias
+                   ? fmt::format(", biases on {}{}{}", mc.add_qkv_bias ? "QKV " : "",
+                                 mc.add_attention_output_bias ? "attention-output " : "",
+                                 mc.add_mlp_bias ? "MLP" : "")
+                   : "",
+               mc.normalization == Normalization::LayerNorm
+                   ? (mc.layernorm_1p ? "LayerNorm (1p)" : "LayerNorm")
+                   : "RMSNorm",
+               mc.position_embedding == PositionEmbedding::Rope            ? "rope"
+               : mc.position_embedding == PositionEmbedding::LearnedAbsolute ? "learned_absolute"
+                                                                             : "none",
+               mc.hidden_dropout, mc.attention_dropout);
+  }
   fmt::print(log, "[train] parameters{}: {} ({} dense, {} expert); active matmul parameters per "
                   "token: {:.0f}\n",
              groups_ != nullptr && groups_->world_size() > 1 ? " on this rank" : "",

@@ -47,4 +47,18 @@ inline TrainFlags tiny_train_flags() {
   return f;
 }
 
+// The same model as Megatron builds it without the tiny model's flags: GeLU MLPs, biases on
+// every linear layer, LayerNorm, learned absolute positions, dropout 0.1 on the hidden states
+// and the attention probabilities.
+inline TrainFlags megatron_model_train_flags() {
+  TrainFlags f = tiny_train_flags();
+  f.swiglu = false;
+  f.disable_bias_linear = false;
+  f.normalization = "LayerNorm";
+  f.position_embedding_type = "learned_absolute";
+  f.model.hidden_dropout = 0.1;
+  f.model.attention_dropout = 0.1;
+  return f;
+}
+
 }  // namespace moecore::cli

@@ -24,8 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-cli::TrainFlags resume_flags(int64_t iters, bool quantile) {
-  cli::TrainFlags f = cli::tiny_train_flags();
+cli::TrainFlags resume_flags(int64_t iters, bool quantile, bool megatron_model = false) {
+  cli::TrainFlags f = megatron_model ? cli::megatron_model_train_flags() : cli::tiny_train_flags();
   f.vocab_size = 64;
   f.model.hidden = 32;
   f.model.seq_length = 32;
@@ -60,11 +60,17 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
+// The third case is Megatron's default model (GeLU, biases, LayerNorm, learned positions) with
+// hidden and attention dropout 0.1: the masks follow the iteration, so a resumed run draws the
+// uninterrupted run's.
 TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
-  for (bool quantile : {false, true}) {
-    SCOPED_TRACE(quantile ? "quantile balancing" : "expert bias");
-    const cli::TrainFlags f = resume_flags(6, quantile);
-    const fs::path dir = fresh_dir(quantile ? "quantile" : "bias");
+  for (int run = 0; run < 3; ++run) {
+    const bool quantile = run == 1, megatron_model = run == 2;
+    SCOPED_TRACE(megatron_model ? "Megatron's default model with dropout"
+                 : quantile     ? "quantile balancing"
+                                : "expert bias");
+    const cli::TrainFlags f = resume_flags(6, quantile, megatron_model);
+    const fs::path dir = fresh_dir(megatron_model ? "megatron" : quantile ? "quantile" : "bias");
     train::Trainer whole(f.model, f.train);
     std::vector<train::StepMetrics> ref;
     for (int i = 0; i < 6; ++i) ref.push_back(whole.train_step());
@@ -89,7 +95,9 @@ TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
     EXPECT_EQ(second.weights_digest(), whole.weights_digest());
     // Their checkpoints of iteration 6 too: weights, AdamW moments and the routers' expert bias
     // or quantile beta, byte for byte (`moecore checkpoint compare`).
-    const fs::path whole_dir = fresh_dir(quantile ? "quantile_whole" : "bias_whole");
+    const fs::path whole_dir = fresh_dir(megatron_model ? "megatron_whole"
+                                         : quantile     ? "quantile_whole"
+                                                        : "bias_whole");
     second.save_checkpoint(dir);
     whole.save_checkpoint(whole_dir);
     EXPECT_EQ(ckpt::compare_checkpoints(dir, whole_dir), std::vector<std::string>{});

@@ -1311,16 +1311,16 @@ TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
   gelu.activation = ops::Activation::GeLU;
   std::string e = error_of(
       [&] { convert::hf_spec_of_model(gelu, gelu.vocab_size, convert::HfArch::Mixtral); });
-  EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: a gelu MLP (HF's MLPs here are "
-                   "SwiGLU: --swiglu)"),
+  EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: the gelu MLP: its MLPs are SwiGLU "
+                   "(--swiglu)"),
             std::string::npos)
       << e;
   ModelConfig biased = m;
   biased.add_mlp_bias = true;
   e = error_of(
       [&] { convert::hf_spec_of_model(biased, biased.vocab_size, convert::HfArch::Qwen2Moe); });
-  EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases (HF's MLPs here have "
-                   "none: --disable-bias-linear)"),
+  EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases: its MLPs have none "
+                   "(--disable-bias-linear)"),
             std::string::npos)
       << e;
 }

@@ -77,10 +77,21 @@ std::vector<double> to_double(const T* p, int64_t n) {
   return std::vector<double>(p, p + n);
 }
 
+// Set by MegatronModel: runs start from Megatron's default model with dropout 0.1
+// (cli::megatron_model_train_flags) instead of the tiny model's flags.
+bool g_megatron_model = false;
+struct MegatronModel {
+  MegatronModel() { g_megatron_model = true; }
+  ~MegatronModel() { g_megatron_model = false; }
+};
+cli::TrainFlags base_flags() {
+  return g_megatron_model ? cli::megatron_model_train_flags() : cli::tiny_train_flags();
+}
+
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
 Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
-  cli::TrainFlags f = cli::tiny_train_flags();
+  cli::TrainFlags f = base_flags();
   parse_flags(f, args);
   train::BasicTrainer<T> trainer(f.model, f.train, groups);
   std::ostringstream log;
@@ -203,7 +214,7 @@ void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
 }
 
 parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
-  cli::TrainFlags f = cli::tiny_train_flags();
+  cli::TrainFlags f = base_flags();
   parse_flags(f, args);
   parallel::ParallelConfig cfg;
   cfg.ep = ep;
@@ -286,6 +297,18 @@ void expert_parallel_parity(const std::vector<std::string>& args, const std::str
 
 TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + kAux, "base"); }
 TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
+
+// Megatron's default model (GeLU, biases everywhere incl. the experts', LayerNorm, learned
+// positions) with hidden and attention dropout 0.1: every element's mask follows its sample's
+// place in the global batch, so each layout trains the one-rank model.
+TEST(LayoutParity, MegatronDefaultModelWithDropoutDataParallel) {
+  MegatronModel defaults;
+  data_parallel_parity<float>(kBase + kAux, "megatron model + dropout");
+}
+TEST(LayoutParity, MegatronDefaultModelWithDropoutExpertParallel) {
+  MegatronModel defaults;
+  expert_parallel_parity<float>(kBase + kAux, "megatron model + dropout");
+}
 
 // Qwen-style options: the shared expert's gate and the attention output bias, dense parameters
 // replicated over EP and reduced over DP like the router's; the bias starts at zero and moves.
@@ -388,6 +411,28 @@ TEST(RecomputeParity, EveryModeExpertParallelBitwise) {
       expect_bitwise(got, plain, what);
       EXPECT_TRUE(got.beta == plain.beta && got.bias == plain.bias) << what << ": router state";
     }
+  }
+}
+
+// Dropout under recomputation: the attention core (its probabilities' masks), the norms, the
+// experts' activation and whole layers rerun with the forward's counters, bitwise.
+TEST(RecomputeParity, DropoutExpertParallelBitwise) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "EP = 2 needs an even world size";
+  MegatronModel defaults;
+  const auto args = kBase + kAux + std::vector<std::string>{"--overlap-grad-reduce",
+                                                             "--train-iters", "3"};
+  parallel::ProcessGroups groups = make_groups(2, args);
+  const auto plain = train_run<float>(args, &groups);
+  for (const auto& mode : std::vector<std::vector<std::string>>{
+           {"--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+            "layernorm", "moe_act"},
+           {"--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1"}}) {
+    std::string what = "ep=2 dropout";
+    for (size_t i = 1; i < mode.size(); i += 2) what += " " + mode[i];
+    const auto got = train_run<float>(args + mode, &groups);
+    EXPECT_GT(got.recomputed_bytes, 0u) << what << ": nothing recomputed";
+    expect_bitwise(got, plain, what);
   }
 }
 
