@@ -248,6 +248,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
       {"--openai-gelu", &f.openai_gelu}, {"--squared-relu", &f.squared_relu},
       {"--apply-layernorm-1p", &f.apply_layernorm_1p},
+      {"--eod-mask-loss", &t.data.eod_mask_loss},
       {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},

@@ -66,7 +66,7 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--fp16", "--fp16: fp16 with loss scaling is not implemented yet");
   expect_stops("--lr-warmup-iters 2 --lr-warmup-fraction 0.1",
                "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
-  expect_stops("--normalization LayerNorm", "--normalization LayerNorm");
+  expect_stops("--position-embedding-type relative", "--position-embedding-type relative");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
   expect_stops("--device tpu", "--device: tpu not in {cpu,cuda}");
   expect_stops("--device cuda", moecore::cuda_built() ? "--device cuda:"

@@ -55,6 +55,16 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("model.add_qkv_bias", text(m.add_qkv_bias));
   add("model.add_attention_output_bias", text(m.add_attention_output_bias));
   add("model.qk_layernorm", text(m.qk_layernorm));
+  add("model.activation", ops::activation_name(m.activation));
+  add("model.add_mlp_bias", text(m.add_mlp_bias));
+  add("model.normalization", m.normalization == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm");
+  add("model.layernorm_1p", text(m.layernorm_1p));
+  add("model.position_embedding",
+      m.position_embedding == PositionEmbedding::Rope            ? "rope"
+      : m.position_embedding == PositionEmbedding::LearnedAbsolute ? "learned_absolute"
+                                                                   : "none");
+  add("model.hidden_dropout", text(m.hidden_dropout));
+  add("model.attention_dropout", text(m.attention_dropout));
   add("model.tie_embeddings", text(m.tie_embeddings));
   add("model.bf16", text(m.bf16));
   add("model.num_experts", text(m.num_experts));
@@ -113,6 +123,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("train.data.split", d.split);
   add("train.data.data_cache_path", d.data_cache_path);
   add("train.data.mock_data", text(d.mock_data));
+  add("train.data.eod_mask_loss", text(d.eod_mask_loss));
   add("train.data.tokenizer.type", d.tokenizer.type);
   add("train.data.tokenizer.vocab_size", text(d.tokenizer.vocab_size));
   add("train.data.tokenizer.vocab_file", d.tokenizer.vocab_file);

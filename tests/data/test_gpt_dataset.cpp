@@ -416,5 +416,40 @@ TEST(SampleStream, ResumeAtSampleNAndDataParallelSizeIndependence) {
   remove_dataset(p);
 }
 
+// --eod-mask-loss: the target of every position whose input token is the EOD is ignored (-1),
+// every other target and every input unchanged (Megatron: loss_mask[tokens == eod] = 0).
+TEST(SampleStream, EodMaskIgnoresThePredictionsMadeAtTheEod) {
+  const std::vector<int32_t> sizes = fixtures()["sizes"].get<std::vector<int32_t>>();
+  const std::string p = write_dataset(sizes, "moecore_eodmask");
+  DataConfig cfg;
+  cfg.data_path = {p};
+  cfg.split = "1,0,0";
+  const DataSplits s = build_data_splits(cfg, 8, 1234, {96, 0, 0}, 256, 0);
+  const int64_t S = 8, gb = 8;
+  std::vector<int32_t> ids(gb * S), tg(gb * S), scratch(S + 1), ids2(gb * S), tg2(gb * S);
+  SampleStream plain(s.train(), gb, 1, 0);
+  plain.fill_micro_batch(0, gb, S, ids.data(), tg.data(), scratch.data());
+  const int32_t eod = ids[3];  // a token the batch holds, standing for the EOD
+  SampleStream masked(s.train(), gb, 1, 0);
+  masked.set_eod_mask(eod);
+  masked.fill_micro_batch(0, gb, S, ids2.data(), tg2.data(), scratch.data());
+  EXPECT_EQ(ids2, ids);
+  int64_t n_masked = 0;
+  for (int64_t i = 0; i < gb * S; ++i) {
+    if (ids[i] == eod) {
+      EXPECT_EQ(tg2[i], -1) << i;
+      ++n_masked;
+    } else {
+      EXPECT_EQ(tg2[i], tg[i]) << i;
+    }
+  }
+  EXPECT_GE(n_masked, 1);
+  // Each micro-batch's first sample in the global batch: the dropout counters' sample0.
+  SampleStream rank1(s.train(), gb, 2, 1);
+  EXPECT_EQ(rank1.first_sample(0, 2), 4);
+  EXPECT_EQ(rank1.first_sample(1, 2), 6);
+  remove_dataset(p);
+}
+
 }  // namespace
 }  // namespace moecore::data

@@ -291,6 +291,62 @@ TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
 }
 
+// Megatron's default model: LayerNorm (also its 1p form), learned absolute positions, GeLU
+// MLPs, biases on every linear layer, dropout on the embeddings, after attention and the MLP /
+// MoE, and on the attention probabilities. The masks are a pure function of the counters, so
+// the loss is a function of the parameters and every gradient checks against finite
+// differences, dropout included.
+TEST(GPTModel, FiniteDifferencesMegatronDefaultModelWithDropout) {
+  for (bool one_p : {false, true}) {
+    SCOPED_TRACE(one_p ? "apply-layernorm-1p" : "LayerNorm");
+    ModelConfig cfg = tiny_config();
+    cfg.normalization = Normalization::LayerNorm;
+    cfg.layernorm_1p = one_p;
+    cfg.position_embedding = PositionEmbedding::LearnedAbsolute;
+    cfg.activation = ops::Activation::GeLU;
+    cfg.add_mlp_bias = cfg.add_qkv_bias = cfg.add_attention_output_bias = true;
+    cfg.hidden_dropout = 0.2;
+    cfg.attention_dropout = 0.3;
+    const int64_t B = 2;
+    GPTModel<double> model(cfg, B, 5);
+    ASSERT_NE(model.params().find("embedding.position_embeddings.weight"), nullptr);
+    ASSERT_NE(model.params().find("decoder.final_layernorm.bias"), nullptr);
+    ASSERT_NE(model.params().find("decoder.layers.0.input_layernorm.bias"), nullptr);
+    // Biases and LayerNorm shifts away from their zero init, so their paths carry gradient.
+    for (Param& p : model.params().params()) {
+      if (p.spec.init != ParamInit::Normal) {
+        for (int64_t i = 0; i < p.local_numel(); ++i)
+          host(p.data_as<double>())[i] += 0.1 * std::sin(3.0 * i + 1);
+      }
+    }
+    auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 8);
+    auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 9);
+    EXPECT_TRUE(check_model_gradients(model, ids, targets));
+  }
+}
+
+// Evaluation never drops: in eval mode two forwards are bitwise equal and equal to the same
+// model built without dropout; training forwards drop (another loss).
+TEST(GPTModel, EvalForwardsNeverDrop) {
+  ModelConfig cfg = tiny_config();
+  cfg.hidden_dropout = 0.1;
+  cfg.attention_dropout = 0.1;
+  ModelConfig plain = cfg;
+  plain.hidden_dropout = plain.attention_dropout = 0;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 21), reference(plain, B, 21);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 10);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 11);
+  const double train_loss = model.forward(ids.data(), targets.data());
+  model.set_training(false);
+  reference.set_training(false);
+  const double a = model.forward(ids.data(), targets.data());
+  const double b = model.forward(ids.data(), targets.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, reference.forward(ids.data(), targets.data()));
+  EXPECT_NE(train_loss, a);
+}
+
 // Qwen-style options: the shared expert's gate (--moe-shared-expert-gate) and the attention
 // output bias (--add-attention-output-bias) with the QKV bias; every parameter, gate_weight and
 // linear_proj.bias included, against finite differences.

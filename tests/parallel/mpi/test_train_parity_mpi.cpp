@@ -70,6 +70,8 @@ struct Run {
   int64_t launched_during_backward = 0;
   size_t recomputed_bytes = 0;  // activations the plan recomputes instead of keeping
   size_t planned_bytes = 0;     // the model arena's block
+  // linear_qkv's rows: per query group, q rows then k_rows key rows then v (ops/qkv_layout.h).
+  int64_t qkv_group_rows = 0, q_rows = 0, k_rows = 0;
 };
 
 template <typename T>
@@ -100,6 +102,10 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
   r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
   r.planned_bytes = trainer.model().arena().planned_bytes();
+  const ModelConfig& mc = f.model;
+  r.k_rows = mc.head_dim();
+  r.q_rows = mc.num_heads / mc.num_query_groups * mc.head_dim();
+  r.qkv_group_rows = r.q_rows + 2 * r.k_rows;
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
     std::vector<double> local = to_double(host(p.data_as<T>()), p.local_numel());
@@ -165,16 +171,32 @@ Diff compare(const Run& got, const Run& ref, const Tol& tol, const std::string& 
     const std::vector<double>& have = it->second;
     EXPECT_EQ(have.size(), want.size()) << what << " " << name;
     if (have.size() != want.size()) continue;
+    // The key bias does not change the loss (softmax is invariant to adding q . b_k to a whole
+    // row of scores): its gradient is zero in exact arithmetic, rounding noise in practice, and
+    // Adam turns noise into steps of up to ~lr of either sign. Its values are not determined by
+    // the model, so they are held only to Adam's travel: twice 3.2 lr per step (|m^ / sqrt(v^)|
+    // <= (1 - beta1) / sqrt(1 - beta2) for beta2 = 0.999, two runs).
+    const bool qkv_bias = name.size() >= 15 && name.rfind("linear_qkv.bias") == name.size() - 15;
+    double lr_travel = 0;
+    for (const auto& m : ref.metrics) lr_travel += 2 * 3.2 * m.lr;
+    auto is_key_bias = [&](size_t i) {
+      if (!qkv_bias || ref.qkv_group_rows == 0) return false;
+      const int64_t o = static_cast<int64_t>(i) % ref.qkv_group_rows;
+      return o >= ref.q_rows && o < ref.q_rows + ref.k_rows;
+    };
     double worst = 0;
     size_t worst_i = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       const double err = std::abs(have[i] - want[i]);
-      const double scaled = err / (tol.weight_atol + tol.weight_rtol * std::abs(want[i]));
+      const double scaled = is_key_bias(i)
+                                ? err / lr_travel
+                                : err / (tol.weight_atol + tol.weight_rtol * std::abs(want[i]));
       if (scaled > worst) {
         worst = scaled;
         worst_i = i;
       }
-      if (std::abs(want[i]) > 1e-3) d.weights = std::max(d.weights, err / std::abs(want[i]));
+      if (std::abs(want[i]) > 1e-3 && !is_key_bias(i))
+        d.weights = std::max(d.weights, err / std::abs(want[i]));
     }
     EXPECT_LE(worst, 1.0) << what << " " << name << "[" << worst_i << "] = " << have[worst_i]
                           << ", 1 rank: " << want[worst_i];
