@@ -651,6 +651,10 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) { expect_bf16_tracks_f32(tiny_config
 TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
   const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
   for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
+      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
+      continue;
+    }
     ops::set_bf16_gemm_path(path);
     for (ops::Activation act : {ops::Activation::GeLU, ops::Activation::SquaredReLU}) {
       SCOPED_TRACE(::testing::Message() << ops::bf16_gemm_path_name(path) << " "
