@@ -62,14 +62,7 @@ void GroupedExperts<T>::output_grad_rounded() {
 
 template <typename T>
 nn::MlpParams<DevPtr<const T>> GroupedExperts<T>::values() const {
-  nn::MlpParams<DevPtr<const T>> w;
-  w.fc1 = fc1_->data_as<T>();
-  w.fc2 = fc2_->data_as<T>();
-  if (sh_.bias) {
-    w.fc1_bias = fc1_bias_->data_as<T>();
-    w.fc2_bias = fc2_bias_->data_as<T>();
-  }
-  return w;
+  return nn::mlp_values<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
 }
 
 template <typename T>
@@ -80,13 +73,7 @@ void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<con
 
 template <typename T>
 void GroupedExperts<T>::backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH) {
-  nn::MlpParams<DevPtr<T>> grad;
-  grad.fc1 = fc1_->grad_as<T>();
-  grad.fc2 = fc2_->grad_as<T>();
-  if (sh_.bias) {
-    grad.fc1_bias = fc1_bias_->grad_as<T>();
-    grad.fc2_bias = fc2_bias_->grad_as<T>();
-  }
+  const nn::MlpParams<DevPtr<T>> grad = nn::mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
   nn::mlp_backward(saved_, dx_NH, dp_N, grad, dy_NH, values(), sh_, da_, dh_);
 }
 

@@ -318,14 +318,7 @@ void MLP<T>::output_grad_rounded() {
 
 template <typename T>
 MlpParams<DevPtr<const T>> MLP<T>::values() const {
-  MlpParams<DevPtr<const T>> w;
-  w.fc1 = fc1_->data_as<T>();
-  w.fc2 = fc2_->data_as<T>();
-  if (sh_.bias) {
-    w.fc1_bias = fc1_bias_->data_as<T>();
-    w.fc2_bias = fc2_bias_->data_as<T>();
-  }
-  return w;
+  return mlp_values<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
 }
 
 template <typename T>
@@ -347,13 +340,7 @@ void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
 
 template <typename T>
 void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
-  MlpParams<DevPtr<T>> grad;
-  grad.fc1 = fc1_->grad_as<T>();
-  grad.fc2 = fc2_->grad_as<T>();
-  if (sh_.bias) {
-    grad.fc1_bias = fc1_bias_->grad_as<T>();
-    grad.fc2_bias = fc2_bias_->grad_as<T>();
-  }
+  const MlpParams<DevPtr<T>> grad = mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
   mlp_backward(saved_, dx_TH, DevPtr<T>(nullptr), grad, dy_TH, values(), sh_, da_, dh_);
 }
 

@@ -35,6 +35,27 @@ struct MlpParams {
   P fc2_bias = nullptr;  // [G, H]
 };
 
+// An MLP's parameter values and gradients (the bias pointers null without biases).
+template <typename T>
+MlpParams<DevPtr<const T>> mlp_values(const Param& fc1, const Param& fc2, const Param* fc1_bias,
+                                      const Param* fc2_bias) {
+  MlpParams<DevPtr<const T>> w;
+  w.fc1 = fc1.data_as<T>();
+  w.fc2 = fc2.data_as<T>();
+  if (fc1_bias != nullptr) w.fc1_bias = fc1_bias->data_as<T>();
+  if (fc2_bias != nullptr) w.fc2_bias = fc2_bias->data_as<T>();
+  return w;
+}
+template <typename T>
+MlpParams<DevPtr<T>> mlp_grads(Param& fc1, Param& fc2, Param* fc1_bias, Param* fc2_bias) {
+  MlpParams<DevPtr<T>> g;
+  g.fc1 = fc1.grad_as<T>();
+  g.fc2 = fc2.grad_as<T>();
+  if (fc1_bias != nullptr) g.fc1_bias = fc1_bias->grad_as<T>();
+  if (fc2_bias != nullptr) g.fc2_bias = fc2_bias->grad_as<T>();
+  return g;
+}
+
 template <typename T>
 struct MlpSaved {
   const Exec* ex = &cpu_exec();         // the arena's: where the ops run (set by allocate)

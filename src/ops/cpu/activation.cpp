@@ -7,30 +7,13 @@
 
 #include "ops/activation.h"
 #include "ops/cast.h"
+#include "ops/cpu/store_bf16.h"
 
 namespace moecore::ops::cpu {
 
 namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
-
-// The output element type: T itself, or bf16 bits (uint16_t) of an f32 result; kWide: an f32
-// output holding the bf16 value of the result.
-template <typename T>
-inline T store_as(T v, T*) {
-  return v;
-}
-inline uint16_t store_as(float v, uint16_t*) {
-  return f32_to_bf16_bits(v);
-}
-template <bool kWide, typename T, typename Out>
-inline Out store(T v, Out* p) {
-  if constexpr (kWide) {
-    return f32_bf16_rounded(v);
-  } else {
-    return store_as(v, p);
-  }
-}
 
 // act(x) and act'(x) in T. The constants are Megatron's (openai_gelu: 0.7978845608028654 =
 // sqrt(2 / pi), 0.044715) and F.gelu's exact form.

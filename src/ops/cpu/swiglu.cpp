@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cast.h"
+#include "ops/cpu/store_bf16.h"
 #include "ops/cpu/fast_exp.h"
 #include "ops/swiglu.h"
 
@@ -14,23 +15,6 @@ namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
 
-// The output element type: T itself, or bf16 bits (uint16_t) of an f32 result.
-template <typename T>
-inline T store_as(T v, T*) {
-  return v;
-}
-inline uint16_t store_as(float v, uint16_t*) {
-  return f32_to_bf16_bits(v);
-}
-// kWide: an f32 output holding the bf16 value of the result.
-template <bool kWide, typename T, typename Out>
-inline Out store(T v, Out* p) {
-  if constexpr (kWide) {
-    return f32_bf16_rounded(v);
-  } else {
-    return store_as(v, p);
-  }
-}
 
 template <typename T, typename Out, bool kWide = false>
 void forward_rows(Out* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {

@@ -1,0 +1,28 @@
+// How the element-wise CPU kernels write a result whose output may be the working type, bf16
+// bits (an f32 result rounded for a bf16 GEMM input) or the bf16 value widened back to f32 (the
+// widened-bf16 GEMM path): one template serves the three forms of an op (ops/swiglu.h).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cast.h"
+
+namespace moecore::ops::cpu {
+
+// The output element type: T itself, or bf16 bits (uint16_t) of an f32 result.
+template <typename T>
+inline T store_as(T v, T*) {
+  return v;
+}
+inline uint16_t store_as(float v, uint16_t*) { return f32_to_bf16_bits(v); }
+// kWide: an f32 output holding the bf16 value of the result.
+template <bool kWide, typename T, typename Out>
+inline Out store(T v, Out* p) {
+  if constexpr (kWide) {
+    return f32_bf16_rounded(v);
+  } else {
+    return store_as(v, p);
+  }
+}
+
+}  // namespace moecore::ops::cpu
