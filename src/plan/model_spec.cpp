@@ -74,7 +74,11 @@ ModelSpec model_from_args(const cli::ParsedArgs& a) {
                                            : ops::Activation::GeLU;
   // --disable-bias-linear stores false into add_bias_linear (default true).
   m.add_mlp_bias = text(a, "--disable-bias-linear") == "true";
-  m.add_qkv_bias = on(a, "--add-qkv-bias");
+  // Megatron's --add-bias-linear also gives QKV and the output projection their biases.
+  m.add_qkv_bias = on(a, "--add-qkv-bias") || m.add_mlp_bias;
+  m.add_attention_output_bias = m.add_mlp_bias;
+  m.layernorm = text(a, "--normalization") == "LayerNorm";
+  m.learned_positions = text(a, "--position-embedding-type") == "learned_absolute";
   m.qk_layernorm = on(a, "--qk-layernorm");
   m.num_experts = int_or(a, "--num-experts", 0);
   m.moe_ffn_hidden = int_or(a, "--moe-ffn-hidden-size", m.ffn_hidden);
@@ -250,7 +254,11 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   c.seq_length = m.seq_length;
   c.max_position_embeddings = m.max_position_embeddings;
   c.add_qkv_bias = m.add_qkv_bias;
+  c.add_attention_output_bias = m.add_attention_output_bias;
   c.qk_layernorm = m.qk_layernorm;
+  c.normalization = m.layernorm ? Normalization::LayerNorm : Normalization::RMSNorm;
+  c.position_embedding =
+      m.learned_positions ? PositionEmbedding::LearnedAbsolute : PositionEmbedding::Rope;
   c.tie_embeddings = m.tie_embeddings;
   c.bf16 = run.bf16;
   c.num_experts = m.num_experts;

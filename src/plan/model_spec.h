@@ -43,7 +43,10 @@ struct ModelSpec {
   int64_t max_position_embeddings = 0;
   bool tie_embeddings = true;
   bool add_qkv_bias = false;
+  bool add_attention_output_bias = false;  // linear_proj.bias (Megatron: --add-bias-linear)
   bool qk_layernorm = false;
+  bool layernorm = false;          // LayerNorm (weight and bias) instead of RMSNorm
+  bool learned_positions = false;  // a [max positions, H] table beside the word embedding
   int64_t num_experts = 0;      // E (0: dense)
   int64_t moe_ffn_hidden = 0;   // F per expert
   int64_t shared_ffn_hidden = 0;

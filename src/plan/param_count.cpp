@@ -33,6 +33,7 @@ AttnParams attention_params(const ModelSpec& m) {
   const int64_t D = m.kv_channels, Hkv = m.num_query_groups;
   a.matmul = (Hq + 2 * Hkv) * D * H + Hq * D * H;
   if (m.add_qkv_bias) a.norms += (Hq + 2 * Hkv) * D;
+  if (m.add_attention_output_bias) a.norms += H;
   if (m.qk_layernorm) a.norms += 2 * D;
   return a;
 }
@@ -53,7 +54,7 @@ LayerParams layer_params(const ModelSpec& m, bool moe_layer) {
   LayerParams p;
   const AttnParams a = attention_params(m);
   p.attention = a.matmul + a.norms;
-  p.norms = 2 * H;
+  p.norms = (m.layernorm ? 4 : 2) * H;  // two norms, LayerNorm with a bias each
   if (moe_layer) {
     p.router = m.num_experts * H;
     p.expert_one = mlp_params(m, m.moe_ffn_hidden);
@@ -75,9 +76,9 @@ int64_t layer_matmul_active(const ModelSpec& m, bool moe_layer) {
 ParamCounts count_params(const ModelSpec& m) {
   ParamCounts c;
   const int64_t H = m.hidden;
-  c.embedding = m.vocab_size * H;
+  c.embedding = m.vocab_size * H + (m.learned_positions ? m.max_position_embeddings * H : 0);
   c.head = m.tie_embeddings ? 0 : m.vocab_size * H;
-  c.final_norm = H;
+  c.final_norm = (m.layernorm ? 2 : 1) * H;
   for (int64_t l = 0; l < m.num_layers; ++l) {
     const bool moe = m.is_moe_layer(l);
     const LayerParams p = layer_params(m, moe);

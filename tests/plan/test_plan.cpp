@@ -219,6 +219,11 @@ TEST(PlanParams, GeluWithBiasesEqualsTheTrainersRegistry) {
   const ModelSpec gelu = spec({});
   EXPECT_EQ(gelu.activation, ops::Activation::GeLU);
   EXPECT_TRUE(gelu.add_mlp_bias);
+  // The rest of Megatron's default model: every linear layer's bias, LayerNorm, learned
+  // positions (the registry comparison below counts their parameters too).
+  EXPECT_TRUE(gelu.add_qkv_bias && gelu.add_attention_output_bias);
+  EXPECT_TRUE(gelu.layernorm && gelu.learned_positions);
+  EXPECT_EQ(count_params(gelu).final_norm, 2 * 32);
   EXPECT_EQ(spec({"--openai-gelu"}).activation, ops::Activation::GeLUTanh);
   EXPECT_EQ(spec({"--squared-relu"}).activation, ops::Activation::SquaredReLU);
   const ModelSpec swiglu = spec({"--swiglu", "--disable-bias-linear"});
