@@ -81,12 +81,25 @@ TEST(Cli, BadInputStopsBeforeTraining) {
 // language, its loss falls, and the log says which model it built.
 TEST(Cli, MegatronsDefaultModelTrainsWithoutModelFlags) {
   const std::string metrics = temp_path("megatron_defaults.jsonl");
-  CommandResult r =
-      run("train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
-          "--max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4 "
-          "--train-iters 30 --lr 1e-3 --log-interval 1 --peak-tflops 0.1 --metrics-file " +
-          metrics);
+  const std::string dir = temp_path("megatron_defaults_ckpt");
+  std::filesystem::remove_all(dir);
+  const std::string model =
+      " --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32"
+      " --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3";
+  CommandResult r = run("train" + model +
+                        " --train-iters 30 --log-interval 1 --peak-tflops 0.1 --save " + dir +
+                        " --metrics-file " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Its checkpoint evaluates with the same bare flags (evaluation never drops), the same loss
+  // twice.
+  const std::string tokens = dir + "/tokens.json";
+  std::ofstream(tokens) << "[[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]";
+  CommandResult e1 = run("eval" + model + " --load " + dir + " --tokens-json " + tokens);
+  CommandResult e2 = run("eval" + model + " --load " + dir + " --tokens-json " + tokens);
+  ASSERT_EQ(e1.exit_code, 0) << e1.output;
+  EXPECT_NE(e1.output.find("2 sequences, 13 predictions"), std::string::npos) << e1.output;
+  EXPECT_EQ(e1.output, e2.output);
+  std::filesystem::remove_all(dir);
   EXPECT_NE(r.output.find("LayerNorm"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("gelu"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dropout 0.1"), std::string::npos) << r.output;
