@@ -26,6 +26,16 @@ json model_signature(const ModelConfig& m) {
           {"--add-qkv-bias", m.add_qkv_bias},
           {"--add-attention-output-bias", m.add_attention_output_bias},
           {"--qk-layernorm", m.qk_layernorm},
+          // What the layers compute with the same tensors' shapes can differ too.
+          {"--normalization", m.normalization == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm"},
+          {"--apply-layernorm-1p", m.layernorm_1p},
+          {"--position-embedding-type",
+           m.position_embedding == PositionEmbedding::Rope              ? "rope"
+           : m.position_embedding == PositionEmbedding::LearnedAbsolute ? "learned_absolute"
+                                                                        : "none"},
+          {"--swiglu / --openai-gelu / --squared-relu (the MLP activation)",
+           ops::activation_name(m.activation)},
+          {"--disable-bias-linear (MLP biases)", !m.add_mlp_bias},
           {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
 }
 

@@ -171,6 +171,19 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
             std::string::npos)
       << e;
   EXPECT_FALSE(b.load_checkpoint(dir / "nothing").has_value());  // no tracker: nothing to load
+  // GeLU (F wide fc1) vs SwiGLU, and the same shapes computing another function: RoPE vs none.
+  cli::TrainFlags h = resume_flags(4, false);
+  h.swiglu = false;
+  h.position_embedding_type = "none";
+  cli::finalize_train_flags(h);
+  train::Trainer c(h.model, h.train);
+  const std::string e2 = testing::error_of([&] { c.load_checkpoint(dir); });
+  EXPECT_NE(e2.find("--position-embedding-type: \"rope\" in the checkpoint, \"none\" in this run"),
+            std::string::npos)
+      << e2;
+  EXPECT_NE(e2.find("(the MLP activation): \"swiglu\" in the checkpoint, \"gelu\" in this run"),
+            std::string::npos)
+      << e2;
   fs::remove_all(dir);
 }
 
