@@ -30,6 +30,21 @@ struct NF {
 // N = 0 (an expert with no tokens), N = 1, odd N, F not a multiple of 8, a parallel shape.
 const NF kSwiGluShapes[] = {{0, 5}, {1, 1}, {1, 7}, {13, 37}, {64, 300}};
 
+// An activation's outputs against its reference's; dp is written only with p (else it keeps
+// its -1 fill).
+template <typename T>
+void expect_activation(const Guarded<T>& a, const std::vector<T>& a_ref, const Guarded<T>& dh,
+                       const std::vector<T>& dh_ref, const Guarded<T>& dp,
+                       const std::vector<T>& dp_ref, bool with_p) {
+  expect_close(a, a_ref.data(), "a");
+  expect_close(dh, dh_ref.data(), "dh");
+  if (with_p) {
+    expect_close(dp, dp_ref.data(), "dp");
+  } else {
+    for (int64_t n = 0; n < dp.size(); ++n) EXPECT_EQ(dp[n], T(-1)) << "dp written without p";
+  }
+}
+
 // The backward takes the same h as the forward; dp is written only with p.
 template <typename T>
 void swiglu_case(const Exec& ex) {
@@ -47,13 +62,7 @@ void swiglu_case(const Exec& ex) {
       Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * 2 * F), dp(N, T(-1));
       ops::swiglu_forward<T>(ex, a.data(), h.data(), pp, N, F);
       ops::swiglu_backward<T>(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
-      expect_close(a, a_ref.data(), "a");
-      expect_close(dh, dh_ref.data(), "dh");
-      if (with_p) {
-        expect_close(dp, dp_ref.data(), "dp");
-      } else {
-        for (int64_t n = 0; n < N; ++n) EXPECT_EQ(dp[n], T(-1)) << "dp written without p";
-      }
+      expect_activation(a, a_ref, dh, dh_ref, dp, dp_ref, with_p);
     }
   }
 }
@@ -116,13 +125,7 @@ void activation_case(const Exec& ex) {
         Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * F), dp(N, T(-1));
         ops::activation_forward<T>(ex, act, a.data(), h.data(), pp, N, F);
         ops::activation_backward<T>(ex, act, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
-        expect_close(a, a_ref.data(), "a");
-        expect_close(dh, dh_ref.data(), "dh");
-        if (with_p) {
-          expect_close(dp, dp_ref.data(), "dp");
-        } else {
-          for (int64_t n = 0; n < N; ++n) EXPECT_EQ(dp[n], T(-1)) << "dp written without p";
-        }
+        expect_activation(a, a_ref, dh, dh_ref, dp, dp_ref, with_p);
       }
     }
   }
