@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -256,15 +258,42 @@ TEST(PlanParams, GeluWithBiasesEqualsTheTrainersRegistry) {
 // One rank: the planner's memory is the trainer's plan (StepMetrics::mem_bytes by kind and
 // mem_planned_bytes, what "[train] memory plan (MiB)" prints), byte for byte, with and without
 // --bf16 and recomputation.
+// The tiny model as Megatron builds it without its model-function flags (GeLU, biases,
+// LayerNorm, learned positions, dropout 0.1): configs/tiny.toml without those keys.
+std::string megatron_default_tiny_config() {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("moecore_plan_megatron_tiny." + std::to_string(::getpid()) + ".toml"))
+                               .string();
+  std::ifstream in(config("tiny"));
+  std::ofstream out(path);
+  for (std::string line; std::getline(in, line);) {
+    bool model_function = false;
+    for (const char* key : {"normalization", "position-embedding-type", "swiglu",
+                            "disable-bias-linear", "attention-dropout", "hidden-dropout"})
+      model_function |= line.rfind(std::string(key) + " =", 0) == 0;
+    if (!model_function) out << line << "\n";
+  }
+  return path;
+}
+
 TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
   const std::vector<std::vector<std::string>> variants = {
       {},
       {"--bf16"},
       {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"},
       {"--recompute-granularity", "full", "--recompute-method", "uniform",
-       "--recompute-num-layers", "1"}};
-  for (const auto& extra : variants) {
-    std::vector<std::string> args = {"--config", config("tiny"), "--train-iters", "1",
+       "--recompute-num-layers", "1"},
+      {"megatron-model"},
+      {"megatron-model", "--bf16", "--recompute-granularity", "selective", "--recompute-modules",
+       "core_attn", "layernorm", "moe_act"}};
+  const std::string megatron_config = megatron_default_tiny_config();
+  for (auto extra : variants) {
+    const bool megatron_model = !extra.empty() && extra[0] == "megatron-model";
+    if (megatron_model) extra.erase(extra.begin());
+    const std::string cfg = megatron_model ? megatron_config : config("tiny");
+    SCOPED_TRACE(::testing::Message() << (megatron_model ? "Megatron's model " : "tiny model ")
+                                      << extra.size() << " flags");
+    std::vector<std::string> args = {"--config", cfg, "--train-iters", "1",
                                      "--lr-warmup-iters", "0", "--peak-tflops", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<std::string> v{"train"};
@@ -285,7 +314,7 @@ TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
     EXPECT_EQ(a.recompute_saves, static_cast<double>(m.mem_recompute_saved_bytes));
 
     // And through the command: the stage's arena lines and its planned total.
-    std::vector<std::string> pargs = {"--config", config("tiny"), "--hardware", "cpu", "--json"};
+    std::vector<std::string> pargs = {"--config", cfg, "--hardware", "cpu", "--json"};
     pargs.insert(pargs.end(), extra.begin(), extra.end());
     const auto j = nlohmann::json::parse(plan_out(pargs));
     const auto& st = j["stages"][0];
