@@ -67,6 +67,10 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--lr-warmup-iters 2 --lr-warmup-fraction 0.1",
                "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
   expect_stops("--position-embedding-type relative", "--position-embedding-type relative");
+  expect_stops("--squared-relu", "--squared-relu and --swiglu are both given: choose one");
+  expect_stops("--apply-layernorm-1p", "--apply-layernorm-1p is LayerNorm's");
+  expect_stops("--hidden-dropout 1", "--hidden-dropout=1 must be in [0, 1)");
+  expect_stops("--attention-dropout -0.1", "--attention-dropout=-0.1 must be in [0, 1)");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
   expect_stops("--device tpu", "--device: tpu not in {cpu,cuda}");
   expect_stops("--device cuda", moecore::cuda_built() ? "--device cuda:"
