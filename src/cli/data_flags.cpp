@@ -48,8 +48,6 @@ void add_data_flags(CLI::App& app, TrainConfig& t) {
       ->group(kEval);
 }
 
-constexpr int64_t kSyntheticDefaultVocab = 256;
-
 int64_t finalize_data_flags(TrainConfig& t, int64_t vocab_size_flag) {
   data::DataConfig& d = t.data;
   MOE_CHECK(!(d.mock_data && !d.data_path.empty()),

@@ -12,6 +12,9 @@ namespace moecore::cli {
 
 using train::TrainConfig;
 
+// Without data files and without --vocab-size, the synthetic language speaks in bytes.
+constexpr int64_t kSyntheticDefaultVocab = 256;
+
 void add_data_flags(CLI::App& app, TrainConfig& t);
 // After parsing: checks the data flags go together and returns the vocabulary the model needs
 // before padding: the tokenizer's for real or mock data, --vocab-size for the synthetic

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "cli/megatron_arguments.h"
+#include "cli/data_flags.h"
 #include "cli/train_flags.h"
 
 namespace moecore::plan {
@@ -97,7 +98,11 @@ ModelSpec model_from_args(const cli::ParsedArgs& a) {
     m.mla = s;
   }
   m.mtp_num_layers = int_or(a, "--mtp-num-layers", 0);
-  m.vocab_unpadded = m.vocab_size = required_int(a, "--vocab-size");
+  // As the trainer: the synthetic language (no data flags) defaults to bytes.
+  const bool synthetic = text(a, "--data-path").empty() && !on(a, "--mock-data");
+  m.vocab_unpadded = m.vocab_size = synthetic
+                                         ? int_or(a, "--vocab-size", cli::kSyntheticDefaultVocab)
+                                         : required_int(a, "--vocab-size");
   return m;
 }
 

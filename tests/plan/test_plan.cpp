@@ -226,6 +226,17 @@ TEST(PlanParams, GeluWithBiasesEqualsTheTrainersRegistry) {
   EXPECT_TRUE(gelu.add_qkv_bias && gelu.add_attention_output_bias);
   EXPECT_TRUE(gelu.layernorm && gelu.learned_positions);
   EXPECT_EQ(count_params(gelu).final_norm, 2 * 32);
+  // Without --vocab-size the synthetic language's 256 tokens, as the trainer; with data the
+  // flag stays required.
+  const std::vector<std::string> no_vocab = {"--num-layers", "2", "--hidden-size", "32",
+                                             "--num-attention-heads", "4", "--seq-length", "16"};
+  EXPECT_EQ(model_from_args(cli::parse_megatron_argv(no_vocab, {}, cli::moecore_extra_choices()))
+                .vocab_unpadded,
+            256);
+  std::vector<std::string> mock = no_vocab;
+  mock.push_back("--mock-data");
+  EXPECT_THROW(model_from_args(cli::parse_megatron_argv(mock, {}, cli::moecore_extra_choices())),
+               Error);
   EXPECT_EQ(spec({"--openai-gelu"}).activation, ops::Activation::GeLUTanh);
   EXPECT_EQ(spec({"--squared-relu"}).activation, ops::Activation::SquaredReLU);
   const ModelSpec swiglu = spec({"--swiglu", "--disable-bias-linear"});
