@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "ckpt/checkpoint_command.h"
@@ -15,6 +17,25 @@
 #include "cli/config_file.h"
 #include "cli/eval_command.h"
 #include "cli/train_command.h"
+
+namespace {
+
+constexpr const char* kUnknownFailure =
+    "an unexpected failure that carries no message (set MOECORE_DEBUG_ERRORS=1 and report it)";
+
+// moecore's own errors say what failed and the fix; anything else that escapes a command (a
+// library's exception) is a bug of ours, but the user still gets a message and an exit status,
+// never an abort.
+std::string user_message(const std::exception& e) {
+  if (dynamic_cast<const moecore::Error*>(&e) != nullptr) return e.what();
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+    return "out of memory: a size given or implied does not fit in this machine's memory "
+           "(lower it; `moecore plan` shows what a configuration needs)";
+  return std::string("unexpected internal error (") + e.what() +
+         "); please report it with the command line";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace moecore;
@@ -41,8 +62,11 @@ int main(int argc, char** argv) {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << user_message(e) << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "error: " << kUnknownFailure << "\n";
     return 1;
   }
   int rc = 0;
@@ -54,10 +78,13 @@ int main(int argc, char** argv) {
       if (c.cli->parsed()) rc = c.run();
     }
     parallel::runtime_finalize();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     // Every rank's error reaches the terminal with its rank; then the whole job ends, so the
     // other ranks do not wait for this one in a collective.
-    std::cerr << parallel::format_rank_error(rt, e.what()) << std::endl;
+    std::cerr << parallel::format_rank_error(rt, user_message(e)) << std::endl;
+    parallel::runtime_abort(rt, 1);
+  } catch (...) {
+    std::cerr << parallel::format_rank_error(rt, kUnknownFailure) << std::endl;
     parallel::runtime_abort(rt, 1);
   }
   return rc;

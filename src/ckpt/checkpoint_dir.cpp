@@ -1,11 +1,13 @@
 #include "ckpt/checkpoint_dir.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
-
-#include <unistd.h>
 
 #include "ckpt/atomic_file.h"
 #include "ckpt/safetensors.h"
@@ -64,6 +66,30 @@ void publish_iteration_dir(const fs::path& staging, const fs::path& dir) {
 
 std::string shard_name(std::string_view kind, int rank) {
   return fmt::format("{}_rank_{:05d}.safetensors", kind, rank);
+}
+
+void check_save_dir(const fs::path& save, const std::string& who) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(save, ec);
+  MOE_CHECK(!fs::exists(st) || fs::is_directory(st),
+            "[checkpoint] --save '{}' is not a directory (a file of that name exists): give a "
+            "directory",
+            save.string());
+  if (!fs::exists(st)) {
+    fs::create_directories(save, ec);
+    MOE_CHECK(!ec, "[checkpoint] --save '{}' cannot be created: {}: give a writable directory",
+              save.string(), ec.message());
+  }
+  const fs::path probe = save / fmt::format(".moecore_write_probe.{}", who);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MOE_CHECK(fd >= 0, "[checkpoint] --save '{}' cannot be written: {}: give a writable directory",
+            save.string(), std::strerror(errno));
+  const bool ok = ::write(fd, "probe\n", 6) == 6 && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  fs::remove(probe, ec);
+  MOE_CHECK(ok, "[checkpoint] --save '{}' cannot be written: {}: give a writable directory",
+            save.string(), std::strerror(err));
 }
 
 void write_tracker(const fs::path& save, int64_t iteration) {

@@ -35,6 +35,11 @@ void publish_iteration_dir(const std::filesystem::path& staging, const std::file
 // "model_rank_RRRRR.safetensors" / "optim_rank_RRRRR.safetensors".
 std::string shard_name(std::string_view kind, int rank);
 
+// --save checked at start-up, before any training it is meant to keep: the directory is
+// created when missing, and a probe file is written, fsynced and removed in it (`who` makes the
+// probe's name unique per rank). Throws naming the path, the reason and the fix.
+void check_save_dir(const std::filesystem::path& save, const std::string& who);
+
 // The tracker, written last (write_file_atomic: a crash leaves the previous one).
 void write_tracker(const std::filesystem::path& save, int64_t iteration);
 // The iteration the tracker names; nullopt when there is no tracker (a fresh run). A tracker

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -63,6 +64,9 @@ SequenceLoss sequence_loss(Trainer& t, const std::vector<int32_t>& seq, int64_t 
 }  // namespace
 
 std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int64_t vocab_size) {
+  std::error_code ec;
+  MOE_CHECK(!std::filesystem::is_directory(path, ec),
+            "[eval] --tokens-json '{}' is a directory: give the JSON file of token-id lists", path);
   std::ifstream in(path);
   MOE_CHECK(in.good(), "[eval] cannot read --tokens-json '{}'", path);
   json j;
@@ -104,7 +108,18 @@ Subcommand add_eval_command(CLI::App& app) {
         // What training needs and eval does not, unless given: eval runs no step.
         const std::vector<std::string>& no_step = no_step_placeholder_args();
         args.insert(args.begin(), no_step.begin(), no_step.end());
-        TrainFlags flags = parse_train_args(args);
+        TrainFlags flags;
+        try {
+          flags = parse_train_args(args);
+        } catch (const CLI::CallForHelp&) {
+          std::cout << "moecore eval --load DIR <the model's train flags, or "
+                       "--use-checkpoint-args> [--tokens-json FILE]\n\n"
+                    << train_help();
+          return 0;
+        } catch (const CLI::ParseError& e) {
+          std::cerr << "error: [flags] " << e.what() << "\n";
+          return 2;
+        }
         const CheckpointConfig& ck = flags.train.ckpt;
         MOE_CHECK(!ck.load.empty(),
                   "[eval] give the checkpoint to evaluate: --load DIR (a --save "

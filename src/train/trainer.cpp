@@ -431,6 +431,10 @@ template <typename T>
 std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   print_header(log);
   const CheckpointConfig& ck = cfg_.ckpt;
+  // Before any step: a --save that cannot be written stops now, not at the first save.
+  if (!ck.save.empty()) {
+    ckpt::check_save_dir(ck.save, fmt::format("rank{}", groups_ != nullptr ? groups_->rank() : 0));
+  }
   std::optional<int64_t> loaded;
   if (!ck.load.empty()) loaded = resume(log);
   ExitConditions exits(ck, world_comm());

@@ -133,6 +133,39 @@ TEST(Cli, EveryRefusedFlagInOneError) {
   }
 }
 
+// Users read messages, not our source paths: the location of a failed check is kept behind
+// MOECORE_DEBUG_ERRORS=1. Inputs that used to escape as uncaught exceptions (an abort, exit 134)
+// end with a message and a plain non-zero status; --save is checked before any training.
+TEST(Cli, ErrorsCarryNoSourcePathsAndNeverAbort) {
+  CommandResult r = run("train" + std::string(kTiny) + " --num-attention-heads 3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error: [model] --num-attention-heads=3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(".cpp"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("failed at"), std::string::npos) << r.output;
+  CommandResult d = moecore::testing::run_command(
+      "MOECORE_DEBUG_ERRORS=1 " + moecore::testing::moecore_binary() + " train" +
+      std::string(kTiny) + " --num-attention-heads 3");
+  EXPECT_NE(d.output.find("failed at"), std::string::npos) << d.output;
+
+  // A size that cannot be allocated: a message, not an abort.
+  CommandResult big =
+      run("train" + std::string(kTiny) +
+          " --seq-length 1000000000 --max-position-embeddings 1000000000");
+  EXPECT_EQ(big.exit_code, 1) << big.output;
+  EXPECT_NE(big.output.find("error: out of memory"), std::string::npos) << big.output;
+
+  // --save that cannot be written stops before step 0.
+  const std::string file = temp_path("save_is_a_file");
+  std::ofstream(file) << "x";
+  expect_stops("--save " + file, "is not a directory (a file of that name exists)");
+  expect_stops("--save /proc/moecore_cannot_create/ckpt", "cannot be created");
+  std::remove(file.c_str());
+
+  CommandResult help = run("eval --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("moecore eval --load DIR"), std::string::npos) << help.output;
+}
+
 TEST(Cli, SyncAuditedStepsAllocateNothing) {
   for (const char* mode : {"", " --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity",
                            " --bf16 --moe-router-load-balancing-type quantile_balancing"
