@@ -35,6 +35,16 @@ std::string user_message(const std::exception& e) {
          "); please report it with the command line";
 }
 
+// Every rank's error reaches the terminal with its rank, as one write (stderr is unbuffered:
+// piece by piece, the ranks' lines would interleave mid-line); then the whole job ends, so the
+// other ranks do not wait for this one in a collective.
+void report_and_abort(const moecore::parallel::Runtime& rt, const std::string& what) {
+  const std::string line = moecore::parallel::format_rank_error(rt, what) + "\n";
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+  moecore::parallel::runtime_abort(rt, 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,13 +89,9 @@ int main(int argc, char** argv) {
     }
     parallel::runtime_finalize();
   } catch (const std::exception& e) {
-    // Every rank's error reaches the terminal with its rank; then the whole job ends, so the
-    // other ranks do not wait for this one in a collective.
-    std::cerr << parallel::format_rank_error(rt, user_message(e)) << std::endl;
-    parallel::runtime_abort(rt, 1);
+    report_and_abort(rt, user_message(e));
   } catch (...) {
-    std::cerr << parallel::format_rank_error(rt, kUnknownFailure) << std::endl;
-    parallel::runtime_abort(rt, 1);
+    report_and_abort(rt, kUnknownFailure);
   }
   return rc;
 }

@@ -475,6 +475,20 @@ const std::vector<std::string>& no_step_placeholder_args() {
   return args;
 }
 
+// Python's float() takes "nan", "inf" and 1e400 (= inf); none is a meaningful value of any
+// Megatron float flag, and each would surface steps later as a NaN loss or a silent default
+// (moecore keeps Megatron's None as NaN).
+static void check_finite_floats(const ParsedArgs& given) {
+  for (const GivenFlag& g : given.flags) {
+    if (g.megatron == nullptr || g.megatron->type != ArgType::Float) continue;
+    for (const std::string& v : g.values) {
+      const double x = std::strtod(v.c_str(), nullptr);
+      MOE_CHECK(std::isfinite(x), "[flags] {} {} is not a finite number: give a finite value",
+                g.name, v);
+    }
+  }
+}
+
 TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   std::vector<std::string> with_cmd = {"train"};
   with_cmd.insert(with_cmd.end(), raw.begin(), raw.end());
@@ -502,6 +516,7 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
         "checkpoint ({}); the command line's win",
         saved.size(), fmt::join(saved, " "));
   }
+  check_finite_floats(given);
   f.notices = check_megatron_flags(given, train_binds);
   if (!from_checkpoint.empty()) f.notices.push_back(from_checkpoint);
   check_implemented_choices(app, given);

@@ -57,6 +57,9 @@ void ModelConfig::validate() const {
             "RMSNorm");
   MOE_CHECK(!layernorm_1p || normalization == Normalization::LayerNorm,
             "[model] --apply-layernorm-1p is LayerNorm's: use --normalization LayerNorm");
+  MOE_CHECK(norm_eps > 0, "[model] --norm-epsilon={} must be > 0 (the norms divide by "
+                          "sqrt(variance + epsilon))",
+            norm_eps);
   for (auto [p, flag] : {std::pair{hidden_dropout, "--hidden-dropout"},
                          std::pair{attention_dropout, "--attention-dropout"}}) {
     MOE_CHECK(p >= 0 && p < 1, "[model] {}={} must be in [0, 1)", flag, p);

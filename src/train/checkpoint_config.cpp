@@ -1,5 +1,7 @@
 #include "train/checkpoint_config.h"
 
+#include <filesystem>
+
 #include "core/check.h"
 
 namespace moecore::train {
@@ -20,6 +22,18 @@ void CheckpointConfig::validate() const {
             "[flags] --moe-use-upcycling needs --load DIR (the dense checkpoint to upcycle)");
   MOE_CHECK(!exit_on_missing_checkpoint || !load.empty(),
             "[flags] --exit-on-missing-checkpoint needs --load DIR");
+  // A missing --load directory is a fresh run (Megatron's rule); a file there is a mistake.
+  std::error_code ec;
+  MOE_CHECK(load.empty() || !std::filesystem::exists(load, ec) ||
+                std::filesystem::is_directory(load, ec),
+            "[flags] --load '{}' is a file, not a checkpoint directory: give the --save "
+            "directory of the run to load",
+            load);
+  MOE_CHECK(save.empty() || !std::filesystem::exists(save, ec) ||
+                std::filesystem::is_directory(save, ec),
+            "[flags] --save '{}' is not a directory (a file of that name exists): give a "
+            "directory",
+            save);
 }
 
 }  // namespace moecore::train

@@ -159,7 +159,13 @@ TEST(Cli, ErrorsCarryNoSourcePathsAndNeverAbort) {
   std::ofstream(file) << "x";
   expect_stops("--save " + file, "is not a directory (a file of that name exists)");
   expect_stops("--save /proc/moecore_cannot_create/ckpt", "cannot be created");
+  expect_stops("--load " + file, "is a file, not a checkpoint directory");
   std::remove(file.c_str());
+  // Values that used to pass and fail steps later (a NaN grad norm) or be taken as None.
+  expect_stops("--lr 1e400", "--lr 1e400 is not a finite number");
+  expect_stops("--moe-expert-capacity-factor nan",
+               "--moe-expert-capacity-factor nan is not a finite number");
+  expect_stops("--norm-epsilon -1", "--norm-epsilon=-1 must be > 0");
 
   CommandResult help = run("eval --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;

@@ -165,8 +165,9 @@ std::string error_message(const std::string& output) {
   const size_t at = output.find("error: ");
   if (at == std::string::npos) return "";
   std::string m = output.substr(at, output.find('\n', at) - at);
-  const size_t check = m.find(" (check ");
-  return check == std::string::npos ? m : m.substr(0, check);
+  // Another rank's line may follow on the same line of the launcher's output.
+  const size_t other = m.find("[rank ", 1);
+  return other == std::string::npos ? m : m.substr(0, other);
 }
 
 // A layout that cannot work stops `moecore plan` with the message `moecore train` gives under
