@@ -1,5 +1,6 @@
 #include "data/preprocess_command.h"
 
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -35,7 +36,14 @@ Subcommand add_preprocess_command(CLI::App& app) {
                   "Writes <prefix>_<key>_document.bin and .idx")
       ->required();
   cli->add_flag("--append-eod", c.append_eod, "Append the tokenizer's eod to every document");
-  cli->add_option("--workers", c.workers, "Tokenizing threads (default: all cores)");
+  cli->add_option("--workers", c.workers, "Tokenizing threads (default: all cores)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return std::atol(v.c_str()) >= 1 ? std::string()
+                                               : "--workers " + v + " must be >= 1 (threads; "
+                                                 "leave it out for every core)";
+          },
+          "N >= 1"));
   cli->add_option("--log-interval", c.log_interval, "Documents between progress lines");
   cli->add_option("--tokenizer-type", c.tokenizer.type, std::string("One of ") + tokenizer_types());
   cli->add_option("--vocab-size", c.tokenizer.vocab_size, "NullTokenizer: the vocabulary");

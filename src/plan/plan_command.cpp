@@ -106,6 +106,11 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
             "[plan] hardware numbers must be positive");
 
   const parallel::ParallelConfig& pc = run.parallel;
+  for (const char* n : {"--gpus", "--world-size"}) {
+    MOE_CHECK(own(a, n) == nullptr || own_num(a, n, 0) >= 1,
+              "[plan] {}={} must be >= 1 (leave it out for the smallest world the layout needs)",
+              n, own(a, n) != nullptr ? own(a, n)->value_text() : "");
+  }
   int world = static_cast<int>(own_num(a, "--gpus", own_num(a, "--world-size", 0)));
   if (world <= 0) {
     world = std::lcm(pc.tp * pc.cp, pc.ep * pc.expert_tp()) * pc.pp;

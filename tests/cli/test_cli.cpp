@@ -167,6 +167,20 @@ TEST(Cli, ErrorsCarryNoSourcePathsAndNeverAbort) {
                "--moe-expert-capacity-factor nan is not a finite number");
   expect_stops("--norm-epsilon -1", "--norm-epsilon=-1 must be > 0");
 
+  // Counts of 0 that used to pass: a plan for zero GPUs "fits", zero tokenizing threads.
+  CommandResult gpus =
+      run("plan --config " + moecore::testing::source_dir() + "/configs/tiny.toml --gpus 0");
+  EXPECT_EQ(gpus.exit_code, 1) << gpus.output;
+  EXPECT_NE(gpus.output.find("--gpus=0 must be >= 1"), std::string::npos) << gpus.output;
+  const std::string text = temp_path("workers.txt");
+  std::ofstream(text) << "a document\n";
+  CommandResult workers = run("preprocess --input " + text + " --output-prefix " + text +
+                              " --tokenizer-type ByteLevel --workers 0");
+  EXPECT_NE(workers.exit_code, 0) << workers.output;
+  EXPECT_NE(workers.output.find("--workers 0 must be >= 1"), std::string::npos)
+      << workers.output;
+  std::remove(text.c_str());
+
   CommandResult help = run("eval --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
   EXPECT_NE(help.output.find("moecore eval --load DIR"), std::string::npos) << help.output;
