@@ -103,15 +103,6 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   arena_.plan([this](Arena& a) { allocate(a); });
   params_.init(seed);
-  {
-    const ops::DropoutCounters zero{};
-    ops::copy<ops::DropoutCounters>(arena_.exec(), own_counters_, &zero, 1);
-  }
-  if (pos_T_ != nullptr) {  // token t = s * B + b sits at position s
-    std::vector<int32_t> pos(T_);
-    for (int64_t t = 0; t < T_; ++t) pos[t] = static_cast<int32_t>(t / B_);
-    ops::copy<int32_t>(arena_.exec(), pos_T_, pos.data(), T_);
-  }
   params_.refresh_bf16();
 }
 
@@ -142,9 +133,11 @@ void GPTModel<T>::allocate(Arena& a) {
   final_n_ = a.alloc<T>(T_ * H, "model.final_norm");
   final_norm_->allocate(a, T_, "model.final_rstd");
   own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
+  if (own_counters_ != nullptr) ops::zero(a.exec(), own_counters_, 1);  // null while planning
   if (pos_embedding_ != nullptr) {
     pos_T_ = a.alloc<int32_t>(T_, "model.positions", MemKind::State);
     pos_TH_ = a.alloc<T>(T_ * H, "model.position_rows", MemKind::Workspace);
+    if (pos_T_ != nullptr) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
   }
   loss_T_ = a.alloc<T>(T_, "model.loss");
   lse_T_ = a.alloc<T>(T_, "model.lse");

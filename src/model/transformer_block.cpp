@@ -4,7 +4,6 @@
 
 #include "core/rng.h"
 #include "ops/add.h"
-#include "ops/memory.h"
 
 namespace moecore::model {
 
@@ -95,12 +94,6 @@ void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
 }
 
 template <typename T>
-void TransformerBlock<T>::residual_grad(DevPtr<T> dbranch, DevPtr<const T> dy, uint64_t key) {
-  if (!dropping()) return ops::copy<T>(*ex_, dbranch, dy, n_tok_ * H_);
-  ops::dropout_backward(*ex_, dbranch, dy, hidden_p_, key, counters_, S_, B_, H_, 0);
-}
-
-template <typename T>
 void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute) {
   x_TH_ = x_TH;
   attn_.set_dropout(training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr);
@@ -124,7 +117,7 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
   // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
   DevPtr<const T> dffn = dy_TH;
   if (dropping()) {
-    residual_grad(dx1_, dy_TH, key_ffn_out_);
+    ops::dropout_backward(*ex_, dx1_, dy_TH, hidden_p_, key_ffn_out_, counters_, S_, B_, H_, 0);
     dffn = dx1_;
   }
   if (moe_)
@@ -137,7 +130,8 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
   if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_tok_, round_n1_);
   DevPtr<const T> dattn = dx1_;
   if (dropping()) {
-    residual_grad(branch_, dx1_, key_attn_out_);
+    ops::dropout_backward(*ex_, branch_, DevPtr<const T>(dx1_), hidden_p_, key_attn_out_,
+                          counters_, S_, B_, H_, 0);
     dattn = branch_;
   }
   attn_.backward(dn_, dattn);

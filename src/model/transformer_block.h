@@ -45,9 +45,8 @@ class TransformerBlock {
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  // y = residual + dropout(branch) (the plain sum without dropout); its backward dbranch.
+  // y = residual + dropout(branch) (the plain sum without dropout).
   void residual_add(DevPtr<T> y, DevPtr<const T> residual, DevPtr<const T> branch, uint64_t key);
-  void residual_grad(DevPtr<T> dbranch, DevPtr<const T> dy, uint64_t key);
   bool dropping() const { return training_ && hidden_p_ > 0; }
 
   int64_t layer_, H_, S_ = 0, B_ = 0, n_tok_ = 0;
