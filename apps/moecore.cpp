@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iostream>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,8 @@ constexpr const char* kUnknownFailure =
 // never an abort.
 std::string user_message(const std::exception& e) {
   if (dynamic_cast<const moecore::Error*>(&e) != nullptr) return e.what();
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+      dynamic_cast<const std::length_error*>(&e) != nullptr)  // a container asked for > max_size
     return "out of memory: a size given or implied does not fit in this machine's memory "
            "(lower it; `moecore plan` shows what a configuration needs)";
   return std::string("unexpected internal error (") + e.what() +

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/check.h"
+#include "data/mapped_file.h"
 
 namespace moecore::cli {
 
@@ -100,6 +101,9 @@ std::vector<std::string> table_args(const toml::table& tbl, const std::string& p
 std::vector<std::string> config_file_args(const std::string& path) {
   MOE_CHECK(!(path.ends_with(".yaml") || path.ends_with(".yml")),
             "[config] '{}': YAML configs are not supported, write the same keys as TOML", path);
+  const std::string why = data::unreadable_reason(path);
+  MOE_CHECK(why.empty() || why == "is empty", "[config] --config '{}' {}: give a TOML file of flags",
+            path, why);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[config] cannot read '{}': {}", path, std::strerror(errno));
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -10,6 +10,7 @@
 #include "cli/checkpoint_args.h"
 #include "cli/config_file.h"
 #include "cli/data_flags.h"
+#include "cli/flag_ranges.h"
 #include "cli/megatron_argv.h"
 #include "train/trainer.h"
 
@@ -307,10 +308,6 @@ static void finalize_model_function_flags(TrainFlags& f) {
   m.position_embedding = f.position_embedding_type == "rope"   ? PositionEmbedding::Rope
                          : f.position_embedding_type == "none" ? PositionEmbedding::None
                                                                : PositionEmbedding::LearnedAbsolute;
-  for (auto [value, flag] : {std::pair{m.hidden_dropout, "--hidden-dropout"},
-                             std::pair{m.attention_dropout, "--attention-dropout"}}) {
-    MOE_CHECK(value >= 0 && value < 1, "[flags] {}={} must be in [0, 1)", flag, value);
-  }
 }
 
 void finalize_train_flags(TrainFlags& f) {
@@ -475,20 +472,6 @@ const std::vector<std::string>& no_step_placeholder_args() {
   return args;
 }
 
-// Python's float() takes "nan", "inf" and 1e400 (= inf); none is a meaningful value of any
-// Megatron float flag, and each would surface steps later as a NaN loss or a silent default
-// (moecore keeps Megatron's None as NaN).
-static void check_finite_floats(const ParsedArgs& given) {
-  for (const GivenFlag& g : given.flags) {
-    if (g.megatron == nullptr || g.megatron->type != ArgType::Float) continue;
-    for (const std::string& v : g.values) {
-      const double x = std::strtod(v.c_str(), nullptr);
-      MOE_CHECK(std::isfinite(x), "[flags] {} {} is not a finite number: give a finite value",
-                g.name, v);
-    }
-  }
-}
-
 TrainFlags parse_train_args(const std::vector<std::string>& raw) {
   std::vector<std::string> with_cmd = {"train"};
   with_cmd.insert(with_cmd.end(), raw.begin(), raw.end());
@@ -516,7 +499,7 @@ TrainFlags parse_train_args(const std::vector<std::string>& raw) {
         "checkpoint ({}); the command line's win",
         saved.size(), fmt::join(saved, " "));
   }
-  check_finite_floats(given);
+  check_flag_ranges(given);
   f.notices = check_megatron_flags(given, train_binds);
   if (!from_checkpoint.empty()) f.notices.push_back(from_checkpoint);
   check_implemented_choices(app, given);

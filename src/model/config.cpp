@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cmath>
 
@@ -36,6 +38,21 @@ MoeLayerConfig ModelConfig::moe_layer() const {
   c.activation = activation;
   c.add_mlp_bias = add_mlp_bias;
   return c;
+}
+
+double ModelConfig::min_params_per_rank(int64_t ep) const {
+  const double h = static_cast<double>(hidden), d = static_cast<double>(head_dim());
+  const double attention = h * d * static_cast<double>(2 * num_heads + 2 * num_query_groups);
+  const int64_t moe_layers =
+      num_experts == 0          ? 0
+      : moe_layer_pattern.empty() ? num_layers
+                                  : std::count(moe_layer_pattern.begin(), moe_layer_pattern.end(), 1);
+  const double experts_mlp = 2.0 * h * static_cast<double>(moe.ffn_hidden) *
+                             static_cast<double>(num_experts) / static_cast<double>(ep);
+  const double dense_mlp = 2.0 * h * static_cast<double>(ffn_hidden);
+  return static_cast<double>(vocab_size) * h + static_cast<double>(num_layers) * attention +
+         static_cast<double>(moe_layers) * experts_mlp +
+         static_cast<double>(num_layers - moe_layers) * dense_mlp;
 }
 
 void ModelConfig::validate() const {

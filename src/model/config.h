@@ -70,6 +70,10 @@ struct ModelConfig {
   // What a MoE layer of this model needs (src/moe/ does not see ModelConfig).
   MoeLayerConfig moe_layer() const;
   void validate() const;
+  // A lower bound of the parameters one rank holds with `ep` expert-parallel ranks (the
+  // projections and MLP weights only), in closed form: what a size too large for any machine is
+  // checked against before the model is built layer by layer.
+  double min_params_per_rank(int64_t ep) const;
 };
 
 // --moe-layer-freq: an integer N (layer i is MoE iff i % N == 0) or a Python-like list

@@ -1,12 +1,16 @@
 // Validation of the parallel layout: every message names the numbers and the flag to change.
 #include "parallel/parallel_config.h"
 
+#include <tuple>
+
 #include "core/check.h"
 
 namespace moecore::parallel {
 
 Degrees resolve_degrees(const ParallelConfig& cfg, int world_size) {
-  MOE_CHECK(world_size >= 1, "[parallel] world size {} must be >= 1", world_size);
+  MOE_CHECK(world_size >= 1 && world_size <= kMaxWorldSize,
+            "[parallel] world size {} must be in [1, {}] (the largest layout moecore lays out)",
+            world_size, kMaxWorldSize);
   auto positive = [](int v, const char* flag) {
     MOE_CHECK(v >= 1, "[parallel] {} {} must be >= 1", flag, v);
   };
@@ -85,6 +89,15 @@ int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage) {
 Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& m) {
   Degrees d = resolve_degrees(cfg, world_size);
 
+  for (const auto& [v, flag, least] :
+       {std::tuple{m.num_layers, "--num-layers", 1}, std::tuple{m.num_experts, "--num-experts", 0},
+        std::tuple{m.num_attention_heads, "--num-attention-heads", 1},
+        std::tuple{m.num_query_groups, "--num-query-groups", 1},
+        std::tuple{m.ffn_hidden, "--ffn-hidden-size", 1},
+        std::tuple{m.moe_ffn_hidden, "--moe-ffn-hidden-size", 1},
+        std::tuple{m.seq_length, "--seq-length", 1}}) {
+    MOE_CHECK(!v || *v >= least, "[parallel] {} {} must be >= {}", flag, *v, least);
+  }
   if (m.num_experts) {
     const int64_t e = *m.num_experts;
     MOE_CHECK(e > 0 || cfg.ep == 1,

@@ -45,6 +45,10 @@ Degrees resolve_degrees(const ParallelConfig& cfg, int world_size);
 
 // What the layout must agree with in the model; unset fields are not checked (`moecore groups`
 // may know only some of them).
+// The largest world a layout is made for (2^20 ranks, ten times today's largest jobs): the
+// group lists are O(world) and `moecore groups` prints them all.
+inline constexpr int kMaxWorldSize = 1 << 20;
+
 struct ModelDims {
   std::optional<int64_t> num_layers;           // --num-layers
   std::optional<int64_t> num_experts;          // --num-experts (0: dense)

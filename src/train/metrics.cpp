@@ -1,6 +1,8 @@
 #include "train/metrics.h"
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 
 #include <sys/resource.h>
 
@@ -73,8 +75,12 @@ int64_t peak_rss_bytes() {
 
 MetricsFile::MetricsFile(const std::string& path) {
   if (path.empty()) return;
+  std::error_code ec;
+  MOE_CHECK(!std::filesystem::is_directory(path, ec),
+            "[metrics] --metrics-file '{}' is a directory: give a file name (JSON lines)", path);
   out_.open(path, std::ios::trunc);
-  MOE_CHECK(out_.good(), "[metrics] cannot write --metrics-file '{}'", path);
+  MOE_CHECK(out_.good(), "[metrics] cannot write --metrics-file '{}': {}", path,
+            std::strerror(errno));
 }
 
 void MetricsFile::write(const StepMetrics& m) {

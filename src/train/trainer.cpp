@@ -68,6 +68,20 @@ void check_parallel_support(const parallel::ParallelConfig& p) {
             "--sequence-parallel");
 }
 
+// Before the model is built layer by layer (minutes for a size no machine holds): its weights,
+// gradients and Adam moments (16 bytes a parameter) against the host memory available.
+static void check_model_fits_host(const ModelConfig& m, int64_t ep) {
+  const double bytes = 16.0 * m.min_params_per_rank(ep);
+  const double available = static_cast<double>(host_bytes_available());
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  MOE_CHECK(available == 0 || bytes <= available,
+            "[memory] the model needs at least {:.4g} GiB per rank (fp32 weights, gradients and "
+            "Adam moments of {:.4g} parameters) but {:.2f} GiB is available on this machine: "
+            "lower --num-layers, --hidden-size, --num-experts or the FFN sizes, or use more "
+            "expert-parallel ranks (`moecore plan` with the same flags shows the memory per rank)",
+            bytes / kGiB, bytes / 16.0, available / kGiB);
+}
+
 template <typename T>
 BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& cfg,
                               const parallel::ProcessGroups* groups)
@@ -93,6 +107,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
   model_cfg_.validate();
+  check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->layout().degrees.ep : 1);
   MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with data-parallel size {} "
             "is not implemented yet: its counts must be summed over TP x DP x CP inside every "

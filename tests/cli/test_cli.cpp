@@ -69,8 +69,8 @@ TEST(Cli, BadInputStopsBeforeTraining) {
   expect_stops("--position-embedding-type relative", "--position-embedding-type relative");
   expect_stops("--squared-relu", "--squared-relu and --swiglu are both given: choose one");
   expect_stops("--apply-layernorm-1p", "--apply-layernorm-1p is LayerNorm's");
-  expect_stops("--hidden-dropout 1", "--hidden-dropout=1 must be in [0, 1)");
-  expect_stops("--attention-dropout -0.1", "--attention-dropout=-0.1 must be in [0, 1)");
+  expect_stops("--hidden-dropout 1", "--hidden-dropout 1 is out of range: it must be in [0, 1)");
+  expect_stops("--attention-dropout -0.1", "--attention-dropout -0.1 is out of range: it must be in [0, 1)");
   expect_stops("--config /nonexistent/config.toml", "/nonexistent/config.toml");
   expect_stops("--device tpu", "--device: tpu not in {cpu,cuda}");
   expect_stops("--device cuda", moecore::cuda_built() ? "--device cuda:"
@@ -165,7 +165,7 @@ TEST(Cli, ErrorsCarryNoSourcePathsAndNeverAbort) {
   expect_stops("--lr 1e400", "--lr 1e400 is not a finite number");
   expect_stops("--moe-expert-capacity-factor nan",
                "--moe-expert-capacity-factor nan is not a finite number");
-  expect_stops("--norm-epsilon -1", "--norm-epsilon=-1 must be > 0");
+  expect_stops("--norm-epsilon -1", "--norm-epsilon -1 is out of range: it must be > 0");
 
   // Counts of 0 that used to pass: a plan for zero GPUs "fits", zero tokenizing threads.
   CommandResult gpus =
@@ -210,7 +210,7 @@ TEST(Cli, ParallelFlags) {
   expect_stops("--expert-tensor-parallel-size 2",
                "--expert-tensor-parallel-size 2: expert tensor parallelism");
   expect_stops("--expert-model-parallel-size 2", "etp*ep*pp = 1*2*1 = 2");  // one rank only
-  expect_stops("--ddp-bucket-size -5", "--ddp-bucket-size -5 must be >= 0");
+  expect_stops("--ddp-bucket-size -5", "--ddp-bucket-size -5 is out of range: it must be >= 0");
   CommandResult r = run("train" + std::string(kTiny) +
                         " --overlap-grad-reduce --ddp-bucket-size 100 "
                         "--expert-model-parallel-size 1 --distributed-timeout-minutes 1");

@@ -738,7 +738,7 @@ TEST(MegatronFlags, ExpertRankCapacityFactor) {
   EXPECT_EQ(parse("--moe-expert-rank-capacity-factor 1.25").model.moe.expert_rank_capacity_factor,
             1.25);
   std::string e = error_of({"--moe-expert-rank-capacity-factor", "0.9"});
-  EXPECT_NE(e.find("--moe-expert-rank-capacity-factor 0.9 < 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("--moe-expert-rank-capacity-factor 0.9 is out of range: it must be >= 1"), std::string::npos) << e;
   e = error_of({"--moe-expert-rank-capacity-factor", "1.5", "--moe-expert-capacity-factor", "1",
                 "--moe-pad-expert-input-to-capacity"});
   EXPECT_NE(e.find("with --moe-pad-expert-input-to-capacity: padded dispatch already has static "
