@@ -59,7 +59,8 @@ float value_in(const fs::path& dir, int64_t iteration) {
   EXPECT_EQ(r.manifest().iteration, iteration) << dir;
   std::vector<float> got(2 * kN);
   r.read("w", "F32", -1, 0, 0, std::as_writable_bytes(std::span<float>(got.data(), kN)));
-  r.read("exp_avg.w", "F32", -1, 0, 0, std::as_writable_bytes(std::span<float>(got.data() + kN, kN)));
+  r.read("exp_avg.w", "F32", -1, 0, 0,
+         std::as_writable_bytes(std::span<float>(got.data() + kN, kN)));
   for (float v : got) {
     if (v != got[0]) return -1;
   }
@@ -150,7 +151,9 @@ void kill_at_every_point(bool resave) {
   }
 }
 
-TEST(SaveCrash, FreshSaveKilledAtEveryStep) { kill_at_every_point(/*resave=*/false); }
+TEST(SaveCrash, FreshSaveKilledAtEveryStep) {
+  kill_at_every_point(/*resave=*/false);
+}
 
 TEST(SaveCrash, ResaveOfTheTrackedIterationKilledAtEveryStep) {
   kill_at_every_point(/*resave=*/true);
@@ -238,7 +241,8 @@ TEST(SaveCrash, DirectoryWhereAFileIsExpectedIsNamed) {
 
   fs::remove(tracker);
   fs::create_directory(tracker);
-  EXPECT_ERROR_HAS(read_tracker(save), "'" + tracker.string() + "' is a directory, not the tracker");
+  EXPECT_ERROR_HAS(read_tracker(save),
+                   "'" + tracker.string() + "' is a directory, not the tracker");
   EXPECT_ERROR_HAS(write_tracker(save, 10), "cannot write '" + tracker.string() + "'");
   EXPECT_ERROR_HAS(write_tracker(save, 10), "a directory is in the way");
   fs::remove(tracker);
