@@ -32,6 +32,7 @@ std::string hint(int err, const fs::path& path) {
     case EACCES:
     case EPERM: return fmt::format(" (no permission to write in '{}')", dir_of(path).string());
     case EROFS: return " (the filesystem is mounted read-only)";
+    case EISDIR: return " (a directory is in the way: remove or rename it)";
     case ENOSPC:
     case EDQUOT: return " (the disk or the quota is full: free space or save elsewhere)";
     default: return "";

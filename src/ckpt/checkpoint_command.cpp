@@ -33,12 +33,13 @@ bool skipped(const std::string& name, const std::vector<std::string>& prefixes) 
 }  // namespace
 
 fs::path resolve_checkpoint(const fs::path& dir) {
-  if (fs::exists(dir / kManifestFile)) return dir;
+  std::error_code ec;
+  if (fs::exists(dir / kManifestFile, ec)) return dir;
   const std::optional<int64_t> it = read_tracker(dir);
   MOE_CHECK(it.has_value(),
             "[checkpoint] '{}' is neither a checkpoint (no {}) nor a --save directory (no {})",
             dir.string(), kManifestFile, kTrackerFile);
-  return iteration_dir(dir, *it);
+  return find_iteration_dir(dir, *it);
 }
 
 std::vector<std::string> compare_checkpoints(const fs::path& a, const fs::path& b,
@@ -89,8 +90,21 @@ Subcommand add_checkpoint_command(CLI::App& app) {
   compare->add_option("a", (*dirs)[0], "first checkpoint")->required();
   compare->add_option("b", (*dirs)[1], "second checkpoint")->required();
   compare->add_flag("--weights-only", *weights_only, "Leave the optimizer state out");
+  CLI::App* recover = cli->add_subcommand(
+      "recover", "Finish or undo what a crash in a save left in a --save directory");
+  recover->add_option("dir", (*dirs)[0], "--save directory")->required();
   return Subcommand{
-      cli, [info, dirs, weights_only]() {
+      cli, [info, recover, dirs, weights_only]() {
+        if (recover->parsed()) {
+          std::error_code ec;
+          MOE_CHECK(fs::is_directory((*dirs)[0], ec), "[checkpoint] '{}' is not a directory",
+                    (*dirs)[0]);
+          const std::string did = recover_checkpoint_dir((*dirs)[0]);
+          std::cout << fmt::format("[checkpoint] {}: {}\n",
+                                   did.empty() ? "nothing to recover" : "recovered",
+                                   did.empty() ? (*dirs)[0] : (*dirs)[0] + ": " + did);
+          return 0;
+        }
         if (info->parsed()) {
           CheckpointReader r(resolve_checkpoint((*dirs)[0]));
           const Manifest& m = r.manifest();

@@ -13,22 +13,124 @@
 #include "ckpt/safetensors.h"
 #include "ckpt/sha256.h"
 #include "core/check.h"
+#include "core/fault_injection.h"
 
 namespace moecore::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
 
+// std::filesystem's throwing overloads would escape as filesystem_error: every query and change
+// here takes an error_code and fails as moecore::Error naming the path and the reason.
+fs::file_type type_of(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  MOE_CHECK(!ec || st.type() == fs::file_type::not_found, "[checkpoint] cannot read '{}': {}",
+            p.string(), ec.message());
+  return st.type();
+}
+
+bool present(const fs::path& p) { return type_of(p) != fs::file_type::not_found; }
+
+std::string type_name(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::regular: return "a file";
+    case fs::file_type::not_found: return "missing";
+    default: return "not a regular file";
+  }
+}
+
+void rename_path(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot rename '{}' to '{}': {}", from.string(), to.string(),
+            ec.message());
+}
+
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot remove '{}': {}", p.string(), ec.message());
+}
+
+// The content of a regular file (the caller has checked that it is one).
 std::string read_whole(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  MOE_CHECK(in.good(), "[checkpoint] cannot read '{}'", p.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  MOE_CHECK(in.good(), "[checkpoint] cannot read '{}': {}", p.string(), std::strerror(errno));
+  std::string s{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  MOE_CHECK(!in.bad(), "[checkpoint] cannot read '{}': {}", p.string(), std::strerror(errno));
+  return s;
 }
 
 int64_t product(const std::vector<int64_t>& v, size_t begin, size_t end) {
   int64_t p = 1;
   for (size_t i = begin; i < end; ++i) p *= v[i];
   return p;
+}
+
+// Whether `dir` holds a complete checkpoint of `iteration`: its manifest valid and every shard
+// there with the recorded size. The hashes are not read (recovery stays cheap on a large
+// checkpoint): a kill cannot alter a file that was fsynced before the manifest was written.
+bool is_complete(const fs::path& dir, int64_t iteration) {
+  try {
+    const CheckpointReader r(dir, HashCheck::None);
+    return r.manifest().iteration == iteration;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The directories a save of some iteration leaves besides iter_NNNNNNN: its staging dir, and the
+// earlier copy a re-save moves aside (also "iter_NNNNNNN.replaced.<pid>", the name that earlier
+// versions of moecore gave it).
+struct Debris {
+  bool staging = false;
+  std::vector<fs::path> asides;  // replaced_dir first
+};
+
+// Parses "iter_<digits><suffix>"; false when `name` is not of that form.
+bool parse_iteration_name(const std::string& name, int64_t& iteration, std::string& suffix) {
+  if (name.rfind("iter_", 0) != 0) return false;
+  size_t end = 5;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == 5 || end - 5 > 18) return false;
+  iteration = std::stoll(name.substr(5, end - 5));
+  suffix = name.substr(end);
+  return true;
+}
+
+std::map<int64_t, Debris> find_debris(const fs::path& save) {
+  std::map<int64_t, Debris> out;
+  std::error_code ec;
+  fs::directory_iterator it(save, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot list '{}': {}", save.string(), ec.message());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t iteration = 0;
+    std::string suffix;
+    if (!parse_iteration_name(name, iteration, suffix)) continue;
+    if (type_of(it->path()) != fs::file_type::directory) continue;
+    const std::string old_aside = ".replaced.";
+    if (suffix == ".partial") {
+      out[iteration].staging = true;
+    } else if (suffix == ".replaced") {
+      auto& a = out[iteration].asides;
+      a.insert(a.begin(), it->path());
+    } else if (suffix.rfind(old_aside, 0) == 0 && suffix.size() > old_aside.size() &&
+               std::all_of(suffix.begin() + old_aside.size(), suffix.end(),
+                           [](char c) { return c >= '0' && c <= '9'; })) {
+      out[iteration].asides.push_back(it->path());
+    }
+  }
+  MOE_CHECK(!ec, "[checkpoint] cannot list '{}': {}", save.string(), ec.message());
+  return out;
+}
+
+std::string names_of(const std::vector<fs::path>& paths) {
+  std::string s;
+  for (const fs::path& p : paths) s += (s.empty() ? "" : ", ") + p.filename().string();
+  return s;
 }
 
 }  // namespace
@@ -44,24 +146,134 @@ fs::path staging_dir(const fs::path& save, int64_t iteration) {
   return p;
 }
 
-void publish_iteration_dir(const fs::path& staging, const fs::path& dir) {
-  MOE_CHECK(fs::exists(staging / kManifestFile),
-            "[checkpoint] '{}' has no {}: only a complete save is published", staging.string(),
-            kManifestFile);
+fs::path replaced_dir(const fs::path& save, int64_t iteration) {
+  fs::path p = iteration_dir(save, iteration);
+  p += ".replaced";
+  return p;
+}
+
+fs::path find_iteration_dir(const fs::path& save, int64_t iteration) {
+  const fs::path dir = iteration_dir(save, iteration);
+  if (present(dir / kManifestFile)) return dir;
+  const fs::path aside = replaced_dir(save, iteration);
+  return present(aside / kManifestFile) ? aside : dir;
+}
+
+fs::path begin_staging(const fs::path& save, int64_t iteration) {
   std::error_code ec;
-  fs::path aside;
-  if (fs::exists(dir)) {
-    aside = dir;
-    aside += fmt::format(".replaced.{}", ::getpid());
-    fs::rename(dir, aside, ec);
-    MOE_CHECK(!ec, "[checkpoint] cannot move the earlier '{}' aside to '{}': {}", dir.string(),
-              aside.string(), ec.message());
-  }
-  fs::rename(staging, dir, ec);
-  MOE_CHECK(!ec, "[checkpoint] cannot rename '{}' to '{}': {}", staging.string(), dir.string(),
+  fs::create_directories(save, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot create the --save directory '{}': {}", save.string(),
             ec.message());
-  fsync_dir(dir.parent_path());
-  if (!aside.empty()) fs::remove_all(aside, ec);  // a leftover is harmless debris
+  const fs::path staging = staging_dir(save, iteration);
+  remove_tree(staging);
+  fs::create_directory(staging, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", staging.string(), ec.message());
+  fsync_dir(save);
+  save_kill_point("save.after_staging", 0);
+  return staging;
+}
+
+void publish_iteration_dir(const fs::path& save, int64_t iteration) {
+  const fs::path staging = staging_dir(save, iteration);
+  const fs::path dir = iteration_dir(save, iteration);
+  const fs::path aside = replaced_dir(save, iteration);
+  MOE_CHECK(type_of(staging / kManifestFile) == fs::file_type::regular,
+            "[checkpoint] '{}' has no {}: only a finished save is published", staging.string(),
+            kManifestFile);
+  const fs::file_type t = type_of(dir);
+  MOE_CHECK(t == fs::file_type::not_found || t == fs::file_type::directory,
+            "[checkpoint] '{}' is {}, not a checkpoint directory, in the way of the save of "
+            "iteration {}: remove or rename it",
+            dir.string(), type_name(t), iteration);
+  if (t == fs::file_type::directory) {  // a re-save: the earlier copy stays readable aside
+    if (present(aside)) {
+      // Left by an interrupted re-save whose new copy is in `dir`; removed only when that copy
+      // is whole, never as the last copy of the iteration.
+      MOE_CHECK(is_complete(dir, iteration),
+                "[checkpoint] '{}' and '{}' both exist and the first is not a complete "
+                "checkpoint: keep whichever is complete as '{}' and remove the other",
+                dir.string(), aside.string(), dir.filename().string());
+      remove_tree(aside);
+    }
+    save_kill_point("publish.before_rename_aside", 0);
+    rename_path(dir, aside);
+    save_kill_point("publish.after_rename_aside", 0);
+    fsync_dir(save);
+    save_kill_point("publish.after_fsync_aside", 0);
+  }
+  save_kill_point("publish.before_rename", 0);
+  rename_path(staging, dir);
+  save_kill_point("publish.after_rename", 0);
+  fsync_dir(save);
+  save_kill_point("publish.after_fsync", 0);
+  if (present(aside)) {
+    // No fsync needed: an aside copy beside a complete `dir` is removed by recovery.
+    remove_tree(aside);
+    save_kill_point("publish.after_remove_aside", 0);
+  }
+}
+
+void save_kill_point(std::string_view name, int rank) {
+  MOE_CHECK(std::any_of(std::begin(kSaveKillPoints), std::end(kSaveKillPoints),
+                        [&](const SaveKillPoint& p) { return p.name == name; }),
+            "[checkpoint] kill point '{}' is not in kSaveKillPoints", name);
+  fault::kill_point(name, rank);
+}
+
+std::string recover_checkpoint_dir(const fs::path& save) {
+  if (type_of(save) != fs::file_type::directory) return "";
+  std::vector<std::string> did;
+  for (auto& [iteration, debris] : find_debris(save)) {
+    const fs::path dir = iteration_dir(save, iteration);
+    const fs::path staging = staging_dir(save, iteration);
+    if (debris.staging) {
+      if (is_complete(staging, iteration)) {
+        // Finished (its manifest is written after every shard is durable): the publication
+        // it was killed in is completed, the earlier copy moved aside if there is one.
+        const bool aside = present(replaced_dir(save, iteration));
+        publish_iteration_dir(save, iteration);
+        did.push_back(fmt::format("published the finished save {} as {}{}",
+                                  staging.filename().string(), dir.filename().string(),
+                                  aside ? " (its earlier copy, moved aside, removed)" : ""));
+      } else {
+        remove_tree(staging);
+        did.push_back(fmt::format("removed the unfinished save {}", staging.filename().string()));
+      }
+    }
+    std::vector<fs::path> asides;
+    for (const fs::path& a : debris.asides) {
+      if (present(a)) asides.push_back(a);
+    }
+    if (asides.empty()) continue;
+    if (!present(dir)) {
+      // Killed between the two renames of a re-save whose new copy was not finished: the
+      // earlier copy goes back.
+      const auto whole = std::find_if(asides.begin(), asides.end(),
+                                      [&](const fs::path& a) { return is_complete(a, iteration); });
+      if (whole == asides.end()) {
+        did.push_back(fmt::format("left {}: no complete copy of iteration {} among them",
+                                  names_of(asides), iteration));
+        continue;
+      }
+      rename_path(*whole, dir);
+      fsync_dir(save);
+      did.push_back(fmt::format("restored {} from {}", dir.filename().string(),
+                                whole->filename().string()));
+      asides.erase(whole);
+    }
+    if (asides.empty()) continue;
+    if (is_complete(dir, iteration)) {
+      for (const fs::path& a : asides) remove_tree(a);
+      did.push_back(fmt::format("removed {} (earlier copies of iteration {}; {} is complete)",
+                                names_of(asides), iteration, dir.filename().string()));
+    } else {
+      did.push_back(fmt::format("left {} as they are: {} is not a complete checkpoint",
+                                names_of(asides), dir.filename().string()));
+    }
+  }
+  std::string out;
+  for (const std::string& d : did) out += (out.empty() ? "" : "; ") + d;
+  return out;
 }
 
 std::string shard_name(std::string_view kind, int rank) {
@@ -95,7 +307,12 @@ void write_tracker(const fs::path& save, int64_t iteration) {
 
 std::optional<int64_t> read_tracker(const fs::path& save) {
   const fs::path p = save / kTrackerFile;
-  if (!fs::exists(p)) return std::nullopt;
+  const fs::file_type t = type_of(p);
+  if (t == fs::file_type::not_found) return std::nullopt;
+  MOE_CHECK(t == fs::file_type::regular,
+            "[checkpoint] '{}' is {}, not the tracker (a text file holding the latest "
+            "iteration): remove it, or give another directory",
+            p.string(), type_name(t));
   std::string s = read_whole(p);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
   MOE_CHECK(!s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) {
@@ -105,11 +322,28 @@ std::optional<int64_t> read_tracker(const fs::path& save) {
             "start afresh",
             p.string(), s.substr(0, 40));
   const int64_t iteration = std::stoll(s);
-  const fs::path manifest = iteration_dir(save, iteration) / kManifestFile;
-  MOE_CHECK(fs::exists(manifest),
-            "[checkpoint] '{}' names iteration {}, but '{}' does not exist: the checkpoint was "
-            "moved or deleted",
-            p.string(), iteration, manifest.string());
+  const fs::path manifest = find_iteration_dir(save, iteration) / kManifestFile;
+  if (!present(manifest)) {
+    // A crash may have left the iteration's complete copies under other names.
+    std::vector<fs::path> copies;
+    const std::map<int64_t, Debris> debris = find_debris(save);
+    if (const auto d = debris.find(iteration); d != debris.end()) {
+      std::vector<fs::path> candidates = d->second.asides;
+      if (d->second.staging) candidates.push_back(staging_dir(save, iteration));
+      for (const fs::path& c : candidates) {
+        if (is_complete(c, iteration)) copies.push_back(c);
+      }
+    }
+    MOE_CHECK(copies.empty(),
+              "[checkpoint] '{}' names iteration {}, but '{}' does not exist; complete copies "
+              "of it left by an interrupted save: {}: a `moecore train` with --load or --save "
+              "'{}' recovers them (or `moecore checkpoint recover {}`)",
+              p.string(), iteration, manifest.string(), names_of(copies), save.string(),
+              save.string());
+    MOE_FAIL("[checkpoint] '{}' names iteration {}, but '{}' does not exist: the checkpoint was "
+             "moved or deleted",
+             p.string(), iteration, manifest.string());
+  }
   return iteration;
 }
 
@@ -127,17 +361,28 @@ void write_manifest(const fs::path& dir, const Manifest& m) {
 
 CheckpointReader::CheckpointReader(const fs::path& dir, HashCheck hashes)
     : dir_(dir), hashes_(hashes) {
+  const fs::file_type dt = type_of(dir);
+  MOE_CHECK(dt == fs::file_type::directory || dt == fs::file_type::not_found,
+            "[checkpoint] '{}' is {}, not a checkpoint directory", dir.string(), type_name(dt));
   const fs::path mp = dir / kManifestFile;
-  MOE_CHECK(fs::exists(mp),
+  const fs::file_type mt = type_of(mp);
+  MOE_CHECK(mt != fs::file_type::not_found,
             "[checkpoint] '{}' is not a complete checkpoint: it has no {} (an interrupted save "
             "leaves none; load the iteration the tracker names)",
             dir.string(), kManifestFile);
+  MOE_CHECK(mt == fs::file_type::regular, "[checkpoint] '{}' is {}, not a manifest file",
+            mp.string(), type_name(mt));
   manifest_ = parse_manifest(read_whole(mp), mp.string());
   for (const ShardFile& f : manifest_.files) {
     const fs::path p = dir / f.file;
-    MOE_CHECK(fs::exists(p), "[checkpoint] '{}': shard '{}' (rank {}) is missing", dir.string(),
-              f.file, f.rank);
-    const uint64_t size = fs::file_size(p);
+    const fs::file_type t = type_of(p);
+    MOE_CHECK(t != fs::file_type::not_found, "[checkpoint] '{}': shard '{}' (rank {}) is missing",
+              dir.string(), f.file, f.rank);
+    MOE_CHECK(t == fs::file_type::regular, "[checkpoint] '{}': shard '{}' (rank {}) is {}, not "
+              "a file", dir.string(), f.file, f.rank, type_name(t));
+    std::error_code ec;
+    const uint64_t size = fs::file_size(p, ec);
+    MOE_CHECK(!ec, "[checkpoint] cannot read '{}': {}", p.string(), ec.message());
     MOE_CHECK(size == f.bytes,
               "[checkpoint] '{}': shard '{}' has {} bytes, the manifest recorded {}: the file "
               "was truncated or replaced",

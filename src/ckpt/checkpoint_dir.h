@@ -25,15 +25,68 @@ inline constexpr std::string_view kManifestFile = "manifest.json";
 
 // <save>/iter_NNNNNNN (7 digits, more when needed: Megatron-LM's names).
 std::filesystem::path iteration_dir(const std::filesystem::path& save, int64_t iteration);
-// Where a save writes until it is complete: <save>/iter_NNNNNNN.partial. One left behind is the
-// debris of an interrupted save: never read, removed by the next save of that iteration.
+// Where a save writes until it is complete: <save>/iter_NNNNNNN.partial. With its manifest it is
+// a finished save not yet published (recovery publishes it); without, an interrupted one
+// (recovery removes it). Never read as a checkpoint.
 std::filesystem::path staging_dir(const std::filesystem::path& save, int64_t iteration);
-// Makes `staging` (shards and manifest written and fsynced) the iteration directory `dir`, by a
-// rename, so an iter_* directory always holds a whole checkpoint. An existing `dir` (a save of
-// the same iteration again) is renamed aside first and removed after; `dir`'s parent is fsynced.
-void publish_iteration_dir(const std::filesystem::path& staging, const std::filesystem::path& dir);
+// Where a re-save of an existing iteration keeps the earlier copy while the new one is moved
+// in: <save>/iter_NNNNNNN.replaced. It exists only between those two renames (and until its
+// removal after them); in that window the tracker may name the iteration, whose checkpoint is
+// then read from here (find_iteration_dir).
+std::filesystem::path replaced_dir(const std::filesystem::path& save, int64_t iteration);
+// The directory holding iteration `iteration`'s checkpoint: iteration_dir, or the earlier copy
+// at replaced_dir while a re-save is between its two renames. iteration_dir when neither has
+// a manifest (so that errors name the usual place).
+std::filesystem::path find_iteration_dir(const std::filesystem::path& save, int64_t iteration);
+
+// Rank 0's first step of a save: an empty staging_dir (one left by an interrupted save of the
+// same iteration is removed), <save> created when missing and fsynced. Returns the staging dir.
+std::filesystem::path begin_staging(const std::filesystem::path& save, int64_t iteration);
+// Moves the finished save in staging_dir(save, iteration) (shards and manifest written and
+// fsynced) to iteration_dir by a rename, so an iter_* directory always holds a whole
+// checkpoint. An existing iteration_dir (a re-save of that iteration) is first renamed to
+// replaced_dir, and removed once the new copy is in place; each rename is followed by an fsync
+// of <save>. A replaced_dir left by an interrupted re-save is removed only when iteration_dir
+// is complete. The tracker is the caller's (write_tracker, after this).
+void publish_iteration_dir(const std::filesystem::path& save, int64_t iteration);
 // "model_rank_RRRRR.safetensors" / "optim_rank_RRRRR.safetensors".
 std::string shard_name(std::string_view kind, int rank);
+
+// The steps of a save, in the order a save passes them, at which the crash tests kill it:
+// MOECORE_FAULT="kill:at=<name>[:rank=R]" (core/fault_injection.h) sends SIGKILL to the process
+// that reaches the point. docs/checkpoint_format.md, "Kill points", says what each leaves.
+struct SaveKillPoint {
+  std::string_view name;
+  bool replacing_only;  // reached only by a re-save of an existing iteration
+};
+inline constexpr SaveKillPoint kSaveKillPoints[] = {
+    {"save.after_staging", false},          // rank 0: staging dir created, <save> fsynced
+    {"save.after_model_shard", false},      // each rank: its model shard written and fsynced
+    {"save.after_optim_shard", false},      // each rank: its optimizer shard likewise
+    {"save.after_shards", false},           // each rank: all its shards written
+    {"save.after_manifest", false},         // rank 0: the manifest durable: the save is finished
+    {"publish.before_rename_aside", true},  // rank 0, from here to the tracker
+    {"publish.after_rename_aside", true},
+    {"publish.after_fsync_aside", true},
+    {"publish.before_rename", false},
+    {"publish.after_rename", false},
+    {"publish.after_fsync", false},
+    {"publish.after_remove_aside", true},
+    {"save.before_tracker", false},
+    {"save.after_tracker", false},
+};
+// fault::kill_point for one of kSaveKillPoints (a name not in the list is a bug: it throws, so
+// the list the tests loop over stays the list of the points in the code).
+void save_kill_point(std::string_view name, int rank);
+
+// Startup recovery of a --save / --load directory after a crash in a save (rank 0, before any
+// other rank reads it; docs/checkpoint_format.md, "Recovery"). For each iteration with debris:
+// a finished staging dir is published (publish_iteration_dir), an unfinished one removed; an
+// earlier copy moved aside is restored when iteration_dir is missing, and removed when
+// iteration_dir is complete. The tracker is never changed, and the only complete copy of an
+// iteration is never removed. Returns what it did, "" when there was nothing to do; a missing
+// `save` has nothing to recover.
+std::string recover_checkpoint_dir(const std::filesystem::path& save);
 
 // --save checked at start-up, before any training it is meant to keep: the directory is
 // created when missing, and a probe file is written, fsynced and removed in it (`who` makes the
@@ -43,7 +96,8 @@ void check_save_dir(const std::filesystem::path& save, const std::string& who);
 // The tracker, written last (write_file_atomic: a crash leaves the previous one).
 void write_tracker(const std::filesystem::path& save, int64_t iteration);
 // The iteration the tracker names; nullopt when there is no tracker (a fresh run). A tracker
-// that is not a decimal iteration, or that names a directory without a manifest, throws.
+// that is not a regular file or not a decimal iteration, or that names an iteration that
+// find_iteration_dir does not find, throws (naming the complete copies a crash left, if any).
 std::optional<int64_t> read_tracker(const std::filesystem::path& save);
 
 // Writes one shard atomically into `dir` and describes it for the manifest (its size and the

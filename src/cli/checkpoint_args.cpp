@@ -59,7 +59,8 @@ std::vector<std::string> checkpoint_model_args(const std::string& load, int64_t 
             "[checkpoint] --use-checkpoint-args: '{}' holds no checkpoint (no {}) to take the "
             "model's flags from: give them on the command line",
             load, ckpt::kTrackerFile);
-  const ckpt::CheckpointReader reader(ckpt::iteration_dir(load, *it), ckpt::HashCheck::None);
+  const ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *it),
+                                      ckpt::HashCheck::None);
   const nlohmann::json& state = reader.manifest().state;
   MOE_CHECK(state.contains("args") && state["args"].is_array(),
             "[checkpoint] --use-checkpoint-args: '{}' records no flags (a checkpoint written "

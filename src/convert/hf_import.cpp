@@ -173,11 +173,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   res.hf_tensors = static_cast<int64_t>(w.names().size());
 
   // The checkpoint, as the trainer writes iteration 0 of one rank (checkpointing.cpp).
-  fs::create_directories(out_dir);
-  const fs::path staging = ckpt::staging_dir(out_dir, 0);
-  fs::remove_all(staging);
-  fs::create_directories(staging);
-  ckpt::fsync_dir(out_dir);
+  const fs::path staging = ckpt::begin_staging(out_dir, 0);
   man.iteration = 0;
   man.world_size = 1;
   shard.set_metadata("format", "moecore");
@@ -198,7 +194,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   ckpt::write_manifest(staging, man);
   ckpt::write_file_atomic(res.flags_file, toml);
   res.checkpoint = ckpt::iteration_dir(out_dir, 0);
-  ckpt::publish_iteration_dir(staging, res.checkpoint);
+  ckpt::publish_iteration_dir(out_dir, 0);
   ckpt::write_tracker(out_dir, 0);
   return res;
 }

@@ -67,13 +67,21 @@ std::vector<Fault> parse(std::string_view spec) {
   return out;
 }
 
-const std::vector<Fault>& injected() {
-  static const std::vector<Fault> faults = [] {
+namespace {
+
+std::vector<Fault>& faults() {
+  static std::vector<Fault> f = [] {
     const char* v = std::getenv("MOECORE_FAULT");
     return parse(v != nullptr ? v : "");
   }();
-  return faults;
+  return f;
 }
+
+}  // namespace
+
+const std::vector<Fault>& injected() { return faults(); }
+
+void inject_for_test(std::string_view spec) { faults() = parse(spec); }
 
 const Fault* find(std::string_view kind, int rank, int64_t iteration) {
   for (const Fault& f : injected()) {

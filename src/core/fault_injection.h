@@ -32,6 +32,9 @@ struct Fault {
 std::vector<Fault> parse(std::string_view spec);
 // The faults of this process's environment, parsed on first use.
 const std::vector<Fault>& injected();
+// Tests only: replaces this process's faults by `spec`'s (a forked child that is to die at one
+// point; the environment was read when its parent first asked). Not thread-safe.
+void inject_for_test(std::string_view spec);
 // The first injected fault of `kind` that matches(rank, iteration); null when none.
 const Fault* find(std::string_view kind, int rank = -1, int64_t iteration = -1);
 // Kills the process with SIGKILL (what a crash, an OOM killer or a lost node does) when

@@ -7,6 +7,7 @@
 // checkpoint loads into any layout. Each step is agreed by all ranks, so a failure on one rank
 // stops every rank with its message instead of leaving the others waiting.
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 
 #include <algorithm>
 #include <set>
@@ -132,11 +133,7 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
 
   // 1. Rank 0 makes the staging directory (a leftover of an interrupted save goes first).
   parallel::run_on_all_ranks(world, [&] {
-    if (s->rank != 0) return;
-    fs::create_directories(save);
-    fs::remove_all(s->staging);
-    fs::create_directories(s->staging);
-    ckpt::fsync_dir(save);
+    if (s->rank == 0) ckpt::begin_staging(save, iteration_);
   });
 
   // 2. Every rank copies what it writes to host memory and describes it; rank 0 the run state.
@@ -210,17 +207,39 @@ int64_t BasicTrainer<T>::finish_pending_save(bool only_if_written) {
 }
 
 template <typename T>
+void BasicTrainer<T>::recover_checkpoint_dirs(std::ostream& log) {
+  const CheckpointConfig& ck = cfg_.ckpt;
+  std::vector<std::string> dirs;
+  for (const std::string& d : {ck.load, ck.save}) {
+    if (!d.empty() && std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  }
+  for (const std::string& d : dirs) {
+    std::string did;
+    // Rank 0 alone changes the directory; the others read it only after this agreement.
+    parallel::run_on_all_ranks(world_comm(), [&] {
+      if (groups_ == nullptr || groups_->rank() == 0) did = ckpt::recover_checkpoint_dir(d);
+    });
+    if (logging_rank() && !did.empty()) {
+      fmt::print(log, "[checkpoint] recovered: {}: {}\n", d, did);
+      log.flush();
+    }
+  }
+}
+
+template <typename T>
 std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                                                         const LoadOptions& opt) {
   std::optional<int64_t> loaded;
   parallel::run_on_all_ranks(world_comm(), [&] {
-    MOE_CHECK(!fs::exists(load / ckpt::kManifestFile),
+    std::error_code ec;
+    MOE_CHECK(!fs::exists(load / ckpt::kManifestFile, ec),
               "[checkpoint] --load '{}' is one iteration's directory: give the directory above it "
               "(the --save directory), with --ckpt-step N for an iteration other than the latest",
               load.string());
     loaded = opt.iteration >= 0 ? std::optional<int64_t>(opt.iteration) : ckpt::read_tracker(load);
     if (!loaded.has_value()) return;
-    ckpt::CheckpointReader reader(ckpt::iteration_dir(load, *loaded), ckpt::HashCheck::OnOpen);
+    ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *loaded),
+                                  ckpt::HashCheck::OnOpen);
     const ckpt::Manifest& m = reader.manifest();
     const std::string dir = reader.dir().string();
     MOE_CHECK(m.iteration == *loaded, "[checkpoint] '{}' holds iteration {}, not {}", dir,
@@ -327,6 +346,8 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
 
 template void BasicTrainer<float>::save_checkpoint(const fs::path&, bool, bool, bool);
 template void BasicTrainer<double>::save_checkpoint(const fs::path&, bool, bool, bool);
+template void BasicTrainer<float>::recover_checkpoint_dirs(std::ostream&);
+template void BasicTrainer<double>::recover_checkpoint_dirs(std::ostream&);
 template parallel::Communicator* BasicTrainer<float>::world_comm() const;
 template parallel::Communicator* BasicTrainer<double>::world_comm() const;
 template int64_t BasicTrainer<float>::finish_pending_save(bool);

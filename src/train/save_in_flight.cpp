@@ -1,25 +1,13 @@
 #include "train/save_in_flight.h"
 
 #include <fmt/format.h>
-#include <signal.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "ckpt/checkpoint_dir.h"
 #include "parallel/agree.h"
 
 namespace moecore::train {
-namespace {
-
-// Test hook for the crash-safety tests: MOECORE_FAULT_KILL_AFTER_SHARDS=R kills rank R with
-// SIGKILL once its shards are written, before the manifest and the tracker.
-void maybe_killed_after_shards(int rank) {
-  const char* v = std::getenv("MOECORE_FAULT_KILL_AFTER_SHARDS");
-  if (v != nullptr && *v != '\0' && std::atoi(v) == rank) ::raise(SIGKILL);
-}
-
-}  // namespace
 
 SaveInFlight::~SaveInFlight() {
   if (background_.joinable()) background_.join();
@@ -27,8 +15,9 @@ SaveInFlight::~SaveInFlight() {
 
 void SaveInFlight::write() {
   for (int k = 0; k < 2; ++k) {
-    if (shards[k].num_tensors() > 0)
-      part.files.push_back(ckpt::write_shard(staging, files[k], rank, shards[k]));
+    if (shards[k].num_tensors() == 0) continue;
+    part.files.push_back(ckpt::write_shard(staging, files[k], rank, shards[k]));
+    ckpt::save_kill_point(k == 0 ? "save.after_model_shard" : "save.after_optim_shard", rank);
   }
 }
 
@@ -50,7 +39,7 @@ void SaveInFlight::finish(parallel::Communicator* world) {
       if (error_) std::rethrow_exception(error_);
     }
   });
-  maybe_killed_after_shards(rank);
+  ckpt::save_kill_point("save.after_shards", rank);
   const std::string text = part.to_json_text();
   const std::vector<std::string> parts =
       world ? parallel::all_gather_strings(*world, text) : std::vector<std::string>{text};
@@ -65,8 +54,11 @@ void SaveInFlight::finish(parallel::Communicator* world) {
     m.layout = head.layout;
     m.state = head.state;
     ckpt::write_manifest(staging, m);
-    ckpt::publish_iteration_dir(staging, ckpt::iteration_dir(save, iteration));
+    ckpt::save_kill_point("save.after_manifest", rank);
+    ckpt::publish_iteration_dir(save, iteration);
+    ckpt::save_kill_point("save.before_tracker", rank);
     ckpt::write_tracker(save, iteration);
+    ckpt::save_kill_point("save.after_tracker", rank);
   });
 }
 

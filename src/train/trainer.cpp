@@ -450,6 +450,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   if (!ck.save.empty()) {
     ckpt::check_save_dir(ck.save, fmt::format("rank{}", groups_ != nullptr ? groups_->rank() : 0));
   }
+  recover_checkpoint_dirs(log);
   std::optional<int64_t> loaded;
   if (!ck.load.empty()) loaded = resume(log);
   ExitConditions exits(ck, world_comm());

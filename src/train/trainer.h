@@ -133,6 +133,9 @@ class BasicTrainer {
   void print_header(std::ostream& log) const;
   // Loads --load as cfg_.ckpt says; prints what it loaded (or that there is nothing yet).
   std::optional<int64_t> resume(std::ostream& log);
+  // Startup recovery of --load and --save after a crash in a save (ckpt::recover_checkpoint_dir,
+  // on rank 0 before any rank reads them); prints what it did. Collective.
+  void recover_checkpoint_dirs(std::ostream& log);
   // The log line of the interval ending at m (the means of acc over in_interval steps), which
   // it then resets.
   void log_interval_means(std::ostream& log, MetricsFile& metrics, ProgressLine& progress,

@@ -3,6 +3,8 @@
 // values compare equal; one value changed in one weight or one AdamW moment, in otherwise valid
 // checkpoints (every shard's SHA-256 right), is named with its tensor and byte and exits 1; the
 // comparison is of bytes, not of float values; a checkpoint that cannot be read exits 2, never 1.
+// `moecore checkpoint info` reads a --save directory a crash left in the middle of a re-save, and
+// `moecore checkpoint recover` cleans it up, saying what it did.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -196,6 +198,36 @@ TEST(CheckpointCompare, AnUnreadableCheckpointIsAnErrorNotADifference) {
   r = compare_cli(a, t / "nothing");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "is neither a checkpoint")) << r.output;
+}
+
+// Killed between the two renames of a re-save: iter_0000020 moved aside, the finished new copy
+// still staged. `info` reads the aside copy, `compare` finds it equal to the staged one,
+// `recover` publishes the staged copy and says so; a second `recover` has nothing to do.
+TEST(CheckpointRecover, InfoAndRecoverBetweenTheRenamesOfAResave) {
+  TempDir t;
+  const State s;
+  const fs::path save = s.write(t / "save", 2);
+  fs::copy(iteration_dir(save, 20), staging_dir(save, 20), fs::copy_options::recursive);
+  fs::rename(iteration_dir(save, 20), replaced_dir(save, 20));
+  auto r = moecore::testing::run_moecore("checkpoint info " + save.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, replaced_dir(save, 20).string() + "\n  iteration 20")) << r.output;
+  r = compare_cli(save, staging_dir(save, 20));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = moecore::testing::run_moecore("checkpoint recover " + save.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "[checkpoint] recovered: " + save.string() +
+                                ": published the finished save iter_0000020.partial as "
+                                "iter_0000020 (its earlier copy, moved aside, removed)"))
+      << r.output;
+  EXPECT_FALSE(fs::exists(replaced_dir(save, 20)));
+  EXPECT_FALSE(fs::exists(staging_dir(save, 20)));
+  r = moecore::testing::run_moecore("checkpoint recover " + save.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "[checkpoint] nothing to recover: " + save.string())) << r.output;
+  r = moecore::testing::run_moecore("checkpoint recover " + (t / "none").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "'" + (t / "none").string() + "' is not a directory")) << r.output;
 }
 
 }  // namespace

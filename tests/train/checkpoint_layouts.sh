@@ -7,6 +7,9 @@
 #   resumed run equals the uninterrupted one bitwise;
 # - a rank killed (SIGKILL) after writing its shards: the previous checkpoint stays the latest, a
 #   stray temp tracker is not read, and the resume from it equals the uninterrupted run;
+# - rank 0 killed between the two renames of a re-save of the tracked iteration (the earlier copy
+#   moved aside, the new one not yet in place): the resume recovers (says so), loads it and
+#   equals the uninterrupted run bitwise;
 # - resharding: a checkpoint of EP 2 on 2 ranks loaded on 4 ranks (EP 2 x EDP 2), 4 ranks
 #   (EP 4), 1 rank and 2 ranks of DP, each saved again: every global tensor (weights and AdamW
 #   moments) byte-equal to the source; the next step's loss within the layout-parity tolerance
@@ -32,7 +35,7 @@ train() {
     OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
   else
     "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
-      -x MOECORE_FAULT_KILL_AFTER_SHARDS "$moecore" train "${common[@]}" "$@" 2>&1
+      -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
   fi
 }
 fail() { echo "FAIL: $1"; echo "${2:-}"; exit 1; }
@@ -40,7 +43,7 @@ digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
 # The per-step values of a metrics file that a resumed run must reproduce exactly.
 steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
 compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
-export MOECORE_FAULT_KILL_AFTER_SHARDS=""
+export MOECORE_FAULT=""
 
 # ---- resume, bitwise, at EP 2 x EDP 2 (DP 4) ----
 ep2x2=(--expert-model-parallel-size 2)
@@ -103,7 +106,7 @@ echo "[checkpoint] SIGTERM after iteration $stopped: saved, exit 0, resumed to $
 # ---- a rank killed in the middle of a save ----
 c="$work/c"
 out=$(train 2 "${ep2[@]}" --train-iters 4 --save "$c" --save-interval 2) || fail "EP 2 run" "$out"
-if out=$(MOECORE_FAULT_KILL_AFTER_SHARDS=1 train 2 "${ep2[@]}" --train-iters 6 --load "$c" \
+if out=$(MOECORE_FAULT=kill:at=save.after_shards:rank=1 train 2 "${ep2[@]}" --train-iters 6 --load "$c" \
          --save "$c"); then
   fail "the run whose rank 1 was killed succeeded" "$out"
 fi
@@ -113,10 +116,38 @@ printf '6' > "$c/latest_checkpointed_iteration.txt.tmp.12345"  # a crash's unren
 out=$(train 2 "${ep2[@]}" --train-iters 6 --load "$c" --save "$c") || fail "resume after kill" "$out"
 grep -q "loaded iteration 4 from" <<< "$out" || fail "did not resume from iteration 4" "$out"
 killed=$(digest "$out")
-out=$(train 2 "${ep2[@]}" --train-iters 6) || fail "the uninterrupted run stopped" "$out"
-[ "$killed" = "$(digest "$out")" ] || fail "resumed after the kill: $killed != $(digest "$out")"
+out=$(train 2 "${ep2[@]}" --train-iters 6 --metrics-file "$work/ep2_whole.jsonl") ||
+  fail "the uninterrupted run stopped" "$out"
+ep2_whole=$(digest "$out")
+[ "$killed" = "$ep2_whole" ] || fail "resumed after the kill: $killed != $ep2_whole"
 [ ! -e "$c/iter_0000006.partial" ] || fail "the interrupted save's staging is left" "$(ls "$c")"
 echo "[checkpoint] rank 1 killed mid-save: iteration 4 stayed the latest and resumed bitwise"
+
+# ---- rank 0 killed between the two renames of a re-save of the tracked iteration ----
+rs="$work/rs"
+out=$(train 2 "${ep2[@]}" --train-iters 4 --save "$rs" --save-interval 2) || fail "EP 2 run" "$out"
+# Resumed from iteration 2 into the same directory, the run saves iteration 4 again: the tracked
+# one. Killed with the earlier iter_0000004 moved aside and the new one finished, not moved in.
+if out=$(MOECORE_FAULT=kill:at=publish.after_rename_aside:rank=0 train 2 "${ep2[@]}" \
+         --train-iters 4 --load "$rs" --ckpt-step 2 --save "$rs" --save-interval 2); then
+  fail "the re-save whose rank 0 was killed succeeded" "$out"
+fi
+[ "$(cat "$rs/latest_checkpointed_iteration.txt")" = 4 ] && [ ! -e "$rs/iter_0000004" ] &&
+  [ -f "$rs/iter_0000004.replaced/manifest.json" ] &&
+  [ -f "$rs/iter_0000004.partial/manifest.json" ] ||
+  fail "the kill did not land between the renames" "$(ls "$rs")"
+"$moecore" checkpoint info "$rs" > /dev/null || fail "checkpoint info between the renames"
+out=$(train 2 "${ep2[@]}" --train-iters 6 --load "$rs" --save "$rs" \
+      --metrics-file "$work/rs.jsonl") || fail "resume after the kill in the re-save" "$out"
+grep -qF "[checkpoint] recovered: $rs: published the finished save iter_0000004.partial as \
+iter_0000004 (its earlier copy, moved aside, removed)" <<< "$out" || fail "no recovery line" "$out"
+grep -q "loaded iteration 4 from" <<< "$out" || fail "did not resume from iteration 4" "$out"
+[ "$(digest "$out")" = "$ep2_whole" ] || fail "re-save kill: $(digest "$out") != $ep2_whole" "$out"
+[ "$(steps "$work/rs.jsonl")" = "$(tail -n 2 "$work/ep2_whole.jsonl" | steps /dev/stdin)" ] ||
+  fail "re-save kill: the resumed steps 5-6 differ" "$(cat "$work/rs.jsonl")"
+[ "$(ls "$rs" | paste -sd' ')" = "iter_0000002 iter_0000004 iter_0000006 \
+latest_checkpointed_iteration.txt" ] || fail "re-save kill: debris left" "$(ls "$rs")"
+echo "[checkpoint] rank 0 killed between the renames of a re-save: recovered, resumed bitwise"
 
 # ---- resharding: iteration 4 of EP 2 on 2 ranks, into other layouts ----
 # The source's next step, then each layout's: NP and its flags.
