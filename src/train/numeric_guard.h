@@ -3,7 +3,7 @@
 // own micro-batch losses and its gradient buckets before the data-parallel reduction, with ops
 // that raise flags in planned memory; the flags are combined over the world (one all-reduce,
 // ordered like the step's other collectives), veto the optimizer update on the device, and are
-// read by the host once, after the step, with the step's other results (docs/training.md,
+// read by the host once, after the step, with the step's other results (docs/flags.md,
 // "Numeric guards").
 #pragma once
 
@@ -19,7 +19,7 @@
 
 namespace moecore::train {
 
-// Exit codes of a run stopped by a guard (documented in docs/training.md).
+// Exit codes of a run stopped by a guard (docs/flags.md, "Numeric guards").
 inline constexpr int kExitNonFinite = 17;  // Megatron's EXIT_CODE_FAILED_ON_RESULT_VALIDATION
 inline constexpr int kExitSpike = 18;      // a spiky loss or large gradients, not skipped
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The numeric guards through `moecore train` on 4 ranks (EP 2 x expert-DP 2, DP 4), faults injected
-# with MOECORE_FAULT (docs/testing.md, "Injected faults"; docs/training.md, "Numeric guards"):
+# with MOECORE_FAULT (docs/testing.md, "Injected faults"; docs/flags.md, "Numeric guards"):
 # - a NaN in rank 1's loss at iteration 3: every rank exits 17, rank 1 names itself, the
 #   iteration and the micro-batch, rank 0 the job's summary; the checkpoint of iteration 2
 #   (--save-interval 2) is the latest, and resuming from it reproduces the clean run's
