@@ -81,7 +81,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--num-workers", N, "", "data is generated or read in-process", ""},
       {"--manual-gc", N, "", "no garbage collector", ""},
       {"--manual-gc-interval", N, "", "no garbage collector", ""},
-      {"--no-check-for-nan-in-loss-and-grad", N, "", "a non-finite grad norm always stops", ""},
       {"--tensorboard-dir", N, "", kLogs, ""},
       {"--wandb-project", N, "", kLogs, ""},
       {"--wandb-exp-name", N, "", kLogs, ""},

@@ -48,7 +48,21 @@ Subcommand add_train_command(CLI::App& app) {
                       parallel::ProcessGroups groups = parallel::init_process_groups(
                           flags.parallel, rt, model_dims(flags.model));
                       Trainer trainer(flags.model, flags.train, &groups);
-                      auto metrics = trainer.run(std::cout);
+                      std::vector<train::StepMetrics> metrics;
+                      try {
+                        metrics = trainer.run(std::cout);
+                      } catch (const train::NumericFault& f) {
+                        // Every rank stops here at the same iteration (rank 0 printed the
+                        // summary): each rank that found something names it, and all exit
+                        // with the guard's code, finalizing MPI normally.
+                        if (f.what()[0] != '\0') {
+                          const std::string line =
+                              parallel::format_rank_error(rt, f.what()) + "\n";
+                          std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+                          std::cerr.flush();
+                        }
+                        return f.exit_code();
+                      }
                       if (metrics.empty()) return 0;  // resumed at --train-iters already
                       const double last = metrics.back().lm_loss, floor = trainer.entropy_floor();
                       if (std::isnan(floor)) {

@@ -229,6 +229,33 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
       ->group(kLog);
 
+  const char* kGuard = "Numeric guards";
+  app.add_flag("--check-for-nan-in-loss-and-grad", f.check_for_nan,
+               "Stop (exit code 17) when a rank's loss or gradient is NaN or Inf, before the "
+               "update (the default)")
+      ->group(kGuard);
+  app.add_flag("--no-check-for-nan-in-loss-and-grad", f.no_check_for_nan,
+               "Do not check each rank's losses and gradient buckets for NaN / Inf")
+      ->group(kGuard);
+  app.add_flag("--check-for-spiky-loss", t.guard.check_spiky_loss,
+               "Flag a micro-batch loss >= 10x the largest of the first --spike-check-samples "
+               "(stop with exit code 18, or skip the step with --skip-spiky-steps)")
+      ->group(kGuard);
+  app.add_flag("--check-for-large-grads", t.guard.check_large_grads,
+               "Flag a gradient bucket norm >= 10x the largest of the first "
+               "--spike-check-samples (stop with exit code 18, or skip with --skip-spiky-steps)")
+      ->group(kGuard);
+  app.add_flag("--skip-spiky-steps", t.guard.skip_spiky_steps,
+               "Skip a flagged step instead of stopping: its batch is consumed, nothing is "
+               "updated (moecore's)")
+      ->group(kGuard);
+  app.add_option("--spike-check-samples", t.guard.samples,
+                 "Values that set the reference maximum of the spike checks (Megatron: 100)")
+      ->group(kGuard);
+  app.add_option("--iterations-to-skip", t.iterations_to_skip,
+                 "1-based iterations whose batch is consumed without a step")
+      ->group(kTrain);
+
   parallel::add_parallel_flags(app, f.parallel);  // group "Distributed"
   app.add_flag("--overlap-grad-reduce", t.ddp.overlap,
                "Start each gradient bucket's all-reduce during the backward, as soon as its "
@@ -254,6 +281,11 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},
       {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
+      {"--check-for-nan-in-loss-and-grad", &t.guard.check_nan},
+      {"--no-check-for-nan-in-loss-and-grad", &f.no_check_for_nan},
+      {"--check-for-spiky-loss", &t.guard.check_spiky_loss},
+      {"--check-for-large-grads", &t.guard.check_large_grads},
+      {"--skip-spiky-steps", &t.guard.skip_spiky_steps},
       {"--moe-router-pre-softmax", &rc.pre_softmax},
       {"--moe-router-enable-expert-bias", &rc.enable_expert_bias},
       {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
@@ -327,6 +359,13 @@ void finalize_train_flags(TrainFlags& f) {
     MOE_CHECK(v != 0, "[flags] {} is required (Megatron has no default for it): give {} N", flag,
               flag);
   };
+  MOE_CHECK(!(f.check_for_nan && f.no_check_for_nan),
+            "[flags] --check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad "
+            "are both given: choose one");
+  t.guard.check_nan = !f.no_check_for_nan;
+  for (int64_t it : t.iterations_to_skip) {
+    MOE_CHECK(it >= 1, "[flags] --iterations-to-skip {}: iterations are 1-based", it);
+  }
   required(m.num_layers, "--num-layers");
   required(m.hidden, "--hidden-size");
   required(m.num_heads, "--num-attention-heads");

@@ -45,6 +45,8 @@ struct TrainFlags {
   bool apply_layernorm_1p = false;
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
   bool fp32 = true;                         // moecore's own: fp32 training (the default)
+  bool check_for_nan = false;               // --check-for-nan-in-loss-and-grad (the default)
+  bool no_check_for_nan = false;            // --no-check-for-nan-in-loss-and-grad
   bool bf16 = false;
   std::string moe_layer_freq = "1";
   bool moe_layer_recompute = false;         // deprecated: selective + the "moe" module

@@ -4,6 +4,7 @@
 
 #include "core/profiler.h"
 #include "ops/grad_clip.h"
+#include "ops/numeric_guard.h"
 
 namespace moecore::optim {
 
@@ -16,7 +17,7 @@ ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg
   arena_.plan([this](Arena& a) { buf_.layout(a); });
 }
 
-void ChainedOptimizer::apply(double lr) {
+void ChainedOptimizer::apply(double lr, DevPtr<const int32_t> veto, int64_t n_veto) {
   ScopedPhase phase(Phase::Optimizer);
   buf_.write_inputs(arena_.exec(), lr, steps_taken() + 1);
   dense_.grad_sum_squares(buf_.sum_sq);   // [0]
@@ -27,6 +28,7 @@ void ChainedOptimizer::apply(double lr) {
   }
   // Same association as global_grad_norm on one rank: (0 + dense) + expert.
   ops::grad_clip(arena_.exec(), buf_.norm, buf_.step, buf_.sum_sq, 2, cfg_.clip_grad);
+  if (veto != nullptr) ops::skip_if_flagged(arena_.exec(), buf_.step, veto, n_veto);
   dense_.update(buf_.step);
   expert_.update(buf_.step);
 }

@@ -25,9 +25,11 @@ class ChainedOptimizer {
   // norm = sqrt(dense sum of squares + expert sum of squares over EP); coeff = Megatron's clip
   // coefficient from it; both AdamWs update with that coefficient. Collective over EP. The
   // scalars stay in the step buffers from the sums to the updates; the host reads the result
-  // once, after both updates (read_step_info).
-  void apply(double lr);
-  StepInfo last_step() const { return read_step_info(arena_.exec(), buf_); }
+  // once, after both updates (read_step_info). veto: n flags in planned memory (the numeric
+  // guard's, null: none); any non-zero one skips both updates (ops::skip_if_flagged), on the
+  // device, after the norm is computed.
+  void apply(double lr, DevPtr<const int32_t> veto = nullptr, int64_t n_veto = 0);
+  StepInfo last_step() const { return read_step_info(arena_.exec(), buf_, cfg_.clip_grad); }
   // apply() then last_step() (tests, tools).
   StepInfo step(double lr) {
     apply(lr);

@@ -58,16 +58,26 @@ void OptimizerStepBuffers::write_inputs(const Exec& ex, double lr, int64_t step_
   ops::copy<int64_t>(ex, member_ptr(step, &ops::AdamWStep::step), &step_host_, 1);
 }
 
-StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b) {
+StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b, double max_norm) {
   const ops::AdamWStep s = ops::read_value<ops::AdamWStep>(ex, b.step);
   const double norm = ops::read_value<double>(ex, b.norm);
-  MOE_CHECK(!s.skip,
-            "[optimizer] gradient norm is {} at step {}: lower --lr or enable --clip-grad (the "
-            "update was skipped: the weights are those before this step)",
-            norm, s.step);
+  // Clipping scales a finite norm down; it cannot repair a NaN or an overflow, so the advice
+  // names it only when it is off.
+  MOE_CHECK(std::isfinite(norm),
+            "[optimizer] gradient norm is {} at step {}: {} (the update was skipped: the weights "
+            "are those before this step){}",
+            norm, s.step,
+            max_norm > 0 ? fmt::format("lower --lr (clipping at --clip-grad={} cannot scale a "
+                                       "non-finite norm)",
+                                       max_norm)
+                         : std::string("lower --lr or enable --clip-grad"),
+            std::isnan(norm) ? "; --check-for-nan-in-loss-and-grad (on by default) names the "
+                               "rank and the parameter"
+                             : "");
   StepInfo info;
   info.grad_norm = norm;
   info.clip_coeff = s.grad_scale;
+  info.skipped = s.skip != 0;
   return info;
 }
 

@@ -20,6 +20,7 @@ struct AdamWConfig {
 struct StepInfo {
   double grad_norm = 0;   // before clipping
   double clip_coeff = 1;  // applied to the gradients
+  bool skipped = false;   // the update left every weight and moment as it was (a guard's veto)
 };
 
 // *out = the sum of squares of the gradients of one kind, accumulated in f64 (an op: `out` is
@@ -49,8 +50,8 @@ struct OptimizerStepBuffers {
 };
 // The results of a finished step, read back to the host (after the step: a host read). Throws
 // when its gradient norm was not finite: the update skipped every weight and moment
-// (ops::adamw_step), so nothing is lost.
-StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b);
+// (ops::adamw_step), so nothing is lost. max_norm (--clip-grad) only shapes the advice.
+StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b, double max_norm);
 
 // The moment buffers an AdamW over `numel` elements of each kind (dense, expert) plans: m and v
 // in fp32 for each kind. The optimizer allocates this layout; `moecore plan` runs it in a sizing
@@ -66,7 +67,7 @@ class AdamWOptimizer {
   // Norm, clip coefficient and one AdamW update at learning rate lr, enqueued as ops that read
   // nothing back; the step counter advances. last_step() reads the results afterwards.
   void apply(double lr);
-  StepInfo last_step() const { return read_step_info(step_arena_.exec(), buf_); }
+  StepInfo last_step() const { return read_step_info(step_arena_.exec(), buf_, cfg_.clip_grad); }
   // apply() then last_step() (tests, tools).
   StepInfo step(double lr) {
     apply(lr);

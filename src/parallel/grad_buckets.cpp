@@ -89,6 +89,7 @@ void GradBuckets::arm() {
 
 void GradBuckets::launch(size_t b) {
   launched_[b] = 1;
+  if (before_reduce_) before_reduce_(b);
   const GradBucket& bk = buckets_[b];
   const int k = static_cast<int>(bk.kind);
   if (!communicates_[k]) return;
@@ -114,7 +115,13 @@ void GradBuckets::stage_done(int stage) {
 
 void GradBuckets::finish() {
   armed_ = false;
-  if (!communicates()) return;
+  if (!communicates()) {
+    // Nothing to reduce; the hook still sees every bucket.
+    if (before_reduce_) {
+      for (size_t b = 0; b < buckets_.size(); ++b) before_reduce_(b);
+    }
+    return;
+  }
   ScopedPhase phase(Phase::Communication);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!launched_[b]) launch(b);

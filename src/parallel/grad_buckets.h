@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,12 @@ class GradBuckets {
   // every rank of a group holds the same summed gradients.
   void finish();
 
+  // Called with a bucket's index when its gradients are final and before its reduction starts
+  // (also where nothing is reduced): the numeric guard checks each rank's own gradients there.
+  void set_before_reduce(std::function<void(size_t bucket)> hook) {
+    before_reduce_ = std::move(hook);
+  }
+
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   bool communicates() const { return communicates_[0] || communicates_[1]; }
   int64_t launched_during_backward() const { return launched_early_; }
@@ -65,6 +72,7 @@ class GradBuckets {
   std::vector<char> launched_;
   bool armed_ = false;
   int64_t launched_early_ = 0;  // buckets started from stage_done in the last step
+  std::function<void(size_t)> before_reduce_;
 };
 
 }  // namespace moecore::parallel

@@ -57,6 +57,7 @@ struct StepMetrics {
   double z_loss = 0;      // mean over MoE layers of mean(logsumexp^2) (z / coeff)
   double lr = 0;
   double grad_norm = 0;
+  bool skipped = false;   // --iterations-to-skip, --skip-spiky-steps: nothing was updated
   double seconds = 0;     // wall time of the iteration (interval mean when logged)
   double tokens_per_s = 0;
   double tflops = 0;      // achieved, from flops_model

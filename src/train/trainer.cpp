@@ -49,6 +49,7 @@ void TrainConfig::validate(int dp) const {
   adam.validate();
   ddp.validate();
   ckpt.validate();
+  guard.validate();
 }
 
 void check_parallel_support(const parallel::ParallelConfig& p) {
@@ -170,6 +171,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     };
   }
   optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
+  // The guards check each bucket before its reduction (the hook also runs the injected
+  // gradient faults, with the checks off too).
+  MOE_CHECK(!cfg_.guard.skip_spiky_steps ||
+                (!model_cfg_.moe.router.enable_expert_bias &&
+                 !model_cfg_.moe.router.uses(LoadBalancing::QuantileBalancing)),
+            "[train] --skip-spiky-steps with --moe-router-enable-expert-bias or quantile "
+            "balancing is not implemented yet: a skipped step would have to undo their "
+            "once-per-step update; drop one of them");
+  guard_ = std::make_unique<NumericGuard>(cfg_.guard, exec_, model_->params(), *buckets_,
+                                          world_comm(), groups_ != nullptr ? groups_->rank() : 0);
+  buckets_->set_before_reduce([this](size_t b) { guard_->check_bucket(b); });
 
   // The routers' once-per-step all-reduces (MOE_SEMANTICS Router 4 and 5).
   if (groups_ && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
@@ -212,6 +224,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
   mb_values_.resize(n_micro_ * kMbValues);
+  guard_losses_.resize(n_micro_);
   all_values_.resize(n_micro_ * dp_size_ * kMbValues);
 }
 
@@ -247,6 +260,14 @@ StepMetrics BasicTrainer<T>::train_step() {
   StepMetrics m;
   m.iteration = ++iteration_;
   m.lr = cfg_.lr.lr(optimizer_->steps_taken());
+  if (std::find(cfg_.iterations_to_skip.begin(), cfg_.iterations_to_skip.end(), iteration_) !=
+      cfg_.iterations_to_skip.end()) {
+    // Megatron's dummy_train_step: the batch is consumed, nothing is computed.
+    train_stream_->advance();
+    m.skipped = true;
+    return m;
+  }
+  guard_->begin_step(iteration_);
   // --sync-audit: from here to the end of the step's work nothing may allocate or sync outside
   // the documented points; the audit is disarmed on any exit, and end_step() reports.
   SyncAudit& audit = SyncAudit::instance();
@@ -272,24 +293,34 @@ StepMetrics BasicTrainer<T>::train_step() {
   fill_inputs(*train_stream_);
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
     model_->forward(step_->io(mb));
+    guard_->check_loss(mb, member_ptr(step_->io(mb).report, &ops::MicroBatchReport::lm_loss_sum));
     // Gradients are final only after the last micro-batch: its backward launches the buckets.
     if (mb == n_micro_ - 1) buckets_->arm();
     // Megatron averages the loss over micro-batches and the gradients over dp x cp replicas:
     // each backward carries 1 / (micro-batches x dp), so the all-reduce is a plain sum.
     model_->backward(1.0 / static_cast<double>(n_global));
   }
-  buckets_->finish();  // every gradient summed over its data-parallel group
+  buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
+  guard_->combine();   // every rank's findings, so that all skip or stop together
   train_stream_->advance();
-  optimizer_->apply(m.lr);
+  if (guard_->active())
+    optimizer_->apply(m.lr, guard_->veto(), guard_->veto_count());
+  else
+    optimizer_->apply(m.lr);
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
   m.alltoall_bytes = ep != nullptr ? ep->all_to_all_bytes_sent() - a2a_before : 0;
 
-  m.grad_norm = optimizer_->last_step().grad_norm;  // a host read, after the step
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
-  // slots and tokens per expert.
+  // slots and tokens per expert; with it the guards' flags and the optimizer's results.
   step_->download();
+  for (int64_t mb = 0; mb < n_micro_; ++mb) guard_losses_[mb] = step_->report(mb).lm_loss_sum;
+  // First the guards: a non-finite loss or gradient stops here, naming itself, before the
+  // optimizer's own message about the norm it caused.
+  m.skipped = guard_->after_step(iteration_, guard_losses_);
+  if (m.skipped) undo_step_counters();
+  m.grad_norm = optimizer_->last_step().grad_norm;
   std::fill(load_.begin(), load_.end(), 0);
   int64_t moe_layers = 0;
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
@@ -358,6 +389,14 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.mem_shared_saved_bytes = static_cast<int64_t>(sharing_saving_bytes(ma));
   m.mem_recompute_saved_bytes = static_cast<int64_t>(ma.recompute_saving_bytes());
   return m;
+}
+
+template <typename T>
+void BasicTrainer<T>::undo_step_counters() {
+  // The update was skipped on the device (weights, moments); the host's counters advanced with
+  // the calls: Adam's step (bias correction, the LR schedule) and the routers' (jitter).
+  optimizer_->set_steps_taken(optimizer_->steps_taken() - 1);
+  for (moe::Router<T>* r : model_->routers()) r->set_steps_finished(r->steps_finished() - 1);
 }
 
 template <typename T>
@@ -485,18 +524,42 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   double elapsed = 0;
   std::string stop;  // why the run stops before --train-iters
   while (iteration_ < cfg_.train_iters && stop.empty()) {
-    StepMetrics m = train_step();
+    StepMetrics m;
+    try {
+      m = train_step();
+    } catch (const NumericFault& f) {
+      progress.clear();
+      if (logging_rank()) {
+        fmt::print(log, "{}\n", f.summary());
+        log.flush();
+      }
+      finished(finish_pending_save());  // an earlier iteration's save completes: it is valid
+      throw;
+    }
     all.push_back(m);
-    elapsed += m.seconds;
-    acc.lm_loss += m.lm_loss;
-    acc.aux_loss += m.aux_loss;
-    acc.z_loss += m.z_loss;
-    acc.seconds += m.seconds;
-    for (int p = 0; p < kNumPhases; ++p) acc.phase_seconds[p] += m.phase_seconds[p];
-    ++in_interval;
+    // A skipped iteration of --iterations-to-skip computed nothing: no values for the means.
+    const bool computed = !m.skipped || guard_->skipped_iteration() == m.iteration;
+    if (m.skipped && logging_rank()) {
+      if (computed) {
+        fmt::print(log, "{}\n", guard_->skipped_summary());
+      } else {
+        fmt::print(log, "[train] iteration {} skipped (--iterations-to-skip): its batch is "
+                        "consumed, nothing is updated\n", m.iteration);
+      }
+    }
+    if (computed) {
+      elapsed += m.seconds;
+      acc.lm_loss += m.lm_loss;
+      acc.aux_loss += m.aux_loss;
+      acc.z_loss += m.z_loss;
+      acc.seconds += m.seconds;
+      for (int p = 0; p < kNumPhases; ++p) acc.phase_seconds[p] += m.phase_seconds[p];
+      ++in_interval;
+    }
     progress.update(m.iteration, elapsed, m.lm_loss);
     stop = exits.check(m.iteration);
-    if (m.iteration % cfg_.log_interval == 0 || m.iteration == cfg_.train_iters || !stop.empty()) {
+    if ((m.iteration % cfg_.log_interval == 0 || m.iteration == cfg_.train_iters ||
+         !stop.empty()) && in_interval > 0) {
       log_interval_means(log, metrics, progress, acc, in_interval, m);
     }
     if (cfg_.eval_interval > 0 && m.iteration % cfg_.eval_interval == 0 &&

@@ -29,6 +29,7 @@
 #include "parallel/process_groups.h"
 #include "train/checkpoint_config.h"
 #include "train/metrics.h"
+#include "train/numeric_guard.h"
 #include "train/progress.h"
 #include "train/save_in_flight.h"
 #include "train/step_buffers.h"
@@ -53,6 +54,10 @@ struct TrainConfig {
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
   parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
   CheckpointConfig ckpt;           // --save, --load, --exit-*, ...
+  NumericGuardConfig guard;        // --check-for-nan-in-loss-and-grad, --check-for-spiky-loss, ...
+  // --iterations-to-skip (Megatron): these 1-based iterations consume their batch and change
+  // nothing else (no forward, backward or update).
+  std::vector<int64_t> iterations_to_skip;
   // Checks every value; dp is the data-parallel size (the global batch splits over it).
   void validate(int dp = 1) const;
 };
@@ -77,10 +82,15 @@ class BasicTrainer {
   // Runs the iterations up to train_iters, logging to `log`, and returns the metrics of every
   // iteration run (global values: the same on every rank). With cfg.ckpt: first resumes from
   // --load, saves every --save-interval and at the end, and stops early (after saving) on the
-  // --exit-* conditions; stopped_early() then says so.
+  // --exit-* conditions; stopped_early() then says so. A numeric guard's stop throws
+  // NumericFault on every rank at the same iteration, saving nothing.
   std::vector<StepMetrics> run(std::ostream& log);
   bool stopped_early() const { return stopped_early_; }
+  // One iteration. Throws NumericFault when a guard stops the run (the update was skipped on
+  // every rank); StepMetrics::skipped says the iteration was skipped (--iterations-to-skip,
+  // --skip-spiky-steps).
   StepMetrics train_step();
+  const NumericGuard& numeric_guard() const { return *guard_; }
 
   // Evaluates the model on the next --eval-iters global batches of the validation (or test)
   // split: forward only, in eval mode (no router jitter, no balancing counts). Collective over
@@ -162,6 +172,9 @@ class BasicTrainer {
   std::unique_ptr<model::GPTModel<T>> model_;
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::unique_ptr<optim::ChainedOptimizer> optimizer_;
+  std::unique_ptr<NumericGuard> guard_;
+  // A --skip-spiky-steps skip: the step counters the update and the routers advanced go back.
+  void undo_step_counters();
   moe::RouterStepSync router_sync_;
   std::unique_ptr<StepBuffers> step_;  // the step's inputs and report, one slot per micro-batch
   FlopsModel flops_;
@@ -173,6 +186,7 @@ class BasicTrainer {
   void fill_inputs(data::SampleStream& stream);
   static constexpr int64_t kMbValues = 4;
   std::vector<double> mb_values_;   // [n_micro, 4]: lm loss sum, counted tokens, aux, z
+  std::vector<double> guard_losses_;  // [n_micro]: this rank's loss sums, for the guards
   int64_t eod_mask_ = -1;           // --eod-mask-loss: the tokenizer's EOD (-1: no masking)
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;

@@ -2,11 +2,15 @@
 // move or read, sizes 0 / 1 / odd / large, and the report structs), loss_grad_scale (no counted
 // token, odd counts, both dtypes) and report_moe_layer (layers with and without an aux type, E = 1
 // and an odd E, accumulation over layers). All exact: bitwise against the references, neighbours of
-// every output untouched.
+// every output untouched. The numeric guard's ops (flag_nonfinite over NaN / +-Inf at the
+// first, last and a block-boundary element, flags that start raised; flag_at_least at, above and
+// below its threshold and on NaN / Inf; skip_if_flagged): bitwise.
 #include <cstring>
+#include <limits>
 
 #include "backend_case.h"
 #include "ops/memory.h"
+#include "ops/numeric_guard.h"
 #include "ops/step_report.h"
 
 namespace moecore::backend_test {
@@ -114,6 +118,74 @@ void report_moe_layer_case(const Exec& ex) {
   }
 }
 
+template <typename T>
+void flag_nonfinite_one(const Exec& ex) {
+  const T bad[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                   -std::numeric_limits<T>::infinity()};
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, int64_t{32769}, int64_t{100003}}) {
+    const auto v = random_vec<T>(n, 11, -1e3, 1e3);
+    // -1: no bad element; else its position (first, last, one past the first 2^15 block).
+    for (int64_t at : {int64_t{-1}, int64_t{0}, n - 1, int64_t{32768}}) {
+      if (at >= n) continue;
+      for (T b : bad) {
+        for (int32_t start : {0, 1}) {
+          BACKEND_TRACE(n << " elements, bad value " << b << " at " << at << ", flag " << start);
+          Guarded<T> x(n);
+          for (int64_t i = 0; i < n; ++i) x[i] = v[i];
+          if (at >= 0) x[at] = b;
+          Guarded<int32_t> got(1, start);
+          int32_t want = start;
+          ops::flag_nonfinite<T>(ex, got.data(), x.data(), n);
+          ops::flag_nonfinite_ref(&want, x.data(), n);
+          expect_bitwise(got, &want, "flag");
+          expect_intact(x, "x");
+          if (at < 0) break;  // one pass is enough for a clean tensor
+        }
+      }
+    }
+  }
+}
+
+void flag_at_least_case(const Exec& ex) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double cases[][2] = {{5, inf}, {5, 5}, {-5, 5}, {4.999, 5}, {nan, 0},
+                             {inf, 0}, {-inf, 1}, {0, 0}, {1e300, 1e299}};
+  for (const auto& c : cases) {
+    for (int32_t start : {0, 1}) {
+      BACKEND_TRACE("value " << c[0] << " threshold " << c[1] << " flag " << start);
+      Guarded<int32_t> got(1, start);
+      int32_t want = start;
+      ops::flag_at_least(ex, got.data(), &c[0], &c[1]);
+      ops::flag_at_least_ref(&want, &c[0], &c[1]);
+      expect_bitwise(got, &want, "flag");
+    }
+  }
+}
+
+void skip_if_flagged_case(const Exec& ex) {
+  const std::vector<std::vector<int32_t>> cases = {{}, {0}, {1}, {0, 0, 0, 0, 0}, {0, 0, 0, 0, 1},
+                                                   {2, 0, 0}};
+  for (const auto& flags : cases) {
+    for (int32_t start : {0, 1}) {
+      BACKEND_TRACE(flags.size() << " flags, skip " << start);
+      ops::AdamWStep got, want;
+      got.lr = want.lr = 3e-3;
+      got.step = want.step = 5;
+      got.grad_scale = want.grad_scale = 0.25;
+      got.skip = want.skip = start;
+      const int64_t n = static_cast<int64_t>(flags.size());
+      ops::skip_if_flagged(ex, &got, flags.data(), n);
+      ops::skip_if_flagged_ref(&want, flags.data(), n);
+      // Field by field: the struct's padding is not a value.
+      EXPECT_EQ(got.skip, want.skip);
+      EXPECT_TRUE(same_bits(&got.lr, &want.lr, 1) && same_bits(&got.grad_scale, &want.grad_scale, 1))
+          << "lr, grad_scale";
+      EXPECT_EQ(got.step, want.step);
+    }
+  }
+}
+
 }  // namespace
 
 void add_step_cases(std::vector<OpCase>& out) {
@@ -147,6 +219,12 @@ void add_step_cases(std::vector<OpCase>& out) {
                    loss_grad_scale_one<double>(ex);
                  }});
   out.push_back({"report_moe_layer", {"report_moe_layer"}, report_moe_layer_case});
+  out.push_back({"flag_nonfinite", {"flag_nonfinite"}, [](const Exec& ex) {
+                   flag_nonfinite_one<float>(ex);
+                   flag_nonfinite_one<double>(ex);
+                 }});
+  out.push_back({"flag_at_least", {"flag_at_least"}, flag_at_least_case});
+  out.push_back({"skip_if_flagged", {"skip_if_flagged"}, skip_if_flagged_case});
 }
 
 }  // namespace moecore::backend_test

@@ -367,6 +367,15 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--adam-beta1", "", "0.8", {{"train.adam.beta1", "0.8"}}},
       {"--adam-beta2", "", "0.95", {{"train.adam.beta2", "0.95"}}},
       {"--adam-eps", "", "1e-6", {{"train.adam.eps", "1e-6"}}},
+      // Numeric guards.
+      {"--no-check-for-nan-in-loss-and-grad", "", "", {{"train.guard.check_nan", "false"}}},
+      {"--check-for-nan-in-loss-and-grad", "", "", {}},  // the default
+      {"--check-for-spiky-loss", "", "", {{"train.guard.check_spiky_loss", "true"}}},
+      {"--check-for-large-grads", "", "", {{"train.guard.check_large_grads", "true"}}},
+      {"--skip-spiky-steps", "--check-for-spiky-loss", "",
+       {{"train.guard.skip_spiky_steps", "true"}}},
+      {"--spike-check-samples", "", "7", {{"train.guard.samples", "7"}}},
+      {"--iterations-to-skip", "", "3 5", {{"train.iterations_to_skip", "3 5"}}},
       // Data and validation.
       {"--data-path", "--vocab-size 256", fixture("data/preprocess_bytelevel_text_document"),
        {{"train.data.data_path", fixture("data/preprocess_bytelevel_text_document")}}},

@@ -31,6 +31,7 @@ inline std::string text(double v) { return fmt::format("{}", v); }
 inline std::string text(const std::string& v) { return v; }
 inline std::string text(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, " ")); }
 inline std::string text(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, " ")); }
+inline std::string text(const std::vector<int64_t>& v) { return fmt::format("{}", fmt::join(v, " ")); }
 
 }  // namespace run_config_detail
 
@@ -154,6 +155,12 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("train.peak_gflops", text(t.peak_gflops));
   add("train.ddp.overlap", text(t.ddp.overlap));
   add("train.ddp.bucket_size", text(t.ddp.bucket_size));
+  add("train.guard.check_nan", text(t.guard.check_nan));
+  add("train.guard.check_spiky_loss", text(t.guard.check_spiky_loss));
+  add("train.guard.check_large_grads", text(t.guard.check_large_grads));
+  add("train.guard.skip_spiky_steps", text(t.guard.skip_spiky_steps));
+  add("train.guard.samples", text(t.guard.samples));
+  add("train.iterations_to_skip", text(t.iterations_to_skip));
   const train::CheckpointConfig& c = t.ckpt;
   add("train.ckpt.save", c.save);
   add("train.ckpt.load", c.load);

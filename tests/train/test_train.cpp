@@ -166,6 +166,8 @@ TEST(Optimizer, NonFiniteNormIsAnErrorAfterAStepThatChangedNothing) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("gradient norm is inf at step 1"), std::string::npos)
           << e.what();
+      // Clipping is on (--clip-grad 1.0): it is not the advice.
+      EXPECT_EQ(std::string(e.what()).find("enable --clip-grad"), std::string::npos) << e.what();
     }
     EXPECT_EQ(host(params.get("w").data_as<float>())[0], 1.0f);
     EXPECT_EQ(host(params.get("w").data_as<float>())[1], 1.0f);
