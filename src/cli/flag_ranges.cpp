@@ -102,6 +102,8 @@ const std::vector<FlagRange>& flag_ranges() {
       at_least("--ddp-bucket-size", 0, "0 or omitted: one bucket per layer"),
       at_least("--eval-interval", 0, "0 or omitted: only after training"),
       at_least("--eval-iters", 0, "0: no evaluation"),
+      at_least("--spike-check-samples", 1, "the history a spike is measured against"),
+      at_least("--iterations-to-skip", 1, "iterations are 1-based"),
       // Checkpointing and stopping.
       at_least("--save-interval", 0, "0 or omitted: only when training ends or stops"),
       at_least("--ckpt-step", 0),

@@ -363,9 +363,6 @@ void finalize_train_flags(TrainFlags& f) {
             "[flags] --check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad "
             "are both given: choose one");
   t.guard.check_nan = !f.no_check_for_nan;
-  for (int64_t it : t.iterations_to_skip) {
-    MOE_CHECK(it >= 1, "[flags] --iterations-to-skip {}: iterations are 1-based", it);
-  }
   required(m.num_layers, "--num-layers");
   required(m.hidden, "--hidden-size");
   required(m.num_heads, "--num-attention-heads");
