@@ -32,7 +32,8 @@ launch() {
   exec "$mpiexec" "${mca[@]}" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
     -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
 }
-fail() { echo "FAIL: $1"; echo "${2:-}"; exit 1; }
+# To stderr: a failure inside $(...) must still be seen.
+fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
 digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
 # The pids of this test's moecore ranks whose command line holds NEEDLE (a fixed string).
 ranks_of() {
@@ -43,7 +44,7 @@ ranks_of() {
 }
 # Waits until LOG shows iteration N, unless the launcher PID ends first.
 wait_iteration() {
-  until grep -q " iteration *$2/" "$1"; do
+  until grep -q " iteration *$2/" "$1" 2> /dev/null; do
     kill -0 "$3" 2> /dev/null || fail "the run ended before its iteration $2" "$(cat "$1")"
     sleep 0.05
   done
@@ -84,7 +85,7 @@ signal_case() {
   [ "$rc" -eq "$want" ] || fail "$name: mpirun's status $rc instead of $want" "$(cat "$log")"
   no_ranks_left "--save $dir " "$name"
   local stopped
-  stopped=$(grep -o 'stopping after iteration [0-9]*' "$log" | awk '{print $4}')
+  stopped=$(grep -o 'stopping after iteration [0-9]*' "$log" | awk '{print $4}' || true)
   [ -n "$stopped" ] || fail "$name: no early stop" "$(cat "$log")"
   grep -qF "stopping after iteration $stopped: $reason" "$log" ||
     fail "$name: not stopped by $reason" "$(cat "$log")"
@@ -127,18 +128,18 @@ save_case() {
   cat "$dir/latest_checkpointed_iteration.txt"
 }
 # Past the grace (Open MPI's default: SIGKILL 2 s after the SIGCONT) the save is abandoned.
-t=$(save_case save_killed 4 no)
+t=$(save_case save_killed 4 no) || exit 1
 [ "$t" = 2 ] || fail "save_killed: the tracker names $t, not the previous checkpoint 2"
 resumes_bitwise "$work/save_killed" 2
 echo "[stop] SIGTERM to mpirun in a 4 s save, default grace: the previous checkpoint (2) stays," \
      "resumed bitwise"
 # A second SIGTERM: mpirun exits at once; Open MPI ends the ranks when their launcher is gone.
-t=$(save_case save_twice 3 yes --mca odls_base_sigkill_timeout 10)
+t=$(save_case save_twice 3 yes --mca odls_base_sigkill_timeout 10) || exit 1
 [ "$t" = 2 ] || fail "save_twice: the tracker names $t, not the previous checkpoint 2"
 resumes_bitwise "$work/save_twice" 2
 echo "[stop] two SIGTERMs to mpirun in a save: the previous checkpoint (2) stays, resumed bitwise"
 # Within the grace the save completes and the run stops after the next step.
-t=$(save_case save_completes 3 no --mca odls_base_sigkill_timeout 10)
+t=$(save_case save_completes 3 no --mca odls_base_sigkill_timeout 10) || exit 1
 grep -q "saved iteration 4 to" "$work/save_completes.log" ||
   fail "save_completes: the save of iteration 4 did not complete" "$(cat "$work/save_completes.log")"
 grep -q "stopping after iteration $t: $launcher_reason" "$work/save_completes.log" ||
