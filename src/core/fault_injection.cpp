@@ -89,9 +89,13 @@ namespace {
 std::atomic<int64_t> g_iteration{-1};
 }  // namespace
 
-void set_iteration(int64_t iteration) { g_iteration.store(iteration, std::memory_order_relaxed); }
+void set_iteration(int64_t iteration) {
+  g_iteration.store(iteration, std::memory_order_relaxed);
+}
 
-int64_t iteration() { return g_iteration.load(std::memory_order_relaxed); }
+int64_t iteration() {
+  return g_iteration.load(std::memory_order_relaxed);
+}
 
 void sleep_point(std::string_view point, int rank) {
   for (const Fault& f : injected()) {

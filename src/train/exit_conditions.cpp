@@ -137,9 +137,9 @@ std::string signal_reason(int sig) {
     return "the launcher (mpirun) began to kill the job (its SIGCONT, ahead of SIGTERM and "
            "SIGKILL; --exit-signal-handler)";
   }
-  return fmt::format("{} (--exit-signal-handler)", sigabbrev_np(sig) != nullptr
-                                                         ? fmt::format("SIG{}", sigabbrev_np(sig))
-                                                         : fmt::format("signal {}", sig));
+  const char* name = sigabbrev_np(sig);
+  if (name == nullptr) return fmt::format("signal {} (--exit-signal-handler)", sig);
+  return fmt::format("SIG{} (--exit-signal-handler)", name);
 }
 
 }  // namespace

@@ -49,11 +49,16 @@ wait_iteration() {
     sleep 0.05
   done
 }
+# Fails when a rank of NEEDLE's run is still there 10 s after its launcher ended.
 no_ranks_left() {  # no_ranks_left NEEDLE WHAT
-  sleep 0.5
   local left
-  left=$(ranks_of "$1")
-  [ -z "$left" ] || { kill -9 $left; fail "$2: rank processes left behind: $left"; }
+  for _ in $(seq 100); do
+    left=$(ranks_of "$1")
+    [ -n "$left" ] || return 0
+    sleep 0.1
+  done
+  kill -9 $left
+  fail "$2: rank processes left behind: $left"
 }
 # resumes_bitwise DIR ITERATION: a resume of DIR's checkpoint ITERATION, two steps on, equals the
 # uninterrupted run of as many steps.
@@ -120,8 +125,6 @@ save_case() {
   kill -TERM "$launcher"
   if [ "$second" = yes ]; then sleep 0.2; kill -TERM "$launcher"; fi
   wait "$launcher" || true
-  # The ranks outlive mpirun by up to a second when it exits at once (second signal).
-  sleep 1.5
   no_ranks_left "--save $dir " "$name"
   ! ls "$dir" | grep -q -v -e '^iter_[0-9]*$' -e '^latest_checkpointed_iteration.txt$' ||
     fail "$name: a staging directory or temp file is left: $(ls "$dir")" "$(cat "$log")"
@@ -133,11 +136,13 @@ t=$(save_case save_killed 4 no) || exit 1
 resumes_bitwise "$work/save_killed" 2
 echo "[stop] SIGTERM to mpirun in a 4 s save, default grace: the previous checkpoint (2) stays," \
      "resumed bitwise"
-# A second SIGTERM: mpirun exits at once; Open MPI ends the ranks when their launcher is gone.
+# A second SIGTERM: mpirun exits at once; Open MPI ends the ranks when their launcher is gone
+# (measured: within about a second, inside the save's sleep), so the previous checkpoint stays;
+# a machine slow enough to let the save finish first leaves iteration 4 instead. Either resumes.
 t=$(save_case save_twice 3 yes --mca odls_base_sigkill_timeout 10) || exit 1
-[ "$t" = 2 ] || fail "save_twice: the tracker names $t, not the previous checkpoint 2"
-resumes_bitwise "$work/save_twice" 2
-echo "[stop] two SIGTERMs to mpirun in a save: the previous checkpoint (2) stays, resumed bitwise"
+[ "$t" = 2 ] || [ "$t" = 4 ] || fail "save_twice: the tracker names $t, neither 2 nor 4"
+resumes_bitwise "$work/save_twice" "$t"
+echo "[stop] two SIGTERMs to mpirun in a save: the tracker names $t, resumed bitwise"
 # Within the grace the save completes and the run stops after the next step.
 t=$(save_case save_completes 3 no --mca odls_base_sigkill_timeout 10) || exit 1
 grep -q "saved iteration 4 to" "$work/save_completes.log" ||
