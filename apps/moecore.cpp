@@ -15,6 +15,7 @@
 #include "parallel/groups_command.h"
 #include "parallel/runtime.h"
 #include "plan/plan_command.h"
+#include "train/exit_conditions.h"
 #include "cli/config_file.h"
 #include "cli/eval_command.h"
 #include "cli/train_command.h"
@@ -89,6 +90,10 @@ int main(int argc, char** argv) {
     for (Subcommand& c : commands) {
       if (c.cli->parsed()) rc = c.run();
     }
+    // mpirun is killing the job (--exit-signal-handler saw its SIGCONT or SIGTERM) and serves no
+    // MPI_Finalize until its SIGKILL: the checkpoint is written, the process ends now.
+    std::cout.flush();
+    if (train::ExitConditions::launcher_ending()) parallel::runtime_exit_without_finalize(rc);
     parallel::runtime_finalize();
   } catch (const std::exception& e) {
     report_and_abort(rt, user_message(e));

@@ -2,8 +2,11 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "core/check.h"
 
@@ -88,6 +91,28 @@ const Fault* find(std::string_view kind, int rank, int64_t iteration) {
     if (f.kind == kind && f.matches(rank, iteration)) return &f;
   }
   return nullptr;
+}
+
+namespace {
+std::atomic<int64_t> g_iteration{-1};
+}  // namespace
+
+void set_iteration(int64_t iteration) {
+  g_iteration.store(iteration, std::memory_order_relaxed);
+}
+
+int64_t iteration() {
+  return g_iteration.load(std::memory_order_relaxed);
+}
+
+void sleep_point(std::string_view point, int rank) {
+  for (const Fault& f : injected()) {
+    if (f.kind == "sleep" && f.arg("in") == point && f.matches(rank, iteration())) {
+      const int64_t seconds = f.int_arg("seconds", -1);
+      MOE_CHECK(seconds >= 0, "[fault] MOECORE_FAULT: sleep in {} needs seconds=S (S >= 0)", point);
+      std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    }
+  }
 }
 
 void kill_point(std::string_view point, int rank) {

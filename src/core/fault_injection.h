@@ -37,6 +37,14 @@ const std::vector<Fault>& injected();
 void inject_for_test(std::string_view spec);
 // The first injected fault of `kind` that matches(rank, iteration); null when none.
 const Fault* find(std::string_view kind, int rank = -1, int64_t iteration = -1);
+// The iteration a running step is at (the trainer sets it as each step starts; -1 outside
+// training), for the faults of code that does not know it (the communicator).
+void set_iteration(int64_t iteration);
+int64_t iteration();
+// Sleeps inside `point` (a communicator call's name, e.g. "all_to_all_v", or "save") when
+// MOECORE_FAULT holds "sleep:in=<point>:seconds=S" (with optional rank=R and iter=N, the
+// iteration being iteration()): a rank that hangs, or a save that takes long.
+void sleep_point(std::string_view point, int rank = -1);
 // Kills the process with SIGKILL (what a crash, an OOM killer or a lost node does) when
 // MOECORE_FAULT holds "kill:at=<point>" (with an optional rank=R) for this point.
 void kill_point(std::string_view point, int rank = -1);

@@ -15,6 +15,7 @@
 #include <map>
 #include <thread>
 
+#include "core/fault_injection.h"
 #include "parallel/mpi_check.h"
 #include "parallel/process_groups.h"
 
@@ -298,6 +299,8 @@ std::unique_ptr<MpiRequest, CommRequest::Release> MpiCommunicator::acquire(const
     pool_.pop_back();
   }
   r->reset(call, dt, count, peer);
+  // A hung rank, for the watchdog's tests: it stops here, inside the call, before communicating.
+  fault::sleep_point(call, ctx_->world_rank());
   return std::unique_ptr<MpiRequest, CommRequest::Release>(r);
 }
 
@@ -658,7 +661,12 @@ void connect_communicators(ProcessGroups& groups) {
   MOE_CHECK(rank == groups.rank(), "[parallel] groups built for rank {} used on world rank {}",
             groups.rank(), rank);
   const ParallelConfig& cfg = groups.layout().config;
-  const double timeout_s = cfg.timeout_seconds();
+  double timeout_s = cfg.timeout_seconds();
+  // The watchdog's tests: a limit of seconds (the flag counts whole minutes in `moecore train`).
+  if (const fault::Fault* f = fault::find("comm_timeout", rank)) {
+    timeout_s = static_cast<double>(f->int_arg("seconds", -1));
+    MOE_CHECK(timeout_s > 0, "[fault] MOECORE_FAULT: comm_timeout needs seconds=S (S > 0)");
+  }
   timed_world_barrier(timeout_s, rank, size);
 
   // Every rank must have been given the same layout, or the groups would not match up. (Plain

@@ -29,6 +29,10 @@ std::string format_rank_error(const Runtime& rt, std::string_view what);
 // would otherwise wait for this one in their next collective. With one rank, finalizes and
 // exits with `code`.
 [[noreturn]] void runtime_abort(const Runtime& rt, int code);
+// Ends this process with `code` without MPI_Finalize, once its work is saved, when the launcher
+// is killing the job: mpirun, between the signals of its kill sequence, serves no MPI_Finalize,
+// which would wait for it until its SIGKILL. Flushes stdout and stderr first.
+[[noreturn]] void runtime_exit_without_finalize(int code);
 // Whether a multi-process launcher (mpirun, a PMI launcher) started this process. Its stdout is
 // then the launcher's: Open MPI forwards a rank's output through a pseudo-terminal whatever
 // mpirun's own output is (a log file, a pipe), so isatty() says nothing about the user's screen.

@@ -90,4 +90,11 @@ void runtime_abort(const Runtime& rt, int code) {
   std::exit(code);
 }
 
+void runtime_exit_without_finalize(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  remove_private_session_base();
+  std::_Exit(code);  // no atexit handlers: Open MPI's would talk to the launcher too
+}
+
 }  // namespace moecore::parallel

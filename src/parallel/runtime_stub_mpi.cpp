@@ -29,4 +29,10 @@ void runtime_abort(const Runtime&, int code) {
   std::exit(code);
 }
 
+void runtime_exit_without_finalize(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
 }  // namespace moecore::parallel

@@ -27,8 +27,9 @@ struct CheckpointConfig {
   bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint
   int64_t exit_interval = 0;                // --exit-interval: save and stop after a multiple of it
   int64_t exit_duration_mins = 0;    // --exit-duration-in-mins: save and stop after that long
-  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGINT finish the step,
-                                     // save and stop (exit status 0)
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGINT / SIGUSR1 /
+                                     // SIGUSR2, or mpirun killing the job, finish the step, save
+                                     // and stop (exit status 0)
   bool use_checkpoint_args = false;  // --use-checkpoint-args: the model's flags from --load
                                      // (cli/checkpoint_args.h)
   // The run's flags (its command line with config files expanded, each flag once), recorded in

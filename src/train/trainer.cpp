@@ -12,6 +12,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
+#include "core/fault_injection.h"
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
@@ -259,6 +260,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   const int64_t S = model_cfg_.seq_length;
   StepMetrics m;
   m.iteration = ++iteration_;
+  fault::set_iteration(iteration_);
   m.lr = cfg_.lr.lr(optimizer_->steps_taken());
   if (std::find(cfg_.iterations_to_skip.begin(), cfg_.iterations_to_skip.end(), iteration_) !=
       cfg_.iterations_to_skip.end()) {
@@ -503,6 +505,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
   const auto save = [&] {
     if (ck.async_save) finished(finish_pending_save());  // one save at a time
     const auto t0 = std::chrono::steady_clock::now();
+    fault::sleep_point("save", groups_ != nullptr ? groups_->rank() : 0);  // a slow save
     save_checkpoint(ck.save, ck.save_optim, ck.save_rng, ck.async_save);
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

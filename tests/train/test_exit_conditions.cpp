@@ -1,14 +1,23 @@
-// --exit-signal-handler (train/exit_conditions.h): while the handler is installed, SIGTERM and
-// SIGINT are blocked in the calling thread and in every OpenMP thread, so no signal frame is
+// --exit-signal-handler (train/exit_conditions.h): while the handler is installed, the signals it
+// handles are blocked in the calling thread and in every OpenMP thread, so no signal frame is
 // ever pushed by a thread inside a oneDNN JIT GEMM (whose rsp may point into the heap); a signal
 // sent to the process is still taken by the next check(), and the masks come back afterwards.
+// SIGUSR1 and SIGUSR2 stop the run as SIGTERM and SIGINT do; a SIGCONT from the launcher (the
+// start of mpirun's kill sequence) does too, unless it resumes a stop (Ctrl-Z) or repeats a
+// resume someone else sent.
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include <string>
+
+#include <fmt/format.h>
 
 #include "train/exit_conditions.h"
 
@@ -47,12 +56,83 @@ TEST(ExitConditions, SignalsBlockedOnComputeThreadsAndTakenAtCheck) {
     EXPECT_EQ(threads_accepting(SIGINT), 0);
     EXPECT_EQ(exits.check(1), "");
     ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);  // to the process, as mpirun or a scheduler sends it
-    EXPECT_EQ(exits.check(2), "a termination signal (--exit-signal-handler)");
+    EXPECT_EQ(exits.check(2), "SIGTERM (--exit-signal-handler)");
     EXPECT_EQ(ExitConditions::caught_signal(), SIGTERM);
   }
   EXPECT_EQ(threads_accepting(SIGTERM), 3) << "the masks are restored with the handlers";
   EXPECT_EQ(threads_accepting(SIGINT), 3);
   omp_set_num_threads(threads_before);
+}
+
+TEST(ExitConditions, EachExitSignalStops) {
+  for (int sig : {SIGINT, SIGUSR1, SIGUSR2}) {
+    ExitConditions exits(with_signal_handler(), nullptr);
+    EXPECT_EQ(threads_accepting(sig), 0) << sig;
+    EXPECT_EQ(exits.check(1), "");
+    ASSERT_EQ(::kill(::getpid(), sig), 0);
+    EXPECT_EQ(exits.check(2), fmt::format("SIG{} (--exit-signal-handler)", sigabbrev_np(sig)));
+    EXPECT_FALSE(ExitConditions::launcher_ending()) << "a signal from anyone but the launcher";
+  }
+  EXPECT_EQ(threads_accepting(SIGUSR1), omp_get_max_threads());
+}
+
+TEST(ExitConditions, SigcontOnlyFromTheLauncherStops) {
+  ExitConditions::set_launcher_for_test(::getppid());  // not this process
+  {
+    ExitConditions exits(with_signal_handler(), nullptr);
+    ASSERT_EQ(::kill(::getpid(), SIGCONT), 0);  // e.g. Slurm resuming a suspended job
+    EXPECT_EQ(exits.check(1), "") << "a SIGCONT from another process stopped the run";
+  }
+  ExitConditions::set_launcher_for_test(0);
+}
+
+// The launcher (a child process here) forwards a Ctrl-Z, then the resume: the run goes on.
+TEST(ExitConditions, ResumeAfterCtrlZGoesOn) {
+  const pid_t self = ::getpid();
+  ExitConditions exits(with_signal_handler(), nullptr);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::kill(self, SIGTSTP);
+    ::usleep(300 * 1000);  // the parent is stopped meanwhile (it takes SIGTSTP at its check)
+    ::kill(self, SIGCONT);
+    ::_exit(0);
+  }
+  ExitConditions::set_launcher_for_test(child);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(exits.check(1), "") << "the resume after a Ctrl-Z stopped the run";
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(exits.check(2), "");
+  EXPECT_FALSE(ExitConditions::launcher_ending());
+  ExitConditions::set_launcher_for_test(0);
+}
+
+// mpirun's kill sequence: SIGCONT, then SIGTERM after odls_base_sigkill_timeout. The first stops
+// the run; once the handler is gone the process still survives the second (it ends by itself
+// after the save, without MPI_Finalize).
+TEST(ExitConditions, LaunchersSigcontStopsAndItsSigtermDoesNotKill) {
+  ExitConditions::set_launcher_for_test(::getpid());  // kill() from here: si_pid is the launcher's
+  {
+    ExitConditions exits(with_signal_handler(), nullptr);
+    EXPECT_EQ(exits.check(1), "");
+    ASSERT_EQ(::kill(::getpid(), SIGCONT), 0);
+    const std::string why = exits.check(2);
+    EXPECT_NE(why.find("the launcher (mpirun) began to kill the job"), std::string::npos) << why;
+    EXPECT_TRUE(ExitConditions::launcher_ending());
+  }
+  ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);  // would end this test binary with the default action
+  // Left as the launcher's kill leaves them; this test cleans up for the next ones.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) sigaddset(&set, s);
+  const timespec now{0, 0};
+  EXPECT_EQ(sigtimedwait(&set, nullptr, &now), SIGTERM) << "the SIGTERM is left pending, harmless";
+#pragma omp parallel
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  for (int s : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) ::signal(s, SIG_DFL);
+  ExitConditions::set_launcher_for_test(0);
 }
 
 TEST(ExitConditions, NoHandlerNoMaskChange) {
