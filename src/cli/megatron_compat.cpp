@@ -77,6 +77,10 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        "--position-embedding-type none",
        ""},
       {"--distributed-backend", N, "", "Open MPI on CPUs", ""},
+      {"--exit-signal", N, "",
+       "with --exit-signal-handler each of SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 (and mpirun "
+       "ending the job) stops the run after its step",
+       ""},
       {"--dataloader-type", N, "", "samples are indexed deterministically", ""},
       {"--num-workers", N, "", "data is generated or read in-process", ""},
       {"--manual-gc", N, "", "no garbage collector", ""},
@@ -132,7 +136,11 @@ const std::vector<FlagRule>& megatron_flag_rules() {
 }
 
 const std::vector<std::string>& moecore_extra_choices() {
-  static const std::vector<std::string> kExtra = {"--tokenizer-type=ByteLevel"};
+  // Megatron's --exit-signal takes a signal's name (signal.Signals[name]); the table records the
+  // enum's values. The names of the signals the handler catches are taken.
+  static const std::vector<std::string> kExtra = {
+      "--tokenizer-type=ByteLevel", "--exit-signal=SIGTERM", "--exit-signal=SIGINT",
+      "--exit-signal=SIGUSR1", "--exit-signal=SIGUSR2"};
   return kExtra;
 }
 
