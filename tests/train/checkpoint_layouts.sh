@@ -20,11 +20,7 @@
 # Usage: checkpoint_layouts.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# Open MPI's session directories inside this test's own: no other test's mpirun shares (and races
-# on) the top-level one.
-export OMPI_MCA_orte_tmpdir_base="$work"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 16 --log-interval 1 --peak-tflops 100)
 # train NP ARGS...: `moecore train` on NP ranks (1: without mpirun).
@@ -38,10 +34,6 @@ train() {
       -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
   fi
 }
-fail() { echo "FAIL: $1"; echo "${2:-}"; exit 1; }
-digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
-# The per-step values of a metrics file that a resumed run must reproduce exactly.
-steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
 compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
 export MOECORE_FAULT=""
 
@@ -83,12 +75,8 @@ until grep -q ' iteration *3/' "$work/sig.log"; do
     fail "SIGTERM: the run ended before its third step" "$(cat "$work/sig.log")"
   sleep 0.1
 done
-# The ranks of this run (not the launcher, not another test's moecore): by their command line,
-# compared as a fixed string, so a binary path with regex characters still matches.
-ranks=()
-for pid in $(pgrep -x moecore); do
-  tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | grep -qF -- "--save $work/sig " && ranks+=("$pid")
-done
+# The ranks of this run (not the launcher, not another test's moecore).
+mapfile -t ranks < <(ranks_of "--save $work/sig ")
 [ "${#ranks[@]}" -eq 2 ] || fail "SIGTERM: ${#ranks[@]} ranks found instead of 2" "$(cat "$work/sig.log")"
 kill -TERM "${ranks[@]}"
 wait "$launcher" || fail "SIGTERM: exit status $? instead of 0" "$(cat "$work/sig.log")"

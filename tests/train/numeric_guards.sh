@@ -15,9 +15,7 @@
 # Usage: numeric_guards.sh MPIEXEC MOECORE_BINARY CONFIG
 set -uo pipefail
 mpiexec=$1 moecore=$2 config=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_MCA_orte_tmpdir_base="$work"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 8 --log-interval 1 --peak-tflops 100 --expert-model-parallel-size 2)
 # train FAULT ARGS...: `moecore train` on 4 ranks with MOECORE_FAULT=FAULT; sets $out and $rc.
@@ -28,9 +26,6 @@ train() {
         -x OMP_NUM_THREADS=1 -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1)
   rc=$?
 }
-fail() { echo "FAIL: $1"; echo "${2:-}"; exit 1; }
-digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
-steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
 has() { grep -qF -- "$1" <<< "$out" || fail "no '$1' in the output (exit $rc)" "$out"; }
 
 train "" --train-iters 6 --metrics-file "$work/clean.jsonl"

@@ -14,10 +14,7 @@
 # Usage: stop_signals.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# Open MPI's session directories inside this test's own (no race with other tests' mpiruns).
-export OMPI_MCA_orte_tmpdir_base="$work"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export MOECORE_FAULT=""
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 16 --log-interval 1 --peak-tflops 100)
@@ -31,16 +28,6 @@ launch() {
   if [ "${1:-}" = "--mca" ]; then mca=("$1" "$2" "$3"); shift 3; fi
   exec "$mpiexec" "${mca[@]}" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
     -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
-}
-# To stderr: a failure inside $(...) must still be seen.
-fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
-digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
-# The pids of this test's moecore ranks whose command line holds NEEDLE (a fixed string).
-ranks_of() {
-  for pid in $(pgrep -x moecore); do
-    tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | grep -qF -- "$1" && echo "$pid"
-  done
-  return 0
 }
 # Waits until LOG shows iteration N, unless the launcher PID ends first.
 wait_iteration() {

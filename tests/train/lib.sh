@@ -1,0 +1,20 @@
+# What the multi-rank shell tests of `moecore train` share; sourced after `set -...`. Gives a
+# scratch directory $work (removed at exit) that also holds Open MPI's session directories (no
+# other test's mpirun shares, and races on, the top-level one), and the helpers below.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$work"
+# fail WHAT [OUTPUT]: to stderr, so that a failure inside $(...) is still seen.
+fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
+# The weights digest a run prints at its end.
+digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
+# The per-step values of a metrics file that a resumed run must reproduce exactly.
+steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
+# The pids of the moecore ranks whose command line holds NEEDLE (compared as a fixed string, so a
+# binary path with regex characters still matches): this run's, not another test's.
+ranks_of() {
+  for pid in $(pgrep -x moecore); do
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | grep -qF -- "$1" && echo "$pid"
+  done
+  return 0
+}
