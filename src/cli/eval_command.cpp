@@ -88,6 +88,11 @@ std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int6
                 i, v.dump(), vocab_size);
       seq.push_back(v.get<int32_t>());
     }
+    // A loss of 0 over no predictions would read as a perfect score.
+    MOE_CHECK(seq.size() >= 2,
+              "[eval] --tokens-json '{}': sequence {} has {} token(s): nothing to score (a "
+              "next-token loss needs at least 2 tokens)",
+              path, i, seq.size());
     out.push_back(std::move(seq));
   }
   return out;
