@@ -92,8 +92,6 @@ void check_model_spec(const ModelSpec& m, const RunSpec& run, bool from_hf) {
     check_size(m.mla->qk_pos_emb_head_dim, 0, name("--qk-pos-emb-head-dim", "qk_rope_head_dim"));
     check_size(m.mla->v_head_dim, 1, name("--v-head-dim", "v_head_dim"));
   }
-  MOE_CHECK(std::isfinite(run.capacity_factor),
-            "[plan] --moe-expert-capacity-factor {} is not a finite number", run.capacity_factor);
   // The sizes in bytes, in floating point before any int64 count: parameters with gradients and
   // AdamW state (16 B each in fp32), and one micro-batch's widest activations per layer. Past
   // kMaxPlanBytes no machine holds them, and the planner's byte counts would overflow.
@@ -139,8 +137,11 @@ ModelSpec model_from_args(const cli::ParsedArgs& a) {
       on(a, "--group-query-attention") ? int_or(a, "--num-query-groups", 1) : m.num_heads;
   m.kv_channels = int_or(a, "--kv-channels", m.hidden / std::max<int64_t>(1, m.num_heads));
   // Megatron: --ffn-hidden-size defaults to 4h, with SwiGLU 2/3 of that rounded to 64.
-  int64_t ffn = int_or(a, "--ffn-hidden-size", -1);
-  if (ffn < 0) ffn = on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden;
+  // Given (any value, checked by check_model_spec) or derived when None.
+  const std::string ffn_text = text(a, "--ffn-hidden-size");
+  const int64_t ffn = ffn_text.empty() || ffn_text == "None"
+                          ? (on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden)
+                          : std::stoll(ffn_text);
   m.ffn_hidden = ffn;
   m.tie_embeddings = !on(a, "--untie-embeddings-and-output-weights");
   // Megatron's MLP activation: --swiglu, else --squared-relu, else F.gelu; --openai-gelu (the
@@ -232,7 +233,10 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   if (r.recompute.module_names.empty()) r.recompute.module_names = {"core_attn"};
   r.dispatcher = text(a, "--moe-token-dispatcher-type");
   const std::string cf = text(a, "--moe-expert-capacity-factor");
-  r.capacity_factor = cf.empty() ? 0.0 : std::max(0.0, std::stod(cf));
+  const double factor = cf.empty() || cf == "None" ? 0.0 : std::stod(cf);
+  MOE_CHECK(std::isfinite(factor), "[plan] --moe-expert-capacity-factor {} is not a finite number",
+            cf);
+  r.capacity_factor = std::max(0.0, factor);
   r.pad_to_capacity = on(a, "--moe-pad-expert-input-to-capacity");
   return r;
 }
