@@ -128,7 +128,6 @@ ExportResult export_hf(const ExportOptions& opt) {
             "written",
             dir, left.size(), hf_arch_class(arch), name_list(left));
 
-  create_output_dir(opt.output);
   std::vector<HfTensorBytes> out;
   int64_t dropped_rows = 0;
   for (const TensorMapping& t : map.tensors) {
@@ -149,7 +148,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   }
   res.hf_tensors = static_cast<int64_t>(out.size());
 
-  fs::create_directories(opt.output);
+  create_output_dir(opt.output);  // only now: a refused export leaves nothing behind
   const json carry = recorded && recorded->contains("config") ? (*recorded)["config"] : json();
   const json config = hf_config_json(s, opt.dtype == "BF16" ? "bfloat16" : "float32",
                                      carry.is_null() ? nullptr : &carry);

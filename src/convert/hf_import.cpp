@@ -163,7 +163,6 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
             "tensor's parts), more than this machine's {} of memory",
             hf_dir.string(), static_cast<int64_t>(total / 4), data::format_bytes(total),
             data::format_bytes(need), data::format_bytes(memory));
-  create_output_dir(out_dir);
 
   // Converted in the model's parameter order, which is the order the trainer writes.
   ckpt::SafetensorsWriter shard;
@@ -211,7 +210,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   res.hf_tensors = static_cast<int64_t>(w.names().size());
 
   // The checkpoint, as the trainer writes iteration 0 of one rank (checkpointing.cpp).
-  fs::create_directories(out_dir);
+  create_output_dir(out_dir);  // only now: a refused import leaves nothing behind
   const fs::path staging = ckpt::staging_dir(out_dir, 0);
   fs::remove_all(staging);
   fs::create_directories(staging);

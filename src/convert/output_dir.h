@@ -1,6 +1,6 @@
-// The --output of `moecore convert`: checked and created before any weight is read, so a
-// conversion never overwrites a checkpoint, never mixes an HF and a moecore checkpoint in one
-// directory, and never fails at its last step for a path it cannot write.
+// The --output of `moecore convert`: checked before any work, so a conversion never overwrites
+// a checkpoint, never mixes an HF and a moecore checkpoint in one directory, and does not fail at
+// its last step for a path it cannot create or write; created only once there is a result.
 #pragma once
 
 #include <filesystem>
@@ -14,8 +14,9 @@ namespace moecore::convert {
 // iter_*, manifest.json). Changes nothing on disk. `what` names the output ("an HF checkpoint").
 void check_output_dir(const std::filesystem::path& out, const std::string& what);
 
-// Creates `out` (check_output_dir first) and proves it writable with a probe file (removed):
-// called before the weights are read, so a conversion does not fail after its work.
+// Creates `out` (check_output_dir first, before any work) and proves it writable with a probe
+// file (removed): called once the conversion is done and about to be written, so a refused
+// conversion leaves nothing behind.
 void create_output_dir(const std::filesystem::path& out);
 
 }  // namespace moecore::convert
