@@ -47,7 +47,7 @@ class BadInputsTools : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ + "/subdir");
     write("afile", "x");
-    write("empty_seqs.json", "[[], [1, 2, 3]]");
+    write("empty_seqs.json", "[[], [], [7]]");
     write("one_token.json", "[[5]]");
     write("null_ids.jsonl", "{\"text\": \"1 2 40000\"}\n");
     // An HF model whose config asks for an absurd width, and a copy of the fixture.
@@ -247,9 +247,8 @@ TEST_F(BadInputsTools, EvalAndGroups) {
   const std::string eval = "eval --load {dir}/ckpt --config {dir}/ckpt/moecore_flags.toml "
                            "--seq-length 16 --tokens-json ";
   expect_rows({
-      {eval + "{dir}/empty_seqs.json", 1,
-       {"sequence 0 has 0 token(s): nothing to score"}},
-      {eval + "{dir}/one_token.json", 1, {"sequence 0 has 1 token(s): nothing to score"}},
+      {eval + "{dir}/empty_seqs.json", 1, {"its 3 sequence(s) hold nothing to score"}},
+      {eval + "{dir}/one_token.json", 1, {"its 1 sequence(s) hold nothing to score"}},
       {eval + "{dir}/subdir", 1, {"is a directory"}},
       {"groups --world-size 0", 1, {"world size 0 must be >= 1"}},
       {"groups --world-size 8 --tensor-model-parallel-size -2", 1,
