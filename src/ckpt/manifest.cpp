@@ -120,6 +120,63 @@ T need_int(const json& obj, const char* key, const std::string& what, const std:
   return v.get<T>();
 }
 
+// The run state's fields that loading, --use-checkpoint-args and export read, typed here so a
+// corrupt or hand-edited manifest fails naming the key, never as a json type_error when read;
+// and the model signature complete, since loading compares only the keys it holds (an empty
+// "model" would turn the model check off).
+void validate_state(const json& state, int64_t iteration, const std::string& where) {
+  auto key_of = [&](const json& obj, const char* key, bool (json::*is)() const noexcept,
+                    const char* kind, const std::string& path) -> const json* {
+    const auto it = obj.find(key);
+    if (it == obj.end()) return nullptr;
+    MOE_CHECK(((*it).*is)(), "[checkpoint] '{}': {}.{} is {}, not {}", where, path, key,
+              it->dump(), kind);
+    return &*it;
+  };
+  for (const char* k : {"iteration", "optimizer_steps", "consumed_train_samples",
+                        "consumed_valid_samples"}) {
+    if (const json* v = key_of(state, k, &json::is_number_integer, "an integer", "state")) {
+      MOE_CHECK(fits<int64_t>(*v) && v->get<int64_t>() >= 0,
+                "[checkpoint] '{}': state.{} is {}, not a count >= 0", where, k, v->dump());
+    }
+  }
+  if (const json* v = key_of(state, "iteration", &json::is_number_integer, "an integer", "state")) {
+    MOE_CHECK(v->get<int64_t>() == iteration,
+              "[checkpoint] '{}': state.iteration {} differs from the manifest's iteration {}",
+              where, v->dump(), iteration);
+  }
+  key_of(state, "has_optimizer", &json::is_boolean, "true or false", "state");
+  if (const json* args = key_of(state, "args", &json::is_array, "a list of strings", "state")) {
+    for (const json& a : *args) {
+      MOE_CHECK(a.is_string(), "[checkpoint] '{}': state.args holds {}, not a string", where,
+                a.dump());
+    }
+  }
+  if (const json* rng = key_of(state, "rng", &json::is_object, "an object", "state")) {
+    key_of(*rng, "seed", &json::is_number_integer, "an integer", "state.rng");
+    key_of(*rng, "router_jitter_step", &json::is_number_integer, "an integer", "state.rng");
+  }
+  if (const json* hf = key_of(state, "hf", &json::is_object, "an object", "state")) {
+    key_of(*hf, "architecture", &json::is_string, "a string", "state.hf");
+    key_of(*hf, "config", &json::is_object, "an object", "state.hf");
+  }
+  if (const json* model = key_of(state, "model", &json::is_object, "an object", "state")) {
+    for (const char* k : {"--num-layers", "--hidden-size", "--num-attention-heads",
+                          "--vocab-size (padded)"}) {
+      MOE_CHECK(model->contains(k),
+                "[checkpoint] '{}': state.model has no \"{}\": the model signature that "
+                "loading compares is incomplete (the manifest was altered)",
+                where, k);
+    }
+    for (const char* k : {"--num-layers", "--hidden-size", "--ffn-hidden-size",
+                          "--num-attention-heads", "--num-query-groups", "--kv-channels",
+                          "--vocab-size (padded)", "--num-experts", "--moe-ffn-hidden-size",
+                          "--moe-shared-expert-intermediate-size"}) {
+      key_of(*model, k, &json::is_number_integer, "an integer", "state.model");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
@@ -229,6 +286,7 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
     m.layout[k] = v.get<int64_t>();
   }
   if (j.contains("state")) m.state = need(j, "state", json::value_t::object, top, where);
+  validate_state(m.state, m.iteration, where);
   for (const json& f : need(j, "files", json::value_t::array, top, where)) {
     const std::string what = "a shard entry";
     ShardFile s;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -78,6 +79,7 @@ std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int6
   MOE_CHECK(j.is_array() && !j.empty(),
             "[eval] --tokens-json '{}' must be a non-empty JSON list of token-id lists", path);
   std::vector<std::vector<int32_t>> out;
+  int64_t predictions = 0;
   for (size_t i = 0; i < j.size(); ++i) {
     MOE_CHECK(j[i].is_array(), "[eval] --tokens-json '{}': entry {} is {}, not a list of token ids",
               path, i, j[i].type_name());
@@ -88,8 +90,14 @@ std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int6
                 i, v.dump(), vocab_size);
       seq.push_back(v.get<int32_t>());
     }
+    predictions += std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - 1);
     out.push_back(std::move(seq));
   }
+  // A mean loss of 0 over no predictions would read as a perfect score.
+  MOE_CHECK(predictions > 0,
+            "[eval] --tokens-json '{}': its {} sequence(s) hold nothing to score (a next-token "
+            "loss needs a sequence of at least 2 tokens)",
+            path, out.size());
   return out;
 }
 
@@ -169,9 +177,13 @@ Subcommand add_eval_command(CLI::App& app) {
           sum += l.sum;
           n += l.predictions;
           if (print) {
-            std::cout << fmt::format(
-                "[eval] sequence {}: {} tokens | mean next-token loss {:.9f}\n", i, seqs[i].size(),
-                l.predictions > 0 ? l.sum / static_cast<double>(l.predictions) : 0.0);
+            std::cout << (l.predictions > 0
+                              ? fmt::format("[eval] sequence {}: {} tokens | mean next-token loss "
+                                            "{:.9f}\n",
+                                            i, seqs[i].size(),
+                                            l.sum / static_cast<double>(l.predictions))
+                              : fmt::format("[eval] sequence {}: {} token(s) | nothing to score\n",
+                                            i, seqs[i].size()));
           }
         }
         if (print) {

@@ -15,6 +15,7 @@
 #include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
+#include "convert/output_dir.h"
 #include "core/check.h"
 #include "train/checkpoint_state.h"
 #include "cli/config_file.h"
@@ -44,6 +45,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   ExportResult res;
   MOE_CHECK(opt.dtype == "F32" || opt.dtype == "BF16",
             "[convert] --dtype {}: HF weights are written as f32 or bf16", opt.dtype);
+  check_output_dir(opt.output, "an HF checkpoint");
   const bool iteration_given = fs::exists(opt.input / ckpt::kManifestFile);
   res.checkpoint = ckpt::resolve_checkpoint(opt.input);
   ckpt::CheckpointReader reader(res.checkpoint);
@@ -126,13 +128,6 @@ ExportResult export_hf(const ExportOptions& opt) {
             "written",
             dir, left.size(), hf_arch_class(arch), name_list(left));
 
-  // Refuse before writing: a directory that holds a checkpoint already.
-  MOE_CHECK(!fs::exists(opt.output / "config.json") &&
-                !fs::exists(opt.output / std::string(kHfWeightsFile)) &&
-                !fs::exists(opt.output / std::string(kHfIndexFile)),
-            "[convert] '{}' holds an HF checkpoint already: export into a new directory (or "
-            "remove it)",
-            opt.output.string());
   std::vector<HfTensorBytes> out;
   int64_t dropped_rows = 0;
   for (const TensorMapping& t : map.tensors) {
@@ -153,7 +148,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   }
   res.hf_tensors = static_cast<int64_t>(out.size());
 
-  fs::create_directories(opt.output);
+  create_output_dir(opt.output);  // only now: a refused export leaves nothing behind
   const json carry = recorded && recorded->contains("config") ? (*recorded)["config"] : json();
   const json config = hf_config_json(s, opt.dtype == "BF16" ? "bfloat16" : "float32",
                                      carry.is_null() ? nullptr : &carry);

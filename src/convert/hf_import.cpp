@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -15,7 +16,9 @@
 #include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
+#include "convert/output_dir.h"
 #include "core/check.h"
+#include "data/host_memory.h"
 #include "model/gpt_model.h"
 #include "train/checkpoint_state.h"
 #include "cli/config_file.h"
@@ -51,11 +54,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameters(const
 
 ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   ImportResult res;
-  MOE_CHECK(
-      !fs::exists(out_dir / ckpt::kTrackerFile) && !fs::exists(ckpt::iteration_dir(out_dir, 0)),
-      "[convert] '{}' holds a checkpoint already: convert into a new directory (or "
-      "remove it)",
-      out_dir.string());
+  check_output_dir(out_dir, "a moecore checkpoint");
 
   // The model: config.json -> HF's view -> moecore's flags -> the ModelConfig the trainer builds
   // from exactly that flags file.
@@ -63,6 +62,26 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   const json config = read_config(config_path);
   res.spec = parse_hf_config(config, config_path.string(), &res.warnings);
   const HfModelSpec& s = res.spec;
+  // The parameters in floating point before the model is sized in int64: a config.json with a
+  // huge size stops here, naming the sizes and the bytes.
+  {
+    const double H = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab_size);
+    const double attn = static_cast<double>(s.num_heads + 2 * s.num_kv_heads) *
+                        static_cast<double>(s.head_dim);
+    const double mlp = 3 * static_cast<double>(s.ffn_hidden) +
+                       3 * static_cast<double>(s.num_experts) * static_cast<double>(s.moe_ffn_hidden) +
+                       3 * static_cast<double>(s.shared_ffn_hidden);
+    const double params = 2 * V * H + static_cast<double>(s.max_position_embeddings) * H +
+                          static_cast<double>(s.num_layers) * H * (2 * attn + mlp);
+    const double memory = static_cast<double>(data::host_memory_bytes());
+    MOE_CHECK(params * 4 <= memory,
+              "[convert] '{}': the model has about {:.3g} parameters ({} in F32: hidden_size {}, "
+              "{} layers, vocab_size {}, intermediate sizes {} / {} x {} experts), more than this "
+              "machine's {} of memory",
+              config_path.string(), params, data::format_bytes(params * 4), s.hidden,
+              s.num_layers, s.vocab_size, s.ffn_hidden, s.moe_ffn_hidden, s.num_experts,
+              data::format_bytes(memory));
+  }
   res.flags_file = out_dir / kFlagsFile;
   const std::string toml = flags_toml(
       train_flags_of(s),
@@ -127,6 +146,24 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
             "{}",
             hf_dir.string(), missing.size(), name_list(missing));
 
+  // The shard is built in memory and written whole: its bytes, then a copy as it is serialized
+  // (SafetensorsWriter), and the largest tensor's HF parts and conversion beside them.
+  double total = 0, largest = 0;
+  for (const auto& [name, shape] : params) {
+    double n = 4;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    total += n;
+    largest = std::max(largest, n);
+  }
+  const double need = 2 * total + 2 * largest;
+  const double memory = static_cast<double>(data::host_memory_bytes());
+  MOE_CHECK(need <= memory,
+            "[convert] '{}': the moecore checkpoint of {} parameters is {} in F32, and the "
+            "converter holds it in memory twice while writing its shard ({} with the largest "
+            "tensor's parts), more than this machine's {} of memory",
+            hf_dir.string(), static_cast<int64_t>(total / 4), data::format_bytes(total),
+            data::format_bytes(need), data::format_bytes(memory));
+
   // Converted in the model's parameter order, which is the order the trainer writes.
   ckpt::SafetensorsWriter shard;
   const std::string file = ckpt::shard_name("model", 0);
@@ -173,6 +210,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   res.hf_tensors = static_cast<int64_t>(w.names().size());
 
   // The checkpoint, as the trainer writes iteration 0 of one rank (checkpointing.cpp).
+  create_output_dir(out_dir);  // only now: a refused import leaves nothing behind
   const fs::path staging = ckpt::begin_staging(out_dir, 0);
   man.iteration = 0;
   man.world_size = 1;

@@ -19,15 +19,21 @@ const char* split_name(Split s) {
 }
 
 std::array<double, kNumSplits> parse_split(const std::string& split) {
-  // Megatron: re.findall(r"[.0-9]+", split), then float().
+  // Megatron: re.findall(r"[.0-9]+", split), then float(). Here every piece between the
+  // separators must be such a number: Megatron's regex would read "-1,2,0" as 1,2,0 and skip
+  // "nan" or "a" without a word.
   std::vector<double> v;
   const std::regex number("[.0-9]+");
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
+  const std::regex piece("[^,/:\\s]+");
+  for (auto it = std::sregex_iterator(split.begin(), split.end(), piece);
        it != std::sregex_iterator(); ++it) {
     const std::string s = it->str();
     char* end = nullptr;
     const double x = std::strtod(s.c_str(), &end);
-    MOE_CHECK(end != nullptr && *end == '\0', "[data] --split '{}': '{}' is not a number", split, s);
+    MOE_CHECK(std::regex_match(s, number) && end != nullptr && *end == '\0' && std::isfinite(x),
+              "[data] --split '{}': '{}' is not a number: --split takes the train, valid, test "
+              "proportions as non-negative numbers separated by commas, e.g. --split 969,30,1",
+              split, s);
     v.push_back(x);
   }
   MOE_CHECK(v.size() <= kNumSplits,

@@ -58,10 +58,16 @@ nlohmann::ordered_json split_json(const TokenSource& src) {
 }
 
 int run_info(const InfoFlags& f) {
-  MOE_CHECK(f.seq_length > 1, "[dataset-info] --seq-length is required (> 1)");
+  MOE_CHECK(f.seq_length > 1,
+            "[dataset-info] --seq-length={} must be > 1 (a sample is seq-length + 1 tokens)",
+            f.seq_length);
   MOE_CHECK(!f.data.data_path.empty() || f.data.mock_data,
             "[dataset-info] give --data-path (or --mock-data)");
-  MOE_CHECK(f.samples[0] > 0, "[dataset-info] --train-samples is required (> 0)");
+  MOE_CHECK(f.samples[0] > 0, "[dataset-info] --train-samples={} must be >= 1", f.samples[0]);
+  MOE_CHECK(f.samples[1] >= 0 && f.samples[2] >= 0,
+            "[dataset-info] --valid-samples={} and --test-samples={} must be >= 0 (0: one epoch)",
+            f.samples[1], f.samples[2]);
+  MOE_CHECK(f.dump >= 0, "[dataset-info] --dump-samples={} must be >= 0", f.dump);
   const auto tok = make_tokenizer(f.data.tokenizer);
   nlohmann::ordered_json out;
   out["datasets"] = nlohmann::ordered_json::array();

@@ -34,8 +34,11 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
             vocab_file);
   std::unordered_map<std::string, int64_t> vocab;
   for (const auto& [tok, id] : j.items()) {
-    MOE_CHECK(id.is_number_integer(), "[tokenizer] --vocab-file '{}': '{}' has no integer id",
-              vocab_file, tok);
+    // ids are int32 in the .bin and index the embedding: a negative or huge one is no token.
+    MOE_CHECK(id.is_number_integer() && (id.is_number_unsigned() || id.get<int64_t>() >= 0) &&
+                  id.get<uint64_t>() < (uint64_t{1} << 31),
+              "[tokenizer] --vocab-file '{}': token '{}' has id {}, not an integer in [0, 2^31)",
+              vocab_file, tok, id.dump());
     vocab.emplace(tok, id.get<int64_t>());
   }
   std::vector<std::pair<std::string, std::string>> merges;

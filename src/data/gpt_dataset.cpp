@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "data/host_memory.h"
 #include "data/index_cache.h"
 #include "data/numpy_random.h"
 
@@ -16,13 +17,37 @@ int64_t gpt_num_epochs(int64_t tokens_per_epoch, int64_t num_samples, int64_t se
   if (num_samples < 0) return 1;
   MOE_CHECK(tokens_per_epoch > 0, "[data] an epoch with {} tokens cannot give samples",
             tokens_per_epoch);
-  const int64_t requested = num_samples * seq_length + 1;
-  int64_t epochs = 1, tokens = tokens_per_epoch;
-  while (tokens < requested) {
-    ++epochs;
-    tokens += tokens_per_epoch;
-  }
-  return epochs;
+  // Megatron counts epochs up one by one until they hold num_samples * seq_length + 1 tokens:
+  // the same number, without a loop of billions of steps for a huge request.
+  int64_t tokens = 0;
+  MOE_CHECK(num_samples >= 0 && seq_length >= 1 &&
+                !__builtin_mul_overflow(num_samples, seq_length, &tokens) && tokens < INT64_MAX,
+            "[data] {} samples of {} tokens are more than 2^63 tokens: lower the samples "
+            "(--train-samples / --train-iters x --global-batch-size) or --seq-length",
+            num_samples, seq_length);
+  const int64_t requested = tokens + 1;
+  return std::max<int64_t>(1, requested / tokens_per_epoch +
+                                  (requested % tokens_per_epoch != 0 ? 1 : 0));
+}
+
+void check_index_bytes(int64_t num_docs, int64_t tokens_per_epoch, int64_t num_epochs,
+                       int64_t num_samples, int64_t seq_length) {
+  // The document index (int32 per document per epoch), the sample index (two int64 per
+  // sample) and the shuffle index (an int64 per sample), counted in floating point: the counts
+  // themselves may overflow int64.
+  const double docs = static_cast<double>(num_docs) * static_cast<double>(num_epochs);
+  const double samples =
+      (static_cast<double>(num_epochs) * static_cast<double>(tokens_per_epoch) - 1) /
+      static_cast<double>(seq_length);
+  const double bytes = 4 * docs + 24 * (samples + 1);
+  const double memory = static_cast<double>(host_memory_bytes());
+  MOE_CHECK(bytes <= memory && docs < 0x1p62 && samples < 0x1p62,
+            "[data] {} samples of {} tokens need {} epochs of {} documents ({} tokens each): "
+            "their indices take {} ({:.3g} document entries, {:.3g} samples), more than this "
+            "machine's {} of memory: lower the samples (--train-samples, or --train-iters x "
+            "--global-batch-size) or --seq-length, or give more data",
+            num_samples, seq_length + 1, num_epochs, num_docs, tokens_per_epoch,
+            format_bytes(bytes), docs, samples, format_bytes(memory));
 }
 
 std::vector<int64_t> build_sample_index(std::span<const int32_t> sizes,
@@ -119,6 +144,9 @@ GPTIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
             "[data] the split's {} documents hold {} tokens: a sample needs at least 2; give the "
             "split more data (--split) or use a larger dataset",
             doc_end - doc_begin, out.tokens_per_epoch);
+  check_index_bytes(doc_end - doc_begin, out.tokens_per_epoch,
+                    gpt_num_epochs(out.tokens_per_epoch, num_samples, seq_length), num_samples,
+                    seq_length);
   const int64_t sans_final = plan_epochs(out, num_samples, seq_length);
   // One RandomState for all the shuffles, in Megatron's order.
   NumpyRandomState rng(seed);

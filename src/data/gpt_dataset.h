@@ -34,6 +34,11 @@ struct GPTIndices {
 // (num_samples < 0: one epoch).
 int64_t gpt_num_epochs(int64_t tokens_per_epoch, int64_t num_samples, int64_t seq_length);
 
+// Throws, naming the samples, epochs and bytes, unless the three indices of num_epochs epochs of
+// num_docs documents fit in this machine's memory (host_memory.h).
+void check_index_bytes(int64_t num_docs, int64_t tokens_per_epoch, int64_t num_epochs,
+                       int64_t num_samples, int64_t seq_length);
+
 // Builds the three indices for the documents [doc_begin, doc_end) of `sequence_lengths`.
 // num_samples < 0: as many samples as one epoch gives (Megatron's num_samples=None).
 GPTIndices build_gpt_indices(std::span<const int32_t> sequence_lengths, int64_t doc_begin,

@@ -11,6 +11,10 @@ namespace moecore::data {
 
 namespace {
 
+// The most tokenizing threads: far above any machine's cores, far below what exhausts the
+// process's stacks.
+constexpr int kMaxPreprocessWorkers = 1024;
+
 struct PreprocessFlags {
   PreprocessConfig cfg;
   bool split_sentences = false, keep_newlines = false;
@@ -60,6 +64,15 @@ Subcommand add_preprocess_command(CLI::App& app) {
                       MOE_CHECK(!f->split_sentences && !f->keep_newlines,
                                 "[preprocess] --split-sentences (NLTK punkt) is not implemented: "
                                 "documents are kept whole");
+                      // Each thread takes a stack: 100000 of them crashed the OpenMP runtime.
+                      MOE_CHECK(f->cfg.workers <= kMaxPreprocessWorkers,
+                                "[preprocess] --workers {} is more than {} threads: give at most "
+                                "{} (leave it out for every core)",
+                                f->cfg.workers, kMaxPreprocessWorkers, kMaxPreprocessWorkers);
+                      MOE_CHECK(f->cfg.log_interval >= 1,
+                                "[preprocess] --log-interval {} must be >= 1 (documents between "
+                                "progress lines)",
+                                f->cfg.log_interval);
                       MOE_CHECK(f->partitions == 1,
                                 "[preprocess] --partitions {}: only 1 is implemented (the input "
                                 "is tokenized by --workers threads already)",

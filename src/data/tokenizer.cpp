@@ -37,6 +37,11 @@ void NullTokenizer::tokenize(std::string_view text, std::vector<int64_t>& out) c
               "[tokenizer] NullTokenizer: '{}' is not an integer token id (the text must be ids "
               "separated by single spaces)",
               std::string(text.substr(start, end - start)));
+    // An id past the vocabulary would index past the embedding table in training.
+    MOE_CHECK(v >= 0 && v < vocab_,
+              "[tokenizer] NullTokenizer: token id {} is outside the vocabulary [0, {}) of "
+              "--vocab-size {}: raise --vocab-size or fix the text",
+              v, vocab_, vocab_);
     out.push_back(v);
     if (end == text.size()) break;
     start = end + 1;
@@ -55,7 +60,6 @@ const char* tokenizer_types() {
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerConfig& cfg) {
   if (cfg.type == "ByteLevel") return std::make_unique<ByteLevelTokenizer>();
   if (cfg.type == "NullTokenizer") {
-    MOE_CHECK(cfg.vocab_size > 0, "[tokenizer] NullTokenizer needs --vocab-size");
     return std::make_unique<NullTokenizer>(cfg.vocab_size);
   }
   if (cfg.type == "GPT2BPETokenizer") {

@@ -36,7 +36,11 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     // at each GEMM (that cost ~15% of the GEMM time at bench-small's shapes).
     params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen);
   }
-  rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
+  // A sizing pass (the planner, thousands of times in a layout search) runs no step: the
+  // table (max positions x head dim sin/cos) would be most of its time.
+  if (!size_only) {
+    rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
+  }
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden},
                                       ParamInit::Normal,

@@ -47,6 +47,7 @@ Param& ParamRegistry::add(ParamSpec spec) {
   Param p;
   p.spec = std::move(spec);
   p.dtype = dtype_;
+  index_.emplace(p.name(), params_.size());
   params_.push_back(std::move(p));
   return params_.back();
 }
@@ -205,17 +206,14 @@ void ParamRegistry::zero_grads() {
 }
 
 Param& ParamRegistry::get(const std::string& name) {
-  for (Param& p : params_) {
-    if (p.name() == name) return p;
-  }
-  MOE_FAIL("[params] no parameter named '{}'", name);
+  const auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "[params] no parameter named '{}'", name);
+  return params_[it->second];
 }
 
 const Param* ParamRegistry::find(const std::string& name) const {
-  for (const Param& p : params_) {
-    if (p.name() == name) return &p;
-  }
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
 }
 
 }  // namespace moecore

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/arena.h"
@@ -123,6 +124,8 @@ class ParamRegistry {
   DType dtype_;
   const Exec* ex_ = &cpu_exec();
   std::deque<Param> params_;
+  // name -> position in params_: registering a model of thousands of layers stays linear.
+  std::unordered_map<std::string, size_t> index_;
   int64_t numel_[2] = {0, 0};
   DevPtr<void> data_[2] = {nullptr, nullptr};
   DevPtr<void> grad_[2] = {nullptr, nullptr};

@@ -7,6 +7,7 @@
 #include "moe/config.h"
 #include "parallel/process_groups.h"
 #include "plan/param_count.h"
+#include "plan/sizing_groups.h"
 
 namespace moecore::plan {
 namespace {
@@ -26,7 +27,7 @@ bool spans_nodes(const parallel::Layout& layout, parallel::GroupKind k, int gpus
 
 CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hardware& hw) {
   const parallel::Degrees d = parallel::resolve_degrees(run.parallel, world);
-  const parallel::Layout layout = parallel::make_layout(run.parallel, world);
+  const parallel::Layout& layout = planned_layout(run.parallel, world);
   const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
   const double n_micro = std::max<int64_t>(1, global / (run.micro_batch * d.dp));
   const double dt = run.bf16 ? 2 : 4;

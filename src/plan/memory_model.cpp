@@ -30,11 +30,14 @@ const char* mem_part_name(MemPart p) {
   return "?";
 }
 
-ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
-                               const parallel::ParallelConfig& parallel, int world, int rank,
-                               Device device) {
+namespace {
+
+// layout: the world's (null for one rank), built once per plan by the caller: a layout of many
+// ranks takes longer to build than the pass itself.
+ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
+                           const parallel::Layout* layout, int rank, Device device) {
   std::unique_ptr<parallel::ProcessGroups> groups;
-  if (world > 1) groups = sizing_groups(parallel::make_layout(parallel, world), rank);
+  if (layout != nullptr) groups = sizing_groups(*layout, rank);
   Exec target;  // sizes only: no stream, no device needed
   target.device = device;
   model::GPTModel<float> model(cfg, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true,
@@ -61,6 +64,16 @@ ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
   s.numel_dense = p.numel(ParamKind::Dense);
   s.numel_expert = p.numel(ParamKind::Expert);
   return s;
+}
+
+}  // namespace
+
+ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
+                               const parallel::ParallelConfig& parallel, int world, int rank,
+                               Device device) {
+  if (world <= 1) return arena_sizes_for(cfg, micro_batch, nullptr, rank, device);
+  const parallel::Layout layout = parallel::make_layout(parallel, world);
+  return arena_sizes_for(cfg, micro_batch, &layout, rank, device);
 }
 
 namespace {
@@ -192,7 +205,7 @@ void add(StageMemory& s, MemPart part, double bytes, std::string what, std::stri
 MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const Hardware& hw,
                        const ModelConfig* trainer_cfg) {
   const parallel::Degrees d = parallel::resolve_degrees(run.parallel, world);
-  const parallel::Layout layout = parallel::make_layout(run.parallel, world);
+  const parallel::Layout& layout = planned_layout(run.parallel, world);
   const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
   const int64_t n_micro = std::max<int64_t>(1, global / (run.micro_batch * d.dp));
   const std::string reason = formula_reason(m, run, d);
@@ -265,7 +278,7 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
       const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
       const ArenaSizes a =
-          trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, rank, hw.device);
+          arena_sizes_for(cfg, run.micro_batch, world > 1 ? &layout : nullptr, rank, hw.device);
       st.arena_planned = a.planned;
       st.sharing_saves = a.sharing_saves;
       const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,

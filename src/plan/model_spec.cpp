@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -29,9 +31,10 @@ int64_t int_or(const cli::ParsedArgs& a, const std::string& flag, int64_t none) 
 }
 
 int64_t required_int(const cli::ParsedArgs& a, const std::string& flag) {
-  const int64_t v = int_or(a, flag, -1);
-  MOE_CHECK(v >= 0, "[plan] {} is required (or give --config FILE / --hf-config FILE)", flag);
-  return v;
+  const std::string t = text(a, flag);
+  MOE_CHECK(!t.empty() && t != "None",
+            "[plan] {} is required (or give --config FILE / --hf-config FILE)", flag);
+  return std::stoll(t);
 }
 
 bool on(const cli::ParsedArgs& a, const std::string& flag) { return text(a, flag) == "true"; }
@@ -43,7 +46,77 @@ std::vector<std::string> words(const std::string& s) {
   return out;
 }
 
+// A size: at least `min`, named by the flag (or the config.json key) it came from.
+void check_size(int64_t v, int64_t min, const std::string& name) {
+  MOE_CHECK(v >= min, "[plan] {}={} must be >= {}", name, v, min);
+}
+
 }  // namespace
+
+void check_num_layers(int64_t n, const std::string& name) {
+  MOE_CHECK(n >= 1 && n <= kMaxPlanLayers,
+            "[plan] {}={} must be in [1, {}]: the planner builds each layer of a stage (the "
+            "largest published models have under 200)",
+            name, n, kMaxPlanLayers);
+}
+
+void check_model_spec(const ModelSpec& m, const RunSpec& run, bool from_hf) {
+  // The flag, or the config.json key, each size came from.
+  auto name = [&](const char* flag, const char* hf_key) {
+    return std::string(from_hf ? hf_key : flag);
+  };
+  check_num_layers(m.num_layers, name("--num-layers", "num_hidden_layers"));
+  check_size(m.hidden, 1, name("--hidden-size", "hidden_size"));
+  check_size(m.num_heads, 1, name("--num-attention-heads", "num_attention_heads"));
+  check_size(m.num_query_groups, 1, name("--num-query-groups", "num_key_value_heads"));
+  check_size(m.kv_channels, 1, name("--kv-channels", "head_dim"));
+  check_size(m.ffn_hidden, 1, name("--ffn-hidden-size", "intermediate_size"));
+  check_size(m.vocab_size, 1, name("--vocab-size", "vocab_size"));
+  check_size(m.seq_length, 1, "--seq-length");
+  check_size(m.num_experts, 0, name("--num-experts", "num_experts"));
+  check_size(m.mtp_num_layers, 0, name("--mtp-num-layers", "num_nextn_predict_layers"));
+  check_size(run.micro_batch, 1, "--micro-batch-size");
+  check_size(run.global_batch, 0, "--global-batch-size");
+  if (m.num_experts > 0) {
+    check_size(m.moe_ffn_hidden, 1, name("--moe-ffn-hidden-size", "moe_intermediate_size"));
+    check_size(m.shared_ffn_hidden, 0,
+               name("--moe-shared-expert-intermediate-size", "shared_expert_intermediate_size"));
+    MOE_CHECK(m.topk >= 1 && m.topk <= m.num_experts, "[plan] {}={} must be in [1, {}={}]",
+              name("--moe-router-topk", "num_experts_per_tok"), m.topk,
+              name("--num-experts", "num_experts"), m.num_experts);
+  }
+  if (m.mla) {
+    check_size(m.mla->q_lora_rank, 0, name("--q-lora-rank", "q_lora_rank"));
+    check_size(m.mla->kv_lora_rank, 1, name("--kv-lora-rank", "kv_lora_rank"));
+    check_size(m.mla->qk_head_dim, 1, name("--qk-head-dim", "qk_nope_head_dim"));
+    check_size(m.mla->qk_pos_emb_head_dim, 0, name("--qk-pos-emb-head-dim", "qk_rope_head_dim"));
+    check_size(m.mla->v_head_dim, 1, name("--v-head-dim", "v_head_dim"));
+  }
+  // The sizes in bytes, in floating point before any int64 count: parameters with gradients and
+  // AdamW state (16 B each in fp32), and one micro-batch's widest activations per layer. Past
+  // kMaxPlanBytes no machine holds them, and the planner's byte counts would overflow.
+  const double L = static_cast<double>(m.num_layers), H = static_cast<double>(m.hidden);
+  const double V = static_cast<double>(m.vocab_size);
+  const double attn = static_cast<double>(m.num_heads + 2 * m.num_query_groups) *
+                      static_cast<double>(m.kv_channels);
+  const double ffn = 3.0 * static_cast<double>(m.ffn_hidden);
+  const double experts = 3.0 * static_cast<double>(m.num_experts) *
+                         static_cast<double>(m.moe_ffn_hidden) +
+                         3.0 * static_cast<double>(m.shared_ffn_hidden);
+  const double params = 2 * V * H + L * H * (2 * attn + ffn + experts + 4);
+  const double T = static_cast<double>(m.seq_length) * static_cast<double>(run.micro_batch);
+  const double widest = std::max({V, attn, ffn, 3.0 * static_cast<double>(m.moe_ffn_hidden) *
+                                                    static_cast<double>(std::max<int64_t>(m.topk, 1))});
+  const double activations = T * 4 * (V + L * (8 * H + widest));
+  MOE_CHECK(params * 16 <= kMaxPlanBytes && activations <= kMaxPlanBytes,
+            "[plan] the model needs about {:.3g} bytes of parameters, gradients and AdamW state "
+            "({:.3g} parameters) and {:.3g} bytes of activations per micro-batch (--seq-length {} "
+            "x --micro-batch-size {} tokens): beyond {:.3g} bytes ({} EiB), more than any machine; "
+            "check the sizes (hidden {}, layers {}, vocab {}, ffn {}, experts {} x {})",
+            params * 16, params, activations, m.seq_length, run.micro_batch,
+            static_cast<double>(kMaxPlanBytes), kMaxPlanBytes >> 60, m.hidden, m.num_layers,
+            m.vocab_size, m.ffn_hidden, m.num_experts, m.moe_ffn_hidden);
+}
 
 int64_t ModelSpec::num_moe_layers() const {
   int64_t n = 0;
@@ -54,6 +127,8 @@ int64_t ModelSpec::num_moe_layers() const {
 ModelSpec model_from_args(const cli::ParsedArgs& a) {
   ModelSpec m;
   m.num_layers = required_int(a, "--num-layers");
+  // Before anything is sized by it (the MoE layer pattern).
+  check_num_layers(m.num_layers, "--num-layers");
   m.hidden = required_int(a, "--hidden-size");
   m.num_heads = required_int(a, "--num-attention-heads");
   m.seq_length = required_int(a, "--seq-length");
@@ -62,8 +137,11 @@ ModelSpec model_from_args(const cli::ParsedArgs& a) {
       on(a, "--group-query-attention") ? int_or(a, "--num-query-groups", 1) : m.num_heads;
   m.kv_channels = int_or(a, "--kv-channels", m.hidden / std::max<int64_t>(1, m.num_heads));
   // Megatron: --ffn-hidden-size defaults to 4h, with SwiGLU 2/3 of that rounded to 64.
-  int64_t ffn = int_or(a, "--ffn-hidden-size", -1);
-  if (ffn < 0) ffn = on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden;
+  // Given (any value, checked by check_model_spec) or derived when None.
+  const std::string ffn_text = text(a, "--ffn-hidden-size");
+  const int64_t ffn = ffn_text.empty() || ffn_text == "None"
+                          ? (on(a, "--swiglu") ? (8 * m.hidden / 3 + 63) / 64 * 64 : 4 * m.hidden)
+                          : std::stoll(ffn_text);
   m.ffn_hidden = ffn;
   m.tie_embeddings = !on(a, "--untie-embeddings-and-output-weights");
   // Megatron's MLP activation: --swiglu, else --squared-relu, else F.gelu; --openai-gelu (the
@@ -155,12 +233,17 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   if (r.recompute.module_names.empty()) r.recompute.module_names = {"core_attn"};
   r.dispatcher = text(a, "--moe-token-dispatcher-type");
   const std::string cf = text(a, "--moe-expert-capacity-factor");
-  r.capacity_factor = cf.empty() ? 0.0 : std::max(0.0, std::stod(cf));
+  const double factor = cf.empty() || cf == "None" ? 0.0 : std::stod(cf);
+  MOE_CHECK(std::isfinite(factor), "[plan] --moe-expert-capacity-factor {} is not a finite number",
+            cf);
+  r.capacity_factor = std::max(0.0, factor);
   r.pad_to_capacity = on(a, "--moe-pad-expert-input-to-capacity");
   return r;
 }
 
 ModelSpec spec_from_hf_config(const std::string& path) {
+  MOE_CHECK(!std::filesystem::is_directory(path),
+            "[plan] --hf-config '{}' is a directory: give its config.json", path);
   std::ifstream in(path);
   MOE_CHECK(in.good(), "[plan] cannot read --hf-config '{}'", path);
   nlohmann::json j;
@@ -169,17 +252,44 @@ ModelSpec spec_from_hf_config(const std::string& path) {
   } catch (const std::exception& e) {
     MOE_FAIL("[plan] --hf-config '{}' is not JSON: {}", path, e.what());
   }
+  MOE_CHECK(j.is_object(), "[plan] --hf-config '{}' is {}, not a JSON object", path,
+            j.type_name());
+  // Every key is typed before it is read: a wrong type names the file, the key and what it
+  // holds (never a json type_error), and a number must be an integer of int64 (1e30 is not).
   auto get = [&](std::initializer_list<const char*> keys, int64_t dflt) -> int64_t {
     for (const char* k : keys) {
-      if (j.contains(k) && j[k].is_number()) return j[k].get<int64_t>();
+      const auto it = j.find(k);
+      if (it == j.end() || it->is_null()) continue;
+      const nlohmann::json& v = *it;
+      const bool integral = v.is_number_integer() ||
+                            (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+      MOE_CHECK(integral && (v.is_number_unsigned() ? v.get<uint64_t>() <= (uint64_t{1} << 62)
+                                                    : std::abs(v.get<double>()) <= 0x1p62),
+                "[plan] --hf-config '{}': \"{}\" is {}, not an integer", path, k, v.dump());
+      return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
     }
     return dflt;
   };
+  auto boolean = [&](const char* k, bool dflt) {
+    const auto it = j.find(k);
+    if (it == j.end() || it->is_null()) return dflt;
+    MOE_CHECK(it->is_boolean(), "[plan] --hf-config '{}': \"{}\" is {}, not true or false", path,
+              k, it->dump());
+    return it->get<bool>();
+  };
   ModelSpec m;
-  m.name = j.value("model_type", std::string("hf"));
+  const auto type_it = j.find("model_type");
+  MOE_CHECK(type_it == j.end() || type_it->is_null() || type_it->is_string(),
+            "[plan] --hf-config '{}': \"model_type\" is {}, not a string", path,
+            type_it == j.end() ? "" : type_it->dump());
+  m.name = type_it != j.end() && type_it->is_string() ? type_it->get<std::string>() : "hf";
   m.vocab_size = m.vocab_unpadded = get({"vocab_size"}, 0);
   m.hidden = get({"hidden_size"}, 0);
   m.num_layers = get({"num_hidden_layers"}, 0);
+  // Before the MoE layer pattern is sized by it.
+  if (m.num_layers > 0) {
+    check_num_layers(m.num_layers, fmt::format("--hf-config '{}': num_hidden_layers", path));
+  }
   m.num_heads = get({"num_attention_heads"}, 0);
   m.num_query_groups = get({"num_key_value_heads"}, m.num_heads);
   m.kv_channels = get({"head_dim"}, m.num_heads > 0 ? m.hidden / m.num_heads : 0);
@@ -187,18 +297,15 @@ ModelSpec spec_from_hf_config(const std::string& path) {
   // The families read here have gated SiLU MLPs (gate_proj / up_proj / down_proj); Llama's
   // config says whether they carry biases.
   m.activation = ops::Activation::SwiGLU;
-  m.add_mlp_bias = j.contains("mlp_bias") && j["mlp_bias"].is_boolean() && j["mlp_bias"].get<bool>();
+  m.add_mlp_bias = boolean("mlp_bias", false);
   m.max_position_embeddings = get({"max_position_embeddings"}, 4096);
   m.seq_length = std::min<int64_t>(m.max_position_embeddings, 4096);
-  m.tie_embeddings = j.value("tie_word_embeddings", false);
+  m.tie_embeddings = boolean("tie_word_embeddings", false);
   m.qk_layernorm = m.name.rfind("qwen3", 0) == 0;
   // Qwen2(-MoE) attention always has q/k/v biases (its config's qkv_bias, true when absent);
   // elsewhere attention_bias puts biases on q, k, v (and o, which moecore does not count).
-  const auto flag = [&](const char* k, bool dflt) {
-    return j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : dflt;
-  };
-  m.add_qkv_bias =
-      m.name.rfind("qwen2", 0) == 0 ? flag("qkv_bias", true) : flag("attention_bias", false);
+  m.add_qkv_bias = m.name.rfind("qwen2", 0) == 0 ? boolean("qkv_bias", true)
+                                                 : boolean("attention_bias", false);
   m.num_experts = get({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
   m.topk = get({"num_experts_per_tok"}, 2);
   m.moe_ffn_hidden = get({"moe_intermediate_size"}, m.ffn_hidden);
@@ -211,8 +318,17 @@ ModelSpec spec_from_hf_config(const std::string& path) {
       // mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
       const int64_t step = std::max<int64_t>(get({"decoder_sparse_step"}, 1), 1);
       std::vector<int64_t> dense_only;
-      if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array())
-        dense_only = j["mlp_only_layers"].get<std::vector<int64_t>>();
+      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+        const nlohmann::json& only = j["mlp_only_layers"];
+        MOE_CHECK(only.is_array(), "[plan] --hf-config '{}': \"mlp_only_layers\" is {}, not a list",
+                  path, only.dump());
+        for (const nlohmann::json& l : only) {
+          MOE_CHECK(l.is_number_integer(),
+                    "[plan] --hf-config '{}': \"mlp_only_layers\" holds {}, not a layer number",
+                    path, l.dump());
+          dense_only.push_back(l.get<int64_t>());
+        }
+      }
       for (int64_t l = 0; l < m.num_layers; ++l) {
         m.moe_layer_pattern[l] =
             (l + 1) % step == 0 &&

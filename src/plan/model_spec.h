@@ -84,6 +84,24 @@ struct RunSpec {
   bool pad_to_capacity = false;
 };
 
+// The most decoder layers the planner plans (as `convert` reads, kMaxHfLayers): its planning
+// pass builds every layer of a stage.
+inline constexpr int64_t kMaxPlanLayers = int64_t{1} << 16;
+// The most bytes a plan may count (1 EiB): past it no machine holds the model, and the int64
+// byte counts of the trainer's planning pass would overflow.
+inline constexpr int64_t kMaxPlanBytes = int64_t{1} << 60;
+
+// The largest --gpus / --world-size planned: a search builds each layout's process groups, so
+// its time grows with the world (8192 GPUs: seconds).
+inline constexpr int64_t kMaxPlanGpus = int64_t{1} << 17;
+
+// Throws unless 1 <= n <= kMaxPlanLayers, naming `name` (the flag or config key).
+void check_num_layers(int64_t n, const std::string& name);
+// Every size of the model and the batch in range (>= 1, or >= 0 where 0 means none; top-k within
+// the experts), and the bytes they imply under kMaxPlanBytes; the messages name the flag, or
+// with from_hf the config.json key, and the value.
+void check_model_spec(const ModelSpec& m, const RunSpec& run, bool from_hf);
+
 // Reads the model and run flags from a parsed Megatron command line (megatron_argv.h), with
 // Megatron's defaults and derivations (ffn width from hidden, query groups without GQA, vocab
 // padding). Throws naming the flag when a required one is missing.

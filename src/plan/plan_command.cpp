@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 #include <numeric>
 
@@ -32,14 +33,38 @@ const cli::GivenFlag* own(const cli::ParsedArgs& a, const std::string& name) {
   return nullptr;
 }
 
+// A finite number (NaN and infinities are no hardware figure).
 double own_num(const cli::ParsedArgs& a, const std::string& name, double dflt) {
   const cli::GivenFlag* g = own(a, name);
   if (g == nullptr) return dflt;
+  double v = 0;
+  size_t end = 0;
   try {
-    return std::stod(g->values.at(0));
+    v = std::stod(g->values.at(0), &end);
   } catch (const std::exception&) {
-    MOE_FAIL("[plan] {} takes a number, got '{}'", name, g->value_text());
+    end = 0;
   }
+  MOE_CHECK(end > 0 && end == g->values.at(0).size() && std::isfinite(v),
+            "[plan] {} takes a finite number, got '{}'", name, g->value_text());
+  return v;
+}
+
+// A whole number in [lo, hi].
+int64_t own_int(const cli::ParsedArgs& a, const std::string& name, int64_t dflt, int64_t lo,
+                int64_t hi, const char* why = "") {
+  const cli::GivenFlag* g = own(a, name);
+  if (g == nullptr) return dflt;
+  const std::string& t = g->values.at(0);
+  int64_t v = 0;
+  size_t end = 0;
+  try {
+    v = std::stoll(t, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  MOE_CHECK(end > 0 && end == t.size(), "[plan] {} takes a whole number, got '{}'", name, t);
+  MOE_CHECK(v >= lo && v <= hi, "[plan] {}={} must be >= {} and <= {}{}", name, v, lo, hi, why);
+  return v;
 }
 
 // Flags that describe the layout or the planner, not the model: what `moecore train` parses
@@ -91,27 +116,32 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
   RunSpec run = run_from_args(a);
   if (own(a, "--hf-config") == nullptr) pad_vocab(m, a, run.parallel.tp);
   if (const cli::GivenFlag* g = a.find_dest("seq_length")) m.seq_length = std::stoll(g->values.at(0));
+  check_model_spec(m, run, own(a, "--hf-config") != nullptr);
 
   Hardware hw = hardware_preset(own(a, "--hardware") ? own(a, "--hardware")->values.at(0) : "h100");
-  hw.gpus_per_node = static_cast<int>(own_num(a, "--gpus-per-node", hw.gpus_per_node));
-  const double peak = own_num(a, "--peak-tflops", 0);
-  if (peak > 0) hw.peak_tflops_bf16 = hw.peak_tflops_fp32 = peak;
-  hw.memory_gib = own_num(a, "--device-memory-gib", hw.memory_gib);
-  hw.hbm_tbps = own_num(a, "--hbm-tbps", hw.hbm_tbps);
-  hw.nvlink_gbps = own_num(a, "--nvlink-gbps", hw.nvlink_gbps);
-  hw.internode_gbps = own_num(a, "--internode-gbps", hw.internode_gbps);
-  hw.reserved_gib = own_num(a, "--reserved-gib", hw.reserved_gib);
-  MOE_CHECK(hw.gpus_per_node >= 1 && hw.memory_gib > 0 && hw.nvlink_gbps > 0 &&
-                hw.internode_gbps > 0 && hw.peak_tflops_bf16 > 0,
-            "[plan] hardware numbers must be positive");
+  hw.gpus_per_node =
+      static_cast<int>(own_int(a, "--gpus-per-node", hw.gpus_per_node, 1, kMaxPlanGpus));
+  // Each figure must be positive (the reserved memory may be 0).
+  auto positive = [&](const char* name, double dflt, bool zero_ok = false) {
+    const double v = own_num(a, name, dflt);
+    MOE_CHECK(zero_ok ? v >= 0 : v > 0, "[plan] {}={} must be {} 0", name, v,
+              zero_ok ? ">=" : ">");
+    return v;
+  };
+  if (own(a, "--peak-tflops") != nullptr) {
+    hw.peak_tflops_bf16 = hw.peak_tflops_fp32 = positive("--peak-tflops", 0);
+  }
+  hw.memory_gib = positive("--device-memory-gib", hw.memory_gib);
+  hw.hbm_tbps = positive("--hbm-tbps", hw.hbm_tbps);
+  hw.nvlink_gbps = positive("--nvlink-gbps", hw.nvlink_gbps);
+  hw.internode_gbps = positive("--internode-gbps", hw.internode_gbps);
+  hw.reserved_gib = positive("--reserved-gib", hw.reserved_gib, true);
 
   const parallel::ParallelConfig& pc = run.parallel;
-  for (const char* n : {"--gpus", "--world-size"}) {
-    MOE_CHECK(own(a, n) == nullptr || own_num(a, n, 0) >= 1,
-              "[plan] {}={} must be >= 1 (leave it out for the smallest world the layout needs)",
-              n, own(a, n) != nullptr ? own(a, n)->value_text() : "");
-  }
-  int world = static_cast<int>(own_num(a, "--gpus", own_num(a, "--world-size", 0)));
+  // A search's time grows with the world (each layout's process groups): kMaxPlanGpus bounds it.
+  const char* why = " (leave it out for the smallest world the layout needs)";
+  const int64_t world_size = own_int(a, "--world-size", 0, 1, kMaxPlanGpus, why);
+  int world = static_cast<int>(own_int(a, "--gpus", world_size, 1, kMaxPlanGpus, why));
   if (world <= 0) {
     world = std::lcm(pc.tp * pc.cp, pc.ep * pc.expert_tp()) * pc.pp;
   }
@@ -140,7 +170,7 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
   if (own(a, "--search")) {
     MOE_CHECK(own(a, "--gpus") || own(a, "--world-size"), "[plan] --search needs --gpus N");
     const SearchResult r = search_layouts(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
-    const int top = static_cast<int>(own_num(a, "--top", 10));
+    const int top = static_cast<int>(own_int(a, "--top", 10, 1, 1 << 20));
     out = json ? search_json(r, top) + "\n" : search_text(r, top);
     return 0;
   }

@@ -1,5 +1,7 @@
 #include "plan/sizing_groups.h"
 
+#include <optional>
+
 #include "core/check.h"
 
 namespace moecore::plan {
@@ -59,6 +61,28 @@ std::unique_ptr<parallel::ProcessGroups> sizing_groups(const parallel::Layout& l
   parallel::ProcessGroup& w = groups->world();
   w.comm = std::make_unique<SizingCommunicator>(w.name, w.ranks, w.rank);
   return groups;
+}
+
+const parallel::Layout& planned_layout(const parallel::ParallelConfig& cfg, int world) {
+  struct Cached {
+    parallel::ParallelConfig cfg;
+    int world = 0;
+    parallel::Layout layout;
+  };
+  thread_local std::optional<Cached> last;
+  // Every field that decides the rank lists (the timeout does not).
+  const auto same = [&](const parallel::ParallelConfig& c) {
+    return c.tp == cfg.tp && c.pp == cfg.pp && c.cp == cfg.cp && c.ep == cfg.ep &&
+           c.expert_tp() == cfg.expert_tp() && c.sequence_parallel == cfg.sequence_parallel &&
+           c.use_tp_pp_dp_mapping == cfg.use_tp_pp_dp_mapping &&
+           c.first_stage_layers == cfg.first_stage_layers &&
+           c.last_stage_layers == cfg.last_stage_layers;
+  };
+  if (!last || last->world != world || !same(last->cfg)) {
+    last.reset();  // a failed make_layout leaves no stale entry
+    last = Cached{cfg, world, parallel::make_layout(cfg, world)};
+  }
+  return last->layout;
 }
 
 }  // namespace moecore::plan

@@ -1,0 +1,18 @@
+// The host's memory, for checking a size against it before allocating: a size given or implied
+// by an input (samples to index, a model to convert) is refused with its bytes named, rather
+// than ending in an out-of-memory error or the kernel's OOM killer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moecore::data {
+
+// Physical memory of this machine in bytes (sysconf), or of the cgroup when a smaller limit is
+// set (a container's memory.max).
+int64_t host_memory_bytes();
+
+// "12.3 GiB" (or MiB / bytes for small sizes): bytes as a person reads them.
+std::string format_bytes(double bytes);
+
+}  // namespace moecore::data
