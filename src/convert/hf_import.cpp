@@ -18,7 +18,7 @@
 #include "convert/model_flags.h"
 #include "convert/output_dir.h"
 #include "core/check.h"
-#include "data/host_memory.h"
+#include "core/host_memory.h"
 #include "model/gpt_model.h"
 #include "train/checkpoint_state.h"
 #include "cli/config_file.h"
@@ -73,14 +73,14 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
                        3 * static_cast<double>(s.shared_ffn_hidden);
     const double params = 2 * V * H + static_cast<double>(s.max_position_embeddings) * H +
                           static_cast<double>(s.num_layers) * H * (2 * attn + mlp);
-    const double memory = static_cast<double>(data::host_memory_bytes());
+    const double memory = static_cast<double>(host_memory_bytes());
     MOE_CHECK(params * 4 <= memory,
               "[convert] '{}': the model has about {:.3g} parameters ({} in F32: hidden_size {}, "
               "{} layers, vocab_size {}, intermediate sizes {} / {} x {} experts), more than this "
               "machine's {} of memory",
-              config_path.string(), params, data::format_bytes(params * 4), s.hidden,
+              config_path.string(), params, format_bytes(params * 4), s.hidden,
               s.num_layers, s.vocab_size, s.ffn_hidden, s.moe_ffn_hidden, s.num_experts,
-              data::format_bytes(memory));
+              format_bytes(memory));
   }
   res.flags_file = out_dir / kFlagsFile;
   const std::string toml = flags_toml(
@@ -156,13 +156,13 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
     largest = std::max(largest, n);
   }
   const double need = 2 * total + 2 * largest;
-  const double memory = static_cast<double>(data::host_memory_bytes());
+  const double memory = static_cast<double>(host_memory_bytes());
   MOE_CHECK(need <= memory,
             "[convert] '{}': the moecore checkpoint of {} parameters is {} in F32, and the "
             "converter holds it in memory twice while writing its shard ({} with the largest "
             "tensor's parts), more than this machine's {} of memory",
-            hf_dir.string(), static_cast<int64_t>(total / 4), data::format_bytes(total),
-            data::format_bytes(need), data::format_bytes(memory));
+            hf_dir.string(), static_cast<int64_t>(total / 4), format_bytes(total),
+            format_bytes(need), format_bytes(memory));
 
   // Converted in the model's parameter order, which is the order the trainer writes.
   ckpt::SafetensorsWriter shard;

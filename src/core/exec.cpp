@@ -2,12 +2,12 @@
 // device_cuda.cpp (device_stub_cuda.cpp without the CUDA build).
 #include "core/exec.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/host_memory.h"
 
 namespace moecore {
 
@@ -41,18 +41,6 @@ bool training_step_supported(Device device, std::string* why) {
   return false;
 }
 
-size_t host_bytes_available() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return static_cast<size_t>(kib) * 1024;
-}
-
 std::string_view mem_space_name(MemSpace s) {
   return s == MemSpace::Device ? "device" : "pinned host";
 }
@@ -62,19 +50,17 @@ void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes) {
   if (!ex.on_cpu()) return cuda_alloc(ex, space, bytes);
   constexpr size_t kAlign = 64;
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;  // aligned_alloc's contract
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  const size_t available = host_bytes_available();
-  MOE_CHECK(available == 0 || rounded <= available,
-            "[memory] {:.2f} GiB of host memory is needed in one block but {:.2f} GiB is "
-            "available on this machine: lower --micro-batch-size, --seq-length or the model's "
-            "sizes, or spread the model over more ranks (`moecore plan` with the same flags shows "
-            "the memory per rank)",
-            static_cast<double>(rounded) / kGiB, static_cast<double>(available) / kGiB);
+  const int64_t available = host_bytes_available();
+  MOE_CHECK(available == 0 || rounded <= static_cast<uint64_t>(available),
+            "[memory] {} of host memory is needed in one block but {} is available on this "
+            "machine: lower --micro-batch-size, --seq-length or the model's sizes, or spread the "
+            "model over more ranks (`moecore plan` with the same flags shows the memory per rank)",
+            format_bytes(static_cast<double>(rounded)), format_bytes(static_cast<double>(available)));
   void* p = std::aligned_alloc(kAlign, rounded);
   MOE_CHECK(p != nullptr,
-            "[memory] cannot allocate {:.2f} GiB of host memory: lower --micro-batch-size, "
-            "--seq-length or the model's sizes",
-            static_cast<double>(rounded) / kGiB);
+            "[memory] cannot allocate {} of host memory: lower --micro-batch-size, --seq-length "
+            "or the model's sizes",
+            format_bytes(static_cast<double>(rounded)));
   std::memset(p, 0, rounded);
   return p;
 }

@@ -39,12 +39,8 @@ bool training_step_supported(Device device, std::string* why);
 // staging of the step's inputs and report); plain host memory on the CPU backend.
 enum class MemSpace : uint8_t { Device, PinnedHost };
 std::string_view mem_space_name(MemSpace s);  // "device", "pinned host"
-// Host memory the kernel can still give this process without swapping (/proc/meminfo's
-// MemAvailable); 0 when it cannot tell. A host block above it is refused with a message: it
-// would be granted (overcommit) and then killed by the OOM killer when zeroed, with no message.
-size_t host_bytes_available();
 // One zero-filled block of `bytes` (> 0, aligned to 64) in `space` of the context's device;
-// throws naming the size when it cannot be had. exec_free takes the same context and space.
+// throws naming the size when it cannot be had (a host block above host_bytes_available() too). exec_free takes the same context and space.
 void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void exec_free(const Exec& ex, MemSpace space, void* p);
 // Blocks the host until the context's stream has run everything enqueued on it: the host's one

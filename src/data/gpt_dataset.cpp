@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "core/check.h"
-#include "data/host_memory.h"
+#include "core/host_memory.h"
 #include "data/index_cache.h"
 #include "data/numpy_random.h"
 

@@ -64,7 +64,7 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
 template <typename T>
 void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   ex_ = &a.exec();
-  MOE_CHECK(S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
+  MOE_CHECK(!rope_on_ || S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
             "[attention] sequence {} > RoPE table {}", S, rope_.max_pos);
   shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
   const int64_t n = S * B;

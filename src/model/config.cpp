@@ -50,7 +50,11 @@ double ModelConfig::min_params_per_rank(int64_t ep) const {
   const double experts_mlp = 2.0 * h * static_cast<double>(moe.ffn_hidden) *
                              static_cast<double>(num_experts) / static_cast<double>(ep);
   const double dense_mlp = 2.0 * h * static_cast<double>(ffn_hidden);
-  return static_cast<double>(vocab_size) * h + static_cast<double>(num_layers) * attention +
+  const double positions = position_embedding == PositionEmbedding::LearnedAbsolute
+                               ? static_cast<double>(max_positions()) * h
+                               : 0.0;
+  return static_cast<double>(vocab_size) * h + positions +
+         static_cast<double>(num_layers) * attention +
          static_cast<double>(moe_layers) * experts_mlp +
          static_cast<double>(num_layers - moe_layers) * dense_mlp;
 }

@@ -37,8 +37,9 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen);
   }
   // A sizing pass (the planner, thousands of times in a layout search) runs no step: the
-  // table (max positions x head dim sin/cos) would be most of its time.
-  if (!size_only) {
+  // table (max positions x head dim sin/cos) would be most of its time. Other positions use
+  // no table.
+  if (!size_only && cfg_.position_embedding == PositionEmbedding::Rope) {
     rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
   }
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",

@@ -93,7 +93,7 @@ Subcommand add_groups_command(CLI::App& app) {
                         std::cout << layout_json(layout) << "\n";
                         return 0;
                       }
-                      MOE_CHECK(f->rank < f->world_size,
+                      MOE_CHECK(f->rank >= -1 && f->rank < f->world_size,
                                 "[groups] --rank {} outside the world of {} ranks", f->rank,
                                 f->world_size);
                       print_layout(std::cout, layout, f->rank);

@@ -45,9 +45,10 @@ Degrees resolve_degrees(const ParallelConfig& cfg, int world_size);
 
 // What the layout must agree with in the model; unset fields are not checked (`moecore groups`
 // may know only some of them).
-// The largest world a layout is made for (2^20 ranks, ten times today's largest jobs): the
-// group lists are O(world) and `moecore groups` prints them all.
-inline constexpr int kMaxWorldSize = 1 << 20;
+// The largest world a layout is made for (2^17 = 131,072 ranks, beyond today's largest jobs):
+// the group lists are O(world), `moecore groups` prints them all and `moecore plan --search`
+// builds them for every candidate.
+inline constexpr int kMaxWorldSize = 1 << 17;
 
 struct ModelDims {
   std::optional<int64_t> num_layers;           // --num-layers

@@ -93,7 +93,7 @@ inline constexpr int64_t kMaxPlanBytes = int64_t{1} << 60;
 
 // The largest --gpus / --world-size planned: a search builds each layout's process groups, so
 // its time grows with the world (8192 GPUs: seconds).
-inline constexpr int64_t kMaxPlanGpus = int64_t{1} << 17;
+inline constexpr int64_t kMaxPlanGpus = parallel::kMaxWorldSize;
 
 // Throws unless 1 <= n <= kMaxPlanLayers, naming `name` (the flag or config key).
 void check_num_layers(int64_t n, const std::string& name);

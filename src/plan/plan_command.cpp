@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "plan/layout_search.h"
 #include "plan/plan.h"
+#include "cli/flag_ranges.h"
 #include "cli/megatron_compat.h"
 #include "cli/train_flags.h"
 
@@ -107,6 +108,7 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
     out = kHelp;
     return 0;
   }
+  cli::check_flag_ranges(a);  // the trainer's ranges: the same message for the same value
   ModelSpec m;
   if (const cli::GivenFlag* hf = own(a, "--hf-config")) {
     m = spec_from_hf_config(hf->values.at(0));

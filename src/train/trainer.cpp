@@ -12,6 +12,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "core/fault_injection.h"
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
@@ -71,17 +72,27 @@ void check_parallel_support(const parallel::ParallelConfig& p) {
 }
 
 // Before the model is built layer by layer (minutes for a size no machine holds): its weights,
-// gradients and Adam moments (16 bytes a parameter) against the host memory available.
-static void check_model_fits_host(const ModelConfig& m, int64_t ep) {
-  const double bytes = 16.0 * m.min_params_per_rank(ep);
+// gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
+// for the backward (a lower bound of the activations) against the host memory available.
+static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t micro_batch) {
+  const double params = m.min_params_per_rank(ep);
+  const double rope = m.position_embedding == PositionEmbedding::Rope
+                          ? 4.0 * static_cast<double>(m.max_positions() * m.head_dim())
+                          : 0.0;
+  const double activations = 4.0 * static_cast<double>(micro_batch) *
+                             static_cast<double>(m.seq_length) * static_cast<double>(m.hidden) *
+                             static_cast<double>(m.num_layers);
+  const double bytes = 16.0 * params + rope + activations;
   const double available = static_cast<double>(host_bytes_available());
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   MOE_CHECK(available == 0 || bytes <= available,
-            "[memory] the model needs at least {:.4g} GiB per rank (fp32 weights, gradients and "
-            "Adam moments of {:.4g} parameters) but {:.2f} GiB is available on this machine: "
-            "lower --num-layers, --hidden-size, --num-experts or the FFN sizes, or use more "
-            "expert-parallel ranks (`moecore plan` with the same flags shows the memory per rank)",
-            bytes / kGiB, bytes / 16.0, available / kGiB);
+            "[memory] the model needs at least {} per rank (fp32 weights, gradients and Adam "
+            "moments of {:.4g} parameters: {}; the layers' inputs of one micro-batch of {} x {} "
+            "tokens: {}) but {} is available on this machine: lower --num-layers, "
+            "--hidden-size, --num-experts, the FFN sizes, --seq-length or --micro-batch-size, or "
+            "use more expert-parallel ranks (`moecore plan` with the same flags shows the memory "
+            "per rank)",
+            format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch, m.seq_length,
+            format_bytes(activations), format_bytes(available));
 }
 
 template <typename T>
@@ -109,7 +120,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
   model_cfg_.validate();
-  check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->layout().degrees.ep : 1);
+  check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->layout().degrees.ep : 1,
+                        cfg_.micro_batch);
   MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with data-parallel size {} "
             "is not implemented yet: its counts must be summed over TP x DP x CP inside every "

@@ -1,13 +1,14 @@
-#include "data/host_memory.h"
+#include "core/host_memory.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
-namespace moecore::data {
+namespace moecore {
 
 int64_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -25,6 +26,18 @@ int64_t host_memory_bytes() {
   return bytes;
 }
 
+int64_t host_bytes_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return std::min<int64_t>(static_cast<int64_t>(kib) * 1024, host_memory_bytes());
+}
+
 std::string format_bytes(double bytes) {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   if (!std::isfinite(bytes)) return fmt::format("{} bytes", bytes);
@@ -34,4 +47,4 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.0f} bytes", bytes);
 }
 
-}  // namespace moecore::data
+}  // namespace moecore
