@@ -1,5 +1,7 @@
 #include "data/indexed_dataset.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -213,14 +215,32 @@ void IndexedDataset::get(int64_t seq, int64_t offset, int64_t length, int32_t* o
   }
 }
 
+namespace {
+
+std::string temp_of(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid());
+}
+
+// fflush + fsync + fclose; false (errno set) when any fails.
+bool close_durably(std::FILE* f) {
+  const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+}  // namespace
+
 IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& bin_path, TokenDType dtype)
     : bin_path_(bin_path), dtype_(dtype) {
-  bin_ = std::fopen(bin_path.c_str(), "wb");
+  bin_ = std::fopen(temp_of(bin_path).c_str(), "wb");
   MOE_CHECK(bin_ != nullptr, "[data] cannot write '{}': {}", bin_path, std::strerror(errno));
 }
 
 IndexedDatasetBuilder::~IndexedDatasetBuilder() {
-  if (bin_ != nullptr) std::fclose(bin_);
+  // Not finalized (an error stopped the run): no partial output is left under the real names.
+  if (bin_ != nullptr) {
+    std::fclose(bin_);
+    std::remove(temp_of(bin_path_).c_str());
+  }
 }
 
 namespace {
@@ -281,9 +301,14 @@ void IndexedDatasetBuilder::add_document(std::span<const int64_t> tokens,
 
 void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   MOE_CHECK(bin_ != nullptr, "[data] '{}' finalized twice", bin_path_);
-  const bool closed = std::fclose(bin_) == 0;
+  const std::string bin_tmp = temp_of(bin_path_), idx_tmp = temp_of(idx_path);
+  const bool closed = close_durably(bin_);
   bin_ = nullptr;
-  MOE_CHECK(closed, "[data] closing '{}' failed: {}", bin_path_, std::strerror(errno));
+  if (!closed) {
+    const int err = errno;
+    std::remove(bin_tmp.c_str());
+    MOE_FAIL("[data] writing '{}' failed: {}", bin_path_, std::strerror(err));
+  }
   std::vector<uint8_t> out;
   out.insert(out.end(), kIndexMagic, kIndexMagic + sizeof(kIndexMagic));
   store<uint64_t>(out, 1);
@@ -297,11 +322,24 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
     ptr += int64_t{l} * dtype_size(dtype_);
   }
   for (int64_t d : documents_) store<int64_t>(out, d);
-  std::FILE* f = std::fopen(idx_path.c_str(), "wb");
-  MOE_CHECK(f != nullptr, "[data] cannot write '{}': {}", idx_path, std::strerror(errno));
-  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  const bool closed_idx = std::fclose(f) == 0;
-  MOE_CHECK(ok && closed_idx, "[data] writing '{}' failed: {}", idx_path, std::strerror(errno));
+  // Both files under temporary names until both are whole, then renamed (.bin first: the
+  // .idx names the dataset): an interrupted run leaves no half-written pair.
+  std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
+  bool ok = f != nullptr;
+  int err = errno;
+  if (ok) {
+    ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    ok = close_durably(f) && ok;
+    err = errno;
+  }
+  ok = ok && std::rename(bin_tmp.c_str(), bin_path_.c_str()) == 0 &&
+       std::rename(idx_tmp.c_str(), idx_path.c_str()) == 0;
+  if (!ok) {
+    err = errno != 0 ? errno : err;
+    std::remove(bin_tmp.c_str());
+    std::remove(idx_tmp.c_str());
+    MOE_FAIL("[data] writing '{}' failed: {}", idx_path, std::strerror(err));
+  }
 }
 
 }  // namespace moecore::data

@@ -282,6 +282,13 @@ TEST_F(BadInputs, DatasetInfoAndPreprocess) {
        {"--log-interval -1 must be >= 1"}},
       {pre + "{dir}/subdir --tokenizer-type ByteLevel", 1, {"is a directory"}},
   });
+  // A preprocess that stops leaves no half-written dataset under the output prefix.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_FALSE(name.ends_with(".bin") || name.ends_with(".idx") ||
+                 name.find(".tmp.") != std::string::npos)
+        << "left behind: " << name;
+  }
 }
 
 TEST_F(BadInputs, Convert) {
