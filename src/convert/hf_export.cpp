@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "convert/model_flags.h"
 #include "convert/output_dir.h"
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "train/checkpoint_state.h"
 #include "cli/config_file.h"
 
@@ -105,6 +107,22 @@ ExportResult export_hf(const ExportOptions& opt) {
   }
   MOE_CHECK(missing.empty(), "[convert] '{}': {} tensor(s) of the model are missing: {}", dir,
             missing.size(), name_list(missing));
+  // The HF tensors are held in memory until their shard is written, with the largest one's f32
+  // read and conversion beside them: checked before any is read.
+  double total = 0, largest = 0;
+  for (const TensorMapping& t : map.tensors) {
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    total += n * (opt.dtype == "BF16" ? 2 : 4);
+    largest = std::max(largest, 4 * n);
+  }
+  const double need = total + 2 * largest;
+  const double memory = static_cast<double>(host_memory_bytes());
+  MOE_CHECK(need <= memory,
+            "[convert] '{}': the HF weights are {} in {}, and the converter holds them in memory "
+            "while writing ({} with the largest tensor's f32 copies), more than this machine's {} "
+            "of memory",
+            dir, format_bytes(total), opt.dtype, format_bytes(need), format_bytes(memory));
   // The rest: optimizer state is not exported; the routers' balancing state has no place in HF
   // (its routers select by the plain scores), so it must be zero; anything else is left over.
   std::vector<std::string> left;
