@@ -79,7 +79,7 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
   }
   handles_.resize(buckets_.size());
   launched_.assign(buckets_.size(), 0);
-  if (cfg_.distributed_optimizer) plan_shards();
+  if (sharded()) plan_shards();
 }
 
 void GradBuckets::plan_shards() {
@@ -127,7 +127,7 @@ void GradBuckets::launch(size_t b) {
   if (!communicates_[k]) return;
   const size_t esize = dtype_size(params_.dtype());
   DevPtr<void> ptr = dev_ptr_cast<char>(params_.flat_grad(bk.kind)) + bk.offset * esize;
-  if (cfg_.distributed_optimizer) {
+  if (sharded()) {
     const BucketShard& s = shards_[b];
     DevPtr<void> mine = dev_ptr_cast<char>(owned_grad_[k]) + s.owned_offset * esize;
     handles_[b] = groups_[k]->communicator().reduce_scatter_v_async(ptr, mine, s.counts,
@@ -139,7 +139,7 @@ void GradBuckets::launch(size_t b) {
 }
 
 void GradBuckets::gather_params() {
-  if (!cfg_.distributed_optimizer || !communicates()) return;
+  if (!sharded()) return;
   ScopedPhase phase(Phase::Communication);
   const size_t esize = dtype_size(params_.dtype());
   std::vector<CommHandle> gathers(buckets_.size());

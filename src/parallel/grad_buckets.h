@@ -66,7 +66,7 @@ class GradBuckets {
   // of this rank's shards (owned_numel(kind) elements, shards(b) tells where each bucket's
   // piece sits); the flat gradient buffer outside them holds this rank's own, unsummed values.
   // A kind whose group has one rank owns everything: its owned buffer is the flat buffer.
-  bool sharded() const { return cfg_.distributed_optimizer; }
+  bool sharded() const { return cfg_.distributed_optimizer && communicates(); }
   const BucketShard& shard(size_t bucket) const { return shards_[bucket]; }
   int64_t owned_numel(ParamKind kind) const { return owned_numel_[static_cast<int>(kind)]; }
   DevPtr<void> owned_grad(ParamKind kind) const { return owned_grad_[static_cast<int>(kind)]; }

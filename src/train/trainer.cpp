@@ -52,13 +52,6 @@ void TrainConfig::validate(int dp) const {
   ddp.validate();
   ckpt.validate();
   guard.validate();
-  // The sharded moments are not in the checkpoint format yet (issue 29: slices of the global
-  // per-parameter tensors).
-  MOE_CHECK(!ddp.distributed_optimizer || (ckpt.save.empty() && ckpt.load.empty()),
-            "[train] --{} with --use-distributed-optimizer is not implemented yet: the Adam "
-            "moments are sharded over the data-parallel ranks and the checkpoint format holds "
-            "whole tensors; drop --use-distributed-optimizer to save or resume",
-            ckpt.save.empty() ? "load" : "save");
 }
 
 void check_parallel_support(const parallel::ParallelConfig& p) {
@@ -190,7 +183,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       ep->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
-  if (cfg_.ddp.distributed_optimizer) {
+  // With one rank per data-parallel group nothing is sharded: the plain optimizer is the same
+  // computation (and its moments are whole tensors, so checkpoints work as always).
+  const bool sharded = cfg_.ddp.distributed_optimizer && buckets_->communicates();
+  // The sharded moments are not in the checkpoint format yet (issue 29: slices of the global
+  // per-parameter tensors).
+  MOE_CHECK(!sharded || (cfg_.ckpt.save.empty() && cfg_.ckpt.load.empty()),
+            "[train] --{} with --use-distributed-optimizer over {} data-parallel ranks is not "
+            "implemented yet: the Adam moments are sharded over them and the checkpoint format "
+            "holds whole tensors; drop --use-distributed-optimizer to save or resume",
+            cfg_.ckpt.save.empty() ? "load" : "save", dp_size_);
+  if (sharded) {
     // ZeRO-1: each rank updates its shard of every bucket; the norm's owned sums of squares
     // add up over the bucket's group (dense: dp x cp, expert: expt_dp, then ep as above).
     optim::ShardedState sharded;
