@@ -68,7 +68,8 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--cross-entropy-fusion-impl", N, "", kFusion, ""},
       {"--moe-grouped-gemm", N, "", "experts always run as one grouped GEMM", ""},
       {"--overlap-param-gather", N, "",
-       "no distributed optimizer yet: parameters are never gathered", ""},
+       "the distributed optimizer gathers the parameters after the step, not during the next "
+       "forward: the same result", ""},
       {"--moe-shared-expert-overlap", N, "", "communication scheduling: the same result", ""},
       {"--use-cpu-initialization", N, "", "initialization is layout-independent anyway", ""},
       {"--no-create-attention-mask-in-dataloader", N, "", "masks are implicit (causal)", ""},
@@ -109,7 +110,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--decoder-first-pipeline-num-layers", Y, "", "uneven pipeline stages", ""},
       {"--decoder-last-pipeline-num-layers", Y, "", "uneven pipeline stages", ""},
       {"--num-layers-per-virtual-pipeline-stage", Y, "", "pipeline parallelism", ""},
-      {"--use-distributed-optimizer", Y, "", "the distributed optimizer", ""},
       {"--fp16", Y, "", "fp16 with loss scaling", ""},
       {"--fp8-format", Y, "", "fp8", ""},
       {"--multi-latent-attention", Y, "", "multi-latent attention (MLA)", ""},

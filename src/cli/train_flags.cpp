@@ -261,6 +261,11 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "Start each gradient bucket's all-reduce during the backward, as soon as its "
                "gradients are final")
       ->group("Distributed");
+  app.add_flag("--use-distributed-optimizer", t.ddp.distributed_optimizer,
+               "Shard the Adam moments over the data-parallel ranks (ZeRO-1: dense over dp x cp, "
+               "expert over expt_dp): gradients reduce-scattered, each rank updates its shard, "
+               "the weights all-gathered")
+      ->group("Distributed");
   app.add_option("--ddp-bucket-size", t.ddp.bucket_size,
                  "Elements per data-parallel gradient bucket (default: one bucket per layer)")
       ->group("Distributed");
@@ -281,6 +286,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},
       {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
+      {"--use-distributed-optimizer", &t.ddp.distributed_optimizer},
       {"--check-for-nan-in-loss-and-grad", &t.guard.check_nan},
       {"--no-check-for-nan-in-loss-and-grad", &f.no_check_for_nan},
       {"--check-for-spiky-loss", &t.guard.check_spiky_loss},

@@ -14,13 +14,22 @@ namespace moecore::optim {
 // reduction the dense gradients are identical on every dp rank, so each rank counts all of them
 // (tensor / pipeline parallelism would sum over their groups here). Each expert lives on exactly
 // one EP rank: the expert sum of squares is summed over the EP group.
+// With the distributed optimizer each rank sums the squares of its owned elements only: the
+// dense part is summed over dp x cp and the expert part over expt_dp (then over ep), so that
+// every element counts exactly once (not d times: Megatron's bugs #1628 and #5916).
 struct GradNormSync {
   std::function<void(DevPtr<double> sum_sq)> sum_expert;  // in place, over ep
+  std::function<void(DevPtr<double> sum_sq)> sum_dense_shards;   // in place, over dp x cp
+  std::function<void(DevPtr<double> sum_sq)> sum_expert_shards;  // in place, over expt_dp
 };
 
 class ChainedOptimizer {
  public:
   ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync = {});
+  // The distributed optimizer: both AdamWs over this rank's owned elements (moments for those
+  // only); after both updates sharded.gather_params makes the values whole on every rank.
+  ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync,
+                   const ShardedState& sharded);
 
   // norm = sqrt(dense sum of squares + expert sum of squares over EP); coeff = Megatron's clip
   // coefficient from it; both AdamWs update with that coefficient. Collective over EP. The
@@ -43,6 +52,7 @@ class ChainedOptimizer {
   // Parameter p's moments, from the AdamW of its kind.
   DevPtr<float> exp_avg(const Param& p) const { return of(p).exp_avg(p); }
   DevPtr<float> exp_avg_sq(const Param& p) const { return of(p).exp_avg_sq(p); }
+  bool sharded() const { return dense_.sharded(); }
   int64_t state_bytes(MemKind kind) const {
     return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);
   }
@@ -62,6 +72,7 @@ class ChainedOptimizer {
   AdamWOptimizer expert_;
   Arena arena_;  // the step's scalars, shared by both updates
   OptimizerStepBuffers buf_;
+  std::function<void()> gather_params_;
 };
 
 }  // namespace moecore::optim

@@ -96,6 +96,45 @@ AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, Pa
   plan();
 }
 
+AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only,
+                               const ShardedState& sharded)
+    : params_(params),
+      cfg_(cfg),
+      all_kinds_(false),
+      only_(only),
+      arena_(params.exec()),
+      step_arena_(params.exec()),
+      sharded_(sharded) {
+  plan_pieces();
+  plan();
+}
+
+void AdamWOptimizer::plan_pieces() {
+  const int k = static_cast<int>(only_);
+  std::vector<OwnedRange> ranges = sharded_->ranges[k];
+  std::sort(ranges.begin(), ranges.end(),
+            [](const OwnedRange& a, const OwnedRange& b) { return a.begin < b.begin; });
+  int64_t covered = 0;
+  for (Param& p : params_.params()) {
+    if (p.spec.kind != only_) continue;
+    const int64_t lo = p.offset, hi = p.offset + p.local_numel();
+    // The first range ending after the parameter's start; ranges do not overlap.
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), lo, [](int64_t x, const OwnedRange& r) {
+      return x < r.begin + r.count;
+    });
+    for (; it != ranges.end() && it->begin < hi; ++it) {
+      const int64_t b = std::max(lo, it->begin), e = std::min(hi, it->begin + it->count);
+      if (b >= e) continue;
+      pieces_.push_back(Piece{&p, b, e - b, it->owned + (b - it->begin)});
+      covered += e - b;
+    }
+  }
+  MOE_CHECK(covered == sharded_->owned_numel[k],
+            "[optimizer] the owned ranges cover {} of the {} owned {} elements: they do not lie "
+            "inside the parameters",
+            covered, sharded_->owned_numel[k], k == 0 ? "dense" : "expert");
+}
+
 void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]) {
   for (int k = 0; k < 2; ++k) {
     m[k] = a.alloc<float>(numel[k], "adam.m", MemKind::OptimizerState);
@@ -108,7 +147,9 @@ void AdamWOptimizer::plan() {
   // Planned for both kinds; a one-kind optimizer leaves the other's state empty.
   int64_t n[2];
   for (int k = 0; k < 2; ++k) {
-    n[k] = covers(static_cast<ParamKind>(k)) ? params_.numel(static_cast<ParamKind>(k)) : 0;
+    n[k] = !covers(static_cast<ParamKind>(k)) ? 0
+           : sharded_ ? sharded_->owned_numel[k]
+                      : params_.numel(static_cast<ParamKind>(k));
   }
   arena_.plan([this, &n](Arena& a) { adamw_state_layout(a, n, m_, v_); });
   step_arena_.plan([this](Arena& a) { buf_.layout(a); });
@@ -116,14 +157,30 @@ void AdamWOptimizer::plan() {
 
 template <typename T>
 void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
-  for (Param& p : params_.params()) {
-    if (!covers(p.spec.kind)) continue;
-    const int k = static_cast<int>(p.spec.kind);
+  auto adamw_params = [this](const Param& p) {
     ops::AdamWParams a;
     a.beta1 = cfg_.beta1;
     a.beta2 = cfg_.beta2;
     a.eps = cfg_.eps;
     a.weight_decay = p.spec.weight_decay ? cfg_.weight_decay : 0.0;
+    return a;
+  };
+  if (sharded_) {
+    // The bf16 copies are not written here: the elements other ranks update arrive with the
+    // gather, after which refresh_bf16 converts the whole buffer (the same rounding).
+    const int k = static_cast<int>(only_);
+    DevPtr<const T> g = dev_ptr_cast<const T>(sharded_->owned_grad[k]);
+    for (const Piece& pc : pieces_) {
+      ops::adamw_step(arena_.exec(), pc.p->data_as<T>() + (pc.begin - pc.p->offset),
+                      g + pc.owned, m_[k] + pc.owned, v_[k] + pc.owned, pc.count,
+                      adamw_params(*pc.p), s);
+    }
+    return;
+  }
+  for (Param& p : params_.params()) {
+    if (!covers(p.spec.kind)) continue;
+    const int k = static_cast<int>(p.spec.kind);
+    const ops::AdamWParams a = adamw_params(p);
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
     DevPtr<bf16> p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
     DevPtr<float> p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
@@ -138,6 +195,18 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
 }
 
 void AdamWOptimizer::grad_sum_squares(DevPtr<double> sum_sq) const {
+  if (sharded_) {  // this rank's owned elements only: the group's sum counts each once
+    const int k = static_cast<int>(only_);
+    const int64_t n = sharded_->owned_numel[k];
+    if (params_.dtype() == DType::F32) {
+      ops::sum_squares(params_.exec(), sum_sq + k,
+                       dev_ptr_cast<const float>(sharded_->owned_grad[k]), n);
+    } else {
+      ops::sum_squares(params_.exec(), sum_sq + k,
+                       dev_ptr_cast<const double>(sharded_->owned_grad[k]), n);
+    }
+    return;
+  }
   for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
     if (covers(k)) optim::grad_sum_squares(params_, k, sum_sq + static_cast<int>(k));
   }
@@ -157,16 +226,22 @@ void AdamWOptimizer::set_steps_taken(int64_t n) {
 }
 
 DevPtr<float> AdamWOptimizer::exp_avg(const Param& p) const {
+  MOE_CHECK(!sharded_, "[optimizer] '{}': this rank holds pieces of its moments only "
+            "(--use-distributed-optimizer)", p.name());
   MOE_CHECK(covers(p.spec.kind), "[optimizer] '{}' is not updated by this optimizer", p.name());
   return m_[static_cast<int>(p.spec.kind)] + p.offset;
 }
 
 DevPtr<float> AdamWOptimizer::exp_avg_sq(const Param& p) const {
+  MOE_CHECK(!sharded_, "[optimizer] '{}': this rank holds pieces of its moments only "
+            "(--use-distributed-optimizer)", p.name());
   MOE_CHECK(covers(p.spec.kind), "[optimizer] '{}' is not updated by this optimizer", p.name());
   return v_[static_cast<int>(p.spec.kind)] + p.offset;
 }
 
 void AdamWOptimizer::apply(double lr) {
+  MOE_CHECK(!sharded_, "[optimizer] a sharded AdamW steps inside a ChainedOptimizer, which sums "
+            "its norm over the group");
   ScopedPhase phase(Phase::Optimizer);
   buf_.write_inputs(step_arena_.exec(), lr, step_ + 1);
   // A kind this optimizer does not cover adds an exact 0 (the sum of no squares): the norm is

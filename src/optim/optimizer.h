@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
 
 #include "core/arena.h"
 #include "nn/param_registry.h"
@@ -58,12 +61,34 @@ StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b, double ma
 // arena (Arena::size_only) with counts from a sized registry.
 void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]);
 
+// The distributed optimizer (--use-distributed-optimizer, ZeRO-1) as one rank sees it: the
+// elements of each kind's flat buffer it updates (its shard of every gradient bucket,
+// parallel/bucket_shards.h) and their gradients, summed over the bucket's group, packed in the
+// owned layout; the moments are allocated for these elements only.
+struct OwnedRange {
+  int64_t begin = 0;  // in the kind's flat buffer
+  int64_t count = 0;
+  int64_t owned = 0;  // in the kind's owned buffers (gradients, moments)
+};
+struct ShardedState {
+  std::vector<OwnedRange> ranges[2];  // per kind (dense, expert), any order
+  int64_t owned_numel[2] = {0, 0};
+  DevPtr<const void> owned_grad[2] = {nullptr, nullptr};  // the registry's dtype
+  // After the updates: the owned pieces of the values gathered so every rank holds them all.
+  std::function<void()> gather_params;
+};
+
 class AdamWOptimizer {
  public:
   // Over every parameter of the registry (dense and expert).
   AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg);
   // Over the parameters of one kind only (ChainedOptimizer holds one per kind).
   AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only);
+  // Over the owned elements of one kind only (the distributed optimizer): the norm's sum of
+  // squares and the update cover those; a shard boundary may cut a parameter, whose weight decay
+  // applies to each piece.
+  AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, ParamKind only,
+                 const ShardedState& sharded);
   // Norm, clip coefficient and one AdamW update at learning rate lr, enqueued as ops that read
   // nothing back; the step counter advances. last_step() reads the results afterwards.
   void apply(double lr);
@@ -81,7 +106,9 @@ class AdamWOptimizer {
   int64_t steps_taken() const { return step_; }
   // Resuming from a checkpoint: the steps already taken (bias correction continues from them).
   void set_steps_taken(int64_t n);
-  // Parameter p's moments (fp32, p's local elements): what a checkpoint saves and loads.
+  bool sharded() const { return sharded_.has_value(); }
+  // Parameter p's moments (fp32, p's local elements): what a checkpoint saves and loads. Not
+  // with the distributed optimizer (this rank holds only pieces of them).
   DevPtr<float> exp_avg(const Param& p) const;
   DevPtr<float> exp_avg_sq(const Param& p) const;
   const Arena& arena() const { return arena_; }
@@ -91,6 +118,14 @@ class AdamWOptimizer {
   template <typename T>
   void update_typed(DevPtr<const ops::AdamWStep> s);
   bool covers(ParamKind k) const { return all_kinds_ || k == only_; }
+  // A piece of a parameter this rank updates under the distributed optimizer.
+  struct Piece {
+    Param* p = nullptr;
+    int64_t begin = 0;  // in the kind's flat buffer
+    int64_t count = 0;
+    int64_t owned = 0;  // in the owned buffers
+  };
+  void plan_pieces();
 
   ParamRegistry& params_;
   AdamWConfig cfg_;
@@ -102,6 +137,8 @@ class AdamWOptimizer {
   DevPtr<float> m_[2] = {nullptr, nullptr};
   DevPtr<float> v_[2] = {nullptr, nullptr};
   int64_t step_ = 0;
+  std::optional<ShardedState> sharded_;
+  std::vector<Piece> pieces_;  // in parameter order
 };
 
 }  // namespace moecore::optim

@@ -18,7 +18,7 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
                          const std::vector<std::vector<const Param*>>& stages,
                          const ProcessGroup* dense_group, const ProcessGroup* expert_group,
                          const GradReduceConfig& cfg)
-    : params_(params), cfg_(cfg) {
+    : params_(params), cfg_(cfg), arena_(params.exec()) {
   cfg_.validate();
   groups_[0] = dense_group;
   groups_[1] = expert_group;
@@ -79,6 +79,38 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
   }
   handles_.resize(buckets_.size());
   launched_.assign(buckets_.size(), 0);
+  if (sharded()) plan_shards();
+}
+
+void GradBuckets::plan_shards() {
+  shards_.resize(buckets_.size());
+  for (int k = 0; k < 2; ++k) {
+    const int d = communicates_[k] ? groups_[k]->size() : 1;
+    const int r = communicates_[k] ? groups_[k]->rank : 0;
+    std::vector<size_t> of_kind;
+    std::vector<int64_t> offsets, counts;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (static_cast<int>(buckets_[b].kind) != k) continue;
+      of_kind.push_back(b);
+      offsets.push_back(buckets_[b].offset);
+      counts.push_back(buckets_[b].count);
+    }
+    std::vector<BucketShard> s = shard_buckets(offsets, counts, d, r, &owned_numel_[k]);
+    for (size_t i = 0; i < of_kind.size(); ++i) shards_[of_kind[i]] = std::move(s[i]);
+  }
+  const size_t esize = dtype_size(params_.dtype());
+  arena_.plan([&](Arena& a) {
+    for (int k = 0; k < 2; ++k) {
+      // One rank: it owns every element where it lies (shard_buckets keeps the flat order).
+      if (communicates_[k]) {
+        owned_grad_[k] = a.alloc<char>(owned_numel_[k] * static_cast<int64_t>(esize),
+                                       k == 0 ? "ddp.owned_grad.dense" : "ddp.owned_grad.expert",
+                                       MemKind::Grads);
+      } else {
+        owned_grad_[k] = params_.flat_grad(static_cast<ParamKind>(k));
+      }
+    }
+  });
 }
 
 void GradBuckets::arm() {
@@ -95,8 +127,35 @@ void GradBuckets::launch(size_t b) {
   if (!communicates_[k]) return;
   const size_t esize = dtype_size(params_.dtype());
   DevPtr<void> ptr = dev_ptr_cast<char>(params_.flat_grad(bk.kind)) + bk.offset * esize;
+  if (sharded()) {
+    const BucketShard& s = shards_[b];
+    DevPtr<void> mine = dev_ptr_cast<char>(owned_grad_[k]) + s.owned_offset * esize;
+    handles_[b] = groups_[k]->communicator().reduce_scatter_v_async(ptr, mine, s.counts,
+                                                                    params_.dtype(), ReduceOp::Sum);
+    return;
+  }
   handles_[b] = groups_[k]->communicator().all_reduce_async(ptr, bk.count, params_.dtype(),
                                                             ReduceOp::Sum);
+}
+
+void GradBuckets::gather_params() {
+  if (!sharded()) return;
+  ScopedPhase phase(Phase::Communication);
+  const size_t esize = dtype_size(params_.dtype());
+  std::vector<CommHandle> gathers(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const GradBucket& bk = buckets_[b];
+    const int k = static_cast<int>(bk.kind);
+    if (!communicates_[k]) continue;
+    DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_data(bk.kind));
+    // Own slot of the receive buffer as the send buffer: gathered in place.
+    gathers[b] = groups_[k]->communicator().all_gather_v_async(
+        flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts,
+        params_.dtype());
+  }
+  for (CommHandle& h : gathers) {
+    if (!h.done()) h.wait_on(params_.exec());
+  }
 }
 
 void GradBuckets::stage_done(int stage) {

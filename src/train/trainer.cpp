@@ -183,7 +183,43 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       ep->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
-  optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
+  // With one rank per data-parallel group nothing is sharded: the plain optimizer is the same
+  // computation (and its moments are whole tensors, so checkpoints work as always).
+  const bool sharded = cfg_.ddp.distributed_optimizer && buckets_->communicates();
+  // The sharded moments are not in the checkpoint format yet (issue 29: slices of the global
+  // per-parameter tensors).
+  MOE_CHECK(!sharded || (cfg_.ckpt.save.empty() && cfg_.ckpt.load.empty()),
+            "[train] --{} with --use-distributed-optimizer over {} data-parallel ranks is not "
+            "implemented yet: the Adam moments are sharded over them and the checkpoint format "
+            "holds whole tensors; drop --use-distributed-optimizer to save or resume",
+            cfg_.ckpt.save.empty() ? "load" : "save", dp_size_);
+  if (sharded) {
+    // ZeRO-1: each rank updates its shard of every bucket; the norm's owned sums of squares
+    // add up over the bucket's group (dense: dp x cp, expert: expt_dp, then ep as above).
+    optim::ShardedState sharded;
+    for (size_t b = 0; b < buckets_->buckets().size(); ++b) {
+      const parallel::BucketShard& s = buckets_->shard(b);
+      sharded.ranges[static_cast<int>(buckets_->buckets()[b].kind)].push_back(
+          optim::OwnedRange{s.begin, s.count, s.owned_offset});
+    }
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      sharded.owned_numel[static_cast<int>(k)] = buckets_->owned_numel(k);
+      sharded.owned_grad[static_cast<int>(k)] = buckets_->owned_grad(k);
+      const parallel::ProcessGroup* g = buckets_->group(k);
+      if (g == nullptr || g->size() == 1) continue;
+      const Exec* ex = &exec_;
+      auto sum = [g, ex](DevPtr<double> sq) {
+        g->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
+      };
+      (k == ParamKind::Dense ? norm_sync.sum_dense_shards : norm_sync.sum_expert_shards) = sum;
+    }
+    parallel::GradBuckets* buckets = buckets_.get();
+    sharded.gather_params = [buckets] { buckets->gather_params(); };
+    optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync,
+                                                           sharded);
+  } else {
+    optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync);
+  }
   // The guards check each bucket before its reduction (the hook also runs the injected
   // gradient faults, with the checks off too).
   MOE_CHECK(!cfg_.guard.skip_spiky_steps ||

@@ -136,6 +136,7 @@ class BasicTrainer {
   double peak_gflops() const { return peak_gflops_; }
   model::GPTModel<T>& model() { return *model_; }
   const parallel::GradBuckets& grad_buckets() const { return *buckets_; }
+  const optim::ChainedOptimizer& optimizer() const { return *optimizer_; }
   int dp_size() const { return dp_size_; }
   int dp_rank() const { return dp_rank_; }
 

@@ -420,6 +420,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--use-tp-pp-dp-mapping", "", "", {{"parallel.use_tp_pp_dp_mapping", "true"}}},
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
       {"--overlap-grad-reduce", "", "", {{"train.ddp.overlap", "true"}}},
+      {"--use-distributed-optimizer", "", "", {{"train.ddp.distributed_optimizer", "true"}}},
       {"--ddp-bucket-size", "", "1000", {{"train.ddp.bucket_size", "1000"}}},
       // moecore's own.
       {"--config", "", toml, {{"model.moe.router.topk", "3"}}},
@@ -839,8 +840,8 @@ const char* kShrunk =
 
 TEST(MegatronRecipes, Mixtral8x7B) {
   trains(kMixtral, kShrunk);
-  refused(kMixtral, kShrunk,
-          {{"--pipeline-model-parallel-size 4", ""}, {"--use-distributed-optimizer", ""}});
+  refused(kMixtral, kShrunk, {{"--pipeline-model-parallel-size 4", ""}});
+  trains(kMixtral, std::string(kShrunk) + " --use-distributed-optimizer --overlap-param-gather");
   // The recipe's CHECKPOINTING_ARGS (nothing is saved or loaded: trains() runs steps only).
   trains(kMixtral, std::string(kShrunk) + " --save " + save_dir() + " --load " + save_dir() +
                        " --save-interval 10000 --no-load-optim --no-load-rng");

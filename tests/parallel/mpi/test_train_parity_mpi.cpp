@@ -72,6 +72,10 @@ struct Run {
   size_t planned_bytes = 0;     // the model arena's block
   // linear_qkv's rows: per query group, q rows then k_rows key rows then v (ops/qkv_layout.h).
   int64_t qkv_group_rows = 0, q_rows = 0, k_rows = 0;
+  // The optimizer's state bytes and this rank's owned elements per kind (dense, expert), and
+  // the registry's element counts (--use-distributed-optimizer).
+  int64_t state_bytes = 0;
+  int64_t owned[2] = {0, 0}, numel[2] = {0, 0};
 };
 
 template <typename T>
@@ -102,6 +106,13 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
   r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
   r.planned_bytes = trainer.model().arena().planned_bytes();
+  r.state_bytes = trainer.optimizer().state_bytes(MemKind::OptimizerState);
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    const int i = static_cast<int>(k);
+    r.owned[i] = trainer.grad_buckets().sharded() ? trainer.grad_buckets().owned_numel(k)
+                                                  : trainer.model().params().numel(k);
+    r.numel[i] = trainer.model().params().numel(k);
+  }
   const ModelConfig& mc = f.model;
   r.k_rows = mc.head_dim();
   r.q_rows = mc.num_heads / mc.num_query_groups * mc.head_dim();
@@ -319,6 +330,72 @@ void expert_parallel_parity(const std::vector<std::string>& args, const std::str
 
 TEST(LayoutParity, ExpertParallelF64) { expert_parallel_parity<double>(kBase + kAux, "base"); }
 TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kAux, "base"); }
+
+// --use-distributed-optimizer (ZeRO-1): every layout the world allows (EP in {1, 2, 4}, the
+// rest expert-data-parallel), with and without --overlap-grad-reduce, against the 1-rank run
+// and against the same layout without sharding, both within the layout-parity tolerance (the
+// norm's f64 sum of squares is associated per shard: not bitwise); overlap bitwise equal to
+// the reduction after the backward; replicas bitwise equal after the gather. The optimizer
+// state is 8 bytes per owned element (each buffer aligned), and the owned elements of a group's ranks add up to the
+// kind's elements: each once.
+const std::vector<std::string> kDistOpt = {"--use-distributed-optimizer"};
+const std::vector<std::string> kOverlap = {"--overlap-grad-reduce"};
+
+void expect_state_is_sharded(const Run& r, const parallel::ProcessGroups* groups,
+                             const std::string& what) {
+  // m and v in fp32 per kind, each buffer rounded up to the arena's 64-byte alignment.
+  auto buffer = [](int64_t n) { return (4 * n + 63) / 64 * 64; };
+  EXPECT_EQ(r.state_bytes, 2 * (buffer(r.owned[0]) + buffer(r.owned[1]))) << what;
+  EXPECT_LT(r.state_bytes - 8 * (r.owned[0] + r.owned[1]), 4 * 64) << what;
+  std::vector<int64_t> owned = {r.owned[0], r.owned[1]};
+  if (groups != nullptr) {
+    std::vector<int64_t> dense = {owned[0]}, expert = {owned[1]};
+    groups->group(parallel::GroupKind::DpCp).communicator().all_reduce(dense);
+    groups->group(parallel::GroupKind::ExptDp).communicator().all_reduce(expert);
+    owned = {dense[0], expert[0]};
+  }
+  EXPECT_EQ(owned[0], r.numel[0]) << what << ": dense elements owned over dp x cp";
+  EXPECT_EQ(owned[1], r.numel[1]) << what << ": expert elements owned over expt_dp";
+}
+
+template <typename T>
+void distributed_optimizer_parity(const std::vector<std::string>& args, const std::string& name) {
+  const Run ref = train_run<T>(args, nullptr);
+  const Run one = train_run<T>(args + kDistOpt, nullptr);  // DP 1, EDP 1: nothing sharded
+  expect_bitwise(one, ref, name + " 1 rank: distributed optimizer vs not");
+  expect_state_is_sharded(one, nullptr, name + " 1 rank");
+  EXPECT_EQ(one.state_bytes, ref.state_bytes);
+  for (int ep : {1, 2, 4}) {
+    if (g_rt.world_size % ep != 0 || 8 % ep != 0) continue;
+    parallel::ProcessGroups groups = make_groups(ep, args);
+    const Run plain = train_run<T>(args, &groups);
+    const Run dist = train_run<T>(args + kDistOpt, &groups);
+    const Run overlap = train_run<T>(args + kDistOpt + kOverlap, &groups);
+    const std::string what = fmt::format("{} {} dist-opt ep={} dp={} edp={}", name, dtype_str<T>(),
+                                         ep, g_rt.world_size, g_rt.world_size / ep);
+    report(what, compare(dist, ref, parity_tol<T>(), what));
+    report(what + " vs plain", compare(dist, plain, parity_tol<T>(), what + " vs plain"));
+    expect_bitwise(overlap, dist, what + " overlap vs after-backward");
+    expect_replicas_equal(dist, groups, what);
+    expect_state_is_sharded(dist, &groups, what);
+    if (g_rt.world_size > 1) EXPECT_LT(dist.state_bytes, plain.state_bytes) << what;
+    if (g_rt.world_size > 1) EXPECT_GT(overlap.launched_during_backward, 0) << what;
+  }
+}
+
+TEST(DistributedOptimizer, LayoutParityF32) {
+  distributed_optimizer_parity<float>(kBase + kAux, "base");
+}
+TEST(DistributedOptimizer, LayoutParityF64) {
+  distributed_optimizer_parity<double>(kBase + kAux, "base");
+}
+// Several buckets per layer (shard boundaries inside parameters) and micro-batch accumulation.
+TEST(DistributedOptimizer, SmallBucketsF32) {
+  distributed_optimizer_parity<float>(
+      kBase + kAux + std::vector<std::string>{"--ddp-bucket-size", "300", "--num-layers", "3",
+                                              "--moe-layer-freq", "[1,0,1]"},
+      "buckets");
+}
 
 // Megatron's default model (GeLU, biases everywhere incl. the experts', LayerNorm, learned
 // positions) with hidden and attention dropout 0.1: every element's mask follows its sample's
