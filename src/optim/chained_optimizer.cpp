@@ -33,8 +33,8 @@ void ChainedOptimizer::apply(double lr, DevPtr<const int32_t> veto, int64_t n_ve
   buf_.write_inputs(arena_.exec(), lr, steps_taken() + 1);
   dense_.grad_sum_squares(buf_.sum_sq);   // [0]
   expert_.grad_sum_squares(buf_.sum_sq);  // [1]
-  {
-    ScopedPhase comm(Phase::Communication);
+  if (sync_.sum_dense_shards || sync_.sum_expert_shards || sync_.sum_expert) {
+    ScopedPhase comm(Phase::Communication);  // none on one rank: no time is booked to it
     if (sync_.sum_dense_shards) sync_.sum_dense_shards(buf_.sum_sq);
     if (sync_.sum_expert_shards) sync_.sum_expert_shards(buf_.sum_sq + 1);
     if (sync_.sum_expert) sync_.sum_expert(buf_.sum_sq + 1);
