@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Checkpoints of runs with --use-distributed-optimizer (ZeRO-1) under mpirun, at EP 2 x
+# Checkpoints of runs with --use-distributed-optimizer (ZeRO-1) under mpirun on 4 ranks, at EP 2 x
 # expert-DP 2 (DP 4: dense and expert moments both sharded), docs/checkpoint_format.md:
 # - resume: 3 steps, save, resume to 6 == an uninterrupted 6-step run, bitwise (per-step losses
 #   and grad norms, weights digest, both runs' checkpoints of iteration 6 byte-equal);
 # - the format: the checkpoint is the one the same run writes without the distributed optimizer
 #   (`moecore checkpoint compare`-equal, AdamW moments included: they are bitwise the same);
-# - across: a checkpoint saved without it resumes with it and vice versa, bitwise.
+# - across: a checkpoint saved without it resumes with it and vice versa, bitwise;
+# - at EP 4 (expert-DP 1: only the dense moments sharded, the expert ones whole on their rank):
+#   the same checkpoint as without it, and a resume from that one bitwise.
 # Usage: checkpoint_distopt.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
-        --global-batch-size 16 --log-interval 1 --peak-tflops 100 --expert-model-parallel-size 2)
-train() {  # train ARGS...: `moecore train` on 4 ranks
+        --global-batch-size 16 --log-interval 1 --peak-tflops 100)
+ep=2
+train() {  # train ARGS...: `moecore train` on 4 ranks at EP $ep
   "$mpiexec" --oversubscribe --allow-run-as-root -np 4 -x OMP_NUM_THREADS=1 \
-    "$moecore" train "${common[@]}" "$@" 2>&1
+    "$moecore" train "${common[@]}" --expert-model-parallel-size "$ep" "$@" 2>&1
 }
 compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
 dist=(--use-distributed-optimizer)
@@ -25,7 +28,7 @@ out=$(train "${dist[@]}" --train-iters 6 --metrics-file "$work/whole.jsonl" --sa
 whole=$(digest "$out")
 [ -n "$whole" ] || fail "no weights digest" "$out"
 out=$(train "${dist[@]}" --train-iters 3 --save "$work/rd") || fail "the first half stopped" "$out"
-out=$(train "${dist[@]}" --train-iters 6 --load "$work/rd" --save "$work/rd" \
+out=$(train "${dist[@]}" --train-iters 6 --load "$work/rd" --save "$work/rd" --async-save \
       --metrics-file "$work/resumed.jsonl") || fail "the resumed run stopped" "$out"
 grep -q "loaded iteration 3 from" <<< "$out" || fail "the resume did not load iteration 3" "$out"
 [ "$(digest "$out")" = "$whole" ] || fail "resumed weights $(digest "$out") != $whole" "$out"
@@ -62,3 +65,15 @@ out=$(train --train-iters 6 --load "$work/rd" --ckpt-step 3 --metrics-file "$wor
   fail "distributed -> plain: steps 4-6 differ" "$(cat "$work/d2p.jsonl")"
 echo "[checkpoint] saved without the distributed optimizer resumed with it, and the reverse:" \
      "bitwise"
+
+# ---- EP 4: the expert moments are not sharded (one rank per expert-DP group) ----
+ep=4
+out=$(train "${dist[@]}" --train-iters 5) || fail "EP 4: the uninterrupted run stopped" "$out"
+whole4=$(digest "$out")
+out=$(train "${dist[@]}" --train-iters 3 --save "$work/d4") || fail "EP 4: distributed" "$out"
+out=$(train --train-iters 3 --save "$work/p4") || fail "EP 4: plain" "$out"
+compare "$work/d4" "$work/p4"
+out=$(train "${dist[@]}" --train-iters 5 --load "$work/p4") || fail "EP 4: resume" "$out"
+[ "$(digest "$out")" = "$whole4" ] || fail "EP 4: resumed $(digest "$out") != $whole4" "$out"
+echo "[checkpoint] EP 4 (dense moments sharded, expert whole): the same checkpoint as without" \
+     "it, resumed bitwise"
