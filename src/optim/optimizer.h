@@ -108,9 +108,17 @@ class AdamWOptimizer {
   void set_steps_taken(int64_t n);
   bool sharded() const { return sharded_.has_value(); }
   // Parameter p's moments (fp32, p's local elements): what a checkpoint saves and loads. Not
-  // with the distributed optimizer (this rank holds only pieces of them).
+  // with the distributed optimizer (this rank holds only pieces of them: a checkpoint gathers
+  // them into whole tensors, train/checkpointing.cpp).
   DevPtr<float> exp_avg(const Param& p) const;
   DevPtr<float> exp_avg_sq(const Param& p) const;
+  // The distributed optimizer's moments of its kind's owned elements, in the owned layout
+  // (ShardedState): what a checkpoint's save gathers into whole tensors.
+  DevPtr<const float> owned_exp_avg() const;
+  DevPtr<const float> owned_exp_avg_sq() const;
+  // A checkpoint's load under the distributed optimizer: the moments of the owned elements
+  // copied from whole flat buffers of the kind (m_full, v_full: numel(kind) elements each).
+  void load_owned_moments(DevPtr<const float> m_full, DevPtr<const float> v_full);
   const Arena& arena() const { return arena_; }
 
  private:

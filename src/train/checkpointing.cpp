@@ -74,11 +74,31 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
   return v.get<int64_t>();
 }
 
-// Every tensor of the run state on this rank: the parameters, their AdamW moments, the routers'
-// balancing state.
+// The distributed optimizer's moments as whole tensors: a temporary fp32 buffer per kind and
+// moment of the kind's full flat size (params.numel(kind)), in the execution's memory, for one
+// save or load. Megatron's "fully reshardable" save gathers the same way; the checkpoint then
+// holds exactly what a run without the distributed optimizer writes.
+struct WholeMoments {
+  explicit WholeMoments(const ParamRegistry& params) : arena(params.exec()) {
+    arena.plan([&](Arena& a) {
+      for (int k = 0; k < 2; ++k) {
+        const int64_t n = params.numel(static_cast<ParamKind>(k));
+        m[k] = a.alloc<float>(n, "ckpt.exp_avg", MemKind::Workspace);
+        v[k] = a.alloc<float>(n, "ckpt.exp_avg_sq", MemKind::Workspace);
+      }
+    });
+  }
+  Arena arena;
+  DevPtr<float> m[2] = {nullptr, nullptr};
+  DevPtr<float> v[2] = {nullptr, nullptr};
+};
+
+// Every tensor of the run state on this rank: the parameters, their AdamW moments (from
+// `whole` when given, else the optimizer's own), the routers' balancing state.
 template <typename T>
 std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::ChainedOptimizer& opt,
-                                       const parallel::ProcessGroups* groups) {
+                                       const parallel::ProcessGroups* groups,
+                                       const WholeMoments* whole) {
   const int rank = groups ? groups->rank() : 0;
   const int edp_rank = groups ? groups->group(parallel::GroupKind::ExptDp).rank : 0;
   std::vector<StateTensor> out;
@@ -89,8 +109,11 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
                      p.local_numel(), optim, first});
     };
     add(p.name(), p.dtype, p.data, false);
-    add("exp_avg." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg(p)), true);
-    add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg_sq(p)), true);
+    const int k = static_cast<int>(p.spec.kind);
+    add("exp_avg." + p.name(), DType::F32,
+        DevPtr<void>(whole ? whole->m[k] + p.offset : opt.exp_avg(p)), true);
+    add("exp_avg_sq." + p.name(), DType::F32,
+        DevPtr<void>(whole ? whole->v[k] + p.offset : opt.exp_avg_sq(p)), true);
   }
   for (moe::Router<T>* r : model.routers()) {
     const int64_t E = r->config().num_experts;
@@ -136,13 +159,26 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
     if (s->rank == 0) ckpt::begin_staging(save, iteration_);
   });
 
+  // The distributed optimizer: every rank gathers the whole moments (each rank writes whole
+  // slices, as without it). Collective, so outside the agreed steps.
+  std::unique_ptr<WholeMoments> whole;
+  if (save_optim && optimizer_->sharded()) {
+    whole = std::make_unique<WholeMoments>(model_->params());
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      const optim::AdamWOptimizer& o =
+          k == ParamKind::Dense ? optimizer_->dense() : optimizer_->expert();
+      buckets_->gather_owned(k, o.owned_exp_avg(), whole->m[static_cast<int>(k)]);
+      buckets_->gather_owned(k, o.owned_exp_avg_sq(), whole->v[static_cast<int>(k)]);
+    }
+  }
+
   // 2. Every rank copies what it writes to host memory and describes it; rank 0 the run state.
   parallel::run_on_all_ranks(world, [&] {
     s->part.iteration = iteration_;
     s->part.world_size = groups_ ? groups_->world_size() : 1;
     s->files[0] = ckpt::shard_name("model", s->rank);
     s->files[1] = ckpt::shard_name("optim", s->rank);
-    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
+    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_, whole.get())) {
       if (!t.write || (t.optim && !save_optim)) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
       ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
@@ -179,6 +215,8 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
            routers.empty() ? optimizer_->steps_taken() : routers.front()->steps_finished()}};
     }
   });
+
+  whole.reset();  // the shards hold their bytes in host memory now
 
   // 3. The shards, now or in the background; then the manifest and the tracker.
   if (async) {
@@ -271,8 +309,12 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir);
 
     const Exec& ex = exec_;
+    // The distributed optimizer: the whole moments read as without it, then each rank keeps
+    // its owned elements.
+    std::unique_ptr<WholeMoments> whole;
+    if (optim && optimizer_->sharded()) whole = std::make_unique<WholeMoments>(model_->params());
     std::set<std::string> read;
-    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
+    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_, whole.get())) {
       if (t.optim && !optim) continue;
       if (up && m.find(t.name) == nullptr) {
         // Upcycling: each local expert a copy of the dense MLP of its layer; the routers keep
@@ -325,6 +367,13 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               "({}{}): it was written by another model",
               dir, n_unused, unused, n_unused > 5 ? ", ..." : "");
 
+    if (whole) {
+      for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+        optimizer_->load_owned_moments(k, whole->m[static_cast<int>(k)],
+                                       whole->v[static_cast<int>(k)]);
+      }
+      exec_synchronize(ex);  // `whole` goes out of scope
+    }
     model_->params().refresh_bf16();
     const bool fresh = opt.finetune || up;  // a new run from the checkpoint's weights
     const int64_t steps = fresh ? 0 : state_int(m, "optimizer_steps", dir);

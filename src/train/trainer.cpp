@@ -186,13 +186,6 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   // With one rank per data-parallel group nothing is sharded: the plain optimizer is the same
   // computation (and its moments are whole tensors, so checkpoints work as always).
   const bool sharded = cfg_.ddp.distributed_optimizer && buckets_->communicates();
-  // The sharded moments are not in the checkpoint format yet (issue 29: slices of the global
-  // per-parameter tensors).
-  MOE_CHECK(!sharded || (cfg_.ckpt.save.empty() && cfg_.ckpt.load.empty()),
-            "[train] --{} with --use-distributed-optimizer over {} data-parallel ranks is not "
-            "implemented yet: the Adam moments are sharded over them and the checkpoint format "
-            "holds whole tensors; drop --use-distributed-optimizer to save or resume",
-            cfg_.ckpt.save.empty() ? "load" : "save", dp_size_);
   if (sharded) {
     // ZeRO-1: each rank updates its shard of every bucket; the norm's owned sums of squares
     // add up over the bucket's group (dense: dp x cp, expert: expt_dp, then ep as above).

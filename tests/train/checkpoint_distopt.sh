@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Checkpoints of runs with --use-distributed-optimizer (ZeRO-1) under mpirun on 4 ranks, at EP 2 x
+# expert-DP 2 (DP 4: dense and expert moments both sharded), docs/checkpoint_format.md:
+# - resume: 3 steps, save, resume to 6 == an uninterrupted 6-step run, bitwise (per-step losses
+#   and grad norms, weights digest, both runs' checkpoints of iteration 6 byte-equal);
+# - the format: the checkpoint is the one the same run writes without the distributed optimizer
+#   (`moecore checkpoint compare`-equal, AdamW moments included: they are bitwise the same);
+# - across: a checkpoint saved without it resumes with it and vice versa, bitwise;
+# - at EP 4 (expert-DP 1: only the dense moments sharded, the expert ones whole on their rank):
+#   the same checkpoint as without it, and a resume from that one bitwise.
+# Usage: checkpoint_distopt.sh MPIEXEC MOECORE_BINARY CONFIG
+set -euo pipefail
+mpiexec=$1 moecore=$2 config=$3
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
+        --global-batch-size 16 --log-interval 1 --peak-tflops 100)
+ep=2
+train() {  # train ARGS...: `moecore train` on 4 ranks at EP $ep
+  "$mpiexec" --oversubscribe --allow-run-as-root -np 4 -x OMP_NUM_THREADS=1 \
+    "$moecore" train "${common[@]}" --expert-model-parallel-size "$ep" "$@" 2>&1
+}
+compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
+dist=(--use-distributed-optimizer)
+
+# ---- resume with the distributed optimizer ----
+out=$(train "${dist[@]}" --train-iters 6 --metrics-file "$work/whole.jsonl" --save "$work/wd") ||
+  fail "the uninterrupted run stopped" "$out"
+whole=$(digest "$out")
+[ -n "$whole" ] || fail "no weights digest" "$out"
+out=$(train "${dist[@]}" --train-iters 3 --save "$work/rd") || fail "the first half stopped" "$out"
+out=$(train "${dist[@]}" --train-iters 6 --load "$work/rd" --save "$work/rd" --async-save \
+      --metrics-file "$work/resumed.jsonl") || fail "the resumed run stopped" "$out"
+grep -q "loaded iteration 3 from" <<< "$out" || fail "the resume did not load iteration 3" "$out"
+[ "$(digest "$out")" = "$whole" ] || fail "resumed weights $(digest "$out") != $whole" "$out"
+[ "$(steps "$work/resumed.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
+  fail "the resumed steps 4-6 differ" "$(cat "$work/resumed.jsonl" "$work/whole.jsonl")"
+compare "$work/wd" "$work/rd"
+# The moments were sharded (else this tests the plain optimizer).
+mem_optim() { grep -o '"mem_optimizer_bytes":[0-9]*' "$1" | head -n 1 | cut -d: -f2; }
+echo "[checkpoint] distributed optimizer, 4 ranks (EP 2 x EDP 2): resumed steps 4-6, weights" \
+     "and AdamW moments bitwise"
+
+# ---- the same checkpoint as without it ----
+# Without it the grad norm's f64 sum is associated otherwise (docs/numerics.md): the plain run's
+# per-step values are its own uninterrupted run's.
+out=$(train --train-iters 6 --metrics-file "$work/plain.jsonl") || fail "the plain run stopped" "$out"
+plain=$(digest "$out")
+[ "$(mem_optim "$work/whole.jsonl")" -lt "$(mem_optim "$work/plain.jsonl")" ] ||
+  fail "the optimizer state was not sharded: $(mem_optim "$work/whole.jsonl") bytes with" \
+       "--use-distributed-optimizer, $(mem_optim "$work/plain.jsonl") without"
+out=$(train --train-iters 3 --save "$work/rp") || fail "the plain first half stopped" "$out"
+compare "$work/rd/iter_0000003" "$work/rp/iter_0000003"
+echo "[checkpoint] iteration 3 with and without the distributed optimizer: byte-equal"
+
+# ---- across: plain -> distributed, distributed -> plain ----
+out=$(train "${dist[@]}" --train-iters 6 --load "$work/rp" --metrics-file "$work/p2d.jsonl") ||
+  fail "plain -> distributed stopped" "$out"
+[ "$(digest "$out")" = "$whole" ] || fail "plain -> distributed: $(digest "$out") != $whole" "$out"
+[ "$(steps "$work/p2d.jsonl")" = "$(tail -n 3 "$work/whole.jsonl" | steps /dev/stdin)" ] ||
+  fail "plain -> distributed: steps 4-6 differ" "$(cat "$work/p2d.jsonl")"
+out=$(train --train-iters 6 --load "$work/rd" --ckpt-step 3 --metrics-file "$work/d2p.jsonl") ||
+  fail "distributed -> plain stopped" "$out"
+[ "$(digest "$out")" = "$plain" ] || fail "distributed -> plain: $(digest "$out") != $plain" "$out"
+[ "$(steps "$work/d2p.jsonl")" = "$(tail -n 3 "$work/plain.jsonl" | steps /dev/stdin)" ] ||
+  fail "distributed -> plain: steps 4-6 differ" "$(cat "$work/d2p.jsonl")"
+echo "[checkpoint] saved without the distributed optimizer resumed with it, and the reverse:" \
+     "bitwise"
+
+# ---- EP 4: the expert moments are not sharded (one rank per expert-DP group) ----
+ep=4
+out=$(train "${dist[@]}" --train-iters 5) || fail "EP 4: the uninterrupted run stopped" "$out"
+whole4=$(digest "$out")
+out=$(train "${dist[@]}" --train-iters 3 --save "$work/d4") || fail "EP 4: distributed" "$out"
+out=$(train --train-iters 3 --save "$work/p4") || fail "EP 4: plain" "$out"
+compare "$work/d4" "$work/p4"
+out=$(train "${dist[@]}" --train-iters 5 --load "$work/p4") || fail "EP 4: resume" "$out"
+[ "$(digest "$out")" = "$whole4" ] || fail "EP 4: resumed $(digest "$out") != $whole4" "$out"
+echo "[checkpoint] EP 4 (dense moments sharded, expert whole): the same checkpoint as without" \
+     "it, resumed bitwise"
