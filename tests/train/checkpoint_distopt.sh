@@ -19,7 +19,6 @@ train() {  # train ARGS...: `moecore train` on 4 ranks at EP $ep
   "$mpiexec" --oversubscribe --allow-run-as-root -np 4 -x OMP_NUM_THREADS=1 \
     "$moecore" train "${common[@]}" --expert-model-parallel-size "$ep" "$@" 2>&1
 }
-compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
 dist=(--use-distributed-optimizer)
 
 # ---- resume with the distributed optimizer ----

@@ -34,7 +34,6 @@ train() {
       -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
   fi
 }
-compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
 export MOECORE_FAULT=""
 
 # ---- resume, bitwise, at EP 2 x EDP 2 (DP 4) ----

@@ -10,6 +10,8 @@ fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
 digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
 # The per-step values of a metrics file that a resumed run must reproduce exactly.
 steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
+# Two checkpoints byte-equal in every global tensor ($moecore: the binary under test).
+compare() { "$moecore" checkpoint compare "$1" "$2" || fail "checkpoints $1 and $2 differ"; }
 # The pids of the moecore ranks whose command line holds NEEDLE (compared as a fixed string, so a
 # binary path with regex characters still matches): this run's, not another test's.
 ranks_of() {
