@@ -346,10 +346,9 @@ StepMetrics BasicTrainer<T>::train_step() {
   buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
   guard_->combine();   // every rank's findings, so that all skip or stop together
   train_stream_->advance();
-  if (guard_->active())
-    optimizer_->apply(m.lr, guard_->veto(), guard_->veto_count());
-  else
-    optimizer_->apply(m.lr);
+  // No active guard: no veto (a null one).
+  optimizer_->apply(m.lr, guard_->active() ? guard_->veto() : nullptr,
+                    guard_->active() ? guard_->veto_count() : 0);
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
