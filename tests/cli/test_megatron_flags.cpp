@@ -813,32 +813,26 @@ const std::string kHuggingFaceMock =
     " --mock-data --tokenizer-type HuggingFaceTokenizer --tokenizer-model " +
     tokenizer_fixture("hf_llama3");
 
-// examples/mixtral/train_mixtral_8x7b_distributed.sh: MODEL_ARGS, MOE_ARGS, TRAINING_ARGS,
-// MODEL_PARALLEL_ARGS and LOGGING_ARGS as they are, but the refused flags below.
-const char* kMixtral =
-    "--use-mcore-models --disable-bias-linear --seq-length 4096 --max-position-embeddings 32768"
-    " --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32"
-    " --init-method-std 0.01 --attention-dropout 0.0 --hidden-dropout 0.0 --normalization RMSNorm"
-    " --position-embedding-type rope --swiglu --untie-embeddings-and-output-weights"
-    " --group-query-attention --num-query-groups 8 --no-masked-softmax-fusion"
-    " --no-position-embedding --rotary-base 1000000"
-    " --num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss"
-    " --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall"
-    " --overlap-param-gather --overlap-grad-reduce"
-    " --micro-batch-size 1 --global-batch-size 256 --lr 1e-4 --train-iters 500000"
-    " --lr-decay-iters 320000 --lr-decay-style cosine --min-lr 1.0e-5 --weight-decay 0.1"
-    " --lr-warmup-iters 500 --clip-grad 1.0 --bf16"
-    " --tensor-model-parallel-size 1 --expert-model-parallel-size 8 --sequence-parallel"
-    " --log-interval 1 --tensorboard-dir /tmp/tensorboard --eval-interval 1000 --eval-iters 10";
-// Sizes shrunk and the synthetic language for the data flags (--tokenizer-type,
-// --tokenizer-model, --data-path, --split).
-const char* kShrunk =
-    "--seq-length 16 --max-position-embeddings 32 --num-layers 2 --hidden-size 32"
-    " --ffn-hidden-size 64 --num-attention-heads 4 --num-query-groups 2 --kv-channels 8"
-    " --moe-ffn-hidden-size 16 --micro-batch-size 1 --global-batch-size 2 --train-iters 2"
-    " --lr-decay-iters 2 --lr-warmup-iters 1 --expert-model-parallel-size 1 --vocab-size 64";
+// A recipe's flags from tests/fixtures/recipes/ (tests/train/recipes_mpi.sh runs the same files
+// under mpirun): its words, the lines starting with '#' left out; empty when it cannot be read
+// (the tests that use it check).
+std::string recipe_file(const std::string& name) {
+  std::ifstream in(::moecore::testing::source_dir() + "/tests/fixtures/recipes/" + name);
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    out += line + " ";
+  }
+  return out;
+}
+
+// Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh (but the refused flags
+// below), and its sizes shrunk with the synthetic language for the data flags.
+const std::string kMixtral = recipe_file("mixtral_8x7b.flags");
+const std::string kShrunk = recipe_file("mixtral_8x7b.shrunk");
 
 TEST(MegatronRecipes, Mixtral8x7B) {
+  ASSERT_FALSE(kMixtral.empty() || kShrunk.empty()) << "tests/fixtures/recipes/mixtral_8x7b.*";
   trains(kMixtral, kShrunk);
   refused(kMixtral, kShrunk, {{"--pipeline-model-parallel-size 4", ""}});
   trains(kMixtral, std::string(kShrunk) + " --use-distributed-optimizer --overlap-param-gather");
@@ -850,25 +844,14 @@ TEST(MegatronRecipes, Mixtral8x7B) {
                        " --tokenizer-model " + tokenizer_fixture("sp_bpe.model"));
 }
 
-// examples/post_training/modelopt/conf/Qwen/Qwen3-30B-A3B.sh (MODEL_ARGS) and Qwen3-235B-A22B.sh.
-const char* kQwen3_30B =
-    "--micro-batch-size 1 --bf16 --no-masked-softmax-fusion --disable-bias-linear"
-    " --untie-embeddings-and-output-weights --position-embedding-type rope --no-rope-fusion"
-    " --normalization RMSNorm --swiglu --num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144"
-    " --num-attention-heads 32 --group-query-attention --num-query-groups 4 --kv-channels 128"
-    " --qk-layernorm --num-experts 128 --moe-ffn-hidden-size 768 --moe-router-topk 8"
-    " --moe-router-dtype fp32 --moe-aux-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall"
-    " --moe-router-load-balancing-type aux_loss --seq-length 4096 --max-position-embeddings 40960"
-    " --make-vocab-size-divisible-by 1187 --use-mcore-models --rotary-percent 1.0"
-    " --rotary-base 1000000 --no-bias-swiglu-fusion --sequence-parallel";
-// The recipe script adds the training flags (lr, iterations) itself.
-const char* kQwenShrunk =
-    "--num-layers 2 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4"
-    " --num-query-groups 2 --kv-channels 8 --num-experts 8 --moe-ffn-hidden-size 16"
-    " --seq-length 16 --max-position-embeddings 32 --global-batch-size 2 --train-iters 2"
-    " --lr 1e-3 --vocab-size 64";
+// examples/post_training/modelopt/conf/Qwen/Qwen3-30B-A3B.sh (MODEL_ARGS; the script adds the
+// training flags, lr and iterations, itself), shrunk; and Qwen3-235B-A22B.sh below.
+const std::string kQwen3_30B = recipe_file("qwen3_30b_a3b.flags");
+const std::string kQwenShrunk = recipe_file("qwen3_30b_a3b.shrunk");
 
 TEST(MegatronRecipes, Qwen3_30B_A3B) {
+  ASSERT_FALSE(kQwen3_30B.empty() || kQwenShrunk.empty())
+      << "tests/fixtures/recipes/qwen3_30b_a3b.*";
   // Without --attention-dropout / --hidden-dropout, Megatron trains with dropout 0.1.
   trains(kQwen3_30B, kQwenShrunk);
   trains(kQwen3_30B, std::string(kQwenShrunk) + " --attention-dropout 0 --hidden-dropout 0");
@@ -891,6 +874,7 @@ const char* kQwen3_235B =
     " --no-bias-swiglu-fusion --attention-dropout 0.0 --hidden-dropout 0.0 --sequence-parallel";
 
 TEST(MegatronRecipes, Qwen3_235B_A22B) {
+  ASSERT_FALSE(kQwenShrunk.empty()) << "tests/fixtures/recipes/qwen3_30b_a3b.shrunk";
   trains(kQwen3_235B, kQwenShrunk);
   refused(kQwen3_235B, kQwenShrunk, {{"--rotary-seq-len-interpolation-factor 2", ""}});
   trains(kQwen3_235B, std::string(kQwenShrunk) + kHuggingFaceMock);

@@ -76,3 +76,69 @@ out=$(train "${dist[@]}" --train-iters 5 --load "$work/p4") || fail "EP 4: resum
 [ "$(digest "$out")" = "$whole4" ] || fail "EP 4: resumed $(digest "$out") != $whole4" "$out"
 echo "[checkpoint] EP 4 (dense moments sharded, expert whole): the same checkpoint as without" \
      "it, resumed bitwise"
+
+# ---- resharding with it: DP 2 -> DP 4 -> EP 2 x EDP 2 -> one rank without it ----
+# Iteration 4 saved at DP 2 with the distributed optimizer, loaded at each next layout and saved
+# again (the same iteration): every global tensor, weights and both AdamW moments, byte-equal to
+# the source's; resumed there to 6: bitwise the run resumed at that layout from the source itself
+# (the same bytes, the same reduction order), and steps 5-6 within the layout-parity tolerance
+# (f32 per-step values: rtol 1e-5, docs/numerics.md) of an uninterrupted 6-step run at that layout
+# (whose steps 1-4 summed in another order).
+on() {  # on NP ARGS...: `moecore train` on NP ranks (1: without mpirun)
+  local np=$1
+  shift
+  if [ "$np" -eq 1 ]; then
+    OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
+  else
+    "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
+      "$moecore" train "${common[@]}" "$@" 2>&1
+  fi
+}
+# within A B: the per-step lm losses and grad norms of metrics files A and B (the same steps)
+# within rtol 1e-5 of B's.
+within() {
+  paste <(grep -o '"lm_loss":[^,}]*\|"grad_norm":[^,}]*' "$1" | cut -d: -f2) \
+        <(grep -o '"lm_loss":[^,}]*\|"grad_norm":[^,}]*' "$2" | cut -d: -f2) |
+    awk 'NF != 2 { exit 1 } { d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2
+         if (d > 1e-5 * m) exit 1; n++ } END { exit n == 0 }'
+}
+out=$(on 2 --expert-model-parallel-size 1 "${dist[@]}" --train-iters 4 --save "$work/s") ||
+  fail "DP 2: the source run stopped" "$out"
+hops=("4 --expert-model-parallel-size 1 --use-distributed-optimizer"
+      "4 --expert-model-parallel-size 2 --use-distributed-optimizer"
+      "1")
+prev="$work/s"
+k=0
+for l in "${hops[@]}"; do
+  read -r -a layout <<< "$l"
+  np=${layout[0]}
+  flags=("${layout[@]:1}")
+  what="$np ranks ${flags[*]:-(one rank, without it)}"
+  k=$((k + 1))
+  out=$(on "$np" "${flags[@]}" --train-iters 4 --load "$prev" --save "$work/h$k") ||
+    fail "load into $what" "$out"
+  grep -q "loaded iteration 4 from" <<< "$out" || fail "$what: did not load iteration 4" "$out"
+  compare "$work/s/iter_0000004" "$work/h$k/iter_0000004"
+  out=$(on "$np" "${flags[@]}" --train-iters 6 --load "$work/h$k" \
+        --metrics-file "$work/h$k.jsonl") || fail "$what: resume to 6" "$out"
+  resumed=$(digest "$out")
+  out=$(on "$np" "${flags[@]}" --train-iters 6 --load "$work/s" \
+        --metrics-file "$work/d$k.jsonl") || fail "$what: resume from the source" "$out"
+  [ "$(digest "$out")" = "$resumed" ] &&
+    [ "$(steps "$work/d$k.jsonl")" = "$(steps "$work/h$k.jsonl")" ] ||
+    fail "$what: resumed from the reshard ($resumed) vs from the source ($(digest "$out"))" \
+         "$(cat "$work/h$k.jsonl" "$work/d$k.jsonl")"
+  if [ "$l" = "4 --expert-model-parallel-size 2 --use-distributed-optimizer" ]; then
+    cp "$work/whole.jsonl" "$work/u$k.jsonl"  # the first section's uninterrupted run
+  else
+    out=$(on "$np" "${flags[@]}" --train-iters 6 --metrics-file "$work/u$k.jsonl") ||
+      fail "$what: the uninterrupted run" "$out"
+  fi
+  within "$work/h$k.jsonl" <(tail -n 2 "$work/u$k.jsonl") ||
+    fail "$what: steps 5-6 resumed from the reshard vs uninterrupted (rtol 1e-5)" \
+         "$(cat "$work/h$k.jsonl" "$work/u$k.jsonl")"
+  echo "[checkpoint] distributed optimizer, reshard -> $what: iteration 4 byte-equal;" \
+       "resumed bitwise as from the source; steps 5-6 $(steps "$work/h$k.jsonl") vs" \
+       "uninterrupted $(tail -n 2 "$work/u$k.jsonl" | steps /dev/stdin)"
+  prev="$work/h$k"
+done
