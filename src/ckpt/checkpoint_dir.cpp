@@ -445,8 +445,18 @@ void CheckpointReader::read(std::string_view name, std::string_view dtype, int d
             "[checkpoint] '{}': tensor '{}' range [{}, {}) along dimension {} is {} bytes, the "
             "destination {}",
             dir_.string(), name, offset, offset + length, dim, outer * length * inner, dst.size());
+  if (dim == 0) {
+    // A range of dimension 0 is a contiguous run of the flattened tensor.
+    const int64_t per_index = static_cast<int64_t>(inner / esize);
+    read_flat(name, dtype, offset * per_index, length * per_index, dst);
+    return;
+  }
   int64_t copied = 0;
   for (const SliceRef& s : t.slices) {
+    MOE_CHECK(!s.flat(),
+              "[checkpoint] '{}': tensor '{}' is stored in flat pieces, asked for along "
+              "dimension {}: resharding across dimensions is not supported yet",
+              dir_.string(), name, dim);
     // A whole-tensor slice is the slice of every index of the asked dimension.
     const int64_t s_off = s.dim < 0 ? 0 : s.offset;
     const int64_t s_len = s.dim < 0 ? shape[dim] : s.length;
@@ -473,6 +483,56 @@ void CheckpointReader::read(std::string_view name, std::string_view dtype, int d
   }
   MOE_CHECK(copied == length,
             "[checkpoint] '{}': tensor '{}': the slices cover {} of the {} indices asked for",
+            dir_.string(), name, copied, length);
+}
+
+void CheckpointReader::read_flat(std::string_view name, std::string_view dtype, int64_t offset,
+                                 int64_t length, std::span<std::byte> dst) {
+  const GlobalTensor& t = tensor(name);
+  MOE_CHECK(dtype == t.dtype, "[checkpoint] '{}': tensor '{}' is {}, asked for as {}",
+            dir_.string(), name, t.dtype, dtype);
+  const size_t esize = dtype_size(t.dtype);
+  const int64_t numel = t.numel();
+  MOE_CHECK(offset >= 0 && length >= 0 && offset <= numel && length <= numel - offset,
+            "[checkpoint] '{}': tensor '{}' {} has no elements [{}, {})", dir_.string(), name,
+            format_shape(t.shape), offset, offset + length);
+  MOE_CHECK(dst.size() == static_cast<size_t>(length) * esize,
+            "[checkpoint] '{}': tensor '{}' elements [{}, {}) are {} bytes, the destination {}",
+            dir_.string(), name, offset, offset + length, static_cast<size_t>(length) * esize,
+            dst.size());
+  int64_t copied = 0;
+  for (const SliceRef& s : t.slices) {
+    // Each slice as a run [s_off, s_off + s_len) of the flattened tensor.
+    int64_t s_off = 0, s_len = numel;
+    if (s.flat()) {
+      s_off = s.offset;
+      s_len = s.length;
+    } else if (s.dim >= 0) {
+      MOE_CHECK(s.dim == 0,
+                "[checkpoint] '{}': tensor '{}' is stored split along dimension {}, asked for "
+                "as a flat range: resharding across dimensions is not supported yet",
+                dir_.string(), name, s.dim);
+      const int64_t per_index = product(t.shape, 1, t.shape.size());
+      s_off = s.offset * per_index;
+      s_len = s.length * per_index;
+    }
+    const int64_t lo = std::max(offset, s_off), hi = std::min(offset + length, s_off + s_len);
+    if (lo >= hi) continue;
+    SafetensorsFile& f = shard(s.file);
+    const TensorInfo& info = f.info(name);
+    const std::vector<int64_t> want = t.slice_shape(s);
+    MOE_CHECK(info.dtype == t.dtype && info.shape == want,
+              "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}",
+              dir_.string(), s.file, name, info.dtype, format_shape(info.shape), t.dtype,
+              format_shape(want));
+    const std::span<const std::byte> src = f.bytes(name);
+    std::memcpy(dst.data() + static_cast<size_t>(lo - offset) * esize,
+                src.data() + static_cast<size_t>(lo - s_off) * esize,
+                static_cast<size_t>(hi - lo) * esize);
+    copied += hi - lo;
+  }
+  MOE_CHECK(copied == length,
+            "[checkpoint] '{}': tensor '{}': the slices cover {} of the {} elements asked for",
             dir_.string(), name, copied, length);
 }
 

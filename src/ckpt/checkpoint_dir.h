@@ -131,9 +131,15 @@ class CheckpointReader {
 
   // Copies indices [offset, offset + length) along dimension `dim` of global tensor `name`
   // (dim = -1: the whole tensor) into dst, whatever slices the checkpoint stored it in (split
-  // along the same dimension, or whole): the resharding read. dtype and dst's size must match.
+  // along the same dimension, or whole; for dimension 0 and the whole tensor also flat slices):
+  // the resharding read. dtype and dst's size must match.
   void read(std::string_view name, std::string_view dtype, int dim, int64_t offset,
             int64_t length, std::span<std::byte> dst);
+  // Copies elements [offset, offset + length) of global tensor `name` flattened in row-major
+  // order into dst, whatever contiguous slices hold them (whole, split along dimension 0, or
+  // flat): the distributed optimizer's shards and the reads of whole tensors.
+  void read_flat(std::string_view name, std::string_view dtype, int64_t offset, int64_t length,
+                 std::span<std::byte> dst);
 
  private:
   SafetensorsFile& shard(const std::string& file);

@@ -19,6 +19,50 @@ bool plain_name(std::string_view f) {
          f.find('\\') == std::string_view::npos;
 }
 
+std::string slice_kind(const SliceRef& s) {
+  return s.flat() ? "flat" : s.dim < 0 ? "whole" : fmt::format("dimension {}", s.dim);
+}
+
+// The slices of t (all of one kind: along one dimension, or flat) cover [0, extent) of their
+// index exactly once.
+// `index` names it in messages ("dimension 0", "the flattened tensor").
+void tile(const GlobalTensor& t, int64_t extent, const std::string& index,
+          const std::string& where) {
+  const std::string along = t.slices[0].flat() ? "in flat order" : "along " + index;
+  std::vector<const SliceRef*> order;
+  for (const SliceRef& s : t.slices) {
+    MOE_CHECK(s.dim == t.slices[0].dim || s.dim < 0 || t.slices[0].dim < 0,
+              "[checkpoint] '{}': tensor '{}' is split along dimension {} in one slice and {} in "
+              "another: its slices must split one dimension",
+              where, t.name, t.slices[0].dim, s.dim);
+    MOE_CHECK(s.dim == t.slices[0].dim,
+              "[checkpoint] '{}': tensor '{}' has slices of two kinds ({} and {}): its slices "
+              "split one dimension, or all are flat",
+              where, t.name, slice_kind(t.slices[0]), slice_kind(s));
+    MOE_CHECK(s.offset >= 0 && s.length >= 0,
+              "[checkpoint] '{}': tensor '{}' has a slice at offset {} of length {}", where,
+              t.name, s.offset, s.length);
+    order.push_back(&s);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const SliceRef* a, const SliceRef* b) { return a->offset < b->offset; });
+  int64_t next = 0;  // <= extent: no slice may end past it (nor overflow)
+  for (const SliceRef* s : order) {
+    MOE_CHECK(s->offset == next,
+              "[checkpoint] '{}': tensor '{}' {}: a slice starts at {} where {} was expected ({} "
+              "a slice of '{}'): the slices must cover every index once",
+              where, t.name, along, s->offset, next, s->offset < next ? "overlap with" : "gap before",
+              s->file);
+    MOE_CHECK(s->length <= extent - next,
+              "[checkpoint] '{}': tensor '{}' {}: a slice of '{}' at offset {} of length {} runs "
+              "past {} ({} indices)",
+              where, t.name, format_shape(t.shape), s->file, s->offset, s->length, index, extent);
+    next += s->length;
+  }
+  MOE_CHECK(next == extent, "[checkpoint] '{}': tensor '{}' {}: its slices cover {} of the {} "
+            "indices of {}", where, t.name, format_shape(t.shape), next, extent, index);
+}
+
 void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& files,
                      const std::string& where) {
   MOE_CHECK(!t.slices.empty(), "[checkpoint] '{}': tensor '{}' has no slice", where, t.name);
@@ -29,6 +73,16 @@ void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& fi
               where, i, t.name, t.slices[i].file);
   }
   const int dim = t.slices[0].dim;
+  if (dim == SliceRef::kFlat) {
+    int64_t numel = 1;  // the shape's product, which must fit (a flat offset indexes it)
+    for (int64_t d : t.shape) {
+      MOE_CHECK(!__builtin_mul_overflow(numel, d, &numel),
+                "[checkpoint] '{}': tensor '{}' {} has more than 2^63 elements", where, t.name,
+                format_shape(t.shape));
+    }
+    tile(t, numel, "the flattened tensor", where);
+    return;
+  }
   if (dim < 0) {
     MOE_CHECK(t.slices.size() == 1 && dim == -1,
               "[checkpoint] '{}': tensor '{}' has a whole-tensor slice and {} others: a tensor "
@@ -39,42 +93,15 @@ void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& fi
   const int ndim = static_cast<int>(t.shape.size());
   MOE_CHECK(dim < ndim, "[checkpoint] '{}': tensor '{}' {} is split along dimension {}", where,
             t.name, format_shape(t.shape), dim);
-  std::vector<const SliceRef*> order;
-  for (const SliceRef& s : t.slices) {
-    MOE_CHECK(s.dim == dim,
-              "[checkpoint] '{}': tensor '{}' is split along dimension {} in one slice and {} in "
-              "another: its slices must split one dimension",
-              where, t.name, dim, s.dim);
-    MOE_CHECK(s.offset >= 0 && s.length >= 0,
-              "[checkpoint] '{}': tensor '{}' has a slice at offset {} of length {}", where,
-              t.name, s.offset, s.length);
-    order.push_back(&s);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [](const SliceRef* a, const SliceRef* b) { return a->offset < b->offset; });
-  int64_t next = 0;  // <= t.shape[dim]: no slice may end past the dimension (nor overflow)
-  for (const SliceRef* s : order) {
-    MOE_CHECK(s->offset == next,
-              "[checkpoint] '{}': tensor '{}' along dimension {}: a slice starts at {} where {} "
-              "was expected ({} a slice of '{}'): the slices must cover every index once",
-              where, t.name, dim, s->offset, next, s->offset < next ? "overlap with" : "gap before",
-              s->file);
-    MOE_CHECK(s->length <= t.shape[dim] - next,
-              "[checkpoint] '{}': tensor '{}' {}: a slice of '{}' at offset {} of length {} runs "
-              "past dimension {} ({} indices)",
-              where, t.name, format_shape(t.shape), s->file, s->offset, s->length, dim,
-              t.shape[dim]);
-    next += s->length;
-  }
-  MOE_CHECK(next == t.shape[dim],
-            "[checkpoint] '{}': tensor '{}' {}: its slices cover {} of the {} indices of "
-            "dimension {}",
-            where, t.name, format_shape(t.shape), next, t.shape[dim], dim);
+  tile(t, t.shape[dim], fmt::format("dimension {}", dim), where);
 }
 
 json slice_json(const SliceRef& s) {
   json j = {{"file", s.file}};
-  if (s.dim >= 0) {
+  if (s.flat()) {
+    j["flat_offset"] = s.offset;
+    j["flat_length"] = s.length;
+  } else if (s.dim >= 0) {
     j["dim"] = s.dim;
     j["offset"] = s.offset;
     j["length"] = s.length;
@@ -180,9 +207,16 @@ void validate_state(const json& state, int64_t iteration, const std::string& whe
 }  // namespace
 
 std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
+  if (s.flat()) return {s.length};
   std::vector<int64_t> out = shape;
   if (s.dim >= 0 && s.dim < static_cast<int>(out.size())) out[s.dim] = s.length;
   return out;
+}
+
+int64_t GlobalTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 const GlobalTensor* Manifest::find(std::string_view name) const {
@@ -315,6 +349,12 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
                   what, r.dim);
         r.offset = need_int<int64_t>(s, "offset", "a slice of " + what, where);
         r.length = need_int<int64_t>(s, "length", "a slice of " + what, where);
+        MOE_CHECK(!s.contains("flat_offset"), "[checkpoint] '{}': a slice of {} has both "
+                  "\"dim\" and \"flat_offset\"", where, what);
+      } else if (s.contains("flat_offset")) {
+        r.dim = SliceRef::kFlat;
+        r.offset = need_int<int64_t>(s, "flat_offset", "a slice of " + what, where);
+        r.length = need_int<int64_t>(s, "flat_length", "a slice of " + what, where);
       }
       g.slices.push_back(std::move(r));
     }

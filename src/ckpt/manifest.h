@@ -27,11 +27,17 @@ struct ShardFile {
 
 // A slice of a global tensor: indices [offset, offset + length) along dimension `dim`, stored in
 // `file` under the tensor's global name with shape[dim] = length. dim = -1: the whole tensor.
+// dim = kFlat: elements [offset, offset + length) of the tensor flattened in row-major order,
+// stored as a 1-D tensor of `length` elements (the distributed optimizer's shard of a moment,
+// whose boundaries may cut a row).
 struct SliceRef {
+  static constexpr int kWhole = -1;
+  static constexpr int kFlat = -2;
   std::string file;
-  int dim = -1;
+  int dim = kWhole;
   int64_t offset = 0;
   int64_t length = 0;
+  bool flat() const { return dim == kFlat; }
 };
 
 struct GlobalTensor {
@@ -41,6 +47,8 @@ struct GlobalTensor {
   std::vector<SliceRef> slices;
   // The shape of slice s as stored in its shard.
   std::vector<int64_t> slice_shape(const SliceRef& s) const;
+  // The number of elements (shape's product; the manifest's validation proved it fits).
+  int64_t numel() const;
 };
 
 struct Manifest {
@@ -60,8 +68,9 @@ struct Manifest {
 // Throws moecore::Error (each message starts "[checkpoint] '<where>': ") unless m is complete:
 // the format version known; files unique, plain names, ranks within the world, hashes well
 // formed; tensors unique with known dtypes and non-negative shapes; every slice in a listed
-// file, and the slices of each tensor either one whole-tensor slice or slices of one dimension
-// tiling [0, shape[dim]) exactly, without gaps or overlaps.
+// file, and the slices of each tensor either one whole-tensor slice, or slices of one dimension
+// tiling [0, shape[dim]) exactly, or flat slices tiling [0, numel) exactly, without gaps or
+// overlaps.
 void validate_manifest(const Manifest& m, const std::string& where);
 // Parses the JSON text of a manifest and validates it (validate_manifest).
 Manifest parse_manifest(std::string_view text, const std::string& where);

@@ -53,11 +53,6 @@ class ChainedOptimizer {
   DevPtr<float> exp_avg(const Param& p) const { return of(p).exp_avg(p); }
   DevPtr<float> exp_avg_sq(const Param& p) const { return of(p).exp_avg_sq(p); }
   bool sharded() const { return dense_.sharded(); }
-  // The distributed optimizer's checkpoint load: each kind's owned moments from whole flat
-  // buffers of that kind (AdamWOptimizer::load_owned_moments).
-  void load_owned_moments(ParamKind kind, DevPtr<const float> m_full, DevPtr<const float> v_full) {
-    (kind == ParamKind::Dense ? dense_ : expert_).load_owned_moments(m_full, v_full);
-  }
   int64_t state_bytes(MemKind kind) const {
     return dense_.arena().bytes_of(kind) + expert_.arena().bytes_of(kind);
   }

@@ -239,23 +239,14 @@ DevPtr<float> AdamWOptimizer::exp_avg_sq(const Param& p) const {
   return v_[static_cast<int>(p.spec.kind)] + p.offset;
 }
 
-DevPtr<const float> AdamWOptimizer::owned_exp_avg() const {
+DevPtr<float> AdamWOptimizer::owned_exp_avg() const {
   MOE_CHECK(sharded_, "[optimizer] owned moments: not the distributed optimizer");
   return m_[static_cast<int>(only_)];
 }
 
-DevPtr<const float> AdamWOptimizer::owned_exp_avg_sq() const {
+DevPtr<float> AdamWOptimizer::owned_exp_avg_sq() const {
   MOE_CHECK(sharded_, "[optimizer] owned moments: not the distributed optimizer");
   return v_[static_cast<int>(only_)];
-}
-
-void AdamWOptimizer::load_owned_moments(DevPtr<const float> m_full, DevPtr<const float> v_full) {
-  MOE_CHECK(sharded_, "[optimizer] owned moments: not the distributed optimizer");
-  const int k = static_cast<int>(only_);
-  for (const OwnedRange& r : sharded_->ranges[k]) {
-    ops::copy<float>(arena_.exec(), m_[k] + r.owned, m_full + r.begin, r.count);
-    ops::copy<float>(arena_.exec(), v_[k] + r.owned, v_full + r.begin, r.count);
-  }
 }
 
 void AdamWOptimizer::apply(double lr) {

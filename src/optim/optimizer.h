@@ -108,17 +108,23 @@ class AdamWOptimizer {
   void set_steps_taken(int64_t n);
   bool sharded() const { return sharded_.has_value(); }
   // Parameter p's moments (fp32, p's local elements): what a checkpoint saves and loads. Not
-  // with the distributed optimizer (this rank holds only pieces of them: a checkpoint gathers
-  // them into whole tensors, train/checkpointing.cpp).
+  // with the distributed optimizer (this rank holds only pieces of them: pieces()).
   DevPtr<float> exp_avg(const Param& p) const;
   DevPtr<float> exp_avg_sq(const Param& p) const;
-  // The distributed optimizer's moments of its kind's owned elements, in the owned layout
-  // (ShardedState): what a checkpoint's save gathers into whole tensors.
-  DevPtr<const float> owned_exp_avg() const;
-  DevPtr<const float> owned_exp_avg_sq() const;
-  // A checkpoint's load under the distributed optimizer: the moments of the owned elements
-  // copied from whole flat buffers of the kind (m_full, v_full: numel(kind) elements each).
-  void load_owned_moments(DevPtr<const float> m_full, DevPtr<const float> v_full);
+  // A piece of a parameter this rank updates under the distributed optimizer (a parameter lies
+  // in one gradient bucket, so a rank holds at most one piece of it).
+  struct Piece {
+    Param* p = nullptr;
+    int64_t begin = 0;  // in the kind's flat buffer
+    int64_t count = 0;
+    int64_t owned = 0;  // in the owned buffers
+  };
+  // The distributed optimizer's pieces, in parameter order, and the moments of its kind's
+  // owned elements in the owned layout (ShardedState): what a checkpoint saves and loads, piece
+  // by piece (train/checkpointing.cpp).
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  DevPtr<float> owned_exp_avg() const;
+  DevPtr<float> owned_exp_avg_sq() const;
   const Arena& arena() const { return arena_; }
 
  private:
@@ -126,13 +132,6 @@ class AdamWOptimizer {
   template <typename T>
   void update_typed(DevPtr<const ops::AdamWStep> s);
   bool covers(ParamKind k) const { return all_kinds_ || k == only_; }
-  // A piece of a parameter this rank updates under the distributed optimizer.
-  struct Piece {
-    Param* p = nullptr;
-    int64_t begin = 0;  // in the kind's flat buffer
-    int64_t count = 0;
-    int64_t owned = 0;  // in the owned buffers
-  };
   void plan_pieces();
 
   ParamRegistry& params_;

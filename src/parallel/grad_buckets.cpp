@@ -159,25 +159,6 @@ void GradBuckets::gather_params() {
   }
 }
 
-void GradBuckets::gather_owned(ParamKind kind, DevPtr<const float> owned,
-                               DevPtr<float> full) const {
-  const int k = static_cast<int>(kind);
-  if (!communicates_[k]) {  // one rank owns every element where it lies
-    ops::copy<float>(params_.exec(), full, owned, params_.numel(kind));
-    return;
-  }
-  std::vector<CommHandle> gathers;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].kind != kind) continue;
-    gathers.push_back(groups_[k]->communicator().all_gather_v_async(
-        owned + shards_[b].owned_offset, full + buckets_[b].offset, shards_[b].counts,
-        DType::F32));
-  }
-  for (CommHandle& h : gathers) {
-    if (!h.done()) h.wait_on(params_.exec());
-  }
-}
-
 void GradBuckets::stage_done(int stage) {
   if (!armed_ || !cfg_.overlap || !communicates()) return;
   ScopedPhase phase(Phase::Communication);

@@ -76,10 +76,6 @@ class GradBuckets {
   // group into the flat value buffers (in place), so that every rank holds the whole weights.
   // Collective; the ops that read the values next are ordered after it.
   void gather_params();
-  // A checkpoint's save: one kind's fp32 buffer in the owned layout (the distributed
-  // optimizer's moments of this rank's shards) all-gathered over the kind's group into `full`,
-  // a whole flat buffer of the kind (params' numel(kind) elements), on every rank. Collective.
-  void gather_owned(ParamKind kind, DevPtr<const float> owned, DevPtr<float> full) const;
   // The bytes of the owned gradient buffers (0 without sharding or with one rank per group).
   int64_t owned_grad_bytes() const { return static_cast<int64_t>(arena_.planned_bytes()); }
 

@@ -41,9 +41,13 @@ struct StateTensor {
   int64_t numel = 0;
   bool optim = false;  // in the optimizer shard
   bool write = false;  // this rank is the first holder of the slice
+  // The slice is elements [slice.offset, slice.offset + slice.length) of the flattened tensor
+  // (the distributed optimizer's piece of a moment).
+  bool flat = false;
 };
 
 std::vector<int64_t> local_shape(const StateTensor& t) {
+  if (t.flat) return {t.numel};
   std::vector<int64_t> s = t.global_shape;
   if (t.slice.dim >= 0) s[t.slice.dim] = t.slice.length;
   return s;
@@ -74,31 +78,25 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
   return v.get<int64_t>();
 }
 
-// The distributed optimizer's moments as whole tensors: a temporary fp32 buffer per kind and
-// moment of the kind's full flat size (params.numel(kind)), in the execution's memory, for one
-// save or load. Megatron's "fully reshardable" save gathers the same way; the checkpoint then
-// holds exactly what a run without the distributed optimizer writes.
-struct WholeMoments {
-  explicit WholeMoments(const ParamRegistry& params) : arena(params.exec()) {
-    arena.plan([&](Arena& a) {
-      for (int k = 0; k < 2; ++k) {
-        const int64_t n = params.numel(static_cast<ParamKind>(k));
-        m[k] = a.alloc<float>(n, "ckpt.exp_avg", MemKind::Workspace);
-        v[k] = a.alloc<float>(n, "ckpt.exp_avg_sq", MemKind::Workspace);
-      }
-    });
-  }
-  Arena arena;
-  DevPtr<float> m[2] = {nullptr, nullptr};
-  DevPtr<float> v[2] = {nullptr, nullptr};
-};
+// Where parameter p's local elements start in its global tensor flattened in row-major order:
+// its slice of dimension 0 (or the whole tensor) is one contiguous run of it.
+int64_t flat_base(const Param& p) {
+  if (p.spec.slice.dim < 0) return 0;
+  MOE_CHECK(p.spec.slice.dim == 0,
+            "[checkpoint] '{}' is split along dimension {}: the distributed optimizer's "
+            "checkpoint of such a slice is not implemented yet",
+            p.name(), p.spec.slice.dim);
+  int64_t per_index = 1;
+  for (size_t d = 1; d < p.spec.global_shape.size(); ++d) per_index *= p.spec.global_shape[d];
+  return p.spec.slice.offset * per_index;
+}
 
-// Every tensor of the run state on this rank: the parameters, their AdamW moments (from
-// `whole` when given, else the optimizer's own), the routers' balancing state.
+// Every tensor of the run state on this rank: the parameters, their AdamW moments, the
+// routers' balancing state. With the distributed optimizer each rank holds, and writes, the
+// moments of its own pieces only, as flat slices: nothing is gathered.
 template <typename T>
 std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::ChainedOptimizer& opt,
-                                       const parallel::ProcessGroups* groups,
-                                       const WholeMoments* whole) {
+                                       const parallel::ProcessGroups* groups) {
   const int rank = groups ? groups->rank() : 0;
   const int edp_rank = groups ? groups->group(parallel::GroupKind::ExptDp).rank : 0;
   std::vector<StateTensor> out;
@@ -109,11 +107,23 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
                      p.local_numel(), optim, first});
     };
     add(p.name(), p.dtype, p.data, false);
-    const int k = static_cast<int>(p.spec.kind);
-    add("exp_avg." + p.name(), DType::F32,
-        DevPtr<void>(whole ? whole->m[k] + p.offset : opt.exp_avg(p)), true);
-    add("exp_avg_sq." + p.name(), DType::F32,
-        DevPtr<void>(whole ? whole->v[k] + p.offset : opt.exp_avg_sq(p)), true);
+    if (opt.sharded()) continue;
+    add("exp_avg." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg(p)), true);
+    add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg_sq(p)), true);
+  }
+  if (opt.sharded()) {
+    for (const optim::AdamWOptimizer* o : {&opt.dense(), &opt.expert()}) {
+      for (const optim::AdamWOptimizer::Piece& pc : o->pieces()) {
+        const Param& p = *pc.p;
+        const ParamSlice flat{-1, flat_base(p) + (pc.begin - p.offset), pc.count};
+        const auto add = [&](std::string name, DevPtr<float> moment) {
+          out.push_back({std::move(name), DType::F32, p.spec.global_shape, flat,
+                         DevPtr<void>(moment + pc.owned), pc.count, true, true, true});
+        };
+        add("exp_avg." + p.name(), o->owned_exp_avg());
+        add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq());
+      }
+    }
   }
   for (moe::Router<T>* r : model.routers()) {
     const int64_t E = r->config().num_experts;
@@ -159,26 +169,13 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
     if (s->rank == 0) ckpt::begin_staging(save, iteration_);
   });
 
-  // The distributed optimizer: every rank gathers the whole moments (each rank writes whole
-  // slices, as without it). Collective, so outside the agreed steps.
-  std::unique_ptr<WholeMoments> whole;
-  if (save_optim && optimizer_->sharded()) {
-    whole = std::make_unique<WholeMoments>(model_->params());
-    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-      const optim::AdamWOptimizer& o =
-          k == ParamKind::Dense ? optimizer_->dense() : optimizer_->expert();
-      buckets_->gather_owned(k, o.owned_exp_avg(), whole->m[static_cast<int>(k)]);
-      buckets_->gather_owned(k, o.owned_exp_avg_sq(), whole->v[static_cast<int>(k)]);
-    }
-  }
-
   // 2. Every rank copies what it writes to host memory and describes it; rank 0 the run state.
   parallel::run_on_all_ranks(world, [&] {
     s->part.iteration = iteration_;
     s->part.world_size = groups_ ? groups_->world_size() : 1;
     s->files[0] = ckpt::shard_name("model", s->rank);
     s->files[1] = ckpt::shard_name("optim", s->rank);
-    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_, whole.get())) {
+    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (!t.write || (t.optim && !save_optim)) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
       ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
@@ -187,7 +184,11 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
       const std::string& file = s->files[t.optim];
       s->shards[t.optim].add(t.name, dtype, local_shape(t), bytes);
       ckpt::SliceRef slice{file};
-      if (t.slice.dim >= 0) slice = {file, t.slice.dim, t.slice.offset, t.slice.length};
+      if (t.flat) {
+        slice = {file, ckpt::SliceRef::kFlat, t.slice.offset, t.slice.length};
+      } else if (t.slice.dim >= 0) {
+        slice = {file, t.slice.dim, t.slice.offset, t.slice.length};
+      }
       s->part.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
     }
     for (ckpt::SafetensorsWriter& shard : s->shards) {
@@ -215,8 +216,6 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
            routers.empty() ? optimizer_->steps_taken() : routers.front()->steps_finished()}};
     }
   });
-
-  whole.reset();  // the shards hold their bytes in host memory now
 
   // 3. The shards, now or in the background; then the manifest and the tracker.
   if (async) {
@@ -309,12 +308,8 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir);
 
     const Exec& ex = exec_;
-    // The distributed optimizer: the whole moments read as without it, then each rank keeps
-    // its owned elements.
-    std::unique_ptr<WholeMoments> whole;
-    if (optim && optimizer_->sharded()) whole = std::make_unique<WholeMoments>(model_->params());
     std::set<std::string> read;
-    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_, whole.get())) {
+    for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (t.optim && !optim) continue;
       if (up && m.find(t.name) == nullptr) {
         // Upcycling: each local expert a copy of the dense MLP of its layer; the routers keep
@@ -349,7 +344,10 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                 dir, t.name, g.dtype, ckpt::format_shape(g.shape), ckpt::safetensors_dtype(t.dtype),
                 ckpt::format_shape(t.global_shape));
       std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
-      reader.read(t.name, g.dtype, t.slice.dim, t.slice.offset, t.slice.length, bytes);
+      if (t.flat)
+        reader.read_flat(t.name, g.dtype, t.slice.offset, t.slice.length, bytes);
+      else
+        reader.read(t.name, g.dtype, t.slice.dim, t.slice.offset, t.slice.length, bytes);
       ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
                            static_cast<int64_t>(bytes.size()));
       exec_synchronize(ex);  // `bytes` goes out of scope
@@ -367,13 +365,6 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               "({}{}): it was written by another model",
               dir, n_unused, unused, n_unused > 5 ? ", ..." : "");
 
-    if (whole) {
-      for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
-        optimizer_->load_owned_moments(k, whole->m[static_cast<int>(k)],
-                                       whole->v[static_cast<int>(k)]);
-      }
-      exec_synchronize(ex);  // `whole` goes out of scope
-    }
     model_->params().refresh_bf16();
     const bool fresh = opt.finetune || up;  // a new run from the checkpoint's weights
     const int64_t steps = fresh ? 0 : state_int(m, "optimizer_steps", dir);

@@ -89,6 +89,9 @@ struct GlobalValues {
   bool split = false;          // along dimension 0 over the ranks (shape[0] / ranks rows each),
                                // else whole in rank 0's shard
   std::string kind = "model";  // the shards it is in: model_rank_R or optim_rank_R
+  // With split: flat pieces of the row-major elements instead of rows, ceil(n / ranks) each
+  // (the last ones short or empty), as the distributed optimizer writes its moments.
+  bool flat = false;
 
   template <typename T>
   static GlobalValues of(std::string name, const char* dtype, std::vector<int64_t> shape,
@@ -97,6 +100,10 @@ struct GlobalValues {
     return {std::move(name), dtype, std::move(shape), {b.begin(), b.end()}, split, std::move(kind)};
   }
 };
+
+inline size_t dtype_size_of(const std::string& dtype) {
+  return dtype == "F64" || dtype == "I64" ? 8 : dtype == "F32" || dtype == "I32" ? 4 : 2;
+}
 
 // Writes iteration `iteration` of `save` as `ranks` ranks of expert parallelism would: each
 // rank's model and optim shards (those that hold a tensor) with their sizes and SHA-256, the
@@ -120,6 +127,18 @@ inline std::filesystem::path write_checkpoint(const std::filesystem::path& save,
         if (!t.split) {
           shard.add(t.name, t.dtype, t.shape, t.bytes);
           m.tensors[i].slices.push_back({file});
+          continue;
+        }
+        if (t.flat) {
+          const size_t esize = dtype_size_of(t.dtype);
+          const int64_t n = static_cast<int64_t>(t.bytes.size() / esize);
+          const int64_t per = (n + ranks - 1) / ranks;
+          const int64_t lo = std::min(n, r * per), len = std::min(n, lo + per) - lo;
+          if (len == 0) continue;
+          shard.add(t.name, t.dtype, {len},
+                    std::span<const std::byte>(t.bytes).subspan(static_cast<size_t>(lo) * esize,
+                                                                static_cast<size_t>(len) * esize));
+          m.tensors[i].slices.push_back({file, SliceRef::kFlat, lo, len});
           continue;
         }
         const int64_t per = t.shape[0] / ranks;

@@ -96,6 +96,45 @@ TEST(CheckpointDir, ReadsEverySliceWhateverTheLayoutThatWroteIt) {
   }
 }
 
+// The distributed optimizer's moments: flat pieces of the row-major elements, cutting rows
+// (W's 24 elements over 4 ranks: [0, 6), [6, 12), ...; over 5: [0, 5), [5, 10), ..., [20, 24)).
+// Any read comes back whole, in rows or flat, and a flat read comes back from rows.
+TEST(CheckpointDir, ReadsFlatSlicesAndReadsFlatRangesOfAnySlices) {
+  auto flat_range = [](int64_t lo, int64_t n) {
+    const std::vector<float> w = global_w();
+    return std::vector<float>(w.begin() + lo, w.begin() + lo + n);
+  };
+  auto read_flat = [](CheckpointReader& r, int64_t lo, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    r.read_flat("w", "F32", lo, n, std::as_writable_bytes(std::span<float>(out)));
+    return out;
+  };
+  for (int ranks : {1, 4, 5, 7}) {
+    SCOPED_TRACE(::testing::Message() << "flat over " << ranks << " ranks");
+    TempDir t;
+    testing::GlobalValues w = testing::GlobalValues::of("w", "F32", {4, 3, 2}, global_w(), true);
+    w.flat = true;
+    CheckpointReader r(testing::write_checkpoint(t.path(), 10, ranks, {w}));
+    EXPECT_EQ(r.tensor("w").slices.front().dim, SliceRef::kFlat);
+    EXPECT_EQ(read<float>(r, "w", "F32", -1, 0, 0, 24), global_w());
+    EXPECT_EQ(read<float>(r, "w", "F32", 0, 1, 2, 12), experts(1, 2));
+    EXPECT_EQ(read_flat(r, 5, 9), flat_range(5, 9));  // straddles pieces
+    EXPECT_EQ(read_flat(r, 23, 1), flat_range(23, 1));
+    EXPECT_EQ(read_flat(r, 7, 0), flat_range(7, 0));
+    std::vector<float> buf(8);  // [4, 1, 2]
+    EXPECT_ERROR_HAS(r.read("w", "F32", 1, 0, 1, std::as_writable_bytes(std::span<float>(buf))),
+                     "is stored in flat pieces, asked for along dimension 1");
+  }
+  TempDir t;
+  CheckpointReader r(save(t, 2));  // rows: the experts [0, 2) and [2, 4)
+  EXPECT_EQ(read_flat(r, 3, 17), flat_range(3, 17));
+  std::vector<float> buf(8);
+  const auto dst = std::as_writable_bytes(std::span<float>(buf));
+  EXPECT_ERROR_HAS(r.read_flat("w", "F32", 20, 8, dst), "has no elements [20, 28)");
+  EXPECT_ERROR_HAS(r.read_flat("w", "F32", 0, 4, dst), "elements [0, 4) are 16 bytes, the "
+                   "destination 32");
+}
+
 TEST(CheckpointDir, RefusesReadsThatDoNotFit) {
   TempDir t;
   CheckpointReader r(save(t, 2));

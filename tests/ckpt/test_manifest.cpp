@@ -176,6 +176,44 @@ TEST(Manifest, RefusesSlicesThatMissOrRepeatIndices) {
   EXPECT_MANIFEST_ERROR(m, "[checkpoint] '" + where + "': tensor");
 }
 
+// The distributed optimizer's flat slices: elements of the flattened tensor, tiling [0, numel)
+// exactly once, never mixed with slices of a dimension.
+TEST(Manifest, FlatSlicesRoundTripAndTileTheFlattenedTensor) {
+  Manifest m = two_rank_manifest();
+  m.tensors[0].slices = {{"model_rank_00001.safetensors", SliceRef::kFlat, 300, 212},
+                         {"model_rank_00000.safetensors", SliceRef::kFlat, 0, 300}};
+  const std::string text = m.to_json_text();
+  const std::string key = "\"flat_offset\": 300";
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  const Manifest back = parse_manifest(text, "manifest.json");
+  EXPECT_EQ(back.to_json_text(), text);
+  const GlobalTensor& w = back.tensors[0];
+  ASSERT_EQ(w.slices.size(), 2u);
+  EXPECT_TRUE(w.slices[0].flat());
+  EXPECT_EQ(w.slice_shape(w.slices[0]), (std::vector<int64_t>{212}));
+  EXPECT_EQ(w.numel(), 512);
+
+  Manifest bad = m;
+  bad.tensors[0].slices[0].offset = 301;  // [0, 300) and [301, 513)
+  EXPECT_MANIFEST_ERROR(bad, "in flat order: a slice starts at 301 where 300 was expected (gap");
+  bad = m;
+  bad.tensors[0].slices[0].length = 211;
+  EXPECT_MANIFEST_ERROR(bad, "its slices cover 511 of the 512 indices of the flattened tensor");
+  bad = m;
+  bad.tensors[0].slices[0].length = 213;
+  EXPECT_MANIFEST_ERROR(bad, "at offset 300 of length 213 runs past the flattened tensor (512");
+  bad = m;
+  bad.tensors[0].slices[0] = {"model_rank_00001.safetensors", 0, 2, 2};  // rows and flat
+  EXPECT_MANIFEST_ERROR(bad, "has slices of two kinds (dimension 0 and flat)");
+  bad = m;
+  bad.tensors[0].shape = {std::numeric_limits<int64_t>::max(), 4};
+  EXPECT_MANIFEST_ERROR(bad, "has more than 2^63 elements");
+  // Parsed: a slice with both a dimension and a flat range is refused.
+  std::string both = text;
+  both.replace(both.find(key), key.size(), "\"dim\": 0, \"offset\": 0, \"length\": 1, " + key);
+  EXPECT_ERROR_HAS(parse_manifest(both, "m.json"), "has both \"dim\" and \"flat_offset\"");
+}
+
 // The published test vectors of FIPS 180-2, and hashing in pieces equals hashing the whole.
 // A multi-rank save: each rank's part (its files and slices) goes through its JSON, and the
 // merge joins them into the manifest of two_rank_manifest(), slices in offset order; parts that
