@@ -340,6 +340,53 @@ TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
   }
 }
 
+// --use-distributed-optimizer on 4 ranks (EP 1: dp = edp = 4; EP 2: edp 2; EP 4: edp 1), fp32
+// and --bf16: the plan's stage is the trainer's sizing pass with the moments of this rank's
+// shards of the trainer's buckets (no formula line), the weights and grads as without it (the
+// trainer shards only Adam m, v: no second gradient buffer, the fp32 master values whole).
+TEST(PlanMemory, DistributedOptimizerIsTheTrainersSharding) {
+  for (const char* ep : {"1", "2", "4"}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ep " << ep << (bf16 ? " bf16" : ""));
+      std::vector<std::string> args = {"--config", config("tiny"), "--hardware", "cpu",
+                                       "--gpus", "4", "--expert-model-parallel-size", ep,
+                                       "--json"};
+      if (bf16) args.push_back("--bf16");
+      const auto plain = nlohmann::json::parse(plan_out(args));
+      args.push_back("--use-distributed-optimizer");
+      const auto dist = nlohmann::json::parse(plan_out(args));
+      const auto& st = dist["stages"][0];
+      ASSERT_EQ(st["source"], "arena");
+      for (const char* kind : {"weights", "grads", "activations"}) {
+        EXPECT_EQ(st["memory_bytes"][kind].get<double>(),
+                  plain["stages"][0]["memory_bytes"][kind].get<double>())
+            << kind;
+      }
+      std::vector<std::string> v = {"train", "--config", config("tiny")};
+      v = cli::expand_config_files(v);
+      v.erase(v.begin());
+      if (bf16) v.push_back("--bf16");
+      const cli::TrainFlags f = cli::parse_train_args(v);
+      parallel::ParallelConfig pc;
+      pc.ep = std::stoi(ep);
+      parallel::GradReduceConfig ddp;
+      ddp.distributed_optimizer = true;
+      const ArenaSizes a =
+          trainer_arena_sizes(f.model, f.train.micro_batch, pc, 4, 0, Device::CPU, ddp);
+      EXPECT_EQ(st["memory_bytes"]["optimizer"].get<double>(), a.by_kind[2]);
+      EXPECT_EQ(st["arena_planned_bytes"].get<double>(), a.planned);
+      EXPECT_EQ(a.shard_degree[0], 4);
+      EXPECT_EQ(a.shard_degree[1], 4 / pc.ep);
+      // Adam m, v of about 1/d of each kind: below the whole state, by the degree.
+      const double whole = plain["stages"][0]["memory_bytes"]["optimizer"].get<double>();
+      const double want = 8.0 * (static_cast<double>(a.numel_dense) / 4 +
+                                 static_cast<double>(a.numel_expert) / (4 / pc.ep));
+      EXPECT_NEAR(a.by_kind[2], want, 0.01 * want);
+      EXPECT_LT(a.by_kind[2], whole);
+    }
+  }
+}
+
 // Expert parallelism, every rank of EP 2 x EDP 2 on 4 ranks: the sizing pass on sizing groups
 // plans what the allocating model of that rank holds (the same groups, no MPI needed: neither
 // communicates while it is built), and the EP ranks hold half the experts.
