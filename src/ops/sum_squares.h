@@ -11,9 +11,18 @@
 
 namespace moecore::ops {
 
+// A list of element ranges [begin, begin + count) of one buffer (the distributed optimizer's
+// owned shards of the flat gradient buffer).
+struct ElemRange {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void sum_squares(double* out, const T* x, int64_t n);
+template <typename T>
+void sum_squares_ranges(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges);
 }  // namespace cpu
 
 template <typename T>
@@ -21,8 +30,21 @@ void sum_squares(const Exec& ex, DevPtr<double> out, DevPtr<const T> x, int64_t 
   if (ex.on_cpu()) return cpu::sum_squares(raw_ptr(out), raw_ptr(x), n);
   no_kernel(ex, "sum_squares");
 }
-// Plain loop with a long double accumulator: the oracle.
+// *out = the sum of squares of the elements of x in `ranges` (n_ranges of them; a planned list
+// the host keeps, the same every step): each range summed as sum_squares sums a buffer, then
+// the range sums added in list order (0 + r0 + r1 + ...), so one range gives sum_squares'
+// bits and the result depends on the ranges only, not on the thread count.
+template <typename T>
+void sum_squares_ranges(const Exec& ex, DevPtr<double> out, DevPtr<const T> x,
+                        const ElemRange* ranges, int64_t n_ranges) {
+  if (ex.on_cpu()) return cpu::sum_squares_ranges(raw_ptr(out), raw_ptr(x), ranges, n_ranges);
+  no_kernel(ex, "sum_squares_ranges");
+}
+
+// Plain loops with a long double accumulator: the oracles.
 template <typename T>
 void sum_squares_ref(double* out, const T* x, int64_t n);
+template <typename T>
+void sum_squares_ranges_ref(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges);
 
 }  // namespace moecore::ops

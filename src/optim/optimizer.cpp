@@ -129,6 +129,9 @@ void AdamWOptimizer::plan_pieces() {
       covered += e - b;
     }
   }
+  for (const OwnedRange& r : ranges) {
+    if (r.count > 0) owned_flat_.push_back(ops::ElemRange{r.begin, r.count});
+  }
   MOE_CHECK(covered == sharded_->owned_numel[k],
             "[optimizer] the owned ranges cover {} of the {} owned {} elements: they do not lie "
             "inside the parameters",
@@ -168,12 +171,13 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
   if (sharded_) {
     // The bf16 copies are not written here: the elements other ranks update arrive with the
     // gather, after which refresh_bf16 converts the whole buffer (the same rounding).
+    // The summed gradients of the owned elements lie where the elements do (the in-place
+    // reduce-scatter); the moments are packed in the owned layout.
     const int k = static_cast<int>(only_);
-    DevPtr<const T> g = dev_ptr_cast<const T>(sharded_->owned_grad[k]);
     for (const Piece& pc : pieces_) {
-      ops::adamw_step(arena_.exec(), pc.p->data_as<T>() + (pc.begin - pc.p->offset),
-                      g + pc.owned, m_[k] + pc.owned, v_[k] + pc.owned, pc.count,
-                      adamw_params(*pc.p), s);
+      const int64_t at = pc.begin - pc.p->offset;
+      ops::adamw_step(arena_.exec(), pc.p->data_as<T>() + at, pc.p->grad_as<T>() + at,
+                      m_[k] + pc.owned, v_[k] + pc.owned, pc.count, adamw_params(*pc.p), s);
     }
     return;
   }
@@ -195,15 +199,21 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
 }
 
 void AdamWOptimizer::grad_sum_squares(DevPtr<double> sum_sq) const {
-  if (sharded_) {  // this rank's owned elements only: the group's sum counts each once
+  if (sharded_) {
+    // This rank's owned elements only, so that the group's sum counts each once: one sum over
+    // the owned ranges of the flat gradient buffer, in flat order (each range blocked as
+    // sum_squares blocks a buffer, the range sums added in order: ops::sum_squares_ranges).
     const int k = static_cast<int>(only_);
-    const int64_t n = sharded_->owned_numel[k];
+    const ParamKind kind = static_cast<ParamKind>(k);
+    const int64_t nr = static_cast<int64_t>(owned_flat_.size());
     if (params_.dtype() == DType::F32) {
-      ops::sum_squares(params_.exec(), sum_sq + k,
-                       dev_ptr_cast<const float>(sharded_->owned_grad[k]), n);
+      ops::sum_squares_ranges(params_.exec(), sum_sq + k,
+                              dev_ptr_cast<const float>(params_.flat_grad(kind)),
+                              owned_flat_.data(), nr);
     } else {
-      ops::sum_squares(params_.exec(), sum_sq + k,
-                       dev_ptr_cast<const double>(sharded_->owned_grad[k]), n);
+      ops::sum_squares_ranges(params_.exec(), sum_sq + k,
+                              dev_ptr_cast<const double>(params_.flat_grad(kind)),
+                              owned_flat_.data(), nr);
     }
     return;
   }

@@ -11,6 +11,7 @@
 #include "core/arena.h"
 #include "nn/param_registry.h"
 #include "ops/adamw.h"
+#include "ops/sum_squares.h"
 
 namespace moecore::optim {
 
@@ -63,17 +64,17 @@ void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], De
 
 // The distributed optimizer (--use-distributed-optimizer, ZeRO-1) as one rank sees it: the
 // elements of each kind's flat buffer it updates (its shard of every gradient bucket,
-// parallel/bucket_shards.h) and their gradients, summed over the bucket's group, packed in the
-// owned layout; the moments are allocated for these elements only.
+// parallel/bucket_shards.h), whose gradients, summed over the bucket's group, the reduce-scatter
+// left in place in the kind's flat gradient buffer; the moments are allocated for these
+// elements only, packed in the owned layout.
 struct OwnedRange {
-  int64_t begin = 0;  // in the kind's flat buffer
+  int64_t begin = 0;  // in the kind's flat buffers (values, gradients)
   int64_t count = 0;
-  int64_t owned = 0;  // in the kind's owned buffers (gradients, moments)
+  int64_t owned = 0;  // in the kind's owned buffers (moments)
 };
 struct ShardedState {
   std::vector<OwnedRange> ranges[2];  // per kind (dense, expert), any order
   int64_t owned_numel[2] = {0, 0};
-  DevPtr<const void> owned_grad[2] = {nullptr, nullptr};  // the registry's dtype
   // After the updates: the owned pieces of the values gathered so every rank holds them all.
   std::function<void()> gather_params;
 };
@@ -146,6 +147,7 @@ class AdamWOptimizer {
   int64_t step_ = 0;
   std::optional<ShardedState> sharded_;
   std::vector<Piece> pieces_;  // in parameter order
+  std::vector<ops::ElemRange> owned_flat_;  // the owned ranges in flat order (the norm's sum)
 };
 
 }  // namespace moecore::optim

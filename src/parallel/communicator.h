@@ -106,6 +106,9 @@ class Communicator {
   CommHandle reduce_scatter_async(DevPtr<const void> send, DevPtr<void> recv, int64_t count,
                                   DType dt, ReduceOp op);
   // recv (counts[rank] elements) = op over ranks of this rank's piece of send (sum(counts)).
+  // In place (NCCL's convention, both reduce-scatter forms): recv may be this rank's own slot
+  // of send, recv = send + (the counts of the ranks before this one); the result then lands in
+  // that slot, and the rest of send is left undefined (a backend may use it as scratch).
   CommHandle reduce_scatter_v_async(DevPtr<const void> send, DevPtr<void> recv,
                                     std::span<const int64_t> counts, DType dt, ReduceOp op);
   // send holds send_counts[r] elements for each rank r in order; recv gets recv_counts[r] from

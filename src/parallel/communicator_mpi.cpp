@@ -208,6 +208,7 @@ class MpiRequest final : public CommRequest {
     req = MPI_REQUEST_NULL;
     status = MPI_Status{};
     finish = nullptr;
+    src = nullptr;
     dst = nullptr;
     n = 0;
   }
@@ -267,6 +268,7 @@ class MpiRequest final : public CommRequest {
   // Run once on completion, with what it needs in the request (no capturing closure: those
   // allocate).
   void (*finish)(MpiRequest&) = nullptr;
+  void* src = nullptr;
   void* dst = nullptr;
   int64_t n = 0;
   MPI_Datatype recv_type = MPI_DATATYPE_NULL;
@@ -395,12 +397,29 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
   ints(r->counts, counts, call);
   displs(r->displs, counts, call);  // checks the total fits MPI's int
   const int64_t mine = counts[rank_];
-  MOE_CHECK(send != recv || total == 0,
-            "[comm] {} on group '{}': send and recv must be different buffers", call, name_);
+  const size_t es = dtype_size(dt);
+  // In place: recv is this rank's own slot of send (NCCL's convention). MPI_IN_PLACE leaves
+  // the result at the start of the buffer instead; it is moved to the slot on completion (the
+  // two ranges coincide on rank 0; on another rank they may overlap with uneven counts:
+  // memmove). The bf16 path reduces in f32 staging and writes recv at the end anyway.
+  const bool in_place = recv == static_cast<const char*>(send) + r->displs[rank_] * es;
+  MOE_CHECK(in_place || send != recv || total == 0,
+            "[comm] {} on group '{}': send and recv must be different buffers, or recv this "
+            "rank's own slot of send (in place)",
+            call, name_);
   const void* sbuf = send;
   void* rbuf = recv;
   MPI_Datatype t = mpi_type(dt);
-  if (dt == DType::BF16) {
+  if (in_place && dt != DType::BF16) {
+    sbuf = MPI_IN_PLACE;
+    rbuf = const_cast<void*>(send);
+    if (rank_ != 0 && mine > 0) {
+      r->src = rbuf;
+      r->dst = recv;
+      r->n = mine * static_cast<int64_t>(es);  // bytes
+      r->finish = [](MpiRequest& q) { std::memmove(q.dst, q.src, q.n); };
+    }
+  } else if (dt == DType::BF16) {
     r->staging.resize(total);
     r->staging2.resize(mine);
     bf16_to_f32(send, r->staging.data(), total);

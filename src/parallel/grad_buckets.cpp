@@ -19,7 +19,7 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
                          const std::vector<std::vector<const Param*>>& stages,
                          const ProcessGroup* dense_group, const ProcessGroup* expert_group,
                          const GradReduceConfig& cfg)
-    : params_(params), cfg_(cfg), arena_(params.exec()) {
+    : params_(params), cfg_(cfg) {
   cfg_.validate();
   groups_[0] = dense_group;
   groups_[1] = expert_group;
@@ -99,19 +99,6 @@ void GradBuckets::plan_shards() {
     std::vector<BucketShard> s = shard_buckets(offsets, counts, d, r, &owned_numel_[k]);
     for (size_t i = 0; i < of_kind.size(); ++i) shards_[of_kind[i]] = std::move(s[i]);
   }
-  const size_t esize = dtype_size(params_.dtype());
-  arena_.plan([&](Arena& a) {
-    for (int k = 0; k < 2; ++k) {
-      // One rank: it owns every element where it lies (shard_buckets keeps the flat order).
-      if (communicates_[k]) {
-        owned_grad_[k] = a.alloc<char>(owned_numel_[k] * static_cast<int64_t>(esize),
-                                       k == 0 ? "ddp.owned_grad.dense" : "ddp.owned_grad.expert",
-                                       MemKind::Grads);
-      } else {
-        owned_grad_[k] = params_.flat_grad(static_cast<ParamKind>(k));
-      }
-    }
-  });
 }
 
 void GradBuckets::arm() {
@@ -129,8 +116,9 @@ void GradBuckets::launch(size_t b) {
   const size_t esize = dtype_size(params_.dtype());
   DevPtr<void> ptr = dev_ptr_cast<char>(params_.flat_grad(bk.kind)) + bk.offset * esize;
   if (sharded()) {
+    // In place: the summed shard lands where it lies in the flat buffer.
     const BucketShard& s = shards_[b];
-    DevPtr<void> mine = dev_ptr_cast<char>(owned_grad_[k]) + s.owned_offset * esize;
+    DevPtr<void> mine = dev_ptr_cast<char>(ptr) + (s.begin - bk.offset) * esize;
     handles_[b] = groups_[k]->communicator().reduce_scatter_v_async(ptr, mine, s.counts,
                                                                     params_.dtype(), ReduceOp::Sum);
     return;

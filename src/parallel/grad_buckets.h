@@ -5,9 +5,10 @@
 // buckets are reduced after the backward. Both issue identical collectives (same buckets, same
 // order), so both give bitwise-identical gradients. The 1/|dp x cp| mean scale is not applied
 // here: the trainer folds it into the backward's loss-gradient scale (docs/parallel.md).
-// With --use-distributed-optimizer each bucket is reduce-scattered instead: rank r of the group
-// receives the sum of its shard r (parallel/bucket_shards.h) in the owned gradient buffer, and
-// gather_params() all-gathers the updated shards of the values after the optimizer step.
+// With --use-distributed-optimizer each bucket is reduce-scattered instead, in place: rank r of
+// the group receives the sum of its shard r (parallel/bucket_shards.h) at the shard's own place
+// in the flat gradient buffer (no second gradient buffer), and gather_params() all-gathers the
+// updated shards of the values after the optimizer step.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
 #include "nn/param_registry.h"
 #include "parallel/bucket_shards.h"
 #include "parallel/communicator.h"
@@ -62,22 +62,25 @@ class GradBuckets {
     before_reduce_ = std::move(hook);
   }
 
-  // --use-distributed-optimizer: after finish(), owned_grad(kind) holds the summed gradients
-  // of this rank's shards (owned_numel(kind) elements, shards(b) tells where each bucket's
-  // piece sits); the flat gradient buffer outside them holds this rank's own, unsummed values.
-  // A kind whose group has one rank owns everything: its owned buffer is the flat buffer.
+  // --use-distributed-optimizer: after finish(), the flat gradient buffer holds the summed
+  // gradients of this rank's shards at [shard(b).begin, + shard(b).count) of every bucket b
+  // (owned_numel(kind) elements in all); outside them its contents are undefined (the
+  // reduce-scatter's scratch). The owned layout (shard(b).owned_offset) packs the shards back
+  // to back for the optimizer's moments. A kind whose group has one rank owns everything.
   bool sharded() const { return cfg_.distributed_optimizer && communicates(); }
   const BucketShard& shard(size_t bucket) const { return shards_[bucket]; }
   int64_t owned_numel(ParamKind kind) const { return owned_numel_[static_cast<int>(kind)]; }
-  DevPtr<void> owned_grad(ParamKind kind) const { return owned_grad_[static_cast<int>(kind)]; }
+  // The group size a kind's optimizer state is sharded over (1: not sharded).
+  int shard_degree(ParamKind kind) const {
+    const int k = static_cast<int>(kind);
+    return sharded() && communicates_[k] ? groups_[k]->size() : 1;
+  }
   // The group a kind's gradients reduce over (null: none).
   const ProcessGroup* group(ParamKind kind) const { return groups_[static_cast<int>(kind)]; }
   // After the optimizer updated the owned elements: every bucket's shards all-gathered over its
   // group into the flat value buffers (in place), so that every rank holds the whole weights.
   // Collective; the ops that read the values next are ordered after it.
   void gather_params();
-  // The bytes of the owned gradient buffers (0 without sharding or with one rank per group).
-  int64_t owned_grad_bytes() const { return static_cast<int64_t>(arena_.planned_bytes()); }
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   bool communicates() const { return communicates_[0] || communicates_[1]; }
@@ -99,8 +102,6 @@ class GradBuckets {
   std::function<void(size_t)> before_reduce_;
   std::vector<BucketShard> shards_;  // per bucket (--use-distributed-optimizer)
   int64_t owned_numel_[2] = {0, 0};
-  DevPtr<void> owned_grad_[2] = {nullptr, nullptr};
-  Arena arena_;  // the owned gradient buffers of the kinds whose group has several ranks
 };
 
 }  // namespace moecore::parallel

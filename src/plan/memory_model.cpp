@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "parallel/grad_buckets.h"
 #include "parallel/process_groups.h"
 #include "plan/sizing_groups.h"
 
@@ -35,7 +36,8 @@ namespace {
 // layout: the world's (null for one rank), built once per plan by the caller: a layout of many
 // ranks takes longer to build than the pass itself.
 ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
-                           const parallel::Layout* layout, int rank, Device device) {
+                           const parallel::Layout* layout, int rank, Device device,
+                           const parallel::GradReduceConfig& ddp) {
   std::unique_ptr<parallel::ProcessGroups> groups;
   if (layout != nullptr) groups = sizing_groups(*layout, rank);
   Exec target;  // sizes only: no stream, no device needed
@@ -44,16 +46,29 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
                                target);
   const Arena& a = model.arena();
   MOE_CHECK(!a.allocated(), "[plan] the sizing pass allocated its arena");
-  // The ChainedOptimizer's two AdamWs: one over the dense, one over the expert parameters.
+  // The ChainedOptimizer's two AdamWs: one over the dense, one over the expert parameters;
+  // with the distributed optimizer over this rank's shards of the trainer's own gradient
+  // buckets (the trainer's GradBuckets, built on the sizing groups: it allocates nothing).
   const ParamRegistry& p = model.params();
-  const int64_t dense[2] = {p.numel(ParamKind::Dense), 0};
-  const int64_t expert[2] = {0, p.numel(ParamKind::Expert)};
+  int64_t owned[2] = {p.numel(ParamKind::Dense), p.numel(ParamKind::Expert)};
+  ArenaSizes s;
+  if (ddp.distributed_optimizer && groups != nullptr) {
+    const parallel::GradBuckets buckets(p, model.grad_stages(),
+                                        &groups->group(parallel::GroupKind::DpCp),
+                                        &groups->group(parallel::GroupKind::ExptDp), ddp);
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      const int i = static_cast<int>(k);
+      s.shard_degree[i] = buckets.shard_degree(k);
+      if (buckets.sharded()) owned[i] = buckets.owned_numel(k);
+    }
+  }
+  const int64_t dense[2] = {owned[0], 0};
+  const int64_t expert[2] = {0, owned[1]};
   Arena od, oe;
   DevPtr<float> m[2];
   DevPtr<float> v[2];
   od.size_only([&](Arena& x) { optim::adamw_state_layout(x, dense, m, v); });
   oe.size_only([&](Arena& x) { optim::adamw_state_layout(x, expert, m, v); });
-  ArenaSizes s;
   for (int k = 0; k < kNumMemKinds; ++k) {
     const MemKind kind = static_cast<MemKind>(k);
     s.by_kind[k] = static_cast<double>(a.bytes_of(kind) + od.bytes_of(kind) + oe.bytes_of(kind));
@@ -70,10 +85,10 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
 
 ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
                                const parallel::ParallelConfig& parallel, int world, int rank,
-                               Device device) {
-  if (world <= 1) return arena_sizes_for(cfg, micro_batch, nullptr, rank, device);
+                               Device device, const parallel::GradReduceConfig& ddp) {
+  if (world <= 1) return arena_sizes_for(cfg, micro_batch, nullptr, rank, device, ddp);
   const parallel::Layout layout = parallel::make_layout(parallel, world);
-  return arena_sizes_for(cfg, micro_batch, &layout, rank, device);
+  return arena_sizes_for(cfg, micro_batch, &layout, rank, device, ddp);
 }
 
 namespace {
@@ -277,8 +292,11 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       const ModelConfig whole = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
       const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
       const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
-      const ArenaSizes a =
-          arena_sizes_for(cfg, run.micro_batch, world > 1 ? &layout : nullptr, rank, hw.device);
+      parallel::GradReduceConfig ddp;
+      ddp.distributed_optimizer = run.distributed_optimizer;
+      ddp.bucket_size = run.ddp_bucket_size;
+      const ArenaSizes a = arena_sizes_for(cfg, run.micro_batch, world > 1 ? &layout : nullptr,
+                                           rank, hw.device, ddp);
       st.arena_planned = a.planned;
       st.sharing_saves = a.sharing_saves;
       const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,
@@ -317,27 +335,9 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             fmt::format("{}{}{} grads", dense_red ? "dense" : "",
                         dense_red && expert_red ? " + " : "", expert_red ? "expert" : ""));
       }
-      if (run.distributed_optimizer) {
-        // What sharding takes off a rank: bytes of its dense and expert parameters, each kept
-        // once per dp x cp (dense) or expert dp (experts) ranks.
-        const std::string shards =
-            fmt::format("dense x (1 - 1/{}) + expert x (1 - 1/{})", dense_shards, expert_shards);
-        auto shard = [&](MemPart part, double dense, double expert, const char* what,
-                         const std::string& formula) {
-          add(st, part, -(dense * (1 - 1 / dense_shards) + expert * (1 - 1 / expert_shards)), what,
-              formula);
-        };
-        const double od = a.by_kind[2] * a.numel_dense / std::max(1.0, numel);
-        shard(MemPart::Optimizer, od, a.by_kind[2] - od, "distributed optimizer shards Adam state",
-              "-(" + shards + ")");
-        if (run.bf16) {
-          // With bf16 the trainer's weights hold the fp32 master copy beside the bf16 one;
-          // Megatron's distributed optimizer shards the master copy too (6 + 12/d B).
-          shard(MemPart::Weights, 4.0 * static_cast<double>(a.numel_dense),
-                4.0 * static_cast<double>(a.numel_expert),
-                "distributed optimizer shards the fp32 master weights", "-4 B x (" + shards + ")");
-        }
-      }
+      // The distributed optimizer needs no correction: the pass above sized the moments for
+      // this rank's shards of the trainer's buckets (the trainer shards Adam m, v only: its
+      // fp32 values, the master copy under --bf16, stay whole, docs/parallel.md).
     } else {
       st.why_formula = reason;
       // Megatron's mixed precision: bf16 weights, fp32 main grads, fp32 master + Adam m, v

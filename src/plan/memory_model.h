@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/grad_buckets.h"
 #include "plan/hardware.h"
 #include "plan/model_spec.h"
 #include "plan/param_count.h"
@@ -79,10 +80,14 @@ struct ArenaSizes {
   double sharing_saves = 0;
   double recompute_saves = 0;
   int64_t numel_dense = 0, numel_expert = 0;
+  // The group size each kind's optimizer state is sharded over (dense, expert; 1: whole).
+  std::array<int, 2> shard_degree{1, 1};
 };
 // device: the backend the pass sizes for (a context that is never run: nothing is allocated).
+// ddp: --use-distributed-optimizer and --ddp-bucket-size (the shards follow the buckets).
 ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
                                const parallel::ParallelConfig& parallel, int world, int rank,
-                               Device device = Device::CPU);
+                               Device device = Device::CPU,
+                               const parallel::GradReduceConfig& ddp = {});
 
 }  // namespace moecore::plan

@@ -208,6 +208,7 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   r.global_batch = int_or(a, "--global-batch-size", 0);
   r.bf16 = on(a, "--bf16");
   r.distributed_optimizer = on(a, "--use-distributed-optimizer");
+  r.ddp_bucket_size = int_or(a, "--ddp-bucket-size", 0);
   auto dtype_bytes = [](const std::string& t) {
     return t == "fp8" ? 1.0 : (t == "fp16" || t == "bf16") ? 2.0 : 4.0;
   };

@@ -70,6 +70,7 @@ struct RunSpec {
   int64_t global_batch = 0;           // 0: micro_batch x dp
   bool bf16 = false;
   bool distributed_optimizer = false; // --use-distributed-optimizer
+  int64_t ddp_bucket_size = 0;        // --ddp-bucket-size (0: one bucket per backward stage)
   // Megatron's precision-aware optimizer (--main-params-dtype, --main-grads-dtype,
   // --exp-avg-dtype, --exp-avg-sq-dtype), bytes per element; and FP8 GEMMs (--fp8-format):
   // the linear layers' saved inputs are fp8. Modelled by formula only (the trainer has neither).

@@ -67,6 +67,28 @@ MfuReport mfu_report(double flops, double seconds, double peak_gflops) {
   return r;
 }
 
+double state_bytes_formula(const int64_t numel[2], const int degree[2], double value_bytes,
+                           double grad_bytes) {
+  const double n = static_cast<double>(numel[0] + numel[1]);
+  if (n == 0) return 0;
+  double b = 0;
+  for (int k = 0; k < 2; ++k) {
+    b += static_cast<double>(numel[k]) * (value_bytes + grad_bytes + 8.0 / degree[k]);
+  }
+  return b / n;
+}
+
+std::string state_bytes_formula_text(const int degree[2], double value_bytes, double grad_bytes) {
+  const std::string values =
+      value_bytes == 4 ? "4" : value_bytes > 4 && value_bytes < 8
+                                   ? fmt::format("4 + {:g}", value_bytes - 4)
+                                   : fmt::format("{:g}", value_bytes);
+  const std::string d = degree[0] == degree[1]
+                            ? fmt::format("d = {}", degree[0])
+                            : fmt::format("d = {} dense, {} expert", degree[0], degree[1]);
+  return fmt::format("{} + {:g} + 8/d ({})", values, grad_bytes, d);
+}
+
 int64_t peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -101,7 +123,11 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"alltoall_bytes", m.alltoall_bytes},
                       {"mem_planned_bytes", m.mem_planned_bytes},
                       {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
-                      {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes}};
+                      {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes},
+                      {"optim_shard_degree_dense", m.optim_shard_degree[0]},
+                      {"optim_shard_degree_expert", m.optim_shard_degree[1]},
+                      {"state_bytes_per_param", m.state_bytes_per_param},
+                      {"state_bytes_per_param_formula", m.state_bytes_per_param_formula}};
   for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
     j[fmt::format("mem_{}_bytes", mem_kind_name(static_cast<MemKind>(k)))] = m.mem_bytes[k];
   }

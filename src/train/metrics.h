@@ -75,7 +75,25 @@ struct StepMetrics {
   int64_t mem_planned_bytes = 0;          // what the arenas really hold
   int64_t mem_shared_saved_bytes = 0;     // saved by sharing per-layer buffers across layers
   int64_t mem_recompute_saved_bytes = 0;  // saved by activation recomputation
+  // The optimizer state's sharding degree per kind (dense over dp x cp, expert over expt_dp;
+  // 1: whole), and the bytes per parameter of weights + grads + optimizer state on this rank:
+  // measured from the arenas, and moecore's formula (state_bytes_formula) for the same counts.
+  std::array<int, 2> optim_shard_degree{1, 1};
+  double state_bytes_per_param = 0;
+  double state_bytes_per_param_formula = 0;
 };
+
+// What one rank holds per parameter in weights + grads + optimizer state (docs/parallel.md),
+// for numel[k] parameters of each kind (dense, expert) whose Adam m, v (fp32) are sharded over
+// degree[k] ranks: value_bytes per parameter of value buffers (fp32: 4; --bf16: the fp32
+// values 4 + the bf16 copy 2, or 4 widened; the f64 trainer: 8), grad_bytes of gradients:
+//   value_bytes + grad_bytes + 8 / d, averaged over the kinds by their counts.
+// fp32: 8 + 8/d (Megatron's); --bf16: 10 + 8/d (Megatron's 6 + 12/d shards the fp32 master
+// copy too; moecore keeps it whole).
+double state_bytes_formula(const int64_t numel[2], const int degree[2], double value_bytes,
+                           double grad_bytes);
+// The formula as text, e.g. "4 + 2 + 4 + 8/d (d = 4 dense, 2 expert)".
+std::string state_bytes_formula_text(const int degree[2], double value_bytes, double grad_bytes);
 
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();

@@ -197,7 +197,6 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
       sharded.owned_numel[static_cast<int>(k)] = buckets_->owned_numel(k);
-      sharded.owned_grad[static_cast<int>(k)] = buckets_->owned_grad(k);
       const parallel::ProcessGroup* g = buckets_->group(k);
       if (g == nullptr || g->size() == 1) continue;
       const Exec* ex = &exec_;
@@ -430,7 +429,36 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.mem_planned_bytes = static_cast<int64_t>(ma.planned_bytes()) + optimizer_->planned_bytes();
   m.mem_shared_saved_bytes = static_cast<int64_t>(sharing_saving_bytes(ma));
   m.mem_recompute_saved_bytes = static_cast<int64_t>(ma.recompute_saving_bytes());
+  memory_per_param(m);
   return m;
+}
+
+// Bytes per parameter of the registry's value buffers: the values, and under --bf16 the
+// compute copy (bf16, or the widened-bf16 GEMM path's f32 copy of the same values).
+static double value_bytes_per_param(const ParamRegistry& p) {
+  const bool widened = !p.params().empty() && p.params().front().has_data16w;
+  const double copy = !p.has_bf16_copies() ? 0 : widened ? 4 : 2;
+  return static_cast<double>(dtype_size(p.dtype())) + copy;
+}
+
+template <typename T>
+void BasicTrainer<T>::memory_per_param(StepMetrics& m) const {
+  const ParamRegistry& p = model_->params();
+  const Arena& ma = model_->arena();
+  const int64_t numel[2] = {p.numel(ParamKind::Dense), p.numel(ParamKind::Expert)};
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    m.optim_shard_degree[static_cast<int>(k)] = buckets_->shard_degree(k);
+  }
+  const double n = static_cast<double>(numel[0] + numel[1]);
+  // The weights' bytes hold the parameters' value buffers and a few router buffers (expert
+  // bias, quantile beta): the measurement is a little above the formula.
+  const double held = static_cast<double>(ma.bytes_of(MemKind::Weights) +
+                                          ma.bytes_of(MemKind::Grads) +
+                                          optimizer_->state_bytes(MemKind::OptimizerState));
+  m.state_bytes_per_param = n > 0 ? held / n : 0;
+  m.state_bytes_per_param_formula =
+      state_bytes_formula(numel, m.optim_shard_degree.data(), value_bytes_per_param(p),
+                          static_cast<double>(dtype_size(p.dtype())));
 }
 
 template <typename T>
@@ -510,6 +538,24 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                  ? std::string()
                  : fmt::format(", activation recomputation saves {:.2f}",
                                ma.recompute_saving_bytes() / kMiB));
+  {
+    StepMetrics m;
+    memory_per_param(m);
+    const double esize = static_cast<double>(dtype_size(p.dtype()));
+    const double values = value_bytes_per_param(p);
+    const bool sharded = m.optim_shard_degree[0] > 1 || m.optim_shard_degree[1] > 1;
+    fmt::print(log,
+               "[train] memory per parameter: weights + grads + optimizer state {:.3f} B "
+               "(formula {} = {:.3f} B); Adam state {}\n",
+               m.state_bytes_per_param,
+               state_bytes_formula_text(m.optim_shard_degree.data(), values, esize),
+               m.state_bytes_per_param_formula,
+               sharded ? fmt::format("sharded over dp_cp {} (dense) and expt_dp {} (expert) "
+                                     "(--use-distributed-optimizer){}",
+                                     m.optim_shard_degree[0], m.optim_shard_degree[1],
+                                     p.has_bf16_copies() ? ", fp32 master values whole" : "")
+                       : std::string("whole on every rank"));
+  }
   // What decides the bitwise results on this CPU (the golden digests are kept per class).
   if (exec_.on_cpu()) fmt::print(log, "[train] numerics class: {}\n", ops::numerics_class());
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());

@@ -142,6 +142,9 @@ class BasicTrainer {
 
  private:
   void print_header(std::ostream& log) const;
+  // The optimizer state's sharding degree per kind and the bytes per parameter of weights +
+  // grads + optimizer state, measured from the arenas and by state_bytes_formula, into m.
+  void memory_per_param(StepMetrics& m) const;
   // Loads --load as cfg_.ckpt says; prints what it loaded (or that there is nothing yet).
   std::optional<int64_t> resume(std::ostream& log);
   // Startup recovery of --load and --save after a crash in a save (ckpt::recover_checkpoint_dir,

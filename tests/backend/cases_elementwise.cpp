@@ -488,6 +488,33 @@ void sum_squares_one(const Exec& ex) {
   expect_bitwise(got, &want, "small integers: exact");
 }
 
+// Over ranges (the distributed optimizer's owned shards): empty ranges, one across a block
+// boundary; the bound of sum_squares_one; one range gives sum_squares' bits.
+template <typename T>
+void sum_squares_ranges_one(const Exec& ex) {
+  constexpr double kSumSquaresRtol = 1e-13;
+  const int64_t n = (int64_t{1} << 15) + 100;
+  const auto x = random_vec<T>(n, 11, -2.0, 2.0);
+  const std::vector<ops::ElemRange> ranges = {{5, 0},
+                                              {7, 31},
+                                              {100, (int64_t{1} << 14) + 9},
+                                              {int64_t{1} << 15, 0},
+                                              {(int64_t{1} << 15) + 1, 99}};
+  BACKEND_TRACE(dtype_name<T>() << " " << ranges.size() << " ranges");
+  double want = -1;
+  ops::sum_squares_ranges_ref(&want, x.data(), ranges.data(),
+                              static_cast<int64_t>(ranges.size()));
+  Guarded<double> got(1, -1.0);
+  ops::sum_squares_ranges<T>(ex, got.data(), x.data(), ranges.data(),
+                             static_cast<int64_t>(ranges.size()));
+  expect_close(got, &want, "sum of squares over ranges", kSumSquaresRtol, 0.0);
+  const ops::ElemRange all{3, n - 3};
+  Guarded<double> whole(1, -1.0), one(1, -2.0);
+  ops::sum_squares<T>(ex, whole.data(), x.data() + 3, n - 3);
+  ops::sum_squares_ranges<T>(ex, one.data(), x.data(), &all, 1);
+  expect_bitwise(one, whole.data(), "one range == sum_squares");
+}
+
 // Three steps from zero moments, weight decay on and off, grad_scale. The fast path works in T
 // with folded constants, the reference in f64 with m, v rounded to f32: both dtypes compare with
 // the f32 tolerance, as tests/ops/test_adamw.cpp (the moments are f32 either way).
@@ -624,6 +651,10 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
   out.push_back({"sum_squares", {"sum_squares"}, [](const Exec& ex) {
                    sum_squares_one<float>(ex);
                    sum_squares_one<double>(ex);
+                 }});
+  out.push_back({"sum_squares_ranges", {"sum_squares_ranges"}, [](const Exec& ex) {
+                   sum_squares_ranges_one<float>(ex);
+                   sum_squares_ranges_one<double>(ex);
                  }});
   out.push_back({"adamw", {"adamw_step"}, [](const Exec& ex) {
                    adamw_one<float>(ex);

@@ -40,6 +40,9 @@ TEST(LocalCommunicator, CollectivesOnOneRankAreCopies) {
   const std::vector<int64_t> counts = {2};
   c->reduce_scatter_v(std::vector<int32_t>{8, 9}, rs, counts);
   EXPECT_EQ(rs, (std::vector<int32_t>{8, 9}));
+  // In place: the one rank's slot is the whole send buffer.
+  c->reduce_scatter_v(rs, std::span<int32_t>(rs), counts);
+  EXPECT_EQ(rs, (std::vector<int32_t>{8, 9}));
   std::vector<double> a2a(0);
   const std::vector<int64_t> zero = {0};
   c->all_to_all_v(std::vector<double>{}, zero, a2a, zero);

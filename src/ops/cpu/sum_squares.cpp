@@ -60,7 +60,21 @@ void sum_squares(double* out, const T* x, int64_t n) {
   *out = n == 0 ? 0.0 : blocked_sum_squares(x, n);
 }
 
+template <typename T>
+void sum_squares_ranges(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges) {
+  MOE_CHECK(n_ranges >= 0, "[sum_squares] {} ranges < 0", n_ranges);
+  double s = 0;
+  for (int64_t r = 0; r < n_ranges; ++r) {
+    MOE_CHECK(ranges[r].begin >= 0 && ranges[r].count >= 0,
+              "[sum_squares] range {}: begin {} count {}", r, ranges[r].begin, ranges[r].count);
+    if (ranges[r].count > 0) s += blocked_sum_squares(x + ranges[r].begin, ranges[r].count);
+  }
+  *out = s;
+}
+
 template void sum_squares<float>(double*, const float*, int64_t);
 template void sum_squares<double>(double*, const double*, int64_t);
+template void sum_squares_ranges<float>(double*, const float*, const ElemRange*, int64_t);
+template void sum_squares_ranges<double>(double*, const double*, const ElemRange*, int64_t);
 
 }  // namespace moecore::ops::cpu

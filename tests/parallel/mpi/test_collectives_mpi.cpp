@@ -135,6 +135,32 @@ TYPED_TEST(Collectives, ReduceScatterAndReduceScatterV) {
     for (int r = 0; r < n; ++r) want = std::max<double>(want, (r * 3 + my_off + j) % 13);
     ASSERT_EQ(num(vr[j]), want);
   }
+
+  // In place (recv = this rank's own slot of send): uneven counts with an empty piece (the
+  // last rank's), then the equal form; the slot gets what the out-of-place call received.
+  std::vector<T> ip(vs);
+  c.reduce_scatter_v_async(ip.data(), ip.data() + my_off, counts, DTypeOf<T>::value, ReduceOp::Max)
+      .wait();
+  EXPECT_EQ(nums(std::vector<T>(ip.begin() + my_off, ip.begin() + my_off + counts[me])), nums(vr));
+  std::vector<T> ips(send);
+  c.reduce_scatter_async(ips.data(), ips.data() + me * k, k, DTypeOf<T>::value, ReduceOp::Sum)
+      .wait();
+  EXPECT_EQ(nums(std::vector<T>(ips.begin() + me * k, ips.begin() + (me + 1) * k)), nums(recv));
+  // Counts whose pieces are longer than their offsets (4, 1, 6, 2 elements): the result that
+  // MPI leaves at the buffer's start overlaps the slot it moves to.
+  std::vector<int64_t> over(n);
+  for (int r = 0; r < n; ++r) over[r] = r % 2 == 0 ? 4 + r : 1 + r / 2;
+  const int64_t over_total = std::accumulate(over.begin(), over.end(), int64_t{0});
+  int64_t over_off = 0;
+  for (int r = 0; r < me; ++r) over_off += over[r];
+  std::vector<T> os(over_total), orecv(over[me]);
+  for (int64_t i = 0; i < over_total; ++i) os[i] = val<T>((me + 2 * static_cast<int>(i)) % 17);
+  c.reduce_scatter_v(os, orecv, over);
+  c.reduce_scatter_v_async(os.data(), os.data() + over_off, over, DTypeOf<T>::value,
+                           ReduceOp::Sum)
+      .wait();
+  EXPECT_EQ(nums(std::vector<T>(os.begin() + over_off, os.begin() + over_off + over[me])),
+            nums(orecv));
 }
 
 TYPED_TEST(Collectives, AllToAllVWithEmptyPieces) {
