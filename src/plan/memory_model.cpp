@@ -326,14 +326,28 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
         // The CPU backend reduces gradient buckets with MPI_Iallreduce; Open MPI's non-blocking
         // collectives (libnbc) allocate a scratch copy of each bucket in flight, and the
-        // buckets of a step are all in flight before the first wait.
+        // buckets of a step are all in flight before the first wait. The distributed
+        // optimizer's MPI_Ireduce_scatter is a binomial reduce of the whole bucket to the
+        // group's rank 0 (the rank planned here) through a scratch of two bucket-sized halves,
+        // one touched per round it receives in: one at d = 2, both from d = 3 on
+        // (bench/RESULTS.md, "The DP 4 gap").
         const double gd = a.by_kind[1] * a.numel_dense / std::max(1.0, numel);
         const double ge = a.by_kind[1] - gd;
-        const bool dense_red = d.dp * d.cp > 1, expert_red = d.edp > 1;
-        add(st, MemPart::CommBuffers, (dense_red ? gd : 0) + (expert_red ? ge : 0),
-            "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
-            fmt::format("{}{}{} grads", dense_red ? "dense" : "",
-                        dense_red && expert_red ? " + " : "", expert_red ? "expert" : ""));
+        const int64_t dense_d = d.dp * d.cp, expert_d = d.edp;
+        const auto copies = [&](int64_t group) {
+          return group <= 1 ? 0.0 : run.distributed_optimizer && group >= 3 ? 2.0 : 1.0;
+        };
+        const auto name = [](double c, const char* kind) {
+          return c == 0 ? std::string() : c == 1 ? fmt::format("{} grads", kind)
+                                                 : fmt::format("2 x {} grads", kind);
+        };
+        const std::string fd = name(copies(dense_d), "dense"), fe = name(copies(expert_d), "expert");
+        add(st, MemPart::CommBuffers, copies(dense_d) * gd + copies(expert_d) * ge,
+            run.distributed_optimizer
+                ? "MPI reduce-scatter scratch (Open MPI reduces every bucket in flight on the "
+                  "group's rank 0)"
+                : "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
+            fd + (!fd.empty() && !fe.empty() ? " + " : "") + fe);
       }
       // The distributed optimizer needs no correction: the pass above sized the moments for
       // this rank's shards of the trainer's buckets (the trainer shards Adam m, v only: its

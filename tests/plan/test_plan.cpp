@@ -383,6 +383,16 @@ TEST(PlanMemory, DistributedOptimizerIsTheTrainersSharding) {
                                  static_cast<double>(a.numel_expert) / (4 / pc.ep));
       EXPECT_NEAR(a.by_kind[2], want, 0.01 * want);
       EXPECT_LT(a.by_kind[2], whole);
+      // Open MPI's scratch on the planned rank (a group's rank 0): the all-reduce copies each
+      // bucket once; the reduce-scatter reduces it there through two halves from d = 3 on.
+      const double grads = st["memory_bytes"]["grads"].get<double>();
+      const double n = static_cast<double>(a.numel_dense + a.numel_expert);
+      const double gd = grads * static_cast<double>(a.numel_dense) / n, ge = grads - gd;
+      const int edp = 4 / pc.ep;
+      EXPECT_NEAR(plain["stages"][0]["memory_bytes"]["comm_buffers"].get<double>(),
+                  gd + (edp > 1 ? ge : 0), 1.0);
+      EXPECT_NEAR(st["memory_bytes"]["comm_buffers"].get<double>(),
+                  2 * gd + (edp > 2 ? 2 * ge : edp == 2 ? ge : 0), 1.0);
     }
   }
 }
