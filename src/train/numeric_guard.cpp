@@ -56,14 +56,17 @@ NumericGuard::NumericGuard(const NumericGuardConfig& cfg, const Exec& ex, ParamR
       grad_hist_(cfg.samples, cfg.factor) {
   cfg_.validate();
   const int64_t n_buckets = static_cast<int64_t>(buckets_.buckets().size());
-  n_flags_ = kFirstBucket + n_buckets;
+  n_flags_ = kFirstParam;
+  for (const parallel::GradBucket& bk : buckets_.buckets()) {
+    std::vector<CheckedParam>& ps = bucket_params_.emplace_back();
+    for (const std::string& name : bk.params) ps.push_back({&params_.get(name), n_flags_++});
+  }
   arena_.plan([&](Arena& a) {
     local_ = a.alloc<int32_t>(n_flags_, "guard.local_flags", MemKind::State);
     global_ = a.alloc<int32_t>(n_flags_, "guard.flags", MemKind::State);
     thresholds_ = a.alloc<double>(2, "guard.thresholds", MemKind::State);
     bucket_sum_sq_ = a.alloc<double>(std::max<int64_t>(n_buckets, 1), "guard.bucket_sum_sq",
                                      MemKind::State);
-    param_flags_ = a.alloc<int32_t>(1, "guard.param_flag", MemKind::State);
     fault_value_ = a.alloc<double>(1, "guard.fault_value", MemKind::State);
   });
   ops::zero(ex_, local_, n_flags_);
@@ -135,14 +138,15 @@ void NumericGuard::check_bucket(size_t b) {
   inject_grad_fault(b);
   if (!cfg_.check_nan && !cfg_.check_large_grads) return;
   const parallel::GradBucket& bk = buckets_.buckets()[b];
-  DevPtr<int32_t> flag = local_ + kFirstBucket + static_cast<int64_t>(b);
   const bool f32 = params_.dtype() == DType::F32;
   if (cfg_.check_nan) {
-    if (f32)
-      ops::flag_nonfinite<float>(ex_, flag, grad_range<float>(params_, bk.kind, bk.offset), bk.count);
-    else
-      ops::flag_nonfinite<double>(ex_, flag, grad_range<double>(params_, bk.kind, bk.offset),
-                                  bk.count);
+    for (const CheckedParam& c : bucket_params_[b]) {
+      DevPtr<int32_t> flag = local_ + c.flag;
+      if (f32)
+        ops::flag_nonfinite<float>(ex_, flag, c.p->grad_as<float>(), c.p->local_numel());
+      else
+        ops::flag_nonfinite<double>(ex_, flag, c.p->grad_as<double>(), c.p->local_numel());
+    }
   }
   if (cfg_.check_large_grads) {
     DevPtr<double> sq = bucket_sum_sq_ + static_cast<int64_t>(b);
@@ -163,24 +167,10 @@ void NumericGuard::combine() {
   }
 }
 
-std::vector<std::string> NumericGuard::nonfinite_params(size_t b) {
-  std::vector<std::string> out;
-  for (const std::string& name : buckets_.buckets()[b].params) {
-    const Param& p = params_.get(name);
-    ops::zero(ex_, param_flags_, 1);
-    if (params_.dtype() == DType::F32)
-      ops::flag_nonfinite<float>(ex_, param_flags_, p.grad_as<float>(), p.local_numel());
-    else
-      ops::flag_nonfinite<double>(ex_, param_flags_, p.grad_as<double>(), p.local_numel());
-    if (ops::read_value<int32_t>(ex_, param_flags_) != 0) out.push_back(name);
-  }
-  return out;
-}
-
 bool NumericGuard::after_step(int64_t iteration, const std::vector<double>& losses) {
   if (!active()) return false;
   ops::read_back<int32_t>(ex_, flags_host_.data(), global_, n_flags_);
-  const int64_t n_buckets = n_flags_ - kFirstBucket;
+  const int64_t n_buckets = static_cast<int64_t>(bucket_params_.size());
   if (cfg_.check_large_grads && n_buckets > 0) {
     ops::read_back<double>(ex_, sum_sq_host_.data(), bucket_sum_sq_, n_buckets);
   }
@@ -206,15 +196,20 @@ bool NumericGuard::after_step(int64_t iteration, const std::vector<double>& loss
       }
     }
   }
+  int32_t nonfinite = local_host_[kLossNonFinite];
   for (int64_t b = 0; b < n_buckets; ++b) {
-    if (!local_host_[kFirstBucket + b]) continue;
+    std::vector<std::string> names;
+    for (const CheckedParam& c : bucket_params_[b]) {
+      if (local_host_[c.flag]) names.push_back(c.p->name());
+    }
+    if (names.empty()) continue;
+    nonfinite = 1;
     const auto& bk = buckets_.buckets()[b];
-    const std::vector<std::string> names = nonfinite_params(static_cast<size_t>(b));
     mine.push_back(fmt::format(
         "a gradient is not finite in bucket #{} ({}) before the data-parallel reduction: "
-        "parameter{} {}",
+        "parameter{} '{}'",
         b, bk.kind == ParamKind::Dense ? "dense" : "expert", names.size() == 1 ? "" : "s",
-        names.empty() ? std::string("(none found)") : fmt::format("'{}'", fmt::join(names, "', '"))));
+        fmt::join(names, "', '")));
   }
   if (local_host_[kSpikyLoss]) {
     for (size_t mb = 0; mb < losses.size(); ++mb) {
@@ -237,8 +232,6 @@ bool NumericGuard::after_step(int64_t iteration, const std::vector<double>& loss
     }
   }
   // What each rank found, for the job's summary: [non-finite, spike] per rank.
-  int32_t nonfinite = local_host_[kLossNonFinite];
-  for (int64_t b = 0; b < n_buckets; ++b) nonfinite |= local_host_[kFirstBucket + b];
   const int32_t spike = local_host_[kSpikyLoss] | local_host_[kLargeGrads];
   std::vector<int32_t> me = {nonfinite, spike}, all = me;
   if (world_ != nullptr) {

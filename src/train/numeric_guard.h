@@ -104,9 +104,15 @@ class NumericGuard {
   const LargeValueHistory& grad_history() const { return grad_hist_; }
 
  private:
-  enum Flag : int { kLossNonFinite = 0, kSpikyLoss = 1, kLargeGrads = 2, kFirstBucket = 3 };
-  // On a failure only: this rank's parameters of bucket b whose gradient is not finite.
-  std::vector<std::string> nonfinite_params(size_t b);
+  // The flags: three of the step, then one per parameter (non-finite gradient), in bucket order:
+  // each parameter's own flag is raised before the reduction, so a failure names it even where
+  // the reduction rewrote the gradient buffer (the distributed optimizer's in-place
+  // reduce-scatter keeps only the rank's own shard there).
+  enum Flag : int { kLossNonFinite = 0, kSpikyLoss = 1, kLargeGrads = 2, kFirstParam = 3 };
+  struct CheckedParam {
+    const Param* p = nullptr;
+    int64_t flag = 0;  // its index in the flags
+  };
   void inject_grad_fault(size_t b);
 
   NumericGuardConfig cfg_;
@@ -122,12 +128,12 @@ class NumericGuard {
   DevPtr<int32_t> global_ = nullptr;        // [n_flags]: the max over the world
   DevPtr<double> thresholds_ = nullptr;     // [2]: loss, bucket sum of squares (step inputs)
   DevPtr<double> bucket_sum_sq_ = nullptr;  // [buckets]: --check-for-large-grads
-  DevPtr<int32_t> param_flags_ = nullptr;   // [params]: the diagnosis of a failure
   DevPtr<double> fault_value_ = nullptr;    // [1]: what an injected fault writes
   double threshold_host_[2] = {0, 0};
   double fault_host_ = 0;
   float fault_host32_ = 0;
   LargeValueHistory loss_hist_, grad_hist_;
+  std::vector<std::vector<CheckedParam>> bucket_params_;  // per bucket
   std::vector<int32_t> flags_host_, local_host_;
   std::vector<double> sum_sq_host_;
   std::string skipped_summary_;

@@ -7,6 +7,8 @@
 #   iterations 3-6 and final weights bitwise;
 # - an Inf in one expert weight's gradient on rank 2 at iteration 2: exit 17 naming the
 #   parameter; the checkpoint of iteration 1 resumes bitwise likewise;
+# - the same with --use-distributed-optimizer (a dense and an expert parameter): the parameter
+#   named alone, though the in-place reduce-scatter rewrote the gradient buffer;
 # - the same with --no-check-for-nan-in-loss-and-grad: the optimizer's message (exit 1), which
 #   does not advise --clip-grad when clipping is on;
 # - a spiky loss on rank 3 at iteration 4 with --skip-spiky-steps: the run equals, bitwise, the
@@ -64,6 +66,17 @@ has "(expert) before the data-parallel reduction: parameter '$param'"
 has "[guard] stopping at iteration 2 (exit code 17): rank 2 (non-finite loss or gradient)"
 resume_equals "$work/inf" 1
 echo "[guard] Inf gradient on rank 2 at iteration 2: exit 17, '$param' named; resumes bitwise"
+
+# ---- with the distributed optimizer: named though the reduce-scatter rewrote the buffer ----
+# The in-place reduce-scatter leaves only rank 2's own shard in its gradient buffer; each
+# parameter's flag is raised before it, so the name is the injected parameter's, alone.
+for p in decoder.layers.1.mlp.experts.linear_fc1.weight decoder.layers.0.self_attention.linear_qkv.weight; do
+  train "inf_grad:rank=2:iter=2:param=$p" --train-iters 3 --use-distributed-optimizer
+  [ "$rc" = 17 ] || fail "Inf gradient, distributed optimizer: exit $rc, not 17" "$out"
+  has "before the data-parallel reduction: parameter '$p'"
+  [ "$(grep -c "error: \[guard\]" <<< "$out")" = 1 ] || fail "another rank claimed it" "$out"
+done
+echo "[guard] Inf gradient with --use-distributed-optimizer: the parameter named, alone"
 
 # ---- the same without the check: the optimizer's message ----
 train "inf_grad:rank=2:iter=2:param=$param" --train-iters 3 --no-check-for-nan-in-loss-and-grad
