@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/runtime.h"
 
 namespace moecore::testing {
 
@@ -83,6 +86,31 @@ inline int report_skips(int rc, int rank, int world_size) {
     std::fflush(stdout);
   }
   return ran == 0 ? rc : std::max(rc, 1);
+}
+
+// The main() of an mpi gtest binary over the world's plain layout: gtest and the MPI runtime
+// (into *rt) initialised, the world's groups connected with a one-minute timeout (a deadlocked
+// test ends with a diagnostic, not a ctest timeout), all tests run, the job failed when any rank
+// failed, skips reported. use_groups (if given) sees the groups before the tests and null after.
+inline int run_mpi_tests(int argc, char** argv, parallel::Runtime* rt,
+                         const std::function<void(parallel::ProcessGroups*)>& use_groups = {}) {
+  ::testing::InitGoogleTest(&argc, argv);
+  *rt = parallel::runtime_init(&argc, &argv);
+  quiet_gtest_on_other_ranks(rt->rank);
+  int rc = 0;
+  {
+    parallel::ParallelConfig cfg;
+    cfg.timeout_minutes = 1.0;
+    parallel::ProcessGroups groups(parallel::make_layout(cfg, rt->world_size), rt->rank);
+    parallel::connect_communicators(groups);
+    if (use_groups) use_groups(&groups);
+    rc = RUN_ALL_TESTS();
+    rc = any_rank_failed(rc, groups.world().communicator());
+    rc = report_skips(rc, rt->rank, rt->world_size);
+    if (use_groups) use_groups(nullptr);
+  }
+  parallel::runtime_finalize();
+  return rc;
 }
 
 }  // namespace moecore::testing

@@ -324,22 +324,6 @@ TEST(ProcessGroupsMpi, CommunicatorsMatchLayouts) {
 
 int main(int argc, char** argv) {
   using namespace moecore::parallel;
-  ::testing::InitGoogleTest(&argc, argv);
-  g_rt = runtime_init(&argc, &argv);
-  moecore::testing::quiet_gtest_on_other_ranks(g_rt.rank);
-  int rc = 0;
-  {
-    ParallelConfig cfg;
-    cfg.timeout_minutes = 1.0;  // a deadlocked test ends with a diagnostic, not a ctest timeout
-    ProcessGroups groups(make_layout(cfg, g_rt.world_size), g_rt.rank);
-    connect_communicators(groups);
-    g_groups = &groups;
-    rc = RUN_ALL_TESTS();
-    // The job fails if any rank failed.
-    rc = moecore::testing::any_rank_failed(rc, groups.world().communicator());
-    rc = moecore::testing::report_skips(rc, g_rt.rank, g_rt.world_size);
-    g_groups = nullptr;
-  }
-  runtime_finalize();
-  return rc;
+  return moecore::testing::run_mpi_tests(argc, argv, &g_rt,
+                                         [](ProcessGroups* groups) { g_groups = groups; });
 }

@@ -197,20 +197,5 @@ TEST(DistOptMemory, EveryExpertParallelSize) {
 }  // namespace moecore
 
 int main(int argc, char** argv) {
-  using namespace moecore;
-  ::testing::InitGoogleTest(&argc, argv);
-  g_rt = parallel::runtime_init(&argc, &argv);
-  moecore::testing::quiet_gtest_on_other_ranks(g_rt.rank);
-  int rc = 0;
-  {
-    parallel::ParallelConfig cfg;
-    cfg.timeout_minutes = 1.0;
-    parallel::ProcessGroups world(parallel::make_layout(cfg, g_rt.world_size), g_rt.rank);
-    parallel::connect_communicators(world);
-    rc = RUN_ALL_TESTS();
-    rc = moecore::testing::any_rank_failed(rc, world.world().communicator());
-    rc = moecore::testing::report_skips(rc, g_rt.rank, g_rt.world_size);
-  }
-  parallel::runtime_finalize();
-  return rc;
+  return moecore::testing::run_mpi_tests(argc, argv, &moecore::g_rt);
 }
