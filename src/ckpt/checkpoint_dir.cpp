@@ -422,6 +422,17 @@ SafetensorsFile& CheckpointReader::shard(const std::string& file) {
   return *it->second;
 }
 
+std::span<const std::byte> CheckpointReader::slice_bytes(const GlobalTensor& t,
+                                                         const SliceRef& s) {
+  SafetensorsFile& f = shard(s.file);
+  const TensorInfo& info = f.info(t.name);
+  const std::vector<int64_t> want = t.slice_shape(s);
+  MOE_CHECK(info.dtype == t.dtype && info.shape == want,
+            "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}", dir_.string(),
+            s.file, t.name, info.dtype, format_shape(info.shape), t.dtype, format_shape(want));
+  return f.bytes(t.name);
+}
+
 void CheckpointReader::read(std::string_view name, std::string_view dtype, int dim,
                             int64_t offset, int64_t length, std::span<std::byte> dst) {
   const GlobalTensor& t = tensor(name);
@@ -466,14 +477,7 @@ void CheckpointReader::read(std::string_view name, std::string_view dtype, int d
               dir_.string(), name, s.dim, dim);
     const int64_t lo = std::max(offset, s_off), hi = std::min(offset + length, s_off + s_len);
     if (lo >= hi) continue;
-    SafetensorsFile& f = shard(s.file);
-    const TensorInfo& info = f.info(name);
-    const std::vector<int64_t> want = t.slice_shape(s);
-    MOE_CHECK(info.dtype == t.dtype && info.shape == want,
-              "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}",
-              dir_.string(), s.file, name, info.dtype, format_shape(info.shape), t.dtype,
-              format_shape(want));
-    const std::span<const std::byte> src = f.bytes(name);
+    const std::span<const std::byte> src = slice_bytes(t, s);
     const size_t run = static_cast<size_t>(hi - lo) * inner;
     for (int64_t o = 0; o < outer; ++o) {
       std::memcpy(dst.data() + static_cast<size_t>(o * length + (lo - offset)) * inner,
@@ -518,14 +522,7 @@ void CheckpointReader::read_flat(std::string_view name, std::string_view dtype, 
     }
     const int64_t lo = std::max(offset, s_off), hi = std::min(offset + length, s_off + s_len);
     if (lo >= hi) continue;
-    SafetensorsFile& f = shard(s.file);
-    const TensorInfo& info = f.info(name);
-    const std::vector<int64_t> want = t.slice_shape(s);
-    MOE_CHECK(info.dtype == t.dtype && info.shape == want,
-              "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}",
-              dir_.string(), s.file, name, info.dtype, format_shape(info.shape), t.dtype,
-              format_shape(want));
-    const std::span<const std::byte> src = f.bytes(name);
+    const std::span<const std::byte> src = slice_bytes(t, s);
     std::memcpy(dst.data() + static_cast<size_t>(lo - offset) * esize,
                 src.data() + static_cast<size_t>(lo - s_off) * esize,
                 static_cast<size_t>(hi - lo) * esize);

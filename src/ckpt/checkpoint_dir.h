@@ -143,6 +143,8 @@ class CheckpointReader {
 
  private:
   SafetensorsFile& shard(const std::string& file);
+  // Slice s of t as its shard stores it, its dtype and shape checked against the manifest.
+  std::span<const std::byte> slice_bytes(const GlobalTensor& t, const SliceRef& s);
 
   void check_hash(const ShardFile& f, std::span<const std::byte> bytes) const;
 

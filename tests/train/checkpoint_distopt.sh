@@ -84,16 +84,7 @@ echo "[checkpoint] EP 4 (dense moments sharded, expert whole): the same checkpoi
 # (the same bytes, the same reduction order), and steps 5-6 within the layout-parity tolerance
 # (f32 per-step values: rtol 1e-5, docs/numerics.md) of an uninterrupted 6-step run at that layout
 # (whose steps 1-4 summed in another order).
-on() {  # on NP ARGS...: `moecore train` on NP ranks (1: without mpirun)
-  local np=$1
-  shift
-  if [ "$np" -eq 1 ]; then
-    OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
-  else
-    "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
-      "$moecore" train "${common[@]}" "$@" 2>&1
-  fi
-}
+on() { train_on "$@"; }  # on NP ARGS... (lib.sh)
 # within A B: the per-step lm losses and grad norms of metrics files A and B (the same steps)
 # within rtol 1e-5 of B's.
 within() {

@@ -23,17 +23,7 @@ mpiexec=$1 moecore=$2 config=$3
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 16 --log-interval 1 --peak-tflops 100)
-# train NP ARGS...: `moecore train` on NP ranks (1: without mpirun).
-train() {
-  local np=$1
-  shift
-  if [ "$np" -eq 1 ]; then
-    OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
-  else
-    "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 \
-      -x MOECORE_FAULT "$moecore" train "${common[@]}" "$@" 2>&1
-  fi
-}
+train() { train_on "$@"; }  # train NP ARGS... (lib.sh)
 export MOECORE_FAULT=""
 
 # ---- resume, bitwise, at EP 2 x EDP 2 (DP 4) ----

@@ -20,3 +20,17 @@ ranks_of() {
   done
   return 0
 }
+# train_on NP ARGS...: `moecore train` with the script's ${common[@]} on NP ranks (1: without
+# mpirun; $mpiexec, $moecore: the script's), MOECORE_FAULT passed to the ranks when it is set.
+train_on() {
+  local np=$1
+  shift
+  if [ "$np" -eq 1 ]; then
+    OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" "$@" 2>&1
+  else
+    local fault=()
+    [ -n "${MOECORE_FAULT+set}" ] && fault=(-x MOECORE_FAULT)
+    "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 "${fault[@]}" \
+      "$moecore" train "${common[@]}" "$@" 2>&1
+  fi
+}
