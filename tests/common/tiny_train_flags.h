@@ -3,6 +3,9 @@
 // gives, except that the embeddings stay tied; each test overrides what it varies.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "cli/train_flags.h"
 
 namespace moecore::cli {
@@ -59,6 +62,18 @@ inline TrainFlags megatron_model_train_flags() {
   f.model.hidden_dropout = 0.1;
   f.model.attention_dropout = 0.1;
   return f;
+}
+
+// The multi-rank gtests' model as command-line words: two MoE layers of 8 experts and a shared
+// expert, micro-batch 1 and global batch 8 (so every world size up to 8 splits it), no GEMM probe;
+// each test adds its steps and what it varies.
+inline std::vector<std::string> tiny_mpi_args() {
+  return {"--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+          "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "16",
+          "--ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "16",
+          "--vocab-size", "64", "--make-vocab-size-divisible-by", "64",
+          "--micro-batch-size", "1", "--global-batch-size", "8",
+          "--log-interval", "1000", "--peak-tflops", "0.1"};
 }
 
 }  // namespace moecore::cli

@@ -29,15 +29,15 @@ namespace {
 
 parallel::Runtime g_rt;
 
-// Tiny: two MoE layers of 8 experts; global batch 8 splits over every world size up to 8.
-const std::vector<std::string> kBase = {
-    "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
-    "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "16",
-    "--ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "16",
-    "--vocab-size", "64", "--make-vocab-size-divisible-by", "64",
-    "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "1",
-    "--lr-warmup-iters", "0", "--log-interval", "1000", "--peak-tflops", "0.1",
-    "--use-distributed-optimizer"};
+// Tiny (tiny_mpi_args: two MoE layers of 8 experts, global batch 8), one step.
+std::vector<std::string> base_args() {
+  std::vector<std::string> a = cli::tiny_mpi_args();
+  for (const char* w : {"--train-iters", "1", "--lr-warmup-iters", "0",
+                        "--use-distributed-optimizer"})
+    a.push_back(w);
+  return a;
+}
+const std::vector<std::string> kBase = base_args();
 
 cli::TrainFlags flags(std::vector<std::string> args) {
   cli::TrainFlags f = cli::tiny_train_flags();

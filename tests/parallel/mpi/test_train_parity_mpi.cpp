@@ -34,16 +34,13 @@ namespace {
 
 parallel::Runtime g_rt;
 
-// Tiny: two MoE layers (8 experts, top-2, shared expert), aux and z losses, clipping active.
-// micro-batch 1 and global batch 8, so every world size up to 8 splits it.
-const std::vector<std::string> kBase = {
-    "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
-    "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "16",
-    "--ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "16",
-    "--vocab-size", "64", "--make-vocab-size-divisible-by", "64",
-    "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "10",
-    "--lr-warmup-iters", "2", "--log-interval", "1000", "--peak-tflops", "0.1",
-    "--moe-z-loss-coeff", "1e-3", "--clip-grad", "0.5"};
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b);
+// Tiny (tiny_mpi_args: two MoE layers, 8 experts, top-2, shared expert), aux and z losses,
+// clipping active, 10 steps.
+const std::vector<std::string> kBase =
+    cli::tiny_mpi_args() + std::vector<std::string>{"--train-iters", "10", "--lr-warmup-iters",
+                                                    "2", "--moe-z-loss-coeff", "1e-3",
+                                                    "--clip-grad", "0.5"};
 // The aux loss on (a list option: given once per run).
 const std::vector<std::string> kAux = {"--moe-aux-loss-coeff", "1e-2"};
 
