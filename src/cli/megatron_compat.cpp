@@ -67,9 +67,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        ""},
       {"--cross-entropy-fusion-impl", N, "", kFusion, ""},
       {"--moe-grouped-gemm", N, "", "experts always run as one grouped GEMM", ""},
-      {"--overlap-param-gather", N, "",
-       "the distributed optimizer gathers the parameters after the step, not during the next "
-       "forward: the same result", ""},
       {"--moe-shared-expert-overlap", N, "", "communication scheduling: the same result", ""},
       {"--use-cpu-initialization", N, "", "initialization is layout-independent anyway", ""},
       {"--no-create-attention-mask-in-dataloader", N, "", "masks are implicit (causal)", ""},

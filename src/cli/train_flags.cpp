@@ -266,6 +266,11 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "expert over expt_dp): gradients reduce-scattered, each rank updates its shard, "
                "the weights all-gathered")
       ->group("Distributed");
+  app.add_flag("--overlap-param-gather", t.ddp.overlap_param_gather,
+               "With --use-distributed-optimizer and --overlap-grad-reduce: start the weights' "
+               "all-gathers after the optimizer step without waiting, and wait for each bucket's "
+               "just before the next forward first reads it")
+      ->group("Distributed");
   app.add_option("--ddp-bucket-size", t.ddp.bucket_size,
                  "Elements per data-parallel gradient bucket (default: one bucket per layer)")
       ->group("Distributed");
@@ -287,6 +292,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--checkpoint-activations", &f.checkpoint_activations},
       {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
       {"--use-distributed-optimizer", &t.ddp.distributed_optimizer},
+      {"--overlap-param-gather", &t.ddp.overlap_param_gather},
       {"--check-for-nan-in-loss-and-grad", &t.guard.check_nan},
       {"--no-check-for-nan-in-loss-and-grad", &f.no_check_for_nan},
       {"--check-for-spiky-loss", &t.guard.check_spiky_loss},

@@ -175,6 +175,8 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
                                 member_ptr(io.report, &ops::MicroBatchReport::counted), io.ids_BS,
                                 io.targets_BS, B_, S_);
   const int64_t H = cfg_.hidden;
+  const int L = static_cast<int>(blocks_.size());
+  params_needed(L + 1);
   ops::embedding_forward(ex, stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
                          cfg_.vocab_size);
   if (pos_embedding_ != nullptr) {
@@ -189,6 +191,7 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
                          emb_drop_key_, counters_, S_, B_, H, 0);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     blocks_[l]->set_dropout_counters(counters_);
+    params_needed(L - static_cast<int>(l));
     blocks_[l]->forward(stream_[l + 1], stream_[l]);
     if (blocks_[l]->is_moe()) {  // in layer order: the report sums as the logs always did
       const moe::RouterReport r = blocks_[l]->moe()->router().report();
@@ -196,6 +199,7 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
                             r.dropped, r.tokens_per_expert_E, E);
     }
   }
+  params_needed(0);  // the final norm, and the head that forward() / forward_logits() run next
   final_norm_->forward(ex, final_n_, stream_.back(), T_);
 }
 

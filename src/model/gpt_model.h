@@ -109,6 +109,14 @@ class GPTModel {
   // one stage.
   const std::vector<std::vector<const Param*>>& grad_stages() const { return grad_stages_; }
   void set_grad_ready_hook(std::function<void(int stage)> hook) { grad_ready_ = std::move(hook); }
+  // Its forward-order counterpart: every forward (forward(), forward_logits()) calls the
+  // params-needed hook, if set, with a stage's index (grad_stages' numbering) just before the
+  // first op that reads a parameter of that stage: L + 1 (the embeddings) first, then each
+  // block's L - l, then 0 (the final norm and an untied head). The distributed optimizer's
+  // deferred parameter gathers (--overlap-param-gather) complete there.
+  void set_params_needed_hook(std::function<void(int stage)> hook) {
+    params_needed_ = std::move(hook);
+  }
 
   // Once per optimizer step, after the update: the bf16 weight copies (--bf16) are refreshed
   // from the masters, and every router's expert-bias / quantile update and accumulator reset
@@ -145,6 +153,9 @@ class GPTModel {
   void stage_done(int stage) {
     if (grad_ready_) grad_ready_(stage);
   }
+  void params_needed(int stage) {
+    if (params_needed_) params_needed_(stage);
+  }
 
   ModelConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
@@ -160,6 +171,7 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
+  std::function<void(int)> params_needed_;
   bool training_ = true;  // set_training's
   ops::HeadLossShape head_shape_;
   DevPtr<int32_t> ids_T_ = nullptr;

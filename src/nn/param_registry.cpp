@@ -198,6 +198,19 @@ void ParamRegistry::refresh_bf16() {
   }
 }
 
+void ParamRegistry::refresh_bf16(ParamKind kind, int64_t offset, int64_t count) {
+  if (!bf16_copies_) return;
+  const int k = static_cast<int>(kind);
+  MOE_CHECK(offset >= 0 && count >= 0 && offset + count <= numel_[k],
+            "[params] bf16 refresh of elements [{}, {}) outside the {} {} values", offset,
+            offset + count, numel_[k], k == 0 ? "dense" : "expert");
+  const DevPtr<const float> src = dev_ptr_cast<const float>(data_[k]) + offset;
+  if (data16w_[k] != nullptr)
+    ops::round_f32_to_bf16(*ex_, data16w_[k] + offset, src, count);
+  else
+    ops::cast_f32_to_bf16(*ex_, data16_[k] + offset, src, count);
+}
+
 void ParamRegistry::zero_grads() {
   for (int k = 0; k < 2; ++k) {
     if (grad_[k] != nullptr)

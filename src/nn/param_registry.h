@@ -94,6 +94,13 @@ class ParamRegistry {
   // values again, then converts as usual. Valid only when nothing else changes the values of
   // `kind` before that refresh (the trainer refreshes right after the optimizer step).
   void mark_bf16_current(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
+  // For values of `kind` that arrive later than the step (the distributed optimizer's deferred
+  // gathers, --overlap-param-gather): the next refresh_bf16() skips that kind, and whoever
+  // completes the values converts them per range with refresh_bf16(kind, offset, count).
+  void defer_bf16_refresh(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
+  // The copies of elements [offset, offset + count) of the kind's flat buffer (the same
+  // conversion as refresh_bf16(), element by element).
+  void refresh_bf16(ParamKind kind, int64_t offset, int64_t count);
 
   // Two passes like every arena user: flat value and gradient buffers per kind.
   void allocate(Arena& arena);
@@ -133,7 +140,8 @@ class ParamRegistry {
   DevPtr<float> data16w_[2] = {nullptr, nullptr};
   bool bf16_copies_ = false;
   bool bf16_widened_ = false;
-  bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16
+  // set by mark_bf16_current / defer_bf16_refresh, used up by refresh_bf16
+  bool bf16_current_[2] = {false, false};
 };
 
 // Initial value of global element `global_index` of parameter `spec` for `seed`.

@@ -183,6 +183,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> ranks_;
   std::shared_ptr<MpiContext> ctx_;
   std::vector<MpiRequest*> pool_;  // finished requests, owned here (freed with the group)
+  size_t created_ = 0;             // requests made so far (the pool's reserved room)
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
   const char* last_call_ = "none";
@@ -296,6 +297,9 @@ std::unique_ptr<MpiRequest, CommRequest::Release> MpiCommunicator::acquire(const
   MpiRequest* r = nullptr;
   if (pool_.empty()) {
     r = new MpiRequest(*this);
+    // Room for every request there is: one given back later (possibly in a later step, as the
+    // deferred parameter gathers of --overlap-param-gather are) never grows the pool.
+    pool_.reserve(++created_);
   } else {
     r = pool_.back();
     pool_.pop_back();

@@ -13,6 +13,11 @@ void GradReduceConfig::validate() const {
             "[ddp] --ddp-bucket-size {} must be >= 0 (elements per gradient bucket; 0: one "
             "bucket per layer)",
             bucket_size);
+  MOE_CHECK(!overlap_param_gather || (distributed_optimizer && overlap),
+            "[ddp] --overlap-param-gather needs --use-distributed-optimizer and "
+            "--overlap-grad-reduce (Megatron's requirements; given: --use-distributed-optimizer "
+            "{}, --overlap-grad-reduce {}): add the missing flag or drop --overlap-param-gather",
+            distributed_optimizer ? "yes" : "no", overlap ? "yes" : "no");
 }
 
 GradBuckets::GradBuckets(const ParamRegistry& params,
@@ -79,6 +84,8 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
               covered[k], params_.numel(static_cast<ParamKind>(k)), k == 0 ? "dense" : "expert");
   }
   handles_.resize(buckets_.size());
+  gathers_.resize(buckets_.size());
+  gather_pending_.assign(buckets_.size(), 0);
   launched_.assign(buckets_.size(), 0);
   if (sharded()) plan_shards();
 }
@@ -127,23 +134,70 @@ void GradBuckets::launch(size_t b) {
                                                             ReduceOp::Sum);
 }
 
+void GradBuckets::start_gather(size_t b) {
+  const GradBucket& bk = buckets_[b];
+  const int k = static_cast<int>(bk.kind);
+  const size_t esize = dtype_size(params_.dtype());
+  DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_data(bk.kind));
+  // Own slot of the receive buffer as the send buffer: gathered in place.
+  gathers_[b] = groups_[k]->communicator().all_gather_v_async(
+      flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts,
+      params_.dtype());
+}
+
 void GradBuckets::gather_params() {
   if (!sharded()) return;
+  MOE_CHECK(pending_gathers_ == 0,
+            "[ddp] gather_params with {} parameter gathers of the last step still pending: the "
+            "forward (params_needed) or wait_params must complete them first",
+            pending_gathers_);
   ScopedPhase phase(Phase::Communication);
-  const size_t esize = dtype_size(params_.dtype());
-  std::vector<CommHandle> gathers(buckets_.size());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const GradBucket& bk = buckets_[b];
-    const int k = static_cast<int>(bk.kind);
-    if (!communicates_[k]) continue;
-    DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_data(bk.kind));
-    // Own slot of the receive buffer as the send buffer: gathered in place.
-    gathers[b] = groups_[k]->communicator().all_gather_v_async(
-        flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts,
-        params_.dtype());
+  if (defers_gathers()) {
+    // Forward order: the buckets were formed in backward order, so the first forward stages
+    // read the last buckets. The forward waits for them first; the rest transfer meanwhile.
+    for (size_t b = buckets_.size(); b-- > 0;) {
+      if (!communicates_[static_cast<int>(buckets_[b].kind)]) continue;
+      start_gather(b);
+      gather_pending_[b] = 1;
+      ++pending_gathers_;
+    }
+    return;
   }
-  for (CommHandle& h : gathers) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (communicates_[static_cast<int>(buckets_[b].kind)]) start_gather(b);
+  }
+  for (CommHandle& h : gathers_) {
     if (!h.done()) h.wait_on(params_.exec());
+  }
+}
+
+void GradBuckets::wait_gather(size_t b) {
+  gathers_[b].wait_on(params_.exec());  // the forward's ops read the values next
+  gather_pending_[b] = 0;
+  --pending_gathers_;
+  if (after_gather_) after_gather_(b);
+}
+
+void GradBuckets::params_needed(int stage) {
+  if (pending_gathers_ == 0) return;
+  ScopedPhase phase(Phase::Communication);
+  for (size_t b = buckets_.size(); b-- > 0;) {
+    if (gather_pending_[b] && buckets_[b].ready_stage >= stage) {
+      wait_gather(b);
+      ++waited_in_forward_;
+    }
+  }
+  // Open MPI progresses non-blocking collectives only inside MPI calls.
+  for (size_t b = buckets_.size(); b-- > 0;) {
+    if (gather_pending_[b]) gathers_[b].test();
+  }
+}
+
+void GradBuckets::wait_params() {
+  if (pending_gathers_ == 0) return;
+  ScopedPhase phase(Phase::Communication);
+  for (size_t b = buckets_.size(); b-- > 0;) {
+    if (gather_pending_[b]) wait_gather(b);
   }
 }
 

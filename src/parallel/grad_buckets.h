@@ -8,7 +8,10 @@
 // With --use-distributed-optimizer each bucket is reduce-scattered instead, in place: rank r of
 // the group receives the sum of its shard r (parallel/bucket_shards.h) at the shard's own place
 // in the flat gradient buffer (no second gradient buffer), and gather_params() all-gathers the
-// updated shards of the values after the optimizer step.
+// updated shards of the values after the optimizer step. With --overlap-param-gather those
+// gathers only start there, non-blocking, in forward order; the next forward waits for each
+// bucket's gather just before its first stage that reads the bucket (params_needed), and
+// everything else that reads the values calls wait_params() first.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,9 @@ struct GradReduceConfig {
   bool overlap = false;     // --overlap-grad-reduce
   int64_t bucket_size = 0;  // --ddp-bucket-size in elements; 0: one bucket per backward stage
   bool distributed_optimizer = false;  // --use-distributed-optimizer: reduce-scatter, gather
+  // --overlap-param-gather: the gathers after the step overlap the next forward. Megatron's
+  // requirements: --use-distributed-optimizer and --overlap-grad-reduce.
+  bool overlap_param_gather = false;
   void validate() const;
 };
 
@@ -79,8 +85,33 @@ class GradBuckets {
   const ProcessGroup* group(ParamKind kind) const { return groups_[static_cast<int>(kind)]; }
   // After the optimizer updated the owned elements: every bucket's shards all-gathered over its
   // group into the flat value buffers (in place), so that every rank holds the whole weights.
-  // Collective; the ops that read the values next are ordered after it.
+  // Collective; the ops that read the values next are ordered after it. With
+  // --overlap-param-gather it only starts the gathers (the last bucket's first: forward order)
+  // and returns; params_needed / wait_params complete them.
   void gather_params();
+  // The forward's params-needed hook (GPTModel::set_params_needed_hook), before the forward
+  // stage `stage` (grad_stages' index: the forward runs them from the last to 0): waits for
+  // the gather of every bucket a parameter of that stage or a later-read one sits in (the
+  // buckets whose ready_stage >= stage), and lets the other gathers progress. Nothing pending:
+  // nothing.
+  void params_needed(int stage);
+  // Waits for every pending gather: before anything other than the forward reads the values
+  // (evaluation, checkpoints, digests, the end of training). Collective only in that every
+  // rank of a group has the same gathers pending.
+  void wait_params();
+  // Called with a bucket's index once its gathered values are in place (deferred gathers
+  // only): --bf16 refreshes that bucket's compute copies there.
+  void set_after_gather(std::function<void(size_t bucket)> hook) {
+    after_gather_ = std::move(hook);
+  }
+  // Whether bucket b's gather is still outstanding; and how many bucket gathers a forward
+  // completed (params_needed) since construction: the others went through wait_params (tests).
+  bool gather_pending(size_t b) const { return !gather_pending_.empty() && gather_pending_[b]; }
+  bool gathers_pending() const { return pending_gathers_ > 0; }
+  int64_t waited_in_forward() const { return waited_in_forward_; }
+  // True when gather_params defers its gathers to the forward (--overlap-param-gather with
+  // sharding).
+  bool defers_gathers() const { return cfg_.overlap_param_gather && sharded(); }
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   bool communicates() const { return communicates_[0] || communicates_[1]; }
@@ -89,6 +120,8 @@ class GradBuckets {
  private:
   void launch(size_t b);
   void plan_shards();
+  void start_gather(size_t b);
+  void wait_gather(size_t b);
 
   const ParamRegistry& params_;
   GradReduceConfig cfg_;
@@ -100,6 +133,11 @@ class GradBuckets {
   bool armed_ = false;
   int64_t launched_early_ = 0;  // buckets started from stage_done in the last step
   std::function<void(size_t)> before_reduce_;
+  std::function<void(size_t)> after_gather_;
+  std::vector<CommHandle> gathers_;        // per bucket: the parameter all-gathers
+  std::vector<char> gather_pending_;       // per bucket, deferred gathers not waited for yet
+  int64_t pending_gathers_ = 0;
+  int64_t waited_in_forward_ = 0;       // since construction
   std::vector<BucketShard> shards_;  // per bucket (--use-distributed-optimizer)
   int64_t owned_numel_[2] = {0, 0};
 };

@@ -156,6 +156,7 @@ template <typename T>
 void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, bool save_rng,
                                       bool async) {
   finish_pending_save();  // one save at a time
+  buckets_->wait_params();  // --overlap-param-gather: the weights saved are whole
   parallel::Communicator* world = world_comm();
   auto s = std::make_unique<SaveInFlight>();
   s->save = save;
@@ -267,6 +268,7 @@ template <typename T>
 std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                                                         const LoadOptions& opt) {
   std::optional<int64_t> loaded;
+  buckets_->wait_params();  // a pending gather would overwrite the loaded values
   parallel::run_on_all_ranks(world_comm(), [&] {
     std::error_code ec;
     MOE_CHECK(!fs::exists(load / ckpt::kManifestFile, ec),

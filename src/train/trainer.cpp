@@ -173,6 +173,16 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   buckets_ = std::make_unique<parallel::GradBuckets>(model_->params(), model_->grad_stages(),
                                                      dense_group, expert_group, cfg_.ddp);
   model_->set_grad_ready_hook([this](int stage) { buckets_->stage_done(stage); });
+  // --overlap-param-gather: each forward stage waits for the gathers of its parameters; with
+  // --bf16 a bucket's compute copies follow its gather (refresh_bf16 after the step skips the
+  // gathered kinds then).
+  model_->set_params_needed_hook([this](int stage) { buckets_->params_needed(stage); });
+  if (model_->params().has_bf16_copies()) {
+    buckets_->set_after_gather([this](size_t b) {
+      const parallel::GradBucket& bk = buckets_->buckets()[b];
+      model_->params().refresh_bf16(bk.kind, bk.offset, bk.count);
+    });
+  }
 
   optim::GradNormSync norm_sync;
   if (groups_ && groups_->group(parallel::GroupKind::Ep).size() > 1) {
@@ -206,7 +216,15 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       (k == ParamKind::Dense ? norm_sync.sum_dense_shards : norm_sync.sum_expert_shards) = sum;
     }
     parallel::GradBuckets* buckets = buckets_.get();
-    sharded.gather_params = [buckets] { buckets->gather_params(); };
+    ParamRegistry* params = &model_->params();
+    sharded.gather_params = [buckets, params] {
+      buckets->gather_params();
+      if (!buckets->defers_gathers()) return;
+      for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+        const parallel::ProcessGroup* g = buckets->group(k);
+        if (g != nullptr && g->size() > 1) params->defer_bf16_refresh(k);
+      }
+    };
     optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync,
                                                            sharded);
   } else {
@@ -493,11 +511,15 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
     fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
                     "{}), expert parallel {} x expert data parallel {}; gradient buckets: {} "
-                    "dense over dp_cp, {} expert over expt_dp, {}\n",
+                    "dense over dp_cp, {} expert over expt_dp, {}{}\n",
                d.world, dp_size_, n_micro_, cfg_.micro_batch, d.ep, d.edp, dense_buckets,
                buckets_->buckets().size() - dense_buckets,
                cfg_.ddp.overlap ? "overlapped with the backward (--overlap-grad-reduce)"
-                                : "reduced after the backward");
+                                : "reduced after the backward",
+               !buckets_->sharded() ? ""
+               : buckets_->defers_gathers()
+                   ? "; parameters all-gathered during the next forward (--overlap-param-gather)"
+                   : "; parameters all-gathered after the optimizer step");
   }
   {
     const ModelConfig& mc = model_cfg_;
@@ -623,6 +645,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
         log.flush();
       }
       finished(finish_pending_save());  // an earlier iteration's save completes: it is valid
+      buckets_->wait_params();  // every rank stops here together (the guard's combine)
       throw;
     }
     all.push_back(m);
@@ -659,6 +682,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
     finished(finish_pending_save(/*only_if_written=*/true));
   }
   progress.clear();
+  buckets_->wait_params();  // the weights are whole when training ends (--overlap-param-gather)
   // Megatron saves when training ends or stops early, unless that iteration is saved already.
   if (!ck.save.empty() && saved != iteration_) save();
   finished(finish_pending_save());
@@ -762,6 +786,7 @@ std::optional<int64_t> BasicTrainer<T>::resume(std::ostream& log) {
 
 template <typename T>
 uint64_t BasicTrainer<T>::weights_digest() const {
+  buckets_->wait_params();  // --overlap-param-gather: the last step's gathers complete first
   const ParamRegistry& p = model_->params();
   // Dense parameters are whole on every rank; expert parameters are split over the EP group
   // (and replicated over expert-data-parallel ranks, which hold the same slices).
@@ -798,6 +823,7 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   MOE_CHECK(stream != nullptr && cfg_.eval_iters > 0, "[train] no {} data to evaluate on",
             data::split_name(split));
   const int64_t n_global = n_micro_ * dp_size_;
+  buckets_->wait_params();  // --overlap-param-gather: whole weights before any eval forward
   EvalMetrics r;
   r.iteration = iteration_;
   r.split = data::split_name(split);

@@ -421,6 +421,8 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
       {"--overlap-grad-reduce", "", "", {{"train.ddp.overlap", "true"}}},
       {"--use-distributed-optimizer", "", "", {{"train.ddp.distributed_optimizer", "true"}}},
+      {"--overlap-param-gather", "--use-distributed-optimizer --overlap-grad-reduce", "",
+       {{"train.ddp.overlap_param_gather", "true"}}},
       {"--ddp-bucket-size", "", "1000", {{"train.ddp.bucket_size", "1000"}}},
       // moecore's own.
       {"--config", "", toml, {{"model.moe.router.topk", "3"}}},
@@ -701,6 +703,24 @@ TEST(MegatronFlags, UnimplementedChoicesOfImplementedFlagsSayNotYet) {
   EXPECT_NE(error_of({"--lr-decay-style", "sawtooth"}).find("invalid choice"), std::string::npos);
 }
 
+// Megatron's validate_args: --overlap-param-gather only with the distributed optimizer and
+// --overlap-grad-reduce; the message names both flags and what was given.
+TEST(MegatronFlags, OverlapParamGatherNeedsDistributedOptimizerAndGradOverlap) {
+  for (const std::vector<std::string>& given :
+       {std::vector<std::string>{"--overlap-param-gather"},
+        {"--overlap-param-gather", "--overlap-grad-reduce"},
+        {"--overlap-param-gather", "--use-distributed-optimizer"}}) {
+    const std::string msg = error_of(given);
+    EXPECT_NE(msg.find("--overlap-param-gather needs --use-distributed-optimizer and "
+                       "--overlap-grad-reduce"),
+              std::string::npos)
+        << ::testing::PrintToString(given) << ": " << msg;
+  }
+  EXPECT_EQ(error_of({"--overlap-param-gather", "--use-distributed-optimizer",
+                      "--overlap-grad-reduce"}),
+            "");
+}
+
 TEST(MegatronFlags, DeprecatedSpellingsBehaveAsInMegatron) {
   EXPECT_NE(error_of({"--checkpoint-activations"}).find("use --recompute-activations"),
             std::string::npos);
@@ -833,14 +853,23 @@ const std::string kShrunk = recipe_file("mixtral_8x7b.shrunk");
 
 TEST(MegatronRecipes, Mixtral8x7B) {
   ASSERT_FALSE(kMixtral.empty() || kShrunk.empty()) << "tests/fixtures/recipes/mixtral_8x7b.*";
-  trains(kMixtral, kShrunk);
-  refused(kMixtral, kShrunk, {{"--pipeline-model-parallel-size 4", ""}});
-  trains(kMixtral, std::string(kShrunk) + " --use-distributed-optimizer --overlap-param-gather");
+  // The script's MODEL_PARALLEL_ARGS give --use-distributed-optimizer, which its
+  // --overlap-param-gather needs (Megatron refuses it otherwise, and so does moecore).
+  const std::string shrunk = kShrunk + " --use-distributed-optimizer";
+  trains(kMixtral, shrunk);
+  refused(kMixtral, shrunk, {{"--pipeline-model-parallel-size 4", ""}});
+  try {
+    parse_train_args(words(kMixtral + " " + kShrunk));
+    ADD_FAILURE() << "accepted --overlap-param-gather without --use-distributed-optimizer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--overlap-param-gather needs"), std::string::npos)
+        << e.what();
+  }
   // The recipe's CHECKPOINTING_ARGS (nothing is saved or loaded: trains() runs steps only).
-  trains(kMixtral, std::string(kShrunk) + " --save " + save_dir() + " --load " + save_dir() +
+  trains(kMixtral, shrunk + " --save " + save_dir() + " --load " + save_dir() +
                        " --save-interval 10000 --no-load-optim --no-load-rng");
   // The recipe's tokenizer (a Llama-2 SentencePiece model) on mock data.
-  trains(kMixtral, std::string(kShrunk) + " --mock-data --tokenizer-type Llama2Tokenizer" +
+  trains(kMixtral, shrunk + " --mock-data --tokenizer-type Llama2Tokenizer" +
                        " --tokenizer-model " + tokenizer_fixture("sp_bpe.model"));
 }
 

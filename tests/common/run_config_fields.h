@@ -155,6 +155,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("train.peak_gflops", text(t.peak_gflops));
   add("train.ddp.overlap", text(t.ddp.overlap));
   add("train.ddp.distributed_optimizer", text(t.ddp.distributed_optimizer));
+  add("train.ddp.overlap_param_gather", text(t.ddp.overlap_param_gather));
   add("train.ddp.bucket_size", text(t.ddp.bucket_size));
   add("train.guard.check_nan", text(t.guard.check_nan));
   add("train.guard.check_spiky_loss", text(t.guard.check_spiky_loss));

@@ -1,13 +1,17 @@
 // Gradient buckets on one process: the model's backward stages (every parameter once, the hook
 // fires stage by stage), buckets that tile the flat gradient buffers in backward order (one per
 // stage by default, by size with --ddp-bucket-size), and no communication for groups of one.
+// --overlap-param-gather's waiting logic runs against a scripted two-rank communicator: the
+// gathers start in forward order and each forward stage finds its parameters gathered.
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <vector>
 
+#include "common/testing.h"
 #include "model/gpt_model.h"
 #include "parallel/grad_buckets.h"
 #include "common/tiny_train_flags.h"
@@ -156,6 +160,206 @@ TEST(GradBuckets, GroupsOfOneDoNotCommunicate) {
   for (int s = 0; s < 5; ++s) b.stage_done(s);
   b.finish();
   EXPECT_EQ(b.launched_during_backward(), 0);
+}
+
+// Two ranks, scripted: this process is rank 0; an all-gather completes when it is waited for
+// (or on its second test) and then writes rank 1's piece as the value kRemote. Nothing else
+// is expected of it.
+class ScriptedGatherComm final : public Communicator {
+ public:
+  struct Op {
+    char* recv = nullptr;
+    int64_t skip = 0, count = 0;  // rank 1's piece: elements [skip, skip + count) of recv
+    bool done = false;
+    int tests = 0;
+    void complete() {
+      if (done) return;
+      float* r = reinterpret_cast<float*>(recv);
+      for (int64_t i = 0; i < count; ++i) r[skip + i] = kRemote;
+      done = true;
+    }
+  };
+  static constexpr float kRemote = 7.0f;
+  std::vector<Op> ops;  // in start order
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+ protected:
+  CommHandle start_all_gather_v(const void*, void* recv, std::span<const int64_t> counts, bool,
+                                DType dt) override {
+    EXPECT_EQ(dt, DType::F32);
+    ops.reserve(64);  // the requests keep pointers into it
+    ops.push_back(Op{static_cast<char*>(recv), counts[0], counts[1]});
+    return CommHandle(CommRequestPtr(new Request(&ops.back())));
+  }
+  CommHandle start_all_reduce(void*, int64_t, DType, ReduceOp) override { return unexpected(); }
+  CommHandle start_reduce_scatter_v(const void*, void*, std::span<const int64_t>, bool, DType,
+                                    ReduceOp) override {
+    return unexpected();
+  }
+  CommHandle start_all_to_all_v(const void*, std::span<const int64_t>, void*,
+                                std::span<const int64_t>, DType) override {
+    return unexpected();
+  }
+  CommHandle start_broadcast(void*, int64_t, DType, int) override { return unexpected(); }
+  CommHandle start_send(const void*, int64_t, DType, int, int) override { return unexpected(); }
+  CommHandle start_recv(void*, int64_t, DType, int, int) override { return unexpected(); }
+  CommHandle start_barrier() override { return unexpected(); }
+
+ private:
+  struct Request final : CommRequest {
+    explicit Request(Op* op) : op(op) {}
+    bool test() override {
+      if (++op->tests >= 2) op->complete();
+      return op->done;
+    }
+    void wait() override { op->complete(); }
+    Op* op;
+  };
+  static CommHandle unexpected() {
+    ADD_FAILURE() << "only all-gathers are expected";
+    return CommHandle();
+  }
+  std::string name_ = "scripted";
+  std::vector<int> ranks_ = {0, 1};
+};
+
+ProcessGroup scripted_group(const std::string& name, ScriptedGatherComm** comm) {
+  ProcessGroup g;
+  g.name = name;
+  g.ranks = {0, 1};
+  g.rank = 0;
+  auto c = std::make_unique<ScriptedGatherComm>();
+  *comm = c.get();
+  g.comm = std::move(c);
+  return g;
+}
+
+TEST(GradBuckets, OverlapParamGatherNeedsTheDistributedOptimizerAndGradOverlap) {
+  GradReduceConfig c;
+  c.overlap_param_gather = true;
+  c.overlap = true;
+  EXPECT_THROW(c.validate(), Error);  // no --use-distributed-optimizer
+  c.distributed_optimizer = true;
+  c.overlap = false;
+  EXPECT_THROW(c.validate(), Error);  // no --overlap-grad-reduce
+  c.overlap = true;
+  EXPECT_NO_THROW(c.validate());
+}
+
+// The deferred gathers start in forward order (the last bucket first), nothing waits at the
+// step; before each forward stage exactly the buckets holding a parameter of it or of an
+// earlier forward stage are complete, each stage's own values are whole (rank 1's pieces
+// arrived) before it runs, and --bf16 copies follow each bucket's gather. The outstanding
+// ones are tested at every stage (Open MPI progresses them only inside MPI calls).
+TEST(GradBuckets, OverlapParamGatherWaitsForEachBucketBeforeItsForwardStage) {
+  for (int64_t bucket_size : {int64_t{0}, int64_t{300}}) {
+    cli::TrainFlags f = tiny_flags(true);
+    f.model.bf16 = true;
+    model::GPTModel<float> m(f.model, 2, 7);
+    ASSERT_TRUE(m.params().has_bf16_copies());
+    ScriptedGatherComm *dense_comm = nullptr, *expert_comm = nullptr;
+    ProcessGroup dense = scripted_group("dp_cp", &dense_comm);
+    ProcessGroup expert = scripted_group("expt_dp", &expert_comm);
+    GradReduceConfig c;
+    c.overlap = true;
+    c.distributed_optimizer = true;
+    c.overlap_param_gather = true;
+    c.bucket_size = bucket_size;
+    GradBuckets b(m.params(), m.grad_stages(), &dense, &expert, c);
+    ASSERT_TRUE(b.defers_gathers());
+    const std::vector<GradBucket>& bk = b.buckets();
+    ASSERT_GT(bk.size(), 3u);
+    std::vector<size_t> refreshed;
+    b.set_after_gather([&](size_t i) {
+      refreshed.push_back(i);
+      m.params().refresh_bf16(bk[i].kind, bk[i].offset, bk[i].count);
+    });
+    // Every value 0, every bf16 copy 0: a gathered bucket's rank-1 piece becomes 7 in both.
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      std::memset(testing::host(m.params().flat_data(k)), 0, m.params().numel(k) * sizeof(float));
+    }
+    m.params().refresh_bf16();
+
+    b.gather_params();
+    EXPECT_TRUE(b.gathers_pending());
+    for (size_t i = 0; i < bk.size(); ++i) EXPECT_TRUE(b.gather_pending(i)) << i;
+    // Started in forward order: ready stage descending. op_of[i]: bucket i's gather.
+    std::vector<const ScriptedGatherComm::Op*> op_of(bk.size(), nullptr);
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      ScriptedGatherComm* comm = k == ParamKind::Dense ? dense_comm : expert_comm;
+      size_t j = 0;
+      for (size_t i = bk.size(); i-- > 0;) {
+        if (bk[i].kind != k) continue;
+        ASSERT_LT(j, comm->ops.size());
+        EXPECT_EQ(comm->ops[j].recv, static_cast<char*>(testing::host(m.params().flat_data(k))) +
+                                         bk[i].offset * sizeof(float))
+            << "gather " << j << " of kind " << static_cast<int>(k) << " is not bucket " << i;
+        op_of[i] = &comm->ops[j++];
+      }
+      EXPECT_EQ(j, comm->ops.size());
+    }
+    EXPECT_THROW(b.gather_params(), Error);  // the last step's gathers are still pending
+
+    const int L = static_cast<int>(m.grad_stages().size()) - 2;
+    std::vector<int> stages_seen;
+    m.set_params_needed_hook([&](int stage) {
+      stages_seen.push_back(stage);
+      b.params_needed(stage);
+      for (size_t i = 0; i < bk.size(); ++i) {
+        EXPECT_EQ(b.gather_pending(i), bk[i].ready_stage < stage)
+            << "bucket " << i << " (ready stage " << bk[i].ready_stage << ") before forward stage "
+            << stage;
+        if (bk[i].ready_stage < stage) continue;
+        // Waited for: rank 1's piece is in place, and its bf16 copies follow.
+        const ScriptedGatherComm::Op& op = *op_of[i];
+        ASSERT_TRUE(op.done) << "bucket " << i;
+        const float* v = reinterpret_cast<const float*>(op.recv);
+        for (int64_t e = 0; e < op.count; ++e) ASSERT_EQ(v[op.skip + e], 7.0f) << "bucket " << i;
+      }
+      // The stage's own parameters: whole, and their bf16 copies equal to them.
+      for (const Param* p : m.grad_stages()[stage]) {
+        const float* v = testing::host(p->data_as<float>());
+        for (int64_t e = 0; e < p->local_numel(); ++e) {
+          const float copy = p->has_data16w ? testing::host(p->data16w)[e]
+                             : p->has_data16 ? bf16_to_float(testing::host(p->data16)[e])
+                                             : v[e];
+          ASSERT_EQ(copy, v[e]) << p->name() << "[" << e << "]";
+        }
+      }
+    });
+    std::vector<int32_t> ids(16, 1), targets(16, 2);
+    m.forward(ids.data(), targets.data());
+    std::vector<int> want;
+    for (int s = L + 1; s >= 0; --s) want.push_back(s);
+    EXPECT_EQ(stages_seen, want);
+    EXPECT_FALSE(b.gathers_pending());
+    EXPECT_EQ(b.waited_in_forward(), static_cast<int64_t>(bk.size()));
+    // Completed in forward order, each once; every rank-1 piece arrived.
+    std::vector<size_t> want_refreshed;
+    for (size_t i = bk.size(); i-- > 0;) want_refreshed.push_back(i);
+    EXPECT_EQ(refreshed, want_refreshed);
+    for (ScriptedGatherComm* comm : {dense_comm, expert_comm}) {
+      for (const auto& op : comm->ops) {
+        EXPECT_TRUE(op.done);
+        const float* r = reinterpret_cast<const float*>(op.recv);
+        for (int64_t i = 0; i < op.count; ++i) ASSERT_EQ(r[op.skip + i], 7.0f);
+      }
+    }
+    // The bucket the forward needs last was tested while the earlier stages ran (progress).
+    EXPECT_GT(op_of[0]->tests, 0);
+
+    // The next step: wait_params completes everything at once, in the same order.
+    refreshed.clear();
+    b.gather_params();
+    b.wait_params();
+    EXPECT_FALSE(b.gathers_pending());
+    EXPECT_EQ(refreshed, want_refreshed);
+    EXPECT_EQ(b.waited_in_forward(), static_cast<int64_t>(bk.size()));  // none more
+    m.params().refresh_bf16();  // nothing deferred was marked: a plain refresh
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --sync-audit under expert parallelism (EP = 2 on 2 ranks, the alltoall dispatcher): after the
 # warm-up step no step allocates or syncs outside the documented points. Dropless counts its one
-# documented sync per MoE layer and micro-batch (the count exchange); padded dispatch has none.
+# documented sync per MoE layer and micro-batch (the count exchange); padded dispatch has none;
+# nor do the distributed optimizer's gathers deferred to the next forward.
 # Usage: sync_audit_ep2.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
 mpiexec=$1 moecore=$2 config=$3
@@ -28,4 +29,9 @@ grep -q "$clean" <<< "$out" || fail "padded EP=2: no clean audit line" "$out"
 if grep -q "count exchange" <<< "$out"; then fail "padded EP=2 synced on the counts" "$out"; fi
 out=$(run --bf16 --moe-token-dispatcher-type allgather) || fail "allgather --bf16 stopped" "$out"
 grep -q "$clean" <<< "$out" || fail "allgather EP=2 --bf16: no clean audit line" "$out"
-echo "[sync-audit] EP=2 dropless, padded and allgather --bf16: clean"
+# The distributed optimizer's deferred gathers: started after one step, completed in the next
+# forward; their requests go back to the pool a step later without growing it.
+out=$(run --bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather) ||
+  fail "--overlap-param-gather --bf16 stopped" "$out"
+grep -q "$clean" <<< "$out" || fail "EP=2 --overlap-param-gather --bf16: no clean audit line" "$out"
+echo "[sync-audit] EP=2 dropless, padded, allgather --bf16 and --overlap-param-gather: clean"

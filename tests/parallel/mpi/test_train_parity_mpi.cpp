@@ -65,6 +65,8 @@ struct Run {
   std::vector<double> dense_flat, expert_flat;         // this rank's buffers, for replica checks
   std::vector<float> beta, bias;  // every MoE layer's quantile beta / expert bias, layer order
   int64_t launched_during_backward = 0;
+  int64_t gathers_waited_in_forward = 0;  // --overlap-param-gather, over the run
+  uint64_t digest = 0;                    // the trainer's weights digest
   size_t recomputed_bytes = 0;  // activations the plan recomputes instead of keeping
   size_t planned_bytes = 0;     // the model arena's block
   // linear_qkv's rows: per query group, q rows then k_rows key rows then v (ops/qkv_layout.h).
@@ -101,6 +103,8 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   Run r;
   r.metrics = trainer.run(log);
   r.launched_during_backward = trainer.grad_buckets().launched_during_backward();
+  r.gathers_waited_in_forward = trainer.grad_buckets().waited_in_forward();
+  r.digest = trainer.weights_digest();
   r.recomputed_bytes = trainer.model().arena().bytes_of(MemKind::Recomputed);
   r.planned_bytes = trainer.model().arena().planned_bytes();
   r.state_bytes = trainer.optimizer().state_bytes(MemKind::OptimizerState);
@@ -228,6 +232,7 @@ void expect_bitwise(const Run& a, const Run& b, const std::string& what) {
   }
   EXPECT_TRUE(a.dense_flat == b.dense_flat) << what << ": dense weights differ";
   EXPECT_TRUE(a.expert_flat == b.expert_flat) << what << ": expert weights differ";
+  EXPECT_EQ(a.digest, b.digest) << what << ": weights digests differ";
 }
 
 // Replicas: dense weights equal on every rank, expert weights on every rank of the expt_dp group.
@@ -332,11 +337,13 @@ TEST(LayoutParity, ExpertParallelF32) { expert_parallel_parity<float>(kBase + kA
 // rest expert-data-parallel), with and without --overlap-grad-reduce, against the 1-rank run
 // and against the same layout without sharding, both within the layout-parity tolerance (the
 // norm's f64 sum of squares is associated per shard: not bitwise); overlap bitwise equal to
-// the reduction after the backward; replicas bitwise equal after the gather. The optimizer
+// the reduction after the backward, and --overlap-param-gather (the gathers deferred to the next
+// forward) bitwise equal to both; replicas bitwise equal after the gather. The optimizer
 // state is 8 bytes per owned element (each buffer aligned), and the owned elements of a group's ranks add up to the
 // kind's elements: each once.
 const std::vector<std::string> kDistOpt = {"--use-distributed-optimizer"};
 const std::vector<std::string> kOverlap = {"--overlap-grad-reduce"};
+const std::vector<std::string> kParamGather = {"--overlap-param-gather"};
 
 void expect_state_is_sharded(const Run& r, const parallel::ProcessGroups* groups,
                              const std::string& what) {
@@ -368,15 +375,40 @@ void distributed_optimizer_parity(const std::vector<std::string>& args, const st
     const Run plain = train_run<T>(args, &groups);
     const Run dist = train_run<T>(args + kDistOpt, &groups);
     const Run overlap = train_run<T>(args + kDistOpt + kOverlap, &groups);
+    const Run gather = train_run<T>(args + kDistOpt + kOverlap + kParamGather, &groups);
     const std::string what = fmt::format("{} {} dist-opt ep={} dp={} edp={}", name, dtype_str<T>(),
                                          ep, g_rt.world_size, g_rt.world_size / ep);
     report(what, compare(dist, ref, parity_tol<T>(), what));
     report(what + " vs plain", compare(dist, plain, parity_tol<T>(), what + " vs plain"));
     expect_bitwise(overlap, dist, what + " overlap vs after-backward");
+    expect_bitwise(gather, overlap, what + " --overlap-param-gather vs not");
+    expect_bitwise(gather, dist, what + " both overlaps vs none");
     expect_replicas_equal(dist, groups, what);
+    expect_replicas_equal(gather, groups, what + " --overlap-param-gather");
     expect_state_is_sharded(dist, &groups, what);
     if (g_rt.world_size > 1) EXPECT_LT(dist.state_bytes, plain.state_bytes) << what;
     if (g_rt.world_size > 1) EXPECT_GT(overlap.launched_during_backward, 0) << what;
+    // The forwards waited for the deferred gathers (nothing is deferred on one rank).
+    EXPECT_EQ(gather.gathers_waited_in_forward > 0, g_rt.world_size > 1) << what;
+    EXPECT_EQ(dist.gathers_waited_in_forward, 0) << what;
+  }
+}
+
+// --bf16 (the compute copies follow each bucket's deferred gather): bitwise the run without
+// --overlap-param-gather, with --overlap-grad-reduce alone and with neither, on every layout.
+TEST(DistributedOptimizer, OverlapParamGatherBf16) {
+  const auto args = kBase + kAux + std::vector<std::string>{"--bf16", "--train-iters", "4"};
+  for (int ep : {1, 2}) {
+    if (g_rt.world_size % ep != 0 || (ep > 1 && g_rt.world_size == ep)) continue;
+    parallel::ProcessGroups groups = make_groups(ep, args);
+    const auto dist = train_run<float>(args + kDistOpt, &groups);
+    const auto overlap = train_run<float>(args + kDistOpt + kOverlap, &groups);
+    const auto gather = train_run<float>(args + kDistOpt + kOverlap + kParamGather, &groups);
+    const std::string what = fmt::format("bf16 dist-opt ep={} dp={} edp={}", ep,
+                                         g_rt.world_size, g_rt.world_size / ep);
+    expect_bitwise(gather, overlap, what + " --overlap-param-gather vs not");
+    expect_bitwise(gather, dist, what + " both overlaps vs none");
+    expect_replicas_equal(gather, groups, what);
   }
 }
 
