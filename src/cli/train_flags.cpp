@@ -226,7 +226,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "documented sync points (docs/design.md)")
       ->group(kTrain);
   app.add_option("--peak-tflops", f.peak_tflops,
-                 "Peak for MFU in TFLOP/s (default: measured fp32 GEMM at start-up)")
+                 "Peak for MFU in TFLOP/s per rank (default: measured fp32 GEMM at start-up); MFU "
+                 "divides the job's rate by ranks x peak")
       ->group(kLog);
 
   const char* kGuard = "Numeric guards";

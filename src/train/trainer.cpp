@@ -436,7 +436,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   const double tokens = static_cast<double>(cfg_.global_batch * S);
   m.tokens_per_s = tokens / m.seconds;
   m.tflops = flops_.train_flops_per_token() * m.tokens_per_s / 1e12;
-  m.mfu = m.tflops * 1e3 / peak_gflops_;
+  m.mfu = m.tflops * 1e3 / job_peak_gflops();
   m.peak_mem_bytes = peak_rss_bytes();
   for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
     const MemKind kind = static_cast<MemKind>(k);
@@ -582,7 +582,7 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
   if (exec_.on_cpu()) fmt::print(log, "[train] numerics class: {}\n", ops::numerics_class());
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
-                  "/ peak; peak {} GEMM {}: {:.1f} GFLOP/s\n",
+                  "/ (ranks x peak per rank); peak {} GEMM {}: {:.1f} GFLOP/s per rank\n",
              model_cfg_.bf16
                  ? fmt::format("bf16 ({})", ops::bf16_gemm_path_name(ops::bf16_gemm_path()))
                  : std::string("fp32"),
@@ -722,7 +722,7 @@ void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics
   for (int p = 0; p < kNumPhases; ++p) logged.phase_seconds[p] = acc.phase_seconds[p] / in_interval;
   logged.tokens_per_s = cfg_.global_batch * model_cfg_.seq_length / logged.seconds;
   logged.tflops = flops_.train_flops_per_token() * logged.tokens_per_s / 1e12;
-  logged.mfu = mfu_report(logged.tflops * 1e12, 1.0, peak_gflops_).mfu;
+  logged.mfu = mfu_report(logged.tflops * 1e12, 1.0, job_peak_gflops()).mfu;
   acc = StepMetrics{};
   in_interval = 0;
   progress.clear();
@@ -890,7 +890,7 @@ void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMet
   const double iters = static_cast<double>(all.size() - skip);
   const double tokens_per_s = iters * cfg_.global_batch * model_cfg_.seq_length / seconds;
   const MfuReport mfu =
-      mfu_report(flops_.train_flops_per_token() * tokens_per_s, 1.0, peak_gflops_);
+      mfu_report(flops_.train_flops_per_token() * tokens_per_s, 1.0, job_peak_gflops());
   const double gflops = mfu.achieved_gflops;
   std::string breakdown;
   for (int p = 0; p < kNumPhases; ++p) {
@@ -903,10 +903,12 @@ void BasicTrainer<T>::print_summary(std::ostream& log, const std::vector<StepMet
              "peak{} | step {:.1f} ms: {} | peak mem {:.1f} MiB\n",
              tokens_per_s, gflops, 100.0 * mfu.mfu, mfu.peak_gflops,
              model_cfg_.bf16 ? "bf16" : "fp32",
-             mfu.peak_raised ? fmt::format(" (raised to the achieved rate: the {} peak of {:.1f} "
-                                           "GFLOP/s was under-measured)",
-                                           cfg_.peak_gflops > 0 ? "given" : "probed", peak_gflops_)
-                             : std::string(),
+             mfu.peak_raised
+                 ? fmt::format(" (raised to the achieved rate: the {} peak of {:.1f} GFLOP/s was "
+                               "under-measured)",
+                               cfg_.peak_gflops > 0 ? "given" : "probed", job_peak_gflops())
+                 : ranks() > 1 ? fmt::format(" ({} ranks x {:.1f})", ranks(), peak_gflops_)
+                               : std::string(),
              seconds / iters * 1e3, breakdown, all.back().peak_mem_bytes / (1024.0 * 1024.0));
   if (cfg_.sync_audit && iters > 1) {
     const SyncAudit& audit = SyncAudit::instance();

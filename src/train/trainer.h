@@ -133,7 +133,11 @@ class BasicTrainer {
   // expert-parallel slices summed over the EP group): a function of the global values alone,
   // whatever the layout. Collective: every rank calls it.
   uint64_t weights_digest() const;
+  // One rank's peak (probed at its own threads, or --peak-tflops: per device, as Megatron's
+  // TFLOP/s/GPU) and the job's, which MFU divides by: the global batch's FLOPs run on every rank.
   double peak_gflops() const { return peak_gflops_; }
+  int ranks() const { return groups_ != nullptr ? groups_->world_size() : 1; }
+  double job_peak_gflops() const { return peak_gflops_ * ranks(); }
   model::GPTModel<T>& model() { return *model_; }
   const parallel::GradBuckets& grad_buckets() const { return *buckets_; }
   const optim::ChainedOptimizer& optimizer() const { return *optimizer_; }

@@ -688,6 +688,19 @@ TEST(BalancingParity, ExpertBiasBuffersEqualOneRank) {
   EXPECT_NE(ref[1], 0.0f) << "the expert bias never moved";
 }
 
+// MFU is per rank, as Megatron's TFLOP/s/GPU: the job's rate (the global batch's FLOPs) over
+// the world's ranks x one rank's peak (--peak-tflops 0.1 here), in the step metrics, the logged
+// interval and the summary alike.
+TEST(LayoutParity, MfuDividesByEveryRanksPeak) {
+  parallel::ProcessGroups groups = make_groups(1, kBase + kAux);
+  cli::TrainFlags f = cli::tiny_train_flags();
+  parse_flags(f, kBase + kAux);
+  train::Trainer t(f.model, f.train, &groups);
+  const train::StepMetrics m = t.train_step();
+  EXPECT_EQ(t.job_peak_gflops(), 100.0 * g_rt.world_size);
+  EXPECT_NEAR(m.mfu, m.tflops * 1e3 / (100.0 * g_rt.world_size), 1e-12);
+}
+
 // Bad layouts stop before training, on every rank, with the numbers in the message.
 TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
   if (g_rt.world_size == 1) GTEST_SKIP();
