@@ -87,17 +87,16 @@ class ParamRegistry {
     bf16_widened_ = widened;
   }
   bool has_bf16_copies() const { return bf16_copies_; }
+  bool bf16_widened() const { return bf16_copies_ && bf16_widened_; }
   // The copies from the values, with the cast ops on the arena's context.
   void refresh_bf16();
-  // For an optimizer that rewrote every bf16 copy of `kind` in the pass that updated the values
-  // (ops::adamw_step's p16): the next refresh_bf16() skips that kind instead of converting its
-  // values again, then converts as usual. Valid only when nothing else changes the values of
+  // The next refresh_bf16() skips `kind`, then converts as usual: for an optimizer that rewrote
+  // every bf16 copy of `kind` in the pass that updated the values (ops::adamw_step's p16), and
+  // for values that arrive later than the step (the distributed optimizer's deferred gathers,
+  // --overlap-param-gather), which whoever completes them converts per range with
+  // refresh_bf16(kind, offset, count). Valid only when nothing else changes the values of
   // `kind` before that refresh (the trainer refreshes right after the optimizer step).
   void mark_bf16_current(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
-  // For values of `kind` that arrive later than the step (the distributed optimizer's deferred
-  // gathers, --overlap-param-gather): the next refresh_bf16() skips that kind, and whoever
-  // completes the values converts them per range with refresh_bf16(kind, offset, count).
-  void defer_bf16_refresh(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
   // The copies of elements [offset, offset + count) of the kind's flat buffer (the same
   // conversion as refresh_bf16(), element by element).
   void refresh_bf16(ParamKind kind, int64_t offset, int64_t count);
@@ -140,8 +139,7 @@ class ParamRegistry {
   DevPtr<float> data16w_[2] = {nullptr, nullptr};
   bool bf16_copies_ = false;
   bool bf16_widened_ = false;
-  // set by mark_bf16_current / defer_bf16_refresh, used up by refresh_bf16
-  bool bf16_current_[2] = {false, false};
+  bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16
 };
 
 // Initial value of global element `global_index` of parameter `spec` for `seed`.

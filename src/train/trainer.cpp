@@ -222,7 +222,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       if (!buckets->defers_gathers()) return;
       for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
         const parallel::ProcessGroup* g = buckets->group(k);
-        if (g != nullptr && g->size() > 1) params->defer_bf16_refresh(k);
+        if (g != nullptr && g->size() > 1) params->mark_bf16_current(k);
       }
     };
     optimizer_ = std::make_unique<optim::ChainedOptimizer>(model_->params(), cfg_.adam, norm_sync,
@@ -454,8 +454,7 @@ StepMetrics BasicTrainer<T>::train_step() {
 // Bytes per parameter of the registry's value buffers: the values, and under --bf16 the
 // compute copy (bf16, or the widened-bf16 GEMM path's f32 copy of the same values).
 static double value_bytes_per_param(const ParamRegistry& p) {
-  const bool widened = !p.params().empty() && p.params().front().has_data16w;
-  const double copy = !p.has_bf16_copies() ? 0 : widened ? 4 : 2;
+  const double copy = !p.has_bf16_copies() ? 0 : p.bf16_widened() ? 4 : 2;
   return static_cast<double>(dtype_size(p.dtype())) + copy;
 }
 
