@@ -170,7 +170,8 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
   };
   if (sharded_) {
     // The bf16 copies are not written here: the elements other ranks update arrive with the
-    // gather, after which refresh_bf16 converts the whole buffer (the same rounding).
+    // gather, after which refresh_bf16 converts them (the whole buffer, or each bucket after its
+    // own gather under --overlap-param-gather; the same rounding).
     // The summed gradients of the owned elements lie where the elements do (the in-place
     // reduce-scatter); the moments are packed in the owned layout.
     const int k = static_cast<int>(only_);
