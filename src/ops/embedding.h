@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/dev_ptr.h"
+#include "core/dtype.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -16,6 +17,8 @@ void embedding_forward(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_t
 template <typename T>
 void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok, int64_t H,
                         int64_t V);
+void embedding_forward_bf16(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
+                            int64_t H, int64_t V);
 }  // namespace cpu
 
 // y[t] = w[ids[t]]; every id must be in [0, V) (checked).
@@ -29,6 +32,16 @@ void embedding_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids
 template <typename T>
 void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok, int64_t H,
                            int64_t V);
+// --bf16: y[t] = w[ids[t]] widened to f32, from the table's bf16 values (exact; the backward is
+// embedding_backward into the f32 gradients).
+inline void embedding_forward_bf16(const Exec& ex, DevPtr<float> y_TH, DevPtr<const int32_t> ids_T,
+                                   DevPtr<const bf16> w_VH, int64_t n_tok, int64_t H, int64_t V) {
+  if (ex.on_cpu())
+    return cpu::embedding_forward_bf16(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
+  no_kernel(ex, "embedding_forward_bf16");
+}
+void embedding_forward_bf16_ref(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
+                                int64_t H, int64_t V);
 // dw[ids[t]] += dy[t].
 template <typename T>
 void embedding_backward(const Exec& ex, DevPtr<T> dw_VH, DevPtr<const T> dy_TH,

@@ -3,6 +3,7 @@
 // without dropout; S = 1, S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D =
 // 2, D = 128, both ends of the position table, in place). Every backward takes the reference
 // forward's saved values.
+#include <array>
 #include <omp.h>
 
 #include <random>
@@ -46,6 +47,24 @@ void embedding_one(const Exec& ex) {
     ops::embedding_backward<T>(ex, dw.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
+  }
+}
+
+// --bf16's lookup from the table's bf16 values: exact, bitwise the reference.
+void embedding_bf16_case(const Exec& ex) {
+  uint32_t seed = 40;
+  for (auto [n_tok, H, V] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{13, 37, 4},
+                             std::array<int64_t, 3>{300, 130, 50}}) {
+    BACKEND_TRACE("T=" << n_tok << " H=" << H << " V=" << V);
+    const auto ids = random_ids(n_tok, V, seed++);
+    const auto w32 = random_vec<float>(V * H, seed++);
+    std::vector<bf16> w(static_cast<size_t>(V * H));
+    for (int64_t i = 0; i < V * H; ++i) w[i] = float_to_bf16(w32[i]);
+    std::vector<float> y_ref(n_tok * H);
+    ops::embedding_forward_bf16_ref(y_ref.data(), ids.data(), w.data(), n_tok, H, V);
+    Guarded<float> y = nan_out<float>(n_tok * H);
+    ops::embedding_forward_bf16(ex, y.data(), ids.data(), w.data(), n_tok, H, V);
+    expect_bitwise(y, y_ref.data(), "y");
   }
 }
 
@@ -216,6 +235,7 @@ void add_model_cases(std::vector<OpCase>& out) {
          embedding_one<float>(ex);
          embedding_one<double>(ex);
        }});
+  out.push_back({"embedding_bf16", {"embedding_forward_bf16"}, embedding_bf16_case});
   out.push_back(
       {"head_loss_f32", {"head_loss_forward", "head_loss_backward"}, head_loss_case<float>});
   out.push_back(

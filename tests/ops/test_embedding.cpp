@@ -55,6 +55,33 @@ void compare_fast_ref() {
   }
 }
 
+// --bf16: the rows of the table's bf16 values, widened exactly (ids repeated, guards intact).
+TEST(Embedding, Bf16TableFastMatchesRef) {
+  for (auto [T_, H, V] : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T_ << " H=" << H << " V=" << V);
+    const auto ids = random_ids(T_, V, 5);
+    const auto w32 = random_vec<float>(V * H, 6);
+    std::vector<bf16> w(static_cast<size_t>(V * H));
+    for (int64_t i = 0; i < V * H; ++i) w[i] = float_to_bf16(w32[i]);
+    Guarded<float> y(T_ * H), y_r(T_ * H);
+    ops::embedding_forward_bf16(cpu_exec(), y.data(), ids.data(), w.data(), T_, H, V);
+    ops::embedding_forward_bf16_ref(y_r.data(), ids.data(), w.data(), T_, H, V);
+    EXPECT_EQ(y.vec(), y_r.vec());
+    for (int64_t t = 0; t < T_; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_EQ(y_r[t * H + h], bf16_to_float(w[ids[t] * H + h]));
+        ASSERT_NE(y_r[t * H + h], w32[ids[t] * H + h]) << "not rounded: the test's inputs";
+      }
+    }
+    EXPECT_TRUE(y.intact() && y_r.intact());
+  }
+  std::vector<bf16> w(4);
+  std::vector<float> y(2);
+  const std::vector<int32_t> bad = {0, 2};
+  EXPECT_THROW(ops::embedding_forward_bf16(cpu_exec(), y.data(), bad.data(), w.data(), 2, 1, 2),
+               Error);
+}
+
 TEST(Embedding, FastMatchesRefF32) {
   compare_fast_ref<float>();
 }

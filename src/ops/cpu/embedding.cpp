@@ -36,6 +36,18 @@ void embedding_forward(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_t
   }
 }
 
+void embedding_forward_bf16(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
+                            int64_t H, int64_t V) {
+  check_ids(ids_T, n_tok, V);
+#pragma omp parallel for schedule(static) if (n_tok * H >= kParallelMin)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const bf16* w = w_VH + int64_t(ids_T[t]) * H;
+    float* y = y_TH + t * H;
+#pragma omp simd
+    for (int64_t h = 0; h < H; ++h) y[h] = bf16_to_float(w[h]);
+  }
+}
+
 template <typename T>
 void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok, int64_t H,
                         int64_t V) {
