@@ -149,7 +149,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--seed", t.seed, "Seed for init and data")->group(kTrain);
   app.add_option("--clip-grad", t.adam.clip_grad, "Global grad-norm clip (0: off)")->group(kTrain);
   app.add_flag("--bf16", f.bf16,
-               "bf16 mixed precision: bf16 GEMM inputs, fp32 master weights, grads and state")
+               "bf16 mixed precision (Megatron's bf16 parameters): layers read the weights' bf16 "
+               "values, GEMMs take bf16 inputs; fp32 master weights (sharded with "
+               "--use-distributed-optimizer), grads and Adam state")
       ->group(kTrain);
   app.add_option("--recompute-granularity", f.recompute_granularity,
                  "Activation recomputation: full (whole layers) | selective (--recompute-modules)")

@@ -32,7 +32,8 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
                                cfg.init_std,
                                ParamKind::Dense,
                                true,
-                               {}});
+                               {},
+                               /*bf16_only=*/true});
   if (cfg.add_qkv_bias) {
     qkv_bias_ = &params.add(ParamSpec{prefix + ".linear_qkv.bias",
                                       {(Hq_ + 2 * Hkv_) * D_},
@@ -54,7 +55,8 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
                                 cfg.output_init_std(),
                                 ParamKind::Dense,
                                 true,
-                                {}});
+                                {},
+                                /*bf16_only=*/true});
   if (cfg.add_attention_output_bias) {
     proj_bias_ = &params.add(ParamSpec{
         prefix + ".linear_proj.bias", {H_}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
@@ -137,13 +139,13 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_, x_rounded_);
-  if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->data_as<T>(), n, C);
+  if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->compute_as<T>(), n, C);
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
     ops::split_qkv(*ex_, saved_.q_raw, saved_.k_raw, saved_.v, qkv_TC_, qs);
-    ops::rmsnorm_forward(*ex_, saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->data_as<T>(),
+    ops::rmsnorm_forward(*ex_, saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->compute_as<T>(),
                          n * Hq_, D_, eps_);
-    ops::rmsnorm_forward(*ex_, saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->data_as<T>(),
+    ops::rmsnorm_forward(*ex_, saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->compute_as<T>(),
                          n * Hkv_, D_, eps_);
   } else {
     ops::split_qkv(*ex_, saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
@@ -155,7 +157,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                          workspace_, drop_);
   linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
-  if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->data_as<T>(), n, H_);
+  if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->compute_as<T>(), n, H_);
 }
 
 template <typename T>
@@ -178,9 +180,9 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     // dq/dk now hold gradients w.r.t. the normed q/k; the core-attention buffers q/k are free
     // for the pre-norm gradients.
     ops::rmsnorm_backward(*ex_, saved_.q, q_norm_->grad_as<T>(), dq_, saved_.q_raw,
-                          q_norm_->data_as<T>(), saved_.rstd_q, n * Hq_, D_);
+                          q_norm_->compute_as<T>(), saved_.rstd_q, n * Hq_, D_);
     ops::rmsnorm_backward(*ex_, saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw,
-                          k_norm_->data_as<T>(), saved_.rstd_k, n * Hkv_, D_);
+                          k_norm_->compute_as<T>(), saved_.rstd_k, n * Hkv_, D_);
     ops::fuse_qkv(*ex_, qkv_TC_, saved_.q, saved_.k, dv_, qs);
   } else {
     ops::fuse_qkv(*ex_, qkv_TC_, dq_, dk_, dv_, qs);

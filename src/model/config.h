@@ -50,9 +50,14 @@ struct ModelConfig {
   bool add_attention_output_bias = false;
   bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
   bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
-  // --bf16: GEMMs take bf16 inputs (bf16 copies of the fp32 master weights, activations cast
-  // on the way in) and accumulate in f32; router, softmax, norms, losses stay f32.
+  // --bf16 (Megatron's bf16 parameters): every layer reads the bf16 values of the fp32 master
+  // weights; GEMMs take bf16 inputs (activations cast on the way in) and accumulate in f32;
+  // router, softmax, norms and losses compute in f32 on those bf16 weight values.
   bool bf16 = false;
+  // --bf16 with the distributed optimizer sharding over more than one rank: the fp32 master
+  // weights exist only in the optimizer's shards (Megatron's 6 + 12/d bytes per parameter); the
+  // model holds the bf16 values alone. Set by the trainer and the planner, not a flag.
+  bool master_weights_sharded = false;
   int64_t num_experts = 0;        // 0: every FFN is a dense MLP
   std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
   MoeConfig moe;

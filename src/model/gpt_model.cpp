@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "ops/add.h"
+#include "ops/cast.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -34,7 +35,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     // Before any layer reads has_bf16_copy(). The widened-bf16 GEMM path reads f32 copies of the
     // bf16 weights, kept up to date by the optimizer's pass, rather than widening each weight
     // at each GEMM (that cost ~15% of the GEMM time at bench-small's shapes).
-    params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen);
+    params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen,
+                               /*master=*/!cfg_.master_weights_sharded);
   }
   // A sizing pass (the planner, thousands of times in a layout search) runs no step: the
   // table (max positions x head dim sin/cos) would be most of its time. Other positions use
@@ -48,7 +50,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                       cfg_.init_std,
                                       ParamKind::Dense,
                                       true,
-                                      {}});
+                                      {},
+                                      /*bf16_only=*/true});
   if (cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
     pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
                                             {cfg_.max_positions(), cfg_.hidden},
@@ -56,7 +59,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                             cfg_.init_std,
                                             ParamKind::Dense,
                                             true,
-                                            {}});
+                                            {},
+                                            /*bf16_only=*/true});
   }
   emb_drop_key_ = rng_key(seed, "embedding.dropout");
   // Each block's parameters are the ones it registers: they form its backward stage.
@@ -80,7 +84,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                                        cfg_.init_std,
                                                        ParamKind::Dense,
                                                        true,
-                                                       {}});
+                                                       {},
+                                                       /*bf16_only=*/true});
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
@@ -157,11 +162,28 @@ void GPTModel<T>::allocate(Arena& a) {
     if (const int64_t n = ops::head_loss_bf16_workspace_elems(a.exec(), head_shape_); n > 0) {
       head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
     }
+    if (const int64_t n = ops::gemm_bf16_workspace_elems(a.exec(), S_, cfg_.vocab_size, H); n > 0)
+      logits_ws32_ = a.alloc<float>(n, "model.logits_ws32", MemKind::Workspace);
   }
   head_ws_ =
       a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws", MemKind::Workspace);
   dstream_ = a.alloc<T>(T_ * H, "model.dstream", MemKind::Workspace);
   dfinal_ = a.alloc<T>(T_ * H, "model.dfinal", MemKind::Workspace);
+}
+
+// A table's rows: under --bf16 its bf16 values (from the bf16 copy on the native path, as the
+// head's GEMMs read it; its widened copy on the widened path).
+template <typename T>
+void GPTModel<T>::embedding_lookup(const Param& table, DevPtr<T> y_TH,
+                                   DevPtr<const int32_t> ids_T, int64_t rows) {
+  const Exec& ex = arena_.exec();
+  if constexpr (std::is_same_v<T, float>) {
+    if (table.has_data16) {
+      return ops::embedding_forward_bf16(ex, y_TH, ids_T, DevPtr<const bf16>(table.data16), T_,
+                                         cfg_.hidden, rows);
+    }
+  }
+  ops::embedding_forward(ex, y_TH, ids_T, table.compute_as<T>(), T_, cfg_.hidden, rows);
 }
 
 template <typename T>
@@ -177,11 +199,9 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
   const int64_t H = cfg_.hidden;
   const int L = static_cast<int>(blocks_.size());
   params_needed(L + 1);
-  ops::embedding_forward(ex, stream_[0], ids_T_, embedding_->data_as<T>(), T_, H,
-                         cfg_.vocab_size);
+  embedding_lookup(*embedding_, stream_[0], ids_T_, cfg_.vocab_size);
   if (pos_embedding_ != nullptr) {
-    ops::embedding_forward(ex, pos_TH_, DevPtr<const int32_t>(pos_T_),
-                           pos_embedding_->data_as<T>(), T_, H, cfg_.max_positions());
+    embedding_lookup(*pos_embedding_, pos_TH_, pos_T_, cfg_.max_positions());
     ops::add(ex, stream_[0], DevPtr<const T>(stream_[0]), DevPtr<const T>(pos_TH_), T_ * H);
   }
   counters_ = io.dropout != nullptr ? io.dropout : DevPtr<const ops::DropoutCounters>(own_counters_);
@@ -208,7 +228,7 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
   io_ = io;
   forward_trunk(io);
   ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
-                         loss_T_, lse_T_, final_n_, head_->data_as<T>(), targets_T_, head_shape_,
+                         loss_T_, lse_T_, final_n_, head_values(), targets_T_, head_shape_,
                          head_ws_, cfg_.bf16 ? &head16_ : nullptr);
 }
 
@@ -221,10 +241,32 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   forward_trunk(MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_});
   // Sequence b's tokens are every B-th row of final_n_ (t = s * B + b): one GEMM per sequence
   // with row stride B * H writes its [S, V] block of the batch-major logits.
+  // Under --bf16 the GEMM takes bf16 inputs, as the training head's does.
   const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
+  const Exec& ex = arena_.exec();
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16 && head16_.w_VH_wide != nullptr) {
+      ops::round_f32_to_bf16(ex, head16_.h32, DevPtr<const float>(final_n_), T_ * H);
+      for (int64_t b = 0; b < B_; ++b) {
+        ops::gemm<float>(ex, false, true, S_, V, H, 1.f, head16_.h32 + b * H, B_ * H,
+                         head16_.w_VH_wide, H, 0.f, logits_BSV + b * S_ * V, V);
+      }
+      set_training(training);
+      return;
+    }
+    if (cfg_.bf16) {
+      ops::cast_f32_to_bf16(ex, head16_.h16, DevPtr<const float>(final_n_), T_ * H);
+      for (int64_t b = 0; b < B_; ++b) {
+        ops::gemm_bf16(ex, false, true, S_, V, H, head16_.h16 + b * H, B_ * H, head16_.w_VH, H,
+                       0.f, logits_BSV + b * S_ * V, V, logits_ws32_);
+      }
+      set_training(training);
+      return;
+    }
+  }
   for (int64_t b = 0; b < B_; ++b) {
-    ops::gemm<T>(arena_.exec(), false, true, S_, V, H, T(1), final_n_ + b * H, B_ * H,
-                 head_->data_as<T>(), H, T(0), logits_BSV + b * S_ * V, V);
+    ops::gemm<T>(ex, false, true, S_, V, H, T(1), final_n_ + b * H, B_ * H, head_values(), H,
+                 T(0), logits_BSV + b * S_ * V, V);
   }
   set_training(training);
 }
@@ -242,7 +284,7 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   ops::loss_grad_scale(arena_.exec(), dloss_,
                        member_ptr(io_.report, &ops::MicroBatchReport::counted), loss_grad_scale);
   ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
-                          head_->data_as<T>(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
+                          head_values(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
                           cfg_.bf16 ? &head16_ : nullptr);
   final_norm_->backward(arena_.exec(), dstream_, dfinal_, stream_.back(), T_);
   stage_done(0);

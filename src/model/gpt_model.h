@@ -190,6 +190,13 @@ class GPTModel {
   DevPtr<T> lse_T_ = nullptr;
   DevPtr<T> head_ws_ = nullptr;
   ops::HeadLossBf16 head16_;  // --bf16 head GEMM inputs
+  DevPtr<float> logits_ws32_ = nullptr;  // --bf16 forward_logits: gemm_bf16's workspace
+  void embedding_lookup(const Param& table, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
+                        int64_t rows);
+  // The head's f32 values for the f32 head (null under --bf16: the head reads head16_).
+  DevPtr<const T> head_values() const {
+    return cfg_.bf16 ? DevPtr<const T>(nullptr) : DevPtr<const T>(head_->template data_as<T>());
+  }
   DevPtr<T> dstream_ = nullptr;
   DevPtr<T> dfinal_ = nullptr;
 };

@@ -20,14 +20,16 @@ GroupedExperts<T>::GroupedExperts(int64_t num_experts, int64_t first_expert, int
                                init_std,
                                ParamKind::Expert,
                                true,
-                               slice});
+                               slice,
+                               /*bf16_only=*/true});
   fc2_ = &params.add(ParamSpec{prefix + ".experts.linear_fc2.weight",
                                {num_experts, H, F},
                                ParamInit::Normal,
                                out_init_std,
                                ParamKind::Expert,
                                true,
-                               slice});
+                               slice,
+                               /*bf16_only=*/true});
   if (sh.bias) {
     // Megatron: zeros, no weight decay; sliced over EP like the weights.
     fc1_bias_ = &params.add(ParamSpec{prefix + ".experts.linear_fc1.bias",

@@ -211,7 +211,7 @@ void Router<T>::gate_forward(DevPtr<const T> x_TH, int64_t n) {
     in = gate_TH_;
   }
   s.gate_in_TH = in;
-  DevPtr<const T> w = weight_->data_as<T>();
+  DevPtr<const T> w = weight_->compute_as<T>();
   if (gate_f64_) {
     ops::widen_to_f64(*ex_, x64_TH_, in, n * H);
     ops::widen_to_f64(*ex_, w64_EH_, w, E * H);
@@ -421,7 +421,7 @@ void Router<T>::gate_backward(DevPtr<T> dx_TH) {
   const RouterSaved<T>& s = saved_;
   const int64_t n = s.n_tok, E = E_, H = H_;
   DevPtr<T> dw = weight_->grad_as<T>();
-  DevPtr<const T> w = weight_->data_as<T>();
+  DevPtr<const T> w = weight_->compute_as<T>();
   if (gate_f64_) {
     ops::zero(*ex_, dw64_EH_, E * H);
     ops::linear_backward(*ex_, dx64_TH_, dw64_EH_, dlogits_TE_, x64_TH_, w64_EH_, n, E, H, false);

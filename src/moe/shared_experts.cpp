@@ -58,7 +58,7 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
 template <typename T>
 void SharedExperts<T>::shared_and_logits(int64_t n) {
   mlp_->forward(s_TH_, x_mlp_TH_, n);
-  ops::linear_forward(*ex_, l_T_, x_TH_, gate_->data_as<T>(), n, 1, H_);
+  ops::linear_forward(*ex_, l_T_, x_TH_, gate_->compute_as<T>(), n, 1, H_);
 }
 
 template <typename T>
@@ -87,7 +87,7 @@ void SharedExperts<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<c
   if (rerun_) shared_and_logits(n);  // the forward's arithmetic again: the same bits
   ops::sigmoid_gate_backward(*ex_, ds_TH_, dl_T_, dy_TH, s_TH_, l_T_, n, H);
   // dx += dl w_g (the gate's input gradient), dw_g += dl^T x.
-  ops::linear_backward(*ex_, dx_TH, gate_->grad_as<T>(), dl_T_, x_TH_, gate_->data_as<T>(), n, 1, H,
+  ops::linear_backward(*ex_, dx_TH, gate_->grad_as<T>(), dl_T_, x_TH_, gate_->compute_as<T>(), n, 1, H,
                        /*accumulate_dx=*/true);
   mlp_->backward(s_TH_, ds_TH_);  // s is spent: it takes the MLP's input gradient
   ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);

@@ -288,14 +288,16 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double 
                                init_std,
                                ParamKind::Dense,
                                true,
-                               {}});
+                               {},
+                               /*bf16_only=*/true});
   fc2_ = &params.add(ParamSpec{prefix + ".linear_fc2.weight",
                                {hidden, ffn},
                                ParamInit::Normal,
                                out_init_std,
                                ParamKind::Dense,
                                true,
-                               {}});
+                               {},
+                               /*bf16_only=*/true});
   if (bias) {
     // Megatron: biases start at zero and take no weight decay.
     fc1_bias_ = &params.add(ParamSpec{prefix + ".linear_fc1.bias",

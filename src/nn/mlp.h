@@ -40,10 +40,11 @@ template <typename T>
 MlpParams<DevPtr<const T>> mlp_values(const Param& fc1, const Param& fc2, const Param* fc1_bias,
                                       const Param* fc2_bias) {
   MlpParams<DevPtr<const T>> w;
-  w.fc1 = fc1.data_as<T>();
-  w.fc2 = fc2.data_as<T>();
-  if (fc1_bias != nullptr) w.fc1_bias = fc1_bias->data_as<T>();
-  if (fc2_bias != nullptr) w.fc2_bias = fc2_bias->data_as<T>();
+  // Under --bf16 the GEMMs read the weights' bf16 copies (Param::data16 / data16w) instead.
+  if (!fc1.has_bf16_copy()) w.fc1 = fc1.data_as<T>();
+  if (!fc2.has_bf16_copy()) w.fc2 = fc2.data_as<T>();
+  if (fc1_bias != nullptr) w.fc1_bias = fc1_bias->compute_as<T>();
+  if (fc2_bias != nullptr) w.fc2_bias = fc2_bias->compute_as<T>();
   return w;
 }
 template <typename T>

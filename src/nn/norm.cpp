@@ -32,9 +32,9 @@ void Norm<T>::allocate(Arena& a, int64_t n_tok, const char* name) {
 
 template <typename T>
 void Norm<T>::forward(const Exec& ex, DevPtr<T> y, DevPtr<const T> x, int64_t n, bool round) {
-  const DevPtr<const T> w = weight_->data_as<T>();
+  const DevPtr<const T> w = weight_->compute_as<T>();
   if (cfg_.layernorm) {
-    const DevPtr<const T> b = bias_->data_as<T>();
+    const DevPtr<const T> b = bias_->compute_as<T>();
     if constexpr (std::is_same_v<T, float>) {
       if (round)
         return ops::layernorm_forward_bf16w(ex, y, mean_, rstd_, x, w, b, n, cfg_.H, cfg_.eps,
@@ -53,10 +53,10 @@ void Norm<T>::backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<
                        int64_t n) {
   if (cfg_.layernorm) {
     return ops::layernorm_backward(ex, dx, weight_->grad_as<T>(), bias_->grad_as<T>(), dy, x,
-                                   weight_->data_as<T>(), DevPtr<const T>(mean_),
+                                   weight_->compute_as<T>(), DevPtr<const T>(mean_),
                                    DevPtr<const T>(rstd_), n, cfg_.H, cfg_.one_p);
   }
-  ops::rmsnorm_backward(ex, dx, weight_->grad_as<T>(), dy, x, weight_->data_as<T>(),
+  ops::rmsnorm_backward(ex, dx, weight_->grad_as<T>(), dy, x, weight_->compute_as<T>(),
                         DevPtr<const T>(rstd_), n, cfg_.H);
 }
 

@@ -1,5 +1,6 @@
 #include "nn/param_registry.h"
 
+#include <algorithm>
 #include <bit>
 
 #include "core/rng.h"
@@ -55,20 +56,25 @@ Param& ParamRegistry::add(ParamSpec spec) {
 void ParamRegistry::allocate(Arena& arena) {
   ex_ = &arena.exec();
   size_t esize = dtype_size(dtype_);
+  MOE_CHECK(master_ || bf16_copies_, "[params] no master values without bf16 copies");
+  const bool own32 = bf16_copies_ && !bf16_widened_;  // the native path's f32 copies
   for (int k = 0; k < 2; ++k) {
-    int64_t n = 0;
+    int64_t n = 0, n32 = 0;
     for (Param& p : params_) {
       if (static_cast<int>(p.spec.kind) != k) continue;
       p.offset = n;
       n += p.local_numel();
+      if (own32 && !p.spec.bf16_only) n32 += p.local_numel();
     }
     numel_[k] = n;
     const char* kname = k == 0 ? "params.dense" : "params.expert";
-    data_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Weights);
+    data_[k] = master_ ? arena.alloc_bytes(n * esize, kname, MemKind::Weights) : nullptr;
     grad_[k] = arena.alloc_bytes(n * esize, kname, MemKind::Grads);
     if (bf16_copies_ && !bf16_widened_) data16_[k] = arena.alloc<bf16>(n, kname, MemKind::Weights);
     if (bf16_copies_ && bf16_widened_) data16w_[k] = arena.alloc<float>(n, kname, MemKind::Weights);
+    values32_[k] = own32 ? arena.alloc<float>(n32, kname, MemKind::Weights) : nullptr;
   }
+  int64_t at32[2] = {0, 0};
   for (Param& p : params_) {
     int k = static_cast<int>(p.spec.kind);
     p.data = data_[k] ? dev_ptr_cast<char>(data_[k]) + p.offset * esize : nullptr;
@@ -77,6 +83,11 @@ void ParamRegistry::allocate(Arena& arena) {
     p.data16w = data16w_[k] ? data16w_[k] + p.offset : nullptr;
     p.has_data16 = bf16_copies_ && !bf16_widened_;
     p.has_data16w = bf16_copies_ && bf16_widened_;
+    p.values32 = p.data16w;
+    if (own32 && !p.spec.bf16_only) {
+      p.values32 = values32_[k] ? values32_[k] + at32[k] : nullptr;
+      at32[k] += p.local_numel();
+    }
   }
 }
 
@@ -123,9 +134,15 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+uint64_t digest_term(uint64_t key, int64_t global_index, uint64_t bits) {
+  return splitmix64(key ^ splitmix64(static_cast<uint64_t>(global_index)) ^ bits);
+}
 }  // namespace
 
 uint64_t ParamRegistry::digest(ParamKind kind) const {
+  MOE_CHECK(master_, "[params] digest(): the master values are in the distributed optimizer's "
+            "shards (param_digest_f32 over them)");
   uint64_t total = 0;
   for (const Param& p : params_) {
     if (p.spec.kind != kind) continue;
@@ -143,13 +160,37 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
           const uint64_t bits =
               f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(raw_ptr(p.data))[l])
                   : std::bit_cast<uint64_t>(static_cast<const double*>(raw_ptr(p.data))[l]);
-          sum += splitmix64(key ^ splitmix64(static_cast<uint64_t>(gbase + i)) ^ bits);
+          sum += digest_term(key, gbase + i, bits);
         }
       }
     }
     total += sum;  // unsigned: wraps, so the order of the terms cannot matter
   }
   return total;
+}
+
+int64_t param_global_index(const Param& p, int64_t local) {
+  const SliceMap m(p);
+  const int64_t row = local / m.inner;
+  return m.global_base(row / m.llen, row % m.llen) + local % m.inner;
+}
+
+uint64_t param_digest_f32(const Param& p, int64_t begin, const float* values, int64_t count) {
+  const uint64_t key = rng_key(0, p.spec.name);
+  uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (int64_t i = 0; i < count; ++i) {
+    sum += digest_term(key, param_global_index(p, begin + i), std::bit_cast<uint32_t>(values[i]));
+  }
+  return sum;
+}
+
+void param_init_f32(const Param& p, uint64_t seed, int64_t begin, float* out, int64_t count) {
+  const uint64_t key = rng_key(seed, p.spec.name);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = static_cast<float>(init_value(p.spec, key, param_global_index(p, begin + i)));
+  }
 }
 
 double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index) {
@@ -160,6 +201,17 @@ void ParamRegistry::init(uint64_t seed) {
   MOE_CHECK(dtype_ == DType::F32 || dtype_ == DType::F64, "[params] unsupported parameter dtype {}",
             dtype_name(dtype_));
   bf16_current_[0] = bf16_current_[1] = false;  // new values: the copies must be refreshed
+  if (!master_) {
+    // No master values here: the bf16 values of the same f32 initial values (the distributed
+    // optimizer's shards start from these f32 values too: param_init_f32).
+    std::vector<float> host;
+    for (const Param& p : params_) {
+      host.resize(static_cast<size_t>(p.local_numel()));
+      param_init_f32(p, seed, 0, host.data(), p.local_numel());
+      write_bf16(p, 0, host.data(), p.local_numel());
+    }
+    return;
+  }
   for (Param& p : params_) {
     MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
     const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
@@ -190,11 +242,7 @@ void ParamRegistry::refresh_bf16() {
       bf16_current_[k] = false;
       continue;
     }
-    const DevPtr<const float> src = dev_ptr_cast<const float>(data_[k]);
-    if (data16w_[k] != nullptr)
-      ops::round_f32_to_bf16(*ex_, data16w_[k], src, numel_[k]);
-    else
-      ops::cast_f32_to_bf16(*ex_, data16_[k], src, numel_[k]);
+    refresh_bf16(static_cast<ParamKind>(k), 0, numel_[k]);
   }
 }
 
@@ -204,11 +252,63 @@ void ParamRegistry::refresh_bf16(ParamKind kind, int64_t offset, int64_t count) 
   MOE_CHECK(offset >= 0 && count >= 0 && offset + count <= numel_[k],
             "[params] bf16 refresh of elements [{}, {}) outside the {} {} values", offset,
             offset + count, numel_[k], k == 0 ? "dense" : "expert");
-  const DevPtr<const float> src = dev_ptr_cast<const float>(data_[k]) + offset;
-  if (data16w_[k] != nullptr)
-    ops::round_f32_to_bf16(*ex_, data16w_[k] + offset, src, count);
-  else
-    ops::cast_f32_to_bf16(*ex_, data16_[k] + offset, src, count);
+  if (master_) {
+    const DevPtr<const float> src = dev_ptr_cast<const float>(data_[k]) + offset;
+    if (data16w_[k] != nullptr)
+      ops::round_f32_to_bf16(*ex_, data16w_[k] + offset, src, count);
+    else
+      ops::cast_f32_to_bf16(*ex_, data16_[k] + offset, src, count);
+  }
+  refresh_values32(kind, offset, count);
+}
+
+void ParamRegistry::refresh_values32(ParamKind kind, int64_t offset, int64_t count) {
+  if (!bf16_copies_ || bf16_widened_) return;  // widened: values32 is the compute copy itself
+  for (const Param& p : params_) {
+    if (p.spec.kind != kind || p.spec.bf16_only) continue;
+    const int64_t b = std::max(offset, p.offset);
+    const int64_t e = std::min(offset + count, p.offset + p.local_numel());
+    if (b >= e) continue;
+    ops::cast_bf16_to_f32(*ex_, p.values32 + (b - p.offset), DevPtr<const bf16>(p.data16 + (b - p.offset)),
+                          e - b);
+  }
+}
+
+void ParamRegistry::write_bf16(const Param& p, int64_t begin, const float* host, int64_t count) {
+  MOE_CHECK(bf16_copies_, "[params] write_bf16 without --bf16");
+  MOE_CHECK(begin >= 0 && count >= 0 && begin + count <= p.local_numel(),
+            "[params] write_bf16 of elements [{}, {}) outside '{}' ({} local elements)", begin,
+            begin + count, p.name(), p.local_numel());
+  // On the host, element by element: core/dtype.h's rounding is the cast ops' (bitwise).
+  std::vector<bf16> h(static_cast<size_t>(count));
+  std::vector<float> w(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    h[i] = float_to_bf16(host[i]);
+    w[i] = bf16_to_float(h[i]);
+  }
+  if (bf16_widened_) {
+    ops::copy<float>(*ex_, p.data16w + begin, w.data(), count);
+  } else {
+    ops::copy<bf16>(*ex_, p.data16 + begin, h.data(), count);
+    if (p.values32 != nullptr) ops::copy<float>(*ex_, p.values32 + begin, w.data(), count);
+  }
+  exec_synchronize(*ex_);  // the host vectors go out of scope
+}
+
+int64_t ParamRegistry::values32_numel(ParamKind kind) const {
+  if (!bf16_copies_ || bf16_widened_) return 0;
+  int64_t n = 0;
+  for (const Param& p : params_) {
+    if (p.spec.kind == kind && !p.spec.bf16_only) n += p.local_numel();
+  }
+  return n;
+}
+
+ParamRegistry::Gathered ParamRegistry::gathered_values(ParamKind kind) const {
+  const int k = static_cast<int>(kind);
+  if (master_) return {data_[k], dtype_};
+  if (bf16_widened_) return {DevPtr<void>(data16w_[k]), DType::F32};
+  return {DevPtr<void>(data16_[k]), DType::BF16};
 }
 
 void ParamRegistry::zero_grads() {

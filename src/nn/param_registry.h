@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -34,23 +35,33 @@ struct ParamSpec {
   ParamKind kind = ParamKind::Dense;
   bool weight_decay = true;  // Megatron: no decay on norms and biases
   ParamSlice slice{};
+  // Read only by kernels that take its bf16 values under --bf16 (the GEMMs, the bf16 embedding
+  // lookup): no f32 copy of them is kept (Param::values32 null on the native bf16 GEMM path).
+  bool bf16_only = false;
 };
 
 struct Param {
   ParamSpec spec;
   DType dtype = DType::F32;
   int64_t offset = 0;  // element offset into its kind's flat buffers
+  // The master values (the registry's dtype): what the optimizer updates and a checkpoint
+  // saves. Null under --bf16 when the registry holds no master values (their fp32 master is in
+  // the distributed optimizer's shards: ParamRegistry::holds_master()).
   DevPtr<void> data = nullptr;
   DevPtr<void> grad = nullptr;
-  // --bf16 compute copy, refreshed from `data` each step, in one of two formats: bf16 (data16,
-  // what the native bf16 GEMMs read) or the same bf16 values widened to f32 (data16w, what the
-  // widened-bf16 GEMM path reads). The has_ flags are set by allocate() in both passes (the
-  // pointers are null while planning).
+  // --bf16 (Megatron's bf16 parameters): every layer reads the parameter's bf16 values, kept
+  // beside the master in one of two formats: bf16 (data16, what the native bf16 GEMMs read) or
+  // the same bf16 values widened to f32 (data16w, what the widened-bf16 GEMM path reads). The
+  // has_ flags are set by allocate() in both passes (the pointers are null while planning).
   DevPtr<bf16> data16 = nullptr;
   DevPtr<float> data16w = nullptr;
   bool has_data16 = false;
   bool has_data16w = false;
   bool has_bf16_copy() const { return has_data16 || has_data16w; }
+  // --bf16: the bf16 values widened to f32 for the f32 kernels that read them (norms, biases,
+  // the router, the shared expert gate): data16w on the widened path, an own copy on the native
+  // path; none for a bf16_only parameter on the native path.
+  DevPtr<float> values32 = nullptr;
 
   const std::string& name() const { return spec.name; }
   std::vector<int64_t> local_shape() const;
@@ -65,8 +76,21 @@ struct Param {
   }
   template <typename T>
   DevPtr<T> grad_as() const {
-    (void)data_as<T>();
+    MOE_CHECK(DTypeOf<T>::value == dtype, "[params] '{}' is {} not {}", spec.name,
+              dtype_name(dtype), dtype_name(DTypeOf<T>::value));
     return dev_ptr_cast<T>(grad);
+  }
+  // The values the forward and backward read as T: the master values, or under --bf16 their
+  // bf16 values widened to f32 (values32; a bf16_only parameter has none on the native path).
+  template <typename T>
+  DevPtr<T> compute_as() const {
+    if (!has_bf16_copy()) return data_as<T>();
+    MOE_CHECK((std::is_same_v<T, float>), "[params] '{}': bf16 values read as {}", spec.name,
+              dtype_name(DTypeOf<T>::value));
+    MOE_CHECK(!spec.bf16_only || has_data16w,
+              "[params] '{}' is read by an f32 kernel under --bf16 but registered bf16_only",
+              spec.name);
+    return dev_ptr_cast<T>(values32);
   }
 };
 
@@ -82,13 +106,30 @@ class ParamRegistry {
   // widened: keep the bf16 values widened to f32 (data16w) instead of bf16 (data16): what the
   // widened-bf16 GEMM path (ops/gemm_bf16.h) reads instead of widening every weight at every
   // GEMM; it never reads bf16 weights, so no bf16 copy is kept beside it.
-  void enable_bf16_copies(bool widened = false) {
+  // master: keep the fp32 master values here (Param::data); false when the distributed
+  // optimizer holds them in its shards (then init() writes the bf16 values directly and only
+  // the optimizer's shards hold fp32 values).
+  void enable_bf16_copies(bool widened = false, bool master = true) {
     bf16_copies_ = true;
     bf16_widened_ = widened;
+    master_ = master;
   }
   bool has_bf16_copies() const { return bf16_copies_; }
+  // Whether Param::data holds the master values (always without --bf16).
+  bool holds_master() const { return master_; }
+  // The buffer of the kind's values that the distributed optimizer's gathers fill: the master
+  // values, or without them here the bf16 compute copy (bf16, or widened to f32).
+  struct Gathered {
+    DevPtr<void> data = nullptr;
+    DType dtype = DType::F32;
+  };
+  Gathered gathered_values(ParamKind kind) const;
+  // The f32 copies (values32, native path) of the parameters overlapping elements
+  // [offset, offset + count) of the kind's flat buffer, from their bf16 values.
+  void refresh_values32(ParamKind kind, int64_t offset, int64_t count);
   bool bf16_widened() const { return bf16_copies_ && bf16_widened_; }
-  // The copies from the values, with the cast ops on the arena's context.
+  // The copies from the values, with the cast ops on the arena's context (without the master
+  // values here: the f32 copies, values32, from the bf16 values).
   void refresh_bf16();
   // The next refresh_bf16() skips `kind`, then converts as usual: for an optimizer that rewrote
   // every bf16 copy of `kind` in the pass that updated the values (ops::adamw_step's p16), and
@@ -98,8 +139,13 @@ class ParamRegistry {
   // `kind` before that refresh (the trainer refreshes right after the optimizer step).
   void mark_bf16_current(ParamKind kind) { bf16_current_[static_cast<int>(kind)] = true; }
   // The copies of elements [offset, offset + count) of the kind's flat buffer (the same
-  // conversion as refresh_bf16(), element by element).
+  // conversion as refresh_bf16(), element by element). Without the master values here the bf16
+  // copies are what the gathers fill: only their f32 copies (values32) are refreshed.
   void refresh_bf16(ParamKind kind, int64_t offset, int64_t count);
+  // Writes the bf16 values (and their f32 copies) of parameter p's local elements
+  // [begin, begin + count) from f32 values on the host (a checkpoint's weights): the same
+  // rounding as refresh_bf16(). Under --bf16 only.
+  void write_bf16(const Param& p, int64_t begin, const float* host, int64_t count);
 
   // Two passes like every arena user: flat value and gradient buffers per kind.
   void allocate(Arena& arena);
@@ -123,6 +169,9 @@ class ParamRegistry {
   // The execution context of the arena the values live in (from allocate()).
   const Exec& exec() const { return *ex_; }
   int64_t numel(ParamKind kind) const { return numel_[static_cast<int>(kind)]; }
+  // The elements of the kind with an own f32 copy of their bf16 values (values32 on the native
+  // bf16 path; 0 otherwise).
+  int64_t values32_numel(ParamKind kind) const;
   DevPtr<void> flat_data(ParamKind kind) const { return data_[static_cast<int>(kind)]; }
   DevPtr<void> flat_grad(ParamKind kind) const { return grad_[static_cast<int>(kind)]; }
 
@@ -137,12 +186,22 @@ class ParamRegistry {
   DevPtr<void> grad_[2] = {nullptr, nullptr};
   DevPtr<bf16> data16_[2] = {nullptr, nullptr};
   DevPtr<float> data16w_[2] = {nullptr, nullptr};
+  DevPtr<float> values32_[2] = {nullptr, nullptr};  // the native path's f32 copies, per kind
   bool bf16_copies_ = false;
   bool bf16_widened_ = false;
+  bool master_ = true;
   bool bf16_current_[2] = {false, false};  // set by mark_bf16_current, used up by refresh_bf16
 };
 
 // Initial value of global element `global_index` of parameter `spec` for `seed`.
 double param_init_value(const ParamSpec& spec, uint64_t seed, int64_t global_index);
+// The global index of p's local element `local` (row-major in both).
+int64_t param_global_index(const Param& p, int64_t local);
+// The digest term of p's local elements [begin, begin + count) with f32 `values` (ParamRegistry::
+// digest's sum restricted to them): the distributed optimizer's master shards digest as the
+// whole tensors would.
+uint64_t param_digest_f32(const Param& p, int64_t begin, const float* values, int64_t count);
+// The initial f32 values of p's local elements [begin, begin + count) (what init() writes).
+void param_init_f32(const Param& p, uint64_t seed, int64_t begin, float* out, int64_t count);
 
 }  // namespace moecore

@@ -107,6 +107,30 @@ AdamWOptimizer::AdamWOptimizer(ParamRegistry& params, const AdamWConfig& cfg, Pa
       sharded_(sharded) {
   plan_pieces();
   plan();
+  if (master_) init_master(sharded.seed);
+}
+
+void AdamWOptimizer::init_master(uint64_t seed) {
+  // The f32 initial values the registry's bf16 values were rounded from (the same function).
+  std::vector<float> host;
+  for (const Piece& pc : pieces_) {
+    host.resize(static_cast<size_t>(pc.count));
+    param_init_f32(*pc.p, seed, pc.begin - pc.p->offset, host.data(), pc.count);
+    ops::copy<float>(arena_.exec(), w_ + pc.owned, host.data(), pc.count);
+    exec_synchronize(arena_.exec());  // `host` is reused
+  }
+}
+
+uint64_t AdamWOptimizer::owned_master_digest() const {
+  MOE_CHECK(master_, "[optimizer] no master weights here: they are the registry's");
+  uint64_t total = 0;
+  std::vector<float> host;
+  for (const Piece& pc : pieces_) {
+    host.resize(static_cast<size_t>(pc.count));
+    ops::read_back<float>(arena_.exec(), host.data(), w_ + pc.owned, pc.count);
+    total += param_digest_f32(*pc.p, pc.begin - pc.p->offset, host.data(), pc.count);
+  }
+  return total;
 }
 
 void AdamWOptimizer::plan_pieces() {
@@ -138,11 +162,14 @@ void AdamWOptimizer::plan_pieces() {
             covered, sharded_->owned_numel[k], k == 0 ? "dense" : "expert");
 }
 
-void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]) {
+void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2],
+                        int64_t master_numel, DevPtr<float>* master) {
   for (int k = 0; k < 2; ++k) {
     m[k] = a.alloc<float>(numel[k], "adam.m", MemKind::OptimizerState);
     v[k] = a.alloc<float>(numel[k], "adam.v", MemKind::OptimizerState);
   }
+  // Megatron counts the fp32 main weights as optimizer state.
+  if (master_numel > 0) *master = a.alloc<float>(master_numel, "adam.master", MemKind::OptimizerState);
 }
 
 void AdamWOptimizer::plan() {
@@ -154,7 +181,12 @@ void AdamWOptimizer::plan() {
            : sharded_ ? sharded_->owned_numel[k]
                       : params_.numel(static_cast<ParamKind>(k));
   }
-  arena_.plan([this, &n](Arena& a) { adamw_state_layout(a, n, m_, v_); });
+  master_ = sharded_ && !params_.holds_master();
+  MOE_CHECK(sharded_ || params_.holds_master(),
+            "[optimizer] the registry holds no master weights: only the distributed optimizer "
+            "keeps them (in its shards)");
+  const int64_t owned = master_ ? sharded_->owned_numel[static_cast<int>(only_)] : 0;
+  arena_.plan([this, &n, owned](Arena& a) { adamw_state_layout(a, n, m_, v_, owned, &w_); });
   step_arena_.plan([this](Arena& a) { buf_.layout(a); });
 }
 
@@ -169,16 +201,26 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
     return a;
   };
   if (sharded_) {
-    // The bf16 copies are not written here: the elements other ranks update arrive with the
-    // gather, after which refresh_bf16 converts them (the whole buffer, or each bucket after its
-    // own gather under --overlap-param-gather; the same rounding).
     // The summed gradients of the owned elements lie where the elements do (the in-place
-    // reduce-scatter); the moments are packed in the owned layout.
+    // reduce-scatter); the moments (and the master weights this optimizer holds) are packed in
+    // the owned layout. Master weights here: the owned elements' bf16 values are written in
+    // the same pass, and the gathers move those (their f32 copies, values32, follow each
+    // gather: refresh_bf16). Master weights in the registry: the gathers move them.
     const int k = static_cast<int>(only_);
     for (const Piece& pc : pieces_) {
-      const int64_t at = pc.begin - pc.p->offset;
-      ops::adamw_step(arena_.exec(), pc.p->data_as<T>() + at, pc.p->grad_as<T>() + at,
-                      m_[k] + pc.owned, v_[k] + pc.owned, pc.count, adamw_params(*pc.p), s);
+      const Param& p = *pc.p;
+      const int64_t at = pc.begin - p.offset;
+      if (master_) {
+        if constexpr (std::is_same_v<T, float>) {
+          ops::adamw_step(arena_.exec(), w_ + pc.owned, p.grad_as<T>() + at, m_[k] + pc.owned,
+                          v_[k] + pc.owned, pc.count, adamw_params(p), s,
+                          p.data16 ? p.data16 + at : nullptr,
+                          p.values32 ? p.values32 + at : nullptr);
+        }
+        continue;
+      }
+      ops::adamw_step(arena_.exec(), p.data_as<T>() + at, p.grad_as<T>() + at, m_[k] + pc.owned,
+                      v_[k] + pc.owned, pc.count, adamw_params(p), s);
     }
     return;
   }
@@ -187,8 +229,9 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
     const int k = static_cast<int>(p.spec.kind);
     const ops::AdamWParams a = adamw_params(p);
     // --bf16: the compute copy is written in the same pass, so refresh_bf16 can skip it.
+    // (values32: the f32 copy of the bf16 values, data16w on the widened path.)
     DevPtr<bf16> p16 = std::is_same_v<T, float> ? p.data16 : nullptr;
-    DevPtr<float> p16w = std::is_same_v<T, float> ? p.data16w : nullptr;
+    DevPtr<float> p16w = std::is_same_v<T, float> ? p.values32 : nullptr;
     ops::adamw_step(arena_.exec(), p.data_as<T>(), p.grad_as<T>(), m_[k] + p.offset,
                     v_[k] + p.offset, p.local_numel(), a, s, p16, p16w);
   }

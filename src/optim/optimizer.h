@@ -57,10 +57,12 @@ struct OptimizerStepBuffers {
 // (ops::adamw_step), so nothing is lost. max_norm (--clip-grad) only shapes the advice.
 StepInfo read_step_info(const Exec& ex, const OptimizerStepBuffers& b, double max_norm);
 
-// The moment buffers an AdamW over `numel` elements of each kind (dense, expert) plans: m and v
-// in fp32 for each kind. The optimizer allocates this layout; `moecore plan` runs it in a sizing
-// arena (Arena::size_only) with counts from a sized registry.
-void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2]);
+// The state an AdamW over `numel` elements of each kind (dense, expert) plans: m and v in fp32
+// for each kind, then master_numel fp32 master weights (the distributed optimizer's under --bf16;
+// 0: the registry holds them). The optimizer allocates this layout; `moecore plan` runs it in a
+// sizing arena (Arena::size_only) with counts from a sized registry.
+void adamw_state_layout(Arena& a, const int64_t numel[2], DevPtr<float> m[2], DevPtr<float> v[2],
+                        int64_t master_numel, DevPtr<float>* master);
 
 // The distributed optimizer (--use-distributed-optimizer, ZeRO-1) as one rank sees it: the
 // elements of each kind's flat buffer it updates (its shard of every gradient bucket,
@@ -75,6 +77,12 @@ struct OwnedRange {
 struct ShardedState {
   std::vector<OwnedRange> ranges[2];  // per kind (dense, expert), any order
   int64_t owned_numel[2] = {0, 0};
+  // --bf16 with the registry holding no master values (ParamRegistry::holds_master): the fp32
+  // master weights of the owned elements are the optimizer's, packed in the owned layout beside
+  // the moments, initialized from `seed` as the registry would (param_init_f32); each update
+  // writes the owned elements' bf16 values, which the gathers then move (Megatron's
+  // distributed optimizer: 6 + 12/d bytes per parameter).
+  uint64_t seed = 0;
   // After the updates: the owned pieces of the values gathered so every rank holds them all.
   std::function<void()> gather_params;
 };
@@ -126,6 +134,13 @@ class AdamWOptimizer {
   const std::vector<Piece>& pieces() const { return pieces_; }
   DevPtr<float> owned_exp_avg() const;
   DevPtr<float> owned_exp_avg_sq() const;
+  // The fp32 master weights of the owned elements (owned layout) when this optimizer holds them
+  // (ShardedState; null otherwise: they are the registry's values).
+  DevPtr<float> owned_master() const { return w_; }
+  bool holds_master() const { return master_; }
+  // The digest of the owned master weights (ParamRegistry::digest's terms for these elements):
+  // summed over the group it is the digest of the whole values.
+  uint64_t owned_master_digest() const;
   const Arena& arena() const { return arena_; }
 
  private:
@@ -134,6 +149,7 @@ class AdamWOptimizer {
   void update_typed(DevPtr<const ops::AdamWStep> s);
   bool covers(ParamKind k) const { return all_kinds_ || k == only_; }
   void plan_pieces();
+  void init_master(uint64_t seed);
 
   ParamRegistry& params_;
   AdamWConfig cfg_;
@@ -144,6 +160,8 @@ class AdamWOptimizer {
   OptimizerStepBuffers buf_;
   DevPtr<float> m_[2] = {nullptr, nullptr};
   DevPtr<float> v_[2] = {nullptr, nullptr};
+  DevPtr<float> w_ = nullptr;  // the owned fp32 master weights (ShardedState, no registry master)
+  bool master_ = false;        // whether this optimizer holds them (w_ is null with none owned)
   int64_t step_ = 0;
   std::optional<ShardedState> sharded_;
   std::vector<Piece> pieces_;  // in parameter order

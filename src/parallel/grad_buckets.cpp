@@ -137,12 +137,14 @@ void GradBuckets::launch(size_t b) {
 void GradBuckets::start_gather(size_t b) {
   const GradBucket& bk = buckets_[b];
   const int k = static_cast<int>(bk.kind);
-  const size_t esize = dtype_size(params_.dtype());
-  DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_data(bk.kind));
+  // The master values, or under --bf16 with the master weights in the optimizer's shards the
+  // bf16 values (Megatron gathers the bf16 parameters: half the bytes).
+  const ParamRegistry::Gathered g = params_.gathered_values(bk.kind);
+  const size_t esize = dtype_size(g.dtype);
+  DevPtr<char> flat = dev_ptr_cast<char>(g.data);
   // Own slot of the receive buffer as the send buffer: gathered in place.
   gathers_[b] = groups_[k]->communicator().all_gather_v_async(
-      flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts,
-      params_.dtype());
+      flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts, g.dtype);
 }
 
 void GradBuckets::gather_params() {

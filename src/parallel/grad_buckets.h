@@ -74,6 +74,13 @@ class GradBuckets {
   // reduce-scatter's scratch). The owned layout (shard(b).owned_offset) packs the shards back
   // to back for the optimizer's moments. A kind whose group has one rank owns everything.
   bool sharded() const { return cfg_.distributed_optimizer && communicates(); }
+  // sharded() of buckets over these groups, known before the registry is built (under --bf16 it
+  // decides where the fp32 master weights live: ModelConfig::master_weights_sharded).
+  static bool shards(const GradReduceConfig& cfg, const ProcessGroup* dense_group,
+                     const ProcessGroup* expert_group) {
+    return cfg.distributed_optimizer && ((dense_group != nullptr && dense_group->size() > 1) ||
+                                         (expert_group != nullptr && expert_group->size() > 1));
+  }
   const BucketShard& shard(size_t bucket) const { return shards_[bucket]; }
   int64_t owned_numel(ParamKind kind) const { return owned_numel_[static_cast<int>(kind)]; }
   // The group size a kind's optimizer state is sharded over (1: not sharded).

@@ -42,7 +42,15 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   if (layout != nullptr) groups = sizing_groups(*layout, rank);
   Exec target;  // sizes only: no stream, no device needed
   target.device = device;
-  model::GPTModel<float> model(cfg, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true,
+  const parallel::ProcessGroup* dense_group =
+      groups ? &groups->group(parallel::GroupKind::DpCp) : nullptr;
+  const parallel::ProcessGroup* expert_group =
+      groups ? &groups->group(parallel::GroupKind::ExptDp) : nullptr;
+  // As the trainer: --bf16 sharded keeps the fp32 master weights in the optimizer's shards.
+  ModelConfig c = cfg;
+  c.master_weights_sharded =
+      c.bf16 && parallel::GradBuckets::shards(ddp, dense_group, expert_group);
+  model::GPTModel<float> model(c, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true,
                                target);
   const Arena& a = model.arena();
   MOE_CHECK(!a.allocated(), "[plan] the sizing pass allocated its arena");
@@ -53,9 +61,7 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   int64_t owned[2] = {p.numel(ParamKind::Dense), p.numel(ParamKind::Expert)};
   ArenaSizes s;
   if (ddp.distributed_optimizer && groups != nullptr) {
-    const parallel::GradBuckets buckets(p, model.grad_stages(),
-                                        &groups->group(parallel::GroupKind::DpCp),
-                                        &groups->group(parallel::GroupKind::ExptDp), ddp);
+    const parallel::GradBuckets buckets(p, model.grad_stages(), dense_group, expert_group, ddp);
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
       const int i = static_cast<int>(k);
       s.shard_degree[i] = buckets.shard_degree(k);
@@ -67,8 +73,10 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   Arena od, oe;
   DevPtr<float> m[2];
   DevPtr<float> v[2];
-  od.size_only([&](Arena& x) { optim::adamw_state_layout(x, dense, m, v); });
-  oe.size_only([&](Arena& x) { optim::adamw_state_layout(x, expert, m, v); });
+  DevPtr<float> w;
+  const bool master = !p.holds_master();  // the optimizer's master weights: its owned elements
+  od.size_only([&](Arena& x) { optim::adamw_state_layout(x, dense, m, v, master ? owned[0] : 0, &w); });
+  oe.size_only([&](Arena& x) { optim::adamw_state_layout(x, expert, m, v, master ? owned[1] : 0, &w); });
   for (int k = 0; k < kNumMemKinds; ++k) {
     const MemKind kind = static_cast<MemKind>(k);
     s.by_kind[k] = static_cast<double>(a.bytes_of(kind) + od.bytes_of(kind) + oe.bytes_of(kind));
@@ -78,6 +86,8 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   s.sharing_saves = static_cast<double>(a.shared_saving_bytes()) - s.recompute_saves;
   s.numel_dense = p.numel(ParamKind::Dense);
   s.numel_expert = p.numel(ParamKind::Expert);
+  s.numel_values32 = p.values32_numel(ParamKind::Dense) + p.values32_numel(ParamKind::Expert);
+  s.master_in_optimizer = master;
   return s;
 }
 
@@ -349,9 +359,9 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                 : "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
             fd + (!fd.empty() && !fe.empty() ? " + " : "") + fe);
       }
-      // The distributed optimizer needs no correction: the pass above sized the moments for
-      // this rank's shards of the trainer's buckets (the trainer shards Adam m, v only: its
-      // fp32 values, the master copy under --bf16, stay whole, docs/parallel.md).
+      // The distributed optimizer needs no correction: the pass above sized the moments (and
+      // under --bf16 the fp32 master weights) for this rank's shards of the trainer's buckets
+      // (docs/parallel.md).
     } else {
       st.why_formula = reason;
       // Megatron's mixed precision: bf16 weights, fp32 main grads, fp32 master + Adam m, v

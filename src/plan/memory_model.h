@@ -80,6 +80,11 @@ struct ArenaSizes {
   double sharing_saves = 0;
   double recompute_saves = 0;
   int64_t numel_dense = 0, numel_expert = 0;
+  // --bf16 on the native bf16 GEMM path: the elements with an f32 copy of their bf16 values
+  // (the parameters f32 kernels read: norms, biases, routers, embeddings).
+  int64_t numel_values32 = 0;
+  // Whether the fp32 master weights are the optimizer's (--bf16, sharded: counted in its state).
+  bool master_in_optimizer = false;
   // The group size each kind's optimizer state is sharded over (dense, expert; 1: whole).
   std::array<int, 2> shard_degree{1, 1};
 };

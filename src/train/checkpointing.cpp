@@ -10,6 +10,7 @@
 #include <fmt/ostream.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -42,8 +43,12 @@ struct StateTensor {
   bool optim = false;  // in the optimizer shard
   bool write = false;  // this rank is the first holder of the slice
   // The slice is elements [slice.offset, slice.offset + slice.length) of the flattened tensor
-  // (the distributed optimizer's piece of a moment).
+  // (the distributed optimizer's piece of a moment, or of the fp32 master weights it holds).
   bool flat = false;
+  // The parameter's bf16 values when the registry holds no master (--bf16 with the distributed
+  // optimizer): `data` is null; a load rounds the checkpoint's fp32 weights into them
+  // (ParamRegistry::write_bf16); never written (the master pieces are).
+  const Param* bf16_of = nullptr;
 };
 
 std::vector<int64_t> local_shape(const StateTensor& t) {
@@ -106,7 +111,13 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
       out.push_back({std::move(name), dtype, p.spec.global_shape, p.spec.slice, data,
                      p.local_numel(), optim, first});
     };
-    add(p.name(), p.dtype, p.data, false);
+    if (p.data != nullptr) {
+      add(p.name(), p.dtype, p.data, false);
+    } else {
+      add(p.name(), p.dtype, nullptr, false);
+      out.back().write = false;
+      out.back().bf16_of = &p;
+    }
     if (opt.sharded()) continue;
     add("exp_avg." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg(p)), true);
     add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg_sq(p)), true);
@@ -122,6 +133,11 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
         };
         add("exp_avg." + p.name(), o->owned_exp_avg());
         add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq());
+        if (o->holds_master()) {  // the weights: every rank writes its pieces of them
+          out.push_back({p.name(), DType::F32, p.spec.global_shape, flat,
+                         DevPtr<void>(o->owned_master() + pc.owned), pc.count, false, true,
+                         true});
+        }
       }
     }
   }
@@ -310,6 +326,17 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir);
 
     const Exec& ex = exec_;
+    // The bytes of a tensor's slice held here, into its place.
+    const auto store = [&](const StateTensor& t, const std::vector<std::byte>& bytes) {
+      if (t.bf16_of != nullptr) {
+        model_->params().write_bf16(*t.bf16_of, 0, reinterpret_cast<const float*>(bytes.data()),
+                                    t.numel);
+        return;
+      }
+      ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
+                           static_cast<int64_t>(bytes.size()));
+      exec_synchronize(ex);  // `bytes` goes out of scope
+    };
     std::set<std::string> read;
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
       if (t.optim && !optim) continue;
@@ -322,20 +349,23 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
         const std::string dense = t.name.substr(0, e) + ".mlp." + t.name.substr(e + 13);
         const ckpt::GlobalTensor& g = reader.tensor(dense);
         const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
-        MOE_CHECK(
-            g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) && t.slice.dim == 0,
-            "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir, dense,
-            g.dtype, ckpt::format_shape(g.shape), t.name, ckpt::safetensors_dtype(t.dtype),
-            ckpt::format_shape(want));
-        const size_t one = static_cast<size_t>(t.numel / t.slice.length) * dtype_size(t.dtype);
-        std::vector<std::byte> bytes(one * static_cast<size_t>(t.slice.length));
-        reader.read(dense, g.dtype, -1, 0, 0, std::span<std::byte>(bytes.data(), one));
-        for (int64_t x = 1; x < t.slice.length; ++x)
-          std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(one),
-                    bytes.begin() + static_cast<std::ptrdiff_t>(one * x));
-        ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
-                             static_cast<int64_t>(bytes.size()));
-        exec_synchronize(ex);
+        MOE_CHECK(g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) &&
+                      (t.slice.dim == 0 || t.flat),
+                  "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir,
+                  dense, g.dtype, ckpt::format_shape(g.shape), t.name,
+                  ckpt::safetensors_dtype(t.dtype), ckpt::format_shape(want));
+        int64_t per_expert = 1;
+        for (int64_t d : want) per_expert *= d;
+        const size_t es = dtype_size(t.dtype);
+        std::vector<std::byte> one(static_cast<size_t>(per_expert) * es);
+        reader.read(dense, g.dtype, -1, 0, 0, one);
+        // Element i of the held run is element (start + i) mod per_expert of the dense tensor.
+        const int64_t start = t.flat ? t.slice.offset : 0;
+        std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * es);
+        for (int64_t i = 0; i < t.numel; ++i) {
+          std::memcpy(bytes.data() + i * es, one.data() + ((start + i) % per_expert) * es, es);
+        }
+        store(t, bytes);
         read.insert(dense);
         continue;
       }
@@ -350,9 +380,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
         reader.read_flat(t.name, g.dtype, t.slice.offset, t.slice.length, bytes);
       else
         reader.read(t.name, g.dtype, t.slice.dim, t.slice.offset, t.slice.length, bytes);
-      ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
-                           static_cast<int64_t>(bytes.size()));
-      exec_synchronize(ex);  // `bytes` goes out of scope
+      store(t, bytes);
       read.insert(t.name);
     }
     // Every model tensor of the checkpoint has a place here (another model fails above or here).
@@ -367,7 +395,8 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               "({}{}): it was written by another model",
               dir, n_unused, unused, n_unused > 5 ? ", ..." : "");
 
-    model_->params().refresh_bf16();
+    model_->params().refresh_bf16();  // from the master values (or, without them here, the
+                                      // f32 copies of the bf16 values just written)
     const bool fresh = opt.finetune || up;  // a new run from the checkpoint's weights
     const int64_t steps = fresh ? 0 : state_int(m, "optimizer_steps", dir);
     if (optim) optimizer_->set_steps_taken(steps);

@@ -67,26 +67,23 @@ MfuReport mfu_report(double flops, double seconds, double peak_gflops) {
   return r;
 }
 
-double state_bytes_formula(const int64_t numel[2], const int degree[2], double value_bytes,
-                           double grad_bytes) {
+double state_bytes_formula(const int64_t numel[2], const int degree[2], const double replicated[2],
+                           double grad_bytes, double sharded_bytes) {
   const double n = static_cast<double>(numel[0] + numel[1]);
   if (n == 0) return 0;
   double b = 0;
   for (int k = 0; k < 2; ++k) {
-    b += static_cast<double>(numel[k]) * (value_bytes + grad_bytes + 8.0 / degree[k]);
+    b += static_cast<double>(numel[k]) * (replicated[k] + grad_bytes + sharded_bytes / degree[k]);
   }
   return b / n;
 }
 
-std::string state_bytes_formula_text(const int degree[2], double value_bytes, double grad_bytes) {
-  const std::string values =
-      value_bytes == 4 ? "4" : value_bytes > 4 && value_bytes < 8
-                                   ? fmt::format("4 + {:g}", value_bytes - 4)
-                                   : fmt::format("{:g}", value_bytes);
+std::string state_bytes_formula_text(const int degree[2], const std::string& replicated,
+                                     double grad_bytes, double sharded_bytes) {
   const std::string d = degree[0] == degree[1]
                             ? fmt::format("d = {}", degree[0])
                             : fmt::format("d = {} dense, {} expert", degree[0], degree[1]);
-  return fmt::format("{} + {:g} + 8/d ({})", values, grad_bytes, d);
+  return fmt::format("{} + {:g} + {:g}/d ({})", replicated, grad_bytes, sharded_bytes, d);
 }
 
 int64_t peak_rss_bytes() {

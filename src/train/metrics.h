@@ -83,17 +83,22 @@ struct StepMetrics {
   double state_bytes_per_param_formula = 0;
 };
 
-// What one rank holds per parameter in weights + grads + optimizer state (docs/parallel.md),
-// for numel[k] parameters of each kind (dense, expert) whose Adam m, v (fp32) are sharded over
-// degree[k] ranks: value_bytes per parameter of value buffers (fp32: 4; --bf16: the fp32
-// values 4 + the bf16 copy 2, or 4 widened; the f64 trainer: 8), grad_bytes of gradients:
-//   value_bytes + grad_bytes + 8 / d, averaged over the kinds by their counts.
-// fp32: 8 + 8/d (Megatron's); --bf16: 10 + 8/d (Megatron's 6 + 12/d shards the fp32 master
-// copy too; moecore keeps it whole).
-double state_bytes_formula(const int64_t numel[2], const int degree[2], double value_bytes,
-                           double grad_bytes);
-// The formula as text, e.g. "4 + 2 + 4 + 8/d (d = 4 dense, 2 expert)".
-std::string state_bytes_formula_text(const int degree[2], double value_bytes, double grad_bytes);
+// What one rank holds per parameter in weights + grads + optimizer state (docs/parallel.md), for
+// numel[k] parameters of each kind (dense, expert) whose sharded state is split over degree[k]
+// ranks (1: whole):
+//   replicated[k] + grad_bytes + sharded_bytes / d, averaged over the kinds by their counts.
+// replicated[k]: the value buffers every rank holds whole, per parameter of the kind (fp32: the
+// values, 4; the f64 trainer 8; --bf16: the fp32 master 4 unless the optimizer's shards hold it,
+// the bf16 copy 2 (4 on the widened-bf16 GEMM path) and the f32 copies of the bf16 values that
+// f32 kernels read). sharded_bytes: Adam's m and v (8), and under --bf16 with the distributed
+// optimizer the fp32 master weights (4). fp32: 8 + 8/d; --bf16: 6 + 12/d with the distributed
+// optimizer, 18 without (Megatron's rows), plus the f32 copies.
+double state_bytes_formula(const int64_t numel[2], const int degree[2], const double replicated[2],
+                           double grad_bytes, double sharded_bytes);
+// The formula as text, e.g. "2 + 0.03 + 4 + 12/d (d = 4 dense, 2 expert)"; `replicated` is the
+// replicated part's terms as text.
+std::string state_bytes_formula_text(const int degree[2], const std::string& replicated,
+                                     double grad_bytes, double sharded_bytes);
 
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();

@@ -162,14 +162,19 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   MOE_CHECK(data_->vocab() <= model_cfg_.vocab_size,
             "[train] the data has {} token ids but --vocab-size={}: raise --vocab-size",
             data_->vocab(), model_cfg_.vocab_size);
-  model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
-                                                /*size_only=*/false, exec_);
-
   // Dense gradients reduce over dp x cp, expert gradients over expt_dp.
   const parallel::ProcessGroup* dense_group =
       groups_ ? &groups_->group(parallel::GroupKind::DpCp) : nullptr;
   const parallel::ProcessGroup* expert_group =
       groups_ ? &groups_->group(parallel::GroupKind::ExptDp) : nullptr;
+  // With one rank per data-parallel group nothing is sharded: the plain optimizer is the same
+  // computation (and its moments are whole tensors, so checkpoints work as always).
+  const bool sharded = parallel::GradBuckets::shards(cfg_.ddp, dense_group, expert_group);
+  // --bf16 sharded: the fp32 master weights live in the optimizer's shards only.
+  model_cfg_.master_weights_sharded = model_cfg_.bf16 && sharded;
+  model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
+                                                /*size_only=*/false, exec_);
+
   buckets_ = std::make_unique<parallel::GradBuckets>(model_->params(), model_->grad_stages(),
                                                      dense_group, expert_group, cfg_.ddp);
   model_->set_grad_ready_hook([this](int stage) { buckets_->stage_done(stage); });
@@ -193,13 +198,13 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       ep->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
-  // With one rank per data-parallel group nothing is sharded: the plain optimizer is the same
-  // computation (and its moments are whole tensors, so checkpoints work as always).
-  const bool sharded = cfg_.ddp.distributed_optimizer && buckets_->communicates();
+  MOE_CHECK(sharded == buckets_->sharded(), "[train] the distributed optimizer's groups "
+            "disagree with its buckets");
   if (sharded) {
     // ZeRO-1: each rank updates its shard of every bucket; the norm's owned sums of squares
     // add up over the bucket's group (dense: dp x cp, expert: expt_dp, then ep as above).
     optim::ShardedState sharded;
+    sharded.seed = cfg_.seed;
     for (size_t b = 0; b < buckets_->buckets().size(); ++b) {
       const parallel::BucketShard& s = buckets_->shard(b);
       sharded.ranges[static_cast<int>(buckets_->buckets()[b].kind)].push_back(
@@ -451,11 +456,34 @@ StepMetrics BasicTrainer<T>::train_step() {
   return m;
 }
 
-// Bytes per parameter of the registry's value buffers: the values, and under --bf16 the
-// compute copy (bf16, or the widened-bf16 GEMM path's f32 copy of the same values).
-static double value_bytes_per_param(const ParamRegistry& p) {
+// The terms of state_bytes_formula for this registry: the value buffers held whole per
+// parameter of each kind (the master values when held here; under --bf16 the compute copy,
+// bf16 or the widened-bf16 GEMM path's f32, and the native path's f32 copies of the bf16 values
+// of the parameters f32 kernels read), as numbers and as text, and the sharded bytes per
+// parameter (Adam's m and v; the fp32 master weights when the optimizer's shards hold them).
+struct StateBytesTerms {
+  double replicated[2] = {0, 0};
+  std::string text;
+  double sharded = 8;
+};
+static StateBytesTerms state_bytes_terms(const ParamRegistry& p) {
+  StateBytesTerms t;
+  const double master = p.holds_master() ? static_cast<double>(dtype_size(p.dtype())) : 0;
   const double copy = !p.has_bf16_copies() ? 0 : p.bf16_widened() ? 4 : 2;
-  return static_cast<double>(dtype_size(p.dtype())) + copy;
+  int64_t n32 = 0, n = 0;
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    const int i = static_cast<int>(k);
+    const int64_t own32 = p.values32_numel(k);
+    t.replicated[i] = master + copy +
+                      (p.numel(k) > 0 ? 4.0 * static_cast<double>(own32) / p.numel(k) : 0.0);
+    n32 += own32;
+    n += p.numel(k);
+  }
+  for (double part : {master, copy, n > 0 ? 4.0 * static_cast<double>(n32) / n : 0.0}) {
+    if (part > 0) t.text += fmt::format("{}{:.3g}", t.text.empty() ? "" : " + ", part);
+  }
+  t.sharded = p.holds_master() ? 8 : 12;
+  return t;
 }
 
 template <typename T>
@@ -473,9 +501,10 @@ void BasicTrainer<T>::memory_per_param(StepMetrics& m) const {
                                           ma.bytes_of(MemKind::Grads) +
                                           optimizer_->state_bytes(MemKind::OptimizerState));
   m.state_bytes_per_param = n > 0 ? held / n : 0;
+  const StateBytesTerms t = state_bytes_terms(p);
   m.state_bytes_per_param_formula =
-      state_bytes_formula(numel, m.optim_shard_degree.data(), value_bytes_per_param(p),
-                          static_cast<double>(dtype_size(p.dtype())));
+      state_bytes_formula(numel, m.optim_shard_degree.data(), t.replicated,
+                          static_cast<double>(dtype_size(p.dtype())), t.sharded);
 }
 
 template <typename T>
@@ -563,18 +592,18 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     StepMetrics m;
     memory_per_param(m);
     const double esize = static_cast<double>(dtype_size(p.dtype()));
-    const double values = value_bytes_per_param(p);
+    const StateBytesTerms t = state_bytes_terms(p);
     const bool sharded = m.optim_shard_degree[0] > 1 || m.optim_shard_degree[1] > 1;
     fmt::print(log,
                "[train] memory per parameter: weights + grads + optimizer state {:.3f} B "
                "(formula {} = {:.3f} B); Adam state {}\n",
                m.state_bytes_per_param,
-               state_bytes_formula_text(m.optim_shard_degree.data(), values, esize),
+               state_bytes_formula_text(m.optim_shard_degree.data(), t.text, esize, t.sharded),
                m.state_bytes_per_param_formula,
                sharded ? fmt::format("sharded over dp_cp {} (dense) and expt_dp {} (expert) "
                                      "(--use-distributed-optimizer){}",
                                      m.optim_shard_degree[0], m.optim_shard_degree[1],
-                                     p.has_bf16_copies() ? ", fp32 master values whole" : "")
+                                     p.has_bf16_copies() ? ", fp32 master weights too" : "")
                        : std::string("whole on every rank"));
   }
   // What decides the bitwise results on this CPU (the golden digests are kept per class).
@@ -787,15 +816,26 @@ template <typename T>
 uint64_t BasicTrainer<T>::weights_digest() const {
   buckets_->wait_params();  // --overlap-param-gather: the last step's gathers complete first
   const ParamRegistry& p = model_->params();
-  // Dense parameters are whole on every rank; expert parameters are split over the EP group
-  // (and replicated over expert-data-parallel ranks, which hold the same slices).
-  uint64_t experts = p.digest(ParamKind::Expert);
-  if (groups_ != nullptr && groups_->group(parallel::GroupKind::Ep).size() > 1) {
-    std::vector<int64_t> sum{std::bit_cast<int64_t>(experts)};
-    groups_->group(parallel::GroupKind::Ep).communicator().all_reduce(sum);
-    experts = std::bit_cast<uint64_t>(sum[0]);
+  // The digests of disjoint pieces add up (mod 2^64) over a group to the whole's.
+  const auto sum_over = [this](uint64_t d, parallel::GroupKind g) {
+    if (groups_ == nullptr || groups_->group(g).size() == 1) return d;
+    std::vector<int64_t> sum{std::bit_cast<int64_t>(d)};
+    groups_->group(g).communicator().all_reduce(sum);
+    return std::bit_cast<uint64_t>(sum[0]);
+  };
+  uint64_t dense = 0, experts = 0;
+  if (p.holds_master()) {
+    // Dense parameters are whole on every rank; expert parameters are split over the EP group
+    // (and replicated over expert-data-parallel ranks, which hold the same slices).
+    dense = p.digest(ParamKind::Dense);
+    experts = p.digest(ParamKind::Expert);
+  } else {
+    // The master weights are the distributed optimizer's shards: dense ones over dp x cp,
+    // expert ones over expt_dp.
+    dense = sum_over(optimizer_->dense().owned_master_digest(), parallel::GroupKind::DpCp);
+    experts = sum_over(optimizer_->expert().owned_master_digest(), parallel::GroupKind::ExptDp);
   }
-  return p.digest(ParamKind::Dense) + experts;
+  return dense + sum_over(experts, parallel::GroupKind::Ep);
 }
 
 template <typename T>

@@ -133,3 +133,32 @@ for l in "${hops[@]}"; do
        "uninterrupted $(tail -n 2 "$work/u$k.jsonl" | steps /dev/stdin)"
   prev="$work/h$k"
 done
+
+# ---- --bf16: the fp32 master weights live in the optimizer's shards ----
+# Each rank writes its pieces of every weight as flat slices (and loads its owned pieces back,
+# the whole local tensors rounded to bf16 into its compute copy): resume bitwise; the checkpoint
+# is byte-equal to the plain --bf16 run's (the master weights whole in the registry there:
+# the same updates); resharded to one rank without it and back, bitwise as from the source.
+ep=2
+bf=(--bf16)
+out=$(train "${bf[@]}" "${dist[@]}" --train-iters 5 --metrics-file "$work/bw.jsonl") ||
+  fail "bf16: the uninterrupted run stopped" "$out"
+grep -q "fp32 master weights too" <<< "$out" || fail "bf16: the master weights are not sharded" "$out"
+bwhole=$(digest "$out")
+out=$(train "${bf[@]}" "${dist[@]}" --train-iters 3 --save "$work/bd") ||
+  fail "bf16: the first half stopped" "$out"
+out=$(train "${bf[@]}" "${dist[@]}" --train-iters 5 --load "$work/bd" \
+      --metrics-file "$work/br.jsonl") || fail "bf16: the resumed run stopped" "$out"
+[ "$(digest "$out")" = "$bwhole" ] || fail "bf16: resumed $(digest "$out") != $bwhole" "$out"
+[ "$(steps "$work/br.jsonl")" = "$(tail -n 2 "$work/bw.jsonl" | steps /dev/stdin)" ] ||
+  fail "bf16: the resumed steps 4-5 differ" "$(cat "$work/br.jsonl" "$work/bw.jsonl")"
+out=$(train "${bf[@]}" --train-iters 3 --save "$work/bp") || fail "bf16: plain" "$out"
+compare "$work/bd/iter_0000003" "$work/bp/iter_0000003"
+out=$(on 1 "${bf[@]}" --train-iters 3 --load "$work/bd" --save "$work/b1") ||
+  fail "bf16: load into one rank" "$out"
+compare "$work/bd/iter_0000003" "$work/b1/iter_0000003"
+out=$(train "${bf[@]}" "${dist[@]}" --train-iters 5 --load "$work/b1") ||
+  fail "bf16: back from one rank" "$out"
+[ "$(digest "$out")" = "$bwhole" ] || fail "bf16: one rank -> 4: $(digest "$out") != $bwhole" "$out"
+echo "[checkpoint] --bf16 with the master weights sharded: resumed bitwise; byte-equal to the" \
+     "plain --bf16 checkpoint; one rank and back bitwise"

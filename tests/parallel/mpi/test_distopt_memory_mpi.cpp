@@ -2,8 +2,10 @@
 // 1 (each rank alone), 2 and 4 and expert data parallel 1, 2 and 4 (EP = world / EDP), in fp32
 // and --bf16: each rank's Adam state is m and v of exactly its owned elements (its shards of the
 // gradient buckets; every element owned by one rank of the group), the weights and gradients
-// are whole (no second gradient buffer), the bytes per parameter follow the formula (fp32:
-// 8 + 8/d; --bf16: 4 + 2 + 4 + 8/d) up to the router buffers, the arenas' alignment and the
+// are whole (no second gradient buffer), under --bf16 the fp32 master weights are sharded with
+// the moments, the bytes per parameter follow the formula (fp32: 8 + 8/d; --bf16: Megatron's
+// 6 + 12/d sharded, plus the f32 copies of the bf16 values f32 kernels read) up to the router
+// buffers, the arenas' alignment and the
 // ceil(n/d) shard rounding, the start-up line and the metrics show the sharding, and the
 // planner's sizing pass (`moecore plan`) gives the trainer's bytes, kind by kind.
 #include <gtest/gtest.h>
@@ -113,9 +115,13 @@ void check_layout(const Layout& l) {
     EXPECT_EQ(sum[0], numel[i]) << "kind " << i << ": the owned elements over the group";
   }
 
-  // Optimizer state: Adam m and v (fp32) of the owned elements, per kind.
+  // Optimizer state: Adam m and v (fp32) of the owned elements, per kind; under --bf16 with the
+  // state sharded, the fp32 master weights of the owned elements too (the registry holds none).
+  const bool sharded = want_d[0] > 1 || want_d[1] > 1;
+  const bool master_sharded = l.bf16 && sharded;
+  EXPECT_EQ(p.holds_master(), !master_sharded);
   const int64_t opt = trainer.optimizer().state_bytes(MemKind::OptimizerState);
-  EXPECT_EQ(opt, 2 * up64(4 * owned[0]) + 2 * up64(4 * owned[1]));
+  EXPECT_EQ(opt, (master_sharded ? 3 : 2) * (up64(4 * owned[0]) + up64(4 * owned[1])));
   // The metrics' optimizer kind adds the routers' expert-bias / quantile counters (model arena).
   EXPECT_EQ(m.mem_bytes[static_cast<int>(MemKind::OptimizerState)],
             opt + static_cast<int64_t>(ma.bytes_of(MemKind::OptimizerState)));
@@ -123,10 +129,21 @@ void check_layout(const Layout& l) {
   const int64_t es = static_cast<int64_t>(dtype_size(p.dtype()));
   EXPECT_EQ(static_cast<int64_t>(ma.bytes_of(MemKind::Grads)),
             up64(es * numel[0]) + up64(es * numel[1]));
-  // --bf16: the compute copy, bf16 or (the widened-bf16 GEMM path) f32.
-  const int64_t copy = !l.bf16 ? 0 : p.params().front().has_data16w ? 4 : 2;
-  const int64_t values = up64(es * numel[0]) + up64(es * numel[1]) +
-                         (copy > 0 ? up64(copy * numel[0]) + up64(copy * numel[1]) : 0);
+  // --bf16: the compute copy, bf16 or (the widened-bf16 GEMM path) f32, and on the native path
+  // the f32 copies of the bf16 values f32 kernels read (every parameter but the GEMM weights).
+  const bool widened = l.bf16 && p.params().front().has_data16w;
+  const int64_t copy = !l.bf16 ? 0 : widened ? 4 : 2;
+  const int64_t master = master_sharded ? 0 : es;
+  int64_t n32[2] = {0, 0};
+  for (const Param& q : p.params()) {
+    if (l.bf16 && !widened && !q.spec.bf16_only) n32[static_cast<int>(q.spec.kind)] += q.local_numel();
+  }
+  EXPECT_EQ(p.values32_numel(ParamKind::Dense), n32[0]);
+  EXPECT_EQ(p.values32_numel(ParamKind::Expert), n32[1]);
+  if (l.bf16 && !widened) EXPECT_GT(n32[0], 0);
+  const int64_t values = (master > 0 ? up64(master * numel[0]) + up64(master * numel[1]) : 0) +
+                         (copy > 0 ? up64(copy * numel[0]) + up64(copy * numel[1]) : 0) +
+                         up64(4 * n32[0]) + up64(4 * n32[1]);
   EXPECT_GE(static_cast<int64_t>(ma.bytes_of(MemKind::Weights)), values);
 
   // Bytes per parameter: measured == what the arenas hold; close to the formula.
@@ -136,13 +153,20 @@ void check_layout(const Layout& l) {
   EXPECT_DOUBLE_EQ(m.state_bytes_per_param, held / n);
   double formula = 0;
   for (int i = 0; i < 2; ++i) {
-    formula += static_cast<double>(numel[i]) * (es + copy + es + 8.0 / want_d[i]);
+    formula += static_cast<double>(numel[i]) * (master + copy + es) + 4.0 * n32[i] +
+               static_cast<double>(numel[i]) * (master_sharded ? 12.0 : 8.0) / want_d[i];
   }
   formula /= n;
-  EXPECT_DOUBLE_EQ(m.state_bytes_per_param_formula, formula);
+  EXPECT_NEAR(m.state_bytes_per_param_formula, formula, 1e-12);
   EXPECT_NEAR(m.state_bytes_per_param, formula, kFormulaSlack);
-  if (!l.bf16 && want_d[0] == want_d[1]) {
-    EXPECT_DOUBLE_EQ(formula, 8.0 + 8.0 / want_d[0]);  // Megatron's fp32 row
+  // Megatron's rows (without the f32 copies of the bf16 values of the norms, biases, routers
+  // and embeddings, which Megatron's f32 kernels cast on the fly).
+  const double copies32 = 4.0 * static_cast<double>(n32[0] + n32[1]) / n;
+  if (want_d[0] == want_d[1]) {
+    const double d = want_d[0];
+    if (!l.bf16) EXPECT_DOUBLE_EQ(formula, 8.0 + 8.0 / d);             // fp32: 8 + 8/d
+    if (l.bf16 && !widened && sharded) EXPECT_NEAR(formula - copies32, 6.0 + 12.0 / d, 1e-12);
+    if (l.bf16 && !widened && !sharded) EXPECT_NEAR(formula - copies32, 18.0, 1e-12);
   }
 
   // The start-up line says it.

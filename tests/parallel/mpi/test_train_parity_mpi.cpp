@@ -93,6 +93,32 @@ cli::TrainFlags base_flags() {
   return g_megatron_model ? cli::megatron_model_train_flags() : cli::tiny_train_flags();
 }
 
+// Parameter p's master values on this rank (its local elements): the registry's, or under
+// --bf16 with the distributed optimizer the optimizer's pieces summed over the kind's group
+// (every element owned by one rank of it; the others add exact zeros).
+template <typename T>
+std::vector<double> master_values(const train::BasicTrainer<T>& trainer, const Param& p,
+                                  const parallel::ProcessGroups* groups) {
+  if (p.data != nullptr) return to_double(host(p.data_as<T>()), p.local_numel());
+  const optim::AdamWOptimizer& opt = p.spec.kind == ParamKind::Dense
+                                         ? trainer.optimizer().dense()
+                                         : trainer.optimizer().expert();
+  std::vector<double> v(static_cast<size_t>(p.local_numel()), 0.0);
+  const float* master = host(opt.owned_master());
+  for (const optim::AdamWOptimizer::Piece& pc : opt.pieces()) {
+    if (pc.p != &p) continue;
+    for (int64_t i = 0; i < pc.count; ++i) v[pc.begin - p.offset + i] = master[pc.owned + i];
+  }
+  EXPECT_NE(groups, nullptr) << p.name();
+  if (groups != nullptr) {
+    groups->group(p.spec.kind == ParamKind::Dense ? parallel::GroupKind::DpCp
+                                                  : parallel::GroupKind::ExptDp)
+        .communicator()
+        .all_reduce(v);
+  }
+  return v;
+}
+
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
 Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
@@ -120,7 +146,7 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.qkv_group_rows = r.q_rows + 2 * r.k_rows;
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
-    std::vector<double> local = to_double(host(p.data_as<T>()), p.local_numel());
+    std::vector<double> local = master_values(trainer, p, groups);
     const ParamSlice& sl = p.spec.slice;
     if (sl.dim < 0 || sl.length == p.spec.global_shape[sl.dim]) {  // the whole tensor
       r.weights[p.name()] = std::move(local);
@@ -141,10 +167,16 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
     r.beta.insert(r.beta.end(), host(router->quantile_beta()), host(router->quantile_beta()) + E);
     r.bias.insert(r.bias.end(), host(router->expert_bias()), host(router->expert_bias()) + E);
   }
-  r.dense_flat = to_double(static_cast<const T*>(host(params.flat_data(ParamKind::Dense))),
-                           params.numel(ParamKind::Dense));
-  r.expert_flat = to_double(static_cast<const T*>(host(params.flat_data(ParamKind::Expert))),
-                            params.numel(ParamKind::Expert));
+  // The flat buffers' master values, parameter by parameter in flat order.
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    std::vector<double>& flat = k == ParamKind::Dense ? r.dense_flat : r.expert_flat;
+    flat.assign(static_cast<size_t>(params.numel(k)), 0.0);
+    for (const Param& p : params.params()) {
+      if (p.spec.kind != k) continue;
+      const std::vector<double> v = master_values(trainer, p, groups);
+      std::copy(v.begin(), v.end(), flat.begin() + p.offset);
+    }
+  }
   return r;
 }
 
