@@ -1,0 +1,262 @@
+// The cuBLASLt / cuBLAS descriptors of the GEMMs (ops/desc/gemm_desc.h, grouped_gemm_desc.h)
+// through plain-loop interpreters of the libraries' documented column-major semantics
+// (common/blas_interpreter.h), against the row-major references ops::gemm_ref, gemm_bf16_ref,
+// grouped_gemm_ref and grouped_gemm_wgrad_ref: bitwise, over whole buffers (padding between
+// rows and after the last batch item must stay as it was). Awkward shapes: every transpose,
+// leading dimensions wider than the rows, batch strides with gaps, 1-row and 1-column problems,
+// K = 1, experts with zero rows.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/blas_interpreter.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "ops/desc/gemm_desc.h"
+#include "ops/desc/grouped_gemm_desc.h"
+#include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
+
+namespace moecore::ops::desc {
+namespace {
+
+using moecore::testing::gemm_grouped_batched;
+using moecore::testing::lt_matmul;
+
+// Small integers: every product and sum is exact, so the interpreter and the references agree
+// bitwise whatever the compiler contracts into FMAs; a wrong index still changes the result.
+template <typename T>
+std::vector<T> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(-16, 16);
+  std::vector<T> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+std::vector<bf16> random_bf16(int64_t n, uint32_t seed) {
+  std::vector<float> f = random_values<float>(n, seed);
+  std::vector<bf16> v(f.size());
+  for (size_t i = 0; i < f.size(); ++i) v[i] = float_to_bf16(f[i]);
+  return v;
+}
+
+template <typename T>
+void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(T)), 0)
+        << "element " << i << ": got " << got[i] << " want " << want[i];
+}
+
+const void* slot(GemmOperand which, const void* A, const void* B) {
+  return which == GemmOperand::A ? A : B;
+}
+
+// A padded, strided, batched row-major call through the descriptor vs gemm_ref per batch item.
+template <typename T>
+void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, int64_t batch,
+                double alpha, double beta, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N
+                                    << " K=" << K << " pad=" << pad << " batch=" << batch
+                                    << " alpha=" << alpha << " beta=" << beta);
+  GemmCall call;
+  call.types = std::is_same_v<T, double> ? GemmTypes::F64 : GemmTypes::F32;
+  call.trans_a = ta;
+  call.trans_b = tb;
+  call.M = M;
+  call.N = N;
+  call.K = K;
+  call.lda = (ta ? M : K) + pad;
+  call.ldb = (tb ? K : N) + pad;
+  call.ldc = N + pad;
+  const int64_t a_rows = ta ? K : M, b_rows = tb ? N : K;
+  call.stride_a = a_rows * call.lda + 3;  // gaps between batch items
+  call.stride_b = b_rows * call.ldb + 5;
+  call.stride_c = M * call.ldc + 2;
+  call.batch = batch;
+  call.alpha = alpha;
+  call.beta = beta;
+  const auto A = random_values<T>(call.stride_a * batch, seed);
+  const auto B = random_values<T>(call.stride_b * batch, seed + 1);
+  auto want = random_values<T>(call.stride_c * batch, seed + 2);
+  auto got = want;
+  for (int64_t b = 0; b < batch; ++b)
+    gemm_ref<T>(ta, tb, M, N, K, T(alpha), A.data() + b * call.stride_a, call.lda,
+                B.data() + b * call.stride_b, call.ldb, T(beta), want.data() + b * call.stride_c,
+                call.ldc);
+  const LtMatmulDesc d = gemm_desc(call);
+  lt_matmul(d, slot(d.a_operand, A.data(), B.data()), slot(d.b_operand, A.data(), B.data()),
+            got.data());
+  expect_bitwise(got, want);
+}
+
+TEST(DescGemm, LtMatmulEqualsGemmRefF32) {
+  uint32_t seed = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm<float>(ta, tb, 7, 5, 3, 0, 1, 1.0, 0.0, seed++);
+      check_gemm<float>(ta, tb, 7, 5, 3, 4, 1, 1.0, 1.0, seed++);   // ld > width, accumulate
+      check_gemm<float>(ta, tb, 1, 13, 6, 2, 3, 0.5, 1.0, seed++);  // 1 row, batched
+      check_gemm<float>(ta, tb, 9, 1, 1, 1, 2, 2.0, 0.0, seed++);   // 1 column, K = 1
+      check_gemm<float>(ta, tb, 4, 6, 11, 3, 4, -1.0, 0.25, seed++);
+    }
+}
+
+TEST(DescGemm, LtMatmulEqualsGemmRefF64) {
+  uint32_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm<double>(ta, tb, 5, 7, 4, 3, 2, 1.0, 1.0, seed++);
+      check_gemm<double>(ta, tb, 1, 3, 2, 0, 1, 1.0, 0.0, seed++);
+    }
+}
+
+TEST(DescGemm, Bf16InF32OutEqualsGemmBf16Ref) {
+  uint32_t seed = 200;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (double beta : {0.0, 1.0}) {
+        const int64_t M = 6, N = 5, K = 9, pad = 2;
+        GemmCall call{GemmTypes::Bf16F32, ta, tb, M, N, K, (ta ? M : K) + pad,
+                      (tb ? K : N) + pad, N + pad, 1.0, beta};
+        const auto A = random_bf16((ta ? K : M) * call.lda, seed++);
+        const auto B = random_bf16((tb ? N : K) * call.ldb, seed++);
+        auto want = random_values<float>(M * call.ldc, seed++);
+        auto got = want;
+        gemm_bf16_ref(ta, tb, M, N, K, A.data(), call.lda, B.data(), call.ldb, float(beta),
+                      want.data(), call.ldc);
+        const LtMatmulDesc d = gemm_desc(call);
+        lt_matmul(d, slot(d.a_operand, A.data(), B.data()), slot(d.b_operand, A.data(), B.data()),
+                  got.data());
+        SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " beta=" << beta);
+        expect_bitwise(got, want);
+      }
+}
+
+TEST(DescGemm, TypesAndComputeModes) {
+  const LtMatmulDesc f32 = gemm_desc(GemmCall{GemmTypes::F32, false, false, 2, 3, 4, 4, 3, 3});
+  EXPECT_EQ(f32.compute, BlasComputeType::F32);  // CUBLAS_COMPUTE_32F: TF32 off
+  EXPECT_EQ(static_cast<int>(f32.compute), 68);
+  EXPECT_EQ(f32.scale_type, BlasDataType::R32F);
+  EXPECT_EQ(f32.a.type, BlasDataType::R32F);
+  const LtMatmulDesc f64 = gemm_desc(GemmCall{GemmTypes::F64, false, false, 2, 3, 4, 4, 3, 3});
+  EXPECT_EQ(f64.compute, BlasComputeType::F64);
+  EXPECT_EQ(f64.scale_type, BlasDataType::R64F);
+  EXPECT_EQ(f64.c.type, BlasDataType::R64F);
+  const LtMatmulDesc bf = gemm_desc(GemmCall{GemmTypes::Bf16F32, false, true, 2, 3, 4, 4, 4, 3});
+  EXPECT_EQ(bf.compute, BlasComputeType::F32);
+  EXPECT_EQ(bf.scale_type, BlasDataType::R32F);
+  EXPECT_EQ(bf.a.type, BlasDataType::R16BF);
+  EXPECT_EQ(bf.b.type, BlasDataType::R16BF);
+  EXPECT_EQ(bf.c.type, BlasDataType::R32F);
+  // The swap: m = N, n = M, our B in the A slot with op_A from trans_b.
+  EXPECT_EQ(bf.m, 3);
+  EXPECT_EQ(bf.n, 2);
+  EXPECT_EQ(bf.a_operand, GemmOperand::B);
+  EXPECT_EQ(bf.trans_a, BlasOp::T);
+  EXPECT_EQ(bf.trans_b, BlasOp::N);
+  // Empty problems make no call.
+  EXPECT_TRUE(gemm_desc(GemmCall{GemmTypes::F32, false, false, 0, 3, 4, 4, 3, 3}).empty);
+}
+
+TEST(DescGemm, RejectsShortLeadingDimensions) {
+  EXPECT_THROW(gemm_desc(GemmCall{GemmTypes::F32, false, false, 2, 3, 4, 3, 3, 3}), Error);
+  EXPECT_THROW(gemm_desc(GemmCall{GemmTypes::F32, true, false, 5, 3, 4, 4, 3, 3}), Error);
+  EXPECT_THROW(gemm_desc(GemmCall{GemmTypes::F32, false, true, 2, 3, 4, 4, 3, 3}), Error);
+  EXPECT_THROW(gemm_desc(GemmCall{GemmTypes::F32, false, false, 2, 3, 4, 4, 3, 2}), Error);
+}
+
+// ---- grouped GEMMs ----
+
+// Padded dispatch: one strided-batched matmul == grouped_gemm_ref with every expert at cap rows.
+TEST(DescGroupedGemm, PaddedStridedBatchedEqualsGroupedRef) {
+  uint32_t seed = 300;
+  for (bool trans_w : {false, true})
+    for (int64_t cap : {1, 4}) {
+      const int64_t G = 3, N = 5, K = 7;
+      SCOPED_TRACE(::testing::Message() << "trans_w=" << trans_w << " cap=" << cap);
+      const std::vector<int64_t> m_G(G, cap);
+      const auto x = random_values<float>(G * cap * K, seed++);
+      const auto w = random_values<float>(G * N * K, seed++);
+      // forward
+      auto want = random_values<float>(G * cap * N, seed++);
+      auto got = want;
+      grouped_gemm_ref<float>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, want.data());
+      LtMatmulDesc d = gemm_desc(padded_grouped_forward_call(GemmTypes::F32, G, cap, N, K, trans_w));
+      lt_matmul(d, slot(d.a_operand, x.data(), w.data()), slot(d.b_operand, x.data(), w.data()),
+                got.data());
+      expect_bitwise(got, want);
+      // dgrad: dx = dy * op'(w), the forward with N and K exchanged and trans_w flipped
+      const auto dy = random_values<float>(G * cap * N, seed++);
+      auto want_dx = random_values<float>(G * cap * K, seed++);
+      auto got_dx = want_dx;
+      grouped_gemm_ref<float>(m_G.data(), G, K, N, dy.data(), w.data(), !trans_w, want_dx.data());
+      d = gemm_desc(padded_grouped_forward_call(GemmTypes::F32, G, cap, K, N, !trans_w));
+      lt_matmul(d, slot(d.a_operand, dy.data(), w.data()), slot(d.b_operand, dy.data(), w.data()),
+                got_dx.data());
+      expect_bitwise(got_dx, want_dx);
+      // wgrad (accumulates)
+      auto want_dw = random_values<float>(G * N * K, seed++);
+      auto got_dw = want_dw;
+      grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, dy.data(), x.data(), want_dw.data());
+      d = gemm_desc(padded_grouped_wgrad_call(GemmTypes::F32, G, cap, N, K));
+      lt_matmul(d, slot(d.a_operand, dy.data(), x.data()), slot(d.b_operand, dy.data(), x.data()),
+                got_dw.data());
+      expect_bitwise(got_dw, want_dw);
+    }
+}
+
+// Dropless: cublasGemmGroupedBatchedEx's tables == the grouped refs, zero-row experts included.
+TEST(DescGroupedGemm, GroupedBatchedTablesEqualGroupedRef) {
+  uint32_t seed = 400;
+  const std::vector<std::vector<int64_t>> loads = {
+      {3, 0, 5, 1}, {0, 0, 2, 0}, {1}, {0, 4}, {0, 0, 0}, {6, 1, 0, 0, 2}};
+  for (bool trans_w : {false, true})
+    for (const auto& m_G : loads) {
+      const int64_t G = static_cast<int64_t>(m_G.size()), N = 6, K = 4;
+      int64_t rows = 0, non_empty = 0;
+      for (int64_t m : m_G) {
+        rows += m;
+        non_empty += m > 0;
+      }
+      SCOPED_TRACE(::testing::Message() << "trans_w=" << trans_w << " G=" << G << " rows=" << rows);
+      const auto x = random_values<float>(rows * K, seed++);
+      const auto w = random_values<float>(G * N * K, seed++);
+      auto want = random_values<float>(rows * N, seed++);
+      auto got = want;
+      grouped_gemm_ref<float>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, want.data());
+      GroupedBatchedDesc d = grouped_batched_forward(GemmTypes::F32, m_G.data(), G, N, K, trans_w);
+      EXPECT_EQ(d.group_count, non_empty);
+      gemm_grouped_batched(d, slot(d.a_operand, x.data(), w.data()),
+                           slot(d.b_operand, x.data(), w.data()), got.data());
+      expect_bitwise(got, want);
+      // dgrad
+      const auto dy = random_values<float>(rows * N, seed++);
+      auto want_dx = random_values<float>(rows * K, seed++);
+      auto got_dx = want_dx;
+      grouped_gemm_ref<float>(m_G.data(), G, K, N, dy.data(), w.data(), !trans_w, want_dx.data());
+      d = grouped_batched_forward(GemmTypes::F32, m_G.data(), G, K, N, !trans_w);
+      gemm_grouped_batched(d, slot(d.a_operand, dy.data(), w.data()),
+                           slot(d.b_operand, dy.data(), w.data()), got_dx.data());
+      expect_bitwise(got_dx, want_dx);
+      // wgrad
+      auto want_dw = random_values<float>(G * N * K, seed++);
+      auto got_dw = want_dw;
+      grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, dy.data(), x.data(), want_dw.data());
+      d = grouped_batched_wgrad(GemmTypes::F32, m_G.data(), G, N, K);
+      gemm_grouped_batched(d, slot(d.a_operand, dy.data(), x.data()),
+                           slot(d.b_operand, dy.data(), x.data()), got_dw.data());
+      expect_bitwise(got_dw, want_dw);
+    }
+}
+
+TEST(DescGroupedGemm, RejectsNegativeCounts) {
+  const std::vector<int64_t> m_G = {2, -1};
+  EXPECT_THROW(grouped_batched_forward(GemmTypes::F32, m_G.data(), 2, 3, 4, false), Error);
+}
+
+}  // namespace
+}  // namespace moecore::ops::desc
