@@ -15,13 +15,6 @@
 
 #include "core/check.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MOECORE_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MOECORE_EMU_ASAN 1
-#endif
-#endif
 #ifdef MOECORE_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>

@@ -14,6 +14,16 @@
 
 #define MOECORE_CUDA_EMU 1
 
+// Built with AddressSanitizer (GCC's or clang's flag): fiber switches are announced to it, and the
+// guards around dynamic shared memory are poisoned, so it reports an overrun where it happens.
+#if defined(__SANITIZE_ADDRESS__)
+#define MOECORE_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOECORE_EMU_ASAN 1
+#endif
+#endif
+
 #include <bit>
 #include <cmath>
 #include <cstddef>

@@ -47,7 +47,7 @@ inline std::string order_dependence(const std::function<std::vector<unsigned cha
 template <typename T>
 std::vector<unsigned char> bytes_of(const T* p, size_t n) {
   std::vector<unsigned char> b(n * sizeof(T));
-  std::memcpy(b.data(), p, b.size());
+  if (n > 0) std::memcpy(b.data(), p, b.size());
   return b;
 }
 
