@@ -37,8 +37,10 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   (void)stream;
   ::moecore::emu::launch(name, kernel, grid, block, smem_bytes, std::forward<A>(args)...);
 #else
-  kernel<<<grid, block, smem_bytes, static_cast<cudaStream_t>(stream)> > >(
-      std::forward<A>(args)...);
+  // clang-format splits the launch chevrons.
+  // clang-format off
+  kernel<<<grid, block, smem_bytes, static_cast<cudaStream_t>(stream)>>>(std::forward<A>(args)...);
+  // clang-format on
   const cudaError_t err = cudaGetLastError();
   const auto dims = [](dim3 d) {
     return std::to_string(d.x) + "x" + std::to_string(d.y) + "x" + std::to_string(d.z);
