@@ -6,13 +6,26 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 
 namespace moecore::ops {
+
+// The element body of the CPU fast path and the CUDA kernel (never of add_ref).
+template <typename T>
+MOE_HOST_DEVICE inline T add_element(T a, T b) {
+  return a + b;
+}
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
 void add(T* y, const T* a, const T* b, int64_t n);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switch below yet.
+namespace cuda {
+template <typename T>
+void add(void* stream, T* y, const T* a, const T* b, int64_t n);
+}  // namespace cuda
 
 template <typename T>
 void add(const Exec& ex, DevPtr<T> y, DevPtr<const T> a, DevPtr<const T> b, int64_t n) {

@@ -1,12 +1,26 @@
 // RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, statistics in the working precision (>= f32).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 
 namespace moecore::ops {
+
+// The row bodies of the CPU fast path and the CUDA kernel (never of the _ref): the row's rstd from
+// its sum of squares, and one output element. Neither has a multiply-add to contract, so both
+// round the same on every backend; only the sum of squares' order differs.
+template <typename T>
+MOE_HOST_DEVICE inline T rmsnorm_rstd(T sum_sq, int64_t H, double eps) {
+  return T(1) / std::sqrt(sum_sq / T(H) + T(eps));
+}
+template <typename T>
+MOE_HOST_DEVICE inline T rmsnorm_element(T x, T rstd, T w) {
+  return x * rstd * w;
+}
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
@@ -18,6 +32,13 @@ template <typename T>
 void rmsnorm_backward(T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
                       const T* rstd_T, int64_t n_tok, int64_t H);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet.
+namespace cuda {
+template <typename T>
+void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
+                     int64_t H, double eps);
+}  // namespace cuda
 
 // x, y [T, H]; w [H]; rstd [T] saved for backward.
 template <typename T>

@@ -11,7 +11,7 @@ template <typename T>
 void add(T* y, const T* a, const T* b, int64_t n) {
   MOE_CHECK(n >= 0, "[add] n={} < 0", n);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = add_element(a[i], b[i]);
 }
 
 template void add<float>(float*, const float*, const float*, int64_t);

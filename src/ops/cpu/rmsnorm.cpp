@@ -29,16 +29,16 @@ void rmsnorm_forward_loop(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64
     T ss = 0;
 #pragma omp simd reduction(+ : ss)
     for (int64_t h = 0; h < H; ++h) ss += x[h] * x[h];
-    T rstd = T(1) / std::sqrt(ss / T(H) + T(eps));
+    const T rstd = rmsnorm_rstd(ss, H, eps);
     rstd_T[t] = rstd;
     if constexpr (kRound) {
 #pragma omp simd
       for (int64_t h = 0; h < H; ++h) {
-        y[h] = f32_bf16_rounded(x[h] * rstd * w_H[h]);
+        y[h] = f32_bf16_rounded(rmsnorm_element(x[h], rstd, w_H[h]));
       }
     } else {
 #pragma omp simd
-      for (int64_t h = 0; h < H; ++h) y[h] = x[h] * rstd * w_H[h];
+      for (int64_t h = 0; h < H; ++h) y[h] = rmsnorm_element(x[h], rstd, w_H[h]);
     }
   }
 }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The grid emulator's tests (test_emu: the emulator itself and every kernel of src/ops/cuda/) built
+# with AddressSanitizer + UndefinedBehaviorSanitizer into build-emu-sanitizers/ and run. The fibers
+# announce their stack switches to ASan, and the guards around dynamic shared memory are poisoned,
+# so an out-of-bounds access in a kernel is reported at its line. Outside CMake: only the emulator,
+# its tests, the kernels and their ops' `_ref` oracles are compiled, in about a minute on 2 cores.
+# Usage: scripts/emu_sanitizers.sh [gtest flags...]   (CXX: the compiler, default g++)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${MOECORE_EMU_SANITIZERS_BUILD:-build-emu-sanitizers}
+cxx=${CXX:-g++}
+mkdir -p "$out"
+launcher=()
+if command -v ccache > /dev/null 2>&1; then
+  export CCACHE_BASEDIR=$PWD
+  launcher=(ccache)
+fi
+flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
+       -fno-omit-frame-pointer -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter
+       -Isrc -Itests)
+# The kernels' ops' references: src/ops/cuda/<op>.cu -> src/ops/cpu/<op>_ref.cpp.
+sources=(tests/emu/*.cpp src/core/check.cpp)
+kernels=(src/ops/cuda/*.cu)
+for k in "${kernels[@]}"; do
+  ref=src/ops/cpu/$(basename "${k%.cu}")_ref.cpp
+  [ -f "$ref" ] && sources+=("$ref")
+done
+objects=()
+compile() {  # SOURCE [extra flags...]
+  local src=$1 obj=$out/$(echo "$1" | tr / _).o
+  shift
+  "${launcher[@]}" "$cxx" "${flags[@]}" "$@" -c "$src" -o "$obj"
+  objects+=("$obj")
+}
+for s in "${sources[@]}"; do compile "$s"; done
+for k in "${kernels[@]}"; do compile "$k" -x c++ -include tests/emu/cuda_emu.h; done
+"$cxx" "${flags[@]}" "${objects[@]}" -lgtest -lgtest_main -lfmt -pthread -o "$out/test_emu"
+echo "[emu] running $out/test_emu under ASan + UBSan"
+"$out/test_emu" "$@"

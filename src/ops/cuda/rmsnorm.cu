@@ -1,0 +1,74 @@
+// RMSNorm forward on the GPU: one block per row (token). Each thread sums the squares of its
+// strided elements, each warp reduces by a fixed shuffle butterfly, the warps' sums meet in shared
+// memory and warp 0 reduces them; rstd and the elements use the bodies shared with the CPU fast
+// path (ops::rmsnorm_rstd, ops::rmsnorm_element). The summation order depends on the block size
+// alone: the output is the same run to run.
+#include <algorithm>
+
+#include "ops/cuda/launch.cuh"
+#include "ops/rmsnorm.h"
+
+namespace moecore::ops::cuda {
+
+namespace kernels {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// blockDim.x a multiple of 32; dynamic shared memory: blockDim.x / 32 + 1 values of T (the warps'
+// sums, then the row's rstd).
+template <typename T>
+__global__ void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t H,
+                                double eps) {
+  T* shared = dynamic_shared<T>();
+  const int64_t t = blockIdx.x;
+  const T* x = x_TH + t * H;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int n_warps = int(blockDim.x) / 32;
+  T ss = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) ss += x[h] * x[h];
+  ss = warp_sum(ss);
+  if (lane == 0) shared[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    T v = lane < n_warps ? shared[lane] : T(0);
+    v = warp_sum(v);
+    if (lane == 0) {
+      const T rstd = rmsnorm_rstd(v, H, eps);
+      shared[n_warps] = rstd;
+      rstd_T[t] = rstd;
+    }
+  }
+  __syncthreads();
+  const T rstd = shared[n_warps];
+  T* y = y_TH + t * H;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) y[h] = rmsnorm_element(x[h], rstd, w_H[h]);
+}
+}  // namespace kernels
+
+namespace {
+// Threads per block: a warp per 32 elements up to 8 warps (a row of 4096 gives each thread 16).
+constexpr int64_t kMaxBlock = 256;
+}  // namespace
+
+template <typename T>
+void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
+                     int64_t H, double eps) {
+  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
+                   "[rmsnorm] tokens=" + std::to_string(n_tok) +
+                       " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
+  if (n_tok == 0) return;  // a grid of no blocks is a launch error
+  const int64_t block = std::min(kMaxBlock, (H + 31) / 32 * 32);
+  const size_t smem = size_t(block / 32 + 1) * sizeof(T);
+  launch("rmsnorm_forward", kernels::rmsnorm_forward<T>, dim3(unsigned(n_tok)),
+         dim3(unsigned(block)), smem, stream, y_TH, rstd_T, x_TH, w_H, H, eps);
+}
+
+template void rmsnorm_forward<float>(void*, float*, float*, const float*, const float*, int64_t,
+                                     int64_t, double);
+template void rmsnorm_forward<double>(void*, double*, double*, const double*, const double*,
+                                      int64_t, int64_t, double);
+
+}  // namespace moecore::ops::cuda

@@ -1,0 +1,54 @@
+// What the grid emulator's tests share: running a launch in every resume order and comparing the
+// outputs bitwise (a kernel whose output depends on the interleaving of its threads races).
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "emu/cuda_emu.h"
+
+namespace moecore::emu_test {
+
+struct Order {
+  emu::ResumeOrder order;
+  uint64_t seed;
+  std::string name() const {
+    std::string s = emu::resume_order_name(order);
+    if (order == emu::ResumeOrder::Shuffled) s.append("(").append(std::to_string(seed)).append(")");
+    return s;
+  }
+};
+inline const std::vector<Order>& orders() {
+  static const std::vector<Order> all = {{emu::ResumeOrder::Forward, 0},
+                                         {emu::ResumeOrder::Reversed, 0},
+                                         {emu::ResumeOrder::Shuffled, 1},
+                                         {emu::ResumeOrder::Shuffled, 2}};
+  return all;
+}
+
+// run() once per resume order, returning its output's bytes each time; "" when every order gave
+// the same bytes, else which orders differ from the first.
+inline std::string order_dependence(const std::function<std::vector<unsigned char>()>& run) {
+  std::vector<unsigned char> first;
+  std::string diff;
+  for (const Order& o : orders()) {
+    emu::ScopedResumeOrder scope(o.order, o.seed);
+    std::vector<unsigned char> out = run();
+    if (&o == &orders().front())
+      first = std::move(out);
+    else if (out != first)
+      diff += (diff.empty() ? "" : ", ") + o.name();
+  }
+  return diff.empty() ? "" : "output differs from " + orders().front().name() + " in: " + diff;
+}
+
+template <typename T>
+std::vector<unsigned char> bytes_of(const T* p, size_t n) {
+  std::vector<unsigned char> b(n * sizeof(T));
+  if (n > 0) std::memcpy(b.data(), p, b.size());
+  return b;
+}
+
+}  // namespace moecore::emu_test
