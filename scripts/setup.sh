@@ -24,3 +24,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
 fi
+
+# The SASS gate's disassemblers (scripts/sass_gate.sh), where the CUDA toolkit is installed (the
+# toolkit at /usr/local/cuda ships nvcc and ptxas but not cuobjdump/nvdisasm): NVIDIA's PyPI
+# wheels, pinned, in a virtual environment of the checkout (.venv-tools/, git-ignored). Only this
+# set-up downloads them; the build and the gate never do.
+sass_tools_version=13.2.86
+if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  tools_dir=$(cd "$(dirname "$0")/.." && pwd)/.venv-tools
+  stamp=$tools_dir/sass-tools-$sass_tools_version
+  if [ ! -e "$stamp" ]; then
+    echo "[setup] installing cuobjdump and nvdisasm $sass_tools_version (PyPI) into $tools_dir"
+    # A failure stops only the SASS gate (it says to rerun this), not the build.
+    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
+       "$tools_dir/bin/pip" install -q --disable-pip-version-check \
+         "nvidia-cuda-cuobjdump==$sass_tools_version" "nvidia-cuda-nvdisasm==$sass_tools_version"; then
+      touch "$stamp"
+    else
+      echo "[setup] WARNING: could not install cuobjdump/nvdisasm into $tools_dir (needs python3-venv" \
+           "and access to PyPI): scripts/sass_gate.sh cannot run until this succeeds" >&2
+    fi
+  fi
+fi

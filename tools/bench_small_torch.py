@@ -2,7 +2,7 @@
 """bench-small (bench/small.toml) in PyTorch, for side-by-side runs with `moecore train`.
 
     pip install torch
-    OMP_NUM_THREADS=2 python3 tools/bench_small_torch.py [--bf16] [--dense] [--iters 10]
+    OMP_NUM_THREADS=2 python3 tools/bench_small_torch.py [--bf16] [--dense] [--iters 10] [--device cuda]
 
 The same model and step as bench/small.toml: vocab 8192, hidden 512, 4 layers, 8 query heads of
 dim 64, 2 KV heads, RoPE 10000, RMSNorm 1e-6, 16 experts top-2 (softmax over the top-k logits),
@@ -62,7 +62,8 @@ class MoE(torch.nn.Module):
         probs = top_v.softmax(-1)
         # Switch aux loss over the map the tokens took.
         scores = logits.softmax(-1)
-        counts = torch.zeros(E).index_add_(0, top_i.reshape(-1), torch.ones(top_i.numel()))
+        counts = torch.zeros(E, device=t.device).index_add_(
+            0, top_i.reshape(-1), torch.ones(top_i.numel(), device=t.device))
         aux = 0.01 * E / (K * t.shape[0] ** 2) * (scores.sum(0) * counts).sum()
         y = torch.zeros_like(t)
         for e in range(E):
@@ -130,25 +131,29 @@ def main():
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--dense", action="store_true")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu_check.sh)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = Model(args.dense)
+    dev = torch.device(args.device)
+    model = Model(args.dense).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    ids = torch.randint(0, V, (B, S))
-    targets = torch.randint(0, V, (B, S))
+    ids = torch.randint(0, V, (B, S)).to(dev)
+    targets = torch.randint(0, V, (B, S)).to(dev)
     times = []
     for it in range(args.iters):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
             loss = model(ids, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     steady = times[2:] if len(times) > 4 else times
     step = sum(steady) / len(steady)
     tps = B * S / step
-    print(f"[torch {torch.__version__} threads={torch.get_num_threads()} "
+    print(f"[torch {torch.__version__} {dev.type} threads={torch.get_num_threads()} "
           f"{'bf16' if args.bf16 else 'fp32'} {'dense' if args.dense else 'moe'}] "
           f"{tps:.0f} tokens/s | {flops_per_token(args.dense) * tps / 1e9:.1f} GFLOP/s | "
           f"step {step * 1e3:.1f} ms | loss {loss.item():.4f}")
