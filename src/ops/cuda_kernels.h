@@ -19,9 +19,10 @@ namespace moecore::ops {
 
 inline constexpr bool kHaveCudaKernels = MOECORE_HAVE_CUDA_KERNELS != 0;
 
-// One op of src/ops/*.h (a function taking `const Exec&` first) and whether its switch calls a
-// CUDA path in a build with kernels. The backend harness checks this table against the headers
-// and against what the switches do (tests/backend/test_backend.cpp).
+// One op of src/ops/*.h (a function taking `const Exec&` first) and whether it runs on a CUDA
+// context in a build with kernels: its switch calls a kernel (or the CUDA runtime's copies), or it
+// is a host-side query that answers for any device (a workspace size). The backend harness checks
+// this table against the headers and against what the switches do (tests/backend/).
 struct OpKernel {
   std::string_view op;
   bool cuda = false;
