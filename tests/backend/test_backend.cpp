@@ -186,8 +186,8 @@ TEST(BackendTable, KernelTableListsEveryOpInTheHeaders) {
 }
 
 // `moecore train --device cuda` stops before step 0 with a message naming what is missing: the
-// CUDA build (CPU build), or the ops without a CUDA kernel (builds with kernels, the emulated
-// one included), until every op of the step has one.
+// CUDA build (CPU build), a usable device (the CUDA build without one), or the ops without a
+// CUDA kernel (the emulated build, a GPU), until every op of the step has one.
 TEST(CudaTraining, StopsBeforeStepZeroNamingWhatIsMissing) {
   const testing::CommandResult r = testing::run_moecore(
       "train --config " + testing::source_dir() + "/configs/tiny.toml --device cuda");
@@ -198,6 +198,12 @@ TEST(CudaTraining, StopsBeforeStepZeroNamingWhatIsMissing) {
   if (!cuda_built()) {
     EXPECT_NE(r.output.find("--device cuda: this moecore was built without CUDA"),
               std::string::npos) << r.output;
+    return;
+  }
+  const DeviceInfo info = cuda_device_info();
+  if (!info.available) {  // the CUDA build on a machine without a usable GPU
+    EXPECT_NE(r.output.find("[exec] --device cuda: " + info.description), std::string::npos)
+        << r.output;
     return;
   }
   EXPECT_NE(r.output.find("[train] --device cuda: the CUDA backend has no kernel yet for"),
