@@ -60,13 +60,13 @@ void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want) {
 template <typename In, typename Out>
 void check_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, int64_t batch,
                   double alpha, double beta, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N
-                                    << " K=" << K << " pad=" << pad << " batch=" << batch
-                                    << " alpha=" << alpha << " beta=" << beta);
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K
+               << " pad=" << pad << " batch=" << batch << " alpha=" << alpha << " beta=" << beta);
   constexpr bool kBf16 = std::is_same_v<In, bf16>;
   GemmCall call;
-  call.types = kBf16 ? GemmTypes::Bf16F32
-                     : (std::is_same_v<In, double> ? GemmTypes::F64 : GemmTypes::F32);
+  call.types =
+      kBf16 ? GemmTypes::Bf16F32 : (std::is_same_v<In, double> ? GemmTypes::F64 : GemmTypes::F32);
   call.trans_a = ta;
   call.trans_b = tb;
   call.M = M;
@@ -94,8 +94,7 @@ void check_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad
       gemm_bf16_ref(ta, tb, M, N, K, a, call.lda, bb, call.ldb, static_cast<float>(beta), c,
                     call.ldc);
     } else {
-      gemm_ref<Out>(ta, tb, M, N, K, Out(alpha), a, call.lda, bb, call.ldb, Out(beta), c,
-                    call.ldc);
+      gemm_ref<Out>(ta, tb, M, N, K, Out(alpha), a, call.lda, bb, call.ldb, Out(beta), c, call.ldc);
     }
   }
   cuda::run_matmul(emu_exec(), desc::gemm_desc(call), A.data(), B.data(), got.data(),
@@ -169,10 +168,10 @@ TEST(EmuBlas, PaddedGroupedAsStridedBatched) {
       auto& blas = cuda::blas_handles(emu_exec());
       auto want = small_ints<float>(G * cap * N, seed++), got = want;
       grouped_gemm_ref<float>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, want.data());
-      cuda::run_matmul(emu_exec(),
-                       desc::gemm_desc(desc::padded_grouped_forward_call(GemmTypes::F32, G, cap, N,
-                                                                         K, trans_w)),
-                       x.data(), w.data(), got.data(), blas);
+      cuda::run_matmul(
+          emu_exec(),
+          desc::gemm_desc(desc::padded_grouped_forward_call(GemmTypes::F32, G, cap, N, K, trans_w)),
+          x.data(), w.data(), got.data(), blas);
       expect_bitwise(got, want);
       auto want_dx = small_ints<float>(G * cap * K, seed++), got_dx = want_dx;
       grouped_gemm_ref<float>(m_G.data(), G, K, N, dy.data(), w.data(), !trans_w, want_dx.data());
@@ -185,8 +184,8 @@ TEST(EmuBlas, PaddedGroupedAsStridedBatched) {
       grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, dy.data(), x.data(), want_dw.data());
       cuda::run_matmul(
           emu_exec(),
-          desc::gemm_desc(desc::padded_grouped_wgrad_call(GemmTypes::F32, G, cap, N, K)),
-          dy.data(), x.data(), got_dw.data(), blas);
+          desc::gemm_desc(desc::padded_grouped_wgrad_call(GemmTypes::F32, G, cap, N, K)), dy.data(),
+          x.data(), got_dw.data(), blas);
       expect_bitwise(got_dw, want_dw);
     }
 }
@@ -206,21 +205,20 @@ void check_grouped_batched(const std::vector<int64_t>& m_G, bool trans_w, uint32
   const auto dy = small_ints<T>(rows * N, seed++);
   auto want = small_ints<T>(rows * N, seed++), got = want;
   grouped_gemm_ref<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, want.data());
-  cuda::run_grouped_batched(
-      emu_exec(), desc::grouped_batched_forward(types, m_G.data(), G, N, K, trans_w), x.data(),
-      w.data(), got.data(), blas);
+  cuda::run_grouped_batched(emu_exec(),
+                            desc::grouped_batched_forward(types, m_G.data(), G, N, K, trans_w),
+                            x.data(), w.data(), got.data(), blas);
   expect_bitwise(got, want);
   auto want_dx = small_ints<T>(rows * K, seed++), got_dx = want_dx;
   grouped_gemm_ref<T>(m_G.data(), G, K, N, dy.data(), w.data(), !trans_w, want_dx.data());
-  cuda::run_grouped_batched(
-      emu_exec(), desc::grouped_batched_forward(types, m_G.data(), G, K, N, !trans_w), dy.data(),
-      w.data(), got_dx.data(), blas);
+  cuda::run_grouped_batched(emu_exec(),
+                            desc::grouped_batched_forward(types, m_G.data(), G, K, N, !trans_w),
+                            dy.data(), w.data(), got_dx.data(), blas);
   expect_bitwise(got_dx, want_dx);
   auto want_dw = small_ints<T>(G * N * K, seed++), got_dw = want_dw;
   grouped_gemm_wgrad_ref<T>(m_G.data(), G, N, K, dy.data(), x.data(), want_dw.data());
-  cuda::run_grouped_batched(emu_exec(),
-                            desc::grouped_batched_wgrad(types, m_G.data(), G, N, K), dy.data(),
-                            x.data(), got_dw.data(), blas);
+  cuda::run_grouped_batched(emu_exec(), desc::grouped_batched_wgrad(types, m_G.data(), G, N, K),
+                            dy.data(), x.data(), got_dw.data(), blas);
   expect_bitwise(got_dw, want_dw);
 }
 

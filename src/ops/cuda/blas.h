@@ -1,9 +1,10 @@
-// The CUDA backend's GEMM library calls: one cuBLASLt matmul per LtMatmulDesc (ops/desc/gemm_desc.h:
-// gemm, gemm_bf16, the strided-batched GEMM of padded dispatch) and one cublasGemmGroupedBatchedEx
-// per GroupedBatchedDesc (ops/desc/grouped_gemm_desc.h: dropless dispatch). Declarations only, no
-// CUDA headers: the CUDA build defines them with the libraries (blas_cublaslt.cpp), the emulated
-// build with the plain-loop interpreters on host memory (tests/emu/blas_emu.cpp). Both take the
-// library arguments from the same plumbing (ops/desc/blas_args.h).
+// The CUDA backend's GEMM library calls: one cuBLASLt matmul per LtMatmulDesc
+// (ops/desc/gemm_desc.h: gemm, gemm_bf16, the strided-batched GEMM of padded dispatch) and one
+// cublasGemmGroupedBatchedEx per GroupedBatchedDesc (ops/desc/grouped_gemm_desc.h: dropless
+// dispatch). Declarations only, no CUDA headers: the CUDA build defines them with the libraries
+// (blas_cublaslt.cpp), the emulated build with the plain-loop interpreters on host memory
+// (tests/emu/blas_emu.cpp). Both take the library arguments from the same plumbing
+// (ops/desc/blas_args.h).
 #pragma once
 
 #include <cstddef>

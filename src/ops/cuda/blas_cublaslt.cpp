@@ -42,18 +42,18 @@ std::string shapes(const LtMatmulDesc& d) {
                      layout_str("C", d.c));
 }
 
-#define MOE_CHECK_LT(expr, what)                                                          \
-  do {                                                                                    \
-    const cublasStatus_t moe_status_ = (expr);                                            \
+#define MOE_CHECK_LT(expr, what)                                                            \
+  do {                                                                                      \
+    const cublasStatus_t moe_status_ = (expr);                                              \
     MOE_CHECK(moe_status_ == CUBLAS_STATUS_SUCCESS, "[gemm] {} failed: {} ({}): {}", #expr, \
-              cublasLtGetStatusString(moe_status_), static_cast<int>(moe_status_), what);  \
+              cublasLtGetStatusString(moe_status_), static_cast<int>(moe_status_), what);   \
   } while (0)
 
-#define MOE_CHECK_CUDART(expr, what)                                                          \
-  do {                                                                                        \
-    const cudaError_t moe_err_ = (expr);                                                      \
-    MOE_CHECK(moe_err_ == cudaSuccess, "[gemm] {} failed: {}: {}", #expr,                     \
-              cudaGetErrorString(moe_err_), what);                                            \
+#define MOE_CHECK_CUDART(expr, what)                                      \
+  do {                                                                    \
+    const cudaError_t moe_err_ = (expr);                                  \
+    MOE_CHECK(moe_err_ == cudaSuccess, "[gemm] {} failed: {}: {}", #expr, \
+              cudaGetErrorString(moe_err_), what);                        \
   } while (0)
 
 // The largest power of two (up to 256, cuBLASLt's default assumption) dividing an address: the
@@ -110,9 +110,9 @@ cublasLtMatrixLayout_t make_layout(const LtMatrixLayout& l, const std::string& w
   // Column-major is the default order (CUBLASLT_ORDER_COL), as the descriptors assume.
   const int32_t count = l.batch_count;
   const int64_t stride = l.batch_stride;
-  MOE_CHECK_LT(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                sizeof count),
-               what);
+  MOE_CHECK_LT(
+      cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+      what);
   MOE_CHECK_LT(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                                 &stride, sizeof stride),
                what);
@@ -203,8 +203,8 @@ void run_matmul(const Exec& ex, const LtMatmulDesc& d, const void* A, const void
     cublasLtMatmulPreference_t pref = nullptr;
     MOE_CHECK_LT(cublasLtMatmulPreferenceCreate(&pref), what);
     const uint64_t ws = kBlasWorkspaceBytes;
-    MOE_CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws, sizeof ws),
+    MOE_CHECK_LT(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                  what);
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -216,8 +216,8 @@ void run_matmul(const Exec& ex, const LtMatmulDesc& d, const void* A, const void
                    what);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(blas.lt, p.op, p.a, p.b, p.c, p.c,
-                                                             pref, 1, &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(blas.lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     MOE_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
               "[gemm] cuBLASLt has no algorithm for {} (status {}, {} found) within {} bytes of "
@@ -230,22 +230,22 @@ void run_matmul(const Exec& ex, const LtMatmulDesc& d, const void* A, const void
   const desc::BlasScalar alpha = desc::blas_scalar(d.scale_type, d.alpha);
   const desc::BlasScalar beta = desc::blas_scalar(d.scale_type, d.beta);
   // D == C: in place, same layout (gemm_desc.h).
-  MOE_CHECK_LT(cublasLtMatmul(blas.lt, p.op, alpha.ptr(), slots.a_slot, p.a, slots.b_slot, p.b,
-                              beta.ptr(), C, p.c, C, p.c, &p.algo, blas.workspace,
-                              kBlasWorkspaceBytes, stream),
-               shapes(d));
+  MOE_CHECK_LT(
+      cublasLtMatmul(blas.lt, p.op, alpha.ptr(), slots.a_slot, p.a, slots.b_slot, p.b, beta.ptr(),
+                     C, p.c, C, p.c, &p.algo, blas.workspace, kBlasWorkspaceBytes, stream),
+      shapes(d));
 }
 
-void run_grouped_batched(const Exec& ex, const GroupedBatchedDesc& d, const void* A,
-                         const void* B, void* C, BlasHandles& blas) {
+void run_grouped_batched(const Exec& ex, const GroupedBatchedDesc& d, const void* A, const void* B,
+                         void* C, BlasHandles& blas) {
   if (d.group_count == 0) return;
   cudaStream_t stream = static_cast<cudaStream_t>(ex.stream);
   MOE_CHECK(stream == blas.stream,
             "[gemm] run_grouped_batched: the handles belong to another stream");
-  std::string what = fmt::format("grouped GEMM of {} groups, {} x {} -> {}, compute {}:",
-                                 d.group_count, blas_data_type_name(d.a_type),
-                                 blas_data_type_name(d.b_type), blas_data_type_name(d.c_type),
-                                 blas_compute_type_name(d.compute));
+  std::string what =
+      fmt::format("grouped GEMM of {} groups, {} x {} -> {}, compute {}:", d.group_count,
+                  blas_data_type_name(d.a_type), blas_data_type_name(d.b_type),
+                  blas_data_type_name(d.c_type), blas_compute_type_name(d.compute));
   for (int32_t g = 0; g < d.group_count; ++g)
     what += fmt::format(" [expert {}: {}{} m={} n={} k={} ld {} {} {}]", d.expert[g],
                         blas_op_name(d.transa[g]), blas_op_name(d.transb[g]), d.m[g], d.n[g],
@@ -261,9 +261,8 @@ void run_grouped_batched(const Exec& ex, const GroupedBatchedDesc& d, const void
     MOE_CHECK_CUDART(cudaStreamSynchronize(stream), what);
     if (blas.tables) MOE_CHECK_CUDART(cudaFree(blas.tables), what);
     blas.tables = nullptr;
-    MOE_CHECK_CUDART(cudaMalloc(reinterpret_cast<void**>(&blas.tables),
-                                3 * problems * sizeof(void*)),
-                     what);
+    MOE_CHECK_CUDART(
+        cudaMalloc(reinterpret_cast<void**>(&blas.tables), 3 * problems * sizeof(void*)), what);
     blas.table_capacity = problems;
   }
   blas.host_tables.assign(args.a.begin(), args.a.end());
@@ -277,17 +276,16 @@ void run_grouped_batched(const Exec& ex, const GroupedBatchedDesc& d, const void
                                    3 * problems * sizeof(void*), cudaMemcpyHostToDevice, stream),
                    what);
   static_assert(sizeof(cublasOperation_t) == sizeof(desc::BlasOp));
-  MOE_CHECK_LT(
-      cublasGemmGroupedBatchedEx(
-          blas.blas, reinterpret_cast<const cublasOperation_t*>(d.transa.data()),
-          reinterpret_cast<const cublasOperation_t*>(d.transb.data()), d.m.data(), d.n.data(),
-          d.k.data(), args.alpha.data(), const_cast<const void* const*>(dev_a),
-          static_cast<cudaDataType_t>(d.a_type), d.lda.data(),
-          const_cast<const void* const*>(dev_b), static_cast<cudaDataType_t>(d.b_type),
-          d.ldb.data(), args.beta.data(), dev_c, static_cast<cudaDataType_t>(d.c_type),
-          d.ldc.data(), d.group_count, d.group_size.data(),
-          static_cast<cublasComputeType_t>(d.compute)),
-      what);
+  MOE_CHECK_LT(cublasGemmGroupedBatchedEx(
+                   blas.blas, reinterpret_cast<const cublasOperation_t*>(d.transa.data()),
+                   reinterpret_cast<const cublasOperation_t*>(d.transb.data()), d.m.data(),
+                   d.n.data(), d.k.data(), args.alpha.data(), const_cast<const void* const*>(dev_a),
+                   static_cast<cudaDataType_t>(d.a_type), d.lda.data(),
+                   const_cast<const void* const*>(dev_b), static_cast<cudaDataType_t>(d.b_type),
+                   d.ldb.data(), args.beta.data(), dev_c, static_cast<cudaDataType_t>(d.c_type),
+                   d.ldc.data(), d.group_count, d.group_size.data(),
+                   static_cast<cublasComputeType_t>(d.compute)),
+               what);
 }
 
 }  // namespace moecore::ops::cuda

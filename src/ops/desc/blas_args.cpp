@@ -9,9 +9,12 @@ namespace moecore::ops::desc {
 
 size_t blas_type_bytes(BlasDataType t) {
   switch (t) {
-    case BlasDataType::R32F: return 4;
-    case BlasDataType::R64F: return 8;
-    case BlasDataType::R16BF: return 2;
+    case BlasDataType::R32F:
+      return 4;
+    case BlasDataType::R64F:
+      return 8;
+    case BlasDataType::R16BF:
+      return 2;
   }
   MOE_CHECK(false, "[blas] unknown data type {}", static_cast<int>(t));
   return 0;
@@ -36,8 +39,11 @@ BlasScalar blas_scalar(BlasDataType scale_type, double v) {
       std::memcpy(s.bytes, &f, sizeof f);
       return s;
     }
-    case BlasDataType::R64F: std::memcpy(s.bytes, &v, sizeof v); return s;
-    case BlasDataType::R16BF: break;
+    case BlasDataType::R64F:
+      std::memcpy(s.bytes, &v, sizeof v);
+      return s;
+    case BlasDataType::R16BF:
+      break;
   }
   MOE_CHECK(false, "[blas] {} is not a scale type (R32F or R64F)", blas_data_type_name(scale_type));
   return s;
