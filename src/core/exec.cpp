@@ -31,16 +31,6 @@ Exec make_exec(Device device) {
   return make_cuda_exec();
 }
 
-bool training_step_supported(Device device, std::string* why) {
-  if (device == Device::CPU) return true;
-  if (why) {
-    *why =
-        "the CUDA kernels of the training step's ops are not written yet (issue 12: the CUDA "
-        "backend); train with --device cpu";
-  }
-  return false;
-}
-
 std::string_view mem_space_name(MemSpace s) {
   return s == MemSpace::Device ? "device" : "pinned host";
 }

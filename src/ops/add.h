@@ -7,6 +7,7 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/host_device.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -20,8 +21,8 @@ namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below c
 template <typename T>
 void add(T* y, const T* a, const T* b, int64_t n);
 }  // namespace cpu
-// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switch below yet.
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's. The switch below calls them where the build has kernels.
 namespace cuda {
 template <typename T>
 void add(void* stream, T* y, const T* a, const T* b, int64_t n);
@@ -30,6 +31,8 @@ void add(void* stream, T* y, const T* a, const T* b, int64_t n);
 template <typename T>
 void add(const Exec& ex, DevPtr<T> y, DevPtr<const T> a, DevPtr<const T> b, int64_t n) {
   if (ex.on_cpu()) return cpu::add(raw_ptr(y), raw_ptr(a), raw_ptr(b), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::add(ex.stream, raw_ptr(y), raw_ptr(a), raw_ptr(b), n);
   no_kernel(ex, "add");
 }
 template <typename T>

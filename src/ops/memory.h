@@ -11,6 +11,7 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/sync_audit.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -18,12 +19,22 @@ namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below c
 void zero_bytes(void* p, size_t bytes);
 void copy_bytes(void* dst, const void* src, size_t bytes);
 }  // namespace cpu
+// The CUDA paths (ops/cuda/memory.cu): asynchronous on the context's stream (cudaMemsetAsync,
+// cudaMemcpyAsync of either direction); read_back_bytes then waits for the stream. In the emulated
+// CUDA build they move host memory.
+namespace cuda {
+void zero_bytes(void* stream, void* p, size_t bytes);
+void copy_bytes(void* stream, void* dst, const void* src, size_t bytes);
+void read_back_bytes(void* stream, void* dst, const void* src, size_t bytes);
+}  // namespace cuda
 
 // p [n] = T{} (all bits zero for the arithmetic types and the report structs it is used on).
 template <typename T>
 void zero(const Exec& ex, DevPtr<T> p, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "zero() clears plain data only");
   if (ex.on_cpu()) return cpu::zero_bytes(raw_ptr(p), static_cast<size_t>(n) * sizeof(T));
+  if constexpr (kHaveCudaKernels)
+    return cuda::zero_bytes(ex.stream, raw_ptr(p), static_cast<size_t>(n) * sizeof(T));
   no_kernel(ex, "zero");
 }
 template <typename T>
@@ -38,6 +49,9 @@ void copy(const Exec& ex, DevPtr<T> dst, DevPtr<const T> src, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "copy() moves plain data only");
   if (ex.on_cpu())
     return cpu::copy_bytes(raw_ptr(dst), raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
+  if constexpr (kHaveCudaKernels)
+    return cuda::copy_bytes(ex.stream, raw_ptr(dst), raw_ptr(src),
+                            static_cast<size_t>(n) * sizeof(T));
   no_kernel(ex, "copy");
 }
 // dst [n] (host memory) = src [n] (the context's memory), the host waiting until it is there:
@@ -49,6 +63,8 @@ void read_back(const Exec& ex, T* dst, DevPtr<const T> src, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "read_back() moves plain data only");
   SyncAudit::instance().host_sync("ops::read_back: the host reads device data");
   if (ex.on_cpu()) return cpu::copy_bytes(dst, raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
+  if constexpr (kHaveCudaKernels)
+    return cuda::read_back_bytes(ex.stream, dst, raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
   no_kernel(ex, "read_back");
 }
 // One value: read_back of n = 1.

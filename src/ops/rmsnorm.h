@@ -7,6 +7,7 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/host_device.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -32,8 +33,8 @@ template <typename T>
 void rmsnorm_backward(T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
                       const T* rstd_T, int64_t n_tok, int64_t H);
 }  // namespace cpu
-// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switches below yet.
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's. The switches below call them where the build has kernels.
 namespace cuda {
 template <typename T>
 void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
@@ -47,6 +48,9 @@ void rmsnorm_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<T> rstd_T, DevPtr<co
   if (ex.on_cpu())
     return cpu::rmsnorm_forward(raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH), raw_ptr(w_H), n_tok,
                                 H, eps);
+  if constexpr (kHaveCudaKernels)
+    return cuda::rmsnorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
+                                 raw_ptr(w_H), n_tok, H, eps);
   no_kernel(ex, "rmsnorm_forward");
 }
 template <typename T>

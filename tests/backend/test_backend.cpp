@@ -12,10 +12,12 @@
 #include <sstream>
 
 #include "backend_case.h"
+#include "common/command.h"
 #include "common/paths.h"
 #include "core/check.h"
 #include "core/device.h"
 #include "ops/cast.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::backend_test {
 
@@ -102,20 +104,45 @@ void PrintTo(const Param& p, std::ostream* os) {
 
 class Ops : public ::testing::TestWithParam<Param> {};
 
+// Whether the table of kernels (ops/cuda_kernels.h) gives `op` a CUDA path in this build.
+bool has_cuda_path(const std::string& op) {
+  if (!ops::kHaveCudaKernels) return false;
+  for (const ops::OpKernel& k : ops::op_kernels()) {
+    if (k.op == op) return k.cuda;
+  }
+  return false;
+}
+
 TEST_P(Ops, Run) {
   const Backend& b = backends()[GetParam().backend];
   const OpCase& c = op_cases()[GetParam().op_case];
   if (!b.available) GTEST_SKIP() << "not run: " << b.name << " backend: " << b.why;
+  // On CUDA the table of kernels must say what the switches do: a case whose ops all have a
+  // kernel runs to the end, one with an op without a kernel stops at that op's switch.
+  std::string without_kernel;
+  if (!b.ex.on_cpu()) {
+    for (const std::string& op : c.ops) {
+      if (!has_cuda_path(op)) without_kernel += (without_kernel.empty() ? "" : ", ") + op;
+    }
+  }
   try {
     c.run(b.ex);
   } catch (const moecore::Error& e) {
     // A backend without the op's kernel (ops::no_kernel) has not run it: not a pass.
     const std::string what = e.what();
-    if (!b.ex.on_cpu() && what.find("no " + b.name + " kernel") != std::string::npos) {
+    const size_t at = what.find("] no " + b.name + " kernel");
+    if (!b.ex.on_cpu() && at != std::string::npos) {
+      const std::string op = what.substr(what.rfind('[', at) + 1, at - what.rfind('[', at) - 1);
+      EXPECT_FALSE(has_cuda_path(op))
+          << op << ": the table of kernels (ops/cuda_kernels.cpp) gives it a CUDA path, but its "
+          << "switch has none: " << what;
       GTEST_SKIP() << "not run: " << what;
     }
     throw;
   }
+  EXPECT_TRUE(without_kernel.empty())
+      << "the case ran on " << b.name << " although the table of kernels (ops/cuda_kernels.cpp) "
+      << "gives these ops no CUDA path: " << without_kernel;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backend, Ops, ::testing::ValuesIn(all_params()),
@@ -140,6 +167,49 @@ std::set<std::string> ops_in_headers() {
     }
   }
   return ops;
+}
+
+// The table of kernels names every op of the headers once, in order.
+TEST(BackendTable, KernelTableListsEveryOpInTheHeaders) {
+  const std::set<std::string> declared = ops_in_headers();
+  std::vector<std::string> listed;
+  for (const ops::OpKernel& k : ops::op_kernels()) listed.emplace_back(k.op);
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+  const std::set<std::string> table(listed.begin(), listed.end());
+  EXPECT_EQ(table.size(), listed.size()) << "an op listed twice in ops/cuda_kernels.cpp";
+  for (const std::string& op : declared) {
+    EXPECT_TRUE(table.count(op)) << op << " (src/ops/) is missing from ops/cuda_kernels.cpp";
+  }
+  for (const std::string& op : table) {
+    EXPECT_TRUE(declared.count(op)) << op << " is in ops/cuda_kernels.cpp but in no op header";
+  }
+}
+
+// `moecore train --device cuda` stops before step 0 with a message naming what is missing: the
+// CUDA build (CPU build), a usable device (the CUDA build without one), or the ops without a
+// CUDA kernel (the emulated build, a GPU), until every op of the step has one.
+TEST(CudaTraining, StopsBeforeStepZeroNamingWhatIsMissing) {
+  const testing::CommandResult r = testing::run_moecore(
+      "train --config " + testing::source_dir() + "/configs/tiny.toml --device cuda");
+  std::string why;
+  if (training_step_supported(Device::CUDA, &why)) GTEST_SKIP() << "every op has a CUDA kernel";
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("iteration "), std::string::npos) << "trained on cuda:\n" << r.output;
+  if (!cuda_built()) {
+    EXPECT_NE(r.output.find("--device cuda: this moecore was built without CUDA"),
+              std::string::npos) << r.output;
+    return;
+  }
+  const DeviceInfo info = cuda_device_info();
+  if (!info.available) {  // the CUDA build on a machine without a usable GPU
+    EXPECT_NE(r.output.find("[exec] --device cuda: " + info.description), std::string::npos)
+        << r.output;
+    return;
+  }
+  EXPECT_NE(r.output.find("[train] --device cuda: the CUDA backend has no kernel yet for"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rmsnorm_backward"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; train with --device cpu"), std::string::npos) << r.output;
 }
 
 TEST(BackendTable, CoversEveryOpInTheHeaders) {

@@ -324,3 +324,30 @@ inline long long __double_as_longlong(double x) {
 inline double __longlong_as_double(long long x) {
   return std::bit_cast<double>(x);
 }
+
+// ---- the runtime API's memory calls on host memory ---------------------------------------------
+// The emulated CUDA build's memory is the host's and a launch runs to completion before it
+// returns, so the asynchronous copies are plain ones and a stream has nothing left to wait for.
+enum cudaError_t : int { cudaSuccess = 0 };
+enum cudaMemcpyKind : int {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+inline const char* cudaGetErrorString(cudaError_t) {
+  return "no error";
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                                   cudaStream_t = nullptr) {
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
