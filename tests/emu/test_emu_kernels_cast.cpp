@@ -108,16 +108,16 @@ void check_round_f32_to_bf16(int64_t n, bool orders = true) {
 // Sizes around the block (256 threads), and past the grid-stride cap (1056 blocks: each thread
 // then converts two elements; in one order).
 TEST(EmuKernelsCast, F32ToBf16MatchesTheReferenceBitwiseInEveryOrder) {
-  for (int64_t n : {int64_t(0), int64_t(1), int64_t(22), int64_t(255), int64_t(257),
-                    int64_t(1000), int64_t(4099)}) {
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(22), int64_t(255), int64_t(257), int64_t(1000),
+                    int64_t(4099)}) {
     check_f32_to_bf16(n);
   }
   check_f32_to_bf16(1056 * 256 + 37, /*orders=*/false);
 }
 
 TEST(EmuKernelsCast, RoundF32ToBf16MatchesTheReferenceBitwiseInEveryOrder) {
-  for (int64_t n : {int64_t(0), int64_t(1), int64_t(22), int64_t(255), int64_t(257),
-                    int64_t(1000), int64_t(4099)}) {
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(22), int64_t(255), int64_t(257), int64_t(1000),
+                    int64_t(4099)}) {
     check_round_f32_to_bf16(n);
   }
   check_round_f32_to_bf16(1056 * 256 + 37, /*orders=*/false);

@@ -36,7 +36,9 @@ constexpr int64_t kBlock = 256;
 // A grid-stride loop beyond this many blocks: one full wave of an H200 (132 SMs x 2048 threads).
 constexpr int64_t kMaxBlocks = 132 * 2048 / kBlock;
 
-dim3 grid_for(int64_t n) { return dim3(unsigned(std::min((n + kBlock - 1) / kBlock, kMaxBlocks))); }
+dim3 grid_for(int64_t n) {
+  return dim3(unsigned(std::min((n + kBlock - 1) / kBlock, kMaxBlocks)));
+}
 }  // namespace
 
 void cast_f32_to_bf16(void* stream, bf16* y, const float* x, int64_t n) {
