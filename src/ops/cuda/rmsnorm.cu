@@ -8,17 +8,12 @@
 #include <algorithm>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce.cuh"
 #include "ops/rmsnorm.h"
 
 namespace moecore::ops::cuda {
 
 namespace kernels {
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // blockDim.x a multiple of 32; dynamic shared memory: blockDim.x / 32 + 1 values of T (the warps'
 // sums, then the row's rstd).
 template <typename T>
