@@ -1,8 +1,5 @@
 // The CUDA build checks the project's mirrors of the library enums (ops/desc/library_enums.h)
 // against the real headers, so the descriptors' values can be cast straight to library types.
-// Only there: the grid emulator's build (which compiles every .cu here as C++) has no library
-// headers and its own CUDA types, and this file has no kernel to emulate.
-#ifndef MOECORE_CUDA_EMU
 #include <cublasLt.h>
 #include <library_types.h>
 #include <nccl.h>
@@ -27,5 +24,3 @@ static_assert(static_cast<int>(NcclRedOp::Sum) == ncclSum);
 static_assert(static_cast<int>(NcclRedOp::Max) == ncclMax);
 
 }  // namespace moecore::ops::desc
-
-#endif  // MOECORE_CUDA_EMU
