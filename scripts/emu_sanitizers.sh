@@ -19,8 +19,13 @@ flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=unde
        -fno-omit-frame-pointer -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter
        -Isrc -Itests)
 # The kernels' ops' references: src/ops/cuda/<op>.cu -> src/ops/cpu/<op>_ref.cpp.
-sources=(tests/emu/*.cpp src/core/check.cpp)
-kernels=(src/ops/cuda/*.cu)
+# The library descriptors and the references the emulated library calls are tested against
+# (tests/emu/test_emu_blas.cpp) come too.
+sources=(tests/emu/*.cpp src/core/check.cpp src/ops/desc/*.cpp src/ops/cpu/gemm_ref.cpp
+         src/ops/cpu/gemm_bf16_ref.cpp)
+# The kernels: src/ops/cuda/*.cu but the *_check.cu compile checks against the real CUDA headers.
+kernels=()
+for k in src/ops/cuda/*.cu; do [[ $k == *_check.cu ]] || kernels+=("$k"); done
 for k in "${kernels[@]}"; do
   ref=src/ops/cpu/$(basename "${k%.cu}")_ref.cpp
   [ -f "$ref" ] && sources+=("$ref")

@@ -164,6 +164,17 @@ harness() {
   else
     status=ok
   fi
+  # The NCCL communicator as one rank (tests/cuda/test_nccl.cpp), where the pack has it.
+  if [ -x "$bin/test_nccl" ]; then
+    local rc3 nccl_ok
+    run_ours limited 40 "$bin/test_nccl" > "$OUT/.nccl" 2>&1; rc3=$?
+    echo "== the NCCL communicator, one rank"
+    cat "$OUT/.nccl"
+    nccl_ok=$(results_of "$OUT/.nccl" | grep -c ' OK$')
+    key="$key; NCCL one rank: $nccl_ok passed"
+    [ "$rc3" -eq 0 ] || { status=FAILED; key="$key (test_nccl failed)"; }
+    rm -f "$OUT/.nccl"
+  fi
   rm -f "$OUT/.run1" "$OUT/.run2" "$OUT/.res1" "$OUT/.res2"
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "ops/desc/gemm_desc.h"
@@ -101,13 +102,16 @@ inline void lt_matmul(const ops::desc::LtMatmulDesc& d, const void* a_slot, cons
   }
 }
 
-// cublasGemmGroupedBatchedEx with the pointer tables built from the descriptor's offsets into
-// the slot operands' bases (what the backend uploads).
-inline void gemm_grouped_batched(const ops::desc::GroupedBatchedDesc& d, const void* a_base,
-                                 const void* b_base, void* c_base) {
+// cublasGemmGroupedBatchedEx as called: per problem the device addresses in Aarray / Barray /
+// Carray, per group alpha / beta read from host arrays of the compute type's scale type (float
+// for COMPUTE_32F, double for COMPUTE_64F).
+inline void gemm_grouped_batched_tables(const ops::desc::GroupedBatchedDesc& d,
+                                        const void* alpha_array, const void* const* Aarray,
+                                        const void* const* Barray, const void* beta_array,
+                                        void* const* Carray) {
   blas_check_types(d.compute, d.a_type, d.b_type, d.c_type);
-  const size_t as = d.a_type == BlasDataType::R16BF ? 2 : (d.a_type == BlasDataType::R64F ? 8 : 4);
-  const size_t cs = d.c_type == BlasDataType::R64F ? 8 : 4;
+  const BlasDataType scale =
+      d.compute == BlasComputeType::F64 ? BlasDataType::R64F : BlasDataType::R32F;
   int64_t problem = 0;
   for (int32_t g = 0; g < d.group_count; ++g) {
     if (d.m[g] < 0 || d.n[g] < 0 || d.k[g] < 0)
@@ -117,14 +121,34 @@ inline void gemm_grouped_batched(const ops::desc::GroupedBatchedDesc& d, const v
     if (d.lda[g] < std::max<int64_t>(1, a_rows) || d.ldb[g] < std::max<int64_t>(1, b_rows) ||
         d.ldc[g] < std::max<int64_t>(1, d.m[g]))
       throw std::runtime_error("cuBLAS: CUBLAS_STATUS_INVALID_VALUE: ld < max(1, rows)");
+    const double alpha = blas_load(scale, alpha_array, g), beta = blas_load(scale, beta_array, g);
     for (int32_t i = 0; i < d.group_size[g]; ++i, ++problem) {
-      blas_gemm_colmajor(d.transa[g], d.transb[g], d.m[g], d.n[g], d.k[g], d.alpha[g], d.a_type,
-                         static_cast<const char*>(a_base) + d.a_off[problem] * as, d.lda[g],
-                         d.b_type, static_cast<const char*>(b_base) + d.b_off[problem] * as,
-                         d.ldb[g], d.beta[g], d.c_type,
-                         static_cast<char*>(c_base) + d.c_off[problem] * cs, d.ldc[g]);
+      blas_gemm_colmajor(d.transa[g], d.transb[g], d.m[g], d.n[g], d.k[g], alpha, d.a_type,
+                         Aarray[problem], d.lda[g], d.b_type, Barray[problem], d.ldb[g], beta,
+                         d.c_type, Carray[problem], d.ldc[g]);
     }
   }
+}
+
+// The same with the pointer tables built from the descriptor's offsets into the slot operands'
+// bases (what the backend uploads) and the descriptor's scalars.
+inline void gemm_grouped_batched(const ops::desc::GroupedBatchedDesc& d, const void* a_base,
+                                 const void* b_base, void* c_base) {
+  const size_t as = d.a_type == BlasDataType::R16BF ? 2 : (d.a_type == BlasDataType::R64F ? 8 : 4);
+  const size_t cs = d.c_type == BlasDataType::R64F ? 8 : 4;
+  std::vector<const void*> A, B;
+  std::vector<void*> C;
+  for (size_t p = 0; p < d.a_off.size(); ++p) {
+    A.push_back(static_cast<const char*>(a_base) + d.a_off[p] * as);
+    B.push_back(static_cast<const char*>(b_base) + d.b_off[p] * as);
+    C.push_back(static_cast<char*>(c_base) + d.c_off[p] * cs);
+  }
+  const bool f64 = d.compute == BlasComputeType::F64;
+  std::vector<double> alpha64(d.alpha), beta64(d.beta);
+  std::vector<float> alpha32(d.alpha.begin(), d.alpha.end()), beta32(d.beta.begin(), d.beta.end());
+  gemm_grouped_batched_tables(
+      d, f64 ? static_cast<const void*>(alpha64.data()) : alpha32.data(), A.data(), B.data(),
+      f64 ? static_cast<const void*>(beta64.data()) : beta32.data(), C.data());
 }
 
 }  // namespace moecore::testing

@@ -31,10 +31,12 @@ check "the pack holds the non-system libraries" "$work/pack.txt" "libraries pack
 mkdir -p "$work/unpacked"
 tar xJf "$work/moecore-gpu.tar.xz" -C "$work/unpacked" || { echo "[gpu-pack test] FAILED: cannot unpack"; exit 1; }
 check_dir=$work/unpacked/moecore-gpu
-# The pack is complete: with its lib/ first, every library but glibc's resolves inside the pack
-# (the probe's `ldd` cannot show a gap here, where the system has the same libraries).
+# The pack is complete: with its lib/ first, every library but glibc's and the CUDA libraries the
+# GPU machine brings (gpu_pack.sh's list) resolves inside the pack (the probe's `ldd` cannot show
+# a gap here, where the system has the same libraries).
 outside=$(for b in "$check_dir"/bin/*; do LD_LIBRARY_PATH=$check_dir/lib ldd "$b"; done |
   awk '$2 == "=>" { print $1, $3 }' | grep -vE '^(libc|libm|libdl|libpthread|librt|libresolv|libutil)\.so' |
+  grep -vE '^(libcuda|libcudart|libcublas|libcublasLt|libcudnn.*|libnccl|libnvrtc|libnvJitLink|libcusparse|libcufft|libcurand|libcusolver)\.so' |
   grep -v " $check_dir/lib/" | sort -u)
 if [ -z "$outside" ]; then echo "[gpu-pack test] ok: every non-glibc library resolves inside the pack"; else
   echo "[gpu-pack test] FAILED: libraries resolved outside the pack:"; echo "$outside" | sed 's/^/    /'; failed=1; fi

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "parallel/communicator.h"
+#include "parallel/communicator_nccl.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::parallel {
@@ -52,6 +53,21 @@ TEST(LocalCommunicator, CollectivesOnOneRankAreCopies) {
   EXPECT_TRUE(h.test());
   h.wait();
   EXPECT_TRUE(h.done());
+}
+
+// A build without CUDA has no NCCL communicator, and says how to get one (the CUDA build's one
+// runs in tests/cuda/test_nccl.cpp where a GPU is visible).
+TEST(NcclCommunicator, WithoutTheCudaBuildSaysHowToGetIt) {
+  if (nccl_built()) GTEST_SKIP() << "the CUDA build: tests/cuda/test_nccl.cpp";
+  auto boot = make_local_communicator("tp", 0);
+  try {
+    make_nccl_communicator(*boot, cpu_exec(), 60.0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("group 'tp'"), std::string::npos) << m;
+    EXPECT_NE(m.find("-DMOECORE_CUDA=ON"), std::string::npos) << m;
+  }
 }
 
 TEST(Communicator, ArgumentChecksNameTheGroupAndSizes) {

@@ -5,15 +5,22 @@
 
 namespace moecore::ops {
 
+namespace {
+int64_t checked_id(const int32_t* ids_T, int64_t t, int64_t V) {
+  const int64_t id = ids_T[t];
+  MOE_CHECK(id >= 0 && id < V,
+            "[embedding] token id {} at position {} outside [0, V={}): the data and "
+            "--vocab-size disagree",
+            id, t, V);
+  return id;
+}
+}  // namespace
+
 template <typename T>
 void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
                            int64_t H, int64_t V) {
   for (int64_t t = 0; t < n_tok; ++t) {
-    const int64_t id = ids_T[t];
-    MOE_CHECK(id >= 0 && id < V,
-              "[embedding] token id {} at position {} outside [0, V={}): the data and "
-              "--vocab-size disagree",
-              id, t, V);
+    const int64_t id = checked_id(ids_T, t, V);
     for (int64_t h = 0; h < H; ++h) y_TH[t * H + h] = w_VH[id * H + h];
   }
 }
@@ -21,11 +28,7 @@ void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t
 void embedding_forward_bf16_ref(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
                                 int64_t H, int64_t V) {
   for (int64_t t = 0; t < n_tok; ++t) {
-    const int64_t id = ids_T[t];
-    MOE_CHECK(id >= 0 && id < V,
-              "[embedding] token id {} at position {} outside [0, V={}): the data and "
-              "--vocab-size disagree",
-              id, t, V);
+    const int64_t id = checked_id(ids_T, t, V);
     for (int64_t h = 0; h < H; ++h) y_TH[t * H + h] = bf16_to_float(w_VH[id * H + h]);
   }
 }
@@ -34,11 +37,7 @@ template <typename T>
 void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                             int64_t H, int64_t V) {
   for (int64_t t = 0; t < n_tok; ++t) {
-    const int64_t id = ids_T[t];
-    MOE_CHECK(id >= 0 && id < V,
-              "[embedding] token id {} at position {} outside [0, V={}): the data and "
-              "--vocab-size disagree",
-              id, t, V);
+    const int64_t id = checked_id(ids_T, t, V);
     for (int64_t h = 0; h < H; ++h) dw_VH[id * H + h] += dy_TH[t * H + h];
   }
 }

@@ -1,0 +1,268 @@
+// The NCCL communicator (parallel/communicator_nccl.h): each collective's NCCL calls from its
+// descriptor (ops/desc/nccl_desc.h), run on the communicator's own stream between an event of
+// the caller's stream (the inputs are ready) and an event the handle waits on.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "ops/desc/nccl_desc.h"
+#include "parallel/communicator_nccl.h"
+
+namespace moecore::parallel {
+
+bool nccl_built() { return true; }
+
+namespace {
+
+using ops::desc::NcclAddr;
+using ops::desc::NcclBuf;
+using ops::desc::NcclCall;
+using ops::desc::NcclKind;
+using ops::desc::NcclPlan;
+using ops::desc::NcclRedOp;
+
+void cuda_ok(cudaError_t e, const std::string& group, const char* what) {
+  MOE_CHECK(e == cudaSuccess, "[comm] group '{}': {} failed: {}", group, what,
+            cudaGetErrorString(e));
+}
+void nccl_ok(ncclResult_t r, const std::string& group, const char* what) {
+  MOE_CHECK(r == ncclSuccess, "[comm] group '{}': {} failed: {}", group, what,
+            ncclGetErrorString(r));
+}
+
+class NcclCommunicator;
+
+// One collective in flight: the event recorded after its calls on the communicator's stream.
+class NcclRequest final : public CommRequest {
+ public:
+  NcclRequest(NcclCommunicator* c, cudaEvent_t done, const char* call)
+      : comm_(c), done_(done), call_(call) {}
+  bool test() override;
+  void wait() override;
+  // Ordered on the reader's stream: it waits for the event; the host does not.
+  bool wait_on(const Exec& ex) override;
+  void release() override;
+
+ private:
+  NcclCommunicator* comm_;
+  cudaEvent_t done_;
+  const char* call_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, const Exec& ex, double timeout_s)
+      : name_(bootstrap.name()),
+        ranks_(bootstrap.global_ranks()),
+        rank_(bootstrap.rank()),
+        caller_(static_cast<cudaStream_t>(ex.stream)),
+        timeout_s_(timeout_s) {
+    MOE_CHECK(ex.device == Device::CUDA, "[comm] group '{}': the NCCL communicator needs a CUDA "
+              "context, not {}", name_, device_name(ex.device));
+    // NCCL's unique id travels from rank 0 through the bootstrap communicator (host memory).
+    ncclUniqueId id{};
+    std::vector<int32_t> bytes((sizeof(id) + 3) / 4, 0);
+    if (rank_ == 0) {
+      nccl_ok(ncclGetUniqueId(&id), name_, "ncclGetUniqueId");
+      std::memcpy(bytes.data(), &id, sizeof(id));
+    }
+    bootstrap.broadcast(bytes, 0);
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    nccl_ok(ncclCommInitRank(&comm_, bootstrap.size(), id, rank_), name_, "ncclCommInitRank");
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name_,
+            "cudaStreamCreate");
+    cuda_ok(cudaMalloc(&barrier_, sizeof(int32_t)), name_, "cudaMalloc (barrier word)");
+    cuda_ok(cudaMemset(barrier_, 0, sizeof(int32_t)), name_, "cudaMemset (barrier word)");
+  }
+  ~NcclCommunicator() override {
+    // Best effort at exit: a failing teardown must not throw from a destructor.
+    cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    cudaFree(barrier_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+  cudaStream_t stream() const { return stream_; }
+  void give_back(cudaEvent_t e) { events_.push_back(e); }
+  // Past the timeout: which group, which call, then the process ends (as MPI's timeout does).
+  [[noreturn]] void abort_on_timeout(const char* call, double waited) {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    std::fprintf(stderr,
+                 "error: [comm] timeout: rank %d of %d in group '%s' waited %.1f s in %s, over the "
+                 "%.1f s limit (--distributed-timeout-minutes); NCCL's state: %s\n",
+                 rank_, size(), name_.c_str(), waited, call, timeout_s_,
+                 ncclGetErrorString(async));
+    std::fflush(stderr);
+    ncclCommAbort(comm_);
+    std::abort();
+  }
+  double timeout_s() const { return timeout_s_; }
+
+ protected:
+  CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
+    return run(ops::desc::nccl_all_reduce(count, dt, red_op(op)), data, data, dt, "all_reduce");
+  }
+  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                bool equal, DType dt) override {
+    return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
+               "all_gather");
+  }
+  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                    bool equal, DType dt, ReduceOp op) override {
+    return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
+               dt, "reduce_scatter");
+  }
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
+                                void* recv, std::span<const int64_t> recv_counts,
+                                DType dt) override {
+    return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
+               "all_to_all_v");
+  }
+  CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
+    return run(ops::desc::nccl_broadcast(count, dt, root), data, data, dt, "broadcast");
+  }
+  // NCCL has no tags: a pair's messages match in the order they were posted.
+  CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
+    return run(p2p(NcclKind::Send, count, dt, dst), data, nullptr, dt, "send");
+  }
+  CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
+    return run(p2p(NcclKind::Recv, count, dt, src), nullptr, data, dt, "recv");
+  }
+  CommHandle start_barrier() override {
+    return run(ops::desc::nccl_all_reduce(1, DType::I32, NcclRedOp::Sum), barrier_, barrier_,
+               DType::I32, "barrier");
+  }
+
+ private:
+  static NcclRedOp red_op(ReduceOp op) { return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max; }
+  static NcclPlan p2p(NcclKind kind, int64_t count, DType dt, int peer) {
+    NcclPlan p;
+    if (count == 0) return p;
+    NcclCall c;
+    c.kind = kind;
+    c.send = {NcclBuf::Send, 0};
+    c.recv = {NcclBuf::Recv, 0};
+    c.count = count;
+    c.dtype = ops::desc::nccl_data_type(dt);
+    c.peer = peer;
+    p.calls.push_back(c);
+    return p;
+  }
+
+  cudaEvent_t event() {
+    if (!events_.empty()) {
+      cudaEvent_t e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), name_, "cudaEventCreate");
+    return e;
+  }
+
+  // The plan's calls on the communicator's stream, after the caller's stream reached this call.
+  CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call) {
+    MOE_CHECK(!plan.stage_bf16,
+              "[comm] group '{}': a bf16 {} on NCCL (the Communicator reduces bf16 in f32 and "
+              "rounds once; the f32 staging needs the CUDA cast kernels, not built yet): reduce "
+              "in f32",
+              name_, call);
+    const size_t esize = dtype_size(dt);
+    const auto at = [&](NcclAddr a) -> char* {
+      char* base = a.buf == NcclBuf::Send ? const_cast<char*>(static_cast<const char*>(send))
+                                          : static_cast<char*>(recv);
+      return base == nullptr ? nullptr : base + a.off * static_cast<int64_t>(esize);
+    };
+    cudaEvent_t ready = event();
+    cuda_ok(cudaEventRecord(ready, caller_), name_, "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), name_, "cudaStreamWaitEvent");
+    give_back(ready);  // reusable once recorded: the wait is already enqueued
+    if (plan.grouped) nccl_ok(ncclGroupStart(), name_, "ncclGroupStart");
+    for (const NcclCall& c : plan.calls) {
+      const auto t = static_cast<ncclDataType_t>(static_cast<int>(c.dtype));
+      const auto op = static_cast<ncclRedOp_t>(static_cast<int>(c.op));
+      const size_t n = static_cast<size_t>(c.count);
+      ncclResult_t r = ncclSuccess;
+      switch (c.kind) {
+        case NcclKind::AllReduce: r = ncclAllReduce(at(c.send), at(c.recv), n, t, op, comm_, stream_); break;
+        case NcclKind::AllGather: r = ncclAllGather(at(c.send), at(c.recv), n, t, comm_, stream_); break;
+        case NcclKind::ReduceScatter:
+          r = ncclReduceScatter(at(c.send), at(c.recv), n, t, op, comm_, stream_);
+          break;
+        case NcclKind::Broadcast:
+          r = ncclBroadcast(at(c.send), at(c.recv), n, t, c.peer, comm_, stream_);
+          break;
+        case NcclKind::Reduce: r = ncclReduce(at(c.send), at(c.recv), n, t, op, c.peer, comm_, stream_); break;
+        case NcclKind::Send: r = ncclSend(at(c.send), n, t, c.peer, comm_, stream_); break;
+        case NcclKind::Recv: r = ncclRecv(at(c.recv), n, t, c.peer, comm_, stream_); break;
+      }
+      nccl_ok(r, name_, call);
+    }
+    if (plan.grouped) nccl_ok(ncclGroupEnd(), name_, "ncclGroupEnd");
+    cudaEvent_t done = event();
+    cuda_ok(cudaEventRecord(done, stream_), name_, "cudaEventRecord");
+    return CommHandle(CommRequestPtr(new NcclRequest(this, done, call)));
+  }
+
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  cudaStream_t caller_ = nullptr;
+  double timeout_s_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int32_t* barrier_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // recorded and waited for: reusable
+};
+
+bool NcclRequest::test() {
+  const cudaError_t e = cudaEventQuery(done_);
+  if (e == cudaErrorNotReady) return false;
+  MOE_CHECK(e == cudaSuccess, "[comm] {} failed on the device: {}", call_, cudaGetErrorString(e));
+  return true;
+}
+
+void NcclRequest::wait() {
+  const auto start = std::chrono::steady_clock::now();
+  while (!test()) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > comm_->timeout_s()) comm_->abort_on_timeout(call_, waited);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+bool NcclRequest::wait_on(const Exec& ex) {
+  const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(ex.stream), done_, 0);
+  MOE_CHECK(e == cudaSuccess, "[comm] {}: cudaStreamWaitEvent failed: {}", call_,
+            cudaGetErrorString(e));
+  return false;
+}
+
+void NcclRequest::release() {
+  comm_->give_back(done_);  // a later record replaces this one; waits already enqueued hold
+  delete this;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const Exec& ex,
+                                                     double timeout_s) {
+  return std::make_unique<NcclCommunicator>(bootstrap, ex, timeout_s);
+}
+
+}  // namespace moecore::parallel

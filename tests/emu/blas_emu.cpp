@@ -1,0 +1,41 @@
+// The emulated build's GEMM library calls (ops/cuda/blas.h): the same signatures as the cuBLASLt
+// backend (src/ops/cuda/blas_cublaslt.cpp), the same argument plumbing (ops/desc/blas_args.h:
+// slot operands, scalars in the scale type, grouped pointer tables and scalar arrays), and the
+// plain-loop interpreters of the libraries' documented semantics (common/blas_interpreter.h) in
+// place of the libraries, on host memory. Defined in the test binary, these come before
+// moecore_lib's at link time (tests/CMakeLists.txt).
+#include "ops/cuda/blas.h"
+
+#include "common/blas_interpreter.h"
+#include "ops/desc/blas_args.h"
+
+namespace moecore::ops::cuda {
+
+// No library state to hold: the interpreters need no handle, workspace or algorithm.
+struct BlasHandles {};
+
+BlasHandles& blas_handles(const Exec&) {
+  static BlasHandles none;
+  return none;
+}
+
+void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const void* B, void* C,
+                BlasHandles&) {
+  if (d.empty) return;
+  const desc::MatmulOperands slots = desc::matmul_operands(d, A, B);
+  // The library reads alpha and beta through host pointers in the scale type.
+  desc::LtMatmulDesc lib = d;
+  lib.alpha = desc::blas_scalar_value(d.scale_type, desc::blas_scalar(d.scale_type, d.alpha).ptr());
+  lib.beta = desc::blas_scalar_value(d.scale_type, desc::blas_scalar(d.scale_type, d.beta).ptr());
+  testing::lt_matmul(lib, slots.a_slot, slots.b_slot, C);
+}
+
+void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const void* A,
+                         const void* B, void* C, BlasHandles&) {
+  if (d.group_count == 0) return;
+  const desc::GroupedArgs args = desc::grouped_args(d, A, B, C);
+  testing::gemm_grouped_batched_tables(d, args.alpha.data(), args.a.data(), args.b.data(),
+                                       args.beta.data(), args.c.data());
+}
+
+}  // namespace moecore::ops::cuda
