@@ -4,11 +4,13 @@
 // MOE_SEMANTICS as swiglu has it: a = act(h) * p (p null: 1).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/dev_ptr.h"
 #include "core/dtype.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 
 namespace moecore::ops {
 
@@ -20,7 +22,9 @@ enum class Activation : uint8_t {
 };
 
 // Whether fc1 writes two halves (gate and up) per row.
-constexpr bool activation_gated(Activation a) { return a == Activation::SwiGLU; }
+constexpr bool activation_gated(Activation a) {
+  return a == Activation::SwiGLU;
+}
 // fc1's output width for an MLP of width F.
 constexpr int64_t activation_fc1_width(Activation a, int64_t F) {
   return activation_gated(a) ? 2 * F : F;
@@ -28,10 +32,14 @@ constexpr int64_t activation_fc1_width(Activation a, int64_t F) {
 // "swiglu", "gelu", "openai_gelu", "squared_relu": the names logs and docs use.
 constexpr const char* activation_name(Activation a) {
   switch (a) {
-    case Activation::SwiGLU: return "swiglu";
-    case Activation::GeLU: return "gelu";
-    case Activation::GeLUTanh: return "openai_gelu";
-    case Activation::SquaredReLU: return "squared_relu";
+    case Activation::SwiGLU:
+      return "swiglu";
+    case Activation::GeLU:
+      return "gelu";
+    case Activation::GeLUTanh:
+      return "openai_gelu";
+    case Activation::SquaredReLU:
+      return "squared_relu";
   }
   return "?";
 }
@@ -40,10 +48,42 @@ constexpr const char* activation_name(Activation a) {
 // ops/swiglu.h), naming the op.
 void check_elementwise_activation(Activation act, const char* op);
 
+// act(x) and act'(x) in T: the element bodies of the CPU fast path and the CUDA kernels (never of
+// the _ref). The constants are Megatron's (openai_gelu: 0.7978845608028654 = sqrt(2 / pi),
+// 0.044715) and F.gelu's exact form.
+template <Activation A, typename T>
+struct ActivationFn;
+template <typename T>
+struct ActivationFn<Activation::GeLU, T> {
+  MOE_HOST_DEVICE static T f(T x) {
+    return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  }
+  MOE_HOST_DEVICE static T df(T x) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+    const T pdf = T(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
+    return cdf + x * pdf;
+  }
+};
+template <typename T>
+struct ActivationFn<Activation::GeLUTanh, T> {
+  MOE_HOST_DEVICE static T f(T x) {
+    return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+  }
+  MOE_HOST_DEVICE static T df(T x) {
+    const T t = std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+    return T(0.5) * (T(1) + t) +
+           T(0.5) * x * (T(1) - t * t) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+  }
+};
+template <typename T>
+struct ActivationFn<Activation::SquaredReLU, T> {
+  MOE_HOST_DEVICE static T f(T x) { return x > T(0) ? x * x : T(0); }
+  MOE_HOST_DEVICE static T df(T x) { return x > T(0) ? T(2) * x : T(0); }
+};
+
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
-void activation_forward(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N,
-                        int64_t F);
+void activation_forward(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F);
 template <typename T>
 void activation_backward(Activation act, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
                          const T* p_N, int64_t N, int64_t F);
@@ -56,6 +96,17 @@ void activation_forward_bf16w(Activation act, float* a_NF, const float* h_NF, co
 void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
                                const float* h_NF, const float* p_N, int64_t N, int64_t F);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet. dp's sum over a row in a fixed
+// block tree (not the CPU's lanes: within the dtype's tolerance of it, bitwise run to run).
+namespace cuda {
+template <typename T>
+void activation_forward(void* stream, Activation act, T* a_NF, const T* h_NF, const T* p_N,
+                        int64_t N, int64_t F);
+template <typename T>
+void activation_backward(void* stream, Activation act, T* dh_NF, T* dp_N, const T* da_NF,
+                         const T* h_NF, const T* p_N, int64_t N, int64_t F);
+}  // namespace cuda
 
 // a = act(h) * p, h and a [N, F].
 template <typename T>
@@ -114,8 +165,8 @@ inline void activation_forward_bf16w(const Exec& ex, Activation act, DevPtr<floa
 }
 inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<float> dh_NF,
                                       DevPtr<float> dp_N, DevPtr<const float> da_NF,
-                                      DevPtr<const float> h_NF, DevPtr<const float> p_N,
-                                      int64_t N, int64_t F) {
+                                      DevPtr<const float> h_NF, DevPtr<const float> p_N, int64_t N,
+                                      int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_backward_bf16w(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                           raw_ptr(h_NF), raw_ptr(p_N), N, F);

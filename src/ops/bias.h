@@ -23,6 +23,15 @@ template <typename T>
 void grouped_bias_backward(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, const T* p_N,
                            const int64_t* m_G, int64_t G, int64_t C);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet. The grouped forms have none yet.
+namespace cuda {
+template <typename T>
+void bias_forward(void* stream, T* y_MN, const T* b_N, int64_t M, int64_t N);
+// db += the column sums of dy, each over the rows in order (the CPU fast path's sums, bitwise).
+template <typename T>
+void bias_backward(void* stream, T* db_N, const T* dy_MN, int64_t M, int64_t N);
+}  // namespace cuda
 
 template <typename T>
 void bias_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> b_N, int64_t M, int64_t N) {
@@ -49,8 +58,8 @@ void bias_backward_ref(T* db_N, const T* dy_MN, int64_t M, int64_t N);
 //          backward assigned dp first).
 // Megatron's grouped experts add fc2's bias times the prob (experts.py, TEGroupedMLP._apply_bias).
 template <typename T>
-void grouped_bias_forward(const Exec& ex, DevPtr<T> y_NC, DevPtr<const T> b_GC,
-                          DevPtr<const T> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t C) {
+void grouped_bias_forward(const Exec& ex, DevPtr<T> y_NC, DevPtr<const T> b_GC, DevPtr<const T> p_N,
+                          DevPtr<const int64_t> m_G, int64_t G, int64_t C) {
   if (ex.on_cpu())
     return cpu::grouped_bias_forward(raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G,
                                      C);

@@ -5,9 +5,9 @@
 #include <cstdint>
 
 #include "core/dev_ptr.h"
-#include "core/exec.h"
-
 #include "core/dtype.h"
+#include "core/exec.h"
+#include "core/host_device.h"
 
 namespace moecore::ops {
 
@@ -16,6 +16,13 @@ void cast_f32_to_bf16(bf16* y, const float* x, int64_t n);
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n);
 void round_f32_to_bf16(float* y, const float* x, int64_t n);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet. Bitwise the references.
+namespace cuda {
+void cast_f32_to_bf16(void* stream, bf16* y, const float* x, int64_t n);
+void cast_bf16_to_f32(void* stream, float* y, const bf16* x, int64_t n);
+void round_f32_to_bf16(void* stream, float* y, const float* x, int64_t n);
+}  // namespace cuda
 
 inline void cast_f32_to_bf16(const Exec& ex, DevPtr<bf16> y, DevPtr<const float> x, int64_t n) {
   if (ex.on_cpu()) return cpu::cast_f32_to_bf16(raw_ptr(y), raw_ptr(x), n);
@@ -38,7 +45,8 @@ void round_f32_to_bf16_ref(float* y, const float* x, int64_t n);
 // The bits of float_to_bf16(x) (core/dtype.h), branch-free so that loops calling it vectorise:
 // for kernels that write a bf16 copy of what they compute in the same pass (the cross-entropy
 // gradient for the bf16 head GEMMs, AdamW's bf16 weight copies). Bitwise equal to the reference.
-inline uint16_t f32_to_bf16_bits(float x) {
+// The element bodies below are shared by the CPU fast paths and the CUDA kernels.
+MOE_HOST_DEVICE inline uint16_t f32_to_bf16_bits(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;
@@ -48,8 +56,13 @@ inline uint16_t f32_to_bf16_bits(float x) {
 
 // x rounded to bf16 and widened back: the bf16 value as an f32, for the f32 buffers that hold
 // bf16 values (the widen GEMM path's inputs and weight copies, bf16-valued outputs).
-inline float f32_bf16_rounded(float x) {
+MOE_HOST_DEVICE inline float f32_bf16_rounded(float x) {
   return std::bit_cast<float>(uint32_t{f32_to_bf16_bits(x)} << 16);
+}
+
+// The f32 value of bf16 bits (exact: the bits become the f32's upper half).
+MOE_HOST_DEVICE inline float bf16_bits_to_f32(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
 }  // namespace moecore::ops

@@ -22,6 +22,16 @@ template <typename T>
 MOE_HOST_DEVICE inline T rmsnorm_element(T x, T rstd, T w) {
   return x * rstd * w;
 }
+// The backward's: dx = rstd w dy - x c with c = rstd^3 sum_h(w dy x) / H. (dw's term dy x rstd
+// is not shared: as a call it changed GCC's code for the CPU's column-block loop.)
+template <typename T>
+MOE_HOST_DEVICE inline T rmsnorm_backward_coeff(T rstd, T dot, int64_t H) {
+  return rstd * rstd * rstd * dot / T(H);
+}
+template <typename T>
+MOE_HOST_DEVICE inline T rmsnorm_backward_element(T dy, T x, T w, T rstd, T c) {
+  return rstd * w * dy - x * c;
+}
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
@@ -39,6 +49,10 @@ namespace cuda {
 template <typename T>
 void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
                      int64_t H, double eps);
+// dx assigned, dw accumulated, as rmsnorm_backward below; dw's sums over the tokens in order.
+template <typename T>
+void rmsnorm_backward(void* stream, T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
+                      const T* rstd_T, int64_t n_tok, int64_t H);
 }  // namespace cuda
 
 // x, y [T, H]; w [H]; rstd [T] saved for backward.

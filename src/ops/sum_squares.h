@@ -24,6 +24,20 @@ void sum_squares(double* out, const T* x, int64_t n);
 template <typename T>
 void sum_squares_ranges(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet. A fixed two-pass tree in f64 (no
+// atomics): bitwise the same run to run, within 1e-13 relative of the references (not the CPU
+// fast path's bits). `scratch` is device memory of sum_squares_scratch_size(n_ranges) doubles
+// (sum_squares: n_ranges 0), planned with the buffers so that nothing allocates in a step; the
+// ranges stay a host list, as above.
+namespace cuda {
+int64_t sum_squares_scratch_size(int64_t n_ranges);
+template <typename T>
+void sum_squares(void* stream, double* out, const T* x, int64_t n, double* scratch);
+template <typename T>
+void sum_squares_ranges(void* stream, double* out, const T* x, const ElemRange* ranges,
+                        int64_t n_ranges, double* scratch);
+}  // namespace cuda
 
 template <typename T>
 void sum_squares(const Exec& ex, DevPtr<double> out, DevPtr<const T> x, int64_t n) {

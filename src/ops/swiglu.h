@@ -24,6 +24,17 @@ void swiglu_forward_bf16w(float* a_NF, const float* h_N2F, const float* p_N, int
 void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const float* h_N2F,
                            const float* p_N, int64_t N, int64_t F);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Not dispatched by the switches below yet; no bf16 forms yet. The sigmoid
+// through the device's exp (the CPU's fast_exp is not shared), dp's sum over a row in a fixed
+// block tree: within the dtype's tolerance of the reference, bitwise run to run.
+namespace cuda {
+template <typename T>
+void swiglu_forward(void* stream, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F);
+template <typename T>
+void swiglu_backward(void* stream, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
+                     int64_t N, int64_t F);
+}  // namespace cuda
 
 template <typename T>
 void swiglu_forward(const Exec& ex, DevPtr<T> a_NF, DevPtr<const T> h_N2F, DevPtr<const T> p_N,

@@ -15,35 +15,9 @@ namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
 
-// act(x) and act'(x) in T. The constants are Megatron's (openai_gelu: 0.7978845608028654 =
-// sqrt(2 / pi), 0.044715) and F.gelu's exact form.
+// The element bodies, shared with the CUDA kernels (ops/activation.h).
 template <Activation A, typename T>
-struct Act;
-template <typename T>
-struct Act<Activation::GeLU, T> {
-  static T f(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
-  static T df(T x) {
-    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
-    const T pdf = T(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
-    return cdf + x * pdf;
-  }
-};
-template <typename T>
-struct Act<Activation::GeLUTanh, T> {
-  static T f(T x) {
-    return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
-  }
-  static T df(T x) {
-    const T t = std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
-    return T(0.5) * (T(1) + t) +
-           T(0.5) * x * (T(1) - t * t) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
-  }
-};
-template <typename T>
-struct Act<Activation::SquaredReLU, T> {
-  static T f(T x) { return x > T(0) ? x * x : T(0); }
-  static T df(T x) { return x > T(0) ? T(2) * x : T(0); }
-};
+using Act = ActivationFn<A, T>;
 
 template <Activation A, typename T, typename Out, bool kWide>
 void forward_rows(Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {

@@ -26,7 +26,7 @@ void cast_bf16_to_f32(float* y, const bf16* x, int64_t n) {
   MOE_CHECK(n >= 0, "[cast] n={} < 0", n);
   const uint16_t* x16 = reinterpret_cast<const uint16_t*>(x);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(x16[i]) << 16);
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_bits_to_f32(x16[i]);
 }
 
 void round_f32_to_bf16(float* y, const float* x, int64_t n) {

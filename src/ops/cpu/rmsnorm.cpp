@@ -68,9 +68,9 @@ void rmsnorm_backward(T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T*
     T dot = 0;
 #pragma omp simd reduction(+ : dot)
     for (int64_t h = 0; h < H; ++h) dot += w_H[h] * dy[h] * x[h];
-    const T c = rstd * rstd * rstd * dot / T(H);
+    const T c = rmsnorm_backward_coeff(rstd, dot, H);
 #pragma omp simd
-    for (int64_t h = 0; h < H; ++h) dx[h] = rstd * w_H[h] * dy[h] - x[h] * c;
+    for (int64_t h = 0; h < H; ++h) dx[h] = rmsnorm_backward_element(dy[h], x[h], w_H[h], rstd, c);
   }
   const int64_t n_blocks = (H + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static) if (par)

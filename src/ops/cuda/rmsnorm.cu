@@ -2,21 +2,18 @@
 // strided elements, each warp reduces by a fixed shuffle butterfly, the warps' sums meet in shared
 // memory and warp 0 reduces them; rstd and the elements use the bodies shared with the CPU fast
 // path (ops::rmsnorm_rstd, ops::rmsnorm_element). The summation order depends on the block size
-// alone: the output is the same run to run.
+// alone: the output is the same run to run. The backward: dx by the same block-per-row scheme
+// (the row's sum of w dy x), dw by a thread per column that adds the tokens' terms in token order
+// (no atomics: each dw element has one writer and one order).
 #include <algorithm>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce.cuh"
 #include "ops/rmsnorm.h"
 
 namespace moecore::ops::cuda {
 
 namespace kernels {
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // blockDim.x a multiple of 32; dynamic shared memory: blockDim.x / 32 + 1 values of T (the warps'
 // sums, then the row's rstd).
 template <typename T>
@@ -46,6 +43,46 @@ __global__ void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H,
   T* y = y_TH + t * H;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) y[h] = rmsnorm_element(x[h], rstd, w_H[h]);
 }
+
+// Shared memory as rmsnorm_forward's (the warps' sums, then the row's coefficient c).
+template <typename T>
+__global__ void rmsnorm_backward_dx(T* dx_TH, const T* dy_TH, const T* x_TH, const T* w_H,
+                                    const T* rstd_T, int64_t H) {
+  T* shared = dynamic_shared<T>();
+  const int64_t t = blockIdx.x;
+  const T* x = x_TH + t * H;
+  const T* dy = dy_TH + t * H;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int n_warps = int(blockDim.x) / 32;
+  const T rstd = rstd_T[t];
+  T dot = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) dot += w_H[h] * dy[h] * x[h];
+  dot = warp_sum(dot);
+  if (lane == 0) shared[warp] = dot;
+  __syncthreads();
+  if (warp == 0) {
+    T v = lane < n_warps ? shared[lane] : T(0);
+    v = warp_sum(v);
+    if (lane == 0) shared[n_warps] = rmsnorm_backward_coeff(rstd, v, H);
+  }
+  __syncthreads();
+  const T c = shared[n_warps];
+  T* dx = dx_TH + t * H;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    dx[h] = rmsnorm_backward_element(dy[h], x[h], w_H[h], rstd, c);
+  }
+}
+
+// One thread per column h: dw[h] += the tokens' terms, added in token order.
+template <typename T>
+__global__ void rmsnorm_backward_dw(T* dw_H, const T* dy_TH, const T* x_TH, const T* rstd_T,
+                                    int64_t n_tok, int64_t H) {
+  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  T acc = 0;
+  for (int64_t t = 0; t < n_tok; ++t) acc += dy_TH[t * H + h] * x_TH[t * H + h] * rstd_T[t];
+  dw_H[h] += acc;
+}
 }  // namespace kernels
 
 namespace {
@@ -66,9 +103,30 @@ void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w
          dim3(unsigned(block)), smem, stream, y_TH, rstd_T, x_TH, w_H, H, eps);
 }
 
+template <typename T>
+void rmsnorm_backward(void* stream, T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
+                      const T* rstd_T, int64_t n_tok, int64_t H) {
+  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
+                   "[rmsnorm_backward] tokens=" + std::to_string(n_tok) +
+                       " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
+  if (n_tok == 0) return;  // dx has no rows and dw gains nothing
+  const int64_t block = std::min(kMaxBlock, (H + 31) / 32 * 32);
+  const size_t smem = size_t(block / 32 + 1) * sizeof(T);
+  launch("rmsnorm_backward_dx", kernels::rmsnorm_backward_dx<T>, dim3(unsigned(n_tok)),
+         dim3(unsigned(block)), smem, stream, dx_TH, dy_TH, x_TH, w_H, rstd_T, H);
+  launch("rmsnorm_backward_dw", kernels::rmsnorm_backward_dw<T>,
+         dim3(unsigned((H + kMaxBlock - 1) / kMaxBlock)), dim3(unsigned(kMaxBlock)), 0, stream,
+         dw_H, dy_TH, x_TH, rstd_T, n_tok, H);
+}
+
 template void rmsnorm_forward<float>(void*, float*, float*, const float*, const float*, int64_t,
                                      int64_t, double);
 template void rmsnorm_forward<double>(void*, double*, double*, const double*, const double*,
                                       int64_t, int64_t, double);
+
+template void rmsnorm_backward<float>(void*, float*, float*, const float*, const float*,
+                                      const float*, const float*, int64_t, int64_t);
+template void rmsnorm_backward<double>(void*, double*, double*, const double*, const double*,
+                                       const double*, const double*, int64_t, int64_t);
 
 }  // namespace moecore::ops::cuda

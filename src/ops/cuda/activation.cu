@@ -1,0 +1,121 @@
+// The element-wise MLP activations (GeLU, its tanh form, squared ReLU) on the GPU: a block per row,
+// threads striding over F, the element bodies shared with the CPU fast path
+// (ops::ActivationFn). The backward's dp (the row's sum of act(h) da) meets in a fixed block tree
+// (ops/cuda/reduce.cuh): the same bits run to run, no atomics.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/activation.h"
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce.cuh"
+
+namespace moecore::ops::cuda {
+
+namespace kernels {
+template <Activation A, typename T>
+__global__ void activation_forward(T* a_NF, const T* h_NF, const T* p_N, int64_t F) {
+  const int64_t n = blockIdx.x;
+  const T* h = h_NF + n * F;
+  T* a = a_NF + n * F;
+  const T p = p_N ? p_N[n] : T(1);
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) a[f] = ActivationFn<A, T>::f(h[f]) * p;
+}
+
+// want_dp: dp_N[n] = the row's sum (dynamic shared memory: blockDim.x / 32 + 1 values of T).
+template <Activation A, typename T>
+__global__ void activation_backward(T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
+                                    int64_t F, bool want_dp) {
+  const int64_t n = blockIdx.x;
+  const T* h = h_NF + n * F;
+  const T* da = da_NF + n * F;
+  T* dh = dh_NF + n * F;
+  const T p = p_N ? p_N[n] : T(1);
+  T part = 0;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    dh[f] = da[f] * p * ActivationFn<A, T>::df(h[f]);
+    if (want_dp) part += ActivationFn<A, T>::f(h[f]) * da[f];
+  }
+  if (!want_dp) return;  // uniform over the block: no thread waits at the barriers below
+  const T dp = block_sum(part, dynamic_shared<T>());
+  if (threadIdx.x == 0) dp_N[n] = dp;
+}
+}  // namespace kernels
+
+namespace {
+// Threads per block: a warp per 32 elements up to 8 warps.
+constexpr int64_t kMaxBlock = 256;
+
+void check_shape(const char* op, int64_t N, int64_t F) {
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0,
+                   "[" + std::string(op) + "] rows=" + std::to_string(N) +
+                       " (0 to 2^31-1, one block each), F=" + std::to_string(F) + " (>= 0)");
+}
+
+int64_t block_for(int64_t F) {
+  return std::min(kMaxBlock, std::max<int64_t>(32, (F + 31) / 32 * 32));
+}
+
+template <Activation A, typename T>
+void forward(void* stream, T* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+  launch("activation_forward", kernels::activation_forward<A, T>, dim3(unsigned(N)),
+         dim3(unsigned(block_for(F))), 0, stream, a_NF, h_NF, p_N, F);
+}
+
+template <Activation A, typename T>
+void backward(void* stream, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
+              int64_t N, int64_t F, bool want_dp) {
+  const int64_t block = block_for(F);
+  const size_t smem = want_dp ? size_t(block / 32 + 1) * sizeof(T) : 0;
+  launch("activation_backward", kernels::activation_backward<A, T>, dim3(unsigned(N)),
+         dim3(unsigned(block)), smem, stream, dh_NF, dp_N, da_NF, h_NF, p_N, F, want_dp);
+}
+}  // namespace
+
+template <typename T>
+void activation_forward(void* stream, Activation act, T* a_NF, const T* h_NF, const T* p_N,
+                        int64_t N, int64_t F) {
+  check_elementwise_activation(act, "activation_forward");
+  check_shape("activation_forward", N, F);
+  if (N == 0 || F == 0) return;  // nothing to write
+  switch (act) {
+    case Activation::GeLU:
+      return forward<Activation::GeLU>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::GeLUTanh:
+      return forward<Activation::GeLUTanh>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::SquaredReLU:
+      return forward<Activation::SquaredReLU>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::SwiGLU:
+      break;
+  }
+}
+
+template <typename T>
+void activation_backward(void* stream, Activation act, T* dh_NF, T* dp_N, const T* da_NF,
+                         const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+  check_elementwise_activation(act, "activation_backward");
+  check_shape("activation_backward", N, F);
+  const bool want_dp = p_N != nullptr && dp_N != nullptr;
+  if (N == 0 || (F == 0 && !want_dp)) return;  // nothing to write (F = 0: dp an empty sum, 0)
+  switch (act) {
+    case Activation::GeLU:
+      return backward<Activation::GeLU>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F, want_dp);
+    case Activation::GeLUTanh:
+      return backward<Activation::GeLUTanh>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F, want_dp);
+    case Activation::SquaredReLU:
+      return backward<Activation::SquaredReLU>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F,
+                                               want_dp);
+    case Activation::SwiGLU:
+      break;
+  }
+}
+
+template void activation_forward<float>(void*, Activation, float*, const float*, const float*,
+                                        int64_t, int64_t);
+template void activation_forward<double>(void*, Activation, double*, const double*, const double*,
+                                         int64_t, int64_t);
+template void activation_backward<float>(void*, Activation, float*, float*, const float*,
+                                         const float*, const float*, int64_t, int64_t);
+template void activation_backward<double>(void*, Activation, double*, double*, const double*,
+                                          const double*, const double*, int64_t, int64_t);
+
+}  // namespace moecore::ops::cuda

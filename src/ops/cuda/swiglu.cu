@@ -1,0 +1,95 @@
+// SwiGLU on the GPU: a block per row (h rows are [gate | up], F each), threads striding over F.
+// The backward's dp (the row's sum of silu(g) u da) meets in a fixed block tree (ops/cuda/
+// reduce.cuh): the same bits run to run, no atomics. The sigmoid uses the device's exp, not the
+// CPU fast path's fast_exp, so the two backends agree within the dtype's tolerance, not bitwise.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce.cuh"
+#include "ops/swiglu.h"
+
+namespace moecore::ops::cuda {
+
+namespace kernels {
+template <typename T>
+__device__ __forceinline__ T sigmoid(T g) {
+  return T(1) / (T(1) + std::exp(-g));
+}
+
+template <typename T>
+__global__ void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t F) {
+  const int64_t n = blockIdx.x;
+  const T* g = h_N2F + n * 2 * F;
+  const T* u = g + F;
+  T* a = a_NF + n * F;
+  const T p = p_N ? p_N[n] : T(1);
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) a[f] = g[f] * sigmoid(g[f]) * u[f] * p;
+}
+
+// want_dp: dp_N[n] = the row's sum (dynamic shared memory: blockDim.x / 32 + 1 values of T).
+template <typename T>
+__global__ void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
+                                int64_t F, bool want_dp) {
+  const int64_t n = blockIdx.x;
+  const T* g = h_N2F + n * 2 * F;
+  const T* u = g + F;
+  const T* da = da_NF + n * F;
+  T* dg = dh_N2F + n * 2 * F;
+  T* du = dg + F;
+  const T p = p_N ? p_N[n] : T(1);
+  T part = 0;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    const T s = sigmoid(g[f]);
+    const T silu = g[f] * s;
+    dg[f] = da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s));
+    du[f] = da[f] * p * silu;
+    part += silu * u[f] * da[f];
+  }
+  if (!want_dp) return;  // uniform over the block: no thread waits at the barriers below
+  const T dp = block_sum(part, dynamic_shared<T>());
+  if (threadIdx.x == 0) dp_N[n] = dp;
+}
+}  // namespace kernels
+
+namespace {
+// Threads per block: a warp per 32 elements up to 8 warps.
+constexpr int64_t kMaxBlock = 256;
+
+std::string shape(int64_t N, int64_t F) {
+  return "rows=" + std::to_string(N) + " (0 to 2^31-1, one block each), F=" + std::to_string(F) +
+         " (>= 0)";
+}
+}  // namespace
+
+template <typename T>
+void swiglu_forward(void* stream, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[swiglu_forward] " + shape(N, F));
+  if (N == 0 || F == 0) return;  // nothing to write
+  const int64_t block = std::min(kMaxBlock, (F + 31) / 32 * 32);
+  launch("swiglu_forward", kernels::swiglu_forward<T>, dim3(unsigned(N)), dim3(unsigned(block)), 0,
+         stream, a_NF, h_N2F, p_N, F);
+}
+
+template <typename T>
+void swiglu_backward(void* stream, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
+                     int64_t N, int64_t F) {
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[swiglu_backward] " + shape(N, F));
+  if (N == 0) return;
+  const bool want_dp = p_N != nullptr && dp_N != nullptr;
+  if (F == 0 && !want_dp) return;  // nothing to write (with F = 0, dp is an empty sum: 0)
+  const int64_t block = std::min(kMaxBlock, std::max<int64_t>(32, (F + 31) / 32 * 32));
+  const size_t smem = want_dp ? size_t(block / 32 + 1) * sizeof(T) : 0;
+  launch("swiglu_backward", kernels::swiglu_backward<T>, dim3(unsigned(N)), dim3(unsigned(block)),
+         smem, stream, dh_N2F, dp_N, da_NF, h_N2F, p_N, F, want_dp);
+}
+
+template void swiglu_forward<float>(void*, float*, const float*, const float*, int64_t, int64_t);
+template void swiglu_forward<double>(void*, double*, const double*, const double*, int64_t,
+                                     int64_t);
+template void swiglu_backward<float>(void*, float*, float*, const float*, const float*,
+                                     const float*, int64_t, int64_t);
+template void swiglu_backward<double>(void*, double*, double*, const double*, const double*,
+                                      const double*, int64_t, int64_t);
+
+}  // namespace moecore::ops::cuda

@@ -1,0 +1,101 @@
+// The column-bias kernels (src/ops/cuda/bias.cu) in the grid emulator: the forward bitwise
+// bias_forward_ref (one addition per element), the backward within the dtype's tolerance of
+// bias_backward_ref (f64 sums there) and bitwise the CPU fast path's sums (the rows in order in
+// the working type, no multiply to contract), accumulated onto nonzero db, guarded buffers, in
+// every resume order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "common/tolerances.h"
+#include "core/check.h"
+#include "emu/emu_testing.h"
+#include "ops/bias.h"
+
+namespace moecore {
+namespace {
+
+using emu_test::bytes_of;
+using emu_test::order_dependence;
+using testing::Guarded;
+using testing::random_vec;
+
+template <typename T>
+constexpr double kRtol = std::is_same_v<T, float> ? testing::kF32Rtol : testing::kF64Rtol;
+template <typename T>
+constexpr double kAtol = std::is_same_v<T, float> ? testing::kF32Atol : testing::kF64Atol;
+
+// Checks in every resume order, or in the default one alone (`orders` false: large sizes).
+template <typename T>
+void check_bias(int64_t M, int64_t N, bool orders = true) {
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N));
+  const std::vector<T> y0 = random_vec<T>(M * N, 51), b = random_vec<T>(N, 52);
+  const std::vector<T> dy = random_vec<T>(M * N, 53), db0 = random_vec<T>(N, 54);
+  std::vector<T> y_ref = y0, db_ref = db0, db_seq = db0;
+  ops::bias_forward_ref(y_ref.data(), b.data(), M, N);
+  ops::bias_backward_ref(db_ref.data(), dy.data(), M, N);
+  for (int64_t n = 0; n < N; ++n) {  // the CPU fast path's order: the rows in order, in T
+    T acc = 0;
+    for (int64_t m = 0; m < M; ++m) acc += dy[size_t(m * N + n)];
+    db_seq[size_t(n)] += acc;
+  }
+
+  Guarded<T> y(M * N), db(N);
+  const auto run = [&] {
+    Guarded<T> y1(M * N), db1(N);
+    for (int64_t i = 0; i < M * N; ++i) y1[i] = y0[size_t(i)];
+    for (int64_t n = 0; n < N; ++n) db1[n] = db0[size_t(n)];
+    ops::cuda::bias_forward(nullptr, y1.data(), b.data(), M, N);
+    ops::cuda::bias_backward(nullptr, db1.data(), dy.data(), M, N);
+    y = y1;
+    db = db1;
+    std::vector<unsigned char> out = bytes_of(y1.data(), size_t(M * N));
+    const std::vector<unsigned char> d = bytes_of(db1.data(), size_t(N));
+    out.insert(out.end(), d.begin(), d.end());
+    return out;
+  };
+  if (orders)
+    EXPECT_EQ(order_dependence(run), "");
+  else
+    run();
+  EXPECT_TRUE(y.intact()) << "y written outside its elements";
+  EXPECT_TRUE(db.intact()) << "db written outside its elements";
+  for (int64_t i = 0; i < M * N; ++i) {
+    ASSERT_EQ(std::memcmp(&y[i], &y_ref[size_t(i)], sizeof(T)), 0) << "y element " << i;
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    ASSERT_NEAR(db[n], db_ref[size_t(n)], kAtol<T> + kRtol<T> * std::abs(db_ref[size_t(n)]))
+        << "db element " << n;
+    ASSERT_EQ(std::memcmp(&db[n], &db_seq[size_t(n)], sizeof(T)), 0)
+        << "db element " << n << " differs from the rows summed in order";
+  }
+}
+
+// One element; a row and a column; widths around the block (256) and not a multiple of the warp;
+// tall matrices (long column sums); no rows or no columns (no launch, db unchanged); past the
+// forward's grid-stride cap (in one order).
+TEST(EmuKernelsBias, ForwardAndBackwardMatchTheReferenceInEveryOrder) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {1, 300}, {300, 1},  {7, 33},
+                                                           {5, 255}, {3, 257}, {129, 31}, {2, 1000},
+                                                           {0, 5},   {5, 0}};
+  for (auto [M, N] : shapes) {
+    check_bias<float>(M, N);
+    check_bias<double>(M, N);
+  }
+  check_bias<float>(300, 1000, /*orders=*/false);  // 300k elements: > 270336 threads
+}
+
+TEST(EmuKernelsBias, NegativeShapesAreErrors) {
+  float v = 0;
+  EXPECT_THROW(ops::cuda::bias_forward<float>(nullptr, &v, &v, -1, 2), Error);
+  EXPECT_THROW(ops::cuda::bias_forward<float>(nullptr, &v, &v, 2, -1), Error);
+  EXPECT_THROW(ops::cuda::bias_backward<float>(nullptr, &v, &v, -1, 2), Error);
+  EXPECT_THROW(ops::cuda::bias_backward<float>(nullptr, &v, &v, 2, -1), Error);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -1,0 +1,99 @@
+// The RMSNorm backward kernels (src/ops/cuda/rmsnorm.cu) in the grid emulator against
+// rmsnorm_backward_ref, within the dtype's tolerance (docs/numerics.md: the sums' order differs),
+// with NaN-poisoned guarded dx, dw accumulated onto nonzero values in a guarded buffer, and
+// bitwise the same in every resume order (no races; dw's sums in token order, no atomics).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "common/tolerances.h"
+#include "core/check.h"
+#include "emu/emu_testing.h"
+#include "ops/rmsnorm.h"
+
+namespace moecore {
+namespace {
+
+using emu_test::bytes_of;
+using emu_test::order_dependence;
+using testing::Guarded;
+using testing::random_vec;
+
+template <typename T>
+constexpr double kRtol = std::is_same_v<T, float> ? testing::kF32Rtol : testing::kF64Rtol;
+template <typename T>
+constexpr double kAtol = std::is_same_v<T, float> ? testing::kF32Atol : testing::kF64Atol;
+
+template <typename T>
+void check_rmsnorm_backward(int64_t n_tok, int64_t H) {
+  SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H));
+  const double eps = 1e-5;
+  const std::vector<T> x = random_vec<T>(n_tok * H, 41, -3.0, 3.0);
+  const std::vector<T> w = random_vec<T>(H, 42, 0.5, 1.5);
+  const std::vector<T> dy = random_vec<T>(n_tok * H, 43);
+  const std::vector<T> dw0 = random_vec<T>(H, 44);  // dw accumulates onto these
+  // The reference forward's rstd, so the backward is judged on its own.
+  std::vector<T> y(static_cast<size_t>(n_tok * H)), rstd(static_cast<size_t>(n_tok));
+  ops::rmsnorm_forward_ref(y.data(), rstd.data(), x.data(), w.data(), n_tok, H, eps);
+  std::vector<T> dx_ref(static_cast<size_t>(n_tok * H)), dw_ref = dw0;
+  ops::rmsnorm_backward_ref(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(),
+                            rstd.data(), n_tok, H);
+  Guarded<T> dx(n_tok * H, T(NAN)), dw(H);
+  const std::string diff = order_dependence([&] {
+    Guarded<T> dx1(n_tok * H, T(NAN)), dw1(H);
+    for (int64_t h = 0; h < H; ++h) dw1[h] = dw0[size_t(h)];
+    ops::cuda::rmsnorm_backward(nullptr, dx1.data(), dw1.data(), dy.data(), x.data(), w.data(),
+                                rstd.data(), n_tok, H);
+    dx = dx1;
+    dw = dw1;
+    std::vector<unsigned char> out = bytes_of(dx1.data(), size_t(n_tok * H));
+    const std::vector<unsigned char> d = bytes_of(dw1.data(), size_t(H));
+    out.insert(out.end(), d.begin(), d.end());
+    return out;
+  });
+  EXPECT_EQ(diff, "");
+  EXPECT_TRUE(dx.intact()) << "dx written outside its elements";
+  EXPECT_TRUE(dw.intact()) << "dw written outside its elements";
+  for (int64_t i = 0; i < n_tok * H; ++i) {
+    ASSERT_NEAR(dx[i], dx_ref[size_t(i)], kAtol<T> + kRtol<T> * std::abs(dx_ref[size_t(i)]))
+        << "dx element " << i;
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    ASSERT_NEAR(dw[h], dw_ref[size_t(h)], kAtol<T> + kRtol<T> * std::abs(dw_ref[size_t(h)]))
+        << "dw element " << h;
+  }
+}
+
+// One row; rows shorter than a warp; hidden not a multiple of the warp or the block (dw's
+// blocks: a partial last block); many elements per thread; many tokens (dw's long sums).
+TEST(EmuKernelsRmsnorm, BackwardMatchesTheReferenceInEveryOrder) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {1, 5},   {3, 31},   {7, 33},
+                                                           {5, 100}, {4, 257}, {1, 4096}, {3, 8191},
+                                                           {33, 64}, {300, 7}};
+  for (auto [n_tok, H] : shapes) {
+    check_rmsnorm_backward<float>(n_tok, H);
+    check_rmsnorm_backward<double>(n_tok, H);
+  }
+}
+
+// No tokens: dx has no rows and dw is left as it was (no launch).
+TEST(EmuKernelsRmsnorm, BackwardOfNoTokensLeavesDwUnchanged) {
+  Guarded<float> dw(3);
+  for (int64_t h = 0; h < 3; ++h) dw[h] = float(h) + 0.5f;
+  ops::cuda::rmsnorm_backward<float>(nullptr, nullptr, dw.data(), nullptr, nullptr, nullptr,
+                                     nullptr, 0, 3);
+  EXPECT_TRUE(dw.intact());
+  for (int64_t h = 0; h < 3; ++h) EXPECT_EQ(dw[h], float(h) + 0.5f);
+}
+
+TEST(EmuKernelsRmsnorm, BackwardBadArgumentsAreErrors) {
+  float v = 0;
+  EXPECT_THROW(ops::cuda::rmsnorm_backward<float>(nullptr, &v, &v, &v, &v, &v, &v, 1, 0), Error);
+  EXPECT_THROW(ops::cuda::rmsnorm_backward<float>(nullptr, &v, &v, &v, &v, &v, &v, -1, 4), Error);
+}
+
+}  // namespace
+}  // namespace moecore
