@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/exec.h"
 #include "core/host_device.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -114,6 +115,9 @@ void activation_forward(const Exec& ex, Activation act, DevPtr<T> a_NF, DevPtr<c
                         DevPtr<const T> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_forward(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N,
+                                    F);
   no_kernel(ex, "activation_forward");
 }
 template <typename T>
@@ -128,6 +132,9 @@ void activation_backward(const Exec& ex, Activation act, DevPtr<T> dh_NF, DevPtr
   if (ex.on_cpu())
     return cpu::activation_backward(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                     raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_backward(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N),
+                                     raw_ptr(da_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
   no_kernel(ex, "activation_backward");
 }
 template <typename T>

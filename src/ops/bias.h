@@ -8,6 +8,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -36,6 +37,8 @@ void bias_backward(void* stream, T* db_N, const T* dy_MN, int64_t M, int64_t N);
 template <typename T>
 void bias_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> b_N, int64_t M, int64_t N) {
   if (ex.on_cpu()) return cpu::bias_forward(raw_ptr(y_MN), raw_ptr(b_N), M, N);
+  if constexpr (kHaveCudaKernels)
+    return cuda::bias_forward(ex.stream, raw_ptr(y_MN), raw_ptr(b_N), M, N);
   no_kernel(ex, "bias_forward");
 }
 template <typename T>
@@ -43,6 +46,8 @@ void bias_forward_ref(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
 void bias_backward(const Exec& ex, DevPtr<T> db_N, DevPtr<const T> dy_MN, int64_t M, int64_t N) {
   if (ex.on_cpu()) return cpu::bias_backward(raw_ptr(db_N), raw_ptr(dy_MN), M, N);
+  if constexpr (kHaveCudaKernels)
+    return cuda::bias_backward(ex.stream, raw_ptr(db_N), raw_ptr(dy_MN), M, N);
   no_kernel(ex, "bias_backward");
 }
 template <typename T>

@@ -88,6 +88,9 @@ void rmsnorm_backward(const Exec& ex, DevPtr<T> dx_TH, DevPtr<T> dw_H, DevPtr<co
   if (ex.on_cpu())
     return cpu::rmsnorm_backward(raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(dy_TH), raw_ptr(x_TH),
                                  raw_ptr(w_H), raw_ptr(rstd_T), n_tok, H);
+  if constexpr (kHaveCudaKernels)
+    return cuda::rmsnorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(dy_TH),
+                                  raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(rstd_T), n_tok, H);
   no_kernel(ex, "rmsnorm_backward");
 }
 template <typename T>

@@ -5,9 +5,9 @@
 #include <cstdint>
 
 #include "core/dev_ptr.h"
-#include "core/exec.h"
-
 #include "core/dtype.h"
+#include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -40,6 +40,8 @@ template <typename T>
 void swiglu_forward(const Exec& ex, DevPtr<T> a_NF, DevPtr<const T> h_N2F, DevPtr<const T> p_N,
                     int64_t N, int64_t F) {
   if (ex.on_cpu()) return cpu::swiglu_forward(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_forward(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward");
 }
 template <typename T>
@@ -51,6 +53,9 @@ void swiglu_backward(const Exec& ex, DevPtr<T> dh_N2F, DevPtr<T> dp_N, DevPtr<co
   if (ex.on_cpu())
     return cpu::swiglu_backward(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF), raw_ptr(h_N2F),
                                 raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_backward(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+                                 raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward");
 }
 template <typename T>
