@@ -5,11 +5,20 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "common/tolerances.h"
 #include "emu/cuda_emu.h"
 
 namespace moecore::emu_test {
+
+// The dtype's rows of docs/numerics.md (f32 fast vs f32 reference, f64 vs f64) for a kernel
+// compared with its op's `_ref`.
+template <typename T>
+constexpr double kRtol = std::is_same_v<T, float> ? testing::kF32Rtol : testing::kF64Rtol;
+template <typename T>
+constexpr double kAtol = std::is_same_v<T, float> ? testing::kF32Atol : testing::kF64Atol;
 
 struct Order {
   emu::ResumeOrder order;

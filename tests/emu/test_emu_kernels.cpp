@@ -18,14 +18,11 @@ namespace moecore {
 namespace {
 
 using emu_test::bytes_of;
+using emu_test::kAtol;
+using emu_test::kRtol;
 using emu_test::order_dependence;
 using testing::Guarded;
 using testing::random_vec;
-
-template <typename T>
-constexpr double kRtol = std::is_same_v<T, float> ? testing::kF32Rtol : testing::kF64Rtol;
-template <typename T>
-constexpr double kAtol = std::is_same_v<T, float> ? testing::kF32Atol : testing::kF64Atol;
 
 // Checks in every resume order, or in the default one alone (`orders` false: large sizes).
 template <typename T>

@@ -21,14 +21,11 @@ namespace moecore {
 namespace {
 
 using emu_test::bytes_of;
+using emu_test::kAtol;
+using emu_test::kRtol;
 using emu_test::order_dependence;
 using testing::Guarded;
 using testing::random_vec;
-
-template <typename T>
-constexpr double kRtol = std::is_same_v<T, float> ? testing::kF32Rtol : testing::kF64Rtol;
-template <typename T>
-constexpr double kAtol = std::is_same_v<T, float> ? testing::kF32Atol : testing::kF64Atol;
 
 template <typename T>
 void expect_near(const Guarded<T>& got, const std::vector<T>& want, const char* what) {
