@@ -12,6 +12,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libsentencepiece-dev       # the SentencePiece tokenizers
   libssl-dev                 # SHA-256 of checkpoint shards (libcrypto)
+  python3-venv               # the SASS gate's disassemblers' environment (below)
 )
 missing=()
 for p in "${packages[@]}"; do
