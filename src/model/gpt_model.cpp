@@ -241,32 +241,32 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   forward_trunk(MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_});
   // Sequence b's tokens are every B-th row of final_n_ (t = s * B + b): one GEMM per sequence
   // with row stride B * H writes its [S, V] block of the batch-major logits.
-  // Under --bf16 the GEMM takes bf16 inputs, as the training head's does.
+  // Under --bf16 the GEMMs take the hidden states' bf16 values (cast, or rounded for the widened
+  // path, once for the batch) and the head's bf16 copy, as the training head's do.
   const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
   const Exec& ex = arena_.exec();
+  const bool wide = cfg_.bf16 && head16_.w_VH_wide != nullptr;
   if constexpr (std::is_same_v<T, float>) {
-    if (cfg_.bf16 && head16_.w_VH_wide != nullptr) {
-      ops::round_f32_to_bf16(ex, head16_.h32, DevPtr<const float>(final_n_), T_ * H);
-      for (int64_t b = 0; b < B_; ++b) {
-        ops::gemm<float>(ex, false, true, S_, V, H, 1.f, head16_.h32 + b * H, B_ * H,
-                         head16_.w_VH_wide, H, 0.f, logits_BSV + b * S_ * V, V);
-      }
-      set_training(training);
-      return;
-    }
-    if (cfg_.bf16) {
+    if (wide) ops::round_f32_to_bf16(ex, head16_.h32, DevPtr<const float>(final_n_), T_ * H);
+    if (cfg_.bf16 && !wide)
       ops::cast_f32_to_bf16(ex, head16_.h16, DevPtr<const float>(final_n_), T_ * H);
-      for (int64_t b = 0; b < B_; ++b) {
-        ops::gemm_bf16(ex, false, true, S_, V, H, head16_.h16 + b * H, B_ * H, head16_.w_VH, H,
-                       0.f, logits_BSV + b * S_ * V, V, logits_ws32_);
-      }
-      set_training(training);
-      return;
-    }
   }
   for (int64_t b = 0; b < B_; ++b) {
+    const DevPtr<T> out = logits_BSV + b * S_ * V;
+    if constexpr (std::is_same_v<T, float>) {
+      if (wide) {
+        ops::gemm<float>(ex, false, true, S_, V, H, 1.f, head16_.h32 + b * H, B_ * H,
+                         head16_.w_VH_wide, H, 0.f, out, V);
+        continue;
+      }
+      if (cfg_.bf16) {
+        ops::gemm_bf16(ex, false, true, S_, V, H, head16_.h16 + b * H, B_ * H, head16_.w_VH, H,
+                       0.f, out, V, logits_ws32_);
+        continue;
+      }
+    }
     ops::gemm<T>(ex, false, true, S_, V, H, T(1), final_n_ + b * H, B_ * H, head_values(), H,
-                 T(0), logits_BSV + b * S_ * V, V);
+                 T(0), out, V);
   }
   set_training(training);
 }
