@@ -718,6 +718,30 @@ TEST(GPTModel, ForwardLogitsImplyTheFusedHeadsLoss) {
   EXPECT_NEAR(implied, fused, testing::kF64Rtol * fused);
 }
 
+// --bf16: forward_logits' head GEMMs take the same bf16 inputs as the fused head's, on either
+// bf16 GEMM path, so the loss they imply is the fused loss to summation order (kF32Rtol), tied
+// and untied.
+TEST(GPTModel, ForwardLogitsUnderBf16ImplyTheFusedHeadsLoss) {
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  std::vector<ops::Bf16GemmPath> paths = {ops::Bf16GemmPath::Widen};
+  if (ops::bf16_native_available()) paths.push_back(ops::Bf16GemmPath::Native);
+  for (ops::Bf16GemmPath path : paths) {
+    ops::set_bf16_gemm_path(path);
+    for (bool tie : {false, true}) {
+      SCOPED_TRACE(std::string(ops::bf16_gemm_path_name(path)) + (tie ? " tied" : " untied"));
+      ModelConfig cfg = tiny_config();
+      cfg.moe_layer_pattern = {1, 1};
+      cfg.bf16 = true;
+      cfg.tie_embeddings = tie;
+      double implied = 0, fused = 0;
+      bool eval_inside = false, training_after = false;
+      logits_and_loss<float>(cfg, 2, &implied, &fused, &eval_inside, &training_after);
+      EXPECT_NEAR(implied, fused, testing::kF32Rtol * fused);
+    }
+  }
+  ops::set_bf16_gemm_path(chosen);
+}
+
 TEST(GPTModel, ParameterNamesAndKinds) {
   ModelConfig cfg = tiny_config();
   GPTModel<float> model(cfg, 1, 1);
