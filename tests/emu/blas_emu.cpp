@@ -7,6 +7,7 @@
 #include "ops/cuda/blas.h"
 
 #include "common/blas_interpreter.h"
+#include "emu/device_memory_emu.h"
 #include "ops/desc/blas_args.h"
 
 namespace moecore::ops::cuda {
@@ -22,6 +23,7 @@ BlasHandles& blas_handles(const Exec&) {
 void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const void* B, void* C,
                 BlasHandles&) {
   if (d.empty) return;
+  const emu::DeviceAccess access;
   const desc::MatmulOperands slots = desc::matmul_operands(d, A, B);
   // The library reads alpha and beta through host pointers in the scale type.
   desc::LtMatmulDesc lib = d;
@@ -33,6 +35,7 @@ void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const v
 void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const void* A,
                          const void* B, void* C, BlasHandles&) {
   if (d.group_count == 0) return;
+  const emu::DeviceAccess access;
   const desc::GroupedArgs args = desc::grouped_args(d, A, B, C);
   testing::gemm_grouped_batched_tables(d, args.alpha.data(), args.a.data(), args.b.data(),
                                        args.beta.data(), args.c.data());

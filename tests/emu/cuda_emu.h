@@ -34,6 +34,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "device_memory_emu.h"
+
 // ---- keywords --------------------------------------------------------------------------------
 #define __global__
 #define __device__
@@ -132,6 +134,14 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg
 void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem, void (*body)(void*),
             void* arg);
 
+// A kernel's pointer arguments must point into device memory (device_memory_emu.h, strict mode).
+template <typename T>
+void check_argument(const char*, int, const T&) {}
+template <typename T>
+void check_argument(const char* kernel, int index, T* p) {
+  check_kernel_pointer(kernel, index, static_cast<const void*>(p));
+}
+
 template <typename T>
 uint64_t to_bits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a type > 8 bytes");
@@ -156,6 +166,13 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
     void (*kernel)(P...);
     std::tuple<std::decay_t<P>...> params;
   } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+  std::apply(
+      [name](const auto&... p) {
+        int index = 0;
+        (detail::check_argument(name, index++, p), ...);
+      },
+      call.params);
+  DeviceAccess access;
   detail::launch(
       name, grid, block, dynamic_smem,
       [](void* p) {
@@ -340,11 +357,13 @@ inline const char* cudaGetErrorString(cudaError_t) {
   return "no error";
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  const ::moecore::emu::DeviceAccess access;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                                    cudaStream_t = nullptr) {
+  const ::moecore::emu::DeviceAccess access;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }

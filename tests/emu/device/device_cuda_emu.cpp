@@ -2,13 +2,12 @@
 // place of core/device_cuda.cpp, a "device" whose memory is the host's and whose kernels run on
 // the CPU through the grid emulator (tests/emu/cuda_emu.h), each launch complete when it returns.
 // Test-only: no other build links it.
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #include "core/check.h"
 #include "core/device.h"
 #include "core/host_memory.h"
+#include "emu/device_memory_emu.h"
 
 namespace moecore {
 
@@ -33,16 +32,10 @@ Exec make_cuda_exec() {
 }
 
 void* cuda_alloc(const Exec&, MemSpace space, size_t bytes) {
-  constexpr size_t kAlign = 256;  // cudaMalloc's alignment
-  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  MOE_CHECK(p != nullptr, "[exec] cannot allocate {} of emulated {} memory",
-            format_bytes(static_cast<double>(rounded)), mem_space_name(space));
-  std::memset(p, 0, rounded);
-  return p;
+  return emu::device_alloc(bytes, space == MemSpace::PinnedHost);
 }
 
-void cuda_free(const Exec&, MemSpace, void* p) { std::free(p); }
+void cuda_free(const Exec&, MemSpace, void* p) { emu::device_free(p); }
 
 void cuda_synchronize(const Exec&) {}  // every launch and copy has finished when it returns
 

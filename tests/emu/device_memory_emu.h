@@ -1,0 +1,43 @@
+// The emulated CUDA build's device memory (tests/emu/device/device_cuda_emu.cpp allocates through
+// it): host pages, but kept apart from the host as a GPU's are, so that code which would fail on a
+// GPU fails here too.
+//
+// In strict mode (the default of the emulated device; MOECORE_EMU_DEVICE_MEMORY=shared turns it
+// off) device allocations are mapped PROT_NONE except while a kernel, a copy or set, or an
+// emulated library call runs (DeviceAccess), so a host read or write of device memory anywhere else
+// stops the process with the address, the allocation and a backtrace; and every pointer argument
+// of a kernel must point into device or pinned host memory (a host pointer handed to a kernel is
+// an error naming the kernel and the argument). Pinned host memory stays readable by both, as on
+// a GPU. In shared mode device memory is plain host memory and kernels may take host pointers (the
+// grid emulator's own tests, which hand kernels host buffers, run so).
+#pragma once
+
+#include <cstddef>
+
+namespace moecore::emu {
+
+enum class DeviceMemoryMode { Shared, Strict };
+// The mode of the process: Strict unless MOECORE_EMU_DEVICE_MEMORY=shared, fixed at the first
+// device allocation; Shared for a process that allocates none (the grid emulator's tests).
+DeviceMemoryMode device_memory_mode();
+
+// Zero-filled, page-aligned (so 256-byte aligned, as cudaMalloc's) memory; `pinned`: host memory
+// the device may read (cudaMallocHost), never protected.
+void* device_alloc(size_t bytes, bool pinned);
+void device_free(void* p);
+
+// While one lives (on any thread; nested freely), device memory is readable and writable: the
+// emulator's launches, the runtime's copies and sets, and the emulated library calls hold one.
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+
+// Strict mode: throws moecore::Error unless p is null or points into device or pinned memory.
+// `index`: the argument's position in the kernel's parameter list (from 0).
+void check_kernel_pointer(const char* kernel, int index, const void* p);
+
+}  // namespace moecore::emu
