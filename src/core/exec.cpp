@@ -67,8 +67,7 @@ void exec_synchronize(const Exec& ex) {
 
 void no_kernel(const Exec& ex, const char* op) {
   MOE_FAIL(
-      "[{}] no {} kernel: this op runs on the CPU only so far (issue 12 adds the CUDA "
-      "kernels); use --device cpu",
+      "[{}] no {} kernel in this build: this op runs on the CPU only so far; use --device cpu",
       op, device_name(ex.device));
 }
 

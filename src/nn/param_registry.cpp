@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <vector>
 
 #include "core/rng.h"
 #include "ops/cast.h"
@@ -143,13 +144,22 @@ uint64_t digest_term(uint64_t key, int64_t global_index, uint64_t bits) {
 uint64_t ParamRegistry::digest(ParamKind kind) const {
   MOE_CHECK(master_, "[params] digest(): the master values are in the distributed optimizer's "
             "shards (param_digest_f32 over them)");
+  const bool f32 = dtype_ == DType::F32;
+  const size_t elem = f32 ? sizeof(float) : sizeof(double);
+  std::vector<unsigned char> staging;  // a device arena's values, read back
   uint64_t total = 0;
   for (const Param& p : params_) {
     if (p.spec.kind != kind) continue;
     MOE_CHECK(p.data != nullptr, "[params] digest() before allocate() for '{}'", p.name());
+    const void* values = raw_ptr(p.data);
+    if (!ex_->on_cpu()) {
+      staging.resize(static_cast<size_t>(p.local_numel()) * elem);
+      ops::read_back<unsigned char>(*ex_, staging.data(), dev_ptr_cast<const unsigned char>(p.data),
+                                    static_cast<int64_t>(staging.size()));
+      values = staging.data();
+    }
     const uint64_t key = rng_key(0, p.spec.name);
     const SliceMap m(p);
-    const bool f32 = dtype_ == DType::F32;
     uint64_t sum = 0;
 #pragma omp parallel for collapse(2) schedule(static) reduction(+ : sum)
     for (int64_t o = 0; o < m.outer; ++o) {
@@ -157,9 +167,8 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
         const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
         for (int64_t i = 0; i < m.inner; ++i) {
           const int64_t l = lbase + i;
-          const uint64_t bits =
-              f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(raw_ptr(p.data))[l])
-                  : std::bit_cast<uint64_t>(static_cast<const double*>(raw_ptr(p.data))[l]);
+          const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(values)[l])
+                                    : std::bit_cast<uint64_t>(static_cast<const double*>(values)[l]);
           sum += digest_term(key, gbase + i, bits);
         }
       }
@@ -212,8 +221,16 @@ void ParamRegistry::init(uint64_t seed) {
     }
     return;
   }
+  const bool f32 = dtype_ == DType::F32;
+  const size_t elem = f32 ? sizeof(float) : sizeof(double);
+  std::vector<unsigned char> staging;  // a device arena's values, written here then copied
   for (Param& p : params_) {
     MOE_CHECK(p.data != nullptr, "[params] init() before allocate() for '{}'", p.name());
+    void* values = raw_ptr(p.data);
+    if (!ex_->on_cpu()) {
+      staging.resize(static_cast<size_t>(p.local_numel()) * elem);
+      values = staging.data();
+    }
     const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
     const SliceMap m(p);
     // Each element is a pure function of its global index: the loop order cannot matter.
@@ -223,12 +240,17 @@ void ParamRegistry::init(uint64_t seed) {
         const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
         for (int64_t i = 0; i < m.inner; ++i) {
           double v = init_value(p.spec, key, gbase + i);
-          if (dtype_ == DType::F32)
-            static_cast<float*>(raw_ptr(p.data))[lbase + i] = static_cast<float>(v);
+          if (f32)
+            static_cast<float*>(values)[lbase + i] = static_cast<float>(v);
           else
-            static_cast<double*>(raw_ptr(p.data))[lbase + i] = v;
+            static_cast<double*>(values)[lbase + i] = v;
         }
       }
+    }
+    if (!ex_->on_cpu()) {
+      ops::copy<unsigned char>(*ex_, dev_ptr_cast<unsigned char>(p.data), staging.data(),
+                               static_cast<int64_t>(staging.size()));
+      exec_synchronize(*ex_);  // the staging is reused for the next parameter
     }
   }
 }
