@@ -111,6 +111,12 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   if (groups_ != nullptr) {
+    // The communicators are MPI's, which move host memory: a device's collectives need NCCL's,
+    // which the trainer does not use yet.
+    MOE_CHECK(exec_.on_cpu() || groups_->world_size() == 1,
+              "[train] --device {} trains on one process so far, not {}: its collectives would "
+              "hand device memory to MPI; run one process (no mpirun -np > 1) or --device cpu",
+              cfg_.device, groups_->world_size());
     check_parallel_support(groups_->layout().config);
     // Data parallelism runs over dp x cp (cp = 1 here): each rank reads its own share.
     dp_size_ = groups_->group(parallel::GroupKind::DpCp).size();

@@ -140,6 +140,72 @@ std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double dr
 std::vector<bf16> to_bf16(const std::vector<float>& x);        // cast_f32_to_bf16_ref
 std::vector<float> bf16_rounded(const std::vector<float>& x);  // round_f32_to_bf16_ref
 
+// The backend's own copies of a case's host buffers: device memory on CUDA, the arena's memory on
+// the CPU (so both backends run the same staging code). The ops get these, never the host
+// buffers (on a GPU a host pointer is an illegal address; the emulated CUDA build refuses one,
+// tests/emu/device_memory_emu.h). One Staging per op call or sequence of calls:
+//   Staging st(ex);
+//   ops::swiglu_forward<T>(ex, st.out(a), st.in(h), st.in_or_null(pp, N), N, F);
+//   st.back();  // every out() buffer, guards included, copied back into its Guarded
+// A host buffer staged twice (by in() or out(), keyed by its address) gives the same backend
+// buffer, so an output fed to the next op, an in-place op and aliased arguments keep their
+// meaning. out() copies the Guarded's current contents (the NaN fill, an accumulator's start)
+// and its guards; back() returns both, so a write past either end shows in Guarded::intact().
+class Staging {
+ public:
+  explicit Staging(const Exec& ex) : ex_(ex) {}
+  ~Staging();
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  template <typename T>
+  const T* in(const T* host, int64_t n) {
+    return static_cast<const T*>(stage(host, n * int64_t(sizeof(T)), nullptr));
+  }
+  template <typename T>
+  const T* in(const std::vector<T>& v) {
+    return in(v.data(), int64_t(v.size()));
+  }
+  template <typename T>
+  const T* in(const Guarded<T>& g) {
+    return in(g.data(), g.size());
+  }
+  // nullptr for nullptr (an optional argument).
+  template <typename T>
+  const T* in_or_null(const T* host, int64_t n) {
+    return host == nullptr ? nullptr : in(host, n);
+  }
+  // A buffer the op writes: copied in now (guards included), back into g by back().
+  template <typename T>
+  T* out(Guarded<T>& g) {
+    constexpr int64_t kG = Guarded<T>::kGuard;
+    auto* dev = static_cast<T*>(
+        stage(g.data() - kG, (g.size() + 2 * kG) * int64_t(sizeof(T)), g.data() - kG));
+    return dev + kG;
+  }
+  template <typename T>
+  T* out_or_null(Guarded<T>* g) {
+    return g == nullptr ? nullptr : out(*g);
+  }
+  // Waits for the backend and copies every out() buffer back to its host buffer.
+  void back();
+
+ private:
+  struct Buffer {
+    const void* host;
+    void* writeback;  // the host buffer back() fills, or null for an input
+    void* dev;
+    int64_t bytes;
+  };
+  // The backend buffer of [host, host + bytes): an existing one when host is already staged
+  // (an input later written as an output gains the write-back; a stage inside an existing
+  // buffer, e.g. a Guarded's data after its guards, is that buffer's interior).
+  void* stage(const void* host, int64_t bytes, void* writeback);
+
+  const Exec& ex_;
+  std::vector<Buffer> buffers_;
+};
+
 // The scope of one shape inside a case, for failure messages.
 #define BACKEND_TRACE(...) SCOPED_TRACE(::testing::Message() << __VA_ARGS__)
 

@@ -123,8 +123,11 @@ void activation_case(const Exec& ex) {
         ops::activation_backward_ref(act, dh_ref.data(), dp_ref.data(), da.data(), h.data(), pp, N,
                                      F);
         Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * F), dp(N, T(-1));
-        ops::activation_forward<T>(ex, act, a.data(), h.data(), pp, N, F);
-        ops::activation_backward<T>(ex, act, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+        Staging st(ex);
+        ops::activation_forward<T>(ex, act, st.out(a), st.in(h), st.in_or_null(pp, N), N, F);
+        ops::activation_backward<T>(ex, act, st.out(dh), st.out(dp), st.in(da), st.in(h),
+                                    st.in_or_null(pp, N), N, F);
+        st.back();
         expect_activation(a, a_ref, dh, dh_ref, dp, dp_ref, with_p);
       }
     }
@@ -195,12 +198,15 @@ void rmsnorm_case(const Exec& ex) {
                               rstd_ref.data(), T_, H);
     Guarded<T> y = nan_out<T>(T_ * H), rstd = nan_out<T>(T_), dx = nan_out<T>(T_ * H),
                dw = guarded(dw0);
-    ops::rmsnorm_forward<T>(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
+    Staging st(ex);
+    ops::rmsnorm_forward<T>(ex, st.out(y), st.out(rstd), st.in(x), st.in(w), T_, H, kEps);
+    st.back();
     expect_close(y, y_ref.data(), "y");
     expect_close(rstd, rstd_ref.data(), "rstd");
     if (!kBackward) continue;
-    ops::rmsnorm_backward<T>(ex, dx.data(), dw.data(), dy.data(), x.data(), w.data(),
-                             rstd_ref.data(), T_, H);
+    ops::rmsnorm_backward<T>(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w),
+                             st.in(rstd_ref), T_, H);
+    st.back();
     expect_close(dx, dx_ref.data(), "dx");
     expect_close(dw, dw_ref.data(), "dw (accumulated)");
   }

@@ -139,6 +139,7 @@ void fix_mode(State& s) {
 DeviceMemoryMode device_memory_mode() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  fix_mode(s);
   return s.mode;
 }
 

@@ -17,8 +17,10 @@
 namespace moecore::emu {
 
 enum class DeviceMemoryMode { Shared, Strict };
-// The mode of the process: Strict unless MOECORE_EMU_DEVICE_MEMORY=shared, fixed at the first
-// device allocation; Shared for a process that allocates none (the grid emulator's tests).
+// The mode of the process: Strict unless MOECORE_EMU_DEVICE_MEMORY=shared, fixed by the first
+// call of this or of device_alloc (the emulated device calls it when it creates a context);
+// Shared until then, so a process that never asks (the grid emulator's tests) hands kernels
+// host buffers freely.
 DeviceMemoryMode device_memory_mode();
 
 // Zero-filled, page-aligned (so 256-byte aligned, as cudaMalloc's) memory; `pinned`: host memory

@@ -25,6 +25,7 @@ DeviceInfo cuda_device_info() {
 }
 
 Exec make_cuda_exec() {
+  emu::device_memory_mode();  // fixes the mode: a kernel's first host pointer is refused
   Exec ex;
   ex.device = Device::CUDA;
   ex.stream = &g_stream_tag;
