@@ -29,7 +29,7 @@ struct LossCase {
 };
 // One token and expert; K = E; E not a multiple of 8; more elements than the value block's 1024
 // threads (several per thread, a partial last stride) and more than a grid-stride block's 256.
-const LossCase kCases[] = {{1, 1, 1, 1},  {12, 8, 2, 3},  {14, 7, 7, 2},
+const LossCase kCases[] = {{1, 1, 1, 1},   {12, 8, 2, 3}, {14, 7, 7, 2},
                            {40, 13, 1, 4}, {6, 64, 8, 1}, {300, 13, 2, 4}};
 
 std::vector<int64_t> random_counts(int64_t n, int64_t hi, uint32_t seed) {
@@ -42,8 +42,7 @@ std::vector<int64_t> random_counts(int64_t n, int64_t hi, uint32_t seed) {
 void expect_close(const Guarded<double>& got, const std::vector<double>& want, const char* what) {
   EXPECT_TRUE(got.intact()) << what << " written outside its elements";
   for (int64_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[size_t(i)],
-                kAtol<double> + kRtol<double> * std::abs(want[size_t(i)]))
+    ASSERT_NEAR(got[i], want[size_t(i)], kAtol<double> + kRtol<double> * std::abs(want[size_t(i)]))
         << what << " element " << i;
   }
 }

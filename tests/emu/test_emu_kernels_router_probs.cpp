@@ -40,8 +40,7 @@ const TEK kShapes[] = {{1, 1, 1},  {3, 5, 2},   {33, 7, 7},  {300, 13, 1},
                        {5, 64, 8}, {270, 9, 3}, {3, 300, 4}, {0, 4, 2}};
 
 // K distinct experts per token, in random order; `drop` of the slots -1 (dropped by capacity).
-std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double drop,
-                                      uint32_t seed) {
+std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double drop, uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<double> u(0, 1);
   std::vector<int32_t> idx(static_cast<size_t>(T * K)), perm(static_cast<size_t>(E));
@@ -55,10 +54,14 @@ std::vector<int32_t> distinct_experts(int64_t T, int64_t K, int64_t E, double dr
 
 const char* probs_name(ProbsFn fn) {
   switch (fn) {
-    case ProbsFn::SoftmaxOverK: return "softmax_over_k";
-    case ProbsFn::SoftmaxOverE: return "softmax_over_e";
-    case ProbsFn::Normalized: return "normalized";
-    default: return "sigmoid_top1";
+    case ProbsFn::SoftmaxOverK:
+      return "softmax_over_k";
+    case ProbsFn::SoftmaxOverE:
+      return "softmax_over_e";
+    case ProbsFn::Normalized:
+      return "normalized";
+    default:
+      return "sigmoid_top1";
   }
 }
 const ProbsFn kFns[] = {ProbsFn::SoftmaxOverK, ProbsFn::SoftmaxOverE, ProbsFn::Normalized,
@@ -67,8 +70,7 @@ const ProbsFn kFns[] = {ProbsFn::SoftmaxOverK, ProbsFn::SoftmaxOverE, ProbsFn::N
 void expect_close(const Guarded<double>& got, const std::vector<double>& want, const char* what) {
   EXPECT_TRUE(got.intact()) << what << " written outside its elements";
   for (int64_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], want[size_t(i)],
-                kAtol<double> + kRtol<double> * std::abs(want[size_t(i)]))
+    ASSERT_NEAR(got[i], want[size_t(i)], kAtol<double> + kRtol<double> * std::abs(want[size_t(i)]))
         << what << " element " << i;
   }
 }
@@ -171,8 +173,7 @@ TEST(EmuKernelsRouterProbs, BackwardMatchesTheReferenceInEveryOrder) {
         const ScoreFn sf = fn == ProbsFn::SoftmaxOverE ? ScoreFn::Softmax : score;
         ops::router_scores_ref(sf, s.data(), nullptr, l.data(), c.T, c.E);
         const bool on_logits = fn == ProbsFn::SoftmaxOverK || fn == ProbsFn::SigmoidTop1;
-        ops::gather_topk_ref(v.data(), on_logits ? l.data() : s.data(), idx.data(), c.T, c.E,
-                             c.K);
+        ops::gather_topk_ref(v.data(), on_logits ? l.data() : s.data(), idx.data(), c.T, c.E, c.K);
         if (fn == ProbsFn::SigmoidTop1) {
           ops::router_scores_ref(ScoreFn::Sigmoid, v.data(), nullptr, v.data(), c.T, c.K);
         }
@@ -213,8 +214,8 @@ TEST(EmuKernelsRouterProbs, BadArgumentsAreErrors) {
   EXPECT_THROW(ops::cuda::topk_probs_backward(nullptr, ProbsFn::Normalized, ScoreFn::Softmax, &d,
                                               &d, &d, &d, &i, &d, &d, 1, 4, 2),
                Error);
-  EXPECT_THROW(ops::cuda::topk_probs_backward(nullptr, ProbsFn::SoftmaxOverK, ScoreFn::Softmax,
-                                              &d, &d, &d, &d, &i, &d, &d, 1, 0, 1),
+  EXPECT_THROW(ops::cuda::topk_probs_backward(nullptr, ProbsFn::SoftmaxOverK, ScoreFn::Softmax, &d,
+                                              &d, &d, &d, &i, &d, &d, 1, 0, 1),
                Error);
 }
 

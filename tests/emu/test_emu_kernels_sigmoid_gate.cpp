@@ -59,8 +59,8 @@ void check_sigmoid_gate(int64_t N, int64_t H) {
   Guarded<T> ds(N * H, T(NAN)), dl(N, T(NAN));
   EXPECT_EQ(order_dependence([&] {
               Guarded<T> ds1(N * H, T(NAN)), dl1(N, T(NAN));
-              ops::cuda::sigmoid_gate_backward(nullptr, ds1.data(), dl1.data(), dy.data(),
-                                               s.data(), l.data(), N, H);
+              ops::cuda::sigmoid_gate_backward(nullptr, ds1.data(), dl1.data(), dy.data(), s.data(),
+                                               l.data(), N, H);
               ds = ds1;
               dl = dl1;
               std::vector<unsigned char> out = bytes_of(ds1.data(), size_t(N * H));
@@ -77,8 +77,7 @@ void check_sigmoid_gate(int64_t N, int64_t H) {
   Guarded<T> inplace(N * H), dl2(N, T(NAN));
   for (int64_t i = 0; i < N * H; ++i) inplace[i] = dy[size_t(i)];
   ops::cuda::sigmoid_gate_backward(nullptr, inplace.data(), dl2.data(),
-                                   static_cast<const T*>(inplace.data()), s.data(), l.data(), N,
-                                   H);
+                                   static_cast<const T*>(inplace.data()), s.data(), l.data(), N, H);
   EXPECT_EQ(bytes_of(inplace.data(), size_t(N * H)), bytes_of(ds.data(), size_t(N * H)));
   EXPECT_EQ(bytes_of(dl2.data(), size_t(N)), bytes_of(dl.data(), size_t(N)));
 }

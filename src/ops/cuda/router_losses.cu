@@ -167,8 +167,8 @@ void z_loss_grad(void* stream, double* dlogits_TE, const double* lse_T, const do
 
 template void aux_loss_value<int64_t>(void*, double*, const double*, const int64_t*, int64_t,
                                       int64_t, int64_t);
-template void aux_loss_value<double>(void*, double*, const double*, const double*, int64_t,
-                                     int64_t, int64_t);
+template void aux_loss_value<double>(void*, double*, const double*, const double*, int64_t, int64_t,
+                                     int64_t);
 template void aux_loss_grad<int64_t>(void*, double*, const int64_t*, double, int64_t, int64_t);
 template void aux_loss_grad<double>(void*, double*, const double*, double, int64_t, int64_t);
 

@@ -21,8 +21,8 @@ __device__ __forceinline__ double dscore_dlogit(ScoreFn f, double logit, double 
   return sig / (2.0 * score);  // d sqrt(softplus(l)) / dl
 }
 
-__global__ void gather_topk(double* val_TK, const double* src_TE, const int32_t* idx_TK,
-                            int64_t E, int64_t K, int64_t TK) {
+__global__ void gather_topk(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t E,
+                            int64_t K, int64_t TK) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < TK; i += stride) {
     val_TK[i] = src_TE[(i / K) * E + idx_TK[i]];
@@ -137,9 +137,9 @@ std::string shape(int64_t n_tok, int64_t E, int64_t K) {
 
 void gather_topk(void* stream, double* val_TK, const double* src_TE, const int32_t* idx_TK,
                  int64_t n_tok, int64_t E, int64_t K) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && E >= 1 && K >= 1 && K <= E,
-                   "[gather_topk] " + shape(n_tok, E, K) +
-                       ": needs tokens >= 0 and 1 <= topk <= experts");
+  MOE_KERNEL_CHECK(
+      n_tok >= 0 && E >= 1 && K >= 1 && K <= E,
+      "[gather_topk] " + shape(n_tok, E, K) + ": needs tokens >= 0 and 1 <= topk <= experts");
   if (n_tok == 0) return;
   launch("gather_topk", kernels::gather_topk, stride_grid(n_tok * K), dim3(unsigned(kBlock)), 0,
          stream, val_TK, src_TE, idx_TK, E, K, n_tok * K);
@@ -160,14 +160,14 @@ void kept_prob_grads(void* stream, double* g_TK, const T* dprobs_TK, const int32
                      double scale, int64_t TK) {
   MOE_KERNEL_CHECK(TK >= 0, "[kept_prob_grads] tokens x topk=" + std::to_string(TK) + " < 0");
   if (TK == 0) return;
-  launch("kept_prob_grads", kernels::kept_prob_grads<T>, stride_grid(TK), dim3(unsigned(kBlock)),
-         0, stream, g_TK, dprobs_TK, idx_TK, scale, TK);
+  launch("kept_prob_grads", kernels::kept_prob_grads<T>, stride_grid(TK), dim3(unsigned(kBlock)), 0,
+         stream, g_TK, dprobs_TK, idx_TK, scale, TK);
 }
 
 void topk_probs_backward(void* stream, ProbsFn fn, ScoreFn score, double* dlogits_TE,
                          double* work_TE, const double* g_TK, const double* val_TK,
-                         const int32_t* routed_TK, const double* logits_TE,
-                         const double* scores_TE, int64_t n_tok, int64_t E, int64_t K) {
+                         const int32_t* routed_TK, const double* logits_TE, const double* scores_TE,
+                         int64_t n_tok, int64_t E, int64_t K) {
   MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && E >= 1 && K >= 1 && K <= E,
                    "[topk_probs_backward] " + shape(n_tok, E, K) +
                        ": needs 0 <= tokens <= 2^31-1 (one block each) and 1 <= topk <= experts");
@@ -182,9 +182,9 @@ void topk_probs_backward(void* stream, ProbsFn fn, ScoreFn score, double* dlogit
   if (fn == ProbsFn::SoftmaxOverE) {
     const int64_t block = std::min(kBlock, (E + 31) / 32 * 32);
     const size_t smem = size_t(block / 32 + 1) * sizeof(double);
-    launch("topk_probs_backward_over_e", kernels::topk_probs_backward_over_e,
-           dim3(unsigned(n_tok)), dim3(unsigned(block)), smem, stream, dlogits_TE, work_TE, g_TK,
-           routed_TK, scores_TE, E, K);
+    launch("topk_probs_backward_over_e", kernels::topk_probs_backward_over_e, dim3(unsigned(n_tok)),
+           dim3(unsigned(block)), smem, stream, dlogits_TE, work_TE, g_TK, routed_TK, scores_TE, E,
+           K);
     return;
   }
   launch("topk_probs_backward_over_k", kernels::topk_probs_backward_over_k, stride_grid(n_tok),

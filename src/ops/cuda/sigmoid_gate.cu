@@ -50,8 +50,8 @@ namespace {
 constexpr int64_t kMaxBlock = 256;
 
 std::string shape(int64_t N, int64_t H) {
-  return "rows=" + std::to_string(N) + " (0 to 2^31-1, one block each), hidden=" +
-         std::to_string(H) + " (>= 0)";
+  return "rows=" + std::to_string(N) +
+         " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (>= 0)";
 }
 }  // namespace
 
