@@ -35,7 +35,7 @@ struct TEK {
 // One token and expert; K = 1 and K = E; E not a multiple of 8 or 32; more tokens than a block's
 // threads (several blocks of the grid-stride kernels); more experts than a block's threads
 // (SoftmaxOverE's strided rows); no tokens.
-const TEK kShapes[] = {{1, 1, 1},  {3, 5, 2},   {33, 7, 7},  {300, 13, 1},
+const TEK kShapes[] = {{1, 1, 1},  {3, 5, 2},   {33, 7, 7},  {40, 13, 1},
                        {5, 64, 8}, {270, 9, 3}, {3, 300, 4}, {0, 4, 2}};
 
 // K distinct experts per token, in random order; `drop` of the slots -1 (dropped by capacity).
