@@ -9,6 +9,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -26,6 +27,27 @@ void seq_aux_loss_grad(double* daux_TE, const int64_t* seq_counts_BE, double coe
 void z_loss_grad(double* dlogits_TE, const double* lse_T, const double* softmax_TE, double coeff,
                  int64_t n_tok, int64_t E);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/router_losses.cu: the CUDA build, and the grid emulator's tests on
+// the CPU); `stream` is the context's. A value is one block's fixed tree written to `value` in
+// device memory; the gradients elementwise. Within the f64 tolerance of the references, bitwise
+// run to run. The values need T >= 1 (seq_aux: T a multiple of B), as the router calls them.
+namespace cuda {
+template <typename C>
+void aux_loss_value(void* stream, double* value, const double* aux_scores_TE, const C* counts_E,
+                    int64_t n_tok, int64_t E, int64_t K);
+void seq_aux_loss_value(void* stream, double* value, const double* aux_scores_TE,
+                        const int64_t* seq_counts_BE, int64_t n_tok, int64_t E, int64_t K,
+                        int64_t B);
+void z_loss_value(void* stream, double* value, double* lse_T, const double* logits_TE,
+                  int64_t n_tok, int64_t E);
+template <typename C>
+void aux_loss_grad(void* stream, double* daux_TE, const C* counts_E, double coeff, int64_t n_tok,
+                   int64_t E);
+void seq_aux_loss_grad(void* stream, double* daux_TE, const int64_t* seq_counts_BE, double coeff,
+                       int64_t n_tok, int64_t E, int64_t B);
+void z_loss_grad(void* stream, double* dlogits_TE, const double* lse_T, const double* softmax_TE,
+                 double coeff, int64_t n_tok, int64_t E);
+}  // namespace cuda
 
 // *value = E / (K T^2) sum_e (sum_t a_te) N_e (T = n_tok >= 1); C: int64_t counts of the
 // micro-batch or double running means (global_aux_loss).
@@ -35,6 +57,9 @@ void aux_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<const double> a
   if (ex.on_cpu())
     return cpu::aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(counts_E), n_tok, E,
                                K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
+                                raw_ptr(counts_E), n_tok, E, K);
   no_kernel(ex, "aux_loss_value");
 }
 template <typename C>
@@ -50,6 +75,9 @@ inline void seq_aux_loss_value(const Exec& ex, DevPtr<double> value,
   if (ex.on_cpu())
     return cpu::seq_aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(seq_counts_BE),
                                    n_tok, E, K, B);
+  if constexpr (kHaveCudaKernels)
+    return cuda::seq_aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
+                                    raw_ptr(seq_counts_BE), n_tok, E, K, B);
   no_kernel(ex, "seq_aux_loss_value");
 }
 void seq_aux_loss_value_ref(double* value, const double* aux_scores_TE,
@@ -61,6 +89,9 @@ inline void z_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<double> ls
                          DevPtr<const double> logits_TE, int64_t n_tok, int64_t E) {
   if (ex.on_cpu())
     return cpu::z_loss_value(raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::z_loss_value(ex.stream, raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok,
+                              E);
   no_kernel(ex, "z_loss_value");
 }
 void z_loss_value_ref(double* value, double* lse_T, const double* logits_TE, int64_t n_tok,
@@ -71,6 +102,8 @@ template <typename C>
 void aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE, DevPtr<const C> counts_E, double coeff,
                    int64_t n_tok, int64_t E) {
   if (ex.on_cpu()) return cpu::aux_loss_grad(raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
   no_kernel(ex, "aux_loss_grad");
 }
 template <typename C>
@@ -82,6 +115,9 @@ inline void seq_aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE,
                               int64_t E, int64_t B) {
   if (ex.on_cpu())
     return cpu::seq_aux_loss_grad(raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff, n_tok, E, B);
+  if constexpr (kHaveCudaKernels)
+    return cuda::seq_aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff,
+                                   n_tok, E, B);
   no_kernel(ex, "seq_aux_loss_grad");
 }
 void seq_aux_loss_grad_ref(double* daux_TE, const int64_t* seq_counts_BE, double coeff,
@@ -94,6 +130,9 @@ inline void z_loss_grad(const Exec& ex, DevPtr<double> dlogits_TE, DevPtr<const 
   if (ex.on_cpu())
     return cpu::z_loss_grad(raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE), coeff, n_tok,
                             E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::z_loss_grad(ex.stream, raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE),
+                             coeff, n_tok, E);
   no_kernel(ex, "z_loss_grad");
 }
 void z_loss_grad_ref(double* dlogits_TE, const double* lse_T, const double* softmax_TE,

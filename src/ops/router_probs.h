@@ -9,6 +9,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 #include "ops/router_scores.h"
 
 namespace moecore::ops {
@@ -34,12 +35,32 @@ void topk_probs_backward(ProbsFn fn, ScoreFn score, double* dlogits_TE, double* 
                          const double* logits_TE, const double* scores_TE, int64_t n_tok, int64_t E,
                          int64_t K);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/router_probs.cu: the CUDA build, and the grid emulator's tests on the
+// CPU); `stream` is the context's. The gather and kept_prob_grads bitwise the CPU's; the probs and
+// the backward within the f64 tolerance of the references (the device's exp; SoftmaxOverE's dot in
+// a fixed block tree), bitwise run to run.
+namespace cuda {
+void gather_topk(void* stream, double* val_TK, const double* src_TE, const int32_t* idx_TK,
+                 int64_t n_tok, int64_t E, int64_t K);
+void topk_probs(void* stream, ProbsFn fn, double* probs_TK, const double* val_TK, double scale,
+                int64_t n_tok, int64_t K);
+template <typename T>
+void kept_prob_grads(void* stream, double* g_TK, const T* dprobs_TK, const int32_t* idx_TK,
+                     double scale, int64_t TK);
+void topk_probs_backward(void* stream, ProbsFn fn, ScoreFn score, double* dlogits_TE,
+                         double* work_TE, const double* g_TK, const double* val_TK,
+                         const int32_t* routed_TK, const double* logits_TE,
+                         const double* scores_TE, int64_t n_tok, int64_t E, int64_t K);
+}  // namespace cuda
 
 // val[t, k] = src[t, idx[t, k]] (idx >= 0).
 inline void gather_topk(const Exec& ex, DevPtr<double> val_TK, DevPtr<const double> src_TE,
                         DevPtr<const int32_t> idx_TK, int64_t n_tok, int64_t E, int64_t K) {
   if (ex.on_cpu())
     return cpu::gather_topk(raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok, E, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::gather_topk(ex.stream, raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok,
+                             E, K);
   no_kernel(ex, "gather_topk");
 }
 void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t n_tok,
@@ -49,6 +70,8 @@ void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK
 inline void topk_probs(const Exec& ex, ProbsFn fn, DevPtr<double> probs_TK,
                        DevPtr<const double> val_TK, double scale, int64_t n_tok, int64_t K) {
   if (ex.on_cpu()) return cpu::topk_probs(fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::topk_probs(ex.stream, fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
   no_kernel(ex, "topk_probs");
 }
 void topk_probs_ref(ProbsFn fn, double* probs_TK, const double* val_TK, double scale, int64_t n_tok,
@@ -60,6 +83,9 @@ void kept_prob_grads(const Exec& ex, DevPtr<double> g_TK, DevPtr<const T> dprobs
                      DevPtr<const int32_t> idx_TK, double scale, int64_t TK) {
   if (ex.on_cpu())
     return cpu::kept_prob_grads(raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK), scale, TK);
+  if constexpr (kHaveCudaKernels)
+    return cuda::kept_prob_grads(ex.stream, raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK),
+                                 scale, TK);
   no_kernel(ex, "kept_prob_grads");
 }
 template <typename T>
@@ -79,6 +105,10 @@ inline void topk_probs_backward(const Exec& ex, ProbsFn fn, ScoreFn score,
     return cpu::topk_probs_backward(fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE), raw_ptr(g_TK),
                                     raw_ptr(val_TK), raw_ptr(routed_TK), raw_ptr(logits_TE),
                                     raw_ptr(scores_TE), n_tok, E, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::topk_probs_backward(ex.stream, fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE),
+                                     raw_ptr(g_TK), raw_ptr(val_TK), raw_ptr(routed_TK),
+                                     raw_ptr(logits_TE), raw_ptr(scores_TE), n_tok, E, K);
   no_kernel(ex, "topk_probs_backward");
 }
 void topk_probs_backward_ref(ProbsFn fn, ScoreFn score, double* dlogits_TE, const double* g_TK,

@@ -10,6 +10,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -20,6 +21,17 @@ template <typename T>
 void sigmoid_gate_backward(T* ds_NH, T* dl_N, const T* dy_NH, const T* s_NH, const T* l_N,
                            int64_t N, int64_t H);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/sigmoid_gate.cu: the CUDA build, and the grid emulator's tests on the
+// CPU); `stream` is the context's. A block per row; the backward's dot in a fixed block tree:
+// within the dtype's tolerance of the reference, bitwise run to run.
+namespace cuda {
+template <typename T>
+void sigmoid_gate_forward(void* stream, T* y_NH, const T* s_NH, const T* l_N, int64_t N,
+                          int64_t H);
+template <typename T>
+void sigmoid_gate_backward(void* stream, T* ds_NH, T* dl_N, const T* dy_NH, const T* s_NH,
+                           const T* l_N, int64_t N, int64_t H);
+}  // namespace cuda
 
 // y accumulated (+=): the gated rows are added to what y holds (the routed experts' output).
 template <typename T>
@@ -27,6 +39,8 @@ void sigmoid_gate_forward(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> s_NH, 
                           int64_t N, int64_t H) {
   if (ex.on_cpu())
     return cpu::sigmoid_gate_forward(raw_ptr(y_NH), raw_ptr(s_NH), raw_ptr(l_N), N, H);
+  if constexpr (kHaveCudaKernels)
+    return cuda::sigmoid_gate_forward(ex.stream, raw_ptr(y_NH), raw_ptr(s_NH), raw_ptr(l_N), N, H);
   no_kernel(ex, "sigmoid_gate_forward");
 }
 template <typename T>
@@ -38,6 +52,9 @@ void sigmoid_gate_backward(const Exec& ex, DevPtr<T> ds_NH, DevPtr<T> dl_N, DevP
   if (ex.on_cpu())
     return cpu::sigmoid_gate_backward(raw_ptr(ds_NH), raw_ptr(dl_N), raw_ptr(dy_NH), raw_ptr(s_NH),
                                       raw_ptr(l_N), N, H);
+  if constexpr (kHaveCudaKernels)
+    return cuda::sigmoid_gate_backward(ex.stream, raw_ptr(ds_NH), raw_ptr(dl_N), raw_ptr(dy_NH),
+                                       raw_ptr(s_NH), raw_ptr(l_N), N, H);
   no_kernel(ex, "sigmoid_gate_backward");
 }
 template <typename T>
