@@ -91,8 +91,8 @@ __global__ void permutation_place(int64_t* n_kept, int32_t* row_token_N, int32_t
 // only move up); within a block, highest rows first, each round read before it is written, so the
 // overlapping in-place move reads nothing already overwritten. Then token_rows follows.
 __global__ void pad_permutation(int64_t* pads, int64_t* counts_E, int32_t* row_token_N,
-                                int32_t* row_slot_N, int32_t* token_rows_TK,
-                                const int64_t* n_kept, int64_t K, int64_t E, int64_t cap) {
+                                int32_t* row_slot_N, int32_t* token_rows_TK, const int64_t* n_kept,
+                                int64_t K, int64_t E, int64_t cap) {
   int64_t end = *n_kept, pad = 0;
   for (int64_t e = E - 1; e >= 0; --e) {
     const int64_t cnt = counts_E[e];
@@ -120,7 +120,8 @@ __global__ void pad_permutation(int64_t* pads, int64_t* counts_E, int32_t* row_t
     __syncthreads();  // every thread read counts_E[e] above; the next expert's rows are below
   }
   for (int64_t r = threadIdx.x; r < E * cap; r += blockDim.x) {
-    if (row_token_N[r] >= 0) token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
+    if (row_token_N[r] >= 0)
+      token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
   }
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) counts_E[e] = cap;
   if (threadIdx.x == 0) *pads = pad;
@@ -197,10 +198,14 @@ constexpr int64_t kBlock = 256;
 constexpr int64_t kMaxGrid = 0x7fffffff;
 
 // Threads for a row of n elements: whole warps, at most kBlock.
-unsigned row_block(int64_t n) { return unsigned(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kBlock)); }
+unsigned row_block(int64_t n) {
+  return unsigned(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kBlock));
+}
 
 // Blocks of kBlock threads for n elements (grid-stride beyond the grid limit).
-unsigned flat_grid(int64_t n) { return unsigned(std::min(kMaxGrid, (n + kBlock - 1) / kBlock)); }
+unsigned flat_grid(int64_t n) {
+  return unsigned(std::min(kMaxGrid, (n + kBlock - 1) / kBlock));
+}
 
 std::string rows_msg(const char* op, int64_t n_tok, int64_t K, int64_t E) {
   return std::string("[") + op + "] T=" + std::to_string(n_tok) + " K=" + std::to_string(K) +
@@ -213,12 +218,11 @@ std::string rows_msg(const char* op, int64_t n_tok, int64_t K, int64_t E) {
 void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t* row_token_N,
                        int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,
                        int64_t n_tok, int64_t K, int64_t E) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && E <= kMaxGrid &&
-                       n_tok <= 0x7fffffff / K,
+  MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && E <= kMaxGrid && n_tok <= 0x7fffffff / K,
                    rows_msg("build_permutation", n_tok, K, E));
   const int64_t TK = n_tok * K;
-  const unsigned block = unsigned(kBlock);
-  const size_t smem = size_t(kBlock / 32 + 1) * sizeof(int64_t);
+  const unsigned block = row_block(TK);
+  const size_t smem = size_t(block / 32 + 1) * sizeof(int64_t);
   launch("permutation_counts", kernels::permutation_counts, dim3(unsigned(E)), dim3(block), smem,
          stream, counts_E, idx_TK, TK);
   launch("permutation_place", kernels::permutation_place, dim3(unsigned(E)), dim3(block), smem,
@@ -259,11 +263,11 @@ template <typename T>
 void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
                   int64_t H) {
   MOE_KERNEL_CHECK(N >= 0 && N <= kMaxGrid && H >= 0,
-                   "[permute_rows] rows=" + std::to_string(N) + " (0 to 2^31-1, one block each), H=" +
-                       std::to_string(H) + " (>= 0)");
+                   "[permute_rows] rows=" + std::to_string(N) +
+                       " (0 to 2^31-1, one block each), H=" + std::to_string(H) + " (>= 0)");
   if (N == 0 || H == 0) return;
-  launch("permute_rows", kernels::permute_rows<T>, dim3(unsigned(N)), dim3(row_block(H)), 0,
-         stream, y_NH, x_TH, row_token_N, H);
+  launch("permute_rows", kernels::permute_rows<T>, dim3(unsigned(N)), dim3(row_block(H)), 0, stream,
+         y_NH, x_TH, row_token_N, H);
 }
 
 template <typename T>
@@ -274,8 +278,8 @@ void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_r
                        " (0 to 2^31-1, one block each), K=" + std::to_string(K) +
                        " H=" + std::to_string(H) + " (>= 0)");
   if (n_tok == 0 || H == 0) return;
-  launch("unpermute_rows", kernels::unpermute_rows<T>, dim3(unsigned(n_tok)), dim3(row_block(H)),
-         0, stream, y_TH, x_NH, token_rows_TK, K, H);
+  launch("unpermute_rows", kernels::unpermute_rows<T>, dim3(unsigned(n_tok)), dim3(row_block(H)), 0,
+         stream, y_TH, x_NH, token_rows_TK, K, H);
 }
 
 template <typename T>
@@ -289,14 +293,13 @@ void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* ds
          dim3(unsigned(kBlock)), 0, stream, dst_NW, src_NW, dst_off, src_off, rows, W);
 }
 
-#define MOECORE_PERMUTE_INSTANTIATE(T)                                                          \
-  template void gather_row_probs<T>(void*, T*, const T*, const int32_t*, const int32_t*, int64_t, \
-                                    int64_t);                                                   \
-  template void scatter_row_probs<T>(void*, T*, const T*, const int32_t*, int64_t);             \
-  template void permute_rows<T>(void*, T*, const T*, const int32_t*, int64_t, int64_t);         \
-  template void unpermute_rows<T>(void*, T*, const T*, const int32_t*, int64_t, int64_t,        \
-                                  int64_t);                                                     \
-  template void copy_row_chunks<T>(void*, T*, const T*, const int64_t*, const int64_t*,         \
+#define MOECORE_PERMUTE_INSTANTIATE(T)                                                             \
+  template void gather_row_probs<T>(void*, T*, const T*, const int32_t*, const int32_t*, int64_t,  \
+                                    int64_t);                                                      \
+  template void scatter_row_probs<T>(void*, T*, const T*, const int32_t*, int64_t);                \
+  template void permute_rows<T>(void*, T*, const T*, const int32_t*, int64_t, int64_t);            \
+  template void unpermute_rows<T>(void*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void copy_row_chunks<T>(void*, T*, const T*, const int64_t*, const int64_t*,            \
                                    const int64_t*, int64_t, int64_t);
 MOECORE_PERMUTE_INSTANTIATE(float)
 MOECORE_PERMUTE_INSTANTIATE(double)

@@ -19,8 +19,8 @@ namespace kernels {
 // Block (e, 0): counts_E[e]; block (e, 1 + b): seq_counts_BE[b, e] over the tokens t = b mod B.
 // Dynamic shared memory: blockDim.x / 32 + 1 int64.
 __global__ void count_tokens_per_expert(int64_t* counts_E, int64_t* seq_counts_BE,
-                                        const int32_t* idx_TK, int64_t n_tok, int64_t K,
-                                        int64_t E, int64_t B) {
+                                        const int32_t* idx_TK, int64_t n_tok, int64_t K, int64_t E,
+                                        int64_t B) {
   const int32_t e = int32_t(blockIdx.x);
   const int64_t y = blockIdx.y;
   int64_t c = 0;
@@ -49,8 +49,8 @@ __global__ void running_mean_counts(double* mean_E, const double* sum_E, const i
                                     double n_micro, int64_t E) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= E) return;
-  mean_E[e] = counts_E ? (sum_E[e] + static_cast<double>(counts_E[e])) / n_micro
-                       : sum_E[e] / n_micro;
+  mean_E[e] =
+      counts_E ? (sum_E[e] + static_cast<double>(counts_E[e])) / n_micro : sum_E[e] / n_micro;
 }
 
 __global__ void divide_in_place(double* x, double d, int64_t n) {
@@ -84,8 +84,8 @@ __global__ void quantile_beta_estimate(double* beta_sum_E, const double* logits_
 
 // One block. work[e] = ema beta + (1 - ema) avg, rounded as written (no contraction); the mean
 // over E by thread 0 in e order; beta = work - mean as fp32.
-__global__ void quantile_beta_update(float* beta_E, double* work_E, const double* avg_E,
-                                     double ema, int64_t E) {
+__global__ void quantile_beta_update(float* beta_E, double* work_E, const double* avg_E, double ema,
+                                     int64_t E) {
   __shared__ double mean;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
     work_E[e] = __dadd_rn(__dmul_rn(ema, double(beta_E[e])), __dmul_rn(1.0 - ema, avg_E[e]));
@@ -122,7 +122,9 @@ namespace {
 constexpr int64_t kBlock = 256;
 constexpr int64_t kMaxGrid = 0x7fffffff;
 
-unsigned flat_grid(int64_t n) { return unsigned(std::min(kMaxGrid, (n + kBlock - 1) / kBlock)); }
+unsigned flat_grid(int64_t n) {
+  return unsigned(std::min(kMaxGrid, (n + kBlock - 1) / kBlock));
+}
 
 std::string e_msg(const char* op, int64_t E) {
   return std::string("[") + op + "] E=" + std::to_string(E) + " (>= 0 experts)";
@@ -140,9 +142,11 @@ void count_tokens_per_expert(void* stream, int64_t* counts_E, int64_t* seq_count
                        ": needs T, K >= 0, 0 <= E <= 2^31-1 and, with per-sequence counts, "
                        "1 <= B <= 65534 sequences");
   if (E == 0) return;
+  // Whole warps for the slots, at most kBlock threads.
+  const int64_t block = std::clamp<int64_t>((n_tok * K + 31) / 32 * 32, 32, kBlock);
   launch("count_tokens_per_expert", kernels::count_tokens_per_expert,
-         dim3(unsigned(E), unsigned(rows)), dim3(unsigned(kBlock)),
-         size_t(kBlock / 32 + 1) * sizeof(int64_t), stream, counts_E, seq_counts_BE, idx_TK, n_tok,
+         dim3(unsigned(E), unsigned(rows)), dim3(unsigned(block)),
+         size_t(block / 32 + 1) * sizeof(int64_t), stream, counts_E, seq_counts_BE, idx_TK, n_tok,
          K, E, B);
 }
 
@@ -153,8 +157,8 @@ void accumulate_counts(void* stream, double* sum_E, const int64_t* counts_E, int
          dim3(unsigned(kBlock)), 0, stream, sum_E, counts_E, E);
 }
 
-void running_mean_counts(void* stream, double* mean_E, const double* sum_E,
-                         const int64_t* counts_E, double n_micro, int64_t E) {
+void running_mean_counts(void* stream, double* mean_E, const double* sum_E, const int64_t* counts_E,
+                         double n_micro, int64_t E) {
   MOE_KERNEL_CHECK(E >= 0, e_msg("running_mean_counts", E));
   if (E == 0) return;
   launch("running_mean_counts", kernels::running_mean_counts, dim3(flat_grid(E)),
@@ -166,8 +170,8 @@ void quantile_beta_estimate(void* stream, double* beta_sum_E, double* col_T,
                             int64_t E, int64_t K) {
   (void)col_T;  // the selection by rank needs no scratch
   MOE_KERNEL_CHECK(n_tok >= 1 && K >= 1 && K < E && E <= kMaxGrid && n_tok * K % E == 0,
-                   "[quantile_beta_estimate] K=" + std::to_string(K) + " E=" +
-                       std::to_string(E) + " T=" + std::to_string(n_tok) +
+                   "[quantile_beta_estimate] K=" + std::to_string(K) + " E=" + std::to_string(E) +
+                       " T=" + std::to_string(n_tok) +
                        ": needs T >= 1, 1 <= K < E (keyv is a top-(K+1) of E) and T K divisible "
                        "by E");
   launch("quantile_beta_estimate", kernels::quantile_beta_estimate, dim3(unsigned(E)),
@@ -178,8 +182,8 @@ void quantile_beta_estimate(void* stream, double* beta_sum_E, double* col_T,
 void divide_in_place(void* stream, double* x, double d, int64_t n) {
   MOE_KERNEL_CHECK(n >= 0, "[divide_in_place] n=" + std::to_string(n) + " < 0");
   if (n == 0) return;
-  launch("divide_in_place", kernels::divide_in_place, dim3(flat_grid(n)), dim3(unsigned(kBlock)),
-         0, stream, x, d, n);
+  launch("divide_in_place", kernels::divide_in_place, dim3(flat_grid(n)), dim3(unsigned(kBlock)), 0,
+         stream, x, d, n);
 }
 
 void quantile_beta_update(void* stream, float* beta_E, double* work_E, const double* avg_E,
