@@ -30,7 +30,8 @@ struct Routing {
 };
 
 // Ids in [-1, E) (dropped slots), skewed to the low experts so some get no rows; more than one
-// block-width of slots, T*K not a multiple of 32.
+// block-width of slots, T*K not a multiple of 32; experts with more rows than a block (padding
+// moves them in several rounds).
 Routing routing(int64_t T, int64_t K, int64_t E, uint32_t seed) {
   Routing r{T, K, E, std::vector<int32_t>(size_t(T * K))};
   std::mt19937 g(seed);
@@ -44,7 +45,8 @@ Routing routing(int64_t T, int64_t K, int64_t E, uint32_t seed) {
 const std::vector<Routing>& routings() {
   static const std::vector<Routing> all = {routing(0, 2, 3, 1),   routing(1, 1, 1, 2),
                                            routing(5, 2, 4, 3),   routing(37, 3, 7, 4),
-                                           routing(300, 2, 5, 5), routing(20, 4, 70, 6)};
+                                           routing(300, 2, 5, 5), routing(20, 4, 70, 6),
+      routing(700, 2, 3, 7)};
   return all;
 }
 
