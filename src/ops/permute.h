@@ -7,6 +7,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -45,6 +46,36 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
                     int64_t H);
 }  // namespace cpu
 
+// The CUDA kernels (ops/cuda/permute.cu); `stream` is the context's. The maps and counts are
+// bitwise the CPU's (a histogram and a stable placement by block scans, no atomics), the gathers
+// copies, unpermute's sum in k order: bitwise the CPU fast path. The device cannot throw: an
+// expert id outside [0, E) is dropped (token_rows -1), pad_permutation moves at most cap rows of
+// an expert, copy_row_chunks skips a chunk with a negative offset or count (the CPU path checks
+// all three). build_group_permutation returns N to the host: no kernel (it would need a sync).
+namespace cuda {
+void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t* row_token_N,
+                       int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,
+                       int64_t n_tok, int64_t K, int64_t E);
+void pad_permutation(void* stream, int64_t* pads, int64_t* counts_E, int32_t* row_token_N,
+                     int32_t* row_slot_N, int32_t* token_rows_TK, const int64_t* n_kept,
+                     int64_t n_tok, int64_t K, int64_t E, int64_t cap);
+template <typename T>
+void gather_row_probs(void* stream, T* p_N, const T* probs_TK, const int32_t* row_token_N,
+                      const int32_t* row_slot_N, int64_t N, int64_t K);
+template <typename T>
+void scatter_row_probs(void* stream, T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK,
+                       int64_t TK);
+template <typename T>
+void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
+                  int64_t H);
+template <typename T>
+void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
+                    int64_t n_tok, int64_t K, int64_t H);
+template <typename T>
+void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* dst_off,
+                     const int64_t* src_off, const int64_t* rows, int64_t n_chunks, int64_t W);
+}  // namespace cuda
+
 // From idx [T, K] (expert per (token, slot); negative = dropped) build:
 //   counts_E [E]         rows per expert;
 //   row_token_N [T*K]    source token of permuted row r, for the N kept (t, k) pairs; the rows
@@ -64,6 +95,10 @@ inline void build_permutation(const Exec& ex, DevPtr<int64_t> n_kept, DevPtr<int
                                raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
     return;
   }
+  if constexpr (kHaveCudaKernels)
+    return cuda::build_permutation(ex.stream, raw_ptr(n_kept), raw_ptr(counts_E),
+                                   raw_ptr(row_token_N), raw_ptr(row_slot_N),
+                                   raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
   no_kernel(ex, "build_permutation");
 }
 int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
@@ -85,6 +120,10 @@ inline void pad_permutation(const Exec& ex, DevPtr<int64_t> pads, DevPtr<int64_t
                              raw_ptr(token_rows_TK), *raw_ptr(n_kept), n_tok, K, E, cap);
     return;
   }
+  if constexpr (kHaveCudaKernels)
+    return cuda::pad_permutation(ex.stream, raw_ptr(pads), raw_ptr(counts_E), raw_ptr(row_token_N),
+                                 raw_ptr(row_slot_N), raw_ptr(token_rows_TK), raw_ptr(n_kept),
+                                 n_tok, K, E, cap);
   no_kernel(ex, "pad_permutation");
 }
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
@@ -121,6 +160,9 @@ void gather_row_probs(const Exec& ex, DevPtr<T> p_N, DevPtr<const T> probs_TK,
   if (ex.on_cpu())
     return cpu::gather_row_probs(raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
                                  raw_ptr(row_slot_N), N, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::gather_row_probs(ex.stream, raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
+                                  raw_ptr(row_slot_N), N, K);
   no_kernel(ex, "gather_row_probs");
 }
 template <typename T>
@@ -132,6 +174,9 @@ void scatter_row_probs(const Exec& ex, DevPtr<T> dprobs_TK, DevPtr<const T> dp_N
                        DevPtr<const int32_t> token_rows_TK, int64_t TK) {
   if (ex.on_cpu())
     return cpu::scatter_row_probs(raw_ptr(dprobs_TK), raw_ptr(dp_N), raw_ptr(token_rows_TK), TK);
+  if constexpr (kHaveCudaKernels)
+    return cuda::scatter_row_probs(ex.stream, raw_ptr(dprobs_TK), raw_ptr(dp_N),
+                                   raw_ptr(token_rows_TK), TK);
   no_kernel(ex, "scatter_row_probs");
 }
 template <typename T>
@@ -143,6 +188,8 @@ void permute_rows(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> x_TH,
                   DevPtr<const int32_t> row_token_N, int64_t N, int64_t H) {
   if (ex.on_cpu())
     return cpu::permute_rows(raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
+  if constexpr (kHaveCudaKernels)
+    return cuda::permute_rows(ex.stream, raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
   no_kernel(ex, "permute_rows");
 }
 template <typename T>
@@ -153,6 +200,9 @@ void unpermute_rows(const Exec& ex, DevPtr<T> y_TH, DevPtr<const T> x_NH,
                     DevPtr<const int32_t> token_rows_TK, int64_t n_tok, int64_t K, int64_t H) {
   if (ex.on_cpu())
     return cpu::unpermute_rows(raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK), n_tok, K, H);
+  if constexpr (kHaveCudaKernels)
+    return cuda::unpermute_rows(ex.stream, raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK),
+                                n_tok, K, H);
   no_kernel(ex, "unpermute_rows");
 }
 template <typename T>
@@ -169,6 +219,9 @@ void copy_row_chunks(const Exec& ex, DevPtr<T> dst_NW, DevPtr<const T> src_NW,
   if (ex.on_cpu())
     return cpu::copy_row_chunks(raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
                                 raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
+  if constexpr (kHaveCudaKernels)
+    return cuda::copy_row_chunks(ex.stream, raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
+                                 raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
   no_kernel(ex, "copy_row_chunks");
 }
 template <typename T>

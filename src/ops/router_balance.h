@@ -7,6 +7,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -24,6 +25,25 @@ void quantile_beta_update(float* beta_E, double* work_E, const double* avg_E, do
 void expert_bias_update(float* bias_E, const double* counts_E, float rate, int64_t E);
 }  // namespace cpu
 
+// The CUDA kernels (ops/cuda/router_balance.cu); `stream` is the context's. Counts bitwise the
+// CPU's (integer block sums); the sums over E in e order as the CPU's; quantile_beta_estimate
+// selects by rank (bitwise the CPU's value, col_T unused). No kernel throws on ids: an expert id
+// outside [0, E) is counted nowhere.
+namespace cuda {
+void count_tokens_per_expert(void* stream, int64_t* counts_E, int64_t* seq_counts_BE,
+                             const int32_t* idx_TK, int64_t n_tok, int64_t K, int64_t E, int64_t B);
+void accumulate_counts(void* stream, double* sum_E, const int64_t* counts_E, int64_t E);
+void running_mean_counts(void* stream, double* mean_E, const double* sum_E, const int64_t* counts_E,
+                         double n_micro, int64_t E);
+void quantile_beta_estimate(void* stream, double* beta_sum_E, double* col_T,
+                            const double* logits_TE, const double* keyv_TK1, int64_t n_tok,
+                            int64_t E, int64_t K);
+void divide_in_place(void* stream, double* x, double d, int64_t n);
+void quantile_beta_update(void* stream, float* beta_E, double* work_E, const double* avg_E,
+                          double ema, int64_t E);
+void expert_bias_update(void* stream, float* bias_E, const double* counts_E, float rate, int64_t E);
+}  // namespace cuda
+
 // counts [E] = the (t, k) with idx = e (negative = dropped, not counted); seq_counts [B, E]
 // (null: not computed) the same per sequence b = t mod B. Both assigned.
 inline void count_tokens_per_expert(const Exec& ex, DevPtr<int64_t> counts_E,
@@ -32,6 +52,9 @@ inline void count_tokens_per_expert(const Exec& ex, DevPtr<int64_t> counts_E,
   if (ex.on_cpu())
     return cpu::count_tokens_per_expert(raw_ptr(counts_E), raw_ptr(seq_counts_BE), raw_ptr(idx_TK),
                                         n_tok, K, E, B);
+  if constexpr (kHaveCudaKernels)
+    return cuda::count_tokens_per_expert(ex.stream, raw_ptr(counts_E), raw_ptr(seq_counts_BE),
+                                         raw_ptr(idx_TK), n_tok, K, E, B);
   no_kernel(ex, "count_tokens_per_expert");
 }
 void count_tokens_per_expert_ref(int64_t* counts_E, int64_t* seq_counts_BE, const int32_t* idx_TK,
@@ -41,6 +64,8 @@ void count_tokens_per_expert_ref(int64_t* counts_E, int64_t* seq_counts_BE, cons
 inline void accumulate_counts(const Exec& ex, DevPtr<double> sum_E, DevPtr<const int64_t> counts_E,
                               int64_t E) {
   if (ex.on_cpu()) return cpu::accumulate_counts(raw_ptr(sum_E), raw_ptr(counts_E), E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::accumulate_counts(ex.stream, raw_ptr(sum_E), raw_ptr(counts_E), E);
   no_kernel(ex, "accumulate_counts");
 }
 void accumulate_counts_ref(double* sum_E, const int64_t* counts_E, int64_t E);
@@ -51,6 +76,9 @@ inline void running_mean_counts(const Exec& ex, DevPtr<double> mean_E, DevPtr<co
                                 DevPtr<const int64_t> counts_E, double n_micro, int64_t E) {
   if (ex.on_cpu())
     return cpu::running_mean_counts(raw_ptr(mean_E), raw_ptr(sum_E), raw_ptr(counts_E), n_micro, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::running_mean_counts(ex.stream, raw_ptr(mean_E), raw_ptr(sum_E), raw_ptr(counts_E),
+                                     n_micro, E);
   no_kernel(ex, "running_mean_counts");
 }
 void running_mean_counts_ref(double* mean_E, const double* sum_E, const int64_t* counts_E,
@@ -65,6 +93,9 @@ inline void quantile_beta_estimate(const Exec& ex, DevPtr<double> beta_sum_E, De
   if (ex.on_cpu())
     return cpu::quantile_beta_estimate(raw_ptr(beta_sum_E), raw_ptr(col_T), raw_ptr(logits_TE),
                                        raw_ptr(keyv_TK1), n_tok, E, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::quantile_beta_estimate(ex.stream, raw_ptr(beta_sum_E), raw_ptr(col_T),
+                                        raw_ptr(logits_TE), raw_ptr(keyv_TK1), n_tok, E, K);
   no_kernel(ex, "quantile_beta_estimate");
 }
 void quantile_beta_estimate_ref(double* beta_sum_E, const double* logits_TE, const double* keyv_TK1,
@@ -73,6 +104,7 @@ void quantile_beta_estimate_ref(double* beta_sum_E, const double* logits_TE, con
 // x [n] /= d (the micro-batches' sum of estimates -> their mean).
 inline void divide_in_place(const Exec& ex, DevPtr<double> x, double d, int64_t n) {
   if (ex.on_cpu()) return cpu::divide_in_place(raw_ptr(x), d, n);
+  if constexpr (kHaveCudaKernels) return cuda::divide_in_place(ex.stream, raw_ptr(x), d, n);
   no_kernel(ex, "divide_in_place");
 }
 void divide_in_place_ref(double* x, double d, int64_t n);
@@ -83,6 +115,9 @@ inline void quantile_beta_update(const Exec& ex, DevPtr<float> beta_E, DevPtr<do
                                  DevPtr<const double> avg_E, double ema, int64_t E) {
   if (ex.on_cpu())
     return cpu::quantile_beta_update(raw_ptr(beta_E), raw_ptr(work_E), raw_ptr(avg_E), ema, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::quantile_beta_update(ex.stream, raw_ptr(beta_E), raw_ptr(work_E), raw_ptr(avg_E),
+                                      ema, E);
   no_kernel(ex, "quantile_beta_update");
 }
 void quantile_beta_update_ref(float* beta_E, const double* avg_E, double ema, int64_t E);
@@ -91,6 +126,8 @@ void quantile_beta_update_ref(float* beta_E, const double* avg_E, double ema, in
 inline void expert_bias_update(const Exec& ex, DevPtr<float> bias_E, DevPtr<const double> counts_E,
                                float rate, int64_t E) {
   if (ex.on_cpu()) return cpu::expert_bias_update(raw_ptr(bias_E), raw_ptr(counts_E), rate, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::expert_bias_update(ex.stream, raw_ptr(bias_E), raw_ptr(counts_E), rate, E);
   no_kernel(ex, "expert_bias_update");
 }
 void expert_bias_update_ref(float* bias_E, const double* counts_E, float rate, int64_t E);
