@@ -84,10 +84,11 @@ void check_attention(const ops::AttentionShape& s, const ops::AttentionDropout* 
 }
 
 // No tokens, one token, sequences shorter than a tile, not a multiple of it and of 32, several
-// query and key tiles (70); MHA, GQA 4/2 and MQA; D of 8 to 32, odd D.
+// query and key tiles (70); MHA, GQA 4/2 and MQA; D of 8 to 32, odd D; D = 128, whose shared
+// memory needs the smaller tiles (8 and, for the f64 backward, 4).
 const ops::AttentionShape kShapes[] = {
     {0, 2, 4, 2, 8},  {1, 1, 4, 2, 8},   {7, 2, 4, 2, 8},   {17, 1, 2, 2, 16},
-    {33, 2, 4, 2, 8}, {70, 1, 4, 2, 32}, {41, 1, 3, 1, 13},
+    {33, 2, 4, 2, 8}, {70, 1, 4, 2, 32}, {41, 1, 3, 1, 13}, {19, 1, 2, 1, 128},
 };
 
 TEST(EmuKernelsAttention, MatchesTheReferenceInEveryOrder) {

@@ -11,6 +11,7 @@
 // ops::dropout_keep from (head key, iteration, sample, i, j), the counters read from device
 // memory: the CPU's exact mask.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -38,13 +39,17 @@ struct Drop {
   const DropoutCounters* counters;
 };
 
-// The factor of P[b, h, i, j] (head_key: dropout_head_key of the global head): scale or 0.
+// The factor of P[b, h, i, j] (head_key: dropout_head_key of the global head): scale or 0. The
+// bit of ops::dropout_keep, its word picked by a select: dropout_keep's runtime index into the
+// four words would place them in local memory.
 template <typename T>
 __device__ __forceinline__ T keep_factor(const Drop<T>& dr, uint64_t head_key, uint64_t iteration,
                                          uint64_t sample, int64_t i, int64_t j) {
-  return dropout_keep(head_key, iteration, sample, uint64_t(i), uint64_t(j), dr.threshold)
-             ? dr.scale
-             : T(0);
+  const std::array<uint32_t, 4> w =
+      dropout_words(head_key, iteration, sample, uint64_t(i), uint64_t(j) / 4);
+  const int64_t c = j % 4;
+  const uint32_t word = c == 0 ? w[0] : c == 1 ? w[1] : c == 2 ? w[2] : w[3];
+  return word >= dr.threshold ? dr.scale : T(0);
 }
 
 template <typename T>

@@ -27,22 +27,22 @@ __device__ __forceinline__ QkvPiece qkv_piece(int64_t e, int64_t Hq, int64_t Hkv
 template <typename T>
 __global__ void split_qkv(T* q, T* k, T* v, const T* fused, int64_t n, int64_t Hq, int64_t Hkv,
                           int64_t D) {
-  T* parts[3] = {q, k, v};
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += int64_t(gridDim.x) * blockDim.x) {
     const QkvPiece p = qkv_piece(e, Hq, Hkv, D);
-    parts[p.part][p.offset] = fused[e];
+    // A select, not an array of the three pointers: a runtime index would place it in local
+    // memory.
+    (p.part == 0 ? q : p.part == 1 ? k : v)[p.offset] = fused[e];
   }
 }
 
 template <typename T>
 __global__ void fuse_qkv(T* fused, const T* q, const T* k, const T* v, int64_t n, int64_t Hq,
                          int64_t Hkv, int64_t D) {
-  const T* parts[3] = {q, k, v};
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += int64_t(gridDim.x) * blockDim.x) {
     const QkvPiece p = qkv_piece(e, Hq, Hkv, D);
-    fused[e] = parts[p.part][p.offset];
+    fused[e] = (p.part == 0 ? q : p.part == 1 ? k : v)[p.offset];
   }
 }
 }  // namespace kernels
