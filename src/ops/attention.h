@@ -10,6 +10,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 #include "ops/dropout.h"
 
 namespace moecore::ops {
@@ -47,6 +48,20 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
                         const T* out, const T* lse, const AttentionShape& s, T* workspace,
                         const AttentionDropout* drop);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/attention.cu): a SIMT flash kernel, tiles of queries and keys in
+// shared memory, the backward recomputing P from lse with delta = rowsum(dO o O) (FlashAttention-2)
+// in two atomic-free kernels (dK/dV per key tile, dQ per query tile). They need no workspace.
+// The dropout's exact keep bits; within the dtype's tolerance of the reference, bitwise run to
+// run. `stream` is the context's; drop->counters in device memory.
+namespace cuda {
+template <typename T>
+void attention_forward(void* stream, T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& s, const AttentionDropout* drop);
+template <typename T>
+void attention_backward(void* stream, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                        const T* v, const T* out, const T* lse, const AttentionShape& s,
+                        const AttentionDropout* drop);
+}  // namespace cuda
 
 // q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward. drop: nullptr
 // (or p == 0) for no dropout; the backward must get the forward's.
@@ -57,6 +72,9 @@ void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<cons
   if (ex.on_cpu())
     return cpu::attention_forward(raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k), raw_ptr(v), s,
                                   raw_ptr(workspace), drop);
+  if constexpr (kHaveCudaKernels)
+    return cuda::attention_forward(ex.stream, raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k),
+                                   raw_ptr(v), s, drop);
   no_kernel(ex, "attention_forward");
 }
 template <typename T>
@@ -73,6 +91,10 @@ void attention_backward(const Exec& ex, DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv
     return cpu::attention_backward(raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout), raw_ptr(q),
                                    raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
                                    raw_ptr(workspace), drop);
+  if constexpr (kHaveCudaKernels)
+    return cuda::attention_backward(ex.stream, raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout),
+                                    raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse),
+                                    s, drop);
   no_kernel(ex, "attention_backward");
 }
 template <typename T>

@@ -9,6 +9,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 #include "core/rng.h"
 
 namespace moecore::ops {
@@ -34,16 +35,18 @@ T dropout_scale(double p) {
 
 // The Philox words of columns 4 * col4 .. 4 * col4 + 3 of row (sample, pos). Counters are 32-bit:
 // iteration, sample (within the global batch), position and col4 are taken mod 2^32.
-inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint64_t iteration, uint64_t sample,
-                                             uint64_t pos, uint64_t col4) {
+MOE_HOST_DEVICE inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint64_t iteration,
+                                                             uint64_t sample, uint64_t pos,
+                                                             uint64_t col4) {
   return philox4x32({static_cast<uint32_t>(col4), static_cast<uint32_t>(pos),
                      static_cast<uint32_t>(sample), static_cast<uint32_t>(iteration)},
                     {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
 }
 
-// The keep bit of column `col` at (sample, pos): one Philox call serves 4 adjacent columns.
-inline bool dropout_keep(uint64_t key, uint64_t iteration, uint64_t sample, uint64_t pos,
-                         uint64_t col, uint32_t threshold) {
+// The keep bit of column `col` at (sample, pos): one Philox call serves 4 adjacent columns. Shared
+// with the CUDA kernels (the same bits on both backends).
+MOE_HOST_DEVICE inline bool dropout_keep(uint64_t key, uint64_t iteration, uint64_t sample,
+                                         uint64_t pos, uint64_t col, uint32_t threshold) {
   return dropout_words(key, iteration, sample, pos, col / 4)[col % 4] >= threshold;
 }
 

@@ -8,12 +8,15 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
-// cos/sin tables [max_pos, D/2] in f64, built once before step 0.
+// cos/sin tables [max_pos, D/2] in f64, built once before step 0 (host memory: the CUDA kernel
+// computes the angles from base instead).
 struct RopeCache {
   int64_t max_pos = 0, D = 0;
+  double base = 0;
   std::vector<double> cos_PD, sin_PD;
 };
 RopeCache make_rope_cache(int64_t max_pos, int64_t D, double base);
@@ -26,6 +29,17 @@ template <typename T>
 void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                    const RopeCache& cache);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/rope.cu): the angles computed in f64 from cache.base, within the
+// dtype's tolerance of the reference; a position outside [0, cache.max_pos) gives NaN (the CPU
+// path throws). `stream` is the context's.
+namespace cuda {
+template <typename T>
+void rope_forward(void* stream, T* y, const T* x, const int32_t* pos_T, int64_t n_tok,
+                  int64_t n_heads, const RopeCache& cache);
+template <typename T>
+void rope_backward(void* stream, T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok,
+                   int64_t n_heads, const RopeCache& cache);
+}  // namespace cuda
 
 // x, y [n_tok, n_heads, D]; token t is at position pos_T[t]. y may alias x.
 template <typename T>
@@ -33,6 +47,9 @@ void rope_forward(const Exec& ex, DevPtr<T> y, DevPtr<const T> x, DevPtr<const i
                   int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
   if (ex.on_cpu())
     return cpu::rope_forward(raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads, cache);
+  if constexpr (kHaveCudaKernels)
+    return cuda::rope_forward(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads,
+                              cache);
   no_kernel(ex, "rope_forward");
 }
 template <typename T>
@@ -44,6 +61,9 @@ void rope_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<cons
                    int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
   if (ex.on_cpu())
     return cpu::rope_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads, cache);
+  if constexpr (kHaveCudaKernels)
+    return cuda::rope_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads,
+                               cache);
   no_kernel(ex, "rope_backward");
 }
 template <typename T>

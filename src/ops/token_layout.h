@@ -7,6 +7,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -16,6 +17,14 @@ void tokens_to_sequence_major(int32_t* ids_T, int32_t* targets_T, int64_t* count
                               int64_t S);
 void sequence_positions(int32_t* pos_T, int64_t n_tok, int64_t B);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/token_layout.cu): bitwise the CPU's (the count is an integer sum);
+// `stream` is the context's.
+namespace cuda {
+void tokens_to_sequence_major(void* stream, int32_t* ids_T, int32_t* targets_T, int64_t* counted,
+                              const int32_t* ids_BS, const int32_t* targets_BS, int64_t B,
+                              int64_t S);
+void sequence_positions(void* stream, int32_t* pos_T, int64_t n_tok, int64_t B);
+}  // namespace cuda
 
 inline void tokens_to_sequence_major(const Exec& ex, DevPtr<int32_t> ids_T,
                                      DevPtr<int32_t> targets_T, DevPtr<int64_t> counted,
@@ -24,11 +33,17 @@ inline void tokens_to_sequence_major(const Exec& ex, DevPtr<int32_t> ids_T,
   if (ex.on_cpu())
     return cpu::tokens_to_sequence_major(raw_ptr(ids_T), raw_ptr(targets_T), raw_ptr(counted),
                                          raw_ptr(ids_BS), raw_ptr(targets_BS), B, S);
+  if constexpr (kHaveCudaKernels)
+    return cuda::tokens_to_sequence_major(ex.stream, raw_ptr(ids_T), raw_ptr(targets_T),
+                                          raw_ptr(counted), raw_ptr(ids_BS), raw_ptr(targets_BS), B,
+                                          S);
   no_kernel(ex, "tokens_to_sequence_major");
 }
 // pos [n_tok]: the position of token t = s * B + b in its sequence, s = t / B (RoPE's angles).
 inline void sequence_positions(const Exec& ex, DevPtr<int32_t> pos_T, int64_t n_tok, int64_t B) {
   if (ex.on_cpu()) return cpu::sequence_positions(raw_ptr(pos_T), n_tok, B);
+  if constexpr (kHaveCudaKernels)
+    return cuda::sequence_positions(ex.stream, raw_ptr(pos_T), n_tok, B);
   no_kernel(ex, "sequence_positions");
 }
 void sequence_positions_ref(int32_t* pos_T, int64_t n_tok, int64_t B);

@@ -21,6 +21,7 @@ RopeCache make_rope_cache(int64_t max_pos, int64_t D, double base) {
   RopeCache cache;
   cache.max_pos = max_pos;
   cache.D = D;
+  cache.base = base;
   const int64_t half = D / 2;
   cache.cos_PD.resize(max_pos * half);
   cache.sin_PD.resize(max_pos * half);
