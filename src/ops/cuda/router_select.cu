@@ -96,7 +96,7 @@ __global__ void group_limited_mask(double* key_TE, double* scratch_TE, int64_t n
 // outputs. Each d0[t] is one thread's sum over e in order, each d1[e] one thread's sum over t in
 // order, the error thread 0's sum over e: cpu::sinkhorn_balance's order. Not converging in the
 // iteration limit leaves cost NaN (the step's non-finite check reports it; the device cannot
-// throw).
+// throw). The sums' products are fused multiply-adds, as in the CPU paths.
 __global__ void sinkhorn_balance(double* cost_TE, double* d0_T, double* d1_2E,
                                  const double* logits_TE, int64_t n, int64_t E, double tol,
                                  double eps, int max_iters) {
@@ -117,13 +117,13 @@ __global__ void sinkhorn_balance(double* cost_TE, double* d0_T, double* d1_2E,
     }
     for (int64_t t = tid; t < n; t += nthr) {
       double acc = 0;
-      for (int64_t e = 0; e < E; ++e) acc += d1[e] * cost_TE[t * E + e];
+      for (int64_t e = 0; e < E; ++e) acc = std::fma(d1[e], cost_TE[t * E + e], acc);
       d0_T[t] = (1.0 / static_cast<double>(n)) * 1.0 / (acc + eps);
     }
     __syncthreads();
     for (int64_t e = tid; e < E; e += nthr) {
       double acc = 0;
-      for (int64_t t = 0; t < n; ++t) acc += d0_T[t] * cost_TE[t * E + e];
+      for (int64_t t = 0; t < n; ++t) acc = std::fma(d0_T[t], cost_TE[t * E + e], acc);
       d1[e] = (1.0 / static_cast<double>(E)) * 1.0 / (acc + eps);
     }
     __syncthreads();
