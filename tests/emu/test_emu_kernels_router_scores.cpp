@@ -95,8 +95,8 @@ TEST(EmuKernelsRouterScores, AuxScoresBackwardMatchesTheReferenceInEveryOrder) {
       const std::vector<double> daux0 = random_vec<double>(T * E, seed++);
       const std::vector<double> dl0 = random_vec<double>(T * E, seed++);
       std::vector<double> dl_ref = dl0, daux_ref = daux0;
-      ops::aux_scores_backward_ref(fn, dl_ref.data(), daux_ref.data(), a.data(), s.data(),
-                                   l.data(), T, E);
+      ops::aux_scores_backward_ref(fn, dl_ref.data(), daux_ref.data(), a.data(), s.data(), l.data(),
+                                   T, E);
       Guarded<double> dl(T * E), daux(T * E);
       const std::string diff = order_dependence([&] {
         Guarded<double> dl1(T * E), daux1(T * E);

@@ -244,13 +244,12 @@ void routing_key(void* stream, double* key_TE, const double* src_TE, const float
 void group_limited_mask(void* stream, double* key_TE, double* scratch_TE, int64_t n_tok, int64_t E,
                         int64_t num_groups, int64_t group_topk, int64_t K) {
   const int64_t G = num_groups, g = group_topk;
-  MOE_KERNEL_CHECK(G >= 1 && G <= kMaxGroups && E % G == 0 && g >= 1 && g <= G && K % g == 0 &&
-                       K / g <= E / G,
-                   "[group_limited_mask] num_groups=" + std::to_string(G) +
-                       " group_topk=" + std::to_string(g) + " topk=" + std::to_string(K) +
-                       " num_experts=" + std::to_string(E) +
-                       ": need num_groups in [1, 256] dividing num_experts, group_topk in [1, "
-                       "num_groups] dividing topk, topk / group_topk <= num_experts / num_groups");
+  MOE_KERNEL_CHECK(
+      G >= 1 && G <= kMaxGroups && E % G == 0 && g >= 1 && g <= G && K % g == 0 && K / g <= E / G,
+      "[group_limited_mask] num_groups=" + std::to_string(G) + " group_topk=" + std::to_string(g) +
+          " topk=" + std::to_string(K) + " num_experts=" + std::to_string(E) +
+          ": need num_groups in [1, 256] dividing num_experts, group_topk in [1, "
+          "num_groups] dividing topk, topk / group_topk <= num_experts / num_groups");
   MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff,
                    "[group_limited_mask] tokens=" + std::to_string(n_tok) + " outside [0, 2^31-1]");
   if (n_tok == 0) return;
@@ -281,12 +280,12 @@ void topk_prefix(void* stream, int32_t* idx_TK, const int32_t* idx_TK1, int64_t 
 }
 
 void apply_capacity(void* stream, int32_t* idx_TK, double* probs_TK, int64_t* dropped,
-                    int32_t* cand_N, int64_t* cand_off_2E1, const int32_t* routed_TK,
-                    int64_t n_tok, int64_t K, int64_t E, int64_t capacity, bool by_probs) {
+                    int32_t* cand_N, int64_t* cand_off_2E1, const int32_t* routed_TK, int64_t n_tok,
+                    int64_t K, int64_t E, int64_t capacity, bool by_probs) {
   const int64_t TK = n_tok * K;
   MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && E <= 0x7fffffff && TK <= 0x7fffffff,
-                   "[apply_capacity] tokens=" + std::to_string(n_tok) + " K=" +
-                       std::to_string(K) + " experts=" + std::to_string(E) +
+                   "[apply_capacity] tokens=" + std::to_string(n_tok) + " K=" + std::to_string(K) +
+                       " experts=" + std::to_string(E) +
                        ": need tokens >= 0, K >= 1, experts in [1, 2^31-1], tokens * K < 2^31");
   if (TK > 0) copy_bytes(stream, idx_TK, routed_TK, sizeof(int32_t) * TK);
   if (capacity <= 0) {
