@@ -292,8 +292,9 @@ void apply_capacity(void* stream, int32_t* idx_TK, double* probs_TK, int64_t* dr
     zero_bytes(stream, dropped, sizeof(int64_t));
     return;
   }
+  const int64_t block = std::min(kBlock, std::max<int64_t>(32, (TK + 31) / 32 * 32));
   launch("capacity_per_expert", kernels::capacity_per_expert, dim3(unsigned(E)),
-         dim3(unsigned(kBlock)), size_t(kBlock + kBlock / 32 + 1) * sizeof(int64_t), stream, idx_TK,
+         dim3(unsigned(block)), size_t(block + block / 32 + 1) * sizeof(int64_t), stream, idx_TK,
          probs_TK, cand_N, cand_off_2E1, routed_TK, TK, E, capacity, by_probs);
   launch("capacity_dropped", kernels::capacity_dropped, dim3(1), dim3(1), 0, stream, dropped,
          static_cast<const int64_t*>(cand_off_2E1), E, capacity);
