@@ -7,6 +7,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -24,6 +25,15 @@ void aux_scores_backward(ScoreFn fn, double* dlogits_TE, double* daux_TE,
                          const double* aux_scores_TE, const double* scores_TE,
                          const double* logits_TE, int64_t n_tok, int64_t E);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/router_scores.cu); `stream` is the context's. The switches below call
+// them where the build has kernels.
+namespace cuda {
+void router_scores(void* stream, ScoreFn fn, double* scores_TE, double* aux_scores_TE,
+                   const double* logits_TE, int64_t n_tok, int64_t E);
+void aux_scores_backward(void* stream, ScoreFn fn, double* dlogits_TE, double* daux_TE,
+                         const double* aux_scores_TE, const double* scores_TE,
+                         const double* logits_TE, int64_t n_tok, int64_t E);
+}  // namespace cuda
 
 // scores [T, E] = fn(logits) per row (softmax over E, or sigmoid / sqrt(softplus) per element);
 // aux_scores [T, E] (may be null: not computed) = the aux-loss scores: the softmax itself, or
@@ -35,6 +45,9 @@ inline void router_scores(const Exec& ex, ScoreFn fn, DevPtr<double> scores_TE,
   if (ex.on_cpu())
     return cpu::router_scores(fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE), raw_ptr(logits_TE),
                               n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::router_scores(ex.stream, fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE),
+                               raw_ptr(logits_TE), n_tok, E);
   no_kernel(ex, "router_scores");
 }
 void router_scores_ref(ScoreFn fn, double* scores_TE, double* aux_scores_TE,
@@ -52,6 +65,10 @@ inline void aux_scores_backward(const Exec& ex, ScoreFn fn, DevPtr<double> dlogi
     return cpu::aux_scores_backward(fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
                                     raw_ptr(aux_scores_TE), raw_ptr(scores_TE), raw_ptr(logits_TE),
                                     n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::aux_scores_backward(ex.stream, fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
+                                     raw_ptr(aux_scores_TE), raw_ptr(scores_TE),
+                                     raw_ptr(logits_TE), n_tok, E);
   no_kernel(ex, "aux_scores_backward");
 }
 void aux_scores_backward_ref(ScoreFn fn, double* dlogits_TE, double* daux_TE,

@@ -6,6 +6,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -17,12 +18,26 @@ void softmax_backward(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok, in
 template <typename T>
 void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/softmax_topk.cu); `stream` is the context's. The switches below call
+// them where the build has kernels. topk: bitwise cpu::topk's indices and values.
+namespace cuda {
+template <typename T>
+void softmax_forward(void* stream, T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
+template <typename T>
+void softmax_backward(void* stream, T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok,
+                      int64_t E);
+template <typename T>
+void topk(void* stream, int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E,
+          int64_t K);
+}  // namespace cuda
 
 // y[T,E] = softmax(x) per row; y may alias x.
 template <typename T>
 void softmax_forward(const Exec& ex, DevPtr<T> y_TE, DevPtr<const T> x_TE, int64_t n_tok,
                      int64_t E) {
   if (ex.on_cpu()) return cpu::softmax_forward(raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::softmax_forward(ex.stream, raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
   no_kernel(ex, "softmax_forward");
 }
 template <typename T>
@@ -33,6 +48,9 @@ void softmax_backward(const Exec& ex, DevPtr<T> dx_TE, DevPtr<const T> dy_TE, De
                       int64_t n_tok, int64_t E) {
   if (ex.on_cpu())
     return cpu::softmax_backward(raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok, E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::softmax_backward(ex.stream, raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok,
+                                  E);
   no_kernel(ex, "softmax_backward");
 }
 template <typename T>
@@ -44,6 +62,8 @@ template <typename T>
 void topk(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<T> val_TK, DevPtr<const T> x_TE,
           int64_t n_tok, int64_t E, int64_t K) {
   if (ex.on_cpu()) return cpu::topk(raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
+  if constexpr (kHaveCudaKernels)
+    return cuda::topk(ex.stream, raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
   no_kernel(ex, "topk");
 }
 template <typename T>

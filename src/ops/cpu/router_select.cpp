@@ -79,6 +79,9 @@ void group_limited_mask(double* key_TE, double* scratch_TE, int64_t n_tok, int64
   }
 }
 
+// The sums' products are explicit fused multiply-adds: GCC contracts a * b + acc in a loop's scalar
+// remainder but not in its vectorised body, so the bits depended on the vectorisation; std::fma
+// gives one rounding on every ISA, here, in the reference and in the CUDA kernel.
 void sinkhorn_balance(double* cost_TE, double* d0_T, double* d1_2E, const double* logits_TE,
                       int64_t n_tok, int64_t E) {
   const int64_t n = n_tok;
@@ -98,12 +101,12 @@ void sinkhorn_balance(double* cost_TE, double* d0_T, double* d1_2E, const double
               kSinkhornMaxIters, error);
     for (int64_t t = 0; t < n; ++t) {
       double acc = 0;
-      for (int64_t e = 0; e < E; ++e) acc += d1[e] * cost[t * E + e];
+      for (int64_t e = 0; e < E; ++e) acc = std::fma(d1[e], cost[t * E + e], acc);
       d0[t] = (1.0 / static_cast<double>(n)) * 1.0 / (acc + kSinkhornEps);
     }
     for (int64_t e = 0; e < E; ++e) {
       double acc = 0;
-      for (int64_t t = 0; t < n; ++t) acc += d0[t] * cost[t * E + e];
+      for (int64_t t = 0; t < n; ++t) acc = std::fma(d0[t], cost[t * E + e], acc);
       d1[e] = (1.0 / static_cast<double>(E)) * 1.0 / (acc + kSinkhornEps);
     }
     error = 0;
