@@ -96,7 +96,9 @@ void check_step(int64_t n, int copies, int64_t step, double scale) {
   }
   if constexpr (std::is_same_v<T, float>) {
     for (int64_t i = 0; i < n; ++i) {
-      if (want16) ASSERT_EQ(p16[i], ops::f32_to_bf16_bits(p[i])) << "p16 element " << i;
+      if (want16) {
+        ASSERT_EQ(p16[i], ops::f32_to_bf16_bits(p[i])) << "p16 element " << i;
+      }
       if (wantw) {
         const float w = ops::f32_bf16_rounded(p[i]);
         ASSERT_EQ(std::memcmp(&p16w[i], &w, sizeof w), 0) << "p16w element " << i;
