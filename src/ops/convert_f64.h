@@ -52,7 +52,8 @@ void narrow_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, int64_
 template <typename T>
 void narrow_from_f64_ref(T* y, const double* x, int64_t n);
 
-// y [n] += T(x * factor) (factor null: y += T(x)); the product is taken in f64.
+// y [n] += T(x * factor) (factor null: y += T(x)); the product is taken in f64. T = double: one
+// fused multiply-add (std::fma), so no compiler's contraction choice changes the bits.
 template <typename T>
 void add_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, DevPtr<const T> factor,
                   int64_t n) {

@@ -1,10 +1,10 @@
 // Conversions between the model dtype and f64 on the GPU (the router's f64 math): grid-stride
-// loops, each element one rounding (widen, narrow), or the f64 product, narrowed, then added: the
-// references' bits where the host compiler does not fuse that product into the add (an f64 y
-// with a factor on an FMA host: there the CPU paths contract and differ in the last bit).
+// loops, each element one rounding (widen, narrow, an f64 y's fused multiply-add) or the f32
+// form's f64 product narrowed and added, as the references: bitwise theirs.
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ops/convert_f64.h"
 #include "ops/cuda/launch.cuh"
@@ -24,14 +24,17 @@ __global__ void narrow_from_f64(T* y, const double* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     y[i] = static_cast<T>(x[i]);
 }
-// factor null: y += T(x). The product is rounded on its own (__dmul_rn: never fused into the
-// add of a double y), so the bits do not depend on the compiler's contraction.
+// factor null: y += T(x). T = double: one explicit fused multiply-add (the op's one rounding).
 template <typename T>
 __global__ void add_from_f64(T* y, const double* x, const T* factor, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const double v = factor ? __dmul_rn(x[i], static_cast<double>(factor[i])) : x[i];
-    y[i] += static_cast<T>(v);
+    if constexpr (std::is_same_v<T, double>) {
+      y[i] = factor ? __fma_rn(x[i], factor[i], y[i]) : y[i] + x[i];
+    } else {
+      const double v = factor ? x[i] * static_cast<double>(factor[i]) : x[i];
+      y[i] += static_cast<T>(v);
+    }
   }
 }
 }  // namespace kernels
