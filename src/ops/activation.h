@@ -98,7 +98,7 @@ void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const 
                                const float* h_NF, const float* p_N, int64_t N, int64_t F);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switches below yet. dp's sum over a row in a fixed
+// is the context's. dp's sum over a row in a fixed
 // block tree (not the CPU's lanes: within the dtype's tolerance of it, bitwise run to run).
 namespace cuda {
 template <typename T>
@@ -107,6 +107,17 @@ void activation_forward(void* stream, Activation act, T* a_NF, const T* h_NF, co
 template <typename T>
 void activation_backward(void* stream, Activation act, T* dh_NF, T* dp_N, const T* da_NF,
                          const T* h_NF, const T* p_N, int64_t N, int64_t F);
+// The bf16 forms: the same kernels writing bf16 bits or their widened values (bitwise the casts).
+void activation_forward_bf16(void* stream, Activation act, bf16* a16_NF, const float* h_NF,
+                             const float* p_N, int64_t N, int64_t F);
+void activation_backward_bf16(void* stream, Activation act, bf16* dh16_NF, float* dp_N,
+                              const float* da_NF, const float* h_NF, const float* p_N, int64_t N,
+                              int64_t F);
+void activation_forward_bf16w(void* stream, Activation act, float* a_NF, const float* h_NF,
+                              const float* p_N, int64_t N, int64_t F);
+void activation_backward_bf16w(void* stream, Activation act, float* dh_NF, float* dp_N,
+                               const float* da_NF, const float* h_NF, const float* p_N, int64_t N,
+                               int64_t F);
 }  // namespace cuda
 
 // a = act(h) * p, h and a [N, F].
@@ -150,6 +161,8 @@ inline void activation_forward_bf16(const Exec& ex, Activation act, DevPtr<bf16>
                                     int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward_bf16(act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_forward_bf16(ex.stream, act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
   no_kernel(ex, "activation_forward_bf16");
 }
 inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16> dh16_NF,
@@ -159,6 +172,9 @@ inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16
   if (ex.on_cpu())
     return cpu::activation_backward_bf16(act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                          raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_backward_bf16(ex.stream, act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+ raw_ptr(h_NF), raw_ptr(p_N), N, F);
   no_kernel(ex, "activation_backward_bf16");
 }
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
@@ -168,6 +184,8 @@ inline void activation_forward_bf16w(const Exec& ex, Activation act, DevPtr<floa
                                      int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward_bf16w(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_forward_bf16w(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
   no_kernel(ex, "activation_forward_bf16w");
 }
 inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<float> dh_NF,
@@ -177,6 +195,9 @@ inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<flo
   if (ex.on_cpu())
     return cpu::activation_backward_bf16w(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                           raw_ptr(h_NF), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::activation_backward_bf16w(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+ raw_ptr(h_NF), raw_ptr(p_N), N, F);
   no_kernel(ex, "activation_backward_bf16w");
 }
 

@@ -9,6 +9,7 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -32,6 +33,14 @@ template <typename T>
 void adamw_step(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,
                 const AdamWStep* s, bf16* p16 = nullptr, float* p16w = nullptr);
 }  // namespace cpu
+// The CUDA kernel (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream` is
+// the context's. The CPU fast path's element arithmetic, the step's scalars read on the device:
+// within f32 rounding of adamw_ref, the bf16 copies bitwise the cast of the new p.
+namespace cuda {
+template <typename T>
+void adamw_step(void* stream, T* p, const T* g, float* m, float* v, int64_t n,
+                const AdamWParams& a, const AdamWStep* s, bf16* p16, float* p16w);
+}  // namespace cuda
 
 // p16 (f32 p only; may be null): the bf16 compute copy of p (--bf16), rewritten in the same
 // pass from the updated values, bitwise what cast_f32_to_bf16 of the new p gives.
@@ -44,6 +53,9 @@ void adamw_step(const Exec& ex, DevPtr<T> p, DevPtr<const T> g, DevPtr<float> m,
   if (ex.on_cpu())
     return cpu::adamw_step(raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a, raw_ptr(s),
                            raw_ptr(p16), raw_ptr(p16w));
+  if constexpr (kHaveCudaKernels)
+    return cuda::adamw_step(ex.stream, raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a,
+                            raw_ptr(s), raw_ptr(p16), raw_ptr(p16w));
   no_kernel(ex, "adamw_step");
 }
 template <typename T>

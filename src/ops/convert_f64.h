@@ -8,6 +8,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -19,11 +20,22 @@ void narrow_from_f64(T* y, const double* x, int64_t n);
 template <typename T>
 void add_from_f64(T* y, const double* x, const T* factor, int64_t n);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Elementwise, one rounding each: bitwise the references.
+namespace cuda {
+template <typename T>
+void widen_to_f64(void* stream, double* y, const T* x, int64_t n);
+template <typename T>
+void narrow_from_f64(void* stream, T* y, const double* x, int64_t n);
+template <typename T>
+void add_from_f64(void* stream, T* y, const double* x, const T* factor, int64_t n);
+}  // namespace cuda
 
 // y [n] = double(x).
 template <typename T>
 void widen_to_f64(const Exec& ex, DevPtr<double> y, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::widen_to_f64(raw_ptr(y), raw_ptr(x), n);
+  if constexpr (kHaveCudaKernels) return cuda::widen_to_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "widen_to_f64");
 }
 template <typename T>
@@ -33,16 +45,21 @@ void widen_to_f64_ref(double* y, const T* x, int64_t n);
 template <typename T>
 void narrow_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, int64_t n) {
   if (ex.on_cpu()) return cpu::narrow_from_f64(raw_ptr(y), raw_ptr(x), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::narrow_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
   no_kernel(ex, "narrow_from_f64");
 }
 template <typename T>
 void narrow_from_f64_ref(T* y, const double* x, int64_t n);
 
-// y [n] += T(x * factor) (factor null: y += T(x)); the product is taken in f64.
+// y [n] += T(x * factor) (factor null: y += T(x)); the product is taken in f64. T = double: one
+// fused multiply-add (std::fma), so no compiler's contraction choice changes the bits.
 template <typename T>
 void add_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, DevPtr<const T> factor,
                   int64_t n) {
   if (ex.on_cpu()) return cpu::add_from_f64(raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::add_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
   no_kernel(ex, "add_from_f64");
 }
 template <typename T>

@@ -10,6 +10,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 #include "ops/adamw.h"
 
 namespace moecore::ops {
@@ -18,12 +19,21 @@ namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below c
 void grad_clip(double* norm, AdamWStep* step, const double* sum_sq, int64_t n_parts,
                double max_norm);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. One thread, the CPU's double arithmetic in the same order: bitwise.
+namespace cuda {
+void grad_clip(void* stream, double* norm, AdamWStep* step, const double* sum_sq, int64_t n_parts,
+               double max_norm);
+}  // namespace cuda
 
 // norm: one double (the norm before clipping); step: its grad_scale and skip are written.
 inline void grad_clip(const Exec& ex, DevPtr<double> norm, DevPtr<AdamWStep> step,
                       DevPtr<const double> sum_sq, int64_t n_parts, double max_norm) {
   if (ex.on_cpu())
     return cpu::grad_clip(raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts, max_norm);
+  if constexpr (kHaveCudaKernels)
+    return cuda::grad_clip(ex.stream, raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts,
+                           max_norm);
   no_kernel(ex, "grad_clip");
 }
 void grad_clip_ref(double* norm, AdamWStep* step, const double* sum_sq, int64_t n_parts,

@@ -9,6 +9,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 #include "ops/adamw.h"
 
 namespace moecore::ops {
@@ -19,12 +20,22 @@ void flag_nonfinite(int32_t* flag, const T* x, int64_t n);
 void flag_at_least(int32_t* flag, const double* value, const double* threshold);
 void skip_if_flagged(AdamWStep* step, const int32_t* flags, int64_t n);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. Device-side flags (no host read); bitwise the references.
+namespace cuda {
+template <typename T>
+void flag_nonfinite(void* stream, int32_t* flag, const T* x, int64_t n);
+void flag_at_least(void* stream, int32_t* flag, const double* value, const double* threshold);
+void skip_if_flagged(void* stream, AdamWStep* step, const int32_t* flags, int64_t n);
+}  // namespace cuda
 
 // *flag = 1 when some x[i] (i < n) is NaN or +-Inf; otherwise *flag is left as it is (an OR: one
 // flag can collect several tensors).
 template <typename T>
 void flag_nonfinite(const Exec& ex, DevPtr<int32_t> flag, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::flag_nonfinite(raw_ptr(flag), raw_ptr(x), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::flag_nonfinite(ex.stream, raw_ptr(flag), raw_ptr(x), n);
   no_kernel(ex, "flag_nonfinite");
 }
 template <typename T>
@@ -36,6 +47,8 @@ void flag_nonfinite_ref(int32_t* flag, const T* x, int64_t n);
 inline void flag_at_least(const Exec& ex, DevPtr<int32_t> flag, DevPtr<const double> value,
                           DevPtr<const double> threshold) {
   if (ex.on_cpu()) return cpu::flag_at_least(raw_ptr(flag), raw_ptr(value), raw_ptr(threshold));
+  if constexpr (kHaveCudaKernels)
+    return cuda::flag_at_least(ex.stream, raw_ptr(flag), raw_ptr(value), raw_ptr(threshold));
   no_kernel(ex, "flag_at_least");
 }
 void flag_at_least_ref(int32_t* flag, const double* value, const double* threshold);
@@ -44,6 +57,8 @@ void flag_at_least_ref(int32_t* flag, const double* value, const double* thresho
 inline void skip_if_flagged(const Exec& ex, DevPtr<AdamWStep> step, DevPtr<const int32_t> flags,
                             int64_t n) {
   if (ex.on_cpu()) return cpu::skip_if_flagged(raw_ptr(step), raw_ptr(flags), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::skip_if_flagged(ex.stream, raw_ptr(step), raw_ptr(flags), n);
   no_kernel(ex, "skip_if_flagged");
 }
 void skip_if_flagged_ref(AdamWStep* step, const int32_t* flags, int64_t n);

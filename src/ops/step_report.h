@@ -9,6 +9,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -30,12 +31,23 @@ void report_moe_layer(MicroBatchReport* r, int64_t* tokens_E, const double* aux_
                       const double* z_value, const int64_t* dropped, const int64_t* layer_tokens_E,
                       int64_t E);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
+// is the context's. One writer per output element: bitwise the references.
+namespace cuda {
+template <typename T>
+void loss_grad_scale(void* stream, T* dloss, const int64_t* counted, double scale);
+void report_moe_layer(void* stream, MicroBatchReport* r, int64_t* tokens_E,
+                      const double* aux_value, const double* z_value, const int64_t* dropped,
+                      const int64_t* layer_tokens_E, int64_t E);
+}  // namespace cuda
 
 // *dloss = T(scale / *counted), 0 when nothing counts: d(loss)/d(each token's CE) of the mean
 // cross entropy, times the step's gradient scale.
 template <typename T>
 void loss_grad_scale(const Exec& ex, DevPtr<T> dloss, DevPtr<const int64_t> counted, double scale) {
   if (ex.on_cpu()) return cpu::loss_grad_scale(raw_ptr(dloss), raw_ptr(counted), scale);
+  if constexpr (kHaveCudaKernels)
+    return cuda::loss_grad_scale(ex.stream, raw_ptr(dloss), raw_ptr(counted), scale);
   no_kernel(ex, "loss_grad_scale");
 }
 template <typename T>
@@ -50,6 +62,9 @@ inline void report_moe_layer(const Exec& ex, DevPtr<MicroBatchReport> r, DevPtr<
   if (ex.on_cpu())
     return cpu::report_moe_layer(raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
                                  raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
+  if constexpr (kHaveCudaKernels)
+    return cuda::report_moe_layer(ex.stream, raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
+                                  raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
   no_kernel(ex, "report_moe_layer");
 }
 void report_moe_layer_ref(MicroBatchReport* r, int64_t* tokens_E, const double* aux_value,

@@ -8,6 +8,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -25,23 +26,21 @@ template <typename T>
 void sum_squares_ranges(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switches below yet. A fixed two-pass tree in f64 (no
-// atomics): bitwise the same run to run, within 1e-13 relative of the references (not the CPU
-// fast path's bits). `scratch` is device memory of sum_squares_scratch_size(n_ranges) doubles
-// (sum_squares: n_ranges 0), planned with the buffers so that nothing allocates in a step; the
-// ranges stay a host list, as above.
+// is the context's. A fixed tree in f64 in one block per buffer or range (no atomics, no
+// scratch): bitwise the same run to run, within 1e-13 relative of the references (not the CPU
+// fast path's bits). The ranges stay a host list, as above.
 namespace cuda {
-int64_t sum_squares_scratch_size(int64_t n_ranges);
 template <typename T>
-void sum_squares(void* stream, double* out, const T* x, int64_t n, double* scratch);
+void sum_squares(void* stream, double* out, const T* x, int64_t n);
 template <typename T>
 void sum_squares_ranges(void* stream, double* out, const T* x, const ElemRange* ranges,
-                        int64_t n_ranges, double* scratch);
+                        int64_t n_ranges);
 }  // namespace cuda
 
 template <typename T>
 void sum_squares(const Exec& ex, DevPtr<double> out, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::sum_squares(raw_ptr(out), raw_ptr(x), n);
+  if constexpr (kHaveCudaKernels) return cuda::sum_squares(ex.stream, raw_ptr(out), raw_ptr(x), n);
   no_kernel(ex, "sum_squares");
 }
 // *out = the sum of squares of the elements of x in `ranges` (n_ranges of them; a planned list
@@ -52,6 +51,8 @@ template <typename T>
 void sum_squares_ranges(const Exec& ex, DevPtr<double> out, DevPtr<const T> x,
                         const ElemRange* ranges, int64_t n_ranges) {
   if (ex.on_cpu()) return cpu::sum_squares_ranges(raw_ptr(out), raw_ptr(x), ranges, n_ranges);
+  if constexpr (kHaveCudaKernels)
+    return cuda::sum_squares_ranges(ex.stream, raw_ptr(out), raw_ptr(x), ranges, n_ranges);
   no_kernel(ex, "sum_squares_ranges");
 }
 

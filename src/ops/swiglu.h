@@ -25,7 +25,7 @@ void swiglu_backward_bf16w(float* dh_N2F, float* dp_N, const float* da_NF, const
                            const float* p_N, int64_t N, int64_t F);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switches below yet; no bf16 forms yet. The sigmoid
+// is the context's. The sigmoid
 // through the device's exp (the CPU's fast_exp is not shared), dp's sum over a row in a fixed
 // block tree: within the dtype's tolerance of the reference, bitwise run to run.
 namespace cuda {
@@ -34,6 +34,15 @@ void swiglu_forward(void* stream, T* a_NF, const T* h_N2F, const T* p_N, int64_t
 template <typename T>
 void swiglu_backward(void* stream, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
                      int64_t N, int64_t F);
+// The bf16 forms: the same kernels writing bf16 bits or their widened values (bitwise the casts).
+void swiglu_forward_bf16(void* stream, bf16* a16_NF, const float* h_N2F, const float* p_N,
+                         int64_t N, int64_t F);
+void swiglu_backward_bf16(void* stream, bf16* dh16_N2F, float* dp_N, const float* da_NF,
+                          const float* h_N2F, const float* p_N, int64_t N, int64_t F);
+void swiglu_forward_bf16w(void* stream, float* a_NF, const float* h_N2F, const float* p_N,
+                          int64_t N, int64_t F);
+void swiglu_backward_bf16w(void* stream, float* dh_N2F, float* dp_N, const float* da_NF,
+                           const float* h_N2F, const float* p_N, int64_t N, int64_t F);
 }  // namespace cuda
 
 template <typename T>
@@ -70,6 +79,8 @@ inline void swiglu_forward_bf16(const Exec& ex, DevPtr<bf16> a16_NF, DevPtr<cons
                                 DevPtr<const float> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::swiglu_forward_bf16(raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_forward_bf16(ex.stream, raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward_bf16");
 }
 inline void swiglu_backward_bf16(const Exec& ex, DevPtr<bf16> dh16_N2F, DevPtr<float> dp_N,
@@ -78,6 +89,9 @@ inline void swiglu_backward_bf16(const Exec& ex, DevPtr<bf16> dh16_N2F, DevPtr<f
   if (ex.on_cpu())
     return cpu::swiglu_backward_bf16(raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
                                      raw_ptr(h_N2F), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_backward_bf16(ex.stream, raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+ raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward_bf16");
 }
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
@@ -86,6 +100,8 @@ inline void swiglu_forward_bf16w(const Exec& ex, DevPtr<float> a_NF, DevPtr<cons
                                  DevPtr<const float> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::swiglu_forward_bf16w(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_forward_bf16w(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_forward_bf16w");
 }
 inline void swiglu_backward_bf16w(const Exec& ex, DevPtr<float> dh_N2F, DevPtr<float> dp_N,
@@ -94,6 +110,9 @@ inline void swiglu_backward_bf16w(const Exec& ex, DevPtr<float> dh_N2F, DevPtr<f
   if (ex.on_cpu())
     return cpu::swiglu_backward_bf16w(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
                                       raw_ptr(h_N2F), raw_ptr(p_N), N, F);
+  if constexpr (kHaveCudaKernels)
+    return cuda::swiglu_backward_bf16w(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+ raw_ptr(h_N2F), raw_ptr(p_N), N, F);
   no_kernel(ex, "swiglu_backward_bf16w");
 }
 

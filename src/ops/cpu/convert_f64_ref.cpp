@@ -1,4 +1,7 @@
 // f64 conversions reference: plain loops. The oracle for convert_f64.cpp.
+#include <cmath>
+#include <type_traits>
+
 #include "ops/convert_f64.h"
 
 namespace moecore::ops {
@@ -17,7 +20,10 @@ template <typename T>
 void add_from_f64_ref(T* y, const double* x, const T* factor, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double f = factor ? static_cast<double>(factor[i]) : 1.0;
-    y[i] = y[i] + static_cast<T>(x[i] * f);
+    if constexpr (std::is_same_v<T, double>)
+      y[i] = std::fma(x[i], f, y[i]);  // the op's one rounding (ops/convert_f64.h)
+    else
+      y[i] = y[i] + static_cast<T>(x[i] * f);
   }
 }
 

@@ -1,38 +1,42 @@
 // The element-wise MLP activations (GeLU, its tanh form, squared ReLU) on the GPU: a block per row,
 // threads striding over F, the element bodies shared with the CPU fast path
 // (ops::ActivationFn). The backward's dp (the row's sum of act(h) da) meets in a fixed block tree
-// (ops/cuda/reduce.cuh): the same bits run to run, no atomics.
+// (ops/cuda/reduce.cuh): the same bits run to run, no atomics. The bf16 forms are the same
+// kernels writing through ops/cuda/store_bf16.cuh: bitwise the cast of the f32 form's outputs.
 #include <algorithm>
 #include <cmath>
 
 #include "ops/activation.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cuda/store_bf16.cuh"
 
 namespace moecore::ops::cuda {
 
 namespace kernels {
-template <Activation A, typename T>
-__global__ void activation_forward(T* a_NF, const T* h_NF, const T* p_N, int64_t F) {
+// Out: T, or bf16 bits (uint16_t) / the widened bf16 value (kWide) of an f32 result.
+template <Activation A, typename T, bool kWide, typename Out>
+__global__ void activation_forward(Out* a_NF, const T* h_NF, const T* p_N, int64_t F) {
   const int64_t n = blockIdx.x;
   const T* h = h_NF + n * F;
-  T* a = a_NF + n * F;
+  Out* a = a_NF + n * F;
   const T p = p_N ? p_N[n] : T(1);
-  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) a[f] = ActivationFn<A, T>::f(h[f]) * p;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x)
+    a[f] = store<kWide>(ActivationFn<A, T>::f(h[f]) * p, a);
 }
 
 // want_dp: dp_N[n] = the row's sum (dynamic shared memory: blockDim.x / 32 + 1 values of T).
-template <Activation A, typename T>
-__global__ void activation_backward(T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
-                                    int64_t F, bool want_dp) {
+template <Activation A, typename T, bool kWide, typename Out>
+__global__ void activation_backward(Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
+                                    const T* p_N, int64_t F, bool want_dp) {
   const int64_t n = blockIdx.x;
   const T* h = h_NF + n * F;
   const T* da = da_NF + n * F;
-  T* dh = dh_NF + n * F;
+  Out* dh = dh_NF + n * F;
   const T p = p_N ? p_N[n] : T(1);
   T part = 0;
   for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
-    dh[f] = da[f] * p * ActivationFn<A, T>::df(h[f]);
+    dh[f] = store<kWide>(da[f] * p * ActivationFn<A, T>::df(h[f]), dh);
     if (want_dp) part += ActivationFn<A, T>::f(h[f]) * da[f];
   }
   if (!want_dp) return;  // uniform over the block: no thread waits at the barriers below
@@ -55,58 +59,96 @@ int64_t block_for(int64_t F) {
   return std::min(kMaxBlock, std::max<int64_t>(32, (F + 31) / 32 * 32));
 }
 
-template <Activation A, typename T>
-void forward(void* stream, T* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
-  launch("activation_forward", kernels::activation_forward<A, T>, dim3(unsigned(N)),
+template <Activation A, bool kWide, typename T, typename Out>
+void forward(void* stream, Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+  launch("activation_forward", kernels::activation_forward<A, T, kWide, Out>, dim3(unsigned(N)),
          dim3(unsigned(block_for(F))), 0, stream, a_NF, h_NF, p_N, F);
 }
 
-template <Activation A, typename T>
-void backward(void* stream, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
+template <Activation A, bool kWide, typename T, typename Out>
+void backward(void* stream, Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
               int64_t N, int64_t F, bool want_dp) {
   const int64_t block = block_for(F);
   const size_t smem = want_dp ? size_t(block / 32 + 1) * sizeof(T) : 0;
-  launch("activation_backward", kernels::activation_backward<A, T>, dim3(unsigned(N)),
+  launch("activation_backward", kernels::activation_backward<A, T, kWide, Out>, dim3(unsigned(N)),
          dim3(unsigned(block)), smem, stream, dh_NF, dp_N, da_NF, h_NF, p_N, F, want_dp);
+}
+
+
+// The three forms of each: Out = T, or bf16 bits, or (kWide) the widened bf16 value.
+template <bool kWide, typename T, typename Out>
+void forward_any(const char* op, void* stream, Activation act, Out* a_NF, const T* h_NF,
+                 const T* p_N, int64_t N, int64_t F) {
+  check_elementwise_activation(act, op);
+  check_shape(op, N, F);
+  if (N == 0 || F == 0) return;  // nothing to write
+  switch (act) {
+    case Activation::GeLU:
+      return forward<Activation::GeLU, kWide>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::GeLUTanh:
+      return forward<Activation::GeLUTanh, kWide>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::SquaredReLU:
+      return forward<Activation::SquaredReLU, kWide>(stream, a_NF, h_NF, p_N, N, F);
+    case Activation::SwiGLU:
+      break;
+  }
+}
+
+template <bool kWide, typename T, typename Out>
+void backward_any(const char* op, void* stream, Activation act, Out* dh_NF, T* dp_N,
+                  const T* da_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+  check_elementwise_activation(act, op);
+  check_shape(op, N, F);
+  const bool want_dp = p_N != nullptr && dp_N != nullptr;
+  if (N == 0 || (F == 0 && !want_dp)) return;  // nothing to write (F = 0: dp an empty sum, 0)
+  switch (act) {
+    case Activation::GeLU:
+      return backward<Activation::GeLU, kWide>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F,
+                                               want_dp);
+    case Activation::GeLUTanh:
+      return backward<Activation::GeLUTanh, kWide>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F,
+                                                   want_dp);
+    case Activation::SquaredReLU:
+      return backward<Activation::SquaredReLU, kWide>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F,
+                                                      want_dp);
+    case Activation::SwiGLU:
+      break;
+  }
 }
 }  // namespace
 
 template <typename T>
 void activation_forward(void* stream, Activation act, T* a_NF, const T* h_NF, const T* p_N,
                         int64_t N, int64_t F) {
-  check_elementwise_activation(act, "activation_forward");
-  check_shape("activation_forward", N, F);
-  if (N == 0 || F == 0) return;  // nothing to write
-  switch (act) {
-    case Activation::GeLU:
-      return forward<Activation::GeLU>(stream, a_NF, h_NF, p_N, N, F);
-    case Activation::GeLUTanh:
-      return forward<Activation::GeLUTanh>(stream, a_NF, h_NF, p_N, N, F);
-    case Activation::SquaredReLU:
-      return forward<Activation::SquaredReLU>(stream, a_NF, h_NF, p_N, N, F);
-    case Activation::SwiGLU:
-      break;
-  }
+  forward_any<false>("activation_forward", stream, act, a_NF, h_NF, p_N, N, F);
 }
 
 template <typename T>
 void activation_backward(void* stream, Activation act, T* dh_NF, T* dp_N, const T* da_NF,
                          const T* h_NF, const T* p_N, int64_t N, int64_t F) {
-  check_elementwise_activation(act, "activation_backward");
-  check_shape("activation_backward", N, F);
-  const bool want_dp = p_N != nullptr && dp_N != nullptr;
-  if (N == 0 || (F == 0 && !want_dp)) return;  // nothing to write (F = 0: dp an empty sum, 0)
-  switch (act) {
-    case Activation::GeLU:
-      return backward<Activation::GeLU>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F, want_dp);
-    case Activation::GeLUTanh:
-      return backward<Activation::GeLUTanh>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F, want_dp);
-    case Activation::SquaredReLU:
-      return backward<Activation::SquaredReLU>(stream, dh_NF, dp_N, da_NF, h_NF, p_N, N, F,
-                                               want_dp);
-    case Activation::SwiGLU:
-      break;
-  }
+  backward_any<false>("activation_backward", stream, act, dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+}
+
+void activation_forward_bf16(void* stream, Activation act, bf16* a16_NF, const float* h_NF,
+                             const float* p_N, int64_t N, int64_t F) {
+  forward_any<false>("activation_forward_bf16", stream, act,
+                     reinterpret_cast<uint16_t*>(a16_NF), h_NF, p_N, N, F);
+}
+void activation_backward_bf16(void* stream, Activation act, bf16* dh16_NF, float* dp_N,
+                              const float* da_NF, const float* h_NF, const float* p_N, int64_t N,
+                              int64_t F) {
+  backward_any<false>("activation_backward_bf16", stream, act,
+                      reinterpret_cast<uint16_t*>(dh16_NF), dp_N, da_NF, h_NF, p_N, N, F);
+}
+void activation_forward_bf16w(void* stream, Activation act, float* a_NF, const float* h_NF,
+                              const float* p_N, int64_t N, int64_t F) {
+  forward_any<true>("activation_forward_bf16w", stream, act, a_NF, h_NF, p_N, N, F);
+}
+void activation_backward_bf16w(void* stream, Activation act, float* dh_NF, float* dp_N,
+                               const float* da_NF, const float* h_NF, const float* p_N, int64_t N,
+                               int64_t F) {
+  backward_any<true>("activation_backward_bf16w", stream, act, dh_NF, dp_N, da_NF, h_NF, p_N, N,
+                     F);
 }
 
 template void activation_forward<float>(void*, Activation, float*, const float*, const float*,

@@ -2,11 +2,14 @@
 // The backward's dp (the row's sum of silu(g) u da) meets in a fixed block tree (ops/cuda/
 // reduce.cuh): the same bits run to run, no atomics. The sigmoid uses the device's exp, not the
 // CPU fast path's fast_exp, so the two backends agree within the dtype's tolerance, not bitwise.
+// The bf16 forms are the same kernels writing through ops/cuda/store_bf16.cuh: bitwise the cast
+// of the f32 form's outputs, dp the f32 form's.
 #include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cuda/store_bf16.cuh"
 #include "ops/swiglu.h"
 
 namespace moecore::ops::cuda {
@@ -17,33 +20,35 @@ __device__ __forceinline__ T sigmoid(T g) {
   return T(1) / (T(1) + std::exp(-g));
 }
 
-template <typename T>
-__global__ void swiglu_forward(T* a_NF, const T* h_N2F, const T* p_N, int64_t F) {
+// Out: T, or bf16 bits (uint16_t) / the widened bf16 value (kWide) of an f32 result.
+template <typename T, bool kWide, typename Out>
+__global__ void swiglu_forward(Out* a_NF, const T* h_N2F, const T* p_N, int64_t F) {
   const int64_t n = blockIdx.x;
   const T* g = h_N2F + n * 2 * F;
   const T* u = g + F;
-  T* a = a_NF + n * F;
+  Out* a = a_NF + n * F;
   const T p = p_N ? p_N[n] : T(1);
-  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) a[f] = g[f] * sigmoid(g[f]) * u[f] * p;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x)
+    a[f] = store<kWide>(g[f] * sigmoid(g[f]) * u[f] * p, a);
 }
 
 // want_dp: dp_N[n] = the row's sum (dynamic shared memory: blockDim.x / 32 + 1 values of T).
-template <typename T>
-__global__ void swiglu_backward(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
+template <typename T, bool kWide, typename Out>
+__global__ void swiglu_backward(Out* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
                                 int64_t F, bool want_dp) {
   const int64_t n = blockIdx.x;
   const T* g = h_N2F + n * 2 * F;
   const T* u = g + F;
   const T* da = da_NF + n * F;
-  T* dg = dh_N2F + n * 2 * F;
-  T* du = dg + F;
+  Out* dg = dh_N2F + n * 2 * F;
+  Out* du = dg + F;
   const T p = p_N ? p_N[n] : T(1);
   T part = 0;
   for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
     const T s = sigmoid(g[f]);
     const T silu = g[f] * s;
-    dg[f] = da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s));
-    du[f] = da[f] * p * silu;
+    dg[f] = store<kWide>(da[f] * p * u[f] * s * (T(1) + g[f] * (T(1) - s)), dg);
+    du[f] = store<kWide>(da[f] * p * silu, du);
     part += silu * u[f] * da[f];
   }
   if (!want_dp) return;  // uniform over the block: no thread waits at the barriers below
@@ -60,28 +65,61 @@ std::string shape(int64_t N, int64_t F) {
   return "rows=" + std::to_string(N) + " (0 to 2^31-1, one block each), F=" + std::to_string(F) +
          " (>= 0)";
 }
-}  // namespace
 
-template <typename T>
-void swiglu_forward(void* stream, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
-  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[swiglu_forward] " + shape(N, F));
+
+// The three forms of each: Out = T, or bf16 bits, or (kWide) the widened bf16 value.
+template <bool kWide, typename T, typename Out>
+void forward_any(const char* op, void* stream, Out* a_NF, const T* h_N2F, const T* p_N, int64_t N,
+                 int64_t F) {
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[" + std::string(op) + "] " + shape(N, F));
   if (N == 0 || F == 0) return;  // nothing to write
   const int64_t block = std::min(kMaxBlock, (F + 31) / 32 * 32);
-  launch("swiglu_forward", kernels::swiglu_forward<T>, dim3(unsigned(N)), dim3(unsigned(block)), 0,
-         stream, a_NF, h_N2F, p_N, F);
+  launch("swiglu_forward", kernels::swiglu_forward<T, kWide, Out>, dim3(unsigned(N)),
+         dim3(unsigned(block)), 0, stream, a_NF, h_N2F, p_N, F);
 }
 
-template <typename T>
-void swiglu_backward(void* stream, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
-                     int64_t N, int64_t F) {
-  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[swiglu_backward] " + shape(N, F));
+template <bool kWide, typename T, typename Out>
+void backward_any(const char* op, void* stream, Out* dh_N2F, T* dp_N, const T* da_NF,
+                  const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[" + std::string(op) + "] " + shape(N, F));
   if (N == 0) return;
   const bool want_dp = p_N != nullptr && dp_N != nullptr;
   if (F == 0 && !want_dp) return;  // nothing to write (with F = 0, dp is an empty sum: 0)
   const int64_t block = std::min(kMaxBlock, std::max<int64_t>(32, (F + 31) / 32 * 32));
   const size_t smem = want_dp ? size_t(block / 32 + 1) * sizeof(T) : 0;
-  launch("swiglu_backward", kernels::swiglu_backward<T>, dim3(unsigned(N)), dim3(unsigned(block)),
-         smem, stream, dh_N2F, dp_N, da_NF, h_N2F, p_N, F, want_dp);
+  launch("swiglu_backward", kernels::swiglu_backward<T, kWide, Out>, dim3(unsigned(N)),
+         dim3(unsigned(block)), smem, stream, dh_N2F, dp_N, da_NF, h_N2F, p_N, F, want_dp);
+}
+}  // namespace
+
+template <typename T>
+void swiglu_forward(void* stream, T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
+  forward_any<false>("swiglu_forward", stream, a_NF, h_N2F, p_N, N, F);
+}
+
+template <typename T>
+void swiglu_backward(void* stream, T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
+                     int64_t N, int64_t F) {
+  backward_any<false>("swiglu_backward", stream, dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
+}
+
+void swiglu_forward_bf16(void* stream, bf16* a16_NF, const float* h_N2F, const float* p_N,
+                         int64_t N, int64_t F) {
+  forward_any<false>("swiglu_forward_bf16", stream, reinterpret_cast<uint16_t*>(a16_NF), h_N2F,
+                     p_N, N, F);
+}
+void swiglu_backward_bf16(void* stream, bf16* dh16_N2F, float* dp_N, const float* da_NF,
+                          const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
+  backward_any<false>("swiglu_backward_bf16", stream, reinterpret_cast<uint16_t*>(dh16_N2F), dp_N,
+                      da_NF, h_N2F, p_N, N, F);
+}
+void swiglu_forward_bf16w(void* stream, float* a_NF, const float* h_N2F, const float* p_N,
+                          int64_t N, int64_t F) {
+  forward_any<true>("swiglu_forward_bf16w", stream, a_NF, h_N2F, p_N, N, F);
+}
+void swiglu_backward_bf16w(void* stream, float* dh_N2F, float* dp_N, const float* da_NF,
+                           const float* h_N2F, const float* p_N, int64_t N, int64_t F) {
+  backward_any<true>("swiglu_backward_bf16w", stream, dh_N2F, dp_N, da_NF, h_N2F, p_N, N, F);
 }
 
 template void swiglu_forward<float>(void*, float*, const float*, const float*, int64_t, int64_t);
