@@ -133,8 +133,8 @@ void linear(const Exec& ex) {
       {
         Staging st(ex);
         ops::linear_forward<T>(ex, st.out(y), st.in(x), st.in(w), M, N, K, acc);
-        ops::linear_backward<T>(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w), M, N,
-                                K, acc);
+        ops::linear_backward<T>(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w), M, N, K,
+                                acc);
         st.back();
       }
       gemm_ref<T>(false, true, M, N, K, T(1), x.data(), K, w.data(), K, acc ? T(1) : T(0),

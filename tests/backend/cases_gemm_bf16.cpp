@@ -122,10 +122,10 @@ void linear_bf16_case(const Exec& ex) {
       Guarded<float> y = nan_out<float>(M * N), dx = nan_out<float>(M * K), dw = guarded(dw0);
       {
         Staging st(ex);
-        ops::linear_forward_bf16(ex, st.out(y), st.in(x), st.in(w16), M, N, K,
-                                 as_bf16(st.out(x16)), st.out(ws));
-        ops::linear_backward_bf16(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w16), M,
-                                  N, K, as_bf16(st.out(dy16)), as_bf16(st.out(x16)), st.out(ws));
+        ops::linear_forward_bf16(ex, st.out(y), st.in(x), st.in(w16), M, N, K, as_bf16(st.out(x16)),
+                                 st.out(ws));
+        ops::linear_backward_bf16(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w16), M, N,
+                                  K, as_bf16(st.out(dy16)), as_bf16(st.out(x16)), st.out(ws));
         st.back();
       }
       expect_close(y, y_ref.data(), "y");

@@ -184,8 +184,8 @@ void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
       ops::attention_forward<T>(ex, st.out(out), st.out(lse), st.in(q), st.in(k), st.in(v), s,
                                 st.out(ws), d);
       ops::attention_backward<T>(ex, st.out(dq), st.out(dk), st.out(dv), st.in(dout), st.in(q),
-                                 st.in(k), st.in(v), st.in(out_ref), st.in(lse_ref), s,
-                                 st.out(ws), d);
+                                 st.in(k), st.in(v), st.in(out_ref), st.in(lse_ref), s, st.out(ws),
+                                 d);
       st.back();
     }
     expect_close(out, out_ref.data(), "out");
