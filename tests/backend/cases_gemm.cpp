@@ -34,7 +34,11 @@ void one_gemm(const Exec& ex, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   }
   Guarded<T> c = guarded(c0);
   std::vector<T> c_ref = c0;
-  ops::gemm<T>(ex, ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  {
+    Staging st(ex);
+    ops::gemm<T>(ex, ta, tb, M, N, K, alpha, st.in(a), lda, st.in(b), ldb, beta, st.out(c), ldc);
+    st.back();
+  }
   gemm_ref<T>(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc);
   expect_close(c, c_ref.data(), "C");
 }
@@ -64,8 +68,10 @@ void gemm_closed_form(const Exec& ex) {
     BACKEND_TRACE("ta=" << g.ta << " tb=" << g.tb << " M=" << g.M << " N=" << g.N << " K=" << g.K
                         << " alpha=" << g.alpha << " beta=" << g.beta << " ldc=" << g.ldc);
     Guarded<T> c = guarded(g.c0);
-    ops::gemm<T>(ex, g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.a.data(), g.lda, g.b.data(), g.ldb,
-                 g.beta, c.data(), g.ldc);
+    Staging st(ex);
+    ops::gemm<T>(ex, g.ta, g.tb, g.M, g.N, g.K, g.alpha, st.in(g.a), g.lda, st.in(g.b), g.ldb,
+                 g.beta, st.out(c), g.ldc);
+    st.back();
     expect_close(c, g.want.data(), "C", 0.0, 0.0);
   });
 }
@@ -80,7 +86,12 @@ void gemm_f32_edges(const Exec& ex) {
     Guarded<float> c(7 * 5, 3.f);
     std::vector<float> c_ref(7 * 5, 3.f);
     float dummy = 0.f;
-    ops::gemm<float>(ex, false, false, 7, 5, 0, 1.f, &dummy, 1, &dummy, 5, beta, c.data(), 5);
+    {
+      Staging st(ex);
+      ops::gemm<float>(ex, false, false, 7, 5, 0, 1.f, st.in(&dummy, 1), 1, st.in(&dummy, 1), 5,
+                       beta, st.out(c), 5);
+      st.back();
+    }
     gemm_ref<float>(false, false, 7, 5, 0, 1.f, &dummy, 1, &dummy, 5, beta, c_ref.data(), 5);
     expect_bitwise(c, c_ref.data(), "C = beta C");
   }
@@ -93,7 +104,11 @@ void gemm_f32_edges(const Exec& ex) {
   for (int64_t i = 0; i < K * N; ++i) b[i] = static_cast<float>(i % 5 - 2);
   Guarded<float> c = nan_out<float>(M * N);
   std::vector<float> c_ref(M * N);
-  ops::gemm<float>(ex, false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
+  {
+    Staging st(ex);
+    ops::gemm<float>(ex, false, false, M, N, K, 1.f, st.in(a), K, st.in(b), N, 0.f, st.out(c), N);
+    st.back();
+  }
   gemm_ref<float>(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c_ref.data(), N);
   expect_bitwise(c, c_ref.data(), "small integers: exact");
 }
@@ -114,15 +129,19 @@ void linear(const Exec& ex) {
       BACKEND_TRACE("M=" << M << " N=" << N << " K=" << K << " accumulate=" << acc);
       Guarded<T> y = acc ? guarded(y0) : nan_out<T>(M * N);
       std::vector<T> y_ref = y0;
-      ops::linear_forward<T>(ex, y.data(), x.data(), w.data(), M, N, K, acc);
+      Guarded<T> dx = acc ? guarded(dx0) : nan_out<T>(M * K), dw = guarded(dw0);
+      {
+        Staging st(ex);
+        ops::linear_forward<T>(ex, st.out(y), st.in(x), st.in(w), M, N, K, acc);
+        ops::linear_backward<T>(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w), M, N, K,
+                                acc);
+        st.back();
+      }
       gemm_ref<T>(false, true, M, N, K, T(1), x.data(), K, w.data(), K, acc ? T(1) : T(0),
                   y_ref.data(), N);
       expect_close(y, y_ref.data(), "y");
 
-      Guarded<T> dx = acc ? guarded(dx0) : nan_out<T>(M * K), dw = guarded(dw0);
       std::vector<T> dx_ref = dx0, dw_ref = dw0;
-      ops::linear_backward<T>(ex, dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N, K,
-                              acc);
       gemm_ref<T>(false, false, M, K, N, T(1), dy.data(), N, w.data(), K, acc ? T(1) : T(0),
                   dx_ref.data(), K);
       gemm_ref<T>(true, false, N, K, M, T(1), dy.data(), N, x.data(), K, T(1), dw_ref.data(), K);
@@ -132,7 +151,11 @@ void linear(const Exec& ex) {
     BACKEND_TRACE("M=" << M << " N=" << N << " K=" << K << " dx null");
     Guarded<T> dw = guarded(dw0);
     std::vector<T> dw_ref = dw0;
-    ops::linear_backward<T>(ex, nullptr, dw.data(), dy.data(), x.data(), w.data(), M, N, K);
+    {
+      Staging st(ex);
+      ops::linear_backward<T>(ex, nullptr, st.out(dw), st.in(dy), st.in(x), st.in(w), M, N, K);
+      st.back();
+    }
     gemm_ref<T>(true, false, N, K, M, T(1), dy.data(), N, x.data(), K, T(1), dw_ref.data(), K);
     expect_close(dw, dw_ref.data(), "dw without dx");
   }
@@ -154,7 +177,11 @@ void grouped_forward(const Exec& ex, const std::vector<std::vector<int64_t>>& gr
                          << " trans_w=" << trans_w);
       Guarded<T> y = nan_out<T>(rows * N);
       std::vector<T> y_ref(rows * N);
-      ops::grouped_gemm<T>(ex, m_G.data(), G, N, K, x.data(), w.data(), trans_w, y.data());
+      {
+        Staging st(ex);
+        ops::grouped_gemm<T>(ex, st.in(m_G), G, N, K, st.in(x), st.in(w), trans_w, st.out(y));
+        st.back();
+      }
       ops::grouped_gemm_ref<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, y_ref.data());
       expect_close(y, y_ref.data(), "y");
     }
@@ -173,7 +200,11 @@ void grouped_wgrad(const Exec& ex, const std::vector<std::vector<int64_t>>& grou
     const auto dw0 = random_vec<T>(G * N * K, seed++);
     Guarded<T> dw = guarded(dw0);
     std::vector<T> dw_ref = dw0;
-    ops::grouped_gemm_wgrad<T>(ex, m_G.data(), G, N, K, dy.data(), x.data(), dw.data());
+    {
+      Staging st(ex);
+      ops::grouped_gemm_wgrad<T>(ex, st.in(m_G), G, N, K, st.in(dy), st.in(x), st.out(dw));
+      st.back();
+    }
     ops::grouped_gemm_wgrad_ref<T>(m_G.data(), G, N, K, dy.data(), x.data(), dw_ref.data());
     expect_close(dw, dw_ref.data(), "dw");
     for (int64_t g = 0; g < G; ++g) {

@@ -66,8 +66,12 @@ void gemm_bf16_case(const Exec& ex) {
             Guarded<float> c = guarded(C0);
             std::vector<float> c_ref = C0;
             Guarded<float> ws = nan_ws(ops::gemm_bf16_workspace_elems(ex, s.M, s.N, s.K));
-            ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta, c.data(),
-                           ldc, ws.data());
+            {
+              Staging st(ex);
+              ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, st.in(A), lda, st.in(B), ldb, beta,
+                             st.out(c), ldc, st.out(ws));
+              st.back();
+            }
             ops::gemm_bf16_ref(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
                                c_ref.data(), ldc);
             expect_close(c, c_ref.data(), "C (padding columns included)");
@@ -77,8 +81,12 @@ void gemm_bf16_case(const Exec& ex) {
               std::vector<float> B32(B.size());
               ops::cast_bf16_to_f32_ref(B32.data(), B.data(), static_cast<int64_t>(B.size()));
               Guarded<float> c32 = guarded(C0);
-              ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, beta,
-                             c32.data(), ldc, ws.data(), B32.data());
+              {
+                Staging st(ex);
+                ops::gemm_bf16(ex, ta, tb, s.M, s.N, s.K, st.in(A), lda, st.in(B), ldb, beta,
+                               st.out(c32), ldc, st.out(ws), st.in(B32));
+                st.back();
+              }
               expect_bitwise(c32, c, "C with b32");
             }
           }
@@ -112,10 +120,14 @@ void linear_bf16_case(const Exec& ex) {
       Guarded<float> ws = nan_ws(ops::linear_bf16_workspace_elems(ex, M, N, K));
       Guarded<uint16_t> x16(M * K), dy16(M * N);
       Guarded<float> y = nan_out<float>(M * N), dx = nan_out<float>(M * K), dw = guarded(dw0);
-      ops::linear_forward_bf16(ex, y.data(), x.data(), w16.data(), M, N, K, as_bf16(x16.data()),
-                               ws.data());
-      ops::linear_backward_bf16(ex, dx.data(), dw.data(), dy.data(), x.data(), w16.data(), M, N, K,
-                                as_bf16(dy16.data()), as_bf16(x16.data()), ws.data());
+      {
+        Staging st(ex);
+        ops::linear_forward_bf16(ex, st.out(y), st.in(x), st.in(w16), M, N, K, as_bf16(st.out(x16)),
+                                 st.out(ws));
+        ops::linear_backward_bf16(ex, st.out(dx), st.out(dw), st.in(dy), st.in(x), st.in(w16), M, N,
+                                  K, as_bf16(st.out(dy16)), as_bf16(st.out(x16)), st.out(ws));
+        st.back();
+      }
       expect_close(y, y_ref.data(), "y");
       expect_close(dx, dx_ref.data(), "dx");
       expect_close(dw, dw_ref.data(), "dw (accumulated)");
@@ -130,18 +142,28 @@ void linear_bf16_case(const Exec& ex) {
         const bool x_rounded = form >= 1;
         const std::vector<float>& x_in = x_rounded ? xr : x;
         Guarded<float> y2 = nan_out<float>(M * N), dx2 = nan_out<float>(M * K), dw2 = guarded(dw0);
-        ops::linear_forward_bf16(ex, y2.data(), x_in.data(), w16.data(), M, N, K,
-                                 as_bf16(x16.data()), ws.data(), wide, x_rounded);
-        ops::linear_backward_bf16(ex, dx2.data(), dw2.data(), dy.data(), x_in.data(), w16.data(), M,
-                                  N, K, as_bf16(dy16.data()), as_bf16(x16.data()), ws.data(), wide,
-                                  x_rounded);
+        {
+          Staging st(ex);
+          ops::linear_forward_bf16(ex, st.out(y2), st.in(x_in), st.in(w16), M, N, K,
+                                   as_bf16(st.out(x16)), st.out(ws), st.in_or_null(wide, N * K),
+                                   x_rounded);
+          ops::linear_backward_bf16(ex, st.out(dx2), st.out(dw2), st.in(dy), st.in(x_in),
+                                    st.in(w16), M, N, K, as_bf16(st.out(dy16)),
+                                    as_bf16(st.out(x16)), st.out(ws), st.in_or_null(wide, N * K),
+                                    x_rounded);
+          st.back();
+        }
         expect_bitwise(y2, y, "y");
         expect_bitwise(dx2, dx, "dx");
         expect_bitwise(dw2, dw, "dw");
       }
       Guarded<float> dw3 = guarded(dw0);
-      ops::linear_backward_bf16(ex, nullptr, dw3.data(), dy.data(), x.data(), w16.data(), M, N, K,
-                                as_bf16(dy16.data()), as_bf16(x16.data()), ws.data());
+      {
+        Staging st(ex);
+        ops::linear_backward_bf16(ex, nullptr, st.out(dw3), st.in(dy), st.in(x), st.in(w16), M, N,
+                                  K, as_bf16(st.out(dy16)), as_bf16(st.out(x16)), st.out(ws));
+        st.back();
+      }
       expect_close(dw3, dw_ref.data(), "dw without dx");
     }
   });
@@ -175,11 +197,15 @@ void grouped_bf16_case(const Exec& ex) {
         Guarded<float> ws =
             nan_ws(ops::grouped_gemm_bf16_workspace_elems(ex, rows, N, K, omp_get_max_threads()));
         Guarded<float> y = nan_out<float>(rows * N), y32 = nan_out<float>(rows * N);
-        ops::grouped_gemm_bf16(ex, m.data(), G, N, K, x16.data(), w16.data(), trans_w, y.data(),
-                               ws.data());
+        {
+          Staging st(ex);
+          ops::grouped_gemm_bf16(ex, st.in(m), G, N, K, st.in(x16), st.in(w16), trans_w, st.out(y),
+                                 st.out(ws));
+          ops::grouped_gemm_bf16(ex, st.in(m), G, N, K, st.in(x16), st.in(w16), trans_w,
+                                 st.out(y32), st.out(ws), st.in(w32));
+          st.back();
+        }
         expect_close(y, y_ref.data(), "y");
-        ops::grouped_gemm_bf16(ex, m.data(), G, N, K, x16.data(), w16.data(), trans_w, y32.data(),
-                               ws.data(), w32.data());
         expect_bitwise(y32, y, "y with w32");
         expect_intact(ws, "ws32");
       }
@@ -202,8 +228,12 @@ void grouped_wgrad_bf16_case(const Exec& ex) {
       ops::grouped_gemm_wgrad_ref<float>(m.data(), G, N, K, dyr.data(), xr.data(), dw_ref.data());
       Guarded<float> ws = nan_ws(ops::grouped_gemm_wgrad_bf16_workspace_elems(ex, rows, N, K));
       Guarded<float> dw = guarded(dw0);
-      ops::grouped_gemm_wgrad_bf16(ex, m.data(), G, N, K, dy16.data(), x16.data(), dw.data(),
-                                   ws.data());
+      {
+        Staging st(ex);
+        ops::grouped_gemm_wgrad_bf16(ex, st.in(m), G, N, K, st.in(dy16), st.in(x16), st.out(dw),
+                                     st.out(ws));
+        st.back();
+      }
       expect_close(dw, dw_ref.data(), "dw (accumulated)");
       expect_intact(ws, "ws32");
     }
@@ -230,13 +260,17 @@ void head_loss_bf16_case(const Exec& ex) {
       for (int64_t t = 0; t < T; ++t) tg[t] = t % 5 == 1 ? -1 : static_cast<int32_t>(gen() % V);
       const float dloss = 0.375f;
       const ops::HeadLossShape s32{T, H, V, T};
-      std::vector<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s32)), dh(T * H),
+      Guarded<float> loss(T), lse(T), ws(ops::head_loss_workspace_elems(s32)), dh(T * H),
           dw(V * H, 0.f);
-      double total = 0;
-      ops::head_loss_forward<float>(ex, &total, loss.data(), lse.data(), h.data(), w.data(),
-                                    tg.data(), s32, ws.data());
-      ops::head_loss_backward<float>(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(),
-                                     lse.data(), &dloss, s32, ws.data());
+      Guarded<double> total(1, 0.0);
+      {
+        Staging st(ex);
+        ops::head_loss_forward<float>(ex, st.out(total), st.out(loss), st.out(lse), st.in(h),
+                                      st.in(w), st.in(tg), s32, st.out(ws));
+        ops::head_loss_backward<float>(ex, st.out(dh), st.out(dw), st.in(h), st.in(w), st.in(tg),
+                                       st.in(lse), st.in(&dloss, 1), s32, st.out(ws));
+        st.back();
+      }
       std::vector<double> dh_want(T * H, 0.0), dw_want(V * H, 0.0);
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t v = 0; v < V; ++v) {
@@ -255,19 +289,29 @@ void head_loss_bf16_case(const Exec& ex) {
         Guarded<uint16_t> h16(T * H), dz16(ops::head_loss_workspace_elems(s16));
         Guarded<float> ws32 = nan_ws(ops::head_loss_bf16_workspace_elems(ex, s16));
         Guarded<float> h32 = nan_out<float>(T * H);
-        ops::HeadLossBf16 b{w16.data(), as_bf16(h16.data()), as_bf16(dz16.data()), ws32.data()};
-        if (widened) b = ops::HeadLossBf16{.w_VH_wide = w32.data(), .h32 = h32.data()};
         Guarded<float> loss16 = nan_out<float>(T), lse16 = nan_out<float>(T),
                        ws16 = nan_ws(ops::head_loss_workspace_elems(s16)),
                        dh16 = nan_out<float>(T * H), dw16(V * H, 0.f);
-        double total16 = 0;
-        ops::head_loss_forward<float>(ex, &total16, loss16.data(), lse16.data(), h.data(), w.data(),
-                                      tg.data(), s16, ws16.data(), &b);
-        ops::head_loss_backward<float>(ex, dh16.data(), dw16.data(), h.data(), w.data(), tg.data(),
-                                       lse16.data(), &dloss, s16, ws16.data(), &b);
-        EXPECT_EQ(total16, total) << "total loss";
-        expect_bitwise(loss16, loss.data(), "loss_T");
-        expect_bitwise(lse16, lse.data(), "lse_T");
+        Guarded<double> total16(1, 0.0);
+        {
+          Staging st(ex);
+          ops::HeadLossBf16 b;
+          if (widened) {
+            b = ops::HeadLossBf16{.w_VH_wide = st.in(w32), .h32 = st.out(h32)};
+          } else {
+            b = ops::HeadLossBf16{st.in(w16), as_bf16(st.out(h16)), as_bf16(st.out(dz16)),
+                                  st.out(ws32)};
+          }
+          ops::head_loss_forward<float>(ex, st.out(total16), st.out(loss16), st.out(lse16),
+                                        st.in(h), st.in(w), st.in(tg), s16, st.out(ws16), &b);
+          ops::head_loss_backward<float>(ex, st.out(dh16), st.out(dw16), st.in(h), st.in(w),
+                                         st.in(tg), st.in(lse16), st.in(&dloss, 1), s16,
+                                         st.out(ws16), &b);
+          st.back();
+        }
+        EXPECT_EQ(total16[0], total[0]) << "total loss";
+        expect_bitwise(loss16, loss, "loss_T");
+        expect_bitwise(lse16, lse, "lse_T");
         expect_close(dh16, dh_want.data(), "dh");
         expect_close(dw16, dw_want.data(), "dw");
         if (widened) {

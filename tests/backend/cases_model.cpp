@@ -43,8 +43,12 @@ void embedding_one(const Exec& ex) {
     ops::embedding_forward_ref(y_ref.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
     ops::embedding_backward_ref(dw_ref.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
     Guarded<T> y = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0);
-    ops::embedding_forward<T>(ex, y.data(), ids.data(), w.data(), s.n_tok, s.H, s.V);
-    ops::embedding_backward<T>(ex, dw.data(), dy.data(), ids.data(), s.n_tok, s.H, s.V);
+    {
+      Staging st(ex);
+      ops::embedding_forward<T>(ex, st.out(y), st.in(ids), st.in(w), s.n_tok, s.H, s.V);
+      ops::embedding_backward<T>(ex, st.out(dw), st.in(dy), st.in(ids), s.n_tok, s.H, s.V);
+      st.back();
+    }
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
   }
@@ -63,7 +67,11 @@ void embedding_bf16_case(const Exec& ex) {
     std::vector<float> y_ref(n_tok * H);
     ops::embedding_forward_bf16_ref(y_ref.data(), ids.data(), w.data(), n_tok, H, V);
     Guarded<float> y = nan_out<float>(n_tok * H);
-    ops::embedding_forward_bf16(ex, y.data(), ids.data(), w.data(), n_tok, H, V);
+    {
+      Staging st(ex);
+      ops::embedding_forward_bf16(ex, st.out(y), st.in(ids), st.in(w), n_tok, H, V);
+      st.back();
+    }
     expect_bitwise(y, y_ref.data(), "y");
   }
 }
@@ -109,10 +117,14 @@ void head_loss_case(const Exec& ex) {
                dh = nan_out<T>(s.n_tok * s.H), dw = guarded(dw0),
                ws = nan_out<T>(ops::head_loss_workspace_elems(s));
     Guarded<double> total(1, std::nan(""));
-    ops::head_loss_forward<T>(ex, total.data(), loss.data(), lse.data(), h.data(), w.data(),
-                              tg.data(), s, ws.data());
-    ops::head_loss_backward<T>(ex, dh.data(), dw.data(), h.data(), w.data(), tg.data(),
-                               lse_ref.data(), &dloss, s, ws.data());
+    {
+      Staging st(ex);
+      ops::head_loss_forward<T>(ex, st.out(total), st.out(loss), st.out(lse), st.in(h), st.in(w),
+                                st.in(tg), s, st.out(ws));
+      ops::head_loss_backward<T>(ex, st.out(dh), st.out(dw), st.in(h), st.in(w), st.in(tg),
+                                 st.in(lse_ref), st.in(&dloss, 1), s, st.out(ws));
+      st.back();
+    }
     expect_intact(total, "total");
     EXPECT_NEAR(total[0], total_ref, Tol<T>::atol * s.n_tok + Tol<T>::rtol * std::abs(total_ref))
         << "total loss";
@@ -161,10 +173,21 @@ void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
     Guarded<T> ws = nan_out<T>(ops::attention_workspace_elems(s, omp_get_max_threads()));
     Guarded<T> out = nan_out<T>(n_q), lse = nan_out<T>(n_lse), dq = nan_out<T>(n_q),
                dk = nan_out<T>(n_kv), dv = nan_out<T>(n_kv);
-    ops::attention_forward<T>(ex, out.data(), lse.data(), q.data(), k.data(), v.data(), s,
-                              ws.data(), drop);
-    ops::attention_backward<T>(ex, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-                               v.data(), out_ref.data(), lse_ref.data(), s, ws.data(), drop);
+    {
+      Staging st(ex);
+      ops::AttentionDropout drop_dev;  // the same dropout, its counters staged
+      if (drop != nullptr) {
+        drop_dev = *drop;
+        drop_dev.counters = st.in(raw_ptr(drop->counters), 1);
+      }
+      const ops::AttentionDropout* d = drop != nullptr ? &drop_dev : nullptr;
+      ops::attention_forward<T>(ex, st.out(out), st.out(lse), st.in(q), st.in(k), st.in(v), s,
+                                st.out(ws), d);
+      ops::attention_backward<T>(ex, st.out(dq), st.out(dk), st.out(dv), st.in(dout), st.in(q),
+                                 st.in(k), st.in(v), st.in(out_ref), st.in(lse_ref), s, st.out(ws),
+                                 d);
+      st.back();
+    }
     expect_close(out, out_ref.data(), "out");
     expect_close(lse, lse_ref.data(), "lse");
     expect_close(dq, dq_ref.data(), "dq");
@@ -179,8 +202,8 @@ void attention_case(const Exec& ex) {
   attention_one<T>(ex, nullptr);
 }
 
-// Dropout p = 0.1 and 0.3 of the probabilities, the counters in host memory (the harness's
-// buffers are the host's), heads offset as on a tensor-parallel rank.
+// Dropout p = 0.1 and 0.3 of the probabilities, heads offset as on a tensor-parallel rank. The
+// counters are the host's here (the reference reads them); attention_one stages them for the op.
 template <typename T>
 void attention_dropout_case(const Exec& ex) {
   const ops::DropoutCounters counters{41, 12};
@@ -214,12 +237,16 @@ void rope_one(const Exec& ex) {
                               s.base);
     Guarded<T> y = nan_out<T>(n), dx = nan_out<T>(n), y_in_place = guarded(x),
                dx_in_place = guarded(dy);
-    ops::rope_forward<T>(ex, y.data(), x.data(), pos.data(), s.n_tok, s.n_heads, cache);
-    ops::rope_backward<T>(ex, dx.data(), dy.data(), pos.data(), s.n_tok, s.n_heads, cache);
-    ops::rope_forward<T>(ex, y_in_place.data(), y_in_place.data(), pos.data(), s.n_tok, s.n_heads,
-                         cache);
-    ops::rope_backward<T>(ex, dx_in_place.data(), dx_in_place.data(), pos.data(), s.n_tok,
-                          s.n_heads, cache);
+    {
+      Staging st(ex);
+      ops::rope_forward<T>(ex, st.out(y), st.in(x), st.in(pos), s.n_tok, s.n_heads, cache);
+      ops::rope_backward<T>(ex, st.out(dx), st.in(dy), st.in(pos), s.n_tok, s.n_heads, cache);
+      T* const yi = st.out(y_in_place);  // staged once: y and x the same backend buffer
+      ops::rope_forward<T>(ex, yi, yi, st.in(pos), s.n_tok, s.n_heads, cache);
+      T* const dxi = st.out(dx_in_place);
+      ops::rope_backward<T>(ex, dxi, dxi, st.in(pos), s.n_tok, s.n_heads, cache);
+      st.back();
+    }
     expect_close(y, y_ref.data(), "y");
     expect_close(dx, dx_ref.data(), "dx");
     expect_bitwise(y_in_place, y, "y in place");

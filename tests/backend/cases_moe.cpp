@@ -89,8 +89,12 @@ void build_permutation_case(const Exec& ex) {
     const Map want = ref_map(r);
     Guarded<int64_t> counts(r.E, -7), n_kept(1, -7);
     Guarded<int32_t> row_token(r.T * r.K, -7), row_slot(r.T * r.K, -7), token_rows(r.T * r.K, -7);
-    ops::build_permutation(ex, n_kept.data(), counts.data(), row_token.data(), row_slot.data(),
-                           token_rows.data(), r.idx.data(), r.T, r.K, r.E);
+    {
+      Staging st(ex);
+      ops::build_permutation(ex, st.out(n_kept), st.out(counts), st.out(row_token),
+                             st.out(row_slot), st.out(token_rows), st.in(r.idx), r.T, r.K, r.E);
+      st.back();
+    }
     expect_bitwise(n_kept, &want.N, "kept rows");
     expect_bitwise(counts, want.counts.data(), "counts_E");
     // All T * K rows: past the kept ones, the dropped slots' pad rows (-1).
@@ -118,8 +122,13 @@ void pad_permutation_case(const Exec& ex) {
       Guarded<int32_t> row_token = guarded(tok0), row_slot = guarded(slot0),
                        token_rows = guarded(m.token_rows);
       Guarded<int64_t> n_kept(1, m.N), pad(1, -7);
-      ops::pad_permutation(ex, pad.data(), counts.data(), row_token.data(), row_slot.data(),
-                           token_rows.data(), n_kept.data(), r.T, r.K, r.E, cap);
+      {
+        Staging st(ex);
+        // n_kept is read only; staged as an output so a stray write shows in its guards.
+        ops::pad_permutation(ex, st.out(pad), st.out(counts), st.out(row_token), st.out(row_slot),
+                             st.out(token_rows), st.out(n_kept), r.T, r.K, r.E, cap);
+        st.back();
+      }
       expect_bitwise(pad, &pad_want, "pad rows");
       expect_intact(n_kept, "kept rows");
       expect_bitwise(counts, want.counts.data(), "counts_E");
@@ -140,15 +149,23 @@ void row_probs(const Exec& ex) {
     const auto probs = random_vec<T>(r.T * r.K, seed++);
     std::vector<T> p_ref(rows);
     Guarded<T> p = nan_out<T>(rows);
-    ops::gather_row_probs<T>(ex, p.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
-                             rows, r.K);
+    {
+      Staging st(ex);
+      ops::gather_row_probs<T>(ex, st.out(p), st.in(probs), st.in(m.row_token), st.in(m.row_slot),
+                               rows, r.K);
+      st.back();
+    }
     ops::gather_row_probs_ref(p_ref.data(), probs.data(), m.row_token.data(), m.row_slot.data(),
                               rows, r.K);
     expect_bitwise(p, p_ref.data(), "p_N");
     const auto dp = random_vec<T>(rows, seed++);
     std::vector<T> dprobs_ref(r.T * r.K);
     Guarded<T> dprobs = nan_out<T>(r.T * r.K);
-    ops::scatter_row_probs<T>(ex, dprobs.data(), dp.data(), m.token_rows.data(), r.T * r.K);
+    {
+      Staging st(ex);
+      ops::scatter_row_probs<T>(ex, st.out(dprobs), st.in(dp), st.in(m.token_rows), r.T * r.K);
+      st.back();
+    }
     ops::scatter_row_probs_ref(dprobs_ref.data(), dp.data(), m.token_rows.data(), r.T * r.K);
     expect_bitwise(dprobs, dprobs_ref.data(), "dprobs_TK");
   });
@@ -164,7 +181,11 @@ void permute_rows_case(const Exec& ex) {
       const auto x = random_vec<T>(r.T * H, seed++);
       std::vector<T> y_ref(rows * H);
       Guarded<T> y = nan_out<T>(rows * H);
-      ops::permute_rows<T>(ex, y.data(), x.data(), m.row_token.data(), rows, H);
+      {
+        Staging st(ex);
+        ops::permute_rows<T>(ex, st.out(y), st.in(x), st.in(m.row_token), rows, H);
+        st.back();
+      }
       ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
       expect_bitwise(y, y_ref.data(), "y_NH");
     }
@@ -182,17 +203,34 @@ void unpermute_rows_case(const Exec& ex) {
       const auto x = random_vec<T>(rows * H, seed++);
       std::vector<T> y_ref(r.T * H);
       Guarded<T> y = nan_out<T>(r.T * H);
-      ops::unpermute_rows<T>(ex, y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      {
+        Staging st(ex);
+        ops::unpermute_rows<T>(ex, st.out(y), st.in(x), st.in(m.token_rows), r.T, r.K, H);
+        st.back();
+      }
       ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
       expect_close(y, y_ref.data(), "y_TH");
       std::vector<T> xi(rows * H);
       for (int64_t i = 0; i < rows * H; ++i) xi[i] = T(int(i % 11) - 5);
       Guarded<T> yi = nan_out<T>(r.T * H);
-      ops::unpermute_rows<T>(ex, yi.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
+      {
+        Staging st(ex);
+        ops::unpermute_rows<T>(ex, st.out(yi), st.in(xi), st.in(m.token_rows), r.T, r.K, H);
+        st.back();
+      }
       ops::unpermute_rows_ref(y_ref.data(), xi.data(), m.token_rows.data(), r.T, r.K, H);
       expect_bitwise(yi, y_ref.data(), "y_TH, small integers");
     }
   });
+}
+
+// g with its tables staged (the reference reads the host's); G tokens over all ranks.
+ops::GroupRouting staged(Staging& st, const ops::GroupRouting& g, int64_t G) {
+  ops::GroupRouting d = g;
+  d.idx_GK = st.in(raw_ptr(g.idx_GK), G * g.K);
+  d.tok_off_R = st.in(raw_ptr(g.tok_off_R), g.R + 1);
+  d.cap_R = st.in(raw_ptr(g.cap_R), g.R);
+  return d;
 }
 
 // build_group_permutation against its definition, bitwise: one rank and two or three, each
@@ -241,8 +279,13 @@ void build_group_permutation_case(const Exec& ex) {
                                                              pads_ref.data(), g);
       Guarded<int64_t> rows(L, -9), chunk(L * R, -9), pads(1, -9);
       Guarded<int32_t> tok(max_rows, -9), slot(max_rows, -9), grp(G * K, -9);
-      const int64_t n = ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
-                                                     grp.data(), chunk.data(), pads.data(), g);
+      int64_t n = -1;
+      {
+        Staging st(ex);
+        n = ops::build_group_permutation(ex, st.out(rows), st.out(tok), st.out(slot), st.out(grp),
+                                         st.out(chunk), st.out(pads), staged(st, g, G));
+        st.back();
+      }
       EXPECT_EQ(n, n_ref) << "rows";
       expect_bitwise(rows, rows_ref.data(), "rows_L");
       expect_bitwise(tok, tok_ref.data(), "row_token_N", n);
@@ -263,9 +306,12 @@ void build_group_permutation_case(const Exec& ex) {
         if (on_first > c.cap) {
           ops::GroupRouting bad = g;
           bad.idx_GK = over.data();
-          EXPECT_THROW(ops::build_group_permutation(ex, rows.data(), tok.data(), slot.data(),
-                                                    grp.data(), chunk.data(), pads.data(), bad),
-                       moecore::Error);
+          auto run_bad = [&] {
+            Staging st(ex);
+            ops::build_group_permutation(ex, st.out(rows), st.out(tok), st.out(slot), st.out(grp),
+                                         st.out(chunk), st.out(pads), staged(st, bad, G));
+          };
+          EXPECT_THROW(run_bad(), moecore::Error);
         }
       }
       if (n > 0) {  // fewer planned rows than the routing needs: N, and no row written
@@ -273,9 +319,14 @@ void build_group_permutation_case(const Exec& ex) {
         small.max_rows = n - 1;
         Guarded<int64_t> rows2(L, -9), chunk2(L * R, -9), pads2(1, -9);
         Guarded<int32_t> tok2(max_rows, -9), slot2(max_rows, -9), grp2(G * K, -9);
-        EXPECT_EQ(ops::build_group_permutation(ex, rows2.data(), tok2.data(), slot2.data(),
-                                               grp2.data(), chunk2.data(), pads2.data(), small),
-                  n);
+        {
+          Staging st(ex);
+          EXPECT_EQ(ops::build_group_permutation(ex, st.out(rows2), st.out(tok2), st.out(slot2),
+                                                 st.out(grp2), st.out(chunk2), st.out(pads2),
+                                                 staged(st, small, G)),
+                    n);
+          st.back();
+        }
         EXPECT_EQ(ops::build_group_permutation_ref(rows_ref.data(), tok_ref.data(), slot_ref.data(),
                                                    grp_ref.data(), pads_ref.data(), small),
                   n);
@@ -313,14 +364,19 @@ void copy_row_chunks_case(const Exec& ex) {
       Guarded<T> dst = nan_out<T>(n * W + W);  // one row past the chunks: never written
       std::vector<T> want(n * W + W, std::numeric_limits<T>::quiet_NaN());
       const int64_t chunks = c.R * c.L;
-      ops::copy_row_chunks<T>(ex, dst.data(), src.data(), dst_off.data(), src_off.data(),
-                              c.rows.data(), chunks, W);
+      Guarded<T> back = nan_out<T>(n * W);  // and back: the identity
+      {
+        Staging st(ex);
+        T* const sorted = st.out(dst);
+        ops::copy_row_chunks<T>(ex, sorted, st.in(src), st.in(dst_off), st.in(src_off),
+                                st.in(c.rows), chunks, W);
+        ops::copy_row_chunks<T>(ex, st.out(back), sorted, st.in(src_off), st.in(dst_off),
+                                st.in(c.rows), chunks, W);
+        st.back();
+      }
       ops::copy_row_chunks_ref(want.data(), src.data(), dst_off.data(), src_off.data(),
                                c.rows.data(), chunks, W);
       expect_bitwise(dst, want.data(), "sorted");
-      Guarded<T> back = nan_out<T>(n * W);  // and back: the identity
-      ops::copy_row_chunks<T>(ex, back.data(), dst.data(), src_off.data(), dst_off.data(),
-                              c.rows.data(), chunks, W);
       expect_bitwise(back, src.data(), "unsorted");
     }
   }
@@ -344,8 +400,12 @@ void softmax_case(const Exec& ex) {
     ops::softmax_forward_ref(y_ref.data(), x.data(), T_, E);
     ops::softmax_backward_ref(dx_ref.data(), dy.data(), y_ref.data(), T_, E);
     Guarded<T> y = nan_out<T>(T_ * E), dx = nan_out<T>(T_ * E);
-    ops::softmax_forward<T>(ex, y.data(), x.data(), T_, E);
-    ops::softmax_backward<T>(ex, dx.data(), dy.data(), y_ref.data(), T_, E);
+    {
+      Staging st(ex);
+      ops::softmax_forward<T>(ex, st.out(y), st.in(x), T_, E);
+      ops::softmax_backward<T>(ex, st.out(dx), st.in(dy), st.in(y_ref), T_, E);
+      st.back();
+    }
     expect_close(y, y_ref.data(), "y");
     expect_close(dx, dx_ref.data(), "dx");
     if (E > 1) {
@@ -364,7 +424,11 @@ void topk_values(const Exec& ex, int64_t T_, int64_t E, const std::vector<T>& x,
     Guarded<T> val = nan_out<T>(T_ * K);
     std::vector<int32_t> idx_ref(T_ * K);
     std::vector<T> val_ref(T_ * K);
-    ops::topk<T>(ex, idx.data(), val.data(), x.data(), T_, E, K);
+    {
+      Staging st(ex);
+      ops::topk<T>(ex, st.out(idx), st.out(val), st.in(x), T_, E, K);
+      st.back();
+    }
     ops::topk_ref(idx_ref.data(), val_ref.data(), x.data(), T_, E, K);
     expect_bitwise(idx, idx_ref.data(), "idx_TK");
     expect_bitwise(val, val_ref.data(), "val_TK");
@@ -405,14 +469,23 @@ void sigmoid_gate_case(const Exec& ex) {
     ops::sigmoid_gate_backward_ref(ds_ref.data(), dl_ref.data(), dy.data(), s.data(), l.data(), N,
                                    H);
     Guarded<T> y = guarded(y0), ds = nan_out<T>(N * H), dl = nan_out<T>(N);
-    ops::sigmoid_gate_forward<T>(ex, y.data(), s.data(), l.data(), N, H);
-    ops::sigmoid_gate_backward<T>(ex, ds.data(), dl.data(), dy.data(), s.data(), l.data(), N, H);
+    {
+      Staging st(ex);
+      ops::sigmoid_gate_forward<T>(ex, st.out(y), st.in(s), st.in(l), N, H);
+      ops::sigmoid_gate_backward<T>(ex, st.out(ds), st.out(dl), st.in(dy), st.in(s), st.in(l), N,
+                                    H);
+      st.back();
+    }
     expect_close(y, y_ref.data(), "y");
     expect_close(ds, ds_ref.data(), "ds");
     expect_close(dl, dl_ref.data(), "dl");
     Guarded<T> inplace = guarded(dy), dl2 = nan_out<T>(N);
-    ops::sigmoid_gate_backward<T>(ex, inplace.data(), dl2.data(), inplace.data(), s.data(),
-                                  l.data(), N, H);
+    {
+      Staging st(ex);
+      T* const io = st.out(inplace);  // staged once: ds and dy the same backend buffer
+      ops::sigmoid_gate_backward<T>(ex, io, st.out(dl2), io, st.in(s), st.in(l), N, H);
+      st.back();
+    }
     expect_bitwise(inplace, ds, "ds in place");
     expect_bitwise(dl2, dl, "dl (ds in place)");
   }

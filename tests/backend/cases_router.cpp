@@ -52,9 +52,14 @@ void router_scores_case(const Exec& ex) {
       std::vector<double> s_ref(T * E), a_ref(T * E);
       ops::router_scores_ref(fn, s_ref.data(), a_ref.data(), l.data(), T, E);
       Guarded<double> s = nan_out<double>(T * E), a = nan_out<double>(T * E);
-      ops::router_scores(ex, fn, s.data(), a.data(), l.data(), T, E);
       Guarded<double> y = guarded(l);  // in place, no aux scores
-      ops::router_scores(ex, fn, y.data(), nullptr, y.data(), T, E);
+      {
+        Staging st(ex);
+        ops::router_scores(ex, fn, st.out(s), st.out(a), st.in(l), T, E);
+        double* const io = st.out(y);
+        ops::router_scores(ex, fn, io, nullptr, io, T, E);
+        st.back();
+      }
       if (fn == ScoreFn::Softmax) {
         expect_close(s, s_ref.data(), "scores_TE");
         expect_close(a, a_ref.data(), "aux_scores_TE");
@@ -83,8 +88,12 @@ void aux_scores_backward_case(const Exec& ex) {
       ops::aux_scores_backward_ref(fn, dl_ref.data(), daux_ref.data(), a.data(), s.data(),
                                    l.data(), T, E);
       Guarded<double> dl = guarded(dl0), daux = guarded(daux0);
-      ops::aux_scores_backward(ex, fn, dl.data(), daux.data(), a.data(), s.data(), l.data(), T,
-                               E);
+      {
+        Staging st(ex);
+        ops::aux_scores_backward(ex, fn, st.out(dl), st.out(daux), st.in(a), st.in(s), st.in(l), T,
+                                 E);
+        st.back();
+      }
       expect_close(dl, dl_ref.data(), "dlogits_TE");
       expect_intact(daux, "daux_TE (scratch)");
     }
@@ -104,7 +113,11 @@ void routing_key_case(const Exec& ex) {
         std::vector<double> k_ref(T * E);
         ops::routing_key_ref(k_ref.data(), src.data(), o, sub, T, E);
         Guarded<double> k = nan_out<double>(T * E);
-        ops::routing_key(ex, k.data(), src.data(), o, sub, T, E);
+        {
+          Staging st(ex);
+          ops::routing_key(ex, st.out(k), st.in(src), st.in_or_null(o, E), sub, T, E);
+          st.back();
+        }
         expect_bitwise(k, k_ref.data(), "key_TE");
       }
     }
@@ -126,7 +139,11 @@ void group_limited_mask_case(const Exec& ex) {
     std::vector<double> k_ref = key;
     ops::group_limited_mask_ref(k_ref.data(), c.T, c.E, c.G, c.g, c.K);
     Guarded<double> k = guarded(key), scratch = nan_out<double>(c.T * c.E);
-    ops::group_limited_mask(ex, k.data(), scratch.data(), c.T, c.E, c.G, c.g, c.K);
+    {
+      Staging st(ex);
+      ops::group_limited_mask(ex, st.out(k), st.out(scratch), c.T, c.E, c.G, c.g, c.K);
+      st.back();
+    }
     expect_bitwise(k, k_ref.data(), "key_TE");
     expect_intact(scratch, "scratch_TE");
   }
@@ -143,7 +160,11 @@ void sinkhorn_case(const Exec& ex) {
     ops::sinkhorn_balance_ref(c_ref.data(), d0_ref.data(), d1_ref.data(), l.data(), T, E);
     Guarded<double> c = nan_out<double>(T * E), d0 = nan_out<double>(T),
                     d1 = nan_out<double>(2 * E);
-    ops::sinkhorn_balance(ex, c.data(), d0.data(), d1.data(), l.data(), T, E);
+    {
+      Staging st(ex);
+      ops::sinkhorn_balance(ex, st.out(c), st.out(d0), st.out(d1), st.in(l), T, E);
+      st.back();
+    }
     expect_bitwise(c, c_ref.data(), "cost_TE");
     expect_intact(d0, "d0_T");
     expect_intact(d1, "d1_2E");
@@ -164,7 +185,11 @@ void topk_prefix_case(const Exec& ex) {
       std::vector<int32_t> idx_ref(c.T * c.K);
       ops::topk_prefix_ref(idx_ref.data(), idx1.data(), c.T, c.K, K1);
       Guarded<int32_t> idx(c.T * c.K, -7);
-      ops::topk_prefix(ex, idx.data(), idx1.data(), c.T, c.K, K1);
+      {
+        Staging st(ex);
+        ops::topk_prefix(ex, st.out(idx), st.in(idx1), c.T, c.K, K1);
+        st.back();
+      }
       expect_bitwise(idx, idx_ref.data(), "idx_TK");
     }
   }
@@ -199,8 +224,12 @@ void apply_capacity_case(const Exec& ex) {
       Guarded<int32_t> idx(c.T * c.K, -7), cand(c.T * c.K, -7);
       Guarded<int64_t> off(2 * c.E + 1, -7), dropped(1, -7);
       Guarded<double> p = guarded(p0);
-      ops::apply_capacity(ex, idx.data(), p.data(), dropped.data(), cand.data(), off.data(),
-                          routed.data(), c.T, c.K, c.E, c.cap, by_probs);
+      {
+        Staging st(ex);
+        ops::apply_capacity(ex, st.out(idx), st.out(p), st.out(dropped), st.out(cand), st.out(off),
+                            st.in(routed), c.T, c.K, c.E, c.cap, by_probs);
+        st.back();
+      }
       expect_bitwise(idx, idx_ref.data(), "idx_TK");
       expect_bitwise(p, p_ref.data(), "probs_TK");
       expect_bitwise(dropped, &d_ref, "dropped");
@@ -238,7 +267,11 @@ void gather_topk_probs_case(const Exec& ex) {
     {
       BACKEND_TRACE("gather T=" << c.T << " E=" << c.E << " K=" << c.K);
       Guarded<double> v = nan_out<double>(c.T * c.K);
-      ops::gather_topk(ex, v.data(), src.data(), idx.data(), c.T, c.E, c.K);
+      {
+        Staging st(ex);
+        ops::gather_topk(ex, st.out(v), st.in(src), st.in(idx), c.T, c.E, c.K);
+        st.back();
+      }
       expect_bitwise(v, v_ref.data(), "val_TK");
     }
     for (ProbsFn fn : kProbsFns) {
@@ -249,7 +282,11 @@ void gather_topk_probs_case(const Exec& ex) {
         std::vector<double> p_ref(c.T * c.K);
         ops::topk_probs_ref(fn, p_ref.data(), v_ref.data(), scale, c.T, c.K);
         Guarded<double> p = nan_out<double>(c.T * c.K);
-        ops::topk_probs(ex, fn, p.data(), v_ref.data(), scale, c.T, c.K);
+        {
+          Staging st(ex);
+          ops::topk_probs(ex, fn, st.out(p), st.in(v_ref), scale, c.T, c.K);
+          st.back();
+        }
         expect_close(p, p_ref.data(), "probs_TK");
       }
     }
@@ -269,7 +306,11 @@ void kept_prob_grads_case(const Exec& ex) {
       std::vector<double> g_ref(TK);
       ops::kept_prob_grads_ref(g_ref.data(), dp.data(), idx.data(), 0.5, TK);
       Guarded<double> g = nan_out<double>(TK);
-      ops::kept_prob_grads<T>(ex, g.data(), dp.data(), idx.data(), 0.5, TK);
+      {
+        Staging st(ex);
+        ops::kept_prob_grads<T>(ex, st.out(g), st.in(dp), st.in(idx), 0.5, TK);
+        st.back();
+      }
       expect_bitwise(g, g_ref.data(), "g_TK");
     }
   }
@@ -304,8 +345,12 @@ void topk_probs_backward_case(const Exec& ex) {
         ops::topk_probs_backward_ref(fn, score, dl_ref.data(), g.data(), v.data(), idx.data(),
                                      l.data(), s.data(), c.T, c.E, c.K);
         Guarded<double> dl = guarded(dl0), work = nan_out<double>(c.T * c.E);
-        ops::topk_probs_backward(ex, fn, score, dl.data(), work.data(), g.data(), v.data(),
-                                 idx.data(), l.data(), s.data(), c.T, c.E, c.K);
+        {
+          Staging st(ex);
+          ops::topk_probs_backward(ex, fn, score, st.out(dl), st.out(work), st.in(g), st.in(v),
+                                   st.in(idx), st.in(l), st.in(s), c.T, c.E, c.K);
+          st.back();
+        }
         expect_close(dl, dl_ref.data(), "dlogits_TE");
         expect_intact(work, "work_TE");
       }
@@ -349,10 +394,14 @@ void loss_values_case(const Exec& ex) {
     ops::z_loss_value_ref(&want[3], lse_ref.data(), l.data(), c.T, c.E);
     Guarded<double> v0 = nan_out<double>(1), v1 = nan_out<double>(1), v2 = nan_out<double>(1),
                     v3 = nan_out<double>(1), lse = nan_out<double>(c.T);
-    ops::aux_loss_value<long int>(ex, v0.data(), a.data(), counts.data(), c.T, c.E, c.K);
-    ops::aux_loss_value<double>(ex, v1.data(), a.data(), mean.data(), c.T, c.E, c.K);
-    ops::seq_aux_loss_value(ex, v2.data(), a.data(), seq.data(), c.T, c.E, c.K, c.B);
-    ops::z_loss_value(ex, v3.data(), lse.data(), l.data(), c.T, c.E);
+    {
+      Staging st(ex);
+      ops::aux_loss_value<long int>(ex, st.out(v0), st.in(a), st.in(counts), c.T, c.E, c.K);
+      ops::aux_loss_value<double>(ex, st.out(v1), st.in(a), st.in(mean), c.T, c.E, c.K);
+      ops::seq_aux_loss_value(ex, st.out(v2), st.in(a), st.in(seq), c.T, c.E, c.K, c.B);
+      ops::z_loss_value(ex, st.out(v3), st.out(lse), st.in(l), c.T, c.E);
+      st.back();
+    }
     expect_close(v0, &want[0], "aux_loss_value, int64 counts");
     expect_close(v1, &want[1], "aux_loss_value, running-mean counts");
     expect_close(v2, &want[2], "seq_aux_loss_value");
@@ -361,7 +410,11 @@ void loss_values_case(const Exec& ex) {
   }
   BACKEND_TRACE("z-loss, T = 0");
   Guarded<double> z = nan_out<double>(1);
-  ops::z_loss_value(ex, z.data(), nullptr, nullptr, 0, 4);
+  {
+    Staging st(ex);
+    ops::z_loss_value(ex, st.out(z), nullptr, nullptr, 0, 4);  // no tokens: no lse, no logits
+    st.back();
+  }
   const double zero = 0.0;
   expect_bitwise(z, &zero, "z_loss_value of no tokens");
 }
@@ -387,10 +440,14 @@ void loss_grads_case(const Exec& ex) {
     ops::z_loss_grad_ref(r_z.data(), lse.data(), sm.data(), 0.1, c.T, c.E);
     Guarded<double> g_aux = guarded(d0), g_mean = guarded(d0), g_seq = guarded(d0),
                     g_z = guarded(d0);
-    ops::aux_loss_grad<long int>(ex, g_aux.data(), counts.data(), 0.3, c.T, c.E);
-    ops::aux_loss_grad<double>(ex, g_mean.data(), mean.data(), 0.3, c.T, c.E);
-    ops::seq_aux_loss_grad(ex, g_seq.data(), seq.data(), 0.2, c.T, c.E, c.B);
-    ops::z_loss_grad(ex, g_z.data(), lse.data(), sm.data(), 0.1, c.T, c.E);
+    {
+      Staging st(ex);
+      ops::aux_loss_grad<long int>(ex, st.out(g_aux), st.in(counts), 0.3, c.T, c.E);
+      ops::aux_loss_grad<double>(ex, st.out(g_mean), st.in(mean), 0.3, c.T, c.E);
+      ops::seq_aux_loss_grad(ex, st.out(g_seq), st.in(seq), 0.2, c.T, c.E, c.B);
+      ops::z_loss_grad(ex, st.out(g_z), st.in(lse), st.in(sm), 0.1, c.T, c.E);
+      st.back();
+    }
     expect_close(g_aux, r_aux.data(), "aux_loss_grad, int64 counts");
     expect_close(g_mean, r_mean.data(), "aux_loss_grad, running-mean counts");
     expect_close(g_seq, r_seq.data(), "seq_aux_loss_grad");
