@@ -31,10 +31,11 @@ void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, con
 }  // namespace cpu
 // The CUDA paths (ops/cuda/gemm.cu): cuBLASLt matmuls (ops/cuda/blas.h), f32 with TF32 off, f64
 // in f64. The grouped GEMMs call cublasGemmGroupedBatchedEx, whose group sizes are host arrays:
-// they read m_G on the host (ops::read_back's wait for the stream), the documented sync point
-// kGroupedGemmSizes below, and build the library's problem tables on the host, so a step with a
-// grouped GEMM on CUDA is not capturable. Experts with no rows make no problem.
-// The documented sync point of the grouped GEMMs on CUDA (docs/design.md, "The execution model").
+// they read m_G on the host (a copy and a wait for the stream), the documented sync point
+// kGroupedGemmSizes below (docs/design.md, "The execution model"), and build the library's problem
+// tables on the host, so a step with a grouped GEMM on CUDA is not capturable. Experts with no
+// rows make no problem. Padded dispatch as one strided-batched matmul without that sync
+// (desc::padded_grouped_forward_call) needs the capacity on the host: not wired yet.
 inline constexpr const char* kGroupedGemmSizes =
     "grouped GEMM group sizes read on the host (cublasGemmGroupedBatchedEx takes host arrays)";
 namespace cuda {
