@@ -58,8 +58,8 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
 namespace cuda {
 template <typename T>
 void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T* h_TH,
-                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s,
-                       T* workspace, const HeadLossBf16* bf16);
+                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s, T* workspace,
+                       const HeadLossBf16* bf16);
 template <typename T>
 void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
                         const int32_t* target_T, const T* lse_T, const T* dloss,
@@ -81,9 +81,8 @@ void head_loss_forward(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_T, Dev
     return;
   }
   if constexpr (kHaveCudaKernels)
-    return cuda::head_loss_forward(ex, raw_ptr(sum), raw_ptr(loss_T), raw_ptr(lse_T),
-                                   raw_ptr(h_TH), raw_ptr(w_VH), raw_ptr(target_T), s,
-                                   raw_ptr(workspace), bf16);
+    return cuda::head_loss_forward(ex, raw_ptr(sum), raw_ptr(loss_T), raw_ptr(lse_T), raw_ptr(h_TH),
+                                   raw_ptr(w_VH), raw_ptr(target_T), s, raw_ptr(workspace), bf16);
   no_kernel(ex, "head_loss_forward");
 }
 template <typename T>

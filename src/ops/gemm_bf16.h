@@ -24,6 +24,7 @@
 
 #include "core/dtype.h"
 #include "ops/cuda_kernels.h"
+#include "ops/gemm.h"
 
 namespace moecore::ops {
 
@@ -65,8 +66,8 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
 }  // namespace cpu
 // The CUDA paths (ops/cuda/gemm.cu): the native path always (cuBLASLt, bf16 operands, f32
 // accumulation and output), so ws32, b32 and w32 are unused; the f32 activations are cast into
-// the caller's bf16 workspaces (x16, dy16) by ops/cuda/cast.cu. The grouped forms read m_G on the
-// host as ops::grouped_gemm does on CUDA (ops/gemm.h, kGroupedGemmSizes).
+// the caller's bf16 workspaces (x16, dy16) by ops/cuda/cast.cu. The grouped forms' switches read
+// m_G on the host as ops::grouped_gemm's do on CUDA (ops/gemm.h, kGroupedGemmSizes).
 namespace cuda {
 void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
@@ -76,10 +77,10 @@ void linear_forward_bf16(const Exec& ex, float* y_MN, const float* x_MK, const b
 void linear_backward_bf16(const Exec& ex, float* dx_MK, float* dw_NK, const float* dy_MN,
                           const float* x_MK, const bf16* w_NK, int64_t M, int64_t N, int64_t K,
                           bf16* dy16, bf16* x16);
-void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                        const bf16* x16, const bf16* w, bool trans_w, float* y);
-void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
-                             const bf16* dy16, const bf16* x16, float* dw);
+void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
+                             int64_t K, const bf16* dy16, const bf16* x16, float* dw);
 }  // namespace cuda
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
@@ -145,9 +146,11 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
   if (ex.on_cpu())
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
-  if constexpr (kHaveCudaKernels)
-    return cuda::grouped_gemm_bf16(ex, raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
+  if constexpr (kHaveCudaKernels) {
+    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+    return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                    raw_ptr(y));
+  }
   no_kernel(ex, "grouped_gemm_bf16");
 }
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
@@ -157,9 +160,11 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
-  if constexpr (kHaveCudaKernels)
-    return cuda::grouped_gemm_wgrad_bf16(ex, raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
+  if constexpr (kHaveCudaKernels) {
+    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+    return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                          raw_ptr(dw));
+  }
   no_kernel(ex, "grouped_gemm_wgrad_bf16");
 }
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.

@@ -5,6 +5,8 @@
 // references on the same bf16 values; guarded outputs (NaN-filled where the op assigns).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -65,8 +67,8 @@ void check_linear(int64_t M, int64_t N, int64_t K, bool accumulate) {
              dx = accumulate ? filled<T>(M * K, &dx0) : filled<T>(M * K),
              dw = filled<T>(N * K, &dw0);
   ops::cuda::linear_forward<T>(kCuda, y.data(), x.data(), w.data(), M, N, K, accumulate);
-  ops::cuda::linear_backward<T>(kCuda, dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N,
-                                K, accumulate);
+  ops::cuda::linear_backward<T>(kCuda, dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N, K,
+                                accumulate);
   expect_near_all(y, y_ref, "y");
   expect_near_all(dx, dx_ref, "dx");
   expect_near_all(dw, dw_ref, "dw");
@@ -91,9 +93,9 @@ template <typename T>
 void check_grouped(const std::vector<int64_t>& m_G, int64_t N, int64_t K, bool trans_w) {
   const int64_t G = int64_t(m_G.size());
   const int64_t rows = std::accumulate(m_G.begin(), m_G.end(), int64_t{0});
-  SCOPED_TRACE("G=" + std::to_string(G) + " rows=" + std::to_string(rows) + " N=" +
-               std::to_string(N) + " K=" + std::to_string(K) + " trans_w=" +
-               std::to_string(trans_w));
+  SCOPED_TRACE("G=" + std::to_string(G) + " rows=" + std::to_string(rows) +
+               " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+               " trans_w=" + std::to_string(trans_w));
   const auto x = random_vec<T>(rows * K, 11), w = random_vec<T>(G * N * K, 12),
              dy = random_vec<T>(rows * N, 13), dw0 = random_vec<T>(G * N * K, 14);
   std::vector<T> y_ref(size_t(rows * N)), dw_ref = dw0;
@@ -117,8 +119,7 @@ void check_grouped(const std::vector<int64_t>& m_G, int64_t N, int64_t K, bool t
     std::vector<float> y16_ref(size_t(rows * N)), dw16_ref = dw0;
     ops::grouped_gemm_ref<float>(m_G.data(), G, N, K, xr.data(), wr.data(), trans_w,
                                  y16_ref.data());
-    ops::grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, dyr.data(), xr.data(),
-                                       dw16_ref.data());
+    ops::grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, dyr.data(), xr.data(), dw16_ref.data());
     Guarded<float> y16 = filled<float>(rows * N), dw16 = filled<float>(G * N * K, &dw0);
     ops::cuda::grouped_gemm_bf16(kCuda, m_G.data(), G, N, K, x16.data(), w16.data(), trans_w,
                                  y16.data());
@@ -131,8 +132,8 @@ void check_grouped(const std::vector<int64_t>& m_G, int64_t N, int64_t K, bool t
 
 TEST(EmuKernelsGemm, GroupedMatchesTheReference) {
   for (bool trans_w : {false, true}) {
-    for (const auto& m_G : std::vector<std::vector<int64_t>>{
-             {3}, {0, 5, 0, 2}, {4, 0, 3, 0}, {0, 0}, {}}) {
+    for (const auto& m_G :
+         std::vector<std::vector<int64_t>>{{3}, {0, 5, 0, 2}, {4, 0, 3, 0}, {0, 0}, {}}) {
       check_grouped<float>(m_G, 7, 5, trans_w);
       check_grouped<double>(m_G, 3, 9, trans_w);
     }
@@ -170,9 +171,9 @@ TEST(EmuKernelsGemm, LinearBf16MatchesTheReferenceOnBf16Values) {
   expect_near_all(dx, dx_ref, "dx");
   expect_near_all(dw, dw_ref, "dw (accumulated)");
   EXPECT_TRUE(x16.intact() && dy16.intact()) << "bf16 workspace written out of bounds";
-  EXPECT_THROW(ops::cuda::gemm_bf16(kCuda, false, false, 1, 1, 1, x16p, 1, w16.data(), 1,
-                                    0.5f, y.data(), 1),
-               Error);
+  EXPECT_THROW(
+      ops::cuda::gemm_bf16(kCuda, false, false, 1, 1, 1, x16p, 1, w16.data(), 1, 0.5f, y.data(), 1),
+      Error);
 }
 
 }  // namespace

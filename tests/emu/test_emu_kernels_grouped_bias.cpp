@@ -41,8 +41,8 @@ template <typename T>
 void check_grouped_bias(const std::vector<int64_t>& m_G, int64_t C, bool with_p, int64_t extra) {
   const int64_t G = int64_t(m_G.size());
   const int64_t rows = std::accumulate(m_G.begin(), m_G.end(), int64_t{0}) + extra;
-  SCOPED_TRACE("G=" + std::to_string(G) + " rows=" + std::to_string(rows) + " C=" +
-               std::to_string(C) + " p=" + std::to_string(with_p));
+  SCOPED_TRACE("G=" + std::to_string(G) + " rows=" + std::to_string(rows) +
+               " C=" + std::to_string(C) + " p=" + std::to_string(with_p));
   const std::vector<T> y0 = random_vec<T>(rows * C, 61), b = random_vec<T>(G * C, 62);
   const std::vector<T> dy = random_vec<T>(rows * C, 63), db0 = random_vec<T>(G * C, 64);
   const std::vector<T> p = random_vec<T>(rows, 65), dp0 = random_vec<T>(rows, 66);
@@ -59,13 +59,14 @@ void check_grouped_bias(const std::vector<int64_t>& m_G, int64_t C, bool with_p,
     std::copy(db0.begin(), db0.end(), db1.data());
     std::copy(dp0.begin(), dp0.end(), dp1.data());
     ops::cuda::grouped_bias_forward(nullptr, y1.data(), b.data(), p_ptr, m_G.data(), G, C);
-    ops::cuda::grouped_bias_backward(nullptr, db1.data(), with_p ? dp1.data() : nullptr,
-                                     dy.data(), b.data(), p_ptr, m_G.data(), G, C);
+    ops::cuda::grouped_bias_backward(nullptr, db1.data(), with_p ? dp1.data() : nullptr, dy.data(),
+                                     b.data(), p_ptr, m_G.data(), G, C);
     y = y1;
     db = db1;
     dp = dp1;
     std::vector<unsigned char> out = bytes_of(y1.data(), size_t(rows * C));
-    for (const auto& part : {bytes_of(db1.data(), size_t(G * C)), bytes_of(dp1.data(), size_t(rows))})
+    for (const auto& part :
+         {bytes_of(db1.data(), size_t(G * C)), bytes_of(dp1.data(), size_t(rows))})
       out.insert(out.end(), part.begin(), part.end());
     return out;
   };
@@ -81,9 +82,10 @@ TEST(EmuKernelsGroupedBias, MatchTheReferenceInEveryOrder) {
     int64_t C;
   };
   const std::vector<Shape> shapes = {
-      {{1}, 1},          {{3}, 33},          {{0, 5, 0}, 7},      {{0, 0, 4}, 129},
-      {{2, 0, 3, 1}, 31}, {{5, 4, 0}, 257},  {{0}, 5},            {{3, 3}, 0},
-      {{1, 200, 2}, 40},  // 8000 elements in the middle group: past the 32 x 128 grid-stride
+      {{1}, 1},         {{3}, 33}, {{0, 5, 0}, 7}, {{0, 0, 4}, 129},  {{2, 0, 3, 1}, 31},
+      {{5, 4, 0}, 257}, {{0}, 5},  {{3, 3}, 0},    {{1, 200, 2}, 40},  // 8000 elements in the
+                                                                       // middle group: past the 32
+                                                                       // x 128 grid-stride
   };
   for (const Shape& s : shapes) {
     for (bool with_p : {false, true}) {

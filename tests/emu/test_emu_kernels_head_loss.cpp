@@ -30,6 +30,11 @@ using testing::random_vec;
 
 const Exec kCuda{Device::CUDA, nullptr};
 
+// head_loss_workspace_elems (defined with the CPU fast path, which this binary may lack).
+int64_t workspace_elems(const ops::HeadLossShape& s) {
+  return std::max<int64_t>(0, std::min(s.chunk, s.n_tok)) * s.V;
+}
+
 template <typename T>
 Guarded<T> nan_filled(int64_t n) {
   return Guarded<T>(n, std::numeric_limits<T>::quiet_NaN());
@@ -60,8 +65,8 @@ void check_head_loss(const ops::HeadLossShape& s, uint32_t seed) {
   for (int64_t t = 0; t < s.n_tok; ++t)
     tg[size_t(t)] = t % 4 == 2 ? -1 : int32_t((t * 7 + seed) % uint32_t(s.V));
   const T dloss = T(0.375);
-  std::vector<T> loss_ref(size_t(s.n_tok)), lse_ref(size_t(s.n_tok)),
-      dh_ref(size_t(s.n_tok * s.H)), dw_ref = dw0;
+  std::vector<T> loss_ref(size_t(s.n_tok)), lse_ref(size_t(s.n_tok)), dh_ref(size_t(s.n_tok * s.H)),
+      dw_ref = dw0;
   const double sum_ref =
       ops::head_loss_forward_ref(loss_ref.data(), lse_ref.data(), h.data(), w.data(), tg.data(), s);
   ops::head_loss_backward_ref(dh_ref.data(), dw_ref.data(), h.data(), w.data(), tg.data(),
@@ -72,7 +77,7 @@ void check_head_loss(const ops::HeadLossShape& s, uint32_t seed) {
   const auto run = [&] {
     Guarded<T> loss1 = nan_filled<T>(s.n_tok), lse1 = nan_filled<T>(s.n_tok),
                dh1 = nan_filled<T>(s.n_tok * s.H), dw1(s.V * s.H),
-               ws = nan_filled<T>(ops::head_loss_workspace_elems(s));
+               ws = nan_filled<T>(workspace_elems(s));
     std::copy(dw0.begin(), dw0.end(), dw1.data());
     Guarded<double> sum1(1, std::nan(""));
     ops::cuda::head_loss_forward<T>(kCuda, sum1.data(), loss1.data(), lse1.data(), h.data(),
@@ -106,7 +111,7 @@ void check_head_loss(const ops::HeadLossShape& s, uint32_t seed) {
   // Another chunk size: the same loss sum, bitwise.
   ops::HeadLossShape s2 = s;
   s2.chunk = s.chunk == 1 ? 2 : 1;
-  Guarded<T> loss2(s.n_tok), lse2(s.n_tok), ws2(ops::head_loss_workspace_elems(s2));
+  Guarded<T> loss2(s.n_tok), lse2(s.n_tok), ws2(workspace_elems(s2));
   double sum2 = std::nan("");
   ops::cuda::head_loss_forward<T>(kCuda, &sum2, loss2.data(), lse2.data(), h.data(), w.data(),
                                   tg.data(), s2, ws2.data(), nullptr);
@@ -116,8 +121,8 @@ void check_head_loss(const ops::HeadLossShape& s, uint32_t seed) {
 
 TEST(EmuKernelsHeadLoss, MatchTheReferenceInEveryOrder) {
   const std::vector<ops::HeadLossShape> shapes = {
-      {0, 3, 5, 2},   {1, 1, 1, 1},  {1, 5, 7, 256}, {7, 5, 33, 3},
-      {5, 3, 1, 2},   {6, 4, 300, 4}, {9, 2, 257, 16},
+      {0, 3, 5, 2}, {1, 1, 1, 1},   {1, 5, 7, 256},  {7, 5, 33, 3},
+      {5, 3, 1, 2}, {6, 4, 300, 4}, {9, 2, 257, 16},
   };
   uint32_t seed = 70;
   for (const ops::HeadLossShape& s : shapes) {
@@ -134,10 +139,10 @@ TEST(EmuKernelsHeadLoss, BadArgumentsAreErrors) {
   EXPECT_THROW(ops::cuda::head_loss_forward<float>(kCuda, &sum, &v, &v, &v, &v, &tg,
                                                    ops::HeadLossShape{1, 0, 3, 1}, &v, nullptr),
                Error);
-  EXPECT_THROW(ops::cuda::head_loss_forward<float>(kCuda, &sum, &v, &v, &v, &v, &tg,
-                                                   ops::HeadLossShape{1, 2, 3, 1}, nullptr,
-                                                   nullptr),
-               Error);
+  EXPECT_THROW(
+      ops::cuda::head_loss_forward<float>(kCuda, &sum, &v, &v, &v, &v, &tg,
+                                          ops::HeadLossShape{1, 2, 3, 1}, nullptr, nullptr),
+      Error);
   const ops::HeadLossBf16 no_h32{.w_VH_wide = &v};
   EXPECT_THROW(ops::cuda::head_loss_backward<float>(kCuda, &v, &v, &v, &v, &tg, &v, &v,
                                                     ops::HeadLossShape{1, 1, 1, 1}, &v, &no_h32),

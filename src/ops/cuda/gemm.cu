@@ -2,18 +2,16 @@
 // calls of ops/cuda/blas.h (no kernel of its own but the bf16 casts of ops/cuda/cast.cu).
 // Dense GEMMs: one cuBLASLt matmul per call (f32 with TF32 off, f64, bf16 in / f32 out), the
 // descriptor from desc::gemm_desc. Grouped GEMMs: cublasGemmGroupedBatchedEx from the group sizes
-// read on the host (the documented sync point kGroupedGemmSizes, ops/gemm.h).
+// in host memory (the switches read them: the documented sync point kGroupedGemmSizes, ops/gemm.h).
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "core/sync_audit.h"
 #include "ops/cast.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
-#include "ops/memory.h"
 
 namespace moecore::ops::cuda {
 
@@ -24,7 +22,9 @@ constexpr desc::GemmTypes gemm_types() {
   return std::is_same_v<T, double> ? desc::GemmTypes::F64 : desc::GemmTypes::F32;
 }
 
-int64_t ld(int64_t cols) { return cols > 1 ? cols : 1; }
+int64_t ld(int64_t cols) {
+  return cols > 1 ? cols : 1;
+}
 
 void matmul(const Exec& ex, desc::GemmTypes types, bool trans_a, bool trans_b, int64_t M, int64_t N,
             int64_t K, double alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
@@ -45,34 +45,16 @@ void matmul(const Exec& ex, desc::GemmTypes types, bool trans_a, bool trans_b, i
   run_matmul(ex, d, A, B, C, blas_handles(ex));
 }
 
-// m_G [G] read on the host: the grouped GEMMs' documented sync point.
-std::vector<int64_t> host_group_sizes(const Exec& ex, const char* who, const int64_t* m_G,
-                                      int64_t G) {
-  MOE_KERNEL_CHECK(G >= 0 && (G == 0 || m_G != nullptr),
-                   std::string("[") + who + "] G=" + std::to_string(G) +
-                       " experts with " + (m_G ? "their" : "null") +
-                       " token counts m_G: G >= 0 and m_G set when G > 0");
-  std::vector<int64_t> sizes(size_t(G), 0);
-  if (G == 0) return sizes;
-  SyncAudit::instance().host_sync("ops::grouped_gemm reads the group sizes m_G on the host",
-                                  kGroupedGemmSizes);
-  read_back_bytes(ex.stream, sizes.data(), m_G, size_t(G) * sizeof(int64_t));
-  return sizes;
-}
-
-void grouped_forward(const Exec& ex, desc::GemmTypes types, const char* who, const int64_t* m_G,
-                     int64_t G, int64_t N, int64_t K, const void* x, const void* w, bool trans_w,
-                     void* y) {
-  const std::vector<int64_t> sizes = host_group_sizes(ex, who, m_G, G);
+void grouped_forward(const Exec& ex, desc::GemmTypes types, const int64_t* m_G_host, int64_t G,
+                     int64_t N, int64_t K, const void* x, const void* w, bool trans_w, void* y) {
   const desc::GroupedBatchedDesc d =
-      desc::grouped_batched_forward(types, sizes.data(), G, N, K, trans_w);
+      desc::grouped_batched_forward(types, m_G_host, G, N, K, trans_w);
   run_grouped_batched(ex, d, x, w, y, blas_handles(ex));
 }
 
-void grouped_wgrad(const Exec& ex, desc::GemmTypes types, const char* who, const int64_t* m_G,
-                   int64_t G, int64_t N, int64_t K, const void* dy, const void* x, void* dw) {
-  const std::vector<int64_t> sizes = host_group_sizes(ex, who, m_G, G);
-  const desc::GroupedBatchedDesc d = desc::grouped_batched_wgrad(types, sizes.data(), G, N, K);
+void grouped_wgrad(const Exec& ex, desc::GemmTypes types, const int64_t* m_G_host, int64_t G,
+                   int64_t N, int64_t K, const void* dy, const void* x, void* dw) {
+  const desc::GroupedBatchedDesc d = desc::grouped_batched_wgrad(types, m_G_host, G, N, K);
   run_grouped_batched(ex, d, dy, x, dw, blas_handles(ex));
 }
 
@@ -103,27 +85,27 @@ void linear_backward(const Exec& ex, T* dx_MK, T* dw_NK, const T* dy_MN, const T
 }
 
 template <typename T>
-void grouped_gemm(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x,
-                  const T* w, bool trans_w, T* y) {
-  grouped_forward(ex, gemm_types<T>(), "grouped_gemm", m_G, G, N, K, x, w, trans_w, y);
+void grouped_gemm(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
+                  const T* x, const T* w, bool trans_w, T* y) {
+  grouped_forward(ex, gemm_types<T>(), m_G_host, G, N, K, x, w, trans_w, y);
 }
 
 template <typename T>
-void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                         const T* dy, const T* x, T* dw) {
-  grouped_wgrad(ex, gemm_types<T>(), "grouped_gemm_wgrad", m_G, G, N, K, dy, x, dw);
+  grouped_wgrad(ex, gemm_types<T>(), m_G_host, G, N, K, dy, x, dw);
 }
 
-#define MOECORE_INSTANTIATE_CUDA_GEMM(T)                                                        \
+#define MOECORE_INSTANTIATE_CUDA_GEMM(T)                                                          \
   template void gemm<T>(const Exec&, bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
-                        const T*, int64_t, T, T*, int64_t);                                     \
+                        const T*, int64_t, T, T*, int64_t);                                       \
   template void linear_forward<T>(const Exec&, T*, const T*, const T*, int64_t, int64_t, int64_t, \
-                                  bool);                                                        \
-  template void linear_backward<T>(const Exec&, T*, T*, const T*, const T*, const T*, int64_t,  \
-                                   int64_t, int64_t, bool);                                     \
+                                  bool);                                                          \
+  template void linear_backward<T>(const Exec&, T*, T*, const T*, const T*, const T*, int64_t,    \
+                                   int64_t, int64_t, bool);                                       \
   template void grouped_gemm<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t, const T*, \
-                                const T*, bool, T*);                                            \
-  template void grouped_gemm_wgrad<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t,   \
+                                const T*, bool, T*);                                              \
+  template void grouped_gemm_wgrad<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t,     \
                                       const T*, const T*, T*);
 MOECORE_INSTANTIATE_CUDA_GEMM(float)
 MOECORE_INSTANTIATE_CUDA_GEMM(double)
@@ -136,8 +118,8 @@ void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N,
                int64_t ldc) {
   MOE_KERNEL_CHECK(beta == 0.f || beta == 1.f,
                    "[gemm_bf16] beta=" + std::to_string(beta) + " must be 0 or 1");
-  matmul(ex, desc::GemmTypes::Bf16F32, trans_a, trans_b, M, N, K, 1.0, A, lda, B, ldb,
-         double(beta), C, ldc);
+  matmul(ex, desc::GemmTypes::Bf16F32, trans_a, trans_b, M, N, K, 1.0, A, lda, B, ldb, double(beta),
+         C, ldc);
 }
 
 void linear_forward_bf16(const Exec& ex, float* y_MN, const float* x_MK, const bf16* w_NK,
@@ -165,16 +147,14 @@ void linear_backward_bf16(const Exec& ex, float* dx_MK, float* dw_NK, const floa
   gemm_bf16(ex, true, false, N, K, M, dy16, ld(N), x16, ld(K), 1.f, dw_NK, ld(K));
 }
 
-void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                        const bf16* x16, const bf16* w, bool trans_w, float* y) {
-  grouped_forward(ex, desc::GemmTypes::Bf16F32, "grouped_gemm_bf16", m_G, G, N, K, x16, w, trans_w,
-                  y);
+  grouped_forward(ex, desc::GemmTypes::Bf16F32, m_G_host, G, N, K, x16, w, trans_w, y);
 }
 
-void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G, int64_t G, int64_t N, int64_t K,
-                             const bf16* dy16, const bf16* x16, float* dw) {
-  grouped_wgrad(ex, desc::GemmTypes::Bf16F32, "grouped_gemm_wgrad_bf16", m_G, G, N, K, dy16, x16,
-                dw);
+void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
+                             int64_t K, const bf16* dy16, const bf16* x16, float* dw) {
+  grouped_wgrad(ex, desc::GemmTypes::Bf16F32, m_G_host, G, N, K, dy16, x16, dw);
 }
 
 }  // namespace moecore::ops::cuda

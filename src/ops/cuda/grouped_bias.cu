@@ -84,9 +84,9 @@ constexpr int64_t kMaxGroups = 65535;  // grid.y
 void check_args(const char* who, const int64_t* m_G, int64_t G, int64_t C) {
   MOE_KERNEL_CHECK(G >= 0 && G <= kMaxGroups && C >= 0 && C <= int64_t(0x7fffffff) * kBlock &&
                        (G == 0 || m_G != nullptr),
-                   std::string("[") + who + "] G=" + std::to_string(G) + " groups, C=" +
-                       std::to_string(C) + " columns, m_G " + (m_G ? "set" : "null") +
-                       ": 0 <= G <= " + std::to_string(kMaxGroups) +
+                   std::string("[") + who + "] G=" + std::to_string(G) +
+                       " groups, C=" + std::to_string(C) + " columns, m_G " +
+                       (m_G ? "set" : "null") + ": 0 <= G <= " + std::to_string(kMaxGroups) +
                        " (the grid's y dimension), C >= 0, m_G set when G > 0");
 }
 }  // namespace
@@ -116,10 +116,10 @@ void grouped_bias_backward(void* stream, T* db_GC, T* dp_N, const T* dy_NC, cons
   }
 }
 
-#define MOECORE_INSTANTIATE_GROUPED_BIAS(T)                                                      \
-  template void grouped_bias_forward<T>(void*, T*, const T*, const T*, const int64_t*, int64_t,  \
-                                        int64_t);                                                \
-  template void grouped_bias_backward<T>(void*, T*, T*, const T*, const T*, const T*,            \
+#define MOECORE_INSTANTIATE_GROUPED_BIAS(T)                                                     \
+  template void grouped_bias_forward<T>(void*, T*, const T*, const T*, const int64_t*, int64_t, \
+                                        int64_t);                                               \
+  template void grouped_bias_backward<T>(void*, T*, T*, const T*, const T*, const T*,           \
                                          const int64_t*, int64_t, int64_t);
 MOECORE_INSTANTIATE_GROUPED_BIAS(float)
 MOECORE_INSTANTIATE_GROUPED_BIAS(double)

@@ -7,6 +7,7 @@
 // chunk, so it does not depend on the chunk size. No atomics: bitwise the same run to run.
 // Targets are not checked on the host (that would be a sync): a target >= V gives a NaN loss
 // and NaN gradients (the step's non-finite guard stops there), a target < 0 is ignored.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -48,8 +49,12 @@ __device__ __forceinline__ T block_max(T v, T* shared) {
   return shared[n_warps];
 }
 
-__device__ __forceinline__ float exp_of(float x) { return expf(x); }
-__device__ __forceinline__ double exp_of(double x) { return exp(x); }
+__device__ __forceinline__ float exp_of(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double exp_of(double x) {
+  return exp(x);
+}
 
 // The log-sum-exp of row z[0, V) in f64, in every thread.
 template <typename T>
@@ -136,16 +141,15 @@ struct Bf16Args {  // HeadLossBf16, unwrapped
 };
 
 template <typename T>
-void check_args(const char* who, const HeadLossShape& s, const void* workspace,
-                const Bf16Args* b) {
+void check_args(const char* who, const HeadLossShape& s, const void* workspace, const Bf16Args* b) {
   MOE_KERNEL_CHECK(s.n_tok >= 0 && s.H >= 1 && s.V >= 1 && s.chunk >= 1,
                    std::string("[") + who + "] bad shape n_tok=" + std::to_string(s.n_tok) +
                        " H=" + std::to_string(s.H) + " V=" + std::to_string(s.V) +
                        " chunk=" + std::to_string(s.chunk) + ": all but n_tok must be >= 1");
   MOE_KERNEL_CHECK(workspace != nullptr || s.n_tok == 0,
-                   std::string("[") + who + "] null workspace: allocate " +
-                       std::to_string(head_loss_workspace_elems(s)) +
-                       " elements (head_loss_workspace_elems)");
+                   std::string("[") + who +
+                       "] null workspace with n_tok=" + std::to_string(s.n_tok) +
+                       ": allocate head_loss_workspace_elems(shape) elements");
   if (b == nullptr) return;
   MOE_KERNEL_CHECK((std::is_same_v<T, float>),
                    std::string("[") + who + "] the bf16 path needs an f32 model");
@@ -185,8 +189,8 @@ Bf16Args unwrap(const HeadLossBf16* b) {
 
 template <typename T>
 void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T* h_TH,
-                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s,
-                       T* workspace, const HeadLossBf16* bf16_in) {
+                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s, T* workspace,
+                       const HeadLossBf16* bf16_in) {
   Bf16Args raw{};
   if (bf16_in != nullptr) raw = unwrap(bf16_in);
   const Bf16Args* b = bf16_in != nullptr ? &raw : nullptr;
@@ -204,8 +208,8 @@ void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T
            dim3(unsigned(kernels::kRowBlock)), 0, ex.stream, loss_T, lse_T,
            static_cast<const T*>(workspace), target_T, c0, s.V);
   }
-  launch("head_loss_sum", kernels::head_loss_sum<T>, dim3(1), dim3(unsigned(kernels::kRowBlock)),
-         0, ex.stream, sum, static_cast<const T*>(loss_T), s.n_tok);
+  launch("head_loss_sum", kernels::head_loss_sum<T>, dim3(1), dim3(unsigned(kernels::kRowBlock)), 0,
+         ex.stream, sum, static_cast<const T*>(loss_T), s.n_tok);
 }
 
 template <typename T>
@@ -229,8 +233,7 @@ void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const
                V);
         gemm<float>(ex, false, false, m, H, V, 1.f, workspace, V, b->w_VH_wide, H, 0.f,
                     dh_TH + c0 * H, H);
-        gemm<float>(ex, true, false, V, H, m, 1.f, workspace, V, b->h32 + c0 * H, H, 1.f, dw_VH,
-                    H);
+        gemm<float>(ex, true, false, V, H, m, 1.f, workspace, V, b->h32 + c0 * H, H, 1.f, dw_VH, H);
         continue;
       }
       if (b != nullptr) {
