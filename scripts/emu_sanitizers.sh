@@ -30,6 +30,8 @@ for k in "${kernels[@]}"; do
   ref=src/ops/cpu/$(basename "${k%.cu}")_ref.cpp
   [ -f "$ref" ] && sources+=("$ref")
 done
+# The fused head's kernels (head_loss.cu) are named after the op, its header after the concept.
+sources+=(src/ops/cpu/cross_entropy_ref.cpp)
 objects=()
 compile() {  # SOURCE [extra flags...]
   local src=$1 obj=$out/$(echo "$1" | tr / _).o

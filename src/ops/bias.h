@@ -25,13 +25,22 @@ void grouped_bias_backward(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, con
                            const int64_t* m_G, int64_t G, int64_t C);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. Not dispatched by the switches below yet. The grouped forms have none yet.
+// is the context's. The grouped forms read the group sizes from device memory (no host sync):
+// each group is a y index of the grid, each element has one writer and one order (db: the
+// group's rows in order; dp: the row's columns in order), no atomics.
 namespace cuda {
 template <typename T>
 void bias_forward(void* stream, T* y_MN, const T* b_N, int64_t M, int64_t N);
 // db += the column sums of dy, each over the rows in order (the CPU fast path's sums, bitwise).
 template <typename T>
 void bias_backward(void* stream, T* db_N, const T* dy_MN, int64_t M, int64_t N);
+// G at most 65535 (the grid's y dimension).
+template <typename T>
+void grouped_bias_forward(void* stream, T* y_NC, const T* b_GC, const T* p_N, const int64_t* m_G,
+                          int64_t G, int64_t C);
+template <typename T>
+void grouped_bias_backward(void* stream, T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC,
+                           const T* p_N, const int64_t* m_G, int64_t G, int64_t C);
 }  // namespace cuda
 
 template <typename T>
@@ -68,6 +77,9 @@ void grouped_bias_forward(const Exec& ex, DevPtr<T> y_NC, DevPtr<const T> b_GC, 
   if (ex.on_cpu())
     return cpu::grouped_bias_forward(raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G,
                                      C);
+  if constexpr (kHaveCudaKernels)
+    return cuda::grouped_bias_forward(ex.stream, raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N),
+                                      raw_ptr(m_G), G, C);
   no_kernel(ex, "grouped_bias_forward");
 }
 template <typename T>
@@ -80,6 +92,9 @@ void grouped_bias_backward(const Exec& ex, DevPtr<T> db_GC, DevPtr<T> dp_N, DevP
   if (ex.on_cpu())
     return cpu::grouped_bias_backward(raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC), raw_ptr(b_GC),
                                       raw_ptr(p_N), raw_ptr(m_G), G, C);
+  if constexpr (kHaveCudaKernels)
+    return cuda::grouped_bias_backward(ex.stream, raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC),
+                                       raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G, C);
   no_kernel(ex, "grouped_bias_backward");
 }
 template <typename T>

@@ -9,6 +9,7 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -48,6 +49,22 @@ void head_loss_backward(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH, const 
                         const T* lse_T, T dloss, const HeadLossShape& s, T* workspace,
                         const HeadLossBf16* bf16 = nullptr);
 }  // namespace cpu
+// The CUDA paths (ops/cuda/head_loss.cu): the same chunks, the GEMMs through cuBLASLt
+// (ops/cuda/gemm.cu; the bf16 forms on the native path, so ws32 is unused), a block per row for
+// the log-sum-exp (f64 sums in a fixed tree) or the dlogits, *sum a fixed tree over loss_T in f64
+// (independent of the chunk size; not the CPU's serial order, so within f64 rounding of it), dloss
+// read on the device. Targets are not checked on the host there (a host sync): a target >= V gives
+// NaN loss and gradients.
+namespace cuda {
+template <typename T>
+void head_loss_forward(const Exec& ex, double* sum, T* loss_T, T* lse_T, const T* h_TH,
+                       const T* w_VH, const int32_t* target_T, const HeadLossShape& s, T* workspace,
+                       const HeadLossBf16* bf16);
+template <typename T>
+void head_loss_backward(const Exec& ex, T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,
+                        const int32_t* target_T, const T* lse_T, const T* dloss,
+                        const HeadLossShape& s, T* workspace, const HeadLossBf16* bf16);
+}  // namespace cuda
 
 // loss_T[t] = lse_t - logit_t[target_t]; *sum = the sum over tokens (in f64, in memory: the step
 // report's slot, read on the host after the step). Targets < 0 are ignored (loss 0, no
@@ -63,6 +80,9 @@ void head_loss_forward(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_T, Dev
                                raw_ptr(target_T), s, raw_ptr(workspace), bf16);
     return;
   }
+  if constexpr (kHaveCudaKernels)
+    return cuda::head_loss_forward(ex, raw_ptr(sum), raw_ptr(loss_T), raw_ptr(lse_T), raw_ptr(h_TH),
+                                   raw_ptr(w_VH), raw_ptr(target_T), s, raw_ptr(workspace), bf16);
   no_kernel(ex, "head_loss_forward");
 }
 template <typename T>
@@ -79,6 +99,10 @@ void head_loss_backward(const Exec& ex, DevPtr<T> dh_TH, DevPtr<T> dw_VH, DevPtr
     return cpu::head_loss_backward(raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH), raw_ptr(w_VH),
                                    raw_ptr(target_T), raw_ptr(lse_T), *raw_ptr(dloss), s,
                                    raw_ptr(workspace), bf16);
+  if constexpr (kHaveCudaKernels)
+    return cuda::head_loss_backward(ex, raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH),
+                                    raw_ptr(w_VH), raw_ptr(target_T), raw_ptr(lse_T),
+                                    raw_ptr(dloss), s, raw_ptr(workspace), bf16);
   no_kernel(ex, "head_loss_backward");
 }
 template <typename T>

@@ -23,6 +23,8 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
+#include "ops/cuda_kernels.h"
+#include "ops/gemm.h"
 
 namespace moecore::ops {
 
@@ -62,6 +64,24 @@ void grouped_gemm_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, cons
 void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* dy16,
                              const bf16* x16, float* dw, float* ws32);
 }  // namespace cpu
+// The CUDA paths (ops/cuda/gemm.cu): the native path always (cuBLASLt, bf16 operands, f32
+// accumulation and output), so ws32, b32 and w32 are unused; the f32 activations are cast into
+// the caller's bf16 workspaces (x16, dy16) by ops/cuda/cast.cu. The grouped forms' switches read
+// m_G on the host as ops::grouped_gemm's do on CUDA (ops/gemm.h, kGroupedGemmSizes).
+namespace cuda {
+void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+void linear_forward_bf16(const Exec& ex, float* y_MN, const float* x_MK, const bf16* w_NK,
+                         int64_t M, int64_t N, int64_t K, bf16* x16);
+void linear_backward_bf16(const Exec& ex, float* dx_MK, float* dw_NK, const float* dy_MN,
+                          const float* x_MK, const bf16* w_NK, int64_t M, int64_t N, int64_t K,
+                          bf16* dy16, bf16* x16);
+void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
+                       const bf16* x16, const bf16* w, bool trans_w, float* y);
+void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
+                             int64_t K, const bf16* dy16, const bf16* x16, float* dw);
+}  // namespace cuda
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
 inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -71,6 +91,9 @@ inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int
   if (ex.on_cpu())
     return cpu::gemm_bf16(trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
                           raw_ptr(C), ldc, raw_ptr(ws32), raw_ptr(b32));
+  if constexpr (kHaveCudaKernels)
+    return cuda::gemm_bf16(ex, trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
+                           raw_ptr(C), ldc);
   no_kernel(ex, "gemm_bf16");
 }
 int64_t gemm_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K);
@@ -88,6 +111,9 @@ inline void linear_forward_bf16(const Exec& ex, DevPtr<float> y_MN, DevPtr<const
   if (ex.on_cpu())
     return cpu::linear_forward_bf16(raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
                                     raw_ptr(x16), raw_ptr(ws32), raw_ptr(w32), x_rounded);
+  if constexpr (kHaveCudaKernels)
+    return cuda::linear_forward_bf16(ex, raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
+                                     raw_ptr(x16));
   no_kernel(ex, "linear_forward_bf16");
 }
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
@@ -101,6 +127,10 @@ inline void linear_backward_bf16(const Exec& ex, DevPtr<float> dx_MK, DevPtr<flo
     return cpu::linear_backward_bf16(raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
                                      raw_ptr(w_NK), M, N, K, raw_ptr(dy16), raw_ptr(x16),
                                      raw_ptr(ws32), raw_ptr(w32), x_rounded);
+  if constexpr (kHaveCudaKernels)
+    return cuda::linear_backward_bf16(ex, raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN),
+                                      raw_ptr(x_MK), raw_ptr(w_NK), M, N, K, raw_ptr(dy16),
+                                      raw_ptr(x16));
   no_kernel(ex, "linear_backward_bf16");
 }
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
@@ -116,6 +146,11 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
   if (ex.on_cpu())
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
+  if constexpr (kHaveCudaKernels) {
+    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+    return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
+                                   raw_ptr(y));
+  }
   no_kernel(ex, "grouped_gemm_bf16");
 }
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
@@ -125,6 +160,11 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
+  if constexpr (kHaveCudaKernels) {
+    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+    return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),
+                                         raw_ptr(dw));
+  }
   no_kernel(ex, "grouped_gemm_wgrad_bf16");
 }
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.
