@@ -9,7 +9,9 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 #include "core/rng.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -33,17 +35,19 @@ T dropout_scale(double p) {
 }
 
 // The Philox words of columns 4 * col4 .. 4 * col4 + 3 of row (sample, pos). Counters are 32-bit:
-// iteration, sample (within the global batch), position and col4 are taken mod 2^32.
-inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint64_t iteration, uint64_t sample,
-                                             uint64_t pos, uint64_t col4) {
+// iteration, sample (within the global batch), position and col4 are taken mod 2^32. Shared with
+// the CUDA kernels (the same bits on every backend).
+MOE_HOST_DEVICE inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint64_t iteration,
+                                                             uint64_t sample, uint64_t pos,
+                                                             uint64_t col4) {
   return philox4x32({static_cast<uint32_t>(col4), static_cast<uint32_t>(pos),
                      static_cast<uint32_t>(sample), static_cast<uint32_t>(iteration)},
                     {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
 }
 
 // The keep bit of column `col` at (sample, pos): one Philox call serves 4 adjacent columns.
-inline bool dropout_keep(uint64_t key, uint64_t iteration, uint64_t sample, uint64_t pos,
-                         uint64_t col, uint32_t threshold) {
+MOE_HOST_DEVICE inline bool dropout_keep(uint64_t key, uint64_t iteration, uint64_t sample,
+                                         uint64_t pos, uint64_t col, uint32_t threshold) {
   return dropout_words(key, iteration, sample, pos, col / 4)[col % 4] >= threshold;
 }
 
@@ -75,6 +79,21 @@ template <typename T>
 void dropout_backward(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
                       const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's, `counters` device memory read inside the kernel. Bitwise the
+// CPU's. The switches below call them where the build has kernels.
+namespace cuda {
+template <typename T>
+void dropout_forward(void* stream, T* y_SBC, const T* x_SBC, double p, uint64_t key,
+                     const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
+template <typename T>
+void dropout_add_forward(void* stream, T* y_SBC, const T* residual_SBC, const T* x_SBC, double p,
+                         uint64_t key, const DropoutCounters* counters, int64_t S, int64_t B,
+                         int64_t C, int64_t s0);
+template <typename T>
+void dropout_backward(void* stream, T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
+                      const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
+}  // namespace cuda
 
 // y = keep * x * scale. y may alias x.
 template <typename T>
@@ -84,6 +103,9 @@ void dropout_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> x_SBC, dou
   if (ex.on_cpu())
     return cpu::dropout_forward(raw_ptr(y_SBC), raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C,
                                 s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(x_SBC), p, key,
+                                 raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_forward");
 }
 template <typename T>
@@ -103,6 +125,9 @@ void dropout_add_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> residu
   if (ex.on_cpu())
     return cpu::dropout_add_forward(raw_ptr(y_SBC), raw_ptr(residual_SBC), raw_ptr(x_SBC), p, key,
                                     raw_ptr(counters), S, B, C, s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_add_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(residual_SBC),
+                                     raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_add_forward");
 }
 template <typename T>
@@ -119,6 +144,9 @@ void dropout_backward(const Exec& ex, DevPtr<T> dx_SBC, DevPtr<const T> dy_SBC, 
   if (ex.on_cpu())
     return cpu::dropout_backward(raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key, raw_ptr(counters), S, B,
                                  C, s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_backward(ex.stream, raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key,
+                                  raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_backward");
 }
 template <typename T>
