@@ -31,10 +31,12 @@ template <typename T>
 void input_jitter_backward(void* stream, T* dx, const T* dy, const T* jitter, int64_t n);
 }  // namespace cuda
 
-// jitter [n] = T(1 - eps + 2 eps rng_uniform(key, base + i, lane)); y [n] = x * jitter, with
+// jitter [n] = T(fma(2 eps, rng_uniform(key, base + i, lane), 1 - eps)); y [n] = x * jitter, with
 // base = *step * stride: the stream's step counter is read from memory (it changes every
 // optimizer step, input_jitter_advance), the lane (the micro-batch of the step) is a constant
-// of each forward.
+// of each forward. The fma is the op's, on every backend: a compiler may or may not contract
+// 1 - eps + 2 eps u (GCC does for an ISA with FMA, nvcc does by default), so the op fixes the
+// single rounding that every backend can give bitwise.
 template <typename T>
 void input_jitter_forward(const Exec& ex, DevPtr<T> jitter, DevPtr<T> y, DevPtr<const T> x,
                           double eps, uint64_t key, DevPtr<const int64_t> step, int64_t stride,
@@ -62,7 +64,8 @@ template <typename T>
 void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key, uint64_t base,
                               uint32_t lane, int64_t n);
 
-// dx [n] += dy * jitter (accumulated: the router is one branch of the MoE input).
+// dx [n] = fma(dy, jitter, dx) (accumulated: the router is one branch of the MoE input; one
+// rounding on every backend, as the forward's factor).
 template <typename T>
 void input_jitter_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> jitter,
                            int64_t n) {

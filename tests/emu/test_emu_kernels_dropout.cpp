@@ -36,7 +36,7 @@ void check_dropout(Form form, double p, int64_t S, int64_t B, int64_t C, int64_t
   const ops::DropoutCounters counters{(int64_t(1) << 32) + 7, 3};
   const std::vector<T> x = random_vec<T>(n, 61);
   const std::vector<T> r = random_vec<T>(n, 62);
-  std::vector<T> want(size_t(n));
+  std::vector<T> want(static_cast<size_t>(n));
   const auto run_ref = [&](T* y) {
     if (form == Form::Forward)
       ops::dropout_forward_ref(y, x.data(), p, key, &counters, S, B, C, s0);

@@ -53,7 +53,7 @@ void check_forward(int64_t n_tok, int64_t H, int64_t V) {
                " vocabulary=" + std::to_string(V));
   const std::vector<T> w = random_vec<T>(V * H, 51);
   const std::vector<int32_t> ids = random_ids(n_tok, V, 52);
-  std::vector<T> want(size_t(n_tok * H));
+  std::vector<T> want(static_cast<size_t>(n_tok * H));
   ops::embedding_forward_ref(want.data(), ids.data(), w.data(), n_tok, H, V);
   Guarded<T> y(n_tok * H, T(NAN));
   const std::string diff = order_dependence([&] {
@@ -70,11 +70,11 @@ void check_forward(int64_t n_tok, int64_t H, int64_t V) {
 void check_forward_bf16(int64_t n_tok, int64_t H, int64_t V) {
   SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H) +
                " vocabulary=" + std::to_string(V));
-  std::vector<bf16> w(size_t(V * H));
+  std::vector<bf16> w(static_cast<size_t>(V * H));
   const std::vector<float> wf = random_vec<float>(V * H, 53, -4.0, 4.0);
   for (size_t i = 0; i < w.size(); ++i) w[i] = float_to_bf16(wf[i]);
   const std::vector<int32_t> ids = random_ids(n_tok, V, 54);
-  std::vector<float> want(size_t(n_tok * H));
+  std::vector<float> want(static_cast<size_t>(n_tok * H));
   ops::embedding_forward_bf16_ref(want.data(), ids.data(), w.data(), n_tok, H, V);
   Guarded<float> y(n_tok * H, NAN);
   const std::string diff = order_dependence([&] {

@@ -38,7 +38,7 @@ void check_forward(int64_t n) {
   const int64_t step = 5, stride = int64_t(1) << 30;  // base = 5 * 2^30: past 2^32
   const uint32_t lane = 3;
   const std::vector<T> x = random_vec<T>(n, 71);
-  std::vector<T> want_j(size_t(n)), want_y(size_t(n));
+  std::vector<T> want_j(static_cast<size_t>(n)), want_y(static_cast<size_t>(n));
   ops::input_jitter_forward_ref(want_j.data(), want_y.data(), x.data(), eps, key,
                                 uint64_t(step) * uint64_t(stride), lane, n);
   Guarded<T> j(n, T(NAN)), y(n, T(NAN));

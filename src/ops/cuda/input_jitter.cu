@@ -1,13 +1,13 @@
 // The router's input jitter on the GPU: grid-stride loops over the elements. The draw is
 // core/rng.h's rng_uniform (shared with the CPU) at base + i with base = *step * stride read from
-// device memory inside the kernel; the factor 1 - eps + 2 eps u and the backward's dy * jitter are
-// rounded one operation at a time (rounding.cuh), as the CPU rounds them: bitwise the CPU's.
+// device memory inside the kernel; the factor and the backward's accumulation are the op's
+// explicit fmas (input_jitter.h): bitwise the CPU's.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/rng.h"
 #include "ops/cuda/launch.cuh"
-#include "ops/cuda/rounding.cuh"
 #include "ops/input_jitter.h"
 
 namespace moecore::ops::cuda {
@@ -27,7 +27,7 @@ __global__ void input_jitter_forward(T* jitter, T* y, const T* x, double one_min
   const uint64_t base = static_cast<uint64_t>(*step) * static_cast<uint64_t>(stride);
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
     const double u = rng_uniform(key, base + static_cast<uint64_t>(i), lane);
-    const T j = static_cast<T>(add_rn(one_minus_eps, mul_rn(two_eps, u)));
+    const T j = static_cast<T>(std::fma(two_eps, u, one_minus_eps));
     jitter[i] = j;
     y[i] = x[i] * j;
   }
@@ -40,7 +40,7 @@ __global__ void input_jitter_advance(int64_t* step) {
 template <typename T>
 __global__ void input_jitter_backward(T* dx, const T* dy, const T* jitter, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    dx[i] = add_rn(dx[i], mul_rn(dy[i], jitter[i]));
+    dx[i] = std::fma(dy[i], jitter[i], dx[i]);
   }
 }
 }  // namespace kernels
@@ -61,7 +61,7 @@ void input_jitter_forward(void* stream, T* jitter, T* y, const T* x, double eps,
                    "[input_jitter] n=" + std::to_string(n) + ", stride=" + std::to_string(stride) +
                        ": both must be >= 0, and the step counter set when n > 0");
   if (n == 0) return;  // a grid of no blocks is a launch error
-  // 1 - eps and 2 eps as the CPU's expression forms them: (1.0 - eps) + (2.0 * eps) * u.
+  // 2 eps and 1 - eps as the CPU forms them (input_jitter.h: fma(2 eps, u, 1 - eps)).
   launch("input_jitter_forward", kernels::input_jitter_forward<T>, dim3(unsigned(blocks_for(n))),
          dim3(unsigned(kBlock)), 0, stream, jitter, y, x, 1.0 - eps, 2.0 * eps, key, step, stride,
          lane, n);

@@ -1,10 +1,11 @@
 // LayerNorm on the GPU, as rmsnorm.cu does RMSNorm: one block per row (token), the row's sum and
 // then its sum of centred squares in fixed trees (reduce.cuh: the order depends on the block size
-// alone), the elements rounded one operation at a time as the CPU rounds them (rounding.cuh). The
-// bf16w form is the same kernel with y rounded to bf16 values (ops::f32_bf16_rounded) in the same
-// pass: bitwise round_f32_to_bf16 of this backend's layernorm_forward. The backward: dx by the
-// same block-per-row scheme, dw and db by a thread per column adding the tokens' terms in token
-// order (no atomics; the CPU's order and roundings, so dw and db are bitwise the CPU's).
+// alone), products rounded one at a time (rounding.cuh: no contraction left to nvcc, so the grid
+// emulator computes the GPU's roundings, and the backward's g is the same value in its sum and in
+// dx, see layernorm_backward_dx). The bf16w form is the same kernel with y rounded to bf16 values
+// (ops::f32_bf16_rounded) in the same pass: bitwise round_f32_to_bf16 of this backend's
+// layernorm_forward. The backward: dx by the same block-per-row scheme, dw and db by a thread per
+// column adding the tokens' terms in token order (no atomics: one writer, one order).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -81,8 +82,9 @@ __global__ void layernorm_backward_dx(T* dx_TH, const T* dy_TH, const T* x_TH, c
   const T c = block_sum(sgx, shared + n_shared) / T(H);
   T* dx = dx_TH + t * H;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-    // g recomputed with the same roundings as in the sums, so a row of equal g (H = 1) gives
-    // g - a exactly 0.
+    // g recomputed with the same rounding as in the sums (a product fused into the sum would
+    // differ), so a row of equal g (H = 1: dx exactly 0) gives g - a exactly 0, not an ulp of g
+    // times rstd (up to 1 / sqrt(eps)).
     const T g = mul_rn(dy[h], gain(w_H[h], zero_centered));
     dx[h] = mul_rn(rstd, (g - a) - mul_rn(mul_rn(x[h] - mean, rstd), c));
   }
