@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 #include "core/dev_ptr.h"
@@ -27,6 +28,11 @@ struct DropoutCounters {
 // P(keep) = 1 - threshold / 2^32 (p to 2^-32). p == 0 gives 0: everything kept. Throws unless
 // 0 <= p < 1.
 uint32_t dropout_threshold(double p);
+// The same value without the check, for callers that check p themselves (the CUDA wrappers, whose
+// messages come without fmt).
+inline uint32_t dropout_threshold_unchecked(double p) {
+  return static_cast<uint32_t>(std::floor(p * 4294967296.0));
+}
 
 // The factor a kept value is multiplied by, 1 / (1 - p), rounded once to T.
 template <typename T>

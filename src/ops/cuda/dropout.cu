@@ -59,15 +59,26 @@ template <typename T, bool kAdd>
 void dropout_launch(void* stream, T* out, const T* base, const T* x, double p, uint64_t key,
                     const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0,
                     const char* op) {
-  // The CPU's checks and messages (p in [0, 1), sizes, counters set when p > 0); counters is a
+  // check_dropout_args's checks (p in [0, 1), sizes, counters set when p > 0); counters is a
   // device pointer here, tested for null only.
-  check_dropout_args(p, counters, S, B, C, s0, op);
+  MOE_KERNEL_CHECK(p >= 0.0 && p < 1.0,
+                   "[" + std::string(op) + "] p=" + std::to_string(p) +
+                       " outside [0, 1): pass a dropout probability such as 0.1 (0 disables "
+                       "dropout)");
+  MOE_KERNEL_CHECK(S >= 0 && B >= 0 && C >= 0 && s0 >= 0,
+                   "[" + std::string(op) + "] bad shape S=" + std::to_string(S) +
+                       " B=" + std::to_string(B) + " C=" + std::to_string(C) +
+                       " s0=" + std::to_string(s0) + ": sizes and the first position must be >= 0");
+  MOE_KERNEL_CHECK(counters != nullptr || p == 0.0,
+                   "[" + std::string(op) + "] p=" + std::to_string(p) +
+                       " without counters: pass the micro-batch's DropoutCounters (iteration, "
+                       "sample0), written before the step");
   const int64_t n_groups = S * B * ((C + 3) / 4);
   if (n_groups == 0) return;  // a grid of no blocks is a launch error
   const int64_t blocks = std::min(kMaxBlocks, (n_groups + kBlock - 1) / kBlock);
   launch(op, kernels::dropout_rows<T, kAdd>, dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0,
-         stream, out, base, x, dropout_threshold(p), dropout_scale<T>(p), key, counters, B, C, s0,
-         n_groups);
+         stream, out, base, x, dropout_threshold_unchecked(p), dropout_scale<T>(p), key, counters,
+         B, C, s0, n_groups);
 }
 }  // namespace
 
