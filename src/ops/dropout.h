@@ -5,12 +5,14 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/host_device.h"
 #include "core/rng.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -26,6 +28,11 @@ struct DropoutCounters {
 // P(keep) = 1 - threshold / 2^32 (p to 2^-32). p == 0 gives 0: everything kept. Throws unless
 // 0 <= p < 1.
 uint32_t dropout_threshold(double p);
+// The same value without the check, for callers that check p themselves (the CUDA wrappers, whose
+// messages come without fmt).
+inline uint32_t dropout_threshold_unchecked(double p) {
+  return static_cast<uint32_t>(std::floor(p * 4294967296.0));
+}
 
 // The factor a kept value is multiplied by, 1 / (1 - p), rounded once to T.
 template <typename T>
@@ -34,7 +41,8 @@ T dropout_scale(double p) {
 }
 
 // The Philox words of columns 4 * col4 .. 4 * col4 + 3 of row (sample, pos). Counters are 32-bit:
-// iteration, sample (within the global batch), position and col4 are taken mod 2^32.
+// iteration, sample (within the global batch), position and col4 are taken mod 2^32. Shared with
+// the CUDA kernels (the same bits on every backend).
 MOE_HOST_DEVICE inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint64_t iteration,
                                                              uint64_t sample, uint64_t pos,
                                                              uint64_t col4) {
@@ -43,8 +51,7 @@ MOE_HOST_DEVICE inline std::array<uint32_t, 4> dropout_words(uint64_t key, uint6
                     {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
 }
 
-// The keep bit of column `col` at (sample, pos): one Philox call serves 4 adjacent columns. Shared
-// with the CUDA kernels (the same bits on both backends).
+// The keep bit of column `col` at (sample, pos): one Philox call serves 4 adjacent columns.
 MOE_HOST_DEVICE inline bool dropout_keep(uint64_t key, uint64_t iteration, uint64_t sample,
                                          uint64_t pos, uint64_t col, uint32_t threshold) {
   return dropout_words(key, iteration, sample, pos, col / 4)[col % 4] >= threshold;
@@ -78,6 +85,21 @@ template <typename T>
 void dropout_backward(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
                       const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's, `counters` device memory read inside the kernel. Bitwise the
+// CPU's. The switches below call them where the build has kernels.
+namespace cuda {
+template <typename T>
+void dropout_forward(void* stream, T* y_SBC, const T* x_SBC, double p, uint64_t key,
+                     const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
+template <typename T>
+void dropout_add_forward(void* stream, T* y_SBC, const T* residual_SBC, const T* x_SBC, double p,
+                         uint64_t key, const DropoutCounters* counters, int64_t S, int64_t B,
+                         int64_t C, int64_t s0);
+template <typename T>
+void dropout_backward(void* stream, T* dx_SBC, const T* dy_SBC, double p, uint64_t key,
+                      const DropoutCounters* counters, int64_t S, int64_t B, int64_t C, int64_t s0);
+}  // namespace cuda
 
 // y = keep * x * scale. y may alias x.
 template <typename T>
@@ -87,6 +109,9 @@ void dropout_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> x_SBC, dou
   if (ex.on_cpu())
     return cpu::dropout_forward(raw_ptr(y_SBC), raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C,
                                 s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(x_SBC), p, key,
+                                 raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_forward");
 }
 template <typename T>
@@ -106,6 +131,9 @@ void dropout_add_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> residu
   if (ex.on_cpu())
     return cpu::dropout_add_forward(raw_ptr(y_SBC), raw_ptr(residual_SBC), raw_ptr(x_SBC), p, key,
                                     raw_ptr(counters), S, B, C, s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_add_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(residual_SBC),
+                                     raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_add_forward");
 }
 template <typename T>
@@ -122,6 +150,9 @@ void dropout_backward(const Exec& ex, DevPtr<T> dx_SBC, DevPtr<const T> dy_SBC, 
   if (ex.on_cpu())
     return cpu::dropout_backward(raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key, raw_ptr(counters), S, B,
                                  C, s0);
+  if constexpr (kHaveCudaKernels)
+    return cuda::dropout_backward(ex.stream, raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key,
+                                  raw_ptr(counters), S, B, C, s0);
   no_kernel(ex, "dropout_backward");
 }
 template <typename T>

@@ -7,6 +7,7 @@
 #include "core/dev_ptr.h"
 #include "core/dtype.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -20,13 +21,32 @@ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t 
 void embedding_forward_bf16(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
                             int64_t H, int64_t V);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's. The lookups are exact and the backward adds in token order
+// (no atomics): bitwise the CPU's. An id outside [0, V) cannot throw inside a step on a device:
+// the data pipeline checks the ids on the host when it loads them, and here the kernels never
+// touch memory outside the table, the forward writes NaN into that token's row (the step's
+// non-finite guard reports it) and the backward skips the token.
+namespace cuda {
+template <typename T>
+void embedding_forward(void* stream, T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok,
+                       int64_t H, int64_t V);
+void embedding_forward_bf16(void* stream, float* y_TH, const int32_t* ids_T, const bf16* w_VH,
+                            int64_t n_tok, int64_t H, int64_t V);
+template <typename T>
+void embedding_backward(void* stream, T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                        int64_t H, int64_t V);
+}  // namespace cuda
 
-// y[t] = w[ids[t]]; every id must be in [0, V) (checked).
+// y[t] = w[ids[t]]; every id must be in [0, V) (checked on the CPU; on a device see above).
 template <typename T>
 void embedding_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
                        DevPtr<const T> w_VH, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_forward(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
+  if constexpr (kHaveCudaKernels)
+    return cuda::embedding_forward(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok,
+                                   H, V);
   no_kernel(ex, "embedding_forward");
 }
 template <typename T>
@@ -38,6 +58,9 @@ inline void embedding_forward_bf16(const Exec& ex, DevPtr<float> y_TH, DevPtr<co
                                    DevPtr<const bf16> w_VH, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_forward_bf16(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
+  if constexpr (kHaveCudaKernels)
+    return cuda::embedding_forward_bf16(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH),
+                                        n_tok, H, V);
   no_kernel(ex, "embedding_forward_bf16");
 }
 void embedding_forward_bf16_ref(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
@@ -48,6 +71,9 @@ void embedding_backward(const Exec& ex, DevPtr<T> dw_VH, DevPtr<const T> dy_TH,
                         DevPtr<const int32_t> ids_T, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_backward(raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H, V);
+  if constexpr (kHaveCudaKernels)
+    return cuda::embedding_backward(ex.stream, raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T),
+                                    n_tok, H, V);
   no_kernel(ex, "embedding_backward");
 }
 template <typename T>

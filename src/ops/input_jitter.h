@@ -8,6 +8,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -18,11 +19,24 @@ void input_jitter_forward(T* jitter, T* y, const T* x, double eps, uint64_t key,
 template <typename T>
 void input_jitter_backward(T* dx, const T* dy, const T* jitter, int64_t n);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's, `step` device memory read (advance: written) inside the
+// kernel. Bitwise the CPU's. The switches below call them where the build has kernels.
+namespace cuda {
+template <typename T>
+void input_jitter_forward(void* stream, T* jitter, T* y, const T* x, double eps, uint64_t key,
+                          const int64_t* step, int64_t stride, uint32_t lane, int64_t n);
+void input_jitter_advance(void* stream, int64_t* step);
+template <typename T>
+void input_jitter_backward(void* stream, T* dx, const T* dy, const T* jitter, int64_t n);
+}  // namespace cuda
 
-// jitter [n] = T(1 - eps + 2 eps rng_uniform(key, base + i, lane)); y [n] = x * jitter, with
+// jitter [n] = T(fma(2 eps, rng_uniform(key, base + i, lane), 1 - eps)); y [n] = x * jitter, with
 // base = *step * stride: the stream's step counter is read from memory (it changes every
 // optimizer step, input_jitter_advance), the lane (the micro-batch of the step) is a constant
-// of each forward.
+// of each forward. The fma is the op's, on every backend: a compiler may or may not contract
+// 1 - eps + 2 eps u (GCC does for an ISA with FMA, nvcc does by default), so the op fixes the
+// single rounding that every backend can give bitwise.
 template <typename T>
 void input_jitter_forward(const Exec& ex, DevPtr<T> jitter, DevPtr<T> y, DevPtr<const T> x,
                           double eps, uint64_t key, DevPtr<const int64_t> step, int64_t stride,
@@ -32,6 +46,9 @@ void input_jitter_forward(const Exec& ex, DevPtr<T> jitter, DevPtr<T> y, DevPtr<
     return cpu::input_jitter_forward(raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key, base, lane,
                                      n);
   }
+  if constexpr (kHaveCudaKernels)
+    return cuda::input_jitter_forward(ex.stream, raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key,
+                                      raw_ptr(step), stride, lane, n);
   no_kernel(ex, "input_jitter_forward");
 }
 // *step += 1: once per optimizer step, after the step's forwards.
@@ -40,17 +57,21 @@ inline void input_jitter_advance(const Exec& ex, DevPtr<int64_t> step) {
     ++*raw_ptr(step);
     return;
   }
+  if constexpr (kHaveCudaKernels) return cuda::input_jitter_advance(ex.stream, raw_ptr(step));
   no_kernel(ex, "input_jitter_advance");
 }
 template <typename T>
 void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key, uint64_t base,
                               uint32_t lane, int64_t n);
 
-// dx [n] += dy * jitter (accumulated: the router is one branch of the MoE input).
+// dx [n] = fma(dy, jitter, dx) (accumulated: the router is one branch of the MoE input; one
+// rounding on every backend, as the forward's factor).
 template <typename T>
 void input_jitter_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> jitter,
                            int64_t n) {
   if (ex.on_cpu()) return cpu::input_jitter_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
+  if constexpr (kHaveCudaKernels)
+    return cuda::input_jitter_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
   no_kernel(ex, "input_jitter_backward");
 }
 template <typename T>

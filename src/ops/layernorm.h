@@ -7,6 +7,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -22,6 +23,22 @@ void layernorm_backward(T* dx_TH, T* dw_H, T* db_H, const T* dy_TH, const T* x_T
                         const T* mean_T, const T* rstd_T, int64_t n_tok, int64_t H,
                         bool zero_centered);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
+// tests); `stream` is the context's. The switches below call them where the build has kernels.
+namespace cuda {
+template <typename T>
+void layernorm_forward(void* stream, T* y_TH, T* mean_T, T* rstd_T, const T* x_TH, const T* w_H,
+                       const T* b_H, int64_t n_tok, int64_t H, double eps, bool zero_centered);
+void layernorm_forward_bf16w(void* stream, float* y_TH, float* mean_T, float* rstd_T,
+                             const float* x_TH, const float* w_H, const float* b_H, int64_t n_tok,
+                             int64_t H, double eps, bool zero_centered);
+// dx assigned, dw and db accumulated, as layernorm_backward below; dw's and db's sums over the
+// tokens in order.
+template <typename T>
+void layernorm_backward(void* stream, T* dx_TH, T* dw_H, T* db_H, const T* dy_TH, const T* x_TH,
+                        const T* w_H, const T* mean_T, const T* rstd_T, int64_t n_tok, int64_t H,
+                        bool zero_centered);
+}  // namespace cuda
 
 // x, y [T, H]; w, b [H]; mean, rstd [T] saved for backward.
 template <typename T>
@@ -31,6 +48,10 @@ void layernorm_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<T> mean_T, DevPtr<
   if (ex.on_cpu())
     return cpu::layernorm_forward(raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T), raw_ptr(x_TH),
                                   raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps, zero_centered);
+  if constexpr (kHaveCudaKernels)
+    return cuda::layernorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
+                                   raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
+                                   zero_centered);
   no_kernel(ex, "layernorm_forward");
 }
 template <typename T>
@@ -46,6 +67,10 @@ inline void layernorm_forward_bf16w(const Exec& ex, DevPtr<float> y_TH, DevPtr<f
     return cpu::layernorm_forward_bf16w(raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
                                         raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
                                         zero_centered);
+  if constexpr (kHaveCudaKernels)
+    return cuda::layernorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
+                                         raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
+                                         zero_centered);
   no_kernel(ex, "layernorm_forward_bf16w");
 }
 // dx = (assigned); dw += , db += (accumulated). zero_centered changes the gain (1 + w), not dw.
@@ -58,6 +83,10 @@ void layernorm_backward(const Exec& ex, DevPtr<T> dx_TH, DevPtr<T> dw_H, DevPtr<
     return cpu::layernorm_backward(raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(db_H), raw_ptr(dy_TH),
                                    raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(mean_T), raw_ptr(rstd_T),
                                    n_tok, H, zero_centered);
+  if constexpr (kHaveCudaKernels)
+    return cuda::layernorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(db_H),
+                                    raw_ptr(dy_TH), raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(mean_T),
+                                    raw_ptr(rstd_T), n_tok, H, zero_centered);
   no_kernel(ex, "layernorm_backward");
 }
 template <typename T>

@@ -49,6 +49,9 @@ namespace cuda {
 template <typename T>
 void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
                      int64_t H, double eps);
+// y rounded to bf16 values in the same pass: bitwise round_f32_to_bf16 of rmsnorm_forward's y.
+void rmsnorm_forward_bf16w(void* stream, float* y_TH, float* rstd_T, const float* x_TH,
+                           const float* w_H, int64_t n_tok, int64_t H, double eps);
 // dx assigned, dw accumulated, as rmsnorm_backward below; dw's sums over the tokens in order.
 template <typename T>
 void rmsnorm_backward(void* stream, T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
@@ -78,6 +81,9 @@ inline void rmsnorm_forward_bf16w(const Exec& ex, DevPtr<float> y_TH, DevPtr<flo
   if (ex.on_cpu())
     return cpu::rmsnorm_forward_bf16w(raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH), raw_ptr(w_H),
                                       n_tok, H, eps);
+  if constexpr (kHaveCudaKernels)
+    return cuda::rmsnorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
+                                       raw_ptr(w_H), n_tok, H, eps);
   no_kernel(ex, "rmsnorm_forward_bf16w");
 }
 // dx = (assigned); dw += (accumulated).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "common/tolerances.h"
 #include "core/check.h"
 #include "emu/emu_testing.h"
+#include "ops/cast.h"
 #include "ops/rmsnorm.h"
 
 namespace moecore {
@@ -90,6 +92,38 @@ TEST(EmuKernelsRmsnorm, BackwardBadArgumentsAreErrors) {
   float v = 0;
   EXPECT_THROW(ops::cuda::rmsnorm_backward<float>(nullptr, &v, &v, &v, &v, &v, &v, 1, 0), Error);
   EXPECT_THROW(ops::cuda::rmsnorm_backward<float>(nullptr, &v, &v, &v, &v, &v, &v, -1, 4), Error);
+}
+
+// The bf16w forward: bitwise round_f32_to_bf16 of the f32 kernel's y, the same rstd, in every
+// resume order (the f32 kernel itself is checked against the reference in test_emu_kernels.cpp).
+TEST(EmuKernelsRmsnorm, ForwardBf16wIsTheRoundedF32Forward) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {3, 31},   {7, 33},
+                                                           {4, 257}, {1, 4096}, {300, 7}};
+  for (auto [n_tok, H] : shapes) {
+    SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H));
+    const std::vector<float> x = random_vec<float>(n_tok * H, 45, -3.0, 3.0);
+    const std::vector<float> w = random_vec<float>(H, 46, 0.5, 1.5);
+    Guarded<float> y(n_tok * H, NAN), rstd(n_tok, NAN);
+    ops::cuda::rmsnorm_forward(nullptr, y.data(), rstd.data(), x.data(), w.data(), n_tok, H, 1e-5);
+    std::vector<float> want(static_cast<size_t>(n_tok * H));
+    ops::round_f32_to_bf16_ref(want.data(), y.data(), n_tok * H);
+    Guarded<float> y16(n_tok * H, NAN), rstd16(n_tok, NAN);
+    const std::string diff = order_dependence([&] {
+      Guarded<float> y1(n_tok * H, NAN), rstd1(n_tok, NAN);
+      ops::cuda::rmsnorm_forward_bf16w(nullptr, y1.data(), rstd1.data(), x.data(), w.data(), n_tok,
+                                       H, 1e-5);
+      y16 = y1;
+      rstd16 = rstd1;
+      return bytes_of(y1.data(), size_t(n_tok * H));
+    });
+    EXPECT_EQ(diff, "");
+    EXPECT_TRUE(y16.intact() && rstd16.intact()) << "written outside the elements";
+    EXPECT_EQ(std::memcmp(y16.data(), want.data(), sizeof(float) * size_t(n_tok * H)), 0)
+        << "bf16w y is not the rounded f32 y";
+    EXPECT_EQ(std::memcmp(rstd16.data(), rstd.data(), sizeof(float) * size_t(n_tok)), 0);
+  }
+  float v = 0;
+  EXPECT_THROW(ops::cuda::rmsnorm_forward_bf16w(nullptr, &v, &v, &v, &v, 1, 0, 1e-5), Error);
 }
 
 }  // namespace

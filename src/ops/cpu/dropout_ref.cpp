@@ -3,9 +3,32 @@
 // the fast path, so the two agree bitwise.
 #include <cmath>
 
+#include "core/check.h"
 #include "ops/dropout.h"
 
 namespace moecore::ops {
+
+// The op's argument checks, here beside the reference that every build (and the grid emulator's
+// sanitizer build, which links the kernels' references alone) has.
+uint32_t dropout_threshold(double p) {
+  MOE_CHECK(p >= 0.0 && p < 1.0,
+            "[dropout] p={} outside [0, 1): pass a dropout probability such as 0.1 (0 disables "
+            "dropout)",
+            p);
+  return dropout_threshold_unchecked(p);
+}
+
+void check_dropout_args(double p, const DropoutCounters* counters, int64_t S, int64_t B, int64_t C,
+                        int64_t s0, const char* op) {
+  dropout_threshold(p);
+  MOE_CHECK(S >= 0 && B >= 0 && C >= 0 && s0 >= 0,
+            "[{}] bad shape S={} B={} C={} s0={}: sizes and the first position must be >= 0", op, S,
+            B, C, s0);
+  MOE_CHECK(counters != nullptr || p == 0.0,
+            "[{}] p={} without counters: pass the micro-batch's DropoutCounters (iteration, "
+            "sample0), written before the step",
+            op, p);
+}
 
 namespace {
 

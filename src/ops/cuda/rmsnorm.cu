@@ -2,11 +2,14 @@
 // strided elements, each warp reduces by a fixed shuffle butterfly, the warps' sums meet in shared
 // memory and warp 0 reduces them; rstd and the elements use the bodies shared with the CPU fast
 // path (ops::rmsnorm_rstd, ops::rmsnorm_element). The summation order depends on the block size
-// alone: the output is the same run to run. The backward: dx by the same block-per-row scheme
-// (the row's sum of w dy x), dw by a thread per column that adds the tokens' terms in token order
-// (no atomics: each dw element has one writer and one order).
+// alone: the output is the same run to run. The bf16w form is the same kernel with y rounded to
+// bf16 values (ops::f32_bf16_rounded) in the same pass. The backward: dx by the same block-per-row
+// scheme (the row's sum of w dy x), dw by a thread per column that adds the tokens' terms in token
+// order (no atomics: each dw element has one writer and one order).
 #include <algorithm>
+#include <string>
 
+#include "ops/cast.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
 #include "ops/rmsnorm.h"
@@ -15,8 +18,8 @@ namespace moecore::ops::cuda {
 
 namespace kernels {
 // blockDim.x a multiple of 32; dynamic shared memory: blockDim.x / 32 + 1 values of T (the warps'
-// sums, then the row's rstd).
-template <typename T>
+// sums, then the row's rstd). kRound (f32 only): y rounded to bf16 values.
+template <typename T, bool kRound>
 __global__ void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t H,
                                 double eps) {
   T* shared = dynamic_shared<T>();
@@ -41,7 +44,14 @@ __global__ void rmsnorm_forward(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H,
   __syncthreads();
   const T rstd = shared[n_warps];
   T* y = y_TH + t * H;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) y[h] = rmsnorm_element(x[h], rstd, w_H[h]);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const T v = rmsnorm_element(x[h], rstd, w_H[h]);
+    if constexpr (kRound) {
+      y[h] = f32_bf16_rounded(v);
+    } else {
+      y[h] = v;
+    }
+  }
 }
 
 // Shared memory as rmsnorm_forward's (the warps' sums, then the row's coefficient c).
@@ -88,19 +98,31 @@ __global__ void rmsnorm_backward_dw(T* dw_H, const T* dy_TH, const T* x_TH, cons
 namespace {
 // Threads per block: a warp per 32 elements up to 8 warps (a row of 4096 gives each thread 16).
 constexpr int64_t kMaxBlock = 256;
+
+template <typename T, bool kRound>
+void rmsnorm_forward_launch(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H,
+                            int64_t n_tok, int64_t H, double eps, const char* op) {
+  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
+                   "[" + std::string(op) + "] tokens=" + std::to_string(n_tok) +
+                       " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
+  if (n_tok == 0) return;  // a grid of no blocks is a launch error
+  const int64_t block = std::min(kMaxBlock, (H + 31) / 32 * 32);
+  const size_t smem = size_t(block / 32 + 1) * sizeof(T);
+  launch(op, kernels::rmsnorm_forward<T, kRound>, dim3(unsigned(n_tok)), dim3(unsigned(block)),
+         smem, stream, y_TH, rstd_T, x_TH, w_H, H, eps);
+}
 }  // namespace
 
 template <typename T>
 void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok,
                      int64_t H, double eps) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
-                   "[rmsnorm] tokens=" + std::to_string(n_tok) +
-                       " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
-  if (n_tok == 0) return;  // a grid of no blocks is a launch error
-  const int64_t block = std::min(kMaxBlock, (H + 31) / 32 * 32);
-  const size_t smem = size_t(block / 32 + 1) * sizeof(T);
-  launch("rmsnorm_forward", kernels::rmsnorm_forward<T>, dim3(unsigned(n_tok)),
-         dim3(unsigned(block)), smem, stream, y_TH, rstd_T, x_TH, w_H, H, eps);
+  rmsnorm_forward_launch<T, false>(stream, y_TH, rstd_T, x_TH, w_H, n_tok, H, eps, "rmsnorm");
+}
+
+void rmsnorm_forward_bf16w(void* stream, float* y_TH, float* rstd_T, const float* x_TH,
+                           const float* w_H, int64_t n_tok, int64_t H, double eps) {
+  rmsnorm_forward_launch<float, true>(stream, y_TH, rstd_T, x_TH, w_H, n_tok, H, eps,
+                                      "rmsnorm_forward_bf16w");
 }
 
 template <typename T>
