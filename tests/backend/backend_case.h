@@ -183,6 +183,13 @@ class Staging {
         stage(g.data() - kG, (g.size() + 2 * kG) * int64_t(sizeof(T)), g.data() - kG));
     return dev + kG;
   }
+  // A plain host buffer the op writes, without guards: for the structs a Guarded cannot hold
+  // (a MicroBatchReport, an AdamWStep). Numbers go in a Guarded, whose guards catch a stray write.
+  template <typename T>
+  T* out(T* host, int64_t n) {
+    static_assert(!std::is_arithmetic_v<T>, "stage numbers as a Guarded (out(Guarded<T>&))");
+    return static_cast<T*>(stage(host, n * int64_t(sizeof(T)), host));
+  }
   template <typename T>
   T* out_or_null(Guarded<T>* g) {
     return g == nullptr ? nullptr : out(*g);

@@ -17,7 +17,7 @@ const SBC kDropoutShapes[] = {{0, 2, 5, 0},  {1, 1, 1, 0},   {1, 1, 3, 0},
 
 template <typename T>
 void dropout_case(const Exec& ex) {
-  // Counters in host memory: the harness's buffers are the host's (backend_case.h).
+  // Read from memory by the op (a planned buffer in the step): staged with the case's buffers.
   const ops::DropoutCounters counters{9, 30};
   const uint64_t key = rng_key(5, "decoder.layers.3.hidden_dropout");
   uint32_t seed = 500;
@@ -34,14 +34,21 @@ void dropout_case(const Exec& ex) {
       ops::dropout_backward_ref<T>(dx_ref.data(), x.data(), p, key, &counters, S, B, C, s0);
       Guarded<T> y = nan_out<T>(n), a = nan_out<T>(n), dx = nan_out<T>(n), y_in = guarded(x),
                  a_in = guarded(res), dx_in = guarded(x);
-      ops::dropout_forward<T>(ex, y.data(), x.data(), p, key, &counters, S, B, C, s0);
-      ops::dropout_add_forward<T>(ex, a.data(), res.data(), x.data(), p, key, &counters, S, B, C,
-                                  s0);
-      ops::dropout_backward<T>(ex, dx.data(), x.data(), p, key, &counters, S, B, C, s0);
-      ops::dropout_forward<T>(ex, y_in.data(), y_in.data(), p, key, &counters, S, B, C, s0);
-      ops::dropout_add_forward<T>(ex, a_in.data(), a_in.data(), x.data(), p, key, &counters, S, B,
-                                  C, s0);
-      ops::dropout_backward<T>(ex, dx_in.data(), dx_in.data(), p, key, &counters, S, B, C, s0);
+      Staging st(ex);
+      const ops::DropoutCounters* c_d = st.in(&counters, 1);
+      const T* x_d = st.in(x);
+      // The in-place buffers staged once, as outputs (the order of a call's arguments is
+      // unspecified).
+      T* y_in_d = st.out(y_in);
+      T* a_in_d = st.out(a_in);
+      T* dx_in_d = st.out(dx_in);
+      ops::dropout_forward<T>(ex, st.out(y), x_d, p, key, c_d, S, B, C, s0);
+      ops::dropout_add_forward<T>(ex, st.out(a), st.in(res), x_d, p, key, c_d, S, B, C, s0);
+      ops::dropout_backward<T>(ex, st.out(dx), x_d, p, key, c_d, S, B, C, s0);
+      ops::dropout_forward<T>(ex, y_in_d, y_in_d, p, key, c_d, S, B, C, s0);
+      ops::dropout_add_forward<T>(ex, a_in_d, a_in_d, x_d, p, key, c_d, S, B, C, s0);
+      ops::dropout_backward<T>(ex, dx_in_d, dx_in_d, p, key, c_d, S, B, C, s0);
+      st.back();
       expect_bitwise(y, y_ref.data(), "y");
       expect_bitwise(a, a_ref.data(), "y (add)");
       expect_bitwise(dx, dx_ref.data(), "dx");

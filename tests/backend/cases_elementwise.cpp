@@ -60,8 +60,11 @@ void swiglu_case(const Exec& ex) {
       ops::swiglu_forward_ref(a_ref.data(), h.data(), pp, N, F);
       ops::swiglu_backward_ref(dh_ref.data(), dp_ref.data(), da.data(), h.data(), pp, N, F);
       Guarded<T> a = nan_out<T>(N * F), dh = nan_out<T>(N * 2 * F), dp(N, T(-1));
-      ops::swiglu_forward<T>(ex, a.data(), h.data(), pp, N, F);
-      ops::swiglu_backward<T>(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
+      Staging st(ex);
+      ops::swiglu_forward<T>(ex, st.out(a), st.in(h), st.in_or_null(pp, N), N, F);
+      ops::swiglu_backward<T>(ex, st.out(dh), st.out(dp), st.in(da), st.in(h),
+                              st.in_or_null(pp, N), N, F);
+      st.back();
       expect_activation(a, a_ref, dh, dh_ref, dp, dp_ref, with_p);
     }
   }
@@ -78,24 +81,27 @@ void swiglu_bf16_case(const Exec& ex) {
     for (bool with_p : {true, false}) {
       BACKEND_TRACE("N=" << N << " F=" << F << " p=" << with_p);
       const float* pp = with_p ? p.data() : nullptr;
-      std::vector<float> a(N * F), dh(N * 2 * F), dp(N, -1.f);
-      ops::swiglu_forward<float>(ex, a.data(), h.data(), pp, N, F);
-      ops::swiglu_backward<float>(ex, dh.data(), dp.data(), da.data(), h.data(), pp, N, F);
-      const auto a16_want = to_bf16(a), dh16_want = to_bf16(dh);
-      const auto aw_want = bf16_rounded(a), dhw_want = bf16_rounded(dh);
-
+      Guarded<float> a = nan_out<float>(N * F), dh = nan_out<float>(N * 2 * F), dp(N, -1.f);
       Guarded<uint16_t> a16(N * F), dh16(N * 2 * F);
       Guarded<float> dp16(N, -1.f);
-      ops::swiglu_forward_bf16(ex, as_bf16(a16.data()), h.data(), pp, N, F);
-      ops::swiglu_backward_bf16(ex, as_bf16(dh16.data()), dp16.data(), da.data(), h.data(), pp, N,
-                                F);
+      Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * 2 * F), dpw(N, -1.f);
+      Staging st(ex);
+      const float* h_d = st.in(h);
+      const float* p_d = st.in_or_null(pp, N);
+      const float* da_d = st.in(da);
+      ops::swiglu_forward<float>(ex, st.out(a), h_d, p_d, N, F);
+      ops::swiglu_backward<float>(ex, st.out(dh), st.out(dp), da_d, h_d, p_d, N, F);
+      ops::swiglu_forward_bf16(ex, as_bf16(st.out(a16)), h_d, p_d, N, F);
+      ops::swiglu_backward_bf16(ex, as_bf16(st.out(dh16)), st.out(dp16), da_d, h_d, p_d, N, F);
+      ops::swiglu_forward_bf16w(ex, st.out(aw), h_d, p_d, N, F);
+      ops::swiglu_backward_bf16w(ex, st.out(dhw), st.out(dpw), da_d, h_d, p_d, N, F);
+      st.back();
+      const auto a16_want = to_bf16(a.vec()), dh16_want = to_bf16(dh.vec());
+      const auto aw_want = bf16_rounded(a.vec()), dhw_want = bf16_rounded(dh.vec());
+
       expect_bitwise(a16, reinterpret_cast<const uint16_t*>(a16_want.data()), "a16");
       expect_bitwise(dh16, reinterpret_cast<const uint16_t*>(dh16_want.data()), "dh16");
       expect_bitwise(dp16, dp.data(), "dp (bf16 kernel)");  // -1 where p is null: unwritten
-
-      Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * 2 * F), dpw(N, -1.f);
-      ops::swiglu_forward_bf16w(ex, aw.data(), h.data(), pp, N, F);
-      ops::swiglu_backward_bf16w(ex, dhw.data(), dpw.data(), da.data(), h.data(), pp, N, F);
       expect_bitwise(aw, aw_want.data(), "a (bf16w)");
       expect_bitwise(dhw, dhw_want.data(), "dh (bf16w)");
       expect_bitwise(dpw, dp.data(), "dp (bf16w kernel)");
@@ -145,26 +151,28 @@ void activation_bf16_case(const Exec& ex) {
       for (bool with_p : {true, false}) {
         BACKEND_TRACE(ops::activation_name(act) << " N=" << N << " F=" << F << " p=" << with_p);
         const float* pp = with_p ? p.data() : nullptr;
-        std::vector<float> a(N * F), dh(N * F), dp(N, -1.f);
-        ops::activation_forward<float>(ex, act, a.data(), h.data(), pp, N, F);
-        ops::activation_backward<float>(ex, act, dh.data(), dp.data(), da.data(), h.data(), pp, N,
-                                        F);
-        const auto a16_want = to_bf16(a), dh16_want = to_bf16(dh);
-        const auto aw_want = bf16_rounded(a), dhw_want = bf16_rounded(dh);
-
+        Guarded<float> a = nan_out<float>(N * F), dh = nan_out<float>(N * F), dp(N, -1.f);
         Guarded<uint16_t> a16(N * F), dh16(N * F);
         Guarded<float> dp16(N, -1.f);
-        ops::activation_forward_bf16(ex, act, as_bf16(a16.data()), h.data(), pp, N, F);
-        ops::activation_backward_bf16(ex, act, as_bf16(dh16.data()), dp16.data(), da.data(),
-                                      h.data(), pp, N, F);
+        Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * F), dpw(N, -1.f);
+        Staging st(ex);
+        const float* h_d = st.in(h);
+        const float* p_d = st.in_or_null(pp, N);
+        const float* da_d = st.in(da);
+        ops::activation_forward<float>(ex, act, st.out(a), h_d, p_d, N, F);
+        ops::activation_backward<float>(ex, act, st.out(dh), st.out(dp), da_d, h_d, p_d, N, F);
+        ops::activation_forward_bf16(ex, act, as_bf16(st.out(a16)), h_d, p_d, N, F);
+        ops::activation_backward_bf16(ex, act, as_bf16(st.out(dh16)), st.out(dp16), da_d, h_d,
+                                      p_d, N, F);
+        ops::activation_forward_bf16w(ex, act, st.out(aw), h_d, p_d, N, F);
+        ops::activation_backward_bf16w(ex, act, st.out(dhw), st.out(dpw), da_d, h_d, p_d, N, F);
+        st.back();
+        const auto a16_want = to_bf16(a.vec()), dh16_want = to_bf16(dh.vec());
+        const auto aw_want = bf16_rounded(a.vec()), dhw_want = bf16_rounded(dh.vec());
+
         expect_bitwise(a16, reinterpret_cast<const uint16_t*>(a16_want.data()), "a16");
         expect_bitwise(dh16, reinterpret_cast<const uint16_t*>(dh16_want.data()), "dh16");
         expect_bitwise(dp16, dp.data(), "dp (bf16 kernel)");
-
-        Guarded<float> aw = nan_out<float>(N * F), dhw = nan_out<float>(N * F), dpw(N, -1.f);
-        ops::activation_forward_bf16w(ex, act, aw.data(), h.data(), pp, N, F);
-        ops::activation_backward_bf16w(ex, act, dhw.data(), dpw.data(), da.data(), h.data(), pp,
-                                       N, F);
         expect_bitwise(aw, aw_want.data(), "a (bf16w)");
         expect_bitwise(dhw, dhw_want.data(), "dh (bf16w)");
         expect_bitwise(dpw, dp.data(), "dp (bf16w kernel)");
@@ -220,11 +228,13 @@ void rmsnorm_bf16w_case(const Exec& ex) {
     BACKEND_TRACE("T=" << T_ << " H=" << H);
     const auto x = random_vec<float>(T_ * H, seed++, -2, 2);
     const auto w = random_vec<float>(H, seed++, 0.5, 1.5);
-    std::vector<float> y(T_ * H), rstd(T_);
-    ops::rmsnorm_forward<float>(ex, y.data(), rstd.data(), x.data(), w.data(), T_, H, kEps);
-    const auto y_want = bf16_rounded(y);
+    Guarded<float> y = nan_out<float>(T_ * H), rstd = nan_out<float>(T_);
     Guarded<float> y16 = nan_out<float>(T_ * H), rstd16 = nan_out<float>(T_);
-    ops::rmsnorm_forward_bf16w(ex, y16.data(), rstd16.data(), x.data(), w.data(), T_, H, kEps);
+    Staging st(ex);
+    ops::rmsnorm_forward<float>(ex, st.out(y), st.out(rstd), st.in(x), st.in(w), T_, H, kEps);
+    ops::rmsnorm_forward_bf16w(ex, st.out(y16), st.out(rstd16), st.in(x), st.in(w), T_, H, kEps);
+    st.back();
+    const auto y_want = bf16_rounded(y.vec());
     expect_bitwise(y16, y_want.data(), "y (bf16 values)");
     expect_bitwise(rstd16, rstd.data(), "rstd");
   }
@@ -251,10 +261,12 @@ void layernorm_case(const Exec& ex) {
                                   w.data(), mean_ref.data(), rstd_ref.data(), T_, H, zc);
       Guarded<T> y = nan_out<T>(T_ * H), mean = nan_out<T>(T_), rstd = nan_out<T>(T_),
                  dx = nan_out<T>(T_ * H), dw = guarded(dw0), db = guarded(db0);
-      ops::layernorm_forward<T>(ex, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                                b.data(), T_, H, kEps, zc);
-      ops::layernorm_backward<T>(ex, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                 mean_ref.data(), rstd_ref.data(), T_, H, zc);
+      Staging st(ex);
+      ops::layernorm_forward<T>(ex, st.out(y), st.out(mean), st.out(rstd), st.in(x), st.in(w),
+                                st.in(b), T_, H, kEps, zc);
+      ops::layernorm_backward<T>(ex, st.out(dx), st.out(dw), st.out(db), st.in(dy), st.in(x),
+                                 st.in(w), st.in(mean_ref), st.in(rstd_ref), T_, H, zc);
+      st.back();
       expect_close(y, y_ref.data(), "y");
       expect_close(mean, mean_ref.data(), "mean");
       expect_close(rstd, rstd_ref.data(), "rstd");
@@ -275,14 +287,17 @@ void layernorm_bf16w_case(const Exec& ex) {
       const auto x = random_vec<float>(T_ * H, seed++, -2, 2);
       const auto w = random_vec<float>(H, seed++, 0.5, 1.5);
       const auto b = random_vec<float>(H, seed++);
-      std::vector<float> y(T_ * H), mean(T_), rstd(T_);
-      ops::layernorm_forward<float>(ex, y.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                                    b.data(), T_, H, kEps, zc);
-      const auto y_want = bf16_rounded(y);
+      Guarded<float> y = nan_out<float>(T_ * H), mean = nan_out<float>(T_),
+                     rstd = nan_out<float>(T_);
       Guarded<float> y16 = nan_out<float>(T_ * H), mean16 = nan_out<float>(T_),
                      rstd16 = nan_out<float>(T_);
-      ops::layernorm_forward_bf16w(ex, y16.data(), mean16.data(), rstd16.data(), x.data(), w.data(),
-                                   b.data(), T_, H, kEps, zc);
+      Staging st(ex);
+      ops::layernorm_forward<float>(ex, st.out(y), st.out(mean), st.out(rstd), st.in(x), st.in(w),
+                                    st.in(b), T_, H, kEps, zc);
+      ops::layernorm_forward_bf16w(ex, st.out(y16), st.out(mean16), st.out(rstd16), st.in(x),
+                                   st.in(w), st.in(b), T_, H, kEps, zc);
+      st.back();
+      const auto y_want = bf16_rounded(y.vec());
       expect_bitwise(y16, y_want.data(), "y (bf16 values)");
       expect_bitwise(mean16, mean.data(), "mean");
       expect_bitwise(rstd16, rstd.data(), "rstd");
@@ -302,9 +317,14 @@ void add_one(const Exec& ex) {
     std::vector<T> y_ref(n);
     ops::add_ref(y_ref.data(), a.data(), b.data(), n);
     Guarded<T> y = nan_out<T>(n), ya = guarded(a), yb = guarded(b);
-    ops::add<T>(ex, y.data(), a.data(), b.data(), n);
-    ops::add<T>(ex, ya.data(), ya.data(), b.data(), n);
-    ops::add<T>(ex, yb.data(), a.data(), yb.data(), n);
+    Staging st(ex);
+    // The aliased buffers staged once, as outputs (the order of a call's arguments is unspecified).
+    T* ya_d = st.out(ya);
+    T* yb_d = st.out(yb);
+    ops::add<T>(ex, st.out(y), st.in(a), st.in(b), n);
+    ops::add<T>(ex, ya_d, ya_d, st.in(b), n);
+    ops::add<T>(ex, yb_d, st.in(a), yb_d, n);
+    st.back();
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(ya, y_ref.data(), "y aliasing a");
     expect_bitwise(yb, y_ref.data(), "y aliasing b");
@@ -326,8 +346,10 @@ void bias_one(const Exec& ex) {
     ops::bias_forward_ref(y_ref.data(), b.data(), s.M, s.N);
     ops::bias_backward_ref(db_ref.data(), y0.data(), s.M, s.N);
     Guarded<T> y = guarded(y0), db = guarded(db0);
-    ops::bias_forward<T>(ex, y.data(), b.data(), s.M, s.N);
-    ops::bias_backward<T>(ex, db.data(), y0.data(), s.M, s.N);
+    Staging st(ex);
+    ops::bias_forward<T>(ex, st.out(y), st.in(b), s.M, s.N);
+    ops::bias_backward<T>(ex, st.out(db), st.in(y0), s.M, s.N);
+    st.back();
     expect_bitwise(y, y_ref.data(), "y");
     expect_close(db, db_ref.data(), "db (accumulated)");
   }
@@ -359,9 +381,12 @@ void grouped_bias_one(const Exec& ex) {
       ops::grouped_bias_backward_ref(db_ref.data(), dp_ref.data(), dy.data(), b.data(), pp,
                                      c.m_G.data(), G, C);
       Guarded<T> y = guarded(y0), db = guarded(db0), dp = guarded(dp0);
-      ops::grouped_bias_forward<T>(ex, y.data(), b.data(), pp, c.m_G.data(), G, C);
-      ops::grouped_bias_backward<T>(ex, db.data(), dp.data(), dy.data(), b.data(), pp,
-                                    c.m_G.data(), G, C);
+      Staging st(ex);
+      ops::grouped_bias_forward<T>(ex, st.out(y), st.in(b), st.in_or_null(pp, N), st.in(c.m_G), G,
+                                   C);
+      ops::grouped_bias_backward<T>(ex, st.out(db), st.out(dp), st.in(dy), st.in(b),
+                                    st.in_or_null(pp, N), st.in(c.m_G), G, C);
+      st.back();
       if (with_p) {
         expect_close(y, y_ref.data(), "y");
       } else {
@@ -387,7 +412,9 @@ void qkv_one(const Exec& ex) {
     std::vector<T> q_ref(nq), k_ref(nkv), v_ref(nkv), f_ref(nf);
     ops::split_qkv_ref(q_ref.data(), k_ref.data(), v_ref.data(), fused.data(), s);
     Guarded<T> q = nan_out<T>(nq), k = nan_out<T>(nkv), v = nan_out<T>(nkv);
-    ops::split_qkv<T>(ex, q.data(), k.data(), v.data(), fused.data(), s);
+    Staging st(ex);
+    ops::split_qkv<T>(ex, st.out(q), st.out(k), st.out(v), st.in(fused), s);
+    st.back();
     expect_bitwise(q, q_ref.data(), "q");
     expect_bitwise(k, k_ref.data(), "k");
     expect_bitwise(v, v_ref.data(), "v");
@@ -395,9 +422,10 @@ void qkv_one(const Exec& ex) {
                gv = random_vec<T>(nkv, seed++);
     ops::fuse_qkv_ref(f_ref.data(), gq.data(), gk.data(), gv.data(), s);
     Guarded<T> f = nan_out<T>(nf), back = nan_out<T>(nf);
-    ops::fuse_qkv<T>(ex, f.data(), gq.data(), gk.data(), gv.data(), s);
+    ops::fuse_qkv<T>(ex, st.out(f), st.in(gq), st.in(gk), st.in(gv), s);
+    ops::fuse_qkv<T>(ex, st.out(back), st.in(q_ref), st.in(k_ref), st.in(v_ref), s);
+    st.back();
     expect_bitwise(f, f_ref.data(), "fused");
-    ops::fuse_qkv<T>(ex, back.data(), q_ref.data(), k_ref.data(), v_ref.data(), s);
     expect_bitwise(back, fused.data(), "fuse(split(f))");
   }
 }
@@ -417,8 +445,10 @@ void token_layout_case(const Exec& ex) {
                                       tg.data(), B, S);
     Guarded<int32_t> ids_T(B * S, -7), tg_T(B * S, -7);
     Guarded<int64_t> counted(1, -1);
-    ops::tokens_to_sequence_major(ex, ids_T.data(), tg_T.data(), counted.data(), ids.data(),
-                                  tg.data(), B, S);
+    Staging st(ex);
+    ops::tokens_to_sequence_major(ex, st.out(ids_T), st.out(tg_T), st.out(counted), st.in(ids),
+                                  st.in(tg), B, S);
+    st.back();
     expect_bitwise(ids_T, ids_ref.data(), "ids_T");
     expect_bitwise(tg_T, tg_ref.data(), "targets_T");
     expect_bitwise(counted, &counted_ref, "counted");
@@ -452,15 +482,17 @@ void cast_case(const Exec& ex) {
     const auto x = cast_inputs(n, seed++);
     std::vector<bf16> y_ref(n);
     ops::cast_f32_to_bf16_ref(y_ref.data(), x.data(), n);
-    Guarded<uint16_t> y(n);
-    ops::cast_f32_to_bf16(ex, as_bf16(y.data()), x.data(), n);
-    expect_bitwise(y, reinterpret_cast<const uint16_t*>(y_ref.data()), "f32 -> bf16");
-
     std::vector<float> r_ref(n);
     ops::round_f32_to_bf16_ref(r_ref.data(), x.data(), n);
+    Guarded<uint16_t> y(n);
     Guarded<float> r = nan_out<float>(n), in_place = guarded(x);
-    ops::round_f32_to_bf16(ex, r.data(), x.data(), n);
-    ops::round_f32_to_bf16(ex, in_place.data(), in_place.data(), n);
+    Staging st(ex);
+    ops::cast_f32_to_bf16(ex, as_bf16(st.out(y)), st.in(x), n);
+    ops::round_f32_to_bf16(ex, st.out(r), st.in(x), n);
+    float* in_place_d = st.out(in_place);
+    ops::round_f32_to_bf16(ex, in_place_d, in_place_d, n);
+    st.back();
+    expect_bitwise(y, reinterpret_cast<const uint16_t*>(y_ref.data()), "f32 -> bf16");
     expect_bitwise(r, r_ref.data(), "round f32 to bf16 values");
     expect_bitwise(in_place, r_ref.data(), "round in place");
   }
@@ -470,7 +502,9 @@ void cast_case(const Exec& ex) {
   std::vector<float> w_ref(all.size());
   ops::cast_bf16_to_f32_ref(w_ref.data(), all.data(), 1 << 16);
   Guarded<float> w = nan_out<float>(1 << 16);
-  ops::cast_bf16_to_f32(ex, w.data(), all.data(), 1 << 16);
+  Staging st(ex);
+  ops::cast_bf16_to_f32(ex, st.out(w), st.in(all), 1 << 16);
+  st.back();
   expect_bitwise(w, w_ref.data(), "bf16 -> f32, all 65536 patterns");
 }
 
@@ -487,13 +521,17 @@ void sum_squares_one(const Exec& ex) {
     double want = -1;
     ops::sum_squares_ref(&want, x.data(), n);
     Guarded<double> got(1, -1.0);
-    ops::sum_squares<T>(ex, got.data(), x.data(), n);
+    Staging st(ex);
+    ops::sum_squares<T>(ex, st.out(got), st.in(x), n);
+    st.back();
     expect_close(got, &want, "sum of squares", kSumSquaresRtol, 0.0);
   }
   std::vector<T> small = {1, -2, 3, 4};
   Guarded<double> got(1, -1.0);
   const double want = 30.0;
-  ops::sum_squares<T>(ex, got.data(), small.data(), 4);
+  Staging st(ex);
+  ops::sum_squares<T>(ex, st.out(got), st.in(small), 4);
+  st.back();
   expect_bitwise(got, &want, "small integers: exact");
 }
 
@@ -513,14 +551,19 @@ void sum_squares_ranges_one(const Exec& ex) {
   double want = -1;
   ops::sum_squares_ranges_ref(&want, x.data(), ranges.data(),
                               static_cast<int64_t>(ranges.size()));
+  // The ranges stay a host list (ops/sum_squares.h).
   Guarded<double> got(1, -1.0);
-  ops::sum_squares_ranges<T>(ex, got.data(), x.data(), ranges.data(),
+  Staging st(ex);
+  const T* x_d = st.in(x);
+  ops::sum_squares_ranges<T>(ex, st.out(got), x_d, ranges.data(),
                              static_cast<int64_t>(ranges.size()));
+  st.back();
   expect_close(got, &want, "sum of squares over ranges", kSumSquaresRtol, 0.0);
   const ops::ElemRange all{3, n - 3};
   Guarded<double> whole(1, -1.0), one(1, -2.0);
-  ops::sum_squares<T>(ex, whole.data(), x.data() + 3, n - 3);
-  ops::sum_squares_ranges<T>(ex, one.data(), x.data(), &all, 1);
+  ops::sum_squares<T>(ex, st.out(whole), x_d + 3, n - 3);
+  ops::sum_squares_ranges<T>(ex, st.out(one), x_d, &all, 1);
+  st.back();
   expect_bitwise(one, whole.data(), "one range == sum_squares");
 }
 
@@ -534,7 +577,7 @@ void adamw_one(const Exec& ex) {
     for (double wd : {0.0, 0.1}) {
       BACKEND_TRACE(dtype_name<T>() << " n=" << n << " wd=" << wd);
       ops::AdamWParams a;
-      ops::AdamWStep st;  // host memory: see docs/numerics.md on device buffers
+      ops::AdamWStep st;  // staged each step, as the trainer's planned step buffer
       st.lr = 3e-3;
       a.beta2 = 0.95;
       a.weight_decay = wd;
@@ -544,12 +587,20 @@ void adamw_one(const Exec& ex) {
       Guarded<float> m(n, 0.f), v(n, 0.f);
       std::vector<T> p_ref = p0;
       std::vector<float> m_ref(n, 0.f), v_ref(n, 0.f);
+      // p, m, v stay in the backend's memory across the steps; g and the step's scalars are
+      // staged per step (their host buffers change).
+      Staging state(ex);
+      T* p_d = state.out(p);
+      float* m_d = state.out(m);
+      float* v_d = state.out(v);
       for (int64_t step = 1; step <= 3; ++step) {
         st.step = step;
         const auto g = random_vec<T>(n, seed++, -2.0, 2.0);
-        ops::adamw_step<T>(ex, p.data(), g.data(), m.data(), v.data(), n, a, &st);
+        Staging per_step(ex);
+        ops::adamw_step<T>(ex, p_d, per_step.in(g), m_d, v_d, n, a, per_step.in(&st, 1));
         ops::adamw_step_ref<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a, st);
       }
+      state.back();
       expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
       expect_close(v, v_ref.data(), "v", testing::kF32Rtol, testing::kF32Atol);
       expect_close(p, p_ref.data(), "p", testing::kF32Rtol, testing::kF32Atol);
@@ -573,14 +624,21 @@ void adamw_bf16_copies(const Exec& ex) {
       Guarded<float> p = guarded(p0), m(n, 0.f), v(n, 0.f), p16w(n, -1.f);
       Guarded<uint16_t> p16(n);
       std::vector<float> p_ref = p0, m_ref(n, 0.f), v_ref(n, 0.f);
+      Staging state(ex);  // as adamw_one
+      float* p_d = state.out(p);
+      float* m_d = state.out(m);
+      float* v_d = state.out(v);
+      bf16* p16_d = form != 1 ? as_bf16(state.out(p16)) : nullptr;
+      float* p16w_d = form != 0 ? state.out(p16w) : nullptr;
       for (int64_t step = 1; step <= 2; ++step) {
         st.step = step;
         const auto g = random_vec<float>(n, 200 + static_cast<uint32_t>(step), -2.0, 2.0);
-        ops::adamw_step<float>(ex, p.data(), g.data(), m.data(), v.data(), n, a, &st,
-                               form != 1 ? as_bf16(p16.data()) : nullptr,
-                               form != 0 ? p16w.data() : nullptr);
+        Staging per_step(ex);
+        ops::adamw_step<float>(ex, p_d, per_step.in(g), m_d, v_d, n, a, per_step.in(&st, 1),
+                               p16_d, p16w_d);
         ops::adamw_step_ref<float>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, a, st);
       }
+      state.back();
       expect_close(p, p_ref.data(), "p", testing::kF32Rtol, testing::kF32Atol);
       expect_close(m, m_ref.data(), "m", testing::kF32Rtol, testing::kF32Atol);
       expect_close(v, v_ref.data(), "v", testing::kF32Rtol, testing::kF32Atol);
@@ -651,7 +709,9 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
                      std::vector<int32_t> want(n);
                      ops::sequence_positions_ref(want.data(), n, B);
                      Guarded<int32_t> pos(n, -7);
-                     ops::sequence_positions(ex, pos.data(), n, B);
+                     Staging st(ex);
+                     ops::sequence_positions(ex, st.out(pos), n, B);
+                     st.back();
                      expect_bitwise(pos, want.data(), "positions");
                    }
                  }});

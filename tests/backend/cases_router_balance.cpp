@@ -39,8 +39,10 @@ void count_tokens_case(const Exec& ex) {
     std::vector<int64_t> n_ref(c.E), s_ref(c.B * c.E);
     ops::count_tokens_per_expert_ref(n_ref.data(), s_ref.data(), idx.data(), c.T, c.K, c.E, c.B);
     Guarded<int64_t> n(c.E, -7), s(c.B * c.E, -7), n2(c.E, -7);
-    ops::count_tokens_per_expert(ex, n.data(), s.data(), idx.data(), c.T, c.K, c.E, c.B);
-    ops::count_tokens_per_expert(ex, n2.data(), nullptr, idx.data(), c.T, c.K, c.E, 1);
+    Staging st(ex);
+    ops::count_tokens_per_expert(ex, st.out(n), st.out(s), st.in(idx), c.T, c.K, c.E, c.B);
+    ops::count_tokens_per_expert(ex, st.out(n2), nullptr, st.in(idx), c.T, c.K, c.E, 1);
+    st.back();
     expect_bitwise(n, n_ref.data(), "counts_E");
     expect_bitwise(s, s_ref.data(), "seq_counts_BE");
     expect_bitwise(n2, n_ref.data(), "counts_E, no seq counts");
@@ -66,21 +68,25 @@ void counts_accumulators_case(const Exec& ex) {
       ops::running_mean_counts_ref(m_ref.data(), sum0.data(), c.data(), n_micro, E);
       ops::running_mean_counts_ref(m2_ref.data(), sum0.data(), nullptr, n_micro, E);
       Guarded<double> m = nan_out<double>(E), m2 = nan_out<double>(E);
-      ops::running_mean_counts(ex, m.data(), sum0.data(), c.data(), n_micro, E);
-      ops::running_mean_counts(ex, m2.data(), sum0.data(), nullptr, n_micro, E);
-      expect_bitwise(m, m_ref.data(), "mean_E");
-      expect_bitwise(m2, m2_ref.data(), "mean_E, counts in the sum");
       std::vector<double> x_ref = sum0;
       ops::divide_in_place_ref(x_ref.data(), n_micro, E);
       Guarded<double> x = guarded(sum0);
-      ops::divide_in_place(ex, x.data(), n_micro, E);
+      Staging st(ex);
+      ops::running_mean_counts(ex, st.out(m), st.in(sum0), st.in(c), n_micro, E);
+      ops::running_mean_counts(ex, st.out(m2), st.in(sum0), nullptr, n_micro, E);
+      ops::divide_in_place(ex, st.out(x), n_micro, E);
+      st.back();
+      expect_bitwise(m, m_ref.data(), "mean_E");
+      expect_bitwise(m2, m2_ref.data(), "mean_E, counts in the sum");
       expect_bitwise(x, x_ref.data(), "x / d");
     }
     BACKEND_TRACE("E=" << E << " accumulate");
     std::vector<double> sum_ref = sum0;
     ops::accumulate_counts_ref(sum_ref.data(), c.data(), E);
     Guarded<double> sum = guarded(sum0);
-    ops::accumulate_counts(ex, sum.data(), c.data(), E);
+    Staging st(ex);
+    ops::accumulate_counts(ex, st.out(sum), st.in(c), E);
+    st.back();
     expect_bitwise(sum, sum_ref.data(), "sum_E");
   }
   BACKEND_TRACE("divide_in_place, random values");
@@ -88,7 +94,9 @@ void counts_accumulators_case(const Exec& ex) {
   std::vector<double> x_ref = x0;
   ops::divide_in_place_ref(x_ref.data(), 0.3, 1000);
   Guarded<double> x = guarded(x0);
-  ops::divide_in_place(ex, x.data(), 0.3, 1000);
+  Staging st(ex);
+  ops::divide_in_place(ex, st.out(x), 0.3, 1000);
+  st.back();
   expect_bitwise(x, x_ref.data(), "x / 0.3");
 }
 
@@ -109,7 +117,10 @@ void quantile_beta_estimate_case(const Exec& ex) {
       std::vector<double> b_ref = b0;
       ops::quantile_beta_estimate_ref(b_ref.data(), l.data(), keyv.data(), c.T, c.E, c.K);
       Guarded<double> b = guarded(b0), col = nan_out<double>(c.T);
-      ops::quantile_beta_estimate(ex, b.data(), col.data(), l.data(), keyv.data(), c.T, c.E, c.K);
+      Staging st(ex);
+      ops::quantile_beta_estimate(ex, st.out(b), st.out(col), st.in(l), st.in(keyv), c.T, c.E,
+                                  c.K);
+      st.back();
       expect_bitwise(b, b_ref.data(), "beta_sum_E");
       expect_intact(col, "col_T");
     }
@@ -127,7 +138,9 @@ void quantile_beta_update_case(const Exec& ex) {
       ops::quantile_beta_update_ref(b_ref.data(), avg.data(), ema, E);
       Guarded<float> b = guarded(b0);
       Guarded<double> work = nan_out<double>(E);
-      ops::quantile_beta_update(ex, b.data(), work.data(), avg.data(), ema, E);
+      Staging st(ex);
+      ops::quantile_beta_update(ex, st.out(b), st.out(work), st.in(avg), ema, E);
+      st.back();
       expect_bitwise(b, b_ref.data(), "beta_E");
       expect_intact(work, "work_E");
     }
@@ -154,7 +167,9 @@ void expert_bias_update_case(const Exec& ex) {
       std::vector<float> b_ref = b0;
       ops::expert_bias_update_ref(b_ref.data(), c.data(), rate, E);
       Guarded<float> b = guarded(b0);
-      ops::expert_bias_update(ex, b.data(), c.data(), rate, E);
+      Staging st(ex);
+      ops::expert_bias_update(ex, st.out(b), st.in(c), rate, E);
+      st.back();
       expect_bitwise(b, b_ref.data(), "bias_E");
     }
   }
@@ -174,18 +189,23 @@ void convert_f64_case(const Exec& ex) {
     std::vector<double> w_ref(n);
     ops::widen_to_f64_ref(w_ref.data(), x.data(), n);
     Guarded<double> w = nan_out<double>(n);
-    ops::widen_to_f64<T>(ex, w.data(), x.data(), n);
+    Staging st(ex);
+    ops::widen_to_f64<T>(ex, st.out(w), st.in(x), n);
+    st.back();
     expect_bitwise(w, w_ref.data(), "widen_to_f64");
     std::vector<T> y_ref(n);
     ops::narrow_from_f64_ref(y_ref.data(), x64.data(), n);
     Guarded<T> y = nan_out<T>(n);
-    ops::narrow_from_f64<T>(ex, y.data(), x64.data(), n);
+    ops::narrow_from_f64<T>(ex, st.out(y), st.in(x64), n);
+    st.back();
     expect_bitwise(y, y_ref.data(), "narrow_from_f64");
     for (const T* fac : {static_cast<const T*>(nullptr), f.data()}) {
       std::vector<T> a_ref = y0;
       ops::add_from_f64_ref(a_ref.data(), x64.data(), fac, n);
       Guarded<T> a = guarded(y0);
-      ops::add_from_f64<T>(ex, a.data(), x64.data(), fac, n);
+      Staging sa(ex);  // a's host buffer is the loop's
+      ops::add_from_f64<T>(ex, sa.out(a), sa.in(x64), sa.in_or_null(fac, n), n);
+      sa.back();
       expect_bitwise(a, a_ref.data(), fac ? "add_from_f64, factor" : "add_from_f64");
     }
   }
@@ -210,11 +230,15 @@ void input_jitter_case(const Exec& ex) {
       ops::input_jitter_forward_ref(j_ref.data(), y_ref.data(), x.data(), eps, key, base, lane, n);
       Guarded<T> j = nan_out<T>(n), y = nan_out<T>(n);
       Guarded<int64_t> step_mem(1, step);
-      ops::input_jitter_forward<T>(ex, j.data(), y.data(), x.data(), eps, key, step_mem.data(),
-                                   stride, lane, n);
+      Staging st(ex);
+      int64_t* step_d = st.out(step_mem);  // read by the forward, written by the advance
+      ops::input_jitter_forward<T>(ex, st.out(j), st.out(y), st.in(x), eps, key, step_d, stride,
+                                   lane, n);
+      st.back();
       expect_bitwise(j, j_ref.data(), "jitter");
       expect_intact(step_mem, "step");
-      ops::input_jitter_advance(ex, step_mem.data());
+      ops::input_jitter_advance(ex, step_d);
+      st.back();
       EXPECT_EQ(step_mem[0], step + 1) << "advanced step";
       expect_intact(step_mem, "step");
       expect_bitwise(y, y_ref.data(), "y");
@@ -223,7 +247,8 @@ void input_jitter_case(const Exec& ex) {
       std::vector<T> dx_ref = dx0;
       ops::input_jitter_backward_ref(dx_ref.data(), dy.data(), j_ref.data(), n);
       Guarded<T> dx = guarded(dx0);
-      ops::input_jitter_backward<T>(ex, dx.data(), dy.data(), j_ref.data(), n);
+      ops::input_jitter_backward<T>(ex, st.out(dx), st.in(dy), st.in(j_ref), n);
+      st.back();
       expect_close(dx, dx_ref.data(), "dx += dy * jitter");
     }
   }
@@ -248,7 +273,7 @@ void grad_clip_case(const Exec& ex) {
     const int64_t n = static_cast<int64_t>(c.parts.size());
     BACKEND_TRACE("parts=" << n << (n ? " first=" : "") << (n ? c.parts[0] : 0.0)
                            << " max_norm=" << c.max_norm);
-    ops::AdamWStep st, st_ref;  // host memory, as the AdamW cases
+    ops::AdamWStep st, st_ref;  // staged, as the AdamW cases
     st.lr = st_ref.lr = 3e-3;
     st.step = st_ref.step = 5;
     st.grad_scale = st_ref.grad_scale = nan;
@@ -256,7 +281,9 @@ void grad_clip_case(const Exec& ex) {
     double norm_ref = -2;
     ops::grad_clip_ref(&norm_ref, &st_ref, c.parts.data(), n, c.max_norm);
     Guarded<double> norm = nan_out<double>(1);
-    ops::grad_clip(ex, norm.data(), &st, c.parts.data(), n, c.max_norm);
+    Staging stg(ex);
+    ops::grad_clip(ex, stg.out(norm), stg.out(&st, 1), stg.in(c.parts), n, c.max_norm);
+    stg.back();
     expect_bitwise(norm, &norm_ref, "norm");
     EXPECT_TRUE(same_bits(&st.grad_scale, &st_ref.grad_scale, 1)) << "grad_scale";
     EXPECT_EQ(st.skip, st_ref.skip);

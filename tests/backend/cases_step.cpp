@@ -23,7 +23,9 @@ void zero_one(const Exec& ex) {
     auto v = random_vec<double>(n, 3);
     Guarded<T> got(n), want(n);
     for (int64_t i = 0; i < n; ++i) got[i] = want[i] = static_cast<T>(v[i] * 1000 + 1);
-    ops::zero<T>(ex, got.data(), n);
+    Staging st(ex);
+    ops::zero<T>(ex, st.out(got), n);
+    st.back();
     ops::zero_ref(want.data(), n);
     expect_bitwise(got, want, "zeroed");
   }
@@ -37,13 +39,16 @@ void copy_one(const Exec& ex) {
     std::vector<T> src(n);
     for (int64_t i = 0; i < n; ++i) src[i] = static_cast<T>(v[i] * 1000 - 3);
     Guarded<T> got(n, T(7)), want(n, T(7));
-    ops::copy<T>(ex, got.data(), src.data(), n);
+    Staging st(ex);
+    ops::copy<T>(ex, st.out(got), st.in(src), n);
+    st.back();
     ops::copy_ref(want.data(), src.data(), n);
     expect_bitwise(got, want, "copied");
   }
 }
 
-// The host's read of device data: every element into guarded host memory, and one value.
+// The host's read of device data: every element into guarded host memory, and one value (the
+// destination is the host's by the op's contract: only the source is staged).
 template <typename T>
 void read_back_one(const Exec& ex) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{13}, int64_t{100003}}) {
@@ -52,11 +57,13 @@ void read_back_one(const Exec& ex) {
     std::vector<T> src(n);
     for (int64_t i = 0; i < n; ++i) src[i] = static_cast<T>(v[i] * 1000 + 5);
     Guarded<T> got(n, T(9)), want(n, T(9));
-    ops::read_back<T>(ex, got.data(), src.data(), n);
+    Staging st(ex);
+    const T* src_d = st.in(src);
+    ops::read_back<T>(ex, got.data(), src_d, n);
     ops::copy_ref(want.data(), src.data(), n);
     expect_bitwise(got, want, "read back");
     if (n > 0) {
-      const T one = ops::read_value<T>(ex, src.data() + n - 1);
+      const T one = ops::read_value<T>(ex, src_d + n - 1);
       EXPECT_EQ(std::memcmp(&one, &src[n - 1], sizeof(T)), 0) << "read_value";
     }
   }
@@ -66,7 +73,9 @@ void read_back_one(const Exec& ex) {
 void zero_report(const Exec& ex) {
   ops::MicroBatchReport r[3];
   for (auto& x : r) x = ops::MicroBatchReport{1.5, 7, 2.5, 3.5, 4, 2};
-  ops::zero<ops::MicroBatchReport>(ex, r + 1, 1);
+  Staging st(ex);
+  ops::zero<ops::MicroBatchReport>(ex, st.out(r, 3) + 1, 1);  // the neighbours staged too
+  st.back();
   const ops::MicroBatchReport cleared{}, kept{1.5, 7, 2.5, 3.5, 4, 2};
   EXPECT_EQ(std::memcmp(r + 1, &cleared, sizeof cleared), 0) << "report not cleared";
   EXPECT_EQ(std::memcmp(r, &kept, sizeof kept), 0) << "the slot before was written";
@@ -81,7 +90,10 @@ void loss_grad_scale_one(const Exec& ex) {
       Guarded<int64_t> c(1, counted);
       Guarded<T> got(1, T(-5));
       T want = T(-5);
-      ops::loss_grad_scale<T>(ex, got.data(), c.data(), scale);
+      Staging st(ex);
+      // c is read only, staged with its guards (out()) so that a write past it shows.
+      ops::loss_grad_scale<T>(ex, st.out(got), st.out(c), scale);
+      st.back();
       ops::loss_grad_scale_ref(&want, c.data(), scale);
       expect_bitwise(got, &want, "dloss");
       expect_intact(c, "counted");
@@ -96,6 +108,11 @@ void report_moe_layer_case(const Exec& ex) {
     ops::MicroBatchReport got = start, want = start;
     Guarded<int64_t> tokens(E), tokens_want(E);
     for (int64_t e = 0; e < E; ++e) tokens[e] = tokens_want[e] = e * 3;
+    // The report and the token counts accumulate in the backend's memory over the layers; each
+    // layer's values are staged per layer (their host buffers are the loop's).
+    Staging acc(ex);
+    ops::MicroBatchReport* got_d = acc.out(&got, 1);
+    int64_t* tokens_d = acc.out(tokens);
     // Three layers: with an aux value, without one (no aux type listed), with one again.
     for (int layer = 0; layer < 3; ++layer) {
       const double aux = 1.0 + 0.1 * layer, z = 2.0 + 0.01 * layer;
@@ -103,11 +120,16 @@ void report_moe_layer_case(const Exec& ex) {
       Guarded<int64_t> layer_tokens(E);
       for (int64_t e = 0; e < E; ++e) layer_tokens[e] = (e * 7 + layer) % 5;
       const double* a = layer == 1 ? nullptr : &aux;
-      ops::report_moe_layer(ex, &got, tokens.data(), a, &z, &dropped, layer_tokens.data(), E);
+      Staging st(ex);
+      // layer_tokens is read only, staged with its guards (out()) so that a write past it shows.
+      ops::report_moe_layer(ex, got_d, tokens_d, st.in_or_null(a, 1), st.in(&z, 1),
+                            st.in(&dropped, 1), st.out(layer_tokens), E);
+      st.back();
       ops::report_moe_layer_ref(&want, tokens_want.data(), a, &z, &dropped, layer_tokens.data(),
                                 E);
       expect_intact(layer_tokens, "layer tokens");
     }
+    acc.back();
     EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
         << "report: loss " << got.lm_loss_sum << " counted " << got.counted << " aux "
         << got.aux_value << " z " << got.z_value << " dropped " << got.dropped << " layers "
@@ -135,7 +157,10 @@ void flag_nonfinite_one(const Exec& ex) {
           if (at >= 0) x[at] = b;
           Guarded<int32_t> got(1, start);
           int32_t want = start;
-          ops::flag_nonfinite<T>(ex, got.data(), x.data(), n);
+          Staging st(ex);
+          // x is read only, staged with its guards (out()) so that a write past it shows.
+          ops::flag_nonfinite<T>(ex, st.out(got), st.out(x), n);
+          st.back();
           ops::flag_nonfinite_ref(&want, x.data(), n);
           expect_bitwise(got, &want, "flag");
           expect_intact(x, "x");
@@ -156,7 +181,9 @@ void flag_at_least_case(const Exec& ex) {
       BACKEND_TRACE("value " << c[0] << " threshold " << c[1] << " flag " << start);
       Guarded<int32_t> got(1, start);
       int32_t want = start;
-      ops::flag_at_least(ex, got.data(), &c[0], &c[1]);
+      Staging st(ex);
+      ops::flag_at_least(ex, st.out(got), st.in(&c[0], 1), st.in(&c[1], 1));
+      st.back();
       ops::flag_at_least_ref(&want, &c[0], &c[1]);
       expect_bitwise(got, &want, "flag");
     }
@@ -175,7 +202,9 @@ void skip_if_flagged_case(const Exec& ex) {
       got.grad_scale = want.grad_scale = 0.25;
       got.skip = want.skip = start;
       const int64_t n = static_cast<int64_t>(flags.size());
-      ops::skip_if_flagged(ex, &got, flags.data(), n);
+      Staging st(ex);
+      ops::skip_if_flagged(ex, st.out(&got, 1), st.in(flags), n);
+      st.back();
       ops::skip_if_flagged_ref(&want, flags.data(), n);
       // Field by field: the struct's padding is not a value.
       EXPECT_EQ(got.skip, want.skip);
@@ -203,7 +232,9 @@ void add_step_cases(std::vector<OpCase>& out) {
                    copy_one<int32_t>(ex);
                    ops::MicroBatchReport from[2] = {{1.5, 7, 2.5, 3.5, 4, 2}, {-1, 3, 0, 9, 1, 1}};
                    ops::MicroBatchReport to[2];
-                   ops::copy<ops::MicroBatchReport>(ex, to, from, 2);
+                   Staging st(ex);
+                   ops::copy<ops::MicroBatchReport>(ex, st.out(to, 2), st.in(from, 2), 2);
+                   st.back();
                    EXPECT_EQ(std::memcmp(to, from, sizeof from), 0) << "report structs";
                  }});
   out.push_back({"read_back", {"read_back", "read_value"}, [](const Exec& ex) {
@@ -211,7 +242,9 @@ void add_step_cases(std::vector<OpCase>& out) {
                    read_back_one<double>(ex);
                    read_back_one<int64_t>(ex);
                    const ops::MicroBatchReport r{1.5, 7, 2.5, 3.5, 4, 2};
-                   const ops::MicroBatchReport got = ops::read_value<ops::MicroBatchReport>(ex, &r);
+                   Staging st(ex);
+                   const ops::MicroBatchReport got =
+                       ops::read_value<ops::MicroBatchReport>(ex, st.in(&r, 1));
                    EXPECT_EQ(std::memcmp(&got, &r, sizeof r), 0) << "a report struct";
                  }});
   out.push_back({"loss_grad_scale", {"loss_grad_scale"}, [](const Exec& ex) {
