@@ -64,12 +64,12 @@ void rope_launch(const char* op, void* stream, T* y, const T* x, const int32_t* 
                  int64_t n_tok, int64_t n_heads, const RopeCache& cache, T sign) {
   MOE_KERNEL_CHECK(cache.D > 0 && cache.D % 2 == 0 && cache.max_pos > 0 &&
                        cache.cos_PD != nullptr && cache.sin_PD != nullptr,
-                   "[" + std::string(op) + "] cache not built (D=" + std::to_string(cache.D) +
+                   std::string("[") + op + "] cache not built (D=" + std::to_string(cache.D) +
                        ", max_pos=" + std::to_string(cache.max_pos) + ", tables " +
                        std::string(cache.cos_PD != nullptr ? "set" : "missing") +
                        "): use make_rope_cache or RopeTables");
   MOE_KERNEL_CHECK(n_tok >= 0 && n_heads >= 0,
-                   "[" + std::string(op) + "] negative size n_tok=" + std::to_string(n_tok) +
+                   std::string("[") + op + "] negative size n_tok=" + std::to_string(n_tok) +
                        " n_heads=" + std::to_string(n_heads));
   const int64_t n = n_tok * n_heads * (cache.D / 2);
   if (n == 0) return;
