@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     });
   }
   {  // RoPE in place on q (8 heads; k has 2), token t = s * B + b at position t / 8.
-    ops::RopeCache cache = ops::make_rope_cache(256, D, 10000.0);
+    const ops::RopeTables cache(256, D, 10000.0);
     std::vector<int32_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t / 8);
     auto q = rand_vec<float>(T * Hq * D, 9);

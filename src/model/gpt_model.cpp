@@ -38,12 +38,6 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen,
                                /*master=*/!cfg_.master_weights_sharded);
   }
-  // A sizing pass (the planner, thousands of times in a layout search) runs no step: the
-  // table (max positions x head dim sin/cos) would be most of its time. Other positions use
-  // no table.
-  if (!size_only && cfg_.position_embedding == PositionEmbedding::Rope) {
-    rope_ = ops::make_rope_cache(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
-  }
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden},
                                       ParamInit::Normal,
@@ -137,6 +131,19 @@ void GPTModel<T>::allocate(Arena& a) {
       stream_[l] = a.alloc<T>(T_ * H, "model.residual", MemKind::Recomputed);
     } else {
       stream_[l] = a.alloc<T>(T_ * H, "model.residual");
+    }
+  }
+  if (cfg_.position_embedding == PositionEmbedding::Rope) {
+    // The cos / sin tables, filled once here, before the layers check their lengths against
+    // them (a sizing pass, which allocates nothing, skips the fill: it would be most of the
+    // planner's time). Other positions use no table.
+    const int64_t n =
+        ops::rope_table_elems(cfg_.max_positions(), cfg_.head_dim(), cfg_.rotary_base);
+    const DevPtr<double> cos_PD = a.alloc<double>(n, "model.rope_cos", MemKind::State);
+    const DevPtr<double> sin_PD = a.alloc<double>(n, "model.rope_sin", MemKind::State);
+    if (cos_PD != nullptr) {
+      rope_ = ops::make_rope_cache(a.exec(), cos_PD, sin_PD, cfg_.max_positions(), cfg_.head_dim(),
+                                   cfg_.rotary_base);
     }
   }
   for (auto& b : blocks_) b->allocate(a, S_, B_);

@@ -12,7 +12,7 @@ namespace ops {
 std::span<const OpKernel> op_kernels() {
   // Every op of the op headers, sorted by name. A kernel added to an op's switch flips its entry.
   // true without a kernel: the host-side queries that answer for any device (the bf16 GEMM path,
-  // workspace sizes), and read_value (read_back's).
+  // workspace sizes), read_value (read_back's) and make_rope_cache (ops::copy's).
   static constexpr OpKernel kTable[] = {
     {"accumulate_counts", true}, {"activation_backward", true},
     {"activation_backward_bf16", true}, {"activation_backward_bf16w", true},
@@ -21,7 +21,7 @@ std::span<const OpKernel> op_kernels() {
     {"add_from_f64", true}, {"apply_capacity", true}, {"attention_backward", true},
     {"attention_forward", true}, {"aux_loss_grad", true}, {"aux_loss_value", true},
     {"aux_scores_backward", true}, {"bf16_gemm_path", true}, {"bias_backward", true},
-    {"bias_forward", true}, {"build_group_permutation", false}, {"build_permutation", true},
+    {"bias_forward", true}, {"build_group_permutation", true}, {"build_permutation", true},
     {"cast_bf16_to_f32", true}, {"cast_f32_to_bf16", true}, {"copy", true},
     {"copy_row_chunks", true}, {"count_tokens_per_expert", true}, {"divide_in_place", true},
     {"dropout_add_forward", true}, {"dropout_backward", true}, {"dropout_forward", true},
@@ -39,7 +39,7 @@ std::span<const OpKernel> op_kernels() {
     {"layernorm_forward", true}, {"layernorm_forward_bf16w", true}, {"linear_backward", true},
     {"linear_backward_bf16", true}, {"linear_bf16_workspace_elems", true},
     {"linear_forward", true}, {"linear_forward_bf16", true}, {"loss_grad_scale", true},
-    {"narrow_from_f64", true}, {"pad_permutation", true}, {"permute_rows", true},
+    {"make_rope_cache", true}, {"narrow_from_f64", true}, {"pad_permutation", true}, {"permute_rows", true},
     {"quantile_beta_estimate", true}, {"quantile_beta_update", true}, {"read_back", true},
     {"read_value", true}, {"report_moe_layer", true}, {"rmsnorm_backward", true},
     {"rmsnorm_forward", true}, {"rmsnorm_forward_bf16w", true}, {"rope_backward", true},

@@ -51,7 +51,10 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
 // copies, unpermute's sum in k order: bitwise the CPU fast path. The device cannot throw: an
 // expert id outside [0, E) is dropped (token_rows -1), pad_permutation moves at most cap rows of
 // an expert, copy_row_chunks skips a chunk with a negative offset or count (the CPU path checks
-// all three). build_group_permutation returns N to the host: no kernel (it would need a sync).
+// all three). build_group_permutation writes its maps, rows_L and *pads on the device, then reads
+// rows_L back for N: a host sync, the all-gather dispatcher's documented one (inside its
+// token-count exchange point, SyncAudit::kEpTokenCounts); a chunk over its capacity throws the
+// CPU path's error after that read.
 namespace cuda {
 void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t* row_token_N,
                        int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,
@@ -59,6 +62,9 @@ void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t
 void pad_permutation(void* stream, int64_t* pads, int64_t* counts_E, int32_t* row_token_N,
                      int32_t* row_slot_N, int32_t* token_rows_TK, const int64_t* n_kept,
                      int64_t n_tok, int64_t K, int64_t E, int64_t cap);
+int64_t build_group_permutation(void* stream, int64_t* rows_L, int32_t* row_token_N,
+                                int32_t* row_slot_N, int32_t* group_rows_GK, int64_t* chunk_LR,
+                                int64_t* pads, const GroupRouting& g);
 template <typename T>
 void gather_row_probs(void* stream, T* p_N, const T* probs_TK, const int32_t* row_token_N,
                       const int32_t* row_slot_N, int64_t N, int64_t K);
@@ -138,7 +144,8 @@ int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* ro
 // within the gathered G) and row_slot_N [N], group_rows_GK [G, K] (the row of each slot, -1
 // when dropped or not local) and *pads (pad rows in rank me's blocks); chunk_LR [L, R] is
 // workspace. Returns N. N > g.max_rows writes only rows_L (and the workspace) and returns N: the
-// caller, which knows what bounds its rows, fails with that.
+// caller, which knows what bounds its rows, fails with that. On a device N comes back to the host
+// (ops::read_back: a host sync, the all-gather dispatcher's documented one, kEpTokenCounts).
 inline int64_t build_group_permutation(const Exec& ex, DevPtr<int64_t> rows_L,
                                        DevPtr<int32_t> row_token_N, DevPtr<int32_t> row_slot_N,
                                        DevPtr<int32_t> group_rows_GK, DevPtr<int64_t> chunk_LR,
@@ -147,6 +154,10 @@ inline int64_t build_group_permutation(const Exec& ex, DevPtr<int64_t> rows_L,
     return cpu::build_group_permutation(raw_ptr(rows_L), raw_ptr(row_token_N), raw_ptr(row_slot_N),
                                         raw_ptr(group_rows_GK), raw_ptr(chunk_LR), raw_ptr(pads),
                                         g);
+  if constexpr (kHaveCudaKernels)
+    return cuda::build_group_permutation(ex.stream, raw_ptr(rows_L), raw_ptr(row_token_N),
+                                         raw_ptr(row_slot_N), raw_ptr(group_rows_GK),
+                                         raw_ptr(chunk_LR), raw_ptr(pads), g);
   no_kernel(ex, "build_group_permutation");
 }
 int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,

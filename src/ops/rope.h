@@ -12,14 +12,37 @@
 
 namespace moecore::ops {
 
-// cos/sin tables [max_pos, D/2] in f64, built once before step 0 (host memory: the CUDA kernel
-// computes the angles from base instead).
+// cos/sin tables [max_pos, D/2] in f64, in the backend's memory (the model's arena, or
+// RopeTables'): computed once on the host before step 0 and copied there (ops::copy), so the CPU
+// path and the CUDA kernel read the same values and agree bitwise. A view: it owns nothing.
 struct RopeCache {
   int64_t max_pos = 0, D = 0;
   double base = 0;
-  std::vector<double> cos_PD, sin_PD;
+  DevPtr<const double> cos_PD = nullptr, sin_PD = nullptr;
 };
-RopeCache make_rope_cache(int64_t max_pos, int64_t D, double base);
+// Elements of each table (max_pos * D / 2); checks the arguments.
+int64_t rope_table_elems(int64_t max_pos, int64_t D, double base);
+// Fills cos_PD and sin_PD (rope_table_elems each, memory of ex) and returns the view of them;
+// waits for the copies (the host staging is freed on return). Not inside a step.
+RopeCache make_rope_cache(const Exec& ex, DevPtr<double> cos_PD, DevPtr<double> sin_PD,
+                          int64_t max_pos, int64_t D, double base);
+// Tables in an allocation of their own (exec_alloc on ex), for whoever has no arena to put them
+// in (tests, benchmarks); converts to the RopeCache the ops take. Setup, not an op: ex (whose
+// memory holds the tables) comes last.
+class RopeTables {
+ public:
+  RopeTables(int64_t max_pos, int64_t D, double base, const Exec& ex = cpu_exec());
+  ~RopeTables();
+  RopeTables(const RopeTables&) = delete;
+  RopeTables& operator=(const RopeTables&) = delete;
+  const RopeCache& cache() const { return cache_; }
+  operator const RopeCache&() const { return cache_; }  // NOLINT: a view of the tables
+
+ private:
+  Exec ex_;
+  void* block_ = nullptr;
+  RopeCache cache_;
+};
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>
@@ -29,9 +52,9 @@ template <typename T>
 void rope_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                    const RopeCache& cache);
 }  // namespace cpu
-// The CUDA kernels (ops/cuda/rope.cu): the angles computed in f64 from cache.base, within the
-// dtype's tolerance of the reference; a position outside [0, cache.max_pos) gives NaN (the CPU
-// path throws). `stream` is the context's.
+// The CUDA kernels (ops/cuda/rope.cu): they read the cache's tables (device memory), bitwise the
+// CPU fast path; a position outside [0, cache.max_pos) gives NaN (the CPU path throws). `stream`
+// is the context's.
 namespace cuda {
 template <typename T>
 void rope_forward(void* stream, T* y, const T* x, const int32_t* pos_T, int64_t n_tok,

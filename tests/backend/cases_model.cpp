@@ -226,7 +226,7 @@ void rope_one(const Exec& ex) {
                   Shape{5, 4, 128, 500000.0}, Shape{300, 4, 32, 10000.0}}) {
     BACKEND_TRACE(dtype_name<T>() << " n_tok=" << s.n_tok << " n_heads=" << s.n_heads
                                   << " D=" << s.D << " base=" << s.base);
-    const ops::RopeCache cache = ops::make_rope_cache(kMaxPos, s.D, s.base);
+    const ops::RopeTables cache(kMaxPos, s.D, s.base, ex);
     const int64_t n = s.n_tok * s.n_heads * s.D;
     const auto x = random_vec<T>(n, seed++), dy = random_vec<T>(n, seed++);
     auto pos = random_ids(s.n_tok, kMaxPos, seed++);
@@ -277,7 +277,7 @@ void add_model_cases(std::vector<OpCase>& out) {
   out.push_back({"attention_dropout_f64",
                  {"attention_forward", "attention_backward"},
                  attention_dropout_case<double>});
-  out.push_back({"rope", {"rope_forward", "rope_backward"}, [](const Exec& ex) {
+  out.push_back({"rope", {"make_rope_cache", "rope_forward", "rope_backward"}, [](const Exec& ex) {
                    rope_one<float>(ex);
                    rope_one<double>(ex);
                  }});

@@ -1,16 +1,19 @@
 // The dispatch kernels (src/ops/cuda/permute.cu) in the grid emulator: the permutation maps and
 // counts bitwise the reference's (a stable counting sort), padding to capacity bitwise, the row
 // gathers bitwise, unpermute bitwise the CPU fast path (k order) and within tolerance of the f64
-// reference; every output the same bytes in every resume order, poisoned and guarded.
+// reference; the all-gather dispatcher's group permutation bitwise its reference (and its N);
+// every output the same bytes in every resume order, poisoned and guarded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/testing.h"
+#include "core/check.h"
 #include "emu/emu_testing.h"
 #include "ops/permute.h"
 
@@ -279,6 +282,138 @@ TEST(EmuKernelsPermute, CopyRowChunks) {
   check_chunks<double>(2, 0, 9, 84);
 }
 
+// build_group_permutation: R ranks' gathered routing (rank r has tok_R[r] tokens, some none), the
+// L local experts of rank me; caps per rank (0: no padding). Maps, rows_L and pads bitwise the
+// reference's and the returned N its N, in every resume order; max_rows = N - 1 writes rows_L
+// alone (the other outputs keep their poison).
+struct Group {
+  std::vector<int64_t> tok_R;
+  int64_t L, me, K;
+  std::vector<int64_t> extra_cap_R;  // cap_R[r] = the largest chunk of rank r + extra; < 0: none
+  uint32_t seed;
+};
+
+std::string name(const Group& s) {
+  std::ostringstream n;
+  n << "R=" << s.tok_R.size() << " L=" << s.L << " me=" << s.me << " K=" << s.K << " tokens";
+  for (int64_t t : s.tok_R) n << ' ' << t;
+  n << " caps";
+  for (int64_t c : s.extra_cap_R) n << ' ' << c;
+  return n.str();
+}
+
+void check_group(const Group& s, bool over_plan) {
+  const int64_t R = int64_t(s.tok_R.size()), E = std::max<int64_t>(R * s.L, 1), K = s.K;
+  std::vector<int64_t> tok_off(size_t(R + 1), 0), cap(size_t(R), 0);
+  for (int64_t r = 0; r < R; ++r) tok_off[size_t(r + 1)] = tok_off[size_t(r)] + s.tok_R[size_t(r)];
+  const int64_t G = tok_off[size_t(R)];
+  std::vector<int32_t> idx = routing(G, K, E, s.seed).idx;
+  ops::GroupRouting g;
+  g.idx_GK = idx.data();
+  g.tok_off_R = tok_off.data();
+  g.R = R, g.me = s.me, g.L = s.L, g.first = s.me * s.L, g.K = K;
+  for (int64_t r = 0; r < R; ++r) {  // the capacities: the largest chunk of rank r + extra
+    if (s.extra_cap_R[size_t(r)] < 0) continue;
+    int64_t most = 0;
+    for (int64_t l = 0; l < s.L; ++l) {
+      int64_t c = 0;
+      for (int64_t i = tok_off[size_t(r)] * K; i < tok_off[size_t(r + 1)] * K; ++i)
+        c += idx[size_t(i)] == g.first + l;
+      most = std::max(most, c);
+    }
+    cap[size_t(r)] = std::max<int64_t>(most + s.extra_cap_R[size_t(r)], 1);
+  }
+  g.cap_R = cap.data();
+  // The reference at a generous plan, for N; then the plan under test.
+  const int64_t big = G * K + R * s.L * (G + 8);
+  std::vector<int64_t> rows_want(size_t(s.L)), pads_want{-7};
+  std::vector<int32_t> tok_want(size_t(big), -7), slot_want(size_t(big), -7),
+      grows_want(size_t(G * K), -7);
+  g.max_rows = big;
+  const int64_t N = ops::build_group_permutation_ref(
+      rows_want.data(), tok_want.data(), slot_want.data(), grows_want.data(), pads_want.data(), g);
+  g.max_rows = over_plan ? N - 1 : N;
+  SCOPED_TRACE(name(s) + " N=" + std::to_string(N) + " max_rows=" + std::to_string(g.max_rows));
+  if (g.max_rows < 0) return;
+  tok_want.resize(size_t(g.max_rows));
+  slot_want.resize(size_t(g.max_rows));
+  if (over_plan) {  // only rows_L
+    std::fill(tok_want.begin(), tok_want.end(), -7);
+    std::fill(slot_want.begin(), slot_want.end(), -7);
+    std::fill(grows_want.begin(), grows_want.end(), -7);
+    pads_want = {-7};
+  }
+  Guarded<int64_t> rows(s.L), chunk(s.L * R), pads(1);
+  Guarded<int32_t> tok(g.max_rows), slot(g.max_rows), grows(G * K);
+  int64_t got = -1;
+  EXPECT_EQ(order_dependence([&] {
+              rows = Guarded<int64_t>(s.L, -7);
+              chunk = Guarded<int64_t>(s.L * R, -7);
+              pads = Guarded<int64_t>(1, -7);
+              tok = Guarded<int32_t>(g.max_rows, -7);
+              slot = Guarded<int32_t>(g.max_rows, -7);
+              grows = Guarded<int32_t>(G * K, -7);
+              got =
+                  ops::cuda::build_group_permutation(nullptr, rows.data(), tok.data(), slot.data(),
+                                                     grows.data(), chunk.data(), pads.data(), g);
+              std::vector<unsigned char> out = bytes_of(&got, 1);
+              append(out, rows);
+              append(out, pads);
+              append(out, tok);
+              append(out, slot);
+              append(out, grows);
+              return out;
+            }),
+            "");
+  EXPECT_EQ(got, N);
+  EXPECT_TRUE(chunk.intact()) << "chunk_LR (workspace) written outside its elements";
+  expect_bitwise(rows, rows_want, "rows_L");
+  expect_bitwise(pads, pads_want, "pads");
+  expect_bitwise(tok, tok_want, "row_token_N");
+  expect_bitwise(slot, slot_want, "row_slot_N");
+  expect_bitwise(grows, grows_want, "group_rows_GK");
+}
+
+// One rank; ranks without tokens; more slots than a block; no local experts; mixed caps.
+TEST(EmuKernelsPermute, BuildGroupPermutationMatchesTheReference) {
+  const std::vector<Group> all = {
+      {{0}, 2, 0, 2, {-1}, 11},
+      {{1}, 1, 0, 1, {-1}, 12},
+      {{5, 0, 7}, 2, 1, 2, {-1, -1, -1}, 13},
+      {{37, 300, 0, 9}, 3, 2, 3, {-1, -1, -1, -1}, 14},
+      {{37, 300, 0, 9}, 3, 3, 2, {0, 0, 0, 0}, 15},
+      {{200, 61}, 5, 0, 4, {3, 300}, 16},
+      {{13, 4, 21}, 2, 1, 2, {-1, 2, 0}, 17},
+      {{6, 6}, 0, 1, 2, {-1, -1}, 18},
+  };
+  for (const Group& s : all) {
+    check_group(s, /*over_plan=*/false);
+    check_group(s, /*over_plan=*/true);
+  }
+}
+
+// A rank's chunk over its capacity: the CPU path's error, after the read-back.
+TEST(EmuKernelsPermute, BuildGroupPermutationOverCapacityIsAnError) {
+  const std::vector<int32_t> idx = {0, 1, 1, 1, 0, 1};  // rank 0: 1 token, rank 1: 2 (K = 2)
+  const std::vector<int64_t> tok_off = {0, 1, 3}, cap = {0, 2};
+  ops::GroupRouting g;
+  g.idx_GK = idx.data();
+  g.tok_off_R = tok_off.data();
+  g.cap_R = cap.data();
+  g.R = 2, g.me = 0, g.L = 2, g.first = 0, g.K = 2, g.max_rows = 100;
+  std::vector<int64_t> rows(2), chunk(4), pads(1);
+  std::vector<int32_t> tok(100), slot(100), grows(6);
+  try {
+    ops::cuda::build_group_permutation(nullptr, rows.data(), tok.data(), slot.data(), grows.data(),
+                                       chunk.data(), pads.data(), g);
+    FAIL() << "3 rows of expert 1 from rank 1 over its capacity 2 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 1 has 3 rows from EP rank 1 > capacity 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(EmuKernelsPermute, BadShapesAreRefusedWithTheValues) {
   int64_t n = 0, c = 0;
   int32_t i = 0;
@@ -287,6 +422,14 @@ TEST(EmuKernelsPermute, BadShapesAreRefusedWithTheValues) {
     FAIL() << "E=0 accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("E=0"), std::string::npos) << e.what();
+  }
+  ops::GroupRouting g;
+  g.R = 0;
+  try {
+    ops::cuda::build_group_permutation(nullptr, &n, &i, &i, &i, &c, &n, g);
+    FAIL() << "R=0 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("R=0"), std::string::npos) << e.what();
   }
 }
 

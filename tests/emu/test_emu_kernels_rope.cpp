@@ -1,7 +1,7 @@
-// The RoPE kernel (src/ops/cuda/rope.cu) in the grid emulator against rope_forward_ref /
-// rope_backward_ref, within the dtype's tolerance (the kernel computes the angles itself), with
-// NaN-poisoned guarded outputs, in place bitwise the same as out of place, and bitwise the same in
-// every resume order; a position outside the cache gives NaN.
+// The RoPE kernel (src/ops/cuda/rope.cu) in the grid emulator: bitwise the CPU fast path (both
+// read the same cos / sin tables) and within the dtype's tolerance of rope_forward_ref /
+// rope_backward_ref, with NaN-poisoned guarded outputs, in place bitwise the same as out of place,
+// and bitwise the same in every resume order; a position outside the cache gives NaN.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,7 +28,7 @@ void check_rope(int64_t n_tok, int64_t n_heads, int64_t D, double base) {
   SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " heads=" + std::to_string(n_heads) +
                " D=" + std::to_string(D));
   constexpr int64_t kMaxPos = 4096;
-  const ops::RopeCache cache = ops::make_rope_cache(kMaxPos, D, base);
+  const ops::RopeTables cache(kMaxPos, D, base);
   const int64_t n = n_tok * n_heads * D;
   const std::vector<T> x = random_vec<T>(n, 61), dy = random_vec<T>(n, 62);
   std::vector<int32_t> pos(static_cast<size_t>(n_tok));
@@ -37,6 +37,9 @@ void check_rope(int64_t n_tok, int64_t n_heads, int64_t D, double base) {
   std::vector<T> y_ref(static_cast<size_t>(n)), dx_ref(static_cast<size_t>(n));
   ops::rope_forward_ref(y_ref.data(), x.data(), pos.data(), n_tok, n_heads, D, base);
   ops::rope_backward_ref(dx_ref.data(), dy.data(), pos.data(), n_tok, n_heads, D, base);
+  std::vector<T> y_cpu(static_cast<size_t>(n)), dx_cpu(static_cast<size_t>(n));
+  ops::cpu::rope_forward(y_cpu.data(), x.data(), pos.data(), n_tok, n_heads, cache);
+  ops::cpu::rope_backward(dx_cpu.data(), dy.data(), pos.data(), n_tok, n_heads, cache);
   Guarded<T> y(n), dx(n);
   const std::string diff = order_dependence([&] {
     Guarded<T> y1(n, T(NAN)), dx1(n, T(NAN)), y_in(n), dx_in(n);
@@ -57,6 +60,8 @@ void check_rope(int64_t n_tok, int64_t n_heads, int64_t D, double base) {
   });
   EXPECT_EQ(diff, "");
   EXPECT_TRUE(y.intact() && dx.intact()) << "written outside the elements";
+  EXPECT_EQ(bytes_of(y.data(), size_t(n)), bytes_of(y_cpu.data(), size_t(n))) << "y vs the CPU";
+  EXPECT_EQ(bytes_of(dx.data(), size_t(n)), bytes_of(dx_cpu.data(), size_t(n))) << "dx vs the CPU";
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_NEAR(y[i], y_ref[size_t(i)], kAtol<T> + kRtol<T> * std::abs(y_ref[size_t(i)]))
         << "y element " << i;
@@ -75,7 +80,7 @@ TEST(EmuKernelsRope, MatchesTheReferenceInEveryOrder) {
 }
 
 TEST(EmuKernelsRope, PositionOutsideTheCacheIsNaN) {
-  const ops::RopeCache cache = ops::make_rope_cache(8, 4, 10000.0);
+  const ops::RopeTables cache(8, 4, 10000.0);
   const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
   const std::vector<int32_t> pos = {7, 8};
   Guarded<float> y(8, 0.0f);
@@ -88,7 +93,7 @@ TEST(EmuKernelsRope, BadArgumentsAreErrors) {
   float v = 0;
   int32_t p = 0;
   EXPECT_THROW(ops::cuda::rope_forward<float>(nullptr, &v, &v, &p, 1, 1, ops::RopeCache{}), Error);
-  const ops::RopeCache cache = ops::make_rope_cache(8, 4, 10000.0);
+  const ops::RopeTables cache(8, 4, 10000.0);
   EXPECT_THROW(ops::cuda::rope_backward<float>(nullptr, &v, &v, &p, -1, 1, cache), Error);
 }
 

@@ -50,7 +50,7 @@ class SelfAttentionTest : public ::testing::Test {
   ModelConfig cfg = tiny_config();
   const int64_t H = cfg.hidden;
   ParamRegistry params{DType::F64};
-  ops::RopeCache rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  ops::RopeTables rope{S, cfg.head_dim(), cfg.rotary_base};
   SelfAttention<double> attn{cfg, params, "attn", rope};
   Arena arena;
   std::vector<double> x = random_vec<double>(n * H, 2);
@@ -80,7 +80,7 @@ TEST(SelfAttention, OutputBiasFiniteDifferences) {
   cfg.add_attention_output_bias = true;
   const int64_t H = cfg.hidden;
   ParamRegistry params{DType::F64};
-  ops::RopeCache rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  ops::RopeTables rope{S, cfg.head_dim(), cfg.rotary_base};
   SelfAttention<double> attn{cfg, params, "attn", rope};
   Arena arena;
   testing::plan_layer(arena, params, 1, [&](Arena& a) { attn.allocate(a, S, B); });
@@ -216,7 +216,7 @@ TEST(MLP, RecomputationIsBitwiseWithGeluAndBiases) {
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
   ModelConfig cfg = tiny_config();
   const int64_t S = 4, B = 2, n = S * B, H = cfg.hidden;
-  auto rope = ops::make_rope_cache(S, cfg.head_dim(), cfg.rotary_base);
+  const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
   for (int64_t layer : {0, 1}) {  // pattern {1, 0}: layer 0 MoE, layer 1 dense
     ParamRegistry params(DType::F64);
     TransformerBlock<double> block(cfg, layer, params, rope);

@@ -51,7 +51,7 @@ void fast_matches_ref(double rtol, double atol) {
   uint32_t seed = 1;
   for (const RopeShape& s : kShapes) {
     SCOPED_TRACE(name(s));
-    const RopeCache cache = make_rope_cache(kMaxPos, s.D, s.base);
+    const RopeTables cache(kMaxPos, s.D, s.base);
     const int64_t n = s.n_tok * s.n_heads * s.D;
     const std::vector<T> x = random_vec<T>(n, seed += 3);
     const std::vector<int32_t> pos = random_positions(s.n_tok, seed);
@@ -92,7 +92,7 @@ TEST(Rope, FastMatchesRefF64) {
 // rotation is y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin, pair i turns at base^(-2i/D).
 TEST(Rope, NonInterleavedConventionByHand) {
   const double base = 100.0;  // D = 4: pair 0 at angle p, pair 1 at angle p * 100^(-1/2)
-  const RopeCache cache = make_rope_cache(8, 4, base);
+  const RopeTables cache(8, 4, base);
   const int32_t pos[1] = {3};
   const double x[4] = {1.0, 2.0, 0.5, -1.0};  // pairs (1, 0.5) and (2, -1)
   const double a0 = 3.0, a1 = 0.3;
@@ -108,7 +108,7 @@ TEST(Rope, NonInterleavedConventionByHand) {
 
 TEST(Rope, PreservesNormPerPair) {
   const RopeShape s{9, 3, 16, 10000.0};
-  const RopeCache cache = make_rope_cache(kMaxPos, s.D, s.base);
+  const RopeTables cache(kMaxPos, s.D, s.base);
   const int64_t n = s.n_tok * s.n_heads * s.D, half = s.D / 2;
   const std::vector<double> x = random_vec<double>(n, 11);
   const std::vector<int32_t> pos = random_positions(s.n_tok, 12);
@@ -129,7 +129,7 @@ TEST(Rope, PreservesNormPerPair) {
 template <typename T>
 void position_zero_is_identity() {
   const RopeShape s{5, 2, 8, 10000.0};
-  const RopeCache cache = make_rope_cache(16, s.D, s.base);
+  const RopeTables cache(16, s.D, s.base);
   const int64_t n = s.n_tok * s.n_heads * s.D;
   const std::vector<T> x = random_vec<T>(n, 21);
   const std::vector<int32_t> pos(s.n_tok, 0);
@@ -153,7 +153,7 @@ TEST(Rope, PositionZeroIsIdentityF64) {
 template <typename T>
 void backward_inverts_forward(double rtol, double atol) {
   const RopeShape s{17, 3, 32, 10000.0};
-  const RopeCache cache = make_rope_cache(kMaxPos, s.D, s.base);
+  const RopeTables cache(kMaxPos, s.D, s.base);
   const int64_t n = s.n_tok * s.n_heads * s.D;
   const std::vector<T> x = random_vec<T>(n, 31);
   const std::vector<int32_t> pos = random_positions(s.n_tok, 32);
@@ -176,7 +176,7 @@ TEST(Rope, BackwardInvertsForwardF64) {
 // loss = sum(rope(x) * R): dL/dx = rope_backward(cpu_exec(), R), against fp64 central differences.
 TEST(Rope, BackwardMatchesFiniteDifferences) {
   const RopeShape s{6, 2, 8, 10000.0};
-  const RopeCache cache = make_rope_cache(64, s.D, s.base);
+  const RopeTables cache(64, s.D, s.base);
   const int64_t n = s.n_tok * s.n_heads * s.D;
   std::vector<double> x = random_vec<double>(n, 41);
   const std::vector<double> R = random_vec<double>(n, 42);
@@ -195,10 +195,10 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(Rope, RejectsBadArguments) {
-  EXPECT_THROW(make_rope_cache(16, 7, 10000.0), moecore::Error);  // odd D
-  EXPECT_THROW(make_rope_cache(0, 8, 10000.0), moecore::Error);
-  EXPECT_THROW(make_rope_cache(16, 8, 0.0), moecore::Error);
-  const RopeCache cache = make_rope_cache(16, 8, 10000.0);
+  EXPECT_THROW(RopeTables(16, 7, 10000.0), moecore::Error);  // odd D
+  EXPECT_THROW(RopeTables(0, 8, 10000.0), moecore::Error);
+  EXPECT_THROW(RopeTables(16, 8, 0.0), moecore::Error);
+  const RopeTables cache(16, 8, 10000.0);
   std::vector<float> x(2 * 8, 1.0f);
   const int32_t past_end[2] = {3, 16}, negative[2] = {-1, 0};
   EXPECT_THROW(rope_forward<float>(cpu_exec(), x.data(), x.data(), past_end, 2, 1, cache),

@@ -10,6 +10,7 @@
 
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/memory.h"
 #include "ops/permute.h"
 
 namespace moecore::ops::cuda {
@@ -127,6 +128,95 @@ __global__ void pad_permutation(int64_t* pads, int64_t* counts_E, int32_t* row_t
   if (threadIdx.x == 0) *pads = pad;
 }
 
+// build_group_permutation, three launches. Block (l, r) counts rank r's slots routed to local
+// expert l into chunk_LR[l R + r]. Dynamic shared memory: blockDim.x / 32 + 1 int64.
+__global__ void group_chunk_counts(int64_t* chunk_LR, const int32_t* idx_GK,
+                                   const int64_t* tok_off_R, int64_t R, int64_t K, int64_t first) {
+  const int64_t l = blockIdx.x, r = blockIdx.y, want = first + l;
+  const int64_t end = tok_off_R[r + 1] * K;
+  int64_t c = 0;
+  for (int64_t i = tok_off_R[r] * K + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t id = idx_GK[i];
+    c += id >= 0 && id == want ? 1 : 0;
+  }
+  c = block_sum(c, dynamic_shared<int64_t>());
+  if (threadIdx.x == 0) chunk_LR[l * R + r] = c;
+}
+
+// One thread, in the CPU's (l, r) order: chunk_LR's counts become the chunks' first rows, rank
+// r's blocks padded to cap_R[r] when it is > 0; rows_L gets the rows per local expert and *pads
+// the pad rows of rank me's blocks (only when N <= max_rows). A chunk over its rank's capacity
+// stops the walk: rows_L[l] = -1 - r, its count left in chunk_LR[l R + r] (the host reports it).
+__global__ void group_chunk_offsets(int64_t* rows_L, int64_t* pads, int64_t* chunk_LR,
+                                    const int64_t* cap_R, int64_t R, int64_t L, int64_t me,
+                                    int64_t max_rows) {
+  if (threadIdx.x != 0) return;
+  int64_t N = 0, pad = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t rows = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t c = chunk_LR[l * R + r], cap = cap_R[r];
+      if (cap > 0 && c > cap) {
+        rows_L[l] = -1 - r;
+        return;
+      }
+      const int64_t block = cap > 0 ? cap : c;
+      if (r == me) pad += block - c;
+      chunk_LR[l * R + r] = N;
+      N += block;
+      rows += block;
+    }
+    rows_L[l] = rows;
+  }
+  if (N <= max_rows) *pads = pad;
+}
+
+// Block (l, r) places rank r's slots of local expert l at its chunk's rows in (token, slot) order
+// (an exclusive block scan per block-width of slots) and fills the chunk's pad rows; the blocks
+// of l = 0 also mark the slots no local expert takes (group_rows -1). Nothing when N (the sum of
+// rows_L) > max_rows or a chunk was over its capacity. With L = 0 the one block column only
+// marks. Dynamic shared memory: blockDim.x / 32 ints.
+__global__ void group_place(int32_t* row_token_N, int32_t* row_slot_N, int32_t* group_rows_GK,
+                            const int64_t* rows_L, const int64_t* chunk_LR, const int32_t* idx_GK,
+                            const int64_t* tok_off_R, const int64_t* cap_R, int64_t R, int64_t L,
+                            int64_t K, int64_t first, int64_t max_rows) {
+  int64_t N = 0;
+  bool over_cap = false;
+  for (int64_t j = 0; j < L; ++j) {
+    const int64_t v = rows_L[j];
+    over_cap = over_cap || v < 0;
+    N += v;
+  }
+  if (over_cap || N > max_rows) return;  // uniform over the grid
+  const int64_t l = blockIdx.x, r = blockIdx.y;
+  const bool local = l < L;
+  const int64_t start = local ? chunk_LR[l * R + r] : 0, want = first + l;
+  int64_t row = start;
+  int* scan = dynamic_shared<int>();
+  const int64_t begin = tok_off_R[r] * K, end = tok_off_R[r + 1] * K;
+  for (int64_t base = begin; base < end; base += blockDim.x) {  // uniform trip count
+    const int64_t i = base + threadIdx.x;
+    const int64_t id = i < end ? idx_GK[i] : -1;
+    const bool mine = local && i < end && id >= 0 && id == want;
+    int total = 0;
+    const int at = block_exclusive_scan(mine ? 1 : 0, scan, &total);
+    if (mine) {
+      const int64_t row_i = row + at;
+      row_token_N[row_i] = int32_t(i / K);
+      row_slot_N[row_i] = int32_t(i % K);
+      group_rows_GK[i] = int32_t(row_i);
+    } else if (l == 0 && i < end && (id < 0 || id < first || id >= first + L)) {
+      group_rows_GK[i] = -1;
+    }
+    row += total;
+    __syncthreads();  // scan's shared memory is read above before the next round writes it
+  }
+  if (!local) return;
+  const int64_t cap = cap_R[r], stop = cap > 0 ? start + cap : row;
+  for (int64_t p = row + threadIdx.x; p < stop; p += blockDim.x)
+    row_token_N[p] = row_slot_N[p] = -1;
+}
+
 template <typename T>
 __global__ void gather_row_probs(T* p_N, const T* probs_TK, const int32_t* row_token_N,
                                  const int32_t* row_slot_N, int64_t N, int64_t K) {
@@ -238,6 +328,63 @@ void pad_permutation(void* stream, int64_t* pads, int64_t* counts_E, int32_t* ro
                        ": needs K >= 1, E >= 1, capacity >= 0 and E * capacity rows within int32");
   launch("pad_permutation", kernels::pad_permutation, dim3(1), dim3(unsigned(kBlock)), 0, stream,
          pads, counts_E, row_token_N, row_slot_N, token_rows_TK, n_kept, K, E, cap);
+}
+
+int64_t build_group_permutation(void* stream, int64_t* rows_L, int32_t* row_token_N,
+                                int32_t* row_slot_N, int32_t* group_rows_GK, int64_t* chunk_LR,
+                                int64_t* pads, const GroupRouting& g) {
+  MOE_KERNEL_CHECK(g.R >= 1 && g.R <= 65535 && g.me >= 0 && g.me < g.R && g.L >= 0 &&
+                       g.L <= kMaxGrid && g.first >= 0 && g.first + g.L <= 0x7fffffff && g.K >= 1 &&
+                       g.max_rows >= 0 && g.max_rows <= 0x7fffffff,
+                   "[build_group_permutation] R=" + std::to_string(g.R) +
+                       " me=" + std::to_string(g.me) + " L=" + std::to_string(g.L) +
+                       " first=" + std::to_string(g.first) + " K=" + std::to_string(g.K) +
+                       " max_rows=" + std::to_string(g.max_rows) +
+                       ": needs 1 <= R <= 65535 (a block column per rank), 0 <= me < R, L >= 0, "
+                       "expert ids first..first+L within int32, K >= 1 and 0 <= max_rows <= "
+                       "2^31-1 (int32 rows)");
+  const int32_t* idx = raw_ptr(g.idx_GK);
+  const int64_t* tok_off = raw_ptr(g.tok_off_R);
+  const int64_t* cap = raw_ptr(g.cap_R);
+  const unsigned block = unsigned(kBlock);
+  if (g.L > 0) {
+    launch("group_chunk_counts", kernels::group_chunk_counts, dim3(unsigned(g.L), unsigned(g.R)),
+           dim3(block), size_t(block / 32 + 1) * sizeof(int64_t), stream, chunk_LR, idx, tok_off,
+           g.R, g.K, g.first);
+  }
+  launch("group_chunk_offsets", kernels::group_chunk_offsets, dim3(1), dim3(32), 0, stream, rows_L,
+         pads, chunk_LR, cap, g.R, g.L, g.me, g.max_rows);
+  launch("group_place", kernels::group_place,
+         dim3(unsigned(std::max<int64_t>(g.L, 1)), unsigned(g.R)), dim3(block),
+         size_t(block / 32) * sizeof(int), stream, row_token_N, row_slot_N, group_rows_GK, rows_L,
+         chunk_LR, idx, tok_off, cap, g.R, g.L, g.K, g.first, g.max_rows);
+  // N back to the host: the all-gather dispatcher's documented sync (its token-count exchange
+  // point). rows_L in pieces of a fixed host buffer: nothing allocates.
+  // (ops::read_back's audit and copy, called directly: this is the kernel side of its switch.)
+  const auto read = [stream](int64_t* dst, const int64_t* src, int64_t n) {
+    SyncAudit::instance().host_sync("ops::read_back: the host reads device data");
+    read_back_bytes(stream, dst, src, size_t(n) * sizeof(int64_t));
+  };
+  int64_t N = 0;
+  int64_t piece[64];
+  for (int64_t l0 = 0; l0 < g.L; l0 += 64) {
+    const int64_t n = std::min<int64_t>(64, g.L - l0);
+    read(piece, rows_L + l0, n);
+    for (int64_t j = 0; j < n; ++j) {
+      if (piece[j] < 0) {  // a chunk over its capacity (group_chunk_offsets): the CPU's error
+        const int64_t l = l0 + j, r = -1 - piece[j];
+        int64_t c = 0, cap_r = 0;
+        read(&c, chunk_LR + l * g.R + r, 1);
+        read(&cap_r, cap + r, 1);
+        fail(nullptr, __FILE__, __LINE__,
+             "[dispatcher] expert " + std::to_string(g.first + l) + " has " + std::to_string(c) +
+                 " rows from EP rank " + std::to_string(r) + " > capacity " +
+                 std::to_string(cap_r) + ": the router must drop to capacity before padding");
+      }
+      N += piece[j];
+    }
+  }
+  return N;
 }
 
 template <typename T>

@@ -1,12 +1,11 @@
 // RoPE on the GPU: a thread per rotated pair (x[i], x[i + D/2]) of a token's head, grid-stride.
-// The f64 cos / sin table of RopeCache lives in host memory, so the kernel computes each angle
-// itself with the expression of make_rope_cache (f64 pow, cos, sin): no table to stage and no
-// index to bound. Within the dtype's tolerance of the reference (the device's f64 libm may differ
-// from the host's in the last ulp, and the rotation may contract into FMAs), not bitwise. A
-// position outside the cache [0, max_pos), which the CPU path refuses on the host, gives NaN (the
+// It reads the f64 cos / sin tables of RopeCache (device memory, filled once by make_rope_cache)
+// at the token's position, casts them to T as the CPU path does and rotates with the CPU path's
+// explicit operations (a rounded product, then a fused multiply-add; nothing left for the
+// compiler to contract): bitwise the CPU fast path. A position
+// outside the cache [0, max_pos), which the CPU path refuses on the host, gives NaN (the
 // positions are device memory, read only inside the kernel).
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <string>
 
@@ -16,11 +15,27 @@
 namespace moecore::ops::cuda {
 
 namespace kernels {
+// a * b rounded, and a * b + c with one rounding: never contracted otherwise (the CPU path's
+// operations, written out the same way there).
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+  return __fmaf_rn(a, b, c);
+}
+__device__ __forceinline__ double fma_rn(double a, double b, double c) {
+  return __fma_rn(a, b, c);
+}
+
 // sign +1: rotation by +angle (forward); -1: by -angle (the backward, the transpose). y may
 // alias x: each thread reads its pair before writing it.
 template <typename T>
 __global__ void rope_rotate(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
-                            int64_t D, int64_t max_pos, double base, T sign) {
+                            int64_t D, int64_t max_pos, const double* cos_PD, const double* sin_PD,
+                            T sign) {
   const int64_t half = D / 2, n = n_tok * n_heads * half;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -32,12 +47,11 @@ __global__ void rope_rotate(T* y, const T* x, const int32_t* pos_T, int64_t n_to
       yh[i] = yh[i + half] = std::numeric_limits<T>::quiet_NaN();
       continue;
     }
-    const double inv_freq = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-    const double angle = static_cast<double>(p) * inv_freq;
-    const T c = static_cast<T>(std::cos(angle)), s = sign * static_cast<T>(std::sin(angle));
+    const T c = static_cast<T>(cos_PD[p * half + i]);
+    const T s = sign * static_cast<T>(sin_PD[p * half + i]);  // exact: a sign flip
     const T x1 = xh[i], x2 = xh[i + half];
-    yh[i] = x1 * c - x2 * s;
-    yh[i + half] = x2 * c + x1 * s;
+    yh[i] = fma_rn(x1, c, -mul_rn(x2, s));  // x1 c - x2 s
+    yh[i + half] = fma_rn(x2, c, mul_rn(x1, s));
   }
 }
 }  // namespace kernels
@@ -48,18 +62,21 @@ constexpr int64_t kBlock = 256, kMaxBlocks = 4096;
 template <typename T>
 void rope_launch(const char* op, void* stream, T* y, const T* x, const int32_t* pos_T,
                  int64_t n_tok, int64_t n_heads, const RopeCache& cache, T sign) {
-  MOE_KERNEL_CHECK(cache.D > 0 && cache.D % 2 == 0 && cache.max_pos > 0 && cache.base > 0,
-                   "[" + std::string(op) + "] cache not built (D=" + std::to_string(cache.D) +
-                       ", max_pos=" + std::to_string(cache.max_pos) +
-                       ", base=" + std::to_string(cache.base) + "): use make_rope_cache");
+  MOE_KERNEL_CHECK(cache.D > 0 && cache.D % 2 == 0 && cache.max_pos > 0 &&
+                       cache.cos_PD != nullptr && cache.sin_PD != nullptr,
+                   std::string("[") + op + "] cache not built (D=" + std::to_string(cache.D) +
+                       ", max_pos=" + std::to_string(cache.max_pos) + ", tables " +
+                       std::string(cache.cos_PD != nullptr ? "set" : "missing") +
+                       "): use make_rope_cache or RopeTables");
   MOE_KERNEL_CHECK(n_tok >= 0 && n_heads >= 0,
-                   "[" + std::string(op) + "] negative size n_tok=" + std::to_string(n_tok) +
+                   std::string("[") + op + "] negative size n_tok=" + std::to_string(n_tok) +
                        " n_heads=" + std::to_string(n_heads));
   const int64_t n = n_tok * n_heads * (cache.D / 2);
   if (n == 0) return;
   const int64_t blocks = std::min(kMaxBlocks, (n + kBlock - 1) / kBlock);
   launch(op, kernels::rope_rotate<T>, dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0, stream, y,
-         x, pos_T, n_tok, n_heads, cache.D, cache.max_pos, cache.base, sign);
+         x, pos_T, n_tok, n_heads, cache.D, cache.max_pos, raw_ptr(cache.cos_PD),
+         raw_ptr(cache.sin_PD), sign);
 }
 }  // namespace
 
