@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The emulated CUDA build's checks (docs/testing.md, "The emulated CUDA build"): the backend
 # harness's cuda cases (the ops with a kernel run through the grid emulator against their `_ref`;
-# the others are reported as not run, naming the op without a kernel) and `moecore train
-# --device cuda` stopping before step 0 with the list of ops without a kernel.
+# the others are reported as not run, naming the op without a kernel), and `moecore train
+# --device cuda` on the tiny model against --device cpu, bitwise run to run.
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
 # and its targets test_backend and moecore built: MOECORE_BUILD_DIR=build-emu
 # MOECORE_BUILD_TARGETS="moecore test_backend" bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
@@ -12,14 +12,32 @@ dir=${1:-build-emu}
 grep -q '^MOECORE_CUDA_EMU:BOOL=ON' "$dir/CMakeCache.txt" ||
   { echo "[emu-cuda] $dir is not an emulated CUDA build (configure it with -DMOECORE_CUDA_EMU=ON)"; exit 1; }
 log=$dir/emu-cuda.log
-# The harness's cases hand the ops host buffers, so its device memory is the host's (shared: see
-# tests/emu/device_memory_emu.h); the training tests set strict device memory for moecore.
-MOECORE_EMU_DEVICE_MEMORY=shared OMP_NUM_THREADS=1 "$dir/tests/test_backend" \
+# Strict device memory (tests/emu/device_memory_emu.h, the emulated device's default): the cases
+# stage their buffers (tests/backend/backend_case.h, Staging), and a host pointer reaching a
+# kernel, or the host touching device memory, fails.
+MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "$dir/tests/test_backend" \
   --gtest_filter='*/cuda_*:CudaTraining.*' 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 # gtest names each skipped test twice (when it ends, and in the summary): count names once.
 ran=$(grep -oE '^\[       OK \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" | sort -u | sed 's/.*Run\///' || true)
 skipped=$(grep -oE '^\[  SKIPPED \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" | sort -u | wc -l)
-echo "[emu-cuda] cuda cases run against their reference: $(echo $ran)"
+echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
+# `moecore train --device cuda` on the tiny model against --device cpu (tests/emu/train_cuda_emu.sh):
+# f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing.
+runs=(
+  ""
+  "--bf16"
+  "--hidden-dropout 0.1 --attention-dropout 0.1 --recompute-granularity full
+   --recompute-method uniform --recompute-num-layers 1 --moe-expert-capacity-factor 1.0
+   --moe-pad-expert-input-to-capacity"
+  "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0
+   --moe-router-quantile-balancing-ema 0.9"
+)
+for r in "${runs[@]}"; do
+  echo "[emu-cuda] moecore train --device cuda ${r:-(the tiny model as configured)}" | tr -s ' \n' ' '
+  echo
+  # shellcheck disable=SC2086  # the run's flags, split on purpose
+  bash tests/emu/train_cuda_emu.sh "$dir/moecore" configs/tiny.toml $r || rc=1
+done
 exit "$rc"

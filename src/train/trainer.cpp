@@ -614,6 +614,12 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
   }
   // What decides the bitwise results on this CPU (the golden digests are kept per class).
   if (exec_.on_cpu()) fmt::print(log, "[train] numerics class: {}\n", ops::numerics_class());
+  // Until a GPU run is recorded in bench/RESULTS.md (docs/gpu.md, "Status").
+  if (!exec_.on_cpu()) {
+    fmt::print(log, "[train] --device {}: this backend has not yet run on a real GPU; it is "
+                    "verified on the CPU, its kernels through the grid emulator (docs/gpu.md)\n",
+               cfg_.device);
+  }
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ (ranks x peak per rank); peak {} GEMM {}: {:.1f} GFLOP/s per rank\n",

@@ -51,7 +51,7 @@ constexpr int64_t kMaxBlock = 256;
 
 void check_shape(const char* op, int64_t N, int64_t F) {
   MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0,
-                   "[" + std::string(op) + "] rows=" + std::to_string(N) +
+                   std::string("[") + op + "] rows=" + std::to_string(N) +
                        " (0 to 2^31-1, one block each), F=" + std::to_string(F) + " (>= 0)");
 }
 

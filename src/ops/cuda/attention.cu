@@ -330,7 +330,7 @@ template <typename T>
 int64_t choose_tile(const AttentionShape& s, size_t (*bytes)(int64_t, int64_t), const char* op) {
   for (int64_t t : kTiles)
     if (bytes(t, s.D) <= kMaxSharedBytes) return t;
-  MOE_KERNEL_CHECK(false, "[" + std::string(op) + "] head dim D=" + std::to_string(s.D) +
+  MOE_KERNEL_CHECK(false, std::string("[") + op + "] head dim D=" + std::to_string(s.D) +
                               " needs " + std::to_string(bytes(kTiles[2], s.D)) +
                               " bytes of shared memory at the smallest tile (over " +
                               std::to_string(kMaxSharedBytes) +
@@ -357,7 +357,7 @@ int64_t check_and_count(const AttentionShape& s, const AttentionDropout* drop, i
   check_attention_shape(s, op);
   check_attention_dropout(drop, op);
   const int64_t blocks = (s.S + tile - 1) / tile * s.B * heads;
-  MOE_KERNEL_CHECK(blocks <= 0x7fffffff, "[" + std::string(op) + "] " + shape_text(s) + " needs " +
+  MOE_KERNEL_CHECK(blocks <= 0x7fffffff, std::string("[") + op + "] " + shape_text(s) + " needs " +
                                              std::to_string(blocks) +
                                              " blocks (over 2^31-1): split the batch");
   return blocks;

@@ -48,7 +48,7 @@ dim3 grid_for(int64_t n) {
   return dim3(unsigned(std::min((n + kBlock - 1) / kBlock, kMaxBlocks)));
 }
 void check_n(const char* op, int64_t n) {
-  MOE_KERNEL_CHECK(n >= 0, "[" + std::string(op) + "] n=" + std::to_string(n) + " < 0");
+  MOE_KERNEL_CHECK(n >= 0, std::string("[") + op + "] n=" + std::to_string(n) + " < 0");
 }
 }  // namespace
 

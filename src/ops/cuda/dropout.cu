@@ -62,15 +62,15 @@ void dropout_launch(void* stream, T* out, const T* base, const T* x, double p, u
   // check_dropout_args's checks (p in [0, 1), sizes, counters set when p > 0); counters is a
   // device pointer here, tested for null only.
   MOE_KERNEL_CHECK(p >= 0.0 && p < 1.0,
-                   "[" + std::string(op) + "] p=" + std::to_string(p) +
+                   std::string("[") + op + "] p=" + std::to_string(p) +
                        " outside [0, 1): pass a dropout probability such as 0.1 (0 disables "
                        "dropout)");
   MOE_KERNEL_CHECK(S >= 0 && B >= 0 && C >= 0 && s0 >= 0,
-                   "[" + std::string(op) + "] bad shape S=" + std::to_string(S) +
+                   std::string("[") + op + "] bad shape S=" + std::to_string(S) +
                        " B=" + std::to_string(B) + " C=" + std::to_string(C) +
                        " s0=" + std::to_string(s0) + ": sizes and the first position must be >= 0");
   MOE_KERNEL_CHECK(counters != nullptr || p == 0.0,
-                   "[" + std::string(op) + "] p=" + std::to_string(p) +
+                   std::string("[") + op + "] p=" + std::to_string(p) +
                        " without counters: pass the micro-batch's DropoutCounters (iteration, "
                        "sample0), written before the step");
   const int64_t n_groups = S * B * ((C + 3) / 4);

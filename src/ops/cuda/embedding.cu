@@ -72,7 +72,7 @@ constexpr int64_t kBackwardBlocks = 1024;
 
 void check_shape(int64_t n_tok, int64_t H, int64_t V, const char* op) {
   MOE_KERNEL_CHECK(n_tok >= 0 && H > 0 && V > 0 && V <= int64_t(1) << 31,
-                   "[" + std::string(op) + "] tokens=" + std::to_string(n_tok) +
+                   std::string("[") + op + "] tokens=" + std::to_string(n_tok) +
                        " (>= 0), hidden=" + std::to_string(H) +
                        " (> 0), vocabulary=" + std::to_string(V) + " (1 to 2^31, int32 ids)");
 }

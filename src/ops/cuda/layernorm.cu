@@ -114,7 +114,7 @@ constexpr int64_t kMaxBlock = 256;
 
 void check_shape(int64_t n_tok, int64_t H, const char* op) {
   MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
-                   "[" + std::string(op) + "] tokens=" + std::to_string(n_tok) +
+                   std::string("[") + op + "] tokens=" + std::to_string(n_tok) +
                        " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
 }
 

@@ -52,7 +52,7 @@ constexpr int64_t kBlock = 256, kMaxBlocks = 4096;  // grid-stride beyond 1M ele
 
 void check(const QkvShape& s, const char* op) {
   MOE_KERNEL_CHECK(s.n_tok >= 0 && s.Hkv >= 1 && s.D >= 1 && s.Hq >= s.Hkv && s.Hq % s.Hkv == 0,
-                   "[" + std::string(op) + "] n_tok=" + std::to_string(s.n_tok) +
+                   std::string("[") + op + "] n_tok=" + std::to_string(s.n_tok) +
                        " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) +
                        " D=" + std::to_string(s.D) +
                        ": sizes must be >= 0, Hkv and D >= 1, and the query heads a multiple of "

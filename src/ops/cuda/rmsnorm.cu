@@ -103,7 +103,7 @@ template <typename T, bool kRound>
 void rmsnorm_forward_launch(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w_H,
                             int64_t n_tok, int64_t H, double eps, const char* op) {
   MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff && H > 0,
-                   "[" + std::string(op) + "] tokens=" + std::to_string(n_tok) +
+                   std::string("[") + op + "] tokens=" + std::to_string(n_tok) +
                        " (0 to 2^31-1, one block each), hidden=" + std::to_string(H) + " (> 0)");
   if (n_tok == 0) return;  // a grid of no blocks is a launch error
   const int64_t block = std::min(kMaxBlock, (H + 31) / 32 * 32);

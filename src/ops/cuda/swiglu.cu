@@ -71,7 +71,7 @@ std::string shape(int64_t N, int64_t F) {
 template <bool kWide, typename T, typename Out>
 void forward_any(const char* op, void* stream, Out* a_NF, const T* h_N2F, const T* p_N, int64_t N,
                  int64_t F) {
-  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[" + std::string(op) + "] " + shape(N, F));
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, std::string("[") + op + "] " + shape(N, F));
   if (N == 0 || F == 0) return;  // nothing to write
   const int64_t block = std::min(kMaxBlock, (F + 31) / 32 * 32);
   launch("swiglu_forward", kernels::swiglu_forward<T, kWide, Out>, dim3(unsigned(N)),
@@ -81,7 +81,7 @@ void forward_any(const char* op, void* stream, Out* a_NF, const T* h_N2F, const 
 template <bool kWide, typename T, typename Out>
 void backward_any(const char* op, void* stream, Out* dh_N2F, T* dp_N, const T* da_NF,
                   const T* h_N2F, const T* p_N, int64_t N, int64_t F) {
-  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, "[" + std::string(op) + "] " + shape(N, F));
+  MOE_KERNEL_CHECK(N >= 0 && N <= 0x7fffffff && F >= 0, std::string("[") + op + "] " + shape(N, F));
   if (N == 0) return;
   const bool want_dp = p_N != nullptr && dp_N != nullptr;
   if (F == 0 && !want_dp) return;  // nothing to write (with F = 0, dp is an empty sum: 0)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `moecore train --device cuda` in the emulated CUDA build (docs/testing.md, "The emulated CUDA
+# build"): the tiny model for a few steps on the emulated device, with device memory kept apart
+# from the host (strict: a host access of device memory or a host pointer handed to a kernel
+# fails the run), against the same binary's `--device cpu` run:
+# - the CUDA run twice: bitwise the same per-step values and weights digest;
+# - CUDA vs CPU: per-step lm loss and grad norm within docs/numerics.md's row "emulated CUDA vs
+#   CPU backend" (the kernels' device math and reduction trees vs the CPU fast paths).
+# Usage: train_cuda_emu.sh MOECORE_BINARY CONFIG [FLAGS...]   (extra flags for both devices)
+set -euo pipefail
+moecore=$1 config=$2
+shift 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
+digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
+steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
+# The rows "emulated CUDA vs CPU backend" of docs/numerics.md: f32, and --bf16 (where an f32
+# difference of an ulp can flip a bf16 rounding of an activation, 2^-8 of that element).
+loss_rtol=1e-5 norm_rtol=1e-5
+for flag in "$@"; do
+  [ "$flag" = --bf16 ] && loss_rtol=1e-4 norm_rtol=3e-4
+done
+common=(--config "$config" --train-iters 3 --lr-warmup-iters 0 --lr-decay-iters 20
+        --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100 "$@")
+run() {  # DEVICE NAME
+  MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" \
+    --device "$1" --metrics-file "$work/$2.jsonl" 2>&1
+}
+cpu=$(run cpu cpu) || fail "the --device cpu run failed" "$cpu"
+start=$(date +%s.%N)
+cuda=$(run cuda cuda1) || fail "the --device cuda run failed" "$cuda"
+seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+cuda2=$(run cuda cuda2) || fail "the second --device cuda run failed" "$cuda2"
+grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logged no step 3" "$cuda"
+[ "$(steps "$work/cuda1.jsonl")" = "$(steps "$work/cuda2.jsonl")" ] ||
+  fail "two --device cuda runs differ: $(steps "$work/cuda1.jsonl") vs $(steps "$work/cuda2.jsonl")"
+[ -n "$(digest "$cuda")" ] && [ "$(digest "$cuda")" = "$(digest "$cuda2")" ] ||
+  fail "two --device cuda runs end with other weights: $(digest "$cuda") vs $(digest "$cuda2")"
+# Per step: |cuda - cpu| <= rtol |cpu| for the lm loss and the grad norm; prints the worst ratios.
+paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr ' ' '\n') |
+  awk -v lr="$loss_rtol" -v nr="$norm_rtol" -F'\t' '
+    { split($1, a, ":"); split($2, b, ":"); key = a[1]; x = a[2] + 0; y = b[2] + 0
+      if (key != b[1]) { print "FAIL: the runs log other keys: " $1 " vs " $2; bad = 1; next }
+      if (key ~ /iteration/) { it = x; if (x != y) { print "FAIL: iterations " x " vs " y; bad = 1 }; next }
+      r = (x == 0) ? (y == 0 ? 0 : 1) : (y - x) / x; if (r < 0) r = -r
+      tol = (key ~ /lm_loss/) ? lr : nr
+      if (key ~ /lm_loss/ && r > wl) wl = r
+      if (key ~ /grad_norm/ && r > wn) wn = r
+      if (r > tol) { printf "FAIL: iteration %d %s: cpu %s, cuda %s: relative %.3g > %s\n", it, key, x, y, r, tol; bad = 1 } }
+    END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (row %s), grad norm %.3g (row %s)\n", wl, lr, wn, nr; exit bad }'
+echo "[train-cuda-emu] --device cuda (emulated): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda"))"
