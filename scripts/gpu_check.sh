@@ -4,7 +4,7 @@
 #   tar xJf moecore-gpu.tar.xz -C /tmp && OUT=/some/dir bash /tmp/moecore-gpu/gpu_check.sh
 # Stages, each with a hard time limit, each run even if an earlier one failed:
 #   0 probe       GPU (nvidia-smi), OS, libraries ldd cannot find, cuDNN/cuBLAS/NCCL versions
-#   1 harness     the backend harness's CUDA cases, twice, the two runs' results compared
+#   1 harness     the backend harness's CUDA cases, twice: results and outputs digests compared
 #   2 sanitizer   compute-sanitizer memcheck and racecheck on the harness's CUDA cases
 #   3 tiny model  3 training steps on --device cpu and --device cuda, final loss and digest
 #   4 benchmarks  bench-small's step on --device cuda beside the PyTorch reference, the bench_*
@@ -154,10 +154,17 @@ harness() {
   skipped=$(grep -c ' SKIPPED$' "$OUT/.res1")
   echo "== the two runs' results"
   if diff "$OUT/.res1" "$OUT/.res2"; then echo "the same"; else echo "they differ (above)"; fi
+  # Each case's outputs digest (every buffer the case read back): bitwise run to run.
+  grep -E '^\[outputs\] ' "$OUT/.run1" | sort > "$OUT/.dig1" || true
+  grep -E '^\[outputs\] ' "$OUT/.run2" | sort > "$OUT/.dig2" || true
+  echo "== the two runs' outputs digests ($(wc -l < "$OUT/.dig1") cases)"
+  if diff "$OUT/.dig1" "$OUT/.dig2"; then echo "bitwise the same"; else echo "they differ (above)"; fi
   key="$ok passed, $failed failed, $skipped not run"
-  if [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ] || ! cmp -s "$OUT/.res1" "$OUT/.res2"; then
+  if [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ] || ! cmp -s "$OUT/.res1" "$OUT/.res2" ||
+    ! cmp -s "$OUT/.dig1" "$OUT/.dig2"; then
     status=FAILED
     cmp -s "$OUT/.res1" "$OUT/.res2" || key="$key; the two runs differ"
+    cmp -s "$OUT/.dig1" "$OUT/.dig2" || key="$key; outputs not bitwise run to run"
   elif [ "$ok" -eq 0 ]; then
     status="NOT RUN"
     key="no CUDA case ran ($skipped skipped: $(grep -m1 -o 'not run: .*' "$OUT/.run1" | cut -c1-80))"
@@ -175,7 +182,7 @@ harness() {
     [ "$rc3" -eq 0 ] || { status=FAILED; key="$key (test_nccl failed)"; }
     rm -f "$OUT/.nccl"
   fi
-  rm -f "$OUT/.run1" "$OUT/.run2" "$OUT/.res1" "$OUT/.res2"
+  rm -f "$OUT/.run1" "$OUT/.run2" "$OUT/.res1" "$OUT/.res2" "$OUT/.dig1" "$OUT/.dig2"
 }
 
 sanitizer() {

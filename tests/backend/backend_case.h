@@ -213,6 +213,13 @@ class Staging {
   std::vector<Buffer> buffers_;
 };
 
+// The outputs digest of the running case: every buffer Staging::back() returns, folded in order
+// (FNV-1a over its bytes, guards included). Run to run on one backend a case must give the same
+// digest; the harness prints it after each case (`[outputs] <case> <digest>`), which the GPU
+// check compares between two runs (scripts/gpu_check.sh, stage 1).
+uint64_t outputs_digest();
+void reset_outputs_digest();
+
 // The scope of one shape inside a case, for failure messages.
 #define BACKEND_TRACE(...) SCOPED_TRACE(::testing::Message() << __VA_ARGS__)
 

@@ -14,7 +14,18 @@ namespace {
 const unsigned char* bytes(const void* p) {
   return static_cast<const unsigned char*>(p);
 }
+
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+uint64_t g_outputs_digest = kFnvBasis;
+
+void fold(const void* p, int64_t n) {
+  const unsigned char* b = bytes(p);
+  for (int64_t i = 0; i < n; ++i) g_outputs_digest = (g_outputs_digest ^ b[i]) * 1099511628211ull;
+}
 }  // namespace
+
+uint64_t outputs_digest() { return g_outputs_digest; }
+void reset_outputs_digest() { g_outputs_digest = kFnvBasis; }
 
 void* Staging::stage(const void* host, int64_t n_bytes, void* writeback) {
   if (host == nullptr) {
@@ -52,6 +63,7 @@ void Staging::back() {
     if (b.writeback == nullptr) continue;
     ops::read_back<unsigned char>(ex_, static_cast<unsigned char*>(b.writeback),
                                   static_cast<const unsigned char*>(b.dev), b.bytes);
+    fold(b.writeback, b.bytes);
   }
 }
 

@@ -3,6 +3,7 @@
 // src/ops/*.h. A case that cannot run on a backend (no CUDA build, no device, or no kernel for
 // the op there yet) is reported as skipped, "not run: <reason>", never as passed.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -125,8 +126,11 @@ TEST_P(Ops, Run) {
       if (!has_cuda_path(op)) without_kernel += (without_kernel.empty() ? "" : ", ") + op;
     }
   }
+  reset_outputs_digest();
   try {
     c.run(b.ex);
+    std::printf("[outputs] %s_%s %016llx\n", b.name.c_str(), c.name.c_str(),
+                static_cast<unsigned long long>(outputs_digest()));
   } catch (const moecore::Error& e) {
     // A backend without the op's kernel (ops::no_kernel) has not run it: not a pass.
     const std::string what = e.what();

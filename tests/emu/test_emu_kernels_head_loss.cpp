@@ -105,7 +105,9 @@ void check_head_loss(const ops::HeadLossShape& s, uint32_t seed) {
   expect_near_all(dh, dh_ref, "dh");
   expect_near_all(dw, dw_ref, "dw (accumulated)");
   for (int64_t t = 0; t < s.n_tok; ++t) {
-    if (tg[size_t(t)] < 0) EXPECT_EQ(loss[t], T(0)) << "ignored token " << t;
+    if (tg[size_t(t)] < 0) {
+      EXPECT_EQ(loss[t], T(0)) << "ignored token " << t;
+    }
   }
 
   // Another chunk size: the same loss sum, bitwise.
