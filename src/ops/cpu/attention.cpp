@@ -711,31 +711,6 @@ struct BlockDropout {
 
 }  // namespace
 
-void check_attention_dropout(const AttentionDropout* drop, const char* op) {
-  if (drop == nullptr) return;
-  MOE_CHECK(drop->p >= 0.0 && drop->p < 1.0,
-            "[{}] attention dropout p={} outside [0, 1): pass e.g. 0.1, or 0 / no AttentionDropout "
-            "for none",
-            op, drop->p);
-  MOE_CHECK(drop->p == 0.0 || drop->counters != nullptr,
-            "[{}] attention dropout p={} without counters: pass the micro-batch's DropoutCounters",
-            op, drop->p);
-  MOE_CHECK(drop->head0 >= 0,
-            "[{}] attention dropout head0={} < 0: pass the global index of the "
-            "rank's first query head",
-            op, drop->head0);
-}
-
-void check_attention_shape(const AttentionShape& s, const char* op) {
-  MOE_CHECK(s.S >= 0 && s.B >= 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
-            "[{}] bad shape S={} B={} Hq={} Hkv={} D={}: sizes must be >= 0 and Hq, Hkv, D > 0", op,
-            s.S, s.B, s.Hq, s.Hkv, s.D);
-  MOE_CHECK(s.Hq % s.Hkv == 0,
-            "[{}] Hq={} not a multiple of Hkv={}: choose a number of query heads divisible by "
-            "the number of key/value groups",
-            op, s.Hq, s.Hkv);
-}
-
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads) {
   check_attention_shape(s, "attention");
   MOE_CHECK(n_threads >= 1,
