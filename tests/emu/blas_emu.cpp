@@ -7,6 +7,7 @@
 #include "ops/cuda/blas.h"
 
 #include "common/blas_interpreter.h"
+#include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
 #include "ops/desc/blas_args.h"
 
@@ -24,6 +25,7 @@ void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const v
                 BlasHandles&) {
   if (d.empty) return;
   const emu::DeviceAccess access;
+  const SyncAudit::Paused device_work;  // the library's work: not the host's (--sync-audit)
   const desc::MatmulOperands slots = desc::matmul_operands(d, A, B);
   // The library reads alpha and beta through host pointers in the scale type.
   desc::LtMatmulDesc lib = d;
@@ -36,6 +38,7 @@ void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const v
                          const void* B, void* C, BlasHandles&) {
   if (d.group_count == 0) return;
   const emu::DeviceAccess access;
+  const SyncAudit::Paused device_work;  // the library's work: not the host's (--sync-audit)
   const desc::GroupedArgs args = desc::grouped_args(d, A, B, C);
   testing::gemm_grouped_batched_tables(d, args.alpha.data(), args.a.data(), args.b.data(),
                                        args.beta.data(), args.c.data());

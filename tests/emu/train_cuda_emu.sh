@@ -3,7 +3,8 @@
 # build"): the tiny model for a few steps on the emulated device, with device memory kept apart
 # from the host (strict: a host access of device memory or a host pointer handed to a kernel
 # fails the run), against the same binary's `--device cpu` run:
-# - the CUDA run twice: bitwise the same per-step values and weights digest;
+# - the CUDA run twice (the second under --sync-audit, which must find no allocation and no
+#   undocumented host sync in a step): bitwise the same per-step values and weights digest;
 # - CUDA vs CPU: per-step lm loss and grad norm within docs/numerics.md's row "emulated CUDA vs
 #   CPU backend" (the kernels' device math and reduction trees vs the CPU fast paths).
 # Usage: train_cuda_emu.sh MOECORE_BINARY CONFIG [FLAGS...]   (extra flags for both devices)
@@ -23,15 +24,21 @@ for flag in "$@"; do
 done
 common=(--config "$config" --train-iters 3 --lr-warmup-iters 0 --lr-decay-iters 20
         --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100 "$@")
-run() {  # DEVICE NAME
+run() {  # DEVICE NAME [FLAGS...]
+  local device=$1 name=$2
+  shift 2
   MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" \
-    --device "$1" --metrics-file "$work/$2.jsonl" 2>&1
+    --device "$device" --metrics-file "$work/$name.jsonl" "$@" 2>&1
 }
 cpu=$(run cpu cpu) || fail "the --device cpu run failed" "$cpu"
 start=$(date +%s.%N)
 cuda=$(run cuda cuda1) || fail "the --device cuda run failed" "$cuda"
 seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-cuda2=$(run cuda cuda2) || fail "the second --device cuda run failed" "$cuda2"
+# The second under --sync-audit: no allocation and no host sync but the documented points in a
+# step (the emulator's own work is the device's, not counted), and the same bits as without it.
+cuda2=$(run cuda cuda2 --sync-audit) || fail "the second --device cuda run (--sync-audit) failed" "$cuda2"
+grep -q '\[sync-audit\] steps 2-3 audited: 0 allocations, 0 undocumented host syncs' <<< "$cuda2" ||
+  fail "--sync-audit on --device cuda: no clean audit line" "$cuda2"
 grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logged no step 3" "$cuda"
 [ "$(steps "$work/cuda1.jsonl")" = "$(steps "$work/cuda2.jsonl")" ] ||
   fail "two --device cuda runs differ: $(steps "$work/cuda1.jsonl") vs $(steps "$work/cuda2.jsonl")"
@@ -49,4 +56,4 @@ paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr 
       if (key ~ /grad_norm/ && r > wn) wn = r
       if (r > tol) { printf "FAIL: iteration %d %s: cpu %s, cuda %s: relative %.3g > %s\n", it, key, x, y, r, tol; bad = 1 } }
     END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (row %s), grad norm %.3g (row %s)\n", wl, lr, wn, nr; exit bad }'
-echo "[train-cuda-emu] --device cuda (emulated): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda"))"
+echo "[train-cuda-emu] --device cuda (emulated): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"

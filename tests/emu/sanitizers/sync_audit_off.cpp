@@ -14,5 +14,7 @@ SyncAudit& SyncAudit::instance() {
 }
 
 void SyncAudit::host_sync(const char*, const char*) {}
+SyncAudit::Paused::Paused() : was_armed_(false) {}
+SyncAudit::Paused::~Paused() = default;
 
 }  // namespace moecore
