@@ -8,6 +8,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/testing.h"
 #include "common/tolerances.h"
 #include "emu/cuda_emu.h"
 
@@ -58,6 +64,32 @@ std::vector<unsigned char> bytes_of(const T* p, size_t n) {
   std::vector<unsigned char> b(n * sizeof(T));
   if (n > 0) std::memcpy(b.data(), p, b.size());
   return b;
+}
+
+// A guarded buffer holding v.
+template <typename T>
+testing::Guarded<T> guarded(const std::vector<T>& v) {
+  testing::Guarded<T> g(int64_t(v.size()));
+  std::copy(v.begin(), v.end(), g.data());
+  return g;
+}
+
+// got equals want bit for bit (the first differing element named) and its guards are intact.
+template <typename T>
+void expect_bitwise(const testing::Guarded<T>& got, const std::vector<T>& want, const char* what) {
+  EXPECT_TRUE(got.intact()) << what << " written outside its elements";
+  ASSERT_EQ(size_t(got.size()), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(bytes_of(got.data() + i, 1), bytes_of(want.data() + i, 1))
+        << what << " element " << i << ": " << +got[int64_t(i)] << " vs " << +want[i];
+  }
+}
+
+// Appends g's bytes to out (a run's outputs, for order_dependence).
+template <typename T>
+void append(std::vector<unsigned char>& out, const testing::Guarded<T>& g) {
+  const std::vector<unsigned char> b = bytes_of(g.data(), size_t(g.size()));
+  out.insert(out.end(), b.begin(), b.end());
 }
 
 }  // namespace moecore::emu_test

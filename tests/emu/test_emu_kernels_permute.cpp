@@ -20,7 +20,10 @@
 namespace moecore {
 namespace {
 
+using emu_test::append;
 using emu_test::bytes_of;
+using emu_test::expect_bitwise;
+using emu_test::guarded;
 using emu_test::kAtol;
 using emu_test::kRtol;
 using emu_test::order_dependence;
@@ -67,26 +70,6 @@ Map ref_map(const Routing& r) {
   m.N = ops::build_permutation_ref(m.counts.data(), m.row_token.data(), m.row_slot.data(),
                                    m.token_rows.data(), r.idx.data(), r.T, r.K, r.E);
   return m;
-}
-
-template <typename T>
-Guarded<T> guarded(const std::vector<T>& v) {
-  Guarded<T> g(int64_t(v.size()));
-  std::copy(v.begin(), v.end(), g.data());
-  return g;
-}
-
-template <typename T>
-void expect_bitwise(const Guarded<T>& got, const std::vector<T>& want, const char* what) {
-  EXPECT_TRUE(got.intact()) << what << " written outside its elements";
-  ASSERT_EQ(size_t(got.size()), want.size()) << what;
-  EXPECT_EQ(bytes_of(got.data(), want.size()), bytes_of(want.data(), want.size())) << what;
-}
-
-template <typename T>
-void append(std::vector<unsigned char>& out, const Guarded<T>& g) {
-  const std::vector<unsigned char> b = bytes_of(g.data(), size_t(g.size()));
-  out.insert(out.end(), b.begin(), b.end());
 }
 
 std::string name(const Routing& r) {

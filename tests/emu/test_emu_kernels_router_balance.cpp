@@ -17,35 +17,15 @@
 namespace moecore {
 namespace {
 
+using emu_test::append;
 using emu_test::bytes_of;
+using emu_test::expect_bitwise;
+using emu_test::guarded;
 using emu_test::kAtol;
 using emu_test::kRtol;
 using emu_test::order_dependence;
 using testing::Guarded;
 using testing::random_vec;
-
-template <typename T>
-Guarded<T> guarded(const std::vector<T>& v) {
-  Guarded<T> g(int64_t(v.size()));
-  std::copy(v.begin(), v.end(), g.data());
-  return g;
-}
-
-template <typename T>
-void expect_bitwise(const Guarded<T>& got, const std::vector<T>& want, const char* what) {
-  EXPECT_TRUE(got.intact()) << what << " written outside its elements";
-  ASSERT_EQ(size_t(got.size()), want.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(bytes_of(got.data() + i, 1), bytes_of(want.data() + i, 1))
-        << what << " element " << i << ": " << got[int64_t(i)] << " vs " << want[i];
-  }
-}
-
-template <typename T>
-void append(std::vector<unsigned char>& out, const Guarded<T>& g) {
-  const std::vector<unsigned char> b = bytes_of(g.data(), size_t(g.size()));
-  out.insert(out.end(), b.begin(), b.end());
-}
 
 std::vector<int32_t> ids(int64_t n, int64_t E, uint32_t seed) {
   std::mt19937 g(seed);

@@ -21,16 +21,12 @@
 namespace moecore {
 namespace {
 
+using emu_test::append;
 using emu_test::bytes_of;
 using emu_test::order_dependence;
 using testing::Guarded;
 using testing::random_vec;
 
-template <typename T>
-void append(std::vector<unsigned char>& out, const Guarded<T>& g) {
-  const std::vector<unsigned char> b = bytes_of(g.data(), size_t(g.size()));
-  out.insert(out.end(), b.begin(), b.end());
-}
 template <typename T>
 ::testing::AssertionResult same_bits(const Guarded<T>& got, const std::vector<T>& want) {
   if (bytes_of(got.data(), size_t(got.size())) == bytes_of(want.data(), want.size()))
