@@ -6,9 +6,37 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "core/host_device.h"
 #include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
+
+// The row body of topk's CPU fast path and CUDA kernel (never of topk_ref): the K largest of
+// x[0, E) into idx / val, largest first, by insertion while scanning e upwards. An entry moves only
+// past strictly smaller values, so ties keep index order and -inf never displaces anything (it is
+// not > -inf or a finite value).
+template <typename T>
+MOE_HOST_DEVICE inline void topk_row(int32_t* idx, T* val, const T* x, int64_t E, int64_t K) {
+  int64_t cnt = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const T v = x[e];
+    int64_t j;
+    if (cnt < K) {
+      j = cnt++;
+    } else if (v > val[K - 1]) {
+      j = K - 1;
+    } else {
+      continue;
+    }
+    while (j > 0 && v > val[j - 1]) {
+      val[j] = val[j - 1];
+      idx[j] = idx[j - 1];
+      --j;
+    }
+    val[j] = v;
+    idx[j] = static_cast<int32_t>(e);
+  }
+}
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>

@@ -54,32 +54,7 @@ template <typename T>
 void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K) {
   MOE_CHECK(K >= 1 && K <= E, "[topk] K={} outside [1, E={}]: lower --moe-router-topk", K, E);
 #pragma omp parallel for schedule(static) if (n_tok * E >= kParallelMin)
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const T* x = x_TE + t * E;
-    int32_t* idx = idx_TK + t * K;
-    T* val = val_TK + t * K;
-    int64_t cnt = 0;
-    // Scanning e upwards and moving an entry only past strictly smaller values keeps ties in
-    // index order, and -inf never displaces anything (it is not > -inf or a finite value).
-    for (int64_t e = 0; e < E; ++e) {
-      const T v = x[e];
-      int64_t j;
-      if (cnt < K) {
-        j = cnt++;
-      } else if (v > val[K - 1]) {
-        j = K - 1;
-      } else {
-        continue;
-      }
-      while (j > 0 && v > val[j - 1]) {
-        val[j] = val[j - 1];
-        idx[j] = idx[j - 1];
-        --j;
-      }
-      val[j] = v;
-      idx[j] = int32_t(e);
-    }
-  }
+  for (int64_t t = 0; t < n_tok; ++t) topk_row(idx_TK + t * K, val_TK + t * K, x_TE + t * E, E, K);
 }
 
 template void softmax_forward<float>(float*, const float*, int64_t, int64_t);

@@ -81,28 +81,7 @@ __global__ void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, i
                      int64_t K) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n_tok) return;
-  const T* x = x_TE + t * E;
-  int32_t* idx = idx_TK + t * K;
-  T* val = val_TK + t * K;
-  int64_t cnt = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const T v = x[e];
-    int64_t j;
-    if (cnt < K) {
-      j = cnt++;
-    } else if (v > val[K - 1]) {
-      j = K - 1;
-    } else {
-      continue;
-    }
-    while (j > 0 && v > val[j - 1]) {
-      val[j] = val[j - 1];
-      idx[j] = idx[j - 1];
-      --j;
-    }
-    val[j] = v;
-    idx[j] = int32_t(e);
-  }
+  topk_row(idx_TK + t * K, val_TK + t * K, x_TE + t * E, E, K);
 }
 }  // namespace kernels
 
