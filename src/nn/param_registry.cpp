@@ -1,6 +1,7 @@
 #include "nn/param_registry.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <vector>
 
@@ -12,7 +13,9 @@ namespace moecore {
 
 std::vector<int64_t> Param::local_shape() const {
   std::vector<int64_t> s = spec.global_shape;
-  if (spec.slice.dim >= 0) s[spec.slice.dim] = spec.slice.length;
+  for (const DimSlice& d : {spec.slice.first(), spec.slice.second}) {
+    if (d.split()) s[d.dim] = d.local_extent();
+  }
   return s;
 }
 
@@ -20,7 +23,10 @@ int64_t Param::local_numel() const {
   // The product of local_shape(), without building it: the optimizer asks inside a step.
   int64_t n = 1;
   for (size_t i = 0; i < spec.global_shape.size(); ++i) {
-    n *= static_cast<int>(i) == spec.slice.dim ? spec.slice.length : spec.global_shape[i];
+    const int d = static_cast<int>(i);
+    n *= d == spec.slice.dim            ? spec.slice.length * spec.slice.parts
+         : d == spec.slice.second.dim ? spec.slice.second.local_extent()
+                                        : spec.global_shape[i];
   }
   return n;
 }
@@ -37,13 +43,20 @@ Param& ParamRegistry::add(ParamSpec spec) {
   for (int64_t d : spec.global_shape) {
     MOE_CHECK(d > 0, "[params] parameter '{}' has a dimension of size {}", spec.name, d);
   }
-  if (spec.slice.dim >= 0) {
-    MOE_CHECK(spec.slice.dim < static_cast<int>(spec.global_shape.size()) &&
-                  spec.slice.offset >= 0 && spec.slice.length > 0 &&
-                  spec.slice.offset + spec.slice.length <= spec.global_shape[spec.slice.dim],
-              "[params] slice [{}, +{}) on dim {} does not fit '{}'", spec.slice.offset,
-              spec.slice.length, spec.slice.dim, spec.name);
-  }
+  const auto check_dim = [&](const DimSlice& d) {
+    if (!d.split()) return;
+    const int nd = static_cast<int>(spec.global_shape.size());
+    MOE_CHECK(d.dim < nd && d.parts >= 1 && spec.global_shape[d.dim] % d.parts == 0 &&
+                  d.offset >= 0 && d.length > 0 &&
+                  d.offset + d.length <= spec.global_shape[d.dim] / d.parts,
+              "[params] slice [{}, +{}) of {} part(s) on dim {} does not fit '{}'", d.offset,
+              d.length, d.parts, d.dim, spec.name);
+  };
+  check_dim(spec.slice.first());
+  check_dim(spec.slice.second);
+  MOE_CHECK(!spec.slice.second.split() || spec.slice.second.dim > spec.slice.dim,
+            "[params] '{}': the second split dimension {} must come after the first ({})",
+            spec.name, spec.slice.second.dim, spec.slice.dim);
   MOE_CHECK(data_[0] == nullptr && data_[1] == nullptr, "[params] '{}' registered after allocate()",
             spec.name);
   Param p;
@@ -106,27 +119,53 @@ static double init_value(const ParamSpec& spec, uint64_t key, int64_t global_ind
 }
 
 namespace {
-// A parameter's local elements as rows of `inner` contiguous elements: row (o, s) is index s of
-// the sliced dimension's local part within outer index o; it starts at global element
-// global_base(o, s). An unsliced parameter is one row.
+// A parameter's local elements as rows of `inner` contiguous elements, contiguous in the global
+// tensor too: `inner` is the product of the dimensions after the last split one, and the rows
+// run over the local indices of the dimensions up to it. Row r starts at local element
+// r * inner and at global element global_base(r). An unsliced parameter is one row.
 struct SliceMap {
-  int64_t outer = 1, inner = 1, glen = 1, llen = 1, off = 0;
+  int64_t rows = 1, inner = 1;
+  int last = -1;  // the last split dimension
+  // Dims [0, last]: local and global extents, and each one's slice (dim -1: whole). Fixed
+  // arrays: param_global_index builds one per element.
+  static constexpr int kMaxDims = 8;
+  std::array<int64_t, kMaxDims> local{}, glob{};
+  std::array<DimSlice, kMaxDims> by_dim{};
   explicit SliceMap(const Param& p) {
     const auto& g = p.spec.global_shape;
     const int nd = static_cast<int>(g.size());
-    const int sd = p.spec.slice.dim;
-    if (sd < 0) {
+    const ParamSlice& sl = p.spec.slice;
+    last = sl.second.split() ? sl.second.dim : sl.dim;
+    if (last < 0) {
       inner = p.global_numel();
       return;
     }
-    for (int i = 0; i < sd; ++i) outer *= g[i];
-    for (int i = sd + 1; i < nd; ++i) inner *= g[i];
-    glen = g[sd];
-    llen = p.spec.slice.length;
-    off = p.spec.slice.offset;
+    MOE_CHECK(last < kMaxDims, "[params] '{}' is split along dimension {}", p.name(), last);
+    for (int i = last + 1; i < nd; ++i) inner *= g[i];
+    for (int i = 0; i <= last; ++i) {
+      DimSlice d{};
+      if (i == sl.dim) d = sl.first();
+      if (i == sl.second.dim) d = sl.second;
+      by_dim[i] = d;
+      glob[i] = g[i];
+      local[i] = d.split() ? d.local_extent() : g[i];
+      rows *= local[i];
+    }
   }
-  int64_t global_base(int64_t o, int64_t s) const { return (o * glen + off + s) * inner; }
-  int64_t local_base(int64_t o, int64_t s) const { return (o * llen + s) * inner; }
+  int64_t global_base(int64_t row) const {
+    if (last < 0) return 0;
+    // The local multi-index of the row (dims [0, last], last fastest), each mapped to its global
+    // index, recombined row-major over the global extents.
+    int64_t g = 0, stride = 1;
+    for (int i = last; i >= 0; --i) {
+      const int64_t l = row % local[i];
+      row /= local[i];
+      const DimSlice& d = by_dim[i];
+      g += (d.split() ? d.global_index(l, glob[i]) : l) * stride;
+      stride *= glob[i];
+    }
+    return g * inner;
+  }
 };
 
 uint64_t splitmix64(uint64_t x) {
@@ -161,16 +200,14 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
     const uint64_t key = rng_key(0, p.spec.name);
     const SliceMap m(p);
     uint64_t sum = 0;
-#pragma omp parallel for collapse(2) schedule(static) reduction(+ : sum)
-    for (int64_t o = 0; o < m.outer; ++o) {
-      for (int64_t s = 0; s < m.llen; ++s) {
-        const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
-        for (int64_t i = 0; i < m.inner; ++i) {
-          const int64_t l = lbase + i;
-          const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(values)[l])
-                                    : std::bit_cast<uint64_t>(static_cast<const double*>(values)[l]);
-          sum += digest_term(key, gbase + i, bits);
-        }
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const int64_t gbase = m.global_base(r), lbase = r * m.inner;
+      for (int64_t i = 0; i < m.inner; ++i) {
+        const int64_t l = lbase + i;
+        const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(values)[l])
+                                  : std::bit_cast<uint64_t>(static_cast<const double*>(values)[l]);
+        sum += digest_term(key, gbase + i, bits);
       }
     }
     total += sum;  // unsigned: wraps, so the order of the terms cannot matter
@@ -180,8 +217,7 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
 
 int64_t param_global_index(const Param& p, int64_t local) {
   const SliceMap m(p);
-  const int64_t row = local / m.inner;
-  return m.global_base(row / m.llen, row % m.llen) + local % m.inner;
+  return m.global_base(local / m.inner) + local % m.inner;
 }
 
 uint64_t param_digest_f32(const Param& p, int64_t begin, const float* values, int64_t count) {
@@ -234,17 +270,15 @@ void ParamRegistry::init(uint64_t seed) {
     const uint64_t key = rng_key(seed, p.spec.name);  // once per parameter, not per element
     const SliceMap m(p);
     // Each element is a pure function of its global index: the loop order cannot matter.
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t o = 0; o < m.outer; ++o) {
-      for (int64_t s = 0; s < m.llen; ++s) {
-        const int64_t gbase = m.global_base(o, s), lbase = m.local_base(o, s);
-        for (int64_t i = 0; i < m.inner; ++i) {
-          double v = init_value(p.spec, key, gbase + i);
-          if (f32)
-            static_cast<float*>(values)[lbase + i] = static_cast<float>(v);
-          else
-            static_cast<double*>(values)[lbase + i] = v;
-        }
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const int64_t gbase = m.global_base(r), lbase = r * m.inner;
+      for (int64_t i = 0; i < m.inner; ++i) {
+        double v = init_value(p.spec, key, gbase + i);
+        if (f32)
+          static_cast<float*>(values)[lbase + i] = static_cast<float>(v);
+        else
+          static_cast<double*>(values)[lbase + i] = v;
       }
     }
     if (!ex_->on_cpu()) {

@@ -19,13 +19,61 @@ namespace moecore {
 enum class ParamKind : uint8_t { Dense, Expert };
 enum class ParamInit : uint8_t { Normal, Ones, Zeros };
 
-// The slice of the global tensor this rank holds: [offset, offset + length) along `dim`;
-// dim = -1 means the whole tensor.
+// One split dimension of a parameter: the dimension is `parts` equal chunks (SwiGLU's [gate; up]
+// halves are two), and this rank holds indices [offset, offset + length) of every chunk, the
+// chunks' pieces back to back in its local tensor. dim = -1: not split.
+struct DimSlice {
+  int dim = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+  int parts = 1;
+
+  bool split() const { return dim >= 0; }
+  // This rank's extent of the dimension.
+  int64_t local_extent() const { return length * parts; }
+  // The global index along the dimension (of global extent `extent`) of local index `l`.
+  int64_t global_index(int64_t l, int64_t extent) const {
+    return (l / length) * (extent / parts) + offset + l % length;
+  }
+};
+
+// The slice of the global tensor this rank holds: up to two split dimensions, `dim` (expert
+// parallelism's experts, or tensor parallelism's rows / columns) and `second` (a later dimension:
+// expert tensor parallelism inside an expert-parallel slice). dim = -1 means the whole tensor.
 struct ParamSlice {
   int dim = -1;
   int64_t offset = 0;
   int64_t length = 0;
+  int parts = 1;
+  DimSlice second{};
+
+  DimSlice first() const { return DimSlice{dim, offset, length, parts}; }
+  bool whole() const { return dim < 0; }
+  // One run of dimension 0 (or the whole tensor): contiguous in the global tensor's row-major
+  // order, the only form the flat (distributed optimizer) checkpoint slices address.
+  bool contiguous() const { return dim <= 0 && parts == 1 && !second.split(); }
 };
+
+// A rank's place in a tensor-parallel group, as the layers that slice their parameters see it
+// (nn/ knows no process groups: parallel::TensorParallel::shard() gives it).
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+  // The slice of dimension `dim` (of extent `extent`, in `parts` equal chunks) this rank holds:
+  // its equal share of every chunk; the whole tensor on one rank.
+  ParamSlice slice(int dim, int64_t extent, int parts = 1) const {
+    if (size == 1) return {};
+    const int64_t len = extent / parts / size;
+    return ParamSlice{dim, rank * len, len, parts};
+  }
+};
+
+// The tensor-parallel role of a parameter, for the gradient reductions and the norm: sharded
+// (each rank of the TP group holds its own slice), replicated with equal gradients on every TP
+// rank, or replicated with partial gradients (each TP rank's tokens or heads) that are summed
+// over the TP group before the data-parallel reduction. TP is the attention grid's for dense
+// parameters and expert TP for expert ones.
+enum class TpRole : uint8_t { Sharded, Replicated, ReplicatedPartialGrad };
 
 struct ParamSpec {
   std::string name;
@@ -38,6 +86,8 @@ struct ParamSpec {
   // Read only by kernels that take its bf16 values under --bf16 (the GEMMs, the bf16 embedding
   // lookup): no f32 copy of them is kept (Param::values32 null on the native bf16 GEMM path).
   bool bf16_only = false;
+  // Set by the layer that registers it (a one-rank TP group makes it irrelevant).
+  TpRole tp_role = TpRole::Replicated;
 };
 
 struct Param {

@@ -275,6 +275,57 @@ TEST(ParamRegistry, DigestIsLayoutIndependentAndSensitive) {
   EXPECT_NE(renamed.digest(ParamKind::Expert), whole) << "another name";
 }
 
+// Two split dimensions, the second in two parts (expert TP of SwiGLU's [gate; up] rows inside an
+// expert-parallel slice): each rank holds exactly its elements of the global tensor, in local
+// row-major order, the four ranks' elements tile it once, and their digests add up to the whole.
+TEST(ParamRegistry, PartedTwoDimSlicesHoldTheirElements) {
+  const std::vector<int64_t> shape = {4, 8, 6};  // [experts, 2 x rows, columns]
+  ParamRegistry full(DType::F32);
+  full.add(ParamSpec{"w", shape, ParamInit::Normal, 0.02, ParamKind::Expert, true, {}});
+  Arena full_arena;
+  full_arena.plan([&](Arena& a) { full.allocate(a); });
+  full.init(7);
+  const float* g = host(full.get("w").data_as<float>());
+  std::vector<int> seen(static_cast<size_t>(full.get("w").global_numel()), 0);
+  uint64_t digest_sum = 0;
+  for (int64_t ep = 0; ep < 2; ++ep) {
+    for (int64_t etp = 0; etp < 2; ++etp) {
+      ParamSlice sl{0, ep * 2, 2, 1, DimSlice{1, etp * 2, 2, 2}};
+      ParamRegistry one(DType::F32);
+      one.add(ParamSpec{"w", shape, ParamInit::Normal, 0.02, ParamKind::Expert, true, sl});
+      Arena arena;
+      arena.plan([&](Arena& a) { one.allocate(a); });
+      one.init(7);
+      const Param& p = one.get("w");
+      EXPECT_EQ(p.local_shape(), (std::vector<int64_t>{2, 4, 6}));
+      EXPECT_EQ(p.local_numel(), 48);
+      const float* l = host(p.data_as<float>());
+      int64_t li = 0;
+      for (int64_t e = 0; e < 2; ++e) {
+        for (int64_t j = 0; j < 4; ++j) {
+          for (int64_t k = 0; k < 6; ++k, ++li) {
+            const int64_t ge = ep * 2 + e, gj = (j / 2) * 4 + etp * 2 + j % 2;
+            const int64_t gi = (ge * 8 + gj) * 6 + k;
+            EXPECT_EQ(param_global_index(p, li), gi);
+            EXPECT_EQ(l[li], g[gi]) << "rank " << ep << "," << etp << " local " << li;
+            ++seen[static_cast<size_t>(gi)];
+          }
+        }
+      }
+      digest_sum += one.digest(ParamKind::Expert);
+    }
+  }
+  for (int c : seen) EXPECT_EQ(c, 1);
+  EXPECT_EQ(digest_sum, full.digest(ParamKind::Expert));
+  ParamRegistry bad(DType::F32);
+  EXPECT_THROW(bad.add(ParamSpec{"odd", {4, 7}, ParamInit::Ones, 0, ParamKind::Dense, false,
+                                 ParamSlice{1, 0, 1, 2}}),
+               Error);  // 7 rows are not two equal parts
+  EXPECT_THROW(bad.add(ParamSpec{"order", shape, ParamInit::Ones, 0, ParamKind::Dense, false,
+                                 ParamSlice{1, 0, 2, 1, DimSlice{0, 0, 2, 1}}}),
+               Error);  // the second split dimension before the first
+}
+
 TEST(ParamRegistry, FlatBuffersPerKindAndErrors) {
   ParamRegistry r(DType::F32);
   r.add(ParamSpec{"a", {3, 2}, ParamInit::Ones, 0, ParamKind::Dense, false, {}});
