@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -119,6 +120,29 @@ std::vector<double> master_values(const train::BasicTrainer<T>& trainer, const P
   return v;
 }
 
+// The global tensor of parameter p from every rank's local values, whatever its slice (EP's
+// experts, TP's rows or columns in parts, ETP inside an EP slice): each rank adds its values at
+// their global indices (param_global_index) and a count of holders; summed over the world, each
+// element is divided by its holders (replicas hold equal values; the world sizes here are powers
+// of two, so the sum and the division are exact). Every element must be held by some rank.
+std::vector<double> gather_global(const Param& p, const std::vector<double>& local,
+                                  const parallel::ProcessGroups& groups) {
+  const size_t n = static_cast<size_t>(p.global_numel());
+  std::vector<double> sum(n, 0.0), holders(n, 0.0);
+  for (int64_t i = 0; i < p.local_numel(); ++i) {
+    const auto g = static_cast<size_t>(param_global_index(p, i));
+    sum[g] += local[static_cast<size_t>(i)];
+    holders[g] += 1;
+  }
+  groups.world().communicator().all_reduce(sum);
+  groups.world().communicator().all_reduce(holders);
+  for (size_t g = 0; g < n; ++g) {
+    EXPECT_GT(holders[g], 0) << p.name() << " element " << g << " is held by no rank";
+    if (holders[g] > 0) sum[g] /= holders[g];
+  }
+  return sum;
+}
+
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
 Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroups* groups) {
@@ -147,20 +171,13 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   const ParamRegistry& params = trainer.model().params();
   for (const Param& p : params.params()) {
     std::vector<double> local = master_values(trainer, p, groups);
-    const ParamSlice& sl = p.spec.slice;
-    if (sl.dim < 0 || sl.length == p.spec.global_shape[sl.dim]) {  // the whole tensor
+    if (p.local_numel() == p.global_numel()) {  // the whole tensor
       r.weights[p.name()] = std::move(local);
       continue;
     }
-    // An expert slice along dim 0: the EP ranks hold consecutive ranges, in ep-rank order.
-    EXPECT_EQ(p.spec.slice.dim, 0) << p.name();
     EXPECT_NE(groups, nullptr) << p.name() << " is sliced on one rank";
     if (groups == nullptr) continue;
-    const parallel::ProcessGroup& ep = groups->group(parallel::GroupKind::Ep);
-    EXPECT_EQ(p.spec.slice.offset, ep.rank * p.spec.slice.length) << p.name();
-    std::vector<double> global(local.size() * ep.size());
-    ep.communicator().all_gather(local, global);
-    r.weights[p.name()] = std::move(global);
+    r.weights[p.name()] = gather_global(p, local, *groups);
   }
   const int64_t E = f.model.num_experts;
   for (const auto* router : trainer.model().routers()) {
@@ -280,13 +297,18 @@ void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
   check(groups.group(parallel::GroupKind::ExptDp), r.expert_flat, "expert");
 }
 
-parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
+parallel::ProcessGroups make_groups(parallel::ParallelConfig cfg,
+                                    const std::vector<std::string>& args) {
   cli::TrainFlags f = base_flags();
   parse_flags(f, args);
-  parallel::ParallelConfig cfg;
-  cfg.ep = ep;
   cfg.timeout_minutes = 1.0;  // a deadlock ends with a diagnostic, not a ctest timeout
   return parallel::init_process_groups(cfg, g_rt, cli::model_dims(f.model));
+}
+
+parallel::ProcessGroups make_groups(int ep, const std::vector<std::string>& args) {
+  parallel::ParallelConfig cfg;
+  cfg.ep = ep;
+  return make_groups(cfg, args);
 }
 
 template <typename T>
@@ -418,8 +440,10 @@ void distributed_optimizer_parity(const std::vector<std::string>& args, const st
     expect_replicas_equal(dist, groups, what);
     expect_replicas_equal(gather, groups, what + " --overlap-param-gather");
     expect_state_is_sharded(dist, &groups, what);
-    if (g_rt.world_size > 1) EXPECT_LT(dist.state_bytes, plain.state_bytes) << what;
-    if (g_rt.world_size > 1) EXPECT_GT(overlap.launched_during_backward, 0) << what;
+    if (g_rt.world_size > 1) {
+      EXPECT_LT(dist.state_bytes, plain.state_bytes) << what;
+      EXPECT_GT(overlap.launched_during_backward, 0) << what;
+    }
     // The forwards waited for the deferred gathers (nothing is deferred on one rank).
     EXPECT_EQ(gather.gathers_waited_in_forward > 0, g_rt.world_size > 1) << what;
     EXPECT_EQ(dist.gathers_waited_in_forward, 0) << what;
@@ -763,6 +787,97 @@ TEST(DataParallelValidation, GlobalBatchNotDivisibleByDp) {
         << e.what();
   }
 }
+
+// Tensor, sequence and expert-tensor parallelism, and Parallel Folding (attention and experts
+// on their own grids over the same ranks), against the 1-rank run: every layout of the list the
+// world size allows, with the model of the multi-rank tests given four heads (two query groups
+// where TP <= 2) and a vocabulary padded to a multiple of 16 (so that TP 4 pads it as one rank
+// does: Megatron pads to a multiple of divisible-by x TP, and padded rows are part of the
+// softmax). The dropout layouts start from Megatron's default model (dropout 0.1 on the hidden
+// states and the attention probabilities, LayerNorm, GeLU, biases, learned positions).
+struct TpLayout {
+  int tp = 1, etp = 0, ep = 1;
+  bool sp = false;
+  const char* dispatcher = "alltoall";
+  bool megatron_model = false;  // dropout on
+  bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce beside
+  int world = 0;                // the world size it runs at
+};
+
+std::vector<std::string> tp_args(const TpLayout& l) {
+  std::vector<std::string> a = {
+      "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+      "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "16",
+      "--ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "16",
+      "--vocab-size", "64", "--make-vocab-size-divisible-by", "16",
+      "--micro-batch-size", "1", "--global-batch-size", "8",
+      "--log-interval", "1000", "--peak-tflops", "0.1",
+      "--train-iters", "10", "--lr-warmup-iters", "2", "--moe-z-loss-coeff", "1e-3",
+      "--clip-grad", "0.5", "--moe-aux-loss-coeff", "1e-2",
+      "--moe-token-dispatcher-type", l.dispatcher};
+  if (l.tp <= 2) a = a + std::vector<std::string>{"--group-query-attention", "--num-query-groups", "2"};
+  return a;
+}
+
+std::string tp_name(const TpLayout& l) {
+  const int etp = l.etp > 0 ? l.etp : l.tp;
+  return fmt::format("tp={}{} dp={} | ep={} etp={} edp={} {}{}", l.tp, l.sp ? " sp" : "",
+                     l.world / l.tp, l.ep, etp, l.world / (l.ep * etp), l.dispatcher,
+                     l.megatron_model ? " dropout" : "");
+}
+
+const std::vector<TpLayout> kTpLayouts = {
+    // 2 ranks
+    {.tp = 2, .world = 2},
+    {.tp = 2, .sp = true, .megatron_model = true, .world = 2},
+    {.tp = 1, .etp = 2, .world = 2},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .dispatcher = "allgather", .world = 2},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .distopt = true, .world = 2},
+    // 4 ranks
+    {.tp = 4, .world = 4},
+    {.tp = 4, .sp = true, .world = 4},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .dispatcher = "allgather", .world = 4},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .distopt = true, .world = 4},
+    {.tp = 2, .etp = 2, .ep = 2, .sp = true, .world = 4},
+    {.tp = 1, .etp = 2, .ep = 2, .dispatcher = "allgather", .world = 4},
+    // 8 ranks: the folded layouts of MOE_SEMANTICS
+    {.tp = 2, .etp = 1, .ep = 4, .sp = true, .world = 8},
+    {.tp = 2, .etp = 1, .ep = 8, .sp = true, .dispatcher = "allgather", .world = 8},
+    {.tp = 2, .etp = 2, .ep = 2, .sp = true, .megatron_model = true, .distopt = true, .world = 8},
+    {.tp = 4, .etp = 1, .ep = 8, .sp = true, .world = 8},
+};
+
+template <typename T>
+void tensor_parallel_parity() {
+  int layouts = 0;
+  for (const TpLayout& l : kTpLayouts) {
+    if (l.world != g_rt.world_size) continue;
+    std::optional<MegatronModel> megatron;
+    if (l.megatron_model) megatron.emplace();
+    const std::vector<std::string> args = tp_args(l);
+    const Run ref = train_run<T>(args, nullptr);
+    parallel::ParallelConfig cfg;
+    cfg.tp = l.tp;
+    cfg.etp = l.etp;
+    cfg.ep = l.ep;
+    cfg.sequence_parallel = l.sp;
+    parallel::ProcessGroups groups = make_groups(cfg, args);
+    const Run got = train_run<T>(args, &groups);
+    const std::string what = fmt::format("{} {}", dtype_str<T>(), tp_name(l));
+    report(what, compare(got, ref, parity_tol<T>(), what));
+    expect_replicas_equal(got, groups, what);
+    if (l.distopt) {
+      const Run dist = train_run<T>(args + kDistOpt + kOverlap, &groups);
+      report(what + " dist-opt", compare(dist, ref, parity_tol<T>(), what + " dist-opt"));
+      expect_replicas_equal(dist, groups, what + " dist-opt");
+    }
+    ++layouts;
+  }
+  if (layouts == 0) GTEST_SKIP() << "no tensor-parallel layout for world size " << g_rt.world_size;
+}
+
+TEST(TensorParallelParity, LayoutsF64) { tensor_parallel_parity<double>(); }
+TEST(TensorParallelParity, LayoutsF32) { tensor_parallel_parity<float>(); }
 
 TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   if (g_rt.world_size == 1) GTEST_SKIP();
