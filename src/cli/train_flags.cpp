@@ -105,7 +105,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language (default 256) and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this")
+                 "Pad the vocabulary to a multiple of this times --tensor-model-parallel-size")
       ->group(kModel);
   app.add_option("--init-method-std", m.init_std, "Init std (output layers: / sqrt(2 L))")
       ->group(kModel);

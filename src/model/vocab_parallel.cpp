@@ -74,27 +74,27 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
     ops::gemm<T>(ex, false, true, m, Vl, H, T(1), h_nH + c0 * H, H, w_local, H, T(0), ws.logits,
                  Vl);
     ops::vocab_ce_grad(ex, ws.logits, target_n + c0, lse_n + c0, dloss, m, vs);
-    ops::gemm<T>(ex, false, false, m, H, Vl, T(1), DevPtr<const T>(ws.logits), Vl, w_local, H,
-                 T(0), dh_nH + c0 * H, H);
-    ops::gemm<T>(ex, true, false, Vl, H, m, T(1), DevPtr<const T>(ws.logits), Vl, h_nH + c0 * H,
-                 H, T(1), dw_local, H);
+    ops::gemm<T>(ex, false, false, m, H, Vl, T(1), DevPtr<const T>(ws.logits), Vl, w_local, H, T(0),
+                 dh_nH + c0 * H, H);
+    ops::gemm<T>(ex, true, false, Vl, H, m, T(1), DevPtr<const T>(ws.logits), Vl, h_nH + c0 * H, H,
+                 T(1), dw_local, H);
   }
 }
 
-#define MOECORE_VOCAB_PARALLEL_INSTANTIATE(T)                                                    \
-  template void vocab_parallel_embedding_forward<T>(                                             \
-      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const int32_t>, \
-      DevPtr<const T>, int64_t, int64_t, int64_t);                                               \
-  template void vocab_parallel_embedding_backward<T>(                                            \
-      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<const T>, DevPtr<T>,       \
-      DevPtr<const int32_t>, int64_t, int64_t, int64_t);                                         \
-  template void vocab_parallel_head_loss_forward<T>(                                             \
-      const Exec&, const parallel::TensorParallel&, DevPtr<double>, DevPtr<T>, DevPtr<T>,        \
-      DevPtr<const T>, DevPtr<const T>, DevPtr<const int32_t>, const ops::HeadLossShape&,        \
-      const VocabHeadWorkspace<T>&);                                                             \
-  template void vocab_parallel_head_loss_backward<T>(                                            \
-      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const T>,       \
-      DevPtr<const T>, DevPtr<const int32_t>, DevPtr<const T>, DevPtr<const T>,                  \
+#define MOECORE_VOCAB_PARALLEL_INSTANTIATE(T)                                                     \
+  template void vocab_parallel_embedding_forward<T>(const Exec&, const parallel::TensorParallel&, \
+                                                    DevPtr<T>, DevPtr<T>, DevPtr<const int32_t>,  \
+                                                    DevPtr<const T>, int64_t, int64_t, int64_t);  \
+  template void vocab_parallel_embedding_backward<T>(                                             \
+      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<const T>, DevPtr<T>,        \
+      DevPtr<const int32_t>, int64_t, int64_t, int64_t);                                          \
+  template void vocab_parallel_head_loss_forward<T>(                                              \
+      const Exec&, const parallel::TensorParallel&, DevPtr<double>, DevPtr<T>, DevPtr<T>,         \
+      DevPtr<const T>, DevPtr<const T>, DevPtr<const int32_t>, const ops::HeadLossShape&,         \
+      const VocabHeadWorkspace<T>&);                                                              \
+  template void vocab_parallel_head_loss_backward<T>(                                             \
+      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const T>,        \
+      DevPtr<const T>, DevPtr<const int32_t>, DevPtr<const T>, DevPtr<const T>,                   \
       const ops::HeadLossShape&, const VocabHeadWorkspace<T>&);
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(float)
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(double)

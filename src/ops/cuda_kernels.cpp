@@ -56,7 +56,8 @@ std::span<const OpKernel> op_kernels() {
     {"tokens_to_sequence_major", true}, {"topk", true}, {"topk_prefix", true},
     {"topk_probs", true}, {"topk_probs_backward", true}, {"unpermute_rows", true},
     {"vocab_ce_finish", false}, {"vocab_ce_grad", false}, {"vocab_ce_row_max", false},
-    {"vocab_ce_row_sums", false}, {"widen_to_f64", true}, {"z_loss_grad", true}, {"z_loss_value", true}, {"zero", true},
+    {"vocab_ce_row_sums", false}, {"widen_to_f64", true}, {"z_loss_grad", true},
+    {"z_loss_value", true}, {"zero", true},
   };
   return kTable;
 }

@@ -61,10 +61,10 @@ void check_slice_vs_ref(int64_t m, const VocabSlice& vs, double rtol, double ato
   }
   std::vector<T> loss(m), lse(m), loss_ref(m), lse_ref(m);
   double sum = 0.5, sum_ref = 0.5;  // accumulated into
-  ops::vocab_ce_finish<T>(ex, &sum, loss.data(), lse.data(), mx.data(), sums_ref.data(),
-                          tg.data(), m);
-  ops::vocab_ce_finish_ref<T>(&sum_ref, loss_ref.data(), lse_ref.data(), mx.data(),
-                              sums_ref.data(), tg.data(), m);
+  ops::vocab_ce_finish<T>(ex, &sum, loss.data(), lse.data(), mx.data(), sums_ref.data(), tg.data(),
+                          m);
+  ops::vocab_ce_finish_ref<T>(&sum_ref, loss_ref.data(), lse_ref.data(), mx.data(), sums_ref.data(),
+                              tg.data(), m);
   EXPECT_EQ(sum, sum_ref);
   for (int64_t i = 0; i < m; ++i) {
     EXPECT_EQ(loss[i], loss_ref[i]);
@@ -74,7 +74,8 @@ void check_slice_vs_ref(int64_t m, const VocabSlice& vs, double rtol, double ato
   const T dloss = T(0.25);
   ops::vocab_ce_grad<T>(ex, g.data(), tg.data(), lse.data(), &dloss, m, vs);
   ops::vocab_ce_grad_ref<T>(g_ref.data(), tg.data(), lse.data(), dloss, m, vs);
-  for (int64_t i = 0; i < m * vs.Vl; ++i) EXPECT_NEAR(g[i], g_ref[i], rtol * std::abs(g_ref[i]) + atol) << i;
+  for (int64_t i = 0; i < m * vs.Vl; ++i)
+    EXPECT_NEAR(g[i], g_ref[i], rtol * std::abs(g_ref[i]) + atol) << i;
 }
 
 TEST(VocabParallelCe, FastPathMatchesReferenceOnAwkwardSlices) {
@@ -121,8 +122,8 @@ void check_slices_combine(int tp, int64_t m, int64_t Vl, int64_t H, double rtol,
   double sum = 0;
   ops::vocab_ce_finish<T>(ex, &sum, loss.data(), lse.data(), mx.data(), sums.data(), tg.data(), m);
   const ops::HeadLossShape s{m, H, V, 4};
-  const double sum_ref =
-      ops::head_loss_forward_ref<T>(loss_ref.data(), lse_ref.data(), h.data(), w.data(), tg.data(), s);
+  const double sum_ref = ops::head_loss_forward_ref<T>(loss_ref.data(), lse_ref.data(), h.data(),
+                                                       w.data(), tg.data(), s);
   EXPECT_NEAR(sum, sum_ref, rtol * std::abs(sum_ref) + atol);
   for (int64_t i = 0; i < m; ++i) {
     EXPECT_NEAR(loss[i], loss_ref[i], rtol * std::abs(loss_ref[i]) + atol) << i;
@@ -136,13 +137,15 @@ void check_slices_combine(int tp, int64_t m, int64_t Vl, int64_t H, double rtol,
   std::vector<double> dh(m * H, 0.0);
   for (int r = 0; r < tp; ++r) {
     std::vector<T> g = slice_of(r);
-    ops::vocab_ce_grad<T>(ex, g.data(), tg.data(), lse.data(), &dloss, m, VocabSlice{r * Vl, Vl, V});
+    ops::vocab_ce_grad<T>(ex, g.data(), tg.data(), lse.data(), &dloss, m,
+                          VocabSlice{r * Vl, Vl, V});
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < Vl; ++j)
         for (int64_t k = 0; k < H; ++k)
           dh[i * H + k] += double(g[i * Vl + j]) * double(w[(r * Vl + j) * H + k]);
   }
-  for (int64_t i = 0; i < m * H; ++i) EXPECT_NEAR(dh[i], dh_ref[i], rtol * std::abs(dh_ref[i]) + atol) << i;
+  for (int64_t i = 0; i < m * H; ++i)
+    EXPECT_NEAR(dh[i], dh_ref[i], rtol * std::abs(dh_ref[i]) + atol) << i;
 }
 
 TEST(VocabParallelCe, SlicesCombineToTheWholeVocabularyHead) {
@@ -161,23 +164,26 @@ TEST(VocabParallelCe, GradientRowsMatchFiniteDifferencesF64) {
   const std::vector<int32_t> tg = {3, -1, 14, 7};
   auto slice_of = [&](const std::vector<double>& zz, int r) {
     std::vector<double> zs(m * Vl);
-    for (int64_t i = 0; i < m; ++i) std::copy_n(zz.begin() + i * V + r * Vl, Vl, zs.begin() + i * Vl);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(zz.begin() + i * V + r * Vl, Vl, zs.begin() + i * Vl);
     return zs;
   };
   std::vector<double> lse(m);
   auto total = [&](const std::vector<double>& zz) {
     std::vector<double> mx(m, -INFINITY), part(m), sums(2 * m, 0.0), sp(2 * m), loss(m);
     for (int r = 0; r < tp; ++r) {
-      ops::vocab_ce_row_max<double>(ex, part.data(), slice_of(zz, r).data(), m, VocabSlice{r * Vl, Vl, V});
+      ops::vocab_ce_row_max<double>(ex, part.data(), slice_of(zz, r).data(), m,
+                                    VocabSlice{r * Vl, Vl, V});
       for (int64_t i = 0; i < m; ++i) mx[i] = std::max(mx[i], part[i]);
     }
     for (int r = 0; r < tp; ++r) {
-      ops::vocab_ce_row_sums<double>(ex, sp.data(), slice_of(zz, r).data(), mx.data(), tg.data(),
-                                     m, VocabSlice{r * Vl, Vl, V});
+      ops::vocab_ce_row_sums<double>(ex, sp.data(), slice_of(zz, r).data(), mx.data(), tg.data(), m,
+                                     VocabSlice{r * Vl, Vl, V});
       for (int64_t i = 0; i < 2 * m; ++i) sums[i] += sp[i];
     }
     double s = 0;
-    ops::vocab_ce_finish<double>(ex, &s, loss.data(), lse.data(), mx.data(), sums.data(), tg.data(), m);
+    ops::vocab_ce_finish<double>(ex, &s, loss.data(), lse.data(), mx.data(), sums.data(), tg.data(),
+                                 m);
     return s;
   };
   total(z);
@@ -186,8 +192,10 @@ TEST(VocabParallelCe, GradientRowsMatchFiniteDifferencesF64) {
   std::vector<double> grad(m * V);
   for (int r = 0; r < tp; ++r) {
     std::vector<double> g = slice_of(z, r);
-    ops::vocab_ce_grad<double>(ex, g.data(), tg.data(), lse0.data(), &one, m, VocabSlice{r * Vl, Vl, V});
-    for (int64_t i = 0; i < m; ++i) std::copy_n(g.begin() + i * Vl, Vl, grad.begin() + i * V + r * Vl);
+    ops::vocab_ce_grad<double>(ex, g.data(), tg.data(), lse0.data(), &one, m,
+                               VocabSlice{r * Vl, Vl, V});
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(g.begin() + i * Vl, Vl, grad.begin() + i * V + r * Vl);
   }
   for (int64_t e = 0; e < m * V; ++e) {
     std::vector<double> zp = z, zm = z;
@@ -226,8 +234,10 @@ TEST(VocabParallelEmbedding, SlicesSumToTheWholeLookupAndGradient) {
     std::vector<double> yr(n * H, NAN), yr_ref(n * H, NAN), dwr(Vl * H, 1.0), dwr_ref(Vl * H, 1.0);
     ops::embedding_forward_shard<double>(ex, yr.data(), ids.data(), wr, n, H, r * Vl, Vl, V);
     ops::embedding_forward_shard_ref<double>(yr_ref.data(), ids.data(), wr, n, H, r * Vl, Vl, V);
-    ops::embedding_backward_shard<double>(ex, dwr.data(), dy.data(), ids.data(), n, H, r * Vl, Vl, V);
-    ops::embedding_backward_shard_ref<double>(dwr_ref.data(), dy.data(), ids.data(), n, H, r * Vl, Vl, V);
+    ops::embedding_backward_shard<double>(ex, dwr.data(), dy.data(), ids.data(), n, H, r * Vl, Vl,
+                                          V);
+    ops::embedding_backward_shard_ref<double>(dwr_ref.data(), dy.data(), ids.data(), n, H, r * Vl,
+                                              Vl, V);
     for (int64_t i = 0; i < n * H; ++i) {
       ASSERT_EQ(yr[i], yr_ref[i]) << i;
       ysum[i] += yr[i];
@@ -241,9 +251,9 @@ TEST(VocabParallelEmbedding, SlicesSumToTheWholeLookupAndGradient) {
   std::vector<int32_t> bad = ids;
   bad[3] = int32_t(V);
   std::vector<double> yr(n * H);
-  EXPECT_THROW(ops::embedding_forward_shard<double>(ex, yr.data(), bad.data(), w.data(), n, H, 0,
-                                                    Vl, V),
-               Error);
+  EXPECT_THROW(
+      ops::embedding_forward_shard<double>(ex, yr.data(), bad.data(), w.data(), n, H, 0, Vl, V),
+      Error);
 }
 
 }  // namespace

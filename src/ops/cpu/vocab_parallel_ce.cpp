@@ -111,12 +111,12 @@ void vocab_ce_grad(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss, in
   }
 }
 
-#define MOECORE_VOCAB_CE_INSTANTIATE(T)                                                          \
-  template void vocab_ce_row_max<T>(T*, const T*, int64_t, const VocabSlice&);                   \
-  template void vocab_ce_row_sums<T>(double*, const T*, const T*, const int32_t*, int64_t,       \
-                                     const VocabSlice&);                                         \
-  template void vocab_ce_finish<T>(double*, T*, T*, const T*, const double*, const int32_t*,     \
-                                   int64_t);                                                     \
+#define MOECORE_VOCAB_CE_INSTANTIATE(T)                                                      \
+  template void vocab_ce_row_max<T>(T*, const T*, int64_t, const VocabSlice&);               \
+  template void vocab_ce_row_sums<T>(double*, const T*, const T*, const int32_t*, int64_t,   \
+                                     const VocabSlice&);                                     \
+  template void vocab_ce_finish<T>(double*, T*, T*, const T*, const double*, const int32_t*, \
+                                   int64_t);                                                 \
   template void vocab_ce_grad<T>(T*, const int32_t*, const T*, T, int64_t, const VocabSlice&);
 MOECORE_VOCAB_CE_INSTANTIATE(float)
 MOECORE_VOCAB_CE_INSTANTIATE(double)

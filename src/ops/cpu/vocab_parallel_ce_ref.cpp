@@ -32,10 +32,13 @@ void vocab_ce_row_sums_ref(double* sums_2M, const T* z_MV, const T* max_M, const
   check_slice(vs);
   for (int64_t i = 0; i < m; ++i) {
     const int32_t tgt = target_M[i];
-    MOE_CHECK(tgt < vs.V, "[vocab_ce] target {} at row {} >= V={}: the data and --vocab-size "
-              "disagree", tgt, i, vs.V);
+    MOE_CHECK(tgt < vs.V,
+              "[vocab_ce] target {} at row {} >= V={}: the data and --vocab-size "
+              "disagree",
+              tgt, i, vs.V);
     double se = 0;
-    for (int64_t v = 0; v < vs.Vl; ++v) se += std::exp(double(z_MV[i * vs.Vl + v]) - double(max_M[i]));
+    for (int64_t v = 0; v < vs.Vl; ++v)
+      se += std::exp(double(z_MV[i * vs.Vl + v]) - double(max_M[i]));
     sums_2M[i] = se;
     const bool here = tgt >= 0 && tgt >= vs.v0 && tgt < vs.v0 + vs.Vl;
     sums_2M[m + i] = here ? double(z_MV[i * vs.Vl + (tgt - vs.v0)]) : 0.0;
@@ -74,8 +77,8 @@ void vocab_ce_grad_ref(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss
   template void vocab_ce_row_max_ref<T>(T*, const T*, int64_t, const VocabSlice&);               \
   template void vocab_ce_row_sums_ref<T>(double*, const T*, const T*, const int32_t*, int64_t,   \
                                          const VocabSlice&);                                     \
-  template void vocab_ce_finish_ref<T>(double*, T*, T*, const T*, const double*,                 \
-                                       const int32_t*, int64_t);                                 \
+  template void vocab_ce_finish_ref<T>(double*, T*, T*, const T*, const double*, const int32_t*, \
+                                       int64_t);                                                 \
   template void vocab_ce_grad_ref<T>(T*, const int32_t*, const T*, T, int64_t, const VocabSlice&);
 MOECORE_VOCAB_CE_REF_INSTANTIATE(float)
 MOECORE_VOCAB_CE_REF_INSTANTIATE(double)

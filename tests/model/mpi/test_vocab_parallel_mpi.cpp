@@ -73,9 +73,11 @@ void for_each_tp_layout(F&& f) {
 }
 
 template <typename T>
-void expect_close(const T* got, const T* want, int64_t n, double rtol, double atol, const char* what) {
+void expect_close(const T* got, const T* want, int64_t n, double rtol, double atol,
+                  const char* what) {
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_NEAR(got[i], want[i], rtol * std::abs(double(want[i])) + atol) << what << " [" << i << "]";
+    ASSERT_NEAR(got[i], want[i], rtol * std::abs(double(want[i])) + atol)
+        << what << " [" << i << "]";
   }
 }
 
@@ -99,8 +101,8 @@ void head_loss_matches_one_rank(double rtol, double atol) {
   ops::head_loss_forward<T>(ex, &sum1, loss1.data(), lse1.data(), h.data(), w.data(), tg.data(), s,
                             ws1.data());
   const T dloss = T(1.0 / 7.0);
-  ops::head_loss_backward<T>(ex, dh1.data(), dw1.data(), h.data(), w.data(), tg.data(),
-                             lse1.data(), &dloss, s, ws1.data());
+  ops::head_loss_backward<T>(ex, dh1.data(), dw1.data(), h.data(), w.data(), tg.data(), lse1.data(),
+                             &dloss, s, ws1.data());
 
   for_each_tp_layout([&](const TensorParallel& tp, int tp_size) {
     ASSERT_EQ(tp.size(), tp_size);
@@ -113,7 +115,8 @@ void head_loss_matches_one_rank(double rtol, double atol) {
     std::vector<T> logits(rows * Vl), mx(rows);
     std::vector<double> sums(2 * rows);
     const model::VocabHeadWorkspace<T> ws{logits.data(), mx.data(), sums.data()};
-    const DevPtr<const T> hin = tp.enter(ex, DevPtr<const T>(h_local.data()), DevPtr<T>(full.data()), n, H);
+    const DevPtr<const T> hin =
+        tp.enter(ex, DevPtr<const T>(h_local.data()), DevPtr<T>(full.data()), n, H);
     double sum = 0;
     model::vocab_parallel_head_loss_forward<T>(ex, tp, &sum, loss.data(), lse.data(), hin,
                                                w_local.data(), tg.data(), s, ws);
@@ -125,9 +128,8 @@ void head_loss_matches_one_rank(double rtol, double atol) {
     tp.group()->communicator().all_reduce(hi, parallel::ReduceOp::Max);
     tp.group()->communicator().all_reduce(neg_lo, parallel::ReduceOp::Max);
     EXPECT_EQ(-neg_lo[0], hi[0]);
-    model::vocab_parallel_head_loss_backward<T>(ex, tp, dfull.data(), dw.data(), hin,
-                                                w_local.data(), tg.data(), lse.data(), &dloss, s,
-                                                ws);
+    model::vocab_parallel_head_loss_backward<T>(
+        ex, tp, dfull.data(), dw.data(), hin, w_local.data(), tg.data(), lse.data(), &dloss, s, ws);
     tp.enter_backward(ex, DevPtr<T>(dfull.data()), DevPtr<T>(dx.data()), n, H);
     expect_close(dx.data(), dh1.data() + t0 * H, nl * H, rtol, atol, "dh");
     expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, rtol, atol, "dw");
@@ -213,7 +215,8 @@ TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
       const double* wl = raw_ptr(p->data_as<double>());
       for (int64_t i = 0; i < Vl * H; ++i) {
         ASSERT_EQ(wl[i], w1[i]) << name << " init [" << i << "]";
-        ASSERT_NEAR(gl[i], g1[i], kParityF64Rtol * std::abs(g1[i]) + 1e-14) << name << " [" << i << "]";
+        ASSERT_NEAR(gl[i], g1[i], kParityF64Rtol * std::abs(g1[i]) + 1e-14)
+            << name << " [" << i << "]";
       }
     }
     // forward_logits: every TP rank returns the whole [B, S, V].
