@@ -970,16 +970,3 @@ TEST(MegatronRecipes, Qwen2MoeSharedExpertGate) {
 
 }  // namespace
 }  // namespace moecore::cli
-
-namespace moecore::cli {
-namespace {
-// Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP: the
-// vocab-parallel embedding and head split it in equal slices. TP 1 pads as before.
-TEST(MegatronFlags, VocabularyPadsToTheDivisorTimesTensorParallelSize) {
-  const std::string v = " --vocab-size 100 --make-vocab-size-divisible-by 24";
-  EXPECT_EQ(parse(v).model.vocab_size, 120);
-  EXPECT_EQ(parse(v + " --tensor-model-parallel-size 2").model.vocab_size, 144);
-  EXPECT_EQ(parse(v + " --tensor-model-parallel-size 4").model.vocab_size, 192);
-}
-}  // namespace
-}  // namespace moecore::cli
