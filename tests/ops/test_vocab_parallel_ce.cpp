@@ -78,6 +78,18 @@ void check_slice_vs_ref(int64_t m, const VocabSlice& vs, double rtol, double ato
     EXPECT_NEAR(g[i], g_ref[i], rtol * std::abs(g_ref[i]) + atol) << i;
 }
 
+// The row maximum wherever it sits: each column of a 300-column row (every vector lane, the
+// ragged tail) holds the maximum of one row.
+TEST(VocabParallelCe, RowMaxFindsTheMaximumInEveryColumn) {
+  const Exec& ex = cpu_exec();
+  const int64_t Vl = 300, m = Vl;
+  std::vector<float> z = randn<float>(m * Vl, 5);
+  for (int64_t i = 0; i < m; ++i) z[i * Vl + i] = 100.f + float(i);
+  std::vector<float> mx(m);
+  ops::vocab_ce_row_max<float>(ex, mx.data(), z.data(), m, VocabSlice{0, Vl, Vl});
+  for (int64_t i = 0; i < m; ++i) EXPECT_EQ(mx[i], 100.f + float(i)) << "row " << i;
+}
+
 TEST(VocabParallelCe, FastPathMatchesReferenceOnAwkwardSlices) {
   // 300 columns: a full 256 block and a ragged one; 37: one ragged block; the last slice.
   check_slice_vs_ref<float>(9, VocabSlice{300, 300, 900}, kF32Rtol, kF32Atol);
