@@ -105,7 +105,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language (default 256) and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this")
+                 "Pad the vocabulary to a multiple of this times --tensor-model-parallel-size")
       ->group(kModel);
   app.add_option("--init-method-std", m.init_std, "Init std (output layers: / sqrt(2 L))")
       ->group(kModel);
@@ -419,7 +419,9 @@ void finalize_train_flags(TrainFlags& f) {
   // The tokenizer fixes the vocabulary of real data; the synthetic language takes --vocab-size.
   const int64_t vocab = finalize_data_flags(t, f.vocab_size);
   MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
-  m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by);
+  // Megatron pads to a multiple of --make-vocab-size-divisible-by x TP: the embedding and the
+  // output head are split over the vocabulary in equal slices.
+  m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by * f.parallel.tp);
   t.data.synthetic_vocab = vocab;
   m.moe.router.num_experts = m.num_experts;
   finalize_router_flags(m.moe, f.router);

@@ -28,6 +28,24 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
       params_(DTypeOf<T>::value),
       arena_(ex) {
   cfg_.validate();
+  tp_ = parallel::TensorParallel::attention(groups);
+  T_local_ = tp_.local_tokens(T_);
+  if (tp_.active()) {
+    MOE_CHECK(cfg_.vocab_size % tp_.size() == 0,
+              "[model] the padded vocabulary {} is not divisible by --tensor-model-parallel-size "
+              "{}: the embedding and output head are split over the vocabulary (pad it with "
+              "--make-vocab-size-divisible-by; the padding is a multiple of that times the TP "
+              "size)",
+              cfg_.vocab_size, tp_.size());
+    MOE_CHECK(!cfg_.bf16,
+              "[model] --bf16 with --tensor-model-parallel-size {} is not supported yet (the "
+              "vocab-parallel output head computes in f32): drop --bf16 or use TP 1",
+              tp_.size());
+    MOE_CHECK(!tp_.sequence_parallel() || T_ % tp_.size() == 0,
+              "[model] {} tokens per micro-batch are not divisible by --tensor-model-parallel-size "
+              "{} (--sequence-parallel splits them)",
+              T_, tp_.size());
+  }
   cfg_.moe.router.seed = seed;  // the routers' input-jitter streams
   MOE_CHECK(micro_batch >= 1, "[model] --micro-batch-size={} must be >= 1", micro_batch);
   if (cfg_.bf16) {
@@ -38,14 +56,18 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen,
                                /*master=*/!cfg_.master_weights_sharded);
   }
+  // Vocab-parallel under TP: each rank holds its dim-0 slice of the padded vocabulary.
+  const ParamSlice vocab_slice = tp_.shard().slice(0, cfg_.vocab_size);
+  const TpRole vocab_role = tp_.active() ? TpRole::Sharded : TpRole::Replicated;
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden},
                                       ParamInit::Normal,
                                       cfg_.init_std,
                                       ParamKind::Dense,
                                       true,
-                                      {},
-                                      /*bf16_only=*/true});
+                                      vocab_slice,
+                                      /*bf16_only=*/true,
+                                      vocab_role});
   if (cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
     pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
                                             {cfg_.max_positions(), cfg_.hidden},
@@ -54,7 +76,10 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                             ParamKind::Dense,
                                             true,
                                             {},
-                                            /*bf16_only=*/true});
+                                            /*bf16_only=*/true,
+                                            tp_.sequence_parallel()
+                                                ? TpRole::ReplicatedPartialGrad
+                                                : TpRole::Replicated});
   }
   emb_drop_key_ = rng_key(seed, "embedding.dropout");
   // Each block's parameters are the ones it registers: they form its backward stage.
@@ -70,6 +95,11 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                      cfg_.norm_eps, cfg_.hidden},
       params_, "decoder.final_layernorm");
   const size_t final_norm_end = params_.params().size();
+  // With SP each TP rank normalises its own tokens: the final norm's gradients are partial sums.
+  if (tp_.sequence_parallel()) {
+    for (size_t i = block_first[cfg_.num_layers]; i < final_norm_end; ++i)
+      params_.params()[i].spec.tp_role = TpRole::ReplicatedPartialGrad;
+  }
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   head_ = cfg_.tie_embeddings ? embedding_
                               : &params_.add(ParamSpec{"output_layer.weight",
@@ -78,8 +108,9 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                                        cfg_.init_std,
                                                        ParamKind::Dense,
                                                        true,
-                                                       {},
-                                                       /*bf16_only=*/true});
+                                                       vocab_slice,
+                                                       /*bf16_only=*/true,
+                                                       vocab_role});
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
@@ -128,9 +159,9 @@ void GPTModel<T>::allocate(Arena& a) {
     const int64_t chunk = l > 0 && l < cfg_.num_layers ? rc.chunk_of(l - 1) : -1;
     if (chunk >= 0 && rc.chunk_of(l) == chunk) {
       Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
-      stream_[l] = a.alloc<T>(T_ * H, "model.residual", MemKind::Recomputed);
+      stream_[l] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
     } else {
-      stream_[l] = a.alloc<T>(T_ * H, "model.residual");
+      stream_[l] = a.alloc<T>(T_local_ * H, "model.residual");
     }
   }
   if (cfg_.position_embedding == PositionEmbedding::Rope) {
@@ -147,13 +178,13 @@ void GPTModel<T>::allocate(Arena& a) {
     }
   }
   for (auto& b : blocks_) b->allocate(a, S_, B_);
-  final_n_ = a.alloc<T>(T_ * H, "model.final_norm");
-  final_norm_->allocate(a, T_, "model.final_rstd");
+  final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
+  final_norm_->allocate(a, T_local_, "model.final_rstd");
   own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
   if (own_counters_ != nullptr) ops::zero(a.exec(), own_counters_, 1);  // null while planning
   if (pos_embedding_ != nullptr) {
     pos_T_ = a.alloc<int32_t>(T_, "model.positions", MemKind::State);
-    pos_TH_ = a.alloc<T>(T_ * H, "model.position_rows", MemKind::Workspace);
+    pos_TH_ = a.alloc<T>(T_local_ * H, "model.position_rows", MemKind::Workspace);
     if (pos_T_ != nullptr) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
   }
   loss_T_ = a.alloc<T>(T_, "model.loss");
@@ -172,25 +203,37 @@ void GPTModel<T>::allocate(Arena& a) {
     if (const int64_t n = ops::gemm_bf16_workspace_elems(a.exec(), S_, cfg_.vocab_size, H); n > 0)
       logits_ws32_ = a.alloc<float>(n, "model.logits_ws32", MemKind::Workspace);
   }
-  head_ws_ =
-      a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws", MemKind::Workspace);
-  dstream_ = a.alloc<T>(T_ * H, "model.dstream", MemKind::Workspace);
-  dfinal_ = a.alloc<T>(T_ * H, "model.dfinal", MemKind::Workspace);
+  if (tp_.active()) {
+    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.vocab_size);
+    vp_ws_.logits = a.alloc<T>(rows * Vl, "model.head_ws", MemKind::Workspace);
+    vp_ws_.max = a.alloc<T>(rows, "model.head_max", MemKind::Workspace);
+    vp_ws_.sums = a.alloc<double>(2 * rows, "model.head_sums", MemKind::Workspace);
+    if (tp_.sequence_parallel()) {
+      vp_full_ = a.alloc<T>(T_ * H, "model.tp_full", MemKind::Workspace);
+      vp_dfull_ = a.alloc<T>(T_ * H, "model.tp_dfull", MemKind::Workspace);
+    }
+    vp_head_full_ = a.alloc<T>(cfg_.vocab_size * H, "model.head_gathered", MemKind::Workspace);
+  } else {
+    head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
+                          MemKind::Workspace);
+  }
+  dstream_ = a.alloc<T>(T_local_ * H, "model.dstream", MemKind::Workspace);
+  dfinal_ = a.alloc<T>(T_local_ * H, "model.dfinal", MemKind::Workspace);
 }
 
 // A table's rows: under --bf16 its bf16 values (from the bf16 copy on the native path, as the
 // head's GEMMs read it; its widened copy on the widened path).
 template <typename T>
 void GPTModel<T>::embedding_lookup(const Param& table, DevPtr<T> y_TH,
-                                   DevPtr<const int32_t> ids_T, int64_t rows) {
+                                   DevPtr<const int32_t> ids_T, int64_t n_tok, int64_t rows) {
   const Exec& ex = arena_.exec();
   if constexpr (std::is_same_v<T, float>) {
     if (table.has_data16) {
-      return ops::embedding_forward_bf16(ex, y_TH, ids_T, DevPtr<const bf16>(table.data16), T_,
+      return ops::embedding_forward_bf16(ex, y_TH, ids_T, DevPtr<const bf16>(table.data16), n_tok,
                                          cfg_.hidden, rows);
     }
   }
-  ops::embedding_forward(ex, y_TH, ids_T, table.compute_as<T>(), T_, cfg_.hidden, rows);
+  ops::embedding_forward(ex, y_TH, ids_T, table.compute_as<T>(), n_tok, cfg_.hidden, rows);
 }
 
 template <typename T>
@@ -206,16 +249,24 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
   const int64_t H = cfg_.hidden;
   const int L = static_cast<int>(blocks_.size());
   params_needed(L + 1);
-  embedding_lookup(*embedding_, stream_[0], ids_T_, cfg_.vocab_size);
+  const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
+  if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
+    vocab_parallel_embedding_forward(ex, tp_, stream_[0],
+                                     tp_.sequence_parallel() ? vp_full_ : stream_[0],
+                                     DevPtr<const int32_t>(ids_T_), embedding_->compute_as<T>(),
+                                     T_, H, cfg_.vocab_size);
+  } else {
+    embedding_lookup(*embedding_, stream_[0], ids_T_, T_, cfg_.vocab_size);
+  }
   if (pos_embedding_ != nullptr) {
-    embedding_lookup(*pos_embedding_, pos_TH_, pos_T_, cfg_.max_positions());
-    ops::add(ex, stream_[0], DevPtr<const T>(stream_[0]), DevPtr<const T>(pos_TH_), T_ * H);
+    embedding_lookup(*pos_embedding_, pos_TH_, pos_T_ + first, T_local_, cfg_.max_positions());
+    ops::add(ex, stream_[0], DevPtr<const T>(stream_[0]), DevPtr<const T>(pos_TH_), T_local_ * H);
   }
   counters_ = io.dropout != nullptr ? io.dropout : DevPtr<const ops::DropoutCounters>(own_counters_);
   // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
   if (embedding_dropping())
     ops::dropout_forward(ex, stream_[0], DevPtr<const T>(stream_[0]), cfg_.hidden_dropout,
-                         emb_drop_key_, counters_, S_, B_, H, 0);
+                         emb_drop_key_, counters_, T_local_ / B_, B_, H, first / B_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     blocks_[l]->set_dropout_counters(counters_);
     params_needed(L - static_cast<int>(l));
@@ -227,13 +278,23 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
     }
   }
   params_needed(0);  // the final norm, and the head that forward() / forward_logits() run next
-  final_norm_->forward(ex, final_n_, stream_.back(), T_);
+  final_norm_->forward(ex, final_n_, stream_.back(), T_local_);
 }
 
 template <typename T>
 void GPTModel<T>::forward(const MicroBatchIO& io) {
   io_ = io;
   forward_trunk(io);
+  if (tp_.active()) {
+    const Exec& ex = arena_.exec();
+    const DevPtr<const T> h =
+        tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, cfg_.hidden);  // [T, H]
+    vocab_parallel_head_loss_forward(ex, tp_,
+                                     member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
+                                     loss_T_, lse_T_, h, head_values(),
+                                     DevPtr<const int32_t>(targets_T_), head_shape_, vp_ws_);
+    return;
+  }
   ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
                          loss_T_, lse_T_, final_n_, head_values(), targets_T_, head_shape_,
                          head_ws_, cfg_.bf16 ? &head16_ : nullptr);
@@ -252,6 +313,18 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   // path, once for the batch) and the head's bf16 copy, as the training head's do.
   const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
   const Exec& ex = arena_.exec();
+  if (tp_.active()) {
+    // The whole input (all-gathered with SP) and the whole head (its vocabulary slices
+    // all-gathered in rank order): the same GEMMs as on one rank.
+    const DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
+    tp_.all_gather(ex, head_values(), vp_head_full_, tp_.share(V) * H);
+    for (int64_t b = 0; b < B_; ++b) {
+      ops::gemm<T>(ex, false, true, S_, V, H, T(1), h + b * H, B_ * H,
+                   DevPtr<const T>(vp_head_full_), H, T(0), logits_BSV + b * S_ * V, V);
+    }
+    set_training(training);
+    return;
+  }
   const bool wide = cfg_.bf16 && head16_.w_VH_wide != nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (wide) ops::round_f32_to_bf16(ex, head16_.h32, DevPtr<const float>(final_n_), T_ * H);
@@ -290,10 +363,23 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   MOE_CHECK(io_.report != nullptr, "[model] backward() without a forward");
   ops::loss_grad_scale(arena_.exec(), dloss_,
                        member_ptr(io_.report, &ops::MicroBatchReport::counted), loss_grad_scale);
-  ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
-                          head_values(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
-                          cfg_.bf16 ? &head16_ : nullptr);
-  final_norm_->backward(arena_.exec(), dstream_, dfinal_, stream_.back(), T_);
+  if (tp_.active()) {
+    // The head's input as the forward left it (all-gathered into vp_full_ with SP), this
+    // rank's partial input gradient, summed (reduce-scattered with SP) into dfinal_.
+    const Exec& ex = arena_.exec();
+    const bool sp = tp_.sequence_parallel();
+    const DevPtr<T> dfull = sp ? vp_dfull_ : dfinal_;
+    vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
+                                      DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
+                                      DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
+                                      DevPtr<const T>(dloss_), head_shape_, vp_ws_);
+    tp_.enter_backward(ex, dfull, dfinal_, T_, H);
+  } else {
+    ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
+                            head_values(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
+                            cfg_.bf16 ? &head16_ : nullptr);
+  }
+  final_norm_->backward(arena_.exec(), dstream_, dfinal_, stream_.back(), T_local_);
   stage_done(0);
   const RecomputeConfig& rc = cfg_.recompute;
   const int64_t L = cfg_.num_layers;
@@ -312,12 +398,19 @@ void GPTModel<T>::backward(double loss_grad_scale) {
   }
   if (embedding_dropping())
     ops::dropout_backward(arena_.exec(), dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
-                          emb_drop_key_, counters_, S_, B_, H, 0);
-  ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
-                          cfg_.vocab_size);
+                          emb_drop_key_, counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
+  if (tp_.active()) {
+    vocab_parallel_embedding_backward(arena_.exec(), tp_, embedding_->grad_as<T>(),
+                                      DevPtr<const T>(dstream_), vp_dfull_,
+                                      DevPtr<const int32_t>(ids_T_), T_, H, cfg_.vocab_size);
+  } else {
+    ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
+                            cfg_.vocab_size);
+  }
   if (pos_embedding_ != nullptr)
     ops::embedding_backward(arena_.exec(), pos_embedding_->grad_as<T>(), dstream_,
-                            DevPtr<const int32_t>(pos_T_), T_, H, cfg_.max_positions());
+                            DevPtr<const int32_t>(pos_T_) + tp_.first_token(T_), T_local_, H,
+                            cfg_.max_positions());
   stage_done(static_cast<int>(blocks_.size()) + 1);
 }
 

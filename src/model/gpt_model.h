@@ -1,5 +1,7 @@
 // The GPT model: embedding -> transformer blocks -> final RMSNorm -> untied output head fused
-// with cross entropy. Owns the parameter registry and the arena; all memory (parameters,
+// with cross entropy. Under tensor parallelism (the attention grid's TP group) the embedding and
+// the output head are vocab-parallel (model/vocab_parallel.h) and the residual stream holds
+// TensorParallel::local_tokens(T) tokens: this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory (parameters,
 // gradients, activations, workspace) is planned for one micro-batch shape before step 0.
 // Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V vocab.
 #pragma once
@@ -12,6 +14,7 @@
 #include "nn/param_registry.h"
 #include "model/config.h"
 #include "model/transformer_block.h"
+#include "model/vocab_parallel.h"
 #include "nn/norm.h"
 #include "ops/dropout.h"
 #include "ops/cross_entropy.h"
@@ -86,7 +89,9 @@ class GPTModel {
   double forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS);
   // The logits of one micro-batch, forward only: ids [B, S] -> logits_BSV [B, S, V] (batch-major
   // like the ids; V the model's padded vocabulary), through the same embedding, blocks and final
-  // norm as forward(), with the output head as a plain GEMM instead of the fused cross entropy.
+  // norm as forward(), with the output head as a plain GEMM instead of the fused cross entropy
+  // (under TP the head's vocabulary slices are all-gathered first: every TP rank returns the
+  // whole logits).
   // The routers run in eval mode for the call (no jitter, no balancing counts) and return to the
   // mode they were in. With --bf16 the blocks round their GEMM inputs as in forward(); this head
   // GEMM takes the f32 master weights. A backward() must follow a forward(), not this.
@@ -192,7 +197,14 @@ class GPTModel {
   ops::HeadLossBf16 head16_;  // --bf16 head GEMM inputs
   DevPtr<float> logits_ws32_ = nullptr;  // --bf16 forward_logits: gemm_bf16's workspace
   void embedding_lookup(const Param& table, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
-                        int64_t rows);
+                        int64_t n_tok, int64_t rows);
+  // Tensor parallelism (one rank: inactive, and none of the members below is used).
+  parallel::TensorParallel tp_;
+  int64_t T_local_ = 0;                 // tp_.local_tokens(T_): the residual stream's tokens
+  DevPtr<T> vp_full_ = nullptr;         // [T, H] with SP: the embedding's partial, the head input
+  DevPtr<T> vp_dfull_ = nullptr;        // [T, H] with SP: the head's partial input gradient
+  DevPtr<T> vp_head_full_ = nullptr;    // [V, H] forward_logits' all-gathered head
+  VocabHeadWorkspace<T> vp_ws_;
   // The head's f32 values for the f32 head (null under --bf16: the head reads head16_).
   DevPtr<const T> head_values() const {
     return cfg_.bf16 ? DevPtr<const T>(nullptr) : DevPtr<const T>(head_->template data_as<T>());

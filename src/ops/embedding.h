@@ -20,6 +20,12 @@ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t 
                         int64_t V);
 void embedding_forward_bf16(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
                             int64_t H, int64_t V);
+template <typename T>
+void embedding_forward_shard(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok, int64_t H,
+                             int64_t v0, int64_t rows, int64_t V);
+template <typename T>
+void embedding_backward_shard(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                              int64_t H, int64_t v0, int64_t rows, int64_t V);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, the emulated CUDA build and the grid emulator's
 // tests); `stream` is the context's. The lookups are exact and the backward adds in token order
@@ -79,5 +85,34 @@ void embedding_backward(const Exec& ex, DevPtr<T> dw_VH, DevPtr<const T> dy_TH,
 template <typename T>
 void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                             int64_t H, int64_t V);
+
+// Vocab-parallel (a TP rank's slice of the table): w_RH holds the rows [v0, v0 + rows) of a
+// vocabulary of V. y[t] = w[ids[t] - v0] for the ids in the slice, zeros for the others (the
+// TP group's sum of y is the whole lookup); every id must be in [0, V).
+template <typename T>
+void embedding_forward_shard(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
+                             DevPtr<const T> w_RH, int64_t n_tok, int64_t H, int64_t v0,
+                             int64_t rows, int64_t V) {
+  if (ex.on_cpu())
+    return cpu::embedding_forward_shard(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH), n_tok, H,
+                                        v0, rows, V);
+  no_kernel(ex, "embedding_forward_shard");
+}
+template <typename T>
+void embedding_forward_shard_ref(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok,
+                                 int64_t H, int64_t v0, int64_t rows, int64_t V);
+// Its backward: dw[ids[t] - v0] += dy[t] for the ids in the slice (in token order).
+template <typename T>
+void embedding_backward_shard(const Exec& ex, DevPtr<T> dw_RH, DevPtr<const T> dy_TH,
+                              DevPtr<const int32_t> ids_T, int64_t n_tok, int64_t H, int64_t v0,
+                              int64_t rows, int64_t V) {
+  if (ex.on_cpu())
+    return cpu::embedding_backward_shard(raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H,
+                                         v0, rows, V);
+  no_kernel(ex, "embedding_backward_shard");
+}
+template <typename T>
+void embedding_backward_shard_ref(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                                  int64_t H, int64_t v0, int64_t rows, int64_t V);
 
 }  // namespace moecore::ops

@@ -13,6 +13,7 @@
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/vocab_parallel_ce.h"
 #include "ops/rope.h"
 
 namespace moecore::backend_test {
@@ -51,6 +52,79 @@ void embedding_one(const Exec& ex) {
     }
     expect_bitwise(y, y_ref.data(), "y");
     expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
+  }
+}
+
+// A TP rank's slice of the table (rows [v0, v0 + rows) of V): ids of other slices give zeros
+// and no gradient. Bitwise the reference.
+template <typename T>
+void embedding_shard_one(const Exec& ex) {
+  uint32_t seed = 70;
+  for (auto [n_tok, H, v0, rows, V] :
+       {std::array<int64_t, 5>{1, 1, 0, 1, 1}, std::array<int64_t, 5>{13, 37, 4, 4, 12},
+        std::array<int64_t, 5>{300, 130, 25, 25, 50}}) {
+    BACKEND_TRACE(dtype_name<T>() << " T=" << n_tok << " H=" << H << " rows [" << v0 << ", "
+                                  << v0 + rows << ") of " << V);
+    const auto ids = random_ids(n_tok, V, seed++);
+    const auto w = random_vec<T>(rows * H, seed++), dy = random_vec<T>(n_tok * H, seed++);
+    const auto dw0 = random_vec<T>(rows * H, seed++);
+    std::vector<T> y_ref(n_tok * H), dw_ref = dw0;
+    ops::embedding_forward_shard_ref(y_ref.data(), ids.data(), w.data(), n_tok, H, v0, rows, V);
+    ops::embedding_backward_shard_ref(dw_ref.data(), dy.data(), ids.data(), n_tok, H, v0, rows, V);
+    Guarded<T> y = nan_out<T>(n_tok * H), dw = guarded(dw0);
+    {
+      Staging st(ex);
+      ops::embedding_forward_shard<T>(ex, st.out(y), st.in(ids), st.in(w), n_tok, H, v0, rows, V);
+      ops::embedding_backward_shard<T>(ex, st.out(dw), st.in(dy), st.in(ids), n_tok, H, v0, rows,
+                                       V);
+      st.back();
+    }
+    expect_bitwise(y, y_ref.data(), "y");
+    expect_bitwise(dw, dw_ref.data(), "dw (accumulated)");
+  }
+}
+
+// The vocab-parallel cross entropy rows of one slice: the maxima and the finish bitwise (exact
+// and the same formula), the exp sums and gradient rows within the dtype's tolerance.
+template <typename T>
+void vocab_ce_one(const Exec& ex) {
+  uint32_t seed = 90;
+  for (auto [m, v0, Vl, V] : {std::array<int64_t, 4>{1, 0, 1, 1}, std::array<int64_t, 4>{7, 37, 37, 111},
+                              std::array<int64_t, 4>{5, 0, 300, 600}}) {
+    BACKEND_TRACE(dtype_name<T>() << " m=" << m << " columns [" << v0 << ", " << v0 + Vl
+                                  << ") of " << V);
+    const ops::VocabSlice vs{v0, Vl, V};
+    auto z = random_vec<T>(m * Vl, seed++);
+    for (auto& x : z) x *= T(3);
+    auto tg = random_ids(m, V, seed++);
+    if (m > 2) tg[1] = -1;
+    if (m > 3) tg[2] = int32_t(v0);  // on this slice
+    std::vector<T> mx_ref(m), loss_ref(m), lse_ref(m), g_ref = z;
+    std::vector<double> sums_ref(2 * m);
+    double sum_ref = 0.25;
+    ops::vocab_ce_row_max_ref(mx_ref.data(), z.data(), m, vs);
+    ops::vocab_ce_row_sums_ref(sums_ref.data(), z.data(), mx_ref.data(), tg.data(), m, vs);
+    ops::vocab_ce_finish_ref(&sum_ref, loss_ref.data(), lse_ref.data(), mx_ref.data(),
+                             sums_ref.data(), tg.data(), m);
+    const T dloss = T(0.5);
+    ops::vocab_ce_grad_ref(g_ref.data(), tg.data(), lse_ref.data(), dloss, m, vs);
+    Guarded<T> mx = nan_out<T>(m), loss = nan_out<T>(m), lse = nan_out<T>(m), g = guarded(z);
+    Guarded<double> sums = nan_out<double>(2 * m), sum = guarded(std::vector<double>{0.25});
+    {
+      Staging st(ex);
+      ops::vocab_ce_row_max<T>(ex, st.out(mx), st.in(z), m, vs);
+      ops::vocab_ce_row_sums<T>(ex, st.out(sums), st.in(z), st.in(mx_ref), st.in(tg), m, vs);
+      ops::vocab_ce_finish<T>(ex, st.out(sum), st.out(loss), st.out(lse), st.in(mx_ref),
+                              st.in(sums_ref), st.in(tg), m);
+      ops::vocab_ce_grad<T>(ex, st.out(g), st.in(tg), st.in(lse_ref), st.in(&dloss, 1), m, vs);
+      st.back();
+    }
+    expect_bitwise(mx, mx_ref.data(), "max");
+    expect_close(sums, sums_ref.data(), "sums", Tol<T>::rtol, Tol<T>::atol);
+    expect_bitwise(loss, loss_ref.data(), "loss");
+    expect_bitwise(lse, lse_ref.data(), "lse");
+    expect_bitwise(sum, &sum_ref, "sum (accumulated)");
+    expect_close(g, g_ref.data(), "dlogits", Tol<T>::rtol, Tol<T>::atol);
   }
 }
 
@@ -263,6 +337,18 @@ void add_model_cases(std::vector<OpCase>& out) {
          embedding_one<double>(ex);
        }});
   out.push_back({"embedding_bf16", {"embedding_forward_bf16"}, embedding_bf16_case});
+  out.push_back({"embedding_shard",
+                 {"embedding_forward_shard", "embedding_backward_shard"},
+                 [](const Exec& ex) {
+                   embedding_shard_one<float>(ex);
+                   embedding_shard_one<double>(ex);
+                 }});
+  out.push_back({"vocab_parallel_ce",
+                 {"vocab_ce_row_max", "vocab_ce_row_sums", "vocab_ce_finish", "vocab_ce_grad"},
+                 [](const Exec& ex) {
+                   vocab_ce_one<float>(ex);
+                   vocab_ce_one<double>(ex);
+                 }});
   out.push_back(
       {"head_loss_f32", {"head_loss_forward", "head_loss_backward"}, head_loss_case<float>});
   out.push_back(

@@ -65,6 +65,55 @@ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t 
   }
 }
 
+static void check_shard(int64_t v0, int64_t rows, int64_t V) {
+  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
+            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+}
+
+template <typename T>
+void embedding_forward_shard(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok, int64_t H,
+                             int64_t v0, int64_t rows, int64_t V) {
+  check_shard(v0, rows, V);
+  check_ids(ids_T, n_tok, V);
+#pragma omp parallel for schedule(static) if (n_tok * H >= kParallelMin)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t r = int64_t(ids_T[t]) - v0;
+    if (r >= 0 && r < rows) {
+      std::memcpy(y_TH + t * H, w_RH + r * H, sizeof(T) * size_t(H));
+    } else {
+      std::fill(y_TH + t * H, y_TH + (t + 1) * H, T(0));
+    }
+  }
+}
+
+template <typename T>
+void embedding_backward_shard(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                              int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  check_shard(v0, rows, V);
+  check_ids(ids_T, n_tok, V);
+  const int64_t n_blocks = (H + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static) if (n_tok * H >= kParallelMin)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t h0 = b * kColBlock, h1 = std::min(H, h0 + kColBlock);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const int64_t r = int64_t(ids_T[t]) - v0;
+      if (r < 0 || r >= rows) continue;
+      T* dw = dw_RH + r * H;
+      const T* dy = dy_TH + t * H;
+#pragma omp simd
+      for (int64_t h = h0; h < h1; ++h) dw[h] += dy[h];
+    }
+  }
+}
+
+template void embedding_forward_shard<float>(float*, const int32_t*, const float*, int64_t,
+                                             int64_t, int64_t, int64_t, int64_t);
+template void embedding_forward_shard<double>(double*, const int32_t*, const double*, int64_t,
+                                              int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard<float>(float*, const float*, const int32_t*, int64_t,
+                                              int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard<double>(double*, const double*, const int32_t*, int64_t,
+                                               int64_t, int64_t, int64_t, int64_t);
 template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t,
                                        int64_t);
 template void embedding_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t,

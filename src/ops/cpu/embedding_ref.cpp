@@ -42,6 +42,38 @@ void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int6
   }
 }
 
+template <typename T>
+void embedding_forward_shard_ref(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok,
+                                 int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
+            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t id = checked_id(ids_T, t, V);
+    const bool here = id >= v0 && id < v0 + rows;
+    for (int64_t h = 0; h < H; ++h) y_TH[t * H + h] = here ? w_RH[(id - v0) * H + h] : T(0);
+  }
+}
+
+template <typename T>
+void embedding_backward_shard_ref(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                                  int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
+            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int64_t id = checked_id(ids_T, t, V);
+    if (id < v0 || id >= v0 + rows) continue;
+    for (int64_t h = 0; h < H; ++h) dw_RH[(id - v0) * H + h] += dy_TH[t * H + h];
+  }
+}
+
+template void embedding_forward_shard_ref<float>(float*, const int32_t*, const float*, int64_t,
+                                                 int64_t, int64_t, int64_t, int64_t);
+template void embedding_forward_shard_ref<double>(double*, const int32_t*, const double*, int64_t,
+                                                  int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard_ref<float>(float*, const float*, const int32_t*, int64_t,
+                                                  int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard_ref<double>(double*, const double*, const int32_t*, int64_t,
+                                                   int64_t, int64_t, int64_t, int64_t);
 template void embedding_forward_ref<float>(float*, const int32_t*, const float*, int64_t, int64_t,
                                            int64_t);
 template void embedding_forward_ref<double>(double*, const int32_t*, const double*, int64_t,

@@ -1,0 +1,74 @@
+// The vocab-parallel ends of the model over the attention grid's TP group (Megatron-Core's
+// VocabParallelEmbedding, its column-parallel output layer and vocab_parallel_cross_entropy):
+// each TP rank holds the rows [v0, v0 + V/tp) of the padded vocabulary of the embedding table and
+// of the output head (TpShard::slice(0, V)), and the whole [n, V] logits never exist on a rank.
+//   embedding: every rank looks up all n tokens in its slice (zeros for the other ranks' ids);
+//     the partial [n, H] leaves the TP region (TensorParallel::leave: a reduce-scatter to this
+//     rank's n/tp tokens with sequence parallelism, an all-reduce without).
+//   head + cross entropy: over the whole [n, H] input (TensorParallel::enter's), chunks of
+//     `chunk` tokens: the local logits [m, V/tp], per token the global max (one all-reduce max
+//     per chunk), the global sum of exp and the target's logit (one all-reduce sum of both per
+//     chunk), then the log-sum-exp and the loss, equal on every TP rank. The backward recomputes
+//     each chunk's local logits, turns them into the local columns of softmax - onehot, and
+//     gives this rank's partial input gradient (to TensorParallel::enter_backward) and the
+//     weight gradient of its slice.
+// With one TP rank the model uses the fused head (ops/cross_entropy.h) instead.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dev_ptr.h"
+#include "core/exec.h"
+#include "ops/cross_entropy.h"
+#include "parallel/tensor_parallel.h"
+
+namespace moecore::model {
+
+// A chunk's workspace: the local logits [rows, V/tp], the per-token maxima [rows] and the
+// exp sums and target logits [2 rows], rows = min(chunk, n).
+template <typename T>
+struct VocabHeadWorkspace {
+  DevPtr<T> logits = nullptr;
+  DevPtr<T> max = nullptr;
+  DevPtr<double> sums = nullptr;
+};
+inline int64_t vocab_head_chunk_rows(const ops::HeadLossShape& s) {
+  return s.n_tok < s.chunk ? s.n_tok : s.chunk;
+}
+
+// y_local [tp.local_tokens(n), H] = the embedding rows of ids_n [n] (sequence-major), from this
+// rank's slice w_local [V/tp, H] of the table of V rows. partial_nH [n, H] is workspace (may be
+// y_local without sequence parallelism).
+template <typename T>
+void vocab_parallel_embedding_forward(const Exec& ex, const parallel::TensorParallel& tp,
+                                      DevPtr<T> y_local, DevPtr<T> partial_nH,
+                                      DevPtr<const int32_t> ids_n, DevPtr<const T> w_local,
+                                      int64_t n, int64_t H, int64_t V);
+// dw_local += the gradient of the slice's rows from dy_local [tp.local_tokens(n), H];
+// full_nH [n, H] is workspace (the all-gathered gradient with sequence parallelism).
+template <typename T>
+void vocab_parallel_embedding_backward(const Exec& ex, const parallel::TensorParallel& tp,
+                                       DevPtr<T> dw_local, DevPtr<const T> dy_local,
+                                       DevPtr<T> full_nH, DevPtr<const int32_t> ids_n, int64_t n,
+                                       int64_t H, int64_t V);
+
+// The head + cross entropy of h_nH [n, H] (whole, equal on every TP rank) against w_local
+// [V/tp, H]: loss_n, lse_n and *sum (+= the losses in token order) as ops::head_loss_forward's,
+// the same on every TP rank. s.V is the whole vocabulary.
+template <typename T>
+void vocab_parallel_head_loss_forward(const Exec& ex, const parallel::TensorParallel& tp,
+                                      DevPtr<double> sum, DevPtr<T> loss_n, DevPtr<T> lse_n,
+                                      DevPtr<const T> h_nH, DevPtr<const T> w_local,
+                                      DevPtr<const int32_t> target_n, const ops::HeadLossShape& s,
+                                      const VocabHeadWorkspace<T>& ws);
+// Its backward: dh_nH (assigned) = this rank's partial input gradient (its vocabulary columns'
+// share; TensorParallel::enter_backward sums it), dw_local += the slice's weight gradient.
+template <typename T>
+void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorParallel& tp,
+                                       DevPtr<T> dh_nH, DevPtr<T> dw_local, DevPtr<const T> h_nH,
+                                       DevPtr<const T> w_local, DevPtr<const int32_t> target_n,
+                                       DevPtr<const T> lse_n, DevPtr<const T> dloss,
+                                       const ops::HeadLossShape& s,
+                                       const VocabHeadWorkspace<T>& ws);
+
+}  // namespace moecore::model

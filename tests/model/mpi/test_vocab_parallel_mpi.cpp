@@ -1,0 +1,235 @@
+// The vocab-parallel embedding, output head and cross entropy (model/vocab_parallel.h) over a
+// real TP group of 2 and 4 ranks, with and without sequence parallelism, against one rank's
+// fused ops on the whole vocabulary: the loss (the same on every TP rank), the input gradient
+// of this rank's tokens and the weight gradient of this rank's vocabulary rows. Awkward sizes:
+// a ragged last chunk of tokens, vocabulary rows per rank not a multiple of the chunk, ignored
+// targets, targets on every rank's slice. And GPTModel at TP 2 without SP (dense blocks) vs one
+// rank: the loss and the embedding / head gradients of each rank's vocabulary rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "common/mpi_testing.h"
+#include "common/tolerances.h"
+#include "core/exec.h"
+#include "model/gpt_model.h"
+#include "model/vocab_parallel.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "parallel/communicator.h"
+#include "parallel/parallel_config.h"
+#include "parallel/process_groups.h"
+#include "parallel/rank_generator.h"
+#include "parallel/tensor_parallel.h"
+
+namespace moecore {
+namespace {
+
+using parallel::ParallelConfig;
+using namespace testing;
+using parallel::ProcessGroups;
+using parallel::TensorParallel;
+
+parallel::Runtime g_rt;
+
+template <typename T>
+std::vector<T> randn(int64_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(d(gen));
+  return v;
+}
+
+// The groups of a TP layout over the world (TP x DP), connected.
+struct TpGroups {
+  ProcessGroups groups;
+  TpGroups(int tp, bool sp) : groups(layout(tp, sp), g_rt.rank) {
+    parallel::connect_communicators(groups);
+  }
+  static parallel::Layout layout(int tp, bool sp) {
+    ParallelConfig cfg;
+    cfg.tp = tp;
+    cfg.sequence_parallel = sp;
+    cfg.timeout_minutes = 1.0;
+    return parallel::make_layout(cfg, g_rt.world_size);
+  }
+};
+
+// Every TP size that divides the world, with and without SP.
+template <typename F>
+void for_each_tp_layout(F&& f) {
+  for (int tp : {2, 4}) {
+    if (g_rt.world_size % tp != 0) continue;
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "tp " << tp << (sp ? " with SP" : " without SP"));
+      TpGroups g(tp, sp);
+      f(TensorParallel::attention(&g.groups), tp);
+    }
+  }
+}
+
+template <typename T>
+void expect_close(const T* got, const T* want, int64_t n, double rtol, double atol,
+                  const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(got[i], want[i], rtol * std::abs(double(want[i])) + atol)
+        << what << " [" << i << "]";
+  }
+}
+
+template <typename T>
+void head_loss_matches_one_rank(double rtol, double atol) {
+  const Exec& ex = cpu_exec();
+  // n = 12 tokens in chunks of 5 (a ragged last chunk); V = 28: 14 or 7 rows per rank.
+  const int64_t n = 12, H = 6, V = 28, chunk = 5;
+  const std::vector<T> h = randn<T>(n * H, 1), w = randn<T>(V * H, 2, 0.7);
+  std::vector<int32_t> tg(n);
+  for (int64_t t = 0; t < n; ++t) tg[t] = int32_t((t * 5 + 2) % V);  // every slice gets targets
+  tg[3] = -1;
+  tg[10] = -1;
+  tg[0] = 0;
+  tg[1] = int32_t(V - 1);
+  const ops::HeadLossShape s{n, H, V, chunk};
+  // One rank, the fused head on the whole vocabulary.
+  std::vector<T> loss1(n), lse1(n), ws1(ops::head_loss_workspace_elems(s)), dh1(n * H),
+      dw1(V * H, T(0));
+  double sum1 = 0;
+  ops::head_loss_forward<T>(ex, &sum1, loss1.data(), lse1.data(), h.data(), w.data(), tg.data(), s,
+                            ws1.data());
+  const T dloss = T(1.0 / 7.0);
+  ops::head_loss_backward<T>(ex, dh1.data(), dw1.data(), h.data(), w.data(), tg.data(), lse1.data(),
+                             &dloss, s, ws1.data());
+
+  for_each_tp_layout([&](const TensorParallel& tp, int tp_size) {
+    ASSERT_EQ(tp.size(), tp_size);
+    const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
+    std::vector<T> h_local(h.begin() + t0 * H, h.begin() + (t0 + nl) * H);
+    std::vector<T> w_local(w.begin() + v0 * H, w.begin() + (v0 + Vl) * H);
+    std::vector<T> full(n * H), loss(n), lse(n), dfull(n * H), dx(nl * H), dw(Vl * H, T(0));
+    const int64_t rows = model::vocab_head_chunk_rows(s);
+    std::vector<T> logits(rows * Vl), mx(rows);
+    std::vector<double> sums(2 * rows);
+    const model::VocabHeadWorkspace<T> ws{logits.data(), mx.data(), sums.data()};
+    const DevPtr<const T> hin =
+        tp.enter(ex, DevPtr<const T>(h_local.data()), DevPtr<T>(full.data()), n, H);
+    double sum = 0;
+    model::vocab_parallel_head_loss_forward<T>(ex, tp, &sum, loss.data(), lse.data(), hin,
+                                               w_local.data(), tg.data(), s, ws);
+    EXPECT_NEAR(sum, sum1, rtol * std::abs(sum1) + atol);
+    expect_close(loss.data(), loss1.data(), n, rtol, atol, "loss");
+    expect_close(lse.data(), lse1.data(), n, rtol, atol, "lse");
+    // The report's sum is the same on every TP rank (counted once by the trainer's dp x cp sum).
+    std::vector<double> hi = {sum}, neg_lo = {-sum};
+    tp.group()->communicator().all_reduce(hi, parallel::ReduceOp::Max);
+    tp.group()->communicator().all_reduce(neg_lo, parallel::ReduceOp::Max);
+    EXPECT_EQ(-neg_lo[0], hi[0]);
+    model::vocab_parallel_head_loss_backward<T>(
+        ex, tp, dfull.data(), dw.data(), hin, w_local.data(), tg.data(), lse.data(), &dloss, s, ws);
+    tp.enter_backward(ex, DevPtr<T>(dfull.data()), DevPtr<T>(dx.data()), n, H);
+    expect_close(dx.data(), dh1.data() + t0 * H, nl * H, rtol, atol, "dh");
+    expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, rtol, atol, "dw");
+  });
+}
+
+TEST(VocabParallelMpi, HeadLossMatchesOneRankF64) {
+  head_loss_matches_one_rank<double>(kParityF64Rtol, 1e-14);
+}
+TEST(VocabParallelMpi, HeadLossMatchesOneRankF32) {
+  head_loss_matches_one_rank<float>(kParityF32Rtol, 1e-7);
+}
+
+TEST(VocabParallelMpi, EmbeddingMatchesOneRankBitwise) {
+  const Exec& ex = cpu_exec();
+  const int64_t n = 12, H = 70, V = 28;  // H: more than one 64-column backward block
+  const std::vector<double> w = randn<double>(V * H, 3), dy = randn<double>(n * H, 4);
+  std::vector<int32_t> ids(n);
+  for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
+  ids[7] = ids[2];  // a repeated id: its gradient rows add in token order
+  std::vector<double> y1(n * H), dw1(V * H, 0.0);
+  ops::embedding_forward<double>(ex, y1.data(), ids.data(), w.data(), n, H, V);
+  ops::embedding_backward<double>(ex, dw1.data(), dy.data(), ids.data(), n, H, V);
+  for_each_tp_layout([&](const TensorParallel& tp, int) {
+    const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
+    std::vector<double> w_local(w.begin() + v0 * H, w.begin() + (v0 + Vl) * H);
+    std::vector<double> y(nl * H), partial(n * H), full(n * H), dw(Vl * H, 0.0);
+    model::vocab_parallel_embedding_forward<double>(ex, tp, y.data(), partial.data(), ids.data(),
+                                                    w_local.data(), n, H, V);
+    for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
+    std::vector<double> dy_local(dy.begin() + t0 * H, dy.begin() + (t0 + nl) * H);
+    model::vocab_parallel_embedding_backward<double>(ex, tp, dw.data(), dy_local.data(),
+                                                     full.data(), ids.data(), n, H, V);
+    for (int64_t i = 0; i < Vl * H; ++i) ASSERT_EQ(dw[i], dw1[v0 * H + i]) << i;
+  });
+}
+
+// GPTModel at TP 2 without sequence parallelism (the dense blocks see every token) vs one rank:
+// the loss on every TP rank and the vocab-parallel parameters' gradients, tied and untied, with
+// learned absolute positions.
+TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
+  if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "needs an even world";
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    ModelConfig cfg;
+    cfg.vocab_size = 26;  // 13 rows per rank
+    cfg.hidden = 8;
+    cfg.num_layers = 1;
+    cfg.num_heads = 2;
+    cfg.num_query_groups = 2;
+    cfg.ffn_hidden = 12;
+    cfg.seq_length = 6;
+    cfg.init_std = 0.5;
+    cfg.tie_embeddings = tied;
+    cfg.position_embedding = PositionEmbedding::LearnedAbsolute;
+    const int64_t B = 2, n = B * cfg.seq_length, V = cfg.vocab_size, H = cfg.hidden;
+    std::vector<int32_t> ids(n), tg(n);
+    for (int64_t t = 0; t < n; ++t) {
+      ids[t] = int32_t((t * 7 + 1) % V);
+      tg[t] = t == 4 ? -1 : int32_t((t * 5 + 3) % V);
+    }
+    model::GPTModel<double> one(cfg, B, 17);
+    const double loss1 = one.forward(ids.data(), tg.data());
+    one.backward(1.0);
+    TpGroups g(2, false);
+    model::GPTModel<double> m(cfg, B, 17, &g.groups);
+    const double loss = m.forward(ids.data(), tg.data());
+    m.backward(1.0);
+    EXPECT_NEAR(loss, loss1, kParityF64Rtol * std::abs(loss1));
+    const TensorParallel tp = TensorParallel::attention(&g.groups);
+    const int64_t v0 = tp.share_offset(V), Vl = tp.share(V);
+    for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+      if (tied && std::string(name) == "output_layer.weight") continue;
+      const Param* p1 = one.params().find(name);
+      const Param* p = m.params().find(name);
+      ASSERT_NE(p1, nullptr);
+      ASSERT_NE(p, nullptr);
+      ASSERT_EQ(p->local_numel(), Vl * H);
+      const double* g1 = raw_ptr(p1->grad_as<double>()) + v0 * H;
+      const double* gl = raw_ptr(p->grad_as<double>());
+      const double* w1 = raw_ptr(p1->data_as<double>()) + v0 * H;
+      const double* wl = raw_ptr(p->data_as<double>());
+      for (int64_t i = 0; i < Vl * H; ++i) {
+        ASSERT_EQ(wl[i], w1[i]) << name << " init [" << i << "]";
+        ASSERT_NEAR(gl[i], g1[i], kParityF64Rtol * std::abs(g1[i]) + 1e-14)
+            << name << " [" << i << "]";
+      }
+    }
+    // forward_logits: every TP rank returns the whole [B, S, V].
+    std::vector<double> logits1(n * V), logits(n * V);
+    one.forward_logits(ids.data(), logits1.data());
+    m.forward_logits(ids.data(), logits.data());
+    expect_close(logits.data(), logits1.data(), n * V, kParityF64Rtol, 1e-14, "logits");
+  }
+}
+
+}  // namespace
+}  // namespace moecore
+
+int main(int argc, char** argv) {
+  return moecore::testing::run_mpi_tests(argc, argv, &moecore::g_rt);
+}
