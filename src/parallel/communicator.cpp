@@ -112,8 +112,33 @@ void check_count(int64_t count, const char* call, const std::string& group) {
 }
 }  // namespace
 
+int64_t Communicator::ring_gather_bytes(std::span<const int64_t> counts, DType dt) const {
+  const int g = size();
+  if (g <= 1) return 0;
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return (total - counts[(rank() + 1) % g]) * static_cast<int64_t>(dtype_size(dt));
+}
+
+int64_t Communicator::ring_scatter_bytes(std::span<const int64_t> counts, DType dt) const {
+  if (size() <= 1) return 0;
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return (total - counts[rank()]) * static_cast<int64_t>(dtype_size(dt));
+}
+
+int64_t Communicator::ring_all_reduce_bytes(int64_t count, DType dt) const {
+  const int g = size();
+  if (g <= 1) return 0;
+  // The chunks of the ring: count / g elements, the first count mod g one more.
+  const auto chunk = [&](int r) { return count / g + (r < count % g ? 1 : 0); };
+  const int64_t elems = (count - chunk(rank())) + (count - chunk((rank() + 1) % g));
+  return elems * static_cast<int64_t>(dtype_size(dt));
+}
+
 CommHandle Communicator::all_reduce_async(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
   check_count(count, "all_reduce", name());
+  bytes_sent_.all_reduce += ring_all_reduce_bytes(count, dt);
   return start_all_reduce(raw_ptr(data), count, dt, op);
 }
 
@@ -121,12 +146,14 @@ CommHandle Communicator::all_gather_async(DevPtr<const void> send, DevPtr<void> 
                                           DType dt) {
   check_count(count, "all_gather", name());
   equal_counts_.assign(size(), count);  // keeps its capacity: no allocation per call
+  bytes_sent_.all_gather += ring_gather_bytes(equal_counts_, dt);
   return start_all_gather_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt);
 }
 
 CommHandle Communicator::all_gather_v_async(DevPtr<const void> send, DevPtr<void> recv,
                                             std::span<const int64_t> counts, DType dt) {
   check_counts(counts, "all_gather_v");
+  bytes_sent_.all_gather += ring_gather_bytes(counts, dt);
   return start_all_gather_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt);
 }
 
@@ -134,6 +161,7 @@ CommHandle Communicator::reduce_scatter_async(DevPtr<const void> send, DevPtr<vo
                                               int64_t count, DType dt, ReduceOp op) {
   check_count(count, "reduce_scatter", name());
   equal_counts_.assign(size(), count);
+  bytes_sent_.reduce_scatter += ring_scatter_bytes(equal_counts_, dt);
   return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt,
                                 op);
 }
@@ -142,6 +170,7 @@ CommHandle Communicator::reduce_scatter_v_async(DevPtr<const void> send, DevPtr<
                                                 std::span<const int64_t> counts, DType dt,
                                                 ReduceOp op) {
   check_counts(counts, "reduce_scatter_v");
+  bytes_sent_.reduce_scatter += ring_scatter_bytes(counts, dt);
   return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt, op);
 }
 
@@ -152,7 +181,7 @@ CommHandle Communicator::all_to_all_v_async(DevPtr<const void> send,
   check_counts(recv_counts, "all_to_all_v (recv counts)");
   int64_t sent = 0;
   for (int r = 0; r < size(); ++r) sent += r == rank() ? 0 : send_counts[r];
-  all_to_all_bytes_sent_ += sent * static_cast<int64_t>(dtype_size(dt));
+  bytes_sent_.all_to_all += sent * static_cast<int64_t>(dtype_size(dt));
   return start_all_to_all_v(raw_ptr(send), send_counts, raw_ptr(recv), recv_counts, dt);
 }
 

@@ -80,6 +80,30 @@ class CommHandle {
   CommRequestPtr req_;
 };
 
+// Bytes one member of a group has sent, by collective form, since the communicator was made.
+// The collectives are counted as the ring algorithm moves them (what NCCL runs at these sizes
+// and what `moecore plan` models), whatever the backend does, so that every backend reports the
+// same figure: with g members and pieces c_0 .. c_{g-1} bytes (M = their sum),
+// - all-gather: member r forwards every piece but its successor's: M - c_{(r+1) mod g}
+//   (M (g-1)/g for equal pieces);
+// - reduce-scatter: member r sends a partial sum of every piece but its own: M - c_r;
+// - all-reduce of M bytes: a reduce-scatter and an all-gather of the buffer cut into g chunks
+//   (count / g elements, the first count mod g chunks one more): 2 M (g-1)/g when g divides the
+//   count;
+// - all-to-all: the blocks sent to the other members (its own block is a local copy).
+// One member sends nothing.
+struct CommBytesSent {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  int64_t all_to_all = 0;
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce + all_to_all; }
+  CommBytesSent operator-(const CommBytesSent& o) const {
+    return {all_gather - o.all_gather, reduce_scatter - o.reduce_scatter,
+            all_reduce - o.all_reduce, all_to_all - o.all_to_all};
+  }
+};
+
 template <typename R>
 concept CommBuffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
 
@@ -123,7 +147,11 @@ class Communicator {
   // Bytes this member's all_to_all_v calls have sent to the other members (its own block, a
   // local copy, not counted), since the communicator was made: the EP dispatchers' traffic,
   // which the trainer reports per step and `moecore plan` predicts.
-  int64_t all_to_all_bytes_sent() const { return all_to_all_bytes_sent_; }
+  int64_t all_to_all_bytes_sent() const { return bytes_sent_.all_to_all; }
+  // Every collective form's bytes sent by this member (CommBytesSent: the ring algorithm's
+  // figures), since the communicator was made: the TP / SP / ETP collectives' traffic, which the
+  // trainer can report per step (the difference of two readings) and `moecore plan` predicts.
+  const CommBytesSent& bytes_sent() const { return bytes_sent_; }
 
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
@@ -263,7 +291,11 @@ class Communicator {
   void check_peer(int peer, const char* what, const char* call) const;
 
   std::vector<int64_t> equal_counts_;  // the equal-count forms' counts, reused per call
-  int64_t all_to_all_bytes_sent_ = 0;
+  // The ring algorithm's bytes for the counts of one call (CommBytesSent).
+  int64_t ring_gather_bytes(std::span<const int64_t> counts, DType dt) const;
+  int64_t ring_scatter_bytes(std::span<const int64_t> counts, DType dt) const;
+  int64_t ring_all_reduce_bytes(int64_t count, DType dt) const;
+  CommBytesSent bytes_sent_;
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without

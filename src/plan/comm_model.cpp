@@ -25,6 +25,136 @@ bool spans_nodes(const parallel::Layout& layout, parallel::GroupKind k, int gpus
 
 }  // namespace
 
+TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel::Degrees& d,
+                         double tok) {
+  TpCommBytes b;
+  const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
+  const double n_micro =
+      static_cast<double>(std::max<int64_t>(1, global / (run.micro_batch * d.dp)));
+  const double T = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;  // n
+  const double H = static_cast<double>(m.hidden);
+  const bool sp = run.parallel.sequence_parallel && d.tp > 1;
+  const RecomputeModules rm = run.recompute.modules();
+  const bool moe_rerun = run.recompute.selective() && rm.moe;
+  const double ln = m.layernorm ? 2 : 1;  // a norm's parameters per feature (weight, bias)
+  // Per micro-batch, summed over this rank's layers (all stages; / pp at the end).
+  GroupBytes regions, expt, tpep;
+  double partial_grads = 0;  // ReplicatedPartialGrad elements on the tp group
+  double expert_grads = 0;        // ... on the expt_tp group
+  if (d.tp > 1) {
+    const double g = d.tp, f = (g - 1) / g;
+    const double N = T * H * tok;  // one [n, H] activation
+    // A TP region's forward and its backward (enter + leave each way).
+    const auto region = [&](GroupBytes& x, double times) {
+      if (sp) {
+        x.all_gather += times * N * f;      // enter (fwd) / leave's backward
+        x.reduce_scatter += times * N * f;  // leave (fwd) / enter's backward
+      } else {
+        x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
+      }
+    };
+    // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice).
+    const auto seq_region = [&](GroupBytes& x, double times) {
+      x.all_gather += times * N * f;
+      x.reduce_scatter += times * N * f;
+    };
+    for (int64_t l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
+      const bool moe = m.is_moe_layer(std::min(l, m.num_layers - 1));
+      const bool full = l < m.num_layers && run.recompute.chunk_of(l) >= 0;
+      const double fwd = full ? 2 : 1;  // forwards of this layer per micro-batch
+      region(regions, fwd + 1);         // attention
+      if (!moe) {
+        region(regions, fwd + 1 + (run.recompute.selective() && rm.mlp ? 1 : 0));
+      } else {
+        if (!sp) {
+          // The MoE output all-gathered over TP (fwd), its input gradient likewise (bwd).
+          regions.all_gather += (fwd + 1) * N * f;
+        }
+        if (m.shared_ffn_hidden > 0) {
+          seq_region(regions, fwd + 1 + (run.recompute.selective() && rm.shared_experts ? 1 : 0));
+        }
+      }
+      // ReplicatedPartialGrad: norms under SP, q/k layernorm, the router, row-parallel biases.
+      if (sp) partial_grads += 2 * H * ln;
+      if (m.qk_layernorm && !m.mla) partial_grads += 2.0 * m.kv_channels * ln;
+      if (moe) partial_grads += static_cast<double>(m.num_experts) * H;
+      if (m.add_attention_output_bias) partial_grads += H;
+      if (m.add_mlp_bias && (!moe || m.shared_ffn_hidden > 0)) partial_grads += H;
+    }
+    if (sp) partial_grads += H * ln;  // the final norm
+    // Vocab-parallel embedding (one leave) and head (one enter), once per micro-batch and MTP
+    // module; the cross entropy's max, sum of exponentials and target logit, T fp32 values each.
+    const double heads = 1.0 + static_cast<double>(m.mtp_num_layers);
+    if (sp) {
+      b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
+      b.tp_vocab.all_gather = heads * 2 * N * f;      // embedding leave's backward, head enter
+    } else {
+      b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
+    }
+    b.tp_vocab.all_reduce += heads * 3 * 2 * T * 4 * f;
+    b.tp_vocab.all_gather *= n_micro;
+    b.tp_vocab.reduce_scatter *= n_micro;
+    b.tp_vocab.all_reduce *= n_micro;
+    // fp32 gradients, all-reduced once per step.
+    b.tp_grads.all_reduce = 2 * partial_grads * 4 * f;
+  }
+  if (m.num_experts > 0) {
+    const double t = T / d.tp;  // the tokens of this rank's MoE layer (a sequence slice at tp > 1)
+    const double K = static_cast<double>(m.topk), prob = tok;
+    int64_t moe_layers = 0, full_moe = 0;
+    for (int64_t l = 0; l < m.num_layers; ++l) {
+      if (!m.is_moe_layer(l)) continue;
+      ++moe_layers;
+      full_moe += run.recompute.chunk_of(l) >= 0;
+    }
+    moe_layers += m.mtp_num_layers;
+    const double forwards = static_cast<double>(moe_layers + full_moe);  // per micro-batch
+    const double dispatch_reruns = moe_rerun ? static_cast<double>(moe_layers) : 0;
+    const double gtpep = static_cast<double>(d.etp) * d.ep;
+    if (run.dispatcher == "allgather" && gtpep > 1) {
+      // Over tp_ep: fwd all-gather of the (token count, slot count) meta (2 int64), the top-k
+      // indices (int32), the tokens and the probs; reduce-scatter of the outputs. Bwd: all-gather
+      // of dy, reduce-scatter of dx and dprobs. The moe module reruns the dispatch's gathers.
+      const double others = (gtpep - 1) * t;
+      const double gather_fwd = (gtpep - 1) * 16 + others * (K * 4 + H * tok + K * prob);
+      tpep.all_gather = (forwards + dispatch_reruns) * gather_fwd + moe_layers * others * H * tok;
+      tpep.reduce_scatter =
+          forwards * others * H * tok + moe_layers * others * (H * tok + K * prob);
+    } else if (run.dispatcher == "alltoall" && gtpep > 1) {
+      // Dropless: the token counts per expert (E int64) all-gathered over tp_ep, each forward
+      // (padded dispatch has static splits and exchanges none).
+      const bool padded = run.pad_to_capacity && run.capacity_factor > 0;
+      if (!padded) tpep.all_gather = (forwards + dispatch_reruns) * (gtpep - 1) * m.num_experts * 8;
+      if (d.etp > 1) {
+        // After the EP all-to-all each ETP rank holds t K rows (balanced routing): all-gathered
+        // with their probs over ETP (fwd), the experts' outputs reduce-scattered back; the
+        // backward the reverse (all-gather of dy, reduce-scatter of dx and dprobs).
+        const double rows = (d.etp - 1.0) * t * K;
+        expt.all_gather =
+            (forwards + dispatch_reruns) * rows * (H * tok + prob) + moe_layers * rows * H * tok;
+        expt.reduce_scatter = forwards * rows * H * tok + moe_layers * rows * (H * tok + prob);
+      }
+    }
+    if (d.etp > 1 && m.add_mlp_bias) {
+      // The local experts' fc2 biases (row-parallel over ETP): ReplicatedPartialGrad.
+      expert_grads = static_cast<double>(moe_layers) * (m.num_experts / d.ep) * H;
+    }
+  }
+  const double pp = d.pp;
+  const auto per_step = [&](GroupBytes x) {
+    return GroupBytes{x.all_gather * n_micro / pp, x.reduce_scatter * n_micro / pp,
+                      x.all_reduce * n_micro / pp};
+  };
+  b.tp_regions = per_step(regions);
+  b.tp_vocab = GroupBytes{b.tp_vocab.all_gather / pp, b.tp_vocab.reduce_scatter / pp,
+                          b.tp_vocab.all_reduce / pp};
+  b.tp_grads.all_reduce /= pp;
+  b.expt_tp = per_step(expt);
+  if (d.etp > 1) b.expt_tp.all_reduce = 2 * expert_grads * 4 * (d.etp - 1.0) / d.etp / pp;
+  b.tp_ep = per_step(tpep);
+  return b;
+}
+
 CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hardware& hw) {
   const parallel::Degrees d = parallel::resolve_degrees(run.parallel, world);
   const parallel::Layout& layout = planned_layout(run.parallel, world);
@@ -57,8 +187,9 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
     // --bf16), the routing probs in fp32. Recomputation reruns the dispatch: the "moe" module
     // its forward dispatch (tokens + probs), full recomputation the layer's whole forward.
     const double tok = hw.device == Device::CPU ? 4.0 : dt, prob = 4.0;
-    const double t_rank = T / sp;  // tokens entering this rank's router
-    double reruns = 0;             // forwards rerun per MoE layer, averaged over the layers
+    // Tokens entering this rank's router: its sequence slice at tp > 1 (with or without SP).
+    const double t_rank = T / d.tp;
+    double reruns = 0;  // forwards rerun per MoE layer, averaged over the layers
     if (run.recompute.full()) {
       int64_t n = 0;
       for (int64_t l = 0; l < m.num_layers; ++l) n += m.is_moe_layer(l) && run.recompute.chunk_of(l) >= 0;
@@ -88,35 +219,38 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
                       "x {} micro-batches, rows = {}",
                       tok, moe_rerun ? " + the moe module's rerun dispatch" : "",
                       reruns > 0 ? " + the recomputed layers' forward" : "", moe_layers, n_micro,
-                      padded ? "E x capacity (padded)" : "T/sp x K"));
-    } else {
-      // allgather: every token (x, probs, routing map) goes to every other EP rank, and the
-      // experts' partial sums of every rank's tokens come back in a reduce-scatter; the same
-      // again in the backward (gather of dy, reduce-scatter of dx and dprobs).
-      const double others = (d.ep - 1.0) * t_rank;
-      const double fwd = others * (H * tok + m.topk * (prob + 4)) + others * H * tok;
-      const double bwd = others * H * tok + others * (H * tok + m.topk * prob);
-      const double per_layer =
-          fwd + bwd + (moe_rerun ? others * (H * tok + m.topk * (prob + 4)) : 0) + reruns * fwd;
-      add("ep all-gather + reduce-scatter (allgather dispatcher)", parallel::GroupKind::Ep,
-          per_layer * per_micro, false,
-          fmt::format("(ep-1) x T/sp x (4 x H x {} B + K x 16 B map and probs) per MoE layer, "
-                      "x {:.1f} MoE layers x {} micro-batches",
-                      tok, moe_layers, n_micro));
+                      padded ? "E x capacity (padded)" : "T/tp x K"));
     }
   }
-  if (d.tp > 1) {
-    // Per layer: attention and MLP each an all-gather + reduce-scatter (SP) or an all-reduce,
-    // forward and backward: 8 x (tp-1)/tp x T H dt sent per rank.
-    add(run.parallel.sequence_parallel ? "tp all-gather + reduce-scatter (SP)" : "tp all-reduce",
-        parallel::GroupKind::Tp, 8.0 * (d.tp - 1.0) / d.tp * T * H * dt * layers * n_micro, false,
-        "8 x (tp-1)/tp x T x H x dt per layer per micro-batch");
-  }
-  if (d.etp > 1 && m.num_experts > 0) {
-    add("expert-tp all-gather + reduce-scatter of routed tokens", parallel::GroupKind::ExptTp,
-        4.0 * (d.etp - 1.0) / d.etp * T / sp * m.topk * H * dt * moe_layers * n_micro, false,
-        "4 x (etp-1)/etp x T/sp x K x H x dt per MoE layer per micro-batch");
-  }
+  // Tensor, sequence and expert-tensor parallelism (plan_tp_comm).
+  const double tok = hw.device == Device::CPU ? 4.0 : dt;
+  c.tp = plan_tp_comm(m, run, d, tok);
+  const TpCommBytes& tb = c.tp;
+  add(sp > 1 ? "tp all-gather + reduce-scatter of the TP regions (SP)"
+             : "tp all-reduce of the TP regions",
+      parallel::GroupKind::Tp, tb.tp_regions.total(), false,
+      sp > 1 ? "per layer: attention, MLP / shared expert regions, each fwd + bwd: all-gather "
+               "and reduce-scatter of T x H x dt, (tp-1)/tp of it sent"
+             : "per layer: attention and MLP regions, each fwd + bwd: all-reduce of T x H x dt, "
+               "2 (tp-1)/tp of it sent; the MoE layer's output and input gradient all-gathered; "
+               "the shared expert sequence-parallel");
+  add("tp vocab-parallel embedding, head and cross entropy", parallel::GroupKind::Tp,
+      tb.tp_vocab.total(), false,
+      "embedding leave + head enter, fwd + bwd, of T x H x dt; cross entropy: 3 all-reduces of "
+      "T fp32 values (max, sum of exponentials, target logit)");
+  add("tp all-reduce of partial-sum grads (norms under SP, router, row-parallel biases)",
+      parallel::GroupKind::Tp, tb.tp_grads.total(), false,
+      "2 (tp-1)/tp x their elements x 4 B, once per step");
+  add("expt_tp all-gather + reduce-scatter of routed tokens (alltoall)",
+      parallel::GroupKind::ExptTp, tb.expt_tp.total(), false,
+      "per MoE layer fwd + bwd: (etp-1) x T/tp x K rows x (H x dt (+ prob)) each way; expert fc2 "
+      "bias grads all-reduced");
+  add(run.dispatcher == "allgather" ? "tp_ep all-gather + reduce-scatter (allgather dispatcher)"
+                                    : "tp_ep all-gather of the token counts per expert",
+      parallel::GroupKind::TpEp, tb.tp_ep.total(), false,
+      run.dispatcher == "allgather"
+          ? "(etp x ep - 1) x T/tp x (4 x H x dt + K x (8 B idx + 2 probs)) per MoE layer"
+          : "(etp x ep - 1) x E x 8 B per MoE layer forward");
   if (d.cp > 1) {
     const double kv = m.mla ? m.num_heads * (m.mla->qk_head_dim + m.mla->qk_pos_emb_head_dim +
                                              m.mla->v_head_dim)

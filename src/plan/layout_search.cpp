@@ -88,9 +88,20 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
           if (vpp > 1 && (pp == 1 || (m.num_layers / pp) % vpp != 0)) continue;
           for (int ep : divisors_up_to(E, world / pp)) {
             if ((ep & (ep - 1)) != 0 || (m.num_experts == 0 && ep > 1)) continue;
+            // Expert TP: every power of two within a node (validate_run refuses one that does
+            // not divide the expert width or the world); sequence parallelism on and off (off is
+            // refused with EP and TP together, as Megatron).
             std::vector<int> etps = {1};
-            if (tp > 1 && m.num_experts > 0) etps.push_back(tp);
+            for (int e = 2; m.num_experts > 0 && e <= hw.gpus_per_node && e * ep <= world / pp;
+                 e *= 2) {
+              etps.push_back(e);
+            }
+            std::vector<std::pair<int, bool>> expert_sp;
             for (int etp : etps) {
+              expert_sp.push_back({etp, tp > 1});
+              if (tp > 1) expert_sp.push_back({etp, false});
+            }
+            for (const auto& [etp, sp] : expert_sp) {
               for (bool dist : {false, true}) {
                 for (size_t rc = 0; rc < recomputes.size(); ++rc) {
                   RunSpec r = base;
@@ -99,7 +110,7 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
                   r.parallel.pp = pp;
                   r.parallel.ep = ep;
                   r.parallel.etp = etp;
-                  r.parallel.sequence_parallel = tp > 1;
+                  r.parallel.sequence_parallel = sp;
                   r.vpp = vpp;
                   r.distributed_optimizer = dist;
                   r.recompute = recomputes[rc];

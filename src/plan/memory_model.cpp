@@ -176,20 +176,22 @@ double layer_activation_bytes(const ModelSpec& m, const RunSpec& r, const parall
     // Router: fp32 logits / scores over E, top-k indices and probs. Dispatch: balanced routing
     // leaves T K rows per EP rank (all-gathered over ETP): fc1 input, fc1 output (2F/etp), the
     // activation (F/etp), and fc2's output kept for the probability-weighted unpermute.
-    const double rows = T / sp * m.topk * etp;
+    // The MoE layer's tokens are this rank's sequence slice T/tp whenever tp > 1 (with or
+    // without SP: without it the block passes the slice and all-gathers the output).
+    const double rows = T / tp * m.topk * etp;
     const double F = m.moe_ffn_hidden;
     const double F1 = static_cast<double>(ops::activation_fc1_width(m.activation, m.moe_ffn_hidden));
     const double Fs = m.shared_ffn_hidden;
     const double Fs1 = static_cast<double>(ops::activation_fc1_width(m.activation, m.shared_ffn_hidden));
-    const double router = T / sp * (4.0 * 2 * m.num_experts + 12.0 * m.topk);
+    const double router = T / tp * (4.0 * 2 * m.num_experts + 12.0 * m.topk);
     double expert = rows * (H * g8 + F1 / etp + (rm.moe_act ? 0 : F / etp * g8) + H);
     double shared = m.shared_ffn_hidden > 0 ? (rm.shared_experts ? 0 : T * (Fs1 + Fs) / tp) : 0;
     if (rm.moe) expert = shared = 0;
     bytes += T * dt * ffn + router + dt * (expert + shared);
     // fc1's output is F1 = 2F wide for SwiGLU, F for the element-wise activations.
     const bool gated = ops::activation_gated(m.activation);
-    f += fmt::format("; MoE T*dt*(H/sp{}) + router T/sp*(8E+12K) B + rows*dt*(2H + {}F/etp{}) with "
-                     "rows = T/sp*K*etp (the permuted tokens, K x the layer's tokens){}{}{}",
+    f += fmt::format("; MoE T*dt*(H/sp{}) + router T/tp*(8E+12K) B + rows*dt*(2H + {}F/etp{}) with "
+                     "rows = T/tp*K*etp (the permuted tokens, K x the layer's tokens){}{}{}",
                      rm.layernorm ? "" : " + H/sp", gated ? "2" : "", rm.moe_act ? "" : " + F/etp",
                      r.fp8 ? " [fp8: fc1 / fc2 inputs 1 B]" : "",
                      m.shared_ffn_hidden > 0 && !rm.shared_experts
@@ -247,12 +249,17 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     st.has_embedding = s == 0;
     st.has_head = s == d.pp - 1;
     st.has_mtp = st.has_head && m.mtp_num_layers > 0;
-    // Parameters of one rank: dense parts split over TP, experts over EP x ETP.
-    double dense = 0, experts = 0;
+    // Parameters of one rank: dense parts split over TP but the replicated ones (norms, router,
+    // row-parallel biases: LayerParams::tp_replicated), experts over EP x ETP but their fc2
+    // biases (whole on every ETP rank); embedding and head vocab-parallel (/ tp), the learned
+    // position table and the final norm whole.
+    double dense = 0, experts = 0, dense_repl = 0, experts_repl = 0;
     for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
       const LayerParams p = layer_params(m, m.is_moe_layer(l));
       dense += static_cast<double>(p.dense());
       experts += static_cast<double>(p.experts);
+      dense_repl += static_cast<double>(p.tp_replicated);
+      experts_repl += static_cast<double>(p.experts_etp_replicated);
     }
     const ParamCounts pc = count_params(m);
     if (st.has_mtp) {
@@ -266,10 +273,15 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                                                               ? pc.embedding
                                                               : pc.head + pc.final_norm)
                                     : 0;
-    st.params_dense = static_cast<int64_t>(dense / d.tp);
-    st.params_expert = static_cast<int64_t>(experts / (d.ep * d.etp));
-    st.params_embedding = static_cast<int64_t>(emb / d.tp);
-    st.params_head = static_cast<int64_t>(head / d.tp);
+    const double positions = st.has_embedding ? static_cast<double>(pc.positions) : 0;
+    const double head_norm = st.has_head && !(m.tie_embeddings && d.pp > 1)
+                                 ? static_cast<double>(pc.final_norm)
+                                 : 0;
+    st.params_dense = static_cast<int64_t>((dense - dense_repl) / d.tp + dense_repl);
+    st.params_expert =
+        static_cast<int64_t>(((experts - experts_repl) / d.etp + experts_repl) / d.ep);
+    st.params_embedding = static_cast<int64_t>((emb - positions) / d.tp + positions);
+    st.params_head = static_cast<int64_t>((head - head_norm) / d.tp + head_norm);
     const double dense_rank = static_cast<double>(st.params_dense + st.params_embedding +
                                                   st.params_head);
     const double expert_rank = static_cast<double>(st.params_expert);
@@ -397,8 +409,8 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       // One layer's backward scratch (gradients of its activations) at a time.
       add(st, MemPart::Workspace, act_layer, "one layer's backward gradients", "~ one layer's activations");
       if (m.num_experts > 0 && d.ep > 1) {
-        add(st, MemPart::CommBuffers, 2.0 * T / sp * m.topk * m.hidden * dt,
-            "all-to-all send + receive buffers", "2 x T/sp x K x H x dt");
+        add(st, MemPart::CommBuffers, 2.0 * T / d.tp * m.topk * m.hidden * dt,
+            "all-to-all send + receive buffers", "2 x T/tp x K x H x dt");
       }
     }
     add(st, MemPart::Reserved, hw.reserved_gib * 1024.0 * 1024 * 1024,

@@ -385,8 +385,12 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   c.bf16 = run.bf16;
   c.num_experts = m.num_experts;
   if (m.num_experts > 0) {
-    c.moe_layer_pattern.assign(m.moe_layer_pattern.begin() + first_layer,
-                               m.moe_layer_pattern.begin() + first_layer + num_layers);
+    if (m.moe_layer_pattern.empty()) {  // every layer an MoE layer (ModelSpec::is_moe_layer)
+      c.moe_layer_pattern.assign(num_layers, 1);
+    } else {
+      c.moe_layer_pattern.assign(m.moe_layer_pattern.begin() + first_layer,
+                                 m.moe_layer_pattern.begin() + first_layer + num_layers);
+    }
     c.moe.router.num_experts = m.num_experts;
     c.moe.router.topk = m.topk;
     c.moe.ffn_hidden = m.moe_ffn_hidden;

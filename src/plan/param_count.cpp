@@ -55,13 +55,23 @@ LayerParams layer_params(const ModelSpec& m, bool moe_layer) {
   const AttnParams a = attention_params(m);
   p.attention = a.matmul + a.norms;
   p.norms = (m.layernorm ? 4 : 2) * H;  // two norms, LayerNorm with a bias each
+  const int64_t fc2_bias = m.add_mlp_bias ? H : 0;
+  p.tp_replicated = p.norms + (m.add_attention_output_bias ? H : 0);
+  if (m.mla) {
+    p.tp_replicated += a.norms;  // the latent norms (MLA has no TP model here beyond this)
+  } else if (m.qk_layernorm) {
+    p.tp_replicated += 2 * m.kv_channels;
+  }
   if (moe_layer) {
     p.router = m.num_experts * H;
     p.expert_one = mlp_params(m, m.moe_ffn_hidden);
     p.experts = m.num_experts * p.expert_one;
     p.shared = m.shared_ffn_hidden > 0 ? mlp_params(m, m.shared_ffn_hidden) : 0;
+    p.tp_replicated += p.router + (m.shared_ffn_hidden > 0 ? fc2_bias : 0);
+    p.experts_etp_replicated = m.num_experts * fc2_bias;
   } else {
     p.dense_mlp = mlp_params(m, m.ffn_hidden);
+    p.tp_replicated += fc2_bias;
   }
   return p;
 }
@@ -77,6 +87,7 @@ ParamCounts count_params(const ModelSpec& m) {
   ParamCounts c;
   const int64_t H = m.hidden;
   c.embedding = m.vocab_size * H + (m.learned_positions ? m.max_position_embeddings * H : 0);
+  c.positions = m.learned_positions ? m.max_position_embeddings * H : 0;
   c.head = m.tie_embeddings ? 0 : m.vocab_size * H;
   c.final_norm = (m.layernorm ? 2 : 1) * H;
   for (int64_t l = 0; l < m.num_layers; ++l) {

@@ -18,6 +18,12 @@ struct LayerParams {
   int64_t experts = 0;    // all E routed experts
   int64_t expert_one = 0; // one routed expert
   int64_t shared = 0;     // shared expert
+  // What every TP rank holds whole (the rest of the dense parameters is split over TP): the
+  // norms, q/k layernorm, the router and the row-parallel biases (attention output, fc2 of the
+  // dense MLP and the shared expert). And the routed experts' fc2 biases, whole on every ETP
+  // rank (the rest of the experts split over ETP).
+  int64_t tp_replicated = 0;
+  int64_t experts_etp_replicated = 0;
   int64_t dense() const { return attention + norms + dense_mlp + router + shared; }
   int64_t total() const { return dense() + experts; }
   int64_t active(int64_t topk) const { return dense() + topk * expert_one; }
@@ -27,6 +33,7 @@ struct ParamCounts {
   int64_t embedding = 0;  // V x H
   int64_t head = 0;       // V x H when untied, else 0
   int64_t final_norm = 0;
+  int64_t positions = 0;  // the learned position table inside `embedding` (whole on every TP rank)
   int64_t decoder_dense = 0;    // all decoder layers, non-expert
   int64_t decoder_experts = 0;  // all decoder layers, routed experts
   int64_t decoder_active = 0;   // per token

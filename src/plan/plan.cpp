@@ -19,6 +19,12 @@ void validate_run(const ModelSpec& m, const RunSpec& run, int world) {
   if (m.num_experts > 0) dims.moe_ffn_hidden = m.moe_ffn_hidden;
   dims.seq_length = m.seq_length;
   const parallel::Degrees d = parallel::validate_layout(run.parallel, world, dims);
+  // The vocab-parallel embedding and output head hold vocab / tp rows each.
+  MOE_CHECK(m.vocab_size % d.tp == 0,
+            "[plan] the padded vocabulary {} is not divisible by --tensor-model-parallel-size {}: "
+            "the embedding and output head split it over TP; pad it with "
+            "--make-vocab-size-divisible-by (Megatron pads to a multiple of it x TP)",
+            m.vocab_size, d.tp);
   MOE_CHECK(run.vpp >= 1, "[plan] --num-virtual-stages-per-pipeline-rank={} must be >= 1",
             run.vpp);
   MOE_CHECK(run.vpp == 1 || d.pp > 1,
@@ -215,6 +221,14 @@ std::string plan_json(const Plan& p) {
   j["device_memory_bytes"] = p.hw.memory_gib * kGiB;
   j["alltoall_bytes_per_step"] = p.comm.alltoall_bytes_per_step;
   j["alltoall_bytes_per_moe_layer_fwd"] = p.comm.alltoall_bytes_per_layer_fwd;
+  // Per rank per step by collective form: what Communicator::bytes_sent() counts on each group.
+  const auto forms = [](const GroupBytes& b) {
+    return J{{"all_gather", b.all_gather}, {"reduce_scatter", b.reduce_scatter},
+             {"all_reduce", b.all_reduce}};
+  };
+  j["tp_bytes_per_step"] = forms(p.comm.tp.tp());
+  j["expt_tp_bytes_per_step"] = forms(p.comm.tp.expt_tp);
+  j["tp_ep_bytes_per_step"] = forms(p.comm.tp.tp_ep);
   J comm = J::array();
   for (const CommItem& it : p.comm.items) {
     comm.push_back({{"name", it.name}, {"group", it.group}, {"bytes", it.bytes},

@@ -89,6 +89,91 @@ TEST(Communicator, ArgumentChecksNameTheGroupAndSizes) {
   expect_error([&] { c->recv(small, -1); }, "source -1 outside [0, 1)");
 }
 
+// A member `rank` of a group of `size` whose backend does nothing: what the front end counts.
+class CountingOnly final : public Communicator {
+ public:
+  CountingOnly(int size, int rank) : ranks_(size), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+ protected:
+  CommHandle start_all_reduce(void*, int64_t, DType, ReduceOp) override { return {}; }
+  CommHandle start_all_gather_v(const void*, void*, std::span<const int64_t>, bool,
+                                DType) override {
+    return {};
+  }
+  CommHandle start_reduce_scatter_v(const void*, void*, std::span<const int64_t>, bool, DType,
+                                    ReduceOp) override {
+    return {};
+  }
+  CommHandle start_all_to_all_v(const void*, std::span<const int64_t>, void*,
+                                std::span<const int64_t>, DType) override {
+    return {};
+  }
+  CommHandle start_broadcast(void*, int64_t, DType, int) override { return {}; }
+  CommHandle start_send(const void*, int64_t, DType, int, int) override { return {}; }
+  CommHandle start_recv(void*, int64_t, DType, int, int) override { return {}; }
+  CommHandle start_barrier() override { return {}; }
+
+ private:
+  std::string name_ = "tp";
+  std::vector<int> ranks_;
+  int rank_;
+};
+
+// The bytes each collective form sends, by the ring algorithm (CommBytesSent), hand-computed on a
+// group of 4: equal pieces M (g-1)/g and 2 M (g-1)/g, uneven pieces by whose piece a member does
+// not send, and nothing on one rank. Counted by the front end, so every backend reports these.
+TEST(Communicator, BytesSentByCollectiveAreTheRingAlgorithms) {
+  CountingOnly c(4, 1);
+  std::vector<float> piece(6), whole(24);
+  c.all_gather(piece, whole);  // M = 96 B: 72 B
+  EXPECT_EQ(c.bytes_sent().all_gather, 72);
+  c.reduce_scatter(whole, piece);  // 72 B
+  EXPECT_EQ(c.bytes_sent().reduce_scatter, 72);
+  std::vector<double> d(8);
+  c.all_reduce(d);  // M = 64 B: 2 x 48 B
+  EXPECT_EQ(c.bytes_sent().all_reduce, 96);
+  c.all_reduce(d, ReduceOp::Max);  // a max moves as much as a sum
+  EXPECT_EQ(c.bytes_sent().all_reduce, 192);
+  // Uneven pieces {1, 2, 3, 4} f32 (40 B): member 1 forwards all but member 2's piece (12 B) in
+  // the all-gather, and sends a partial sum of all but its own (8 B) in the reduce-scatter.
+  const std::vector<int64_t> counts = {1, 2, 3, 4};
+  std::vector<float> mine(2), all(10);
+  c.all_gather_v(mine, all, counts);
+  EXPECT_EQ(c.bytes_sent().all_gather, 72 + 28);
+  c.reduce_scatter_v(all, mine, counts);
+  EXPECT_EQ(c.bytes_sent().reduce_scatter, 72 + 32);
+  // An all-reduce of 10 f32 cuts the ring into chunks {3, 3, 2, 2}: member 1 sends all but its
+  // own chunk (7) in the reduce-scatter half and all but member 2's (8) in the all-gather half.
+  std::vector<float> ten(10);
+  c.all_reduce(ten);
+  EXPECT_EQ(c.bytes_sent().all_reduce, 192 + 4 * (7 + 8));
+  const std::vector<int64_t> a2a = {5, 7, 0, 1};
+  std::vector<int32_t> s(13), r(13);
+  c.all_to_all_v(s, a2a, r, a2a);  // all but its own block of 7
+  EXPECT_EQ(c.bytes_sent().all_to_all, 4 * 6);
+  EXPECT_EQ(c.all_to_all_bytes_sent(), 4 * 6);
+  EXPECT_EQ(c.bytes_sent().total(), 72 + 28 + 72 + 32 + 192 + 60 + 24);
+  const CommBytesSent before = c.bytes_sent();
+  c.all_gather(piece, whole);
+  EXPECT_EQ((c.bytes_sent() - before).all_gather, 72);
+  EXPECT_EQ((c.bytes_sent() - before).total(), 72);
+  // Broadcasts, point-to-point and barriers are not collectives of these forms.
+  c.broadcast(piece, 0);
+  c.barrier();
+  EXPECT_EQ((c.bytes_sent() - before).total(), 72);
+
+  auto one = make_local_communicator("tp", 0);
+  std::vector<float> x(6);
+  one->all_reduce(x);
+  one->all_gather(x, x);
+  one->reduce_scatter(x, x);
+  EXPECT_EQ(one->bytes_sent().total(), 0);
+}
+
 #ifndef MOECORE_HAVE_MPI
 // The stub build connects a world of one and refuses anything larger, saying why.
 // A request the host completes (as MPI's): how many times it was waited for.
