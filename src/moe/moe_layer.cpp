@@ -38,6 +38,11 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
             "[moe] --seq-length {} is not divisible by --tensor-model-parallel-size {}: the MoE "
             "layer holds S/TP positions of every sequence; pick a sequence length divisible by {}",
             cfg.seq_length, tp, tp);
+  MOE_CHECK(tp == 1 || !cfg.moe.router.uses(LoadBalancing::QuantileBalancing),
+            "[moe] quantile_balancing with --tensor-model-parallel-size {} is not implemented "
+            "yet (its quantile estimate needs the TP x CP group's logits): use TP 1 or another "
+            "--moe-router-load-balancing-type",
+            tp);
   if (groups != nullptr && groups->group(parallel::GroupKind::TpCp).size() > 1) {
     router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).communicator());
   }
