@@ -109,6 +109,10 @@ TEST(EpDispatchers, RankCapacityFactorBoundsTheDroplessRows) {
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 1.3}), 24);         // ceil(23.4)
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 7.0}), 4 * 9 * 2);  // capped at R T K
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 0.0}), 4 * 9 * 2);
+  // Expert TP: the rows of the ETP x EP group, ETP times each bound.
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0}, 2), 2 * 2 * 9 * 2);
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0, 1.5}, 2), 54);  // ceil(1.5 * 2 * 9 * 2)
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {1.0}, 2), 2 * 2 * 2 * expert_capacity(9, 2, 4, 1.0));
 }
 
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {

@@ -199,6 +199,29 @@ TEST(EtpMoELayerMpi, BiasesEqualOneRankLayerPerReplica) {
       check_layout(g, type, /*pad=*/false, /*gelu_bias=*/true, /*seq_aux=*/false);
 }
 
+// quantile_balancing's estimate would need the TP x CP group's logits: refused under TP.
+TEST(EtpMoELayerMpi, QuantileBalancingWithTensorParallelismIsRefused) {
+  for (ProcessGroups* g : g_layouts) {
+    ModelConfig cfg = layer_config(DispatcherType::AlltoAll, false, false, false);
+    cfg.moe.router.load_balancing = LoadBalancing::QuantileBalancing;
+    cfg.moe.router.aux_loss_coeff = 0.0;
+    ParamRegistry params(DType::F64);
+    auto build = [&] { MoELayer<double>(cfg.moe_layer(), params, "decoder.layers.0.mlp", g); };
+    if (g->degrees().tp == 1) continue;
+    try {
+      build();
+      ADD_FAILURE() << "quantile_balancing accepted at TP " << g->degrees().tp;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      for (const std::string& part : {std::string("[moe]"), std::string("quantile_balancing"),
+                                      "--tensor-model-parallel-size " +
+                                          std::to_string(g->degrees().tp)}) {
+        EXPECT_NE(what.find(part), std::string::npos) << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moecore::moe
 
