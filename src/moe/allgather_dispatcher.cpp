@@ -18,20 +18,33 @@ namespace moecore::moe {
 template <typename T>
 AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
                                             const EpRowBudget& budget, parallel::Communicator& ep)
+    : AllGatherDispatcher(num_experts, topk, hidden, budget, ep, ep.size(), ep.rank()) {}
+
+template <typename T>
+AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
+                                            const EpRowBudget& budget,
+                                            parallel::Communicator& tp_ep, int64_t ep_size,
+                                            int64_t ep_rank)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
       L_(0),
-      R_(ep.size()),
-      me_(ep.rank()),
+      R_(tp_ep.size()),
+      me_(tp_ep.rank()),
+      ep_size_(ep_size),
+      ep_rank_(ep_rank),
       budget_(budget),
-      ep_(ep) {
-  L_ = experts_per_ep_rank(E_, R_);
+      ep_(tp_ep) {
+  L_ = experts_per_ep_rank(E_, ep_size_);
+  MOE_CHECK(ep_rank_ >= 0 && ep_rank_ < ep_size_ && R_ % ep_size_ == 0,
+            "[dispatcher] EP rank {} of {} in a group of {} ranks: the all-gather group must be "
+            "expert TP x EP",
+            ep_rank_, ep_size_, R_);
 }
 
 template <typename T>
 int64_t AllGatherDispatcher<T>::max_rows(int64_t max_tokens) const {
-  return ep_max_rows(R_, max_tokens, K_, E_, budget_);
+  return ep_max_rows(ep_size_, max_tokens, K_, E_, budget_, R_ / ep_size_);
 }
 
 template <typename T>
@@ -100,11 +113,13 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
   g.idx_GK = idx_GK_;
   g.tok_off_R = tok_off_dev_R_;
   g.cap_R = cap_dev_R_;
-  g.R = R_, g.me = me_, g.L = L_, g.first = me_ * L_, g.K = K_;
+  g.R = R_, g.me = me_, g.L = L_, g.first = ep_rank_ * L_, g.K = K_;
   g.max_rows = max_rows(max_tokens_);
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
                                                  row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
-  if (N > g.max_rows) fail_received_rows(me_, N, g.max_rows, R_, max_tokens_, K_, budget_);
+  if (N > g.max_rows) {
+    fail_received_rows(ep_rank_, N, g.max_rows, ep_size_, max_tokens_, K_, budget_);
+  }
   // Traffic: every rank's tokens go to every other rank (and the sums come back).
   for (int64_t r = 0; r < R_; ++r) {
     send_rows_R_[r] = r == me_ ? 0 : n_tok;

@@ -4,8 +4,12 @@
 // slot order) into a [group tokens, H] buffer that a reduce-scatter sums back to the owners.
 // More traffic than alltoall (every token goes everywhere), no count exchange beyond the token
 // counts, and the same rows in the same order for the experts.
-// Legend: T tokens on this rank, G tokens of the EP group, H hidden, K top-k, E experts,
-// L = E/R local experts, R EP ranks, N rows for the local experts.
+// With expert tensor parallelism the group is ETP x EP (tp_ep): every rank gathers the tokens of
+// the whole tp_ep group, keeps the rows of its EP rank's experts (the ETP ranks of one EP rank
+// keep the same rows), its experts produce partial outputs (their F/ETP share), and the
+// reduce-scatter over tp_ep sums them together with the other EP ranks' outputs.
+// Legend: T tokens on this rank, G tokens of the group, H hidden, K top-k, E experts,
+// L = E/EP local experts, R ranks of the group (ETP x EP), N rows for the local experts.
 #pragma once
 
 #include <vector>
@@ -18,11 +22,16 @@ namespace moecore::moe {
 template <typename T>
 class AllGatherDispatcher final : public TokenDispatcher<T> {
  public:
+  // ep: the EP group (ETP = 1).
   AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
                       parallel::Communicator& ep);
+  // tp_ep: the ETP x EP group; this rank is EP rank ep_rank of ep_size (its experts
+  // [ep_rank * L, (ep_rank + 1) * L)).
+  AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
+                      parallel::Communicator& tp_ep, int64_t ep_size, int64_t ep_rank);
 
   int64_t num_local_experts() const override { return L_; }
-  int64_t first_local_expert() const override { return me_ * L_; }
+  int64_t first_local_expert() const override { return ep_rank_ * L_; }
   int64_t max_rows(int64_t max_tokens) const override;  // as AlltoAllDispatcher
   void allocate(Arena& arena, int64_t max_tokens) override;
 
@@ -41,7 +50,8 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   // The sum of each token's local copies.
   void scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const;
 
-  int64_t E_, K_, H_, L_, R_, me_;
+  int64_t E_, K_, H_, L_, R_, me_;  // R_, me_: the group's (ETP x EP) size and rank
+  int64_t ep_size_, ep_rank_;
   EpRowBudget budget_;
   parallel::Communicator& ep_;
   int64_t max_tokens_ = 0;

@@ -16,22 +16,26 @@ namespace moecore::moe {
 
 template <typename T>
 AlltoAllDispatcher<T>::AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                                          const EpRowBudget& budget, parallel::Communicator& ep)
+                                          const EpRowBudget& budget, parallel::Communicator& ep,
+                                          parallel::Communicator* etp)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
       L_(0),
       R_(ep.size()),
       me_(ep.rank()),
+      P_(etp ? etp->size() : 1),
+      pe_(etp ? etp->rank() : 0),
       budget_(budget),
       ep_(ep),
+      etp_(P_ > 1 ? etp : nullptr),
       local_(num_experts, topk, hidden, budget.pad_capacity_factor) {
   L_ = experts_per_ep_rank(E_, R_);
 }
 
 template <typename T>
 int64_t AlltoAllDispatcher<T>::max_rows(int64_t max_tokens) const {
-  return ep_max_rows(R_, max_tokens, K_, E_, budget_);
+  return ep_max_rows(R_, max_tokens, K_, E_, budget_, P_);
 }
 
 template <typename T>
@@ -41,18 +45,25 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   local_.allocate(a, max_tokens);
   const int64_t S = local_.max_rows(max_tokens), N = max_rows(max_tokens);
   plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
-  chunk_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.chunk_rows");
-  recv_off_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.recv_offsets");
-  sort_off_dev_RL_ = a.alloc<int64_t>(R_ * L_, "dispatcher.sort_offsets");
+  chunk_dev_RL_ = a.alloc<int64_t>(P_ * R_ * L_, "dispatcher.chunk_rows");
+  recv_off_dev_RL_ = a.alloc<int64_t>(P_ * R_ * L_, "dispatcher.recv_offsets");
+  sort_off_dev_RL_ = a.alloc<int64_t>(P_ * R_ * L_, "dispatcher.sort_offsets");
   counts_E_.assign(E_, 0);
   counts_RE_.assign(R_ * E_, 0);
-  for (auto* v : {&chunk_RL_, &recv_off_RL_, &sort_off_RL_}) v->assign(R_ * L_, 0);
+  counts_PRE_.assign(P_ > 1 ? P_ * R_ * E_ : 0, 0);
+  for (auto* v : {&chunk_RL_, &recv_off_RL_, &sort_off_RL_}) v->assign(P_ * R_ * L_, 0);
+  etp_rows_P_.assign(P_, 0);
+  etp_elems_P_.assign(P_, 0);
   rows_L_.assign(L_, 0);
   for (auto* v : {&send_rows_R_, &recv_rows_R_, &send_elems_R_, &recv_elems_R_}) v->assign(R_, 0);
   send_SH_ = a.alloc<T>(S * H_, "dispatcher.send_rows_data", MemKind::Workspace);
   send_p_S_ = a.alloc<T>(S, "dispatcher.send_probs", MemKind::Workspace);
   recv_NH_ = a.alloc<T>(N * H_, "dispatcher.recv_rows_data", MemKind::Workspace);
   recv_p_N_ = a.alloc<T>(N, "dispatcher.recv_probs", MemKind::Workspace);
+  if (P_ > 1) {
+    gath_NH_ = a.alloc<T>(N * H_, "dispatcher.etp_rows_data", MemKind::Workspace);
+    gath_p_N_ = a.alloc<T>(N, "dispatcher.etp_probs", MemKind::Workspace);
+  }
 }
 
 template <typename T>
@@ -66,6 +77,7 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     // Static splits: every source sends exactly pad_to_rows rows per expert.
     std::fill(counts_E_.begin(), counts_E_.end(), pad_to_rows);
     std::fill(counts_RE_.begin(), counts_RE_.end(), pad_to_rows);
+    std::fill(counts_PRE_.begin(), counts_PRE_.end(), pad_to_rows);
   } else {
     ScopedPhase phase(Phase::Communication);
     // The one documented host sync of a dropless MoE layer under EP: the host sizes the
@@ -73,22 +85,37 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     SyncAudit::Point point(SyncAudit::kEpCountExchange);
     ops::read_back(*ex_, counts_E_.data(), DevPtr<const int64_t>(lp.tokens_per_expert_L), E_);
     ep_.all_gather(counts_E_, counts_RE_);
+    if (P_ > 1) etp_->all_gather(counts_RE_, counts_PRE_);  // the ETP x EP group's counts
   }
-  int64_t recv_off = 0;
+  // Every source (p, r)'s rows per expert: counts_PRE_ [p][r][E] (P = 1: counts_RE_).
+  const std::vector<int64_t>& all = P_ > 1 ? counts_PRE_ : counts_RE_;
+  // The all-to-all within this rank's ETP slice p = pe_.
   for (int64_t r = 0; r < R_; ++r) {
     int64_t sent = 0, got = 0;
     for (int64_t l = 0; l < L_; ++l) {
       sent += counts_E_[r * L_ + l];
-      const int64_t c = counts_RE_[r * E_ + me_ * L_ + l];
-      chunk_RL_[r * L_ + l] = c;
-      recv_off_RL_[r * L_ + l] = recv_off;
-      recv_off += c;
-      got += c;
+      got += counts_RE_[r * E_ + me_ * L_ + l];
     }
     send_rows_R_[r] = sent;
     recv_rows_R_[r] = got;
     send_elems_R_[r] = sent * H_;
     recv_elems_R_[r] = got * H_;
+  }
+  // The gathered rows, chunks [p][r][l] (each ETP rank's all-to-all output back to back).
+  int64_t recv_off = 0;
+  for (int64_t p = 0; p < P_; ++p) {
+    const int64_t first = recv_off;
+    for (int64_t r = 0; r < R_; ++r) {
+      for (int64_t l = 0; l < L_; ++l) {
+        const int64_t i = (p * R_ + r) * L_ + l;
+        const int64_t c = all[(p * R_ + r) * E_ + me_ * L_ + l];
+        chunk_RL_[i] = c;
+        recv_off_RL_[i] = recv_off;
+        recv_off += c;
+      }
+    }
+    etp_rows_P_[p] = recv_off - first;
+    etp_elems_P_[p] = (recv_off - first) * H_;
   }
   const int64_t N = recv_off;
   // Before any row moves: the buffers hold max_rows. Dropless, every EP rank holds every rank's
@@ -101,8 +128,8 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
   } else {
     for (int64_t dst = 0; dst < R_; ++dst) {  // host arithmetic on the exchanged counts
       int64_t rows = 0;
-      for (int64_t src = 0; src < R_; ++src) {
-        for (int64_t l = 0; l < L_; ++l) rows += counts_RE_[src * E_ + dst * L_ + l];
+      for (int64_t src = 0; src < P_ * R_; ++src) {
+        for (int64_t l = 0; l < L_; ++l) rows += all[src * E_ + dst * L_ + l];
       }
       if (rows > planned) fail_received_rows(dst, rows, planned, R_, max_tokens_, K_, budget_);
     }
@@ -110,22 +137,23 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
   int64_t sort_off = 0;
   for (int64_t l = 0; l < L_; ++l) {
     int64_t rows = 0;
-    for (int64_t r = 0; r < R_; ++r) {
-      sort_off_RL_[r * L_ + l] = sort_off;
-      sort_off += chunk_RL_[r * L_ + l];
-      rows += chunk_RL_[r * L_ + l];
+    for (int64_t pr = 0; pr < P_ * R_; ++pr) {
+      const int64_t i = pr * L_ + l;
+      sort_off_RL_[i] = sort_off;
+      sort_off += chunk_RL_[i];
+      rows += chunk_RL_[i];
     }
     rows_L_[l] = rows;
   }
   // What the ops read from memory: the chunk table and the experts' group sizes.
-  ops::copy<int64_t>(*ex_, chunk_dev_RL_, chunk_RL_.data(), R_ * L_);
-  ops::copy<int64_t>(*ex_, recv_off_dev_RL_, recv_off_RL_.data(), R_ * L_);
-  ops::copy<int64_t>(*ex_, sort_off_dev_RL_, sort_off_RL_.data(), R_ * L_);
+  ops::copy<int64_t>(*ex_, chunk_dev_RL_, chunk_RL_.data(), P_ * R_ * L_);
+  ops::copy<int64_t>(*ex_, recv_off_dev_RL_, recv_off_RL_.data(), P_ * R_ * L_);
+  ops::copy<int64_t>(*ex_, sort_off_dev_RL_, sort_off_RL_.data(), P_ * R_ * L_);
   ops::copy<int64_t>(*ex_, plan_.tokens_per_expert_L, rows_L_.data(), L_);
   plan_.n_tok = n_tok;
   plan_.topk = K_;
   plan_.n_rows = N;
-  plan_.rows_per_expert = pad_to_rows > 0 ? R_ * pad_to_rows : 0;
+  plan_.rows_per_expert = pad_to_rows > 0 ? P_ * R_ * pad_to_rows : 0;
   plan_.pad_rows = lp.pad_rows;
   plan_.row_token_N = nullptr;
   plan_.row_slot_N = nullptr;
@@ -147,14 +175,33 @@ parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(DevPtr<const T> send,
 template <typename T>
 void AlltoAllDispatcher<T>::sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const {
   ops::copy_row_chunks(*ex_, out_NW, recv_W, sort_off_dev_RL_, recv_off_dev_RL_, chunk_dev_RL_,
-                       R_ * L_, W);
+                       P_ * R_ * L_, W);
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW,
                                           int64_t W) const {
   ops::copy_row_chunks(*ex_, recv_W, in_NW, recv_off_dev_RL_, sort_off_dev_RL_, chunk_dev_RL_,
-                       R_ * L_, W);
+                       P_ * R_ * L_, W);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::etp_gather(DevPtr<T> all_W, DevPtr<const T> mine_W,
+                                       const std::vector<int64_t>& counts_P) {
+  if (P_ == 1) return;
+  ScopedPhase phase(Phase::Communication);
+  etp_->all_gather_v_async(mine_W, all_W, counts_P, DTypeOf<T>::value)
+      .wait_on(*ex_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::etp_reduce_scatter(DevPtr<T> mine_W, DevPtr<const T> all_W,
+                                               const std::vector<int64_t>& counts_P) {
+  if (P_ == 1) return;
+  ScopedPhase phase(Phase::Communication);
+  etp_->reduce_scatter_v_async(all_W, mine_W, counts_P, DTypeOf<T>::value,
+                               parallel::ReduceOp::Sum)
+      .wait_on(*ex_);
 }
 
 template <typename T>
@@ -168,13 +215,16 @@ void AlltoAllDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const
     hx.wait_on(*ex_);
     hp.wait_on(*ex_);
   }
-  sort_chunks(x_NH, recv_NH_, H_);
-  sort_chunks(p_N, recv_p_N_, 1);
+  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
+  etp_gather(gath_p_N_, recv_p_N_, etp_rows_P_);
+  sort_chunks(x_NH, rows_NH(), H_);
+  sort_chunks(p_N, rows_p_N(), 1);
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
-  unsort_chunks(recv_NH_, y_NH, H_);
+  unsort_chunks(rows_NH(), y_NH, H_);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);  // the experts' partial sums over F
   {
     ScopedPhase phase(Phase::Communication);
     start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_).wait_on(*ex_);
@@ -189,14 +239,17 @@ void AlltoAllDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy
     ScopedPhase phase(Phase::Communication);
     start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_).wait_on(*ex_);
   }
-  sort_chunks(dy_NH, recv_NH_, H_);
+  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
+  sort_chunks(dy_NH, rows_NH(), H_);
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
                                               DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
-  unsort_chunks(recv_NH_, dx_NH, H_);
-  unsort_chunks(recv_p_N_, dp_N, 1);
+  unsort_chunks(rows_NH(), dx_NH, H_);
+  unsort_chunks(rows_p_N(), dp_N, 1);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);
+  etp_reduce_scatter(recv_p_N_, gath_p_N_, etp_rows_P_);
   {
     ScopedPhase phase(Phase::Communication);
     parallel::CommHandle hx = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);

@@ -4,8 +4,13 @@
 // padded: capacity rows per expert per source, static), derive the splits; dispatch:
 // all-to-all-v of rows and probs, then sort chunks from [source rank][local expert] to
 // [local expert][source rank]; combine and both backwards are the same steps reversed.
-// Legend: T tokens, H hidden, K top-k, E experts, L = E/R local experts, R EP ranks,
-// S rows this rank sends, N rows for the local experts.
+// Expert tensor parallelism (ETP > 1): the counts are all-gathered over EP, then over ETP; after
+// the all-to-all (within this rank's ETP slice) the rows are all-gathered over ETP, so every
+// ETP rank of an EP rank holds the rows of all of them, sorted from [etp][ep][local expert] to
+// [local expert][etp][ep]; the experts' partial outputs (F/ETP each) are reduce-scattered over
+// ETP before the all-to-all back.
+// Legend: T tokens, H hidden, K top-k, E experts, L = E/R local experts, R EP ranks, P ETP
+// ranks, S rows this rank sends, N rows for the local experts.
 #pragma once
 
 #include <vector>
@@ -21,8 +26,9 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // ep: the EP group (ETP = 1). budget.pad_capacity_factor > 0: plans may be padded to
   // expert_capacity(T, K, E, factor) rows per expert; every EP rank must then pass the same
   // pad_to_rows to plan() (same micro-batch shape), as the splits are not exchanged.
+  // etp: the expert tensor-parallel group (null: ETP = 1).
   AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
-                     parallel::Communicator& ep);
+                     parallel::Communicator& ep, parallel::Communicator* etp = nullptr);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
@@ -46,21 +52,36 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // sends with send_*, receives with recv_*; backward (combine) swaps them.
   parallel::CommHandle start_a2a(DevPtr<const T> send, const std::vector<int64_t>& send_counts,
                                  DevPtr<T> recv, const std::vector<int64_t>& recv_counts);
-  void sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const;   // [r][l] -> [l][r]
-  void unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW, int64_t W) const;  // [l][r] -> [r][l]
+  // [p][r][l] -> [l][p][r] and back.
+  void sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const;
+  void unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW, int64_t W) const;
+  // ETP > 1: the all-to-all outputs of the ETP group gathered ([p][r][l]) and the partial sums
+  // reduce-scattered back into this rank's all-to-all rows (counts: etp_elems_P_ for rows,
+  // etp_rows_P_ for probs). No-ops at ETP = 1.
+  void etp_gather(DevPtr<T> all_W, DevPtr<const T> mine_W, const std::vector<int64_t>& counts_P);
+  void etp_reduce_scatter(DevPtr<T> mine_W, DevPtr<const T> all_W,
+                          const std::vector<int64_t>& counts_P);
+  // The rows the experts see in [p][r][l] order: the ETP gather's buffer, or the all-to-all's.
+  DevPtr<T> rows_NH() const { return P_ > 1 ? gath_NH_ : recv_NH_; }
+  DevPtr<T> rows_p_N() const { return P_ > 1 ? gath_p_N_ : recv_p_N_; }
 
   int64_t E_, K_, H_, L_, R_, me_;
+  int64_t P_ = 1, pe_ = 0;  // ETP size and rank
   EpRowBudget budget_;
   parallel::Communicator& ep_;
+  parallel::Communicator* etp_ = nullptr;
   LocalDispatcher<T> local_;  // this rank's permutation over all E experts (the send side)
   int64_t max_tokens_ = 0;
   DispatchPlan plan_;
   // The host's split arithmetic (host memory, sized in allocate()): the count exchange's
   // result, the MPI counts and the chunk table, whose copies in memory the chunk sort reads.
-  std::vector<int64_t> counts_E_, counts_RE_;  // this rank's rows per expert; every rank's
-  std::vector<int64_t> chunk_RL_;              // rows from source r for local expert l
-  std::vector<int64_t> recv_off_RL_;           // where that chunk lands in the all-to-all output
+  std::vector<int64_t> counts_E_, counts_RE_;  // this rank's rows per expert; its ETP slice's
+  std::vector<int64_t> counts_PRE_;            // every ETP slice's (ETP > 1)
+  // Chunks [p][r][l] (P = 1: [r][l]):
+  std::vector<int64_t> chunk_RL_;              // rows from source (p, r) for local expert l
+  std::vector<int64_t> recv_off_RL_;           // where that chunk lands in the gathered rows
   std::vector<int64_t> sort_off_RL_;           // where it goes in expert order
+  std::vector<int64_t> etp_rows_P_, etp_elems_P_;  // all-to-all rows of each ETP rank (x H)
   std::vector<int64_t> rows_L_;                // rows per local expert
   std::vector<int64_t> send_rows_R_, recv_rows_R_;
   std::vector<int64_t> send_elems_R_, recv_elems_R_;  // rows * H
@@ -73,6 +94,8 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   DevPtr<T> send_p_S_ = nullptr;
   DevPtr<T> recv_NH_ = nullptr;
   DevPtr<T> recv_p_N_ = nullptr;
+  DevPtr<T> gath_NH_ = nullptr;  // ETP > 1: the ETP group's all-to-all rows and probs
+  DevPtr<T> gath_p_N_ = nullptr;
 };
 
 }  // namespace moecore::moe

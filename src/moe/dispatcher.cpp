@@ -21,19 +21,19 @@ int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size) {
 }
 
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
-                    const EpRowBudget& budget) {
+                    const EpRowBudget& budget, int64_t etp) {
   // Padded, every (local expert, source rank) block has exactly that source's capacity rows,
   // at most the capacity of max_tokens: the rows are static, whatever the routing.
   if (budget.pad_capacity_factor > 0) {
     const int64_t local = experts_per_ep_rank(num_experts, ep_size);
-    return ep_size * local *
+    return etp * ep_size * local *
            expert_capacity(max_tokens, topk, num_experts, budget.pad_capacity_factor);
   }
-  const int64_t worst = ep_size * max_tokens * topk;
+  const int64_t worst = etp * ep_size * max_tokens * topk;
   if (budget.rank_capacity_factor > 0) {
     // In double, as Megatron's capacities are computed.
     const auto rows = static_cast<int64_t>(
-        std::ceil(static_cast<double>(max_tokens * topk) * budget.rank_capacity_factor));
+        std::ceil(static_cast<double>(etp * max_tokens * topk) * budget.rank_capacity_factor));
     return std::min(worst, rows);
   }
   return worst;
@@ -70,18 +70,19 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
   const int64_t E = cfg.num_experts;
   const int ep = groups ? groups->degrees().ep : 1;
   const int etp = groups ? groups->degrees().etp : 1;
-  MOE_CHECK(etp == 1,
-            "[dispatcher] expert tensor parallelism (--expert-tensor-parallel-size {}) is not "
-            "implemented yet: set --expert-tensor-parallel-size 1 (it defaults to the TP size)",
-            etp);
   experts_per_ep_rank(E, ep);
-  if (ep == 1) return std::make_unique<LocalDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf);
+  if (ep == 1 && etp == 1) return std::make_unique<LocalDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf);
   parallel::Communicator& comm = groups->group(parallel::GroupKind::Ep).communicator();
   switch (cfg.moe.dispatcher_type) {
     case DispatcherType::AllGather:
-      return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
+      if (etp == 1) return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
+      return std::make_unique<AllGatherDispatcher<T>>(
+          E, r.topk, cfg.hidden, budget, groups->group(parallel::GroupKind::TpEp).communicator(),
+          ep, comm.rank());
     case DispatcherType::AlltoAll:
-      return std::make_unique<AlltoAllDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
+      return std::make_unique<AlltoAllDispatcher<T>>(
+          E, r.topk, cfg.hidden, budget, comm,
+          etp > 1 ? &groups->group(parallel::GroupKind::ExptTp).communicator() : nullptr);
   }
   MOE_FAIL("[dispatcher] unknown dispatcher type {}", static_cast<int>(cfg.moe.dispatcher_type));
 }

@@ -129,19 +129,22 @@ struct EpRowBudget {
 
 // Experts per EP rank (checks that EP divides the expert count), and the most rows the local
 // experts of one EP rank receive under `budget` when every rank has `max_tokens` tokens.
-// Shared by the EP dispatchers.
+// Shared by the EP dispatchers. With expert tensor parallelism (etp > 1) the rows come from the
+// ETP x EP group: every bound above is etp times larger (each ETP rank of an EP rank computes
+// its F/ETP share of all of them).
 int64_t experts_per_ep_rank(int64_t num_experts, int64_t ep_size);
 int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t num_experts,
-                    const EpRowBudget& budget);
+                    const EpRowBudget& budget, int64_t etp = 1);
 // The error of an EP rank receiving `rows` > `max_rows` (the plan's check in both EP
 // dispatchers): the rows, the bound and where it comes from, and the fix.
 [[noreturn]] void fail_received_rows(int64_t ep_rank, int64_t rows, int64_t max_rows,
                                      int64_t ep_size, int64_t max_tokens, int64_t topk,
                                      const EpRowBudget& budget);
 
-// The dispatcher for a layout: LocalDispatcher without groups or with EP = 1 (bitwise the
-// single-process path), else cfg.moe.dispatcher_type over the EP group. Throws when EP does not
-// divide the expert count or expert tensor parallelism (ETP > 1) is asked for.
+// The dispatcher for a layout: LocalDispatcher without groups or with EP = ETP = 1 (bitwise the
+// single-process path), else cfg.moe.dispatcher_type: allgather over the ETP x EP group
+// (tp_ep), alltoall over EP with the all-gather / reduce-scatter over expert TP when ETP > 1.
+// Throws when EP does not divide the expert count.
 template <typename T>
 std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
                                                     const parallel::ProcessGroups* groups);

@@ -2,30 +2,50 @@
 
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/profiler.h"
 #include "ops/cast.h"
+#include "parallel/process_groups.h"
+#include "parallel/tensor_parallel.h"
 
 namespace moecore::moe {
 
 template <typename T>
 MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
                       const parallel::ProcessGroups* groups)
-    : MoELayer(cfg, params, prefix, make_dispatcher<T>(cfg, groups)) {}
+    : MoELayer(cfg, params, prefix, make_dispatcher<T>(cfg, groups), groups) {}
 
 template <typename T>
 MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
-                      std::unique_ptr<TokenDispatcher<T>> dispatcher)
+                      std::unique_ptr<TokenDispatcher<T>> dispatcher,
+                      const parallel::ProcessGroups* groups)
     : H_(cfg.hidden),
       K_(cfg.moe.router.topk),
-      seq_length_(cfg.seq_length),
+      seq_length_(cfg.seq_length / parallel::TensorParallel::attention(groups).size()),
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
       recompute_(cfg.recompute),
-      router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix),
+      router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix,
+              parallel::TensorParallel::attention(groups).active() ? TpRole::ReplicatedPartialGrad
+                                                                   : TpRole::Replicated),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(), dispatcher_->num_local_experts(),
                nn::MlpShape{cfg.hidden, cfg.moe.ffn_hidden, cfg.activation, cfg.add_mlp_bias},
-               cfg.init_std, cfg.output_init_std, params, prefix) {
+               cfg.init_std, cfg.output_init_std, params, prefix,
+               parallel::TensorParallel::expert(groups).shard()) {
   cfg.moe.validate();
+  const int tp = parallel::TensorParallel::attention(groups).size();
+  MOE_CHECK(cfg.seq_length % tp == 0,
+            "[moe] --seq-length {} is not divisible by --tensor-model-parallel-size {}: the MoE "
+            "layer holds S/TP positions of every sequence; pick a sequence length divisible by {}",
+            cfg.seq_length, tp, tp);
+  MOE_CHECK(tp == 1 || !cfg.moe.router.uses(LoadBalancing::QuantileBalancing),
+            "[moe] quantile_balancing with --tensor-model-parallel-size {} is not implemented "
+            "yet (its quantile estimate needs the TP x CP group's logits): use TP 1 or another "
+            "--moe-router-load-balancing-type",
+            tp);
+  if (groups != nullptr && groups->group(parallel::GroupKind::TpCp).size() > 1) {
+    router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).communicator());
+  }
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix);
   }

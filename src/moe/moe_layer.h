@@ -18,12 +18,18 @@ template <typename T>
 class MoELayer {
  public:
   // groups: null = one rank. The dispatcher comes from make_dispatcher(cfg, groups); the
-  // experts are this rank's E/EP slice, [ep_rank * L, (ep_rank + 1) * L).
+  // experts are this rank's E/EP slice, [ep_rank * L, (ep_rank + 1) * L), each expert's F/ETP
+  // share under expert tensor parallelism. With attention TP > 1 the layer's tokens are this
+  // rank's sequence slice of the micro-batch (n / TP tokens, whether or not the model runs with
+  // --sequence-parallel): the router's weight gets partial gradients (summed over TP by the
+  // gradient reduction) and the aux / z losses reduce over TP x CP (Router::set_token_group).
   MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
            const parallel::ProcessGroups* groups = nullptr);
-  // A given dispatcher (tests); its first_local_expert() decides the experts held.
+  // A given dispatcher (tests); its first_local_expert() decides the experts held, groups the
+  // rest as above.
   MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
-           std::unique_ptr<TokenDispatcher<T>> dispatcher);
+           std::unique_ptr<TokenDispatcher<T>> dispatcher,
+           const parallel::ProcessGroups* groups = nullptr);
 
   // Selective recomputation (cfg.recompute): "moe" keeps only the input and reruns routing,
   // dispatch and the experts' fc1 in the backward; "moe_act" recomputes the experts'
@@ -50,7 +56,9 @@ class MoELayer {
   void route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute);
 
   int64_t H_, K_;
-  int64_t seq_length_;  // splits the tokens into sequences for seq_aux_loss
+  // Splits the tokens into sequences for seq_aux_loss: the sequence positions this rank holds
+  // (S / TP with a TP slice of the micro-batch: [rank * S / TP, +S / TP) of every sequence).
+  int64_t seq_length_;
   bool pad_to_capacity_;
   // Widened bf16 without MLP biases: dy is rounded once too, dy16w_TH_ (fc2's bias gradients
   // need dy's f32 values, so with biases the experts round it themselves).

@@ -6,6 +6,8 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "parallel/communicator.h"
+#include "core/profiler.h"
 #include "ops/convert_f64.h"
 #include "ops/memory.h"
 #include "ops/gemm.h"
@@ -63,7 +65,7 @@ ops::ProbsFn probs_fn(const RouterConfig& cfg) {
 
 template <typename T>
 Router<T>::Router(const RouterConfig& cfg, int64_t hidden, double init_std, ParamRegistry& params,
-                  const std::string& prefix)
+                  const std::string& prefix, TpRole weight_role)
     : cfg_(cfg), E_(cfg.num_experts), K_(cfg.topk), H_(hidden) {
   cfg_.validate();
   terms_ = cfg_.load_balancing_terms();
@@ -75,13 +77,15 @@ Router<T>::Router(const RouterConfig& cfg, int64_t hidden, double init_std, Para
   }
   gate_f64_ = std::is_same_v<T, float> && cfg_.dtype == RouterDType::F64;
   jitter_key_ = rng_key(cfg_.seed, prefix + ".router.input_jitter");
-  weight_ = &params.add(ParamSpec{prefix + ".router.weight",
-                                  {cfg.num_experts, hidden},
-                                  ParamInit::Normal,
-                                  init_std,
-                                  ParamKind::Dense,
-                                  true,
-                                  {}});
+  ParamSpec w{prefix + ".router.weight",
+              {cfg.num_experts, hidden},
+              ParamInit::Normal,
+              init_std,
+              ParamKind::Dense,
+              true,
+              {}};
+  w.tp_role = weight_role;
+  weight_ = &params.add(w);
 }
 
 template <typename T>
@@ -320,6 +324,15 @@ void Router<T>::compute_losses(int64_t n) {
     map = keyi_TK_;
   }
   ops::count_tokens_per_expert(*ex_, s.aux_counts_E, s.aux_seq_counts_BE, map, n, K, E, B);
+  const int64_t tpcp = token_group_size();
+  if (tpcp > 1) {  // N_i over the micro-batch (per sequence: the same sequences on every rank)
+    ScopedPhase phase(Phase::Communication);
+    token_group_->all_reduce_async(s.aux_counts_E, E, DType::I64, parallel::ReduceOp::Sum)
+        .wait_on(*ex_);
+    token_group_->all_reduce_async(s.aux_seq_counts_BE, B * E, DType::I64,
+                                   parallel::ReduceOp::Sum)
+        .wait_on(*ex_);
+  }
 
   // The report's slots of types not listed (and all of them when n = 0) stay 0.
   ops::zero(*ex_, report_, kReportSlots);
@@ -355,6 +368,23 @@ void Router<T>::compute_losses(int64_t n) {
 
   // z-loss = coeff * mean_t logsumexp(logits_t)^2.
   ops::z_loss_value(*ex_, report_ + kReportZ, s.lse_T, s.logits_TE, n, E);
+  if (tpcp > 1) {
+    // This rank's shares: the aux losses with T_tot = T * |TP x CP| (the ops normalised with
+    // T), the z-loss's mean over T_tot; then summed over the group.
+    const double g = static_cast<double>(tpcp);
+    if (n > 0) {
+      ops::divide_in_place(*ex_, report_, g * g, kReportZ);
+      ops::divide_in_place(*ex_, report_ + kReportZ, g, 1);
+    }
+    ScopedPhase phase(Phase::Communication);
+    token_group_->all_reduce_async(report_, kReportZ + 1, DType::F64, parallel::ReduceOp::Sum)
+        .wait_on(*ex_);
+  }
+}
+
+template <typename T>
+int64_t Router<T>::token_group_size() const {
+  return token_group_ != nullptr ? token_group_->size() : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -386,12 +416,14 @@ void Router<T>::backward_losses(DevPtr<double> dl, double loss_grad_scale) {
   // d(sum_j coeff_j aux_j) / d a_te, then through the aux scores to the logits.
   bool any = false;
   for (const LoadBalancingTerm& term : terms_) any |= lb_slot(term.type) >= 0 && term.coeff > 0;
+  // Under TP x CP this rank's share of each loss (compute_losses): T_tot = T * g.
+  const double g = static_cast<double>(token_group_size());
   if (any) {
     ops::zero(*ex_, work_TE_, n * E);
     for (const LoadBalancingTerm& term : terms_) {
       if (lb_slot(term.type) < 0 || term.coeff == 0) continue;
-      const double c =
-          loss_grad_scale * term.coeff * static_cast<double>(E) / static_cast<double>(K);
+      const double c = loss_grad_scale * term.coeff * static_cast<double>(E) /
+                       static_cast<double>(K) / (g * g);
       if (term.type == LoadBalancing::AuxLoss) {
         ops::aux_loss_grad(*ex_, work_TE_, s.aux_counts_E, c, n, E);
       } else if (term.type == LoadBalancing::SeqAuxLoss) {
@@ -411,7 +443,7 @@ void Router<T>::backward_losses(DevPtr<double> dl, double loss_grad_scale) {
       ops::softmax_forward(*ex_, work_TE_, s.logits_TE, n, E);
       sm = work_TE_;
     }
-    const double c = loss_grad_scale * cfg_.z_loss_coeff * 2.0 / static_cast<double>(n);
+    const double c = loss_grad_scale * cfg_.z_loss_coeff * 2.0 / (static_cast<double>(n) * g);
     ops::z_loss_grad(*ex_, dl, s.lse_T, sm, c, n, E);
   }
 }

@@ -15,6 +15,10 @@
 #include "nn/param_registry.h"
 #include "moe/config.h"
 
+namespace moecore::parallel {
+class Communicator;
+}
+
 namespace moecore::moe {
 
 // The router math runs in f64 whatever the model dtype: only the gate GEMM follows
@@ -84,10 +88,18 @@ template <typename T>
 class Router {
  public:
   // prefix names the layer ("decoder.layers.3.mlp"): the weight's name and the jitter stream.
+  // weight_role: the weight's TP role (ReplicatedPartialGrad when the tokens are a TP slice).
   Router(const RouterConfig& cfg, int64_t hidden, double init_std, ParamRegistry& params,
-         const std::string& prefix);
+         const std::string& prefix, TpRole weight_role = TpRole::Replicated);
 
   void allocate(Arena& arena, int64_t max_tokens);
+  // The aux-loss reduce group (TP x CP, MOE_SEMANTICS "Load-balancing losses") when this rank's
+  // tokens are a slice of the micro-batch (null or one rank: its tokens are the whole). Then
+  // the aux-map counts are summed over it (N_i of the whole micro-batch), each rank's loss is
+  // its tokens' share (the aux losses normalised with T_tot = T * |group|, the z-loss divided
+  // by |group|), whose gradients are the one-rank model's; the report's values are summed
+  // over the group, so every rank logs the whole layer's values.
+  void set_token_group(parallel::Communicator* group) { token_group_ = group; }
   // x [T, H] sequence-major; seq_length S splits T into B = T / S sequences for seq_aux_loss
   // (0: one sequence). recompute: the backward's rerun of the last forward (activation
   // recomputation): the same jitter and the same results, and no balancing state changes.
@@ -152,6 +164,8 @@ class Router {
   void gate_backward(DevPtr<T> dx_TH);
 
   RouterConfig cfg_;
+  parallel::Communicator* token_group_ = nullptr;  // TP x CP (null: one rank)
+  int64_t token_group_size() const;
   std::vector<LoadBalancingTerm> terms_;
   int aux_slot_ = -1;  // the report slot of the first listed aux type (-1: none listed)
   int64_t E_, K_, H_;

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
+#include "moe/experts.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::moe {
@@ -108,6 +109,10 @@ TEST(EpDispatchers, RankCapacityFactorBoundsTheDroplessRows) {
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 1.3}), 24);         // ceil(23.4)
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 7.0}), 4 * 9 * 2);  // capped at R T K
   EXPECT_EQ(ep_max_rows(4, 9, 2, 4, {0.0, 0.0}), 4 * 9 * 2);
+  // Expert TP: the rows of the ETP x EP group, ETP times each bound.
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0}, 2), 2 * 2 * 9 * 2);
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0, 1.5}, 2), 54);  // ceil(1.5 * 2 * 9 * 2)
+  EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {1.0}, 2), 2 * 2 * 2 * expert_capacity(9, 2, 4, 1.0));
 }
 
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
@@ -140,12 +145,13 @@ TEST(EpDispatchers, FactoryPicksLocalForOneRankAndRejectsBadLayouts) {
   parallel::ProcessGroups g4(parallel::make_layout(ep4, 4), 1);
   expect_error([&] { make_dispatcher<double>(moe_config(6), &g4); },
                {"[dispatcher]", "--num-experts 6", "--expert-model-parallel-size 4"});
-  parallel::ParallelConfig etp2;
-  etp2.ep = 2;
-  etp2.etp = 2;
-  parallel::ProcessGroups ge(parallel::make_layout(etp2, 4), 0);
-  expect_error([&] { make_dispatcher<double>(moe_config(8), &ge); },
-               {"[dispatcher]", "--expert-tensor-parallel-size 2", "not implemented yet"});
+  // Expert tensor parallelism splits each expert's ffn width: ETP must divide it.
+  ParamRegistry params(DType::F64);
+  expect_error(
+      [&] {
+        GroupedExperts<double>(8, 0, 4, nn::MlpShape{4, 3}, 0.1, 0.1, params, "l", TpShard{1, 2});
+      },
+      {"[experts]", "--moe-ffn-hidden-size 3", "--expert-tensor-parallel-size 2"});
   auto comm = parallel::make_local_communicator("ep", 0);
   expect_error([&] { AlltoAllDispatcher<double>(6, 2, 4, {}, *comm).plan(nullptr, 5); },
                {"5 tokens > planned maximum 0"});
