@@ -80,4 +80,8 @@ bool first_holder(const ParamSpec& p, const HolderRanks& r) {
   return r.expt_dp == 0 && (sharded || r.expt_tp == 0);
 }
 
+std::vector<float> assembly_buffer(int64_t numel) {
+  return std::vector<float>(static_cast<size_t>(numel), -0.0f);
+}
+
 }  // namespace moecore::train

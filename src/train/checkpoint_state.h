@@ -43,4 +43,10 @@ struct HolderRanks {
 // for dense parameters, expert-DP rank 0 for expert ones.
 bool first_holder(const ParamSpec& p, const HolderRanks& r);
 
+// The distributed optimizer's share of a local slice that is no run of the flattened tensor:
+// `numel` elements of -0.0, into which a rank copies its owned pieces; the sum of the group's
+// buffers is the whole local slice exactly, bit for bit, in any order (x + -0 = x for every x,
+// +0 and -0 included; a +0 fill would turn a -0 moment into +0).
+std::vector<float> assembly_buffer(int64_t numel);
+
 }  // namespace moecore::train

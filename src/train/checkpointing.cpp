@@ -241,10 +241,8 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
       if (t.optim && !save_optim) continue;
       std::vector<std::byte> bytes;
       if (t.assembled) {
-        // The whole local slice from the group's pieces: each rank's buffer holds its own
-        // pieces and -0.0 elsewhere, whose sum is exact, bit for bit (x + -0 = x, also for x =
-        // +0 and -0).
-        std::vector<float> local(static_cast<size_t>(t.numel), -0.0f);
+        // The whole local slice from the group's pieces (exact: assembly_buffer).
+        std::vector<float> local = assembly_buffer(t.numel);
         for (const StateTensor::Owned& o : t.owned) {
           ops::read_back<float>(ex, local.data() + o.local, o.data, o.count);
         }
