@@ -12,6 +12,7 @@
 #include "ckpt/atomic_file.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sha256.h"
+#include "ckpt/slice_geometry.h"
 #include "core/check.h"
 #include "core/fault_injection.h"
 
@@ -61,12 +62,6 @@ std::string read_whole(const fs::path& p) {
   std::string s{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   MOE_CHECK(!in.bad(), "[checkpoint] cannot read '{}': {}", p.string(), std::strerror(errno));
   return s;
-}
-
-int64_t product(const std::vector<int64_t>& v, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= v[i];
-  return p;
 }
 
 // Whether `dir` holds a complete checkpoint of `iteration`: its manifest valid and every shard
@@ -436,101 +431,111 @@ std::span<const std::byte> CheckpointReader::slice_bytes(const GlobalTensor& t,
 void CheckpointReader::read(std::string_view name, std::string_view dtype, int dim,
                             int64_t offset, int64_t length, std::span<std::byte> dst) {
   const GlobalTensor& t = tensor(name);
-  MOE_CHECK(dtype == t.dtype, "[checkpoint] '{}': tensor '{}' is {}, asked for as {}",
-            dir_.string(), name, t.dtype, dtype);
-  const size_t esize = dtype_size(t.dtype);
-  const size_t ndim = t.shape.size();
-  if (dim < 0) {  // the whole tensor: the range of all indices of dimension 0
-    dim = 0;
-    offset = 0;
-    length = ndim > 0 ? t.shape[0] : 1;
-  }
-  const std::vector<int64_t> shape = ndim > 0 ? t.shape : std::vector<int64_t>{1};
-  MOE_CHECK(static_cast<size_t>(dim) < shape.size() && offset >= 0 && length >= 0 &&
-                offset + length <= shape[dim],
-            "[checkpoint] '{}': tensor '{}' {} has no range [{}, {}) along dimension {}",
-            dir_.string(), name, format_shape(t.shape), offset, offset + length, dim);
-  const int64_t outer = product(shape, 0, dim);
-  const size_t inner = static_cast<size_t>(product(shape, dim + 1, shape.size())) * esize;
-  MOE_CHECK(dst.size() == static_cast<size_t>(outer * length) * inner,
-            "[checkpoint] '{}': tensor '{}' range [{}, {}) along dimension {} is {} bytes, the "
-            "destination {}",
-            dir_.string(), name, offset, offset + length, dim, outer * length * inner, dst.size());
-  if (dim == 0) {
-    // A range of dimension 0 is a contiguous run of the flattened tensor.
-    const int64_t per_index = static_cast<int64_t>(inner / esize);
-    read_flat(name, dtype, offset * per_index, length * per_index, dst);
+  if (dim < 0 || (t.shape.empty() && dim == 0 && offset == 0 && length == 1)) {
+    read(name, dtype, SliceRef{}, dst);  // the whole tensor (a scalar's one index)
     return;
   }
-  int64_t copied = 0;
-  for (const SliceRef& s : t.slices) {
-    MOE_CHECK(!s.flat(),
-              "[checkpoint] '{}': tensor '{}' is stored in flat pieces, asked for along "
-              "dimension {}: resharding across dimensions is not supported yet",
-              dir_.string(), name, dim);
-    // A whole-tensor slice is the slice of every index of the asked dimension.
-    const int64_t s_off = s.dim < 0 ? 0 : s.offset;
-    const int64_t s_len = s.dim < 0 ? shape[dim] : s.length;
-    MOE_CHECK(s.dim < 0 || s.dim == dim,
-              "[checkpoint] '{}': tensor '{}' is stored split along dimension {}, asked for "
-              "along dimension {}: resharding across dimensions is not supported yet",
-              dir_.string(), name, s.dim, dim);
-    const int64_t lo = std::max(offset, s_off), hi = std::min(offset + length, s_off + s_len);
-    if (lo >= hi) continue;
-    const std::span<const std::byte> src = slice_bytes(t, s);
-    const size_t run = static_cast<size_t>(hi - lo) * inner;
-    for (int64_t o = 0; o < outer; ++o) {
-      std::memcpy(dst.data() + static_cast<size_t>(o * length + (lo - offset)) * inner,
-                  src.data() + static_cast<size_t>(o * s_len + (lo - s_off)) * inner, run);
-    }
-    copied += hi - lo;
-  }
-  MOE_CHECK(copied == length,
-            "[checkpoint] '{}': tensor '{}': the slices cover {} of the {} indices asked for",
-            dir_.string(), name, copied, length);
+  const std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{1} : t.shape;
+  MOE_CHECK(static_cast<size_t>(dim) < shape.size() && offset >= 0 && length >= 0 &&
+                offset <= shape[dim] && length <= shape[dim] - offset,
+            "[checkpoint] '{}': tensor '{}' {} has no range [{}, {}) along dimension {}",
+            dir_.string(), name, format_shape(t.shape), offset, offset + length, dim);
+  read(name, dtype, SliceRef{"", dim, offset, length}, dst);
 }
 
 void CheckpointReader::read_flat(std::string_view name, std::string_view dtype, int64_t offset,
                                  int64_t length, std::span<std::byte> dst) {
+  read(name, dtype, SliceRef{"", SliceRef::kFlat, offset, length}, dst);
+}
+
+void CheckpointReader::read(std::string_view name, std::string_view dtype, const SliceRef& want,
+                            std::span<std::byte> dst) {
   const GlobalTensor& t = tensor(name);
   MOE_CHECK(dtype == t.dtype, "[checkpoint] '{}': tensor '{}' is {}, asked for as {}",
             dir_.string(), name, t.dtype, dtype);
   const size_t esize = dtype_size(t.dtype);
   const int64_t numel = t.numel();
-  MOE_CHECK(offset >= 0 && length >= 0 && offset <= numel && length <= numel - offset,
-            "[checkpoint] '{}': tensor '{}' {} has no elements [{}, {})", dir_.string(), name,
-            format_shape(t.shape), offset, offset + length);
-  MOE_CHECK(dst.size() == static_cast<size_t>(length) * esize,
-            "[checkpoint] '{}': tensor '{}' elements [{}, {}) are {} bytes, the destination {}",
-            dir_.string(), name, offset, offset + length, static_cast<size_t>(length) * esize,
-            dst.size());
+  int64_t want_numel = 0;
+  if (want.flat()) {
+    MOE_CHECK(want.offset >= 0 && want.length >= 0 && want.offset <= numel &&
+                  want.length <= numel - want.offset,
+              "[checkpoint] '{}': tensor '{}' {} has no elements [{}, {})", dir_.string(), name,
+              format_shape(t.shape), want.offset, want.offset + want.length);
+    want_numel = want.length;
+    MOE_CHECK(dst.size() == static_cast<size_t>(want_numel) * esize,
+              "[checkpoint] '{}': tensor '{}' elements [{}, {}) are {} bytes, the destination {}",
+              dir_.string(), name, want.offset, want.offset + want.length,
+              static_cast<size_t>(want_numel) * esize, dst.size());
+  } else {
+    // The asked slice in bounds.
+    if (!want.whole()) {
+      for (int k = 0; k < 2; ++k) {
+        const SliceDim d = k == 0 ? want.first() : want.second;
+        if (!d.split()) continue;
+        const int nd = static_cast<int>(t.shape.size());
+        MOE_CHECK(d.dim < nd && d.parts >= 1 && t.shape[d.dim] % d.parts == 0 && d.offset >= 0 &&
+                      d.length >= 0 && d.offset <= t.shape[d.dim] / d.parts &&
+                      d.length <= t.shape[d.dim] / d.parts - d.offset &&
+                      (k == 0 || d.dim > want.dim),
+                  "[checkpoint] '{}': tensor '{}' {} has no range [{}, {}) along dimension {}{}",
+                  dir_.string(), name, format_shape(t.shape), d.offset, d.offset + d.length,
+                  d.dim, d.parts > 1 ? fmt::format(" in {} parts", d.parts) : "");
+      }
+    }
+    want_numel = box_numel(want, t.shape);
+    MOE_CHECK(dst.size() == static_cast<size_t>(want_numel) * esize,
+              "[checkpoint] '{}': tensor '{}' {} is {} bytes, the destination {}", dir_.string(),
+              name, want.whole() ? std::string("whole")
+                                 : fmt::format("range [{}, {}) along dimension {}", want.offset,
+                                               want.offset + want.length, want.dim),
+              static_cast<size_t>(want_numel) * esize, dst.size());
+  }
+  // A run [lo, hi) of the flattened tensor held at `from` in src, copied to `to` in dst.
+  const auto copy_run = [&](std::span<const std::byte> src, int64_t to, int64_t from, int64_t n) {
+    std::memcpy(dst.data() + static_cast<size_t>(to) * esize,
+                src.data() + static_cast<size_t>(from) * esize, static_cast<size_t>(n) * esize);
+  };
+  // The intersection of flattened runs [a, a + an) and [b, b + bn): {start, length}.
+  const auto meet = [](int64_t a, int64_t an, int64_t b, int64_t bn) {
+    const int64_t lo = std::max(a, b), hi = std::min(a + an, b + bn);
+    return std::pair<int64_t, int64_t>(lo, std::max<int64_t>(0, hi - lo));
+  };
   int64_t copied = 0;
   for (const SliceRef& s : t.slices) {
-    // Each slice as a run [s_off, s_off + s_len) of the flattened tensor.
-    int64_t s_off = 0, s_len = numel;
-    if (s.flat()) {
-      s_off = s.offset;
-      s_len = s.length;
-    } else if (s.dim >= 0) {
-      MOE_CHECK(s.dim == 0,
-                "[checkpoint] '{}': tensor '{}' is stored split along dimension {}, asked for "
-                "as a flat range: resharding across dimensions is not supported yet",
-                dir_.string(), name, s.dim);
-      const int64_t per_index = product(t.shape, 1, t.shape.size());
-      s_off = s.offset * per_index;
-      s_len = s.length * per_index;
+    if (want.flat() && s.flat()) {
+      const auto [lo, n] = meet(want.offset, want.length, s.offset, s.length);
+      if (n == 0) continue;
+      copy_run(slice_bytes(t, s), lo - want.offset, lo - s.offset, n);
+      copied += n;
+    } else if (want.flat()) {  // a flat range from a stored slice's runs
+      std::span<const std::byte> src;
+      for_each_run(s, t.shape, [&](int64_t g, int64_t l, int64_t len) {
+        const auto [lo, n] = meet(want.offset, want.length, g, len);
+        if (n == 0) return;
+        if (src.data() == nullptr) src = slice_bytes(t, s);
+        copy_run(src, lo - want.offset, l + (lo - g), n);
+        copied += n;
+      });
+    } else if (s.flat()) {  // the asked slice's runs from a flat piece
+      if (s.length == 0) continue;
+      std::span<const std::byte> src;
+      for_each_run(want, t.shape, [&](int64_t g, int64_t l, int64_t len) {
+        const auto [lo, n] = meet(g, len, s.offset, s.length);
+        if (n == 0) return;
+        if (src.data() == nullptr) src = slice_bytes(t, s);
+        copy_run(src, l + (lo - g), lo - s.offset, n);
+        copied += n;
+      });
+    } else {
+      if (box_numel(s, t.shape) == 0 || want_numel == 0 || !boxes_intersect(want, s, t.shape))
+        continue;
+      copied += copy_intersection(t.shape, esize, want, dst, s, slice_bytes(t, s));
     }
-    const int64_t lo = std::max(offset, s_off), hi = std::min(offset + length, s_off + s_len);
-    if (lo >= hi) continue;
-    const std::span<const std::byte> src = slice_bytes(t, s);
-    std::memcpy(dst.data() + static_cast<size_t>(lo - offset) * esize,
-                src.data() + static_cast<size_t>(lo - s_off) * esize,
-                static_cast<size_t>(hi - lo) * esize);
-    copied += hi - lo;
   }
-  MOE_CHECK(copied == length,
+  // The stored slices hold every element once (validate_manifest): the count proves coverage.
+  MOE_CHECK(copied == want_numel,
             "[checkpoint] '{}': tensor '{}': the slices cover {} of the {} elements asked for",
-            dir_.string(), name, copied, length);
+            dir_.string(), name, copied, want_numel);
 }
 
 }  // namespace moecore::ckpt

@@ -129,15 +129,17 @@ class CheckpointReader {
   // The global tensor `name`; missing throws naming the checkpoint.
   const GlobalTensor& tensor(std::string_view name) const;
 
-  // Copies indices [offset, offset + length) along dimension `dim` of global tensor `name`
-  // (dim = -1: the whole tensor) into dst, whatever slices the checkpoint stored it in (split
-  // along the same dimension, or whole; for dimension 0 and the whole tensor also flat slices):
-  // the resharding read. dtype and dst's size must match.
+  // Copies slice `want` of global tensor `name` into dst (want's file is not read): any form,
+  // whole, split along one or two dimensions, in parts (a rank's local tensor under tensor and
+  // expert parallelism, row-major), or flat, from whatever slices of any of these forms the
+  // checkpoint stored it in: the resharding read. dtype and dst's size must match.
+  void read(std::string_view name, std::string_view dtype, const SliceRef& want,
+            std::span<std::byte> dst);
+  // Indices [offset, offset + length) along dimension `dim` (dim = -1: the whole tensor).
   void read(std::string_view name, std::string_view dtype, int dim, int64_t offset,
             int64_t length, std::span<std::byte> dst);
-  // Copies elements [offset, offset + length) of global tensor `name` flattened in row-major
-  // order into dst, whatever contiguous slices hold them (whole, split along dimension 0, or
-  // flat): the distributed optimizer's shards and the reads of whole tensors.
+  // Elements [offset, offset + length) of the tensor flattened in row-major order: the
+  // distributed optimizer's pieces and the reads of whole tensors.
   void read_flat(std::string_view name, std::string_view dtype, int64_t offset, int64_t length,
                  std::span<std::byte> dst);
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ckpt/safetensors.h"
+#include "ckpt/slice_geometry.h"
 #include "ckpt/sha256.h"
 #include "core/check.h"
 
@@ -21,6 +22,84 @@ bool plain_name(std::string_view f) {
 
 std::string slice_kind(const SliceRef& s) {
   return s.flat() ? "flat" : s.dim < 0 ? "whole" : fmt::format("dimension {}", s.dim);
+}
+
+std::string dim_text(const SliceDim& d) {
+  std::string t = fmt::format("dimension {} [{}, {})", d.dim, d.offset, d.offset + d.length);
+  if (d.parts > 1) t += fmt::format(" of each of {} parts", d.parts);
+  return t;
+}
+
+// A slice in parts or of two dimensions, as messages name it.
+std::string slice_text(const SliceRef& s) {
+  if (s.flat()) return fmt::format("flat [{}, {})", s.offset, s.offset + s.length);
+  if (s.whole()) return "whole";
+  std::string t = dim_text(s.first());
+  if (s.second.split()) t += " x " + dim_text(s.second);
+  return t;
+}
+
+// One split dimension of a slice of t lies in the tensor: an existing dimension whose extent is
+// `parts` equal chunks, [offset, offset + length) inside a chunk.
+void check_dim(const GlobalTensor& t, const SliceDim& d, const SliceRef& s,
+               const std::string& where) {
+  const int ndim = static_cast<int>(t.shape.size());
+  MOE_CHECK(d.dim >= 0 && d.dim < ndim,
+            "[checkpoint] '{}': tensor '{}' {}: a slice of '{}' splits dimension {}", where,
+            t.name, format_shape(t.shape), s.file, d.dim);
+  const int64_t extent = t.shape[d.dim];
+  MOE_CHECK(d.parts >= 1 && d.parts <= kMaxSliceParts && extent % d.parts == 0,
+            "[checkpoint] '{}': tensor '{}' {}: a slice of '{}' takes dimension {} ({} indices) "
+            "as {} equal parts",
+            where, t.name, format_shape(t.shape), s.file, d.dim, extent, d.parts);
+  const int64_t chunk = extent / d.parts;
+  MOE_CHECK(d.offset >= 0 && d.length >= 0 && d.offset <= chunk && d.length <= chunk - d.offset,
+            "[checkpoint] '{}': tensor '{}' {}: the slice of '{}' ({}) is out of bounds: a part "
+            "of dimension {} has {} indices",
+            where, t.name, format_shape(t.shape), s.file, dim_text(d), d.dim, chunk);
+}
+
+// Slices in parts or of two dimensions (version 1): each in bounds, no two sharing an element,
+// their volumes adding up to the tensor's, so they hold every element exactly once.
+void tile_boxes(const GlobalTensor& t, int64_t numel, const std::string& where) {
+  int64_t volume = 0;
+  for (const SliceRef& s : t.slices) {
+    MOE_CHECK(!s.flat(),
+              "[checkpoint] '{}': tensor '{}' has slices of two kinds (flat and {}): its slices "
+              "split dimensions, or all are flat",
+              where, t.name, slice_text(t.slices[0].flat() ? t.slices.back() : t.slices[0]));
+    if (s.whole()) {
+      MOE_CHECK(s.parts == 1 && !s.second.split(),
+                "[checkpoint] '{}': tensor '{}': a whole-tensor slice of '{}' has parts or a "
+                "second dimension",
+                where, t.name, s.file);
+    } else {
+      check_dim(t, s.first(), s, where);
+    }
+    if (s.second.split()) {
+      check_dim(t, s.second, s, where);
+      MOE_CHECK(s.second.dim > s.dim,
+                "[checkpoint] '{}': tensor '{}': a slice of '{}' has second dimension {} after "
+                "dimension {}: the second split dimension is a later one",
+                where, t.name, s.file, s.second.dim, s.dim);
+    }
+  }
+  for (size_t i = 0; i < t.slices.size(); ++i) {
+    for (size_t j = i + 1; j < t.slices.size(); ++j) {
+      const SliceRef &a = t.slices[i], &b = t.slices[j];
+      MOE_CHECK(!boxes_intersect(a, b, t.shape),
+                "[checkpoint] '{}': tensor '{}' {}: the slices of '{}' ({}) and '{}' ({}) "
+                "overlap: the slices must hold every element once",
+                where, t.name, format_shape(t.shape), a.file, slice_text(a), b.file,
+                slice_text(b));
+    }
+  }
+  // Disjoint and in bounds: the volumes add up to at most numel.
+  for (const SliceRef& s : t.slices) volume += box_numel(s, t.shape);
+  MOE_CHECK(volume == numel,
+            "[checkpoint] '{}': tensor '{}' {}: its {} slices hold {} of its {} elements: a slice "
+            "is missing",
+            where, t.name, format_shape(t.shape), t.slices.size(), volume, numel);
 }
 
 // The slices of t (all of one kind: along one dimension, or flat) cover [0, extent) of their
@@ -73,13 +152,18 @@ void validate_slices(const GlobalTensor& t, const std::set<std::string_view>& fi
               where, i, t.name, t.slices[i].file);
   }
   const int dim = t.slices[0].dim;
+  int64_t numel = 1;  // the shape's product, which must fit (a flat offset indexes it)
+  for (int64_t d : t.shape) {
+    MOE_CHECK(!__builtin_mul_overflow(numel, d, &numel),
+              "[checkpoint] '{}': tensor '{}' {} has more than 2^63 elements", where, t.name,
+              format_shape(t.shape));
+  }
+  if (!std::all_of(t.slices.begin(), t.slices.end(),
+                   [](const SliceRef& s) { return s.simple(); })) {
+    tile_boxes(t, numel, where);
+    return;
+  }
   if (dim == SliceRef::kFlat) {
-    int64_t numel = 1;  // the shape's product, which must fit (a flat offset indexes it)
-    for (int64_t d : t.shape) {
-      MOE_CHECK(!__builtin_mul_overflow(numel, d, &numel),
-                "[checkpoint] '{}': tensor '{}' {} has more than 2^63 elements", where, t.name,
-                format_shape(t.shape));
-    }
     tile(t, numel, "the flattened tensor", where);
     return;
   }
@@ -105,6 +189,12 @@ json slice_json(const SliceRef& s) {
     j["dim"] = s.dim;
     j["offset"] = s.offset;
     j["length"] = s.length;
+    if (s.parts != 1) j["parts"] = s.parts;
+    if (s.second.split()) {
+      j["second"] = {{"dim", s.second.dim}, {"offset", s.second.offset},
+                     {"length", s.second.length}};
+      if (s.second.parts != 1) j["second"]["parts"] = s.second.parts;
+    }
   }
   return j;
 }
@@ -209,7 +299,9 @@ void validate_state(const json& state, int64_t iteration, const std::string& whe
 std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
   if (s.flat()) return {s.length};
   std::vector<int64_t> out = shape;
-  if (s.dim >= 0 && s.dim < static_cast<int>(out.size())) out[s.dim] = s.length;
+  if (s.dim >= 0 && s.dim < static_cast<int>(out.size())) out[s.dim] = s.length * s.parts;
+  const SliceDim& d = s.second;
+  if (d.split() && d.dim < static_cast<int>(out.size())) out[d.dim] = d.length * d.parts;
   return out;
 }
 
@@ -224,6 +316,15 @@ const GlobalTensor* Manifest::find(std::string_view name) const {
     if (t.name == name) return &t;
   }
   return nullptr;
+}
+
+int Manifest::needed_version() const {
+  for (const GlobalTensor& t : tensors) {
+    for (const SliceRef& s : t.slices) {
+      if (!s.simple()) return kManifestVersionParted;
+    }
+  }
+  return kManifestVersion;
 }
 
 const ShardFile* Manifest::file(std::string_view name) const {
@@ -269,7 +370,7 @@ void validate_manifest(const Manifest& m, const std::string& where) {
 std::string Manifest::to_json_text() const {
   json j;
   j["format"] = kManifestFormat;
-  j["format_version"] = kManifestVersion;
+  j["format_version"] = needed_version();
   j["iteration"] = iteration;
   j["world_size"] = world_size;
   j["layout"] = json::object();
@@ -307,10 +408,11 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
             "[checkpoint] '{}': format '{}' is not '{}': not a moecore checkpoint manifest",
             where, format, kManifestFormat);
   const int64_t version = need_int<int64_t>(j, "format_version", top, where);
-  MOE_CHECK(version == kManifestVersion,
-            "[checkpoint] '{}': format version {}; this moecore reads version {}{}", where,
-            version, kManifestVersion,
-            version > kManifestVersion ? ": the checkpoint was written by a newer moecore" : "");
+  MOE_CHECK(version >= kManifestVersion && version <= kManifestNewestVersion,
+            "[checkpoint] '{}': format version {}; this moecore reads version {} to {}{}", where,
+            version, kManifestVersion, kManifestNewestVersion,
+            version > kManifestNewestVersion ? ": the checkpoint was written by a newer moecore"
+                                             : "");
   Manifest m;
   m.iteration = need_int<int64_t>(j, "iteration", top, where);
   m.world_size = need_int<int>(j, "world_size", top, where);
@@ -351,6 +453,30 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
         r.length = need_int<int64_t>(s, "length", "a slice of " + what, where);
         MOE_CHECK(!s.contains("flat_offset"), "[checkpoint] '{}': a slice of {} has both "
                   "\"dim\" and \"flat_offset\"", where, what);
+        // Version 1: a dimension in parts, a second split dimension.
+        const auto read_parts = [&](const json& o, const std::string& of) {
+          if (!o.contains("parts")) return 1;
+          const int p = need_int<int>(o, "parts", of, where);
+          MOE_CHECK(p >= 1 && p <= kMaxSliceParts,
+                    "[checkpoint] '{}': {} has \"parts\": {}, not in [1, {}]", where, of, p,
+                    kMaxSliceParts);
+          return p;
+        };
+        r.parts = read_parts(s, "a slice of " + what);
+        if (s.contains("second")) {
+          const std::string of = "the second dimension of a slice of " + what;
+          const json& d = need(s, "second", json::value_t::object, "a slice of " + what, where);
+          r.second.dim = need_int<int>(d, "dim", of, where);
+          MOE_CHECK(r.second.dim >= 0, "[checkpoint] '{}': {} is dimension {}", where, of,
+                    r.second.dim);
+          r.second.offset = need_int<int64_t>(d, "offset", of, where);
+          r.second.length = need_int<int64_t>(d, "length", of, where);
+          r.second.parts = read_parts(d, of);
+        }
+        MOE_CHECK(version >= kManifestVersionParted || r.simple(),
+                  "[checkpoint] '{}': a slice of {} is in parts or splits two dimensions, which "
+                  "format version {} does not have (version {} does): the manifest was altered",
+                  where, what, version, kManifestVersionParted);
       } else if (s.contains("flat_offset")) {
         r.dim = SliceRef::kFlat;
         r.offset = need_int<int64_t>(s, "flat_offset", "a slice of " + what, where);
@@ -397,8 +523,9 @@ Manifest merge_manifest_parts(const std::vector<Manifest>& parts, const std::str
     }
   }
   for (GlobalTensor& g : m.tensors) {
-    std::stable_sort(g.slices.begin(), g.slices.end(),
-                     [](const SliceRef& a, const SliceRef& b) { return a.offset < b.offset; });
+    std::stable_sort(g.slices.begin(), g.slices.end(), [](const SliceRef& a, const SliceRef& b) {
+      return std::pair(a.offset, a.second.offset) < std::pair(b.offset, b.second.offset);
+    });
   }
   return m;
 }

@@ -16,7 +16,17 @@
 namespace moecore::ckpt {
 
 inline constexpr std::string_view kManifestFormat = "moecore-checkpoint";
+// Format versions. 0: slices split one dimension, or are flat. 1 adds slices in parts and with a
+// second split dimension (tensor and expert tensor parallelism). A writer writes the lowest
+// version its slices need (Manifest::needed_version): a checkpoint of a layout without them
+// stays version 0, which an older moecore reads; an older moecore refuses a version 1 manifest
+// by its version instead of misreading its slices. This moecore reads both.
 inline constexpr int kManifestVersion = 0;
+inline constexpr int kManifestVersionParted = 1;
+inline constexpr int kManifestNewestVersion = kManifestVersionParted;
+// The most parts a slice's dimension may have (SwiGLU's fc1 has 2): a bound on the intervals
+// that validation and reads walk, whatever a manifest claims.
+inline constexpr int kMaxSliceParts = 1024;
 
 struct ShardFile {
   std::string file;  // a name inside the checkpoint directory
@@ -25,11 +35,27 @@ struct ShardFile {
   std::string sha256;  // 64 lowercase hex digits
 };
 
-// A slice of a global tensor: indices [offset, offset + length) along dimension `dim`, stored in
-// `file` under the tensor's global name with shape[dim] = length. dim = -1: the whole tensor.
-// dim = kFlat: elements [offset, offset + length) of the tensor flattened in row-major order,
-// stored as a 1-D tensor of `length` elements (the distributed optimizer's shard of a moment,
-// whose boundaries may cut a row).
+// One split dimension of a slice: dimension `dim` (of extent X) is `parts` equal chunks of X /
+// parts indices, and the slice holds indices [offset, offset + length) of every chunk, the
+// chunks' pieces back to back (SwiGLU's [gate; up] rows under tensor parallelism: parts = 2).
+// dim = -1: not split.
+struct SliceDim {
+  int dim = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+  int parts = 1;
+  bool split() const { return dim >= 0; }
+  int64_t local_extent() const { return length * parts; }
+};
+
+// A slice of a global tensor, stored in `file` under the tensor's global name. dim = -1: the
+// whole tensor. dim >= 0: indices [offset, offset + length) of each of the `parts` chunks of
+// dimension `dim`, and, when `second` splits a later dimension, that dimension's indices too:
+// the shard holds the global shape with shape[dim] = length * parts (and shape[second.dim] =
+// second.length * second.parts), in row-major order (a rank's local tensor under tensor and
+// expert parallelism, written as it is). dim = kFlat: elements [offset, offset + length) of the
+// tensor flattened in row-major order, stored as a 1-D tensor of `length` elements (the
+// distributed optimizer's shard of a moment, whose boundaries may cut a row).
 struct SliceRef {
   static constexpr int kWhole = -1;
   static constexpr int kFlat = -2;
@@ -37,7 +63,13 @@ struct SliceRef {
   int dim = kWhole;
   int64_t offset = 0;
   int64_t length = 0;
+  int parts = 1;
+  SliceDim second{};
   bool flat() const { return dim == kFlat; }
+  bool whole() const { return dim == kWhole; }
+  // One dimension, one chunk: the form version 0 knows.
+  bool simple() const { return parts == 1 && !second.split(); }
+  SliceDim first() const { return SliceDim{dim, offset, length, parts}; }
 };
 
 struct GlobalTensor {
@@ -61,6 +93,9 @@ struct Manifest {
 
   const GlobalTensor* find(std::string_view name) const;
   const ShardFile* file(std::string_view name) const;
+  // The lowest format version that describes every slice: 1 when one is in parts or splits two
+  // dimensions, else 0. to_json_text writes it.
+  int needed_version() const;
   // Deterministic JSON text (files and tensors in their order here).
   std::string to_json_text() const;
 };
@@ -70,9 +105,11 @@ struct Manifest {
 // formed; tensors unique with known dtypes and non-negative shapes; every slice in a listed
 // file, and the slices of each tensor either one whole-tensor slice, or slices of one dimension
 // tiling [0, shape[dim]) exactly, or flat slices tiling [0, numel) exactly, without gaps or
-// overlaps.
+// overlaps, or (version 1) slices in parts or of two dimensions, each in bounds (a parted
+// dimension divisible by its parts), pairwise disjoint, their volumes adding up to the tensor's.
 void validate_manifest(const Manifest& m, const std::string& where);
-// Parses the JSON text of a manifest and validates it (validate_manifest).
+// Parses the JSON text of a manifest (version 0 or 1; a version 0 one may hold only slices of
+// one dimension in one part) and validates it (validate_manifest).
 Manifest parse_manifest(std::string_view text, const std::string& where);
 
 // A multi-rank save: each rank describes the shards it wrote (their files, and the slices of

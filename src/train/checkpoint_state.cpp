@@ -54,4 +54,34 @@ void check_same_model(const json& saved, const json& mine, const std::string& di
             dir, diff);
 }
 
+ckpt::SliceRef checkpoint_slice(const ParamSlice& s, std::string file) {
+  ckpt::SliceRef r{std::move(file)};
+  if (s.whole()) return r;
+  r.dim = s.dim;
+  r.offset = s.offset;
+  r.length = s.length;
+  r.parts = s.parts;
+  if (s.second.split()) {
+    r.second = {s.second.dim, s.second.offset, s.second.length, s.second.parts};
+  }
+  return r;
+}
+
+std::vector<int64_t> slice_shape(const std::vector<int64_t>& global_shape, const ParamSlice& s) {
+  std::vector<int64_t> out = global_shape;
+  if (s.dim >= 0) out[s.dim] = s.first().local_extent();
+  if (s.second.split()) out[s.second.dim] = s.second.local_extent();
+  return out;
+}
+
+bool first_holder(const ParamSpec& p, const HolderRanks& r) {
+  const bool sharded = p.tp_role == TpRole::Sharded;
+  if (p.kind == ParamKind::Dense) return r.dp_cp == 0 && (sharded || r.tp == 0);
+  return r.expt_dp == 0 && (sharded || r.expt_tp == 0);
+}
+
+std::vector<float> assembly_buffer(int64_t numel) {
+  return std::vector<float>(static_cast<size_t>(numel), -0.0f);
+}
+
 }  // namespace moecore::train

@@ -1,6 +1,8 @@
 // The trainer's checkpoints (docs/checkpoint_format.md): which tensors of the run state a rank
-// writes (the slices it is the first holder of: dense parameters and router state on rank 0,
-// each expert slice on its expert-data-parallel rank 0), the multi-rank save protocol (every
+// writes (the slices it is the first holder of, train/checkpoint_state.h's first_holder: dense
+// slices on dense data-parallel rank 0, each expert slice on its expert-data-parallel rank 0,
+// one TP rank for a slice replicated over TP; router state on rank 0), the multi-rank save
+// protocol (every
 // rank writes its shards into the staging directory, rank 0 merges the ranks' descriptions into
 // the manifest, publishes the directory and writes the tracker last), and the load, in which
 // every rank reads its own slices from whatever slices the checkpoint holds (src/ckpt/): a
@@ -49,13 +51,23 @@ struct StateTensor {
   // optimizer): `data` is null; a load rounds the checkpoint's fp32 weights into them
   // (ParamRegistry::write_bf16); never written (the master pieces are).
   const Param* bf16_of = nullptr;
+  // The distributed optimizer's pieces of a slice that is not one run of the flattened tensor
+  // (ParamSlice::contiguous() false: tensor parallelism's slices): `data` is null; the save
+  // assembles the whole local slice over the data-parallel group that shards it (`group`, null
+  // on one rank) from each rank's owned pieces, and the load takes this rank's pieces out of it.
+  struct Owned {
+    int64_t local = 0;  // the piece's first element in the local tensor
+    int64_t count = 0;
+    DevPtr<float> data = nullptr;
+  };
+  bool assembled = false;
+  std::vector<Owned> owned{};
+  parallel::Communicator* group = nullptr;
 };
 
 std::vector<int64_t> local_shape(const StateTensor& t) {
   if (t.flat) return {t.numel};
-  std::vector<int64_t> s = t.global_shape;
-  if (t.slice.dim >= 0) s[t.slice.dim] = t.slice.length;
-  return s;
+  return slice_shape(t.global_shape, t.slice);
 }
 
 std::string router_state_name(const Param& weight, const char* what) {
@@ -87,10 +99,11 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
 // its slice of dimension 0 (or the whole tensor) is one contiguous run of it.
 int64_t flat_base(const Param& p) {
   if (p.spec.slice.dim < 0) return 0;
-  MOE_CHECK(p.spec.slice.dim == 0,
-            "[checkpoint] '{}' is split along dimension {}: the distributed optimizer's "
-            "checkpoint of such a slice is not implemented yet",
-            p.name(), p.spec.slice.dim);
+  MOE_CHECK(p.spec.slice.contiguous(),
+            "[checkpoint] '{}' is split along dimension {} ({} parts{}): not one run of the "
+            "flattened tensor, so it has no flat pieces (its pieces are assembled instead)",
+            p.name(), p.spec.slice.dim, p.spec.slice.parts,
+            p.spec.slice.second.split() ? ", and a second dimension" : "");
   int64_t per_index = 1;
   for (size_t d = 1; d < p.spec.global_shape.size(); ++d) per_index *= p.spec.global_shape[d];
   return p.spec.slice.offset * per_index;
@@ -103,10 +116,16 @@ template <typename T>
 std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::ChainedOptimizer& opt,
                                        const parallel::ProcessGroups* groups) {
   const int rank = groups ? groups->rank() : 0;
-  const int edp_rank = groups ? groups->group(parallel::GroupKind::ExptDp).rank : 0;
+  HolderRanks holder;
+  if (groups != nullptr) {
+    holder = {groups->group(parallel::GroupKind::DpCp).rank,
+              groups->group(parallel::GroupKind::Tp).rank,
+              groups->group(parallel::GroupKind::ExptDp).rank,
+              groups->group(parallel::GroupKind::ExptTp).rank};
+  }
   std::vector<StateTensor> out;
   for (const Param& p : model.params().params()) {
-    const bool first = p.spec.kind == ParamKind::Dense ? rank == 0 : edp_rank == 0;
+    const bool first = first_holder(p.spec, holder);
     const auto add = [&](std::string name, DType dtype, DevPtr<void> data, bool optim) {
       out.push_back({std::move(name), dtype, p.spec.global_shape, p.spec.slice, data,
                      p.local_numel(), optim, first});
@@ -124,8 +143,10 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
   }
   if (opt.sharded()) {
     for (const optim::AdamWOptimizer* o : {&opt.dense(), &opt.expert()}) {
+      const ParamKind kind = o == &opt.dense() ? ParamKind::Dense : ParamKind::Expert;
       for (const optim::AdamWOptimizer::Piece& pc : o->pieces()) {
         const Param& p = *pc.p;
+        if (!p.spec.slice.contiguous()) continue;  // assembled below
         const ParamSlice flat{-1, flat_base(p) + (pc.begin - p.offset), pc.count};
         const auto add = [&](std::string name, DevPtr<float> moment) {
           out.push_back({std::move(name), DType::F32, p.spec.global_shape, flat,
@@ -138,6 +159,30 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
                          DevPtr<void>(o->owned_master() + pc.owned), pc.count, false, true,
                          true});
         }
+      }
+      // A slice that is no run of the flattened tensor: every rank of the group that shards the
+      // kind takes part, holding a piece of it or not, in registry order.
+      parallel::Communicator* group = nullptr;
+      if (groups != nullptr) {
+        const parallel::ProcessGroup& g = groups->group(
+            kind == ParamKind::Dense ? parallel::GroupKind::DpCp : parallel::GroupKind::ExptDp);
+        if (g.size() > 1) group = &g.communicator();
+      }
+      for (const Param& p : model.params().params()) {
+        if (p.spec.kind != kind || p.spec.slice.contiguous()) continue;
+        const auto add = [&](std::string name, DevPtr<float> base, bool optim) {
+          StateTensor t{std::move(name), DType::F32, p.spec.global_shape, p.spec.slice, nullptr,
+                        p.local_numel(), optim, first_holder(p.spec, holder)};
+          t.assembled = true;
+          t.group = group;
+          for (const optim::AdamWOptimizer::Piece& pc : o->pieces()) {
+            if (pc.p == &p) t.owned.push_back({pc.begin - p.offset, pc.count, base + pc.owned});
+          }
+          out.push_back(std::move(t));
+        };
+        add("exp_avg." + p.name(), o->owned_exp_avg(), true);
+        add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq(), true);
+        if (o->holds_master()) add(p.name(), o->owned_master(), false);
       }
     }
   }
@@ -193,24 +238,36 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
     s->files[0] = ckpt::shard_name("model", s->rank);
     s->files[1] = ckpt::shard_name("optim", s->rank);
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
-      if (!t.write || (t.optim && !save_optim)) continue;
-      std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
-      ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
-                                static_cast<int64_t>(bytes.size()));
+      if (t.optim && !save_optim) continue;
+      std::vector<std::byte> bytes;
+      if (t.assembled) {
+        // The whole local slice from the group's pieces (exact: assembly_buffer).
+        std::vector<float> local = assembly_buffer(t.numel);
+        for (const StateTensor::Owned& o : t.owned) {
+          ops::read_back<float>(ex, local.data() + o.local, o.data, o.count);
+        }
+        if (t.group != nullptr) t.group->all_reduce(local, parallel::ReduceOp::Sum);
+        if (!t.write) continue;
+        const auto b = std::as_bytes(std::span<const float>(local));
+        bytes.assign(b.begin(), b.end());
+      } else {
+        if (!t.write) continue;
+        bytes.resize(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
+        ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
+                                  static_cast<int64_t>(bytes.size()));
+      }
       const std::string dtype(ckpt::safetensors_dtype(t.dtype));
       const std::string& file = s->files[t.optim];
       s->shards[t.optim].add(t.name, dtype, local_shape(t), bytes);
-      ckpt::SliceRef slice{file};
-      if (t.flat) {
-        slice = {file, ckpt::SliceRef::kFlat, t.slice.offset, t.slice.length};
-      } else if (t.slice.dim >= 0) {
-        slice = {file, t.slice.dim, t.slice.offset, t.slice.length};
-      }
+      const ckpt::SliceRef slice =
+          t.flat ? ckpt::SliceRef{file, ckpt::SliceRef::kFlat, t.slice.offset, t.slice.length}
+                 : checkpoint_slice(t.slice, file);
       s->part.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
     }
     for (ckpt::SafetensorsWriter& shard : s->shards) {
       shard.set_metadata("format", "moecore");
-      shard.set_metadata("format_version", std::to_string(ckpt::kManifestVersion));
+      // The version of this rank's slices (the manifest's is the highest of the ranks').
+      shard.set_metadata("format_version", std::to_string(s->part.needed_version()));
       shard.set_metadata("iteration", std::to_string(iteration_));
       shard.set_metadata("rank", std::to_string(s->rank));
     }
@@ -328,6 +385,14 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     const Exec& ex = exec_;
     // The bytes of a tensor's slice held here, into its place.
     const auto store = [&](const StateTensor& t, const std::vector<std::byte>& bytes) {
+      if (t.assembled) {  // this rank's pieces of the local slice
+        for (const StateTensor::Owned& o : t.owned) {
+          ops::copy<float>(ex, o.data, reinterpret_cast<const float*>(bytes.data()) + o.local,
+                           o.count);
+        }
+        exec_synchronize(ex);
+        return;
+      }
       if (t.bf16_of != nullptr) {
         model_->params().write_bf16(*t.bf16_of, 0, reinterpret_cast<const float*>(bytes.data()),
                                     t.numel);
@@ -349,6 +414,12 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
         const std::string dense = t.name.substr(0, e) + ".mlp." + t.name.substr(e + 13);
         const ckpt::GlobalTensor& g = reader.tensor(dense);
         const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
+        MOE_CHECK(t.flat || t.slice.contiguous(),
+                  "[checkpoint] '{}': upcycling '{}' into a slice split along dimension {} ({} "
+                  "parts{}) is not supported: upcycle at expert tensor parallel size 1 and "
+                  "reshard the upcycled checkpoint",
+                  dir, t.name, t.slice.dim, t.slice.parts,
+                  t.slice.second.split() ? ", and a second dimension" : "");
         MOE_CHECK(g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) &&
                       (t.slice.dim == 0 || t.flat),
                   "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir,
@@ -379,7 +450,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
       if (t.flat)
         reader.read_flat(t.name, g.dtype, t.slice.offset, t.slice.length, bytes);
       else
-        reader.read(t.name, g.dtype, t.slice.dim, t.slice.offset, t.slice.length, bytes);
+        reader.read(t.name, g.dtype, checkpoint_slice(t.slice), bytes);
       store(t, bytes);
       read.insert(t.name);
     }

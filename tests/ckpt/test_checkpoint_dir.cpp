@@ -44,6 +44,18 @@ fs::path save(const TempDir& t, int ranks, int64_t iter = 10) {
        testing::GlobalValues::of("s", "I64", {}, std::vector<int64_t>{42})});
 }
 
+// W[:, first:first + n, :] (indices along dimension 1), row-major.
+std::vector<float> columns(int64_t first, int64_t n) {
+  const std::vector<float> w = global_w();
+  std::vector<float> out;
+  for (int64_t e = 0; e < 4; ++e) {
+    for (int64_t j = first; j < first + n; ++j) {
+      for (int64_t h = 0; h < 2; ++h) out.push_back(w[(e * 3 + j) * 2 + h]);
+    }
+  }
+  return out;
+}
+
 template <typename T>
 std::vector<T> read(CheckpointReader& r, const std::string& name, const char* dtype, int dim,
                     int64_t off, int64_t len, size_t n) {
@@ -121,9 +133,8 @@ TEST(CheckpointDir, ReadsFlatSlicesAndReadsFlatRangesOfAnySlices) {
     EXPECT_EQ(read_flat(r, 5, 9), flat_range(5, 9));  // straddles pieces
     EXPECT_EQ(read_flat(r, 23, 1), flat_range(23, 1));
     EXPECT_EQ(read_flat(r, 7, 0), flat_range(7, 0));
-    std::vector<float> buf(8);  // [4, 1, 2]
-    EXPECT_ERROR_HAS(r.read("w", "F32", 1, 0, 1, std::as_writable_bytes(std::span<float>(buf))),
-                     "is stored in flat pieces, asked for along dimension 1");
+    // Along another dimension from the flat pieces: W[:, 1:3, :].
+    EXPECT_EQ(read<float>(r, "w", "F32", 1, 1, 2, 16), columns(1, 2));
   }
   TempDir t;
   CheckpointReader r(save(t, 2));  // rows: the experts [0, 2) and [2, 4)
@@ -143,8 +154,8 @@ TEST(CheckpointDir, RefusesReadsThatDoNotFit) {
   EXPECT_ERROR_HAS(r.read("w", "BF16", -1, 0, 0, dst), "tensor 'w' is F32, asked for as BF16");
   EXPECT_ERROR_HAS(r.read("w", "F32", 0, 3, 2, dst), "has no range [3, 5) along dimension 0");
   EXPECT_ERROR_HAS(r.read("w", "F32", 0, 0, 2, dst), "is 48 bytes, the destination 96");
-  EXPECT_ERROR_HAS(r.read("w", "F32", 1, 0, 3, dst.first(24 * 4)),
-                   "stored split along dimension 0, asked for along dimension 1");
+  // Along another dimension than the stored slices': W[:, 1:3, :] from the experts' rows.
+  EXPECT_EQ(read<float>(r, "w", "F32", 1, 1, 2, 16), columns(1, 2));
   EXPECT_ERROR_HAS(r.read("nope", "F32", -1, 0, 0, dst), "has no tensor 'nope' (3 tensors)");
 }
 
@@ -217,6 +228,131 @@ TEST(CheckpointDir, RefusesAShardThatDisagreesWithTheManifest) {
   std::vector<float> buf(24);
   EXPECT_ERROR_HAS(r.read("w", "F32", -1, 0, 0, std::as_writable_bytes(std::span<float>(buf))),
                    "holds 'w' as F32 [2, 6], the manifest says F32 [2, 3, 2]");
+}
+
+}  // namespace
+}  // namespace moecore::ckpt
+
+namespace moecore::ckpt {
+namespace {
+
+// Tensor parallelism's slices. The global expert weight X [E = 4, 2F = 8, H = 3] (SwiGLU's
+// [gate; up] rows) holds 0..95. A layout's slice of it: experts [e0, e0 + ne), and of each of the
+// two halves of dimension 1 rows [f0, f0 + nf) (parts 2).
+struct Parted {
+  int64_t e0, ne, f0, nf;
+  SliceRef ref(std::string file = {}) const {
+    if (nf == 4) return ne == 4 ? SliceRef{std::move(file)} : SliceRef{std::move(file), 0, e0, ne};
+    if (ne == 4) return {std::move(file), 1, f0, nf, 2};  // ETP only
+    return {std::move(file), 0, e0, ne, 1, SliceDim{1, f0, nf, 2}};
+  }
+  // The slice's values as a rank holds them (row-major [ne, 2 nf, 3]), by plain loops.
+  std::vector<float> values() const {
+    std::vector<float> out;
+    for (int64_t e = e0; e < e0 + ne; ++e) {
+      for (int64_t part = 0; part < 2; ++part) {
+        for (int64_t f = f0; f < f0 + nf; ++f) {
+          for (int64_t h = 0; h < 3; ++h) out.push_back(float((e * 8 + part * 4 + f) * 3 + h));
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// The slices of `ep` x `etp` ranks (rank = ep_rank * etp + etp_rank).
+std::vector<Parted> layout(int ep, int etp) {
+  std::vector<Parted> out;
+  for (int r = 0; r < ep * etp; ++r) {
+    out.push_back({(r / etp) * (4 / ep), 4 / ep, (r % etp) * (4 / etp), 4 / etp});
+  }
+  return out;
+}
+
+// Writes X as `slices` (one shard each), the manifest through the ranks' merged parts.
+fs::path save_parted(const TempDir& t, const std::vector<Parted>& slices) {
+  const fs::path dir = iteration_dir(t.path(), 10);
+  fs::create_directories(dir);
+  std::vector<Manifest> parts;
+  for (size_t r = 0; r < slices.size(); ++r) {
+    const std::string file = shard_name("model", static_cast<int>(r));
+    const std::vector<float> v = slices[r].values();
+    SafetensorsWriter shard;
+    const SliceRef ref = slices[r].ref(file);
+    const GlobalTensor x{"x", "F32", {4, 8, 3}, {ref}};
+    shard.add("x", "F32", x.slice_shape(ref), testing::as_bytes(v));
+    Manifest p;
+    p.iteration = 10;
+    p.world_size = static_cast<int>(slices.size());
+    p.files = {write_shard(dir, file, static_cast<int>(r), shard)};
+    p.tensors = {x};
+    parts.push_back(parse_manifest_part(p.to_json_text(), "part"));
+  }
+  write_manifest(dir, merge_manifest_parts(parts, dir.string()));
+  write_tracker(t.path(), 10);
+  return dir;
+}
+
+std::vector<float> read_slice(CheckpointReader& r, const SliceRef& want, size_t n) {
+  std::vector<float> out(n);
+  r.read("x", "F32", want, std::as_writable_bytes(std::span<float>(out)));
+  return out;
+}
+
+// Saved at EP 2 x ETP 2 (4 ranks): each rank's whole local tensor comes back byte-equal, and so
+// does every slice of the other layouts (EP 4, ETP 4, EP 1 x ETP 2, one rank), flat ranges of
+// it (the distributed optimizer's pieces), and ranges of one dimension; and the reverse: saved
+// at those layouts, or flat, read as EP 2 x ETP 2.
+TEST(CheckpointDir, ReadsPartedSlicesOfTwoDimensionsIntoAnyLayout) {
+  std::vector<float> all(96);
+  std::iota(all.begin(), all.end(), 0.0f);
+  const std::vector<std::pair<int, int>> layouts = {{2, 2}, {4, 1}, {1, 4}, {1, 2}, {2, 1},
+                                                    {1, 1}, {4, 2}};
+  for (const auto& [sep, setp] : layouts) {
+    SCOPED_TRACE(::testing::Message() << "saved at EP " << sep << " x ETP " << setp);
+    TempDir t;
+    CheckpointReader r(save_parted(t, layout(sep, setp)));
+    EXPECT_EQ(r.manifest().needed_version(), setp > 1 ? 1 : 0);
+    EXPECT_EQ(read_slice(r, SliceRef{}, 96), all);
+    for (const auto& [ep, etp] : layouts) {
+      for (const Parted& p : layout(ep, etp)) {
+        EXPECT_EQ(read_slice(r, p.ref(), p.values().size()), p.values())
+            << "EP " << ep << " x ETP " << etp << ": experts " << p.e0 << "+" << p.ne
+            << ", rows " << p.f0 << "+" << p.nf;
+      }
+    }
+    for (const auto& [lo, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 96}, {5, 40}, {95, 1},
+                                                                        {13, 0}, {30, 31}}) {
+      std::vector<float> out(static_cast<size_t>(n));
+      r.read_flat("x", "F32", lo, n, std::as_writable_bytes(std::span<float>(out)));
+      EXPECT_EQ(out, std::vector<float>(all.begin() + lo, all.begin() + lo + n)) << lo;
+    }
+    // Rows [2, 6) of dimension 1 (straddling the halves) of every expert.
+    std::vector<float> want;
+    for (int64_t e = 0; e < 4; ++e)
+      for (int64_t f = 2; f < 6; ++f)
+        for (int64_t h = 0; h < 3; ++h) want.push_back(all[(e * 8 + f) * 3 + h]);
+    std::vector<float> got(want.size());
+    r.read("x", "F32", 1, 2, 4, std::as_writable_bytes(std::span<float>(got)));
+    EXPECT_EQ(got, want);
+    // Out of bounds, and a destination of the wrong size.
+    std::vector<float> buf(24);
+    const auto dst = std::as_writable_bytes(std::span<float>(buf));
+    EXPECT_ERROR_HAS(r.read("x", "F32", SliceRef{"", 0, 0, 2, 1, SliceDim{1, 3, 2, 2}}, dst),
+                     "tensor 'x' [4, 8, 3] has no range [3, 5) along dimension 1 in 2 parts");
+    EXPECT_ERROR_HAS(r.read("x", "F32", SliceRef{"", 0, 0, 2, 1, SliceDim{1, 0, 4, 2}}, dst),
+                     "is 192 bytes, the destination 96");
+  }
+  // Flat pieces (the distributed optimizer at ETP 1), read as the EP 2 x ETP 2 ranks' slices.
+  for (int ranks : {3, 5}) {
+    TempDir t;
+    testing::GlobalValues x = testing::GlobalValues::of("x", "F32", {4, 8, 3}, all, true);
+    x.flat = true;
+    CheckpointReader r(testing::write_checkpoint(t.path(), 10, ranks, {x}));
+    for (const Parted& p : layout(2, 2)) {
+      EXPECT_EQ(read_slice(r, p.ref(), p.values().size()), p.values()) << "flat over " << ranks;
+    }
+  }
 }
 
 }  // namespace

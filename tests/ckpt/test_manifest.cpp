@@ -1,6 +1,7 @@
 // The checkpoint manifest: what is written parses back equal; each way a manifest can be
 // incomplete or inconsistent (version, files, dtypes, slices that miss or repeat indices) is
 // refused naming the file, the tensor and the numbers. And the SHA-256 the manifest records.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -70,8 +71,8 @@ TEST(Manifest, RefusesAnotherFormatOrVersion) {
     return t;
   };
   EXPECT_ERROR_HAS(parse_manifest(replace("\"format_version\": 0", "\"format_version\": 3"), "m"),
-                   "format version 3; this moecore reads version 0: the checkpoint was written "
-                   "by a newer moecore");
+                   "format version 3; this moecore reads version 0 to 1: the checkpoint was "
+                   "written by a newer moecore");
   EXPECT_ERROR_HAS(parse_manifest(replace("moecore-checkpoint", "megatron"), "m"),
                    "not a moecore checkpoint manifest");
   EXPECT_ERROR_HAS(parse_manifest(text.substr(0, text.size() / 2), "dir/manifest.json"),
@@ -212,6 +213,115 @@ TEST(Manifest, FlatSlicesRoundTripAndTileTheFlattenedTensor) {
   std::string both = text;
   both.replace(both.find(key), key.size(), "\"dim\": 0, \"offset\": 0, \"length\": 1, " + key);
   EXPECT_ERROR_HAS(parse_manifest(both, "m.json"), "has both \"dim\" and \"flat_offset\"");
+}
+
+// Expert weight [E = 4, 2F = 8, H = 3] (SwiGLU's [gate; up] rows) on 4 ranks of EP 2 x ETP 2:
+// rank (ep, etp) holds experts [2 ep, 2 ep + 2) and rows [2 etp, 2 etp + 2) of each of the two
+// halves of dimension 1 (parts 2): local shape [2, 4, 3].
+Manifest ep2_etp2_manifest() {
+  Manifest m;
+  m.iteration = 7;
+  m.world_size = 4;
+  m.layout = {{"ep", 2}, {"expt_tp", 2}};
+  GlobalTensor w{"decoder.layers.0.mlp.experts.linear_fc1.weight", "F32", {4, 8, 3}, {}};
+  for (int r = 0; r < 4; ++r) {
+    const std::string file = fmt::format("model_rank_{:05d}.safetensors", r);
+    m.files.push_back({file, r, 1024, kHash});
+    const int ep = r / 2, etp = r % 2;
+    w.slices.push_back({file, 0, 2 * ep, 2, 1, SliceDim{1, 2 * etp, 2, 2}});
+  }
+  m.tensors = {w};
+  return m;
+}
+
+// Slices in parts and of two dimensions (format version 1): they round-trip through the JSON,
+// a manifest without them stays version 0, and a version 0 manifest may not hold them.
+TEST(Manifest, PartedSlicesOfTwoDimensionsRoundTripAsVersion1) {
+  EXPECT_EQ(two_rank_manifest().needed_version(), 0);
+  EXPECT_NE(two_rank_manifest().to_json_text().find("\"format_version\": 0"), std::string::npos);
+  const Manifest m = ep2_etp2_manifest();
+  validate_manifest(m, "m");
+  EXPECT_EQ(m.needed_version(), 1);
+  const std::string text = m.to_json_text();
+  ASSERT_NE(text.find("\"format_version\": 1"), std::string::npos) << text;
+  ASSERT_NE(text.find("\"second\""), std::string::npos) << text;
+  const Manifest back = parse_manifest(text, "m");
+  EXPECT_EQ(back.to_json_text(), text);
+  const GlobalTensor& w = back.tensors[0];
+  ASSERT_EQ(w.slices.size(), 4u);
+  EXPECT_EQ(w.slices[3].offset, 2);
+  EXPECT_EQ(w.slices[3].parts, 1);
+  EXPECT_EQ(w.slices[3].second.dim, 1);
+  EXPECT_EQ(w.slices[3].second.offset, 2);
+  EXPECT_EQ(w.slices[3].second.parts, 2);
+  EXPECT_EQ(w.slice_shape(w.slices[3]), (std::vector<int64_t>{2, 4, 3}));
+  // One dimension in parts (ETP 2 alone): also version 1.
+  Manifest one = m;
+  for (SliceRef& sl : one.tensors[0].slices) sl = {sl.file, 1, sl.second.offset, 2, 2};
+  one.tensors[0].slices.resize(2);
+  validate_manifest(one, "m");
+  EXPECT_EQ(one.needed_version(), 1);
+  EXPECT_EQ(parse_manifest(one.to_json_text(), "m").tensors[0].slices[1].parts, 2);
+
+  std::string v0 = text;
+  v0.replace(v0.find("\"format_version\": 1"), 19, "\"format_version\": 0");
+  EXPECT_ERROR_HAS(parse_manifest(v0, "m"),
+                   "a slice of tensor 'decoder.layers.0.mlp.experts.linear_fc1.weight' is in parts "
+                   "or splits two dimensions, which format version 0 does not have");
+  std::string zero_parts = text;
+  zero_parts.replace(zero_parts.find("\"parts\": 2"), 10, "\"parts\": 0");
+  EXPECT_ERROR_HAS(parse_manifest(zero_parts, "m"), "has \"parts\": 0, not in [1, 1024]");
+}
+
+// The parted slices of a tensor hold every element once: each in bounds, no two overlapping,
+// none missing; the messages name the tensor, the files and the slices.
+TEST(Manifest, RefusesPartedSlicesThatOverlapMissOrRunOut) {
+  const std::string name = "tensor 'decoder.layers.0.mlp.experts.linear_fc1.weight' [4, 8, 3]";
+  Manifest m = ep2_etp2_manifest();
+  m.tensors[0].slices[1].second.offset = 1;  // rows 1, 2 of each half: row 1 twice
+  EXPECT_MANIFEST_ERROR(m, name + ": the slices of 'model_rank_00000.safetensors' (dimension 0 "
+                        "[0, 2) x dimension 1 [0, 2) of each of 2 parts) and "
+                        "'model_rank_00001.safetensors' (dimension 0 [0, 2) x dimension 1 [1, 3) "
+                        "of each of 2 parts) overlap");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices.pop_back();
+  EXPECT_MANIFEST_ERROR(m, name + ": its 3 slices hold 72 of its 96 elements: a slice is missing");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices[3].second.offset = 3;  // [3, 5) of a part of 4 rows
+  EXPECT_MANIFEST_ERROR(m, "the slice of 'model_rank_00003.safetensors' (dimension 1 [3, 5) of "
+                        "each of 2 parts) is out of bounds: a part of dimension 1 has 4 indices");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices[0].second.parts = 3;
+  EXPECT_MANIFEST_ERROR(m, "takes dimension 1 (8 indices) as 3 equal parts");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices[0].second.dim = 0;
+  EXPECT_MANIFEST_ERROR(m, "has second dimension 0 after dimension 0");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices[0].second.dim = 3;
+  EXPECT_MANIFEST_ERROR(m, "a slice of 'model_rank_00000.safetensors' splits dimension 3");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices[0] = {"model_rank_00000.safetensors", SliceRef::kFlat, 0, 24};
+  EXPECT_MANIFEST_ERROR(m, "has slices of two kinds (flat and");
+  m = ep2_etp2_manifest();
+  m.tensors[0].slices.push_back({"model_rank_00000.safetensors"});  // and the whole tensor
+  EXPECT_MANIFEST_ERROR(m, "and 'model_rank_00000.safetensors' (whole) overlap");
+  // Merged from the ranks' parts (in any order): the slices in (offset, second offset) order.
+  std::vector<Manifest> parts;
+  const Manifest whole = ep2_etp2_manifest();
+  for (int r = 3; r >= 0; --r) {
+    Manifest p;
+    p.iteration = whole.iteration;
+    p.world_size = whole.world_size;
+    p.files = {whole.files[r]};
+    const GlobalTensor& w = whole.tensors[0];
+    p.tensors = {{w.name, w.dtype, w.shape, {w.slices[r]}}};
+    parts.push_back(parse_manifest_part(p.to_json_text(), "part"));
+  }
+  Manifest merged = merge_manifest_parts(parts, "iter_0000007");
+  validate_manifest(merged, "iter_0000007");
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(merged.tensors[0].slices[r].file, whole.tensors[0].slices[r].file);
+  }
 }
 
 // The published test vectors of FIPS 180-2, and hashing in pieces equals hashing the whole.
