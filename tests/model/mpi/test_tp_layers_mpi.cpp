@@ -9,8 +9,9 @@
 // - nn::MLP: SwiGLU and GeLU with biases, with and without the "mlp" recomputation.
 // - SharedExperts: its input the rank's sequence slice; ungated and gated.
 // - TransformerBlock: a dense block (LayerNorm, GeLU, biases, hidden and attention dropout) and a
-//   MoE block with a shared expert (EP = ETP = 1: the experts stay whole; the MoE layer's
-//   parameters see this rank's tokens, so their gradients are summed over TP).
+//   MoE block with a gated shared expert (EP = ETP = 1: the experts stay whole; the MoE layer's
+//   parameters see this rank's tokens, so their gradients are summed over TP), each also under
+//   selective recomputation of every module.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -261,9 +262,15 @@ ModelConfig block_config(bool moe) {
 
 TEST(TpLayers, TransformerBlock) {
   const ops::DropoutCounters counters{5, 2};
-  for (bool is_moe : {false, true}) {
-    SCOPED_TRACE(is_moe ? "moe block" : "dense block");
-    const ModelConfig cfg = block_config(is_moe);
+  for (auto [is_moe, recompute] : {std::pair{false, false}, {true, false}, {false, true},
+                                   {true, true}}) {
+    SCOPED_TRACE(::testing::Message() << (is_moe ? "moe block" : "dense block")
+                                      << (recompute ? " selective recomputation" : ""));
+    ModelConfig cfg = block_config(is_moe);
+    if (recompute) {  // every module: the reruns repeat the TP regions' collectives
+      cfg.recompute.granularity = RecomputeGranularity::Selective;
+      cfg.recompute.module_names = {"core_attn", "layernorm", "mlp", "moe", "shared_experts"};
+    }
     const int64_t H = cfg.hidden;
     const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
     const auto x = random_vec<double>(n * H, 7), dy = random_vec<double>(n * H, 8);
