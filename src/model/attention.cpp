@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/check.h"
 #include "ops/bias.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
@@ -17,49 +18,66 @@ namespace moecore::model {
 
 template <typename T>
 SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
-                                const std::string& prefix, const ops::RopeCache& rope)
-    : H_(cfg.hidden),
-      Hq_(cfg.num_heads),
-      Hkv_(cfg.num_query_groups),
+                                const std::string& prefix, const ops::RopeCache& rope,
+                                parallel::TensorParallel tp)
+    : tp_(tp),
+      H_(cfg.hidden),
+      Hq_(cfg.num_heads / tp.size()),
+      Hkv_(cfg.num_query_groups / tp.size()),
       D_(cfg.head_dim()),
       rope_(rope),
       rope_on_(cfg.position_embedding == PositionEmbedding::Rope),
       eps_(cfg.norm_eps),
       recompute_core_(cfg.recompute.modules().core_attn) {
+  MOE_CHECK(cfg.num_query_groups % tp.size() == 0 && cfg.num_heads % tp.size() == 0,
+            "[attention] {} attention heads in {} query groups cannot be split over {} "
+            "tensor-parallel ranks: --tensor-model-parallel-size must divide "
+            "--num-query-groups (and --num-attention-heads)",
+            cfg.num_heads, cfg.num_query_groups, tp.size());
+  const int64_t C = (cfg.num_heads + 2 * cfg.num_query_groups) * D_;  // global QKV rows
+  const TpShard shard = tp.shard();
+  // Replicated values whose gradient is this rank's part: the output projection's bias (added by
+  // TP rank 0 only) and the qk-layernorm weights (each rank normalises its own heads).
+  const TpRole partial = tp.active() ? TpRole::ReplicatedPartialGrad : TpRole::Replicated;
+  const TpRole sharded = tp.active() ? TpRole::Sharded : TpRole::Replicated;
   qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight",
-                               {(Hq_ + 2 * Hkv_) * D_, H_},
+                               {C, H_},
                                ParamInit::Normal,
                                cfg.init_std,
                                ParamKind::Dense,
                                true,
-                               {},
-                               /*bf16_only=*/true});
+                               shard.slice(0, C),
+                               /*bf16_only=*/true,
+                               sharded});
   if (cfg.add_qkv_bias) {
     qkv_bias_ = &params.add(ParamSpec{prefix + ".linear_qkv.bias",
-                                      {(Hq_ + 2 * Hkv_) * D_},
+                                      {C},
                                       ParamInit::Zeros,
                                       0.0,
                                       ParamKind::Dense,
                                       false,
-                                      {}});
+                                      shard.slice(0, C),
+                                      false,
+                                      sharded});
   }
   if (cfg.qk_layernorm) {
-    q_norm_ = &params.add(ParamSpec{
-        prefix + ".q_layernorm.weight", {D_}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
-    k_norm_ = &params.add(ParamSpec{
-        prefix + ".k_layernorm.weight", {D_}, ParamInit::Ones, 0.0, ParamKind::Dense, false, {}});
+    q_norm_ = &params.add(ParamSpec{prefix + ".q_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
+                                    ParamKind::Dense, false, {}, false, partial});
+    k_norm_ = &params.add(ParamSpec{prefix + ".k_layernorm.weight", {D_}, ParamInit::Ones, 0.0,
+                                    ParamKind::Dense, false, {}, false, partial});
   }
   proj_ = &params.add(ParamSpec{prefix + ".linear_proj.weight",
-                                {H_, Hq_ * D_},
+                                {H_, cfg.num_heads * D_},
                                 ParamInit::Normal,
                                 cfg.output_init_std(),
                                 ParamKind::Dense,
                                 true,
-                                {},
-                                /*bf16_only=*/true});
+                                shard.slice(1, cfg.num_heads * D_),
+                                /*bf16_only=*/true,
+                                sharded});
   if (cfg.add_attention_output_bias) {
-    proj_bias_ = &params.add(ParamSpec{
-        prefix + ".linear_proj.bias", {H_}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+    proj_bias_ = &params.add(ParamSpec{prefix + ".linear_proj.bias", {H_}, ParamInit::Zeros, 0.0,
+                                       ParamKind::Dense, false, {}, false, partial});
   }
 }
 
@@ -92,6 +110,10 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dcore_ = a.alloc<T>(n * Hq_ * D_, "attn.dcore", MemKind::Workspace);
   workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
                           "attn.workspace", MemKind::Workspace);
+  if (tp_.sequence_parallel()) {
+    x_full_ = a.alloc<T>(n * H_, "attn.x_full", MemKind::Workspace);
+    y_full_ = a.alloc<T>(n * H_, "attn.y_full", MemKind::Workspace);
+  }
   bf16_ = std::is_same_v<T, float> && qkv_->has_bf16_copy();
   x_rounded_ = false;  // until the block says otherwise
   if (bf16_) {
@@ -138,7 +160,8 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  linear_forward(qkv_TC_, x_TH, *qkv_, n, C, H_, x_rounded_);
+  const DevPtr<const T> x = tp_.enter(*ex_, x_TH, x_full_, n, H_);
+  linear_forward(qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->compute_as<T>(), n, C);
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
@@ -156,8 +179,13 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   }
   ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                          workspace_, drop_);
-  linear_forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
-  if (proj_bias_ != nullptr) ops::bias_forward(*ex_, y_TH, proj_bias_->compute_as<T>(), n, H_);
+  // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
+  // place), else into the whole-token buffer that is reduce-scattered into y.
+  const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
+  linear_forward(partial, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  if (proj_bias_ != nullptr && tp_.rank() == 0)
+    ops::bias_forward(*ex_, partial, proj_bias_->compute_as<T>(), n, H_);
+  tp_.leave(*ex_, partial, y_TH, n, H_);
 }
 
 template <typename T>
@@ -168,8 +196,10 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
                            workspace_, drop_);
   }
-  if (proj_bias_ != nullptr) ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy_TH, n, H_);
-  linear_backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
+  if (proj_bias_ != nullptr && tp_.rank() == 0)
+    ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
+  linear_backward(dcore_, dy, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
                           saved_.core_out, saved_.lse, shape_, workspace_, drop_);
   if (rope_on_) {
@@ -189,7 +219,12 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   }
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   if (qkv_bias_ != nullptr) ops::bias_backward(*ex_, qkv_bias_->grad_as<T>(), qkv_TC_, n, C);
-  linear_backward(dx_TH, qkv_TC_, saved_.x_TH, *qkv_, n, C, H_, x_rounded_);
+  // The forward's gathered input again (its workspace was the other layers' meanwhile), and the
+  // input gradient's partial sum: into dx itself without SP, else into the free output buffer.
+  const DevPtr<const T> x = tp_.enter(*ex_, saved_.x_TH, x_full_, n, H_);
+  const DevPtr<T> dx = tp_.sequence_parallel() ? y_full_ : dx_TH;
+  linear_backward(dx, qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
+  tp_.enter_backward(*ex_, dx, dx_TH, n, H_);
 }
 
 template class SelfAttention<float>;

@@ -3,6 +3,12 @@
 // projection. Optional: a bias on the QKV projection (--add-qkv-bias), one on the output
 // projection (--add-attention-output-bias) and RMSNorm of q and k over the head dim before RoPE
 // (--qk-layernorm). Tokens are sequence-major: token t = s * B + b sits at position s.
+// Tensor parallelism (parallel/tensor_parallel.h): the heads and query groups are split over the
+// TP ranks (Hq / tp query heads, Hkv / tp groups each; Megatron's per-group layout makes a rank's
+// groups a contiguous slice of the QKV rows); QKV is column-parallel, the output projection
+// row-parallel (its bias added by TP rank 0 only). The layer enters its TP region on its input
+// (tp.local_tokens(T) tokens: all-gathered with sequence parallelism) and leaves it on its output
+// (reduce-scattered with SP, all-reduced without). The legend's Hq and Hkv are this rank's.
 // Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
 #pragma once
 
@@ -14,6 +20,7 @@
 #include "model/config.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
+#include "parallel/tensor_parallel.h"
 
 namespace moecore::model {
 
@@ -34,8 +41,9 @@ struct AttentionSaved {
 template <typename T>
 class SelfAttention {
  public:
+  // tp: the attention grid's TP group (parallel::TensorParallel::attention; default one rank).
   SelfAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
-                const ops::RopeCache& rope);
+                const ops::RopeCache& rope, parallel::TensorParallel tp = {});
   // With cfg.recompute's core_attn the attention core's out and lse are recomputed from q, k
   // and v at the start of the backward instead of kept (MemKind::Recomputed).
   void allocate(Arena& arena, int64_t S, int64_t B);
@@ -46,7 +54,11 @@ class SelfAttention {
   void input_rounded() { x_rounded_ = widened_bf16(); }
   // Dropout on the attention probabilities of the next forward, its recomputation and its
   // backward (null: none). The caller owns *drop.
+  // Its head0 must be first_head().
   void set_dropout(const ops::AttentionDropout* drop) { drop_ = drop; }
+  // The global index of this rank's first query head.
+  int64_t first_head() const { return tp_.share_offset(Hq_ * tp_.size()); }
+  // x, y: [tp.local_tokens(T), H] (the input stays the caller's until backward).
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH);
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 
@@ -58,7 +70,8 @@ class SelfAttention {
   void linear_backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> x, const Param& w,
                        int64_t M, int64_t N, int64_t K, bool x_rounded = false);
 
-  int64_t H_, Hq_, Hkv_, D_;
+  parallel::TensorParallel tp_;
+  int64_t H_, Hq_, Hkv_, D_;  // Hq_, Hkv_: this rank's
   const ops::RopeCache& rope_;
   bool rope_on_;  // --position-embedding-type rope
   const ops::AttentionDropout* drop_ = nullptr;
@@ -79,6 +92,11 @@ class SelfAttention {
   DevPtr<T> dv_ = nullptr;
   DevPtr<T> dcore_ = nullptr;
   DevPtr<T> workspace_ = nullptr;
+  // With sequence parallelism: the gathered input [T, H] (gathered again in the backward) and
+  // the output projection's partial [T, H] (then the gathered output gradient, then the input
+  // gradient's partial sum). Null otherwise.
+  DevPtr<T> x_full_ = nullptr;
+  DevPtr<T> y_full_ = nullptr;
   bool bf16_ = false;       // --bf16: bf16 GEMM inputs, f32 accumulation
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
   DevPtr<bf16> in16_ = nullptr;  // --bf16 on the native path: the GEMM inputs cast to bf16

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/rng.h"
 #include "ops/add.h"
 
@@ -12,13 +13,18 @@ nn::NormConfig norm_config(const ModelConfig& cfg) {
   return nn::NormConfig{cfg.normalization == Normalization::LayerNorm, cfg.layernorm_1p,
                         cfg.norm_eps, cfg.hidden};
 }
+// Each TP rank normalises its own tokens under sequence parallelism: partial gradients.
+TpRole norm_role(const parallel::TensorParallel& tp) {
+  return tp.sequence_parallel() ? TpRole::ReplicatedPartialGrad : TpRole::Replicated;
+}
 }  // namespace
 
 template <typename T>
 TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                                       const ops::RopeCache& rope,
                                       const parallel::ProcessGroups* groups, uint64_t seed)
-    : layer_(layer),
+    : tp_(parallel::TensorParallel::attention(groups)),
+      layer_(layer),
       H_(cfg.hidden),
       hidden_p_(cfg.hidden_dropout),
       key_attn_out_(rng_key(seed, fmt::format("decoder.layers.{}.self_attention.output_dropout",
@@ -27,18 +33,21 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
       recompute_chunk_(cfg.recompute.chunk_of(layer)),
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
-      norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer)),
-      norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer)),
-      attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope) {
+      norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer),
+             norm_role(tp_)),
+      norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer),
+             norm_role(tp_)),
+      attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope, tp_) {
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));
+  attn_drop_.head0 = attn_.first_head();
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
   } else {
     mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.activation,
                                         cfg.add_mlp_bias, cfg.init_std, cfg.output_init_std(),
-                                        params, mlp_prefix);
+                                        params, mlp_prefix, tp_.shard());
   }
 }
 
@@ -54,6 +63,15 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   S_ = S;
   B_ = B;
   n_tok_ = S * B;
+  MOE_CHECK(!tp_.active() || S % tp_.size() == 0,
+            "[block] sequence length {} is not divisible by the tensor-parallel size {}; choose "
+            "a --seq-length that is a multiple of it",
+            S, tp_.size());
+  n_loc_ = tp_.local_tokens(n_tok_);
+  S_loc_ = n_loc_ / B;
+  s0_ = tp_.first_token(n_tok_) / B;
+  // The MoE layer's tokens: this rank's sequence slice whenever tp > 1.
+  const int64_t n_moe = tp_.with_sequence_parallel().local_tokens(n_tok_);
   // Workspace shares the layer's member of "layer". Recomputed activations go there too, or,
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
   // layer (they are rebuilt together before the chunk's backward).
@@ -64,9 +82,9 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
   attn_.allocate(a, S, B);
   if (moe_)
-    moe_->allocate(a, n_tok_);
+    moe_->allocate(a, n_moe);
   else
-    mlp_->allocate(a, n_tok_, recompute_mlp_);
+    mlp_->allocate(a, n_tok_, recompute_mlp_);  // the TP region's whole tokens
   // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
   // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
   round_n1_ = attn_.widened_bf16();
@@ -75,22 +93,69 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (round_n2_) mlp_->input_rounded();
   {
     Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
-    n1_ = a.alloc<T>(n_tok_ * H_, "block.norm1");
-    n2_ = a.alloc<T>(n_tok_ * H_, "block.norm2");
+    n1_ = a.alloc<T>(n_loc_ * H_, "block.norm1");
+    n2_ = a.alloc<T>(n_loc_ * H_, "block.norm2");
   }
-  norm1_.allocate(a, n_tok_, "block.rstd1");
-  x1_ = a.alloc<T>(n_tok_ * H_, "block.x1");
-  norm2_.allocate(a, n_tok_, "block.rstd2");
-  branch_ = a.alloc<T>(n_tok_ * H_, "block.branch", MemKind::Workspace);
-  dn_ = a.alloc<T>(n_tok_ * H_, "block.dnorm", MemKind::Workspace);
-  dx1_ = a.alloc<T>(n_tok_ * H_, "block.dx1", MemKind::Workspace);
+  norm1_.allocate(a, n_loc_, "block.rstd1");
+  x1_ = a.alloc<T>(n_loc_ * H_, "block.x1");
+  norm2_.allocate(a, n_loc_, "block.rstd2");
+  branch_ = a.alloc<T>(n_loc_ * H_, "block.branch", MemKind::Workspace);
+  dn_ = a.alloc<T>(n_loc_ * H_, "block.dnorm", MemKind::Workspace);
+  dx1_ = a.alloc<T>(n_loc_ * H_, "block.dx1", MemKind::Workspace);
+  if (mlp_ && tp_.sequence_parallel()) {
+    full_x_ = a.alloc<T>(n_tok_ * H_, "block.mlp_in_full", MemKind::Workspace);
+    full_y_ = a.alloc<T>(n_tok_ * H_, "block.mlp_out_full", MemKind::Workspace);
+  }
+  if (moe_ && tp_.active() && !tp_.sequence_parallel())
+    moe_slice_ = a.alloc<T>(n_moe * H_, "block.moe_slice", MemKind::Workspace);
+}
+
+template <typename T>
+void TransformerBlock<T>::moe_forward(DevPtr<const T> x, bool recompute) {
+  if (!tp_.active() || tp_.sequence_parallel()) return moe_->forward(branch_, x, n_loc_, recompute);
+  // Without SP: this rank's slice of the (replicated) stream, its output all-gathered over TP.
+  const parallel::TensorParallel sp = tp_.with_sequence_parallel();
+  const int64_t n = sp.local_tokens(n_tok_);
+  moe_->forward(moe_slice_, x + sp.first_token(n_tok_) * H_, n, recompute);
+  tp_.all_gather(*ex_, DevPtr<const T>(moe_slice_), branch_, n * H_);
+}
+
+template <typename T>
+void TransformerBlock<T>::moe_backward(DevPtr<T> dx, DevPtr<const T> dy, double loss_grad_scale) {
+  if (!tp_.active() || tp_.sequence_parallel()) return moe_->backward(dx, dy, loss_grad_scale);
+  const parallel::TensorParallel sp = tp_.with_sequence_parallel();
+  const int64_t n = sp.local_tokens(n_tok_);
+  moe_->backward(moe_slice_, dy + sp.first_token(n_tok_) * H_, loss_grad_scale);
+  tp_.all_gather(*ex_, DevPtr<const T>(moe_slice_), dx, n * H_);
+}
+
+template <typename T>
+void TransformerBlock<T>::mlp_forward(DevPtr<T> y, DevPtr<const T> x) {
+  const DevPtr<const T> xf = tp_.enter(*ex_, x, full_x_, n_tok_, H_);
+  const DevPtr<T> partial = tp_.sequence_parallel() ? full_y_ : y;
+  mlp_->forward(partial, xf, n_tok_);
+  tp_.leave(*ex_, partial, y, n_tok_, H_);
+}
+
+template <typename T>
+void TransformerBlock<T>::mlp_backward(DevPtr<T> dx, DevPtr<const T> dy) {
+  // The forward's gathered input again: the MLP's backward reads it (its workspace was the other
+  // layers' meanwhile).
+  tp_.enter(*ex_, DevPtr<const T>(n2_), full_x_, n_tok_, H_);
+  const DevPtr<const T> dyf = tp_.leave_backward(*ex_, dy, full_y_, n_tok_, H_);
+  // The input gradient's partial sum: into dx without SP, else into the gathered output
+  // gradient's buffer (the MLP's backward reads dy before it writes dx; it reads x after).
+  const DevPtr<T> dxf = tp_.sequence_parallel() ? full_y_ : dx;
+  mlp_->backward(dxf, dyf);
+  tp_.enter_backward(*ex_, dxf, dx, n_tok_, H_);
 }
 
 template <typename T>
 void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
                                        DevPtr<const T> branch, uint64_t key) {
-  if (!dropping()) return ops::add(*ex_, y, residual, branch, n_tok_ * H_);
-  ops::dropout_add_forward(*ex_, y, residual, branch, hidden_p_, key, counters_, S_, B_, H_, 0);
+  if (!dropping()) return ops::add(*ex_, y, residual, branch, n_loc_ * H_);
+  ops::dropout_add_forward(*ex_, y, residual, branch, hidden_p_, key, counters_, S_loc_, B_, H_,
+                           s0_);
 }
 
 template <typename T>
@@ -98,44 +163,45 @@ void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool rec
   x_TH_ = x_TH;
   attn_.set_dropout(training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr);
   attn_drop_.counters = counters_;
-  norm1_.forward(*ex_, n1_, x_TH, n_tok_, round_n1_);
+  norm1_.forward(*ex_, n1_, x_TH, n_loc_, round_n1_);
   attn_.forward(branch_, n1_);
   residual_add(x1_, x_TH, branch_, key_attn_out_);
-  norm2_.forward(*ex_, n2_, x1_, n_tok_, round_n2_);
+  norm2_.forward(*ex_, n2_, x1_, n_loc_, round_n2_);
   if (moe_)
-    moe_->forward(branch_, n2_, n_tok_, recompute);
+    moe_forward(n2_, recompute);
   else
-    mlp_->forward(branch_, n2_, n_tok_);
+    mlp_forward(branch_, n2_);
   residual_add(y_TH, x1_, branch_, key_ffn_out_);
 }
 
 template <typename T>
 void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
-  const int64_t n = n_tok_ * H_;
+  const int64_t n = n_loc_ * H_;
   // "layernorm" recomputation: the FFN reads its input n2 in its backward.
-  if (recompute_norms_) norm2_.forward(*ex_, n2_, x1_, n_tok_, round_n2_);
+  if (recompute_norms_) norm2_.forward(*ex_, n2_, x1_, n_loc_, round_n2_);
   // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
   DevPtr<const T> dffn = dy_TH;
   if (dropping()) {
-    ops::dropout_backward(*ex_, dx1_, dy_TH, hidden_p_, key_ffn_out_, counters_, S_, B_, H_, 0);
+    ops::dropout_backward(*ex_, dx1_, dy_TH, hidden_p_, key_ffn_out_, counters_, S_loc_, B_, H_,
+                          s0_);
     dffn = dx1_;
   }
   if (moe_)
-    moe_->backward(dn_, dffn, loss_grad_scale);
+    moe_backward(dn_, dffn, loss_grad_scale);
   else
-    mlp_->backward(dn_, dffn);
-  norm2_.backward(*ex_, branch_, dn_, x1_, n_tok_);
+    mlp_backward(dn_, dffn);
+  norm2_.backward(*ex_, branch_, dn_, x1_, n_loc_);
   ops::add(*ex_, dx1_, dy_TH, branch_, n);
   // Attention branch: dx = dx1 + norm1'(attn'(dropout'(dx1))).
-  if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_tok_, round_n1_);
+  if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_loc_, round_n1_);
   DevPtr<const T> dattn = dx1_;
   if (dropping()) {
     ops::dropout_backward(*ex_, branch_, DevPtr<const T>(dx1_), hidden_p_, key_attn_out_,
-                          counters_, S_, B_, H_, 0);
+                          counters_, S_loc_, B_, H_, s0_);
     dattn = branch_;
   }
   attn_.backward(dn_, dattn);
-  norm1_.backward(*ex_, branch_, dn_, x_TH_, n_tok_);
+  norm1_.backward(*ex_, branch_, dn_, x_TH_, n_loc_);
   ops::add(*ex_, dx_TH, dx1_, branch_, n);
 }
 

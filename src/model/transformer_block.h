@@ -2,6 +2,11 @@
 // where the FFN is a MoE layer or a dense MLP (--moe-layer-freq decides per layer), the norms
 // RMSNorm or LayerNorm, and the hidden dropout (training forwards only) a pure function of the
 // micro-batch's counters and each element's global indices (ops/dropout.h).
+// Tensor parallelism: the residual stream, the norms and the hidden dropout hold
+// tp.local_tokens(T) tokens (this rank's sequence slice with --sequence-parallel, all T
+// without); attention and a dense MLP are TP regions (parallel/tensor_parallel.h). The MoE layer
+// always takes this rank's sequence slice (T / tp tokens) when tp > 1: without SP the block
+// hands it the slice of the whole stream and all-gathers its output over TP.
 // Legend: T tokens, H hidden.
 #pragma once
 
@@ -20,7 +25,8 @@ namespace moecore::model {
 template <typename T>
 class TransformerBlock {
  public:
-  // groups: null = one rank; the MoE layer takes its EP group from it.
+  // groups: null = one rank; the attention and dense MLP take the TP group from it, the MoE
+  // layer its groups.
   // seed: the dropout streams' (--seed).
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                    const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr,
@@ -28,8 +34,10 @@ class TransformerBlock {
   // The layer's workspace and recomputed activations go to member `layer` of the arena's
   // "layer" overlay: they are live only while this layer runs. Under full recomputation its
   // activations go to the "recompute" overlay's member of its chunk instead of being kept.
+  // S, B: the micro-batch's whole sequence and batch (S * B = T).
   void allocate(Arena& arena, int64_t S, int64_t B);
-  // recompute: the backward's rerun of this layer's forward (full recomputation).
+  // x, y: [tp.local_tokens(T), H]. recompute: the backward's rerun of this layer's forward (full
+  // recomputation).
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute = false);
   // dx assigned (dx may alias dy: the residual stream gradient is updated in place).
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale);
@@ -49,7 +57,17 @@ class TransformerBlock {
   void residual_add(DevPtr<T> y, DevPtr<const T> residual, DevPtr<const T> branch, uint64_t key);
   bool dropping() const { return training_ && hidden_p_ > 0; }
 
-  int64_t layer_, H_, S_ = 0, B_ = 0, n_tok_ = 0;
+  // The MoE layer's input (moe_in) and output: its slice of the stream without SP.
+  void moe_forward(DevPtr<const T> x, bool recompute);
+  void moe_backward(DevPtr<T> dx, DevPtr<const T> dy, double loss_grad_scale);
+  // The dense MLP as a TP region: y (local tokens) from x (local tokens).
+  void mlp_forward(DevPtr<T> y, DevPtr<const T> x);
+  void mlp_backward(DevPtr<T> dx, DevPtr<const T> dy);
+
+  parallel::TensorParallel tp_;  // the attention grid's TP group
+  // n_tok_: the micro-batch's T; n_loc_: the tokens held here (tp.local_tokens(T)); S_loc_: their
+  // sequence positions, from s0_.
+  int64_t layer_, H_, S_ = 0, B_ = 0, n_tok_ = 0, n_loc_ = 0, S_loc_ = 0, s0_ = 0;
   double hidden_p_;
   uint64_t key_attn_out_, key_ffn_out_;  // the two hidden-dropout sites' streams
   ops::AttentionDropout attn_drop_;
@@ -72,6 +90,12 @@ class TransformerBlock {
   DevPtr<T> branch_ = nullptr;  // attention / FFN output, then gradients
   DevPtr<T> dn_ = nullptr;
   DevPtr<T> dx1_ = nullptr;
+  // TP > 1 (null otherwise). With SP: the dense MLP's gathered input (gathered again in the
+  // backward) and its partial output / gradients, [T, H]. MoE without SP: the MoE layer's
+  // output and input gradient on this rank's slice, [T / tp, H].
+  DevPtr<T> full_x_ = nullptr;
+  DevPtr<T> full_y_ = nullptr;
+  DevPtr<T> moe_slice_ = nullptr;
 };
 
 }  // namespace moecore::model

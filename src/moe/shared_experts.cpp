@@ -9,14 +9,15 @@ namespace moecore::moe {
 
 template <typename T>
 SharedExperts<T>::SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params,
-                                const std::string& prefix)
-    : H_(cfg.hidden) {
+                                const std::string& prefix,
+                                const parallel::ProcessGroups* groups)
+    : tp_(parallel::TensorParallel::attention(groups).with_sequence_parallel()), H_(cfg.hidden) {
   MOE_CHECK(cfg.moe.shared_ffn_hidden > 0, "[moe] shared expert of width {} built",
             cfg.moe.shared_ffn_hidden);
   const std::string name = prefix + ".shared_experts";
   mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.moe.shared_ffn_hidden, cfg.activation,
                                       cfg.add_mlp_bias, cfg.init_std, cfg.output_init_std, params,
-                                      name);
+                                      name, tp_.shard());
   if (cfg.moe.shared_expert_gate) {
     // Megatron: torch.empty((1, hidden)) initialised with config.init_method, after fc1 and fc2;
     // a 2-D weight, so weight decay applies.
@@ -26,7 +27,10 @@ SharedExperts<T>::SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params
                                   cfg.init_std,
                                   ParamKind::Dense,
                                   true,
-                                  {}});
+                                  {},
+                                  false,
+                                  tp_.active() ? TpRole::ReplicatedPartialGrad
+                                               : TpRole::Replicated});
   }
 }
 
@@ -35,8 +39,13 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
                                 bool rounded_rows, bool rounded_dy) {
   ex_ = &a.exec();
   const int64_t N = max_tokens, H = H_;
+  const int64_t N_full = N * tp_.size();  // the MLP's tokens: the whole TP group's
+  if (tp_.active()) {
+    full_x_ = a.alloc<T>(N_full * H, "moe.shared_in_full", MemKind::Workspace);
+    full_y_ = a.alloc<T>(N_full * H, "moe.shared_out_full", MemKind::Workspace);
+  }
   if (!gated()) {
-    mlp_->allocate(a, N, recompute.moe || recompute.shared_experts);
+    mlp_->allocate(a, N_full, recompute.moe || recompute.shared_experts);
     if (rounded_rows) mlp_->input_rounded();
     if (rounded_dy) mlp_->output_grad_rounded();
     s_TH_ = a.alloc<T>(N * H, "moe.shared_out", MemKind::Workspace);
@@ -46,7 +55,7 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
   // the rerun's fc1 output and activation (recomputed memory, like everything the layer
   // allocates under "moe") instead of recomputing them a second time.
   rerun_ = recompute.moe;
-  mlp_->allocate(a, N, recompute.shared_experts && !recompute.moe);
+  mlp_->allocate(a, N_full, recompute.shared_experts && !recompute.moe);
   // The MLP's output gradient is sigmoid(l) dy, not the layer's rounded dy.
   if (rounded_rows) mlp_->input_rounded();
   s_TH_ = a.alloc<T>(N * H, "moe.shared_out");
@@ -56,8 +65,27 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
 }
 
 template <typename T>
+void SharedExperts<T>::mlp_forward(DevPtr<T> s, int64_t n_tok) {
+  if (!tp_.active()) return mlp_->forward(s, x_mlp_TH_, n_tok);
+  const int64_t n = n_tok * tp_.size();
+  mlp_->forward(full_y_, tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_), n);
+  tp_.leave(*ex_, full_y_, s, n, H_);
+}
+
+template <typename T>
+void SharedExperts<T>::mlp_backward(DevPtr<T> ds_x, DevPtr<const T> dy, int64_t n_tok) {
+  if (!tp_.active()) return mlp_->backward(ds_x, dy);
+  const int64_t n = n_tok * tp_.size();
+  // The forward's gathered input again (the MLP's backward reads it); the input gradient's
+  // partial sum goes to the gathered dy's buffer (read before dx is written).
+  tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_);
+  mlp_->backward(full_y_, tp_.leave_backward(*ex_, dy, full_y_, n, H_));
+  tp_.enter_backward(*ex_, full_y_, ds_x, n, H_);
+}
+
+template <typename T>
 void SharedExperts<T>::shared_and_logits(int64_t n) {
-  mlp_->forward(s_TH_, x_mlp_TH_, n);
+  mlp_forward(s_TH_, n);
   ops::linear_forward(*ex_, l_T_, x_TH_, gate_->compute_as<T>(), n, 1, H_);
 }
 
@@ -68,7 +96,7 @@ void SharedExperts<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<cons
   x_TH_ = x_TH;
   x_mlp_TH_ = x_mlp_TH;
   if (!gated()) {
-    mlp_->forward(s_TH_, x_mlp_TH, n_tok);
+    mlp_forward(s_TH_, n_tok);
     ops::add(*ex_, y_TH, y_TH, s_TH_, n_tok * H_);
     return;
   }
@@ -80,7 +108,7 @@ template <typename T>
 void SharedExperts<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH) {
   const int64_t n = n_tok_, H = H_;
   if (!gated()) {
-    mlp_->backward(s_TH_, dy_mlp_TH);
+    mlp_backward(s_TH_, dy_mlp_TH, n);
     ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);
     return;
   }
@@ -89,7 +117,7 @@ void SharedExperts<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<c
   // dx += dl w_g (the gate's input gradient), dw_g += dl^T x.
   ops::linear_backward(*ex_, dx_TH, gate_->grad_as<T>(), dl_T_, x_TH_, gate_->compute_as<T>(), n, 1, H,
                        /*accumulate_dx=*/true);
-  mlp_->backward(s_TH_, ds_TH_);  // s is spent: it takes the MLP's input gradient
+  mlp_backward(s_TH_, ds_TH_, n);  // s is spent: it takes the MLP's input gradient
   ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);
 }
 

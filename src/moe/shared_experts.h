@@ -3,7 +3,11 @@
 // added to the routed experts' output. With --moe-shared-expert-gate its output is scaled per
 // token by sigmoid(x w_g^T), w_g = shared_experts.gate_weight [1, H] (Qwen2-MoE). Like the
 // router it is replicated over EP: its parameters are dense, their grads reduced over DP.
-// Legend: T tokens, H hidden, F shared expert width.
+// Tensor parallelism: the MoE layer's tokens are this rank's sequence slice whenever tp > 1, so
+// the MLP is a TP region with sequence parallelism (the attention grid's TP group): its input
+// all-gathered over TP, fc1 column- and fc2 row-parallel (nn::MLP), its output reduce-scattered
+// back to the slice. The gate reads only the slice: its gradient is a partial sum over TP.
+// Legend: T tokens (this rank's), H hidden, F shared expert width.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include "moe/config.h"
 #include "nn/param_registry.h"
 #include "nn/mlp.h"
+#include "parallel/tensor_parallel.h"
 
 namespace moecore::moe {
 
@@ -21,7 +26,9 @@ template <typename T>
 class SharedExperts {
  public:
   // prefix names the MoE layer ("decoder.layers.3.mlp"); cfg.moe.shared_ffn_hidden > 0.
-  SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix);
+  // groups: null = one rank; the MLP takes the attention grid's TP group from it.
+  SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
+                const parallel::ProcessGroups* groups = nullptr);
 
   // recompute: the modules of the MoE layer ("moe", "shared_experts"). rounded_rows: widened
   // bf16, the MLP's input arrives as bf16 values (the MoE layer rounded it); rounded_dy: its
@@ -46,7 +53,12 @@ class SharedExperts {
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // s = mlp(x_mlp) and the gate logits l = x w_g^T (the forward; also its rerun).
   void shared_and_logits(int64_t n_tok);
+  // s (n_tok tokens) = the MLP on x_mlp: a TP region when tp > 1.
+  void mlp_forward(DevPtr<T> s, int64_t n_tok);
+  // ds_x (n_tok tokens) = the MLP's input gradient from dy (the MLP's output gradient).
+  void mlp_backward(DevPtr<T> ds_x, DevPtr<const T> dy, int64_t n_tok);
 
+  parallel::TensorParallel tp_;  // with sequence parallelism
   int64_t H_;
   std::unique_ptr<nn::MLP<T>> mlp_;
   Param* gate_ = nullptr;  // [1, H] with the gate
@@ -58,6 +70,8 @@ class SharedExperts {
   DevPtr<T> l_T_ = nullptr;    // gate logits (gated)
   DevPtr<T> ds_TH_ = nullptr;  // d(loss)/d(s) (gated)
   DevPtr<T> dl_T_ = nullptr;   // d(loss)/d(l) (gated)
+  DevPtr<T> full_x_ = nullptr;  // tp > 1: the MLP's gathered input [T tp, H]
+  DevPtr<T> full_y_ = nullptr;  // tp > 1: its partial output, then gradients [T tp, H]
 };
 
 }  // namespace moecore::moe

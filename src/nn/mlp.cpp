@@ -117,9 +117,11 @@ void act_bwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> dh, DevPtr<float> 
 
 template <typename P>
 void check_biases(const MlpParams<P>& w, MlpShape sh, const char* what) {
-  MOE_CHECK((w.fc1_bias != nullptr) == sh.bias && (w.fc2_bias != nullptr) == sh.bias,
-            "[mlp] {}: the biases must be given exactly when the MLP has them (bias={})", what,
-            sh.bias);
+  MOE_CHECK((w.fc1_bias != nullptr) == sh.bias &&
+                (w.fc2_bias != nullptr) == (sh.bias && sh.fc2_bias_here),
+            "[mlp] {}: the biases must be given exactly when the MLP has them (bias={}, fc2's "
+            "bias added here={})",
+            what, sh.bias, sh.fc2_bias_here);
 }
 
 // h = x fc1^T + b1 (the forward's first GEMM; also its recomputation).
@@ -187,7 +189,7 @@ void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<co
   // fc2's bias times the row's prob: Megatron's grouped experts add `t + b * p` per expert
   // (megatron/core/transformer/moe/experts.py, TEGroupedMLP._apply_bias), so a token's output
   // is sum_k p_k (a_k fc2_k^T + b2_k) and combine stays a plain sum.
-  if (sh.bias) ops::grouped_bias_forward(*s.ex, y_NH, w.fc2_bias, p_N, m_G, G, sh.H);
+  if (w.fc2_bias != nullptr) ops::grouped_bias_forward(*s.ex, y_NH, w.fc2_bias, p_N, m_G, G, sh.H);
 }
 
 template <typename T>
@@ -212,6 +214,7 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
   };
   // fc2's bias: db2 += sum p dy, dp += dy . b2 (after the activation assigned dp).
   auto fc2_bias = [&] {
+    if (w.fc2_bias == nullptr) return;  // another TP rank adds it
     ops::grouped_bias_backward(*s.ex, grad.fc2_bias, dp_N, dy_NH, w.fc2_bias, s.p_N, s.m_G, s.G,
                                sh.H);
   };
@@ -280,35 +283,56 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
 
 template <typename T>
 MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double init_std,
-            double out_init_std, ParamRegistry& params, const std::string& prefix)
+            double out_init_std, ParamRegistry& params, const std::string& prefix, TpShard tp)
     : sh_{hidden, ffn, act, bias} {
+  MOE_CHECK(ffn % tp.size == 0,
+            "[mlp] '{}': ffn width {} is not divisible by the tensor-parallel size {}; choose an "
+            "ffn width that is a multiple of it",
+            prefix, ffn, tp.size);
+  const int64_t F1 = sh_.F1();                // global
+  const int parts = F1 == ffn ? 1 : 2;        // gated: [gate; up]
+  sh_.F = ffn / tp.size;                      // this rank's share
+  sh_.fc2_bias_here = tp.rank == 0;
+  const TpRole sharded = tp.size > 1 ? TpRole::Sharded : TpRole::Replicated;
   fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight",
-                               {sh_.F1(), hidden},
+                               {F1, hidden},
                                ParamInit::Normal,
                                init_std,
                                ParamKind::Dense,
                                true,
-                               {},
-                               /*bf16_only=*/true});
+                               tp.slice(0, F1, parts),
+                               /*bf16_only=*/true,
+                               sharded});
   fc2_ = &params.add(ParamSpec{prefix + ".linear_fc2.weight",
                                {hidden, ffn},
                                ParamInit::Normal,
                                out_init_std,
                                ParamKind::Dense,
                                true,
-                               {},
-                               /*bf16_only=*/true});
+                               tp.slice(1, ffn),
+                               /*bf16_only=*/true,
+                               sharded});
   if (bias) {
     // Megatron: biases start at zero and take no weight decay.
     fc1_bias_ = &params.add(ParamSpec{prefix + ".linear_fc1.bias",
-                                      {sh_.F1()},
+                                      {F1},
                                       ParamInit::Zeros,
                                       0.0,
                                       ParamKind::Dense,
                                       false,
-                                      {}});
-    fc2_bias_ = &params.add(ParamSpec{
-        prefix + ".linear_fc2.bias", {hidden}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+                                      tp.slice(0, F1, parts),
+                                      false,
+                                      sharded});
+    fc2_bias_ = &params.add(ParamSpec{prefix + ".linear_fc2.bias",
+                                      {hidden},
+                                      ParamInit::Zeros,
+                                      0.0,
+                                      ParamKind::Dense,
+                                      false,
+                                      {},
+                                      false,
+                                      tp.size > 1 ? TpRole::ReplicatedPartialGrad
+                                                  : TpRole::Replicated});
   }
 }
 
@@ -320,7 +344,7 @@ void MLP<T>::output_grad_rounded() {
 
 template <typename T>
 MlpParams<DevPtr<const T>> MLP<T>::values() const {
-  return mlp_values<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
+  return mlp_values<T>(*fc1_, *fc2_, fc1_bias_, sh_.fc2_bias_here ? fc2_bias_ : nullptr);
 }
 
 template <typename T>
@@ -342,7 +366,8 @@ void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
 
 template <typename T>
 void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
-  const MlpParams<DevPtr<T>> grad = mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
+  const MlpParams<DevPtr<T>> grad =
+      mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, sh_.fc2_bias_here ? fc2_bias_ : nullptr);
   mlp_backward(saved_, dx_TH, DevPtr<T>(nullptr), grad, dy_TH, values(), sh_, da_, dh_);
 }
 

@@ -22,6 +22,10 @@ struct MlpShape {
   // fc1 bias [G, F1] added to h, fc2 bias [G, H] added to y times the row's prob. They stay f32
   // under --bf16: added in f32 after the bf16 GEMMs, their gradients summed from f32 values.
   bool bias = false;
+  // With biases: whether this rank adds fc2's bias. Under tensor parallelism fc2 is row-parallel
+  // (its output a partial sum over the TP ranks): the replicated bias is added once, by TP rank 0,
+  // and the other ranks take neither its value nor its gradient (fc2_bias null in MlpParams).
+  bool fc2_bias_here = true;
   int64_t F1() const { return ops::activation_fc1_width(act, F); }
 };
 
@@ -120,11 +124,16 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
 // A dense MLP layer (a transformer FFN or the shared expert): linear_fc1.weight [F1, H],
 // linear_fc2.weight [H, F], with biases linear_fc1.bias [F1] and linear_fc2.bias [H] (zeros at
 // init, no weight decay, as Megatron's).
+// Tensor parallelism (tp.size > 1): fc1 is column-parallel (this rank's F / tp rows of every
+// chunk of F1: SwiGLU's gate and up halves alike) with its bias, fc2 row-parallel (F / tp
+// columns); fc2's bias is replicated and added by TP rank 0 only. The layer computes on the
+// whole tokens it is given and returns this rank's partial sum of the output: the caller enters
+// and leaves the TP region around it (parallel::TensorParallel).
 template <typename T>
 class MLP {
  public:
   MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double init_std,
-      double out_init_std, ParamRegistry& params, const std::string& prefix);
+      double out_init_std, ParamRegistry& params, const std::string& prefix, TpShard tp = {});
   // recompute: keep only the input; the backward recomputes fc1 and the activation.
   void allocate(Arena& arena, int64_t max_tokens, bool recompute = false);
   // As SelfAttention's: after allocate(), an input of bf16 values skips the rounding passes.
@@ -133,6 +142,8 @@ class MLP {
   // dy as bf16 values. Not with biases: fc2's bias gradient sums dy's f32 values.
   void output_grad_rounded();
   bool has_bias() const { return sh_.bias; }
+  // This rank's ffn width (ffn / tp).
+  int64_t local_ffn() const { return sh_.F; }
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 

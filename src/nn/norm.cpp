@@ -8,7 +8,8 @@
 namespace moecore::nn {
 
 template <typename T>
-Norm<T>::Norm(const NormConfig& cfg, ParamRegistry& params, const std::string& prefix)
+Norm<T>::Norm(const NormConfig& cfg, ParamRegistry& params, const std::string& prefix,
+              TpRole tp_role)
     : cfg_(cfg) {
   // Megatron: gamma starts at 1, stored as 0 with --apply-layernorm-1p; beta at 0. No decay.
   weight_ = &params.add(ParamSpec{prefix + ".weight",
@@ -18,9 +19,11 @@ Norm<T>::Norm(const NormConfig& cfg, ParamRegistry& params, const std::string& p
                                   ParamKind::Dense,
                                   false,
                                   {}});
+  weight_->spec.tp_role = tp_role;
   if (cfg.layernorm) {
     bias_ = &params.add(
         ParamSpec{prefix + ".bias", {cfg.H}, ParamInit::Zeros, 0.0, ParamKind::Dense, false, {}});
+    bias_->spec.tp_role = tp_role;
   }
 }
 

@@ -22,8 +22,11 @@ struct NormConfig {
 template <typename T>
 class Norm {
  public:
-  // Registers `<prefix>.weight` (and `<prefix>.bias` for LayerNorm).
-  Norm(const NormConfig& cfg, ParamRegistry& params, const std::string& prefix);
+  // Registers `<prefix>.weight` (and `<prefix>.bias` for LayerNorm), of TP role `tp_role`:
+  // Replicated, or ReplicatedPartialGrad where each TP rank normalises its own tokens (sequence
+  // parallelism) or heads (qk-layernorm).
+  Norm(const NormConfig& cfg, ParamRegistry& params, const std::string& prefix,
+       TpRole tp_role = TpRole::Replicated);
   // The statistics of up to n_tok tokens (kept for the backward: MemKind::Activations).
   void allocate(Arena& a, int64_t n_tok, const char* name);
   // y [n, H] = norm(x); round: y written as bf16 values in f32 (widened --bf16, T = float).
