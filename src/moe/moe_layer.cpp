@@ -47,7 +47,7 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
     router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).communicator());
   }
   if (cfg.moe.shared_ffn_hidden > 0) {
-    shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix);
+    shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix, groups);
   }
 }
 
