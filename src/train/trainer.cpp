@@ -129,8 +129,8 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, 
             "moments of {:.4g} parameters: {}; the layers' inputs of one micro-batch of {} x {} "
             "tokens: {}) but {} is available on this machine: lower --num-layers, "
             "--hidden-size, --num-experts, the FFN sizes, --seq-length or --micro-batch-size, or "
-            "use more tensor- or expert-parallel ranks (`moecore plan` with the same flags shows the memory "
-            "per rank)",
+            "use more tensor- or expert-parallel ranks (`moecore plan` with the same flags shows "
+            "the memory per rank)",
             format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch, m.seq_length,
             format_bytes(activations), format_bytes(available));
 }

@@ -170,4 +170,6 @@ TEST(TpGrads, DistributedOptimizerNormCountsEachElementOnce) { run_case(true); }
 }  // namespace
 }  // namespace moecore
 
-int main(int argc, char** argv) { return moecore::testing::run_mpi_tests(argc, argv, &moecore::g_rt); }
+int main(int argc, char** argv) {
+  return moecore::testing::run_mpi_tests(argc, argv, &moecore::g_rt);
+}
