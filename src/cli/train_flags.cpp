@@ -610,6 +610,8 @@ parallel::ModelDims model_dims(const ModelConfig& m) {
   d.ffn_hidden = m.ffn_hidden;
   if (m.num_experts > 0) d.moe_ffn_hidden = m.moe.ffn_hidden;
   d.seq_length = m.seq_length;
+  if (m.num_experts > 0) d.shared_ffn_hidden = m.moe.shared_ffn_hidden;
+  d.vocab_size = m.vocab_size;
   return d;
 }
 

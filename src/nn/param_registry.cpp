@@ -180,7 +180,8 @@ uint64_t digest_term(uint64_t key, int64_t global_index, uint64_t bits) {
 }
 }  // namespace
 
-uint64_t ParamRegistry::digest(ParamKind kind) const {
+uint64_t ParamRegistry::digest(ParamKind kind,
+                              const std::function<bool(const Param&)>& counted) const {
   MOE_CHECK(master_, "[params] digest(): the master values are in the distributed optimizer's "
             "shards (param_digest_f32 over them)");
   const bool f32 = dtype_ == DType::F32;
@@ -188,7 +189,7 @@ uint64_t ParamRegistry::digest(ParamKind kind) const {
   std::vector<unsigned char> staging;  // a device arena's values, read back
   uint64_t total = 0;
   for (const Param& p : params_) {
-    if (p.spec.kind != kind) continue;
+    if (p.spec.kind != kind || (counted && !counted(p))) continue;
     MOE_CHECK(p.data != nullptr, "[params] digest() before allocate() for '{}'", p.name());
     const void* values = raw_ptr(p.data);
     if (!ex_->on_cpu()) {

@@ -15,6 +15,8 @@ ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg
       expert_(params, cfg, ParamKind::Expert),
       arena_(params.exec()) {
   arena_.plan([this](Arena& a) { buf_.layout(a); });
+  dense_.count_only(sync_.counted);
+  expert_.count_only(sync_.counted);
 }
 
 ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg,
@@ -26,6 +28,8 @@ ChainedOptimizer::ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg
       arena_(params.exec()),
       gather_params_(sharded.gather_params) {
   arena_.plan([this](Arena& a) { buf_.layout(a); });
+  dense_.count_only(sync_.counted);
+  expert_.count_only(sync_.counted);
 }
 
 void ChainedOptimizer::apply(double lr, DevPtr<const int32_t> veto, int64_t n_veto) {
@@ -33,9 +37,10 @@ void ChainedOptimizer::apply(double lr, DevPtr<const int32_t> veto, int64_t n_ve
   buf_.write_inputs(arena_.exec(), lr, steps_taken() + 1);
   dense_.grad_sum_squares(buf_.sum_sq);   // [0]
   expert_.grad_sum_squares(buf_.sum_sq);  // [1]
-  if (sync_.sum_dense_shards || sync_.sum_expert_shards || sync_.sum_expert) {
+  if (sync_.sum_dense_shards || sync_.sum_expert_shards || sync_.sum_expert || sync_.sum_dense) {
     ScopedPhase comm(Phase::Communication);  // none on one rank: no time is booked to it
     if (sync_.sum_dense_shards) sync_.sum_dense_shards(buf_.sum_sq);
+    if (sync_.sum_dense) sync_.sum_dense(buf_.sum_sq);
     if (sync_.sum_expert_shards) sync_.sum_expert_shards(buf_.sum_sq + 1);
     if (sync_.sum_expert) sync_.sum_expert(buf_.sum_sq + 1);
   }

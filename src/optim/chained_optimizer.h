@@ -11,14 +11,19 @@
 namespace moecore::optim {
 
 // How the norm's pieces combine across ranks; empty members = one rank. After the data-parallel
-// reduction the dense gradients are identical on every dp rank, so each rank counts all of them
-// (tensor / pipeline parallelism would sum over their groups here). Each expert lives on exactly
-// one EP rank: the expert sum of squares is summed over the EP group.
+// reduction the dense gradients are identical on every dp rank, so each rank counts all of them.
+// Each expert lives on exactly one EP rank: the expert sum of squares is summed over the EP
+// group. Tensor parallelism: each rank counts its TP slices of the sharded parameters and, on
+// TP rank 0 only, the replicated ones (`counted`); the dense sum is summed over tp, the expert
+// sum over tp_ep (expt_tp x ep) instead of ep.
 // With the distributed optimizer each rank sums the squares of its owned elements only: the
 // dense part is summed over dp x cp and the expert part over expt_dp (then over ep), so that
 // every element counts exactly once (not d times: Megatron's bugs #1628 and #5916).
 struct GradNormSync {
-  std::function<void(DevPtr<double> sum_sq)> sum_expert;  // in place, over ep
+  std::function<void(DevPtr<double> sum_sq)> sum_expert;  // in place, over ep (tp_ep with ETP)
+  std::function<void(DevPtr<double> sum_sq)> sum_dense;   // in place, over tp
+  // Which parameters this rank counts (null: all): AdamWOptimizer::count_only.
+  std::function<bool(const Param&)> counted;
   std::function<void(DevPtr<double> sum_sq)> sum_dense_shards;   // in place, over dp x cp
   std::function<void(DevPtr<double> sum_sq)> sum_expert_shards;  // in place, over expt_dp
 };
@@ -31,7 +36,8 @@ class ChainedOptimizer {
   ChainedOptimizer(ParamRegistry& params, const AdamWConfig& cfg, GradNormSync sync,
                    const ShardedState& sharded);
 
-  // norm = sqrt(dense sum of squares + expert sum of squares over EP); coeff = Megatron's clip
+  // norm = sqrt(dense sum of squares (over TP) + expert sum of squares over EP (TP x EP));
+  // coeff = Megatron's clip
   // coefficient from it; both AdamWs update with that coefficient. Collective over EP. The
   // scalars stay in the step buffers from the sums to the updates; the host reads the result
   // once, after both updates (read_step_info). veto: n flags in planned memory (the numeric

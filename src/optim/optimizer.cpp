@@ -121,11 +121,13 @@ void AdamWOptimizer::init_master(uint64_t seed) {
   }
 }
 
-uint64_t AdamWOptimizer::owned_master_digest() const {
+uint64_t AdamWOptimizer::owned_master_digest(
+    const std::function<bool(const Param&)>& counted) const {
   MOE_CHECK(master_, "[optimizer] no master weights here: they are the registry's");
   uint64_t total = 0;
   std::vector<float> host;
   for (const Piece& pc : pieces_) {
+    if (counted && !counted(*pc.p)) continue;
     host.resize(static_cast<size_t>(pc.count));
     ops::read_back<float>(arena_.exec(), host.data(), w_ + pc.owned, pc.count);
     total += param_digest_f32(*pc.p, pc.begin - pc.p->offset, host.data(), pc.count);
@@ -242,7 +244,69 @@ void AdamWOptimizer::update_typed(DevPtr<const ops::AdamWStep> s) {
   }
 }
 
+void AdamWOptimizer::count_only(const std::function<bool(const Param&)>& counted) {
+  for (int k = 0; k < 2; ++k) counted_[k].reset();
+  if (!counted) return;
+  bool skips[2] = {false, false};
+  for (const Param& p : params_.params()) {
+    if (covers(p.spec.kind) && !counted(p)) skips[static_cast<int>(p.spec.kind)] = true;
+  }
+  // The covered elements of each counted parameter: all of it, or its owned piece.
+  std::vector<ops::ElemRange> pieces[2];
+  if (sharded_) {
+    for (const Piece& pc : pieces_) {
+      if (counted(*pc.p)) pieces[static_cast<int>(only_)].push_back({pc.begin, pc.count});
+    }
+  } else {
+    for (const Param& p : params_.params()) {
+      if (covers(p.spec.kind) && counted(p) && p.local_numel() > 0) {
+        pieces[static_cast<int>(p.spec.kind)].push_back({p.offset, p.local_numel()});
+      }
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (!skips[k]) continue;
+    std::sort(pieces[k].begin(), pieces[k].end(),
+              [](const ops::ElemRange& a, const ops::ElemRange& b) { return a.begin < b.begin; });
+    std::vector<ops::ElemRange> merged;
+    for (const ops::ElemRange& r : pieces[k]) {
+      if (!merged.empty() && merged.back().begin + merged.back().count == r.begin) {
+        merged.back().count += r.count;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    counted_[k] = std::move(merged);
+  }
+}
+
 void AdamWOptimizer::grad_sum_squares(DevPtr<double> sum_sq) const {
+  bool restricted = false;
+  for (int k = 0; k < 2; ++k) restricted |= covers(static_cast<ParamKind>(k)) && counted_[k];
+  if (restricted) {
+    // count_only: the counted ranges of each covered kind (a kind with none: an exact 0).
+    for (int k = 0; k < 2; ++k) {
+      const ParamKind kind = static_cast<ParamKind>(k);
+      if (!covers(kind)) continue;
+      const std::vector<ops::ElemRange>* rs = counted_[k] ? &*counted_[k]
+                                              : sharded_  ? &owned_flat_
+                                                          : nullptr;
+      if (rs == nullptr) {
+        optim::grad_sum_squares(params_, kind, sum_sq + k);
+        continue;
+      }
+      const int64_t nr = static_cast<int64_t>(rs->size());
+      if (params_.dtype() == DType::F32) {
+        ops::sum_squares_ranges(params_.exec(), sum_sq + k,
+                                dev_ptr_cast<const float>(params_.flat_grad(kind)), rs->data(), nr);
+      } else {
+        ops::sum_squares_ranges(params_.exec(), sum_sq + k,
+                                dev_ptr_cast<const double>(params_.flat_grad(kind)), rs->data(),
+                                nr);
+      }
+    }
+    return;
+  }
   if (sharded_) {
     // This rank's owned elements only, so that the group's sum counts each once: one sum over
     // the owned ranges of the flat gradient buffer, in flat order (each range blocked as

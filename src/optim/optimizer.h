@@ -111,6 +111,11 @@ class AdamWOptimizer {
   // optimizer's sums of squared gradients into sum_sq[kind] for the kinds it covers, and the
   // update with the step's scalars (lr, step, clip coefficient, skip) read from `s`.
   void grad_sum_squares(DevPtr<double> sum_sq) const;
+  // The norm's sum of squares covers only the parameters `counted` accepts (tensor parallelism:
+  // a replicated parameter on one TP rank, parallel::GradBuckets::counted_once), of the
+  // elements it covers otherwise (all, or the owned ones). When it accepts every parameter
+  // nothing changes (the same sums, bitwise).
+  void count_only(const std::function<bool(const Param&)>& counted);
   void update(DevPtr<const ops::AdamWStep> s);
   int64_t steps_taken() const { return step_; }
   // Resuming from a checkpoint: the steps already taken (bias correction continues from them).
@@ -140,7 +145,8 @@ class AdamWOptimizer {
   bool holds_master() const { return master_; }
   // The digest of the owned master weights (ParamRegistry::digest's terms for these elements):
   // summed over the group it is the digest of the whole values.
-  uint64_t owned_master_digest() const;
+  // counted: the parameters to include (null: all).
+  uint64_t owned_master_digest(const std::function<bool(const Param&)>& counted = {}) const;
   const Arena& arena() const { return arena_; }
 
  private:
@@ -166,6 +172,9 @@ class AdamWOptimizer {
   std::optional<ShardedState> sharded_;
   std::vector<Piece> pieces_;  // in parameter order
   std::vector<ops::ElemRange> owned_flat_;  // the owned ranges in flat order (the norm's sum)
+  // count_only's ranges of the counted elements per kind, in flat order (adjacent ones merged);
+  // unset: every covered element counts.
+  std::optional<std::vector<ops::ElemRange>> counted_[2];
 };
 
 }  // namespace moecore::optim

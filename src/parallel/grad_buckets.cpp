@@ -23,11 +23,14 @@ void GradReduceConfig::validate() const {
 GradBuckets::GradBuckets(const ParamRegistry& params,
                          const std::vector<std::vector<const Param*>>& stages,
                          const ProcessGroup* dense_group, const ProcessGroup* expert_group,
-                         const GradReduceConfig& cfg)
+                         const GradReduceConfig& cfg, const ProcessGroup* dense_tp,
+                         const ProcessGroup* expert_tp)
     : params_(params), cfg_(cfg) {
   cfg_.validate();
   groups_[0] = dense_group;
   groups_[1] = expert_group;
+  tp_groups_[0] = dense_tp;
+  tp_groups_[1] = expert_tp;
   for (int k = 0; k < 2; ++k) communicates_[k] = groups_[k] != nullptr && groups_[k]->size() > 1;
 
   // Walk the parameters in the order their gradients become final; a bucket grows downwards
@@ -88,6 +91,60 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
   gather_pending_.assign(buckets_.size(), 0);
   launched_.assign(buckets_.size(), 0);
   if (sharded()) plan_shards();
+  plan_tp_sums();
+}
+
+bool GradBuckets::counted_once(const Param& p) const {
+  if (p.spec.tp_role == TpRole::Sharded) return true;
+  const ProcessGroup* g = tp_group(p.spec.kind);
+  return g == nullptr || g->rank == 0;
+}
+
+void GradBuckets::plan_tp_sums() {
+  tp_ranges_.assign(buckets_.size(), {});
+  for (const Param& p : params_.params()) skips_some_ |= !counted_once(p);
+  if (tp_group(ParamKind::Dense) == nullptr && tp_group(ParamKind::Expert) == nullptr) return;
+  // The partial-gradient parameters in flat order, each in the bucket that holds it.
+  std::vector<const Param*> partial;
+  for (const Param& p : params_.params()) {
+    if (p.spec.tp_role == TpRole::ReplicatedPartialGrad && tp_group(p.spec.kind) != nullptr &&
+        p.local_numel() > 0) {
+      partial.push_back(&p);
+    }
+  }
+  std::sort(partial.begin(), partial.end(),
+            [](const Param* a, const Param* b) { return a->offset < b->offset; });
+  for (const Param* p : partial) {
+    size_t b = 0;
+    while (b < buckets_.size() &&
+           !(buckets_[b].kind == p->spec.kind && p->offset >= buckets_[b].offset &&
+             p->offset + p->local_numel() <= buckets_[b].offset + buckets_[b].count)) {
+      ++b;
+    }
+    MOE_CHECK(b < buckets_.size(), "[ddp] '{}' lies in no gradient bucket", p->name());
+    std::vector<Range>& rs = tp_ranges_[b];
+    if (!rs.empty() && rs.back().offset + rs.back().count == p->offset) {
+      rs.back().count += p->local_numel();
+    } else {
+      rs.push_back(Range{p->offset, p->local_numel()});
+    }
+    has_tp_sums_ = true;
+  }
+}
+
+void GradBuckets::tp_sum(size_t b) {
+  const std::vector<Range>& rs = tp_ranges_[b];
+  if (rs.empty()) return;
+  const ProcessGroup* g = tp_group(buckets_[b].kind);
+  const size_t esize = dtype_size(params_.dtype());
+  DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_grad(buckets_[b].kind));
+  // Completed before the bucket's data-parallel reduction reads the sums.
+  for (const Range& r : rs) {
+    g->communicator()
+        .all_reduce_async(DevPtr<void>(flat + r.offset * esize), r.count, params_.dtype(),
+                          ReduceOp::Sum)
+        .wait_on(params_.exec());
+  }
 }
 
 void GradBuckets::plan_shards() {
@@ -117,6 +174,7 @@ void GradBuckets::arm() {
 void GradBuckets::launch(size_t b) {
   launched_[b] = 1;
   if (before_reduce_) before_reduce_(b);
+  tp_sum(b);  // the TP sum of partial gradients first, then the data-parallel reduction
   const GradBucket& bk = buckets_[b];
   const int k = static_cast<int>(bk.kind);
   if (!communicates_[k]) return;
@@ -204,7 +262,7 @@ void GradBuckets::wait_params() {
 }
 
 void GradBuckets::stage_done(int stage) {
-  if (!armed_ || !cfg_.overlap || !communicates()) return;
+  if (!armed_ || !cfg_.overlap || !reduces()) return;
   ScopedPhase phase(Phase::Communication);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (launched_[b] || buckets_[b].ready_stage != stage) continue;
@@ -219,7 +277,7 @@ void GradBuckets::stage_done(int stage) {
 
 void GradBuckets::finish() {
   armed_ = false;
-  if (!communicates()) {
+  if (!reduces()) {
     // Nothing to reduce; the hook still sees every bucket.
     if (before_reduce_) {
       for (size_t b = 0; b < buckets_.size(); ++b) before_reduce_(b);

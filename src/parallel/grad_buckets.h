@@ -12,6 +12,11 @@
 // gathers only start there, non-blocking, in forward order; the next forward waits for each
 // bucket's gather just before its first stage that reads the bucket (params_needed), and
 // everything else that reads the values calls wait_params() first.
+// Tensor parallelism: the gradients of ReplicatedPartialGrad parameters (TpRole: each TP rank's
+// gradient is a partial sum) are all-reduced over their TP group (dense: the attention grid's
+// tp, expert: expt_tp) when their bucket is launched, before its data-parallel reduction, with
+// and without overlap, so the data-parallel reduction and the optimizer see whole gradients.
+// With TP groups of one rank nothing of this runs.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +54,12 @@ class GradBuckets {
   // stages: the parameters in the order their gradients become final (GPTModel::grad_stages()).
   // dense_group / expert_group: where each kind reduces (dp_cp, expt_dp); null or size 1: no
   // communication for that kind.
+  // dense_tp / expert_tp: the TP groups of the kinds (tp, expt_tp) over which the gradients of
+  // ReplicatedPartialGrad parameters are summed first; null or size 1: no TP sum.
   GradBuckets(const ParamRegistry& params, const std::vector<std::vector<const Param*>>& stages,
               const ProcessGroup* dense_group, const ProcessGroup* expert_group,
-              const GradReduceConfig& cfg);
+              const GradReduceConfig& cfg, const ProcessGroup* dense_tp = nullptr,
+              const ProcessGroup* expert_tp = nullptr);
 
   // Before the backward of the step's last micro-batch: from now on stage_done may launch.
   void arm();
@@ -121,12 +129,36 @@ class GradBuckets {
   bool defers_gathers() const { return cfg_.overlap_param_gather && sharded(); }
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
+  // Whether any bucket reduces over a data-parallel group.
   bool communicates() const { return communicates_[0] || communicates_[1]; }
+  // The TP group of a kind (null: none or one rank) and the element ranges of a bucket whose
+  // gradients are summed over it before the data-parallel reduction (ReplicatedPartialGrad
+  // parameters, adjacent ones merged).
+  const ProcessGroup* tp_group(ParamKind kind) const {
+    const ProcessGroup* g = tp_groups_[static_cast<int>(kind)];
+    return g != nullptr && g->size() > 1 ? g : nullptr;
+  }
+  struct Range {
+    int64_t offset = 0;  // in the kind's flat gradient buffer
+    int64_t count = 0;
+  };
+  const std::vector<Range>& tp_sum_ranges(size_t bucket) const { return tp_ranges_[bucket]; }
+  // Whether this rank counts parameter p once in the gradient norm and the weights digest, so
+  // that the sums over the groups see every element once: a Sharded parameter on every rank of
+  // its TP group, a replicated one (Replicated, ReplicatedPartialGrad) on TP rank 0 only.
+  // Always true with a TP group of one rank.
+  bool counted_once(const Param& p) const;
+  // Whether any parameter is not counted here (counted_once false for some).
+  bool skips_some() const { return skips_some_; }
   int64_t launched_during_backward() const { return launched_early_; }
 
  private:
   void launch(size_t b);
+  void tp_sum(size_t b);
+  // Whether finishing the buckets does anything beyond the hook (a DP or a TP reduction).
+  bool reduces() const { return communicates() || has_tp_sums_; }
   void plan_shards();
+  void plan_tp_sums();
   void start_gather(size_t b);
   void wait_gather(size_t b);
 
@@ -134,6 +166,10 @@ class GradBuckets {
   GradReduceConfig cfg_;
   const ProcessGroup* groups_[2] = {nullptr, nullptr};
   bool communicates_[2] = {false, false};
+  const ProcessGroup* tp_groups_[2] = {nullptr, nullptr};
+  std::vector<std::vector<Range>> tp_ranges_;  // per bucket
+  bool has_tp_sums_ = false;
+  bool skips_some_ = false;
   std::vector<GradBucket> buckets_;
   std::vector<CommHandle> handles_;
   std::vector<char> launched_;

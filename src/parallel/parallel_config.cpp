@@ -95,7 +95,9 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
         std::tuple{m.num_query_groups, "--num-query-groups", 1},
         std::tuple{m.ffn_hidden, "--ffn-hidden-size", 1},
         std::tuple{m.moe_ffn_hidden, "--moe-ffn-hidden-size", 1},
-        std::tuple{m.seq_length, "--seq-length", 1}}) {
+        std::tuple{m.seq_length, "--seq-length", 1},
+        std::tuple{m.shared_ffn_hidden, "--moe-shared-expert-intermediate-size", 0},
+        std::tuple{m.vocab_size, "--vocab-size", 1}}) {
     MOE_CHECK(!v || *v >= least, "[parallel] {} {} must be >= {}", flag, *v, least);
   }
   if (m.num_experts) {
@@ -167,6 +169,21 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
               "{}",
               *m.ffn_hidden, cfg.tp);
   }
+  if (m.shared_ffn_hidden && *m.shared_ffn_hidden > 0) {
+    MOE_CHECK(*m.shared_ffn_hidden % cfg.tp == 0,
+              "[parallel] --moe-shared-expert-intermediate-size {} is not divisible by "
+              "--tensor-model-parallel-size {}: the shared experts split their width over TP; "
+              "pick a multiple of {}",
+              *m.shared_ffn_hidden, cfg.tp, cfg.tp);
+  }
+  if (m.vocab_size) {
+    MOE_CHECK(*m.vocab_size % cfg.tp == 0,
+              "[parallel] the padded vocabulary of {} entries is not divisible by "
+              "--tensor-model-parallel-size {}: the embedding and the output head split it over "
+              "TP; set --make-vocab-size-divisible-by to a multiple of {} (Megatron's default "
+              "128 is one for TP sizes that divide 128)",
+              *m.vocab_size, cfg.tp, cfg.tp);
+  }
   if (m.moe_ffn_hidden && (!m.num_experts || *m.num_experts > 0)) {
     MOE_CHECK(*m.moe_ffn_hidden % d.etp == 0,
               "[parallel] --moe-ffn-hidden-size {} is not divisible by expert TP {} "
@@ -187,6 +204,14 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
                 "--sequence-parallel splits each rank's sequence over TP",
                 s, cfg.tp, cfg.cp);
     }
+    // Dense models without --sequence-parallel keep whole sequences on every TP rank.
+    const bool splits = cfg.sequence_parallel || !m.num_experts || *m.num_experts > 0;
+    MOE_CHECK(!splits || s % cfg.tp == 0,
+              "[parallel] --seq-length {} is not divisible by --tensor-model-parallel-size {}: "
+              "with TP > 1 the MoE layer (and --sequence-parallel) split each sequence over the "
+              "TP ranks by position; pick a --seq-length that is a multiple of {} or another TP "
+              "size",
+              s, cfg.tp, cfg.tp);
   }
   return d;
 }

@@ -58,13 +58,16 @@ struct ModelDims {
   std::optional<int64_t> ffn_hidden;           // --ffn-hidden-size
   std::optional<int64_t> moe_ffn_hidden;       // --moe-ffn-hidden-size
   std::optional<int64_t> seq_length;           // --seq-length
+  std::optional<int64_t> shared_ffn_hidden;    // --moe-shared-expert-intermediate-size (0: none)
+  std::optional<int64_t> vocab_size;           // the padded vocabulary
 };
 
 // resolve_degrees plus the model-dependent rules: EP divides the expert count (and needs
 // experts), PP divides the layers unless uneven stages are given (then the stages must add up),
 // TP > 1 with EP > 1 needs --sequence-parallel, heads / query groups / ffn widths divisible by
-// tp (etp for experts), sequence length divisible by 2*cp (causal load balancing) and, with
-// sequence parallelism, by tp*cp.
+// tp (etp for experts), the shared experts' width and the padded vocabulary divisible by tp,
+// sequence length divisible by 2*cp (causal load balancing), by tp (the MoE layer and sequence
+// parallelism split tokens by sequence position) and, with sequence parallelism, by tp*cp.
 Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& model);
 
 // Layers held by pipeline stage `stage` (uneven first/last stages honoured).

@@ -57,25 +57,65 @@ void TrainConfig::validate(int dp) const {
 void check_parallel_support(const parallel::ParallelConfig& p) {
   auto not_yet = [](int v, const char* flag, const char* what) {
     MOE_CHECK(v == 1,
-              "[train] {} {}: {} is not implemented yet; moecore train runs data and expert "
-              "parallelism (--expert-model-parallel-size): set {} 1",
+              "[train] {} {}: {} is not implemented yet; moecore train runs data, tensor "
+              "(--tensor-model-parallel-size, --sequence-parallel), expert "
+              "(--expert-model-parallel-size) and expert tensor parallelism "
+              "(--expert-tensor-parallel-size): set {} 1",
               flag, v, what, flag);
   };
-  not_yet(p.tp, "--tensor-model-parallel-size", "tensor parallelism");
   not_yet(p.cp, "--context-parallel-size", "context parallelism");
   not_yet(p.pp, "--pipeline-model-parallel-size", "pipeline parallelism");
-  not_yet(p.expert_tp(), "--expert-tensor-parallel-size", "expert tensor parallelism");
-  MOE_CHECK(!p.sequence_parallel || p.tp > 1,
-            "[train] --sequence-parallel needs tensor parallelism "
-            "(--tensor-model-parallel-size > 1), which is not implemented yet: drop "
-            "--sequence-parallel");
+}
+
+optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
+                                   const parallel::GradBuckets& buckets, const Exec& ex) {
+  optim::GradNormSync sync;
+  // Every element counts once: TP slices on every TP rank, replicated parameters on TP rank 0.
+  if (buckets.skips_some()) {
+    const parallel::GradBuckets* b = &buckets;
+    sync.counted = [b](const Param& p) { return b->counted_once(p); };
+  }
+  if (groups == nullptr) return sync;
+  // The sums feed grad_clip, an op: ordered on the stream where the backend can.
+  const auto sum_over = [&ex](const parallel::ProcessGroup* g) {
+    const Exec* e = &ex;
+    return [g, e](DevPtr<double> sq) {
+      g->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*e);
+    };
+  };
+  // The distributed optimizer: each rank's owned elements, summed over the bucket's group
+  // (dense: dp x cp, expert: expt_dp) first.
+  if (buckets.sharded()) {
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      const parallel::ProcessGroup* g = buckets.group(k);
+      if (g == nullptr || g->size() == 1) continue;
+      (k == ParamKind::Dense ? sync.sum_dense_shards : sync.sum_expert_shards) = sum_over(g);
+    }
+  }
+  // Dense: over tp. Expert: each expert's slices live on one tp_ep group (expt_tp x ep; ep
+  // alone without expert tensor parallelism).
+  const parallel::ProcessGroup& tp = groups->group(parallel::GroupKind::Tp);
+  if (tp.size() > 1) sync.sum_dense = sum_over(&tp);
+  const parallel::ProcessGroup& expert =
+      groups->group(groups->group(parallel::GroupKind::ExptTp).size() > 1
+                        ? parallel::GroupKind::TpEp
+                        : parallel::GroupKind::Ep);
+  if (expert.size() > 1) sync.sum_expert = sum_over(&expert);
+  return sync;
 }
 
 // Before the model is built layer by layer (minutes for a size no machine holds): its weights,
 // gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
 // for the backward (a lower bound of the activations) against the host memory available.
-static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t micro_batch) {
-  const double params = m.min_params_per_rank(ep);
+static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, int64_t etp,
+                                  int64_t micro_batch) {
+  // min_params_per_rank(ep) = dense + experts / ep: the expert part from two EP sizes, then
+  // dense / tp + experts / (ep * etp) (the replicated norms and biases are left out: a lower
+  // bound still).
+  const double at_ep = m.min_params_per_rank(ep);
+  const double experts = 2.0 * (at_ep - m.min_params_per_rank(2 * ep));  // experts / ep
+  const double params = (at_ep - experts) / static_cast<double>(tp) +
+                        experts / static_cast<double>(etp);
   const double rope = m.position_embedding == PositionEmbedding::Rope
                           ? 4.0 * static_cast<double>(m.max_positions() * m.head_dim())
                           : 0.0;
@@ -89,8 +129,8 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t micr
             "moments of {:.4g} parameters: {}; the layers' inputs of one micro-batch of {} x {} "
             "tokens: {}) but {} is available on this machine: lower --num-layers, "
             "--hidden-size, --num-experts, the FFN sizes, --seq-length or --micro-batch-size, or "
-            "use more expert-parallel ranks (`moecore plan` with the same flags shows the memory "
-            "per rank)",
+            "use more tensor- or expert-parallel ranks (`moecore plan` with the same flags shows "
+            "the memory per rank)",
             format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch, m.seq_length,
             format_bytes(activations), format_bytes(available));
 }
@@ -126,8 +166,9 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
   model_cfg_.validate();
-  check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->layout().degrees.ep : 1,
-                        cfg_.micro_batch);
+  check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->degrees().ep : 1,
+                        groups_ != nullptr ? groups_->degrees().tp : 1,
+                        groups_ != nullptr ? groups_->degrees().etp : 1, cfg_.micro_batch);
   MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with data-parallel size {} "
             "is not implemented yet: its counts must be summed over TP x DP x CP inside every "
@@ -181,8 +222,12 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
                                                 /*size_only=*/false, exec_);
 
-  buckets_ = std::make_unique<parallel::GradBuckets>(model_->params(), model_->grad_stages(),
-                                                     dense_group, expert_group, cfg_.ddp);
+  // The partial gradients of ReplicatedPartialGrad parameters are summed over tp (dense) and
+  // expt_tp (expert) first.
+  buckets_ = std::make_unique<parallel::GradBuckets>(
+      model_->params(), model_->grad_stages(), dense_group, expert_group, cfg_.ddp,
+      groups_ ? &groups_->group(parallel::GroupKind::Tp) : nullptr,
+      groups_ ? &groups_->group(parallel::GroupKind::ExptTp) : nullptr);
   model_->set_grad_ready_hook([this](int stage) { buckets_->stage_done(stage); });
   // --overlap-param-gather: each forward stage waits for the gathers of its parameters; with
   // --bf16 a bucket's compute copies follow its gather (refresh_bf16 after the step skips the
@@ -195,20 +240,12 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     });
   }
 
-  optim::GradNormSync norm_sync;
-  if (groups_ && groups_->group(parallel::GroupKind::Ep).size() > 1) {
-    const parallel::ProcessGroup* ep = &groups_->group(parallel::GroupKind::Ep);
-    // The sums feed grad_clip, an op: ordered on the stream where the backend can.
-    const Exec* ex = &exec_;
-    norm_sync.sum_expert = [ep, ex](DevPtr<double> sq) {
-      ep->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
-    };
-  }
+  const optim::GradNormSync norm_sync = grad_norm_sync(groups_, *buckets_, exec_);
   MOE_CHECK(sharded == buckets_->sharded(), "[train] the distributed optimizer's groups "
             "disagree with its buckets");
   if (sharded) {
     // ZeRO-1: each rank updates its shard of every bucket; the norm's owned sums of squares
-    // add up over the bucket's group (dense: dp x cp, expert: expt_dp, then ep as above).
+    // add up over the bucket's group (grad_norm_sync).
     optim::ShardedState sharded;
     sharded.seed = cfg_.seed;
     for (size_t b = 0; b < buckets_->buckets().size(); ++b) {
@@ -218,13 +255,6 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
     for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
       sharded.owned_numel[static_cast<int>(k)] = buckets_->owned_numel(k);
-      const parallel::ProcessGroup* g = buckets_->group(k);
-      if (g == nullptr || g->size() == 1) continue;
-      const Exec* ex = &exec_;
-      auto sum = [g, ex](DevPtr<double> sq) {
-        g->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
-      };
-      (k == ParamKind::Dense ? norm_sync.sum_dense_shards : norm_sync.sum_expert_shards) = sum;
     }
     parallel::GradBuckets* buckets = buckets_.get();
     ParamRegistry* params = &model_->params();
@@ -543,17 +573,24 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     const parallel::Degrees& d = groups_->degrees();
     int64_t dense_buckets = 0;
     for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
+    const bool sp = groups_->layout().config.sequence_parallel && d.tp > 1;
     fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
-                    "{}), expert parallel {} x expert data parallel {}; gradient buckets: {} "
-                    "dense over dp_cp, {} expert over expt_dp, {}{}\n",
-               d.world, dp_size_, n_micro_, cfg_.micro_batch, d.ep, d.edp, dense_buckets,
+                    "{}), tensor parallel {}{}, expert parallel {} x expert tensor parallel {} x "
+                    "expert data parallel {}; gradient buckets: {} dense over dp_cp, {} expert "
+                    "over expt_dp, {}{}{}\n",
+               d.world, dp_size_, n_micro_, cfg_.micro_batch, d.tp,
+               sp ? " with sequence parallelism" : "", d.ep, d.etp, d.edp, dense_buckets,
                buckets_->buckets().size() - dense_buckets,
                cfg_.ddp.overlap ? "overlapped with the backward (--overlap-grad-reduce)"
                                 : "reduced after the backward",
                !buckets_->sharded() ? ""
                : buckets_->defers_gathers()
                    ? "; parameters all-gathered during the next forward (--overlap-param-gather)"
-                   : "; parameters all-gathered after the optimizer step");
+                   : "; parameters all-gathered after the optimizer step",
+               buckets_->tp_group(ParamKind::Dense) != nullptr ||
+                       buckets_->tp_group(ParamKind::Expert) != nullptr
+                   ? "; partial gradients of replicated parameters summed over tp / expt_tp first"
+                   : "");
   }
   {
     const ModelConfig& mc = model_cfg_;
@@ -835,19 +872,26 @@ uint64_t BasicTrainer<T>::weights_digest() const {
     groups_->group(g).communicator().all_reduce(sum);
     return std::bit_cast<uint64_t>(sum[0]);
   };
+  std::function<bool(const Param&)> counted;
+  if (buckets_->skips_some()) {
+    counted = [this](const Param& q) { return buckets_->counted_once(q); };
+  }
   uint64_t dense = 0, experts = 0;
   if (p.holds_master()) {
     // Dense parameters are whole on every rank; expert parameters are split over the EP group
     // (and replicated over expert-data-parallel ranks, which hold the same slices).
-    dense = p.digest(ParamKind::Dense);
-    experts = p.digest(ParamKind::Expert);
+    dense = p.digest(ParamKind::Dense, counted);
+    experts = p.digest(ParamKind::Expert, counted);
   } else {
     // The master weights are the distributed optimizer's shards: dense ones over dp x cp,
     // expert ones over expt_dp.
-    dense = sum_over(optimizer_->dense().owned_master_digest(), parallel::GroupKind::DpCp);
-    experts = sum_over(optimizer_->expert().owned_master_digest(), parallel::GroupKind::ExptDp);
+    dense = sum_over(optimizer_->dense().owned_master_digest(counted), parallel::GroupKind::DpCp);
+    experts =
+        sum_over(optimizer_->expert().owned_master_digest(counted), parallel::GroupKind::ExptDp);
   }
-  return dense + sum_over(experts, parallel::GroupKind::Ep);
+  // TP slices add up over tp (dense) and expt_tp (expert); replicated parameters count on TP
+  // rank 0 only.
+  return sum_over(dense, parallel::GroupKind::Tp) + sum_over(experts, expert_model_group());
 }
 
 template <typename T>

@@ -66,10 +66,18 @@ struct TrainConfig {
 // and `moecore plan`: one message for both).
 void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
 
-// The parallel degrees `moecore train` implements: data parallelism and expert parallelism.
-// Throws naming the flag for tensor, context, pipeline and expert-tensor parallelism (not
-// implemented yet) and for --sequence-parallel without tensor parallelism.
+// The parallel degrees `moecore train` implements: data, tensor (with or without sequence
+// parallelism), expert and expert tensor parallelism. Throws naming the flag for context and
+// pipeline parallelism (not implemented yet).
 void check_parallel_support(const parallel::ParallelConfig& cfg);
+
+// How the gradient norm's sums of squares combine over the ranks of these groups (null: one
+// rank) for these buckets (MOE_SEMANTICS "Gradients and the optimizer"): every element counted
+// once (replicated parameters on TP rank 0 only: GradBuckets::counted_once), the distributed
+// optimizer's owned sums over dp x cp / expt_dp, then the dense sum over tp and the expert sum
+// over tp_ep (ep without expert tensor parallelism).
+optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
+                                   const parallel::GradBuckets& buckets, const Exec& ex);
 
 template <typename T>
 class BasicTrainer {
@@ -146,6 +154,13 @@ class BasicTrainer {
 
  private:
   void print_header(std::ostream& log) const;
+  // The group an expert's sums over its model-parallel ranks run in: ep, or tp_ep (expt_tp x
+  // ep) with expert tensor parallelism.
+  parallel::GroupKind expert_model_group() const {
+    return groups_ != nullptr && groups_->group(parallel::GroupKind::ExptTp).size() > 1
+               ? parallel::GroupKind::TpEp
+               : parallel::GroupKind::Ep;
+  }
   // The optimizer state's sharding degree per kind and the bytes per parameter of weights +
   // grads + optimizer state, measured from the arenas and by state_bytes_formula, into m.
   void memory_per_param(StepMetrics& m) const;

@@ -212,6 +212,11 @@ TEST_F(BadInputs, Train) {
       {t + "--seq-length 1000000000 --max-position-embeddings 1000000000 "
            "--position-embedding-type rope", 1, {"[memory] the model needs at least"}},
       {t + "--no-such-flag", 1, {"unrecognized argument --no-such-flag"}},
+      // Tensor parallelism trains; its layout is checked against the world before any work.
+      {t + "--tensor-model-parallel-size 2 --sequence-parallel", 1,
+       {"world size 1 is not divisible by tp*cp*pp = 2*1*1 = 2"}},
+      {t + "--context-parallel-size 2", 1,
+       {"--context-parallel-size 2: context parallelism is not implemented yet"}},
   });
 }
 

@@ -203,13 +203,13 @@ TEST(Cli, SyncAuditedStepsAllocateNothing) {
 // Parallel flags are real: the implemented ones run (one rank here; tests/parallel has mpirun),
 // the others stop before training naming their flag.
 TEST(Cli, ParallelFlags) {
+  // Tensor and expert tensor parallelism train: one process is not their world.
   expect_stops("--tensor-model-parallel-size 2",
-               "--tensor-model-parallel-size 2: tensor parallelism is not implemented yet");
+               "world size 1 is not divisible by tp*cp*pp = 2*1*1 = 2");
   expect_stops("--context-parallel-size 2", "--context-parallel-size 2: context parallelism");
   expect_stops("--pipeline-model-parallel-size 2",
                "--pipeline-model-parallel-size 2: pipeline parallelism");
-  expect_stops("--expert-tensor-parallel-size 2",
-               "--expert-tensor-parallel-size 2: expert tensor parallelism");
+  expect_stops("--expert-tensor-parallel-size 2", "etp*ep*pp = 2*1*1 = 2");
   expect_stops("--expert-model-parallel-size 2", "etp*ep*pp = 1*2*1 = 2");  // one rank only
   expect_stops("--ddp-bucket-size -5", "--ddp-bucket-size -5 is out of range: it must be >= 0");
   CommandResult r = run("train" + std::string(kTiny) +
@@ -217,6 +217,10 @@ TEST(Cli, ParallelFlags) {
                         "--expert-model-parallel-size 1 --distributed-timeout-minutes 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[train] parallel: 1 ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tensor parallel 1, expert parallel 1 x expert tensor parallel 1 x "
+                          "expert data parallel 1"),
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(r.output.find("accepted without effect"), std::string::npos) << r.output;
   // Megatron turns sequence parallelism off without tensor parallelism, and says so.
   CommandResult sp = run("train" + std::string(kTiny) + " --sequence-parallel");

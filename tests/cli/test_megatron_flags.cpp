@@ -416,6 +416,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--exit-signal-handler", "", "", {{"train.ckpt.exit_signal_handler", "true"}}},
       // Parallelism (one rank parses any layout; the ranks check it against the world).
       {"--expert-model-parallel-size", "", "2", {{"parallel.ep", "2"}}},
+      {"--tensor-model-parallel-size", "", "2", {{"parallel.tp", "2"}}},
       {"--expert-tensor-parallel-size", "", "1", {{"parallel.etp", "1"}}},
       {"--use-tp-pp-dp-mapping", "", "", {{"parallel.use_tp_pp_dp_mapping", "true"}}},
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
@@ -433,8 +434,8 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
   };
   const std::vector<FlagNoEffect> no_effect = {
       {"--sequence-parallel", "",
-       "Megatron turns sequence parallelism off without tensor parallelism, with a notice, and "
-       "tensor parallelism is not implemented yet"},
+       "Megatron turns sequence parallelism off without tensor parallelism (TP 1 here), with a "
+       "notice"},
       {"--fp32", "", "fp32 training is the default; --bf16 is the other precision"},
       {"--rotary-seq-len-interpolation-factor", "1", "a factor of 1 interpolates nothing"},
   };

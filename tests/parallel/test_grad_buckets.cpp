@@ -362,5 +362,225 @@ TEST(GradBuckets, OverlapParamGatherWaitsForEachBucketBeforeItsForwardStage) {
   }
 }
 
+// Tensor parallelism, scripted on one process: a "tp" / "expt_tp" communicator adds the other
+// TP rank's partial gradient (kTpRemote) to what it all-reduces, a "dp" / "expt_dp" one doubles
+// (the other data-parallel rank's equal gradient) or, with the distributed optimizer,
+// reduce-scatters (this rank's slot doubled). Both log what they reduce, so the tests see that
+// exactly the ReplicatedPartialGrad parameters are TP-summed, once a step, each before its
+// bucket's data-parallel reduction: with it first a partial gradient g ends as (g + 100) * 2.
+class ScriptedSumComm final : public Communicator {
+ public:
+  struct Event {
+    std::string group;
+    int64_t offset = 0;  // elements from the log's base
+    int64_t count = 0;
+  };
+  static constexpr float kTpRemote = 100.0f;
+  ScriptedSumComm(std::string name, std::vector<Event>* log, const float* const* base)
+      : name_(std::move(name)), log_(log), base_(base) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+
+ protected:
+  CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
+    EXPECT_EQ(dt, DType::F32);
+    EXPECT_EQ(op, ReduceOp::Sum);
+    float* x = static_cast<float*>(data);
+    log_->push_back(Event{name_, x - *base_, count});
+    const bool tp = name_.find("tp") != std::string::npos;
+    for (int64_t i = 0; i < count; ++i) x[i] = tp ? x[i] + kTpRemote : 2 * x[i];
+    return CommHandle();
+  }
+  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                    bool, DType dt, ReduceOp) override {
+    EXPECT_EQ(dt, DType::F32);
+    EXPECT_EQ(name_.find("tp"), std::string::npos) << "TP sums are all-reduces";
+    const float* x = static_cast<const float*>(send);
+    float* y = static_cast<float*>(recv);
+    EXPECT_EQ(y, x) << "rank 0's slot (the first), in place";
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    log_->push_back(Event{name_, x - *base_, total});
+    for (int64_t i = 0; i < counts[0]; ++i) y[i] = 2 * y[i];
+    return CommHandle();
+  }
+  CommHandle start_all_gather_v(const void*, void*, std::span<const int64_t>, bool,
+                                DType) override {
+    return unexpected();
+  }
+  CommHandle start_all_to_all_v(const void*, std::span<const int64_t>, void*,
+                                std::span<const int64_t>, DType) override {
+    return unexpected();
+  }
+  CommHandle start_broadcast(void*, int64_t, DType, int) override { return unexpected(); }
+  CommHandle start_send(const void*, int64_t, DType, int, int) override { return unexpected(); }
+  CommHandle start_recv(void*, int64_t, DType, int, int) override { return unexpected(); }
+  CommHandle start_barrier() override { return unexpected(); }
+
+ private:
+  static CommHandle unexpected() {
+    ADD_FAILURE() << "only all-reduces and reduce-scatters are expected";
+    return CommHandle();
+  }
+  std::string name_;
+  std::vector<Event>* log_;
+  const float* const* base_;  // the flat gradient buffer of the group's kind
+  std::vector<int> ranks_ = {0, 1};
+};
+
+// Dense: col [4] Sharded, norm [3] and router [2] ReplicatedPartialGrad, bias [2] Replicated;
+// expert: fc1 [4] Sharded, fc2_bias [2] ReplicatedPartialGrad. Stage 0 completes router, bias
+// and the expert parameters, stage 1 col and norm.
+struct TpFixture {
+  ParamRegistry params{DType::F32};
+  Arena arena;
+  std::vector<std::vector<const Param*>> stages;
+  TpFixture() {
+    auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) -> const Param* {
+      ParamSpec s{name, {n}, ParamInit::Ones, 0, kind, true, {}};
+      s.tp_role = role;
+      return &params.add(s);
+    };
+    const Param* col = add("col", 4, ParamKind::Dense, TpRole::Sharded);
+    const Param* norm = add("norm", 3, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
+    const Param* bias = add("bias", 2, ParamKind::Dense, TpRole::Replicated);
+    const Param* router = add("router", 2, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
+    const Param* fc1 = add("fc1", 4, ParamKind::Expert, TpRole::Sharded);
+    const Param* fc2_bias = add("fc2_bias", 2, ParamKind::Expert, TpRole::ReplicatedPartialGrad);
+    arena.plan([&](Arena& a) { params.allocate(a); });
+    params.init(0);
+    stages = {{router, bias, fc2_bias, fc1}, {norm, col}};
+  }
+  float* grad(ParamKind k) { return static_cast<float*>(testing::host(params.flat_grad(k))); }
+  void fill_grads() {
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      for (int64_t i = 0; i < params.numel(k); ++i) grad(k)[i] = 1.0f + static_cast<float>(i);
+    }
+  }
+  bool partial(ParamKind k, int64_t i) const {
+    for (const Param& p : params.params()) {
+      if (p.spec.kind == k && i >= p.offset && i < p.offset + p.local_numel()) {
+        return p.spec.tp_role == TpRole::ReplicatedPartialGrad;
+      }
+    }
+    ADD_FAILURE() << i << " in no parameter";
+    return false;
+  }
+};
+
+ProcessGroup sum_group(const std::string& name, std::vector<ScriptedSumComm::Event>* log,
+                       const float* const* base) {
+  ProcessGroup g;
+  g.name = name;
+  g.ranks = {0, 1};
+  g.rank = 0;
+  g.comm = std::make_unique<ScriptedSumComm>(name, log, base);
+  return g;
+}
+
+TEST(GradBuckets, TpSumOfPartialGradientsOnceBeforeTheDataParallelReduction) {
+  for (bool distopt : {false, true}) {
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "distopt " << distopt << " overlap " << overlap);
+      TpFixture fx;
+      const float* dense_base = fx.grad(ParamKind::Dense);
+      const float* expert_base = fx.grad(ParamKind::Expert);
+      std::vector<ScriptedSumComm::Event> log;
+      ProcessGroup dp = sum_group("dp_cp", &log, &dense_base);
+      ProcessGroup edp = sum_group("expt_dp", &log, &expert_base);
+      ProcessGroup tp = sum_group("tp", &log, &dense_base);
+      ProcessGroup etp = sum_group("expt_tp", &log, &expert_base);
+      GradReduceConfig c;
+      c.overlap = overlap;
+      c.distributed_optimizer = distopt;
+      GradBuckets b(fx.params, fx.stages, &dp, &edp, c, &tp, &etp);
+      // Buckets: stage 0 dense [bias, router] = [7, 11), expert [0, 6); stage 1 dense [0, 7).
+      ASSERT_EQ(b.buckets().size(), 3u);
+      EXPECT_EQ(b.tp_sum_ranges(0).size(), 1u);  // router
+      EXPECT_EQ(b.tp_sum_ranges(0)[0].offset, 9);
+      EXPECT_EQ(b.tp_sum_ranges(0)[0].count, 2);
+      EXPECT_EQ(b.tp_sum_ranges(1)[0].offset, 4);  // expert: fc2_bias
+      EXPECT_EQ(b.tp_sum_ranges(2)[0].offset, 4);  // dense stage 1: norm
+      EXPECT_EQ(b.tp_sum_ranges(2)[0].count, 3);
+      for (int step = 0; step < 2; ++step) {
+        fx.fill_grads();
+        log.clear();
+        b.arm();
+        for (int s = 0; s < 2; ++s) b.stage_done(s);
+        b.finish();
+        EXPECT_EQ(b.launched_during_backward(), overlap ? 3 : 0);
+        const std::vector<std::pair<std::string, int64_t>> want = {
+            {"tp", 9}, {"dp_cp", 7}, {"expt_tp", 4}, {"expt_dp", 0}, {"tp", 4}, {"dp_cp", 0}};
+        ASSERT_EQ(log.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_EQ(log[i].group, want[i].first) << i;
+          EXPECT_EQ(log[i].offset, want[i].second) << i;
+        }
+        for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+          for (int64_t i = 0; i < fx.params.numel(k); ++i) {
+            const bool owned = [&] {
+              if (!distopt) return true;
+              for (size_t bi = 0; bi < b.buckets().size(); ++bi) {
+                const BucketShard& sh = b.shard(bi);
+                if (b.buckets()[bi].kind == k && i >= sh.begin && i < sh.begin + sh.count)
+                  return true;
+              }
+              return false;
+            }();
+            const float g = 1.0f + static_cast<float>(i);
+            const float want_g = fx.partial(k, i) ? (g + ScriptedSumComm::kTpRemote) * 2 : 2 * g;
+            if (owned) EXPECT_EQ(fx.grad(k)[i], want_g) << static_cast<int>(k) << " " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Without data-parallel groups the TP sums still run (TP 2 on two ranks: dp 1); with TP groups
+// of one rank nothing is summed.
+TEST(GradBuckets, TpSumWithoutDataParallelismAndNoneForOneRank) {
+  TpFixture fx;
+  const float* dense_base = fx.grad(ParamKind::Dense);
+  const float* expert_base = fx.grad(ParamKind::Expert);
+  std::vector<ScriptedSumComm::Event> log;
+  ProcessGroup tp = sum_group("tp", &log, &dense_base);
+  ProcessGroup etp = sum_group("expt_tp", &log, &expert_base);
+  GradBuckets b(fx.params, fx.stages, nullptr, nullptr, GradReduceConfig{}, &tp, &etp);
+  EXPECT_FALSE(b.communicates());
+  fx.fill_grads();
+  b.arm();
+  b.finish();
+  EXPECT_EQ(log.size(), 3u);
+  EXPECT_EQ(fx.grad(ParamKind::Dense)[9], 10.0f + ScriptedSumComm::kTpRemote);
+  EXPECT_EQ(fx.grad(ParamKind::Dense)[7], 8.0f);  // bias: Replicated, not summed
+  EXPECT_EQ(fx.grad(ParamKind::Expert)[5], 6.0f + ScriptedSumComm::kTpRemote);
+  // Counted once: sharded everywhere, replicated on TP rank 0 (this one) only.
+  for (const Param& p : fx.params.params()) EXPECT_TRUE(b.counted_once(p)) << p.name();
+  EXPECT_FALSE(b.skips_some());
+  tp.rank = 1;
+  GradBuckets r1(fx.params, fx.stages, nullptr, nullptr, GradReduceConfig{}, &tp, nullptr);
+  EXPECT_TRUE(r1.skips_some());
+  EXPECT_TRUE(r1.counted_once(fx.params.get("col")));
+  EXPECT_FALSE(r1.counted_once(fx.params.get("norm")));
+  EXPECT_FALSE(r1.counted_once(fx.params.get("bias")));
+  EXPECT_TRUE(r1.counted_once(fx.params.get("fc2_bias")));  // no expert TP group here
+
+  // One-rank TP groups (unconnected: touching them would throw): no sums, all counted.
+  ParallelConfig cfg;
+  ProcessGroups groups(make_layout(cfg, 1), 0);
+  GradBuckets one(fx.params, fx.stages, nullptr, nullptr, GradReduceConfig{}, &groups.tp(),
+                  &groups.expt_tp());
+  EXPECT_EQ(one.tp_group(ParamKind::Dense), nullptr);
+  for (size_t i = 0; i < one.buckets().size(); ++i) EXPECT_TRUE(one.tp_sum_ranges(i).empty());
+  fx.fill_grads();
+  one.arm();
+  one.finish();
+  EXPECT_EQ(fx.grad(ParamKind::Dense)[9], 10.0f);
+  EXPECT_FALSE(one.skips_some());
+}
+
 }  // namespace
 }  // namespace moecore::parallel

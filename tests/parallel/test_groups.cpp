@@ -323,6 +323,35 @@ TEST(ParallelValidation, ModelDimensionsAndDegrees) {
                {"rank 2 outside the world"});
 }
 
+// What a TP / ETP layout needs beyond the degrees: the sequence split by position over TP (the
+// MoE layer's tokens, with or without --sequence-parallel), the shared experts' width and the
+// padded vocabulary split over TP. Dense models without --sequence-parallel keep whole
+// sequences.
+TEST(ParallelValidation, TensorParallelSplitsOfTheModel) {
+  ModelDims m = dims(2, 4);
+  m.seq_length = 6;
+  expect_error([&] { validate_layout(cfg(4, 1, 1, 1, 1), 4, m); },
+               {"--seq-length 6 is not divisible by --tensor-model-parallel-size 4",
+                "multiple of 4"});
+  m.seq_length = 8;
+  EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, m));
+  ModelDims dense = dims(2, 0);
+  dense.seq_length = 6;
+  EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, dense));
+  m.shared_ffn_hidden = 6;
+  expect_error([&] { validate_layout(cfg(4, 1, 1, 1, 1), 4, m); },
+               {"--moe-shared-expert-intermediate-size 6", "--tensor-model-parallel-size 4",
+                "multiple of 4"});
+  m.shared_ffn_hidden = 0;  // none
+  EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, m));
+  m.vocab_size = 66;
+  expect_error([&] { validate_layout(cfg(4, 1, 1, 1, 1), 4, m); },
+               {"padded vocabulary of 66 entries", "--tensor-model-parallel-size 4",
+                "--make-vocab-size-divisible-by to a multiple of 4"});
+  m.vocab_size = 128;
+  EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, m));
+}
+
 TEST(ParallelFlags, ParseMegatronNames) {
   CLI::App app;
   ParallelConfig c;

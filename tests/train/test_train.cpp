@@ -318,6 +318,38 @@ TEST(ChainedOptimizer, ExpertSquaresSummedOverEpOneClipCoefficientForBoth) {
   EXPECT_NEAR(host(q.get("w").data_as<float>())[0], 0.9, 1e-6);
 }
 
+// Tensor parallelism's counting (one process standing for TP rank 1): the replicated "norm"
+// is left out of this rank's sum of squares (TP rank 0 counts it), the dense sum then adds up
+// over tp (here: rank 0's sum, scripted); a filter that keeps everything changes no bit.
+TEST(ChainedOptimizer, CountedParametersOnlyThenSummedOverTp) {
+  ParamRegistry p(DType::F32);
+  Arena arena;
+  fill_optimizer_registry(p, arena);
+  static_cast<float*>(host(p.flat_grad(ParamKind::Dense)))[2] = 5;  // norm's gradient
+  optim::AdamWConfig cfg;
+  cfg.weight_decay = 0;
+  {
+    optim::AdamWOptimizer dense(p, cfg, ParamKind::Dense);
+    double all[2] = {-1, -1}, kept[2] = {-1, -1};
+    dense.grad_sum_squares(all);
+    dense.count_only([](const Param&) { return true; });
+    dense.grad_sum_squares(kept);
+    EXPECT_EQ(all[0], 9.0 + 25.0);
+    EXPECT_EQ(std::bit_cast<uint64_t>(all[0]), std::bit_cast<uint64_t>(kept[0]));
+    dense.count_only([](const Param& q) { return q.name() != "norm"; });
+    double counted[2] = {-1, -1};
+    dense.grad_sum_squares(counted);
+    EXPECT_EQ(counted[0], 9.0);
+    EXPECT_EQ(counted[1], -1.0);
+  }
+  optim::GradNormSync sync;
+  sync.counted = [](const Param& q) { return q.name() != "norm"; };
+  // TP rank 0 counted its slice of w (3^2 again, as if the slices were equal) and the norm.
+  sync.sum_dense = [](DevPtr<double> sq) { *host(sq) += 9.0 + 25.0; };
+  optim::ChainedOptimizer opt(p, cfg, sync);
+  EXPECT_DOUBLE_EQ(opt.step(0.1).grad_norm, std::sqrt(9.0 + 9.0 + 25.0 + 16.0));
+}
+
 cli::TrainFlags short_run_flags(int64_t iters) {
   cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
