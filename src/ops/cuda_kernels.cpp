@@ -25,8 +25,8 @@ std::span<const OpKernel> op_kernels() {
     {"cast_bf16_to_f32", true}, {"cast_f32_to_bf16", true}, {"copy", true},
     {"copy_row_chunks", true}, {"count_tokens_per_expert", true}, {"divide_in_place", true},
     {"dropout_add_forward", true}, {"dropout_backward", true}, {"dropout_forward", true},
-    {"embedding_backward", true}, {"embedding_backward_shard", false}, {"embedding_forward", true},
-    {"embedding_forward_bf16", true}, {"embedding_forward_shard", false},
+    {"embedding_backward", true}, {"embedding_backward_shard", true}, {"embedding_forward", true},
+    {"embedding_forward_bf16", true}, {"embedding_forward_shard", true},
     {"expert_bias_update", true}, {"flag_at_least", true}, {"flag_nonfinite", true},
     {"fuse_qkv", true}, {"gather_row_probs", true}, {"gather_topk", true}, {"gemm", true},
     {"gemm_bf16", true}, {"gemm_bf16_workspace_elems", true}, {"grad_clip", true},
@@ -55,8 +55,8 @@ std::span<const OpKernel> op_kernels() {
     {"swiglu_forward", true}, {"swiglu_forward_bf16", true}, {"swiglu_forward_bf16w", true},
     {"tokens_to_sequence_major", true}, {"topk", true}, {"topk_prefix", true},
     {"topk_probs", true}, {"topk_probs_backward", true}, {"unpermute_rows", true},
-    {"vocab_ce_finish", false}, {"vocab_ce_grad", false}, {"vocab_ce_row_max", false},
-    {"vocab_ce_row_sums", false}, {"widen_to_f64", true}, {"z_loss_grad", true},
+    {"vocab_ce_finish", true}, {"vocab_ce_grad", true}, {"vocab_ce_row_max", true},
+    {"vocab_ce_row_sums", true}, {"widen_to_f64", true}, {"z_loss_grad", true},
     {"z_loss_value", true}, {"zero", true},
   };
   return kTable;

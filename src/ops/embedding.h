@@ -42,6 +42,14 @@ void embedding_forward_bf16(void* stream, float* y_TH, const int32_t* ids_T, con
 template <typename T>
 void embedding_backward(void* stream, T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                         int64_t H, int64_t V);
+// A TP rank's slice of the table (the _shard ops below): ids of [0, V) outside the slice give
+// zeros forward and nothing backward.
+template <typename T>
+void embedding_forward_shard(void* stream, T* y_TH, const int32_t* ids_T, const T* w_RH,
+                             int64_t n_tok, int64_t H, int64_t v0, int64_t rows, int64_t V);
+template <typename T>
+void embedding_backward_shard(void* stream, T* dw_RH, const T* dy_TH, const int32_t* ids_T,
+                              int64_t n_tok, int64_t H, int64_t v0, int64_t rows, int64_t V);
 }  // namespace cuda
 
 // y[t] = w[ids[t]]; every id must be in [0, V) (checked on the CPU; on a device see above).
@@ -94,8 +102,11 @@ void embedding_forward_shard(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_
                              DevPtr<const T> w_RH, int64_t n_tok, int64_t H, int64_t v0,
                              int64_t rows, int64_t V) {
   if (ex.on_cpu())
-    return cpu::embedding_forward_shard(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH), n_tok, H,
-                                        v0, rows, V);
+    return cpu::embedding_forward_shard(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH), n_tok, H, v0,
+                                        rows, V);
+  if constexpr (kHaveCudaKernels)
+    return cuda::embedding_forward_shard(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH),
+                                         n_tok, H, v0, rows, V);
   no_kernel(ex, "embedding_forward_shard");
 }
 template <typename T>
@@ -109,6 +120,9 @@ void embedding_backward_shard(const Exec& ex, DevPtr<T> dw_RH, DevPtr<const T> d
   if (ex.on_cpu())
     return cpu::embedding_backward_shard(raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H,
                                          v0, rows, V);
+  if constexpr (kHaveCudaKernels)
+    return cuda::embedding_backward_shard(ex.stream, raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T),
+                                          n_tok, H, v0, rows, V);
   no_kernel(ex, "embedding_backward_shard");
 }
 template <typename T>

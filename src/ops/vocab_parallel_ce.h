@@ -36,12 +36,31 @@ template <typename T>
 void vocab_ce_grad(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss, int64_t m,
                    const VocabSlice& vs);
 }  // namespace cpu
+// The CUDA kernels (ops/cuda/vocab_parallel_ce.cu); `stream` is the context's. The maxima, the
+// target logits and the finish are the CPU's bits (exact, or the same formula and the same serial
+// row-order sum); the exp sums and the gradient are within the dtype's tolerance. A target >= V
+// cannot throw inside a step on a device: its target logit (so its loss) is NaN instead.
+namespace cuda {
+template <typename T>
+void vocab_ce_row_max(void* stream, T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs);
+template <typename T>
+void vocab_ce_row_sums(void* stream, double* sums_2M, const T* z_MV, const T* max_M,
+                       const int32_t* target_M, int64_t m, const VocabSlice& vs);
+template <typename T>
+void vocab_ce_finish(void* stream, double* sum, T* loss_M, T* lse_M, const T* max_M,
+                     const double* sums_2M, const int32_t* target_M, int64_t m);
+template <typename T>
+void vocab_ce_grad(void* stream, T* z_MV, const int32_t* target_M, const T* lse_M, const T* dloss,
+                   int64_t m, const VocabSlice& vs);
+}  // namespace cuda
 
 // max_M[i] = max over this rank's columns of z_MV[i] (to be all-reduced with max).
 template <typename T>
 void vocab_ce_row_max(const Exec& ex, DevPtr<T> max_M, DevPtr<const T> z_MV, int64_t m,
                       const VocabSlice& vs) {
   if (ex.on_cpu()) return cpu::vocab_ce_row_max(raw_ptr(max_M), raw_ptr(z_MV), m, vs);
+  if constexpr (kHaveCudaKernels)
+    return cuda::vocab_ce_row_max(ex.stream, raw_ptr(max_M), raw_ptr(z_MV), m, vs);
   no_kernel(ex, "vocab_ce_row_max");
 }
 template <typename T>
@@ -58,6 +77,9 @@ void vocab_ce_row_sums(const Exec& ex, DevPtr<double> sums_2M, DevPtr<const T> z
   if (ex.on_cpu())
     return cpu::vocab_ce_row_sums(raw_ptr(sums_2M), raw_ptr(z_MV), raw_ptr(max_M),
                                   raw_ptr(target_M), m, vs);
+  if constexpr (kHaveCudaKernels)
+    return cuda::vocab_ce_row_sums(ex.stream, raw_ptr(sums_2M), raw_ptr(z_MV), raw_ptr(max_M),
+                                   raw_ptr(target_M), m, vs);
   no_kernel(ex, "vocab_ce_row_sums");
 }
 template <typename T>
@@ -74,6 +96,9 @@ void vocab_ce_finish(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_M, DevPt
   if (ex.on_cpu())
     return cpu::vocab_ce_finish(raw_ptr(sum), raw_ptr(loss_M), raw_ptr(lse_M), raw_ptr(max_M),
                                 raw_ptr(sums_2M), raw_ptr(target_M), m);
+  if constexpr (kHaveCudaKernels)
+    return cuda::vocab_ce_finish(ex.stream, raw_ptr(sum), raw_ptr(loss_M), raw_ptr(lse_M),
+                                 raw_ptr(max_M), raw_ptr(sums_2M), raw_ptr(target_M), m);
   no_kernel(ex, "vocab_ce_finish");
 }
 template <typename T>
@@ -89,6 +114,9 @@ void vocab_ce_grad(const Exec& ex, DevPtr<T> z_MV, DevPtr<const int32_t> target_
   if (ex.on_cpu())
     return cpu::vocab_ce_grad(raw_ptr(z_MV), raw_ptr(target_M), raw_ptr(lse_M), *raw_ptr(dloss), m,
                               vs);
+  if constexpr (kHaveCudaKernels)
+    return cuda::vocab_ce_grad(ex.stream, raw_ptr(z_MV), raw_ptr(target_M), raw_ptr(lse_M),
+                               raw_ptr(dloss), m, vs);
   no_kernel(ex, "vocab_ce_grad");
 }
 template <typename T>

@@ -3,8 +3,11 @@
 // the reference does): repeated ids, vocabularies smaller and larger than the backward's row
 // ranges, NaN-poisoned guarded outputs, dw accumulated onto nonzero values, in every resume
 // order. An id outside [0, V) gives a NaN row forward and is skipped backward (embedding.h).
+// The vocab-parallel slices (the _shard ops) the same way, with ids on every row range of the
+// slice, repeated, and ids of other slices (zeros forward, no gradient).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -110,6 +113,88 @@ void check_backward(int64_t n_tok, int64_t H, int64_t V) {
   EXPECT_TRUE(same_bits(dw.data(), want.data(), V * H)) << "dw differs from the reference";
 }
 
+// A TP rank's slice, rows [v0, v0 + rows) of V.
+struct Slice {
+  int64_t H, v0, rows, V, step;
+};
+
+// Ids for a slice: every step-th row of the slice (so every row range of the backward when its
+// ranges hold >= step rows), a few of them again (hot ids), the rows just outside the slice and
+// others of the vocabulary, shuffled.
+std::vector<int32_t> slice_ids(const Slice& s, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < s.rows; r += s.step) ids.push_back(int32_t(s.v0 + r));
+  ids.push_back(int32_t(s.v0 + s.rows - 1));
+  const int64_t hot = std::min<int64_t>(s.rows, 3);
+  for (int64_t k = 0; k < 8; ++k) ids.push_back(int32_t(s.v0 + int64_t(gen() % uint64_t(hot))));
+  if (s.v0 > 0) ids.push_back(int32_t(s.v0 - 1));
+  if (s.v0 + s.rows < s.V) ids.push_back(int32_t(s.v0 + s.rows));
+  for (int64_t k = 0; k < 8; ++k) ids.push_back(int32_t(gen() % uint64_t(s.V)));
+  std::shuffle(ids.begin(), ids.end(), gen);
+  return ids;
+}
+
+// The whole vocabulary; slices at the start, middle and end; one row; hidden sizes below a warp
+// and past the backward's 128-column blocks; a slice of many rows per backward range (600 columns:
+// 5 column blocks, 204 ranges of 3 rows).
+const std::vector<Slice> kSlices = {{1, 0, 1, 1, 1},       {5, 0, 3, 8, 1},  {33, 4, 4, 12, 1},
+                                    {129, 10, 7, 17, 1},   {3, 6, 1, 13, 1}, {40, 0, 50, 50, 1},
+                                    {600, 77, 450, 600, 2}};
+
+template <typename T>
+void check_shard(const Slice& s, uint32_t seed) {
+  const std::vector<int32_t> ids = slice_ids(s, seed);
+  const int64_t n_tok = int64_t(ids.size()), H = s.H;
+  SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H) + " rows [" +
+               std::to_string(s.v0) + ", " + std::to_string(s.v0 + s.rows) + ") of " +
+               std::to_string(s.V));
+  const std::vector<T> w = random_vec<T>(s.rows * H, seed + 1);
+  const std::vector<T> dy = random_vec<T>(n_tok * H, seed + 2);
+  const std::vector<T> dw0 = random_vec<T>(s.rows * H, seed + 3);  // dw accumulates onto these
+  std::vector<T> y_want(size_t(n_tok * H)), dw_want = dw0;
+  ops::embedding_forward_shard_ref(y_want.data(), ids.data(), w.data(), n_tok, H, s.v0, s.rows,
+                                   s.V);
+  ops::embedding_backward_shard_ref(dw_want.data(), dy.data(), ids.data(), n_tok, H, s.v0, s.rows,
+                                    s.V);
+  Guarded<T> y(n_tok * H), dw(s.rows * H);
+  const std::string diff = order_dependence([&] {
+    Guarded<T> y1(n_tok * H, T(NAN)), dw1 = emu_test::guarded(dw0);
+    ops::cuda::embedding_forward_shard(nullptr, y1.data(), ids.data(), w.data(), n_tok, H, s.v0,
+                                       s.rows, s.V);
+    ops::cuda::embedding_backward_shard(nullptr, dw1.data(), dy.data(), ids.data(), n_tok, H, s.v0,
+                                        s.rows, s.V);
+    y = y1;
+    dw = dw1;
+    std::vector<unsigned char> out;
+    emu_test::append(out, y1);
+    emu_test::append(out, dw1);
+    return out;
+  });
+  EXPECT_EQ(diff, "");
+  emu_test::expect_bitwise(y, y_want, "y");
+  emu_test::expect_bitwise(dw, dw_want, "dw (accumulated)");
+}
+
+TEST(EmuKernelsEmbedding, ShardMatchesTheReferenceBitwiseInEveryOrder) {
+  uint32_t seed = 60;
+  for (const Slice& s : kSlices) {
+    check_shard<float>(s, seed);
+    check_shard<double>(s, seed + 10);
+    seed += 20;
+  }
+}
+
+// No tokens: nothing written, no launch.
+TEST(EmuKernelsEmbedding, ShardWithNoTokensWritesNothing) {
+  Guarded<float> y(0), dw(6, 2.0f);
+  const std::vector<float> w(6, 1.0f);
+  ops::cuda::embedding_forward_shard<float>(nullptr, y.data(), nullptr, w.data(), 0, 3, 1, 2, 4);
+  ops::cuda::embedding_backward_shard<float>(nullptr, dw.data(), nullptr, nullptr, 0, 3, 1, 2, 4);
+  EXPECT_TRUE(y.intact() && dw.intact());
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(dw[i], 2.0f);
+}
+
 TEST(EmuKernelsEmbedding, ForwardMatchesTheReferenceBitwiseInEveryOrder) {
   for (auto [n_tok, H, V] : kShapes) {
     check_forward<float>(n_tok, H, V);
@@ -156,12 +241,50 @@ TEST(EmuKernelsEmbedding, OutOfRangeIdsGiveNanRowsAndNoGradient) {
   }
 }
 
+// The backward's last row range may reach past the table (1501 rows in ranges of 2): an id of
+// V or past it falling in that range is still skipped, for the whole table and for a slice.
+TEST(EmuKernelsEmbedding, IdsPastTheTableInTheLastRangeAreSkipped) {
+  const int64_t H = 1, V = 1501;
+  const std::vector<int32_t> ids = {int32_t(V), 7, int32_t(V + 1)};
+  const std::vector<float> dy = {1.0f, 2.0f, 3.0f};
+  Guarded<float> dw(V * H);
+  ops::cuda::embedding_backward(nullptr, dw.data(), dy.data(), ids.data(), 3, H, V);
+  EXPECT_TRUE(dw.intact()) << "dw written outside the table";
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(dw[v], v == 7 ? 2.0f : 0.0f) << "row " << v;
+  // The slice [2, 1503) of 1600 rows: ids 1503 and 1504 lie past it, in the vocabulary.
+  const std::vector<int32_t> shard_ids = {1503, 9, 1504};
+  Guarded<float> dws(V * H);
+  ops::cuda::embedding_backward_shard(nullptr, dws.data(), dy.data(), shard_ids.data(), 3, H, 2, V,
+                                      1600);
+  EXPECT_TRUE(dws.intact()) << "dw written outside the slice";
+  for (int64_t r = 0; r < V; ++r) EXPECT_EQ(dws[r], r == 7 ? 2.0f : 0.0f) << "row " << r;
+  // Forward: ids of other slices give zeros, ids outside [0, V) NaN.
+  const std::vector<int32_t> fw_ids = {0, 3, 1599, 1600, -1};
+  const std::vector<float> w = random_vec<float>(V * H, 61);
+  Guarded<float> y(5);
+  ops::cuda::embedding_forward_shard(nullptr, y.data(), fw_ids.data(), w.data(), 5, H, 2, V, 1600);
+  EXPECT_TRUE(y.intact());
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], w[1]);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_TRUE(std::isnan(y[3]) && std::isnan(y[4]));
+}
+
 TEST(EmuKernelsEmbedding, BadArgumentsAreErrors) {
   float v = 0;
   const int32_t id = 0;
   EXPECT_THROW(ops::cuda::embedding_forward<float>(nullptr, &v, &id, &v, 1, 0, 1), Error);
   EXPECT_THROW(ops::cuda::embedding_forward<float>(nullptr, &v, &id, &v, -1, 1, 1), Error);
   EXPECT_THROW(ops::cuda::embedding_backward<float>(nullptr, &v, &v, &id, 1, 1, 0), Error);
+  // Slices: v0 < 0, no rows, past V.
+  EXPECT_THROW(ops::cuda::embedding_forward_shard<float>(nullptr, &v, &id, &v, 1, 1, -1, 1, 2),
+               Error);
+  EXPECT_THROW(ops::cuda::embedding_forward_shard<float>(nullptr, &v, &id, &v, 1, 1, 0, 0, 2),
+               Error);
+  EXPECT_THROW(ops::cuda::embedding_backward_shard<float>(nullptr, &v, &v, &id, 1, 1, 1, 2, 2),
+               Error);
+  EXPECT_THROW(ops::cuda::embedding_backward_shard<float>(nullptr, &v, &v, &id, 1, 0, 0, 1, 2),
+               Error);
 }
 
 }  // namespace

@@ -1,14 +1,16 @@
-// Token embedding on the GPU. The lookups: grid-stride loops over the output's elements. The
-// backward without atomics, bitwise the CPU's: a thread owns one column h of one range of
-// vocabulary rows (grid.x the column blocks, grid.y the row ranges) and walks the tokens in order,
-// adding dy[t][h] into dw[ids[t]][h] when ids[t] falls in its range, so every dw element has one
-// writer and receives its tokens in token order, as on the CPU.
+// Token embedding on the GPU, of the whole table or of a TP rank's slice of its rows [v0, v0 +
+// rows) (the _shard ops). The lookups: grid-stride loops over the output's elements. The backward
+// without atomics, bitwise the CPU's: a thread owns one column h of one range of the table's rows
+// (grid.x the column blocks, grid.y the row ranges) and walks the tokens in order, adding dy[t][h]
+// into dw[ids[t] - v0][h] when ids[t] - v0 falls in its range, so every dw element has one writer
+// and receives its tokens in token order, as on the CPU.
 //
 // Out-of-range ids: the CPU throws; a kernel cannot without a host sync (none inside a step). The
 // data pipeline checks every token against the vocabulary on the host when it loads a batch, so
 // a bad id reaching the device is a bug upstream: the kernels never read or write outside the
 // table, the forward fills that token's row with NaN (the step's non-finite guard reports it)
-// and the backward skips the token.
+// and the backward skips the token. The slice's lookup gives zeros for the ids of [0, V) outside
+// the slice (another rank's rows), NaN for ids outside [0, V).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,16 +50,31 @@ __global__ void embedding_forward(Y* y_TH, const int32_t* ids_T, const W* w_VH, 
   }
 }
 
-// blockIdx.y: vocabulary rows [v0, v0 + rows); ids outside [0, V) belong to no range.
+// The slice's lookup: y[t][h] = w[ids[t] - v0][h] for the ids in [v0, v0 + rows), 0 for the
+// other ids of [0, V), NaN outside [0, V).
 template <typename T>
-__global__ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
-                                   int64_t H, int64_t rows) {
+__global__ void embedding_forward_shard(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok,
+                                        int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  for (int64_t i = thread_index(); i < n_tok * H; i += thread_count()) {
+    const int64_t t = i / H, h = i % H;
+    const int64_t id = ids_T[t], r = id - v0;
+    y_TH[i] = r >= 0 && r < rows  ? w_RH[r * H + h]
+              : id >= 0 && id < V ? T(0)
+                                  : std::numeric_limits<T>::quiet_NaN();
+  }
+}
+
+// dw_RH holds the table's rows [v0, v0 + n_rows); blockIdx.y: its rows [r0, r0 + rows) (the last
+// range cut at n_rows). Ids outside [v0, v0 + n_rows) belong to no range.
+template <typename T>
+__global__ void embedding_backward(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                                   int64_t H, int64_t v0, int64_t n_rows, int64_t rows) {
   const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (h >= H) return;
-  const int64_t v0 = int64_t(blockIdx.y) * rows, v1 = v0 + rows;
+  const int64_t r0 = int64_t(blockIdx.y) * rows, r1 = r0 + rows < n_rows ? r0 + rows : n_rows;
   for (int64_t t = 0; t < n_tok; ++t) {
-    const int64_t id = ids_T[t];
-    if (id >= v0 && id < v1) dw_VH[id * H + h] += dy_TH[t * H + h];
+    const int64_t r = int64_t(ids_T[t]) - v0;
+    if (r >= r0 && r < r1) dw_RH[r * H + h] += dy_TH[t * H + h];
   }
 }
 }  // namespace kernels
@@ -77,6 +94,13 @@ void check_shape(int64_t n_tok, int64_t H, int64_t V, const char* op) {
                        " (> 0), vocabulary=" + std::to_string(V) + " (1 to 2^31, int32 ids)");
 }
 
+void check_slice(int64_t v0, int64_t rows, int64_t V, const char* op) {
+  MOE_KERNEL_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
+                   std::string("[") + op + "] bad vocabulary slice: rows [" + std::to_string(v0) +
+                       ", " + std::to_string(v0 + rows) + ") of V=" + std::to_string(V) +
+                       " (needs 0 <= v0, 1 <= rows, v0 + rows <= V)");
+}
+
 template <typename Y, typename W>
 void forward_launch(void* stream, Y* y_TH, const int32_t* ids_T, const W* w_VH, int64_t n_tok,
                     int64_t H, int64_t V, const char* op) {
@@ -85,6 +109,24 @@ void forward_launch(void* stream, Y* y_TH, const int32_t* ids_T, const W* w_VH, 
   const int64_t blocks = std::min(kMaxBlocks, (n_tok * H + kBlock - 1) / kBlock);
   launch(op, kernels::embedding_forward<Y, W>, dim3(unsigned(blocks)), dim3(unsigned(kBlock)), 0,
          stream, y_TH, ids_T, w_VH, n_tok, H, V);
+}
+
+// dw_RH (the table's rows [v0, v0 + n_rows)) += the tokens' rows of dy, in token order.
+template <typename T>
+void backward_launch(void* stream, T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
+                     int64_t H, int64_t v0, int64_t n_rows, const char* op) {
+  if (n_tok == 0) return;  // dw gains nothing
+  const int64_t col_blocks = (H + kBackwardBlock - 1) / kBackwardBlock;
+  const int64_t ranges =
+      std::clamp<int64_t>(kBackwardBlocks / col_blocks, 1, std::min<int64_t>(n_rows, 65535));
+  const int64_t rows = (n_rows + ranges - 1) / ranges;
+  MOE_KERNEL_CHECK(col_blocks <= 0x7fffffff,
+                   std::string("[") + op + "] hidden=" + std::to_string(H) + " needs " +
+                       std::to_string(col_blocks) + " column blocks (at most 2^31-1)");
+  launch(op, kernels::embedding_backward<T>,
+         dim3(unsigned(col_blocks), unsigned((n_rows + rows - 1) / rows)),
+         dim3(unsigned(kBackwardBlock)), 0, stream, dw_RH, dy_TH, ids_T, n_tok, H, v0, n_rows,
+         rows);
 }
 }  // namespace
 
@@ -105,17 +147,26 @@ template <typename T>
 void embedding_backward(void* stream, T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                         int64_t H, int64_t V) {
   check_shape(n_tok, H, V, "embedding_backward");
-  if (n_tok == 0) return;  // dw gains nothing
-  const int64_t col_blocks = (H + kBackwardBlock - 1) / kBackwardBlock;
-  const int64_t ranges =
-      std::clamp<int64_t>(kBackwardBlocks / col_blocks, 1, std::min<int64_t>(V, 65535));
-  const int64_t rows = (V + ranges - 1) / ranges;
-  MOE_KERNEL_CHECK(col_blocks <= 0x7fffffff, "[embedding_backward] hidden=" + std::to_string(H) +
-                                                 " needs " + std::to_string(col_blocks) +
-                                                 " column blocks (at most 2^31-1)");
-  launch("embedding_backward", kernels::embedding_backward<T>,
-         dim3(unsigned(col_blocks), unsigned((V + rows - 1) / rows)),
-         dim3(unsigned(kBackwardBlock)), 0, stream, dw_VH, dy_TH, ids_T, n_tok, H, rows);
+  backward_launch(stream, dw_VH, dy_TH, ids_T, n_tok, H, 0, V, "embedding_backward");
+}
+
+template <typename T>
+void embedding_forward_shard(void* stream, T* y_TH, const int32_t* ids_T, const T* w_RH,
+                             int64_t n_tok, int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  check_shape(n_tok, H, V, "embedding_forward_shard");
+  check_slice(v0, rows, V, "embedding_forward_shard");
+  if (n_tok == 0) return;  // a grid of no blocks is a launch error
+  const int64_t blocks = std::min(kMaxBlocks, (n_tok * H + kBlock - 1) / kBlock);
+  launch("embedding_forward_shard", kernels::embedding_forward_shard<T>, dim3(unsigned(blocks)),
+         dim3(unsigned(kBlock)), 0, stream, y_TH, ids_T, w_RH, n_tok, H, v0, rows, V);
+}
+
+template <typename T>
+void embedding_backward_shard(void* stream, T* dw_RH, const T* dy_TH, const int32_t* ids_T,
+                              int64_t n_tok, int64_t H, int64_t v0, int64_t rows, int64_t V) {
+  check_shape(n_tok, H, V, "embedding_backward_shard");
+  check_slice(v0, rows, V, "embedding_backward_shard");
+  backward_launch(stream, dw_RH, dy_TH, ids_T, n_tok, H, v0, rows, "embedding_backward_shard");
 }
 
 template void embedding_forward<float>(void*, float*, const int32_t*, const float*, int64_t,
@@ -126,5 +177,13 @@ template void embedding_backward<float>(void*, float*, const float*, const int32
                                         int64_t, int64_t);
 template void embedding_backward<double>(void*, double*, const double*, const int32_t*, int64_t,
                                          int64_t, int64_t);
+template void embedding_forward_shard<float>(void*, float*, const int32_t*, const float*, int64_t,
+                                             int64_t, int64_t, int64_t, int64_t);
+template void embedding_forward_shard<double>(void*, double*, const int32_t*, const double*,
+                                              int64_t, int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard<float>(void*, float*, const float*, const int32_t*, int64_t,
+                                              int64_t, int64_t, int64_t, int64_t);
+template void embedding_backward_shard<double>(void*, double*, const double*, const int32_t*,
+                                               int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace moecore::ops::cuda

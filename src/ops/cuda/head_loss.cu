@@ -25,30 +25,6 @@ namespace kernels {
 
 constexpr int kRowBlock = 256;
 
-// The max of v over the block, in every thread (the block_sum pattern of reduce.cuh; exact, so
-// the tree's shape does not matter for the value).
-template <typename T>
-__device__ __forceinline__ T block_max(T v, T* shared) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int n_warps = int(blockDim.x) / 32;
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const T o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = o > v ? o : v;
-  }
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    T s = lane < n_warps ? shared[lane] : shared[0];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const T o = __shfl_xor_sync(0xffffffffu, s, offset);
-      s = o > s ? o : s;
-    }
-    if (lane == 0) shared[n_warps] = s;
-  }
-  __syncthreads();
-  return shared[n_warps];
-}
-
 __device__ __forceinline__ float exp_of(float x) {
   return expf(x);
 }
