@@ -83,7 +83,8 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     }
     if (sp) partial_grads += H * ln;  // the final norm
     // Vocab-parallel embedding (one leave) and head (one enter), once per micro-batch and MTP
-    // module; the cross entropy's max, sum of exponentials and target logit, T fp32 values each.
+    // module; the cross entropy's row maxima (T values of the activation dtype, all-reduced
+    // with max) and its sums of exponentials and target logits (2 T f64 values, one all-reduce).
     const double heads = 1.0 + static_cast<double>(m.mtp_num_layers);
     if (sp) {
       b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
@@ -91,7 +92,7 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     } else {
       b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
     }
-    b.tp_vocab.all_reduce += heads * 3 * 2 * T * 4 * f;
+    b.tp_vocab.all_reduce += heads * 2 * (T * tok + 2 * T * 8) * f;
     b.tp_vocab.all_gather *= n_micro;
     b.tp_vocab.reduce_scatter *= n_micro;
     b.tp_vocab.all_reduce *= n_micro;
@@ -236,8 +237,8 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
                "the shared expert sequence-parallel");
   add("tp vocab-parallel embedding, head and cross entropy", parallel::GroupKind::Tp,
       tb.tp_vocab.total(), false,
-      "embedding leave + head enter, fwd + bwd, of T x H x dt; cross entropy: 3 all-reduces of "
-      "T fp32 values (max, sum of exponentials, target logit)");
+      "embedding leave + head enter, fwd + bwd, of T x H x dt; cross entropy: all-reduces of "
+      "T row maxima (dt) and of 2 T f64 values (sums of exponentials, target logits)");
   add("tp all-reduce of partial-sum grads (norms under SP, router, row-parallel biases)",
       parallel::GroupKind::Tp, tb.tp_grads.total(), false,
       "2 (tp-1)/tp x their elements x 4 B, once per step");

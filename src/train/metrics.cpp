@@ -102,6 +102,12 @@ MetricsFile::MetricsFile(const std::string& path) {
             std::strerror(errno));
 }
 
+static nlohmann::json form_bytes(const StepMetrics::FormBytes& b) {
+  return {{"all_gather", b.all_gather},
+          {"reduce_scatter", b.reduce_scatter},
+          {"all_reduce", b.all_reduce}};
+}
+
 void MetricsFile::write(const StepMetrics& m) {
   if (!out_.is_open()) return;
   nlohmann::json j = {{"iteration", m.iteration},
@@ -118,6 +124,8 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"dropped_tokens", m.dropped_tokens},
                       {"peak_mem_bytes", m.peak_mem_bytes},
                       {"alltoall_bytes", m.alltoall_bytes},
+                      {"tp_bytes", form_bytes(m.tp_bytes)},
+                      {"expt_tp_bytes", form_bytes(m.expt_tp_bytes)},
                       {"mem_planned_bytes", m.mem_planned_bytes},
                       {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
                       {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes},

@@ -68,6 +68,14 @@ struct StepMetrics {
   // Bytes this rank's EP all-to-alls sent to the other EP ranks in the step (tokens and probs of
   // dispatch, combine, their backwards and recomputation's reruns); 0 without EP.
   int64_t alltoall_bytes = 0;
+  // Bytes this rank sent in the step's collectives over the attention TP group and the expert TP
+  // group, by form (all-gather, reduce-scatter, all-reduce; counted by the ring algorithm,
+  // parallel::CommBytesSent): TP regions, the vocab-parallel ends, the TP sums of partial
+  // gradients, the experts' ETP traffic. Zeros on one-rank groups.
+  struct FormBytes {
+    int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+  };
+  FormBytes tp_bytes, expt_tp_bytes;
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
   // Planned bytes by kind (weights, grads, optimizer state, activations, recomputed, state,
   // workspace), as requested: buffers that share memory count in full.

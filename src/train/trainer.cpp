@@ -388,6 +388,14 @@ StepMetrics BasicTrainer<T>::train_step() {
           ? &groups_->group(parallel::GroupKind::Ep).communicator()
           : nullptr;
   const int64_t a2a_before = ep != nullptr ? ep->all_to_all_bytes_sent() : 0;
+  // The TP groups' traffic of this step, by collective form.
+  const auto group_bytes = [this](parallel::GroupKind k) {
+    return groups_ != nullptr && groups_->group(k).size() > 1
+               ? groups_->group(k).communicator().bytes_sent()
+               : parallel::CommBytesSent{};
+  };
+  const parallel::CommBytesSent tp_before = group_bytes(parallel::GroupKind::Tp);
+  const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
   model_->params().zero_grads();
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
@@ -411,6 +419,11 @@ StepMetrics BasicTrainer<T>::train_step() {
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
   m.alltoall_bytes = ep != nullptr ? ep->all_to_all_bytes_sent() - a2a_before : 0;
+  const auto forms = [](const parallel::CommBytesSent& b) {
+    return StepMetrics::FormBytes{b.all_gather, b.reduce_scatter, b.all_reduce};
+  };
+  m.tp_bytes = forms(group_bytes(parallel::GroupKind::Tp) - tp_before);
+  m.expt_tp_bytes = forms(group_bytes(parallel::GroupKind::ExptTp) - etp_before);
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.
