@@ -44,18 +44,20 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
   if (d.tp > 1) {
     const double g = d.tp, f = (g - 1) / g;
     const double N = T * H * tok;  // one [n, H] activation
-    // A TP region's forward and its backward (enter + leave each way).
+    // A TP region's forward and its backward (enter + leave each way). With SP the backward
+    // also gathers the region's input again (the gathered input is workspace, not kept: the
+    // weight gradients of the column-parallel projection read it), as Megatron does.
     const auto region = [&](GroupBytes& x, double times) {
       if (sp) {
-        x.all_gather += times * N * f;      // enter (fwd) / leave's backward
-        x.reduce_scatter += times * N * f;  // leave (fwd) / enter's backward
+        x.all_gather += (times + 1) * N * f;  // enter (fwd) / leave's backward, the regather
+        x.reduce_scatter += times * N * f;    // leave (fwd) / enter's backward
       } else {
         x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
       }
     };
     // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice).
     const auto seq_region = [&](GroupBytes& x, double times) {
-      x.all_gather += times * N * f;
+      x.all_gather += (times + 1) * N * f;
       x.reduce_scatter += times * N * f;
     };
     for (int64_t l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
@@ -96,8 +98,9 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     b.tp_vocab.all_gather *= n_micro;
     b.tp_vocab.reduce_scatter *= n_micro;
     b.tp_vocab.all_reduce *= n_micro;
-    // fp32 gradients, all-reduced once per step.
-    b.tp_grads.all_reduce = 2 * partial_grads * 4 * f;
+    // fp32 gradients, all-reduced once per step; and the grad norm's dense sum of squares (one
+    // f64) summed over tp.
+    b.tp_grads.all_reduce = 2 * partial_grads * 4 * f + 2 * 8 * f;
   }
   if (m.num_experts > 0) {
     const double t = T / d.tp;  // the tokens of this rank's MoE layer (a sequence slice at tp > 1)

@@ -157,9 +157,8 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
 // SP (expert TP 1, so only the tp group's traffic; dropout off). Every form is deterministic
-// (no routing in it), so they must be equal. This needs the trainer's tensor parallelism: while
-// `moecore train` refuses --tensor-model-parallel-size 2, the test says NOT RUN.
-TEST(PlanVsMeasured, TpBytesPerRank_NeedsTheTpTrainer) {
+// (no routing in it), so they must be equal, byte for byte.
+TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
 #else
@@ -187,12 +186,6 @@ TEST(PlanVsMeasured, TpBytesPerRank_NeedsTheTpTrainer) {
     const testing::CommandResult t = testing::run_command(
         launcher(2, session) + moecore() + " train" + model + flags +
         " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
-    if (t.exit_code != 0 &&
-        t.output.find("tensor parallelism is not implemented") != std::string::npos) {
-      std::printf("[ NOT RUN  ] TP 2%s: `moecore train` does not train tensor parallelism yet\n",
-                  sp);
-      continue;
-    }
     ASSERT_EQ(t.exit_code, 0) << t.output;
     std::ifstream in(metrics);
     std::string line;
@@ -209,7 +202,7 @@ TEST(PlanVsMeasured, TpBytesPerRank_NeedsTheTpTrainer) {
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  if (compared == 0) GTEST_SKIP() << "not run: needs the trainer's tensor parallelism";
+  EXPECT_EQ(compared, 2);
 #endif
 }
 
