@@ -74,10 +74,12 @@ std::vector<int64_t> slice_shape(const std::vector<int64_t>& global_shape, const
   return out;
 }
 
+bool tp_first_holder(const ParamSpec& p, const HolderRanks& r) {
+  return p.tp_role == TpRole::Sharded || (p.kind == ParamKind::Dense ? r.tp : r.expt_tp) == 0;
+}
+
 bool first_holder(const ParamSpec& p, const HolderRanks& r) {
-  const bool sharded = p.tp_role == TpRole::Sharded;
-  if (p.kind == ParamKind::Dense) return r.dp_cp == 0 && (sharded || r.tp == 0);
-  return r.expt_dp == 0 && (sharded || r.expt_tp == 0);
+  return (p.kind == ParamKind::Dense ? r.dp_cp : r.expt_dp) == 0 && tp_first_holder(p, r);
 }
 
 std::vector<float> assembly_buffer(int64_t numel) {

@@ -42,6 +42,10 @@ struct HolderRanks {
 // (one replicated over expert TP only expert-TP rank 0). On one TP rank this is world rank 0
 // for dense parameters, expert-DP rank 0 for expert ones.
 bool first_holder(const ParamSpec& p, const HolderRanks& r);
+// The TP half of that rule: whether this rank's slice of p is written by its TP rank (sharded
+// slices by every TP rank, replicated ones by TP rank 0). The distributed optimizer's flat
+// pieces of a replicated parameter are written by TP rank 0's data-parallel group only.
+bool tp_first_holder(const ParamSpec& p, const HolderRanks& r);
 
 // The distributed optimizer's share of a local slice that is no run of the flattened tensor:
 // `numel` elements of -0.0, into which a rank copies its owned pieces; the sum of the group's

@@ -148,15 +148,18 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
         const Param& p = *pc.p;
         if (!p.spec.slice.contiguous()) continue;  // assembled below
         const ParamSlice flat{-1, flat_base(p) + (pc.begin - p.offset), pc.count};
+        // Every rank of the data-parallel group writes its own pieces; of a TP-replicated
+        // parameter only TP rank 0's group does (the other TP ranks hold the same pieces).
+        const bool write = tp_first_holder(p.spec, holder);
         const auto add = [&](std::string name, DevPtr<float> moment) {
           out.push_back({std::move(name), DType::F32, p.spec.global_shape, flat,
-                         DevPtr<void>(moment + pc.owned), pc.count, true, true, true});
+                         DevPtr<void>(moment + pc.owned), pc.count, true, write, true});
         };
         add("exp_avg." + p.name(), o->owned_exp_avg());
         add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq());
         if (o->holds_master()) {  // the weights: every rank writes its pieces of them
           out.push_back({p.name(), DType::F32, p.spec.global_shape, flat,
-                         DevPtr<void>(o->owned_master() + pc.owned), pc.count, false, true,
+                         DevPtr<void>(o->owned_master() + pc.owned), pc.count, false, write,
                          true});
         }
       }
