@@ -853,6 +853,7 @@ const std::vector<TpLayout> kTpLayouts = {
     {.tp = 2, .etp = 1, .ep = 8, .sp = true, .dispatcher = "allgather", .world = 8},
     {.tp = 2, .etp = 2, .ep = 2, .sp = true, .megatron_model = true, .distopt = true, .world = 8},
     {.tp = 4, .etp = 1, .ep = 8, .sp = true, .world = 8},
+    {.tp = 2, .etp = 2, .ep = 2, .sp = true, .distopt = true, .world = 8, .bf16 = true},
 };
 
 // --bf16: step 1 runs on the same weights, so its loss and grad norm hold to the f32 row (the
