@@ -37,10 +37,6 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
               "--make-vocab-size-divisible-by; the padding is a multiple of that times the TP "
               "size)",
               cfg_.vocab_size, tp_.size());
-    MOE_CHECK(!cfg_.bf16,
-              "[model] --bf16 with --tensor-model-parallel-size {} is not supported yet (the "
-              "vocab-parallel output head computes in f32): drop --bf16 or use TP 1",
-              tp_.size());
     MOE_CHECK(!tp_.sequence_parallel() || T_ % tp_.size() == 0,
               "[model] {} tokens per micro-batch are not divisible by --tensor-model-parallel-size "
               "{} (--sequence-parallel splits them)",
@@ -192,6 +188,17 @@ void GPTModel<T>::allocate(Arena& a) {
   if (cfg_.bf16 && head_->has_data16w) {  // widened: f32 GEMMs on bf16 values
     head16_.w_VH_wide = head_->data16w;
     head16_.h32 = a.alloc<float>(T_ * cfg_.hidden, "model.head_h32", MemKind::Workspace);
+  } else if (cfg_.bf16 && tp_.active()) {  // the vocab-parallel head's: this rank's rows
+    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.vocab_size);
+    head16_.w_VH = head_->data16;
+    head16_.h16 = a.alloc<bf16>(T_ * H, "model.head_h16", MemKind::Workspace);
+    head16_.dz16 = a.alloc<bf16>(rows * Vl, "model.head_dz16", MemKind::Workspace);
+    if (const int64_t n = vocab_head_bf16_workspace_elems(a.exec(), tp_, head_shape_); n > 0)
+      head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
+    // forward_logits' rounded input, and a table slice's bf16 values widened (the embedding
+    // lookup; forward_logits' gathered head).
+    head16_.h32 = a.alloc<float>(T_ * H, "model.head_h32", MemKind::Workspace);
+    vp_w32_ = a.alloc<float>(Vl * H, "model.vocab_slice_w32", MemKind::Workspace);
   } else if (cfg_.bf16) {
     head16_.w_VH = head_->data16;
     head16_.h16 = a.alloc<bf16>(T_ * cfg_.hidden, "model.head_h16", MemKind::Workspace);
@@ -251,10 +258,21 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
   params_needed(L + 1);
   const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
   if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
-    vocab_parallel_embedding_forward(ex, tp_, stream_[0],
-                                     tp_.sequence_parallel() ? vp_full_ : stream_[0],
-                                     DevPtr<const int32_t>(ids_T_), embedding_->compute_as<T>(),
-                                     T_, H, cfg_.vocab_size);
+    const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : stream_[0];
+    bool done = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (embedding_->has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
+        vocab_parallel_embedding_forward_bf16(ex, tp_, stream_[0], partial,
+                                              DevPtr<const int32_t>(ids_T_),
+                                              DevPtr<const bf16>(embedding_->data16), vp_w32_, T_,
+                                              H, cfg_.vocab_size);
+        done = true;
+      }
+    }
+    if (!done) {
+      vocab_parallel_embedding_forward(ex, tp_, stream_[0], partial, DevPtr<const int32_t>(ids_T_),
+                                       embedding_->compute_as<T>(), T_, H, cfg_.vocab_size);
+    }
   } else {
     embedding_lookup(*embedding_, stream_[0], ids_T_, T_, cfg_.vocab_size);
   }
@@ -292,7 +310,8 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
     vocab_parallel_head_loss_forward(ex, tp_,
                                      member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
                                      loss_T_, lse_T_, h, head_values(),
-                                     DevPtr<const int32_t>(targets_T_), head_shape_, vp_ws_);
+                                     DevPtr<const int32_t>(targets_T_), head_shape_, vp_ws_,
+                                     cfg_.bf16 ? &head16_ : nullptr);
     return;
   }
   ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
@@ -316,8 +335,20 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   if (tp_.active()) {
     // The whole input (all-gathered with SP) and the whole head (its vocabulary slices
     // all-gathered in rank order): the same GEMMs as on one rank.
-    const DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
-    tp_.all_gather(ex, head_values(), vp_head_full_, tp_.share(V) * H);
+    DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
+    if constexpr (std::is_same_v<T, float>) {
+      if (cfg_.bf16) {  // bf16 values (h rounded, the head's gathered), f32 accumulation
+        DevPtr<const float> w_local = head16_.w_VH_wide;
+        if (w_local == nullptr) {  // the bf16 copy, widened
+          ops::cast_bf16_to_f32(ex, vp_w32_, head16_.w_VH, tp_.share(V) * H);
+          w_local = vp_w32_;
+        }
+        tp_.all_gather(ex, w_local, vp_head_full_, tp_.share(V) * H);
+        ops::round_f32_to_bf16(ex, head16_.h32, h, T_ * H);
+        h = head16_.h32;
+      }
+    }
+    if (!cfg_.bf16) tp_.all_gather(ex, head_values(), vp_head_full_, tp_.share(V) * H);
     for (int64_t b = 0; b < B_; ++b) {
       ops::gemm<T>(ex, false, true, S_, V, H, T(1), h + b * H, B_ * H,
                    DevPtr<const T>(vp_head_full_), H, T(0), logits_BSV + b * S_ * V, V);
@@ -372,7 +403,8 @@ void GPTModel<T>::backward(double loss_grad_scale) {
     vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
                                       DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
                                       DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
-                                      DevPtr<const T>(dloss_), head_shape_, vp_ws_);
+                                      DevPtr<const T>(dloss_), head_shape_, vp_ws_,
+                                      cfg_.bf16 ? &head16_ : nullptr);
     tp_.enter_backward(ex, dfull, dfinal_, T_, H);
   } else {
     ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,

@@ -205,6 +205,9 @@ class GPTModel {
   DevPtr<T> vp_dfull_ = nullptr;        // [T, H] with SP: the head's partial input gradient
   DevPtr<T> vp_head_full_ = nullptr;    // [V, H] forward_logits' all-gathered head
   VocabHeadWorkspace<T> vp_ws_;
+  // --bf16 on the native GEMM path: a vocabulary slice's bf16 values widened to f32 [V/tp, H]
+  // (the embedding lookup, forward_logits' gathered head).
+  DevPtr<float> vp_w32_ = nullptr;
   // The head's f32 values for the f32 head (null under --bf16: the head reads head16_).
   DevPtr<const T> head_values() const {
     return cfg_.bf16 ? DevPtr<const T>(nullptr) : DevPtr<const T>(head_->template data_as<T>());

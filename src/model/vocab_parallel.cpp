@@ -1,8 +1,12 @@
 #include "model/vocab_parallel.h"
 
+#include <type_traits>
+
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 #include "ops/vocab_parallel_ce.h"
 
 namespace moecore::model {
@@ -16,7 +20,55 @@ ops::VocabSlice vocab_slice(const parallel::TensorParallel& tp, int64_t V) {
             V, tp.size());
   return ops::VocabSlice{tp.share_offset(V), tp.share(V), V};
 }
+
+// The fused head's shape at this rank's share of the vocabulary (its GEMMs' shapes).
+ops::HeadLossShape local_shape(const parallel::TensorParallel& tp, const ops::HeadLossShape& s) {
+  return ops::HeadLossShape{s.n_tok, s.H, tp.share(s.V), s.chunk};
+}
+
+// The head's operand forms (ops::HeadLossBf16): checked once per call; h's bf16 form written
+// by the forward (convert_h).
+template <typename T>
+void prepare_bf16(const Exec& ex, const ops::HeadLossBf16* ops16, DevPtr<const T> h_nH,
+                  const ops::HeadLossShape& s, bool convert_h) {
+  if (ops16 == nullptr) return;
+  MOE_CHECK((std::is_same_v<T, float>), "[model] the bf16 vocab-parallel head needs an f32 model");
+  if constexpr (std::is_same_v<T, float>) {
+    if (ops16->w_VH_wide != nullptr) {
+      MOE_CHECK(ops16->h32 != nullptr, "[model] widened bf16 head weights need the h32 workspace");
+      if (convert_h) ops::round_f32_to_bf16(ex, ops16->h32, h_nH, s.n_tok * s.H);
+      return;
+    }
+    MOE_CHECK(ops16->w_VH != nullptr && ops16->h16 != nullptr && ops16->dz16 != nullptr,
+              "[model] the bf16 vocab-parallel head needs the slice's bf16 weights and the h16 "
+              "and dz16 workspaces");
+    if (convert_h) ops::cast_f32_to_bf16(ex, ops16->h16, h_nH, s.n_tok * s.H);
+  }
+}
+
+// z [m, Vl] = the chunk's local logits: h rows [c0, c0 + m) times the slice's rows, on bf16
+// values with f32 accumulation under bf16 (the fused head's chunk_logits).
+template <typename T>
+void local_logits(const Exec& ex, DevPtr<T> z, DevPtr<const T> h_nH, DevPtr<const T> w_local,
+                  int64_t c0, int64_t m, int64_t H, int64_t Vl, const ops::HeadLossBf16* ops16) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (ops16 != nullptr && ops16->w_VH_wide != nullptr) {
+      return ops::gemm<float>(ex, false, true, m, Vl, H, 1.f, DevPtr<const float>(ops16->h32) + c0 * H,
+                              H, ops16->w_VH_wide, H, 0.f, z, Vl);
+    }
+    if (ops16 != nullptr) {
+      return ops::gemm_bf16(ex, false, true, m, Vl, H, DevPtr<const moecore::bf16>(ops16->h16) + c0 * H, H,
+                            ops16->w_VH, H, 0.f, z, Vl, ops16->ws32);
+    }
+  }
+  ops::gemm<T>(ex, false, true, m, Vl, H, T(1), h_nH + c0 * H, H, w_local, H, T(0), z, Vl);
+}
 }  // namespace
+
+int64_t vocab_head_bf16_workspace_elems(const Exec& ex, const parallel::TensorParallel& tp,
+                                        const ops::HeadLossShape& s) {
+  return ops::head_loss_bf16_workspace_elems(ex, local_shape(tp, s));
+}
 
 template <typename T>
 void vocab_parallel_embedding_forward(const Exec& ex, const parallel::TensorParallel& tp,
@@ -26,6 +78,16 @@ void vocab_parallel_embedding_forward(const Exec& ex, const parallel::TensorPara
   const ops::VocabSlice vs = vocab_slice(tp, V);
   ops::embedding_forward_shard(ex, partial_nH, ids_n, w_local, n, H, vs.v0, vs.Vl, V);
   tp.leave(ex, partial_nH, y_local, n, H);
+}
+
+void vocab_parallel_embedding_forward_bf16(const Exec& ex, const parallel::TensorParallel& tp,
+                                           DevPtr<float> y_local, DevPtr<float> partial_nH,
+                                           DevPtr<const int32_t> ids_n,
+                                           DevPtr<const moecore::bf16> w16_local, DevPtr<float> w32_local,
+                                           int64_t n, int64_t H, int64_t V) {
+  ops::cast_bf16_to_f32(ex, w32_local, w16_local, vocab_slice(tp, V).Vl * H);
+  vocab_parallel_embedding_forward<float>(ex, tp, y_local, partial_nH, ids_n,
+                                          DevPtr<const float>(w32_local), n, H, V);
 }
 
 template <typename T>
@@ -43,13 +105,14 @@ void vocab_parallel_head_loss_forward(const Exec& ex, const parallel::TensorPara
                                       DevPtr<double> sum, DevPtr<T> loss_n, DevPtr<T> lse_n,
                                       DevPtr<const T> h_nH, DevPtr<const T> w_local,
                                       DevPtr<const int32_t> target_n, const ops::HeadLossShape& s,
-                                      const VocabHeadWorkspace<T>& ws) {
+                                      const VocabHeadWorkspace<T>& ws,
+                                      const ops::HeadLossBf16* ops16) {
   const ops::VocabSlice vs = vocab_slice(tp, s.V);
   const int64_t H = s.H, Vl = vs.Vl;
+  prepare_bf16(ex, ops16, h_nH, s, /*convert_h=*/true);
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
-    ops::gemm<T>(ex, false, true, m, Vl, H, T(1), h_nH + c0 * H, H, w_local, H, T(0), ws.logits,
-                 Vl);
+    local_logits(ex, ws.logits, h_nH, w_local, c0, m, H, Vl, ops16);
     ops::vocab_ce_row_max(ex, ws.max, DevPtr<const T>(ws.logits), m, vs);
     tp.all_reduce_max(ex, ws.max, m);
     ops::vocab_ce_row_sums(ex, ws.sums, DevPtr<const T>(ws.logits), DevPtr<const T>(ws.max),
@@ -66,14 +129,35 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
                                        DevPtr<const T> w_local, DevPtr<const int32_t> target_n,
                                        DevPtr<const T> lse_n, DevPtr<const T> dloss,
                                        const ops::HeadLossShape& s,
-                                       const VocabHeadWorkspace<T>& ws) {
+                                       const VocabHeadWorkspace<T>& ws,
+                                       const ops::HeadLossBf16* ops16) {
   const ops::VocabSlice vs = vocab_slice(tp, s.V);
   const int64_t H = s.H, Vl = vs.Vl;
+  prepare_bf16(ex, ops16, h_nH, s, /*convert_h=*/false);
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
-    ops::gemm<T>(ex, false, true, m, Vl, H, T(1), h_nH + c0 * H, H, w_local, H, T(0), ws.logits,
-                 Vl);
+    local_logits(ex, ws.logits, h_nH, w_local, c0, m, H, Vl, ops16);
     ops::vocab_ce_grad(ex, ws.logits, target_n + c0, lse_n + c0, dloss, m, vs);
+    if constexpr (std::is_same_v<T, float>) {
+      // The f32 dlogits rounded to bf16 (as the fused head's softmax_grad_row_bf16[w]), then
+      // the two GEMMs on bf16 values with f32 accumulation.
+      if (ops16 != nullptr && ops16->w_VH_wide != nullptr) {
+        ops::round_f32_to_bf16(ex, ws.logits, DevPtr<const float>(ws.logits), m * Vl);
+        ops::gemm<float>(ex, false, false, m, H, Vl, 1.f, DevPtr<const float>(ws.logits), Vl,
+                         ops16->w_VH_wide, H, 0.f, dh_nH + c0 * H, H);
+        ops::gemm<float>(ex, true, false, Vl, H, m, 1.f, DevPtr<const float>(ws.logits), Vl,
+                         DevPtr<const float>(ops16->h32) + c0 * H, H, 1.f, dw_local, H);
+        continue;
+      }
+      if (ops16 != nullptr) {
+        ops::cast_f32_to_bf16(ex, ops16->dz16, DevPtr<const float>(ws.logits), m * Vl);
+        ops::gemm_bf16(ex, false, false, m, H, Vl, DevPtr<const moecore::bf16>(ops16->dz16), Vl, ops16->w_VH,
+                       H, 0.f, dh_nH + c0 * H, H, ops16->ws32);
+        ops::gemm_bf16(ex, true, false, Vl, H, m, DevPtr<const moecore::bf16>(ops16->dz16), Vl,
+                       DevPtr<const moecore::bf16>(ops16->h16) + c0 * H, H, 1.f, dw_local, H, ops16->ws32);
+        continue;
+      }
+    }
     ops::gemm<T>(ex, false, false, m, H, Vl, T(1), DevPtr<const T>(ws.logits), Vl, w_local, H, T(0),
                  dh_nH + c0 * H, H);
     ops::gemm<T>(ex, true, false, Vl, H, m, T(1), DevPtr<const T>(ws.logits), Vl, h_nH + c0 * H, H,
@@ -91,11 +175,11 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
   template void vocab_parallel_head_loss_forward<T>(                                              \
       const Exec&, const parallel::TensorParallel&, DevPtr<double>, DevPtr<T>, DevPtr<T>,         \
       DevPtr<const T>, DevPtr<const T>, DevPtr<const int32_t>, const ops::HeadLossShape&,         \
-      const VocabHeadWorkspace<T>&);                                                              \
+      const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);                                    \
   template void vocab_parallel_head_loss_backward<T>(                                             \
       const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const T>,        \
       DevPtr<const T>, DevPtr<const int32_t>, DevPtr<const T>, DevPtr<const T>,                   \
-      const ops::HeadLossShape&, const VocabHeadWorkspace<T>&);
+      const ops::HeadLossShape&, const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(float)
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(double)
 #undef MOECORE_VOCAB_PARALLEL_INSTANTIATE

@@ -13,6 +13,12 @@
 //     gives this rank's partial input gradient (to TensorParallel::enter_backward) and the
 //     weight gradient of its slice.
 // With one TP rank the model uses the fused head (ops/cross_entropy.h) instead.
+// --bf16 (f32 models): the head's GEMMs take bf16 values and accumulate in f32 as the fused
+// head's do (ops::HeadLossBf16, both operand forms, over this rank's V/tp rows): h's bf16 form
+// once per forward, the logits' gradient (softmax - onehot) * dloss computed in f32 and rounded
+// to bf16 for the two backward GEMMs; the cross-entropy pieces stay f32 / f64. The embedding
+// looks up the table's bf16 values (vocab_parallel_embedding_forward on the widened copy, or
+// vocab_parallel_embedding_forward_bf16 on the bf16 copy).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +50,14 @@ void vocab_parallel_embedding_forward(const Exec& ex, const parallel::TensorPara
                                       DevPtr<T> y_local, DevPtr<T> partial_nH,
                                       DevPtr<const int32_t> ids_n, DevPtr<const T> w_local,
                                       int64_t n, int64_t H, int64_t V);
+// The same lookup from the bf16 values w16_local [V/tp, H] (the table's bf16 copy): widened
+// (exactly) into w32_local [V/tp, H], then looked up as above; y_local holds the values
+// ops::embedding_forward_bf16 gives on one rank.
+void vocab_parallel_embedding_forward_bf16(const Exec& ex, const parallel::TensorParallel& tp,
+                                           DevPtr<float> y_local, DevPtr<float> partial_nH,
+                                           DevPtr<const int32_t> ids_n,
+                                           DevPtr<const bf16> w16_local, DevPtr<float> w32_local,
+                                           int64_t n, int64_t H, int64_t V);
 // dw_local += the gradient of the slice's rows from dy_local [tp.local_tokens(n), H];
 // full_nH [n, H] is workspace (the all-gathered gradient with sequence parallelism).
 template <typename T>
@@ -55,12 +69,20 @@ void vocab_parallel_embedding_backward(const Exec& ex, const parallel::TensorPar
 // The head + cross entropy of h_nH [n, H] (whole, equal on every TP rank) against w_local
 // [V/tp, H]: loss_n, lse_n and *sum (+= the losses in token order) as ops::head_loss_forward's,
 // the same on every TP rank. s.V is the whole vocabulary.
+// bf16 (f32 only; w_local unused then): the fused head's operands for this rank's slice:
+// w_VH (the slice's bf16 copy) with h16 [n, H], dz16 [vocab_head_chunk_rows(s), V/tp] and ws32
+// of vocab_head_bf16_workspace_elems, or w_VH_wide (its widened copy) with h32 [n, H]. The
+// forward writes h's bf16 form; the backward reads it as the forward left it.
 template <typename T>
 void vocab_parallel_head_loss_forward(const Exec& ex, const parallel::TensorParallel& tp,
                                       DevPtr<double> sum, DevPtr<T> loss_n, DevPtr<T> lse_n,
                                       DevPtr<const T> h_nH, DevPtr<const T> w_local,
                                       DevPtr<const int32_t> target_n, const ops::HeadLossShape& s,
-                                      const VocabHeadWorkspace<T>& ws);
+                                      const VocabHeadWorkspace<T>& ws,
+                                      const ops::HeadLossBf16* bf16 = nullptr);
+// ws32 of the bf16-operand form at this rank's share of the vocabulary (0 on the native path).
+int64_t vocab_head_bf16_workspace_elems(const Exec& ex, const parallel::TensorParallel& tp,
+                                        const ops::HeadLossShape& s);
 // Its backward: dh_nH (assigned) = this rank's partial input gradient (its vocabulary columns'
 // share; TensorParallel::enter_backward sums it), dw_local += the slice's weight gradient.
 template <typename T>
@@ -69,6 +91,7 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
                                        DevPtr<const T> w_local, DevPtr<const int32_t> target_n,
                                        DevPtr<const T> lse_n, DevPtr<const T> dloss,
                                        const ops::HeadLossShape& s,
-                                       const VocabHeadWorkspace<T>& ws);
+                                       const VocabHeadWorkspace<T>& ws,
+                                       const ops::HeadLossBf16* bf16 = nullptr);
 
 }  // namespace moecore::model

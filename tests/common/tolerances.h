@@ -85,6 +85,18 @@ inline constexpr double kParityF64WeightAtol = 1e-10;
 inline constexpr double kParityF32Rtol = 1e-5;
 inline constexpr double kParityF32WeightRtol = 1e-4;
 inline constexpr double kParityF32WeightAtol = 1e-6;
+// --bf16 under tensor parallelism vs the 1-rank --bf16 run (TensorParallelParity.LayoutsBf16).
+// Step 1 (the same weights) holds to kParityF32Rtol: the layouts sum the same products in
+// another order (row-parallel partial sums, the vocab-parallel head's slices), measured lm
+// <= 5.8e-9, grad norm <= 6.5e-9. Later steps: an f32 ulp of difference before a bf16 rounding
+// point (a norm's output, an activation, the dlogits) flips that element by 2^-8, which moves
+// some router scores and Adam's normalised steps; the flips compound over the steps. Measured
+// (10 steps, native and widened bf16 GEMMs): lm <= 6.0e-5, aux / z <= 1.7e-4, grad norm
+// <= 2.4e-3; weights within 0.69 of (atol + rtol |w|) below, the worst an expert fc1 weight of
+// 2.3e-3 that moved 2.1e-3 (0.7 of the peak lr 3e-3) away.
+inline constexpr double kParityBf16Rtol = 1e-2;        // per-step lm loss, aux, z, grad norm
+inline constexpr double kParityBf16WeightRtol = 0.1;   // final weights
+inline constexpr double kParityBf16WeightAtol = 3e-3;  // the tests' peak learning rate
 // Quantile beta (an fp32 buffer) after N ranks vs 1 rank: the per-micro-batch estimates are
 // averaged in another order (per rank, then over dp_cp) in f64 and rounded to fp32: one fp32
 // rounding flip, in units of the buffer's largest |value| (entries are centred, so some are ~0).

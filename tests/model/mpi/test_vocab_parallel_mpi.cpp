@@ -18,7 +18,9 @@
 #include "model/gpt_model.h"
 #include "model/vocab_parallel.h"
 #include "ops/cross_entropy.h"
+#include "ops/cast.h"
 #include "ops/embedding.h"
+#include "ops/gemm_bf16.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_config.h"
 #include "parallel/process_groups.h"
@@ -141,6 +143,106 @@ TEST(VocabParallelMpi, HeadLossMatchesOneRankF64) {
 }
 TEST(VocabParallelMpi, HeadLossMatchesOneRankF32) {
   head_loss_matches_one_rank<float>(kParityF32Rtol, 1e-7);
+}
+
+// --bf16: the vocab-parallel head's bf16 GEMMs on this rank's slice vs the fused one-rank head's
+// (ops::HeadLossBf16), both operand forms (the bf16 copy on the native GEMM path where the CPU
+// has one, the widened copy), on the same bf16 values: the loss, the input gradient and the
+// slice's weight gradient.
+TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
+  const Exec& ex = cpu_exec();
+  const int64_t n = 12, H = 6, V = 28, chunk = 5;
+  const std::vector<float> h = randn<float>(n * H, 5), w = randn<float>(V * H, 6, 0.7);
+  std::vector<int32_t> tg(n);
+  for (int64_t t = 0; t < n; ++t) tg[t] = int32_t((t * 5 + 2) % V);
+  tg[3] = -1;
+  const ops::HeadLossShape s{n, H, V, chunk};
+  std::vector<bf16> w16(V * H);
+  std::vector<float> w_wide(V * H);
+  ops::cast_f32_to_bf16(ex, w16.data(), w.data(), V * H);
+  ops::round_f32_to_bf16(ex, w_wide.data(), w.data(), V * H);
+  const float dloss = 1.f / 7.f;
+  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
+  for (bool wide : {false, true}) {
+    if (!wide && !ops::bf16_native_available()) continue;
+    SCOPED_TRACE(wide ? "widened" : "bf16 copy");
+    ops::set_bf16_gemm_path(wide ? ops::Bf16GemmPath::Widen : ops::Bf16GemmPath::Native);
+    // One rank, the fused head.
+    std::vector<float> loss1(n), lse1(n), ws1(ops::head_loss_workspace_elems(s)), dh1(n * H),
+        dw1(V * H, 0.f), h32(n * H), ws32(std::max<int64_t>(1, ops::head_loss_bf16_workspace_elems(ex, s)));
+    std::vector<bf16> h16(n * H), dz16(ops::head_loss_workspace_elems(s));
+    ops::HeadLossBf16 one;
+    if (wide) {
+      one.w_VH_wide = w_wide.data();
+      one.h32 = h32.data();
+    } else {
+      one = ops::HeadLossBf16{w16.data(), h16.data(), dz16.data(), ws32.data()};
+    }
+    double sum1 = 0;
+    ops::head_loss_forward<float>(ex, &sum1, loss1.data(), lse1.data(), h.data(), nullptr,
+                                  tg.data(), s, ws1.data(), &one);
+    ops::head_loss_backward<float>(ex, dh1.data(), dw1.data(), h.data(), nullptr, tg.data(),
+                                   lse1.data(), &dloss, s, ws1.data(), &one);
+    for_each_tp_layout([&](const TensorParallel& tp, int) {
+      const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+      const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
+      std::vector<bf16> w16_local(w16.begin() + v0 * H, w16.begin() + (v0 + Vl) * H);
+      std::vector<float> w_wide_local(w_wide.begin() + v0 * H, w_wide.begin() + (v0 + Vl) * H);
+      std::vector<float> h_local(h.begin() + t0 * H, h.begin() + (t0 + nl) * H);
+      std::vector<float> full(n * H), loss(n), lse(n), dfull(n * H), dx(nl * H), dw(Vl * H, 0.f);
+      const int64_t rows = model::vocab_head_chunk_rows(s);
+      std::vector<float> logits(rows * Vl), mx(rows), th32(n * H),
+          tws32(std::max<int64_t>(1, model::vocab_head_bf16_workspace_elems(ex, tp, s)));
+      std::vector<double> sums(2 * rows);
+      std::vector<bf16> th16(n * H), tdz16(rows * Vl);
+      const model::VocabHeadWorkspace<float> ws{logits.data(), mx.data(), sums.data()};
+      ops::HeadLossBf16 b;
+      if (wide) {
+        b.w_VH_wide = w_wide_local.data();
+        b.h32 = th32.data();
+      } else {
+        b = ops::HeadLossBf16{w16_local.data(), th16.data(), tdz16.data(), tws32.data()};
+      }
+      const DevPtr<const float> hin =
+          tp.enter(ex, DevPtr<const float>(h_local.data()), DevPtr<float>(full.data()), n, H);
+      double sum = 0;
+      model::vocab_parallel_head_loss_forward<float>(ex, tp, &sum, loss.data(), lse.data(), hin,
+                                                     nullptr, tg.data(), s, ws, &b);
+      EXPECT_NEAR(sum, sum1, kParityF32Rtol * std::abs(sum1));
+      expect_close(loss.data(), loss1.data(), n, kParityF32Rtol, 1e-7, "loss");
+      expect_close(lse.data(), lse1.data(), n, kParityF32Rtol, 1e-7, "lse");
+      model::vocab_parallel_head_loss_backward<float>(ex, tp, dfull.data(), dw.data(), hin,
+                                                      nullptr, tg.data(), lse.data(), &dloss, s,
+                                                      ws, &b);
+      tp.enter_backward(ex, DevPtr<float>(dfull.data()), DevPtr<float>(dx.data()), n, H);
+      expect_close(dx.data(), dh1.data() + t0 * H, nl * H, kParityF32Rtol, 1e-7, "dh");
+      expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, kParityF32Rtol, 1e-7, "dw");
+    });
+  }
+  ops::set_bf16_gemm_path(path);
+}
+
+// --bf16 on the native GEMM path: the lookup of the slice's bf16 copy gives
+// ops::embedding_forward_bf16's rows of the whole table, bitwise.
+TEST(VocabParallelMpi, EmbeddingBf16MatchesOneRankBitwise) {
+  const Exec& ex = cpu_exec();
+  const int64_t n = 12, H = 70, V = 28;
+  const std::vector<float> w = randn<float>(V * H, 7);
+  std::vector<bf16> w16(V * H);
+  ops::cast_f32_to_bf16(ex, w16.data(), w.data(), V * H);
+  std::vector<int32_t> ids(n);
+  for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
+  std::vector<float> y1(n * H);
+  ops::embedding_forward_bf16(ex, y1.data(), ids.data(), w16.data(), n, H, V);
+  for_each_tp_layout([&](const TensorParallel& tp, int) {
+    const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
+    std::vector<bf16> w16_local(w16.begin() + v0 * H, w16.begin() + (v0 + Vl) * H);
+    std::vector<float> y(nl * H), partial(n * H), w32(Vl * H);
+    model::vocab_parallel_embedding_forward_bf16(ex, tp, y.data(), partial.data(), ids.data(),
+                                                 w16_local.data(), w32.data(), n, H, V);
+    for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
+  });
 }
 
 TEST(VocabParallelMpi, EmbeddingMatchesOneRankBitwise) {

@@ -23,6 +23,7 @@
 #include "common/tiny_train_flags.h"
 #include "common/tolerances.h"
 #include "core/check.h"
+#include "ops/gemm_bf16.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
 #include "cli/train_flags.h"
@@ -802,6 +803,7 @@ struct TpLayout {
   bool megatron_model = false;  // dropout on
   bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce beside
   int world = 0;                // the world size it runs at
+  bool bf16 = false;            // --bf16 (f32 runs only), on both bf16 GEMM paths
 };
 
 std::vector<std::string> tp_args(const TpLayout& l) {
@@ -816,14 +818,15 @@ std::vector<std::string> tp_args(const TpLayout& l) {
       "--clip-grad", "0.5", "--moe-aux-loss-coeff", "1e-2",
       "--moe-token-dispatcher-type", l.dispatcher};
   if (l.tp <= 2) a = a + std::vector<std::string>{"--group-query-attention", "--num-query-groups", "2"};
+  if (l.bf16) a.push_back("--bf16");
   return a;
 }
 
 std::string tp_name(const TpLayout& l) {
   const int etp = l.etp > 0 ? l.etp : l.tp;
-  return fmt::format("tp={}{} dp={} | ep={} etp={} edp={} {}{}", l.tp, l.sp ? " sp" : "",
+  return fmt::format("tp={}{} dp={} | ep={} etp={} edp={} {}{}{}", l.tp, l.sp ? " sp" : "",
                      l.world / l.tp, l.ep, etp, l.world / (l.ep * etp), l.dispatcher,
-                     l.megatron_model ? " dropout" : "");
+                     l.megatron_model ? " dropout" : "", l.bf16 ? " bf16" : "");
 }
 
 const std::vector<TpLayout> kTpLayouts = {
@@ -833,6 +836,9 @@ const std::vector<TpLayout> kTpLayouts = {
     {.tp = 1, .etp = 2, .world = 2},
     {.tp = 2, .etp = 1, .ep = 2, .sp = true, .dispatcher = "allgather", .world = 2},
     {.tp = 2, .etp = 1, .ep = 2, .sp = true, .distopt = true, .world = 2},
+    {.tp = 2, .world = 2, .bf16 = true},
+    {.tp = 2, .sp = true, .world = 2, .bf16 = true},
+    {.tp = 1, .etp = 2, .world = 2, .bf16 = true},
     // 4 ranks
     {.tp = 4, .world = 4},
     {.tp = 4, .sp = true, .world = 4},
@@ -840,18 +846,31 @@ const std::vector<TpLayout> kTpLayouts = {
     {.tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .distopt = true, .world = 4},
     {.tp = 2, .etp = 2, .ep = 2, .sp = true, .world = 4},
     {.tp = 1, .etp = 2, .ep = 2, .dispatcher = "allgather", .world = 4},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .distopt = true, .world = 4, .bf16 = true},
+    {.tp = 2, .etp = 2, .ep = 2, .sp = true, .megatron_model = true, .world = 4, .bf16 = true},
     // 8 ranks: the folded layouts of MOE_SEMANTICS
     {.tp = 2, .etp = 1, .ep = 4, .sp = true, .world = 8},
     {.tp = 2, .etp = 1, .ep = 8, .sp = true, .dispatcher = "allgather", .world = 8},
     {.tp = 2, .etp = 2, .ep = 2, .sp = true, .megatron_model = true, .distopt = true, .world = 8},
     {.tp = 4, .etp = 1, .ep = 8, .sp = true, .world = 8},
+    {.tp = 2, .etp = 2, .ep = 2, .sp = true, .distopt = true, .world = 8, .bf16 = true},
 };
 
+// --bf16: step 1 runs on the same weights, so its loss and grad norm hold to the f32 row (the
+// later steps' bf16 rounding flips compound: kParityBf16Rtol).
+void expect_first_step_close(const Run& got, const Run& ref, const std::string& what) {
+  ASSERT_FALSE(got.metrics.empty() || ref.metrics.empty()) << what;
+  EXPECT_LE(rel(got.metrics[0].lm_loss, ref.metrics[0].lm_loss), testing::kParityF32Rtol)
+      << what << " lm loss, step 1";
+  EXPECT_LE(rel(got.metrics[0].grad_norm, ref.metrics[0].grad_norm), testing::kParityF32Rtol)
+      << what << " grad norm, step 1";
+}
+
 template <typename T>
-void tensor_parallel_parity() {
+void tensor_parallel_parity(bool bf16) {
   int layouts = 0;
   for (const TpLayout& l : kTpLayouts) {
-    if (l.world != g_rt.world_size) continue;
+    if (l.world != g_rt.world_size || l.bf16 != bf16) continue;
     std::optional<MegatronModel> megatron;
     if (l.megatron_model) megatron.emplace();
     const std::vector<std::string> args = tp_args(l);
@@ -864,11 +883,16 @@ void tensor_parallel_parity() {
     parallel::ProcessGroups groups = make_groups(cfg, args);
     const Run got = train_run<T>(args, &groups);
     const std::string what = fmt::format("{} {}", dtype_str<T>(), tp_name(l));
-    report(what, compare(got, ref, parity_tol<T>(), what));
+    const Tol tol = bf16 ? Tol{testing::kParityBf16Rtol, testing::kParityBf16WeightRtol,
+                               testing::kParityBf16WeightAtol}
+                         : parity_tol<T>();
+    report(what, compare(got, ref, tol, what));
+    if (bf16) expect_first_step_close(got, ref, what);
     expect_replicas_equal(got, groups, what);
     if (l.distopt) {
       const Run dist = train_run<T>(args + kDistOpt + kOverlap, &groups);
-      report(what + " dist-opt", compare(dist, ref, parity_tol<T>(), what + " dist-opt"));
+      report(what + " dist-opt", compare(dist, ref, tol, what + " dist-opt"));
+      if (bf16) expect_first_step_close(dist, ref, what + " dist-opt");
       expect_replicas_equal(dist, groups, what + " dist-opt");
     }
     ++layouts;
@@ -876,8 +900,21 @@ void tensor_parallel_parity() {
   if (layouts == 0) GTEST_SKIP() << "no tensor-parallel layout for world size " << g_rt.world_size;
 }
 
-TEST(TensorParallelParity, LayoutsF64) { tensor_parallel_parity<double>(); }
-TEST(TensorParallelParity, LayoutsF32) { tensor_parallel_parity<float>(); }
+TEST(TensorParallelParity, LayoutsF64) { tensor_parallel_parity<double>(false); }
+TEST(TensorParallelParity, LayoutsF32) { tensor_parallel_parity<float>(false); }
+// --bf16 (bf16 parameters, fp32 master weights): the vocab-parallel head's and the TP layers'
+// bf16 GEMMs against the 1-rank --bf16 run, on the native bf16 GEMM path where the CPU has one
+// and on the widened path.
+TEST(TensorParallelParity, LayoutsBf16) {
+  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
+  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+    SCOPED_TRACE(ops::bf16_gemm_path_name(p));
+    ops::set_bf16_gemm_path(p);
+    tensor_parallel_parity<float>(true);
+  }
+  ops::set_bf16_gemm_path(path);
+}
 
 TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   if (g_rt.world_size == 1) GTEST_SKIP();
@@ -899,3 +936,4 @@ TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
 int main(int argc, char** argv) {
   return moecore::testing::run_mpi_tests(argc, argv, &moecore::g_rt);
 }
+
