@@ -120,7 +120,12 @@ std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel:
   std::vector<std::string> why;
   if (m.mla) why.push_back("MLA");
   if (m.mtp_num_layers > 0) why.push_back("MTP");
+  // TP / ETP: the formula, whose parameters per rank equal the trainer's sizing pass (tested);
+  // the sizing pass of a dropless EP layout plans the worst-case rows, which a published
+  // layout's balanced estimate does not assume.
+  if (d.tp > 1) why.push_back("TP");
   if (d.cp > 1) why.push_back("CP");
+  if (d.etp > 1) why.push_back("ETP");
   if (r.fp8) why.push_back("FP8");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
       r.main_param_bytes != 4) {
