@@ -453,13 +453,17 @@ StepMetrics BasicTrainer<T>::train_step() {
   // same arithmetic as one rank).
   if (dp_size_ > 1) {
     ScopedPhase phase(Phase::Communication);
-    auto& dp = groups_->group(parallel::GroupKind::DpCp).communicator();
-    dp.all_gather(mb_values_, all_values_);
-    load_.back() = m.dropped_tokens;
-    dp.all_reduce(load_);
-    m.dropped_tokens = load_.back();
+    groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
   } else {
     all_values_ = mb_values_;
+  }
+  // Tokens per expert and dropped slots: with TP > 1 each TP rank's MoE layers route its own
+  // sequence slice, so the counts add up over tp x dp x cp (over dp x cp without TP).
+  if (groups_ != nullptr && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
+    ScopedPhase phase(Phase::Communication);
+    load_.back() = m.dropped_tokens;
+    groups_->group(parallel::GroupKind::TpDpCp).communicator().all_reduce(load_);
+    m.dropped_tokens = load_.back();
   }
   // Megatron reports the lm loss over the global batch's counted tokens (the gradients use
   // each micro-batch's own mean): the two agree unless --eod-mask-loss leaves micro-batches
