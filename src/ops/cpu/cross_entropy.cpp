@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "ops/cast.h"
 #include "ops/cpu/fast_exp.h"
+#include "ops/cpu/row_max.h"
 #include "ops/cross_entropy.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
@@ -90,24 +91,6 @@ void check_bf16(const RawHeadBf16* bf16, const T* h_TH, const HeadLossShape& s, 
   }
 }
 
-// max of z[0, V): kLanes running maxima (a vector register or two) and one final pass over
-// them. `omp simd reduction(max)` over std::max stays scalar with GCC 12 (a vmaxss chain that
-// cost 60% of the forward's softmax). The maximum is exact, so the order does not matter.
-template <typename T>
-T row_max(const T* z, int64_t V) {
-  constexpr int64_t kLanes = 32;
-  T lane[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[0];
-  int64_t v = 0;
-  for (; v + kLanes <= V; v += kLanes) {
-#pragma omp simd
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[v + j] > lane[j] ? z[v + j] : lane[j];
-  }
-  T mx = z[0];
-  for (; v < V; ++v) mx = z[v] > mx ? z[v] : mx;
-  for (int64_t j = 0; j < kLanes; ++j) mx = lane[j] > mx ? lane[j] : mx;
-  return mx;
-}
 
 // One row of logits -> dlogits = (exp(z - lse) - [v == tgt]) * dloss, in place; the target's
 // entry is recomputed from its saved logit so that it rounds as (e - 1) * dloss. Ignored

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "ops/cpu/fast_exp.h"
+#include "ops/cpu/row_max.h"
 #include "ops/vocab_parallel_ce.h"
 
 namespace moecore::ops::cpu {
@@ -21,22 +22,6 @@ void check_slice(const VocabSlice& vs) {
             vs.v0, vs.Vl, vs.V);
 }
 
-// max of z[0, Vl): kLanes running maxima (vectorised), then one pass over them (exact).
-template <typename T>
-T row_max(const T* z, int64_t V) {
-  constexpr int64_t kLanes = 32;
-  T lane[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[0];
-  int64_t v = 0;
-  for (; v + kLanes <= V; v += kLanes) {
-#pragma omp simd
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = z[v + j] > lane[j] ? z[v + j] : lane[j];
-  }
-  T mx = z[0];
-  for (; v < V; ++v) mx = z[v] > mx ? z[v] : mx;
-  for (int64_t j = 0; j < kLanes; ++j) mx = lane[j] > mx ? lane[j] : mx;
-  return mx;
-}
 }  // namespace
 
 template <typename T>
