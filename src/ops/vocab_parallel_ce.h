@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "core/check.h"
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "ops/cuda_kernels.h"
@@ -21,6 +22,13 @@ namespace moecore::ops {
 // This rank's columns [v0, v0 + Vl) of a vocabulary of V (the target check's bound).
 struct VocabSlice {
   int64_t v0 = 0, Vl = 0, V = 0;
+  // Throws naming the three numbers unless 0 <= v0, 1 <= Vl and v0 + Vl <= V.
+  void check() const {
+    MOE_CHECK(v0 >= 0 && Vl >= 1 && v0 + Vl <= V,
+              "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 1 <= Vl, "
+              "v0 + Vl <= V",
+              v0, Vl, V);
+  }
 };
 
 namespace cpu {  // the CPU fast paths (ops/cpu/vocab_parallel_ce.cpp)

@@ -14,19 +14,11 @@ namespace moecore::ops::cpu {
 namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
-
-void check_slice(const VocabSlice& vs) {
-  MOE_CHECK(vs.v0 >= 0 && vs.Vl >= 1 && vs.v0 + vs.Vl <= vs.V,
-            "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 1 <= Vl, "
-            "v0 + Vl <= V",
-            vs.v0, vs.Vl, vs.V);
-}
-
 }  // namespace
 
 template <typename T>
 void vocab_ce_row_max(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
 #pragma omp parallel for schedule(static) if (m * vs.Vl >= kParallelMin)
   for (int64_t i = 0; i < m; ++i) max_M[i] = row_max(z_MV + i * vs.Vl, vs.Vl);
 }
@@ -34,7 +26,7 @@ void vocab_ce_row_max(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) 
 template <typename T>
 void vocab_ce_row_sums(double* sums_2M, const T* z_MV, const T* max_M, const int32_t* target_M,
                        int64_t m, const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
   for (int64_t i = 0; i < m; ++i) {
     MOE_CHECK(target_M[i] < vs.V,
               "[vocab_ce] target {} at row {} >= V={}: the data and --vocab-size disagree",
@@ -75,7 +67,7 @@ void vocab_ce_finish(double* sum, T* loss_M, T* lse_M, const T* max_M, const dou
 template <typename T>
 void vocab_ce_grad(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss, int64_t m,
                    const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
   const int64_t Vl = vs.Vl;
 #pragma omp parallel for schedule(static) if (m * Vl >= kParallelMin)
   for (int64_t i = 0; i < m; ++i) {

@@ -7,18 +7,9 @@
 
 namespace moecore::ops {
 
-namespace {
-void check_slice(const VocabSlice& vs) {
-  MOE_CHECK(vs.v0 >= 0 && vs.Vl >= 1 && vs.v0 + vs.Vl <= vs.V,
-            "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 1 <= Vl, "
-            "v0 + Vl <= V",
-            vs.v0, vs.Vl, vs.V);
-}
-}  // namespace
-
 template <typename T>
 void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
   for (int64_t i = 0; i < m; ++i) {
     T mx = z_MV[i * vs.Vl];
     for (int64_t v = 1; v < vs.Vl; ++v) mx = z_MV[i * vs.Vl + v] > mx ? z_MV[i * vs.Vl + v] : mx;
@@ -29,7 +20,7 @@ void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& 
 template <typename T>
 void vocab_ce_row_sums_ref(double* sums_2M, const T* z_MV, const T* max_M, const int32_t* target_M,
                            int64_t m, const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
   for (int64_t i = 0; i < m; ++i) {
     const int32_t tgt = target_M[i];
     MOE_CHECK(tgt < vs.V,
@@ -59,7 +50,7 @@ void vocab_ce_finish_ref(double* sum, T* loss_M, T* lse_M, const T* max_M, const
 template <typename T>
 void vocab_ce_grad_ref(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss, int64_t m,
                        const VocabSlice& vs) {
-  check_slice(vs);
+  vs.check();
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t v = 0; v < vs.Vl; ++v) {
       T& z = z_MV[i * vs.Vl + v];
