@@ -7,6 +7,13 @@
 
 namespace moecore::ops {
 
+void VocabSlice::check() const {
+  MOE_CHECK(v0 >= 0 && Vl >= 1 && v0 + Vl <= V,
+            "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 1 <= Vl, "
+            "v0 + Vl <= V",
+            v0, Vl, V);
+}
+
 template <typename T>
 void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) {
   vs.check();
