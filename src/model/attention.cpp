@@ -38,8 +38,8 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
   const TpShard shard = tp.shard();
   // Replicated values whose gradient is this rank's part: the output projection's bias (added by
   // TP rank 0 only) and the qk-layernorm weights (each rank normalises its own heads).
-  const TpRole partial = tp.active() ? TpRole::ReplicatedPartialGrad : TpRole::Replicated;
-  const TpRole sharded = tp.active() ? TpRole::Sharded : TpRole::Replicated;
+  const TpRole partial = shard.partial();
+  const TpRole sharded = shard.sharded();
   qkv_ = &params.add(ParamSpec{prefix + ".linear_qkv.weight",
                                {C, H_},
                                ParamInit::Normal,

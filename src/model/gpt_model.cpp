@@ -54,7 +54,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   // Vocab-parallel under TP: each rank holds its dim-0 slice of the padded vocabulary.
   const ParamSlice vocab_slice = tp_.shard().slice(0, cfg_.vocab_size);
-  const TpRole vocab_role = tp_.active() ? TpRole::Sharded : TpRole::Replicated;
+  const TpRole vocab_role = tp_.shard().sharded();
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
                                       {cfg_.vocab_size, cfg_.hidden},
                                       ParamInit::Normal,
@@ -73,9 +73,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                                             true,
                                             {},
                                             /*bf16_only=*/true,
-                                            tp_.sequence_parallel()
-                                                ? TpRole::ReplicatedPartialGrad
-                                                : TpRole::Replicated});
+                                            tp_.token_role()});
   }
   emb_drop_key_ = rng_key(seed, "embedding.dropout");
   // Each block's parameters are the ones it registers: they form its backward stage.
@@ -89,13 +87,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   final_norm_ = std::make_unique<nn::Norm<T>>(
       nn::NormConfig{cfg_.normalization == Normalization::LayerNorm, cfg_.layernorm_1p,
                      cfg_.norm_eps, cfg_.hidden},
-      params_, "decoder.final_layernorm");
+      params_, "decoder.final_layernorm", tp_.token_role());
   const size_t final_norm_end = params_.params().size();
-  // With SP each TP rank normalises its own tokens: the final norm's gradients are partial sums.
-  if (tp_.sequence_parallel()) {
-    for (size_t i = block_first[cfg_.num_layers]; i < final_norm_end; ++i)
-      params_.params()[i].spec.tp_role = TpRole::ReplicatedPartialGrad;
-  }
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   head_ = cfg_.tie_embeddings ? embedding_
                               : &params_.add(ParamSpec{"output_layer.weight",

@@ -13,10 +13,6 @@ nn::NormConfig norm_config(const ModelConfig& cfg) {
   return nn::NormConfig{cfg.normalization == Normalization::LayerNorm, cfg.layernorm_1p,
                         cfg.norm_eps, cfg.hidden};
 }
-// Each TP rank normalises its own tokens under sequence parallelism: partial gradients.
-TpRole norm_role(const parallel::TensorParallel& tp) {
-  return tp.sequence_parallel() ? TpRole::ReplicatedPartialGrad : TpRole::Replicated;
-}
 }  // namespace
 
 template <typename T>
@@ -34,9 +30,9 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
       norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer),
-             norm_role(tp_)),
+             tp_.token_role()),
       norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer),
-             norm_role(tp_)),
+             tp_.token_role()),
       attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope, tp_) {
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));

@@ -25,8 +25,7 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
       recompute_(cfg.recompute),
       router_(cfg.moe.router, cfg.hidden, cfg.init_std, params, prefix,
-              parallel::TensorParallel::attention(groups).active() ? TpRole::ReplicatedPartialGrad
-                                                                   : TpRole::Replicated),
+              parallel::TensorParallel::attention(groups).shard().partial()),
       dispatcher_(dispatcher ? std::move(dispatcher) : make_dispatcher<T>(cfg, nullptr)),
       experts_(cfg.num_experts, dispatcher_->first_local_expert(), dispatcher_->num_local_experts(),
                nn::MlpShape{cfg.hidden, cfg.moe.ffn_hidden, cfg.activation, cfg.add_mlp_bias},

@@ -29,8 +29,7 @@ SharedExperts<T>::SharedExperts(const MoeLayerConfig& cfg, ParamRegistry& params
                                   true,
                                   {},
                                   false,
-                                  tp_.active() ? TpRole::ReplicatedPartialGrad
-                                               : TpRole::Replicated});
+                                  tp_.shard().partial()});
   }
 }
 

@@ -293,7 +293,7 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double 
   const int parts = F1 == ffn ? 1 : 2;        // gated: [gate; up]
   sh_.F = ffn / tp.size;                      // this rank's share
   sh_.fc2_bias_here = tp.rank == 0;
-  const TpRole sharded = tp.size > 1 ? TpRole::Sharded : TpRole::Replicated;
+  const TpRole sharded = tp.sharded();
   fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight",
                                {F1, hidden},
                                ParamInit::Normal,
@@ -331,8 +331,7 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double 
                                       false,
                                       {},
                                       false,
-                                      tp.size > 1 ? TpRole::ReplicatedPartialGrad
-                                                  : TpRole::Replicated});
+                                      tp.partial()});
   }
 }
 

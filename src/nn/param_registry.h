@@ -55,6 +55,13 @@ struct ParamSlice {
   bool contiguous() const { return dim <= 0 && parts == 1 && !second.split(); }
 };
 
+// The tensor-parallel role of a parameter, for the gradient reductions and the norm: sharded
+// (each rank of the TP group holds its own slice), replicated with equal gradients on every TP
+// rank, or replicated with partial gradients (each TP rank's tokens or heads) that are summed
+// over the TP group before the data-parallel reduction. TP is the attention grid's for dense
+// parameters and expert TP for expert ones.
+enum class TpRole : uint8_t { Sharded, Replicated, ReplicatedPartialGrad };
+
 // A rank's place in a tensor-parallel group, as the layers that slice their parameters see it
 // (nn/ knows no process groups: parallel::TensorParallel::shard() gives it).
 struct TpShard {
@@ -67,14 +74,12 @@ struct TpShard {
     const int64_t len = extent / parts / size;
     return ParamSlice{dim, rank * len, len, parts};
   }
+  // The roles of a parameter of the layer with this shard (every role Replicated on one rank):
+  // a slice of it held here, or replicated values whose gradient here is a partial sum (a
+  // row-parallel bias added by TP rank 0, weights applied to this rank's heads or tokens).
+  TpRole sharded() const { return size > 1 ? TpRole::Sharded : TpRole::Replicated; }
+  TpRole partial() const { return size > 1 ? TpRole::ReplicatedPartialGrad : TpRole::Replicated; }
 };
-
-// The tensor-parallel role of a parameter, for the gradient reductions and the norm: sharded
-// (each rank of the TP group holds its own slice), replicated with equal gradients on every TP
-// rank, or replicated with partial gradients (each TP rank's tokens or heads) that are summed
-// over the TP group before the data-parallel reduction. TP is the attention grid's for dense
-// parameters and expert TP for expert ones.
-enum class TpRole : uint8_t { Sharded, Replicated, ReplicatedPartialGrad };
 
 struct ParamSpec {
   std::string name;

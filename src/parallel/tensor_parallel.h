@@ -45,6 +45,11 @@ class TensorParallel {
     return t;
   }
   TpShard shard() const { return TpShard{rank_, size_}; }
+  // The role of a replicated parameter applied to the tokens a rank holds between TP regions
+  // (norms, learned positions): partial gradients under sequence parallelism only.
+  TpRole token_role() const {
+    return sequence_parallel() ? TpRole::ReplicatedPartialGrad : TpRole::Replicated;
+  }
 
   int size() const { return size_; }
   int rank() const { return rank_; }
