@@ -531,7 +531,9 @@ TEST(GradBuckets, TpSumOfPartialGradientsOnceBeforeTheDataParallelReduction) {
             }();
             const float g = 1.0f + static_cast<float>(i);
             const float want_g = fx.partial(k, i) ? (g + ScriptedSumComm::kTpRemote) * 2 : 2 * g;
-            if (owned) EXPECT_EQ(fx.grad(k)[i], want_g) << static_cast<int>(k) << " " << i;
+            if (owned) {
+              EXPECT_EQ(fx.grad(k)[i], want_g) << static_cast<int>(k) << " " << i;
+            }
           }
         }
       }

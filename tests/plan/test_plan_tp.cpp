@@ -213,8 +213,12 @@ TEST(PlanTpMemory, FormulaParametersEqualTheSizingPassAtTp2AndEtp2) {
     const StageMemory s = plan_memory(m, c.run, c.world, hardware_preset("cpu")).stages[0];
     const ArenaSizes a = trainer_arena_sizes(cfg, 1, c.run.parallel, c.world, 0);
     const parallel::Degrees d = parallel::resolve_degrees(c.run.parallel, c.world);
-    if (d.tp > 1) EXPECT_LT(a.numel_dense, one.numel_dense) << "dense parameters not sliced";
-    if (d.etp > 1) EXPECT_LT(a.numel_expert * d.ep, one.numel_expert) << "experts not sliced";
+    if (d.tp > 1) {
+      EXPECT_LT(a.numel_dense, one.numel_dense) << "dense parameters not sliced";
+    }
+    if (d.etp > 1) {
+      EXPECT_LT(a.numel_expert * d.ep, one.numel_expert) << "experts not sliced";
+    }
     ++compared;
     EXPECT_EQ(s.params_dense + s.params_embedding + s.params_head, a.numel_dense);
     EXPECT_EQ(s.params_expert, a.numel_expert);

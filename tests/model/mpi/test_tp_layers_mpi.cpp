@@ -85,8 +85,9 @@ double check_grads(const ParamRegistry& tp_params, const ParamRegistry& ref,
     std::vector<double> global(r->global_numel(), 0.0);
     // A dense parameter's slice is its TP shard (an expert's: its EP slice, here all experts).
     const bool sharded = !p.spec.slice.whole();
-    if (p.spec.kind == ParamKind::Dense)
+    if (p.spec.kind == ParamKind::Dense) {
       EXPECT_EQ(sharded, p.spec.tp_role == TpRole::Sharded) << p.name();
+    }
     for (int64_t l = 0; l < p.local_numel(); ++l) global[param_global_index(p, l)] = g[l];
     if (sharded || p.spec.tp_role == TpRole::ReplicatedPartialGrad || partial(p))
       tp.all_reduce(cpu_exec(), DevPtr<double>(global.data()), r->global_numel());

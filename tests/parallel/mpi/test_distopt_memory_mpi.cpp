@@ -140,7 +140,9 @@ void check_layout(const Layout& l) {
   }
   EXPECT_EQ(p.values32_numel(ParamKind::Dense), n32[0]);
   EXPECT_EQ(p.values32_numel(ParamKind::Expert), n32[1]);
-  if (l.bf16 && !widened) EXPECT_GT(n32[0], 0);
+  if (l.bf16 && !widened) {
+    EXPECT_GT(n32[0], 0);
+  }
   const int64_t values = (master > 0 ? up64(master * numel[0]) + up64(master * numel[1]) : 0) +
                          (copy > 0 ? up64(copy * numel[0]) + up64(copy * numel[1]) : 0) +
                          up64(4 * n32[0]) + up64(4 * n32[1]);
@@ -164,9 +166,15 @@ void check_layout(const Layout& l) {
   const double copies32 = 4.0 * static_cast<double>(n32[0] + n32[1]) / n;
   if (want_d[0] == want_d[1]) {
     const double d = want_d[0];
-    if (!l.bf16) EXPECT_DOUBLE_EQ(formula, 8.0 + 8.0 / d);             // fp32: 8 + 8/d
-    if (l.bf16 && !widened && sharded) EXPECT_NEAR(formula - copies32, 6.0 + 12.0 / d, 1e-12);
-    if (l.bf16 && !widened && !sharded) EXPECT_NEAR(formula - copies32, 18.0, 1e-12);
+    if (!l.bf16) {
+      EXPECT_DOUBLE_EQ(formula, 8.0 + 8.0 / d);  // fp32: 8 + 8/d
+    }
+    if (l.bf16 && !widened && sharded) {
+      EXPECT_NEAR(formula - copies32, 6.0 + 12.0 / d, 1e-12);
+    }
+    if (l.bf16 && !widened && !sharded) {
+      EXPECT_NEAR(formula - copies32, 18.0, 1e-12);
+    }
   }
 
   // The start-up line says it.
