@@ -212,7 +212,8 @@ void GPTModel<T>::allocate(Arena& a) {
       vp_full_ = a.alloc<T>(T_ * H, "model.tp_full", MemKind::Workspace);
       vp_dfull_ = a.alloc<T>(T_ * H, "model.tp_dfull", MemKind::Workspace);
     }
-    vp_head_full_ = a.alloc<T>(cfg_.vocab_size * H, "model.head_gathered", MemKind::Workspace);
+    vp_head_slice_ = a.alloc<T>(tp_.share(cfg_.vocab_size) * H, "model.head_slice",
+                                MemKind::Workspace);
   } else {
     head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                           MemKind::Workspace);
@@ -326,25 +327,31 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
   const Exec& ex = arena_.exec();
   if (tp_.active()) {
-    // The whole input (all-gathered with SP) and the whole head (its vocabulary slices
-    // all-gathered in rank order): the same GEMMs as on one rank.
+    // The whole input (all-gathered with SP) against each TP rank's vocabulary slice in turn
+    // (broadcast from its rank: one slice of workspace, not the whole head), into that slice's
+    // columns of the logits.
     DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
+    DevPtr<const T> w_local = head_values();
     if constexpr (std::is_same_v<T, float>) {
-      if (cfg_.bf16) {  // bf16 values (h rounded, the head's gathered), f32 accumulation
-        DevPtr<const float> w_local = head16_.w_VH_wide;
+      if (cfg_.bf16) {  // bf16 values (h rounded, the head's), f32 accumulation
+        w_local = head16_.w_VH_wide;
         if (w_local == nullptr) {  // the bf16 copy, widened
           ops::cast_bf16_to_f32(ex, vp_w32_, head16_.w_VH, tp_.share(V) * H);
           w_local = vp_w32_;
         }
-        tp_.all_gather(ex, w_local, vp_head_full_, tp_.share(V) * H);
         ops::round_f32_to_bf16(ex, head16_.h32, h, T_ * H);
         h = head16_.h32;
       }
     }
-    if (!cfg_.bf16) tp_.all_gather(ex, head_values(), vp_head_full_, tp_.share(V) * H);
-    for (int64_t b = 0; b < B_; ++b) {
-      ops::gemm<T>(ex, false, true, S_, V, H, T(1), h + b * H, B_ * H,
-                   DevPtr<const T>(vp_head_full_), H, T(0), logits_BSV + b * S_ * V, V);
+    const int64_t Vl = tp_.share(V);
+    for (int r = 0; r < tp_.size(); ++r) {
+      if (r == tp_.rank()) ops::copy(ex, vp_head_slice_, w_local, Vl * H);
+      tp_.broadcast(ex, vp_head_slice_, Vl * H, r);
+      for (int64_t b = 0; b < B_; ++b) {
+        ops::gemm<T>(ex, false, true, S_, Vl, H, T(1), h + b * H, B_ * H,
+                     DevPtr<const T>(vp_head_slice_), H, T(0), logits_BSV + b * S_ * V + r * Vl,
+                     V);
+      }
     }
     set_training(training);
     return;

@@ -75,6 +75,13 @@ void TensorParallel::all_gather(const Exec& ex, DevPtr<const T> local, DevPtr<T>
 }
 
 template <typename T>
+void TensorParallel::broadcast(const Exec& ex, DevPtr<T> data, int64_t count, int root) const {
+  if (group_ == nullptr) return;
+  ScopedPhase phase(Phase::Communication);
+  group_->communicator().broadcast_async(data, count, DTypeOf<T>::value, root).wait_on(ex);
+}
+
+template <typename T>
 void TensorParallel::reduce_scatter(const Exec& ex, DevPtr<const T> full, DevPtr<T> local,
                                     int64_t count) const {
   if (group_ == nullptr) {
@@ -97,7 +104,8 @@ void TensorParallel::reduce_scatter(const Exec& ex, DevPtr<const T> full, DevPtr
   template void TensorParallel::all_gather<T>(const Exec&, DevPtr<const T>, DevPtr<T>, int64_t) \
       const;                                                                                     \
   template void TensorParallel::reduce_scatter<T>(const Exec&, DevPtr<const T>, DevPtr<T>,      \
-                                                  int64_t) const;
+                                                  int64_t) const;                                \
+  template void TensorParallel::broadcast<T>(const Exec&, DevPtr<T>, int64_t, int) const;
 MOECORE_TP_INSTANTIATE(float)
 MOECORE_TP_INSTANTIATE(double)
 #undef MOECORE_TP_INSTANTIATE

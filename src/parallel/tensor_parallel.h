@@ -97,6 +97,9 @@ class TensorParallel {
   // full = concat over ranks of local (count elements each).
   template <typename T>
   void all_gather(const Exec& ex, DevPtr<const T> local, DevPtr<T> full, int64_t count) const;
+  // data (count elements) = the group's rank `root`'s.
+  template <typename T>
+  void broadcast(const Exec& ex, DevPtr<T> data, int64_t count, int root) const;
   // local (count elements) = sum over ranks of full's piece of this rank.
   template <typename T>
   void reduce_scatter(const Exec& ex, DevPtr<const T> full, DevPtr<T> local, int64_t count) const;
