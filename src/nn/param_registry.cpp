@@ -107,6 +107,11 @@ void ParamRegistry::allocate(Arena& arena) {
 
 // With the stream key rng_key(seed, spec.name) already computed (once per parameter).
 static double init_value(const ParamSpec& spec, uint64_t key, int64_t global_index) {
+  if (spec.model_rows >= 0) {  // padding rows are zero (ParamSpec::model_rows)
+    int64_t row_numel = 1;
+    for (size_t d = 1; d < spec.global_shape.size(); ++d) row_numel *= spec.global_shape[d];
+    if (global_index >= spec.model_rows * row_numel) return 0.0;
+  }
   switch (spec.init) {
     case ParamInit::Ones:
       return 1.0;

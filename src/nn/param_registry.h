@@ -94,6 +94,14 @@ struct ParamSpec {
   bool bf16_only = false;
   // Set by the layer that registers it (a one-rank TP group makes it irrelevant).
   TpRole tp_role = TpRole::Replicated;
+  // The rows of dimension 0 that belong to the model (-1: all of them). Rows past them are
+  // padding (the vocabulary padded for tensor parallelism): initialised to zero, never read by
+  // the model, so their gradients and AdamW moments stay zero and the values stay zero; a
+  // checkpoint and an export hold only the model's rows (zero-filled again at load), so the
+  // stored model is the same whatever the padding.
+  int64_t model_rows = -1;
+  // The model's extent of dimension 0.
+  int64_t model_extent0() const { return model_rows >= 0 ? model_rows : global_shape.at(0); }
 };
 
 struct Param {
