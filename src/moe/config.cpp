@@ -205,6 +205,13 @@ void RouterConfig::validate() const {
             "[router] --moe-input-jitter-eps={} must be in [0, 1)", input_jitter_eps);
   MOE_CHECK(!pad_to_capacity || !dropless(),
             "[router] --moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor > 0");
+  MOE_CHECK(capacity_groups >= 1, "[router] capacity_groups={} must be >= 1", capacity_groups);
+  // Padding fills each expert to one group's capacity: with several groups an expert may keep
+  // more rows than that.
+  MOE_CHECK(capacity_groups == 1 || !pad_to_capacity,
+            "[router] capacity_groups={} with --moe-pad-expert-input-to-capacity: padding "
+            "needs one capacity group",
+            capacity_groups);
 }
 
 }  // namespace moecore
