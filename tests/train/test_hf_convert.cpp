@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -714,6 +715,22 @@ void expect_export_refused(const fs::path& save, std::optional<convert::HfArch> 
   EXPECT_FALSE(fs::exists(o.output)) << "the refused export wrote " << o.output;
 }
 
+// Exporting `save` with the model flags `flags` stops because the checkpoint's model signature
+// differs from theirs, naming `expect` (the flag and both values), and writes nothing.
+void expect_export_names_difference(const fs::path& save, const fs::path& flags,
+                                    const std::string& expect) {
+  convert::ExportOptions o;
+  o.input = save;
+  o.output = save;
+  o.output += "_hf";
+  fs::remove_all(o.output);
+  o.flags = flags;
+  const std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("holds another model:"), std::string::npos) << e;
+  EXPECT_NE(e.find(expect), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output)) << "the refused export wrote " << o.output;
+}
+
 // Every refusal of docs/hf_interop.md section 7, each alone on the Mixtral fixture's model:
 // the router settings none of HF's classes computes, whatever the class, and the features a
 // class has no place for, with the class to export as instead.
@@ -829,10 +846,76 @@ TEST(HfConvert, ExportRefusesEachSettingHfCannotExpress) {
   fs::remove(flags);
 }
 
+// The checkpoint's model signature records the routing (what the routers compute with the same
+// weights): a checkpoint trained with sigmoid scores, another top-k, or quantile balancing,
+// exported or loaded under flags that say otherwise, stops naming the flag and both values. The
+// loss-only settings are not part of it: a run may resume with another aux-loss type.
+TEST(HfConvert, ExportNamesARoutingThatDiffersFromTheCheckpoints) {
+  const fs::path base = fresh_dir("routing_base");
+  convert::import_hf(fixture("mixtral"), base);
+  const fs::path softmax = fresh_dir("routing_softmax.toml");  // the import's flags: softmax, K 2
+  fs::copy_file(base / "moecore_flags.toml", softmax);
+  const auto edited = [&](const std::string& name, const std::string& key,
+                          const std::string& value) {
+    const fs::path p = fresh_dir(name);
+    std::string toml = read_text(softmax);
+    const std::string line = key + " = " + value + "\n";
+    const size_t at = toml.find("\n" + key + " = ");
+    if (at == std::string::npos) {
+      toml += line;
+    } else {
+      toml.replace(at + 1, toml.find('\n', at + 1) - at, line);
+    }
+    std::ofstream(p) << toml;
+    return p;
+  };
+
+  const fs::path sigmoid = mixtral_model("routing_sigmoid", {{"moe-router-score-function",
+                                                              "'sigmoid'"}});
+  expect_export_names_difference(sigmoid, softmax,
+                                 "--moe-router-score-function: \"sigmoid\" in the checkpoint, "
+                                 "\"softmax\" in this run");
+  // The trainer's load compares the same signature.
+  const auto trainer_of = [](const fs::path& flags) {
+    std::vector<std::string> args = cli::config_file_args(flags.string());
+    for (const char* a : {"--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "2",
+                          "--lr", "1e-3", "--peak-tflops", "1", "--eval-iters", "0"})
+      args.push_back(a);
+    const cli::TrainFlags f = cli::parse_train_args(args);
+    return std::make_unique<train::Trainer>(f.model, f.train);
+  };
+  std::string e = error_of([&] { trainer_of(softmax)->load_checkpoint(sigmoid); });
+  EXPECT_NE(e.find("--moe-router-score-function: \"sigmoid\" in the checkpoint, \"softmax\" in "
+                   "this run"),
+            std::string::npos)
+      << e;
+
+  const fs::path top3 = edited("routing_top3.toml", "moe-router-topk", "3");
+  expect_export_names_difference(base, top3, "--moe-router-topk: 2 in the checkpoint, 3 in this run");
+  const fs::path quantile = mixtral_model(
+      "routing_quantile", {{"moe-router-load-balancing-type", "'quantile_balancing'"}});
+  expect_export_names_difference(quantile, softmax,
+                                 "--moe-router-load-balancing-type (how experts are chosen): "
+                                 "\"quantile_balancing\" in the checkpoint, \"top-k of the scores");
+  const fs::path scaled = edited("routing_scaled.toml", "moe-router-topk-scaling-factor", "2.5");
+  expect_export_names_difference(
+      base, scaled, "--moe-router-topk-scaling-factor: 1.0 in the checkpoint, 2.5 in this run");
+  // Another aux-loss type routes the same: the load goes through.
+  const fs::path seq_aux =
+      edited("routing_seq_aux.toml", "moe-router-load-balancing-type", "'seq_aux_loss'");
+  train::Trainer::LoadOptions finetune;
+  finetune.finetune = true;  // an import holds no optimizer state
+  EXPECT_EQ(trainer_of(seq_aux)->load_checkpoint(base, finetune), std::optional<int64_t>(0));
+  for (const fs::path& p : {base, softmax, sigmoid, top3, quantile, scaled, seq_aux})
+    fs::remove_all(p);
+}
+
 // The routers' balancing state, which HF's routers have no place for: a non-zero expert bias
-// (trained with sigmoid scores; exported with flags that name neither, which is all the
-// checkpoint's model signature can check) or quantile beta stops the export naming the tensor
-// and its value; the same quantile-balanced model before its first step (beta still 0) exports.
+// (trained with sigmoid scores) or quantile beta stops the export naming the tensor and its
+// value; the same quantile-balanced model before its first step (beta still 0) exports. Exported
+// with flags that name neither sigmoid nor the expert bias, the checkpoint's model signature
+// names the difference first; a checkpoint written before the signature recorded the routing
+// (its router keys removed here) still meets the tensor's check.
 TEST(HfConvert, ExportRefusesANonZeroExpertBiasOrQuantileBeta) {
   const fs::path bias = mixtral_model("refuse_expert_bias",
                                       {{"moe-router-score-function", "'sigmoid'"},
@@ -845,6 +928,20 @@ TEST(HfConvert, ExportRefusesANonZeroExpertBiasOrQuantileBeta) {
     toml = toml.substr(0, toml.find("moe-router-enable-expert-bias"));
     toml.replace(toml.find("'sigmoid'"), 9, "'softmax'");
     std::ofstream(softmax) << toml;
+  }
+  expect_export_names_difference(
+      bias, softmax,
+      "--moe-router-score-function: \"sigmoid\" in the checkpoint, \"softmax\" in this run");
+  expect_export_names_difference(
+      bias, softmax, "--moe-router-enable-expert-bias: true in the checkpoint, false in this run");
+  {
+    const fs::path manifest = ckpt::iteration_dir(bias, 1) / ckpt::kManifestFile;
+    json m = read_json(manifest);
+    json& model = m["state"]["model"];
+    for (auto it = model.begin(); it != model.end();) {
+      it = it.key().rfind("--moe-router-", 0) == 0 ? model.erase(it) : std::next(it);
+    }
+    write_json(manifest, m);
   }
   expect_export_refused(bias, {}, "'decoder.layers.0.mlp.router.expert_bias' is not zero (",
                         softmax);
