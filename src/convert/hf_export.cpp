@@ -47,7 +47,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   ExportResult res;
   MOE_CHECK(opt.dtype == "F32" || opt.dtype == "BF16",
             "[convert] --dtype {}: HF weights are written as f32 or bf16", opt.dtype);
-  check_output_dir(opt.output, "an HF checkpoint");
+  check_output_dir(opt.output, "an HF checkpoint", /*empty=*/true);
   const bool iteration_given = fs::exists(opt.input / ckpt::kManifestFile);
   res.checkpoint = ckpt::resolve_checkpoint(opt.input);
   ckpt::CheckpointReader reader(res.checkpoint);
@@ -166,14 +166,19 @@ ExportResult export_hf(const ExportOptions& opt) {
   }
   res.hf_tensors = static_cast<int64_t>(out.size());
 
-  create_output_dir(opt.output);  // only now: a refused export leaves nothing behind
+  // Only now, and beside --output: a refused export leaves nothing behind, and a failed or
+  // killed one no config.json without its weights (or shards without their index).
+  StagedOutput staged(opt.output);
   const json carry = recorded && recorded->contains("config") ? (*recorded)["config"] : json();
   const json config = hf_config_json(s, opt.dtype == "BF16" ? "bfloat16" : "float32",
                                      carry.is_null() ? nullptr : &carry);
-  ckpt::write_file_atomic(opt.output / "config.json", config.dump(2) + "\n");
+  ckpt::write_file_atomic(staged.dir() / "config.json", config.dump(2) + "\n");
   res.files.push_back("config.json");
-  for (std::string& f : write_hf_weights(opt.output, std::move(out), opt.max_shard_bytes))
+  convert_fault_point("export.after_config");
+  for (std::string& f : write_hf_weights(staged.dir(), std::move(out), opt.max_shard_bytes))
     res.files.push_back(std::move(f));
+  convert_fault_point("export.after_weights");
+  staged.publish();
   return res;
 }
 

@@ -175,6 +175,7 @@ HfModelSpec gpt2_spec_of_model(const ModelConfig& m, int64_t vocab, const Refuse
   s.vocab_size = vocab;
   s.hidden = m.hidden;
   s.num_layers = m.num_layers;
+  s.moe_layers.assign(static_cast<size_t>(m.num_layers), 0);  // every layer dense
   s.num_heads = m.num_heads;
   s.num_kv_heads = m.num_heads;
   s.head_dim = m.head_dim();

@@ -68,8 +68,10 @@ void ModelConfig::validate() const {
             "or set --kv-channels",
             num_heads, hidden);
   MOE_CHECK(num_query_groups >= 1 && num_heads % num_query_groups == 0,
-            "[model] --num-query-groups={} must divide --num-attention-heads={}",
-            num_query_groups, num_heads);
+            "[model] --num-query-groups={} must divide --num-attention-heads={}: give "
+            "--num-query-groups a divisor of {} (or drop --group-query-attention), or change "
+            "--num-attention-heads",
+            num_query_groups, num_heads, num_heads);
   MOE_CHECK(position_embedding != PositionEmbedding::Rope || head_dim() % 2 == 0,
             "[model] head dim {} must be even for RoPE", head_dim());
   MOE_CHECK(!qk_layernorm || normalization == Normalization::RMSNorm,
@@ -86,13 +88,15 @@ void ModelConfig::validate() const {
     MOE_CHECK(p >= 0 && p < 1, "[model] {}={} must be in [0, 1)", flag, p);
   }
   MOE_CHECK(max_positions() >= seq_length,
-            "[model] --max-position-embeddings={} < --seq-length={}", max_positions(),
-            seq_length);
+            "[model] --max-position-embeddings={} < --seq-length={}: raise "
+            "--max-position-embeddings to {} or lower --seq-length to {}",
+            max_positions(), seq_length, seq_length, max_positions());
   MOE_CHECK(num_experts >= 0, "[model] --num-experts={} must be >= 0", num_experts);
   MOE_CHECK(moe_layer_pattern.empty() ||
                 static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
-            "[model] --moe-layer-freq lists {} layers but --num-layers={}",
-            moe_layer_pattern.size(), num_layers);
+            "[model] --moe-layer-freq lists {} layers but --num-layers={}: give one 0/1 entry "
+            "per layer, or --num-layers {}",
+            moe_layer_pattern.size(), num_layers, moe_layer_pattern.size());
   if (has_dense_layer()) {
     MOE_CHECK(ffn_hidden >= 1, "[model] dense layers need --ffn-hidden-size >= 1 (got {})",
               ffn_hidden);

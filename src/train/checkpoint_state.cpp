@@ -8,10 +8,36 @@ namespace moecore::train {
 
 using nlohmann::json;
 
+namespace {
+
+// What the routers compute with the same router weights: which experts a token takes and with
+// what weight (docs/router.md). A model trained under one routing and loaded or exported under
+// another computes something else, so these are part of the model like its shapes. Training-only
+// settings (the aux-loss coefficients and kinds, z-loss, jitter, the bias update rate, the
+// quantile EMA, capacity and dispatch) are not: a run may change them on resume.
+void add_router_signature(const RouterConfig& r, json& sig) {
+  sig["--moe-router-topk"] = r.topk;
+  sig["--moe-router-score-function"] = score_function_name(r.score);
+  sig["--moe-router-pre-softmax"] = r.pre_softmax;
+  sig["--moe-router-topk-scaling-factor"] = r.topk_scaling_factor;
+  sig["--moe-router-num-groups"] = r.num_groups;
+  sig["--moe-router-group-topk"] = r.group_topk;
+  sig["--moe-router-enable-expert-bias"] = r.enable_expert_bias;
+  // Of the balancing types, those that choose the experts: Sinkhorn's balanced scores and
+  // quantile balancing's offsets; the loss types (and none) route by the plain top-k.
+  sig["--moe-router-load-balancing-type (how experts are chosen)"] =
+      r.uses(LoadBalancing::Sinkhorn)            ? "sinkhorn"
+      : r.uses(LoadBalancing::QuantileBalancing) ? "quantile_balancing"
+                                                 : "top-k of the scores (aux_loss, seq_aux_loss, "
+                                                   "global_aux_loss or none)";
+}
+
+}  // namespace
+
 json model_signature(const ModelConfig& m) {
   json moe_layers = json::array();
   for (int64_t l = 0; l < m.num_layers; ++l) moe_layers.push_back(m.is_moe_layer(l) ? 1 : 0);
-  return {{"--num-layers", m.num_layers},
+  json sig = {{"--num-layers", m.num_layers},
           {"--hidden-size", m.hidden},
           {"--ffn-hidden-size", m.ffn_hidden},
           {"--num-attention-heads", m.num_heads},
@@ -37,6 +63,10 @@ json model_signature(const ModelConfig& m) {
            ops::activation_name(m.activation)},
           {"--disable-bias-linear (MLP biases)", !m.add_mlp_bias},
           {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
+  // A dense model has no router (and a dense checkpoint records none, so that
+  // --moe-use-upcycling compares nothing of it).
+  if (m.num_experts > 0) add_router_signature(m.moe.router, sig);
+  return sig;
 }
 
 void check_same_model(const json& saved, const json& mine, const std::string& dir) {

@@ -1,5 +1,6 @@
 // The model part of a checkpoint's run state (docs/checkpoint_format.md, "Run state"): the
-// sizes that fix the global tensors, keyed by the flag that sets each. Whatever writes a
+// sizes that fix the global tensors and the settings that change what the layers and the routers
+// compute with them, keyed by the flag that sets each. Whatever writes a
 // checkpoint (the trainer, a converter) records it; a load compares it first, so a checkpoint
 // of another model is refused naming each flag that differs with both values. And how a
 // parameter's slice is described in the checkpoint, and which rank writes it.
@@ -16,7 +17,10 @@
 
 namespace moecore::train {
 
-// {"--hidden-size": 64, "--num-experts": 8, "--moe-layer-freq": [1, 0, ...], ...}.
+// {"--hidden-size": 64, "--num-experts": 8, "--moe-layer-freq": [1, 0, ...], ...}; with experts
+// also the routing: "--moe-router-topk", "--moe-router-score-function", pre-softmax, the top-k
+// scaling factor, the group limits, the expert bias, and whether Sinkhorn or quantile balancing
+// chooses the experts.
 nlohmann::json model_signature(const ModelConfig& m);
 // Throws naming every flag whose value differs between `saved` and `mine` (keys missing from
 // `saved` are not compared: an older checkpoint records fewer). `where` names the checkpoint.

@@ -778,6 +778,65 @@ TEST(MegatronFlags, ExpertRankCapacityFactor) {
       << e;
 }
 
+// --fp32 spells out the default; with --bf16 a run would train bf16 silently. Refused, naming
+// both flags and the fix, whichever comes first and wherever each is given (a --config file).
+TEST(MegatronFlags, Fp32WithBf16IsRefused) {
+  EXPECT_FALSE(parse("--fp32").model.bf16);
+  EXPECT_TRUE(parse("--bf16").model.bf16);
+  for (const std::vector<std::string>& given :
+       {std::vector<std::string>{"--fp32", "--bf16"}, {"--bf16", "--fp32"}}) {
+    const std::string e = error_of(given);
+    EXPECT_NE(e.find("--fp32 and --bf16 are both given"), std::string::npos) << e;
+    EXPECT_NE(e.find("remove one of them"), std::string::npos) << e;
+  }
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string toml = scratch.path() + "/fp32.toml";
+  std::ofstream(toml) << "fp32 = true\n";
+  const std::string e = error_of({"--config", toml, "--bf16"});
+  EXPECT_NE(e.find("--fp32 and --bf16 are both given"), std::string::npos) << e;
+}
+
+// A check between two flags names the flag(s) to change and to what: configs/tiny.toml warms up
+// for 20 iterations, so a short run of it (--train-iters 5, whose value --lr-decay-iters takes)
+// must say to lower --lr-warmup-iters, not only that 5 must exceed 20.
+TEST(MegatronFlags, TwoFlagChecksNameTheFlagToChange) {
+  std::string e = error_of({"--lr-warmup-iters", "20", "--train-iters", "5"});
+  EXPECT_NE(e.find("--lr-decay-iters=5 (not given: --train-iters) must exceed "
+                   "--lr-warmup-iters=20: give --lr-warmup-iters below 5 (0 for no warmup), or "
+                   "--lr-decay-iters above 20"),
+            std::string::npos)
+      << e;
+  e = error_of({"--lr-warmup-iters", "20", "--lr-decay-iters", "10"});
+  EXPECT_NE(e.find("--lr-decay-iters=10 must exceed --lr-warmup-iters=20: give --lr-warmup-iters "
+                   "below 10"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of({"--lr-warmup-iters", "20", "--lr-decay-style", "constant"}), "");
+  EXPECT_EQ(error_of({"--lr-warmup-iters", "1"}), "");
+  const std::string tiny = ::moecore::testing::source_dir() + "/configs/tiny.toml";
+  e = error_of({"--config", tiny, "--train-iters", "5"});
+  EXPECT_NE(e.find("give --lr-warmup-iters below 5"), std::string::npos) << e;
+  e = error_of({"--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "5"});
+  EXPECT_NE(e.find("give --lr-wsd-decay-iters N with 0 < N <= 2"), std::string::npos) << e;
+  e = error_of({"--min-lr", "0.1"});
+  EXPECT_NE(e.find("lower --min-lr to at most 0.001 or raise --lr to at least 0.1"),
+            std::string::npos)
+      << e;
+  e = error_of({"--max-position-embeddings", "8"});
+  EXPECT_NE(e.find("raise --max-position-embeddings to 16 or lower --seq-length to 8"),
+            std::string::npos)
+      << e;
+  e = error_of({"--moe-router-topk", "5"});
+  EXPECT_NE(e.find("lower --moe-router-topk to at most 4 or raise --num-experts to at least 5"),
+            std::string::npos)
+      << e;
+  e = error_of({"--moe-router-num-groups", "2", "--moe-router-group-topk", "3"});
+  EXPECT_NE(e.find("lower --moe-router-group-topk to at most 2"), std::string::npos) << e;
+  e = error_of({"--group-query-attention", "--num-query-groups", "3"});
+  EXPECT_NE(e.find("give --num-query-groups a divisor of 2"), std::string::npos) << e;
+}
+
 TEST(MegatronFlags, DocsFlagsMdIsCurrent) {
   std::ifstream in(::moecore::testing::source_dir() + "/docs/flags.md");
   std::stringstream ss;
