@@ -73,8 +73,8 @@ within() {
     awk 'NF != 2 { exit 1 } { d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2
          if (d > 1e-5 * m) exit 1; n++ } END { exit n == 0 }'
 }
-edp=(--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel
-     --use-distributed-optimizer)
+plain8=(--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel)
+edp=("${plain8[@]}" --use-distributed-optimizer)
 out=$(train 8 "${edp[@]}" --train-iters 5 --metrics-file "$work/e_whole.jsonl") ||
   fail "TP 2 x EP 2 x EDP 2: the uninterrupted run stopped" "$out"
 whole=$(digest "$out")
@@ -92,7 +92,7 @@ out=$(train 8 "${edp[@]}" --train-iters 5 --load "$work/e" --async-save --save "
   fail "TP 2 x EP 2 x EDP 2: the resumed steps 4-5 differ" \
        "$(cat "$work/e_res.jsonl" "$work/e_whole.jsonl")"
 echo "[checkpoint] TP 2 x EP 2 x EDP 2 with the distributed optimizer: resumed bitwise"
-out=$(train 8 "${edp[@]:0:3}" --train-iters 3 --save "$work/e_plain") ||
+out=$(train 8 "${plain8[@]}" --train-iters 3 --save "$work/e_plain") ||
   fail "TP 2 x EP 2 x EDP 2 without the distributed optimizer stopped" "$out"
 compare "$work/e/iter_0000003" "$work/e_plain/iter_0000003"
 echo "[checkpoint] TP 2 x EP 2 x EDP 2: the same checkpoint with and without the distributed" \
