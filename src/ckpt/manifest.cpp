@@ -67,8 +67,8 @@ void check_dim(const GlobalTensor& t, const SliceDim& d, const SliceRef& s,
 // pieces of one box.
 using BoxKey = std::tuple<int, int64_t, int64_t, int, int, int64_t, int64_t, int>;
 BoxKey box_key(const SliceRef& s) {
-  return {s.dim, s.offset, s.length, s.parts, s.second.dim, s.second.offset, s.second.length,
-          s.second.parts};
+  return {s.dim,        s.offset,        s.length,        s.parts,
+          s.second.dim, s.second.offset, s.second.length, s.second.parts};
 }
 
 // The pieces of one box (its slices, ranged or whole) tile its storage [0, n) exactly.
@@ -152,9 +152,8 @@ void tile_boxes(const GlobalTensor& t, int64_t numel, const std::string& where) 
     order.push_back({*std::min_element(pieces.begin(), pieces.end()), n, lo, hi});
   }
   // By span, ties in manifest order (the messages name the earlier slice first).
-  std::sort(order.begin(), order.end(), [](const Box& a, const Box& b) {
-    return std::pair(a.lo, a.s) < std::pair(b.lo, b.s);
-  });
+  std::sort(order.begin(), order.end(),
+            [](const Box& a, const Box& b) { return std::pair(a.lo, a.s) < std::pair(b.lo, b.s); });
   std::vector<const Box*> open;  // boxes whose span reaches past the current one's start
   for (const Box& b : order) {
     std::erase_if(open, [&](const Box* o) { return o->hi <= b.lo; });
@@ -526,14 +525,16 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
       s.chunk_bytes = need_int<uint64_t>(f, "chunk_bytes", "shard '" + s.file + "'", where);
       MOE_CHECK(s.chunk_bytes > 0, "[checkpoint] '{}': shard '{}' has chunks of 0 bytes", where,
                 s.file);
-      const json& c = need(f, "chunk_sha256", json::value_t::array, "shard '" + s.file + "'", where);
+      const json& c =
+          need(f, "chunk_sha256", json::value_t::array, "shard '" + s.file + "'", where);
       MOE_CHECK(c.size() == s.num_chunks(),
                 "[checkpoint] '{}': shard '{}' of {} bytes in chunks of {} has {} chunk digests, "
                 "not {}",
                 where, s.file, s.bytes, s.chunk_bytes, c.size(), s.num_chunks());
       for (const json& d : c) {
-        MOE_CHECK(d.is_string(), "[checkpoint] '{}': shard '{}' has a chunk digest {}, not a string",
-                  where, s.file, d.dump());
+        MOE_CHECK(d.is_string(),
+                  "[checkpoint] '{}': shard '{}' has a chunk digest {}, not a string", where,
+                  s.file, d.dump());
         s.chunk_sha256.push_back(d.get<std::string>());
       }
     }

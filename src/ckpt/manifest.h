@@ -42,7 +42,9 @@ struct ShardFile {
   // reading the whole file. chunk_bytes = 0: none (written before they existed).
   uint64_t chunk_bytes = 0;
   std::vector<std::string> chunk_sha256;
-  uint64_t num_chunks() const { return chunk_bytes == 0 ? 0 : (bytes + chunk_bytes - 1) / chunk_bytes; }
+  uint64_t num_chunks() const {
+    return chunk_bytes == 0 ? 0 : (bytes + chunk_bytes - 1) / chunk_bytes;
+  }
 };
 
 // One split dimension of a slice: dimension `dim` (of extent X) is `parts` equal chunks of X /

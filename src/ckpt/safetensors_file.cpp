@@ -283,8 +283,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes bytes)
     : path_(path.string()), file_(std::move(bytes.data)), file_size_(bytes.size) {
   const uint64_t n = safetensors_header_length(
-      path_, std::span<const std::byte>(file_.get(), std::min<size_t>(8, file_size_)),
-      file_size_);
+      path_, std::span<const std::byte>(file_.get(), std::min<size_t>(8, file_size_)), file_size_);
   header_ = parse_safetensors_header(
       path_, std::string_view(reinterpret_cast<const char*>(file_.get() + 8), n), file_size_);
 }

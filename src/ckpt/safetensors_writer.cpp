@@ -60,8 +60,8 @@ SafetensorsWriter::Entry& SafetensorsWriter::append(std::string name, std::strin
   names_.insert(name);
   const uint64_t begin = data_bytes_;
   data_bytes_ += nbytes;
-  tensors_.push_back({std::move(name), std::move(dtype), std::move(shape), begin, data_bytes_,
-                      nullptr, nullptr});
+  tensors_.push_back(
+      {std::move(name), std::move(dtype), std::move(shape), begin, data_bytes_, nullptr, nullptr});
   return tensors_.back();
 }
 
@@ -115,7 +115,9 @@ std::string SafetensorsWriter::header() const {
   return text;
 }
 
-uint64_t SafetensorsWriter::file_bytes() const { return 8 + header().size() + data_bytes_; }
+uint64_t SafetensorsWriter::file_bytes() const {
+  return 8 + header().size() + data_bytes_;
+}
 
 void SafetensorsWriter::stream(const ByteSink& sink) const {
   const std::string h = header();
@@ -124,7 +126,8 @@ void SafetensorsWriter::stream(const ByteSink& sink) const {
   sink(std::as_bytes(std::span<const char>(h.data(), h.size())));
   size_t buffer = 0;  // the largest piece a source is asked for
   for (const Entry& e : tensors_) {
-    if (e.held == nullptr) buffer = std::max<size_t>(buffer, std::min<uint64_t>(kStreamBuffer, e.end - e.begin));
+    if (e.held == nullptr)
+      buffer = std::max<size_t>(buffer, std::min<uint64_t>(kStreamBuffer, e.end - e.begin));
   }
   std::unique_ptr<std::byte[]> buf(buffer > 0 ? new std::byte[buffer] : nullptr);
   for (const Entry& e : tensors_) {
@@ -134,7 +137,8 @@ void SafetensorsWriter::stream(const ByteSink& sink) const {
       continue;
     }
     for (uint64_t at = 0; at < n; at += buffer) {
-      const std::span<std::byte> piece(buf.get(), static_cast<size_t>(std::min<uint64_t>(buffer, n - at)));
+      const std::span<std::byte> piece(buf.get(),
+                                       static_cast<size_t>(std::min<uint64_t>(buffer, n - at)));
       e.source(at, piece);
       sink(piece);
     }

@@ -60,7 +60,7 @@ class SafetensorsWriter {
     std::string name;
     std::string dtype;
     std::vector<int64_t> shape;
-    uint64_t begin = 0, end = 0;  // in the data block
+    uint64_t begin = 0, end = 0;        // in the data block
     std::unique_ptr<std::byte[]> held;  // the bytes, or null: read from `source`
     Source source;
   };

@@ -17,7 +17,9 @@ struct Sha256::Ctx {
   }
 };
 
-Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) { ctx_->init(); }
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
+  ctx_->init();
+}
 Sha256::~Sha256() = default;
 Sha256::Sha256(Sha256&&) noexcept = default;
 Sha256& Sha256::operator=(Sha256&&) noexcept = default;

@@ -28,13 +28,14 @@ uint64_t next_reader_id() {
 void pread_all(int fd, uint64_t offset, std::span<std::byte> dst, const std::string& path) {
   size_t got = 0;
   while (got < dst.size()) {
-    const ssize_t n = ::pread(fd, dst.data() + got, dst.size() - got,
-                              static_cast<off_t>(offset + got));
+    const ssize_t n =
+        ::pread(fd, dst.data() + got, dst.size() - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = errno;
       MOE_FAIL("[checkpoint] cannot read '{}': bytes [{}, {}): {}", path, offset,
-               offset + dst.size(), n == 0 ? "the file shrank while being read" : std::strerror(err));
+               offset + dst.size(),
+               n == 0 ? "the file shrank while being read" : std::strerror(err));
     }
     got += static_cast<size_t>(n);
   }
@@ -69,7 +70,8 @@ void verify_shard(const std::filesystem::path& path, const ShardFile& f, const s
     ShardDigester d(f.chunk_bytes > 0 ? f.chunk_bytes : kPlainChunkBytes);
     std::vector<std::byte> buf(static_cast<size_t>(std::min<uint64_t>(kPlainChunkBytes, size)));
     for (uint64_t at = 0; at < size; at += buf.size()) {
-      const std::span<std::byte> piece(buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at)));
+      const std::span<std::byte> piece(
+          buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at)));
       pread_all(fd, at, piece, path.string());
       d.update(piece);
     }

@@ -182,8 +182,8 @@ RunIterator::RunIterator(const SliceRef& s, const std::vector<int64_t>& shape, i
     global_stride_.push_back(product(shape, d + 1));
     split_.push_back(split_of(s, d));
   }
-  if (inner_ == 0 || std::any_of(local_extent_.begin(), local_extent_.end(),
-                                 [](int64_t e) { return e == 0; })) {
+  if (inner_ == 0 ||
+      std::any_of(local_extent_.begin(), local_extent_.end(), [](int64_t e) { return e == 0; })) {
     end_ = pos_;  // no elements
   }
 }
@@ -233,9 +233,10 @@ void for_each_shared_run(const std::vector<int64_t>& shape, const SliceRef& want
   }
   // The part of the flattened tensor both spans cover; each side's runs from its first element
   // there, merged in increasing global order.
-  const int64_t lo = std::max(global_index(w.box, shape, w.begin), global_index(h.box, shape, h.begin));
-  const int64_t hi = std::min(global_index(w.box, shape, w.end - 1),
-                              global_index(h.box, shape, h.end - 1)) + 1;
+  const int64_t lo =
+      std::max(global_index(w.box, shape, w.begin), global_index(h.box, shape, h.begin));
+  const int64_t hi =
+      std::min(global_index(w.box, shape, w.end - 1), global_index(h.box, shape, h.end - 1)) + 1;
   if (lo >= hi) return;
   RunIterator iw(w.box, shape, std::max(w.begin, first_local_at(w.box, shape, lo)), w.end);
   RunIterator ih(h.box, shape, std::max(h.begin, first_local_at(h.box, shape, lo)), h.end);

@@ -121,9 +121,14 @@ struct CommCalls {
            barrier;
   }
   CommCalls operator-(const CommCalls& o) const {
-    return {all_reduce - o.all_reduce, all_gather - o.all_gather,
-            reduce_scatter - o.reduce_scatter, all_to_all - o.all_to_all,
-            broadcast - o.broadcast, send - o.send, recv - o.recv, barrier - o.barrier};
+    return {all_reduce - o.all_reduce,
+            all_gather - o.all_gather,
+            reduce_scatter - o.reduce_scatter,
+            all_to_all - o.all_to_all,
+            broadcast - o.broadcast,
+            send - o.send,
+            recv - o.recv,
+            barrier - o.barrier};
   }
   bool operator==(const CommCalls&) const = default;
 };

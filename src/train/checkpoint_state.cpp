@@ -143,6 +143,8 @@ bool writes_owned_pieces(const ParamSpec& p, int index, const HolderRanks& r) {
   return (dense ? r.tp : r.expt_tp) == index % (dense ? r.tp_size : r.expt_tp_size);
 }
 
-bool writes_replicated(int index, const HolderRanks& r) { return r.world == index % r.world_size; }
+bool writes_replicated(int index, const HolderRanks& r) {
+  return r.world == index % r.world_size;
+}
 
 }  // namespace moecore::train

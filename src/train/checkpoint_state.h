@@ -56,8 +56,8 @@ CheckpointPiece owned_piece(const ParamSpec& p, int64_t begin, int64_t count);
 
 // A rank's place in the groups whose ranks hold identical copies of a parameter's slice.
 struct HolderRanks {
-  int dp_cp = 0, dp_cp_size = 1;  // dense parameters are replicated over dense data parallel
-  int tp = 0, tp_size = 1;        // and, when not sharded, over the attention grid's TP group
+  int dp_cp = 0, dp_cp_size = 1;      // dense parameters are replicated over dense data parallel
+  int tp = 0, tp_size = 1;            // and, when not sharded, over the attention grid's TP group
   int expt_dp = 0, expt_dp_size = 1;  // expert parameters over expert data parallel
   int expt_tp = 0, expt_tp_size = 1;  // and, when not sharded, over expert TP
   int ep = 0;                         // which experts (the distinct expert slices)

@@ -163,8 +163,15 @@ std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::Chained
   for (moe::Router<T>* r : model.routers()) {
     const int64_t E = r->config().num_experts;
     const auto add = [&](const char* what, DevPtr<float> data) {
-      out.push_back({router_state_name(r->weight(), what), DType::F32, {E}, ckpt::SliceRef{},
-                     DevPtr<void>(data), E, E, false, writes_replicated(k++, holder)});
+      out.push_back({router_state_name(r->weight(), what),
+                     DType::F32,
+                     {E},
+                     ckpt::SliceRef{},
+                     DevPtr<void>(data),
+                     E,
+                     E,
+                     false,
+                     writes_replicated(k++, holder)});
     };
     if (r->config().enable_expert_bias) add("expert_bias", r->expert_bias());
     if (r->config().uses(LoadBalancing::QuantileBalancing))
@@ -221,12 +228,11 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
         const std::span<std::byte> dst = s->shards[t.optim].add_buffer(t.name, dtype, shape);
         ops::read_back<std::byte>(ex, dst.data(), src, nbytes);
       } else {
-        s->shards[t.optim].add_source(t.name, dtype, shape,
-                                      [&ex, src](uint64_t at, std::span<std::byte> dst) {
-                                        ops::read_back<std::byte>(
-                                            ex, dst.data(), src + static_cast<int64_t>(at),
-                                            static_cast<int64_t>(dst.size()));
-                                      });
+        s->shards[t.optim].add_source(
+            t.name, dtype, shape, [&ex, src](uint64_t at, std::span<std::byte> dst) {
+              ops::read_back<std::byte>(ex, dst.data(), src + static_cast<int64_t>(at),
+                                        static_cast<int64_t>(dst.size()));
+            });
       }
       s->part.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
     }
@@ -319,8 +325,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               load.string());
     loaded = opt.iteration >= 0 ? std::optional<int64_t>(opt.iteration) : ckpt::read_tracker(load);
     if (!loaded.has_value()) return;
-    ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *loaded),
-                                  ckpt::HashCheck::OnRead);
+    ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *loaded), ckpt::HashCheck::OnRead);
     const ckpt::Manifest& m = reader.manifest();
     const std::string dir = reader.dir().string();
     MOE_CHECK(m.iteration == *loaded, "[checkpoint] '{}' holds iteration {}, not {}", dir,
@@ -377,12 +382,12 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
         const ckpt::GlobalTensor& g = reader.tensor(dense);
         const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
         const ckpt::SliceRef& sl = t.slice;
-        MOE_CHECK(sl.flat() || (!sl.ranged() && sl.dim <= 0 && sl.parts == 1 &&
-                                !sl.second.split()),
+        MOE_CHECK(sl.flat() || (!sl.ranged() && sl.dim <= 0 && sl.parts == 1 && !sl.second.split()),
                   "[checkpoint] '{}': upcycling '{}' into a slice split along dimension {} ({} "
                   "parts{}) is not supported: upcycle at expert tensor parallel size 1 and "
                   "reshard the upcycled checkpoint",
-                  dir, t.name, sl.dim, sl.parts, sl.second.split() ? ", and a second dimension" : "");
+                  dir, t.name, sl.dim, sl.parts,
+                  sl.second.split() ? ", and a second dimension" : "");
         MOE_CHECK(g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) &&
                       (sl.dim == 0 || sl.flat()),
                   "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir,

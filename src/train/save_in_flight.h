@@ -41,8 +41,9 @@ struct SaveInFlight {
   void start_background();
   bool written() const { return !background_.joinable() || done_.load(); }
   // Completes the save: waits for the shards (writes them first when no background write was
-  // started), then with every rank of `world` (null: one rank) gathers the parts, and rank 0 writes the manifest, publishes the directory and writes the
-  // tracker. A failure on any rank (the background write's included) throws on every rank.
+  // started), then with every rank of `world` (null: one rank) gathers the parts, and rank 0 writes
+  // the manifest, publishes the directory and writes the tracker. A failure on any rank (the
+  // background write's included) throws on every rank.
   void finish(parallel::Communicator* world);
 
  private:

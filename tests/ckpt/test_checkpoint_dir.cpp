@@ -424,7 +424,8 @@ TEST(CheckpointDir, ReadsRangedSlicesIntoAnyLayout) {
         }
       }
     }
-    for (const auto& [lo, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 96}, {7, 50}, {95, 1}}) {
+    for (const auto& [lo, n] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 96}, {7, 50}, {95, 1}}) {
       std::vector<float> out(static_cast<size_t>(n));
       r.read_flat("x", "F32", lo, n, std::as_writable_bytes(std::span<float>(out)));
       EXPECT_EQ(out, std::vector<float>(all.begin() + lo, all.begin() + lo + n)) << lo;
@@ -465,7 +466,8 @@ TEST(CheckpointDir, VerifiesTheChunksItReadsAndReadsOnlyThose) {
     const std::string file = shard_name("model", r);
     SafetensorsWriter w;
     w.add("x", "F32", {128, 256},
-          testing::as_bytes(std::vector<float>(all.begin() + r * 32768, all.begin() + (r + 1) * 32768)));
+          testing::as_bytes(
+              std::vector<float>(all.begin() + r * 32768, all.begin() + (r + 1) * 32768)));
     m.files.push_back(write_shard(dir, file, r, w, 4096));
     x.slices.push_back({file, 0, r * 128, 128});
   }
@@ -495,12 +497,10 @@ TEST(CheckpointDir, VerifiesTheChunksItReadsAndReadsOnlyThose) {
     CheckpointReader r(dir, HashCheck::OnRead);
     EXPECT_EQ(read_flat(r, 40000, 3), (std::vector<float>{40000, 40001, 40002}));
     const uint64_t chunk = at / 4096;
-    EXPECT_ERROR_HAS(read_flat(r, 59999, 2),
-                     "shard 'model_rank_00001.safetensors' has SHA-256 ");
+    EXPECT_ERROR_HAS(read_flat(r, 59999, 2), "shard 'model_rank_00001.safetensors' has SHA-256 ");
     EXPECT_ERROR_HAS(read_flat(r, 59999, 2),
                      fmt::format("in bytes [{}, {}) (chunk {} of {}), the manifest recorded",
-                                 chunk * 4096, (chunk + 1) * 4096, chunk,
-                                 m.files[1].num_chunks()));
+                                 chunk * 4096, (chunk + 1) * 4096, chunk, m.files[1].num_chunks()));
   }
   EXPECT_ERROR_HAS(CheckpointReader r(dir), "the file was altered after the save");
   // Without chunk digests (a manifest of an older moecore) the shard is hashed whole, streaming,

@@ -368,15 +368,19 @@ TEST(Manifest, RangedSlicesTileTheirSlicesStorageAsVersion2) {
   const std::string name = "tensor 'decoder.layers.0.mlp.experts.linear_fc1.weight' [4, 8, 3]";
   Manifest bad = m;
   bad.tensors[0].slices[1].range = {4, 13};  // [4, 17) overlaps [0, 5)
-  EXPECT_MANIFEST_ERROR(bad, name + ": the slices of 'model_rank_00000.safetensors' (dimension 0 "
-                        "[0, 2) x dimension 1 [0, 2) of each of 2 parts, storage [0, 5)) and "
-                        "'model_rank_00000.safetensors' (dimension 0 [0, 2) x dimension 1 [0, 2) "
-                        "of each of 2 parts, storage [4, 17)) overlap");
+  EXPECT_MANIFEST_ERROR(
+      bad, name +
+               ": the slices of 'model_rank_00000.safetensors' (dimension 0 "
+               "[0, 2) x dimension 1 [0, 2) of each of 2 parts, storage [0, 5)) and "
+               "'model_rank_00000.safetensors' (dimension 0 [0, 2) x dimension 1 [0, 2) "
+               "of each of 2 parts, storage [4, 17)) overlap");
   bad = m;
   bad.tensors[0].slices[1].range = {6, 11};  // element 5 in no piece
-  EXPECT_MANIFEST_ERROR(bad, name + ": elements [5, 6) of the storage of slice dimension 0 [0, 2) "
-                        "x dimension 1 [0, 2) of each of 2 parts are in no slice (after the one "
-                        "of 'model_rank_00000.safetensors'): a slice is missing");
+  EXPECT_MANIFEST_ERROR(
+      bad, name +
+               ": elements [5, 6) of the storage of slice dimension 0 [0, 2) "
+               "x dimension 1 [0, 2) of each of 2 parts are in no slice (after the one "
+               "of 'model_rank_00000.safetensors'): a slice is missing");
   bad = m;
   bad.tensors[0].slices[2].range = {17, 6};  // [17, 23) of 24
   EXPECT_MANIFEST_ERROR(bad, "elements [23, 24) of the storage of slice dimension 0 [0, 2)");
@@ -385,7 +389,8 @@ TEST(Manifest, RangedSlicesTileTheirSlicesStorageAsVersion2) {
   EXPECT_MANIFEST_ERROR(bad, "runs past the 24 elements of its slice's storage");
   bad = m;
   bad.tensors[0].slices.erase(bad.tensors[0].slices.begin() + 3, bad.tensors[0].slices.begin() + 6);
-  EXPECT_MANIFEST_ERROR(bad, name + ": its 9 slices hold 72 of its 96 elements: a slice is missing");
+  EXPECT_MANIFEST_ERROR(bad,
+                        name + ": its 9 slices hold 72 of its 96 elements: a slice is missing");
   bad = m;  // a whole-slice copy beside the pieces of the same slice
   bad.tensors[0].slices.push_back(bad.tensors[0].slices[0].base());
   EXPECT_MANIFEST_ERROR(bad, "overlap: the slices must hold every element once");
@@ -413,8 +418,7 @@ TEST(Manifest, ValidatesTensOfThousandsOfRangedSlicesWithoutComparingEveryPair) 
   m.tensors = {t};
   const auto start = std::chrono::steady_clock::now();
   validate_manifest(m, "m");
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(s, 5.0) << "validating " << t.slices.size() << " slices";
   m.tensors[0].slices[7232].range.length += 1;  // now overlapping its successor
   EXPECT_MANIFEST_ERROR(m, "overlap: the slices must hold every element once");
@@ -436,7 +440,8 @@ TEST(Manifest, ChunkDigestsRoundTripAndCountTheChunks) {
   EXPECT_EQ(back.files[0].chunk_bytes, 0u);  // a shard without them (an older save)
   Manifest bad = m;
   bad.files[1].chunk_sha256.pop_back();
-  EXPECT_MANIFEST_ERROR(bad, "shard 'model_rank_00001.safetensors' of 2048 bytes in chunks of "
+  EXPECT_MANIFEST_ERROR(bad,
+                        "shard 'model_rank_00001.safetensors' of 2048 bytes in chunks of "
                         "1000 has 2 chunk digests, not 3");
   bad = m;
   bad.files[1].chunk_sha256[1] = "x";

@@ -563,7 +563,8 @@ std::vector<std::pair<int64_t, int64_t>> dp_pieces(int64_t n, int group, int sal
   std::vector<std::pair<int64_t, int64_t>> out;
   int64_t lo = 0;
   for (int k = 0; k < group; ++k) {
-    const int64_t hi = k + 1 == group ? n : std::min(n, lo + (n * (k + 1 + salt % 2)) / (group + 1));
+    const int64_t hi =
+        k + 1 == group ? n : std::min(n, lo + (n * (k + 1 + salt % 2)) / (group + 1));
     out.push_back({lo, std::max(lo, hi) - lo});
     lo = std::max(lo, hi);
   }
@@ -677,7 +678,9 @@ TEST(CheckpointResume, ModelRowsAreStoredAndPaddingRowsLoadAsZero) {
   EXPECT_TRUE(col.slice.ranged());
   EXPECT_EQ(col.slice.range, (ckpt::StorageRange{4, 6}));
   EXPECT_EQ(col.count, 6);
-  EXPECT_NE(testing::error_of([] { train::slice_piece(vocab_spec(12, {0, 0, 3, 2})); })
+  EXPECT_NE(testing::error_of([] {
+              train::slice_piece(vocab_spec(12, {0, 0, 3, 2}));
+            })
                 .find("is split along dimension 0 in 2 parts and has padding rows past its 10 "
                       "model rows"),
             std::string::npos);

@@ -57,13 +57,16 @@ constexpr int64_t kProtocolAllGathers = 2;
 // A model whose optimizer state is megabytes per rank (so the old gather shows), trained one
 // step: 8 experts of 512 hidden units per layer, hidden 256.
 std::vector<std::string> args() {
+  // clang-format off
   return {"--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "16",
           "--num-layers", "2", "--num-experts", "8", "--moe-ffn-hidden-size", "512",
-          "--ffn-hidden-size", "512", "--vocab-size", "512", "--make-vocab-size-divisible-by", "128",
-          "--micro-batch-size", "1", "--global-batch-size", "8", "--log-interval", "1000",
-          "--peak-tflops", "0.1", "--train-iters", "1", "--lr-warmup-iters", "0",
+          "--ffn-hidden-size", "512", "--vocab-size", "512",
+          "--make-vocab-size-divisible-by", "128", "--micro-batch-size", "1",
+          "--global-batch-size", "8", "--log-interval", "1000", "--peak-tflops", "0.1",
+          "--train-iters", "1", "--lr-warmup-iters", "0",
           "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
           "--sequence-parallel", "--use-distributed-optimizer"};
+  // clang-format on
 }
 
 cli::TrainFlags flags() {
@@ -119,10 +122,11 @@ std::map<parallel::GroupKind, parallel::CommCalls> calls_of(const parallel::Proc
 }
 
 std::string calls_text(const parallel::CommCalls& c) {
-  return fmt::format("all_reduce {}, all_gather {}, reduce_scatter {}, all_to_all {}, broadcast {}, "
-                     "send {}, recv {}, barrier {}",
-                     c.all_reduce, c.all_gather, c.reduce_scatter, c.all_to_all, c.broadcast,
-                     c.send, c.recv, c.barrier);
+  return fmt::format(
+      "all_reduce {}, all_gather {}, reduce_scatter {}, all_to_all {}, broadcast {}, "
+      "send {}, recv {}, barrier {}",
+      c.all_reduce, c.all_gather, c.reduce_scatter, c.all_to_all, c.broadcast, c.send, c.recv,
+      c.barrier);
 }
 
 TEST(CheckpointSave, DistributedOptimizerSaveCommunicatesOnlyItsProtocolAndStreams) {
@@ -172,8 +176,8 @@ TEST(CheckpointSave, DistributedOptimizerSaveCommunicatesOnlyItsProtocolAndStrea
   const parallel::CommCalls w = world.calls() - world_before;
   for (const auto& [k, c] : after) {
     const parallel::CommCalls d = c - before.at(k);
-    EXPECT_EQ(d.total(), 0) << "group '" << parallel::group_name(k) << "' during the save: "
-                            << calls_text(d);
+    EXPECT_EQ(d.total(), 0) << "group '" << parallel::group_name(k)
+                            << "' during the save: " << calls_text(d);
   }
   parallel::CommCalls protocol;
   protocol.all_reduce = kProtocolAllReduces;
@@ -187,8 +191,8 @@ TEST(CheckpointSave, DistributedOptimizerSaveCommunicatesOnlyItsProtocolAndStrea
   int64_t written = 0;  // the bytes this rank's shards hold
   for (const char* kind : {"model", "optim"}) {
     std::error_code ec;
-    const uint64_t n =
-        fs::file_size(ckpt::iteration_dir(save / "sync", 1) / ckpt::shard_name(kind, g_rt.rank), ec);
+    const uint64_t n = fs::file_size(
+        ckpt::iteration_dir(save / "sync", 1) / ckpt::shard_name(kind, g_rt.rank), ec);
     if (!ec) written += static_cast<int64_t>(n);
   }
   world.barrier();
@@ -206,8 +210,9 @@ TEST(CheckpointSave, DistributedOptimizerSaveCommunicatesOnlyItsProtocolAndStrea
     EXPECT_LE(extra, kSyncExtraFraction * static_cast<double>(own)) << line;
     EXPECT_LE(async_extra, kAsyncExtraFraction * static_cast<double>(written)) << line;
   } else if (g_rt.rank == 0) {
-    std::printf("[save-memory] not measured: writing '5' to /proc/self/clear_refs does not reset "
-                "VmHWM on this kernel\n");
+    std::printf(
+        "[save-memory] not measured: writing '5' to /proc/self/clear_refs does not reset "
+        "VmHWM on this kernel\n");
   }
 
   // The checkpoint: every global tensor once (the manifest validates when read), the optimizer
