@@ -352,17 +352,22 @@ void validate_state(const json& state, int64_t iteration, const std::string& whe
     key_of(*hf, "config", &json::is_object, "an object", "state.hf");
   }
   if (const json* model = key_of(state, "model", &json::is_object, "an object", "state")) {
-    for (const char* k : {"--num-layers", "--hidden-size", "--num-attention-heads",
-                          "--vocab-size (padded)"}) {
+    for (const char* k : {"--num-layers", "--hidden-size", "--num-attention-heads"}) {
       MOE_CHECK(model->contains(k),
                 "[checkpoint] '{}': state.model has no \"{}\": the model signature that "
                 "loading compares is incomplete (the manifest was altered)",
                 where, k);
     }
-    for (const char* k : {"--num-layers", "--hidden-size", "--ffn-hidden-size",
-                          "--num-attention-heads", "--num-query-groups", "--kv-channels",
-                          "--vocab-size (padded)", "--num-experts", "--moe-ffn-hidden-size",
-                          "--moe-shared-expert-intermediate-size"}) {
+    // The vocabulary: "--vocab-size" (the model's), or "--vocab-size (padded)" in checkpoints
+    // written while the padding was part of the model (loading refuses those by name).
+    MOE_CHECK(model->contains("--vocab-size") || model->contains("--vocab-size (padded)"),
+              "[checkpoint] '{}': state.model has no \"--vocab-size\": the model signature that "
+              "loading compares is incomplete (the manifest was altered)",
+              where);
+    for (const char* k :
+         {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+          "--num-query-groups", "--kv-channels", "--vocab-size", "--vocab-size (padded)",
+          "--num-experts", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}) {
       key_of(*model, k, &json::is_number_integer, "an integer", "state.model");
     }
   }

@@ -88,9 +88,16 @@ ExportResult export_hf(const ExportOptions& opt) {
     arch = default_hf_arch(m);
     res.arch_from = "the model's features";
   }
-  res.spec = hf_spec_of_model(m, tf.train.data.synthetic_vocab, arch);
+  res.spec = hf_spec_of_model(m, arch);
   const HfModelSpec& s = res.spec;
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  // The vocabulary tables' rows as the checkpoint holds them: the model's V, or V and the
+  // padding of the TP size that wrote it (the flags may name another TP). The padding rows are
+  // not part of the model: dropped.
+  int64_t table_rows = m.vocab_size;
+  if (const ckpt::GlobalTensor* g = man.find("embedding.word_embeddings.weight");
+      g != nullptr && g->shape.size() == 2 && g->shape[0] >= m.vocab_size)
+    table_rows = g->shape[0];
+  const HfTensorMap map = hf_tensor_map(s, table_rows);
 
   // Every tensor the table reads present with its shape, before any is converted.
   std::vector<std::string> missing;
@@ -162,7 +169,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   if (dropped_rows > 0) {
     res.warnings.push_back(fmt::format(
         "[convert] the vocabulary padding ({} rows of {}) is dropped: HF's vocab_size is {}",
-        m.vocab_size - s.vocab_size, m.vocab_size, s.vocab_size));
+        table_rows - s.vocab_size, table_rows, s.vocab_size));
   }
   res.hf_tensors = static_cast<int64_t>(out.size());
 

@@ -135,7 +135,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   const ModelConfig m = parse_model_flags(flag_args).model;
 
   // The table, checked against the model's own parameter list both ways.
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  const HfTensorMap map = hf_tensor_map(s, m.padded_vocab());  // the tables' rows
   std::map<std::string, const TensorMapping*> by_name;
   for (const TensorMapping& t : map.tensors) by_name[t.moecore] = &t;
   const std::map<std::string, const TensorMapping*> table = by_name;

@@ -96,7 +96,9 @@ void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int6
 
 // Vocab-parallel (a TP rank's slice of the table): w_RH holds the rows [v0, v0 + rows) of a
 // vocabulary of V. y[t] = w[ids[t] - v0] for the ids in the slice, zeros for the others (the
-// TP group's sum of y is the whole lookup); every id must be in [0, V).
+// TP group's sum of y is the whole lookup); every id must be in [0, V). The slice is the model's
+// rows of the rank's share of the padded table: it may be empty (rows = 0, v0 anywhere: a share
+// of padding only), which gives zeros forward and nothing backward.
 template <typename T>
 void embedding_forward_shard(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
                              DevPtr<const T> w_RH, int64_t n_tok, int64_t H, int64_t v0,

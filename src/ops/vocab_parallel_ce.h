@@ -8,6 +8,9 @@
 // (softmax - onehot) * dloss with the global log-sum-exp. With the whole vocabulary on one rank
 // (v0 = 0, Vl = V) the pieces are the fused head's softmax rows (ops/cross_entropy.h), which
 // the model keeps using there.
+// A slice may be empty (Vl = 0): a TP rank whose share of the padded vocabulary holds padding
+// only (the padding is not part of the model, so no logit of it exists). Its row maxima are -inf
+// and its sums 0, the identities of the all-reduces, and its gradient rows have no element.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +21,13 @@
 
 namespace moecore::ops {
 
-// This rank's columns [v0, v0 + Vl) of a vocabulary of V (the target check's bound).
+// This rank's columns [v0, v0 + Vl) of a vocabulary of V (the target check's bound): the
+// model's columns of its share of the padded vocabulary, none (Vl = 0, v0 anywhere) for a share
+// of padding only.
 struct VocabSlice {
   int64_t v0 = 0, Vl = 0, V = 0;
-  // Throws naming the three numbers unless 0 <= v0, 1 <= Vl and v0 + Vl <= V (defined in
+  // Throws naming the three numbers unless 0 <= v0, 0 <= Vl and (Vl = 0 or v0 + Vl <= V), V >= 1
+  // (defined in
   // ops/cpu/vocab_parallel_ce_ref.cpp: this header is also compiled by nvcc, which cannot
   // build core/check.h's fmt format strings).
   void check() const;
@@ -58,7 +64,8 @@ void vocab_ce_grad(void* stream, T* z_MV, const int32_t* target_M, const T* lse_
                    int64_t m, const VocabSlice& vs);
 }  // namespace cuda
 
-// max_M[i] = max over this rank's columns of z_MV[i] (to be all-reduced with max).
+// max_M[i] = max over this rank's columns of z_MV[i] (to be all-reduced with max); -inf for an
+// empty slice.
 template <typename T>
 void vocab_ce_row_max(const Exec& ex, DevPtr<T> max_M, DevPtr<const T> z_MV, int64_t m,
                       const VocabSlice& vs) {
@@ -71,9 +78,9 @@ template <typename T>
 void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs);
 
 // With max_M the global row maxima: sums_2M[i] = sum over this rank's columns of
-// exp(z - max_i) (f64), sums_2M[m + i] = the target's logit when this rank holds it, else 0
-// (ignored targets, < 0: 0). Both halves are all-reduced with sum, in one call. Targets >= V
-// are refused.
+// exp(z - max_i) (f64; 0 for an empty slice), sums_2M[m + i] = the target's logit when this
+// rank holds it, else 0 (ignored targets, < 0: 0). Both halves are all-reduced with sum, in one
+// call. Targets >= V are refused.
 template <typename T>
 void vocab_ce_row_sums(const Exec& ex, DevPtr<double> sums_2M, DevPtr<const T> z_MV,
                        DevPtr<const T> max_M, DevPtr<const int32_t> target_M, int64_t m,

@@ -11,6 +11,8 @@ namespace moecore::train {
 using nlohmann::json;
 
 namespace {
+// The signature key of checkpoints whose model included the vocabulary padding.
+constexpr const char* kOldPaddedVocabKey = "--vocab-size (padded)";
 
 // What the routers compute with the same router weights: which experts a token takes and with
 // what weight (docs/router.md). A model trained under one routing and loaded or exported under
@@ -45,7 +47,9 @@ json model_signature(const ModelConfig& m) {
           {"--num-attention-heads", m.num_heads},
           {"--num-query-groups", m.num_query_groups},
           {"--kv-channels", m.head_dim()},
-          {"--vocab-size (padded)", m.vocab_size},
+          // The model's vocabulary, not the padded one: the padding depends on the TP size and
+          // is not part of the model, so checkpoints of every TP size are the same model.
+          {"--vocab-size", m.vocab_size},
           {"--num-experts", m.num_experts},
           {"--moe-ffn-hidden-size", m.moe.ffn_hidden},
           {"--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden},
@@ -72,6 +76,19 @@ json model_signature(const ModelConfig& m) {
 }
 
 void check_same_model(const json& saved, const json& mine, const std::string& dir) {
+  // Written before the padding left the model: its padded rows were logits of its softmax and
+  // were trained, so it is another model than any this build makes of its flags.
+  if (saved.contains(kOldPaddedVocabKey) && !saved.contains("--vocab-size")) {
+    MOE_FAIL(
+        "[checkpoint] '{}' records the padded vocabulary ({} = {}): it was written when the "
+        "vocabulary padding took part in the softmax (as in Megatron), so its padded rows "
+        "were trained as logits. This moecore keeps the padding out of the model (the "
+        "signature records --vocab-size, the model's vocabulary, {} here), so that "
+        "checkpoint holds another model and cannot load: train it again with this build, "
+        "or convert it with the moecore that wrote it",
+        dir, kOldPaddedVocabKey, saved[kOldPaddedVocabKey].dump(),
+        mine.contains("--vocab-size") ? mine["--vocab-size"].dump() : "unknown");
+  }
   std::string diff;
   for (const auto& [flag, value] : mine.items()) {
     if (!saved.contains(flag)) continue;

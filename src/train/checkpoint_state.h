@@ -23,7 +23,9 @@ namespace moecore::train {
 // chooses the experts.
 nlohmann::json model_signature(const ModelConfig& m);
 // Throws naming every flag whose value differs between `saved` and `mine` (keys missing from
-// `saved` are not compared: an older checkpoint records fewer). `where` names the checkpoint.
+// `saved` are not compared: an older checkpoint records fewer). `where` names the checkpoint. A
+// checkpoint that records the padded vocabulary ("--vocab-size (padded)", written while the
+// padding took part in the softmax) is refused with its own message.
 void check_same_model(const nlohmann::json& saved, const nlohmann::json& mine,
                       const std::string& where);
 

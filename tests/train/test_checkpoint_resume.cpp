@@ -193,6 +193,36 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
   fs::remove_all(dir);
 }
 
+// The model signature records the model's vocabulary, not the padding: TP 1, 2 and 4 (and any
+// --make-vocab-size-divisible-by) sign alike; another vocabulary is another model; a checkpoint
+// that recorded the padded vocabulary (written while the padding took part in the softmax) is
+// refused with its own message, naming the key and what to do.
+TEST(CheckpointSignature, RecordsTheModelsVocabularyNotThePadding) {
+  ModelConfig m;
+  m.vocab_size = 250;
+  m.padded_vocab_size = 300;
+  const nlohmann::json one = train::model_signature(m);
+  EXPECT_EQ(one.at("--vocab-size"), 250);
+  EXPECT_FALSE(one.contains("--vocab-size (padded)"));
+  for (int64_t padded : {0, 250, 400, 512}) {
+    m.padded_vocab_size = padded;
+    EXPECT_EQ(train::model_signature(m), one) << "padded to " << padded;
+    EXPECT_NO_THROW(train::check_same_model(one, train::model_signature(m), "dir"));
+  }
+  m.vocab_size = 256;
+  std::string e =
+      testing::error_of([&] { train::check_same_model(one, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("--vocab-size: 250 in the checkpoint, 256 in this run"), std::string::npos) << e;
+  nlohmann::json old = one;
+  old.erase("--vocab-size");
+  old["--vocab-size (padded)"] = 512;
+  e = testing::error_of([&] { train::check_same_model(old, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("'dir' records the padded vocabulary (--vocab-size (padded) = 512)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("train it again with this build"), std::string::npos) << e;
+}
+
 // A gated shared expert and the attention output bias: their tensors save and load with the
 // rest (save, load, continue == the uninterrupted run, bitwise), and the run state records both
 // options, so a model without them refuses the checkpoint naming the flags.

@@ -516,6 +516,17 @@ TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
   EXPECT_NE(r.output.find("the vocabulary padding (44 rows of 300) is dropped"), std::string::npos)
       << r.output;
   EXPECT_EQ(read_json(hf / "config.json")["vocab_size"], 256);
+  // The padding is no part of the model: flags that pad otherwise (no padding at all) name the
+  // same model, and export takes the tables' rows from the checkpoint: the same HF files.
+  const fs::path unpadded = fresh_dir("unpadded_flags.toml"), hf1 = fresh_dir("padded_hf1");
+  std::ofstream(unpadded) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
+                                       "tiny.toml")
+                          << "\nmake-vocab-size-divisible-by = 1\n";
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           unpadded.string() + " --output " + hf1.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_text(hf1 / "model.safetensors"), read_text(hf / "model.safetensors"));
+  EXPECT_EQ(read_json(hf1 / "config.json"), read_json(hf / "config.json"));
   const fs::path back = fresh_dir("padded_back");
   convert::import_hf(hf, back);
   for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight",
@@ -1542,19 +1553,17 @@ TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
   m.num_experts = 4;
   m.moe.router.num_experts = 4;
   m.moe.ffn_hidden = 8;
-  EXPECT_NO_THROW(convert::hf_spec_of_model(m, m.vocab_size, convert::HfArch::Mixtral));
+  EXPECT_NO_THROW(convert::hf_spec_of_model(m, convert::HfArch::Mixtral));
   ModelConfig gelu = m;
   gelu.activation = ops::Activation::GeLU;
-  std::string e = error_of(
-      [&] { convert::hf_spec_of_model(gelu, gelu.vocab_size, convert::HfArch::Mixtral); });
+  std::string e = error_of([&] { convert::hf_spec_of_model(gelu, convert::HfArch::Mixtral); });
   EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: the gelu MLP: its MLPs are SwiGLU "
                    "(--swiglu)"),
             std::string::npos)
       << e;
   ModelConfig biased = m;
   biased.add_mlp_bias = true;
-  e = error_of(
-      [&] { convert::hf_spec_of_model(biased, biased.vocab_size, convert::HfArch::Qwen2Moe); });
+  e = error_of([&] { convert::hf_spec_of_model(biased, convert::HfArch::Qwen2Moe); });
   EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases: its MLPs have none "
                    "(--disable-bias-linear)"),
             std::string::npos)
