@@ -1,5 +1,6 @@
 #include "cli/train_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -17,7 +17,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -70,9 +69,7 @@ template <typename T>
 void vocab_ce_row_max(const Exec& ex, DevPtr<T> max_M, DevPtr<const T> z_MV, int64_t m,
                       const VocabSlice& vs) {
   if (ex.on_cpu()) return cpu::vocab_ce_row_max(raw_ptr(max_M), raw_ptr(z_MV), m, vs);
-  if constexpr (kHaveCudaKernels)
-    return cuda::vocab_ce_row_max(ex.stream, raw_ptr(max_M), raw_ptr(z_MV), m, vs);
-  no_kernel(ex, "vocab_ce_row_max");
+  return cuda::vocab_ce_row_max(ex.stream, raw_ptr(max_M), raw_ptr(z_MV), m, vs);
 }
 template <typename T>
 void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs);
@@ -88,10 +85,8 @@ void vocab_ce_row_sums(const Exec& ex, DevPtr<double> sums_2M, DevPtr<const T> z
   if (ex.on_cpu())
     return cpu::vocab_ce_row_sums(raw_ptr(sums_2M), raw_ptr(z_MV), raw_ptr(max_M),
                                   raw_ptr(target_M), m, vs);
-  if constexpr (kHaveCudaKernels)
-    return cuda::vocab_ce_row_sums(ex.stream, raw_ptr(sums_2M), raw_ptr(z_MV), raw_ptr(max_M),
-                                   raw_ptr(target_M), m, vs);
-  no_kernel(ex, "vocab_ce_row_sums");
+  return cuda::vocab_ce_row_sums(ex.stream, raw_ptr(sums_2M), raw_ptr(z_MV), raw_ptr(max_M),
+                                 raw_ptr(target_M), m, vs);
 }
 template <typename T>
 void vocab_ce_row_sums_ref(double* sums_2M, const T* z_MV, const T* max_M, const int32_t* target_M,
@@ -107,10 +102,8 @@ void vocab_ce_finish(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_M, DevPt
   if (ex.on_cpu())
     return cpu::vocab_ce_finish(raw_ptr(sum), raw_ptr(loss_M), raw_ptr(lse_M), raw_ptr(max_M),
                                 raw_ptr(sums_2M), raw_ptr(target_M), m);
-  if constexpr (kHaveCudaKernels)
-    return cuda::vocab_ce_finish(ex.stream, raw_ptr(sum), raw_ptr(loss_M), raw_ptr(lse_M),
-                                 raw_ptr(max_M), raw_ptr(sums_2M), raw_ptr(target_M), m);
-  no_kernel(ex, "vocab_ce_finish");
+  return cuda::vocab_ce_finish(ex.stream, raw_ptr(sum), raw_ptr(loss_M), raw_ptr(lse_M),
+                               raw_ptr(max_M), raw_ptr(sums_2M), raw_ptr(target_M), m);
 }
 template <typename T>
 void vocab_ce_finish_ref(double* sum, T* loss_M, T* lse_M, const T* max_M, const double* sums_2M,
@@ -125,10 +118,8 @@ void vocab_ce_grad(const Exec& ex, DevPtr<T> z_MV, DevPtr<const int32_t> target_
   if (ex.on_cpu())
     return cpu::vocab_ce_grad(raw_ptr(z_MV), raw_ptr(target_M), raw_ptr(lse_M), *raw_ptr(dloss), m,
                               vs);
-  if constexpr (kHaveCudaKernels)
-    return cuda::vocab_ce_grad(ex.stream, raw_ptr(z_MV), raw_ptr(target_M), raw_ptr(lse_M),
-                               raw_ptr(dloss), m, vs);
-  no_kernel(ex, "vocab_ce_grad");
+  return cuda::vocab_ce_grad(ex.stream, raw_ptr(z_MV), raw_ptr(target_M), raw_ptr(lse_M),
+                             raw_ptr(dloss), m, vs);
 }
 template <typename T>
 void vocab_ce_grad_ref(T* z_MV, const int32_t* target_M, const T* lse_M, T dloss, int64_t m,

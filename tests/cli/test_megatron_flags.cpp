@@ -1,6 +1,7 @@
 // Megatron-LM's command lines: every flag of the table parses as its class says, the
 // implemented flags have Megatron's defaults, argparse's semantics, docs/flags.md is current,
 // and the MoE launch flags of Megatron's own recipes run unchanged (sizes shrunk, synthetic data).
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
