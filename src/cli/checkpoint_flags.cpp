@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/checkpoint_flags.h"
 
 namespace moecore::cli {

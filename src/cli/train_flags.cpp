@@ -1,5 +1,6 @@
 #include "cli/train_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -105,7 +106,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language (default 256) and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this times --tensor-model-parallel-size")
+                 "Pad the embedding and output head to a multiple of this times "
+                 "--tensor-model-parallel-size rows; unlike Megatron the padding rows are not "
+                 "part of the model (no logit in the softmax, no gradient): every TP trains the "
+                 "same model")
       ->group(kModel);
   app.add_option("--init-method-std", m.init_std, "Init std (output layers: / sqrt(2 L))")
       ->group(kModel);
@@ -452,8 +456,10 @@ void finalize_train_flags(TrainFlags& f) {
   const int64_t vocab = finalize_data_flags(t, f.vocab_size);
   MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
   // Megatron pads to a multiple of --make-vocab-size-divisible-by x TP: the embedding and the
-  // output head are split over the vocabulary in equal slices.
-  m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by * f.parallel.tp);
+  // output head are split over the vocabulary in equal slices. The padding rows are not part of
+  // the model here (ModelConfig::padded_vocab_size): every TP size trains the same model.
+  m.vocab_size = vocab;
+  m.padded_vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by * f.parallel.tp);
   t.data.synthetic_vocab = vocab;
   m.moe.router.num_experts = m.num_experts;
   finalize_router_flags(m.moe, f.router);
@@ -645,7 +651,7 @@ parallel::ModelDims model_dims(const ModelConfig& m) {
   if (m.num_experts > 0) d.moe_ffn_hidden = m.moe.ffn_hidden;
   d.seq_length = m.seq_length;
   if (m.num_experts > 0) d.shared_ffn_hidden = m.moe.shared_ffn_hidden;
-  d.vocab_size = m.vocab_size;
+  d.vocab_size = m.padded_vocab();  // what TP splits
   return d;
 }
 

@@ -6,7 +6,6 @@
 // resolved and validated with Megatron's rules before anything is allocated.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,6 +16,10 @@
 #include "cli/megatron_compat.h"
 #include "cli/router_flags.h"
 #include "train/trainer.h"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore::cli {
 

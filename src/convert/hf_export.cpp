@@ -88,9 +88,9 @@ ExportResult export_hf(const ExportOptions& opt) {
     arch = default_hf_arch(m);
     res.arch_from = "the model's features";
   }
-  res.spec = hf_spec_of_model(m, tf.train.data.synthetic_vocab, arch);
+  res.spec = hf_spec_of_model(m, arch);
   const HfModelSpec& s = res.spec;
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  const HfTensorMap map = hf_tensor_map(s);
 
   // Every tensor the table reads present with its shape, before any is converted.
   std::vector<std::string> missing;
@@ -147,22 +147,15 @@ ExportResult export_hf(const ExportOptions& opt) {
             dir, left.size(), hf_arch_class(arch), name_list(left));
 
   std::vector<HfTensorBytes> out;
-  int64_t dropped_rows = 0;
   for (const TensorMapping& t : map.tensors) {
     const std::vector<float> v = read_whole_f32(reader, reader.tensor(t.moecore));
     std::vector<std::vector<float>> parts = to_hf(t, v);
     for (size_t i = 0; i < parts.size(); ++i)
       out.push_back({t.hf[i].name, opt.dtype, t.hf[i].shape, f32_as(opt.dtype, parts[i])});
-    dropped_rows += t.padding_rows;
   }
   for (const HfTensor& h : map.empty_shared_expert) {
     out.push_back({h.name, opt.dtype, h.shape,
                    f32_as(opt.dtype, std::vector<float>(static_cast<size_t>(numel(h.shape))))});
-  }
-  if (dropped_rows > 0) {
-    res.warnings.push_back(fmt::format(
-        "[convert] the vocabulary padding ({} rows of {}) is dropped: HF's vocab_size is {}",
-        m.vocab_size - s.vocab_size, m.vocab_size, s.vocab_size));
   }
   res.hf_tensors = static_cast<int64_t>(out.size());
 

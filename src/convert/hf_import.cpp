@@ -30,12 +30,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The moecore model's parameters, from the model itself (its planning pass only: nothing is
-// allocated), so "every parameter filled" is checked against what the trainer will load.
+// The moecore model's parameters as a checkpoint holds them (train::checkpoint_shape), from the
+// model itself (its planning pass only: nothing is allocated), so "every parameter filled" is
+// checked against what the trainer will load.
 std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameters(const ModelConfig& m) {
   model::GPTModel<float> sized(m, 1, 0, nullptr, /*size_only=*/true);
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (const Param& p : sized.params().params()) out.emplace_back(p.name(), p.spec.global_shape);
+  for (const Param& p : sized.params().params()) out.emplace_back(p.name(), train::checkpoint_shape(p.spec));
   return out;
 }
 
@@ -135,7 +136,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   const ModelConfig m = parse_model_flags(flag_args).model;
 
   // The table, checked against the model's own parameter list both ways.
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  const HfTensorMap map = hf_tensor_map(s);
   std::map<std::string, const TensorMapping*> by_name;
   for (const TensorMapping& t : map.tensors) by_name[t.moecore] = &t;
   const std::map<std::string, const TensorMapping*> table = by_name;

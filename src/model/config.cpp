@@ -53,7 +53,7 @@ double ModelConfig::min_params_per_rank(int64_t ep) const {
   const double positions = position_embedding == PositionEmbedding::LearnedAbsolute
                                ? static_cast<double>(max_positions()) * h
                                : 0.0;
-  return static_cast<double>(vocab_size) * h + positions +
+  return static_cast<double>(padded_vocab()) * h + positions +
          static_cast<double>(num_layers) * attention +
          static_cast<double>(moe_layers) * experts_mlp +
          static_cast<double>(num_layers - moe_layers) * dense_mlp;
@@ -63,6 +63,11 @@ void ModelConfig::validate() const {
   MOE_CHECK(vocab_size >= 2 && hidden >= 1 && num_layers >= 1 && seq_length >= 1,
             "[model] sizes must be positive (vocab={}, hidden={}, layers={}, seq={})", vocab_size,
             hidden, num_layers, seq_length);
+  MOE_CHECK(padded_vocab_size == 0 || padded_vocab_size >= vocab_size,
+            "[model] the padded vocabulary {} is smaller than the vocabulary {}: the embedding "
+            "and the output head need a row per token (the padding adds rows, never removes "
+            "them)",
+            padded_vocab_size, vocab_size);
   MOE_CHECK(num_heads >= 1 && (kv_channels > 0 || hidden % num_heads == 0),
             "[model] --num-attention-heads={} does not divide --hidden-size={}: pick a divisor "
             "or set --kv-channels",

@@ -104,6 +104,35 @@ struct CommBytesSent {
   }
 };
 
+// Calls this member has made, by collective form (a v-variant counts with its form), since the
+// communicator was made: what a test reads around a phase that must not communicate on a group
+// (a checkpoint save moves no tensor data: only its protocol's agreements, on the world).
+struct CommCalls {
+  int64_t all_reduce = 0;
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_to_all = 0;
+  int64_t broadcast = 0;
+  int64_t send = 0;
+  int64_t recv = 0;
+  int64_t barrier = 0;
+  int64_t total() const {
+    return all_reduce + all_gather + reduce_scatter + all_to_all + broadcast + send + recv +
+           barrier;
+  }
+  CommCalls operator-(const CommCalls& o) const {
+    return {all_reduce - o.all_reduce,
+            all_gather - o.all_gather,
+            reduce_scatter - o.reduce_scatter,
+            all_to_all - o.all_to_all,
+            broadcast - o.broadcast,
+            send - o.send,
+            recv - o.recv,
+            barrier - o.barrier};
+  }
+  bool operator==(const CommCalls&) const = default;
+};
+
 template <typename R>
 concept CommBuffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
 
@@ -152,6 +181,7 @@ class Communicator {
   // figures), since the communicator was made: the TP / SP / ETP collectives' traffic, which the
   // trainer can report per step (the difference of two readings) and `moecore plan` predicts.
   const CommBytesSent& bytes_sent() const { return bytes_sent_; }
+  const CommCalls& calls() const { return calls_; }
 
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
@@ -296,6 +326,7 @@ class Communicator {
   int64_t ring_scatter_bytes(std::span<const int64_t> counts, DType dt) const;
   int64_t ring_all_reduce_bytes(int64_t count, DType dt) const;
   CommBytesSent bytes_sent_;
+  CommCalls calls_;
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without

@@ -1,6 +1,7 @@
 // Validation of the parallel layout: every message names the numbers and the flag to change.
 #include "parallel/parallel_config.h"
 
+#include <CLI/CLI.hpp>
 #include <tuple>
 
 #include "core/check.h"

@@ -244,7 +244,8 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MLA or MTP yet");
   if (num_layers < 0) num_layers = m.num_layers - first_layer;
   ModelConfig c;
-  c.vocab_size = m.vocab_size;
+  c.vocab_size = m.vocab_unpadded > 0 ? m.vocab_unpadded : m.vocab_size;
+  c.padded_vocab_size = m.vocab_size;
   c.hidden = m.hidden;
   c.num_layers = num_layers;
   c.num_heads = m.num_heads;

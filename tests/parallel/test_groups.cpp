@@ -1,6 +1,7 @@
 // Process groups without processes: the worked examples of MOE_SEMANTICS exactly,
 // --use-tp-pp-dp-mapping, context parallelism, partition properties over every layout of small
 // worlds, and one test per validation message.
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -496,9 +496,10 @@ TEST(HfConvert, CommandLineImportTrainExport) {
 }
 
 // A model trained by `moecore train` from scratch (configs/tiny.toml: untied, softmax top-2,
-// every layer MoE -> Mixtral by its features) with a padded vocabulary: export drops the padded
-// rows and says so, and the export imports back to the same weights but those rows.
-TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
+// every layer MoE -> Mixtral by its features) with a padded vocabulary (256 padded to 300): the
+// checkpoint holds the model's 256 rows, so export has no padding to drop, and the export
+// imports back to the same weights.
+TEST(HfConvert, ExportOfAPaddedTrainedModelHasNoPadding) {
   const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
   const fs::path flags = fresh_dir("padded_flags.toml");
   std::ofstream(flags) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
@@ -513,9 +514,24 @@ TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("MixtralForCausalLM, from the model's features"), std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("the vocabulary padding (44 rows of 300) is dropped"), std::string::npos)
-      << r.output;
+  EXPECT_EQ(r.output.find("padding"), std::string::npos) << r.output;
   EXPECT_EQ(read_json(hf / "config.json")["vocab_size"], 256);
+  {
+    ckpt::CheckpointReader trained(ckpt::resolve_checkpoint(save));
+    for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"})
+      EXPECT_EQ(trained.tensor(name).shape, (std::vector<int64_t>{256, 64})) << name;
+  }
+  // The padding is no part of the model: flags that pad otherwise (no padding at all) name the
+  // same model, and export takes the tables' rows from the checkpoint: the same HF files.
+  const fs::path unpadded = fresh_dir("unpadded_flags.toml"), hf1 = fresh_dir("padded_hf1");
+  std::ofstream(unpadded) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
+                                       "tiny.toml")
+                          << "\nmake-vocab-size-divisible-by = 1\n";
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           unpadded.string() + " --output " + hf1.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_text(hf1 / "model.safetensors"), read_text(hf / "model.safetensors"));
+  EXPECT_EQ(read_json(hf1 / "config.json"), read_json(hf / "config.json"));
   const fs::path back = fresh_dir("padded_back");
   convert::import_hf(hf, back);
   for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight",
@@ -524,9 +540,7 @@ TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
     const ckpt::GlobalTensor& g = trained.tensor(name);
     std::vector<float> v(static_cast<size_t>(convert::numel(g.shape)));
     trained.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
-    const std::vector<float> w = moecore_tensor(back, name);
-    ASSERT_LE(w.size(), v.size()) << name;
-    EXPECT_TRUE(std::equal(w.begin(), w.end(), v.begin())) << name;  // the first 256 rows
+    EXPECT_EQ(moecore_tensor(back, name), v) << name;
   }
 }
 
@@ -1316,7 +1330,7 @@ TEST(HfConvert, Gpt2ConfigReadsAsLayerNormLearnedPositionsAndGeluNew) {
 TEST(HfConvert, Gpt2TableTransposesConv1DAndFusesCAttnPerHead) {
   const convert::HfModelSpec s =
       convert::parse_hf_config(read_json(fixture("gpt2") / "config.json"), "gpt2");
-  const convert::HfTensorMap map = convert::hf_tensor_map(s, s.vocab_size);
+  const convert::HfTensorMap map = convert::hf_tensor_map(s);
   convert::HfWeights w(fixture("gpt2"));
   std::map<std::string, std::vector<float>> m;
   for (const convert::TensorMapping& t : map.tensors) {
@@ -1542,19 +1556,17 @@ TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
   m.num_experts = 4;
   m.moe.router.num_experts = 4;
   m.moe.ffn_hidden = 8;
-  EXPECT_NO_THROW(convert::hf_spec_of_model(m, m.vocab_size, convert::HfArch::Mixtral));
+  EXPECT_NO_THROW(convert::hf_spec_of_model(m, convert::HfArch::Mixtral));
   ModelConfig gelu = m;
   gelu.activation = ops::Activation::GeLU;
-  std::string e = error_of(
-      [&] { convert::hf_spec_of_model(gelu, gelu.vocab_size, convert::HfArch::Mixtral); });
+  std::string e = error_of([&] { convert::hf_spec_of_model(gelu, convert::HfArch::Mixtral); });
   EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: the gelu MLP: its MLPs are SwiGLU "
                    "(--swiglu)"),
             std::string::npos)
       << e;
   ModelConfig biased = m;
   biased.add_mlp_bias = true;
-  e = error_of(
-      [&] { convert::hf_spec_of_model(biased, biased.vocab_size, convert::HfArch::Qwen2Moe); });
+  e = error_of([&] { convert::hf_spec_of_model(biased, convert::HfArch::Qwen2Moe); });
   EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases: its MLPs have none "
                    "(--disable-bias-linear)"),
             std::string::npos)

@@ -1267,6 +1267,91 @@ TEST(DistributedOptimizer, TensorParallelShardsTheStateAndGathersBitwise) {
   if (layouts == 0) GTEST_SKIP() << "no TP layout for world size " << g_rt.world_size;
 }
 
+// A vocabulary that TP pads differently from one rank: 256 tokens with Megatron's default
+// --make-vocab-size-divisible-by 128 is 256 rows on one rank and 512 at TP 4 (two of the four
+// slices are padding only). The padding takes no part in the softmax, the loss or the gradients,
+// so TP 4 trains the one-rank model: the per-step values and the model's rows of the embedding
+// and head within the parity row, and the padding rows exactly zero (zero init, zero gradient,
+// so AdamW's weight decay leaves them at zero).
+template <typename T>
+void padded_vocabulary_parity(bool dropout, bool sp) {
+  if (g_rt.world_size != 4) GTEST_SKIP() << "TP 4 needs 4 ranks";
+  std::optional<MegatronModel> megatron;
+  if (dropout) megatron.emplace();
+  const std::vector<std::string> args = {"--hidden-size",
+                                         "32",
+                                         "--num-attention-heads",
+                                         "4",
+                                         "--seq-length",
+                                         "16",
+                                         "--num-layers",
+                                         "2",
+                                         "--num-experts",
+                                         "8",
+                                         "--moe-ffn-hidden-size",
+                                         "16",
+                                         "--ffn-hidden-size",
+                                         "32",
+                                         "--vocab-size",
+                                         "256",
+                                         "--make-vocab-size-divisible-by",
+                                         "128",
+                                         "--untie-embeddings-and-output-weights",
+                                         "--micro-batch-size",
+                                         "1",
+                                         "--global-batch-size",
+                                         "8",
+                                         "--log-interval",
+                                         "1000",
+                                         "--peak-tflops",
+                                         "0.1",
+                                         "--train-iters",
+                                         "10",
+                                         "--lr-warmup-iters",
+                                         "2",
+                                         "--moe-aux-loss-coeff",
+                                         "1e-2",
+                                         "--clip-grad",
+                                         "0.5"};
+  std::vector<std::string> tp_args =
+      args + std::vector<std::string>{"--tensor-model-parallel-size", "4"};
+  if (sp) tp_args.push_back("--sequence-parallel");
+  const Run ref = train_run<T>(args, nullptr);
+  parallel::ParallelConfig cfg;
+  cfg.tp = 4;
+  cfg.sequence_parallel = sp;
+  parallel::ProcessGroups groups = make_groups(cfg, tp_args);
+  Run got = train_run<T>(tp_args, &groups);
+  const std::string what = fmt::format("{} tp=4{} vocabulary 256 padded to 512{}", dtype_str<T>(),
+                                       sp ? " sp" : "", dropout ? " dropout" : "");
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    ASSERT_TRUE(got.weights.count(name) && ref.weights.count(name)) << what << " " << name;
+    std::vector<double>& w = got.weights[name];
+    const size_t model = ref.weights.at(name).size();
+    ASSERT_EQ(w.size(), 2 * model) << what << " " << name << ": 512 rows at TP 4, 256 on one rank";
+    for (size_t i = model; i < w.size(); ++i)
+      ASSERT_EQ(w[i], 0.0) << what << " " << name << " padding element " << i - model;
+    w.resize(model);  // the model's rows, compared below
+  }
+  report(what, compare(got, ref, parity_tol<T>(), what));
+  // Where the weights came out bitwise the one-rank run's, so does the digest: it counts the
+  // model's rows only.
+  if (got.weights == ref.weights) {
+    EXPECT_EQ(got.digest, ref.digest) << what;
+  }
+  expect_replicas_equal(got, groups, what);
+}
+
+TEST(TensorParallelPaddedVocabularyParity, Tp4F32) {
+  padded_vocabulary_parity<float>(false, false);
+}
+TEST(TensorParallelPaddedVocabularyParity, Tp4SpDropoutF32) {
+  padded_vocabulary_parity<float>(true, true);
+}
+TEST(TensorParallelPaddedVocabularyParity, Tp4F64) {
+  padded_vocabulary_parity<double>(false, false);
+}
+
 TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
   if (g_rt.world_size == 1) GTEST_SKIP();
   parallel::ProcessGroups groups = make_groups(1, kBase);
