@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   int rc = 0;
   parallel::Runtime rt;
   try {
+    for (Subcommand& c : commands) {
+      if (c.cli->parsed() && c.before_threads) c.before_threads();
+    }
     rt = parallel::runtime_init(&argc, &argv);
     parallel::quiet_stdout_on_other_ranks(rt);  // rank 0 alone prints progress
     for (Subcommand& c : commands) {

@@ -11,6 +11,7 @@
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
 #include "cli/train_flags.h"
+#include "train/exit_conditions.h"
 #include "train/trainer.h"
 
 namespace moecore::cli {
@@ -23,7 +24,7 @@ Subcommand add_train_command(CLI::App& app) {
   cli->prefix_command();
   cli->set_help_flag();
   cli->allow_extras();
-  return Subcommand{cli, [cli]() {
+  Subcommand command{cli, [cli]() {
                       std::vector<std::string> args = cli->remaining();
                       if (args.size() == 1 && args[0] == "--flags-markdown") {
                         std::cout << train_flags_markdown();
@@ -75,6 +76,18 @@ Subcommand add_train_command(CLI::App& app) {
                       }
                       return 0;
                     }};
+  // --exit-signal-handler blocks its signals in every thread: in this one, before any other
+  // exists, so that each inherits the block (train/exit_conditions.h). A command line that does
+  // not parse changes nothing here: the run reports it.
+  command.before_threads = [cli]() {
+    bool handler = false;
+    try {
+      handler = parse_train_args(cli->remaining()).train.ckpt.exit_signal_handler;
+    } catch (...) {
+    }
+    if (handler) train::ExitConditions::block_signals_in_every_thread();
+  };
+  return command;
 }
 
 }  // namespace moecore::cli

@@ -13,6 +13,9 @@ namespace moecore {
 struct Subcommand {
   CLI::App* cli = nullptr;
   std::function<int()> run;  // returns the process exit code
+  // Optional: runs once the command line is parsed, while the process has one thread (before
+  // MPI and OpenMP start theirs), for what every thread must inherit.
+  std::function<void()> before_threads = {};
 };
 
 }  // namespace moecore

@@ -1,10 +1,12 @@
 #include "train/save_in_flight.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <vector>
 
 #include "ckpt/checkpoint_dir.h"
+#include "core/fault_injection.h"
 #include "parallel/agree.h"
 
 namespace moecore::train {
@@ -24,7 +26,9 @@ void SaveInFlight::write() {
 
 void SaveInFlight::start_background() {
   background_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "moecore-save");  // named in /proc, gdb and top
     try {
+      fault::sleep_point("save.background", rank);  // a slow background write
       write();
     } catch (...) {
       error_ = std::current_exception();
