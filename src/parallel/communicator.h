@@ -152,6 +152,10 @@ class Communicator {
   // figures), since the communicator was made: the TP / SP / ETP collectives' traffic, which the
   // trainer can report per step (the difference of two readings) and `moecore plan` predicts.
   const CommBytesSent& bytes_sent() const { return bytes_sent_; }
+  // Collectives this member has started (all-reduce, all-gather(_v), reduce-scatter(_v),
+  // all-to-all-v, broadcast; not send / recv / barrier), since the communicator was made: what a
+  // step issues on a group is the difference of two readings (the trainer's metrics, per step).
+  int64_t collective_calls() const { return collective_calls_; }
 
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
@@ -296,6 +300,7 @@ class Communicator {
   int64_t ring_scatter_bytes(std::span<const int64_t> counts, DType dt) const;
   int64_t ring_all_reduce_bytes(int64_t count, DType dt) const;
   CommBytesSent bytes_sent_;
+  int64_t collective_calls_ = 0;
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without
