@@ -412,9 +412,16 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
           "layers per chunk x a layer's activations");
       // One layer's backward scratch (gradients of its activations) at a time.
       add(st, MemPart::Workspace, act_layer, "one layer's backward gradients", "~ one layer's activations");
-      if (m.num_experts > 0 && d.ep > 1) {
-        add(st, MemPart::CommBuffers, 2.0 * T / d.tp * m.topk * m.hidden * dt,
-            "all-to-all send + receive buffers", "2 x T/tp x K x H x dt");
+      if (m.num_experts > 0 && (d.ep > 1 || d.etp > 1)) {
+        // The dispatcher's send rows and what its all-to-all receives (this rank's ETP slice:
+        // T/tp x K rows under balanced routing), and with ETP > 1 the alltoall dispatcher's
+        // slices of the whole ETP group gathered (etp times the receive side).
+        const bool etp_gather = d.etp > 1 && run.dispatcher == "alltoall";
+        const double gathered = etp_gather ? d.etp : 0;
+        add(st, MemPart::CommBuffers, (2.0 + gathered) * T / d.tp * m.topk * m.hidden * dt,
+            etp_gather ? "all-to-all send + receive buffers, ETP gather"
+                       : "all-to-all send + receive buffers",
+            etp_gather ? "(2 + etp) x T/tp x K x H x dt" : "2 x T/tp x K x H x dt");
       }
     }
     add(st, MemPart::Reserved, hw.reserved_gib * 1024.0 * 1024 * 1024,
