@@ -157,10 +157,10 @@ class Communicator {
   // all-to-all-v, broadcast; not send / recv / barrier), since the communicator was made: what a
   // step issues on a group is the difference of two readings (the trainer's metrics, per step).
   int64_t collective_calls() const { return collective_calls_; }
-  // The algorithm behind reduce_scatter(_v): the MPI backend's own ring ("ring", the default) or
-  // Open MPI's non-blocking MPI_Ireduce_scatter ("libnbc", MOECORE_REDUCE_SCATTER=libnbc);
-  // "native" elsewhere (NCCL's own; a copy in a group of one).
-  virtual std::string_view reduce_scatter_algorithm() const { return "native"; }
+  // The algorithm behind all_reduce and reduce_scatter(_v): the MPI backend's own ring ("ring",
+  // the default) or Open MPI's non-blocking MPI_Iallreduce / MPI_Ireduce_scatter ("libnbc",
+  // MOECORE_MPI_REDUCTIONS=libnbc); "native" elsewhere (NCCL's own; "local" for a group of one).
+  virtual std::string_view reduction_algorithm() const { return "native"; }
 
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {

@@ -2,12 +2,14 @@
 // and completed by polling MPI_Test against a deadline, so that no wait can hang silently. A
 // rank that times out asks the members it waits for, over a side channel, how far they got
 // (every rank inside a wait answers), prints that, and aborts the job.
-// Reduce-scatter runs as a ring of non-blocking point-to-point steps of our own (default), or
-// as Open MPI's MPI_Ireduce_scatter (MOECORE_REDUCE_SCATTER=libnbc): libnbc reduces the whole
-// buffer to the group's rank 0 along a binomial tree and scatters it from there, so rank 0 does
-// log2(g) whole-buffer reductions and holds two buffer-sized scratch blocks; the ring spreads
-// the work evenly ((g-1)/g of the buffer sent and reduced by every rank, 2/g of it as scratch)
-// and sums every element in a fixed order (bench/RESULTS.md has the measurement that chose it).
+// Reduce-scatter and all-reduce run as a ring of non-blocking point-to-point steps of our own
+// (default), or as Open MPI's MPI_Ireduce_scatter / MPI_Iallreduce (MOECORE_MPI_REDUCTIONS=
+// libnbc). libnbc's reduce-scatter reduces the whole buffer to the group's rank 0 along a
+// binomial tree and scatters it from there (its in-place all-reduce is that tree up and down),
+// so rank 0 does log2(g) whole-buffer reductions and holds two buffer-sized scratch blocks; the
+// ring spreads the work evenly ((g-1)/g of the buffer sent and reduced by every rank, 2/g of it
+// as scratch) and sums every element in a fixed order, the all-reduce in the order of the
+// reduce-scatter of the same pieces (bench/RESULTS.md has the measurements that chose it).
 #include <mpi.h>
 
 #include <algorithm>
@@ -70,25 +72,27 @@ struct Reply {
 class MpiCommunicator;
 class MpiRequest;
 
-// The reduce-scatter algorithm (MOECORE_REDUCE_SCATTER), the same on every rank (checked).
-enum class ReduceScatterAlgo : int64_t { Ring = 0, Libnbc = 1 };
+// The algorithm of the reductions, all-reduce and reduce-scatter (MOECORE_MPI_REDUCTIONS), the
+// same on every rank (checked).
+enum class ReductionAlgo : int64_t { Ring = 0, Libnbc = 1 };
 
-ReduceScatterAlgo reduce_scatter_algo_from_env() {
-  const char* env = std::getenv("MOECORE_REDUCE_SCATTER");
-  if (env == nullptr || *env == '\0') return ReduceScatterAlgo::Ring;
+ReductionAlgo reduction_algo_from_env() {
+  const char* env = std::getenv("MOECORE_MPI_REDUCTIONS");
+  if (env == nullptr || *env == '\0') return ReductionAlgo::Ring;
   const std::string v(env);
   MOE_CHECK(v == "ring" || v == "libnbc",
-            "[comm] MOECORE_REDUCE_SCATTER={} must be 'ring' (moecore's ring of point-to-point "
-            "steps, the default) or 'libnbc' (Open MPI's MPI_Ireduce_scatter), or unset",
+            "[comm] MOECORE_MPI_REDUCTIONS={} must be 'ring' (moecore's ring of point-to-point "
+            "steps, the default) or 'libnbc' (Open MPI's MPI_Iallreduce and "
+            "MPI_Ireduce_scatter), or unset",
             v);
-  return v == "ring" ? ReduceScatterAlgo::Ring : ReduceScatterAlgo::Libnbc;
+  return v == "ring" ? ReductionAlgo::Ring : ReductionAlgo::Libnbc;
 }
 
 // Shared by the communicators of one ProcessGroups.
 class MpiContext {
  public:
-  MpiContext(double timeout_s, int world_rank, ReduceScatterAlgo rs)
-      : timeout_s_(timeout_s), world_rank_(world_rank), rs_algo_(rs) {}
+  MpiContext(double timeout_s, int world_rank, ReductionAlgo rs)
+      : timeout_s_(timeout_s), world_rank_(world_rank), red_algo_(rs) {}
   ~MpiContext() {
     if (!mpi_alive()) return;
     if (!replies_.empty()) {
@@ -103,7 +107,7 @@ class MpiContext {
 
   void set_diag(MPI_Comm diag) { diag_ = diag; }
   double timeout_s() const { return timeout_s_; }
-  ReduceScatterAlgo reduce_scatter_algo() const { return rs_algo_; }
+  ReductionAlgo reduction_algo() const { return red_algo_; }
   // The rings in flight (an intrusive list in start order: linking one allocates nothing).
   // Every test or wait of any request of this context advances all of them, as Open MPI's
   // progress engine advances every libnbc schedule inside any MPI call: a ring started
@@ -135,7 +139,7 @@ class MpiContext {
   };
   double timeout_s_;
   int world_rank_;
-  ReduceScatterAlgo rs_algo_;
+  ReductionAlgo red_algo_;
   MpiRequest* rings_head_ = nullptr;
   MpiRequest* rings_tail_ = nullptr;
   bool progressing_ = false;
@@ -167,9 +171,9 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   const std::vector<int>& global_ranks() const override { return ranks_; }
-  std::string_view reduce_scatter_algorithm() const override {
+  std::string_view reduction_algorithm() const override {
     if (size_ == 1) return "local";
-    return ctx_->reduce_scatter_algo() == ReduceScatterAlgo::Ring ? "ring" : "libnbc";
+    return ctx_->reduction_algo() == ReductionAlgo::Ring ? "ring" : "libnbc";
   }
 
   MpiContext& ctx() const { return *ctx_; }
@@ -338,8 +342,12 @@ class MpiRequest final : public CommRequest {
   // member uses the same tag for the same call (their rings start in the same order).
   // base: the whole input (the caller's send buffer, or its f32 staging for bf16), read only,
   // except that `out` may be this member's own piece of it (in place).
+  // The all-reduce (gather = base, out = base + this member's offset): after those g-1 steps,
+  // g-1 more pass the finished pieces round the ring, step a sending piece (r-a) mod g and
+  // receiving piece (r-1-a) mod g into its place, so every member ends with every sum, each
+  // element summed exactly as the reduce-scatter of the same pieces sums it.
   void start_ring(const void* base, void* out, DType dt, ReduceOp op, MPI_Comm comm, int tag,
-                  int rank, int size);
+                  int rank, int size, void* gather = nullptr);
   // Takes every step whose messages have arrived; true once the result is in place.
   bool advance_ring();
   MpiRequest* next_ring = nullptr;  // MpiContext's list of rings in flight
@@ -352,6 +360,7 @@ class MpiRequest final : public CommRequest {
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     const char* base = nullptr;
     char* out = nullptr;
+    char* gather = nullptr;    // all-reduce: the whole buffer, the finished pieces' destination
     char* recv_buf = nullptr;  // the partial sum arriving this step
     char* send_buf = nullptr;  // the partial sum leaving this step (after step 0)
     void* scratch = nullptr;   // both, one largest piece each
@@ -415,15 +424,16 @@ void ring_combine(DType dt, void* out, const void* a, const void* own, int64_t n
     case DType::BF16:
       break;  // staged in f32 by the caller
   }
-  MOE_FAIL("[comm] ring reduce-scatter: no reduction for {}", dtype_name(dt));
+  MOE_FAIL("[comm] ring reduction: no reduction for {}", dtype_name(dt));
 }
 
 void MpiRequest::start_ring(const void* base, void* out, DType dt, ReduceOp op, MPI_Comm comm,
-                            int tag, int rank, int size) {
+                            int tag, int rank, int size, void* gather) {
   ring_ = Ring{};
   ring_.active = true;
   ring_.base = static_cast<const char*>(base);
   ring_.out = static_cast<char*>(out);
+  ring_.gather = static_cast<char*>(gather);
   ring_.dt = dt;
   ring_.type = mpi_type(dt);
   ring_.op = op;
@@ -452,7 +462,7 @@ void MpiRequest::start_ring(const void* base, void* out, DType dt, ReduceOp op, 
   const size_t piece = static_cast<size_t>(largest) * dtype_size(dt);
   ring_.scratch = std::malloc(std::max<size_t>(2 * piece, 1));
   MOE_CHECK(ring_.scratch != nullptr,
-            "[comm] reduce_scatter on group '{}': no memory for the ring's {} bytes of scratch",
+            "[comm] {} on group '{}': no memory for the ring's {} bytes of scratch", call_,
             comm_.name(), 2 * piece);
   ring_.recv_buf = static_cast<char*>(ring_.scratch);
   ring_.send_buf = ring_.recv_buf + piece;
@@ -463,11 +473,23 @@ void MpiRequest::start_ring(const void* base, void* out, DType dt, ReduceOp op, 
 void MpiRequest::post_ring_step() {
   Ring& g = ring_;
   const int n = g.size, next = (g.rank + 1) % n, prev = (g.rank + n - 1) % n;
-  const int out_piece = ((g.rank - 1 - g.step) % n + n) % n;
-  const int in_piece = ((g.rank - 2 - g.step) % n + n) % n;
   const size_t es = dtype_size(g.dt);
-  const void* sbuf = g.step == 0 ? g.base + displs[out_piece] * es : g.send_buf;
-  MOE_CHECK_MPI(MPI_Irecv(g.recv_buf, counts[in_piece], g.type, prev, g.tag, g.comm, &g.reqs[0]),
+  int out_piece = 0, in_piece = 0;
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  if (g.step < n - 1) {  // reducing
+    out_piece = ((g.rank - 1 - g.step) % n + n) % n;
+    in_piece = ((g.rank - 2 - g.step) % n + n) % n;
+    sbuf = g.step == 0 ? g.base + displs[out_piece] * es : g.send_buf;
+    rbuf = g.recv_buf;
+  } else {  // the all-reduce's gathering: finished pieces straight to their places
+    const int a = g.step - (n - 1);
+    out_piece = ((g.rank - a) % n + n) % n;
+    in_piece = ((g.rank - 1 - a) % n + n) % n;
+    sbuf = g.gather + displs[out_piece] * es;
+    rbuf = g.gather + displs[in_piece] * es;
+  }
+  MOE_CHECK_MPI(MPI_Irecv(rbuf, counts[in_piece], g.type, prev, g.tag, g.comm, &g.reqs[0]),
                 "[comm] {} #{} (ring step {}) on group '{}'", call_, seq_, g.step, comm_.name());
   MOE_CHECK_MPI(MPI_Isend(sbuf, counts[out_piece], g.type, next, g.tag, g.comm, &g.reqs[1]),
                 "[comm] {} #{} (ring step {}) on group '{}'", call_, seq_, g.step, comm_.name());
@@ -485,12 +507,28 @@ bool MpiRequest::advance_ring() {
     if (!flag) return false;
     g.posted = false;
     const int n = g.size;
+    if (g.step >= n - 1) {  // the all-reduce's gathering
+      if (g.step == 2 * n - 3) {
+        complete();
+        return true;
+      }
+      ++g.step;
+      post_ring_step();
+      continue;
+    }
     const int piece = ((g.rank - 2 - g.step) % n + n) % n;
     const char* own = g.base + displs[piece] * dtype_size(g.dt);
     if (g.step == n - 2) {  // piece == rank: the result
       ring_combine(g.dt, g.out, g.recv_buf, own, counts[piece], g.op);
-      complete();
-      return true;
+      if (g.gather == nullptr) {
+        complete();
+        return true;
+      }
+      std::free(g.scratch);  // the gathering needs none
+      g.scratch = nullptr;
+      ++g.step;
+      post_ring_step();
+      continue;
     }
     // The partial sum with this member's term is what leaves next step; the buffer that left
     // this step receives the next one.
@@ -593,6 +631,34 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
 CommHandle MpiCommunicator::start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
   auto r = acquire("all_reduce", dt, count);
   const int n = to_int(count, "all_reduce");
+  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
+    // The ring over g pieces of ceil(count / g) elements (the trailing ones short or empty):
+    // the distributed optimizer's shards of a gradient bucket (bucket_shards.h), so that its
+    // reduce-scatter gives each element exactly this all-reduce's sum.
+    const int64_t piece = (count + size_ - 1) / size_;
+    r->counts.resize(size_);
+    r->displs.resize(size_);
+    for (int q = 0; q < size_; ++q) {
+      const int64_t begin = std::min<int64_t>(static_cast<int64_t>(q) * piece, count);
+      r->displs[q] = static_cast<int>(begin);
+      r->counts[q] = static_cast<int>(std::min<int64_t>(piece, count - begin));
+    }
+    void* buf = data;
+    DType rdt = dt;
+    if (dt == DType::BF16) {  // summed in f32, rounded once at the end
+      r->staging.resize(count);
+      bf16_to_f32(data, r->staging.data(), count);
+      buf = r->staging.data();
+      rdt = DType::F32;
+      r->dst = data;
+      r->n = count;
+      r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging.data(), q.dst, q.n); };
+    }
+    char* mine = static_cast<char*>(buf) + static_cast<size_t>(r->displs[rank_]) * dtype_size(rdt);
+    const int tag = static_cast<int>(rings_started_++ % 32768);
+    r->start_ring(buf, mine, rdt, op, ring_comm_, tag, rank_, size_, buf);
+    return CommHandle(std::move(r));
+  }
   if (dt == DType::BF16) {
     r->staging.resize(count);
     bf16_to_f32(data, r->staging.data(), count);
@@ -675,7 +741,7 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
                                                    std::span<const int64_t> counts, bool equal,
                                                    DType dt, ReduceOp op) {
   const char* call = equal ? "reduce_scatter" : "reduce_scatter_v";
-  if (ctx_->reduce_scatter_algo() == ReduceScatterAlgo::Ring) {
+  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
     return start_ring_reduce_scatter(send, recv, counts, call, dt, op);
   }
   int64_t total = 0;
@@ -978,10 +1044,10 @@ void connect_communicators(ProcessGroups& groups) {
   // Every rank must have been given the same layout, or the groups would not match up. (Plain
   // MPI_Allreduce: the timed barrier above proved every rank is here.)
   const Degrees& d = groups.degrees();
-  const ReduceScatterAlgo rs_algo = reduce_scatter_algo_from_env();
+  const ReductionAlgo red_algo = reduction_algo_from_env();
   std::vector<int64_t> hi = {d.tp,  d.cp, d.dp,  d.pp,
                              d.etp, d.ep, d.edp, int64_t{cfg.use_tp_pp_dp_mapping},
-                             static_cast<int64_t>(rs_algo)};
+                             static_cast<int64_t>(red_algo)};
   std::vector<int64_t> lo(hi.size());
   for (size_t i = 0; i < hi.size(); ++i) lo[i] = -hi[i];
   MOE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(hi.size()), MPI_INT64_T,
@@ -993,12 +1059,12 @@ void connect_communicators(ProcessGroups& groups) {
   for (size_t i = 0; i < hi.size(); ++i) {
     MOE_CHECK(hi[i] == -lo[i],
               "[parallel] ranks were started with different parallel flags (tp, cp, dp, pp, etp, "
-              "ep, edp, tp-pp-dp mapping, MOECORE_REDUCE_SCATTER differ in entry {}: {} vs {}): "
+              "ep, edp, tp-pp-dp mapping, MOECORE_MPI_REDUCTIONS differ in entry {}: {} vs {}): "
               "give every rank the same command line and environment",
               i, -lo[i], hi[i]);
   }
 
-  auto ctx = std::make_shared<MpiContext>(timeout_s, rank, rs_algo);
+  auto ctx = std::make_shared<MpiContext>(timeout_s, rank, red_algo);
   MPI_Comm diag;
   MOE_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &diag), "[parallel] connect_communicators");
   MOE_CHECK_MPI(MPI_Comm_set_errhandler(diag, MPI_ERRORS_RETURN), "[parallel] diagnosis comm");

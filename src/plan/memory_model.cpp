@@ -349,30 +349,24 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                         st.in_flight_layers, st.num_layers));
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
-        // The CPU backend reduces gradient buckets with MPI_Iallreduce; Open MPI's non-blocking
-        // collectives (libnbc) allocate a scratch copy of each bucket in flight, and the
-        // buckets of a step are all in flight before the first wait. The distributed
-        // optimizer's reduce-scatter is the MPI backend's ring, whose scratch is one piece
-        // arriving and one leaving per bucket in flight: 2/d of the bucket on every rank
-        // (libnbc's MPI_Ireduce_scatter, MOECORE_REDUCE_SCATTER=libnbc, reduces the whole bucket
-        // on the group's rank 0 through two bucket-sized halves: bench/RESULTS.md).
+        // The CPU backend reduces gradient buckets with the MPI backend's ring (all-reduce, or
+        // the distributed optimizer's reduce-scatter), whose scratch is one piece arriving and
+        // one leaving per bucket in flight: 2/d of the bucket on every rank; the buckets of a
+        // step are all in flight before the first wait. (Open MPI's own, MOECORE_MPI_REDUCTIONS=
+        // libnbc, copied every bucket, and its reduce-scatter held two whole buckets on the
+        // group's rank 0 from d = 3 on: bench/RESULTS.md.)
         const double gd = a.by_kind[1] * a.numel_dense / std::max(1.0, numel);
         const double ge = a.by_kind[1] - gd;
         const int64_t dense_d = d.dp * d.cp, expert_d = d.edp;
-        const auto copies = [&](int64_t group) {
-          return group <= 1 ? 0.0 : run.distributed_optimizer ? 2.0 / group : 1.0;
+        const auto copies = [](int64_t group) { return group <= 1 ? 0.0 : 2.0 / group; };
+        const auto name = [](int64_t group, const char* kind) {
+          return group <= 1 ? std::string() : fmt::format("2/{} x {} grads", group, kind);
         };
-        const auto name = [](double c, int64_t group, const char* kind) {
-          return c == 0   ? std::string()
-                 : c == 1 ? fmt::format("{} grads", kind)
-                          : fmt::format("2/{} x {} grads", group, kind);
-        };
-        const std::string fd = name(copies(dense_d), dense_d, "dense");
-        const std::string fe = name(copies(expert_d), expert_d, "expert");
+        const std::string fd = name(dense_d, "dense"), fe = name(expert_d, "expert");
         add(st, MemPart::CommBuffers, copies(dense_d) * gd + copies(expert_d) * ge,
             run.distributed_optimizer
                 ? "ring reduce-scatter scratch (two pieces of every bucket in flight)"
-                : "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
+                : "ring all-reduce scratch (two pieces of every bucket in flight)",
             fd + (!fd.empty() && !fe.empty() ? " + " : "") + fe);
       }
       // The distributed optimizer needs no correction: the pass above sized the moments (and

@@ -1,10 +1,12 @@
-// The MPI communicator's ring reduce-scatter (the default reduce_scatter / reduce_scatter_v of
-// the MPI backend) under mpirun on 1 to 8 ranks, oversubscribed. Each rank's input is a known
+// The MPI communicator's ring reductions (the default reduce_scatter / reduce_scatter_v and
+// all_reduce of the MPI backend) under mpirun on 1 to 8 ranks, oversubscribed. Each rank's input is a known
 // function of (rank, index) with fractions, so that sums round:
 // - the result equals the plain sum over ranks (f64 reference, f32 within its rounding), and
 //   is bitwise the documented order of the ring: piece c summed as
 //   (((x_{c+1} + x_{c+2}) + ...) + x_{c-1}) + x_c, so every run sums every element the same way;
 // - uneven counts: zeros, one rank holding every element, everything empty, odd lengths;
+// - the all-reduce: every rank the same sums, each element summed as the reduce-scatter of the
+//   pieces of ceil(count / g) elements sums it (the distributed optimizer's shards: bitwise);
 // - every dtype (bf16 summed in f32 and rounded once), sum and max, in place and out of place;
 // - non-blocking: several reduce-scatters in flight at once with an all-reduce, an all-to-all
 //   and point-to-point messages, completed in reverse order or by polling, and a rank that waits
@@ -26,29 +28,40 @@ namespace {
 Runtime g_rt;
 ProcessGroups* g_groups = nullptr;
 
-Communicator& world() { return g_groups->world().communicator(); }
+Communicator& world() {
+  return g_groups->world().communicator();
+}
 
 // Rank r's element i: a fraction (not exact in binary), different on every rank.
-double xval(int r, int64_t i) { return static_cast<double>((r * 131 + i * 17) % 97) / 7.0 + r * 0.013; }
+double xval(int r, int64_t i) {
+  return static_cast<double>((r * 131 + i * 17) % 97) / 7.0 + r * 0.013;
+}
 
 template <typename T>
 T cast(double v) {
-  if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(static_cast<float>(v));
-  else if constexpr (std::is_integral_v<T>) return static_cast<T>(std::lround(v * 8));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(std::lround(v * 8));
+  else
+    return static_cast<T>(v);
 }
 template <typename T>
 double num(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16_to_float(v);
+  else
+    return static_cast<double>(v);
 }
 // The type the ring reduces in (bf16 in f32).
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
 template <typename T>
 Acc<T> acc(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
-  else return v;
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16_to_float(v);
+  else
+    return v;
 }
 
 // Element j of piece c (global index g) as the ring sums it: starting on rank c+1, each next
@@ -60,42 +73,62 @@ T ring_order(int c, int64_t g, int n, ReduceOp op) {
     const Acc<T> x = acc(cast<T>(xval((c + k) % n, g)));
     s = op == ReduceOp::Sum ? static_cast<Acc<T>>(s + x) : std::max(s, x);
   }
-  if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(s);
-  else return s;
+  if constexpr (std::is_same_v<T, bf16>)
+    return float_to_bf16(s);
+  else
+    return s;
+}
+
+// The plain reduction of element g over ranks 0 .. n-1 in f64 (exact for the integer types),
+// and how far the ring's result may be from it (its own dtype's rounding).
+template <typename T>
+double plain_reduce(int64_t g, int n, ReduceOp op) {
+  double plain = op == ReduceOp::Sum ? 0.0 : -1e300;
+  for (int r = 0; r < n; ++r) {
+    const double x = num(cast<T>(xval(r, g)));
+    plain = op == ReduceOp::Sum ? plain + x : std::max(plain, x);
+  }
+  return plain;
+}
+template <typename T>
+double tolerance(double plain) {
+  return std::is_same_v<T, bf16>    ? 8e-3 * std::abs(plain)
+         : std::is_same_v<T, float> ? 1e-6 * std::abs(plain)
+                                    : 1e-13 * std::abs(plain);
 }
 
 std::vector<std::vector<int64_t>> count_patterns(int n) {
   std::vector<std::vector<int64_t>> ps;
-  ps.push_back(std::vector<int64_t>(n, 5));                 // equal
+  ps.push_back(std::vector<int64_t>(n, 5));  // equal
   std::vector<int64_t> uneven(n);
   for (int r = 0; r < n; ++r) uneven[r] = (r * 5 + 3) % 6;  // 3, 2, 1, 0, 5, 4, ...: zeros
   ps.push_back(uneven);
   std::vector<int64_t> one(n, 0);
-  one[n / 2] = 1001;                                        // one rank holds everything
+  one[n / 2] = 1001;  // one rank holds everything
   ps.push_back(one);
-  ps.push_back(std::vector<int64_t>(n, 0));                 // nothing at all
+  ps.push_back(std::vector<int64_t>(n, 0));  // nothing at all
   std::vector<int64_t> big(n);
-  for (int r = 0; r < n; ++r) big[r] = 4093 + 37 * r;       // odd, uneven, larger
+  for (int r = 0; r < n; ++r) big[r] = 4093 + 37 * r;  // odd, uneven, larger
   ps.push_back(big);
   return ps;
 }
 
 template <typename T>
-class RingReduceScatter : public ::testing::Test {};
+class RingReductions : public ::testing::Test {};
 using DTypes = ::testing::Types<float, double, int32_t, int64_t, bf16>;
-TYPED_TEST_SUITE(RingReduceScatter, DTypes);
+TYPED_TEST_SUITE(RingReductions, DTypes);
 
-TYPED_TEST(RingReduceScatter, EqualsThePlainSumInTheRingsOrder) {
+TYPED_TEST(RingReductions, EqualsThePlainSumInTheRingsOrder) {
   using T = TypeParam;
   Communicator& c = world();
   const int me = c.rank(), n = c.size();
-  EXPECT_EQ(c.reduce_scatter_algorithm(), n == 1 ? "local" : "ring");
+  EXPECT_EQ(c.reduction_algorithm(), n == 1 ? "local" : "ring");
   for (const std::vector<int64_t>& counts : count_patterns(n)) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
       for (bool in_place : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "counts[0] " << counts[0] << " of " << n
-                                          << (op == ReduceOp::Sum ? " sum" : " max")
-                                          << (in_place ? " in place" : ""));
+        SCOPED_TRACE(::testing::Message()
+                     << "counts[0] " << counts[0] << " of " << n
+                     << (op == ReduceOp::Sum ? " sum" : " max") << (in_place ? " in place" : ""));
         const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
         int64_t off = 0;
         for (int r = 0; r < me; ++r) off += counts[r];
@@ -112,15 +145,8 @@ TYPED_TEST(RingReduceScatter, EqualsThePlainSumInTheRingsOrder) {
         for (int64_t j = 0; j < counts[me]; ++j) {
           const int64_t g = off + j;
           ASSERT_EQ(num(out[j]), num(ring_order<T>(me, g, n, op))) << "element " << j;
-          double plain = op == ReduceOp::Sum ? 0.0 : -1e300;
-          for (int r = 0; r < n; ++r) {
-            const double x = num(cast<T>(xval(r, g)));
-            plain = op == ReduceOp::Sum ? plain + x : std::max(plain, x);
-          }
-          const double tol = std::is_same_v<T, bf16>    ? 8e-3 * std::abs(plain)
-                             : std::is_same_v<T, float> ? 1e-6 * std::abs(plain)
-                                                        : 1e-13 * std::abs(plain);
-          ASSERT_NEAR(num(out[j]), plain, tol) << "element " << j;
+          const double plain = plain_reduce<T>(g, n, op);
+          ASSERT_NEAR(num(out[j]), plain, tolerance<T>(plain)) << "element " << j;
         }
       }
     }
@@ -135,10 +161,47 @@ TYPED_TEST(RingReduceScatter, EqualsThePlainSumInTheRingsOrder) {
   }
 }
 
+// The all-reduce: the ring's pieces are ceil(count / g) elements (the trailing ones short or
+// empty: counts below g included), every rank gets every piece's sum in the ring's order, and
+// that is bitwise the reduce-scatter of the same pieces (what the distributed optimizer's
+// reduce-scatter of a gradient bucket gives its shard).
+TYPED_TEST(RingReductions, AllReduceIsTheReduceScatterOfItsPiecesGathered) {
+  using T = TypeParam;
+  Communicator& c = world();
+  const int me = c.rank(), n = c.size();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{n - 1}, int64_t{5}, int64_t{1003},
+                        int64_t{4096 * 3 + 1}}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+      SCOPED_TRACE(::testing::Message() << "count " << count << " on " << n
+                                        << (op == ReduceOp::Sum ? " sum" : " max"));
+      const int64_t piece = (count + n - 1) / n;
+      std::vector<int64_t> counts(n);
+      for (int q = 0; q < n; ++q) {
+        counts[q] = std::clamp<int64_t>(count - q * piece, 0, piece);
+      }
+      std::vector<T> x(count);
+      for (int64_t g = 0; g < count; ++g) x[g] = cast<T>(xval(me, g));
+      std::vector<T> rs(counts[me]);
+      c.reduce_scatter_v(x, rs, counts, op);
+      c.all_reduce(x, op);
+      for (int64_t g = 0; g < count; ++g) {
+        const int owner = piece > 0 ? static_cast<int>(g / piece) : 0;
+        ASSERT_EQ(num(x[g]), num(ring_order<T>(owner, g, n, op))) << "element " << g;
+        const double plain = plain_reduce<T>(g, n, op);
+        ASSERT_NEAR(num(x[g]), plain, tolerance<T>(plain)) << "element " << g;
+      }
+      const int64_t off = std::min<int64_t>(me * piece, count);
+      for (int64_t j = 0; j < counts[me]; ++j) {
+        ASSERT_EQ(num(x[off + j]), num(rs[j])) << "element " << off + j;
+      }
+    }
+  }
+}
+
 // Many collectives in flight on one communicator at once: three reduce-scatters of different
 // sizes (one in place), an all-reduce, an all-to-all and a ring of sends; completed in reverse
 // start order, the last one by polling. Each result is what the blocking call gives.
-TEST(RingReduceScatterNonBlocking, SeveralInFlightWithOtherCalls) {
+TEST(RingReductionsNonBlocking, SeveralInFlightWithOtherCalls) {
   Communicator& c = world();
   const int me = c.rank(), n = c.size();
   std::vector<int64_t> a(n), b(n), z(n, 0);
@@ -168,8 +231,8 @@ TEST(RingReduceScatterNonBlocking, SeveralInFlightWithOtherCalls) {
   std::vector<CommHandle> hs;
   hs.push_back(c.reduce_scatter_v_async(sa, ra, a));
   hs.push_back(c.all_reduce_async(ar));
-  hs.push_back(c.reduce_scatter_v_async(ia.data(), ia.data() + off_a, a, DType::F32,
-                                        ReduceOp::Sum));
+  hs.push_back(
+      c.reduce_scatter_v_async(ia.data(), ia.data() + off_a, a, DType::F32, ReduceOp::Sum));
   hs.push_back(c.all_to_all_v_async(a2a_send, sc, a2a_recv, rc));
   hs.push_back(c.reduce_scatter_v_async(sb, rb, b));
   if (n > 1) {
@@ -208,7 +271,7 @@ TEST(RingReduceScatterNonBlocking, SeveralInFlightWithOtherCalls) {
 // the odd ranks wait for that token first. Were the odd ranks' rings advanced only by waits on
 // their own handles, the even ranks' rings (which need the odd ranks' steps from 3 ranks on)
 // would never finish and the token never come: the group's timeout would end the job.
-TEST(RingReduceScatterNonBlocking, AdvancesWhileTheRankWaitsForAnotherCall) {
+TEST(RingReductionsNonBlocking, AdvancesWhileTheRankWaitsForAnotherCall) {
   Communicator& c = world();
   const int me = c.rank(), n = c.size();
   std::vector<int64_t> counts(n);
