@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev       # the SentencePiece tokenizers
   libssl-dev                 # SHA-256 of checkpoint shards (libcrypto)
   python3-venv               # the SASS gate's disassemblers' environment (below)
+  python3-matplotlib         # tools/plot_metrics.py: the loss and expert-load curves (README)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -18,9 +18,10 @@ declare -A allowed=(
   [train]="core ops nn parallel moe model data optim ckpt"
   # The command line: flags -> configs, and the train / eval entry points.
   [cli]="core ops nn parallel moe model data optim ckpt train"
-  # plan and convert read parsed Megatron command lines (their commands' flags).
-  [plan]="core ops nn parallel moe model data optim ckpt train cli"
+  # plan and convert read parsed Megatron command lines (their commands' flags); plan reads a
+  # HuggingFace config.json with convert's reader (convert/hf_config_reader.h), the one reader.
   [convert]="core ops nn parallel moe model data optim ckpt train cli"
+  [plan]="core ops nn parallel moe model data optim ckpt train cli convert"
 )
 status=0
 for dir in "$src"/*/; do

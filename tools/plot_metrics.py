@@ -3,17 +3,25 @@
 
     python3 tools/plot_metrics.py metrics.jsonl -o curves.png [--floor 1.112] [more.jsonl ...]
 
-Needs matplotlib (pip install matplotlib). Several files are drawn on the same axes, labelled by
-file name, so runs can be compared.
+Needs matplotlib: scripts/setup.sh installs Debian's python3-matplotlib (for /usr/bin/python3);
+another Python takes `pip install matplotlib`. Without it the script says so in one line and exits
+with status 1. Several files are drawn on the same axes, labelled by file name, so runs can be
+compared.
 """
 import argparse
 import json
 import os
+import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError as e:  # ModuleNotFoundError too: matplotlib or one of its own dependencies
+    sys.exit(f"[plot_metrics] cannot import matplotlib ({e}) in {sys.executable}: run "
+             "`bash scripts/setup.sh` (Debian's python3-matplotlib, for /usr/bin/python3) or "
+             f"`{sys.executable} -m pip install matplotlib`")
 
 
 def read(path):

@@ -59,7 +59,7 @@ int64_t fault_kill_after_bytes() {
   return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
 }
 
-fs::path write_temp(const fs::path& path, std::span<const std::span<const std::byte>> pieces) {
+fs::path write_temp(const fs::path& path, const std::function<void(const ByteSink&)>& produce) {
   const int64_t kill_at = fault_kill_after_bytes();
   const fs::path tmp = temp_path_for(path);
   // O_TRUNC: a temp left by an earlier crash of this pid is overwritten, not appended to.
@@ -70,7 +70,7 @@ fs::path write_temp(const fs::path& path, std::span<const std::span<const std::b
              tmp.string(), std::strerror(err), hint(err, path));
   }
   uint64_t written = 0;
-  for (const std::span<const std::byte> piece : pieces) {
+  const ByteSink sink = [&](std::span<const std::byte> piece) {
     const std::byte* p = piece.data();
     size_t left = piece.size();
     while (left > 0) {  // write() may write less than asked (signals, large sizes)
@@ -88,12 +88,34 @@ fs::path write_temp(const fs::path& path, std::span<const std::span<const std::b
       left -= static_cast<size_t>(n);
       written += static_cast<uint64_t>(n);
     }
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    // The producer failed (a value could not be read): no temp is left behind.
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
   if (kill_at >= 0) ::raise(SIGKILL);
   if (::fsync(fd) != 0) fail_temp(fd, errno, "fsync of the temp '{}'", tmp, path);
   // close() can report a deferred write error (NFS): it is checked like the writes.
   if (::close(fd) != 0) fail_temp(-1, errno, "closing the temp '{}'", tmp, path);
   return tmp;
+}
+
+fs::path write_temp(const fs::path& path, std::span<const std::span<const std::byte>> pieces) {
+  return write_temp(path, [&](const ByteSink& sink) {
+    for (const std::span<const std::byte> piece : pieces) sink(piece);
+  });
+}
+
+void publish_temp(const fs::path& tmp, const fs::path& path) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail_temp(-1, errno, "renaming the temp '{}' over it", tmp, path);
+  }
+  // Without this the rename itself may not survive a crash: the target could come back old.
+  fsync_dir(dir_of(path));
 }
 
 }  // namespace
@@ -105,12 +127,12 @@ fs::path temp_path_for(const fs::path& path) {
 }
 
 void write_file_atomic(const fs::path& path, std::span<const std::span<const std::byte>> pieces) {
-  const fs::path tmp = write_temp(path, pieces);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    fail_temp(-1, errno, "renaming the temp '{}' over it", tmp, path);
-  }
-  // Without this the rename itself may not survive a crash: the target could come back old.
-  fsync_dir(dir_of(path));
+  publish_temp(write_temp(path, pieces), path);
+}
+
+void write_file_atomic_streamed(const fs::path& path,
+                                const std::function<void(const ByteSink&)>& produce) {
+  publish_temp(write_temp(path, produce), path);
 }
 
 void write_file_atomic(const fs::path& path, std::span<const std::byte> data) {

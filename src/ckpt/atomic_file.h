@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -25,6 +26,14 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view text)
 // copying them into one buffer).
 void write_file_atomic(const std::filesystem::path& path,
                        std::span<const std::span<const std::byte>> pieces);
+
+// Where a streamed file's bytes go: called with each next piece, in order.
+using ByteSink = std::function<void(std::span<const std::byte>)>;
+// The bytes that `produce` passes to its sink, in order (a shard streamed tensor by tensor from
+// where the values live, through a bounded buffer: no copy of the whole file in memory).
+// Everything else as above, the kill hook included.
+void write_file_atomic_streamed(const std::filesystem::path& path,
+                                const std::function<void(const ByteSink&)>& produce);
 
 // The first half of write_file_atomic alone: writes and fsyncs temp_path_for(path), leaves it
 // there and returns its path, without touching `path`. This is the temp a crash before the

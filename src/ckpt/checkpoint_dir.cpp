@@ -12,6 +12,7 @@
 #include "ckpt/atomic_file.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sha256.h"
+#include "ckpt/shard_digest.h"
 #include "ckpt/slice_geometry.h"
 #include "core/check.h"
 #include "core/fault_injection.h"
@@ -343,10 +344,20 @@ std::optional<int64_t> read_tracker(const fs::path& save) {
 }
 
 ShardFile write_shard(const fs::path& dir, const std::string& file, int rank,
-                      const SafetensorsWriter& shard) {
-  const std::vector<std::byte> bytes = shard.serialize();
-  write_file_atomic(dir / file, bytes);
-  return ShardFile{file, rank, bytes.size(), sha256_hex(bytes)};
+                      const SafetensorsWriter& shard, uint64_t chunk_bytes) {
+  const uint64_t size = shard.file_bytes();
+  ShardDigester digests(chunk_bytes > 0 ? chunk_bytes : chunk_bytes_for(size));
+  write_file_atomic_streamed(dir / file, [&](const ByteSink& sink) {
+    shard.stream([&](std::span<const std::byte> piece) {
+      digests.update(piece);
+      sink(piece);
+    });
+  });
+  ShardFile f{file, rank};
+  digests.finish(f);
+  MOE_CHECK(f.bytes == size, "[checkpoint] '{}': {} bytes written, the header promised {}",
+            (dir / file).string(), f.bytes, size);
+  return f;
 }
 
 void write_manifest(const fs::path& dir, const Manifest& m) {
@@ -382,50 +393,45 @@ CheckpointReader::CheckpointReader(const fs::path& dir, HashCheck hashes)
               "[checkpoint] '{}': shard '{}' has {} bytes, the manifest recorded {}: the file "
               "was truncated or replaced",
               dir.string(), f.file, size, f.bytes);
-    if (hashes_ == HashCheck::Upfront) check_hash(f, read_file_bytes(p).span());
+    if (hashes_ == HashCheck::Upfront) verify_shard(p, f, dir.string());
   }
-}
-
-void CheckpointReader::check_hash(const ShardFile& f, std::span<const std::byte> bytes) const {
-  const std::string sha = sha256_hex(bytes);
-  MOE_CHECK(sha == f.sha256,
-            "[checkpoint] '{}': shard '{}' has SHA-256 {}, the manifest recorded {}: the file "
-            "was altered after the save",
-            dir_.string(), f.file, sha, f.sha256);
+  for (size_t i = 0; i < manifest_.tensors.size(); ++i)
+    tensor_index_.emplace(manifest_.tensors[i].name, i);
+  for (size_t i = 0; i < manifest_.files.size(); ++i)
+    file_index_.emplace(manifest_.files[i].file, i);
 }
 
 const GlobalTensor& CheckpointReader::tensor(std::string_view name) const {
-  const GlobalTensor* t = manifest_.find(name);
-  MOE_CHECK(t != nullptr, "[checkpoint] '{}' has no tensor '{}' ({} tensors)", dir_.string(), name,
-            manifest_.tensors.size());
-  return *t;
+  const auto it = tensor_index_.find(name);
+  MOE_CHECK(it != tensor_index_.end(), "[checkpoint] '{}' has no tensor '{}' ({} tensors)",
+            dir_.string(), name, manifest_.tensors.size());
+  return manifest_.tensors[it->second];
 }
 
-SafetensorsFile& CheckpointReader::shard(const std::string& file) {
+ShardReader& CheckpointReader::shard(const std::string& file) {
   auto it = shards_.find(file);
   if (it == shards_.end()) {
-    FileBytes bytes = read_file_bytes(dir_ / file);
-    const ShardFile* f = manifest_.file(file);
-    MOE_CHECK(f != nullptr && bytes.size == f->bytes,
-              "[checkpoint] '{}': shard '{}' has {} bytes, the manifest recorded {}: the file "
-              "was truncated or replaced",
-              dir_.string(), file, bytes.size, f ? f->bytes : 0);
-    if (hashes_ == HashCheck::OnOpen) check_hash(*f, bytes.span());
-    it = shards_.emplace(file, std::make_unique<SafetensorsFile>(dir_ / file, std::move(bytes)))
+    const auto f = file_index_.find(file);
+    MOE_CHECK(f != file_index_.end(), "[checkpoint] '{}': shard '{}' is not in the manifest",
+              dir_.string(), file);
+    it = shards_
+             .emplace(file, std::make_unique<ShardReader>(dir_ / file, manifest_.files[f->second],
+                                                          hashes_, cache_, dir_.string()))
              .first;
   }
   return *it->second;
 }
 
-std::span<const std::byte> CheckpointReader::slice_bytes(const GlobalTensor& t,
-                                                         const SliceRef& s) {
-  SafetensorsFile& f = shard(s.file);
-  const TensorInfo& info = f.info(t.name);
-  const std::vector<int64_t> want = t.slice_shape(s);
-  MOE_CHECK(info.dtype == t.dtype && info.shape == want,
-            "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}", dir_.string(),
-            s.file, t.name, info.dtype, format_shape(info.shape), t.dtype, format_shape(want));
-  return f.bytes(t.name);
+std::vector<std::string> CheckpointReader::opened() const {
+  std::vector<std::string> out;
+  for (const auto& [file, r] : shards_) out.push_back(file);
+  return out;
+}
+
+uint64_t CheckpointReader::bytes_read() const {
+  uint64_t n = 0;
+  for (const auto& [file, r] : shards_) n += r->bytes_read();
+  return n;
 }
 
 void CheckpointReader::read(std::string_view name, std::string_view dtype, int dim,
@@ -483,6 +489,15 @@ void CheckpointReader::read(std::string_view name, std::string_view dtype, const
       }
     }
     want_numel = box_numel(want, t.shape);
+    if (want.ranged()) {
+      MOE_CHECK(want.range.offset >= 0 && want.range.length >= 0 &&
+                    want.range.offset <= want_numel &&
+                    want.range.length <= want_numel - want.range.offset,
+                "[checkpoint] '{}': tensor '{}' {}: a slice of {} elements has no range [{}, {})",
+                dir_.string(), name, format_shape(t.shape), want_numel, want.range.offset,
+                want.range.offset + want.range.length);
+      want_numel = want.range.length;
+    }
     MOE_CHECK(dst.size() == static_cast<size_t>(want_numel) * esize,
               "[checkpoint] '{}': tensor '{}' {} is {} bytes, the destination {}", dir_.string(),
               name, want.whole() ? std::string("whole")
@@ -490,47 +505,24 @@ void CheckpointReader::read(std::string_view name, std::string_view dtype, const
                                                want.offset + want.length, want.dim),
               static_cast<size_t>(want_numel) * esize, dst.size());
   }
-  // A run [lo, hi) of the flattened tensor held at `from` in src, copied to `to` in dst.
-  const auto copy_run = [&](std::span<const std::byte> src, int64_t to, int64_t from, int64_t n) {
-    std::memcpy(dst.data() + static_cast<size_t>(to) * esize,
-                src.data() + static_cast<size_t>(from) * esize, static_cast<size_t>(n) * esize);
-  };
-  // The intersection of flattened runs [a, a + an) and [b, b + bn): {start, length}.
-  const auto meet = [](int64_t a, int64_t an, int64_t b, int64_t bn) {
-    const int64_t lo = std::max(a, b), hi = std::min(a + an, b + bn);
-    return std::pair<int64_t, int64_t>(lo, std::max<int64_t>(0, hi - lo));
-  };
   int64_t copied = 0;
   for (const SliceRef& s : t.slices) {
-    if (want.flat() && s.flat()) {
-      const auto [lo, n] = meet(want.offset, want.length, s.offset, s.length);
-      if (n == 0) continue;
-      copy_run(slice_bytes(t, s), lo - want.offset, lo - s.offset, n);
+    ShardReader* f = nullptr;  // opened at the first shared element
+    const TensorInfo* info = nullptr;
+    for_each_shared_run(t.shape, want, s, [&](int64_t w, int64_t h, int64_t n) {
+      if (f == nullptr) {
+        f = &shard(s.file);
+        info = &f->header().info(f->path(), t.name);
+        const std::vector<int64_t> stored = t.slice_shape(s);
+        MOE_CHECK(info->dtype == t.dtype && info->shape == stored,
+                  "[checkpoint] '{}': '{}' holds '{}' as {} {}, the manifest says {} {}",
+                  dir_.string(), s.file, t.name, info->dtype, format_shape(info->shape), t.dtype,
+                  format_shape(stored));
+      }
+      f->read(*info, static_cast<uint64_t>(h) * esize,
+              dst.subspan(static_cast<size_t>(w) * esize, static_cast<size_t>(n) * esize));
       copied += n;
-    } else if (want.flat()) {  // a flat range from a stored slice's runs
-      std::span<const std::byte> src;
-      for_each_run(s, t.shape, [&](int64_t g, int64_t l, int64_t len) {
-        const auto [lo, n] = meet(want.offset, want.length, g, len);
-        if (n == 0) return;
-        if (src.data() == nullptr) src = slice_bytes(t, s);
-        copy_run(src, lo - want.offset, l + (lo - g), n);
-        copied += n;
-      });
-    } else if (s.flat()) {  // the asked slice's runs from a flat piece
-      if (s.length == 0) continue;
-      std::span<const std::byte> src;
-      for_each_run(want, t.shape, [&](int64_t g, int64_t l, int64_t len) {
-        const auto [lo, n] = meet(g, len, s.offset, s.length);
-        if (n == 0) return;
-        if (src.data() == nullptr) src = slice_bytes(t, s);
-        copy_run(src, l + (lo - g), lo - s.offset, n);
-        copied += n;
-      });
-    } else {
-      if (box_numel(s, t.shape) == 0 || want_numel == 0 || !boxes_intersect(want, s, t.shape))
-        continue;
-      copied += copy_intersection(t.shape, esize, want, dst, s, slice_bytes(t, s));
-    }
+    });
   }
   // The stored slices hold every element once (validate_manifest): the count proves coverage.
   MOE_CHECK(copied == want_numel,

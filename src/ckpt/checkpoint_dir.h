@@ -14,9 +14,12 @@
 #include <string>
 #include <string_view>
 
+#include <unordered_map>
+#include <vector>
+
 #include "ckpt/manifest.h"
-#include "ckpt/safetensors_file.h"
 #include "ckpt/safetensors_writer.h"
+#include "ckpt/shard_reader.h"
 
 namespace moecore::ckpt {
 
@@ -100,25 +103,20 @@ void write_tracker(const std::filesystem::path& save, int64_t iteration);
 // find_iteration_dir does not find, throws (naming the complete copies a crash left, if any).
 std::optional<int64_t> read_tracker(const std::filesystem::path& save);
 
-// Writes one shard atomically into `dir` and describes it for the manifest (its size and the
-// SHA-256 of the bytes written).
+// Writes one shard atomically into `dir`, streamed (SafetensorsWriter::stream), and describes
+// it for the manifest: its size, the SHA-256 of the whole file and of each chunk of
+// `chunk_bytes` bytes (0: chunk_bytes_for the file's size), hashed as the bytes are written.
 ShardFile write_shard(const std::filesystem::path& dir, const std::string& file, int rank,
-                      const SafetensorsWriter& shard);
+                      const SafetensorsWriter& shard, uint64_t chunk_bytes = 0);
 // Writes the manifest (validated first) atomically into `dir`.
 void write_manifest(const std::filesystem::path& dir, const Manifest& m);
 
-// When CheckpointReader checks each shard's SHA-256 against the manifest.
-enum class HashCheck {
-  Upfront,  // every shard, in the constructor, before any tensor is read
-  OnOpen,   // each shard when first needed, before any of its tensors is read: a rank that
-            // reads a few shards of a large checkpoint hashes only those
-  None,
-};
-
 // A written checkpoint directory, opened for reading. The constructor reads and validates the
 // manifest and checks that every shard exists with the recorded size (and with
-// HashCheck::Upfront the recorded SHA-256), all before a tensor is read; shards are opened (and
-// validated whole, SafetensorsFile) when first needed.
+// HashCheck::Upfront the recorded digests, each shard hashed whole, streaming), all before a
+// tensor is read; a shard is opened when first needed (ShardReader: its header read and
+// validated), and only the byte ranges of the slices asked for are read from it, each verified
+// (HashCheck::OnRead) before it is used.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::filesystem::path& dir,
@@ -131,8 +129,10 @@ class CheckpointReader {
 
   // Copies slice `want` of global tensor `name` into dst (want's file is not read): any form,
   // whole, split along one or two dimensions, in parts (a rank's local tensor under tensor and
-  // expert parallelism, row-major), or flat, from whatever slices of any of these forms the
-  // checkpoint stored it in: the resharding read. dtype and dst's size must match.
+  // expert parallelism, row-major), flat, or ranged (a range of such a slice's storage), from
+  // whatever slices of any of these forms the checkpoint stored it in: the resharding read.
+  // dtype and dst's size must match. Reads from each shard only the bytes of its slices that
+  // `want` shares.
   void read(std::string_view name, std::string_view dtype, const SliceRef& want,
             std::span<std::byte> dst);
   // Indices [offset, offset + length) along dimension `dim` (dim = -1: the whole tensor).
@@ -142,18 +142,20 @@ class CheckpointReader {
   // distributed optimizer's pieces and the reads of whole tensors.
   void read_flat(std::string_view name, std::string_view dtype, int64_t offset, int64_t length,
                  std::span<std::byte> dst);
+  // The shards opened so far, and the bytes read from them (whole chunks): what a load reads.
+  std::vector<std::string> opened() const;
+  uint64_t bytes_read() const;
 
  private:
-  SafetensorsFile& shard(const std::string& file);
-  // Slice s of t as its shard stores it, its dtype and shape checked against the manifest.
-  std::span<const std::byte> slice_bytes(const GlobalTensor& t, const SliceRef& s);
-
-  void check_hash(const ShardFile& f, std::span<const std::byte> bytes) const;
+  ShardReader& shard(const std::string& file);
 
   std::filesystem::path dir_;
   HashCheck hashes_;
   Manifest manifest_;
-  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
+  std::unordered_map<std::string_view, size_t> tensor_index_;  // name -> manifest_.tensors
+  std::unordered_map<std::string_view, size_t> file_index_;    // name -> manifest_.files
+  ChunkCache cache_;
+  std::map<std::string, std::unique_ptr<ShardReader>, std::less<>> shards_;
 };
 
 }  // namespace moecore::ckpt

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "ckpt/safetensors.h"
 #include "ckpt/slice_geometry.h"
@@ -33,9 +35,11 @@ std::string dim_text(const SliceDim& d) {
 // A slice in parts or of two dimensions, as messages name it.
 std::string slice_text(const SliceRef& s) {
   if (s.flat()) return fmt::format("flat [{}, {})", s.offset, s.offset + s.length);
-  if (s.whole()) return "whole";
-  std::string t = dim_text(s.first());
+  if (s.whole() && !s.ranged()) return "whole";
+  std::string t = s.whole() ? std::string("whole") : dim_text(s.first());
   if (s.second.split()) t += " x " + dim_text(s.second);
+  if (s.ranged())
+    t += fmt::format(", storage [{}, {})", s.range.offset, s.range.offset + s.range.length);
   return t;
 }
 
@@ -59,19 +63,66 @@ void check_dim(const GlobalTensor& t, const SliceDim& d, const SliceRef& s,
             where, t.name, format_shape(t.shape), s.file, dim_text(d), d.dim, chunk);
 }
 
-// Slices in parts or of two dimensions (version 1): each in bounds, no two sharing an element,
-// their volumes adding up to the tensor's, so they hold every element exactly once.
+// A base slice (the slice without its range) as a key: the slices that share one are the
+// pieces of one box.
+using BoxKey = std::tuple<int, int64_t, int64_t, int, int, int64_t, int64_t, int>;
+BoxKey box_key(const SliceRef& s) {
+  return {s.dim,        s.offset,        s.length,        s.parts,
+          s.second.dim, s.second.offset, s.second.length, s.second.parts};
+}
+
+// The pieces of one box (its slices, ranged or whole) tile its storage [0, n) exactly.
+void tile_ranges(const GlobalTensor& t, std::vector<const SliceRef*>& pieces, int64_t n,
+                 const std::string& where) {
+  const auto begin = [](const SliceRef* s) { return s->ranged() ? s->range.offset : 0; };
+  const auto size = [n](const SliceRef* s) { return s->ranged() ? s->range.length : n; };
+  for (const SliceRef* s : pieces) {
+    MOE_CHECK(begin(s) >= 0 && size(s) >= 0 && begin(s) <= n && size(s) <= n - begin(s),
+              "[checkpoint] '{}': tensor '{}' {}: the slice of '{}' ({}) runs past the {} "
+              "elements of its slice's storage",
+              where, t.name, format_shape(t.shape), s->file, slice_text(*s), n);
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [&](const SliceRef* a, const SliceRef* b) { return begin(a) < begin(b); });
+  int64_t next = 0;
+  const SliceRef* prev = nullptr;
+  for (const SliceRef* s : pieces) {
+    MOE_CHECK(begin(s) >= next,
+              "[checkpoint] '{}': tensor '{}' {}: the slices of '{}' ({}) and '{}' ({}) overlap: "
+              "the slices must hold every element once",
+              where, t.name, format_shape(t.shape), prev->file, slice_text(*prev), s->file,
+              slice_text(*s));
+    MOE_CHECK(begin(s) == next,
+              "[checkpoint] '{}': tensor '{}' {}: elements [{}, {}) of the storage of slice {} "
+              "are in no slice ({}): a slice is missing",
+              where, t.name, format_shape(t.shape), next, begin(s), slice_text(s->base()),
+              prev ? fmt::format("after the one of '{}'", prev->file)
+                   : fmt::format("before the one of '{}'", s->file));
+    next += size(s);
+    prev = s;
+  }
+  MOE_CHECK(next == n,
+            "[checkpoint] '{}': tensor '{}' {}: elements [{}, {}) of the storage of slice {} are "
+            "in no slice (after the one of '{}'): a slice is missing",
+            where, t.name, format_shape(t.shape), next, n, slice_text(prev->base()), prev->file);
+}
+
+// Slices in parts, of two dimensions or ranged (versions 1 and 2): the pieces of each base slice
+// tiling its storage, the base slices each in bounds, no two sharing an element, their volumes
+// adding up to the tensor's, so they hold every element exactly once. Two base slices can share
+// an element only when their spans of the flattened tensor overlap: a sweep in span order
+// compares those pairs only (the ETP slices of an EP slice, the TP slices of a row-parallel
+// weight), not every pair.
 void tile_boxes(const GlobalTensor& t, int64_t numel, const std::string& where) {
-  int64_t volume = 0;
   for (const SliceRef& s : t.slices) {
     MOE_CHECK(!s.flat(),
               "[checkpoint] '{}': tensor '{}' has slices of two kinds (flat and {}): its slices "
               "split dimensions, or all are flat",
               where, t.name, slice_text(t.slices[0].flat() ? t.slices.back() : t.slices[0]));
     if (s.whole()) {
-      MOE_CHECK(s.parts == 1 && !s.second.split(),
-                "[checkpoint] '{}': tensor '{}': a whole-tensor slice of '{}' has parts or a "
-                "second dimension",
+      MOE_CHECK(s.parts == 1 && !s.second.split() && !s.ranged(),
+                "[checkpoint] '{}': tensor '{}': a whole-tensor slice of '{}' has parts, a "
+                "second dimension or a range",
                 where, t.name, s.file);
     } else {
       check_dim(t, s.first(), s, where);
@@ -84,18 +135,40 @@ void tile_boxes(const GlobalTensor& t, int64_t numel, const std::string& where) 
                 where, t.name, s.file, s.second.dim, s.dim);
     }
   }
-  for (size_t i = 0; i < t.slices.size(); ++i) {
-    for (size_t j = i + 1; j < t.slices.size(); ++j) {
-      const SliceRef &a = t.slices[i], &b = t.slices[j];
-      MOE_CHECK(!boxes_intersect(a, b, t.shape),
+  // The pieces of each box: the storage tiled.
+  std::map<BoxKey, std::vector<const SliceRef*>> boxes;
+  for (const SliceRef& s : t.slices) boxes[box_key(s)].push_back(&s);
+  struct Box {
+    const SliceRef* s;  // its first piece in the manifest (the base is the same for all)
+    int64_t n;          // its elements
+    int64_t lo, hi;     // its span of the flattened tensor
+  };
+  std::vector<Box> order;
+  for (auto& [key, pieces] : boxes) {
+    const int64_t n = box_numel(*pieces[0], t.shape);
+    tile_ranges(t, pieces, n, where);
+    if (n == 0) continue;
+    const auto [lo, hi] = box_span(*pieces[0], t.shape);
+    order.push_back({*std::min_element(pieces.begin(), pieces.end()), n, lo, hi});
+  }
+  // By span, ties in manifest order (the messages name the earlier slice first).
+  std::sort(order.begin(), order.end(),
+            [](const Box& a, const Box& b) { return std::pair(a.lo, a.s) < std::pair(b.lo, b.s); });
+  std::vector<const Box*> open;  // boxes whose span reaches past the current one's start
+  for (const Box& b : order) {
+    std::erase_if(open, [&](const Box* o) { return o->hi <= b.lo; });
+    for (const Box* o : open) {
+      MOE_CHECK(!boxes_intersect(o->s->base(), b.s->base(), t.shape),
                 "[checkpoint] '{}': tensor '{}' {}: the slices of '{}' ({}) and '{}' ({}) "
                 "overlap: the slices must hold every element once",
-                where, t.name, format_shape(t.shape), a.file, slice_text(a), b.file,
-                slice_text(b));
+                where, t.name, format_shape(t.shape), o->s->file, slice_text(*o->s), b.s->file,
+                slice_text(*b.s));
     }
+    open.push_back(&b);
   }
   // Disjoint and in bounds: the volumes add up to at most numel.
-  for (const SliceRef& s : t.slices) volume += box_numel(s, t.shape);
+  int64_t volume = 0;
+  for (const Box& b : order) volume += b.n;
   MOE_CHECK(volume == numel,
             "[checkpoint] '{}': tensor '{}' {}: its {} slices hold {} of its {} elements: a slice "
             "is missing",
@@ -195,6 +268,7 @@ json slice_json(const SliceRef& s) {
                      {"length", s.second.length}};
       if (s.second.parts != 1) j["second"]["parts"] = s.second.parts;
     }
+    if (s.ranged()) j["range"] = {{"offset", s.range.offset}, {"length", s.range.length}};
   }
   return j;
 }
@@ -278,17 +352,22 @@ void validate_state(const json& state, int64_t iteration, const std::string& whe
     key_of(*hf, "config", &json::is_object, "an object", "state.hf");
   }
   if (const json* model = key_of(state, "model", &json::is_object, "an object", "state")) {
-    for (const char* k : {"--num-layers", "--hidden-size", "--num-attention-heads",
-                          "--vocab-size (padded)"}) {
+    for (const char* k : {"--num-layers", "--hidden-size", "--num-attention-heads"}) {
       MOE_CHECK(model->contains(k),
                 "[checkpoint] '{}': state.model has no \"{}\": the model signature that "
                 "loading compares is incomplete (the manifest was altered)",
                 where, k);
     }
-    for (const char* k : {"--num-layers", "--hidden-size", "--ffn-hidden-size",
-                          "--num-attention-heads", "--num-query-groups", "--kv-channels",
-                          "--vocab-size (padded)", "--num-experts", "--moe-ffn-hidden-size",
-                          "--moe-shared-expert-intermediate-size"}) {
+    // The vocabulary: "--vocab-size" (the model's), or "--vocab-size (padded)" in checkpoints
+    // written while the padding was part of the model (loading refuses those by name).
+    MOE_CHECK(model->contains("--vocab-size") || model->contains("--vocab-size (padded)"),
+              "[checkpoint] '{}': state.model has no \"--vocab-size\": the model signature that "
+              "loading compares is incomplete (the manifest was altered)",
+              where);
+    for (const char* k :
+         {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+          "--num-query-groups", "--kv-channels", "--vocab-size", "--vocab-size (padded)",
+          "--num-experts", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}) {
       key_of(*model, k, &json::is_number_integer, "an integer", "state.model");
     }
   }
@@ -298,6 +377,7 @@ void validate_state(const json& state, int64_t iteration, const std::string& whe
 
 std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
   if (s.flat()) return {s.length};
+  if (s.ranged()) return {s.range.length};
   std::vector<int64_t> out = shape;
   if (s.dim >= 0 && s.dim < static_cast<int>(out.size())) out[s.dim] = s.length * s.parts;
   const SliceDim& d = s.second;
@@ -319,12 +399,14 @@ const GlobalTensor* Manifest::find(std::string_view name) const {
 }
 
 int Manifest::needed_version() const {
+  int v = kManifestVersion;
   for (const GlobalTensor& t : tensors) {
     for (const SliceRef& s : t.slices) {
-      if (!s.simple()) return kManifestVersionParted;
+      if (s.ranged()) return kManifestVersionRanged;
+      if (!s.simple()) v = kManifestVersionParted;
     }
   }
-  return kManifestVersion;
+  return v;
 }
 
 const ShardFile* Manifest::file(std::string_view name) const {
@@ -351,6 +433,16 @@ void validate_manifest(const Manifest& m, const std::string& where) {
     MOE_CHECK(is_sha256_hex(f.sha256),
               "[checkpoint] '{}': shard '{}' has sha256 '{}', not 64 lowercase hex digits", where,
               f.file, f.sha256);
+    MOE_CHECK(f.chunk_sha256.size() == f.num_chunks(),
+              "[checkpoint] '{}': shard '{}' of {} bytes in chunks of {} has {} chunk digests, "
+              "not {}",
+              where, f.file, f.bytes, f.chunk_bytes, f.chunk_sha256.size(), f.num_chunks());
+    for (size_t c = 0; c < f.chunk_sha256.size(); ++c) {
+      MOE_CHECK(is_sha256_hex(f.chunk_sha256[c]),
+                "[checkpoint] '{}': shard '{}' has chunk {} sha256 '{}', not 64 lowercase hex "
+                "digits",
+                where, f.file, c, f.chunk_sha256[c]);
+    }
   }
   std::set<std::string_view> names;
   for (const GlobalTensor& t : m.tensors) {
@@ -378,8 +470,12 @@ std::string Manifest::to_json_text() const {
   j["state"] = state;
   j["files"] = json::array();
   for (const ShardFile& f : files) {
-    j["files"].push_back({{"file", f.file}, {"rank", f.rank}, {"bytes", f.bytes},
-                          {"sha256", f.sha256}});
+    json e = {{"file", f.file}, {"rank", f.rank}, {"bytes", f.bytes}, {"sha256", f.sha256}};
+    if (f.chunk_bytes > 0) {
+      e["chunk_bytes"] = f.chunk_bytes;
+      e["chunk_sha256"] = f.chunk_sha256;
+    }
+    j["files"].push_back(std::move(e));
   }
   j["tensors"] = json::array();
   for (const GlobalTensor& t : tensors) {
@@ -430,6 +526,23 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
     s.rank = need_int<int>(f, "rank", "shard '" + s.file + "'", where);
     s.bytes = need_int<uint64_t>(f, "bytes", "shard '" + s.file + "'", where);
     s.sha256 = need(f, "sha256", json::value_t::string, "shard '" + s.file + "'", where);
+    if (f.contains("chunk_bytes") || f.contains("chunk_sha256")) {
+      s.chunk_bytes = need_int<uint64_t>(f, "chunk_bytes", "shard '" + s.file + "'", where);
+      MOE_CHECK(s.chunk_bytes > 0, "[checkpoint] '{}': shard '{}' has chunks of 0 bytes", where,
+                s.file);
+      const json& c =
+          need(f, "chunk_sha256", json::value_t::array, "shard '" + s.file + "'", where);
+      MOE_CHECK(c.size() == s.num_chunks(),
+                "[checkpoint] '{}': shard '{}' of {} bytes in chunks of {} has {} chunk digests, "
+                "not {}",
+                where, s.file, s.bytes, s.chunk_bytes, c.size(), s.num_chunks());
+      for (const json& d : c) {
+        MOE_CHECK(d.is_string(),
+                  "[checkpoint] '{}': shard '{}' has a chunk digest {}, not a string", where,
+                  s.file, d.dump());
+        s.chunk_sha256.push_back(d.get<std::string>());
+      }
+    }
     m.files.push_back(std::move(s));
   }
   for (const json& t : need(j, "tensors", json::value_t::array, top, where)) {
@@ -473,14 +586,35 @@ Manifest parse_manifest_part(std::string_view text, const std::string& where) {
           r.second.length = need_int<int64_t>(d, "length", of, where);
           r.second.parts = read_parts(d, of);
         }
-        MOE_CHECK(version >= kManifestVersionParted || r.simple(),
+        // Version 2: a range of the slice's storage.
+        if (s.contains("range")) {
+          const std::string of = "the range of a slice of " + what;
+          const json& d = need(s, "range", json::value_t::object, "a slice of " + what, where);
+          r.range.offset = need_int<int64_t>(d, "offset", of, where);
+          r.range.length = need_int<int64_t>(d, "length", of, where);
+          MOE_CHECK(r.range.offset >= 0 && r.range.length >= 0,
+                    "[checkpoint] '{}': {} is [{}, +{}): its offset and length are counts >= 0",
+                    where, of, r.range.offset, r.range.length);
+          MOE_CHECK(version >= kManifestVersionRanged,
+                    "[checkpoint] '{}': a slice of {} has a range, which format version {} does "
+                    "not have (version {} does): the manifest was altered",
+                    where, what, version, kManifestVersionRanged);
+        }
+        MOE_CHECK(version >= kManifestVersionParted || r.base().simple(),
                   "[checkpoint] '{}': a slice of {} is in parts or splits two dimensions, which "
                   "format version {} does not have (version {} does): the manifest was altered",
                   where, what, version, kManifestVersionParted);
       } else if (s.contains("flat_offset")) {
+        MOE_CHECK(!s.contains("range"), "[checkpoint] '{}': a flat slice of {} has a \"range\"",
+                  where, what);
         r.dim = SliceRef::kFlat;
         r.offset = need_int<int64_t>(s, "flat_offset", "a slice of " + what, where);
         r.length = need_int<int64_t>(s, "flat_length", "a slice of " + what, where);
+      } else {
+        MOE_CHECK(!s.contains("range") && !s.contains("parts") && !s.contains("second"),
+                  "[checkpoint] '{}': a whole-tensor slice of {} has \"range\", \"parts\" or "
+                  "\"second\" without \"dim\"",
+                  where, what);
       }
       g.slices.push_back(std::move(r));
     }
@@ -524,7 +658,8 @@ Manifest merge_manifest_parts(const std::vector<Manifest>& parts, const std::str
   }
   for (GlobalTensor& g : m.tensors) {
     std::stable_sort(g.slices.begin(), g.slices.end(), [](const SliceRef& a, const SliceRef& b) {
-      return std::pair(a.offset, a.second.offset) < std::pair(b.offset, b.second.offset);
+      return std::tuple(a.offset, a.second.offset, a.range.offset) <
+             std::tuple(b.offset, b.second.offset, b.range.offset);
     });
   }
   return m;

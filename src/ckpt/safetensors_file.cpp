@@ -186,34 +186,37 @@ void check_tiling(const std::string& path, const std::vector<Entry>& sorted, uin
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
-    : SafetensorsFile(path, read_file_bytes(path)) {}
-
-SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes bytes)
-    : path_(path.string()), file_(std::move(bytes.data)), file_size_(bytes.size) {
-  MOE_CHECK(file_size_ >= 8,
+uint64_t safetensors_header_length(const std::string& path, std::span<const std::byte> first8,
+                                   uint64_t file_size) {
+  MOE_CHECK(file_size >= 8 && first8.size() >= 8,
             "[safetensors] '{}' is {} bytes, shorter than the 8-byte header "
             "length a safetensors file starts with (truncated, or not a safetensors file)",
-            path_, file_size_);
+            path, file_size);
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(file_[i]) << (8 * i);
-  MOE_CHECK(n <= file_size_ - 8,
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(first8[i]) << (8 * i);
+  MOE_CHECK(n <= file_size - 8,
             "[safetensors] '{}': header length {} runs past the end of the "
             "file ({} bytes, so at most {}): truncated, or not a safetensors file",
-            path_, n, file_size_, file_size_ - 8);
+            path, n, file_size, file_size - 8);
   MOE_CHECK(n <= kSafetensorsMaxHeader,
             "[safetensors] '{}': header length {} exceeds the "
             "reference implementation's limit of {} bytes",
-            path_, n, kSafetensorsMaxHeader);
-  const std::string_view text(reinterpret_cast<const char*>(file_.get() + 8), n);
+            path, n, kSafetensorsMaxHeader);
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(const std::string& path, std::string_view text,
+                                           uint64_t file_size) {
+  const uint64_t n = text.size();
   MOE_CHECK(!text.empty() && text[0] == '{',
             "[safetensors] '{}': the {}-byte header does not "
             "start with '{{' ({}): not a safetensors file",
-            path_, n,
+            path, n,
             text.empty() ? std::string("it is empty")
                          : fmt::format("first byte 0x{:02x}", static_cast<uint8_t>(text[0])));
-  data_start_ = 8 + n;
-  const uint64_t data_size = file_size_ - data_start_;
+  SafetensorsHeader out;
+  out.data_start = 8 + n;
+  const uint64_t data_size = file_size - out.data_start;
 
   // Duplicate names: a JSON parser keeps one of the two entries silently, so they are caught
   // while parsing (depth 1 = the keys of the top-level object).
@@ -230,21 +233,21 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes by
   try {
     header = Json::parse(text, on_key);
   } catch (const nlohmann::json::exception& e) {
-    MOE_FAIL("[safetensors] '{}': the {}-byte header is not valid JSON: {}", path_, n, e.what());
+    MOE_FAIL("[safetensors] '{}': the {}-byte header is not valid JSON: {}", path, n, e.what());
   }
   MOE_CHECK(header.is_object(),
-            "[safetensors] '{}': the header is a JSON {}, expected an object of tensors", path_,
+            "[safetensors] '{}': the header is a JSON {}, expected an object of tensors", path,
             header.type_name());
   MOE_CHECK(duplicate.empty(),
             "[safetensors] '{}': tensor '{}' appears twice in the header: names must be unique",
-            path_, duplicate);
+            path, duplicate);
 
   std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kSafetensorsMetadataKey) {
-      parse_metadata(path_, value, metadata_);
+      parse_metadata(path, value, out.metadata);
     } else {
-      entries.push_back(parse_entry(path_, key, value, data_size));
+      entries.push_back(parse_entry(path, key, value, data_size));
     }
   }
   // As the reference reader: by (begin, end); stable, so empty tensors at one offset keep the
@@ -252,30 +255,46 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes by
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return std::pair(a.info.offset, a.end) < std::pair(b.info.offset, b.end);
   });
-  check_tiling(path_, entries, data_size);
+  check_tiling(path, entries, data_size);
 
   for (Entry& e : entries) {
-    names_.push_back(e.name);
-    infos_.emplace(std::move(e.name), std::move(e.info));
+    out.names.push_back(e.name);
+    out.infos.emplace(std::move(e.name), std::move(e.info));
   }
+  return out;
 }
 
-const TensorInfo& SafetensorsFile::info(std::string_view name) const {
-  const auto it = infos_.find(name);
-  if (it == infos_.end()) {
+const TensorInfo& SafetensorsHeader::info(const std::string& path, std::string_view name) const {
+  const auto it = infos.find(name);
+  if (it == infos.end()) {
     std::string listed;
-    if (names_.size() <= 8) {
-      for (const std::string& s : names_) listed += (listed.empty() ? ": '" : ", '") + s + "'";
+    if (names.size() <= 8) {
+      for (const std::string& s : names) listed += (listed.empty() ? ": '" : ", '") + s + "'";
     }
-    MOE_FAIL("[safetensors] '{}' has no tensor '{}' (the file has {} tensors{})", path_, name,
-             names_.size(), listed);
+    MOE_FAIL("[safetensors] '{}' has no tensor '{}' (the file has {} tensors{})", path, name,
+             names.size(), listed);
   }
   return it->second;
 }
 
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
+    : SafetensorsFile(path, read_file_bytes(path)) {}
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, FileBytes bytes)
+    : path_(path.string()), file_(std::move(bytes.data)), file_size_(bytes.size) {
+  const uint64_t n = safetensors_header_length(
+      path_, std::span<const std::byte>(file_.get(), std::min<size_t>(8, file_size_)), file_size_);
+  header_ = parse_safetensors_header(
+      path_, std::string_view(reinterpret_cast<const char*>(file_.get() + 8), n), file_size_);
+}
+
+const TensorInfo& SafetensorsFile::info(std::string_view name) const {
+  return header_.info(path_, name);
+}
+
 std::span<const std::byte> SafetensorsFile::bytes(std::string_view name) const {
   const TensorInfo& t = info(name);
-  return {file_.get() + data_start_ + t.offset, t.nbytes};
+  return {file_.get() + header_.data_start + t.offset, t.nbytes};
 }
 
 }  // namespace moecore::ckpt

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -34,8 +35,8 @@ std::array<std::byte, 8> le64(uint64_t n) {
 
 }  // namespace
 
-void SafetensorsWriter::add(std::string name, std::string dtype, std::vector<int64_t> shape,
-                            std::span<const std::byte> bytes) {
+SafetensorsWriter::Entry& SafetensorsWriter::append(std::string name, std::string dtype,
+                                                    std::vector<int64_t> shape, uint64_t nbytes) {
   MOE_CHECK(name != kSafetensorsMetadataKey,
             "[safetensors] a tensor cannot be named '{}': the header keeps that key for metadata",
             name);
@@ -49,17 +50,42 @@ void SafetensorsWriter::add(std::string name, std::string dtype, std::vector<int
               "[safetensors] tensor '{}': shape {} has the negative dimension {} at index {}", name,
               format_shape(shape), shape[i], i);
   }
-  const std::optional<uint64_t> nbytes = checked_nbytes(shape, dtype_size(dtype));
-  MOE_CHECK(nbytes.has_value(), "[safetensors] tensor '{}': shape {} x {} overflows 64 bits", name,
+  const std::optional<uint64_t> want = checked_nbytes(shape, dtype_size(dtype));
+  MOE_CHECK(want.has_value(), "[safetensors] tensor '{}': shape {} x {} overflows 64 bits", name,
             format_shape(shape), dtype);
-  MOE_CHECK(*nbytes == bytes.size(),
+  MOE_CHECK(*want == nbytes,
             "[safetensors] tensor '{}': {} bytes given, but shape {} of {} ({} bytes each) "
             "needs {}",
-            name, bytes.size(), format_shape(shape), dtype, dtype_size(dtype), *nbytes);
-  const uint64_t begin = data_.size();
-  data_.insert(data_.end(), bytes.begin(), bytes.end());
+            name, nbytes, format_shape(shape), dtype, dtype_size(dtype), *want);
   names_.insert(name);
-  tensors_.push_back({std::move(name), std::move(dtype), std::move(shape), begin, data_.size()});
+  const uint64_t begin = data_bytes_;
+  data_bytes_ += nbytes;
+  tensors_.push_back(
+      {std::move(name), std::move(dtype), std::move(shape), begin, data_bytes_, nullptr, nullptr});
+  return tensors_.back();
+}
+
+void SafetensorsWriter::add(std::string name, std::string dtype, std::vector<int64_t> shape,
+                            std::span<const std::byte> bytes) {
+  Entry& e = append(std::move(name), std::move(dtype), std::move(shape), bytes.size());
+  e.held.reset(new std::byte[bytes.empty() ? 1 : bytes.size()]);
+  if (!bytes.empty()) std::memcpy(e.held.get(), bytes.data(), bytes.size());
+}
+
+std::span<std::byte> SafetensorsWriter::add_buffer(std::string name, std::string dtype,
+                                                   std::vector<int64_t> shape) {
+  const std::optional<uint64_t> n = checked_nbytes(shape, dtype_size(dtype));
+  Entry& e = append(std::move(name), std::move(dtype), std::move(shape), n.value_or(~0ull));
+  const size_t bytes = static_cast<size_t>(e.end - e.begin);
+  e.held.reset(new std::byte[bytes > 0 ? bytes : 1]);  // uninitialised: the caller fills it
+  return {e.held.get(), bytes};
+}
+
+void SafetensorsWriter::add_source(std::string name, std::string dtype, std::vector<int64_t> shape,
+                                   Source source) {
+  const std::optional<uint64_t> n = checked_nbytes(shape, dtype_size(dtype));
+  Entry& e = append(std::move(name), std::move(dtype), std::move(shape), n.value_or(~0ull));
+  e.source = std::move(source);
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
@@ -89,23 +115,45 @@ std::string SafetensorsWriter::header() const {
   return text;
 }
 
-std::vector<std::byte> SafetensorsWriter::serialize() const {
+uint64_t SafetensorsWriter::file_bytes() const {
+  return 8 + header().size() + data_bytes_;
+}
+
+void SafetensorsWriter::stream(const ByteSink& sink) const {
   const std::string h = header();
-  std::vector<std::byte> out(8 + h.size() + data_.size());
   const std::array<std::byte, 8> len = le64(h.size());
-  std::memcpy(out.data(), len.data(), len.size());
-  std::memcpy(out.data() + 8, h.data(), h.size());
-  if (!data_.empty()) std::memcpy(out.data() + 8 + h.size(), data_.data(), data_.size());
+  sink(len);
+  sink(std::as_bytes(std::span<const char>(h.data(), h.size())));
+  size_t buffer = 0;  // the largest piece a source is asked for
+  for (const Entry& e : tensors_) {
+    if (e.held == nullptr)
+      buffer = std::max<size_t>(buffer, std::min<uint64_t>(kStreamBuffer, e.end - e.begin));
+  }
+  std::unique_ptr<std::byte[]> buf(buffer > 0 ? new std::byte[buffer] : nullptr);
+  for (const Entry& e : tensors_) {
+    const uint64_t n = e.end - e.begin;
+    if (e.held != nullptr) {
+      if (n > 0) sink({e.held.get(), static_cast<size_t>(n)});
+      continue;
+    }
+    for (uint64_t at = 0; at < n; at += buffer) {
+      const std::span<std::byte> piece(buf.get(),
+                                       static_cast<size_t>(std::min<uint64_t>(buffer, n - at)));
+      e.source(at, piece);
+      sink(piece);
+    }
+  }
+}
+
+std::vector<std::byte> SafetensorsWriter::serialize() const {
+  std::vector<std::byte> out;
+  out.reserve(static_cast<size_t>(file_bytes()));
+  stream([&](std::span<const std::byte> p) { out.insert(out.end(), p.begin(), p.end()); });
   return out;
 }
 
 void SafetensorsWriter::write(const std::filesystem::path& path) const {
-  const std::string h = header();
-  const std::array<std::byte, 8> len = le64(h.size());
-  const std::span<const std::byte> pieces[] = {
-      std::span<const std::byte>(len), std::as_bytes(std::span<const char>(h.data(), h.size())),
-      std::span<const std::byte>(data_)};
-  write_file_atomic(path, pieces);
+  write_file_atomic_streamed(path, [&](const ByteSink& sink) { stream(sink); });
 }
 
 }  // namespace moecore::ckpt

@@ -8,19 +8,34 @@
 
 namespace moecore::ckpt {
 
-std::string sha256_hex(std::span<const std::span<const std::byte>> pieces) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  MOE_CHECK(ctx != nullptr, "[ckpt] sha256: EVP_MD_CTX_new failed (out of memory)");
-  MOE_CHECK(EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1,
-            "[ckpt] sha256: EVP_DigestInit_ex failed");
-  for (const std::span<const std::byte> p : pieces) {
-    MOE_CHECK(EVP_DigestUpdate(ctx.get(), p.data(), p.size()) == 1,
-              "[ckpt] sha256: EVP_DigestUpdate failed on {} bytes", p.size());
+struct Sha256::Ctx {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+  void init() {
+    MOE_CHECK(md != nullptr, "[ckpt] sha256: EVP_MD_CTX_new failed (out of memory)");
+    MOE_CHECK(EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1,
+              "[ckpt] sha256: EVP_DigestInit_ex failed");
   }
+};
+
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
+  ctx_->init();
+}
+Sha256::~Sha256() = default;
+Sha256::Sha256(Sha256&&) noexcept = default;
+Sha256& Sha256::operator=(Sha256&&) noexcept = default;
+
+void Sha256::update(std::span<const std::byte> data) {
+  if (data.empty()) return;
+  MOE_CHECK(EVP_DigestUpdate(ctx_->md.get(), data.data(), data.size()) == 1,
+            "[ckpt] sha256: EVP_DigestUpdate failed on {} bytes", data.size());
+}
+
+std::string Sha256::finish() {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  MOE_CHECK(EVP_DigestFinal_ex(ctx.get(), md, &len) == 1 && len == 32,
+  MOE_CHECK(EVP_DigestFinal_ex(ctx_->md.get(), md, &len) == 1 && len == 32,
             "[ckpt] sha256: EVP_DigestFinal_ex failed");
+  ctx_->init();
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out(64, '0');
   for (unsigned i = 0; i < 32; ++i) {
@@ -28,6 +43,12 @@ std::string sha256_hex(std::span<const std::span<const std::byte>> pieces) {
     out[2 * i + 1] = kHex[md[i] & 15];
   }
   return out;
+}
+
+std::string sha256_hex(std::span<const std::span<const std::byte>> pieces) {
+  Sha256 h;
+  for (const std::span<const std::byte> p : pieces) h.update(p);
+  return h.finish();
 }
 
 std::string sha256_hex(std::span<const std::byte> data) {

@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/checkpoint_flags.h"
 
 namespace moecore::cli {
@@ -54,7 +56,7 @@ void add_checkpoint_flags(CLI::App& app, CheckpointConfig& c, CheckpointFlags& f
                  "Save (with --save) and stop once the run has taken this many minutes")
       ->group(kTrain);
   app.add_flag("--exit-signal-handler", c.exit_signal_handler,
-               "On SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or mpirun killing the job: finish the "
+               "On SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 or mpirun killing the job: finish the "
                "step, save (with --save), exit with status 0")
       ->group(kTrain);
   // Switches show their state as their default; Megatron's --no-* flags default to None.

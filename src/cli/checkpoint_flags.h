@@ -5,9 +5,12 @@
 // --exit-duration-in-mins, --exit-signal-handler.
 #pragma once
 
-#include <CLI/CLI.hpp>
 
 #include "train/checkpoint_config.h"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore::cli {
 

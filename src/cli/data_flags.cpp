@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/data_flags.h"
 
 #include "core/check.h"

@@ -3,10 +3,13 @@
 // --eval-iters) bound to DataConfig and TrainConfig, with Megatron's names and defaults.
 #pragma once
 
-#include <CLI/CLI.hpp>
 
 #include "data/token_source.h"
 #include "train/trainer.h"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore::cli {
 

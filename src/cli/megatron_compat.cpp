@@ -76,7 +76,7 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        ""},
       {"--distributed-backend", N, "", "Open MPI on CPUs", ""},
       {"--exit-signal", N, "",
-       "with --exit-signal-handler each of SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 (and mpirun "
+       "with --exit-signal-handler each of SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 (and mpirun "
        "ending the job) stops the run after its step",
        ""},
       {"--dataloader-type", N, "", "samples are indexed deterministically", ""},
@@ -135,7 +135,7 @@ const std::vector<std::string>& moecore_extra_choices() {
   // enum's values. The names of the signals the handler catches are taken.
   static const std::vector<std::string> kExtra = {
       "--tokenizer-type=ByteLevel", "--exit-signal=SIGTERM", "--exit-signal=SIGINT",
-      "--exit-signal=SIGUSR1", "--exit-signal=SIGUSR2"};
+      "--exit-signal=SIGHUP", "--exit-signal=SIGUSR1", "--exit-signal=SIGUSR2"};
   return kExtra;
 }
 

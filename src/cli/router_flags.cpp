@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/router_flags.h"
 
 #include "core/check.h"

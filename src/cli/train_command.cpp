@@ -1,5 +1,6 @@
 #include "cli/train_command.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <unistd.h>
 

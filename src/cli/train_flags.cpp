@@ -1,5 +1,6 @@
 #include "cli/train_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -105,7 +106,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--vocab-size", f.vocab_size, "Vocabulary of the synthetic language (default 256) and of NullTokenizer")
       ->group(kModel);
   app.add_option("--make-vocab-size-divisible-by", f.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this times --tensor-model-parallel-size")
+                 "Pad the embedding and output head to a multiple of this times "
+                 "--tensor-model-parallel-size rows; unlike Megatron the padding rows are not "
+                 "part of the model (no logit in the softmax, no gradient): every TP trains the "
+                 "same model")
       ->group(kModel);
   app.add_option("--init-method-std", m.init_std, "Init std (output layers: / sqrt(2 L))")
       ->group(kModel);
@@ -220,7 +224,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group(kLog);
   app.add_option("--device", t.device,
                  "Backend of every op of the step: cpu, or cuda (needs the CUDA build; its "
-                 "kernels are not written yet)")
+                 "kernels are tested through the grid emulator and have not yet run on a real "
+                 "GPU: docs/gpu.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->group(kTrain);
   app.add_flag("--sync-audit", t.sync_audit,
@@ -278,7 +283,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "Elements per data-parallel gradient bucket (default: one bucket per layer)")
       ->group("Distributed");
 
-  app.add_flag("--fp32", f.fp32, "fp32 training (the default; moecore's flag)");
+  app.add_flag("--fp32", f.fp32,
+               "fp32 training, the default spelled out (moecore's flag; Megatron has none): "
+               "refused with --bf16");
   // Switches show their state as their default (CLI11 captures none for flags).
   const RouterConfig& rc = m.moe.router;
   const std::vector<std::pair<const char*, const bool*>> switches = {
@@ -357,6 +364,27 @@ static void finalize_model_function_flags(TrainFlags& f) {
                                                                : PositionEmbedding::LearnedAbsolute;
 }
 
+// Megatron's OptimizerParamScheduler: the warmup ends before the decay does, and WSD's anneal
+// lies inside the decay. The schedule checks this too (optim/lr_schedule.cpp); here the message
+// can say which flag to change, and that --lr-decay-iters defaults to --train-iters, which is
+// what a shortened run of a config with warmup meets (configs/tiny.toml warms up for 20).
+static void check_lr_iterations(const TrainConfig& t, bool decay_given) {
+  const optim::LrSchedule& lr = t.lr;
+  const std::string decay =
+      decay_given ? fmt::format("--lr-decay-iters={}", lr.decay_steps)
+                  : fmt::format("--lr-decay-iters={} (not given: --train-iters)", lr.decay_steps);
+  MOE_CHECK(lr.style == optim::LrDecayStyle::Constant || lr.decay_steps == 0 ||
+                lr.warmup_steps < lr.decay_steps,
+            "[flags] {} must exceed --lr-warmup-iters={}: give --lr-warmup-iters below {} (0 for "
+            "no warmup), or --lr-decay-iters above {}",
+            decay, lr.warmup_steps, lr.decay_steps, lr.warmup_steps);
+  MOE_CHECK(lr.style != optim::LrDecayStyle::WSD ||
+                (lr.wsd_decay_steps > 0 && lr.wsd_decay_steps <= lr.decay_steps),
+            "[flags] --lr-decay-style WSD anneals over --lr-wsd-decay-iters={}, which must be in "
+            "1..{} ({}): give --lr-wsd-decay-iters N with 0 < N <= {}",
+            lr.wsd_decay_steps, lr.decay_steps, decay, lr.decay_steps);
+}
+
 void finalize_train_flags(TrainFlags& f) {
   ModelConfig& m = f.model;
   TrainConfig& t = f.train;
@@ -389,17 +417,25 @@ void finalize_train_flags(TrainFlags& f) {
             "implemented yet): give --train-iters N");
   MOE_CHECK(!is_none(t.lr.max_lr),
             "[flags] --lr is required (Megatron has no default learning rate): give --lr VALUE");
-  MOE_CHECK(t.lr.min_lr <= t.lr.max_lr, "[flags] --min-lr={} must be <= --lr={}", t.lr.min_lr,
-            t.lr.max_lr);
+  MOE_CHECK(t.lr.min_lr <= t.lr.max_lr,
+            "[flags] --min-lr={} must be <= --lr={}: lower --min-lr to at most {} or raise --lr "
+            "to at least {}",
+            t.lr.min_lr, t.lr.max_lr, t.lr.max_lr, t.lr.min_lr);
   MOE_CHECK(m.max_position_embeddings >= m.seq_length,
-            "[flags] --max-position-embeddings={} must be >= --seq-length={}",
-            m.max_position_embeddings, m.seq_length);
+            "[flags] --max-position-embeddings={} must be >= --seq-length={}: raise "
+            "--max-position-embeddings to {} or lower --seq-length to {}",
+            m.max_position_embeddings, m.seq_length, m.seq_length, m.max_position_embeddings);
   if (!f.group_query_attention) m.num_query_groups = m.num_heads;
   // Megatron: without --ffn-hidden-size, 4 h (SwiGLU: 2/3 of that, rounded down to 64).
   if (m.ffn_hidden == 0) m.ffn_hidden = f.swiglu ? (4 * m.hidden * 2 / 3) / 64 * 64 : 4 * m.hidden;
   finalize_model_function_flags(f);
   if (m.num_experts > 0 && m.moe.ffn_hidden == 0) m.moe.ffn_hidden = m.ffn_hidden;
   m.tie_embeddings = !f.untie_embeddings;
+  // --fp32 states the default; with --bf16 the run would silently train in bf16.
+  MOE_CHECK(!(f.fp32 && f.bf16),
+            "[flags] --fp32 and --bf16 are both given: --fp32 asks for fp32 training, --bf16 for "
+            "bf16 mixed precision; remove one of them (from the command line or the --config "
+            "file that holds it)");
   m.bf16 = f.bf16;
   // Megatron: --recompute-activations sets the granularity; --moe-layer-recompute adds "moe".
   if (f.recompute_activations) f.recompute_granularity = "selective";
@@ -420,8 +456,10 @@ void finalize_train_flags(TrainFlags& f) {
   const int64_t vocab = finalize_data_flags(t, f.vocab_size);
   MOE_CHECK(vocab >= 2, "[flags] --vocab-size={} must be >= 2", vocab);
   // Megatron pads to a multiple of --make-vocab-size-divisible-by x TP: the embedding and the
-  // output head are split over the vocabulary in equal slices.
-  m.vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by * f.parallel.tp);
+  // output head are split over the vocabulary in equal slices. The padding rows are not part of
+  // the model here (ModelConfig::padded_vocab_size): every TP size trains the same model.
+  m.vocab_size = vocab;
+  m.padded_vocab_size = padded_vocab_size(vocab, f.make_vocab_size_divisible_by * f.parallel.tp);
   t.data.synthetic_vocab = vocab;
   m.moe.router.num_experts = m.num_experts;
   finalize_router_flags(m.moe, f.router);
@@ -429,6 +467,7 @@ void finalize_train_flags(TrainFlags& f) {
                                           : std::vector<int>{};
   t.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);
   t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
+  const bool decay_given = t.lr.decay_steps != 0;
   if (t.lr.decay_steps == 0) t.lr.decay_steps = t.train_iters;
   if (!is_none(f.lr_warmup_fraction)) {
     MOE_CHECK(t.lr.warmup_steps == 0,
@@ -437,6 +476,7 @@ void finalize_train_flags(TrainFlags& f) {
               "[flags] --lr-warmup-fraction={} must be in [0, 1)", f.lr_warmup_fraction);
     t.lr.warmup_steps = static_cast<int64_t>(f.lr_warmup_fraction * t.lr.decay_steps);
   }
+  check_lr_iterations(t, decay_given);
   t.peak_gflops = f.peak_tflops * 1e3;
   finalize_checkpoint_flags(t.ckpt, f.ckpt);
   // Megatron disables sequence parallelism without tensor parallelism (same numerics).
@@ -611,7 +651,7 @@ parallel::ModelDims model_dims(const ModelConfig& m) {
   if (m.num_experts > 0) d.moe_ffn_hidden = m.moe.ffn_hidden;
   d.seq_length = m.seq_length;
   if (m.num_experts > 0) d.shared_ffn_hidden = m.moe.shared_ffn_hidden;
-  d.vocab_size = m.vocab_size;
+  d.vocab_size = m.padded_vocab();  // what TP splits
   return d;
 }
 

@@ -6,7 +6,6 @@
 // resolved and validated with Megatron's rules before anything is allocated.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,6 +16,10 @@
 #include "cli/megatron_compat.h"
 #include "cli/router_flags.h"
 #include "train/trainer.h"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore::cli {
 
@@ -44,7 +47,9 @@ struct TrainFlags {
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   bool apply_layernorm_1p = false;
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
-  bool fp32 = true;                         // moecore's own: fp32 training (the default)
+  // --fp32, moecore's own: fp32 training spelled out (the default; Megatron has no such flag).
+  // Given with --bf16 it is refused: the two name different precisions.
+  bool fp32 = false;
   bool check_for_nan = false;               // --check-for-nan-in-loss-and-grad (the default)
   bool no_check_for_nan = false;            // --no-check-for-nan-in-loss-and-grad
   bool bf16 = false;

@@ -1,5 +1,6 @@
 #include "convert/convert_command.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "convert/hf_config_reader.h"
 #include "core/check.h"
 
 namespace moecore::convert {
@@ -13,68 +14,8 @@ namespace {
 
 using nlohmann::json;
 
-// Reads one key of config.json, naming the file, the key and what it holds when it is not what
-// the model needs.
-class ConfigReader {
- public:
-  ConfigReader(const json& cfg, const std::string& where) : cfg_(cfg), where_(where) {
-    MOE_CHECK(cfg.is_object(), "[convert] '{}' is not a JSON object", where);
-  }
-
-  bool has(const char* key) const { return cfg_.contains(key) && !cfg_[key].is_null(); }
-  const json& at(const char* key) const { return cfg_[key]; }
-  std::string text(const char* key) const { return cfg_[key].dump(); }
-
-  int64_t integer(const char* key) const {
-    MOE_CHECK(cfg_.contains(key),
-              "[convert] '{}' has no \"{}\": a config.json that "
-              "save_pretrained writes always has it",
-              where_, key);
-    return as_integer(key);
-  }
-  int64_t integer(const char* key, int64_t absent) const {
-    return has(key) ? as_integer(key) : absent;
-  }
-  double number(const char* key, double absent) const {
-    if (!has(key)) return absent;
-    MOE_CHECK(cfg_[key].is_number(), "[convert] '{}': \"{}\" is {}, not a number", where_, key,
-              text(key));
-    return cfg_[key].get<double>();
-  }
-  bool boolean(const char* key, bool absent) const {
-    if (!has(key)) return absent;
-    MOE_CHECK(cfg_[key].is_boolean(), "[convert] '{}': \"{}\" is {}, not true or false", where_,
-              key, text(key));
-    return cfg_[key].get<bool>();
-  }
-  // A setting moecore cannot represent: the key, its value, why, and what would be needed.
-  [[noreturn]] void refuse(const std::string& key, const std::string& value,
-                           const std::string& why) const {
-    MOE_FAIL("[convert] '{}': \"{}\": {} is not supported: {}", where_, key, value, why);
-  }
-
- private:
-  // An integer, or a float with an integral value (some writers emit 4096.0), that fits int64:
-  // 1e300 must fail here, not wrap around in a cast (UB) or as an unsigned 2^64 - 1.
-  int64_t as_integer(const char* key) const {
-    const json& v = cfg_[key];
-    const bool fits =
-        v.is_number_unsigned()
-            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-        : v.is_number_integer() ? true
-        : v.is_number_float()   ? std::floor(v.get<double>()) == v.get<double>() &&
-                                    v.get<double>() >= -0x1p63 && v.get<double>() < 0x1p63
-                              : false;
-    MOE_CHECK(fits, "[convert] '{}': \"{}\" is {}, not an integer", where_, key, text(key));
-    return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
-  }
-
-  const json& cfg_;
-  std::string where_;
-};
-
 // HF's architecture: model_type and architectures[0] name the same class when both are given.
-HfArch read_arch(const ConfigReader& r, const std::string& where) {
+HfArch read_arch(const HfConfigReader& r, const std::string& where) {
   std::optional<HfArch> by_type, by_class;
   if (r.has("model_type")) {
     const std::string t = r.at("model_type").is_string() ? r.at("model_type").get<std::string>()
@@ -108,7 +49,7 @@ HfArch read_arch(const ConfigReader& r, const std::string& where) {
 
 // RoPE: rope_parameters (5.x) or rope_theta / rope_scaling (4.x); only the default RoPE over the
 // whole head.
-double read_rope_theta(const ConfigReader& r, HfArch arch, const std::string& where) {
+double read_rope_theta(const HfConfigReader& r, HfArch arch, const std::string& where) {
   // The classes' defaults when the config names no theta (MixtralConfig.default_theta,
   // RotaryEmbeddingConfigMixin.default_theta).
   double theta = arch == HfArch::Mixtral ? 1e6 : 1e4;
@@ -142,10 +83,19 @@ double read_rope_theta(const ConfigReader& r, HfArch arch, const std::string& wh
   return theta;
 }
 
+// transformers' ACT2FN names of the activations moecore computes: gelu_new (NewGELUActivation)
+// and gelu_pytorch_tanh (GELUTanh, torch's gelu(approximate="tanh")) are the same tanh form of
+// GeLU, written two ways (they round differently in the last bits); gelu is the exact erf form.
+std::optional<ops::Activation> gpt2_activation(const std::string& name) {
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return ops::Activation::GeLUTanh;
+  if (name == "gelu") return ops::Activation::GeLU;
+  return std::nullopt;
+}
+
 // GPT2LMHeadModel (modeling_gpt2.py, configuration_gpt2.py): pre-norm blocks of LayerNorm,
 // attention with biased c_attn / c_proj, an MLP c_fc -> activation -> c_proj with biases; a
 // learned position table; every head of width n_embd / n_head, no GQA, no RoPE.
-HfModelSpec parse_gpt2(const ConfigReader& r, const std::string& where,
+HfModelSpec parse_gpt2(const HfConfigReader& r, const std::string& where,
                        std::vector<std::string>* warnings) {
   HfModelSpec s;
   s.arch = HfArch::Gpt2;
@@ -156,14 +106,13 @@ HfModelSpec parse_gpt2(const ConfigReader& r, const std::string& where,
       r.has("activation_function") && r.at("activation_function").is_string()
           ? r.at("activation_function").get<std::string>()
           : (r.has("activation_function") ? r.text("activation_function") : "gelu_new");
-  // GPT2MLP: ACT2FN[activation_function]; gelu_new is the tanh form (NewGELUActivation).
-  if (act == "gelu_new") {
-    s.activation = ops::Activation::GeLUTanh;
-  } else if (act == "gelu") {
-    s.activation = ops::Activation::GeLU;
+  // GPT2MLP: ACT2FN[activation_function].
+  if (const std::optional<ops::Activation> a = gpt2_activation(act)) {
+    s.activation = *a;
   } else {
     r.refuse("activation_function", r.text("activation_function"),
-             "moecore converts GPT-2's gelu_new (--openai-gelu) and gelu (exact GeLU) only");
+             "moecore converts GPT-2's gelu_new and gelu_pytorch_tanh (the tanh form, "
+             "--openai-gelu) and gelu (exact GeLU) only");
   }
   // GPT2Attention: these change the attention function itself.
   if (r.boolean("scale_attn_by_inverse_layer_idx", false))
@@ -182,12 +131,10 @@ HfModelSpec parse_gpt2(const ConfigReader& r, const std::string& where,
 
   s.vocab_size = r.integer("vocab_size");
   s.hidden = r.integer("n_embd");
-  s.num_layers = r.integer("n_layer");
+  s.num_layers = r.num_layers("n_layer");
+  s.moe_layers.assign(static_cast<size_t>(s.num_layers), 0);  // GPT-2 has no MoE layer
   s.num_heads = r.integer("n_head");
   s.max_position_embeddings = r.integer("n_positions");
-  if (s.num_layers > kMaxHfLayers)
-    r.refuse("n_layer", std::to_string(s.num_layers),
-             fmt::format("moecore converts models of at most {} layers", kMaxHfLayers));
   // GPT2Block.__init__: inner_dim = n_inner if not None else 4 * hidden_size.
   s.ffn_hidden = r.integer("n_inner", 4 * s.hidden);
   MOE_CHECK(s.vocab_size >= 2 && s.hidden >= 1 && s.num_layers >= 1 && s.num_heads >= 1 &&
@@ -286,7 +233,7 @@ std::optional<HfArch> parse_hf_arch(std::string_view name) {
 
 HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
                             std::vector<std::string>* warnings) {
-  const ConfigReader r(cfg, where);
+  const HfConfigReader r(cfg, where);
   HfModelSpec s;
   s.arch = read_arch(r, where);
   if (s.arch == HfArch::Gpt2) return parse_gpt2(r, where, warnings);
@@ -319,15 +266,11 @@ HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
 
   s.vocab_size = r.integer("vocab_size");
   s.hidden = r.integer("hidden_size");
-  s.num_layers = r.integer("num_hidden_layers");
+  // The layer count sizes vectors here and a model in the importer (HfConfigReader::num_layers).
+  s.num_layers = r.num_layers("num_hidden_layers");
   s.num_heads = r.integer("num_attention_heads");
   s.max_position_embeddings = r.integer("max_position_embeddings");
   s.ffn_hidden = r.integer("intermediate_size");
-  // The layer count sizes vectors here and a model in the importer: a corrupt value must not
-  // ask for billions of layers.
-  if (s.num_layers > kMaxHfLayers)
-    r.refuse("num_hidden_layers", std::to_string(s.num_layers),
-             fmt::format("moecore converts models of at most {} layers", kMaxHfLayers));
   MOE_CHECK(s.vocab_size >= 2 && s.hidden >= 1 && s.num_layers >= 1 && s.num_heads >= 1 &&
                 s.max_position_embeddings >= 1 && s.ffn_hidden >= 1,
             "[convert] '{}': sizes must be positive (vocab_size {}, hidden_size {}, "
@@ -506,6 +449,13 @@ json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const 
       *carry->find("model_type") == c["model_type"]) {
     for (const char* k : kCarried) {
       if (carry->contains(k)) c[k] = (*carry)[k];
+    }
+    // GPT-2's activation keeps the imported spelling when it names the same function
+    // (gelu_pytorch_tanh stays gelu_pytorch_tanh rather than becoming gelu_new).
+    const auto act = carry->find("activation_function");
+    if (s.arch == HfArch::Gpt2 && act != carry->end() && act->is_string() &&
+        gpt2_activation(act->get<std::string>()) == s.activation) {
+      c["activation_function"] = *act;
     }
   }
   return c;

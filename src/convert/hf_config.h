@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "convert/hf_config_reader.h"
 #include "ops/activation.h"
 
 namespace moecore::convert {
@@ -62,10 +63,6 @@ struct HfModelSpec {
 
   bool operator==(const HfModelSpec&) const = default;
 };
-
-// The most layers a config.json may declare (real models have a few hundred at most; the
-// count sizes per-layer tables here and the model the importer plans).
-inline constexpr int64_t kMaxHfLayers = 1 << 16;
 
 // Reads config.json (`where` names it in messages). Throws for an architecture other than the
 // three and for every setting moecore cannot represent, naming the key and its value

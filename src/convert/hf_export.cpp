@@ -47,7 +47,7 @@ ExportResult export_hf(const ExportOptions& opt) {
   ExportResult res;
   MOE_CHECK(opt.dtype == "F32" || opt.dtype == "BF16",
             "[convert] --dtype {}: HF weights are written as f32 or bf16", opt.dtype);
-  check_output_dir(opt.output, "an HF checkpoint");
+  check_output_dir(opt.output, "an HF checkpoint", /*empty=*/true);
   const bool iteration_given = fs::exists(opt.input / ckpt::kManifestFile);
   res.checkpoint = ckpt::resolve_checkpoint(opt.input);
   ckpt::CheckpointReader reader(res.checkpoint);
@@ -88,9 +88,9 @@ ExportResult export_hf(const ExportOptions& opt) {
     arch = default_hf_arch(m);
     res.arch_from = "the model's features";
   }
-  res.spec = hf_spec_of_model(m, tf.train.data.synthetic_vocab, arch);
+  res.spec = hf_spec_of_model(m, arch);
   const HfModelSpec& s = res.spec;
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  const HfTensorMap map = hf_tensor_map(s);
 
   // Every tensor the table reads present with its shape, before any is converted.
   std::vector<std::string> missing;
@@ -147,33 +147,31 @@ ExportResult export_hf(const ExportOptions& opt) {
             dir, left.size(), hf_arch_class(arch), name_list(left));
 
   std::vector<HfTensorBytes> out;
-  int64_t dropped_rows = 0;
   for (const TensorMapping& t : map.tensors) {
     const std::vector<float> v = read_whole_f32(reader, reader.tensor(t.moecore));
     std::vector<std::vector<float>> parts = to_hf(t, v);
     for (size_t i = 0; i < parts.size(); ++i)
       out.push_back({t.hf[i].name, opt.dtype, t.hf[i].shape, f32_as(opt.dtype, parts[i])});
-    dropped_rows += t.padding_rows;
   }
   for (const HfTensor& h : map.empty_shared_expert) {
     out.push_back({h.name, opt.dtype, h.shape,
                    f32_as(opt.dtype, std::vector<float>(static_cast<size_t>(numel(h.shape))))});
   }
-  if (dropped_rows > 0) {
-    res.warnings.push_back(fmt::format(
-        "[convert] the vocabulary padding ({} rows of {}) is dropped: HF's vocab_size is {}",
-        m.vocab_size - s.vocab_size, m.vocab_size, s.vocab_size));
-  }
   res.hf_tensors = static_cast<int64_t>(out.size());
 
-  create_output_dir(opt.output);  // only now: a refused export leaves nothing behind
+  // Only now, and beside --output: a refused export leaves nothing behind, and a failed or
+  // killed one no config.json without its weights (or shards without their index).
+  StagedOutput staged(opt.output);
   const json carry = recorded && recorded->contains("config") ? (*recorded)["config"] : json();
   const json config = hf_config_json(s, opt.dtype == "BF16" ? "bfloat16" : "float32",
                                      carry.is_null() ? nullptr : &carry);
-  ckpt::write_file_atomic(opt.output / "config.json", config.dump(2) + "\n");
+  ckpt::write_file_atomic(staged.dir() / "config.json", config.dump(2) + "\n");
   res.files.push_back("config.json");
-  for (std::string& f : write_hf_weights(opt.output, std::move(out), opt.max_shard_bytes))
+  convert_fault_point("export.after_config");
+  for (std::string& f : write_hf_weights(staged.dir(), std::move(out), opt.max_shard_bytes))
     res.files.push_back(std::move(f));
+  convert_fault_point("export.after_weights");
+  staged.publish();
   return res;
 }
 

@@ -3,16 +3,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <map>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/atomic_file.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
+#include "convert/hf_config_reader.h"
 #include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
@@ -29,25 +30,64 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-json read_config(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  MOE_CHECK(in.good(), "[convert] cannot read '{}': an HF checkpoint directory holds config.json",
-            p.string());
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    MOE_FAIL("[convert] '{}' is not valid JSON: {}", p.string(), e.what());
-  }
-}
-
-// The moecore model's parameters, from the model itself (its planning pass only: nothing is
-// allocated), so "every parameter filled" is checked against what the trainer will load.
+// The moecore model's parameters as a checkpoint holds them (train::checkpoint_shape), from the
+// model itself (its planning pass only: nothing is allocated), so "every parameter filled" is
+// checked against what the trainer will load.
 std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameters(const ModelConfig& m) {
   model::GPTModel<float> sized(m, 1, 0, nullptr, /*size_only=*/true);
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (const Param& p : sized.params().params()) out.emplace_back(p.name(), p.spec.global_shape);
+  for (const Param& p : sized.params().params()) out.emplace_back(p.name(), train::checkpoint_shape(p.spec));
   return out;
+}
+
+// Whether element i of a tensor of `dtype` stored in `b` is non-zero (the mask's dtypes: BOOL,
+// U8, F32, BF16, F16; -0.0 is zero).
+bool nonzero(std::span<const std::byte> b, const std::string& dtype, size_t i) {
+  if (dtype == "BOOL" || dtype == "U8") return b[i] != std::byte{0};
+  if (dtype == "F32") {
+    uint32_t v;
+    std::memcpy(&v, b.data() + 4 * i, 4);
+    return (v & 0x7fffffffu) != 0;
+  }
+  uint16_t v;  // BF16, F16
+  std::memcpy(&v, b.data() + 2 * i, 2);
+  return (v & 0x7fffu) != 0;
+}
+
+// GPT-2's per-layer buffers, which checkpoints saved by older transformers hold beside the
+// weights (published GPT-2 among them): attn.bias, the causal mask [1, 1, n_positions,
+// n_positions] (ones on and below the diagonal), and attn.masked_bias, the scalar older
+// transformers filled masked scores with. Neither is a weight: transformers ignores both today
+// (it builds the causal mask itself); moecore's attention is causal. The mask is checked to be
+// the causal one (a model trained with another mask computes something else); masked_bias is
+// dropped, as transformers drops it.
+void consume_gpt2_buffers(HfWeights& w, const HfModelSpec& s, const fs::path& dir) {
+  const int64_t P = s.max_position_embeddings;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string mask = fmt::format("transformer.h.{}.attn.bias", l);
+    if (w.has(mask)) {
+      const ckpt::TensorInfo& t = w.info(mask);
+      MOE_CHECK(t.shape == std::vector<int64_t>({1, 1, P, P}),
+                "[convert] '{}': '{}' is {}: GPT-2's causal mask is [1, 1, {}, {}] (n_positions)",
+                dir.string(), mask, ckpt::format_shape(t.shape), P, P);
+      MOE_CHECK(t.dtype == "BOOL" || t.dtype == "U8" || t.dtype == "F32" || t.dtype == "BF16" ||
+                    t.dtype == "F16",
+                "[convert] '{}': '{}' is {}: GPT-2's causal mask is stored as BOOL, U8 or a float",
+                dir.string(), mask, t.dtype);
+      const std::span<const std::byte> b = w.read_bytes(mask);
+      for (int64_t i = 0; i < P; ++i) {
+        for (int64_t j = 0; j < P; ++j) {
+          MOE_CHECK(nonzero(b, t.dtype, static_cast<size_t>(i * P + j)) == (j <= i),
+                    "[convert] '{}': '{}' is not the causal mask (position {} {} position {}): "
+                    "moecore's attention is causal, and so is transformers' (which ignores this "
+                    "buffer)",
+                    dir.string(), mask, i, j <= i ? "does not see" : "sees", j);
+        }
+      }
+    }
+    const std::string masked = fmt::format("transformer.h.{}.attn.masked_bias", l);
+    if (w.has(masked)) (void)w.read_bytes(masked);
+  }
 }
 
 }  // namespace
@@ -59,7 +99,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   // The model: config.json -> HF's view -> moecore's flags -> the ModelConfig the trainer builds
   // from exactly that flags file.
   const fs::path config_path = hf_dir / "config.json";
-  const json config = read_config(config_path);
+  const json config = read_hf_config_file(config_path);
   res.spec = parse_hf_config(config, config_path.string(), &res.warnings);
   const HfModelSpec& s = res.spec;
   // The parameters in floating point before the model is sized in int64: a config.json with a
@@ -96,7 +136,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   const ModelConfig m = parse_model_flags(flag_args).model;
 
   // The table, checked against the model's own parameter list both ways.
-  const HfTensorMap map = hf_tensor_map(s, m.vocab_size);
+  const HfTensorMap map = hf_tensor_map(s);
   std::map<std::string, const TensorMapping*> by_name;
   for (const TensorMapping& t : map.tensors) by_name[t.moecore] = &t;
   const std::map<std::string, const TensorMapping*> table = by_name;
@@ -126,6 +166,14 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
 
   // The weights: every tensor the table names present with its shape, before any is read.
   HfWeights w(hf_dir);
+  // GPT-2 as it is published (openai-community/gpt2): GPT2Model's weights, without the
+  // "transformer." prefix, which transformers adds when it loads them into GPT2LMHeadModel.
+  if (s.arch == HfArch::Gpt2 && w.add_missing_prefix("transformer")) {
+    res.warnings.push_back(fmt::format(
+        "[convert] '{}': the tensors have no \"transformer.\" prefix (GPT2Model's weights, as "
+        "GPT-2 is published): read with it, as transformers loads them",
+        hf_dir.string()));
+  }
   std::vector<std::string> missing;
   for (const TensorMapping& t : map.tensors) {
     for (const HfTensor& h : t.hf) {
@@ -200,6 +248,7 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
               "tie_word_embeddings false) or is corrupt",
               hf_dir.string(), n, map.embedding);
   }
+  if (s.arch == HfArch::Gpt2) consume_gpt2_buffers(w, s, hf_dir);
   // Megatron's converter once dropped expert weights silently (issue #5844): here nothing may be
   // left over.
   const std::vector<std::string> left = w.unread();

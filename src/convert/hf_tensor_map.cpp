@@ -11,8 +11,7 @@
 namespace moecore::convert {
 namespace {
 
-// Each HF tensor's rows are used exactly once, and the blocks plus the padding are the moecore
-// tensor's rows: what makes export the inverse of import. Checked for every entry as the table
+// Each HF tensor's rows are used exactly once, and the blocks are the moecore tensor's rows: what makes export the inverse of import. Checked for every entry as the table
 // is built, so a wrong row in the table cannot silently drop or duplicate weights.
 void check_mapping(const TensorMapping& t) {
   const int64_t w = row_width(t.shape);
@@ -30,9 +29,9 @@ void check_mapping(const TensorMapping& t) {
               "rows of {} elements",
               t.moecore, t.hf[i].name, ckpt::format_shape(t.hf[i].shape), w);
   }
-  MOE_CHECK((rows + t.padding_rows) * w == numel(t.shape),
-            "[convert] table entry '{}': {} rows mapped + {} padding != the tensor's {} rows",
-            t.moecore, rows, t.padding_rows, numel(t.shape) / std::max<int64_t>(w, 1));
+  MOE_CHECK(rows * w == numel(t.shape),
+            "[convert] table entry '{}': {} rows mapped != the tensor's {} rows", t.moecore, rows,
+            numel(t.shape) / std::max<int64_t>(w, 1));
 }
 
 // The [cols, rows] transpose of a row-major [rows, cols] matrix.
@@ -50,12 +49,12 @@ class TableBuilder {
 
   // moecore tensor = the HF tensor, as it is.
   void copy(const std::string& m, const std::string& hf, std::vector<int64_t> shape) {
-    add({m, shape, {{hf, shape}}, {{0, 0, shape[0]}}, 0});
+    add({m, shape, {{hf, shape}}, {{0, 0, shape[0]}}});
   }
   // [gate; up] (an MLP's fc1, [2F, H]).
   void gate_up(const std::string& m, const std::string& gate, const std::string& up, int64_t F,
                int64_t H) {
-    add({m, {2 * F, H}, {{gate, {F, H}}, {up, {F, H}}}, {{0, 0, F}, {1, 0, F}}, 0});
+    add({m, {2 * F, H}, {{gate, {F, H}}, {up, {F, H}}}, {{0, 0, F}, {1, 0, F}}});
   }
   // Fused QKV: for each query group g, its qpg query heads, its key head, its value head, D rows
   // each (src/ops/qkv_layout.h). `cols` empty: the bias.
@@ -72,8 +71,7 @@ class TableBuilder {
                     {{a + "q_proj." + kind, shape(Hq * D)},
                      {a + "k_proj." + kind, shape(Hkv * D)},
                      {a + "v_proj." + kind, shape(Hkv * D)}},
-                    {},
-                    0};
+                    {}};
     for (int64_t g = 0; g < Hkv; ++g) {
       t.blocks.push_back({0, g * qpg * D, qpg * D});
       t.blocks.push_back({1, g * D, D});
@@ -85,8 +83,8 @@ class TableBuilder {
   // down_e.
   void experts(const std::string& q, const std::string& r, const char* gate, const char* up,
                const char* down, int64_t E, int64_t F, int64_t H) {
-    TensorMapping fc1{q + "experts.linear_fc1.weight", {E, 2 * F, H}, {}, {}, 0};
-    TensorMapping fc2{q + "experts.linear_fc2.weight", {E, H, F}, {}, {}, 0};
+    TensorMapping fc1{q + "experts.linear_fc1.weight", {E, 2 * F, H}, {}, {}};
+    TensorMapping fc2{q + "experts.linear_fc2.weight", {E, H, F}, {}, {}};
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = fmt::format("{}experts.{}.", r, e);
       fc1.hf.push_back({x + gate + ".weight", {F, H}});
@@ -101,7 +99,7 @@ class TableBuilder {
   }
   // moecore tensor [rows, cols] = GPT-2's Conv1D weight, stored [cols, rows].
   void copy_transposed(const std::string& m, const std::string& hf, int64_t rows, int64_t cols) {
-    add({m, {rows, cols}, {{hf, {cols, rows}, true}}, {{0, 0, rows}}, 0});
+    add({m, {rows, cols}, {{hf, {cols, rows}, true}}, {{0, 0, rows}}});
   }
   // GPT-2's c_attn: one tensor whose rows (after the Conv1D transpose, for the weight) are
   // [q | k | v], H each, fused per head (query groups of one head: qpg = 1) as moecore's QKV.
@@ -109,7 +107,7 @@ class TableBuilder {
   void fuse_c_attn(const std::string& m, const std::string& hf, int64_t heads, int64_t D,
                    std::vector<int64_t> cols) {
     const int64_t H = heads * D;
-    TensorMapping t{m, {3 * H}, {{hf, {3 * H}}}, {}, 0};
+    TensorMapping t{m, {3 * H}, {{hf, {3 * H}}}, {}};
     if (!cols.empty()) {
       t.shape = {3 * H, cols[0]};
       t.hf[0] = {hf, {cols[0], 3 * H}, true};
@@ -119,9 +117,10 @@ class TableBuilder {
     }
     add(std::move(t));
   }
-  // The vocabulary rows: the HF tensor's V rows, then moecore's padding.
-  void vocab(const std::string& m, const std::string& hf, int64_t V, int64_t Vp, int64_t H) {
-    add({m, {Vp, H}, {{hf, {V, H}}}, {{0, 0, V}}, Vp - V});
+  // The vocabulary rows: the HF tensor's V rows, which are the model's (a checkpoint holds no
+  // vocabulary padding: train::checkpoint_shape).
+  void vocab(const std::string& m, const std::string& hf, int64_t V, int64_t H) {
+    add({m, {V, H}, {{hf, {V, H}}}, {{0, 0, V}}});
   }
 
  private:
@@ -154,12 +153,12 @@ namespace {
 
 // GPT2LMHeadModel as save_pretrained writes it: transformer.{wte, wpe, h.i.*, ln_f}, Conv1D
 // weights [in, out], LayerNorm weight and bias, every linear layer biased.
-HfTensorMap gpt2_tensor_map(const HfModelSpec& s, int64_t Vp) {
+HfTensorMap gpt2_tensor_map(const HfModelSpec& s) {
   const int64_t V = s.vocab_size, H = s.hidden, D = s.head_dim, F = s.ffn_hidden;
   HfTensorMap map;
   TableBuilder t(map);
   map.embedding = "transformer.wte.weight";
-  t.vocab("embedding.word_embeddings.weight", map.embedding, V, Vp, H);
+  t.vocab("embedding.word_embeddings.weight", map.embedding, V, H);
   t.copy("embedding.position_embeddings.weight", "transformer.wpe.weight",
          {s.max_position_embeddings, H});
   for (int64_t i = 0; i < s.num_layers; ++i) {
@@ -184,23 +183,22 @@ HfTensorMap gpt2_tensor_map(const HfModelSpec& s, int64_t Vp) {
   if (s.tie_word_embeddings) {
     map.tied_head = HfTensor{"lm_head.weight", {V, H}};
   } else {
-    t.vocab("output_layer.weight", "lm_head.weight", V, Vp, H);
+    t.vocab("output_layer.weight", "lm_head.weight", V, H);
   }
   return map;
 }
 
 }  // namespace
 
-HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab) {
-  const int64_t V = s.vocab_size, Vp = moecore_vocab, H = s.hidden, D = s.head_dim;
+HfTensorMap hf_tensor_map(const HfModelSpec& s) {
+  const int64_t V = s.vocab_size, H = s.hidden, D = s.head_dim;
   const int64_t Hq = s.num_heads, Hkv = s.num_kv_heads;
-  MOE_CHECK(Vp >= V, "[convert] moecore's vocabulary {} < HF's {}", Vp, V);
-  if (s.arch == HfArch::Gpt2) return gpt2_tensor_map(s, Vp);
+  if (s.arch == HfArch::Gpt2) return gpt2_tensor_map(s);
   const bool mixtral = s.arch == HfArch::Mixtral;
   HfTensorMap map;
   TableBuilder t(map);
   map.embedding = "model.embed_tokens.weight";
-  t.vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", V, Vp, H);
+  t.vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", V, H);
   for (int64_t i = 0; i < s.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     const std::string q = fmt::format("decoder.layers.{}.", i);
@@ -249,7 +247,7 @@ HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab) {
   if (s.tie_word_embeddings) {
     map.tied_head = HfTensor{"lm_head.weight", {V, H}};
   } else {
-    t.vocab("output_layer.weight", "lm_head.weight", V, Vp, H);
+    t.vocab("output_layer.weight", "lm_head.weight", V, H);
   }
   return map;
 }

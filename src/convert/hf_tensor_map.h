@@ -41,10 +41,7 @@ struct TensorMapping {
   std::string moecore;           // the global parameter name
   std::vector<int64_t> shape;    // its global shape
   std::vector<HfTensor> hf;      // the HF tensors it is made of
-  std::vector<RowBlock> blocks;  // in the moecore tensor's row order
-  // Rows of the moecore tensor past the blocks: the vocabulary padding of a padded moecore
-  // model (embedding and untied head), dropped on export. Import pads nothing (Vp = V).
-  int64_t padding_rows = 0;
+  std::vector<RowBlock> blocks;  // in the moecore tensor's row order, covering every row
 };
 
 struct HfTensorMap {
@@ -59,8 +56,9 @@ struct HfTensorMap {
   std::string embedding;
 };
 
-// The table of `s`, with moecore's embedding (and head) rows `moecore_vocab` (>= s.vocab_size).
-HfTensorMap hf_tensor_map(const HfModelSpec& s, int64_t moecore_vocab);
+// The table of `s`. The vocabulary tables are [V, H] on both sides: a moecore checkpoint holds
+// the model's rows, never the padding of the TP size that wrote it (train::checkpoint_shape).
+HfTensorMap hf_tensor_map(const HfModelSpec& s);
 
 // Elements per row of a tensor (its last dimension; 1 for a 1-D tensor).
 int64_t row_width(const std::vector<int64_t>& shape);
@@ -69,10 +67,9 @@ int64_t numel(const std::vector<int64_t>& shape);
 // "'a', 'b', 'c' and 5 more": tensor names for messages.
 std::string name_list(const std::vector<std::string>& names, size_t max = 8);
 
-// The moecore tensor from its HF tensors (hf[i] the values of t.hf[i] as stored); padding rows
-// zero.
+// The moecore tensor from its HF tensors (hf[i] the values of t.hf[i] as stored).
 std::vector<float> to_moecore(const TensorMapping& t, const std::vector<std::vector<float>>& hf);
-// The HF tensors from the moecore tensor, as stored (padding rows dropped).
+// The HF tensors from the moecore tensor, as stored.
 std::vector<std::vector<float>> to_hf(const TensorMapping& t, std::span<const float> m);
 
 }  // namespace moecore::convert

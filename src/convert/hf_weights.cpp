@@ -13,6 +13,7 @@
 #include "ckpt/atomic_file.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/safetensors_writer.h"
+#include "convert/output_dir.h"
 #include "core/check.h"
 #include "core/dtype.h"
 
@@ -90,14 +91,46 @@ const ckpt::SafetensorsFile& HfWeights::file_of(std::string_view name) const {
   return *files_[it->second];
 }
 
+std::string_view HfWeights::stored_name(std::string_view name) const {
+  const auto it = stored_.find(name);
+  return it == stored_.end() ? name : std::string_view(it->second);
+}
+
 const ckpt::TensorInfo& HfWeights::info(std::string_view name) const {
-  return file_of(name).info(name);
+  return file_of(name).info(stored_name(name));
+}
+
+std::span<const std::byte> HfWeights::read_bytes(std::string_view name) {
+  const std::span<const std::byte> b = file_of(name).bytes(stored_name(name));
+  read_.insert(std::string(name));
+  return b;
+}
+
+bool HfWeights::add_missing_prefix(const std::string& prefix) {
+  const std::string p = prefix + ".";
+  for (const std::string& n : names_) {
+    if (n.starts_with(p)) return false;
+  }
+  std::map<std::string, size_t, std::less<>> where;
+  std::map<std::string, std::string, std::less<>> stored;
+  for (const auto& [name, file] : where_) {
+    where.emplace(p + name, file);
+    stored.emplace(p + name, std::string(stored_name(name)));
+  }
+  where_ = std::move(where);
+  stored_ = std::move(stored);
+  std::set<std::string, std::less<>> read;
+  for (const std::string& n : read_) read.insert(p + n);
+  read_ = std::move(read);
+  names_.clear();
+  for (const auto& [name, f] : where_) names_.push_back(name);
+  return true;
 }
 
 std::vector<float> HfWeights::read_f32(std::string_view name) {
   const ckpt::SafetensorsFile& f = file_of(name);
-  const ckpt::TensorInfo& t = f.info(name);
-  const std::span<const std::byte> b = f.bytes(name);
+  const ckpt::TensorInfo& t = f.info(stored_name(name));
+  const std::span<const std::byte> b = f.bytes(stored_name(name));
   std::vector<float> out;
   if (t.dtype == "F32") {
     out.resize(b.size() / 4);
@@ -129,7 +162,7 @@ std::vector<std::string> HfWeights::unread() const {
 
 std::set<std::string> HfWeights::dtypes() const {
   std::set<std::string> out;
-  for (const auto& [name, f] : where_) out.insert(files_[f]->info(name).dtype);
+  for (const auto& [name, f] : where_) out.insert(files_[f]->info(stored_name(name)).dtype);
   return out;
 }
 
@@ -187,6 +220,7 @@ std::vector<std::string> write_hf_weights(const fs::path& dir, std::vector<HfTen
     }
     w.write(dir / file);
     files.push_back(file);
+    convert_fault_point("export.after_shard");
   }
   if (shards.size() > 1) {
     const json index = {{"metadata", {{"total_parameters", params}, {"total_size", total}}},

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,17 +37,27 @@ class HfWeights {
   const ckpt::TensorInfo& info(std::string_view name) const;
   // The tensor as f32 values, marked as read. F32 and BF16 only: another dtype throws naming it.
   std::vector<float> read_f32(std::string_view name);
+  // The tensor's bytes as stored (any dtype; info() has it), marked as read: for buffers that
+  // are checked rather than converted (GPT-2's attention mask).
+  std::span<const std::byte> read_bytes(std::string_view name);
   // The tensors never read, in name order.
   std::vector<std::string> unread() const;
+  // transformers' rule for a checkpoint of the base model loaded into the model with a head
+  // (GPT2Model's weights into GPT2LMHeadModel): when no tensor's name starts with `prefix` + ".",
+  // every name is read as `prefix` + "." + name from now on. Returns whether it did so.
+  bool add_missing_prefix(const std::string& prefix);
   // The dtypes of the tensors ("F32", "BF16", ...).
   std::set<std::string> dtypes() const;
 
  private:
   const ckpt::SafetensorsFile& file_of(std::string_view name) const;
+  std::string_view stored_name(std::string_view name) const;
 
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<ckpt::SafetensorsFile>> files_;
   std::map<std::string, size_t, std::less<>> where_;  // tensor -> its file in files_
+  // The name in its file, where add_missing_prefix changed it.
+  std::map<std::string, std::string, std::less<>> stored_;
   std::vector<std::string> names_;
   std::set<std::string, std::less<>> read_;
 };

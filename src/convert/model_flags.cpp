@@ -53,7 +53,8 @@ std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
       {"kv-channels", s.head_dim},
       {"max-position-embeddings", s.max_position_embeddings},
       {"vocab-size", s.vocab_size},
-      // HF's vocabulary exactly: padded rows would be real logits in moecore's softmax.
+      // HF's vocabulary exactly, no padding rows in the written tables (padding is never part of
+      // the model: a run at any TP pads its own).
       {"make-vocab-size-divisible-by", int64_t{1}},
       {"normalization", std::string("RMSNorm")},
       {"norm-epsilon", s.rms_norm_eps},
@@ -140,7 +141,7 @@ namespace {
 
 // GPT2LMHeadModel: what it cannot express is refused through `refuse` (naming the class).
 template <typename Refuse>
-HfModelSpec gpt2_spec_of_model(const ModelConfig& m, int64_t vocab, const Refuse& refuse) {
+HfModelSpec gpt2_spec_of_model(const ModelConfig& m, const Refuse& refuse) {
   if (m.num_experts > 0)
     refuse(
         fmt::format("it has experts (--num-experts {}): GPT-2 is dense (export with --arch "
@@ -167,14 +168,12 @@ HfModelSpec gpt2_spec_of_model(const ModelConfig& m, int64_t vocab, const Refuse
   if (m.head_dim() * m.num_heads != m.hidden)
     refuse(fmt::format("--kv-channels {}: GPT-2's head dim is hidden / heads = {}", m.head_dim(),
                        m.hidden / m.num_heads));
-  if (m.vocab_size < vocab)
-    refuse(
-        fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));
   HfModelSpec s;
   s.arch = HfArch::Gpt2;
-  s.vocab_size = vocab;
+  s.vocab_size = m.vocab_size;  // the model's: its padding rows are no part of it
   s.hidden = m.hidden;
   s.num_layers = m.num_layers;
+  s.moe_layers.assign(static_cast<size_t>(m.num_layers), 0);  // every layer dense
   s.num_heads = m.num_heads;
   s.num_kv_heads = m.num_heads;
   s.head_dim = m.head_dim();
@@ -192,13 +191,13 @@ HfModelSpec gpt2_spec_of_model(const ModelConfig& m, int64_t vocab, const Refuse
 
 }  // namespace
 
-HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
+HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch) {
   const char* cls = hf_arch_class(arch);
   auto refuse = [&](const std::string& what) {
     MOE_FAIL("[convert] this moecore model cannot be written as {}: {}", cls, what);
   };
   const RouterConfig& rc = m.moe.router;
-  if (arch == HfArch::Gpt2) return gpt2_spec_of_model(m, vocab, refuse);
+  if (arch == HfArch::Gpt2) return gpt2_spec_of_model(m, refuse);
   // What only GPT-2 has among HF's classes here.
   if (m.normalization != Normalization::RMSNorm)
     refuse("--normalization LayerNorm: its classes use RMSNorm (export with --arch gpt2)");
@@ -230,12 +229,9 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch) {
       refuse(fmt::format("--moe-expert-capacity-factor {} (HF's MoE blocks drop no token)",
                          rc.capacity_factor));
   }
-  if (m.vocab_size < vocab)
-    refuse(
-        fmt::format("the embedding has {} rows, fewer than --vocab-size {}", m.vocab_size, vocab));
   HfModelSpec s;
   s.arch = arch;
-  s.vocab_size = vocab;
+  s.vocab_size = m.vocab_size;  // the model's: its padding rows are no part of it
   s.hidden = m.hidden;
   s.num_layers = m.num_layers;
   s.num_heads = m.num_heads;

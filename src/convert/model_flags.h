@@ -43,8 +43,9 @@ cli::TrainFlags parse_model_flags(const std::vector<std::string>& args);
 // (docs/hf_interop.md, section 7): q/k norms -> Qwen3-MoE; else a shared expert or a QKV bias
 // -> Qwen2-MoE; else every layer MoE with renormalised weights -> Mixtral; else Qwen2-MoE.
 HfArch default_hf_arch(const ModelConfig& m);
-// The HF model of moecore model `m` as class `arch`; `vocab` is the vocabulary before moecore's
-// padding (m.vocab_size >= vocab). Throws naming the setting for what the class cannot express.
-HfModelSpec hf_spec_of_model(const ModelConfig& m, int64_t vocab, HfArch arch);
+// The HF model of moecore model `m` as class `arch`, of the model's vocabulary m.vocab_size (the
+// padding rows are not part of the model). Throws naming the setting for what the class cannot
+// express.
+HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch);
 
 }  // namespace moecore::convert

@@ -4,13 +4,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
+#include "ckpt/atomic_file.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "convert/hf_weights.h"
 #include "core/check.h"
+#include "core/fault_injection.h"
 
 namespace moecore::convert {
 
@@ -35,7 +38,7 @@ std::string checkpoint_entry(const fs::path& dir) {
 
 }  // namespace
 
-void check_output_dir(const fs::path& out, const std::string& what) {
+void check_output_dir(const fs::path& out, const std::string& what, bool empty) {
   std::error_code ec;
   const fs::file_status st = fs::status(out, ec);
   if (fs::exists(st)) {
@@ -49,6 +52,14 @@ void check_output_dir(const fs::path& out, const std::string& what) {
               "or remove it (nothing is overwritten, and an HF and a moecore checkpoint never "
               "share a directory)",
               out.string(), found);
+    if (empty) {
+      fs::directory_iterator it(out, ec);
+      MOE_CHECK(!ec && it == fs::directory_iterator(),
+                "[convert] --output '{}' is a directory that is not empty ('{}'): {} is "
+                "published whole, by renaming it into place, which only an absent path or an "
+                "empty directory allows; give a new or empty directory",
+                out.string(), ec ? ec.message() : it->path().filename().string(), what);
+    }
     MOE_CHECK(::access(out.c_str(), W_OK) == 0, "[convert] --output '{}' cannot be written: {}",
               out.string(), std::strerror(errno));
     return;
@@ -80,6 +91,52 @@ void create_output_dir(const fs::path& out) {
   fs::remove(probe, ec);
   MOE_CHECK(ok, "[convert] --output '{}' cannot be written: {}", out.string(),
             std::strerror(err != 0 ? err : EIO));
+}
+
+fs::path StagedOutput::staging_path(const fs::path& out) {
+  fs::path p = fs::absolute(out).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" names dir
+  std::string name = ".";  // appended, not "." + ...: GCC 12 warns (-Wrestrict) on operator+ here
+  name += p.filename().string();
+  name += ".partial";
+  return p.parent_path() / name;
+}
+
+StagedOutput::StagedOutput(const fs::path& out) : out_(out), staging_(staging_path(out)) {
+  std::error_code ec;
+  // What an export killed before its rename left behind: never published, so nobody reads it.
+  fs::remove_all(staging_, ec);
+  MOE_CHECK(!ec, "[convert] cannot remove '{}', the unfinished output of an earlier conversion: {}",
+            staging_.string(), ec.message());
+  fs::create_directories(staging_.parent_path(), ec);
+  MOE_CHECK(!ec, "[convert] --output '{}' cannot be created: {}", out.string(), ec.message());
+  create_output_dir(staging_);
+}
+
+StagedOutput::~StagedOutput() {
+  if (published_) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);  // an error is unwinding: nothing more to report
+}
+
+void StagedOutput::publish() {
+  // Every file was written through a temp, fsynced and renamed; the staging directory's own
+  // entries are made durable before it becomes `out`, and `out`'s entry after.
+  ckpt::fsync_dir(staging_);
+  convert_fault_point("export.before_publish");
+  MOE_CHECK(::rename(staging_.c_str(), out_.c_str()) == 0,
+            "[convert] cannot rename '{}' to --output '{}': {} (nothing was published)",
+            staging_.string(), out_.string(), std::strerror(errno));
+  published_ = true;
+  ckpt::fsync_dir(staging_.parent_path());
+}
+
+void convert_fault_point(std::string_view point) {
+  fault::kill_point(point);
+  for (const fault::Fault& f : fault::injected()) {
+    MOE_CHECK(!(f.kind == "convert_error" && f.arg("at") == point),
+              "[convert] write failed at {} (injected: MOECORE_FAULT convert_error)", point);
+  }
 }
 
 }  // namespace moecore::convert

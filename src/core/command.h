@@ -2,8 +2,11 @@
 // registers its own (cli/train_command.h, ...); apps/moecore.cpp only lists them.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <functional>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore {
 

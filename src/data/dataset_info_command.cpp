@@ -1,5 +1,6 @@
 #include "data/dataset_info_command.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -238,6 +238,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split,
             "sequences (documents [{}, {})): use more data or a larger share",
             data_->name(), split_name(split), cfg_.split, data_->num_sequences(), doc_begin_,
             doc_end_);
+  check_split_serves_a_sample(num_samples);
   description_ = fmt::format(
       "{{\"class\": \"{}\", \"dataset_path\": \"{}\", \"num_samples\": {}, "
       "\"index_split\": \"{}\", \"random_seed\": {}, \"sequence_length\": {}, \"split\": \"{}\", "
@@ -281,6 +282,28 @@ GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split,
   }
   MOE_CHECK(num_samples < 0 || indices_.num_samples() >= num_samples,
             "[data] internal: {} samples built, {} requested", indices_.num_samples(), num_samples);
+}
+
+void GPTDataset::check_split_serves_a_sample(int64_t num_samples) const {
+  // A sample is seq_length + 1 consecutive tokens of the split's shuffled documents. A split
+  // whose epoch holds fewer has no such sample: Megatron would build one anyway, from as many
+  // epochs as it takes (the same documents repeated inside one sample; 189466 epochs of a
+  // 5278-token split for --seq-length 10^9). The training split always serves samples; an
+  // evaluation split when samples are asked of it (num_samples > 0; 0 and None take what one
+  // epoch gives, which may be none).
+  if (split_ != Split::Train && num_samples <= 0) return;
+  int64_t tokens = 0;
+  for (int64_t d = doc_begin_; d < doc_end_; ++d) tokens += data_->sequence_length(d);
+  MOE_CHECK(tokens > cfg_.seq_length,
+            "[data] '{}': the {} split (documents [{}, {}) of {}, --split '{}') holds {} tokens, "
+            "fewer than one sample of --seq-length {} + 1 = {} tokens, so none of the {} "
+            "samples asked of it exists (only the split repeated inside one sample would make "
+            "it): give --seq-length at most {}, or more {} data (a larger dataset, or a larger "
+            "{} share of --split)",
+            data_->name(), split_name(split_), doc_begin_, doc_end_, data_->num_sequences(),
+            cfg_.split, tokens, cfg_.seq_length, cfg_.seq_length + 1,
+            num_samples < 0 ? std::string("one epoch's") : std::to_string(num_samples),
+            std::max<int64_t>(tokens - 1, 1), split_name(split_), split_name(split_));
 }
 
 void GPTDataset::sample(int32_t* tokens, int64_t len, uint64_t index) const {

@@ -62,7 +62,8 @@ struct GPTDatasetConfig {
 
 class GPTDataset final : public TokenSource {
  public:
-  // num_samples < 0: one epoch.
+  // num_samples < 0: one epoch. Throws, naming the sizes and the fix, when the split holds
+  // fewer than seq_length + 1 tokens and samples are asked of it (always of the training split).
   GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, int64_t num_samples,
              const GPTDatasetConfig& cfg);
 
@@ -80,6 +81,8 @@ class GPTDataset final : public TokenSource {
   const std::string& description() const { return description_; }
 
  private:
+  void check_split_serves_a_sample(int64_t num_samples) const;
+
   std::shared_ptr<const LowLevelDataset> data_;
   Split split_;
   GPTDatasetConfig cfg_;

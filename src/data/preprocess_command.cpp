@@ -1,5 +1,6 @@
 #include "data/preprocess_command.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 #include <memory>

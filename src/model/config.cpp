@@ -53,7 +53,7 @@ double ModelConfig::min_params_per_rank(int64_t ep) const {
   const double positions = position_embedding == PositionEmbedding::LearnedAbsolute
                                ? static_cast<double>(max_positions()) * h
                                : 0.0;
-  return static_cast<double>(vocab_size) * h + positions +
+  return static_cast<double>(padded_vocab()) * h + positions +
          static_cast<double>(num_layers) * attention +
          static_cast<double>(moe_layers) * experts_mlp +
          static_cast<double>(num_layers - moe_layers) * dense_mlp;
@@ -63,13 +63,20 @@ void ModelConfig::validate() const {
   MOE_CHECK(vocab_size >= 2 && hidden >= 1 && num_layers >= 1 && seq_length >= 1,
             "[model] sizes must be positive (vocab={}, hidden={}, layers={}, seq={})", vocab_size,
             hidden, num_layers, seq_length);
+  MOE_CHECK(padded_vocab_size == 0 || padded_vocab_size >= vocab_size,
+            "[model] the padded vocabulary {} is smaller than the vocabulary {}: the embedding "
+            "and the output head need a row per token (the padding adds rows, never removes "
+            "them)",
+            padded_vocab_size, vocab_size);
   MOE_CHECK(num_heads >= 1 && (kv_channels > 0 || hidden % num_heads == 0),
             "[model] --num-attention-heads={} does not divide --hidden-size={}: pick a divisor "
             "or set --kv-channels",
             num_heads, hidden);
   MOE_CHECK(num_query_groups >= 1 && num_heads % num_query_groups == 0,
-            "[model] --num-query-groups={} must divide --num-attention-heads={}",
-            num_query_groups, num_heads);
+            "[model] --num-query-groups={} must divide --num-attention-heads={}: give "
+            "--num-query-groups a divisor of {} (or drop --group-query-attention), or change "
+            "--num-attention-heads",
+            num_query_groups, num_heads, num_heads);
   MOE_CHECK(position_embedding != PositionEmbedding::Rope || head_dim() % 2 == 0,
             "[model] head dim {} must be even for RoPE", head_dim());
   MOE_CHECK(!qk_layernorm || normalization == Normalization::RMSNorm,
@@ -86,13 +93,15 @@ void ModelConfig::validate() const {
     MOE_CHECK(p >= 0 && p < 1, "[model] {}={} must be in [0, 1)", flag, p);
   }
   MOE_CHECK(max_positions() >= seq_length,
-            "[model] --max-position-embeddings={} < --seq-length={}", max_positions(),
-            seq_length);
+            "[model] --max-position-embeddings={} < --seq-length={}: raise "
+            "--max-position-embeddings to {} or lower --seq-length to {}",
+            max_positions(), seq_length, seq_length, max_positions());
   MOE_CHECK(num_experts >= 0, "[model] --num-experts={} must be >= 0", num_experts);
   MOE_CHECK(moe_layer_pattern.empty() ||
                 static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
-            "[model] --moe-layer-freq lists {} layers but --num-layers={}",
-            moe_layer_pattern.size(), num_layers);
+            "[model] --moe-layer-freq lists {} layers but --num-layers={}: give one 0/1 entry "
+            "per layer, or --num-layers {}",
+            moe_layer_pattern.size(), num_layers, moe_layer_pattern.size());
   if (has_dense_layer()) {
     MOE_CHECK(ffn_hidden >= 1, "[model] dense layers need --ffn-hidden-size >= 1 (got {})",
               ffn_hidden);

@@ -20,7 +20,15 @@ enum class Normalization : uint8_t { LayerNorm, RMSNorm };
 enum class PositionEmbedding : uint8_t { LearnedAbsolute, Rope, None };
 
 struct ModelConfig {
+  // The model's vocabulary V: the token ids and targets are below it, the softmax, the loss and
+  // the logits (forward_logits, eval, export) cover exactly these tokens.
   int64_t vocab_size = 256;
+  // The rows of the embedding table and the output head, Vp >= V (0: V): the vocabulary padded
+  // to a multiple of --make-vocab-size-divisible-by x TP so that every TP rank holds an equal
+  // slice of Vp / tp rows. The rows past V are padding, not model: initialised to zero, never
+  // read, never given a gradient (ParamSpec::model_rows), so every padding trains the same
+  // model. Unlike Megatron, whose padded logits take part in the softmax.
+  int64_t padded_vocab_size = 0;
   int64_t hidden = 64;            // H
   int64_t num_layers = 2;
   int64_t num_heads = 4;          // query heads
@@ -63,6 +71,7 @@ struct ModelConfig {
   MoeConfig moe;
   RecomputeConfig recompute;
 
+  int64_t padded_vocab() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / num_heads; }
   int64_t max_positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;

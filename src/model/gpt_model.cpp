@@ -31,12 +31,12 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   tp_ = parallel::TensorParallel::attention(groups);
   T_local_ = tp_.local_tokens(T_);
   if (tp_.active()) {
-    MOE_CHECK(cfg_.vocab_size % tp_.size() == 0,
+    MOE_CHECK(cfg_.padded_vocab() % tp_.size() == 0,
               "[model] the padded vocabulary {} is not divisible by --tensor-model-parallel-size "
               "{}: the embedding and output head are split over the vocabulary (pad it with "
               "--make-vocab-size-divisible-by; the padding is a multiple of that times the TP "
               "size)",
-              cfg_.vocab_size, tp_.size());
+              cfg_.padded_vocab(), tp_.size());
     MOE_CHECK(!tp_.sequence_parallel() || T_ % tp_.size() == 0,
               "[model] {} tokens per micro-batch are not divisible by --tensor-model-parallel-size "
               "{} (--sequence-parallel splits them)",
@@ -52,18 +52,21 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     params_.enable_bf16_copies(ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Widen,
                                /*master=*/!cfg_.master_weights_sharded);
   }
-  // Vocab-parallel under TP: each rank holds its dim-0 slice of the padded vocabulary.
-  const ParamSlice vocab_slice = tp_.shard().slice(0, cfg_.vocab_size);
+  // Vocab-parallel under TP: each rank holds its dim-0 slice of the padded vocabulary. The rows
+  // past the model's vocabulary are padding (model_rows): zero, never read, never trained.
+  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
+  const ParamSlice vocab_slice = tp_.shard().slice(0, Vp);
   const TpRole vocab_role = tp_.shard().sharded();
   embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
-                                      {cfg_.vocab_size, cfg_.hidden},
+                                      {Vp, cfg_.hidden},
                                       ParamInit::Normal,
                                       cfg_.init_std,
                                       ParamKind::Dense,
                                       true,
                                       vocab_slice,
                                       /*bf16_only=*/true,
-                                      vocab_role});
+                                      vocab_role,
+                                      /*model_rows=*/V});
   if (cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
     pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
                                             {cfg_.max_positions(), cfg_.hidden},
@@ -92,15 +95,18 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   head_ = cfg_.tie_embeddings ? embedding_
                               : &params_.add(ParamSpec{"output_layer.weight",
-                                                       {cfg_.vocab_size, cfg_.hidden},
+                                                       {Vp, cfg_.hidden},
                                                        ParamInit::Normal,
                                                        cfg_.init_std,
                                                        ParamKind::Dense,
                                                        true,
                                                        vocab_slice,
                                                        /*bf16_only=*/true,
-                                                       vocab_role});
-  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, cfg_.vocab_size, kHeadChunk};
+                                                       vocab_role,
+                                                       /*model_rows=*/V});
+  // The head's GEMMs and the cross entropy run over the model's V rows only (the fused one-rank
+  // head: N = V of the table's first rows; vocab-parallel: each rank's model rows).
+  head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, V, kHeadChunk};
 
   grad_stages_.assign(cfg_.num_layers + 2, {});
   for (size_t i = block_first[cfg_.num_layers]; i < final_norm_end; ++i)
@@ -182,11 +188,13 @@ void GPTModel<T>::allocate(Arena& a) {
     head16_.w_VH_wide = head_->data16w;
     head16_.h32 = a.alloc<float>(T_ * cfg_.hidden, "model.head_h32", MemKind::Workspace);
   } else if (cfg_.bf16 && tp_.active()) {  // the vocab-parallel head's: this rank's rows
-    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.vocab_size);
+    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.padded_vocab());
     head16_.w_VH = head_->data16;
     head16_.h16 = a.alloc<bf16>(T_ * H, "model.head_h16", MemKind::Workspace);
     head16_.dz16 = a.alloc<bf16>(rows * Vl, "model.head_dz16", MemKind::Workspace);
-    if (const int64_t n = vocab_head_bf16_workspace_elems(a.exec(), tp_, head_shape_); n > 0)
+    if (const int64_t n =
+            vocab_head_bf16_workspace_elems(a.exec(), tp_, head_shape_, cfg_.padded_vocab());
+        n > 0)
       head16_.ws32 = a.alloc<float>(n, "model.head_ws32", MemKind::Workspace);
     // forward_logits' rounded input, and a table slice's bf16 values widened (the embedding
     // lookup; forward_logits' gathered head).
@@ -204,7 +212,7 @@ void GPTModel<T>::allocate(Arena& a) {
       logits_ws32_ = a.alloc<float>(n, "model.logits_ws32", MemKind::Workspace);
   }
   if (tp_.active()) {
-    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.vocab_size);
+    const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.padded_vocab());
     vp_ws_.logits = a.alloc<T>(rows * Vl, "model.head_ws", MemKind::Workspace);
     vp_ws_.max = a.alloc<T>(rows, "model.head_max", MemKind::Workspace);
     vp_ws_.sums = a.alloc<double>(2 * rows, "model.head_sums", MemKind::Workspace);
@@ -212,8 +220,8 @@ void GPTModel<T>::allocate(Arena& a) {
       vp_full_ = a.alloc<T>(T_ * H, "model.tp_full", MemKind::Workspace);
       vp_dfull_ = a.alloc<T>(T_ * H, "model.tp_dfull", MemKind::Workspace);
     }
-    vp_head_slice_ = a.alloc<T>(tp_.share(cfg_.vocab_size) * H, "model.head_slice",
-                                MemKind::Workspace);
+    vp_head_slice_ =
+        a.alloc<T>(tp_.share(cfg_.padded_vocab()) * H, "model.head_slice", MemKind::Workspace);
   } else {
     head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                           MemKind::Workspace);
@@ -259,13 +267,14 @@ void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
         vocab_parallel_embedding_forward_bf16(ex, tp_, stream_[0], partial,
                                               DevPtr<const int32_t>(ids_T_),
                                               DevPtr<const bf16>(embedding_->data16), vp_w32_, T_,
-                                              H, cfg_.vocab_size);
+                                              H, cfg_.vocab_size, cfg_.padded_vocab());
         done = true;
       }
     }
     if (!done) {
       vocab_parallel_embedding_forward(ex, tp_, stream_[0], partial, DevPtr<const int32_t>(ids_T_),
-                                       embedding_->compute_as<T>(), T_, H, cfg_.vocab_size);
+                                       embedding_->compute_as<T>(), T_, H, cfg_.vocab_size,
+                                       cfg_.padded_vocab());
     }
   } else {
     embedding_lookup(*embedding_, stream_[0], ids_T_, T_, cfg_.vocab_size);
@@ -301,11 +310,10 @@ void GPTModel<T>::forward(const MicroBatchIO& io) {
     const Exec& ex = arena_.exec();
     const DevPtr<const T> h =
         tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, cfg_.hidden);  // [T, H]
-    vocab_parallel_head_loss_forward(ex, tp_,
-                                     member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
-                                     loss_T_, lse_T_, h, head_values(),
-                                     DevPtr<const int32_t>(targets_T_), head_shape_, vp_ws_,
-                                     cfg_.bf16 ? &head16_ : nullptr);
+    vocab_parallel_head_loss_forward(
+        ex, tp_, member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum), loss_T_, lse_T_, h,
+        head_values(), DevPtr<const int32_t>(targets_T_), head_shape_, cfg_.padded_vocab(), vp_ws_,
+        cfg_.bf16 ? &head16_ : nullptr);
     return;
   }
   ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
@@ -324,33 +332,34 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   // with row stride B * H writes its [S, V] block of the batch-major logits.
   // Under --bf16 the GEMMs take the hidden states' bf16 values (cast, or rounded for the widened
   // path, once for the batch) and the head's bf16 copy, as the training head's do.
-  const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
+  const int64_t H = cfg_.hidden, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   const Exec& ex = arena_.exec();
   if (tp_.active()) {
     // The whole input (all-gathered with SP) against each TP rank's vocabulary slice in turn
-    // (broadcast from its rank: one slice of workspace, not the whole head), into that slice's
-    // columns of the logits.
+    // (its model rows broadcast from its rank: one slice of workspace, not the whole head), into
+    // that slice's columns of the logits. A slice of padding only has no column.
     DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
     DevPtr<const T> w_local = head_values();
     if constexpr (std::is_same_v<T, float>) {
       if (cfg_.bf16) {  // bf16 values (h rounded, the head's), f32 accumulation
         w_local = head16_.w_VH_wide;
         if (w_local == nullptr) {  // the bf16 copy, widened
-          ops::cast_bf16_to_f32(ex, vp_w32_, head16_.w_VH, tp_.share(V) * H);
+          ops::cast_bf16_to_f32(ex, vp_w32_, head16_.w_VH, vocab_shard(tp_, V, Vp).model * H);
           w_local = vp_w32_;
         }
         ops::round_f32_to_bf16(ex, head16_.h32, h, T_ * H);
         h = head16_.h32;
       }
     }
-    const int64_t Vl = tp_.share(V);
+    const int64_t Vl = tp_.share(Vp);
     for (int r = 0; r < tp_.size(); ++r) {
-      if (r == tp_.rank()) ops::copy(ex, vp_head_slice_, w_local, Vl * H);
-      tp_.broadcast(ex, vp_head_slice_, Vl * H, r);
+      const int64_t rows = std::clamp<int64_t>(V - r * Vl, 0, Vl);  // rank r's model rows
+      if (rows == 0) continue;  // every rank skips it: no collective is left unmatched
+      if (r == tp_.rank()) ops::copy(ex, vp_head_slice_, w_local, rows * H);
+      tp_.broadcast(ex, vp_head_slice_, rows * H, r);
       for (int64_t b = 0; b < B_; ++b) {
-        ops::gemm<T>(ex, false, true, S_, Vl, H, T(1), h + b * H, B_ * H,
-                     DevPtr<const T>(vp_head_slice_), H, T(0), logits_BSV + b * S_ * V + r * Vl,
-                     V);
+        ops::gemm<T>(ex, false, true, S_, rows, H, T(1), h + b * H, B_ * H,
+                     DevPtr<const T>(vp_head_slice_), H, T(0), logits_BSV + b * S_ * V + r * Vl, V);
       }
     }
     set_training(training);
@@ -403,8 +412,8 @@ void GPTModel<T>::backward(double loss_grad_scale) {
     vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
                                       DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
                                       DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
-                                      DevPtr<const T>(dloss_), head_shape_, vp_ws_,
-                                      cfg_.bf16 ? &head16_ : nullptr);
+                                      DevPtr<const T>(dloss_), head_shape_, cfg_.padded_vocab(),
+                                      vp_ws_, cfg_.bf16 ? &head16_ : nullptr);
     tp_.enter_backward(ex, dfull, dfinal_, T_, H);
   } else {
     ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
@@ -432,9 +441,9 @@ void GPTModel<T>::backward(double loss_grad_scale) {
     ops::dropout_backward(arena_.exec(), dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
                           emb_drop_key_, counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
   if (tp_.active()) {
-    vocab_parallel_embedding_backward(arena_.exec(), tp_, embedding_->grad_as<T>(),
-                                      DevPtr<const T>(dstream_), vp_dfull_,
-                                      DevPtr<const int32_t>(ids_T_), T_, H, cfg_.vocab_size);
+    vocab_parallel_embedding_backward(
+        arena_.exec(), tp_, embedding_->grad_as<T>(), DevPtr<const T>(dstream_), vp_dfull_,
+        DevPtr<const int32_t>(ids_T_), T_, H, cfg_.vocab_size, cfg_.padded_vocab());
   } else {
     ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
                             cfg_.vocab_size);

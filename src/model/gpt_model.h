@@ -1,9 +1,11 @@
 // The GPT model: embedding -> transformer blocks -> final RMSNorm -> untied output head fused
 // with cross entropy. Under tensor parallelism (the attention grid's TP group) the embedding and
 // the output head are vocab-parallel (model/vocab_parallel.h) and the residual stream holds
-// TensorParallel::local_tokens(T) tokens: this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory (parameters,
-// gradients, activations, workspace) is planned for one micro-batch shape before step 0.
-// Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V vocab.
+// TensorParallel::local_tokens(T) tokens: this rank's T/tp with --sequence-parallel. Owns the
+// parameter registry and the arena; all memory (parameters, gradients, activations, workspace) is
+// planned for one micro-batch shape before step 0. Legend: S sequence, B micro-batch, T = S*B
+// tokens (sequence-major), H hidden, V the model's vocabulary, Vp the tables' rows (padded for TP:
+// ModelConfig::padded_vocab_size).
 #pragma once
 
 #include <functional>
@@ -88,13 +90,13 @@ class GPTModel {
   // step).
   double forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS);
   // The logits of one micro-batch, forward only: ids [B, S] -> logits_BSV [B, S, V] (batch-major
-  // like the ids; V the model's padded vocabulary), through the same embedding, blocks and final
-  // norm as forward(), with the output head as a plain GEMM instead of the fused cross entropy
-  // (under TP the head's vocabulary slices are all-gathered first: every TP rank returns the
-  // whole logits).
-  // The routers run in eval mode for the call (no jitter, no balancing counts) and return to the
-  // mode they were in. With --bf16 the blocks round their GEMM inputs as in forward(); this head
-  // GEMM takes the f32 master weights. A backward() must follow a forward(), not this.
+  // like the ids; V the model's vocabulary: the padding has no logit), through the same embedding,
+  // blocks and final norm as forward(), with the output head as a plain GEMM instead of the fused
+  // cross entropy (under TP each rank's model rows are broadcast in turn: every TP rank returns
+  // the whole logits). The routers run in eval mode for the call (no jitter, no balancing
+  // counts) and return to the mode they were in. With --bf16 the blocks round their GEMM inputs as
+  // in forward(); this head GEMM takes the f32 master weights. A backward() must follow a
+  // forward(), not this.
   void forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_BSV);
   // The mean cross entropy of a report slot (0 when no target counts).
   static double mean_loss(const ops::MicroBatchReport& r) {
@@ -203,10 +205,10 @@ class GPTModel {
   int64_t T_local_ = 0;                 // tp_.local_tokens(T_): the residual stream's tokens
   DevPtr<T> vp_full_ = nullptr;         // [T, H] with SP: the embedding's partial, the head input
   DevPtr<T> vp_dfull_ = nullptr;        // [T, H] with SP: the head's partial input gradient
-  DevPtr<T> vp_head_slice_ = nullptr;  // [V/tp, H] forward_logits' slice of another TP rank
+  DevPtr<T> vp_head_slice_ = nullptr;   // [Vp/tp, H] forward_logits' slice of another TP rank
   VocabHeadWorkspace<T> vp_ws_;
-  // --bf16 on the native GEMM path: a vocabulary slice's bf16 values widened to f32 [V/tp, H]
-  // (the embedding lookup, forward_logits' gathered head).
+  // --bf16 on the native GEMM path: a vocabulary slice's bf16 values widened to f32 [Vp/tp, H]
+  // (the embedding lookup, forward_logits' gathered head; its model rows).
   DevPtr<float> vp_w32_ = nullptr;
   // The head's f32 values for the f32 head (null under --bf16: the head reads head16_).
   DevPtr<const T> head_values() const {

@@ -1,5 +1,6 @@
 #include "model/vocab_parallel.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "core/check.h"
@@ -7,23 +8,33 @@
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
+#include "ops/memory.h"
 #include "ops/vocab_parallel_ce.h"
 
 namespace moecore::model {
 
-namespace {
-ops::VocabSlice vocab_slice(const parallel::TensorParallel& tp, int64_t V) {
-  MOE_CHECK(V % tp.size() == 0,
+VocabShard vocab_shard(const parallel::TensorParallel& tp, int64_t V, int64_t Vp) {
+  MOE_CHECK(V >= 1 && Vp >= V, "[model] the padded vocabulary {} is smaller than the vocabulary {}",
+            Vp, V);
+  MOE_CHECK(Vp % tp.size() == 0,
             "[model] the padded vocabulary {} is not divisible by --tensor-model-parallel-size {}: "
             "pad it with --make-vocab-size-divisible-by (the vocabulary is padded to a multiple "
             "of that times the TP size)",
-            V, tp.size());
-  return ops::VocabSlice{tp.share_offset(V), tp.share(V), V};
+            Vp, tp.size());
+  VocabShard s;
+  s.v0 = tp.share_offset(Vp);
+  s.rows = tp.share(Vp);
+  s.model = std::clamp<int64_t>(V - s.v0, 0, s.rows);
+  s.slice = ops::VocabSlice{s.v0, s.model, V};
+  return s;
 }
 
-// The fused head's shape at this rank's share of the vocabulary (its GEMMs' shapes).
-ops::HeadLossShape local_shape(const parallel::TensorParallel& tp, const ops::HeadLossShape& s) {
-  return ops::HeadLossShape{s.n_tok, s.H, tp.share(s.V), s.chunk};
+namespace {
+// The fused head's shape at this rank's share of the padded vocabulary (its GEMMs' largest
+// shapes: the model rows are at most the share).
+ops::HeadLossShape local_shape(const parallel::TensorParallel& tp, const ops::HeadLossShape& s,
+                               int64_t Vp) {
+  return ops::HeadLossShape{s.n_tok, s.H, tp.share(Vp), s.chunk};
 }
 
 // The head's operand forms (ops::HeadLossBf16): checked once per call; h's bf16 form written
@@ -66,38 +77,39 @@ void local_logits(const Exec& ex, DevPtr<T> z, DevPtr<const T> h_nH, DevPtr<cons
 }  // namespace
 
 int64_t vocab_head_bf16_workspace_elems(const Exec& ex, const parallel::TensorParallel& tp,
-                                        const ops::HeadLossShape& s) {
-  return ops::head_loss_bf16_workspace_elems(ex, local_shape(tp, s));
+                                        const ops::HeadLossShape& s, int64_t Vp) {
+  return ops::head_loss_bf16_workspace_elems(ex, local_shape(tp, s, Vp));
 }
 
 template <typename T>
 void vocab_parallel_embedding_forward(const Exec& ex, const parallel::TensorParallel& tp,
                                       DevPtr<T> y_local, DevPtr<T> partial_nH,
                                       DevPtr<const int32_t> ids_n, DevPtr<const T> w_local,
-                                      int64_t n, int64_t H, int64_t V) {
-  const ops::VocabSlice vs = vocab_slice(tp, V);
-  ops::embedding_forward_shard(ex, partial_nH, ids_n, w_local, n, H, vs.v0, vs.Vl, V);
+                                      int64_t n, int64_t H, int64_t V, int64_t Vp) {
+  const VocabShard vs = vocab_shard(tp, V, Vp);
+  ops::embedding_forward_shard(ex, partial_nH, ids_n, w_local, n, H, vs.v0, vs.model, V);
   tp.leave(ex, partial_nH, y_local, n, H);
 }
 
 void vocab_parallel_embedding_forward_bf16(const Exec& ex, const parallel::TensorParallel& tp,
                                            DevPtr<float> y_local, DevPtr<float> partial_nH,
                                            DevPtr<const int32_t> ids_n,
-                                           DevPtr<const moecore::bf16> w16_local, DevPtr<float> w32_local,
-                                           int64_t n, int64_t H, int64_t V) {
-  ops::cast_bf16_to_f32(ex, w32_local, w16_local, vocab_slice(tp, V).Vl * H);
+                                           DevPtr<const moecore::bf16> w16_local,
+                                           DevPtr<float> w32_local, int64_t n, int64_t H, int64_t V,
+                                           int64_t Vp) {
+  ops::cast_bf16_to_f32(ex, w32_local, w16_local, vocab_shard(tp, V, Vp).model * H);
   vocab_parallel_embedding_forward<float>(ex, tp, y_local, partial_nH, ids_n,
-                                          DevPtr<const float>(w32_local), n, H, V);
+                                          DevPtr<const float>(w32_local), n, H, V, Vp);
 }
 
 template <typename T>
 void vocab_parallel_embedding_backward(const Exec& ex, const parallel::TensorParallel& tp,
                                        DevPtr<T> dw_local, DevPtr<const T> dy_local,
                                        DevPtr<T> full_nH, DevPtr<const int32_t> ids_n, int64_t n,
-                                       int64_t H, int64_t V) {
-  const ops::VocabSlice vs = vocab_slice(tp, V);
+                                       int64_t H, int64_t V, int64_t Vp) {
+  const VocabShard vs = vocab_shard(tp, V, Vp);
   const DevPtr<const T> dy = tp.leave_backward(ex, dy_local, full_nH, n, H);
-  ops::embedding_backward_shard(ex, dw_local, dy, ids_n, n, H, vs.v0, vs.Vl, V);
+  ops::embedding_backward_shard(ex, dw_local, dy, ids_n, n, H, vs.v0, vs.model, V);
 }
 
 template <typename T>
@@ -105,14 +117,15 @@ void vocab_parallel_head_loss_forward(const Exec& ex, const parallel::TensorPara
                                       DevPtr<double> sum, DevPtr<T> loss_n, DevPtr<T> lse_n,
                                       DevPtr<const T> h_nH, DevPtr<const T> w_local,
                                       DevPtr<const int32_t> target_n, const ops::HeadLossShape& s,
-                                      const VocabHeadWorkspace<T>& ws,
+                                      int64_t Vp, const VocabHeadWorkspace<T>& ws,
                                       const ops::HeadLossBf16* ops16) {
-  const ops::VocabSlice vs = vocab_slice(tp, s.V);
-  const int64_t H = s.H, Vl = vs.Vl;
+  const ops::VocabSlice vs = vocab_shard(tp, s.V, Vp).slice;
+  const int64_t H = s.H, Vl = vs.Vl;  // the model's rows of this rank's slice (maybe none)
   prepare_bf16(ex, ops16, h_nH, s, /*convert_h=*/true);
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
-    local_logits(ex, ws.logits, h_nH, w_local, c0, m, H, Vl, ops16);
+    // No model rows: no logits (the row pieces give the reductions' identities).
+    if (Vl > 0) local_logits(ex, ws.logits, h_nH, w_local, c0, m, H, Vl, ops16);
     ops::vocab_ce_row_max(ex, ws.max, DevPtr<const T>(ws.logits), m, vs);
     tp.all_reduce_max(ex, ws.max, m);
     ops::vocab_ce_row_sums(ex, ws.sums, DevPtr<const T>(ws.logits), DevPtr<const T>(ws.max),
@@ -128,12 +141,18 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
                                        DevPtr<T> dh_nH, DevPtr<T> dw_local, DevPtr<const T> h_nH,
                                        DevPtr<const T> w_local, DevPtr<const int32_t> target_n,
                                        DevPtr<const T> lse_n, DevPtr<const T> dloss,
-                                       const ops::HeadLossShape& s,
+                                       const ops::HeadLossShape& s, int64_t Vp,
                                        const VocabHeadWorkspace<T>& ws,
                                        const ops::HeadLossBf16* ops16) {
-  const ops::VocabSlice vs = vocab_slice(tp, s.V);
-  const int64_t H = s.H, Vl = vs.Vl;
+  const ops::VocabSlice vs = vocab_shard(tp, s.V, Vp).slice;
+  const int64_t H = s.H, Vl = vs.Vl;  // the model's rows of this rank's slice (maybe none)
   prepare_bf16(ex, ops16, h_nH, s, /*convert_h=*/false);
+  if (Vl == 0) {
+    // A rank of padding only: its vocabulary columns give no gradient (dh's share is zero,
+    // assigned as the GEMM would; the slice's weight gradient gains nothing).
+    ops::zero(ex, dh_nH, s.n_tok * H);
+    return;
+  }
   for (int64_t c0 = 0; c0 < s.n_tok; c0 += s.chunk) {
     const int64_t m = std::min(s.chunk, s.n_tok - c0);
     local_logits(ex, ws.logits, h_nH, w_local, c0, m, H, Vl, ops16);
@@ -165,21 +184,21 @@ void vocab_parallel_head_loss_backward(const Exec& ex, const parallel::TensorPar
   }
 }
 
-#define MOECORE_VOCAB_PARALLEL_INSTANTIATE(T)                                                     \
-  template void vocab_parallel_embedding_forward<T>(const Exec&, const parallel::TensorParallel&, \
-                                                    DevPtr<T>, DevPtr<T>, DevPtr<const int32_t>,  \
-                                                    DevPtr<const T>, int64_t, int64_t, int64_t);  \
-  template void vocab_parallel_embedding_backward<T>(                                             \
-      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<const T>, DevPtr<T>,        \
-      DevPtr<const int32_t>, int64_t, int64_t, int64_t);                                          \
-  template void vocab_parallel_head_loss_forward<T>(                                              \
-      const Exec&, const parallel::TensorParallel&, DevPtr<double>, DevPtr<T>, DevPtr<T>,         \
-      DevPtr<const T>, DevPtr<const T>, DevPtr<const int32_t>, const ops::HeadLossShape&,         \
-      const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);                                    \
-  template void vocab_parallel_head_loss_backward<T>(                                             \
-      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const T>,        \
-      DevPtr<const T>, DevPtr<const int32_t>, DevPtr<const T>, DevPtr<const T>,                   \
-      const ops::HeadLossShape&, const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);
+#define MOECORE_VOCAB_PARALLEL_INSTANTIATE(T)                                                      \
+  template void vocab_parallel_embedding_forward<T>(                                               \
+      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const int32_t>,   \
+      DevPtr<const T>, int64_t, int64_t, int64_t, int64_t);                                        \
+  template void vocab_parallel_embedding_backward<T>(                                              \
+      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<const T>, DevPtr<T>,         \
+      DevPtr<const int32_t>, int64_t, int64_t, int64_t, int64_t);                                  \
+  template void vocab_parallel_head_loss_forward<T>(                                               \
+      const Exec&, const parallel::TensorParallel&, DevPtr<double>, DevPtr<T>, DevPtr<T>,          \
+      DevPtr<const T>, DevPtr<const T>, DevPtr<const int32_t>, const ops::HeadLossShape&, int64_t, \
+      const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);                                     \
+  template void vocab_parallel_head_loss_backward<T>(                                              \
+      const Exec&, const parallel::TensorParallel&, DevPtr<T>, DevPtr<T>, DevPtr<const T>,         \
+      DevPtr<const T>, DevPtr<const int32_t>, DevPtr<const T>, DevPtr<const T>,                    \
+      const ops::HeadLossShape&, int64_t, const VocabHeadWorkspace<T>&, const ops::HeadLossBf16*);
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(float)
 MOECORE_VOCAB_PARALLEL_INSTANTIATE(double)
 #undef MOECORE_VOCAB_PARALLEL_INSTANTIATE

@@ -101,7 +101,9 @@ void MoeConfig::validate() const {
 void RouterConfig::validate() const {
   MOE_CHECK(num_experts >= 1, "[router] num_experts={} must be >= 1", num_experts);
   MOE_CHECK(topk >= 1 && topk <= num_experts,
-            "[router] --moe-router-topk={} must be in [1, num_experts={}]", topk, num_experts);
+            "[router] --moe-router-topk={} must be in [1, num_experts={}]: lower "
+            "--moe-router-topk to at most {} or raise --num-experts to at least {}",
+            topk, num_experts, num_experts, topk);
   const bool sinkhorn = uses(LoadBalancing::Sinkhorn);
   const bool quantile = uses(LoadBalancing::QuantileBalancing);
   MOE_CHECK(sinkhorn || !(score == ScoreFunction::Softmax && !pre_softmax && topk == 1),
@@ -167,8 +169,9 @@ void RouterConfig::validate() const {
               "selection: pick one");
     MOE_CHECK(topk < num_experts,
               "[router] quantile_balancing needs the (K+1)-th largest score: "
-              "--moe-router-topk={} must be < num_experts={}",
-              topk, num_experts);
+              "--moe-router-topk={} must be < num_experts={}: lower --moe-router-topk to at "
+              "most {} or raise --num-experts",
+              topk, num_experts, num_experts - 1);
     MOE_CHECK(quantile_ema >= 0 && quantile_ema < 1,
               "[router] --moe-router-quantile-balancing-ema={} must be in [0, 1)", quantile_ema);
   }
@@ -179,15 +182,18 @@ void RouterConfig::validate() const {
             num_groups, group_topk);
   if (group_limited()) {
     MOE_CHECK(num_experts % num_groups == 0,
-              "[router] --moe-router-num-groups={} must divide num_experts={}", num_groups,
-              num_experts);
+              "[router] --moe-router-num-groups={} must divide num_experts={}: give "
+              "--moe-router-num-groups a divisor of {}",
+              num_groups, num_experts, num_experts);
     MOE_CHECK(group_topk <= num_groups,
-              "[router] --moe-router-group-topk={} must be <= --moe-router-num-groups={}",
-              group_topk, num_groups);
+              "[router] --moe-router-group-topk={} must be <= --moe-router-num-groups={}: lower "
+              "--moe-router-group-topk to at most {} or raise --moe-router-num-groups",
+              group_topk, num_groups, num_groups);
     MOE_CHECK(topk % group_topk == 0,
               "[router] --moe-router-topk={} must be divisible by --moe-router-group-topk={} "
-              "(each chosen group contributes topk/group_topk experts to its score)",
-              topk, group_topk);
+              "(each chosen group contributes topk/group_topk experts to its score): give "
+              "--moe-router-group-topk a divisor of {}",
+              topk, group_topk, topk);
     MOE_CHECK(num_experts / num_groups >= topk / group_topk,
               "[router] each group has {} experts but the group score needs topk/group_topk={}: "
               "use fewer groups or a larger --moe-router-group-topk",
@@ -205,6 +211,13 @@ void RouterConfig::validate() const {
             "[router] --moe-input-jitter-eps={} must be in [0, 1)", input_jitter_eps);
   MOE_CHECK(!pad_to_capacity || !dropless(),
             "[router] --moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor > 0");
+  MOE_CHECK(capacity_groups >= 1, "[router] capacity_groups={} must be >= 1", capacity_groups);
+  // Padding fills each expert to one group's capacity: with several groups an expert may keep
+  // more rows than that.
+  MOE_CHECK(capacity_groups == 1 || !pad_to_capacity,
+            "[router] capacity_groups={} with --moe-pad-expert-input-to-capacity: padding "
+            "needs one capacity group",
+            capacity_groups);
 }
 
 }  // namespace moecore

@@ -67,6 +67,12 @@ struct RouterConfig {
   // scores, ignoring group limits, expert bias and quantile offsets (Megatron issue #2767).
   bool megatron_aux_map = false;
   uint64_t seed = 0;  // input-jitter stream; the model sets it from --seed
+  // The tokens of a forward as this many equal contiguous groups, each keeping its own
+  // capacity(T / groups) per expert (no flag; 1: the whole micro-batch). Megatron computes the
+  // capacity per rank from the tokens the rank routes, which under attention TP is its sequence
+  // slice, the contiguous tokens [r T / TP, (r + 1) T / TP): a one-rank model with TP groups
+  // routes as the TP layout does (the layout tests' reference; docs/router.md, "Capacity").
+  int64_t capacity_groups = 1;
 
   // Every (type, coeff) of the lists, in order.
   std::vector<LoadBalancingTerm> load_balancing_terms() const;

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "parallel/communicator.h"
 #include "core/profiler.h"
+#include "ops/add.h"
 #include "ops/convert_f64.h"
 #include "ops/memory.h"
 #include "ops/gemm.h"
@@ -148,7 +149,9 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   work_TE_ = a.alloc<double>(N * E, "router.work", MemKind::Workspace);
   work_TK_ = a.alloc<double>(N * K, "router.work_k", MemKind::Workspace);
   report_ = a.alloc<double>(kReportSlots, "router.report", MemKind::State);
-  report_dropped_ = a.alloc<int64_t>(1, "router.report_dropped", MemKind::State);
+  // [0] the report's count; [1] a later capacity group's, added to it.
+  report_dropped_ = a.alloc<int64_t>(cfg_.capacity_groups > 1 ? 2 : 1, "router.report_dropped",
+                                     MemKind::State);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -305,10 +308,23 @@ void Router<T>::compute_probs(int64_t n) {
 template <typename T>
 void Router<T>::apply_capacity(int64_t n) {
   RouterSaved<T>& s = saved_;
-  s.capacity = cfg_.dropless() ? 0 : cfg_.capacity(n);
-  ops::apply_capacity(*ex_, s.idx_TK, s.probs64_TK, report_dropped_, cand_N_, cand_off_E_,
-                      s.routed_TK, n, K_, E_, s.capacity,
-                      cfg_.drop_policy == TokenDropPolicy::Probs);
+  // Each capacity group (config.h: one unless a one-rank model routes as a TP layout) keeps its
+  // own capacity; the groups' dropped pairs are summed into the report.
+  const int64_t groups = cfg_.capacity_groups;
+  MOE_CHECK(n % groups == 0, "[router] {} tokens do not split into {} equal capacity groups", n,
+            groups);
+  const int64_t g_tok = n / groups;
+  s.capacity = cfg_.dropless() ? 0 : cfg_.capacity(g_tok);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t at = g * g_tok * K_;
+    ops::apply_capacity(*ex_, s.idx_TK + at, s.probs64_TK + at,
+                        g == 0 ? report_dropped_ : report_dropped_ + 1, cand_N_, cand_off_E_,
+                        s.routed_TK + at, g_tok, K_, E_, s.capacity,
+                        cfg_.drop_policy == TokenDropPolicy::Probs);
+    if (g > 0) {
+      ops::add<int64_t>(*ex_, report_dropped_, report_dropped_, report_dropped_ + 1, 1);
+    }
+  }
 }
 
 template <typename T>

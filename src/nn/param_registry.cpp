@@ -183,6 +183,14 @@ uint64_t splitmix64(uint64_t x) {
 uint64_t digest_term(uint64_t key, int64_t global_index, uint64_t bits) {
   return splitmix64(key ^ splitmix64(static_cast<uint64_t>(global_index)) ^ bits);
 }
+
+// The global indices below this are the model's (ParamSpec::model_rows): the padding rows past
+// it take no part in the digest, so every padding of the same model digests alike.
+int64_t model_elements(const ParamSpec& spec) {
+  int64_t n = spec.model_extent0();
+  for (size_t d = 1; d < spec.global_shape.size(); ++d) n *= spec.global_shape[d];
+  return n;
+}
 }  // namespace
 
 uint64_t ParamRegistry::digest(ParamKind kind,
@@ -205,6 +213,7 @@ uint64_t ParamRegistry::digest(ParamKind kind,
     }
     const uint64_t key = rng_key(0, p.spec.name);
     const SliceMap m(p);
+    const int64_t model_end = model_elements(p.spec);
     uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
     for (int64_t r = 0; r < m.rows; ++r) {
@@ -213,7 +222,7 @@ uint64_t ParamRegistry::digest(ParamKind kind,
         const int64_t l = lbase + i;
         const uint64_t bits = f32 ? std::bit_cast<uint32_t>(static_cast<const float*>(values)[l])
                                   : std::bit_cast<uint64_t>(static_cast<const double*>(values)[l]);
-        sum += digest_term(key, gbase + i, bits);
+        if (gbase + i < model_end) sum += digest_term(key, gbase + i, bits);
       }
     }
     total += sum;  // unsigned: wraps, so the order of the terms cannot matter
@@ -228,10 +237,12 @@ int64_t param_global_index(const Param& p, int64_t local) {
 
 uint64_t param_digest_f32(const Param& p, int64_t begin, const float* values, int64_t count) {
   const uint64_t key = rng_key(0, p.spec.name);
+  const int64_t model_end = model_elements(p.spec);
   uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
   for (int64_t i = 0; i < count; ++i) {
-    sum += digest_term(key, param_global_index(p, begin + i), std::bit_cast<uint32_t>(values[i]));
+    const int64_t g = param_global_index(p, begin + i);
+    if (g < model_end) sum += digest_term(key, g, std::bit_cast<uint32_t>(values[i]));
   }
   return sum;
 }

@@ -221,8 +221,10 @@ class ParamRegistry {
   // Digest of the values of `kind` held here: a sum over elements of a hash of (name, global
   // index, value bits), so the digests of ranks holding disjoint slices add up (mod 2^64) to the
   // digest of the whole tensor, whatever the layout. Two models with bitwise equal values have
-  // equal digests; a changed value changes it (up to hash collisions). counted: the parameters
-  // to include (null: all; tensor parallelism counts a replicated parameter on one TP rank).
+  // equal digests; a changed value changes it (up to hash collisions). Padding rows (past
+  // ParamSpec::model_rows) are left out: the digest is the model's, whatever the padding.
+  // counted: the parameters to include (null: all; tensor parallelism counts a replicated
+  // parameter on one TP rank).
   uint64_t digest(ParamKind kind, const std::function<bool(const Param&)>& counted = {}) const;
 
   Param& get(const std::string& name);

@@ -11,7 +11,6 @@
 #include "core/dtype.h"
 #include "core/exec.h"
 #include "core/host_device.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -126,10 +125,8 @@ void activation_forward(const Exec& ex, Activation act, DevPtr<T> a_NF, DevPtr<c
                         DevPtr<const T> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_forward(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N,
-                                    F);
-  no_kernel(ex, "activation_forward");
+  return cuda::activation_forward(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N,
+                                  F);
 }
 template <typename T>
 void activation_forward_ref(Activation act, T* a_NF, const T* h_NF, const T* p_N, int64_t N,
@@ -143,10 +140,8 @@ void activation_backward(const Exec& ex, Activation act, DevPtr<T> dh_NF, DevPtr
   if (ex.on_cpu())
     return cpu::activation_backward(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                     raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_backward(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N),
-                                     raw_ptr(da_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  no_kernel(ex, "activation_backward");
+  return cuda::activation_backward(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N),
+                                   raw_ptr(da_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
 }
 template <typename T>
 void activation_backward_ref(Activation act, T* dh_NF, T* dp_N, const T* da_NF, const T* h_NF,
@@ -161,9 +156,7 @@ inline void activation_forward_bf16(const Exec& ex, Activation act, DevPtr<bf16>
                                     int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward_bf16(act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_forward_bf16(ex.stream, act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  no_kernel(ex, "activation_forward_bf16");
+  return cuda::activation_forward_bf16(ex.stream, act, raw_ptr(a16_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
 }
 inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16> dh16_NF,
                                      DevPtr<float> dp_N, DevPtr<const float> da_NF,
@@ -172,10 +165,8 @@ inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16
   if (ex.on_cpu())
     return cpu::activation_backward_bf16(act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                          raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_backward_bf16(ex.stream, act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+  return cuda::activation_backward_bf16(ex.stream, act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
  raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  no_kernel(ex, "activation_backward_bf16");
 }
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
 // bitwise cast_bf16_to_f32 of what the _bf16 versions write.
@@ -184,9 +175,7 @@ inline void activation_forward_bf16w(const Exec& ex, Activation act, DevPtr<floa
                                      int64_t F) {
   if (ex.on_cpu())
     return cpu::activation_forward_bf16w(act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_forward_bf16w(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  no_kernel(ex, "activation_forward_bf16w");
+  return cuda::activation_forward_bf16w(ex.stream, act, raw_ptr(a_NF), raw_ptr(h_NF), raw_ptr(p_N), N, F);
 }
 inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<float> dh_NF,
                                       DevPtr<float> dp_N, DevPtr<const float> da_NF,
@@ -195,10 +184,8 @@ inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<flo
   if (ex.on_cpu())
     return cpu::activation_backward_bf16w(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
                                           raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::activation_backward_bf16w(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+  return cuda::activation_backward_bf16w(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
  raw_ptr(h_NF), raw_ptr(p_N), N, F);
-  no_kernel(ex, "activation_backward_bf16w");
 }
 
 }  // namespace moecore::ops

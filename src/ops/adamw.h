@@ -9,7 +9,6 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -53,10 +52,8 @@ void adamw_step(const Exec& ex, DevPtr<T> p, DevPtr<const T> g, DevPtr<float> m,
   if (ex.on_cpu())
     return cpu::adamw_step(raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a, raw_ptr(s),
                            raw_ptr(p16), raw_ptr(p16w));
-  if constexpr (kHaveCudaKernels)
-    return cuda::adamw_step(ex.stream, raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a,
-                            raw_ptr(s), raw_ptr(p16), raw_ptr(p16w));
-  no_kernel(ex, "adamw_step");
+  return cuda::adamw_step(ex.stream, raw_ptr(p), raw_ptr(g), raw_ptr(m), raw_ptr(v), n, a,
+                          raw_ptr(s), raw_ptr(p16), raw_ptr(p16w));
 }
 template <typename T>
 void adamw_step_ref(T* p, const T* g, float* m, float* v, int64_t n, const AdamWParams& a,

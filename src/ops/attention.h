@@ -10,7 +10,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 #include "ops/dropout.h"
 
 namespace moecore::ops {
@@ -72,10 +71,8 @@ void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<cons
   if (ex.on_cpu())
     return cpu::attention_forward(raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k), raw_ptr(v), s,
                                   raw_ptr(workspace), drop);
-  if constexpr (kHaveCudaKernels)
-    return cuda::attention_forward(ex.stream, raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k),
-                                   raw_ptr(v), s, drop);
-  no_kernel(ex, "attention_forward");
+  return cuda::attention_forward(ex.stream, raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k),
+                                 raw_ptr(v), s, drop);
 }
 template <typename T>
 void attention_forward_ref(T* out, T* lse, const T* q, const T* k, const T* v,
@@ -91,11 +88,9 @@ void attention_backward(const Exec& ex, DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv
     return cpu::attention_backward(raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout), raw_ptr(q),
                                    raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
                                    raw_ptr(workspace), drop);
-  if constexpr (kHaveCudaKernels)
-    return cuda::attention_backward(ex.stream, raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout),
-                                    raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse),
-                                    s, drop);
-  no_kernel(ex, "attention_backward");
+  return cuda::attention_backward(ex.stream, raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout),
+                                  raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse),
+                                  s, drop);
 }
 template <typename T>
 void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,

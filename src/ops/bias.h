@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -46,18 +45,14 @@ void grouped_bias_backward(void* stream, T* db_GC, T* dp_N, const T* dy_NC, cons
 template <typename T>
 void bias_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> b_N, int64_t M, int64_t N) {
   if (ex.on_cpu()) return cpu::bias_forward(raw_ptr(y_MN), raw_ptr(b_N), M, N);
-  if constexpr (kHaveCudaKernels)
-    return cuda::bias_forward(ex.stream, raw_ptr(y_MN), raw_ptr(b_N), M, N);
-  no_kernel(ex, "bias_forward");
+  return cuda::bias_forward(ex.stream, raw_ptr(y_MN), raw_ptr(b_N), M, N);
 }
 template <typename T>
 void bias_forward_ref(T* y_MN, const T* b_N, int64_t M, int64_t N);
 template <typename T>
 void bias_backward(const Exec& ex, DevPtr<T> db_N, DevPtr<const T> dy_MN, int64_t M, int64_t N) {
   if (ex.on_cpu()) return cpu::bias_backward(raw_ptr(db_N), raw_ptr(dy_MN), M, N);
-  if constexpr (kHaveCudaKernels)
-    return cuda::bias_backward(ex.stream, raw_ptr(db_N), raw_ptr(dy_MN), M, N);
-  no_kernel(ex, "bias_backward");
+  return cuda::bias_backward(ex.stream, raw_ptr(db_N), raw_ptr(dy_MN), M, N);
 }
 template <typename T>
 void bias_backward_ref(T* db_N, const T* dy_MN, int64_t M, int64_t N);
@@ -77,10 +72,8 @@ void grouped_bias_forward(const Exec& ex, DevPtr<T> y_NC, DevPtr<const T> b_GC, 
   if (ex.on_cpu())
     return cpu::grouped_bias_forward(raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G,
                                      C);
-  if constexpr (kHaveCudaKernels)
-    return cuda::grouped_bias_forward(ex.stream, raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N),
-                                      raw_ptr(m_G), G, C);
-  no_kernel(ex, "grouped_bias_forward");
+  return cuda::grouped_bias_forward(ex.stream, raw_ptr(y_NC), raw_ptr(b_GC), raw_ptr(p_N),
+                                    raw_ptr(m_G), G, C);
 }
 template <typename T>
 void grouped_bias_forward_ref(T* y_NC, const T* b_GC, const T* p_N, const int64_t* m_G, int64_t G,
@@ -92,10 +85,8 @@ void grouped_bias_backward(const Exec& ex, DevPtr<T> db_GC, DevPtr<T> dp_N, DevP
   if (ex.on_cpu())
     return cpu::grouped_bias_backward(raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC), raw_ptr(b_GC),
                                       raw_ptr(p_N), raw_ptr(m_G), G, C);
-  if constexpr (kHaveCudaKernels)
-    return cuda::grouped_bias_backward(ex.stream, raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC),
-                                       raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G, C);
-  no_kernel(ex, "grouped_bias_backward");
+  return cuda::grouped_bias_backward(ex.stream, raw_ptr(db_GC), raw_ptr(dp_N), raw_ptr(dy_NC),
+                                     raw_ptr(b_GC), raw_ptr(p_N), raw_ptr(m_G), G, C);
 }
 template <typename T>
 void grouped_bias_backward_ref(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, const T* p_N,

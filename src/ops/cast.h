@@ -8,7 +8,6 @@
 #include "core/dtype.h"
 #include "core/exec.h"
 #include "core/host_device.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -27,25 +26,19 @@ void round_f32_to_bf16(void* stream, float* y, const float* x, int64_t n);
 
 inline void cast_f32_to_bf16(const Exec& ex, DevPtr<bf16> y, DevPtr<const float> x, int64_t n) {
   if (ex.on_cpu()) return cpu::cast_f32_to_bf16(raw_ptr(y), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::cast_f32_to_bf16(ex.stream, raw_ptr(y), raw_ptr(x), n);
-  no_kernel(ex, "cast_f32_to_bf16");
+  return cuda::cast_f32_to_bf16(ex.stream, raw_ptr(y), raw_ptr(x), n);
 }
 void cast_f32_to_bf16_ref(bf16* y, const float* x, int64_t n);
 inline void cast_bf16_to_f32(const Exec& ex, DevPtr<float> y, DevPtr<const bf16> x, int64_t n) {
   if (ex.on_cpu()) return cpu::cast_bf16_to_f32(raw_ptr(y), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::cast_bf16_to_f32(ex.stream, raw_ptr(y), raw_ptr(x), n);
-  no_kernel(ex, "cast_bf16_to_f32");
+  return cuda::cast_bf16_to_f32(ex.stream, raw_ptr(y), raw_ptr(x), n);
 }
 void cast_bf16_to_f32_ref(float* y, const bf16* x, int64_t n);
 // y = f32(bf16(x)): the bf16 value of x kept in an f32 (the widened-bf16 GEMM path's inputs,
 // made in one pass from the f32 source instead of a cast and a widening). y may be x.
 inline void round_f32_to_bf16(const Exec& ex, DevPtr<float> y, DevPtr<const float> x, int64_t n) {
   if (ex.on_cpu()) return cpu::round_f32_to_bf16(raw_ptr(y), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::round_f32_to_bf16(ex.stream, raw_ptr(y), raw_ptr(x), n);
-  no_kernel(ex, "round_f32_to_bf16");
+  return cuda::round_f32_to_bf16(ex.stream, raw_ptr(y), raw_ptr(x), n);
 }
 void round_f32_to_bf16_ref(float* y, const float* x, int64_t n);
 

@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -35,8 +34,7 @@ void add_from_f64(void* stream, T* y, const double* x, const T* factor, int64_t 
 template <typename T>
 void widen_to_f64(const Exec& ex, DevPtr<double> y, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::widen_to_f64(raw_ptr(y), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels) return cuda::widen_to_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
-  no_kernel(ex, "widen_to_f64");
+  return cuda::widen_to_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
 }
 template <typename T>
 void widen_to_f64_ref(double* y, const T* x, int64_t n);
@@ -45,9 +43,7 @@ void widen_to_f64_ref(double* y, const T* x, int64_t n);
 template <typename T>
 void narrow_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, int64_t n) {
   if (ex.on_cpu()) return cpu::narrow_from_f64(raw_ptr(y), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::narrow_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
-  no_kernel(ex, "narrow_from_f64");
+  return cuda::narrow_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), n);
 }
 template <typename T>
 void narrow_from_f64_ref(T* y, const double* x, int64_t n);
@@ -58,9 +54,7 @@ template <typename T>
 void add_from_f64(const Exec& ex, DevPtr<T> y, DevPtr<const double> x, DevPtr<const T> factor,
                   int64_t n) {
   if (ex.on_cpu()) return cpu::add_from_f64(raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::add_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
-  no_kernel(ex, "add_from_f64");
+  return cuda::add_from_f64(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(factor), n);
 }
 template <typename T>
 void add_from_f64_ref(T* y, const double* x, const T* factor, int64_t n);

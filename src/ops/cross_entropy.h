@@ -9,7 +9,6 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -80,10 +79,8 @@ void head_loss_forward(const Exec& ex, DevPtr<double> sum, DevPtr<T> loss_T, Dev
                                raw_ptr(target_T), s, raw_ptr(workspace), bf16);
     return;
   }
-  if constexpr (kHaveCudaKernels)
-    return cuda::head_loss_forward(ex, raw_ptr(sum), raw_ptr(loss_T), raw_ptr(lse_T), raw_ptr(h_TH),
-                                   raw_ptr(w_VH), raw_ptr(target_T), s, raw_ptr(workspace), bf16);
-  no_kernel(ex, "head_loss_forward");
+  return cuda::head_loss_forward(ex, raw_ptr(sum), raw_ptr(loss_T), raw_ptr(lse_T), raw_ptr(h_TH),
+                                 raw_ptr(w_VH), raw_ptr(target_T), s, raw_ptr(workspace), bf16);
 }
 template <typename T>
 double head_loss_forward_ref(T* loss_T, T* lse_T, const T* h_TH, const T* w_VH,
@@ -99,11 +96,9 @@ void head_loss_backward(const Exec& ex, DevPtr<T> dh_TH, DevPtr<T> dw_VH, DevPtr
     return cpu::head_loss_backward(raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH), raw_ptr(w_VH),
                                    raw_ptr(target_T), raw_ptr(lse_T), *raw_ptr(dloss), s,
                                    raw_ptr(workspace), bf16);
-  if constexpr (kHaveCudaKernels)
-    return cuda::head_loss_backward(ex, raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH),
-                                    raw_ptr(w_VH), raw_ptr(target_T), raw_ptr(lse_T),
-                                    raw_ptr(dloss), s, raw_ptr(workspace), bf16);
-  no_kernel(ex, "head_loss_backward");
+  return cuda::head_loss_backward(ex, raw_ptr(dh_TH), raw_ptr(dw_VH), raw_ptr(h_TH),
+                                  raw_ptr(w_VH), raw_ptr(target_T), raw_ptr(lse_T),
+                                  raw_ptr(dloss), s, raw_ptr(workspace), bf16);
 }
 template <typename T>
 void head_loss_backward_ref(T* dh_TH, T* dw_VH, const T* h_TH, const T* w_VH,

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "core/device.h"
 #include "core/exec.h"
 
 namespace moecore {
@@ -66,11 +67,11 @@ std::span<const OpKernel> op_kernels() {
 
 bool training_step_supported(Device device, std::string* why) {
   if (device == Device::CPU) return true;
-  if (!ops::kHaveCudaKernels) {
+  if (!cuda_built()) {
     if (why) {
       *why =
-          "this moecore has no CUDA kernels (built without -DMOECORE_CUDA=ON); rebuild with it, "
-          "or train with --device cpu";
+          "this moecore was built without CUDA (-DMOECORE_CUDA=ON); rebuild with it, or train "
+          "with --device cpu";
     }
     return false;
   }

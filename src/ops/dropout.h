@@ -12,7 +12,6 @@
 #include "core/exec.h"
 #include "core/host_device.h"
 #include "core/rng.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -109,10 +108,8 @@ void dropout_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> x_SBC, dou
   if (ex.on_cpu())
     return cpu::dropout_forward(raw_ptr(y_SBC), raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C,
                                 s0);
-  if constexpr (kHaveCudaKernels)
-    return cuda::dropout_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(x_SBC), p, key,
-                                 raw_ptr(counters), S, B, C, s0);
-  no_kernel(ex, "dropout_forward");
+  return cuda::dropout_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(x_SBC), p, key,
+                               raw_ptr(counters), S, B, C, s0);
 }
 template <typename T>
 void dropout_forward_ref(T* y_SBC, const T* x_SBC, double p, uint64_t key,
@@ -131,10 +128,8 @@ void dropout_add_forward(const Exec& ex, DevPtr<T> y_SBC, DevPtr<const T> residu
   if (ex.on_cpu())
     return cpu::dropout_add_forward(raw_ptr(y_SBC), raw_ptr(residual_SBC), raw_ptr(x_SBC), p, key,
                                     raw_ptr(counters), S, B, C, s0);
-  if constexpr (kHaveCudaKernels)
-    return cuda::dropout_add_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(residual_SBC),
-                                     raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C, s0);
-  no_kernel(ex, "dropout_add_forward");
+  return cuda::dropout_add_forward(ex.stream, raw_ptr(y_SBC), raw_ptr(residual_SBC),
+                                   raw_ptr(x_SBC), p, key, raw_ptr(counters), S, B, C, s0);
 }
 template <typename T>
 void dropout_add_forward_ref(T* y_SBC, const T* residual_SBC, const T* x_SBC, double p,
@@ -150,10 +145,8 @@ void dropout_backward(const Exec& ex, DevPtr<T> dx_SBC, DevPtr<const T> dy_SBC, 
   if (ex.on_cpu())
     return cpu::dropout_backward(raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key, raw_ptr(counters), S, B,
                                  C, s0);
-  if constexpr (kHaveCudaKernels)
-    return cuda::dropout_backward(ex.stream, raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key,
-                                  raw_ptr(counters), S, B, C, s0);
-  no_kernel(ex, "dropout_backward");
+  return cuda::dropout_backward(ex.stream, raw_ptr(dx_SBC), raw_ptr(dy_SBC), p, key,
+                                raw_ptr(counters), S, B, C, s0);
 }
 template <typename T>
 void dropout_backward_ref(T* dx_SBC, const T* dy_SBC, double p, uint64_t key,

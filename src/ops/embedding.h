@@ -7,7 +7,6 @@
 #include "core/dev_ptr.h"
 #include "core/dtype.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -58,10 +57,8 @@ void embedding_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids
                        DevPtr<const T> w_VH, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_forward(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
-  if constexpr (kHaveCudaKernels)
-    return cuda::embedding_forward(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok,
-                                   H, V);
-  no_kernel(ex, "embedding_forward");
+  return cuda::embedding_forward(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok,
+                                 H, V);
 }
 template <typename T>
 void embedding_forward_ref(T* y_TH, const int32_t* ids_T, const T* w_VH, int64_t n_tok, int64_t H,
@@ -72,10 +69,8 @@ inline void embedding_forward_bf16(const Exec& ex, DevPtr<float> y_TH, DevPtr<co
                                    DevPtr<const bf16> w_VH, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_forward_bf16(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH), n_tok, H, V);
-  if constexpr (kHaveCudaKernels)
-    return cuda::embedding_forward_bf16(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH),
-                                        n_tok, H, V);
-  no_kernel(ex, "embedding_forward_bf16");
+  return cuda::embedding_forward_bf16(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_VH),
+                                      n_tok, H, V);
 }
 void embedding_forward_bf16_ref(float* y_TH, const int32_t* ids_T, const bf16* w_VH, int64_t n_tok,
                                 int64_t H, int64_t V);
@@ -85,10 +80,8 @@ void embedding_backward(const Exec& ex, DevPtr<T> dw_VH, DevPtr<const T> dy_TH,
                         DevPtr<const int32_t> ids_T, int64_t n_tok, int64_t H, int64_t V) {
   if (ex.on_cpu())
     return cpu::embedding_backward(raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H, V);
-  if constexpr (kHaveCudaKernels)
-    return cuda::embedding_backward(ex.stream, raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T),
-                                    n_tok, H, V);
-  no_kernel(ex, "embedding_backward");
+  return cuda::embedding_backward(ex.stream, raw_ptr(dw_VH), raw_ptr(dy_TH), raw_ptr(ids_T),
+                                  n_tok, H, V);
 }
 template <typename T>
 void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
@@ -96,7 +89,9 @@ void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int6
 
 // Vocab-parallel (a TP rank's slice of the table): w_RH holds the rows [v0, v0 + rows) of a
 // vocabulary of V. y[t] = w[ids[t] - v0] for the ids in the slice, zeros for the others (the
-// TP group's sum of y is the whole lookup); every id must be in [0, V).
+// TP group's sum of y is the whole lookup); every id must be in [0, V). The slice is the model's
+// rows of the rank's share of the padded table: it may be empty (rows = 0, v0 anywhere: a share
+// of padding only), which gives zeros forward and nothing backward.
 template <typename T>
 void embedding_forward_shard(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
                              DevPtr<const T> w_RH, int64_t n_tok, int64_t H, int64_t v0,
@@ -104,10 +99,8 @@ void embedding_forward_shard(const Exec& ex, DevPtr<T> y_TH, DevPtr<const int32_
   if (ex.on_cpu())
     return cpu::embedding_forward_shard(raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH), n_tok, H, v0,
                                         rows, V);
-  if constexpr (kHaveCudaKernels)
-    return cuda::embedding_forward_shard(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH),
-                                         n_tok, H, v0, rows, V);
-  no_kernel(ex, "embedding_forward_shard");
+  return cuda::embedding_forward_shard(ex.stream, raw_ptr(y_TH), raw_ptr(ids_T), raw_ptr(w_RH),
+                                       n_tok, H, v0, rows, V);
 }
 template <typename T>
 void embedding_forward_shard_ref(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok,
@@ -120,10 +113,8 @@ void embedding_backward_shard(const Exec& ex, DevPtr<T> dw_RH, DevPtr<const T> d
   if (ex.on_cpu())
     return cpu::embedding_backward_shard(raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T), n_tok, H,
                                          v0, rows, V);
-  if constexpr (kHaveCudaKernels)
-    return cuda::embedding_backward_shard(ex.stream, raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T),
-                                          n_tok, H, v0, rows, V);
-  no_kernel(ex, "embedding_backward_shard");
+  return cuda::embedding_backward_shard(ex.stream, raw_ptr(dw_RH), raw_ptr(dy_TH), raw_ptr(ids_T),
+                                        n_tok, H, v0, rows, V);
 }
 template <typename T>
 void embedding_backward_shard_ref(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,

@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 #include "ops/memory.h"
 
 namespace moecore::ops {
@@ -85,10 +84,8 @@ void gemm(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int6
   if (ex.on_cpu())
     return cpu::gemm(trans_a, trans_b, M, N, K, alpha, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
                      raw_ptr(C), ldc);
-  if constexpr (kHaveCudaKernels)
-    return cuda::gemm(ex, trans_a, trans_b, M, N, K, alpha, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
-                      raw_ptr(C), ldc);
-  no_kernel(ex, "gemm");
+  return cuda::gemm(ex, trans_a, trans_b, M, N, K, alpha, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
+                    raw_ptr(C), ldc);
 }
 template <typename T>
 void gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
@@ -100,10 +97,8 @@ void linear_forward(const Exec& ex, DevPtr<T> y_MN, DevPtr<const T> x_MK, DevPtr
                     int64_t M, int64_t N, int64_t K, bool accumulate = false) {
   if (ex.on_cpu())
     return cpu::linear_forward(raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K, accumulate);
-  if constexpr (kHaveCudaKernels)
-    return cuda::linear_forward(ex, raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
-                                accumulate);
-  no_kernel(ex, "linear_forward");
+  return cuda::linear_forward(ex, raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
+                              accumulate);
 }
 // dx[M,K] (+)= dy[M,N] * w[N,K];  dw[N,K] += dy^T * x  (dw always accumulates). dx may be
 // null (a first layer needs no input gradient).
@@ -114,10 +109,8 @@ void linear_backward(const Exec& ex, DevPtr<T> dx_MK, DevPtr<T> dw_NK, DevPtr<co
   if (ex.on_cpu())
     return cpu::linear_backward(raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
                                 raw_ptr(w_NK), M, N, K, accumulate_dx);
-  if constexpr (kHaveCudaKernels)
-    return cuda::linear_backward(ex, raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
-                                 raw_ptr(w_NK), M, N, K, accumulate_dx);
-  no_kernel(ex, "linear_backward");
+  return cuda::linear_backward(ex, raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
+                               raw_ptr(w_NK), M, N, K, accumulate_dx);
 }
 
 // Grouped GEMM over G groups (local experts), one call, zero-row groups allowed.
@@ -128,12 +121,9 @@ void grouped_gemm(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t 
                   DevPtr<const T> x, DevPtr<const T> w, bool trans_w, DevPtr<T> y) {
   if (ex.on_cpu())
     return cpu::grouped_gemm(raw_ptr(m_G), G, N, K, raw_ptr(x), raw_ptr(w), trans_w, raw_ptr(y));
-  if constexpr (kHaveCudaKernels) {
-    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
-    return cuda::grouped_gemm(ex, sizes.data(), G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
-                              raw_ptr(y));
-  }
-  no_kernel(ex, "grouped_gemm");
+  const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+  return cuda::grouped_gemm(ex, sizes.data(), G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
+                            raw_ptr(y));
 }
 template <typename T>
 void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* x, const T* w,
@@ -144,12 +134,9 @@ void grouped_gemm_wgrad(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, in
                         DevPtr<const T> dy, DevPtr<const T> x, DevPtr<T> dw) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad(raw_ptr(m_G), G, N, K, raw_ptr(dy), raw_ptr(x), raw_ptr(dw));
-  if constexpr (kHaveCudaKernels) {
-    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
-    return cuda::grouped_gemm_wgrad(ex, sizes.data(), G, N, K, raw_ptr(dy), raw_ptr(x),
-                                    raw_ptr(dw));
-  }
-  no_kernel(ex, "grouped_gemm_wgrad");
+  const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+  return cuda::grouped_gemm_wgrad(ex, sizes.data(), G, N, K, raw_ptr(dy), raw_ptr(x),
+                                  raw_ptr(dw));
 }
 template <typename T>
 void grouped_gemm_wgrad_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,

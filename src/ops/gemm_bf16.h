@@ -23,7 +23,6 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
-#include "ops/cuda_kernels.h"
 #include "ops/gemm.h"
 
 namespace moecore::ops {
@@ -91,10 +90,8 @@ inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int
   if (ex.on_cpu())
     return cpu::gemm_bf16(trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
                           raw_ptr(C), ldc, raw_ptr(ws32), raw_ptr(b32));
-  if constexpr (kHaveCudaKernels)
-    return cuda::gemm_bf16(ex, trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
-                           raw_ptr(C), ldc);
-  no_kernel(ex, "gemm_bf16");
+  return cuda::gemm_bf16(ex, trans_a, trans_b, M, N, K, raw_ptr(A), lda, raw_ptr(B), ldb, beta,
+                         raw_ptr(C), ldc);
 }
 int64_t gemm_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K);
 void gemm_bf16_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
@@ -111,10 +108,8 @@ inline void linear_forward_bf16(const Exec& ex, DevPtr<float> y_MN, DevPtr<const
   if (ex.on_cpu())
     return cpu::linear_forward_bf16(raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
                                     raw_ptr(x16), raw_ptr(ws32), raw_ptr(w32), x_rounded);
-  if constexpr (kHaveCudaKernels)
-    return cuda::linear_forward_bf16(ex, raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
-                                     raw_ptr(x16));
-  no_kernel(ex, "linear_forward_bf16");
+  return cuda::linear_forward_bf16(ex, raw_ptr(y_MN), raw_ptr(x_MK), raw_ptr(w_NK), M, N, K,
+                                   raw_ptr(x16));
 }
 // dx[M,K] = bf16(dy) * w (dx may be null); dw[N,K] += bf16(dy)^T * bf16(x) in f32.
 // dy16 and x16 are workspace of M*N and M*K.
@@ -127,11 +122,9 @@ inline void linear_backward_bf16(const Exec& ex, DevPtr<float> dx_MK, DevPtr<flo
     return cpu::linear_backward_bf16(raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN), raw_ptr(x_MK),
                                      raw_ptr(w_NK), M, N, K, raw_ptr(dy16), raw_ptr(x16),
                                      raw_ptr(ws32), raw_ptr(w32), x_rounded);
-  if constexpr (kHaveCudaKernels)
-    return cuda::linear_backward_bf16(ex, raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN),
-                                      raw_ptr(x_MK), raw_ptr(w_NK), M, N, K, raw_ptr(dy16),
-                                      raw_ptr(x16));
-  no_kernel(ex, "linear_backward_bf16");
+  return cuda::linear_backward_bf16(ex, raw_ptr(dx_MK), raw_ptr(dw_NK), raw_ptr(dy_MN),
+                                    raw_ptr(x_MK), raw_ptr(w_NK), M, N, K, raw_ptr(dy16),
+                                    raw_ptr(x16));
 }
 // ws32 of linear_forward_bf16 and linear_backward_bf16 at this shape.
 int64_t linear_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_t K);
@@ -146,12 +139,9 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
   if (ex.on_cpu())
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
-  if constexpr (kHaveCudaKernels) {
-    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
-    return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
-                                   raw_ptr(y));
-  }
-  no_kernel(ex, "grouped_gemm_bf16");
+  const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+  return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
+                                 raw_ptr(y));
 }
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
 inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
@@ -160,12 +150,9 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
-  if constexpr (kHaveCudaKernels) {
-    const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
-    return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),
-                                         raw_ptr(dw));
-  }
-  no_kernel(ex, "grouped_gemm_wgrad_bf16");
+  const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
+  return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),
+                                       raw_ptr(dw));
 }
 // ws32 for up to max_rows rows in all groups, with up to `threads` OpenMP threads.
 int64_t grouped_gemm_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N, int64_t K,

@@ -10,7 +10,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 #include "ops/adamw.h"
 
 namespace moecore::ops {
@@ -31,10 +30,8 @@ inline void grad_clip(const Exec& ex, DevPtr<double> norm, DevPtr<AdamWStep> ste
                       DevPtr<const double> sum_sq, int64_t n_parts, double max_norm) {
   if (ex.on_cpu())
     return cpu::grad_clip(raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts, max_norm);
-  if constexpr (kHaveCudaKernels)
-    return cuda::grad_clip(ex.stream, raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts,
-                           max_norm);
-  no_kernel(ex, "grad_clip");
+  return cuda::grad_clip(ex.stream, raw_ptr(norm), raw_ptr(step), raw_ptr(sum_sq), n_parts,
+                         max_norm);
 }
 void grad_clip_ref(double* norm, AdamWStep* step, const double* sum_sq, int64_t n_parts,
                    double max_norm);

@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -46,10 +45,8 @@ void input_jitter_forward(const Exec& ex, DevPtr<T> jitter, DevPtr<T> y, DevPtr<
     return cpu::input_jitter_forward(raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key, base, lane,
                                      n);
   }
-  if constexpr (kHaveCudaKernels)
-    return cuda::input_jitter_forward(ex.stream, raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key,
-                                      raw_ptr(step), stride, lane, n);
-  no_kernel(ex, "input_jitter_forward");
+  return cuda::input_jitter_forward(ex.stream, raw_ptr(jitter), raw_ptr(y), raw_ptr(x), eps, key,
+                                    raw_ptr(step), stride, lane, n);
 }
 // *step += 1: once per optimizer step, after the step's forwards.
 inline void input_jitter_advance(const Exec& ex, DevPtr<int64_t> step) {
@@ -57,8 +54,7 @@ inline void input_jitter_advance(const Exec& ex, DevPtr<int64_t> step) {
     ++*raw_ptr(step);
     return;
   }
-  if constexpr (kHaveCudaKernels) return cuda::input_jitter_advance(ex.stream, raw_ptr(step));
-  no_kernel(ex, "input_jitter_advance");
+  return cuda::input_jitter_advance(ex.stream, raw_ptr(step));
 }
 template <typename T>
 void input_jitter_forward_ref(T* jitter, T* y, const T* x, double eps, uint64_t key, uint64_t base,
@@ -70,9 +66,7 @@ template <typename T>
 void input_jitter_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> jitter,
                            int64_t n) {
   if (ex.on_cpu()) return cpu::input_jitter_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::input_jitter_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
-  no_kernel(ex, "input_jitter_backward");
+  return cuda::input_jitter_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(jitter), n);
 }
 template <typename T>
 void input_jitter_backward_ref(T* dx, const T* dy, const T* jitter, int64_t n);

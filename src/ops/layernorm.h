@@ -7,7 +7,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -48,11 +47,9 @@ void layernorm_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<T> mean_T, DevPtr<
   if (ex.on_cpu())
     return cpu::layernorm_forward(raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T), raw_ptr(x_TH),
                                   raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps, zero_centered);
-  if constexpr (kHaveCudaKernels)
-    return cuda::layernorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
-                                   raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
-                                   zero_centered);
-  no_kernel(ex, "layernorm_forward");
+  return cuda::layernorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
+                                 raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
+                                 zero_centered);
 }
 template <typename T>
 void layernorm_forward_ref(T* y_TH, T* mean_T, T* rstd_T, const T* x_TH, const T* w_H, const T* b_H,
@@ -67,11 +64,9 @@ inline void layernorm_forward_bf16w(const Exec& ex, DevPtr<float> y_TH, DevPtr<f
     return cpu::layernorm_forward_bf16w(raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
                                         raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
                                         zero_centered);
-  if constexpr (kHaveCudaKernels)
-    return cuda::layernorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
-                                         raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
-                                         zero_centered);
-  no_kernel(ex, "layernorm_forward_bf16w");
+  return cuda::layernorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(mean_T), raw_ptr(rstd_T),
+                                       raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(b_H), n_tok, H, eps,
+                                       zero_centered);
 }
 // dx = (assigned); dw += , db += (accumulated). zero_centered changes the gain (1 + w), not dw.
 template <typename T>
@@ -83,11 +78,9 @@ void layernorm_backward(const Exec& ex, DevPtr<T> dx_TH, DevPtr<T> dw_H, DevPtr<
     return cpu::layernorm_backward(raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(db_H), raw_ptr(dy_TH),
                                    raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(mean_T), raw_ptr(rstd_T),
                                    n_tok, H, zero_centered);
-  if constexpr (kHaveCudaKernels)
-    return cuda::layernorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(db_H),
-                                    raw_ptr(dy_TH), raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(mean_T),
-                                    raw_ptr(rstd_T), n_tok, H, zero_centered);
-  no_kernel(ex, "layernorm_backward");
+  return cuda::layernorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(db_H),
+                                  raw_ptr(dy_TH), raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(mean_T),
+                                  raw_ptr(rstd_T), n_tok, H, zero_centered);
 }
 template <typename T>
 void layernorm_backward_ref(T* dx_TH, T* dw_H, T* db_H, const T* dy_TH, const T* x_TH, const T* w_H,

@@ -11,7 +11,6 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/sync_audit.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -33,9 +32,7 @@ template <typename T>
 void zero(const Exec& ex, DevPtr<T> p, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "zero() clears plain data only");
   if (ex.on_cpu()) return cpu::zero_bytes(raw_ptr(p), static_cast<size_t>(n) * sizeof(T));
-  if constexpr (kHaveCudaKernels)
-    return cuda::zero_bytes(ex.stream, raw_ptr(p), static_cast<size_t>(n) * sizeof(T));
-  no_kernel(ex, "zero");
+  return cuda::zero_bytes(ex.stream, raw_ptr(p), static_cast<size_t>(n) * sizeof(T));
 }
 template <typename T>
 void zero_ref(T* p, int64_t n) {
@@ -49,10 +46,8 @@ void copy(const Exec& ex, DevPtr<T> dst, DevPtr<const T> src, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "copy() moves plain data only");
   if (ex.on_cpu())
     return cpu::copy_bytes(raw_ptr(dst), raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
-  if constexpr (kHaveCudaKernels)
-    return cuda::copy_bytes(ex.stream, raw_ptr(dst), raw_ptr(src),
-                            static_cast<size_t>(n) * sizeof(T));
-  no_kernel(ex, "copy");
+  return cuda::copy_bytes(ex.stream, raw_ptr(dst), raw_ptr(src),
+                          static_cast<size_t>(n) * sizeof(T));
 }
 // dst [n] (host memory) = src [n] (the context's memory), the host waiting until it is there:
 // a host read of device data. Inside an audited step it is a violation unless it belongs to a
@@ -63,9 +58,7 @@ void read_back(const Exec& ex, T* dst, DevPtr<const T> src, int64_t n) {
   static_assert(std::is_trivially_copyable_v<T>, "read_back() moves plain data only");
   SyncAudit::instance().host_sync("ops::read_back: the host reads device data");
   if (ex.on_cpu()) return cpu::copy_bytes(dst, raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
-  if constexpr (kHaveCudaKernels)
-    return cuda::read_back_bytes(ex.stream, dst, raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
-  no_kernel(ex, "read_back");
+  return cuda::read_back_bytes(ex.stream, dst, raw_ptr(src), static_cast<size_t>(n) * sizeof(T));
 }
 // One value: read_back of n = 1.
 template <typename T>

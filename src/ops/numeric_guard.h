@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 #include "ops/adamw.h"
 
 namespace moecore::ops {
@@ -34,9 +33,7 @@ void skip_if_flagged(void* stream, AdamWStep* step, const int32_t* flags, int64_
 template <typename T>
 void flag_nonfinite(const Exec& ex, DevPtr<int32_t> flag, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::flag_nonfinite(raw_ptr(flag), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::flag_nonfinite(ex.stream, raw_ptr(flag), raw_ptr(x), n);
-  no_kernel(ex, "flag_nonfinite");
+  return cuda::flag_nonfinite(ex.stream, raw_ptr(flag), raw_ptr(x), n);
 }
 template <typename T>
 void flag_nonfinite_ref(int32_t* flag, const T* x, int64_t n);
@@ -47,9 +44,7 @@ void flag_nonfinite_ref(int32_t* flag, const T* x, int64_t n);
 inline void flag_at_least(const Exec& ex, DevPtr<int32_t> flag, DevPtr<const double> value,
                           DevPtr<const double> threshold) {
   if (ex.on_cpu()) return cpu::flag_at_least(raw_ptr(flag), raw_ptr(value), raw_ptr(threshold));
-  if constexpr (kHaveCudaKernels)
-    return cuda::flag_at_least(ex.stream, raw_ptr(flag), raw_ptr(value), raw_ptr(threshold));
-  no_kernel(ex, "flag_at_least");
+  return cuda::flag_at_least(ex.stream, raw_ptr(flag), raw_ptr(value), raw_ptr(threshold));
 }
 void flag_at_least_ref(int32_t* flag, const double* value, const double* threshold);
 
@@ -57,9 +52,7 @@ void flag_at_least_ref(int32_t* flag, const double* value, const double* thresho
 inline void skip_if_flagged(const Exec& ex, DevPtr<AdamWStep> step, DevPtr<const int32_t> flags,
                             int64_t n) {
   if (ex.on_cpu()) return cpu::skip_if_flagged(raw_ptr(step), raw_ptr(flags), n);
-  if constexpr (kHaveCudaKernels)
-    return cuda::skip_if_flagged(ex.stream, raw_ptr(step), raw_ptr(flags), n);
-  no_kernel(ex, "skip_if_flagged");
+  return cuda::skip_if_flagged(ex.stream, raw_ptr(step), raw_ptr(flags), n);
 }
 void skip_if_flagged_ref(AdamWStep* step, const int32_t* flags, int64_t n);
 

@@ -7,7 +7,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -101,11 +100,9 @@ inline void build_permutation(const Exec& ex, DevPtr<int64_t> n_kept, DevPtr<int
                                raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
     return;
   }
-  if constexpr (kHaveCudaKernels)
-    return cuda::build_permutation(ex.stream, raw_ptr(n_kept), raw_ptr(counts_E),
-                                   raw_ptr(row_token_N), raw_ptr(row_slot_N),
-                                   raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
-  no_kernel(ex, "build_permutation");
+  return cuda::build_permutation(ex.stream, raw_ptr(n_kept), raw_ptr(counts_E),
+                                 raw_ptr(row_token_N), raw_ptr(row_slot_N),
+                                 raw_ptr(token_rows_TK), raw_ptr(idx_TK), n_tok, K, E);
 }
 int64_t build_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                               int32_t* token_rows_TK, const int32_t* idx_TK, int64_t n_tok,
@@ -126,11 +123,9 @@ inline void pad_permutation(const Exec& ex, DevPtr<int64_t> pads, DevPtr<int64_t
                              raw_ptr(token_rows_TK), *raw_ptr(n_kept), n_tok, K, E, cap);
     return;
   }
-  if constexpr (kHaveCudaKernels)
-    return cuda::pad_permutation(ex.stream, raw_ptr(pads), raw_ptr(counts_E), raw_ptr(row_token_N),
-                                 raw_ptr(row_slot_N), raw_ptr(token_rows_TK), raw_ptr(n_kept),
-                                 n_tok, K, E, cap);
-  no_kernel(ex, "pad_permutation");
+  return cuda::pad_permutation(ex.stream, raw_ptr(pads), raw_ptr(counts_E), raw_ptr(row_token_N),
+                               raw_ptr(row_slot_N), raw_ptr(token_rows_TK), raw_ptr(n_kept),
+                               n_tok, K, E, cap);
 }
 int64_t pad_permutation_ref(int64_t* counts_E, int32_t* row_token_N, int32_t* row_slot_N,
                             int32_t* token_rows_TK, int64_t n_real, int64_t n_tok, int64_t K,
@@ -154,11 +149,9 @@ inline int64_t build_group_permutation(const Exec& ex, DevPtr<int64_t> rows_L,
     return cpu::build_group_permutation(raw_ptr(rows_L), raw_ptr(row_token_N), raw_ptr(row_slot_N),
                                         raw_ptr(group_rows_GK), raw_ptr(chunk_LR), raw_ptr(pads),
                                         g);
-  if constexpr (kHaveCudaKernels)
-    return cuda::build_group_permutation(ex.stream, raw_ptr(rows_L), raw_ptr(row_token_N),
-                                         raw_ptr(row_slot_N), raw_ptr(group_rows_GK),
-                                         raw_ptr(chunk_LR), raw_ptr(pads), g);
-  no_kernel(ex, "build_group_permutation");
+  return cuda::build_group_permutation(ex.stream, raw_ptr(rows_L), raw_ptr(row_token_N),
+                                       raw_ptr(row_slot_N), raw_ptr(group_rows_GK),
+                                       raw_ptr(chunk_LR), raw_ptr(pads), g);
 }
 int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,
                                     int32_t* group_rows_GK, int64_t* pads, const GroupRouting& g);
@@ -171,10 +164,8 @@ void gather_row_probs(const Exec& ex, DevPtr<T> p_N, DevPtr<const T> probs_TK,
   if (ex.on_cpu())
     return cpu::gather_row_probs(raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
                                  raw_ptr(row_slot_N), N, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::gather_row_probs(ex.stream, raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
-                                  raw_ptr(row_slot_N), N, K);
-  no_kernel(ex, "gather_row_probs");
+  return cuda::gather_row_probs(ex.stream, raw_ptr(p_N), raw_ptr(probs_TK), raw_ptr(row_token_N),
+                                raw_ptr(row_slot_N), N, K);
 }
 template <typename T>
 void gather_row_probs_ref(T* p_N, const T* probs_TK, const int32_t* row_token_N,
@@ -185,10 +176,8 @@ void scatter_row_probs(const Exec& ex, DevPtr<T> dprobs_TK, DevPtr<const T> dp_N
                        DevPtr<const int32_t> token_rows_TK, int64_t TK) {
   if (ex.on_cpu())
     return cpu::scatter_row_probs(raw_ptr(dprobs_TK), raw_ptr(dp_N), raw_ptr(token_rows_TK), TK);
-  if constexpr (kHaveCudaKernels)
-    return cuda::scatter_row_probs(ex.stream, raw_ptr(dprobs_TK), raw_ptr(dp_N),
-                                   raw_ptr(token_rows_TK), TK);
-  no_kernel(ex, "scatter_row_probs");
+  return cuda::scatter_row_probs(ex.stream, raw_ptr(dprobs_TK), raw_ptr(dp_N),
+                                 raw_ptr(token_rows_TK), TK);
 }
 template <typename T>
 void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
@@ -199,9 +188,7 @@ void permute_rows(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> x_TH,
                   DevPtr<const int32_t> row_token_N, int64_t N, int64_t H) {
   if (ex.on_cpu())
     return cpu::permute_rows(raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
-  if constexpr (kHaveCudaKernels)
-    return cuda::permute_rows(ex.stream, raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
-  no_kernel(ex, "permute_rows");
+  return cuda::permute_rows(ex.stream, raw_ptr(y_NH), raw_ptr(x_TH), raw_ptr(row_token_N), N, H);
 }
 template <typename T>
 void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H);
@@ -211,10 +198,8 @@ void unpermute_rows(const Exec& ex, DevPtr<T> y_TH, DevPtr<const T> x_NH,
                     DevPtr<const int32_t> token_rows_TK, int64_t n_tok, int64_t K, int64_t H) {
   if (ex.on_cpu())
     return cpu::unpermute_rows(raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK), n_tok, K, H);
-  if constexpr (kHaveCudaKernels)
-    return cuda::unpermute_rows(ex.stream, raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK),
-                                n_tok, K, H);
-  no_kernel(ex, "unpermute_rows");
+  return cuda::unpermute_rows(ex.stream, raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK),
+                              n_tok, K, H);
 }
 template <typename T>
 void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
@@ -230,10 +215,8 @@ void copy_row_chunks(const Exec& ex, DevPtr<T> dst_NW, DevPtr<const T> src_NW,
   if (ex.on_cpu())
     return cpu::copy_row_chunks(raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
                                 raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
-  if constexpr (kHaveCudaKernels)
-    return cuda::copy_row_chunks(ex.stream, raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
-                                 raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
-  no_kernel(ex, "copy_row_chunks");
+  return cuda::copy_row_chunks(ex.stream, raw_ptr(dst_NW), raw_ptr(src_NW), raw_ptr(dst_off),
+                               raw_ptr(src_off), raw_ptr(rows), n_chunks, W);
 }
 template <typename T>
 void copy_row_chunks_ref(T* dst_NW, const T* src_NW, const int64_t* dst_off, const int64_t* src_off,

@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -35,9 +34,7 @@ template <typename T>
 void split_qkv(const Exec& ex, DevPtr<T> q, DevPtr<T> k, DevPtr<T> v, DevPtr<const T> fused,
                const QkvShape& s) {
   if (ex.on_cpu()) return cpu::split_qkv(raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(fused), s);
-  if constexpr (kHaveCudaKernels)
-    return cuda::split_qkv(ex.stream, raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(fused), s);
-  no_kernel(ex, "split_qkv");
+  return cuda::split_qkv(ex.stream, raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(fused), s);
 }
 template <typename T>
 void split_qkv_ref(T* q, T* k, T* v, const T* fused, const QkvShape& s);
@@ -45,9 +42,7 @@ template <typename T>
 void fuse_qkv(const Exec& ex, DevPtr<T> fused, DevPtr<const T> q, DevPtr<const T> k,
               DevPtr<const T> v, const QkvShape& s) {
   if (ex.on_cpu()) return cpu::fuse_qkv(raw_ptr(fused), raw_ptr(q), raw_ptr(k), raw_ptr(v), s);
-  if constexpr (kHaveCudaKernels)
-    return cuda::fuse_qkv(ex.stream, raw_ptr(fused), raw_ptr(q), raw_ptr(k), raw_ptr(v), s);
-  no_kernel(ex, "fuse_qkv");
+  return cuda::fuse_qkv(ex.stream, raw_ptr(fused), raw_ptr(q), raw_ptr(k), raw_ptr(v), s);
 }
 template <typename T>
 void fuse_qkv_ref(T* fused, const T* q, const T* k, const T* v, const QkvShape& s);

@@ -7,7 +7,6 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/host_device.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -65,10 +64,8 @@ void rmsnorm_forward(const Exec& ex, DevPtr<T> y_TH, DevPtr<T> rstd_T, DevPtr<co
   if (ex.on_cpu())
     return cpu::rmsnorm_forward(raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH), raw_ptr(w_H), n_tok,
                                 H, eps);
-  if constexpr (kHaveCudaKernels)
-    return cuda::rmsnorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
-                                 raw_ptr(w_H), n_tok, H, eps);
-  no_kernel(ex, "rmsnorm_forward");
+  return cuda::rmsnorm_forward(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
+                               raw_ptr(w_H), n_tok, H, eps);
 }
 template <typename T>
 void rmsnorm_forward_ref(T* y_TH, T* rstd_T, const T* x_TH, const T* w_H, int64_t n_tok, int64_t H,
@@ -81,10 +78,8 @@ inline void rmsnorm_forward_bf16w(const Exec& ex, DevPtr<float> y_TH, DevPtr<flo
   if (ex.on_cpu())
     return cpu::rmsnorm_forward_bf16w(raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH), raw_ptr(w_H),
                                       n_tok, H, eps);
-  if constexpr (kHaveCudaKernels)
-    return cuda::rmsnorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
-                                       raw_ptr(w_H), n_tok, H, eps);
-  no_kernel(ex, "rmsnorm_forward_bf16w");
+  return cuda::rmsnorm_forward_bf16w(ex.stream, raw_ptr(y_TH), raw_ptr(rstd_T), raw_ptr(x_TH),
+                                     raw_ptr(w_H), n_tok, H, eps);
 }
 // dx = (assigned); dw += (accumulated).
 template <typename T>
@@ -94,10 +89,8 @@ void rmsnorm_backward(const Exec& ex, DevPtr<T> dx_TH, DevPtr<T> dw_H, DevPtr<co
   if (ex.on_cpu())
     return cpu::rmsnorm_backward(raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(dy_TH), raw_ptr(x_TH),
                                  raw_ptr(w_H), raw_ptr(rstd_T), n_tok, H);
-  if constexpr (kHaveCudaKernels)
-    return cuda::rmsnorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(dy_TH),
-                                  raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(rstd_T), n_tok, H);
-  no_kernel(ex, "rmsnorm_backward");
+  return cuda::rmsnorm_backward(ex.stream, raw_ptr(dx_TH), raw_ptr(dw_H), raw_ptr(dy_TH),
+                                raw_ptr(x_TH), raw_ptr(w_H), raw_ptr(rstd_T), n_tok, H);
 }
 template <typename T>
 void rmsnorm_backward_ref(T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,

@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -70,10 +69,8 @@ void rope_forward(const Exec& ex, DevPtr<T> y, DevPtr<const T> x, DevPtr<const i
                   int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
   if (ex.on_cpu())
     return cpu::rope_forward(raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads, cache);
-  if constexpr (kHaveCudaKernels)
-    return cuda::rope_forward(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads,
-                              cache);
-  no_kernel(ex, "rope_forward");
+  return cuda::rope_forward(ex.stream, raw_ptr(y), raw_ptr(x), raw_ptr(pos_T), n_tok, n_heads,
+                            cache);
 }
 template <typename T>
 void rope_forward_ref(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
@@ -84,10 +81,8 @@ void rope_backward(const Exec& ex, DevPtr<T> dx, DevPtr<const T> dy, DevPtr<cons
                    int64_t n_tok, int64_t n_heads, const RopeCache& cache) {
   if (ex.on_cpu())
     return cpu::rope_backward(raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads, cache);
-  if constexpr (kHaveCudaKernels)
-    return cuda::rope_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads,
-                               cache);
-  no_kernel(ex, "rope_backward");
+  return cuda::rope_backward(ex.stream, raw_ptr(dx), raw_ptr(dy), raw_ptr(pos_T), n_tok, n_heads,
+                             cache);
 }
 template <typename T>
 void rope_backward_ref(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,

@@ -7,7 +7,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -52,10 +51,8 @@ inline void count_tokens_per_expert(const Exec& ex, DevPtr<int64_t> counts_E,
   if (ex.on_cpu())
     return cpu::count_tokens_per_expert(raw_ptr(counts_E), raw_ptr(seq_counts_BE), raw_ptr(idx_TK),
                                         n_tok, K, E, B);
-  if constexpr (kHaveCudaKernels)
-    return cuda::count_tokens_per_expert(ex.stream, raw_ptr(counts_E), raw_ptr(seq_counts_BE),
-                                         raw_ptr(idx_TK), n_tok, K, E, B);
-  no_kernel(ex, "count_tokens_per_expert");
+  return cuda::count_tokens_per_expert(ex.stream, raw_ptr(counts_E), raw_ptr(seq_counts_BE),
+                                       raw_ptr(idx_TK), n_tok, K, E, B);
 }
 void count_tokens_per_expert_ref(int64_t* counts_E, int64_t* seq_counts_BE, const int32_t* idx_TK,
                                  int64_t n_tok, int64_t K, int64_t E, int64_t B);
@@ -64,9 +61,7 @@ void count_tokens_per_expert_ref(int64_t* counts_E, int64_t* seq_counts_BE, cons
 inline void accumulate_counts(const Exec& ex, DevPtr<double> sum_E, DevPtr<const int64_t> counts_E,
                               int64_t E) {
   if (ex.on_cpu()) return cpu::accumulate_counts(raw_ptr(sum_E), raw_ptr(counts_E), E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::accumulate_counts(ex.stream, raw_ptr(sum_E), raw_ptr(counts_E), E);
-  no_kernel(ex, "accumulate_counts");
+  return cuda::accumulate_counts(ex.stream, raw_ptr(sum_E), raw_ptr(counts_E), E);
 }
 void accumulate_counts_ref(double* sum_E, const int64_t* counts_E, int64_t E);
 
@@ -76,10 +71,8 @@ inline void running_mean_counts(const Exec& ex, DevPtr<double> mean_E, DevPtr<co
                                 DevPtr<const int64_t> counts_E, double n_micro, int64_t E) {
   if (ex.on_cpu())
     return cpu::running_mean_counts(raw_ptr(mean_E), raw_ptr(sum_E), raw_ptr(counts_E), n_micro, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::running_mean_counts(ex.stream, raw_ptr(mean_E), raw_ptr(sum_E), raw_ptr(counts_E),
-                                     n_micro, E);
-  no_kernel(ex, "running_mean_counts");
+  return cuda::running_mean_counts(ex.stream, raw_ptr(mean_E), raw_ptr(sum_E), raw_ptr(counts_E),
+                                   n_micro, E);
 }
 void running_mean_counts_ref(double* mean_E, const double* sum_E, const int64_t* counts_E,
                              double n_micro, int64_t E);
@@ -93,10 +86,8 @@ inline void quantile_beta_estimate(const Exec& ex, DevPtr<double> beta_sum_E, De
   if (ex.on_cpu())
     return cpu::quantile_beta_estimate(raw_ptr(beta_sum_E), raw_ptr(col_T), raw_ptr(logits_TE),
                                        raw_ptr(keyv_TK1), n_tok, E, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::quantile_beta_estimate(ex.stream, raw_ptr(beta_sum_E), raw_ptr(col_T),
-                                        raw_ptr(logits_TE), raw_ptr(keyv_TK1), n_tok, E, K);
-  no_kernel(ex, "quantile_beta_estimate");
+  return cuda::quantile_beta_estimate(ex.stream, raw_ptr(beta_sum_E), raw_ptr(col_T),
+                                      raw_ptr(logits_TE), raw_ptr(keyv_TK1), n_tok, E, K);
 }
 void quantile_beta_estimate_ref(double* beta_sum_E, const double* logits_TE, const double* keyv_TK1,
                                 int64_t n_tok, int64_t E, int64_t K);
@@ -104,8 +95,7 @@ void quantile_beta_estimate_ref(double* beta_sum_E, const double* logits_TE, con
 // x [n] /= d (the micro-batches' sum of estimates -> their mean).
 inline void divide_in_place(const Exec& ex, DevPtr<double> x, double d, int64_t n) {
   if (ex.on_cpu()) return cpu::divide_in_place(raw_ptr(x), d, n);
-  if constexpr (kHaveCudaKernels) return cuda::divide_in_place(ex.stream, raw_ptr(x), d, n);
-  no_kernel(ex, "divide_in_place");
+  return cuda::divide_in_place(ex.stream, raw_ptr(x), d, n);
 }
 void divide_in_place_ref(double* x, double d, int64_t n);
 
@@ -115,10 +105,8 @@ inline void quantile_beta_update(const Exec& ex, DevPtr<float> beta_E, DevPtr<do
                                  DevPtr<const double> avg_E, double ema, int64_t E) {
   if (ex.on_cpu())
     return cpu::quantile_beta_update(raw_ptr(beta_E), raw_ptr(work_E), raw_ptr(avg_E), ema, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::quantile_beta_update(ex.stream, raw_ptr(beta_E), raw_ptr(work_E), raw_ptr(avg_E),
-                                      ema, E);
-  no_kernel(ex, "quantile_beta_update");
+  return cuda::quantile_beta_update(ex.stream, raw_ptr(beta_E), raw_ptr(work_E), raw_ptr(avg_E),
+                                    ema, E);
 }
 void quantile_beta_update_ref(float* beta_E, const double* avg_E, double ema, int64_t E);
 
@@ -126,9 +114,7 @@ void quantile_beta_update_ref(float* beta_E, const double* avg_E, double ema, in
 inline void expert_bias_update(const Exec& ex, DevPtr<float> bias_E, DevPtr<const double> counts_E,
                                float rate, int64_t E) {
   if (ex.on_cpu()) return cpu::expert_bias_update(raw_ptr(bias_E), raw_ptr(counts_E), rate, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::expert_bias_update(ex.stream, raw_ptr(bias_E), raw_ptr(counts_E), rate, E);
-  no_kernel(ex, "expert_bias_update");
+  return cuda::expert_bias_update(ex.stream, raw_ptr(bias_E), raw_ptr(counts_E), rate, E);
 }
 void expert_bias_update_ref(float* bias_E, const double* counts_E, float rate, int64_t E);
 

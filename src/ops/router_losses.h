@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -57,10 +56,8 @@ void aux_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<const double> a
   if (ex.on_cpu())
     return cpu::aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(counts_E), n_tok, E,
                                K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
-                                raw_ptr(counts_E), n_tok, E, K);
-  no_kernel(ex, "aux_loss_value");
+  return cuda::aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
+                              raw_ptr(counts_E), n_tok, E, K);
 }
 template <typename C>
 void aux_loss_value_ref(double* value, const double* aux_scores_TE, const C* counts_E,
@@ -75,10 +72,8 @@ inline void seq_aux_loss_value(const Exec& ex, DevPtr<double> value,
   if (ex.on_cpu())
     return cpu::seq_aux_loss_value(raw_ptr(value), raw_ptr(aux_scores_TE), raw_ptr(seq_counts_BE),
                                    n_tok, E, K, B);
-  if constexpr (kHaveCudaKernels)
-    return cuda::seq_aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
-                                    raw_ptr(seq_counts_BE), n_tok, E, K, B);
-  no_kernel(ex, "seq_aux_loss_value");
+  return cuda::seq_aux_loss_value(ex.stream, raw_ptr(value), raw_ptr(aux_scores_TE),
+                                  raw_ptr(seq_counts_BE), n_tok, E, K, B);
 }
 void seq_aux_loss_value_ref(double* value, const double* aux_scores_TE,
                             const int64_t* seq_counts_BE, int64_t n_tok, int64_t E, int64_t K,
@@ -89,10 +84,8 @@ inline void z_loss_value(const Exec& ex, DevPtr<double> value, DevPtr<double> ls
                          DevPtr<const double> logits_TE, int64_t n_tok, int64_t E) {
   if (ex.on_cpu())
     return cpu::z_loss_value(raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::z_loss_value(ex.stream, raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok,
-                              E);
-  no_kernel(ex, "z_loss_value");
+  return cuda::z_loss_value(ex.stream, raw_ptr(value), raw_ptr(lse_T), raw_ptr(logits_TE), n_tok,
+                            E);
 }
 void z_loss_value_ref(double* value, double* lse_T, const double* logits_TE, int64_t n_tok,
                       int64_t E);
@@ -102,9 +95,7 @@ template <typename C>
 void aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE, DevPtr<const C> counts_E, double coeff,
                    int64_t n_tok, int64_t E) {
   if (ex.on_cpu()) return cpu::aux_loss_grad(raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
-  no_kernel(ex, "aux_loss_grad");
+  return cuda::aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(counts_E), coeff, n_tok, E);
 }
 template <typename C>
 void aux_loss_grad_ref(double* daux_TE, const C* counts_E, double coeff, int64_t n_tok, int64_t E);
@@ -115,10 +106,8 @@ inline void seq_aux_loss_grad(const Exec& ex, DevPtr<double> daux_TE,
                               int64_t E, int64_t B) {
   if (ex.on_cpu())
     return cpu::seq_aux_loss_grad(raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff, n_tok, E, B);
-  if constexpr (kHaveCudaKernels)
-    return cuda::seq_aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff,
-                                   n_tok, E, B);
-  no_kernel(ex, "seq_aux_loss_grad");
+  return cuda::seq_aux_loss_grad(ex.stream, raw_ptr(daux_TE), raw_ptr(seq_counts_BE), coeff,
+                                 n_tok, E, B);
 }
 void seq_aux_loss_grad_ref(double* daux_TE, const int64_t* seq_counts_BE, double coeff,
                            int64_t n_tok, int64_t E, int64_t B);
@@ -130,10 +119,8 @@ inline void z_loss_grad(const Exec& ex, DevPtr<double> dlogits_TE, DevPtr<const 
   if (ex.on_cpu())
     return cpu::z_loss_grad(raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE), coeff, n_tok,
                             E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::z_loss_grad(ex.stream, raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE),
-                             coeff, n_tok, E);
-  no_kernel(ex, "z_loss_grad");
+  return cuda::z_loss_grad(ex.stream, raw_ptr(dlogits_TE), raw_ptr(lse_T), raw_ptr(softmax_TE),
+                           coeff, n_tok, E);
 }
 void z_loss_grad_ref(double* dlogits_TE, const double* lse_T, const double* softmax_TE,
                      double coeff, int64_t n_tok, int64_t E);

@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 #include "ops/router_scores.h"
 
 namespace moecore::ops {
@@ -58,10 +57,8 @@ inline void gather_topk(const Exec& ex, DevPtr<double> val_TK, DevPtr<const doub
                         DevPtr<const int32_t> idx_TK, int64_t n_tok, int64_t E, int64_t K) {
   if (ex.on_cpu())
     return cpu::gather_topk(raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok, E, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::gather_topk(ex.stream, raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok,
-                             E, K);
-  no_kernel(ex, "gather_topk");
+  return cuda::gather_topk(ex.stream, raw_ptr(val_TK), raw_ptr(src_TE), raw_ptr(idx_TK), n_tok,
+                           E, K);
 }
 void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK, int64_t n_tok,
                      int64_t E, int64_t K);
@@ -70,9 +67,7 @@ void gather_topk_ref(double* val_TK, const double* src_TE, const int32_t* idx_TK
 inline void topk_probs(const Exec& ex, ProbsFn fn, DevPtr<double> probs_TK,
                        DevPtr<const double> val_TK, double scale, int64_t n_tok, int64_t K) {
   if (ex.on_cpu()) return cpu::topk_probs(fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::topk_probs(ex.stream, fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
-  no_kernel(ex, "topk_probs");
+  return cuda::topk_probs(ex.stream, fn, raw_ptr(probs_TK), raw_ptr(val_TK), scale, n_tok, K);
 }
 void topk_probs_ref(ProbsFn fn, double* probs_TK, const double* val_TK, double scale, int64_t n_tok,
                     int64_t K);
@@ -83,10 +78,8 @@ void kept_prob_grads(const Exec& ex, DevPtr<double> g_TK, DevPtr<const T> dprobs
                      DevPtr<const int32_t> idx_TK, double scale, int64_t TK) {
   if (ex.on_cpu())
     return cpu::kept_prob_grads(raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK), scale, TK);
-  if constexpr (kHaveCudaKernels)
-    return cuda::kept_prob_grads(ex.stream, raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK),
-                                 scale, TK);
-  no_kernel(ex, "kept_prob_grads");
+  return cuda::kept_prob_grads(ex.stream, raw_ptr(g_TK), raw_ptr(dprobs_TK), raw_ptr(idx_TK),
+                               scale, TK);
 }
 template <typename T>
 void kept_prob_grads_ref(double* g_TK, const T* dprobs_TK, const int32_t* idx_TK, double scale,
@@ -105,11 +98,9 @@ inline void topk_probs_backward(const Exec& ex, ProbsFn fn, ScoreFn score,
     return cpu::topk_probs_backward(fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE), raw_ptr(g_TK),
                                     raw_ptr(val_TK), raw_ptr(routed_TK), raw_ptr(logits_TE),
                                     raw_ptr(scores_TE), n_tok, E, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::topk_probs_backward(ex.stream, fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE),
-                                     raw_ptr(g_TK), raw_ptr(val_TK), raw_ptr(routed_TK),
-                                     raw_ptr(logits_TE), raw_ptr(scores_TE), n_tok, E, K);
-  no_kernel(ex, "topk_probs_backward");
+  return cuda::topk_probs_backward(ex.stream, fn, score, raw_ptr(dlogits_TE), raw_ptr(work_TE),
+                                   raw_ptr(g_TK), raw_ptr(val_TK), raw_ptr(routed_TK),
+                                   raw_ptr(logits_TE), raw_ptr(scores_TE), n_tok, E, K);
 }
 void topk_probs_backward_ref(ProbsFn fn, ScoreFn score, double* dlogits_TE, const double* g_TK,
                              const double* val_TK, const int32_t* routed_TK,

@@ -7,7 +7,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -45,10 +44,8 @@ inline void router_scores(const Exec& ex, ScoreFn fn, DevPtr<double> scores_TE,
   if (ex.on_cpu())
     return cpu::router_scores(fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE), raw_ptr(logits_TE),
                               n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::router_scores(ex.stream, fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE),
-                               raw_ptr(logits_TE), n_tok, E);
-  no_kernel(ex, "router_scores");
+  return cuda::router_scores(ex.stream, fn, raw_ptr(scores_TE), raw_ptr(aux_scores_TE),
+                             raw_ptr(logits_TE), n_tok, E);
 }
 void router_scores_ref(ScoreFn fn, double* scores_TE, double* aux_scores_TE,
                        const double* logits_TE, int64_t n_tok, int64_t E);
@@ -65,11 +62,9 @@ inline void aux_scores_backward(const Exec& ex, ScoreFn fn, DevPtr<double> dlogi
     return cpu::aux_scores_backward(fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
                                     raw_ptr(aux_scores_TE), raw_ptr(scores_TE), raw_ptr(logits_TE),
                                     n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::aux_scores_backward(ex.stream, fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
-                                     raw_ptr(aux_scores_TE), raw_ptr(scores_TE),
-                                     raw_ptr(logits_TE), n_tok, E);
-  no_kernel(ex, "aux_scores_backward");
+  return cuda::aux_scores_backward(ex.stream, fn, raw_ptr(dlogits_TE), raw_ptr(daux_TE),
+                                   raw_ptr(aux_scores_TE), raw_ptr(scores_TE),
+                                   raw_ptr(logits_TE), n_tok, E);
 }
 void aux_scores_backward_ref(ScoreFn fn, double* dlogits_TE, double* daux_TE,
                              const double* aux_scores_TE, const double* scores_TE,

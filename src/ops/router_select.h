@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -50,10 +49,8 @@ inline void routing_key(const Exec& ex, DevPtr<double> key_TE, DevPtr<const doub
   if (ex.on_cpu())
     return cpu::routing_key(raw_ptr(key_TE), raw_ptr(src_TE), raw_ptr(offset_E), subtract, n_tok,
                             E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::routing_key(ex.stream, raw_ptr(key_TE), raw_ptr(src_TE), raw_ptr(offset_E),
-                             subtract, n_tok, E);
-  no_kernel(ex, "routing_key");
+  return cuda::routing_key(ex.stream, raw_ptr(key_TE), raw_ptr(src_TE), raw_ptr(offset_E),
+                           subtract, n_tok, E);
 }
 void routing_key_ref(double* key_TE, const double* src_TE, const float* offset_E, bool subtract,
                      int64_t n_tok, int64_t E);
@@ -68,10 +65,8 @@ inline void group_limited_mask(const Exec& ex, DevPtr<double> key_TE, DevPtr<dou
   if (ex.on_cpu())
     return cpu::group_limited_mask(raw_ptr(key_TE), raw_ptr(scratch_TE), n_tok, E, num_groups,
                                    group_topk, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::group_limited_mask(ex.stream, raw_ptr(key_TE), raw_ptr(scratch_TE), n_tok, E,
-                                    num_groups, group_topk, K);
-  no_kernel(ex, "group_limited_mask");
+  return cuda::group_limited_mask(ex.stream, raw_ptr(key_TE), raw_ptr(scratch_TE), n_tok, E,
+                                  num_groups, group_topk, K);
 }
 void group_limited_mask_ref(double* key_TE, int64_t n_tok, int64_t E, int64_t num_groups,
                             int64_t group_topk, int64_t K);
@@ -86,10 +81,8 @@ inline void sinkhorn_balance(const Exec& ex, DevPtr<double> cost_TE, DevPtr<doub
   if (ex.on_cpu())
     return cpu::sinkhorn_balance(raw_ptr(cost_TE), raw_ptr(d0_T), raw_ptr(d1_2E),
                                  raw_ptr(logits_TE), n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::sinkhorn_balance(ex.stream, raw_ptr(cost_TE), raw_ptr(d0_T), raw_ptr(d1_2E),
-                                  raw_ptr(logits_TE), n_tok, E);
-  no_kernel(ex, "sinkhorn_balance");
+  return cuda::sinkhorn_balance(ex.stream, raw_ptr(cost_TE), raw_ptr(d0_T), raw_ptr(d1_2E),
+                                raw_ptr(logits_TE), n_tok, E);
 }
 void sinkhorn_balance_ref(double* cost_TE, double* d0_T, double* d1_2E, const double* logits_TE,
                           int64_t n_tok, int64_t E);
@@ -99,9 +92,7 @@ void sinkhorn_balance_ref(double* cost_TE, double* d0_T, double* d1_2E, const do
 inline void topk_prefix(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<const int32_t> idx_TK1,
                         int64_t n_tok, int64_t K, int64_t K1) {
   if (ex.on_cpu()) return cpu::topk_prefix(raw_ptr(idx_TK), raw_ptr(idx_TK1), n_tok, K, K1);
-  if constexpr (kHaveCudaKernels)
-    return cuda::topk_prefix(ex.stream, raw_ptr(idx_TK), raw_ptr(idx_TK1), n_tok, K, K1);
-  no_kernel(ex, "topk_prefix");
+  return cuda::topk_prefix(ex.stream, raw_ptr(idx_TK), raw_ptr(idx_TK1), n_tok, K, K1);
 }
 void topk_prefix_ref(int32_t* idx_TK, const int32_t* idx_TK1, int64_t n_tok, int64_t K, int64_t K1);
 
@@ -117,11 +108,9 @@ inline void apply_capacity(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<double
     return cpu::apply_capacity(raw_ptr(idx_TK), raw_ptr(probs_TK), raw_ptr(dropped),
                                raw_ptr(cand_N), raw_ptr(cand_off_2E1), raw_ptr(routed_TK), n_tok, K,
                                E, capacity, by_probs);
-  if constexpr (kHaveCudaKernels)
-    return cuda::apply_capacity(ex.stream, raw_ptr(idx_TK), raw_ptr(probs_TK), raw_ptr(dropped),
-                                raw_ptr(cand_N), raw_ptr(cand_off_2E1), raw_ptr(routed_TK), n_tok,
-                                K, E, capacity, by_probs);
-  no_kernel(ex, "apply_capacity");
+  return cuda::apply_capacity(ex.stream, raw_ptr(idx_TK), raw_ptr(probs_TK), raw_ptr(dropped),
+                              raw_ptr(cand_N), raw_ptr(cand_off_2E1), raw_ptr(routed_TK), n_tok,
+                              K, E, capacity, by_probs);
 }
 void apply_capacity_ref(int32_t* idx_TK, double* probs_TK, int64_t* dropped,
                         const int32_t* routed_TK, int64_t n_tok, int64_t K, int64_t E,

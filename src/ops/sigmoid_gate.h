@@ -10,7 +10,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -39,9 +38,7 @@ void sigmoid_gate_forward(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> s_NH, 
                           int64_t N, int64_t H) {
   if (ex.on_cpu())
     return cpu::sigmoid_gate_forward(raw_ptr(y_NH), raw_ptr(s_NH), raw_ptr(l_N), N, H);
-  if constexpr (kHaveCudaKernels)
-    return cuda::sigmoid_gate_forward(ex.stream, raw_ptr(y_NH), raw_ptr(s_NH), raw_ptr(l_N), N, H);
-  no_kernel(ex, "sigmoid_gate_forward");
+  return cuda::sigmoid_gate_forward(ex.stream, raw_ptr(y_NH), raw_ptr(s_NH), raw_ptr(l_N), N, H);
 }
 template <typename T>
 void sigmoid_gate_forward_ref(T* y_NH, const T* s_NH, const T* l_N, int64_t N, int64_t H);
@@ -52,10 +49,8 @@ void sigmoid_gate_backward(const Exec& ex, DevPtr<T> ds_NH, DevPtr<T> dl_N, DevP
   if (ex.on_cpu())
     return cpu::sigmoid_gate_backward(raw_ptr(ds_NH), raw_ptr(dl_N), raw_ptr(dy_NH), raw_ptr(s_NH),
                                       raw_ptr(l_N), N, H);
-  if constexpr (kHaveCudaKernels)
-    return cuda::sigmoid_gate_backward(ex.stream, raw_ptr(ds_NH), raw_ptr(dl_N), raw_ptr(dy_NH),
-                                       raw_ptr(s_NH), raw_ptr(l_N), N, H);
-  no_kernel(ex, "sigmoid_gate_backward");
+  return cuda::sigmoid_gate_backward(ex.stream, raw_ptr(ds_NH), raw_ptr(dl_N), raw_ptr(dy_NH),
+                                     raw_ptr(s_NH), raw_ptr(l_N), N, H);
 }
 template <typename T>
 void sigmoid_gate_backward_ref(T* ds_NH, T* dl_N, const T* dy_NH, const T* s_NH, const T* l_N,

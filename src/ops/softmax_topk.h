@@ -7,7 +7,6 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "core/host_device.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -64,9 +63,7 @@ template <typename T>
 void softmax_forward(const Exec& ex, DevPtr<T> y_TE, DevPtr<const T> x_TE, int64_t n_tok,
                      int64_t E) {
   if (ex.on_cpu()) return cpu::softmax_forward(raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::softmax_forward(ex.stream, raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
-  no_kernel(ex, "softmax_forward");
+  return cuda::softmax_forward(ex.stream, raw_ptr(y_TE), raw_ptr(x_TE), n_tok, E);
 }
 template <typename T>
 void softmax_forward_ref(T* y_TE, const T* x_TE, int64_t n_tok, int64_t E);
@@ -76,10 +73,8 @@ void softmax_backward(const Exec& ex, DevPtr<T> dx_TE, DevPtr<const T> dy_TE, De
                       int64_t n_tok, int64_t E) {
   if (ex.on_cpu())
     return cpu::softmax_backward(raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok, E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::softmax_backward(ex.stream, raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok,
-                                  E);
-  no_kernel(ex, "softmax_backward");
+  return cuda::softmax_backward(ex.stream, raw_ptr(dx_TE), raw_ptr(dy_TE), raw_ptr(y_TE), n_tok,
+                                E);
 }
 template <typename T>
 void softmax_backward_ref(T* dx_TE, const T* dy_TE, const T* y_TE, int64_t n_tok, int64_t E);
@@ -90,9 +85,7 @@ template <typename T>
 void topk(const Exec& ex, DevPtr<int32_t> idx_TK, DevPtr<T> val_TK, DevPtr<const T> x_TE,
           int64_t n_tok, int64_t E, int64_t K) {
   if (ex.on_cpu()) return cpu::topk(raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
-  if constexpr (kHaveCudaKernels)
-    return cuda::topk(ex.stream, raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
-  no_kernel(ex, "topk");
+  return cuda::topk(ex.stream, raw_ptr(idx_TK), raw_ptr(val_TK), raw_ptr(x_TE), n_tok, E, K);
 }
 template <typename T>
 void topk_ref(int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E, int64_t K);

@@ -9,7 +9,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -46,9 +45,7 @@ void report_moe_layer(void* stream, MicroBatchReport* r, int64_t* tokens_E,
 template <typename T>
 void loss_grad_scale(const Exec& ex, DevPtr<T> dloss, DevPtr<const int64_t> counted, double scale) {
   if (ex.on_cpu()) return cpu::loss_grad_scale(raw_ptr(dloss), raw_ptr(counted), scale);
-  if constexpr (kHaveCudaKernels)
-    return cuda::loss_grad_scale(ex.stream, raw_ptr(dloss), raw_ptr(counted), scale);
-  no_kernel(ex, "loss_grad_scale");
+  return cuda::loss_grad_scale(ex.stream, raw_ptr(dloss), raw_ptr(counted), scale);
 }
 template <typename T>
 void loss_grad_scale_ref(T* dloss, const int64_t* counted, double scale);
@@ -62,10 +59,8 @@ inline void report_moe_layer(const Exec& ex, DevPtr<MicroBatchReport> r, DevPtr<
   if (ex.on_cpu())
     return cpu::report_moe_layer(raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
                                  raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
-  if constexpr (kHaveCudaKernels)
-    return cuda::report_moe_layer(ex.stream, raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
-                                  raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
-  no_kernel(ex, "report_moe_layer");
+  return cuda::report_moe_layer(ex.stream, raw_ptr(r), raw_ptr(tokens_E), raw_ptr(aux_value),
+                                raw_ptr(z_value), raw_ptr(dropped), raw_ptr(layer_tokens_E), E);
 }
 void report_moe_layer_ref(MicroBatchReport* r, int64_t* tokens_E, const double* aux_value,
                           const double* z_value, const int64_t* dropped,

@@ -8,7 +8,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -40,8 +39,7 @@ void sum_squares_ranges(void* stream, double* out, const T* x, const ElemRange* 
 template <typename T>
 void sum_squares(const Exec& ex, DevPtr<double> out, DevPtr<const T> x, int64_t n) {
   if (ex.on_cpu()) return cpu::sum_squares(raw_ptr(out), raw_ptr(x), n);
-  if constexpr (kHaveCudaKernels) return cuda::sum_squares(ex.stream, raw_ptr(out), raw_ptr(x), n);
-  no_kernel(ex, "sum_squares");
+  return cuda::sum_squares(ex.stream, raw_ptr(out), raw_ptr(x), n);
 }
 // *out = the sum of squares of the elements of x in `ranges` (n_ranges of them; a planned list
 // the host keeps, the same every step): each range summed as sum_squares sums a buffer, then
@@ -51,9 +49,7 @@ template <typename T>
 void sum_squares_ranges(const Exec& ex, DevPtr<double> out, DevPtr<const T> x,
                         const ElemRange* ranges, int64_t n_ranges) {
   if (ex.on_cpu()) return cpu::sum_squares_ranges(raw_ptr(out), raw_ptr(x), ranges, n_ranges);
-  if constexpr (kHaveCudaKernels)
-    return cuda::sum_squares_ranges(ex.stream, raw_ptr(out), raw_ptr(x), ranges, n_ranges);
-  no_kernel(ex, "sum_squares_ranges");
+  return cuda::sum_squares_ranges(ex.stream, raw_ptr(out), raw_ptr(x), ranges, n_ranges);
 }
 
 // Plain loops with a long double accumulator: the oracles.

@@ -7,7 +7,6 @@
 #include "core/dev_ptr.h"
 #include "core/dtype.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -49,9 +48,7 @@ template <typename T>
 void swiglu_forward(const Exec& ex, DevPtr<T> a_NF, DevPtr<const T> h_N2F, DevPtr<const T> p_N,
                     int64_t N, int64_t F) {
   if (ex.on_cpu()) return cpu::swiglu_forward(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_forward(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_forward");
+  return cuda::swiglu_forward(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
 }
 template <typename T>
 void swiglu_forward_ref(T* a_NF, const T* h_N2F, const T* p_N, int64_t N, int64_t F);
@@ -62,10 +59,8 @@ void swiglu_backward(const Exec& ex, DevPtr<T> dh_N2F, DevPtr<T> dp_N, DevPtr<co
   if (ex.on_cpu())
     return cpu::swiglu_backward(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF), raw_ptr(h_N2F),
                                 raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_backward(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
-                                 raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_backward");
+  return cuda::swiglu_backward(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+                               raw_ptr(h_N2F), raw_ptr(p_N), N, F);
 }
 template <typename T>
 void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, const T* p_N,
@@ -79,9 +74,7 @@ inline void swiglu_forward_bf16(const Exec& ex, DevPtr<bf16> a16_NF, DevPtr<cons
                                 DevPtr<const float> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::swiglu_forward_bf16(raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_forward_bf16(ex.stream, raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_forward_bf16");
+  return cuda::swiglu_forward_bf16(ex.stream, raw_ptr(a16_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
 }
 inline void swiglu_backward_bf16(const Exec& ex, DevPtr<bf16> dh16_N2F, DevPtr<float> dp_N,
                                  DevPtr<const float> da_NF, DevPtr<const float> h_N2F,
@@ -89,10 +82,8 @@ inline void swiglu_backward_bf16(const Exec& ex, DevPtr<bf16> dh16_N2F, DevPtr<f
   if (ex.on_cpu())
     return cpu::swiglu_backward_bf16(raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
                                      raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_backward_bf16(ex.stream, raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+  return cuda::swiglu_backward_bf16(ex.stream, raw_ptr(dh16_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
  raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_backward_bf16");
 }
 // The same bf16 values written widened to f32 (the widened-bf16 GEMM path, ops/gemm_bf16.h):
 // bitwise cast_bf16_to_f32 of what the _bf16 versions write.
@@ -100,9 +91,7 @@ inline void swiglu_forward_bf16w(const Exec& ex, DevPtr<float> a_NF, DevPtr<cons
                                  DevPtr<const float> p_N, int64_t N, int64_t F) {
   if (ex.on_cpu())
     return cpu::swiglu_forward_bf16w(raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_forward_bf16w(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_forward_bf16w");
+  return cuda::swiglu_forward_bf16w(ex.stream, raw_ptr(a_NF), raw_ptr(h_N2F), raw_ptr(p_N), N, F);
 }
 inline void swiglu_backward_bf16w(const Exec& ex, DevPtr<float> dh_N2F, DevPtr<float> dp_N,
                                   DevPtr<const float> da_NF, DevPtr<const float> h_N2F,
@@ -110,10 +99,8 @@ inline void swiglu_backward_bf16w(const Exec& ex, DevPtr<float> dh_N2F, DevPtr<f
   if (ex.on_cpu())
     return cpu::swiglu_backward_bf16w(raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
                                       raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  if constexpr (kHaveCudaKernels)
-    return cuda::swiglu_backward_bf16w(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
+  return cuda::swiglu_backward_bf16w(ex.stream, raw_ptr(dh_N2F), raw_ptr(dp_N), raw_ptr(da_NF),
  raw_ptr(h_N2F), raw_ptr(p_N), N, F);
-  no_kernel(ex, "swiglu_backward_bf16w");
 }
 
 }  // namespace moecore::ops

@@ -7,7 +7,6 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
-#include "ops/cuda_kernels.h"
 
 namespace moecore::ops {
 
@@ -33,18 +32,14 @@ inline void tokens_to_sequence_major(const Exec& ex, DevPtr<int32_t> ids_T,
   if (ex.on_cpu())
     return cpu::tokens_to_sequence_major(raw_ptr(ids_T), raw_ptr(targets_T), raw_ptr(counted),
                                          raw_ptr(ids_BS), raw_ptr(targets_BS), B, S);
-  if constexpr (kHaveCudaKernels)
-    return cuda::tokens_to_sequence_major(ex.stream, raw_ptr(ids_T), raw_ptr(targets_T),
-                                          raw_ptr(counted), raw_ptr(ids_BS), raw_ptr(targets_BS), B,
-                                          S);
-  no_kernel(ex, "tokens_to_sequence_major");
+  return cuda::tokens_to_sequence_major(ex.stream, raw_ptr(ids_T), raw_ptr(targets_T),
+                                        raw_ptr(counted), raw_ptr(ids_BS), raw_ptr(targets_BS), B,
+                                        S);
 }
 // pos [n_tok]: the position of token t = s * B + b in its sequence, s = t / B (RoPE's angles).
 inline void sequence_positions(const Exec& ex, DevPtr<int32_t> pos_T, int64_t n_tok, int64_t B) {
   if (ex.on_cpu()) return cpu::sequence_positions(raw_ptr(pos_T), n_tok, B);
-  if constexpr (kHaveCudaKernels)
-    return cuda::sequence_positions(ex.stream, raw_ptr(pos_T), n_tok, B);
-  no_kernel(ex, "sequence_positions");
+  return cuda::sequence_positions(ex.stream, raw_ptr(pos_T), n_tok, B);
 }
 void sequence_positions_ref(int32_t* pos_T, int64_t n_tok, int64_t B);
 

@@ -139,7 +139,7 @@ int64_t Communicator::ring_all_reduce_bytes(int64_t count, DType dt) const {
 CommHandle Communicator::all_reduce_async(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {
   check_count(count, "all_reduce", name());
   bytes_sent_.all_reduce += ring_all_reduce_bytes(count, dt);
-  ++collective_calls_;
+  ++calls_.all_reduce;
   return start_all_reduce(raw_ptr(data), count, dt, op);
 }
 
@@ -148,7 +148,7 @@ CommHandle Communicator::all_gather_async(DevPtr<const void> send, DevPtr<void> 
   check_count(count, "all_gather", name());
   equal_counts_.assign(size(), count);  // keeps its capacity: no allocation per call
   bytes_sent_.all_gather += ring_gather_bytes(equal_counts_, dt);
-  ++collective_calls_;
+  ++calls_.all_gather;
   return start_all_gather_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt);
 }
 
@@ -156,7 +156,7 @@ CommHandle Communicator::all_gather_v_async(DevPtr<const void> send, DevPtr<void
                                             std::span<const int64_t> counts, DType dt) {
   check_counts(counts, "all_gather_v");
   bytes_sent_.all_gather += ring_gather_bytes(counts, dt);
-  ++collective_calls_;
+  ++calls_.all_gather;
   return start_all_gather_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt);
 }
 
@@ -165,7 +165,7 @@ CommHandle Communicator::reduce_scatter_async(DevPtr<const void> send, DevPtr<vo
   check_count(count, "reduce_scatter", name());
   equal_counts_.assign(size(), count);
   bytes_sent_.reduce_scatter += ring_scatter_bytes(equal_counts_, dt);
-  ++collective_calls_;
+  ++calls_.reduce_scatter;
   return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), equal_counts_, /*equal=*/true, dt,
                                 op);
 }
@@ -175,7 +175,7 @@ CommHandle Communicator::reduce_scatter_v_async(DevPtr<const void> send, DevPtr<
                                                 ReduceOp op) {
   check_counts(counts, "reduce_scatter_v");
   bytes_sent_.reduce_scatter += ring_scatter_bytes(counts, dt);
-  ++collective_calls_;
+  ++calls_.reduce_scatter;
   return start_reduce_scatter_v(raw_ptr(send), raw_ptr(recv), counts, /*equal=*/false, dt, op);
 }
 
@@ -187,14 +187,14 @@ CommHandle Communicator::all_to_all_v_async(DevPtr<const void> send,
   int64_t sent = 0;
   for (int r = 0; r < size(); ++r) sent += r == rank() ? 0 : send_counts[r];
   bytes_sent_.all_to_all += sent * static_cast<int64_t>(dtype_size(dt));
-  ++collective_calls_;
+  ++calls_.all_to_all;
   return start_all_to_all_v(raw_ptr(send), send_counts, raw_ptr(recv), recv_counts, dt);
 }
 
 CommHandle Communicator::broadcast_async(DevPtr<void> data, int64_t count, DType dt, int root) {
   check_count(count, "broadcast", name());
   check_peer(root, "root", "broadcast");
-  ++collective_calls_;
+  ++calls_.broadcast;
   return start_broadcast(raw_ptr(data), count, dt, root);
 }
 
@@ -203,6 +203,7 @@ CommHandle Communicator::send_async(DevPtr<const void> data, int64_t count, DTyp
   check_count(count, "send", name());
   check_peer(dst, "destination", "send");
   MOE_CHECK(tag >= 0, "[comm] send on group '{}': tag {} < 0", name(), tag);
+  ++calls_.send;
   return start_send(raw_ptr(data), count, dt, dst, tag);
 }
 
@@ -210,10 +211,12 @@ CommHandle Communicator::recv_async(DevPtr<void> data, int64_t count, DType dt, 
   check_count(count, "recv", name());
   check_peer(src, "source", "recv");
   MOE_CHECK(tag >= 0, "[comm] recv on group '{}': tag {} < 0", name(), tag);
+  ++calls_.recv;
   return start_recv(raw_ptr(data), count, dt, src, tag);
 }
 
 CommHandle Communicator::barrier_async() {
+  ++calls_.barrier;
   return start_barrier();
 }
 

@@ -105,6 +105,42 @@ struct CommBytesSent {
   }
 };
 
+// Calls this member has made, by collective form (a v-variant counts with its form), since the
+// communicator was made. Read around a phase, the difference says what it issued: the trainer's
+// per-step tp_calls / expt_tp_calls (collectives()), and a test of a phase that must not
+// communicate on a group (a checkpoint save moves no tensor data: only its protocol's
+// agreements, on the world).
+struct CommCalls {
+  int64_t all_reduce = 0;
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_to_all = 0;
+  int64_t broadcast = 0;
+  int64_t send = 0;
+  int64_t recv = 0;
+  int64_t barrier = 0;
+  int64_t total() const {
+    return all_reduce + all_gather + reduce_scatter + all_to_all + broadcast + send + recv +
+           barrier;
+  }
+  // The collectives (all-reduce, all-gather(_v), reduce-scatter(_v), all-to-all-v, broadcast;
+  // not send / recv / barrier): the trainer's tp_calls and expt_tp_calls.
+  int64_t collectives() const {
+    return all_reduce + all_gather + reduce_scatter + all_to_all + broadcast;
+  }
+  CommCalls operator-(const CommCalls& o) const {
+    return {all_reduce - o.all_reduce,
+            all_gather - o.all_gather,
+            reduce_scatter - o.reduce_scatter,
+            all_to_all - o.all_to_all,
+            broadcast - o.broadcast,
+            send - o.send,
+            recv - o.recv,
+            barrier - o.barrier};
+  }
+  bool operator==(const CommCalls&) const = default;
+};
+
 template <typename R>
 concept CommBuffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
 
@@ -153,10 +189,10 @@ class Communicator {
   // figures), since the communicator was made: the TP / SP / ETP collectives' traffic, which the
   // trainer can report per step (the difference of two readings) and `moecore plan` predicts.
   const CommBytesSent& bytes_sent() const { return bytes_sent_; }
-  // Collectives this member has started (all-reduce, all-gather(_v), reduce-scatter(_v),
-  // all-to-all-v, broadcast; not send / recv / barrier), since the communicator was made: what a
-  // step issues on a group is the difference of two readings (the trainer's metrics, per step).
-  int64_t collective_calls() const { return collective_calls_; }
+  // Calls this member has made per form (CommCalls), since the communicator was made: what a
+  // step issues on a group is the difference of two readings (the trainer's metrics report
+  // calls().collectives() of the TP groups per step; a test counts the calls of a phase).
+  const CommCalls& calls() const { return calls_; }
   // The algorithm behind all_reduce and reduce_scatter(_v): the MPI backend's own ring ("ring",
   // the default) or Open MPI's non-blocking MPI_Iallreduce / MPI_Ireduce_scatter ("libnbc",
   // MOECORE_MPI_REDUCTIONS=libnbc); "native" elsewhere (NCCL's own; "local" for a group of one).
@@ -305,7 +341,7 @@ class Communicator {
   int64_t ring_scatter_bytes(std::span<const int64_t> counts, DType dt) const;
   int64_t ring_all_reduce_bytes(int64_t count, DType dt) const;
   CommBytesSent bytes_sent_;
-  int64_t collective_calls_ = 0;
+  CommCalls calls_;
 };
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without

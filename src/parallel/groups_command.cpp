@@ -1,5 +1,6 @@
 #include "parallel/groups_command.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <iostream>
@@ -25,7 +26,7 @@ struct GroupsFlags {
   int world_size = 0;
   ParallelConfig parallel;
   std::optional<int64_t> num_layers, num_experts, num_heads, num_query_groups, ffn_hidden,
-      moe_ffn_hidden, seq_length;
+      moe_ffn_hidden, seq_length, shared_ffn_hidden;
   bool json = false;
   int rank = -1;
 };
@@ -80,13 +81,24 @@ Subcommand add_groups_command(CLI::App& app) {
   cli->add_option("--ffn-hidden-size", f->ffn_hidden, "Dense MLP width")->group(m);
   cli->add_option("--moe-ffn-hidden-size", f->moe_ffn_hidden, "Expert width")->group(m);
   cli->add_option("--seq-length", f->seq_length, "Sequence length")->group(m);
+  cli->add_option("--moe-shared-expert-intermediate-size", f->shared_ffn_hidden,
+                  "Shared expert width")
+      ->group(m);
   auto* json = cli->add_flag("--json", f->json,
                              "One JSON object: group name -> list of rank lists");
   cli->add_option("--rank", f->rank, "Also show the groups of this rank")->excludes(json);
   return Subcommand{cli, [f]() {
-                      ModelDims dims{f->num_layers,       f->num_experts, f->num_heads,
-                                     f->num_query_groups, f->ffn_hidden,  f->moe_ffn_hidden,
-                                     f->seq_length};
+                      // The padded vocabulary is a multiple of TP by construction (the
+                      // padding is --make-vocab-size-divisible-by x TP): not asked for.
+                      const ModelDims dims{.num_layers = f->num_layers,
+                                           .num_experts = f->num_experts,
+                                           .num_attention_heads = f->num_heads,
+                                           .num_query_groups = f->num_query_groups,
+                                           .ffn_hidden = f->ffn_hidden,
+                                           .moe_ffn_hidden = f->moe_ffn_hidden,
+                                           .seq_length = f->seq_length,
+                                           .shared_ffn_hidden = f->shared_ffn_hidden,
+                                           .vocab_size = std::nullopt};
                       validate_layout(f->parallel, f->world_size, dims);
                       const Layout layout = make_layout(f->parallel, f->world_size);
                       if (f->json) {

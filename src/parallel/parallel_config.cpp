@@ -1,6 +1,7 @@
 // Validation of the parallel layout: every message names the numbers and the flag to change.
 #include "parallel/parallel_config.h"
 
+#include <CLI/CLI.hpp>
 #include <tuple>
 
 #include "core/check.h"
@@ -204,13 +205,14 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
                 "--sequence-parallel splits each rank's sequence over TP",
                 s, cfg.tp, cfg.cp);
     }
-    // Dense models without --sequence-parallel keep whole sequences on every TP rank.
-    const bool splits = cfg.sequence_parallel || !m.num_experts || *m.num_experts > 0;
-    MOE_CHECK(!splits || s % cfg.tp == 0,
+    // The transformer block lays out every TP > 1 layer for sequence slices (the MoE layer's
+    // tokens, --sequence-parallel's activations) and requires S % TP == 0, dense models without
+    // --sequence-parallel included: refused here, before any rank builds a model.
+    MOE_CHECK(s % cfg.tp == 0,
               "[parallel] --seq-length {} is not divisible by --tensor-model-parallel-size {}: "
-              "with TP > 1 the MoE layer (and --sequence-parallel) split each sequence over the "
-              "TP ranks by position; pick a --seq-length that is a multiple of {} or another TP "
-              "size",
+              "with TP > 1 the transformer block splits each sequence over the TP ranks by "
+              "position (the MoE layer's tokens, --sequence-parallel's activations); pick a "
+              "--seq-length that is a multiple of {} or another TP size",
               s, cfg.tp, cfg.tp);
   }
   return d;

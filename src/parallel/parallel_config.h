@@ -3,10 +3,13 @@
 // (`moecore groups`) and every message is testable in one process.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
+}  // namespace CLI
 
 namespace moecore::parallel {
 

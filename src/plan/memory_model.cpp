@@ -118,26 +118,29 @@ ModelConfig slice_layers(ModelConfig c, int64_t first, int64_t n) {
 // Why the trainer's planning pass cannot size this rank (empty: it can).
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
   std::vector<std::string> why;
-  if (m.mla) why.push_back("MLA");
-  if (m.mtp_num_layers > 0) why.push_back("MTP");
-  // TP / ETP: the formula, whose parameters per rank equal the trainer's sizing pass (tested);
-  // the sizing pass of a dropless EP layout plans the worst-case rows, which a published
-  // layout's balanced estimate does not assume.
-  if (d.tp > 1) why.push_back("TP");
-  if (d.cp > 1) why.push_back("CP");
-  if (d.etp > 1) why.push_back("ETP");
-  if (r.fp8) why.push_back("FP8");
+  // What the trainer does not build yet.
+  if (m.mla) why.push_back("MLA, not built by the trainer yet");
+  if (m.mtp_num_layers > 0) why.push_back("MTP, not built by the trainer yet");
+  if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
+  if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
       r.main_param_bytes != 4) {
-    why.push_back("reduced-precision optimizer state");
+    why.push_back("reduced-precision optimizer state, not built by the trainer yet");
   }
   if (!r.recompute_modules.empty() &&
       std::find(r.recompute_modules.begin(), r.recompute_modules.end(), "mla_up_proj") !=
           r.recompute_modules.end() && !m.mla) {
     why.push_back("mla_up_proj");
   }
+  // TP / ETP: the trainer builds them; the formula is a choice: its parameters per rank equal
+  // the trainer's sizing pass (tested), and that pass plans a dropless EP layout's worst-case
+  // rows, which a published layout's balanced estimate does not assume.
+  if (d.tp > 1 || d.etp > 1) {
+    why.push_back(std::string(d.tp > 1 && d.etp > 1 ? "TP and ETP" : d.tp > 1 ? "TP" : "ETP") +
+                  ": balanced routing, where the trainer's sizing pass plans the worst case");
+  }
   std::string s;
-  for (const std::string& w : why) s += (s.empty() ? "" : ", ") + w;
+  for (const std::string& w : why) s += (s.empty() ? "" : "; ") + w;
   return s;
 }
 

@@ -48,7 +48,7 @@ struct StageMemory {
   // Parameters held by one rank of this stage.
   int64_t params_dense = 0, params_expert = 0, params_embedding = 0, params_head = 0;
   bool from_arena = false;          // the trainer's planning pass ran for this rank
-  std::string why_formula;          // what the trainer does not build (when !from_arena)
+  std::string why_formula;          // why the formulas (when !from_arena)
   double arena_planned = 0;         // the trainer's planned bytes (arena block + optimizer)
   double sharing_saves = 0;         // what the arena's overlays save (inside arena_planned)
   std::vector<MemLine> lines;

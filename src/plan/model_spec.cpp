@@ -4,9 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
@@ -242,129 +239,13 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   return r;
 }
 
-ModelSpec spec_from_hf_config(const std::string& path) {
-  MOE_CHECK(!std::filesystem::is_directory(path),
-            "[plan] --hf-config '{}' is a directory: give its config.json", path);
-  std::ifstream in(path);
-  MOE_CHECK(in.good(), "[plan] cannot read --hf-config '{}'", path);
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    MOE_FAIL("[plan] --hf-config '{}' is not JSON: {}", path, e.what());
-  }
-  MOE_CHECK(j.is_object(), "[plan] --hf-config '{}' is {}, not a JSON object", path,
-            j.type_name());
-  // Every key is typed before it is read: a wrong type names the file, the key and what it
-  // holds (never a json type_error), and a number must be an integer of int64 (1e30 is not).
-  auto get = [&](std::initializer_list<const char*> keys, int64_t dflt) -> int64_t {
-    for (const char* k : keys) {
-      const auto it = j.find(k);
-      if (it == j.end() || it->is_null()) continue;
-      const nlohmann::json& v = *it;
-      const bool integral = v.is_number_integer() ||
-                            (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
-      MOE_CHECK(integral && (v.is_number_unsigned() ? v.get<uint64_t>() <= (uint64_t{1} << 62)
-                                                    : std::abs(v.get<double>()) <= 0x1p62),
-                "[plan] --hf-config '{}': \"{}\" is {}, not an integer", path, k, v.dump());
-      return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
-    }
-    return dflt;
-  };
-  auto boolean = [&](const char* k, bool dflt) {
-    const auto it = j.find(k);
-    if (it == j.end() || it->is_null()) return dflt;
-    MOE_CHECK(it->is_boolean(), "[plan] --hf-config '{}': \"{}\" is {}, not true or false", path,
-              k, it->dump());
-    return it->get<bool>();
-  };
-  ModelSpec m;
-  const auto type_it = j.find("model_type");
-  MOE_CHECK(type_it == j.end() || type_it->is_null() || type_it->is_string(),
-            "[plan] --hf-config '{}': \"model_type\" is {}, not a string", path,
-            type_it == j.end() ? "" : type_it->dump());
-  m.name = type_it != j.end() && type_it->is_string() ? type_it->get<std::string>() : "hf";
-  m.vocab_size = m.vocab_unpadded = get({"vocab_size"}, 0);
-  m.hidden = get({"hidden_size"}, 0);
-  m.num_layers = get({"num_hidden_layers"}, 0);
-  // Before the MoE layer pattern is sized by it.
-  if (m.num_layers > 0) {
-    check_num_layers(m.num_layers, fmt::format("--hf-config '{}': num_hidden_layers", path));
-  }
-  m.num_heads = get({"num_attention_heads"}, 0);
-  m.num_query_groups = get({"num_key_value_heads"}, m.num_heads);
-  m.kv_channels = get({"head_dim"}, m.num_heads > 0 ? m.hidden / m.num_heads : 0);
-  m.ffn_hidden = get({"intermediate_size"}, 0);
-  // The families read here have gated SiLU MLPs (gate_proj / up_proj / down_proj); Llama's
-  // config says whether they carry biases.
-  m.activation = ops::Activation::SwiGLU;
-  m.add_mlp_bias = boolean("mlp_bias", false);
-  m.max_position_embeddings = get({"max_position_embeddings"}, 4096);
-  m.seq_length = std::min<int64_t>(m.max_position_embeddings, 4096);
-  m.tie_embeddings = boolean("tie_word_embeddings", false);
-  m.qk_layernorm = m.name.rfind("qwen3", 0) == 0;
-  // Qwen2(-MoE) attention always has q/k/v biases (its config's qkv_bias, true when absent);
-  // elsewhere attention_bias puts biases on q, k, v (and o, which moecore does not count).
-  m.add_qkv_bias = m.name.rfind("qwen2", 0) == 0 ? boolean("qkv_bias", true)
-                                                 : boolean("attention_bias", false);
-  m.num_experts = get({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
-  m.topk = get({"num_experts_per_tok"}, 2);
-  m.moe_ffn_hidden = get({"moe_intermediate_size"}, m.ffn_hidden);
-  m.shared_ffn_hidden = get({"n_shared_experts"}, 0) * m.moe_ffn_hidden +
-                        get({"shared_expert_intermediate_size"}, 0);
-  if (m.num_experts > 0) {
-    m.moe_layer_pattern.assign(m.num_layers, 0);
-    if (j.contains("decoder_sparse_step") || j.contains("mlp_only_layers")) {
-      // Qwen-MoE (transformers' Qwen2MoeDecoderLayer): layer l is sparse iff l is not in
-      // mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
-      const int64_t step = std::max<int64_t>(get({"decoder_sparse_step"}, 1), 1);
-      std::vector<int64_t> dense_only;
-      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
-        const nlohmann::json& only = j["mlp_only_layers"];
-        MOE_CHECK(only.is_array(), "[plan] --hf-config '{}': \"mlp_only_layers\" is {}, not a list",
-                  path, only.dump());
-        for (const nlohmann::json& l : only) {
-          MOE_CHECK(l.is_number_integer(),
-                    "[plan] --hf-config '{}': \"mlp_only_layers\" holds {}, not a layer number",
-                    path, l.dump());
-          dense_only.push_back(l.get<int64_t>());
-        }
-      }
-      for (int64_t l = 0; l < m.num_layers; ++l) {
-        m.moe_layer_pattern[l] =
-            (l + 1) % step == 0 &&
-            std::find(dense_only.begin(), dense_only.end(), l) == dense_only.end();
-      }
-    } else {
-      // DeepSeek: layer l is MoE iff l >= first_k_dense_replace and l % moe_layer_freq == 0.
-      const int64_t first_dense = get({"first_k_dense_replace"}, 0);
-      const int64_t freq = std::max<int64_t>(get({"moe_layer_freq"}, 1), 1);
-      for (int64_t l = first_dense; l < m.num_layers; ++l) m.moe_layer_pattern[l] = l % freq == 0;
-    }
-  }
-  if (j.contains("kv_lora_rank") && j["kv_lora_rank"].is_number()) {
-    MlaSpec s;
-    s.q_lora_rank = get({"q_lora_rank"}, 0);
-    s.kv_lora_rank = get({"kv_lora_rank"}, 0);
-    s.qk_head_dim = get({"qk_nope_head_dim"}, 128);
-    s.qk_pos_emb_head_dim = get({"qk_rope_head_dim"}, 64);
-    s.v_head_dim = get({"v_head_dim"}, 128);
-    m.mla = s;
-  }
-  m.mtp_num_layers = get({"num_nextn_predict_layers"}, 0);
-  MOE_CHECK(m.vocab_size > 0 && m.hidden > 0 && m.num_layers > 0 && m.num_heads > 0,
-            "[plan] --hf-config '{}' lacks vocab_size / hidden_size / num_hidden_layers / "
-            "num_attention_heads",
-            path);
-  return m;
-}
-
 ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer,
                                  int64_t num_layers) {
   MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MLA or MTP yet");
   if (num_layers < 0) num_layers = m.num_layers - first_layer;
   ModelConfig c;
-  c.vocab_size = m.vocab_size;
+  c.vocab_size = m.vocab_unpadded > 0 ? m.vocab_unpadded : m.vocab_size;
+  c.padded_vocab_size = m.vocab_size;
   c.hidden = m.hidden;
   c.num_layers = num_layers;
   c.num_heads = m.num_heads;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/config.h"
 #include "ops/activation.h"
 #include "parallel/parallel_config.h"
@@ -112,8 +114,11 @@ ModelSpec model_from_args(const cli::ParsedArgs& args);
 RunSpec run_from_args(const cli::ParsedArgs& args);
 // Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP.
 void pad_vocab(ModelSpec& m, const cli::ParsedArgs& args, int tp);
-// A HuggingFace config.json (DeepSeek-V3, Qwen3-MoE, Mixtral and Llama-like keys).
+// A HuggingFace config.json (DeepSeek-V3, Qwen3-MoE, Mixtral and Llama-like keys), read with
+// the one reader of config.json keys (convert/hf_config_reader.h): `path` is read as a file,
+// `cfg` already parsed (`where` names it). Defined in hf_model_spec.cpp.
 ModelSpec spec_from_hf_config(const std::string& path);
+ModelSpec spec_from_hf_config(const nlohmann::json& cfg, const std::string& where);
 
 // The trainer's ModelConfig for this spec (requires trainer_builds()); with `layers` set, only
 // those decoder layers (a pipeline stage).

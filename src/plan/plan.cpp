@@ -128,8 +128,7 @@ std::string plan_text(const Plan& p) {
                      count(s.params_dense), count(s.params_expert), count(s.params_embedding),
                      count(s.params_head),
                      s.from_arena ? "the trainer's planning pass (+ formula lines)"
-                                  : fmt::format("formulas (the trainer does not build {} yet)",
-                                                s.why_formula));
+                                  : fmt::format("formulas ({})", s.why_formula));
     for (const MemLine& l : s.lines) {
       o += fmt::format("         {:<12} {:>12}  {}{}\n", mem_part_name(l.part), bytes(l.bytes),
                        l.what, l.formula.empty() ? " [arena]" : " [formula: " + l.formula + "]");

@@ -1,5 +1,6 @@
 #include "plan/plan_command.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cmath>

@@ -2,22 +2,54 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace moecore::train {
 
 using nlohmann::json;
 
+namespace {
+// The signature key of checkpoints whose model included the vocabulary padding.
+constexpr const char* kOldPaddedVocabKey = "--vocab-size (padded)";
+
+// What the routers compute with the same router weights: which experts a token takes and with
+// what weight (docs/router.md). A model trained under one routing and loaded or exported under
+// another computes something else, so these are part of the model like its shapes. Training-only
+// settings (the aux-loss coefficients and kinds, z-loss, jitter, the bias update rate, the
+// quantile EMA, capacity and dispatch) are not: a run may change them on resume.
+void add_router_signature(const RouterConfig& r, json& sig) {
+  sig["--moe-router-topk"] = r.topk;
+  sig["--moe-router-score-function"] = score_function_name(r.score);
+  sig["--moe-router-pre-softmax"] = r.pre_softmax;
+  sig["--moe-router-topk-scaling-factor"] = r.topk_scaling_factor;
+  sig["--moe-router-num-groups"] = r.num_groups;
+  sig["--moe-router-group-topk"] = r.group_topk;
+  sig["--moe-router-enable-expert-bias"] = r.enable_expert_bias;
+  // Of the balancing types, those that choose the experts: Sinkhorn's balanced scores and
+  // quantile balancing's offsets; the loss types (and none) route by the plain top-k.
+  sig["--moe-router-load-balancing-type (how experts are chosen)"] =
+      r.uses(LoadBalancing::Sinkhorn)            ? "sinkhorn"
+      : r.uses(LoadBalancing::QuantileBalancing) ? "quantile_balancing"
+                                                 : "top-k of the scores (aux_loss, seq_aux_loss, "
+                                                   "global_aux_loss or none)";
+}
+
+}  // namespace
+
 json model_signature(const ModelConfig& m) {
   json moe_layers = json::array();
   for (int64_t l = 0; l < m.num_layers; ++l) moe_layers.push_back(m.is_moe_layer(l) ? 1 : 0);
-  return {{"--num-layers", m.num_layers},
+  json sig = {{"--num-layers", m.num_layers},
           {"--hidden-size", m.hidden},
           {"--ffn-hidden-size", m.ffn_hidden},
           {"--num-attention-heads", m.num_heads},
           {"--num-query-groups", m.num_query_groups},
           {"--kv-channels", m.head_dim()},
-          {"--vocab-size (padded)", m.vocab_size},
+          // The model's vocabulary, not the padded one: the padding depends on the TP size and
+          // is not part of the model, so checkpoints of every TP size are the same model.
+          {"--vocab-size", m.vocab_size},
           {"--num-experts", m.num_experts},
           {"--moe-ffn-hidden-size", m.moe.ffn_hidden},
           {"--moe-shared-expert-intermediate-size", m.moe.shared_ffn_hidden},
@@ -37,9 +69,26 @@ json model_signature(const ModelConfig& m) {
            ops::activation_name(m.activation)},
           {"--disable-bias-linear (MLP biases)", !m.add_mlp_bias},
           {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
+  // A dense model has no router (and a dense checkpoint records none, so that
+  // --moe-use-upcycling compares nothing of it).
+  if (m.num_experts > 0) add_router_signature(m.moe.router, sig);
+  return sig;
 }
 
 void check_same_model(const json& saved, const json& mine, const std::string& dir) {
+  // Written before the padding left the model: its padded rows were logits of its softmax and
+  // were trained, so it is another model than any this build makes of its flags.
+  if (saved.contains(kOldPaddedVocabKey) && !saved.contains("--vocab-size")) {
+    MOE_FAIL(
+        "[checkpoint] '{}' records the padded vocabulary ({} = {}): it was written when the "
+        "vocabulary padding took part in the softmax (as in Megatron), so its padded rows "
+        "were trained as logits. This moecore keeps the padding out of the model (the "
+        "signature records --vocab-size, the model's vocabulary, {} here), so that "
+        "checkpoint holds another model and cannot load: train it again with this build, "
+        "or convert it with the moecore that wrote it",
+        dir, kOldPaddedVocabKey, saved[kOldPaddedVocabKey].dump(),
+        mine.contains("--vocab-size") ? mine["--vocab-size"].dump() : "unknown");
+  }
   std::string diff;
   for (const auto& [flag, value] : mine.items()) {
     if (!saved.contains(flag)) continue;
@@ -74,16 +123,75 @@ std::vector<int64_t> slice_shape(const std::vector<int64_t>& global_shape, const
   return out;
 }
 
-bool tp_first_holder(const ParamSpec& p, const HolderRanks& r) {
-  return p.tp_role == TpRole::Sharded || (p.kind == ParamKind::Dense ? r.tp : r.expt_tp) == 0;
+std::vector<int64_t> checkpoint_shape(const ParamSpec& p) {
+  std::vector<int64_t> shape = p.global_shape;
+  if (!shape.empty()) shape[0] = p.model_extent0();
+  return shape;
 }
 
-bool first_holder(const ParamSpec& p, const HolderRanks& r) {
-  return (p.kind == ParamKind::Dense ? r.dp_cp : r.expt_dp) == 0 && tp_first_holder(p, r);
+CheckpointPiece slice_piece(const ParamSpec& p) {
+  const std::vector<int64_t> local = slice_shape(p.global_shape, p.slice);
+  int64_t count = 1;
+  for (int64_t d : local) count *= d;
+  CheckpointPiece out{checkpoint_slice(p.slice), 0, count};
+  if (p.global_shape.empty() || p.model_extent0() == p.global_shape[0]) return out;
+  MOE_CHECK(p.model_rows >= 0 && p.model_rows <= p.global_shape[0],
+            "[checkpoint] '{}' has {} model rows of {}", p.name, p.model_rows, p.global_shape[0]);
+  int64_t row = 1;  // local elements per row of dimension 0
+  for (size_t d = 1; d < local.size(); ++d) row *= local[d];
+  if (p.slice.dim != 0) {  // dimension 0 whole here: the model rows are the first rows
+    out.count = p.model_rows * row;
+    return out;
+  }
+  MOE_CHECK(p.slice.parts == 1,
+            "[checkpoint] '{}' is split along dimension 0 in {} parts and has padding rows past "
+            "its {} model rows: a checkpoint cannot clip such a slice to the model rows",
+            p.name, p.slice.parts, p.model_rows);
+  const int64_t end = std::min(p.slice.offset + p.slice.length, p.model_rows);
+  const int64_t rows = std::max<int64_t>(0, end - p.slice.offset);
+  out.slice.length = rows;
+  out.count = rows * row;
+  if (rows == 0) out.slice.offset = std::min(p.slice.offset, p.model_rows);
+  return out;
 }
 
-std::vector<float> assembly_buffer(int64_t numel) {
-  return std::vector<float>(static_cast<size_t>(numel), -0.0f);
+CheckpointPiece owned_piece(const ParamSpec& p, int64_t begin, int64_t count) {
+  const CheckpointPiece whole = slice_piece(p);  // its count: the local model elements
+  const int64_t n = std::max<int64_t>(0, std::min(count, whole.count - begin));
+  if (!p.slice.contiguous()) {
+    CheckpointPiece out{whole.slice, begin, n};
+    out.slice.range = {std::min(begin, whole.count), n};
+    return out;
+  }
+  // One run of the flattened tensor: where the local elements start in it.
+  int64_t base = 0;
+  if (p.slice.dim == 0) {
+    base = p.slice.offset;
+    for (size_t d = 1; d < p.global_shape.size(); ++d) base *= p.global_shape[d];
+  }
+  return {ckpt::SliceRef{"", ckpt::SliceRef::kFlat, base + begin, n}, begin, n};
+}
+
+bool writes_slice(const ParamSpec& p, int index, const HolderRanks& r) {
+  const bool dense = p.kind == ParamKind::Dense;
+  const bool over_tp = p.tp_role != TpRole::Sharded;  // identical on every (expert) TP rank
+  const int tp = dense ? r.tp : r.expt_tp, tp_size = dense ? r.tp_size : r.expt_tp_size;
+  const int dp = dense ? r.dp_cp : r.expt_dp, dp_size = dense ? r.dp_cp_size : r.expt_dp_size;
+  const int copies = dp_size * (over_tp ? tp_size : 1);
+  const int mine = over_tp ? dp * tp_size + tp : dp;
+  // Which distinct slice this is, so that the slices of one parameter fall on different copies.
+  const int distinct = (dense ? 0 : r.ep * (over_tp ? 1 : tp_size)) + (over_tp ? 0 : tp);
+  return mine == (index + distinct) % copies;
+}
+
+bool writes_owned_pieces(const ParamSpec& p, int index, const HolderRanks& r) {
+  if (p.tp_role == TpRole::Sharded) return true;
+  const bool dense = p.kind == ParamKind::Dense;
+  return (dense ? r.tp : r.expt_tp) == index % (dense ? r.tp_size : r.expt_tp_size);
+}
+
+bool writes_replicated(int index, const HolderRanks& r) {
+  return r.world == index % r.world_size;
 }
 
 }  // namespace moecore::train

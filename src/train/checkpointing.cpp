@@ -1,18 +1,20 @@
 // The trainer's checkpoints (docs/checkpoint_format.md): which tensors of the run state a rank
-// writes (the slices it is the first holder of, train/checkpoint_state.h's first_holder: dense
-// slices on dense data-parallel rank 0, each expert slice on its expert-data-parallel rank 0,
-// one TP rank for a slice replicated over TP; router state on rank 0), the multi-rank save
-// protocol (every
-// rank writes its shards into the staging directory, rank 0 merges the ranks' descriptions into
-// the manifest, publishes the directory and writes the tracker last), and the load, in which
-// every rank reads its own slices from whatever slices the checkpoint holds (src/ckpt/): a
-// checkpoint loads into any layout. Each step is agreed by all ranks, so a failure on one rank
-// stops every rank with its message instead of leaving the others waiting.
+// writes (train/checkpoint_state.h: without the distributed optimizer the ranks holding copies of
+// a slice take turns writing it, parameter by parameter; with it every rank writes its own pieces
+// of the weights and moments, and nothing is gathered; the routers' state by the ranks in turn),
+// the multi-rank save protocol (every rank streams its shards into the staging directory, rank 0
+// merges the ranks' descriptions into the manifest, publishes the directory and writes the
+// tracker last; the protocol's agreements and the gather of the descriptions are the only
+// communication), and the load, in which every rank reads its own slices from whatever slices
+// the checkpoint holds (src/ckpt/): a checkpoint loads into any layout. Each step is agreed by
+// all ranks, so a failure on one rank stops every rank with its message instead of leaving the
+// others waiting.
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -33,41 +35,31 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A tensor of the run state on this rank: its global name, dtype and shape, the slice held here
-// and its address.
+// A tensor of the run state on this rank, as the checkpoint holds it: its global name, dtype
+// and global shape (the model's rows: checkpoint_shape), the slice it is stored as, and where
+// its elements are here. `held` elements at `data` are this rank's (the local tensor, or the
+// distributed optimizer's piece of it); the first `count` of them are in the checkpoint, the
+// rest padding rows (ParamSpec::model_rows), zero at load.
 struct StateTensor {
   std::string name;
   DType dtype = DType::F32;
   std::vector<int64_t> global_shape;
-  ParamSlice slice;
+  ckpt::SliceRef slice;
   DevPtr<void> data = nullptr;
-  int64_t numel = 0;
+  int64_t held = 0;
+  int64_t count = 0;
   bool optim = false;  // in the optimizer shard
-  bool write = false;  // this rank is the first holder of the slice
-  // The slice is elements [slice.offset, slice.offset + slice.length) of the flattened tensor
-  // (the distributed optimizer's piece of a moment, or of the fp32 master weights it holds).
-  bool flat = false;
+  bool write = false;  // this rank writes it (writes_slice, writes_owned_pieces)
+  bool read = true;    // a load fills it
   // The parameter's bf16 values when the registry holds no master (--bf16 with the distributed
   // optimizer): `data` is null; a load rounds the checkpoint's fp32 weights into them
   // (ParamRegistry::write_bf16); never written (the master pieces are).
   const Param* bf16_of = nullptr;
-  // The distributed optimizer's pieces of a slice that is not one run of the flattened tensor
-  // (ParamSlice::contiguous() false: tensor parallelism's slices): `data` is null; the save
-  // assembles the whole local slice over the data-parallel group that shards it (`group`, null
-  // on one rank) from each rank's owned pieces, and the load takes this rank's pieces out of it.
-  struct Owned {
-    int64_t local = 0;  // the piece's first element in the local tensor
-    int64_t count = 0;
-    DevPtr<float> data = nullptr;
-  };
-  bool assembled = false;
-  std::vector<Owned> owned{};
-  parallel::Communicator* group = nullptr;
 };
 
-std::vector<int64_t> local_shape(const StateTensor& t) {
-  if (t.flat) return {t.numel};
-  return slice_shape(t.global_shape, t.slice);
+// The shape slice s of a tensor of `global` is stored as.
+std::vector<int64_t> stored_shape(const std::vector<int64_t>& global, const ckpt::SliceRef& s) {
+  return ckpt::GlobalTensor{"", "", global, {}}.slice_shape(s);
 }
 
 std::string router_state_name(const Param& weight, const char* what) {
@@ -95,111 +87,91 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
   return v.get<int64_t>();
 }
 
-// Where parameter p's local elements start in its global tensor flattened in row-major order:
-// its slice of dimension 0 (or the whole tensor) is one contiguous run of it.
-int64_t flat_base(const Param& p) {
-  if (p.spec.slice.dim < 0) return 0;
-  MOE_CHECK(p.spec.slice.contiguous(),
-            "[checkpoint] '{}' is split along dimension {} ({} parts{}): not one run of the "
-            "flattened tensor, so it has no flat pieces (its pieces are assembled instead)",
-            p.name(), p.spec.slice.dim, p.spec.slice.parts,
-            p.spec.slice.second.split() ? ", and a second dimension" : "");
-  int64_t per_index = 1;
-  for (size_t d = 1; d < p.spec.global_shape.size(); ++d) per_index *= p.spec.global_shape[d];
-  return p.spec.slice.offset * per_index;
+HolderRanks holder_ranks(const parallel::ProcessGroups* groups) {
+  HolderRanks h;
+  if (groups == nullptr) return h;
+  const auto at = [&](parallel::GroupKind k, int& rank, int& size) {
+    rank = groups->group(k).rank;
+    size = groups->group(k).size();
+  };
+  at(parallel::GroupKind::DpCp, h.dp_cp, h.dp_cp_size);
+  at(parallel::GroupKind::Tp, h.tp, h.tp_size);
+  at(parallel::GroupKind::ExptDp, h.expt_dp, h.expt_dp_size);
+  at(parallel::GroupKind::ExptTp, h.expt_tp, h.expt_tp_size);
+  h.ep = groups->group(parallel::GroupKind::Ep).rank;
+  h.world = groups->rank();
+  h.world_size = groups->world_size();
+  return h;
 }
 
 // Every tensor of the run state on this rank: the parameters, their AdamW moments, the
-// routers' balancing state. With the distributed optimizer each rank holds, and writes, the
-// moments of its own pieces only, as flat slices: nothing is gathered.
+// routers' balancing state, with who writes each. Without the distributed optimizer the ranks
+// holding identical copies of a slice take turns writing it (writes_slice). With it each rank
+// writes, and reads, its own pieces of the moments and of the weights (owned_piece: flat, or
+// ranged for a slice that is no run of the flattened tensor): nothing is gathered, and a load
+// reads the whole local weights (a bf16 run: rounds them into its compute copy).
 template <typename T>
 std::vector<StateTensor> state_tensors(model::GPTModel<T>& model, optim::ChainedOptimizer& opt,
                                        const parallel::ProcessGroups* groups) {
-  const int rank = groups ? groups->rank() : 0;
-  HolderRanks holder;
-  if (groups != nullptr) {
-    holder = {groups->group(parallel::GroupKind::DpCp).rank,
-              groups->group(parallel::GroupKind::Tp).rank,
-              groups->group(parallel::GroupKind::ExptDp).rank,
-              groups->group(parallel::GroupKind::ExptTp).rank};
-  }
+  const HolderRanks holder = holder_ranks(groups);
+  const bool sharded = opt.sharded();
   std::vector<StateTensor> out;
+  std::map<const Param*, int> index;  // the parameter's position in the registry
   for (const Param& p : model.params().params()) {
-    const bool first = first_holder(p.spec, holder);
+    const int i = static_cast<int>(index.size());
+    index[&p] = i;
+    const CheckpointPiece whole = slice_piece(p.spec);
+    const bool write = !sharded && writes_slice(p.spec, i, holder);
     const auto add = [&](std::string name, DType dtype, DevPtr<void> data, bool optim) {
-      out.push_back({std::move(name), dtype, p.spec.global_shape, p.spec.slice, data,
-                     p.local_numel(), optim, first});
+      out.push_back({std::move(name), dtype, checkpoint_shape(p.spec), whole.slice, data,
+                     p.local_numel(), whole.count, optim, write});
     };
-    if (p.data != nullptr) {
-      add(p.name(), p.dtype, p.data, false);
-    } else {
-      add(p.name(), p.dtype, nullptr, false);
-      out.back().write = false;
-      out.back().bf16_of = &p;
-    }
-    if (opt.sharded()) continue;
+    add(p.name(), p.dtype, p.data, false);
+    if (p.data == nullptr) out.back().bf16_of = &p;
+    if (sharded) continue;
     add("exp_avg." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg(p)), true);
     add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(opt.exp_avg_sq(p)), true);
   }
-  if (opt.sharded()) {
+  if (sharded) {
     for (const optim::AdamWOptimizer* o : {&opt.dense(), &opt.expert()}) {
-      const ParamKind kind = o == &opt.dense() ? ParamKind::Dense : ParamKind::Expert;
       for (const optim::AdamWOptimizer::Piece& pc : o->pieces()) {
         const Param& p = *pc.p;
-        if (!p.spec.slice.contiguous()) continue;  // assembled below
-        const ParamSlice flat{-1, flat_base(p) + (pc.begin - p.offset), pc.count};
-        // Every rank of the data-parallel group writes its own pieces; of a TP-replicated
-        // parameter only TP rank 0's group does (the other TP ranks hold the same pieces).
-        const bool write = tp_first_holder(p.spec, holder);
-        const auto add = [&](std::string name, DevPtr<float> moment) {
-          out.push_back({std::move(name), DType::F32, p.spec.global_shape, flat,
-                         DevPtr<void>(moment + pc.owned), pc.count, true, write, true});
+        const int64_t begin = pc.begin - p.offset;  // in the local tensor
+        const CheckpointPiece piece = owned_piece(p.spec, begin, pc.count);
+        const bool write = writes_owned_pieces(p.spec, index.at(&p), holder);
+        const auto add = [&](std::string name, DType dtype, DevPtr<void> data, bool optim,
+                             bool read) {
+          out.push_back({std::move(name), dtype, checkpoint_shape(p.spec), piece.slice, data,
+                         pc.count, piece.count, optim, write, read});
         };
-        add("exp_avg." + p.name(), o->owned_exp_avg());
-        add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq());
-        if (o->holds_master()) {  // the weights: every rank writes its pieces of them
-          out.push_back({p.name(), DType::F32, p.spec.global_shape, flat,
-                         DevPtr<void>(o->owned_master() + pc.owned), pc.count, false, write,
-                         true});
+        add("exp_avg." + p.name(), DType::F32, DevPtr<void>(o->owned_exp_avg() + pc.owned), true,
+            true);
+        add("exp_avg_sq." + p.name(), DType::F32, DevPtr<void>(o->owned_exp_avg_sq() + pc.owned),
+            true, true);
+        if (o->holds_master()) {  // --bf16: the fp32 master weights are the optimizer's
+          add(p.name(), DType::F32, DevPtr<void>(o->owned_master() + pc.owned), false, true);
+        } else {  // the registry's values of the piece (the whole local tensor loads above)
+          const size_t es = dtype_size(p.dtype);
+          add(p.name(), p.dtype,
+              DevPtr<void>(dev_ptr_cast<std::byte>(p.data) + static_cast<int64_t>(begin * es)),
+              false, false);
         }
-      }
-      // A slice that is no run of the flattened tensor: every rank of the group that shards the
-      // kind takes part, holding a piece of it or not, in registry order.
-      parallel::Communicator* group = nullptr;
-      if (groups != nullptr) {
-        const parallel::ProcessGroup& g = groups->group(
-            kind == ParamKind::Dense ? parallel::GroupKind::DpCp : parallel::GroupKind::ExptDp);
-        if (g.size() > 1) group = &g.communicator();
-      }
-      for (const Param& p : model.params().params()) {
-        if (p.spec.kind != kind || p.spec.slice.contiguous()) continue;
-        const auto add = [&](std::string name, DevPtr<float> base, bool optim) {
-          StateTensor t{std::move(name), DType::F32, p.spec.global_shape, p.spec.slice, nullptr,
-                        p.local_numel(), optim, first_holder(p.spec, holder)};
-          t.assembled = true;
-          t.group = group;
-          for (const optim::AdamWOptimizer::Piece& pc : o->pieces()) {
-            if (pc.p == &p) t.owned.push_back({pc.begin - p.offset, pc.count, base + pc.owned});
-          }
-          out.push_back(std::move(t));
-        };
-        add("exp_avg." + p.name(), o->owned_exp_avg(), true);
-        add("exp_avg_sq." + p.name(), o->owned_exp_avg_sq(), true);
-        if (o->holds_master()) add(p.name(), o->owned_master(), false);
       }
     }
   }
+  int k = 0;  // the routers' state tensors in order: who writes each
   for (moe::Router<T>* r : model.routers()) {
     const int64_t E = r->config().num_experts;
     const auto add = [&](const char* what, DevPtr<float> data) {
       out.push_back({router_state_name(r->weight(), what),
                      DType::F32,
                      {E},
-                     {},
+                     ckpt::SliceRef{},
                      DevPtr<void>(data),
                      E,
+                     E,
                      false,
-                     rank == 0});
+                     writes_replicated(k++, holder)});
     };
     if (r->config().enable_expert_bias) add("expert_bias", r->expert_bias());
     if (r->config().uses(LoadBalancing::QuantileBalancing))
@@ -234,37 +206,34 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
     if (s->rank == 0) ckpt::begin_staging(save, iteration_);
   });
 
-  // 2. Every rank copies what it writes to host memory and describes it; rank 0 the run state.
+  // 2. Every rank describes what it writes (nothing is communicated: each rank writes what it
+  // holds); rank 0 the run state. The shards read the values while they are written (a save
+  // the step waits for: no host copy), or from one host copy made now (--async-save: the step
+  // changes the values meanwhile).
   parallel::run_on_all_ranks(world, [&] {
     s->part.iteration = iteration_;
     s->part.world_size = groups_ ? groups_->world_size() : 1;
     s->files[0] = ckpt::shard_name("model", s->rank);
     s->files[1] = ckpt::shard_name("optim", s->rank);
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
-      if (t.optim && !save_optim) continue;
-      std::vector<std::byte> bytes;
-      if (t.assembled) {
-        // The whole local slice from the group's pieces (exact: assembly_buffer).
-        std::vector<float> local = assembly_buffer(t.numel);
-        for (const StateTensor::Owned& o : t.owned) {
-          ops::read_back<float>(ex, local.data() + o.local, o.data, o.count);
-        }
-        if (t.group != nullptr) t.group->all_reduce(local, parallel::ReduceOp::Sum);
-        if (!t.write) continue;
-        const auto b = std::as_bytes(std::span<const float>(local));
-        bytes.assign(b.begin(), b.end());
-      } else {
-        if (!t.write) continue;
-        bytes.resize(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
-        ops::read_back<std::byte>(ex, bytes.data(), dev_ptr_cast<const std::byte>(t.data),
-                                  static_cast<int64_t>(bytes.size()));
-      }
+      if (!t.write || (t.optim && !save_optim) || t.count == 0) continue;
       const std::string dtype(ckpt::safetensors_dtype(t.dtype));
       const std::string& file = s->files[t.optim];
-      s->shards[t.optim].add(t.name, dtype, local_shape(t), bytes);
-      const ckpt::SliceRef slice =
-          t.flat ? ckpt::SliceRef{file, ckpt::SliceRef::kFlat, t.slice.offset, t.slice.length}
-                 : checkpoint_slice(t.slice, file);
+      ckpt::SliceRef slice = t.slice;
+      slice.file = file;
+      const std::vector<int64_t> shape = stored_shape(t.global_shape, slice);
+      const DevPtr<const std::byte> src = dev_ptr_cast<const std::byte>(t.data);
+      const int64_t nbytes = t.count * static_cast<int64_t>(dtype_size(t.dtype));
+      if (async) {
+        const std::span<std::byte> dst = s->shards[t.optim].add_buffer(t.name, dtype, shape);
+        ops::read_back<std::byte>(ex, dst.data(), src, nbytes);
+      } else {
+        s->shards[t.optim].add_source(
+            t.name, dtype, shape, [&ex, src](uint64_t at, std::span<std::byte> dst) {
+              ops::read_back<std::byte>(ex, dst.data(), src + static_cast<int64_t>(at),
+                                        static_cast<int64_t>(dst.size()));
+            });
+      }
       s->part.tensors.push_back({t.name, dtype, t.global_shape, {slice}});
     }
     for (ckpt::SafetensorsWriter& shard : s->shards) {
@@ -274,10 +243,14 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
       shard.set_metadata("iteration", std::to_string(iteration_));
       shard.set_metadata("rank", std::to_string(s->rank));
     }
-    s->head.layout = {
-        {"dp", dp_size_},
-        {"ep", groups_ ? groups_->group(parallel::GroupKind::Ep).size() : 1},
-        {"expt_dp", groups_ ? groups_->group(parallel::GroupKind::ExptDp).size() : 1}};
+    const auto size_of = [&](parallel::GroupKind k) {
+      return groups_ ? groups_->group(k).size() : 1;
+    };
+    s->head.layout = {{"dp", dp_size_},
+                      {"tp", size_of(parallel::GroupKind::Tp)},
+                      {"ep", size_of(parallel::GroupKind::Ep)},
+                      {"expt_tp", size_of(parallel::GroupKind::ExptTp)},
+                      {"expt_dp", size_of(parallel::GroupKind::ExptDp)}};
     s->head.state = {{"iteration", iteration_},
                      {"optimizer_steps", optimizer_->steps_taken()},
                      {"has_optimizer", save_optim},
@@ -300,8 +273,7 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
     pending_save_ = std::move(s);
     return;
   }
-  s->write();
-  s->finish(world);
+  s->finish(world);  // writes the shards (streamed from the values), then the protocol
 }
 
 template <typename T>
@@ -353,8 +325,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               load.string());
     loaded = opt.iteration >= 0 ? std::optional<int64_t>(opt.iteration) : ckpt::read_tracker(load);
     if (!loaded.has_value()) return;
-    ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *loaded),
-                                  ckpt::HashCheck::OnOpen);
+    ckpt::CheckpointReader reader(ckpt::find_iteration_dir(load, *loaded), ckpt::HashCheck::OnRead);
     const ckpt::Manifest& m = reader.manifest();
     const std::string dir = reader.dir().string();
     MOE_CHECK(m.iteration == *loaded, "[checkpoint] '{}' holds iteration {}, not {}", dir,
@@ -386,19 +357,11 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
               dir);
 
     const Exec& ex = exec_;
-    // The bytes of a tensor's slice held here, into its place.
+    // The `held` elements of a tensor held here (padding rows zero), into their place.
     const auto store = [&](const StateTensor& t, const std::vector<std::byte>& bytes) {
-      if (t.assembled) {  // this rank's pieces of the local slice
-        for (const StateTensor::Owned& o : t.owned) {
-          ops::copy<float>(ex, o.data, reinterpret_cast<const float*>(bytes.data()) + o.local,
-                           o.count);
-        }
-        exec_synchronize(ex);
-        return;
-      }
       if (t.bf16_of != nullptr) {
         model_->params().write_bf16(*t.bf16_of, 0, reinterpret_cast<const float*>(bytes.data()),
-                                    t.numel);
+                                    t.held);
         return;
       }
       ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
@@ -407,7 +370,8 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
     };
     std::set<std::string> read;
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {
-      if (t.optim && !optim) continue;
+      if (!t.read || (t.optim && !optim)) continue;
+      const size_t es = dtype_size(t.dtype);
       if (up && m.find(t.name) == nullptr) {
         // Upcycling: each local expert a copy of the dense MLP of its layer; the routers keep
         // their initialization (with top-k probabilities that sum to 1 the layer's output is the
@@ -417,26 +381,26 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
         const std::string dense = t.name.substr(0, e) + ".mlp." + t.name.substr(e + 13);
         const ckpt::GlobalTensor& g = reader.tensor(dense);
         const std::vector<int64_t> want(t.global_shape.begin() + 1, t.global_shape.end());
-        MOE_CHECK(t.flat || t.slice.contiguous(),
+        const ckpt::SliceRef& sl = t.slice;
+        MOE_CHECK(sl.flat() || (!sl.ranged() && sl.dim <= 0 && sl.parts == 1 && !sl.second.split()),
                   "[checkpoint] '{}': upcycling '{}' into a slice split along dimension {} ({} "
                   "parts{}) is not supported: upcycle at expert tensor parallel size 1 and "
                   "reshard the upcycled checkpoint",
-                  dir, t.name, t.slice.dim, t.slice.parts,
-                  t.slice.second.split() ? ", and a second dimension" : "");
+                  dir, t.name, sl.dim, sl.parts,
+                  sl.second.split() ? ", and a second dimension" : "");
         MOE_CHECK(g.shape == want && g.dtype == ckpt::safetensors_dtype(t.dtype) &&
-                      (t.slice.dim == 0 || t.flat),
+                      (sl.dim == 0 || sl.flat()),
                   "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir,
                   dense, g.dtype, ckpt::format_shape(g.shape), t.name,
                   ckpt::safetensors_dtype(t.dtype), ckpt::format_shape(want));
         int64_t per_expert = 1;
         for (int64_t d : want) per_expert *= d;
-        const size_t es = dtype_size(t.dtype);
         std::vector<std::byte> one(static_cast<size_t>(per_expert) * es);
         reader.read(dense, g.dtype, -1, 0, 0, one);
         // Element i of the held run is element (start + i) mod per_expert of the dense tensor.
-        const int64_t start = t.flat ? t.slice.offset : 0;
-        std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * es);
-        for (int64_t i = 0; i < t.numel; ++i) {
+        const int64_t start = sl.flat() ? sl.offset : 0;
+        std::vector<std::byte> bytes(static_cast<size_t>(t.held) * es);
+        for (int64_t i = 0; i < t.held; ++i) {
           std::memcpy(bytes.data() + i * es, one.data() + ((start + i) % per_expert) * es, es);
         }
         store(t, bytes);
@@ -449,11 +413,12 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                 "checkpoint loads only into the model that wrote it (any layout)",
                 dir, t.name, g.dtype, ckpt::format_shape(g.shape), ckpt::safetensors_dtype(t.dtype),
                 ckpt::format_shape(t.global_shape));
-      std::vector<std::byte> bytes(static_cast<size_t>(t.numel) * dtype_size(t.dtype));
-      if (t.flat)
-        reader.read_flat(t.name, g.dtype, t.slice.offset, t.slice.length, bytes);
-      else
-        reader.read(t.name, g.dtype, checkpoint_slice(t.slice), bytes);
+      // Zero-filled: the padding rows past the checkpoint's (ParamSpec::model_rows) stay zero.
+      std::vector<std::byte> bytes(static_cast<size_t>(t.held) * es);
+      if (t.count > 0) {
+        reader.read(t.name, g.dtype, t.slice,
+                    std::span<std::byte>(bytes).first(static_cast<size_t>(t.count) * es));
+      }
       store(t, bytes);
       read.insert(t.name);
     }

@@ -21,13 +21,15 @@ namespace moecore::train {
 namespace {
 
 // The signals that stop the run. SIGTERM: what a scheduler (scancel, Kubernetes) and `kill` send;
-// SIGINT: Ctrl-C; SIGUSR1 and SIGUSR2: what schedulers send ahead of the end of a time limit
-// (Slurm's --signal=USR1@120), and what mpirun forwards to every rank (it forwards neither
-// SIGTERM nor SIGINT: on those it kills the job itself).
-constexpr int kExitSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+// SIGINT: Ctrl-C; SIGHUP: the terminal or ssh session of a run started without nohup closing
+// (its default action would kill the run without its save); SIGUSR1 and SIGUSR2: what
+// schedulers send ahead of the end of a time limit (Slurm's --signal=USR1@120), and what mpirun
+// forwards to every rank (it forwards neither SIGTERM, SIGINT nor SIGHUP: on those it kills the
+// job itself).
+constexpr int kExitSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
 // Also handled: SIGCONT, which opens mpirun's kill sequence, and SIGTSTP, to tell the SIGCONT of
 // a resume after Ctrl-Z (which mpirun forwards as well) from that one.
-constexpr int kHandled[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP};
+constexpr int kHandled[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP};
 constexpr int kNumHandled = sizeof(kHandled) / sizeof(kHandled[0]);
 
 // Written by the handler on whichever thread the kernel picks (one of Open MPI's, whose threads

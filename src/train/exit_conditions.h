@@ -1,6 +1,6 @@
 // When a run stops before --train-iters: --exit-interval (after every multiple of it),
 // --exit-duration-in-mins (once the run has taken that long) and --exit-signal-handler (SIGTERM,
-// SIGINT, SIGUSR1 or SIGUSR2, or an Open MPI launcher starting to kill the job: the step in flight
+// SIGINT, SIGHUP, SIGUSR1 or SIGUSR2, or an Open MPI launcher starting to kill the job: the step in flight
 // finishes first). The trainer then saves a checkpoint (with --save) and returns; `moecore train`
 // exits with status 0. The ranks agree on every stop: a signal delivered to one rank, or one
 // rank's clock passing the limit, stops all of them after the same iteration. How each way of

@@ -30,7 +30,9 @@ FlopsModel flops_model(const ModelConfig& cfg) {
     f.active_matmul_params += p;
     f.attention_flops_per_token += 2.0 * Hq * D * (cfg.seq_length + 1);
   }
-  f.active_matmul_params += H * cfg.vocab_size;  // output head
+  // The output head of the padded vocabulary, as Megatron and the planner count it (the padding
+  // rows are not computed here: the head's GEMMs run over the model's rows).
+  f.active_matmul_params += H * cfg.padded_vocab();
   return f;
 }
 
@@ -50,7 +52,7 @@ std::vector<ops::GemmShape> peak_probe_shapes(const ModelConfig& cfg, int64_t to
   int64_t dense_f = cfg.has_dense_layer() ? cfg.ffn_hidden : 0;
   if (cfg.num_experts > 0) dense_f = std::max(dense_f, cfg.moe.shared_ffn_hidden);
   linear(tokens, 2 * dense_f, H);
-  linear(std::min(head_chunk, tokens), cfg.vocab_size, H);
+  linear(std::min(head_chunk, tokens), cfg.vocab_size, H);  // the model's rows (no padding)
   if (cfg.num_experts > 0) {
     const int64_t rows = std::max<int64_t>(1, tokens * cfg.moe.router.topk / cfg.num_experts);
     linear(rows, 2 * cfg.moe.ffn_hidden, H);

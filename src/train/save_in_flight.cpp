@@ -14,6 +14,7 @@ SaveInFlight::~SaveInFlight() {
 }
 
 void SaveInFlight::write() {
+  written_ = true;
   for (int k = 0; k < 2; ++k) {
     if (shards[k].num_tensors() == 0) continue;
     part.files.push_back(ckpt::write_shard(staging, files[k], rank, shards[k]));
@@ -37,6 +38,8 @@ void SaveInFlight::finish(parallel::Communicator* world) {
     if (background_.joinable()) {
       background_.join();
       if (error_) std::rethrow_exception(error_);
+    } else if (!written_) {
+      write();  // a save the step waits for: the shards streamed from the values now
     }
   });
   ckpt::save_kill_point("save.after_shards", rank);

@@ -398,7 +398,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
   const auto group_calls = [this](parallel::GroupKind k) {
     return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).communicator().collective_calls()
+               ? groups_->group(k).communicator().calls().collectives()
                : int64_t{0};
   };
   const int64_t tp_calls_before = group_calls(parallel::GroupKind::Tp);

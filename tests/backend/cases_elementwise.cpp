@@ -307,16 +307,21 @@ void layernorm_bf16w_case(const Exec& ex) {
 
 const int64_t kSizes[] = {0, 1, 37, (int64_t{1} << 16) + 5};
 
-// Exact per element: bitwise, also with y aliasing a or b.
+// Exact per element: bitwise, also with y aliasing a or b. int64 (the router's dropped pairs of
+// several capacity groups): values up to 2^40, outputs poisoned with the smallest int64.
 template <typename T>
 void add_one(const Exec& ex) {
+  constexpr bool kInt = std::is_integral_v<T>;
+  const double range = kInt ? 0x1p40 : 1.0;
   uint32_t seed = 50;
   for (int64_t n : kSizes) {
-    BACKEND_TRACE(dtype_name<T>() << " n=" << n);
-    const auto a = random_vec<T>(n, seed++), b = random_vec<T>(n, seed++);
+    BACKEND_TRACE((kInt ? "i64" : dtype_name<T>()) << " n=" << n);
+    const auto a = random_vec<T>(n, seed++, -range, range),
+               b = random_vec<T>(n, seed++, -range, range);
     std::vector<T> y_ref(n);
     ops::add_ref(y_ref.data(), a.data(), b.data(), n);
-    Guarded<T> y = nan_out<T>(n), ya = guarded(a), yb = guarded(b);
+    Guarded<T> y = kInt ? Guarded<T>(n, std::numeric_limits<T>::min()) : nan_out<T>(n),
+               ya = guarded(a), yb = guarded(b);
     Staging st(ex);
     // The aliased buffers staged once, as outputs (the order of a call's arguments is unspecified).
     T* ya_d = st.out(ya);
@@ -688,6 +693,7 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
   out.push_back({"add", {"add"}, [](const Exec& ex) {
                    add_one<float>(ex);
                    add_one<double>(ex);
+                   add_one<int64_t>(ex);
                  }});
   out.push_back({"bias", {"bias_forward", "bias_backward"}, [](const Exec& ex) {
                    bias_one<float>(ex);

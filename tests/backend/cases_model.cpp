@@ -64,10 +64,12 @@ std::vector<int32_t> slice_ids(int64_t v0, int64_t rows, int64_t V, uint32_t see
   std::vector<int32_t> ids;
   for (int64_t r = 0; r < rows; ++r) ids.push_back(static_cast<int32_t>(v0 + r));
   for (int64_t k = 0; k < 6; ++k) {
-    ids.push_back(static_cast<int32_t>(v0 + int64_t(gen() % uint64_t(std::min<int64_t>(rows, 3)))));
+    if (rows > 0)
+      ids.push_back(
+          static_cast<int32_t>(v0 + int64_t(gen() % uint64_t(std::min<int64_t>(rows, 3)))));
     ids.push_back(static_cast<int32_t>(gen() % static_cast<uint32_t>(V)));
   }
-  if (v0 > 0) ids.push_back(static_cast<int32_t>(v0 - 1));
+  if (v0 > 0 && v0 - 1 < V) ids.push_back(static_cast<int32_t>(v0 - 1));
   if (v0 + rows < V) ids.push_back(static_cast<int32_t>(v0 + rows));
   std::shuffle(ids.begin(), ids.end(), gen);
   return ids;
@@ -75,15 +77,17 @@ std::vector<int32_t> slice_ids(int64_t v0, int64_t rows, int64_t V, uint32_t see
 
 // A TP rank's slice of the table (rows [v0, v0 + rows) of V): ids of other slices give zeros
 // and no gradient. Slices at the start, middle and end of the vocabulary, and one of more rows
-// than a GPU's backward has row ranges (1100 rows at H = 260: ranges of several rows). Bitwise
-// the reference.
+// than a GPU's backward has row ranges (1100 rows at H = 260: ranges of several rows), and empty
+// slices (a TP rank of padding only: zeros, no gradient) at and past the vocabulary's end.
+// Bitwise the reference.
 template <typename T>
 void embedding_shard_one(const Exec& ex) {
   uint32_t seed = 70;
   for (auto [H, v0, rows, V] :
        {std::array<int64_t, 4>{1, 0, 1, 1}, std::array<int64_t, 4>{37, 4, 4, 12},
         std::array<int64_t, 4>{5, 0, 25, 50}, std::array<int64_t, 4>{130, 25, 25, 50},
-        std::array<int64_t, 4>{260, 300, 1100, 1500}}) {
+        std::array<int64_t, 4>{260, 300, 1100, 1500}, std::array<int64_t, 4>{37, 12, 0, 12},
+        std::array<int64_t, 4>{5, 60, 0, 50}}) {
     const auto ids = slice_ids(v0, rows, V, seed++);
     const int64_t n_tok = static_cast<int64_t>(ids.size());
     BACKEND_TRACE(dtype_name<T>() << " T=" << n_tok << " H=" << H << " rows [" << v0 << ", "
@@ -107,12 +111,15 @@ void embedding_shard_one(const Exec& ex) {
 }
 
 // The vocab-parallel cross entropy rows of one slice: the maxima and the finish bitwise (exact
-// and the same formula), the exp sums and gradient rows within the dtype's tolerance.
+// and the same formula), the exp sums and gradient rows within the dtype's tolerance. Empty
+// slices (a TP rank of padding only) give -inf maxima and zero sums.
 template <typename T>
 void vocab_ce_one(const Exec& ex) {
   uint32_t seed = 90;
-  for (auto [m, v0, Vl, V] : {std::array<int64_t, 4>{1, 0, 1, 1}, std::array<int64_t, 4>{7, 37, 37, 111},
-                              std::array<int64_t, 4>{5, 0, 300, 600}}) {
+  for (auto [m, v0, Vl, V] :
+       {std::array<int64_t, 4>{1, 0, 1, 1}, std::array<int64_t, 4>{7, 37, 37, 111},
+        std::array<int64_t, 4>{5, 0, 300, 600}, std::array<int64_t, 4>{5, 600, 0, 600},
+        std::array<int64_t, 4>{4, 700, 0, 600}}) {
     BACKEND_TRACE(dtype_name<T>() << " m=" << m << " columns [" << v0 << ", " << v0 + Vl
                                   << ") of " << V);
     const ops::VocabSlice vs{v0, Vl, V};
@@ -120,7 +127,7 @@ void vocab_ce_one(const Exec& ex) {
     for (auto& x : z) x *= T(3);
     auto tg = random_ids(m, V, seed++);
     if (m > 2) tg[1] = -1;
-    if (m > 3) tg[2] = int32_t(v0);  // on this slice
+    if (m > 3 && Vl > 0) tg[2] = int32_t(v0);  // on this slice
     std::vector<T> mx_ref(m), loss_ref(m), lse_ref(m), g_ref = z;
     std::vector<double> sums_ref(2 * m);
     double sum_ref = 0.25;

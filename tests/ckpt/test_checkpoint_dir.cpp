@@ -14,6 +14,7 @@
 
 #include "ckpt/atomic_file.h"
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/shard_digest.h"
 #include "ckpt_files.h"
 
 namespace moecore::ckpt {
@@ -196,8 +197,8 @@ TEST(CheckpointDir, RefusesAnIncompleteOrAlteredCheckpointBeforeReading) {
   }
 }
 
-// HashCheck::OnOpen: a shard's hash is checked when it is first needed, before any of its
-// tensors is read, and even a header byte flipped is reported as an altered file, not parsed.
+// HashCheck::OnRead: the bytes of a shard are checked when they are first needed, before any of
+// its tensors is read, and even a header byte flipped is reported as an altered file, not parsed.
 TEST(CheckpointDir, ChecksAShardsHashWhenItIsFirstOpened) {
   TempDir t;
   const fs::path dir = save(t, 2);
@@ -205,7 +206,7 @@ TEST(CheckpointDir, ChecksAShardsHashWhenItIsFirstOpened) {
   std::string bytes = testing::read_text(p);
   bytes[9] ^= 0x01;  // inside the JSON header
   testing::write_text(p, bytes);
-  CheckpointReader r(dir, HashCheck::OnOpen);  // sizes only so far
+  CheckpointReader r(dir, HashCheck::OnRead);  // sizes only so far
   std::vector<float> w(2 * 3 * 2);
   EXPECT_ERROR_HAS(r.read("w", "F32", 0, 2, 2, std::as_writable_bytes(std::span<float>(w))),
                    "shard 'model_rank_00001.safetensors' has SHA-256");
@@ -353,6 +354,193 @@ TEST(CheckpointDir, ReadsPartedSlicesOfTwoDimensionsIntoAnyLayout) {
       EXPECT_EQ(read_slice(r, p.ref(), p.values().size()), p.values()) << "flat over " << ranks;
     }
   }
+}
+
+// The distributed optimizer's pieces of tensor-parallel slices (version 2): each rank of every
+// layout's slices cut into `cuts` ranges of its storage (owned by a data-parallel group), written
+// as ranged slices without gathering; every form reads back from them: the slices of every
+// layout, whole, flat ranges, and ranged pieces of other layouts' slices (other cuts); and
+// ranged pieces read from plain slices.
+TEST(CheckpointDir, ReadsRangedSlicesIntoAnyLayout) {
+  std::vector<float> all(96);
+  std::iota(all.begin(), all.end(), 0.0f);
+  const std::vector<std::pair<int, int>> layouts = {{2, 2}, {1, 2}, {4, 2}, {1, 4}, {4, 1}};
+  // Storage [lo, hi) of each of `cuts` uneven pieces of n elements.
+  const auto cut = [](int64_t n, int cuts) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    int64_t lo = 0;
+    for (int k = 0; k < cuts; ++k) {
+      const int64_t hi = k + 1 == cuts ? n : std::min(n, lo + n / cuts + (k % 2 == 0 ? 3 : -2));
+      out.push_back({lo, std::max(lo, hi)});
+      lo = std::max(lo, hi);
+    }
+    return out;
+  };
+  for (const auto& [sep, setp] : layouts) {
+    SCOPED_TRACE(::testing::Message() << "pieces of EP " << sep << " x ETP " << setp);
+    TempDir t;
+    const fs::path dir = iteration_dir(t.path(), 10);
+    fs::create_directories(dir);
+    std::vector<Manifest> parts;
+    int rank = 0;
+    for (const Parted& p : layout(sep, setp)) {
+      const std::vector<float> v = p.values();
+      for (const auto& [lo, hi] : cut(static_cast<int64_t>(v.size()), 3)) {
+        const std::string file = shard_name("optim", rank);
+        SliceRef ref = p.ref(file);
+        if (ref.whole()) {  // one rank holds it all: a flat piece, as a contiguous slice's
+          ref = {file, SliceRef::kFlat, lo, hi - lo};
+        } else {
+          ref.range = {lo, hi - lo};
+        }
+        const GlobalTensor x{"x", "F32", {4, 8, 3}, {ref}};
+        SafetensorsWriter shard;
+        shard.add("x", "F32", x.slice_shape(ref),
+                  testing::as_bytes(std::vector<float>(v.begin() + lo, v.begin() + hi)));
+        Manifest part;
+        part.iteration = 10;
+        part.world_size = 3 * sep * setp;
+        part.files = {write_shard(dir, file, rank, shard)};
+        part.tensors = {x};
+        parts.push_back(parse_manifest_part(part.to_json_text(), "part"));
+        ++rank;
+      }
+    }
+    write_manifest(dir, merge_manifest_parts(parts, dir.string()));
+    CheckpointReader r(dir, HashCheck::OnRead);
+    EXPECT_EQ(r.manifest().needed_version(), kManifestVersionRanged);
+    EXPECT_EQ(read_slice(r, SliceRef{}, 96), all);
+    for (const auto& [ep, etp] : layouts) {
+      for (const Parted& p : layout(ep, etp)) {
+        const std::vector<float> v = p.values();
+        EXPECT_EQ(read_slice(r, p.ref(), v.size()), v) << "EP " << ep << " x ETP " << etp;
+        if (p.ref().whole()) continue;
+        for (const auto& [lo, hi] : cut(static_cast<int64_t>(v.size()), 4)) {
+          SliceRef want = p.ref();
+          want.range = {lo, hi - lo};
+          EXPECT_EQ(read_slice(r, want, static_cast<size_t>(hi - lo)),
+                    std::vector<float>(v.begin() + lo, v.begin() + hi))
+              << "EP " << ep << " x ETP " << etp << ", storage [" << lo << ", " << hi << ")";
+        }
+      }
+    }
+    for (const auto& [lo, n] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 96}, {7, 50}, {95, 1}}) {
+      std::vector<float> out(static_cast<size_t>(n));
+      r.read_flat("x", "F32", lo, n, std::as_writable_bytes(std::span<float>(out)));
+      EXPECT_EQ(out, std::vector<float>(all.begin() + lo, all.begin() + lo + n)) << lo;
+    }
+  }
+  // Ranged pieces from plain slices (a checkpoint without the distributed optimizer loaded with
+  // it), and a range that does not fit its slice.
+  TempDir t;
+  CheckpointReader r(save_parted(t, layout(2, 2)));
+  const Parted p = layout(1, 4)[1];
+  SliceRef want = p.ref();
+  want.range = {5, 15};
+  const std::vector<float> v = p.values();
+  ASSERT_EQ(v.size(), 24u);
+  EXPECT_EQ(read_slice(r, want, 15), std::vector<float>(v.begin() + 5, v.begin() + 20));
+  want.range = {20, 10};
+  std::vector<float> buf(10);
+  EXPECT_ERROR_HAS(r.read("x", "F32", want, std::as_writable_bytes(std::span<float>(buf))),
+                   "a slice of 24 elements has no range [20, 30)");
+}
+
+// A global tensor of 65536 floats split over 2 shards of 128 KiB, in chunks of 4 KiB: a read of
+// a few elements reads (and hashes) only the chunks that hold them and the header's, never the
+// whole shard; a flipped byte in a chunk is caught when that chunk is read, before any of its
+// bytes is used, and a read that does not touch it still succeeds; HashCheck::Upfront hashes
+// every shard whole at the open and catches it there.
+TEST(CheckpointDir, VerifiesTheChunksItReadsAndReadsOnlyThose) {
+  TempDir t;
+  const fs::path dir = iteration_dir(t.path(), 3);
+  fs::create_directories(dir);
+  std::vector<float> all(65536);
+  std::iota(all.begin(), all.end(), 0.0f);
+  Manifest m;
+  m.iteration = 3;
+  m.world_size = 2;
+  GlobalTensor x{"x", "F32", {256, 256}, {}};
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = shard_name("model", r);
+    SafetensorsWriter w;
+    w.add("x", "F32", {128, 256},
+          testing::as_bytes(
+              std::vector<float>(all.begin() + r * 32768, all.begin() + (r + 1) * 32768)));
+    m.files.push_back(write_shard(dir, file, r, w, 4096));
+    x.slices.push_back({file, 0, r * 128, 128});
+  }
+  m.tensors = {x};
+  write_manifest(dir, m);
+  ASSERT_EQ(m.files[1].chunk_bytes, 4096u);
+  ASSERT_EQ(m.files[1].num_chunks(), (m.files[1].bytes + 4095) / 4096);
+  const auto read_flat = [](CheckpointReader& r, int64_t lo, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    r.read_flat("x", "F32", lo, n, std::as_writable_bytes(std::span<float>(out)));
+    return out;
+  };
+  {
+    CheckpointReader r(dir, HashCheck::OnRead);
+    EXPECT_EQ(read_flat(r, 40000, 3), (std::vector<float>{40000, 40001, 40002}));
+    EXPECT_EQ(r.opened(), std::vector<std::string>{shard_name("model", 1)});
+    // The header's chunk and the one holding elements [7232, 7235) of the shard's tensor.
+    EXPECT_LE(r.bytes_read(), 2u * 4096) << "of a " << m.files[1].bytes << "-byte shard";
+  }
+  // A byte of element 60000 (in shard 1, far from the header and from element 40000) flipped.
+  const fs::path p = dir / shard_name("model", 1);
+  std::string bytes = testing::read_text(p);
+  const size_t at = bytes.size() - (65536 - 60000) * 4;
+  bytes[at] ^= 0x01;
+  testing::write_text(p, bytes);
+  {
+    CheckpointReader r(dir, HashCheck::OnRead);
+    EXPECT_EQ(read_flat(r, 40000, 3), (std::vector<float>{40000, 40001, 40002}));
+    const uint64_t chunk = at / 4096;
+    EXPECT_ERROR_HAS(read_flat(r, 59999, 2), "shard 'model_rank_00001.safetensors' has SHA-256 ");
+    EXPECT_ERROR_HAS(read_flat(r, 59999, 2),
+                     fmt::format("in bytes [{}, {}) (chunk {} of {}), the manifest recorded",
+                                 chunk * 4096, (chunk + 1) * 4096, chunk, m.files[1].num_chunks()));
+  }
+  EXPECT_ERROR_HAS(CheckpointReader r(dir), "the file was altered after the save");
+  // Without chunk digests (a manifest of an older moecore) the shard is hashed whole, streaming,
+  // when first opened: the flipped byte is caught before any read, even of another chunk.
+  Manifest old = m;
+  for (ShardFile& f : old.files) {
+    f.chunk_bytes = 0;
+    f.chunk_sha256.clear();
+  }
+  write_manifest(dir, old);
+  CheckpointReader r(dir, HashCheck::OnRead);
+  EXPECT_ERROR_HAS(read_flat(r, 40000, 3), "shard 'model_rank_00001.safetensors' has SHA-256 ");
+  EXPECT_EQ(read_flat(r, 5, 2), (std::vector<float>{5, 6}));  // shard 0 is intact
+}
+
+// A shard whose header is not a valid safetensors header is refused naming the file and the
+// fault, however its digests agree with the manifest: the header's validation stays.
+TEST(CheckpointDir, ValidatesAShardsHeaderAsSafetensorsFileDoes) {
+  TempDir t;
+  const fs::path dir = save(t, 2);
+  Manifest m = CheckpointReader(dir).manifest();
+  // Rank 1's shard rewritten with a gap before its tensor, and its digests recorded.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2,3,2],"data_offsets":[4,52]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  file += header + std::string(52, '\0');
+  const fs::path p = dir / shard_name("model", 1);
+  testing::write_text(p, file);
+  ShardDigester d(chunk_bytes_for(file.size()));
+  d.update(testing::as_bytes(file));
+  ShardFile f{shard_name("model", 1), 1};
+  d.finish(f);
+  for (ShardFile& g : m.files) {
+    if (g.file == f.file) g = f;
+  }
+  write_manifest(dir, m);
+  CheckpointReader r(dir, HashCheck::OnRead);
+  std::vector<float> w(12);
+  EXPECT_ERROR_HAS(r.read("w", "F32", 0, 2, 2, std::as_writable_bytes(std::span<float>(w))),
+                   "gap: bytes [0, 4) of the data block belong to no tensor");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <limits>
 #include <string>
 
@@ -71,7 +72,7 @@ TEST(Manifest, RefusesAnotherFormatOrVersion) {
     return t;
   };
   EXPECT_ERROR_HAS(parse_manifest(replace("\"format_version\": 0", "\"format_version\": 3"), "m"),
-                   "format version 3; this moecore reads version 0 to 1: the checkpoint was "
+                   "format version 3; this moecore reads version 0 to 2: the checkpoint was "
                    "written by a newer moecore");
   EXPECT_ERROR_HAS(parse_manifest(replace("moecore-checkpoint", "megatron"), "m"),
                    "not a moecore checkpoint manifest");
@@ -322,6 +323,134 @@ TEST(Manifest, RefusesPartedSlicesThatOverlapMissOrRunOut) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(merged.tensors[0].slices[r].file, whole.tensors[0].slices[r].file);
   }
+}
+
+// The distributed optimizer's pieces of the EP 2 x ETP 2 slices (version 2): each rank's slice
+// cut into 3 ranges of its storage (24 elements: [0, 5), [5, 17), [17, 24)), as a data-parallel
+// group of 3 owning them would write them.
+Manifest ranged_manifest() {
+  Manifest m = ep2_etp2_manifest();
+  std::vector<SliceRef> pieces;
+  for (const SliceRef& s : m.tensors[0].slices) {
+    for (const auto& [lo, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 12}, {17, 7}}) {
+      SliceRef p = s;
+      p.range = {lo, n};
+      pieces.push_back(p);
+    }
+  }
+  m.tensors[0].slices = pieces;
+  return m;
+}
+
+// Ranged slices: version 2, round-trip through the JSON, stored as 1-D tensors of the range's
+// length; an older version holding one is refused; each base slice's ranges tile its storage
+// exactly, with errors naming the tensor, the files and the slices.
+TEST(Manifest, RangedSlicesTileTheirSlicesStorageAsVersion2) {
+  const Manifest m = ranged_manifest();
+  validate_manifest(m, "m");
+  EXPECT_EQ(m.needed_version(), kManifestVersionRanged);
+  const std::string text = m.to_json_text();
+  ASSERT_NE(text.find("\"format_version\": 2"), std::string::npos) << text;
+  ASSERT_NE(text.find("\"range\""), std::string::npos) << text;
+  const Manifest back = parse_manifest(text, "m");
+  EXPECT_EQ(back.to_json_text(), text);
+  const GlobalTensor& w = back.tensors[0];
+  ASSERT_EQ(w.slices.size(), 12u);
+  EXPECT_EQ(w.slices[1].range, (StorageRange{5, 12}));
+  EXPECT_EQ(w.slices[1].second.parts, 2);
+  EXPECT_EQ(w.slice_shape(w.slices[1]), (std::vector<int64_t>{12}));
+
+  std::string v1 = text;
+  v1.replace(v1.find("\"format_version\": 2"), 19, "\"format_version\": 1");
+  EXPECT_ERROR_HAS(parse_manifest(v1, "m"),
+                   "has a range, which format version 1 does not have (version 2 does): the "
+                   "manifest was altered");
+  const std::string name = "tensor 'decoder.layers.0.mlp.experts.linear_fc1.weight' [4, 8, 3]";
+  Manifest bad = m;
+  bad.tensors[0].slices[1].range = {4, 13};  // [4, 17) overlaps [0, 5)
+  EXPECT_MANIFEST_ERROR(
+      bad, name +
+               ": the slices of 'model_rank_00000.safetensors' (dimension 0 "
+               "[0, 2) x dimension 1 [0, 2) of each of 2 parts, storage [0, 5)) and "
+               "'model_rank_00000.safetensors' (dimension 0 [0, 2) x dimension 1 [0, 2) "
+               "of each of 2 parts, storage [4, 17)) overlap");
+  bad = m;
+  bad.tensors[0].slices[1].range = {6, 11};  // element 5 in no piece
+  EXPECT_MANIFEST_ERROR(
+      bad, name +
+               ": elements [5, 6) of the storage of slice dimension 0 [0, 2) "
+               "x dimension 1 [0, 2) of each of 2 parts are in no slice (after the one "
+               "of 'model_rank_00000.safetensors'): a slice is missing");
+  bad = m;
+  bad.tensors[0].slices[2].range = {17, 6};  // [17, 23) of 24
+  EXPECT_MANIFEST_ERROR(bad, "elements [23, 24) of the storage of slice dimension 0 [0, 2)");
+  bad = m;
+  bad.tensors[0].slices[2].range = {17, 8};
+  EXPECT_MANIFEST_ERROR(bad, "runs past the 24 elements of its slice's storage");
+  bad = m;
+  bad.tensors[0].slices.erase(bad.tensors[0].slices.begin() + 3, bad.tensors[0].slices.begin() + 6);
+  EXPECT_MANIFEST_ERROR(bad,
+                        name + ": its 9 slices hold 72 of its 96 elements: a slice is missing");
+  bad = m;  // a whole-slice copy beside the pieces of the same slice
+  bad.tensors[0].slices.push_back(bad.tensors[0].slices[0].base());
+  EXPECT_MANIFEST_ERROR(bad, "overlap: the slices must hold every element once");
+  // Parsed: a range on a flat or whole slice, or negative.
+  std::string neg = text;
+  neg.replace(neg.find("\"offset\": 5"), 12, "\"offset\": -5");
+  EXPECT_ERROR_HAS(parse_manifest(neg, "m"), "its offset and length are counts >= 0");
+}
+
+// Validation stays cheap at real scale: a tensor of 64 expert-parallel slices, each cut into 512
+// ranges (32768 slices), validates in well under a second; pairwise checks over the slices would
+// take minutes. The boxes are compared only where their spans of the flattened tensor overlap.
+TEST(Manifest, ValidatesTensOfThousandsOfRangedSlicesWithoutComparingEveryPair) {
+  Manifest m;
+  m.iteration = 1;
+  m.world_size = 1;
+  m.files = {{"optim_rank_00000.safetensors", 0, 8, kHash}};
+  GlobalTensor t{"exp_avg.w", "F32", {64, 64, 64}, {}};
+  for (int e = 0; e < 64; ++e) {
+    for (int r = 0; r < 512; ++r) {  // 4096 elements per expert: 8 each
+      t.slices.push_back({"optim_rank_00000.safetensors", 0, e, 1, 1, SliceDim{2, 0, 64, 1},
+                          StorageRange{r * 8, 8}});
+    }
+  }
+  m.tensors = {t};
+  const auto start = std::chrono::steady_clock::now();
+  validate_manifest(m, "m");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(s, 5.0) << "validating " << t.slices.size() << " slices";
+  m.tensors[0].slices[7232].range.length += 1;  // now overlapping its successor
+  EXPECT_MANIFEST_ERROR(m, "overlap: the slices must hold every element once");
+}
+
+// The per-chunk digests of a shard: one per chunk of chunk_bytes (the last short), round-trip
+// through the JSON, and a count or form that does not fit is refused.
+TEST(Manifest, ChunkDigestsRoundTripAndCountTheChunks) {
+  Manifest m = two_rank_manifest();
+  m.files[1].chunk_bytes = 1000;  // 2048 bytes: 3 chunks
+  m.files[1].chunk_sha256 = {kHash, std::string(64, 'c'), std::string(64, 'd')};
+  validate_manifest(m, "m");
+  EXPECT_EQ(m.files[1].num_chunks(), 3u);
+  const std::string text = m.to_json_text();
+  ASSERT_NE(text.find("\"chunk_bytes\": 1000"), std::string::npos) << text;
+  const Manifest back = parse_manifest(text, "m");
+  EXPECT_EQ(back.to_json_text(), text);
+  EXPECT_EQ(back.files[1].chunk_sha256[2], std::string(64, 'd'));
+  EXPECT_EQ(back.files[0].chunk_bytes, 0u);  // a shard without them (an older save)
+  Manifest bad = m;
+  bad.files[1].chunk_sha256.pop_back();
+  EXPECT_MANIFEST_ERROR(bad,
+                        "shard 'model_rank_00001.safetensors' of 2048 bytes in chunks of "
+                        "1000 has 2 chunk digests, not 3");
+  bad = m;
+  bad.files[1].chunk_sha256[1] = "x";
+  EXPECT_MANIFEST_ERROR(bad, "has chunk 1 sha256 'x', not 64 lowercase hex digits");
+  std::string zero = text;
+  zero.replace(zero.find("\"chunk_bytes\": 1000"), 19, "\"chunk_bytes\": 0");
+  EXPECT_ERROR_HAS(parse_manifest(zero, "m"), "has chunks of 0 bytes");
+  // A manifest written before the chunk digests, version 0 and 1, still parses.
+  EXPECT_EQ(parse_manifest(two_rank_manifest().to_json_text(), "m").files[0].chunk_bytes, 0u);
 }
 
 // The published test vectors of FIPS 180-2, and hashing in pieces equals hashing the whole.

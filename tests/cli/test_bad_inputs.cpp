@@ -255,9 +255,11 @@ TEST_F(BadInputs, DatasetInfoAndPreprocess) {
   expect_rows({
       {info + " --train-samples 1000000000000", 1,
        {"1000000000000 samples of 17 tokens", "TiB", "more than this machine's"}},
+      // A sample longer than the whole split: refused before any index is sized or built.
       {"dataset-info --data-path {fx}/data/preprocess_bytelevel_text_document --seq-length "
        "1000000000000 --train-samples 10",
-       1, {"10 samples of 1000000000001 tokens", "more than this machine's"}},
+       1, {"fewer than one sample of --seq-length 1000000000000 + 1 = 1000000000001 tokens",
+           "none of the 10 samples", "give --seq-length at most"}},
       {"dataset-info --mock-data --seq-length 16 --train-samples 1000000000000", 1,
        {"1000000000000 samples of 17 tokens", "more than this machine's"}},
       {info + " --train-samples 10 --split a,b", 1, {"--split 'a,b': 'a' is not a number"}},

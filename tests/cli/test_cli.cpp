@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -386,10 +387,11 @@ TEST(Cli, EvalScoresTokenSequencesOfACheckpoint) {
   EXPECT_NEAR(eval_loss(b.output, 0), l0, 1e-5 * l0) << b.output;
   EXPECT_NEAR(eval_loss(b.output, 1), l1, 1e-5 * l1) << b.output;
 
-  std::ofstream(tokens) << "[[1, 2, 128]]";  // the vocabulary padded to 128
+  // 64 is a row of the tables padded to 128, not a token of the model's 64.
+  std::ofstream(tokens) << "[[1, 2, 64]]";
   CommandResult c = run(eval + tokens);
   EXPECT_NE(c.exit_code, 0);
-  EXPECT_NE(c.output.find("sequence 0 holds 128, not a token id in [0, 128)"), std::string::npos)
+  EXPECT_NE(c.output.find("sequence 0 holds 64, not a token id in [0, 64)"), std::string::npos)
       << c.output;
   std::ofstream(tokens) << "[" + std::string(16, ' ') + "[1,2,3,4,5,6,7,8,9,1,2,3,4,5,6,7,8]]";
   CommandResult d = run(eval + tokens);
@@ -445,4 +447,29 @@ TEST(Cli, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
       run("eval --use-checkpoint-args --tokens-json " + tokens).output.find("give --load DIR"),
       std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+// tools/plot_metrics.py, README's way to see the curves, where matplotlib cannot be imported:
+// one line that says how to get it and a non-zero status, never a Python traceback. `python3 -S`
+// leaves out site-packages (Debian's dist-packages too), where matplotlib lives when installed.
+TEST(Cli, PlotMetricsWithoutMatplotlibSaysHowToGetIt) {
+  if (moecore::testing::run_command("python3 -S -c pass").exit_code != 0) {
+    GTEST_SKIP() << "no python3 on this machine: tools/plot_metrics.py is not run";
+  }
+  const std::string metrics = temp_path("plot_metrics.jsonl");
+  std::ofstream(metrics) << R"({"iteration": 1, "lm_loss": 5.0, "max_over_mean_load": 1.5, )"
+                         << R"("aux_loss": 1.0})" << "\n";
+  const std::string png = temp_path("plot_metrics.png");
+  const CommandResult r = moecore::testing::run_command(
+      "python3 -S " + moecore::testing::source_dir() + "/tools/plot_metrics.py " + metrics +
+      " -o " + png);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[plot_metrics] cannot import matplotlib"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("python3-matplotlib"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pip install matplotlib"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line:\n" << r.output;
+  EXPECT_FALSE(std::filesystem::exists(png));
+  std::remove(metrics.c_str());
 }

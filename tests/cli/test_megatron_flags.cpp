@@ -1,6 +1,7 @@
 // Megatron-LM's command lines: every flag of the table parses as its class says, the
 // implemented flags have Megatron's defaults, argparse's semantics, docs/flags.md is current,
 // and the MoE launch flags of Megatron's own recipes run unchanged (sizes shrunk, synthetic data).
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -278,71 +279,116 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--norm-epsilon", "", "1e-6", {{"model.norm_eps", "1e-6"}}},
       {"--init-method-std", "", "0.01", {{"model.init_std", "0.01"}}},
       {"--add-qkv-bias", "--disable-bias-linear", "", {{"model.add_qkv_bias", "true"}}},
-      {"--add-attention-output-bias", "--disable-bias-linear", "",
+      {"--add-attention-output-bias",
+       "--disable-bias-linear",
+       "",
        {{"model.add_attention_output_bias", "true"}}},
       {"--swiglu", "", "", {{"model.activation", "swiglu"}}},
       {"--openai-gelu", "", "", {{"model.activation", "openai_gelu"}}},
       {"--squared-relu", "", "", {{"model.activation", "squared_relu"}}},
-      {"--disable-bias-linear", "", "",
+      {"--disable-bias-linear",
+       "",
+       "",
        {{"model.add_mlp_bias", "false"}, {"model.add_qkv_bias", "false"}}},
       {"--normalization", "", "LayerNorm", {{"model.normalization", "LayerNorm"}}},
       {"--apply-layernorm-1p", "--normalization LayerNorm", "", {{"model.layernorm_1p", "true"}}},
-      {"--position-embedding-type", "", "learned_absolute",
+      {"--position-embedding-type",
+       "",
+       "learned_absolute",
        {{"model.position_embedding", "learned_absolute"}}},
       {"--attention-dropout", "", "0.2", {{"model.attention_dropout", "0.2"}}},
       {"--hidden-dropout", "", "0.2", {{"model.hidden_dropout", "0.2"}}},
       {"--eod-mask-loss", "", "", {{"train.data.eod_mask_loss", "true"}}},
       {"--qk-layernorm", "", "", {{"model.qk_layernorm", "true"}}},
       {"--untie-embeddings-and-output-weights", "", "", {{"model.tie_embeddings", "false"}}},
-      {"--vocab-size", "", "100", {{"train.data.synthetic_vocab", "100"}}},
-      {"--make-vocab-size-divisible-by", "", "32", {{"model.vocab_size", "64"}}},
+      {"--vocab-size",
+       "",
+       "100",
+       {{"train.data.synthetic_vocab", "100"}, {"model.vocab_size", "100"}}},
+      {"--make-vocab-size-divisible-by", "", "32", {{"model.padded_vocab_size", "64"}}},
       {"--bf16", "", "", {{"model.bf16", "true"}}},
       // Mixture of experts.
-      {"--num-experts", "", "8", {{"model.num_experts", "8"}, {"model.moe.router.num_experts", "8"}}},
+      {"--num-experts",
+       "",
+       "8",
+       {{"model.num_experts", "8"}, {"model.moe.router.num_experts", "8"}}},
       {"--moe-layer-freq", "", "2", {{"model.moe_layer_pattern", "1 0"}}},
       {"--moe-ffn-hidden-size", "", "8", {{"model.moe.ffn_hidden", "8"}}},
       {"--moe-shared-expert-intermediate-size", "", "16", {{"model.moe.shared_ffn_hidden", "16"}}},
-      {"--moe-shared-expert-gate", "--moe-shared-expert-intermediate-size 16", "",
+      {"--moe-shared-expert-gate",
+       "--moe-shared-expert-intermediate-size 16",
+       "",
        {{"model.moe.shared_expert_gate", "true"}}},
       {"--moe-token-dispatcher-type", "", "alltoall", {{"model.moe.dispatcher_type", "alltoall"}}},
-      {"--moe-expert-rank-capacity-factor", "", "1.25",
+      {"--moe-expert-rank-capacity-factor",
+       "",
+       "1.25",
        {{"model.moe.expert_rank_capacity_factor", "1.25"}}},
       {"--moe-router-topk", "", "3", {{"model.moe.router.topk", "3"}}},
       {"--moe-router-score-function", "", "sigmoid", {{"model.moe.router.score", "sigmoid"}}},
       {"--moe-router-pre-softmax", "", "", {{"model.moe.router.pre_softmax", "true"}}},
-      {"--moe-router-topk-scaling-factor", "", "2.5",
+      {"--moe-router-topk-scaling-factor",
+       "",
+       "2.5",
        {{"model.moe.router.topk_scaling_factor", "2.5"}}},
-      {"--moe-router-load-balancing-type", "", "seq_aux_loss",
+      {"--moe-router-load-balancing-type",
+       "",
+       "seq_aux_loss",
        {{"model.moe.router.load_balancing", "seq_aux_loss"}}},
       {"--moe-aux-loss-coeff", "", "0.01", {{"model.moe.router.aux_loss_coeff", "0.01"}}},
       {"--moe-z-loss-coeff", "", "0.001", {{"model.moe.router.z_loss_coeff", "0.001"}}},
       {"--moe-router-dtype", "", "fp64", {{"model.moe.router.dtype", "fp64"}}},
       {"--moe-input-jitter-eps", "", "0.01", {{"model.moe.router.input_jitter_eps", "0.01"}}},
-      {"--moe-router-num-groups", "--moe-router-num-groups 1 --moe-router-group-topk 1", "2",
+      {"--moe-router-num-groups",
+       "--moe-router-num-groups 1 --moe-router-group-topk 1",
+       "2",
        {{"model.moe.router.num_groups", "2"}}},
-      {"--moe-router-group-topk", "--moe-router-num-groups 2 --moe-router-group-topk 1", "2",
+      {"--moe-router-group-topk",
+       "--moe-router-num-groups 2 --moe-router-group-topk 1",
+       "2",
        {{"model.moe.router.group_topk", "2"}}},
-      {"--moe-router-enable-expert-bias", "--moe-router-score-function sigmoid", "",
+      {"--moe-router-enable-expert-bias",
+       "--moe-router-score-function sigmoid",
+       "",
        {{"model.moe.router.enable_expert_bias", "true"}}},
-      {"--moe-router-bias-update-rate", "", "0.01", {{"model.moe.router.bias_update_rate", "0.01"}}},
-      {"--moe-router-quantile-balancing-ema", "", "0.5",
+      {"--moe-router-bias-update-rate",
+       "",
+       "0.01",
+       {{"model.moe.router.bias_update_rate", "0.01"}}},
+      {"--moe-router-quantile-balancing-ema",
+       "",
+       "0.5",
        {{"model.moe.router.quantile_ema", "0.5"}}},
       {"--moe-aux-loss-megatron-map", "", "", {{"model.moe.router.megatron_aux_map", "true"}}},
       {"--moe-expert-capacity-factor", "", "1.5", {{"model.moe.router.capacity_factor", "1.5"}}},
-      {"--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor 1", "",
+      {"--moe-pad-expert-input-to-capacity",
+       "--moe-expert-capacity-factor 1",
+       "",
        {{"model.moe.router.pad_to_capacity", "true"}}},
-      {"--moe-token-drop-policy", "--moe-expert-capacity-factor 1", "position",
+      {"--moe-token-drop-policy",
+       "--moe-expert-capacity-factor 1",
+       "position",
        {{"model.moe.router.drop_policy", "position"}}},
       // Recomputation.
       {"--recompute-granularity", "", "selective", {{"model.recompute.granularity", "selective"}}},
       {"--recompute-activations", "", "", {{"model.recompute.granularity", "selective"}}},
-      {"--recompute-method", "--recompute-granularity full --recompute-num-layers 1 "
-       "--recompute-method uniform", "block", {{"model.recompute.method", "block"}}},
-      {"--recompute-num-layers", "--recompute-granularity full --recompute-method uniform "
-       "--recompute-num-layers 1", "2", {{"model.recompute.num_layers", "2"}}},
-      {"--recompute-modules", "--recompute-granularity selective", "moe layernorm",
+      {"--recompute-method",
+       "--recompute-granularity full --recompute-num-layers 1 "
+       "--recompute-method uniform",
+       "block",
+       {{"model.recompute.method", "block"}}},
+      {"--recompute-num-layers",
+       "--recompute-granularity full --recompute-method uniform "
+       "--recompute-num-layers 1",
+       "2",
+       {{"model.recompute.num_layers", "2"}}},
+      {"--recompute-modules",
+       "--recompute-granularity selective",
+       "moe layernorm",
        {{"model.recompute.module_names", "moe layernorm"}}},
-      {"--moe-layer-recompute", "", "",
+      {"--moe-layer-recompute",
+       "",
+       "",
        {{"model.recompute.granularity", "selective"},
         {"model.recompute.module_names", "core_attn moe"}}},
       // Training, learning rate, optimizer.
@@ -358,9 +404,13 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--lr-warmup-init", "", "0.0001", {{"train.lr.warmup_init", "0.0001"}}},
       {"--lr-decay-iters", "", "10", {{"train.lr.decay_steps", "10"}}},
       {"--lr-decay-style", "", "cosine", {{"train.lr.style", "cosine"}}},
-      {"--lr-wsd-decay-iters", "--lr-decay-style WSD --lr-wsd-decay-iters 1", "2",
+      {"--lr-wsd-decay-iters",
+       "--lr-decay-style WSD --lr-wsd-decay-iters 1",
+       "2",
        {{"train.lr.wsd_decay_steps", "2"}}},
-      {"--lr-wsd-decay-style", "--lr-decay-style WSD --lr-wsd-decay-iters 1", "linear",
+      {"--lr-wsd-decay-style",
+       "--lr-decay-style WSD --lr-wsd-decay-iters 1",
+       "linear",
        {{"train.lr.wsd_style", "linear"}}},
       {"--weight-decay", "", "0.1", {{"train.adam.weight_decay", "0.1"}}},
       {"--clip-grad", "", "0.5", {{"train.adam.clip_grad", "0.5"}}},
@@ -372,26 +422,37 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--check-for-nan-in-loss-and-grad", "", "", {}},  // the default
       {"--check-for-spiky-loss", "", "", {{"train.guard.check_spiky_loss", "true"}}},
       {"--check-for-large-grads", "", "", {{"train.guard.check_large_grads", "true"}}},
-      {"--skip-spiky-steps", "--check-for-spiky-loss", "",
+      {"--skip-spiky-steps",
+       "--check-for-spiky-loss",
+       "",
        {{"train.guard.skip_spiky_steps", "true"}}},
       {"--spike-check-samples", "", "7", {{"train.guard.samples", "7"}}},
       {"--iterations-to-skip", "", "3 5", {{"train.iterations_to_skip", "3 5"}}},
       // Data and validation.
-      {"--data-path", "--vocab-size 256", fixture("data/preprocess_bytelevel_text_document"),
+      {"--data-path",
+       "--vocab-size 256",
+       fixture("data/preprocess_bytelevel_text_document"),
        {{"train.data.data_path", fixture("data/preprocess_bytelevel_text_document")}}},
       {"--mock-data", "--vocab-size 256", "", {{"train.data.mock_data", "true"}}},
       {"--split", "--mock-data --vocab-size 256", "90,5,5", {{"train.data.split", "90,5,5"}}},
       {"--data-cache-path", "", dir + "/cache", {{"train.data.data_cache_path", dir + "/cache"}}},
-      {"--tokenizer-type", "--mock-data --vocab-size 256", "NullTokenizer",
+      {"--tokenizer-type",
+       "--mock-data --vocab-size 256",
+       "NullTokenizer",
        {{"train.data.tokenizer.type", "NullTokenizer"}}},
       {"--tokenizer-model",
        " --mock-data --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + tok + "hf_gpt2",
-       tok + "hf_qwen2", {{"train.data.tokenizer.tokenizer_model", tok + "hf_qwen2"}}},
+       tok + "hf_qwen2",
+       {{"train.data.tokenizer.tokenizer_model", tok + "hf_qwen2"}}},
       // One vocab.json and merges.txt in the fixtures: the value is the same file, spelled
       // through the directory's "." entry.
-      {"--vocab-file", gpt2, tok + "./gpt2-vocab.json",
+      {"--vocab-file",
+       gpt2,
+       tok + "./gpt2-vocab.json",
        {{"train.data.tokenizer.vocab_file", tok + "./gpt2-vocab.json"}}},
-      {"--merge-file", gpt2, tok + "./gpt2-merges.txt",
+      {"--merge-file",
+       gpt2,
+       tok + "./gpt2-merges.txt",
        {{"train.data.tokenizer.merge_file", tok + "./gpt2-merges.txt"}}},
       {"--eval-interval", "", "5", {{"train.eval_interval", "5"}}},
       {"--eval-iters", "", "5", {{"train.eval_iters", "5"}}},
@@ -402,9 +463,13 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--finetune", "--load " + dir + "/load", "", {{"train.ckpt.finetune", "true"}}},
       {"--moe-use-upcycling", "--load " + dir + "/load", "", {{"train.ckpt.upcycling", "true"}}},
       {"--ckpt-step", "--load " + dir + "/load", "3", {{"train.ckpt.ckpt_step", "3"}}},
-      {"--use-checkpoint-args", "--load " + ckpt, "",
+      {"--use-checkpoint-args",
+       "--load " + ckpt,
+       "",
        {{"train.ckpt.use_checkpoint_args", "true"}, {"model.qk_layernorm", "true"}}},
-      {"--exit-on-missing-checkpoint", "--load " + dir + "/load", "",
+      {"--exit-on-missing-checkpoint",
+       "--load " + dir + "/load",
+       "",
        {{"train.ckpt.exit_on_missing_checkpoint", "true"}}},
       {"--async-save", "", "", {{"train.ckpt.async_save", "true"}}},
       {"--no-save-optim", "", "", {{"train.ckpt.save_optim", "false"}}},
@@ -422,7 +487,9 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
       {"--overlap-grad-reduce", "", "", {{"train.ddp.overlap", "true"}}},
       {"--use-distributed-optimizer", "", "", {{"train.ddp.distributed_optimizer", "true"}}},
-      {"--overlap-param-gather", "--use-distributed-optimizer --overlap-grad-reduce", "",
+      {"--overlap-param-gather",
+       "--use-distributed-optimizer --overlap-grad-reduce",
+       "",
        {{"train.ddp.overlap_param_gather", "true"}}},
       {"--ddp-bucket-size", "", "1000", {{"train.ddp.bucket_size", "1000"}}},
       // moecore's own.
@@ -776,6 +843,65 @@ TEST(MegatronFlags, ExpertRankCapacityFactor) {
                    "rows"),
             std::string::npos)
       << e;
+}
+
+// --fp32 spells out the default; with --bf16 a run would train bf16 silently. Refused, naming
+// both flags and the fix, whichever comes first and wherever each is given (a --config file).
+TEST(MegatronFlags, Fp32WithBf16IsRefused) {
+  EXPECT_FALSE(parse("--fp32").model.bf16);
+  EXPECT_TRUE(parse("--bf16").model.bf16);
+  for (const std::vector<std::string>& given :
+       {std::vector<std::string>{"--fp32", "--bf16"}, {"--bf16", "--fp32"}}) {
+    const std::string e = error_of(given);
+    EXPECT_NE(e.find("--fp32 and --bf16 are both given"), std::string::npos) << e;
+    EXPECT_NE(e.find("remove one of them"), std::string::npos) << e;
+  }
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string toml = scratch.path() + "/fp32.toml";
+  std::ofstream(toml) << "fp32 = true\n";
+  const std::string e = error_of({"--config", toml, "--bf16"});
+  EXPECT_NE(e.find("--fp32 and --bf16 are both given"), std::string::npos) << e;
+}
+
+// A check between two flags names the flag(s) to change and to what: configs/tiny.toml warms up
+// for 20 iterations, so a short run of it (--train-iters 5, whose value --lr-decay-iters takes)
+// must say to lower --lr-warmup-iters, not only that 5 must exceed 20.
+TEST(MegatronFlags, TwoFlagChecksNameTheFlagToChange) {
+  std::string e = error_of({"--lr-warmup-iters", "20", "--train-iters", "5"});
+  EXPECT_NE(e.find("--lr-decay-iters=5 (not given: --train-iters) must exceed "
+                   "--lr-warmup-iters=20: give --lr-warmup-iters below 5 (0 for no warmup), or "
+                   "--lr-decay-iters above 20"),
+            std::string::npos)
+      << e;
+  e = error_of({"--lr-warmup-iters", "20", "--lr-decay-iters", "10"});
+  EXPECT_NE(e.find("--lr-decay-iters=10 must exceed --lr-warmup-iters=20: give --lr-warmup-iters "
+                   "below 10"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of({"--lr-warmup-iters", "20", "--lr-decay-style", "constant"}), "");
+  EXPECT_EQ(error_of({"--lr-warmup-iters", "1"}), "");
+  const std::string tiny = ::moecore::testing::source_dir() + "/configs/tiny.toml";
+  e = error_of({"--config", tiny, "--train-iters", "5"});
+  EXPECT_NE(e.find("give --lr-warmup-iters below 5"), std::string::npos) << e;
+  e = error_of({"--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "5"});
+  EXPECT_NE(e.find("give --lr-wsd-decay-iters N with 0 < N <= 2"), std::string::npos) << e;
+  e = error_of({"--min-lr", "0.1"});
+  EXPECT_NE(e.find("lower --min-lr to at most 0.001 or raise --lr to at least 0.1"),
+            std::string::npos)
+      << e;
+  e = error_of({"--max-position-embeddings", "8"});
+  EXPECT_NE(e.find("raise --max-position-embeddings to 16 or lower --seq-length to 8"),
+            std::string::npos)
+      << e;
+  e = error_of({"--moe-router-topk", "5"});
+  EXPECT_NE(e.find("lower --moe-router-topk to at most 4 or raise --num-experts to at least 5"),
+            std::string::npos)
+      << e;
+  e = error_of({"--moe-router-num-groups", "2", "--moe-router-group-topk", "3"});
+  EXPECT_NE(e.find("lower --moe-router-group-topk to at most 2"), std::string::npos) << e;
+  e = error_of({"--group-query-attention", "--num-query-groups", "3"});
+  EXPECT_NE(e.find("give --num-query-groups a divisor of 2"), std::string::npos) << e;
 }
 
 TEST(MegatronFlags, DocsFlagsMdIsCurrent) {

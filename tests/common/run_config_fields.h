@@ -42,6 +42,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
 
   const ModelConfig& m = f.model;
   add("model.vocab_size", text(m.vocab_size));
+  add("model.padded_vocab_size", text(m.padded_vocab_size));
   add("model.hidden", text(m.hidden));
   add("model.num_layers", text(m.num_layers));
   add("model.num_heads", text(m.num_heads));

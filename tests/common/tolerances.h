@@ -97,6 +97,23 @@ inline constexpr double kParityF32WeightAtol = 1e-6;
 inline constexpr double kParityBf16Rtol = 1e-2;        // per-step lm loss, aux, z, grad norm
 inline constexpr double kParityBf16WeightRtol = 0.1;   // final weights
 inline constexpr double kParityBf16WeightAtol = 3e-3;  // the tests' peak learning rate
+// The same layouts step by step (expect_bf16_steps_close), in units of bf16's unit roundoff u
+// (8 significant bits: 2^-8), the size of one bf16 rounding flip. The steps on the initial
+// weights hold to kParityF32Rtol (above). The weights after the first update (Adam's normalised
+// step on gradients that differ where an f32 ulp flipped a bf16 value): per tensor
+// |w - w_ref| / |w_ref - w0| <= u; measured <= 1.07e-3 = 0.27 u (2, 4, 8 ranks, widened bf16
+// GEMMs), while one rank's learning rate x 1.01 in that step gives 7.2e-3 = 1.8 u. Later steps
+// (the flips compound): lm <= u / 32, aux and z <= u / 8, grad norm <= u. Measured (2, 4, 8
+// ranks, widened GEMMs, AMD EPYC without AVX512-BF16): lm <= 2.6e-5 = u / 150, aux <= 1.5e-4,
+// z <= 4.4e-5 (<= u / 26), grad norm <= 5.2e-4 = u / 7.5; the maxima of the earlier measurement on
+// both GEMM paths (kParityBf16Rtol above): lm 6.0e-5 = u / 65, aux / z 1.7e-4 = u / 23, grad norm
+// 2.4e-3 = u / 1.6. One rank's learning rate x 1.1 in step 5 moves the next steps' lm by 4.2e-4
+// (u / 9), in step 8 by 2.2e-4 (u / 18).
+inline constexpr double kBf16UnitRoundoff = 0x1p-8;
+inline constexpr double kParityBf16FirstUpdateRelNorm = kBf16UnitRoundoff;
+inline constexpr double kParityBf16StepLmRtol = kBf16UnitRoundoff / 32;
+inline constexpr double kParityBf16StepAuxZRtol = kBf16UnitRoundoff / 8;
+inline constexpr double kParityBf16StepGradNormRtol = kBf16UnitRoundoff;
 // Quantile beta (an fp32 buffer) after N ranks vs 1 rank: the per-micro-batch estimates are
 // averaged in another order (per rank, then over dp_cp) in f64 and rounded to fp32: one fp32
 // rounding flip, in units of the buffer's largest |value| (entries are centred, so some are ~0).

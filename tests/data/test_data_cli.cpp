@@ -205,4 +205,49 @@ TEST(DataCli, DataPathsThatCannotServeStopWithTheirName) {
   std::filesystem::remove_all(dir);
 }
 
+// A request no split can serve: samples (--seq-length + 1 tokens each) longer than the whole
+// split. dataset-info and train stop before any index is built (Megatron would build one sample
+// out of as many repeated epochs as it takes), naming the split's tokens, the sample's and the
+// fix. An evaluation split is held to it when samples are asked of it: train's with
+// --eval-iters > 0, dataset-info's with --valid-samples / --test-samples > 0.
+TEST(DataCli, ASampleLongerThanItsSplitIsRefused) {
+  const std::string dir = temp_dir();
+  const std::string prefix = make_corpus(dir);
+  CommandResult r = run("dataset-info --data-path " + prefix +
+                        " --seq-length 1000000000 --train-samples 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the train split (documents [0, 291) of 300, --split '969, 30, 1') "
+                          "holds "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("fewer than one sample of --seq-length 1000000000 + 1 = 1000000001 "
+                          "tokens, so none of the 1 samples asked of it exists"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("give --seq-length at most "), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 5) << "the refusal comes before any index is built";
+
+  // The validation split of 90,8,2 holds about 1,300 tokens, the training split about 15,000.
+  const std::string info = "dataset-info --data-path " + prefix +
+                           " --seq-length 2048 --split 90,8,2 --train-samples 4";
+  r = run(info);
+  EXPECT_EQ(r.exit_code, 0) << "nothing is asked of the validation split: " << r.output;
+  EXPECT_NE(r.output.find("valid split: sequences [270, 294) of 300"), std::string::npos)
+      << r.output;
+  r = run(info + " --valid-samples 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the valid split (documents [270, 294) of 300, --split '90,8,2')"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("or more valid data"), std::string::npos) << r.output;
+
+  const std::string train = "--seq-length 2048 --max-position-embeddings 2048 --train-iters 1 "
+                            "--data-path " + prefix + " --split 90,8,2";
+  expect_stops(train + " --eval-iters 1",
+               "the valid split (documents [270, 294) of 300, --split '90,8,2')");
+  r = run("train" + std::string(kTiny) + " " + train + " --eval-iters 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

@@ -125,10 +125,12 @@ std::vector<int32_t> slice_ids(const Slice& s, uint32_t seed) {
   std::mt19937 gen(seed);
   std::vector<int32_t> ids;
   for (int64_t r = 0; r < s.rows; r += s.step) ids.push_back(int32_t(s.v0 + r));
-  ids.push_back(int32_t(s.v0 + s.rows - 1));
-  const int64_t hot = std::min<int64_t>(s.rows, 3);
-  for (int64_t k = 0; k < 8; ++k) ids.push_back(int32_t(s.v0 + int64_t(gen() % uint64_t(hot))));
-  if (s.v0 > 0) ids.push_back(int32_t(s.v0 - 1));
+  if (s.rows > 0) {
+    ids.push_back(int32_t(s.v0 + s.rows - 1));
+    const int64_t hot = std::min<int64_t>(s.rows, 3);
+    for (int64_t k = 0; k < 8; ++k) ids.push_back(int32_t(s.v0 + int64_t(gen() % uint64_t(hot))));
+  }
+  if (s.v0 > 0 && s.v0 - 1 < s.V) ids.push_back(int32_t(s.v0 - 1));
   if (s.v0 + s.rows < s.V) ids.push_back(int32_t(s.v0 + s.rows));
   for (int64_t k = 0; k < 8; ++k) ids.push_back(int32_t(gen() % uint64_t(s.V)));
   std::shuffle(ids.begin(), ids.end(), gen);
@@ -137,10 +139,11 @@ std::vector<int32_t> slice_ids(const Slice& s, uint32_t seed) {
 
 // The whole vocabulary; slices at the start, middle and end; one row; hidden sizes below a warp
 // and past the backward's 128-column blocks; a slice of many rows per backward range (600 columns:
-// 5 column blocks, 204 ranges of 3 rows).
-const std::vector<Slice> kSlices = {{1, 0, 1, 1, 1},       {5, 0, 3, 8, 1},  {33, 4, 4, 12, 1},
-                                    {129, 10, 7, 17, 1},   {3, 6, 1, 13, 1}, {40, 0, 50, 50, 1},
-                                    {600, 77, 450, 600, 2}};
+// 5 column blocks, 204 ranges of 3 rows); empty slices (a TP rank of padding only: its share starts
+// at or past the vocabulary's end), which give zeros and no gradient.
+const std::vector<Slice> kSlices = {{1, 0, 1, 1, 1},        {5, 0, 3, 8, 1},   {33, 4, 4, 12, 1},
+                                    {129, 10, 7, 17, 1},    {3, 6, 1, 13, 1},  {40, 0, 50, 50, 1},
+                                    {600, 77, 450, 600, 2}, {5, 12, 0, 12, 1}, {130, 16, 0, 13, 1}};
 
 template <typename T>
 void check_shard(const Slice& s, uint32_t seed) {
@@ -276,10 +279,10 @@ TEST(EmuKernelsEmbedding, BadArgumentsAreErrors) {
   EXPECT_THROW(ops::cuda::embedding_forward<float>(nullptr, &v, &id, &v, 1, 0, 1), Error);
   EXPECT_THROW(ops::cuda::embedding_forward<float>(nullptr, &v, &id, &v, -1, 1, 1), Error);
   EXPECT_THROW(ops::cuda::embedding_backward<float>(nullptr, &v, &v, &id, 1, 1, 0), Error);
-  // Slices: v0 < 0, no rows, past V.
+  // Slices: v0 < 0, rows < 0, past V (an empty slice, rows = 0, is a TP rank of padding only).
   EXPECT_THROW(ops::cuda::embedding_forward_shard<float>(nullptr, &v, &id, &v, 1, 1, -1, 1, 2),
                Error);
-  EXPECT_THROW(ops::cuda::embedding_forward_shard<float>(nullptr, &v, &id, &v, 1, 1, 0, 0, 2),
+  EXPECT_THROW(ops::cuda::embedding_forward_shard<float>(nullptr, &v, &id, &v, 1, 1, 0, -1, 2),
                Error);
   EXPECT_THROW(ops::cuda::embedding_backward_shard<float>(nullptr, &v, &v, &id, 1, 1, 1, 2, 2),
                Error);

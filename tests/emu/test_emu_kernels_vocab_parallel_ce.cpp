@@ -231,11 +231,47 @@ TEST(EmuKernelsVocabParallelCe, TargetPastTheVocabularyGivesNanLoss) {
   EXPECT_TRUE(std::isnan(loss[0]) && std::isfinite(loss[1]) && std::isnan(sum[0]));
 }
 
+// An empty slice (a TP rank whose share of the padded vocabulary is padding only), at the
+// vocabulary's end and past it: row maxima -inf and sums 0 (the all-reduces' identities), as the
+// reference; the gradient has no element to write; NaN for a target >= V still.
+TEST(EmuKernelsVocabParallelCe, EmptySliceGivesTheReductionsIdentities) {
+  for (const ops::VocabSlice vs : {ops::VocabSlice{111, 0, 111}, ops::VocabSlice{148, 0, 111}}) {
+    SCOPED_TRACE("empty slice at " + std::to_string(vs.v0) + " of V=" + std::to_string(vs.V));
+    const int64_t m = 300;  // more rows than a block has threads
+    std::vector<int32_t> tg(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) tg[size_t(i)] = i % 4 == 0 ? -1 : int32_t(i % 111);
+    const std::vector<float> gmax = random_vec<float>(m, 3, -2.0, 2.0);
+    std::vector<float> mx_ref(static_cast<size_t>(m));
+    std::vector<double> sums_ref(static_cast<size_t>(2 * m));
+    ops::vocab_ce_row_max_ref(mx_ref.data(), static_cast<const float*>(nullptr), m, vs);
+    ops::vocab_ce_row_sums_ref(sums_ref.data(), static_cast<const float*>(nullptr), gmax.data(),
+                               tg.data(), m, vs);
+    for (int64_t i = 0; i < m; ++i) ASSERT_EQ(mx_ref[size_t(i)], -INFINITY);
+    const std::string diff = order_dependence([&] {
+      Guarded<float> mx = nan_filled<float>(m);
+      Guarded<double> sums = nan_filled<double>(2 * m);
+      ops::cuda::vocab_ce_row_max<float>(nullptr, mx.data(), nullptr, m, vs);
+      ops::cuda::vocab_ce_row_sums<float>(nullptr, sums.data(), nullptr, gmax.data(), tg.data(), m,
+                                          vs);
+      const float dloss = 1.f;
+      ops::cuda::vocab_ce_grad<float>(nullptr, nullptr, tg.data(), gmax.data(), &dloss, m, vs);
+      expect_bitwise(mx, mx_ref, "row max");
+      expect_bitwise(sums, sums_ref, "sums");
+      std::vector<unsigned char> out;
+      append(out, mx);
+      append(out, sums);
+      return out;
+    });
+    EXPECT_EQ(diff, "");
+  }
+}
+
 TEST(EmuKernelsVocabParallelCe, BadArgumentsAreErrors) {
   float v = 0;
   double d = 0;
   const int32_t tg = 0;
-  const ops::VocabSlice bad_slices[] = {{-1, 2, 4}, {0, 0, 4}, {3, 2, 4}};
+  // v0 < 0, Vl < 0, columns past V, no vocabulary (Vl = 0 alone is a rank of padding only).
+  const ops::VocabSlice bad_slices[] = {{-1, 2, 4}, {0, -1, 4}, {3, 2, 4}, {0, 0, 0}};
   for (const ops::VocabSlice& vs : bad_slices) {
     EXPECT_THROW(ops::cuda::vocab_ce_row_max<float>(nullptr, &v, &v, 1, vs), Error);
     EXPECT_THROW(ops::cuda::vocab_ce_row_sums<float>(nullptr, &d, &v, &v, &tg, 1, vs), Error);

@@ -15,12 +15,22 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
 digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
-steps() { grep -o '"grad_norm":[^,]*\|"iteration":[^,]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
-# The rows "emulated CUDA vs CPU backend" of docs/numerics.md: f32, and --bf16 (where an f32
-# difference of an ulp can flip a bf16 rounding of an activation, 2^-8 of that element).
-loss_rtol=1e-5 norm_rtol=1e-5
+# Each logged step's "iteration", "lm_loss" and "grad_norm", in that order (the rows depend on
+# the step).
+steps() {
+  awk '/"iteration"/ { out = ""
+         n = split("iteration lm_loss grad_norm", k, " ")
+         for (i = 1; i <= n; ++i)
+           if (match($0, "\"" k[i] "\":[^,}]*")) out = out (out == "" ? "" : " ") substr($0, RSTART, RLENGTH)
+         print out }' "$1" | paste -sd' '
+}
+# The rows "emulated CUDA vs CPU backend" of docs/numerics.md: f32 at every step; --bf16 at step 1
+# (the same weights: an f32 difference of an ulp flips a bf16 rounding of an activation, 2^-8 of
+# that element, now and then) and at the later steps (after updates: Adam's first normalised steps
+# turn gradients that differ near zero into whole learning-rate steps, and the flips compound).
+loss_rtol=1e-5 norm_rtol=1e-5 later_loss_rtol=1e-5 later_norm_rtol=1e-5
 for flag in "$@"; do
-  [ "$flag" = --bf16 ] && loss_rtol=1e-4 norm_rtol=3e-4
+  [ "$flag" = --bf16 ] && loss_rtol=1e-6 norm_rtol=2e-5 later_loss_rtol=1e-4 later_norm_rtol=2e-3
 done
 common=(--config "$config" --train-iters 3 --lr-warmup-iters 0 --lr-decay-iters 20
         --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100 "$@")
@@ -46,14 +56,14 @@ grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logge
   fail "two --device cuda runs end with other weights: $(digest "$cuda") vs $(digest "$cuda2")"
 # Per step: |cuda - cpu| <= rtol |cpu| for the lm loss and the grad norm; prints the worst ratios.
 paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr ' ' '\n') |
-  awk -v lr="$loss_rtol" -v nr="$norm_rtol" -F'\t' '
+  awk -v lr="$loss_rtol" -v nr="$norm_rtol" -v llr="$later_loss_rtol" -v lnr="$later_norm_rtol" -F'\t' '
     { split($1, a, ":"); split($2, b, ":"); key = a[1]; x = a[2] + 0; y = b[2] + 0
       if (key != b[1]) { print "FAIL: the runs log other keys: " $1 " vs " $2; bad = 1; next }
       if (key ~ /iteration/) { it = x; if (x != y) { print "FAIL: iterations " x " vs " y; bad = 1 }; next }
       r = (x == 0) ? (y == 0 ? 0 : 1) : (y - x) / x; if (r < 0) r = -r
-      tol = (key ~ /lm_loss/) ? lr : nr
+      tol = (key ~ /lm_loss/) ? (it == 1 ? lr : llr) : (it == 1 ? nr : lnr)
       if (key ~ /lm_loss/ && r > wl) wl = r
       if (key ~ /grad_norm/ && r > wn) wn = r
       if (r > tol) { printf "FAIL: iteration %d %s: cpu %s, cuda %s: relative %.3g > %s\n", it, key, x, y, r, tol; bad = 1 } }
-    END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (row %s), grad norm %.3g (row %s)\n", wl, lr, wn, nr; exit bad }'
+    END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (rows %s at step 1, %s later), grad norm %.3g (rows %s, %s)\n", wl, lr, llr, wn, nr, lnr; exit bad }'
 echo "[train-cuda-emu] --device cuda (emulated): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"

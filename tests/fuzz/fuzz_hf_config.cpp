@@ -1,7 +1,11 @@
-// libFuzzer target for HuggingFace's config.json (src/convert/hf_config.cpp), read as
-// `moecore convert hf-to-moecore` reads it (JSON text that does not parse is refused before
-// parse_hf_config): any bytes either give a model spec that hf_config_json writes back as a
-// config.json reading to the same spec, or fail with moecore::Error.
+// libFuzzer target for HuggingFace's config.json, read by both commands that take one, through
+// the one reader of its keys (src/convert/hf_config_reader.cpp); JSON text that does not parse is
+// refused before either: any bytes either give
+//   - `moecore convert hf-to-moecore`'s model spec (src/convert/hf_config.cpp) that
+//     hf_config_json writes back as a config.json reading to the same spec, or fail with
+//     moecore::Error;
+//   - `moecore plan --hf-config`'s model (src/plan/hf_model_spec.cpp) with positive sizes, at
+//     most kMaxHfLayers layers and one MoE-layer entry per layer, or fail with moecore::Error.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,6 +16,7 @@
 #include "convert/hf_config.h"
 #include "core/check.h"
 #include "fuzz_common.h"
+#include "plan/model_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moecore::convert;
@@ -19,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     cfg = nlohmann::json::parse(data, data + size);
   } catch (const nlohmann::json::exception&) {
-    return 0;  // hf_import's read_config: "[convert] '...' is not valid JSON"
+    return 0;  // read_hf_config_file: "[convert] '...' is not valid JSON"
   }
   try {
     std::vector<std::string> warnings;
@@ -28,6 +33,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const nlohmann::json back = hf_config_json(s, "bfloat16", &cfg);
     const HfModelSpec s2 = parse_hf_config(back, "fuzz/config.json (written back)");
     FUZZ_EXPECT(s2 == s);
+  } catch (const moecore::Error&) {
+    // rejected with a message: fine
+  }
+  try {
+    const moecore::plan::ModelSpec m =
+        moecore::plan::spec_from_hf_config(cfg, "fuzz/config.json");
+    FUZZ_EXPECT(m.vocab_size >= 1 && m.hidden >= 1 && m.num_heads >= 1);
+    FUZZ_EXPECT(m.num_layers >= 1 && m.num_layers <= kMaxHfLayers);
+    FUZZ_EXPECT(m.num_experts <= 0 ||
+                static_cast<int64_t>(m.moe_layer_pattern.size()) == m.num_layers);
   } catch (const moecore::Error&) {
     // rejected with a message: fine
   }

@@ -1,7 +1,8 @@
 // libFuzzer target for the checkpoint manifest (src/ckpt/manifest.cpp): any text either parses
 // into a manifest that validates, writes itself back as text that parses to the same manifest,
-// merges alone into itself, and holds the numbers of the text (none narrowed or wrapped), or
-// fails with moecore::Error. The same text as one rank's part
+// merges alone into itself, and holds the numbers of the text (none narrowed or wrapped; a
+// ranged slice's range inside its slice, the chunk digests one per chunk), or fails with
+// moecore::Error. The same text as one rank's part
 // of a multi-rank save goes through parse_manifest_part and merge_manifest_parts.
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string_view>
 
 #include "ckpt/manifest.h"
+#include "ckpt/slice_geometry.h"
 #include "core/check.h"
 #include "fuzz_common.h"
 
@@ -26,6 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < m.files.size(); ++i) {
       FUZZ_EXPECT(j["files"][i]["rank"] == m.files[i].rank);
       FUZZ_EXPECT(j["files"][i]["bytes"] == m.files[i].bytes);
+      // Chunk digests: one per chunk, kept as the text gave them.
+      FUZZ_EXPECT(m.files[i].chunk_sha256.size() == m.files[i].num_chunks());
+      if (m.files[i].chunk_bytes > 0) {
+        FUZZ_EXPECT(j["files"][i]["chunk_bytes"] == m.files[i].chunk_bytes);
+        FUZZ_EXPECT(j["files"][i]["chunk_sha256"] == m.files[i].chunk_sha256);
+      }
     }
     for (size_t i = 0; i < m.tensors.size(); ++i) {
       const nlohmann::json& t = j["tensors"][i];
@@ -35,6 +43,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (r.dim >= 0) {
           FUZZ_EXPECT(t["slices"][s]["dim"] == r.dim && t["slices"][s]["offset"] == r.offset &&
                       t["slices"][s]["length"] == r.length);
+        }
+        // A ranged slice (version 2): its range as given, inside its slice's storage, and the
+        // manifest's version the one that has ranges.
+        FUZZ_EXPECT(r.ranged() == t["slices"][s].contains("range"));
+        if (r.ranged()) {
+          FUZZ_EXPECT(t["slices"][s]["range"]["offset"] == r.range.offset &&
+                      t["slices"][s]["range"]["length"] == r.range.length);
+          FUZZ_EXPECT(r.range.offset + r.range.length <= box_numel(r, m.tensors[i].shape));
+          FUZZ_EXPECT(j["format_version"] == kManifestVersionRanged);
         }
       }
     }

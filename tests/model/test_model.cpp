@@ -742,6 +742,71 @@ TEST(GPTModel, ForwardLogitsUnderBf16ImplyTheFusedHeadsLoss) {
   ops::set_bf16_gemm_path(chosen);
 }
 
+// One rank, the tables padded from 11 to 16 rows: the padding is not part of the model. The
+// padded rows start at zero and get no gradient; the loss, the model rows' gradients of the
+// embedding and the head, every other gradient and forward_logits' [B, S, V] are bitwise the
+// unpadded model's, tied and untied, f64 and f32, and --bf16 on both GEMM paths.
+template <typename T>
+void expect_padding_changes_nothing(ModelConfig cfg) {
+  const int64_t B = 2, S = cfg.seq_length, V = cfg.vocab_size, H = cfg.hidden;
+  ModelConfig padded = cfg;
+  padded.padded_vocab_size = 16;
+  GPTModel<T> a(cfg, B, 77), b(padded, B, 77);
+  const auto ids = random_ids(B * S, V, 3);
+  auto targets = random_ids(B * S, V, 4);
+  targets[1] = -1;
+  targets[B * S - 1] = int32_t(V - 1);  // the last model row
+  EXPECT_EQ(a.forward(ids.data(), targets.data()), b.forward(ids.data(), targets.data()));
+  a.backward(0.5);
+  b.backward(0.5);
+  for (size_t i = 0; i < a.params().params().size(); ++i) {
+    const Param& pa = a.params().params()[i];
+    const Param& pb = b.params().params()[i];
+    ASSERT_EQ(pa.name(), pb.name());
+    const bool vocab = pb.local_numel() != pa.local_numel();
+    if (vocab) {
+      ASSERT_EQ(pb.local_numel(), 16 * H) << pb.name();
+      EXPECT_EQ(pb.spec.model_rows, V) << pb.name();
+    }
+    const T* wa = host(pa.data_as<T>());
+    const T* wb = host(pb.data_as<T>());
+    const T* ga = host(pa.grad_as<T>());
+    const T* gb = host(pb.grad_as<T>());
+    for (int64_t j = 0; j < pa.local_numel(); ++j) {
+      ASSERT_EQ(wb[j], wa[j]) << pb.name() << " value " << j;
+      ASSERT_EQ(gb[j], ga[j]) << pb.name() << " gradient " << j;
+    }
+    for (int64_t j = pa.local_numel(); j < pb.local_numel(); ++j) {
+      ASSERT_EQ(wb[j], T(0)) << pb.name() << " padding value " << j;
+      ASSERT_EQ(gb[j], T(0)) << pb.name() << " padding gradient " << j;
+    }
+  }
+  std::vector<T> la(B * S * V), lb(B * S * V + 1, T(-7));  // one guard element past [B, S, V]
+  a.forward_logits(ids.data(), la.data());
+  b.forward_logits(ids.data(), lb.data());
+  for (int64_t j = 0; j < B * S * V; ++j) ASSERT_EQ(lb[j], la[j]) << "logit " << j;
+  EXPECT_EQ(lb[B * S * V], T(-7)) << "forward_logits wrote past [B, S, V]";
+}
+
+TEST(GPTModel, VocabularyPaddingChangesNothing) {
+  for (bool tie : {false, true}) {
+    SCOPED_TRACE(tie ? "tied" : "untied");
+    ModelConfig cfg = tiny_config();
+    cfg.tie_embeddings = tie;
+    expect_padding_changes_nothing<double>(cfg);
+    expect_padding_changes_nothing<float>(cfg);
+    cfg.bf16 = true;
+    const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+    for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Widen, ops::Bf16GemmPath::Native}) {
+      if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+      SCOPED_TRACE(ops::bf16_gemm_path_name(path));
+      ops::set_bf16_gemm_path(path);
+      expect_padding_changes_nothing<float>(cfg);
+    }
+    ops::set_bf16_gemm_path(chosen);
+  }
+}
+
 TEST(GPTModel, ParameterNamesAndKinds) {
   ModelConfig cfg = tiny_config();
   GPTModel<float> model(cfg, 1, 1);

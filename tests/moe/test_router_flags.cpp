@@ -1,5 +1,6 @@
 // Router flags: Megatron's names and meanings, list-valued load balancing with one coefficient
 // per type, and clear errors before anything is allocated.
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <string>

@@ -172,6 +172,58 @@ TEST(RouterProperties, CapacityKeepsExactlyCapacityRowsWithPadAtMostWithout) {
   }
 }
 
+// Capacity groups (RouterConfig::capacity_groups, the one-rank model of TP ranks routing their
+// sequence slices): the router on all T tokens with G groups keeps, drops and weighs exactly what
+// G routers of the same weights keep on the G contiguous slices alone, each with capacity(T / G);
+// the dropped pairs are the slices' sum. Padding with several groups and token counts that do not
+// split evenly are refused.
+TEST(RouterProperties, CapacityGroupsRouteEachSliceWithItsOwnCapacity) {
+  const int64_t E = 8, K = 2, H = 4, T = 24;
+  for (int64_t G : {2, 3, 4}) {
+    for (TokenDropPolicy policy : {TokenDropPolicy::Probs, TokenDropPolicy::Position}) {
+      SCOPED_TRACE(::testing::Message() << "groups " << G << " policy "
+                                        << static_cast<int>(policy));
+      RouterConfig cfg = base_config(E, K);
+      cfg.capacity_factor = 1.0;
+      cfg.drop_policy = policy;
+      RouterRig<double> slice(cfg, H, T);
+      cfg.capacity_groups = G;
+      RouterRig<double> whole(cfg, H, T);
+      const auto x = random_vec<double>(T * H, 29, 0.0, 1.0);  // positive: skews the load
+      whole.router.forward(x.data(), T);
+      const RouterSaved<double>& w = whole.router.saved();
+      const int64_t n = T / G;
+      EXPECT_EQ(w.capacity, cfg.capacity(n));
+      const std::vector<int32_t> idx(host(w.idx_TK), host(w.idx_TK) + T * K);
+      const std::vector<double> probs(host(w.probs_TK), host(w.probs_TK) + T * K);
+      int64_t dropped = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        slice.router.forward(x.data() + g * n * H, n);
+        const RouterSaved<double>& s = slice.router.saved();
+        for (int64_t i = 0; i < n * K; ++i) {
+          EXPECT_EQ(idx[g * n * K + i], host(s.idx_TK)[i]) << "slice " << g << " pair " << i;
+          EXPECT_EQ(probs[g * n * K + i], host(s.probs_TK)[i]) << "slice " << g << " pair " << i;
+        }
+        dropped += slice.router.dropped();
+      }
+      EXPECT_GT(dropped, 0) << "nothing dropped: the case shows nothing";
+      EXPECT_EQ(whole.router.dropped(), dropped);
+    }
+  }
+  RouterConfig cfg = base_config(E, K);
+  cfg.capacity_factor = 1.0;
+  cfg.capacity_groups = 2;
+  cfg.pad_to_capacity = true;
+  EXPECT_THROW(cfg.validate(), Error);
+  cfg.pad_to_capacity = false;
+  cfg.capacity_groups = 0;
+  EXPECT_THROW(cfg.validate(), Error);
+  cfg.capacity_groups = 5;
+  RouterRig<double> rig(cfg, H, T);
+  const auto x = random_vec<double>(T * H, 31);
+  EXPECT_THROW(rig.router.forward(x.data(), T), Error);  // 24 tokens in 5 groups
+}
+
 TEST(RouterProperties, GroupLimitedRoutingUsesAtMostGroupTopkGroups) {
   for (ScoreFunction score : {ScoreFunction::Softmax, ScoreFunction::Sigmoid}) {
     RouterConfig cfg = base_config(16, 4);

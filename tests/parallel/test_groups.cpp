@@ -1,6 +1,7 @@
 // Process groups without processes: the worked examples of MOE_SEMANTICS exactly,
 // --use-tp-pp-dp-mapping, context parallelism, partition properties over every layout of small
 // worlds, and one test per validation message.
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -325,8 +326,8 @@ TEST(ParallelValidation, ModelDimensionsAndDegrees) {
 
 // What a TP / ETP layout needs beyond the degrees: the sequence split by position over TP (the
 // MoE layer's tokens, with or without --sequence-parallel), the shared experts' width and the
-// padded vocabulary split over TP. Dense models without --sequence-parallel keep whole
-// sequences.
+// padded vocabulary split over TP. The transformer block requires S % TP == 0 for dense models
+// without --sequence-parallel too: refused here, before step 0, as for MoE models.
 TEST(ParallelValidation, TensorParallelSplitsOfTheModel) {
   ModelDims m = dims(2, 4);
   m.seq_length = 6;
@@ -337,6 +338,10 @@ TEST(ParallelValidation, TensorParallelSplitsOfTheModel) {
   EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, m));
   ModelDims dense = dims(2, 0);
   dense.seq_length = 6;
+  expect_error([&] { validate_layout(cfg(4, 1, 1, 1, 1), 4, dense); },
+               {"--seq-length 6 is not divisible by --tensor-model-parallel-size 4",
+                "multiple of 4"});
+  dense.seq_length = 8;
   EXPECT_NO_THROW(validate_layout(cfg(4, 1, 1, 1, 1), 4, dense));
   m.shared_ffn_hidden = 6;
   expect_error([&] { validate_layout(cfg(4, 1, 1, 1, 1), 4, m); },

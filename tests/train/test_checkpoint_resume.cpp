@@ -193,6 +193,36 @@ TEST(CheckpointResume, RefusesACheckpointOfAnotherModel) {
   fs::remove_all(dir);
 }
 
+// The model signature records the model's vocabulary, not the padding: TP 1, 2 and 4 (and any
+// --make-vocab-size-divisible-by) sign alike; another vocabulary is another model; a checkpoint
+// that recorded the padded vocabulary (written while the padding took part in the softmax) is
+// refused with its own message, naming the key and what to do.
+TEST(CheckpointSignature, RecordsTheModelsVocabularyNotThePadding) {
+  ModelConfig m;
+  m.vocab_size = 250;
+  m.padded_vocab_size = 300;
+  const nlohmann::json one = train::model_signature(m);
+  EXPECT_EQ(one.at("--vocab-size"), 250);
+  EXPECT_FALSE(one.contains("--vocab-size (padded)"));
+  for (int64_t padded : {0, 250, 400, 512}) {
+    m.padded_vocab_size = padded;
+    EXPECT_EQ(train::model_signature(m), one) << "padded to " << padded;
+    EXPECT_NO_THROW(train::check_same_model(one, train::model_signature(m), "dir"));
+  }
+  m.vocab_size = 256;
+  std::string e =
+      testing::error_of([&] { train::check_same_model(one, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("--vocab-size: 250 in the checkpoint, 256 in this run"), std::string::npos) << e;
+  nlohmann::json old = one;
+  old.erase("--vocab-size");
+  old["--vocab-size (padded)"] = 512;
+  e = testing::error_of([&] { train::check_same_model(old, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("'dir' records the padded vocabulary (--vocab-size (padded) = 512)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("train it again with this build"), std::string::npos) << e;
+}
+
 // A gated shared expert and the attention output bias: their tensors save and load with the
 // rest (save, load, continue == the uninterrupted run, bitwise), and the run state records both
 // options, so a model without them refuses the checkpoint naming the flags.
@@ -399,8 +429,9 @@ TEST(CheckpointResume, AWeightsOnlyCheckpointNeedsNoLoadOptim) {
 // the same 4 ranks, experts EP 2 x ETP 2: a column-parallel SwiGLU fc1 (rows in 2 parts), a
 // row-parallel fc2 (dimension 1), a replicated norm, a router weight with partial gradients,
 // expert weights split along the experts and along their rows or columns, and an expert bias
-// replicated over ETP. Each rank writes the slices it is the first holder of, its local values
-// as they are: every distinct slice is written exactly once (the merged manifest validates),
+// replicated over ETP. The ranks holding copies of a slice take turns writing it (writes_slice),
+// each its local values as they are: every distinct slice is written exactly once (the merged
+// manifest validates),
 // and every rank of other layouts (one rank; TP 4 with EP 4 x ETP 1; TP 1 with EP 1 x ETP 4)
 // reads its slices back equal to the values it initializes (a pure function of the global
 // index), byte for byte.
@@ -459,7 +490,17 @@ TpRank tp_rank(const TpLayout& l, int r) {
     out.params.push_back(p);
   }
   const int dp = l.world / l.tp, edp = l.world / (l.ep * l.etp);
-  out.holder = {(r / l.tp) % dp, r % l.tp, edp > 1 ? r / (l.ep * l.etp) : 0, r % l.etp};
+  out.holder.dp_cp = (r / l.tp) % dp;
+  out.holder.dp_cp_size = dp;
+  out.holder.tp = r % l.tp;
+  out.holder.tp_size = l.tp;
+  out.holder.expt_dp = edp > 1 ? r / (l.ep * l.etp) : 0;
+  out.holder.expt_dp_size = edp;
+  out.holder.expt_tp = r % l.etp;
+  out.holder.expt_tp_size = l.etp;
+  out.holder.ep = ep_rank;
+  out.holder.world = r;
+  out.holder.world_size = l.world;
   return out;
 }
 
@@ -476,6 +517,7 @@ TEST(CheckpointResume, TensorParallelSlicesAreWrittenOnceAndReadIntoAnyLayout) {
   fs::create_directories(dir);
   std::vector<ckpt::Manifest> parts;
   std::map<std::string, int> writers;
+  std::vector<int> dense_per_rank(saved.world, 0);
   for (int r = 0; r < saved.world; ++r) {
     const TpRank rank = tp_rank(saved, r);
     ckpt::Manifest part;
@@ -483,9 +525,11 @@ TEST(CheckpointResume, TensorParallelSlicesAreWrittenOnceAndReadIntoAnyLayout) {
     part.world_size = saved.world;
     ckpt::SafetensorsWriter shard;
     const std::string file = ckpt::shard_name("model", r);
-    for (const Param& p : rank.params) {
-      if (!train::first_holder(p.spec, rank.holder)) continue;
+    for (size_t i = 0; i < rank.params.size(); ++i) {
+      const Param& p = rank.params[i];
+      if (!train::writes_slice(p.spec, static_cast<int>(i), rank.holder)) continue;
       ++writers[p.name()];
+      if (p.spec.kind == ParamKind::Dense) ++dense_per_rank[r];
       const std::vector<float> v = init_values(p);
       EXPECT_EQ(train::slice_shape(p.spec.global_shape, p.spec.slice), p.local_shape());
       shard.add(p.name(), "F32", p.local_shape(), std::as_bytes(std::span<const float>(v)));
@@ -495,8 +539,9 @@ TEST(CheckpointResume, TensorParallelSlicesAreWrittenOnceAndReadIntoAnyLayout) {
     if (shard.num_tensors() > 0) part.files = {ckpt::write_shard(dir, file, r, shard)};
     parts.push_back(ckpt::parse_manifest_part(part.to_json_text(), "part"));
   }
-  // The first holders: each TP rank of DP rank 0 its own slice, one rank a replicated tensor,
-  // each (EP, ETP) rank its expert slice, each EP rank the bias replicated over ETP.
+  // Each distinct slice once: each TP rank's own slice, one copy of a replicated tensor, each
+  // (EP, ETP) rank's expert slice, each EP rank's bias replicated over ETP; and the dense writes
+  // spread over the data-parallel copies (DP 2 here): every rank writes some, not only DP rank 0.
   EXPECT_EQ(writers, (std::map<std::string, int>{{"mlp.linear_fc1.weight", 2},
                                                  {"mlp.linear_fc2.weight", 2},
                                                  {"input_layernorm.weight", 1},
@@ -504,6 +549,9 @@ TEST(CheckpointResume, TensorParallelSlicesAreWrittenOnceAndReadIntoAnyLayout) {
                                                  {"mlp.experts.linear_fc1.weight", 4},
                                                  {"mlp.experts.linear_fc2.weight", 4},
                                                  {"mlp.experts.bias", 2}}));
+  for (int r = 0; r < saved.world; ++r) {
+    EXPECT_GT(dense_per_rank[r], 0) << "rank " << r << " writes no dense slice";
+  }
   ckpt::write_manifest(dir, ckpt::merge_manifest_parts(parts, dir.string()));
   ckpt::CheckpointReader reader(dir);
   EXPECT_EQ(reader.manifest().needed_version(), ckpt::kManifestVersionParted);
@@ -534,28 +582,214 @@ TEST(CheckpointResume, TensorParallelSlicesAreWrittenOnceAndReadIntoAnyLayout) {
   fs::remove_all(save);
 }
 
-// The distributed optimizer's moments of a tensor-parallel slice, assembled over the
-// data-parallel group at a save: 3 ranks' owned pieces (a shard boundary cutting the slice
-// anywhere) summed in either order give the slice back bit for bit, -0.0 and +0.0 included.
-TEST(CheckpointResume, AssembledPiecesSumToTheLocalSliceBitwise) {
-  const std::vector<float> slice = {0.5f, -0.0f, 0.0f, -3.25f, 1e-30f, -0.0f, 7.0f, -1e-38f};
-  const std::vector<std::pair<int64_t, int64_t>> owned = {{0, 3}, {3, 2}, {5, 3}};
-  std::vector<std::vector<float>> bufs;
-  for (const auto& [begin, count] : owned) {
-    std::vector<float> b = train::assembly_buffer(static_cast<int64_t>(slice.size()));
-    std::copy(slice.begin() + begin, slice.begin() + begin + count, b.begin() + begin);
-    bufs.push_back(b);
+// The distributed optimizer's pieces, written without gathering: on the same hand-built
+// parameters at TP 2 x DP 2 and EP 2 x ETP 2, each slice cut into the pieces of its data-parallel
+// group (3 pieces per copy: cuts anywhere, some empty), each piece written by its owner
+// (owned_piece: flat for a contiguous slice, ranged for the others; of a replicated parameter the
+// group of one TP rank) without any other rank's data. The merged manifest validates (every
+// element once), and every rank of every layout reads back its local tensor, and its own pieces
+// of another cut, byte for byte.
+std::vector<std::pair<int64_t, int64_t>> dp_pieces(int64_t n, int group, int salt) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t lo = 0;
+  for (int k = 0; k < group; ++k) {
+    const int64_t hi =
+        k + 1 == group ? n : std::min(n, lo + (n * (k + 1 + salt % 2)) / (group + 1));
+    out.push_back({lo, std::max(lo, hi) - lo});
+    lo = std::max(lo, hi);
   }
-  for (bool reversed : {false, true}) {
-    std::vector<float> sum = bufs[reversed ? 2 : 0];
-    for (int k = 1; k < 3; ++k) {
-      const std::vector<float>& b = bufs[reversed ? 2 - k : k];
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += b[i];
+  return out;
+}
+
+TEST(CheckpointResume, OwnedPiecesAreWrittenByTheirOwnersAndReadIntoAnyLayout) {
+  const fs::path save = fresh_dir("owned_pieces");
+  const TpLayout saved{2, 2, 2};
+  const fs::path dir = ckpt::iteration_dir(save, 5);
+  fs::create_directories(dir);
+  std::vector<ckpt::Manifest> parts;
+  int file_rank = 0;
+  bool ranged = false;
+  for (int r = 0; r < saved.world; ++r) {
+    const TpRank rank = tp_rank(saved, r);
+    for (int q = 0; q < 3; ++q) {  // this model-parallel rank's data-parallel group of 3
+      ckpt::Manifest part;
+      part.iteration = 5;
+      part.world_size = 3 * saved.world;
+      ckpt::SafetensorsWriter shard;
+      const std::string file = ckpt::shard_name("optim", file_rank);
+      for (size_t i = 0; i < rank.params.size(); ++i) {
+        const Param& p = rank.params[i];
+        // A replicated parameter's pieces come from the group of one (expert) TP rank; whether
+        // it is this rank's depends on the index, and its dp_cp rank plays no part.
+        if (!train::writes_owned_pieces(p.spec, static_cast<int>(i), rank.holder)) continue;
+        // The slice's data-parallel copies (dense: dp_cp, experts: expt_dp) each own 3 of the
+        // group's pieces of it.
+        const bool dense = p.spec.kind == ParamKind::Dense;
+        const int copies = dense ? rank.holder.dp_cp_size : rank.holder.expt_dp_size;
+        const int copy = dense ? rank.holder.dp_cp : rank.holder.expt_dp;
+        const auto [begin, count] =
+            dp_pieces(p.local_numel(), 3 * copies, static_cast<int>(i))[3 * copy + q];
+        const train::CheckpointPiece piece = train::owned_piece(p.spec, begin, count);
+        if (piece.count == 0) continue;
+        ranged = ranged || piece.slice.ranged();
+        EXPECT_EQ(piece.slice.flat(), p.spec.slice.contiguous()) << p.name();
+        const std::vector<float> v = init_values(p);
+        ckpt::SliceRef slice = piece.slice;
+        slice.file = file;
+        const ckpt::GlobalTensor g{p.name(), "F32", train::checkpoint_shape(p.spec), {slice}};
+        shard.add(p.name(), "F32", g.slice_shape(slice),
+                  std::as_bytes(std::span<const float>(v).subspan(begin, piece.count)));
+        part.tensors.push_back(g);
+      }
+      if (shard.num_tensors() > 0) part.files = {ckpt::write_shard(dir, file, file_rank, shard)};
+      parts.push_back(ckpt::parse_manifest_part(part.to_json_text(), "part"));
+      ++file_rank;
     }
-    EXPECT_EQ(std::memcmp(sum.data(), slice.data(), slice.size() * sizeof(float)), 0)
-        << (reversed ? "reversed" : "in rank order") << ": element 1 is " << sum[1]
-        << (std::signbit(sum[1]) ? " (-)" : " (+)");
   }
+  EXPECT_TRUE(ranged);
+  ckpt::write_manifest(dir, ckpt::merge_manifest_parts(parts, dir.string()));
+  ckpt::CheckpointReader reader(dir, ckpt::HashCheck::OnRead);
+  EXPECT_EQ(reader.manifest().needed_version(), ckpt::kManifestVersionRanged);
+  for (const TpLayout& l : {TpLayout{2, 2, 2}, TpLayout{1, 1, 1}, TpLayout{4, 4, 1},
+                            TpLayout{1, 1, 4}, TpLayout{2, 4, 1}}) {
+    for (int r = 0; r < l.world; ++r) {
+      for (const Param& p : tp_rank(l, r).params) {
+        const std::vector<float> want = init_values(p);
+        std::vector<float> got(want.size());
+        reader.read(p.name(), "F32", train::slice_piece(p.spec).slice,
+                    std::as_writable_bytes(std::span<float>(got)));
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << p.name() << " at TP " << l.tp << ", EP " << l.ep << " x ETP " << l.etp;
+        for (const auto& [begin, count] : dp_pieces(p.local_numel(), 2, 1)) {
+          const train::CheckpointPiece piece = train::owned_piece(p.spec, begin, count);
+          std::vector<float> mine(static_cast<size_t>(piece.count));
+          reader.read(p.name(), "F32", piece.slice, std::as_writable_bytes(std::span<float>(mine)));
+          EXPECT_EQ(std::memcmp(mine.data(), want.data() + begin, mine.size() * sizeof(float)), 0)
+              << p.name() << " piece [" << begin << ", +" << count << ") at TP " << l.tp;
+        }
+      }
+    }
+  }
+  fs::remove_all(save);
+}
+
+// ParamSpec::model_rows: a vocabulary of 10 rows padded for TP (to 12 at TP 4, 14 at TP 2, 10 on
+// one rank) is stored as [10, H] whatever the padding: each rank's slice clipped to the model
+// rows (TP 4's last rank holds rows [9, 12): one is stored; at TP 2 x 7 rows the second rank's
+// [7, 14) stores 3), distributed-optimizer pieces clipped too (flat of a row slice; ranged of a
+// column slice), nothing for a slice all padding; any layout reads its rows back, the padding
+// rows zero. So a checkpoint reshards between TP sizes whose paddings differ.
+ParamSpec vocab_spec(int64_t padded, ParamSlice slice,
+                     std::string name = "embedding.word_embeddings.weight") {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.global_shape = {padded, 3};
+  p.slice = slice;
+  p.tp_role = TpRole::Sharded;
+  p.model_rows = 10;
+  return p;
+}
+
+TEST(CheckpointResume, ModelRowsAreStoredAndPaddingRowsLoadAsZero) {
+  EXPECT_EQ(train::checkpoint_shape(vocab_spec(12, {})), (std::vector<int64_t>{10, 3}));
+  // TP 4 over 12 rows: the last rank's rows [9, 12), one model row; a padding-only slice.
+  train::CheckpointPiece last = train::slice_piece(vocab_spec(12, {0, 9, 3}));
+  EXPECT_EQ(last.slice.offset, 9);
+  EXPECT_EQ(last.slice.length, 1);
+  EXPECT_EQ(last.count, 3);
+  EXPECT_EQ(train::slice_piece(vocab_spec(16, {0, 12, 4})).count, 0);
+  // A flat piece of rows [9, 12) (local elements [1, 7)): clipped to global elements [28, 30).
+  train::CheckpointPiece flat = train::owned_piece(vocab_spec(12, {0, 9, 3}), 1, 6);
+  EXPECT_TRUE(flat.slice.flat());
+  EXPECT_EQ(flat.slice.offset, 28);
+  EXPECT_EQ(flat.count, 2);
+  // A column slice (dimension 1) of all 12 rows: the model rows are the first 10 local rows.
+  train::CheckpointPiece col = train::owned_piece(vocab_spec(12, {1, 1, 1}), 4, 20);
+  EXPECT_TRUE(col.slice.ranged());
+  EXPECT_EQ(col.slice.range, (ckpt::StorageRange{4, 6}));
+  EXPECT_EQ(col.count, 6);
+  EXPECT_NE(testing::error_of([] {
+              train::slice_piece(vocab_spec(12, {0, 0, 3, 2}));
+            })
+                .find("is split along dimension 0 in 2 parts and has padding rows past its 10 "
+                      "model rows"),
+            std::string::npos);
+
+  const fs::path save = fresh_dir("model_rows");
+  const fs::path dir = ckpt::iteration_dir(save, 1);
+  fs::create_directories(dir);
+  // Saved at TP 4 (padded to 12), each piece in its own shard.
+  std::vector<ckpt::Manifest> parts;
+  int file_rank = 0;
+  const auto write = [&](const ParamSpec& spec, const train::CheckpointPiece& piece) {
+    Param p;
+    p.spec = spec;
+    const std::vector<float> v = init_values(p);
+    const std::string file = ckpt::shard_name("model", file_rank);
+    ckpt::Manifest part;
+    part.iteration = 1;
+    part.world_size = 32;
+    if (piece.count > 0) {
+      ckpt::SliceRef slice = piece.slice;
+      slice.file = file;
+      const ckpt::GlobalTensor g{spec.name, "F32", train::checkpoint_shape(spec), {slice}};
+      ckpt::SafetensorsWriter shard;
+      shard.add(spec.name, "F32", g.slice_shape(slice),
+                std::as_bytes(std::span<const float>(v).subspan(piece.local, piece.count)));
+      part.files = {ckpt::write_shard(dir, file, file_rank, shard)};
+      part.tensors = {g};
+    }
+    parts.push_back(ckpt::parse_manifest_part(part.to_json_text(), "part"));
+    ++file_rank;
+  };
+  // The embedding as the distributed optimizer's flat pieces (2 owners per TP slice), the same
+  // rows as a run without it writes them (whole slices of dimension 0), and the output head
+  // split along its 3 columns (TP 3) as ranged pieces.
+  const std::string rows = "embedding.rows", head = "output_layer.weight";
+  for (int r = 0; r < 4; ++r) {
+    const ParamSpec spec = vocab_spec(12, {0, 3 * r, 3});
+    write(spec, train::owned_piece(spec, 0, 4));
+    write(spec, train::owned_piece(spec, 4, 5));
+    const ParamSpec plain = vocab_spec(12, {0, 3 * r, 3}, rows);
+    write(plain, train::slice_piece(plain));
+    if (r < 3) {
+      const ParamSpec col = vocab_spec(12, {1, r, 1}, head);
+      for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 7}}) {
+        write(col, train::owned_piece(col, begin, count));
+      }
+    }
+  }
+  ckpt::write_manifest(dir, ckpt::merge_manifest_parts(parts, dir.string()));
+  ckpt::CheckpointReader reader(dir, ckpt::HashCheck::OnRead);
+  EXPECT_EQ(reader.tensor(vocab_spec(12, {}).name).shape, (std::vector<int64_t>{10, 3}));
+  EXPECT_EQ(reader.tensor(head).shape, (std::vector<int64_t>{10, 3}));
+  EXPECT_EQ(reader.tensor(rows).slices.size(), 4u);  // rank 3's slice holds one model row
+  EXPECT_EQ(reader.tensor(rows).slices[3].length, 1);
+  // Read back at TP 2 padded to 14 (7 rows each), on one rank padded to 10 and to 16, and at TP 4
+  // again: the model rows are the saved values, the padding rows zero (what a load fills in).
+  for (const auto& [padded, tp] :
+       std::vector<std::pair<int64_t, int>>{{14, 2}, {10, 1}, {16, 1}, {12, 4}}) {
+    for (int r = 0; r < tp; ++r) {
+      for (const std::string& name : {vocab_spec(12, {}).name, rows, head}) {
+        const ParamSlice slice = tp == 1        ? ParamSlice{}
+                                 : name != head ? ParamSlice{0, r * (padded / tp), padded / tp}
+                                                : ParamSlice{1, r % 3, 1};
+        const ParamSpec spec = vocab_spec(padded, slice, name);
+        Param p;
+        p.spec = spec;
+        const std::vector<float> want = init_values(p);  // zero past the model rows
+        const train::CheckpointPiece piece = train::slice_piece(spec);
+        std::vector<float> got(want.size(), 0.0f);
+        if (piece.count > 0) {
+          reader.read(spec.name, "F32", piece.slice,
+                      std::as_writable_bytes(std::span<float>(got).first(piece.count)));
+        }
+        EXPECT_EQ(got, want) << spec.name << " padded to " << padded << ", rank " << r << " of "
+                             << tp;
+      }
+    }
+  }
+  fs::remove_all(save);
 }
 
 }  // namespace

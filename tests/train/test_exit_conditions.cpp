@@ -2,7 +2,8 @@
 // handles are blocked in the calling thread and in every OpenMP thread, so no signal frame is
 // ever pushed by a thread inside a oneDNN JIT GEMM (whose rsp may point into the heap); a signal
 // sent to the process is still taken by the next check(), and the masks come back afterwards.
-// SIGUSR1 and SIGUSR2 stop the run as SIGTERM and SIGINT do; a SIGCONT from the launcher (the
+// SIGHUP, SIGUSR1 and SIGUSR2 stop the run as SIGTERM and SIGINT do (a SIGHUP's default action
+// would end the run without its save); a SIGCONT from the launcher (the
 // start of mpirun's kill sequence) does too, unless it resumes a stop (Ctrl-Z) or repeats a
 // resume someone else sent.
 #include <gtest/gtest.h>
@@ -65,7 +66,7 @@ TEST(ExitConditions, SignalsBlockedOnComputeThreadsAndTakenAtCheck) {
 }
 
 TEST(ExitConditions, EachExitSignalStops) {
-  for (int sig : {SIGINT, SIGUSR1, SIGUSR2}) {
+  for (int sig : {SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
     ExitConditions exits(with_signal_handler(), nullptr);
     EXPECT_EQ(threads_accepting(sig), 0) << sig;
     EXPECT_EQ(exits.check(1), "");
@@ -125,13 +126,13 @@ TEST(ExitConditions, LaunchersSigcontStopsAndItsSigtermDoesNotKill) {
   // Left as the launcher's kill leaves them; this test cleans up for the next ones.
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) sigaddset(&set, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) sigaddset(&set, s);
   const timespec now{0, 0};
   EXPECT_EQ(sigtimedwait(&set, nullptr, &now), SIGTERM) << "the SIGTERM is left pending, harmless";
 #pragma omp parallel
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-  for (int s : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) ::signal(s, SIG_DFL);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP}) ::signal(s, SIG_DFL);
   ExitConditions::set_launcher_for_test(0);
 }
 

@@ -7,6 +7,8 @@
 // (tolerance: docs/numerics.md).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -39,6 +42,8 @@
 #include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
+#include "convert/output_dir.h"
+#include "core/fault_injection.h"
 #include "train/checkpoint_state.h"
 #include "cli/config_file.h"
 #include "train/trainer.h"
@@ -491,9 +496,10 @@ TEST(HfConvert, CommandLineImportTrainExport) {
 }
 
 // A model trained by `moecore train` from scratch (configs/tiny.toml: untied, softmax top-2,
-// every layer MoE -> Mixtral by its features) with a padded vocabulary: export drops the padded
-// rows and says so, and the export imports back to the same weights but those rows.
-TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
+// every layer MoE -> Mixtral by its features) with a padded vocabulary (256 padded to 300): the
+// checkpoint holds the model's 256 rows, so export has no padding to drop, and the export
+// imports back to the same weights.
+TEST(HfConvert, ExportOfAPaddedTrainedModelHasNoPadding) {
   const fs::path save = fresh_dir("padded_save"), hf = fresh_dir("padded_hf");
   const fs::path flags = fresh_dir("padded_flags.toml");
   std::ofstream(flags) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
@@ -508,9 +514,24 @@ TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("MixtralForCausalLM, from the model's features"), std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("the vocabulary padding (44 rows of 300) is dropped"), std::string::npos)
-      << r.output;
+  EXPECT_EQ(r.output.find("padding"), std::string::npos) << r.output;
   EXPECT_EQ(read_json(hf / "config.json")["vocab_size"], 256);
+  {
+    ckpt::CheckpointReader trained(ckpt::resolve_checkpoint(save));
+    for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"})
+      EXPECT_EQ(trained.tensor(name).shape, (std::vector<int64_t>{256, 64})) << name;
+  }
+  // The padding is no part of the model: flags that pad otherwise (no padding at all) name the
+  // same model, and export takes the tables' rows from the checkpoint: the same HF files.
+  const fs::path unpadded = fresh_dir("unpadded_flags.toml"), hf1 = fresh_dir("padded_hf1");
+  std::ofstream(unpadded) << read_text(fs::path(::moecore::testing::source_dir()) / "configs" /
+                                       "tiny.toml")
+                          << "\nmake-vocab-size-divisible-by = 1\n";
+  r = testing::run_moecore("convert moecore-to-hf --input " + save.string() + " --flags " +
+                           unpadded.string() + " --output " + hf1.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_text(hf1 / "model.safetensors"), read_text(hf / "model.safetensors"));
+  EXPECT_EQ(read_json(hf1 / "config.json"), read_json(hf / "config.json"));
   const fs::path back = fresh_dir("padded_back");
   convert::import_hf(hf, back);
   for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight",
@@ -519,9 +540,7 @@ TEST(HfConvert, ExportOfAPaddedTrainedModelDropsThePadding) {
     const ckpt::GlobalTensor& g = trained.tensor(name);
     std::vector<float> v(static_cast<size_t>(convert::numel(g.shape)));
     trained.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
-    const std::vector<float> w = moecore_tensor(back, name);
-    ASSERT_LE(w.size(), v.size()) << name;
-    EXPECT_TRUE(std::equal(w.begin(), w.end(), v.begin())) << name;  // the first 256 rows
+    EXPECT_EQ(moecore_tensor(back, name), v) << name;
   }
 }
 
@@ -663,6 +682,71 @@ TEST(HfConvert, ExportRefusesWhatTheClassCannotExpress) {
   EXPECT_FALSE(fs::exists(o.output / "config.json"));
 }
 
+// An export that fails in the middle leaves --output as it was (absent, or the empty directory it
+// was) and never a config.json without its weights: an error (a failed write) after config.json,
+// after the first weights file, after the last, or before the rename removes the staging
+// directory beside --output; a kill at the same points (a forked child) leaves only that staging
+// directory, which the next export removes before it writes the whole checkpoint.
+TEST(HfConvert, ExportFailingInTheMiddleLeavesNothingHalfWritten) {
+  const fs::path ck = fresh_dir("export_fail");
+  convert::import_hf(fixture("qwen3_moe"), ck);
+  convert::ExportOptions o;
+  o.input = ck;
+  o.output = fresh_dir("export_fail_hf");
+  o.max_shard_bytes = 40000;  // several weights files and their index
+  const fs::path staging = convert::StagedOutput::staging_path(o.output);
+  EXPECT_EQ(staging.parent_path(), fs::absolute(o.output).parent_path());
+  for (const char* point : {"export.after_config", "export.after_shard", "export.after_weights",
+                            "export.before_publish"}) {
+    SCOPED_TRACE(point);
+    fault::inject_for_test(std::string("convert_error:at=") + point);
+    const std::string e = error_of([&] { convert::export_hf(o); });
+    fault::inject_for_test("");
+    EXPECT_NE(e.find(std::string("[convert] write failed at ") + point), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(o.output));
+    EXPECT_FALSE(fs::exists(staging));
+
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the exporting process that dies; _exit: no gtest teardown in the child
+      fault::inject_for_test(std::string("kill:at=") + point);
+      try {
+        convert::export_hf(o);
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+    EXPECT_FALSE(fs::exists(o.output));
+    EXPECT_TRUE(fs::exists(staging / "config.json"));
+  }
+  // The next export: the leftover removed, the whole checkpoint published into the empty
+  // directory given as --output, the same files as an export that never failed.
+  fs::create_directories(o.output);
+  const convert::ExportResult r = convert::export_hf(o);
+  EXPECT_FALSE(fs::exists(staging));
+  EXPECT_GT(r.files.size(), 3u);
+  convert::ExportOptions clean = o;
+  clean.output = fresh_dir("export_fail_clean_hf");
+  EXPECT_EQ(convert::export_hf(clean).files, r.files);
+  for (const std::string& f : r.files) {
+    EXPECT_EQ(read_text(o.output / f), read_text(clean.output / f)) << f;
+  }
+  // A directory holding other files cannot be replaced whole: refused before any work.
+  const fs::path busy = fresh_dir("export_fail_busy_hf");
+  fs::create_directories(busy);
+  std::ofstream(busy / "notes.txt") << "mine\n";
+  o.output = busy;
+  const std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("is a directory that is not empty ('notes.txt')"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(convert::StagedOutput::staging_path(busy)));
+  for (const fs::path& d : {ck, clean.output, busy, scratch_path("export_fail_hf")})
+    fs::remove_all(d);
+}
+
 // The Mixtral fixture's model as moecore trains it (its imported moecore_flags.toml) with
 // `edits` applied to that file (key -> TOML value, replacing the key's line or added), after
 // `steps` steps of the trainer (synthetic data) from its initial weights, saved into
@@ -710,6 +794,22 @@ void expect_export_refused(const fs::path& save, std::optional<convert::HfArch> 
   o.flags = flags;
   const std::string e = error_of([&] { convert::export_hf(o); });
   EXPECT_EQ(e.rfind("[convert] ", 0), 0u) << e;
+  EXPECT_NE(e.find(expect), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output)) << "the refused export wrote " << o.output;
+}
+
+// Exporting `save` with the model flags `flags` stops because the checkpoint's model signature
+// differs from theirs, naming `expect` (the flag and both values), and writes nothing.
+void expect_export_names_difference(const fs::path& save, const fs::path& flags,
+                                    const std::string& expect) {
+  convert::ExportOptions o;
+  o.input = save;
+  o.output = save;
+  o.output += "_hf";
+  fs::remove_all(o.output);
+  o.flags = flags;
+  const std::string e = error_of([&] { convert::export_hf(o); });
+  EXPECT_NE(e.find("holds another model:"), std::string::npos) << e;
   EXPECT_NE(e.find(expect), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(o.output)) << "the refused export wrote " << o.output;
 }
@@ -829,10 +929,76 @@ TEST(HfConvert, ExportRefusesEachSettingHfCannotExpress) {
   fs::remove(flags);
 }
 
+// The checkpoint's model signature records the routing (what the routers compute with the same
+// weights): a checkpoint trained with sigmoid scores, another top-k, or quantile balancing,
+// exported or loaded under flags that say otherwise, stops naming the flag and both values. The
+// loss-only settings are not part of it: a run may resume with another aux-loss type.
+TEST(HfConvert, ExportNamesARoutingThatDiffersFromTheCheckpoints) {
+  const fs::path base = fresh_dir("routing_base");
+  convert::import_hf(fixture("mixtral"), base);
+  const fs::path softmax = fresh_dir("routing_softmax.toml");  // the import's flags: softmax, K 2
+  fs::copy_file(base / "moecore_flags.toml", softmax);
+  const auto edited = [&](const std::string& name, const std::string& key,
+                          const std::string& value) {
+    const fs::path p = fresh_dir(name);
+    std::string toml = read_text(softmax);
+    const std::string line = key + " = " + value + "\n";
+    const size_t at = toml.find("\n" + key + " = ");
+    if (at == std::string::npos) {
+      toml += line;
+    } else {
+      toml.replace(at + 1, toml.find('\n', at + 1) - at, line);
+    }
+    std::ofstream(p) << toml;
+    return p;
+  };
+
+  const fs::path sigmoid = mixtral_model("routing_sigmoid", {{"moe-router-score-function",
+                                                              "'sigmoid'"}});
+  expect_export_names_difference(sigmoid, softmax,
+                                 "--moe-router-score-function: \"sigmoid\" in the checkpoint, "
+                                 "\"softmax\" in this run");
+  // The trainer's load compares the same signature.
+  const auto trainer_of = [](const fs::path& flags) {
+    std::vector<std::string> args = cli::config_file_args(flags.string());
+    for (const char* a : {"--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "2",
+                          "--lr", "1e-3", "--peak-tflops", "1", "--eval-iters", "0"})
+      args.push_back(a);
+    const cli::TrainFlags f = cli::parse_train_args(args);
+    return std::make_unique<train::Trainer>(f.model, f.train);
+  };
+  std::string e = error_of([&] { trainer_of(softmax)->load_checkpoint(sigmoid); });
+  EXPECT_NE(e.find("--moe-router-score-function: \"sigmoid\" in the checkpoint, \"softmax\" in "
+                   "this run"),
+            std::string::npos)
+      << e;
+
+  const fs::path top3 = edited("routing_top3.toml", "moe-router-topk", "3");
+  expect_export_names_difference(base, top3, "--moe-router-topk: 2 in the checkpoint, 3 in this run");
+  const fs::path quantile = mixtral_model(
+      "routing_quantile", {{"moe-router-load-balancing-type", "'quantile_balancing'"}});
+  expect_export_names_difference(quantile, softmax,
+                                 "--moe-router-load-balancing-type (how experts are chosen): "
+                                 "\"quantile_balancing\" in the checkpoint, \"top-k of the scores");
+  const fs::path scaled = edited("routing_scaled.toml", "moe-router-topk-scaling-factor", "2.5");
+  expect_export_names_difference(
+      base, scaled, "--moe-router-topk-scaling-factor: 1.0 in the checkpoint, 2.5 in this run");
+  // Another aux-loss type routes the same: the load goes through.
+  const fs::path seq_aux =
+      edited("routing_seq_aux.toml", "moe-router-load-balancing-type", "'seq_aux_loss'");
+  train::Trainer::LoadOptions finetune;
+  finetune.finetune = true;  // an import holds no optimizer state
+  EXPECT_EQ(trainer_of(seq_aux)->load_checkpoint(base, finetune), std::optional<int64_t>(0));
+  for (const fs::path& p : {base, softmax, sigmoid, top3, quantile, scaled, seq_aux})
+    fs::remove_all(p);
+}
+
 // The routers' balancing state, which HF's routers have no place for: a non-zero expert bias
-// (trained with sigmoid scores; exported with flags that name neither, which is all the
-// checkpoint's model signature can check) or quantile beta stops the export naming the tensor
-// and its value; the same quantile-balanced model before its first step (beta still 0) exports.
+// (trained with sigmoid scores) or quantile beta stops the export naming the tensor and its
+// value; the same quantile-balanced model before its first step (beta still 0) exports. Exported
+// with flags that name neither sigmoid nor the expert bias, the checkpoint's model signature
+// names the difference first; a checkpoint written before the signature recorded the routing
+// (its router keys removed here) still meets the tensor's check.
 TEST(HfConvert, ExportRefusesANonZeroExpertBiasOrQuantileBeta) {
   const fs::path bias = mixtral_model("refuse_expert_bias",
                                       {{"moe-router-score-function", "'sigmoid'"},
@@ -845,6 +1011,20 @@ TEST(HfConvert, ExportRefusesANonZeroExpertBiasOrQuantileBeta) {
     toml = toml.substr(0, toml.find("moe-router-enable-expert-bias"));
     toml.replace(toml.find("'sigmoid'"), 9, "'softmax'");
     std::ofstream(softmax) << toml;
+  }
+  expect_export_names_difference(
+      bias, softmax,
+      "--moe-router-score-function: \"sigmoid\" in the checkpoint, \"softmax\" in this run");
+  expect_export_names_difference(
+      bias, softmax, "--moe-router-enable-expert-bias: true in the checkpoint, false in this run");
+  {
+    const fs::path manifest = ckpt::iteration_dir(bias, 1) / ckpt::kManifestFile;
+    json m = read_json(manifest);
+    json& model = m["state"]["model"];
+    for (auto it = model.begin(); it != model.end();) {
+      it = it.key().rfind("--moe-router-", 0) == 0 ? model.erase(it) : std::next(it);
+    }
+    write_json(manifest, m);
   }
   expect_export_refused(bias, {}, "'decoder.layers.0.mlp.router.expert_bias' is not zero (",
                         softmax);
@@ -1150,7 +1330,7 @@ TEST(HfConvert, Gpt2ConfigReadsAsLayerNormLearnedPositionsAndGeluNew) {
 TEST(HfConvert, Gpt2TableTransposesConv1DAndFusesCAttnPerHead) {
   const convert::HfModelSpec s =
       convert::parse_hf_config(read_json(fixture("gpt2") / "config.json"), "gpt2");
-  const convert::HfTensorMap map = convert::hf_tensor_map(s, s.vocab_size);
+  const convert::HfTensorMap map = convert::hf_tensor_map(s);
   convert::HfWeights w(fixture("gpt2"));
   std::map<std::string, std::vector<float>> m;
   for (const convert::TensorMapping& t : map.tensors) {
@@ -1218,7 +1398,8 @@ TEST(HfConvert, Gpt2TableTransposesConv1DAndFusesCAttnPerHead) {
 TEST(HfConvert, Gpt2RefusesWhatMoecoreCannotCompute) {
   const json base = read_json(fixture("gpt2") / "config.json");
   for (const auto& [key, value, why] : std::vector<std::tuple<std::string, json, std::string>>{
-           {"activation_function", "relu", "gelu_new (--openai-gelu) and gelu"},
+           {"activation_function", "relu",
+            "gelu_new and gelu_pytorch_tanh (the tanh form, --openai-gelu) and gelu"},
            {"scale_attn_by_inverse_layer_idx", true, "1/(layer + 1)"},
            {"reorder_and_upcast_attn", true, "reorder_and_upcast_attn"},
            {"scale_attn_weights", false, "always scales"},
@@ -1299,6 +1480,75 @@ TEST(HfConvert, Gpt2MatchesTransformers) {
   check_against_transformers("gpt2");
 }
 
+// GPT-2 as its checkpoints are published (tests/fixtures/hf/gpt2_published, made by
+// tools/make_hf_fixtures.py): GPT2Model's keys without the "transformer." prefix, every layer's
+// attn.bias (the causal mask) and attn.masked_bias buffers, and activation_function
+// gelu_pytorch_tanh. Imported as transformers loads it, the model computes transformers' logits,
+// expert-free, and losses within docs/numerics.md's HF row.
+TEST(HfConvert, Gpt2AsPublishedMatchesTransformers) {
+  check_against_transformers("gpt2_published");
+}
+
+// The published layout's import: the prefix added (said so), the buffers consumed, the weights
+// those of the file; its export writes save_pretrained's layout (with the prefix, without the
+// buffers) and keeps the imported activation's spelling. A mask that is not causal, or of
+// another shape, is refused naming the tensor.
+TEST(HfConvert, Gpt2AsPublishedImportsAndExports) {
+  const fs::path src = fixture("gpt2_published");
+  const fs::path ck = fresh_dir("gpt2_published_ck"), out = fresh_dir("gpt2_published_hf");
+  const convert::ImportResult r = convert::import_hf(src, ck);
+  EXPECT_EQ(r.spec.arch, convert::HfArch::Gpt2);
+  EXPECT_EQ(r.spec.activation, ops::Activation::GeLUTanh);
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_NE(r.warnings[0].find("no \"transformer.\" prefix"), std::string::npos) << r.warnings[0];
+  EXPECT_EQ(r.hf_tensors, 28 + 2 * 2);  // the weights and each layer's two buffers
+  convert::ExportOptions o;
+  o.input = ck;
+  o.output = out;
+  convert::export_hf(o);
+  EXPECT_EQ(read_json(out / "config.json")["activation_function"], "gelu_pytorch_tanh");
+  std::map<std::string, Tensor> want;
+  for (auto& [name, t] : hf_tensors(src)) {
+    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
+    want["transformer." + name] = t;
+  }
+  const std::map<std::string, Tensor> got = hf_tensors(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_EQ(got.at(name).bytes, t.bytes) << name;
+  }
+
+  // The fixture with layer 1's mask edited: one position seeing its future, or another shape.
+  const auto with_mask = [&](const std::string& as, auto edit) {
+    const fs::path d = copy_fixture("gpt2_published", as);
+    std::map<std::string, Tensor> tensors = hf_tensors(src);
+    edit(tensors.at("h.1.attn.bias"));
+    ckpt::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const auto& [name, t] : tensors) w.add(name, t.dtype, t.shape, t.bytes);
+    w.write(d / "model.safetensors");
+    return d;
+  };
+  const fs::path future = with_mask("gpt2_mask_future", [](Tensor& t) {
+    const float one = 1.0f;
+    std::memcpy(t.bytes.data() + 4 * (2 * 16 + 5), &one, 4);  // position 2 sees position 5
+  });
+  std::string e = error_of([&] { convert::import_hf(future, fresh_dir("gpt2_mask_future_ck")); });
+  EXPECT_NE(e.find("'transformer.h.1.attn.bias' is not the causal mask (position 2 sees position "
+                   "5)"),
+            std::string::npos)
+      << e;
+  const fs::path shape = with_mask("gpt2_mask_shape", [](Tensor& t) {
+    t.shape = {1, 16, 16};
+  });
+  e = error_of([&] { convert::import_hf(shape, fresh_dir("gpt2_mask_shape_ck")); });
+  EXPECT_NE(e.find("'transformer.h.1.attn.bias' is [1, 16, 16]"), std::string::npos) << e;
+  for (const fs::path& d : {ck, out, future, shape, scratch_path("gpt2_mask_future_ck"),
+                            scratch_path("gpt2_mask_shape_ck")})
+    fs::remove_all(d);
+}
+
 // HF's three families have SwiGLU MLPs without biases: a model with another activation or with
 // MLP biases is refused before anything is written, naming what and the flag that would fit.
 TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
@@ -1306,19 +1556,17 @@ TEST(HfConvert, ExportRefusesOtherActivationsAndMlpBiases) {
   m.num_experts = 4;
   m.moe.router.num_experts = 4;
   m.moe.ffn_hidden = 8;
-  EXPECT_NO_THROW(convert::hf_spec_of_model(m, m.vocab_size, convert::HfArch::Mixtral));
+  EXPECT_NO_THROW(convert::hf_spec_of_model(m, convert::HfArch::Mixtral));
   ModelConfig gelu = m;
   gelu.activation = ops::Activation::GeLU;
-  std::string e = error_of(
-      [&] { convert::hf_spec_of_model(gelu, gelu.vocab_size, convert::HfArch::Mixtral); });
+  std::string e = error_of([&] { convert::hf_spec_of_model(gelu, convert::HfArch::Mixtral); });
   EXPECT_NE(e.find("cannot be written as MixtralForCausalLM: the gelu MLP: its MLPs are SwiGLU "
                    "(--swiglu)"),
             std::string::npos)
       << e;
   ModelConfig biased = m;
   biased.add_mlp_bias = true;
-  e = error_of(
-      [&] { convert::hf_spec_of_model(biased, biased.vocab_size, convert::HfArch::Qwen2Moe); });
+  e = error_of([&] { convert::hf_spec_of_model(biased, convert::HfArch::Qwen2Moe); });
   EXPECT_NE(e.find("cannot be written as Qwen2MoeForCausalLM: MLP biases: its MLPs have none "
                    "(--disable-bias-linear)"),
             std::string::npos)

@@ -10,8 +10,10 @@
 #include <limits>
 #include <sstream>
 
+#include "cli/train_flags.h"
 #include "common/testing.h"
 #include "common/tiny_train_flags.h"
+#include "common/tolerances.h"
 #include "core/arena.h"
 #include "data/synthetic_language.h"
 #include "ops/gemm_bf16.h"
@@ -19,7 +21,6 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
-#include "cli/train_flags.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -492,6 +493,71 @@ TEST(Train, SameSeedGivesBitwiseIdenticalLosses) {
     EXPECT_EQ(ma[i].lm_loss, mb[i].lm_loss) << "iteration " << i + 1;
     EXPECT_EQ(ma[i].grad_norm, mb[i].grad_norm) << "iteration " << i + 1;
   }
+}
+
+// The vocabulary padding is not part of the model: vocabulary 250 padded to 300
+// (--make-vocab-size-divisible-by 100) trains exactly the model of --make-vocab-size-divisible-by
+// 1 (250 rows), in f64 with weight decay, untied: the same losses bitwise, the grad norms to a few
+// ulps (their sum's association, below), the model's rows of the embedding and head bitwise, the
+// same weights digest; the padding rows' values, gradients and AdamW moments exactly zero after
+// every step.
+TEST(Train, VocabularyPaddingTrainsTheSameModel) {
+  auto flags = [](int64_t divisible_by) {
+    cli::TrainFlags f = cli::tiny_train_flags();
+    f.vocab_size = 250;
+    f.make_vocab_size_divisible_by = divisible_by;
+    f.untie_embeddings = true;
+    f.model.hidden = 32;
+    f.model.seq_length = 32;
+    f.model.num_experts = 4;
+    f.model.moe.ffn_hidden = 32;
+    f.train.train_iters = 6;
+    f.train.micro_batch = 4;
+    f.train.global_batch = 8;
+    f.train.log_interval = 1000;
+    f.train.lr.warmup_steps = 2;
+    f.train.lr.decay_steps = 0;
+    f.train.adam.weight_decay = 0.1;
+    f.train.peak_gflops = 100;  // skip the start-up GEMM probe
+    cli::finalize_train_flags(f);
+    return f;
+  };
+  const cli::TrainFlags plain = flags(1), padded = flags(100);
+  ASSERT_EQ(padded.model.vocab_size, 250);
+  ASSERT_EQ(padded.model.padded_vocab_size, 300);
+  ASSERT_EQ(plain.model.padded_vocab(), 250);
+  train::BasicTrainer<double> a(plain.model, plain.train), b(padded.model, padded.train);
+  const int64_t H = plain.model.hidden, model = 250 * H, rows = 300 * H;
+  const char* kVocab[] = {"embedding.word_embeddings.weight", "output_layer.weight"};
+  std::ostringstream log;
+  for (int64_t step = 1; step <= 6; ++step) {
+    const StepMetrics ma = a.train_step(), mb = b.train_step();
+    EXPECT_EQ(ma.lm_loss, mb.lm_loss) << "step " << step;
+    // The norm's f64 sum of squares runs over the flat gradient buffer in fixed blocks of 16384
+    // elements; the embedding's padding rows (zeros) shift the later parameters' elements into
+    // other blocks, so the same terms are associated differently: a few f64 ulps (below the
+    // clip, so the update, the weights and the losses are bitwise the same).
+    EXPECT_NEAR(ma.grad_norm, mb.grad_norm, testing::kF64FewUlps * ma.grad_norm) << "step " << step;
+    for (const char* name : kVocab) {
+      const Param& p = *b.model().params().find(name);
+      ASSERT_EQ(p.local_numel(), rows) << name;
+      ASSERT_EQ(p.spec.model_rows, 250) << name;
+      const double* w = host(p.data_as<double>());
+      const double* g = host(p.grad_as<double>());
+      const float* m1 = host(b.optimizer().dense().exp_avg(p));
+      const float* m2 = host(b.optimizer().dense().exp_avg_sq(p));
+      for (int64_t i = model; i < rows; ++i) {
+        ASSERT_EQ(w[i], 0.0) << name << " padding value " << i << ", step " << step;
+        ASSERT_EQ(g[i], 0.0) << name << " padding gradient " << i << ", step " << step;
+        ASSERT_EQ(m1[i], 0.f) << name << " padding exp_avg " << i << ", step " << step;
+        ASSERT_EQ(m2[i], 0.f) << name << " padding exp_avg_sq " << i << ", step " << step;
+      }
+      const double* w1 = host(a.model().params().find(name)->data_as<double>());
+      for (int64_t i = 0; i < model; ++i)
+        ASSERT_EQ(w[i], w1[i]) << name << " model element " << i << ", step " << step;
+    }
+  }
+  EXPECT_EQ(a.weights_digest(), b.weights_digest());
 }
 
 // The step breakdown is exclusive time per phase: the parts never add up to more than the step,

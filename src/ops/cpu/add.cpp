@@ -16,5 +16,6 @@ void add(T* y, const T* a, const T* b, int64_t n) {
 
 template void add<float>(float*, const float*, const float*, int64_t);
 template void add<double>(double*, const double*, const double*, int64_t);
+template void add<int64_t>(int64_t*, const int64_t*, const int64_t*, int64_t);
 
 }  // namespace moecore::ops::cpu

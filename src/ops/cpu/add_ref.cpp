@@ -10,5 +10,6 @@ void add_ref(T* y, const T* a, const T* b, int64_t n) {
 
 template void add_ref<float>(float*, const float*, const float*, int64_t);
 template void add_ref<double>(double*, const double*, const double*, int64_t);
+template void add_ref<int64_t>(int64_t*, const int64_t*, const int64_t*, int64_t);
 
 }  // namespace moecore::ops

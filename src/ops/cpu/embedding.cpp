@@ -66,8 +66,10 @@ void embedding_backward(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int64_t 
 }
 
 static void check_shard(int64_t v0, int64_t rows, int64_t V) {
-  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
-            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+  MOE_CHECK(v0 >= 0 && rows >= 0 && (rows == 0 || v0 + rows <= V),
+            "[embedding] bad vocabulary slice: rows [{}, {}) of V={} (needs 0 <= v0, 0 <= rows, "
+            "v0 + rows <= V unless the slice is empty: a TP rank of padding only)",
+            v0, v0 + rows, V);
 }
 
 template <typename T>

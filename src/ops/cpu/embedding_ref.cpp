@@ -14,6 +14,12 @@ int64_t checked_id(const int32_t* ids_T, int64_t t, int64_t V) {
             id, t, V);
   return id;
 }
+void check_slice(int64_t v0, int64_t rows, int64_t V) {
+  MOE_CHECK(v0 >= 0 && rows >= 0 && (rows == 0 || v0 + rows <= V),
+            "[embedding] bad vocabulary slice: rows [{}, {}) of V={} (needs 0 <= v0, 0 <= rows, "
+            "v0 + rows <= V unless the slice is empty: a TP rank of padding only)",
+            v0, v0 + rows, V);
+}
 }  // namespace
 
 template <typename T>
@@ -45,8 +51,7 @@ void embedding_backward_ref(T* dw_VH, const T* dy_TH, const int32_t* ids_T, int6
 template <typename T>
 void embedding_forward_shard_ref(T* y_TH, const int32_t* ids_T, const T* w_RH, int64_t n_tok,
                                  int64_t H, int64_t v0, int64_t rows, int64_t V) {
-  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
-            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+  check_slice(v0, rows, V);
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t id = checked_id(ids_T, t, V);
     const bool here = id >= v0 && id < v0 + rows;
@@ -57,8 +62,7 @@ void embedding_forward_shard_ref(T* y_TH, const int32_t* ids_T, const T* w_RH, i
 template <typename T>
 void embedding_backward_shard_ref(T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                                   int64_t H, int64_t v0, int64_t rows, int64_t V) {
-  MOE_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
-            "[embedding] bad vocabulary slice: rows [{}, {}) of V={}", v0, v0 + rows, V);
+  check_slice(v0, rows, V);
   for (int64_t t = 0; t < n_tok; ++t) {
     const int64_t id = checked_id(ids_T, t, V);
     if (id < v0 || id >= v0 + rows) continue;

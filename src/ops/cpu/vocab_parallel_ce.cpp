@@ -3,6 +3,7 @@
 // and the blocks in f64, as the fused head's rows (ops/cpu/cross_entropy.cpp).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 #include "ops/cpu/fast_exp.h"
@@ -19,6 +20,10 @@ constexpr int64_t kParallelMin = int64_t(1) << 14;
 template <typename T>
 void vocab_ce_row_max(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) {
   vs.check();
+  if (vs.Vl == 0) {  // a slice of padding only: the all-reduce's identity
+    std::fill(max_M, max_M + m, -std::numeric_limits<T>::infinity());
+    return;
+  }
 #pragma omp parallel for schedule(static) if (m * vs.Vl >= kParallelMin)
   for (int64_t i = 0; i < m; ++i) max_M[i] = row_max(z_MV + i * vs.Vl, vs.Vl);
 }

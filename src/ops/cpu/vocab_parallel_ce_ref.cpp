@@ -1,6 +1,7 @@
 // Vocab-parallel cross entropy rows, reference: plain loops, exp and sums in f64. The oracle for
 // vocab_parallel_ce.cpp.
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 #include "ops/vocab_parallel_ce.h"
@@ -8,9 +9,9 @@
 namespace moecore::ops {
 
 void VocabSlice::check() const {
-  MOE_CHECK(v0 >= 0 && Vl >= 1 && v0 + Vl <= V,
-            "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 1 <= Vl, "
-            "v0 + Vl <= V",
+  MOE_CHECK(V >= 1 && v0 >= 0 && Vl >= 0 && (Vl == 0 || v0 + Vl <= V),
+            "[vocab_ce] bad vocabulary slice v0={} Vl={} of V={}: needs 0 <= v0, 0 <= Vl, "
+            "v0 + Vl <= V unless the slice is empty (Vl = 0: a TP rank of padding only)",
             v0, Vl, V);
 }
 
@@ -18,7 +19,7 @@ template <typename T>
 void vocab_ce_row_max_ref(T* max_M, const T* z_MV, int64_t m, const VocabSlice& vs) {
   vs.check();
   for (int64_t i = 0; i < m; ++i) {
-    T mx = z_MV[i * vs.Vl];
+    T mx = vs.Vl > 0 ? z_MV[i * vs.Vl] : -std::numeric_limits<T>::infinity();
     for (int64_t v = 1; v < vs.Vl; ++v) mx = z_MV[i * vs.Vl + v] > mx ? z_MV[i * vs.Vl + v] : mx;
     max_M[i] = mx;
   }

@@ -35,5 +35,6 @@ void add(void* stream, T* y, const T* a, const T* b, int64_t n) {
 
 template void add<float>(void*, float*, const float*, const float*, int64_t);
 template void add<double>(void*, double*, const double*, const double*, int64_t);
+template void add<int64_t>(void*, int64_t*, const int64_t*, const int64_t*, int64_t);
 
 }  // namespace moecore::ops::cuda

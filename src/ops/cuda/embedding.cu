@@ -95,10 +95,11 @@ void check_shape(int64_t n_tok, int64_t H, int64_t V, const char* op) {
 }
 
 void check_slice(int64_t v0, int64_t rows, int64_t V, const char* op) {
-  MOE_KERNEL_CHECK(v0 >= 0 && rows >= 1 && v0 + rows <= V,
+  MOE_KERNEL_CHECK(v0 >= 0 && rows >= 0 && (rows == 0 || v0 + rows <= V),
                    std::string("[") + op + "] bad vocabulary slice: rows [" + std::to_string(v0) +
                        ", " + std::to_string(v0 + rows) + ") of V=" + std::to_string(V) +
-                       " (needs 0 <= v0, 1 <= rows, v0 + rows <= V)");
+                       " (needs 0 <= v0, 0 <= rows, v0 + rows <= V unless the slice is empty: "
+                       "a TP rank of padding only)");
 }
 
 template <typename Y, typename W>
@@ -115,7 +116,7 @@ void forward_launch(void* stream, Y* y_TH, const int32_t* ids_T, const W* w_VH, 
 template <typename T>
 void backward_launch(void* stream, T* dw_RH, const T* dy_TH, const int32_t* ids_T, int64_t n_tok,
                      int64_t H, int64_t v0, int64_t n_rows, const char* op) {
-  if (n_tok == 0) return;  // dw gains nothing
+  if (n_tok == 0 || n_rows == 0) return;  // dw gains nothing (an empty slice has no rows)
   const int64_t col_blocks = (H + kBackwardBlock - 1) / kBackwardBlock;
   const int64_t ranges =
       std::clamp<int64_t>(kBackwardBlocks / col_blocks, 1, std::min<int64_t>(n_rows, 65535));

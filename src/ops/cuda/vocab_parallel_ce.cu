@@ -6,6 +6,7 @@
 // Targets are not checked on the host (that would be a sync): a target >= V gives a NaN target
 // logit, so a NaN loss (the step's non-finite guard stops there); the CPU refuses it.
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ops/cuda/launch.cuh"
@@ -26,12 +27,13 @@ __device__ __forceinline__ double exp_of(double x) {
 }
 
 // Block i: max_M[i] = the max of row i (every thread starts from the row's first element, so a
-// NaN there gives NaN and NaNs elsewhere are passed over, as on the CPU).
+// NaN there gives NaN and NaNs elsewhere are passed over, as on the CPU); -inf for an empty
+// slice (a TP rank of padding only: the all-reduce's identity).
 template <typename T>
 __global__ void vocab_ce_row_max(T* max_M, const T* z_MV, int64_t Vl) {
   __shared__ T shared[kRowBlock / 32 + 1];
   const T* z = z_MV + int64_t(blockIdx.x) * Vl;
-  T mx = z[0];
+  T mx = Vl > 0 ? z[0] : -std::numeric_limits<T>::infinity();
   for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) mx = z[v] > mx ? z[v] : mx;
   mx = block_max(mx, shared);
   if (threadIdx.x == 0) max_M[blockIdx.x] = mx;
@@ -102,12 +104,14 @@ __global__ void vocab_ce_grad(T* z_MV, const int32_t* target_M, const T* lse_M, 
 namespace {
 
 void check_args(const char* who, int64_t m, const VocabSlice& vs) {
-  MOE_KERNEL_CHECK(m >= 0 && m <= 0x7fffffff && vs.v0 >= 0 && vs.Vl >= 1 && vs.v0 + vs.Vl <= vs.V &&
+  MOE_KERNEL_CHECK(m >= 0 && m <= 0x7fffffff && vs.v0 >= 0 && vs.Vl >= 0 &&
+                       (vs.Vl == 0 || vs.v0 + vs.Vl <= vs.V) && vs.V >= 1 &&
                        vs.V <= int64_t(1) << 31,
                    std::string("[") + who + "] rows m=" + std::to_string(m) +
                        " (0 to 2^31-1), vocabulary slice v0=" + std::to_string(vs.v0) +
                        " Vl=" + std::to_string(vs.Vl) + " of V=" + std::to_string(vs.V) +
-                       ": needs 0 <= v0, 1 <= Vl, v0 + Vl <= V <= 2^31 (int32 targets)");
+                       ": needs 0 <= v0, 0 <= Vl, v0 + Vl <= V unless Vl = 0 (a TP rank of "
+                       "padding only), 1 <= V <= 2^31 (int32 targets)");
 }
 
 const dim3 kBlock{unsigned(kernels::kRowBlock)};

@@ -3,8 +3,11 @@
 // fused ops on the whole vocabulary: the loss (the same on every TP rank), the input gradient
 // of this rank's tokens and the weight gradient of this rank's vocabulary rows. Awkward sizes:
 // a ragged last chunk of tokens, vocabulary rows per rank not a multiple of the chunk, ignored
-// targets, targets on every rank's slice. And GPTModel at TP 2 without SP (dense blocks) vs one
-// rank: the loss and the embedding / head gradients of each rank's vocabulary rows.
+// targets, targets on every rank's slice. A padded vocabulary (19 tokens in 28 rows: at TP 4 one
+// rank's slice is padding only, another's partly) against the one-rank head of the 19 tokens:
+// the padding joins no softmax and gets no gradient. And GPTModel at TP 2 without SP (dense
+// blocks) vs one rank: the loss and the embedding / head gradients of each rank's vocabulary
+// rows, also with a padded vocabulary whose second slice is padding only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -83,12 +86,17 @@ void expect_close(const T* got, const T* want, int64_t n, double rtol, double at
   }
 }
 
+// Vp = V: no padding; Vp > V: the rows past V are padding (zeros in the table, as the model
+// keeps them), which must change nothing.
 template <typename T>
-void head_loss_matches_one_rank(double rtol, double atol) {
+void head_loss_matches_one_rank(double rtol, double atol, int64_t V, int64_t Vp) {
+  SCOPED_TRACE(::testing::Message() << "V " << V << " in " << Vp << " rows");
   const Exec& ex = cpu_exec();
-  // n = 12 tokens in chunks of 5 (a ragged last chunk); V = 28: 14 or 7 rows per rank.
-  const int64_t n = 12, H = 6, V = 28, chunk = 5;
-  const std::vector<T> h = randn<T>(n * H, 1), w = randn<T>(V * H, 2, 0.7);
+  // n = 12 tokens in chunks of 5 (a ragged last chunk); Vp = 28: 14 or 7 rows per rank.
+  const int64_t n = 12, H = 6, chunk = 5;
+  const std::vector<T> h = randn<T>(n * H, 1);
+  std::vector<T> w = randn<T>(Vp * H, 2, 0.7);
+  std::fill(w.begin() + V * H, w.end(), T(0));
   std::vector<int32_t> tg(n);
   for (int64_t t = 0; t < n; ++t) tg[t] = int32_t((t * 5 + 2) % V);  // every slice gets targets
   tg[3] = -1;
@@ -109,10 +117,12 @@ void head_loss_matches_one_rank(double rtol, double atol) {
   for_each_tp_layout([&](const TensorParallel& tp, int tp_size) {
     ASSERT_EQ(tp.size(), tp_size);
     const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
-    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
+    const int64_t Vl = tp.share(Vp), v0 = tp.share_offset(Vp);
+    const int64_t model = std::clamp<int64_t>(V - v0, 0, Vl);  // this slice's model rows
+    EXPECT_EQ(model::vocab_shard(tp, V, Vp).model, model);
     std::vector<T> h_local(h.begin() + t0 * H, h.begin() + (t0 + nl) * H);
     std::vector<T> w_local(w.begin() + v0 * H, w.begin() + (v0 + Vl) * H);
-    std::vector<T> full(n * H), loss(n), lse(n), dfull(n * H), dx(nl * H), dw(Vl * H, T(0));
+    std::vector<T> full(n * H), loss(n), lse(n), dfull(n * H, T(NAN)), dx(nl * H), dw(Vl * H, T(0));
     const int64_t rows = model::vocab_head_chunk_rows(s);
     std::vector<T> logits(rows * Vl), mx(rows);
     std::vector<double> sums(2 * rows);
@@ -121,7 +131,7 @@ void head_loss_matches_one_rank(double rtol, double atol) {
         tp.enter(ex, DevPtr<const T>(h_local.data()), DevPtr<T>(full.data()), n, H);
     double sum = 0;
     model::vocab_parallel_head_loss_forward<T>(ex, tp, &sum, loss.data(), lse.data(), hin,
-                                               w_local.data(), tg.data(), s, ws);
+                                               w_local.data(), tg.data(), s, Vp, ws);
     EXPECT_NEAR(sum, sum1, rtol * std::abs(sum1) + atol);
     expect_close(loss.data(), loss1.data(), n, rtol, atol, "loss");
     expect_close(lse.data(), lse1.data(), n, rtol, atol, "lse");
@@ -130,19 +140,28 @@ void head_loss_matches_one_rank(double rtol, double atol) {
     tp.group()->communicator().all_reduce(hi, parallel::ReduceOp::Max);
     tp.group()->communicator().all_reduce(neg_lo, parallel::ReduceOp::Max);
     EXPECT_EQ(-neg_lo[0], hi[0]);
-    model::vocab_parallel_head_loss_backward<T>(
-        ex, tp, dfull.data(), dw.data(), hin, w_local.data(), tg.data(), lse.data(), &dloss, s, ws);
+    model::vocab_parallel_head_loss_backward<T>(ex, tp, dfull.data(), dw.data(), hin,
+                                                w_local.data(), tg.data(), lse.data(), &dloss, s,
+                                                Vp, ws);
     tp.enter_backward(ex, DevPtr<T>(dfull.data()), DevPtr<T>(dx.data()), n, H);
     expect_close(dx.data(), dh1.data() + t0 * H, nl * H, rtol, atol, "dh");
-    expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, rtol, atol, "dw");
+    expect_close(dw.data(), dw1.data() + v0 * H, model * H, rtol, atol, "dw");
+    for (int64_t i = model * H; i < Vl * H; ++i) ASSERT_EQ(dw[i], T(0)) << "padding dw " << i;
   });
 }
 
 TEST(VocabParallelMpi, HeadLossMatchesOneRankF64) {
-  head_loss_matches_one_rank<double>(kParityF64Rtol, 1e-14);
+  head_loss_matches_one_rank<double>(kParityF64Rtol, 1e-14, 28, 28);
 }
 TEST(VocabParallelMpi, HeadLossMatchesOneRankF32) {
-  head_loss_matches_one_rank<float>(kParityF32Rtol, 1e-7);
+  head_loss_matches_one_rank<float>(kParityF32Rtol, 1e-7, 28, 28);
+}
+// 19 tokens in 28 rows: TP 2 holds 14 + 5 model rows, TP 4 7 + 7 + 5 + 0.
+TEST(VocabParallelMpi, PaddedHeadLossMatchesOneRankF64) {
+  head_loss_matches_one_rank<double>(kParityF64Rtol, 1e-14, 19, 28);
+}
+TEST(VocabParallelMpi, PaddedHeadLossMatchesOneRankF32) {
+  head_loss_matches_one_rank<float>(kParityF32Rtol, 1e-7, 19, 28);
 }
 
 // --bf16: the vocab-parallel head's bf16 GEMMs on this rank's slice vs the fused one-rank head's
@@ -192,7 +211,7 @@ TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
       std::vector<float> full(n * H), loss(n), lse(n), dfull(n * H), dx(nl * H), dw(Vl * H, 0.f);
       const int64_t rows = model::vocab_head_chunk_rows(s);
       std::vector<float> logits(rows * Vl), mx(rows), th32(n * H),
-          tws32(std::max<int64_t>(1, model::vocab_head_bf16_workspace_elems(ex, tp, s)));
+          tws32(std::max<int64_t>(1, model::vocab_head_bf16_workspace_elems(ex, tp, s, V)));
       std::vector<double> sums(2 * rows);
       std::vector<bf16> th16(n * H), tdz16(rows * Vl);
       const model::VocabHeadWorkspace<float> ws{logits.data(), mx.data(), sums.data()};
@@ -207,13 +226,12 @@ TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
           tp.enter(ex, DevPtr<const float>(h_local.data()), DevPtr<float>(full.data()), n, H);
       double sum = 0;
       model::vocab_parallel_head_loss_forward<float>(ex, tp, &sum, loss.data(), lse.data(), hin,
-                                                     nullptr, tg.data(), s, ws, &b);
+                                                     nullptr, tg.data(), s, V, ws, &b);
       EXPECT_NEAR(sum, sum1, kParityF32Rtol * std::abs(sum1));
       expect_close(loss.data(), loss1.data(), n, kParityF32Rtol, 1e-7, "loss");
       expect_close(lse.data(), lse1.data(), n, kParityF32Rtol, 1e-7, "lse");
-      model::vocab_parallel_head_loss_backward<float>(ex, tp, dfull.data(), dw.data(), hin,
-                                                      nullptr, tg.data(), lse.data(), &dloss, s,
-                                                      ws, &b);
+      model::vocab_parallel_head_loss_backward<float>(ex, tp, dfull.data(), dw.data(), hin, nullptr,
+                                                      tg.data(), lse.data(), &dloss, s, V, ws, &b);
       tp.enter_backward(ex, DevPtr<float>(dfull.data()), DevPtr<float>(dx.data()), n, H);
       expect_close(dx.data(), dh1.data() + t0 * H, nl * H, kParityF32Rtol, 1e-7, "dh");
       expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, kParityF32Rtol, 1e-7, "dw");
@@ -224,50 +242,61 @@ TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
 
 // --bf16 on the native GEMM path: the lookup of the slice's bf16 copy gives
 // ops::embedding_forward_bf16's rows of the whole table, bitwise.
+// Also with a padded table (19 tokens in 28 rows).
 TEST(VocabParallelMpi, EmbeddingBf16MatchesOneRankBitwise) {
-  const Exec& ex = cpu_exec();
-  const int64_t n = 12, H = 70, V = 28;
-  const std::vector<float> w = randn<float>(V * H, 7);
-  std::vector<bf16> w16(V * H);
-  ops::cast_f32_to_bf16(ex, w16.data(), w.data(), V * H);
-  std::vector<int32_t> ids(n);
-  for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
-  std::vector<float> y1(n * H);
-  ops::embedding_forward_bf16(ex, y1.data(), ids.data(), w16.data(), n, H, V);
-  for_each_tp_layout([&](const TensorParallel& tp, int) {
-    const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
-    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
-    std::vector<bf16> w16_local(w16.begin() + v0 * H, w16.begin() + (v0 + Vl) * H);
-    std::vector<float> y(nl * H), partial(n * H), w32(Vl * H);
-    model::vocab_parallel_embedding_forward_bf16(ex, tp, y.data(), partial.data(), ids.data(),
-                                                 w16_local.data(), w32.data(), n, H, V);
-    for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
-  });
+  for (const int64_t V : {28, 19}) {
+    SCOPED_TRACE(::testing::Message() << "V " << V << " in 28 rows");
+    const Exec& ex = cpu_exec();
+    const int64_t n = 12, H = 70, Vp = 28;
+    std::vector<float> w = randn<float>(Vp * H, 7);
+    std::fill(w.begin() + V * H, w.end(), 0.f);
+    std::vector<bf16> w16(Vp * H);
+    ops::cast_f32_to_bf16(ex, w16.data(), w.data(), Vp * H);
+    std::vector<int32_t> ids(n);
+    for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
+    std::vector<float> y1(n * H);
+    ops::embedding_forward_bf16(ex, y1.data(), ids.data(), w16.data(), n, H, V);
+    for_each_tp_layout([&](const TensorParallel& tp, int) {
+      const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+      const int64_t Vl = tp.share(Vp), v0 = tp.share_offset(Vp);
+      std::vector<bf16> w16_local(w16.begin() + v0 * H, w16.begin() + (v0 + Vl) * H);
+      std::vector<float> y(nl * H), partial(n * H), w32(Vl * H);
+      model::vocab_parallel_embedding_forward_bf16(ex, tp, y.data(), partial.data(), ids.data(),
+                                                   w16_local.data(), w32.data(), n, H, V, Vp);
+      for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
+    });
+  }
 }
 
+// Also with a padded table (19 tokens in 28 rows): the padding rows get no gradient.
 TEST(VocabParallelMpi, EmbeddingMatchesOneRankBitwise) {
-  const Exec& ex = cpu_exec();
-  const int64_t n = 12, H = 70, V = 28;  // H: more than one 64-column backward block
-  const std::vector<double> w = randn<double>(V * H, 3), dy = randn<double>(n * H, 4);
-  std::vector<int32_t> ids(n);
-  for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
-  ids[7] = ids[2];  // a repeated id: its gradient rows add in token order
-  std::vector<double> y1(n * H), dw1(V * H, 0.0);
-  ops::embedding_forward<double>(ex, y1.data(), ids.data(), w.data(), n, H, V);
-  ops::embedding_backward<double>(ex, dw1.data(), dy.data(), ids.data(), n, H, V);
-  for_each_tp_layout([&](const TensorParallel& tp, int) {
-    const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
-    const int64_t Vl = tp.share(V), v0 = tp.share_offset(V);
-    std::vector<double> w_local(w.begin() + v0 * H, w.begin() + (v0 + Vl) * H);
-    std::vector<double> y(nl * H), partial(n * H), full(n * H), dw(Vl * H, 0.0);
-    model::vocab_parallel_embedding_forward<double>(ex, tp, y.data(), partial.data(), ids.data(),
-                                                    w_local.data(), n, H, V);
-    for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
-    std::vector<double> dy_local(dy.begin() + t0 * H, dy.begin() + (t0 + nl) * H);
-    model::vocab_parallel_embedding_backward<double>(ex, tp, dw.data(), dy_local.data(),
-                                                     full.data(), ids.data(), n, H, V);
-    for (int64_t i = 0; i < Vl * H; ++i) ASSERT_EQ(dw[i], dw1[v0 * H + i]) << i;
-  });
+  for (const int64_t V : {28, 19}) {
+    SCOPED_TRACE(::testing::Message() << "V " << V << " in 28 rows");
+    const Exec& ex = cpu_exec();
+    const int64_t n = 12, H = 70, Vp = 28;  // H: more than one 64-column backward block
+    std::vector<double> w = randn<double>(Vp * H, 3);
+    std::fill(w.begin() + V * H, w.end(), 0.0);
+    const std::vector<double> dy = randn<double>(n * H, 4);
+    std::vector<int32_t> ids(n);
+    for (int64_t t = 0; t < n; ++t) ids[t] = int32_t((t * 11 + 5) % V);
+    ids[7] = ids[2];  // a repeated id: its gradient rows add in token order
+    std::vector<double> y1(n * H), dw1(Vp * H, 0.0);
+    ops::embedding_forward<double>(ex, y1.data(), ids.data(), w.data(), n, H, V);
+    ops::embedding_backward<double>(ex, dw1.data(), dy.data(), ids.data(), n, H, V);
+    for_each_tp_layout([&](const TensorParallel& tp, int) {
+      const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+      const int64_t Vl = tp.share(Vp), v0 = tp.share_offset(Vp);
+      std::vector<double> w_local(w.begin() + v0 * H, w.begin() + (v0 + Vl) * H);
+      std::vector<double> y(nl * H), partial(n * H), full(n * H), dw(Vl * H, 0.0);
+      model::vocab_parallel_embedding_forward<double>(ex, tp, y.data(), partial.data(), ids.data(),
+                                                      w_local.data(), n, H, V, Vp);
+      for (int64_t i = 0; i < nl * H; ++i) ASSERT_EQ(y[i], y1[t0 * H + i]) << i;
+      std::vector<double> dy_local(dy.begin() + t0 * H, dy.begin() + (t0 + nl) * H);
+      model::vocab_parallel_embedding_backward<double>(ex, tp, dw.data(), dy_local.data(),
+                                                       full.data(), ids.data(), n, H, V, Vp);
+      for (int64_t i = 0; i < Vl * H; ++i) ASSERT_EQ(dw[i], dw1[v0 * H + i]) << i;
+    });
+  }
 }
 
 // GPTModel at TP 2 without sequence parallelism (the dense blocks see every token) vs one rank:
@@ -275,10 +304,15 @@ TEST(VocabParallelMpi, EmbeddingMatchesOneRankBitwise) {
 // learned absolute positions.
 TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
   if (g_rt.world_size % 2 != 0) GTEST_SKIP() << "needs an even world";
-  for (bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
+  for (auto [tied, padded] : {std::pair{true, false}, std::pair{false, false},
+                              std::pair{true, true}, std::pair{false, true}}) {
+    SCOPED_TRACE(std::string(tied ? "tied" : "untied") + (padded ? ", padded" : ""));
     ModelConfig cfg;
     cfg.vocab_size = 26;  // 13 rows per rank
+    if (padded) {         // 11 tokens in 26 rows: rank 0 holds them all, rank 1 padding only
+      cfg.vocab_size = 11;
+      cfg.padded_vocab_size = 26;
+    }
     cfg.hidden = 8;
     cfg.num_layers = 1;
     cfg.num_heads = 2;
@@ -294,7 +328,9 @@ TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
       ids[t] = int32_t((t * 7 + 1) % V);
       tg[t] = t == 4 ? -1 : int32_t((t * 5 + 3) % V);
     }
-    model::GPTModel<double> one(cfg, B, 17);
+    ModelConfig unpadded = cfg;  // the one-rank reference has no padding at all
+    unpadded.padded_vocab_size = 0;
+    model::GPTModel<double> one(unpadded, B, 17);
     const double loss1 = one.forward(ids.data(), tg.data());
     one.backward(1.0);
     TpGroups g(2, false);
@@ -303,7 +339,8 @@ TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
     m.backward(1.0);
     EXPECT_NEAR(loss, loss1, kParityF64Rtol * std::abs(loss1));
     const TensorParallel tp = TensorParallel::attention(&g.groups);
-    const int64_t v0 = tp.share_offset(V), Vl = tp.share(V);
+    const int64_t Vp = cfg.padded_vocab(), v0 = tp.share_offset(Vp), Vl = tp.share(Vp);
+    const int64_t model = std::clamp<int64_t>(V - v0, 0, Vl);
     for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
       if (tied && std::string(name) == "output_layer.weight") continue;
       const Param* p1 = one.params().find(name);
@@ -311,17 +348,22 @@ TEST(VocabParallelMpi, GptModelTp2MatchesOneRank) {
       ASSERT_NE(p1, nullptr);
       ASSERT_NE(p, nullptr);
       ASSERT_EQ(p->local_numel(), Vl * H);
-      const double* g1 = raw_ptr(p1->grad_as<double>()) + v0 * H;
+      ASSERT_EQ(p1->local_numel(), V * H);
+      const double* g1 = raw_ptr(p1->grad_as<double>()) + std::min(v0, V) * H;
       const double* gl = raw_ptr(p->grad_as<double>());
-      const double* w1 = raw_ptr(p1->data_as<double>()) + v0 * H;
+      const double* w1 = raw_ptr(p1->data_as<double>()) + std::min(v0, V) * H;
       const double* wl = raw_ptr(p->data_as<double>());
-      for (int64_t i = 0; i < Vl * H; ++i) {
+      for (int64_t i = 0; i < model * H; ++i) {
         ASSERT_EQ(wl[i], w1[i]) << name << " init [" << i << "]";
         ASSERT_NEAR(gl[i], g1[i], kParityF64Rtol * std::abs(g1[i]) + 1e-14)
             << name << " [" << i << "]";
       }
+      for (int64_t i = model * H; i < Vl * H; ++i) {
+        ASSERT_EQ(wl[i], 0.0) << name << " padding [" << i << "]";
+        ASSERT_EQ(gl[i], 0.0) << name << " padding gradient [" << i << "]";
+      }
     }
-    // forward_logits: every TP rank returns the whole [B, S, V].
+    // forward_logits: every TP rank returns the whole [B, S, V] (V the model's vocabulary).
     std::vector<double> logits1(n * V), logits(n * V);
     one.forward_logits(ids.data(), logits1.data());
     m.forward_logits(ids.data(), logits.data());

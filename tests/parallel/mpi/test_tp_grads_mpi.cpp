@@ -1,11 +1,13 @@
-// Tensor-parallel gradients under mpirun (2 ranks: TP 2 and expert TP 2; 4 ranks: the same
-// with data parallel 2 and expert data parallel 2): every rank holds its TP slices of the
+// Tensor-parallel gradients under mpirun (2 ranks: TP 2 and expert TP 2; 4 and 8 ranks: the
+// same with data parallel and expert data parallel 2 and 4): every rank holds its TP slices of the
 // sharded parameters and whole copies of the replicated ones, its gradients the rank's share
 // of a known global gradient (replicated partial gradients split unevenly over the TP ranks).
 // After the gradient buckets every ReplicatedPartialGrad gradient is the global one, the
 // others untouched by TP; the gradient norm (plain and distributed optimizer) equals the norm
 // of the global gradients, every element counted once; and the digests of the counted
 // parameters summed over tp (dense) and tp_ep (expert) equal the digest of the whole tensors.
+// With the distributed optimizer at 4 and 8 ranks the optimizer state is sharded over dp / expt_dp
+// (asserted: each rank's moments hold about 1/d of the elements); at 2 ranks nothing is.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,7 +74,7 @@ double global_norm() {
 
 void run_case(bool distributed_optimizer) {
   const int world = g_rt.world_size;
-  if (world != 2 && world != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  if (world != 2 && world != 4 && world != 8) GTEST_SKIP() << "needs 2, 4 or 8 ranks";
   parallel::ParallelConfig cfg;
   cfg.tp = 2;
   cfg.etp = 2;
@@ -144,6 +146,33 @@ void run_case(bool distributed_optimizer) {
   }
   const optim::StepInfo info = opt->step(1e-3);
   EXPECT_NEAR(info.grad_norm, global_norm(), 1e-12 * global_norm());
+
+  // The optimizer state: with the distributed optimizer each rank's Adam moments hold only its
+  // owned elements (8 bytes each, every buffer 64-byte aligned), about 1/d of its kind's (each
+  // bucket of n elements gives a rank ceil(n / d) or what is left at its end), and the owned
+  // elements of a group's ranks add up to the kind's elements; without it (or with d = 1) every
+  // rank holds the moments of every element.
+  int64_t owned[2];
+  for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+    const int i = static_cast<int>(k);
+    const parallel::ProcessGroup& g = k == ParamKind::Dense ? groups.dp_cp() : groups.expt_dp();
+    const int64_t d = g.size(), numel = reg.numel(k);
+    owned[i] = buckets.sharded() ? buckets.owned_numel(k) : numel;
+    if (!distributed_optimizer || d == 1) {
+      EXPECT_EQ(owned[i], numel) << "kind " << i;
+      continue;
+    }
+    int64_t n_buckets = 0;
+    for (const parallel::GradBucket& b : buckets.buckets()) n_buckets += b.kind == k ? 1 : 0;
+    EXPECT_LT(owned[i], numel) << "kind " << i << ": not sharded over " << d << " ranks";
+    EXPECT_LE(owned[i], numel / d + n_buckets) << "kind " << i;
+    EXPECT_GE(owned[i] + n_buckets * (d - 1), numel / d) << "kind " << i;
+    std::vector<int64_t> sum = {owned[i]};
+    g.communicator().all_reduce(sum);
+    EXPECT_EQ(sum[0], numel) << "kind " << i << ": owned elements over '" << g.name << "'";
+  }
+  const auto buffer = [](int64_t n) { return (4 * n + 63) / 64 * 64; };
+  EXPECT_EQ(opt->state_bytes(MemKind::OptimizerState), 2 * (buffer(owned[0]) + buffer(owned[1])));
 
   // Digests: the counted parameters' (before the step's values changed: a fresh registry).
   ParamRegistry fresh(DType::F32), whole(DType::F32);
