@@ -39,11 +39,20 @@ int64_t AlltoAllDispatcher<T>::max_rows(int64_t max_tokens) const {
 }
 
 template <typename T>
+int64_t AlltoAllDispatcher<T>::recv_max_rows(int64_t max_tokens) const {
+  // One ETP slice: R sources, each sending at most all its rows to this rank (padded: exactly
+  // its capacity blocks); the rank capacity factor bounds the whole ETP group's rows (max_rows).
+  const EpRowBudget one_slice{budget_.pad_capacity_factor, 0.0};
+  return std::min(max_rows(max_tokens), ep_max_rows(R_, max_tokens, K_, E_, one_slice));
+}
+
+template <typename T>
 void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   ex_ = &a.exec();
   max_tokens_ = max_tokens;
   local_.allocate(a, max_tokens);
   const int64_t S = local_.max_rows(max_tokens), N = max_rows(max_tokens);
+  recv_max_rows_ = recv_max_rows(max_tokens);
   plan_.tokens_per_expert_L = a.alloc<int64_t>(L_, "dispatcher.tokens_per_expert");
   chunk_dev_RL_ = a.alloc<int64_t>(P_ * R_ * L_, "dispatcher.chunk_rows");
   recv_off_dev_RL_ = a.alloc<int64_t>(P_ * R_ * L_, "dispatcher.recv_offsets");
@@ -58,8 +67,9 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   for (auto* v : {&send_rows_R_, &recv_rows_R_, &send_elems_R_, &recv_elems_R_}) v->assign(R_, 0);
   send_SH_ = a.alloc<T>(S * H_, "dispatcher.send_rows_data", MemKind::Workspace);
   send_p_S_ = a.alloc<T>(S, "dispatcher.send_probs", MemKind::Workspace);
-  recv_NH_ = a.alloc<T>(N * H_, "dispatcher.recv_rows_data", MemKind::Workspace);
-  recv_p_N_ = a.alloc<T>(N, "dispatcher.recv_probs", MemKind::Workspace);
+  // The all-to-all lands this rank's ETP slice only; with ETP = 1 that is all N.
+  recv_NH_ = a.alloc<T>(recv_max_rows_ * H_, "dispatcher.recv_rows_data", MemKind::Workspace);
+  recv_p_N_ = a.alloc<T>(recv_max_rows_, "dispatcher.recv_probs", MemKind::Workspace);
   if (P_ > 1) {
     gath_NH_ = a.alloc<T>(N * H_, "dispatcher.etp_rows_data", MemKind::Workspace);
     gath_p_N_ = a.alloc<T>(N, "dispatcher.etp_probs", MemKind::Workspace);
@@ -134,6 +144,13 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
       if (rows > planned) fail_received_rows(dst, rows, planned, R_, max_tokens_, K_, budget_);
     }
   }
+  // What this rank's all-to-all brings is bounded by construction (each source sends at most
+  // its T K rows, padded exactly its capacity blocks, and all of it lies within N checked
+  // above); a broken bound would overrun the receive buffers, so it is checked too.
+  MOE_CHECK(etp_rows_P_[pe_] <= recv_max_rows_,
+            "[dispatcher] EP rank {} (ETP rank {}) receives {} rows in its all-to-all, above the "
+            "{} its receive buffers were planned for ({} EP ranks x {} tokens x top-k {})",
+            me_, pe_, etp_rows_P_[pe_], recv_max_rows_, R_, max_tokens_, K_);
   int64_t sort_off = 0;
   for (int64_t l = 0; l < L_; ++l) {
     int64_t rows = 0;

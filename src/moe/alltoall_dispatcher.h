@@ -8,9 +8,10 @@
 // the all-to-all (within this rank's ETP slice) the rows are all-gathered over ETP, so every
 // ETP rank of an EP rank holds the rows of all of them, sorted from [etp][ep][local expert] to
 // [local expert][etp][ep]; the experts' partial outputs (F/ETP each) are reduce-scattered over
-// ETP before the all-to-all back.
+// ETP before the all-to-all back. The all-to-all's receive buffers hold this rank's ETP slice
+// only (at most R T K rows dropless, R L capacity padded: N / P), the gathered ones all N.
 // Legend: T tokens, H hidden, K top-k, E experts, L = E/R local experts, R EP ranks, P ETP
-// ranks, S rows this rank sends, N rows for the local experts.
+// ranks, S rows this rank sends, N rows for the local experts (all P slices).
 #pragma once
 
 #include <vector>
@@ -35,6 +36,11 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // ep_max_rows under the budget: dropless R * T * K (every token of every EP rank picks only my
   // experts) or the rank capacity factor's bound; padded exactly R * L * capacity.
   int64_t max_rows(int64_t max_tokens) const override;
+  // The rows this rank's all-to-all receives at most: its ETP slice's, every token of each of
+  // its R sources to this rank's experts (R T K dropless, R L capacity padded), never more than
+  // max_rows: N / P under the worst case and padding, what the receive buffers are planned for
+  // (the gathered buffers hold all N).
+  int64_t recv_max_rows(int64_t max_tokens) const;
   void allocate(Arena& arena, int64_t max_tokens) override;
 
   const DispatchPlan& plan(DevPtr<const int32_t> idx_TK, int64_t n_tok,
@@ -72,6 +78,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   parallel::Communicator* etp_ = nullptr;
   LocalDispatcher<T> local_;  // this rank's permutation over all E experts (the send side)
   int64_t max_tokens_ = 0;
+  int64_t recv_max_rows_ = 0;  // recv_max_rows(max_tokens_): the receive buffers' rows
   DispatchPlan plan_;
   // The host's split arithmetic (host memory, sized in allocate()): the count exchange's
   // result, the MPI counts and the chunk table, whose copies in memory the chunk sort reads.
@@ -89,7 +96,8 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   DevPtr<int64_t> chunk_dev_RL_ = nullptr;
   DevPtr<int64_t> recv_off_dev_RL_ = nullptr;
   DevPtr<int64_t> sort_off_dev_RL_ = nullptr;
-  // Workspace, reused by every phase: send-side rows and probs, all-to-all output rows and probs.
+  // Workspace, reused by every phase: send-side rows and probs [S], all-to-all output rows and
+  // probs [recv_max_rows_], the ETP gather's [N].
   DevPtr<T> send_SH_ = nullptr;
   DevPtr<T> send_p_S_ = nullptr;
   DevPtr<T> recv_NH_ = nullptr;

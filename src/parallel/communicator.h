@@ -17,6 +17,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -105,8 +106,10 @@ struct CommBytesSent {
 };
 
 // Calls this member has made, by collective form (a v-variant counts with its form), since the
-// communicator was made: what a test reads around a phase that must not communicate on a group
-// (a checkpoint save moves no tensor data: only its protocol's agreements, on the world).
+// communicator was made. Read around a phase, the difference says what it issued: the trainer's
+// per-step tp_calls / expt_tp_calls (collectives()), and a test of a phase that must not
+// communicate on a group (a checkpoint save moves no tensor data: only its protocol's
+// agreements, on the world).
 struct CommCalls {
   int64_t all_reduce = 0;
   int64_t all_gather = 0;
@@ -119,6 +122,11 @@ struct CommCalls {
   int64_t total() const {
     return all_reduce + all_gather + reduce_scatter + all_to_all + broadcast + send + recv +
            barrier;
+  }
+  // The collectives (all-reduce, all-gather(_v), reduce-scatter(_v), all-to-all-v, broadcast;
+  // not send / recv / barrier): the trainer's tp_calls and expt_tp_calls.
+  int64_t collectives() const {
+    return all_reduce + all_gather + reduce_scatter + all_to_all + broadcast;
   }
   CommCalls operator-(const CommCalls& o) const {
     return {all_reduce - o.all_reduce,
@@ -181,7 +189,14 @@ class Communicator {
   // figures), since the communicator was made: the TP / SP / ETP collectives' traffic, which the
   // trainer can report per step (the difference of two readings) and `moecore plan` predicts.
   const CommBytesSent& bytes_sent() const { return bytes_sent_; }
+  // Calls this member has made per form (CommCalls), since the communicator was made: what a
+  // step issues on a group is the difference of two readings (the trainer's metrics report
+  // calls().collectives() of the TP groups per step; a test counts the calls of a phase).
   const CommCalls& calls() const { return calls_; }
+  // The algorithm behind all_reduce and reduce_scatter(_v): the MPI backend's own ring ("ring",
+  // the default) or Open MPI's non-blocking MPI_Iallreduce / MPI_Ireduce_scatter ("libnbc",
+  // MOECORE_MPI_REDUCTIONS=libnbc); "native" elsewhere (NCCL's own; "local" for a group of one).
+  virtual std::string_view reduction_algorithm() const { return "native"; }
 
   // ---- blocking untyped ----
   void all_reduce(DevPtr<void> data, int64_t count, DType dt, ReduceOp op) {

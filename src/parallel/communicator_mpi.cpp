@@ -2,6 +2,14 @@
 // and completed by polling MPI_Test against a deadline, so that no wait can hang silently. A
 // rank that times out asks the members it waits for, over a side channel, how far they got
 // (every rank inside a wait answers), prints that, and aborts the job.
+// Reduce-scatter and all-reduce run as a ring of non-blocking point-to-point steps of our own
+// (default), or as Open MPI's MPI_Ireduce_scatter / MPI_Iallreduce (MOECORE_MPI_REDUCTIONS=
+// libnbc). libnbc's reduce-scatter reduces the whole buffer to the group's rank 0 along a
+// binomial tree and scatters it from there (its in-place all-reduce is that tree up and down),
+// so rank 0 does log2(g) whole-buffer reductions and holds two buffer-sized scratch blocks; the
+// ring spreads the work evenly ((g-1)/g of the buffer sent and reduced by every rank, 2/g of it
+// as scratch) and sums every element in a fixed order, the all-reduce in the order of the
+// reduce-scatter of the same pieces (bench/RESULTS.md has the measurements that chose it).
 #include <mpi.h>
 
 #include <algorithm>
@@ -9,6 +17,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -61,11 +70,29 @@ struct Reply {
 };
 
 class MpiCommunicator;
+class MpiRequest;
+
+// The algorithm of the reductions, all-reduce and reduce-scatter (MOECORE_MPI_REDUCTIONS), the
+// same on every rank (checked).
+enum class ReductionAlgo : int64_t { Ring = 0, Libnbc = 1 };
+
+ReductionAlgo reduction_algo_from_env() {
+  const char* env = std::getenv("MOECORE_MPI_REDUCTIONS");
+  if (env == nullptr || *env == '\0') return ReductionAlgo::Ring;
+  const std::string v(env);
+  MOE_CHECK(v == "ring" || v == "libnbc",
+            "[comm] MOECORE_MPI_REDUCTIONS={} must be 'ring' (moecore's ring of point-to-point "
+            "steps, the default) or 'libnbc' (Open MPI's MPI_Iallreduce and "
+            "MPI_Ireduce_scatter), or unset",
+            v);
+  return v == "ring" ? ReductionAlgo::Ring : ReductionAlgo::Libnbc;
+}
 
 // Shared by the communicators of one ProcessGroups.
 class MpiContext {
  public:
-  MpiContext(double timeout_s, int world_rank) : timeout_s_(timeout_s), world_rank_(world_rank) {}
+  MpiContext(double timeout_s, int world_rank, ReductionAlgo rs)
+      : timeout_s_(timeout_s), world_rank_(world_rank), red_algo_(rs) {}
   ~MpiContext() {
     if (!mpi_alive()) return;
     if (!replies_.empty()) {
@@ -80,6 +107,13 @@ class MpiContext {
 
   void set_diag(MPI_Comm diag) { diag_ = diag; }
   double timeout_s() const { return timeout_s_; }
+  ReductionAlgo reduction_algo() const { return red_algo_; }
+  // The rings in flight (an intrusive list in start order: linking one allocates nothing).
+  // Every test or wait of any request of this context advances all of them, as Open MPI's
+  // progress engine advances every libnbc schedule inside any MPI call: a ring started
+  // non-blocking keeps moving while the caller polls or waits for something else.
+  void link_ring(MpiRequest* r);
+  void progress_rings();
   int world_rank() const { return world_rank_; }
   void add(const MpiCommunicator* c) { comms_.push_back(c); }
   void remove(const MpiCommunicator* c) { std::erase(comms_, c); }
@@ -105,13 +139,15 @@ class MpiContext {
   };
   double timeout_s_;
   int world_rank_;
+  ReductionAlgo red_algo_;
+  MpiRequest* rings_head_ = nullptr;
+  MpiRequest* rings_tail_ = nullptr;
+  bool progressing_ = false;
   MPI_Comm diag_ = MPI_COMM_NULL;
   std::vector<const MpiCommunicator*> comms_;
   WaitState waiting_;
   std::deque<PendingReply> replies_;  // deque: elements never move while MPI sends them
 };
-
-class MpiRequest;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -121,6 +157,13 @@ class MpiCommunicator final : public Communicator {
     MOE_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "[comm] group '{}'", name_);
     MOE_CHECK_MPI(MPI_Comm_rank(comm_, &rank_), "[comm] group '{}'", name_);
     MOE_CHECK_MPI(MPI_Comm_size(comm_, &size_), "[comm] group '{}'", name_);
+    if (size_ > 1) {
+      // The ring's point-to-point steps travel on a communicator of their own, so that they
+      // never match the caller's send / recv on the group, whatever the tags.
+      MOE_CHECK_MPI(MPI_Comm_dup(comm_, &ring_comm_), "[comm] group '{}'", name_);
+      MOE_CHECK_MPI(MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN), "[comm] group '{}'",
+                    name_);
+    }
     ctx_->add(this);
   }
   ~MpiCommunicator() override;
@@ -128,6 +171,10 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   const std::vector<int>& global_ranks() const override { return ranks_; }
+  std::string_view reduction_algorithm() const override {
+    if (size_ == 1) return "local";
+    return ctx_->reduction_algo() == ReductionAlgo::Ring ? "ring" : "libnbc";
+  }
 
   MpiContext& ctx() const { return *ctx_; }
   int64_t calls() const { return calls_; }
@@ -156,6 +203,9 @@ class MpiCommunicator final : public Communicator {
   CommHandle start_barrier() override;
 
  private:
+  CommHandle start_ring_reduce_scatter(const void* send, void* recv,
+                                       std::span<const int64_t> counts, const char* call,
+                                       DType dt, ReduceOp op);
   int to_int(int64_t v, const char* call) const {
     MOE_CHECK(v <= INT_MAX,
               "[comm] {} on group '{}': {} elements exceed MPI's int count limit {}; split the "
@@ -179,6 +229,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;  // the ring reduce-scatter's steps (groups of 2 or more)
+  int64_t rings_started_ = 0;           // the ring's tag: the same sequence on every member
   std::string name_;
   std::vector<int> ranks_;
   std::shared_ptr<MpiContext> ctx_;
@@ -212,17 +264,19 @@ class MpiRequest final : public CommRequest {
     src = nullptr;
     dst = nullptr;
     n = 0;
+    ring_ = Ring{};
   }
   void release() override;
 
   bool test() override {
     if (done_) return true;
+    comm_.ctx().progress_rings();  // may complete this request too, if it is a ring
+    if (ring_.active) return done_;
     int flag = 0;
     MOE_CHECK_MPI(MPI_Test(&req, &flag, &status), "[comm] {} #{} on group '{}' (rank {} of {})",
                   call_, seq_, comm_.name(), comm_.rank(), comm_.size());
     if (!flag) return false;
-    done_ = true;
-    if (finish) finish(*this);
+    complete();
     return true;
   }
 
@@ -277,7 +331,48 @@ class MpiRequest final : public CommRequest {
   const MpiCommunicator& comm() const { return comm_; }
   int peer() const { return peer_; }
 
+  // The ring reduce-scatter over g members, this one at position r (counts / displs: the
+  // pieces, in elements of dt). Step s = 0 .. g-2 sends to r+1 the partial sum of piece
+  // (r-1-s) mod g (at s = 0 this member's own values) and receives from r-1 the partial sum of
+  // piece (r-2-s) mod g, to which it adds its own values: piece c starts on member c+1 and
+  // travels the ring once, so element i of it is summed in the fixed order
+  // (((x_{c+1} + x_{c+2}) + ...) + x_{c-1}) + x_c, on every run. The last step's sum is this
+  // member's piece r, written to `out`. Each step waits for its send and receive before the
+  // next is posted, so the messages of one pair arrive in step order under one tag; every
+  // member uses the same tag for the same call (their rings start in the same order).
+  // base: the whole input (the caller's send buffer, or its f32 staging for bf16), read only,
+  // except that `out` may be this member's own piece of it (in place).
+  // The all-reduce (gather = base, out = base + this member's offset): after those g-1 steps,
+  // g-1 more pass the finished pieces round the ring, step a sending piece (r-a) mod g and
+  // receiving piece (r-1-a) mod g into its place, so every member ends with every sum, each
+  // element summed exactly as the reduce-scatter of the same pieces sums it.
+  void start_ring(const void* base, void* out, DType dt, ReduceOp op, MPI_Comm comm, int tag,
+                  int rank, int size, void* gather = nullptr);
+  // Takes every step whose messages have arrived; true once the result is in place.
+  bool advance_ring();
+  MpiRequest* next_ring = nullptr;  // MpiContext's list of rings in flight
+
  private:
+  struct Ring {
+    bool active = false;
+    bool posted = false;  // the current step's send and receive are in flight
+    int step = 0, rank = 0, size = 1, tag = 0;
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const char* base = nullptr;
+    char* out = nullptr;
+    char* gather = nullptr;    // all-reduce: the whole buffer, the finished pieces' destination
+    char* recv_buf = nullptr;  // the partial sum arriving this step
+    char* send_buf = nullptr;  // the partial sum leaving this step (after step 0)
+    void* scratch = nullptr;   // both, one largest piece each
+    DType dt = DType::F32;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    ReduceOp op = ReduceOp::Sum;
+    MPI_Comm comm = MPI_COMM_NULL;
+  };
+  void post_ring_step();
+  void complete();
+  Ring ring_;
+
   MpiCommunicator& comm_;
   const char* call_ = "none";
   int64_t seq_ = 0;
@@ -287,8 +382,192 @@ class MpiRequest final : public CommRequest {
   bool done_ = false;
 };
 
+MPI_Datatype mpi_type(DType dt);
+
 void MpiRequest::release() {
   comm_.give_back(this);
+}
+
+void MpiRequest::complete() {
+  done_ = true;
+  if (ring_.scratch != nullptr) {
+    std::free(ring_.scratch);
+    ring_.scratch = nullptr;
+  }
+  if (finish) finish(*this);
+}
+
+// out[i] = a[i] op own[i]: the partial sum that arrived first, then this member's term.
+template <typename T>
+void ring_combine(T* out, const T* a, const T* own, int64_t n, ReduceOp op) {
+  if (op == ReduceOp::Sum) {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + own[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = std::max(a[i], own[i]);
+  }
+}
+
+void ring_combine(DType dt, void* out, const void* a, const void* own, int64_t n, ReduceOp op) {
+  switch (dt) {
+    case DType::F32:
+      return ring_combine(static_cast<float*>(out), static_cast<const float*>(a),
+                          static_cast<const float*>(own), n, op);
+    case DType::F64:
+      return ring_combine(static_cast<double*>(out), static_cast<const double*>(a),
+                          static_cast<const double*>(own), n, op);
+    case DType::I32:
+      return ring_combine(static_cast<int32_t*>(out), static_cast<const int32_t*>(a),
+                          static_cast<const int32_t*>(own), n, op);
+    case DType::I64:
+      return ring_combine(static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
+                          static_cast<const int64_t*>(own), n, op);
+    case DType::BF16:
+      break;  // staged in f32 by the caller
+  }
+  MOE_FAIL("[comm] ring reduction: no reduction for {}", dtype_name(dt));
+}
+
+void MpiRequest::start_ring(const void* base, void* out, DType dt, ReduceOp op, MPI_Comm comm,
+                            int tag, int rank, int size, void* gather) {
+  ring_ = Ring{};
+  ring_.active = true;
+  ring_.base = static_cast<const char*>(base);
+  ring_.out = static_cast<char*>(out);
+  ring_.gather = static_cast<char*>(gather);
+  ring_.dt = dt;
+  ring_.type = mpi_type(dt);
+  ring_.op = op;
+  ring_.comm = comm;
+  ring_.tag = tag;
+  ring_.rank = rank;
+  ring_.size = size;
+  int largest = 0;
+  int64_t total = 0;
+  for (int c : counts) {
+    largest = std::max(largest, c);
+    total += c;
+  }
+  if (size == 1 || total == 0) {  // every member sees the same counts: all skip together
+    const int64_t mine = counts[rank];
+    if (mine > 0 && ring_.out != ring_.base + displs[rank] * dtype_size(dt)) {
+      std::memmove(ring_.out, ring_.base + displs[rank] * dtype_size(dt), mine * dtype_size(dt));
+    }
+    complete();
+    return;
+  }
+  // Scratch for one piece arriving and one leaving, allocated per call and freed on completion
+  // as libnbc's own scratch is (2/g of the buffer where libnbc's rank 0 takes twice all of it);
+  // plain malloc, outside the request pool, so that no pooled request keeps the largest
+  // bucket's scratch for good.
+  const size_t piece = static_cast<size_t>(largest) * dtype_size(dt);
+  ring_.scratch = std::malloc(std::max<size_t>(2 * piece, 1));
+  MOE_CHECK(ring_.scratch != nullptr,
+            "[comm] {} on group '{}': no memory for the ring's {} bytes of scratch", call_,
+            comm_.name(), 2 * piece);
+  ring_.recv_buf = static_cast<char*>(ring_.scratch);
+  ring_.send_buf = ring_.recv_buf + piece;
+  post_ring_step();
+  comm_.ctx().link_ring(this);
+}
+
+void MpiRequest::post_ring_step() {
+  Ring& g = ring_;
+  const int n = g.size, next = (g.rank + 1) % n, prev = (g.rank + n - 1) % n;
+  const size_t es = dtype_size(g.dt);
+  int out_piece = 0, in_piece = 0;
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  if (g.step < n - 1) {  // reducing
+    out_piece = ((g.rank - 1 - g.step) % n + n) % n;
+    in_piece = ((g.rank - 2 - g.step) % n + n) % n;
+    sbuf = g.step == 0 ? g.base + displs[out_piece] * es : g.send_buf;
+    rbuf = g.recv_buf;
+  } else {  // the all-reduce's gathering: finished pieces straight to their places
+    const int a = g.step - (n - 1);
+    out_piece = ((g.rank - a) % n + n) % n;
+    in_piece = ((g.rank - 1 - a) % n + n) % n;
+    sbuf = g.gather + displs[out_piece] * es;
+    rbuf = g.gather + displs[in_piece] * es;
+  }
+  MOE_CHECK_MPI(MPI_Irecv(rbuf, counts[in_piece], g.type, prev, g.tag, g.comm, &g.reqs[0]),
+                "[comm] {} #{} (ring step {}) on group '{}'", call_, seq_, g.step, comm_.name());
+  MOE_CHECK_MPI(MPI_Isend(sbuf, counts[out_piece], g.type, next, g.tag, g.comm, &g.reqs[1]),
+                "[comm] {} #{} (ring step {}) on group '{}'", call_, seq_, g.step, comm_.name());
+  g.posted = true;
+}
+
+bool MpiRequest::advance_ring() {
+  Ring& g = ring_;
+  if (done_) return true;
+  for (;;) {
+    int flag = 0;
+    MOE_CHECK_MPI(MPI_Testall(2, g.reqs, &flag, MPI_STATUSES_IGNORE),
+                  "[comm] {} #{} (ring step {}) on group '{}' (rank {} of {})", call_, seq_,
+                  g.step, comm_.name(), comm_.rank(), comm_.size());
+    if (!flag) return false;
+    g.posted = false;
+    const int n = g.size;
+    if (g.step >= n - 1) {  // the all-reduce's gathering
+      if (g.step == 2 * n - 3) {
+        complete();
+        return true;
+      }
+      ++g.step;
+      post_ring_step();
+      continue;
+    }
+    const int piece = ((g.rank - 2 - g.step) % n + n) % n;
+    const char* own = g.base + displs[piece] * dtype_size(g.dt);
+    if (g.step == n - 2) {  // piece == rank: the result
+      ring_combine(g.dt, g.out, g.recv_buf, own, counts[piece], g.op);
+      if (g.gather == nullptr) {
+        complete();
+        return true;
+      }
+      std::free(g.scratch);  // the gathering needs none
+      g.scratch = nullptr;
+      ++g.step;
+      post_ring_step();
+      continue;
+    }
+    // The partial sum with this member's term is what leaves next step; the buffer that left
+    // this step receives the next one.
+    ring_combine(g.dt, g.recv_buf, g.recv_buf, own, counts[piece], g.op);
+    std::swap(g.recv_buf, g.send_buf);
+    ++g.step;
+    post_ring_step();
+  }
+}
+
+void MpiContext::link_ring(MpiRequest* r) {
+  r->next_ring = nullptr;
+  if (rings_tail_ == nullptr) {
+    rings_head_ = rings_tail_ = r;
+  } else {
+    rings_tail_->next_ring = r;
+    rings_tail_ = r;
+  }
+}
+
+void MpiContext::progress_rings() {
+  if (rings_head_ == nullptr || progressing_) return;
+  progressing_ = true;
+  struct Reset {
+    bool& b;
+    ~Reset() { b = false; }
+  } reset{progressing_};
+  MpiRequest* prev = nullptr;
+  for (MpiRequest* r = rings_head_; r != nullptr;) {
+    MpiRequest* next = r->next_ring;
+    if (r->advance_ring()) {  // done: unlink
+      (prev == nullptr ? rings_head_ : prev->next_ring) = next;
+      if (rings_tail_ == r) rings_tail_ = prev;
+      r->next_ring = nullptr;
+    } else {
+      prev = r;
+    }
+    r = next;
+  }
 }
 
 std::unique_ptr<MpiRequest, CommRequest::Release> MpiCommunicator::acquire(const char* call,
@@ -313,7 +592,10 @@ std::unique_ptr<MpiRequest, CommRequest::Release> MpiCommunicator::acquire(const
 MpiCommunicator::~MpiCommunicator() {
   for (MpiRequest* r : pool_) delete r;
   ctx_->remove(this);
-  if (mpi_alive()) MPI_Comm_free(&comm_);
+  if (mpi_alive()) {
+    if (ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
+    MPI_Comm_free(&comm_);
+  }
 }
 
 MPI_Datatype mpi_type(DType dt) {
@@ -349,6 +631,34 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
 CommHandle MpiCommunicator::start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
   auto r = acquire("all_reduce", dt, count);
   const int n = to_int(count, "all_reduce");
+  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
+    // The ring over g pieces of ceil(count / g) elements (the trailing ones short or empty):
+    // the distributed optimizer's shards of a gradient bucket (bucket_shards.h), so that its
+    // reduce-scatter gives each element exactly this all-reduce's sum.
+    const int64_t piece = (count + size_ - 1) / size_;
+    r->counts.resize(size_);
+    r->displs.resize(size_);
+    for (int q = 0; q < size_; ++q) {
+      const int64_t begin = std::min<int64_t>(static_cast<int64_t>(q) * piece, count);
+      r->displs[q] = static_cast<int>(begin);
+      r->counts[q] = static_cast<int>(std::min<int64_t>(piece, count - begin));
+    }
+    void* buf = data;
+    DType rdt = dt;
+    if (dt == DType::BF16) {  // summed in f32, rounded once at the end
+      r->staging.resize(count);
+      bf16_to_f32(data, r->staging.data(), count);
+      buf = r->staging.data();
+      rdt = DType::F32;
+      r->dst = data;
+      r->n = count;
+      r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging.data(), q.dst, q.n); };
+    }
+    char* mine = static_cast<char*>(buf) + static_cast<size_t>(r->displs[rank_]) * dtype_size(rdt);
+    const int tag = static_cast<int>(rings_started_++ % 32768);
+    r->start_ring(buf, mine, rdt, op, ring_comm_, tag, rank_, size_, buf);
+    return CommHandle(std::move(r));
+  }
   if (dt == DType::BF16) {
     r->staging.resize(count);
     bf16_to_f32(data, r->staging.data(), count);
@@ -391,10 +701,49 @@ CommHandle MpiCommunicator::start_all_gather_v(const void* send, void* recv,
   return CommHandle(std::move(r));
 }
 
+CommHandle MpiCommunicator::start_ring_reduce_scatter(const void* send, void* recv,
+                                                      std::span<const int64_t> counts,
+                                                      const char* call, DType dt, ReduceOp op) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  auto r = acquire(call, dt, total);
+  ints(r->counts, counts, call);
+  displs(r->displs, counts, call);  // checks the total fits MPI's int
+  const int64_t mine = counts[rank_];
+  const size_t es = dtype_size(dt);
+  // In place (recv = this rank's own slot of send): the ring reads every piece of send and
+  // writes only this rank's, last, from its own values and the partial sum that arrived.
+  const bool in_place = recv == static_cast<const char*>(send) + r->displs[rank_] * es;
+  MOE_CHECK(in_place || send != recv || total == 0,
+            "[comm] {} on group '{}': send and recv must be different buffers, or recv this "
+            "rank's own slot of send (in place)",
+            call, name_);
+  const void* base = send;
+  void* out = recv;
+  DType rdt = dt;
+  if (dt == DType::BF16) {  // summed in f32, rounded once at the end
+    r->staging.resize(total);
+    r->staging2.resize(mine);
+    bf16_to_f32(send, r->staging.data(), total);
+    base = r->staging.data();
+    out = r->staging2.data();
+    rdt = DType::F32;
+    r->dst = recv;
+    r->n = mine;
+    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging2.data(), q.dst, q.n); };
+  }
+  const int tag = static_cast<int>(rings_started_++ % 32768);
+  r->start_ring(base, out, rdt, op, ring_comm_, tag, rank_, size_);
+  return CommHandle(std::move(r));
+}
+
 CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
                                                    std::span<const int64_t> counts, bool equal,
                                                    DType dt, ReduceOp op) {
   const char* call = equal ? "reduce_scatter" : "reduce_scatter_v";
+  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
+    return start_ring_reduce_scatter(send, recv, counts, call, dt, op);
+  }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   auto r = acquire(call, dt, total);
@@ -695,8 +1044,10 @@ void connect_communicators(ProcessGroups& groups) {
   // Every rank must have been given the same layout, or the groups would not match up. (Plain
   // MPI_Allreduce: the timed barrier above proved every rank is here.)
   const Degrees& d = groups.degrees();
+  const ReductionAlgo red_algo = reduction_algo_from_env();
   std::vector<int64_t> hi = {d.tp,  d.cp, d.dp,  d.pp,
-                             d.etp, d.ep, d.edp, int64_t{cfg.use_tp_pp_dp_mapping}};
+                             d.etp, d.ep, d.edp, int64_t{cfg.use_tp_pp_dp_mapping},
+                             static_cast<int64_t>(red_algo)};
   std::vector<int64_t> lo(hi.size());
   for (size_t i = 0; i < hi.size(); ++i) lo[i] = -hi[i];
   MOE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(hi.size()), MPI_INT64_T,
@@ -708,12 +1059,12 @@ void connect_communicators(ProcessGroups& groups) {
   for (size_t i = 0; i < hi.size(); ++i) {
     MOE_CHECK(hi[i] == -lo[i],
               "[parallel] ranks were started with different parallel flags (tp, cp, dp, pp, etp, "
-              "ep, edp, tp-pp-dp mapping differ in entry {}: {} vs {}): give every rank the same "
-              "command line",
+              "ep, edp, tp-pp-dp mapping, MOECORE_MPI_REDUCTIONS differ in entry {}: {} vs {}): "
+              "give every rank the same command line and environment",
               i, -lo[i], hi[i]);
   }
 
-  auto ctx = std::make_shared<MpiContext>(timeout_s, rank);
+  auto ctx = std::make_shared<MpiContext>(timeout_s, rank, red_algo);
   MPI_Comm diag;
   MOE_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &diag), "[parallel] connect_communicators");
   MOE_CHECK_MPI(MPI_Comm_set_errhandler(diag, MPI_ERRORS_RETURN), "[parallel] diagnosis comm");

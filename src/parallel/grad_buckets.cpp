@@ -25,7 +25,7 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
                          const ProcessGroup* dense_group, const ProcessGroup* expert_group,
                          const GradReduceConfig& cfg, const ProcessGroup* dense_tp,
                          const ProcessGroup* expert_tp)
-    : params_(params), cfg_(cfg) {
+    : params_(params), cfg_(cfg), tp_arena_(params.exec()) {
   cfg_.validate();
   groups_[0] = dense_group;
   groups_[1] = expert_group;
@@ -87,6 +87,8 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
               covered[k], params_.numel(static_cast<ParamKind>(k)), k == 0 ? "dense" : "expert");
   }
   handles_.resize(buckets_.size());
+  tp_handles_.resize(buckets_.size());
+  tp_unpacked_.assign(buckets_.size(), 0);
   gathers_.resize(buckets_.size());
   gather_pending_.assign(buckets_.size(), 0);
   launched_.assign(buckets_.size(), 0);
@@ -130,20 +132,82 @@ void GradBuckets::plan_tp_sums() {
     }
     has_tp_sums_ = true;
   }
+  // One all-reduce per bucket: a bucket with several ranges is packed into its slice of the
+  // staging buffer (one range is summed where it lies).
+  tp_count_.assign(buckets_.size(), 0);
+  tp_staging_offset_.assign(buckets_.size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (const Range& r : tp_ranges_[b]) tp_count_[b] += r.count;
+    if (tp_ranges_[b].size() > 1) {
+      tp_staging_offset_[b] = tp_staging_numel_;
+      tp_staging_numel_ += tp_count_[b];
+    }
+  }
+  // Only for a registry whose buffers exist (the planner's sizing pass builds buckets over an
+  // unallocated one, and allocates nothing).
+  const bool allocated = params_.flat_grad(ParamKind::Dense) != nullptr ||
+                         params_.flat_grad(ParamKind::Expert) != nullptr;
+  if (tp_staging_numel_ > 0 && allocated) {
+    const size_t bytes = static_cast<size_t>(tp_staging_numel_) * dtype_size(params_.dtype());
+    tp_arena_.plan([&](Arena& a) {
+      tp_staging_ = a.alloc_bytes(bytes, "ddp.tp_sum_staging", MemKind::Workspace);
+    });
+  }
 }
 
-void GradBuckets::tp_sum(size_t b) {
+void GradBuckets::start_tp_sum(size_t b) {
   const std::vector<Range>& rs = tp_ranges_[b];
+  tp_unpacked_[b] = rs.empty() ? 1 : 0;
   if (rs.empty()) return;
   const ProcessGroup* g = tp_group(buckets_[b].kind);
   const size_t esize = dtype_size(params_.dtype());
   DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_grad(buckets_[b].kind));
-  // Completed before the bucket's data-parallel reduction reads the sums.
-  for (const Range& r : rs) {
-    g->communicator()
-        .all_reduce_async(DevPtr<void>(flat + r.offset * esize), r.count, params_.dtype(),
-                          ReduceOp::Sum)
-        .wait_on(params_.exec());
+  DevPtr<char> buf = flat + rs[0].offset * esize;
+  if (tp_staging_offset_[b] >= 0) {
+    MOE_CHECK(tp_staging_ != nullptr,
+              "[ddp] the TP sums' staging buffer was not allocated (the parameter registry had "
+              "no buffers when the gradient buckets were built)");
+    buf = dev_ptr_cast<char>(tp_staging_) + tp_staging_offset_[b] * esize;
+    int64_t at = 0;
+    for (const Range& r : rs) {
+      ops::copy<char>(params_.exec(), buf + at * esize,
+                      DevPtr<const char>(flat + r.offset * esize), r.count * esize);
+      at += r.count;
+    }
+  }
+  tp_handles_[b] = g->communicator().all_reduce_async(DevPtr<void>(buf), tp_count_[b],
+                                                      params_.dtype(), ReduceOp::Sum);
+}
+
+bool GradBuckets::finish_tp_sum(size_t b, bool wait) {
+  if (tp_unpacked_[b]) return true;
+  CommHandle& h = tp_handles_[b];
+  if (!h.done()) {
+    if (wait) {
+      h.wait_on(params_.exec());  // the unpacking copies, then the reduction, read the sums
+    } else if (!h.test()) {
+      return false;
+    }
+  }
+  if (tp_staging_offset_[b] >= 0) {
+    const size_t esize = dtype_size(params_.dtype());
+    DevPtr<char> flat = dev_ptr_cast<char>(params_.flat_grad(buckets_[b].kind));
+    DevPtr<const char> buf = dev_ptr_cast<char>(tp_staging_) + tp_staging_offset_[b] * esize;
+    int64_t at = 0;
+    for (const Range& r : tp_ranges_[b]) {
+      ops::copy<char>(params_.exec(), flat + r.offset * esize, buf + at * esize, r.count * esize);
+      at += r.count;
+    }
+  }
+  tp_unpacked_[b] = 1;
+  return true;
+}
+
+void GradBuckets::start_ready_reductions(bool wait) {
+  while (next_reduction_ < buckets_.size() && launched_[next_reduction_]) {
+    if (!finish_tp_sum(next_reduction_, wait)) return;
+    start_reduction(next_reduction_);
+    ++next_reduction_;
   }
 }
 
@@ -168,13 +232,17 @@ void GradBuckets::plan_shards() {
 void GradBuckets::arm() {
   armed_ = true;
   launched_early_ = 0;
+  next_reduction_ = 0;
   std::fill(launched_.begin(), launched_.end(), 0);
 }
 
 void GradBuckets::launch(size_t b) {
   launched_[b] = 1;
   if (before_reduce_) before_reduce_(b);
-  tp_sum(b);  // the TP sum of partial gradients first, then the data-parallel reduction
+  start_tp_sum(b);  // the TP sum of partial gradients first, then the data-parallel reduction
+}
+
+void GradBuckets::start_reduction(size_t b) {
   const GradBucket& bk = buckets_[b];
   const int k = static_cast<int>(bk.kind);
   if (!communicates_[k]) return;
@@ -269,7 +337,12 @@ void GradBuckets::stage_done(int stage) {
     launch(b);
     ++launched_early_;
   }
-  // Open MPI progresses non-blocking collectives only inside MPI calls.
+  // The reductions whose TP sums are in (without waiting for the others), then a test of
+  // everything in flight: Open MPI progresses non-blocking collectives only inside MPI calls.
+  start_ready_reductions(/*wait=*/false);
+  for (CommHandle& h : tp_handles_) {
+    if (!h.done()) h.test();
+  }
   for (CommHandle& h : handles_) {
     if (!h.done()) h.test();
   }
@@ -285,9 +358,12 @@ void GradBuckets::finish() {
     return;
   }
   ScopedPhase phase(Phase::Communication);
+  // Every TP sum first (they run concurrently), then the reductions in bucket order, each
+  // after its bucket's sum.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!launched_[b]) launch(b);
   }
+  start_ready_reductions(/*wait=*/true);
   for (CommHandle& h : handles_) h.wait_on(params_.exec());  // the optimizer's ops read them
 }
 

@@ -13,10 +13,17 @@
 // bucket's gather just before its first stage that reads the bucket (params_needed), and
 // everything else that reads the values calls wait_params() first.
 // Tensor parallelism: the gradients of ReplicatedPartialGrad parameters (TpRole: each TP rank's
-// gradient is a partial sum) are all-reduced over their TP group (dense: the attention grid's
-// tp, expert: expt_tp) when their bucket is launched, before its data-parallel reduction, with
-// and without overlap, so the data-parallel reduction and the optimizer see whole gradients.
-// With TP groups of one rank nothing of this runs.
+// gradient is a partial sum) are summed over their TP group (dense: the attention grid's tp,
+// expert: expt_tp) before their bucket's data-parallel reduction, so that reduction and the
+// optimizer see whole gradients. One all-reduce per bucket covers all of them (Megatron
+// coalesces them the same way): a bucket's partial-gradient ranges are packed into a staging
+// buffer planned at construction (summed in place when there is one range), all-reduced
+// non-blocking when the bucket is launched, and unpacked once it completes; the bucket's
+// data-parallel reduction starts only then, and those start in bucket order (the same on every
+// rank, as collectives on one communicator must). With --overlap-grad-reduce the sums run
+// during the backward (each stage's hook launches its buckets, tests the ones in flight and
+// starts the reductions whose sums have arrived); without it finish() starts every bucket's sum
+// at once, then the reductions in order. With TP groups of one rank nothing of this runs.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arena.h"
 #include "nn/param_registry.h"
 #include "parallel/bucket_shards.h"
 #include "parallel/communicator.h"
@@ -143,6 +151,12 @@ class GradBuckets {
     int64_t count = 0;
   };
   const std::vector<Range>& tp_sum_ranges(size_t bucket) const { return tp_ranges_[bucket]; }
+  // The elements of the bucket's one TP all-reduce (the sum of its ranges' counts; 0: none), and
+  // the staging buffer's elements (the buckets with more than one range, packed back to back).
+  int64_t tp_sum_count(size_t bucket) const { return tp_count_[bucket]; }
+  int64_t tp_staging_numel() const { return tp_staging_numel_; }
+  // Whether bucket b's data-parallel reduction has started (its TP sum, if any, complete).
+  bool reduction_started(size_t b) const { return b < next_reduction_; }
   // Whether this rank counts parameter p once in the gradient norm and the weights digest, so
   // that the sums over the groups see every element once: a Sharded parameter on every rank of
   // its TP group, a replicated one (Replicated, ReplicatedPartialGrad) on TP rank 0 only.
@@ -153,8 +167,16 @@ class GradBuckets {
   int64_t launched_during_backward() const { return launched_early_; }
 
  private:
+  // Bucket b's gradients are final: the hook, then its TP sum (if any) starts.
   void launch(size_t b);
-  void tp_sum(size_t b);
+  void start_tp_sum(size_t b);
+  // True once b's TP sum is complete and unpacked into the flat buffer (waits for it with
+  // `wait`, else only tests it).
+  bool finish_tp_sum(size_t b, bool wait);
+  void start_reduction(size_t b);
+  // Starts the data-parallel reductions of the launched buckets in bucket order, each once its
+  // TP sum is in: up to the first whose sum is still in flight (wait = false), or all of them.
+  void start_ready_reductions(bool wait);
   // Whether finishing the buckets does anything beyond the hook (a DP or a TP reduction).
   bool reduces() const { return communicates() || has_tp_sums_; }
   void plan_shards();
@@ -168,6 +190,14 @@ class GradBuckets {
   bool communicates_[2] = {false, false};
   const ProcessGroup* tp_groups_[2] = {nullptr, nullptr};
   std::vector<std::vector<Range>> tp_ranges_;  // per bucket
+  std::vector<int64_t> tp_count_;              // per bucket: elements of its TP all-reduce
+  std::vector<int64_t> tp_staging_offset_;     // per bucket: in the staging buffer (-1: in place)
+  std::vector<CommHandle> tp_handles_;         // per bucket: its TP sum in flight
+  std::vector<char> tp_unpacked_;              // per bucket: its TP sum is back in place
+  int64_t tp_staging_numel_ = 0;
+  Arena tp_arena_;                             // the staging buffer, planned at construction
+  DevPtr<void> tp_staging_ = nullptr;
+  size_t next_reduction_ = 0;  // the buckets before it have started their reduction
   bool has_tp_sums_ = false;
   bool skips_some_ = false;
   std::vector<GradBucket> buckets_;

@@ -352,29 +352,24 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                         st.in_flight_layers, st.num_layers));
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
-        // The CPU backend reduces gradient buckets with MPI_Iallreduce; Open MPI's non-blocking
-        // collectives (libnbc) allocate a scratch copy of each bucket in flight, and the
-        // buckets of a step are all in flight before the first wait. The distributed
-        // optimizer's MPI_Ireduce_scatter is a binomial reduce of the whole bucket to the
-        // group's rank 0 (the rank planned here) through a scratch of two bucket-sized halves,
-        // one touched per round it receives in: one at d = 2, both from d = 3 on
-        // (bench/RESULTS.md, "The DP 4 gap").
+        // The CPU backend reduces gradient buckets with the MPI backend's ring (all-reduce, or
+        // the distributed optimizer's reduce-scatter), whose scratch is one piece arriving and
+        // one leaving per bucket in flight: 2/d of the bucket on every rank; the buckets of a
+        // step are all in flight before the first wait. (Open MPI's own, MOECORE_MPI_REDUCTIONS=
+        // libnbc, copied every bucket, and its reduce-scatter held two whole buckets on the
+        // group's rank 0 from d = 3 on: bench/RESULTS.md.)
         const double gd = a.by_kind[1] * a.numel_dense / std::max(1.0, numel);
         const double ge = a.by_kind[1] - gd;
         const int64_t dense_d = d.dp * d.cp, expert_d = d.edp;
-        const auto copies = [&](int64_t group) {
-          return group <= 1 ? 0.0 : run.distributed_optimizer && group >= 3 ? 2.0 : 1.0;
+        const auto copies = [](int64_t group) { return group <= 1 ? 0.0 : 2.0 / group; };
+        const auto name = [](int64_t group, const char* kind) {
+          return group <= 1 ? std::string() : fmt::format("2/{} x {} grads", group, kind);
         };
-        const auto name = [](double c, const char* kind) {
-          return c == 0 ? std::string() : c == 1 ? fmt::format("{} grads", kind)
-                                                 : fmt::format("2 x {} grads", kind);
-        };
-        const std::string fd = name(copies(dense_d), "dense"), fe = name(copies(expert_d), "expert");
+        const std::string fd = name(dense_d, "dense"), fe = name(expert_d, "expert");
         add(st, MemPart::CommBuffers, copies(dense_d) * gd + copies(expert_d) * ge,
             run.distributed_optimizer
-                ? "MPI reduce-scatter scratch (Open MPI reduces every bucket in flight on the "
-                  "group's rank 0)"
-                : "MPI all-reduce scratch (Open MPI copies every gradient bucket in flight)",
+                ? "ring reduce-scatter scratch (two pieces of every bucket in flight)"
+                : "ring all-reduce scratch (two pieces of every bucket in flight)",
             fd + (!fd.empty() && !fe.empty() ? " + " : "") + fe);
       }
       // The distributed optimizer needs no correction: the pass above sized the moments (and
@@ -414,9 +409,16 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
           "layers per chunk x a layer's activations");
       // One layer's backward scratch (gradients of its activations) at a time.
       add(st, MemPart::Workspace, act_layer, "one layer's backward gradients", "~ one layer's activations");
-      if (m.num_experts > 0 && d.ep > 1) {
-        add(st, MemPart::CommBuffers, 2.0 * T / d.tp * m.topk * m.hidden * dt,
-            "all-to-all send + receive buffers", "2 x T/tp x K x H x dt");
+      if (m.num_experts > 0 && (d.ep > 1 || d.etp > 1)) {
+        // The dispatcher's send rows and what its all-to-all receives (this rank's ETP slice:
+        // T/tp x K rows under balanced routing), and with ETP > 1 the alltoall dispatcher's
+        // slices of the whole ETP group gathered (etp times the receive side).
+        const bool etp_gather = d.etp > 1 && run.dispatcher == "alltoall";
+        const double gathered = etp_gather ? d.etp : 0;
+        add(st, MemPart::CommBuffers, (2.0 + gathered) * T / d.tp * m.topk * m.hidden * dt,
+            etp_gather ? "all-to-all send + receive buffers, ETP gather"
+                       : "all-to-all send + receive buffers",
+            etp_gather ? "(2 + etp) x T/tp x K x H x dt" : "2 x T/tp x K x H x dt");
       }
     }
     add(st, MemPart::Reserved, hw.reserved_gib * 1024.0 * 1024 * 1024,

@@ -128,6 +128,8 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"alltoall_bytes", m.alltoall_bytes},
                       {"tp_bytes", form_bytes(m.tp_bytes)},
                       {"expt_tp_bytes", form_bytes(m.expt_tp_bytes)},
+                      {"tp_calls", m.tp_calls},
+                      {"expt_tp_calls", m.expt_tp_calls},
                       {"mem_planned_bytes", m.mem_planned_bytes},
                       {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
                       {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes},

@@ -76,6 +76,10 @@ struct StepMetrics {
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
   };
   FormBytes tp_bytes, expt_tp_bytes;
+  // Collectives this rank started in the step on the same two groups (Communicator::calls(),
+  // CommCalls::collectives()): the TP regions' and vocab-parallel collectives, the TP sums of
+  // partial gradients (one per gradient bucket), the experts' ETP collectives.
+  int64_t tp_calls = 0, expt_tp_calls = 0;
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
   // Planned bytes by kind (weights, grads, optimizer state, activations, recomputed, state,
   // workspace), as requested: buffers that share memory count in full.

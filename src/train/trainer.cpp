@@ -396,6 +396,13 @@ StepMetrics BasicTrainer<T>::train_step() {
   };
   const parallel::CommBytesSent tp_before = group_bytes(parallel::GroupKind::Tp);
   const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
+  const auto group_calls = [this](parallel::GroupKind k) {
+    return groups_ != nullptr && groups_->group(k).size() > 1
+               ? groups_->group(k).communicator().calls().collectives()
+               : int64_t{0};
+  };
+  const int64_t tp_calls_before = group_calls(parallel::GroupKind::Tp);
+  const int64_t etp_calls_before = group_calls(parallel::GroupKind::ExptTp);
   model_->params().zero_grads();
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
@@ -424,6 +431,8 @@ StepMetrics BasicTrainer<T>::train_step() {
   };
   m.tp_bytes = forms(group_bytes(parallel::GroupKind::Tp) - tp_before);
   m.expt_tp_bytes = forms(group_bytes(parallel::GroupKind::ExptTp) - etp_before);
+  m.tp_calls = group_calls(parallel::GroupKind::Tp) - tp_calls_before;
+  m.expt_tp_calls = group_calls(parallel::GroupKind::ExptTp) - etp_calls_before;
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.

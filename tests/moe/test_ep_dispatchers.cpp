@@ -10,6 +10,7 @@
 #include "moe/alltoall_dispatcher.h"
 #include "moe/experts.h"
 #include "parallel/process_groups.h"
+#include "plan/sizing_groups.h"
 
 namespace moecore::moe {
 namespace {
@@ -113,6 +114,64 @@ TEST(EpDispatchers, RankCapacityFactorBoundsTheDroplessRows) {
   EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0}, 2), 2 * 2 * 9 * 2);
   EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {0.0, 1.5}, 2), 54);  // ceil(1.5 * 2 * 9 * 2)
   EXPECT_EQ(ep_max_rows(2, 9, 2, 4, {1.0}, 2), 2 * 2 * 2 * expert_capacity(9, 2, 4, 1.0));
+}
+
+// Expert TP 2 x EP 2 (every rank of the 4 sized here, on sizing groups): the all-to-all's
+// receive buffers hold this rank's ETP slice, the rows of its R = 2 sources at most: N / ETP
+// (dropless worst case R T K, padded R L capacity; with a rank capacity factor the smaller of
+// the factor's bound and R T K); the ETP gather's buffers hold all N. The arena's workspace is
+// exactly the local permutation's, the send rows, the receive slice and the gathered rows
+// (each a buffer of rows x H and one of their probs).
+TEST(EpDispatchers, EtpReceiveBuffersArePlannedForOneEtpSlice) {
+  const int64_t E = 8, K = 2, H = 6, T = 5, R = 2, P = 2, L = E / R;
+  parallel::ParallelConfig pc;
+  pc.etp = P;
+  pc.ep = R;
+  const parallel::Layout layout = parallel::make_layout(pc, 4);
+  struct Case {
+    const char* what;
+    EpRowBudget budget;
+    int64_t N, recv;
+  };
+  const int64_t cap = expert_capacity(T, K, E, 1.0);
+  const std::vector<Case> cases = {
+      {"dropless", {0.0, 0.0}, P * R * T * K, R * T * K},
+      {"padded", {1.0, 0.0}, P * R * L * cap, R * L * cap},
+      {"rank capacity 1.5", {0.0, 1.5}, 3 * T * K, R * T * K},  // ceil(1.5 x P T K) = 30
+      {"rank capacity 0.5", {0.0, 0.5}, T * K, T * K},          // below one slice's worst case
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto groups = plan::sizing_groups(layout, rank);
+    ASSERT_EQ(groups->group(parallel::GroupKind::ExptTp).size(), P);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << c.what << ", rank " << rank);
+      AlltoAllDispatcher<float> d(E, K, H, c.budget,
+                                  groups->group(parallel::GroupKind::Ep).communicator(),
+                                  &groups->group(parallel::GroupKind::ExptTp).communicator());
+      EXPECT_EQ(d.max_rows(T), c.N);
+      EXPECT_EQ(d.recv_max_rows(T), c.recv);
+      LocalDispatcher<float> local(E, K, H, c.budget.pad_capacity_factor);
+      Arena a, b;
+      a.size_only([&](Arena& x) { d.allocate(x, T); });
+      b.size_only([&](Arena& x) { local.allocate(x, T); });
+      // Rows and probs of the send side, the receive slice and the gather, each buffer rounded
+      // up to the arena's alignment.
+      const auto bytes = [](int64_t n) {
+        const int64_t b = n * static_cast<int64_t>(sizeof(float)), al = Arena::kAlign;
+        return (b + al - 1) / al * al;
+      };
+      int64_t want = static_cast<int64_t>(b.bytes_of(MemKind::Workspace));
+      for (int64_t rows : {local.max_rows(T), c.recv, c.N}) want += bytes(rows * H) + bytes(rows);
+      EXPECT_EQ(static_cast<int64_t>(a.bytes_of(MemKind::Workspace)), want);
+    }
+  }
+  // With ETP 1 the receive side is all N, as before.
+  parallel::ParallelConfig one;
+  one.ep = 4;
+  const auto groups = plan::sizing_groups(parallel::make_layout(one, 4), 1);
+  AlltoAllDispatcher<float> d(E, K, H, {}, groups->group(parallel::GroupKind::Ep).communicator());
+  EXPECT_EQ(d.recv_max_rows(T), d.max_rows(T));
+  EXPECT_EQ(d.max_rows(T), 4 * T * K);
 }
 
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {

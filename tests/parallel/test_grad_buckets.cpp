@@ -368,13 +368,28 @@ TEST(GradBuckets, OverlapParamGatherWaitsForEachBucketBeforeItsForwardStage) {
 // reduce-scatters (this rank's slot doubled). Both log what they reduce, so the tests see that
 // exactly the ReplicatedPartialGrad parameters are TP-summed, once a step, each before its
 // bucket's data-parallel reduction: with it first a partial gradient g ends as (g + 100) * 2.
+// With `deferred`, a TP all-reduce completes only when the test says so (complete()) or when
+// it is waited for: the sums are in flight while the backward goes on.
 class ScriptedSumComm final : public Communicator {
  public:
   struct Event {
     std::string group;
     int64_t offset = 0;  // elements from the log's base
     int64_t count = 0;
+    const float* data = nullptr;
   };
+  struct Pending {
+    float* data = nullptr;
+    int64_t count = 0;
+    bool done = false;
+    void complete() {
+      if (done) return;
+      for (int64_t i = 0; i < count; ++i) data[i] += kTpRemote;
+      done = true;
+    }
+  };
+  std::vector<Pending> pending;  // deferred TP all-reduces, in start order
+  bool deferred = false;
   static constexpr float kTpRemote = 100.0f;
   ScriptedSumComm(std::string name, std::vector<Event>* log, const float* const* base)
       : name_(std::move(name)), log_(log), base_(base) {}
@@ -388,8 +403,13 @@ class ScriptedSumComm final : public Communicator {
     EXPECT_EQ(dt, DType::F32);
     EXPECT_EQ(op, ReduceOp::Sum);
     float* x = static_cast<float*>(data);
-    log_->push_back(Event{name_, x - *base_, count});
+    log_->push_back(Event{name_, x - *base_, count, x});
     const bool tp = name_.find("tp") != std::string::npos;
+    if (tp && deferred) {
+      pending.reserve(64);  // the requests keep pointers into it
+      pending.push_back(Pending{x, count});
+      return CommHandle(CommRequestPtr(new Request(&pending.back())));
+    }
     for (int64_t i = 0; i < count; ++i) x[i] = tp ? x[i] + kTpRemote : 2 * x[i];
     return CommHandle();
   }
@@ -402,7 +422,7 @@ class ScriptedSumComm final : public Communicator {
     EXPECT_EQ(y, x) << "rank 0's slot (the first), in place";
     int64_t total = 0;
     for (int64_t c : counts) total += c;
-    log_->push_back(Event{name_, x - *base_, total});
+    log_->push_back(Event{name_, x - *base_, total, x});
     for (int64_t i = 0; i < counts[0]; ++i) y[i] = 2 * y[i];
     return CommHandle();
   }
@@ -420,6 +440,12 @@ class ScriptedSumComm final : public Communicator {
   CommHandle start_barrier() override { return unexpected(); }
 
  private:
+  struct Request final : CommRequest {
+    explicit Request(Pending* p) : p(p) {}
+    bool test() override { return p->done; }
+    void wait() override { p->complete(); }
+    Pending* p;
+  };
   static CommHandle unexpected() {
     ADD_FAILURE() << "only all-reduces and reduce-scatters are expected";
     return CommHandle();
@@ -511,8 +537,15 @@ TEST(GradBuckets, TpSumOfPartialGradientsOnceBeforeTheDataParallelReduction) {
         for (int s = 0; s < 2; ++s) b.stage_done(s);
         b.finish();
         EXPECT_EQ(b.launched_during_backward(), overlap ? 3 : 0);
-        const std::vector<std::pair<std::string, int64_t>> want = {
-            {"tp", 9}, {"dp_cp", 7}, {"expt_tp", 4}, {"expt_dp", 0}, {"tp", 4}, {"dp_cp", 0}};
+        // With overlap each stage's buckets start their TP sums, then the reductions whose
+        // sums are in (all of them here: the scripted sums complete at once); without it
+        // finish() starts every TP sum, then the reductions in bucket order.
+        using Want = std::vector<std::pair<std::string, int64_t>>;
+        const Want want =
+            overlap ? Want{{"tp", 9}, {"expt_tp", 4}, {"dp_cp", 7}, {"expt_dp", 0}, {"tp", 4},
+                           {"dp_cp", 0}}
+                    : Want{{"tp", 9}, {"expt_tp", 4}, {"tp", 4}, {"dp_cp", 7}, {"expt_dp", 0},
+                           {"dp_cp", 0}};
         ASSERT_EQ(log.size(), want.size());
         for (size_t i = 0; i < want.size(); ++i) {
           EXPECT_EQ(log[i].group, want[i].first) << i;
@@ -582,6 +615,143 @@ TEST(GradBuckets, TpSumWithoutDataParallelismAndNoneForOneRank) {
   one.finish();
   EXPECT_EQ(fx.grad(ParamKind::Dense)[9], 10.0f);
   EXPECT_FALSE(one.skips_some());
+}
+
+// Several partial-gradient parameters in one bucket, not adjacent in the flat buffer: one TP
+// all-reduce per bucket, of all of them packed into the staging buffer (not the flat gradient
+// buffer), the sums unpacked to their places before the bucket's data-parallel reduction; the
+// other elements untouched by TP. Dense: norm_a [3] partial, col [4] Sharded, router [2]
+// partial, bias [2] Replicated, norm_b [3] partial, all ready at stage 0; expert: fc2_bias [2]
+// partial alone (summed in place, no staging), ready at stage 1.
+TEST(GradBuckets, OneCoalescedTpSumPerBucket) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
+    ParamRegistry params{DType::F32};
+    Arena arena;
+    auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) -> const Param* {
+      ParamSpec s{name, {n}, ParamInit::Ones, 0, kind, true, {}};
+      s.tp_role = role;
+      return &params.add(s);
+    };
+    const Param* norm_a = add("norm_a", 3, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
+    const Param* col = add("col", 4, ParamKind::Dense, TpRole::Sharded);
+    const Param* router = add("router", 2, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
+    const Param* bias = add("bias", 2, ParamKind::Dense, TpRole::Replicated);
+    const Param* norm_b = add("norm_b", 3, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
+    const Param* fc2_bias = add("fc2_bias", 2, ParamKind::Expert, TpRole::ReplicatedPartialGrad);
+    arena.plan([&](Arena& a) { params.allocate(a); });
+    params.init(0);
+    const std::vector<std::vector<const Param*>> stages = {{norm_a, col, router, bias, norm_b},
+                                                           {fc2_bias}};
+    float* dense = static_cast<float*>(testing::host(params.flat_grad(ParamKind::Dense)));
+    float* expert = static_cast<float*>(testing::host(params.flat_grad(ParamKind::Expert)));
+    const float* dense_base = dense;
+    const float* expert_base = expert;
+    std::vector<ScriptedSumComm::Event> log;
+    ProcessGroup dp = sum_group("dp_cp", &log, &dense_base);
+    ProcessGroup edp = sum_group("expt_dp", &log, &expert_base);
+    ProcessGroup tp = sum_group("tp", &log, &dense_base);
+    ProcessGroup etp = sum_group("expt_tp", &log, &expert_base);
+    GradReduceConfig c;
+    c.overlap = overlap;
+    GradBuckets b(params, stages, &dp, &edp, c, &tp, &etp);
+    ASSERT_EQ(b.buckets().size(), 2u);
+    ASSERT_EQ(b.tp_sum_ranges(0).size(), 3u);  // [0, 3), [7, 9), [11, 14)
+    EXPECT_EQ(b.tp_sum_count(0), 8);
+    EXPECT_EQ(b.tp_sum_count(1), 2);
+    EXPECT_EQ(b.tp_staging_numel(), 8);  // the expert bucket's one range is summed in place
+    for (int step = 0; step < 2; ++step) {
+      for (int64_t i = 0; i < 14; ++i) dense[i] = 1.0f + static_cast<float>(i);
+      for (int64_t i = 0; i < 2; ++i) expert[i] = 50.0f + static_cast<float>(i);
+      log.clear();
+      b.arm();
+      b.stage_done(0);
+      b.stage_done(1);
+      b.finish();
+      // tp: one all-reduce of 8 elements outside the flat buffer; expt_tp: one of 2 in place.
+      int tp_calls = 0;
+      for (const auto& e : log) {
+        if (e.group == "tp") {
+          ++tp_calls;
+          EXPECT_EQ(e.count, 8);
+          EXPECT_TRUE(e.data < dense || e.data >= dense + 14) << "packed into the staging buffer";
+        }
+        if (e.group == "expt_tp") {
+          EXPECT_EQ(e.data, expert);
+          EXPECT_EQ(e.count, 2);
+        }
+      }
+      EXPECT_EQ(tp_calls, 1);
+      ASSERT_EQ(log.size(), 4u);
+      for (int64_t i = 0; i < 14; ++i) {
+        const bool partial = i < 3 || (i >= 7 && i < 9) || i >= 11;
+        const float g = 1.0f + static_cast<float>(i);
+        EXPECT_EQ(dense[i], partial ? (g + ScriptedSumComm::kTpRemote) * 2 : 2 * g) << i;
+      }
+      for (int64_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(expert[i], (50.0f + static_cast<float>(i) + ScriptedSumComm::kTpRemote) * 2);
+      }
+    }
+  }
+}
+
+// --overlap-grad-reduce with TP sums that take a while: the hook only starts them (non-blocking)
+// and tests them; a bucket's data-parallel reduction starts once its own sum is in, and the
+// reductions start in bucket order even when a later bucket's sum arrives first. Without overlap
+// nothing starts before finish(), which starts every TP sum before the first reduction.
+TEST(GradBuckets, TpSumsInFlightDuringTheBackwardThenReductionsInOrder) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
+    TpFixture fx;
+    const float* dense_base = fx.grad(ParamKind::Dense);
+    const float* expert_base = fx.grad(ParamKind::Expert);
+    std::vector<ScriptedSumComm::Event> log;
+    ProcessGroup dp = sum_group("dp_cp", &log, &dense_base);
+    ProcessGroup edp = sum_group("expt_dp", &log, &expert_base);
+    ProcessGroup tp = sum_group("tp", &log, &dense_base);
+    ProcessGroup etp = sum_group("expt_tp", &log, &expert_base);
+    auto& tp_comm = static_cast<ScriptedSumComm&>(tp.communicator());
+    auto& etp_comm = static_cast<ScriptedSumComm&>(etp.communicator());
+    tp_comm.deferred = etp_comm.deferred = true;
+    GradReduceConfig c;
+    c.overlap = overlap;
+    GradBuckets b(fx.params, fx.stages, &dp, &edp, c, &tp, &etp);
+    ASSERT_EQ(b.buckets().size(), 3u);  // dense stage 0, expert stage 0, dense stage 1
+    fx.fill_grads();
+    b.arm();
+    b.stage_done(0);
+    const auto groups_logged = [&] {
+      std::vector<std::string> g;
+      for (const auto& e : log) g.push_back(e.group);
+      return g;
+    };
+    using Names = std::vector<std::string>;
+    if (overlap) {
+      EXPECT_EQ(groups_logged(), (Names{"tp", "expt_tp"}));  // in flight, no reduction yet
+      EXPECT_FALSE(b.reduction_started(0));
+      etp_comm.pending[0].complete();  // bucket 1's sum arrives before bucket 0's
+      b.stage_done(1);
+      EXPECT_EQ(groups_logged(), (Names{"tp", "expt_tp", "tp"}));  // bucket 1 waits for bucket 0
+      EXPECT_FALSE(b.reduction_started(1));
+      tp_comm.pending[0].complete();
+      b.stage_done(1);  // a stage's hook again (nothing new to launch): tests and starts
+      EXPECT_EQ(groups_logged(), (Names{"tp", "expt_tp", "tp", "dp_cp", "expt_dp"}));
+      EXPECT_TRUE(b.reduction_started(1));
+      EXPECT_FALSE(b.reduction_started(2));
+    } else {
+      b.stage_done(1);
+      EXPECT_TRUE(log.empty());
+    }
+    b.finish();
+    EXPECT_EQ(groups_logged(), (Names{"tp", "expt_tp", "tp", "dp_cp", "expt_dp", "dp_cp"}));
+    for (ParamKind k : {ParamKind::Dense, ParamKind::Expert}) {
+      for (int64_t i = 0; i < fx.params.numel(k); ++i) {
+        const float g = 1.0f + static_cast<float>(i);
+        EXPECT_EQ(fx.grad(k)[i], fx.partial(k, i) ? (g + ScriptedSumComm::kTpRemote) * 2 : 2 * g)
+            << static_cast<int>(k) << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

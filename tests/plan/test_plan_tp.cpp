@@ -185,6 +185,16 @@ TEST(PlanTpMemory, ParametersOfARankUnderTpAndEtp) {
   EXPECT_EQ(s.params_expert, 448);
   EXPECT_EQ(s.params_embedding, 64);
   EXPECT_EQ(s.params_head, 8);
+  // The dispatcher's buffers (n = 4 tokens, T/tp = 2 of them in the MoE layer, K 2, H 8, fp32):
+  // send and receive 2 x 2 x 8 x 4 B = 128 B each, and the alltoall dispatcher's ETP gather of
+  // both ETP ranks' received rows, 2 x 128 B: (2 + etp) x T/tp x K x H x dt = 512 B.
+  const auto comm_buffers = [](const StageMemory& st) {
+    return st.by_part[static_cast<int>(MemPart::CommBuffers)];
+  };
+  EXPECT_EQ(comm_buffers(s), 512);
+  const MemoryPlan ag =
+      plan_memory(m, run_of(2, true, 2, 2, "allgather"), 4, hardware_preset("cpu"));
+  EXPECT_EQ(comm_buffers(ag.stages[0]), 256);
 }
 
 // The formula's parameters of a rank (above) against the trainer's own sizing pass of that rank

@@ -1,5 +1,6 @@
 // Expert parallelism under mpirun (4 ranks, oversubscribed): EP = 2 (two EP groups of two) and
-// EP = 4, both dispatchers.
+// EP = 4, both dispatchers; and the alltoall dispatcher at expert TP 2 x EP 2 in its dropless
+// worst case (the receive buffers planned for one ETP slice, filled to the last row).
 // - Routing proof: each rank fills its tokens with its EP rank and token index; the experts'
 //   rows must be exactly the routed (source rank, token, slot) triples in (expert, source rank,
 //   token) order, every output row must come back to its source token, and the prob gradient to
@@ -40,6 +41,7 @@ using testing::all_close;
 parallel::Runtime g_rt;
 ProcessGroups* g_ep2 = nullptr;  // EP = 2 (EDP = 2)
 ProcessGroups* g_ep4 = nullptr;  // EP = 4
+ProcessGroups* g_etp2 = nullptr;  // expert TP 2 x EP 2 (EDP = 1)
 
 std::vector<ProcessGroups*> layouts() { return {g_ep2, g_ep4}; }
 Communicator& ep_comm(ProcessGroups* g) { return g->ep().communicator(); }
@@ -186,6 +188,72 @@ TEST(EpDispatcherMpi, EveryTokenReturnsToItsSourceRow) {
                      << " pad=" << rc.pad);
         check_routing(g, type, rc);
       }
+}
+
+// Expert TP 2 x EP 2, dropless, in its worst case: every token of every rank (each at the
+// planned maximum T) routed to EP rank 0's experts (slot k to expert k), so EP rank 0 receives
+// exactly the planned N = ETP x EP x T x K rows, and each of its ETP ranks' all-to-all exactly
+// N / ETP: its receive buffers (planned for one ETP slice) full to the last row. The rows arrive
+// in [local expert][etp][ep][token] order, each from its source; with identity experts on both
+// ETP ranks every token comes back summed over them (ETP x its K copies), and so do the input
+// and prob gradients.
+TEST(EpDispatcherMpi, EtpWorstCaseFillsTheReceiveSliceExactly) {
+  if (g_etp2 == nullptr) GTEST_SKIP() << "needs 4 ranks";
+  Communicator& ep = g_etp2->ep().communicator();
+  Communicator& etp = g_etp2->expt_tp().communicator();
+  const int R = ep.size(), P = etp.size(), r = ep.rank(), pe = etp.rank();
+  ASSERT_EQ(R, 2);
+  ASSERT_EQ(P, 2);
+  const int64_t E = 8, K = 2, H = 3, T = 6;
+  const int me = pe * R + r;  // a source id, unique over the ETP x EP group
+  AlltoAllDispatcher<double> d(E, K, H, EpRowBudget{}, ep, &etp);
+  Arena arena;
+  arena.plan([&](Arena& a) { d.allocate(a, T); });
+  const int64_t planned = d.max_rows(T);
+  ASSERT_EQ(planned, P * R * T * K);
+  ASSERT_EQ(d.recv_max_rows(T), planned / P);
+  std::vector<int32_t> idx(T * K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = static_cast<int32_t>(k);
+  const DispatchPlan& p = d.plan(idx.data(), T);
+  const int64_t N = p.n_rows;
+  ASSERT_EQ(N, r == 0 ? planned : 0);
+  int64_t received = 0;
+  for (int s = 0; s < R; ++s) received += p.recv_rows_R[s];
+  EXPECT_EQ(received, r == 0 ? planned / P : 0) << "this ETP rank's all-to-all";
+
+  std::vector<double> x(T * H), probs(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) x[t * H + h] = xval(me, t, h);
+    for (int64_t k = 0; k < K; ++k) probs[t * K + k] = pval(me, t, k);
+  }
+  testing::Guarded<double> x_NH(N * H, -7), p_N(N, -7);
+  d.dispatch(x_NH.data(), p_N.data(), x.data(), probs.data());
+  EXPECT_TRUE(x_NH.intact() && p_N.intact());
+  int64_t row = 0;
+  for (int64_t l = 0; l < (r == 0 ? K : 0); ++l)
+    for (int sp = 0; sp < P; ++sp)
+      for (int sr = 0; sr < R; ++sr)
+        for (int64_t t = 0; t < T; ++t, ++row) {
+          const int src = sp * R + sr;
+          for (int64_t h = 0; h < H; ++h)
+            ASSERT_EQ(x_NH[row * H + h], xval(src, t, h))
+                << "row " << row << ": expert " << l << ", source etp " << sp << " ep " << sr;
+          ASSERT_EQ(p_N[row], pval(src, t, l)) << "prob of row " << row;
+        }
+  ASSERT_EQ(row, N);
+  testing::Guarded<double> y(T * H, -7), dy_NH(N * H, -7), dx(T * H, -7), dprobs(T * K, -7);
+  d.combine(y.data(), x_NH.data());
+  d.combine_backward(dy_NH.data(), x.data());
+  d.dispatch_backward(dx.data(), dprobs.data(), x_NH.data(), p_N.data());
+  EXPECT_TRUE(y.intact() && dy_NH.intact() && dx.intact() && dprobs.intact());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      ASSERT_EQ(y[t * H + h], P * K * xval(me, t, h)) << "combine, token " << t;
+      ASSERT_EQ(dx[t * H + h], P * K * xval(me, t, h)) << "dispatch_backward, token " << t;
+    }
+  for (int64_t i = 0; i < N * H; ++i) ASSERT_EQ(dy_NH[i], x_NH[i]) << "combine_backward";
+  for (int64_t i = 0; i < T * K; ++i) ASSERT_EQ(dprobs[i], P * probs[i]) << "prob grad " << i;
 }
 
 // ---- the MoE layer ----
@@ -555,20 +623,25 @@ int main(int argc, char** argv) {
   moecore::testing::quiet_gtest_on_other_ranks(moe::g_rt.rank);
   int rc = 0;
   {
-    ParallelConfig c2, c4;
+    ParallelConfig c2, c4, c22;
     c2.ep = 2;
     c4.ep = 4;
-    c2.timeout_minutes = c4.timeout_minutes = 1.0;  // a deadlock ends with a diagnostic
+    c22.ep = 2;
+    c22.etp = 2;
+    c2.timeout_minutes = c4.timeout_minutes = c22.timeout_minutes = 1.0;  // deadlock: diagnostic
     ProcessGroups ep2(make_layout(c2, moe::g_rt.world_size), moe::g_rt.rank);
     ProcessGroups ep4(make_layout(c4, moe::g_rt.world_size), moe::g_rt.rank);
+    ProcessGroups etp2(make_layout(c22, moe::g_rt.world_size), moe::g_rt.rank);
     connect_communicators(ep2);
     connect_communicators(ep4);
+    connect_communicators(etp2);
     moe::g_ep2 = &ep2;
     moe::g_ep4 = &ep4;
+    moe::g_etp2 = moe::g_rt.world_size == 4 ? &etp2 : nullptr;
     rc = RUN_ALL_TESTS();
     rc = moecore::testing::any_rank_failed(rc, ep2.world().communicator());
     rc = moecore::testing::report_skips(rc, moe::g_rt.rank, moe::g_rt.world_size);
-    moe::g_ep2 = moe::g_ep4 = nullptr;
+    moe::g_ep2 = moe::g_ep4 = moe::g_etp2 = nullptr;
   }
   runtime_finalize();
   return rc;
