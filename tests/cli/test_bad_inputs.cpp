@@ -338,7 +338,7 @@ TEST_F(BadInputs, CheckpointManifestState) {
   };
   std::vector<BadInput> rows;
   for (size_t i = 0; i < edits.size(); ++i) {
-    const std::string name = "c" + std::to_string(i);
+    const std::string name = fmt::format("c{}", i);  // not "c" + to_string: GCC 12's -Wrestrict
     converted(name);
     edit_manifest(name, edits[i].second);
     rows.push_back({"checkpoint info {dir}/" + name, 1, {edits[i].first}});
