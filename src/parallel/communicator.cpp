@@ -1,6 +1,7 @@
 // Argument checks shared by every backend, handles, and the one-process local communicator.
 #include "parallel/communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -130,8 +131,10 @@ int64_t Communicator::ring_scatter_bytes(std::span<const int64_t> counts, DType 
 int64_t Communicator::ring_all_reduce_bytes(int64_t count, DType dt) const {
   const int g = size();
   if (g <= 1) return 0;
-  // The chunks of the ring: count / g elements, the first count mod g one more.
-  const auto chunk = [&](int r) { return count / g + (r < count % g ? 1 : 0); };
+  // The pieces of the MPI backend's ring (communicator_mpi.cpp): ceil(count / g) elements each,
+  // the trailing ones short or empty. A member sends every piece but one in each half.
+  const int64_t piece = (count + g - 1) / g;
+  const auto chunk = [&](int r) { return std::clamp<int64_t>(count - r * piece, 0, piece); };
   const int64_t elems = (count - chunk(rank())) + (count - chunk((rank() + 1) % g));
   return elems * static_cast<int64_t>(dtype_size(dt));
 }

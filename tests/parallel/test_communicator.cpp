@@ -146,17 +146,21 @@ TEST(Communicator, BytesSentByCollectiveAreTheRingAlgorithms) {
   EXPECT_EQ(c.bytes_sent().all_gather, 72 + 28);
   c.reduce_scatter_v(all, mine, counts);
   EXPECT_EQ(c.bytes_sent().reduce_scatter, 72 + 32);
-  // An all-reduce of 10 f32 cuts the ring into chunks {3, 3, 2, 2}: member 1 sends all but its
-  // own chunk (7) in the reduce-scatter half and all but member 2's (8) in the all-gather half.
+  // An all-reduce of 10 f32 cuts the ring into pieces of ceil(10 / 4) = 3, {3, 3, 3, 1} (the MPI
+  // backend's ring): member 1 sends all but its own piece (7) in the reduce-scatter half and all
+  // but member 2's (7) in the all-gather half; member 3, whose own piece is short, 9 + 7.
   std::vector<float> ten(10);
   c.all_reduce(ten);
-  EXPECT_EQ(c.bytes_sent().all_reduce, 192 + 4 * (7 + 8));
+  EXPECT_EQ(c.bytes_sent().all_reduce, 192 + 4 * (7 + 7));
+  CountingOnly last(4, 3);
+  last.all_reduce(ten);
+  EXPECT_EQ(last.bytes_sent().all_reduce, 4 * (9 + 7));
   const std::vector<int64_t> a2a = {5, 7, 0, 1};
   std::vector<int32_t> s(13), r(13);
   c.all_to_all_v(s, a2a, r, a2a);  // all but its own block of 7
   EXPECT_EQ(c.bytes_sent().all_to_all, 4 * 6);
   EXPECT_EQ(c.all_to_all_bytes_sent(), 4 * 6);
-  EXPECT_EQ(c.bytes_sent().total(), 72 + 28 + 72 + 32 + 192 + 60 + 24);
+  EXPECT_EQ(c.bytes_sent().total(), 72 + 28 + 72 + 32 + 192 + 56 + 24);
   const CommBytesSent before = c.bytes_sent();
   c.all_gather(piece, whole);
   EXPECT_EQ((c.bytes_sent() - before).all_gather, 72);
