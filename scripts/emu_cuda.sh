@@ -34,11 +34,26 @@ runs=(
   "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0
    --moe-router-quantile-balancing-ema 0.9"
 )
-for r in "${runs[@]}"; do
-  echo "[emu-cuda] moecore train --device cuda ${r:-(the tiny model as configured)}" | tr -s ' \n' ' '
-  echo
-  # shellcheck disable=SC2086  # the run's flags, split on purpose
-  bash tests/emu/train_cuda_emu.sh "$dir/moecore" configs/tiny.toml $r || rc=1
+# Each run is one thread (OMP_NUM_THREADS=1 in train_cuda_emu.sh): as many at once as there are
+# cores, each into its own log, printed in order once all have ended.
+jobs_max=$(nproc)
+rm -f "$dir"/emu-cuda-train-*.status  # a run that dies before writing its status fails
+for i in "${!runs[@]}"; do
+  while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
+  r=${runs[i]}
+  (
+    echo "[emu-cuda] moecore train --device cuda ${r:-(the tiny model as configured)}" | tr -s ' \n' ' '
+    echo
+    # shellcheck disable=SC2086  # the run's flags, split on purpose
+    status=0
+    bash tests/emu/train_cuda_emu.sh "$dir/moecore" configs/tiny.toml $r || status=$?
+    echo "$status" > "$dir/emu-cuda-train-$i.status"
+  ) > "$dir/emu-cuda-train-$i.log" 2>&1 &
+done
+wait
+for i in "${!runs[@]}"; do
+  cat "$dir/emu-cuda-train-$i.log"
+  [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
 # More than one process with --device cuda is refused before step 0, naming the count (the
 # trainer's collectives are MPI's, which move host memory).

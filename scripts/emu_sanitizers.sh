@@ -16,7 +16,9 @@ cxx=${CXX:-g++}
 mkdir -p "$out"
 launcher=()
 if command -v ccache > /dev/null 2>&1; then
-  export CCACHE_BASEDIR=$PWD
+  # Paths relative to the checkout, and (with -g) the working directory left out of the hash:
+  # another clone's objects serve this one (the sources are named relative to it).
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
   launcher=(ccache)
 fi
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined

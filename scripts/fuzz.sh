@@ -65,6 +65,9 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     exit 1
   fi
 fi
+# ccache (when the configure found it): paths relative to the checkout and, with -g, the working
+# directory left out of the hash, so that another clone's objects serve this one.
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 echo "[fuzz] building the targets in $build with $cxx (ASan + UBSan, -O1 -g)"
 if ! cmake --build "$build" -j"$(nproc)" > "$build/build.log" 2>&1; then
   tail -n 60 "$build/build.log"
