@@ -203,9 +203,6 @@ class MpiCommunicator final : public Communicator {
   CommHandle start_barrier() override;
 
  private:
-  CommHandle start_ring_reduce_scatter(const void* send, void* recv,
-                                       std::span<const int64_t> counts, const char* call,
-                                       DType dt, ReduceOp op);
   int to_int(int64_t v, const char* call) const {
     MOE_CHECK(v <= INT_MAX,
               "[comm] {} on group '{}': {} elements exceed MPI's int count limit {}; split the "
@@ -701,49 +698,10 @@ CommHandle MpiCommunicator::start_all_gather_v(const void* send, void* recv,
   return CommHandle(std::move(r));
 }
 
-CommHandle MpiCommunicator::start_ring_reduce_scatter(const void* send, void* recv,
-                                                      std::span<const int64_t> counts,
-                                                      const char* call, DType dt, ReduceOp op) {
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  auto r = acquire(call, dt, total);
-  ints(r->counts, counts, call);
-  displs(r->displs, counts, call);  // checks the total fits MPI's int
-  const int64_t mine = counts[rank_];
-  const size_t es = dtype_size(dt);
-  // In place (recv = this rank's own slot of send): the ring reads every piece of send and
-  // writes only this rank's, last, from its own values and the partial sum that arrived.
-  const bool in_place = recv == static_cast<const char*>(send) + r->displs[rank_] * es;
-  MOE_CHECK(in_place || send != recv || total == 0,
-            "[comm] {} on group '{}': send and recv must be different buffers, or recv this "
-            "rank's own slot of send (in place)",
-            call, name_);
-  const void* base = send;
-  void* out = recv;
-  DType rdt = dt;
-  if (dt == DType::BF16) {  // summed in f32, rounded once at the end
-    r->staging.resize(total);
-    r->staging2.resize(mine);
-    bf16_to_f32(send, r->staging.data(), total);
-    base = r->staging.data();
-    out = r->staging2.data();
-    rdt = DType::F32;
-    r->dst = recv;
-    r->n = mine;
-    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging2.data(), q.dst, q.n); };
-  }
-  const int tag = static_cast<int>(rings_started_++ % 32768);
-  r->start_ring(base, out, rdt, op, ring_comm_, tag, rank_, size_);
-  return CommHandle(std::move(r));
-}
-
 CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
                                                    std::span<const int64_t> counts, bool equal,
                                                    DType dt, ReduceOp op) {
   const char* call = equal ? "reduce_scatter" : "reduce_scatter_v";
-  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
-    return start_ring_reduce_scatter(send, recv, counts, call, dt, op);
-  }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   auto r = acquire(call, dt, total);
@@ -751,10 +709,7 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
   displs(r->displs, counts, call);  // checks the total fits MPI's int
   const int64_t mine = counts[rank_];
   const size_t es = dtype_size(dt);
-  // In place: recv is this rank's own slot of send (NCCL's convention). MPI_IN_PLACE leaves
-  // the result at the start of the buffer instead; it is moved to the slot on completion (the
-  // two ranges coincide on rank 0; on another rank they may overlap with uneven counts:
-  // memmove). The bf16 path reduces in f32 staging and writes recv at the end anyway.
+  // In place: recv is this rank's own slot of send (NCCL's convention).
   const bool in_place = recv == static_cast<const char*>(send) + r->displs[rank_] * es;
   MOE_CHECK(in_place || send != recv || total == 0,
             "[comm] {} on group '{}': send and recv must be different buffers, or recv this "
@@ -762,7 +717,29 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
             call, name_);
   const void* sbuf = send;
   void* rbuf = recv;
-  MPI_Datatype t = mpi_type(dt);
+  DType rdt = dt;
+  if (dt == DType::BF16) {  // summed in f32, rounded once at the end
+    r->staging.resize(total);
+    r->staging2.resize(mine);
+    bf16_to_f32(send, r->staging.data(), total);
+    sbuf = r->staging.data();
+    rbuf = r->staging2.data();
+    rdt = DType::F32;
+    r->dst = recv;
+    r->n = mine;
+    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging2.data(), q.dst, q.n); };
+  }
+  if (ctx_->reduction_algo() == ReductionAlgo::Ring) {
+    // In place, the ring reads every piece of send and writes only this rank's, last, from its
+    // own values and the partial sum that arrived.
+    const int tag = static_cast<int>(rings_started_++ % 32768);
+    r->start_ring(sbuf, rbuf, rdt, op, ring_comm_, tag, rank_, size_);
+    return CommHandle(std::move(r));
+  }
+  // MPI_IN_PLACE leaves the result at the start of the buffer instead of this rank's slot; it is
+  // moved to the slot on completion (the two ranges coincide on rank 0; on another rank they may
+  // overlap with uneven counts: memmove). The bf16 path reduces in f32 staging and writes recv
+  // at the end anyway.
   if (in_place && dt != DType::BF16) {
     sbuf = MPI_IN_PLACE;
     rbuf = const_cast<void*>(send);
@@ -772,17 +749,8 @@ CommHandle MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
       r->n = mine * static_cast<int64_t>(es);  // bytes
       r->finish = [](MpiRequest& q) { std::memmove(q.dst, q.src, q.n); };
     }
-  } else if (dt == DType::BF16) {
-    r->staging.resize(total);
-    r->staging2.resize(mine);
-    bf16_to_f32(send, r->staging.data(), total);
-    sbuf = r->staging.data();
-    rbuf = r->staging2.data();
-    t = MPI_FLOAT;
-    r->dst = recv;
-    r->n = mine;
-    r->finish = [](MpiRequest& q) { f32_to_bf16(q.staging2.data(), q.dst, q.n); };
   }
+  const MPI_Datatype t = mpi_type(rdt);
   if (equal) {
     MOE_CHECK_MPI(
         MPI_Ireduce_scatter_block(sbuf, rbuf, r->counts[0], t, mpi_op(op), comm_, &r->req),
