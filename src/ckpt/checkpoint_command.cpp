@@ -17,9 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<std::byte> whole(CheckpointReader& r, const GlobalTensor& t) {
-  int64_t numel = 1;
-  for (int64_t d : t.shape) numel *= d;
-  std::vector<std::byte> out(static_cast<size_t>(numel) * dtype_size(t.dtype));
+  std::vector<std::byte> out(static_cast<size_t>(t.numel()) * dtype_size(t.dtype));
   r.read(t.name, t.dtype, -1, 0, 0, out);
   return out;
 }

@@ -10,6 +10,7 @@
 #include "ckpt/slice_geometry.h"
 #include "ckpt/sha256.h"
 #include "core/check.h"
+#include "core/shape.h"
 
 namespace moecore::ckpt {
 namespace {
@@ -385,11 +386,7 @@ std::vector<int64_t> GlobalTensor::slice_shape(const SliceRef& s) const {
   return out;
 }
 
-int64_t GlobalTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t GlobalTensor::numel() const { return shape_numel(shape); }
 
 const GlobalTensor* Manifest::find(std::string_view name) const {
   for (const GlobalTensor& t : tensors) {

@@ -7,6 +7,7 @@
 
 #include "ckpt/safetensors.h"
 #include "core/check.h"
+#include "core/shape.h"
 
 namespace moecore::convert {
 namespace {
@@ -143,11 +144,7 @@ int64_t row_width(const std::vector<int64_t>& shape) {
   return shape.size() >= 2 ? shape.back() : 1;
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t numel(const std::vector<int64_t>& shape) { return shape_numel(shape); }
 
 namespace {
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "core/shape.h"
 #include "ops/cast.h"
 #include "ops/memory.h"
 
@@ -31,11 +32,7 @@ int64_t Param::local_numel() const {
   return n;
 }
 
-int64_t Param::global_numel() const {
-  int64_t n = 1;
-  for (int64_t d : spec.global_shape) n *= d;
-  return n;
-}
+int64_t Param::global_numel() const { return shape_numel(spec.global_shape); }
 
 Param& ParamRegistry::add(ParamSpec spec) {
   MOE_CHECK(find(spec.name) == nullptr, "[params] parameter '{}' registered twice", spec.name);

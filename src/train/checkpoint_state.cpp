@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/shape.h"
 
 namespace moecore::train {
 
@@ -131,9 +132,7 @@ std::vector<int64_t> checkpoint_shape(const ParamSpec& p) {
 
 CheckpointPiece slice_piece(const ParamSpec& p) {
   const std::vector<int64_t> local = slice_shape(p.global_shape, p.slice);
-  int64_t count = 1;
-  for (int64_t d : local) count *= d;
-  CheckpointPiece out{checkpoint_slice(p.slice), 0, count};
+  CheckpointPiece out{checkpoint_slice(p.slice), 0, shape_numel(local)};
   if (p.global_shape.empty() || p.model_extent0() == p.global_shape[0]) return out;
   MOE_CHECK(p.model_rows >= 0 && p.model_rows <= p.global_shape[0],
             "[checkpoint] '{}' has {} model rows of {}", p.name, p.model_rows, p.global_shape[0]);

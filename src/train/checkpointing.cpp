@@ -393,8 +393,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
                   "[checkpoint] '{}': the dense '{}' is {} {}; upcycling '{}' needs {} {}", dir,
                   dense, g.dtype, ckpt::format_shape(g.shape), t.name,
                   ckpt::safetensors_dtype(t.dtype), ckpt::format_shape(want));
-        int64_t per_expert = 1;
-        for (int64_t d : want) per_expert *= d;
+        const int64_t per_expert = g.numel();  // g.shape == want
         std::vector<std::byte> one(static_cast<size_t>(per_expert) * es);
         reader.read(dense, g.dtype, -1, 0, 0, one);
         // Element i of the held run is element (start + i) mod per_expert of the dense tensor.
