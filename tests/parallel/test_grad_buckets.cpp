@@ -456,6 +456,14 @@ class ScriptedSumComm final : public Communicator {
   std::vector<int> ranks_ = {0, 1};
 };
 
+// A one-dimensional parameter of n ones with its TP role.
+const Param* add_tp_param(ParamRegistry& params, const char* name, int64_t n, ParamKind kind,
+                          TpRole role) {
+  ParamSpec s{name, {n}, ParamInit::Ones, 0, kind, true, {}};
+  s.tp_role = role;
+  return &params.add(s);
+}
+
 // Dense: col [4] Sharded, norm [3] and router [2] ReplicatedPartialGrad, bias [2] Replicated;
 // expert: fc1 [4] Sharded, fc2_bias [2] ReplicatedPartialGrad. Stage 0 completes router, bias
 // and the expert parameters, stage 1 col and norm.
@@ -464,10 +472,8 @@ struct TpFixture {
   Arena arena;
   std::vector<std::vector<const Param*>> stages;
   TpFixture() {
-    auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) -> const Param* {
-      ParamSpec s{name, {n}, ParamInit::Ones, 0, kind, true, {}};
-      s.tp_role = role;
-      return &params.add(s);
+    const auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) {
+      return add_tp_param(params, name, n, kind, role);
     };
     const Param* col = add("col", 4, ParamKind::Dense, TpRole::Sharded);
     const Param* norm = add("norm", 3, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
@@ -628,10 +634,8 @@ TEST(GradBuckets, OneCoalescedTpSumPerBucket) {
     SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
     ParamRegistry params{DType::F32};
     Arena arena;
-    auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) -> const Param* {
-      ParamSpec s{name, {n}, ParamInit::Ones, 0, kind, true, {}};
-      s.tp_role = role;
-      return &params.add(s);
+    const auto add = [&](const char* name, int64_t n, ParamKind kind, TpRole role) {
+      return add_tp_param(params, name, n, kind, role);
     };
     const Param* norm_a = add("norm_a", 3, ParamKind::Dense, TpRole::ReplicatedPartialGrad);
     const Param* col = add("col", 4, ParamKind::Dense, TpRole::Sharded);
