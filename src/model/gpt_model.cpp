@@ -19,7 +19,8 @@ namespace moecore::model {
 
 template <typename T>
 GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
-                      const parallel::ProcessGroups* groups, bool size_only, const Exec& ex)
+                      const parallel::ProcessGroups* groups, bool size_only, const Exec& ex,
+                      std::vector<parallel::VirtualStage> chunks)
     : cfg_(cfg),
       groups_(groups),
       S_(cfg.seq_length),
@@ -57,17 +58,38 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   const ParamSlice vocab_slice = tp_.shard().slice(0, Vp);
   const TpRole vocab_role = tp_.shard().sharded();
-  embedding_ = &params_.add(ParamSpec{"embedding.word_embeddings.weight",
-                                      {Vp, cfg_.hidden},
-                                      ParamInit::Normal,
-                                      cfg_.init_std,
-                                      ParamKind::Dense,
-                                      true,
-                                      vocab_slice,
-                                      /*bf16_only=*/true,
-                                      vocab_role,
-                                      /*model_rows=*/V});
-  if (cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
+  if (chunks.empty()) {
+    chunks.push_back(parallel::VirtualStage{0, cfg_.num_layers, 0, true, true});
+  }
+  bool has_embedding = false, has_loss = false;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const parallel::VirtualStage& v = chunks[c];
+    MOE_CHECK(v.first_layer >= 0 && v.num_layers >= 0 &&
+                  v.first_layer + v.num_layers <= cfg_.num_layers && v.num_mtp_layers == 0,
+              "[model] pipeline chunk {} holds layers [{}, {}) (and {} MTP layers) of a model of "
+              "{} layers",
+              c, v.first_layer, v.first_layer + v.num_layers, v.num_mtp_layers, cfg_.num_layers);
+    MOE_CHECK(c == 0 || v.first_layer >= chunks[c - 1].first_layer + chunks[c - 1].num_layers,
+              "[model] pipeline chunks must hold increasing layers");
+    MOE_CHECK(!v.embedding || c == 0, "[model] the embedding must be on the rank's first chunk");
+    MOE_CHECK(!v.loss || c + 1 == chunks.size(), "[model] the loss must be on the last chunk");
+    has_embedding |= v.embedding;
+    has_loss |= v.loss;
+  }
+  const auto table_spec = [&] {
+    return ParamSpec{"embedding.word_embeddings.weight",
+                     {Vp, cfg_.hidden},
+                     ParamInit::Normal,
+                     cfg_.init_std,
+                     ParamKind::Dense,
+                     true,
+                     vocab_slice,
+                     /*bf16_only=*/true,
+                     vocab_role,
+                     /*model_rows=*/V};
+  };
+  if (has_embedding) embedding_ = &params_.add(table_spec());
+  if (has_embedding && cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
     pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
                                             {cfg_.max_positions(), cfg_.hidden},
                                             ParamInit::Normal,
@@ -80,45 +102,63 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   }
   emb_drop_key_ = rng_key(seed, "embedding.dropout");
   // Each block's parameters are the ones it registers: they form its backward stage.
-  std::vector<size_t> block_first(cfg_.num_layers + 1);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    block_first[l] = params_.params().size();
-    blocks_.push_back(
-        std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_, seed));
+  std::vector<size_t> block_first;
+  for (const parallel::VirtualStage& v : chunks) {
+    chunks_.push_back(Chunk{v, static_cast<int64_t>(blocks_.size()), {}});
+    for (int64_t l = v.first_layer; l < v.first_layer + v.num_layers; ++l) {
+      block_first.push_back(params_.params().size());
+      block_layer_.push_back(l);
+      blocks_.push_back(
+          std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_, seed));
+    }
   }
-  block_first[cfg_.num_layers] = params_.params().size();
-  final_norm_ = std::make_unique<nn::Norm<T>>(
-      nn::NormConfig{cfg_.normalization == Normalization::LayerNorm, cfg_.layernorm_1p,
-                     cfg_.norm_eps, cfg_.hidden},
-      params_, "decoder.final_layernorm", tp_.token_role());
+  block_first.push_back(params_.params().size());
+  if (has_loss) {
+    final_norm_ = std::make_unique<nn::Norm<T>>(
+        nn::NormConfig{cfg_.normalization == Normalization::LayerNorm, cfg_.layernorm_1p,
+                       cfg_.norm_eps, cfg_.hidden},
+        params_, "decoder.final_layernorm", tp_.token_role());
+  }
   const size_t final_norm_end = params_.params().size();
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
-  head_ = cfg_.tie_embeddings ? embedding_
-                              : &params_.add(ParamSpec{"output_layer.weight",
-                                                       {Vp, cfg_.hidden},
-                                                       ParamInit::Normal,
-                                                       cfg_.init_std,
-                                                       ParamKind::Dense,
-                                                       true,
-                                                       vocab_slice,
-                                                       /*bf16_only=*/true,
-                                                       vocab_role,
-                                                       /*model_rows=*/V});
+  // A last pipeline stage without the embedding holds a copy of it (Megatron's shared
+  // embedding): the same name and initial values, its gradient summed with the first stage's.
+  if (has_loss && cfg_.tie_embeddings && !has_embedding) {
+    ParamSpec spec = table_spec();
+    spec.pipeline_copy = true;
+    head_ = &params_.add(spec);
+  } else if (has_loss) {
+    head_ = cfg_.tie_embeddings ? embedding_
+                                : &params_.add(ParamSpec{"output_layer.weight",
+                                                         {Vp, cfg_.hidden},
+                                                         ParamInit::Normal,
+                                                         cfg_.init_std,
+                                                         ParamKind::Dense,
+                                                         true,
+                                                         vocab_slice,
+                                                         /*bf16_only=*/true,
+                                                         vocab_role,
+                                                         /*model_rows=*/V});
+  }
   // The head's GEMMs and the cross entropy run over the model's V rows only (the fused one-rank
   // head: N = V of the table's first rows; vocab-parallel: each rank's model rows).
   head_shape_ = ops::HeadLossShape{T_, cfg_.hidden, V, kHeadChunk};
 
+  // The stages are numbered as on one rank (global layers); a pipeline stage's others are empty.
   grad_stages_.assign(cfg_.num_layers + 2, {});
-  for (size_t i = block_first[cfg_.num_layers]; i < final_norm_end; ++i)
+  for (size_t i = block_first.back(); i < final_norm_end; ++i)
     grad_stages_[0].push_back(&params_.params()[i]);  // the final norm's
-  if (!cfg_.tie_embeddings) grad_stages_[0].push_back(head_);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    auto& stage = grad_stages_[cfg_.num_layers - l];
-    for (size_t i = block_first[l]; i < block_first[l + 1]; ++i) {
+  if (head_ != nullptr && !cfg_.tie_embeddings) grad_stages_[0].push_back(head_);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    auto& stage = grad_stages_[cfg_.num_layers - block_layer_[b]];
+    for (size_t i = block_first[b]; i < block_first[b + 1]; ++i) {
       stage.push_back(&params_.params()[i]);
     }
   }
-  grad_stages_.back().push_back(embedding_);
+  // The embedding's stage: the table (or the last stage's copy of it), the positions.
+  if (Param* table = tied_table(); table != nullptr && embedding_ == nullptr)
+    grad_stages_.back().push_back(table);
+  if (embedding_ != nullptr) grad_stages_.back().push_back(embedding_);
   if (pos_embedding_ != nullptr) grad_stages_.back().push_back(pos_embedding_);
   size_t staged = 0;
   for (const auto& s : grad_stages_) staged += s.size();
@@ -148,15 +188,19 @@ void GPTModel<T>::allocate(Arena& a) {
   dloss_ = a.alloc<T>(1, "model.dloss", MemKind::Workspace);
   // The residual stream at each layer boundary. Full recomputation keeps only the streams at
   // chunk boundaries: the ones inside a chunk are recomputed with it.
+  // A pipeline chunk keeps its input and output (the stage boundaries).
   const RecomputeConfig& rc = cfg_.recompute;
-  stream_.assign(cfg_.num_layers + 1, nullptr);
-  for (int64_t l = 0; l <= cfg_.num_layers; ++l) {
-    const int64_t chunk = l > 0 && l < cfg_.num_layers ? rc.chunk_of(l - 1) : -1;
-    if (chunk >= 0 && rc.chunk_of(l) == chunk) {
-      Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
-      stream_[l] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
-    } else {
-      stream_[l] = a.alloc<T>(T_local_ * H, "model.residual");
+  for (Chunk& ch : chunks_) {
+    const int64_t n = ch.stage.num_layers, first = ch.stage.first_layer;
+    ch.stream.assign(n + 1, nullptr);
+    for (int64_t j = 0; j <= n; ++j) {
+      const int64_t chunk = j > 0 && j < n ? rc.chunk_of(first + j - 1) : -1;
+      if (chunk >= 0 && rc.chunk_of(first + j) == chunk) {
+        Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
+        ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
+      } else {
+        ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual");
+      }
     }
   }
   if (cfg_.position_embedding == PositionEmbedding::Rope) {
@@ -173,8 +217,10 @@ void GPTModel<T>::allocate(Arena& a) {
     }
   }
   for (auto& b : blocks_) b->allocate(a, S_, B_);
-  final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
-  final_norm_->allocate(a, T_local_, "model.final_rstd");
+  if (final_norm_ != nullptr) {
+    final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
+    final_norm_->allocate(a, T_local_, "model.final_rstd");
+  }
   own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
   if (own_counters_ != nullptr) ops::zero(a.exec(), own_counters_, 1);  // null while planning
   if (pos_embedding_ != nullptr) {
@@ -182,14 +228,25 @@ void GPTModel<T>::allocate(Arena& a) {
     pos_TH_ = a.alloc<T>(T_local_ * H, "model.position_rows", MemKind::Workspace);
     if (pos_T_ != nullptr) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
   }
+  // The head's and the vocabulary tables' buffers: on the stages with the embedding or the loss
+  // (the vocab-parallel embedding shares some of the head's workspace).
+  Param* const table = head_ != nullptr ? head_ : embedding_;
+  if (table != nullptr) allocate_vocab(a, table);
+  dstream_ = a.alloc<T>(T_local_ * H, "model.dstream", MemKind::Workspace);
+  dfinal_ = a.alloc<T>(T_local_ * H, "model.dfinal", MemKind::Workspace);
+}
+
+template <typename T>
+void GPTModel<T>::allocate_vocab(Arena& a, Param* table) {
+  const int64_t H = cfg_.hidden;
   loss_T_ = a.alloc<T>(T_, "model.loss");
   lse_T_ = a.alloc<T>(T_, "model.lse");
-  if (cfg_.bf16 && head_->has_data16w) {  // widened: f32 GEMMs on bf16 values
-    head16_.w_VH_wide = head_->data16w;
+  if (cfg_.bf16 && table->has_data16w) {  // widened: f32 GEMMs on bf16 values
+    head16_.w_VH_wide = table->data16w;
     head16_.h32 = a.alloc<float>(T_ * cfg_.hidden, "model.head_h32", MemKind::Workspace);
   } else if (cfg_.bf16 && tp_.active()) {  // the vocab-parallel head's: this rank's rows
     const int64_t rows = vocab_head_chunk_rows(head_shape_), Vl = tp_.share(cfg_.padded_vocab());
-    head16_.w_VH = head_->data16;
+    head16_.w_VH = table->data16;
     head16_.h16 = a.alloc<bf16>(T_ * H, "model.head_h16", MemKind::Workspace);
     head16_.dz16 = a.alloc<bf16>(rows * Vl, "model.head_dz16", MemKind::Workspace);
     if (const int64_t n =
@@ -201,7 +258,7 @@ void GPTModel<T>::allocate(Arena& a) {
     head16_.h32 = a.alloc<float>(T_ * H, "model.head_h32", MemKind::Workspace);
     vp_w32_ = a.alloc<float>(Vl * H, "model.vocab_slice_w32", MemKind::Workspace);
   } else if (cfg_.bf16) {
-    head16_.w_VH = head_->data16;
+    head16_.w_VH = table->data16;
     head16_.h16 = a.alloc<bf16>(T_ * cfg_.hidden, "model.head_h16", MemKind::Workspace);
     head16_.dz16 = a.alloc<bf16>(ops::head_loss_workspace_elems(head_shape_), "model.head_dz16",
                                  MemKind::Workspace);
@@ -226,8 +283,6 @@ void GPTModel<T>::allocate(Arena& a) {
     head_ws_ = a.alloc<T>(ops::head_loss_workspace_elems(head_shape_), "model.head_ws",
                           MemKind::Workspace);
   }
-  dstream_ = a.alloc<T>(T_local_ * H, "model.dstream", MemKind::Workspace);
-  dfinal_ = a.alloc<T>(T_local_ * H, "model.dfinal", MemKind::Workspace);
 }
 
 // A table's rows: under --bf16 its bf16 values (from the bf16 copy on the native path, as the
@@ -246,66 +301,111 @@ void GPTModel<T>::embedding_lookup(const Param& table, DevPtr<T> y_TH,
 }
 
 template <typename T>
-void GPTModel<T>::forward_trunk(const MicroBatchIO& io) {
+void GPTModel<T>::check_whole(const char* what) const {
+  MOE_CHECK(chunks_.size() == 1 && chunks_[0].stage.embedding && chunks_[0].stage.loss,
+            "[model] {} needs the whole model on one rank; this one holds a pipeline stage",
+            what);
+}
+
+template <typename T>
+void GPTModel<T>::set_replay_micro_batch(int c, int64_t microbatch) {
+  const Chunk& ch = chunks_[c];
+  for (int64_t j = 0; j < ch.stage.num_layers; ++j) {
+    if (auto* moe = blocks_[ch.block_begin + j]->moe())
+      moe->router().set_replay_micro_batch(microbatch);
+  }
+}
+
+template <typename T>
+void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> input,
+                                int64_t microbatch, bool replay) {
   const Exec& ex = arena_.exec();
+  Chunk& ch = chunks_[c];
   ops::zero(ex, io.report, 1);
   const int64_t E = cfg_.num_experts;
   if (E > 0) ops::zero(ex, io.tokens_per_expert_E, E);
-  // [B, S] -> sequence-major tokens t = s * B + b.
-  ops::tokens_to_sequence_major(ex, ids_T_, targets_T_,
-                                member_ptr(io.report, &ops::MicroBatchReport::counted), io.ids_BS,
-                                io.targets_BS, B_, S_);
   const int64_t H = cfg_.hidden;
-  const int L = static_cast<int>(blocks_.size());
-  params_needed(L + 1);
-  const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
-  if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
-    const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : stream_[0];
-    bool done = false;
-    if constexpr (std::is_same_v<T, float>) {
-      if (embedding_->has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
-        vocab_parallel_embedding_forward_bf16(ex, tp_, stream_[0], partial,
-                                              DevPtr<const int32_t>(ids_T_),
-                                              DevPtr<const bf16>(embedding_->data16), vp_w32_, T_,
-                                              H, cfg_.vocab_size, cfg_.padded_vocab());
-        done = true;
-      }
-    }
-    if (!done) {
-      vocab_parallel_embedding_forward(ex, tp_, stream_[0], partial, DevPtr<const int32_t>(ids_T_),
-                                       embedding_->compute_as<T>(), T_, H, cfg_.vocab_size,
-                                       cfg_.padded_vocab());
-    }
-  } else {
-    embedding_lookup(*embedding_, stream_[0], ids_T_, T_, cfg_.vocab_size);
-  }
-  if (pos_embedding_ != nullptr) {
-    embedding_lookup(*pos_embedding_, pos_TH_, pos_T_ + first, T_local_, cfg_.max_positions());
-    ops::add(ex, stream_[0], DevPtr<const T>(stream_[0]), DevPtr<const T>(pos_TH_), T_local_ * H);
+  const int L = static_cast<int>(cfg_.num_layers);
+  // [B, S] -> sequence-major tokens t = s * B + b: the embedding's ids, the loss's targets and
+  // counted tokens (the chunks in between read neither).
+  if (ch.stage.embedding || ch.stage.loss) {
+    ops::tokens_to_sequence_major(ex, ids_T_, targets_T_,
+                                  member_ptr(io.report, &ops::MicroBatchReport::counted),
+                                  io.ids_BS, io.targets_BS, B_, S_);
   }
   counters_ = io.dropout != nullptr ? io.dropout : DevPtr<const ops::DropoutCounters>(own_counters_);
-  // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
-  if (embedding_dropping())
-    ops::dropout_forward(ex, stream_[0], DevPtr<const T>(stream_[0]), cfg_.hidden_dropout,
-                         emb_drop_key_, counters_, T_local_ / B_, B_, H, first / B_);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    blocks_[l]->set_dropout_counters(counters_);
-    params_needed(L - static_cast<int>(l));
-    blocks_[l]->forward(stream_[l + 1], stream_[l]);
-    if (blocks_[l]->is_moe()) {  // in layer order: the report sums as the logs always did
-      const moe::RouterReport r = blocks_[l]->moe()->router().report();
+  const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
+  const DevPtr<T> x0 = ch.stream[0];
+  if (!ch.stage.embedding) {
+    MOE_CHECK(input != nullptr, "[model] pipeline chunk {} needs its input activation", c);
+    ops::copy(ex, x0, input, T_local_ * H);
+  } else {
+    params_needed(L + 1);
+    if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
+      const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : x0;
+      bool done = false;
+      if constexpr (std::is_same_v<T, float>) {
+        if (embedding_->has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
+          vocab_parallel_embedding_forward_bf16(ex, tp_, x0, partial,
+                                                DevPtr<const int32_t>(ids_T_),
+                                                DevPtr<const bf16>(embedding_->data16), vp_w32_,
+                                                T_, H, cfg_.vocab_size, cfg_.padded_vocab());
+          done = true;
+        }
+      }
+      if (!done) {
+        vocab_parallel_embedding_forward(ex, tp_, x0, partial, DevPtr<const int32_t>(ids_T_),
+                                         embedding_->compute_as<T>(), T_, H, cfg_.vocab_size,
+                                         cfg_.padded_vocab());
+      }
+    } else {
+      embedding_lookup(*embedding_, x0, ids_T_, T_, cfg_.vocab_size);
+    }
+    if (pos_embedding_ != nullptr) {
+      embedding_lookup(*pos_embedding_, pos_TH_, pos_T_ + first, T_local_, cfg_.max_positions());
+      ops::add(ex, x0, DevPtr<const T>(x0), DevPtr<const T>(pos_TH_), T_local_ * H);
+    }
+    // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
+    if (embedding_dropping())
+      ops::dropout_forward(ex, x0, DevPtr<const T>(x0), cfg_.hidden_dropout, emb_drop_key_,
+                           counters_, T_local_ / B_, B_, H, first / B_);
+  }
+  if (replay) set_replay_micro_batch(c, microbatch);
+  for (int64_t j = 0; j < ch.stage.num_layers; ++j) {
+    TransformerBlock<T>& block = *blocks_[ch.block_begin + j];
+    block.set_dropout_counters(counters_);
+    params_needed(L - static_cast<int>(ch.stage.first_layer + j));
+    block.forward(ch.stream[j + 1], ch.stream[j], /*recompute=*/replay);
+    if (block.is_moe() && !replay) {  // in layer order: the report sums as the logs always did
+      const moe::RouterReport r = block.moe()->router().report();
       ops::report_moe_layer(ex, io.report, io.tokens_per_expert_E, r.aux_value, r.z_value,
                             r.dropped, r.tokens_per_expert_E, E);
     }
   }
+  if (!ch.stage.loss) return;
   params_needed(0);  // the final norm, and the head that forward() / forward_logits() run next
-  final_norm_->forward(ex, final_n_, stream_.back(), T_local_);
+  if (embedding_ == nullptr && head_ != nullptr && cfg_.tie_embeddings)
+    params_needed(L + 1);  // the last stage's copy of the tied table
+  final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
 }
 
 template <typename T>
 void GPTModel<T>::forward(const MicroBatchIO& io) {
+  check_whole("forward()");
+  forward_chunk(0, io, nullptr, -1);
+}
+
+template <typename T>
+void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T> input,
+                                int64_t microbatch, bool replay) {
+  MicroBatchIO io = io_in;
+  if (replay) {  // the values again for the backward; the step's report keeps the first's
+    io.report = own_report_;
+    io.tokens_per_expert_E = own_tokens_E_;
+  }
   io_ = io;
-  forward_trunk(io);
+  forward_trunk(c, io, input, microbatch, replay);
+  if (!chunks_[c].stage.loss) return;
   if (tp_.active()) {
     const Exec& ex = arena_.exec();
     const DevPtr<const T> h =
@@ -327,7 +427,8 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   set_training(false);
   io_ = MicroBatchIO{};  // the saved activations are not a forward()'s: no backward from here
   // The ids stand in for the targets: no loss is computed.
-  forward_trunk(MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_});
+  check_whole("forward_logits()");
+  forward_trunk(0, MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_}, nullptr, -1, false);
   // Sequence b's tokens are every B-th row of final_n_ (t = s * B + b): one GEMM per sequence
   // with row stride B * H writes its [S, V] block of the batch-major logits.
   // Under --bf16 the GEMMs take the hidden states' bf16 values (cast, or rounded for the widened
@@ -399,60 +500,81 @@ double GPTModel<T>::forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> 
 
 template <typename T>
 void GPTModel<T>::backward(double loss_grad_scale) {
+  check_whole("backward()");
+  backward_chunk(0, loss_grad_scale, nullptr, -1);
+}
+
+template <typename T>
+void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> doutput,
+                                 int64_t microbatch) {
   const int64_t H = cfg_.hidden;
+  const Exec& ex = arena_.exec();
+  Chunk& ch = chunks_[c];
   MOE_CHECK(io_.report != nullptr, "[model] backward() without a forward");
-  ops::loss_grad_scale(arena_.exec(), dloss_,
-                       member_ptr(io_.report, &ops::MicroBatchReport::counted), loss_grad_scale);
-  if (tp_.active()) {
-    // The head's input as the forward left it (all-gathered into vp_full_ with SP), this
-    // rank's partial input gradient, summed (reduce-scattered with SP) into dfinal_.
-    const Exec& ex = arena_.exec();
-    const bool sp = tp_.sequence_parallel();
-    const DevPtr<T> dfull = sp ? vp_dfull_ : dfinal_;
-    vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
-                                      DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
-                                      DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
-                                      DevPtr<const T>(dloss_), head_shape_, cfg_.padded_vocab(),
-                                      vp_ws_, cfg_.bf16 ? &head16_ : nullptr);
-    tp_.enter_backward(ex, dfull, dfinal_, T_, H);
-  } else {
-    ops::head_loss_backward(arena_.exec(), dfinal_, head_->grad_as<T>(), final_n_,
-                            head_values(), targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
-                            cfg_.bf16 ? &head16_ : nullptr);
-  }
-  final_norm_->backward(arena_.exec(), dstream_, dfinal_, stream_.back(), T_local_);
-  stage_done(0);
-  const RecomputeConfig& rc = cfg_.recompute;
+  if (microbatch >= 0) set_replay_micro_batch(c, microbatch);  // "moe" recomputation's jitter
   const int64_t L = cfg_.num_layers;
-  for (int64_t l = L; l-- > 0;) {
+  if (ch.stage.loss) {
+    ops::loss_grad_scale(ex, dloss_, member_ptr(io_.report, &ops::MicroBatchReport::counted),
+                         loss_grad_scale);
+    if (tp_.active()) {
+      // The head's input as the forward left it (all-gathered into vp_full_ with SP), this
+      // rank's partial input gradient, summed (reduce-scattered with SP) into dfinal_.
+      const bool sp = tp_.sequence_parallel();
+      const DevPtr<T> dfull = sp ? vp_dfull_ : dfinal_;
+      vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
+                                        DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
+                                        DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
+                                        DevPtr<const T>(dloss_), head_shape_, cfg_.padded_vocab(),
+                                        vp_ws_, cfg_.bf16 ? &head16_ : nullptr);
+      tp_.enter_backward(ex, dfull, dfinal_, T_, H);
+    } else {
+      ops::head_loss_backward(ex, dfinal_, head_->grad_as<T>(), final_n_, head_values(),
+                              targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
+                              cfg_.bf16 ? &head16_ : nullptr);
+    }
+    final_norm_->backward(ex, dstream_, dfinal_, ch.stream.back(), T_local_);
+    stage_done(0);
+    // The last stage's copy of the tied table has its gradient (its stage is the embedding's).
+    if (embedding_ == nullptr && cfg_.tie_embeddings) stage_done(static_cast<int>(L) + 1);
+  } else {
+    MOE_CHECK(doutput != nullptr, "[model] pipeline chunk {} needs its output gradient", c);
+    ops::copy(ex, dstream_, doutput, T_local_ * H);
+  }
+  const RecomputeConfig& rc = cfg_.recompute;
+  const int64_t first = ch.stage.first_layer, last = first + ch.stage.num_layers - 1;
+  for (int64_t l = last; l >= first; --l) {
     const int64_t chunk = rc.chunk_of(l);
-    if (chunk >= 0 && (l == L - 1 || rc.chunk_of(l + 1) != chunk)) {
-      // Entering a recomputed chunk from its top: rerun its forward from the kept input.
-      int64_t first = l;
-      while (first > 0 && rc.chunk_of(first - 1) == chunk) --first;
-      for (int64_t j = first; j <= l; ++j) {
-        blocks_[j]->forward(stream_[j + 1], stream_[j], /*recompute=*/true);
+    if (chunk >= 0 && (l == last || rc.chunk_of(l + 1) != chunk)) {
+      // Entering a recomputed chunk from its top: rerun its forward from the kept input (the
+      // pipeline chunk's input at the latest).
+      int64_t from = l;
+      while (from > first && rc.chunk_of(from - 1) == chunk) --from;
+      for (int64_t j = from; j <= l; ++j) {
+        blocks_[ch.block_begin + j - first]->forward(ch.stream[j - first + 1],
+                                                     ch.stream[j - first], /*recompute=*/true);
       }
     }
-    blocks_[l]->backward(dstream_, dstream_, loss_grad_scale);
+    blocks_[ch.block_begin + l - first]->backward(dstream_, dstream_, loss_grad_scale);
     stage_done(static_cast<int>(L - l));
   }
+  if (microbatch >= 0) set_replay_micro_batch(c, -1);
+  if (!ch.stage.embedding) return;
   if (embedding_dropping())
-    ops::dropout_backward(arena_.exec(), dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
+    ops::dropout_backward(ex, dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
                           emb_drop_key_, counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
   if (tp_.active()) {
-    vocab_parallel_embedding_backward(
-        arena_.exec(), tp_, embedding_->grad_as<T>(), DevPtr<const T>(dstream_), vp_dfull_,
-        DevPtr<const int32_t>(ids_T_), T_, H, cfg_.vocab_size, cfg_.padded_vocab());
+    vocab_parallel_embedding_backward(ex, tp_, embedding_->grad_as<T>(), DevPtr<const T>(dstream_),
+                                      vp_dfull_, DevPtr<const int32_t>(ids_T_), T_, H,
+                                      cfg_.vocab_size, cfg_.padded_vocab());
   } else {
-    ops::embedding_backward(arena_.exec(), embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
+    ops::embedding_backward(ex, embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
                             cfg_.vocab_size);
   }
   if (pos_embedding_ != nullptr)
-    ops::embedding_backward(arena_.exec(), pos_embedding_->grad_as<T>(), dstream_,
+    ops::embedding_backward(ex, pos_embedding_->grad_as<T>(), dstream_,
                             DevPtr<const int32_t>(pos_T_) + tp_.first_token(T_), T_local_, H,
                             cfg_.max_positions());
-  stage_done(static_cast<int>(blocks_.size()) + 1);
+  stage_done(static_cast<int>(L) + 1);
 }
 
 template <typename T>
@@ -492,7 +614,7 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     st.dropped += router.dropped();
     if (st.layers.size() <= n_layers) st.layers.emplace_back();  // the first call only
     MoeLayerStats& ls = st.layers[n_layers++];
-    ls.layer = static_cast<int64_t>(l);
+    ls.layer = block_layer_[l];
     router.stats(&ls.router);
     for (int64_t e = 0; e < cfg_.num_experts; ++e)
       st.tokens_per_expert[e] += ls.router.tokens_per_expert[e];

@@ -14,6 +14,7 @@
 
 #include "core/arena.h"
 #include "nn/param_registry.h"
+#include "parallel/pipeline_layout.h"
 #include "model/config.h"
 #include "model/transformer_block.h"
 #include "model/vocab_parallel.h"
@@ -77,9 +78,44 @@ class GPTModel {
   // the model then answers arena() and params() sizes and nothing else. `moecore plan` uses it
   // to size a rank of any model without allocating it.
   // ex: the execution context every layer runs its ops on (the arena plans its memory).
+  // chunks: the virtual pipeline stages this rank holds, in chunk order (pipeline parallelism:
+  // parallel/pipeline_layout.h): their decoder layers (global indices: parameter names,
+  // initialization and dropout are the one-rank model's), the embedding on the chunk that has
+  // it, the final norm, output head and loss on the one that has the loss. Empty: the whole
+  // model as one chunk. With tied embeddings a rank holding the loss but not the embedding keeps
+  // a copy of the table as its head (ParamSpec::pipeline_copy; the same name and values).
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
            const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
-           const Exec& ex = cpu_exec());
+           const Exec& ex = cpu_exec(), std::vector<parallel::VirtualStage> chunks = {});
+
+  // ---- pipeline parallelism: one chunk at a time (pipeline/pipeline_schedule.h runs them) ----
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  const parallel::VirtualStage& chunk(int c) const { return chunks_[c].stage; }
+  // The forward of chunk c for one micro-batch (the whole-model forward() for one chunk):
+  // input [T_local, H] is the previous virtual stage's output (null for the chunk with the
+  // embedding). microbatch: its index in the step (the routers' jitter stream). replay: the
+  // recomputation of that micro-batch's forward right before its backward, when other forwards
+  // ran since: the same values, nothing reported, no balancing counts.
+  void forward_chunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
+                     bool replay = false);
+  // Chunk c's output [T_local, H] after its forward (not for the chunk with the loss).
+  DevPtr<const T> chunk_output(int c) const { return chunks_[c].stream.back(); }
+  // The backward of chunk c for the micro-batch of its last forward (or replay): doutput is the
+  // gradient of its output (null for the chunk with the loss). The grad-ready hook sees the
+  // chunk's stages.
+  void backward_chunk(int c, double loss_grad_scale, DevPtr<const T> doutput, int64_t microbatch);
+  // The gradient of the chunk's input after backward_chunk (not for the chunk with the
+  // embedding): [T_local, H].
+  DevPtr<const T> input_grad() const { return dstream_; }
+  // Elements of the activation passed between stages: [S (/tp with SP), B, H].
+  int64_t boundary_elems() const { return T_local_ * cfg_.hidden; }
+  // The tied table this rank holds as the embedding or as the last stage's head copy (null:
+  // untied, or neither on this rank).
+  Param* tied_table() const {
+    return cfg_.tie_embeddings ? (embedding_ != nullptr ? embedding_ : head_) : nullptr;
+  }
+  // The decoder layers this rank holds, in global order.
+  const std::vector<int64_t>& layers() const { return block_layer_; }
 
   // The step's forward of one micro-batch: reads io's inputs, writes its report slot (the sum of
   // the cross entropy over the counted tokens, the count, the MoE layers' aux and z values,
@@ -153,9 +189,22 @@ class GPTModel {
 
  private:
   void allocate(Arena& a);
-  // forward()'s path up to the final norm (final_n_): io's inputs to sequence-major, the
-  // embedding, every block (the MoE layers' results summed into io's report slot).
-  void forward_trunk(const MicroBatchIO& io);
+  void allocate_vocab(Arena& a, Param* table);  // the head's and the tables' buffers
+  // forward_chunk's path up to the final norm (final_n_, with the loss): io's inputs to
+  // sequence-major, the embedding or the input, the chunk's blocks (the MoE layers' results
+  // summed into io's report slot unless replaying).
+  void forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
+                     bool replay);
+  void set_replay_micro_batch(int c, int64_t microbatch);
+  // The whole model in one chunk: forward(), backward(), forward_logits().
+  void check_whole(const char* what) const;
+  struct Chunk {
+    parallel::VirtualStage stage;
+    int64_t block_begin = 0;        // its first block in blocks_
+    std::vector<DevPtr<T>> stream;  // residual stream at its layer boundaries, [n + 1] x [T, H]
+  };
+  std::vector<Chunk> chunks_;
+  std::vector<int64_t> block_layer_;  // blocks_[i]'s global layer
   bool embedding_dropping() const { return training_ && cfg_.hidden_dropout > 0; }
   void stage_done(int stage) {
     if (grad_ready_) grad_ready_(stage);
@@ -170,10 +219,10 @@ class GPTModel {
   ParamRegistry params_;
   Arena arena_;
   ops::RopeCache rope_;
-  Param* embedding_;
+  Param* embedding_ = nullptr;  // null on a rank without the embedding
   Param* pos_embedding_ = nullptr;  // [max positions, H] with learned_absolute
   std::unique_ptr<nn::Norm<T>> final_norm_;
-  Param* head_;
+  Param* head_ = nullptr;  // null on a rank without the loss
   uint64_t emb_drop_key_;  // the embedding dropout's stream
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::vector<std::vector<const Param*>> grad_stages_;
@@ -187,7 +236,6 @@ class GPTModel {
   DevPtr<ops::MicroBatchReport> own_report_ = nullptr;  // forward(ids, targets)'s slot
   DevPtr<int64_t> own_tokens_E_ = nullptr;
   DevPtr<T> dloss_ = nullptr;      // d(loss) / d(each token's CE): loss_grad_scale / counted
-  std::vector<DevPtr<T>> stream_;  // residual stream at each layer boundary, [L + 1] x [T, H]
   DevPtr<T> final_n_ = nullptr;
   DevPtr<int32_t> pos_T_ = nullptr;  // each token's position s (t = s * B + b), filled once
   DevPtr<T> pos_TH_ = nullptr;       // the position embedding rows (workspace)

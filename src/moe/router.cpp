@@ -160,7 +160,7 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
 template <typename T>
 void Router<T>::forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length, bool recompute) {
   MOE_CHECK(n_tok <= max_tokens_, "[router] {} tokens > planned maximum {}", n_tok, max_tokens_);
-  MOE_CHECK(!recompute || !training_ || micro_ > 0,
+  MOE_CHECK(!recompute || !training_ || micro_ > std::max<int64_t>(replay_micro_, 0),
             "[router] a recomputing forward must follow a training forward of the same step");
   recompute_ = recompute;
   RouterSaved<T>& s = saved_;
@@ -211,7 +211,8 @@ void Router<T>::gate_forward(DevPtr<const T> x_TH, int64_t n) {
     const double eps = cfg_.input_jitter_eps;
     // Stream offset: the step counter (in memory) times the planned tokens x H. A recomputing
     // forward reruns the last training forward: its micro-batch index.
-    const auto micro = static_cast<uint32_t>(recompute_ ? micro_ - 1 : micro_);
+    const auto micro = static_cast<uint32_t>(
+        !recompute_ ? micro_ : replay_micro_ >= 0 ? replay_micro_ : micro_ - 1);
     ops::input_jitter_forward(*ex_, jitter_TH_, gate_TH_, x_TH, eps, jitter_key_, jitter_step_,
                               max_tokens_ * H, micro, n * H);
     s.jitter_TH = jitter_TH_;

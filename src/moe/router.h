@@ -104,6 +104,10 @@ class Router {
   // (0: one sequence). recompute: the backward's rerun of the last forward (activation
   // recomputation): the same jitter and the same results, and no balancing state changes.
   void forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length = 0, bool recompute = false);
+  // The micro-batch (of this step's training forwards, 0-based) that recomputing forwards rerun
+  // until reset with -1. Unset, a recomputation reruns the last training forward; a pipeline
+  // stage recomputes an earlier one before its backward (pipeline/pipeline_schedule.h).
+  void set_replay_micro_batch(int64_t m) { replay_micro_ = m; }
   // dprobs [T, K] -> dW_r (+=) and dx (+=: the router is one branch of the MoE input). The
   // aux and z-loss gradients enter here, multiplied by loss_grad_scale (Megatron's
   // MoEAuxLossAutoScaler scale: 1 / micro-batches).
@@ -175,6 +179,7 @@ class Router {
   bool gate_f64_ = false;   // gate GEMM widened to f64 (T = float with --moe-router-dtype fp64)
   uint64_t jitter_key_ = 0;
   int64_t step_ = 0, micro_ = 0;  // micro_: training forwards of this step so far
+  int64_t replay_micro_ = -1;     // set_replay_micro_batch's
   Param* weight_;                 // [E, H]
   RouterSaved<T> saved_;
 

@@ -100,6 +100,12 @@ struct ParamSpec {
   // checkpoint and an export hold only the model's rows (zero-filled again at load), so the
   // stored model is the same whatever the padding.
   int64_t model_rows = -1;
+  // A copy of a parameter that another pipeline stage holds as well: the tied output head of a
+  // last stage without the embedding (Megatron's shared embedding). Same name and initial
+  // values; its gradient is summed with the first stage's copy's before the data-parallel
+  // reduction, so both update identically. Counted once (by the first stage) in the gradient
+  // norm and the weights digest, and written once in a checkpoint.
+  bool pipeline_copy = false;
   // The model's extent of dimension 0.
   int64_t model_extent0() const { return model_rows >= 0 ? model_rows : global_shape.at(0); }
 };

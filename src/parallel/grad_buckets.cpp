@@ -97,6 +97,7 @@ GradBuckets::GradBuckets(const ParamRegistry& params,
 }
 
 bool GradBuckets::counted_once(const Param& p) const {
+  if (p.spec.pipeline_copy) return false;  // counted by the stage with the embedding
   if (p.spec.tp_role == TpRole::Sharded) return true;
   const ProcessGroup* g = tp_group(p.spec.kind);
   return g == nullptr || g->rank == 0;

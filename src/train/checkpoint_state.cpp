@@ -172,6 +172,7 @@ CheckpointPiece owned_piece(const ParamSpec& p, int64_t begin, int64_t count) {
 }
 
 bool writes_slice(const ParamSpec& p, int index, const HolderRanks& r) {
+  if (p.pipeline_copy) return false;  // the first stage writes the table
   const bool dense = p.kind == ParamKind::Dense;
   const bool over_tp = p.tp_role != TpRole::Sharded;  // identical on every (expert) TP rank
   const int tp = dense ? r.tp : r.expt_tp, tp_size = dense ? r.tp_size : r.expt_tp_size;
@@ -184,6 +185,7 @@ bool writes_slice(const ParamSpec& p, int index, const HolderRanks& r) {
 }
 
 bool writes_owned_pieces(const ParamSpec& p, int index, const HolderRanks& r) {
+  if (p.pipeline_copy) return false;
   if (p.tp_role == TpRole::Sharded) return true;
   const bool dense = p.kind == ParamKind::Dense;
   return (dense ? r.tp : r.expt_tp) == index % (dense ? r.tp_size : r.expt_tp_size);

@@ -67,7 +67,9 @@ struct HolderRanks {
   int expt_dp = 0, expt_dp_size = 1;  // expert parameters over expert data parallel
   int expt_tp = 0, expt_tp_size = 1;  // and, when not sharded, over expert TP
   int ep = 0;                         // which experts (the distinct expert slices)
-  int world = 0, world_size = 1;      // the routers' state is the same on every rank
+  // The routers' state is the same on every rank of the pipeline stage that holds the layer
+  // (tp x dp x cp: the whole world without pipeline parallelism).
+  int world = 0, world_size = 1;
 };
 // Without the distributed optimizer: whether this rank writes its slice of p, the index-th
 // parameter of the registry. The ranks that hold identical copies of a slice (the dense or

@@ -99,8 +99,7 @@ HolderRanks holder_ranks(const parallel::ProcessGroups* groups) {
   at(parallel::GroupKind::ExptDp, h.expt_dp, h.expt_dp_size);
   at(parallel::GroupKind::ExptTp, h.expt_tp, h.expt_tp_size);
   h.ep = groups->group(parallel::GroupKind::Ep).rank;
-  h.world = groups->rank();
-  h.world_size = groups->world_size();
+  at(parallel::GroupKind::TpDpCp, h.world, h.world_size);  // the stage's ranks
   return h;
 }
 
@@ -250,7 +249,8 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
                       {"tp", size_of(parallel::GroupKind::Tp)},
                       {"ep", size_of(parallel::GroupKind::Ep)},
                       {"expt_tp", size_of(parallel::GroupKind::ExptTp)},
-                      {"expt_dp", size_of(parallel::GroupKind::ExptDp)}};
+                      {"expt_dp", size_of(parallel::GroupKind::ExptDp)},
+                      {"pp", size_of(parallel::GroupKind::Pp)}};
     s->head.state = {{"iteration", iteration_},
                      {"optimizer_steps", optimizer_->steps_taken()},
                      {"has_optimizer", save_optim},

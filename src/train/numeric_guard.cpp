@@ -61,6 +61,14 @@ NumericGuard::NumericGuard(const NumericGuardConfig& cfg, const Exec& ex, ParamR
     std::vector<CheckedParam>& ps = bucket_params_.emplace_back();
     for (const std::string& name : bk.params) ps.push_back({&params_.get(name), n_flags_++});
   }
+  // Pipeline stages hold different parameters: every rank combines as many flags as the rank
+  // with the most (a flag's parameter is its own rank's; any raised flag vetoes the update
+  // everywhere, and each rank names only its own parameters).
+  if (world_ != nullptr) {
+    std::vector<int64_t> most{n_flags_};
+    world_->all_reduce(most, parallel::ReduceOp::Max);
+    n_flags_ = most[0];
+  }
   arena_.plan([&](Arena& a) {
     local_ = a.alloc<int32_t>(n_flags_, "guard.local_flags", MemKind::State);
     global_ = a.alloc<int32_t>(n_flags_, "guard.flags", MemKind::State);

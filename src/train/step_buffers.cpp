@@ -6,13 +6,15 @@
 
 namespace moecore::train {
 
-StepBuffers::StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E)
+StepBuffers::StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E,
+                         int chunks)
     : n_micro_(n_micro),
+      chunks_(chunks),
       tokens_(tokens),
       E_(std::max<int64_t>(E, 1)),
       host_arena_(ex, MemSpace::PinnedHost),
       dev_arena_(ex, MemSpace::Device) {
-  MOE_CHECK(n_micro >= 1 && tokens >= 1 && E >= 0,
+  MOE_CHECK(n_micro >= 1 && tokens >= 1 && E >= 0 && chunks >= 1,
             "[train] step buffers for {} micro-batches of {} tokens and {} experts", n_micro,
             tokens, E);
   host_arena_.plan([this](Arena& a) { layout(a, host_); });
@@ -35,8 +37,8 @@ template <typename S>
 void StepBuffers::layout(Arena& a, S& s) const {
   alloc_slot(a, s.ids, n_micro_ * tokens_, "step.ids", MemKind::Activations);
   alloc_slot(a, s.targets, n_micro_ * tokens_, "step.targets", MemKind::Activations);
-  alloc_slot(a, s.report, n_micro_, "step.report", MemKind::State);
-  alloc_slot(a, s.tokens_E, n_micro_ * E_, "step.tokens_per_expert", MemKind::State);
+  alloc_slot(a, s.report, n_micro_ * chunks_, "step.report", MemKind::State);
+  alloc_slot(a, s.tokens_E, n_micro_ * chunks_ * E_, "step.tokens_per_expert", MemKind::State);
   alloc_slot(a, s.dropout, n_micro_, "step.dropout_counters", MemKind::State);
 }
 
@@ -49,15 +51,17 @@ void StepBuffers::upload() {
 
 void StepBuffers::download() {
   const Exec& ex = dev_arena_.exec();
-  ops::copy<ops::MicroBatchReport>(ex, host_.report, dev_.report, n_micro_);
-  ops::copy<int64_t>(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * E_);
+  ops::copy<ops::MicroBatchReport>(ex, host_.report, dev_.report, n_micro_ * chunks_);
+  ops::copy<int64_t>(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * chunks_ * E_);
   exec_synchronize(ex);  // the host reads the copies next
 }
 
-model::MicroBatchIO StepBuffers::io(int64_t mb) const {
-  MOE_CHECK(mb >= 0 && mb < n_micro_, "[train] micro-batch {} of {}", mb, n_micro_);
+model::MicroBatchIO StepBuffers::io(int64_t mb, int chunk) const {
+  MOE_CHECK(mb >= 0 && mb < n_micro_ && chunk >= 0 && chunk < chunks_,
+            "[train] micro-batch {} of {}, chunk {} of {}", mb, n_micro_, chunk, chunks_);
+  const int64_t slot = mb * chunks_ + chunk;
   return model::MicroBatchIO{dev_.ids + mb * tokens_, dev_.targets + mb * tokens_,
-                             dev_.report + mb, dev_.tokens_E + mb * E_, dev_.dropout + mb};
+                             dev_.report + slot, dev_.tokens_E + slot * E_, dev_.dropout + mb};
 }
 
 }  // namespace moecore::train

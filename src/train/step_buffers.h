@@ -19,8 +19,9 @@ namespace moecore::train {
 
 class StepBuffers {
  public:
-  // n_micro micro-batches of `tokens` = B * S tokens; E experts (0: a dense model).
-  StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E);
+  // n_micro micro-batches of `tokens` = B * S tokens; E experts (0: a dense model); chunks:
+  // the model chunks (virtual pipeline stages) of this rank, each with its own report slot.
+  StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E, int chunks = 1);
 
   int64_t micro_batches() const { return n_micro_; }
   // Micro-batch mb's inputs in the host's staging, [B, S] batch-major, for the host to fill
@@ -31,13 +32,19 @@ class StepBuffers {
   ops::DropoutCounters& dropout(int64_t mb) { return host_.dropout[mb]; }
   // The staged inputs of every micro-batch to the device buffers the forwards read.
   void upload();
-  // What the model's forward of micro-batch mb reads and writes (device buffers).
-  model::MicroBatchIO io(int64_t mb) const;
+  // What the model's forward of micro-batch mb (in model chunk `chunk`) reads and writes
+  // (device buffers).
+  model::MicroBatchIO io(int64_t mb, int chunk = 0) const;
   // The report of every micro-batch back to the host's staging, after the step.
   void download();
   // Host reads of the downloaded report.
-  const ops::MicroBatchReport& report(int64_t mb) const { return host_.report[mb]; }
-  const int64_t* tokens_per_expert(int64_t mb) const { return host_.tokens_E + mb * E_; }
+  const ops::MicroBatchReport& report(int64_t mb, int chunk = 0) const {
+    return host_.report[mb * chunks_ + chunk];
+  }
+  const int64_t* tokens_per_expert(int64_t mb, int chunk = 0) const {
+    return host_.tokens_E + (mb * chunks_ + chunk) * E_;
+  }
+  int chunks() const { return chunks_; }
 
  private:
   // The same slots in the host's staging (P = a host pointer) and on the device (DevPtr).
@@ -54,7 +61,9 @@ class StepBuffers {
   template <typename S>
   void layout(Arena& a, S& s) const;
 
-  int64_t n_micro_, tokens_, E_;
+  int64_t n_micro_;
+  int chunks_;
+  int64_t tokens_, E_;
   Arena host_arena_, dev_arena_;
   Slots<HostPtr> host_;
   Slots<DevPtr> dev_;

@@ -58,13 +58,12 @@ void check_parallel_support(const parallel::ParallelConfig& p) {
   auto not_yet = [](int v, const char* flag, const char* what) {
     MOE_CHECK(v == 1,
               "[train] {} {}: {} is not implemented yet; moecore train runs data, tensor "
-              "(--tensor-model-parallel-size, --sequence-parallel), expert "
-              "(--expert-model-parallel-size) and expert tensor parallelism "
-              "(--expert-tensor-parallel-size): set {} 1",
+              "(--tensor-model-parallel-size, --sequence-parallel), pipeline "
+              "(--pipeline-model-parallel-size), expert (--expert-model-parallel-size) and "
+              "expert tensor parallelism (--expert-tensor-parallel-size): set {} 1",
               flag, v, what, flag);
   };
   not_yet(p.cp, "--context-parallel-size", "context parallelism");
-  not_yet(p.pp, "--pipeline-model-parallel-size", "pipeline parallelism");
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
@@ -94,10 +93,22 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
   }
   // Dense: over tp. Expert: each expert's slices live on one tp_ep group (expt_tp x ep; ep
   // alone without expert tensor parallelism).
+  // Pipeline parallelism: each stage holds its own layers, so both sums go over pp as well
+  // (dense after tp; the expert grid's tp_ep_pp holds every expert slice of every stage).
   const parallel::ProcessGroup& tp = groups->group(parallel::GroupKind::Tp);
-  if (tp.size() > 1) sync.sum_dense = sum_over(&tp);
+  const parallel::ProcessGroup& pp = groups->group(parallel::GroupKind::Pp);
+  if (tp.size() > 1 && pp.size() > 1) {
+    const auto over_tp = sum_over(&tp), over_pp = sum_over(&pp);
+    sync.sum_dense = [over_tp, over_pp](DevPtr<double> sq) {
+      over_tp(sq);
+      over_pp(sq);
+    };
+  } else if (tp.size() > 1 || pp.size() > 1) {
+    sync.sum_dense = sum_over(tp.size() > 1 ? &tp : &pp);
+  }
   const parallel::ProcessGroup& expert =
-      groups->group(groups->group(parallel::GroupKind::ExptTp).size() > 1
+      groups->group(pp.size() > 1 ? parallel::GroupKind::TpEpPp
+                    : groups->group(parallel::GroupKind::ExptTp).size() > 1
                         ? parallel::GroupKind::TpEp
                         : parallel::GroupKind::Ep);
   if (expert.size() > 1) sync.sum_expert = sum_over(&expert);
@@ -108,20 +119,22 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
 // gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
 // for the backward (a lower bound of the activations) against the host memory available.
 static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, int64_t etp,
-                                  int64_t micro_batch) {
+                                  int64_t pp, int64_t micro_batch) {
   // min_params_per_rank(ep) = dense + experts / ep: the expert part from two EP sizes, then
   // dense / tp + experts / (ep * etp) (the replicated norms and biases are left out: a lower
   // bound still).
   const double at_ep = m.min_params_per_rank(ep);
   const double experts = 2.0 * (at_ep - m.min_params_per_rank(2 * ep));  // experts / ep
-  const double params = (at_ep - experts) / static_cast<double>(tp) +
-                        experts / static_cast<double>(etp);
+  // Pipeline stages: the largest holds at least the average share.
+  const double params = ((at_ep - experts) / static_cast<double>(tp) +
+                         experts / static_cast<double>(etp)) /
+                        static_cast<double>(pp);
   const double rope = m.position_embedding == PositionEmbedding::Rope
                           ? 4.0 * static_cast<double>(m.max_positions() * m.head_dim())
                           : 0.0;
   const double activations = 4.0 * static_cast<double>(micro_batch) *
                              static_cast<double>(m.seq_length) * static_cast<double>(m.hidden) *
-                             static_cast<double>(m.num_layers);
+                             static_cast<double>(m.num_layers) / static_cast<double>(pp);
   const double bytes = 16.0 * params + rope + activations;
   const double available = static_cast<double>(host_bytes_available());
   MOE_CHECK(available == 0 || bytes <= available,
@@ -168,7 +181,15 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   model_cfg_.validate();
   check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->degrees().ep : 1,
                         groups_ != nullptr ? groups_->degrees().tp : 1,
-                        groups_ != nullptr ? groups_->degrees().etp : 1, cfg_.micro_batch);
+                        groups_ != nullptr ? groups_->degrees().etp : 1,
+                        groups_ != nullptr ? groups_->degrees().pp : 1, cfg_.micro_batch);
+  const int pp = groups_ != nullptr ? groups_->degrees().pp : 1;
+  MOE_CHECK(pp == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
+            "[train] --moe-router-load-balancing-type global_aux_loss with "
+            "--pipeline-model-parallel-size {} is not implemented yet: a stage recomputes earlier "
+            "micro-batches' forwards before their backwards, and the loss's running mean counts "
+            "them in order; use aux_loss or seq_aux_loss",
+            pp);
   MOE_CHECK(dp_size_ == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with data-parallel size {} "
             "is not implemented yet: its counts must be summed over TP x DP x CP inside every "
@@ -219,8 +240,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   const bool sharded = parallel::GradBuckets::shards(cfg_.ddp, dense_group, expert_group);
   // --bf16 sharded: the fp32 master weights live in the optimizer's shards only.
   model_cfg_.master_weights_sharded = model_cfg_.bf16 && sharded;
+  // Pipeline parallelism: this rank's virtual stages (one chunk each), where every layer goes.
+  std::vector<parallel::VirtualStage> chunks;
+  if (pp > 1) {
+    layout_ = parallel::pipeline_layout(groups_->layout().config, model_cfg_.num_layers);
+    for (int c = 0; c < layout_.vp; ++c) chunks.push_back(layout_.stage(groups_->pp_stage(), c));
+  }
   model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
-                                                /*size_only=*/false, exec_);
+                                                /*size_only=*/false, exec_, chunks);
+  runner_ = std::make_unique<pipeline::PipelineRunner<T>>(
+      *model_, groups_, n_micro_, /*group_size=*/0,
+      exec_);
 
   // The partial gradients of ReplicatedPartialGrad parameters are summed over tp (dense) and
   // expt_tp (expert) first.
@@ -228,7 +258,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       model_->params(), model_->grad_stages(), dense_group, expert_group, cfg_.ddp,
       groups_ ? &groups_->group(parallel::GroupKind::Tp) : nullptr,
       groups_ ? &groups_->group(parallel::GroupKind::ExptTp) : nullptr);
-  model_->set_grad_ready_hook([this](int stage) { buckets_->stage_done(stage); });
+  // The pipeline runner passes the backward's stages on (pipeline_hooks()).
   // --overlap-param-gather: each forward stage waits for the gathers of its parameters; with
   // --bf16 a bucket's compute copies follow its gather (refresh_bf16 after the step skips the
   // gathered kinds then).
@@ -319,7 +349,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   }
   const int64_t S = model_cfg_.seq_length;
   step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * S,
-                                        model_cfg_.num_experts);
+                                        model_cfg_.num_experts, model_->num_chunks());
   scratch_.resize(S + 1);
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
@@ -407,15 +437,12 @@ StepMetrics BasicTrainer<T>::train_step() {
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
   fill_inputs(*train_stream_);
-  for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    model_->forward(step_->io(mb));
-    guard_->check_loss(mb, member_ptr(step_->io(mb).report, &ops::MicroBatchReport::lm_loss_sum));
-    // Gradients are final only after the last micro-batch: its backward launches the buckets.
-    if (mb == n_micro_ - 1) buckets_->arm();
-    // Megatron averages the loss over micro-batches and the gradients over dp x cp replicas:
-    // each backward carries 1 / (micro-batches x dp), so the all-reduce is a plain sum.
-    model_->backward(1.0 / static_cast<double>(n_global));
-  }
+  // Every micro-batch's forward and backward in the pipeline schedule (one rank: each
+  // forward then its backward). Megatron averages the loss over micro-batches and the
+  // gradients over dp x cp replicas: each backward carries 1 / (micro-batches x dp), so the
+  // all-reduce is a plain sum. A gradient is final after its chunk's last micro-batch: that
+  // backward launches its buckets.
+  runner_->train(1.0 / static_cast<double>(n_global), pipeline_hooks());
   buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
   guard_->combine();   // every rank's findings, so that all skip or stop together
   train_stream_->advance();
@@ -437,27 +464,41 @@ StepMetrics BasicTrainer<T>::train_step() {
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.
   step_->download();
-  for (int64_t mb = 0; mb < n_micro_; ++mb) guard_losses_[mb] = step_->report(mb).lm_loss_sum;
+  const int loss_chunk = model_->num_chunks() - 1;  // its report holds the loss, if any here
+  const bool has_loss = model_->chunk(loss_chunk).loss;
+  for (int64_t mb = 0; mb < n_micro_; ++mb)
+    guard_losses_[mb] = has_loss ? step_->report(mb, loss_chunk).lm_loss_sum : 0.0;
   // First the guards: a non-finite loss or gradient stops here, naming itself, before the
   // optimizer's own message about the norm it caused.
   m.skipped = guard_->after_step(iteration_, guard_losses_);
   if (m.skipped) undo_step_counters();
   m.grad_norm = optimizer_->last_step().grad_norm;
   std::fill(load_.begin(), load_.end(), 0);
-  int64_t moe_layers = 0;
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    const ops::MicroBatchReport& r = step_->report(mb);
-    moe_layers = r.moe_layers;
-    mb_values_[mb * kMbValues] = r.lm_loss_sum;
-    mb_values_[mb * kMbValues + 1] = static_cast<double>(r.counted);
-    mb_values_[mb * kMbValues + 2] = moe_layers > 0 ? r.aux_value / moe_layers : 0.0;
-    mb_values_[mb * kMbValues + 3] = moe_layers > 0 ? r.z_value / moe_layers : 0.0;
-    if (moe_layers > 0) {
+    double* v = &mb_values_[mb * kMbValues];
+    std::fill(v, v + kMbValues, 0.0);
+    if (has_loss) {
+      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
+      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
+    }
+    for (int c = 0; c < model_->num_chunks(); ++c) {
+      const ops::MicroBatchReport& r = step_->report(mb, c);
+      if (r.moe_layers == 0) continue;
+      v[2] += r.aux_value;
+      v[3] += r.z_value;
+      v[4] += static_cast<double>(r.moe_layers);
       m.dropped_tokens += r.dropped;
-      const int64_t* tokens = step_->tokens_per_expert(mb);
+      const int64_t* tokens = step_->tokens_per_expert(mb, c);
       for (size_t e = 0; e + 1 < load_.size(); ++e) load_[e] += tokens[e];
     }
   }
+  // Pipeline stages: the loss is the last stage's, the MoE layers' values are every stage's.
+  sum_over_pipeline(mb_values_);
+  const bool moe_layers = [&] {
+    for (int64_t mb = 0; mb < n_micro_; ++mb)
+      if (mb_values_[mb * kMbValues + 4] > 0) return true;
+    return false;
+  }();
   // The logged losses: every micro-batch of the global batch, summed in global order (the
   // same arithmetic as one rank).
   if (dp_size_ > 1) {
@@ -467,11 +508,14 @@ StepMetrics BasicTrainer<T>::train_step() {
     all_values_ = mb_values_;
   }
   // Tokens per expert and dropped slots: with TP > 1 each TP rank's MoE layers route its own
-  // sequence slice, so the counts add up over tp x dp x cp (over dp x cp without TP).
-  if (groups_ != nullptr && groups_->group(parallel::GroupKind::TpDpCp).size() > 1) {
+  // sequence slice, so the counts add up over tp x dp x cp (over dp x cp without TP), and over
+  // the pipeline stages' layers (the whole world then).
+  if (groups_ != nullptr && groups_->world_size() > 1) {
     ScopedPhase phase(Phase::Communication);
     load_.back() = m.dropped_tokens;
-    groups_->group(parallel::GroupKind::TpDpCp).communicator().all_reduce(load_);
+    (groups_->degrees().pp > 1 ? groups_->world() : groups_->group(parallel::GroupKind::TpDpCp))
+        .communicator()
+        .all_reduce(load_);
     m.dropped_tokens = load_.back();
   }
   // Megatron reports the lm loss over the global batch's counted tokens (the gradients use
@@ -481,13 +525,13 @@ StepMetrics BasicTrainer<T>::train_step() {
   for (int64_t mb = 0; mb < n_global; ++mb) {
     loss_sum += all_values_[mb * kMbValues];
     counted += all_values_[mb * kMbValues + 1];
-    if (moe_layers > 0) {
-      m.aux_loss += all_values_[mb * kMbValues + 2] / n_global;
-      m.z_loss += all_values_[mb * kMbValues + 3] / n_global;
+    if (const double layers = all_values_[mb * kMbValues + 4]; layers > 0) {
+      m.aux_loss += all_values_[mb * kMbValues + 2] / layers / n_global;
+      m.z_loss += all_values_[mb * kMbValues + 3] / layers / n_global;
     }
   }
   m.lm_loss = counted > 0 ? loss_sum / counted : 0.0;
-  if (moe_layers > 0) {
+  if (moe_layers) {
     const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
     for (size_t e = 0; e < n_experts; ++e) {
@@ -917,7 +961,29 @@ uint64_t BasicTrainer<T>::weights_digest() const {
   }
   // TP slices add up over tp (dense) and expt_tp (expert); replicated parameters count on TP
   // rank 0 only.
-  return sum_over(dense, parallel::GroupKind::Tp) + sum_over(experts, expert_model_group());
+  // Pipeline stages hold disjoint layers (the last stage's copy of a tied table is not counted).
+  return sum_over(sum_over(dense, parallel::GroupKind::Tp) + sum_over(experts, expert_model_group()),
+                  parallel::GroupKind::Pp);
+}
+
+template <typename T>
+typename pipeline::PipelineRunner<T>::Hooks BasicTrainer<T>::pipeline_hooks() {
+  typename pipeline::PipelineRunner<T>::Hooks h;
+  h.io = [this](int64_t mb, int chunk) { return step_->io(mb, chunk); };
+  h.after_loss_forward = [this](int64_t mb, int chunk) {
+    guard_->check_loss(mb,
+                       member_ptr(step_->io(mb, chunk).report, &ops::MicroBatchReport::lm_loss_sum));
+  };
+  h.arm = [this] { buckets_->arm(); };
+  h.stage_done = [this](int stage) { buckets_->stage_done(stage); };
+  return h;
+}
+
+template <typename T>
+void BasicTrainer<T>::sum_over_pipeline(std::vector<double>& values) const {
+  if (groups_ == nullptr || groups_->degrees().pp == 1) return;
+  ScopedPhase phase(Phase::Communication);
+  groups_->group(parallel::GroupKind::Pp).communicator().all_reduce(values);
 }
 
 template <typename T>
@@ -952,13 +1018,18 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   double sum = 0, counted = 0;
   for (int64_t it = 0; it < cfg_.eval_iters; ++it) {
     fill_inputs(*stream);
-    for (int64_t mb = 0; mb < n_micro_; ++mb) model_->forward(step_->io(mb));
+    runner_->forward_only(pipeline_hooks());
     step_->download();
+    const int loss_chunk = model_->num_chunks() - 1;
+    const bool has_loss = model_->chunk(loss_chunk).loss;
     for (int64_t mb = 0; mb < n_micro_; ++mb) {  // the report, after the iteration's forwards
-      mb_values_[mb * kMbValues] = step_->report(mb).lm_loss_sum;
-      mb_values_[mb * kMbValues + 1] = static_cast<double>(step_->report(mb).counted);
-      mb_values_[mb * kMbValues + 2] = mb_values_[mb * kMbValues + 3] = 0;
+      double* v = &mb_values_[mb * kMbValues];
+      std::fill(v, v + kMbValues, 0.0);
+      if (!has_loss) continue;
+      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
+      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
     }
+    sum_over_pipeline(mb_values_);
     if (dp_size_ > 1) {
       groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
     } else {

@@ -26,7 +26,9 @@
 #include "optim/optimizer.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/parallel_config.h"
+#include "parallel/pipeline_layout.h"
 #include "parallel/process_groups.h"
+#include "pipeline/pipeline_runner.h"
 #include "train/checkpoint_config.h"
 #include "train/metrics.h"
 #include "train/numeric_guard.h"
@@ -149,6 +151,7 @@ class BasicTrainer {
   model::GPTModel<T>& model() { return *model_; }
   const parallel::GradBuckets& grad_buckets() const { return *buckets_; }
   const optim::ChainedOptimizer& optimizer() const { return *optimizer_; }
+  const pipeline::PipelineRunner<T>& pipeline_runner() const { return *runner_; }
   int dp_size() const { return dp_size_; }
   int dp_rank() const { return dp_rank_; }
 
@@ -207,8 +210,17 @@ class BasicTrainer {
   // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
   // iteration) from `stream`.
   void fill_inputs(data::SampleStream& stream);
-  static constexpr int64_t kMbValues = 4;
-  std::vector<double> mb_values_;   // [n_micro, 4]: lm loss sum, counted tokens, aux, z
+  // What the pipeline runner asks the trainer for (inputs, report slots) and tells it (the
+  // loss for the guards, gradients ready for the buckets).
+  typename pipeline::PipelineRunner<T>::Hooks pipeline_hooks();
+  // values summed over the pipeline group (no-op without pipeline parallelism).
+  void sum_over_pipeline(std::vector<double>& values) const;
+  parallel::PipelineLayout layout_;  // pipeline parallelism: where every layer is
+  std::unique_ptr<pipeline::PipelineRunner<T>> runner_;
+  static constexpr int64_t kMbValues = 5;
+  // [n_micro, 5]: lm loss sum, counted tokens, aux and z values summed over the MoE layers,
+  // the MoE layers (over the pipeline stages once summed).
+  std::vector<double> mb_values_;
   std::vector<double> guard_losses_;  // [n_micro]: this rank's loss sums, for the guards
   int64_t eod_mask_ = -1;           // --eod-mask-loss: the tokenizer's EOD (-1: no masking)
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch

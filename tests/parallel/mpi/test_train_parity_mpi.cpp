@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -94,6 +95,10 @@ struct Run {
   // update.
   std::map<std::string, std::vector<double>> initial_weights, first_update_weights;
   int64_t buckets[2] = {0, 0};  // gradient buckets per kind (dense, expert)
+  // Pipeline parallelism: the decoder layers this rank holds, the forwards its last step
+  // recomputed before their backward.
+  std::vector<int64_t> layers;
+  int64_t replays = 0;
 };
 
 template <typename T>
@@ -173,14 +178,83 @@ std::vector<double> gather_global(const Param& p, const std::vector<double>& loc
   return hi;
 }
 
+// The name and global size of every parameter some rank holds (pipeline stages hold different
+// ones), the same list in the same order on every rank.
+std::map<std::string, int64_t> world_param_names(const ParamRegistry& params,
+                                                 const parallel::ProcessGroups& groups) {
+  std::string mine;
+  for (const Param& p : params.params()) mine += fmt::format("{} {}\n", p.name(), p.global_numel());
+  std::vector<int32_t> chars(mine.begin(), mine.end());
+  auto& world = groups.world().communicator();
+  std::vector<int64_t> counts(static_cast<size_t>(world.size()), 0);
+  std::vector<int64_t> n{static_cast<int64_t>(chars.size())};
+  world.all_gather(n, counts);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int32_t> all(static_cast<size_t>(total));
+  world.all_gather_v(chars, all, counts);
+  std::map<std::string, int64_t> out;
+  std::istringstream in(std::string(all.begin(), all.end()));
+  std::string name;
+  int64_t numel = 0;
+  while (in >> name >> numel) out[name] = numel;
+  return out;
+}
+
+// The global tensor of the parameter `name` (global_numel elements) held by some pipeline
+// stages: gather_global's comparison of the copies over the world, with the ranks that do not
+// hold it taking part with nothing.
+std::vector<double> gather_global_by_name(const std::string& name, int64_t global_numel,
+                                          const Param* p, const std::vector<double>& local,
+                                          const parallel::ProcessGroups& groups) {
+  const size_t n = static_cast<size_t>(global_numel);
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+  std::vector<double> hi(n, kNone), neg_lo(n, kNone), holders(n, 0.0);
+  for (int64_t i = 0; p != nullptr && i < p->local_numel(); ++i) {
+    const auto g = static_cast<size_t>(param_global_index(*p, i));
+    hi[g] = std::max(hi[g], local[static_cast<size_t>(i)]);
+    neg_lo[g] = std::max(neg_lo[g], -local[static_cast<size_t>(i)]);
+    holders[g] += 1;
+  }
+  auto& world = groups.world().communicator();
+  world.all_reduce(hi, parallel::ReduceOp::Max);
+  world.all_reduce(neg_lo, parallel::ReduceOp::Max);
+  world.all_reduce(holders);
+  int64_t differing = 0;
+  size_t first = 0;
+  for (size_t g = 0; g < n; ++g) {
+    EXPECT_GT(holders[g], 0) << name << " element " << g << " is held by no rank";
+    if (hi[g] != -neg_lo[g] && differing++ == 0) first = g;
+  }
+  EXPECT_EQ(differing, 0) << name << ": " << differing << " elements differ between the ranks "
+                          << "holding them, the first [" << first << "]: copies from "
+                          << -neg_lo[first] << " to " << hi[first];
+  return hi;
+}
+
 // Every parameter's global tensor (expert and TP slices gathered, replicas compared:
 // gather_global) from this rank's master values; tp_copies (if given) receives this rank's copy
-// of every replicated parameter.
+// of every replicated parameter. Under pipeline parallelism every stage's parameters, copies of
+// the tied table compared too.
 template <typename T>
 std::map<std::string, std::vector<double>> global_weights(
     train::BasicTrainer<T>& trainer, const parallel::ProcessGroups* groups,
     std::vector<Run::TpCopy>* tp_copies = nullptr) {
   std::map<std::string, std::vector<double>> out;
+  if (groups != nullptr && groups->degrees().pp > 1) {
+    const ParamRegistry& params = trainer.model().params();
+    for (const auto& [name, numel] : world_param_names(params, *groups)) {
+      const Param* p = params.find(name);
+      std::vector<double> local;
+      if (p != nullptr) {
+        local = master_values(trainer, *p, groups);
+        if (tp_copies != nullptr && p->spec.tp_role != TpRole::Sharded)
+          tp_copies->push_back({p->name(), p->spec.kind, local});
+      }
+      out[name] = gather_global_by_name(name, numel, p, local, *groups);
+    }
+    return out;
+  }
   for (const Param& p : trainer.model().params().params()) {
     std::vector<double> local = master_values(trainer, p, groups);
     if (tp_copies != nullptr && p.spec.tp_role != TpRole::Sharded) {
@@ -238,6 +312,8 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
     r.numel[i] = trainer.model().params().numel(k);
   }
   for (const auto& b : trainer.grad_buckets().buckets()) ++r.buckets[static_cast<int>(b.kind)];
+  r.layers = trainer.model().layers();
+  r.replays = trainer.pipeline_runner().replays();
   const ModelConfig& mc = f.model;
   r.k_rows = mc.head_dim();
   r.q_rows = mc.num_heads / mc.num_query_groups * mc.head_dim();
@@ -1365,6 +1441,94 @@ TEST(DataParallelValidation, GlobalAuxLossNeedsOneDpRank) {
     EXPECT_NE(std::string(e.what()).find("global_aux_loss"), std::string::npos) << e.what();
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline parallelism: 10 steps vs one rank (the world size picks the layouts), per-step
+// values, every weight gathered from the stages (the tied table's copies compared bitwise), and
+// the replicas within each stage.
+
+struct PpLayout {
+  int pp = 2, vp = 1, tp = 1, ep = 1;
+  bool sp = false;
+  const char* dispatcher = "alltoall";
+  bool megatron_model = false;  // dropout on
+  bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce
+  bool untied = false;
+  int layers = 4;
+  int world = 2;
+  std::vector<std::string> extra = {};
+};
+
+std::vector<std::string> pp_args(const PpLayout& l) {
+  std::vector<std::string> a = {
+      "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+      "--num-layers", std::to_string(l.layers), "--num-experts", "8",
+      "--moe-ffn-hidden-size", "16", "--ffn-hidden-size", "32",
+      "--moe-shared-expert-intermediate-size", "16", "--vocab-size", "64",
+      "--make-vocab-size-divisible-by", "16", "--micro-batch-size", "1",
+      "--global-batch-size", "8", "--log-interval", "1000", "--peak-tflops", "0.1",
+      "--train-iters", "10", "--lr-warmup-iters", "2", "--moe-z-loss-coeff", "1e-3",
+      "--clip-grad", "0.5", "--moe-aux-loss-coeff", "1e-2",
+      "--moe-token-dispatcher-type", l.dispatcher};
+  if (l.untied) a.push_back("--untie-embeddings-and-output-weights");
+  return a + l.extra;
+}
+
+std::string pp_name(const PpLayout& l) {
+  return fmt::format("pp={}{} tp={}{} ep={} dp={} {}{}{}{}{}", l.pp,
+                     l.vp > 1 ? fmt::format(" vp={}", l.vp) : "", l.tp, l.sp ? " sp" : "", l.ep,
+                     l.world / (l.pp * l.tp), l.dispatcher, l.megatron_model ? " dropout" : "",
+                     l.untied ? " untied" : " tied", l.distopt ? " dist-opt" : "",
+                     l.extra.empty() ? "" : " " + fmt::format("{}", fmt::join(l.extra, " ")));
+}
+
+const std::vector<PpLayout> kPpLayouts = {
+    // 2 ranks
+    {.pp = 2, .world = 2},
+    {.pp = 2, .untied = true, .world = 2},
+    {.pp = 2, .dispatcher = "allgather", .megatron_model = true, .world = 2},
+    // 4 ranks
+    {.pp = 4, .world = 4},
+    {.pp = 2, .ep = 2, .megatron_model = true, .distopt = true, .world = 4},
+    {.pp = 2, .tp = 2, .sp = true, .world = 4},
+    // 8 ranks
+    {.pp = 2, .tp = 2, .ep = 2, .sp = true, .world = 8},
+};
+
+template <typename T>
+void pipeline_parity(const std::vector<PpLayout>& list = kPpLayouts) {
+  int layouts = 0;
+  for (const PpLayout& l : list) {
+    if (l.world != g_rt.world_size) continue;
+    std::optional<MegatronModel> megatron;
+    if (l.megatron_model) megatron.emplace();
+    const std::vector<std::string> args = pp_args(l);
+    const Run ref = train_run<T>(args, nullptr);
+    parallel::ParallelConfig cfg;
+    cfg.pp = l.pp;
+    cfg.tp = l.tp;
+    cfg.ep = l.ep;
+    cfg.sequence_parallel = l.sp;
+    parallel::ProcessGroups groups = make_groups(cfg, args);
+    const std::vector<std::string> run_args = l.distopt ? args + kDistOpt + kOverlap : args;
+    const Run got = train_run<T>(run_args, &groups);
+    const std::string what = fmt::format("{} {}", dtype_str<T>(), pp_name(l));
+    report(what, compare(got, ref, parity_tol<T>(), what));
+    expect_replicas_equal(got, groups, what);
+    // The stage holds its share of the layers, and every stage but the last kept its inputs
+    // and recomputed (1F1B: the last runs each backward right after its forward).
+    const int stage = groups.pp_stage();
+    EXPECT_EQ(got.layers.size(), static_cast<size_t>(l.layers / l.pp)) << what;
+    if (!got.layers.empty()) EXPECT_EQ(got.layers[0], stage * l.layers / l.pp) << what;
+    if (stage < l.pp - 1) EXPECT_GT(got.replays, 0) << what << " stage " << stage;
+    if (stage == l.pp - 1 && l.vp == 1) EXPECT_EQ(got.replays, 0) << what;
+    ++layouts;
+  }
+  if (layouts == 0) GTEST_SKIP() << "no pipeline layout for world size " << g_rt.world_size;
+}
+
+TEST(PipelineParity, LayoutsF64) { pipeline_parity<double>(); }
+TEST(PipelineParity, LayoutsF32) { pipeline_parity<float>(); }
 
 }  // namespace
 }  // namespace moecore

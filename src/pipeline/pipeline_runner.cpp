@@ -1,0 +1,273 @@
+#include "pipeline/pipeline_runner.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/profiler.h"
+#include "ops/add.h"
+#include "ops/memory.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::pipeline {
+
+namespace {
+// MPI guarantees tags up to 32767; the tied table's exchange takes the last.
+constexpr int kMaxTag = 32767;
+constexpr int kTiedTag = kMaxTag;
+}  // namespace
+
+template <typename T>
+PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
+                                  const parallel::ProcessGroups* groups, int64_t num_microbatches,
+                                  int64_t group_size, const Exec& ex)
+    : model_(model), arena_(ex) {
+  cfg_.vp = model.num_chunks();
+  cfg_.num_microbatches = num_microbatches;
+  cfg_.group_size = group_size;
+  if (groups != nullptr && groups->group(parallel::GroupKind::Pp).size() > 1) {
+    const parallel::ProcessGroup& g = groups->group(parallel::GroupKind::Pp);
+    pp_ = &g.communicator();
+    cfg_.pp = g.size();
+    cfg_.rank = g.rank;
+  }
+  validate_schedule(cfg_);
+  in_flight_ = in_flight_per_chunk(cfg_);
+  elems_ = model.boundary_elems();
+  const int vp = cfg_.vp;
+  stash_.assign(vp, {});
+  stash_mb_.assign(vp, {});
+  stash_recv_.resize(vp);
+  int64_t most = 1;
+  for (int c = 0; c < vp; ++c) most = std::max(most, in_flight_[c]);
+  const bool tied = pipelined() && model.tied_table() != nullptr;
+  arena_.plan([&](Arena& a) {
+    if (!pipelined()) return;
+    for (int c = 0; c < vp; ++c) {
+      if (model.chunk(c).embedding) continue;  // its input is the token ids
+      stash_[c].clear();
+      for (int64_t s = 0; s < in_flight_[c]; ++s)
+        stash_[c].push_back(a.alloc<T>(elems_, "pipeline.stash", MemKind::Activations));
+    }
+    grad_in_ = a.alloc<T>(elems_, "pipeline.grad_in", MemKind::Workspace);
+    // Sends complete once the neighbour posts the receive; a pool per direction as deep as
+    // the micro-batches in flight lets a stage run ahead without waiting on them.
+    for (SendPool& p : send_) {
+      p.buf.clear();
+      for (int64_t s = 0; s < vp * most + 1; ++s)
+        p.buf.push_back(a.alloc<T>(elems_, "pipeline.send", MemKind::Workspace));
+    }
+    if (tied) {
+      tied_recv_ = a.alloc<T>(model.tied_table()->local_numel(), "pipeline.tied_grad",
+                              MemKind::Workspace);
+    }
+  });
+  for (int c = 0; c < vp; ++c) {
+    stash_mb_[c].assign(stash_[c].size(), -1);
+    stash_recv_[c].resize(stash_[c].size());
+  }
+  for (SendPool& p : send_) p.handle.resize(p.buf.size());
+}
+
+template <typename T>
+int PipelineRunner<T>::prev_rank(int c) const {
+  if (cfg_.rank == 0 && c == 0) return -1;
+  return (cfg_.rank + cfg_.pp - 1) % cfg_.pp;
+}
+
+template <typename T>
+int PipelineRunner<T>::next_rank(int c) const {
+  if (cfg_.rank == cfg_.pp - 1 && c == cfg_.vp - 1) return -1;
+  return (cfg_.rank + 1) % cfg_.pp;
+}
+
+template <typename T>
+int PipelineRunner<T>::tag(int64_t mb, int receiver_chunk, bool gradient) const {
+  return static_cast<int>(((mb * cfg_.vp + receiver_chunk) * 2 + (gradient ? 1 : 0)) % kMaxTag);
+}
+
+template <typename T>
+DevPtr<T> PipelineRunner<T>::send_slot(bool gradient, parallel::CommHandle** handle) {
+  SendPool& p = send_[gradient ? 1 : 0];
+  const size_t i = p.next;
+  p.next = (p.next + 1) % p.buf.size();
+  p.handle[i].wait_on(arena_.exec());  // its previous send has left (the buffer is written next)
+  *handle = &p.handle[i];
+  return p.buf[i];
+}
+
+template <typename T>
+void PipelineRunner<T>::train(double loss_grad_scale, const Hooks& hooks) {
+  ScheduleConfig c = cfg_;
+  c.forward_only = false;
+  run(schedule(c), loss_grad_scale, hooks, false);
+}
+
+template <typename T>
+void PipelineRunner<T>::forward_only(const Hooks& hooks) {
+  ScheduleConfig c = cfg_;
+  c.forward_only = true;
+  run(schedule(c), 0.0, hooks, true);
+}
+
+template <typename T>
+void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_scale,
+                            const Hooks& hooks, bool forward_only) {
+  const Exec& ex = arena_.exec();
+  const DType dt = DTypeOf<T>::value;
+  const int vp = cfg_.vp;
+  const int64_t M = cfg_.num_microbatches;
+  const int L = static_cast<int>(model_.config().num_layers);
+  // The tied table's gradient is final only once the other stage's part is added: its stage
+  // reports after the exchange.
+  const bool exchange = !forward_only && pipelined() && model_.tied_table() != nullptr;
+  std::vector<int64_t> backwards(vp, 0);
+  bool armed = false, final_backward = false;
+  model_.set_grad_ready_hook([&](int stage) {
+    if (!final_backward || (exchange && stage == L + 1)) return;
+    if (hooks.stage_done) hooks.stage_done(stage);
+  });
+  replays_ = 0;
+  for (int ch = 0; ch < vp; ++ch) std::fill(stash_mb_[ch].begin(), stash_mb_[ch].end(), -1);
+
+  // The slot of micro-batch mb's input in chunk ch, its receive posted if need be.
+  const auto find_slot = [&](int64_t mb, int ch) -> int {
+    for (size_t s = 0; s < stash_mb_[ch].size(); ++s) {
+      if (stash_mb_[ch][s] == mb) return static_cast<int>(s);
+    }
+    return -1;
+  };
+  const auto post_recv = [&](int64_t mb, int ch) -> bool {
+    for (size_t s = 0; s < stash_mb_[ch].size(); ++s) {
+      if (stash_mb_[ch][s] >= 0) continue;
+      stash_mb_[ch][s] = mb;
+      stash_recv_[ch][s] = pp_->recv_async(stash_[ch][s], elems_, dt, prev_rank(ch), tag(mb, ch, false));
+      return true;
+    }
+    return false;
+  };
+  const auto release = [&](int64_t mb, int ch) {
+    const int s = find_slot(mb, ch);
+    if (s >= 0) stash_mb_[ch][s] = -1;
+  };
+  // The inputs of the next forwards are received into free slots ahead of time, in schedule
+  // order (a later one never takes the slot an earlier one needs).
+  size_t prefetch = 0;
+  const auto prefetch_inputs = [&](size_t from) {
+    prefetch = std::max(prefetch, from);
+    for (; prefetch < order.size(); ++prefetch) {
+      const Work& w = order[prefetch];
+      if (w.pass != Pass::Forward || model_.chunk(w.chunk).embedding) continue;
+      if (find_slot(w.microbatch, w.chunk) >= 0) continue;
+      if (!post_recv(w.microbatch, w.chunk)) break;
+    }
+  };
+  if (pipelined()) prefetch_inputs(0);
+
+  bool have_last = false;
+  Work last{Pass::Forward, -1, -1};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Work& w = order[i];
+    const int ch = w.chunk;
+    const int64_t mb = w.microbatch;
+    const parallel::VirtualStage& st = model_.chunk(ch);
+    DevPtr<const T> input = nullptr;
+    if (pipelined() && !st.embedding) {
+      int s = find_slot(mb, ch);
+      if (s < 0) {
+        MOE_CHECK(post_recv(mb, ch), "[pipeline] no free input slot for micro-batch {} of chunk {}",
+                  mb, ch);
+        s = find_slot(mb, ch);
+      }
+      if (w.pass == Pass::Forward) {
+        ScopedPhase phase(Phase::Communication);
+        stash_recv_[ch][s].wait_on(ex);
+      }
+      input = stash_[ch][s];
+    }
+    if (w.pass == Pass::Forward) {
+      model_.forward_chunk(ch, hooks.io(mb, ch), input, mb);
+      if (st.loss) {
+        if (hooks.after_loss_forward) hooks.after_loss_forward(mb, ch);
+      } else if (pipelined()) {
+        parallel::CommHandle* h = nullptr;
+        DevPtr<T> buf;
+        {
+          ScopedPhase phase(Phase::Communication);
+          buf = send_slot(false, &h);
+        }
+        ops::copy(ex, buf, model_.chunk_output(ch), elems_);
+        *h = pp_->send_async(buf, elems_, dt, next_rank(ch), tag(mb, next_chunk(ch), false));
+      }
+      if (forward_only) release(mb, ch);
+    } else {
+      // The activations are the last forward's: any other forward since, and the chunk reruns
+      // this micro-batch's from its kept input.
+      if (!have_last || last.pass != Pass::Forward || last.microbatch != mb || last.chunk != ch) {
+        model_.forward_chunk(ch, hooks.io(mb, ch), input, mb, /*replay=*/true);
+        ++replays_;
+      }
+      DevPtr<const T> dout = nullptr;
+      if (!st.loss) {
+        ScopedPhase phase(Phase::Communication);
+        pp_->recv_async(grad_in_, elems_, dt, next_rank(ch), tag(mb, ch, true)).wait_on(ex);
+        dout = grad_in_;
+      }
+      final_backward = backwards[ch] == M - 1;
+      if (final_backward && !armed) {
+        if (hooks.arm) hooks.arm();
+        armed = true;
+      }
+      model_.backward_chunk(ch, loss_grad_scale, dout, mb);
+      final_backward = false;
+      ++backwards[ch];
+      if (pipelined() && !st.embedding) {
+        parallel::CommHandle* h = nullptr;
+        DevPtr<T> buf;
+        {
+          ScopedPhase phase(Phase::Communication);
+          buf = send_slot(true, &h);
+        }
+        ops::copy(ex, buf, model_.input_grad(), elems_);
+        *h = pp_->send_async(buf, elems_, dt, prev_rank(ch), tag(mb, prev_chunk(ch), true));
+      }
+      release(mb, ch);
+    }
+    have_last = true;
+    last = w;
+    if (pipelined()) prefetch_inputs(i + 1);
+  }
+  if (pipelined()) {
+    ScopedPhase phase(Phase::Communication);
+    for (SendPool& p : send_) {
+      for (parallel::CommHandle& h : p.handle) h.wait_on(ex);
+    }
+  }
+  if (exchange) {
+    exchange_tied_gradient();
+    if (hooks.stage_done) hooks.stage_done(L + 1);
+  }
+  model_.set_grad_ready_hook(nullptr);
+}
+
+// Megatron's embedding group: the first stage's table and the last stage's copy get the sum of
+// both gradients (a + b on one, b + a on the other: bitwise the same), before the data-parallel
+// reduction, so both copies take the same update.
+template <typename T>
+void PipelineRunner<T>::exchange_tied_gradient() {
+  ScopedPhase phase(Phase::Communication);
+  const Exec& ex = arena_.exec();
+  Param* table = model_.tied_table();
+  const int64_t n = table->local_numel();
+  const int peer = cfg_.rank == 0 ? cfg_.pp - 1 : 0;
+  const DevPtr<T> grad = table->template grad_as<T>();
+  parallel::CommHandle send = pp_->send_async(grad, n, DTypeOf<T>::value, peer, kTiedTag);
+  parallel::CommHandle recv = pp_->recv_async(tied_recv_, n, DTypeOf<T>::value, peer, kTiedTag);
+  recv.wait_on(ex);
+  send.wait_on(ex);  // the sum is written into the buffer it sent
+  ops::add(ex, grad, DevPtr<const T>(grad), DevPtr<const T>(tied_recv_), n);
+}
+
+template class PipelineRunner<float>;
+template class PipelineRunner<double>;
+
+}  // namespace moecore::pipeline

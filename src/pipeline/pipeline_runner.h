@@ -1,0 +1,105 @@
+// Runs one global batch's micro-batches through this rank's model chunks in its pipeline
+// schedule (pipeline/schedule.h): the forwards and backwards in Megatron's order, the activations
+// and their gradients to and from the neighbouring virtual stages (point-to-point on the pipeline
+// group, non-blocking, through parallel::Communicator), the gradients' readiness for the
+// data-parallel reduction, and the tied embedding's gradient summed between the first and the
+// last stage. Without pipeline parallelism it is the plain loop (each micro-batch's forward then
+// its backward) with no communication.
+//
+// Memory: each chunk keeps the input of every micro-batch in flight (the schedule's peak, planned
+// up front), not its activations: a backward that does not directly follow its own forward first
+// recomputes that forward from the kept input (the values are bitwise the same: every random
+// stream is keyed by the micro-batch, not by the order), so a stage holds one micro-batch's
+// activations per chunk whatever the warm-up depth.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/gpt_model.h"
+#include "parallel/communicator.h"
+#include "pipeline/schedule.h"
+
+namespace moecore::parallel {
+class ProcessGroups;
+}
+
+namespace moecore::pipeline {
+
+template <typename T>
+class PipelineRunner {
+ public:
+  // What the runner asks its owner (the trainer) for, and tells it.
+  struct Hooks {
+    // Micro-batch mb's inputs and the report slot of its forward in chunk c.
+    std::function<model::MicroBatchIO(int64_t mb, int chunk)> io;
+    // After the forward with the loss of micro-batch mb (the numeric guards' loss check).
+    std::function<void(int64_t mb, int chunk)> after_loss_forward;
+    // Once, before the first backward that finalises a gradient (the step's last micro-batch of
+    // some chunk): the data-parallel buckets may launch from then on.
+    std::function<void()> arm;
+    // A backward stage's gradients are final for the step (GPTModel::grad_stages numbering).
+    std::function<void(int stage)> stage_done;
+  };
+
+  // model: this rank's chunks; groups: null or pp == 1 for no pipelining. group_size:
+  // --microbatch-group-size-per-virtual-pipeline-stage (0: pp). Plans the boundary buffers for
+  // the schedule of num_microbatches (the training and the eval schedule have the same count).
+  PipelineRunner(model::GPTModel<T>& model, const parallel::ProcessGroups* groups,
+                 int64_t num_microbatches, int64_t group_size, const Exec& ex);
+
+  // The training step's forwards and backwards of every micro-batch (loss_grad_scale for each
+  // backward), the tied table's gradient exchanged, every stage reported done.
+  void train(double loss_grad_scale, const Hooks& hooks);
+  // Every micro-batch's forward (eval): the forward-only schedule.
+  void forward_only(const Hooks& hooks);
+
+  const ScheduleConfig& schedule_config() const { return cfg_; }
+  // Micro-batches whose input each chunk keeps at most (the stash), and the planned bytes.
+  const std::vector<int64_t>& in_flight() const { return in_flight_; }
+  size_t planned_bytes() const { return arena_.planned_bytes(); }
+  // Forwards recomputed before their backward in the last train() (0 without pipelining).
+  int64_t replays() const { return replays_; }
+  bool pipelined() const { return cfg_.pp > 1; }
+
+ private:
+  // Where a chunk's neighbours are: the virtual stage before / after (pp rank, chunk); -1 when
+  // it is the first / last.
+  int prev_rank(int c) const;
+  int next_rank(int c) const;
+  int prev_chunk(int c) const { return cfg_.rank == 0 ? c - 1 : c; }
+  int next_chunk(int c) const { return cfg_.rank == cfg_.pp - 1 ? c + 1 : c; }
+  // The message tags of micro-batch mb's activation entering chunk c of the receiving rank,
+  // and of the gradient leaving it.
+  int tag(int64_t mb, int receiver_chunk, bool gradient) const;
+  void run(const std::vector<Work>& order, double loss_grad_scale, const Hooks& hooks,
+           bool forward_only);
+  // A send buffer of the direction's pool, waiting for its previous send to complete.
+  DevPtr<T> send_slot(bool gradient, parallel::CommHandle** handle);
+  void exchange_tied_gradient();
+
+  model::GPTModel<T>& model_;
+  parallel::Communicator* pp_ = nullptr;  // the pipeline group (null: no pipelining)
+  ScheduleConfig cfg_;
+  std::vector<int64_t> in_flight_;
+  int64_t elems_ = 0;  // one boundary activation
+  Arena arena_;
+  // Per chunk: the kept inputs of the micro-batches in flight ([in_flight] x [elems]).
+  std::vector<std::vector<DevPtr<T>>> stash_;
+  std::vector<std::vector<int64_t>> stash_mb_;  // which micro-batch each slot holds (-1: free)
+  std::vector<std::vector<parallel::CommHandle>> stash_recv_;
+  DevPtr<T> grad_in_ = nullptr;  // the received output gradient of the next backward
+  struct SendPool {
+    std::vector<DevPtr<T>> buf;
+    std::vector<parallel::CommHandle> handle;
+    size_t next = 0;
+  };
+  SendPool send_[2];  // [0] activations forward, [1] gradients backward
+  DevPtr<T> tied_recv_ = nullptr;  // the other stage's tied-table gradient
+  int64_t replays_ = 0;
+};
+
+}  // namespace moecore::pipeline
