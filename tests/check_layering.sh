@@ -15,15 +15,15 @@ declare -A allowed=(
   [data]="core"
   [ckpt]="core"
   [optim]="core ops nn parallel"
-  # Pipeline parallelism: schedules, the stage's model chunks, point-to-point.
+  # Pipeline parallelism: the schedule tables, the stage's model chunks, point-to-point.
   [pipeline]="core ops nn parallel moe model"
   [train]="core ops nn parallel moe model data optim ckpt pipeline"
   # The command line: flags -> configs, and the train / eval entry points.
-  [cli]="core ops nn parallel moe model data optim ckpt pipeline train"
+  [cli]="core ops nn parallel moe model data optim ckpt train pipeline"
   # plan and convert read parsed Megatron command lines (their commands' flags); plan reads a
   # HuggingFace config.json with convert's reader (convert/hf_config_reader.h), the one reader.
-  [convert]="core ops nn parallel moe model data optim ckpt pipeline train cli"
-  [plan]="core ops nn parallel moe model data optim ckpt pipeline train cli convert"
+  [convert]="core ops nn parallel moe model data optim ckpt train cli pipeline"
+  [plan]="core ops nn parallel moe model data optim ckpt train cli convert pipeline"
 )
 status=0
 for dir in "$src"/*/; do

@@ -117,6 +117,9 @@ const std::vector<FlagRange>& flag_ranges() {
       at_least("--expert-tensor-parallel-size", 1),
       at_least("--decoder-first-pipeline-num-layers", 0),
       at_least("--decoder-last-pipeline-num-layers", 0),
+      at_least("--num-virtual-stages-per-pipeline-rank", 1),
+      at_least("--num-layers-per-virtual-pipeline-stage", 1),
+      at_least("--microbatch-group-size-per-virtual-pipeline-stage", 1),
       above("--distributed-timeout-minutes", 0),
   };
   return table;

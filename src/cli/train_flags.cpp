@@ -315,6 +315,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-shared-expert-gate", &m.moe.shared_expert_gate},
       {"--sequence-parallel", &f.parallel.sequence_parallel},
       {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping},
+      {"--account-for-embedding-in-pipeline-split", &f.parallel.account_for_embedding},
+      {"--account-for-loss-in-pipeline-split", &f.parallel.account_for_loss},
       {"--mock-data", &t.data.mock_data}};
   for (const auto& [name, value] : switches) {
     app.get_option(name)->default_str(*value ? "true" : "false");

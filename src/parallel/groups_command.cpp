@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "parallel/pipeline_layout.h"
 
 namespace moecore::parallel {
 namespace {
@@ -98,7 +99,8 @@ Subcommand add_groups_command(CLI::App& app) {
                                            .moe_ffn_hidden = f->moe_ffn_hidden,
                                            .seq_length = f->seq_length,
                                            .shared_ffn_hidden = f->shared_ffn_hidden,
-                                           .vocab_size = std::nullopt};
+                                           .vocab_size = std::nullopt,
+                                           .mtp_num_layers = std::nullopt};
                       validate_layout(f->parallel, f->world_size, dims);
                       const Layout layout = make_layout(f->parallel, f->world_size);
                       if (f->json) {
@@ -109,6 +111,10 @@ Subcommand add_groups_command(CLI::App& app) {
                                 "[groups] --rank {} outside the world of {} ranks", f->rank,
                                 f->world_size);
                       print_layout(std::cout, layout, f->rank);
+                      if (f->num_layers) {
+                        std::cout << "pipeline stages:\n"
+                                  << pipeline_layout(f->parallel, *f->num_layers).describe();
+                      }
                       return 0;
                     }};
 }

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "parallel/pipeline_layout.h"
 
 namespace moecore::parallel {
 
@@ -75,16 +76,13 @@ Degrees resolve_degrees(const ParallelConfig& cfg, int world_size) {
   return d;
 }
 
-int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage) {
+int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage, int64_t mtp_layers) {
   MOE_CHECK(stage >= 0 && stage < cfg.pp, "[parallel] pipeline stage {} outside [0, {})", stage,
             cfg.pp);
-  const bool first = cfg.first_stage_layers > 0, last = cfg.last_stage_layers > 0;
-  if (first && stage == 0) return cfg.first_stage_layers;
-  if (last && stage == cfg.pp - 1) return cfg.last_stage_layers;
-  const int middle_stages = cfg.pp - int{first} - int{last};
-  const int middle_layers =
-      num_layers - (first ? cfg.first_stage_layers : 0) - (last ? cfg.last_stage_layers : 0);
-  return middle_stages > 0 ? middle_layers / middle_stages : 0;
+  const PipelineLayout layout = pipeline_layout(cfg, num_layers, mtp_layers);
+  int64_t n = 0;
+  for (int chunk = 0; chunk < layout.vp; ++chunk) n += layout.stage(stage, chunk).num_layers;
+  return static_cast<int>(n);
 }
 
 Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& m) {
@@ -113,38 +111,8 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
               "expert count)",
               e, cfg.ep, e);
   }
-  if (m.num_layers) {
-    const int64_t l = *m.num_layers;
-    const bool uneven = cfg.first_stage_layers > 0 || cfg.last_stage_layers > 0;
-    if (!uneven) {
-      MOE_CHECK(l % cfg.pp == 0,
-                "[parallel] --num-layers {} is not divisible by --pipeline-model-parallel-size "
-                "{}: change either, or give uneven stages with "
-                "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers",
-                l, cfg.pp);
-    } else {
-      const int first = cfg.first_stage_layers, last = cfg.last_stage_layers;
-      const int64_t middle_layers = l - first - last;
-      const int middle_stages = cfg.pp - (first > 0) - (last > 0);
-      MOE_CHECK(middle_layers >= 0,
-                "[parallel] uneven stages take {} (first) + {} (last) layers, more than "
-                "--num-layers {}",
-                first, last, l);
-      if (middle_stages == 0) {
-        MOE_CHECK(middle_layers == 0,
-                  "[parallel] with pp={} the first and last stages are all stages, so "
-                  "--decoder-first-pipeline-num-layers {} + --decoder-last-pipeline-num-layers "
-                  "{} must equal --num-layers {}",
-                  cfg.pp, first, last, l);
-      } else {
-        MOE_CHECK(middle_layers > 0 && middle_layers % middle_stages == 0,
-                  "[parallel] uneven stages leave {} layers for the other {} pipeline stages "
-                  "(--num-layers {} - first {} - last {}): they must split evenly and not be "
-                  "empty; adjust --decoder-first/last-pipeline-num-layers",
-                  middle_layers, middle_stages, l, first, last);
-      }
-    }
-  }
+  // Every decoder layer on exactly one virtual stage, or an error naming the flags.
+  if (m.num_layers) pipeline_layout(cfg, *m.num_layers, m.mtp_num_layers.value_or(0));
   // Megatron: with EP and TP together the MoE input must be sequence-parallel, so the
   // dispatcher sees each token once per TP group instead of TP duplicates.
   MOE_CHECK(!(cfg.tp > 1 && cfg.ep > 1) || cfg.sequence_parallel,
@@ -240,6 +208,25 @@ void add_parallel_flags(CLI::App& app, ParallelConfig& cfg) {
       ->group(g);
   app.add_option("--decoder-last-pipeline-num-layers", cfg.last_stage_layers,
                  "Layers on the last pipeline stage (uneven stages)")
+      ->group(g);
+  app.add_option("--num-virtual-stages-per-pipeline-rank", cfg.vp_stages,
+                 "Virtual pipeline stages per pipeline rank (interleaved schedule)")
+      ->group(g);
+  app.add_option("--num-layers-per-virtual-pipeline-stage", cfg.layers_per_vp_stage,
+                 "Layers per virtual pipeline stage (sets the virtual stages per rank)")
+      ->group(g);
+  app.add_option("--microbatch-group-size-per-virtual-pipeline-stage", cfg.microbatch_group_size,
+                 "Micro-batches a virtual stage runs in a row (default: the pipeline size)")
+      ->group(g);
+  app.add_flag("--account-for-embedding-in-pipeline-split", cfg.account_for_embedding,
+               "The embedding counts as one layer of the first pipeline stage")
+      ->group(g);
+  app.add_flag("--account-for-loss-in-pipeline-split", cfg.account_for_loss,
+               "The loss (final norm, head) counts as one layer of the last pipeline stage")
+      ->group(g);
+  app.add_option("--pipeline-model-parallel-layout", cfg.layout,
+                 "Every virtual stage spelled out, e.g. \"E|(t|)*3,m|m||L\" (E embedding, t "
+                 "decoder layer, m MTP layer, L loss)")
       ->group(g);
   app.add_option("--distributed-timeout-minutes", cfg.timeout_minutes,
                  "A collective waiting longer reports the missing ranks and aborts (moecore train: "

@@ -24,6 +24,18 @@ struct ParallelConfig {
   // Uneven pipeline stages (Megatron's --decoder-first/last-pipeline-num-layers); 0: even split.
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // Virtual pipeline stages (interleaved 1F1B); at most one of the three is set. 0: unset.
+  int vp_stages = 0;            // --num-virtual-stages-per-pipeline-rank
+  int layers_per_vp_stage = 0;  // --num-layers-per-virtual-pipeline-stage
+  // --microbatch-group-size-per-virtual-pipeline-stage: micro-batches a virtual stage runs in a
+  // row (forward and backward); 0: pp (Megatron's depth-first default).
+  int microbatch_group_size = 0;
+  // The embedding / the loss (final norm, head, cross entropy) count as one decoder layer of the
+  // first / last stage when splitting (--account-for-embedding/loss-in-pipeline-split).
+  bool account_for_embedding = false;
+  bool account_for_loss = false;
+  // --pipeline-model-parallel-layout: every virtual stage spelled out ("E|(t|)*3,m|m||L").
+  std::string layout;
   // A blocking wait in any collective longer than this reports who is missing and aborts the
   // job. Megatron's --distributed-timeout-minutes (default 10); fractions allowed.
   double timeout_minutes = 10.0;
@@ -32,6 +44,13 @@ struct ParallelConfig {
   // The rank order string, fastest-varying first (Megatron's RankGenerator).
   std::string order() const { return use_tp_pp_dp_mapping ? "tp-cp-ep-pp-dp" : "tp-cp-ep-dp-pp"; }
   double timeout_seconds() const { return timeout_minutes * 60.0; }
+  // Virtual pipeline stages per rank, from whichever flag sets them (1 when none does): the
+  // layout's stage count / pp, --num-virtual-stages-per-pipeline-rank, or the layers of a rank /
+  // --num-layers-per-virtual-pipeline-stage (which needs num_layers). Throws naming the flags
+  // when more than one is given or they do not divide (pipeline_layout.cpp).
+  int vp(int64_t num_layers) const;
+  // The micro-batch group of the interleaved schedule (0 resolved to pp).
+  int microbatch_group() const { return microbatch_group_size > 0 ? microbatch_group_size : pp; }
 };
 
 // The degrees resolved against a world size: both grids of Parallel Folding.
@@ -63,18 +82,21 @@ struct ModelDims {
   std::optional<int64_t> seq_length;           // --seq-length
   std::optional<int64_t> shared_ffn_hidden;    // --moe-shared-expert-intermediate-size (0: none)
   std::optional<int64_t> vocab_size;           // the padded vocabulary
+  std::optional<int64_t> mtp_num_layers;       // --mtp-num-layers (a layout string's m's)
 };
 
 // resolve_degrees plus the model-dependent rules: EP divides the expert count (and needs
-// experts), PP divides the layers unless uneven stages are given (then the stages must add up),
+// experts), every decoder layer placed on exactly one pipeline stage (pipeline_layout: even
+// split, uneven first/last stages, virtual stages, account-for flags, a layout string),
 // TP > 1 with EP > 1 needs --sequence-parallel, heads / query groups / ffn widths divisible by
 // tp (etp for experts), the shared experts' width and the padded vocabulary divisible by tp,
 // sequence length divisible by 2*cp (causal load balancing), by tp (the MoE layer and sequence
 // parallelism split tokens by sequence position) and, with sequence parallelism, by tp*cp.
 Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& model);
 
-// Layers held by pipeline stage `stage` (uneven first/last stages honoured).
-int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage);
+// Decoder layers held by pipeline rank `stage`, all its virtual stages together: a sum over
+// pipeline_layout (pipeline_layout.h), which validates the placement.
+int stage_num_layers(const ParallelConfig& cfg, int num_layers, int stage, int64_t mtp_layers = 0);
 
 // Binds the Megatron-LM flags above to `cfg` (group "Distributed"). The caller validates after
 // parsing with validate_layout, once the world size and the model are known.

@@ -18,6 +18,7 @@ void validate_run(const ModelSpec& m, const RunSpec& run, int world) {
   dims.ffn_hidden = m.ffn_hidden;
   if (m.num_experts > 0) dims.moe_ffn_hidden = m.moe_ffn_hidden;
   dims.seq_length = m.seq_length;
+  dims.mtp_num_layers = m.mtp_num_layers;
   const parallel::Degrees d = parallel::validate_layout(run.parallel, world, dims);
   // The vocab-parallel embedding and output head hold vocab / tp rows each.
   MOE_CHECK(m.vocab_size % d.tp == 0,

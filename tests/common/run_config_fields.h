@@ -192,6 +192,12 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("parallel.use_tp_pp_dp_mapping", text(p.use_tp_pp_dp_mapping));
   add("parallel.first_stage_layers", text(p.first_stage_layers));
   add("parallel.last_stage_layers", text(p.last_stage_layers));
+  add("parallel.vp_stages", text(p.vp_stages));
+  add("parallel.layers_per_vp_stage", text(p.layers_per_vp_stage));
+  add("parallel.microbatch_group_size", text(p.microbatch_group_size));
+  add("parallel.account_for_embedding", text(p.account_for_embedding));
+  add("parallel.account_for_loss", text(p.account_for_loss));
+  add("parallel.layout", text(p.layout));
   add("parallel.timeout_minutes", text(p.timeout_minutes));
   return out;
 }

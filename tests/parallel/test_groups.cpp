@@ -262,11 +262,12 @@ TEST(ParallelValidation, PpMustDivideLayersUnlessUneven) {
   EXPECT_EQ(stage_num_layers(c, 7, 3), 2);
   c.last_stage_layers = 1;  // 7 - 2 = 5 over 2 middle stages: uneven
   expect_error([&] { validate_layout(c, 4, dims(7, 0)); },
-               {"leave 5 layers for the other 2 pipeline stages"});
+               {"leave 5 layers for the 2 middle pipeline stages", "split evenly"});
   c = cfg(1, 2, 1, 1, 0);
   c.first_stage_layers = 3;
   c.last_stage_layers = 3;
-  expect_error([&] { validate_layout(c, 2, dims(7, 0)); }, {"must equal --num-layers 7"});
+  expect_error([&] { validate_layout(c, 2, dims(7, 0)); },
+               {"leave 1 layers for 0 middle pipeline stages", "--num-layers 7"});
   c = cfg(1, 1, 1, 1, 0);
   c.first_stage_layers = 2;
   expect_error([&] { validate_layout(c, 1, dims(4, 0)); },
