@@ -249,7 +249,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
                                                 /*size_only=*/false, exec_, chunks);
   runner_ = std::make_unique<pipeline::PipelineRunner<T>>(
-      *model_, groups_, n_micro_, /*group_size=*/0,
+      *model_, groups_, n_micro_, pp > 1 ? groups_->layout().config.microbatch_group_size : 0,
       exec_);
 
   // The partial gradients of ReplicatedPartialGrad parameters are summed over tp (dense) and
