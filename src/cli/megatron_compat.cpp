@@ -100,7 +100,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        "position embeddings other than learned_absolute, rope and none", ""},
       {"--rotary-percent", Y, "1", "partial rotary embeddings", ""},
       {"--rotary-seq-len-interpolation-factor", Y, "|1", "RoPE sequence-length interpolation", ""},
-      {"--pipeline-model-parallel-size", Y, "1", "pipeline parallelism", ""},
       {"--context-parallel-size", Y, "1", "context parallelism", ""},
       {"--fp16", Y, "", "fp16 with loss scaling", ""},
       {"--fp8-format", Y, "", "fp8", ""},

@@ -66,6 +66,19 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
     stash_recv_[c].resize(stash_[c].size());
   }
   for (SendPool& p : send_) p.handle.resize(p.buf.size());
+  ScheduleConfig c = cfg_;
+  train_order_ = schedule(c);
+  c.forward_only = true;
+  eval_order_ = schedule(c);
+  backwards_.assign(vp, 0);
+  model_.set_grad_ready_hook([this](int stage) { this->stage_done(stage); });
+}
+
+template <typename T>
+void PipelineRunner<T>::stage_done(int stage) {
+  const int L = static_cast<int>(model_.config().num_layers);
+  if (hooks_ == nullptr || !final_backward_ || (exchange_ && stage == L + 1)) return;
+  if (hooks_->stage_done) hooks_->stage_done(stage);
 }
 
 template <typename T>
@@ -97,16 +110,12 @@ DevPtr<T> PipelineRunner<T>::send_slot(bool gradient, parallel::CommHandle** han
 
 template <typename T>
 void PipelineRunner<T>::train(double loss_grad_scale, const Hooks& hooks) {
-  ScheduleConfig c = cfg_;
-  c.forward_only = false;
-  run(schedule(c), loss_grad_scale, hooks, false);
+  run(train_order_, loss_grad_scale, hooks, false);
 }
 
 template <typename T>
 void PipelineRunner<T>::forward_only(const Hooks& hooks) {
-  ScheduleConfig c = cfg_;
-  c.forward_only = true;
-  run(schedule(c), 0.0, hooks, true);
+  run(eval_order_, 0.0, hooks, true);
 }
 
 template <typename T>
@@ -119,13 +128,10 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   const int L = static_cast<int>(model_.config().num_layers);
   // The tied table's gradient is final only once the other stage's part is added: its stage
   // reports after the exchange.
-  const bool exchange = !forward_only && pipelined() && model_.tied_table() != nullptr;
-  std::vector<int64_t> backwards(vp, 0);
-  bool armed = false, final_backward = false;
-  model_.set_grad_ready_hook([&](int stage) {
-    if (!final_backward || (exchange && stage == L + 1)) return;
-    if (hooks.stage_done) hooks.stage_done(stage);
-  });
+  exchange_ = !forward_only && pipelined() && model_.tied_table() != nullptr;
+  std::fill(backwards_.begin(), backwards_.end(), 0);
+  bool armed = false;
+  hooks_ = &hooks;
   replays_ = 0;
   for (int ch = 0; ch < vp; ++ch) std::fill(stash_mb_[ch].begin(), stash_mb_[ch].end(), -1);
 
@@ -212,14 +218,14 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
         pp_->recv_async(grad_in_, elems_, dt, next_rank(ch), tag(mb, ch, true)).wait_on(ex);
         dout = grad_in_;
       }
-      final_backward = backwards[ch] == M - 1;
-      if (final_backward && !armed) {
+      final_backward_ = backwards_[ch] == M - 1;
+      if (final_backward_ && !armed) {
         if (hooks.arm) hooks.arm();
         armed = true;
       }
       model_.backward_chunk(ch, loss_grad_scale, dout, mb);
-      final_backward = false;
-      ++backwards[ch];
+      final_backward_ = false;
+      ++backwards_[ch];
       if (pipelined() && !st.embedding) {
         parallel::CommHandle* h = nullptr;
         DevPtr<T> buf;
@@ -242,11 +248,11 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
       for (parallel::CommHandle& h : p.handle) h.wait_on(ex);
     }
   }
-  if (exchange) {
+  if (exchange_) {
     exchange_tied_gradient();
     if (hooks.stage_done) hooks.stage_done(L + 1);
   }
-  model_.set_grad_ready_hook(nullptr);
+  hooks_ = nullptr;
 }
 
 // Megatron's embedding group: the first stage's table and the last stage's copy get the sum of

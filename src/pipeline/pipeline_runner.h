@@ -77,6 +77,9 @@ class PipelineRunner {
   int tag(int64_t mb, int receiver_chunk, bool gradient) const;
   void run(const std::vector<Work>& order, double loss_grad_scale, const Hooks& hooks,
            bool forward_only);
+  // The model's grad-ready hook (set once): a stage goes to hooks_->stage_done when the running
+  // backward finalises it (its chunk's last micro-batch), the tied table's after the exchange.
+  void stage_done(int stage);
   // A send buffer of the direction's pool, waiting for its previous send to complete.
   DevPtr<T> send_slot(bool gradient, parallel::CommHandle** handle);
   void exchange_tied_gradient();
@@ -100,6 +103,11 @@ class PipelineRunner {
   SendPool send_[2];  // [0] activations forward, [1] gradients backward
   DevPtr<T> tied_recv_ = nullptr;  // the other stage's tied-table gradient
   int64_t replays_ = 0;
+  // Planned once: the schedules, and the step's counters (a step allocates nothing).
+  std::vector<Work> train_order_, eval_order_;
+  std::vector<int64_t> backwards_;  // per chunk, in the running step
+  const Hooks* hooks_ = nullptr;    // the running step's
+  bool final_backward_ = false, exchange_ = false;
 };
 
 }  // namespace moecore::pipeline

@@ -87,6 +87,34 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
   return v.get<int64_t>();
 }
 
+// Whether a tensor of the model is held by another pipeline stage than this rank's: a decoder
+// layer of the model that this rank does not hold, the embedding tables on a rank without the
+// embedding, the final norm and output layer on a rank without the loss.
+template <typename T>
+bool on_another_stage(const model::GPTModel<T>& model, const std::string& name) {
+  const int chunks = model.num_chunks();
+  const bool whole = chunks == 1 && model.chunk(0).embedding && model.chunk(0).loss;
+  if (whole) return false;
+  const std::string layers = "decoder.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    int64_t l = -1;
+    const size_t end = name.find('.', layers.size());
+    if (end == std::string::npos) return false;
+    try {
+      l = std::stoll(name.substr(layers.size(), end - layers.size()));
+    } catch (const std::exception&) {
+      return false;
+    }
+    const std::vector<int64_t>& mine = model.layers();
+    return l >= 0 && l < model.config().num_layers &&
+           std::find(mine.begin(), mine.end(), l) == mine.end();
+  }
+  if (name.rfind("embedding.", 0) == 0) return !model.chunk(0).embedding;
+  if (name.rfind("decoder.final_layernorm.", 0) == 0 || name.rfind("output_layer.", 0) == 0)
+    return !model.chunk(chunks - 1).loss;
+  return false;
+}
+
 HolderRanks holder_ranks(const parallel::ProcessGroups* groups) {
   HolderRanks h;
   if (groups == nullptr) return h;
@@ -421,11 +449,14 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
       store(t, bytes);
       read.insert(t.name);
     }
-    // Every model tensor of the checkpoint has a place here (another model fails above or here).
+    // Every model tensor of the checkpoint has a place here (another model fails above or here):
+    // on this pipeline stage, or on another that holds its layer, the embedding or the loss (which
+    // checks it there).
     std::string unused;
     int n_unused = 0;
     for (const ckpt::GlobalTensor& g : m.tensors) {
       if (is_optimizer_tensor(g.name) || read.count(g.name) > 0) continue;
+      if (on_another_stage(*model_, g.name)) continue;
       if (++n_unused <= 5) unused += (unused.empty() ? "'" : ", '") + g.name + "'";
     }
     MOE_CHECK(n_unused == 0,

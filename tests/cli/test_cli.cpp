@@ -209,7 +209,7 @@ TEST(Cli, ParallelFlags) {
                "world size 1 is not divisible by tp*cp*pp = 2*1*1 = 2");
   expect_stops("--context-parallel-size 2", "--context-parallel-size 2: context parallelism");
   expect_stops("--pipeline-model-parallel-size 2",
-               "--pipeline-model-parallel-size 2: pipeline parallelism");
+               "world size 1 is not divisible by tp*cp*pp = 1*1*2 = 2");
   expect_stops("--expert-tensor-parallel-size 2", "etp*ep*pp = 2*1*1 = 2");
   expect_stops("--expert-model-parallel-size 2", "etp*ep*pp = 1*2*1 = 2");  // one rank only
   expect_stops("--ddp-bucket-size -5", "--ddp-bucket-size -5 is out of range: it must be >= 0");

@@ -482,6 +482,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       // Parallelism (one rank parses any layout; the ranks check it against the world).
       {"--expert-model-parallel-size", "", "2", {{"parallel.ep", "2"}}},
       {"--tensor-model-parallel-size", "", "2", {{"parallel.tp", "2"}}},
+      {"--pipeline-model-parallel-size", "", "2", {{"parallel.pp", "2"}}},
       {"--expert-tensor-parallel-size", "", "1", {{"parallel.etp", "1"}}},
       {"--use-tp-pp-dp-mapping", "", "", {{"parallel.use_tp_pp_dp_mapping", "true"}}},
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},
@@ -999,7 +1000,10 @@ TEST(MegatronRecipes, Mixtral8x7B) {
   // --overlap-param-gather needs (Megatron refuses it otherwise, and so does moecore).
   const std::string shrunk = kShrunk + " --use-distributed-optimizer";
   trains(kMixtral, shrunk);
-  refused(kMixtral, shrunk, {{"--pipeline-model-parallel-size 4", ""}});
+  // The recipe's pipeline parallelism (PP 4) parses; the ranks check it against the world.
+  EXPECT_EQ(parse_train_args(words(kMixtral + " " + shrunk + " --pipeline-model-parallel-size 4"))
+                .parallel.pp,
+            4);
   try {
     parse_train_args(words(kMixtral + " " + kShrunk));
     ADD_FAILURE() << "accepted --overlap-param-gather without --use-distributed-optimizer";

@@ -189,6 +189,21 @@ TEST(Launch, SkippedCollectiveTimesOutWithDiagnostic) {
       << r.output;
   EXPECT_EQ(r.output.find("probe: not reached"), std::string::npos) << r.output;
 }
+
+// A hung pipeline stage: the next stage's wait for its activation times out (5 s), naming the
+// pipeline group, the receive and where the first stage is instead; the job ends at once.
+TEST(Launch, HungPipelineStageTimesOutNamingThePipelineGroup) {
+  const ProcResult r = run(mpirun(2) + moecore::testing::timeout_probe() + " pp");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("timeout: world rank 0 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[comm] timeout: world rank 1 (rank 1 of 2 in group 'pp'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("recv #1 on 'pp'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("it is waiting in barrier #1 on 'world'"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("probe: not reached"), std::string::npos) << r.output;
+}
 #endif
 
 }  // namespace

@@ -1540,10 +1540,16 @@ void pipeline_parity(const std::vector<PpLayout>& list = kPpLayouts) {
     const int stage = groups.pp_stage();
     if (l.even()) {
       EXPECT_EQ(got.layers.size(), static_cast<size_t>(l.layers / l.pp)) << what;
-      if (!got.layers.empty()) EXPECT_EQ(got.layers[0], stage * l.layers / l.pp) << what;
+      if (!got.layers.empty()) {
+        EXPECT_EQ(got.layers[0], stage * l.layers / l.pp) << what;
+      }
     }
-    if (stage < l.pp - 1) EXPECT_GT(got.replays, 0) << what << " stage " << stage;
-    if (stage == l.pp - 1 && l.vp == 1 && l.layout.empty()) EXPECT_EQ(got.replays, 0) << what;
+    if (stage < l.pp - 1) {
+      EXPECT_GT(got.replays, 0) << what << " stage " << stage;
+    }
+    if (stage == l.pp - 1 && l.vp == 1 && l.layout.empty()) {
+      EXPECT_EQ(got.replays, 0) << what;
+    }
     ++layouts;
   }
   if (layouts == 0) GTEST_SKIP() << "no pipeline layout for world size " << g_rt.world_size;

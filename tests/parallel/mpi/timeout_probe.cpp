@@ -2,7 +2,11 @@
 // on its 'tp' group instead. Ranks 0-2 must time out after 5 s with a diagnostic naming the
 // group, the call and rank 3's whereabouts, and abort the job (tests/parallel/test_launch.cpp)
 // before rank 3's own 120 s timeout, which would print a diagnostic of rank 3's.
+// With the argument "pp", under mpirun -np 2: two pipeline stages; the first hangs (a barrier on
+// 'world' instead of sending its activation), and the second, waiting for the activation on
+// 'pp', must time out naming the pipeline group and the first stage's whereabouts.
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "parallel/process_groups.h"
@@ -10,6 +14,22 @@
 int main(int argc, char** argv) {
   using namespace moecore::parallel;
   const Runtime rt = runtime_init(&argc, &argv);
+  if (argc > 1 && std::string(argv[1]) == "pp") {
+    ParallelConfig cfg;
+    cfg.pp = 2;
+    cfg.timeout_minutes = (rt.rank == 0 ? 120.0 : 5.0) / 60.0;
+    ProcessGroups groups(make_layout(cfg, rt.world_size), rt.rank);
+    connect_communicators(groups);
+    std::vector<float> activation(16, 1.0f);
+    if (rt.rank == 0) {
+      groups.world().communicator().barrier();  // a hung first stage: never sends
+    } else {
+      groups.pp().communicator().recv_async(activation.data(), 16, moecore::DType::F32, 0).wait();
+    }
+    std::printf("probe: not reached on rank %d\n", rt.rank);
+    runtime_finalize();
+    return 0;
+  }
   ParallelConfig cfg;
   cfg.tp = 2;
   // Rank 3 waits longer, so the diagnostic comes from the ranks it left waiting. 5 s, not less:
