@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <ostream>
 #include <span>
+#include <sstream>
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
@@ -645,11 +647,13 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
     const bool sp = groups_->layout().config.sequence_parallel && d.tp > 1;
     fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
-                    "{}), tensor parallel {}{}, expert parallel {} x expert tensor parallel {} x "
-                    "expert data parallel {}; gradient buckets: {} dense over dp_cp, {} expert "
-                    "over expt_dp, {}{}{}\n",
+                    "{}), tensor parallel {}{}, pipeline parallel {}{}, expert parallel {} x "
+                    "expert tensor parallel {} x expert data parallel {}; gradient buckets: {} "
+                    "dense over dp_cp, {} expert over expt_dp, {}{}{}\n",
                d.world, dp_size_, n_micro_, cfg_.micro_batch, d.tp,
-               sp ? " with sequence parallelism" : "", d.ep, d.etp, d.edp, dense_buckets,
+               sp ? " with sequence parallelism" : "", d.pp,
+               layout_.vp > 1 ? fmt::format(" x {} virtual stages", layout_.vp) : "", d.ep, d.etp,
+               d.edp, dense_buckets,
                buckets_->buckets().size() - dense_buckets,
                cfg_.ddp.overlap ? "overlapped with the backward (--overlap-grad-reduce)"
                                 : "reduced after the backward",
@@ -661,6 +665,21 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                        buckets_->tp_group(ParamKind::Expert) != nullptr
                    ? "; partial gradients of replicated parameters summed over tp / expt_tp first"
                    : "");
+  }
+  if (runner_->pipelined()) {
+    // Where every layer is, and the schedule (a rank's order: `moecore plan --print-schedule`).
+    std::istringstream stages(layout_.describe());
+    for (std::string line; std::getline(stages, line);) fmt::print(log, "[pipeline] {}\n", line);
+    const pipeline::ScheduleConfig& sc = runner_->schedule_config();
+    fmt::print(log,
+               "[pipeline] schedule: {} over {} micro-batches{}; a stage keeps the inputs of its "
+               "micro-batches in flight (rank 0: {}) and recomputes a forward before its "
+               "backward unless it ran just before; boundary buffers {:.2f} MiB\n",
+               sc.vp > 1 ? "interleaved 1F1B" : "1F1B", sc.num_microbatches,
+               sc.vp > 1 ? fmt::format(" in groups of {}", sc.group_size > 0 ? sc.group_size
+                                                                              : sc.pp)
+                         : "",
+               fmt::join(runner_->in_flight(), ", "), runner_->planned_bytes() / kMiB);
   }
   {
     const ModelConfig& mc = model_cfg_;
@@ -884,12 +903,28 @@ void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics
              logged.z_loss, logged.grad_norm, logged.tokens_per_s, logged.tflops, logged.mfu * 100,
              logged.max_over_mean_load, logged.dropped_tokens,
              logged.peak_mem_bytes / (1024.0 * 1024.0));
-  for (const auto& l : model_->moe_stats().layers) {  // last micro-batch, per MoE layer
+  // Last micro-batch, per MoE layer: every pipeline stage's layers (gathered over pp).
+  const model::MoeStats st = model_->moe_stats();
+  constexpr int kStat = 7;  // present, max/mean, dropped, bias min / max, beta min / max
+  std::vector<double> layers(static_cast<size_t>(model_cfg_.num_layers * kStat), 0.0);
+  for (const auto& l : st.layers) {
+    double* v = &layers[static_cast<size_t>(l.layer * kStat)];
+    v[0] = 1;
+    v[1] = l.router.max_over_mean_load;
+    v[2] = static_cast<double>(l.router.dropped);
+    v[3] = l.router.bias_min;
+    v[4] = l.router.bias_max;
+    v[5] = l.router.beta_min;
+    v[6] = l.router.beta_max;
+  }
+  sum_over_pipeline(layers);
+  for (int64_t l = 0; l < model_cfg_.num_layers; ++l) {
+    const double* v = &layers[static_cast<size_t>(l * kStat)];
+    if (v[0] == 0) continue;
     fmt::print(log,
                "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
                "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
-               l.layer, l.router.max_over_mean_load, l.router.dropped, l.router.bias_min,
-               l.router.bias_max, l.router.beta_min, l.router.beta_max);
+               l, v[1], static_cast<int64_t>(v[2]), v[3], v[4], v[5], v[6]);
   }
   log.flush();
   metrics.write(logged);
