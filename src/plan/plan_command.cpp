@@ -77,6 +77,11 @@ bool layout_flag(const cli::GivenFlag& g) {
                                 "--context-parallel-size", "--expert-model-parallel-size",
                                 "--expert-tensor-parallel-size", "--sequence-parallel",
                                 "--num-virtual-stages-per-pipeline-rank",
+                                "--num-layers-per-virtual-pipeline-stage",
+                                "--microbatch-group-size-per-virtual-pipeline-stage",
+                                "--account-for-embedding-in-pipeline-split",
+                                "--account-for-loss-in-pipeline-split",
+                                "--pipeline-model-parallel-layout",
                                 "--use-distributed-optimizer", "--decoder-first-pipeline-num-layers",
                                 "--decoder-last-pipeline-num-layers", "--global-batch-size"};
   for (const char* n : names) {
