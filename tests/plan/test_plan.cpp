@@ -706,3 +706,31 @@ TEST(PlanSearch, ReturnsOnlyFittingLayoutsThatGroupsAccepts) {
 
 }  // namespace
 }  // namespace moecore::plan
+
+namespace moecore::plan {
+namespace {
+
+// --print-schedule prints each pipeline rank's order (the runner's), with its warm-up and
+// recomputed counts; the stage lines carry the same counts.
+TEST(PlanPipeline, PrintsEachRanksSchedule) {
+  const std::string out = plan_out({"--config", config("tiny"), "--pipeline-model-parallel-size",
+                                    "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                                    "--num-layers", "4", "--global-batch-size", "32",
+                                    "--hardware", "cpu", "--print-schedule"});
+  EXPECT_NE(out.find("[plan] schedule of pp rank 0 (4 warm-up forwards, 8 recomputed): F0.0 F1.0 "
+                     "F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[plan] schedule of pp rank 1 (2 warm-up forwards, 4 recomputed)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("schedule: 2 warm-up forwards, micro-batches in flight per chunk [3 1], 4 "
+                     "forwards recomputed"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("bubble (pp - 1) / (vp x M) = (2 - 1) / (2 x 4) = 0.125"), std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace moecore::plan
