@@ -16,6 +16,45 @@ constexpr int kMaxTag = 32767;
 constexpr int kTiedTag = kMaxTag;
 }  // namespace
 
+PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
+                                          const std::vector<bool>& chunk_has_embedding,
+                                          int64_t boundary_elems, int64_t tied_table_elems) {
+  MOE_CHECK(static_cast<int>(chunk_has_embedding.size()) == c.vp,
+            "[pipeline] {} chunks said whether they hold the embedding, for {} virtual stages",
+            chunk_has_embedding.size(), c.vp);
+  validate_schedule(c);
+  PipelineBufferSizes s;
+  s.boundary_elems = boundary_elems;
+  s.stash_slots.assign(c.vp, 0);
+  if (c.pp <= 1) return s;  // the plain loop: nothing crosses a stage
+  const std::vector<int64_t> in_flight = in_flight_per_chunk(c);
+  int64_t most = 1;
+  for (int ch = 0; ch < c.vp; ++ch) {
+    most = std::max(most, in_flight[ch]);
+    // The embedding's chunk reads the token ids: nothing to keep.
+    if (!chunk_has_embedding[ch]) s.stash_slots[ch] = in_flight[ch];
+    s.stash_elems += s.stash_slots[ch] * boundary_elems;
+  }
+  s.grad_in_elems = boundary_elems;
+  s.send_slots_per_pool = c.vp * most + 1;
+  s.send_elems = 2 * s.send_slots_per_pool * boundary_elems;
+  s.tied_elems = tied_table_elems;
+  return s;
+}
+
+int64_t PipelineBufferSizes::bytes(size_t elem_size) const {
+  const auto buffer = [&](int64_t elems) {
+    const size_t b = static_cast<size_t>(elems) * elem_size;
+    return static_cast<int64_t>((b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign);
+  };
+  int64_t total = 0;
+  for (int64_t n : stash_slots) total += n * buffer(boundary_elems);
+  if (grad_in_elems > 0) total += buffer(grad_in_elems);
+  total += 2 * send_slots_per_pool * buffer(boundary_elems);
+  if (tied_elems > 0) total += buffer(tied_elems);
+  return total;
+}
+
 template <typename T>
 PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
                                   const parallel::ProcessGroups* groups, int64_t num_microbatches,
@@ -37,28 +76,28 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   stash_.assign(vp, {});
   stash_mb_.assign(vp, {});
   stash_recv_.resize(vp);
-  int64_t most = 1;
-  for (int c = 0; c < vp; ++c) most = std::max(most, in_flight_[c]);
-  const bool tied = pipelined() && model.tied_table() != nullptr;
+  std::vector<bool> has_embedding(vp);
+  for (int c = 0; c < vp; ++c) has_embedding[c] = model.chunk(c).embedding;
+  const Param* table = model.tied_table();
+  const PipelineBufferSizes sizes = pipeline_buffer_sizes(
+      cfg_, has_embedding, elems_, table != nullptr ? table->local_numel() : 0);
   arena_.plan([&](Arena& a) {
     if (!pipelined()) return;
     for (int c = 0; c < vp; ++c) {
-      if (model.chunk(c).embedding) continue;  // its input is the token ids
       stash_[c].clear();
-      for (int64_t s = 0; s < in_flight_[c]; ++s)
+      for (int64_t s = 0; s < sizes.stash_slots[c]; ++s)
         stash_[c].push_back(a.alloc<T>(elems_, "pipeline.stash", MemKind::Activations));
     }
-    grad_in_ = a.alloc<T>(elems_, "pipeline.grad_in", MemKind::Workspace);
+    grad_in_ = a.alloc<T>(sizes.grad_in_elems, "pipeline.grad_in", MemKind::Workspace);
     // Sends complete once the neighbour posts the receive; a pool per direction as deep as
     // the micro-batches in flight lets a stage run ahead without waiting on them.
     for (SendPool& p : send_) {
       p.buf.clear();
-      for (int64_t s = 0; s < vp * most + 1; ++s)
+      for (int64_t s = 0; s < sizes.send_slots_per_pool; ++s)
         p.buf.push_back(a.alloc<T>(elems_, "pipeline.send", MemKind::Workspace));
     }
-    if (tied) {
-      tied_recv_ = a.alloc<T>(model.tied_table()->local_numel(), "pipeline.tied_grad",
-                              MemKind::Workspace);
+    if (sizes.tied_elems > 0) {
+      tied_recv_ = a.alloc<T>(sizes.tied_elems, "pipeline.tied_grad", MemKind::Workspace);
     }
   });
   for (int c = 0; c < vp; ++c) {

@@ -29,6 +29,29 @@ class ProcessGroups;
 
 namespace moecore::pipeline {
 
+// The runner's buffers for one rank's schedule, as counts (the planner sizes a stage with them
+// without building a runner; the runner allocates exactly these). Each slot is one buffer of the
+// runner's arena (Arena::kAlign-rounded there, as bytes() rounds it).
+struct PipelineBufferSizes {
+  int64_t boundary_elems = 0;             // one boundary activation [T_local, H]
+  std::vector<int64_t> stash_slots;       // per chunk: kept inputs (0 for the embedding's chunk)
+  int64_t send_slots_per_pool = 0;        // activations forward and gradients backward, each
+  int64_t stash_elems = 0;                // all chunks' kept inputs
+  int64_t grad_in_elems = 0;              // the received output gradient of the next backward
+  int64_t send_elems = 0;                 // both send pools
+  int64_t tied_elems = 0;                 // the other stage's tied-table gradient
+  // The arena bytes of these buffers at elem_size bytes per element (the runner's planned bytes).
+  int64_t bytes(size_t elem_size) const;
+};
+
+// What PipelineRunner plans for schedule `c` (pp 1: nothing): per chunk without the embedding
+// (chunk_has_embedding[c] false) in_flight_per_chunk(c) stash slots, one grad_in slot, two send
+// pools of vp x max(in flight) + 1 slots, and with tied_table_elems > 0 (the tied table's local
+// size on a stage that holds it) its receive buffer.
+PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
+                                          const std::vector<bool>& chunk_has_embedding,
+                                          int64_t boundary_elems, int64_t tied_table_elems);
+
 template <typename T>
 class PipelineRunner {
  public:

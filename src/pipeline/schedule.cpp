@@ -127,6 +127,24 @@ std::vector<int64_t> in_flight_per_chunk(const ScheduleConfig& c) {
   return most;
 }
 
+int64_t recomputed_forwards(const ScheduleConfig& c) {
+  if (c.forward_only) {
+    validate_schedule(c);
+    return 0;
+  }
+  const std::vector<Work> order = schedule(c);
+  int64_t n = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Work& w = order[i];
+    if (w.pass != Pass::Backward) continue;
+    const bool follows_own_forward = i > 0 && order[i - 1].pass == Pass::Forward &&
+                                     order[i - 1].microbatch == w.microbatch &&
+                                     order[i - 1].chunk == w.chunk;
+    if (!follows_own_forward) ++n;
+  }
+  return n;
+}
+
 std::string format_schedule(const ScheduleConfig& c) {
   std::string out;
   for (const Work& w : schedule(c)) {

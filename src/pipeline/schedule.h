@@ -34,6 +34,11 @@ int64_t warmup_forwards(const ScheduleConfig& c);
 // Per chunk, the most micro-batches whose forward has run and backward has not, over the schedule
 // (forward_only: 1): what the stage must keep in memory.
 std::vector<int64_t> in_flight_per_chunk(const ScheduleConfig& c);
+// Backwards not run right after the forward of the same (micro-batch, chunk): the forwards the
+// pipeline runner recomputes from the kept input before them (it keeps one micro-batch's
+// activations per chunk). 0 without pipelining and forward-only; the last stage of a plain 1F1B
+// recomputes none.
+int64_t recomputed_forwards(const ScheduleConfig& c);
 std::string format_schedule(const ScheduleConfig& c);       // e.g. "F0.0 F1.0 B0.0 ..." (mb.chunk), for printing
 
 // Megatron's get_schedule_table: the forward order as (micro-batch, chunk) pairs, every chunk

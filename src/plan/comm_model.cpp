@@ -286,9 +286,17 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
   grads("dense grads", parallel::GroupKind::DpCp, dense, d.dp * d.cp);
   grads("expert grads", parallel::GroupKind::ExptDp, experts, d.edp);
   if (d.pp > 1) {
+    // Each of a rank's chunks sends its output forward and its input's gradient backward for
+    // every micro-batch, but the first virtual stage has no input to send back and the last no
+    // output: a middle rank crosses 2 vp boundaries per micro-batch, and with pp 2 every rank
+    // holds one end (2 vp - 1). The busiest rank's bytes.
+    const int vp = virtual_stages(m, run);
+    const int crossings = 2 * vp - (d.pp == 2 ? 1 : 0);
     add("pp send/recv of activations and their gradients", parallel::GroupKind::Pp,
-        2.0 * T / sp * H * dt * n_micro * run.vpp, false,
-        "2 x T/sp x H x dt per micro-batch per virtual stage");
+        crossings * T / sp * H * dt * n_micro, false,
+        fmt::format("{} boundaries (2 x vp{}) x M x T/sp x H x dt: activations forward, "
+                    "gradients backward",
+                    crossings, d.pp == 2 ? " - 1" : ""));
   }
   return c;
 }

@@ -44,7 +44,20 @@ std::string groups_flags(const RunSpec& r) {
 
 std::string layout_flags(const RunSpec& r) {
   std::string s = groups_flags(r);
-  if (r.vpp > 1) s += fmt::format(" --num-virtual-stages-per-pipeline-rank {}", r.vpp);
+  const parallel::ParallelConfig& pc = r.parallel;
+  if (pc.vp_stages > 1) s += fmt::format(" --num-virtual-stages-per-pipeline-rank {}", pc.vp_stages);
+  if (pc.layers_per_vp_stage > 0) {
+    s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", pc.layers_per_vp_stage);
+  }
+  if (pc.first_stage_layers > 0) {
+    s += fmt::format(" --decoder-first-pipeline-num-layers {}", pc.first_stage_layers);
+  }
+  if (pc.last_stage_layers > 0) {
+    s += fmt::format(" --decoder-last-pipeline-num-layers {}", pc.last_stage_layers);
+  }
+  if (pc.account_for_embedding) s += " --account-for-embedding-in-pipeline-split";
+  if (pc.account_for_loss) s += " --account-for-loss-in-pipeline-split";
+  if (!pc.layout.empty()) s += fmt::format(" --pipeline-model-parallel-layout \"{}\"", pc.layout);
   if (r.distributed_optimizer) s += " --use-distributed-optimizer";
   return s;
 }
@@ -84,8 +97,15 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
     for (int cp : cps) {
       for (int pp : divisors_up_to(m.num_layers, 16)) {
         if (world % (tp * cp * pp) != 0) continue;
-        for (int vpp : {1, 2, 4}) {
-          if (vpp > 1 && (pp == 1 || (m.num_layers / pp) % vpp != 0)) continue;
+        // The given placement flags hold at the given pipeline size; another size gets an even
+        // split. A layout string or --num-layers-per-virtual-pipeline-stage fixes the virtual
+        // stages; otherwise 1, 2 and 4 per rank are tried. pipeline_layout and the schedule's
+        // checks (validate_run) refuse what the trainer would refuse.
+        const bool given = pp == base.parallel.pp;
+        const bool fixed_vp = given && (!base.parallel.layout.empty() ||
+                                        base.parallel.layers_per_vp_stage > 0);
+        for (int vpp : fixed_vp ? std::vector<int>{0} : std::vector<int>{1, 2, 4}) {
+          if (vpp > 1 && pp == 1) continue;
           for (int ep : divisors_up_to(E, world / pp)) {
             if ((ep & (ep - 1)) != 0 || (m.num_experts == 0 && ep > 1)) continue;
             // Expert TP: every power of two within a node (validate_run refuses one that does
@@ -111,7 +131,14 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
                   r.parallel.ep = ep;
                   r.parallel.etp = etp;
                   r.parallel.sequence_parallel = sp;
-                  r.vpp = vpp;
+                  if (!given) {
+                    r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
+                    r.parallel.account_for_embedding = r.parallel.account_for_loss = false;
+                    r.parallel.layout.clear();
+                    r.parallel.layers_per_vp_stage = 0;
+                    r.parallel.microbatch_group_size = 0;
+                  }
+                  if (!fixed_vp) r.parallel.vp_stages = vpp > 1 ? vpp : 0;
                   r.distributed_optimizer = dist;
                   r.recompute = recomputes[rc];
                   r.recompute_modules = recompute_mods[rc];
@@ -163,7 +190,7 @@ std::string search_text(const SearchResult& r, int top) {
     const parallel::Degrees& d = p.degrees;
     o += fmt::format("  {:>3} {:>3} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:<4} {:<22} {:>10.1f} "
                      "{:>10.0f} {:>8.0f}\n",
-                     d.tp, d.cp, d.pp, p.run.vpp, d.ep, d.etp, d.dp, d.edp,
+                     d.tp, d.cp, d.pp, virtual_stages(p.model, p.run), d.ep, d.etp, d.dp, d.edp,
                      p.run.distributed_optimizer ? "yes" : "no", recompute_name(p.run),
                      p.memory.max_total / (1024.0 * 1024 * 1024), p.roof.tokens_per_second,
                      p.roof.tflops_per_gpu);
@@ -203,7 +230,7 @@ std::string search_json(const SearchResult& r, int top) {
   for (int i = 0; i < std::min<int>(top, static_cast<int>(r.fits.size())); ++i) {
     const Plan& p = r.fits[i];
     const parallel::Degrees& d = p.degrees;
-    fits.push_back({{"tp", d.tp}, {"cp", d.cp}, {"pp", d.pp}, {"vpp", p.run.vpp}, {"ep", d.ep},
+    fits.push_back({{"tp", d.tp}, {"cp", d.cp}, {"pp", d.pp}, {"vpp", virtual_stages(p.model, p.run)}, {"ep", d.ep},
                     {"etp", d.etp}, {"dp", d.dp}, {"edp", d.edp},
                     {"sequence_parallel", p.run.parallel.sequence_parallel},
                     {"distributed_optimizer", p.run.distributed_optimizer},

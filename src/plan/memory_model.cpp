@@ -10,7 +10,9 @@
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/pipeline_layout.h"
 #include "parallel/process_groups.h"
+#include "pipeline/pipeline_runner.h"
 #include "plan/sizing_groups.h"
 
 namespace moecore::plan {
@@ -35,11 +37,26 @@ namespace {
 
 // layout: the world's (null for one rank), built once per plan by the caller: a layout of many
 // ranks takes longer to build than the pass itself.
+// With pipeline parallelism the rank's model is its stage's chunks (pipeline_layout for its pp
+// rank, as the trainer builds them), and the pipeline runner's buffers for the schedule of
+// num_microbatches are sized by the runner's own count.
 ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
                            const parallel::Layout* layout, int rank, Device device,
-                           const parallel::GradReduceConfig& ddp) {
+                           const parallel::GradReduceConfig& ddp, int64_t num_microbatches) {
   std::unique_ptr<parallel::ProcessGroups> groups;
   if (layout != nullptr) groups = sizing_groups(*layout, rank);
+  std::vector<parallel::VirtualStage> chunks;
+  pipeline::ScheduleConfig sched;
+  if (groups != nullptr && groups->group(parallel::GroupKind::Pp).size() > 1) {
+    const parallel::ParallelConfig& pc = groups->layout().config;
+    const parallel::PipelineLayout pl = parallel::pipeline_layout(pc, cfg.num_layers);
+    sched.pp = pl.pp;
+    sched.rank = groups->pp_stage();
+    sched.vp = pl.vp;
+    sched.num_microbatches = num_microbatches;
+    sched.group_size = pc.microbatch_group_size;
+    for (int c = 0; c < pl.vp; ++c) chunks.push_back(pl.stage(sched.rank, c));
+  }
   Exec target;  // sizes only: no stream, no device needed
   target.device = device;
   const parallel::ProcessGroup* dense_group =
@@ -51,7 +68,7 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   c.master_weights_sharded =
       c.bf16 && parallel::GradBuckets::shards(ddp, dense_group, expert_group);
   model::GPTModel<float> model(c, micro_batch, /*seed=*/0, groups.get(), /*size_only=*/true,
-                               target);
+                               target, chunks);
   const Arena& a = model.arena();
   MOE_CHECK(!a.allocated(), "[plan] the sizing pass allocated its arena");
   // The ChainedOptimizer's two AdamWs: one over the dense, one over the expert parameters;
@@ -88,6 +105,15 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   s.numel_expert = p.numel(ParamKind::Expert);
   s.numel_values32 = p.values32_numel(ParamKind::Dense) + p.values32_numel(ParamKind::Expert);
   s.master_in_optimizer = master;
+  if (!chunks.empty()) {
+    std::vector<bool> has_embedding;
+    for (const parallel::VirtualStage& v : chunks) has_embedding.push_back(v.embedding);
+    const Param* table = model.tied_table();
+    s.pipeline = pipeline::pipeline_buffer_sizes(sched, has_embedding, model.boundary_elems(),
+                                                 table != nullptr ? table->local_numel() : 0);
+    s.pipeline_planned = static_cast<double>(s.pipeline.bytes(sizeof(float)));
+    s.boundary_elems = model.boundary_elems();
+  }
   return s;
 }
 
@@ -95,25 +121,16 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
 
 ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
                                const parallel::ParallelConfig& parallel, int world, int rank,
-                               Device device, const parallel::GradReduceConfig& ddp) {
-  if (world <= 1) return arena_sizes_for(cfg, micro_batch, nullptr, rank, device, ddp);
+                               Device device, const parallel::GradReduceConfig& ddp,
+                               int64_t num_microbatches) {
+  if (world <= 1) {
+    return arena_sizes_for(cfg, micro_batch, nullptr, rank, device, ddp, num_microbatches);
+  }
   const parallel::Layout layout = parallel::make_layout(parallel, world);
-  return arena_sizes_for(cfg, micro_batch, &layout, rank, device, ddp);
+  return arena_sizes_for(cfg, micro_batch, &layout, rank, device, ddp, num_microbatches);
 }
 
 namespace {
-
-ModelConfig slice_layers(ModelConfig c, int64_t first, int64_t n) {
-  if (!c.moe_layer_pattern.empty()) {
-    c.moe_layer_pattern.assign(c.moe_layer_pattern.begin() + first,
-                               c.moe_layer_pattern.begin() + first + n);
-  } else if (c.num_experts > 0) {
-    c.moe_layer_pattern.assign(n, 1);
-  }
-  c.num_layers = n;
-  if (c.recompute.full()) c.recompute.num_layers = std::min(c.recompute.num_layers, n);
-  return c;
-}
 
 // Why the trainer's planning pass cannot size this rank (empty: it can).
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
@@ -244,23 +261,47 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
   const std::string reason = formula_reason(m, run, d);
   const double dense_shards = run.distributed_optimizer ? d.dp * d.cp : 1;
   const double expert_shards = run.distributed_optimizer ? d.edp : 1;
+  const parallel::PipelineLayout pl =
+      parallel::pipeline_layout(run.parallel, m.num_layers, m.mtp_num_layers);
   MemoryPlan plan;
-  int64_t first = 0;
   for (int s = 0; s < d.pp; ++s) {
     StageMemory st;
     st.stage = s;
-    st.first_layer = first;
-    st.num_layers = parallel::stage_num_layers(run.parallel, static_cast<int>(m.num_layers), s);
-    first += st.num_layers;
-    st.has_embedding = s == 0;
-    st.has_head = s == d.pp - 1;
-    st.has_mtp = st.has_head && m.mtp_num_layers > 0;
+    for (int c = 0; c < pl.vp; ++c) {
+      const parallel::VirtualStage& v = pl.stage(s, c);
+      st.chunks.push_back(v);
+      st.num_layers += v.num_layers;
+      st.has_embedding = st.has_embedding || v.embedding;
+      st.has_head = st.has_head || v.loss;
+      st.has_mtp = st.has_mtp || v.num_mtp_layers > 0;
+    }
+    st.first_layer = st.chunks.front().first_layer;
+    st.num_microbatches = n_micro;
+    // The stage's decoder layers, in global order (chunk by chunk).
+    std::vector<int64_t> stage_layers;
+    for (const parallel::VirtualStage& v : st.chunks) {
+      for (int64_t l = v.first_layer; l < v.first_layer + v.num_layers; ++l) stage_layers.push_back(l);
+    }
+    if (d.pp > 1) {
+      pipeline::ScheduleConfig sc;
+      sc.pp = d.pp;
+      sc.rank = s;
+      sc.vp = pl.vp;
+      sc.num_microbatches = n_micro;
+      sc.group_size = run.parallel.microbatch_group_size;
+      st.warmup_forwards = pipeline::warmup_forwards(sc);
+      st.in_flight = pipeline::in_flight_per_chunk(sc);
+      st.recomputed_forwards = pipeline::recomputed_forwards(sc);
+    }
+    st.boundary_bytes = static_cast<double>(m.seq_length * run.micro_batch) / d.cp /
+                        (run.parallel.sequence_parallel ? d.tp : 1) * m.hidden *
+                        (run.bf16 ? 2 : 4);
     // Parameters of one rank: dense parts split over TP but the replicated ones (norms, router,
     // row-parallel biases: LayerParams::tp_replicated), experts over EP x ETP but their fc2
     // biases (whole on every ETP rank); embedding and head vocab-parallel (/ tp), the learned
     // position table and the final norm whole.
     double dense = 0, experts = 0, dense_repl = 0, experts_repl = 0;
-    for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+    for (int64_t l : stage_layers) {
       const LayerParams p = layer_params(m, m.is_moe_layer(l));
       dense += static_cast<double>(p.dense());
       experts += static_cast<double>(p.experts);
@@ -296,7 +337,7 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     double act_layer = 0, chunk_bytes = 0;
     const double T_rank = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;
     const double sp_rank = run.parallel.sequence_parallel ? d.tp : 1;
-    for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+    for (int64_t l : stage_layers) {
       const double full = layer_activation_bytes(m, run, d, m.is_moe_layer(l), &act_f);
       if (run.recompute.chunk_of(l) >= 0) {
         // Full recomputation keeps the layer's input only; its chunk is rebuilt, one at a time.
@@ -312,20 +353,21 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     act_layer /= std::max<int64_t>(1, st.num_layers);
     st.act_layer_bytes = act_layer;
     st.act_formula = act_f;
-    st.in_flight_layers = in_flight_layers(d.pp, run.vpp, s, st.num_layers, n_micro);
+    st.in_flight_layers = in_flight_layers(d.pp, pl.vp, s, st.num_layers, n_micro);
 
     if (reason.empty()) {
       // The trainer's own planning pass for the first rank of this stage.
       st.from_arena = true;
       const ModelConfig whole = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
-      const ModelConfig cfg = d.pp > 1 ? slice_layers(whole, st.first_layer, st.num_layers) : whole;
+      const ModelConfig cfg = trainer_cfg ? *trainer_cfg : trainer_model_config(m, run);
       const int rank = layout.of(parallel::GroupKind::Pp)[0][s];
       parallel::GradReduceConfig ddp;
       ddp.distributed_optimizer = run.distributed_optimizer;
       ddp.bucket_size = run.ddp_bucket_size;
       const ArenaSizes a = arena_sizes_for(cfg, run.micro_batch, world > 1 ? &layout : nullptr,
-                                           rank, hw.device, ddp);
-      st.arena_planned = a.planned;
+                                           rank, hw.device, ddp, n_micro);
+      st.arena_planned = a.planned + a.pipeline_planned;
+      st.pipeline_planned = a.pipeline_planned;
       st.sharing_saves = a.sharing_saves;
       const MemPart parts[7] = {MemPart::Weights,     MemPart::Grads,      MemPart::Optimizer,
                                 MemPart::Activations, MemPart::Recomputed, MemPart::State,
@@ -334,22 +376,24 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
         add(st, parts[k], a.by_kind[k], "trainer planning pass", "");
       }
       const double numel = static_cast<double>(a.numel_dense + a.numel_expert);
-      const double per_param = numel > 0 ? (a.by_kind[0] + a.by_kind[1] + a.by_kind[2]) / numel : 0;
-      if (d.pp > 1) {
-        // GPTModel holds the embedding (and an untied head) on every stage; Megatron's stages
-        // hold them on the first / last stage only.
-        double drop = 0;
-        if (!st.has_embedding) drop += static_cast<double>(pc.embedding);
-        if (!st.has_head && !m.tie_embeddings) drop += static_cast<double>(pc.head);
-        if (st.has_head && m.tie_embeddings && !st.has_embedding) drop -= static_cast<double>(pc.embedding);
-        add(st, MemPart::Weights, -drop * per_param, "embedding / head not on this stage",
-            fmt::format("-{:.0f} params x {:.1f} B (the trainer's bytes per parameter)", drop,
-                        per_param));
-        const double extra = (st.in_flight_layers / st.num_layers - 1.0) *
-                             (a.by_kind[3]);
-        add(st, MemPart::Activations, extra, "micro-batches in flight (1F1B / interleaved)",
-            fmt::format("({:.2f} layer-micro-batches / {} layers - 1) x kept activations",
-                        st.in_flight_layers, st.num_layers));
+      if (a.pipeline_planned > 0) {
+        // The pipeline runner's own arena: the kept inputs of the micro-batches in flight, and
+        // the boundary buffers (sends in flight, the received gradient, the tied table's).
+        const pipeline::PipelineBufferSizes& b = a.pipeline;
+        pipeline::PipelineBufferSizes stash = b, rest = b;
+        stash.grad_in_elems = stash.send_elems = stash.tied_elems = stash.send_slots_per_pool = 0;
+        rest.stash_slots.assign(rest.stash_slots.size(), 0);
+        rest.stash_elems = 0;
+        std::string slots;
+        for (int64_t n : b.stash_slots) slots += (slots.empty() ? "" : " + ") + std::to_string(n);
+        add(st, MemPart::Activations, static_cast<double>(stash.bytes(sizeof(float))),
+            fmt::format("pipeline stash: the inputs of the micro-batches in flight ({} per chunk)",
+                        slots),
+            "");
+        add(st, MemPart::CommBuffers, static_cast<double>(rest.bytes(sizeof(float))),
+            fmt::format("pipeline send pools (2 x {}), received gradient{}",
+                        b.send_slots_per_pool, b.tied_elems > 0 ? ", tied table's gradient" : ""),
+            "");
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
         // The CPU backend reduces gradient buckets with the MPI backend's ring (all-reduce, or
@@ -392,7 +436,7 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       add(st, MemPart::Activations, act_layer * st.in_flight_layers,
           "activations in flight",
           fmt::format("{:.3g} B per layer-micro-batch x {:.2f} (1F1B{})", act_layer,
-                      st.in_flight_layers, run.vpp > 1 ? " interleaved" : ""));
+                      st.in_flight_layers, pl.vp > 1 ? " interleaved" : ""));
       const double T = static_cast<double>(m.seq_length * run.micro_batch) / d.cp;
       const double sp = run.parallel.sequence_parallel ? d.tp : 1;
       const double dt = run.bf16 ? 2 : 4;

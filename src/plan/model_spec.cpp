@@ -1,5 +1,7 @@
 #include "plan/model_spec.h"
 
+#include "parallel/pipeline_layout.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -188,6 +190,11 @@ void pad_vocab(ModelSpec& m, const cli::ParsedArgs& a, int tp) {
                      : cli::padded_vocab_size(m.vocab_unpadded, div);
 }
 
+int virtual_stages(const ModelSpec& m, const RunSpec& run) {
+  if (run.parallel.pp <= 1) return 1;
+  return parallel::pipeline_layout(run.parallel, m.num_layers, m.mtp_num_layers).vp;
+}
+
 RunSpec run_from_args(const cli::ParsedArgs& a) {
   RunSpec r;
   r.parallel.tp = static_cast<int>(int_or(a, "--tensor-model-parallel-size", 1));
@@ -200,7 +207,15 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
       static_cast<int>(int_or(a, "--decoder-first-pipeline-num-layers", 0));
   r.parallel.last_stage_layers =
       static_cast<int>(int_or(a, "--decoder-last-pipeline-num-layers", 0));
-  r.vpp = static_cast<int>(int_or(a, "--num-virtual-stages-per-pipeline-rank", 1));
+  r.parallel.vp_stages = static_cast<int>(int_or(a, "--num-virtual-stages-per-pipeline-rank", 0));
+  r.parallel.layers_per_vp_stage =
+      static_cast<int>(int_or(a, "--num-layers-per-virtual-pipeline-stage", 0));
+  r.parallel.microbatch_group_size =
+      static_cast<int>(int_or(a, "--microbatch-group-size-per-virtual-pipeline-stage", 0));
+  r.parallel.account_for_embedding = on(a, "--account-for-embedding-in-pipeline-split");
+  r.parallel.account_for_loss = on(a, "--account-for-loss-in-pipeline-split");
+  const std::string layout = text(a, "--pipeline-model-parallel-layout");
+  r.parallel.layout = layout == "None" ? "" : layout;
   r.micro_batch = int_or(a, "--micro-batch-size", 1);
   r.global_batch = int_or(a, "--global-batch-size", 0);
   r.bf16 = on(a, "--bf16");

@@ -66,8 +66,9 @@ struct ModelSpec {
 
 // The run the plan is for: the layout and the batch.
 struct RunSpec {
+  // The layout, pipeline placement and schedule flags included (--num-virtual-stages-per-pipeline-
+  // rank, --pipeline-model-parallel-layout, ...): pipeline_layout() reads them as the trainer does.
   parallel::ParallelConfig parallel;
-  int vpp = 1;                        // --num-virtual-stages-per-pipeline-rank
   int64_t micro_batch = 1;
   int64_t global_batch = 0;           // 0: micro_batch x dp
   bool bf16 = false;
@@ -86,6 +87,11 @@ struct RunSpec {
   double capacity_factor = 0;
   bool pad_to_capacity = false;
 };
+
+// Virtual stages per pipeline rank of the run's placement (pipeline_layout: the
+// --num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage or layout
+// string flags); 1 without pipelining.
+int virtual_stages(const ModelSpec& m, const RunSpec& run);
 
 // The most decoder layers the planner plans (as `convert` reads, kMaxHfLayers): its planning
 // pass builds every layer of a stage.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "pipeline/schedule.h"
 #include "train/trainer.h"
 
 namespace moecore::plan {
@@ -26,20 +27,19 @@ void validate_run(const ModelSpec& m, const RunSpec& run, int world) {
             "the embedding and output head split it over TP; pad it with "
             "--make-vocab-size-divisible-by (Megatron pads to a multiple of it x TP)",
             m.vocab_size, d.tp);
-  MOE_CHECK(run.vpp >= 1, "[plan] --num-virtual-stages-per-pipeline-rank={} must be >= 1",
-            run.vpp);
-  MOE_CHECK(run.vpp == 1 || d.pp > 1,
-            "[plan] --num-virtual-stages-per-pipeline-rank={} needs "
-            "--pipeline-model-parallel-size > 1",
-            run.vpp);
-  for (int s = 0; s < d.pp; ++s) {
-    const int n = parallel::stage_num_layers(run.parallel, static_cast<int>(m.num_layers), s);
-    MOE_CHECK(n >= run.vpp,
-              "[plan] pipeline stage {} has {} layers: fewer than {} virtual stages", s, n,
-              run.vpp);
-  }
   const int64_t global = run.global_batch > 0 ? run.global_batch : run.micro_batch * d.dp;
   train::check_batch_split(global, run.micro_batch, d.dp);  // `moecore train`'s message
+  // The placement was checked above (validate_layout runs pipeline_layout); every rank's schedule
+  // must be one the trainer runs (the interleaved schedule's group size against M).
+  for (int s = 0; s < d.pp; ++s) {
+    pipeline::ScheduleConfig c;
+    c.pp = d.pp;
+    c.rank = s;
+    c.vp = virtual_stages(m, run);
+    c.num_microbatches = global / (run.micro_batch * d.dp);
+    c.group_size = run.parallel.microbatch_group_size;
+    pipeline::validate_schedule(c);
+  }
   run.recompute.validate(m.num_layers);
 }
 
@@ -109,7 +109,7 @@ std::string plan_text(const Plan& p) {
                                      : std::string());
   o += fmt::format("[plan] layout: {} GPUs ({} per node, {}): tp {} cp {} dp {} pp {} vpp {} | "
                    "etp {} ep {} edp {}{}{}; micro-batch {}, global batch {}, seq {}, {}\n",
-                   p.world, p.hw.gpus_per_node, p.hw.name, d.tp, d.cp, d.dp, d.pp, p.run.vpp,
+                   p.world, p.hw.gpus_per_node, p.hw.name, d.tp, d.cp, d.dp, d.pp, virtual_stages(m, p.run),
                    d.etp, d.ep, d.edp, p.run.parallel.sequence_parallel ? ", SP" : "",
                    p.run.distributed_optimizer ? ", distributed optimizer" : "",
                    p.run.micro_batch,
@@ -122,9 +122,16 @@ std::string plan_text(const Plan& p) {
                    count(c.active_with_mtp()), count(c.embedding), count(c.head),
                    count(c.decoder_dense), count(c.decoder_experts));
   for (const StageMemory& s : p.memory.stages) {
-    o += fmt::format("[plan] stage {} (layers {}..{}{}{}): per rank params dense {}, expert {}, "
+    std::string layers;
+    for (const parallel::VirtualStage& v : s.chunks) {
+      if (!layers.empty()) layers += ", ";
+      layers += v.num_layers > 0 ? fmt::format("{}..{}", v.first_layer,
+                                               v.first_layer + v.num_layers - 1)
+                                 : std::string("none");
+    }
+    o += fmt::format("[plan] stage {} (layers {}{}{}): per rank params dense {}, expert {}, "
                      "embedding {}, head {}; memory from {}\n",
-                     s.stage, s.first_layer, s.first_layer + s.num_layers - 1,
+                     s.stage, layers,
                      s.has_embedding ? ", embedding" : "", s.has_head ? ", head" : "",
                      count(s.params_dense), count(s.params_expert), count(s.params_embedding),
                      count(s.params_head),
@@ -137,6 +144,15 @@ std::string plan_text(const Plan& p) {
     if (s.from_arena) {
       o += fmt::format("         arena planned {} after sharing per-layer buffers (saves {})\n",
                        bytes(s.arena_planned), bytes(s.sharing_saves));
+    }
+    if (d.pp > 1) {
+      std::string in_flight;
+      for (int64_t n : s.in_flight) in_flight += (in_flight.empty() ? "" : " ") + std::to_string(n);
+      o += fmt::format("         schedule: {} warm-up forwards, micro-batches in flight per chunk "
+                       "[{}], {} forwards recomputed before their backward; Megatron's schedule "
+                       "would keep {:.2f} layer x micro-batch activations (informational){}\n",
+                       s.warmup_forwards, in_flight, s.recomputed_forwards, s.in_flight_layers,
+                       s.from_arena ? "" : " [the formula lines above use it]");
     }
     o += fmt::format("         total {} of {:.0f} GiB{}\n", bytes(s.total), p.hw.memory_gib,
                      s.total <= p.hw.memory_gib * kGiB ? "" : "  DOES NOT FIT");
@@ -162,11 +178,21 @@ std::string plan_text(const Plan& p) {
                    p.flops.train_flops_per_token(), p.flops.recompute_flops_per_token);
   const Roofline& r = p.roof;
   o += fmt::format("[plan] roofline on {} ({:.0f} TFLOP/s peak): step {:.3f} s = (compute {:.3f} "
-                   "+ exposed comm {:.3f}) x (1 + bubble {:.3f}) + dp {:.3f}; {:.0f} tokens/s, "
-                   "{:.0f} TFLOP/s per GPU, MFU {:.1f}%\n",
+                   "+ pipeline recompute {:.3f} + exposed comm {:.3f}) x (1 + bubble {:.3f}) + dp "
+                   "{:.3f}; {:.0f} tokens/s, {:.0f} TFLOP/s per GPU, MFU {:.1f}%\n",
                    p.hw.name, p.run.bf16 ? p.hw.peak_tflops_bf16 : p.hw.peak_tflops_fp32,
-                   r.step_seconds, r.compute_seconds, r.exposed_comm_seconds, r.bubble_fraction,
+                   r.step_seconds, r.compute_seconds, r.pipeline_recompute_seconds,
+                   r.exposed_comm_seconds, r.bubble_fraction,
                    r.dp_exposed_seconds, r.tokens_per_second, r.tflops_per_gpu, 100 * r.mfu);
+  if (d.pp > 1) {
+    o += fmt::format("[plan] pipeline: bubble (pp - 1) / (vp x M) = ({} - 1) / ({} x {}) = {:.3f} "
+                     "of the step; the runner recomputes {} forwards of one micro-batch through "
+                     "one chunk on its busiest stage ({:.3f} s; it keeps each in-flight "
+                     "micro-batch's input, not its activations)\n",
+                     d.pp, virtual_stages(m, p.run),
+                     p.memory.stages.empty() ? 0 : p.memory.stages[0].num_microbatches,
+                     r.bubble_fraction, r.recomputed_forwards, r.pipeline_recompute_seconds);
+  }
   for (const std::string& note : p.notes) o += "[plan] note: " + note + "\n";
   o += fmt::format("[plan] {} (worst stage {}: {} of {:.0f} GiB)\n",
                    p.fits ? "fits" : "does NOT fit", p.memory.worst_stage,
@@ -187,7 +213,7 @@ std::string plan_json(const Plan& p) {
   j["params_experts"] = c.experts();
   const parallel::Degrees& d = p.degrees;
   j["layout"] = {{"world", p.world}, {"tp", d.tp}, {"cp", d.cp}, {"dp", d.dp}, {"pp", d.pp},
-                 {"vpp", p.run.vpp}, {"ep", d.ep}, {"etp", d.etp}, {"edp", d.edp},
+                 {"vpp", virtual_stages(p.model, p.run)}, {"ep", d.ep}, {"etp", d.etp}, {"edp", d.edp},
                  {"sequence_parallel", p.run.parallel.sequence_parallel},
                  {"distributed_optimizer", p.run.distributed_optimizer}};
   J stages = J::array();
@@ -208,7 +234,14 @@ std::string plan_json(const Plan& p) {
             {"params_embedding", s.params_embedding},
             {"params_head", s.params_head},
             {"memory_bytes", mem_obj(s)}};
+    if (p.degrees.pp > 1) {
+      st["warmup_forwards"] = s.warmup_forwards;
+      st["in_flight_per_chunk"] = s.in_flight;
+      st["recomputed_forwards"] = s.recomputed_forwards;
+      st["megatron_in_flight_layers"] = s.in_flight_layers;
+    }
     if (s.from_arena) {
+      st["pipeline_runner_bytes"] = s.pipeline_planned;
       st["arena_planned_bytes"] = s.arena_planned;
       st["sharing_saves_bytes"] = s.sharing_saves;
     }
@@ -246,6 +279,8 @@ std::string plan_json(const Plan& p) {
   j["compute_seconds"] = r.compute_seconds;
   j["exposed_comm_seconds"] = r.exposed_comm_seconds;
   j["bubble_fraction"] = r.bubble_fraction;
+  j["pipeline_recomputed_forwards"] = r.recomputed_forwards;
+  j["pipeline_recompute_seconds"] = r.pipeline_recompute_seconds;
   j["tokens_per_second"] = r.tokens_per_second;
   j["tflops_per_gpu"] = r.tflops_per_gpu;
   j["mfu"] = r.mfu;

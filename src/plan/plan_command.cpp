@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "plan/layout_search.h"
 #include "plan/plan.h"
+#include "pipeline/schedule.h"
 #include "cli/flag_ranges.h"
 #include "cli/megatron_compat.h"
 #include "cli/train_flags.h"
@@ -23,7 +24,7 @@ const std::vector<cli::OwnFlag>& own_flags() {
       {"--hf-config", 1, 1},      {"--hardware", 1, 1},     {"--gpus", 1, 1},
       {"--world-size", 1, 1},     {"--gpus-per-node", 1, 1}, {"--peak-tflops", 1, 1},
       {"--device-memory-gib", 1, 1}, {"--hbm-tbps", 1, 1},  {"--nvlink-gbps", 1, 1},
-      {"--internode-gbps", 1, 1}, {"--reserved-gib", 1, 1}, {"--search", 0, 0},
+      {"--internode-gbps", 1, 1}, {"--reserved-gib", 1, 1}, {"--search", 0, 0},      {"--print-schedule", 0, 0},
       {"--json", 0, 0},           {"--top", 1, 1},          {"--help", 0, 0}};
   return f;
 }
@@ -77,6 +78,11 @@ bool layout_flag(const cli::GivenFlag& g) {
                                 "--context-parallel-size", "--expert-model-parallel-size",
                                 "--expert-tensor-parallel-size", "--sequence-parallel",
                                 "--num-virtual-stages-per-pipeline-rank",
+                                "--num-layers-per-virtual-pipeline-stage",
+                                "--microbatch-group-size-per-virtual-pipeline-stage",
+                                "--account-for-embedding-in-pipeline-split",
+                                "--account-for-loss-in-pipeline-split",
+                                "--pipeline-model-parallel-layout",
                                 "--use-distributed-optimizer", "--decoder-first-pipeline-num-layers",
                                 "--decoder-last-pipeline-num-layers", "--global-batch-size"};
   for (const char* n : names) {
@@ -98,7 +104,8 @@ const char* kHelp =
     "  hardware: --hardware h100|h200|b200|gb200|gb300|cpu (default h100), --gpus-per-node,\n"
     "            --peak-tflops, --device-memory-gib, --hbm-tbps, --nvlink-gbps,\n"
     "            --internode-gbps, --reserved-gib\n"
-    "  output:   --json; --search (every layout of --gpus N that fits, best first; --top K)\n";
+    "  output:   --json; --search (every layout of --gpus N that fits, best first; --top K);\n"
+    "            --print-schedule (each pipeline rank's forwards and backwards, in order)\n";
 
 }  // namespace
 
@@ -180,6 +187,20 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
   validate_run(m, run, world);
   const Plan p = make_plan(m, run, world, hw, trainer_cfg ? &*trainer_cfg : nullptr);
   out = json ? plan_json(p) + "\n" : trainer_note + plan_text(p);
+  if (own(a, "--print-schedule") != nullptr && !json) {
+    // F<micro-batch>.<chunk> / B<micro-batch>.<chunk>: the order the pipeline runner follows.
+    for (const StageMemory& s : p.memory.stages) {
+      pipeline::ScheduleConfig c;
+      c.pp = p.degrees.pp;
+      c.rank = s.stage;
+      c.vp = static_cast<int>(s.chunks.size());
+      c.num_microbatches = s.num_microbatches;
+      c.group_size = run.parallel.microbatch_group_size;
+      out += fmt::format("[plan] schedule of pp rank {} ({} warm-up forwards, {} recomputed): {}\n",
+                         s.stage, pipeline::warmup_forwards(c), pipeline::recomputed_forwards(c),
+                         pipeline::format_schedule(c));
+    }
+  }
   return 0;
 }
 

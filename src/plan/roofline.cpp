@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallel/parallel_config.h"
+#include "pipeline/schedule.h"
 
 namespace moecore::plan {
 
@@ -20,8 +21,26 @@ Roofline roofline(const ModelSpec& m, const RunSpec& run, int world, const Hardw
   r.compute_seconds = rank_flops / peak;
   r.exposed_comm_seconds = comm.exposed_seconds;
   r.dp_exposed_seconds = std::max(0.0, comm.overlapped_seconds - r.compute_seconds * 2.0 / 3.0);
-  r.bubble_fraction = d.pp > 1 ? (d.pp - 1.0) / (run.vpp * n_micro) : 0.0;
-  r.step_seconds = (r.compute_seconds + r.exposed_comm_seconds) * (1 + r.bubble_fraction) +
+  r.bubble_fraction = d.pp > 1 ? (d.pp - 1.0) / (virtual_stages(m, run) * n_micro) : 0.0;
+  if (d.pp > 1) {
+    const int vp = virtual_stages(m, run);
+    for (int s = 0; s < d.pp; ++s) {
+      pipeline::ScheduleConfig c;
+      c.pp = d.pp;
+      c.rank = s;
+      c.vp = vp;
+      c.num_microbatches = static_cast<int64_t>(n_micro);
+      c.group_size = run.parallel.microbatch_group_size;
+      r.recomputed_forwards = std::max(r.recomputed_forwards, pipeline::recomputed_forwards(c));
+    }
+    // One (micro-batch, chunk) forward: a third of the rank's model FLOPs of one of its M x vp
+    // (micro-batch, chunk) passes.
+    const double forward = flops.train_flops_per_token() * tokens / world / peak / 3.0 /
+                           (n_micro * vp);
+    r.pipeline_recompute_seconds = static_cast<double>(r.recomputed_forwards) * forward;
+  }
+  r.step_seconds = (r.compute_seconds + r.pipeline_recompute_seconds + r.exposed_comm_seconds) *
+                       (1 + r.bubble_fraction) +
                    r.dp_exposed_seconds;
   r.tokens_per_second = tokens / r.step_seconds;
   r.tflops_per_gpu = r.flops_per_step / r.step_seconds / world / 1e12;

@@ -7,7 +7,9 @@
 // 6 + 12/d sharded, plus the f32 copies of the bf16 values f32 kernels read) up to the router
 // buffers, the arenas' alignment and the
 // ceil(n/d) shard rounding, the start-up line and the metrics show the sharding, and the
-// planner's sizing pass (`moecore plan`) gives the trainer's bytes, kind by kind.
+// planner's sizing pass (`moecore plan`) gives the trainer's bytes, kind by kind; with pipeline
+// parallelism (PP 2 on 2 ranks, PP 2 x VP 2 with DP 2 on 4) each stage's model, pipeline runner
+// and optimizer bytes equal the planner's for that stage.
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
@@ -211,6 +213,56 @@ void check_layout(const Layout& l) {
                 static_cast<long long>(opt), static_cast<long long>(ma.bytes_of(MemKind::Grads)),
                 static_cast<long long>(ma.bytes_of(MemKind::Weights)),
                 static_cast<long long>(numel[0] + numel[1]));
+  }
+}
+
+// Pipeline stages: the planner's stage (its chunks from pipeline_layout, the runner's buffers
+// from pipeline_buffer_sizes) equals what this rank's trainer planned: the model arena and the
+// optimizer (mem_planned_bytes, kind by kind) and the runner's own arena.
+TEST(DistOptMemory, PipelineStagesEqualThePlanner) {
+  const int world = g_rt.world_size;
+  if (world != 2 && world != 4) GTEST_SKIP() << "PP 2 on 2 ranks, PP 2 x VP 2 on 4";
+  std::vector<std::string> args = kBase;
+  const int vp = world == 4 ? 2 : 1;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--num-layers") args[i + 1] = std::to_string(2 * vp);
+  }
+  for (bool tied : {true, false}) {
+    std::vector<std::string> a = args;
+    if (!tied) a.push_back("--untie-embeddings-and-output-weights");
+    const cli::TrainFlags f = flags(a);
+    parallel::ParallelConfig pc;
+    pc.pp = 2;
+    pc.vp_stages = vp > 1 ? vp : 0;
+    pc.timeout_minutes = 1.0;
+    parallel::ProcessGroups groups =
+        parallel::init_process_groups(pc, g_rt, cli::model_dims(f.model));
+    const std::string what = fmt::format("world {} pp 2 vp {}{}", world, vp, tied ? " tied" : "");
+    SCOPED_TRACE(what);
+    train::Trainer trainer(f.model, f.train, &groups);
+    std::ostringstream log;
+    const std::vector<train::StepMetrics> ms = trainer.run(log);
+    ASSERT_FALSE(ms.empty());
+    const train::StepMetrics& m = ms.back();
+    const int dp = world / 2;
+    const int64_t n_micro = f.train.global_batch / (f.train.micro_batch * dp);
+    parallel::GradReduceConfig ddp;
+    ddp.distributed_optimizer = true;
+    const plan::ArenaSizes p = plan::trainer_arena_sizes(f.model, f.train.micro_batch, pc, world,
+                                                         g_rt.rank, Device::CPU, ddp, n_micro);
+    for (int k = 0; k < kNumMemKinds; ++k) {
+      EXPECT_EQ(p.by_kind[k], static_cast<double>(m.mem_bytes[k]))
+          << mem_kind_name(static_cast<MemKind>(k));
+    }
+    EXPECT_EQ(p.planned, static_cast<double>(m.mem_planned_bytes));
+    const double runner = static_cast<double>(trainer.pipeline_runner().planned_bytes());
+    EXPECT_GT(runner, 0);
+    EXPECT_EQ(p.pipeline_planned, runner);
+    std::printf("[pp memory] %s rank %d (stage %d): trainer model+optimizer %lld B + runner %.0f "
+                "B; planner %.0f + %.0f B\n",
+                what.c_str(), g_rt.rank, groups.pp_stage(),
+                static_cast<long long>(m.mem_planned_bytes), runner, p.planned,
+                p.pipeline_planned);
   }
 }
 
