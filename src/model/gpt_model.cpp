@@ -76,8 +76,9 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     has_embedding |= v.embedding;
     has_loss |= v.loss;
   }
-  const auto table_spec = [&] {
-    return ParamSpec{"embedding.word_embeddings.weight",
+  // The vocabulary tables: the embedding, an untied output layer, the last stage's tied copy.
+  const auto table_spec = [&](const char* name) {
+    return ParamSpec{name,
                      {Vp, cfg_.hidden},
                      ParamInit::Normal,
                      cfg_.init_std,
@@ -88,7 +89,8 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                      vocab_role,
                      /*model_rows=*/V};
   };
-  if (has_embedding) embedding_ = &params_.add(table_spec());
+  constexpr const char* kTable = "embedding.word_embeddings.weight";
+  if (has_embedding) embedding_ = &params_.add(table_spec(kTable));
   if (has_embedding && cfg_.position_embedding == PositionEmbedding::LearnedAbsolute) {
     pos_embedding_ = &params_.add(ParamSpec{"embedding.position_embeddings.weight",
                                             {cfg_.max_positions(), cfg_.hidden},
@@ -124,21 +126,11 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   // A last pipeline stage without the embedding holds a copy of it (Megatron's shared
   // embedding): the same name and initial values, its gradient summed with the first stage's.
   if (has_loss && cfg_.tie_embeddings && !has_embedding) {
-    ParamSpec spec = table_spec();
+    ParamSpec spec = table_spec(kTable);
     spec.pipeline_copy = true;
     head_ = &params_.add(spec);
   } else if (has_loss) {
-    head_ = cfg_.tie_embeddings ? embedding_
-                                : &params_.add(ParamSpec{"output_layer.weight",
-                                                         {Vp, cfg_.hidden},
-                                                         ParamInit::Normal,
-                                                         cfg_.init_std,
-                                                         ParamKind::Dense,
-                                                         true,
-                                                         vocab_slice,
-                                                         /*bf16_only=*/true,
-                                                         vocab_role,
-                                                         /*model_rows=*/V});
+    head_ = cfg_.tie_embeddings ? embedding_ : &params_.add(table_spec("output_layer.weight"));
   }
   // The head's GEMMs and the cross entropy run over the model's V rows only (the fused one-rank
   // head: N = V of the table's first rows; vocab-parallel: each rank's model rows).

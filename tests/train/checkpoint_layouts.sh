@@ -54,31 +54,9 @@ echo "[checkpoint] --async-save at 4 ranks: every save completed, resumed bitwis
 
 # ---- SIGTERM: finish the step, save, exit 0 ----
 ep2=(--expert-model-parallel-size 2)
-train 2 "${ep2[@]}" --train-iters 2000 --save "$work/sig" --exit-signal-handler \
-  > "$work/sig.log" &
-launcher=$!
-# Until the third step, however loaded the machine (ctest's timeout bounds the test), unless the
-# run ends first.
-until grep -q ' iteration *3/' "$work/sig.log"; do
-  kill -0 "$launcher" 2> /dev/null ||
-    fail "SIGTERM: the run ended before its third step" "$(cat "$work/sig.log")"
-  sleep 0.1
-done
-# The ranks of this run (not the launcher, not another test's moecore).
-mapfile -t ranks < <(ranks_of "--save $work/sig ")
-[ "${#ranks[@]}" -eq 2 ] || fail "SIGTERM: ${#ranks[@]} ranks found instead of 2" "$(cat "$work/sig.log")"
-kill -TERM "${ranks[@]}"
-wait "$launcher" || fail "SIGTERM: exit status $? instead of 0" "$(cat "$work/sig.log")"
-stopped=$(grep -o 'stopping after iteration [0-9]*' "$work/sig.log" | awk '{print $4}')
-[ -n "$stopped" ] || fail "SIGTERM: no early stop" "$(cat "$work/sig.log")"
-[ "$(cat "$work/sig/latest_checkpointed_iteration.txt")" = "$stopped" ] ||
-  fail "SIGTERM: the tracker does not name iteration $stopped" "$(cat "$work/sig.log")"
-n=$((stopped + 2))
-out=$(train 2 "${ep2[@]}" --train-iters "$n" --load "$work/sig") || fail "resume after SIGTERM" "$out"
-resumed=$(digest "$out")
-out=$(train 2 "${ep2[@]}" --train-iters "$n") || fail "the uninterrupted run stopped" "$out"
-[ "$resumed" = "$(digest "$out")" ] || fail "after SIGTERM at $stopped: $resumed != $(digest "$out")"
-echo "[checkpoint] SIGTERM after iteration $stopped: saved, exit 0, resumed to $n bitwise"
+stopped=$(sigterm_resume 2 "$work/sig" "${ep2[@]}") || exit 1
+echo "[checkpoint] SIGTERM after iteration $stopped: saved, exit 0, resumed to $((stopped + 2))" \
+     "bitwise"
 
 # ---- a rank killed in the middle of a save ----
 c="$work/c"

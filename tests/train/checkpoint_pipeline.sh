@@ -10,8 +10,8 @@
 #   the source's;
 # - a checkpoint of tied embeddings at PP 2 holds the table once (the last stage's copy is not
 #   written), and loads at PP 1;
-# - SIGTERM mid-schedule with --exit-signal-handler: the step finishes on every stage, the ranks
-#   save and exit 0, and the resumed run equals the uninterrupted one bitwise;
+# - --sync-audit at PP 2 x VP 2: the audited steps allocate nothing and sync only where
+#   documented (SIGTERM mid-schedule: tests/train/stop_signals.sh);
 # - the eval schedule (forward only): the validation loss at PP 2 equals one rank's (rtol 1e-5).
 # Usage: checkpoint_pipeline.sh MPIEXEC MOECORE_BINARY CONFIG
 set -euo pipefail
@@ -96,29 +96,12 @@ grep -q '"output_layer.weight"' "$manifest" && fail "the tied checkpoint has an 
 [ "$n" -ge 1 ] || fail "the tied checkpoint has no embedding table" "$(cat "$manifest")"
 echo "[pipeline] tied embeddings at PP 2: one table in the checkpoint, loaded at one rank"
 
-# ---- SIGTERM mid-schedule ----
-train 2 "${pp2[@]}" --train-iters 2000 --save "$work/sig" --exit-signal-handler \
-  > "$work/sig.log" &
-launcher=$!
-until grep -q ' iteration *3/' "$work/sig.log"; do
-  kill -0 "$launcher" 2> /dev/null ||
-    fail "SIGTERM: the run ended before its third step" "$(cat "$work/sig.log")"
-  sleep 0.1
-done
-mapfile -t ranks < <(ranks_of "--save $work/sig ")
-[ "${#ranks[@]}" -eq 2 ] || fail "SIGTERM: ${#ranks[@]} ranks found instead of 2" "$(cat "$work/sig.log")"
-kill -TERM "${ranks[@]}"
-wait "$launcher" || fail "SIGTERM: exit status $? instead of 0" "$(cat "$work/sig.log")"
-stopped=$(grep -o 'stopping after iteration [0-9]*' "$work/sig.log" | awk '{print $4}')
-[ -n "$stopped" ] || fail "SIGTERM: no early stop" "$(cat "$work/sig.log")"
-[ "$(cat "$work/sig/latest_checkpointed_iteration.txt")" = "$stopped" ] ||
-  fail "SIGTERM: the tracker does not name iteration $stopped" "$(cat "$work/sig.log")"
-n=$((stopped + 2))
-out=$(train 2 "${pp2[@]}" --train-iters "$n" --load "$work/sig") || fail "resume after SIGTERM" "$out"
-resumed=$(digest "$out")
-out=$(train 2 "${pp2[@]}" --train-iters "$n") || fail "the uninterrupted run stopped" "$out"
-[ "$resumed" = "$(digest "$out")" ] || fail "after SIGTERM at $stopped: $resumed != $(digest "$out")"
-echo "[pipeline] SIGTERM at PP 2: saved iteration $stopped, resumed bitwise"
+# ---- --sync-audit: a pipelined step allocates nothing and syncs only where documented ----
+out=$(train 2 "${pp2[@]}" --num-virtual-stages-per-pipeline-rank 2 --micro-batch-size 1 \
+      --train-iters 3 --sync-audit) || fail "--sync-audit at PP 2 x VP 2" "$out"
+grep -q '\[sync-audit\] steps 2-3 audited: 0 allocations, 0 undocumented host syncs' <<< "$out" ||
+  fail "--sync-audit at PP 2 x VP 2 found something" "$out"
+echo "[pipeline] --sync-audit at PP 2 x VP 2: steps 2-3 allocate nothing, no undocumented sync"
 
 # ---- the eval schedule: validation loss ----
 evl() { grep -o 'lm loss value: [^ ]*' <<< "$1" | tail -n 1 | awk '{print $4}'; }

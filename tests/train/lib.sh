@@ -34,3 +34,39 @@ train_on() {
       "$moecore" train "${common[@]}" "$@" 2>&1
   fi
 }
+# sigterm_resume NP DIR ARGS...: a run of ARGS saving to DIR with --exit-signal-handler gets
+# SIGTERM on every rank after its third step: the step finishes, the ranks save and exit 0, and
+# the tracker names that iteration; resumed from it, two steps further, the run equals the
+# uninterrupted one bitwise (weights digest). Prints the iteration it stopped at.
+sigterm_resume() {
+  local np=$1 dir=$2
+  shift 2
+  train_on "$np" "$@" --train-iters 2000 --save "$dir" --exit-signal-handler > "$dir.log" &
+  local launcher=$!
+  # Until the third step, however loaded the machine (ctest's timeout bounds the test), unless
+  # the run ends first.
+  until grep -q ' iteration *3/' "$dir.log"; do
+    kill -0 "$launcher" 2> /dev/null ||
+      fail "SIGTERM: the run ended before its third step" "$(cat "$dir.log")"
+    sleep 0.1
+  done
+  # The ranks of this run (not the launcher, not another test's moecore).
+  local ranks
+  mapfile -t ranks < <(ranks_of "--save $dir ")
+  [ "${#ranks[@]}" -eq "$np" ] ||
+    fail "SIGTERM: ${#ranks[@]} ranks found instead of $np" "$(cat "$dir.log")"
+  kill -TERM "${ranks[@]}"
+  wait "$launcher" || fail "SIGTERM: exit status $? instead of 0" "$(cat "$dir.log")"
+  local stopped
+  stopped=$(grep -o 'stopping after iteration [0-9]*' "$dir.log" | awk '{print $4}')
+  [ -n "$stopped" ] || fail "SIGTERM: no early stop" "$(cat "$dir.log")"
+  [ "$(cat "$dir/latest_checkpointed_iteration.txt")" = "$stopped" ] ||
+    fail "SIGTERM: the tracker does not name iteration $stopped" "$(cat "$dir.log")"
+  local n=$((stopped + 2)) out resumed
+  out=$(train_on "$np" "$@" --train-iters "$n" --load "$dir") || fail "resume after SIGTERM" "$out"
+  resumed=$(digest "$out")
+  out=$(train_on "$np" "$@" --train-iters "$n") || fail "the uninterrupted run stopped" "$out"
+  [ "$resumed" = "$(digest "$out")" ] ||
+    fail "after SIGTERM at $stopped: $resumed != $(digest "$out")"
+  echo "$stopped"
+}

@@ -3,7 +3,8 @@
 # - SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 to mpirun with --exit-signal-handler: every rank
 #   finishes its step, saves, and ends with status 0 (mpirun's own status after SIGTERM or SIGINT
 #   is 1, Open MPI's rule); the tracker names the iteration the run stopped after, no rank is
-#   left, and resuming from it equals the uninterrupted run bitwise;
+#   left, and resuming from it equals the uninterrupted run bitwise; SIGTERM also at PP 2 (the
+#   stages stop after the same step);
 # - SIGTERM to mpirun during a slow save (MOECORE_FAULT sleep:in=save): within Open MPI's grace
 #   (--mca odls_base_sigkill_timeout) the save completes and the run stops after the next step;
 #   past it, or on a second SIGTERM (mpirun then exits at once), the ranks die and the previous
@@ -19,6 +20,7 @@ export MOECORE_FAULT=""
 common=(--config "$config" --lr-warmup-iters 1 --lr-decay-iters 20 --micro-batch-size 2
         --global-batch-size 16 --log-interval 1 --peak-tflops 100)
 ep2=(--expert-model-parallel-size 2)
+layout=("${ep2[@]}")  # the layout signal_case and resumes_bitwise run
 # launch NP [MPIRUN FLAGS... --] ARGS...: `moecore train` on NP ranks under mpirun, which this
 # process becomes (so a background launch's $! is mpirun's pid).
 launch() {
@@ -52,15 +54,16 @@ no_ranks_left() {  # no_ranks_left NEEDLE WHAT
 declare -A uninterrupted
 resumes_bitwise() {
   local n=$(($2 + 2)) out
-  out=$( (launch 2 "${ep2[@]}" --train-iters "$n" --load "$1") ) || fail "resume from $1" "$out"
+  out=$( (launch 2 "${layout[@]}" --train-iters "$n" --load "$1") ) || fail "resume from $1" "$out"
   grep -q "loaded iteration $2 from" <<< "$out" || fail "the resume did not load $2" "$out"
-  if [ -z "${uninterrupted[$n]:-}" ]; then
+  local key="$n ${layout[*]}"
+  if [ -z "${uninterrupted[$key]:-}" ]; then
     local whole
-    whole=$( (launch 2 "${ep2[@]}" --train-iters "$n") ) || fail "uninterrupted run" "$whole"
-    uninterrupted[$n]=$(digest "$whole")
+    whole=$( (launch 2 "${layout[@]}" --train-iters "$n") ) || fail "uninterrupted run" "$whole"
+    uninterrupted[$key]=$(digest "$whole")
   fi
-  [ "$(digest "$out")" = "${uninterrupted[$n]}" ] ||
-    fail "resumed from $1 at $2: $(digest "$out") != ${uninterrupted[$n]}" "$out"
+  [ "$(digest "$out")" = "${uninterrupted[$key]}" ] ||
+    fail "resumed from $1 at $2: $(digest "$out") != ${uninterrupted[$key]}" "$out"
 }
 
 # ---- signals to mpirun during training: finish the step, save, exit 0, resume bitwise ----
@@ -68,7 +71,7 @@ resumes_bitwise() {
 signal_case() {
   local name=$1 sig=$2 want=$3 reason=$4
   local dir="$work/$name" log="$work/$name.log"
-  (launch 2 "${ep2[@]}" --train-iters 2000 --save "$dir" --exit-signal-handler) > "$log" &
+  (launch 2 "${layout[@]}" --train-iters 2000 --save "$dir" --exit-signal-handler) > "$log" &
   local launcher=$!
   wait_iteration "$log" 3 "$launcher"
   kill -"$sig" "$launcher"
@@ -95,6 +98,10 @@ launcher_reason="the launcher (mpirun) began to kill the job"
 signal_case sigterm TERM 1 "$launcher_reason"
 signal_case sigint INT 1 "$launcher_reason"  # Ctrl-C: the terminal signals mpirun's group only
 signal_case sigusr1 USR1 0 "SIGUSR1 (--exit-signal-handler)"
+# Mid-schedule: two pipeline stages, each finishing the step (its sends and receives) first.
+layout=(--num-layers 4 --pipeline-model-parallel-size 2)
+signal_case sigterm_pipeline TERM 1 "$launcher_reason"
+layout=("${ep2[@]}")
 
 # ---- SIGTERM to mpirun during a save ----
 # save_case NAME SLEEP SECOND_SIGNAL [--mca odls_base_sigkill_timeout T]: iteration 2 saved; the

@@ -143,41 +143,6 @@ std::vector<double> master_values(const train::BasicTrainer<T>& trainer, const P
   return v;
 }
 
-// The global tensor of parameter p from every rank's local values, whatever its slice (EP's
-// experts, TP's rows or columns in parts, ETP inside an EP slice). The copies are compared
-// before one is taken: each rank puts its values at their global indices (param_global_index),
-// the largest and the smallest copy of every element are reduced over the world (max of v and
-// of -v), and they must be equal: replicas (data-parallel, TP, ETP) hold bitwise the same
-// values, so a drift between copies fails here instead of being averaged away. Every element
-// must be held by some rank.
-std::vector<double> gather_global(const Param& p, const std::vector<double>& local,
-                                  const parallel::ProcessGroups& groups) {
-  const size_t n = static_cast<size_t>(p.global_numel());
-  constexpr double kNone = -std::numeric_limits<double>::infinity();
-  std::vector<double> hi(n, kNone), neg_lo(n, kNone), holders(n, 0.0);
-  for (int64_t i = 0; i < p.local_numel(); ++i) {
-    const auto g = static_cast<size_t>(param_global_index(p, i));
-    const double v = local[static_cast<size_t>(i)];
-    hi[g] = std::max(hi[g], v);
-    neg_lo[g] = std::max(neg_lo[g], -v);
-    holders[g] += 1;
-  }
-  auto& world = groups.world().communicator();
-  world.all_reduce(hi, parallel::ReduceOp::Max);
-  world.all_reduce(neg_lo, parallel::ReduceOp::Max);
-  world.all_reduce(holders);
-  int64_t differing = 0;
-  size_t first = 0;
-  for (size_t g = 0; g < n; ++g) {
-    EXPECT_GT(holders[g], 0) << p.name() << " element " << g << " is held by no rank";
-    if (hi[g] != -neg_lo[g] && differing++ == 0) first = g;
-  }
-  EXPECT_EQ(differing, 0) << p.name() << ": " << differing << " elements differ between the ranks "
-                          << "holding them, the first [" << first << "]: copies from "
-                          << -neg_lo[first] << " to " << hi[first];
-  return hi;
-}
-
 // The name and global size of every parameter some rank holds (pipeline stages hold different
 // ones), the same list in the same order on every rank.
 std::map<std::string, int64_t> world_param_names(const ParamRegistry& params,
@@ -201,9 +166,14 @@ std::map<std::string, int64_t> world_param_names(const ParamRegistry& params,
   return out;
 }
 
-// The global tensor of the parameter `name` (global_numel elements) held by some pipeline
-// stages: gather_global's comparison of the copies over the world, with the ranks that do not
-// hold it taking part with nothing.
+// The global tensor of the parameter `name` (global_numel elements) from every rank's local
+// values (p: this rank's, null where a pipeline stage does not hold it), whatever its slice (EP's
+// experts, TP's rows or columns in parts, ETP inside an EP slice). The copies are compared
+// before one is taken: each rank puts its values at their global indices (param_global_index),
+// the largest and the smallest copy of every element are reduced over the world (max of v and
+// of -v), and they must be equal: replicas (data-parallel, TP, ETP, the pipeline stages' tied
+// tables) hold bitwise the same values, so a drift between copies fails here instead of being
+// averaged away. Every element must be held by some rank.
 std::vector<double> gather_global_by_name(const std::string& name, int64_t global_numel,
                                           const Param* p, const std::vector<double>& local,
                                           const parallel::ProcessGroups& groups) {
@@ -230,6 +200,12 @@ std::vector<double> gather_global_by_name(const std::string& name, int64_t globa
                           << "holding them, the first [" << first << "]: copies from "
                           << -neg_lo[first] << " to " << hi[first];
   return hi;
+}
+
+// The same for a parameter every rank holds a slice of.
+std::vector<double> gather_global(const Param& p, const std::vector<double>& local,
+                                  const parallel::ProcessGroups& groups) {
+  return gather_global_by_name(p.name(), p.global_numel(), &p, local, groups);
 }
 
 // Every parameter's global tensor (expert and TP slices gathered, replicas compared:
