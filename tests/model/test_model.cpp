@@ -511,6 +511,89 @@ TEST(GPTModel, StepReportHoldsEachMicroBatchsResults) {
   }
 }
 
+// Pipeline chunks in one process: a first stage (embedding, layers 0-1) and a last stage
+// (layers 2-3, loss; with tied embeddings its own copy of the table) compose to the whole model:
+// the same loss and report, every gradient bitwise (the tied table's within f64 ulps: the two
+// stages' parts added once instead of per micro-batch), over two micro-batches run in 1F1B's
+// order for the first stage: F0 F1 B0 B1, so micro-batch 0's backward needs its forward
+// recomputed (replay) first, with dropout and router jitter on.
+void expect_chunks_compose(bool tied) {
+  ModelConfig cfg = tiny_config();
+  cfg.num_layers = 4;
+  cfg.moe_layer_pattern = {1, 0, 1, 1};
+  cfg.tie_embeddings = tied;
+  cfg.hidden_dropout = 0.2;
+  cfg.attention_dropout = 0.1;
+  cfg.moe.router.input_jitter_eps = 0.05;
+  const int64_t B = 2, n = B * cfg.seq_length, E = cfg.num_experts;
+  GPTModel<double> whole(cfg, B, 7);
+  GPTModel<double> first(cfg, B, 7, nullptr, false, cpu_exec(),
+                         {parallel::VirtualStage{0, 2, 0, true, false}});
+  GPTModel<double> last(cfg, B, 7, nullptr, false, cpu_exec(),
+                        {parallel::VirtualStage{2, 2, 0, false, true}});
+  EXPECT_EQ(last.tied_table() != nullptr, tied);
+  std::vector<std::vector<int32_t>> ids, targets;
+  std::vector<ops::DropoutCounters> counters;
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
+    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
+    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
+  }
+  std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
+  std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
+  const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {
+    return MicroBatchIO{ids[mb].data(), targets[mb].data(), &r[mb], &t[mb * E], &counters[mb]};
+  };
+  for (GPTModel<double>* m : {&whole, &first, &last}) m->params().zero_grads();
+  for (int mb = 0; mb < 2; ++mb) {
+    whole.forward(io(rw, tw, mb));
+    whole.backward(0.5);
+  }
+  // First stage: F0 F1; the last stage takes each activation and runs F then B at once.
+  std::vector<std::vector<double>> act(2), grad(2);
+  for (int mb = 0; mb < 2; ++mb) {
+    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb);
+    const double* out = host(first.chunk_output(0));
+    act[mb].assign(out, out + first.boundary_elems());
+    last.forward_chunk(0, io(rl, tl, mb), act[mb].data(), mb);
+    last.backward_chunk(0, 0.5, nullptr, mb);
+    const double* g = host(last.input_grad());
+    grad[mb].assign(g, g + last.boundary_elems());
+  }
+  for (int mb = 0; mb < 2; ++mb) {  // B0 (after F1: replayed), B1
+    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb, /*replay=*/true);
+    first.backward_chunk(0, 0.5, grad[mb].data(), mb);
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    EXPECT_EQ(rl[mb].lm_loss_sum, rw[mb].lm_loss_sum) << mb;
+    EXPECT_EQ(rl[mb].counted, rw[mb].counted) << mb;
+    EXPECT_EQ(rf[mb].moe_layers + rl[mb].moe_layers, rw[mb].moe_layers) << mb;
+    EXPECT_NEAR(rf[mb].aux_value + rl[mb].aux_value, rw[mb].aux_value,
+                1e-15 * std::abs(rw[mb].aux_value)) << mb;
+  }
+  int compared = 0;
+  for (const Param& w : whole.params().params()) {
+    const ParamRegistry& reg = first.params().find(w.name()) != nullptr ? first.params()
+                                                                         : last.params();
+    const Param* a = reg.find(w.name());
+    ASSERT_NE(a, nullptr) << w.name() << " is on no stage";
+    const double* gw = host(w.grad_as<double>());
+    const double* ga = host(a->grad_as<double>());
+    if (tied && w.name() == "embedding.word_embeddings.weight") {
+      const double* gb = host(last.params().find(w.name())->grad_as<double>());
+      for (int64_t i = 0; i < w.local_numel(); ++i)
+        EXPECT_NEAR(ga[i] + gb[i], gw[i], 1e-14 * (std::abs(gw[i]) + 1e-3)) << w.name() << i;
+    } else {
+      EXPECT_EQ(std::memcmp(ga, gw, sizeof(double) * w.local_numel()), 0) << w.name();
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(whole.params().params().size()));
+}
+
+TEST(GPTModel, PipelineChunksComposeToTheWholeModel) { expect_chunks_compose(false); }
+TEST(GPTModel, PipelineChunksComposeToTheWholeModelTied) { expect_chunks_compose(true); }
+
 TEST(GPTModel, F32MatchesF64AndIsDeterministic) {
   ModelConfig cfg = tiny_config();
   cfg.init_std = 0.02;

@@ -1472,6 +1472,7 @@ const std::vector<PpLayout> kPpLayouts = {
     {.pp = 2, .vp = 2, .untied = true, .layers = 8, .world = 2,
      .extra = {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}},
     {.pp = 2, .layers = 5, .world = 2, .first = 1},
+    {.pp = 4, .layers = 6, .world = 4, .first = 1, .last = 1},
     {.pp = 2, .layers = 5, .world = 2, .layout = "Et|tt|t|tL"},
     // 4 ranks
     {.pp = 4, .world = 4},
