@@ -218,8 +218,8 @@ TEST(Cli, ParallelFlags) {
                         "--expert-model-parallel-size 1 --distributed-timeout-minutes 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[train] parallel: 1 ranks"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("tensor parallel 1, expert parallel 1 x expert tensor parallel 1 x "
-                          "expert data parallel 1"),
+  EXPECT_NE(r.output.find("tensor parallel 1, pipeline parallel 1, expert parallel 1 x expert "
+                          "tensor parallel 1 x expert data parallel 1"),
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("accepted without effect"), std::string::npos) << r.output;
