@@ -88,7 +88,7 @@ class GPTModel {
            const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
            const Exec& ex = cpu_exec(), std::vector<parallel::VirtualStage> chunks = {});
 
-  // ---- pipeline parallelism: one chunk at a time (pipeline/pipeline_schedule.h runs them) ----
+  // ---- pipeline parallelism: one chunk at a time (pipeline/pipeline_runner.h runs them) ----
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   const parallel::VirtualStage& chunk(int c) const { return chunks_[c].stage; }
   // The forward of chunk c for one micro-batch (the whole-model forward() for one chunk):

@@ -106,7 +106,7 @@ class Router {
   void forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length = 0, bool recompute = false);
   // The micro-batch (of this step's training forwards, 0-based) that recomputing forwards rerun
   // until reset with -1. Unset, a recomputation reruns the last training forward; a pipeline
-  // stage recomputes an earlier one before its backward (pipeline/pipeline_schedule.h).
+  // stage recomputes an earlier one before its backward (pipeline/pipeline_runner.h).
   void set_replay_micro_batch(int64_t m) { replay_micro_ = m; }
   // dprobs [T, K] -> dW_r (+=) and dx (+=: the router is one branch of the MoE input). The
   // aux and z-loss gradients enter here, multiplied by loss_grad_scale (Megatron's

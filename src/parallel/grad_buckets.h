@@ -159,8 +159,9 @@ class GradBuckets {
   bool reduction_started(size_t b) const { return b < next_reduction_; }
   // Whether this rank counts parameter p once in the gradient norm and the weights digest, so
   // that the sums over the groups see every element once: a Sharded parameter on every rank of
-  // its TP group, a replicated one (Replicated, ReplicatedPartialGrad) on TP rank 0 only.
-  // Always true with a TP group of one rank.
+  // its TP group, a replicated one (Replicated, ReplicatedPartialGrad) on TP rank 0 only; a
+  // pipeline stage's copy of a tied table (ParamSpec::pipeline_copy) never (the first stage
+  // counts it). Otherwise true with a TP group of one rank.
   bool counted_once(const Param& p) const;
   // Whether any parameter is not counted here (counted_once false for some).
   bool skips_some() const { return skips_some_; }
