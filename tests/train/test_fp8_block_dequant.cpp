@@ -1,0 +1,125 @@
+// DeepSeek-V3's FP8 weights: every one of the 256 float8_e4m3fn codes decodes to the value of a
+// table built here from the format's definition by counting (not by the decoder's formula), plus
+// anchors from the OCP FP8 spec; block-scale dequantization with partial edge blocks equals a
+// per-element loop; a scale of the wrong shape is refused naming the tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "convert/fp8_block_dequant.h"
+
+namespace moecore::convert {
+namespace {
+
+using testing::error_of;
+
+// The non-negative finite e4m3fn values in code order, built by counting: 8 subnormals spaced
+// 2^-9 from 0, then per binade [2^(e-7), 2^(e-6)) eight values spaced 2^(e-10), for e = 1 .. 15,
+// the last binade cut after 448 (its eighth pattern is NaN).
+std::vector<double> positive_table() {
+  std::vector<double> v;
+  double step = std::ldexp(1.0, -9), x = 0.0;
+  for (int i = 0; i < 8; ++i, x += step) v.push_back(x);  // 0, 2^-9, ..., 7 x 2^-9
+  for (int binade = 1; binade <= 15; ++binade) {         // x is 2^(binade-7) here
+    for (int i = 0; i < 8 && v.size() < 127; ++i, x += step) v.push_back(x);
+    step *= 2.0;
+  }
+  return v;
+}
+
+TEST(Fp8E4m3fn, EveryCodeDecodesToTheCountedTable) {
+  const std::vector<double> table = positive_table();
+  ASSERT_EQ(table.size(), 127u);
+  for (int code = 0; code < 256; ++code) {
+    SCOPED_TRACE(code);
+    const float got = fp8_e4m3fn_to_float(static_cast<uint8_t>(code));
+    const int low = code & 0x7F;
+    if (low == 0x7F) {
+      EXPECT_TRUE(std::isnan(got));
+      continue;
+    }
+    const double want = (code & 0x80) ? -table[low] : table[low];
+    EXPECT_EQ(static_cast<double>(got), want);
+    EXPECT_EQ(std::signbit(got), (code & 0x80) != 0);  // 0x80 is -0
+  }
+}
+
+TEST(Fp8E4m3fn, AnchorsOfTheFormat) {
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x38), 1.0f);
+  EXPECT_EQ(fp8_e4m3fn_to_float(0xC0), -2.0f);
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x7E), 448.0f);   // the largest finite
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x78), 256.0f);   // exponent 15 holds finite values (no inf)
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x08), 0.015625f);  // 2^-6, the smallest normal
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_TRUE(std::isnan(fp8_e4m3fn_to_float(0x7F)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3fn_to_float(0xFF)));
+}
+
+// A [5, 7] weight in blocks of [2, 3]: scales [3, 3], the last block row one row high and the last
+// block column one column wide.
+TEST(Fp8BlockDequant, PartialEdgeBlocksTakeTheirOwnScale) {
+  const int64_t rows = 5, cols = 7;
+  std::vector<uint8_t> codes(rows * cols);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + 11) % 255);
+  std::vector<float> scale(9);
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = std::ldexp(1.0f, static_cast<int>(i) - 4) * 1.5f;
+  const std::vector<float> got =
+      fp8_block_dequant("w", codes, {rows, cols}, scale, {3, 3}, Fp8BlockSize{2, 3});
+  ASSERT_EQ(got.size(), codes.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float want = fp8_e4m3fn_to_float(codes[r * cols + c]) * scale[(r / 2) * 3 + c / 3];
+      SCOPED_TRACE(::testing::Message() << r << "," << c);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[r * cols + c]));
+      } else {
+        EXPECT_EQ(got[r * cols + c], want);
+      }
+    }
+  }
+  // The corner element is in the last block (row 4, column 6): scale[8].
+  EXPECT_EQ(got[4 * cols + 6], fp8_e4m3fn_to_float(codes[4 * cols + 6]) * scale[8]);
+}
+
+// DeepSeek's own block: 128 x 128 on a [130, 129] weight gives scales [2, 2].
+TEST(Fp8BlockDequant, DefaultBlockIs128) {
+  const std::vector<uint8_t> codes(130 * 129, 0x38);  // 1.0
+  const std::vector<float> scale = {2.0f, 3.0f, 5.0f, 7.0f};
+  const std::vector<float> got = fp8_block_dequant("w", codes, {130, 129}, scale, {2, 2}, {});
+  EXPECT_EQ(got[0], 2.0f);
+  EXPECT_EQ(got[127 * 129 + 127], 2.0f);
+  EXPECT_EQ(got[127 * 129 + 128], 3.0f);
+  EXPECT_EQ(got[128 * 129 + 127], 5.0f);
+  EXPECT_EQ(got[129 * 129 + 128], 7.0f);
+}
+
+TEST(Fp8BlockDequant, RefusesAScaleOfTheWrongShapeNamingTheTensor) {
+  const std::vector<uint8_t> codes(5 * 7, 0x38);
+  const std::vector<float> scale(6, 1.0f);
+  const std::string e = error_of([&] {
+    fp8_block_dequant("model.layers.0.mlp.gate_proj.weight", codes, {5, 7}, scale, {2, 3},
+                      Fp8BlockSize{2, 3});
+  });
+  EXPECT_NE(e.find("[convert] tensor 'model.layers.0.mlp.gate_proj.weight': its "
+                   "weight_scale_inv is [2, 3], but a weight of [5, 7] in blocks of [2, 3] "
+                   "needs [3, 3]"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {35}, scale, {6}, {}); })
+                .find("[convert] tensor 'v': an FP8 weight with block scales must be 2-D"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {5, 7}, scale, {2, 3}, {0, 3}); })
+                .find("FP8 block size [0, 3] must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {5, 6}, scale, {1, 1}, {}); })
+                .find("[convert] tensor 'v': 35 FP8 codes for shape [5, 6]"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace moecore::convert
