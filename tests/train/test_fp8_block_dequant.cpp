@@ -1,15 +1,19 @@
 // DeepSeek-V3's FP8 weights: every one of the 256 float8_e4m3fn codes decodes to the value of a
 // table built here from the format's definition by counting (not by the decoder's formula), plus
 // anchors from the OCP FP8 spec; block-scale dequantization with partial edge blocks equals a
-// per-element loop; a scale of the wrong shape is refused naming the tensor.
+// per-element loop; a scale of the wrong shape is refused naming the tensor; HfWeights reads an
+// F8_E4M3 weight with its `_scale_inv` beside it as f32 and counts both as read.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "ckpt/ckpt_files.h"
 #include "common/testing.h"
+#include "convert/hf_weights.h"
 #include "convert/fp8_block_dequant.h"
 
 namespace moecore::convert {
@@ -119,6 +123,50 @@ TEST(Fp8BlockDequant, RefusesAScaleOfTheWrongShapeNamingTheTensor) {
   EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {5, 6}, scale, {1, 1}, {}); })
                 .find("[convert] tensor 'v': 35 FP8 codes for shape [5, 6]"),
             std::string::npos);
+}
+
+std::vector<std::byte> f32_bytes(const std::vector<float>& v) {
+  std::vector<std::byte> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// A checkpoint directory as DeepSeek-V3's FP8 release has it: a [3, 5] F8_E4M3 weight in blocks
+// of [2, 2] (scales [2, 3]), and an F32 norm weight beside it.
+TEST(HfWeightsFp8, ReadsTheWeightDequantizedAndCountsItsScaleAsRead) {
+  ckpt::testing::TempDir dir;
+  const std::vector<uint8_t> codes = {0x38, 0xC0, 0x01, 0x7E, 0x80, 0x08, 0x30, 0x40,
+                                      0x48, 0x50, 0xB8, 0x00, 0x39, 0x3A, 0x3B};
+  const std::vector<float> scale = {0.5f, 2.0f, 4.0f, 0.25f, 8.0f, 1.0f};
+  std::vector<std::byte> code_bytes(codes.size());
+  std::memcpy(code_bytes.data(), codes.data(), codes.size());
+  write_hf_weights(dir.path(),
+                   {{"l.w.weight", "F8_E4M3", {3, 5}, code_bytes},
+                    {"l.w.weight_scale_inv", "F32", {2, 3}, f32_bytes(scale)},
+                    {"l.norm.weight", "F32", {2}, f32_bytes({1.0f, 2.0f})}},
+                   0);
+  HfWeights w(dir.path());
+  w.set_fp8_block_size({2, 2});
+  const std::vector<float> got = w.read_f32("l.w.weight");
+  ASSERT_EQ(got.size(), 15u);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 5; ++c) {
+      EXPECT_EQ(got[r * 5 + c], fp8_e4m3fn_to_float(codes[r * 5 + c]) * scale[(r / 2) * 3 + c / 2])
+          << r << "," << c;
+    }
+  }
+  EXPECT_EQ(got[0], 0.5f);         // 1.0 x 0.5
+  EXPECT_EQ(got[3], 448.0f * 2.0f);  // row 0, column 3: block (0, 1)
+  EXPECT_EQ(got[14], 1.375f * 1.0f);   // row 2, column 4: the corner block (1, 2)
+  EXPECT_EQ(w.unread(), (std::vector<std::string>{"l.norm.weight"}));
+
+  // Read with DeepSeek's 128 x 128 blocks, the [2, 3] scales are the wrong shape: refused by name.
+  HfWeights w128(dir.path());
+  const std::string e = error_of([&] { w128.read_f32("l.w.weight"); });
+  EXPECT_NE(e.find("[convert] tensor 'l.w.weight': its weight_scale_inv is [2, 3], but a weight "
+                   "of [3, 5] in blocks of [128, 128] needs [1, 1]"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
