@@ -2,7 +2,8 @@
 // table built here from the format's definition by counting (not by the decoder's formula), plus
 // anchors from the OCP FP8 spec; block-scale dequantization with partial edge blocks equals a
 // per-element loop; a scale of the wrong shape is refused naming the tensor; HfWeights reads an
-// F8_E4M3 weight with its `_scale_inv` beside it as f32 and counts both as read.
+// F8_E4M3 weight with its `_scale_inv` beside it as f32 and counts both as read, and on the FP8
+// fixture of DeepSeek-V3 (tools/make_hf_fixtures.py) gives torch's dequantized values bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/ckpt_files.h"
+#include "common/paths.h"
 #include "common/testing.h"
 #include "convert/hf_weights.h"
 #include "convert/fp8_block_dequant.h"
@@ -167,6 +169,31 @@ TEST(HfWeightsFp8, ReadsTheWeightDequantizedAndCountsItsScaleAsRead) {
                    "of [3, 5] in blocks of [128, 128] needs [1, 1]"),
             std::string::npos)
       << e;
+}
+
+// torch's float8_e4m3fn codes and block scales, dequantized by torch (codes.float() * scale):
+// every FP8 tensor of the fixture read back bit for bit, every other tensor read as it is, none
+// left over.
+TEST(HfWeightsFp8, DeepSeekV3FixtureEqualsTorchsDequantization) {
+  const std::filesystem::path dir =
+      std::filesystem::path(testing::source_dir()) / "tests/fixtures/hf/deepseek_v3_fp8";
+  HfWeights w(dir);
+  w.set_fp8_block_size({16, 16});  // its config.json's quantization_config.weight_block_size
+  const ckpt::SafetensorsFile want(dir / "dequantized.safetensors");
+  int fp8 = 0;
+  for (const std::string& name : w.names()) {
+    if (name.ends_with("_scale_inv")) continue;
+    SCOPED_TRACE(name);
+    const std::vector<float> got = w.read_f32(name);
+    if (w.info(name).dtype != "F8_E4M3") continue;
+    ++fp8;
+    const std::span<const std::byte> b = want.bytes(name);
+    ASSERT_EQ(b.size(), got.size() * 4);
+    EXPECT_EQ(std::memcmp(b.data(), got.data(), b.size()), 0);
+  }
+  EXPECT_EQ(fp8, static_cast<int>(want.num_tensors()));
+  EXPECT_GT(fp8, 40);
+  EXPECT_TRUE(w.unread().empty());
 }
 
 }  // namespace
