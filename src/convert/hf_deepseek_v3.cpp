@@ -122,6 +122,20 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
   if (s.first_k_dense < 0 || s.first_k_dense > s.num_layers)
     r.refuse("first_k_dense_replace", std::to_string(s.first_k_dense),
              fmt::format("must lie in [0, num_hidden_layers = {}]", s.num_layers));
+  if (s.mtp_layers < 0 || s.mtp_layers > kMaxHfLayers)
+    r.refuse("num_nextn_predict_layers", std::to_string(s.mtp_layers),
+             fmt::format("must lie in [0, {}]", kMaxHfLayers));
+  // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible).
+  for (const auto& [key, v] : {std::pair{"hidden_size", s.hidden}, {"vocab_size", s.vocab_size},
+                               {"num_attention_heads", s.num_heads},
+                               {"kv_lora_rank", s.kv_lora_rank},
+                               {"qk_nope_head_dim", s.qk_nope_head_dim},
+                               {"qk_rope_head_dim", s.qk_rope_head_dim},
+                               {"v_head_dim", s.v_head_dim},
+                               {"moe_intermediate_size", s.moe_ffn_hidden},
+                               {"q_lora_rank", s.q_lora_rank.value_or(1)}}) {
+    if (v < 1) r.refuse(key, std::to_string(v), "a size must be at least 1");
+  }
   return s;
 }
 

@@ -117,6 +117,10 @@ TEST(HfDeepseekV3, RefusesWhatTheFlagsCannotSayByKey) {
   EXPECT_NE(refusal("quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}})
                 .find("\"quantization_config\""),
             std::string::npos);
+  EXPECT_NE(refusal("num_nextn_predict_layers", -1).find("\"num_nextn_predict_layers\": -1"),
+            std::string::npos);
+  EXPECT_NE(refusal("kv_lora_rank", 0).find("\"kv_lora_rank\": 0 is not supported: a size"),
+            std::string::npos);
   nlohmann::json other = base;
   other["model_type"] = "mixtral";
   other["architectures"] = {"MixtralForCausalLM"};
