@@ -15,8 +15,9 @@ float fp8_e4m3fn_to_float(uint8_t code) {
   // e4m3fn spends the all-ones pattern on NaN only, so exponent 15 still holds 256 .. 448.
   if (exponent == 0xF && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
   // Both cases are exact in f32: at most 4 significant bits, exponents within [-9, 8].
-  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
-                                        : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+  const float magnitude = exponent == 0
+                              ? std::ldexp(static_cast<float>(mantissa), -9)
+                              : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
   return negative ? -magnitude : magnitude;
 }
 

@@ -126,7 +126,8 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
     r.refuse("num_nextn_predict_layers", std::to_string(s.mtp_layers),
              fmt::format("must lie in [0, {}]", kMaxHfLayers));
   // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible).
-  for (const auto& [key, v] : {std::pair{"hidden_size", s.hidden}, {"vocab_size", s.vocab_size},
+  for (const auto& [key, v] : {std::pair{"hidden_size", s.hidden},
+                               {"vocab_size", s.vocab_size},
                                {"num_attention_heads", s.num_heads},
                                {"kv_lora_rank", s.kv_lora_rank},
                                {"qk_nope_head_dim", s.qk_nope_head_dim},
@@ -205,7 +206,9 @@ std::vector<std::string> deepseek_v3_missing_features(const DeepseekV3Spec& s) {
 
 namespace {
 
-bool starts(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool starts(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
 
 // "12.rest" -> 12 and "rest"; nullopt when s does not start with digits and a dot.
 std::optional<std::pair<int64_t, std::string_view>> index_then(std::string_view s) {

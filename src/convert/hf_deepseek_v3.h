@@ -23,7 +23,7 @@ struct DeepseekV3Spec {
   int64_t moe_ffn_hidden = 0;  // moe_intermediate_size: each routed and shared expert
   int64_t num_experts = 0, topk = 0, num_shared_experts = 0;
   int64_t num_groups = 0, group_topk = 0;
-  int64_t first_k_dense = 0;   // first_k_dense_replace: layers [0, k) dense, the rest MoE
+  int64_t first_k_dense = 0;  // first_k_dense_replace: layers [0, k) dense, the rest MoE
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
   std::optional<int64_t> q_lora_rank;  // null: q_proj straight from the hidden state

@@ -1,9 +1,9 @@
 // The weight files of a HuggingFace checkpoint directory as save_pretrained writes them:
 // model.safetensors, or shards listed by model.safetensors.index.json (its weight_map names the
 // file of every tensor; tensors in any shard, in any order). The reader serves each tensor as
-// f32 (F32 copied, BF16 widened exactly, F8_E4M3 with its block scales dequantized) and keeps count of what was read, so a converter can
-// name every tensor it left over; the writer writes tensors in HF's order, in one file or in
-// shards of a maximum size with their index.
+// f32 (F32 copied, BF16 widened exactly, F8_E4M3 with its block scales dequantized) and keeps
+// count of what was read, so a converter can name every tensor it left over; the writer writes
+// tensors in HF's order, in one file or in shards of a maximum size with their index.
 #pragma once
 
 #include <cstddef>

@@ -15,8 +15,8 @@
 #include "ckpt/ckpt_files.h"
 #include "common/paths.h"
 #include "common/testing.h"
-#include "convert/hf_weights.h"
 #include "convert/fp8_block_dequant.h"
+#include "convert/hf_weights.h"
 
 namespace moecore::convert {
 namespace {
@@ -30,7 +30,7 @@ std::vector<double> positive_table() {
   std::vector<double> v;
   double step = std::ldexp(1.0, -9), x = 0.0;
   for (int i = 0; i < 8; ++i, x += step) v.push_back(x);  // 0, 2^-9, ..., 7 x 2^-9
-  for (int binade = 1; binade <= 15; ++binade) {         // x is 2^(binade-7) here
+  for (int binade = 1; binade <= 15; ++binade) {          // x is 2^(binade-7) here
     for (int i = 0; i < 8 && v.size() < 127; ++i, x += step) v.push_back(x);
     step *= 2.0;
   }
@@ -57,8 +57,8 @@ TEST(Fp8E4m3fn, EveryCodeDecodesToTheCountedTable) {
 TEST(Fp8E4m3fn, AnchorsOfTheFormat) {
   EXPECT_EQ(fp8_e4m3fn_to_float(0x38), 1.0f);
   EXPECT_EQ(fp8_e4m3fn_to_float(0xC0), -2.0f);
-  EXPECT_EQ(fp8_e4m3fn_to_float(0x7E), 448.0f);   // the largest finite
-  EXPECT_EQ(fp8_e4m3fn_to_float(0x78), 256.0f);   // exponent 15 holds finite values (no inf)
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x7E), 448.0f);     // the largest finite
+  EXPECT_EQ(fp8_e4m3fn_to_float(0x78), 256.0f);     // exponent 15 holds finite values (no inf)
   EXPECT_EQ(fp8_e4m3fn_to_float(0x08), 0.015625f);  // 2^-6, the smallest normal
   EXPECT_EQ(fp8_e4m3fn_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
   EXPECT_EQ(fp8_e4m3fn_to_float(0x07), 7 * std::ldexp(1.0f, -9));
@@ -73,7 +73,8 @@ TEST(Fp8BlockDequant, PartialEdgeBlocksTakeTheirOwnScale) {
   std::vector<uint8_t> codes(rows * cols);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + 11) % 255);
   std::vector<float> scale(9);
-  for (size_t i = 0; i < scale.size(); ++i) scale[i] = std::ldexp(1.0f, static_cast<int>(i) - 4) * 1.5f;
+  for (size_t i = 0; i < scale.size(); ++i)
+    scale[i] = std::ldexp(1.0f, static_cast<int>(i) - 4) * 1.5f;
   const std::vector<float> got =
       fp8_block_dequant("w", codes, {rows, cols}, scale, {3, 3}, Fp8BlockSize{2, 3});
   ASSERT_EQ(got.size(), codes.size());
@@ -116,14 +117,17 @@ TEST(Fp8BlockDequant, RefusesAScaleOfTheWrongShapeNamingTheTensor) {
                    "needs [3, 3]"),
             std::string::npos)
       << e;
-  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {35}, scale, {6}, {}); })
-                .find("[convert] tensor 'v': an FP8 weight with block scales must be 2-D"),
+  EXPECT_NE(error_of([&] {
+              fp8_block_dequant("v", codes, {35}, scale, {6}, {});
+            }).find("[convert] tensor 'v': an FP8 weight with block scales must be 2-D"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {5, 7}, scale, {2, 3}, {0, 3}); })
-                .find("FP8 block size [0, 3] must be positive"),
+  EXPECT_NE(error_of([&] {
+              fp8_block_dequant("v", codes, {5, 7}, scale, {2, 3}, {0, 3});
+            }).find("FP8 block size [0, 3] must be positive"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { fp8_block_dequant("v", codes, {5, 6}, scale, {1, 1}, {}); })
-                .find("[convert] tensor 'v': 35 FP8 codes for shape [5, 6]"),
+  EXPECT_NE(error_of([&] {
+              fp8_block_dequant("v", codes, {5, 6}, scale, {1, 1}, {});
+            }).find("[convert] tensor 'v': 35 FP8 codes for shape [5, 6]"),
             std::string::npos);
 }
 
@@ -157,9 +161,9 @@ TEST(HfWeightsFp8, ReadsTheWeightDequantizedAndCountsItsScaleAsRead) {
           << r << "," << c;
     }
   }
-  EXPECT_EQ(got[0], 0.5f);         // 1.0 x 0.5
-  EXPECT_EQ(got[3], 448.0f * 2.0f);  // row 0, column 3: block (0, 1)
-  EXPECT_EQ(got[14], 1.375f * 1.0f);   // row 2, column 4: the corner block (1, 2)
+  EXPECT_EQ(got[0], 0.5f);            // 1.0 x 0.5
+  EXPECT_EQ(got[3], 448.0f * 2.0f);   // row 0, column 3: block (0, 1)
+  EXPECT_EQ(got[14], 1.375f * 1.0f);  // row 2, column 4: the corner block (1, 2)
   EXPECT_EQ(w.unread(), (std::vector<std::string>{"l.norm.weight"}));
 
   // Read with DeepSeek's 128 x 128 blocks, the [2, 3] scales are the wrong shape: refused by name.

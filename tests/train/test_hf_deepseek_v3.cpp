@@ -81,17 +81,34 @@ TEST(HfDeepseekV3, FlagsOfTheFixture) {
   const std::vector<std::string> f = deepseek_v3_flags(spec_of("deepseek_v3"));
   std::string line;
   for (const std::string& x : f) line += x + " ";
-  for (const char* want :
-       {"--num-layers 3 ", "--hidden-size 32 ", "--ffn-hidden-size 32 ", "--num-attention-heads 4 ",
-        "--multi-latent-attention ", "--q-lora-rank 16 ", "--kv-lora-rank 16 ",
-        "--qk-head-dim 8 ", "--qk-pos-emb-head-dim 4 ", "--v-head-dim 8 ", "--rope-type yarn ",
-        "--rotary-scaling-factor 4 ", "--mscale 1 ", "--mscale-all-dim 1 ",
-        "--original-max-position-embeddings 16 ", "--rotary-base 10000 ", "--num-experts 8 ",
-        "--moe-ffn-hidden-size 8 ", "--moe-router-topk 2 ", "--moe-router-score-function sigmoid ",
-        "--moe-router-enable-expert-bias ", "--moe-router-num-groups 4 ",
-        "--moe-router-group-topk 2 ", "--moe-router-topk-scaling-factor 2.5 ",
-        "--moe-shared-expert-intermediate-size 8 ", "--moe-layer-freq [0,1,1] ",
-        "--mtp-num-layers 1 ", "--untie-embeddings-and-output-weights "}) {
+  for (const char* want : {"--num-layers 3 ",
+                           "--hidden-size 32 ",
+                           "--ffn-hidden-size 32 ",
+                           "--num-attention-heads 4 ",
+                           "--multi-latent-attention ",
+                           "--q-lora-rank 16 ",
+                           "--kv-lora-rank 16 ",
+                           "--qk-head-dim 8 ",
+                           "--qk-pos-emb-head-dim 4 ",
+                           "--v-head-dim 8 ",
+                           "--rope-type yarn ",
+                           "--rotary-scaling-factor 4 ",
+                           "--mscale 1 ",
+                           "--mscale-all-dim 1 ",
+                           "--original-max-position-embeddings 16 ",
+                           "--rotary-base 10000 ",
+                           "--num-experts 8 ",
+                           "--moe-ffn-hidden-size 8 ",
+                           "--moe-router-topk 2 ",
+                           "--moe-router-score-function sigmoid ",
+                           "--moe-router-enable-expert-bias ",
+                           "--moe-router-num-groups 4 ",
+                           "--moe-router-group-topk 2 ",
+                           "--moe-router-topk-scaling-factor 2.5 ",
+                           "--moe-shared-expert-intermediate-size 8 ",
+                           "--moe-layer-freq [0,1,1] ",
+                           "--mtp-num-layers 1 ",
+                           "--untie-embeddings-and-output-weights "}) {
     EXPECT_NE(line.find(want), std::string::npos) << want << " not in: " << line;
   }
   std::string no_q;
@@ -124,8 +141,9 @@ TEST(HfDeepseekV3, RefusesWhatTheFlagsCannotSayByKey) {
   nlohmann::json other = base;
   other["model_type"] = "mixtral";
   other["architectures"] = {"MixtralForCausalLM"};
-  EXPECT_NE(error_of([&] { parse_deepseek_v3_config(other, "cfg.json"); })
-                .find("[convert] 'cfg.json' is not a DeepSeek-V3 config.json"),
+  EXPECT_NE(error_of([&] {
+              parse_deepseek_v3_config(other, "cfg.json");
+            }).find("[convert] 'cfg.json' is not a DeepSeek-V3 config.json"),
             std::string::npos);
 }
 
@@ -155,16 +173,18 @@ TEST(HfDeepseekV3, TensorMapCoversEveryTensorOfTheFixtures) {
     EXPECT_EQ(copies, 2);  // the MTP layer's embed_tokens and shared_head.head
     EXPECT_EQ(scales > 0, name == "deepseek_v3_fp8");
     EXPECT_TRUE(targets.count("mtp.layers.0.eh_proj.weight||-1|"));
-    EXPECT_TRUE(targets.count("mtp.layers.0.transformer_layer.mlp.experts.linear_fc1.weight|expert|7|up"));
+    EXPECT_TRUE(
+        targets.count("mtp.layers.0.transformer_layer.mlp.experts.linear_fc1.weight|expert|7|up"));
     EXPECT_TRUE(targets.count("decoder.layers.2.mlp.router.expert_bias||-1|"));
     EXPECT_TRUE(targets.count("decoder.layers.0.mlp.linear_fc1.weight|gate|-1|"));
   }
   // Names of no such checkpoint: none.
   const DeepseekV3Spec s = spec_of("deepseek_v3");
-  for (const char* n : {"model.layers.4.enorm.weight", "model.layers.1.mlp.experts.8.up_proj.weight",
-                        "model.layers.0.mlp.gate.weight", "model.layers.1.self_attn.q_proj.weight",
-                        "model.layers.1.input_layernorm.weight_scale_inv", "lm_head.bias",
-                        "model.layers.x.input_layernorm.weight"}) {
+  for (const char* n :
+       {"model.layers.4.enorm.weight", "model.layers.1.mlp.experts.8.up_proj.weight",
+        "model.layers.0.mlp.gate.weight", "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.input_layernorm.weight_scale_inv", "lm_head.bias",
+        "model.layers.x.input_layernorm.weight"}) {
     EXPECT_FALSE(deepseek_v3_tensor_target(n, s)) << n;
   }
 }
@@ -180,9 +200,9 @@ TEST(HfDeepseekV3, ImportStopsNamingWhatIsNotImplemented) {
   EXPECT_NE(e.find("multi-token prediction (--mtp-num-layers)"), std::string::npos) << e;
   EXPECT_NE(e.find("--kv-lora-rank 16"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(out));
-  const testing::CommandResult r = testing::run_moecore("convert hf-to-moecore --input " +
-                                                        fixture("deepseek_v3_fp8").string() +
-                                                        " --output " + out.string());
+  const testing::CommandResult r =
+      testing::run_moecore("convert hf-to-moecore --input " + fixture("deepseek_v3_fp8").string() +
+                           " --output " + out.string());
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("DeepseekV3ForCausalLM is read but cannot be imported yet"),
             std::string::npos)
