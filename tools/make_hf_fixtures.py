@@ -8,6 +8,27 @@ reference.json with a few token sequences, the logits of each (every position, e
 entry), its mean next-token cross entropy, and the experts each token chose in each MoE layer.
 
 Cases:
+  deepseek_v3
+             DeepseekV3ForCausalLM: multi-latent attention (q_lora_rank 16, kv_lora_rank 16,
+             qk_nope 8 + qk_rope 4, v 8), YaRN RoPE (factor 4, mscale 1, mscale_all_dim 1),
+             rope_interleave, first_k_dense_replace 1 (layer 0 dense, 1 and 2 MoE), sigmoid router
+             with a non-zero e_score_correction_bias, group-limited routing (4 groups, top 2),
+             top-2 of 8 experts, one shared expert, norm_topk_prob, routed_scaling_factor 2.5,
+             untied, float32, one file; and the multi-token-prediction layer that transformers
+             neither builds nor saves, drawn here and stored as DeepSeek's checkpoints name it:
+             model.layers.{num_hidden_layers}.{enorm, hnorm, eh_proj, embed_tokens,
+             shared_head.norm, shared_head.head} and a whole MoE decoder layer. The reference is
+             computed in float64 (the float32 weights widened) and covers the main model only.
+  deepseek_v3_no_q_lora
+             deepseek_v3 with q_lora_rank null (q_proj straight from the hidden state).
+  deepseek_v3_fp8
+             deepseek_v3's weights as DeepSeek's FP8 release stores them: every linear weight
+             of attention, MLP and experts (not the router, norms, embedding or heads) as
+             float8_e4m3fn codes with a float32 `<name>_scale_inv` per 16 x 16 block
+             (quantization_config.weight_block_size [16, 16]: 128 would cover the tiny tensors
+             in one block; the kv_a_proj_with_mqa rows, 20, end in a partial block), scale_inv =
+             amax(|block|) / 448; dequantized.safetensors holds codes x scale_inv in float32
+             (what an importer must read), and reference.json the logits of that dequantized model.
   mixtral    MixtralForCausalLM: GQA, untied embeddings, top-2 of 4 experts, float32, one file.
   qwen2_moe  Qwen2MoeForCausalLM: q/k/v bias, shared expert with its sigmoid gate,
              norm_topk_prob false, decoder_sparse_step 2 (layers 1 and 3 MoE, 0 and 2 dense),
@@ -57,7 +78,9 @@ weights files are still identical but reference.json's logits may differ in the 
 regenerate only the cases that change (--cases). gpt2_published was made on another machine
 than the other cases (the others' reference.json differ there by a few ulps; their weights not). tools/check_hf_mapping.py checks docs/hf_interop.md's mapping on them. Another transformers may write config.json keys of its
 own era (4.x writes rope_theta at the top level and torch_dtype; 5.x rope_parameters and dtype),
-which is why the versions are recorded in each reference.json.
+which is why the versions are recorded in each reference.json. The deepseek_v3 cases were made
+with the same versions (torch's PyPI wheel without its CUDA libraries loaded: CPU only); their
+reference.json is written by json (float64 text that reads back exactly), not by dump().
 """
 import argparse
 import json
@@ -69,7 +92,7 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import (GPT2Config, GPT2LMHeadModel, MixtralConfig, MixtralForCausalLM,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config, GPT2LMHeadModel, MixtralConfig, MixtralForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from safetensors.torch import load_file, save_file
 from transformers.pytorch_utils import Conv1D
@@ -423,16 +446,289 @@ def write_case(case, out_root):
     return total
 
 
+DEEPSEEK_KWARGS = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=8,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+    n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=16,
+    qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, n_group=4, topk_group=2,
+    num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True, hidden_act="silu",
+    max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    attention_bias=False, attention_dropout=0.0,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    rope_interleave=True, num_nextn_predict_layers=1, initializer_range=0.02, use_cache=False,
+    pad_token_id=None, bos_token_id=None, eos_token_id=None)
+DEEPSEEK_CASES = {
+    "deepseek_v3": dict(seed=501, kwargs=DEEPSEEK_KWARGS),
+    "deepseek_v3_no_q_lora": dict(seed=601, kwargs=dict(DEEPSEEK_KWARGS, q_lora_rank=None)),
+}
+FP8_BLOCK = [16, 16]
+FP8_MAX = 448.0  # the largest float8_e4m3fn
+
+
+def deepseek_gap(router_logits, bias, cfg):
+    """The smallest margin of DeepSeek's group-limited choice over the tokens: between the
+    topk_group-th and next group score, and the k-th and next expert score within the groups."""
+    s = torch.sigmoid(router_logits.double()) + bias.double()
+    t, e = s.shape
+    grouped = s.view(t, cfg.n_group, e // cfg.n_group)
+    gscore = grouped.topk(2, dim=-1).values.sum(-1)
+    gs = gscore.sort(dim=-1, descending=True).values
+    gap = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]).min().item()
+    keep = torch.zeros_like(gscore, dtype=torch.bool)
+    keep.scatter_(1, gscore.topk(cfg.topk_group, dim=-1).indices, True)
+    masked = s.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(t, e), -math.inf)
+    ms = masked.sort(dim=-1, descending=True).values
+    k = cfg.num_experts_per_tok
+    return min(gap, (ms[:, k - 1] - ms[:, k]).min().item())
+
+
+def draw_params(named, g, hidden):
+    """init_weights' rule for a list of (name, tensor)."""
+    with torch.no_grad():
+        for name, p in named:
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(2.0 / math.sqrt(hidden) * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(1.0 / math.sqrt(p.shape[-1]) * torch.randn(p.shape, generator=g))
+
+
+def mtp_tensors(cfg, model, g):
+    """DeepSeek's multi-token-prediction layer (num_nextn_predict_layers 1) under the names of
+    DeepSeek-V3's checkpoints, drawn from g: a MoE decoder layer plus enorm, hnorm, eh_proj
+    [H, 2H], shared_head.norm, and its own embed_tokens / shared_head.head (DeepSeek stores
+    copies of the main model's)."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    n = cfg.num_hidden_layers
+    h = cfg.hidden_size
+    layer = DeepseekV3DecoderLayer(cfg, layer_idx=n)
+    named = list(layer.named_parameters())
+    extra = {"enorm.weight": torch.empty(h), "hnorm.weight": torch.empty(h),
+             "eh_proj.weight": torch.empty(h, 2 * h), "shared_head.norm.weight": torch.empty(h)}
+    draw_params(named + sorted(extra.items()), g, h)
+    with torch.no_grad():
+        layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(cfg.n_routed_experts, generator=g))
+    out = {}
+    for k, v in layer.state_dict().items():
+        v = v.detach().clone()
+        if k == "mlp.experts.gate_up_proj":  # [E, 2I, H], gate rows first: per expert on disk
+            i = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"model.layers.{n}.mlp.experts.{e}.gate_proj.weight"] = v[e, :i].clone()
+                out[f"model.layers.{n}.mlp.experts.{e}.up_proj.weight"] = v[e, i:].clone()
+        elif k == "mlp.experts.down_proj":  # [E, H, I]
+            for e in range(v.shape[0]):
+                out[f"model.layers.{n}.mlp.experts.{e}.down_proj.weight"] = v[e].clone()
+        else:
+            out[f"model.layers.{n}.{k}"] = v
+    out.update({f"model.layers.{n}.{k}": v for k, v in extra.items()})
+    out[f"model.layers.{n}.embed_tokens.weight"] = model.model.embed_tokens.weight.detach().clone()
+    out[f"model.layers.{n}.shared_head.head.weight"] = model.lm_head.weight.detach().clone()
+    return out
+
+
+def fp8_quantize(w, block):
+    """(float8_e4m3fn codes, float32 scale_inv [ceil(r/br), ceil(c/bc)]) of a 2-D weight:
+    scale_inv = amax(|block|) / 448, codes = round-to-nearest(w / scale_inv)."""
+    r, c = w.shape
+    br, bc = block
+    nr, nc = -(-r // br), -(-c // bc)
+    scale = torch.empty(nr, nc, dtype=torch.float32)
+    codes = torch.empty(r, c, dtype=torch.float8_e4m3fn)
+    for i in range(nr):
+        for j in range(nc):
+            blk = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].float()
+            s = (blk.abs().max() / FP8_MAX).clamp(min=1e-12)
+            scale[i, j] = s
+            codes[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = (blk / s).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def fp8_dequantize(codes, scale, block):
+    br, bc = block
+    full = scale.repeat_interleave(br, 0)[:codes.shape[0]].repeat_interleave(bc, 1)[:, :codes.shape[1]]
+    return codes.float() * full
+
+
+def is_fp8_weight(name):
+    """The tensors DeepSeek's FP8 release quantizes: linear weights of attention, dense MLP,
+    shared and routed experts, the MTP layer's too; not norms, the router, embeddings, heads."""
+    if not name.endswith(".weight") or "norm" in name:
+        return False
+    return any(k in name for k in (".self_attn.", ".mlp.experts.", ".mlp.shared_experts.",
+                                    ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"))
+
+
+def deepseek_reference(ref, ids, cfg, name, seed, extra):
+    sequences, losses, min_gap = [], [], math.inf
+    moe_layers = [i for i, _ in moe_routers(ref)]
+    for b in range(NUM_SEQUENCES):
+        o, rl = run(ref, ids[b:b + 1])
+        logits = o.logits[0]
+        assert logits.dtype == torch.float64
+        for i in moe_layers:
+            gate = ref.model.layers[i].mlp.gate
+            min_gap = min(min_gap, deepseek_gap(rl[i], gate.e_score_correction_bias, cfg))
+        sequences.append({"input_ids": ids[b].tolist(), "loss": o.loss.item(),
+                          "logits": [[float(v) for v in row] for row in logits]})
+        losses.append(o.loss.item())
+    assert min_gap > MARGIN, (name, min_gap)  # moecore sums in another order than torch
+    return {
+        "format": "moecore-hf-reference",
+        "version": 1,
+        "case": name,
+        "architecture": type(ref).__name__,
+        "generator": {"script": "tools/make_hf_fixtures.py", "torch": torch.__version__,
+                      "transformers": transformers.__version__, "numpy": np.__version__,
+                      "seed": seed},
+        "compute": ("float64: the checkpoint loaded with from_pretrained(dtype=float32), widened "
+                    "to float64 (.double()), eval mode, eager attention and experts, no attention "
+                    "mask, each sequence alone (batch 1); the MTP layer is not part of it"),
+        "moe_layers": moe_layers,
+        "dense_layers": [i for i in range(cfg.num_hidden_layers) if i not in moe_layers],
+        "min_group_topk_gap": min_gap,
+        "batch_loss": sum(losses) / len(losses),
+        **extra,
+        "sequences": sequences,
+    }
+
+
+def write_json(path, obj):
+    """Like dump(), but float64 values as repr (the shortest text that reads back exactly)."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def deepseek_config(kwargs):
+    """The config with the plain-loop attention and experts (what load_kwargs() asks for; a
+    float64 model needs them: the grouped experts take float32 / bf16 only)."""
+    return DeepseekV3Config(**kwargs, attn_implementation="eager", experts_implementation="eager")
+
+
+def write_deepseek_case(name, out_root):
+    case = DEEPSEEK_CASES[name]
+    cfg = deepseek_config(case["kwargs"])
+    for seed in range(case["seed"], case["seed"] + 100):
+        torch.manual_seed(seed)
+        model = DeepseekV3ForCausalLM(cfg).eval()
+        g = torch.Generator().manual_seed(seed)
+        draw_params(list(model.named_parameters()), g, cfg.hidden_size)
+        with torch.no_grad():
+            for _, gate in moe_routers(model):
+                gate.e_score_correction_bias.copy_(0.1 * torch.randn(cfg.n_routed_experts, generator=g))
+        mtp = mtp_tensors(cfg, model, g)
+        ids = torch.randint(0, cfg.vocab_size, (NUM_SEQUENCES, SEQ_LEN), generator=g)
+        m64 = DeepseekV3ForCausalLM(cfg).eval()
+        m64.load_state_dict(model.state_dict())
+        m64.double()
+        gap = math.inf
+        for b in range(NUM_SEQUENCES):
+            _, rl = run(m64, ids[b:b + 1])
+            for i, gate in moe_routers(m64):
+                gap = min(gap, deepseek_gap(rl[i], gate.e_score_correction_bias, cfg))
+        print(f"{name}: seed {seed} min group/top-k gap {gap:.3g}", file=sys.stderr)
+        if gap > MARGIN:
+            break
+    else:
+        raise RuntimeError(f"{name}: no seed without routing near-ties")
+    out = os.path.join(out_root, name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    model.save_pretrained(out)
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    assert not set(tensors) & set(mtp)
+    tensors.update(mtp)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+    ref, info = DeepseekV3ForCausalLM.from_pretrained(out, output_loading_info=True, **load_kwargs())
+    # transformers reports the MTP layer (under its own fused expert names) as unexpected, unused.
+    mtp_prefix = f"model.layers.{cfg.num_hidden_layers}."
+    assert info["unexpected_keys"] and all(k.startswith(mtp_prefix) for k in info["unexpected_keys"])
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    sd = ref.state_dict()
+    for n, t in model.state_dict().items():
+        assert torch.equal(sd[n], t), n
+    ref.double().eval()
+    write_json(os.path.join(out, "reference.json"),
+               deepseek_reference(ref, ids, cfg, name, seed,
+                                  {"weights_dtype": "float32", "mtp_tensors": sorted(mtp)}))
+
+    if name == "deepseek_v3":
+        write_fp8_case(out, out_root, cfg, ids, seed)
+    report(out, name)
+
+
+def write_fp8_case(src, out_root, cfg, ids, seed):
+    out = os.path.join(out_root, "deepseek_v3_fp8")
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    stored, dequant = {}, {}
+    for n, t in sorted(tensors.items()):
+        if is_fp8_weight(n):
+            codes, scale = fp8_quantize(t, FP8_BLOCK)
+            stored[n] = codes
+            stored[n + "_scale_inv"] = scale
+            dequant[n] = fp8_dequantize(codes, scale, FP8_BLOCK)
+        else:
+            stored[n] = t
+    save_file(stored, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(dequant, os.path.join(out, "dequantized.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "quant_method": "fp8", "weight_block_size": FP8_BLOCK}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    # The main model with the dequantized weights, in float64: loaded by from_pretrained from a
+    # float32 copy of the checkpoint (which splits the per-expert tensors as for the others).
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(os.path.join(src, "config.json"), tmp)
+        save_file({n: dequant.get(n, t) for n, t in tensors.items()},
+                  os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        model = DeepseekV3ForCausalLM.from_pretrained(tmp, **load_kwargs()).eval()
+    model.double()
+    write_json(os.path.join(out, "reference.json"),
+               deepseek_reference(model, ids, cfg, "deepseek_v3_fp8", seed,
+                                  {"weights_dtype": "float8_e4m3fn with float32 block scales",
+                                   "weight_block_size": FP8_BLOCK,
+                                   "fp8_tensors": sorted(dequant)}))
+    report(out, "deepseek_v3_fp8")
+
+
+def report(out, name):
+    total = 0
+    for fname in sorted(os.listdir(out)):
+        size = os.path.getsize(os.path.join(out, fname))
+        total += size
+        print(f"  {name}/{fname:40s} {size:8d} bytes")
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=OUT_DIR)
-    ap.add_argument("--cases", nargs="+", choices=[c["name"] for c in CASES],
+    ap.add_argument("--cases", nargs="+",
+                    choices=[c["name"] for c in CASES] + list(DEEPSEEK_CASES),
                     help="only these cases (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one summation order, the same on every machine
     os.makedirs(args.out, exist_ok=True)
     total = sum(write_case(case, args.out) for case in CASES
                 if not args.cases or case["name"] in args.cases)
+    for name in DEEPSEEK_CASES:
+        if not args.cases or name in args.cases:
+            write_deepseek_case(name, args.out)
     print(f"total {total} bytes")
 
 

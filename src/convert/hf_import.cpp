@@ -14,6 +14,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
 #include "convert/hf_config_reader.h"
+#include "convert/hf_deepseek_v3.h"
 #include "convert/hf_tensor_map.h"
 #include "convert/hf_weights.h"
 #include "convert/model_flags.h"
@@ -100,6 +101,20 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   // from exactly that flags file.
   const fs::path config_path = hf_dir / "config.json";
   const json config = read_hf_config_file(config_path);
+  // DeepSeek-V3: its config is read (so a broken one is refused by key), but the model it
+  // describes needs layers moecore does not have yet; the message says which, and the flags.
+  if (is_deepseek_v3_config(config)) {
+    const DeepseekV3Spec ds = parse_deepseek_v3_config(config, config_path.string());
+    std::string flags;
+    for (const std::string& f : deepseek_v3_flags(ds)) flags += (flags.empty() ? "" : " ") + f;
+    std::string missing;
+    for (const std::string& m : deepseek_v3_missing_features(ds))
+      missing += (missing.empty() ? "" : ", ") + m;
+    MOE_FAIL(
+        "[convert] '{}': DeepseekV3ForCausalLM is read but cannot be imported yet: moecore does "
+        "not implement {}. The model's flags would be: {}",
+        config_path.string(), missing, flags);
+  }
   res.spec = parse_hf_config(config, config_path.string(), &res.warnings);
   const HfModelSpec& s = res.spec;
   // The parameters in floating point before the model is sized in int64: a config.json with a

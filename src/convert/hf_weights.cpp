@@ -142,6 +142,14 @@ std::vector<float> HfWeights::read_f32(std::string_view name) {
       std::memcpy(&v.bits, b.data() + 2 * i, 2);
       out[i] = bf16_to_float(v);
     }
+  } else if (t.dtype == "F8_E4M3" && has(std::string(name) + "_scale_inv")) {
+    // DeepSeek-V3's FP8 weights: codes with one scale per block beside them, `<name>_scale_inv`.
+    const std::string scale_name = std::string(name) + "_scale_inv";
+    const std::vector<int64_t> scale_shape = info(scale_name).shape;
+    const std::vector<float> scale = read_f32(scale_name);
+    out = fp8_block_dequant(
+        name, std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size()), t.shape, scale,
+        scale_shape, fp8_block_);
   } else {
     MOE_FAIL(
         "[convert] '{}': tensor '{}' is {}: moecore imports F32 and BF16 weights only; save "

@@ -1,9 +1,9 @@
 // The weight files of a HuggingFace checkpoint directory as save_pretrained writes them:
 // model.safetensors, or shards listed by model.safetensors.index.json (its weight_map names the
 // file of every tensor; tensors in any shard, in any order). The reader serves each tensor as
-// f32 (F32 copied, BF16 widened exactly) and keeps count of what was read, so a converter can
-// name every tensor it left over; the writer writes tensors in HF's order, in one file or in
-// shards of a maximum size with their index.
+// f32 (F32 copied, BF16 widened exactly, F8_E4M3 with its block scales dequantized) and keeps
+// count of what was read, so a converter can name every tensor it left over; the writer writes
+// tensors in HF's order, in one file or in shards of a maximum size with their index.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/safetensors_file.h"
+#include "convert/fp8_block_dequant.h"
 
 namespace moecore::convert {
 
@@ -35,8 +36,14 @@ class HfWeights {
   bool has(std::string_view name) const { return where_.count(std::string(name)) > 0; }
   // A missing name throws naming the directory.
   const ckpt::TensorInfo& info(std::string_view name) const;
-  // The tensor as f32 values, marked as read. F32 and BF16 only: another dtype throws naming it.
+  // The tensor as f32 values, marked as read. F32, BF16, and F8_E4M3 where a tensor
+  // `name` + "_scale_inv" (F32 or BF16, one scale per fp8_block_size() block) stands beside it,
+  // as in DeepSeek-V3's FP8 checkpoints: dequantized, and the scale marked as read too. Another
+  // dtype, or F8_E4M3 without its scale, throws naming it.
   std::vector<float> read_f32(std::string_view name);
+  // The block of the FP8 scales: the checkpoint's quantization_config.weight_block_size.
+  void set_fp8_block_size(Fp8BlockSize block) { fp8_block_ = block; }
+  Fp8BlockSize fp8_block_size() const { return fp8_block_; }
   // The tensor's bytes as stored (any dtype; info() has it), marked as read: for buffers that
   // are checked rather than converted (GPT-2's attention mask).
   std::span<const std::byte> read_bytes(std::string_view name);
@@ -60,6 +67,7 @@ class HfWeights {
   std::map<std::string, std::string, std::less<>> stored_;
   std::vector<std::string> names_;
   std::set<std::string, std::less<>> read_;
+  Fp8BlockSize fp8_block_;
 };
 
 // One tensor to write: its name, safetensors dtype, shape and little-endian bytes.

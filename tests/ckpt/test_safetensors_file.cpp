@@ -116,6 +116,24 @@ TEST(SafetensorsFile, RefusesAnEntryMissingDtypeShapeOrOffsets) {
                  "tensor 'w': \"dtype\" is a JSON number, expected a string");
 }
 
+// DeepSeek-V3's released weights are F8_E4M3 codes (one byte each) beside F32 block scales: read
+// as bytes like any byte-sized dtype (the converter decodes them).
+TEST(SafetensorsFile, ReadsF8E4M3CodesAsBytes) {
+  TempDir dir;
+  const auto p = make_file(dir,
+                           R"({"w":{"dtype":"F8_E4M3","shape":[2,3],"data_offsets":[4,10]},)"
+                           R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]}})",
+                           std::string("\x00\x00\x80\x3f\x38\x7e\x7f\x80\x01\xff", 10));
+  const SafetensorsFile f(p);
+  EXPECT_EQ(f.info("w").dtype, "F8_E4M3");
+  EXPECT_EQ(f.info("w").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(f.info("w").nbytes, 6u);
+  ASSERT_EQ(f.bytes("w").size(), 6u);
+  EXPECT_EQ(static_cast<uint8_t>(f.bytes("w")[0]), 0x38);
+  EXPECT_EQ(static_cast<uint8_t>(f.bytes("w")[5]), 0xff);
+  EXPECT_EQ(f.info("w_scale_inv").dtype, "F32");
+}
+
 TEST(SafetensorsFile, RefusesAnUnknownDtype) {
   TempDir dir;
   expect_refused(make_file(dir, R"({"w":{"dtype":"F31","shape":[4],"data_offsets":[0,16]}})",
