@@ -16,6 +16,7 @@
 #include "ops/embedding.h"
 #include "ops/vocab_parallel_ce.h"
 #include "ops/rope.h"
+#include "ops/rope_mla.h"
 
 namespace moecore::backend_test {
 namespace {
@@ -357,6 +358,51 @@ void rope_one(const Exec& ex) {
   }
 }
 
+// MLA's RoPE: interleaved and half-split pairs, plain and YaRN (the factor on cos / sin), rows
+// wider than the rotary dim on both sides; the output's other elements keep their values.
+template <typename T>
+void rope_mla_one(const Exec& ex) {
+  struct Shape {
+    int64_t n_tok, n_heads, D, ldx, ldy;
+    ops::RopePairing pairing;
+    ops::RopeType type;
+  };
+  constexpr int64_t kMaxPos = 512;
+  using ops::RopePairing;
+  using ops::RopeType;
+  uint32_t seed = 300;
+  for (Shape s : {Shape{1, 1, 2, 2, 2, RopePairing::Interleaved, RopeType::Rope},
+                  Shape{7, 3, 8, 8, 11, RopePairing::Interleaved, RopeType::Yarn},
+                  Shape{33, 1, 16, 24, 16, RopePairing::HalfSplit, RopeType::Yarn},
+                  Shape{300, 4, 64, 96, 70, RopePairing::Interleaved, RopeType::Yarn}}) {
+    BACKEND_TRACE(dtype_name<T>() << " n_tok=" << s.n_tok << " n_heads=" << s.n_heads
+                                  << " D=" << s.D << " ldx=" << s.ldx << " ldy=" << s.ldy);
+    ops::RopeMlaSpec spec{s.D, 10000.0, s.pairing, {s.type, {40.0, 64, 32.0, 1.0, 1.0, 0.5}}};
+    const ops::RopeMlaTables cache(kMaxPos, spec, ex);
+    const int64_t rows = s.n_tok * s.n_heads, nx = rows * s.ldx, ny = rows * s.ldy;
+    const auto x = random_vec<T>(nx, seed++), dy = random_vec<T>(ny, seed++);
+    const auto y0 = random_vec<T>(ny, seed++), dx0 = random_vec<T>(nx, seed++);
+    auto pos = random_ids(s.n_tok, kMaxPos, seed++);
+    if (s.n_tok > 1) pos[0] = 0, pos[s.n_tok - 1] = kMaxPos - 1;
+    std::vector<T> y_ref = y0, dx_ref = dx0;
+    ops::rope_mla_forward_ref<T>(y_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.ldy,
+                                 s.ldx, spec);
+    ops::rope_mla_backward_ref<T>(dx_ref.data(), dy.data(), pos.data(), s.n_tok, s.n_heads, s.ldx,
+                                  s.ldy, spec);
+    Guarded<T> y = guarded(y0), dx = guarded(dx0);
+    {
+      Staging st(ex);
+      ops::rope_mla_forward<T>(ex, st.out(y), st.in(x), st.in(pos), s.n_tok, s.n_heads, s.ldy,
+                               s.ldx, cache);
+      ops::rope_mla_backward<T>(ex, st.out(dx), st.in(dy), st.in(pos), s.n_tok, s.n_heads, s.ldx,
+                                s.ldy, cache);
+      st.back();
+    }
+    expect_close(y, y_ref.data(), "y");
+    expect_close(dx, dx_ref.data(), "dx");
+  }
+}
+
 }  // namespace
 
 void add_model_cases(std::vector<OpCase>& out) {
@@ -395,6 +441,12 @@ void add_model_cases(std::vector<OpCase>& out) {
   out.push_back({"rope", {"make_rope_cache", "rope_forward", "rope_backward"}, [](const Exec& ex) {
                    rope_one<float>(ex);
                    rope_one<double>(ex);
+                 }});
+  out.push_back({"rope_mla",
+                 {"make_rope_mla_cache", "rope_mla_forward", "rope_mla_backward"},
+                 [](const Exec& ex) {
+                   rope_mla_one<float>(ex);
+                   rope_mla_one<double>(ex);
                  }});
 }
 
