@@ -77,7 +77,8 @@ void ModelConfig::validate() const {
             "--num-query-groups a divisor of {} (or drop --group-query-attention), or change "
             "--num-attention-heads",
             num_query_groups, num_heads, num_heads);
-  MOE_CHECK(position_embedding != PositionEmbedding::Rope || head_dim() % 2 == 0,
+  MOE_CHECK(position_embedding != PositionEmbedding::Rope || multi_latent_attention ||
+                head_dim() % 2 == 0,
             "[model] head dim {} must be even for RoPE", head_dim());
   MOE_CHECK(!qk_layernorm || normalization == Normalization::RMSNorm,
             "[model] --qk-layernorm normalizes q and k with RMSNorm here; with --normalization "
