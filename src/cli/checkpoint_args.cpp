@@ -27,6 +27,11 @@ constexpr const char* kModelFlags[] = {
     "--add-qkv-bias", "--add-attention-output-bias", "--qk-layernorm",
     "--untie-embeddings-and-output-weights", "--init-method-std", "--attention-dropout",
     "--hidden-dropout",
+    // Multi-latent attention.
+    "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+    "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type", "--rotary-scaling-factor", "--mscale",
+    "--mscale-all-dim", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
+    "--yarn-beta-slow",
     // Vocabulary and tokenizer.
     "--vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type", "--tokenizer-model",
     "--vocab-file", "--merge-file",

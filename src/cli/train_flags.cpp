@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "core/check.h"
@@ -122,6 +123,45 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "configs with attention_bias have")
       ->group(kModel);
   app.add_flag("--qk-layernorm", m.qk_layernorm, "RMSNorm of q and k over the head dim")
+      ->group(kModel);
+  app.add_flag("--multi-latent-attention", m.multi_latent_attention,
+               "Multi-latent attention (DeepSeek-V2/V3's MLA) instead of the QKV self-attention")
+      ->group(kModel);
+  app.add_option("--q-lora-rank", m.mla.q_lora_rank,
+                 "MLA: rank of the query's down projection (omitted: a direct q projection)")
+      ->group(kModel);
+  app.add_option("--kv-lora-rank", m.mla.kv_lora_rank,
+                 "MLA: rank of the keys' and values' shared latent")
+      ->group(kModel);
+  app.add_option("--qk-head-dim", m.mla.qk_head_dim, "MLA: the un-rotated part of a q / k head")
+      ->group(kModel);
+  app.add_option("--qk-pos-emb-head-dim", m.mla.qk_pos_emb_head_dim,
+                 "MLA: the rotated part of a q / k head (k's shared by every head)")
+      ->group(kModel);
+  app.add_option("--v-head-dim", m.mla.v_head_dim, "MLA: a value head's width")->group(kModel);
+  app.add_option("--rope-type", f.rope_type,
+                 "MLA's rotary: rope, or yarn (the default with --multi-latent-attention)")
+      ->check(CLI::IsMember({"rope", "yarn"}))
+      ->group(kModel);
+  app.add_option("--rotary-scaling-factor", m.mla.yarn.scaling_factor,
+                 "MLA's YaRN: the context extension factor")
+      ->group(kModel);
+  app.add_option("--mscale", m.mla.yarn.mscale,
+                 "MLA's YaRN: cos and sin times mscale's factor over mscale-all-dim's")
+      ->group(kModel);
+  app.add_option("--mscale-all-dim", m.mla.yarn.mscale_all_dim,
+                 "MLA's YaRN: its factor squared scales the softmax")
+      ->group(kModel);
+  app.add_option("--yarn-original-max-position-embeddings",
+                 f.yarn_original_max_position_embeddings,
+                 "MLA's YaRN: the context the model was trained on (omitted: 4096, Megatron's MLA "
+                 "value)")
+      ->group(kModel);
+  app.add_option("--yarn-beta-fast", f.yarn_beta_fast,
+                 "MLA's YaRN: rotations below which pairs are interpolated (omitted: 32)")
+      ->group(kModel);
+  app.add_option("--yarn-beta-slow", f.yarn_beta_slow,
+                 "MLA's YaRN: rotations above which pairs keep their frequency (omitted: 1)")
       ->group(kModel);
   app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (default: the GeLU MLP)")->group(kModel);
   app.add_flag("--openai-gelu", f.openai_gelu, "GeLU in its tanh form (GPT-2's gelu_new)")
@@ -292,6 +332,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--group-query-attention", &f.group_query_attention},
       {"--untie-embeddings-and-output-weights", &f.untie_embeddings},
       {"--add-qkv-bias", &m.add_qkv_bias}, {"--qk-layernorm", &m.qk_layernorm},
+      {"--multi-latent-attention", &m.multi_latent_attention},
       {"--add-attention-output-bias", &m.add_attention_output_bias},
       {"--swiglu", &f.swiglu}, {"--disable-bias-linear", &f.disable_bias_linear},
       {"--openai-gelu", &f.openai_gelu}, {"--squared-relu", &f.squared_relu},
@@ -364,6 +405,12 @@ static void finalize_model_function_flags(TrainFlags& f) {
   m.position_embedding = f.position_embedding_type == "rope"   ? PositionEmbedding::Rope
                          : f.position_embedding_type == "none" ? PositionEmbedding::None
                                                                : PositionEmbedding::LearnedAbsolute;
+  // --rope-type None: MLA takes yarn (Megatron's help); the QKV attention does not read it.
+  m.mla.rope_type = f.rope_type == "rope" ? ops::RopeType::Rope : ops::RopeType::Yarn;
+  if (f.yarn_original_max_position_embeddings != 0)
+    m.mla.yarn.original_max_position_embeddings = f.yarn_original_max_position_embeddings;
+  if (!std::isnan(f.yarn_beta_fast)) m.mla.yarn.beta_fast = f.yarn_beta_fast;
+  if (!std::isnan(f.yarn_beta_slow)) m.mla.yarn.beta_slow = f.yarn_beta_slow;
 }
 
 // Megatron's OptimizerParamScheduler: the warmup ends before the decay does, and WSD's anneal

@@ -47,6 +47,12 @@ struct TrainFlags {
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   bool apply_layernorm_1p = false;
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
+  // Multi-latent attention's rotary: --rope-type ("" is Megatron's None: yarn for MLA) and
+  // Megatron's --yarn-* flags (None: MLATransformerConfig's 4096, 32, 1).
+  std::string rope_type;
+  int64_t yarn_original_max_position_embeddings = 0;
+  double yarn_beta_fast = NAN;
+  double yarn_beta_slow = NAN;
   // --fp32, moecore's own: fp32 training spelled out (the default; Megatron has no such flag).
   // Given with --bf16 it is refused: the two name different precisions.
   bool fp32 = false;

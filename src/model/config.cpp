@@ -77,7 +77,8 @@ void ModelConfig::validate() const {
             "--num-query-groups a divisor of {} (or drop --group-query-attention), or change "
             "--num-attention-heads",
             num_query_groups, num_heads, num_heads);
-  MOE_CHECK(position_embedding != PositionEmbedding::Rope || head_dim() % 2 == 0,
+  MOE_CHECK(position_embedding != PositionEmbedding::Rope || multi_latent_attention ||
+                head_dim() % 2 == 0,
             "[model] head dim {} must be even for RoPE", head_dim());
   MOE_CHECK(!qk_layernorm || normalization == Normalization::RMSNorm,
             "[model] --qk-layernorm normalizes q and k with RMSNorm here; with --normalization "
@@ -115,6 +116,35 @@ void ModelConfig::validate() const {
   }
   moe.validate();  // also for dense models: a shared-expert gate without a shared expert
   recompute.validate(num_layers);
+  if (multi_latent_attention) mla.validate();
+}
+
+void MlaConfig::validate() const {
+  MOE_CHECK(q_lora_rank >= 0,
+            "[model] --q-lora-rank={} must be >= 1, or omitted for a direct q projection",
+            q_lora_rank);
+  MOE_CHECK(kv_lora_rank >= 1, "[model] --kv-lora-rank={} must be >= 1 (Megatron's default: 32)",
+            kv_lora_rank);
+  MOE_CHECK(qk_head_dim >= 1 && v_head_dim >= 1,
+            "[model] --qk-head-dim={} and --v-head-dim={} must be >= 1 (Megatron's defaults: "
+            "128)",
+            qk_head_dim, v_head_dim);
+  MOE_CHECK(qk_pos_emb_head_dim >= 2 && qk_pos_emb_head_dim % 2 == 0,
+            "[model] --qk-pos-emb-head-dim={} must be even and >= 2: RoPE rotates pairs of it "
+            "(Megatron's default: 64)",
+            qk_pos_emb_head_dim);
+  if (rope_type == ops::RopeType::Yarn) {
+    MOE_CHECK(yarn.scaling_factor > 0,
+              "[model] --rotary-scaling-factor={} must be > 0 (1: no YaRN scaling)",
+              yarn.scaling_factor);
+    MOE_CHECK(yarn.original_max_position_embeddings >= 1,
+              "[model] --yarn-original-max-position-embeddings={} must be >= 1 (omitted: 4096)",
+              yarn.original_max_position_embeddings);
+    MOE_CHECK(yarn.beta_fast > 0 && yarn.beta_slow > 0,
+              "[model] --yarn-beta-fast={} and --yarn-beta-slow={} must be > 0 (omitted: 32 "
+              "and 1)",
+              yarn.beta_fast, yarn.beta_slow);
+  }
 }
 
 std::vector<int> parse_moe_layer_freq(const std::string& spec, int64_t num_layers) {

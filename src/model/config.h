@@ -10,6 +10,8 @@
 #include "moe/config.h"
 #include "nn/recompute.h"
 #include "ops/activation.h"
+#include "ops/rope_mla.h"
+#include "ops/rope_yarn.h"
 
 namespace moecore {
 
@@ -18,6 +20,40 @@ enum class Normalization : uint8_t { LayerNorm, RMSNorm };
 // --position-embedding-type: Megatron's default learned_absolute (a [max positions, H] table
 // added to the word embedding), rope, or none.
 enum class PositionEmbedding : uint8_t { LearnedAbsolute, Rope, None };
+
+// Multi-latent attention's sizes and rotary (Megatron's MLATransformerConfig; read only with
+// ModelConfig::multi_latent_attention). Queries: x -> linear_q_down_proj [q_lora_rank] -> RMSNorm
+// -> linear_q_up_proj [heads x (qk_head_dim + qk_pos_emb_head_dim)], or with q_lora_rank 0
+// (Megatron's None) one linear_q_proj; keys and values: x -> linear_kv_down_proj [kv_lora_rank +
+// qk_pos_emb_head_dim], the latent part RMS-normed -> linear_kv_up_proj [heads x (qk_head_dim +
+// v_head_dim)], the last qk_pos_emb_head_dim rotated once and shared by every head.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;           // --q-lora-rank (0: None, a direct q projection)
+  int64_t kv_lora_rank = 32;         // --kv-lora-rank
+  int64_t qk_head_dim = 128;         // --qk-head-dim: the un-rotated part of q and k
+  int64_t qk_pos_emb_head_dim = 64;  // --qk-pos-emb-head-dim: the rotated part
+  int64_t v_head_dim = 128;          // --v-head-dim
+  // --rope-type: Megatron's None takes yarn for MLA (its help text); the CLI resolves it.
+  ops::RopeType rope_type = ops::RopeType::Yarn;
+  // --rotary-scaling-factor, --mscale, --mscale-all-dim (Megatron's flags, defaults 1, 1, 0) and
+  // --yarn-original-max-position-embeddings, --yarn-beta-fast, --yarn-beta-slow (Megatron's
+  // MLATransformerConfig values 4096, 32, 1 when not given).
+  ops::YarnParams yarn;
+
+  int64_t q_head_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }
+  // MultiLatentAttention's softmax_scale: m^2 / sqrt(q_head_dim), m = yarn_get_mscale(factor,
+  // mscale_all_dim), whatever the rope type (m = 1 at factor 1).
+  double softmax_scale() const {
+    return ops::mla_softmax_scale(qk_head_dim, qk_pos_emb_head_dim, yarn.scaling_factor,
+                                  yarn.mscale_all_dim);
+  }
+  // The rotary tables' spec: interleaved pairs (Megatron's MLA and HF's rope_interleave).
+  ops::RopeMlaSpec rope_spec(double rotary_base) const {
+    return ops::RopeMlaSpec{qk_pos_emb_head_dim, rotary_base, ops::RopePairing::Interleaved,
+                            ops::RopeScaling{rope_type, yarn}};
+  }
+  void validate() const;
+};
 
 struct ModelConfig {
   // The model's vocabulary V: the token ids and targets are below it, the softmax, the loss and
@@ -57,6 +93,11 @@ struct ModelConfig {
   // --add-bias-linear gives it to every linear layer).
   bool add_attention_output_bias = false;
   bool qk_layernorm = false;      // --qk-layernorm (RMSNorm over the head dim of q and k)
+  // --multi-latent-attention: MLA (MlaConfig) instead of the QKV self-attention. With it
+  // --qk-layernorm gives MLA's q_layernorm and kv_layernorm (Megatron's layer spec; without it
+  // they are identities) and kv_channels / num_query_groups are not read.
+  bool multi_latent_attention = false;
+  MlaConfig mla;
   bool tie_embeddings = true;     // false with --untie-embeddings-and-output-weights
   // --bf16 (Megatron's bf16 parameters): every layer reads the bf16 values of the fp32 master
   // weights; GEMMs take bf16 inputs (activations cast on the way in) and accumulate in f32;

@@ -111,7 +111,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
       block_first.push_back(params_.params().size());
       block_layer_.push_back(l);
       blocks_.push_back(
-          std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_, seed));
+          std::make_unique<TransformerBlock<T>>(cfg_, l, params_, rope_, groups_, seed, &mla_rope_));
     }
   }
   block_first.push_back(params_.params().size());
@@ -195,7 +195,18 @@ void GPTModel<T>::allocate(Arena& a) {
       }
     }
   }
-  if (cfg_.position_embedding == PositionEmbedding::Rope) {
+  if (cfg_.multi_latent_attention) {
+    // MLA's own tables (Megatron's MLA builds its rotary embedding, the model none): the rotated
+    // dims only, interleaved, plain or YaRN, the attention factor folded in.
+    const ops::RopeMlaSpec spec = cfg_.mla.rope_spec(cfg_.rotary_base);
+    const int64_t n = ops::rope_mla_table_elems(cfg_.max_positions(), spec);
+    const DevPtr<double> cos_PD = a.alloc<double>(n, "model.mla_rope_cos", MemKind::State);
+    const DevPtr<double> sin_PD = a.alloc<double>(n, "model.mla_rope_sin", MemKind::State);
+    if (cos_PD != nullptr) {
+      mla_rope_ =
+          ops::make_rope_mla_cache(a.exec(), cos_PD, sin_PD, cfg_.max_positions(), spec);
+    }
+  } else if (cfg_.position_embedding == PositionEmbedding::Rope) {
     // The cos / sin tables, filled once here, before the layers check their lengths against
     // them (a sizing pass, which allocates nothing, skips the fill: it would be most of the
     // planner's time). Other positions use no table.

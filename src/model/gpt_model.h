@@ -219,6 +219,7 @@ class GPTModel {
   ParamRegistry params_;
   Arena arena_;
   ops::RopeCache rope_;
+  ops::RopeMlaCache mla_rope_;  // multi-latent attention's tables (model.mla_rope_cos / _sin)
   Param* embedding_ = nullptr;  // null on a rank without the embedding
   Param* pos_embedding_ = nullptr;  // [max positions, H] with learned_absolute
   std::unique_ptr<nn::Norm<T>> final_norm_;

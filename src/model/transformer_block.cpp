@@ -18,7 +18,8 @@ nn::NormConfig norm_config(const ModelConfig& cfg) {
 template <typename T>
 TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                                       const ops::RopeCache& rope,
-                                      const parallel::ProcessGroups* groups, uint64_t seed)
+                                      const parallel::ProcessGroups* groups, uint64_t seed,
+                                      const ops::RopeMlaCache* mla_rope)
     : tp_(parallel::TensorParallel::attention(groups)),
       layer_(layer),
       H_(cfg.hidden),
@@ -32,11 +33,24 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
       norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer),
              tp_.token_role()),
       norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer),
-             tp_.token_role()),
-      attn_(cfg, params, fmt::format("decoder.layers.{}.self_attention", layer), rope, tp_) {
+             tp_.token_role()) {
+  const std::string attn_prefix = fmt::format("decoder.layers.{}.self_attention", layer);
+  if (cfg.multi_latent_attention) {
+    MOE_CHECK(mla_rope != nullptr,
+              "[block] layer {}: multi-latent attention needs its rotary tables (GPTModel builds "
+              "them)",
+              layer);
+    MOE_CHECK(tp_.size() == 1,
+              "[block] multi-latent attention under tensor parallelism ({} ranks) is not "
+              "implemented yet (issue 42): use --tensor-model-parallel-size 1",
+              tp_.size());
+    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope);
+  } else {
+    attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_);
+  }
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));
-  attn_drop_.head0 = attn_.first_head();
+  attn_drop_.head0 = attn_ != nullptr ? attn_->first_head() : 0;
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
@@ -76,15 +90,18 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : layer_,
                           {MemKind::Recomputed});
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
-  attn_.allocate(a, S, B);
+  if (attn_ != nullptr)
+    attn_->allocate(a, S, B);
+  else
+    mla_->allocate(a, S, B);
   if (moe_)
     moe_->allocate(a, n_moe);
   else
     mlp_->allocate(a, n_tok_, recompute_mlp_);  // the TP region's whole tokens
   // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
   // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
-  round_n1_ = attn_.widened_bf16();
-  if (round_n1_) attn_.input_rounded();
+  round_n1_ = attn_ != nullptr && attn_->widened_bf16();
+  if (round_n1_) attn_->input_rounded();
   round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
   if (round_n2_) mlp_->input_rounded();
   {
@@ -157,10 +174,17 @@ void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
 template <typename T>
 void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute) {
   x_TH_ = x_TH;
-  attn_.set_dropout(training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr);
+  const ops::AttentionDropout* drop = training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr;
+  if (attn_ != nullptr)
+    attn_->set_dropout(drop);
+  else
+    mla_->set_dropout(drop);
   attn_drop_.counters = counters_;
   norm1_.forward(*ex_, n1_, x_TH, n_loc_, round_n1_);
-  attn_.forward(branch_, n1_);
+  if (attn_ != nullptr)
+    attn_->forward(branch_, n1_);
+  else
+    mla_->forward(branch_, n1_);
   residual_add(x1_, x_TH, branch_, key_attn_out_);
   norm2_.forward(*ex_, n2_, x1_, n_loc_, round_n2_);
   if (moe_)
@@ -196,7 +220,10 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
                           counters_, S_loc_, B_, H_, s0_);
     dattn = branch_;
   }
-  attn_.backward(dn_, dattn);
+  if (attn_ != nullptr)
+    attn_->backward(dn_, dattn);
+  else
+    mla_->backward(dn_, dattn);
   norm1_.backward(*ex_, branch_, dn_, x_TH_, n_loc_);
   ops::add(*ex_, dx_TH, dx1_, branch_, n);
 }

@@ -7,6 +7,8 @@
 // without); attention and a dense MLP are TP regions (parallel/tensor_parallel.h). The MoE layer
 // always takes this rank's sequence slice (T / tp tokens) when tp > 1: without SP the block
 // hands it the slice of the whole stream and all-gathers its output over TP.
+// With ModelConfig::multi_latent_attention the attention is MLA (model/mla_attention.h), one TP
+// rank only.
 // Legend: T tokens, H hidden.
 #pragma once
 
@@ -15,6 +17,7 @@
 
 #include "model/attention.h"
 #include "model/config.h"
+#include "model/mla_attention.h"
 #include "moe/moe_layer.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
@@ -28,9 +31,11 @@ class TransformerBlock {
   // groups: null = one rank; the attention and dense MLP take the TP group from it, the MoE
   // layer its groups.
   // seed: the dropout streams' (--seed).
+  // mla_rope: the rotary tables of multi-latent attention (cfg.multi_latent_attention; built
+  // by GPTModel), filled before allocate().
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
                    const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr,
-                   uint64_t seed = 0);
+                   uint64_t seed = 0, const ops::RopeMlaCache* mla_rope = nullptr);
   // The layer's workspace and recomputed activations go to member `layer` of the arena's
   // "layer" overlay: they are live only while this layer runs. Under full recomputation its
   // activations go to the "recompute" overlay's member of its chunk instead of being kept.
@@ -80,7 +85,9 @@ class TransformerBlock {
   bool round_n2_ = false;
   nn::Norm<T> norm1_;
   nn::Norm<T> norm2_;
-  SelfAttention<T> attn_;
+  // One of the two: the QKV self-attention, or multi-latent attention (one TP rank).
+  std::unique_ptr<SelfAttention<T>> attn_;
+  std::unique_ptr<MlaAttention<T>> mla_;
   std::unique_ptr<moe::MoELayer<T>> moe_;
   std::unique_ptr<nn::MLP<T>> mlp_;
   DevPtr<const T> x_TH_ = nullptr;

@@ -13,7 +13,8 @@ namespace ops {
 std::span<const OpKernel> op_kernels() {
   // Every op of the op headers, sorted by name. A kernel added to an op's switch flips its entry.
   // true without a kernel: the host-side queries that answer for any device (the bf16 GEMM path,
-  // workspace sizes), read_value (read_back's) and make_rope_cache (ops::copy's).
+  // workspace sizes), read_value (read_back's), make_rope_cache and make_rope_mla_cache
+  // (ops::copy's).
   static constexpr OpKernel kTable[] = {
     {"accumulate_counts", true}, {"activation_backward", true},
     {"activation_backward_bf16", true}, {"activation_backward_bf16w", true},
@@ -41,12 +42,15 @@ std::span<const OpKernel> op_kernels() {
     {"layernorm_forward", true}, {"layernorm_forward_bf16w", true}, {"linear_backward", true},
     {"linear_backward_bf16", true}, {"linear_bf16_workspace_elems", true},
     {"linear_forward", true}, {"linear_forward_bf16", true}, {"loss_grad_scale", true},
-    {"make_rope_cache", true}, {"narrow_from_f64", true}, {"pad_permutation", true},
+    {"make_rope_cache", true}, {"make_rope_mla_cache", true}, {"mla_merge", true},
+    {"mla_split", true}, {"narrow_from_f64", true},
+    {"pad_permutation", true},
     {"permute_rows", true},
     {"quantile_beta_estimate", true}, {"quantile_beta_update", true}, {"read_back", true},
     {"read_value", true}, {"report_moe_layer", true}, {"rmsnorm_backward", true},
     {"rmsnorm_forward", true}, {"rmsnorm_forward_bf16w", true}, {"rope_backward", true},
-    {"rope_forward", true}, {"round_f32_to_bf16", true}, {"router_scores", true},
+    {"rope_forward", true}, {"rope_mla_backward", true}, {"rope_mla_forward", true},
+    {"round_f32_to_bf16", true}, {"router_scores", true},
     {"routing_key", true}, {"running_mean_counts", true}, {"scatter_row_probs", true},
     {"seq_aux_loss_grad", true}, {"seq_aux_loss_value", true}, {"sequence_positions", true},
     {"sigmoid_gate_backward", true}, {"sigmoid_gate_forward", true}, {"sinkhorn_balance", true},

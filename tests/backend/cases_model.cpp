@@ -16,6 +16,8 @@
 #include "ops/embedding.h"
 #include "ops/vocab_parallel_ce.h"
 #include "ops/rope.h"
+#include "ops/mla_layout.h"
+#include "ops/rope_mla.h"
 
 namespace moecore::backend_test {
 namespace {
@@ -357,6 +359,93 @@ void rope_one(const Exec& ex) {
   }
 }
 
+// MLA's RoPE: interleaved and half-split pairs, plain and YaRN (the factor on cos / sin), rows
+// wider than the rotary dim on both sides; the output's other elements keep their values.
+template <typename T>
+void rope_mla_one(const Exec& ex) {
+  struct Shape {
+    int64_t n_tok, n_heads, D, ldx, ldy;
+    ops::RopePairing pairing;
+    ops::RopeType type;
+  };
+  constexpr int64_t kMaxPos = 512;
+  using ops::RopePairing;
+  using ops::RopeType;
+  uint32_t seed = 300;
+  for (Shape s : {Shape{1, 1, 2, 2, 2, RopePairing::Interleaved, RopeType::Rope},
+                  Shape{7, 3, 8, 8, 11, RopePairing::Interleaved, RopeType::Yarn},
+                  Shape{33, 1, 16, 24, 16, RopePairing::HalfSplit, RopeType::Yarn},
+                  Shape{300, 4, 64, 96, 70, RopePairing::Interleaved, RopeType::Yarn}}) {
+    BACKEND_TRACE(dtype_name<T>() << " n_tok=" << s.n_tok << " n_heads=" << s.n_heads
+                                  << " D=" << s.D << " ldx=" << s.ldx << " ldy=" << s.ldy);
+    ops::RopeMlaSpec spec{s.D, 10000.0, s.pairing, {s.type, {40.0, 64, 32.0, 1.0, 1.0, 0.5}}};
+    const ops::RopeMlaTables cache(kMaxPos, spec, ex);
+    const int64_t rows = s.n_tok * s.n_heads, nx = rows * s.ldx, ny = rows * s.ldy;
+    const auto x = random_vec<T>(nx, seed++), dy = random_vec<T>(ny, seed++);
+    const auto y0 = random_vec<T>(ny, seed++), dx0 = random_vec<T>(nx, seed++);
+    auto pos = random_ids(s.n_tok, kMaxPos, seed++);
+    if (s.n_tok > 1) pos[0] = 0, pos[s.n_tok - 1] = kMaxPos - 1;
+    std::vector<T> y_ref = y0, dx_ref = dx0;
+    ops::rope_mla_forward_ref<T>(y_ref.data(), x.data(), pos.data(), s.n_tok, s.n_heads, s.ldy,
+                                 s.ldx, spec);
+    ops::rope_mla_backward_ref<T>(dx_ref.data(), dy.data(), pos.data(), s.n_tok, s.n_heads, s.ldx,
+                                  s.ldy, spec);
+    Guarded<T> y = guarded(y0), dx = guarded(dx0);
+    {
+      Staging st(ex);
+      ops::rope_mla_forward<T>(ex, st.out(y), st.in(x), st.in(pos), s.n_tok, s.n_heads, s.ldy,
+                               s.ldx, cache);
+      ops::rope_mla_backward<T>(ex, st.out(dx), st.in(dy), st.in(pos), s.n_tok, s.n_heads, s.ldx,
+                                s.ldy, cache);
+      st.back();
+    }
+    expect_close(y, y_ref.data(), "y");
+    expect_close(dx, dx_ref.data(), "dx");
+  }
+}
+
+// MLA's q / k / v layout: copies, the q scale and dk_pe's sum over the heads, bitwise the
+// reference on every backend; dv below and above qk + pe.
+template <typename T>
+void mla_layout_one(const Exec& ex) {
+  uint32_t seed = 400;
+  for (ops::MlaLayoutShape s : {ops::MlaLayoutShape{1, 1, 3, 2, 4}, ops::MlaLayoutShape{7, 3, 4, 2, 9},
+                                ops::MlaLayoutShape{65, 4, 16, 8, 16}}) {
+    BACKEND_TRACE(dtype_name<T>() << " n=" << s.n_tok << " heads=" << s.heads << " qk=" << s.qk
+                                  << " pe=" << s.pe << " dv=" << s.dv);
+    const int64_t r = s.n_tok * s.heads, nD = r * s.Dp();
+    const auto q_up = random_vec<T>(r * s.dq(), seed++), q_pe = random_vec<T>(r * s.pe, seed++),
+               kv_up = random_vec<T>(r * s.dkv(), seed++),
+               k_pe = random_vec<T>(s.n_tok * s.pe, seed++), dq = random_vec<T>(nD, seed++),
+               dk = random_vec<T>(nD, seed++), dv = random_vec<T>(nD, seed++);
+    const double c = 0.8;
+    std::vector<T> q_r(nD), k_r(nD), v_r(nD), dq_up_r(r * s.dq(), T(2)), dq_pe_r(r * s.pe),
+        dkv_up_r(r * s.dkv()), dk_pe_r(s.n_tok * s.pe);
+    ops::mla_split_ref<T>(q_r.data(), k_r.data(), v_r.data(), q_up.data(), q_pe.data(),
+                          kv_up.data(), k_pe.data(), s, c);
+    ops::mla_merge_ref<T>(dq_up_r.data(), dq_pe_r.data(), dkv_up_r.data(), dk_pe_r.data(),
+                          dq.data(), dk.data(), dv.data(), s, c);
+    Guarded<T> q = nan_out<T>(nD), k = nan_out<T>(nD), v = nan_out<T>(nD),
+               dq_up = guarded(std::vector<T>(r * s.dq(), T(2))), dq_pe = nan_out<T>(r * s.pe),
+               dkv_up = nan_out<T>(r * s.dkv()), dk_pe = nan_out<T>(s.n_tok * s.pe);
+    {
+      Staging st(ex);
+      ops::mla_split<T>(ex, st.out(q), st.out(k), st.out(v), st.in(q_up), st.in(q_pe),
+                        st.in(kv_up), st.in(k_pe), s, c);
+      ops::mla_merge<T>(ex, st.out(dq_up), st.out(dq_pe), st.out(dkv_up), st.out(dk_pe),
+                        st.in(dq), st.in(dk), st.in(dv), s, c);
+      st.back();
+    }
+    expect_bitwise(q, q_r.data(), "q");
+    expect_bitwise(k, k_r.data(), "k");
+    expect_bitwise(v, v_r.data(), "v");
+    expect_bitwise(dq_up, dq_up_r.data(), "dq_up");
+    expect_bitwise(dq_pe, dq_pe_r.data(), "dq_pe");
+    expect_bitwise(dkv_up, dkv_up_r.data(), "dkv_up");
+    expect_bitwise(dk_pe, dk_pe_r.data(), "dk_pe");
+  }
+}
+
 }  // namespace
 
 void add_model_cases(std::vector<OpCase>& out) {
@@ -395,6 +484,16 @@ void add_model_cases(std::vector<OpCase>& out) {
   out.push_back({"rope", {"make_rope_cache", "rope_forward", "rope_backward"}, [](const Exec& ex) {
                    rope_one<float>(ex);
                    rope_one<double>(ex);
+                 }});
+  out.push_back({"rope_mla",
+                 {"make_rope_mla_cache", "rope_mla_forward", "rope_mla_backward"},
+                 [](const Exec& ex) {
+                   rope_mla_one<float>(ex);
+                   rope_mla_one<double>(ex);
+                 }});
+  out.push_back({"mla_layout", {"mla_split", "mla_merge"}, [](const Exec& ex) {
+                   mla_layout_one<float>(ex);
+                   mla_layout_one<double>(ex);
                  }});
 }
 

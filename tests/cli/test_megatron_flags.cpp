@@ -300,6 +300,22 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--hidden-dropout", "", "0.2", {{"model.hidden_dropout", "0.2"}}},
       {"--eod-mask-loss", "", "", {{"train.data.eod_mask_loss", "true"}}},
       {"--qk-layernorm", "", "", {{"model.qk_layernorm", "true"}}},
+      // Multi-latent attention (the switch itself is refused until the trainer builds it).
+      {"--q-lora-rank", "", "16", {{"model.mla.q_lora_rank", "16"}}},
+      {"--kv-lora-rank", "", "16", {{"model.mla.kv_lora_rank", "16"}}},
+      {"--qk-head-dim", "", "16", {{"model.mla.qk_head_dim", "16"}}},
+      {"--qk-pos-emb-head-dim", "", "8", {{"model.mla.qk_pos_emb_head_dim", "8"}}},
+      {"--v-head-dim", "", "16", {{"model.mla.v_head_dim", "16"}}},
+      {"--rope-type", "", "rope", {{"model.mla.rope_type", "rope"}}},
+      {"--rotary-scaling-factor", "", "40", {{"model.mla.yarn.scaling_factor", "40"}}},
+      {"--mscale", "", "0.707", {{"model.mla.yarn.mscale", "0.707"}}},
+      {"--mscale-all-dim", "", "0.707", {{"model.mla.yarn.mscale_all_dim", "0.707"}}},
+      {"--yarn-original-max-position-embeddings",
+       "",
+       "8192",
+       {{"model.mla.yarn.original_max_position_embeddings", "8192"}}},
+      {"--yarn-beta-fast", "", "16", {{"model.mla.yarn.beta_fast", "16"}}},
+      {"--yarn-beta-slow", "", "2", {{"model.mla.yarn.beta_slow", "2"}}},
       {"--untie-embeddings-and-output-weights", "", "", {{"model.tie_embeddings", "false"}}},
       {"--vocab-size",
        "",
@@ -1056,8 +1072,8 @@ TEST(MegatronRecipes, Qwen3_235B_A22B) {
 }
 
 // examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh (DeepSeek-V3's architecture):
-// its MoE and model flags, without multi-latent attention (refused below; its --v-head-dim 128,
-// --qk-head-dim 128 and --qk-pos-emb-head-dim 64 are Megatron's defaults, so they pass).
+// its MoE and model flags, without multi-latent attention (refused below; its sizes and YaRN
+// flags are accepted, inert without it, as in Megatron).
 const char* kDeepSeekV3 =
     "--micro-batch-size 1 --bf16 --no-masked-softmax-fusion --disable-bias-linear"
     " --untie-embeddings-and-output-weights --position-embedding-type rope --no-rope-fusion"
@@ -1082,12 +1098,10 @@ const char* kDeepSeekShrunk =
 
 TEST(MegatronRecipes, DeepSeekV3) {
   trains(kDeepSeekV3, kDeepSeekShrunk);
-  refused(kDeepSeekV3, kDeepSeekShrunk,
-          {{"--multi-latent-attention", ""},
-           {"--kv-lora-rank 512", ""},
-           {"--q-lora-rank 1536", ""},
-           {"--rotary-scaling-factor 40", ""},
-           {"--mscale-all-dim 1.0", ""}});
+  refused(kDeepSeekV3, kDeepSeekShrunk, {{"--multi-latent-attention", " (issue 42)"}});
+  trains(kDeepSeekV3, std::string(kDeepSeekShrunk) +
+                          " --kv-lora-rank 512 --q-lora-rank 1536 --rotary-scaling-factor 40"
+                          " --mscale-all-dim 1.0");
   trains(kDeepSeekV3, std::string(kDeepSeekShrunk) + kHuggingFaceMock);
 }
 

@@ -57,6 +57,20 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("model.add_qkv_bias", text(m.add_qkv_bias));
   add("model.add_attention_output_bias", text(m.add_attention_output_bias));
   add("model.qk_layernorm", text(m.qk_layernorm));
+  add("model.multi_latent_attention", text(m.multi_latent_attention));
+  add("model.mla.q_lora_rank", text(m.mla.q_lora_rank));
+  add("model.mla.kv_lora_rank", text(m.mla.kv_lora_rank));
+  add("model.mla.qk_head_dim", text(m.mla.qk_head_dim));
+  add("model.mla.qk_pos_emb_head_dim", text(m.mla.qk_pos_emb_head_dim));
+  add("model.mla.v_head_dim", text(m.mla.v_head_dim));
+  add("model.mla.rope_type", m.mla.rope_type == ops::RopeType::Yarn ? "yarn" : "rope");
+  add("model.mla.yarn.scaling_factor", text(m.mla.yarn.scaling_factor));
+  add("model.mla.yarn.original_max_position_embeddings",
+      text(m.mla.yarn.original_max_position_embeddings));
+  add("model.mla.yarn.beta_fast", text(m.mla.yarn.beta_fast));
+  add("model.mla.yarn.beta_slow", text(m.mla.yarn.beta_slow));
+  add("model.mla.yarn.mscale", text(m.mla.yarn.mscale));
+  add("model.mla.yarn.mscale_all_dim", text(m.mla.yarn.mscale_all_dim));
   add("model.activation", ops::activation_name(m.activation));
   add("model.add_mlp_bias", text(m.add_mlp_bias));
   add("model.normalization", m.normalization == Normalization::LayerNorm ? "LayerNorm" : "RMSNorm");

@@ -271,6 +271,31 @@ TEST(GPTModel, FiniteDifferencesEveryParameter) {
   EXPECT_TRUE(check_model_gradients(model, ids, targets));
 }
 
+// Multi-latent attention in every layer (q LoRA in both, YaRN with mscale != mscale_all_dim,
+// the norms, v narrower than q / k), a MoE and a dense layer, attention dropout: every
+// parameter against finite differences; no QKV parameter is built.
+TEST(GPTModel, FiniteDifferencesMultiLatentAttention) {
+  ModelConfig cfg = tiny_config();
+  cfg.multi_latent_attention = true;
+  cfg.qk_layernorm = true;
+  cfg.attention_dropout = 0.2;
+  cfg.mla.q_lora_rank = 6;
+  cfg.mla.kv_lora_rank = 5;
+  cfg.mla.qk_head_dim = 3;
+  cfg.mla.qk_pos_emb_head_dim = 4;
+  cfg.mla.v_head_dim = 5;
+  cfg.mla.rope_type = ops::RopeType::Yarn;
+  cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 4321);
+  EXPECT_EQ(model.params().find("decoder.layers.0.self_attention.linear_qkv.weight"), nullptr);
+  ASSERT_NE(model.params().find("decoder.layers.1.self_attention.linear_kv_up_proj.weight"),
+            nullptr);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 5);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 6);
+  EXPECT_TRUE(check_model_gradients(model, ids, targets));
+}
+
 // Tied embeddings (head gradient adds into the embedding), QKV bias and qk-layernorm.
 TEST(GPTModel, FiniteDifferencesTiedQkvBiasQkLayernorm) {
   ModelConfig cfg = tiny_config();

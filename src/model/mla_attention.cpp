@@ -1,0 +1,226 @@
+#include "model/mla_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "ops/gemm.h"
+#include "ops/memory.h"
+#include "ops/rmsnorm.h"
+#include "ops/token_layout.h"
+
+namespace moecore::model {
+
+template <typename T>
+MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
+                              const std::string& prefix, const ops::RopeMlaCache& rope)
+    : H_(cfg.hidden),
+      Hq_(cfg.num_heads),
+      ql_(cfg.mla.q_lora_rank),
+      kl_(cfg.mla.kv_lora_rank),
+      qk_(cfg.mla.qk_head_dim),
+      pe_(cfg.mla.qk_pos_emb_head_dim),
+      dvh_(cfg.mla.v_head_dim),
+      dqh_(cfg.mla.q_head_dim()),
+      Dp_(std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)),
+      eps_(cfg.norm_eps),
+      // The core op scales by 1 / sqrt(Dp): q times c gives MLA's scale (c = 1 when Dp = dq and
+      // no mscale).
+      q_scale_(cfg.mla.softmax_scale() * std::sqrt(static_cast<double>(
+                                             std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)))),
+      rope_(rope) {
+  cfg.mla.validate();
+  MOE_CHECK(cfg.num_heads >= 1, "[mla] --num-attention-heads={} must be >= 1", cfg.num_heads);
+  MOE_CHECK(!cfg.bf16,
+            "[mla] --bf16 with multi-latent attention is not implemented yet (issue 42): train "
+            "it in fp32");
+  MOE_CHECK(cfg.normalization == Normalization::RMSNorm || !cfg.qk_layernorm,
+            "[mla] q_layernorm and kv_layernorm are RMSNorms here: use --normalization RMSNorm");
+  const int64_t dkv = qk_ + dvh_;
+  auto weight = [&](const std::string& name, std::vector<int64_t> shape, double std) {
+    return &params.add(ParamSpec{prefix + "." + name, std::move(shape), ParamInit::Normal, std,
+                                 ParamKind::Dense, true, {}, /*bf16_only=*/true});
+  };
+  auto norm = [&](const std::string& name, int64_t d) {
+    return &params.add(
+        ParamSpec{prefix + "." + name, {d}, ParamInit::Ones, 0.0, ParamKind::Dense, false});
+  };
+  if (ql_ > 0) {
+    q_down_ = weight("linear_q_down_proj.weight", {ql_, H_}, cfg.init_std);
+    if (cfg.qk_layernorm) q_norm_ = norm("q_layernorm.weight", ql_);
+    q_up_ = weight("linear_q_up_proj.weight", {Hq_ * dqh_, ql_}, cfg.init_std);
+  } else {
+    q_up_ = weight("linear_q_proj.weight", {Hq_ * dqh_, H_}, cfg.init_std);
+  }
+  kv_down_ = weight("linear_kv_down_proj.weight", {kl_ + pe_, H_}, cfg.init_std);
+  if (cfg.qk_layernorm) kv_norm_ = norm("kv_layernorm.weight", kl_);
+  kv_up_ = weight("linear_kv_up_proj.weight", {Hq_ * dkv, kl_}, cfg.init_std);
+  proj_ = weight("linear_proj.weight", {H_, Hq_ * dvh_}, cfg.output_init_std());
+}
+
+template <typename T>
+void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
+  ex_ = &a.exec();
+  MOE_CHECK(S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
+            "[mla] sequence {} > the rotary tables' {} positions", S, rope_.max_pos);
+  MOE_CHECK(rope_.D == pe_ || a.mode() == Arena::Mode::Plan,
+            "[mla] rotary tables of width {} for --qk-pos-emb-head-dim={}: build them from "
+            "MlaConfig::rope_spec",
+            rope_.D, pe_);
+  shape_ = ops::AttentionShape{S, B, Hq_, Hq_, Dp_};
+  layout_ = ops::MlaLayoutShape{S * B, Hq_, qk_, pe_, dvh_};
+  const int64_t n = S * B, dkv = qk_ + dvh_, lat = std::max(ql_, kl_);
+  if (q_down_ != nullptr) saved_.q_c = a.alloc<T>(n * ql_, "mla.q_c");
+  if (q_norm_ != nullptr) {
+    saved_.q_cn = a.alloc<T>(n * ql_, "mla.q_cn");
+    saved_.rstd_q = a.alloc<T>(n, "mla.rstd_q");
+  }
+  saved_.kv_c = a.alloc<T>(n * kl_, "mla.kv_c");
+  if (kv_norm_ != nullptr) {
+    saved_.kv_cn = a.alloc<T>(n * kl_, "mla.kv_cn");
+    saved_.rstd_kv = a.alloc<T>(n, "mla.rstd_kv");
+  }
+  saved_.q = a.alloc<T>(n * Hq_ * Dp_, "mla.q");
+  saved_.k = a.alloc<T>(n * Hq_ * Dp_, "mla.k");
+  saved_.v = a.alloc<T>(n * Hq_ * Dp_, "mla.v");
+  saved_.core_out = a.alloc<T>(n * Hq_ * Dp_, "mla.core_out");
+  saved_.lse = a.alloc<T>(B * Hq_ * S, "mla.lse");
+  pos_T_ = a.alloc<int32_t>(n, "mla.positions", MemKind::State);
+  q_up_TC_ = a.alloc<T>(n * Hq_ * dqh_, "mla.q_up", MemKind::Workspace);
+  q_pe_ = a.alloc<T>(n * Hq_ * pe_, "mla.q_pe", MemKind::Workspace);
+  k_pe_raw_ = a.alloc<T>(n * pe_, "mla.k_pe_raw", MemKind::Workspace);
+  k_pe_ = a.alloc<T>(n * pe_, "mla.k_pe", MemKind::Workspace);
+  kv_up_TC_ = a.alloc<T>(n * Hq_ * dkv, "mla.kv_up", MemKind::Workspace);
+  dlat_ = a.alloc<T>(n * lat, "mla.dlatent", MemKind::Workspace);
+  dlat_n_ = a.alloc<T>(n * lat, "mla.dlatent_normed", MemKind::Workspace);
+  dq_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dq", MemKind::Workspace);
+  dk_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dk", MemKind::Workspace);
+  dv_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dv", MemKind::Workspace);
+  dcore_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dcore", MemKind::Workspace);
+  workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
+                          "mla.workspace", MemKind::Workspace);
+  if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
+}
+
+template <typename T>
+void MlaAttention<T>::proj_forward(DevPtr<T> y_TH, int64_t n) {
+  const DevPtr<const T> w = proj_->data_as<T>();
+  if (Dp_ == dvh_) return ops::linear_forward(*ex_, y_TH, saved_.core_out, w, n, H_, Hq_ * dvh_);
+  // Heads padded past dv: one GEMM per head over its first dv values, summed into y.
+  for (int64_t h = 0; h < Hq_; ++h) {
+    ops::gemm<T>(*ex_, false, true, n, H_, dvh_, T(1), saved_.core_out + h * Dp_, Hq_ * Dp_,
+                 w + h * dvh_, Hq_ * dvh_, h == 0 ? T(0) : T(1), y_TH, H_);
+  }
+}
+
+template <typename T>
+void MlaAttention<T>::proj_backward(DevPtr<const T> dy_TH, int64_t n) {
+  const DevPtr<const T> w = proj_->data_as<T>();
+  const DevPtr<T> dw = proj_->grad_as<T>();
+  if (Dp_ == dvh_)
+    return ops::linear_backward(*ex_, dcore_, dw, dy_TH, saved_.core_out, w, n, H_, Hq_ * dvh_);
+  ops::zero(*ex_, dcore_, n * Hq_ * Dp_);  // the padding's gradient (out's padding is always 0)
+  for (int64_t h = 0; h < Hq_; ++h) {
+    ops::gemm<T>(*ex_, true, false, H_, dvh_, n, T(1), dy_TH, H_, saved_.core_out + h * Dp_,
+                 Hq_ * Dp_, T(1), dw + h * dvh_, Hq_ * dvh_);
+    ops::gemm<T>(*ex_, false, false, n, dvh_, H_, T(1), dy_TH, H_, w + h * dvh_, Hq_ * dvh_, T(0),
+                 dcore_ + h * Dp_, Hq_ * Dp_);
+  }
+}
+
+template <typename T>
+void MlaAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
+  const int64_t n = shape_.S * shape_.B, dkv = qk_ + dvh_;
+  saved_.x_TH = x_TH;
+  // Queries: [T, Hq, dq], the rotated part of each head into q_pe.
+  if (q_down_ != nullptr) {
+    ops::linear_forward(*ex_, saved_.q_c, x_TH, q_down_->data_as<T>(), n, ql_, H_);
+    DevPtr<const T> q_in = saved_.q_c;
+    if (q_norm_ != nullptr) {
+      ops::rmsnorm_forward(*ex_, saved_.q_cn, saved_.rstd_q, saved_.q_c,
+                           q_norm_->compute_as<T>(), n, ql_, eps_);
+      q_in = saved_.q_cn;
+    }
+    ops::linear_forward(*ex_, q_up_TC_, q_in, q_up_->data_as<T>(), n, Hq_ * dqh_, ql_);
+  } else {
+    ops::linear_forward(*ex_, q_up_TC_, x_TH, q_up_->data_as<T>(), n, Hq_ * dqh_, H_);
+  }
+  ops::rope_mla_forward(*ex_, q_pe_, DevPtr<const T>(q_up_TC_ + qk_), pos_T_, n, Hq_, pe_, dqh_,
+                        rope_);
+  // Keys and values: linear_kv_down_proj's rows split into the latent [0, kl) and the shared
+  // rotary part [kl, kl + pe) (two GEMMs on the weight's row blocks: no copy of the output).
+  const DevPtr<const T> w_down = kv_down_->data_as<T>();
+  ops::linear_forward(*ex_, saved_.kv_c, x_TH, w_down, n, kl_, H_);
+  ops::linear_forward(*ex_, k_pe_raw_, x_TH, w_down + kl_ * H_, n, pe_, H_);
+  DevPtr<const T> kv_in = saved_.kv_c;
+  if (kv_norm_ != nullptr) {
+    ops::rmsnorm_forward(*ex_, saved_.kv_cn, saved_.rstd_kv, saved_.kv_c,
+                         kv_norm_->compute_as<T>(), n, kl_, eps_);
+    kv_in = saved_.kv_cn;
+  }
+  ops::linear_forward(*ex_, kv_up_TC_, kv_in, kv_up_->data_as<T>(), n, Hq_ * dkv, kl_);
+  ops::rope_mla_forward(*ex_, k_pe_, DevPtr<const T>(k_pe_raw_), pos_T_, n, 1, pe_, pe_, rope_);
+  ops::mla_split(*ex_, saved_.q, saved_.k, saved_.v, DevPtr<const T>(q_up_TC_),
+                 DevPtr<const T>(q_pe_), DevPtr<const T>(kv_up_TC_), DevPtr<const T>(k_pe_),
+                 layout_, q_scale_);
+  ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
+                         workspace_, drop_);
+  proj_forward(y_TH, n);
+}
+
+template <typename T>
+void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
+  const int64_t n = shape_.S * shape_.B, dkv = qk_ + dvh_;
+  proj_backward(dy_TH, n);
+  ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
+                          saved_.core_out, saved_.lse, shape_, workspace_, drop_);
+  // The projections' gradients into their forward buffers (free now): dq_up's first qk of each
+  // head and dkv_up from the merge, dq_up's rotated part and dk_pe_raw from the rope backward.
+  ops::mla_merge(*ex_, q_up_TC_, q_pe_, kv_up_TC_, k_pe_, DevPtr<const T>(dq_),
+                 DevPtr<const T>(dk_), DevPtr<const T>(dv_), layout_, q_scale_);
+  ops::rope_mla_backward(*ex_, q_up_TC_ + qk_, DevPtr<const T>(q_pe_), pos_T_, n, Hq_, dqh_, pe_,
+                         rope_);
+  ops::rope_mla_backward(*ex_, k_pe_raw_, DevPtr<const T>(k_pe_), pos_T_, n, 1, pe_, pe_, rope_);
+  // Keys and values back to the input.
+  const DevPtr<T> dkv_in = kv_norm_ != nullptr ? dlat_n_ : dlat_;
+  ops::linear_backward(*ex_, dkv_in, kv_up_->grad_as<T>(), DevPtr<const T>(kv_up_TC_),
+                       kv_norm_ != nullptr ? DevPtr<const T>(saved_.kv_cn)
+                                           : DevPtr<const T>(saved_.kv_c),
+                       kv_up_->data_as<T>(), n, Hq_ * dkv, kl_);
+  if (kv_norm_ != nullptr) {
+    ops::rmsnorm_backward(*ex_, dlat_, kv_norm_->grad_as<T>(), DevPtr<const T>(dlat_n_),
+                          DevPtr<const T>(saved_.kv_c), kv_norm_->compute_as<T>(),
+                          DevPtr<const T>(saved_.rstd_kv), n, kl_);
+  }
+  const DevPtr<const T> w_down = kv_down_->data_as<T>();
+  const DevPtr<T> dw_down = kv_down_->grad_as<T>();
+  ops::linear_backward(*ex_, dx_TH, dw_down, DevPtr<const T>(dlat_), saved_.x_TH, w_down, n, kl_,
+                       H_);
+  ops::linear_backward(*ex_, dx_TH, dw_down + kl_ * H_, DevPtr<const T>(k_pe_raw_), saved_.x_TH,
+                       w_down + kl_ * H_, n, pe_, H_, /*accumulate_dx=*/true);
+  // Queries back to the input.
+  if (q_down_ != nullptr) {
+    const DevPtr<T> dq_in = q_norm_ != nullptr ? dlat_n_ : dlat_;
+    ops::linear_backward(*ex_, dq_in, q_up_->grad_as<T>(), DevPtr<const T>(q_up_TC_),
+                         q_norm_ != nullptr ? DevPtr<const T>(saved_.q_cn)
+                                            : DevPtr<const T>(saved_.q_c),
+                         q_up_->data_as<T>(), n, Hq_ * dqh_, ql_);
+    if (q_norm_ != nullptr) {
+      ops::rmsnorm_backward(*ex_, dlat_, q_norm_->grad_as<T>(), DevPtr<const T>(dlat_n_),
+                            DevPtr<const T>(saved_.q_c), q_norm_->compute_as<T>(),
+                            DevPtr<const T>(saved_.rstd_q), n, ql_);
+    }
+    ops::linear_backward(*ex_, dx_TH, q_down_->grad_as<T>(), DevPtr<const T>(dlat_), saved_.x_TH,
+                         q_down_->data_as<T>(), n, ql_, H_, /*accumulate_dx=*/true);
+  } else {
+    ops::linear_backward(*ex_, dx_TH, q_up_->grad_as<T>(), DevPtr<const T>(q_up_TC_), saved_.x_TH,
+                         q_up_->data_as<T>(), n, Hq_ * dqh_, H_, /*accumulate_dx=*/true);
+  }
+}
+
+template class MlaAttention<float>;
+template class MlaAttention<double>;
+
+}  // namespace moecore::model
