@@ -159,6 +159,9 @@ std::vector<std::string> deepseek_v3_flags(const DeepseekV3Spec& s) {
   add("--disable-bias-linear");
   if (!s.tie_word_embeddings) add("--untie-embeddings-and-output-weights");
   add("--multi-latent-attention");
+  // Megatron's MLA has q_layernorm (with q LoRA) and kv_layernorm only with --qk-layernorm, as
+  // DeepSeek-V3's q_a_layernorm and kv_a_layernorm.
+  add("--qk-layernorm");
   if (s.q_lora_rank) add("--q-lora-rank", std::to_string(*s.q_lora_rank));
   add("--kv-lora-rank", std::to_string(s.kv_lora_rank));
   add("--qk-head-dim", std::to_string(s.qk_nope_head_dim));
@@ -171,9 +174,10 @@ std::vector<std::string> deepseek_v3_flags(const DeepseekV3Spec& s) {
     add("--rotary-scaling-factor", num(s.rope_factor));
     add("--mscale", num(s.mscale));
     add("--mscale-all-dim", num(s.mscale_all_dim));
-    add("--beta-fast", num(s.beta_fast));
-    add("--beta-slow", num(s.beta_slow));
-    add("--original-max-position-embeddings", std::to_string(s.original_max_position_embeddings));
+    add("--yarn-beta-fast", num(s.beta_fast));
+    add("--yarn-beta-slow", num(s.beta_slow));
+    add("--yarn-original-max-position-embeddings",
+        std::to_string(s.original_max_position_embeddings));
   }
   add("--num-experts", std::to_string(s.num_experts));
   add("--moe-ffn-hidden-size", std::to_string(s.moe_ffn_hidden));
