@@ -36,7 +36,8 @@ for t in tests/emu/*.cpp; do [[ $t == */emu_absent.cpp ]] || sources+=("$t"); do
 # step. The sync audit is its never-armed stand-in (tests/emu/sanitizers/): the real one replaces
 # the global operator new, which is ASan's here.
 sources+=(src/core/rng.cpp src/core/exec.cpp src/core/host_memory.cpp src/core/device_stub_cuda.cpp
-          src/ops/cpu/rope.cpp src/ops/cpu/adamw.cpp src/ops/cpu/memory.cpp
+          src/ops/cpu/rope.cpp src/ops/cpu/rope_yarn.cpp src/ops/cpu/rope_mla.cpp
+          src/ops/cpu/adamw.cpp src/ops/cpu/memory.cpp
           tests/emu/sanitizers/*.cpp)
 # The kernels: src/ops/cuda/*.cu but the *_check.cu compile checks against the real CUDA headers.
 kernels=()
