@@ -88,6 +88,38 @@ void check_args(const char* op, const T* out, int64_t ld_out, const T* in, int64
   }
 }
 
+// The forward and its transpose are one rotation: the forward reads each pair in the cache's
+// pairing, writes it half-split and turns by +angle; the backward reads half-split, writes the
+// pairing and turns by -angle (the transpose of factor * R(angle) is factor * R(-angle)).
+template <typename T>
+void rope_mla_rotate(T* out, const T* in, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
+                     int64_t ld_out, int64_t ld_in, const RopeMlaCache& cache, bool backward) {
+  const int64_t D = cache.D, half = D / 2;
+  const bool inter = cache.pairing == RopePairing::Interleaved;
+  const bool read_pairs = inter && !backward, write_pairs = inter && backward;
+  const double* cos_PD = raw_ptr(cache.cos_PD);
+  const double* sin_PD = raw_ptr(cache.sin_PD);
+#pragma omp parallel for schedule(static) if (n_tok * n_heads * D >= (int64_t{1} << 15))
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const double* cos_D = cos_PD + static_cast<int64_t>(pos_T[t]) * half;
+    const double* sin_D = sin_PD + static_cast<int64_t>(pos_T[t]) * half;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const T* ir = in + (t * n_heads + h) * ld_in;
+      T* orow = out + (t * n_heads + h) * ld_out;
+      for (int64_t i = 0; i < half; ++i) {
+        const T c = static_cast<T>(cos_D[i]);
+        const T s = backward ? -static_cast<T>(sin_D[i]) : static_cast<T>(sin_D[i]);
+        const T a = read_pairs ? ir[2 * i] : ir[i], b = read_pairs ? ir[2 * i + 1] : ir[i + half];
+        // A rounded product, then one fused multiply-add, written out so no compiler contracts
+        // its own way; the CUDA kernel does the same operations.
+        const T first = std::fma(a, c, -(b * s)), second = std::fma(b, c, a * s);
+        orow[write_pairs ? 2 * i : i] = first;
+        orow[write_pairs ? 2 * i + 1 : i + half] = second;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 namespace cpu {
@@ -96,57 +128,14 @@ template <typename T>
 void rope_mla_forward(T* y, const T* x, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                       int64_t ldy, int64_t ldx, const RopeMlaCache& cache) {
   check_args("rope_mla_forward", y, ldy, x, ldx, pos_T, n_tok, n_heads, cache);
-  const int64_t D = cache.D, half = D / 2;
-  const bool inter = cache.pairing == RopePairing::Interleaved;
-  const double* cos_PD = raw_ptr(cache.cos_PD);
-  const double* sin_PD = raw_ptr(cache.sin_PD);
-#pragma omp parallel for schedule(static) if (n_tok * n_heads * D >= (int64_t{1} << 15))
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const double* cos_D = cos_PD + static_cast<int64_t>(pos_T[t]) * half;
-    const double* sin_D = sin_PD + static_cast<int64_t>(pos_T[t]) * half;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const T* xr = x + (t * n_heads + h) * ldx;
-      T* yr = y + (t * n_heads + h) * ldy;
-      for (int64_t i = 0; i < half; ++i) {
-        const T c = static_cast<T>(cos_D[i]), s = static_cast<T>(sin_D[i]);
-        const T a = inter ? xr[2 * i] : xr[i], b = inter ? xr[2 * i + 1] : xr[i + half];
-        // A rounded product, then one fused multiply-add, written out so no compiler contracts
-        // its own way; the CUDA kernel does the same operations.
-        yr[i] = std::fma(a, c, -(b * s));
-        yr[i + half] = std::fma(b, c, a * s);
-      }
-    }
-  }
+  rope_mla_rotate(y, x, pos_T, n_tok, n_heads, ldy, ldx, cache, /*backward=*/false);
 }
 
 template <typename T>
 void rope_mla_backward(T* dx, const T* dy, const int32_t* pos_T, int64_t n_tok, int64_t n_heads,
                        int64_t ldx, int64_t ldy, const RopeMlaCache& cache) {
   check_args("rope_mla_backward", dx, ldx, dy, ldy, pos_T, n_tok, n_heads, cache);
-  const int64_t D = cache.D, half = D / 2;
-  const bool inter = cache.pairing == RopePairing::Interleaved;
-  const double* cos_PD = raw_ptr(cache.cos_PD);
-  const double* sin_PD = raw_ptr(cache.sin_PD);
-#pragma omp parallel for schedule(static) if (n_tok * n_heads * D >= (int64_t{1} << 15))
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const double* cos_D = cos_PD + static_cast<int64_t>(pos_T[t]) * half;
-    const double* sin_D = sin_PD + static_cast<int64_t>(pos_T[t]) * half;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const T* gr = dy + (t * n_heads + h) * ldy;
-      T* dr = dx + (t * n_heads + h) * ldx;
-      for (int64_t i = 0; i < half; ++i) {
-        // The transpose of factor * R(angle): factor * R(-angle), so sin with its sign flipped.
-        const T c = static_cast<T>(cos_D[i]), s = -static_cast<T>(sin_D[i]);
-        const T g1 = gr[i], g2 = gr[i + half];
-        const T da = std::fma(g1, c, -(g2 * s)), db = std::fma(g2, c, g1 * s);
-        if (inter) {
-          dr[2 * i] = da, dr[2 * i + 1] = db;
-        } else {
-          dr[i] = da, dr[i + half] = db;
-        }
-      }
-    }
-  }
+  rope_mla_rotate(dx, dy, pos_T, n_tok, n_heads, ldx, ldy, cache, /*backward=*/true);
 }
 
 #define MOECORE_INSTANTIATE_ROPE_MLA(T)                                                       \
