@@ -25,21 +25,35 @@ int64_t rope_table_elems(int64_t max_pos, int64_t D, double base);
 // waits for the copies (the host staging is freed on return). Not inside a step.
 RopeCache make_rope_cache(const Exec& ex, DevPtr<double> cos_PD, DevPtr<double> sin_PD,
                           int64_t max_pos, int64_t D, double base);
-// Tables in an allocation of their own (exec_alloc on ex), for whoever has no arena to put them
-// in (tests, benchmarks); converts to the RopeCache the ops take. Setup, not an op: ex (whose
-// memory holds the tables) comes last.
-class RopeTables {
+// A cos and a sin table of n elements each in an allocation of their own (exec_alloc on ex),
+// freed with it: what RopeTables and RopeMlaTables (ops/rope_mla.h) fill.
+class RopeTableBlock {
+ public:
+  RopeTableBlock(const RopeTableBlock&) = delete;
+  RopeTableBlock& operator=(const RopeTableBlock&) = delete;
+
+ protected:
+  RopeTableBlock(int64_t n, const Exec& ex);
+  ~RopeTableBlock();
+  DevPtr<double> cos_table() const { return DevPtr<double>(static_cast<double*>(block_)); }
+  DevPtr<double> sin_table() const { return cos_table() + n_; }
+
+ private:
+  Exec ex_;
+  int64_t n_;
+  void* block_ = nullptr;
+};
+
+// Tables in an allocation of their own, for whoever has no arena to put them in (tests,
+// benchmarks); converts to the RopeCache the ops take. Setup, not an op: ex (whose memory holds
+// the tables) comes last.
+class RopeTables : RopeTableBlock {
  public:
   RopeTables(int64_t max_pos, int64_t D, double base, const Exec& ex = cpu_exec());
-  ~RopeTables();
-  RopeTables(const RopeTables&) = delete;
-  RopeTables& operator=(const RopeTables&) = delete;
   const RopeCache& cache() const { return cache_; }
   operator const RopeCache&() const { return cache_; }  // NOLINT: a view of the tables
 
  private:
-  Exec ex_;
-  void* block_ = nullptr;
   RopeCache cache_;
 };
 

@@ -15,6 +15,7 @@
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
+#include "ops/rope.h"
 #include "ops/rope_yarn.h"
 
 namespace moecore::ops {
@@ -42,18 +43,13 @@ int64_t rope_mla_table_elems(int64_t max_pos, const RopeMlaSpec& spec);
 RopeMlaCache make_rope_mla_cache(const Exec& ex, DevPtr<double> cos_PD, DevPtr<double> sin_PD,
                                  int64_t max_pos, const RopeMlaSpec& spec);
 // The tables in an allocation of their own (tests, benchmarks). Setup, not an op.
-class RopeMlaTables {
+class RopeMlaTables : RopeTableBlock {
  public:
   RopeMlaTables(int64_t max_pos, const RopeMlaSpec& spec, const Exec& ex = cpu_exec());
-  ~RopeMlaTables();
-  RopeMlaTables(const RopeMlaTables&) = delete;
-  RopeMlaTables& operator=(const RopeMlaTables&) = delete;
   const RopeMlaCache& cache() const { return cache_; }
   operator const RopeMlaCache&() const { return cache_; }  // NOLINT: a view of the tables
 
  private:
-  Exec ex_;
-  void* block_ = nullptr;
   RopeMlaCache cache_;
 };
 

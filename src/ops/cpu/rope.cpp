@@ -44,21 +44,17 @@ RopeCache make_rope_cache(const Exec& ex, DevPtr<double> cos_PD, DevPtr<double> 
   return RopeCache{max_pos, D, base, cos_PD, sin_PD};
 }
 
-RopeTables::RopeTables(int64_t max_pos, int64_t D, double base, const Exec& ex) : ex_(ex) {
-  const int64_t n = rope_table_elems(max_pos, D, base);
-  block_ = exec_alloc(ex, MemSpace::Device, 2 * static_cast<size_t>(n) * sizeof(double));
-  const DevPtr<double> cos_PD(static_cast<double*>(block_));
-  try {
-    cache_ = make_rope_cache(ex, cos_PD, cos_PD + n, max_pos, D, base);
-  } catch (...) {
-    exec_free(ex_, MemSpace::Device, block_);
-    throw;
-  }
-}
+RopeTableBlock::RopeTableBlock(int64_t n, const Exec& ex)
+    : ex_(ex),
+      n_(n),
+      block_(exec_alloc(ex, MemSpace::Device, 2 * static_cast<size_t>(n) * sizeof(double))) {}
 
-RopeTables::~RopeTables() {
-  exec_free(ex_, MemSpace::Device, block_);
-}
+RopeTableBlock::~RopeTableBlock() { exec_free(ex_, MemSpace::Device, block_); }
+
+// The block is a base: a throw while the cache is filled frees it.
+RopeTables::RopeTables(int64_t max_pos, int64_t D, double base, const Exec& ex)
+    : RopeTableBlock(rope_table_elems(max_pos, D, base), ex),
+      cache_(make_rope_cache(ex, cos_table(), sin_table(), max_pos, D, base)) {}
 
 namespace {
 

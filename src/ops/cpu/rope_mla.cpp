@@ -41,21 +41,9 @@ RopeMlaCache make_rope_mla_cache(const Exec& ex, DevPtr<double> cos_PD, DevPtr<d
   return RopeMlaCache{max_pos, spec.D, spec.pairing, cos_PD, sin_PD};
 }
 
-RopeMlaTables::RopeMlaTables(int64_t max_pos, const RopeMlaSpec& spec, const Exec& ex) : ex_(ex) {
-  const int64_t n = rope_mla_table_elems(max_pos, spec);
-  block_ = exec_alloc(ex, MemSpace::Device, 2 * static_cast<size_t>(n) * sizeof(double));
-  const DevPtr<double> cos_PD(static_cast<double*>(block_));
-  try {
-    cache_ = make_rope_mla_cache(ex, cos_PD, cos_PD + n, max_pos, spec);
-  } catch (...) {
-    exec_free(ex_, MemSpace::Device, block_);
-    throw;
-  }
-}
-
-RopeMlaTables::~RopeMlaTables() {
-  exec_free(ex_, MemSpace::Device, block_);
-}
+RopeMlaTables::RopeMlaTables(int64_t max_pos, const RopeMlaSpec& spec, const Exec& ex)
+    : RopeTableBlock(rope_mla_table_elems(max_pos, spec), ex),
+      cache_(make_rope_mla_cache(ex, cos_table(), sin_table(), max_pos, spec)) {}
 
 namespace {
 
