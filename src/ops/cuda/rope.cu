@@ -10,26 +10,12 @@
 #include <string>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/rounding.cuh"
 #include "ops/rope.h"
 
 namespace moecore::ops::cuda {
 
 namespace kernels {
-// a * b rounded, and a * b + c with one rounding: never contracted otherwise (the CPU path's
-// operations, written out the same way there).
-__device__ __forceinline__ float mul_rn(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ __forceinline__ double mul_rn(double a, double b) {
-  return __dmul_rn(a, b);
-}
-__device__ __forceinline__ float fma_rn(float a, float b, float c) {
-  return __fmaf_rn(a, b, c);
-}
-__device__ __forceinline__ double fma_rn(double a, double b, double c) {
-  return __fma_rn(a, b, c);
-}
-
 // sign +1: rotation by +angle (forward); -1: by -angle (the backward, the transpose). y may
 // alias x: each thread reads its pair before writing it.
 template <typename T>

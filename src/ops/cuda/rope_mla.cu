@@ -8,24 +8,12 @@
 #include <string>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/rounding.cuh"
 #include "ops/rope_mla.h"
 
 namespace moecore::ops::cuda {
 
 namespace kernels {
-__device__ __forceinline__ float rope_mla_mul(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ __forceinline__ double rope_mla_mul(double a, double b) {
-  return __dmul_rn(a, b);
-}
-__device__ __forceinline__ float rope_mla_fma(float a, float b, float c) {
-  return __fmaf_rn(a, b, c);
-}
-__device__ __forceinline__ double rope_mla_fma(double a, double b, double c) {
-  return __fma_rn(a, b, c);
-}
-
 // backward false: out[i], out[i + half] from in's pair (the pairing's places), rotated by
 // +angle; true: out's pair (the pairing's places) from in[i], in[i + half], by -angle.
 template <typename T>
@@ -51,8 +39,8 @@ __global__ void rope_mla_rotate(T* out, const T* in, const int32_t* pos_T, int64
     const T s0 = static_cast<T>(sin_PD[p * half + i]);
     const T s = backward ? -s0 : s0;  // exact: a sign flip
     const T a = ir[ia], b = ir[ib];
-    orow[oa] = rope_mla_fma(a, c, -rope_mla_mul(b, s));  // a c - b s
-    orow[ob] = rope_mla_fma(b, c, rope_mla_mul(a, s));   // b c + a s
+    orow[oa] = fma_rn(a, c, -mul_rn(b, s));  // a c - b s
+    orow[ob] = fma_rn(b, c, mul_rn(a, s));   // b c + a s
   }
 }
 }  // namespace kernels
