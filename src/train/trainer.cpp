@@ -476,39 +476,12 @@ StepMetrics BasicTrainer<T>::train_step() {
   if (m.skipped) undo_step_counters();
   m.grad_norm = optimizer_->last_step().grad_norm;
   std::fill(load_.begin(), load_.end(), 0);
-  for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    double* v = &mb_values_[mb * kMbValues];
-    std::fill(v, v + kMbValues, 0.0);
-    if (has_loss) {
-      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
-      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
-    }
-    for (int c = 0; c < model_->num_chunks(); ++c) {
-      const ops::MicroBatchReport& r = step_->report(mb, c);
-      if (r.moe_layers == 0) continue;
-      v[2] += r.aux_value;
-      v[3] += r.z_value;
-      v[4] += static_cast<double>(r.moe_layers);
-      m.dropped_tokens += r.dropped;
-      const int64_t* tokens = step_->tokens_per_expert(mb, c);
-      for (size_t e = 0; e + 1 < load_.size(); ++e) load_[e] += tokens[e];
-    }
-  }
-  // Pipeline stages: the loss is the last stage's, the MoE layers' values are every stage's.
-  sum_over_pipeline(mb_values_);
+  m.dropped_tokens = gather_micro_batch_values();
   const bool moe_layers = [&] {
     for (int64_t mb = 0; mb < n_micro_; ++mb)
       if (mb_values_[mb * kMbValues + 4] > 0) return true;
     return false;
   }();
-  // The logged losses: every micro-batch of the global batch, summed in global order (the
-  // same arithmetic as one rank).
-  if (dp_size_ > 1) {
-    ScopedPhase phase(Phase::Communication);
-    groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
-  } else {
-    all_values_ = mb_values_;
-  }
   // Tokens per expert and dropped slots: with TP > 1 each TP rank's MoE layers route its own
   // sequence slice, so the counts add up over tp x dp x cp (over dp x cp without TP), and over
   // the pipeline stages' layers (the whole world then).
@@ -1015,6 +988,42 @@ typename pipeline::PipelineRunner<T>::Hooks BasicTrainer<T>::pipeline_hooks() {
 }
 
 template <typename T>
+int64_t BasicTrainer<T>::gather_micro_batch_values() {
+  const int loss_chunk = model_->num_chunks() - 1;  // its report holds the loss, if any here
+  const bool has_loss = model_->chunk(loss_chunk).loss;
+  int64_t dropped = 0;
+  for (int64_t mb = 0; mb < n_micro_; ++mb) {
+    double* v = &mb_values_[mb * kMbValues];
+    std::fill(v, v + kMbValues, 0.0);
+    if (has_loss) {
+      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
+      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
+    }
+    for (int c = 0; c < model_->num_chunks(); ++c) {
+      const ops::MicroBatchReport& r = step_->report(mb, c);
+      if (r.moe_layers == 0) continue;
+      v[2] += r.aux_value;
+      v[3] += r.z_value;
+      v[4] += static_cast<double>(r.moe_layers);
+      dropped += r.dropped;
+      const int64_t* tokens = step_->tokens_per_expert(mb, c);
+      for (size_t e = 0; e + 1 < load_.size(); ++e) load_[e] += tokens[e];
+    }
+  }
+  // Pipeline stages: the loss is the last stage's, the MoE layers' values are every stage's.
+  sum_over_pipeline(mb_values_);
+  // Every micro-batch of the global batch, for sums in global order (the same arithmetic as
+  // one rank).
+  if (dp_size_ > 1) {
+    ScopedPhase phase(Phase::Communication);
+    groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
+  } else {
+    all_values_ = mb_values_;
+  }
+  return dropped;
+}
+
+template <typename T>
 void BasicTrainer<T>::sum_over_pipeline(std::vector<double>& values) const {
   if (groups_ == nullptr || groups_->degrees().pp == 1) return;
   ScopedPhase phase(Phase::Communication);
@@ -1055,21 +1064,7 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
     fill_inputs(*stream);
     runner_->forward_only(pipeline_hooks());
     step_->download();
-    const int loss_chunk = model_->num_chunks() - 1;
-    const bool has_loss = model_->chunk(loss_chunk).loss;
-    for (int64_t mb = 0; mb < n_micro_; ++mb) {  // the report, after the iteration's forwards
-      double* v = &mb_values_[mb * kMbValues];
-      std::fill(v, v + kMbValues, 0.0);
-      if (!has_loss) continue;
-      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
-      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
-    }
-    sum_over_pipeline(mb_values_);
-    if (dp_size_ > 1) {
-      groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
-    } else {
-      all_values_ = mb_values_;
-    }
+    gather_micro_batch_values();  // the report, after the iteration's forwards
     // The token mean over every evaluated micro-batch, as Megatron's evaluate(), summed in
     // global order (the same arithmetic at any data-parallel size).
     for (int64_t mb = 0; mb < n_global; ++mb) {

@@ -215,6 +215,11 @@ class BasicTrainer {
   typename pipeline::PipelineRunner<T>::Hooks pipeline_hooks();
   // values summed over the pipeline group (no-op without pipeline parallelism).
   void sum_over_pipeline(std::vector<double>& values) const;
+  // After a step's (or an eval iteration's) download: this rank's micro-batch values from the
+  // report slots (the loss chunk's loss and count, every chunk's MoE sums; tokens per expert
+  // added into load_), summed over the pipeline, gathered over dp x cp into all_values_.
+  // Returns the dropped (token, slot) pairs of this rank's MoE layers.
+  int64_t gather_micro_batch_values();
   parallel::PipelineLayout layout_;  // pipeline parallelism: where every layer is
   std::unique_ptr<pipeline::PipelineRunner<T>> runner_;
   static constexpr int64_t kMbValues = 5;
