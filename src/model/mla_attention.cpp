@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "ops/gemm.h"
 #include "ops/memory.h"
 #include "ops/rmsnorm.h"
 #include "ops/token_layout.h"
@@ -39,9 +38,6 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
             "[mla] {} attention heads cannot be split over {} tensor-parallel ranks: "
             "--tensor-model-parallel-size must divide --num-attention-heads",
             cfg.num_heads, tp.size());
-  MOE_CHECK(!cfg.bf16,
-            "[mla] --bf16 with multi-latent attention is not implemented yet (issue 42): train "
-            "it in fp32");
   MOE_CHECK(cfg.normalization == Normalization::RMSNorm || !cfg.qk_layernorm,
             "[mla] q_layernorm and kv_layernorm are RMSNorms here: use --normalization RMSNorm");
   const int64_t heads = cfg.num_heads, dkv = qk_ + dvh_;
@@ -132,6 +128,13 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     dlat_full_ = a.alloc<T>(n * lat, "mla.dlatent_full", MemKind::Workspace);
     y_full_ = a.alloc<T>(n * H_, "mla.y_full", MemKind::Workspace);
   }
+  // Every projection; linear_proj over padded heads as column blocks of [T, Hq Dp].
+  const int64_t q_in = q_down_ != nullptr ? ql_ : H_;
+  lin_.allocate(a, *kv_down_,
+                {{nl, ql_, H_}, {n, Hq_ * dqh_, q_in}, {nl, kl_ + pe_, H_}, {n, Hq_ * dkv, kl_},
+                 {n, H_, Hq_ * (Dp_ == dvh_ ? dvh_ : Dp_)}},
+                "mla");
+  x_rounded_ = false;  // until the block says otherwise
   if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
 }
 
@@ -152,12 +155,14 @@ template <typename T>
 void MlaAttention<T>::up_forward() {
   const int64_t n = n_, dkv = qk_ + dvh_;
   // Queries: [T, Hq, dq], the rotated part of each head into q_pe.
-  ops::linear_forward(*ex_, q_up_TC_, q_in_, q_up_->data_as<T>(), n, Hq_ * dqh_,
-                      q_down_ != nullptr ? ql_ : H_);
+  if (q_down_ != nullptr)
+    lin_.forward(q_up_TC_, q_in_, *q_up_, n, Hq_ * dqh_, ql_);
+  else
+    lin_.forward(q_up_TC_, q_in_, *q_up_, n, Hq_ * dqh_, H_, x_rounded_);
   ops::rope_mla_forward(*ex_, q_pe_, DevPtr<const T>(q_up_TC_ + qk_), pos_T_, n, Hq_, pe_, dqh_,
                         rope_);
   // Keys and values: [T, Hq, qk + dv], and the shared rotary key.
-  ops::linear_forward(*ex_, kv_up_TC_, kv_in_, kv_up_->data_as<T>(), n, Hq_ * dkv, kl_);
+  lin_.forward(kv_up_TC_, kv_in_, *kv_up_, n, Hq_ * dkv, kl_);
   ops::rope_mla_forward(*ex_, k_pe_, k_pe_in_, pos_T_, n, 1, pe_, pe_, rope_);
   ops::mla_split(*ex_, saved_.q, saved_.k, saved_.v, DevPtr<const T>(q_up_TC_),
                  DevPtr<const T>(q_pe_), DevPtr<const T>(kv_up_TC_), DevPtr<const T>(k_pe_),
@@ -166,28 +171,16 @@ void MlaAttention<T>::up_forward() {
 
 template <typename T>
 void MlaAttention<T>::proj_forward(DevPtr<T> y_TH, int64_t n) {
-  const DevPtr<const T> w = proj_->data_as<T>();
-  if (Dp_ == dvh_) return ops::linear_forward(*ex_, y_TH, saved_.core_out, w, n, H_, Hq_ * dvh_);
+  if (Dp_ == dvh_) return lin_.forward(y_TH, saved_.core_out, *proj_, n, H_, Hq_ * dvh_);
   // Heads padded past dv: one GEMM per head over its first dv values, summed into y.
-  for (int64_t h = 0; h < Hq_; ++h) {
-    ops::gemm<T>(*ex_, false, true, n, H_, dvh_, T(1), saved_.core_out + h * Dp_, Hq_ * Dp_,
-                 w + h * dvh_, Hq_ * dvh_, h == 0 ? T(0) : T(1), y_TH, H_);
-  }
+  lin_.forward_blocks(y_TH, saved_.core_out, *proj_, n, H_, Hq_, dvh_, Dp_);
 }
 
 template <typename T>
 void MlaAttention<T>::proj_backward(DevPtr<const T> dy_TH, int64_t n) {
-  const DevPtr<const T> w = proj_->data_as<T>();
-  const DevPtr<T> dw = proj_->grad_as<T>();
-  if (Dp_ == dvh_)
-    return ops::linear_backward(*ex_, dcore_, dw, dy_TH, saved_.core_out, w, n, H_, Hq_ * dvh_);
+  if (Dp_ == dvh_) return lin_.backward(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_ * dvh_);
   ops::zero(*ex_, dcore_, n * Hq_ * Dp_);  // the padding's gradient (out's padding is always 0)
-  for (int64_t h = 0; h < Hq_; ++h) {
-    ops::gemm<T>(*ex_, true, false, H_, dvh_, n, T(1), dy_TH, H_, saved_.core_out + h * Dp_,
-                 Hq_ * Dp_, T(1), dw + h * dvh_, Hq_ * dvh_);
-    ops::gemm<T>(*ex_, false, false, n, dvh_, H_, T(1), dy_TH, H_, w + h * dvh_, Hq_ * dvh_, T(0),
-                 dcore_ + h * Dp_, Hq_ * Dp_);
-  }
+  lin_.backward_blocks(dcore_, dy_TH, saved_.core_out, *proj_, n, H_, Hq_, dvh_, Dp_);
 }
 
 template <typename T>
@@ -196,7 +189,7 @@ void MlaAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   saved_.x_TH = x_TH;
   // The latents of this rank's tokens.
   if (q_down_ != nullptr) {
-    ops::linear_forward(*ex_, saved_.q_c, x_TH, q_down_->data_as<T>(), nl, ql_, H_);
+    lin_.forward(saved_.q_c, x_TH, *q_down_, nl, ql_, H_, x_rounded_);
     if (q_norm_ != nullptr) {
       ops::rmsnorm_forward(*ex_, saved_.q_cn, saved_.rstd_q, saved_.q_c,
                            q_norm_->compute_as<T>(), nl, ql_, eps_);
@@ -204,9 +197,8 @@ void MlaAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   }
   // linear_kv_down_proj's rows split into the latent [0, kl) and the shared rotary part
   // [kl, kl + pe) (two GEMMs on the weight's row blocks: no copy of the output).
-  const DevPtr<const T> w_down = kv_down_->data_as<T>();
-  ops::linear_forward(*ex_, saved_.kv_c, x_TH, w_down, nl, kl_, H_);
-  ops::linear_forward(*ex_, k_pe_raw_, x_TH, w_down + kl_ * H_, nl, pe_, H_);
+  lin_.forward(saved_.kv_c, x_TH, *kv_down_, nl, kl_, H_, x_rounded_);
+  lin_.forward(k_pe_raw_, x_TH, *kv_down_, nl, pe_, H_, x_rounded_, /*row0=*/kl_);
   if (kv_norm_ != nullptr) {
     ops::rmsnorm_forward(*ex_, saved_.kv_cn, saved_.rstd_kv, saved_.kv_c,
                          kv_norm_->compute_as<T>(), nl, kl_, eps_);
@@ -254,7 +246,7 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
                              DevPtr<const T> rstd) {
     const DevPtr<T> dlat = norm != nullptr ? dlat_n_ : dlat_;
     const DevPtr<T> dfull = sp ? dlat_full_ : dlat;
-    ops::linear_backward(*ex_, dfull, up.grad_as<T>(), dup, in, up.data_as<T>(), n, N, width);
+    lin_.backward(dfull, dup, in, up, n, N, width);
     tp_.enter_backward(*ex_, dfull, dlat, n, width);
     if (norm != nullptr) {
       ops::rmsnorm_backward(*ex_, dlat_, norm->grad_as<T>(), DevPtr<const T>(dlat_n_), lat_raw,
@@ -265,25 +257,22 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   if (q_down_ != nullptr) {
     latent_backward(*q_up_, DevPtr<const T>(q_up_TC_), q_in_, Hq_ * dqh_, ql_, q_norm_,
                     DevPtr<const T>(saved_.q_c), DevPtr<const T>(saved_.rstd_q));
-    ops::linear_backward(*ex_, dx_TH, q_down_->grad_as<T>(), DevPtr<const T>(dlat_), saved_.x_TH,
-                         q_down_->data_as<T>(), nl, ql_, H_);
+    lin_.backward(dx_TH, DevPtr<const T>(dlat_), saved_.x_TH, *q_down_, nl, ql_, H_, x_rounded_);
   } else {
     // linear_q_proj reads x over the whole region: its input gradient's partial sum into dx
     // without SP, else into the free output buffer, reduce-scattered into dx.
     const DevPtr<T> dx_full = sp ? y_full_ : dx_TH;
-    ops::linear_backward(*ex_, dx_full, q_up_->grad_as<T>(), DevPtr<const T>(q_up_TC_), q_in_,
-                         q_up_->data_as<T>(), n, Hq_ * dqh_, H_);
+    lin_.backward(dx_full, DevPtr<const T>(q_up_TC_), q_in_, *q_up_, n, Hq_ * dqh_, H_,
+                  x_rounded_);
     tp_.enter_backward(*ex_, dx_full, dx_TH, n, H_);
   }
   // Keys and values back to the input: added to dx.
   latent_backward(*kv_up_, DevPtr<const T>(kv_up_TC_), kv_in_, Hq_ * dkv, kl_, kv_norm_,
                   DevPtr<const T>(saved_.kv_c), DevPtr<const T>(saved_.rstd_kv));
-  const DevPtr<const T> w_down = kv_down_->data_as<T>();
-  const DevPtr<T> dw_down = kv_down_->grad_as<T>();
-  ops::linear_backward(*ex_, dx_TH, dw_down, DevPtr<const T>(dlat_), saved_.x_TH, w_down, nl, kl_,
-                       H_, /*accumulate_dx=*/true);
-  ops::linear_backward(*ex_, dx_TH, dw_down + kl_ * H_, DevPtr<const T>(dk_pe_raw_), saved_.x_TH,
-                       w_down + kl_ * H_, nl, pe_, H_, /*accumulate_dx=*/true);
+  lin_.backward(dx_TH, DevPtr<const T>(dlat_), saved_.x_TH, *kv_down_, nl, kl_, H_, x_rounded_,
+                /*accumulate_dx=*/true);
+  lin_.backward(dx_TH, DevPtr<const T>(dk_pe_raw_), saved_.x_TH, *kv_down_, nl, pe_, H_,
+                x_rounded_, /*accumulate_dx=*/true, /*row0=*/kl_);
 }
 
 template class MlaAttention<float>;

@@ -34,6 +34,7 @@
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "nn/linear_gemms.h"
 #include "nn/param_registry.h"
 #include "ops/attention.h"
 #include "ops/mla_layout.h"
@@ -67,6 +68,11 @@ class MlaAttention {
                const ops::RopeMlaCache& rope, parallel::TensorParallel tp = {});
   // S, B: the micro-batch's whole sequence and batch.
   void allocate(Arena& arena, int64_t S, int64_t B);
+  // --bf16 on the widened GEMM path: the down projections (and linear_q_proj) read the block
+  // input through the weights' widened copies, so an input that already holds bf16 values needs
+  // no rounding pass; after allocate(), the block says so with input_rounded().
+  bool widened_bf16() const { return lin_.widened(); }
+  void input_rounded() { x_rounded_ = widened_bf16(); }
   // Dropout on the attention probabilities (null: none). The caller owns *drop; its head0 must
   // be first_head().
   void set_dropout(const ops::AttentionDropout* drop) { drop_ = drop; }
@@ -88,6 +94,9 @@ class MlaAttention {
   void proj_backward(DevPtr<const T> dy_TH, int64_t n);
 
   const Exec* ex_ = &cpu_exec();
+  // The projections: GEMMs in T, or bf16 inputs with f32 accumulation under --bf16.
+  nn::LinearGemms<T> lin_;
+  bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
   parallel::TensorParallel tp_;
   int64_t H_, Hq_, ql_, kl_, qk_, pe_, dvh_, dqh_, Dp_;  // Hq: this rank's; dvh: dv, dqh: dq
   int64_t n_ = 0, nl_ = 0;                               // T and Tl

@@ -96,8 +96,9 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     mlp_->allocate(a, n_tok_, recompute_mlp_);  // the TP region's whole tokens
   // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
   // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
-  round_n1_ = attn_ != nullptr && attn_->widened_bf16();
-  if (round_n1_) attn_->input_rounded();
+  round_n1_ = attn_ != nullptr ? attn_->widened_bf16() : mla_->widened_bf16();
+  if (round_n1_ && attn_ != nullptr) attn_->input_rounded();
+  if (round_n1_ && mla_ != nullptr) mla_->input_rounded();
   round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
   if (round_n2_) mlp_->input_rounded();
   {
