@@ -31,7 +31,9 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
       // no mscale).
       q_scale_(cfg.mla.softmax_scale() * std::sqrt(static_cast<double>(
                                              std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)))),
-      rope_(rope) {
+      rope_(rope),
+      recompute_core_(cfg.recompute.modules().core_attn),
+      recompute_up_(cfg.recompute.modules().mla_up_proj) {
   cfg.mla.validate();
   MOE_CHECK(cfg.num_heads >= 1, "[mla] --num-attention-heads={} must be >= 1", cfg.num_heads);
   MOE_CHECK(cfg.num_heads % tp.size() == 0,
@@ -98,11 +100,17 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     saved_.kv_cn = a.alloc<T>(nl * kl_, "mla.kv_cn");
     saved_.rstd_kv = a.alloc<T>(nl, "mla.rstd_kv");
   }
-  saved_.q = a.alloc<T>(n * Hq_ * Dp_, "mla.q");
-  saved_.k = a.alloc<T>(n * Hq_ * Dp_, "mla.k");
-  saved_.v = a.alloc<T>(n * Hq_ * Dp_, "mla.v");
-  saved_.core_out = a.alloc<T>(n * Hq_ * Dp_, "mla.core_out");
-  saved_.lse = a.alloc<T>(B * Hq_ * S, "mla.lse");
+  {
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_up_);
+    saved_.q = a.alloc<T>(n * Hq_ * Dp_, "mla.q");
+    saved_.k = a.alloc<T>(n * Hq_ * Dp_, "mla.k");
+    saved_.v = a.alloc<T>(n * Hq_ * Dp_, "mla.v");
+  }
+  {
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+    saved_.core_out = a.alloc<T>(n * Hq_ * Dp_, "mla.core_out");
+    saved_.lse = a.alloc<T>(B * Hq_ * S, "mla.lse");
+  }
   pos_T_ = a.alloc<int32_t>(n, "mla.positions", MemKind::State);
   k_pe_raw_ = a.alloc<T>(nl * pe_, "mla.k_pe_raw", MemKind::Workspace);
   q_up_TC_ = a.alloc<T>(n * Hq_ * dqh_, "mla.q_up", MemKind::Workspace);
@@ -220,8 +228,18 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const int64_t n = n_, nl = nl_, dkv = qk_ + dvh_;
   const bool sp = tp_.sequence_parallel();
   // The gathered latents again (their workspace was the other layers' meanwhile): the up
-  // projections' weight gradients read them.
-  gather_latents(/*k_pe=*/false);
+  // projections' weight gradients read them, and with mla_up_proj q, k and v are recomputed
+  // from them; with core_attn the core's out and lse from q, k, v. The raw rotary key is not
+  // kept: mla_up_proj recomputes it from the block input with its rows of linear_kv_down_proj
+  // (pe of its kl + pe), so the recomputation keeps nothing the plain backward does not.
+  if (recompute_up_)
+    lin_.forward(k_pe_raw_, saved_.x_TH, *kv_down_, nl, pe_, H_, x_rounded_, /*row0=*/kl_);
+  gather_latents(/*k_pe=*/recompute_up_);
+  if (recompute_up_) up_forward();
+  if (recompute_core_) {
+    ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v,
+                           shape_, workspace_, drop_);
+  }
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   proj_backward(dy, n);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,

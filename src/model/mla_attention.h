@@ -66,7 +66,11 @@ class MlaAttention {
   // tp: the attention grid's TP group (parallel::TensorParallel::attention; default one rank).
   MlaAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
                const ops::RopeMlaCache& rope, parallel::TensorParallel tp = {});
-  // S, B: the micro-batch's whole sequence and batch.
+  // S, B: the micro-batch's whole sequence and batch. Selective recomputation
+  // (cfg.recompute's modules): with core_attn the core's out and lse, with mla_up_proj q, k and
+  // v (the up projections, the rotary and the layout, from the saved latents) are recomputed
+  // at the start of the backward instead of kept (MemKind::Recomputed); either, both or none.
+  // Bitwise the backward without recomputation: the same operations on the same values.
   void allocate(Arena& arena, int64_t S, int64_t B);
   // --bf16 on the widened GEMM path: the down projections (and linear_q_proj) read the block
   // input through the weights' widened copies, so an input that already holds bf16 values needs
@@ -102,6 +106,7 @@ class MlaAttention {
   int64_t n_ = 0, nl_ = 0;                               // T and Tl
   double eps_, q_scale_;
   const ops::RopeMlaCache& rope_;
+  bool recompute_core_, recompute_up_;  // core_attn, mla_up_proj
   const ops::AttentionDropout* drop_ = nullptr;
   Param* q_down_ = nullptr;   // [ql, H] with q LoRA
   Param* q_norm_ = nullptr;   // [ql] with q LoRA and --qk-layernorm

@@ -13,7 +13,8 @@
 // - TransformerBlock: a dense block (LayerNorm, GeLU, biases, hidden and attention dropout) and a
 //   MoE block with a gated shared expert (EP = ETP = 1: the experts stay whole; the MoE layer's
 //   parameters see this rank's tokens, so their gradients are summed over TP), each also under
-//   selective recomputation of every module; a MoE block with MLA.
+//   selective recomputation of every module; a MoE block with MLA, also under recomputation
+//   (mla_up_proj too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -342,7 +343,7 @@ TEST(TpLayers, TransformerBlock) {
   const ops::DropoutCounters counters{5, 2};
   for (auto [is_moe, recompute, mla] :
        {std::tuple{false, false, false}, {true, false, false}, {false, true, false},
-        {true, true, false}, {true, false, true}}) {
+        {true, true, false}, {true, false, true}, {true, true, true}}) {
     SCOPED_TRACE(::testing::Message() << (is_moe ? "moe block" : "dense block")
                                       << (mla ? " mla" : "")
                                       << (recompute ? " selective recomputation" : ""));
@@ -360,6 +361,7 @@ TEST(TpLayers, TransformerBlock) {
     if (recompute) {  // every module: the reruns repeat the TP regions' collectives
       cfg.recompute.granularity = RecomputeGranularity::Selective;
       cfg.recompute.module_names = {"core_attn", "layernorm", "mlp", "moe", "shared_experts"};
+      if (mla) cfg.recompute.module_names.push_back("mla_up_proj");
     }
     const int64_t H = cfg.hidden;
     const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
