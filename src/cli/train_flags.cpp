@@ -695,7 +695,8 @@ parallel::ModelDims model_dims(const ModelConfig& m) {
   d.num_layers = m.num_layers;
   d.num_experts = m.num_experts;
   d.num_attention_heads = m.num_heads;
-  d.num_query_groups = m.num_query_groups;
+  // MLA has no query groups (ModelConfig::multi_latent_attention): only its heads split over TP.
+  if (!m.multi_latent_attention) d.num_query_groups = m.num_query_groups;
   d.ffn_hidden = m.ffn_hidden;
   if (m.num_experts > 0) d.moe_ffn_hidden = m.moe.ffn_hidden;
   d.seq_length = m.seq_length;

@@ -2,14 +2,10 @@
 
 #include <omp.h>
 
-#include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "core/check.h"
 #include "ops/bias.h"
-#include "ops/gemm.h"
-#include "ops/gemm_bf16.h"
 #include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
 #include "ops/token_layout.h"
@@ -114,45 +110,10 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     x_full_ = a.alloc<T>(n * H_, "attn.x_full", MemKind::Workspace);
     y_full_ = a.alloc<T>(n * H_, "attn.y_full", MemKind::Workspace);
   }
-  bf16_ = std::is_same_v<T, float> && qkv_->has_bf16_copy();
+  const int64_t C = (Hq_ + 2 * Hkv_) * D_;
+  lin_.allocate(a, *qkv_, {{n, C, H_}, {n, H_, Hq_ * D_}}, "attn");
   x_rounded_ = false;  // until the block says otherwise
-  if (bf16_) {
-    const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-    if (qkv_->has_data16) {  // the widen path rounds straight into ws32
-      in16_ = a.alloc<bf16>(n * std::max(H_, Hq_ * D_), "attn.in16", MemKind::Workspace);
-      dy16_ = a.alloc<bf16>(n * std::max(C, H_), "attn.dy16", MemKind::Workspace);
-    }
-    const int64_t ws32 = std::max(ops::linear_bf16_workspace_elems(a.exec(), n, C, H_),
-                                  ops::linear_bf16_workspace_elems(a.exec(), n, H_, Hq_ * D_));
-    if (ws32 > 0) ws32_ = a.alloc<float>(ws32, "attn.ws32", MemKind::Workspace);
-  }
   if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
-}
-
-// The projections: f32 GEMMs, or bf16 inputs with f32 accumulation under --bf16.
-template <typename T>
-void SelfAttention<T>::linear_forward(DevPtr<T> y, DevPtr<const T> x, const Param& w, int64_t M,
-                                      int64_t N, int64_t K, bool x_rounded) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (bf16_) {
-      return ops::linear_forward_bf16(*ex_, y, x, w.data16, M, N, K, in16_, ws32_, w.data16w,
-                                      x_rounded);
-    }
-  }
-  ops::linear_forward(*ex_, y, x, w.data_as<T>(), M, N, K);
-}
-
-template <typename T>
-void SelfAttention<T>::linear_backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> x,
-                                       const Param& w, int64_t M, int64_t N, int64_t K,
-                                       bool x_rounded) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (bf16_) {
-      return ops::linear_backward_bf16(*ex_, dx, w.grad_as<T>(), dy, x, w.data16, M, N, K, dy16_,
-                                       in16_, ws32_, w.data16w, x_rounded);
-    }
-  }
-  ops::linear_backward(*ex_, dx, w.grad_as<T>(), dy, x, w.data_as<T>(), M, N, K);
 }
 
 template <typename T>
@@ -161,7 +122,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   const DevPtr<const T> x = tp_.enter(*ex_, x_TH, x_full_, n, H_);
-  linear_forward(qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
+  lin_.forward(qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->compute_as<T>(), n, C);
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
@@ -182,7 +143,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
   // place), else into the whole-token buffer that is reduce-scattered into y.
   const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
-  linear_forward(partial, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  lin_.forward(partial, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_forward(*ex_, partial, proj_bias_->compute_as<T>(), n, H_);
   tp_.leave(*ex_, partial, y_TH, n, H_);
@@ -199,7 +160,7 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
-  linear_backward(dcore_, dy, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  lin_.backward(dcore_, dy, saved_.core_out, *proj_, n, H_, Hq_ * D_);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
                           saved_.core_out, saved_.lse, shape_, workspace_, drop_);
   if (rope_on_) {
@@ -223,7 +184,7 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   // input gradient's partial sum: into dx itself without SP, else into the free output buffer.
   const DevPtr<const T> x = tp_.enter(*ex_, saved_.x_TH, x_full_, n, H_);
   const DevPtr<T> dx = tp_.sequence_parallel() ? y_full_ : dx_TH;
-  linear_backward(dx, qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
+  lin_.backward(dx, qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   tp_.enter_backward(*ex_, dx, dx_TH, n, H_);
 }
 

@@ -18,6 +18,7 @@
 #include "core/arena.h"
 #include "nn/param_registry.h"
 #include "model/config.h"
+#include "nn/linear_gemms.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
 #include "parallel/tensor_parallel.h"
@@ -50,7 +51,7 @@ class SelfAttention {
   // --bf16 on the widened GEMM path: the QKV GEMMs read the weights' widened copies, so an input
   // that already holds bf16 values (rmsnorm_forward_bf16w) needs no rounding pass; after
   // allocate(), the block says so with input_rounded() when widened_bf16().
-  bool widened_bf16() const { return bf16_ && qkv_->has_data16w; }
+  bool widened_bf16() const { return lin_.widened(); }
   void input_rounded() { x_rounded_ = widened_bf16(); }
   // Dropout on the attention probabilities of the next forward, its recomputation and its
   // backward (null: none). The caller owns *drop.
@@ -64,11 +65,8 @@ class SelfAttention {
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  // x_rounded: x holds bf16 values already (the QKV input after input_rounded()).
-  void linear_forward(DevPtr<T> y, DevPtr<const T> x, const Param& w, int64_t M, int64_t N,
-                      int64_t K, bool x_rounded = false);
-  void linear_backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> x, const Param& w,
-                       int64_t M, int64_t N, int64_t K, bool x_rounded = false);
+  // The projections: GEMMs in T, or bf16 inputs with f32 accumulation under --bf16.
+  nn::LinearGemms<T> lin_;
 
   parallel::TensorParallel tp_;
   int64_t H_, Hq_, Hkv_, D_;  // Hq_, Hkv_: this rank's
@@ -97,11 +95,7 @@ class SelfAttention {
   // gradient's partial sum). Null otherwise.
   DevPtr<T> x_full_ = nullptr;
   DevPtr<T> y_full_ = nullptr;
-  bool bf16_ = false;       // --bf16: bf16 GEMM inputs, f32 accumulation
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
-  DevPtr<bf16> in16_ = nullptr;  // --bf16 on the native path: the GEMM inputs cast to bf16
-  DevPtr<bf16> dy16_ = nullptr;
-  DevPtr<float> ws32_ = nullptr;  // --bf16 on the widen path: the GEMMs' f32 operands
 };
 
 }  // namespace moecore::model

@@ -116,6 +116,9 @@ void ModelConfig::validate() const {
   }
   moe.validate();  // also for dense models: a shared-expert gate without a shared expert
   recompute.validate(num_layers);
+  MOE_CHECK(!recompute.modules().mla_up_proj || multi_latent_attention,
+            "[model] --recompute-modules mla_up_proj recomputes multi-latent attention's up "
+            "projections: give --multi-latent-attention, or drop mla_up_proj");
   if (multi_latent_attention) mla.validate();
 }
 

@@ -40,17 +40,13 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, Par
               "[block] layer {}: multi-latent attention needs its rotary tables (GPTModel builds "
               "them)",
               layer);
-    MOE_CHECK(tp_.size() == 1,
-              "[block] multi-latent attention under tensor parallelism ({} ranks) is not "
-              "implemented yet (issue 42): use --tensor-model-parallel-size 1",
-              tp_.size());
-    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope);
+    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_);
   } else {
     attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_);
   }
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));
-  attn_drop_.head0 = attn_ != nullptr ? attn_->first_head() : 0;
+  attn_drop_.head0 = attn_ != nullptr ? attn_->first_head() : mla_->first_head();
   std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
   if (cfg.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
@@ -100,8 +96,9 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     mlp_->allocate(a, n_tok_, recompute_mlp_);  // the TP region's whole tokens
   // Widened bf16: a norm output that feeds only bf16 GEMMs is written as bf16 values, so the
   // GEMMs skip their rounding passes (n2 also feeds the router, in f32, in MoE layers).
-  round_n1_ = attn_ != nullptr && attn_->widened_bf16();
-  if (round_n1_) attn_->input_rounded();
+  round_n1_ = attn_ != nullptr ? attn_->widened_bf16() : mla_->widened_bf16();
+  if (round_n1_ && attn_ != nullptr) attn_->input_rounded();
+  if (round_n1_ && mla_ != nullptr) mla_->input_rounded();
   round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
   if (round_n2_) mlp_->input_rounded();
   {

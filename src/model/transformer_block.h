@@ -7,8 +7,8 @@
 // without); attention and a dense MLP are TP regions (parallel/tensor_parallel.h). The MoE layer
 // always takes this rank's sequence slice (T / tp tokens) when tp > 1: without SP the block
 // hands it the slice of the whole stream and all-gathers its output over TP.
-// With ModelConfig::multi_latent_attention the attention is MLA (model/mla_attention.h), one TP
-// rank only.
+// With ModelConfig::multi_latent_attention the attention is MLA (model/mla_attention.h), a TP
+// region of its own kind: its latents enter it instead of the block's normed input.
 // Legend: T tokens, H hidden.
 #pragma once
 
@@ -85,7 +85,7 @@ class TransformerBlock {
   bool round_n2_ = false;
   nn::Norm<T> norm1_;
   nn::Norm<T> norm2_;
-  // One of the two: the QKV self-attention, or multi-latent attention (one TP rank).
+  // One of the two: the QKV self-attention, or multi-latent attention.
   std::unique_ptr<SelfAttention<T>> attn_;
   std::unique_ptr<MlaAttention<T>> mla_;
   std::unique_ptr<moe::MoELayer<T>> moe_;

@@ -14,6 +14,7 @@ RecomputeModules RecomputeConfig::modules() const {
     else if (name == "moe") m.moe = true;
     else if (name == "shared_experts") m.shared_experts = true;
     else if (name == "mlp") m.mlp = true;
+    else if (name == "mla_up_proj") m.mla_up_proj = true;
   }
   return m;
 }
@@ -47,13 +48,10 @@ void RecomputeConfig::validate(int64_t model_layers) const {
   MOE_CHECK(!module_names.empty(),
             "[model] --recompute-granularity selective with no --recompute-modules");
   for (const std::string& name : module_names) {
-    MOE_CHECK(name != "mla_up_proj",
-              "[model] --recompute-modules mla_up_proj: multi-latent attention is not "
-              "implemented");
     MOE_CHECK(name == "core_attn" || name == "layernorm" || name == "moe_act" || name == "moe" ||
-                  name == "shared_experts" || name == "mlp",
+                  name == "shared_experts" || name == "mlp" || name == "mla_up_proj",
               "[model] unknown --recompute-modules entry '{}': choose from core_attn, layernorm, "
-              "moe_act, moe, shared_experts, mlp",
+              "moe_act, moe, shared_experts, mlp, mla_up_proj",
               name);
   }
 }

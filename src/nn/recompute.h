@@ -23,6 +23,9 @@ struct RecomputeModules {
   bool moe = false;             // the whole MoE layer (router, dispatch, experts, shared)
   bool shared_experts = false;  // the shared expert's fc1 output and activation
   bool mlp = false;             // a dense layer's MLP (fc1 output and activation)
+  // Multi-latent attention's up projections, rotary and q / k / v layout (q, k, v) from the
+  // saved latents (multi-latent attention only).
+  bool mla_up_proj = false;
 };
 
 struct RecomputeConfig {

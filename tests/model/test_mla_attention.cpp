@@ -2,7 +2,8 @@
 // Megatron's MLASelfAttention (q / kv down and up projections, RMSNorms, interleaved rotary on the
 // rotated parts only with k's shared by the heads, softmax scale mscale^2 / sqrt(qk + pe), causal
 // softmax, linear_proj), with and without q LoRA and the norms, v narrower and wider than q / k;
-// f64 finite differences of every parameter and the input (YaRN on); f32 vs f64; the names.
+// f64 finite differences of every parameter and the input (YaRN on); f32 vs f64; --bf16 in
+// both weight forms vs f32; the names.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -220,6 +221,68 @@ TEST(MlaAttention, F32AgreesWithF64) {
     EXPECT_TRUE(testing::all_close(host(q.grad_as<float>()), host(p.grad_as<double>()), p.local_numel(),
                                    rtol, atol))
         << p.name();
+  }
+}
+
+// --bf16 in the layer, f32 weights with bf16 copies in both forms the registry keeps: bf16
+// (what the native GEMMs read; here through the CPU's bf16 GEMM path, which widens them) and
+// widened to f32 (the widened path's f32 GEMMs over rounded inputs). Both forms compute the same
+// products of the same bf16 values in f32 (the "bf16 GEMM vs loop" row of docs/numerics.md),
+// and both track the f32 layer within the --bf16 rows: the output, the input gradient and every
+// parameter gradient, norm of the difference over the norm. The cases cover the kv down
+// projection's two row blocks, linear_proj over padded heads (column blocks), the input gradient
+// added over the q and kv paths, and linear_q_proj.
+TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
+  auto rel_norm = [](const float* a, const float* b, int64_t n) {
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+      r += double(b[i]) * b[i];
+    }
+    return std::sqrt(d / r);
+  };
+  for (const Case& c : {kCases[0], kCases[1]}) {
+    SCOPED_TRACE(c.name);
+    const ModelConfig cfg = config(c);
+    const ops::RopeMlaTables rope(S, cfg.mla.rope_spec(cfg.rotary_base));
+    const int64_t N = n * cfg.hidden;
+    const std::vector<double> x = random_vec<double>(N, 8), R = random_vec<double>(N, 9);
+    const std::vector<float> xf(x.begin(), x.end()), Rf(R.begin(), R.end());
+    struct Out {
+      std::vector<float> y, dx;
+    };
+    auto run = [&](ParamRegistry& params, int form) {  // 0: f32, 1: bf16, 2: widened
+      if (form > 0) params.enable_bf16_copies(/*widened=*/form == 2);
+      MlaAttention<float> attn(cfg, params, "attn", rope);
+      Arena arena;
+      testing::plan_layer(arena, params, 5, [&](Arena& a) { attn.allocate(a, S, B); });
+      if (form > 0) params.refresh_bf16();
+      Out o{std::vector<float>(N), std::vector<float>(N)};
+      attn.forward(o.y.data(), xf.data());
+      attn.backward(o.dx.data(), Rf.data());
+      return o;
+    };
+    ParamRegistry p32{DType::F32}, p16{DType::F32}, p16w{DType::F32};
+    const Out o32 = run(p32, 0), o16 = run(p16, 1), o16w = run(p16w, 2);
+    ASSERT_NE(p16.get("attn.linear_proj.weight").data16, nullptr);
+    ASSERT_NE(p16w.get("attn.linear_proj.weight").data16w, nullptr);
+    const double rtol = moecore::testing::kF32Rtol, atol = moecore::testing::kF32Atol;
+    EXPECT_TRUE(testing::all_close(o16.y.data(), o16w.y.data(), N, rtol, atol)) << "y";
+    EXPECT_TRUE(testing::all_close(o16.dx.data(), o16w.dx.data(), N, rtol, atol)) << "dx";
+    const double bf16 = moecore::testing::kBf16GradRelNorm;
+    for (const Out* o : {&o16, &o16w}) {
+      EXPECT_LE(rel_norm(o->y.data(), o32.y.data(), N), bf16) << "y";
+      EXPECT_LE(rel_norm(o->dx.data(), o32.dx.data(), N), bf16) << "dx";
+      EXPECT_GT(rel_norm(o->y.data(), o32.y.data(), N), 0) << "y: no bf16 rounding happened";
+    }
+    for (Param& p : p32.params()) {
+      const float* g32 = host(p.grad_as<float>());
+      const float* g16 = host(p16.get(p.name()).grad_as<float>());
+      const float* g16w = host(p16w.get(p.name()).grad_as<float>());
+      EXPECT_TRUE(testing::all_close(g16, g16w, p.local_numel(), rtol, atol)) << p.name();
+      EXPECT_LE(rel_norm(g16, g32, p.local_numel()), bf16) << p.name();
+      EXPECT_LE(rel_norm(g16w, g32, p.local_numel()), bf16) << p.name();
+    }
   }
 }
 

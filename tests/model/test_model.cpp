@@ -776,6 +776,38 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
   ops::set_bf16_gemm_path(chosen);
 }
 
+// Multi-latent attention under --bf16, on both bf16 GEMM paths: with q LoRA and the latents'
+// norms, v narrower than q / k (linear_proj over padded heads as column blocks), YaRN; and
+// linear_q_proj with v wider than q / k. Every projection takes bf16 inputs (the kv down
+// projection's two row blocks, the blocks' GEMMs, the input gradient added over the q and kv
+// paths), the norms and the rotary stay f32.
+TEST(GPTModel, Bf16MixedPrecisionTracksF32MultiLatentAttention) {
+  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
+      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
+      continue;
+    }
+    ops::set_bf16_gemm_path(path);
+    for (const bool lora : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << ops::bf16_gemm_path_name(path)
+                                        << (lora ? " q LoRA, dv < qk + pe" : " q proj, dv > qk + pe"));
+      ModelConfig cfg = tiny_config();
+      cfg.multi_latent_attention = true;
+      cfg.qk_layernorm = true;
+      cfg.mla.q_lora_rank = lora ? 12 : 0;
+      cfg.mla.kv_lora_rank = 10;
+      cfg.mla.qk_head_dim = 6;
+      cfg.mla.qk_pos_emb_head_dim = 4;
+      cfg.mla.v_head_dim = lora ? 8 : 12;
+      cfg.mla.rope_type = ops::RopeType::Yarn;
+      cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
+      expect_bf16_tracks_f32(cfg);
+    }
+  }
+  ops::set_bf16_gemm_path(chosen);
+}
+
 // The cross entropy that forward_logits' [B, S, V] logits imply (on the host, in f64) and the
 // loss forward() computes with its fused head on the same batch; whether the routers saw eval
 // mode during forward_logits and training mode in the forward() after it.

@@ -20,7 +20,8 @@ using testing::host;
 namespace {
 
 // A small model touching every recomputed piece: MoE and dense layers, a shared expert,
-// qk-layernorm and a qkv bias, input jitter, and 2 micro-batches per step.
+// qk-layernorm and a qkv bias, input jitter, and 2 micro-batches per step; the mla variants
+// with multi-latent attention instead of the QKV attention.
 cli::TrainFlags base_flags(const std::string& variant) {
   cli::TrainFlags f = cli::tiny_train_flags();
   f.vocab_size = 64;
@@ -60,6 +61,21 @@ cli::TrainFlags base_flags(const std::string& variant) {
     f.model.moe.shared_expert_gate = true;
     f.model.add_attention_output_bias = true;
     f.bf16 = true;
+  } else if (variant == "mla" || variant == "mla_bf16") {
+    // Multi-latent attention in every layer (q LoRA, the latents' norms with --qk-layernorm,
+    // YaRN, v narrower than q / k: padded heads), also under --bf16.
+    f.model.multi_latent_attention = true;
+    f.model.add_qkv_bias = false;  // the QKV attention's
+    f.model.mla.q_lora_rank = 16;
+    f.model.mla.kv_lora_rank = 12;
+    f.model.mla.qk_head_dim = 6;
+    f.model.mla.qk_pos_emb_head_dim = 4;
+    f.model.mla.v_head_dim = 8;
+    f.model.mla.rope_type = ops::RopeType::Yarn;
+    f.model.mla.yarn.scaling_factor = 4.0;
+    f.model.mla.yarn.original_max_position_embeddings = 4;
+    f.model.mla.yarn.mscale_all_dim = 0.8;
+    f.bf16 = variant == "mla_bf16";
   } else if (variant == "quantile_bf16") {
     f.router.load_balancing = {"quantile_balancing"};
     f.router.aux_loss_coeff = {0.0};
@@ -133,7 +149,7 @@ TEST_P(Recompute, EveryModeTrainsTheSameModelBitwise) {
     int64_t num_layers;
     std::vector<std::string> modules;
   };
-  const std::vector<Mode> modes = {
+  std::vector<Mode> modes = {
       {"selective", "", 0, {}},  // Megatron's default: core_attn
       {"selective", "", 0, {"layernorm", "moe_act", "shared_experts", "mlp"}},
       {"selective", "", 0, {"moe", "core_attn", "layernorm"}},
@@ -142,6 +158,13 @@ TEST_P(Recompute, EveryModeTrainsTheSameModelBitwise) {
       {"full", "uniform", 3, {}},  // chunks [0, 3) and [3]
       {"full", "block", 2, {}},
   };
+  // Multi-latent attention's own module: q, k, v from the saved latents; with the core too.
+  // Under --bf16 only the attention's selective modes (the f32 variant runs every mode).
+  if (variant == "mla_bf16") modes.resize(1);
+  if (variant.starts_with("mla")) {
+    modes.push_back({"selective", "", 0, {"mla_up_proj"}});
+    modes.push_back({"selective", "", 0, {"mla_up_proj", "core_attn", "layernorm", "moe_act"}});
+  }
   for (const Mode& m : modes) {
     std::string what = m.granularity + " " + m.method + " " + std::to_string(m.num_layers);
     for (const auto& s : m.modules) what += " " + s;
@@ -156,7 +179,7 @@ TEST_P(Recompute, EveryModeTrainsTheSameModelBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, Recompute,
                          ::testing::Values("softmax_jitter", "balancing", "quantile_bf16",
-                                           "shared_gate_bias_bf16"));
+                                           "shared_gate_bias_bf16", "mla", "mla_bf16"));
 
 TEST(Recompute, BadFlagsStopWithTheFix) {
   auto expect_error = [](const std::string& g, const std::string& m, int64_t n,
@@ -179,7 +202,10 @@ TEST(Recompute, BadFlagsStopWithTheFix) {
   expect_error("selective", "uniform", 1, {}, "apply to --recompute-granularity full only");
   expect_error("", "block", 1, {}, "need --recompute-granularity full");
   expect_error("selective", "", 0, {"attention"}, "unknown --recompute-modules entry 'attention'");
-  expect_error("selective", "", 0, {"mla_up_proj"}, "multi-latent attention");
+  expect_error("selective", "", 0, {"mla_up_proj"},
+               "--recompute-modules mla_up_proj recomputes multi-latent attention's up "
+               "projections: give --multi-latent-attention");
+  expect_error("selective", "", 0, {"core_attn", "mla_up_proj"}, "give --multi-latent-attention");
 }
 
 }  // namespace

@@ -6,12 +6,15 @@
 // summed over TP first, the others compared as they are) must agree within docs/numerics.md's
 // "TP layer parity" row.
 // - SelfAttention: GQA, QKV bias, output projection bias, qk-layernorm, attention dropout.
+// - MlaAttention: with and without q LoRA, the latents' norms, YaRN and RoPE, padded heads for
+//   v or for q / k, attention dropout.
 // - nn::MLP: SwiGLU and GeLU with biases, with and without the "mlp" recomputation.
 // - SharedExperts: its input the rank's sequence slice; ungated and gated.
 // - TransformerBlock: a dense block (LayerNorm, GeLU, biases, hidden and attention dropout) and a
 //   MoE block with a gated shared expert (EP = ETP = 1: the experts stay whole; the MoE layer's
 //   parameters see this rank's tokens, so their gradients are summed over TP), each also under
-//   selective recomputation of every module.
+//   selective recomputation of every module; a MoE block with MLA, also under recomputation
+//   (mla_up_proj too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "common/layer_testing.h"
 #include "common/mpi_testing.h"
 #include "model/attention.h"
+#include "model/mla_attention.h"
 #include "model/transformer_block.h"
 #include "moe/shared_experts.h"
 #include "nn/mlp.h"
@@ -156,6 +160,80 @@ TEST(TpLayers, SelfAttention) {
   }
 }
 
+// Multi-latent attention: the latents enter the TP region (all-gathered with SP), the up
+// projections are column-parallel over the heads, linear_proj row-parallel; with q LoRA, the
+// latents' norms, YaRN, v narrower than q / k (padded heads) and attention dropout; and without
+// q LoRA (linear_q_proj reads the gathered x), plain RoPE, v wider than q / k. The down
+// projections' and norms' gradients: partial sums with SP, whole on every rank without.
+TEST(TpLayers, MultiLatentAttention) {
+  struct Case {
+    const char* name;
+    int64_t q_lora, qk, dv;
+    ops::RopeType rope;
+    double dropout;
+  };
+  for (const Case& c : {Case{"q LoRA, yarn, dropout, dv < qk + pe", 6, 3, 5,
+                             ops::RopeType::Yarn, 0.25},
+                        Case{"linear_q_proj, rope, dv > qk + pe", 0, 2, 9, ops::RopeType::Rope,
+                             0.0}}) {
+    SCOPED_TRACE(c.name);
+    ModelConfig cfg;
+    cfg.hidden = 8;
+    cfg.num_heads = 4;
+    cfg.init_std = 0.3;
+    cfg.qk_layernorm = true;
+    cfg.attention_dropout = c.dropout;
+    cfg.multi_latent_attention = true;
+    cfg.mla.q_lora_rank = c.q_lora;
+    cfg.mla.kv_lora_rank = 5;
+    cfg.mla.qk_head_dim = c.qk;
+    cfg.mla.qk_pos_emb_head_dim = 4;
+    cfg.mla.v_head_dim = c.dv;
+    cfg.mla.rope_type = c.rope;
+    cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
+    const int64_t H = cfg.hidden;
+    const ops::RopeMlaTables rope(S, cfg.mla.rope_spec(cfg.rotary_base));
+    ops::DropoutCounters counters{7, 3};
+    const auto x = random_vec<double>(n * H, 11), dy = random_vec<double>(n * H, 12);
+    ParamRegistry ref_params(DType::F64);
+    MlaAttention<double> ref(cfg, ref_params, "attn", rope);
+    Arena ref_arena;
+    testing::plan_layer(ref_arena, ref_params, 1, [&](Arena& a) { ref.allocate(a, S, B); });
+    set_values(ref_params);
+    ops::AttentionDropout ref_drop{c.dropout, 99, &counters, ref.first_head()};
+    if (c.dropout > 0) ref.set_dropout(&ref_drop);
+    std::vector<double> y_ref(n * H), dx_ref(n * H);
+    ref.forward(y_ref.data(), x.data());
+    ref.backward(dx_ref.data(), dy.data());
+    for (ProcessGroups* g : g_layouts) {
+      const TensorParallel tp = TensorParallel::attention(g);
+      ParamRegistry params(DType::F64);
+      MlaAttention<double> mla(cfg, params, "attn", rope, tp);
+      Arena arena;
+      testing::plan_layer(arena, params, 1, [&](Arena& a) { mla.allocate(a, S, B); });
+      set_values(params);
+      EXPECT_EQ(mla.first_head(), tp.rank() * (cfg.num_heads / tp.size()));
+      ops::AttentionDropout drop{c.dropout, 99, &counters, mla.first_head()};
+      if (c.dropout > 0) mla.set_dropout(&drop);
+      const int64_t nl = tp.local_tokens(n), t0 = tp.first_token(n);
+      std::vector<double> y(nl * H), dx(nl * H);
+      mla.forward(y.data(), x.data() + t0 * H);
+      mla.backward(dx.data(), dy.data() + t0 * H);
+      const double out = std::max(row_err(y, y_ref, t0, nl, H), row_err(dx, dx_ref, t0, nl, H));
+      EXPECT_LE(out, kTol) << describe(tp);
+      for (const Param& p : params.params()) {
+        const bool down = p.name().find("down_proj") != std::string::npos ||
+                          p.name().find("layernorm") != std::string::npos;
+        if (down) {
+          EXPECT_EQ(p.spec.tp_role, tp.token_role()) << p.name();
+        }
+      }
+      report(c.q_lora > 0 ? "mla q lora" : "mla q proj", tp, out,
+             check_grads(params, ref_params, tp, [](const Param&) { return false; }));
+    }
+  }
+}
+
 TEST(TpLayers, Mlp) {
   const int64_t H = 8, F = 12;
   const auto x = random_vec<double>(n * H, 3), dy = random_vec<double>(n * H, 4);
@@ -263,20 +341,33 @@ ModelConfig block_config(bool moe) {
 
 TEST(TpLayers, TransformerBlock) {
   const ops::DropoutCounters counters{5, 2};
-  for (auto [is_moe, recompute] : {std::pair{false, false}, {true, false}, {false, true},
-                                   {true, true}}) {
+  for (auto [is_moe, recompute, mla] :
+       {std::tuple{false, false, false}, {true, false, false}, {false, true, false},
+        {true, true, false}, {true, false, true}, {true, true, true}}) {
     SCOPED_TRACE(::testing::Message() << (is_moe ? "moe block" : "dense block")
+                                      << (mla ? " mla" : "")
                                       << (recompute ? " selective recomputation" : ""));
     ModelConfig cfg = block_config(is_moe);
+    if (mla) {  // q LoRA, the latents' norms (--qk-layernorm), YaRN, padded heads
+      cfg.multi_latent_attention = true;
+      cfg.mla.q_lora_rank = 6;
+      cfg.mla.kv_lora_rank = 5;
+      cfg.mla.qk_head_dim = 3;
+      cfg.mla.qk_pos_emb_head_dim = 4;
+      cfg.mla.v_head_dim = 5;
+      cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
+    }
+    const ops::RopeMlaTables mla_rope(S, cfg.mla.rope_spec(cfg.rotary_base));
     if (recompute) {  // every module: the reruns repeat the TP regions' collectives
       cfg.recompute.granularity = RecomputeGranularity::Selective;
       cfg.recompute.module_names = {"core_attn", "layernorm", "mlp", "moe", "shared_experts"};
+      if (mla) cfg.recompute.module_names.push_back("mla_up_proj");
     }
     const int64_t H = cfg.hidden;
     const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
     const auto x = random_vec<double>(n * H, 7), dy = random_vec<double>(n * H, 8);
     ParamRegistry ref_params(DType::F64);
-    TransformerBlock<double> ref(cfg, 0, ref_params, rope, nullptr, 11);
+    TransformerBlock<double> ref(cfg, 0, ref_params, rope, nullptr, 11, &mla_rope.cache());
     ASSERT_EQ(ref.is_moe(), is_moe);
     Arena ref_arena;
     testing::plan_layer(ref_arena, ref_params, 1, [&](Arena& a) { ref.allocate(a, S, B); });
@@ -288,7 +379,7 @@ TEST(TpLayers, TransformerBlock) {
     for (ProcessGroups* g : g_layouts) {
       const TensorParallel tp = TensorParallel::attention(g);
       ParamRegistry params(DType::F64);
-      TransformerBlock<double> block(cfg, 0, params, rope, g, 11);
+      TransformerBlock<double> block(cfg, 0, params, rope, g, 11, &mla_rope.cache());
       Arena arena;
       testing::plan_layer(arena, params, 1, [&](Arena& a) { block.allocate(a, S, B); });
       set_values(params);
@@ -304,7 +395,7 @@ TEST(TpLayers, TransformerBlock) {
       auto moe_partial = [](const Param& p) {
         return p.name().find(".mlp.") != std::string::npos && p.spec.slice.whole();
       };
-      report(is_moe ? "moe block" : "dense block", tp, out,
+      report(mla ? "mla moe block" : is_moe ? "moe block" : "dense block", tp, out,
              check_grads(params, ref_params, tp, moe_partial));
     }
   }
