@@ -59,6 +59,8 @@ void read_rope(const HfConfigReader& r, const json& cfg, DeepseekV3Spec& s) {
   if (type != "yarn")
     r.refuse(key, r.text(key), "moecore's DeepSeek-V3 reads the default RoPE or yarn");
   s.rope_factor = p.number("factor", 1.0);
+  if (!(s.rope_factor > 0))
+    r.refuse(key, r.text(key), "YaRN's factor must be positive (the context's extension)");
   if (p.has("attention_factor"))
     r.refuse(key, r.text(key),
              "an explicit attention_factor: Megatron's YaRN derives cos and sin's factor from "
@@ -78,9 +80,9 @@ void read_rope(const HfConfigReader& r, const json& cfg, DeepseekV3Spec& s) {
   s.beta_slow = p.number("beta_slow", 0.0);
   if (s.beta_fast == 0) s.beta_fast = 32;
   if (s.beta_slow == 0) s.beta_slow = 1;
-  s.original_max_position_embeddings =
-      p.integer("original_max_position_embeddings", s.max_position_embeddings);
-  if (s.original_max_position_embeddings < 1)
+  // Absent: transformers takes max_position_embeddings (0 here says so).
+  s.original_max_position_embeddings = p.integer("original_max_position_embeddings", 0);
+  if (p.has("original_max_position_embeddings") && s.original_max_position_embeddings < 1)
     r.refuse(key, r.text(key), "original_max_position_embeddings must be at least 1");
   if (p.has("original_max_position_embeddings") &&
       static_cast<double>(s.max_position_embeddings) /
@@ -200,7 +202,12 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
   if (s.mtp_layers < 0 || s.mtp_layers > kMaxHfLayers)
     r.refuse("num_nextn_predict_layers", std::to_string(s.mtp_layers),
              fmt::format("must lie in [0, {}]", kMaxHfLayers));
-  // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible).
+  // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible),
+  // and below 2^40, so that the tensors' sizes are products that fit int64 (the import refuses
+  // what this machine cannot hold, in floating point, before sizing anything).
+  constexpr int64_t kMaxSize = int64_t{1} << 40;
+  if (s.num_shared_experts < 0 || s.num_shared_experts > (int64_t{1} << 20))
+    r.refuse("n_shared_experts", std::to_string(s.num_shared_experts), "must lie in [0, 2^20]");
   for (const auto& [key, v] : {std::pair{"hidden_size", s.hidden},
                                {"vocab_size", s.vocab_size},
                                {"num_attention_heads", s.num_heads},
@@ -209,15 +216,17 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
                                {"qk_rope_head_dim", s.qk_rope_head_dim},
                                {"v_head_dim", s.v_head_dim},
                                {"moe_intermediate_size", s.moe_ffn_hidden},
+                               {"n_routed_experts", s.num_experts},
                                {"q_lora_rank", s.q_lora_rank.value_or(1)}}) {
     if (v < 1) r.refuse(key, std::to_string(v), "a size must be at least 1");
+    if (v > kMaxSize) r.refuse(key, std::to_string(v), "a size must be below 2^40");
   }
-  if (s.max_position_embeddings < 1)
+  if (s.max_position_embeddings < 1 || s.max_position_embeddings > kMaxSize)
     r.refuse("max_position_embeddings", std::to_string(s.max_position_embeddings),
-             "a size must be at least 1");
-  if (s.first_k_dense > 0 && s.ffn_hidden < 1)
+             "a size must lie in [1, 2^40]");
+  if (s.first_k_dense > 0 && (s.ffn_hidden < 1 || s.ffn_hidden > kMaxSize))
     r.refuse("intermediate_size", std::to_string(s.ffn_hidden),
-             "the dense layers (first_k_dense_replace) need a width of at least 1");
+             "the dense layers (first_k_dense_replace) need a width in [1, 2^40]");
   if (s.qk_rope_head_dim % 2 != 0)
     r.refuse("qk_rope_head_dim", std::to_string(s.qk_rope_head_dim),
              "RoPE rotates pairs: the rotary part of a head must be even");
@@ -261,14 +270,14 @@ json deepseek_v3_config_json(const DeepseekV3Spec& s, const std::string& torch_d
   c["num_nextn_predict_layers"] = s.mtp_layers;
   json rope = {{"rope_type", "default"}, {"rope_theta", s.rope_theta}};
   if (s.rope_factor > 0) {
-    rope = {{"rope_type", "yarn"},
-            {"rope_theta", s.rope_theta},
-            {"factor", s.rope_factor},
-            {"mscale", s.mscale},
-            {"mscale_all_dim", s.mscale_all_dim},
-            {"beta_fast", s.beta_fast},
-            {"beta_slow", s.beta_slow},
-            {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    rope["rope_type"] = "yarn";
+    rope["factor"] = s.rope_factor;
+    rope["mscale"] = s.mscale;
+    rope["mscale_all_dim"] = s.mscale_all_dim;
+    rope["beta_fast"] = s.beta_fast;
+    rope["beta_slow"] = s.beta_slow;
+    if (s.original_max_position_embeddings > 0)
+      rope["original_max_position_embeddings"] = s.original_max_position_embeddings;
   }
   c["rope_parameters"] = rope;
   // 4.x reads these (DeepSeek's own config.json has them); 5.x reads rope_parameters first.

@@ -91,7 +91,11 @@ std::vector<TrainFlag> deepseek_v3_train_flags(const DeepseekV3Spec& d) {
     f.push_back({"mscale-all-dim", d.mscale_all_dim});
     f.push_back({"yarn-beta-fast", d.beta_fast});
     f.push_back({"yarn-beta-slow", d.beta_slow});
-    f.push_back({"yarn-original-max-position-embeddings", d.original_max_position_embeddings});
+    // Absent in config.json: transformers takes max_position_embeddings.
+    const int64_t original = d.original_max_position_embeddings > 0
+                                 ? d.original_max_position_embeddings
+                                 : d.max_position_embeddings;
+    f.push_back({"yarn-original-max-position-embeddings", original});
   } else {
     f.push_back({"rope-type", std::string("rope")});  // Megatron's None is yarn for MLA
   }

@@ -316,6 +316,20 @@ TEST(HfDeepseekV3, FlagsGiveTheModelTransformersComputes) {
                    hf_get_mscale(4.0, 0.8) / hf_get_mscale(4.0, 0.5));
   EXPECT_DOUBLE_EQ(m3.mla.softmax_scale(),
                    hf_get_mscale(4.0, 0.5) * hf_get_mscale(4.0, 0.5) / std::sqrt(12.0));
+  // Without original_max_position_embeddings transformers' YaRN takes max_position_embeddings
+  // (and no version reads the factor from their ratio): so do the flags, and the config.json
+  // written back leaves the key out again.
+  c = main_model_config("deepseek_v3");
+  c["rope_parameters"].erase("original_max_position_embeddings");
+  c["max_position_embeddings"] = 32;
+  const HfModelSpec h5 = parse_hf_config(c, "c");
+  EXPECT_EQ(h5.deepseek->original_max_position_embeddings, 0);
+  const json back = hf_config_json(h5, "float32");
+  EXPECT_FALSE(back["rope_parameters"].contains("original_max_position_embeddings"));
+  EXPECT_EQ(parse_hf_config(back, "back"), h5);
+  const ModelConfig m5 =
+      parse_model_flags(cli::config_text_args(flags_toml(train_flags_of(h5), "t"), "f.toml")).model;
+  EXPECT_EQ(m5.mla.yarn.original_max_position_embeddings, 32);
   // The default RoPE: Megatron's --rope-type rope (its None would be yarn for MLA).
   c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
   const ModelConfig m4 =
@@ -385,6 +399,10 @@ TEST(HfDeepseekV3, RefusesWhatMoecoreWouldComputeDifferentlyByKey) {
             std::string::npos)
       << with("max_position_embeddings", 128);
   EXPECT_NE(with("qk_rope_head_dim", 5).find("\"qk_rope_head_dim\": 5"), std::string::npos);
+  EXPECT_NE(with_rope("factor", -4.0).find("YaRN's factor must be positive"), std::string::npos);
+  EXPECT_NE(with("n_shared_experts", -1).find("\"n_shared_experts\": -1"), std::string::npos);
+  EXPECT_NE(with("hidden_size", int64_t{1} << 41).find("a size must be below 2^40"),
+            std::string::npos);
   json other = base;
   other["model_type"] = "mixtral";
   other["architectures"] = {"MixtralForCausalLM"};
