@@ -37,8 +37,8 @@ int run_export(const ConvertArgs& a) {
   o.output = a.output;
   if (!a.arch.empty()) {
     o.arch = parse_hf_arch(a.arch);
-    MOE_CHECK(o.arch.has_value(), "[convert] --arch {}: mixtral, qwen2_moe, qwen3_moe or gpt2",
-              a.arch);
+    MOE_CHECK(o.arch.has_value(),
+              "[convert] --arch {}: mixtral, qwen2_moe, qwen3_moe, gpt2 or deepseek_v3", a.arch);
   }
   o.flags = a.flags;
   o.dtype = a.dtype == "bf16" ? "BF16" : "F32";
@@ -56,7 +56,8 @@ int run_export(const ConvertArgs& a) {
 Subcommand add_convert_command(CLI::App& app) {
   CLI::App* cli = app.add_subcommand(
       "convert",
-      "HuggingFace checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2) to moecore and back");
+      "HuggingFace checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2, DeepSeek-V3) to moecore and "
+      "back");
   cli->require_subcommand(1);
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* in = cli->add_subcommand(
@@ -72,9 +73,9 @@ Subcommand add_convert_command(CLI::App& app) {
   out->add_option("--output", args->output, "HF directory to create")->required();
   out->add_option(
          "--arch", args->arch,
-         "mixtral | qwen2_moe | qwen3_moe | gpt2 (default: the class recorded at import, else "
-         "from the model's features)")
-      ->check(CLI::IsMember({"mixtral", "qwen2_moe", "qwen3_moe", "gpt2"}));
+         "mixtral | qwen2_moe | qwen3_moe | gpt2 | deepseek_v3 (default: the class recorded at "
+         "import, else from the model's features)")
+      ->check(CLI::IsMember({"mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "deepseek_v3"}));
   out->add_option("--flags", args->flags,
                   "the model's moecore train flags (TOML, as --config takes; default: "
                   "moecore_flags.toml of the --save directory)");

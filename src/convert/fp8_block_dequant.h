@@ -21,6 +21,8 @@ float fp8_e4m3fn_to_float(uint8_t code);
 struct Fp8BlockSize {
   int64_t rows = 128;
   int64_t cols = 128;
+
+  bool operator==(const Fp8BlockSize&) const = default;
 };
 
 // The f32 weight [rows, cols] (row-major) of the e4m3fn `codes` of `shape` and the f32

@@ -23,7 +23,7 @@ HfArch read_arch(const HfConfigReader& r, const std::string& where) {
     by_type = parse_hf_arch(t);
     if (!by_type)
       r.refuse("model_type", r.text("model_type"),
-               "moecore converts mixtral, qwen2_moe, qwen3_moe and gpt2");
+               "moecore converts mixtral, qwen2_moe, qwen3_moe, gpt2 and deepseek_v3");
   }
   if (r.has("architectures")) {
     const json& a = r.at("architectures");
@@ -35,7 +35,7 @@ HfArch read_arch(const HfConfigReader& r, const std::string& where) {
     if (!by_class || a[0].get<std::string>() != hf_arch_class(*by_class))
       r.refuse("architectures", a.dump(),
                "moecore converts MixtralForCausalLM, Qwen2MoeForCausalLM, "
-               "Qwen3MoeForCausalLM and GPT2LMHeadModel");
+               "Qwen3MoeForCausalLM, GPT2LMHeadModel and DeepseekV3ForCausalLM");
   }
   MOE_CHECK(by_type || by_class,
             "[convert] '{}' has neither \"model_type\" nor "
@@ -206,6 +206,8 @@ const char* hf_arch_class(HfArch a) {
       return "Qwen3MoeForCausalLM";
     case HfArch::Gpt2:
       return "GPT2LMHeadModel";
+    case HfArch::DeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
@@ -220,22 +222,55 @@ const char* hf_model_type(HfArch a) {
       return "qwen3_moe";
     case HfArch::Gpt2:
       return "gpt2";
+    case HfArch::DeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
 
 std::optional<HfArch> parse_hf_arch(std::string_view name) {
-  for (HfArch a : {HfArch::Mixtral, HfArch::Qwen2Moe, HfArch::Qwen3Moe, HfArch::Gpt2}) {
+  for (HfArch a :
+       {HfArch::Mixtral, HfArch::Qwen2Moe, HfArch::Qwen3Moe, HfArch::Gpt2, HfArch::DeepseekV3}) {
     if (name == hf_model_type(a) || name == hf_arch_class(a)) return a;
   }
   return std::nullopt;
 }
 
+HfModelSpec hf_spec_of_deepseek_v3(const DeepseekV3Spec& d) {
+  HfModelSpec s;
+  s.arch = HfArch::DeepseekV3;
+  s.vocab_size = d.vocab_size;
+  s.hidden = d.hidden;
+  s.num_layers = d.num_layers;
+  s.num_heads = d.num_heads;
+  s.num_kv_heads = d.num_heads;  // MLA: a key and value per query head
+  s.head_dim = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  s.ffn_hidden = d.ffn_hidden;
+  s.num_experts = d.num_experts;
+  s.topk = d.topk;
+  s.moe_ffn_hidden = d.moe_ffn_hidden;
+  s.shared_ffn_hidden = d.num_shared_experts * d.moe_ffn_hidden;
+  s.norm_topk_prob = d.norm_topk_prob;
+  for (int64_t i = 0; i < d.num_layers; ++i) s.moe_layers.push_back(i >= d.first_k_dense ? 1 : 0);
+  s.rms_norm_eps = d.rms_norm_eps;
+  s.rope_theta = d.rope_theta;
+  s.max_position_embeddings = d.max_position_embeddings;
+  s.tie_word_embeddings = d.tie_word_embeddings;
+  s.attention_dropout = d.attention_dropout;
+  s.deepseek = d;
+  return s;
+}
+
 HfModelSpec parse_hf_config(const json& cfg, const std::string& where,
                             std::vector<std::string>* warnings) {
   const HfConfigReader r(cfg, where);
+  if (is_deepseek_v3_config(cfg))
+    return hf_spec_of_deepseek_v3(parse_deepseek_v3_config(cfg, where));
   HfModelSpec s;
   s.arch = read_arch(r, where);
+  // is_deepseek_v3_config said no: its model_type is spelled as the class.
+  if (s.arch == HfArch::DeepseekV3)
+    r.refuse("model_type", r.text("model_type"), "DeepSeek-V3's model_type is \"deepseek_v3\"");
   if (s.arch == HfArch::Gpt2) return parse_gpt2(r, where, warnings);
   const bool mixtral = s.arch == HfArch::Mixtral;
 
@@ -382,6 +417,9 @@ json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const 
   json c;
   if (s.arch == HfArch::Gpt2) {
     c = gpt2_config_json(s, torch_dtype);
+  } else if (s.arch == HfArch::DeepseekV3) {
+    MOE_CHECK(s.deepseek.has_value(), "[convert] a DeepSeek-V3 spec without its DeepSeek part");
+    c = deepseek_v3_config_json(*s.deepseek, torch_dtype);
   } else {
     c["architectures"] = json::array({hf_arch_class(s.arch)});
     c["model_type"] = hf_model_type(s.arch);
@@ -435,15 +473,16 @@ json hf_config_json(const HfModelSpec& s, const std::string& torch_dtype, const 
         break;
       }
       case HfArch::Gpt2:
+      case HfArch::DeepseekV3:
         break;
     }
   }
   // What does not describe the model: the imported values, when there were some.
   static const char* const kCarried[] = {
-      "bos_token_id",         "eos_token_id",     "pad_token_id",         "initializer_range",
-      "router_aux_loss_coef", "use_cache",        "output_router_logits", "router_jitter_noise",
-      "summary_type",         "summary_use_proj", "summary_activation",   "summary_proj_to_labels",
-      "summary_first_dropout"};
+      "bos_token_id",          "eos_token_id",     "pad_token_id",         "initializer_range",
+      "router_aux_loss_coef",  "use_cache",        "output_router_logits", "router_jitter_noise",
+      "summary_type",          "summary_use_proj", "summary_activation",   "summary_proj_to_labels",
+      "summary_first_dropout", "pretraining_tp"};
   // find, not value(): an imported model_type of another JSON kind must not throw here.
   if (carry != nullptr && carry->is_object() && carry->find("model_type") != carry->end() &&
       *carry->find("model_type") == c["model_type"]) {

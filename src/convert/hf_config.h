@@ -1,6 +1,6 @@
-// HuggingFace config.json <-> the model it describes (docs/hf_interop.md, sections 3, 4 and 7):
-// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and GPT2LMHeadModel read into one
-// HfModelSpec,
+// HuggingFace config.json <-> the model it describes (docs/hf_interop.md, sections 3, 4, 7 and
+// 11): MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and
+// DeepseekV3ForCausalLM read into one HfModelSpec,
 // refusing what moecore cannot represent with the key and its value, and the spec written back
 // as the config.json that transformers reads. The spec is HF's view of the model; model_flags.h
 // turns it into moecore's flags and back.
@@ -15,14 +15,15 @@
 #include <nlohmann/json.hpp>
 
 #include "convert/hf_config_reader.h"
+#include "convert/hf_deepseek_v3.h"
 #include "ops/activation.h"
 
 namespace moecore::convert {
 
-enum class HfArch : uint8_t { Mixtral, Qwen2Moe, Qwen3Moe, Gpt2 };
+enum class HfArch : uint8_t { Mixtral, Qwen2Moe, Qwen3Moe, Gpt2, DeepseekV3 };
 
-const char* hf_arch_class(HfArch a);  // "MixtralForCausalLM", ..., "GPT2LMHeadModel"
-const char* hf_model_type(HfArch a);  // "mixtral", "qwen2_moe", "qwen3_moe", "gpt2"
+const char* hf_arch_class(HfArch a);  // "MixtralForCausalLM", ..., "DeepseekV3ForCausalLM"
+const char* hf_model_type(HfArch a);  // "mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "deepseek_v3"
 // From a model_type ("qwen3_moe") or a class name ("Qwen3MoeForCausalLM"); nullopt otherwise.
 std::optional<HfArch> parse_hf_arch(std::string_view name);
 
@@ -60,12 +61,20 @@ struct HfModelSpec {
   // GPT-2's attn_pdrop and resid_pdrop (training only; the other classes' must be 0).
   double attention_dropout = 0.0;
   double hidden_dropout = 0.0;
+  // DeepSeek-V3: what its flags, tensors and config.json are made of (multi-latent attention,
+  // YaRN, grouped sigmoid routing, MTP layers, FP8 blocks); the fields above hold the same sizes
+  // as far as they mean the same (hf_spec_of_deepseek_v3), for what reads any spec.
+  std::optional<DeepseekV3Spec> deepseek;
 
   bool operator==(const HfModelSpec&) const = default;
 };
 
+// The spec of DeepSeek-V3 model `d`: arch DeepseekV3, `deepseek` = d, and the shared fields
+// (sizes, experts, MoE layers, norm epsilon, RoPE base, tying) from it.
+HfModelSpec hf_spec_of_deepseek_v3(const DeepseekV3Spec& d);
+
 // Reads config.json (`where` names it in messages). Throws for an architecture other than the
-// three and for every setting moecore cannot represent, naming the key and its value
+// five and for every setting moecore cannot represent, naming the key and its value
 // (docs/hf_interop.md, section 7). Settings that only matter for training and that moecore
 // does not convert (router_jitter_noise) add a line to *warnings.
 HfModelSpec parse_hf_config(const nlohmann::json& cfg, const std::string& where,

@@ -27,25 +27,73 @@ bool is_deepseek_v3_config(const json& cfg) {
 namespace {
 
 // RoPE: rope_parameters (transformers 5.x) or rope_theta + rope_scaling (4.x, DeepSeek's own
-// config.json); default or yarn.
+// config.json); default or yarn. transformers' YaRN (modeling_rope_utils.py:
+// _compute_yarn_parameters; DeepseekV3Attention.__init__ for the softmax scale) against
+// Megatron's (ops/rope_yarn.h), which moecore's model computes:
+// - cos and sin times get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both
+//   are set (non-zero), else times get_mscale(factor) (mscale 1, nothing divided). Megatron
+//   always divides, with get_mscale(f, 0) = 1: the same when mscale_all_dim is 0 and mscale 1
+//   (the flags then say so), or when both are set; mscale unset with mscale_all_dim set has no
+//   Megatron spelling and is refused, as is an explicit attention_factor.
+// - the softmax scale times get_mscale(factor, mscale_all_dim)^2: Megatron's too.
+// - the ramp between original_max_position_embeddings' correction dims, floored and ceiled
+//   (truncate, the default; Megatron always rounds): false is refused.
+// - transformers versions differ in whether `factor` or max_position_embeddings /
+//   original_max_position_embeddings is the factor; a config where they differ is refused.
 void read_rope(const HfConfigReader& r, const json& cfg, DeepseekV3Spec& s) {
   const char* key = cfg.contains("rope_parameters") && !cfg["rope_parameters"].is_null()
                         ? "rope_parameters"
                         : "rope_scaling";
   if (r.has("rope_theta")) s.rope_theta = r.number("rope_theta", s.rope_theta);
+  if (r.number("partial_rotary_factor", 1.0) != 1.0)
+    r.refuse("partial_rotary_factor", r.text("partial_rotary_factor"),
+             "MLA rotates the whole qk_rope_head_dim part of each head");
   if (!r.has(key)) return;
+  MOE_CHECK(r.at(key).is_object(), "{}: \"{}\" is {}, not an object", r.label(), key, r.text(key));
   const HfConfigReader p(r.at(key), r.where() + " " + key);
   if (p.has("rope_theta")) s.rope_theta = p.number("rope_theta", s.rope_theta);
+  if (p.number("partial_rotary_factor", 1.0) != 1.0)
+    r.refuse(key, r.text(key), "MLA rotates the whole qk_rope_head_dim part of each head");
   const std::string type = p.string("rope_type", p.string("type", "default"));
   if (type == "default") return;
   if (type != "yarn")
     r.refuse(key, r.text(key), "moecore's DeepSeek-V3 reads the default RoPE or yarn");
   s.rope_factor = p.number("factor", 1.0);
-  s.mscale = p.number("mscale", 1.0);
+  if (!(s.rope_factor > 0))
+    r.refuse(key, r.text(key), "YaRN's factor must be positive (the context's extension)");
+  if (p.has("attention_factor"))
+    r.refuse(key, r.text(key),
+             "an explicit attention_factor: Megatron's YaRN derives cos and sin's factor from "
+             "mscale and mscale_all_dim (--mscale, --mscale-all-dim)");
+  if (!p.boolean("truncate", true))
+    r.refuse(key, r.text(key),
+             "truncate false: Megatron's YaRN rounds the correction range to whole dimensions");
+  s.mscale = p.number("mscale", 0.0);
   s.mscale_all_dim = p.number("mscale_all_dim", 0.0);
-  s.beta_fast = p.number("beta_fast", 32.0);
-  s.beta_slow = p.number("beta_slow", 1.0);
-  s.original_max_position_embeddings = p.integer("original_max_position_embeddings");
+  if (s.mscale == 0 && s.mscale_all_dim != 0 && s.rope_factor > 1)
+    r.refuse(key, r.text(key),
+             "mscale unset with mscale_all_dim set: transformers then scales cos and sin by "
+             "0.1 ln(factor) + 1 alone, which Megatron's --mscale / --mscale-all-dim cannot "
+             "give (set mscale 1.0 for that)");
+  // transformers: `get("beta_fast") or 32`, `get("beta_slow") or 1`.
+  s.beta_fast = p.number("beta_fast", 0.0);
+  s.beta_slow = p.number("beta_slow", 0.0);
+  if (s.beta_fast == 0) s.beta_fast = 32;
+  if (s.beta_slow == 0) s.beta_slow = 1;
+  // Absent: transformers takes max_position_embeddings (0 here says so).
+  s.original_max_position_embeddings = p.integer("original_max_position_embeddings", 0);
+  if (p.has("original_max_position_embeddings") && s.original_max_position_embeddings < 1)
+    r.refuse(key, r.text(key), "original_max_position_embeddings must be at least 1");
+  if (p.has("original_max_position_embeddings") &&
+      static_cast<double>(s.max_position_embeddings) /
+              static_cast<double>(s.original_max_position_embeddings) !=
+          s.rope_factor)
+    r.refuse(
+        key, r.text(key),
+        fmt::format("factor {} is not max_position_embeddings / "
+                    "original_max_position_embeddings = {} / {}: transformers versions "
+                    "take one or the other as YaRN's factor",
+                    s.rope_factor, s.max_position_embeddings, s.original_max_position_embeddings));
 }
 
 void read_quantization(const HfConfigReader& r, DeepseekV3Spec& s) {
@@ -100,6 +148,7 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
   s.qk_rope_head_dim = r.integer("qk_rope_head_dim");
   s.v_head_dim = r.integer("v_head_dim");
   s.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  s.attention_dropout = r.number("attention_dropout", 0.0);
   s.rope_interleave = r.boolean("rope_interleave", true);
   s.max_position_embeddings = r.integer("max_position_embeddings");
   s.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
@@ -119,13 +168,46 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
              fmt::format("n_routed_experts ({}) must split into n_group groups and 1 <= "
                          "topk_group ({}) <= n_group",
                          s.num_experts, s.group_topk));
+  // Megatron's sigmoid router (MOE_SEMANTICS.md, Router 2) renormalises the K chosen scores
+  // whenever K > 1 and never for K = 1; transformers' DeepseekV3MoE exactly when norm_topk_prob.
+  if (s.norm_topk_prob != (s.topk > 1))
+    r.refuse("norm_topk_prob", s.norm_topk_prob ? "true" : "false",
+             fmt::format("with num_experts_per_tok {}, Megatron's sigmoid router (--moe-router-"
+                         "score-function sigmoid) {} the chosen scores",
+                         s.topk, s.topk > 1 ? "always renormalises" : "never renormalises"));
+  // Group limits bind when some groups are left out: Megatron's group_limited_topk needs
+  // topk_group to divide num_experts_per_tok, with at most a group's experts per group.
+  if (s.group_topk < s.num_groups &&
+      (s.topk % s.group_topk != 0 || s.topk / s.group_topk > s.num_experts / s.num_groups))
+    r.refuse("topk_group", std::to_string(s.group_topk),
+             fmt::format("Megatron's group-limited routing (--moe-router-group-topk) needs it to "
+                         "divide num_experts_per_tok ({}) into at most n_routed_experts / n_group "
+                         "({}) per group",
+                         s.topk, s.num_experts / s.num_groups));
+  // The group score: transformers' DeepseekV3MoE (and DeepSeek's own code) sums a group's two
+  // best biased scores, Megatron's group_limited_topk (moecore's router) its top
+  // num_experts_per_tok / topk_group. They agree when that is 2 (DeepSeek-V3: 8 / 4, V2: 6 / 3);
+  // otherwise they keep other groups for some tokens.
+  if (s.group_topk < s.num_groups && s.topk / s.group_topk != 2)
+    r.refuse("topk_group", std::to_string(s.group_topk),
+             fmt::format("with num_experts_per_tok {}, moecore's group-limited routing "
+                         "(Megatron's) scores a group by the sum of its top num_experts_per_tok / "
+                         "topk_group = {} biased scores, transformers' DeepseekV3MoE by its top 2: "
+                         "they keep other groups (the same only when num_experts_per_tok = 2 x "
+                         "topk_group, as DeepSeek-V3's 8 and 4)",
+                         s.topk, s.topk / s.group_topk));
   if (s.first_k_dense < 0 || s.first_k_dense > s.num_layers)
     r.refuse("first_k_dense_replace", std::to_string(s.first_k_dense),
              fmt::format("must lie in [0, num_hidden_layers = {}]", s.num_layers));
   if (s.mtp_layers < 0 || s.mtp_layers > kMaxHfLayers)
     r.refuse("num_nextn_predict_layers", std::to_string(s.mtp_layers),
              fmt::format("must lie in [0, {}]", kMaxHfLayers));
-  // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible).
+  // The sizes that shape tensors: positive (a 0 or negative one would size nothing sensible),
+  // and below 2^40, so that the tensors' sizes are products that fit int64 (the import refuses
+  // what this machine cannot hold, in floating point, before sizing anything).
+  constexpr int64_t kMaxSize = int64_t{1} << 40;
+  if (s.num_shared_experts < 0 || s.num_shared_experts > (int64_t{1} << 20))
+    r.refuse("n_shared_experts", std::to_string(s.num_shared_experts), "must lie in [0, 2^20]");
   for (const auto& [key, v] : {std::pair{"hidden_size", s.hidden},
                                {"vocab_size", s.vocab_size},
                                {"num_attention_heads", s.num_heads},
@@ -134,78 +216,89 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
                                {"qk_rope_head_dim", s.qk_rope_head_dim},
                                {"v_head_dim", s.v_head_dim},
                                {"moe_intermediate_size", s.moe_ffn_hidden},
+                               {"n_routed_experts", s.num_experts},
                                {"q_lora_rank", s.q_lora_rank.value_or(1)}}) {
     if (v < 1) r.refuse(key, std::to_string(v), "a size must be at least 1");
+    if (v > kMaxSize) r.refuse(key, std::to_string(v), "a size must be below 2^40");
   }
+  if (s.max_position_embeddings < 1 || s.max_position_embeddings > kMaxSize)
+    r.refuse("max_position_embeddings", std::to_string(s.max_position_embeddings),
+             "a size must lie in [1, 2^40]");
+  if (s.first_k_dense > 0 && (s.ffn_hidden < 1 || s.ffn_hidden > kMaxSize))
+    r.refuse("intermediate_size", std::to_string(s.ffn_hidden),
+             "the dense layers (first_k_dense_replace) need a width in [1, 2^40]");
+  if (s.qk_rope_head_dim % 2 != 0)
+    r.refuse("qk_rope_head_dim", std::to_string(s.qk_rope_head_dim),
+             "RoPE rotates pairs: the rotary part of a head must be even");
   return s;
 }
 
-std::vector<std::string> deepseek_v3_flags(const DeepseekV3Spec& s) {
-  std::vector<std::string> f;
-  auto add = [&](const char* name, const std::string& v = "") {
-    f.emplace_back(name);
-    if (!v.empty()) f.push_back(v);
-  };
-  auto num = [](double v) { return fmt::format("{}", v); };
-  add("--num-layers", std::to_string(s.num_layers));
-  add("--hidden-size", std::to_string(s.hidden));
-  add("--ffn-hidden-size", std::to_string(s.ffn_hidden));
-  add("--num-attention-heads", std::to_string(s.num_heads));
-  add("--vocab-size", std::to_string(s.vocab_size));
-  add("--max-position-embeddings", std::to_string(s.max_position_embeddings));
-  add("--normalization", "RMSNorm");
-  add("--norm-epsilon", num(s.rms_norm_eps));
-  add("--swiglu");
-  add("--disable-bias-linear");
-  if (!s.tie_word_embeddings) add("--untie-embeddings-and-output-weights");
-  add("--multi-latent-attention");
-  // Megatron's MLA has q_layernorm (with q LoRA) and kv_layernorm only with --qk-layernorm, as
-  // DeepSeek-V3's q_a_layernorm and kv_a_layernorm.
-  add("--qk-layernorm");
-  if (s.q_lora_rank) add("--q-lora-rank", std::to_string(*s.q_lora_rank));
-  add("--kv-lora-rank", std::to_string(s.kv_lora_rank));
-  add("--qk-head-dim", std::to_string(s.qk_nope_head_dim));
-  add("--qk-pos-emb-head-dim", std::to_string(s.qk_rope_head_dim));
-  add("--v-head-dim", std::to_string(s.v_head_dim));
-  add("--position-embedding-type", "rope");
-  add("--rotary-base", num(s.rope_theta));
+json deepseek_v3_config_json(const DeepseekV3Spec& s, const std::string& torch_dtype) {
+  json c;
+  c["architectures"] = json::array({"DeepseekV3ForCausalLM"});
+  c["model_type"] = "deepseek_v3";
+  c["vocab_size"] = s.vocab_size;
+  c["hidden_size"] = s.hidden;
+  c["intermediate_size"] = s.ffn_hidden;
+  c["moe_intermediate_size"] = s.moe_ffn_hidden;
+  c["num_hidden_layers"] = s.num_layers;
+  c["num_attention_heads"] = s.num_heads;
+  c["num_key_value_heads"] = s.num_heads;
+  c["n_shared_experts"] = s.num_shared_experts;
+  c["n_routed_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.topk;
+  c["routed_scaling_factor"] = s.routed_scaling_factor;
+  c["n_group"] = s.num_groups;
+  c["topk_group"] = s.group_topk;
+  c["norm_topk_prob"] = s.norm_topk_prob;
+  c["first_k_dense_replace"] = s.first_k_dense;
+  c["q_lora_rank"] = s.q_lora_rank ? json(*s.q_lora_rank) : json(nullptr);
+  c["kv_lora_rank"] = s.kv_lora_rank;
+  c["qk_nope_head_dim"] = s.qk_nope_head_dim;
+  c["qk_rope_head_dim"] = s.qk_rope_head_dim;
+  c["v_head_dim"] = s.v_head_dim;
+  // What DeepseekV3Config derives (5.x writes both): the q / k head and the rotary width.
+  c["qk_head_dim"] = s.qk_nope_head_dim + s.qk_rope_head_dim;
+  c["head_dim"] = s.qk_rope_head_dim;
+  c["hidden_act"] = "silu";
+  c["attention_bias"] = false;
+  c["attention_dropout"] = s.attention_dropout;
+  c["rms_norm_eps"] = s.rms_norm_eps;
+  c["max_position_embeddings"] = s.max_position_embeddings;
+  c["tie_word_embeddings"] = s.tie_word_embeddings;
+  c["rope_interleave"] = s.rope_interleave;
+  c["num_nextn_predict_layers"] = s.mtp_layers;
+  json rope = {{"rope_type", "default"}, {"rope_theta", s.rope_theta}};
   if (s.rope_factor > 0) {
-    add("--rope-type", "yarn");
-    add("--rotary-scaling-factor", num(s.rope_factor));
-    add("--mscale", num(s.mscale));
-    add("--mscale-all-dim", num(s.mscale_all_dim));
-    add("--yarn-beta-fast", num(s.beta_fast));
-    add("--yarn-beta-slow", num(s.beta_slow));
-    add("--yarn-original-max-position-embeddings",
-        std::to_string(s.original_max_position_embeddings));
+    rope["rope_type"] = "yarn";
+    rope["factor"] = s.rope_factor;
+    rope["mscale"] = s.mscale;
+    rope["mscale_all_dim"] = s.mscale_all_dim;
+    rope["beta_fast"] = s.beta_fast;
+    rope["beta_slow"] = s.beta_slow;
+    if (s.original_max_position_embeddings > 0)
+      rope["original_max_position_embeddings"] = s.original_max_position_embeddings;
   }
-  add("--num-experts", std::to_string(s.num_experts));
-  add("--moe-ffn-hidden-size", std::to_string(s.moe_ffn_hidden));
-  add("--moe-router-topk", std::to_string(s.topk));
-  add("--moe-router-score-function", "sigmoid");
-  add("--moe-router-enable-expert-bias");
-  if (s.num_groups > 1) {
-    add("--moe-router-num-groups", std::to_string(s.num_groups));
-    add("--moe-router-group-topk", std::to_string(s.group_topk));
+  c["rope_parameters"] = rope;
+  // 4.x reads these (DeepSeek's own config.json has them); 5.x reads rope_parameters first.
+  c["rope_theta"] = s.rope_theta;
+  json legacy = nullptr;
+  if (s.rope_factor > 0) {
+    legacy = rope;
+    legacy.erase("rope_type");
+    legacy.erase("rope_theta");
+    legacy["type"] = "yarn";
   }
-  add("--moe-router-topk-scaling-factor", num(s.routed_scaling_factor));
-  if (s.num_shared_experts > 0)
-    add("--moe-shared-expert-intermediate-size",
-        std::to_string(s.num_shared_experts * s.moe_ffn_hidden));
-  std::string pattern = "[";
-  for (int64_t i = 0; i < s.num_layers; ++i)
-    pattern += fmt::format("{}{}", i ? "," : "", i < s.first_k_dense ? 0 : 1);
-  add("--moe-layer-freq", pattern + "]");
-  if (s.mtp_layers > 0) add("--mtp-num-layers", std::to_string(s.mtp_layers));
-  return f;
-}
-
-std::vector<std::string> deepseek_v3_missing_features(const DeepseekV3Spec& s) {
-  std::vector<std::string> m = {"multi-latent attention (--multi-latent-attention)"};
-  if (s.rope_factor > 0) m.emplace_back("YaRN RoPE (--rope-type yarn)");
-  m.emplace_back("sigmoid routing with expert bias over groups (--moe-router-num-groups)");
-  if (s.mtp_layers > 0) m.emplace_back("multi-token prediction (--mtp-num-layers)");
-  return m;
+  c["rope_scaling"] = legacy;
+  if (s.fp8_block) {
+    c["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {s.fp8_block->rows, s.fp8_block->cols}}};
+  }
+  c["dtype"] = torch_dtype;        // 5.x
+  c["torch_dtype"] = torch_dtype;  // 4.x
+  return c;
 }
 
 namespace {

@@ -1,8 +1,9 @@
-// DeepSeek-V3 (DeepseekV3ForCausalLM) on the HuggingFace side, ahead of its model in moecore:
-// config.json read into the Megatron flags the model will take (multi-latent attention, YaRN
-// RoPE, grouped sigmoid routing with expert bias, the MTP layer), and the contract of its import
-// (docs/hf_interop.md, section "DeepSeek-V3"): which HF tensor becomes which moecore tensor,
-// FP8 weights dequantized on read. Import itself stops with a message naming what is missing.
+// DeepSeek-V3 (DeepseekV3ForCausalLM) on the HuggingFace side: config.json read into the spec
+// moecore's flags are made of (multi-latent attention, YaRN RoPE, grouped sigmoid routing with
+// expert bias, the MTP layers), refusing by key what moecore's model would compute differently,
+// and written back; and the name contract of its tensors (docs/hf_interop.md, section 11):
+// which HF tensor becomes which moecore tensor, FP8 weights dequantized on read. The tensor
+// table both directions use is hf_tensor_map.h's, the flags model_flags.h's.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +30,13 @@ struct DeepseekV3Spec {
   std::optional<int64_t> q_lora_rank;  // null: q_proj straight from the hidden state
   int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   double rms_norm_eps = 1e-6, rope_theta = 1e4;
-  // YaRN (rope_parameters / rope_scaling of rope_type "yarn"); factor 0: no scaling.
-  double rope_factor = 0, mscale = 1, mscale_all_dim = 0, beta_fast = 32, beta_slow = 1;
+  double attention_dropout = 0;
+  // YaRN (rope_parameters / rope_scaling of rope_type "yarn"); factor 0: no scaling. mscale and
+  // mscale_all_dim are 0 when absent or null, as transformers reads them (falsy: not set).
+  double rope_factor = 0, mscale = 0, mscale_all_dim = 0, beta_fast = 32, beta_slow = 1;
   int64_t original_max_position_embeddings = 0;
+  // Whether q's and k's rotary elements pair as (2i, 2i + 1) (DeepSeek's own layout, moecore's)
+  // or as (i, i + D/2) (false: the import permutes the rotary rows, export permutes them back).
   bool rope_interleave = true;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -46,17 +51,18 @@ struct DeepseekV3Spec {
 bool is_deepseek_v3_config(const nlohmann::json& cfg);
 
 // Reads config.json (`where` names it in messages); refuses, naming the key and its value, what
-// the flags cannot say: another RoPE type than default or yarn, attention_bias, a hidden_act
-// other than silu, n_routed_experts not divisible by n_group, a quantization other than
-// fp8 e4m3 with a weight_block_size of two positive sizes.
+// moecore's model (Megatron's semantics) would compute differently from transformers'
+// DeepseekV3ForCausalLM (docs/hf_interop.md, section 11): another RoPE type than default or
+// yarn, a YaRN attention factor Megatron's mscale flags cannot give, attention_bias, a
+// hidden_act other than silu, norm_topk_prob that Megatron's sigmoid router cannot follow, group
+// limits Megatron scores differently, an odd qk_rope_head_dim, a quantization other than fp8
+// e4m3 with a weight_block_size of two positive sizes.
 DeepseekV3Spec parse_deepseek_v3_config(const nlohmann::json& cfg, const std::string& where);
 
-// The Megatron-LM flags of the model, in the order a flags file lists them ("--num-layers", "3",
-// ...): docs/hf_interop.md lists each with its config.json key.
-std::vector<std::string> deepseek_v3_flags(const DeepseekV3Spec& s);
-
-// What an import of `s` needs that moecore does not have yet (for the refusal's message).
-std::vector<std::string> deepseek_v3_missing_features(const DeepseekV3Spec& s);
+// The config.json of `s` as transformers 5.x writes it (rope_parameters), with rope_theta and
+// rope_scaling beside it for 4.x readers; quantization_config only when `s` has FP8 blocks.
+// Reads back to `s` (parse_deepseek_v3_config).
+nlohmann::json deepseek_v3_config_json(const DeepseekV3Spec& s, const std::string& torch_dtype);
 
 // Where one HF tensor goes: the moecore tensor and which part of it.
 struct DeepseekV3Target {

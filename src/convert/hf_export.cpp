@@ -89,6 +89,14 @@ ExportResult export_hf(const ExportOptions& opt) {
     res.arch_from = "the model's features";
   }
   res.spec = hf_spec_of_model(m, arch);
+  // DeepSeek-V3 imported from a checkpoint whose rotary rows pair half-split (rope_interleave
+  // false) goes back in that layout: its rows permuted back, the key as it was.
+  if (res.spec.deepseek && recorded != nullptr && recorded->contains("config")) {
+    const json& c = (*recorded)["config"];
+    if (c.is_object() && c.value("model_type", json()) == "deepseek_v3" &&
+        c.value("rope_interleave", json(true)) == json(false))
+      res.spec.deepseek->rope_interleave = false;
+  }
   const HfModelSpec& s = res.spec;
   const HfTensorMap map = hf_tensor_map(s);
 
@@ -152,6 +160,16 @@ ExportResult export_hf(const ExportOptions& opt) {
     std::vector<std::vector<float>> parts = to_hf(t, v);
     for (size_t i = 0; i < parts.size(); ++i)
       out.push_back({t.hf[i].name, opt.dtype, t.hf[i].shape, f32_as(opt.dtype, parts[i])});
+  }
+  // DeepSeek-V3's MTP layers hold copies of the embedding and the head, as its checkpoints do.
+  for (const HfTensorMap::Copy& c : map.copies) {
+    const auto of = std::find_if(out.begin(), out.end(),
+                                 [&](const HfTensorBytes& t) { return t.name == c.of; });
+    MOE_CHECK(of != out.end(), "[convert] '{}': '{}' is a copy of '{}', which is not written", dir,
+              c.tensor.name, c.of);
+    HfTensorBytes copy = *of;
+    copy.name = c.tensor.name;
+    out.push_back(std::move(copy));
   }
   for (const HfTensor& h : map.empty_shared_expert) {
     out.push_back({h.name, opt.dtype, h.shape,

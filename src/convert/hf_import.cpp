@@ -33,12 +33,46 @@ using nlohmann::json;
 
 // The moecore model's parameters as a checkpoint holds them (train::checkpoint_shape), from the
 // model itself (its planning pass only: nothing is allocated), so "every parameter filled" is
-// checked against what the trainer will load.
+// checked against what the trainer will load. With them the routers' expert bias, which a
+// checkpoint holds beside each router's weight as "<router>.expert_bias" (F32 [E], the trainer's
+// state_tensors) and the trainer loads with the weights: DeepSeek-V3's e_score_correction_bias.
 std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameters(const ModelConfig& m) {
   model::GPTModel<float> sized(m, 1, 0, nullptr, /*size_only=*/true);
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const Param& p : sized.params().params()) out.emplace_back(p.name(), train::checkpoint_shape(p.spec));
+  for (const moe::Router<float>* r : sized.routers()) {
+    if (!r->config().enable_expert_bias) continue;
+    std::string name = r->weight().name();
+    const std::string suffix = ".weight";
+    if (name.ends_with(suffix)) name.resize(name.size() - suffix.size());
+    out.emplace_back(name + ".expert_bias", std::vector<int64_t>{r->config().num_experts});
+  }
   return out;
+}
+
+// Parameters of the model config.json describes, in floating point (a config.json with a huge
+// size must not overflow int64 before it is refused).
+double approx_parameters(const HfModelSpec& s) {
+  const double H = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab_size);
+  double attn = 2 * static_cast<double>(s.num_heads + 2 * s.num_kv_heads) *
+                static_cast<double>(s.head_dim) * H;
+  if (s.deepseek) {
+    const DeepseekV3Spec& d = *s.deepseek;
+    const double Hq = static_cast<double>(d.num_heads), kl = static_cast<double>(d.kv_lora_rank);
+    const double dq = static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim);
+    const double q =
+        d.q_lora_rank ? static_cast<double>(*d.q_lora_rank) * (H + Hq * dq) : Hq * dq * H;
+    attn = q + (kl + static_cast<double>(d.qk_rope_head_dim)) * H +
+           Hq * static_cast<double>(d.qk_nope_head_dim + d.v_head_dim) * kl +
+           H * Hq * static_cast<double>(d.v_head_dim);
+  }
+  const double mlp =
+      3 * static_cast<double>(s.ffn_hidden) +
+      3 * static_cast<double>(s.num_experts) * static_cast<double>(s.moe_ffn_hidden) +
+      3 * static_cast<double>(s.shared_ffn_hidden);
+  const double layers = static_cast<double>(s.num_layers) +
+                        (s.deepseek ? static_cast<double>(s.deepseek->mtp_layers) : 0.0);
+  return 2 * V * H + static_cast<double>(s.max_position_embeddings) * H + layers * (attn + H * mlp);
 }
 
 // Whether element i of a tensor of `dtype` stored in `b` is non-zero (the mask's dtypes: BOOL,
@@ -101,33 +135,49 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
   // from exactly that flags file.
   const fs::path config_path = hf_dir / "config.json";
   const json config = read_hf_config_file(config_path);
-  // DeepSeek-V3: its config is read (so a broken one is refused by key), but the model it
-  // describes needs layers moecore does not have yet; the message says which, and the flags.
-  if (is_deepseek_v3_config(config)) {
-    const DeepseekV3Spec ds = parse_deepseek_v3_config(config, config_path.string());
-    std::string flags;
-    for (const std::string& f : deepseek_v3_flags(ds)) flags += (flags.empty() ? "" : " ") + f;
-    std::string missing;
-    for (const std::string& m : deepseek_v3_missing_features(ds))
-      missing += (missing.empty() ? "" : ", ") + m;
-    MOE_FAIL(
-        "[convert] '{}': DeepseekV3ForCausalLM is read but cannot be imported yet: moecore does "
-        "not implement {}. The model's flags would be: {}",
-        config_path.string(), missing, flags);
-  }
   res.spec = parse_hf_config(config, config_path.string(), &res.warnings);
+  // The weights' headers (each file validated), before the flags: what the checkpoint holds can
+  // decide them (DeepSeek-V3's MTP layers).
+  HfWeights w(hf_dir);
+  if (res.spec.deepseek) {
+    DeepseekV3Spec& d = *res.spec.deepseek;
+    if (d.fp8_block) w.set_fp8_block_size(*d.fp8_block);
+    // transformers neither builds nor saves the MTP layers (save_pretrained drops
+    // model.layers.{L}.*) but keeps num_nextn_predict_layers in config.json: such a checkpoint
+    // is the main model alone, imported without MTP layers (a run may add new ones with
+    // --mtp-num-layers). Some but not all MTP tensors: the table names the missing ones.
+    const std::string mtp = fmt::format("model.layers.{}.", d.num_layers);
+    const bool any = std::any_of(w.names().begin(), w.names().end(),
+                                 [&](const std::string& n) { return n.starts_with(mtp); });
+    if (d.mtp_layers > 0 && !any) {
+      res.warnings.push_back(fmt::format(
+          "[convert] '{}': config.json has num_nextn_predict_layers {} but the weights hold no "
+          "'{}*' tensor (transformers' save_pretrained drops the multi-token-prediction layers): "
+          "the main model is imported without them (no --mtp-num-layers)",
+          hf_dir.string(), d.mtp_layers, mtp));
+      d.mtp_layers = 0;
+    }
+  }
   const HfModelSpec& s = res.spec;
+  // MTP layers that moecore's model cannot build yet (moecore train refuses --mtp-num-layers):
+  // the first tensor without a place named, nothing written.
+  if (s.deepseek && s.deepseek->mtp_layers > 0 && trainer_refuses("--mtp-num-layers")) {
+    std::map<std::string, std::string> mtp;  // moecore name -> HF name, in name order
+    for (const TensorMapping& t : hf_tensor_map(s).tensors) {
+      if (t.moecore.starts_with("mtp.")) mtp[t.moecore] = t.hf.at(0).name;
+    }
+    std::vector<std::string> names;
+    for (const auto& [m, h] : mtp) names.push_back(fmt::format("{}' -> '{}", h, m));
+    MOE_FAIL(
+        "[convert] '{}': the checkpoint's {} multi-token-prediction layer(s) "
+        "(num_nextn_predict_layers) have no place in moecore's model, which does not build MTP "
+        "layers yet (moecore train refuses --mtp-num-layers): {}. Nothing was written",
+        hf_dir.string(), s.deepseek->mtp_layers, name_list(names));
+  }
   // The parameters in floating point before the model is sized in int64: a config.json with a
   // huge size stops here, naming the sizes and the bytes.
   {
-    const double H = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab_size);
-    const double attn = static_cast<double>(s.num_heads + 2 * s.num_kv_heads) *
-                        static_cast<double>(s.head_dim);
-    const double mlp = 3 * static_cast<double>(s.ffn_hidden) +
-                       3 * static_cast<double>(s.num_experts) * static_cast<double>(s.moe_ffn_hidden) +
-                       3 * static_cast<double>(s.shared_ffn_hidden);
-    const double params = 2 * V * H + static_cast<double>(s.max_position_embeddings) * H +
-                          static_cast<double>(s.num_layers) * H * (2 * attn + mlp);
+    const double params = approx_parameters(s);
     const double memory = static_cast<double>(host_memory_bytes());
     MOE_CHECK(params * 4 <= memory,
               "[convert] '{}': the model has about {:.3g} parameters ({} in F32: hidden_size {}, "
@@ -173,14 +223,14 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
             "checkpoint: {}",
             unfilled.size(), name_list(unfilled));
   std::vector<std::string> extra;
-  for (const auto& [name, t] : by_name) extra.push_back(name);
+  for (const auto& [name, t] : by_name)
+    extra.push_back(fmt::format("{}' -> '{}", t->hf.at(0).name, name));
   MOE_CHECK(extra.empty(),
-            "[convert] the HF table maps {} tensor(s) the moecore model does not "
-            "have: {}",
-            extra.size(), name_list(extra));
+            "[convert] '{}': {} tensor(s) of the checkpoint have no place in the moecore model its "
+            "flags build: {}. Nothing was written",
+            hf_dir.string(), extra.size(), name_list(extra));
 
   // The weights: every tensor the table names present with its shape, before any is read.
-  HfWeights w(hf_dir);
   // GPT-2 as it is published (openai-community/gpt2): GPT2Model's weights, without the
   // "transformer." prefix, which transformers adds when it loads them into GPT2LMHeadModel.
   if (s.arch == HfArch::Gpt2 && w.add_missing_prefix("transformer")) {
@@ -190,6 +240,9 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
         hf_dir.string()));
   }
   std::vector<std::string> missing;
+  for (const HfTensorMap::Copy& c : map.copies) {
+    if (!w.has(c.tensor.name)) missing.push_back(c.tensor.name);
+  }
   for (const TensorMapping& t : map.tensors) {
     for (const HfTensor& h : t.hf) {
       if (!w.has(h.name)) {
@@ -262,6 +315,18 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
               "'{}': the checkpoint is not tied (set "
               "tie_word_embeddings false) or is corrupt",
               hf_dir.string(), n, map.embedding);
+  }
+  // DeepSeek-V3's MTP layers store the embedding and the head again: the same values, read once.
+  for (const HfTensorMap::Copy& c : map.copies) {
+    const std::string& n = c.tensor.name;
+    MOE_CHECK(w.info(n).shape == c.tensor.shape, "[convert] '{}': tensor '{}' is {}, '{}' {}",
+              hf_dir.string(), n, ckpt::format_shape(w.info(n).shape), c.of,
+              ckpt::format_shape(c.tensor.shape));
+    MOE_CHECK(w.read_f32(n) == w.read_f32(c.of),
+              "[convert] '{}': '{}' differs from '{}', of which it is a copy in DeepSeek-V3's "
+              "checkpoints (moecore's MTP layers share the main model's embedding and output "
+              "layer): the checkpoint is corrupt or of another model",
+              hf_dir.string(), n, c.of);
   }
   if (s.arch == HfArch::Gpt2) consume_gpt2_buffers(w, s, hf_dir);
   // Megatron's converter once dropped expert weights silently (issue #5844): here nothing may be

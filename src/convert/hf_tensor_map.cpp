@@ -118,6 +118,29 @@ class TableBuilder {
     }
     add(std::move(t));
   }
+  // Multi-latent attention's projections with a rotary part: `heads` blocks of rows, each
+  // [`keep` rows as they are | `pe` rotary rows]. moecore's rotary pairs are interleaved, (2i,
+  // 2i + 1) (ops/rope_mla.h); an HF tensor that pairs them half-split, (i, i + pe/2)
+  // (rope_interleave false), gives moecore row keep + 2i its row keep + i and row keep + 2i + 1
+  // its row keep + pe/2 + i: the interleaved rotation then turns the pairs transformers turns, by
+  // the same angles, and q.k is unchanged (q's and k's rotary rows are permuted alike).
+  void rotary_rows(const std::string& m, const std::string& hf, std::vector<int64_t> shape,
+                   int64_t heads, int64_t keep, int64_t pe, bool interleaved) {
+    TensorMapping t{m, shape, {{hf, shape}}, {}};
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = h * (keep + pe);
+      t.blocks.push_back({0, base, keep});
+      if (interleaved) {
+        t.blocks.push_back({0, base + keep, pe});
+        continue;
+      }
+      for (int64_t i = 0; i < pe / 2; ++i) {
+        t.blocks.push_back({0, base + keep + i, 1});
+        t.blocks.push_back({0, base + keep + pe / 2 + i, 1});
+      }
+    }
+    add(std::move(t));
+  }
   // The vocabulary rows: the HF tensor's V rows, which are the model's (a checkpoint holds no
   // vocabulary padding: train::checkpoint_shape).
   void vocab(const std::string& m, const std::string& hf, int64_t V, int64_t H) {
@@ -185,12 +208,98 @@ HfTensorMap gpt2_tensor_map(const HfModelSpec& s) {
   return map;
 }
 
+// DeepseekV3ForCausalLM (docs/hf_interop.md, section 11; the names are
+// deepseek_v3_tensor_target's): multi-latent attention, dense layers before
+// first_k_dense_replace, routers with their expert bias (e_score_correction_bias), routed experts
+// stacked, an ungated shared expert, and the MTP layers stored as model.layers.{L + j} with their
+// own norms, eh_proj and a whole decoder layer, and copies of the embedding and the head.
+HfTensorMap deepseek_v3_tensor_map(const DeepseekV3Spec& d) {
+  const int64_t V = d.vocab_size, H = d.hidden, Hq = d.num_heads, kl = d.kv_lora_rank;
+  const int64_t qk = d.qk_nope_head_dim, pe = d.qk_rope_head_dim, dv = d.v_head_dim;
+  const int64_t E = d.num_experts, F = d.moe_ffn_hidden, S = d.num_shared_experts * F;
+  const bool il = d.rope_interleave;
+  HfTensorMap map;
+  TableBuilder t(map);
+  map.embedding = "model.embed_tokens.weight";
+  const std::string head = d.tie_word_embeddings ? map.embedding : "lm_head.weight";
+  t.vocab("embedding.word_embeddings.weight", map.embedding, V, H);
+  // A decoder layer's tensors under HF prefix p and moecore prefix q.
+  auto layer = [&](const std::string& p, const std::string& q, bool moe) {
+    const std::string a = p + "self_attn.", b = q + "self_attention.";
+    t.copy(q + "input_layernorm.weight", p + "input_layernorm.weight", {H});
+    if (d.q_lora_rank) {
+      const int64_t ql = *d.q_lora_rank;
+      t.copy(b + "linear_q_down_proj.weight", a + "q_a_proj.weight", {ql, H});
+      t.copy(b + "q_layernorm.weight", a + "q_a_layernorm.weight", {ql});
+      t.rotary_rows(b + "linear_q_up_proj.weight", a + "q_b_proj.weight", {Hq * (qk + pe), ql}, Hq,
+                    qk, pe, il);
+    } else {
+      t.rotary_rows(b + "linear_q_proj.weight", a + "q_proj.weight", {Hq * (qk + pe), H}, Hq, qk,
+                    pe, il);
+    }
+    // [latent (kl) | the rotary key every head shares (pe)]: MlaAttention's row blocks too.
+    t.rotary_rows(b + "linear_kv_down_proj.weight", a + "kv_a_proj_with_mqa.weight", {kl + pe, H},
+                  1, kl, pe, il);
+    t.copy(b + "kv_layernorm.weight", a + "kv_a_layernorm.weight", {kl});
+    // Per head [k_nope (qk) | v (dv)], as linear_kv_up_proj's output is split.
+    t.copy(b + "linear_kv_up_proj.weight", a + "kv_b_proj.weight", {Hq * (qk + dv), kl});
+    t.copy(b + "linear_proj.weight", a + "o_proj.weight", {H, Hq * dv});
+    t.copy(q + "pre_mlp_layernorm.weight", p + "post_attention_layernorm.weight", {H});
+    const std::string r = p + "mlp.", x = q + "mlp.";
+    if (!moe) {
+      t.gate_up(x + "linear_fc1.weight", r + "gate_proj.weight", r + "up_proj.weight", d.ffn_hidden,
+                H);
+      t.copy(x + "linear_fc2.weight", r + "down_proj.weight", {H, d.ffn_hidden});
+      return;
+    }
+    t.copy(x + "router.weight", r + "gate.weight", {E, H});
+    // The router's expert bias: a checkpoint holds it beside the router's weight (the trainer's
+    // "<router>.expert_bias", F32 [E]).
+    t.copy(x + "router.expert_bias", r + "gate.e_score_correction_bias", {E});
+    t.experts(x, r, "gate_proj", "up_proj", "down_proj", E, F, H);
+    if (S > 0) {
+      t.gate_up(x + "shared_experts.linear_fc1.weight", r + "shared_experts.gate_proj.weight",
+                r + "shared_experts.up_proj.weight", S, H);
+      t.copy(x + "shared_experts.linear_fc2.weight", r + "shared_experts.down_proj.weight", {H, S});
+    }
+  };
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    layer(fmt::format("model.layers.{}.", i), fmt::format("decoder.layers.{}.", i),
+          i >= d.first_k_dense);
+  }
+  t.copy("decoder.final_layernorm.weight", "model.norm.weight", {H});
+  if (d.tie_word_embeddings) {
+    map.tied_head = HfTensor{"lm_head.weight", {V, H}};
+  } else {
+    t.vocab("output_layer.weight", "lm_head.weight", V, H);
+  }
+  // Megatron-Core's MultiTokenPredictionLayer j: enorm (of the next token's embedding), hnorm (of
+  // the previous depth's hidden state), eh_proj over [embedding | hidden], a decoder layer and the
+  // final norm of its shared head; the embedding and head are the main model's.
+  for (int64_t j = 0; j < d.mtp_layers; ++j) {
+    const int64_t i = d.num_layers + j;
+    const std::string p = fmt::format("model.layers.{}.", i), m = fmt::format("mtp.layers.{}.", j);
+    t.copy(m + "enorm.weight", p + "enorm.weight", {H});
+    t.copy(m + "hnorm.weight", p + "hnorm.weight", {H});
+    t.copy(m + "eh_proj.weight", p + "eh_proj.weight", {H, 2 * H});
+    layer(p, m + "transformer_layer.", i >= d.first_k_dense);
+    t.copy(m + "final_layernorm.weight", p + "shared_head.norm.weight", {H});
+    map.copies.push_back({HfTensor{p + "embed_tokens.weight", {V, H}}, map.embedding});
+    map.copies.push_back({HfTensor{p + "shared_head.head.weight", {V, H}}, head});
+  }
+  return map;
+}
+
 }  // namespace
 
 HfTensorMap hf_tensor_map(const HfModelSpec& s) {
   const int64_t V = s.vocab_size, H = s.hidden, D = s.head_dim;
   const int64_t Hq = s.num_heads, Hkv = s.num_kv_heads;
   if (s.arch == HfArch::Gpt2) return gpt2_tensor_map(s);
+  if (s.arch == HfArch::DeepseekV3) {
+    MOE_CHECK(s.deepseek.has_value(), "[convert] a DeepSeek-V3 spec without its DeepSeek part");
+    return deepseek_v3_tensor_map(*s.deepseek);
+  }
   const bool mixtral = s.arch == HfArch::Mixtral;
   HfTensorMap map;
   TableBuilder t(map);

@@ -3,8 +3,12 @@
 // [gate; up], experts stacked into [E, ...]). Both directions read the same table: import
 // concatenates the HF tensors' row blocks into the moecore tensor, export cuts the moecore
 // tensor into the same blocks, so one is the other's inverse by construction.
+// DeepSeek-V3 adds multi-latent attention's projections (whose rotary rows are permuted when
+// the checkpoint pairs them half-split), the routers' expert bias, and the MTP layers with their
+// copies of the embedding and head.
 // Legend: V vocab (Vp: moecore's rows), H hidden, D head dim, Hq / Hkv query / KV heads,
-// qpg = Hq / Hkv, F expert ffn, E experts, S shared expert ffn.
+// qpg = Hq / Hkv, F expert ffn, E experts, S shared expert ffn; MLA: ql / kl the q / kv LoRA
+// ranks, qk / pe / dv the un-rotated, rotated and value parts of a head.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +58,20 @@ struct HfTensorMap {
   // one equal to the embedding (HF tensor `embedding`), export writes none.
   std::optional<HfTensor> tied_head;
   std::string embedding;
+  // HF tensors that repeat another HF tensor of the map (DeepSeek-V3's MTP layers store copies
+  // of the embedding and the head): import checks them equal to `of` and reads them once, export
+  // writes `of`'s values under their name.
+  struct Copy {
+    HfTensor tensor;
+    std::string of;
+  };
+  std::vector<Copy> copies;
 };
 
-// The table of `s`. The vocabulary tables are [V, H] on both sides: a moecore checkpoint holds
-// the model's rows, never the padding of the TP size that wrote it (train::checkpoint_shape).
+// The table of `s` (DeepSeek-V3: of s.deepseek, the MTP layers and FP8 scales included: each
+// FP8 weight's `_scale_inv` is read with it, HfWeights). The vocabulary tables are [V, H] on both
+// sides: a moecore checkpoint holds the model's rows, never the padding of the TP size that wrote
+// it (train::checkpoint_shape).
 HfTensorMap hf_tensor_map(const HfModelSpec& s);
 
 // Elements per row of a tensor (its last dimension; 1 for a 1-D tensor).

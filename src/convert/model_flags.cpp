@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string_view>
 
 #include "core/check.h"
 
@@ -39,10 +40,102 @@ std::vector<TrainFlag> gpt2_train_flags(const HfModelSpec& s) {
   return f;
 }
 
+// Megatron's --rotary-base is an integer flag; HF's thetas are integral in practice.
+TrainFlag rotary_base(double theta) {
+  if (std::floor(theta) == theta && theta < 9e15) {
+    return {"rotary-base", static_cast<int64_t>(theta)};
+  }
+  return {"rotary-base", theta};
+}
+
+// DeepSeek-V3 (docs/hf_interop.md, section 11): multi-latent attention with its q / kv
+// layernorms, YaRN, sigmoid routing with the expert bias over groups, the top-k scaling factor,
+// an ungated shared expert, first_k_dense_replace dense layers and the MTP layers.
+std::vector<TrainFlag> deepseek_v3_train_flags(const DeepseekV3Spec& d) {
+  std::vector<TrainFlag> f = {
+      {"num-layers", d.num_layers},
+      {"hidden-size", d.hidden},
+      {"ffn-hidden-size", d.ffn_hidden},
+      {"num-attention-heads", d.num_heads},
+      {"max-position-embeddings", d.max_position_embeddings},
+      {"vocab-size", d.vocab_size},
+      {"make-vocab-size-divisible-by", int64_t{1}},
+      {"normalization", std::string("RMSNorm")},
+      {"norm-epsilon", d.rms_norm_eps},
+      {"position-embedding-type", std::string("rope")},
+      {"swiglu", true},
+      {"disable-bias-linear", true},
+      {"attention-dropout", d.attention_dropout},
+      {"hidden-dropout", 0.0},
+      rotary_base(d.rope_theta),
+  };
+  if (!d.tie_word_embeddings) f.push_back({"untie-embeddings-and-output-weights", true});
+  // Megatron's MLA has its q_layernorm (with q LoRA) and kv_layernorm only with --qk-layernorm,
+  // as DeepSeek-V3's q_a_layernorm and kv_a_layernorm.
+  f.push_back({"multi-latent-attention", true});
+  f.push_back({"qk-layernorm", true});
+  if (d.q_lora_rank) f.push_back({"q-lora-rank", *d.q_lora_rank});
+  f.push_back({"kv-lora-rank", d.kv_lora_rank});
+  f.push_back({"qk-head-dim", d.qk_nope_head_dim});
+  f.push_back({"qk-pos-emb-head-dim", d.qk_rope_head_dim});
+  f.push_back({"v-head-dim", d.v_head_dim});
+  if (d.rope_factor > 0) {
+    // transformers scales cos and sin by get_mscale(factor, mscale) / get_mscale(factor,
+    // mscale_all_dim) only when both are set, else by get_mscale(factor) (mscale 1); Megatron
+    // always divides, by get_mscale(factor, 0) = 1 when mscale_all_dim is 0
+    // (parse_deepseek_v3_config refuses the one case without a spelling).
+    const double mscale = d.mscale != 0 && d.mscale_all_dim != 0 ? d.mscale : 1.0;
+    f.push_back({"rope-type", std::string("yarn")});
+    f.push_back({"rotary-scaling-factor", d.rope_factor});
+    f.push_back({"mscale", mscale});
+    f.push_back({"mscale-all-dim", d.mscale_all_dim});
+    f.push_back({"yarn-beta-fast", d.beta_fast});
+    f.push_back({"yarn-beta-slow", d.beta_slow});
+    // Absent in config.json: transformers takes max_position_embeddings.
+    const int64_t original = d.original_max_position_embeddings > 0
+                                 ? d.original_max_position_embeddings
+                                 : d.max_position_embeddings;
+    f.push_back({"yarn-original-max-position-embeddings", original});
+  } else {
+    f.push_back({"rope-type", std::string("rope")});  // Megatron's None is yarn for MLA
+  }
+  f.push_back({"num-experts", d.num_experts});
+  f.push_back({"moe-ffn-hidden-size", d.moe_ffn_hidden});
+  f.push_back({"moe-router-topk", d.topk});
+  // e_score_correction_bias is the expert bias: it steers the choice, the weights are the
+  // unbiased sigmoid scores, renormalised when K > 1 (norm_topk_prob), then scaled.
+  f.push_back({"moe-router-score-function", std::string("sigmoid")});
+  f.push_back({"moe-router-enable-expert-bias", true});
+  if (d.group_topk < d.num_groups) {  // all groups kept: no limit
+    f.push_back({"moe-router-num-groups", d.num_groups});
+    f.push_back({"moe-router-group-topk", d.group_topk});
+  }
+  f.push_back({"moe-router-topk-scaling-factor", d.routed_scaling_factor});
+  if (d.num_shared_experts > 0)
+    f.push_back({"moe-shared-expert-intermediate-size", d.num_shared_experts * d.moe_ffn_hidden});
+  std::string pattern = "[";
+  for (int64_t i = 0; i < d.num_layers; ++i)
+    pattern += fmt::format("{}{}", i ? "," : "", i < d.first_k_dense ? 0 : 1);
+  f.push_back({"moe-layer-freq", pattern + "]"});
+  if (d.mtp_layers > 0) f.push_back({"mtp-num-layers", d.mtp_layers});
+  return f;
+}
+
 }  // namespace
+
+bool trainer_refuses(std::string_view flag) {
+  for (const cli::FlagRule& r : cli::megatron_flag_rules()) {
+    if (flag == r.name) return r.cls == cli::FlagClass::NotYet;
+  }
+  return false;
+}
 
 std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
   if (s.arch == HfArch::Gpt2) return gpt2_train_flags(s);
+  if (s.arch == HfArch::DeepseekV3) {
+    MOE_CHECK(s.deepseek.has_value(), "[convert] a DeepSeek-V3 spec without its DeepSeek part");
+    return deepseek_v3_train_flags(*s.deepseek);
+  }
   std::vector<TrainFlag> f = {
       {"num-layers", s.num_layers},
       {"hidden-size", s.hidden},
@@ -64,12 +157,7 @@ std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
       {"attention-dropout", 0.0},
       {"hidden-dropout", 0.0},
   };
-  // Megatron's --rotary-base is an integer flag; HF's thetas are integral in practice.
-  if (std::floor(s.rope_theta) == s.rope_theta && s.rope_theta < 9e15) {
-    f.push_back({"rotary-base", static_cast<int64_t>(s.rope_theta)});
-  } else {
-    f.push_back({"rotary-base", s.rope_theta});
-  }
+  f.push_back(rotary_base(s.rope_theta));
   // Megatron's default is tied: an untied HF model must say so.
   if (!s.tie_word_embeddings) f.push_back({"untie-embeddings-and-output-weights", true});
   if (s.qkv_bias) f.push_back({"add-qkv-bias", true});
@@ -122,11 +210,29 @@ cli::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
   std::vector<std::string> all = {"--seq-length=1"};
   const std::vector<std::string>& no_step = cli::no_step_placeholder_args();
   all.insert(all.end(), no_step.begin(), no_step.end());
-  all.insert(all.end(), args.begin(), args.end());
-  return cli::parse_train_args(all);
+  // --multi-latent-attention: the transformer block builds MlaAttention (one TP rank), whose
+  // sizes and rotary flags are bound and parsed, but `moecore train` still refuses the switch
+  // (issue 42). Held back from the trainer's parser and set on its ModelConfig here, so a flags
+  // file states the whole model; once the trainer takes the switch it is parsed as any other.
+  const bool hold_mla = trainer_refuses("--multi-latent-attention");
+  bool mla = false;
+  for (const std::string& a : args) {
+    if (hold_mla && (a == "--multi-latent-attention" || a == "--multi_latent_attention")) {
+      mla = true;
+      continue;
+    }
+    all.push_back(a);
+  }
+  cli::TrainFlags f = cli::parse_train_args(all);
+  if (mla) {
+    f.model.multi_latent_attention = true;
+    f.model.validate();  // now with MLA's own checks (MlaConfig::validate)
+  }
+  return f;
 }
 
 HfArch default_hf_arch(const ModelConfig& m) {
+  if (m.multi_latent_attention) return HfArch::DeepseekV3;
   if (m.normalization == Normalization::LayerNorm ||
       m.position_embedding == PositionEmbedding::LearnedAbsolute)
     return HfArch::Gpt2;
@@ -189,6 +295,114 @@ HfModelSpec gpt2_spec_of_model(const ModelConfig& m, const Refuse& refuse) {
   return s;
 }
 
+// DeepseekV3ForCausalLM: what it cannot express is refused through `refuse`.
+template <typename Refuse>
+HfModelSpec deepseek_v3_spec_of_model(const ModelConfig& m, const Refuse& refuse) {
+  const RouterConfig& rc = m.moe.router;
+  if (!m.multi_latent_attention)
+    refuse("its attention is not multi-latent (--multi-latent-attention): DeepSeek-V3's is");
+  if (!m.qk_layernorm)
+    refuse(
+        "no --qk-layernorm: DeepSeek-V3's MLA always has q_a_layernorm and kv_a_layernorm "
+        "(weights of ones are not the identity)");
+  if (m.normalization != Normalization::RMSNorm)
+    refuse("--normalization LayerNorm: it uses RMSNorm");
+  if (m.position_embedding != PositionEmbedding::Rope)
+    refuse("no --position-embedding-type rope: MLA's keys and queries are rotated");
+  if (m.activation != ops::Activation::SwiGLU)
+    refuse(fmt::format("the {} MLP: its MLPs are SwiGLU (--swiglu)",
+                       ops::activation_name(m.activation)));
+  if (m.add_mlp_bias) refuse("MLP biases: its MLPs have none (--disable-bias-linear)");
+  if (m.num_experts == 0) refuse("it has no experts (--num-experts 0)");
+  if (rc.score != ScoreFunction::Sigmoid)
+    refuse(fmt::format("--moe-router-score-function {}: DeepSeek-V3's router is sigmoid",
+                       score_function_name(rc.score)));
+  if (!rc.enable_expert_bias)
+    refuse(
+        "no --moe-router-enable-expert-bias: DeepSeek-V3's router always has its "
+        "e_score_correction_bias");
+  if (!rc.dropless())
+    refuse(fmt::format("--moe-expert-capacity-factor {} (HF's MoE blocks drop no token)",
+                       rc.capacity_factor));
+  if (m.moe.shared_expert_gate) refuse("--moe-shared-expert-gate: its shared expert is ungated");
+  const int64_t F = m.moe.ffn_hidden, S = m.moe.shared_ffn_hidden;
+  if (S == 0 || S % F != 0)
+    refuse(
+        fmt::format("--moe-shared-expert-intermediate-size {}: DeepSeek-V3's shared experts are "
+                    "n_shared_experts >= 1 of --moe-ffn-hidden-size {}",
+                    S, F));
+  DeepseekV3Spec d;
+  d.first_k_dense = 0;
+  while (d.first_k_dense < m.num_layers && !m.is_moe_layer(d.first_k_dense)) ++d.first_k_dense;
+  for (int64_t l = d.first_k_dense; l < m.num_layers; ++l) {
+    if (!m.is_moe_layer(l))
+      refuse(fmt::format(
+          "dense layer {} after MoE layers (--moe-layer-freq): DeepSeek-V3's dense layers are the "
+          "first first_k_dense_replace",
+          l));
+  }
+  d.vocab_size = m.vocab_size;  // the model's: its padding rows are no part of it
+  d.hidden = m.hidden;
+  d.num_layers = m.num_layers;
+  d.num_heads = m.num_heads;
+  d.ffn_hidden = m.ffn_hidden;
+  d.moe_ffn_hidden = F;
+  d.num_experts = m.num_experts;
+  d.topk = rc.topk;
+  d.num_shared_experts = S / F;
+  if (rc.group_limited() && rc.group_topk < rc.num_groups && rc.topk / rc.group_topk != 2)
+    refuse(fmt::format(
+        "--moe-router-group-topk {} with --moe-router-topk {}: moecore scores a group by the sum "
+        "of its top {} biased scores, transformers' DeepseekV3MoE by its top 2",
+        rc.group_topk, rc.topk, rc.topk / rc.group_topk));
+  d.num_groups = rc.group_limited() ? rc.num_groups : 1;
+  d.group_topk = rc.group_limited() ? rc.group_topk : 1;
+  d.norm_topk_prob = rc.topk > 1;  // Megatron's sigmoid router renormalises exactly then
+  d.routed_scaling_factor = rc.topk_scaling_factor;
+  if (m.mla.q_lora_rank > 0) d.q_lora_rank = m.mla.q_lora_rank;
+  d.kv_lora_rank = m.mla.kv_lora_rank;
+  d.qk_nope_head_dim = m.mla.qk_head_dim;
+  d.qk_rope_head_dim = m.mla.qk_pos_emb_head_dim;
+  d.v_head_dim = m.mla.v_head_dim;
+  d.rms_norm_eps = m.norm_eps;
+  d.rope_theta = m.rotary_base;
+  d.attention_dropout = m.attention_dropout;
+  d.max_position_embeddings = m.max_positions();
+  d.tie_word_embeddings = m.tie_embeddings;
+  const ops::YarnParams& y = m.mla.yarn;
+  // YaRN of factor 1 is the plain rotary (the same frequencies, no mscale): written as
+  // transformers' default, which no version reads differently.
+  if (m.mla.rope_type == ops::RopeType::Yarn && y.scaling_factor != 1.0) {
+    const double f = y.scaling_factor;
+    // transformers: cos and sin times get_mscale(f, mscale) / get_mscale(f, mscale_all_dim)
+    // when both are non-zero, else times get_mscale(f) (mscale 1).
+    if (f > 1 && (y.mscale_all_dim == 0 ? y.mscale != 1.0 : y.mscale == 0))
+      refuse(fmt::format(
+          "--mscale {} --mscale-all-dim {}: transformers' YaRN scales cos and sin by "
+          "get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) only when both are "
+          "non-zero, and by get_mscale(factor) otherwise",
+          y.mscale, y.mscale_all_dim));
+    const double ratio = static_cast<double>(d.max_position_embeddings) /
+                         static_cast<double>(y.original_max_position_embeddings);
+    if (ratio != f)
+      refuse(fmt::format(
+          "--rotary-scaling-factor {} is not --max-position-embeddings / "
+          "--yarn-original-max-position-embeddings = {} / {}: transformers versions take one or "
+          "the other as YaRN's factor (set --max-position-embeddings {})",
+          f, d.max_position_embeddings, y.original_max_position_embeddings,
+          static_cast<int64_t>(f * static_cast<double>(y.original_max_position_embeddings))));
+    d.rope_factor = f;
+    d.mscale = y.mscale;
+    d.mscale_all_dim = y.mscale_all_dim;
+    d.beta_fast = y.beta_fast;
+    d.beta_slow = y.beta_slow;
+    d.original_max_position_embeddings = y.original_max_position_embeddings;
+  }
+  d.rope_interleave = true;  // moecore's pairing (export_hf keeps an imported checkpoint's)
+  d.mtp_layers = 0;          // ModelConfig holds no MTP layers
+  return hf_spec_of_deepseek_v3(d);
+}
+
 }  // namespace
 
 HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch) {
@@ -197,6 +411,9 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch) {
     MOE_FAIL("[convert] this moecore model cannot be written as {}: {}", cls, what);
   };
   const RouterConfig& rc = m.moe.router;
+  if (arch == HfArch::DeepseekV3) return deepseek_v3_spec_of_model(m, refuse);
+  if (m.multi_latent_attention)
+    refuse("multi-latent attention (--multi-latent-attention): export with --arch deepseek_v3");
   if (arch == HfArch::Gpt2) return gpt2_spec_of_model(m, refuse);
   // What only GPT-2 has among HF's classes here.
   if (m.normalization != Normalization::RMSNorm)
@@ -297,6 +514,7 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch) {
             "attention_bias adds both");
       break;
     case HfArch::Gpt2:  // gpt2_spec_of_model above
+    case HfArch::DeepseekV3:  // deepseek_v3_spec_of_model above
       break;
   }
   if (s.num_experts > 0 && s.topk == 1 && s.norm_topk_prob)

@@ -1,42 +1,189 @@
-// DeepSeek-V3 on the HuggingFace side (docs/hf_interop.md, "DeepSeek-V3"): the fixtures'
-// config.json read into the spec and the Megatron flags, refusals by key, every tensor of the
-// fixtures (the MTP layer and the FP8 scales included) covered by the tensor map with no two
-// HF tensors on one target, and `moecore convert hf-to-moecore` stopping with a message that
-// names what is not implemented yet, writing nothing.
+// DeepSeek-V3 (DeepseekV3ForCausalLM) through `moecore convert` (docs/hf_interop.md, section
+// 11): the fixtures' config.json read into the spec and into flags that give moecore's model
+// transformers' math (YaRN's factors, the router), refusals by key; the tensor table against
+// the name contract; import (MLA, the expert bias, FP8 dequantized exactly, the MTP layer
+// absent or not buildable yet), rope_interleave false, the round trip back to HF byte for byte;
+// and the numbers: a float64 transcription of transformers' forward, pinned to reference.json,
+// against which the imported model computes in float64 (docs/numerics.md).
+//
+// The fixtures route top-2 of 8 experts in 4 groups keeping 2: a group score of the top
+// 2 / 2 = 1 biased score in Megatron's group-limited routing (moecore's), of the top 2 in
+// transformers'. moecore cannot compute that choice, and the import refuses it by key; the
+// tests import the fixtures' weights under configs it accepts (importable(): top-4, where both
+// score groups by their top 2) and compare the imported model with the transcription under
+// Megatron's group score (the routing flags given on the command line).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <map>
+#include <numeric>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors_file.h"
+#include "ckpt/safetensors_writer.h"
+#include "cli/config_file.h"
 #include "common/command.h"
 #include "common/paths.h"
 #include "common/testing.h"
+#include "common/tolerances.h"
+#include "convert/hf_config.h"
 #include "convert/hf_config_reader.h"
 #include "convert/hf_deepseek_v3.h"
+#include "convert/hf_export.h"
 #include "convert/hf_import.h"
-#include "cli/train_flags.h"
+#include "convert/hf_tensor_map.h"
+#include "convert/hf_weights.h"
+#include "convert/model_flags.h"
+#include "model/gpt_model.h"
+#include "ops/rope_yarn.h"
+#include "train/checkpoint_state.h"
+#include "train/trainer.h"
 
 namespace moecore::convert {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 using testing::error_of;
 
 fs::path fixture(const std::string& name) {
   return fs::path(testing::source_dir()) / "tests/fixtures/hf" / name;
 }
 
-DeepseekV3Spec spec_of(const std::string& name) {
-  const fs::path p = fixture(name) / "config.json";
-  return parse_deepseek_v3_config(read_hf_config_file(p), p.string());
+// <tmp>/moecore_dsv3.<pid>.<name>, removed first: this process's own.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("moecore_dsv3." + std::to_string(::getpid()) + "." + name);
+  fs::remove_all(d);
+  return d;
 }
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(std::string{std::istreambuf_iterator<char>(in), {}});
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// The fixture's config.json, with `patch`'s keys set.
+json config_of(const std::string& name, const json& patch = json::object()) {
+  json c = read_json(fixture(name) / "config.json");
+  for (const auto& [k, v] : patch.items()) c[k] = v;
+  return c;
+}
+// The patch under which moecore computes what transformers computes from the fixtures' weights:
+// top-4 of the 8 experts in 4 groups keeping 2 (a group scored by its top 4 / 2 = 2 in both).
+const json& importable() {
+  static const json p = {{"num_experts_per_tok", 4}};
+  return p;
+}
+
+// importable() without the MTP layer, which moecore's model does not build yet.
+json main_model_config(const std::string& name) {
+  json c = config_of(name, importable());
+  c["num_nextn_predict_layers"] = 0;
+  return c;
+}
+
+DeepseekV3Spec spec_of(const std::string& name) {
+  return parse_deepseek_v3_config(config_of(name, importable()), name + "/config.json");
+}
+
+// Every tensor of a directory's model.safetensors: name -> (dtype, shape, bytes).
+struct Tensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+std::map<std::string, Tensor> tensors_of(const fs::path& file) {
+  std::map<std::string, Tensor> out;
+  const ckpt::SafetensorsFile f(file);
+  for (const std::string& n : f.names()) {
+    const auto b = f.bytes(n);
+    out[n] = {f.info(n).dtype, f.info(n).shape, {b.begin(), b.end()}};
+  }
+  return out;
+}
+
+// `tensors` as a model.safetensors in `dir` (moecore's writer, HF's metadata, in name order: the
+// fixtures' order, all of one dtype) and `config` as its config.json.
+void write_hf_dir(const fs::path& dir, const std::map<std::string, Tensor>& tensors,
+                  const json& config) {
+  fs::create_directories(dir);
+  ckpt::SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  for (const auto& [n, t] : tensors) w.add(n, t.dtype, t.shape, t.bytes);
+  w.write(dir / "model.safetensors");
+  std::ofstream(dir / "config.json") << config.dump(2) << "\n";
+}
+
+// Fixture `name` without its MTP layer (model.layers.{L}.*, with the FP8 scales), as `as`,
+// config.json patched by `patch` (by default importable()) and num_nextn_predict_layers set to
+// `nextn` (0: a checkpoint of the main model; 1, the fixture's: what transformers'
+// save_pretrained leaves, the layer dropped, the key kept).
+fs::path without_mtp(const std::string& name, const std::string& as, int nextn = 0,
+                     const json& patch = importable()) {
+  const fs::path d = fresh_dir(as);
+  json config = config_of(name, patch);
+  const std::string mtp =
+      "model.layers." + std::to_string(config["num_hidden_layers"].get<int>()) + ".";
+  std::map<std::string, Tensor> t = tensors_of(fixture(name) / "model.safetensors");
+  std::erase_if(t, [&](const auto& kv) { return kv.first.starts_with(mtp); });
+  config["num_nextn_predict_layers"] = nextn;
+  write_hf_dir(d, t, config);
+  return d;
+}
+
+// The whole fixture (its MTP layer too) under config.json patched by importable().
+fs::path importable_copy(const std::string& name, const std::string& as) {
+  const fs::path d = fresh_dir(as);
+  write_hf_dir(d, tensors_of(fixture(name) / "model.safetensors"), config_of(name, importable()));
+  return d;
+}
+
+std::vector<float> as_f32(const Tensor& t) {
+  EXPECT_EQ(t.dtype, "F32");
+  std::vector<float> v(t.bytes.size() / 4);
+  std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+  return v;
+}
+
+// The f32 values of a moecore checkpoint's tensor (iteration 0 of `save`).
+std::vector<float> moecore_tensor(const fs::path& save, const std::string& name) {
+  ckpt::CheckpointReader r(ckpt::iteration_dir(save, 0));
+  std::vector<float> v(static_cast<size_t>(r.tensor(name).numel()));
+  r.read(name, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+  return v;
+}
+
+// The model of an imported checkpoint's flags file, as `moecore train --config` builds it.
+cli::TrainFlags flags_of(const fs::path& ck, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = cli::config_file_args((ck / kFlagsFile).string());
+  args.insert(args.end(), extra.begin(), extra.end());
+  return parse_model_flags(args);
+}
+
+// transformers' get_mscale (modeling_rope_utils.py), for the expected values below.
+double hf_get_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// ---- config.json and the flags ----
 
 TEST(HfDeepseekV3, ReadsTheFixturesConfig) {
   const DeepseekV3Spec s = spec_of("deepseek_v3");
@@ -47,7 +194,7 @@ TEST(HfDeepseekV3, ReadsTheFixturesConfig) {
   EXPECT_EQ(s.ffn_hidden, 32);
   EXPECT_EQ(s.moe_ffn_hidden, 8);
   EXPECT_EQ(s.num_experts, 8);
-  EXPECT_EQ(s.topk, 2);
+  EXPECT_EQ(s.topk, 4);  // importable(); the fixture's 2 is refused (the Refuses test)
   EXPECT_EQ(s.num_shared_experts, 1);
   EXPECT_EQ(s.num_groups, 4);
   EXPECT_EQ(s.group_topk, 2);
@@ -77,94 +224,198 @@ TEST(HfDeepseekV3, ReadsTheFixturesConfig) {
   ASSERT_TRUE(f.fp8_block);
   EXPECT_EQ(f.fp8_block->rows, 16);
   EXPECT_EQ(f.fp8_block->cols, 16);
-}
-
-TEST(HfDeepseekV3, FlagsOfTheFixture) {
-  const std::vector<std::string> f = deepseek_v3_flags(spec_of("deepseek_v3"));
-  std::string line;
-  for (const std::string& x : f) line += x + " ";
-  for (const char* want : {"--num-layers 3 ",
-                           "--hidden-size 32 ",
-                           "--ffn-hidden-size 32 ",
-                           "--num-attention-heads 4 ",
-                           "--multi-latent-attention ",
-                           "--q-lora-rank 16 ",
-                           "--kv-lora-rank 16 ",
-                           "--qk-head-dim 8 ",
-                           "--qk-pos-emb-head-dim 4 ",
-                           "--v-head-dim 8 ",
-                           "--rope-type yarn ",
-                           "--rotary-scaling-factor 4 ",
-                           "--mscale 1 ",
-                           "--mscale-all-dim 1 ",
-                           "--yarn-original-max-position-embeddings 16 ",
-                           "--qk-layernorm ",
-                           "--rotary-base 10000 ",
-                           "--num-experts 8 ",
-                           "--moe-ffn-hidden-size 8 ",
-                           "--moe-router-topk 2 ",
-                           "--moe-router-score-function sigmoid ",
-                           "--moe-router-enable-expert-bias ",
-                           "--moe-router-num-groups 4 ",
-                           "--moe-router-group-topk 2 ",
-                           "--moe-router-topk-scaling-factor 2.5 ",
-                           "--moe-shared-expert-intermediate-size 8 ",
-                           "--moe-layer-freq [0,1,1] ",
-                           "--mtp-num-layers 1 ",
-                           "--untie-embeddings-and-output-weights "}) {
-    EXPECT_NE(line.find(want), std::string::npos) << want << " not in: " << line;
-  }
-  std::string no_q;
-  for (const std::string& x : deepseek_v3_flags(spec_of("deepseek_v3_no_q_lora"))) no_q += x + " ";
-  EXPECT_EQ(no_q.find("--q-lora-rank"), std::string::npos) << no_q;
-  // Every flag is one `moecore train` knows: parsed as the trainer parses them, the only refusal
-  // is the switch the trainer does not build yet (issue 42).
-  for (const char* fixture_name : {"deepseek_v3", "deepseek_v3_no_q_lora"}) {
-    std::vector<std::string> args;
-    for (const std::string& x : deepseek_v3_flags(spec_of(fixture_name))) {
-      std::istringstream words(x);
-      for (std::string w; words >> w;) args.push_back(w);
-    }
-    try {
-      cli::parse_train_args(args);
-      ADD_FAILURE() << fixture_name << ": --multi-latent-attention accepted before MLA is trained";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--multi-latent-attention"), std::string::npos)
-          << fixture_name << ": " << e.what();
-    }
+  // parse_hf_config takes the DeepSeek path, and its config.json reads back to the same spec.
+  for (const char* name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
+    const HfModelSpec h = parse_hf_config(config_of(name, importable()), name);
+    ASSERT_EQ(h.arch, HfArch::DeepseekV3) << name;
+    EXPECT_EQ(*h.deepseek, spec_of(name)) << name;
+    EXPECT_EQ(parse_hf_config(hf_config_json(h, "float32"), "written back"), h) << name;
   }
 }
 
-TEST(HfDeepseekV3, RefusesWhatTheFlagsCannotSayByKey) {
-  const fs::path p = fixture("deepseek_v3") / "config.json";
-  const nlohmann::json base = read_hf_config_file(p);
-  auto refusal = [&](const char* key, const nlohmann::json& v) {
-    nlohmann::json c = base;
+// The flags file's model, as the trainer's parser builds it, computes what transformers'
+// DeepseekV3ForCausalLM computes: MLA's sizes and norms, YaRN's frequencies, cos / sin factor
+// and softmax scale (transformers' formulas, written out here), the sigmoid router with its
+// expert bias, groups, renormalisation and scaling, the shared expert, the dense layers.
+TEST(HfDeepseekV3, FlagsGiveTheModelTransformersComputes) {
+  const HfModelSpec h = parse_hf_config(main_model_config("deepseek_v3"), "c");
+  const std::string toml = flags_toml(train_flags_of(h), "test");
+  const cli::TrainFlags f = parse_model_flags(cli::config_text_args(toml, "flags.toml"));
+  const ModelConfig& m = f.model;
+  EXPECT_TRUE(m.multi_latent_attention);
+  EXPECT_TRUE(m.qk_layernorm);  // q_a_layernorm, kv_a_layernorm
+  EXPECT_EQ(m.mla.q_lora_rank, 16);
+  EXPECT_EQ(m.mla.kv_lora_rank, 16);
+  EXPECT_EQ(m.mla.qk_head_dim, 8);
+  EXPECT_EQ(m.mla.qk_pos_emb_head_dim, 4);
+  EXPECT_EQ(m.mla.v_head_dim, 8);
+  EXPECT_EQ(m.vocab_size, 64);
+  EXPECT_EQ(m.padded_vocab_size, 64);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_EQ(m.attention_dropout, 0.0);
+  EXPECT_EQ(m.hidden_dropout, 0.0);
+  EXPECT_EQ(m.activation, ops::Activation::SwiGLU);
+  EXPECT_FALSE(m.add_mlp_bias);
+  EXPECT_EQ(m.rotary_base, 10000.0);
+  EXPECT_EQ(m.max_positions(), 64);
+  EXPECT_EQ(m.ffn_hidden, 32);
+  EXPECT_EQ(m.moe_layer_pattern, (std::vector<int>{0, 1, 1}));
+  EXPECT_EQ(m.moe.ffn_hidden, 8);
+  EXPECT_EQ(m.moe.shared_ffn_hidden, 8);
+  EXPECT_FALSE(m.moe.shared_expert_gate);
+  const RouterConfig& r = m.moe.router;
+  EXPECT_EQ(r.score, ScoreFunction::Sigmoid);
+  EXPECT_TRUE(r.enable_expert_bias);
+  EXPECT_EQ(r.num_experts, 8);
+  EXPECT_EQ(r.topk, 4);
+  EXPECT_EQ(r.num_groups, 4);
+  EXPECT_EQ(r.group_topk, 2);
+  EXPECT_EQ(r.topk_scaling_factor, 2.5);
+  EXPECT_TRUE(r.dropless());
+  // YaRN as transformers computes it for factor 4, mscale 1, mscale_all_dim 1: cos and sin times
+  // get_mscale(4, 1) / get_mscale(4, 1) = 1, the softmax scale get_mscale(4, 1)^2 / sqrt(12),
+  // the ramp over original_max_position_embeddings 16.
+  EXPECT_EQ(m.mla.rope_type, ops::RopeType::Yarn);
+  EXPECT_EQ(m.mla.yarn.original_max_position_embeddings, 16);
+  EXPECT_EQ(m.mla.yarn.beta_fast, 32.0);
+  EXPECT_EQ(m.mla.yarn.beta_slow, 1.0);
+  const ops::RopeMlaSpec rope = m.mla.rope_spec(m.rotary_base);
+  EXPECT_DOUBLE_EQ(ops::rope_attention_factor(rope.scaling), 1.0);
+  const double ms = hf_get_mscale(4.0, 1.0);
+  EXPECT_DOUBLE_EQ(m.mla.softmax_scale(), ms * ms / std::sqrt(12.0));
+  // transformers' inv_freq for dim 4, base 1e4, factor 4, beta 32 / 1 over 16 positions: the
+  // correction dims floor(4 ln(16 / (2 pi 32)) / (2 ln 1e4)) -> 0 and ceil(...) -> 1; ramp
+  // (i - 0) / (1 - 0) clamped; inv_freq = extra (1 - ramp) ... (1 - (1 - ramp)) = extra for
+  // i = 0, extra / 4 for i = 1.
+  const std::vector<double> inv = ops::rope_inv_freq(4, 1e4, rope.scaling);
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  EXPECT_DOUBLE_EQ(inv[1], std::pow(1e4, -0.5) / 4.0);
+
+  // transformers ignores mscale unless mscale_all_dim is set too: cos and sin times
+  // get_mscale(factor) (mscale 1), the softmax scale unscaled.
+  json c = main_model_config("deepseek_v3");
+  c["rope_parameters"]["mscale"] = 0.707;
+  c["rope_parameters"]["mscale_all_dim"] = 0;
+  const ModelConfig m2 =
+      parse_model_flags(
+          cli::config_text_args(flags_toml(train_flags_of(parse_hf_config(c, "c")), "t"), "f.toml"))
+          .model;
+  EXPECT_DOUBLE_EQ(ops::rope_attention_factor(m2.mla.rope_spec(1e4).scaling),
+                   hf_get_mscale(4.0, 1.0));
+  EXPECT_DOUBLE_EQ(m2.mla.softmax_scale(), 1.0 / std::sqrt(12.0));
+  // Both set: their ratio on cos and sin, mscale_all_dim's square on the softmax.
+  c["rope_parameters"]["mscale"] = 0.8;
+  c["rope_parameters"]["mscale_all_dim"] = 0.5;
+  const ModelConfig m3 =
+      parse_model_flags(
+          cli::config_text_args(flags_toml(train_flags_of(parse_hf_config(c, "c")), "t"), "f.toml"))
+          .model;
+  EXPECT_DOUBLE_EQ(ops::rope_attention_factor(m3.mla.rope_spec(1e4).scaling),
+                   hf_get_mscale(4.0, 0.8) / hf_get_mscale(4.0, 0.5));
+  EXPECT_DOUBLE_EQ(m3.mla.softmax_scale(),
+                   hf_get_mscale(4.0, 0.5) * hf_get_mscale(4.0, 0.5) / std::sqrt(12.0));
+  // Without original_max_position_embeddings transformers' YaRN takes max_position_embeddings
+  // (and no version reads the factor from their ratio): so do the flags, and the config.json
+  // written back leaves the key out again.
+  c = main_model_config("deepseek_v3");
+  c["rope_parameters"].erase("original_max_position_embeddings");
+  c["max_position_embeddings"] = 32;
+  const HfModelSpec h5 = parse_hf_config(c, "c");
+  EXPECT_EQ(h5.deepseek->original_max_position_embeddings, 0);
+  const json back = hf_config_json(h5, "float32");
+  EXPECT_FALSE(back["rope_parameters"].contains("original_max_position_embeddings"));
+  EXPECT_EQ(parse_hf_config(back, "back"), h5);
+  const ModelConfig m5 =
+      parse_model_flags(cli::config_text_args(flags_toml(train_flags_of(h5), "t"), "f.toml")).model;
+  EXPECT_EQ(m5.mla.yarn.original_max_position_embeddings, 32);
+  // The default RoPE: Megatron's --rope-type rope (its None would be yarn for MLA).
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  const ModelConfig m4 =
+      parse_model_flags(
+          cli::config_text_args(flags_toml(train_flags_of(parse_hf_config(c, "c")), "t"), "f.toml"))
+          .model;
+  EXPECT_EQ(m4.mla.rope_type, ops::RopeType::Rope);
+  EXPECT_EQ(m4.rotary_base, 5e5);
+  EXPECT_DOUBLE_EQ(m4.mla.softmax_scale(), 1.0 / std::sqrt(12.0));
+
+  // Without q LoRA: no --q-lora-rank (a direct q projection).
+  const cli::TrainFlags nq = parse_model_flags(cli::config_text_args(
+      flags_toml(train_flags_of(parse_hf_config(main_model_config("deepseek_v3_no_q_lora"), "c")),
+                 "t"),
+      "f.toml"));
+  EXPECT_EQ(nq.model.mla.q_lora_rank, 0);
+}
+
+TEST(HfDeepseekV3, RefusesWhatMoecoreWouldComputeDifferentlyByKey) {
+  const json base = config_of("deepseek_v3", importable());
+  auto refusal = [&](const json& c) { return error_of([&] { parse_hf_config(c, "cfg.json"); }); };
+  // The fixtures' own routing: a group score moecore does not compute.
+  const std::string groups = refusal(config_of("deepseek_v3"));
+  EXPECT_NE(
+      groups.find("[convert] 'cfg.json': \"topk_group\": 2 is not supported: with "
+                  "num_experts_per_tok 2, moecore's group-limited routing (Megatron's) scores "
+                  "a group by the sum of its top num_experts_per_tok / topk_group = 1 biased "
+                  "scores, transformers' DeepseekV3MoE by its top 2"),
+      std::string::npos)
+      << groups;
+  EXPECT_NO_THROW(parse_hf_config(config_of("deepseek_v3", {{"topk_group", 4}}), "all groups"));
+  auto with = [&](const char* key, const json& v) {
+    json c = base;
     c[key] = v;
-    return error_of([&] { parse_deepseek_v3_config(c, "cfg.json"); });
+    return refusal(c);
   };
-  nlohmann::json rope = base["rope_parameters"];
-  rope["rope_type"] = "longrope";
-  EXPECT_NE(refusal("rope_parameters", rope).find("\"rope_parameters\""), std::string::npos);
-  EXPECT_NE(refusal("n_group", 3).find("\"n_group\": 3 is not supported"), std::string::npos)
-      << refusal("n_group", 3);
-  EXPECT_NE(refusal("num_key_value_heads", 2).find("\"num_key_value_heads\": 2"),
-            std::string::npos);
-  EXPECT_NE(refusal("quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}})
+  auto with_rope = [&](const char* key, const json& v) {
+    json c = base;
+    c["rope_parameters"][key] = v;
+    return refusal(c);
+  };
+  EXPECT_NE(with_rope("rope_type", "longrope").find("\"rope_parameters\""), std::string::npos);
+  EXPECT_NE(with("n_group", 3).find("\"n_group\": 3 is not supported"), std::string::npos)
+      << with("n_group", 3);
+  EXPECT_NE(with("num_key_value_heads", 2).find("\"num_key_value_heads\": 2"), std::string::npos);
+  EXPECT_NE(with("quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}})
                 .find("\"quantization_config\""),
             std::string::npos);
-  EXPECT_NE(refusal("num_nextn_predict_layers", -1).find("\"num_nextn_predict_layers\": -1"),
+  EXPECT_NE(with("num_nextn_predict_layers", -1).find("\"num_nextn_predict_layers\": -1"),
             std::string::npos);
-  EXPECT_NE(refusal("kv_lora_rank", 0).find("\"kv_lora_rank\": 0 is not supported: a size"),
+  EXPECT_NE(with("kv_lora_rank", 0).find("\"kv_lora_rank\": 0 is not supported: a size"),
             std::string::npos);
-  nlohmann::json other = base;
+  // The router: Megatron's sigmoid router renormalises exactly when K > 1.
+  EXPECT_NE(with("norm_topk_prob", false).find("\"norm_topk_prob\": false is not supported"),
+            std::string::npos)
+      << with("norm_topk_prob", false);
+  EXPECT_NE(with("topk_group", 3).find("\"topk_group\": 3 is not supported"), std::string::npos)
+      << with("topk_group", 3);
+  // YaRN that Megatron's flags cannot give.
+  EXPECT_NE(with_rope("attention_factor", 1.2).find("an explicit attention_factor"),
+            std::string::npos);
+  EXPECT_NE(with_rope("truncate", false).find("truncate false"), std::string::npos);
+  EXPECT_NE(with_rope("mscale", nullptr).find("mscale unset with mscale_all_dim set"),
+            std::string::npos)
+      << with_rope("mscale", nullptr);
+  EXPECT_NE(with("max_position_embeddings", 128).find("factor 4 is not max_position_embeddings"),
+            std::string::npos)
+      << with("max_position_embeddings", 128);
+  EXPECT_NE(with("qk_rope_head_dim", 5).find("\"qk_rope_head_dim\": 5"), std::string::npos);
+  EXPECT_NE(with_rope("factor", -4.0).find("YaRN's factor must be positive"), std::string::npos);
+  EXPECT_NE(with("n_shared_experts", -1).find("\"n_shared_experts\": -1"), std::string::npos);
+  EXPECT_NE(with("hidden_size", int64_t{1} << 41).find("a size must be below 2^40"),
+            std::string::npos);
+  json other = base;
   other["model_type"] = "mixtral";
   other["architectures"] = {"MixtralForCausalLM"};
   EXPECT_NE(error_of([&] {
               parse_deepseek_v3_config(other, "cfg.json");
             }).find("[convert] 'cfg.json' is not a DeepSeek-V3 config.json"),
             std::string::npos);
+  json mixed = base;
+  mixed["architectures"] = {"MixtralForCausalLM"};
+  EXPECT_NE(refusal(mixed).find("name different models"), std::string::npos) << refusal(mixed);
 }
+
+// ---- the tensor table ----
 
 // Every tensor of every fixture has a target; no two have the same one (the same moecore
 // tensor, part, expert and half); and every non-MTP, non-scale moecore tensor a layer needs is
@@ -208,25 +459,691 @@ TEST(HfDeepseekV3, TensorMapCoversEveryTensorOfTheFixtures) {
   }
 }
 
-TEST(HfDeepseekV3, ImportStopsNamingWhatIsNotImplemented) {
-  const fs::path out = fs::temp_directory_path() / "moecore_dsv3_import_out";
-  fs::remove_all(out);
-  const std::string e = error_of([&] { import_hf(fixture("deepseek_v3"), out); });
-  EXPECT_NE(e.find("DeepseekV3ForCausalLM is read but cannot be imported yet: moecore does not "
-                   "implement multi-latent attention (--multi-latent-attention), YaRN RoPE"),
+// The table both directions read (hf_tensor_map) places every HF tensor where the name contract
+// (deepseek_v3_tensor_target) says, uses exactly the fixtures' tensors (each FP8 weight with its
+// scale beside it), and with rope_interleave true copies rows as they are.
+TEST(HfDeepseekV3, TableAgreesWithTheNameContract) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
+    SCOPED_TRACE(name);
+    const HfModelSpec h = parse_hf_config(config_of(name, importable()), name);
+    const HfTensorMap map = hf_tensor_map(h);
+    std::set<std::string> used;
+    for (const TensorMapping& t : map.tensors) {
+      for (const HfTensor& x : t.hf) {
+        const auto target = deepseek_v3_tensor_target(x.name, *h.deepseek);
+        ASSERT_TRUE(target) << x.name;
+        EXPECT_EQ(target->moecore, t.moecore) << x.name;
+        EXPECT_NE(target->part, "copy") << x.name;
+        EXPECT_TRUE(used.insert(x.name).second) << x.name;
+      }
+      // Interleaved pairs: each HF tensor's rows in one piece per head part, in order.
+      if (t.hf.size() == 1) {
+        int64_t next = 0;
+        for (const RowBlock& b : t.blocks) {
+          EXPECT_EQ(b.hf_row, next) << t.moecore;
+          next += b.rows;
+        }
+      }
+    }
+    for (const HfTensorMap::Copy& c : map.copies) {
+      const auto target = deepseek_v3_tensor_target(c.tensor.name, *h.deepseek);
+      ASSERT_TRUE(target) << c.tensor.name;
+      EXPECT_EQ(target->part, "copy");
+      EXPECT_TRUE(used.insert(c.tensor.name).second);
+      EXPECT_TRUE(used.count(c.of)) << c.of;
+    }
+    std::set<std::string> in_file;
+    const ckpt::SafetensorsFile file(fixture(name) / "model.safetensors");
+    for (const std::string& n : file.names()) {
+      if (n.ends_with("_scale_inv")) {
+        EXPECT_TRUE(used.count(n.substr(0, n.size() - 10))) << n;
+        continue;
+      }
+      in_file.insert(n);
+    }
+    EXPECT_EQ(used, in_file);
+  }
+}
+
+// ---- import ----
+
+// With its MTP layer the fixture holds tensors moecore's model has no place for yet (moecore
+// train refuses --mtp-num-layers): the import stops naming the first, writing nothing (by the
+// library and by `moecore convert`).
+TEST(HfDeepseekV3, ImportOfTheMtpLayerStopsAtItsFirstTensor) {
+  const fs::path out = fresh_dir("mtp_out");
+  const std::string e =
+      error_of([&] { import_hf(importable_copy("deepseek_v3", "mtp_src"), out); });
+  EXPECT_NE(e.find("the checkpoint's 1 multi-token-prediction layer(s) "
+                   "(num_nextn_predict_layers) have no place in moecore's model, which does not "
+                   "build MTP layers yet (moecore train refuses --mtp-num-layers): "
+                   "'model.layers.3.eh_proj.weight' -> 'mtp.layers.0.eh_proj.weight', "),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("multi-token prediction (--mtp-num-layers)"), std::string::npos) << e;
-  EXPECT_NE(e.find("--kv-lora-rank 16"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(out));
-  const testing::CommandResult r =
-      testing::run_moecore("convert hf-to-moecore --input " + fixture("deepseek_v3_fp8").string() +
-                           " --output " + out.string());
+  const testing::CommandResult r = testing::run_moecore(
+      "convert hf-to-moecore --input " +
+      importable_copy("deepseek_v3_fp8", "mtp_src_fp8").string() + " --output " + out.string());
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("DeepseekV3ForCausalLM is read but cannot be imported yet"),
+  EXPECT_NE(r.output.find("'model.layers.3.eh_proj.weight' -> 'mtp.layers.0.eh_proj.weight'"),
             std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// Imported without the MTP layer: each moecore tensor holds its HF tensors' rows (MLA's
+// projections as they are, the rotary pairs already interleaved; the experts stacked, fc1 =
+// [gate; up]; the shared expert; the dense layer), the routers' expert bias is
+// e_score_correction_bias, and the flags file builds the model those tensors fill.
+TEST(HfDeepseekV3, ImportsMlaRoutersExpertsAndDenseLayers) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = without_mtp(name, "imp_src_" + name), ck = fresh_dir("imp_ck_" + name);
+    const ImportResult res = import_hf(src, ck);
+    EXPECT_TRUE(res.warnings.empty());
+    const auto hf = tensors_of(src / "model.safetensors");
+    EXPECT_EQ(res.hf_tensors, static_cast<int64_t>(hf.size()));
+    auto same = [&](const std::string& moecore, const std::string& hf_name) {
+      EXPECT_EQ(moecore_tensor(ck, moecore), as_f32(hf.at(hf_name))) << moecore << " " << hf_name;
+    };
+    const std::string a = "model.layers.1.self_attn.", b = "decoder.layers.1.self_attention.";
+    if (name == "deepseek_v3") {
+      same(b + "linear_q_down_proj.weight", a + "q_a_proj.weight");
+      same(b + "q_layernorm.weight", a + "q_a_layernorm.weight");
+      same(b + "linear_q_up_proj.weight", a + "q_b_proj.weight");
+    } else {
+      same(b + "linear_q_proj.weight", a + "q_proj.weight");
+    }
+    same(b + "linear_kv_down_proj.weight", a + "kv_a_proj_with_mqa.weight");
+    same(b + "kv_layernorm.weight", a + "kv_a_layernorm.weight");
+    same(b + "linear_kv_up_proj.weight", a + "kv_b_proj.weight");
+    same(b + "linear_proj.weight", a + "o_proj.weight");
+    same("decoder.layers.2.mlp.router.weight", "model.layers.2.mlp.gate.weight");
+    same("decoder.layers.2.mlp.router.expert_bias",
+         "model.layers.2.mlp.gate.e_score_correction_bias");
+    same("decoder.layers.1.mlp.shared_experts.linear_fc2.weight",
+         "model.layers.1.mlp.shared_experts.down_proj.weight");
+    same("decoder.layers.0.mlp.linear_fc2.weight", "model.layers.0.mlp.down_proj.weight");
+    // Expert 5 of layer 2: fc1[5] = [gate_5; up_5], fc2[5] = down_5.
+    const std::vector<float> fc1 =
+        moecore_tensor(ck, "decoder.layers.2.mlp.experts.linear_fc1.weight");
+    const std::vector<float> gate = as_f32(hf.at("model.layers.2.mlp.experts.5.gate_proj.weight"));
+    const std::vector<float> up = as_f32(hf.at("model.layers.2.mlp.experts.5.up_proj.weight"));
+    const size_t F8H = gate.size();  // F x H
+    EXPECT_TRUE(std::equal(gate.begin(), gate.end(), fc1.begin() + 5 * 2 * F8H));
+    EXPECT_TRUE(std::equal(up.begin(), up.end(), fc1.begin() + 5 * 2 * F8H + F8H));
+    const std::vector<float> fc2 =
+        moecore_tensor(ck, "decoder.layers.2.mlp.experts.linear_fc2.weight");
+    const std::vector<float> down = as_f32(hf.at("model.layers.2.mlp.experts.5.down_proj.weight"));
+    EXPECT_TRUE(std::equal(down.begin(), down.end(), fc2.begin() + 5 * down.size()));
+    // The flags file: the model of those tensors, without MTP layers.
+    const std::string toml = read_text(ck / kFlagsFile);
+    EXPECT_NE(toml.find("multi-latent-attention = true"), std::string::npos) << toml;
+    EXPECT_NE(toml.find("moe-router-enable-expert-bias = true"), std::string::npos) << toml;
+    EXPECT_EQ(toml.find("mtp-num-layers"), std::string::npos) << toml;
+    const ckpt::Manifest man = ckpt::CheckpointReader(ckpt::iteration_dir(ck, 0)).manifest();
+    EXPECT_EQ(man.state["hf"]["architecture"], "DeepseekV3ForCausalLM");
+    EXPECT_EQ(man.state["model"], train::model_signature(flags_of(ck).model));
+  }
+}
+
+// transformers' save_pretrained drops the MTP layer but keeps num_nextn_predict_layers: the main
+// model is imported, without MTP layers, and a warning says so.
+TEST(HfDeepseekV3, ACheckpointWithoutItsMtpLayerImportsTheMainModel) {
+  const fs::path src = without_mtp("deepseek_v3", "nomtp_src", /*nextn=*/1);
+  const fs::path ck = fresh_dir("nomtp_ck"), ref = fresh_dir("nomtp_ref");
+  const ImportResult res = import_hf(src, ck);
+  ASSERT_EQ(res.warnings.size(), 1u);
+  EXPECT_NE(res.warnings[0].find("num_nextn_predict_layers 1 but the weights hold no "
+                                 "'model.layers.3.*' tensor"),
+            std::string::npos)
+      << res.warnings[0];
+  EXPECT_EQ(res.spec.deepseek->mtp_layers, 0);
+  EXPECT_EQ(read_text(ck / kFlagsFile).find("mtp-num-layers"), std::string::npos);
+  // The same checkpoint as that of the config without MTP layers.
+  import_hf(without_mtp("deepseek_v3", "nomtp_src0"), ref);
+  for (const char* n : {"decoder.layers.2.mlp.experts.linear_fc1.weight", "output_layer.weight"})
+    EXPECT_EQ(moecore_tensor(ck, n), moecore_tensor(ref, n)) << n;
+  // Some of an MTP layer is not none of it: its missing tensors are named.
+  json config = read_json(src / "config.json");
+  auto t = tensors_of(fixture("deepseek_v3") / "model.safetensors");
+  t.erase("model.layers.3.hnorm.weight");
+  const fs::path part = fresh_dir("nomtp_part");
+  write_hf_dir(part, t, config);
+  const std::string e = error_of([&] { import_hf(part, fresh_dir("nomtp_part_ck")); });
+  EXPECT_NE(e.find("'mtp.layers.0."), std::string::npos) << e;
+}
+
+// The FP8 checkpoint's weights are imported as transformers dequantizes them (the fixture's
+// dequantized.safetensors, bit for bit), every scale consumed; the other tensors as they are.
+TEST(HfDeepseekV3, Fp8WeightsImportDequantizedExactly) {
+  const fs::path src = without_mtp("deepseek_v3_fp8", "fp8_src"), ck = fresh_dir("fp8_ck");
+  const ImportResult res = import_hf(src, ck);
+  EXPECT_EQ(res.hf_tensors, static_cast<int64_t>(tensors_of(src / "model.safetensors").size()));
+  const auto deq = tensors_of(fixture("deepseek_v3_fp8") / "dequantized.safetensors");
+  const HfTensorMap map = hf_tensor_map(res.spec);
+  int checked = 0;
+  for (const TensorMapping& t : map.tensors) {
+    if (t.hf.size() != 1 || !deq.count(t.hf[0].name)) continue;  // single-tensor ones suffice
+    EXPECT_EQ(moecore_tensor(ck, t.moecore), as_f32(deq.at(t.hf[0].name))) << t.moecore;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 18);  // per layer q_a, q_b, kv_a, kv_b, o; the dense and shared down_proj
+  const std::vector<float> fc1 =
+      moecore_tensor(ck, "decoder.layers.1.mlp.experts.linear_fc1.weight");
+  const std::vector<float> up = as_f32(deq.at("model.layers.1.mlp.experts.3.up_proj.weight"));
+  EXPECT_TRUE(std::equal(up.begin(), up.end(), fc1.begin() + (2 * 3 + 1) * up.size()));
+}
+
+// ---- export ----
+
+// Import then export gives every tensor back byte for byte (the whole model.safetensors, header
+// and order included) and a config.json of the same model. The FP8 checkpoint exports in the
+// model's dtype (F32 here): its FP8 weights as their dequantized values, no quantization_config.
+TEST(HfDeepseekV3, RoundTripIsBytewise) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = without_mtp(name, "rt_src_" + name), ck = fresh_dir("rt_ck_" + name);
+    const fs::path hf = fresh_dir("rt_hf_" + name);
+    import_hf(src, ck);
+    ExportOptions o;
+    o.input = ck;
+    o.output = hf;
+    const ExportResult r = export_hf(o);
+    EXPECT_EQ(r.arch_from, "the import");
+    EXPECT_EQ(r.spec.arch, HfArch::DeepseekV3);
+    const auto a = tensors_of(src / "model.safetensors"), b = tensors_of(hf / "model.safetensors");
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [n, t] : a) {
+      ASSERT_TRUE(b.count(n)) << n;
+      EXPECT_EQ(b.at(n).dtype, t.dtype) << n;
+      EXPECT_EQ(b.at(n).shape, t.shape) << n;
+      EXPECT_TRUE(b.at(n).bytes == t.bytes) << n;
+    }
+    EXPECT_EQ(read_text(hf / "model.safetensors"), read_text(src / "model.safetensors"));
+    const json cfg = read_json(hf / "config.json");
+    EXPECT_EQ(parse_hf_config(cfg, "exported"),
+              parse_hf_config(read_json(src / "config.json"), "s"));
+    EXPECT_EQ(cfg["initializer_range"], 0.02);  // carried over
+    EXPECT_EQ(cfg["pretraining_tp"], 1);
+  }
+  const fs::path src = without_mtp("deepseek_v3_fp8", "rt_src_fp8"), ck = fresh_dir("rt_ck_fp8");
+  const fs::path hf = fresh_dir("rt_hf_fp8");
+  import_hf(src, ck);
+  ExportOptions o;
+  o.input = ck;
+  o.output = hf;
+  export_hf(o);
+  const auto in = tensors_of(src / "model.safetensors"), out = tensors_of(hf / "model.safetensors");
+  const auto deq = tensors_of(fixture("deepseek_v3_fp8") / "dequantized.safetensors");
+  for (const auto& [n, t] : out) {
+    EXPECT_EQ(t.dtype, "F32") << n;
+    const Tensor& want = deq.count(n) ? deq.at(n) : in.at(n);
+    EXPECT_TRUE(t.bytes == want.bytes) << n;
+  }
+  for (const auto& [n, t] : in) EXPECT_TRUE(out.count(n) || n.ends_with("_scale_inv")) << n;
+  const json cfg = read_json(hf / "config.json");
+  EXPECT_FALSE(cfg.contains("quantization_config"));
+  DeepseekV3Spec want = spec_of("deepseek_v3_fp8");
+  want.fp8_block.reset();
+  want.mtp_layers = 0;
+  EXPECT_EQ(*parse_hf_config(cfg, "exported").deepseek, want);
+}
+
+// ---- rope_interleave false ----
+
+// transformers pairs q's and k's rotary elements as (i, i + pe/2) when rope_interleave is false,
+// and with it true first permutes them as view(pe/2, 2).transpose (apply_rotary_pos_emb_interleave)
+// and then pairs them so. The fixture's weights with their rotary rows permuted that way (in
+// q_b_proj / q_proj per head, in kv_a_proj_with_mqa's last pe rows) and rope_interleave false are
+// therefore the same model, computing reference.json's logits with the same operations. Its
+// import permutes the rows back: the same moecore checkpoint, tensor for tensor, bit for bit;
+// its export permutes them again, giving the half-split checkpoint back byte for byte.
+TEST(HfDeepseekV3, RopeInterleaveFalseImportsToTheSameModelAndExportsBack) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora"}) {
+    SCOPED_TRACE(name);
+    const DeepseekV3Spec s = spec_of(name);
+    const int64_t pe = s.qk_rope_head_dim, qk = s.qk_nope_head_dim, kl = s.kv_lora_rank;
+    json config = config_of(name, importable());
+    config["num_nextn_predict_layers"] = 0;
+    config["rope_interleave"] = false;
+    auto t = tensors_of(without_mtp(name, "ri_plain_" + name) / "model.safetensors");
+    // The rows [base, base + pe) in de-interleaved order: row base + i <- base + 2i, row
+    // base + pe/2 + i <- base + 2i + 1.
+    auto deinterleave = [&](Tensor& x, int64_t base) {
+      const size_t w = x.bytes.size() / static_cast<size_t>(x.shape[0]);
+      const std::vector<std::byte> old = x.bytes;
+      for (int64_t i = 0; i < pe / 2; ++i) {
+        std::memcpy(&x.bytes[(base + i) * w], &old[(base + 2 * i) * w], w);
+        std::memcpy(&x.bytes[(base + pe / 2 + i) * w], &old[(base + 2 * i + 1) * w], w);
+      }
+    };
+    int permuted = 0;
+    for (auto& [n, x] : t) {
+      if (n.ends_with("q_b_proj.weight") || n.ends_with("self_attn.q_proj.weight")) {
+        for (int64_t h = 0; h < s.num_heads; ++h) deinterleave(x, h * (qk + pe) + qk);
+        ++permuted;
+      } else if (n.ends_with("kv_a_proj_with_mqa.weight")) {
+        deinterleave(x, kl);
+        ++permuted;
+      }
+    }
+    EXPECT_EQ(permuted, 2 * s.num_layers);
+    const fs::path half = fresh_dir("ri_half_" + name);
+    write_hf_dir(half, t, config);
+    const fs::path ck_half = fresh_dir("ri_ck_half_" + name), ck = fresh_dir("ri_ck_" + name);
+    import_hf(half, ck_half);
+    import_hf(without_mtp(name, "ri_plain_" + name), ck);
+    const ckpt::Manifest man = ckpt::CheckpointReader(ckpt::iteration_dir(ck, 0)).manifest();
+    for (const ckpt::GlobalTensor& g : man.tensors)
+      EXPECT_EQ(moecore_tensor(ck_half, g.name), moecore_tensor(ck, g.name)) << g.name;
+    const fs::path hf = fresh_dir("ri_hf_" + name);
+    ExportOptions o;
+    o.input = ck_half;
+    o.output = hf;
+    export_hf(o);
+    EXPECT_EQ(read_text(hf / "model.safetensors"), read_text(half / "model.safetensors"));
+    EXPECT_EQ(read_json(hf / "config.json")["rope_interleave"], false);
+  }
+}
+
+// ---- the numbers ----
+
+// Which experts a token's group-limited routing keeps: transformers scores a group by the sum of
+// its two best biased scores and masks the left-out groups' experts with 0; Megatron (moecore)
+// by its top num_experts_per_tok / topk_group and masks them with -inf.
+enum class GroupScore { Transformers, Megatron };
+
+std::vector<double> matvec(const std::vector<double>& W, const std::vector<double>& x) {
+  const size_t cols = x.size(), rows = W.size() / cols;
+  std::vector<double> y(rows, 0.0);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) y[r] += W[r * cols + c] * x[c];
+  }
+  return y;
+}
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& w,
+                            double eps) {
+  double ms = 0;
+  for (double v : x) ms += v * v;
+  const double r = 1.0 / std::sqrt(ms / static_cast<double>(x.size()) + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+  return y;
+}
+
+// transformers' DeepseekV3ForCausalLM (modeling_deepseek_v3.py, modeling_rope_utils.py:
+// _compute_yarn_parameters; 5.24) transcribed in float64 plain loops from an HF directory's
+// tensors (HfWeights: FP8 dequantized) and its config.json's keys, with nothing of moecore's
+// model or converter: DeepseekV3Attention (q_a_proj -> q_a_layernorm -> q_b_proj or q_proj;
+// kv_a_proj_with_mqa's [latent | rotary key], kv_a_layernorm, kv_b_proj's per-head [k_nope | v];
+// the rotary elements de-interleaved when rope_interleave, then pairs (i, i + pe/2); scaling
+// (qk + pe)^-1/2 times get_mscale(factor, mscale_all_dim)^2), DeepseekV3MoE (sigmoid scores,
+// e_score_correction_bias for the choice, groups, norm_topk_prob with 1e-20, routed_scaling_factor,
+// the shared experts), the dense MLPs of the first first_k_dense_replace layers.
+class Transcription {
+ public:
+  Transcription(const fs::path& dir, const json& c) : c_(c) {
+    HfWeights w(dir);
+    if (c.contains("quantization_config")) {
+      const json& b = c["quantization_config"]["weight_block_size"];
+      w.set_fp8_block_size({b[0].get<int64_t>(), b[1].get<int64_t>()});
+    }
+    for (const std::string& n : w.names()) {
+      if (n.ends_with("_scale_inv")) continue;
+      const std::vector<float> v = w.read_f32(n);
+      t_[n].assign(v.begin(), v.end());
+    }
+  }
+
+  // [S, V] logits of `ids`, each position p at position p.
+  std::vector<double> logits(const std::vector<int32_t>& ids, GroupScore rule) const {
+    const int64_t H = c_["hidden_size"], Hq = c_["num_attention_heads"];
+    const int64_t qk = c_["qk_nope_head_dim"], pe = c_["qk_rope_head_dim"], dv = c_["v_head_dim"];
+    const int64_t kl = c_["kv_lora_rank"], L = c_["num_hidden_layers"], E = c_["n_routed_experts"];
+    const int64_t K = c_["num_experts_per_tok"], G = c_["n_group"], g = c_["topk_group"];
+    const double eps = c_["rms_norm_eps"], rsf = c_["routed_scaling_factor"];
+    const json& rp = c_["rope_parameters"];
+    const double f = rp["factor"], base = rp["rope_theta"];
+    const double ms = rp["mscale"], msa = rp["mscale_all_dim"];
+    const double orig = rp["original_max_position_embeddings"];
+    auto get_mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    const double attn_factor =
+        ms != 0 && msa != 0 ? get_mscale(f, ms) / get_mscale(f, msa) : get_mscale(f, 1.0);
+    auto cdim = [&](double rot) {
+      return static_cast<double>(pe) * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(cdim(rp["beta_fast"])), 0.0);
+    double high = std::min(std::ceil(cdim(rp["beta_slow"])), static_cast<double>(pe - 1));
+    if (low == high) high += 0.001;
+    std::vector<double> inv(pe / 2);
+    for (int64_t i = 0; i < pe / 2; ++i) {
+      const double pos_freq = std::pow(base, static_cast<double>(2 * i) / static_cast<double>(pe));
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1 - ramp;
+      inv[i] = 1 / (f * pos_freq) * (1 - extrapolation) + 1 / pos_freq * extrapolation;
+    }
+    double scaling = 1 / std::sqrt(static_cast<double>(qk + pe));
+    if (msa != 0) scaling *= get_mscale(f, msa) * get_mscale(f, msa);
+    const bool interleave = c_.value("rope_interleave", true);
+    auto rope = [&](std::vector<double> v, int64_t p) {
+      if (interleave) {  // apply_rotary_pos_emb_interleave: view(pe/2, 2).transpose
+        std::vector<double> d(pe);
+        for (int64_t i = 0; i < pe / 2; ++i) {
+          d[i] = v[2 * i];
+          d[pe / 2 + i] = v[2 * i + 1];
+        }
+        v = d;
+      }
+      std::vector<double> y(pe);
+      for (int64_t i = 0; i < pe / 2; ++i) {
+        const double co = std::cos(static_cast<double>(p) * inv[i]) * attn_factor;
+        const double si = std::sin(static_cast<double>(p) * inv[i]) * attn_factor;
+        y[i] = v[i] * co - v[i + pe / 2] * si;
+        y[i + pe / 2] = v[i + pe / 2] * co + v[i] * si;
+      }
+      return y;
+    };
+    auto mlp = [&](const std::string& p, const std::vector<double>& x) {
+      const std::vector<double> gt = matvec(at(p + "gate_proj.weight"), x);
+      const std::vector<double> up = matvec(at(p + "up_proj.weight"), x);
+      std::vector<double> a(gt.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = gt[i] / (1 + std::exp(-gt[i])) * up[i];
+      return matvec(at(p + "down_proj.weight"), a);
+    };
+    const int64_t S = static_cast<int64_t>(ids.size());
+    const std::vector<double>& emb = at("model.embed_tokens.weight");
+    std::vector<std::vector<double>> x(S);
+    for (int64_t t = 0; t < S; ++t)
+      x[t].assign(emb.begin() + ids[t] * H, emb.begin() + (ids[t] + 1) * H);
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string P = "model.layers." + std::to_string(l) + ".", A = P + "self_attn.";
+      std::vector<std::vector<double>> q(S), k(S), v(S);  // [t][h * D + d]
+      for (int64_t t = 0; t < S; ++t) {
+        const std::vector<double> h = rmsnorm(x[t], at(P + "input_layernorm.weight"), eps);
+        const std::vector<double> qa =
+            has(A + "q_a_proj.weight")
+                ? matvec(at(A + "q_b_proj.weight"), rmsnorm(matvec(at(A + "q_a_proj.weight"), h),
+                                                            at(A + "q_a_layernorm.weight"), eps))
+                : matvec(at(A + "q_proj.weight"), h);
+        const std::vector<double> ckv = matvec(at(A + "kv_a_proj_with_mqa.weight"), h);
+        const std::vector<double> k_rot = rope({ckv.begin() + kl, ckv.end()}, t);
+        const std::vector<double> kv =
+            matvec(at(A + "kv_b_proj.weight"),
+                   rmsnorm({ckv.begin(), ckv.begin() + kl}, at(A + "kv_a_layernorm.weight"), eps));
+        for (int64_t hh = 0; hh < Hq; ++hh) {
+          const auto qh = qa.begin() + hh * (qk + pe);
+          q[t].insert(q[t].end(), qh, qh + qk);
+          const std::vector<double> q_rot = rope({qh + qk, qh + qk + pe}, t);
+          q[t].insert(q[t].end(), q_rot.begin(), q_rot.end());
+          const auto kh = kv.begin() + hh * (qk + dv);
+          k[t].insert(k[t].end(), kh, kh + qk);
+          k[t].insert(k[t].end(), k_rot.begin(), k_rot.end());
+          v[t].insert(v[t].end(), kh + qk, kh + qk + dv);
+        }
+      }
+      for (int64_t t = 0; t < S; ++t) {  // causal attention, o_proj, residual
+        std::vector<double> o(Hq * dv, 0.0);
+        for (int64_t hh = 0; hh < Hq; ++hh) {
+          std::vector<double> sc(t + 1);
+          for (int64_t u = 0; u <= t; ++u) {
+            double d = 0;
+            for (int64_t j = 0; j < qk + pe; ++j)
+              d += q[t][hh * (qk + pe) + j] * k[u][hh * (qk + pe) + j];
+            sc[u] = d * scaling;
+          }
+          const double mx = *std::max_element(sc.begin(), sc.end());
+          double z = 0;
+          for (double& e : sc) z += (e = std::exp(e - mx));
+          for (int64_t u = 0; u <= t; ++u) {
+            for (int64_t j = 0; j < dv; ++j) o[hh * dv + j] += sc[u] / z * v[u][hh * dv + j];
+          }
+        }
+        const std::vector<double> y = matvec(at(A + "o_proj.weight"), o);
+        for (int64_t i = 0; i < H; ++i) x[t][i] += y[i];
+      }
+      const std::string M = P + "mlp.";
+      for (int64_t t = 0; t < S; ++t) {
+        const std::vector<double> h = rmsnorm(x[t], at(P + "post_attention_layernorm.weight"), eps);
+        std::vector<double> y;
+        if (!has(M + "gate.weight")) {
+          y = mlp(M, h);
+        } else {
+          const std::vector<double> lg = matvec(at(M + "gate.weight"), h);
+          const std::vector<double>& bias = at(M + "gate.e_score_correction_bias");
+          std::vector<double> sc(E), key(E);
+          for (int64_t e = 0; e < E; ++e) {
+            sc[e] = 1 / (1 + std::exp(-lg[e]));
+            key[e] = sc[e] + bias[e];
+          }
+          const int64_t per = E / G, top = rule == GroupScore::Transformers ? 2 : K / g;
+          std::vector<double> gs(G);
+          for (int64_t j = 0; j < G; ++j) {
+            std::vector<double> grp(key.begin() + j * per, key.begin() + (j + 1) * per);
+            std::sort(grp.rbegin(), grp.rend());
+            gs[j] = std::accumulate(grp.begin(), grp.begin() + top, 0.0);
+          }
+          std::vector<int64_t> order(G);
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int64_t a, int64_t b) { return gs[a] > gs[b]; });
+          std::vector<double> masked(E);
+          for (int64_t e = 0; e < E; ++e) {
+            const bool kept =
+                std::find(order.begin(), order.begin() + g, e / per) != order.begin() + g;
+            masked[e] = kept ? key[e] : rule == GroupScore::Transformers ? 0.0 : -INFINITY;
+          }
+          std::vector<int64_t> idx(E);
+          std::iota(idx.begin(), idx.end(), 0);
+          std::stable_sort(idx.begin(), idx.end(),
+                           [&](int64_t a, int64_t b) { return masked[a] > masked[b]; });
+          double den = 1e-20;
+          for (int64_t j = 0; j < K; ++j) den += sc[idx[j]];
+          y = mlp(M + "shared_experts.", h);
+          for (int64_t j = 0; j < K; ++j) {
+            const double wk = sc[idx[j]] / den * rsf;
+            const std::vector<double> ye = mlp(M + "experts." + std::to_string(idx[j]) + ".", h);
+            for (int64_t i = 0; i < H; ++i) y[i] += wk * ye[i];
+          }
+        }
+        for (int64_t i = 0; i < H; ++i) x[t][i] += y[i];
+      }
+    }
+    std::vector<double> out;
+    for (int64_t t = 0; t < S; ++t) {
+      const std::vector<double> y =
+          matvec(at("lm_head.weight"), rmsnorm(x[t], at("model.norm.weight"), eps));
+      out.insert(out.end(), y.begin(), y.end());
+    }
+    return out;
+  }
+
+ private:
+  bool has(const std::string& n) const { return t_.count(n) > 0; }
+  const std::vector<double>& at(const std::string& n) const { return t_.at(n); }
+
+  json c_;
+  std::map<std::string, std::vector<double>> t_;
+};
+
+// The mean next-token cross entropy of [S, V] logits (positions 0..S-2 predicting ids 1..S-1),
+// as transformers' ForCausalLMLoss computes reference.json's loss.
+double mean_next_token_ce(const std::vector<double>& logits, const std::vector<int32_t>& ids) {
+  const size_t S = ids.size(), V = logits.size() / S;
+  double sum = 0;
+  for (size_t s = 0; s + 1 < S; ++s) {
+    const double* row = logits.data() + s * V;
+    const double mx = *std::max_element(row, row + V);
+    double z = 0;
+    for (size_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+    sum += mx + std::log(z) - row[ids[s + 1]];
+  }
+  return sum / static_cast<double>(S - 1);
+}
+
+// max |a - b| over [S, V] logits, divided by the largest |b|.
+double rel_logits_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return worst / scale;
+}
+
+std::vector<double> flat_logits(const json& seq) {
+  std::vector<double> out;
+  for (const json& row : seq["logits"]) {
+    for (const json& v : row) out.push_back(v.get<double>());
+  }
+  return out;
+}
+
+// The transcription with transformers' group score computes reference.json's float64 logits
+// and losses (transformers' own float64 forward, which rounds its RMSNorms, router logits and
+// RoPE tables to float32): it is transformers' function, for every fixture.
+TEST(HfDeepseekV3, TheTranscriptionComputesTransformersLogits) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
+    const Transcription tr(fixture(name), config_of(name));
+    const json ref = read_json(fixture(name) / "reference.json");
+    double worst = 0, worst_loss = 0;
+    for (const json& seq : ref["sequences"]) {
+      const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
+      const std::vector<double> got = tr.logits(ids, GroupScore::Transformers);
+      const double d = rel_logits_diff(got, flat_logits(seq));
+      EXPECT_LE(d, testing::kHfF64LogitsRtol) << name;
+      const double want = seq["loss"].get<double>();
+      const double dl = std::abs(mean_next_token_ce(got, ids) - want) / want;
+      EXPECT_LE(dl, testing::kHfF64LogitsRtol) << name;
+      worst = std::max(worst, d);
+      worst_loss = std::max(worst_loss, dl);
+    }
+    std::cout << "[hf transcription] " << name << ": logits " << worst
+              << " of the largest |logit| from transformers' float64, loss " << worst_loss
+              << " relative\n";
+  }
+}
+
+// The fixture's weights imported under its own routing but every group kept (topk_group =
+// n_group, which the import accepts), the fixture's group limits then given on the command line
+// (--moe-router-num-groups 4 --moe-router-group-topk 2): moecore's model of the fixture, whose
+// group score is Megatron's.
+fs::path imported_for_numbers(const std::string& name) {
+  const fs::path ck = fresh_dir("num_ck_" + name);
+  const json c = config_of(name);
+  import_hf(without_mtp(name, "num_src_" + name, 0, {{"topk_group", c["n_group"]}}), ck);
+  return ck;
+}
+std::vector<std::string> fixture_routing(const std::string& name) {
+  const json c = config_of(name);
+  return {"--moe-router-num-groups", std::to_string(c["n_group"].get<int>()),
+          "--moe-router-group-topk", std::to_string(c["topk_group"].get<int>())};
+}
+
+// The imported checkpoint in a float64 moecore model of its flags file (the checkpoint's f32
+// values widened, every tensor of it loaded: the weights and the routers' expert bias), each
+// reference sequence alone in eval mode, computes the transcription's logits and loss under
+// Megatron's group score: the import and moecore's model are transformers' function but for the
+// group score (TheTranscriptionComputesTransformersLogits).
+void f64_against_transcription(const std::string& name) {
+  const fs::path ck = imported_for_numbers(name);
+  std::vector<std::string> extra = fixture_routing(name);
+  for (const char* a : {"--seq-length", "8", "--micro-batch-size", "1"}) extra.push_back(a);
+  const cli::TrainFlags f = flags_of(ck, extra);
+  model::GPTModel<double> model(f.model, 1, 0);
+  ckpt::CheckpointReader r(ckpt::iteration_dir(ck, 0));
+  auto read = [&](const std::string& n) {
+    std::vector<float> v(static_cast<size_t>(r.tensor(n).numel()));
+    r.read(n, "F32", -1, 0, 0, {reinterpret_cast<std::byte*>(v.data()), v.size() * 4});
+    return v;
+  };
+  size_t loaded = 0;
+  for (Param& p : model.params().params()) {
+    const std::vector<float> v = read(p.name());
+    ASSERT_EQ(static_cast<int64_t>(v.size()), p.local_numel()) << p.name();
+    std::copy(v.begin(), v.end(), testing::host(p.data_as<double>()));
+    ++loaded;
+  }
+  for (moe::Router<double>* rt : model.routers()) {
+    std::string n = rt->weight().name();
+    n = n.substr(0, n.size() - 7) + ".expert_bias";  // "<router>.weight"
+    const std::vector<float> v = read(n);
+    std::copy(v.begin(), v.end(), testing::host(rt->expert_bias()));
+    ++loaded;
+  }
+  EXPECT_EQ(loaded, r.manifest().tensors.size());  // every tensor of the checkpoint
+  model.set_training(false);
+  const Transcription tr(fixture(name), config_of(name));
+  const json ref = read_json(fixture(name) / "reference.json");
+  const int64_t V = f.model.vocab_size;
+  double worst = 0, worst_loss = 0;
+  for (const json& seq : ref["sequences"]) {
+    const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
+    const std::vector<double> want = tr.logits(ids, GroupScore::Megatron);
+    std::vector<double> got(ids.size() * V);
+    model.forward_logits(ids.data(), got.data());
+    const double d = rel_logits_diff(got, want);
+    EXPECT_LE(d, testing::kF64Rtol) << name;
+    std::vector<int32_t> targets(ids.begin() + 1, ids.end());
+    targets.push_back(-1);
+    const double loss = model.forward(ids.data(), targets.data());
+    const double want_loss = mean_next_token_ce(want, ids);
+    const double dl = std::abs(loss - want_loss) / want_loss;
+    EXPECT_LE(dl, testing::kF64Rtol) << name;
+    worst = std::max(worst, d);
+    worst_loss = std::max(worst_loss, dl);
+  }
+  std::cout << "[hf parity f64] " << name << ": logits " << worst
+            << " of the largest |logit| from the transcription (Megatron's group score), loss "
+            << worst_loss << " relative\n";
+}
+
+TEST(HfDeepseekV3, ImportedModelComputesTheTranscriptionInFloat64) {
+  f64_against_transcription("deepseek_v3");
+}
+TEST(HfDeepseekV3, ImportedModelWithoutQLoraComputesTheTranscriptionInFloat64) {
+  f64_against_transcription("deepseek_v3_no_q_lora");
+}
+TEST(HfDeepseekV3, ImportedFp8ModelComputesTheTranscriptionInFloat64) {
+  f64_against_transcription("deepseek_v3_fp8");
+}
+
+// The trainer loads the imported checkpoint through its flags file alone (--finetune: the
+// weights and the routers' expert bias by the names the import wrote; the checkpoint's routing
+// signature is the flags file's), and its f32 forward computes the transcription's logits (of the
+// same config.json) within the f32 row of docs/numerics.md.
+TEST(HfDeepseekV3, TheTrainerLoadsTheImportAndComputesTheTranscription) {
+  const fs::path ck = fresh_dir("trainer_ck");
+  import_hf(without_mtp("deepseek_v3", "trainer_src"), ck);
+  const cli::TrainFlags f =
+      flags_of(ck, {"--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr",
+                    "1e-4", "--peak-tflops", "1", "--eval-iters", "0"});
+  train::Trainer trainer(f.model, f.train);
+  train::Trainer::LoadOptions lo;
+  lo.finetune = true;
+  ASSERT_EQ(trainer.load_checkpoint(ck, lo), 0);
+  model::GPTModel<float>& model = trainer.model();
+  model.set_training(false);
+  const std::vector<float> bias = moecore_tensor(ck, "decoder.layers.1.mlp.router.expert_bias");
+  const float* loaded = testing::host(model.routers()[0]->expert_bias());
+  EXPECT_TRUE(std::equal(bias.begin(), bias.end(), loaded));
+  const Transcription tr(fixture("deepseek_v3"), config_of("deepseek_v3", importable()));
+  const json ref = read_json(fixture("deepseek_v3") / "reference.json");
+  double worst = 0;
+  for (const json& seq : ref["sequences"]) {
+    const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
+    std::vector<float> got(ids.size() * f.model.vocab_size);
+    model.forward_logits(ids.data(), got.data());
+    const double d =
+        rel_logits_diff({got.begin(), got.end()}, tr.logits(ids, GroupScore::Megatron));
+    EXPECT_LE(d, testing::kHfLogitsRtol);
+    worst = std::max(worst, d);
+  }
+  std::cout << "[hf parity f32] deepseek_v3 (top-4): logits " << worst
+            << " of the largest |logit| from the transcription\n";
 }
 
 }  // namespace
