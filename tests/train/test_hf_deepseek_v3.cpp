@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <numbers>
 #include <numeric>
 #include <set>
 #include <string>
@@ -905,7 +907,8 @@ class Transcription {
     const double attn_factor =
         ms != 0 && msa != 0 ? get_mscale(f, ms) / get_mscale(f, msa) : get_mscale(f, 1.0);
     auto cdim = [&](double rot) {
-      return static_cast<double>(pe) * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base));
+      return static_cast<double>(pe) * std::log(orig / (rot * 2 * std::numbers::pi)) /
+             (2 * std::log(base));
     };
     const double low = std::max(std::floor(cdim(rp["beta_fast"])), 0.0);
     double high = std::min(std::ceil(cdim(rp["beta_slow"])), static_cast<double>(pe - 1));
