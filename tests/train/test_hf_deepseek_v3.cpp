@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <numbers>
 #include <numeric>
 #include <set>
 #include <string>
@@ -69,6 +71,20 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(d);
   return d;
 }
+
+// The scratch directories of this process, removed when its tests end.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const std::string mine = "moecore_dsv3." + std::to_string(::getpid()) + ".";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec)) {
+      if (e.path().filename().string().starts_with(mine)) fs::remove_all(e.path(), ec);
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kScratchCleanup =
+    ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -690,6 +706,83 @@ TEST(HfDeepseekV3, RoundTripIsBytewise) {
   EXPECT_EQ(*parse_hf_config(cfg, "exported").deepseek, want);
 }
 
+// What DeepseekV3ForCausalLM cannot express is refused naming the flag, nothing written: the
+// model of the fixture's flags with one flag changed, exported through hf_spec_of_model (which
+// export_hf calls) and through `moecore convert moecore-to-hf`.
+TEST(HfDeepseekV3, ExportRefusesWhatDeepseekV3CannotExpress) {
+  const std::string toml =
+      flags_toml(train_flags_of(parse_hf_config(main_model_config("deepseek_v3"), "c")), "t");
+  auto model = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = cli::config_text_args(toml, "f.toml");
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_model_flags(args).model;
+  };
+  const ModelConfig base = model({});
+  EXPECT_EQ(default_hf_arch(base), HfArch::DeepseekV3);
+  EXPECT_EQ(hf_spec_of_model(base, HfArch::DeepseekV3).deepseek,
+            parse_hf_config(main_model_config("deepseek_v3"), "c").deepseek);
+  const std::string as =
+      "[convert] this moecore model cannot be written as DeepseekV3ForCausalLM: ";
+  struct Case {
+    std::vector<std::string> flags;
+    std::string expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--moe-router-score-function", "sqrtsoftplus"},
+            "--moe-router-score-function sqrtsoftplus: DeepSeek-V3's router is sigmoid"},
+           // The fixtures' own routing (top-2, groups keeping 2 of 4): a group's top 1.
+           {{"--moe-router-topk", "2"},
+            "--moe-router-group-topk 2 with --moe-router-topk 2: moecore scores a group by the "
+            "sum of its top 1 biased scores, transformers' DeepseekV3MoE by its top 2"},
+           {{"--mscale", "0.5", "--mscale-all-dim", "0"}, "--mscale 0.5 --mscale-all-dim 0"},
+           {{"--max-position-embeddings", "128"},
+            "--rotary-scaling-factor 4 is not --max-position-embeddings / "
+            "--yarn-original-max-position-embeddings = 128 / 16"},
+           {{"--moe-layer-freq", "[1,0,1]"}, "dense layer 1 after MoE layers"},
+           {{"--moe-shared-expert-gate"}, "--moe-shared-expert-gate: its shared expert is ungated"},
+       }) {
+    SCOPED_TRACE(c.flags[0]);
+    const std::string e = error_of([&] { hf_spec_of_model(model(c.flags), HfArch::DeepseekV3); });
+    EXPECT_NE(e.find(as + c.expect), std::string::npos) << e;
+  }
+  // Without --qk-layernorm MLA has no q / kv norms; without MLA it is no DeepSeek-V3; and an MLA
+  // model is no other class.
+  std::vector<std::string> no_norm = cli::config_text_args(toml, "f.toml");
+  std::erase(no_norm, std::string("--qk-layernorm"));
+  EXPECT_NE(error_of([&] {
+              hf_spec_of_model(parse_model_flags(no_norm).model, HfArch::DeepseekV3);
+            }).find(as + "no --qk-layernorm"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { hf_spec_of_model(base, HfArch::Qwen2Moe); })
+                .find("multi-latent attention (--multi-latent-attention): export with --arch "
+                      "deepseek_v3"),
+            std::string::npos);
+  // Through the command: a flags file with a changed YaRN (not part of the checkpoint's
+  // signature), nothing written.
+  const fs::path ck = fresh_dir("export_refused_ck"), out = fresh_dir("export_refused_hf");
+  import_hf(without_mtp("deepseek_v3", "export_refused_src"), ck);
+  const fs::path flags = fresh_dir("export_refused.toml");
+  std::string text = read_text(ck / kFlagsFile);
+  for (const auto& [from, to] : {std::pair{"\nmscale = 1.0\n", "\nmscale = 0.5\n"},
+                                 {"\nmscale-all-dim = 1.0\n", "\nmscale-all-dim = 0.0\n"}}) {
+    ASSERT_NE(text.find(from), std::string::npos) << text;
+    text.replace(text.find(from), std::string(from).size(), to);
+  }
+  std::ofstream(flags) << text;
+  const testing::CommandResult r =
+      testing::run_moecore("convert moecore-to-hf --input " + ck.string() + " --flags " +
+                           flags.string() + " --output " + out.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--mscale 0.5 --mscale-all-dim 0"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  // And the command exports the import as it is (--arch deepseek_v3 spelled out).
+  const testing::CommandResult ok =
+      testing::run_moecore("convert moecore-to-hf --input " + ck.string() +
+                           " --arch deepseek_v3 --output " + out.string());
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+}
+
 // ---- rope_interleave false ----
 
 // transformers pairs q's and k's rotary elements as (i, i + pe/2) when rope_interleave is false,
@@ -814,7 +907,8 @@ class Transcription {
     const double attn_factor =
         ms != 0 && msa != 0 ? get_mscale(f, ms) / get_mscale(f, msa) : get_mscale(f, 1.0);
     auto cdim = [&](double rot) {
-      return static_cast<double>(pe) * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base));
+      return static_cast<double>(pe) * std::log(orig / (rot * 2 * std::numbers::pi)) /
+             (2 * std::log(base));
     };
     const double low = std::max(std::floor(cdim(rp["beta_fast"])), 0.0);
     double high = std::min(std::ceil(cdim(rp["beta_slow"])), static_cast<double>(pe - 1));
