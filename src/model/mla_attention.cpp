@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ops/bias.h"
 #include "ops/memory.h"
 #include "ops/rmsnorm.h"
 #include "ops/token_layout.h"
@@ -74,6 +75,12 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
   // Row-parallel: columns [h dv, (h + 1) dv) are head h's.
   proj_ = weight("linear_proj.weight", {H_, heads * dvh_}, cfg.output_init_std(),
                  shard.slice(1, heads * dvh_), shard.sharded());
+  // Megatron's MLA gives --add-bias-linear's bias to linear_proj only (its down and up
+  // projections have none; --add-qkv-bias is the QKV attention's): added by TP rank 0.
+  if (cfg.add_attention_output_bias) {
+    proj_bias_ = &params.add(ParamSpec{prefix + ".linear_proj.bias", {H_}, ParamInit::Zeros, 0.0,
+                                       ParamKind::Dense, false, {}, false, shard.partial()});
+  }
 }
 
 template <typename T>
@@ -220,6 +227,8 @@ void MlaAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   // place), else into the whole-token buffer that is reduce-scattered into y.
   const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
   proj_forward(partial, n_);
+  if (proj_bias_ != nullptr && tp_.rank() == 0)
+    ops::bias_forward(*ex_, partial, proj_bias_->compute_as<T>(), n_, H_);
   tp_.leave(*ex_, partial, y_TH, n_, H_);
 }
 
@@ -241,6 +250,8 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
                            shape_, workspace_, drop_);
   }
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
+  if (proj_bias_ != nullptr && tp_.rank() == 0)
+    ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
   proj_backward(dy, n);
   ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
                           saved_.core_out, saved_.lse, shape_, workspace_, drop_);

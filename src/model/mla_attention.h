@@ -8,7 +8,9 @@
 // softmax scale MlaConfig::softmax_scale(), and linear_proj maps heads x dv back to H. The norms
 // exist with --qk-layernorm only (Megatron's layer spec: identities otherwise), under moecore's
 // names q_layernorm.weight / kv_layernorm.weight (TE's fused spelling is
-// linear_q_up_proj.layer_norm_weight). Tokens are sequence-major (t = s * B + b at position s).
+// linear_q_up_proj.layer_norm_weight). linear_proj has a bias with --add-attention-output-bias
+// (Megatron's --add-bias-linear: its MLA has no other). Tokens are sequence-major (t = s * B + b
+// at position s).
 // Tensor parallelism (parallel/tensor_parallel.h), Megatron's split: the down projections and
 // their norms are replicated and run on the tokens this rank holds between TP regions (its
 // sequence slice with --sequence-parallel, all tokens without); the latents (q's, kv's and the
@@ -115,6 +117,7 @@ class MlaAttention {
   Param* kv_norm_ = nullptr;  // [kl] with --qk-layernorm
   Param* kv_up_ = nullptr;    // [Hq (qk + dv), kl]
   Param* proj_ = nullptr;     // [H, Hq dv]
+  Param* proj_bias_ = nullptr;  // [H] with --add-attention-output-bias (--add-bias-linear)
   ops::AttentionShape shape_;
   ops::MlaLayoutShape layout_;
   MlaSaved<T> saved_;

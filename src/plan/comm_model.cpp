@@ -60,11 +60,35 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       x.all_gather += (times + 1) * N * f;
       x.reduce_scatter += times * N * f;
     };
+    // Multi-latent attention (model/mla_attention.h): its latents enter the region instead of
+    // x: q's (x itself without q LoRA), kv's and the raw rotary key, gathered each forward; the
+    // backward gathers q's and kv's again (the raw rotary key too with mla_up_proj) and sends the
+    // three gradients back; the output leaves as the QKV attention's does.
+    const bool up_proj =
+        run.recompute.selective() &&
+        std::find(run.recompute_modules.begin(), run.recompute_modules.end(), "mla_up_proj") !=
+            run.recompute_modules.end();
+    const auto mla_region = [&](GroupBytes& x, double fwd) {
+      const MlaSpec& s = *m.mla;
+      const double q = s.q_lora_rank > 0 ? static_cast<double>(s.q_lora_rank) : H;
+      const double lat = q + s.kv_lora_rank + s.qk_pos_emb_head_dim;  // per token
+      const double regather = q + s.kv_lora_rank + (up_proj ? s.qk_pos_emb_head_dim : 0);
+      const double t = T * tok * f;
+      if (sp) {
+        x.all_gather += t * (fwd * lat + regather + H);  // + leave's backward
+        x.reduce_scatter += t * (fwd * H + lat);
+      } else {
+        x.all_reduce += 2 * t * (fwd * H + lat);
+      }
+    };
     for (int64_t l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
       const bool moe = m.is_moe_layer(std::min(l, m.num_layers - 1));
       const bool full = l < m.num_layers && run.recompute.chunk_of(l) >= 0;
       const double fwd = full ? 2 : 1;  // forwards of this layer per micro-batch
-      region(regions, fwd + 1);         // attention
+      if (m.mla)
+        mla_region(regions, fwd);  // attention
+      else
+        region(regions, fwd + 1);  // attention
       if (!moe) {
         region(regions, fwd + 1 + (run.recompute.selective() && rm.mlp ? 1 : 0));
       } else {
@@ -76,9 +100,15 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
           seq_region(regions, fwd + 1 + (run.recompute.selective() && rm.shared_experts ? 1 : 0));
         }
       }
-      // ReplicatedPartialGrad: norms under SP, q/k layernorm, the router, row-parallel biases.
+      // ReplicatedPartialGrad: norms under SP, q/k layernorm, the router, row-parallel biases;
+      // under SP MLA's down projections and latent norms (whole on every rank without).
       if (sp) partial_grads += 2 * H * ln;
       if (m.qk_layernorm && !m.mla) partial_grads += 2.0 * m.kv_channels * ln;
+      if (m.mla && sp) {
+        const MlaSpec& s = *m.mla;
+        const double norm = m.qk_layernorm ? 1 : 0;
+        partial_grads += (H + norm) * (s.q_lora_rank + s.kv_lora_rank) + H * s.qk_pos_emb_head_dim;
+      }
       if (moe) partial_grads += static_cast<double>(m.num_experts) * H;
       if (m.add_attention_output_bias) partial_grads += H;
       if (m.add_mlp_bias && (!moe || m.shared_ffn_hidden > 0)) partial_grads += H;

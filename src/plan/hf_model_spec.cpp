@@ -98,6 +98,9 @@ ModelSpec spec_from_hf_config(const json& j, const std::string& where) {
     s.qk_pos_emb_head_dim = r.integer("qk_rope_head_dim", 64);
     s.v_head_dim = r.integer("v_head_dim", 128);
     m.mla = s;
+    // DeepSeek's q_a_layernorm / kv_a_layernorm: MLA's latent norms, which Megatron's (and
+    // moecore's) MLA has with --qk-layernorm.
+    m.qk_layernorm = true;
   }
   m.mtp_num_layers = r.integer("num_nextn_predict_layers", 0);
   return m;

@@ -148,7 +148,7 @@ SearchResult search_layouts(const ModelSpec& m, const RunSpec& base, int world,
                     std::optional<ModelConfig> tc;
                     if (trainer_cfg) {  // this candidate's recomputation
                       tc = *trainer_cfg;
-                      tc->recompute = r.recompute;
+                      tc->recompute = trainer_recompute(r, tc->multi_latent_attention);
                     }
                     Plan p = make_plan(m, r, world, hw, tc ? &*tc : nullptr);
                     if (!p.fits) {

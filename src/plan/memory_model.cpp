@@ -136,7 +136,6 @@ namespace {
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
   std::vector<std::string> why;
   // What the trainer does not build yet.
-  if (m.mla) why.push_back("MLA, not built by the trainer yet");
   if (m.mtp_num_layers > 0) why.push_back("MTP, not built by the trainer yet");
   if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");

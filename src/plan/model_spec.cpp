@@ -254,9 +254,16 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   return r;
 }
 
+RecomputeConfig trainer_recompute(const RunSpec& run, bool multi_latent_attention) {
+  RecomputeConfig r = run.recompute;
+  if (multi_latent_attention && r.selective() && !run.recompute_modules.empty())
+    r.module_names = run.recompute_modules;
+  return r;
+}
+
 ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer,
                                  int64_t num_layers) {
-  MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MLA or MTP yet");
+  MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MTP yet");
   if (num_layers < 0) num_layers = m.num_layers - first_layer;
   ModelConfig c;
   c.vocab_size = m.vocab_unpadded > 0 ? m.vocab_unpadded : m.vocab_size;
@@ -294,7 +301,15 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
     // Softmax top-1 without pre-softmax gives no router gradient: the trainer refuses it.
     c.moe.router.pre_softmax = m.topk == 1;
   }
-  c.recompute = run.recompute;
+  if (m.mla) {
+    c.multi_latent_attention = true;
+    c.mla.q_lora_rank = m.mla->q_lora_rank;
+    c.mla.kv_lora_rank = m.mla->kv_lora_rank;
+    c.mla.qk_head_dim = m.mla->qk_head_dim;
+    c.mla.qk_pos_emb_head_dim = m.mla->qk_pos_emb_head_dim;
+    c.mla.v_head_dim = m.mla->v_head_dim;
+  }
+  c.recompute = trainer_recompute(run, m.mla.has_value());
   if (c.recompute.full() && c.recompute.num_layers > num_layers) c.recompute.num_layers = num_layers;
   return c;
 }

@@ -1,5 +1,5 @@
 // The architecture the planner models: everything `moecore train` trains plus what Megatron-Core
-// and DeepSeek-V3 define beyond it (Multi-head Latent Attention, multi-token prediction), read
+// and DeepSeek-V3 define beyond it (multi-token prediction), read
 // from Megatron's flags (the same table and argparse layer as `moecore train`, but accepting the
 // architecture flags the trainer refuses) or from a HuggingFace config.json.
 #pragma once
@@ -60,8 +60,8 @@ struct ModelSpec {
     return num_experts > 0 && (moe_layer_pattern.empty() || moe_layer_pattern[l] != 0);
   }
   int64_t num_moe_layers() const;
-  // Whether `moecore train` builds this architecture today (no MLA, no MTP).
-  bool trainer_builds() const { return !mla && mtp_num_layers == 0; }
+  // Whether `moecore train` builds this architecture today (no MTP).
+  bool trainer_builds() const { return mtp_num_layers == 0; }
 };
 
 // The run the plan is for: the layout and the batch.
@@ -126,6 +126,9 @@ void pad_vocab(ModelSpec& m, const cli::ParsedArgs& args, int tp);
 ModelSpec spec_from_hf_config(const std::string& path);
 ModelSpec spec_from_hf_config(const nlohmann::json& cfg, const std::string& where);
 
+// The trainer's recomputation for the run: RunSpec::recompute, which leaves mla_up_proj out (a
+// model without MLA refuses it), or for a model with multi-latent attention the modules as given.
+RecomputeConfig trainer_recompute(const RunSpec& run, bool multi_latent_attention);
 // The trainer's ModelConfig for this spec (requires trainer_builds()); with `layers` set, only
 // those decoder layers (a pipeline stage).
 ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer = 0,

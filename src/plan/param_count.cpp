@@ -7,6 +7,9 @@ namespace {
 
 struct AttnParams {
   int64_t matmul = 0, norms = 0;
+  // Whole on every TP rank besides the output projection's bias: qk-layernorm's weights; MLA's
+  // down projections and the latents' norms.
+  int64_t tp_replicated = 0;
 };
 
 AttnParams attention_params(const ModelSpec& m) {
@@ -16,18 +19,25 @@ AttnParams attention_params(const ModelSpec& m) {
     // DeepSeek-V3 MLA (Megatron's MLASelfAttention): q down/up (or one q projection), kv down
     // projection to the latent plus the shared rope key, kv up projection to per-head nope keys
     // and values, output projection from the heads' values.
+    // The latents' norms exist with --qk-layernorm (Megatron's layer spec); linear_proj has
+    // --add-bias-linear's bias (its only one). Under TP the down projections and the norms are
+    // replicated, the up projections and linear_proj split over the heads.
     const MlaSpec& s = *m.mla;
     const int64_t qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+    const int64_t norm = m.qk_layernorm ? 1 : 0;
     if (s.q_lora_rank > 0) {
       a.matmul += H * s.q_lora_rank + s.q_lora_rank * Hq * qk;
-      a.norms += s.q_lora_rank;  // q_layernorm
+      a.norms += norm * s.q_lora_rank;  // q_layernorm
+      a.tp_replicated += H * s.q_lora_rank + norm * s.q_lora_rank;
     } else {
       a.matmul += H * Hq * qk;
     }
     a.matmul += H * (s.kv_lora_rank + s.qk_pos_emb_head_dim);
-    a.norms += s.kv_lora_rank;  // kv_layernorm
+    a.norms += norm * s.kv_lora_rank;  // kv_layernorm
+    a.tp_replicated += H * (s.kv_lora_rank + s.qk_pos_emb_head_dim) + norm * s.kv_lora_rank;
     a.matmul += s.kv_lora_rank * Hq * (s.qk_head_dim + s.v_head_dim);
     a.matmul += Hq * s.v_head_dim * H;
+    if (m.add_attention_output_bias) a.norms += H;
     return a;
   }
   const int64_t D = m.kv_channels, Hkv = m.num_query_groups;
@@ -35,6 +45,7 @@ AttnParams attention_params(const ModelSpec& m) {
   if (m.add_qkv_bias) a.norms += (Hq + 2 * Hkv) * D;
   if (m.add_attention_output_bias) a.norms += H;
   if (m.qk_layernorm) a.norms += 2 * D;
+  if (m.qk_layernorm) a.tp_replicated += 2 * D;
   return a;
 }
 
@@ -56,12 +67,7 @@ LayerParams layer_params(const ModelSpec& m, bool moe_layer) {
   p.attention = a.matmul + a.norms;
   p.norms = (m.layernorm ? 4 : 2) * H;  // two norms, LayerNorm with a bias each
   const int64_t fc2_bias = m.add_mlp_bias ? H : 0;
-  p.tp_replicated = p.norms + (m.add_attention_output_bias ? H : 0);
-  if (m.mla) {
-    p.tp_replicated += a.norms;  // the latent norms (MLA has no TP model here beyond this)
-  } else if (m.qk_layernorm) {
-    p.tp_replicated += 2 * m.kv_channels;
-  }
+  p.tp_replicated = p.norms + (m.add_attention_output_bias ? H : 0) + a.tp_replicated;
   if (moe_layer) {
     p.router = m.num_experts * H;
     p.expert_one = mlp_params(m, m.moe_ffn_hidden);

@@ -16,8 +16,20 @@ namespace moecore::train {
 FlopsModel flops_model(const ModelConfig& cfg) {
   const double H = cfg.hidden, D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_query_groups;
   FlopsModel f;
+  // Multi-latent attention: its projections, and Q K^T over qk + pe, P V over v per head.
+  const MlaConfig& mla = cfg.mla;
+  double attn_params = H * (Hq + 2 * Hkv) * D + Hq * D * H;  // linear_qkv + linear_proj
+  double attn_dims = 2.0 * D;
+  if (cfg.multi_latent_attention) {
+    const double ql = mla.q_lora_rank, kl = mla.kv_lora_rank, dq = mla.q_head_dim(),
+                 dv = mla.v_head_dim;
+    attn_params = (ql > 0 ? H * ql + ql * Hq * dq : H * Hq * dq) +
+                  H * (kl + mla.qk_pos_emb_head_dim) + kl * Hq * (mla.qk_head_dim + dv) +
+                  Hq * dv * H;
+    attn_dims = dq + dv;
+  }
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    double p = H * (Hq + 2 * Hkv) * D + Hq * D * H;  // linear_qkv + linear_proj
+    double p = attn_params;
     if (cfg.is_moe_layer(l)) {
       const double E = cfg.num_experts, K = cfg.moe.router.topk;
       p += H * E;                                          // router
@@ -28,7 +40,7 @@ FlopsModel flops_model(const ModelConfig& cfg) {
       p += 3.0 * H * cfg.ffn_hidden;
     }
     f.active_matmul_params += p;
-    f.attention_flops_per_token += 2.0 * Hq * D * (cfg.seq_length + 1);
+    f.attention_flops_per_token += Hq * attn_dims * (cfg.seq_length + 1);
   }
   // The output head of the padded vocabulary, as Megatron and the planner count it (the padding
   // rows are not computed here: the head's GEMMs run over the model's rows).
@@ -47,8 +59,15 @@ std::vector<ops::GemmShape> peak_probe_shapes(const ModelConfig& cfg, int64_t to
     shapes.push_back({true, false, n, k, m});   // dW += dy^T x
   };
   const int64_t H = cfg.hidden, D = cfg.head_dim();
-  const int64_t qkv = (cfg.num_heads + 2 * cfg.num_query_groups) * D;
-  linear(tokens, std::max(qkv, H), H);
+  if (cfg.multi_latent_attention) {  // the up projections and linear_proj
+    const MlaConfig& m = cfg.mla;
+    linear(tokens, cfg.num_heads * m.q_head_dim(), m.q_lora_rank > 0 ? m.q_lora_rank : H);
+    linear(tokens, cfg.num_heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank);
+    linear(tokens, H, cfg.num_heads * m.v_head_dim);
+  } else {
+    const int64_t qkv = (cfg.num_heads + 2 * cfg.num_query_groups) * D;
+    linear(tokens, std::max(qkv, H), H);
+  }
   int64_t dense_f = cfg.has_dense_layer() ? cfg.ffn_hidden : 0;
   if (cfg.num_experts > 0) dense_f = std::max(dense_f, cfg.moe.shared_ffn_hidden);
   linear(tokens, 2 * dense_f, H);

@@ -21,6 +21,8 @@ namespace moecore::train {
 // N_active: matmul parameters a token passes through (QKV, attention output, router, the K
 // routed experts' fc1/fc2, the shared expert or dense MLP, output head; not the embedding).
 // The attention term counts Q K^T and P V over the causal context, (S + 1) / 2 keys on average.
+// With multi-latent attention N_active has its down and up projections and linear_proj, and the
+// attention term is 3 * L * Hq * (qk + pe + v) * (S + 1) (the padded heads' zeros not counted).
 struct FlopsModel {
   double active_matmul_params = 0;
   double attention_flops_per_token = 0;  // forward, all layers

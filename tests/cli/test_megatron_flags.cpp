@@ -300,7 +300,8 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--hidden-dropout", "", "0.2", {{"model.hidden_dropout", "0.2"}}},
       {"--eod-mask-loss", "", "", {{"train.data.eod_mask_loss", "true"}}},
       {"--qk-layernorm", "", "", {{"model.qk_layernorm", "true"}}},
-      // Multi-latent attention (the switch itself is refused until the trainer builds it).
+      // Multi-latent attention.
+      {"--multi-latent-attention", "", "", {{"model.multi_latent_attention", "true"}}},
       {"--q-lora-rank", "", "16", {{"model.mla.q_lora_rank", "16"}}},
       {"--kv-lora-rank", "", "16", {{"model.mla.kv_lora_rank", "16"}}},
       {"--qk-head-dim", "", "16", {{"model.mla.qk_head_dim", "16"}}},
@@ -1072,8 +1073,8 @@ TEST(MegatronRecipes, Qwen3_235B_A22B) {
 }
 
 // examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh (DeepSeek-V3's architecture):
-// its MoE and model flags, without multi-latent attention (refused below; its sizes and YaRN
-// flags are accepted, inert without it, as in Megatron).
+// its MoE and model flags, without multi-latent attention (its sizes and YaRN flags are
+// accepted, inert without it, as in Megatron), then with it below.
 const char* kDeepSeekV3 =
     "--micro-batch-size 1 --bf16 --no-masked-softmax-fusion --disable-bias-linear"
     " --untie-embeddings-and-output-weights --position-embedding-type rope --no-rope-fusion"
@@ -1098,10 +1099,16 @@ const char* kDeepSeekShrunk =
 
 TEST(MegatronRecipes, DeepSeekV3) {
   trains(kDeepSeekV3, kDeepSeekShrunk);
-  refused(kDeepSeekV3, kDeepSeekShrunk, {{"--multi-latent-attention", " (issue 42)"}});
   trains(kDeepSeekV3, std::string(kDeepSeekShrunk) +
                           " --kv-lora-rank 512 --q-lora-rank 1536 --rotary-scaling-factor 40"
                           " --mscale-all-dim 1.0");
+  // With multi-latent attention, its sizes shrunk (the recipe's --recompute-activations and
+  // --moe-layer-recompute with Megatron's mla_up_proj beside the core).
+  trains(kDeepSeekV3, std::string(kDeepSeekShrunk) +
+                          " --multi-latent-attention --kv-lora-rank 12 --q-lora-rank 16"
+                          " --qk-head-dim 8 --qk-pos-emb-head-dim 4 --v-head-dim 8"
+                          " --rotary-scaling-factor 40 --mscale-all-dim 1.0"
+                          " --recompute-modules core_attn mla_up_proj moe");
   trains(kDeepSeekV3, std::string(kDeepSeekShrunk) + kHuggingFaceMock);
 }
 

@@ -27,12 +27,13 @@ struct Case {
   int64_t q_lora, qk, pe, dv;
   bool norms;
   ops::RopeType rope;
+  bool bias = false;  // linear_proj.bias (--add-attention-output-bias)
 };
 
 // v narrower than q / k (heads padded for v, the per-head output projection), wider (q and k
 // padded), equal; YaRN with a ramp inside the 2 pairs and mscale != mscale_all_dim.
 const Case kCases[] = {
-    {"q LoRA, norms, yarn, dv < qk + pe", 6, 3, 4, 5, true, ops::RopeType::Yarn},
+    {"q LoRA, norms, yarn, dv < qk + pe, bias", 6, 3, 4, 5, true, ops::RopeType::Yarn, true},
     {"no q LoRA, norms, yarn, dv > qk + pe", 0, 3, 4, 9, true, ops::RopeType::Yarn},
     {"q LoRA, no norms, rope, dv = qk + pe", 5, 2, 4, 6, false, ops::RopeType::Rope},
 };
@@ -46,6 +47,7 @@ ModelConfig config(const Case& c) {
   cfg.num_layers = 2;
   cfg.normalization = Normalization::RMSNorm;
   cfg.qk_layernorm = c.norms;
+  cfg.add_attention_output_bias = c.bias;
   cfg.multi_latent_attention = true;
   cfg.mla.q_lora_rank = c.q_lora;
   cfg.mla.kv_lora_rank = 5;
@@ -142,7 +144,13 @@ std::vector<double> reference(const ModelConfig& cfg, ParamRegistry& params,
       }
     }
   }
-  return linear(o, w("linear_proj.weight"), n, H, Hq * dv);
+  std::vector<double> y = linear(o, w("linear_proj.weight"), n, H, Hq * dv);
+  if (cfg.add_attention_output_bias) {
+    const std::vector<double> b = w("linear_proj.bias");
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < H; ++j) y[t * H + j] += b[j];
+  }
+  return y;
 }
 
 constexpr int64_t S = 5, B = 2, n = S * B;
@@ -156,6 +164,11 @@ TEST(MlaAttention, MatchesMegatronsDefinition) {
     MlaAttention<double> attn(cfg, params, "attn", rope);
     Arena arena;
     testing::plan_layer(arena, params, 7, [&](Arena& a) { attn.allocate(a, S, B); });
+    if (params.find("attn.linear_proj.bias") != nullptr) {  // zero at init
+      Param& bias = params.get("attn.linear_proj.bias");
+      for (int64_t i = 0; i < bias.local_numel(); ++i)
+        host(bias.data_as<double>())[i] = 0.3 * std::sin(double(i + 1));
+    }
     const std::vector<double> x = random_vec<double>(n * cfg.hidden, 11);
     std::vector<double> y(n * cfg.hidden);
     attn.forward(y.data(), x.data());
@@ -251,10 +264,10 @@ TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
     struct Out {
       std::vector<float> y, dx;
     };
-    auto run = [&](ParamRegistry& params, int form) {  // 0: f32, 1: bf16, 2: widened
+    // form 0: f32, 1: bf16, 2: widened. The arena holds the gradients read below.
+    auto run = [&](ParamRegistry& params, Arena& arena, int form) {
       if (form > 0) params.enable_bf16_copies(/*widened=*/form == 2);
       MlaAttention<float> attn(cfg, params, "attn", rope);
-      Arena arena;
       testing::plan_layer(arena, params, 5, [&](Arena& a) { attn.allocate(a, S, B); });
       if (form > 0) params.refresh_bf16();
       Out o{std::vector<float>(N), std::vector<float>(N)};
@@ -263,7 +276,8 @@ TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
       return o;
     };
     ParamRegistry p32{DType::F32}, p16{DType::F32}, p16w{DType::F32};
-    const Out o32 = run(p32, 0), o16 = run(p16, 1), o16w = run(p16w, 2);
+    Arena a32, a16, a16w;
+    const Out o32 = run(p32, a32, 0), o16 = run(p16, a16, 1), o16w = run(p16w, a16w, 2);
     ASSERT_NE(p16.get("attn.linear_proj.weight").data16, nullptr);
     ASSERT_NE(p16w.get("attn.linear_proj.weight").data16w, nullptr);
     const double rtol = moecore::testing::kF32Rtol, atol = moecore::testing::kF32Atol;
@@ -289,8 +303,12 @@ TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
 TEST(MlaAttention, MegatronParameterNames) {
   std::set<std::string> with_lora, without;
   for (const bool lora : {true, false}) {
-    ModelConfig cfg = config(kCases[0]);
-    if (!lora) cfg.mla.q_lora_rank = 0;
+    ModelConfig cfg = config(kCases[0]);  // with linear_proj.bias
+    if (!lora) {
+      cfg.mla.q_lora_rank = 0;
+      cfg.add_attention_output_bias = false;
+      cfg.add_qkv_bias = true;  // the QKV attention's: MLA has none (Megatron's)
+    }
     ParamRegistry params{DType::F64};
     const ops::RopeMlaTables rope(S, cfg.mla.rope_spec(cfg.rotary_base));
     MlaAttention<double> attn(cfg, params, "decoder.layers.0.self_attention", rope);
@@ -301,7 +319,7 @@ TEST(MlaAttention, MegatronParameterNames) {
                            p + "linear_q_down_proj.weight", p + "q_layernorm.weight",
                            p + "linear_q_up_proj.weight", p + "linear_kv_down_proj.weight",
                            p + "kv_layernorm.weight", p + "linear_kv_up_proj.weight",
-                           p + "linear_proj.weight"}));
+                           p + "linear_proj.weight", p + "linear_proj.bias"}));
   EXPECT_EQ(without, (std::set<std::string>{p + "linear_q_proj.weight",
                                             p + "linear_kv_down_proj.weight",
                                             p + "kv_layernorm.weight",

@@ -268,7 +268,7 @@ TEST(PlanParams, GeluWithBiasesEqualsTheTrainersRegistry) {
 
 // One rank: the planner's memory is the trainer's plan (StepMetrics::mem_bytes by kind and
 // mem_planned_bytes, what "[train] memory plan (MiB)" prints), byte for byte, with and without
-// --bf16 and recomputation.
+// --bf16 and recomputation, and with multi-latent attention (mla_up_proj too).
 // The tiny model as Megatron builds it without its model-function flags (GeLU, biases,
 // LayerNorm, learned positions, dropout 0.1): configs/tiny.toml without those keys.
 std::string megatron_default_tiny_config() {
@@ -296,7 +296,13 @@ TEST(PlanMemory, OneRankEqualsTheTrainersPlan) {
        "--recompute-num-layers", "1"},
       {"megatron-model"},
       {"megatron-model", "--bf16", "--recompute-granularity", "selective", "--recompute-modules",
-       "core_attn", "layernorm", "moe_act"}};
+       "core_attn", "layernorm", "moe_act"},
+      // Multi-latent attention, also with its own recomputation module.
+      {"--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim",
+       "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--qk-layernorm", "--bf16"},
+      {"--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+       "--qk-pos-emb-head-dim", "4", "--v-head-dim", "12", "--recompute-granularity", "selective",
+       "--recompute-modules", "core_attn", "mla_up_proj"}};
   const std::string megatron_config = megatron_default_tiny_config();
   for (auto extra : variants) {
     const bool megatron_model = !extra.empty() && extra[0] == "megatron-model";
@@ -508,6 +514,27 @@ TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
   const PlanFlops p = plan_flops(shipped("tiny"), RunSpec{});
   EXPECT_DOUBLE_EQ(p.active_matmul_params, t.active_matmul_params);
   EXPECT_DOUBLE_EQ(p.attention_flops_per_token, t.attention_flops_per_token);
+  // Multi-latent attention (with q LoRA and with linear_q_proj): the planner's spec from the
+  // same flags, and the trainer's model.
+  for (const std::vector<std::string> q : {std::vector<std::string>{"--q-lora-rank", "24"},
+                                           std::vector<std::string>{}}) {
+    std::vector<std::string> args = cli::config_file_args(config("tiny"));
+    for (const char* x : {"--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim",
+                          "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "12"})
+      args.push_back(x);
+    args.insert(args.end(), q.begin(), q.end());
+    const cli::TrainFlags fm = cli::parse_train_args(args);
+    ASSERT_TRUE(fm.model.multi_latent_attention);
+    const train::FlopsModel tm = train::flops_model(fm.model);
+    const ModelSpec spec =
+        model_from_args(cli::parse_megatron_argv(args, {}, cli::moecore_extra_choices()));
+    ASSERT_TRUE(spec.mla.has_value());
+    const PlanFlops pm = plan_flops(spec, RunSpec{});
+    EXPECT_DOUBLE_EQ(pm.active_matmul_params - spec.hidden * spec.vocab_size,
+                     tm.active_matmul_params - f.model.hidden * fm.model.padded_vocab());
+    EXPECT_DOUBLE_EQ(pm.attention_flops_per_token, tm.attention_flops_per_token);
+    EXPECT_NE(tm.attention_flops_per_token, t.attention_flops_per_token);
+  }
 }
 
 // The layouts NVIDIA publishes (docs/plan.md has the table and the sources) fit. Qwen3-30B-A3B's

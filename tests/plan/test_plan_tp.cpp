@@ -236,6 +236,41 @@ TEST(PlanTpMemory, FormulaParametersEqualTheSizingPassAtTp2AndEtp2) {
   EXPECT_EQ(compared, static_cast<int>(cases.size()));
 }
 
+// The same with multi-latent attention (q LoRA and linear_q_proj, the latents' norms, linear_proj's
+// bias): its down projections and norms whole on every TP rank, the up projections and
+// linear_proj split over the heads; the formula's parameters of a rank, and the whole model's,
+// equal the trainer's registry (one rank) and sizing pass (TP 2 with and without SP, with EP 2).
+TEST(PlanTpMemory, MultiLatentAttentionParametersEqualTheTrainersAtTp2) {
+  for (const int64_t q_lora : {6, 0}) {
+    SCOPED_TRACE(q_lora > 0 ? "q LoRA" : "linear_q_proj");
+    ModelSpec m = small(4);
+    m.num_heads = m.num_query_groups = 4;
+    m.shared_ffn_hidden = 8;
+    m.qk_layernorm = true;
+    m.add_attention_output_bias = true;
+    m.mla = MlaSpec{q_lora, 5, 3, 2, 4};
+    const ModelConfig cfg = trainer_model_config(m, RunSpec{});
+    ASSERT_TRUE(cfg.multi_latent_attention);
+    const ArenaSizes one = trainer_arena_sizes(cfg, 1, {}, 1, 0);
+    EXPECT_EQ(one.numel_dense + one.numel_expert, count_params(m).total());
+    struct Case {
+      const char* what;
+      RunSpec run;
+      int world;
+    };
+    for (const Case& c : {Case{"TP 2", run_of(2, false), 2}, Case{"TP 2 + SP", run_of(2, true), 2},
+                          Case{"TP 2 + SP, EP 2", run_of(2, true, 2, 1, "alltoall"), 4}}) {
+      SCOPED_TRACE(c.what);
+      validate_run(m, c.run, c.world);
+      const StageMemory st = plan_memory(m, c.run, c.world, hardware_preset("cpu")).stages[0];
+      const ArenaSizes a = trainer_arena_sizes(cfg, 1, c.run.parallel, c.world, 0);
+      EXPECT_LT(a.numel_dense, one.numel_dense) << "dense parameters not sliced";
+      EXPECT_EQ(st.params_dense + st.params_embedding + st.params_head, a.numel_dense);
+      EXPECT_EQ(st.params_expert, a.numel_expert);
+    }
+  }
+}
+
 // The search tries TP with and without SP and ETP of every power of two dividing the expert
 // width, and refuses what the rules refuse: SP missing with EP and TP, ETP not dividing the
 // expert FFN width, query groups not divisible by TP.

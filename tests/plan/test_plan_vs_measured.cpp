@@ -156,8 +156,9 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // The TP collectives' bytes per step of a rank, predicted (the plan's `tp_bytes_per_step`, by
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
-// SP (expert TP 1, so only the tp group's traffic; dropout off). Every form is deterministic
-// (no routing in it), so they must be equal, byte for byte.
+// SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention and with
+// multi-latent attention (with q LoRA; with linear_q_proj and mla_up_proj). Every form is
+// deterministic (no routing in it), so they must be equal, byte for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
@@ -172,17 +173,27 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
       ::testing::TempDir() + "moecore_plan_tp_measured_" + std::to_string(::getpid());
   const std::string session = dir + ".ompi";
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
+  // Multi-latent attention's region: its latents gathered instead of x (q LoRA, the norms), and
+  // x for linear_q_proj with the raw rotary key gathered again by mla_up_proj.
+  const std::string mla =
+      " --multi-latent-attention --kv-lora-rank 12 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
+      " --v-head-dim 8 --qk-layernorm";
+  const std::vector<std::pair<const char*, std::string>> models = {
+      {"", ""},
+      {" mla", mla + " --q-lora-rank 24"},
+      {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"}};
   int compared = 0;
+  for (const auto& [name, extra] : models)
   for (const char* sp : {"", " --sequence-parallel"}) {
-    SCOPED_TRACE(sp);
+    SCOPED_TRACE(std::string(name) + sp);
     const std::string flags = std::string(" --micro-batch-size 2 --global-batch-size 2") +
                               " --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1" +
-                              sp;
+                              sp + extra;
     const testing::CommandResult p = testing::run_command(
         moecore() + " plan" + model + flags + " --hardware cpu --gpus 2 --json");
     ASSERT_EQ(p.exit_code, 0) << p.output;
     const auto plan = nlohmann::json::parse(p.output);
-    const std::string metrics = dir + (*sp ? ".sp" : ".nosp") + ".jsonl";
+    const std::string metrics = dir + (*sp ? ".sp" : ".nosp") + std::to_string(compared) + ".jsonl";
     const testing::CommandResult t = testing::run_command(
         launcher(2, session) + moecore() + " train" + model + flags +
         " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
@@ -196,13 +207,14 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     for (const char* form : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double want = plan["tp_bytes_per_step"][form].get<double>();
       const double got = m["tp_bytes"][form].get<double>();
-      std::printf("[plan vs measured] TP 2%-20s %-15s %10.0f / %10.0f B\n", sp, form, want, got);
+      std::printf("[plan vs measured] TP 2%-11s%-20s %-15s %10.0f / %10.0f B\n", name, sp, form,
+                  want, got);
       EXPECT_EQ(want, got) << form;
     }
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 2);
+  EXPECT_EQ(compared, 6);
 #endif
 }
 

@@ -162,7 +162,8 @@ TEST(TpLayers, SelfAttention) {
 
 // Multi-latent attention: the latents enter the TP region (all-gathered with SP), the up
 // projections are column-parallel over the heads, linear_proj row-parallel; with q LoRA, the
-// latents' norms, YaRN, v narrower than q / k (padded heads) and attention dropout; and without
+// latents' norms, YaRN, v narrower than q / k (padded heads), linear_proj's bias and attention
+// dropout; and without
 // q LoRA (linear_q_proj reads the gathered x), plain RoPE, v wider than q / k. The down
 // projections' and norms' gradients: partial sums with SP, whole on every rank without.
 TEST(TpLayers, MultiLatentAttention) {
@@ -183,6 +184,7 @@ TEST(TpLayers, MultiLatentAttention) {
     cfg.init_std = 0.3;
     cfg.qk_layernorm = true;
     cfg.attention_dropout = c.dropout;
+    cfg.add_attention_output_bias = c.q_lora > 0;  // linear_proj.bias, added by TP rank 0
     cfg.multi_latent_attention = true;
     cfg.mla.q_lora_rank = c.q_lora;
     cfg.mla.kv_lora_rank = 5;
