@@ -107,7 +107,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       // transformer block builds MLA on one TP rank (model/mla_attention.h), but tensor
       // parallelism, --bf16, the planner and the HF converter do not have it yet.
       {"--multi-latent-attention", Y, "", "multi-latent attention (MLA) in the trainer", "42"},
-      {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
       {"--tokenizer-type", Y,
        "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"

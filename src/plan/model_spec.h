@@ -60,8 +60,8 @@ struct ModelSpec {
     return num_experts > 0 && (moe_layer_pattern.empty() || moe_layer_pattern[l] != 0);
   }
   int64_t num_moe_layers() const;
-  // Whether `moecore train` builds this architecture today (no MLA, no MTP).
-  bool trainer_builds() const { return !mla && mtp_num_layers == 0; }
+  // Whether `moecore train` builds this architecture today (no MLA).
+  bool trainer_builds() const { return !mla; }
 };
 
 // The run the plan is for: the layout and the batch.
