@@ -413,7 +413,7 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             "");
         add(st, MemPart::CommBuffers, static_cast<double>(rest.bytes(sizeof(float))),
             fmt::format("pipeline send pools (2 x {}), received gradient{}",
-                        b.send_slots_per_pool, b.tied_elems > 0 ? ", tied table's gradient" : ""),
+                        b.send_slots_per_pool, b.tied_elems > 0 ? ", the shared word table's gradient" : ""),
             "");
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {

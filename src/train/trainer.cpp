@@ -668,7 +668,7 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     const ModelConfig& mc = model_cfg_;
     fmt::print(log,
                "[train] model: {} layers, hidden {}, {} heads ({} query groups); {} MLPs{}; {}; "
-               "positions {}; hidden dropout {}, attention dropout {} (training only)\n",
+               "positions {}; hidden dropout {}, attention dropout {} (training only){}\n",
                mc.num_layers, mc.hidden, mc.num_heads, mc.num_query_groups,
                ops::activation_name(mc.activation),
                mc.add_mlp_bias || mc.add_qkv_bias || mc.add_attention_output_bias
@@ -682,7 +682,12 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                mc.position_embedding == PositionEmbedding::Rope            ? "rope"
                : mc.position_embedding == PositionEmbedding::LearnedAbsolute ? "learned_absolute"
                                                                              : "none",
-               mc.hidden_dropout, mc.attention_dropout);
+               mc.hidden_dropout, mc.attention_dropout,
+               mc.mtp_num_layers > 0
+                   ? fmt::format("; {} multi-token prediction depth{} ({} layers), loss factor {}",
+                                 mc.mtp_num_layers, mc.mtp_num_layers > 1 ? "s" : "",
+                                 mc.mtp_is_moe() ? "MoE" : "dense", mc.mtp_loss_scaling_factor)
+                   : "");
   }
   fmt::print(log, "[train] parameters{}: {} ({} dense, {} expert); active matmul parameters per "
                   "token: {:.0f}\n",

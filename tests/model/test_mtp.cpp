@@ -335,6 +335,47 @@ TEST(Mtp, PipelineChunksComposeToTheWholeModelTied) {
   expect_chunks_compose(true);
 }
 
+// Recomputation repeats the forward's arithmetic, the depths' layers included: selective (every
+// module, which the depths' layers take as the decoder's) and full recomputation (the decoder's
+// layers only: the depths keep theirs) give bitwise the report and every gradient of the run
+// without it, with dropout and a MoE depth.
+TEST(Mtp, RecomputationIsBitwise) {
+  ModelConfig cfg = mtp_config(2);
+  cfg.moe_layer_pattern = {1, 1};
+  cfg.hidden_dropout = 0.2;
+  cfg.attention_dropout = 0.1;
+  const int64_t B = 2, n = B * cfg.seq_length;
+  auto ids = random_ids(n, cfg.vocab_size, 50);
+  auto targets = random_ids(n, cfg.vocab_size, 51);
+  const auto run = [&](const RecomputeConfig& rc) {
+    ModelConfig c = cfg;
+    c.recompute = rc;
+    GPTModel<double> model(c, B, 3);
+    model.params().zero_grads();
+    model.forward(ids.data(), targets.data());
+    model.backward(0.5);
+    std::vector<double> out;
+    const ops::MicroBatchReport r = model.own_report();
+    out.push_back(r.lm_loss_sum);
+    out.insert(out.end(), r.mtp_loss_sum, r.mtp_loss_sum + 2);
+    for (const Param& p : model.params().params()) {
+      const double* g = host(p.grad_as<double>());
+      out.insert(out.end(), g, g + p.local_numel());
+    }
+    return out;
+  };
+  const std::vector<double> plain = run(RecomputeConfig{});
+  RecomputeConfig selective;
+  selective.granularity = RecomputeGranularity::Selective;
+  selective.module_names = {"core_attn", "layernorm", "moe_act", "moe", "shared_experts", "mlp"};
+  EXPECT_TRUE(run(selective) == plain) << "selective";
+  RecomputeConfig full;
+  full.granularity = RecomputeGranularity::Full;
+  full.method = RecomputeMethod::Uniform;
+  full.num_layers = 1;
+  EXPECT_TRUE(run(full) == plain) << "full";
+}
+
 // The MTP depths run in the virtual stage with the loss, all of them; learned positions need
 // the embedding's stage.
 TEST(Mtp, PlacementOutsideTheLossStageIsRefused) {
