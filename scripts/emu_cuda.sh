@@ -24,7 +24,8 @@ skipped=$( (grep -oE '^\[  SKIPPED \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" |
 echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
 # `moecore train --device cuda` on the tiny model against --device cpu (tests/emu/train_cuda_emu.sh):
-# f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing.
+# f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing with two
+# multi-token prediction depths (their rolled tokens, MoE layers and heads).
 runs=(
   ""
   "--bf16"
@@ -32,7 +33,7 @@ runs=(
    --recompute-method uniform --recompute-num-layers 1 --moe-expert-capacity-factor 1.0
    --moe-pad-expert-input-to-capacity"
   "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0
-   --moe-router-quantile-balancing-ema 0.9"
+   --moe-router-quantile-balancing-ema 0.9 --mtp-num-layers 2"
 )
 # Each run is one thread (OMP_NUM_THREADS=1 in train_cuda_emu.sh): as many at once as there are
 # cores, each into its own log, printed in order once all have ended.

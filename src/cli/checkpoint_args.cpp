@@ -32,6 +32,8 @@ constexpr const char* kModelFlags[] = {
     "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type", "--rotary-scaling-factor", "--mscale",
     "--mscale-all-dim", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
     "--yarn-beta-slow",
+    // Multi-token prediction.
+    "--mtp-num-layers", "--mtp-loss-scaling-factor",
     // Vocabulary and tokenizer.
     "--vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type", "--tokenizer-model",
     "--vocab-file", "--merge-file",

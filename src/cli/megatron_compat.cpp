@@ -103,7 +103,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
       {"--context-parallel-size", Y, "1", "context parallelism", ""},
       {"--fp16", Y, "", "fp16 with loss scaling", ""},
       {"--fp8-format", Y, "", "fp8", ""},
-      {"--mtp-num-layers", Y, "", "multi-token prediction", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},
       {"--tokenizer-type", Y,
        "|ByteLevel|NullTokenizer|GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|"

@@ -163,6 +163,15 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--yarn-beta-slow", f.yarn_beta_slow,
                  "MLA's YaRN: rotations above which pairs keep their frequency (omitted: 1)")
       ->group(kModel);
+  app.add_option("--mtp-num-layers", m.mtp_num_layers,
+                 "Multi-token prediction depths (DeepSeek-V3's MTP; omitted: none): depth k "
+                 "predicts the token k + 1 ahead from the previous depth's output and the next "
+                 "token's embedding, with the shared embedding and output head")
+      ->group(kModel);
+  app.add_option("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
+                 "The MTP depths' mean cross entropy, averaged over the depths, joins the loss's "
+                 "gradient times this factor")
+      ->group(kModel);
   app.add_flag("--swiglu", f.swiglu, "SwiGLU MLPs (default: the GeLU MLP)")->group(kModel);
   app.add_flag("--openai-gelu", f.openai_gelu, "GeLU in its tanh form (GPT-2's gelu_new)")
       ->group(kModel);

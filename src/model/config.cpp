@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ops/step_report.h"
 
 namespace moecore {
 
@@ -114,6 +115,16 @@ void ModelConfig::validate() const {
     MOE_CHECK(moe.ffn_hidden >= 1, "[model] --moe-ffn-hidden-size={} must be >= 1",
               moe.ffn_hidden);
   }
+  MOE_CHECK(mtp_num_layers >= 0 && mtp_num_layers <= ops::kMaxMtpDepths,
+            "[model] --mtp-num-layers={} must be in [0, {}] (the step report's room for the "
+            "depths' losses)",
+            mtp_num_layers, ops::kMaxMtpDepths);
+  MOE_CHECK(std::isfinite(mtp_loss_scaling_factor),
+            "[model] --mtp-loss-scaling-factor={} must be a finite number",
+            mtp_loss_scaling_factor);
+  MOE_CHECK(mtp_num_layers == 0 || !bf16,
+            "[model] --mtp-num-layers with --bf16 is not implemented yet: train the MTP model in "
+            "fp32 (drop --bf16)");
   moe.validate();  // also for dense models: a shared-expert gate without a shared expert
   recompute.validate(num_layers);
   MOE_CHECK(!recompute.modules().mla_up_proj || multi_latent_attention,

@@ -107,6 +107,12 @@ struct ModelConfig {
   // weights exist only in the optimizer's shards (Megatron's 6 + 12/d bytes per parameter); the
   // model holds the bf16 values alone. Set by the trainer and the planner, not a flag.
   bool master_weights_sharded = false;
+  // Multi-token prediction (DeepSeek-V3's, Megatron's --mtp-num-layers D, 0 for its None): D
+  // extra depths after the decoder's final norm, each predicting one token further ahead
+  // (model/mtp_layer.h); their cross entropies, averaged over the depths and times
+  // --mtp-loss-scaling-factor, join the loss's gradient.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   int64_t num_experts = 0;        // 0: every FFN is a dense MLP
   std::vector<int> moe_layer_pattern;  // one 0/1 per layer; empty: every layer MoE if experts > 0
   MoeConfig moe;
@@ -120,6 +126,9 @@ struct ModelConfig {
   // Megatron scales the init of output projections (attention proj, fc2) by 1/sqrt(2 L).
   double output_init_std() const;
   bool is_moe_layer(int64_t layer) const;
+  // An MTP depth's transformer layer is of the last decoder layer's kind (Megatron's MTP block
+  // spec takes the decoder's last layer spec).
+  bool mtp_is_moe() const { return is_moe_layer(num_layers - 1); }
   // Whether any layer has a dense MLP (not every layer is MoE).
   bool has_dense_layer() const;
   // What a MoE layer of this model needs (src/moe/ does not see ModelConfig).

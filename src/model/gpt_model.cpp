@@ -59,16 +59,24 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   const ParamSlice vocab_slice = tp_.shard().slice(0, Vp);
   const TpRole vocab_role = tp_.shard().sharded();
   if (chunks.empty()) {
-    chunks.push_back(parallel::VirtualStage{0, cfg_.num_layers, 0, true, true});
+    chunks.push_back(parallel::VirtualStage{0, cfg_.num_layers, cfg_.mtp_num_layers, true, true});
   }
   bool has_embedding = false, has_loss = false;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::VirtualStage& v = chunks[c];
     MOE_CHECK(v.first_layer >= 0 && v.num_layers >= 0 &&
-                  v.first_layer + v.num_layers <= cfg_.num_layers && v.num_mtp_layers == 0,
-              "[model] pipeline chunk {} holds layers [{}, {}) (and {} MTP layers) of a model of "
-              "{} layers",
-              c, v.first_layer, v.first_layer + v.num_layers, v.num_mtp_layers, cfg_.num_layers);
+                  v.first_layer + v.num_layers <= cfg_.num_layers,
+              "[model] pipeline chunk {} holds layers [{}, {}) of a model of {} layers", c,
+              v.first_layer, v.first_layer + v.num_layers, cfg_.num_layers);
+    // Megatron may also run the MTP layers in a stage before the loss's, passing the depths'
+    // hidden states on with the decoder's: not implemented here.
+    MOE_CHECK(v.num_mtp_layers == (v.loss ? cfg_.mtp_num_layers : 0),
+              "[model] pipeline chunk {} holds {} MTP layers{}, --mtp-num-layers is {}: the MTP "
+              "layers run in the virtual stage with the loss, all of them; in "
+              "--pipeline-model-parallel-layout write the m's beside the L (e.g. \"...|tmL\"): "
+              "MTP layers in a stage of their own are not implemented yet",
+              c, v.num_mtp_layers, v.loss ? " beside the loss" : " without the loss",
+              cfg_.mtp_num_layers);
     MOE_CHECK(c == 0 || v.first_layer >= chunks[c - 1].first_layer + chunks[c - 1].num_layers,
               "[model] pipeline chunks must hold increasing layers");
     MOE_CHECK(!v.embedding || c == 0, "[model] the embedding must be on the rank's first chunk");
@@ -121,7 +129,15 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                        cfg_.norm_eps, cfg_.hidden},
         params_, "decoder.final_layernorm", tp_.token_role());
   }
-  const size_t final_norm_end = params_.params().size();
+  if (has_loss && cfg_.mtp_num_layers > 0) {
+    MOE_CHECK(has_embedding || cfg_.position_embedding != PositionEmbedding::LearnedAbsolute,
+              "[model] multi-token prediction with learned absolute positions on a pipeline "
+              "stage without the embedding is not implemented yet (the last stage would need "
+              "its own copy of the position table, kept equal to the first stage's): use "
+              "--position-embedding-type rope, or no pipeline parallelism");
+    mtp_ = std::make_unique<MtpBlock<T>>(cfg_, params_, rope_, groups_, seed, &mla_rope_);
+  }
+  const size_t final_norm_end = params_.params().size();  // the final norm's and the MTP's
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   // A last pipeline stage without the embedding holds a copy of it (Megatron's shared
   // embedding): the same name and initial values, its gradient summed with the first stage's.
@@ -131,6 +147,16 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     head_ = &params_.add(spec);
   } else if (has_loss) {
     head_ = cfg_.tie_embeddings ? embedding_ : &params_.add(table_spec("output_layer.weight"));
+  }
+  // MTP embeds with the model's table: the embedding, the tied head's copy, or with an untied
+  // head a copy of its own (Megatron's last stage builds the embedding for its MTP layers).
+  if (mtp_ != nullptr) {
+    mtp_table_ = embedding_ != nullptr ? embedding_ : cfg_.tie_embeddings ? head_ : nullptr;
+    if (mtp_table_ == nullptr) {
+      ParamSpec spec = table_spec(kTable);
+      spec.pipeline_copy = true;
+      mtp_table_ = &params_.add(spec);
+    }
   }
   // The head's GEMMs and the cross entropy run over the model's V rows only (the fused one-rank
   // head: N = V of the table's first rows; vocab-parallel: each rank's model rows).
@@ -148,7 +174,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     }
   }
   // The embedding's stage: the table (or the last stage's copy of it), the positions.
-  if (Param* table = tied_table(); table != nullptr && embedding_ == nullptr)
+  if (Param* table = shared_embedding(); table != nullptr && embedding_ == nullptr)
     grad_stages_.back().push_back(table);
   if (embedding_ != nullptr) grad_stages_.back().push_back(embedding_);
   if (pos_embedding_ != nullptr) grad_stages_.back().push_back(pos_embedding_);
@@ -158,6 +184,30 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
             "[model] {} parameters are registered but {} are in backward stages: a parameter "
             "was registered outside its block",
             params_.params().size(), staged);
+
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    all_blocks_.push_back(blocks_[b].get());
+    all_layers_.push_back(block_layer_[b]);
+  }
+  if (mtp_ != nullptr) {
+    for (int64_t j = 0; j < mtp_->depths(); ++j) {
+      all_blocks_.push_back(&mtp_->layer(j).block());
+      all_layers_.push_back(cfg_.num_layers + j);
+    }
+    mtp_->set_ends(typename MtpBlock<T>::Ends{
+        [this](DevPtr<T> x, DevPtr<const int32_t> ids, DevPtr<const int32_t> pos, uint64_t key) {
+          embed(*mtp_table_, x, ids, pos, key);
+        },
+        [this](DevPtr<T> dx, DevPtr<const int32_t> ids, DevPtr<const int32_t> pos, uint64_t key) {
+          embed_backward(*mtp_table_, dx, ids, pos, key);
+        },
+        [this](DevPtr<const T> h, DevPtr<const int32_t> targets, DevPtr<T> lse,
+               DevPtr<double> sum) { head_forward(h, targets, lse, sum); },
+        [this](DevPtr<T> dh, DevPtr<const T> h, DevPtr<const int32_t> targets,
+               DevPtr<const T> lse, DevPtr<const T> dloss) {
+          head_backward(dh, h, targets, lse, dloss);
+        }});
+  }
 
   if (size_only) {
     arena_.size_only([this](Arena& a) { allocate(a); });
@@ -223,6 +273,10 @@ void GPTModel<T>::allocate(Arena& a) {
   if (final_norm_ != nullptr) {
     final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
     final_norm_->allocate(a, T_local_, "model.final_rstd");
+  }
+  if (mtp_ != nullptr) {
+    mtp_->allocate(a, S_, B_, T_local_, pos_embedding_ != nullptr);
+    mtp_dh0_ = a.alloc<T>(T_local_ * H, "model.mtp_dh0", MemKind::Workspace);
   }
   own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
   if (own_counters_ != nullptr) ops::zero(a.exec(), own_counters_, 1);  // null while planning
@@ -317,6 +371,10 @@ void GPTModel<T>::set_replay_micro_batch(int c, int64_t microbatch) {
     if (auto* moe = blocks_[ch.block_begin + j]->moe())
       moe->router().set_replay_micro_batch(microbatch);
   }
+  if (!ch.stage.loss || mtp_ == nullptr) return;
+  for (int64_t j = 0; j < mtp_->depths(); ++j) {
+    if (auto* moe = mtp_->layer(j).block().moe()) moe->router().set_replay_micro_batch(microbatch);
+  }
 }
 
 template <typename T>
@@ -337,41 +395,13 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
                                   io.ids_BS, io.targets_BS, B_, S_);
   }
   counters_ = io.dropout != nullptr ? io.dropout : DevPtr<const ops::DropoutCounters>(own_counters_);
-  const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
   const DevPtr<T> x0 = ch.stream[0];
   if (!ch.stage.embedding) {
     MOE_CHECK(input != nullptr, "[model] pipeline chunk {} needs its input activation", c);
     ops::copy(ex, x0, input, T_local_ * H);
   } else {
     params_needed(L + 1);
-    if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
-      const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : x0;
-      bool done = false;
-      if constexpr (std::is_same_v<T, float>) {
-        if (embedding_->has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
-          vocab_parallel_embedding_forward_bf16(ex, tp_, x0, partial,
-                                                DevPtr<const int32_t>(ids_T_),
-                                                DevPtr<const bf16>(embedding_->data16), vp_w32_,
-                                                T_, H, cfg_.vocab_size, cfg_.padded_vocab());
-          done = true;
-        }
-      }
-      if (!done) {
-        vocab_parallel_embedding_forward(ex, tp_, x0, partial, DevPtr<const int32_t>(ids_T_),
-                                         embedding_->compute_as<T>(), T_, H, cfg_.vocab_size,
-                                         cfg_.padded_vocab());
-      }
-    } else {
-      embedding_lookup(*embedding_, x0, ids_T_, T_, cfg_.vocab_size);
-    }
-    if (pos_embedding_ != nullptr) {
-      embedding_lookup(*pos_embedding_, pos_TH_, pos_T_ + first, T_local_, cfg_.max_positions());
-      ops::add(ex, x0, DevPtr<const T>(x0), DevPtr<const T>(pos_TH_), T_local_ * H);
-    }
-    // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
-    if (embedding_dropping())
-      ops::dropout_forward(ex, x0, DevPtr<const T>(x0), cfg_.hidden_dropout, emb_drop_key_,
-                           counters_, T_local_ / B_, B_, H, first / B_);
+    embed(*embedding_, x0, ids_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr, emb_drop_key_);
   }
   if (replay) set_replay_micro_batch(c, microbatch);
   for (int64_t j = 0; j < ch.stage.num_layers; ++j) {
@@ -386,9 +416,9 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
     }
   }
   if (!ch.stage.loss) return;
-  params_needed(0);  // the final norm, and the head that forward() / forward_logits() run next
-  if (embedding_ == nullptr && head_ != nullptr && cfg_.tie_embeddings)
-    params_needed(L + 1);  // the last stage's copy of the tied table
+  params_needed(0);  // the final norm, MTP, and the head that forward() / forward_logits() run next
+  if (embedding_ == nullptr && shared_embedding() != nullptr)
+    params_needed(L + 1);  // the last stage's copy of the table (the tied head's, MTP's)
   final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
 }
 
@@ -409,19 +439,108 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
   io_ = io;
   forward_trunk(c, io, input, microbatch, replay);
   if (!chunks_[c].stage.loss) return;
+  head_forward(final_n_, targets_T_, lse_T_,
+               member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum));
+  if (mtp_ != nullptr) {
+    for (int64_t j = 0; j < mtp_->depths(); ++j)
+      mtp_->layer(j).block().set_dropout_counters(counters_);
+    mtp_->forward(final_n_, ids_T_, targets_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
+                  io.report, io.tokens_per_expert_E, replay);
+  }
+}
+
+template <typename T>
+void GPTModel<T>::embed(const Param& table, DevPtr<T> x_local, DevPtr<const int32_t> ids_T,
+                        DevPtr<const int32_t> pos_T, uint64_t key) {
+  const Exec& ex = arena_.exec();
+  const int64_t H = cfg_.hidden;
+  const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
+  if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
+    const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : x_local;
+    bool done = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (table.has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
+        vocab_parallel_embedding_forward_bf16(ex, tp_, x_local, partial, ids_T,
+                                              DevPtr<const bf16>(table.data16), vp_w32_, T_, H,
+                                              cfg_.vocab_size, cfg_.padded_vocab());
+        done = true;
+      }
+    }
+    if (!done) {
+      vocab_parallel_embedding_forward(ex, tp_, x_local, partial, ids_T, table.compute_as<T>(), T_,
+                                       H, cfg_.vocab_size, cfg_.padded_vocab());
+    }
+  } else {
+    embedding_lookup(table, x_local, ids_T, T_, cfg_.vocab_size);
+  }
+  if (pos_T != nullptr) {
+    embedding_lookup(*pos_embedding_, pos_TH_, pos_T + first, T_local_, cfg_.max_positions());
+    ops::add(ex, x_local, DevPtr<const T>(x_local), DevPtr<const T>(pos_TH_), T_local_ * H);
+  }
+  // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
+  if (embedding_dropping())
+    ops::dropout_forward(ex, x_local, DevPtr<const T>(x_local), cfg_.hidden_dropout, key,
+                         counters_, T_local_ / B_, B_, H, first / B_);
+}
+
+template <typename T>
+void GPTModel<T>::embed_backward(Param& table, DevPtr<T> dx_local, DevPtr<const int32_t> ids_T,
+                                 DevPtr<const int32_t> pos_T, uint64_t key) {
+  const Exec& ex = arena_.exec();
+  const int64_t H = cfg_.hidden;
+  if (embedding_dropping())
+    ops::dropout_backward(ex, dx_local, DevPtr<const T>(dx_local), cfg_.hidden_dropout, key,
+                          counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
   if (tp_.active()) {
-    const Exec& ex = arena_.exec();
-    const DevPtr<const T> h =
-        tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, cfg_.hidden);  // [T, H]
-    vocab_parallel_head_loss_forward(
-        ex, tp_, member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum), loss_T_, lse_T_, h,
-        head_values(), DevPtr<const int32_t>(targets_T_), head_shape_, cfg_.padded_vocab(), vp_ws_,
-        cfg_.bf16 ? &head16_ : nullptr);
+    vocab_parallel_embedding_backward(ex, tp_, table.grad_as<T>(), DevPtr<const T>(dx_local),
+                                      vp_dfull_, ids_T, T_, H, cfg_.vocab_size,
+                                      cfg_.padded_vocab());
+  } else {
+    ops::embedding_backward(ex, table.grad_as<T>(), DevPtr<const T>(dx_local), ids_T, T_, H,
+                            cfg_.vocab_size);
+  }
+  if (pos_T != nullptr)
+    ops::embedding_backward(ex, pos_embedding_->grad_as<T>(), DevPtr<const T>(dx_local),
+                            pos_T + tp_.first_token(T_), T_local_, H, cfg_.max_positions());
+}
+
+template <typename T>
+void GPTModel<T>::head_forward(DevPtr<const T> h_local, DevPtr<const int32_t> targets_T,
+                               DevPtr<T> lse_T, DevPtr<double> sum) {
+  const Exec& ex = arena_.exec();
+  if (tp_.active()) {
+    const DevPtr<const T> h = tp_.enter(ex, h_local, vp_full_, T_, cfg_.hidden);  // [T, H]
+    vocab_parallel_head_loss_forward(ex, tp_, sum, loss_T_, lse_T, h, head_values(), targets_T,
+                                     head_shape_, cfg_.padded_vocab(), vp_ws_,
+                                     cfg_.bf16 ? &head16_ : nullptr);
     return;
   }
-  ops::head_loss_forward(arena_.exec(), member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum),
-                         loss_T_, lse_T_, final_n_, head_values(), targets_T_, head_shape_,
+  ops::head_loss_forward(ex, sum, loss_T_, lse_T, h_local, head_values(), targets_T, head_shape_,
                          head_ws_, cfg_.bf16 ? &head16_ : nullptr);
+}
+
+template <typename T>
+void GPTModel<T>::head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local,
+                                DevPtr<const int32_t> targets_T, DevPtr<const T> lse_T,
+                                DevPtr<const T> dloss) {
+  const Exec& ex = arena_.exec();
+  const int64_t H = cfg_.hidden;
+  if (tp_.active()) {
+    // The head's input as the forward left it (all-gathered into vp_full_ with SP; gathered
+    // again when MTP's embeddings and heads used that buffer since), this rank's partial input
+    // gradient, summed (reduce-scattered with SP) into dh_local.
+    const bool sp = tp_.sequence_parallel();
+    if (sp && mtp_ != nullptr) tp_.enter(ex, h_local, vp_full_, T_, H);
+    const DevPtr<T> dfull = sp ? vp_dfull_ : dh_local;
+    vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
+                                      sp ? DevPtr<const T>(vp_full_) : h_local, head_values(),
+                                      targets_T, lse_T, dloss, head_shape_, cfg_.padded_vocab(),
+                                      vp_ws_, cfg_.bf16 ? &head16_ : nullptr);
+    tp_.enter_backward(ex, dfull, dh_local, T_, H);
+    return;
+  }
+  ops::head_loss_backward(ex, dh_local, head_->grad_as<T>(), h_local, head_values(), targets_T,
+                          lse_T, dloss, head_shape_, head_ws_, cfg_.bf16 ? &head16_ : nullptr);
 }
 
 template <typename T>
@@ -498,7 +617,22 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
 template <typename T>
 double GPTModel<T>::forward(DevPtr<const int32_t> ids_BS, DevPtr<const int32_t> targets_BS) {
   forward(MicroBatchIO{ids_BS, targets_BS, own_report_, own_tokens_E_});
-  return mean_loss(ops::read_value<ops::MicroBatchReport>(arena_.exec(), own_report_));
+  return mean_loss(own_report());
+}
+
+template <typename T>
+ops::MicroBatchReport GPTModel<T>::own_report() const {
+  return ops::read_value<ops::MicroBatchReport>(arena_.exec(), own_report_);
+}
+
+template <typename T>
+double GPTModel<T>::training_loss(const ops::MicroBatchReport& r) const {
+  double mtp = 0;
+  for (int64_t j = 0; j < cfg_.mtp_num_layers; ++j) mtp += mtp_mean_loss(r, j);
+  return mean_loss(r) +
+         (cfg_.mtp_num_layers > 0
+              ? cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers) * mtp
+              : 0.0);
 }
 
 template <typename T>
@@ -517,28 +651,18 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
   if (microbatch >= 0) set_replay_micro_batch(c, microbatch);  // "moe" recomputation's jitter
   const int64_t L = cfg_.num_layers;
   if (ch.stage.loss) {
+    // The MTP depths first (their gradient of the final norm's output into mtp_dh0_), then the
+    // main head's.
+    if (mtp_ != nullptr) mtp_->backward(mtp_dh0_, loss_grad_scale);
     ops::loss_grad_scale(ex, dloss_, member_ptr(io_.report, &ops::MicroBatchReport::counted),
                          loss_grad_scale);
-    if (tp_.active()) {
-      // The head's input as the forward left it (all-gathered into vp_full_ with SP), this
-      // rank's partial input gradient, summed (reduce-scattered with SP) into dfinal_.
-      const bool sp = tp_.sequence_parallel();
-      const DevPtr<T> dfull = sp ? vp_dfull_ : dfinal_;
-      vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
-                                        DevPtr<const T>(sp ? vp_full_ : final_n_), head_values(),
-                                        DevPtr<const int32_t>(targets_T_), DevPtr<const T>(lse_T_),
-                                        DevPtr<const T>(dloss_), head_shape_, cfg_.padded_vocab(),
-                                        vp_ws_, cfg_.bf16 ? &head16_ : nullptr);
-      tp_.enter_backward(ex, dfull, dfinal_, T_, H);
-    } else {
-      ops::head_loss_backward(ex, dfinal_, head_->grad_as<T>(), final_n_, head_values(),
-                              targets_T_, lse_T_, dloss_, head_shape_, head_ws_,
-                              cfg_.bf16 ? &head16_ : nullptr);
-    }
+    head_backward(dfinal_, final_n_, targets_T_, lse_T_, dloss_);
+    if (mtp_ != nullptr)
+      ops::add(ex, dfinal_, DevPtr<const T>(dfinal_), DevPtr<const T>(mtp_dh0_), T_local_ * H);
     final_norm_->backward(ex, dstream_, dfinal_, ch.stream.back(), T_local_);
     stage_done(0);
-    // The last stage's copy of the tied table has its gradient (its stage is the embedding's).
-    if (embedding_ == nullptr && cfg_.tie_embeddings) stage_done(static_cast<int>(L) + 1);
+    // The last stage's copy of the table has its gradient (its stage is the embedding's).
+    if (embedding_ == nullptr && shared_embedding() != nullptr) stage_done(static_cast<int>(L) + 1);
   } else {
     MOE_CHECK(doutput != nullptr, "[model] pipeline chunk {} needs its output gradient", c);
     ops::copy(ex, dstream_, doutput, T_local_ * H);
@@ -562,28 +686,15 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
   }
   if (microbatch >= 0) set_replay_micro_batch(c, -1);
   if (!ch.stage.embedding) return;
-  if (embedding_dropping())
-    ops::dropout_backward(ex, dstream_, DevPtr<const T>(dstream_), cfg_.hidden_dropout,
-                          emb_drop_key_, counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
-  if (tp_.active()) {
-    vocab_parallel_embedding_backward(ex, tp_, embedding_->grad_as<T>(), DevPtr<const T>(dstream_),
-                                      vp_dfull_, DevPtr<const int32_t>(ids_T_), T_, H,
-                                      cfg_.vocab_size, cfg_.padded_vocab());
-  } else {
-    ops::embedding_backward(ex, embedding_->grad_as<T>(), dstream_, ids_T_, T_, H,
-                            cfg_.vocab_size);
-  }
-  if (pos_embedding_ != nullptr)
-    ops::embedding_backward(ex, pos_embedding_->grad_as<T>(), dstream_,
-                            DevPtr<const int32_t>(pos_T_) + tp_.first_token(T_), T_local_, H,
-                            cfg_.max_positions());
+  embed_backward(*embedding_, dstream_, ids_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
+                 emb_drop_key_);
   stage_done(static_cast<int>(L) + 1);
 }
 
 template <typename T>
 void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
   params_.refresh_bf16();  // the optimizer changed the master weights
-  for (const auto& b : blocks_) {
+  for (TransformerBlock<T>* b : all_blocks_) {
     if (b->is_moe()) b->moe()->finish_step(sync);
   }
 }
@@ -591,7 +702,7 @@ void GPTModel<T>::finish_step(const moe::RouterStepSync& sync) {
 template <typename T>
 void GPTModel<T>::set_training(bool training) {
   training_ = training;
-  for (const auto& b : blocks_) b->set_training(training);
+  for (TransformerBlock<T>* b : all_blocks_) b->set_training(training);
 }
 
 template <typename T>
@@ -604,8 +715,8 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
   st.max_over_mean_load = 0;
   st.tokens_per_expert.assign(cfg_.num_experts, 0);
   size_t n_layers = 0;
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const auto& b = blocks_[l];
+  for (size_t l = 0; l < all_blocks_.size(); ++l) {
+    const TransformerBlock<T>* b = all_blocks_[l];
     if (!b->is_moe()) continue;
     const auto& router = b->moe()->router();
     ++st.num_moe_layers;
@@ -617,7 +728,7 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     st.dropped += router.dropped();
     if (st.layers.size() <= n_layers) st.layers.emplace_back();  // the first call only
     MoeLayerStats& ls = st.layers[n_layers++];
-    ls.layer = block_layer_[l];
+    ls.layer = all_layers_[l];
     router.stats(&ls.router);
     for (int64_t e = 0; e < cfg_.num_experts; ++e)
       st.tokens_per_expert[e] += ls.router.tokens_per_expert[e];
@@ -629,7 +740,7 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
 template <typename T>
 std::vector<const moe::Router<T>*> GPTModel<T>::routers() const {
   std::vector<const moe::Router<T>*> out;
-  for (const auto& b : blocks_) {
+  for (const TransformerBlock<T>* b : all_blocks_) {
     if (b->is_moe()) out.push_back(&b->moe()->router());
   }
   return out;
@@ -638,7 +749,7 @@ std::vector<const moe::Router<T>*> GPTModel<T>::routers() const {
 template <typename T>
 std::vector<moe::Router<T>*> GPTModel<T>::routers() {
   std::vector<moe::Router<T>*> out;
-  for (const auto& b : blocks_) {
+  for (TransformerBlock<T>* b : all_blocks_) {
     if (b->is_moe()) out.push_back(&b->moe()->router());
   }
   return out;

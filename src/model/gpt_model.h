@@ -1,11 +1,12 @@
 // The GPT model: embedding -> transformer blocks -> final RMSNorm -> untied output head fused
-// with cross entropy. Under tensor parallelism (the attention grid's TP group) the embedding and
-// the output head are vocab-parallel (model/vocab_parallel.h) and the residual stream holds
-// TensorParallel::local_tokens(T) tokens: this rank's T/tp with --sequence-parallel. Owns the
-// parameter registry and the arena; all memory (parameters, gradients, activations, workspace) is
-// planned for one micro-batch shape before step 0. Legend: S sequence, B micro-batch, T = S*B
-// tokens (sequence-major), H hidden, V the model's vocabulary, Vp the tables' rows (padded for TP:
-// ModelConfig::padded_vocab_size).
+// with cross entropy, and with --mtp-num-layers the multi-token prediction depths after the final
+// norm (model/mtp_block.h) sharing the embedding and the head. Under tensor parallelism (the
+// attention grid's TP group) the embedding and the output head are vocab-parallel
+// (model/vocab_parallel.h) and the residual stream holds TensorParallel::local_tokens(T) tokens:
+// this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory
+// (parameters, gradients, activations, workspace) is planned for one micro-batch shape before step
+// 0. Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V the model's
+// vocabulary, Vp the tables' rows (padded for TP: ModelConfig::padded_vocab_size).
 #pragma once
 
 #include <functional>
@@ -16,6 +17,7 @@
 #include "nn/param_registry.h"
 #include "parallel/pipeline_layout.h"
 #include "model/config.h"
+#include "model/mtp_block.h"
 #include "model/transformer_block.h"
 #include "model/vocab_parallel.h"
 #include "nn/norm.h"
@@ -81,9 +83,10 @@ class GPTModel {
   // chunks: the virtual pipeline stages this rank holds, in chunk order (pipeline parallelism:
   // parallel/pipeline_layout.h): their decoder layers (global indices: parameter names,
   // initialization and dropout are the one-rank model's), the embedding on the chunk that has
-  // it, the final norm, output head and loss on the one that has the loss. Empty: the whole
-  // model as one chunk. With tied embeddings a rank holding the loss but not the embedding keeps
-  // a copy of the table as its head (ParamSpec::pipeline_copy; the same name and values).
+  // it, the final norm, output head, loss and MTP depths on the one that has the loss (all
+  // --mtp-num-layers there). Empty: the whole model as one chunk. With tied embeddings a rank
+  // holding the loss but not the embedding keeps a copy of the table as its head, and with MTP
+  // one for the depths' embeddings (ParamSpec::pipeline_copy; the same name and values).
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
            const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
            const Exec& ex = cpu_exec(), std::vector<parallel::VirtualStage> chunks = {});
@@ -100,6 +103,11 @@ class GPTModel {
                      bool replay = false);
   // Chunk c's output [T_local, H] after its forward (not for the chunk with the loss).
   DevPtr<const T> chunk_output(int c) const { return chunks_[c].stream.back(); }
+  // The decoder's final-normed output [T_local, H] of the last forward (the head's and the
+  // first MTP depth's input), on the rank with the loss.
+  DevPtr<const T> final_norm_output() const { return final_n_; }
+  // The MTP depths (null without --mtp-num-layers, or on a rank without the loss).
+  const MtpBlock<T>* mtp() const { return mtp_.get(); }
   // The backward of chunk c for the micro-batch of its last forward (or replay): doutput is the
   // gradient of its output (null for the chunk with the loss). The grad-ready hook sees the
   // chunk's stages.
@@ -114,12 +122,21 @@ class GPTModel {
   Param* tied_table() const {
     return cfg_.tie_embeddings ? (embedding_ != nullptr ? embedding_ : head_) : nullptr;
   }
+  // The word-embedding table both the first and the last pipeline stage hold (Megatron's
+  // embedding group), whose gradients the pipeline sums between them: with a tied head or MTP,
+  // the embedding on the rank that has it, else the last stage's copy (null on other ranks).
+  Param* shared_embedding() const {
+    if (!cfg_.tie_embeddings && cfg_.mtp_num_layers == 0) return nullptr;
+    if (embedding_ != nullptr) return embedding_;
+    return cfg_.tie_embeddings ? head_ : mtp_table_;
+  }
   // The decoder layers this rank holds, in global order.
   const std::vector<int64_t>& layers() const { return block_layer_; }
 
   // The step's forward of one micro-batch: reads io's inputs, writes its report slot (the sum of
-  // the cross entropy over the counted tokens, the count, the MoE layers' aux and z values,
-  // dropped slots and tokens per expert). Targets < 0 are ignored. Nothing returns to the host.
+  // the cross entropy over the counted tokens, the count, each MTP depth's sum and count, the MoE
+  // layers' aux and z values, dropped slots and tokens per expert). Targets < 0 are ignored.
+  // Nothing returns to the host.
   void forward(const MicroBatchIO& io);
   // The same on host arrays with the model's own report slot, read back at once: the mean cross
   // entropy over the counted tokens (tests and tools; the trainer reads its report after the
@@ -138,24 +155,33 @@ class GPTModel {
   static double mean_loss(const ops::MicroBatchReport& r) {
     return r.counted > 0 ? r.lm_loss_sum / static_cast<double>(r.counted) : 0.0;
   }
-  // Accumulates parameter gradients of loss_grad_scale * (mean CE + aux + z losses) of the last
-  // forward; 1 / counted tokens is applied from that forward's report slot, in memory.
+  // MTP depth k = j + 1's mean cross entropy in a report slot (0 when no target counts).
+  static double mtp_mean_loss(const ops::MicroBatchReport& r, int64_t j) {
+    return r.mtp_counted[j] > 0 ? r.mtp_loss_sum[j] / static_cast<double>(r.mtp_counted[j]) : 0.0;
+  }
+  // The loss whose gradient backward() takes, less the routers' aux and z terms: the mean cross
+  // entropy plus (--mtp-loss-scaling-factor / D) x the depths' mean cross entropies.
+  double training_loss(const ops::MicroBatchReport& r) const;
+  // The model's own report slot (forward(ids, targets)'s), read back: tests and tools.
+  ops::MicroBatchReport own_report() const;
+  // Accumulates parameter gradients of loss_grad_scale * (training_loss + aux + z losses) of the
+  // last forward; 1 / counted tokens is applied from that forward's report slot, in memory.
   // loss_grad_scale is a constant of the layout (1 / (micro-batches x data-parallel size)).
   // After each backward stage (see grad_stages) the grad-ready hook, if set, is called with
   // the stage's index: the data-parallel gradient buckets launch their all-reduces from it.
   void backward(double loss_grad_scale);
 
-  // The backward in stages, in the order it runs: [0] the final norm and an untied output head,
-  // [1 + i] the parameters of block L-1-i, [L + 1] the embedding (with a tied head it receives
-  // its last gradient there). Once backward has finished stage s, the gradients of the
-  // parameters of stages <= s are final for this micro-batch. Every parameter is in exactly
-  // one stage.
+  // The backward in stages, in the order it runs: [0] the final norm, an untied output head and
+  // the MTP depths, [1 + i] the parameters of block L-1-i, [L + 1] the embedding (with a tied
+  // head or MTP it receives its last gradient there). Once backward has finished stage s, the
+  // gradients of the parameters of stages <= s are final for this micro-batch. Every parameter is
+  // in exactly one stage.
   const std::vector<std::vector<const Param*>>& grad_stages() const { return grad_stages_; }
   void set_grad_ready_hook(std::function<void(int stage)> hook) { grad_ready_ = std::move(hook); }
   // Its forward-order counterpart: every forward (forward(), forward_logits()) calls the
   // params-needed hook, if set, with a stage's index (grad_stages' numbering) just before the
   // first op that reads a parameter of that stage: L + 1 (the embeddings) first, then each
-  // block's L - l, then 0 (the final norm and an untied head). The distributed optimizer's
+  // block's L - l, then 0 (the final norm, an untied head and the MTP depths). The distributed optimizer's
   // deferred parameter gathers (--overlap-param-gather) complete there.
   void set_params_needed_hook(std::function<void(int stage)> hook) {
     params_needed_ = std::move(hook);
@@ -196,6 +222,18 @@ class GPTModel {
   void forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
                      bool replay);
   void set_replay_micro_batch(int c, int64_t microbatch);
+  // x_local [T_local, H] = dropout(table[ids_T] (+ positions[pos_T])) with the dropout stream
+  // `key` (the embedding's, or an MTP depth's), and its backward (dx_local overwritten).
+  void embed(const Param& table, DevPtr<T> x_local, DevPtr<const int32_t> ids_T,
+             DevPtr<const int32_t> pos_T, uint64_t key);
+  void embed_backward(Param& table, DevPtr<T> dx_local, DevPtr<const int32_t> ids_T,
+                      DevPtr<const int32_t> pos_T, uint64_t key);
+  // The output head fused with the cross entropy on h_local [T_local, H] (the decoder's or an MTP
+  // depth's), and its backward (dh_local assigned).
+  void head_forward(DevPtr<const T> h_local, DevPtr<const int32_t> targets_T, DevPtr<T> lse_T,
+                    DevPtr<double> sum);
+  void head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local, DevPtr<const int32_t> targets_T,
+                     DevPtr<const T> lse_T, DevPtr<const T> dloss);
   // The whole model in one chunk: forward(), backward(), forward_logits().
   void check_whole(const char* what) const;
   struct Chunk {
@@ -205,6 +243,10 @@ class GPTModel {
   };
   std::vector<Chunk> chunks_;
   std::vector<int64_t> block_layer_;  // blocks_[i]'s global layer
+  // Every block held here, the MTP depths' after the decoder's, with its layer (L + j for MTP
+  // depth j's): what the routers' and training-mode loops visit.
+  std::vector<TransformerBlock<T>*> all_blocks_;
+  std::vector<int64_t> all_layers_;
   bool embedding_dropping() const { return training_ && cfg_.hidden_dropout > 0; }
   void stage_done(int stage) {
     if (grad_ready_) grad_ready_(stage);
@@ -226,6 +268,12 @@ class GPTModel {
   Param* head_ = nullptr;  // null on a rank without the loss
   uint64_t emb_drop_key_;  // the embedding dropout's stream
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
+  // Multi-token prediction on the rank with the loss (null without --mtp-num-layers): its
+  // depths look up mtp_table_ (the embedding, the tied copy, or their own copy of the table) and
+  // carry their gradient of the final norm's output in mtp_dh0_.
+  std::unique_ptr<MtpBlock<T>> mtp_;
+  Param* mtp_table_ = nullptr;
+  DevPtr<T> mtp_dh0_ = nullptr;
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
   std::function<void(int)> params_needed_;

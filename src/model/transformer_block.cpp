@@ -15,40 +15,47 @@ nn::NormConfig norm_config(const ModelConfig& cfg) {
 }
 }  // namespace
 
+BlockSite BlockSite::decoder(const ModelConfig& cfg, int64_t layer) {
+  return BlockSite{fmt::format("decoder.layers.{}", layer), layer, cfg.is_moe_layer(layer),
+                   cfg.recompute.chunk_of(layer)};
+}
+
+BlockSite BlockSite::mtp(const ModelConfig& cfg, int64_t depth) {
+  return BlockSite{fmt::format("mtp.layers.{}.transformer_layer", depth), cfg.num_layers + depth,
+                   cfg.mtp_is_moe(), -1};
+}
+
 template <typename T>
-TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
-                                      const ops::RopeCache& rope,
+TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, const BlockSite& site,
+                                      ParamRegistry& params, const ops::RopeCache& rope,
                                       const parallel::ProcessGroups* groups, uint64_t seed,
                                       const ops::RopeMlaCache* mla_rope)
     : tp_(parallel::TensorParallel::attention(groups)),
-      layer_(layer),
+      member_(site.member),
       H_(cfg.hidden),
       hidden_p_(cfg.hidden_dropout),
-      key_attn_out_(rng_key(seed, fmt::format("decoder.layers.{}.self_attention.output_dropout",
-                                              layer))),
-      key_ffn_out_(rng_key(seed, fmt::format("decoder.layers.{}.mlp.output_dropout", layer))),
-      recompute_chunk_(cfg.recompute.chunk_of(layer)),
+      key_attn_out_(rng_key(seed, site.prefix + ".self_attention.output_dropout")),
+      key_ffn_out_(rng_key(seed, site.prefix + ".mlp.output_dropout")),
+      recompute_chunk_(site.recompute_chunk),
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
-      norm1_(norm_config(cfg), params, fmt::format("decoder.layers.{}.input_layernorm", layer),
-             tp_.token_role()),
-      norm2_(norm_config(cfg), params, fmt::format("decoder.layers.{}.pre_mlp_layernorm", layer),
-             tp_.token_role()) {
-  const std::string attn_prefix = fmt::format("decoder.layers.{}.self_attention", layer);
+      norm1_(norm_config(cfg), params, site.prefix + ".input_layernorm", tp_.token_role()),
+      norm2_(norm_config(cfg), params, site.prefix + ".pre_mlp_layernorm", tp_.token_role()) {
+  const std::string attn_prefix = site.prefix + ".self_attention";
   if (cfg.multi_latent_attention) {
     MOE_CHECK(mla_rope != nullptr,
-              "[block] layer {}: multi-latent attention needs its rotary tables (GPTModel builds "
+              "[block] {}: multi-latent attention needs its rotary tables (GPTModel builds "
               "them)",
-              layer);
+              site.prefix);
     mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_);
   } else {
     attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_);
   }
   attn_drop_.p = cfg.attention_dropout;
-  attn_drop_.key = rng_key(seed, fmt::format("decoder.layers.{}.self_attention.dropout", layer));
+  attn_drop_.key = rng_key(seed, site.prefix + ".self_attention.dropout");
   attn_drop_.head0 = attn_ != nullptr ? attn_->first_head() : mla_->first_head();
-  std::string mlp_prefix = fmt::format("decoder.layers.{}.mlp", layer);
-  if (cfg.is_moe_layer(layer)) {
+  const std::string mlp_prefix = site.prefix + ".mlp";
+  if (site.moe) {
     moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
   } else {
     mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.activation,
@@ -82,8 +89,8 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
   // layer (they are rebuilt together before the chunk's backward).
   const bool full = recompute_chunk_ >= 0;
-  Arena::Share workspace(a, "layer", layer_, {MemKind::Workspace});
-  Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : layer_,
+  Arena::Share workspace(a, "layer", member_, {MemKind::Workspace});
+  Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : member_,
                           {MemKind::Recomputed});
   Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, full);
   if (attn_ != nullptr)

@@ -25,6 +25,21 @@
 
 namespace moecore::model {
 
+// Where a block sits in the model: the prefix of its parameters' and random streams' names, its
+// member of the arena's per-layer overlay, its FFN's kind and its full-recomputation chunk.
+struct BlockSite {
+  std::string prefix;
+  int64_t member = 0;
+  bool moe = false;
+  int64_t recompute_chunk = -1;  // -1: its activations are kept
+  // Decoder layer l: "decoder.layers.{l}", member l, its own kind and chunk.
+  static BlockSite decoder(const ModelConfig& cfg, int64_t layer);
+  // Multi-token prediction depth j's layer (model/mtp_layer.h): "mtp.layers.{j}.transformer_layer",
+  // member L + j (past the decoder's: its own dropout and jitter streams by name), the last
+  // decoder layer's kind, never fully recomputed (Megatron's block method skips the MTP layers).
+  static BlockSite mtp(const ModelConfig& cfg, int64_t depth);
+};
+
 template <typename T>
 class TransformerBlock {
  public:
@@ -34,6 +49,11 @@ class TransformerBlock {
   // mla_rope: the rotary tables of multi-latent attention (cfg.multi_latent_attention; built
   // by GPTModel), filled before allocate().
   TransformerBlock(const ModelConfig& cfg, int64_t layer, ParamRegistry& params,
+                   const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr,
+                   uint64_t seed = 0, const ops::RopeMlaCache* mla_rope = nullptr)
+      : TransformerBlock(cfg, BlockSite::decoder(cfg, layer), params, rope, groups, seed,
+                         mla_rope) {}
+  TransformerBlock(const ModelConfig& cfg, const BlockSite& site, ParamRegistry& params,
                    const ops::RopeCache& rope, const parallel::ProcessGroups* groups = nullptr,
                    uint64_t seed = 0, const ops::RopeMlaCache* mla_rope = nullptr);
   // The layer's workspace and recomputed activations go to member `layer` of the arena's
@@ -53,6 +73,7 @@ class TransformerBlock {
   void set_training(bool training);
 
   bool is_moe() const { return moe_ != nullptr; }
+  int64_t member() const { return member_; }  // BlockSite::member
   const moe::MoELayer<T>* moe() const { return moe_.get(); }
   moe::MoELayer<T>* moe() { return moe_.get(); }
 
@@ -70,9 +91,9 @@ class TransformerBlock {
   void mlp_backward(DevPtr<T> dx, DevPtr<const T> dy);
 
   parallel::TensorParallel tp_;  // the attention grid's TP group
-  // n_tok_: the micro-batch's T; n_loc_: the tokens held here (tp.local_tokens(T)); S_loc_: their
-  // sequence positions, from s0_.
-  int64_t layer_, H_, S_ = 0, B_ = 0, n_tok_ = 0, n_loc_ = 0, S_loc_ = 0, s0_ = 0;
+  // member_: the arena overlay's (BlockSite). n_tok_: the micro-batch's T; n_loc_: the tokens
+  // held here (tp.local_tokens(T)); S_loc_: their sequence positions, from s0_.
+  int64_t member_, H_, S_ = 0, B_ = 0, n_tok_ = 0, n_loc_ = 0, S_loc_ = 0, s0_ = 0;
   double hidden_p_;
   uint64_t key_attn_out_, key_ffn_out_;  // the two hidden-dropout sites' streams
   ops::AttentionDropout attn_drop_;

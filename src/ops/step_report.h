@@ -12,6 +12,9 @@
 
 namespace moecore::ops {
 
+// The multi-token prediction depths a report slot has room for (--mtp-num-layers at most).
+inline constexpr int kMaxMtpDepths = 8;
+
 // One micro-batch's slot of the step report (plain data: the host zeroes nothing, the forward
 // clears it with ops::zero).
 struct MicroBatchReport {
@@ -21,7 +24,20 @@ struct MicroBatchReport {
   double z_value = 0;      // sum over MoE layers of mean_t lse_t^2
   int64_t dropped = 0;     // (token, slot) pairs dropped by capacity, summed over MoE layers
   int64_t moe_layers = 0;  // MoE layers that reported
+  // Multi-token prediction, per depth k = 1..D at [k - 1]: the sum of the cross entropy of the
+  // token k + 1 positions ahead over its counted positions, and their count (the targets rolled
+  // by k that count).
+  double mtp_loss_sum[kMaxMtpDepths] = {};
+  int64_t mtp_counted[kMaxMtpDepths] = {};
 };
+
+// Depth j's fields of a slot (address arithmetic, nothing is read: member_ptr's for an array).
+inline DevPtr<double> mtp_loss_sum_ptr(DevPtr<MicroBatchReport> r, int64_t j) {
+  return DevPtr<double>(&raw_ptr(r)->mtp_loss_sum[j]);
+}
+inline DevPtr<int64_t> mtp_counted_ptr(DevPtr<MicroBatchReport> r, int64_t j) {
+  return DevPtr<int64_t>(&raw_ptr(r)->mtp_counted[j]);
+}
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
 template <typename T>

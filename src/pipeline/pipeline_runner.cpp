@@ -78,7 +78,7 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   stash_recv_.resize(vp);
   std::vector<bool> has_embedding(vp);
   for (int c = 0; c < vp; ++c) has_embedding[c] = model.chunk(c).embedding;
-  const Param* table = model.tied_table();
+  const Param* table = model.shared_embedding();
   const PipelineBufferSizes sizes = pipeline_buffer_sizes(
       cfg_, has_embedding, elems_, table != nullptr ? table->local_numel() : 0);
   arena_.plan([&](Arena& a) {
@@ -165,9 +165,9 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   const int vp = cfg_.vp;
   const int64_t M = cfg_.num_microbatches;
   const int L = static_cast<int>(model_.config().num_layers);
-  // The tied table's gradient is final only once the other stage's part is added: its stage
-  // reports after the exchange.
-  exchange_ = !forward_only && pipelined() && model_.tied_table() != nullptr;
+  // The shared table's gradient (the tied head's, MTP's) is final only once the other stage's
+  // part is added: its stage reports after the exchange.
+  exchange_ = !forward_only && pipelined() && model_.shared_embedding() != nullptr;
   std::fill(backwards_.begin(), backwards_.end(), 0);
   bool armed = false;
   hooks_ = &hooks;
@@ -294,14 +294,15 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   hooks_ = nullptr;
 }
 
-// Megatron's embedding group: the first stage's table and the last stage's copy get the sum of
-// both gradients (a + b on one, b + a on the other: bitwise the same), before the data-parallel
-// reduction, so both copies take the same update.
+// Megatron's embedding group: the first stage's table and the last stage's copy (the tied
+// head's, or MTP's with an untied head) get the sum of both gradients (a + b on one, b + a on the
+// other: bitwise the same), before the data-parallel reduction, so both copies take the same
+// update.
 template <typename T>
 void PipelineRunner<T>::exchange_tied_gradient() {
   ScopedPhase phase(Phase::Communication);
   const Exec& ex = arena_.exec();
-  Param* table = model_.tied_table();
+  Param* table = model_.shared_embedding();
   const int64_t n = table->local_numel();
   const int peer = cfg_.rank == 0 ? cfg_.pp - 1 : 0;
   const DevPtr<T> grad = table->template grad_as<T>();

@@ -2,9 +2,9 @@
 // schedule (pipeline/schedule.h): the forwards and backwards in Megatron's order, the activations
 // and their gradients to and from the neighbouring virtual stages (point-to-point on the pipeline
 // group, non-blocking, through parallel::Communicator), the gradients' readiness for the
-// data-parallel reduction, and the tied embedding's gradient summed between the first and the
-// last stage. Without pipeline parallelism it is the plain loop (each micro-batch's forward then
-// its backward) with no communication.
+// data-parallel reduction, and the shared embedding table's gradient (the tied head's, MTP's)
+// summed between the first and the last stage. Without pipeline parallelism it is the plain loop
+// (each micro-batch's forward then its backward) with no communication.
 //
 // Memory: each chunk keeps the input of every micro-batch in flight (the schedule's peak, planned
 // up front), not its activations: a backward that does not directly follow its own forward first

@@ -49,7 +49,8 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   pipeline::ScheduleConfig sched;
   if (groups != nullptr && groups->group(parallel::GroupKind::Pp).size() > 1) {
     const parallel::ParallelConfig& pc = groups->layout().config;
-    const parallel::PipelineLayout pl = parallel::pipeline_layout(pc, cfg.num_layers);
+    const parallel::PipelineLayout pl =
+        parallel::pipeline_layout(pc, cfg.num_layers, cfg.mtp_num_layers);
     sched.pp = pl.pp;
     sched.rank = groups->pp_stage();
     sched.vp = pl.vp;
@@ -108,7 +109,7 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   if (!chunks.empty()) {
     std::vector<bool> has_embedding;
     for (const parallel::VirtualStage& v : chunks) has_embedding.push_back(v.embedding);
-    const Param* table = model.tied_table();
+    const Param* table = model.shared_embedding();
     s.pipeline = pipeline::pipeline_buffer_sizes(sched, has_embedding, model.boundary_elems(),
                                                  table != nullptr ? table->local_numel() : 0);
     s.pipeline_planned = static_cast<double>(s.pipeline.bytes(sizeof(float)));
@@ -132,11 +133,26 @@ ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
 
 namespace {
 
+// Whether the pipeline places the MTP layers in the virtual stage with the loss, the only place
+// the trainer builds them (Megatron's layouts may put them in a stage before it).
+bool mtp_with_the_loss(const ModelSpec& m, const RunSpec& r) {
+  const parallel::PipelineLayout pl =
+      parallel::pipeline_layout(r.parallel, m.num_layers, m.mtp_num_layers);
+  for (const parallel::VirtualStage& s : pl.stages) {
+    if (s.num_mtp_layers > 0 && !s.loss) return false;
+  }
+  return true;
+}
+
 // Why the trainer's planning pass cannot size this rank (empty: it can).
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
   std::vector<std::string> why;
   // What the trainer does not build yet.
-  if (m.mtp_num_layers > 0) why.push_back("MTP, not built by the trainer yet");
+  if (m.mtp_num_layers > 0 && !mtp_with_the_loss(m, r)) {
+    why.push_back("MTP layers in a pipeline stage without the loss, not built by the trainer yet");
+  }
+  if (m.mtp_num_layers > 0 && r.bf16)
+    why.push_back("MTP with --bf16, not built by the trainer yet");
   if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
@@ -309,20 +325,25 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
     }
     const ParamCounts pc = count_params(m);
     if (st.has_mtp) {
+      // The depths' layers (split as the decoder's), their norms (whole) and eh_proj (split).
       const LayerParams p = layer_params(m, m.is_moe_layer(m.num_layers - 1));
-      dense += static_cast<double>(pc.mtp_total - m.mtp_num_layers * p.experts);
-      experts += static_cast<double>(m.mtp_num_layers * p.experts);
+      const double depths = static_cast<double>(m.mtp_num_layers);
+      dense += static_cast<double>(pc.mtp_total) - depths * static_cast<double>(p.experts);
+      experts += depths * static_cast<double>(p.experts);
+      dense_repl += depths * static_cast<double>(p.tp_replicated + 3 * pc.final_norm);
+      experts_repl += depths * static_cast<double>(p.experts_etp_replicated);
     }
     const double emb = st.has_embedding ? static_cast<double>(pc.embedding) : 0;
-    // With pp > 1 and tied embeddings the last stage keeps its own copy of the table as the head.
-    const double head = st.has_head ? static_cast<double>(m.tie_embeddings && d.pp > 1
-                                                              ? pc.embedding
-                                                              : pc.head + pc.final_norm)
-                                    : 0;
+    // A last stage without the embedding keeps its own copy of the word table (split over TP)
+    // for a tied head or for MTP; the final norm is whole.
+    const bool table_copy =
+        st.has_head && !st.has_embedding && (m.tie_embeddings || m.mtp_num_layers > 0);
+    const double head = st.has_head
+                            ? static_cast<double>(pc.head + pc.final_norm +
+                                                  (table_copy ? pc.embedding - pc.positions : 0))
+                            : 0;
     const double positions = st.has_embedding ? static_cast<double>(pc.positions) : 0;
-    const double head_norm = st.has_head && !(m.tie_embeddings && d.pp > 1)
-                                 ? static_cast<double>(pc.final_norm)
-                                 : 0;
+    const double head_norm = st.has_head ? static_cast<double>(pc.final_norm) : 0;
     st.params_dense = static_cast<int64_t>((dense - dense_repl) / d.tp + dense_repl);
     st.params_expert =
         static_cast<int64_t>(((experts - experts_repl) / d.etp + experts_repl) / d.ep);
@@ -391,7 +412,7 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             "");
         add(st, MemPart::CommBuffers, static_cast<double>(rest.bytes(sizeof(float))),
             fmt::format("pipeline send pools (2 x {}), received gradient{}",
-                        b.send_slots_per_pool, b.tied_elems > 0 ? ", tied table's gradient" : ""),
+                        b.send_slots_per_pool, b.tied_elems > 0 ? ", the shared word table's gradient" : ""),
             "");
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {

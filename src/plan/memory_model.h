@@ -1,5 +1,5 @@
 // Memory per rank of a layout, for every pipeline stage. One memory model: where the trainer
-// builds the model and layout (no CP, no MLA / MTP), the figures are the trainer's own
+// builds the model and layout (no CP, no MLA, MTP beside the loss), the figures are the trainer's own
 // planning pass (the stage's GPTModel chunks, its pipeline runner's buffers and AdamW sized in
 // sizing-only arenas for this rank, EP dispatchers on sizing groups), and only what the arena
 // cannot know is added by formula (communication scratch, device-library reservations). Otherwise every figure is a

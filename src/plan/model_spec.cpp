@@ -263,7 +263,6 @@ RecomputeConfig trainer_recompute(const RunSpec& run, bool multi_latent_attentio
 
 ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer,
                                  int64_t num_layers) {
-  MOE_CHECK(m.trainer_builds(), "[plan] the trainer does not build MTP yet");
   if (num_layers < 0) num_layers = m.num_layers - first_layer;
   ModelConfig c;
   c.vocab_size = m.vocab_unpadded > 0 ? m.vocab_unpadded : m.vocab_size;
@@ -285,6 +284,7 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   c.position_embedding =
       m.learned_positions ? PositionEmbedding::LearnedAbsolute : PositionEmbedding::Rope;
   c.tie_embeddings = m.tie_embeddings;
+  c.mtp_num_layers = m.mtp_num_layers;
   c.bf16 = run.bf16;
   c.num_experts = m.num_experts;
   if (m.num_experts > 0) {

@@ -60,8 +60,6 @@ struct ModelSpec {
     return num_experts > 0 && (moe_layer_pattern.empty() || moe_layer_pattern[l] != 0);
   }
   int64_t num_moe_layers() const;
-  // Whether `moecore train` builds this architecture today (no MTP).
-  bool trainer_builds() const { return mtp_num_layers == 0; }
 };
 
 // The run the plan is for: the layout and the batch.
@@ -129,7 +127,7 @@ ModelSpec spec_from_hf_config(const nlohmann::json& cfg, const std::string& wher
 // The trainer's recomputation for the run: RunSpec::recompute, which leaves mla_up_proj out (a
 // model without MLA refuses it), or for a model with multi-latent attention the modules as given.
 RecomputeConfig trainer_recompute(const RunSpec& run, bool multi_latent_attention);
-// The trainer's ModelConfig for this spec (requires trainer_builds()); with `layers` set, only
+// The trainer's ModelConfig for this spec ; with `layers` set, only
 // those decoder layers (a pipeline stage).
 ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t first_layer = 0,
                                  int64_t num_layers = -1);

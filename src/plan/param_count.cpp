@@ -107,7 +107,7 @@ ParamCounts count_params(const ModelSpec& m) {
   // the last decoder layer's kind, final_layernorm; embedding and output layer shared.
   const bool moe = m.num_layers > 0 && m.is_moe_layer(m.num_layers - 1);
   const LayerParams p = layer_params(m, moe);
-  const int64_t extra = 2 * H + 2 * H * H + H;
+  const int64_t extra = 3 * c.final_norm + 2 * H * H;  // enorm, hnorm, final_layernorm, eh_proj
   c.mtp_total = m.mtp_num_layers * (extra + p.total());
   c.mtp_active = m.mtp_num_layers * (extra + p.active(moe ? m.topk : 0));
   return c;

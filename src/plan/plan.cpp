@@ -129,10 +129,11 @@ std::string plan_text(const Plan& p) {
                                                v.first_layer + v.num_layers - 1)
                                  : std::string("none");
     }
-    o += fmt::format("[plan] stage {} (layers {}{}{}): per rank params dense {}, expert {}, "
+    o += fmt::format("[plan] stage {} (layers {}{}{}{}): per rank params dense {}, expert {}, "
                      "embedding {}, head {}; memory from {}\n",
                      s.stage, layers,
                      s.has_embedding ? ", embedding" : "", s.has_head ? ", head" : "",
+                     s.has_mtp ? ", MTP" : "",
                      count(s.params_dense), count(s.params_expert), count(s.params_embedding),
                      count(s.params_head),
                      s.from_arena ? "the trainer's planning pass (+ formula lines)"

@@ -159,7 +159,7 @@ int run_plan(const std::vector<std::string>& args, std::string& out) {
   // The trainer's own ModelConfig when `moecore train` accepts the model flags.
   std::optional<ModelConfig> trainer_cfg;
   std::string trainer_note;
-  if (own(a, "--hf-config") == nullptr && m.trainer_builds()) {
+  if (own(a, "--hf-config") == nullptr) {
     try {
       // --train-iters and --lr do not change the model; the trainer requires them.
       std::vector<std::string> targs;

@@ -69,7 +69,8 @@ json model_signature(const ModelConfig& m) {
           {"--swiglu / --openai-gelu / --squared-relu (the MLP activation)",
            ops::activation_name(m.activation)},
           {"--disable-bias-linear (MLP biases)", !m.add_mlp_bias},
-          {"--untie-embeddings-and-output-weights", !m.tie_embeddings}};
+          {"--untie-embeddings-and-output-weights", !m.tie_embeddings},
+          {"--mtp-num-layers (multi-token prediction depths)", m.mtp_num_layers}};
   // A dense model has no router (and a dense checkpoint records none, so that
   // --moe-use-upcycling compares nothing of it).
   if (m.num_experts > 0) add_router_signature(m.moe.router, sig);

@@ -28,9 +28,13 @@ FlopsModel flops_model(const ModelConfig& cfg) {
                   Hq * dv * H;
     attn_dims = dq + dv;
   }
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+  // The decoder's layers, then each MTP depth's (the last layer's kind) with its eh_proj and its
+  // pass through the output head.
+  for (int64_t l = 0; l < cfg.num_layers + cfg.mtp_num_layers; ++l) {
+    const bool mtp = l >= cfg.num_layers;
     double p = attn_params;
-    if (cfg.is_moe_layer(l)) {
+    if (mtp) p += 2.0 * H * H + H * cfg.padded_vocab();  // eh_proj, the head again
+    if (mtp ? cfg.mtp_is_moe() : cfg.is_moe_layer(l)) {
       const double E = cfg.num_experts, K = cfg.moe.router.topk;
       p += H * E;                                          // router
       p += K * 3.0 * H * cfg.moe.ffn_hidden;               // routed experts (fc1 is 2F x H)
@@ -113,7 +117,7 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
-MetricsFile::MetricsFile(const std::string& path) {
+MetricsFile::MetricsFile(const std::string& path, int mtp_depths) : mtp_depths_(mtp_depths) {
   if (path.empty()) return;
   std::error_code ec;
   MOE_CHECK(!std::filesystem::is_directory(path, ec),
@@ -159,6 +163,7 @@ void MetricsFile::write(const StepMetrics& m) {
   for (int k = 0; k < static_cast<int>(MemKind::Count); ++k) {
     j[fmt::format("mem_{}_bytes", mem_kind_name(static_cast<MemKind>(k)))] = m.mem_bytes[k];
   }
+  for (int k = 0; k < mtp_depths_; ++k) j[fmt::format("mtp_{}_loss", k + 1)] = m.mtp_loss[k];
   for (int p = 0; p < kNumPhases; ++p) {
     j[fmt::format("time_{}_s", phase_name(static_cast<Phase>(p)))] = m.phase_seconds[p];
   }

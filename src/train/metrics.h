@@ -13,13 +13,15 @@
 #include "core/profiler.h"
 #include "model/config.h"
 #include "ops/gemm_probe.h"
+#include "ops/step_report.h"
 
 namespace moecore::train {
 
 // Per-token FLOPs of one training step (forward + backward = 3 x forward):
 //   6 * N_active + 6 * L * Hq * D * (S + 1)
 // N_active: matmul parameters a token passes through (QKV, attention output, router, the K
-// routed experts' fc1/fc2, the shared expert or dense MLP, output head; not the embedding).
+// routed experts' fc1/fc2, the shared expert or dense MLP, output head; not the embedding; each
+// MTP depth's eh_proj, layer and the output head again).
 // The attention term counts Q K^T and P V over the causal context, (S + 1) / 2 keys on average.
 // With multi-latent attention N_active has its down and up projections and linear_proj, and the
 // attention term is 3 * L * Hq * (qk + pe + v) * (S + 1) (the padded heads' zeros not counted).
@@ -55,6 +57,10 @@ MfuReport mfu_report(double flops, double seconds, double peak_gflops);
 struct StepMetrics {
   int64_t iteration = 0;
   double lm_loss = 0;     // mean over the tokens of the global batch (interval mean when logged)
+  // Multi-token prediction, depth k at [k - 1] (--mtp-num-layers of them): Megatron's mtp_k
+  // loss, each micro-batch's mean cross entropy averaged over the global batch's micro-batches
+  // (interval mean when logged).
+  std::array<double, ops::kMaxMtpDepths> mtp_loss{};
   double aux_loss = 0;    // mean over MoE layers of aux / coeff (1.0 = balanced)
   double z_loss = 0;      // mean over MoE layers of mean(logsumexp^2) (z / coeff)
   double lr = 0;
@@ -130,13 +136,15 @@ struct EvalMetrics {
 
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& path);  // empty path: disabled
+  // Empty path: disabled. mtp_depths: the mtp_k_loss keys each step writes (--mtp-num-layers).
+  explicit MetricsFile(const std::string& path, int mtp_depths = 0);
   void write(const StepMetrics& m);
   // {"iteration", "<split>_lm_loss", "<split>_lm_loss_ppl", "<split>_samples"}
   void write(const EvalMetrics& m);
 
  private:
   std::ofstream out_;
+  int mtp_depths_ = 0;
 };
 
 }  // namespace moecore::train

@@ -245,7 +245,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   // Pipeline parallelism: this rank's virtual stages (one chunk each), where every layer goes.
   std::vector<parallel::VirtualStage> chunks;
   if (pp > 1) {
-    layout_ = parallel::pipeline_layout(groups_->layout().config, model_cfg_.num_layers);
+    layout_ = parallel::pipeline_layout(groups_->layout().config, model_cfg_.num_layers,
+                                        model_cfg_.mtp_num_layers);
     for (int c = 0; c < layout_.vp; ++c) chunks.push_back(layout_.stage(groups_->pp_stage(), c));
   }
   model_ = std::make_unique<model::GPTModel<T>>(model_cfg_, cfg_.micro_batch, cfg_.seed, groups_,
@@ -355,9 +356,10 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   scratch_.resize(S + 1);
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
-  mb_values_.resize(n_micro_ * kMbValues);
+  mb_width_ = kMbValues + 2 * model_cfg_.mtp_num_layers;
+  mb_values_.resize(n_micro_ * mb_width_);
   guard_losses_.resize(n_micro_);
-  all_values_.resize(n_micro_ * dp_size_ * kMbValues);
+  all_values_.resize(n_micro_ * dp_size_ * mb_width_);
 }
 
 // What sharing the per-layer buffers across layers saves by itself: the overlays' saving less
@@ -479,7 +481,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.dropped_tokens = gather_micro_batch_values();
   const bool moe_layers = [&] {
     for (int64_t mb = 0; mb < n_micro_; ++mb)
-      if (mb_values_[mb * kMbValues + 4] > 0) return true;
+      if (mb_values_[mb * mb_width_ + 4] > 0) return true;
     return false;
   }();
   // Tokens per expert and dropped slots: with TP > 1 each TP rank's MoE layers route its own
@@ -498,14 +500,22 @@ StepMetrics BasicTrainer<T>::train_step() {
   // with different counts.
   double loss_sum = 0, counted = 0;
   for (int64_t mb = 0; mb < n_global; ++mb) {
-    loss_sum += all_values_[mb * kMbValues];
-    counted += all_values_[mb * kMbValues + 1];
-    if (const double layers = all_values_[mb * kMbValues + 4]; layers > 0) {
-      m.aux_loss += all_values_[mb * kMbValues + 2] / layers / n_global;
-      m.z_loss += all_values_[mb * kMbValues + 3] / layers / n_global;
+    loss_sum += all_values_[mb * mb_width_];
+    counted += all_values_[mb * mb_width_ + 1];
+    if (const double layers = all_values_[mb * mb_width_ + 4]; layers > 0) {
+      m.aux_loss += all_values_[mb * mb_width_ + 2] / layers / n_global;
+      m.z_loss += all_values_[mb * mb_width_ + 3] / layers / n_global;
     }
   }
   m.lm_loss = counted > 0 ? loss_sum / counted : 0.0;
+  // Megatron's mtp_k loss: each micro-batch's mean, averaged over the micro-batches and the
+  // data-parallel ranks (MTPLossLoggingHelper).
+  for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+    for (int64_t mb = 0; mb < n_global; ++mb) {
+      const double* v = &all_values_[mb * mb_width_ + kMbValues + 2 * j];
+      if (v[1] > 0) m.mtp_loss[j] += v[0] / v[1] / n_global;
+    }
+  }
   if (moe_layers) {
     const size_t n_experts = load_.size() - 1;
     double sum = 0, mx = 0;
@@ -658,7 +668,7 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     const ModelConfig& mc = model_cfg_;
     fmt::print(log,
                "[train] model: {} layers, hidden {}, {} heads ({} query groups); {} MLPs{}; {}; "
-               "positions {}; hidden dropout {}, attention dropout {} (training only)\n",
+               "positions {}; hidden dropout {}, attention dropout {} (training only){}\n",
                mc.num_layers, mc.hidden, mc.num_heads, mc.num_query_groups,
                ops::activation_name(mc.activation),
                mc.add_mlp_bias || mc.add_qkv_bias || mc.add_attention_output_bias
@@ -672,7 +682,12 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                mc.position_embedding == PositionEmbedding::Rope            ? "rope"
                : mc.position_embedding == PositionEmbedding::LearnedAbsolute ? "learned_absolute"
                                                                              : "none",
-               mc.hidden_dropout, mc.attention_dropout);
+               mc.hidden_dropout, mc.attention_dropout,
+               mc.mtp_num_layers > 0
+                   ? fmt::format("; {} multi-token prediction depth{} ({} layers), loss factor {}",
+                                 mc.mtp_num_layers, mc.mtp_num_layers > 1 ? "s" : "",
+                                 mc.mtp_is_moe() ? "MoE" : "dense", mc.mtp_loss_scaling_factor)
+                   : "");
   }
   fmt::print(log, "[train] parameters{}: {} ({} dense, {} expert); active matmul parameters per "
                   "token: {:.0f}\n",
@@ -766,7 +781,8 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
                                : "");
     }
   };
-  MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string());  // rank 0 writes
+  MetricsFile metrics(logging_rank() ? cfg_.metrics_file : std::string(),
+                      static_cast<int>(model_cfg_.mtp_num_layers));  // rank 0 writes
   ProgressLine progress(log, cfg_.live_progress, cfg_.train_iters);
   std::vector<StepMetrics> all;
   StepMetrics acc;  // sums over the log interval
@@ -801,6 +817,7 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
     if (computed) {
       elapsed += m.seconds;
       acc.lm_loss += m.lm_loss;
+      for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) acc.mtp_loss[j] += m.mtp_loss[j];
       acc.aux_loss += m.aux_loss;
       acc.z_loss += m.z_loss;
       acc.seconds += m.seconds;
@@ -855,6 +872,11 @@ void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics
   // Megatron logs interval means of the losses and the iteration time.
   StepMetrics logged = m;
   logged.lm_loss = acc.lm_loss / in_interval;
+  std::string mtp;  // Megatron's "mtp_k loss" beside the lm loss
+  for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+    logged.mtp_loss[j] = acc.mtp_loss[j] / in_interval;
+    mtp += fmt::format(" mtp_{} loss: {:.6E} |", j + 1, logged.mtp_loss[j]);
+  }
   logged.aux_loss = acc.aux_loss / in_interval;
   logged.z_loss = acc.z_loss / in_interval;
   logged.seconds = acc.seconds / in_interval;
@@ -868,18 +890,20 @@ void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics
   fmt::print(log,
              " iteration {:>6}/{:<6} | consumed samples: {:>9} | elapsed time per iteration "
              "(ms): {:.1f} | learning rate: {:.6E} | global batch size: {:>4} | lm loss: "
-             "{:.6E} | load_balancing_loss: {:.6E} | z_loss: {:.6E} | grad norm: {:.4f} | "
+             "{:.6E} |{} load_balancing_loss: {:.6E} | z_loss: {:.6E} | grad norm: {:.4f} | "
              "tokens/s: {:.0f} | TFLOP/s: {:.4f} | MFU: {:.1f}% | max/mean expert load: {:.3f} "
              "| dropped tokens: {} | peak mem (MiB): {:.1f}\n",
              logged.iteration, cfg_.train_iters, logged.iteration * cfg_.global_batch,
-             logged.seconds * 1e3, logged.lr, cfg_.global_batch, logged.lm_loss, logged.aux_loss,
-             logged.z_loss, logged.grad_norm, logged.tokens_per_s, logged.tflops, logged.mfu * 100,
-             logged.max_over_mean_load, logged.dropped_tokens,
+             logged.seconds * 1e3, logged.lr, cfg_.global_batch, logged.lm_loss, mtp,
+             logged.aux_loss, logged.z_loss, logged.grad_norm, logged.tokens_per_s, logged.tflops,
+             logged.mfu * 100, logged.max_over_mean_load, logged.dropped_tokens,
              logged.peak_mem_bytes / (1024.0 * 1024.0));
   // Last micro-batch, per MoE layer: every pipeline stage's layers (gathered over pp).
   const model::MoeStats st = model_->moe_stats();
   constexpr int kStat = 7;  // present, max/mean, dropped, bias min / max, beta min / max
-  std::vector<double> layers(static_cast<size_t>(model_cfg_.num_layers * kStat), 0.0);
+  // The decoder's layers, then the MTP depths' (layer L + j).
+  const int64_t n_layers = model_cfg_.num_layers + model_cfg_.mtp_num_layers;
+  std::vector<double> layers(static_cast<size_t>(n_layers * kStat), 0.0);
   for (const auto& l : st.layers) {
     double* v = &layers[static_cast<size_t>(l.layer * kStat)];
     v[0] = 1;
@@ -891,13 +915,15 @@ void BasicTrainer<T>::log_interval_means(std::ostream& log, MetricsFile& metrics
     v[6] = l.router.beta_max;
   }
   sum_over_pipeline(layers);
-  for (int64_t l = 0; l < model_cfg_.num_layers; ++l) {
+  for (int64_t l = 0; l < n_layers; ++l) {
     const double* v = &layers[static_cast<size_t>(l * kStat)];
     if (v[0] == 0) continue;
+    const int64_t L = model_cfg_.num_layers;
     fmt::print(log,
-               "   [router] layer {}: max/mean load {:.3f} | dropped {} | expert bias "
+               "   [router] {}: max/mean load {:.3f} | dropped {} | expert bias "
                "[{:.4f}, {:.4f}] | quantile beta [{:.4f}, {:.4f}]\n",
-               l, v[1], static_cast<int64_t>(v[2]), v[3], v[4], v[5], v[6]);
+               l < L ? fmt::format("layer {}", l) : fmt::format("mtp layer {}", l - L), v[1],
+               static_cast<int64_t>(v[2]), v[3], v[4], v[5], v[6]);
   }
   log.flush();
   metrics.write(logged);
@@ -993,11 +1019,16 @@ int64_t BasicTrainer<T>::gather_micro_batch_values() {
   const bool has_loss = model_->chunk(loss_chunk).loss;
   int64_t dropped = 0;
   for (int64_t mb = 0; mb < n_micro_; ++mb) {
-    double* v = &mb_values_[mb * kMbValues];
-    std::fill(v, v + kMbValues, 0.0);
+    double* v = &mb_values_[mb * mb_width_];
+    std::fill(v, v + mb_width_, 0.0);
     if (has_loss) {
-      v[0] = step_->report(mb, loss_chunk).lm_loss_sum;
-      v[1] = static_cast<double>(step_->report(mb, loss_chunk).counted);
+      const ops::MicroBatchReport& r = step_->report(mb, loss_chunk);
+      v[0] = r.lm_loss_sum;
+      v[1] = static_cast<double>(r.counted);
+      for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+        v[kMbValues + 2 * j] = r.mtp_loss_sum[j];
+        v[kMbValues + 2 * j + 1] = static_cast<double>(r.mtp_counted[j]);
+      }
     }
     for (int c = 0; c < model_->num_chunks(); ++c) {
       const ops::MicroBatchReport& r = step_->report(mb, c);
@@ -1068,8 +1099,8 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
     // The token mean over every evaluated micro-batch, as Megatron's evaluate(), summed in
     // global order (the same arithmetic at any data-parallel size).
     for (int64_t mb = 0; mb < n_global; ++mb) {
-      sum += all_values_[mb * kMbValues];
-      counted += all_values_[mb * kMbValues + 1];
+      sum += all_values_[mb * mb_width_];
+      counted += all_values_[mb * mb_width_ + 1];
     }
     stream->advance();
     r.samples += cfg_.global_batch;

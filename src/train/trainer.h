@@ -222,10 +222,12 @@ class BasicTrainer {
   int64_t gather_micro_batch_values();
   parallel::PipelineLayout layout_;  // pipeline parallelism: where every layer is
   std::unique_ptr<pipeline::PipelineRunner<T>> runner_;
+  // Per micro-batch: lm loss sum, counted tokens, aux and z values summed over the MoE layers,
+  // the MoE layers (over the pipeline stages once summed), then each MTP depth's loss sum and
+  // count: mb_width_ = 5 + 2 x --mtp-num-layers values.
   static constexpr int64_t kMbValues = 5;
-  // [n_micro, 5]: lm loss sum, counted tokens, aux and z values summed over the MoE layers,
-  // the MoE layers (over the pipeline stages once summed).
-  std::vector<double> mb_values_;
+  int64_t mb_width_ = kMbValues;
+  std::vector<double> mb_values_;  // [n_micro, mb_width_]
   std::vector<double> guard_losses_;  // [n_micro]: this rank's loss sums, for the guards
   int64_t eod_mask_ = -1;           // --eod-mask-loss: the tokenizer's EOD (-1: no masking)
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch

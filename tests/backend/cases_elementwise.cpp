@@ -460,6 +460,31 @@ void token_layout_case(const Exec& ex) {
   }
 }
 
+// Multi-token prediction's roll: ids (fill 0, no count) and targets (fill -1, counted), shifts
+// of 0, within and past the tokens.
+void roll_tokens_case(const Exec& ex) {
+  for (auto [n, shift] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {15, 3}, {15, 0}, {64, 16},
+                          {10, 12}, {1000, 7}}) {
+    BACKEND_TRACE("n=" << n << " shift=" << shift);
+    std::vector<int32_t> in(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = i % 5 == 3 ? -1 : static_cast<int32_t>(i * 7 % 101);
+    for (int32_t fill : {0, -1}) {
+      const bool count = fill < 0;
+      std::vector<int32_t> want(n);
+      int64_t counted_ref = -1;
+      ops::roll_tokens_ref(want.data(), count ? &counted_ref : nullptr, in.data(), n, shift, fill);
+      Guarded<int32_t> out(n, -7);
+      Guarded<int64_t> counted(1, -3);
+      Staging st(ex);
+      ops::roll_tokens(ex, st.out(out), count ? st.out(counted) : DevPtr<int64_t>(nullptr),
+                       st.in(in), n, shift, fill);
+      st.back();
+      expect_bitwise(out, want.data(), "out");
+      if (count) expect_bitwise(counted, &counted_ref, "counted");
+    }
+  }
+}
+
 float from_bits(uint32_t u) {
   return std::bit_cast<float>(u);
 }
@@ -721,6 +746,7 @@ void add_elementwise_cases(std::vector<OpCase>& out) {
                      expect_bitwise(pos, want.data(), "positions");
                    }
                  }});
+  out.push_back({"roll_tokens", {"roll_tokens"}, roll_tokens_case});
   out.push_back({"tokens_to_sequence_major_ignored_targets",
                  {"tokens_to_sequence_major"},
                  token_layout_case});

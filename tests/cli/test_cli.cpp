@@ -271,6 +271,37 @@ TEST(Cli, ConfigFileReadsNonAsciiOnlyInStringsAndComments) {
       << e;
 }
 
+// Multi-token prediction's log: each depth's "mtp_k loss" beside the lm loss (Megatron's
+// names), its MoE layers' router lines, the metrics file's mtp_k_loss keys; the model line
+// names the depths.
+TEST(Cli, TrainLogsEachMtpDepthsLoss) {
+  const std::string metrics = temp_path("moecore_mtp_metrics") + ".jsonl";
+  CommandResult r = run("train" + std::string(kTiny) +
+                        " --mtp-num-layers 2 --train-iters 2 --metrics-file " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("; 2 multi-token prediction depths (MoE layers), loss factor 0.1"),
+            std::string::npos)
+      << r.output;
+  const size_t lm = r.output.find("| lm loss: "), m1 = r.output.find("| mtp_1 loss: "),
+               m2 = r.output.find("| mtp_2 loss: "), lb = r.output.find("| load_balancing_loss: ");
+  ASSERT_NE(lm, std::string::npos) << r.output;
+  EXPECT_TRUE(lm < m1 && m1 < m2 && m2 < lb && lb != std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("mtp_3 loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[router] mtp layer 1: max/mean load"), std::string::npos) << r.output;
+  const auto rows = read_jsonl(metrics);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    for (const char* key : {"mtp_1_loss", "mtp_2_loss"}) {
+      ASSERT_TRUE(row.contains(key)) << key;
+      // Near ln(64) at the start: the depths predict like the head at init.
+      EXPECT_GT(row[key].get<double>(), 3.0) << key;
+      EXPECT_LT(row[key].get<double>(), 5.0) << key;
+    }
+    EXPECT_FALSE(row.contains("mtp_3_loss"));
+  }
+  std::filesystem::remove(metrics);
+}
+
 TEST(Cli, ConfigFileWithCommandLineOverrides) {
   std::string cfg = temp_path("moecore_cfg") + ".toml";
   std::string metrics = temp_path("moecore_metrics") + ".jsonl";

@@ -318,6 +318,8 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--yarn-beta-fast", "", "16", {{"model.mla.yarn.beta_fast", "16"}}},
       {"--yarn-beta-slow", "", "2", {{"model.mla.yarn.beta_slow", "2"}}},
       {"--untie-embeddings-and-output-weights", "", "", {{"model.tie_embeddings", "false"}}},
+      {"--mtp-num-layers", "", "2", {{"model.mtp_num_layers", "2"}}},
+      {"--mtp-loss-scaling-factor", "", "0.3", {{"model.mtp_loss_scaling_factor", "0.3"}}},
       {"--vocab-size",
        "",
        "100",

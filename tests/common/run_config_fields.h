@@ -83,6 +83,8 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("model.attention_dropout", text(m.attention_dropout));
   add("model.tie_embeddings", text(m.tie_embeddings));
   add("model.bf16", text(m.bf16));
+  add("model.mtp_num_layers", text(m.mtp_num_layers));
+  add("model.mtp_loss_scaling_factor", text(m.mtp_loss_scaling_factor));
   add("model.num_experts", text(m.num_experts));
   add("model.moe_layer_pattern", text(m.moe_layer_pattern));
   const MoeConfig& moe = m.moe;

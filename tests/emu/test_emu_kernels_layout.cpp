@@ -91,6 +91,36 @@ TEST(EmuKernelsLayout, TokensToSequenceMajorMatchesTheReferenceInEveryOrder) {
   }
 }
 
+TEST(EmuKernelsLayout, RollTokensMatchesTheReferenceInEveryOrder) {
+  for (auto [n, shift] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 2}, {1, 1}, {7, 0}, {33, 3}, {100, 100}, {513, 4}, {1000, 1003}}) {
+    SCOPED_TRACE("tokens=" + std::to_string(n) + " shift=" + std::to_string(shift));
+    std::vector<int32_t> in(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) in[size_t(i)] = i % 7 == 3 ? -1 : int32_t((i * 11) % 1000);
+    for (int32_t fill : {0, -1}) {
+      std::vector<int32_t> want(static_cast<size_t>(n));
+      int64_t counted_ref = -1;
+      ops::roll_tokens_ref(want.data(), &counted_ref, in.data(), n, shift, fill);
+      const std::string diff = order_dependence([&] {
+        Guarded<int32_t> out(n, -9);
+        Guarded<int64_t> counted(1, -1);
+        ops::cuda::roll_tokens(nullptr, out.data(), counted.data(), in.data(), n, shift, fill);
+        EXPECT_TRUE(out.intact() && counted.intact());
+        EXPECT_EQ(out.vec(), want);
+        EXPECT_EQ(counted[0], counted_ref);
+        std::vector<unsigned char> bytes = bytes_of(out.data(), size_t(n));
+        const std::vector<unsigned char> c = bytes_of(counted.data(), 1);
+        bytes.insert(bytes.end(), c.begin(), c.end());
+        return bytes;
+      });
+      EXPECT_EQ(diff, "");
+      Guarded<int32_t> out(n, -9);  // without the count
+      ops::cuda::roll_tokens(nullptr, out.data(), nullptr, in.data(), n, shift, fill);
+      EXPECT_EQ(out.vec(), want);
+    }
+  }
+}
+
 TEST(EmuKernelsLayout, SequencePositionsMatchTheReferenceInEveryOrder) {
   for (auto [n, B] : std::vector<std::pair<int64_t, int64_t>>{
            {0, 1}, {1, 1}, {7, 3}, {33, 2}, {1000, 4}, {1001, 7}}) {
@@ -118,6 +148,7 @@ TEST(EmuKernelsLayout, BadArgumentsAreErrors) {
                Error);
   EXPECT_THROW(ops::cuda::tokens_to_sequence_major(nullptr, &i, &i, &c, &i, &i, -1, 2), Error);
   EXPECT_THROW(ops::cuda::sequence_positions(nullptr, &i, 4, 0), Error);
+  EXPECT_THROW(ops::cuda::roll_tokens(nullptr, &i, &c, &i, 4, -1, 0), Error);
 }
 
 }  // namespace

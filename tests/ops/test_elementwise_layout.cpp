@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "common/testing.h"
@@ -270,6 +271,41 @@ TEST(TokenLayout, SequenceMajorEqualsTheDefinitionAndCountsTargets) {
     }
     for (auto* g : {&ids_T, &tg_T, &ids_r, &tg_r}) EXPECT_TRUE(g->intact());
   }
+}
+
+// Multi-token prediction's roll (Megatron's roll_tensor): position s of every sequence takes
+// s + k's value, the last k positions the fill; the count is of the outputs >= 0.
+TEST(TokenLayout, RollTokensEqualsTheDefinitionAndCountsWhatCounts) {
+  for (auto [B, S, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 5, 1}, {3, 5, 2},
+                         {2, 4, 4}, {2, 4, 6}, {8, 64, 3}, {0, 4, 1}, {3, 5, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " S=" << S << " k=" << k);
+    const int64_t n = B * S;
+    std::vector<int32_t> in(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = i % 5 == 3 ? -1 : static_cast<int32_t>(i * 7 % 101);
+    for (int32_t fill : {0, -1}) {
+      Guarded<int32_t> out(n), ref(n);
+      int64_t counted = -5, counted_r = -5;
+      roll_tokens(cpu_exec(), out.data(), &counted, in.data(), n, k * B, fill);
+      roll_tokens_ref(ref.data(), &counted_r, in.data(), n, k * B, fill);
+      EXPECT_EQ(out.vec(), ref.vec());
+      EXPECT_EQ(counted, counted_r);
+      // The definition on [S, B]: (s, b) takes (s + k, b).
+      int64_t expect = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t b = 0; b < B; ++b) {
+          const int32_t want = s + k < S ? in[(s + k) * B + b] : fill;
+          EXPECT_EQ(out[s * B + b], want) << "s=" << s << " b=" << b;
+          expect += want >= 0;
+        }
+      }
+      EXPECT_EQ(counted, expect);
+      roll_tokens(cpu_exec(), out.data(), nullptr, in.data(), n, k * B, fill);  // no count
+      EXPECT_EQ(out.vec(), ref.vec());
+      EXPECT_TRUE(out.intact() && ref.intact());
+    }
+  }
+  int32_t v = 0;
+  EXPECT_THROW(roll_tokens(cpu_exec(), &v, nullptr, &v, 1, -1, 0), moecore::Error);
 }
 
 // Bad shapes of the layout ops stop with the op's name and the values.

@@ -271,6 +271,48 @@ TEST(PlanTpMemory, MultiLatentAttentionParametersEqualTheTrainersAtTp2) {
   }
 }
 
+// Multi-token prediction (two MoE depths): the formula's parameters of every stage's rank equal
+// the trainer's sizing pass of that rank, on one rank, under TP 2 + SP (eh_proj split, the depths'
+// norms whole), and under PP 2 tied and untied (the last stage's copy of the word table: the tied
+// head's, or the depths' own beside the untied head); the plan sizes them from the trainer's
+// arena where nothing else asks for the formula.
+TEST(PlanTpMemory, FormulaParametersEqualTheSizingPassWithMtp) {
+  struct Case {
+    const char* what;
+    int tp, pp;
+    bool tied;
+  };
+  const std::vector<Case> cases = {{"one rank", 1, 1, false},
+                                   {"TP 2 + SP", 2, 1, true},
+                                   {"PP 2 tied", 1, 2, true},
+                                   {"PP 2 untied", 1, 2, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ModelSpec m = small(4);
+    m.num_layers = 4;
+    m.mtp_num_layers = 2;
+    m.tie_embeddings = c.tied;
+    RunSpec run = run_of(c.tp, c.tp > 1);
+    run.parallel.pp = c.pp;
+    const int world = c.tp * c.pp;
+    validate_run(m, run, world);
+    const MemoryPlan mp = plan_memory(m, run, world, hardware_preset("cpu"));
+    const ModelConfig cfg = trainer_model_config(m, RunSpec{});
+    EXPECT_EQ(cfg.mtp_num_layers, 2);
+    ASSERT_EQ(mp.stages.size(), static_cast<size_t>(c.pp));
+    for (int s = 0; s < c.pp; ++s) {
+      const StageMemory& st = mp.stages[s];
+      EXPECT_EQ(st.from_arena, c.tp == 1) << "stage " << s;
+      EXPECT_EQ(st.has_mtp, s == c.pp - 1) << "stage " << s;
+      // Stage s's first rank: pp is the slowest digit of the rank order.
+      const ArenaSizes a = trainer_arena_sizes(cfg, 1, run.parallel, world, s * c.tp);
+      EXPECT_EQ(st.params_dense + st.params_embedding + st.params_head, a.numel_dense)
+          << "stage " << s;
+      EXPECT_EQ(st.params_expert, a.numel_expert) << "stage " << s;
+    }
+  }
+}
+
 // The search tries TP with and without SP and ETP of every power of two dividing the expert
 // width, and refuses what the rules refuse: SP missing with EP and TP, ETP not dividing the
 // expert FFN width, query groups not divisible by TP.

@@ -68,15 +68,19 @@ fs::path fresh_dir(const std::string& name) {
 
 // The third case is Megatron's default model (GeLU, biases, LayerNorm, learned positions) with
 // hidden and attention dropout 0.1: the masks follow the iteration, so a resumed run draws the
-// uninterrupted run's.
+// uninterrupted run's. The fourth adds two multi-token prediction depths (their MoE layers'
+// expert biases in the run state, their losses compared too).
 TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
-  for (int run = 0; run < 3; ++run) {
-    const bool quantile = run == 1, megatron_model = run == 2;
+  for (int run = 0; run < 4; ++run) {
+    const bool quantile = run == 1, megatron_model = run == 2, mtp = run == 3;
     SCOPED_TRACE(megatron_model ? "Megatron's default model with dropout"
                  : quantile     ? "quantile balancing"
+                 : mtp          ? "expert bias and MTP"
                                 : "expert bias");
-    const cli::TrainFlags f = resume_flags(6, quantile, megatron_model);
-    const fs::path dir = fresh_dir(megatron_model ? "megatron" : quantile ? "quantile" : "bias");
+    cli::TrainFlags f = resume_flags(6, quantile, megatron_model);
+    if (mtp) f.model.mtp_num_layers = 2;
+    const std::string name = megatron_model ? "megatron" : quantile ? "quantile" : mtp ? "mtp" : "bias";
+    const fs::path dir = fresh_dir(name);
     train::Trainer whole(f.model, f.train);
     std::vector<train::StepMetrics> ref;
     for (int i = 0; i < 6; ++i) ref.push_back(whole.train_step());
@@ -95,15 +99,19 @@ TEST(CheckpointResume, SaveLoadContinueEqualsAnUninterruptedRunBitwise) {
       const train::StepMetrics m = second.train_step();
       EXPECT_EQ(m.iteration, ref[i].iteration);
       EXPECT_EQ(m.lm_loss, ref[i].lm_loss) << "iteration " << i + 1;
+      EXPECT_EQ(m.mtp_loss, ref[i].mtp_loss) << "iteration " << i + 1;
       EXPECT_EQ(m.grad_norm, ref[i].grad_norm) << "iteration " << i + 1;
       EXPECT_EQ(m.lr, ref[i].lr) << "iteration " << i + 1;
+    }
+    if (mtp) {
+      EXPECT_GT(ref.back().mtp_loss[1], 0.0);
+      EXPECT_NE(second.model().params().find("mtp.layers.1.eh_proj.weight"), nullptr);
+      EXPECT_EQ(second.model().routers().size(), 4u) << "the decoder's two, the depths' two";
     }
     EXPECT_EQ(second.weights_digest(), whole.weights_digest());
     // Their checkpoints of iteration 6 too: weights, AdamW moments and the routers' expert bias
     // or quantile beta, byte for byte (`moecore checkpoint compare`).
-    const fs::path whole_dir = fresh_dir(megatron_model ? "megatron_whole"
-                                         : quantile     ? "quantile_whole"
-                                                        : "bias_whole");
+    const fs::path whole_dir = fresh_dir(name + "_whole");
     second.save_checkpoint(dir);
     whole.save_checkpoint(whole_dir);
     EXPECT_EQ(ckpt::compare_checkpoints(dir, whole_dir), std::vector<std::string>{});

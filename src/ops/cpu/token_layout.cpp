@@ -27,4 +27,18 @@ void sequence_positions(int32_t* pos_T, int64_t n_tok, int64_t B) {
   }
 }
 
+void roll_tokens(int32_t* out_T, int64_t* counted, const int32_t* in_T, int64_t n_tok,
+                 int64_t shift, int32_t fill) {
+  MOE_CHECK(n_tok >= 0 && shift >= 0, "[roll_tokens] n_tok={} shift={}: both must be >= 0", n_tok,
+            shift);
+  const int64_t kept = shift < n_tok ? n_tok - shift : 0;
+  int64_t n = 0;
+  for (int64_t t = 0; t < kept; ++t) {
+    out_T[t] = in_T[t + shift];
+    n += out_T[t] >= 0;
+  }
+  for (int64_t t = kept; t < n_tok; ++t) out_T[t] = fill;
+  if (counted != nullptr) *counted = n + (fill >= 0 ? n_tok - kept : 0);
+}
+
 }  // namespace moecore::ops::cpu

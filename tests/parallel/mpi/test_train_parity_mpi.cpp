@@ -316,6 +316,7 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
 
 struct Diff {
   double lm = 0, aux = 0, z = 0, norm = 0, weights = 0;  // max relative differences
+  double mtp = 0;  // over the MTP depths' losses (0 without MTP)
 };
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
@@ -340,6 +341,11 @@ Diff compare(const Run& got, const Run& ref, const Tol& tol, const std::string& 
     EXPECT_LE(rel(g.z_loss, r.z_loss), tol.metric_rtol) << what << " z, step " << i + 1;
     EXPECT_LE(rel(g.grad_norm, r.grad_norm), tol.metric_rtol)
         << what << " grad norm, step " << i + 1;
+    for (size_t k = 0; k < r.mtp_loss.size(); ++k) {
+      d.mtp = std::max(d.mtp, rel(g.mtp_loss[k], r.mtp_loss[k]));
+      EXPECT_LE(rel(g.mtp_loss[k], r.mtp_loss[k]), tol.metric_rtol)
+          << what << " mtp_" << k + 1 << " loss, step " << i + 1;
+    }
   }
   EXPECT_EQ(got.weights.size(), ref.weights.size()) << what;
   for (const auto& [name, want] : ref.weights) {
@@ -384,8 +390,9 @@ Diff compare(const Run& got, const Run& ref, const Tol& tol, const std::string& 
 
 void report(const std::string& what, const Diff& d) {
   if (g_rt.rank != 0) return;
-  std::printf("[parity] %-52s max rel: lm %.2e  aux %.2e  z %.2e  grad norm %.2e  weights %.2e\n",
-              what.c_str(), d.lm, d.aux, d.z, d.norm, d.weights);
+  std::printf("[parity] %-52s max rel: lm %.2e  aux %.2e  z %.2e  grad norm %.2e  weights %.2e%s\n",
+              what.c_str(), d.lm, d.aux, d.z, d.norm, d.weights,
+              d.mtp > 0 ? fmt::format("  mtp {:.2e}", d.mtp).c_str() : "");
   std::fflush(stdout);
 }
 
@@ -1534,6 +1541,81 @@ void pipeline_parity(const std::vector<PpLayout>& list = kPpLayouts) {
 
 TEST(PipelineParity, LayoutsF64) { pipeline_parity<double>(); }
 TEST(PipelineParity, LayoutsF32) { pipeline_parity<float>(); }
+
+// ---------------------------------------------------------------------------------------------
+// Multi-token prediction: two depths of MoE layers (the decoder's last layer is MoE) after a
+// 4-layer model, 10 steps vs one rank: the lm loss, each depth's mtp_k loss, aux, z and grad norm
+// per step, and every weight (the depths' parameters and, under PP, the last stage's copy of the
+// table, compared bitwise with the first stage's), within the layout-parity row. TP 2 x EP 2 with
+// SP (eh_proj column-parallel, the vocab-parallel embedding of the rolled ids), and PP 2 with the
+// depths on the last stage, tied (the head's copy serves them) and untied (a copy of their own,
+// its gradient summed with the first stage's).
+struct MtpLayout {
+  int tp = 1, ep = 1, pp = 1;
+  bool sp = false, untied = false;
+  int world = 2;
+};
+
+const std::vector<MtpLayout> kMtpLayouts = {
+    // 2 ranks
+    {.tp = 2, .ep = 2, .sp = true, .world = 2},
+    {.pp = 2, .world = 2},
+    {.pp = 2, .untied = true, .world = 2},
+    // 4 ranks: data parallelism beside them, TP with PP
+    {.tp = 2, .ep = 2, .sp = true, .world = 4},
+    {.ep = 2, .pp = 2, .world = 4},
+    {.tp = 2, .pp = 2, .sp = true, .untied = true, .world = 4},
+};
+
+std::vector<std::string> mtp_args(const MtpLayout& l) {
+  std::vector<std::string> a = {
+      "--hidden-size", "32", "--num-attention-heads", "4", "--group-query-attention",
+      "--num-query-groups", "2", "--seq-length", "16", "--num-layers", "4", "--num-experts", "8",
+      "--moe-ffn-hidden-size", "16", "--ffn-hidden-size", "32",
+      "--moe-shared-expert-intermediate-size", "16", "--vocab-size", "64",
+      "--make-vocab-size-divisible-by", "16", "--micro-batch-size", "1",
+      "--global-batch-size", "8", "--log-interval", "1000", "--peak-tflops", "0.1",
+      "--train-iters", "10", "--lr-warmup-iters", "2", "--moe-z-loss-coeff", "1e-3",
+      "--clip-grad", "0.5", "--moe-aux-loss-coeff", "1e-2",
+      "--moe-token-dispatcher-type", "alltoall", "--mtp-num-layers", "2",
+      "--mtp-loss-scaling-factor", "0.3"};
+  if (l.untied) a.push_back("--untie-embeddings-and-output-weights");
+  return a;
+}
+
+template <typename T>
+void mtp_parity() {
+  int layouts = 0;
+  for (const MtpLayout& l : kMtpLayouts) {
+    if (l.world != g_rt.world_size) continue;
+    const std::vector<std::string> args = mtp_args(l);
+    const Run ref = train_run<T>(args, nullptr);
+    parallel::ParallelConfig cfg;
+    cfg.tp = l.tp;
+    cfg.etp = l.tp > 1 ? 1 : 0;
+    cfg.ep = l.ep;
+    cfg.pp = l.pp;
+    cfg.sequence_parallel = l.sp;
+    parallel::ProcessGroups groups = make_groups(cfg, args);
+    const Run got = train_run<T>(args, &groups);
+    const std::string what =
+        fmt::format("{} mtp 2 tp={}{} ep={} pp={} dp={} {}", dtype_str<T>(), l.tp,
+                    l.sp ? " sp" : "", l.ep, l.pp, l.world / (l.tp * l.pp),
+                    l.untied ? "untied" : "tied");
+    report(what, compare(got, ref, parity_tol<T>(), what));
+    expect_replicas_equal(got, groups, what);
+    // The depths ran: their losses are there, and their parameters among the weights compared.
+    EXPECT_GT(ref.metrics.front().mtp_loss[1], 0.0) << what;
+    EXPECT_EQ(ref.metrics.front().mtp_loss[2], 0.0) << what;
+    EXPECT_EQ(got.weights.count("mtp.layers.1.eh_proj.weight"), 1u) << what;
+    EXPECT_EQ(got.weights.count("mtp.layers.0.transformer_layer.mlp.router.weight"), 1u) << what;
+    ++layouts;
+  }
+  if (layouts == 0) GTEST_SKIP() << "no MTP layout for world size " << g_rt.world_size;
+}
+
+TEST(MtpParity, LayoutsF64) { mtp_parity<double>(); }
+TEST(MtpParity, LayoutsF32) { mtp_parity<float>(); }
 
 }  // namespace
 }  // namespace moecore

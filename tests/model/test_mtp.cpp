@@ -1,0 +1,405 @@
+// Multi-token prediction (model/mtp_layer.h, model/mtp_block.h): every parameter's gradient of
+// the training loss against f64 finite differences (one and two depths, a dense and a MoE MTP
+// layer, tied and untied heads); each depth's loss against a plain-loop reference built from the
+// model's pieces; pipeline chunks composing to the whole model with the depths on the last stage.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "common/layer_testing.h"
+#include "model/gpt_model.h"
+#include "model/transformer_block.h"
+
+namespace moecore::model {
+namespace {
+
+using testing::host;
+
+ModelConfig mtp_config(int64_t depths) {
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.hidden = 8;
+  cfg.num_layers = 2;
+  cfg.num_heads = 4;
+  cfg.num_query_groups = 2;
+  cfg.ffn_hidden = 6;
+  cfg.seq_length = 5;
+  cfg.init_std = 0.3;
+  cfg.num_experts = 4;
+  cfg.moe_layer_pattern = {1, 0};  // the last layer dense: so is every MTP layer
+  cfg.moe.router.num_experts = 4;
+  cfg.moe.router.topk = 2;
+  cfg.moe.router.aux_loss_coeff = 0.1;
+  cfg.moe.router.z_loss_coeff = 0.01;
+  cfg.moe.ffn_hidden = 3;
+  cfg.moe.shared_ffn_hidden = 4;
+  cfg.tie_embeddings = false;
+  cfg.mtp_num_layers = depths;
+  cfg.mtp_loss_scaling_factor = 0.3;
+  return cfg;
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& i : ids) i = static_cast<int32_t>(gen() % V);
+  return ids;
+}
+
+// The training loss (mean CE + the depths' scaled mean CEs) plus the routers' aux and z terms.
+double total_loss(GPTModel<double>& model, const std::vector<int32_t>& ids,
+                  const std::vector<int32_t>& targets) {
+  model.forward(ids.data(), targets.data());
+  const MoeStats st = model.moe_stats();
+  return model.training_loss(model.own_report()) + st.aux_loss + st.z_loss;
+}
+
+::testing::AssertionResult check_mtp_gradients(GPTModel<double>& model,
+                                               const std::vector<int32_t>& ids,
+                                               const std::vector<int32_t>& targets) {
+  auto loss = [&] { return total_loss(model, ids, targets); };
+  loss();
+  model.params().zero_grads();
+  model.backward(1.0);
+  return testing::check_param_gradients(model.params(), loss, 16);
+}
+
+// Every parameter against finite differences: the MTP depths' (enorm, hnorm, eh_proj, the
+// transformer layer, final_layernorm) and the ones they reach (the table, the head, the decoder
+// through h_0). Two depths chain their gradient through h_1; ignored targets inside and the
+// vacated positions at the end; with dropout the depths' embeddings drop on their own streams
+// (the masks a pure function of the counters: the loss stays a function of the parameters).
+void expect_finite_differences(int64_t depths, bool moe_mtp, bool tied, double dropout) {
+  SCOPED_TRACE(
+      fmt::format("D={} {} {}", depths, moe_mtp ? "MoE" : "dense", tied ? "tied" : "untied"));
+  ModelConfig cfg = mtp_config(depths);
+  if (moe_mtp) cfg.moe_layer_pattern = {0, 1};
+  cfg.tie_embeddings = tied;
+  cfg.hidden_dropout = cfg.attention_dropout = dropout;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 1234);
+  for (int64_t j = 0; j < depths; ++j) {
+    ASSERT_NE(model.params().find(fmt::format("mtp.layers.{}.eh_proj.weight", j)), nullptr);
+    EXPECT_EQ(model.params().find(
+                  fmt::format("mtp.layers.{}.transformer_layer.mlp.router.weight", j)) != nullptr,
+              moe_mtp);
+  }
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 1);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 2);
+  targets[3] = targets[6] = -1;  // ignored positions
+  // Non-zero norm shifts away from their init so every gradient path carries signal.
+  for (Param& p : model.params().params()) {
+    if (p.spec.init == ParamInit::Ones) {
+      for (int64_t i = 0; i < p.local_numel(); ++i)
+        host(p.data_as<double>())[i] += 0.2 * std::sin(2.0 * i + 1);
+    }
+  }
+  EXPECT_TRUE(check_mtp_gradients(model, ids, targets));
+}
+
+TEST(Mtp, FiniteDifferencesOneDepth) {
+  expect_finite_differences(1, false, false, 0.0);
+}
+TEST(Mtp, FiniteDifferencesTwoDepthsMoeLayerTiedDropout) {
+  expect_finite_differences(2, true, true, 0.2);
+}
+
+// DeepSeek-V3's shape: multi-latent attention in the decoder and in the MTP layer (q LoRA, the
+// norms), one depth, every parameter against finite differences.
+TEST(Mtp, FiniteDifferencesMultiLatentAttention) {
+  ModelConfig cfg = mtp_config(1);
+  cfg.moe_layer_pattern = {0, 1};
+  cfg.multi_latent_attention = true;
+  cfg.qk_layernorm = true;
+  cfg.mla.q_lora_rank = 6;
+  cfg.mla.kv_lora_rank = 5;
+  cfg.mla.qk_head_dim = 3;
+  cfg.mla.qk_pos_emb_head_dim = 4;
+  cfg.mla.v_head_dim = 5;
+  cfg.mla.rope_type = ops::RopeType::Rope;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 4321);
+  ASSERT_NE(model.params().find("mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj."
+                                "weight"),
+            nullptr);
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 15);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 16);
+  EXPECT_TRUE(check_mtp_gradients(model, ids, targets));
+}
+
+// The report's losses against a plain-loop reference from the model's pieces: h_0 the model's
+// final-normed output, the depths' parameters read by name, each depth's transformer layer a
+// TransformerBlock of its own with those values; rolls, norms, eh_proj, the shared head and the
+// cross entropy as loops. The training loss adds factor / D of their sum.
+void expect_loss_equals_reference(int64_t depths, bool tied) {
+  SCOPED_TRACE(fmt::format("D={} {}", depths, tied ? "tied" : "untied"));
+  ModelConfig cfg = mtp_config(depths);
+  cfg.tie_embeddings = tied;
+  const int64_t B = 2, S = cfg.seq_length, T = B * S, H = cfg.hidden, V = cfg.vocab_size;
+  GPTModel<double> model(cfg, B, 99);
+  auto ids = random_ids(T, V, 5);
+  auto targets = random_ids(T, V, 6);
+  targets[1 * S + 3] = -1;  // (b 1, s 3): ignored
+  const double main = model.forward(ids.data(), targets.data());
+  const ops::MicroBatchReport rep = model.own_report();
+  const auto values = [&](const std::string& name) {
+    const Param& p = model.params().get(name);
+    const double* v = host(p.data_as<double>());
+    return std::vector<double>(v, v + p.local_numel());
+  };
+  const auto rmsnorm = [&](const std::vector<double>& x, const std::vector<double>& w) {
+    std::vector<double> y(x.size());
+    for (int64_t t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int64_t h = 0; h < H; ++h) ss += x[t * H + h] * x[t * H + h];
+      const double r = 1.0 / std::sqrt(ss / H + cfg.norm_eps);
+      for (int64_t h = 0; h < H; ++h) y[t * H + h] = x[t * H + h] * r * w[h];
+    }
+    return y;
+  };
+  const std::vector<double> table = values("embedding.word_embeddings.weight");
+  const std::vector<double> head =
+      values(tied ? "embedding.word_embeddings.weight" : "output_layer.weight");
+  const double* h0 = host(model.final_norm_output());
+  std::vector<double> h(h0, h0 + T * H);
+  double mtp_sum = 0;
+  for (int64_t j = 0; j < depths; ++j) {
+    const int64_t k = j + 1;
+    const std::string pre = fmt::format("mtp.layers.{}.", j);
+    // Rolled ids and targets (Megatron's roll_tensor, k times): token (s, b) at t = s B + b.
+    std::vector<double> e(T * H, 0.0);
+    std::vector<int32_t> tg(T, -1);
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int32_t id = s + k < S ? ids[b * S + s + k] : 0;
+        tg[s * B + b] = s + k < S ? targets[b * S + s + k] : -1;
+        for (int64_t c = 0; c < H; ++c) e[(s * B + b) * H + c] = table[id * H + c];
+      }
+    }
+    const std::vector<double> en = rmsnorm(e, values(pre + "enorm.weight"));
+    const std::vector<double> hn = rmsnorm(h, values(pre + "hnorm.weight"));
+    const std::vector<double> w = values(pre + "eh_proj.weight");  // [H, 2H]
+    std::vector<double> x(T * H, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t o = 0; o < H; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < H; ++i)
+          acc += en[t * H + i] * w[o * 2 * H + i] + hn[t * H + i] * w[o * 2 * H + H + i];
+        x[t * H + o] = acc;
+      }
+    }
+    // The transformer layer: a block of its own holding the depth's values.
+    ParamRegistry params(DType::F64);
+    ops::RopeTables rope{S, cfg.head_dim(), cfg.rotary_base};
+    TransformerBlock<double> block(cfg, BlockSite::mtp(cfg, j), params, rope);
+    Arena arena;
+    std::vector<double> y(T * H);
+    testing::plan_layer(arena, params, 1, [&](Arena& a) { block.allocate(a, S, B); });
+    for (Param& p : params.params()) {
+      const std::vector<double> v = values(p.name());
+      std::copy(v.begin(), v.end(), host(p.data_as<double>()));
+    }
+    block.forward(y.data(), x.data());
+    h = rmsnorm(y, values(pre + "final_layernorm.weight"));
+    // The shared head and the cross entropy over the counted positions.
+    double sum = 0;
+    int64_t counted = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (tg[t] < 0) continue;
+      std::vector<double> z(V);
+      double mx = -1e300;
+      for (int64_t v = 0; v < V; ++v) {
+        double acc = 0;
+        for (int64_t c = 0; c < H; ++c) acc += h[t * H + c] * head[v * H + c];
+        z[v] = acc;
+        mx = std::max(mx, acc);
+      }
+      double se = 0;
+      for (int64_t v = 0; v < V; ++v) se += std::exp(z[v] - mx);
+      sum += mx + std::log(se) - z[tg[t]];
+      ++counted;
+    }
+    EXPECT_EQ(rep.mtp_counted[j], counted) << "depth " << k;
+    EXPECT_NEAR(rep.mtp_loss_sum[j], sum, 1e-12 * std::abs(sum)) << "depth " << k;
+    EXPECT_NEAR(GPTModel<double>::mtp_mean_loss(rep, j), sum / counted,
+                1e-12 * std::abs(sum / counted))
+        << "depth " << k;
+    mtp_sum += sum / counted;
+  }
+  for (int64_t j = depths; j < ops::kMaxMtpDepths; ++j) {
+    EXPECT_EQ(rep.mtp_counted[j], 0);
+    EXPECT_EQ(rep.mtp_loss_sum[j], 0.0);
+  }
+  EXPECT_NEAR(model.training_loss(rep), main + cfg.mtp_loss_scaling_factor / depths * mtp_sum,
+              1e-12 * main);
+}
+
+TEST(Mtp, LossEqualsPlainLoopReference) {
+  expect_loss_equals_reference(1, false);
+  expect_loss_equals_reference(2, true);
+}
+
+// Pipeline chunks in one process: a first stage (embedding, layers 0-1) and a last stage (layers
+// 2-3, the loss and both MTP depths, with its own copy of the table: the tied head's, or MTP's
+// own when untied) compose to the whole model: the same report (the depths' sums and counts
+// included) and every gradient bitwise, the table's within f64 ulps (the two stages' parts added
+// once, not per micro-batch). Two micro-batches in 1F1B's order for the first stage, dropout
+// (the depths' embeddings' too) and router jitter on, a MoE MTP layer.
+void expect_chunks_compose(bool tied) {
+  ModelConfig cfg = mtp_config(2);
+  cfg.num_layers = 4;
+  cfg.moe_layer_pattern = {1, 0, 0, 1};
+  cfg.tie_embeddings = tied;
+  cfg.hidden_dropout = 0.2;
+  cfg.attention_dropout = 0.1;
+  cfg.moe.router.input_jitter_eps = 0.05;
+  const int64_t B = 2, n = B * cfg.seq_length, E = cfg.num_experts;
+  GPTModel<double> whole(cfg, B, 7);
+  GPTModel<double> first(cfg, B, 7, nullptr, false, cpu_exec(),
+                         {parallel::VirtualStage{0, 2, 0, true, false}});
+  GPTModel<double> last(cfg, B, 7, nullptr, false, cpu_exec(),
+                        {parallel::VirtualStage{2, 2, 2, false, true}});
+  ASSERT_NE(last.shared_embedding(), nullptr);
+  EXPECT_TRUE(last.shared_embedding()->spec.pipeline_copy);
+  EXPECT_EQ(first.shared_embedding(), &first.params().get("embedding.word_embeddings.weight"));
+  EXPECT_EQ(last.params().find("output_layer.weight") != nullptr, !tied);
+  std::vector<std::vector<int32_t>> ids, targets;
+  std::vector<ops::DropoutCounters> counters;
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
+    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
+    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
+  }
+  targets[1][4] = -1;
+  std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
+  std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
+  const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {
+    return MicroBatchIO{ids[mb].data(), targets[mb].data(), &r[mb], &t[mb * E], &counters[mb]};
+  };
+  for (GPTModel<double>* m : {&whole, &first, &last}) m->params().zero_grads();
+  for (int mb = 0; mb < 2; ++mb) {
+    whole.forward(io(rw, tw, mb));
+    whole.backward(0.5);
+  }
+  std::vector<std::vector<double>> act(2), grad(2);
+  for (int mb = 0; mb < 2; ++mb) {
+    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb);
+    const double* out = host(first.chunk_output(0));
+    act[mb].assign(out, out + first.boundary_elems());
+    last.forward_chunk(0, io(rl, tl, mb), act[mb].data(), mb);
+    last.backward_chunk(0, 0.5, nullptr, mb);
+    const double* g = host(last.input_grad());
+    grad[mb].assign(g, g + last.boundary_elems());
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb, /*replay=*/true);
+    first.backward_chunk(0, 0.5, grad[mb].data(), mb);
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    EXPECT_EQ(rl[mb].lm_loss_sum, rw[mb].lm_loss_sum) << mb;
+    for (int j = 0; j < 2; ++j) {
+      EXPECT_EQ(rl[mb].mtp_loss_sum[j], rw[mb].mtp_loss_sum[j]) << mb << " depth " << j + 1;
+      EXPECT_EQ(rl[mb].mtp_counted[j], rw[mb].mtp_counted[j]) << mb << " depth " << j + 1;
+      EXPECT_GT(rw[mb].mtp_counted[j], 0);
+    }
+    EXPECT_EQ(rf[mb].moe_layers + rl[mb].moe_layers, rw[mb].moe_layers) << mb;
+    EXPECT_EQ(rw[mb].moe_layers, 4) << "two decoder MoE layers and the two depths'";
+  }
+  int compared = 0;
+  for (const Param& w : whole.params().params()) {
+    const ParamRegistry& reg =
+        first.params().find(w.name()) != nullptr ? first.params() : last.params();
+    const Param* a = reg.find(w.name());
+    ASSERT_NE(a, nullptr) << w.name() << " is on no stage";
+    const double* gw = host(w.grad_as<double>());
+    const double* ga = host(a->grad_as<double>());
+    if (w.name() == "embedding.word_embeddings.weight") {
+      const double* gb = host(last.params().find(w.name())->grad_as<double>());
+      for (int64_t i = 0; i < w.local_numel(); ++i)
+        EXPECT_NEAR(ga[i] + gb[i], gw[i], 1e-14 * (std::abs(gw[i]) + 1e-3)) << w.name() << i;
+    } else {
+      EXPECT_EQ(std::memcmp(ga, gw, sizeof(double) * w.local_numel()), 0) << w.name();
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(whole.params().params().size()));
+}
+
+TEST(Mtp, PipelineChunksComposeToTheWholeModel) {
+  expect_chunks_compose(false);
+}
+TEST(Mtp, PipelineChunksComposeToTheWholeModelTied) {
+  expect_chunks_compose(true);
+}
+
+// Recomputation repeats the forward's arithmetic, the depths' layers included: selective (every
+// module, which the depths' layers take as the decoder's) and full recomputation (the decoder's
+// layers only: the depths keep theirs) give bitwise the report and every gradient of the run
+// without it, with dropout and a MoE depth.
+TEST(Mtp, RecomputationIsBitwise) {
+  ModelConfig cfg = mtp_config(2);
+  cfg.moe_layer_pattern = {1, 1};
+  cfg.hidden_dropout = 0.2;
+  cfg.attention_dropout = 0.1;
+  const int64_t B = 2, n = B * cfg.seq_length;
+  auto ids = random_ids(n, cfg.vocab_size, 50);
+  auto targets = random_ids(n, cfg.vocab_size, 51);
+  const auto run = [&](const RecomputeConfig& rc) {
+    ModelConfig c = cfg;
+    c.recompute = rc;
+    GPTModel<double> model(c, B, 3);
+    model.params().zero_grads();
+    model.forward(ids.data(), targets.data());
+    model.backward(0.5);
+    std::vector<double> out;
+    const ops::MicroBatchReport r = model.own_report();
+    out.push_back(r.lm_loss_sum);
+    out.insert(out.end(), r.mtp_loss_sum, r.mtp_loss_sum + 2);
+    for (const Param& p : model.params().params()) {
+      const double* g = host(p.grad_as<double>());
+      out.insert(out.end(), g, g + p.local_numel());
+    }
+    return out;
+  };
+  const std::vector<double> plain = run(RecomputeConfig{});
+  RecomputeConfig selective;
+  selective.granularity = RecomputeGranularity::Selective;
+  selective.module_names = {"core_attn", "layernorm", "moe_act", "moe", "shared_experts", "mlp"};
+  EXPECT_TRUE(run(selective) == plain) << "selective";
+  RecomputeConfig full;
+  full.granularity = RecomputeGranularity::Full;
+  full.method = RecomputeMethod::Uniform;
+  full.num_layers = 1;
+  EXPECT_TRUE(run(full) == plain) << "full";
+}
+
+// The MTP depths run in the virtual stage with the loss, all of them; learned positions need
+// the embedding's stage.
+TEST(Mtp, PlacementOutsideTheLossStageIsRefused) {
+  ModelConfig cfg = mtp_config(1);
+  cfg.num_layers = 4;
+  cfg.moe_layer_pattern = {1, 0, 0, 1};
+  const auto error_of = [&](const ModelConfig& c, parallel::VirtualStage v) {
+    try {
+      GPTModel<double> m(c, 2, 1, nullptr, false, cpu_exec(), {v});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of(cfg, {0, 2, 1, true, false}).find("MTP layers in a stage of their own"),
+            std::string::npos);
+  EXPECT_NE(error_of(cfg, {2, 2, 0, false, true}).find("holds 0 MTP layers beside the loss"),
+            std::string::npos);
+  ModelConfig learned = cfg;
+  learned.position_embedding = PositionEmbedding::LearnedAbsolute;
+  EXPECT_NE(error_of(learned, {2, 2, 1, false, true}).find("learned absolute positions"),
+            std::string::npos);
+  EXPECT_EQ(error_of(cfg, {2, 2, 1, false, true}), "");
+}
+
+}  // namespace
+}  // namespace moecore::model
