@@ -234,7 +234,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group(kTrain);
   app.add_option("--recompute-modules", m.recompute.module_names,
                  "Selective recomputation: any of core_attn (default), layernorm, moe_act, moe, "
-                 "shared_experts, mlp")
+                 "shared_experts, mlp, mla_up_proj")
       ->group(kTrain);
 
   const char* kLr = "Learning rate";

@@ -945,7 +945,17 @@ struct TpLayout {
   bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce beside
   int world = 0;                // the world size it runs at
   bool bf16 = false;            // --bf16 (f32 runs only), on both bf16 GEMM paths
+  bool mla = false;             // multi-latent attention (kMla)
 };
+
+// Multi-latent attention in the model of the layouts above: q LoRA, the latents' norms
+// (--qk-layernorm), YaRN with a ramp inside the rotated pairs and mscale != mscale_all_dim, v
+// narrower than q / k (padded heads), linear_proj's bias.
+const std::vector<std::string> kMla = {
+    "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12", "--qk-head-dim",
+    "6", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--qk-layernorm", "--rope-type",
+    "yarn", "--rotary-scaling-factor", "4", "--mscale", "1.0", "--mscale-all-dim", "0.8",
+    "--yarn-original-max-position-embeddings", "4", "--add-attention-output-bias"};
 
 std::vector<std::string> tp_args(const TpLayout& l) {
   std::vector<std::string> a = {
@@ -960,6 +970,7 @@ std::vector<std::string> tp_args(const TpLayout& l) {
       "--moe-token-dispatcher-type", l.dispatcher};
   if (l.tp <= 2) a = a + std::vector<std::string>{"--group-query-attention", "--num-query-groups", "2"};
   if (l.bf16) a.push_back("--bf16");
+  if (l.mla) a = a + kMla;
   return a;
 }
 
@@ -967,7 +978,8 @@ std::string tp_name(const TpLayout& l) {
   const int etp = l.etp > 0 ? l.etp : l.tp;
   return fmt::format("tp={}{} dp={} | ep={} etp={} edp={} {}{}{}", l.tp, l.sp ? " sp" : "",
                      l.world / l.tp, l.ep, etp, l.world / (l.ep * etp), l.dispatcher,
-                     l.megatron_model ? " dropout" : "", l.bf16 ? " bf16" : "");
+                     l.megatron_model ? " dropout" : "", l.bf16 ? " bf16" : "") +
+         (l.mla ? " mla" : "");
 }
 
 const std::vector<TpLayout> kTpLayouts = {
@@ -1161,6 +1173,33 @@ const std::vector<TpLayout> kTpLayoutsAllgatherAndDropout = {
     {.tp = 4, .etp = 2, .ep = 4, .sp = true, .dispatcher = "allgather", .world = 8},
 };
 
+// Multi-latent attention (kMla) under TP 2 + SP (its latents gathered into the TP region, the up
+// projections split over the heads), EP 4, and TP 2 + SP x EP 2 with the distributed optimizer
+// (and --overlap-grad-reduce), against the one-rank MLA run within the f32 layout-parity rows;
+// and under --bf16 at TP 2 + SP within the --bf16 TP rows, step by step.
+const std::vector<TpLayout> kMlaLayouts = {
+    // 2 ranks
+    {.tp = 2, .sp = true, .world = 2, .mla = true},
+    {.tp = 2, .sp = true, .world = 2, .bf16 = true, .mla = true},
+    // 4 ranks
+    {.tp = 1, .ep = 4, .world = 4, .mla = true},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .distopt = true, .world = 4, .mla = true},
+};
+
+TEST(TensorParallelParity, MultiLatentAttentionF32) {
+  tensor_parallel_parity<float>(false, kMlaLayouts);
+}
+TEST(TensorParallelParity, MultiLatentAttentionBf16) {
+  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
+  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+    SCOPED_TRACE(ops::bf16_gemm_path_name(p));
+    ops::set_bf16_gemm_path(p);
+    tensor_parallel_parity<float>(true, kMlaLayouts);
+  }
+  ops::set_bf16_gemm_path(path);
+}
+
 TEST(TensorParallelParity, AllgatherAndDropoutLayoutsF64) {
   tensor_parallel_parity<double>(false, kTpLayoutsAllgatherAndDropout);
 }
@@ -1175,6 +1214,34 @@ parallel::ProcessGroups make_tp_groups(const TpLayout& l, const std::vector<std:
   cfg.ep = l.ep;
   cfg.sequence_parallel = l.sp;
   return make_groups(cfg, args);
+}
+
+// Multi-latent attention's recomputation under TP 2 + SP x EP 2 (the world size 4 entry only):
+// mla_up_proj (the latents gathered again, q, k, v recomputed), with core_attn and the norms, and
+// full recomputation (the layer's latent gathers rerun), fp32 and --bf16: bitwise the run
+// without recomputation on the same layout, 3 steps.
+TEST(RecomputeParity, MultiLatentAttentionTensorParallelBitwise) {
+  if (g_rt.world_size != 4) GTEST_SKIP() << "TP 2 x EP 2 needs 4 ranks";
+  const TpLayout l{.tp = 2, .etp = 1, .ep = 2, .sp = true, .world = 4, .mla = true};
+  const std::vector<std::vector<std::string>> modes = {
+      {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "core_attn",
+       "layernorm"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform",
+       "--recompute-num-layers", "1"}};
+  for (bool bf16 : {false, true}) {
+    auto args = tp_args(l) + std::vector<std::string>{"--train-iters", "3"};
+    if (bf16) args.push_back("--bf16");
+    parallel::ProcessGroups groups = make_tp_groups(l, args);
+    const auto plain = train_run<float>(args, &groups);
+    for (const auto& mode : modes) {
+      std::string what = fmt::format("mla {}{}", tp_name(l), bf16 ? " bf16" : "");
+      for (size_t i = 1; i < mode.size(); i += 2) what += " " + mode[i];
+      const auto got = train_run<float>(args + mode, &groups);
+      EXPECT_GT(got.recomputed_bytes, 0u) << what << ": nothing recomputed";
+      expect_bitwise(got, plain, what);
+    }
+  }
 }
 
 // Capacity dropping under TP + SP and under ETP, with a capacity factor small enough that every
