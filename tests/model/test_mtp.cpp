@@ -107,6 +107,31 @@ TEST(Mtp, FiniteDifferencesTwoDepthsMoeLayerTiedDropout) {
   expect_finite_differences(2, true, true, 0.2);
 }
 
+// Megatron's default model: LayerNorm (the depths' enorm, hnorm and final_layernorm with biases),
+// learned positions (rolled with the ids: the depths' embeddings add the rows of positions
+// s + k, the vacated ones position 0's), GeLU MLPs with biases, dropout; every parameter against
+// finite differences.
+TEST(Mtp, FiniteDifferencesMegatronDefaultModel) {
+  ModelConfig cfg = mtp_config(2);
+  cfg.normalization = Normalization::LayerNorm;
+  cfg.position_embedding = PositionEmbedding::LearnedAbsolute;
+  cfg.activation = ops::Activation::GeLU;
+  cfg.add_mlp_bias = cfg.add_qkv_bias = cfg.add_attention_output_bias = true;
+  cfg.hidden_dropout = 0.2;
+  const int64_t B = 2;
+  GPTModel<double> model(cfg, B, 8);
+  ASSERT_NE(model.params().find("mtp.layers.1.enorm.bias"), nullptr);
+  for (Param& p : model.params().params()) {
+    if (p.spec.init != ParamInit::Normal) {
+      for (int64_t i = 0; i < p.local_numel(); ++i)
+        host(p.data_as<double>())[i] += 0.1 * std::sin(3.0 * i + 1);
+    }
+  }
+  auto ids = random_ids(B * cfg.seq_length, cfg.vocab_size, 21);
+  auto targets = random_ids(B * cfg.seq_length, cfg.vocab_size, 22);
+  EXPECT_TRUE(check_mtp_gradients(model, ids, targets));
+}
+
 // DeepSeek-V3's shape: multi-latent attention in the decoder and in the MTP layer (q LoRA, the
 // norms), one depth, every parameter against finite differences.
 TEST(Mtp, FiniteDifferencesMultiLatentAttention) {
@@ -133,11 +158,14 @@ TEST(Mtp, FiniteDifferencesMultiLatentAttention) {
 // The report's losses against a plain-loop reference from the model's pieces: h_0 the model's
 // final-normed output, the depths' parameters read by name, each depth's transformer layer a
 // TransformerBlock of its own with those values; rolls, norms, eh_proj, the shared head and the
-// cross entropy as loops. The training loss adds factor / D of their sum.
-void expect_loss_equals_reference(int64_t depths, bool tied) {
-  SCOPED_TRACE(fmt::format("D={} {}", depths, tied ? "tied" : "untied"));
+// cross entropy as loops. The training loss adds factor / D of their sum. With learned positions
+// the rolled positions' rows join the embedding (position 0's at the vacated end).
+void expect_loss_equals_reference(int64_t depths, bool tied, bool learned) {
+  SCOPED_TRACE(fmt::format("D={} {}{}", depths, tied ? "tied" : "untied",
+                           learned ? " learned positions" : ""));
   ModelConfig cfg = mtp_config(depths);
   cfg.tie_embeddings = tied;
+  if (learned) cfg.position_embedding = PositionEmbedding::LearnedAbsolute;
   const int64_t B = 2, S = cfg.seq_length, T = B * S, H = cfg.hidden, V = cfg.vocab_size;
   GPTModel<double> model(cfg, B, 99);
   auto ids = random_ids(T, V, 5);
@@ -161,6 +189,8 @@ void expect_loss_equals_reference(int64_t depths, bool tied) {
     return y;
   };
   const std::vector<double> table = values("embedding.word_embeddings.weight");
+  const std::vector<double> positions =
+      learned ? values("embedding.position_embeddings.weight") : std::vector<double>();
   const std::vector<double> head =
       values(tied ? "embedding.word_embeddings.weight" : "output_layer.weight");
   const double* h0 = host(model.final_norm_output());
@@ -175,8 +205,11 @@ void expect_loss_equals_reference(int64_t depths, bool tied) {
     for (int64_t s = 0; s < S; ++s) {
       for (int64_t b = 0; b < B; ++b) {
         const int32_t id = s + k < S ? ids[b * S + s + k] : 0;
+        const int64_t pos = s + k < S ? s + k : 0;
         tg[s * B + b] = s + k < S ? targets[b * S + s + k] : -1;
-        for (int64_t c = 0; c < H; ++c) e[(s * B + b) * H + c] = table[id * H + c];
+        for (int64_t c = 0; c < H; ++c) {
+          e[(s * B + b) * H + c] = table[id * H + c] + (learned ? positions[pos * H + c] : 0.0);
+        }
       }
     }
     const std::vector<double> en = rmsnorm(e, values(pre + "enorm.weight"));
@@ -238,8 +271,9 @@ void expect_loss_equals_reference(int64_t depths, bool tied) {
 }
 
 TEST(Mtp, LossEqualsPlainLoopReference) {
-  expect_loss_equals_reference(1, false);
-  expect_loss_equals_reference(2, true);
+  expect_loss_equals_reference(1, false, false);
+  expect_loss_equals_reference(2, true, false);
+  expect_loss_equals_reference(2, false, true);
 }
 
 // Pipeline chunks in one process: a first stage (embedding, layers 0-1) and a last stage (layers
