@@ -159,21 +159,6 @@ ImportResult import_hf(const fs::path& hf_dir, const fs::path& out_dir) {
     }
   }
   const HfModelSpec& s = res.spec;
-  // MTP layers that moecore's model cannot build yet (moecore train refuses --mtp-num-layers):
-  // the first tensor without a place named, nothing written.
-  if (s.deepseek && s.deepseek->mtp_layers > 0 && trainer_refuses("--mtp-num-layers")) {
-    std::map<std::string, std::string> mtp;  // moecore name -> HF name, in name order
-    for (const TensorMapping& t : hf_tensor_map(s).tensors) {
-      if (t.moecore.starts_with("mtp.")) mtp[t.moecore] = t.hf.at(0).name;
-    }
-    std::vector<std::string> names;
-    for (const auto& [m, h] : mtp) names.push_back(fmt::format("{}' -> '{}", h, m));
-    MOE_FAIL(
-        "[convert] '{}': the checkpoint's {} multi-token-prediction layer(s) "
-        "(num_nextn_predict_layers) have no place in moecore's model, which does not build MTP "
-        "layers yet (moecore train refuses --mtp-num-layers): {}. Nothing was written",
-        hf_dir.string(), s.deepseek->mtp_layers, name_list(names));
-  }
   // The parameters in floating point before the model is sized in int64: a config.json with a
   // huge size stops here, naming the sizes and the bytes.
   {

@@ -123,13 +123,6 @@ std::vector<TrainFlag> deepseek_v3_train_flags(const DeepseekV3Spec& d) {
 
 }  // namespace
 
-bool trainer_refuses(std::string_view flag) {
-  for (const cli::FlagRule& r : cli::megatron_flag_rules()) {
-    if (flag == r.name) return r.cls == cli::FlagClass::NotYet;
-  }
-  return false;
-}
-
 std::vector<TrainFlag> train_flags_of(const HfModelSpec& s) {
   if (s.arch == HfArch::Gpt2) return gpt2_train_flags(s);
   if (s.arch == HfArch::DeepseekV3) {
@@ -210,24 +203,8 @@ cli::TrainFlags parse_model_flags(const std::vector<std::string>& args) {
   std::vector<std::string> all = {"--seq-length=1"};
   const std::vector<std::string>& no_step = cli::no_step_placeholder_args();
   all.insert(all.end(), no_step.begin(), no_step.end());
-  // --multi-latent-attention: the transformer block builds MlaAttention (one TP rank), whose
-  // sizes and rotary flags are bound and parsed, but `moecore train` still refuses the switch
-  // (issue 42). Held back from the trainer's parser and set on its ModelConfig here, so a flags
-  // file states the whole model; once the trainer takes the switch it is parsed as any other.
-  const bool hold_mla = trainer_refuses("--multi-latent-attention");
-  bool mla = false;
-  for (const std::string& a : args) {
-    if (hold_mla && (a == "--multi-latent-attention" || a == "--multi_latent_attention")) {
-      mla = true;
-      continue;
-    }
-    all.push_back(a);
-  }
+  all.insert(all.end(), args.begin(), args.end());
   cli::TrainFlags f = cli::parse_train_args(all);
-  if (mla) {
-    f.model.multi_latent_attention = true;
-    f.model.validate();  // now with MLA's own checks (MlaConfig::validate)
-  }
   return f;
 }
 
@@ -399,7 +376,7 @@ HfModelSpec deepseek_v3_spec_of_model(const ModelConfig& m, const Refuse& refuse
     d.original_max_position_embeddings = y.original_max_position_embeddings;
   }
   d.rope_interleave = true;  // moecore's pairing (export_hf keeps an imported checkpoint's)
-  d.mtp_layers = 0;          // ModelConfig holds no MTP layers
+  d.mtp_layers = m.mtp_num_layers;
   return hf_spec_of_deepseek_v3(d);
 }
 

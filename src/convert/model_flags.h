@@ -38,12 +38,7 @@ std::string flags_toml(const std::vector<TrainFlag>& flags, const std::string& c
 // the trainer's parser, so the ModelConfig is exactly the one `moecore train` builds from them.
 // The flags Megatron requires that a model's flags file leaves to the training run
 // (--seq-length, --micro-batch-size, --train-iters, --lr) get placeholders unless given.
-// --multi-latent-attention, which the trainer parses but still refuses (issue 42), is applied to
-// the ModelConfig here (the layers exist): the converters read and write MLA models.
 cli::TrainFlags parse_model_flags(const std::vector<std::string>& args);
-// Whether `moecore train` parses `flag` ("--mtp-num-layers") but refuses it as not implemented
-// yet (cli/megatron_compat.h: NotYet).
-bool trainer_refuses(std::string_view flag);
 
 // The HF class an exported moecore model becomes when the command names none
 // (docs/hf_interop.md, section 7): q/k norms -> Qwen3-MoE; else a shared expert or a QKV bias

@@ -523,28 +523,46 @@ TEST(HfDeepseekV3, TableAgreesWithTheNameContract) {
 
 // ---- import ----
 
-// With its MTP layer the fixture holds tensors moecore's model has no place for yet (moecore
-// train refuses --mtp-num-layers): the import stops naming the first, writing nothing (by the
-// library and by `moecore convert`).
-TEST(HfDeepseekV3, ImportOfTheMtpLayerStopsAtItsFirstTensor) {
-  const fs::path out = fresh_dir("mtp_out");
-  const std::string e =
-      error_of([&] { import_hf(importable_copy("deepseek_v3", "mtp_src"), out); });
-  EXPECT_NE(e.find("the checkpoint's 1 multi-token-prediction layer(s) "
-                   "(num_nextn_predict_layers) have no place in moecore's model, which does not "
-                   "build MTP layers yet (moecore train refuses --mtp-num-layers): "
-                   "'model.layers.3.eh_proj.weight' -> 'mtp.layers.0.eh_proj.weight', "),
-            std::string::npos)
-      << e;
-  EXPECT_FALSE(fs::exists(out));
+// With its MTP layer (model.layers.{L}.*): the layer's tensors become mtp.layers.0.* (enorm,
+// hnorm, eh_proj, a transformer layer of the decoder's names, shared_head.norm as its final
+// norm), its copies of the embedding and head are read once (checked equal), and the flags file
+// has --mtp-num-layers; by the library and by `moecore convert`.
+TEST(HfDeepseekV3, ImportsTheMtpLayer) {
+  const fs::path src = importable_copy("deepseek_v3", "mtp_src"), ck = fresh_dir("mtp_ck");
+  const ImportResult res = import_hf(src, ck);
+  EXPECT_TRUE(res.warnings.empty());
+  EXPECT_EQ(res.spec.deepseek->mtp_layers, 1);
+  const auto hf = tensors_of(src / "model.safetensors");
+  EXPECT_EQ(res.hf_tensors, static_cast<int64_t>(hf.size()));
+  auto same = [&](const std::string& moecore, const std::string& hf_name) {
+    EXPECT_EQ(moecore_tensor(ck, moecore), as_f32(hf.at(hf_name))) << moecore << " " << hf_name;
+  };
+  same("mtp.layers.0.enorm.weight", "model.layers.3.enorm.weight");
+  same("mtp.layers.0.hnorm.weight", "model.layers.3.hnorm.weight");
+  same("mtp.layers.0.eh_proj.weight", "model.layers.3.eh_proj.weight");
+  same("mtp.layers.0.final_layernorm.weight", "model.layers.3.shared_head.norm.weight");
+  same("mtp.layers.0.transformer_layer.self_attention.linear_kv_down_proj.weight",
+       "model.layers.3.self_attn.kv_a_proj_with_mqa.weight");
+  same("mtp.layers.0.transformer_layer.mlp.router.expert_bias",
+       "model.layers.3.mlp.gate.e_score_correction_bias");
+  same("embedding.word_embeddings.weight", "model.layers.3.embed_tokens.weight");
+  same("output_layer.weight", "model.layers.3.shared_head.head.weight");
+  EXPECT_NE(read_text(ck / kFlagsFile).find("mtp-num-layers = 1"), std::string::npos)
+      << read_text(ck / kFlagsFile);
+  // The MTP layer's copy of the head differing from the main model's is refused, naming both.
+  auto t = hf;
+  t.at("model.layers.3.shared_head.head.weight").bytes[0] ^= std::byte{1};
+  const fs::path bad = fresh_dir("mtp_bad");
+  write_hf_dir(bad, t, read_json(src / "config.json"));
+  const std::string e = error_of([&] { import_hf(bad, fresh_dir("mtp_bad_ck")); });
+  EXPECT_NE(e.find("model.layers.3.shared_head.head.weight"), std::string::npos) << e;
+  const fs::path out = fresh_dir("mtp_cli");
+  fs::remove_all(out);
   const testing::CommandResult r = testing::run_moecore(
       "convert hf-to-moecore --input " +
       importable_copy("deepseek_v3_fp8", "mtp_src_fp8").string() + " --output " + out.string());
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("'model.layers.3.eh_proj.weight' -> 'mtp.layers.0.eh_proj.weight'"),
-            std::string::npos)
-      << r.output;
-  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(read_text(out / kFlagsFile).find("mtp-num-layers = 1"), std::string::npos);
 }
 
 // Imported without the MTP layer: each moecore tensor holds its HF tensors' rows (MLA's
@@ -627,7 +645,7 @@ TEST(HfDeepseekV3, ACheckpointWithoutItsMtpLayerImportsTheMainModel) {
   const fs::path part = fresh_dir("nomtp_part");
   write_hf_dir(part, t, config);
   const std::string e = error_of([&] { import_hf(part, fresh_dir("nomtp_part_ck")); });
-  EXPECT_NE(e.find("'mtp.layers.0."), std::string::npos) << e;
+  EXPECT_NE(e.find("are missing: 'model.layers.3.hnorm.weight'"), std::string::npos) << e;
 }
 
 // The FP8 checkpoint's weights are imported as transformers dequantizes them (the fixture's
@@ -657,10 +675,16 @@ TEST(HfDeepseekV3, Fp8WeightsImportDequantizedExactly) {
 // and order included) and a config.json of the same model. The FP8 checkpoint exports in the
 // model's dtype (F32 here): its FP8 weights as their dequantized values, no quantization_config.
 TEST(HfDeepseekV3, RoundTripIsBytewise) {
-  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora"}) {
+  for (const std::string name :
+       {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3 with MTP",
+        "deepseek_v3_no_q_lora with MTP"}) {
     SCOPED_TRACE(name);
-    const fs::path src = without_mtp(name, "rt_src_" + name), ck = fresh_dir("rt_ck_" + name);
-    const fs::path hf = fresh_dir("rt_hf_" + name);
+    const std::string fix = name.substr(0, name.find(' '));
+    const bool mtp = name.ends_with("with MTP");
+    const fs::path src = mtp ? importable_copy(fix, "rt_src_mtp_" + fix)
+                             : without_mtp(fix, "rt_src_" + fix);
+    const fs::path ck = fresh_dir("rt_ck_" + fix + (mtp ? "_mtp" : ""));
+    const fs::path hf = fresh_dir("rt_hf_" + std::string(mtp ? "mtp_" : "") + fix);
     import_hf(src, ck);
     ExportOptions o;
     o.input = ck;
