@@ -23,9 +23,11 @@ ran=$(grep -oE '^\[       OK \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" | sort 
 skipped=$( (grep -oE '^\[  SKIPPED \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" || true) | sort -u | wc -l)
 echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
-# `moecore train --device cuda` on the tiny model against --device cpu (tests/emu/train_cuda_emu.sh):
-# f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing with two
-# multi-token prediction depths (their rolled tokens, MoE layers and heads).
+# `moecore train --device cuda` against --device cpu (tests/emu/train_cuda_emu.sh): the tiny model
+# in f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing with two
+# multi-token prediction depths (their rolled tokens, MoE layers and heads); and the tiny
+# DeepSeek-V3 (MLA, grouped sigmoid routing with expert bias, MTP). A run's first word may name
+# its config (configs/tiny.toml otherwise).
 runs=(
   ""
   "--bf16"
@@ -34,6 +36,7 @@ runs=(
    --moe-pad-expert-input-to-capacity"
   "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0
    --moe-router-quantile-balancing-ema 0.9 --mtp-num-layers 2"
+  "configs/deepseek-v3-tiny.toml"
 )
 # Each run is one thread (OMP_NUM_THREADS=1 in train_cuda_emu.sh): as many at once as there are
 # cores, each into its own log, printed in order once all have ended.
@@ -41,13 +44,14 @@ jobs_max=$(nproc)
 rm -f "$dir"/emu-cuda-train-*.status  # a run that dies before writing its status fails
 for i in "${!runs[@]}"; do
   while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
-  r=${runs[i]}
+  r=${runs[i]} config=configs/tiny.toml
+  if [[ "$r" == configs/* ]]; then config=${r%% *}; r=${r#"$config"}; fi
   (
-    echo "[emu-cuda] moecore train --device cuda ${r:-(the tiny model as configured)}" | tr -s ' \n' ' '
+    echo "[emu-cuda] moecore train --device cuda --config $config ${r:-(as configured)}" | tr -s ' \n' ' '
     echo
     # shellcheck disable=SC2086  # the run's flags, split on purpose
     status=0
-    bash tests/emu/train_cuda_emu.sh "$dir/moecore" configs/tiny.toml $r || status=$?
+    bash tests/emu/train_cuda_emu.sh "$dir/moecore" "$config" $r || status=$?
     echo "$status" > "$dir/emu-cuda-train-$i.status"
   ) > "$dir/emu-cuda-train-$i.log" 2>&1 &
 done
