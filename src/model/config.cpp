@@ -122,9 +122,6 @@ void ModelConfig::validate() const {
   MOE_CHECK(std::isfinite(mtp_loss_scaling_factor),
             "[model] --mtp-loss-scaling-factor={} must be a finite number",
             mtp_loss_scaling_factor);
-  MOE_CHECK(mtp_num_layers == 0 || !bf16,
-            "[model] --mtp-num-layers with --bf16 is not implemented yet: train the MTP model in "
-            "fp32 (drop --bf16)");
   moe.validate();  // also for dense models: a shared-expert gate without a shared expert
   recompute.validate(num_layers);
   MOE_CHECK(!recompute.modules().mla_up_proj || multi_latent_attention,

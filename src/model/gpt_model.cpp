@@ -525,12 +525,24 @@ void GPTModel<T>::head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local,
                                 DevPtr<const T> dloss) {
   const Exec& ex = arena_.exec();
   const int64_t H = cfg_.hidden;
+  const bool sp = tp_.sequence_parallel();
+  // With MTP the heads and embeddings of the depths ran after this head's forward and used the
+  // buffers its backward reads as the forward left them: the whole input (all-gathered into
+  // vp_full_ with SP) and, under --bf16, its bf16 form (HeadLossBf16): both written again from
+  // h, the same values.
+  if (mtp_ != nullptr) {
+    if (sp) tp_.enter(ex, h_local, vp_full_, T_, H);
+    if constexpr (std::is_same_v<T, float>) {
+      const DevPtr<const float> h = sp ? DevPtr<const float>(vp_full_) : h_local;
+      if (cfg_.bf16 && head16_.w_VH_wide != nullptr)
+        ops::round_f32_to_bf16(ex, head16_.h32, h, T_ * H);
+      else if (cfg_.bf16)
+        ops::cast_f32_to_bf16(ex, head16_.h16, h, T_ * H);
+    }
+  }
   if (tp_.active()) {
-    // The head's input as the forward left it (all-gathered into vp_full_ with SP; gathered
-    // again when MTP's embeddings and heads used that buffer since), this rank's partial input
-    // gradient, summed (reduce-scattered with SP) into dh_local.
-    const bool sp = tp_.sequence_parallel();
-    if (sp && mtp_ != nullptr) tp_.enter(ex, h_local, vp_full_, T_, H);
+    // The head's input as the forward left it, this rank's partial input gradient, summed
+    // (reduce-scattered with SP) into dh_local.
     const DevPtr<T> dfull = sp ? vp_dfull_ : dh_local;
     vocab_parallel_head_loss_backward(ex, tp_, dfull, head_->grad_as<T>(),
                                       sp ? DevPtr<const T>(vp_full_) : h_local, head_values(),

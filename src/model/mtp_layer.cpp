@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 #include "ops/memory.h"
 #include "ops/permute.h"
 
@@ -64,6 +66,18 @@ void MtpLayer<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dx_ = a.alloc<T>(n * H, "mtp.deh_proj", MemKind::Workspace);
   den_ = a.alloc<T>(n * H, "mtp.denorm", MemKind::Workspace);
   dhn_ = a.alloc<T>(n * H, "mtp.dhnorm", MemKind::Workspace);
+  // eh_proj's GEMMs run over the whole input under TP, this rank's tokens otherwise.
+  const int64_t rows = tp_.active() ? n_tok_ : n_loc_;
+  bf16_ = std::is_same_v<T, float> && eh_proj_->has_bf16_copy();
+  if (bf16_) {
+    in16_ = a.alloc<bf16>(rows * H, "mtp.eh_proj_in16", MemKind::Workspace);
+    dy16_ = a.alloc<bf16>(rows * W_, "mtp.eh_proj_dy16", MemKind::Workspace);
+    const Exec& ex = a.exec();
+    const int64_t ws = std::max({ops::gemm_bf16_workspace_elems(ex, rows, W_, H),
+                                 ops::gemm_bf16_workspace_elems(ex, W_, H, rows),
+                                 ops::gemm_bf16_workspace_elems(ex, rows, H, W_)});
+    if (ws > 0) ws32_ = a.alloc<float>(ws, "mtp.eh_proj_ws32", MemKind::Workspace);
+  }
   if (!tp_.active()) return;
   const int tp = tp_.size();
   if (tp_.sequence_parallel()) {
@@ -93,20 +107,64 @@ void MtpLayer<T>::allocate(Arena& a, int64_t S, int64_t B) {
 }
 
 template <typename T>
+void MtpLayer<T>::proj_gemms_forward(DevPtr<T> y, int64_t ldy, DevPtr<const T> en,
+                                     DevPtr<const T> hn, int64_t n) {
+  const Exec& ex = *ex_;
+  const int64_t H = H_;
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_) {  // each input's bf16 values, the weight's bf16 copy (widened on that path)
+      const DevPtr<const bf16> w16 = eh_proj_->data16;
+      const DevPtr<const float> w32 = eh_proj_->data16w;
+      ops::cast_f32_to_bf16(ex, in16_, en, n * H);
+      ops::gemm_bf16(ex, false, true, n, W_, H, in16_, H, w16, 2 * H, 0.f, y, ldy, ws32_, w32);
+      ops::cast_f32_to_bf16(ex, in16_, hn, n * H);
+      ops::gemm_bf16(ex, false, true, n, W_, H, in16_, H, w16 == nullptr ? w16 : w16 + H, 2 * H,
+                     1.f, y, ldy, ws32_, w32 == nullptr ? w32 : w32 + H);
+      return;
+    }
+  }
+  const DevPtr<const T> w = eh_proj_->data_as<T>();
+  ops::gemm<T>(ex, false, true, n, W_, H, T(1), en, H, w, 2 * H, T(0), y, ldy);
+  ops::gemm<T>(ex, false, true, n, W_, H, T(1), hn, H, w + H, 2 * H, T(1), y, ldy);
+}
+
+template <typename T>
+void MtpLayer<T>::proj_gemms_backward(DevPtr<T> den, DevPtr<T> dhn, DevPtr<const T> dy, int64_t ldy,
+                                      DevPtr<const T> en, DevPtr<const T> hn, int64_t n) {
+  const Exec& ex = *ex_;
+  const int64_t H = H_;
+  const DevPtr<T> dw = eh_proj_->grad_as<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_) {
+      const DevPtr<const bf16> w16 = eh_proj_->data16;
+      const DevPtr<const float> w32 = eh_proj_->data16w;
+      ops::cast_f32_to_bf16(ex, dy16_, dy, n * W_);  // dy is [n, W] here (ldy = W)
+      ops::cast_f32_to_bf16(ex, in16_, en, n * H);
+      ops::gemm_bf16(ex, true, false, W_, H, n, dy16_, W_, in16_, H, 1.f, dw, 2 * H, ws32_);
+      ops::cast_f32_to_bf16(ex, in16_, hn, n * H);
+      ops::gemm_bf16(ex, true, false, W_, H, n, dy16_, W_, in16_, H, 1.f, dw + H, 2 * H, ws32_);
+      ops::gemm_bf16(ex, false, false, n, H, W_, dy16_, W_, w16, 2 * H, 0.f, den, H, ws32_, w32);
+      ops::gemm_bf16(ex, false, false, n, H, W_, dy16_, W_, w16 == nullptr ? w16 : w16 + H, 2 * H,
+                     0.f, dhn, H, ws32_, w32 == nullptr ? w32 : w32 + H);
+      return;
+    }
+  }
+  const DevPtr<const T> w = eh_proj_->data_as<T>();
+  ops::gemm<T>(ex, true, false, W_, H, n, T(1), dy, ldy, en, H, T(1), dw, 2 * H);
+  ops::gemm<T>(ex, true, false, W_, H, n, T(1), dy, ldy, hn, H, T(1), dw + H, 2 * H);
+  ops::gemm<T>(ex, false, false, n, H, W_, T(1), dy, ldy, w, 2 * H, T(0), den, H);
+  ops::gemm<T>(ex, false, false, n, H, W_, T(1), dy, ldy, w + H, 2 * H, T(0), dhn, H);
+}
+
+template <typename T>
 void MtpLayer<T>::proj_forward() {
   const Exec& ex = *ex_;
-  const DevPtr<const T> w = eh_proj_->data_as<T>();
   const int64_t H = H_;
-  if (!tp_.active()) {
-    ops::gemm<T>(ex, false, true, n_loc_, H, H, T(1), en_, H, w, 2 * H, T(0), x_, H);
-    ops::gemm<T>(ex, false, true, n_loc_, H, H, T(1), hn_, H, w + H, 2 * H, T(1), x_, H);
-    return;
-  }
+  if (!tp_.active()) return proj_gemms_forward(x_, H, en_, hn_, n_loc_);
   // This rank's W output columns over every token, then all of them onto its tokens.
   const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H);
   const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H);
-  ops::gemm<T>(ex, false, true, n_tok_, W_, H, T(1), en, H, w, 2 * H, T(0), y_cols_, W_);
-  ops::gemm<T>(ex, false, true, n_tok_, W_, H, T(1), hn, H, w + H, 2 * H, T(1), y_cols_, W_);
+  proj_gemms_forward(y_cols_, W_, en, hn, n_tok_);
   tp_.all_gather(ex, DevPtr<const T>(y_cols_), gathered_, n_tok_ * W_);
   ops::permute_rows<T>(ex, x_, gathered_, fwd_map_, n_loc_ * tp_.size(), W_);
 }
@@ -114,30 +172,20 @@ void MtpLayer<T>::proj_forward() {
 template <typename T>
 void MtpLayer<T>::proj_backward() {
   const Exec& ex = *ex_;
-  const DevPtr<const T> w = eh_proj_->data_as<T>();
-  const DevPtr<T> dw = eh_proj_->grad_as<T>();
   const int64_t H = H_;
-  if (!tp_.active()) {
-    ops::gemm<T>(ex, true, false, H, H, n_loc_, T(1), dx_, H, en_, H, T(1), dw, 2 * H);
-    ops::gemm<T>(ex, true, false, H, H, n_loc_, T(1), dx_, H, hn_, H, T(1), dw + H, 2 * H);
-    ops::gemm<T>(ex, false, false, n_loc_, H, H, T(1), dx_, H, w, 2 * H, T(0), den_, H);
-    ops::gemm<T>(ex, false, false, n_loc_, H, H, T(1), dx_, H, w + H, 2 * H, T(0), dhn_, H);
-    return;
-  }
+  if (!tp_.active()) return proj_gemms_backward(den_, dhn_, dx_, H, en_, hn_, n_loc_);
   // The gather's backward: this rank's columns of the whole output gradient (all-gathered over
   // the tokens with SP), into y_cols_.
   const DevPtr<const T> dfull = tp_.leave_backward(ex, DevPtr<const T>(dx_), dfull_, n_tok_, H);
   ops::permute_rows<T>(ex, y_cols_, dfull, bwd_map_, n_tok_, W_);
-  // The whole inputs again (SP: their gathers were workspace).
+  // The whole inputs again (SP: their gathers were workspace). Each input gradient's partial
+  // sum over this rank's columns (into dfull_ and the gather's buffer, free by now), then
+  // summed over TP.
   const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H);
   const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H);
-  ops::gemm<T>(ex, true, false, W_, H, n_tok_, T(1), y_cols_, W_, en, H, T(1), dw, 2 * H);
-  ops::gemm<T>(ex, true, false, W_, H, n_tok_, T(1), y_cols_, W_, hn, H, T(1), dw + H, 2 * H);
-  // Each input gradient's partial sum over this rank's columns, summed over TP.
-  ops::gemm<T>(ex, false, false, n_tok_, H, W_, T(1), y_cols_, W_, w, 2 * H, T(0), dfull_, H);
+  proj_gemms_backward(dfull_, gathered_, y_cols_, W_, en, hn, n_tok_);
   tp_.enter_backward(ex, dfull_, den_, n_tok_, H);
-  ops::gemm<T>(ex, false, false, n_tok_, H, W_, T(1), y_cols_, W_, w + H, 2 * H, T(0), dfull_, H);
-  tp_.enter_backward(ex, dfull_, dhn_, n_tok_, H);
+  tp_.enter_backward(ex, gathered_, dhn_, n_tok_, H);
 }
 
 template <typename T>

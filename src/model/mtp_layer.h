@@ -16,6 +16,9 @@
 // row gather of H/tp-wide rows (ops::permute_rows over a map planned once) puts it token-major.
 // The backward takes this rank's columns of the whole output gradient the same way. The norms
 // act on the tokens a rank holds (partial gradients under SP), the block as the decoder's.
+// --bf16 (f32 models): eh_proj's GEMMs take bf16 inputs (the norms' outputs and the output
+// gradient cast on the way in, the weight's bf16 copy) and accumulate in f32, as the decoder's
+// projections (ops::gemm_bf16 on either bf16 GEMM path).
 // Legend: T tokens, H hidden, W = H / tp.
 #pragma once
 
@@ -54,6 +57,13 @@ class MtpLayer {
   // x_ = eh_proj [en_ | hn_], and its backward from dx_ into den_ / dhn_.
   void proj_forward();
   void proj_backward();
+  // eh_proj's three GEMMs on n tokens (all of them under TP): y [n, W] (ldy) = en W_e^T + hn W_h^T;
+  // dw_e / dw_h += dy^T en / hn; den / dhn [n, H] = dy W_e / dy W_h (dy [n, W]). f32, or bf16
+  // inputs with f32 accumulation under --bf16.
+  void proj_gemms_forward(DevPtr<T> y, int64_t ldy, DevPtr<const T> en, DevPtr<const T> hn,
+                          int64_t n);
+  void proj_gemms_backward(DevPtr<T> den, DevPtr<T> dhn, DevPtr<const T> dy, int64_t ldy,
+                           DevPtr<const T> en, DevPtr<const T> hn, int64_t n);
 
   const Exec* ex_ = &cpu_exec();
   parallel::TensorParallel tp_;
@@ -70,13 +80,18 @@ class MtpLayer {
   DevPtr<T> dy_ = nullptr, dx_ = nullptr, den_ = nullptr, dhn_ = nullptr;  // [T_local, H]
   // TP only: the whole inputs [T, H] (gathered with SP; the backward gathers them again), the
   // local output columns [T, W] and its gathered blocks [tp, T, W], the input gradients' partial
-  // sums [T, H], the maps from the gathered blocks' rows to this rank's token-major rows
-  // (fwd: [T_local tp]) and from the whole output gradient's rows to this rank's columns
-  // (bwd: [T]), rows W wide.
+  // sums [T, H] (dfull_, and gathered_ in the backward), the maps from the gathered blocks' rows to
+  // this rank's token-major rows (fwd: [T_local tp]) and from the whole output gradient's rows to
+  // this rank's columns (bwd: [T]), rows W wide.
   DevPtr<T> en_full_ = nullptr, hn_full_ = nullptr;
   DevPtr<T> y_cols_ = nullptr, gathered_ = nullptr, dfull_ = nullptr;
   DevPtr<int32_t> fwd_map_ = nullptr, bwd_map_ = nullptr;
   std::vector<int32_t> fwd_map_host_, bwd_map_host_;  // the maps' source (copied once)
+  // --bf16: an input's and the output gradient's bf16 values, and the bf16 GEMMs' f32
+  // workspace (the widen path's).
+  bool bf16_ = false;
+  DevPtr<bf16> in16_ = nullptr, dy16_ = nullptr;
+  DevPtr<float> ws32_ = nullptr;
 };
 
 }  // namespace moecore::model

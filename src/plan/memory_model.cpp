@@ -151,8 +151,6 @@ std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel:
   if (m.mtp_num_layers > 0 && !mtp_with_the_loss(m, r)) {
     why.push_back("MTP layers in a pipeline stage without the loss, not built by the trainer yet");
   }
-  if (m.mtp_num_layers > 0 && r.bf16)
-    why.push_back("MTP with --bf16, not built by the trainer yet");
   if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||

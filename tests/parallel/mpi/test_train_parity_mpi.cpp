@@ -1621,6 +1621,7 @@ struct MtpLayout {
   int tp = 1, ep = 1, pp = 1;
   bool sp = false, untied = false;
   int world = 2;
+  bool bf16 = false;  // --bf16 (f32 runs only), on both bf16 GEMM paths
 };
 
 const std::vector<MtpLayout> kMtpLayouts = {
@@ -1632,6 +1633,11 @@ const std::vector<MtpLayout> kMtpLayouts = {
     {.tp = 2, .ep = 2, .sp = true, .world = 4},
     {.ep = 2, .pp = 2, .world = 4},
     {.tp = 2, .pp = 2, .sp = true, .untied = true, .world = 4},
+    // --bf16: eh_proj's bf16 GEMMs column-parallel, the heads' bf16 inputs written again before
+    // each backward (vocab-parallel, and on the last stage)
+    {.tp = 2, .ep = 2, .sp = true, .world = 2, .bf16 = true},
+    {.pp = 2, .untied = true, .world = 2, .bf16 = true},
+    {.tp = 2, .ep = 2, .sp = true, .world = 4, .bf16 = true},
 };
 
 std::vector<std::string> mtp_args(const MtpLayout& l) {
@@ -1647,16 +1653,18 @@ std::vector<std::string> mtp_args(const MtpLayout& l) {
       "--moe-token-dispatcher-type", "alltoall", "--mtp-num-layers", "2",
       "--mtp-loss-scaling-factor", "0.3"};
   if (l.untied) a.push_back("--untie-embeddings-and-output-weights");
+  if (l.bf16) a.push_back("--bf16");
   return a;
 }
 
 template <typename T>
-void mtp_parity() {
+void mtp_parity(bool bf16) {
   int layouts = 0;
   for (const MtpLayout& l : kMtpLayouts) {
-    if (l.world != g_rt.world_size) continue;
+    if (l.world != g_rt.world_size || l.bf16 != bf16) continue;
     const std::vector<std::string> args = mtp_args(l);
-    const Run ref = train_run<T>(args, nullptr);
+    const RunOptions opt{.first_update_weights = bf16, .edit = {}};  // bf16: checked per step
+    const Run ref = train_run<T>(args, nullptr, opt);
     parallel::ParallelConfig cfg;
     cfg.tp = l.tp;
     cfg.etp = l.tp > 1 ? 1 : 0;
@@ -1664,12 +1672,16 @@ void mtp_parity() {
     cfg.pp = l.pp;
     cfg.sequence_parallel = l.sp;
     parallel::ProcessGroups groups = make_groups(cfg, args);
-    const Run got = train_run<T>(args, &groups);
+    const Run got = train_run<T>(args, &groups, opt);
     const std::string what =
-        fmt::format("{} mtp 2 tp={}{} ep={} pp={} dp={} {}", dtype_str<T>(), l.tp,
+        fmt::format("{} mtp 2 tp={}{} ep={} pp={} dp={} {}{}", dtype_str<T>(), l.tp,
                     l.sp ? " sp" : "", l.ep, l.pp, l.world / (l.tp * l.pp),
-                    l.untied ? "untied" : "tied");
-    report(what, compare(got, ref, parity_tol<T>(), what));
+                    l.untied ? "untied" : "tied", l.bf16 ? " bf16" : "");
+    const Tol tol = bf16 ? Tol{testing::kParityBf16Rtol, testing::kParityBf16WeightRtol,
+                               testing::kParityBf16WeightAtol}
+                         : parity_tol<T>();
+    report(what, compare(got, ref, tol, what));
+    if (bf16) expect_bf16_steps_close(got, ref, what);
     expect_replicas_equal(got, groups, what);
     // The depths ran: their losses are there, and their parameters among the weights compared.
     EXPECT_GT(ref.metrics.front().mtp_loss[1], 0.0) << what;
@@ -1681,8 +1693,18 @@ void mtp_parity() {
   if (layouts == 0) GTEST_SKIP() << "no MTP layout for world size " << g_rt.world_size;
 }
 
-TEST(MtpParity, LayoutsF64) { mtp_parity<double>(); }
-TEST(MtpParity, LayoutsF32) { mtp_parity<float>(); }
+TEST(MtpParity, LayoutsF64) { mtp_parity<double>(false); }
+TEST(MtpParity, LayoutsF32) { mtp_parity<float>(false); }
+TEST(MtpParity, LayoutsBf16) {
+  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
+  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
+    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+    SCOPED_TRACE(ops::bf16_gemm_path_name(p));
+    ops::set_bf16_gemm_path(p);
+    mtp_parity<float>(true);
+  }
+  ops::set_bf16_gemm_path(path);
+}
 
 }  // namespace
 }  // namespace moecore
