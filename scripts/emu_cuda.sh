@@ -25,9 +25,11 @@ echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
 # `moecore train --device cuda` against --device cpu (tests/emu/train_cuda_emu.sh): the tiny model
 # in f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing with two
-# multi-token prediction depths (their rolled tokens, MoE layers and heads); and the tiny
-# DeepSeek-V3 (MLA, grouped sigmoid routing with expert bias, MTP). A run's first word may name
-# its config (configs/tiny.toml otherwise).
+# multi-token prediction depths (their rolled tokens, MoE layers and heads); multi-latent attention
+# under --bf16 with its recomputation (v narrower than q / k: the bf16 GEMMs over the padded
+# heads' column blocks; the MLA rotary and layout kernels); and the tiny DeepSeek-V3 (MLA, grouped
+# sigmoid routing with expert bias, MTP). A run's first word may name its config
+# (configs/tiny.toml otherwise).
 runs=(
   ""
   "--bf16"
@@ -36,6 +38,10 @@ runs=(
    --moe-pad-expert-input-to-capacity"
   "--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0
    --moe-router-quantile-balancing-ema 0.9 --mtp-num-layers 2"
+  "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 12
+   --qk-pos-emb-head-dim 4 --v-head-dim 12 --qk-layernorm --rotary-scaling-factor 4
+   --mscale-all-dim 0.8 --yarn-original-max-position-embeddings 16 --bf16
+   --recompute-granularity selective --recompute-modules core_attn mla_up_proj"
   "configs/deepseek-v3-tiny.toml"
 )
 # Each run is one thread (OMP_NUM_THREADS=1 in train_cuda_emu.sh): as many at once as there are

@@ -126,14 +126,14 @@ class MlaAttention {
   // gather_latents(): the up projections' inputs [T, .] (the gathered copies below with SP, the
   // saved values otherwise).
   DevPtr<const T> q_in_ = nullptr, kv_in_ = nullptr, k_pe_in_ = nullptr;
-  DevPtr<T> q_up_TC_ = nullptr;   // [T, Hq, dq] the q projection / its gradient
-  DevPtr<T> q_pe_ = nullptr;      // [T, Hq, pe] rotated / its gradient
-  DevPtr<T> k_pe_ = nullptr;      // [T, pe] rotated / its gradient
-  DevPtr<T> kv_up_TC_ = nullptr;  // [T, Hq, qk + dv] / its gradient
-  DevPtr<T> dk_pe_raw_ = nullptr; // [Tl, pe] the raw rotary key's gradient
-  DevPtr<T> dlat_ = nullptr;      // [Tl, max(ql, kl)] a latent's gradient (before its norm)
-  DevPtr<T> dlat_n_ = nullptr;    // [Tl, max(ql, kl)] (after its norm)
-  DevPtr<T> dq_ = nullptr;        // [T, Hq, Dp]
+  DevPtr<T> q_up_TC_ = nullptr;    // [T, Hq, dq] the q projection / its gradient
+  DevPtr<T> q_pe_ = nullptr;       // [T, Hq, pe] rotated / its gradient
+  DevPtr<T> k_pe_ = nullptr;       // [T, pe] rotated / its gradient
+  DevPtr<T> kv_up_TC_ = nullptr;   // [T, Hq, qk + dv] / its gradient
+  DevPtr<T> dk_pe_raw_ = nullptr;  // [Tl, pe] the raw rotary key's gradient
+  DevPtr<T> dlat_ = nullptr;       // [Tl, max(ql, kl)] a latent's gradient (before its norm)
+  DevPtr<T> dlat_n_ = nullptr;     // [Tl, max(ql, kl)] (after its norm)
+  DevPtr<T> dq_ = nullptr;         // [T, Hq, Dp]
   DevPtr<T> dk_ = nullptr;
   DevPtr<T> dv_ = nullptr;
   DevPtr<T> dcore_ = nullptr;

@@ -61,13 +61,12 @@ void LinearGemms<T>::backward(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<const T> 
     if (bf16_ && accumulate_dx)  // linear_backward_bf16 assigns dx: one block, added
       return backward_blocks_bf16(dx, dy, x, w, off, M, N, 1, K, K, x_rounded, true);
     if (bf16_) {
-      return ops::linear_backward_bf16(*ex_, dx, w.grad_as<T>() + off, dy, x, at(w.data16, off),
-                                       M, N, K, dy16_, in16_, ws32_, at(w.data16w, off),
-                                       x_rounded);
+      return ops::linear_backward_bf16(*ex_, dx, w.grad_as<T>() + off, dy, x, at(w.data16, off), M,
+                                       N, K, dy16_, in16_, ws32_, at(w.data16w, off), x_rounded);
     }
   }
-  ops::linear_backward(*ex_, dx, w.grad_as<T>() + off, dy, x,
-                       DevPtr<const T>(w.data_as<T>() + off), M, N, K, accumulate_dx);
+  ops::linear_backward(*ex_, dx, w.grad_as<T>() + off, dy, x, DevPtr<const T>(w.data_as<T>() + off),
+                       M, N, K, accumulate_dx);
 }
 
 template <typename T>
@@ -95,8 +94,8 @@ void LinearGemms<T>::backward_blocks(DevPtr<T> dx, DevPtr<const T> dy, DevPtr<co
   for (int64_t g = 0; g < G; ++g) {
     ops::gemm<T>(*ex_, true, false, N, Kg, M, T(1), dy, N, x + g * ldg, G * ldg, T(1), dw + g * Kg,
                  G * Kg);
-    ops::gemm<T>(*ex_, false, false, M, Kg, N, T(1), dy, N, wv + g * Kg, G * Kg, T(0),
-                 dx + g * ldg, G * ldg);
+    ops::gemm<T>(*ex_, false, false, M, Kg, N, T(1), dy, N, wv + g * Kg, G * Kg, T(0), dx + g * ldg,
+                 G * ldg);
   }
 }
 
@@ -116,17 +115,16 @@ void LinearGemms<T>::forward_blocks_bf16(DevPtr<float> y, DevPtr<const float> x,
   ops::cast_f32_to_bf16(*ex_, in16_, x, M * ld);
   for (int64_t g = 0; g < G; ++g) {
     ops::gemm_bf16(*ex_, false, true, M, N, Kg, DevPtr<const moecore::bf16>(in16_ + g * ldg), ld,
-                   DevPtr<const moecore::bf16>(w.data16 + g * Kg), G * Kg, g == 0 ? 0.f : 1.f, y,
-                   N, ws32_);
+                   DevPtr<const moecore::bf16>(w.data16 + g * Kg), G * Kg, g == 0 ? 0.f : 1.f, y, N,
+                   ws32_);
   }
 }
 
 template <typename T>
 void LinearGemms<T>::backward_blocks_bf16(DevPtr<float> dx, DevPtr<const float> dy,
                                           DevPtr<const float> x, const Param& w, int64_t w_off,
-                                          int64_t M, int64_t N, int64_t G, int64_t Kg,
-                                          int64_t ldg, bool x_rounded,
-                                          bool accumulate_dx) const {
+                                          int64_t M, int64_t N, int64_t G, int64_t Kg, int64_t ldg,
+                                          bool x_rounded, bool accumulate_dx) const {
   const int64_t ld = G * ldg, ldw = G * Kg;
   const DevPtr<float> dw = w.grad_as<float>() + w_off;
   const float dx_beta = accumulate_dx ? 1.f : 0.f;
@@ -140,8 +138,8 @@ void LinearGemms<T>::backward_blocks_bf16(DevPtr<float> dx, DevPtr<const float> 
     }
     const DevPtr<const float> w32 = w.data16w + w_off;
     for (int64_t g = 0; g < G; ++g) {
-      ops::gemm<float>(*ex_, true, false, N, Kg, M, 1.f, DevPtr<const float>(dy32), N,
-                       xr + g * ldg, ld, 1.f, dw + g * Kg, ldw);
+      ops::gemm<float>(*ex_, true, false, N, Kg, M, 1.f, DevPtr<const float>(dy32), N, xr + g * ldg,
+                       ld, 1.f, dw + g * Kg, ldw);
       ops::gemm<float>(*ex_, false, false, M, Kg, N, 1.f, DevPtr<const float>(dy32), N,
                        w32 + g * Kg, ldw, dx_beta, dx + g * ldg, ld);
     }

@@ -1176,7 +1176,8 @@ const std::vector<TpLayout> kTpLayoutsAllgatherAndDropout = {
 // Multi-latent attention (kMla) under TP 2 + SP (its latents gathered into the TP region, the up
 // projections split over the heads), EP 4, and TP 2 + SP x EP 2 with the distributed optimizer
 // (and --overlap-grad-reduce), against the one-rank MLA run within the f32 layout-parity rows;
-// and under --bf16 at TP 2 + SP within the --bf16 TP rows, step by step.
+// and under --bf16 at TP 2 + SP and TP 2 + SP x EP 2 within the --bf16 TP rows, step by step.
+// Their own ctest entries (train_parity_mla_mpi_{2,4}): no layout at 8 ranks.
 const std::vector<TpLayout> kMlaLayouts = {
     // 2 ranks
     {.tp = 2, .sp = true, .world = 2, .mla = true},
@@ -1184,6 +1185,7 @@ const std::vector<TpLayout> kMlaLayouts = {
     // 4 ranks
     {.tp = 1, .ep = 4, .world = 4, .mla = true},
     {.tp = 2, .etp = 1, .ep = 2, .sp = true, .distopt = true, .world = 4, .mla = true},
+    {.tp = 2, .etp = 1, .ep = 2, .sp = true, .world = 4, .bf16 = true, .mla = true},
 };
 
 TEST(TensorParallelParity, MultiLatentAttentionF32) {
