@@ -391,6 +391,10 @@ HfModelSpec hf_spec_of_model(const ModelConfig& m, HfArch arch) {
   if (arch == HfArch::DeepseekV3) return deepseek_v3_spec_of_model(m, refuse);
   if (m.multi_latent_attention)
     refuse("multi-latent attention (--multi-latent-attention): export with --arch deepseek_v3");
+  if (m.mtp_num_layers > 0)
+    refuse(fmt::format("{} multi-token prediction depth(s) (--mtp-num-layers): only DeepSeek-V3 "
+                       "stores MTP layers (export with --arch deepseek_v3)",
+                       m.mtp_num_layers));
   if (arch == HfArch::Gpt2) return gpt2_spec_of_model(m, refuse);
   // What only GPT-2 has among HF's classes here.
   if (m.normalization != Normalization::RMSNorm)
