@@ -125,9 +125,7 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   block_first.push_back(params_.params().size());
   if (has_loss) {
     final_norm_ = std::make_unique<nn::Norm<T>>(
-        nn::NormConfig{cfg_.normalization == Normalization::LayerNorm, cfg_.layernorm_1p,
-                       cfg_.norm_eps, cfg_.hidden},
-        params_, "decoder.final_layernorm", tp_.token_role());
+        norm_config(cfg_), params_, "decoder.final_layernorm", tp_.token_role());
   }
   if (has_loss && cfg_.mtp_num_layers > 0) {
     MOE_CHECK(has_embedding || cfg_.position_embedding != PositionEmbedding::LearnedAbsolute,

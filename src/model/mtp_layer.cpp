@@ -11,13 +11,6 @@
 
 namespace moecore::model {
 
-namespace {
-nn::NormConfig norm_config(const ModelConfig& cfg) {
-  return nn::NormConfig{cfg.normalization == Normalization::LayerNorm, cfg.layernorm_1p,
-                        cfg.norm_eps, cfg.hidden};
-}
-}  // namespace
-
 template <typename T>
 MtpLayer<T>::MtpLayer(const ModelConfig& cfg, int64_t depth, ParamRegistry& params,
                       const ops::RopeCache& rope, const parallel::ProcessGroups* groups,

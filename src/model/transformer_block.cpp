@@ -8,12 +8,10 @@
 
 namespace moecore::model {
 
-namespace {
 nn::NormConfig norm_config(const ModelConfig& cfg) {
   return nn::NormConfig{cfg.normalization == Normalization::LayerNorm, cfg.layernorm_1p,
                         cfg.norm_eps, cfg.hidden};
 }
-}  // namespace
 
 BlockSite BlockSite::decoder(const ModelConfig& cfg, int64_t layer) {
   return BlockSite{fmt::format("decoder.layers.{}", layer), layer, cfg.is_moe_layer(layer),

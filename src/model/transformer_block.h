@@ -40,6 +40,9 @@ struct BlockSite {
   static BlockSite mtp(const ModelConfig& cfg, int64_t depth);
 };
 
+// The model's norms (input, pre-MLP, final, MTP's): RMSNorm or LayerNorm over the hidden size.
+nn::NormConfig norm_config(const ModelConfig& cfg);
+
 template <typename T>
 class TransformerBlock {
  public:
