@@ -62,8 +62,13 @@ HfWeights::HfWeights(const fs::path& dir) : dir_(dir) {
     files.push_back(std::string(kHfWeightsFile));
   }
   for (const std::string& f : files) {
-    MOE_CHECK(fs::exists(dir / f), "[convert] '{}' lists '{}', which does not exist",
-              index.string(), f);
+    // The name is the index's: a name the file system refuses (too long, ...) is reported as
+    // such, not thrown as a filesystem_error.
+    std::error_code ec;
+    const bool exists = fs::exists(dir / f, ec);
+    MOE_CHECK(!ec, "[convert] '{}' lists '{}', which cannot be looked up: {}", index.string(), f,
+              ec.message());
+    MOE_CHECK(exists, "[convert] '{}' lists '{}', which does not exist", index.string(), f);
     files_.push_back(std::make_unique<ckpt::SafetensorsFile>(dir / f));
     for (const std::string& name : files_.back()->names()) {
       MOE_CHECK(where_.emplace(name, files_.size() - 1).second,
