@@ -1,0 +1,38 @@
+// A layer's view of context parallelism: the attention grid's cp group (the sequence split over
+// its ranks by parallel/context_split.h) and how attention reaches the other ranks' keys and
+// values (--cp-comm-type). Passed to the attention layers like TensorParallel; the default is
+// one rank, where attention is the single-rank op.
+#pragma once
+
+#include <cstdint>
+
+#include "parallel/context_split.h"
+#include "parallel/process_groups.h"
+
+namespace moecore::parallel {
+
+enum class CpCommType {
+  P2P,        // ring: K/V pass around the cp ranks, partial results merged by log-sum-exp
+  AllGather,  // K/V all-gathered, the local queries attend to the gathered sequence
+};
+
+class ContextParallel {
+ public:
+  ContextParallel() = default;  // one rank
+  ContextParallel(const ProcessGroup* group, CpCommType type) : group_(group), type_(type) {}
+
+  int size() const { return group_ == nullptr ? 1 : group_->size(); }
+  int rank() const { return group_ == nullptr ? 0 : group_->rank; }
+  bool active() const { return size() > 1; }
+  CpCommType type() const { return type_; }
+  // The group's communicator (only when active()).
+  Communicator& communicator() const { return group_->communicator(); }
+  // This rank's part of a sequence of S global positions.
+  ContextSplit split(int64_t S) const { return ContextSplit{S, size(), rank()}; }
+
+ private:
+  const ProcessGroup* group_ = nullptr;
+  CpCommType type_ = CpCommType::P2P;
+};
+
+}  // namespace moecore::parallel
