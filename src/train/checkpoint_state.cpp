@@ -71,6 +71,19 @@ json model_signature(const ModelConfig& m) {
           {"--disable-bias-linear (MLP biases)", !m.add_mlp_bias},
           {"--untie-embeddings-and-output-weights", !m.tie_embeddings},
           {"--mtp-num-layers (multi-token prediction depths)", m.mtp_num_layers}};
+  // Multi-latent attention replaces the QKV projection: its ranks and head dims are the
+  // attention's shapes, and kv_channels / num_query_groups are not read (so not compared: a run
+  // may leave them at any value). Checkpoints written before these keys compare what they hold.
+  sig["--multi-latent-attention"] = m.multi_latent_attention;
+  if (m.multi_latent_attention) {
+    sig.erase("--kv-channels");
+    sig.erase("--num-query-groups");
+    sig["--q-lora-rank (0: a direct q projection)"] = m.mla.q_lora_rank;
+    sig["--kv-lora-rank"] = m.mla.kv_lora_rank;
+    sig["--qk-head-dim"] = m.mla.qk_head_dim;
+    sig["--qk-pos-emb-head-dim"] = m.mla.qk_pos_emb_head_dim;
+    sig["--v-head-dim"] = m.mla.v_head_dim;
+  }
   // A dense model has no router (and a dense checkpoint records none, so that
   // --moe-use-upcycling compares nothing of it).
   if (m.num_experts > 0) add_router_signature(m.moe.router, sig);

@@ -231,6 +231,33 @@ TEST(CheckpointSignature, RecordsTheModelsVocabularyNotThePadding) {
   EXPECT_NE(e.find("train it again with this build"), std::string::npos) << e;
 }
 
+// Multi-latent attention is part of the model: an MLA checkpoint does not load into a QKV
+// attention run or one with other MLA ranks, the refusal naming the flags; the QKV attention's
+// kv_channels and query groups, which MLA does not read, are not compared.
+TEST(CheckpointSignature, RecordsMultiLatentAttention) {
+  ModelConfig m;
+  m.multi_latent_attention = true;
+  m.mla.q_lora_rank = 16;
+  const nlohmann::json mla = train::model_signature(m);
+  EXPECT_EQ(mla.at("--kv-lora-rank"), m.mla.kv_lora_rank);
+  EXPECT_FALSE(mla.contains("--kv-channels"));
+  m.num_query_groups = m.num_heads;
+  EXPECT_NO_THROW(train::check_same_model(mla, train::model_signature(m), "dir"));
+  m.mla.kv_lora_rank += 8;
+  m.mla.q_lora_rank = 0;
+  std::string e =
+      testing::error_of([&] { train::check_same_model(mla, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("--kv-lora-rank: 32 in the checkpoint, 40 in this run"), std::string::npos) << e;
+  EXPECT_NE(e.find("--q-lora-rank (0: a direct q projection): 16 in the checkpoint, 0 in this run"),
+            std::string::npos)
+      << e;
+  m.multi_latent_attention = false;
+  e = testing::error_of([&] { train::check_same_model(mla, train::model_signature(m), "dir"); });
+  EXPECT_NE(e.find("--multi-latent-attention: true in the checkpoint, false in this run"),
+            std::string::npos)
+      << e;
+}
+
 // A gated shared expert and the attention output bias: their tensors save and load with the
 // rest (save, load, continue == the uninterrupted run, bitwise), and the run state records both
 // options, so a model without them refuses the checkpoint naming the flags.
