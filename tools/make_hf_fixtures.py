@@ -24,7 +24,9 @@ Cases:
              shared_head.norm, shared_head.head} and a whole MoE decoder layer. The reference is
              computed in float64 (the float32 weights widened) and covers the main model only.
   deepseek_v3_no_q_lora
-             deepseek_v3 with q_lora_rank null (q_proj straight from the hidden state).
+             deepseek_v3 with q_lora_rank null (q_proj straight from the hidden state), and
+             routed top-4 in 4 groups of 2 keeping 2 (several groups kept; num_experts_per_tok
+             = 2 x topk_group again).
   deepseek_v3_fp8
              deepseek_v3's weights as DeepSeek's FP8 release stores them: every linear weight
              of attention, MLP and experts (not the router, norms, embedding or heads) as
@@ -465,7 +467,10 @@ DEEPSEEK_KWARGS = dict(
     pad_token_id=None, bos_token_id=None, eos_token_id=None)
 DEEPSEEK_CASES = {
     "deepseek_v3": dict(seed=501, kwargs=DEEPSEEK_KWARGS),
-    "deepseek_v3_no_q_lora": dict(seed=601, kwargs=dict(DEEPSEEK_KWARGS, q_lora_rank=None)),
+    # Also the routing of several groups kept: 4 groups of 2 keeping 2, top-4 (2 x topk_group).
+    "deepseek_v3_no_q_lora": dict(seed=601, kwargs=dict(DEEPSEEK_KWARGS, q_lora_rank=None,
+                                                        n_group=4, topk_group=2,
+                                                        num_experts_per_tok=4)),
 }
 FP8_BLOCK = [16, 16]
 FP8_MAX = 448.0  # the largest float8_e4m3fn

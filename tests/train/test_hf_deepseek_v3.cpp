@@ -8,8 +8,9 @@
 // forward, pinned to reference.json, which the imported model computes to float64 rounding
 // (docs/numerics.md).
 //
-// The fixtures route top-2 of 8 experts in 2 groups of 4 keeping 1: num_experts_per_tok = 2 x
-// topk_group, where Megatron's group score (moecore's: a group's top num_experts_per_tok /
+// The fixtures route with num_experts_per_tok = 2 x topk_group (deepseek_v3 and its FP8 copy:
+// top-2 of 8 experts in 2 groups of 4 keeping 1; deepseek_v3_no_q_lora: top-4 in 4 groups of 2
+// keeping 2), where Megatron's group score (moecore's: a group's top num_experts_per_tok /
 // topk_group biased scores) is transformers' (its top 2), so the fixtures import as they are.
 // Other group-limited configs are refused by key (RefusesWhatMoecoreWouldComputeDifferentlyByKey).
 #include <gtest/gtest.h>
