@@ -200,8 +200,7 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
                          "import the weights under Megatron's routing instead, set \"topk_group\" "
                          "to n_group ({}) and train with --moe-router-num-groups {} "
                          "--moe-router-group-topk {}",
-                         s.topk, s.topk / s.group_topk, s.num_groups, s.num_groups,
-                         s.group_topk));
+                         s.topk, s.topk / s.group_topk, s.num_groups, s.num_groups, s.group_topk));
   if (s.first_k_dense < 0 || s.first_k_dense > s.num_layers)
     r.refuse("first_k_dense_replace", std::to_string(s.first_k_dense),
              fmt::format("must lie in [0, num_hidden_layers = {}]", s.num_layers));

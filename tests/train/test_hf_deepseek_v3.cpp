@@ -567,8 +567,8 @@ TEST(HfDeepseekV3, ImportsTheMtpLayer) {
   const fs::path out = fresh_dir("mtp_cli");
   fs::remove_all(out);
   const testing::CommandResult r = testing::run_moecore(
-      "convert hf-to-moecore --input " +
-      fixture_copy("deepseek_v3_fp8", "mtp_src_fp8").string() + " --output " + out.string());
+      "convert hf-to-moecore --input " + fixture_copy("deepseek_v3_fp8", "mtp_src_fp8").string() +
+      " --output " + out.string());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(read_text(out / kFlagsFile).find("mtp-num-layers = 1"), std::string::npos);
 }
@@ -683,14 +683,13 @@ TEST(HfDeepseekV3, Fp8WeightsImportDequantizedExactly) {
 // and order included) and a config.json of the same model. The FP8 checkpoint exports in the
 // model's dtype (F32 here): its FP8 weights as their dequantized values, no quantization_config.
 TEST(HfDeepseekV3, RoundTripIsBytewise) {
-  for (const std::string name :
-       {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3 with MTP",
-        "deepseek_v3_no_q_lora with MTP"}) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3 with MTP",
+                                 "deepseek_v3_no_q_lora with MTP"}) {
     SCOPED_TRACE(name);
     const std::string fix = name.substr(0, name.find(' '));
     const bool mtp = name.ends_with("with MTP");
-    const fs::path src = mtp ? fixture_copy(fix, "rt_src_mtp_" + fix)
-                             : without_mtp(fix, "rt_src_" + fix);
+    const fs::path src =
+        mtp ? fixture_copy(fix, "rt_src_mtp_" + fix) : without_mtp(fix, "rt_src_" + fix);
     const fs::path ck = fresh_dir("rt_ck_" + fix + (mtp ? "_mtp" : ""));
     const fs::path hf = fresh_dir("rt_hf_" + std::string(mtp ? "mtp_" : "") + fix);
     import_hf(src, ck);
