@@ -12,15 +12,21 @@ Cases:
              DeepseekV3ForCausalLM: multi-latent attention (q_lora_rank 16, kv_lora_rank 16,
              qk_nope 8 + qk_rope 4, v 8), YaRN RoPE (factor 4, mscale 1, mscale_all_dim 1),
              rope_interleave, first_k_dense_replace 1 (layer 0 dense, 1 and 2 MoE), sigmoid router
-             with a non-zero e_score_correction_bias, group-limited routing (4 groups, top 2),
-             top-2 of 8 experts, one shared expert, norm_topk_prob, routed_scaling_factor 2.5,
+             with a non-zero e_score_correction_bias, group-limited routing (2 groups of 4
+             experts, the best 1 kept), top-2 of 8 experts (num_experts_per_tok = 2 x topk_group,
+             as DeepSeek-V3's 8 and 4: transformers scores a group by its top 2 biased scores,
+             Megatron by its top num_experts_per_tok / topk_group, the same then; a group's top 2
+             of 4 is neither its best score nor its sum, and the top 2 of the kept group's 4 is
+             a real choice), one shared expert, norm_topk_prob, routed_scaling_factor 2.5,
              untied, float32, one file; and the multi-token-prediction layer that transformers
              neither builds nor saves, drawn here and stored as DeepSeek's checkpoints name it:
              model.layers.{num_hidden_layers}.{enorm, hnorm, eh_proj, embed_tokens,
              shared_head.norm, shared_head.head} and a whole MoE decoder layer. The reference is
              computed in float64 (the float32 weights widened) and covers the main model only.
   deepseek_v3_no_q_lora
-             deepseek_v3 with q_lora_rank null (q_proj straight from the hidden state).
+             deepseek_v3 with q_lora_rank null (q_proj straight from the hidden state), and
+             routed top-4 in 4 groups of 2 keeping 2 (several groups kept; num_experts_per_tok
+             = 2 x topk_group again).
   deepseek_v3_fp8
              deepseek_v3's weights as DeepSeek's FP8 release stores them: every linear weight
              of attention, MLP and experts (not the router, norms, embedding or heads) as
@@ -450,7 +456,7 @@ DEEPSEEK_KWARGS = dict(
     vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=8,
     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
     n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=16,
-    qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, n_group=4, topk_group=2,
+    qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, n_group=2, topk_group=1,
     num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True, hidden_act="silu",
     max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
     attention_bias=False, attention_dropout=0.0,
@@ -461,7 +467,10 @@ DEEPSEEK_KWARGS = dict(
     pad_token_id=None, bos_token_id=None, eos_token_id=None)
 DEEPSEEK_CASES = {
     "deepseek_v3": dict(seed=501, kwargs=DEEPSEEK_KWARGS),
-    "deepseek_v3_no_q_lora": dict(seed=601, kwargs=dict(DEEPSEEK_KWARGS, q_lora_rank=None)),
+    # Also the routing of several groups kept: 4 groups of 2 keeping 2, top-4 (2 x topk_group).
+    "deepseek_v3_no_q_lora": dict(seed=601, kwargs=dict(DEEPSEEK_KWARGS, q_lora_rank=None,
+                                                        n_group=4, topk_group=2,
+                                                        num_experts_per_tok=4)),
 }
 FP8_BLOCK = [16, 16]
 FP8_MAX = 448.0  # the largest float8_e4m3fn
@@ -614,6 +623,9 @@ def deepseek_config(kwargs):
 def write_deepseek_case(name, out_root):
     case = DEEPSEEK_CASES[name]
     cfg = deepseek_config(case["kwargs"])
+    # transformers' group score (a group's top 2) is Megatron's (its top num_experts_per_tok /
+    # topk_group) only then: moecore's import refuses other group-limited configs.
+    assert cfg.topk_group == cfg.n_group or cfg.num_experts_per_tok == 2 * cfg.topk_group, name
     for seed in range(case["seed"], case["seed"] + 100):
         torch.manual_seed(seed)
         model = DeepseekV3ForCausalLM(cfg).eval()

@@ -187,15 +187,20 @@ DeepseekV3Spec parse_deepseek_v3_config(const json& cfg, const std::string& wher
   // The group score: transformers' DeepseekV3MoE (and DeepSeek's own code) sums a group's two
   // best biased scores, Megatron's group_limited_topk (moecore's router) its top
   // num_experts_per_tok / topk_group. They agree when that is 2 (DeepSeek-V3: 8 / 4, V2: 6 / 3);
-  // otherwise they keep other groups for some tokens.
+  // otherwise they keep other groups for some tokens, and the imported model would not compute
+  // what transformers computes. The weights can still be taken under Megatron's routing: every
+  // group kept in config.json, the group limits given to the trainer.
   if (s.group_topk < s.num_groups && s.topk / s.group_topk != 2)
     r.refuse("topk_group", std::to_string(s.group_topk),
              fmt::format("with num_experts_per_tok {}, moecore's group-limited routing "
                          "(Megatron's) scores a group by the sum of its top num_experts_per_tok / "
                          "topk_group = {} biased scores, transformers' DeepseekV3MoE by its top 2: "
-                         "they keep other groups (the same only when num_experts_per_tok = 2 x "
-                         "topk_group, as DeepSeek-V3's 8 and 4)",
-                         s.topk, s.topk / s.group_topk));
+                         "they keep other groups for some tokens (the same only when "
+                         "num_experts_per_tok = 2 x topk_group, as DeepSeek-V3's 8 and 4). To "
+                         "import the weights under Megatron's routing instead, set \"topk_group\" "
+                         "to n_group ({}) and train with --moe-router-num-groups {} "
+                         "--moe-router-group-topk {}",
+                         s.topk, s.topk / s.group_topk, s.num_groups, s.num_groups, s.group_topk));
   if (s.first_k_dense < 0 || s.first_k_dense > s.num_layers)
     r.refuse("first_k_dense_replace", std::to_string(s.first_k_dense),
              fmt::format("must lie in [0, num_hidden_layers = {}]", s.num_layers));

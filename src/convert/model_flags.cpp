@@ -330,7 +330,9 @@ HfModelSpec deepseek_v3_spec_of_model(const ModelConfig& m, const Refuse& refuse
   if (rc.group_limited() && rc.group_topk < rc.num_groups && rc.topk / rc.group_topk != 2)
     refuse(fmt::format(
         "--moe-router-group-topk {} with --moe-router-topk {}: moecore scores a group by the sum "
-        "of its top {} biased scores, transformers' DeepseekV3MoE by its top 2",
+        "of its top {} biased scores, transformers' DeepseekV3MoE by its top 2, so they keep "
+        "other groups for some tokens; a model routed with --moe-router-topk = 2 x "
+        "--moe-router-group-topk (or without group limits) exports as the same model",
         rc.group_topk, rc.topk, rc.topk / rc.group_topk));
   d.num_groups = rc.group_limited() ? rc.num_groups : 1;
   d.group_topk = rc.group_limited() ? rc.group_topk : 1;

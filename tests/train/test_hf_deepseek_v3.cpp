@@ -3,15 +3,16 @@
 // transformers' math (YaRN's factors, the router), refusals by key; the tensor table against
 // the name contract; import (MLA, the expert bias, FP8 dequantized exactly, the MTP layer
 // absent or not buildable yet), rope_interleave false, the round trip back to HF byte for byte;
-// and the numbers: a float64 transcription of transformers' forward, pinned to reference.json,
-// against which the imported model computes in float64 (docs/numerics.md).
+// and the numbers: the imported model in float64 and the trainer in float32 against
+// reference.json (transformers' float64 logits), and a float64 transcription of transformers'
+// forward, pinned to reference.json, which the imported model computes to float64 rounding
+// (docs/numerics.md).
 //
-// The fixtures route top-2 of 8 experts in 4 groups keeping 2: a group score of the top
-// 2 / 2 = 1 biased score in Megatron's group-limited routing (moecore's), of the top 2 in
-// transformers'. moecore cannot compute that choice, and the import refuses it by key; the
-// tests import the fixtures' weights under configs it accepts (importable(): top-4, where both
-// score groups by their top 2) and compare the imported model with the transcription under
-// Megatron's group score (the routing flags given on the command line).
+// The fixtures route with num_experts_per_tok = 2 x topk_group (deepseek_v3 and its FP8 copy:
+// top-2 of 8 experts in 2 groups of 4 keeping 1; deepseek_v3_no_q_lora: top-4 in 4 groups of 2
+// keeping 2), where Megatron's group score (moecore's: a group's top num_experts_per_tok /
+// topk_group biased scores) is transformers' (its top 2), so the fixtures import as they are.
+// Other group-limited configs are refused by key (RefusesWhatMoecoreWouldComputeDifferentlyByKey).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -102,22 +103,16 @@ json config_of(const std::string& name, const json& patch = json::object()) {
   for (const auto& [k, v] : patch.items()) c[k] = v;
   return c;
 }
-// The patch under which moecore computes what transformers computes from the fixtures' weights:
-// top-4 of the 8 experts in 4 groups keeping 2 (a group scored by its top 4 / 2 = 2 in both).
-const json& importable() {
-  static const json p = {{"num_experts_per_tok", 4}};
-  return p;
-}
 
-// importable() without the MTP layer, which moecore's model does not build yet.
+// The fixture's config.json without the MTP layer.
 json main_model_config(const std::string& name) {
-  json c = config_of(name, importable());
+  json c = config_of(name);
   c["num_nextn_predict_layers"] = 0;
   return c;
 }
 
 DeepseekV3Spec spec_of(const std::string& name) {
-  return parse_deepseek_v3_config(config_of(name, importable()), name + "/config.json");
+  return parse_deepseek_v3_config(config_of(name), name + "/config.json");
 }
 
 // Every tensor of a directory's model.safetensors: name -> (dtype, shape, bytes).
@@ -149,13 +144,11 @@ void write_hf_dir(const fs::path& dir, const std::map<std::string, Tensor>& tens
 }
 
 // Fixture `name` without its MTP layer (model.layers.{L}.*, with the FP8 scales), as `as`,
-// config.json patched by `patch` (by default importable()) and num_nextn_predict_layers set to
-// `nextn` (0: a checkpoint of the main model; 1, the fixture's: what transformers'
-// save_pretrained leaves, the layer dropped, the key kept).
-fs::path without_mtp(const std::string& name, const std::string& as, int nextn = 0,
-                     const json& patch = importable()) {
+// num_nextn_predict_layers set to `nextn` (0: a checkpoint of the main model; 1, the fixture's:
+// what transformers' save_pretrained leaves, the layer dropped, the key kept).
+fs::path without_mtp(const std::string& name, const std::string& as, int nextn = 0) {
   const fs::path d = fresh_dir(as);
-  json config = config_of(name, patch);
+  json config = config_of(name);
   const std::string mtp =
       "model.layers." + std::to_string(config["num_hidden_layers"].get<int>()) + ".";
   std::map<std::string, Tensor> t = tensors_of(fixture(name) / "model.safetensors");
@@ -165,10 +158,10 @@ fs::path without_mtp(const std::string& name, const std::string& as, int nextn =
   return d;
 }
 
-// The whole fixture (its MTP layer too) under config.json patched by importable().
-fs::path importable_copy(const std::string& name, const std::string& as) {
+// The whole fixture (its MTP layer too) rewritten by moecore's writer, as `as`.
+fs::path fixture_copy(const std::string& name, const std::string& as) {
   const fs::path d = fresh_dir(as);
-  write_hf_dir(d, tensors_of(fixture(name) / "model.safetensors"), config_of(name, importable()));
+  write_hf_dir(d, tensors_of(fixture(name) / "model.safetensors"), config_of(name));
   return d;
 }
 
@@ -210,10 +203,10 @@ TEST(HfDeepseekV3, ReadsTheFixturesConfig) {
   EXPECT_EQ(s.ffn_hidden, 32);
   EXPECT_EQ(s.moe_ffn_hidden, 8);
   EXPECT_EQ(s.num_experts, 8);
-  EXPECT_EQ(s.topk, 4);  // importable(); the fixture's 2 is refused (the Refuses test)
+  EXPECT_EQ(s.topk, 2);
   EXPECT_EQ(s.num_shared_experts, 1);
-  EXPECT_EQ(s.num_groups, 4);
-  EXPECT_EQ(s.group_topk, 2);
+  EXPECT_EQ(s.num_groups, 2);
+  EXPECT_EQ(s.group_topk, 1);
   EXPECT_EQ(s.first_k_dense, 1);
   EXPECT_TRUE(s.norm_topk_prob);
   EXPECT_EQ(s.routed_scaling_factor, 2.5);
@@ -242,7 +235,7 @@ TEST(HfDeepseekV3, ReadsTheFixturesConfig) {
   EXPECT_EQ(f.fp8_block->cols, 16);
   // parse_hf_config takes the DeepSeek path, and its config.json reads back to the same spec.
   for (const char* name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
-    const HfModelSpec h = parse_hf_config(config_of(name, importable()), name);
+    const HfModelSpec h = parse_hf_config(config_of(name), name);
     ASSERT_EQ(h.arch, HfArch::DeepseekV3) << name;
     EXPECT_EQ(*h.deepseek, spec_of(name)) << name;
     EXPECT_EQ(parse_hf_config(hf_config_json(h, "float32"), "written back"), h) << name;
@@ -284,9 +277,9 @@ TEST(HfDeepseekV3, FlagsGiveTheModelTransformersComputes) {
   EXPECT_EQ(r.score, ScoreFunction::Sigmoid);
   EXPECT_TRUE(r.enable_expert_bias);
   EXPECT_EQ(r.num_experts, 8);
-  EXPECT_EQ(r.topk, 4);
-  EXPECT_EQ(r.num_groups, 4);
-  EXPECT_EQ(r.group_topk, 2);
+  EXPECT_EQ(r.topk, 2);
+  EXPECT_EQ(r.num_groups, 2);
+  EXPECT_EQ(r.group_topk, 1);
   EXPECT_EQ(r.topk_scaling_factor, 2.5);
   EXPECT_TRUE(r.dropless());
   // YaRN as transformers computes it for factor 4, mscale 1, mscale_all_dim 1: cos and sin times
@@ -365,18 +358,28 @@ TEST(HfDeepseekV3, FlagsGiveTheModelTransformersComputes) {
 }
 
 TEST(HfDeepseekV3, RefusesWhatMoecoreWouldComputeDifferentlyByKey) {
-  const json base = config_of("deepseek_v3", importable());
+  const json base = config_of("deepseek_v3");
   auto refusal = [&](const json& c) { return error_of([&] { parse_hf_config(c, "cfg.json"); }); };
-  // The fixtures' own routing: a group score moecore does not compute.
-  const std::string groups = refusal(config_of("deepseek_v3"));
+  // Group limits with num_experts_per_tok != 2 x topk_group: a group score moecore does not
+  // compute, refused naming the values and the way to take the weights under Megatron's routing.
+  const std::string groups = refusal(config_of("deepseek_v3", {{"num_experts_per_tok", 4}}));
   EXPECT_NE(
-      groups.find("[convert] 'cfg.json': \"topk_group\": 2 is not supported: with "
-                  "num_experts_per_tok 2, moecore's group-limited routing (Megatron's) scores "
-                  "a group by the sum of its top num_experts_per_tok / topk_group = 1 biased "
-                  "scores, transformers' DeepseekV3MoE by its top 2"),
+      groups.find("[convert] 'cfg.json': \"topk_group\": 1 is not supported: with "
+                  "num_experts_per_tok 4, moecore's group-limited routing (Megatron's) scores "
+                  "a group by the sum of its top num_experts_per_tok / topk_group = 4 biased "
+                  "scores, transformers' DeepseekV3MoE by its top 2: they keep other groups for "
+                  "some tokens (the same only when num_experts_per_tok = 2 x topk_group, as "
+                  "DeepSeek-V3's 8 and 4). To import the weights under Megatron's routing "
+                  "instead, set \"topk_group\" to n_group (2) and train with "
+                  "--moe-router-num-groups 2 --moe-router-group-topk 1"),
       std::string::npos)
       << groups;
-  EXPECT_NO_THROW(parse_hf_config(config_of("deepseek_v3", {{"topk_group", 4}}), "all groups"));
+  const std::string top1 =
+      refusal(config_of("deepseek_v3", {{"num_experts_per_tok", 1}, {"norm_topk_prob", false}}));
+  EXPECT_NE(top1.find("top num_experts_per_tok / topk_group = 1 biased scores"), std::string::npos)
+      << top1;
+  EXPECT_NO_THROW(parse_hf_config(
+      config_of("deepseek_v3", {{"num_experts_per_tok", 4}, {"topk_group", 2}}), "all groups"));
   auto with = [&](const char* key, const json& v) {
     json c = base;
     c[key] = v;
@@ -402,8 +405,13 @@ TEST(HfDeepseekV3, RefusesWhatMoecoreWouldComputeDifferentlyByKey) {
   EXPECT_NE(with("norm_topk_prob", false).find("\"norm_topk_prob\": false is not supported"),
             std::string::npos)
       << with("norm_topk_prob", false);
-  EXPECT_NE(with("topk_group", 3).find("\"topk_group\": 3 is not supported"), std::string::npos)
-      << with("topk_group", 3);
+  // Megatron's group-limited top-k needs topk_group to divide num_experts_per_tok.
+  json thirds = base;
+  thirds["n_group"] = 4;
+  thirds["topk_group"] = 3;
+  EXPECT_NE(refusal(thirds).find("\"topk_group\": 3 is not supported: Megatron's group-limited"),
+            std::string::npos)
+      << refusal(thirds);
   // YaRN that Megatron's flags cannot give.
   EXPECT_NE(with_rope("attention_factor", 1.2).find("an explicit attention_factor"),
             std::string::npos);
@@ -481,7 +489,7 @@ TEST(HfDeepseekV3, TensorMapCoversEveryTensorOfTheFixtures) {
 TEST(HfDeepseekV3, TableAgreesWithTheNameContract) {
   for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
     SCOPED_TRACE(name);
-    const HfModelSpec h = parse_hf_config(config_of(name, importable()), name);
+    const HfModelSpec h = parse_hf_config(config_of(name), name);
     const HfTensorMap map = hf_tensor_map(h);
     std::set<std::string> used;
     for (const TensorMapping& t : map.tensors) {
@@ -528,7 +536,7 @@ TEST(HfDeepseekV3, TableAgreesWithTheNameContract) {
 // norm), its copies of the embedding and head are read once (checked equal), and the flags file
 // has --mtp-num-layers; by the library and by `moecore convert`.
 TEST(HfDeepseekV3, ImportsTheMtpLayer) {
-  const fs::path src = importable_copy("deepseek_v3", "mtp_src"), ck = fresh_dir("mtp_ck");
+  const fs::path src = fixture_copy("deepseek_v3", "mtp_src"), ck = fresh_dir("mtp_ck");
   const ImportResult res = import_hf(src, ck);
   EXPECT_TRUE(res.warnings.empty());
   EXPECT_EQ(res.spec.deepseek->mtp_layers, 1);
@@ -559,8 +567,8 @@ TEST(HfDeepseekV3, ImportsTheMtpLayer) {
   const fs::path out = fresh_dir("mtp_cli");
   fs::remove_all(out);
   const testing::CommandResult r = testing::run_moecore(
-      "convert hf-to-moecore --input " +
-      importable_copy("deepseek_v3_fp8", "mtp_src_fp8").string() + " --output " + out.string());
+      "convert hf-to-moecore --input " + fixture_copy("deepseek_v3_fp8", "mtp_src_fp8").string() +
+      " --output " + out.string());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(read_text(out / kFlagsFile).find("mtp-num-layers = 1"), std::string::npos);
 }
@@ -675,14 +683,13 @@ TEST(HfDeepseekV3, Fp8WeightsImportDequantizedExactly) {
 // and order included) and a config.json of the same model. The FP8 checkpoint exports in the
 // model's dtype (F32 here): its FP8 weights as their dequantized values, no quantization_config.
 TEST(HfDeepseekV3, RoundTripIsBytewise) {
-  for (const std::string name :
-       {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3 with MTP",
-        "deepseek_v3_no_q_lora with MTP"}) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3 with MTP",
+                                 "deepseek_v3_no_q_lora with MTP"}) {
     SCOPED_TRACE(name);
     const std::string fix = name.substr(0, name.find(' '));
     const bool mtp = name.ends_with("with MTP");
-    const fs::path src = mtp ? importable_copy(fix, "rt_src_mtp_" + fix)
-                             : without_mtp(fix, "rt_src_" + fix);
+    const fs::path src =
+        mtp ? fixture_copy(fix, "rt_src_mtp_" + fix) : without_mtp(fix, "rt_src_" + fix);
     const fs::path ck = fresh_dir("rt_ck_" + fix + (mtp ? "_mtp" : ""));
     const fs::path hf = fresh_dir("rt_hf_" + std::string(mtp ? "mtp_" : "") + fix);
     import_hf(src, ck);
@@ -754,10 +761,12 @@ TEST(HfDeepseekV3, ExportRefusesWhatDeepseekV3CannotExpress) {
   for (const Case& c : std::vector<Case>{
            {{"--moe-router-score-function", "sqrtsoftplus"},
             "--moe-router-score-function sqrtsoftplus: DeepSeek-V3's router is sigmoid"},
-           // The fixtures' own routing (top-2, groups keeping 2 of 4): a group's top 1.
-           {{"--moe-router-topk", "2"},
-            "--moe-router-group-topk 2 with --moe-router-topk 2: moecore scores a group by the "
-            "sum of its top 1 biased scores, transformers' DeepseekV3MoE by its top 2"},
+           // Top-4 with the fixtures' group limits (2 groups keeping 1): a group's top 4.
+           {{"--moe-router-topk", "4"},
+            "--moe-router-group-topk 1 with --moe-router-topk 4: moecore scores a group by the "
+            "sum of its top 4 biased scores, transformers' DeepseekV3MoE by its top 2, so they "
+            "keep other groups for some tokens; a model routed with --moe-router-topk = 2 x "
+            "--moe-router-group-topk (or without group limits) exports as the same model"},
            {{"--mscale", "0.5", "--mscale-all-dim", "0"}, "--mscale 0.5 --mscale-all-dim 0"},
            {{"--max-position-embeddings", "128"},
             "--rotary-scaling-factor 4 is not --max-position-embeddings / "
@@ -821,8 +830,7 @@ TEST(HfDeepseekV3, RopeInterleaveFalseImportsToTheSameModelAndExportsBack) {
     SCOPED_TRACE(name);
     const DeepseekV3Spec s = spec_of(name);
     const int64_t pe = s.qk_rope_head_dim, qk = s.qk_nope_head_dim, kl = s.kv_lora_rank;
-    json config = config_of(name, importable());
-    config["num_nextn_predict_layers"] = 0;
+    json config = main_model_config(name);
     config["rope_interleave"] = false;
     auto t = tensors_of(without_mtp(name, "ri_plain_" + name) / "model.safetensors");
     // The rows [base, base + pe) in de-interleaved order: row base + i <- base + 2i, row
@@ -866,11 +874,6 @@ TEST(HfDeepseekV3, RopeInterleaveFalseImportsToTheSameModelAndExportsBack) {
 
 // ---- the numbers ----
 
-// Which experts a token's group-limited routing keeps: transformers scores a group by the sum of
-// its two best biased scores and masks the left-out groups' experts with 0; Megatron (moecore)
-// by its top num_experts_per_tok / topk_group and masks them with -inf.
-enum class GroupScore { Transformers, Megatron };
-
 std::vector<double> matvec(const std::vector<double>& W, const std::vector<double>& x) {
   const size_t cols = x.size(), rows = W.size() / cols;
   std::vector<double> y(rows, 0.0);
@@ -897,8 +900,10 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
 // kv_a_proj_with_mqa's [latent | rotary key], kv_a_layernorm, kv_b_proj's per-head [k_nope | v];
 // the rotary elements de-interleaved when rope_interleave, then pairs (i, i + pe/2); scaling
 // (qk + pe)^-1/2 times get_mscale(factor, mscale_all_dim)^2), DeepseekV3MoE (sigmoid scores,
-// e_score_correction_bias for the choice, groups, norm_topk_prob with 1e-20, routed_scaling_factor,
-// the shared experts), the dense MLPs of the first first_k_dense_replace layers.
+// e_score_correction_bias for the choice, a group scored by the sum of its two best biased scores
+// whatever num_experts_per_tok and topk_group, the left-out groups' experts masked with -inf,
+// norm_topk_prob with 1e-20, routed_scaling_factor, the shared experts), the dense MLPs of the
+// first first_k_dense_replace layers.
 class Transcription {
  public:
   Transcription(const fs::path& dir, const json& c) : c_(c) {
@@ -915,7 +920,7 @@ class Transcription {
   }
 
   // [S, V] logits of `ids`, each position p at position p.
-  std::vector<double> logits(const std::vector<int32_t>& ids, GroupScore rule) const {
+  std::vector<double> logits(const std::vector<int32_t>& ids) const {
     const int64_t H = c_["hidden_size"], Hq = c_["num_attention_heads"];
     const int64_t qk = c_["qk_nope_head_dim"], pe = c_["qk_rope_head_dim"], dv = c_["v_head_dim"];
     const int64_t kl = c_["kv_lora_rank"], L = c_["num_hidden_layers"], E = c_["n_routed_experts"];
@@ -1037,7 +1042,7 @@ class Transcription {
             sc[e] = 1 / (1 + std::exp(-lg[e]));
             key[e] = sc[e] + bias[e];
           }
-          const int64_t per = E / G, top = rule == GroupScore::Transformers ? 2 : K / g;
+          const int64_t per = E / G, top = 2;
           std::vector<double> gs(G);
           for (int64_t j = 0; j < G; ++j) {
             std::vector<double> grp(key.begin() + j * per, key.begin() + (j + 1) * per);
@@ -1052,7 +1057,7 @@ class Transcription {
           for (int64_t e = 0; e < E; ++e) {
             const bool kept =
                 std::find(order.begin(), order.begin() + g, e / per) != order.begin() + g;
-            masked[e] = kept ? key[e] : rule == GroupScore::Transformers ? 0.0 : -INFINITY;
+            masked[e] = kept ? key[e] : -INFINITY;
           }
           std::vector<int64_t> idx(E);
           std::iota(idx.begin(), idx.end(), 0);
@@ -1120,9 +1125,9 @@ std::vector<double> flat_logits(const json& seq) {
   return out;
 }
 
-// The transcription with transformers' group score computes reference.json's float64 logits
-// and losses (transformers' own float64 forward, which rounds its RMSNorms, router logits and
-// RoPE tables to float32): it is transformers' function, for every fixture.
+// The transcription computes reference.json's float64 logits and losses (transformers' own
+// float64 forward, which rounds its RMSNorms, router logits and RoPE tables to float32): it is
+// transformers' function, for every fixture.
 TEST(HfDeepseekV3, TheTranscriptionComputesTransformersLogits) {
   for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
     const Transcription tr(fixture(name), config_of(name));
@@ -1130,7 +1135,7 @@ TEST(HfDeepseekV3, TheTranscriptionComputesTransformersLogits) {
     double worst = 0, worst_loss = 0;
     for (const json& seq : ref["sequences"]) {
       const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
-      const std::vector<double> got = tr.logits(ids, GroupScore::Transformers);
+      const std::vector<double> got = tr.logits(ids);
       const double d = rel_logits_diff(got, flat_logits(seq));
       EXPECT_LE(d, testing::kHfF64LogitsRtol) << name;
       const double want = seq["loss"].get<double>();
@@ -1145,32 +1150,22 @@ TEST(HfDeepseekV3, TheTranscriptionComputesTransformersLogits) {
   }
 }
 
-// The fixture's weights imported under its own routing but every group kept (topk_group =
-// n_group, which the import accepts), the fixture's group limits then given on the command line
-// (--moe-router-num-groups 4 --moe-router-group-topk 2): moecore's model of the fixture, whose
-// group score is Megatron's.
-fs::path imported_for_numbers(const std::string& name) {
+// The fixture imported as it is, without its MTP layer (which the float64 model below leaves
+// out: reference.json is the main model's).
+fs::path imported_main_model(const std::string& name) {
   const fs::path ck = fresh_dir("num_ck_" + name);
-  const json c = config_of(name);
-  import_hf(without_mtp(name, "num_src_" + name, 0, {{"topk_group", c["n_group"]}}), ck);
+  import_hf(without_mtp(name, "num_src_" + name), ck);
   return ck;
-}
-std::vector<std::string> fixture_routing(const std::string& name) {
-  const json c = config_of(name);
-  return {"--moe-router-num-groups", std::to_string(c["n_group"].get<int>()),
-          "--moe-router-group-topk", std::to_string(c["topk_group"].get<int>())};
 }
 
 // The imported checkpoint in a float64 moecore model of its flags file (the checkpoint's f32
 // values widened, every tensor of it loaded: the weights and the routers' expert bias), each
-// reference sequence alone in eval mode, computes the transcription's logits and loss under
-// Megatron's group score: the import and moecore's model are transformers' function but for the
-// group score (TheTranscriptionComputesTransformersLogits).
-void f64_against_transcription(const std::string& name) {
-  const fs::path ck = imported_for_numbers(name);
-  std::vector<std::string> extra = fixture_routing(name);
-  for (const char* a : {"--seq-length", "8", "--micro-batch-size", "1"}) extra.push_back(a);
-  const cli::TrainFlags f = flags_of(ck, extra);
+// reference sequence alone in eval mode, computes reference.json's logits and loss
+// (transformers' float64 forward) within kHfF64LogitsRtol, and the transcription's to float64
+// rounding (kF64Rtol: a finer check than transformers' float32 roundings leave room for).
+void f64_against_transformers(const std::string& name) {
+  const fs::path ck = imported_main_model(name);
+  const cli::TrainFlags f = flags_of(ck, {"--seq-length", "8", "--micro-batch-size", "1"});
   model::GPTModel<double> model(f.model, 1, 0);
   ckpt::CheckpointReader r(ckpt::iteration_dir(ck, 0));
   auto read = [&](const std::string& n) {
@@ -1197,71 +1192,90 @@ void f64_against_transcription(const std::string& name) {
   const Transcription tr(fixture(name), config_of(name));
   const json ref = read_json(fixture(name) / "reference.json");
   const int64_t V = f.model.vocab_size;
-  double worst = 0, worst_loss = 0;
+  double worst = 0, worst_loss = 0, worst_tr = 0, worst_tr_loss = 0;
   for (const json& seq : ref["sequences"]) {
     const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
-    const std::vector<double> want = tr.logits(ids, GroupScore::Megatron);
     std::vector<double> got(ids.size() * V);
     model.forward_logits(ids.data(), got.data());
-    const double d = rel_logits_diff(got, want);
-    EXPECT_LE(d, testing::kF64Rtol) << name;
     std::vector<int32_t> targets(ids.begin() + 1, ids.end());
     targets.push_back(-1);
     const double loss = model.forward(ids.data(), targets.data());
-    const double want_loss = mean_next_token_ce(want, ids);
+    // transformers' float64 forward.
+    const double d = rel_logits_diff(got, flat_logits(seq));
+    EXPECT_LE(d, testing::kHfF64LogitsRtol) << name;
+    const double want_loss = seq["loss"].get<double>();
     const double dl = std::abs(loss - want_loss) / want_loss;
-    EXPECT_LE(dl, testing::kF64Rtol) << name;
+    EXPECT_LE(dl, testing::kHfF64LogitsRtol) << name;
+    // The transcription, in float64 throughout.
+    const std::vector<double> want = tr.logits(ids);
+    const double dt = rel_logits_diff(got, want);
+    EXPECT_LE(dt, testing::kF64Rtol) << name;
+    const double tr_loss = mean_next_token_ce(want, ids);
+    const double dtl = std::abs(loss - tr_loss) / tr_loss;
+    EXPECT_LE(dtl, testing::kF64Rtol) << name;
     worst = std::max(worst, d);
     worst_loss = std::max(worst_loss, dl);
+    worst_tr = std::max(worst_tr, dt);
+    worst_tr_loss = std::max(worst_tr_loss, dtl);
   }
   std::cout << "[hf parity f64] " << name << ": logits " << worst
-            << " of the largest |logit| from the transcription (Megatron's group score), loss "
-            << worst_loss << " relative\n";
+            << " of the largest |logit| from transformers' float64, loss " << worst_loss
+            << " relative; from the transcription: logits " << worst_tr << ", loss "
+            << worst_tr_loss << "\n";
 }
 
-TEST(HfDeepseekV3, ImportedModelComputesTheTranscriptionInFloat64) {
-  f64_against_transcription("deepseek_v3");
+TEST(HfDeepseekV3, ImportedModelComputesTransformersLogitsInFloat64) {
+  f64_against_transformers("deepseek_v3");
 }
-TEST(HfDeepseekV3, ImportedModelWithoutQLoraComputesTheTranscriptionInFloat64) {
-  f64_against_transcription("deepseek_v3_no_q_lora");
+TEST(HfDeepseekV3, ImportedModelWithoutQLoraComputesTransformersLogitsInFloat64) {
+  f64_against_transformers("deepseek_v3_no_q_lora");
 }
-TEST(HfDeepseekV3, ImportedFp8ModelComputesTheTranscriptionInFloat64) {
-  f64_against_transcription("deepseek_v3_fp8");
+TEST(HfDeepseekV3, ImportedFp8ModelComputesTransformersLogitsInFloat64) {
+  f64_against_transformers("deepseek_v3_fp8");
 }
 
 // The trainer loads the imported checkpoint through its flags file alone (--finetune: the
 // weights and the routers' expert bias by the names the import wrote; the checkpoint's routing
-// signature is the flags file's), and its f32 forward computes the transcription's logits (of the
-// same config.json) within the f32 row of docs/numerics.md.
-TEST(HfDeepseekV3, TheTrainerLoadsTheImportAndComputesTheTranscription) {
-  const fs::path ck = fresh_dir("trainer_ck");
-  import_hf(without_mtp("deepseek_v3", "trainer_src"), ck);
-  const cli::TrainFlags f =
-      flags_of(ck, {"--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr",
-                    "1e-4", "--peak-tflops", "1", "--eval-iters", "0"});
-  train::Trainer trainer(f.model, f.train);
-  train::Trainer::LoadOptions lo;
-  lo.finetune = true;
-  ASSERT_EQ(trainer.load_checkpoint(ck, lo), 0);
-  model::GPTModel<float>& model = trainer.model();
-  model.set_training(false);
-  const std::vector<float> bias = moecore_tensor(ck, "decoder.layers.1.mlp.router.expert_bias");
-  const float* loaded = testing::host(model.routers()[0]->expert_bias());
-  EXPECT_TRUE(std::equal(bias.begin(), bias.end(), loaded));
-  const Transcription tr(fixture("deepseek_v3"), config_of("deepseek_v3", importable()));
-  const json ref = read_json(fixture("deepseek_v3") / "reference.json");
-  double worst = 0;
-  for (const json& seq : ref["sequences"]) {
-    const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
-    std::vector<float> got(ids.size() * f.model.vocab_size);
-    model.forward_logits(ids.data(), got.data());
-    const double d =
-        rel_logits_diff({got.begin(), got.end()}, tr.logits(ids, GroupScore::Megatron));
-    EXPECT_LE(d, testing::kHfLogitsRtol);
-    worst = std::max(worst, d);
+// signature is the flags file's), and its f32 forward computes reference.json's logits and
+// losses (transformers' float64 forward) within the f32 row of docs/numerics.md.
+TEST(HfDeepseekV3, TheTrainerLoadsTheImportAndComputesTransformersLogits) {
+  for (const std::string name : {"deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_fp8"}) {
+    SCOPED_TRACE(name);
+    const fs::path ck = fresh_dir("trainer_ck_" + name);
+    import_hf(without_mtp(name, "trainer_src_" + name), ck);
+    const cli::TrainFlags f =
+        flags_of(ck, {"--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr",
+                      "1e-4", "--peak-tflops", "1", "--eval-iters", "0"});
+    train::Trainer trainer(f.model, f.train);
+    train::Trainer::LoadOptions lo;
+    lo.finetune = true;
+    ASSERT_EQ(trainer.load_checkpoint(ck, lo), 0);
+    model::GPTModel<float>& model = trainer.model();
+    model.set_training(false);
+    const std::vector<float> bias = moecore_tensor(ck, "decoder.layers.1.mlp.router.expert_bias");
+    const float* loaded = testing::host(model.routers()[0]->expert_bias());
+    EXPECT_TRUE(std::equal(bias.begin(), bias.end(), loaded));
+    const json ref = read_json(fixture(name) / "reference.json");
+    double worst = 0, worst_loss = 0;
+    for (const json& seq : ref["sequences"]) {
+      const std::vector<int32_t> ids = seq["input_ids"].get<std::vector<int32_t>>();
+      std::vector<float> got(ids.size() * f.model.vocab_size);
+      model.forward_logits(ids.data(), got.data());
+      const double d = rel_logits_diff({got.begin(), got.end()}, flat_logits(seq));
+      EXPECT_LE(d, testing::kHfLogitsRtol);
+      std::vector<int32_t> targets(ids.begin() + 1, ids.end());
+      targets.push_back(-1);
+      const double loss = model.forward(ids.data(), targets.data());
+      const double want_loss = seq["loss"].get<double>();
+      const double dl = std::abs(loss - want_loss) / want_loss;
+      EXPECT_LE(dl, testing::kHfLogitsRtol);
+      worst = std::max(worst, d);
+      worst_loss = std::max(worst_loss, dl);
+    }
+    std::cout << "[hf parity f32] " << name << ": logits " << worst
+              << " of the largest |logit| from transformers' float64, loss " << worst_loss
+              << " relative\n";
   }
-  std::cout << "[hf parity f32] deepseek_v3 (top-4): logits " << worst
-            << " of the largest |logit| from the transcription\n";
 }
 
 }  // namespace
