@@ -14,7 +14,7 @@
 
 namespace moecore::ops {
 
-// The block form (context parallelism, nn/context_parallel_attention.h): S queries at global
+// The block form (context parallelism, parallel/context_parallel_attention.h): S queries at global
 // positions q_offset .. q_offset + S - 1 against Sk keys at k_offset .. k_offset + Sk - 1, key j
 // visible to query i iff k_offset + j <= q_offset + i. The forward gives the block's own out and
 // lse (softmax over its visible keys), which ops/attention_merge.h combines across blocks; the

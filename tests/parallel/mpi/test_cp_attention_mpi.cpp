@@ -1,6 +1,6 @@
 // Context parallelism's attention under mpirun (2 or 4 ranks): cp 2 (and cp 4 on 4 ranks), with
 // --cp-comm-type p2p (the ring) and all_gather. Each rank holds its load-balanced 2 C rows of
-// the sequence (parallel/context_split.h); the attention core (nn::ContextParallelAttention),
+// the sequence (parallel/context_split.h); the attention core (parallel::ContextParallelAttention),
 // the SelfAttention layer and the multi-latent attention layer with cp must equal the one-rank
 // computation on the gathered sequence on every rank: out, lse, dq, dk, dv of the core; the
 // layers' outputs, input gradients and every parameter gradient (summed over cp), in f64 with
@@ -20,7 +20,7 @@
 #include "core/arena.h"
 #include "model/attention.h"
 #include "model/mla_attention.h"
-#include "nn/context_parallel_attention.h"
+#include "parallel/context_parallel_attention.h"
 #include "ops/attention.h"
 #include "parallel/context_parallel.h"
 #include "parallel/context_split.h"
@@ -93,7 +93,7 @@ TEST(CpAttention, CoreEqualsOneRank) {
       const int64_t L = sp.local_length();
       const auto q_l = local_rows(sp, q, rq), k_l = local_rows(sp, k, rk),
                  v_l = local_rows(sp, v, rk), dout_l = local_rows(sp, dout, rq);
-      nn::ContextParallelAttention<double> cpa(cp);
+      parallel::ContextParallelAttention<double> cpa(cp);
       Arena arena;
       arena.plan([&](Arena& a) { cpa.allocate(a, ops::AttentionShape{L, B, Hq, Hkv, D}); });
       std::vector<double> out_l(L * rq), lse_l(B * Hq * L), dq_l(L * rq), dk_l(L * rk),
@@ -115,6 +115,140 @@ TEST(CpAttention, CoreEqualsOneRank) {
       report("core attention", cp, e_out, e_grad);
     }
   }
+}
+
+// A deterministic value of a parameter's element, the same in every layout.
+double param_value(const Param& p, int64_t i) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : p.name()) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  const double base = p.spec.init == ParamInit::Ones ? 1.0 : 0.0;
+  return base + 0.3 * std::sin(0.37 * i + static_cast<double>(h % 1000));
+}
+void set_values(ParamRegistry& params) {
+  for (Param& p : params.params()) {
+    double* d = testing::host(p.data_as<double>());
+    for (int64_t l = 0; l < p.local_numel(); ++l) d[l] = param_value(p, l);
+  }
+}
+
+// Every parameter gradient of the cp layer (a partial sum over this rank's tokens) summed over
+// cp against the one-rank layer's; the largest difference.
+double check_grads(const ParamRegistry& params, const ParamRegistry& ref, const ContextParallel& cp) {
+  double worst = 0;
+  for (const Param& p : params.params()) {
+    const Param* r = ref.find(p.name());
+    EXPECT_NE(r, nullptr) << p.name();
+    if (r == nullptr) continue;
+    const double* g = testing::host(p.grad_as<double>());
+    std::vector<double> sum(g, g + p.local_numel());
+    cp.communicator().all_reduce(sum);
+    const double* rg = testing::host(r->grad_as<double>());
+    double e = 0;
+    for (int64_t i = 0; i < r->global_numel(); ++i) e = std::max(e, std::abs(sum[i] - rg[i]));
+    EXPECT_LE(e, kTol) << p.name();
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+// Runs the one-rank layer on the whole sequence and, for every layout and comm type, the layer
+// with cp on this rank's rows; `make(params, cp)` builds a layer, `drop_of(layer)` its dropout.
+// Compares the output, the input gradient and the parameter gradients.
+template <typename Layer, typename Make>
+void layer_equals_one_rank(const char* what, int64_t C, int64_t B, int64_t H, double dropout,
+                           const Make& make) {
+  for (ProcessGroups* g : g_layouts) {
+    const int cp_size = g->cp().size();
+    const int64_t S = 2 * cp_size * C, n = S * B;
+    const auto x = random_vec<double>(n * H, 21), dy = random_vec<double>(n * H, 22);
+    ops::DropoutCounters counters{7, 3};
+    ParamRegistry ref_params(DType::F64);
+    std::unique_ptr<Layer> ref = make(ref_params, S, ContextParallel{});
+    Arena ref_arena;
+    testing::plan_layer(ref_arena, ref_params, 1, [&](Arena& a) { ref->allocate(a, S, B); });
+    set_values(ref_params);
+    ops::AttentionDropout ref_drop{dropout, 99, &counters, ref->first_head()};
+    if (dropout > 0) ref->set_dropout(&ref_drop);
+    std::vector<double> y_ref(n * H), dx_ref(n * H);
+    ref->forward(y_ref.data(), x.data());
+    ref->backward(dx_ref.data(), dy.data());
+    for (CpCommType type : {CpCommType::P2P, CpCommType::AllGather}) {
+      const ContextParallel cp(&g->cp(), type);
+      SCOPED_TRACE(std::string(what) + " " + describe(cp));
+      const parallel::ContextSplit sp = cp.split(S);
+      const int64_t L = sp.local_length();
+      ParamRegistry params(DType::F64);
+      std::unique_ptr<Layer> layer = make(params, S, cp);
+      Arena arena;
+      testing::plan_layer(arena, params, 1, [&](Arena& a) { layer->allocate(a, L, B); });
+      set_values(params);
+      ops::AttentionDropout drop{dropout, 99, &counters, layer->first_head()};
+      if (dropout > 0) layer->set_dropout(&drop);
+      std::vector<double> y(L * B * H), dx(L * B * H);
+      const auto x_l = local_rows(sp, x, B * H);  // the layer reads it again in backward
+      layer->forward(y.data(), x_l.data());
+      layer->backward(dx.data(), local_rows(sp, dy, B * H).data());
+      const double out = std::max(max_diff(y, local_rows(sp, y_ref, B * H)),
+                                  max_diff(dx, local_rows(sp, dx_ref, B * H)));
+      EXPECT_LE(out, kTol) << "output / input gradient";
+      report(what, cp, out, check_grads(params, ref_params, cp));
+    }
+  }
+}
+
+// SelfAttention: GQA (8 heads in 4 groups), QKV and output biases, qk-layernorm, RoPE at the
+// rows' global positions, attention dropout; also with the core recomputed in the backward.
+TEST(CpAttention, SelfAttentionEqualsOneRank) {
+  for (bool recompute : {false, true}) {
+    ModelConfig cfg;
+    cfg.hidden = 16;
+    cfg.num_heads = 8;
+    cfg.num_query_groups = 4;
+    cfg.kv_channels = 4;
+    cfg.ffn_hidden = 12;
+    cfg.init_std = 0.3;
+    cfg.add_qkv_bias = cfg.add_attention_output_bias = cfg.qk_layernorm = true;
+    cfg.attention_dropout = 0.25;
+    if (recompute) cfg.recompute.granularity = RecomputeGranularity::Selective;
+    std::unique_ptr<ops::RopeTables> rope;
+    layer_equals_one_rank<model::SelfAttention<double>>(
+        recompute ? "self attention, core recomputed" : "self attention", 3, 2, cfg.hidden,
+        cfg.attention_dropout, [&](ParamRegistry& params, int64_t S, const ContextParallel& cp) {
+          if (rope == nullptr || rope->cache().max_pos < S)
+            rope = std::make_unique<ops::RopeTables>(S, cfg.head_dim(), cfg.rotary_base);
+          return std::make_unique<model::SelfAttention<double>>(cfg, params, "attn", *rope,
+                                                                parallel::TensorParallel{}, cp);
+        });
+  }
+}
+
+// Multi-latent attention: q LoRA, the latents' norms, YaRN at the global positions, v narrower
+// than q / k (padded heads), linear_proj's bias, attention dropout.
+TEST(CpAttention, MultiLatentAttentionEqualsOneRank) {
+  ModelConfig cfg;
+  cfg.hidden = 8;
+  cfg.num_heads = 4;
+  cfg.init_std = 0.3;
+  cfg.qk_layernorm = true;
+  cfg.attention_dropout = 0.25;
+  cfg.add_attention_output_bias = true;
+  cfg.multi_latent_attention = true;
+  cfg.mla.q_lora_rank = 6;
+  cfg.mla.kv_lora_rank = 5;
+  cfg.mla.qk_head_dim = 3;
+  cfg.mla.qk_pos_emb_head_dim = 4;
+  cfg.mla.v_head_dim = 5;
+  cfg.mla.rope_type = ops::RopeType::Yarn;
+  cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
+  std::unique_ptr<ops::RopeMlaTables> rope;
+  layer_equals_one_rank<model::MlaAttention<double>>(
+      "mla", 3, 2, cfg.hidden, cfg.attention_dropout,
+      [&](ParamRegistry& params, int64_t S, const ContextParallel& cp) {
+        if (rope == nullptr || rope->cache().max_pos < S)
+          rope = std::make_unique<ops::RopeMlaTables>(S, cfg.mla.rope_spec(cfg.rotary_base));
+        return std::make_unique<model::MlaAttention<double>>(cfg, params, "attn", *rope,
+                                                             parallel::TensorParallel{}, cp);
+      });
 }
 
 }  // namespace

@@ -17,23 +17,26 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "core/arena.h"
 #include "ops/attention.h"
 #include "parallel/communicator.h"
 #include "parallel/context_parallel.h"
 
-namespace moecore::nn {
+namespace moecore::parallel {
 
 template <typename T>
 class ContextParallelAttention {
  public:
-  explicit ContextParallelAttention(parallel::ContextParallel cp = {}) : cp_(cp) {}
+  explicit ContextParallelAttention(ContextParallel cp = {}) : cp_(cp) {}
 
   // local: this rank's shape, S = 2 C local rows (the global length is cp * local.S; it must
   // divide by 2 cp), the other fields as ops::AttentionShape's defaults. Plans every buffer
-  // (workspace kind) in the arena; nothing allocates in forward / backward.
-  void allocate(Arena& arena, const ops::AttentionShape& local);
+  // (workspace kind) in the arena, named `name`.* (the layer's prefix: "attn", "mla"); nothing
+  // allocates in forward / backward. One rank: the op's workspace alone, as the layers had it.
+  void allocate(Arena& arena, const ops::AttentionShape& local, std::string_view name = "cp_attn");
 
   // q, out [2C, B, Hq, D]; k, v [2C, B, Hkv, D]; lse [B, Hq, 2C]: the local rows in local order.
   // drop: the layer's dropout (its head0 the rank's first head), null or p == 0 for none.
@@ -44,7 +47,11 @@ class ContextParallelAttention {
                 DevPtr<const T> q, DevPtr<const T> k, DevPtr<const T> v, DevPtr<const T> out,
                 DevPtr<const T> lse, const ops::AttentionDropout* drop);
 
-  const parallel::ContextParallel& cp() const { return cp_; }
+  // pos_T [2C * B]: the global sequence position of each local token t = s * B + b (s local),
+  // for RoPE: split.global_position(s). After allocate(), with its arena allocated.
+  void positions(DevPtr<int32_t> pos_T);
+
+  const ContextParallel& cp() const { return cp_; }
 
  private:
   // The block of local query chunk hq (0, 1) against C keys of global chunk kc (P2P) or the
@@ -67,11 +74,12 @@ class ContextParallelAttention {
                     DevPtr<const T> q, DevPtr<const T> k, DevPtr<const T> v, DevPtr<const T> out,
                     DevPtr<const T> lse, const ops::AttentionDropout* drop);
 
-  parallel::ContextParallel cp_;
+  ContextParallel cp_;
   const Exec* ex_ = &cpu_exec();
   ops::AttentionShape local_;  // S = 2 C
   int64_t C_ = 0, rq_ = 0, rk_ = 0;  // chunk rows; elements per row of q / out and of k / v
   DevPtr<T> workspace_ = nullptr;    // the attention op's, for the largest block
+  DevPtr<int32_t> positions_ = nullptr;  // the whole sequence's positions [S * B] (positions())
   // AllGather: the gathered K or V in rank order [cp, 2C, rk], K and V in global order [S, rk]
   // (then dK and dV), one block's dK and dV [S, rk].
   DevPtr<T> gathered_ = nullptr, k_glob_ = nullptr, v_glob_ = nullptr;
@@ -83,4 +91,4 @@ class ContextParallelAttention {
   DevPtr<T> out_blk_ = nullptr, lse_blk_ = nullptr, dq_blk_ = nullptr;
 };
 
-}  // namespace moecore::nn
+}  // namespace moecore::parallel

@@ -3,7 +3,7 @@
 // each block needs no merge: given the final (merged) out and lse, a block's share of dq, dk,
 // dv is exact on its own (FlashAttention-2's P = exp(s - lse), delta = rowsum(dO o O)), so the
 // shares only add.
-#include "nn/context_parallel_attention.h"
+#include "parallel/context_parallel_attention.h"
 
 #include <omp.h>
 
@@ -14,8 +14,9 @@
 #include "ops/add.h"
 #include "ops/attention_merge.h"
 #include "ops/memory.h"
+#include "ops/token_layout.h"
 
-namespace moecore::nn {
+namespace moecore::parallel {
 
 namespace {
 // Tags of the ring's messages: K / V and dK / dV between the same two ranks stay apart.
@@ -24,7 +25,9 @@ constexpr int kTagDkv = 432;
 }  // namespace
 
 template <typename T>
-void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionShape& local) {
+void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionShape& local,
+                                           std::string_view name) {
+  const std::string p(name);
   ex_ = &arena.exec();
   ops::check_attention_shape(local, "cp_attention");
   MOE_CHECK(!local.is_block() && local.lse_stride == 0,
@@ -32,41 +35,55 @@ void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionSha
             "lse_stride 0): the blocks are planned here");
   local_ = local;
   const int cp = cp_.size();
-  parallel::check_context_split(cp_.split(local.S * cp));
+  check_context_split(cp_.split(local.S * cp));
   C_ = local.S / 2;
   rq_ = local.B * local.Hq * local.D;
   rk_ = local.B * local.Hkv * local.D;
   const int n_threads = omp_get_max_threads();
   if (!cp_.active()) {
     workspace_ = arena.alloc<T>(ops::attention_workspace_elems(local, n_threads),
-                                "cp_attn.workspace", MemKind::Workspace);
+                                p + ".workspace", MemKind::Workspace);
     return;
   }
   const int64_t S = local.S * cp, local_elems = local.S * rk_;
-  if (cp_.type() == parallel::CpCommType::AllGather) {
+  positions_ = arena.alloc<int32_t>(S * local.B, p + ".positions", MemKind::Workspace);
+  if (cp_.type() == CpCommType::AllGather) {
     // The largest block: the later chunk (2 cp - 1 - r) against its whole prefix.
     workspace_ = arena.alloc<T>(
         ops::attention_workspace_elems(block(1, 0, (2 * cp - cp_.rank()) * C_), n_threads),
-        "cp_attn.workspace", MemKind::Workspace);
-    gathered_ = arena.alloc<T>(cp * local_elems, "cp_attn.gathered", MemKind::Workspace);
-    k_glob_ = arena.alloc<T>(S * rk_, "cp_attn.k_global", MemKind::Workspace);
-    v_glob_ = arena.alloc<T>(S * rk_, "cp_attn.v_global", MemKind::Workspace);
-    dk_blk_ = arena.alloc<T>(S * rk_, "cp_attn.dk_block", MemKind::Workspace);
-    dv_blk_ = arena.alloc<T>(S * rk_, "cp_attn.dv_block", MemKind::Workspace);
+        p + ".workspace", MemKind::Workspace);
+    gathered_ = arena.alloc<T>(cp * local_elems, p + ".gathered", MemKind::Workspace);
+    k_glob_ = arena.alloc<T>(S * rk_, p + ".k_global", MemKind::Workspace);
+    v_glob_ = arena.alloc<T>(S * rk_, p + ".v_global", MemKind::Workspace);
+    dk_blk_ = arena.alloc<T>(S * rk_, p + ".dk_block", MemKind::Workspace);
+    dv_blk_ = arena.alloc<T>(S * rk_, p + ".dv_block", MemKind::Workspace);
     return;
   }
   workspace_ = arena.alloc<T>(ops::attention_workspace_elems(block(1, 0, C_), n_threads),
-                              "cp_attn.workspace", MemKind::Workspace);
+                              p + ".workspace", MemKind::Workspace);
   for (int i = 0; i < 2; ++i) {
-    kv_[i] = arena.alloc<T>(2 * local_elems, "cp_attn.kv_ring", MemKind::Workspace);
-    dkv_[i] = arena.alloc<T>(2 * local_elems, "cp_attn.dkv_ring", MemKind::Workspace);
+    kv_[i] = arena.alloc<T>(2 * local_elems, p + ".kv_ring", MemKind::Workspace);
+    dkv_[i] = arena.alloc<T>(2 * local_elems, p + ".dkv_ring", MemKind::Workspace);
   }
-  out_blk_ = arena.alloc<T>(local.S * rq_, "cp_attn.out_block", MemKind::Workspace);
-  lse_blk_ = arena.alloc<T>(local.B * local.Hq * local.S, "cp_attn.lse_block",
+  out_blk_ = arena.alloc<T>(local.S * rq_, p + ".out_block", MemKind::Workspace);
+  lse_blk_ = arena.alloc<T>(local.B * local.Hq * local.S, p + ".lse_block",
                             MemKind::Workspace);
-  dq_blk_ = arena.alloc<T>(C_ * rq_, "cp_attn.dq_block", MemKind::Workspace);
-  dk_blk_ = arena.alloc<T>(2 * C_ * rk_, "cp_attn.dkv_block", MemKind::Workspace);
+  dq_blk_ = arena.alloc<T>(C_ * rq_, p + ".dq_block", MemKind::Workspace);
+  dk_blk_ = arena.alloc<T>(2 * C_ * rk_, p + ".dkv_block", MemKind::Workspace);
   dv_blk_ = dk_blk_ == nullptr ? nullptr : dk_blk_ + C_ * rk_;
+}
+
+template <typename T>
+void ContextParallelAttention<T>::positions(DevPtr<int32_t> pos_T) {
+  const int64_t B = local_.B, n = local_.S * B;
+  if (!cp_.active()) return ops::sequence_positions(*ex_, pos_T, n, B);
+  // The whole sequence's positions, then this rank's two chunks of them (rows are sequence-major,
+  // so a chunk of C positions is C * B consecutive tokens).
+  const ContextSplit sp = cp_.split(local_.S * cp_.size());
+  ops::sequence_positions(*ex_, positions_, n * cp_.size(), B);
+  for (int h = 0; h < 2; ++h) {
+    ops::copy<int32_t>(*ex_, pos_T + h * C_ * B, positions_ + sp.chunk_index(h) * C_ * B, C_ * B);
+  }
 }
 
 template <typename T>
@@ -89,7 +106,7 @@ void ContextParallelAttention<T>::forward(DevPtr<T> out, DevPtr<T> lse, DevPtr<c
             "[cp_attention] forward before allocate(): allocate it from the arena first");
   if (!cp_.active())
     return ops::attention_forward(*ex_, out, lse, q, k, v, local_, workspace_, drop);
-  if (cp_.type() == parallel::CpCommType::AllGather)
+  if (cp_.type() == CpCommType::AllGather)
     return forward_all_gather(out, lse, q, k, v, drop);
   forward_p2p(out, lse, q, k, v, drop);
 }
@@ -103,7 +120,7 @@ void ContextParallelAttention<T>::backward(DevPtr<T> dq, DevPtr<T> dk, DevPtr<T>
   if (!cp_.active())
     return ops::attention_backward(*ex_, dq, dk, dv, dout, q, k, v, out, lse, local_, workspace_,
                                    drop);
-  if (cp_.type() == parallel::CpCommType::AllGather)
+  if (cp_.type() == CpCommType::AllGather)
     return backward_all_gather(dq, dk, dv, dout, q, k, v, out, lse, drop);
   backward_p2p(dq, dk, dv, dout, q, k, v, out, lse, drop);
 }
@@ -135,7 +152,7 @@ void ContextParallelAttention<T>::scatter_global(DevPtr<T> out, DevPtr<T> x_glob
                  x_glob + (2 * cp - 1 - r) * C_ * rk_, C_ * rk_);
   }
   cp_.communicator()
-      .reduce_scatter_async(gathered_, out, local_elems, DTypeOf<T>::value, parallel::ReduceOp::Sum)
+      .reduce_scatter_async(gathered_, out, local_elems, DTypeOf<T>::value, ReduceOp::Sum)
       .wait_on(*ex_);
 }
 
@@ -200,10 +217,10 @@ void ContextParallelAttention<T>::forward_p2p(DevPtr<T> out, DevPtr<T> lse, DevP
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   const int64_t local_elems = local_.S * rk_;
   const DType dt = DTypeOf<T>::value;
-  parallel::Communicator& comm = cp_.communicator();
+  Communicator& comm = cp_.communicator();
   ops::copy<T>(*ex_, kv_[0], k, local_elems);
   ops::copy<T>(*ex_, kv_[0] + local_elems, v, local_elems);
-  parallel::CommHandle send, recv;
+  CommHandle send, recv;
   bool written[2] = {false, false};
   for (int t = 0; t < cp; ++t) {
     const int cur = t % 2;
@@ -248,12 +265,12 @@ void ContextParallelAttention<T>::backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPt
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   const int64_t local_elems = local_.S * rk_;
   const DType dt = DTypeOf<T>::value;
-  parallel::Communicator& comm = cp_.communicator();
+  Communicator& comm = cp_.communicator();
   ops::copy<T>(*ex_, kv_[0], k, local_elems);
   ops::copy<T>(*ex_, kv_[0] + local_elems, v, local_elems);
   ops::zero<T>(*ex_, dkv_[0], 2 * local_elems);
   ops::zero<T>(*ex_, dq, local_.S * rq_);
-  parallel::CommHandle send, recv, dsend, drecv;
+  CommHandle send, recv, dsend, drecv;
   for (int t = 0; t < cp; ++t) {
     const int cur = t % 2;
     if (t > 0) {
@@ -298,4 +315,4 @@ void ContextParallelAttention<T>::backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPt
 template class ContextParallelAttention<float>;
 template class ContextParallelAttention<double>;
 
-}  // namespace moecore::nn
+}  // namespace moecore::parallel
