@@ -149,7 +149,8 @@ template <typename T>
 void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const int64_t n = shape_.S * shape_.B;
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
-  if (recompute_core_) core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
+  if (recompute_core_)
+    core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);

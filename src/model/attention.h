@@ -19,13 +19,13 @@
 #include <string>
 
 #include "core/arena.h"
-#include "nn/param_registry.h"
 #include "model/config.h"
-#include "parallel/context_parallel_attention.h"
 #include "nn/linear_gemms.h"
+#include "nn/param_registry.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
 #include "parallel/context_parallel.h"
+#include "parallel/context_parallel_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace moecore::model {

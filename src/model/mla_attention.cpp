@@ -28,8 +28,8 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
       eps_(cfg.norm_eps),
       // The core op scales by 1 / sqrt(Dp): q times c gives MLA's scale (c = 1 when Dp = dq and
       // no mscale).
-      q_scale_(cfg.mla.softmax_scale() * std::sqrt(static_cast<double>(
-                                             std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)))),
+      q_scale_(cfg.mla.softmax_scale() *
+               std::sqrt(static_cast<double>(std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)))),
       rope_(rope),
       recompute_core_(cfg.recompute.modules().core_attn),
       recompute_up_(cfg.recompute.modules().mla_up_proj) {
@@ -242,7 +242,8 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     lin_.forward(k_pe_raw_, saved_.x_TH, *kv_down_, nl, pe_, H_, x_rounded_, /*row0=*/kl_);
   gather_latents(/*k_pe=*/recompute_up_);
   if (recompute_up_) up_forward();
-  if (recompute_core_) core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
+  if (recompute_core_)
+    core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);

@@ -36,13 +36,13 @@
 
 #include "core/arena.h"
 #include "model/config.h"
-#include "parallel/context_parallel_attention.h"
 #include "nn/linear_gemms.h"
 #include "nn/param_registry.h"
 #include "ops/attention.h"
 #include "ops/mla_layout.h"
 #include "ops/rope_mla.h"
 #include "parallel/context_parallel.h"
+#include "parallel/context_parallel_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace moecore::model {
@@ -73,11 +73,11 @@ class MlaAttention {
   MlaAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
                const ops::RopeMlaCache& rope, parallel::TensorParallel tp = {},
                parallel::ContextParallel cp = {});
-  // S, B: the micro-batch's sequence on this CP rank (2 C: the whole sequence / cp) and batch. Selective recomputation
-  // (cfg.recompute's modules): with core_attn the core's out and lse, with mla_up_proj q, k and
-  // v (the up projections, the rotary and the layout, from the saved latents) are recomputed
-  // at the start of the backward instead of kept (MemKind::Recomputed); either, both or none.
-  // Bitwise the backward without recomputation: the same operations on the same values.
+  // S, B: the micro-batch's sequence on this CP rank (2 C: the whole sequence / cp) and batch.
+  // Selective recomputation (cfg.recompute's modules): with core_attn the core's out and lse, with
+  // mla_up_proj q, k and v (the up projections, the rotary and the layout, from the saved latents)
+  // are recomputed at the start of the backward instead of kept (MemKind::Recomputed); either, both
+  // or none. Bitwise the backward without recomputation: the same operations on the same values.
   void allocate(Arena& arena, int64_t S, int64_t B);
   // --bf16 on the widened GEMM path: the down projections (and linear_q_proj) read the block
   // input through the weights' widened copies, so an input that already holds bf16 values needs

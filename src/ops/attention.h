@@ -24,9 +24,9 @@ namespace moecore::ops {
 // no key is skipped by the caller, never computed). The defaults are the whole causal sequence.
 struct AttentionShape {
   int64_t S = 0, B = 0, Hq = 0, Hkv = 0, D = 0;  // Hq % Hkv == 0
-  int64_t Sk = 0;          // keys (0: S)
-  int64_t q_offset = 0;    // global position of query row 0
-  int64_t k_offset = 0;    // global position of key row 0
+  int64_t Sk = 0;                                // keys (0: S)
+  int64_t q_offset = 0;                          // global position of query row 0
+  int64_t k_offset = 0;                          // global position of key row 0
   int64_t lse_stride = 0;  // elements between the lse rows of (b, h) (0: S): lse [B, Hq, stride]
 
   int64_t keys() const { return Sk == 0 ? S : Sk; }
@@ -38,10 +38,11 @@ struct AttentionShape {
 
 // Dropout of the probabilities P[b, h, i, j] (after the causal softmax): kept iff
 // dropout_keep(dropout_head_key(key, head0 + h), iteration, sample0 + b, q_offset + i,
-// k_offset + j, dropout_threshold(p)) (global positions: a block draws the whole sequence's bits), iteration and sample0 read from *counters inside the op; then
-// out = (P o M / (1 - p)) V. head0 is the global index of this rank's first query head, so a
-// tensor-parallel split draws the whole model's bits. The saved lse stays that of the undropped
-// scores; the backward redraws the same bits. p == 0 is no dropout (counters may then be null).
+// k_offset + j, dropout_threshold(p)) (global positions: a block draws the whole sequence's bits),
+// iteration and sample0 read from *counters inside the op; then out = (P o M / (1 - p)) V. head0 is
+// the global index of this rank's first query head, so a tensor-parallel split draws the whole
+// model's bits. The saved lse stays that of the undropped scores; the backward redraws the same
+// bits. p == 0 is no dropout (counters may then be null).
 struct AttentionDropout {
   double p = 0;
   uint64_t key = 0;

@@ -41,8 +41,8 @@ void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionSha
   rk_ = local.B * local.Hkv * local.D;
   const int n_threads = omp_get_max_threads();
   if (!cp_.active()) {
-    workspace_ = arena.alloc<T>(ops::attention_workspace_elems(local, n_threads),
-                                p + ".workspace", MemKind::Workspace);
+    workspace_ = arena.alloc<T>(ops::attention_workspace_elems(local, n_threads), p + ".workspace",
+                                MemKind::Workspace);
     return;
   }
   const int64_t S = local.S * cp, local_elems = local.S * rk_;
@@ -66,8 +66,7 @@ void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionSha
     dkv_[i] = arena.alloc<T>(2 * local_elems, p + ".dkv_ring", MemKind::Workspace);
   }
   out_blk_ = arena.alloc<T>(local.S * rq_, p + ".out_block", MemKind::Workspace);
-  lse_blk_ = arena.alloc<T>(local.B * local.Hq * local.S, p + ".lse_block",
-                            MemKind::Workspace);
+  lse_blk_ = arena.alloc<T>(local.B * local.Hq * local.S, p + ".lse_block", MemKind::Workspace);
   dq_blk_ = arena.alloc<T>(C_ * rq_, p + ".dq_block", MemKind::Workspace);
   dk_blk_ = arena.alloc<T>(2 * C_ * rk_, p + ".dkv_block", MemKind::Workspace);
   dv_blk_ = dk_blk_ == nullptr ? nullptr : dk_blk_ + C_ * rk_;
@@ -106,8 +105,7 @@ void ContextParallelAttention<T>::forward(DevPtr<T> out, DevPtr<T> lse, DevPtr<c
             "[cp_attention] forward before allocate(): allocate it from the arena first");
   if (!cp_.active())
     return ops::attention_forward(*ex_, out, lse, q, k, v, local_, workspace_, drop);
-  if (cp_.type() == CpCommType::AllGather)
-    return forward_all_gather(out, lse, q, k, v, drop);
+  if (cp_.type() == CpCommType::AllGather) return forward_all_gather(out, lse, q, k, v, drop);
   forward_p2p(out, lse, q, k, v, drop);
 }
 
@@ -131,14 +129,12 @@ template <typename T>
 void ContextParallelAttention<T>::gather_global(DevPtr<T> x_glob, DevPtr<const T> x) {
   const int cp = cp_.size();
   const int64_t local_elems = local_.S * rk_;
-  cp_.communicator()
-      .all_gather_async(x, gathered_, local_elems, DTypeOf<T>::value)
-      .wait_on(*ex_);
+  cp_.communicator().all_gather_async(x, gathered_, local_elems, DTypeOf<T>::value).wait_on(*ex_);
   // Rank q's rows [chunk q ; chunk 2 cp - 1 - q] to their global chunks.
   for (int r = 0; r < cp; ++r) {
     ops::copy<T>(*ex_, x_glob + r * C_ * rk_, gathered_ + r * local_elems, C_ * rk_);
-    ops::copy<T>(*ex_, x_glob + (2 * cp - 1 - r) * C_ * rk_,
-                 gathered_ + r * local_elems + C_ * rk_, C_ * rk_);
+    ops::copy<T>(*ex_, x_glob + (2 * cp - 1 - r) * C_ * rk_, gathered_ + r * local_elems + C_ * rk_,
+                 C_ * rk_);
   }
 }
 
@@ -148,8 +144,8 @@ void ContextParallelAttention<T>::scatter_global(DevPtr<T> out, DevPtr<T> x_glob
   const int64_t local_elems = local_.S * rk_;
   for (int r = 0; r < cp; ++r) {
     ops::copy<T>(*ex_, gathered_ + r * local_elems, x_glob + r * C_ * rk_, C_ * rk_);
-    ops::copy<T>(*ex_, gathered_ + r * local_elems + C_ * rk_,
-                 x_glob + (2 * cp - 1 - r) * C_ * rk_, C_ * rk_);
+    ops::copy<T>(*ex_, gathered_ + r * local_elems + C_ * rk_, x_glob + (2 * cp - 1 - r) * C_ * rk_,
+                 C_ * rk_);
   }
   cp_.communicator()
       .reduce_scatter_async(gathered_, out, local_elems, DTypeOf<T>::value, ReduceOp::Sum)
@@ -167,8 +163,7 @@ void ContextParallelAttention<T>::forward_all_gather(DevPtr<T> out, DevPtr<T> ls
     const ops::AttentionShape s = block(hq, 0, 0);
     const ops::AttentionShape b = block(hq, 0, s.q_offset + C_);
     ops::attention_forward(*ex_, out + hq * C_ * rq_, lse + hq * C_, q + hq * C_ * rq_,
-                           DevPtr<const T>(k_glob_), DevPtr<const T>(v_glob_), b, workspace_,
-                           drop);
+                           DevPtr<const T>(k_glob_), DevPtr<const T>(v_glob_), b, workspace_, drop);
   }
 }
 
@@ -292,8 +287,8 @@ void ContextParallelAttention<T>::backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPt
         const int64_t ko = hk * C_ * rk_;
         ops::attention_backward(*ex_, dq_blk_, dk_blk_, dv_blk_, dout + hq * C_ * rq_,
                                 q + hq * C_ * rq_, DevPtr<const T>(kv_[cur] + ko),
-                                DevPtr<const T>(kv_[cur] + local_elems + ko),
-                                out + hq * C_ * rq_, lse + hq * C_, b, workspace_, drop);
+                                DevPtr<const T>(kv_[cur] + local_elems + ko), out + hq * C_ * rq_,
+                                lse + hq * C_, b, workspace_, drop);
         ops::add<T>(*ex_, dq + hq * C_ * rq_, dq + hq * C_ * rq_, dq_blk_, C_ * rq_);
         ops::add<T>(*ex_, dkv_[cur] + ko, dkv_[cur] + ko, dk_blk_, C_ * rk_);
         ops::add<T>(*ex_, dkv_[cur] + local_elems + ko, dkv_[cur] + local_elems + ko, dv_blk_,

@@ -43,9 +43,9 @@ class ContextParallelAttention {
   void forward(DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q, DevPtr<const T> k,
                DevPtr<const T> v, const ops::AttentionDropout* drop);
   // dq, dk, dv assigned; out and lse from forward (or its recomputation); collective over cp.
-  void backward(DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv, DevPtr<const T> dout,
-                DevPtr<const T> q, DevPtr<const T> k, DevPtr<const T> v, DevPtr<const T> out,
-                DevPtr<const T> lse, const ops::AttentionDropout* drop);
+  void backward(DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv, DevPtr<const T> dout, DevPtr<const T> q,
+                DevPtr<const T> k, DevPtr<const T> v, DevPtr<const T> out, DevPtr<const T> lse,
+                const ops::AttentionDropout* drop);
 
   // pos_T [2C * B]: the global sequence position of each local token t = s * B + b (s local),
   // for RoPE: split.global_position(s). After allocate(), with its arena allocated.
@@ -76,9 +76,9 @@ class ContextParallelAttention {
 
   ContextParallel cp_;
   const Exec* ex_ = &cpu_exec();
-  ops::AttentionShape local_;  // S = 2 C
-  int64_t C_ = 0, rq_ = 0, rk_ = 0;  // chunk rows; elements per row of q / out and of k / v
-  DevPtr<T> workspace_ = nullptr;    // the attention op's, for the largest block
+  ops::AttentionShape local_;            // S = 2 C
+  int64_t C_ = 0, rq_ = 0, rk_ = 0;      // chunk rows; elements per row of q / out and of k / v
+  DevPtr<T> workspace_ = nullptr;        // the attention op's, for the largest block
   DevPtr<int32_t> positions_ = nullptr;  // the whole sequence's positions [S * B] (positions())
   // AllGather: the gathered K or V in rank order [cp, 2C, rk], K and V in global order [S, rk]
   // (then dK and dV), one block's dK and dV [S, rk].

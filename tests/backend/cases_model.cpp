@@ -3,11 +3,11 @@
 // without dropout; S = 1, S not a multiple of the 64-row block, MQA and GQA groups) and RoPE (D =
 // 2, D = 128, both ends of the position table, in place). Every backward takes the reference
 // forward's saved values.
+#include <omp.h>
 #include <algorithm>
 #include <array>
 #include <limits>
 #include <span>
-#include <omp.h>
 
 #include <random>
 
@@ -17,10 +17,10 @@
 #include "ops/attention_merge.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
-#include "ops/vocab_parallel_ce.h"
-#include "ops/rope.h"
 #include "ops/mla_layout.h"
+#include "ops/rope.h"
 #include "ops/rope_mla.h"
+#include "ops/vocab_parallel_ce.h"
 
 namespace moecore::backend_test {
 namespace {
@@ -282,8 +282,8 @@ void attention_one(const Exec& ex, const ops::AttentionDropout* drop,
   uint32_t seed = 100;
   for (const ops::AttentionShape& s : shapes) {
     BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D
-                       << " Sk=" << s.keys() << " q_offset=" << s.q_offset << " k_offset="
-                       << s.k_offset << " dropout p=" << (drop ? drop->p : 0.0));
+                       << " Sk=" << s.keys() << " q_offset=" << s.q_offset
+                       << " k_offset=" << s.k_offset << " dropout p=" << (drop ? drop->p : 0.0));
     const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.keys() * s.B * s.Hkv * s.D,
                   n_lse = s.B * s.Hq * s.lse_ld();
     // q, k in [-2, 2]: scores of O(1), the softmax neither flat nor one-hot.

@@ -42,12 +42,12 @@ void append(std::vector<unsigned char>& out, const Guarded<T>& g, int64_t n) {
 
 template <typename T>
 void check_attention(const ops::AttentionShape& s, const ops::AttentionDropout* drop) {
-  SCOPED_TRACE("S=" + std::to_string(s.S) + " B=" + std::to_string(s.B) +
-               " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) +
-               " D=" + std::to_string(s.D) + " Sk=" + std::to_string(s.keys()) +
-               " q_offset=" + std::to_string(s.q_offset) + " k_offset=" +
-               std::to_string(s.k_offset) + " lse_stride=" + std::to_string(s.lse_ld()) +
-               " p=" + std::to_string(drop ? drop->p : 0.0));
+  SCOPED_TRACE(
+      "S=" + std::to_string(s.S) + " B=" + std::to_string(s.B) + " Hq=" + std::to_string(s.Hq) +
+      " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+      " Sk=" + std::to_string(s.keys()) + " q_offset=" + std::to_string(s.q_offset) +
+      " k_offset=" + std::to_string(s.k_offset) + " lse_stride=" + std::to_string(s.lse_ld()) +
+      " p=" + std::to_string(drop ? drop->p : 0.0));
   const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.keys() * s.B * s.Hkv * s.D,
                 n_lse = s.B * s.Hq * s.lse_ld();
   const std::vector<T> q = random_vec<T>(n_q, 51, -2.0, 2.0),
@@ -144,8 +144,8 @@ TEST(EmuKernelsAttention, BlocksMatchTheReferenceInEveryOrder) {
   const ops::DropoutCounters counters{41, 12};
   const ops::AttentionDropout drop{0.3, rng_key(7, "attention_dropout"), &counters, 2};
   for (const ops::AttentionShape& s : kBlocks) {
-    for (const ops::AttentionDropout* d : {static_cast<const ops::AttentionDropout*>(nullptr),
-                                           &drop}) {
+    for (const ops::AttentionDropout* d :
+         {static_cast<const ops::AttentionDropout*>(nullptr), &drop}) {
       check_attention<float>(s, d);
       check_attention<double>(s, d);
     }

@@ -107,12 +107,13 @@ Outputs<T> by_blocks(const Whole<T>& w, int64_t C, Cut cut, bool fast,
         attention_forward<T>(cpu_exec(), dst_out, dst_lse, w.q.data() + qo, w.k.data() + ko,
                              w.v.data() + ko, b, ws.data(), drop);
         if (!first)
-          attention_merge<T>(cpu_exec(), o.out.data() + qo, o.lse.data() + qi * C, dst_out,
-                             dst_lse, b);
+          attention_merge<T>(cpu_exec(), o.out.data() + qo, o.lse.data() + qi * C, dst_out, dst_lse,
+                             b);
       } else {
         attention_forward_ref<T>(dst_out, dst_lse, w.q.data() + qo, w.k.data() + ko,
                                  w.v.data() + ko, b, drop);
-        if (!first) attention_merge_ref<T>(o.out.data() + qo, o.lse.data() + qi * C, dst_out, dst_lse, b);
+        if (!first)
+          attention_merge_ref<T>(o.out.data() + qo, o.lse.data() + qi * C, dst_out, dst_lse, b);
       }
       first = false;
     }
@@ -123,10 +124,9 @@ Outputs<T> by_blocks(const Whole<T>& w, int64_t C, Cut cut, bool fast,
       const int64_t ko = b.k_offset * rk;
       if (fast) {
         ws.assign(attention_workspace_elems(b, omp_get_max_threads()), T(0));
-        attention_backward<T>(cpu_exec(), dq_b.data(), dk_b.data(), dv_b.data(),
-                              w.dout.data() + qo, w.q.data() + qo, w.k.data() + ko,
-                              w.v.data() + ko, o.out.data() + qo, o.lse.data() + qi * C, b,
-                              ws.data(), drop);
+        attention_backward<T>(cpu_exec(), dq_b.data(), dk_b.data(), dv_b.data(), w.dout.data() + qo,
+                              w.q.data() + qo, w.k.data() + ko, w.v.data() + ko, o.out.data() + qo,
+                              o.lse.data() + qi * C, b, ws.data(), drop);
       } else {
         attention_backward_ref<T>(dq_b.data(), dk_b.data(), dv_b.data(), w.dout.data() + qo,
                                   w.q.data() + qo, w.k.data() + ko, w.v.data() + ko,
@@ -170,14 +170,14 @@ struct Case {
 // the fast path's 64-row blocks); MHA, GQA groups of 2 and 3, MQA; D of one vector with a tail
 // and of two.
 const Case kCases[] = {
-    {{4, 1, 2, 2, 8}, 1},    {{12, 2, 4, 2, 8}, 3}, {{15, 1, 6, 2, 16}, 5},
-    {{12, 2, 3, 1, 24}, 4},  {{140, 1, 2, 1, 16}, 70},
+    {{4, 1, 2, 2, 8}, 1},   {{12, 2, 4, 2, 8}, 3},    {{15, 1, 6, 2, 16}, 5},
+    {{12, 2, 3, 1, 24}, 4}, {{140, 1, 2, 1, 16}, 70},
 };
 
 std::string name(const Case& c, Cut cut) {
-  return "S=" + std::to_string(c.s.S) + " C=" + std::to_string(c.C) + " B=" +
-         std::to_string(c.s.B) + " Hq=" + std::to_string(c.s.Hq) + " Hkv=" +
-         std::to_string(c.s.Hkv) + " D=" + std::to_string(c.s.D) +
+  return "S=" + std::to_string(c.s.S) + " C=" + std::to_string(c.C) +
+         " B=" + std::to_string(c.s.B) + " Hq=" + std::to_string(c.s.Hq) +
+         " Hkv=" + std::to_string(c.s.Hkv) + " D=" + std::to_string(c.s.D) +
          (cut == Cut::Ring ? " ring" : " prefix");
 }
 
@@ -247,7 +247,8 @@ TEST(AttentionBlock, MergedBlocksMatchFiniteDifferences) {
 // The merge's CPU path against its reference: random partials (lse of both signs and far apart,
 // one side at -inf: no key seen, weight 0), lse a strided part of a longer row.
 TEST(AttentionMerge, FastMatchesRef) {
-  for (const AttentionShape& s0 : {AttentionShape{5, 2, 3, 1, 8}, AttentionShape{70, 3, 4, 1, 40}}) {
+  for (const AttentionShape& s0 :
+       {AttentionShape{5, 2, 3, 1, 8}, AttentionShape{70, 3, 4, 1, 40}}) {
     AttentionShape s = s0;
     s.lse_stride = s.S + 3;
     const int64_t n_o = s.S * s.B * s.Hq * s.D, n_l = s.B * s.Hq * s.lse_stride;
@@ -301,14 +302,14 @@ TEST(AttentionBlock, RefusesFullyMaskedBlocksAndOverlappingLse) {
   EXPECT_THROW_MSG(attention_forward<double>(cpu_exec(), x.data(), x.data(), x.data(), x.data(),
                                              x.data(), s, ws.data(), nullptr),
                    "fully masked");
-  EXPECT_THROW_MSG(attention_forward_ref<double>(x.data(), x.data(), x.data(), x.data(), x.data(),
-                                                 s, nullptr),
-                   "fully masked");
+  EXPECT_THROW_MSG(
+      attention_forward_ref<double>(x.data(), x.data(), x.data(), x.data(), x.data(), s, nullptr),
+      "fully masked");
   s.k_offset = 0, s.lse_stride = 2;
-  EXPECT_THROW_MSG(attention_backward<double>(cpu_exec(), x.data(), x.data(), x.data(), x.data(),
-                                              x.data(), x.data(), x.data(), x.data(), x.data(), s,
-                                              ws.data(), nullptr),
-                   "lse_stride=2 < S=3");
+  EXPECT_THROW_MSG(
+      attention_backward<double>(cpu_exec(), x.data(), x.data(), x.data(), x.data(), x.data(),
+                                 x.data(), x.data(), x.data(), x.data(), s, ws.data(), nullptr),
+      "lse_stride=2 < S=3");
   AttentionShape m{3, 1, 2, 1, 8};
   m.lse_stride = 1;
   EXPECT_THROW_MSG(attention_merge<double>(cpu_exec(), x.data(), x.data(), x.data(), x.data(), m),

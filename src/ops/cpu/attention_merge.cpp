@@ -1,7 +1,7 @@
 // The log-sum-exp merge on the CPU: the weights of a row once (attention_merge_weights, in
 // double), then its D values; OpenMP over the (row, b, head) rows of large tensors.
-#include "core/check.h"
 #include "ops/attention_merge.h"
+#include "core/check.h"
 
 namespace moecore::ops::cpu {
 namespace {
@@ -17,8 +17,8 @@ void attention_merge(T* out, T* lse, const T* out_i, const T* lse_i, const Atten
     const int64_t h = r % s.Hq, b = (r / s.Hq) % s.B, i = r / (s.Hq * s.B);
     const int64_t at = (b * s.Hq + h) * s.lse_ld() + i;
     double merged, w, w_i;
-    attention_merge_weights(static_cast<double>(lse[at]), static_cast<double>(lse_i[at]), merged,
-                            w, w_i);
+    attention_merge_weights(static_cast<double>(lse[at]), static_cast<double>(lse_i[at]), merged, w,
+                            w_i);
     T* o = out + r * s.D;
     const T* o2 = out_i + r * s.D;
     for (int64_t d = 0; d < s.D; ++d) {

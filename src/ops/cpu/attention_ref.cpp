@@ -103,10 +103,9 @@ void dropout_factors_ref(std::vector<double>& M_SS, const AttentionDropout* drop
   for (int64_t i = 0; i < S; ++i) {
     const int64_t last = std::min(Sk - 1, s.q_offset + i - s.k_offset);
     for (int64_t j = 0; j <= last; ++j) {
-      const bool keep = dropout_keep(key, static_cast<uint64_t>(c->iteration),
-                                     static_cast<uint64_t>(c->sample0 + b),
-                                     static_cast<uint64_t>(s.q_offset + i),
-                                     static_cast<uint64_t>(s.k_offset + j), threshold);
+      const bool keep = dropout_keep(
+          key, static_cast<uint64_t>(c->iteration), static_cast<uint64_t>(c->sample0 + b),
+          static_cast<uint64_t>(s.q_offset + i), static_cast<uint64_t>(s.k_offset + j), threshold);
       M_SS[i * Sk + j] = keep ? scale : 0.0;
     }
   }

@@ -1,9 +1,9 @@
 // Causal GQA flash attention on the GPU, SIMT (no tensor cores: the grid emulator runs it), also
 // in the block form of ops/attention.h (keys at an offset, the masks and dropout bits at global
-// positions). The forward: a block per (b, query head, tile of queries); K and V tiles staged in shared memory,
-// the online softmax over the key tiles up to the diagonal, a thread per query row for the
-// running max and sum (its keys in order), lse saved as the CPU's (natural log of the undropped
-// scaled scores' exp-sum). The backward recomputes P from lse (FlashAttention-2) with
+// positions). The forward: a block per (b, query head, tile of queries); K and V tiles staged in
+// shared memory, the online softmax over the key tiles up to the diagonal, a thread per query row
+// for the running max and sum (its keys in order), lse saved as the CPU's (natural log of the
+// undropped scaled scores' exp-sum). The backward recomputes P from lse (FlashAttention-2) with
 // delta_i = rowsum(dO o O) computed in the block from the forward's out (no workspace): one kernel
 // per (b, kv head, key tile) accumulates dK and dV over every query head of the group and every
 // query tile, one per (b, query head, query tile) accumulates dQ. No atomics: every output has
@@ -202,9 +202,9 @@ __device__ __forceinline__ void probs_and_grads(T* Ps, T* dSs, const T* Qs, cons
     T pm = T(0), ds = T(0);
     if (visible(m, i, j)) {
       const T p = std::exp(dot(Qs + r * D, Ks + c * D, D) * scale - lse_s[r]);
-      const T f = dr.on ? keep_factor(dr, head_key, iteration, sample, m.q_offset + i,
-                                      m.k_offset + j)
-                        : T(1);
+      const T f = dr.on
+                      ? keep_factor(dr, head_key, iteration, sample, m.q_offset + i, m.k_offset + j)
+                      : T(1);
       const T dp = dot(dOs + r * D, Vs + c * D, D);
       pm = p * f;
       ds = p * (f * dp - delta_s[r]);
@@ -362,8 +362,8 @@ int64_t choose_tile(const AttentionShape& s, size_t (*bytes)(int64_t, int64_t), 
 }
 
 kernels::Dims dims(const AttentionShape& s, int64_t tile) {
-  return kernels::Dims{s.S,        s.B,        s.Hq,       s.Hkv,
-                       s.D,        tile,       s.keys(),   s.q_offset - s.k_offset,
+  return kernels::Dims{s.S,        s.B,        s.Hq,      s.Hkv,
+                       s.D,        tile,       s.keys(),  s.q_offset - s.k_offset,
                        s.q_offset, s.k_offset, s.lse_ld()};
 }
 
