@@ -1618,12 +1618,17 @@ TEST(PipelineParity, LayoutsF32) { pipeline_parity<float>(); }
 // table, compared bitwise with the first stage's), within the layout-parity row. TP 2 x EP 2 with
 // SP (eh_proj column-parallel, the vocab-parallel embedding of the rolled ids), and PP 2 with the
 // depths on the last stage, tied (the head's copy serves them) and untied (a copy of their own,
-// its gradient summed with the first stage's).
+// its gradient summed with the first stage's). With --pipeline-model-parallel-layout the depths
+// in a stage before the loss's (Megatron's standalone MTP stage, sending the decoder's and the
+// depths' hidden states on together; the table held by the first, the MTP and a tied loss
+// stage, its gradient summed over the three): PP 2 with the depths beside the embedding, PP 3,
+// PP 2 x VP 2 x EP 2; and the depths beside the loss after the stage with the final norm.
 struct MtpLayout {
   int tp = 1, ep = 1, pp = 1;
   bool sp = false, untied = false;
   int world = 2;
   bool bf16 = false;  // --bf16 (f32 runs only), on both bf16 GEMM paths
+  std::string layout = {};  // --pipeline-model-parallel-layout
 };
 
 const std::vector<MtpLayout> kMtpLayouts = {
@@ -1640,6 +1645,12 @@ const std::vector<MtpLayout> kMtpLayouts = {
     {.tp = 2, .ep = 2, .sp = true, .world = 2, .bf16 = true},
     {.pp = 2, .untied = true, .world = 2, .bf16 = true},
     {.tp = 2, .ep = 2, .sp = true, .world = 4, .bf16 = true},
+    // Standalone MTP stages, 2, 3 and 4 ranks
+    {.pp = 2, .world = 2, .layout = "Ettttmm|L"},
+    {.pp = 2, .untied = true, .world = 2, .layout = "Etttt|mmL"},
+    {.pp = 3, .world = 3, .layout = "Ett|ttmm|L"},
+    {.pp = 3, .untied = true, .world = 3, .layout = "Ett|ttmm|L"},
+    {.ep = 2, .pp = 2, .world = 4, .layout = "Ett|t|tmm|L"},
 };
 
 std::vector<std::string> mtp_args(const MtpLayout& l) {
@@ -1673,12 +1684,13 @@ void mtp_parity(bool bf16) {
     cfg.ep = l.ep;
     cfg.pp = l.pp;
     cfg.sequence_parallel = l.sp;
+    cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
     const Run got = train_run<T>(args, &groups, opt);
     const std::string what =
-        fmt::format("{} mtp 2 tp={}{} ep={} pp={} dp={} {}{}", dtype_str<T>(), l.tp,
-                    l.sp ? " sp" : "", l.ep, l.pp, l.world / (l.tp * l.pp),
-                    l.untied ? "untied" : "tied", l.bf16 ? " bf16" : "");
+        fmt::format("{} mtp 2 tp={}{} ep={} pp={}{} dp={} {}{}", dtype_str<T>(), l.tp,
+                    l.sp ? " sp" : "", l.ep, l.pp, l.layout.empty() ? "" : " " + l.layout,
+                    l.world / (l.tp * l.pp), l.untied ? "untied" : "tied", l.bf16 ? " bf16" : "");
     const Tol tol = bf16 ? Tol{testing::kParityBf16Rtol, testing::kParityBf16WeightRtol,
                                testing::kParityBf16WeightAtol}
                          : parity_tol<T>();
