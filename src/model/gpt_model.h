@@ -111,6 +111,9 @@ class GPTModel {
   // The decoder's final-normed output [T_local, H] of the last forward (the head's and the
   // first MTP depth's input), on the rank with the loss.
   DevPtr<const T> final_norm_output() const { return final_n_; }
+  // Whether this rank runs the decoder's final norm (the loss's stage, or with MTP the decoder's
+  // last layer's).
+  bool has_final_norm() const { return final_norm_ != nullptr; }
   // The MTP depths (null without --mtp-num-layers, or on a rank without them).
   const MtpBlock<T>* mtp() const { return mtp_.get(); }
   // The backward of chunk c for the micro-batch of its last forward (or replay): doutput is the
