@@ -13,7 +13,8 @@
 # - a standalone MTP stage (PP 3, "Ett|ttm|L", tied: the table on three stages): its checkpoint
 #   holds the table and the MTP layer once, under the names of one rank, and loads at PP 1 and at
 #   PP 2 with the MTP layer beside the loss, every global tensor byte-equal and the next step's
-#   loss within rtol 1e-5 of the source's;
+#   loss within rtol 1e-5 of the source's; its steps allocate nothing and sync only where
+#   documented (--sync-audit);
 # - --sync-audit at PP 2 x VP 2: the audited steps allocate nothing and sync only where
 #   documented (SIGTERM mid-schedule: tests/train/stop_signals.sh);
 # - the eval schedule (forward only): the validation loss at PP 2 equals one rank's (rtol 1e-5).
@@ -127,6 +128,11 @@ for l in "1" "2 --pipeline-model-parallel-size 2"; do
   echo "[pipeline] standalone MTP stage (PP 3) -> $np ranks ${flags:-(one rank)}: tensors" \
        "byte-equal, step 4 loss $got vs $ref"
 done
+out=$(train 3 "${mtp3[@]}" --micro-batch-size 1 --train-iters 3 --sync-audit) ||
+  fail "--sync-audit with a standalone MTP stage" "$out"
+grep -q '\[sync-audit\] steps 2-3 audited: 0 allocations, 0 undocumented host syncs' <<< "$out" ||
+  fail "--sync-audit with a standalone MTP stage found something" "$out"
+echo "[pipeline] --sync-audit with a standalone MTP stage (PP 3): nothing allocated, no undocumented sync"
 common=("${untied_common[@]}")
 
 # ---- --sync-audit: a pipelined step allocates nothing and syncs only where documented ----
