@@ -702,6 +702,8 @@ std::string train_flags_markdown() {
 parallel::ModelDims model_dims(const ModelConfig& m) {
   parallel::ModelDims d;
   d.num_layers = m.num_layers;
+  // A layout string's m's are checked against it.
+  d.mtp_num_layers = m.mtp_num_layers;
   d.num_experts = m.num_experts;
   d.num_attention_heads = m.num_heads;
   // MLA has no query groups (ModelConfig::multi_latent_attention): only its heads split over TP.

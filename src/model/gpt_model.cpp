@@ -61,22 +61,41 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   if (chunks.empty()) {
     chunks.push_back(parallel::VirtualStage{0, cfg_.num_layers, cfg_.mtp_num_layers, true, true});
   }
-  bool has_embedding = false, has_loss = false;
+  bool has_embedding = false, has_loss = false, has_mtp = false, has_final_norm = false;
+  const int64_t D = cfg_.mtp_num_layers;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::VirtualStage& v = chunks[c];
     MOE_CHECK(v.first_layer >= 0 && v.num_layers >= 0 &&
                   v.first_layer + v.num_layers <= cfg_.num_layers,
               "[model] pipeline chunk {} holds layers [{}, {}) of a model of {} layers", c,
               v.first_layer, v.first_layer + v.num_layers, cfg_.num_layers);
-    // Megatron may also run the MTP layers in a stage before the loss's, passing the depths'
-    // hidden states on with the decoder's: not implemented here.
-    MOE_CHECK(v.num_mtp_layers == (v.loss ? cfg_.mtp_num_layers : 0),
-              "[model] pipeline chunk {} holds {} MTP layers{}, --mtp-num-layers is {}: the MTP "
-              "layers run in the virtual stage with the loss, all of them; in "
-              "--pipeline-model-parallel-layout write the m's beside the L (e.g. \"...|tmL\"): "
-              "MTP layers in a stage of their own are not implemented yet",
-              c, v.num_mtp_layers, v.loss ? " beside the loss" : " without the loss",
-              cfg_.mtp_num_layers);
+    // Megatron's placement of the MTP layers: all in one virtual stage, the last of its rank,
+    // after every decoder layer; the loss in it or in a stage after it.
+    MOE_CHECK(v.num_mtp_layers == 0 || v.num_mtp_layers == D,
+              "[model] pipeline chunk {} holds {} MTP layers, --mtp-num-layers is {}: all of them "
+              "run in one virtual stage",
+              c, v.num_mtp_layers, D);
+    MOE_CHECK(!v.loss || D == 0 || v.num_mtp_layers == D || v.mtp_before,
+              "[model] pipeline chunk {} holds the loss of a model with {} MTP layers but no "
+              "stage runs them: place the m's of --pipeline-model-parallel-layout beside or "
+              "before the L",
+              c, D);
+    MOE_CHECK((v.num_mtp_layers == 0 && !v.mtp_before) || v.first_layer + v.num_layers == cfg_.num_layers,
+              "[model] pipeline chunk {} holds MTP layers or their hidden states before decoder "
+              "layer {}: the MTP layers come after every decoder layer",
+              c, v.first_layer + v.num_layers);
+    MOE_CHECK(!v.mtp_before || (v.num_layers == 0 && v.num_mtp_layers == 0),
+              "[model] pipeline chunk {} after the MTP layers' stage holds {} decoder and {} MTP "
+              "layers: the stages after it pass their hidden states on to the loss",
+              c, v.num_layers, v.num_mtp_layers);
+    MOE_CHECK(v.num_mtp_layers == 0 || c + 1 == chunks.size(),
+              "[model] the MTP layers must be in the rank's last chunk (Megatron's rule), not "
+              "chunk {} of {}",
+              c, chunks.size());
+    has_mtp |= v.num_mtp_layers > 0;
+    // The final norm after the decoder's last layer with MTP, on the loss's stage without.
+    has_final_norm |= D > 0 ? v.num_layers > 0 && v.first_layer + v.num_layers == cfg_.num_layers
+                            : v.loss;
     MOE_CHECK(c == 0 || v.first_layer >= chunks[c - 1].first_layer + chunks[c - 1].num_layers,
               "[model] pipeline chunks must hold increasing layers");
     MOE_CHECK(!v.embedding || c == 0, "[model] the embedding must be on the rank's first chunk");
@@ -114,7 +133,13 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   // Each block's parameters are the ones it registers: they form its backward stage.
   std::vector<size_t> block_first;
   for (const parallel::VirtualStage& v : chunks) {
-    chunks_.push_back(Chunk{v, static_cast<int64_t>(blocks_.size()), {}});
+    Chunk ch{v, static_cast<int64_t>(blocks_.size()), {}};
+    ch.final_norm = D > 0 ? v.num_layers > 0 && v.first_layer + v.num_layers == cfg_.num_layers
+                          : v.loss;
+    ch.mtp = v.num_mtp_layers > 0;
+    ch.in_width = v.mtp_before ? 1 + D : 1;
+    ch.out_width = v.mtp_before || ch.mtp ? 1 + D : 1;
+    chunks_.push_back(std::move(ch));
     for (int64_t l = v.first_layer; l < v.first_layer + v.num_layers; ++l) {
       block_first.push_back(params_.params().size());
       block_layer_.push_back(l);
@@ -123,19 +148,29 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     }
   }
   block_first.push_back(params_.params().size());
-  if (has_loss) {
+  if (has_final_norm) {
     final_norm_ = std::make_unique<nn::Norm<T>>(
         norm_config(cfg_), params_, "decoder.final_layernorm", tp_.token_role());
   }
-  if (has_loss && cfg_.mtp_num_layers > 0) {
+  if (has_mtp) {
     MOE_CHECK(has_embedding || cfg_.position_embedding != PositionEmbedding::LearnedAbsolute,
               "[model] multi-token prediction with learned absolute positions on a pipeline "
-              "stage without the embedding is not implemented yet (the last stage would need "
+              "stage without the embedding is not implemented yet (that stage would need "
               "its own copy of the position table, kept equal to the first stage's): use "
               "--position-embedding-type rope, or no pipeline parallelism");
     mtp_ = std::make_unique<MtpBlock<T>>(cfg_, params_, rope_, groups_, seed, &mla_rope_);
   }
+  if (has_loss && D > 0) {
+    mtp_loss_ = std::make_unique<MtpLoss<T>>(cfg_);
+    if (mtp_ != nullptr) mtp_->set_loss(mtp_loss_.get());  // beside the loss: the same chunk
+  }
   const size_t final_norm_end = params_.params().size();  // the final norm's and the MTP's
+  // Stage 0's parameters: the final norm, the MTP depths, an untied head (registered below).
+  for (size_t c = 0; c < chunks_.size() && stage0_chunk_ < 0; ++c) {
+    const Chunk& ch = chunks_[c];
+    if (ch.final_norm || ch.mtp || (ch.stage.loss && !cfg_.tie_embeddings))
+      stage0_chunk_ = static_cast<int>(c);
+  }
   // Tied (Megatron's default): the output head is the embedding table and both gradients add.
   // A last pipeline stage without the embedding holds a copy of it (Megatron's shared
   // embedding): the same name and initial values, its gradient summed with the first stage's.
@@ -198,7 +233,10 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
         },
         [this](DevPtr<T> dx, DevPtr<const int32_t> ids, DevPtr<const int32_t> pos, uint64_t key) {
           embed_backward(*mtp_table_, dx, ids, pos, key);
-        },
+        }});
+  }
+  if (mtp_loss_ != nullptr) {
+    mtp_loss_->set_head(typename MtpLoss<T>::Head{
         [this](DevPtr<const T> h, DevPtr<const int32_t> targets, DevPtr<T> lse,
                DevPtr<double> sum) { head_forward(h, targets, lse, sum); },
         [this](DevPtr<T> dh, DevPtr<const T> h, DevPtr<const int32_t> targets,
@@ -230,6 +268,8 @@ void GPTModel<T>::allocate(Arena& a) {
   // chunk boundaries: the ones inside a chunk are recomputed with it.
   // A pipeline chunk keeps its input and output (the stage boundaries).
   const RecomputeConfig& rc = cfg_.recompute;
+  // After the MTP layers' stage a chunk holds no layer: its one stream buffer is what it
+  // receives and passes on, every depth's hidden states after the decoder's.
   for (Chunk& ch : chunks_) {
     const int64_t n = ch.stage.num_layers, first = ch.stage.first_layer;
     ch.stream.assign(n + 1, nullptr);
@@ -239,9 +279,10 @@ void GPTModel<T>::allocate(Arena& a) {
         Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
         ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
       } else {
-        ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual");
+        ch.stream[j] = a.alloc<T>(ch.in_width * T_local_ * H, "model.residual");
       }
     }
+    ch.output = ch.stream.back();
   }
   if (cfg_.multi_latent_attention) {
     // MLA's own tables (Megatron's MLA builds its rotary embedding, the model none): the rotated
@@ -271,10 +312,20 @@ void GPTModel<T>::allocate(Arena& a) {
   if (final_norm_ != nullptr) {
     final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
     final_norm_->allocate(a, T_local_, "model.final_rstd");
+    // The decoder's last chunk before the MTP layers' stage sends the final-normed states on.
+    for (Chunk& ch : chunks_) {
+      if (ch.final_norm && !ch.stage.loss && !ch.mtp) ch.output = final_n_;
+    }
   }
   if (mtp_ != nullptr) {
     mtp_->allocate(a, S_, B_, T_local_, pos_embedding_ != nullptr);
     mtp_dh0_ = a.alloc<T>(T_local_ * H, "model.mtp_dh0", MemKind::Workspace);
+  }
+  if (mtp_loss_ != nullptr) mtp_loss_->allocate(a, S_, B_);
+  for (Chunk& ch : chunks_) {
+    if (!ch.mtp || ch.stage.loss) continue;  // a standalone MTP stage: h_0 .. h_D sent on
+    mtp_out_ = a.alloc<T>(ch.out_width * T_local_ * H, "model.mtp_out");
+    ch.output = mtp_out_;
   }
   own_counters_ = a.alloc<ops::DropoutCounters>(1, "model.dropout_counters", MemKind::State);
   if (own_counters_ != nullptr) ops::zero(a.exec(), own_counters_, 1);  // null while planning
@@ -285,9 +336,12 @@ void GPTModel<T>::allocate(Arena& a) {
   }
   // The head's and the vocabulary tables' buffers: on the stages with the embedding or the loss
   // (the vocab-parallel embedding shares some of the head's workspace).
-  Param* const table = head_ != nullptr ? head_ : embedding_;
+  Param* const table = head_ != nullptr ? head_ : embedding_ != nullptr ? embedding_ : mtp_table_;
   if (table != nullptr) allocate_vocab(a, table);
-  dstream_ = a.alloc<T>(T_local_ * H, "model.dstream", MemKind::Workspace);
+  // The input gradient: 1 + D blocks on a chunk after the MTP layers' stage.
+  int64_t in_width = 1;
+  for (const Chunk& ch : chunks_) in_width = std::max(in_width, ch.in_width);
+  dstream_ = a.alloc<T>(in_width * T_local_ * H, "model.dstream", MemKind::Workspace);
   dfinal_ = a.alloc<T>(T_local_ * H, "model.dfinal", MemKind::Workspace);
 }
 
@@ -369,7 +423,7 @@ void GPTModel<T>::set_replay_micro_batch(int c, int64_t microbatch) {
     if (auto* moe = blocks_[ch.block_begin + j]->moe())
       moe->router().set_replay_micro_batch(microbatch);
   }
-  if (!ch.stage.loss || mtp_ == nullptr) return;
+  if (!ch.mtp) return;
   for (int64_t j = 0; j < mtp_->depths(); ++j) {
     if (auto* moe = mtp_->layer(j).block().moe()) moe->router().set_replay_micro_batch(microbatch);
   }
@@ -385,9 +439,9 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   if (E > 0) ops::zero(ex, io.tokens_per_expert_E, E);
   const int64_t H = cfg_.hidden;
   const int L = static_cast<int>(cfg_.num_layers);
-  // [B, S] -> sequence-major tokens t = s * B + b: the embedding's ids, the loss's targets and
-  // counted tokens (the chunks in between read neither).
-  if (ch.stage.embedding || ch.stage.loss) {
+  // [B, S] -> sequence-major tokens t = s * B + b: the embedding's and the MTP depths' ids, the
+  // loss's targets and counted tokens (the chunks in between read neither).
+  if (ch.stage.embedding || ch.stage.loss || ch.mtp) {
     ops::tokens_to_sequence_major(ex, ids_T_, targets_T_,
                                   member_ptr(io.report, &ops::MicroBatchReport::counted),
                                   io.ids_BS, io.targets_BS, B_, S_);
@@ -396,7 +450,7 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   const DevPtr<T> x0 = ch.stream[0];
   if (!ch.stage.embedding) {
     MOE_CHECK(input != nullptr, "[model] pipeline chunk {} needs its input activation", c);
-    ops::copy(ex, x0, input, T_local_ * H);
+    ops::copy(ex, x0, input, ch.in_width * T_local_ * H);
   } else {
     params_needed(L + 1);
     embed(*embedding_, x0, ids_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr, emb_drop_key_);
@@ -413,11 +467,11 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
                             r.dropped, r.tokens_per_expert_E, E);
     }
   }
-  if (!ch.stage.loss) return;
+  if (!ch.stage.loss && !ch.final_norm && !ch.mtp) return;
   params_needed(0);  // the final norm, MTP, and the head that forward() / forward_logits() run next
-  if (embedding_ == nullptr && shared_embedding() != nullptr)
-    params_needed(L + 1);  // the last stage's copy of the table (the tied head's, MTP's)
-  final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
+  if (embedding_ == nullptr && shared_embedding() != nullptr && (ch.stage.loss || ch.mtp))
+    params_needed(L + 1);  // this stage's copy of the table (the tied head's, MTP's)
+  if (ch.final_norm) final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
 }
 
 template <typename T>
@@ -436,14 +490,27 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
   }
   io_ = io;
   forward_trunk(c, io, input, microbatch, replay);
-  if (!chunks_[c].stage.loss) return;
-  head_forward(final_n_, targets_T_, lse_T_,
-               member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum));
-  if (mtp_ != nullptr) {
+  const Chunk& ch = chunks_[c];
+  const DevPtr<T> h0 = h0_of(ch);
+  if (ch.stage.loss) {
+    head_forward(h0, targets_T_, lse_T_, member_ptr(io.report, &ops::MicroBatchReport::lm_loss_sum));
+  }
+  const int64_t n = T_local_ * cfg_.hidden;
+  if (ch.mtp) {
     for (int64_t j = 0; j < mtp_->depths(); ++j)
       mtp_->layer(j).block().set_dropout_counters(counters_);
-    mtp_->forward(final_n_, ids_T_, targets_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
+    mtp_->forward(h0, ids_T_, targets_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
                   io.report, io.tokens_per_expert_E, replay);
+    if (!ch.stage.loss) {  // Megatron's torch.cat of the hidden states, sent on
+      const Exec& ex = arena_.exec();
+      ops::copy(ex, mtp_out_, DevPtr<const T>(h0), n);
+      for (int64_t j = 0; j < mtp_->depths(); ++j)
+        ops::copy(ex, mtp_out_ + (j + 1) * n, mtp_->layer(j).out(), n);
+    }
+  } else if (ch.stage.loss && ch.stage.mtp_before) {
+    // Megatron's process_mtp_loss: the boundary split into h_0 (above) and each depth's h_k.
+    for (int64_t j = 0; j < mtp_loss_->depths(); ++j)
+      mtp_loss_->forward(j, h0 + (j + 1) * n, targets_T_, io.report);
   }
 }
 
@@ -524,11 +591,11 @@ void GPTModel<T>::head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local,
   const Exec& ex = arena_.exec();
   const int64_t H = cfg_.hidden;
   const bool sp = tp_.sequence_parallel();
-  // With MTP the heads and embeddings of the depths ran after this head's forward and used the
+  // With MTP the heads (and embeddings) of the depths ran after this head's forward and used the
   // buffers its backward reads as the forward left them: the whole input (all-gathered into
   // vp_full_ with SP) and, under --bf16, its bf16 form (HeadLossBf16): both written again from
   // h, the same values.
-  if (mtp_ != nullptr) {
+  if (mtp_loss_ != nullptr) {
     if (sp) tp_.enter(ex, h_local, vp_full_, T_, H);
     if constexpr (std::is_same_v<T, float>) {
       const DevPtr<const float> h = sp ? DevPtr<const float>(vp_full_) : h_local;
@@ -660,23 +727,40 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
   MOE_CHECK(io_.report != nullptr, "[model] backward() without a forward");
   if (microbatch >= 0) set_replay_micro_batch(c, microbatch);  // "moe" recomputation's jitter
   const int64_t L = cfg_.num_layers;
+  const int64_t n = T_local_ * H;
+  // The gradient of h_0 (the decoder's final-normed hidden states): into the final norm's
+  // backward where it ran here, else it is this chunk's input gradient (its first block).
+  const DevPtr<T> dh0 = ch.final_norm ? dfinal_ : dstream_;
+  const DevPtr<const T> h0 = h0_of(ch);
   if (ch.stage.loss) {
-    // The MTP depths first (their gradient of the final norm's output into mtp_dh0_), then the
-    // main head's.
-    if (mtp_ != nullptr) mtp_->backward(mtp_dh0_, loss_grad_scale);
+    // The MTP depths first (their gradient of h_0 into mtp_dh0_; beside the loss), or their
+    // losses' (the gradients of h_1 .. h_D sent back to the MTP layers' stage), then the main
+    // head's.
+    if (ch.mtp) mtp_->backward(mtp_dh0_, loss_grad_scale);
+    if (ch.stage.mtp_before) {
+      for (int64_t j = mtp_loss_->depths() - 1; j >= 0; --j)
+        mtp_loss_->backward(j, dstream_ + (j + 1) * n, loss_grad_scale);
+    }
     ops::loss_grad_scale(ex, dloss_, member_ptr(io_.report, &ops::MicroBatchReport::counted),
                          loss_grad_scale);
-    head_backward(dfinal_, final_n_, targets_T_, lse_T_, dloss_);
-    if (mtp_ != nullptr)
-      ops::add(ex, dfinal_, DevPtr<const T>(dfinal_), DevPtr<const T>(mtp_dh0_), T_local_ * H);
-    final_norm_->backward(ex, dstream_, dfinal_, ch.stream.back(), T_local_);
-    stage_done(0);
-    // The last stage's copy of the table has its gradient (its stage is the embedding's).
-    if (embedding_ == nullptr && shared_embedding() != nullptr) stage_done(static_cast<int>(L) + 1);
+    head_backward(dh0, h0, targets_T_, lse_T_, dloss_);
+    if (ch.mtp) ops::add(ex, dh0, DevPtr<const T>(dh0), DevPtr<const T>(mtp_dh0_), n);
   } else {
     MOE_CHECK(doutput != nullptr, "[model] pipeline chunk {} needs its output gradient", c);
-    ops::copy(ex, dstream_, doutput, T_local_ * H);
+    if (ch.mtp) {
+      // The gradients of h_1 .. h_D from the loss's stage through the depths, the one of h_0
+      // added to theirs.
+      mtp_->backward(mtp_dh0_, loss_grad_scale, doutput + n);
+      ops::add(ex, dh0, doutput, DevPtr<const T>(mtp_dh0_), n);
+    } else {
+      ops::copy(ex, ch.final_norm ? dh0 : dstream_, doutput, ch.out_width * n);
+    }
   }
+  if (ch.final_norm) final_norm_->backward(ex, dstream_, dfinal_, ch.stream.back(), T_local_);
+  if (c == stage0_chunk_) stage_done(0);
+  // This stage's copy of the table has its gradient (its stage is the embedding's).
+  if (embedding_ == nullptr && shared_embedding() != nullptr && (ch.stage.loss || ch.mtp))
+    stage_done(static_cast<int>(L) + 1);
   const RecomputeConfig& rc = cfg_.recompute;
   const int64_t first = ch.stage.first_layer, last = first + ch.stage.num_layers - 1;
   for (int64_t l = last; l >= first; --l) {

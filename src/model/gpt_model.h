@@ -1,6 +1,6 @@
 // The GPT model: embedding -> transformer blocks -> final RMSNorm -> untied output head fused
 // with cross entropy, and with --mtp-num-layers the multi-token prediction depths after the final
-// norm (model/mtp_block.h) sharing the embedding and the head. Under tensor parallelism (the
+// norm (model/mtp_block.h) sharing the embedding and the head (their losses: model/mtp_loss.h). Under tensor parallelism (the
 // attention grid's TP group) the embedding and the output head are vocab-parallel
 // (model/vocab_parallel.h) and the residual stream holds TensorParallel::local_tokens(T) tokens:
 // this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory
@@ -18,6 +18,7 @@
 #include "parallel/pipeline_layout.h"
 #include "model/config.h"
 #include "model/mtp_block.h"
+#include "model/mtp_loss.h"
 #include "model/transformer_block.h"
 #include "model/vocab_parallel.h"
 #include "nn/norm.h"
@@ -83,10 +84,14 @@ class GPTModel {
   // chunks: the virtual pipeline stages this rank holds, in chunk order (pipeline parallelism:
   // parallel/pipeline_layout.h): their decoder layers (global indices: parameter names,
   // initialization and dropout are the one-rank model's), the embedding on the chunk that has
-  // it, the final norm, output head, loss and MTP depths on the one that has the loss (all
-  // --mtp-num-layers there). Empty: the whole model as one chunk. With tied embeddings a rank
-  // holding the loss but not the embedding keeps a copy of the table as its head, and with MTP
-  // one for the depths' embeddings (ParamSpec::pipeline_copy; the same name and values).
+  // it, the output head and loss on the one that has the loss, the MTP depths (all
+  // --mtp-num-layers) where the chunk has them: with the loss, or in a virtual stage before it
+  // (Megatron's standalone MTP stage), which sends the decoder's final-normed hidden states and
+  // every depth's on, concatenated ((1 + D) boundary activations, split by the loss's stage).
+  // The decoder's final norm runs after its last layer's chunk with MTP (Megatron's
+  // TransformerBlock.has_final_layernorm_in_this_stage), else on the loss's. Empty: the whole
+  // model as one chunk. A rank without the embedding keeps a copy of the table as its tied head
+  // and for its MTP depths' embeddings (ParamSpec::pipeline_copy; the same name and values).
   GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed,
            const parallel::ProcessGroups* groups = nullptr, bool size_only = false,
            const Exec& ex = cpu_exec(), std::vector<parallel::VirtualStage> chunks = {});
@@ -101,34 +106,43 @@ class GPTModel {
   // ran since: the same values, nothing reported, no balancing counts.
   void forward_chunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
                      bool replay = false);
-  // Chunk c's output [T_local, H] after its forward (not for the chunk with the loss).
-  DevPtr<const T> chunk_output(int c) const { return chunks_[c].stream.back(); }
+  // Chunk c's output after its forward (not for the chunk with the loss): output_elems(c).
+  DevPtr<const T> chunk_output(int c) const { return chunks_[c].output; }
   // The decoder's final-normed output [T_local, H] of the last forward (the head's and the
   // first MTP depth's input), on the rank with the loss.
   DevPtr<const T> final_norm_output() const { return final_n_; }
-  // The MTP depths (null without --mtp-num-layers, or on a rank without the loss).
+  // Whether this rank runs the decoder's final norm (the loss's stage, or with MTP the decoder's
+  // last layer's).
+  bool has_final_norm() const { return final_norm_ != nullptr; }
+  // The MTP depths (null without --mtp-num-layers, or on a rank without them).
   const MtpBlock<T>* mtp() const { return mtp_.get(); }
   // The backward of chunk c for the micro-batch of its last forward (or replay): doutput is the
   // gradient of its output (null for the chunk with the loss). The grad-ready hook sees the
   // chunk's stages.
   void backward_chunk(int c, double loss_grad_scale, DevPtr<const T> doutput, int64_t microbatch);
   // The gradient of the chunk's input after backward_chunk (not for the chunk with the
-  // embedding): [T_local, H].
+  // embedding): input_elems(c) of the chunk that ran.
   DevPtr<const T> input_grad() const { return dstream_; }
-  // Elements of the activation passed between stages: [S (/tp with SP), B, H].
+  // Elements of one activation passed between stages: [S (/tp with SP), B, H].
   int64_t boundary_elems() const { return T_local_ * cfg_.hidden; }
+  // Elements chunk c receives (its input, and its input's gradient it sends back) and sends
+  // (its output, and the gradient it receives): boundary_elems(), times 1 + --mtp-num-layers
+  // from the MTP layers' stage on (the decoder's hidden states and every depth's).
+  int64_t input_elems(int c) const { return chunks_[c].in_width * boundary_elems(); }
+  int64_t output_elems(int c) const { return chunks_[c].out_width * boundary_elems(); }
   // The tied table this rank holds as the embedding or as the last stage's head copy (null:
   // untied, or neither on this rank).
   Param* tied_table() const {
     return cfg_.tie_embeddings ? (embedding_ != nullptr ? embedding_ : head_) : nullptr;
   }
-  // The word-embedding table both the first and the last pipeline stage hold (Megatron's
-  // embedding group), whose gradients the pipeline sums between them: with a tied head or MTP,
-  // the embedding on the rank that has it, else the last stage's copy (null on other ranks).
+  // The word-embedding table of Megatron's embedding group (the first stage, the MTP layers'
+  // and a tied head's: parallel::word_table_ranks), whose gradients the pipeline sums over them:
+  // with a tied head or MTP, the embedding on the rank that has it, else this rank's copy (null on
+  // other ranks).
   Param* shared_embedding() const {
     if (!cfg_.tie_embeddings && cfg_.mtp_num_layers == 0) return nullptr;
     if (embedding_ != nullptr) return embedding_;
-    return cfg_.tie_embeddings ? head_ : mtp_table_;
+    return cfg_.tie_embeddings && head_ != nullptr ? head_ : mtp_table_;
   }
   // The decoder layers this rank holds, in global order.
   const std::vector<int64_t>& layers() const { return block_layer_; }
@@ -240,7 +254,16 @@ class GPTModel {
     parallel::VirtualStage stage;
     int64_t block_begin = 0;        // its first block in blocks_
     std::vector<DevPtr<T>> stream;  // residual stream at its layer boundaries, [n + 1] x [T, H]
+    bool final_norm = false;        // the decoder's final norm runs after its layers
+    bool mtp = false;               // it runs the MTP depths
+    // Boundary activations it receives / sends: 1, or 1 + D from the MTP layers' stage on
+    // (stream[0] then holds all of them: such a chunk has no decoder layer).
+    int64_t in_width = 1, out_width = 1;
+    DevPtr<T> output = nullptr;     // what it sends on: stream.back(), or mtp_out_
   };
+  // The decoder's final-normed hidden states h_0 of chunk ch's last forward: its final norm's
+  // output, or (on a stage after it) its input's first block.
+  DevPtr<T> h0_of(const Chunk& ch) const { return ch.final_norm ? final_n_ : ch.stream.back(); }
   std::vector<Chunk> chunks_;
   std::vector<int64_t> block_layer_;  // blocks_[i]'s global layer
   // Every block held here, the MTP depths' after the decoder's, with its layer (L + j for MTP
@@ -274,6 +297,13 @@ class GPTModel {
   std::unique_ptr<MtpBlock<T>> mtp_;
   Param* mtp_table_ = nullptr;
   DevPtr<T> mtp_dh0_ = nullptr;
+  // The depths' losses on the rank with the loss (null without MTP), and on a standalone MTP
+  // stage what it sends on: [1 + D, T_local, H] h_0, h_1 .. h_D.
+  std::unique_ptr<MtpLoss<T>> mtp_loss_;
+  DevPtr<T> mtp_out_ = nullptr;
+  // The rank's chunk whose backward finalises the gradients of stage 0 (the final norm, the MTP
+  // depths, an untied head): its lowest chunk holding any (the last to run its backward).
+  int stage0_chunk_ = -1;
   std::vector<std::vector<const Param*>> grad_stages_;
   std::function<void(int)> grad_ready_;
   std::function<void(int)> params_needed_;

@@ -13,11 +13,7 @@ template <typename T>
 MtpBlock<T>::MtpBlock(const ModelConfig& cfg, ParamRegistry& params, const ops::RopeCache& rope,
                       const parallel::ProcessGroups* groups, uint64_t seed,
                       const ops::RopeMlaCache* mla_rope)
-    : H_(cfg.hidden),
-      E_(cfg.num_experts),
-      depth_scale_(cfg.mtp_num_layers > 0
-                       ? cfg.mtp_loss_scaling_factor / static_cast<double>(cfg.mtp_num_layers)
-                       : 0.0) {
+    : H_(cfg.hidden), E_(cfg.num_experts) {
   for (int64_t j = 0; j < cfg.mtp_num_layers; ++j) {
     layers_.push_back(std::make_unique<MtpLayer<T>>(cfg, j, params, rope, groups, seed, mla_rope));
     drop_key_.push_back(rng_key(seed, fmt::format("mtp.layers.{}.embedding.dropout", j)));
@@ -32,21 +28,16 @@ void MtpBlock<T>::allocate(Arena& a, int64_t S, int64_t B, int64_t T_local, bool
   T_local_ = T_local;
   const int64_t D = depths();
   ids_.assign(D, nullptr);
-  targets_.assign(D, nullptr);
   pos_.assign(D, nullptr);
   emb_.assign(D, nullptr);
-  lse_.assign(D, nullptr);
   for (int64_t j = 0; j < D; ++j) {
     layers_[j]->allocate(a, S, B);
     ids_[j] = a.alloc<int32_t>(T_, "mtp.ids");
-    targets_[j] = a.alloc<int32_t>(T_, "mtp.targets");
     if (positions) pos_[j] = a.alloc<int32_t>(T_, "mtp.positions");
     emb_[j] = a.alloc<T>(T_local * H_, "mtp.embedding");
-    lse_[j] = a.alloc<T>(T_, "mtp.lse");
   }
   // The backward's gradients cross from one depth to the one before: plain workspace, not a
   // depth's member of the per-layer overlay (the next depth's layer would overwrite them).
-  dloss_ = a.alloc<T>(1, "mtp.dloss", MemKind::Workspace);
   dhead_ = a.alloc<T>(T_local * H_, "mtp.dhead", MemKind::Workspace);
   dcarry_ = a.alloc<T>(T_local * H_, "mtp.dcarry", MemKind::Workspace);
   demb_ = a.alloc<T>(T_local * H_, "mtp.dembedding", MemKind::Workspace);
@@ -58,12 +49,11 @@ void MtpBlock<T>::forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T,
                           DevPtr<ops::MicroBatchReport> report, DevPtr<int64_t> tokens_per_expert_E,
                           bool replay) {
   const Exec& ex = *ex_;
-  report_ = report;
+  forwarded_ = true;
   DevPtr<const T> h = h0;
   for (int64_t j = 0; j < depths(); ++j) {
     const int64_t shift = (j + 1) * B_;  // k = j + 1 positions ahead, sequence-major
     ops::roll_tokens(ex, ids_[j], DevPtr<int64_t>(nullptr), ids_T, T_, shift, 0);
-    ops::roll_tokens(ex, targets_[j], ops::mtp_counted_ptr(report, j), targets_T, T_, shift, -1);
     if (pos_T != nullptr)
       ops::roll_tokens(ex, pos_[j], DevPtr<int64_t>(nullptr), pos_T, T_, shift, 0);
     ends_.embed(emb_[j], ids_[j], pos_[j], drop_key_[j]);
@@ -74,25 +64,33 @@ void MtpBlock<T>::forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T,
       ops::report_moe_layer(ex, report, tokens_per_expert_E, r.aux_value, r.z_value, r.dropped,
                             r.tokens_per_expert_E, E_);
     }
-    ends_.head_forward(layer.out(), targets_[j], lse_[j], ops::mtp_loss_sum_ptr(report, j));
+    if (loss_ != nullptr) loss_->forward(j, layer.out(), targets_T, report);
     h = layer.out();
   }
 }
 
 template <typename T>
-void MtpBlock<T>::backward(DevPtr<T> dh0, double loss_grad_scale) {
+void MtpBlock<T>::backward(DevPtr<T> dh0, double loss_grad_scale, DevPtr<const T> dh_k) {
   const Exec& ex = *ex_;
-  MOE_CHECK(report_ != nullptr, "[mtp] backward() without a forward");
+  MOE_CHECK(forwarded_, "[mtp] backward() without a forward");
+  MOE_CHECK(loss_ != nullptr || dh_k != nullptr,
+            "[mtp] the depths' backward needs their losses or the gradients of their outputs");
   const int64_t n = T_local_ * H_;
   for (int64_t j = depths() - 1; j >= 0; --j) {
     MtpLayer<T>& layer = *layers_[j];
-    ops::loss_grad_scale(ex, dloss_, DevPtr<const int64_t>(ops::mtp_counted_ptr(report_, j)),
-                         loss_grad_scale * depth_scale_);
-    ends_.head_backward(dhead_, layer.out(), targets_[j], lse_[j], dloss_);
-    // h_k also feeds depth k + 1, whose gradient was carried here.
-    if (j + 1 < depths())
-      ops::add(ex, dhead_, DevPtr<const T>(dhead_), DevPtr<const T>(dcarry_), n);
-    layer.backward(j == 0 ? dh0 : dcarry_, demb_, dhead_, loss_grad_scale);
+    // The gradient of h_k: its loss's (here, or sent back by the loss's stage), plus depth
+    // k + 1's, carried here.
+    DevPtr<const T> dout = dhead_;
+    if (loss_ != nullptr) {
+      loss_->backward(j, dhead_, loss_grad_scale);
+      if (j + 1 < depths())
+        ops::add(ex, dhead_, DevPtr<const T>(dhead_), DevPtr<const T>(dcarry_), n);
+    } else if (j + 1 < depths()) {
+      ops::add(ex, dhead_, dh_k + j * n, DevPtr<const T>(dcarry_), n);
+    } else {
+      dout = dh_k + j * n;
+    }
+    layer.backward(j == 0 ? dh0 : dcarry_, demb_, dout, loss_grad_scale);
     ends_.embed_backward(demb_, ids_[j], pos_[j], drop_key_[j]);
   }
 }

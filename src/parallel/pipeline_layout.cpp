@@ -345,6 +345,12 @@ PipelineLayout pipeline_layout(const ParallelConfig& cfg, int64_t num_layers, in
     out.stages.back().loss = true;
     out.stages.back().num_mtp_layers = mtp_layers;
   }
+  // Every virtual stage after the MTP layers' receives their hidden states with the decoder's.
+  bool after_mtp = false;
+  for (VirtualStage& s : out.stages) {
+    s.mtp_before = after_mtp;
+    after_mtp = after_mtp || s.num_mtp_layers > 0;
+  }
   // The guard of Megatron's issues #1304 / #1778: whatever the flags, the stages hold the model.
   int64_t placed = 0;
   for (const VirtualStage& s : out.stages) {
@@ -358,6 +364,21 @@ PipelineLayout pipeline_layout(const ParallelConfig& cfg, int64_t num_layers, in
   return out;
 }
 
+std::vector<int> word_table_ranks(const PipelineLayout& layout, bool tie_embeddings) {
+  std::vector<int> ranks;
+  bool mtp = false;
+  for (const VirtualStage& s : layout.stages) mtp = mtp || s.num_mtp_layers > 0;
+  if (!tie_embeddings && !mtp) return ranks;  // the table is the embedding's alone
+  for (size_t i = 0; i < layout.stages.size(); ++i) {
+    const VirtualStage& s = layout.stages[i];
+    if (s.embedding || s.num_mtp_layers > 0 || (s.loss && tie_embeddings))
+      ranks.push_back(static_cast<int>(i) % layout.pp);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
 std::string PipelineLayout::describe() const {
   std::string out;
   for (size_t i = 0; i < stages.size(); ++i) {
@@ -365,6 +386,7 @@ std::string PipelineLayout::describe() const {
     out += fmt::format("virtual stage {} (rank {}, chunk {}): {}", i, static_cast<int>(i) % pp,
                        static_cast<int>(i) / pp, layer_range(s));
     if (s.num_mtp_layers > 0) out += fmt::format(", {} MTP", s.num_mtp_layers);
+    if (s.mtp_before) out += ", the MTP hidden states";
     if (s.embedding) out += ", embedding";
     if (s.loss) out += ", loss";
     out += "\n";

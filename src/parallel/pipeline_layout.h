@@ -20,6 +20,10 @@ struct VirtualStage {
   int64_t num_mtp_layers = 0;  // MTP layers ('m') of a layout string
   bool embedding = false;
   bool loss = false;
+  // The MTP layers ran in an earlier virtual stage (Megatron's standalone MTP stage, e.g.
+  // "...|m|L"): this stage receives, and passes on or takes the losses of, the decoder's hidden
+  // states and every depth's concatenated, 1 + --mtp-num-layers boundary activations.
+  bool mtp_before = false;
 };
 
 struct PipelineLayout {
@@ -34,6 +38,13 @@ struct PipelineLayout {
 // layer or shrink the model silently).
 // Without a layout string the MTP layers sit with the loss, in the last virtual stage.
 PipelineLayout pipeline_layout(const ParallelConfig& cfg, int64_t num_layers, int64_t mtp_layers = 0);
+
+// Megatron's embedding group: the pp ranks that hold the word-embedding table, in rank order:
+// the embedding's, the MTP layers' (their depths embed the rolled ids) and, with a tied head, the
+// loss's; empty when only the embedding reads it. The table's gradient is summed over them (pipeline/pipeline_runner.h). Megatron's
+// default group is the first and last ranks only; a standalone MTP stage's copy is one more
+// holder of the same table, so it belongs to the sum (else its copy drifts from the others).
+std::vector<int> word_table_ranks(const PipelineLayout& layout, bool tie_embeddings);
 
 // --pipeline-model-parallel-layout unrolled as Megatron's parse_str_to_list does it: commas
 // dropped, "(...)*n" then "x*n" repeated, split at '|'. One string per virtual stage (in stage

@@ -11,20 +11,56 @@
 namespace moecore::pipeline {
 
 namespace {
-// MPI guarantees tags up to 32767; the tied table's exchange takes the last.
+// MPI guarantees tags up to 32767; the shared table's exchange takes the last two (the partial
+// sums along its holders, the whole sum back).
 constexpr int kMaxTag = 32767;
 constexpr int kTiedTag = kMaxTag;
+constexpr int kTiedSumTag = kMaxTag - 1;
 }  // namespace
 
+template <typename T>
+std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<T>& model) {
+  std::vector<ChunkBoundary> out;
+  for (int c = 0; c < model.num_chunks(); ++c)
+    out.push_back(ChunkBoundary{model.chunk(c).embedding, model.input_elems(c), model.output_elems(c)});
+  return out;
+}
+template std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<float>&);
+template std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<double>&);
+
+namespace {
+std::vector<int> table_ranks_of(const ModelConfig& mc, const parallel::ProcessGroups& g) {
+  return parallel::word_table_ranks(
+      parallel::pipeline_layout(g.layout().config, mc.num_layers, mc.mtp_num_layers),
+      mc.tie_embeddings);
+}
+}  // namespace
+
+template <typename T>
+int64_t exchanged_table_elems(const model::GPTModel<T>& model,
+                              const parallel::ProcessGroups* groups) {
+  const Param* table = model.shared_embedding();
+  if (table == nullptr || groups == nullptr || groups->group(parallel::GroupKind::Pp).size() <= 1)
+    return 0;
+  return table_ranks_of(model.config(), *groups).size() > 1 ? table->local_numel() : 0;
+}
+template int64_t exchanged_table_elems(const model::GPTModel<float>&,
+                                       const parallel::ProcessGroups*);
+template int64_t exchanged_table_elems(const model::GPTModel<double>&,
+                                       const parallel::ProcessGroups*);
+
 PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
-                                          const std::vector<bool>& chunk_has_embedding,
-                                          int64_t boundary_elems, int64_t tied_table_elems) {
-  MOE_CHECK(static_cast<int>(chunk_has_embedding.size()) == c.vp,
-            "[pipeline] {} chunks said whether they hold the embedding, for {} virtual stages",
-            chunk_has_embedding.size(), c.vp);
+                                          const std::vector<ChunkBoundary>& chunks,
+                                          int64_t tied_table_elems) {
+  MOE_CHECK(static_cast<int>(chunks.size()) == c.vp,
+            "[pipeline] {} chunks gave their boundaries, for {} virtual stages", chunks.size(),
+            c.vp);
   validate_schedule(c);
   PipelineBufferSizes s;
-  s.boundary_elems = boundary_elems;
+  for (const ChunkBoundary& b : chunks) {
+    s.boundary_elems = std::max({s.boundary_elems, b.input_elems, b.output_elems});
+    s.input_elems.push_back(b.input_elems);
+  }
   s.stash_slots.assign(c.vp, 0);
   if (c.pp <= 1) return s;  // the plain loop: nothing crosses a stage
   const std::vector<int64_t> in_flight = in_flight_per_chunk(c);
@@ -32,12 +68,13 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
   for (int ch = 0; ch < c.vp; ++ch) {
     most = std::max(most, in_flight[ch]);
     // The embedding's chunk reads the token ids: nothing to keep.
-    if (!chunk_has_embedding[ch]) s.stash_slots[ch] = in_flight[ch];
-    s.stash_elems += s.stash_slots[ch] * boundary_elems;
+    if (!chunks[ch].embedding) s.stash_slots[ch] = in_flight[ch];
+    s.stash_elems += s.stash_slots[ch] * chunks[ch].input_elems;
   }
-  s.grad_in_elems = boundary_elems;
+  // A send slot carries any activation or gradient of the rank, grad_in any output's gradient.
+  s.grad_in_elems = s.boundary_elems;
   s.send_slots_per_pool = c.vp * most + 1;
-  s.send_elems = 2 * s.send_slots_per_pool * boundary_elems;
+  s.send_elems = 2 * s.send_slots_per_pool * s.boundary_elems;
   s.tied_elems = tied_table_elems;
   return s;
 }
@@ -48,7 +85,7 @@ int64_t PipelineBufferSizes::bytes(size_t elem_size) const {
     return static_cast<int64_t>((b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign);
   };
   int64_t total = 0;
-  for (int64_t n : stash_slots) total += n * buffer(boundary_elems);
+  for (size_t c = 0; c < stash_slots.size(); ++c) total += stash_slots[c] * buffer(input_elems[c]);
   if (grad_in_elems > 0) total += buffer(grad_in_elems);
   total += 2 * send_slots_per_pool * buffer(boundary_elems);
   if (tied_elems > 0) total += buffer(tied_elems);
@@ -71,22 +108,32 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   }
   validate_schedule(cfg_);
   in_flight_ = in_flight_per_chunk(cfg_);
-  elems_ = model.boundary_elems();
   const int vp = cfg_.vp;
   stash_.assign(vp, {});
   stash_mb_.assign(vp, {});
   stash_recv_.resize(vp);
-  std::vector<bool> has_embedding(vp);
-  for (int c = 0; c < vp; ++c) has_embedding[c] = model.chunk(c).embedding;
   const Param* table = model.shared_embedding();
-  const PipelineBufferSizes sizes = pipeline_buffer_sizes(
-      cfg_, has_embedding, elems_, table != nullptr ? table->local_numel() : 0);
+  const PipelineBufferSizes sizes =
+      pipeline_buffer_sizes(cfg_, chunk_boundaries(model), exchanged_table_elems(model, groups));
+  elems_ = sizes.boundary_elems;
+  if (pipelined()) {
+    // The embedding group from the placement every rank computes alike (no communication).
+    const ModelConfig& mc = model.config();
+    table_ranks_ = table_ranks_of(mc, *groups);
+    const bool listed =
+        std::find(table_ranks_.begin(), table_ranks_.end(), cfg_.rank) != table_ranks_.end();
+    MOE_CHECK(listed == (table != nullptr),
+              "[pipeline] internal: pp rank {} {} the shared word table but the placement says "
+              "it does{}",
+              cfg_.rank, table != nullptr ? "holds" : "does not hold", listed ? "" : " not");
+  }
   arena_.plan([&](Arena& a) {
     if (!pipelined()) return;
     for (int c = 0; c < vp; ++c) {
       stash_[c].clear();
       for (int64_t s = 0; s < sizes.stash_slots[c]; ++s)
-        stash_[c].push_back(a.alloc<T>(elems_, "pipeline.stash", MemKind::Activations));
+        stash_[c].push_back(
+            a.alloc<T>(sizes.input_elems[c], "pipeline.stash", MemKind::Activations));
     }
     grad_in_ = a.alloc<T>(sizes.grad_in_elems, "pipeline.grad_in", MemKind::Workspace);
     // Sends complete once the neighbour posts the receive; a pool per direction as deep as
@@ -105,6 +152,7 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
     stash_recv_[c].resize(stash_[c].size());
   }
   for (SendPool& p : send_) p.handle.resize(p.buf.size());
+  if (!table_ranks_.empty()) table_sends_.resize(table_ranks_.size() - 1);
   ScheduleConfig c = cfg_;
   train_order_ = schedule(c);
   c.forward_only = true;
@@ -134,7 +182,7 @@ int PipelineRunner<T>::next_rank(int c) const {
 
 template <typename T>
 int PipelineRunner<T>::tag(int64_t mb, int receiver_chunk, bool gradient) const {
-  return static_cast<int>(((mb * cfg_.vp + receiver_chunk) * 2 + (gradient ? 1 : 0)) % kMaxTag);
+  return static_cast<int>(((mb * cfg_.vp + receiver_chunk) * 2 + (gradient ? 1 : 0)) % kTiedSumTag);
 }
 
 template <typename T>
@@ -167,7 +215,7 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   const int L = static_cast<int>(model_.config().num_layers);
   // The shared table's gradient (the tied head's, MTP's) is final only once the other stage's
   // part is added: its stage reports after the exchange.
-  exchange_ = !forward_only && pipelined() && model_.shared_embedding() != nullptr;
+  exchange_ = !forward_only && tied_recv_ != nullptr;
   std::fill(backwards_.begin(), backwards_.end(), 0);
   bool armed = false;
   hooks_ = &hooks;
@@ -185,7 +233,8 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
     for (size_t s = 0; s < stash_mb_[ch].size(); ++s) {
       if (stash_mb_[ch][s] >= 0) continue;
       stash_mb_[ch][s] = mb;
-      stash_recv_[ch][s] = pp_->recv_async(stash_[ch][s], elems_, dt, prev_rank(ch), tag(mb, ch, false));
+      stash_recv_[ch][s] = pp_->recv_async(stash_[ch][s], model_.input_elems(ch), dt,
+                                           prev_rank(ch), tag(mb, ch, false));
       return true;
     }
     return false;
@@ -240,8 +289,9 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
           ScopedPhase phase(Phase::Communication);
           buf = send_slot(false, &h);
         }
-        ops::copy(ex, buf, model_.chunk_output(ch), elems_);
-        *h = pp_->send_async(buf, elems_, dt, next_rank(ch), tag(mb, next_chunk(ch), false));
+        const int64_t n = model_.output_elems(ch);
+        ops::copy(ex, buf, model_.chunk_output(ch), n);
+        *h = pp_->send_async(buf, n, dt, next_rank(ch), tag(mb, next_chunk(ch), false));
       }
       if (forward_only) release(mb, ch);
     } else {
@@ -254,7 +304,8 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
       DevPtr<const T> dout = nullptr;
       if (!st.loss) {
         ScopedPhase phase(Phase::Communication);
-        pp_->recv_async(grad_in_, elems_, dt, next_rank(ch), tag(mb, ch, true)).wait_on(ex);
+        pp_->recv_async(grad_in_, model_.output_elems(ch), dt, next_rank(ch), tag(mb, ch, true))
+            .wait_on(ex);
         dout = grad_in_;
       }
       final_backward_ = backwards_[ch] == M - 1;
@@ -272,8 +323,9 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
           ScopedPhase phase(Phase::Communication);
           buf = send_slot(true, &h);
         }
-        ops::copy(ex, buf, model_.input_grad(), elems_);
-        *h = pp_->send_async(buf, elems_, dt, prev_rank(ch), tag(mb, prev_chunk(ch), true));
+        const int64_t n = model_.input_elems(ch);
+        ops::copy(ex, buf, model_.input_grad(), n);
+        *h = pp_->send_async(buf, n, dt, prev_rank(ch), tag(mb, prev_chunk(ch), true));
       }
       release(mb, ch);
     }
@@ -294,23 +346,36 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   hooks_ = nullptr;
 }
 
-// Megatron's embedding group: the first stage's table and the last stage's copy (the tied
-// head's, or MTP's with an untied head) get the sum of both gradients (a + b on one, b + a on the
-// other: bitwise the same), before the data-parallel reduction, so both copies take the same
-// update.
+// Megatron's embedding group: every holder of the word table (the first stage's embedding, a
+// standalone MTP stage's copy, the tied head's copy: table_ranks_, in pp rank order) gets the sum
+// of all their gradients before the data-parallel reduction, so every copy takes the same update.
+// The sum runs along the holders in rank order (each adds its own gradient to the partial sum it
+// receives: ((g_0 + g_1) + g_2) ...) and the last holder sends it back to the others: bitwise the
+// same everywhere (with two holders g_0 + g_1, as a + b = b + a).
 template <typename T>
 void PipelineRunner<T>::exchange_tied_gradient() {
   ScopedPhase phase(Phase::Communication);
   const Exec& ex = arena_.exec();
   Param* table = model_.shared_embedding();
   const int64_t n = table->local_numel();
-  const int peer = cfg_.rank == 0 ? cfg_.pp - 1 : 0;
+  const DType dt = DTypeOf<T>::value;
   const DevPtr<T> grad = table->template grad_as<T>();
-  parallel::CommHandle send = pp_->send_async(grad, n, DTypeOf<T>::value, peer, kTiedTag);
-  parallel::CommHandle recv = pp_->recv_async(tied_recv_, n, DTypeOf<T>::value, peer, kTiedTag);
-  recv.wait_on(ex);
-  send.wait_on(ex);  // the sum is written into the buffer it sent
-  ops::add(ex, grad, DevPtr<const T>(grad), DevPtr<const T>(tied_recv_), n);
+  const size_t k = table_ranks_.size();
+  const size_t me = static_cast<size_t>(
+      std::find(table_ranks_.begin(), table_ranks_.end(), cfg_.rank) - table_ranks_.begin());
+  if (me > 0) {
+    pp_->recv_async(tied_recv_, n, dt, table_ranks_[me - 1], kTiedTag).wait_on(ex);
+    ops::add(ex, grad, DevPtr<const T>(tied_recv_), DevPtr<const T>(grad), n);
+  }
+  if (me + 1 < k) {
+    pp_->send_async(grad, n, dt, table_ranks_[me + 1], kTiedTag).wait_on(ex);
+    // The whole sum, from the last holder.
+    pp_->recv_async(grad, n, dt, table_ranks_[k - 1], kTiedSumTag).wait_on(ex);
+    return;
+  }
+  for (size_t i = 0; i + 1 < k; ++i)
+    table_sends_[i] = pp_->send_async(grad, n, dt, table_ranks_[i], kTiedSumTag);
+  for (parallel::CommHandle& h : table_sends_) h.wait_on(ex);
 }
 
 template class PipelineRunner<float>;

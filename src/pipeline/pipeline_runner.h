@@ -3,7 +3,9 @@
 // and their gradients to and from the neighbouring virtual stages (point-to-point on the pipeline
 // group, non-blocking, through parallel::Communicator), the gradients' readiness for the
 // data-parallel reduction, and the shared embedding table's gradient (the tied head's, MTP's)
-// summed between the first and the last stage. Without pipeline parallelism it is the plain loop
+// summed over the ranks that hold it (Megatron's embedding group: parallel::word_table_ranks).
+// Each chunk's boundary is the stage's own (GPTModel::input_elems / output_elems): from a
+// standalone MTP stage on, 1 + --mtp-num-layers activations. Without pipeline parallelism it is the plain loop
 // (each micro-batch's forward then its backward) with no communication.
 //
 // Memory: each chunk keeps the input of every micro-batch in flight (the schedule's peak, planned
@@ -33,8 +35,9 @@ namespace moecore::pipeline {
 // without building a runner; the runner allocates exactly these). Each slot is one buffer of the
 // runner's arena (Arena::kAlign-rounded there, as bytes() rounds it).
 struct PipelineBufferSizes {
-  int64_t boundary_elems = 0;             // one boundary activation [T_local, H]
+  int64_t boundary_elems = 0;             // the rank's largest boundary (a send or grad_in slot)
   std::vector<int64_t> stash_slots;       // per chunk: kept inputs (0 for the embedding's chunk)
+  std::vector<int64_t> input_elems;       // per chunk: one kept input
   int64_t send_slots_per_pool = 0;        // activations forward and gradients backward, each
   int64_t stash_elems = 0;                // all chunks' kept inputs
   int64_t grad_in_elems = 0;              // the received output gradient of the next backward
@@ -44,13 +47,30 @@ struct PipelineBufferSizes {
   int64_t bytes(size_t elem_size) const;
 };
 
+// One chunk's boundaries (GPTModel::input_elems / output_elems).
+struct ChunkBoundary {
+  bool embedding = false;   // it reads the token ids: nothing received
+  int64_t input_elems = 0;  // one activation it receives (its gradient it sends back)
+  int64_t output_elems = 0;  // one activation it sends (its gradient it receives)
+};
+// A model's chunks' boundaries.
+template <typename T>
+std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<T>& model);
+
+// The local elements of the shared word table whose gradient this rank sums with other pp
+// ranks' (0: it holds none, or no other rank does); groups: the trainer's (null or pp 1: 0).
+template <typename T>
+int64_t exchanged_table_elems(const model::GPTModel<T>& model,
+                              const parallel::ProcessGroups* groups);
+
 // What PipelineRunner plans for schedule `c` (pp 1: nothing): per chunk without the embedding
-// (chunk_has_embedding[c] false) in_flight_per_chunk(c) stash slots, one grad_in slot, two send
-// pools of vp x max(in flight) + 1 slots, and with tied_table_elems > 0 (the tied table's local
-// size on a stage that holds it) its receive buffer.
+// in_flight_per_chunk(c) stash slots of its input, one grad_in slot, two send pools of
+// vp x max(in flight) + 1 slots (the slots of the rank's largest boundary), and with
+// tied_table_elems > 0 (the shared table's local size on a stage that holds it) its receive
+// buffer.
 PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
-                                          const std::vector<bool>& chunk_has_embedding,
-                                          int64_t boundary_elems, int64_t tied_table_elems);
+                                          const std::vector<ChunkBoundary>& chunks,
+                                          int64_t tied_table_elems);
 
 template <typename T>
 class PipelineRunner {
@@ -111,7 +131,10 @@ class PipelineRunner {
   parallel::Communicator* pp_ = nullptr;  // the pipeline group (null: no pipelining)
   ScheduleConfig cfg_;
   std::vector<int64_t> in_flight_;
-  int64_t elems_ = 0;  // one boundary activation
+  int64_t elems_ = 0;  // the largest boundary (a send or grad_in slot)
+  // The pp ranks holding the shared table, in rank order (parallel::word_table_ranks).
+  std::vector<int> table_ranks_;
+  std::vector<parallel::CommHandle> table_sends_;  // the last holder's, of the whole sum
   Arena arena_;
   // Per chunk: the kept inputs of the micro-batches in flight ([in_flight] x [elems]).
   std::vector<std::vector<DevPtr<T>>> stash_;
@@ -124,7 +147,7 @@ class PipelineRunner {
     size_t next = 0;
   };
   SendPool send_[2];  // [0] activations forward, [1] gradients backward
-  DevPtr<T> tied_recv_ = nullptr;  // the other stage's tied-table gradient
+  DevPtr<T> tied_recv_ = nullptr;  // a partial sum of the shared table's gradient
   int64_t replays_ = 0;
   // Planned once: the schedules, and the step's counters (a step allocates nothing).
   std::vector<Work> train_order_, eval_order_;

@@ -107,13 +107,10 @@ ArenaSizes arena_sizes_for(const ModelConfig& cfg, int64_t micro_batch,
   s.numel_values32 = p.values32_numel(ParamKind::Dense) + p.values32_numel(ParamKind::Expert);
   s.master_in_optimizer = master;
   if (!chunks.empty()) {
-    std::vector<bool> has_embedding;
-    for (const parallel::VirtualStage& v : chunks) has_embedding.push_back(v.embedding);
-    const Param* table = model.shared_embedding();
-    s.pipeline = pipeline::pipeline_buffer_sizes(sched, has_embedding, model.boundary_elems(),
-                                                 table != nullptr ? table->local_numel() : 0);
+    s.pipeline = pipeline::pipeline_buffer_sizes(sched, pipeline::chunk_boundaries(model),
+                                                 pipeline::exchanged_table_elems(model, groups.get()));
     s.pipeline_planned = static_cast<double>(s.pipeline.bytes(sizeof(float)));
-    s.boundary_elems = model.boundary_elems();
+    s.boundary_elems = s.pipeline.boundary_elems;
   }
   return s;
 }
@@ -133,24 +130,10 @@ ArenaSizes trainer_arena_sizes(const ModelConfig& cfg, int64_t micro_batch,
 
 namespace {
 
-// Whether the pipeline places the MTP layers in the virtual stage with the loss, the only place
-// the trainer builds them (Megatron's layouts may put them in a stage before it).
-bool mtp_with_the_loss(const ModelSpec& m, const RunSpec& r) {
-  const parallel::PipelineLayout pl =
-      parallel::pipeline_layout(r.parallel, m.num_layers, m.mtp_num_layers);
-  for (const parallel::VirtualStage& s : pl.stages) {
-    if (s.num_mtp_layers > 0 && !s.loss) return false;
-  }
-  return true;
-}
-
 // Why the trainer's planning pass cannot size this rank (empty: it can).
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
   std::vector<std::string> why;
   // What the trainer does not build yet.
-  if (m.mtp_num_layers > 0 && !mtp_with_the_loss(m, r)) {
-    why.push_back("MTP layers in a pipeline stage without the loss, not built by the trainer yet");
-  }
   if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
@@ -306,9 +289,18 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       st.in_flight = pipeline::in_flight_per_chunk(sc);
       st.recomputed_forwards = pipeline::recomputed_forwards(sc);
     }
+    // From a standalone MTP stage on the boundary carries every depth's hidden states after the
+    // decoder's (Megatron's concatenation): 1 + D activations.
+    bool wide = false, final_norm = false;
+    for (const parallel::VirtualStage& v : st.chunks) {
+      wide = wide || v.mtp_before || (v.num_mtp_layers > 0 && !v.loss);
+      final_norm = final_norm || (m.mtp_num_layers > 0
+                                      ? v.num_layers > 0 && v.first_layer + v.num_layers == m.num_layers
+                                      : v.loss);
+    }
     st.boundary_bytes = static_cast<double>(m.seq_length * run.micro_batch) / d.cp /
                         (run.parallel.sequence_parallel ? d.tp : 1) * m.hidden *
-                        (run.bf16 ? 2 : 4);
+                        (run.bf16 ? 2 : 4) * (wide ? 1.0 + static_cast<double>(m.mtp_num_layers) : 1.0);
     // Parameters of one rank: dense parts split over TP but the replicated ones (norms, router,
     // row-parallel biases: LayerParams::tp_replicated), experts over EP x ETP but their fc2
     // biases (whole on every ETP rank); embedding and head vocab-parallel (/ tp), the learned
@@ -332,16 +324,15 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
       experts_repl += depths * static_cast<double>(p.experts_etp_replicated);
     }
     const double emb = st.has_embedding ? static_cast<double>(pc.embedding) : 0;
-    // A last stage without the embedding keeps its own copy of the word table (split over TP)
-    // for a tied head or for MTP; the final norm is whole.
+    // A stage without the embedding keeps its own copy of the word table (split over TP) for a
+    // tied head or for MTP; the final norm (whole) is the loss's, or with MTP the decoder's last
+    // layer's.
     const bool table_copy =
-        st.has_head && !st.has_embedding && (m.tie_embeddings || m.mtp_num_layers > 0);
-    const double head = st.has_head
-                            ? static_cast<double>(pc.head + pc.final_norm +
-                                                  (table_copy ? pc.embedding - pc.positions : 0))
-                            : 0;
+        !st.has_embedding && ((st.has_head && m.tie_embeddings) || st.has_mtp);
+    const double head_norm = final_norm ? static_cast<double>(pc.final_norm) : 0;
+    const double head = (st.has_head ? static_cast<double>(pc.head) : 0) + head_norm +
+                        (table_copy ? static_cast<double>(pc.embedding - pc.positions) : 0);
     const double positions = st.has_embedding ? static_cast<double>(pc.positions) : 0;
-    const double head_norm = st.has_head ? static_cast<double>(pc.final_norm) : 0;
     st.params_dense = static_cast<int64_t>((dense - dense_repl) / d.tp + dense_repl);
     st.params_expert =
         static_cast<int64_t>(((experts - experts_repl) / d.etp + experts_repl) / d.ep);

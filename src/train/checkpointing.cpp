@@ -89,7 +89,8 @@ int64_t state_int(const ckpt::Manifest& m, const char* key, const std::string& d
 
 // Whether a tensor of the model is held by another pipeline stage than this rank's: a decoder
 // layer of the model that this rank does not hold, the embedding tables on a rank without the
-// embedding, the final norm and output layer on a rank without the loss.
+// embedding, the output layer on a rank without the loss, the final norm and the MTP depths on a
+// rank without them.
 template <typename T>
 bool on_another_stage(const model::GPTModel<T>& model, const std::string& name) {
   const int chunks = model.num_chunks();
@@ -110,8 +111,11 @@ bool on_another_stage(const model::GPTModel<T>& model, const std::string& name) 
            std::find(mine.begin(), mine.end(), l) == mine.end();
   }
   if (name.rfind("embedding.", 0) == 0) return !model.chunk(0).embedding;
-  if (name.rfind("decoder.final_layernorm.", 0) == 0 || name.rfind("output_layer.", 0) == 0)
-    return !model.chunk(chunks - 1).loss;
+  // The final norm is the loss's stage's, or with MTP the decoder's last layer's; the MTP depths
+  // are all on one stage (with the loss or before it).
+  if (name.rfind("decoder.final_layernorm.", 0) == 0) return !model.has_final_norm();
+  if (name.rfind("mtp.", 0) == 0) return model.mtp() == nullptr;
+  if (name.rfind("output_layer.", 0) == 0) return !model.chunk(chunks - 1).loss;
   return false;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "common/layer_testing.h"
@@ -370,6 +371,155 @@ TEST(Mtp, PipelineChunksComposeToTheWholeModelTied) {
   expect_chunks_compose(true);
 }
 
+// Pipeline chunks with a standalone MTP stage (Megatron's "...m|L"), one model per virtual stage
+// in one process, compose to the whole model: the MTP stage sends the decoder's final-normed
+// states and both depths' on ((1 + D) boundary activations), the loss's stage splits them and
+// takes every loss, and sends back their gradients. The report (the depths' sums and counts
+// included) and every gradient bitwise but the word table's, whose copies (the first stage's,
+// the MTP stage's, with a tied head the loss stage's) sum to the whole model's within f64 ulps.
+// Two micro-batches, each stage but the last replaying its forward before its backward, dropout
+// and router jitter on, MoE MTP layers. stages: the virtual stages in order; table_holders: the
+// stages that hold the word table.
+void expect_standalone_mtp_composes(bool tied, const std::vector<parallel::VirtualStage>& stages,
+                                    int table_holders) {
+  ModelConfig cfg = mtp_config(2);
+  cfg.num_layers = 4;
+  cfg.moe_layer_pattern = {1, 0, 0, 1};
+  cfg.tie_embeddings = tied;
+  cfg.hidden_dropout = 0.2;
+  cfg.attention_dropout = 0.1;
+  cfg.moe.router.input_jitter_eps = 0.05;
+  const int64_t B = 2, n = B * cfg.seq_length, E = cfg.num_experts, D = 2;
+  const size_t S = stages.size();
+  GPTModel<double> whole(cfg, B, 7);
+  std::vector<std::unique_ptr<GPTModel<double>>> part;
+  for (const parallel::VirtualStage& v : stages)
+    part.push_back(std::make_unique<GPTModel<double>>(cfg, B, 7, nullptr, false, cpu_exec(),
+                                                      std::vector<parallel::VirtualStage>{v}));
+  // The boundaries: (1 + D) activations from the MTP stage on.
+  for (size_t i = 0; i < S; ++i) {
+    const bool wide_out = stages[i].num_mtp_layers > 0 || stages[i].mtp_before;
+    if (!stages[i].loss)
+      EXPECT_EQ(part[i]->output_elems(0), (wide_out ? 1 + D : 1) * part[i]->boundary_elems()) << i;
+    if (!stages[i].embedding)
+      EXPECT_EQ(part[i]->input_elems(0),
+                (stages[i].mtp_before ? 1 + D : 1) * part[i]->boundary_elems()) << i;
+  }
+  std::vector<std::vector<int32_t>> ids, targets;
+  std::vector<ops::DropoutCounters> counters;
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
+    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
+    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
+  }
+  targets[1][4] = -1;
+  std::vector<ops::MicroBatchReport> rw(2);
+  std::vector<int64_t> tw(2 * E);
+  std::vector<std::vector<ops::MicroBatchReport>> rp(S, std::vector<ops::MicroBatchReport>(2));
+  std::vector<std::vector<int64_t>> tp(S, std::vector<int64_t>(2 * E));
+  const auto io = [&](ops::MicroBatchReport* r, int64_t* t, int mb) {
+    return MicroBatchIO{ids[mb].data(), targets[mb].data(), r, t, &counters[mb]};
+  };
+  whole.params().zero_grads();
+  for (auto& m : part) m->params().zero_grads();
+  for (int mb = 0; mb < 2; ++mb) {
+    whole.forward(io(&rw[mb], &tw[mb * E], mb));
+    whole.backward(0.5);
+  }
+  // act[i][mb]: stage i's output; grad[i][mb]: the gradient of stage i's input.
+  std::vector<std::vector<std::vector<double>>> act(S, std::vector<std::vector<double>>(2)),
+      grad(S, std::vector<std::vector<double>>(2));
+  for (int mb = 0; mb < 2; ++mb) {
+    for (size_t i = 0; i < S; ++i) {
+      part[i]->forward_chunk(0, io(&rp[i][mb], &tp[i][mb * E], mb),
+                             i == 0 ? nullptr : act[i - 1][mb].data(), mb);
+      if (i + 1 < S) {
+        const double* out = host(part[i]->chunk_output(0));
+        act[i][mb].assign(out, out + part[i]->output_elems(0));
+      }
+    }
+    part[S - 1]->backward_chunk(0, 0.5, nullptr, mb);
+    const double* g = host(part[S - 1]->input_grad());
+    grad[S - 1][mb].assign(g, g + part[S - 1]->input_elems(0));
+  }
+  for (size_t i = S - 1; i-- > 0;) {
+    for (int mb = 0; mb < 2; ++mb) {
+      part[i]->forward_chunk(0, io(&rp[i][mb], &tp[i][mb * E], mb),
+                             i == 0 ? nullptr : act[i - 1][mb].data(), mb, /*replay=*/true);
+      part[i]->backward_chunk(0, 0.5, grad[i + 1][mb].data(), mb);
+      if (i > 0) {
+        const double* g = host(part[i]->input_grad());
+        grad[i][mb].assign(g, g + part[i]->input_elems(0));
+      }
+    }
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    const ops::MicroBatchReport& rl = rp[S - 1][mb];
+    EXPECT_EQ(rl.lm_loss_sum, rw[mb].lm_loss_sum) << mb;
+    EXPECT_EQ(rl.counted, rw[mb].counted) << mb;
+    for (int j = 0; j < D; ++j) {
+      EXPECT_EQ(rl.mtp_loss_sum[j], rw[mb].mtp_loss_sum[j]) << mb << " depth " << j + 1;
+      EXPECT_EQ(rl.mtp_counted[j], rw[mb].mtp_counted[j]) << mb << " depth " << j + 1;
+      EXPECT_GT(rw[mb].mtp_counted[j], 0);
+    }
+    int64_t moe_layers = 0;
+    for (size_t i = 0; i < S; ++i) moe_layers += rp[i][mb].moe_layers;
+    EXPECT_EQ(moe_layers, rw[mb].moe_layers) << mb;
+    EXPECT_EQ(rw[mb].moe_layers, 4) << "two decoder MoE layers and the two depths'";
+  }
+  int compared = 0;
+  for (const Param& w : whole.params().params()) {
+    SCOPED_TRACE(w.name());
+    const double* gw = host(w.grad_as<double>());
+    // Where the table is held: summed over its copies.
+    std::vector<double> sum(w.local_numel(), 0.0);
+    int holders = 0, copies = 0;
+    for (auto& m : part) {
+      const Param* a = m->params().find(w.name());
+      if (a == nullptr) continue;
+      ++holders;
+      copies += a->spec.pipeline_copy ? 1 : 0;
+      const double* ga = host(a->grad_as<double>());
+      for (int64_t i = 0; i < w.local_numel(); ++i) sum[i] += ga[i];
+    }
+    ASSERT_GE(holders, 1) << "on no stage";
+    if (w.name() == "embedding.word_embeddings.weight") {
+      EXPECT_EQ(holders, table_holders) << "the first, MTP and (tied) loss stages";
+      EXPECT_EQ(copies, holders - 1);
+      for (int64_t i = 0; i < w.local_numel(); ++i)
+        EXPECT_NEAR(sum[i], gw[i], 1e-14 * (std::abs(gw[i]) + 1e-3)) << i;
+    } else {
+      EXPECT_EQ(holders, 1) << "held twice";
+      EXPECT_EQ(std::memcmp(sum.data(), gw, sizeof(double) * w.local_numel()), 0);
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(whole.params().params().size()));
+}
+
+// "Et|tt m|L": the MTP layers beside the decoder's last layers, which run the final norm.
+const std::vector<parallel::VirtualStage> kMtpWithLastLayers = {
+    {0, 2, 0, true, false}, {2, 2, 2, false, false}, {4, 0, 0, false, true, true}};
+// "Ettt t|m|L": the MTP layers alone (their input already final-normed by the stage before).
+const std::vector<parallel::VirtualStage> kMtpAlone = {
+    {0, 4, 0, true, false}, {4, 0, 2, false, false}, {4, 0, 0, false, true, true}};
+
+TEST(Mtp, StandaloneMtpStageComposesToTheWholeModel) {
+  expect_standalone_mtp_composes(false, kMtpWithLastLayers, 2);
+}
+TEST(Mtp, StandaloneMtpStageComposesToTheWholeModelTied) {
+  expect_standalone_mtp_composes(true, kMtpWithLastLayers, 3);
+}
+TEST(Mtp, MtpLayersAloneComposeToTheWholeModelTied) {
+  expect_standalone_mtp_composes(true, kMtpAlone, 3);
+}
+// "Et|tt|mL": the final norm after the decoder's last layer (Megatron's rule with MTP), the MTP
+// layers beside the loss.
+TEST(Mtp, MtpBesideTheLossAfterTheFinalNormComposes) {
+  expect_standalone_mtp_composes(
+      true, {{0, 2, 0, true, false}, {2, 2, 0, false, false}, {4, 0, 2, false, true}}, 2);
+}
+
 // --bf16 (bf16 GEMM inputs, f32 accumulation; eh_proj's too) tracks the f32 model on the same
 // weights and batch: the training loss (the depths' included) and every parameter's gradient
 // within the bf16 rows, on both bf16 GEMM paths where both exist, tied and untied (the heads'
@@ -471,9 +621,9 @@ TEST(Mtp, RecomputationIsBitwise) {
   EXPECT_TRUE(run(full) == plain) << "full";
 }
 
-// The MTP depths run in the virtual stage with the loss, all of them; learned positions need
-// the embedding's stage.
-TEST(Mtp, PlacementOutsideTheLossStageIsRefused) {
+// The MTP depths run after every decoder layer, all in one virtual stage, with the loss or
+// before it; learned positions need the embedding's stage.
+TEST(Mtp, PlacementsMegatronRefusesAreRefused) {
   ModelConfig cfg = mtp_config(1);
   cfg.num_layers = 4;
   cfg.moe_layer_pattern = {1, 0, 0, 1};
@@ -485,10 +635,13 @@ TEST(Mtp, PlacementOutsideTheLossStageIsRefused) {
     }
     return std::string();
   };
-  EXPECT_NE(error_of(cfg, {0, 2, 1, true, false}).find("MTP layers in a stage of their own"),
+  EXPECT_NE(error_of(cfg, {0, 2, 1, true, false}).find("come after every decoder layer"),
             std::string::npos);
-  EXPECT_NE(error_of(cfg, {2, 2, 0, false, true}).find("holds 0 MTP layers beside the loss"),
+  EXPECT_NE(error_of(cfg, {2, 2, 0, false, true}).find("no stage runs them"), std::string::npos);
+  EXPECT_NE(error_of(cfg, {3, 1, 0, false, true, true}).find("holds 1 decoder and 0 MTP"),
             std::string::npos);
+  EXPECT_EQ(error_of(cfg, {2, 2, 1, false, false}), "");  // a standalone MTP stage
+  EXPECT_EQ(error_of(cfg, {4, 0, 0, false, true, true}), "");  // the loss after it
   ModelConfig learned = cfg;
   learned.position_embedding = PositionEmbedding::LearnedAbsolute;
   EXPECT_NE(error_of(learned, {2, 2, 1, false, true}).find("learned absolute positions"),

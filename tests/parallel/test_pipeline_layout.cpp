@@ -252,6 +252,38 @@ TEST(PipelineLayout, LayoutStrings) {
   EXPECT_EQ(spans(small), (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {4, 0}, {4, 2}}));
 }
 
+// Megatron's embedding group as moecore sums it: every pp rank holding the word table (the
+// embedding's, the MTP layers', a tied loss's), and the stages after the MTP layers' marked.
+TEST(PipelineLayout, WordTableRanksAndTheStagesAfterTheMtpLayers) {
+  ParallelConfig cfg;
+  cfg.pp = 16;
+  cfg.layout = "Et*3|(tt|)*29,m|L";
+  const PipelineLayout ds = pipeline_layout(cfg, 61, 1);
+  for (size_t i = 0; i < ds.stages.size(); ++i)
+    EXPECT_EQ(ds.stages[i].mtp_before, i == ds.stages.size() - 1) << "virtual stage " << i;
+  EXPECT_EQ(word_table_ranks(ds, false), (std::vector<int>{0, 14}));  // DeepSeek-V3: untied
+  EXPECT_EQ(word_table_ranks(ds, true), (std::vector<int>{0, 14, 15}));
+  // Empty stages between the MTP layers and the loss pass the hidden states on.
+  cfg.pp = 4;
+  cfg.layout = "Ett|ttmm||L";
+  const PipelineLayout gap = pipeline_layout(cfg, 4, 2);
+  EXPECT_EQ(gap.stages[1].mtp_before, false);
+  EXPECT_EQ(gap.stages[2].mtp_before, true);
+  EXPECT_EQ(gap.stages[3].mtp_before, true);
+  EXPECT_EQ(word_table_ranks(gap, true), (std::vector<int>{0, 1, 3}));
+  // Beside the embedding, and the default placement: as Megatron's first and last ranks.
+  cfg.pp = 2;
+  cfg.layout = "Ettttm|L";
+  EXPECT_EQ(word_table_ranks(pipeline_layout(cfg, 4, 1), false), (std::vector<int>{0}));
+  EXPECT_EQ(word_table_ranks(pipeline_layout(cfg, 4, 1), true), (std::vector<int>{0, 1}));
+  cfg.layout.clear();
+  const PipelineLayout plain = pipeline_layout(cfg, 4, 1);
+  EXPECT_FALSE(plain.stages.back().mtp_before);
+  EXPECT_EQ(word_table_ranks(plain, false), (std::vector<int>{0, 1}));
+  EXPECT_EQ(word_table_ranks(pipeline_layout(cfg, 4, 0), false), (std::vector<int>{}));
+  EXPECT_EQ(word_table_ranks(pipeline_layout(cfg, 4, 0), true), (std::vector<int>{0, 1}));
+}
+
 TEST(PipelineLayout, ErrorsNameTheFlags) {
   ParallelConfig cfg;
   cfg.pp = 2;

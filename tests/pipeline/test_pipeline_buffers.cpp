@@ -16,6 +16,13 @@
 namespace moecore::pipeline {
 namespace {
 
+// Chunks of one boundary size each; emb: which hold the embedding.
+std::vector<ChunkBoundary> chunks(std::vector<bool> emb, int64_t elems) {
+  std::vector<ChunkBoundary> out;
+  for (bool e : emb) out.push_back(ChunkBoundary{e, elems, elems});
+  return out;
+}
+
 ScheduleConfig sched(int pp, int rank, int vp, int64_t m, int64_t g = 0) {
   ScheduleConfig c;
   c.pp = pp;
@@ -27,7 +34,7 @@ ScheduleConfig sched(int pp, int rank, int vp, int64_t m, int64_t g = 0) {
 }
 
 TEST(PipelineBuffers, NothingWithoutPipelining) {
-  const PipelineBufferSizes s = pipeline_buffer_sizes(sched(1, 0, 1, 8), {true}, 40, 100);
+  const PipelineBufferSizes s = pipeline_buffer_sizes(sched(1, 0, 1, 8), chunks({true}, 40), 100);
   EXPECT_EQ(s.stash_elems + s.grad_in_elems + s.send_elems + s.tied_elems, 0);
   EXPECT_EQ(s.bytes(4), 0);
 }
@@ -36,7 +43,7 @@ TEST(PipelineBuffers, HandCounts1F1B) {
   // PP 2, M 4, one boundary activation of 10 floats (40 B: one 64-byte granule per slot).
   // Rank 0 holds the embedding: no stash; its 1F1B keeps pp - rank = 2 in flight, so each
   // send pool has 1 x 2 + 1 = 3 slots.
-  const PipelineBufferSizes r0 = pipeline_buffer_sizes(sched(2, 0, 1, 4), {true}, 10, 0);
+  const PipelineBufferSizes r0 = pipeline_buffer_sizes(sched(2, 0, 1, 4), chunks({true}, 10), 0);
   EXPECT_EQ(r0.stash_elems, 0);
   EXPECT_EQ(r0.grad_in_elems, 10);
   EXPECT_EQ(r0.send_slots_per_pool, 3);
@@ -45,7 +52,7 @@ TEST(PipelineBuffers, HandCounts1F1B) {
   EXPECT_EQ(r0.bytes(4), 64 + 6 * 64);
   // Rank 1 (the last): one in flight, one stash slot, pools of 2; the tied table's 100 floats
   // (400 B -> 448 B).
-  const PipelineBufferSizes r1 = pipeline_buffer_sizes(sched(2, 1, 1, 4), {false}, 10, 100);
+  const PipelineBufferSizes r1 = pipeline_buffer_sizes(sched(2, 1, 1, 4), chunks({false}, 10), 100);
   EXPECT_EQ(r1.stash_slots, std::vector<int64_t>{1});
   EXPECT_EQ(r1.stash_elems, 10);
   EXPECT_EQ(r1.send_slots_per_pool, 2);
@@ -59,7 +66,7 @@ TEST(PipelineBuffers, HandCountsInterleaved) {
   // PP 2, VP 2, M 4 (groups of 2), rank 0: warmup (2 - 0 - 1) x 2 + 1 x 2 = 4 forwards
   // F0.0 F1.0 F0.1 F1.1, then F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0, then B2.1 B3.1 B2.0 B3.0:
   // chunk 0 keeps 4 in flight (F0..F3 before B0.0) but holds the embedding, chunk 1 keeps 2.
-  const PipelineBufferSizes s = pipeline_buffer_sizes(sched(2, 0, 2, 4), {true, false}, 10, 0);
+  const PipelineBufferSizes s = pipeline_buffer_sizes(sched(2, 0, 2, 4), chunks({true, false}, 10), 0);
   EXPECT_EQ(s.stash_slots, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(s.stash_elems, 20);
   EXPECT_EQ(s.send_slots_per_pool, 2 * 4 + 1);
@@ -127,18 +134,18 @@ TEST(PipelineBuffers, RunnerPlansTheCounts) {
                                       << " tied " << k.tied << " rank " << r);
       const auto groups = plan::sizing_groups(layout, r);
       const int stage = groups->pp_stage();
-      std::vector<parallel::VirtualStage> chunks;
+      std::vector<parallel::VirtualStage> stages;
       std::vector<bool> emb;
       for (int c = 0; c < pl.vp; ++c) {
-        chunks.push_back(pl.stage(stage, c));
-        emb.push_back(chunks.back().embedding);
+        stages.push_back(pl.stage(stage, c));
+        emb.push_back(stages.back().embedding);
       }
       model::GPTModel<float> model(cfg, /*micro_batch=*/2, /*seed=*/1, groups.get(),
-                                   /*size_only=*/true, cpu_exec(), chunks);
+                                   /*size_only=*/true, cpu_exec(), stages);
       const PipelineRunner<float> runner(model, groups.get(), k.m, k.group, cpu_exec());
       const Param* table = model.tied_table();
       const PipelineBufferSizes s =
-          pipeline_buffer_sizes(runner.schedule_config(), emb, model.boundary_elems(),
+          pipeline_buffer_sizes(runner.schedule_config(), chunks(emb, model.boundary_elems()),
                                 table != nullptr ? table->local_numel() : 0);
       EXPECT_EQ(static_cast<int64_t>(runner.planned_bytes()), s.bytes(sizeof(float)));
       EXPECT_GT(s.bytes(sizeof(float)), 0);

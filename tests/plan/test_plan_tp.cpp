@@ -15,6 +15,10 @@
 #include "plan/layout_search.h"
 #include "plan/memory_model.h"
 #include "plan/plan.h"
+#include "plan/sizing_groups.h"
+#include "model/gpt_model.h"
+#include "parallel/pipeline_layout.h"
+#include "pipeline/pipeline_runner.h"
 
 namespace moecore::plan {
 namespace {
@@ -309,6 +313,59 @@ TEST(PlanTpMemory, FormulaParametersEqualTheSizingPassWithMtp) {
       EXPECT_EQ(st.params_dense + st.params_embedding + st.params_head, a.numel_dense)
           << "stage " << s;
       EXPECT_EQ(st.params_expert, a.numel_expert) << "stage " << s;
+    }
+  }
+}
+
+// A standalone MTP stage (Megatron's "...mm|L", two MoE depths, PP 3): the trainer's own
+// planning pass sizes every stage (no formula fallback), the formula's parameters equal it (the
+// MTP stage's copy of the word table, the final norm beside the decoder's last layer, a tied loss
+// stage's copy), the boundary bytes are 1 + D activations from the MTP stage on, and the plan's
+// pipeline buffers are what each stage's runner allocates: the MTP stage keeps 1-activation
+// inputs but sends 3, the loss stage keeps 3-activation inputs.
+TEST(PlanTpMemory, StandaloneMtpStageFromTheTrainersPass) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    ModelSpec m = small(4);
+    m.num_layers = 4;
+    m.mtp_num_layers = 2;
+    m.tie_embeddings = tied;
+    RunSpec run = run_of(1, false);
+    run.parallel.pp = 3;
+    run.parallel.layout = "Ett|ttmm|L";
+    run.global_batch = 4;
+    const int world = 3;
+    validate_run(m, run, world);
+    const MemoryPlan mp = plan_memory(m, run, world, hardware_preset("cpu"));
+    const ModelConfig cfg = trainer_model_config(m, run);
+    ASSERT_EQ(mp.stages.size(), 3u);
+    const double activation = static_cast<double>(m.seq_length * run.micro_batch * m.hidden * 4);
+    const parallel::Layout layout = parallel::make_layout(run.parallel, world);
+    for (int s = 0; s < 3; ++s) {
+      SCOPED_TRACE(testing::Message() << "stage " << s);
+      const StageMemory& st = mp.stages[s];
+      EXPECT_TRUE(st.from_arena) << st.why_formula;
+      EXPECT_EQ(st.has_mtp, s == 1);
+      EXPECT_EQ(st.boundary_bytes, (s == 0 ? 1 : 3) * activation);
+      const ArenaSizes a = trainer_arena_sizes(cfg, run.micro_batch, run.parallel, world, s,
+                                               Device::CPU, {}, st.num_microbatches);
+      EXPECT_EQ(st.params_dense + st.params_embedding + st.params_head, a.numel_dense);
+      EXPECT_EQ(st.params_expert, a.numel_expert);
+      EXPECT_EQ(st.pipeline_planned, a.pipeline_planned);
+      // The runner of this stage, built on the same sizing groups, plans those bytes.
+      const auto groups = sizing_groups(layout, s);
+      const parallel::PipelineLayout pl =
+          parallel::pipeline_layout(run.parallel, m.num_layers, m.mtp_num_layers);
+      model::GPTModel<float> model(cfg, run.micro_batch, 1, groups.get(), /*size_only=*/true,
+                                   cpu_exec(), {pl.stage(s, 0)});
+      const pipeline::PipelineRunner<float> runner(model, groups.get(), st.num_microbatches, 0,
+                                                   cpu_exec());
+      EXPECT_EQ(static_cast<double>(runner.planned_bytes()), a.pipeline_planned);
+      const int64_t n = model.boundary_elems();
+      EXPECT_EQ(a.pipeline.input_elems, std::vector<int64_t>{s == 2 ? 3 * n : n});
+      EXPECT_EQ(a.pipeline.boundary_elems, s == 0 ? n : 3 * n);
+      // The word table: the first stage's, the MTP stage's copy, a tied loss stage's copy.
+      EXPECT_EQ(a.pipeline.tied_elems > 0, s < 2 || tied);
     }
   }
 }

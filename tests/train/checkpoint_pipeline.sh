@@ -10,6 +10,11 @@
 #   the source's;
 # - a checkpoint of tied embeddings at PP 2 holds the table once (the last stage's copy is not
 #   written), and loads at PP 1;
+# - a standalone MTP stage (PP 3, "Ett|ttm|L", tied: the table on three stages): its checkpoint
+#   holds the table and the MTP layer once, under the names of one rank, and loads at PP 1 and at
+#   PP 2 with the MTP layer beside the loss, every global tensor byte-equal and the next step's
+#   loss within rtol 1e-5 of the source's; its steps allocate nothing and sync only where
+#   documented (--sync-audit);
 # - --sync-audit at PP 2 x VP 2: the audited steps allocate nothing and sync only where
 #   documented (SIGTERM mid-schedule: tests/train/stop_signals.sh);
 # - the eval schedule (forward only): the validation loss at PP 2 equals one rank's (rtol 1e-5).
@@ -95,6 +100,40 @@ n=$(grep -o '"embedding.word_embeddings.weight"' "$manifest" | wc -l)
 grep -q '"output_layer.weight"' "$manifest" && fail "the tied checkpoint has an output layer"
 [ "$n" -ge 1 ] || fail "the tied checkpoint has no embedding table" "$(cat "$manifest")"
 echo "[pipeline] tied embeddings at PP 2: one table in the checkpoint, loaded at one rank"
+
+# ---- a standalone MTP stage: saved once, loaded where MTP sits beside the loss ----
+common=("${common[@]/$config/$work/tied.toml}" --mtp-num-layers 1)
+mtp3=(--pipeline-model-parallel-size 3 --pipeline-model-parallel-layout "Ett|ttm|L")
+out=$(train 3 "${mtp3[@]}" --train-iters 3 --save "$work/mtp3") ||
+  fail "MTP in a stage of its own at PP 3" "$out"
+out=$(train 3 "${mtp3[@]}" --train-iters 4 --load "$work/mtp3" --ckpt-step 3 \
+      --metrics-file "$work/mtp3-4.jsonl") || fail "the standalone MTP source's step 4" "$out"
+ref=$(last_loss "$work/mtp3-4.jsonl")
+manifest="$work/mtp3/iter_0000003/manifest.json"
+for t in embedding.word_embeddings.weight mtp.layers.0.eh_proj.weight decoder.final_layernorm.weight; do
+  [ "$(grep -o "\"$t\"" "$manifest" | wc -l)" -ge 1 ] || fail "no $t in the MTP checkpoint"
+done
+grep -q '"output_layer.weight"' "$manifest" && fail "the tied MTP checkpoint has an output layer"
+for l in "1" "2 --pipeline-model-parallel-size 2"; do
+  read -r np flags <<< "$l"
+  # shellcheck disable=SC2086
+  out=$(train "$np" $flags --train-iters 3 --load "$work/mtp3" --ckpt-step 3 \
+        --save "$work/mtp-re$np") || fail "the standalone MTP checkpoint on $np ranks" "$out"
+  compare "$work/mtp3/iter_0000003" "$work/mtp-re$np"
+  # shellcheck disable=SC2086
+  out=$(train "$np" $flags --train-iters 4 --load "$work/mtp-re$np" \
+        --metrics-file "$work/mtp-re$np.jsonl") || fail "MTP step 4 on $np ranks" "$out"
+  got=$(last_loss "$work/mtp-re$np.jsonl")
+  within "$got" "$ref" || fail "MTP step 4 loss on $np ranks: $got vs the source's $ref" "$out"
+  echo "[pipeline] standalone MTP stage (PP 3) -> $np ranks ${flags:-(one rank)}: tensors" \
+       "byte-equal, step 4 loss $got vs $ref"
+done
+out=$(train 3 "${mtp3[@]}" --micro-batch-size 1 --train-iters 3 --sync-audit) ||
+  fail "--sync-audit with a standalone MTP stage" "$out"
+grep -q '\[sync-audit\] steps 2-3 audited: 0 allocations, 0 undocumented host syncs' <<< "$out" ||
+  fail "--sync-audit with a standalone MTP stage found something" "$out"
+echo "[pipeline] --sync-audit with a standalone MTP stage (PP 3): nothing allocated, no undocumented sync"
+common=("${untied_common[@]}")
 
 # ---- --sync-audit: a pipelined step allocates nothing and syncs only where documented ----
 out=$(train 2 "${pp2[@]}" --num-virtual-stages-per-pipeline-rank 2 --micro-batch-size 1 \

@@ -99,6 +99,9 @@ struct Run {
   // recomputed before their backward.
   std::vector<int64_t> layers;
   int64_t replays = 0;
+  // Dense parameters this rank holds whole on every TP rank (norms, the router, ...): none on a
+  // loss stage holding only a tied table's copy.
+  int64_t replicated_dense = 0;
 };
 
 template <typename T>
@@ -295,6 +298,8 @@ Run train_run(const std::vector<std::string>& args, const parallel::ProcessGroup
   r.q_rows = mc.num_heads / mc.num_query_groups * mc.head_dim();
   r.qkv_group_rows = r.q_rows + 2 * r.k_rows;
   const ParamRegistry& params = trainer.model().params();
+  for (const Param& p : params.params())
+    r.replicated_dense += p.spec.kind == ParamKind::Dense && p.spec.tp_role != TpRole::Sharded;
   r.weights = global_weights(trainer, groups, &r.tp_copies);
   const int64_t E = f.model.num_experts;
   for (const auto* router : trainer.model().routers()) {
@@ -425,17 +430,23 @@ void expect_replicas_equal(const Run& r, const parallel::ProcessGroups& groups,
   check(groups.group(parallel::GroupKind::ExptDp), r.expert_flat, "expert");
   const parallel::ProcessGroup& tp = groups.group(parallel::GroupKind::Tp);
   const parallel::ProcessGroup& etp = groups.group(parallel::GroupKind::ExptTp);
-  int compared = 0;
+  int compared = 0, compared_dense = 0;
   for (const Run::TpCopy& c : r.tp_copies) {
     const parallel::ProcessGroup& g = c.kind == ParamKind::Dense ? tp : etp;
     if (g.size() == 1) continue;
     check(g, c.values, "TP copy of " + c.name + ":");
     ++compared;
+    compared_dense += c.kind == ParamKind::Dense;
   }
-  // Every model has replicated dense parameters (norms, the router): under TP none compared
-  // would be a silent pass. (Expert ones exist only with expert biases.)
+  // A stage with decoder or MTP layers or a final norm has replicated dense parameters (norms,
+  // the router): under TP every one is compared, none compared would be a silent pass. (Expert
+  // ones exist only with expert biases; a loss stage with a tied head holds only the table's
+  // vocab-parallel copy.)
   if (tp.size() > 1) {
-    EXPECT_GT(compared, 0) << what << ": no replicated parameter compared over tp";
+    EXPECT_EQ(compared_dense, r.replicated_dense) << what << ": replicated parameters compared";
+    if (!r.layers.empty()) {
+      EXPECT_GT(compared, 0) << what << ": no replicated parameter compared over tp";
+    }
   }
 }
 
@@ -1618,12 +1629,18 @@ TEST(PipelineParity, LayoutsF32) { pipeline_parity<float>(); }
 // table, compared bitwise with the first stage's), within the layout-parity row. TP 2 x EP 2 with
 // SP (eh_proj column-parallel, the vocab-parallel embedding of the rolled ids), and PP 2 with the
 // depths on the last stage, tied (the head's copy serves them) and untied (a copy of their own,
-// its gradient summed with the first stage's).
+// its gradient summed with the first stage's). With --pipeline-model-parallel-layout the depths
+// in a stage before the loss's (Megatron's standalone MTP stage, sending the decoder's and the
+// depths' hidden states on together; the table held by the first, the MTP and a tied loss
+// stage, its gradient summed over the three): PP 2 with the depths beside the embedding, PP 3,
+// PP 2 x VP 2 x EP 2, PP 2 x TP 2 + SP (the boundary's blocks each this rank's sequence slice),
+// --bf16; and the depths beside the loss after the stage with the final norm.
 struct MtpLayout {
   int tp = 1, ep = 1, pp = 1;
   bool sp = false, untied = false;
   int world = 2;
   bool bf16 = false;  // --bf16 (f32 runs only), on both bf16 GEMM paths
+  std::string layout = {};  // --pipeline-model-parallel-layout
 };
 
 const std::vector<MtpLayout> kMtpLayouts = {
@@ -1640,6 +1657,15 @@ const std::vector<MtpLayout> kMtpLayouts = {
     {.tp = 2, .ep = 2, .sp = true, .world = 2, .bf16 = true},
     {.pp = 2, .untied = true, .world = 2, .bf16 = true},
     {.tp = 2, .ep = 2, .sp = true, .world = 4, .bf16 = true},
+    // Standalone MTP stages, 2, 3 and 4 ranks
+    {.pp = 2, .world = 2, .layout = "Ettttmm|L"},
+    {.pp = 2, .untied = true, .world = 2, .layout = "Etttt|mmL"},
+    {.pp = 3, .world = 3, .layout = "Ett|ttmm|L"},
+    {.pp = 3, .untied = true, .world = 3, .layout = "Ett|ttmm|L"},
+    {.ep = 2, .pp = 2, .world = 4, .layout = "Ett|t|tmm|L"},
+    {.tp = 2, .pp = 2, .sp = true, .world = 4, .layout = "Ettttmm|L"},
+    // --bf16: the loss stage's heads on the depths' states it received
+    {.pp = 2, .untied = true, .world = 2, .bf16 = true, .layout = "Ettttmm|L"},
 };
 
 std::vector<std::string> mtp_args(const MtpLayout& l) {
@@ -1673,12 +1699,13 @@ void mtp_parity(bool bf16) {
     cfg.ep = l.ep;
     cfg.pp = l.pp;
     cfg.sequence_parallel = l.sp;
+    cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
     const Run got = train_run<T>(args, &groups, opt);
     const std::string what =
-        fmt::format("{} mtp 2 tp={}{} ep={} pp={} dp={} {}{}", dtype_str<T>(), l.tp,
-                    l.sp ? " sp" : "", l.ep, l.pp, l.world / (l.tp * l.pp),
-                    l.untied ? "untied" : "tied", l.bf16 ? " bf16" : "");
+        fmt::format("{} mtp 2 tp={}{} ep={} pp={}{} dp={} {}{}", dtype_str<T>(), l.tp,
+                    l.sp ? " sp" : "", l.ep, l.pp, l.layout.empty() ? "" : " " + l.layout,
+                    l.world / (l.tp * l.pp), l.untied ? "untied" : "tied", l.bf16 ? " bf16" : "");
     const Tol tol = bf16 ? Tol{testing::kParityBf16Rtol, testing::kParityBf16WeightRtol,
                                testing::kParityBf16WeightAtol}
                          : parity_tol<T>();
