@@ -15,6 +15,7 @@
 
 #include "core/arena.h"
 #include "nn/param_registry.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline_layout.h"
 #include "model/config.h"
 #include "model/mtp_block.h"
@@ -255,8 +256,13 @@ class GPTModel {
     if (params_needed_) params_needed_(stage);
   }
 
+  // The report's lm loss sum and count (and the MTP depths') summed over the CP group.
+  void sum_loss_over_cp(DevPtr<ops::MicroBatchReport> report);
+
   ModelConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
+  // Context parallelism (one rank: inactive): S_ is this rank's S/cp positions of a sequence.
+  parallel::ContextParallel cp_;
   int64_t S_, B_, T_;
   ParamRegistry params_;
   Arena arena_;

@@ -23,6 +23,7 @@
 #include "ops/gemm_probe.h"
 #include "ops/numerics_class.h"
 #include "ops/router_balance.h"
+#include "train/context_batch.h"
 #include "train/exit_conditions.h"
 #include "train/progress.h"
 
@@ -56,16 +57,21 @@ void TrainConfig::validate(int dp) const {
   guard.validate();
 }
 
-void check_parallel_support(const parallel::ParallelConfig& p) {
-  auto not_yet = [](int v, const char* flag, const char* what) {
-    MOE_CHECK(v == 1,
-              "[train] {} {}: {} is not implemented yet; moecore train runs data, tensor "
-              "(--tensor-model-parallel-size, --sequence-parallel), pipeline "
-              "(--pipeline-model-parallel-size), expert (--expert-model-parallel-size) and "
-              "expert tensor parallelism (--expert-tensor-parallel-size): set {} 1",
-              flag, v, what, flag);
+void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig& m) {
+  if (p.cp == 1) return;
+  // What context parallelism has not been built or tested with yet, named by its flags.
+  const auto refuse = [&p](bool bad, const char* what) {
+    MOE_CHECK(!bad,
+              "[train] --context-parallel-size {} with {} is not implemented yet: drop one of "
+              "them",
+              p.cp, what);
   };
-  not_yet(p.cp, "--context-parallel-size", "context parallelism");
+  refuse(p.pp > 1, "--pipeline-model-parallel-size > 1");
+  refuse(m.mtp_num_layers > 0, "--mtp-num-layers (the depths' tokens are rolled on each rank's "
+                               "chunks, not on the whole sequence)");
+  refuse(m.moe.router.uses(LoadBalancing::QuantileBalancing),
+         "--moe-router-load-balancing-type quantile_balancing (its estimate needs the TP x CP "
+         "group's logits)");
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
@@ -172,11 +178,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
               "[train] --device {} trains on one process so far, not {}: its collectives would "
               "hand device memory to MPI; run one process (no mpirun -np > 1) or --device cpu",
               cfg_.device, groups_->world_size());
-    check_parallel_support(groups_->layout().config);
-    // Data parallelism runs over dp x cp (cp = 1 here): each rank reads its own share.
-    dp_size_ = groups_->group(parallel::GroupKind::DpCp).size();
-    dp_rank_ = groups_->group(parallel::GroupKind::DpCp).rank;
+    check_parallel_support(groups_->layout().config, model_cfg_);
+    // Each dp rank reads its own share of the global batch; the cp ranks of a group read the same
+    // samples and keep their share of each sequence (dense gradients reduce over dp x cp).
+    dp_size_ = groups_->group(parallel::GroupKind::Dp).size();
+    dp_rank_ = groups_->group(parallel::GroupKind::Dp).rank;
+    const parallel::ProcessGroup& cp = groups_->group(parallel::GroupKind::Cp);
+    cp_split_ = parallel::ContextSplit{model_cfg_.seq_length, cp.size(), cp.rank};
+  } else {
+    cp_split_ = parallel::ContextSplit{model_cfg_.seq_length, 1, 0};
   }
+  parallel::check_context_split(cp_split_);
   // Megatron: without --global-batch-size, one micro-batch per data-parallel rank.
   if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
@@ -325,7 +337,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
-  if (dp_size_ > 1) {
+  if (groups_ && groups_->group(parallel::GroupKind::DpCp).size() > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::DpCp);
     const Exec* ex = &exec_;
     router_sync_.mean_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
@@ -351,9 +363,13 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
   }
   const int64_t S = model_cfg_.seq_length;
-  step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * S,
+  step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * cp_split_.local_length(),
                                         model_cfg_.num_experts, model_->num_chunks());
   scratch_.resize(S + 1);
+  if (cp_split_.cp > 1) {
+    global_ids_.resize(cfg_.micro_batch * S);
+    global_targets_.resize(cfg_.micro_batch * S);
+  }
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
   mb_width_ = kMbValues + 2 * model_cfg_.mtp_num_layers;
@@ -374,8 +390,16 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
   {
     SyncAudit::Paused inputs;  // the host writes the step's inputs into its staging
     for (int64_t mb = 0; mb < n_micro_; ++mb) {
-      stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
-                              step_->targets(mb), scratch_.data());
+      if (cp_split_.cp > 1) {
+        // The whole sequences (labels and loss mask made on them), then this rank's chunks.
+        stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, global_ids_.data(),
+                                global_targets_.data(), scratch_.data());
+        split_micro_batch(cp_split_, cfg_.micro_batch, global_ids_.data(),
+                          global_targets_.data(), step_->ids(mb), step_->targets(mb));
+      } else {
+        stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
+                                step_->targets(mb), scratch_.data());
+      }
       // The dropout masks follow the sample's place in the global batch, not this rank's.
       step_->dropout(mb) = ops::DropoutCounters{iteration_, stream.first_sample(mb, cfg_.micro_batch)};
     }
@@ -630,10 +654,16 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
     const bool sp = groups_->layout().config.sequence_parallel && d.tp > 1;
     fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
-                    "{}), tensor parallel {}{}, pipeline parallel {}{}, expert parallel {} x "
+                    "{}){}, tensor parallel {}{}, pipeline parallel {}{}, expert parallel {} x "
                     "expert tensor parallel {} x expert data parallel {}; gradient buckets: {} "
                     "dense over dp_cp, {} expert over expt_dp, {}{}{}\n",
-               d.world, dp_size_, n_micro_, cfg_.micro_batch, d.tp,
+               d.world, dp_size_, n_micro_, cfg_.micro_batch,
+               d.cp > 1 ? fmt::format(", context parallel {} ({} of {} positions a rank, "
+                                      "--cp-comm-type {})",
+                                      d.cp, cp_split_.local_length(), cp_split_.S,
+                                      fmt::join(groups_->layout().config.cp_comm_type, " "))
+                        : "",
+               d.tp,
                sp ? " with sequence parallelism" : "", d.pp,
                layout_.vp > 1 ? fmt::format(" x {} virtual stages", layout_.vp) : "", d.ep, d.etp,
                d.edp, dense_buckets,
@@ -1045,9 +1075,11 @@ int64_t BasicTrainer<T>::gather_micro_batch_values() {
   sum_over_pipeline(mb_values_);
   // Every micro-batch of the global batch, for sums in global order (the same arithmetic as
   // one rank).
+  // The cp ranks of a group report the same values (the model sums the loss over cp, the
+  // routers their aux and z values over tp x cp): gathered over dp.
   if (dp_size_ > 1) {
     ScopedPhase phase(Phase::Communication);
-    groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
+    groups_->group(parallel::GroupKind::Dp).communicator().all_gather(mb_values_, all_values_);
   } else {
     all_values_ = mb_values_;
   }
