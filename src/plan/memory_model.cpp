@@ -151,7 +151,9 @@ std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel:
   if (m.mtp_num_layers > 0 && !mtp_with_the_loss(m, r)) {
     why.push_back("MTP layers in a pipeline stage without the loss, not built by the trainer yet");
   }
-  if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
+  // The trainer's sizing pass builds CP layouts once its attention layers run across the CP
+  // ranks; until then the formula (activations at S/cp, the K/V blocks of the attention).
+  if (d.cp > 1) why.push_back("CP, attention across CP ranks not in the trainer's sizing pass yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
       r.main_param_bytes != 4) {
@@ -466,6 +468,21 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
         add(st, MemPart::Activations, m.mtp_num_layers * (act_layer + T * 2 * m.hidden * dt / sp +
                                                           T * m.vocab_size / d.tp * 4.0),
             "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
+      }
+      if (d.cp > 1) {
+        // Attention across the CP ranks, one layer at a time: p2p keeps the K/V block being
+        // received beside the one being sent (and in the backward dK/dV travelling with them);
+        // allgather holds the whole sequence's K/V (cp blocks) and their gradient.
+        const double kv = m.mla ? m.num_heads * (m.mla->qk_head_dim + m.mla->qk_pos_emb_head_dim +
+                                                 m.mla->v_head_dim)
+                                : 2.0 * m.num_query_groups * m.kv_channels;
+        bool gather = false;  // the largest of the layers' (one layer at a time)
+        for (const std::string& t : run.parallel.cp_comm_type) gather |= t != "p2p";
+        const double blocks = gather ? 2.0 * d.cp : 4.0;
+        add(st, MemPart::CommBuffers, blocks * T * kv / d.tp * dt,
+            gather ? "cp all-gathered K/V and their gradient (one layer at a time)"
+                   : "cp ring K/V blocks in flight, sent and received (one layer at a time)",
+            gather ? "2 x cp x T x kv width/tp x dt" : "4 x T x kv width/tp x dt");
       }
       add(st, MemPart::Recomputed, chunk_bytes, "one recomputed chunk, rebuilt in the backward",
           "layers per chunk x a layer's activations");

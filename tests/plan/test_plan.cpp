@@ -489,6 +489,38 @@ TEST(PlanMemory, GpuSizingIsTheSameOnEveryHost) {
   }
 }
 
+// Context parallelism: each rank holds S/cp positions, so a layer's activations halve from CP 1
+// to CP 2; the attention's K/V blocks (one layer at a time) are planned: the ring's four blocks
+// of T = S/cp positions, or allgather's whole sequence and its gradient (2 cp blocks).
+TEST(PlanMemory, ContextParallelActivationsAndKvBlocks) {
+  ModelSpec m = shipped("mixtral-8x7b");
+  m.seq_length = 32768;
+  m.max_position_embeddings = std::max(m.max_position_embeddings, m.seq_length);
+  const Hardware hw = hardware_preset("h100");
+  const auto plan = [&](int cp, const char* comm) {
+    RunSpec r;
+    r.bf16 = true;
+    r.parallel.cp = cp;
+    r.parallel.ep = 8;
+    r.parallel.cp_comm_type = {comm};
+    return plan_memory(m, r, 8, hw).stages[0];
+  };
+  const auto kv_line = [](const StageMemory& st) {
+    for (const MemLine& l : st.lines)
+      if (l.what.rfind("cp ", 0) == 0) return l.bytes;
+    return 0.0;
+  };
+  const StageMemory one = plan(1, "p2p"), p2p = plan(2, "p2p"), p2p4 = plan(4, "p2p"),
+                    gather4 = plan(4, "allgather");
+  EXPECT_DOUBLE_EQ(p2p.act_layer_bytes * 2, one.act_layer_bytes);
+  EXPECT_EQ(kv_line(one), 0.0);
+  // K and V of the 8 query groups x 128 channels, bf16, T = S/cp positions.
+  const double kv_block = 32768.0 / 2 * 2 * 8 * 128 * 2;
+  EXPECT_DOUBLE_EQ(kv_line(p2p), 4 * kv_block);
+  EXPECT_DOUBLE_EQ(kv_line(p2p4), 4 * kv_block / 2);
+  EXPECT_DOUBLE_EQ(kv_line(gather4), 2 * 4 * kv_block / 2);
+}
+
 TEST(PlanJson, KeysPresent) {
   for (const char* cfg : {"tiny", "deepseek-v3"}) {
     const auto j = nlohmann::json::parse(
