@@ -470,19 +470,20 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
       }
       if (d.cp > 1) {
-        // Attention across the CP ranks, one layer at a time: p2p keeps the K/V block being
-        // received beside the one being sent (and in the backward dK/dV travelling with them);
-        // allgather holds the whole sequence's K/V (cp blocks) and their gradient.
+        // Attention across the CP ranks (nn::ContextParallelAttention's buffers), one layer at a
+        // time: p2p keeps the ring's current and next K/V (and in the backward dK/dV travelling
+        // with them); allgather the gathered K or V in rank order, K and V in global order and
+        // one block's dK and dV (S rows of one of K, V: cp/2 blocks of T kv each).
         const double kv = m.mla ? m.num_heads * (m.mla->qk_head_dim + m.mla->qk_pos_emb_head_dim +
                                                  m.mla->v_head_dim)
                                 : 2.0 * m.num_query_groups * m.kv_channels;
         bool gather = false;  // the largest of the layers' (one layer at a time)
         for (const std::string& t : run.parallel.cp_comm_type) gather |= t != "p2p";
-        const double blocks = gather ? 2.0 * d.cp : 4.0;
+        const double blocks = gather ? 2.5 * d.cp : 4.0;
         add(st, MemPart::CommBuffers, blocks * T * kv / d.tp * dt,
             gather ? "cp all-gathered K/V and their gradient (one layer at a time)"
-                   : "cp ring K/V blocks in flight, sent and received (one layer at a time)",
-            gather ? "2 x cp x T x kv width/tp x dt" : "4 x T x kv width/tp x dt");
+                   : "cp ring K/V and dK/dV, current and next (one layer at a time)",
+            gather ? "2.5 x cp x T x kv width/tp x dt" : "4 x T x kv width/tp x dt");
       }
       add(st, MemPart::Recomputed, chunk_bytes, "one recomputed chunk, rebuilt in the backward",
           "layers per chunk x a layer's activations");
