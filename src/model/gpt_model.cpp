@@ -34,11 +34,13 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
   // load-balanced split); every buffer below is planned for them.
   if (cp_.active()) {
     parallel::check_context_split(cp_.split(cfg_.seq_length));
-    // Megatron rolls MTP's ids, labels and loss mask on the whole sequence before the split; this
-    // model rolls them on its local tokens, which under CP are two chunks of the sequence.
-    MOE_CHECK(cfg_.mtp_num_layers == 0,
-              "[model] --mtp-num-layers {} with --context-parallel-size {} is not implemented "
-              "yet: the depths' rolled tokens would cross the CP ranks' chunks; drop one of them",
+    // MTP's ids and targets are rolled on the whole sequences before the split (the trainer's
+    // MicroBatchIO::mtp_ids_BS): nothing crosses the CP ranks' chunks by communication. Learned
+    // positions would have to be rolled the same way: not built.
+    MOE_CHECK(cfg_.mtp_num_layers == 0 ||
+                  cfg_.position_embedding != PositionEmbedding::LearnedAbsolute,
+              "[model] --mtp-num-layers {} with --context-parallel-size {} and "
+              "--position-embedding-type learned_absolute is not implemented yet: use rope",
               cfg_.mtp_num_layers, cp_.size());
   }
   tp_ = parallel::TensorParallel::attention(groups);
@@ -464,8 +466,11 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
   if (mtp_ != nullptr) {
     for (int64_t j = 0; j < mtp_->depths(); ++j)
       mtp_->layer(j).block().set_dropout_counters(counters_);
+    MOE_CHECK(!cp_.active() || io.mtp_ids_BS != nullptr,
+              "[model] multi-token prediction under context parallelism needs each depth's ids "
+              "and targets rolled on the whole sequences (MicroBatchIO::mtp_ids_BS)");
     mtp_->forward(final_n_, ids_T_, targets_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
-                  io.report, io.tokens_per_expert_E, replay);
+                  io.report, io.tokens_per_expert_E, replay, io.mtp_ids_BS, io.mtp_targets_BS);
   }
   if (cp_.active()) sum_loss_over_cp(io.report);
 }

@@ -68,6 +68,11 @@ struct MicroBatchIO {
   // Where the micro-batch sits in the run (iteration, first sample in the global batch): the
   // dropout masks' counters. Null: the model's own zeros (tests and tools; eval never drops).
   DevPtr<const ops::DropoutCounters> dropout = nullptr;
+  // Multi-token prediction under context parallelism: each depth's ids and targets rolled on the
+  // whole sequences before the split, [D, B, S] (S this rank's positions), depth j at j B S.
+  // Null: the depths roll the micro-batch's own tokens (one CP rank).
+  DevPtr<const int32_t> mtp_ids_BS = nullptr;
+  DevPtr<const int32_t> mtp_targets_BS = nullptr;
 };
 
 template <typename T>

@@ -56,16 +56,25 @@ template <typename T>
 void MtpBlock<T>::forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T,
                           DevPtr<const int32_t> targets_T, DevPtr<const int32_t> pos_T,
                           DevPtr<ops::MicroBatchReport> report, DevPtr<int64_t> tokens_per_expert_E,
-                          bool replay) {
+                          bool replay, DevPtr<const int32_t> rolled_ids_BS,
+                          DevPtr<const int32_t> rolled_targets_BS) {
   const Exec& ex = *ex_;
   report_ = report;
   DevPtr<const T> h = h0;
   for (int64_t j = 0; j < depths(); ++j) {
     const int64_t shift = (j + 1) * B_;  // k = j + 1 positions ahead, sequence-major
-    ops::roll_tokens(ex, ids_[j], DevPtr<int64_t>(nullptr), ids_T, T_, shift, 0);
-    ops::roll_tokens(ex, targets_[j], ops::mtp_counted_ptr(report, j), targets_T, T_, shift, -1);
-    if (pos_T != nullptr)
-      ops::roll_tokens(ex, pos_[j], DevPtr<int64_t>(nullptr), pos_T, T_, shift, 0);
+    if (rolled_ids_BS != nullptr) {
+      MOE_CHECK(pos_T == nullptr, "[mtp] pre-rolled tokens with learned positions");
+      ops::tokens_to_sequence_major(ex, ids_[j], targets_[j], ops::mtp_counted_ptr(report, j),
+                                    rolled_ids_BS + j * T_, rolled_targets_BS + j * T_, B_,
+                                    T_ / B_);
+    } else {
+      ops::roll_tokens(ex, ids_[j], DevPtr<int64_t>(nullptr), ids_T, T_, shift, 0);
+      ops::roll_tokens(ex, targets_[j], ops::mtp_counted_ptr(report, j), targets_T, T_, shift,
+                       -1);
+      if (pos_T != nullptr)
+        ops::roll_tokens(ex, pos_[j], DevPtr<int64_t>(nullptr), pos_T, T_, shift, 0);
+    }
     ends_.embed(emb_[j], ids_[j], pos_[j], drop_key_[j]);
     MtpLayer<T>& layer = *layers_[j];
     layer.forward(h, emb_[j], replay);

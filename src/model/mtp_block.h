@@ -67,9 +67,15 @@ class MtpBlock {
   // learned positions) [T] sequence-major; all the caller's until the backward. The depths'
   // losses and counts go to *report (kept for the backward), their MoE layers' routing too
   // unless replaying (the recomputation for the backward: the same values, no balancing counts).
+  // rolled_ids_BS / rolled_targets_BS (null: rolled here from ids_T / targets_T): every depth's
+  // ids and targets already rolled on the whole sequences, [D, B, S] batch-major (context
+  // parallelism: a rank's S positions are two chunks of the sequence, so the roll must happen
+  // before the split; learned positions are not supported then).
   void forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T, DevPtr<const int32_t> targets_T,
                DevPtr<const int32_t> pos_T, DevPtr<ops::MicroBatchReport> report,
-               DevPtr<int64_t> tokens_per_expert_E, bool replay);
+               DevPtr<int64_t> tokens_per_expert_E, bool replay,
+               DevPtr<const int32_t> rolled_ids_BS = nullptr,
+               DevPtr<const int32_t> rolled_targets_BS = nullptr);
   // dh0 [T_local, H] assigned: the gradient of h0 from every depth.
   void backward(DevPtr<T> dh0, double loss_grad_scale);
 

@@ -12,4 +12,15 @@ void split_micro_batch(const parallel::ContextSplit& split, int64_t B, const int
   }
 }
 
+void roll_micro_batch(int64_t B, int64_t S, int64_t k, const int32_t* ids_BS,
+                      const int32_t* targets_BS, int32_t* rolled_ids, int32_t* rolled_targets) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s) {
+      const bool in = s + k < S;
+      rolled_ids[b * S + s] = in ? ids_BS[b * S + s + k] : 0;
+      rolled_targets[b * S + s] = in ? targets_BS[b * S + s + k] : -1;
+    }
+  }
+}
+
 }  // namespace moecore::train

@@ -67,8 +67,9 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
               p.cp, what);
   };
   refuse(p.pp > 1, "--pipeline-model-parallel-size > 1");
-  refuse(m.mtp_num_layers > 0, "--mtp-num-layers (the depths' tokens are rolled on each rank's "
-                               "chunks, not on the whole sequence)");
+  refuse(m.mtp_num_layers > 0 && m.position_embedding == PositionEmbedding::LearnedAbsolute,
+         "--mtp-num-layers and --position-embedding-type learned_absolute (the depths' positions "
+         "would be rolled on the whole sequence too)");
   refuse(m.moe.router.uses(LoadBalancing::QuantileBalancing),
          "--moe-router-load-balancing-type quantile_balancing (its estimate needs the TP x CP "
          "group's logits)");
@@ -363,12 +364,19 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
   }
   const int64_t S = model_cfg_.seq_length;
-  step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * cp_split_.local_length(),
-                                        model_cfg_.num_experts, model_->num_chunks());
+  // Under CP the host rolls MTP's ids and targets on the whole sequences (fill_inputs).
+  const int64_t host_rolled = cp_split_.cp > 1 ? model_cfg_.mtp_num_layers : 0;
+  step_ = std::make_unique<StepBuffers>(exec_, n_micro_,
+                                        cfg_.micro_batch * cp_split_.local_length(),
+                                        model_cfg_.num_experts, model_->num_chunks(), host_rolled);
   scratch_.resize(S + 1);
   if (cp_split_.cp > 1) {
     global_ids_.resize(cfg_.micro_batch * S);
     global_targets_.resize(cfg_.micro_batch * S);
+    if (host_rolled > 0) {
+      rolled_ids_.resize(cfg_.micro_batch * S);
+      rolled_targets_.resize(cfg_.micro_batch * S);
+    }
   }
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
@@ -396,6 +404,14 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
                                 global_targets_.data(), scratch_.data());
         split_micro_batch(cp_split_, cfg_.micro_batch, global_ids_.data(),
                           global_targets_.data(), step_->ids(mb), step_->targets(mb));
+        // MTP depth k's tokens rolled on the whole sequences, then split the same way.
+        for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+          roll_micro_batch(cfg_.micro_batch, model_cfg_.seq_length, j + 1, global_ids_.data(),
+                           global_targets_.data(), rolled_ids_.data(), rolled_targets_.data());
+          split_micro_batch(cp_split_, cfg_.micro_batch, rolled_ids_.data(),
+                            rolled_targets_.data(), step_->mtp_ids(mb, j),
+                            step_->mtp_targets(mb, j));
+        }
       } else {
         stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
                                 step_->targets(mb), scratch_.data());

@@ -69,9 +69,9 @@ struct TrainConfig {
 void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
 
 // What `moecore train` refuses of a layout before step 0, naming the flags: context parallelism
-// combined with what it is not built or tested with yet (pipeline parallelism, MTP, quantile
-// balancing). The layout's own rules (degrees, divisibility, --cp-comm-type) are
-// parallel::validate_layout's.
+// combined with what it is not built or tested with yet (pipeline parallelism, quantile
+// balancing, MTP with learned absolute positions). The layout's own rules (degrees,
+// divisibility, --cp-comm-type) are parallel::validate_layout's.
 void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConfig& model);
 
 // How the gradient norm's sums of squares combine over the ranks of these groups (null: one
@@ -212,6 +212,7 @@ class BasicTrainer {
   std::vector<int32_t> scratch_;  // the data loader's, sized once before step 0
   // Context parallelism: one micro-batch's whole sequences [B, S], before the split.
   std::vector<int32_t> global_ids_, global_targets_;
+  std::vector<int32_t> rolled_ids_, rolled_targets_;  // an MTP depth's, before the split
   std::vector<int64_t> load_;
   // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
   // iteration) from `stream`.

@@ -67,5 +67,43 @@ TEST(ContextBatch, RealMicroBatchEveryPositionOnce) {
   }
 }
 
+// MTP depth k's inputs: rolled on the whole sequences, then split. On rank r the rolled token at
+// local row s is the global sequence's token at global_position(s) + k: across the boundary
+// between a rank's two chunks (and between ranks) nothing is lost, and the last k positions
+// of every sequence (wherever they are) count nothing.
+TEST(ContextBatch, MtpRolledOnTheWholeSequenceBeforeTheSplit) {
+  const int64_t B = 2, S = 16;
+  std::vector<int32_t> ids(B * S), targets(B * S);
+  for (int64_t i = 0; i < B * S; ++i) {
+    ids[i] = static_cast<int32_t>(i);
+    targets[i] = static_cast<int32_t>(1000 + i);
+  }
+  for (int64_t k : {1, 2, 3}) {
+    std::vector<int32_t> ri(B * S), rt(B * S);
+    roll_micro_batch(B, S, k, ids.data(), targets.data(), ri.data(), rt.data());
+    for (int cp : {2, 4}) {
+      int64_t counted = 0;
+      for (int r = 0; r < cp; ++r) {
+        const parallel::ContextSplit split{S, cp, r};
+        const int64_t S_loc = split.local_length();
+        std::vector<int32_t> li(B * S_loc), lt(B * S_loc);
+        split_micro_batch(split, B, ri.data(), rt.data(), li.data(), lt.data());
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t s = 0; s < S_loc; ++s) {
+            const int64_t p = split.global_position(s) + k;
+            const bool in = p < S;
+            EXPECT_EQ(li[b * S_loc + s], in ? ids[b * S + p] : 0)
+                << "k " << k << " cp " << cp << " rank " << r << " row " << s;
+            EXPECT_EQ(lt[b * S_loc + s], in ? targets[b * S + p] : -1)
+                << "k " << k << " cp " << cp << " rank " << r << " row " << s;
+            counted += lt[b * S_loc + s] >= 0;
+          }
+        }
+      }
+      EXPECT_EQ(counted, B * (S - k)) << "k " << k << " cp " << cp;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moecore::train
