@@ -59,6 +59,13 @@ void TrainConfig::validate(int dp) const {
 
 void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig& m) {
   if (p.cp == 1) return;
+  // Before any rank starts: the split (2 cp chunks per sequence) and the comm types' list.
+  parallel::check_context_split(parallel::ContextSplit{m.seq_length, p.cp, 0});
+  MOE_CHECK(p.cp_comm_type.size() == 1 ||
+                static_cast<int64_t>(p.cp_comm_type.size()) == m.num_layers,
+            "[train] --cp-comm-type has {} values for {} layers: give one value for every layer "
+            "or one per decoder layer (--num-layers {})",
+            p.cp_comm_type.size(), m.num_layers, m.num_layers);
   // What context parallelism has not been built or tested with yet, named by its flags.
   const auto refuse = [&p](bool bad, const char* what) {
     MOE_CHECK(!bad,

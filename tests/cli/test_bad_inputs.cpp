@@ -223,8 +223,16 @@ TEST_F(BadInputs, Train) {
         "built"}},
       {t + "--context-parallel-size 2 --cp-comm-type ring", 1,
        {"--cp-comm-type ring is not one of p2p, allgather"}},
-      {t + "--context-parallel-size 2 --mtp-num-layers 1", 1,
-       {"--context-parallel-size 2 with --mtp-num-layers"}},
+      {t + "--context-parallel-size 2 --mtp-num-layers 1 --position-embedding-type "
+           "learned_absolute", 1,
+       {"--context-parallel-size 2 with --mtp-num-layers and --position-embedding-type "
+        "learned_absolute", "is not implemented yet"}},
+      {t + "--context-parallel-size 2 --pipeline-model-parallel-size 2", 1,
+       {"--context-parallel-size 2 with --pipeline-model-parallel-size > 1 is not implemented"}},
+      {t + "--context-parallel-size 2 --seq-length 14 --max-position-embeddings 14", 1,
+       {"--seq-length 14 must divide by 2 x --context-parallel-size = 4", "use --seq-length 16"}},
+      {t + "--context-parallel-size 2 --cp-comm-type p2p p2p p2p", 1,
+       {"--cp-comm-type has 3 values for"}},
       {t + "--context-parallel-size 2 --hierarchical-context-parallel-sizes 2 1", 1,
        {"--hierarchical-context-parallel-sizes", "hierarchical context parallelism"}},
   });
