@@ -1,22 +1,20 @@
 #include "model/attention.h"
 
-#include <omp.h>
-
 #include <cstring>
 
 #include "core/check.h"
 #include "ops/bias.h"
 #include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
-#include "ops/token_layout.h"
 
 namespace moecore::model {
 
 template <typename T>
 SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
                                 const std::string& prefix, const ops::RopeCache& rope,
-                                parallel::TensorParallel tp)
+                                parallel::TensorParallel tp, parallel::ContextParallel cp)
     : tp_(tp),
+      core_(cp),
       H_(cfg.hidden),
       Hq_(cfg.num_heads / tp.size()),
       Hkv_(cfg.num_query_groups / tp.size()),
@@ -80,8 +78,8 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
 template <typename T>
 void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   ex_ = &a.exec();
-  MOE_CHECK(!rope_on_ || S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
-            "[attention] sequence {} > RoPE table {}", S, rope_.max_pos);
+  MOE_CHECK(!rope_on_ || S * core_.cp().size() <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
+            "[attention] sequence {} > RoPE table {}", S * core_.cp().size(), rope_.max_pos);
   shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
   const int64_t n = S * B;
   if (q_norm_ != nullptr) {
@@ -104,8 +102,7 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dk_ = a.alloc<T>(n * Hkv_ * D_, "attn.dk", MemKind::Workspace);
   dv_ = a.alloc<T>(n * Hkv_ * D_, "attn.dv", MemKind::Workspace);
   dcore_ = a.alloc<T>(n * Hq_ * D_, "attn.dcore", MemKind::Workspace);
-  workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
-                          "attn.workspace", MemKind::Workspace);
+  core_.allocate(a, shape_, "attn");
   if (tp_.sequence_parallel()) {
     x_full_ = a.alloc<T>(n * H_, "attn.x_full", MemKind::Workspace);
     y_full_ = a.alloc<T>(n * H_, "attn.y_full", MemKind::Workspace);
@@ -113,7 +110,7 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   lin_.allocate(a, *qkv_, {{n, C, H_}, {n, H_, Hq_ * D_}}, "attn");
   x_rounded_ = false;  // until the block says otherwise
-  if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
+  if (pos_T_ != nullptr) core_.positions(pos_T_);
 }
 
 template <typename T>
@@ -138,8 +135,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
     ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
     ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
   }
-  ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                         workspace_, drop_);
+  core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
   // place), else into the whole-token buffer that is reduce-scattered into y.
   const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
@@ -153,16 +149,13 @@ template <typename T>
 void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const int64_t n = shape_.S * shape_.B;
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
-  if (recompute_core_) {
-    ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                           workspace_, drop_);
-  }
+  if (recompute_core_) core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
   lin_.backward(dcore_, dy, saved_.core_out, *proj_, n, H_, Hq_ * D_);
-  ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
-                          saved_.core_out, saved_.lse, shape_, workspace_, drop_);
+  core_.backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out, saved_.lse,
+                 drop_);
   if (rope_on_) {
     ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
     ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);

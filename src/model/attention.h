@@ -9,6 +9,9 @@
 // row-parallel (its bias added by TP rank 0 only). The layer enters its TP region on its input
 // (tp.local_tokens(T) tokens: all-gathered with sequence parallelism) and leaves it on its output
 // (reduce-scattered with SP, all-reduced without). The legend's Hq and Hkv are this rank's.
+// Context parallelism (parallel/context_parallel.h): the layer holds this CP rank's 2 C of the
+// sequence's positions (S below is that local length); the core attention runs across the cp
+// group (parallel/context_parallel_attention.h) and RoPE takes the rows' global positions.
 // Legend: S sequence, B micro-batch, T = S*B tokens, H hidden, D head dim.
 #pragma once
 
@@ -18,9 +21,11 @@
 #include "core/arena.h"
 #include "nn/param_registry.h"
 #include "model/config.h"
+#include "parallel/context_parallel_attention.h"
 #include "nn/linear_gemms.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace moecore::model {
@@ -43,10 +48,13 @@ template <typename T>
 class SelfAttention {
  public:
   // tp: the attention grid's TP group (parallel::TensorParallel::attention; default one rank).
+  // cp: the attention grid's CP group and --cp-comm-type (default one rank: the plain op).
   SelfAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
-                const ops::RopeCache& rope, parallel::TensorParallel tp = {});
+                const ops::RopeCache& rope, parallel::TensorParallel tp = {},
+                parallel::ContextParallel cp = {});
   // With cfg.recompute's core_attn the attention core's out and lse are recomputed from q, k
-  // and v at the start of the backward instead of kept (MemKind::Recomputed).
+  // and v at the start of the backward instead of kept (MemKind::Recomputed). S: this rank's
+  // local length (2 C under context parallelism, the global length / cp).
   void allocate(Arena& arena, int64_t S, int64_t B);
   // --bf16 on the widened GEMM path: the QKV GEMMs read the weights' widened copies, so an input
   // that already holds bf16 values (rmsnorm_forward_bf16w) needs no rounding pass; after
@@ -69,6 +77,8 @@ class SelfAttention {
   nn::LinearGemms<T> lin_;
 
   parallel::TensorParallel tp_;
+  // The core attention (forward, its recomputation, backward): the plain op on one CP rank.
+  parallel::ContextParallelAttention<T> core_;
   int64_t H_, Hq_, Hkv_, D_;  // Hq_, Hkv_: this rank's
   const ops::RopeCache& rope_;
   bool rope_on_;  // --position-embedding-type rope
@@ -89,7 +99,6 @@ class SelfAttention {
   DevPtr<T> dk_ = nullptr;
   DevPtr<T> dv_ = nullptr;
   DevPtr<T> dcore_ = nullptr;
-  DevPtr<T> workspace_ = nullptr;
   // With sequence parallelism: the gathered input [T, H] (gathered again in the backward) and
   // the output projection's partial [T, H] (then the gathered output gradient, then the input
   // gradient's partial sum). Null otherwise.

@@ -1,7 +1,5 @@
 #include "model/mla_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -9,15 +7,15 @@
 #include "ops/bias.h"
 #include "ops/memory.h"
 #include "ops/rmsnorm.h"
-#include "ops/token_layout.h"
 
 namespace moecore::model {
 
 template <typename T>
 MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
                               const std::string& prefix, const ops::RopeMlaCache& rope,
-                              parallel::TensorParallel tp)
+                              parallel::TensorParallel tp, parallel::ContextParallel cp)
     : tp_(tp),
+      core_(cp),
       H_(cfg.hidden),
       Hq_(cfg.num_heads / tp.size()),
       ql_(cfg.mla.q_lora_rank),
@@ -86,8 +84,9 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
 template <typename T>
 void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   ex_ = &a.exec();
-  MOE_CHECK(S <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
-            "[mla] sequence {} > the rotary tables' {} positions", S, rope_.max_pos);
+  MOE_CHECK(S * core_.cp().size() <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
+            "[mla] sequence {} > the rotary tables' {} positions", S * core_.cp().size(),
+            rope_.max_pos);
   MOE_CHECK(rope_.D == pe_ || a.mode() == Arena::Mode::Plan,
             "[mla] rotary tables of width {} for --qk-pos-emb-head-dim={}: build them from "
             "MlaConfig::rope_spec",
@@ -131,8 +130,7 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   dk_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dk", MemKind::Workspace);
   dv_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dv", MemKind::Workspace);
   dcore_ = a.alloc<T>(n * Hq_ * Dp_, "mla.dcore", MemKind::Workspace);
-  workspace_ = a.alloc<T>(ops::attention_workspace_elems(shape_, omp_get_max_threads()),
-                          "mla.workspace", MemKind::Workspace);
+  core_.allocate(a, shape_, "mla");
   if (tp_.sequence_parallel()) {
     if (q_down_ != nullptr)
       q_in_full_ = a.alloc<T>(n * ql_, "mla.q_latent_full", MemKind::Workspace);
@@ -150,7 +148,7 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
                  {n, H_, Hq_ * (Dp_ == dvh_ ? dvh_ : Dp_)}},
                 "mla");
   x_rounded_ = false;  // until the block says otherwise
-  if (pos_T_ != nullptr) ops::sequence_positions(*ex_, pos_T_, n, B);
+  if (pos_T_ != nullptr) core_.positions(pos_T_);
 }
 
 template <typename T>
@@ -221,8 +219,7 @@ void MlaAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   // Into the TP region: this rank's heads over every token.
   gather_latents(/*k_pe=*/true);
   up_forward();
-  ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, shape_,
-                         workspace_, drop_);
+  core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
   // place), else into the whole-token buffer that is reduce-scattered into y.
   const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
@@ -245,16 +242,13 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     lin_.forward(k_pe_raw_, saved_.x_TH, *kv_down_, nl, pe_, H_, x_rounded_, /*row0=*/kl_);
   gather_latents(/*k_pe=*/recompute_up_);
   if (recompute_up_) up_forward();
-  if (recompute_core_) {
-    ops::attention_forward(*ex_, saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v,
-                           shape_, workspace_, drop_);
-  }
+  if (recompute_core_) core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
   proj_backward(dy, n);
-  ops::attention_backward(*ex_, dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v,
-                          saved_.core_out, saved_.lse, shape_, workspace_, drop_);
+  core_.backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out, saved_.lse,
+                 drop_);
   // The projections' gradients into their forward buffers (free now): dq_up's first qk of each
   // head and dkv_up from the merge, dq_up's rotated part and dk_pe_raw from the rope backward.
   ops::mla_merge(*ex_, q_up_TC_, q_pe_, kv_up_TC_, k_pe_, DevPtr<const T>(dq_),

@@ -36,11 +36,13 @@
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "parallel/context_parallel_attention.h"
 #include "nn/linear_gemms.h"
 #include "nn/param_registry.h"
 #include "ops/attention.h"
 #include "ops/mla_layout.h"
 #include "ops/rope_mla.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace moecore::model {
@@ -66,9 +68,12 @@ class MlaAttention {
  public:
   // rope: tables of cfg.mla.rope_spec(cfg.rotary_base) for at least S positions.
   // tp: the attention grid's TP group (parallel::TensorParallel::attention; default one rank).
+  // cp: the attention grid's CP group and --cp-comm-type (default one rank): the core attention
+  // runs across it (parallel/context_parallel_attention.h), RoPE takes the rows' global positions.
   MlaAttention(const ModelConfig& cfg, ParamRegistry& params, const std::string& prefix,
-               const ops::RopeMlaCache& rope, parallel::TensorParallel tp = {});
-  // S, B: the micro-batch's whole sequence and batch. Selective recomputation
+               const ops::RopeMlaCache& rope, parallel::TensorParallel tp = {},
+               parallel::ContextParallel cp = {});
+  // S, B: the micro-batch's sequence on this CP rank (2 C: the whole sequence / cp) and batch. Selective recomputation
   // (cfg.recompute's modules): with core_attn the core's out and lse, with mla_up_proj q, k and
   // v (the up projections, the rotary and the layout, from the saved latents) are recomputed
   // at the start of the backward instead of kept (MemKind::Recomputed); either, both or none.
@@ -104,6 +109,8 @@ class MlaAttention {
   nn::LinearGemms<T> lin_;
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
   parallel::TensorParallel tp_;
+  // The core attention (forward, its recomputation, backward): the plain op on one CP rank.
+  parallel::ContextParallelAttention<T> core_;
   int64_t H_, Hq_, ql_, kl_, qk_, pe_, dvh_, dqh_, Dp_;  // Hq: this rank's; dvh: dv, dqh: dq
   int64_t n_ = 0, nl_ = 0;                               // T and Tl
   double eps_, q_scale_;
@@ -137,7 +144,6 @@ class MlaAttention {
   DevPtr<T> dk_ = nullptr;
   DevPtr<T> dv_ = nullptr;
   DevPtr<T> dcore_ = nullptr;
-  DevPtr<T> workspace_ = nullptr;
   // With sequence parallelism (null otherwise): the gathered latents [T, ql], [T, kl], [T, pe]
   // (gathered again in the backward), x gathered for linear_q_proj without q LoRA [T, H], a
   // latent's gradient over the whole region [T, max(ql, kl)] before its reduce-scatter, and the

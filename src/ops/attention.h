@@ -14,13 +14,31 @@
 
 namespace moecore::ops {
 
+// The block form (context parallelism, parallel/context_parallel_attention.h): S queries at global
+// positions q_offset .. q_offset + S - 1 against Sk keys at k_offset .. k_offset + Sk - 1, key j
+// visible to query i iff k_offset + j <= q_offset + i. The forward gives the block's own out and
+// lse (softmax over its visible keys), which ops/attention_merge.h combines across blocks; the
+// backward takes the merged out and lse (the full softmax's) and gives the block's exact share
+// of dq, dk, dv (FlashAttention-2: P = exp(s - lse), delta = rowsum(dO o O)). q_offset must be
+// >= k_offset, so every query row sees at least the block's first key (a block whose rows see
+// no key is skipped by the caller, never computed). The defaults are the whole causal sequence.
 struct AttentionShape {
   int64_t S = 0, B = 0, Hq = 0, Hkv = 0, D = 0;  // Hq % Hkv == 0
+  int64_t Sk = 0;          // keys (0: S)
+  int64_t q_offset = 0;    // global position of query row 0
+  int64_t k_offset = 0;    // global position of key row 0
+  int64_t lse_stride = 0;  // elements between the lse rows of (b, h) (0: S): lse [B, Hq, stride]
+
+  int64_t keys() const { return Sk == 0 ? S : Sk; }
+  int64_t lse_ld() const { return lse_stride == 0 ? S : lse_stride; }
+  // Whether the block's rows may see fewer keys than their causal prefix (then the backward
+  // must be given the merged out and lse, and takes delta from them).
+  bool is_block() const { return keys() != S || q_offset != 0 || k_offset != 0; }
 };
 
 // Dropout of the probabilities P[b, h, i, j] (after the causal softmax): kept iff
-// dropout_keep(dropout_head_key(key, head0 + h), iteration, sample0 + b, i, j,
-// dropout_threshold(p)), iteration and sample0 read from *counters inside the op; then
+// dropout_keep(dropout_head_key(key, head0 + h), iteration, sample0 + b, q_offset + i,
+// k_offset + j, dropout_threshold(p)) (global positions: a block draws the whole sequence's bits), iteration and sample0 read from *counters inside the op; then
 // out = (P o M / (1 - p)) V. head0 is the global index of this rank's first query head, so a
 // tensor-parallel split draws the whole model's bits. The saved lse stays that of the undropped
 // scores; the backward redraws the same bits. p == 0 is no dropout (counters may then be null).
@@ -31,11 +49,12 @@ struct AttentionDropout {
   int64_t head0 = 0;
 };
 
-// Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv).
+// Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv,
+// q_offset < k_offset, lse_stride < S).
 void check_attention_shape(const AttentionShape& s, const char* op);
 
 // Workspace elements (of T) the fast path needs for `n_threads` threads: about
-// 2 * S * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * S + 5 * S * D + 12 * 64 * D).
+// 2 * Sk * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * Sk + 5 * Sk * D + 12 * 64 * D).
 int64_t attention_workspace_elems(const AttentionShape& s, int n_threads);
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
@@ -62,8 +81,9 @@ void attention_backward(void* stream, T* dq, T* dk, T* dv, const T* dout, const 
                         const AttentionDropout* drop);
 }  // namespace cuda
 
-// q, out [S, B, Hq, D]; k, v [S, B, Hkv, D]; lse [B, Hq, S] saved for backward. drop: nullptr
-// (or p == 0) for no dropout; the backward must get the forward's.
+// q, out [S, B, Hq, D]; k, v [Sk, B, Hkv, D]; lse [B, Hq, lse_stride] (its first S of each row)
+// saved for backward. drop: nullptr (or p == 0) for no dropout; the backward must get the
+// forward's. In the block form the backward's out and lse are the merged ones (see above).
 template <typename T>
 void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q,
                        DevPtr<const T> k, DevPtr<const T> v, const AttentionShape& s,

@@ -5,6 +5,8 @@
 // forward's saved values.
 #include <algorithm>
 #include <array>
+#include <limits>
+#include <span>
 #include <omp.h>
 
 #include <random>
@@ -12,6 +14,7 @@
 #include "backend_case.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "ops/attention_merge.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/vocab_parallel_ce.h"
@@ -257,14 +260,32 @@ const ops::AttentionShape kAttentionShapes[] = {
 
 // drop: the attention dropout of the whole table (nullptr: none). The backward takes the
 // reference forward's out and lse (lse is that of the undropped scores either way).
+// The block form (ops/attention.h, context parallelism's chunk pairs): a full block (keys 5..9
+// before queries 10..14), a diagonal at an offset with lse rows of 2 S, a prefix of 3 chunks, a
+// key range shorter than the rows see, one crossing the 64-row blocks; lse a strided part.
+ops::AttentionShape attention_block(ops::AttentionShape s, int64_t Sk, int64_t q_offset,
+                                    int64_t k_offset, int64_t lse_stride) {
+  s.Sk = Sk, s.q_offset = q_offset, s.k_offset = k_offset, s.lse_stride = lse_stride;
+  return s;
+}
+const ops::AttentionShape kAttentionBlocks[] = {
+    attention_block({5, 2, 4, 2, 8}, 5, 10, 5, 10),
+    attention_block({17, 1, 2, 1, 16}, 17, 17, 17, 34),
+    attention_block({9, 1, 6, 2, 8}, 27, 18, 0, 18),
+    attention_block({20, 2, 3, 1, 40}, 7, 3, 0, 0),
+    attention_block({70, 1, 4, 1, 32}, 70, 140, 70, 140),
+};
+
 template <typename T>
-void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
+void attention_one(const Exec& ex, const ops::AttentionDropout* drop,
+                   std::span<const ops::AttentionShape> shapes = kAttentionShapes) {
   uint32_t seed = 100;
-  for (const ops::AttentionShape& s : kAttentionShapes) {
+  for (const ops::AttentionShape& s : shapes) {
     BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D
-                       << " dropout p=" << (drop ? drop->p : 0.0));
-    const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.S * s.B * s.Hkv * s.D,
-                  n_lse = s.B * s.Hq * s.S;
+                       << " Sk=" << s.keys() << " q_offset=" << s.q_offset << " k_offset="
+                       << s.k_offset << " dropout p=" << (drop ? drop->p : 0.0));
+    const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.keys() * s.B * s.Hkv * s.D,
+                  n_lse = s.B * s.Hq * s.lse_ld();
     // q, k in [-2, 2]: scores of O(1), the softmax neither flat nor one-hot.
     const auto q = random_vec<T>(n_q, seed++, -2.0, 2.0),
                k = random_vec<T>(n_kv, seed++, -2.0, 2.0);
@@ -294,7 +315,18 @@ void attention_one(const Exec& ex, const ops::AttentionDropout* drop) {
       st.back();
     }
     expect_close(out, out_ref.data(), "out");
-    expect_close(lse, lse_ref.data(), "lse");
+    if (s.lse_ld() == s.S) {
+      expect_close(lse, lse_ref.data(), "lse");
+    } else {  // the rows' first S; the rest never written (NaN as poisoned)
+      for (int64_t row = 0; row < s.B * s.Hq; ++row) {
+        const int64_t at = row * s.lse_ld();
+        EXPECT_TRUE(testing::all_close(lse.data() + at, lse_ref.data() + at, s.S, Tol<T>::rtol,
+                                       Tol<T>::atol))
+            << "lse row " << row;
+        for (int64_t i = s.S; i < s.lse_ld(); ++i) EXPECT_TRUE(std::isnan(lse[at + i])) << i;
+      }
+      expect_intact(lse, "lse");
+    }
     expect_close(dq, dq_ref.data(), "dq");
     expect_close(dk, dk_ref.data(), "dk");
     expect_close(dv, dv_ref.data(), "dv");
@@ -315,6 +347,46 @@ void attention_dropout_case(const Exec& ex) {
   for (double p : {0.1, 0.3}) {
     const ops::AttentionDropout drop{p, rng_key(7, "attention_dropout"), &counters, 2};
     attention_one<T>(ex, &drop);
+  }
+}
+
+// The block form, with and without dropout (the bits at the global (query, key)). The
+// reference's backward of a block given the block's own out and lse is that block's gradient.
+template <typename T>
+void attention_block_case(const Exec& ex) {
+  attention_one<T>(ex, nullptr, kAttentionBlocks);
+  const ops::DropoutCounters counters{41, 12};
+  const ops::AttentionDropout drop{0.3, rng_key(7, "attention_dropout"), &counters, 2};
+  attention_one<T>(ex, &drop, kAttentionBlocks);
+}
+
+// The log-sum-exp merge of two partials: lse far apart, a side at -inf (weight 0), lse a strided
+// part of a longer row (the rest untouched).
+template <typename T>
+void attention_merge_one(const Exec& ex) {
+  ops::AttentionShape strided{33, 2, 3, 1, 13};
+  strided.lse_stride = 40;
+  uint32_t seed = 900;
+  for (const ops::AttentionShape& s :
+       {ops::AttentionShape{1, 1, 1, 1, 4}, ops::AttentionShape{70, 1, 4, 1, 32}, strided}) {
+    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " H=" << s.Hq << " D=" << s.D
+                       << " lse_stride=" << s.lse_ld());
+    const int64_t n_o = s.S * s.B * s.Hq * s.D, n_l = s.B * s.Hq * s.lse_ld();
+    const auto o1 = random_vec<T>(n_o, seed++), o2 = random_vec<T>(n_o, seed++);
+    auto l1 = random_vec<T>(n_l, seed++, -20.0, 20.0), l2 = random_vec<T>(n_l, seed++, -3.0, 3.0);
+    l1[0] = -std::numeric_limits<T>::infinity();
+    std::vector<T> o_ref = o1, l_ref = l1;
+    ops::attention_merge_ref<T>(o_ref.data(), l_ref.data(), o2.data(), l2.data(), s);
+    Guarded<T> o(n_o), l(n_l);
+    std::copy(o1.begin(), o1.end(), o.data());
+    std::copy(l1.begin(), l1.end(), l.data());
+    {
+      Staging st(ex);
+      ops::attention_merge<T>(ex, st.out(o), st.out(l), st.in(o2), st.in(l2), s);
+      st.back();
+    }
+    expect_close(o, o_ref.data(), "out");
+    expect_close(l, l_ref.data(), "lse");
   }
 }
 
@@ -481,6 +553,16 @@ void add_model_cases(std::vector<OpCase>& out) {
   out.push_back({"attention_dropout_f64",
                  {"attention_forward", "attention_backward"},
                  attention_dropout_case<double>});
+  out.push_back({"attention_block_f32",
+                 {"attention_forward", "attention_backward"},
+                 attention_block_case<float>});
+  out.push_back({"attention_block_f64",
+                 {"attention_forward", "attention_backward"},
+                 attention_block_case<double>});
+  out.push_back({"attention_merge", {"attention_merge"}, [](const Exec& ex) {
+                   attention_merge_one<float>(ex);
+                   attention_merge_one<double>(ex);
+                 }});
   out.push_back({"rope", {"make_rope_cache", "rope_forward", "rope_backward"}, [](const Exec& ex) {
                    rope_one<float>(ex);
                    rope_one<double>(ex);

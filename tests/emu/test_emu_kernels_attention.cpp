@@ -44,13 +44,17 @@ template <typename T>
 void check_attention(const ops::AttentionShape& s, const ops::AttentionDropout* drop) {
   SCOPED_TRACE("S=" + std::to_string(s.S) + " B=" + std::to_string(s.B) +
                " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) +
-               " D=" + std::to_string(s.D) + " p=" + std::to_string(drop ? drop->p : 0.0));
-  const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.S * s.B * s.Hkv * s.D,
-                n_lse = s.B * s.Hq * s.S;
+               " D=" + std::to_string(s.D) + " Sk=" + std::to_string(s.keys()) +
+               " q_offset=" + std::to_string(s.q_offset) + " k_offset=" +
+               std::to_string(s.k_offset) + " lse_stride=" + std::to_string(s.lse_ld()) +
+               " p=" + std::to_string(drop ? drop->p : 0.0));
+  const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.keys() * s.B * s.Hkv * s.D,
+                n_lse = s.B * s.Hq * s.lse_ld();
   const std::vector<T> q = random_vec<T>(n_q, 51, -2.0, 2.0),
                        k = random_vec<T>(n_kv, 52, -2.0, 2.0);
   const std::vector<T> v = random_vec<T>(n_kv, 53), dout = random_vec<T>(n_q, 54);
-  std::vector<T> out_ref(static_cast<size_t>(n_q)), lse_ref(static_cast<size_t>(n_lse)),
+  // lse past the first S of each row is never written: NaN in both, compared as equal below.
+  std::vector<T> out_ref(static_cast<size_t>(n_q)), lse_ref(static_cast<size_t>(n_lse), T(NAN)),
       dq_ref(static_cast<size_t>(n_q)), dk_ref(static_cast<size_t>(n_kv)),
       dv_ref(static_cast<size_t>(n_kv));
   ops::attention_forward_ref(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), s, drop);
@@ -77,7 +81,15 @@ void check_attention(const ops::AttentionShape& s, const ops::AttentionDropout* 
   });
   EXPECT_EQ(diff, "");
   expect_near_all(out, out_ref, "out");
-  expect_near_all(lse, lse_ref, "lse");
+  EXPECT_TRUE(lse.intact()) << "lse written outside its elements";
+  for (int64_t e = 0; e < n_lse; ++e) {
+    if (e % s.lse_ld() >= s.S) {
+      ASSERT_TRUE(std::isnan(lse[e])) << "lse element " << e << " past S written";
+      continue;
+    }
+    ASSERT_NEAR(lse[e], lse_ref[size_t(e)], kAtol<T> + kRtol<T> * std::abs(lse_ref[size_t(e)]))
+        << "lse element " << e;
+  }
   expect_near_all(dq, dq_ref, "dq");
   expect_near_all(dk, dk_ref, "dk");
   expect_near_all(dv, dv_ref, "dv");
@@ -111,6 +123,35 @@ TEST(EmuKernelsAttention, DropoutMatchesTheReferenceInEveryOrder) {
   }
 }
 
+// The block form (ops/attention.h): keys at an offset (a full block: every key precedes every
+// query; a diagonal one at a non-zero offset; a prefix longer than the queries; fewer keys than
+// some rows would see), lse a strided part of a longer row, dropout at the global positions.
+// The reference's backward of a block given the block's own out and lse is the block's own
+// gradient, which the kernels must give from that out and lse.
+ops::AttentionShape block(ops::AttentionShape s, int64_t Sk, int64_t q_offset, int64_t k_offset,
+                          int64_t lse_stride) {
+  s.Sk = Sk, s.q_offset = q_offset, s.k_offset = k_offset, s.lse_stride = lse_stride;
+  return s;
+}
+const ops::AttentionShape kBlocks[] = {
+    block({5, 2, 4, 2, 8}, 5, 10, 5, 10),      // full: keys 5..9 before queries 10..14
+    block({17, 1, 2, 1, 16}, 17, 17, 17, 34),  // diagonal at 17, lse rows of 34
+    block({9, 1, 4, 2, 8}, 27, 18, 0, 18),     // a prefix of 27 keys, queries 18..26
+    block({20, 2, 3, 1, 13}, 7, 3, 0, 0),      // rows 4.. see all 7 keys, rows 0..3 fewer
+};
+
+TEST(EmuKernelsAttention, BlocksMatchTheReferenceInEveryOrder) {
+  const ops::DropoutCounters counters{41, 12};
+  const ops::AttentionDropout drop{0.3, rng_key(7, "attention_dropout"), &counters, 2};
+  for (const ops::AttentionShape& s : kBlocks) {
+    for (const ops::AttentionDropout* d : {static_cast<const ops::AttentionDropout*>(nullptr),
+                                           &drop}) {
+      check_attention<float>(s, d);
+      check_attention<double>(s, d);
+    }
+  }
+}
+
 TEST(EmuKernelsAttention, BadArgumentsAreErrors) {
   float x = 0;
   const ops::AttentionShape not_grouped{4, 1, 3, 2, 8}, too_wide{4, 1, 2, 2, 4096};
@@ -125,6 +166,10 @@ TEST(EmuKernelsAttention, BadArgumentsAreErrors) {
   const ops::AttentionDropout no_counters{0.1, 1, nullptr, 0};
   EXPECT_THROW(ops::cuda::attention_forward<float>(
                    nullptr, &x, &x, &x, &x, &x, ops::AttentionShape{4, 1, 2, 2, 8}, &no_counters),
+               Error);
+  // A block whose queries all precede its keys: refused, not computed as empty rows.
+  EXPECT_THROW(ops::cuda::attention_forward<float>(nullptr, &x, &x, &x, &x, &x,
+                                                   block({4, 1, 2, 2, 8}, 4, 0, 4, 0), nullptr),
                Error);
 }
 

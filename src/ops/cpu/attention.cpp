@@ -72,12 +72,16 @@ constexpr int64_t round_up(int64_t x, int64_t a) {
 
 // Sizes of the packed operands and per-thread buffers; all multiples of 16 elements, so every
 // buffer starts 64-byte aligned once the workspace base is.
+// The block form (AttentionShape::is_block): N keys, key j visible to query row i iff
+// j <= i + shift (shift = q_offset - k_offset >= 0); the whole sequence is N = S, shift = 0.
 struct Blocking {
   int64_t S, B, Hq, Hkv, D, group;
+  int64_t N;         // keys
+  int64_t shift;     // q_offset - k_offset: row i sees keys j <= i + shift (and j < N)
   int64_t ldq, ldk;  // row strides of q/out and k/v along S
   int64_t Dp;        // D padded to 16: row stride of packed rows [*, Dp] (pad columns are 0)
-  int64_t Sp;        // S padded to 16: row stride of P and dS
-  int64_t Sk;        // S padded to kPanel: keys in K^T / V^T panels
+  int64_t Sp;        // N padded to 16: row stride of P and dS
+  int64_t Sk;        // N padded to kPanel: keys in K^T / V^T panels
   int64_t bk, n_blocks;
 
   explicit Blocking(const AttentionShape& s)
@@ -87,13 +91,19 @@ struct Blocking {
         Hkv(s.Hkv),
         D(s.D),
         group(s.Hq / s.Hkv),
+        N(s.keys()),
+        shift(s.q_offset - s.k_offset),
         ldq(s.B * s.Hq * s.D),
         ldk(s.B * s.Hkv * s.D),
         Dp(round_up(s.D, kLanes)),
-        Sp(round_up(s.S, kLanes)),
-        Sk(round_up(s.S, kPanel)),
+        Sp(round_up(s.keys(), kLanes)),
+        Sk(round_up(s.keys(), kPanel)),
         bk(std::min(s.S, kRowBlock)),
         n_blocks(bk > 0 ? (s.S + bk - 1) / bk : 0) {}
+
+  // The last key row i sees, and the keys rows before `end` see: [0, key_end(end)).
+  int64_t last_key(int64_t i) const { return std::min(i + shift, N - 1); }
+  int64_t key_end(int64_t end) const { return std::min(end + shift, N); }
 
   // K/V operands of one (b, kv head): K^T (and V^T) in panels [Sk / 64][D][64] (the scores
   // tiles read 64 consecutive keys of one d), V (or K) as rows [S, Dp] (the P V and dS K tiles
@@ -101,8 +111,8 @@ struct Blocking {
   // to share; a backward task packs K^T + V^T + K rows of its own (b, kv head) into its thread's
   // slab (hot in L2 from one task to the next, no barrier).
   int64_t panel_elems() const { return Sk * D; }
-  int64_t fwd_pack_elems() const { return panel_elems() + S * Dp; }
-  int64_t bwd_pack_elems() const { return 2 * panel_elems() + S * Dp; }
+  int64_t fwd_pack_elems() const { return panel_elems() + N * Dp; }
+  int64_t bwd_pack_elems() const { return 2 * panel_elems() + N * Dp; }
   // Per thread: Q, dO and O (or dQ) rows of one block for up to kHeadsPerTask heads
   // [kHeadsPerTask][bk, Dp] each, P and dS [bk, Sp], one value per row and head, the
   // backward's dK and dV accumulators [Sp, Dp] each and its K/V pack.
@@ -198,7 +208,7 @@ class Prefetcher {
   int64_t row_ = 0, byte_ = 0;
 };
 
-// K^T panels of one (b, kv head) from rows x[j * ld + d]; keys S..Sp-1 are zero, keys past Sp
+// K^T panels of one (b, kv head) from rows x[j * ld + d]; keys N..Sp-1 are zero, keys past Sp
 // (the rest of the last panel) are never read.
 template <typename T>
 void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
@@ -211,12 +221,12 @@ void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
           _mm512_set1_epi32(static_cast<int32_t>(ld)));
       for (int64_t j = 0; j < L.Sp; j += kLanes) {
-        for (int64_t jn = j + 2 * kLanes; jn < std::min(L.S, j + 3 * kLanes); ++jn) {
+        for (int64_t jn = j + 2 * kLanes; jn < std::min(L.N, j + 3 * kLanes); ++jn) {
           prefetch_span(x + jn * ld, L.D * int64_t{sizeof(T)});
         }
         T* col = dst + (j / kPanel) * kPanel * L.D + j % kPanel;
-        const __mmask16 k = lanes_upto(L.S - 1 - j);
-        const T* src = x + std::min(j, L.S - 1) * ld;  // any valid row when k == 0
+        const __mmask16 k = lanes_upto(L.N - 1 - j);
+        const T* src = x + std::min(j, L.N - 1) * ld;  // any valid row when k == 0
         for (int64_t d = 0; d < L.D; ++d) {
           _mm512_store_ps(col + d * kPanel,
                           _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, src + d, 4));
@@ -230,7 +240,7 @@ void pack_panels(T* dst, const T* x, int64_t ld, const Blocking& L) {
     T* panel = dst + j0 * L.D;
     for (int64_t jj = 0; jj < std::min(kPanel, L.Sp - j0); ++jj) {
       const int64_t j = j0 + jj;
-      for (int64_t d = 0; d < L.D; ++d) panel[d * kPanel + jj] = j < L.S ? x[j * ld + d] : T(0);
+      for (int64_t d = 0; d < L.D; ++d) panel[d * kPanel + jj] = j < L.N ? x[j * ld + d] : T(0);
     }
   }
 }
@@ -409,8 +419,8 @@ void scores(const float* A, const float* Kt, float alpha, float* C, const Blocki
   constexpr int R = 6;
   for (int64_t r0 = 0; r0 < m; r0 += R) {
     const int rows = static_cast<int>(std::min<int64_t>(R, m - r0));
-    // Causal per tile: its last row (position i0 + r0 + rows - 1) sees keys < i0 + r0 + rows.
-    const int64_t n = round_up(i0 + r0 + rows, kLanes);
+    // Causal per tile: its last row (position i0 + r0 + rows - 1) sees keys < key_end(that + 1).
+    const int64_t n = round_up(L.key_end(i0 + r0 + rows), kLanes);
     for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
       pf.step();
       const float* kt = Kt + j0 * L.D;  // panel j0 / 64
@@ -442,7 +452,7 @@ void rows_times_nv(const float* P, const float* X, const float* rowscale, float*
   for (int64_t r0 = 0; r0 < m; r0 += R) {
     const int rows = static_cast<int>(std::min<int64_t>(R, m - r0));
     pf.step();
-    tile_rows<R, NV>(P + r0 * L.Sp, L.Sp, X + c0, L.Dp, i0 + r0 + rows, rowscale + r0,
+    tile_rows<R, NV>(P + r0 * L.Sp, L.Sp, X + c0, L.Dp, L.key_end(i0 + r0 + rows), rowscale + r0,
                      C + r0 * ldc + c0, ldc, tail, rows);
   }
 }
@@ -472,11 +482,11 @@ void cols_times_nv(const float* P, const float* Y, float* C, int64_t ldc, const 
                    int64_t i0, int64_t m, int64_t c0, Prefetcher& pf) {
   constexpr int RJ = kTileRows<NV>;
   const __mmask16 tail = tail_mask(c0, NV, L.D);
-  const int64_t n = i0 + m;
+  const int64_t n = L.key_end(i0 + m);
   for (int64_t j0 = 0; j0 < n; j0 += RJ) {
     const int cols = static_cast<int>(std::min<int64_t>(RJ, n - j0));
-    // Causal per tile: rows before position j0 have P = 0 on all of its keys.
-    const int64_t r0 = std::max<int64_t>(0, j0 - i0);
+    // Causal per tile: rows whose last key precedes key j0 have P = 0 on all of its keys.
+    const int64_t r0 = std::max<int64_t>(0, j0 - L.shift - i0);
     pf.step();
     tile_cols<RJ, NV>(P + j0, L.Sp, Y + c0, L.Dp, r0, m, C + j0 * ldc + c0, ldc, tail, cols);
   }
@@ -511,7 +521,7 @@ void cols_times(const float* P, const float* Y, float* C, int64_t ldc, const Blo
 template <typename T>
 void scores_gemm(const T* A, const T* Kt, T alpha, T* C, const Blocking& L, int64_t i0, int64_t m,
                  Prefetcher& pf) {
-  const int64_t n = std::min(L.Sp, round_up(i0 + m, kLanes));
+  const int64_t n = std::min(L.Sp, round_up(L.key_end(i0 + m), kLanes));
   for (int64_t j0 = 0; j0 < n; j0 += kPanel) {  // one GEMM per 64-key panel of K^T
     pf.step();
     cpu::gemm<T>(false, false, m, std::min(kPanel, n - j0), L.D, alpha, A, L.Dp, Kt + j0 * L.D,
@@ -523,7 +533,7 @@ template <typename T>
 void rows_times_gemm(const T* P, const T* X, const T* rowscale, T* C, int64_t ldc,
                      const Blocking& L, int64_t i0, int64_t m, Prefetcher& pf) {
   pf.step();
-  cpu::gemm<T>(false, false, m, L.D, i0 + m, T(1), P, L.Sp, X, L.Dp, T(0), C, ldc);
+  cpu::gemm<T>(false, false, m, L.D, L.key_end(i0 + m), T(1), P, L.Sp, X, L.Dp, T(0), C, ldc);
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t d = 0; d < L.D; ++d) C[r * ldc + d] *= rowscale[r];
   }
@@ -533,7 +543,7 @@ template <typename T>
 void cols_times_gemm(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L, int64_t i0,
                      int64_t m, Prefetcher& pf) {
   pf.step();
-  cpu::gemm<T>(true, false, i0 + m, L.D, m, T(1), P, L.Sp, Y, L.Dp, T(1), C, ldc);
+  cpu::gemm<T>(true, false, L.key_end(i0 + m), L.D, m, T(1), P, L.Sp, Y, L.Dp, T(1), C, ldc);
 }
 
 template <typename T>
@@ -569,19 +579,19 @@ void cols_times_any(const T* P, const T* Y, T* C, int64_t ldc, const Blocking& L
 // the block's last row: the P V tiles read that far.
 template <typename T>
 void softmax_rows(T* P, T* inv_sum, T* lse_h, const Blocking& L, int64_t i0, int64_t m) {
-  const int64_t fill = std::min(L.Sp, round_up(i0 + m, kLanes));
+  const int64_t fill = std::min(L.Sp, round_up(L.key_end(i0 + m), kLanes));
   for (int64_t rr = 0; rr < m; ++rr) {
-    const int64_t i = i0 + rr;
+    const int64_t i = i0 + rr, last = L.last_key(i);
     T* p = P + rr * L.Sp;
     double sum = 0.0;  // up to S terms: accumulate wide, it is nearly free
     T mx = p[0];
 #if defined(__AVX512F__)
     if constexpr (use_avx512<T>()) {
-      // Lanes past key i are masked out of every read, so scores the tiles never wrote (beyond
+      // Lanes past key `last` are masked out of every read, so scores the tiles never wrote (beyond
       // their causal range) are never touched.
       __m512 vmx = _mm512_set1_ps(p[0]);
-      for (int64_t j = 0; j <= i; j += 16) {
-        const __mmask16 k = lanes_upto(i - j);
+      for (int64_t j = 0; j <= last; j += 16) {
+        const __mmask16 k = lanes_upto(last - j);
         vmx = _mm512_mask_max_ps(vmx, k, vmx, _mm512_maskz_load_ps(k, p + j));
       }
       mx = _mm512_reduce_max_ps(vmx);
@@ -589,14 +599,14 @@ void softmax_rows(T* P, T* inv_sum, T* lse_h, const Blocking& L, int64_t i0, int
       // Sums in f32 lanes: each of the 16 adds at most S / 16 terms in (0, 1], rounding
       // ~1e-7 relative at S = 1024; the lanes are then added in double.
       __m512 vs = _mm512_setzero_ps();
-      for (int64_t j = 0; j <= i; j += 16) {
-        const __mmask16 k = lanes_upto(i - j);
+      for (int64_t j = 0; j <= last; j += 16) {
+        const __mmask16 k = lanes_upto(last - j);
         const __m512 x = _mm512_sub_ps(_mm512_maskz_load_ps(k, p + j), vm);
         const __m512 e = _mm512_maskz_mov_ps(k, fast_exp16(x));
         _mm512_store_ps(p + j, e);
         vs = _mm512_add_ps(vs, e);
       }
-      for (int64_t j = round_up(i + 1, kLanes); j < fill; j += 16) {
+      for (int64_t j = round_up(last + 1, kLanes); j < fill; j += 16) {
         _mm512_store_ps(p + j, _mm512_setzero_ps());
       }
       sum = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(vs)),
@@ -604,12 +614,12 @@ void softmax_rows(T* P, T* inv_sum, T* lse_h, const Blocking& L, int64_t i0, int
     } else
 #endif
     {
-      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, p[j]);
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 1; j <= last; ++j) mx = std::max(mx, p[j]);
+      for (int64_t j = 0; j <= last; ++j) {
         p[j] = fast_exp(p[j] - mx);
         sum += static_cast<double>(p[j]);
       }
-      std::fill(p + i + 1, p + fill, T(0));
+      std::fill(p + last + 1, p + fill, T(0));
     }
     inv_sum[rr] = static_cast<T>(1.0 / sum);
     lse_h[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
@@ -624,12 +634,14 @@ void softmax_rows(T* P, T* inv_sum, T* lse_h, const Blocking& L, int64_t i0, int
 // delta from P and dP (two passes over an L1-resident row, ~i/16 vector FMAs) rather than as
 // rowsum(dO * O) (D per row): the same value, but it spares reading O, whose rows were the
 // backward's costliest cache misses (4 MiB from DRAM per call at the benchmark shape).
+// delta_given (the block form): delta_i of the merged output, rowsum(dO o O), per row of the
+// block, used instead of the block's own sum_j P_ij dP_ij (a part of it only).
 template <typename T>
 void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, int64_t i0,
-                       int64_t m) {
-  const int64_t fill = std::min(L.Sp, round_up(i0 + m, kLanes));
+                       int64_t m, const double* delta_given) {
+  const int64_t fill = std::min(L.Sp, round_up(L.key_end(i0 + m), kLanes));
   for (int64_t rr = 0; rr < m; ++rr) {
-    const int64_t i = i0 + rr;
+    const int64_t i = i0 + rr, last = L.last_key(i);
     T* p = P + rr * L.Sp;
     T* ds = dS + rr * L.Sp;
 #if defined(__AVX512F__)
@@ -637,24 +649,27 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, 
       const __m512 vl = _mm512_set1_ps(lse_h[i]);
       // delta in f32 lanes (each adds at most S / 16 terms, P_ij <= 1), the lanes in double.
       __m512 acc = _mm512_setzero_ps();
-      for (int64_t j = 0; j <= i; j += 16) {
-        const __mmask16 k = lanes_upto(i - j);
+      for (int64_t j = 0; j <= last; j += 16) {
+        const __mmask16 k = lanes_upto(last - j);
         const __m512 x = _mm512_sub_ps(_mm512_maskz_load_ps(k, p + j), vl);
         const __m512 e = _mm512_maskz_mov_ps(k, fast_exp16(x));
         _mm512_store_ps(p + j, e);
         acc = _mm512_fmadd_ps(e, _mm512_maskz_load_ps(k, ds + j), acc);
       }
-      const double delta = _mm512_reduce_add_pd(_mm512_add_pd(
-          _mm512_cvtps_pd(_mm512_castps512_ps256(acc)), _mm512_cvtps_pd(high_half(acc))));
+      const double delta =
+          delta_given != nullptr
+              ? delta_given[rr]
+              : _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)),
+                                                   _mm512_cvtps_pd(high_half(acc))));
       const __m512 vd = _mm512_set1_ps(static_cast<float>(delta));
       const __m512 vs = _mm512_set1_ps(scale);
-      for (int64_t j = 0; j <= i; j += 16) {
-        // Lanes past key i: P is 0 and dP masked to 0, so dS is 0 (never garbage * 0).
-        const __m512 g = _mm512_maskz_load_ps(lanes_upto(i - j), ds + j);
+      for (int64_t j = 0; j <= last; j += 16) {
+        // Lanes past key `last`: P is 0 and dP masked to 0, so dS is 0 (never garbage * 0).
+        const __m512 g = _mm512_maskz_load_ps(lanes_upto(last - j), ds + j);
         const __m512 e = _mm512_load_ps(p + j);
         _mm512_store_ps(ds + j, _mm512_mul_ps(_mm512_mul_ps(vs, e), _mm512_sub_ps(g, vd)));
       }
-      for (int64_t j = round_up(i + 1, kLanes); j < fill; j += 16) {
+      for (int64_t j = round_up(last + 1, kLanes); j < fill; j += 16) {
         _mm512_store_ps(p + j, _mm512_setzero_ps());
         _mm512_store_ps(ds + j, _mm512_setzero_ps());
       }
@@ -663,14 +678,14 @@ void softmax_grad_rows(T* P, T* dS, const T* lse_h, T scale, const Blocking& L, 
 #endif
     const T lse_i = lse_h[i];
     double delta = 0.0;
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j <= last; ++j) {
       p[j] = fast_exp(p[j] - lse_i);
       delta += static_cast<double>(p[j]) * static_cast<double>(ds[j]);
     }
-    const T delta_i = static_cast<T>(delta);
-    for (int64_t j = 0; j <= i; ++j) ds[j] = scale * p[j] * (ds[j] - delta_i);
-    std::fill(p + i + 1, p + fill, T(0));
-    std::fill(ds + i + 1, ds + fill, T(0));
+    const T delta_i = static_cast<T>(delta_given != nullptr ? delta_given[rr] : delta);
+    for (int64_t j = 0; j <= last; ++j) ds[j] = scale * p[j] * (ds[j] - delta_i);
+    std::fill(p + last + 1, p + fill, T(0));
+    std::fill(ds + last + 1, ds + fill, T(0));
   }
 }
 
@@ -681,10 +696,12 @@ struct BlockDropout {
   bool on = false;
   uint64_t key = 0;
   int64_t head0 = 0, iteration = 0, sample0 = 0;
+  int64_t q_offset = 0, k_offset = 0;  // global positions of query row 0 and key 0
   uint32_t threshold = 0;
   T scale = T(1);
 
-  explicit BlockDropout(const AttentionDropout* drop) {
+  BlockDropout(const AttentionDropout* drop, const AttentionShape& s)
+      : q_offset(s.q_offset), k_offset(s.k_offset) {
     if (drop == nullptr || drop->p == 0.0) return;
     const DropoutCounters* c = raw_ptr(drop->counters);
     on = true;
@@ -696,15 +713,16 @@ struct BlockDropout {
     scale = dropout_scale<T>(drop->p);
   }
 
-  // X[rr, j] *= M[i0 + rr, j] for the keys j <= i0 + rr of the block's rows (row stride Sp).
+  // X[rr, j] *= M[i0 + rr, j] for the visible keys j <= last_key(i0 + rr) of the block's rows
+  // (row stride Sp), drawn at the global (q_offset + i, k_offset + j).
   void apply(T* X, const Blocking& L, int64_t b, int64_t h, int64_t i0, int64_t m) const {
     const uint64_t hk = dropout_head_key(key, static_cast<uint64_t>(head0 + h));
     for (int64_t rr = 0; rr < m; ++rr) {
       const int64_t i = i0 + rr;
       const cpu::DropoutRow row(hk, static_cast<uint64_t>(iteration),
-                                static_cast<uint64_t>(sample0 + b), static_cast<uint64_t>(i),
-                                threshold);
-      cpu::dropout_row_in_place(X + rr * L.Sp, i + 1, row, scale);
+                                static_cast<uint64_t>(sample0 + b),
+                                static_cast<uint64_t>(q_offset + i), threshold);
+      cpu::dropout_row_in_place_at(X + rr * L.Sp, L.last_key(i) + 1, k_offset, row, scale);
     }
   }
 };
@@ -750,7 +768,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const int64_t n_grabs = (n_tasks + per_grab - 1) / per_grab;
   T* packs = align64(workspace);
   T* slabs = packs + B * Hkv * L.fwd_pack_elems();
-  const BlockDropout<T> dropout(drop);
+  const BlockDropout<T> dropout(drop, s);
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -766,7 +784,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       T* pk = packs + bg * L.fwd_pack_elems();
       const int64_t off = (bg / Hkv) * Hkv * D + (bg % Hkv) * D;
       pack_panels(pk, k + off, L.ldk, L);
-      pack_rows(pk + L.panel_elems(), v + off, L.ldk, S, L);
+      pack_rows(pk + L.panel_elems(), v + off, L.ldk, L.N, L);
     }
     // (implicit barrier: packs complete)
 
@@ -802,7 +820,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
           const int64_t h = h0 + hh;
           const T* pk = packs + (b * Hkv + h / L.group) * L.fwd_pack_elems();
           scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
-          softmax_rows<T>(P, inv_sum, lse + (b * Hq + h) * S, L, i0, m);
+          softmax_rows<T>(P, inv_sum, lse + (b * Hq + h) * s.lse_ld(), L, i0, m);
           if (dropout.on) dropout.apply(P, L, b, h, i0, m);  // after lse: it stays undropped
           rows_times_any<T>(P, pk + L.panel_elems(), inv_sum, Oc + hh * hs, L.Dp, L, i0, m, pf);
         }
@@ -835,7 +853,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const int64_t hs = L.head_stride(), hs_d = round_up(bk, kLanes);
   T* packs = align64(workspace);
   T* slabs = packs + B * Hkv * L.fwd_pack_elems();
-  const BlockDropout<T> dropout(drop);
+  const BlockDropout<T> dropout(drop, s);
+  const bool block = s.is_block();  // delta from the merged out (a part of the row's keys)
 
 #pragma omp parallel num_threads(n_threads)
   {
@@ -851,6 +870,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     T* dKa = ones + kHeadsPerTask * hs_d;
     T* dVa = dKa + L.Sp * L.Dp;
     T* pk = dVa + L.Sp * L.Dp;  // K^T panels, V^T panels, K rows of the task's (b, kv head)
+    // The block form's delta per row (rowsum(dO o O) of the merged output), in the slab's slack
+    // after `ones` (kHeadsPerTask * hs_d elements, bk of them used): bk doubles fit in 2 hs_d.
+    double* delta_r = reinterpret_cast<double*>(align64(ones + bk));
 
     // One task per (b, kv head): it alone writes that dK/dV slice (summed over the query heads
     // of the group) and the dQ of those query heads, in a fixed order (row block, then head)
@@ -864,7 +886,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       // K^T and V^T panels (for Q K^T and dO V^T) and K rows (for dS K); only this task reads
       // them, so it packs them itself into its thread's slab.
       // K^T comes from the packed K rows (in cache) rather than from k again.
-      pack_rows(pk + 2 * L.panel_elems(), k + (b * Hkv + g) * D, L.ldk, S, L);
+      pack_rows(pk + 2 * L.panel_elems(), k + (b * Hkv + g) * D, L.ldk, L.N, L);
       pack_panels(pk, pk + 2 * L.panel_elems(), L.Dp, L);
       pack_panels(pk + L.panel_elems(), v + (b * Hkv + g) * D, L.ldk, L);
       std::fill(dKa, dKa + 2 * L.Sp * L.Dp, T(0));  // dKa and dVa
@@ -897,7 +919,19 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             scores_any<T>(Qc + hh * hs, pk, scale, P, L, i0, m, pf);
             scores_any<T>(dOc + hh * hs, pk + L.panel_elems(), T(1), dS, L, i0, m, pf);
             if (dropout.on) dropout.apply(dS, L, b, h, i0, m);  // M o dP
-            softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * S, scale, L, i0, m);
+            if (block) {  // delta of the merged output: rowsum(dO o O) over its D values
+              for (int64_t rr = 0; rr < m; ++rr) {
+                const T* o_r = out + off + rr * L.ldq + hh * D;
+                const T* g_r = dout + off + rr * L.ldq + hh * D;
+                double acc = 0.0;
+                for (int64_t d = 0; d < D; ++d) {
+                  acc += static_cast<double>(o_r[d]) * static_cast<double>(g_r[d]);
+                }
+                delta_r[rr] = acc;
+              }
+            }
+            softmax_grad_rows<T>(P, dS, lse + (b * Hq + h) * s.lse_ld(), scale, L, i0, m,
+                                 block ? delta_r : nullptr);
             if (dropout.on) dropout.apply(P, L, b, h, i0, m);              // P o M for dV
             cols_times_any<T>(P, dOc + hh * hs, dVa, L.Dp, L, i0, m, pf);  // dV += P^T dO
             cols_times_any<T>(dS, Qc + hh * hs, dKa, L.Dp, L, i0, m, pf);  // dK += dS^T Q
@@ -907,8 +941,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           unpack_rows(dq + off, dQc, L.ldq, m, L, nh, hs);
         }
       }
-      unpack_rows(dk_g, dKa, L.ldk, S, L, 1, 0);
-      unpack_rows(dv_g, dVa, L.ldk, S, L, 1, 0);
+      unpack_rows(dk_g, dKa, L.ldk, L.N, L, 1, 0);
+      unpack_rows(dv_g, dVa, L.ldk, L.N, L, 1, 0);
     }
   }
 }

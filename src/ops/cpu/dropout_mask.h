@@ -77,4 +77,19 @@ inline void dropout_row_in_place(T* x, int64_t n, const DropoutRow& r, T scale) 
   }
 }
 
+// x[c] *= factor(col0 + c) for c in [0, n) of one row: columns from any col0 (a block of keys at
+// a global offset, ops/attention.h). The same factors as dropout_row_in_place at col0 == 0.
+template <typename T>
+inline void dropout_row_in_place_at(T* x, int64_t n, int64_t col0, const DropoutRow& r, T scale) {
+  if (col0 == 0) return dropout_row_in_place(x, n, r, scale);
+  alignas(64) T m[kDropoutChunk];
+  const int64_t end = col0 + n;
+  for (int64_t a = col0 - col0 % 4; a < end; a += kDropoutChunk) {  // Philox blocks start at 4k
+    dropout_factors64(m, a, r, scale);
+    const int64_t c_lo = a > col0 ? a : col0;
+    const int64_t c_hi = a + kDropoutChunk < end ? a + kDropoutChunk : end;
+    for (int64_t c = c_lo; c < c_hi; ++c) x[c - col0] *= m[c - a];
+  }
+}
+
 }  // namespace moecore::ops::cpu

@@ -1,5 +1,6 @@
-// Causal GQA flash attention on the GPU, SIMT (no tensor cores: the grid emulator runs it). The
-// forward: a block per (b, query head, tile of queries); K and V tiles staged in shared memory,
+// Causal GQA flash attention on the GPU, SIMT (no tensor cores: the grid emulator runs it), also
+// in the block form of ops/attention.h (keys at an offset, the masks and dropout bits at global
+// positions). The forward: a block per (b, query head, tile of queries); K and V tiles staged in shared memory,
 // the online softmax over the key tiles up to the diagonal, a thread per query row for the
 // running max and sum (its keys in order), lse saved as the CPU's (natural log of the undropped
 // scaled scores' exp-sum). The backward recomputes P from lse (FlashAttention-2) with
@@ -26,7 +27,21 @@ namespace kernels {
 struct Dims {
   int64_t S, B, Hq, Hkv, D;
   int64_t tile;  // queries per query tile and keys per key tile
+  // The block form (ops/attention.h): N keys, query row i sees key j iff j <= i + shift
+  // (shift = q_offset - k_offset); dropout drawn at (q_offset + i, k_offset + j); lse rows lse_ld
+  // apart. The whole sequence: N = S, shift = q_offset = k_offset = 0, lse_ld = S.
+  // The backward's delta is always rowsum(dO o O) of the given out: right for a block too.
+  int64_t N, shift, q_offset, k_offset, lse_ld;
 };
+
+// Query row i sees key j.
+__device__ __forceinline__ bool visible(const Dims& m, int64_t i, int64_t j) {
+  return i < m.S && j < m.N && j <= i + m.shift;
+}
+// Keys [0, key_end(m, end)) meet some query row before `end`.
+__device__ __forceinline__ int64_t key_end(const Dims& m, int64_t end) {
+  return std::min(end + m.shift, m.N);
+}
 
 // The dropout of the probabilities; on == false: none (counters unread).
 template <typename T>
@@ -59,13 +74,15 @@ __device__ __forceinline__ T dot(const T* a, const T* b, int64_t D) {
   return acc;
 }
 
-// Rows [row0, row0 + n) of a [S, B, H, D] tensor at (b, h) into shared [n][D] (rows past S: 0).
+// Rows [row0, row0 + n) of a [rows, B, H, D] tensor at (b, h) into shared [n][D] (rows past
+// `rows`: 0).
 template <typename T>
 __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row0, int64_t n,
-                                          const Dims& m, int64_t H, int64_t b, int64_t h) {
+                                          const Dims& m, int64_t H, int64_t b, int64_t h,
+                                          int64_t rows) {
   for (int64_t e = threadIdx.x; e < n * m.D; e += blockDim.x) {
     const int64_t r = e / m.D, d = e % m.D, i = row0 + r;
-    dst[e] = i < m.S ? src[((i * m.B + b) * H + h) * m.D + d] : T(0);
+    dst[e] = i < rows ? src[((i * m.B + b) * H + h) * m.D + d] : T(0);
   }
 }
 
@@ -93,21 +110,23 @@ __global__ void attention_forward(T* out, T* lse, const T* q, const T* k, const 
     iteration = uint64_t(dr.counters->iteration);
     sample = uint64_t(dr.counters->sample0 + b);
   }
-  load_rows(Qs, q, q0, bt, m, m.Hq, b, h);
+  load_rows(Qs, q, q0, bt, m, m.Hq, b, h, m.S);
   for (int64_t e = threadIdx.x; e < bt * D; e += blockDim.x) Os[e] = T(0);
   for (int64_t r = threadIdx.x; r < bt; r += blockDim.x) mx_s[r] = kNegInf, sum_s[r] = T(0);
-  const int64_t q_end = std::min(q0 + bt, m.S);  // keys [0, q_end) meet some query of the tile
-  for (int64_t k0 = 0; k0 < q_end; k0 += bt) {
+  // Keys [0, k_end) meet some query of the tile.
+  const int64_t k_end = key_end(m, std::min(q0 + bt, m.S));
+  for (int64_t k0 = 0; k0 < k_end; k0 += bt) {
     __syncthreads();  // the previous tile's K, V, P read
-    load_rows(Ks, k, k0, bt, m, m.Hkv, b, g);
-    load_rows(Vs, v, k0, bt, m, m.Hkv, b, g);
+    load_rows(Ks, k, k0, bt, m, m.Hkv, b, g, m.N);
+    load_rows(Vs, v, k0, bt, m, m.Hkv, b, g, m.N);
     __syncthreads();
     for (int64_t e = threadIdx.x; e < bt * bt; e += blockDim.x) {
       const int64_t r = e / bt, c = e % bt, i = q0 + r, j = k0 + c;
       T score = kNegInf, f = T(0);
-      if (i < m.S && j <= i) {
+      if (visible(m, i, j)) {
         score = dot(Qs + r * D, Ks + c * D, D) * scale;
-        f = dr.on ? keep_factor(dr, head_key, iteration, sample, i, j) : T(1);
+        f = dr.on ? keep_factor(dr, head_key, iteration, sample, m.q_offset + i, m.k_offset + j)
+                  : T(1);
       }
       Ps[e] = score;
       Ms[e] = f;
@@ -146,7 +165,7 @@ __global__ void attention_forward(T* out, T* lse, const T* q, const T* k, const 
   }
   for (int64_t r = threadIdx.x; r < bt; r += blockDim.x) {
     const int64_t i = q0 + r;
-    if (i < m.S) lse[(b * m.Hq + h) * m.S + i] = mx_s[r] + std::log(sum_s[r]);
+    if (i < m.S) lse[(b * m.Hq + h) * m.lse_ld + i] = mx_s[r] + std::log(sum_s[r]);
   }
 }
 
@@ -160,7 +179,7 @@ __device__ __forceinline__ void load_row_stats(T* lse_s, T* delta_s, const T* ls
     T l = T(0), delta = T(0);
     if (i < m.S) {
       const int64_t row = ((i * m.B + b) * m.Hq + h) * m.D;
-      l = lse[(b * m.Hq + h) * m.S + i];
+      l = lse[(b * m.Hq + h) * m.lse_ld + i];
       delta = dot(dout + row, out + row, m.D);
     }
     lse_s[r] = l;
@@ -181,9 +200,11 @@ __device__ __forceinline__ void probs_and_grads(T* Ps, T* dSs, const T* Qs, cons
   for (int64_t e = threadIdx.x; e < bt * bt; e += blockDim.x) {
     const int64_t r = e / bt, c = e % bt, i = q0 + r, j = k0 + c;
     T pm = T(0), ds = T(0);
-    if (i < m.S && j <= i) {
+    if (visible(m, i, j)) {
       const T p = std::exp(dot(Qs + r * D, Ks + c * D, D) * scale - lse_s[r]);
-      const T f = dr.on ? keep_factor(dr, head_key, iteration, sample, i, j) : T(1);
+      const T f = dr.on ? keep_factor(dr, head_key, iteration, sample, m.q_offset + i,
+                                      m.k_offset + j)
+                        : T(1);
       const T dp = dot(dOs + r * D, Vs + c * D, D);
       pm = p * f;
       ds = p * (f * dp - delta_s[r]);
@@ -199,7 +220,7 @@ template <typename T>
 __global__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k,
                                         const T* v, const T* out, const T* lse, Dims m, T scale,
                                         Drop<T> dr) {
-  const int64_t bt = m.tile, D = m.D, n_kt = (m.S + bt - 1) / bt;
+  const int64_t bt = m.tile, D = m.D, n_kt = (m.N + bt - 1) / bt;
   const int64_t k0 = (blockIdx.x % n_kt) * bt, bg = blockIdx.x / n_kt;
   const int64_t b = bg / m.Hkv, g = bg % m.Hkv, qpg = m.Hq / m.Hkv;
   T* Ks = dynamic_shared<T>();
@@ -212,18 +233,20 @@ __global__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
   T* dSs = Ps + bt * bt;
   T* lse_s = dSs + bt * bt;
   T* delta_s = lse_s + bt;
-  load_rows(Ks, k, k0, bt, m, m.Hkv, b, g);
-  load_rows(Vs, v, k0, bt, m, m.Hkv, b, g);
+  load_rows(Ks, k, k0, bt, m, m.Hkv, b, g, m.N);
+  load_rows(Vs, v, k0, bt, m, m.Hkv, b, g, m.N);
   for (int64_t e = threadIdx.x; e < bt * D; e += blockDim.x) dKs[e] = T(0), dVs[e] = T(0);
+  // The first query tile with a row that sees key k0 (row i sees it iff i >= k0 - shift).
+  const int64_t q_start = std::max<int64_t>(0, k0 - m.shift) / bt * bt;
   const uint64_t iteration = dr.on ? uint64_t(dr.counters->iteration) : 0;
   const uint64_t sample = dr.on ? uint64_t(dr.counters->sample0 + b) : 0;
   for (int64_t hh = 0; hh < qpg; ++hh) {
     const int64_t h = g * qpg + hh;
     const uint64_t head_key = dr.on ? dropout_head_key(dr.key, uint64_t(dr.head0 + h)) : 0;
-    for (int64_t q0 = k0; q0 < m.S; q0 += bt) {  // query tiles at or below the key tile
-      __syncthreads();                           // the previous tile's Q, dO, P, dS read
-      load_rows(Qs, q, q0, bt, m, m.Hq, b, h);
-      load_rows(dOs, dout, q0, bt, m, m.Hq, b, h);
+    for (int64_t q0 = q_start; q0 < m.S; q0 += bt) {  // query tiles that see the key tile
+      __syncthreads();                                // the previous tile's Q, dO, P, dS read
+      load_rows(Qs, q, q0, bt, m, m.Hq, b, h, m.S);
+      load_rows(dOs, dout, q0, bt, m, m.Hq, b, h, m.S);
       load_row_stats(lse_s, delta_s, lse, dout, out, q0, m, b, h);
       __syncthreads();
       probs_and_grads(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, delta_s, q0, k0, m, scale, dr, head_key,
@@ -244,7 +267,7 @@ __global__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
   // Each element's last writer is the thread that writes it out: no barrier needed.
   for (int64_t e = threadIdx.x; e < bt * D; e += blockDim.x) {
     const int64_t c = e / D, d = e % D, j = k0 + c;
-    if (j < m.S) {
+    if (j < m.N) {
       const int64_t at = ((j * m.B + b) * m.Hkv + g) * D + d;
       dk[at] = dKs[e] * scale;
       dv[at] = dVs[e];
@@ -275,15 +298,15 @@ __global__ void attention_backward_dq(T* dq, const T* dout, const T* q, const T*
     iteration = uint64_t(dr.counters->iteration);
     sample = uint64_t(dr.counters->sample0 + b);
   }
-  load_rows(Qs, q, q0, bt, m, m.Hq, b, h);
-  load_rows(dOs, dout, q0, bt, m, m.Hq, b, h);
+  load_rows(Qs, q, q0, bt, m, m.Hq, b, h, m.S);
+  load_rows(dOs, dout, q0, bt, m, m.Hq, b, h, m.S);
   load_row_stats(lse_s, delta_s, lse, dout, out, q0, m, b, h);
   for (int64_t e = threadIdx.x; e < bt * D; e += blockDim.x) dQs[e] = T(0);
-  const int64_t q_end = std::min(q0 + bt, m.S);
-  for (int64_t k0 = 0; k0 < q_end; k0 += bt) {
+  const int64_t k_end = key_end(m, std::min(q0 + bt, m.S));
+  for (int64_t k0 = 0; k0 < k_end; k0 += bt) {
     __syncthreads();  // the previous tile's K and dS read (and Q, dO, lse, delta loaded)
-    load_rows(Ks, k, k0, bt, m, m.Hkv, b, g);
-    load_rows(Vs, v, k0, bt, m, m.Hkv, b, g);
+    load_rows(Ks, k, k0, bt, m, m.Hkv, b, g, m.N);
+    load_rows(Vs, v, k0, bt, m, m.Hkv, b, g, m.N);
     __syncthreads();
     probs_and_grads(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, delta_s, q0, k0, m, scale, dr, head_key,
                     iteration, sample);
@@ -338,6 +361,12 @@ int64_t choose_tile(const AttentionShape& s, size_t (*bytes)(int64_t, int64_t), 
   return 0;
 }
 
+kernels::Dims dims(const AttentionShape& s, int64_t tile) {
+  return kernels::Dims{s.S,        s.B,        s.Hq,       s.Hkv,
+                       s.D,        tile,       s.keys(),   s.q_offset - s.k_offset,
+                       s.q_offset, s.k_offset, s.lse_ld()};
+}
+
 template <typename T>
 kernels::Drop<T> device_drop(const AttentionDropout* drop) {
   kernels::Drop<T> d{false, 0, 0, 0, T(1), nullptr};
@@ -371,7 +400,7 @@ void attention_forward(void* stream, T* out, T* lse, const T* q, const T* k, con
   const int64_t tile = choose_tile<T>(s, forward_bytes<T>, "attention_forward");
   const int64_t blocks = check_and_count(s, drop, tile, s.Hq, "attention_forward");
   if (blocks == 0) return;
-  const kernels::Dims m{s.S, s.B, s.Hq, s.Hkv, s.D, tile};
+  const kernels::Dims m = dims(s, tile);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
   launch("attention_forward", kernels::attention_forward<T>, dim3(unsigned(blocks)), dim3(kThreads),
          forward_bytes<T>(tile, s.D), stream, out, lse, q, k, v, m, scale, device_drop<T>(drop));
@@ -384,8 +413,8 @@ void attention_backward(void* stream, T* dq, T* dk, T* dv, const T* dout, const 
   const int64_t tile = choose_tile<T>(s, backward_bytes<T>, "attention_backward");
   const int64_t blocks_q = check_and_count(s, drop, tile, s.Hq, "attention_backward");
   if (blocks_q == 0) return;
-  const int64_t blocks_kv = (s.S + tile - 1) / tile * s.B * s.Hkv;
-  const kernels::Dims m{s.S, s.B, s.Hq, s.Hkv, s.D, tile};
+  const int64_t blocks_kv = (s.keys() + tile - 1) / tile * s.B * s.Hkv;
+  const kernels::Dims m = dims(s, tile);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
   const kernels::Drop<T> dr = device_drop<T>(drop);
   const size_t smem = backward_bytes<T>(tile, s.D);
