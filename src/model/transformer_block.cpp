@@ -41,17 +41,14 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, const BlockSite& s
       norm1_(norm_config(cfg), params, site.prefix + ".input_layernorm", tp_.token_role()),
       norm2_(norm_config(cfg), params, site.prefix + ".pre_mlp_layernorm", tp_.token_role()) {
   const std::string attn_prefix = site.prefix + ".self_attention";
-  MOE_CHECK(!cp_.active(),
-            "[block] {}: attention across --context-parallel-size {} ranks is not built yet",
-            site.prefix, cp_.size());
   if (cfg.multi_latent_attention) {
     MOE_CHECK(mla_rope != nullptr,
               "[block] {}: multi-latent attention needs its rotary tables (GPTModel builds "
               "them)",
               site.prefix);
-    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_);
+    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_, cp_);
   } else {
-    attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_);
+    attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_, cp_);
   }
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, site.prefix + ".self_attention.dropout");

@@ -1723,7 +1723,16 @@ struct CpLayout {
   bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce
   bool mla = false;
   int world = 0;
+  std::vector<std::string> extra = {};  // flags added to the layout's model
+  const char* note = "";
 };
+
+// seq_aux_loss on micro-batches of two sequences: its per-sequence counts summed over tp x cp.
+const std::vector<std::string> kCpSeqAux = {"--moe-router-load-balancing-type", "seq_aux_loss",
+                                            "--micro-batch-size", "2"};
+// Two MTP depths: their ids and targets rolled on the whole sequences before the split.
+const std::vector<std::string> kCpMtp = {"--mtp-num-layers", "2", "--mtp-loss-scaling-factor",
+                                         "0.3"};
 
 const std::vector<CpLayout> kCpLayouts = {
     // 2 ranks
@@ -1733,13 +1742,16 @@ const std::vector<CpLayout> kCpLayouts = {
     {.cp = 2, .etp = 1, .ep = 2, .world = 2},             // EP folded over cp
     {.cp = 2, .megatron_model = true, .world = 2},
     {.cp = 2, .mla = true, .world = 2},
+    {.cp = 2, .world = 2, .extra = kCpSeqAux, .note = " seq_aux"},
+    {.cp = 2, .world = 2, .extra = kCpMtp, .note = " mtp"},
     // 4 ranks
     {.cp = 4, .world = 4},
     {.cp = 4, .comm = {"allgather"}, .world = 4},
     {.cp = 2, .tp = 2, .sp = true, .world = 4},
     {.cp = 2, .etp = 1, .ep = 2, .distopt = true, .world = 4},  // DP 2, EP 2 x EDP 2
-    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .mla = false,
-     .world = 4},
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .world = 4},
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .world = 4, .extra = kCpMtp,
+     .note = " mtp"},
     // 8 ranks: TP 2 + SP x CP 2 x DP 2 with EP 4 x EDP 2, dropout, the distributed optimizer
     {.cp = 2, .tp = 2, .etp = 1, .ep = 4, .sp = true, .megatron_model = true, .distopt = true,
      .world = 8},
@@ -1747,10 +1759,10 @@ const std::vector<CpLayout> kCpLayouts = {
 
 std::string cp_name(const CpLayout& l) {
   const int etp = l.etp > 0 ? l.etp : l.tp;
-  return fmt::format("cp={} {} tp={}{} dp={} | ep={} etp={} edp={}{}{}{}", l.cp,
+  return fmt::format("cp={} {} tp={}{} dp={} | ep={} etp={} edp={}{}{}{}{}", l.cp,
                      fmt::join(l.comm, ","), l.tp, l.sp ? " sp" : "", l.world / (l.tp * l.cp),
                      l.ep, etp, l.world / (l.ep * etp), l.megatron_model ? " dropout" : "",
-                     l.distopt ? " dist-opt" : "", l.mla ? " mla" : "");
+                     l.distopt ? " dist-opt" : "", l.mla ? " mla" : "", l.note);
 }
 
 template <typename T>
@@ -1760,7 +1772,7 @@ void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
     if (l.world != g_rt.world_size) continue;
     std::optional<MegatronModel> megatron;
     if (l.megatron_model) megatron.emplace();
-    std::vector<std::string> args = tp_args(TpLayout{.tp = l.tp, .mla = l.mla});
+    std::vector<std::string> args = tp_args(TpLayout{.tp = l.tp, .mla = l.mla}) + l.extra;
     if (l.distopt) args = args + kDistOpt + kOverlap;
     const Run ref = train_run<T>(args, nullptr);
     parallel::ParallelConfig cfg;
@@ -1778,6 +1790,10 @@ void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
     // The aux and z losses ran (their counts over tp x cp are what the comparison checks).
     EXPECT_GT(ref.metrics.front().aux_loss, 0.0) << what;
     EXPECT_GT(ref.metrics.front().z_loss, 0.0) << what;
+    if (!l.extra.empty() && l.extra == kCpMtp) {
+      EXPECT_GT(ref.metrics.front().mtp_loss[1], 0.0) << what;
+      EXPECT_EQ(got.weights.count("mtp.layers.1.eh_proj.weight"), 1u) << what;
+    }
     ++layouts;
   }
   if (layouts == 0) GTEST_SKIP() << "no context-parallel layout for world size " << g_rt.world_size;
