@@ -151,9 +151,6 @@ std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel:
   if (m.mtp_num_layers > 0 && !mtp_with_the_loss(m, r)) {
     why.push_back("MTP layers in a pipeline stage without the loss, not built by the trainer yet");
   }
-  // The trainer's sizing pass builds CP layouts once its attention layers run across the CP
-  // ranks; until then the formula (activations at S/cp, the K/V blocks of the attention).
-  if (d.cp > 1) why.push_back("CP, attention across CP ranks not in the trainer's sizing pass yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
       r.main_param_bytes != 4) {
