@@ -73,7 +73,6 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
               "them",
               p.cp, what);
   };
-  refuse(p.pp > 1, "--pipeline-model-parallel-size > 1");
   refuse(m.mtp_num_layers > 0 && m.position_embedding == PositionEmbedding::LearnedAbsolute,
          "--mtp-num-layers and --position-embedding-type learned_absolute (the depths' positions "
          "would be rolled on the whole sequence too)");

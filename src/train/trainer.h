@@ -69,8 +69,8 @@ struct TrainConfig {
 void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
 
 // What `moecore train` refuses of a layout before step 0, naming the flags: context parallelism
-// combined with what it is not built or tested with yet (pipeline parallelism, quantile
-// balancing, MTP with learned absolute positions). The layout's own rules (degrees,
+// combined with what it is not built or tested with yet (quantile balancing, MTP with learned
+// absolute positions). The layout's own rules (degrees,
 // divisibility, --cp-comm-type) are parallel::validate_layout's.
 void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConfig& model);
 

@@ -228,7 +228,7 @@ TEST_F(BadInputs, Train) {
        {"--context-parallel-size 2 with --mtp-num-layers and --position-embedding-type "
         "learned_absolute", "is not implemented yet"}},
       {t + "--context-parallel-size 2 --pipeline-model-parallel-size 2", 1,
-       {"--context-parallel-size 2 with --pipeline-model-parallel-size > 1 is not implemented"}},
+       {"world size 1 is not divisible by tp*cp*pp = 1*2*2 = 4"}},
       {t + "--context-parallel-size 2 --seq-length 14 --max-position-embeddings 14", 1,
        {"--seq-length 14 must divide by 2 x --context-parallel-size = 4", "use --seq-length 16"}},
       {t + "--context-parallel-size 2 --cp-comm-type p2p p2p p2p", 1,

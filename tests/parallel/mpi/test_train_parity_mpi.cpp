@@ -1511,6 +1511,7 @@ struct PpLayout {
   std::vector<std::string> extra = {};
   int first = 0, last = 0;  // --decoder-first/last-pipeline-num-layers
   std::string layout = "";  // --pipeline-model-parallel-layout
+  int cp = 1;               // --context-parallel-size (p2p)
   bool even() const { return vp == 1 && first == 0 && last == 0 && layout.empty(); }
 };
 
@@ -1530,11 +1531,12 @@ std::vector<std::string> pp_args(const PpLayout& l) {
 }
 
 std::string pp_name(const PpLayout& l) {
-  return fmt::format("pp={}{}{}{} tp={}{} ep={} dp={} {}{}{}{}{}", l.pp,
+  return fmt::format("pp={}{}{}{} tp={}{}{} ep={} dp={} {}{}{}{}{}", l.pp,
                      l.vp > 1 ? fmt::format(" vp={}", l.vp) : "",
                      l.first + l.last > 0 ? fmt::format(" first={} last={}", l.first, l.last) : "",
-                     l.layout.empty() ? "" : " layout " + l.layout, l.tp, l.sp ? " sp" : "", l.ep,
-                     l.world / (l.pp * l.tp), l.dispatcher, l.megatron_model ? " dropout" : "",
+                     l.layout.empty() ? "" : " layout " + l.layout, l.tp, l.sp ? " sp" : "",
+                     l.cp > 1 ? fmt::format(" cp={}", l.cp) : "", l.ep,
+                     l.world / (l.pp * l.tp * l.cp), l.dispatcher, l.megatron_model ? " dropout" : "",
                      l.untied ? " untied" : " tied", l.distopt ? " dist-opt" : "",
                      l.extra.empty() ? "" : " " + fmt::format("{}", fmt::join(l.extra, " ")));
 }
@@ -1556,6 +1558,7 @@ const std::vector<PpLayout> kPpLayouts = {
     {.pp = 2, .tp = 2, .sp = true, .world = 4},
     {.pp = 4, .vp = 2, .layers = 8, .world = 4},
     {.pp = 2, .vp = 2, .ep = 2, .distopt = true, .world = 4},
+    {.pp = 2, .megatron_model = true, .world = 4, .cp = 2},  // context parallelism, dropout
     // 8 ranks
     {.pp = 2, .tp = 2, .ep = 2, .sp = true, .world = 8},
 };
@@ -1572,6 +1575,7 @@ void pipeline_parity(const std::vector<PpLayout>& list = kPpLayouts) {
     parallel::ParallelConfig cfg;
     cfg.pp = l.pp;
     cfg.tp = l.tp;
+    cfg.cp = l.cp;
     cfg.ep = l.ep;
     cfg.sequence_parallel = l.sp;
     cfg.vp_stages = l.vp > 1 && l.layout.empty() ? l.vp : 0;
