@@ -3,10 +3,14 @@
 // norm (model/mtp_block.h) sharing the embedding and the head. Under tensor parallelism (the
 // attention grid's TP group) the embedding and the output head are vocab-parallel
 // (model/vocab_parallel.h) and the residual stream holds TensorParallel::local_tokens(T) tokens:
-// this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory
-// (parameters, gradients, activations, workspace) is planned for one micro-batch shape before step
-// 0. Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V the model's
-// vocabulary, Vp the tables' rows (padded for TP: ModelConfig::padded_vocab_size).
+// this rank's T/tp with --sequence-parallel. Under context parallelism (the attention grid's cp
+// group) the model holds S/cp positions of every sequence, the load-balanced split's two chunks
+// (parallel/context_split.h): the attention runs across the cp ranks, positions and dropout are
+// the global ones, and the loss is summed over cp. Owns the parameter registry and the arena; all
+// memory (parameters, gradients, activations, workspace) is planned for one micro-batch shape
+// before step 0. Legend: S this rank's sequence (S/cp of --seq-length), B micro-batch, T = S*B
+// tokens (sequence-major), H hidden, V the model's vocabulary, Vp the tables' rows (padded for
+// TP: ModelConfig::padded_vocab_size).
 #pragma once
 
 #include <functional>

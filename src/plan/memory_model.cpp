@@ -467,10 +467,10 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
             "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
       }
       if (d.cp > 1) {
-        // Attention across the CP ranks (nn::ContextParallelAttention's buffers), one layer at a
-        // time: p2p keeps the ring's current and next K/V (and in the backward dK/dV travelling
-        // with them); allgather the gathered K or V in rank order, K and V in global order and
-        // one block's dK and dV (S rows of one of K, V: cp/2 blocks of T kv each).
+        // Attention across the CP ranks (parallel::ContextParallelAttention's buffers), one layer
+        // at a time: p2p keeps the ring's current and next K/V (and in the backward dK/dV
+        // travelling with them); allgather the gathered K or V in rank order, K and V in global
+        // order and one block's dK and dV (S rows of one of K, V: cp/2 blocks of T kv each).
         const double kv = m.mla ? m.num_heads * (m.mla->qk_head_dim + m.mla->qk_pos_emb_head_dim +
                                                  m.mla->v_head_dim)
                                 : 2.0 * m.num_query_groups * m.kv_channels;
