@@ -134,7 +134,7 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
 // gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
 // for the backward (a lower bound of the activations) against the host memory available.
 static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, int64_t etp,
-                                  int64_t pp, int64_t micro_batch) {
+                                  int64_t pp, int64_t micro_batch, int64_t cp) {
   // min_params_per_rank(ep) = dense + experts / ep: the expert part from two EP sizes, then
   // dense / tp + experts / (ep * etp) (the replicated norms and biases are left out: a lower
   // bound still).
@@ -147,9 +147,11 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, 
   const double rope = m.position_embedding == PositionEmbedding::Rope
                           ? 4.0 * static_cast<double>(m.max_positions() * m.head_dim())
                           : 0.0;
+  // A context-parallel rank holds S / cp positions of every sequence.
   const double activations = 4.0 * static_cast<double>(micro_batch) *
-                             static_cast<double>(m.seq_length) * static_cast<double>(m.hidden) *
-                             static_cast<double>(m.num_layers) / static_cast<double>(pp);
+                             static_cast<double>(m.seq_length / cp) *
+                             static_cast<double>(m.hidden) * static_cast<double>(m.num_layers) /
+                             static_cast<double>(pp);
   const double bytes = 16.0 * params + rope + activations;
   const double available = static_cast<double>(host_bytes_available());
   MOE_CHECK(available == 0 || bytes <= available,
@@ -157,9 +159,10 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, 
             "moments of {:.4g} parameters: {}; the layers' inputs of one micro-batch of {} x {} "
             "tokens: {}) but {} is available on this machine: lower --num-layers, "
             "--hidden-size, --num-experts, the FFN sizes, --seq-length or --micro-batch-size, or "
-            "use more tensor- or expert-parallel ranks (`moecore plan` with the same flags shows "
-            "the memory per rank)",
-            format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch, m.seq_length,
+            "use more tensor-, context- or expert-parallel ranks (`moecore plan` with the same "
+            "flags shows the memory per rank)",
+            format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch,
+            m.seq_length / cp,
             format_bytes(activations), format_bytes(available));
 }
 
@@ -203,7 +206,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->degrees().ep : 1,
                         groups_ != nullptr ? groups_->degrees().tp : 1,
                         groups_ != nullptr ? groups_->degrees().etp : 1,
-                        groups_ != nullptr ? groups_->degrees().pp : 1, cfg_.micro_batch);
+                        groups_ != nullptr ? groups_->degrees().pp : 1, cfg_.micro_batch,
+                        cp_split_.cp);
   const int pp = groups_ != nullptr ? groups_->degrees().pp : 1;
   MOE_CHECK(pp == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with "
