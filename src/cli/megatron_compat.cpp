@@ -100,7 +100,9 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        "position embeddings other than learned_absolute, rope and none", ""},
       {"--rotary-percent", Y, "1", "partial rotary embeddings", ""},
       {"--rotary-seq-len-interpolation-factor", Y, "|1", "RoPE sequence-length interpolation", ""},
-      {"--context-parallel-size", Y, "1", "context parallelism", ""},
+      {"--hierarchical-context-parallel-sizes", Y, "",
+       "hierarchical context parallelism (--cp-comm-type a2a+p2p: moecore builds p2p and "
+       "allgather)", ""},
       {"--fp16", Y, "", "fp16 with loss scaling", ""},
       {"--fp8-format", Y, "", "fp8", ""},
       {"--train-samples", Y, "", "sample-based training: give --train-iters", ""},

@@ -549,7 +549,7 @@ void finalize_train_flags(TrainFlags& f) {
   if (checked.global_batch == 0) checked.global_batch = checked.micro_batch;
   checked.validate();
   // The layout itself (world size, EP | experts, ...) is checked once the ranks are running.
-  train::check_parallel_support(f.parallel);
+  train::check_parallel_support(f.parallel, m);
 }
 
 namespace {

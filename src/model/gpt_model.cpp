@@ -23,12 +23,26 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
                       std::vector<parallel::VirtualStage> chunks)
     : cfg_(cfg),
       groups_(groups),
-      S_(cfg.seq_length),
+      cp_(parallel::ContextParallel::attention(groups, 0)),
+      S_(cfg.seq_length / cp_.size()),
       B_(micro_batch),
-      T_(cfg.seq_length * micro_batch),
+      T_(S_ * micro_batch),
       params_(DTypeOf<T>::value),
       arena_(ex) {
   cfg_.validate();
+  // Context parallelism: this rank holds S/cp positions of each sequence (two chunks of the
+  // load-balanced split); every buffer below is planned for them.
+  if (cp_.active()) {
+    parallel::check_context_split(cp_.split(cfg_.seq_length));
+    // MTP's ids and targets are rolled on the whole sequences before the split (the trainer's
+    // MicroBatchIO::mtp_ids_BS): nothing crosses the CP ranks' chunks by communication. Learned
+    // positions would have to be rolled the same way: not built.
+    MOE_CHECK(cfg_.mtp_num_layers == 0 ||
+                  cfg_.position_embedding != PositionEmbedding::LearnedAbsolute,
+              "[model] --mtp-num-layers {} with --context-parallel-size {} and "
+              "--position-embedding-type learned_absolute is not implemented yet: use rope",
+              cfg_.mtp_num_layers, cp_.size());
+  }
   tp_ = parallel::TensorParallel::attention(groups);
   T_local_ = tp_.local_tokens(T_);
   if (tp_.active()) {
@@ -332,7 +346,17 @@ void GPTModel<T>::allocate(Arena& a) {
   if (pos_embedding_ != nullptr) {
     pos_T_ = a.alloc<int32_t>(T_, "model.positions", MemKind::State);
     pos_TH_ = a.alloc<T>(T_local_ * H, "model.position_rows", MemKind::Workspace);
-    if (pos_T_ != nullptr) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
+    if (pos_T_ != nullptr && !cp_.active()) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
+    if (pos_T_ != nullptr && cp_.active()) {
+      // The learned positions are the global ones of this rank's two chunks. Written by the host
+      // once: context parallelism runs on CPU ranks (the trainer's collectives are MPI's).
+      MOE_CHECK(a.exec().on_cpu(), "[model] context parallelism with learned absolute positions "
+                "runs on --device cpu");
+      const parallel::ContextSplit split = cp_.split(cfg_.seq_length);
+      int32_t* pos = raw_ptr(pos_T_);
+      for (int64_t t = 0; t < T_; ++t)
+        pos[t] = static_cast<int32_t>(split.global_position(t / B_));
+    }
   }
   // The head's and the vocabulary tables' buffers: on the stages with the embedding or the loss
   // (the vocab-parallel embedding shares some of the head's workspace).
@@ -499,8 +523,11 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
   if (ch.mtp) {
     for (int64_t j = 0; j < mtp_->depths(); ++j)
       mtp_->layer(j).block().set_dropout_counters(counters_);
+    MOE_CHECK(!cp_.active() || io.mtp_ids_BS != nullptr,
+              "[model] multi-token prediction under context parallelism needs each depth's ids "
+              "and targets rolled on the whole sequences (MicroBatchIO::mtp_ids_BS)");
     mtp_->forward(h0, ids_T_, targets_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr,
-                  io.report, io.tokens_per_expert_E, replay);
+                  io.report, io.tokens_per_expert_E, replay, io.mtp_ids_BS, io.mtp_targets_BS);
     if (!ch.stage.loss) {  // Megatron's torch.cat of the hidden states, sent on
       const Exec& ex = arena_.exec();
       ops::copy(ex, mtp_out_, DevPtr<const T>(h0), n);
@@ -508,9 +535,32 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
         ops::copy(ex, mtp_out_ + (j + 1) * n, mtp_->layer(j).out(), n);
     }
   } else if (ch.stage.loss && ch.stage.mtp_before) {
+    MOE_CHECK(!cp_.active() || io.mtp_targets_BS != nullptr,
+              "[model] multi-token prediction under context parallelism needs each depth's "
+              "targets rolled on the whole sequences (MicroBatchIO::mtp_targets_BS)");
     // Megatron's process_mtp_loss: the boundary split into h_0 (above) and each depth's h_k.
     for (int64_t j = 0; j < mtp_loss_->depths(); ++j)
-      mtp_loss_->forward(j, h0 + (j + 1) * n, targets_T_, io.report);
+      mtp_loss_->forward(j, h0 + (j + 1) * n, targets_T_, io.report,
+                         io.mtp_targets_BS != nullptr ? io.mtp_targets_BS + j * T_ : nullptr);
+  }
+  if (ch.stage.loss && cp_.active()) sum_loss_over_cp(io.report);
+}
+
+// Megatron's loss_func all-reduces [loss sum, token count] over the cp group: each CP rank holds
+// part of every sequence, so the micro-batch's mean (and the backward's 1 / counted) is over the
+// sequences' counted tokens on all CP ranks. Every CP rank then reports the same values.
+template <typename T>
+void GPTModel<T>::sum_loss_over_cp(DevPtr<ops::MicroBatchReport> report) {
+  const Exec& ex = arena_.exec();
+  parallel::Communicator& comm = cp_.communicator();
+  const auto sum = [&](auto p, int64_t n, DType dt) {
+    comm.all_reduce_async(DevPtr<void>(raw_ptr(p)), n, dt, parallel::ReduceOp::Sum).wait_on(ex);
+  };
+  sum(member_ptr(report, &ops::MicroBatchReport::lm_loss_sum), 1, DType::F64);
+  sum(member_ptr(report, &ops::MicroBatchReport::counted), 1, DType::I64);
+  if (const int64_t D = cfg_.mtp_num_layers; D > 0) {
+    sum(ops::mtp_loss_sum_ptr(report, 0), D, DType::F64);
+    sum(ops::mtp_counted_ptr(report, 0), D, DType::I64);
   }
 }
 
@@ -543,9 +593,15 @@ void GPTModel<T>::embed(const Param& table, DevPtr<T> x_local, DevPtr<const int3
     ops::add(ex, x_local, DevPtr<const T>(x_local), DevPtr<const T>(pos_TH_), T_local_ * H);
   }
   // Megatron's embedding dropout is the hidden dropout, on the summed embeddings.
-  if (embedding_dropping())
-    ops::dropout_forward(ex, x_local, DevPtr<const T>(x_local), cfg_.hidden_dropout, key,
-                         counters_, T_local_ / B_, B_, H, first / B_);
+  if (embedding_dropping()) {
+    parallel::for_each_position_run(
+        cp_.split(cfg_.seq_length), first / B_, T_local_ / B_,
+        [&](int64_t row, int64_t rows, int64_t pos) {
+          const DevPtr<T> x = x_local + (row - first / B_) * B_ * H;
+          ops::dropout_forward(ex, x, DevPtr<const T>(x), cfg_.hidden_dropout, key, counters_,
+                               rows, B_, H, pos);
+        });
+  }
 }
 
 template <typename T>
@@ -553,9 +609,16 @@ void GPTModel<T>::embed_backward(Param& table, DevPtr<T> dx_local, DevPtr<const 
                                  DevPtr<const int32_t> pos_T, uint64_t key) {
   const Exec& ex = arena_.exec();
   const int64_t H = cfg_.hidden;
-  if (embedding_dropping())
-    ops::dropout_backward(ex, dx_local, DevPtr<const T>(dx_local), cfg_.hidden_dropout, key,
-                          counters_, T_local_ / B_, B_, H, tp_.first_token(T_) / B_);
+  if (embedding_dropping()) {
+    const int64_t s0 = tp_.first_token(T_) / B_;
+    parallel::for_each_position_run(
+        cp_.split(cfg_.seq_length), s0, T_local_ / B_,
+        [&](int64_t row, int64_t rows, int64_t pos) {
+          const DevPtr<T> dx = dx_local + (row - s0) * B_ * H;
+          ops::dropout_backward(ex, dx, DevPtr<const T>(dx), cfg_.hidden_dropout, key, counters_,
+                                rows, B_, H, pos);
+        });
+  }
   if (tp_.active()) {
     vocab_parallel_embedding_backward(ex, tp_, table.grad_as<T>(), DevPtr<const T>(dx_local),
                                       vp_dfull_, ids_T, T_, H, cfg_.vocab_size,
@@ -627,6 +690,10 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   io_ = MicroBatchIO{};  // the saved activations are not a forward()'s: no backward from here
   // The ids stand in for the targets: no loss is computed.
   check_whole("forward_logits()");
+  MOE_CHECK(!cp_.active(), "[model] forward_logits with --context-parallel-size {} is not "
+            "implemented: the logits of the whole sequence would have to be gathered from the CP "
+            "ranks; run it on one CP rank",
+            cp_.size());
   forward_trunk(0, MicroBatchIO{ids_BS, ids_BS, own_report_, own_tokens_E_}, nullptr, -1, false);
   // Sequence b's tokens are every B-th row of final_n_ (t = s * B + b): one GEMM per sequence
   // with row stride B * H writes its [S, V] block of the batch-major logits.

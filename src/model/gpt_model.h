@@ -3,10 +3,14 @@
 // norm (model/mtp_block.h) sharing the embedding and the head (their losses: model/mtp_loss.h). Under tensor parallelism (the
 // attention grid's TP group) the embedding and the output head are vocab-parallel
 // (model/vocab_parallel.h) and the residual stream holds TensorParallel::local_tokens(T) tokens:
-// this rank's T/tp with --sequence-parallel. Owns the parameter registry and the arena; all memory
-// (parameters, gradients, activations, workspace) is planned for one micro-batch shape before step
-// 0. Legend: S sequence, B micro-batch, T = S*B tokens (sequence-major), H hidden, V the model's
-// vocabulary, Vp the tables' rows (padded for TP: ModelConfig::padded_vocab_size).
+// this rank's T/tp with --sequence-parallel. Under context parallelism (the attention grid's cp
+// group) the model holds S/cp positions of every sequence, the load-balanced split's two chunks
+// (parallel/context_split.h): the attention runs across the cp ranks, positions and dropout are
+// the global ones, and the loss is summed over cp. Owns the parameter registry and the arena; all
+// memory (parameters, gradients, activations, workspace) is planned for one micro-batch shape
+// before step 0. Legend: S this rank's sequence (S/cp of --seq-length), B micro-batch, T = S*B
+// tokens (sequence-major), H hidden, V the model's vocabulary, Vp the tables' rows (padded for
+// TP: ModelConfig::padded_vocab_size).
 #pragma once
 
 #include <functional>
@@ -15,6 +19,7 @@
 
 #include "core/arena.h"
 #include "nn/param_registry.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline_layout.h"
 #include "model/config.h"
 #include "model/mtp_block.h"
@@ -68,6 +73,11 @@ struct MicroBatchIO {
   // Where the micro-batch sits in the run (iteration, first sample in the global batch): the
   // dropout masks' counters. Null: the model's own zeros (tests and tools; eval never drops).
   DevPtr<const ops::DropoutCounters> dropout = nullptr;
+  // Multi-token prediction under context parallelism: each depth's ids and targets rolled on the
+  // whole sequences before the split, [D, B, S] (S this rank's positions), depth j at j B S.
+  // Null: the depths roll the micro-batch's own tokens (one CP rank).
+  DevPtr<const int32_t> mtp_ids_BS = nullptr;
+  DevPtr<const int32_t> mtp_targets_BS = nullptr;
 };
 
 template <typename T>
@@ -278,8 +288,13 @@ class GPTModel {
     if (params_needed_) params_needed_(stage);
   }
 
+  // The report's lm loss sum and count (and the MTP depths') summed over the CP group.
+  void sum_loss_over_cp(DevPtr<ops::MicroBatchReport> report);
+
   ModelConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
+  // Context parallelism (one rank: inactive): S_ is this rank's S/cp positions of a sequence.
+  parallel::ContextParallel cp_;
   int64_t S_, B_, T_;
   ParamRegistry params_;
   Arena arena_;

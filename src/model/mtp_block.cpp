@@ -41,21 +41,32 @@ void MtpBlock<T>::allocate(Arena& a, int64_t S, int64_t B, int64_t T_local, bool
   dhead_ = a.alloc<T>(T_local * H_, "mtp.dhead", MemKind::Workspace);
   dcarry_ = a.alloc<T>(T_local * H_, "mtp.dcarry", MemKind::Workspace);
   demb_ = a.alloc<T>(T_local * H_, "mtp.dembedding", MemKind::Workspace);
+  ids_count_ = a.alloc<int64_t>(1, "mtp.ids_count", MemKind::Workspace);
 }
 
 template <typename T>
 void MtpBlock<T>::forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T,
                           DevPtr<const int32_t> targets_T, DevPtr<const int32_t> pos_T,
                           DevPtr<ops::MicroBatchReport> report, DevPtr<int64_t> tokens_per_expert_E,
-                          bool replay) {
+                          bool replay, DevPtr<const int32_t> rolled_ids_BS,
+                          DevPtr<const int32_t> rolled_targets_BS) {
   const Exec& ex = *ex_;
   forwarded_ = true;
   DevPtr<const T> h = h0;
   for (int64_t j = 0; j < depths(); ++j) {
     const int64_t shift = (j + 1) * B_;  // k = j + 1 positions ahead, sequence-major
-    ops::roll_tokens(ex, ids_[j], DevPtr<int64_t>(nullptr), ids_T, T_, shift, 0);
-    if (pos_T != nullptr)
-      ops::roll_tokens(ex, pos_[j], DevPtr<int64_t>(nullptr), pos_T, T_, shift, 0);
+    if (rolled_ids_BS != nullptr) {
+      // The ids already rolled on the whole sequences (context parallelism): only their layout
+      // changes. The op copies ids and targets alike; the ids stand in for both here, and the
+      // count it takes of them is not used.
+      MOE_CHECK(pos_T == nullptr, "[mtp] pre-rolled tokens with learned positions");
+      const DevPtr<const int32_t> rolled = rolled_ids_BS + j * T_;
+      ops::tokens_to_sequence_major(ex, ids_[j], ids_[j], ids_count_, rolled, rolled, B_, T_ / B_);
+    } else {
+      ops::roll_tokens(ex, ids_[j], DevPtr<int64_t>(nullptr), ids_T, T_, shift, 0);
+      if (pos_T != nullptr)
+        ops::roll_tokens(ex, pos_[j], DevPtr<int64_t>(nullptr), pos_T, T_, shift, 0);
+    }
     ends_.embed(emb_[j], ids_[j], pos_[j], drop_key_[j]);
     MtpLayer<T>& layer = *layers_[j];
     layer.forward(h, emb_[j], replay);
@@ -64,7 +75,9 @@ void MtpBlock<T>::forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T,
       ops::report_moe_layer(ex, report, tokens_per_expert_E, r.aux_value, r.z_value, r.dropped,
                             r.tokens_per_expert_E, E_);
     }
-    if (loss_ != nullptr) loss_->forward(j, layer.out(), targets_T, report);
+    if (loss_ != nullptr)
+      loss_->forward(j, layer.out(), targets_T, report,
+                     rolled_targets_BS != nullptr ? rolled_targets_BS + j * T_ : nullptr);
     h = layer.out();
   }
 }

@@ -59,9 +59,15 @@ class MtpBlock {
   // depths' losses and counts go to *report (targets_T is read only then); their MoE layers'
   // routing does unless replaying (the recomputation for the backward: the same values, no
   // balancing counts). Depth j's h_k is layer(j).out().
+  // rolled_ids_BS / rolled_targets_BS (null: rolled here from ids_T / targets_T): every depth's
+  // ids and targets already rolled on the whole sequences, [D, B, S] batch-major (context
+  // parallelism: a rank's S positions are two chunks of the sequence, so the roll must happen
+  // before the split; learned positions are not supported then).
   void forward(DevPtr<const T> h0, DevPtr<const int32_t> ids_T, DevPtr<const int32_t> targets_T,
                DevPtr<const int32_t> pos_T, DevPtr<ops::MicroBatchReport> report,
-               DevPtr<int64_t> tokens_per_expert_E, bool replay);
+               DevPtr<int64_t> tokens_per_expert_E, bool replay,
+               DevPtr<const int32_t> rolled_ids_BS = nullptr,
+               DevPtr<const int32_t> rolled_targets_BS = nullptr);
   // dh0 [T_local, H] assigned: the gradient of h0 from every depth. With the loss the depths'
   // losses are the source; without it dh_k holds the gradients of h_1 .. h_D, [D, T_local, H]
   // (what the loss's stage sent back; not written).
@@ -81,6 +87,7 @@ class MtpBlock {
   // Per depth [D]: the rolled ids and positions [T], the embedding [T_local, H].
   std::vector<DevPtr<int32_t>> ids_, pos_;
   std::vector<DevPtr<T>> emb_;
+  DevPtr<int64_t> ids_count_ = nullptr;  // [1] the unused count of the pre-rolled ids' layout change
   bool forwarded_ = false;
   // [T_local, H]: a head's input gradient, the gradient carried to the depth before, an
   // embedding's gradient.

@@ -29,12 +29,18 @@ void MtpLoss<T>::allocate(Arena& a, int64_t S, int64_t B) {
 
 template <typename T>
 void MtpLoss<T>::forward(int64_t j, DevPtr<const T> h_k, DevPtr<const int32_t> targets_T,
-                         DevPtr<ops::MicroBatchReport> report) {
+                         DevPtr<ops::MicroBatchReport> report,
+                         DevPtr<const int32_t> rolled_targets_BS) {
   const Exec& ex = *ex_;
   report_ = report;
   h_[j] = h_k;
   const int64_t shift = (j + 1) * B_;  // k = j + 1 positions ahead, sequence-major
-  ops::roll_tokens(ex, targets_[j], ops::mtp_counted_ptr(report, j), targets_T, T_, shift, -1);
+  if (rolled_targets_BS != nullptr) {  // rolled on the whole sequences: only the layout changes
+    ops::tokens_to_sequence_major(ex, targets_[j], targets_[j], ops::mtp_counted_ptr(report, j),
+                                  rolled_targets_BS, rolled_targets_BS, B_, T_ / B_);
+  } else {
+    ops::roll_tokens(ex, targets_[j], ops::mtp_counted_ptr(report, j), targets_T, T_, shift, -1);
+  }
   head_.forward(h_k, targets_[j], lse_[j], ops::mtp_loss_sum_ptr(report, j));
 }
 

@@ -40,9 +40,12 @@ class MtpLoss {
   int64_t depths() const { return depths_; }
 
   // Depth j's loss of h_k [T_local, H] (the caller's until the backward) against targets_T [T]
-  // (sequence-major) rolled j + 1 ahead, into *report (kept for the backward).
+  // (sequence-major) rolled j + 1 ahead, into *report (kept for the backward). rolled_targets_BS
+  // (null: rolled here): depth j's targets already rolled on the whole sequences, [B, S]
+  // batch-major (context parallelism, MtpBlock::forward).
   void forward(int64_t j, DevPtr<const T> h_k, DevPtr<const int32_t> targets_T,
-               DevPtr<ops::MicroBatchReport> report);
+               DevPtr<ops::MicroBatchReport> report,
+               DevPtr<const int32_t> rolled_targets_BS = nullptr);
   // dh_k [T_local, H] assigned: the gradient of depth j's loss times loss_grad_scale.
   void backward(int64_t j, DevPtr<T> dh_k, double loss_grad_scale);
 

@@ -29,6 +29,7 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, const BlockSite& s
                                       const parallel::ProcessGroups* groups, uint64_t seed,
                                       const ops::RopeMlaCache* mla_rope)
     : tp_(parallel::TensorParallel::attention(groups)),
+      cp_(parallel::ContextParallel::attention(groups, site.member)),
       member_(site.member),
       H_(cfg.hidden),
       hidden_p_(cfg.hidden_dropout),
@@ -45,16 +46,20 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, const BlockSite& s
               "[block] {}: multi-latent attention needs its rotary tables (GPTModel builds "
               "them)",
               site.prefix);
-    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_);
+    mla_ = std::make_unique<MlaAttention<T>>(cfg, params, attn_prefix, *mla_rope, tp_, cp_);
   } else {
-    attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_);
+    attn_ = std::make_unique<SelfAttention<T>>(cfg, params, attn_prefix, rope, tp_, cp_);
   }
   attn_drop_.p = cfg.attention_dropout;
   attn_drop_.key = rng_key(seed, site.prefix + ".self_attention.dropout");
   attn_drop_.head0 = attn_ != nullptr ? attn_->first_head() : mla_->first_head();
   const std::string mlp_prefix = site.prefix + ".mlp";
   if (site.moe) {
-    moe_ = std::make_unique<moe::MoELayer<T>>(cfg.moe_layer(), params, mlp_prefix, groups);
+    // The MoE layer sees this CP rank's S/cp positions of each sequence (seq_aux_loss's
+    // sequences; its counts are summed over TP x CP).
+    MoeLayerConfig mc = cfg.moe_layer();
+    mc.seq_length /= cp_.size();
+    moe_ = std::make_unique<moe::MoELayer<T>>(mc, params, mlp_prefix, groups);
   } else {
     mlp_ = std::make_unique<nn::MLP<T>>(cfg.hidden, cfg.ffn_hidden, cfg.activation,
                                         cfg.add_mlp_bias, cfg.init_std, cfg.output_init_std(),
@@ -169,8 +174,17 @@ template <typename T>
 void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
                                        DevPtr<const T> branch, uint64_t key) {
   if (!dropping()) return ops::add(*ex_, y, residual, branch, n_loc_ * H_);
-  ops::dropout_add_forward(*ex_, y, residual, branch, hidden_p_, key, counters_, S_loc_, B_, H_,
-                           s0_);
+  for_each_dropout_run([&](int64_t row, int64_t rows, int64_t pos) {
+    const int64_t off = (row - s0_) * B_ * H_;
+    ops::dropout_add_forward(*ex_, y + off, residual + off, branch + off, hidden_p_, key,
+                             counters_, rows, B_, H_, pos);
+  });
+}
+
+template <typename T>
+template <typename F>
+void TransformerBlock<T>::for_each_dropout_run(F&& f) const {
+  parallel::for_each_position_run(cp_.split(S_ * cp_.size()), s0_, S_loc_, f);
 }
 
 template <typename T>
@@ -204,8 +218,11 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
   // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
   DevPtr<const T> dffn = dy_TH;
   if (dropping()) {
-    ops::dropout_backward(*ex_, dx1_, dy_TH, hidden_p_, key_ffn_out_, counters_, S_loc_, B_, H_,
-                          s0_);
+    for_each_dropout_run([&](int64_t row, int64_t rows, int64_t pos) {
+      const int64_t off = (row - s0_) * B_ * H_;
+      ops::dropout_backward(*ex_, dx1_ + off, dy_TH + off, hidden_p_, key_ffn_out_, counters_,
+                            rows, B_, H_, pos);
+    });
     dffn = dx1_;
   }
   if (moe_)
@@ -218,8 +235,11 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
   if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_loc_, round_n1_);
   DevPtr<const T> dattn = dx1_;
   if (dropping()) {
-    ops::dropout_backward(*ex_, branch_, DevPtr<const T>(dx1_), hidden_p_, key_attn_out_,
-                          counters_, S_loc_, B_, H_, s0_);
+    for_each_dropout_run([&](int64_t row, int64_t rows, int64_t pos) {
+      const int64_t off = (row - s0_) * B_ * H_;
+      ops::dropout_backward(*ex_, branch_ + off, DevPtr<const T>(dx1_ + off), hidden_p_,
+                            key_attn_out_, counters_, rows, B_, H_, pos);
+    });
     dattn = branch_;
   }
   if (attn_ != nullptr)

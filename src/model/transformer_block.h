@@ -22,6 +22,7 @@
 #include "nn/mlp.h"
 #include "nn/norm.h"
 #include "ops/dropout.h"
+#include "parallel/context_parallel.h"
 
 namespace moecore::model {
 
@@ -62,7 +63,9 @@ class TransformerBlock {
   // The layer's workspace and recomputed activations go to member `layer` of the arena's
   // "layer" overlay: they are live only while this layer runs. Under full recomputation its
   // activations go to the "recompute" overlay's member of its chunk instead of being kept.
-  // S, B: the micro-batch's whole sequence and batch (S * B = T).
+  // S, B: the micro-batch's sequence on this rank and batch (S * B = T): the whole sequence, or
+  // under context parallelism this CP rank's S/cp positions (two chunks of the load-balanced
+  // split, parallel/context_split.h).
   void allocate(Arena& arena, int64_t S, int64_t B);
   // x, y: [tp.local_tokens(T), H]. recompute: the backward's rerun of this layer's forward (full
   // recomputation).
@@ -93,9 +96,16 @@ class TransformerBlock {
   void mlp_forward(DevPtr<T> y, DevPtr<const T> x);
   void mlp_backward(DevPtr<T> dx, DevPtr<const T> dy);
 
+  // The hidden dropout of rows [S_loc_) from s0_ (local rows): one call per run of consecutive
+  // global positions (two runs where the rows cross from a CP rank's early chunk to its mirror).
+  template <typename F>
+  void for_each_dropout_run(F&& f) const;
+
   parallel::TensorParallel tp_;  // the attention grid's TP group
+  parallel::ContextParallel cp_;  // the attention grid's CP group, this layer's comm type
   // member_: the arena overlay's (BlockSite). n_tok_: the micro-batch's T; n_loc_: the tokens
-  // held here (tp.local_tokens(T)); S_loc_: their sequence positions, from s0_.
+  // held here (tp.local_tokens(T)); S_loc_: their sequence positions, from local row s0_ (global
+  // positions: cp_'s split of S_ * cp).
   int64_t member_, H_, S_ = 0, B_ = 0, n_tok_ = 0, n_loc_ = 0, S_loc_ = 0, s0_ = 0;
   double hidden_p_;
   uint64_t key_attn_out_, key_ffn_out_;  // the two hidden-dropout sites' streams

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "parallel/context_split.h"
 #include "parallel/process_groups.h"
@@ -16,10 +17,17 @@ enum class CpCommType {
   AllGather,  // K/V all-gathered, the local queries attend to the gathered sequence
 };
 
+// --cp-comm-type's value as the enum (p2p; allgather or all_gather); throws naming the flag for
+// anything else (validate_layout refuses a2a and a2a+p2p first, with their own message).
+CpCommType parse_cp_comm_type(const std::string& v);
+
 class ContextParallel {
  public:
   ContextParallel() = default;  // one rank
   ContextParallel(const ProcessGroup* group, CpCommType type) : group_(group), type_(type) {}
+  // The attention grid's cp group with decoder layer `layer`'s --cp-comm-type (null groups: one
+  // rank). MTP depths (layer >= --num-layers) take the last layer's type.
+  static ContextParallel attention(const ProcessGroups* groups, int64_t layer);
 
   int size() const { return group_ == nullptr ? 1 : group_->size(); }
   int rank() const { return group_ == nullptr ? 0 : group_->rank; }

@@ -5,6 +5,7 @@
 // the planner.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace moecore::parallel {
@@ -28,6 +29,24 @@ struct ContextSplit {
   int owner(int64_t p) const;
   int64_t local_position(int64_t p) const;
 };
+
+// The local rows [s_begin, s_begin + n) as runs of consecutive global positions, in order: one
+// run, or two when the range crosses from the early chunk into its mirror. f(local_row0, rows,
+// global_position0) per run: what position-keyed ops (dropout, learned positions) that take one
+// offset per call are called with.
+template <typename F>
+void for_each_position_run(const ContextSplit& s, int64_t s_begin, int64_t n, F&& f) {
+  if (s.cp == 1) {
+    if (n > 0) f(s_begin, n, s_begin);
+    return;
+  }
+  const int64_t c = s.chunk();
+  for (int64_t r = s_begin; r < s_begin + n;) {
+    const int64_t end = std::min(s_begin + n, (r / c + 1) * c);
+    f(r, end - r, s.global_position(r));
+    r = end;
+  }
+}
 
 // Throws moecore::Error naming --seq-length and --context-parallel-size unless S > 0, cp >= 1,
 // 0 <= rank < cp and S divides by 2 cp (cp == 1 accepts any S).

@@ -2,12 +2,29 @@
 #include "parallel/parallel_config.h"
 
 #include <CLI/CLI.hpp>
+#include <numeric>
 #include <tuple>
 
 #include "core/check.h"
+#include "parallel/context_split.h"
 #include "parallel/pipeline_layout.h"
 
 namespace moecore::parallel {
+
+// --cp-comm-type: Megatron's four values, of which moecore builds p2p and allgather.
+static void check_cp_comm_types(const ParallelConfig& cfg) {
+  MOE_CHECK(!cfg.cp_comm_type.empty(), "[parallel] --cp-comm-type needs a value: p2p or allgather");
+  for (const std::string& v : cfg.cp_comm_type) {
+    MOE_CHECK(v != "a2a" && v != "a2a+p2p",
+              "[parallel] --cp-comm-type {}: the all-to-all (Ulysses) forms of context "
+              "parallelism are not built in moecore; use p2p (ring) or allgather",
+              v);
+    MOE_CHECK(v == "p2p" || v == "allgather" || v == "all_gather",
+              "[parallel] --cp-comm-type {} is not one of p2p, allgather (Megatron also names "
+              "a2a and a2a+p2p, which moecore does not build)",
+              v);
+  }
+}
 
 Degrees resolve_degrees(const ParallelConfig& cfg, int world_size) {
   MOE_CHECK(world_size >= 1 && world_size <= kMaxWorldSize,
@@ -24,6 +41,7 @@ Degrees resolve_degrees(const ParallelConfig& cfg, int world_size) {
             "[parallel] --expert-tensor-parallel-size {} must be >= 1 (or unset: same as "
             "--tensor-model-parallel-size)",
             cfg.etp);
+  check_cp_comm_types(cfg);
   MOE_CHECK(cfg.timeout_minutes > 0,
             "[parallel] --distributed-timeout-minutes {} must be > 0 (a collective that waits "
             "longer reports the missing ranks and aborts)",
@@ -159,14 +177,17 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
               "(--expert-tensor-parallel-size, default the TP size)",
               *m.moe_ffn_hidden, d.etp);
   }
+  if (m.num_layers) {
+    const size_t n = cfg.cp_comm_type.size();
+    MOE_CHECK(n == 1 || static_cast<int64_t>(n) == *m.num_layers,
+              "[parallel] --cp-comm-type has {} values for {} layers: give one value for every "
+              "layer or one per decoder layer (--num-layers {})",
+              n, *m.num_layers, *m.num_layers);
+  }
   if (m.seq_length) {
     const int64_t s = *m.seq_length;
-    if (cfg.cp > 1) {
-      MOE_CHECK(s % (2 * cfg.cp) == 0,
-                "[parallel] --seq-length {} is not divisible by 2*cp = {}: causal context "
-                "parallelism splits each sequence into 2*cp chunks for load balance",
-                s, 2 * cfg.cp);
-    }
+    // 2 cp chunks per sequence (Megatron's load-balanced split); its message names the fix.
+    if (cfg.cp > 1) check_context_split(ContextSplit{s, cfg.cp, 0});
     if (cfg.sequence_parallel && cfg.tp > 1) {
       MOE_CHECK(s % (int64_t{cfg.tp} * cfg.cp) == 0,
                 "[parallel] --seq-length {} is not divisible by tp*cp = {}*{}: "
@@ -176,6 +197,11 @@ Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDi
     // The transformer block lays out every TP > 1 layer for sequence slices (the MoE layer's
     // tokens, --sequence-parallel's activations) and requires S % TP == 0, dense models without
     // --sequence-parallel included: refused here, before any rank builds a model.
+    MOE_CHECK(cfg.cp == 1 || s % (int64_t{cfg.tp} * cfg.cp) == 0,
+              "[parallel] --seq-length {} is not divisible by tp*cp = {}*{}: each of the {} "
+              "context-parallel ranks holds S/cp = {} positions, which the transformer block "
+              "splits over the {} TP ranks by position; pick a --seq-length divisible by {}",
+              s, cfg.tp, cfg.cp, cfg.cp, s / cfg.cp, cfg.tp, cfg.cp * std::lcm(2, cfg.tp));
     MOE_CHECK(s % cfg.tp == 0,
               "[parallel] --seq-length {} is not divisible by --tensor-model-parallel-size {}: "
               "with TP > 1 the transformer block splits each sequence over the TP ranks by "
@@ -192,6 +218,10 @@ void add_parallel_flags(CLI::App& app, ParallelConfig& cfg) {
       ->group(g);
   app.add_option("--pipeline-model-parallel-size", cfg.pp, "Pipeline stages")->group(g);
   app.add_option("--context-parallel-size", cfg.cp, "Context (sequence) parallel size")
+      ->group(g);
+  app.add_option("--cp-comm-type", cfg.cp_comm_type,
+                 "How attention reaches the other context-parallel ranks' keys and values: p2p "
+                 "(ring) or allgather; one value, or one per decoder layer")
       ->group(g);
   app.add_option("--expert-model-parallel-size", cfg.ep, "Expert parallel size (EP)")->group(g);
   app.add_option("--expert-tensor-parallel-size", cfg.etp,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;  // <CLI/CLI.hpp> (heavy) in the .cpp files that build parsers
@@ -17,6 +18,10 @@ struct ParallelConfig {
   int tp = 1;   // --tensor-model-parallel-size (attention / dense layers)
   int pp = 1;   // --pipeline-model-parallel-size
   int cp = 1;   // --context-parallel-size
+  // --cp-comm-type: one value for every layer or one per decoder layer (Megatron's list form);
+  // p2p (ring) or allgather (Megatron's spelling; all_gather accepted too). a2a and a2a+p2p are
+  // refused by validate_layout (not built). ContextParallel::attention reads a layer's.
+  std::vector<std::string> cp_comm_type = {"p2p"};
   int ep = 1;   // --expert-model-parallel-size
   int etp = 0;  // --expert-tensor-parallel-size; 0: same as tp (Megatron's default)
   bool sequence_parallel = false;     // --sequence-parallel
@@ -49,6 +54,11 @@ struct ParallelConfig {
   // --num-layers-per-virtual-pipeline-stage (which needs num_layers). Throws naming the flags
   // when more than one is given or they do not divide (pipeline_layout.cpp).
   int vp(int64_t num_layers) const;
+  // Layer `layer`'s --cp-comm-type value (the list's entry, or the single value); the caller
+  // has validated the list (validate_layout).
+  const std::string& layer_cp_comm_type(int64_t layer) const {
+    return cp_comm_type.size() == 1 ? cp_comm_type[0] : cp_comm_type[static_cast<size_t>(layer)];
+  }
   // The micro-batch group of the interleaved schedule (0 resolved to pp).
   int microbatch_group() const { return microbatch_group_size > 0 ? microbatch_group_size : pp; }
 };
@@ -90,8 +100,10 @@ struct ModelDims {
 // split, uneven first/last stages, virtual stages, account-for flags, a layout string),
 // TP > 1 with EP > 1 needs --sequence-parallel, heads / query groups / ffn widths divisible by
 // tp (etp for experts), the shared experts' width and the padded vocabulary divisible by tp,
-// sequence length divisible by 2*cp (causal load balancing), by tp (the MoE layer and sequence
-// parallelism split tokens by sequence position) and, with sequence parallelism, by tp*cp.
+// sequence length divisible by 2*cp (causal load balancing: check_context_split) and by tp*cp
+// (each CP rank's S/cp positions split over TP by position: the MoE layer, sequence
+// parallelism); --cp-comm-type's values (p2p, allgather; a2a and a2a+p2p refused) and its list
+// length (1 or --num-layers).
 Degrees validate_layout(const ParallelConfig& cfg, int world_size, const ModelDims& model);
 
 // Decoder layers held by pipeline rank `stage`, all its virtual stages together: a sum over

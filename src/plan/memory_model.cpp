@@ -134,7 +134,6 @@ namespace {
 std::string formula_reason(const ModelSpec& m, const RunSpec& r, const parallel::Degrees& d) {
   std::vector<std::string> why;
   // What the trainer does not build yet.
-  if (d.cp > 1) why.push_back("CP, not built by the trainer yet");
   if (r.fp8) why.push_back("FP8, not built by the trainer yet");
   if (r.main_grad_bytes != 4 || r.exp_avg_bytes != 4 || r.exp_avg_sq_bytes != 4 ||
       r.main_param_bytes != 4) {
@@ -457,6 +456,22 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
         add(st, MemPart::Activations, m.mtp_num_layers * (act_layer + T * 2 * m.hidden * dt / sp +
                                                           T * m.vocab_size / d.tp * 4.0),
             "MTP layers", "mtp x (a layer + T 2H/sp dt + T V/tp 4 B), per micro-batch");
+      }
+      if (d.cp > 1) {
+        // Attention across the CP ranks (parallel::ContextParallelAttention's buffers), one layer
+        // at a time: p2p keeps the ring's current and next K/V (and in the backward dK/dV
+        // travelling with them); allgather the gathered K or V in rank order, K and V in global
+        // order and one block's dK and dV (S rows of one of K, V: cp/2 blocks of T kv each).
+        const double kv = m.mla ? m.num_heads * (m.mla->qk_head_dim + m.mla->qk_pos_emb_head_dim +
+                                                 m.mla->v_head_dim)
+                                : 2.0 * m.num_query_groups * m.kv_channels;
+        bool gather = false;  // the largest of the layers' (one layer at a time)
+        for (const std::string& t : run.parallel.cp_comm_type) gather |= t != "p2p";
+        const double blocks = gather ? 2.5 * d.cp : 4.0;
+        add(st, MemPart::CommBuffers, blocks * T * kv / d.tp * dt,
+            gather ? "cp all-gathered K/V and their gradient (one layer at a time)"
+                   : "cp ring K/V and dK/dV, current and next (one layer at a time)",
+            gather ? "2.5 x cp x T x kv width/tp x dt" : "4 x T x kv width/tp x dt");
       }
       add(st, MemPart::Recomputed, chunk_bytes, "one recomputed chunk, rebuilt in the backward",
           "layers per chunk x a layer's activations");

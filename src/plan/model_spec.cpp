@@ -200,6 +200,8 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   r.parallel.tp = static_cast<int>(int_or(a, "--tensor-model-parallel-size", 1));
   r.parallel.pp = static_cast<int>(int_or(a, "--pipeline-model-parallel-size", 1));
   r.parallel.cp = static_cast<int>(int_or(a, "--context-parallel-size", 1));
+  if (const std::vector<std::string> t = words(text(a, "--cp-comm-type")); !t.empty())
+    r.parallel.cp_comm_type = t;
   r.parallel.ep = static_cast<int>(int_or(a, "--expert-model-parallel-size", 1));
   r.parallel.etp = static_cast<int>(int_or(a, "--expert-tensor-parallel-size", 0));
   r.parallel.sequence_parallel = on(a, "--sequence-parallel");

@@ -75,7 +75,8 @@ int64_t own_int(const cli::ParsedArgs& a, const std::string& name, int64_t dflt,
 bool layout_flag(const cli::GivenFlag& g) {
   if (g.megatron == nullptr) return true;
   static const char* names[] = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size",
-                                "--context-parallel-size", "--expert-model-parallel-size",
+                                "--context-parallel-size", "--cp-comm-type",
+                                "--expert-model-parallel-size",
                                 "--expert-tensor-parallel-size", "--sequence-parallel",
                                 "--num-virtual-stages-per-pipeline-rank",
                                 "--num-layers-per-virtual-pipeline-stage",
@@ -98,8 +99,9 @@ const char* kHelp =
     "            and --mtp-num-layers are accepted\n"
     "  layout:   --tensor-model-parallel-size, --pipeline-model-parallel-size,\n"
     "            --num-virtual-stages-per-pipeline-rank, --expert-model-parallel-size,\n"
-    "            --expert-tensor-parallel-size, --context-parallel-size, --sequence-parallel,\n"
-    "            --use-distributed-optimizer, --gpus N (default: the smallest world)\n"
+    "            --expert-tensor-parallel-size, --context-parallel-size, --cp-comm-type,\n"
+    "            --sequence-parallel, --use-distributed-optimizer,\n"
+    "            --gpus N (default: the smallest world)\n"
     "  run:      --micro-batch-size, --global-batch-size, --seq-length, --bf16, --recompute-*\n"
     "  hardware: --hardware h100|h200|b200|gb200|gb300|cpu (default h100), --gpus-per-node,\n"
     "            --peak-tflops, --device-memory-gib, --hbm-tbps, --nvlink-gbps,\n"

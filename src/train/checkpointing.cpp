@@ -278,6 +278,7 @@ void BasicTrainer<T>::save_checkpoint(const fs::path& save, bool save_optim, boo
       return groups_ ? groups_->group(k).size() : 1;
     };
     s->head.layout = {{"dp", dp_size_},
+                      {"cp", size_of(parallel::GroupKind::Cp)},
                       {"tp", size_of(parallel::GroupKind::Tp)},
                       {"ep", size_of(parallel::GroupKind::Ep)},
                       {"expt_tp", size_of(parallel::GroupKind::ExptTp)},

@@ -21,13 +21,21 @@ class StepBuffers {
  public:
   // n_micro micro-batches of `tokens` = B * S tokens; E experts (0: a dense model); chunks:
   // the model chunks (virtual pipeline stages) of this rank, each with its own report slot.
-  StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E, int chunks = 1);
+  // mtp_depths: the MTP depths whose rolled ids and targets the host writes too (context
+  // parallelism: rolled on the whole sequences before the split); 0: the model rolls its own.
+  StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E, int chunks = 1,
+              int64_t mtp_depths = 0);
 
   int64_t micro_batches() const { return n_micro_; }
   // Micro-batch mb's inputs in the host's staging, [B, S] batch-major, for the host to fill
   // before the step.
   int32_t* ids(int64_t mb) { return host_.ids + mb * tokens_; }
   int32_t* targets(int64_t mb) { return host_.targets + mb * tokens_; }
+  // MTP depth j's (k = j + 1) rolled ids and targets of micro-batch mb, [B, S] like ids().
+  int32_t* mtp_ids(int64_t mb, int64_t j) { return host_.mtp_ids + (mb * D_ + j) * tokens_; }
+  int32_t* mtp_targets(int64_t mb, int64_t j) {
+    return host_.mtp_targets + (mb * D_ + j) * tokens_;
+  }
   // Micro-batch mb's dropout counters (its iteration and first sample in the global batch).
   ops::DropoutCounters& dropout(int64_t mb) { return host_.dropout[mb]; }
   // The staged inputs of every micro-batch to the device buffers the forwards read.
@@ -55,6 +63,8 @@ class StepBuffers {
     P<ops::MicroBatchReport> report = nullptr;  // [n_micro]
     P<int64_t> tokens_E = nullptr;              // [n_micro, max(E, 1)]
     P<ops::DropoutCounters> dropout = nullptr;  // [n_micro]
+    P<int32_t> mtp_ids = nullptr;               // [n_micro, D, tokens] (D = mtp_depths)
+    P<int32_t> mtp_targets = nullptr;           // [n_micro, D, tokens]
   };
   template <typename T>
   using HostPtr = T*;
@@ -63,7 +73,7 @@ class StepBuffers {
 
   int64_t n_micro_;
   int chunks_;
-  int64_t tokens_, E_;
+  int64_t tokens_, E_, D_;
   Arena host_arena_, dev_arena_;
   Slots<HostPtr> host_;
   Slots<DevPtr> dev_;

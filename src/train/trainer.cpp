@@ -23,6 +23,7 @@
 #include "ops/gemm_probe.h"
 #include "ops/numerics_class.h"
 #include "ops/router_balance.h"
+#include "train/context_batch.h"
 #include "train/exit_conditions.h"
 #include "train/progress.h"
 
@@ -56,16 +57,28 @@ void TrainConfig::validate(int dp) const {
   guard.validate();
 }
 
-void check_parallel_support(const parallel::ParallelConfig& p) {
-  auto not_yet = [](int v, const char* flag, const char* what) {
-    MOE_CHECK(v == 1,
-              "[train] {} {}: {} is not implemented yet; moecore train runs data, tensor "
-              "(--tensor-model-parallel-size, --sequence-parallel), pipeline "
-              "(--pipeline-model-parallel-size), expert (--expert-model-parallel-size) and "
-              "expert tensor parallelism (--expert-tensor-parallel-size): set {} 1",
-              flag, v, what, flag);
+void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig& m) {
+  if (p.cp == 1) return;
+  // Before any rank starts: the split (2 cp chunks per sequence) and the comm types' list.
+  parallel::check_context_split(parallel::ContextSplit{m.seq_length, p.cp, 0});
+  MOE_CHECK(p.cp_comm_type.size() == 1 ||
+                static_cast<int64_t>(p.cp_comm_type.size()) == m.num_layers,
+            "[train] --cp-comm-type has {} values for {} layers: give one value for every layer "
+            "or one per decoder layer (--num-layers {})",
+            p.cp_comm_type.size(), m.num_layers, m.num_layers);
+  // What context parallelism has not been built or tested with yet, named by its flags.
+  const auto refuse = [&p](bool bad, const char* what) {
+    MOE_CHECK(!bad,
+              "[train] --context-parallel-size {} with {} is not implemented yet: drop one of "
+              "them",
+              p.cp, what);
   };
-  not_yet(p.cp, "--context-parallel-size", "context parallelism");
+  refuse(m.mtp_num_layers > 0 && m.position_embedding == PositionEmbedding::LearnedAbsolute,
+         "--mtp-num-layers and --position-embedding-type learned_absolute (the depths' positions "
+         "would be rolled on the whole sequence too)");
+  refuse(m.moe.router.uses(LoadBalancing::QuantileBalancing),
+         "--moe-router-load-balancing-type quantile_balancing (its estimate needs the TP x CP "
+         "group's logits)");
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
@@ -121,7 +134,7 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
 // gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
 // for the backward (a lower bound of the activations) against the host memory available.
 static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, int64_t etp,
-                                  int64_t pp, int64_t micro_batch) {
+                                  int64_t pp, int64_t micro_batch, int64_t cp) {
   // min_params_per_rank(ep) = dense + experts / ep: the expert part from two EP sizes, then
   // dense / tp + experts / (ep * etp) (the replicated norms and biases are left out: a lower
   // bound still).
@@ -134,9 +147,11 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, 
   const double rope = m.position_embedding == PositionEmbedding::Rope
                           ? 4.0 * static_cast<double>(m.max_positions() * m.head_dim())
                           : 0.0;
+  // A context-parallel rank holds S / cp positions of every sequence.
   const double activations = 4.0 * static_cast<double>(micro_batch) *
-                             static_cast<double>(m.seq_length) * static_cast<double>(m.hidden) *
-                             static_cast<double>(m.num_layers) / static_cast<double>(pp);
+                             static_cast<double>(m.seq_length / cp) *
+                             static_cast<double>(m.hidden) * static_cast<double>(m.num_layers) /
+                             static_cast<double>(pp);
   const double bytes = 16.0 * params + rope + activations;
   const double available = static_cast<double>(host_bytes_available());
   MOE_CHECK(available == 0 || bytes <= available,
@@ -144,9 +159,10 @@ static void check_model_fits_host(const ModelConfig& m, int64_t ep, int64_t tp, 
             "moments of {:.4g} parameters: {}; the layers' inputs of one micro-batch of {} x {} "
             "tokens: {}) but {} is available on this machine: lower --num-layers, "
             "--hidden-size, --num-experts, the FFN sizes, --seq-length or --micro-batch-size, or "
-            "use more tensor- or expert-parallel ranks (`moecore plan` with the same flags shows "
-            "the memory per rank)",
-            format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch, m.seq_length,
+            "use more tensor-, context- or expert-parallel ranks (`moecore plan` with the same "
+            "flags shows the memory per rank)",
+            format_bytes(bytes), params, format_bytes(16.0 * params), micro_batch,
+            m.seq_length / cp,
             format_bytes(activations), format_bytes(available));
 }
 
@@ -172,11 +188,17 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
               "[train] --device {} trains on one process so far, not {}: its collectives would "
               "hand device memory to MPI; run one process (no mpirun -np > 1) or --device cpu",
               cfg_.device, groups_->world_size());
-    check_parallel_support(groups_->layout().config);
-    // Data parallelism runs over dp x cp (cp = 1 here): each rank reads its own share.
-    dp_size_ = groups_->group(parallel::GroupKind::DpCp).size();
-    dp_rank_ = groups_->group(parallel::GroupKind::DpCp).rank;
+    check_parallel_support(groups_->layout().config, model_cfg_);
+    // Each dp rank reads its own share of the global batch; the cp ranks of a group read the same
+    // samples and keep their share of each sequence (dense gradients reduce over dp x cp).
+    dp_size_ = groups_->group(parallel::GroupKind::Dp).size();
+    dp_rank_ = groups_->group(parallel::GroupKind::Dp).rank;
+    const parallel::ProcessGroup& cp = groups_->group(parallel::GroupKind::Cp);
+    cp_split_ = parallel::ContextSplit{model_cfg_.seq_length, cp.size(), cp.rank};
+  } else {
+    cp_split_ = parallel::ContextSplit{model_cfg_.seq_length, 1, 0};
   }
+  parallel::check_context_split(cp_split_);
   // Megatron: without --global-batch-size, one micro-batch per data-parallel rank.
   if (cfg_.global_batch == 0) cfg_.global_batch = cfg_.micro_batch * dp_size_;
   cfg_.validate(dp_size_);
@@ -184,7 +206,8 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   check_model_fits_host(model_cfg_, groups_ != nullptr ? groups_->degrees().ep : 1,
                         groups_ != nullptr ? groups_->degrees().tp : 1,
                         groups_ != nullptr ? groups_->degrees().etp : 1,
-                        groups_ != nullptr ? groups_->degrees().pp : 1, cfg_.micro_batch);
+                        groups_ != nullptr ? groups_->degrees().pp : 1, cfg_.micro_batch,
+                        cp_split_.cp);
   const int pp = groups_ != nullptr ? groups_->degrees().pp : 1;
   MOE_CHECK(pp == 1 || !model_cfg_.moe.router.uses(LoadBalancing::GlobalAuxLoss),
             "[train] --moe-router-load-balancing-type global_aux_loss with "
@@ -325,7 +348,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
       g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
     };
   }
-  if (dp_size_ > 1) {
+  if (groups_ && groups_->group(parallel::GroupKind::DpCp).size() > 1) {
     const parallel::ProcessGroup* g = &groups_->group(parallel::GroupKind::DpCp);
     const Exec* ex = &exec_;
     router_sync_.mean_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
@@ -351,9 +374,20 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     }
   }
   const int64_t S = model_cfg_.seq_length;
-  step_ = std::make_unique<StepBuffers>(exec_, n_micro_, cfg_.micro_batch * S,
-                                        model_cfg_.num_experts, model_->num_chunks());
+  // Under CP the host rolls MTP's ids and targets on the whole sequences (fill_inputs).
+  const int64_t host_rolled = cp_split_.cp > 1 ? model_cfg_.mtp_num_layers : 0;
+  step_ = std::make_unique<StepBuffers>(exec_, n_micro_,
+                                        cfg_.micro_batch * cp_split_.local_length(),
+                                        model_cfg_.num_experts, model_->num_chunks(), host_rolled);
   scratch_.resize(S + 1);
+  if (cp_split_.cp > 1) {
+    global_ids_.resize(cfg_.micro_batch * S);
+    global_targets_.resize(cfg_.micro_batch * S);
+    if (host_rolled > 0) {
+      rolled_ids_.resize(cfg_.micro_batch * S);
+      rolled_targets_.resize(cfg_.micro_batch * S);
+    }
+  }
   // Tokens per expert, then the dropped count in the last slot: one all-reduce for both.
   load_.resize(std::max<int64_t>(model_cfg_.num_experts, 1) + 1);
   mb_width_ = kMbValues + 2 * model_cfg_.mtp_num_layers;
@@ -374,8 +408,24 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
   {
     SyncAudit::Paused inputs;  // the host writes the step's inputs into its staging
     for (int64_t mb = 0; mb < n_micro_; ++mb) {
-      stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
-                              step_->targets(mb), scratch_.data());
+      if (cp_split_.cp > 1) {
+        // The whole sequences (labels and loss mask made on them), then this rank's chunks.
+        stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, global_ids_.data(),
+                                global_targets_.data(), scratch_.data());
+        split_micro_batch(cp_split_, cfg_.micro_batch, global_ids_.data(),
+                          global_targets_.data(), step_->ids(mb), step_->targets(mb));
+        // MTP depth k's tokens rolled on the whole sequences, then split the same way.
+        for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+          roll_micro_batch(cfg_.micro_batch, model_cfg_.seq_length, j + 1, global_ids_.data(),
+                           global_targets_.data(), rolled_ids_.data(), rolled_targets_.data());
+          split_micro_batch(cp_split_, cfg_.micro_batch, rolled_ids_.data(),
+                            rolled_targets_.data(), step_->mtp_ids(mb, j),
+                            step_->mtp_targets(mb, j));
+        }
+      } else {
+        stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
+                                step_->targets(mb), scratch_.data());
+      }
       // The dropout masks follow the sample's place in the global batch, not this rank's.
       step_->dropout(mb) = ops::DropoutCounters{iteration_, stream.first_sample(mb, cfg_.micro_batch)};
     }
@@ -630,10 +680,16 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
     for (const auto& b : buckets_->buckets()) dense_buckets += b.kind == ParamKind::Dense;
     const bool sp = groups_->layout().config.sequence_parallel && d.tp > 1;
     fmt::print(log, "[train] parallel: {} ranks; data parallel {} (each rank {} micro-batches of "
-                    "{}), tensor parallel {}{}, pipeline parallel {}{}, expert parallel {} x "
+                    "{}){}, tensor parallel {}{}, pipeline parallel {}{}, expert parallel {} x "
                     "expert tensor parallel {} x expert data parallel {}; gradient buckets: {} "
                     "dense over dp_cp, {} expert over expt_dp, {}{}{}\n",
-               d.world, dp_size_, n_micro_, cfg_.micro_batch, d.tp,
+               d.world, dp_size_, n_micro_, cfg_.micro_batch,
+               d.cp > 1 ? fmt::format(", context parallel {} ({} of {} positions a rank, "
+                                      "--cp-comm-type {})",
+                                      d.cp, cp_split_.local_length(), cp_split_.S,
+                                      fmt::join(groups_->layout().config.cp_comm_type, " "))
+                        : "",
+               d.tp,
                sp ? " with sequence parallelism" : "", d.pp,
                layout_.vp > 1 ? fmt::format(" x {} virtual stages", layout_.vp) : "", d.ep, d.etp,
                d.edp, dense_buckets,
@@ -1045,9 +1101,11 @@ int64_t BasicTrainer<T>::gather_micro_batch_values() {
   sum_over_pipeline(mb_values_);
   // Every micro-batch of the global batch, for sums in global order (the same arithmetic as
   // one rank).
+  // The cp ranks of a group report the same values (the model sums the loss over cp, the
+  // routers their aux and z values over tp x cp): gathered over dp.
   if (dp_size_ > 1) {
     ScopedPhase phase(Phase::Communication);
-    groups_->group(parallel::GroupKind::DpCp).communicator().all_gather(mb_values_, all_values_);
+    groups_->group(parallel::GroupKind::Dp).communicator().all_gather(mb_values_, all_values_);
   } else {
     all_values_ = mb_values_;
   }

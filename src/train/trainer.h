@@ -68,10 +68,11 @@ struct TrainConfig {
 // and `moecore plan`: one message for both).
 void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
 
-// The parallel degrees `moecore train` implements: data, tensor (with or without sequence
-// parallelism), expert and expert tensor parallelism. Throws naming the flag for context and
-// pipeline parallelism (not implemented yet).
-void check_parallel_support(const parallel::ParallelConfig& cfg);
+// What `moecore train` refuses of a layout before step 0, naming the flags: context parallelism
+// combined with what it is not built or tested with yet (quantile balancing, MTP with learned
+// absolute positions). The layout's own rules (degrees,
+// divisibility, --cp-comm-type) are parallel::validate_layout's.
+void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConfig& model);
 
 // How the gradient norm's sums of squares combine over the ranks of these groups (null: one
 // rank) for these buckets (MOE_SEMANTICS "Gradients and the optimizer"): every element counted
@@ -185,7 +186,10 @@ class BasicTrainer {
   TrainConfig cfg_;
   const parallel::ProcessGroups* groups_ = nullptr;
   Exec exec_;  // from --device, before anything is built
+  // The data-parallel ranks that read different samples (dp; the cp ranks of a group read the
+  // same ones), and this rank's context-parallel share of each sequence.
   int dp_size_ = 1, dp_rank_ = 0;
+  parallel::ContextSplit cp_split_;
   int64_t n_micro_ = 1;  // micro-batches per dp rank and step
   void evaluate_and_print(std::ostream& log, data::Split split, const char* where,
                           MetricsFile& metrics);
@@ -206,6 +210,9 @@ class BasicTrainer {
   FlopsModel flops_;
   double peak_gflops_ = 0;
   std::vector<int32_t> scratch_;  // the data loader's, sized once before step 0
+  // Context parallelism: one micro-batch's whole sequences [B, S], before the split.
+  std::vector<int32_t> global_ids_, global_targets_;
+  std::vector<int32_t> rolled_ids_, rolled_targets_;  // an MTP depth's, before the split
   std::vector<int64_t> load_;
   // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
   // iteration) from `stream`.

@@ -215,8 +215,26 @@ TEST_F(BadInputs, Train) {
       // Tensor parallelism trains; its layout is checked against the world before any work.
       {t + "--tensor-model-parallel-size 2 --sequence-parallel", 1,
        {"world size 1 is not divisible by tp*cp*pp = 2*1*1 = 2"}},
+      // Context parallelism: its layout, its comm types and what it is not built with yet.
       {t + "--context-parallel-size 2", 1,
-       {"--context-parallel-size 2: context parallelism is not implemented yet"}},
+       {"world size 1 is not divisible by tp*cp*pp = 1*2*1 = 2"}},
+      {t + "--context-parallel-size 2 --cp-comm-type a2a", 1,
+       {"--cp-comm-type a2a: the all-to-all (Ulysses) forms of context parallelism are not "
+        "built"}},
+      {t + "--context-parallel-size 2 --cp-comm-type ring", 1,
+       {"--cp-comm-type ring is not one of p2p, allgather"}},
+      {t + "--context-parallel-size 2 --mtp-num-layers 1 --position-embedding-type "
+           "learned_absolute", 1,
+       {"--context-parallel-size 2 with --mtp-num-layers and --position-embedding-type "
+        "learned_absolute", "is not implemented yet"}},
+      {t + "--context-parallel-size 2 --pipeline-model-parallel-size 2", 1,
+       {"world size 1 is not divisible by tp*cp*pp = 1*2*2 = 4"}},
+      {t + "--context-parallel-size 2 --seq-length 14 --max-position-embeddings 14", 1,
+       {"--seq-length 14 must divide by 2 x --context-parallel-size = 4", "use --seq-length 16"}},
+      {t + "--context-parallel-size 2 --cp-comm-type p2p p2p p2p", 1,
+       {"--cp-comm-type has 3 values for"}},
+      {t + "--context-parallel-size 2 --hierarchical-context-parallel-sizes 2 1", 1,
+       {"--hierarchical-context-parallel-sizes", "hierarchical context parallelism"}},
   });
 }
 

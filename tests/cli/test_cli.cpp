@@ -123,12 +123,13 @@ TEST(Cli, MegatronsDefaultModelTrainsWithoutModelFlags) {
 // Megatron command line is fixed in one go.
 TEST(Cli, EveryRefusedFlagInOneError) {
   CommandResult r = run("train" + std::string(kTiny) +
-                        " --rotary-percent 0.5 --context-parallel-size 2 --fp16");
+                        " --rotary-percent 0.5 --hierarchical-context-parallel-sizes 2 1 --fp16");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("3 flags ask for what moecore does not implement yet"),
             std::string::npos)
       << r.output;
-  for (const char* flag : {"--rotary-percent 0.5", "--context-parallel-size 2", "--fp16"}) {
+  for (const char* flag :
+       {"--rotary-percent 0.5", "--hierarchical-context-parallel-sizes 2 1", "--fp16"}) {
     EXPECT_NE(r.output.find(std::string("\n  ") + flag), std::string::npos)
         << flag << "\n" << r.output;
   }
@@ -207,7 +208,8 @@ TEST(Cli, ParallelFlags) {
   // Tensor and expert tensor parallelism train: one process is not their world.
   expect_stops("--tensor-model-parallel-size 2",
                "world size 1 is not divisible by tp*cp*pp = 2*1*1 = 2");
-  expect_stops("--context-parallel-size 2", "--context-parallel-size 2: context parallelism");
+  expect_stops("--context-parallel-size 2",
+               "world size 1 is not divisible by tp*cp*pp = 1*2*1 = 2");
   expect_stops("--pipeline-model-parallel-size 2",
                "world size 1 is not divisible by tp*cp*pp = 1*1*2 = 2");
   expect_stops("--expert-tensor-parallel-size 2", "etp*ep*pp = 2*1*1 = 2");

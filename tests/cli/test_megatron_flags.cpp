@@ -502,6 +502,8 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--expert-model-parallel-size", "", "2", {{"parallel.ep", "2"}}},
       {"--tensor-model-parallel-size", "", "2", {{"parallel.tp", "2"}}},
       {"--pipeline-model-parallel-size", "", "2", {{"parallel.pp", "2"}}},
+      {"--context-parallel-size", "", "2", {{"parallel.cp", "2"}}},
+      {"--cp-comm-type", "", "allgather", {{"parallel.cp_comm_type", "allgather"}}},
       {"--expert-tensor-parallel-size", "", "1", {{"parallel.etp", "1"}}},
       {"--use-tp-pp-dp-mapping", "", "", {{"parallel.use_tp_pp_dp_mapping", "true"}}},
       {"--distributed-timeout-minutes", "", "3", {{"parallel.timeout_minutes", "3"}}},

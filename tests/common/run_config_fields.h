@@ -202,6 +202,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("parallel.tp", text(p.tp));
   add("parallel.pp", text(p.pp));
   add("parallel.cp", text(p.cp));
+  add("parallel.cp_comm_type", text(p.cp_comm_type));
   add("parallel.ep", text(p.ep));
   add("parallel.etp", text(p.etp));
   add("parallel.sequence_parallel", text(p.sequence_parallel));

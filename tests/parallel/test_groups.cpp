@@ -308,7 +308,26 @@ TEST(ParallelValidation, ModelDimensionsAndDegrees) {
   m = {};
   m.seq_length = 6;
   expect_error([&] { validate_layout(cfg(1, 1, 2, 1, 0), 2, m); },
-               {"--seq-length 6", "2*cp = 4"});
+               {"--seq-length 6", "2 x --context-parallel-size = 4", "use --seq-length 8"});
+  // Context parallelism under TP: each CP rank's S/cp positions split over TP.
+  m.seq_length = 12;
+  expect_error([&] { validate_layout(cfg(4, 1, 2, 1, 0), 8, m); },
+               {"--seq-length 12", "tp*cp = 4*2", "divisible by 8"});
+  // --cp-comm-type: p2p and allgather, one value or one per layer.
+  m = {};
+  ParallelConfig a2a = cfg(1, 1, 2, 1, 0);
+  a2a.cp_comm_type = {"a2a"};
+  expect_error([&] { validate_layout(a2a, 2, m); },
+               {"--cp-comm-type a2a", "not built", "use p2p (ring) or allgather"});
+  a2a.cp_comm_type = {"ring"};
+  expect_error([&] { validate_layout(a2a, 2, m); }, {"--cp-comm-type ring is not one of"});
+  a2a.cp_comm_type = {"p2p", "allgather", "p2p"};
+  m.num_layers = 2;
+  expect_error([&] { validate_layout(a2a, 2, m); },
+               {"--cp-comm-type has 3 values for 2 layers"});
+  a2a.cp_comm_type = {"p2p", "all_gather"};
+  EXPECT_NO_THROW(validate_layout(a2a, 2, m));
+  m = {};
   ParallelConfig sp = cfg(4, 1, 1, 1, 0);
   sp.sequence_parallel = true;
   m.seq_length = 6;

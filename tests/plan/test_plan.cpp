@@ -489,6 +489,66 @@ TEST(PlanMemory, GpuSizingIsTheSameOnEveryHost) {
   }
 }
 
+// Context parallelism in the formula (TP 2: the formula path): each rank holds S/cp positions,
+// so a layer's activations halve from CP 1 to CP 2; the attention's K/V blocks (one layer at a
+// time) are planned: the ring's four blocks of T = S/cp positions (K/V and dK/dV, current and
+// next), or allgather's staging, global K/V and dK/dV (2.5 cp blocks).
+TEST(PlanMemory, ContextParallelActivationsAndKvBlocks) {
+  ModelSpec m = shipped("mixtral-8x7b");
+  m.seq_length = 32768;
+  m.max_position_embeddings = std::max(m.max_position_embeddings, m.seq_length);
+  const Hardware hw = hardware_preset("h100");
+  const auto plan = [&](int cp, const char* comm) {
+    RunSpec r;
+    r.bf16 = true;
+    r.parallel.tp = 2;
+    r.parallel.sequence_parallel = true;
+    r.parallel.cp = cp;
+    r.parallel.ep = 8;
+    r.parallel.cp_comm_type = {comm};
+    const StageMemory st = plan_memory(m, r, 16, hw).stages[0];
+    EXPECT_FALSE(st.from_arena);
+    return st;
+  };
+  const auto kv_line = [](const StageMemory& st) {
+    for (const MemLine& l : st.lines)
+      if (l.what.rfind("cp ", 0) == 0) return l.bytes;
+    return 0.0;
+  };
+  const StageMemory one = plan(1, "p2p"), p2p = plan(2, "p2p"), p2p4 = plan(4, "p2p"),
+                    gather4 = plan(4, "allgather");
+  EXPECT_DOUBLE_EQ(p2p.act_layer_bytes * 2, one.act_layer_bytes);
+  EXPECT_EQ(kv_line(one), 0.0);
+  // K and V of the 8 query groups x 128 channels over TP 2, bf16, T = S/cp positions.
+  const double kv_block = 32768.0 / 2 * 2 * 8 * 128 / 2 * 2;
+  EXPECT_DOUBLE_EQ(kv_line(p2p), 4 * kv_block);
+  EXPECT_DOUBLE_EQ(kv_line(p2p4), 4 * kv_block / 2);
+  EXPECT_DOUBLE_EQ(kv_line(gather4), 2.5 * 4 * kv_block / 2);
+}
+
+// Context parallelism through the trainer's sizing pass (what `moecore plan` uses without TP):
+// a CP rank plans S/cp positions, so its activations are about half of one rank's, and the
+// attention's buffers across ranks (allgather's gathered K/V) are in its workspace.
+TEST(PlanMemory, ContextParallelSizingPass) {
+  const cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
+  const auto sizes = [&](int cp, const char* comm) {
+    parallel::ParallelConfig pc;
+    pc.cp = cp;
+    pc.cp_comm_type = {comm};
+    return trainer_arena_sizes(f.model, f.train.micro_batch, pc, cp, 0, Device::CPU);
+  };
+  const ArenaSizes one = sizes(1, "p2p"), p2p = sizes(2, "p2p"), gather = sizes(2, "allgather");
+  const int act = static_cast<int>(MemKind::Activations);
+  const int ws = static_cast<int>(MemKind::Workspace);
+  EXPECT_NEAR(p2p.by_kind[act] * 2, one.by_kind[act], 0.05 * one.by_kind[act]);
+  EXPECT_LT(p2p.by_kind[act], one.by_kind[act]);
+  // The same parameters at every CP size (nothing is split by CP).
+  EXPECT_EQ(p2p.numel_dense, one.numel_dense);
+  EXPECT_EQ(p2p.numel_expert, one.numel_expert);
+  // allgather's whole-sequence K/V: more workspace than the ring's blocks.
+  EXPECT_GT(gather.by_kind[ws], p2p.by_kind[ws]);
+}
+
 TEST(PlanJson, KeysPresent) {
   for (const char* cfg : {"tiny", "deepseek-v3"}) {
     const auto j = nlohmann::json::parse(

@@ -1522,6 +1522,7 @@ struct PpLayout {
   std::vector<std::string> extra = {};
   int first = 0, last = 0;  // --decoder-first/last-pipeline-num-layers
   std::string layout = "";  // --pipeline-model-parallel-layout
+  int cp = 1;               // --context-parallel-size (p2p)
   bool even() const { return vp == 1 && first == 0 && last == 0 && layout.empty(); }
 };
 
@@ -1541,11 +1542,12 @@ std::vector<std::string> pp_args(const PpLayout& l) {
 }
 
 std::string pp_name(const PpLayout& l) {
-  return fmt::format("pp={}{}{}{} tp={}{} ep={} dp={} {}{}{}{}{}", l.pp,
+  return fmt::format("pp={}{}{}{} tp={}{}{} ep={} dp={} {}{}{}{}{}", l.pp,
                      l.vp > 1 ? fmt::format(" vp={}", l.vp) : "",
                      l.first + l.last > 0 ? fmt::format(" first={} last={}", l.first, l.last) : "",
-                     l.layout.empty() ? "" : " layout " + l.layout, l.tp, l.sp ? " sp" : "", l.ep,
-                     l.world / (l.pp * l.tp), l.dispatcher, l.megatron_model ? " dropout" : "",
+                     l.layout.empty() ? "" : " layout " + l.layout, l.tp, l.sp ? " sp" : "",
+                     l.cp > 1 ? fmt::format(" cp={}", l.cp) : "", l.ep,
+                     l.world / (l.pp * l.tp * l.cp), l.dispatcher, l.megatron_model ? " dropout" : "",
                      l.untied ? " untied" : " tied", l.distopt ? " dist-opt" : "",
                      l.extra.empty() ? "" : " " + fmt::format("{}", fmt::join(l.extra, " ")));
 }
@@ -1567,6 +1569,7 @@ const std::vector<PpLayout> kPpLayouts = {
     {.pp = 2, .tp = 2, .sp = true, .world = 4},
     {.pp = 4, .vp = 2, .layers = 8, .world = 4},
     {.pp = 2, .vp = 2, .ep = 2, .distopt = true, .world = 4},
+    {.pp = 2, .megatron_model = true, .world = 4, .cp = 2},  // context parallelism, dropout
     // 8 ranks
     {.pp = 2, .tp = 2, .ep = 2, .sp = true, .world = 8},
 };
@@ -1583,6 +1586,7 @@ void pipeline_parity(const std::vector<PpLayout>& list = kPpLayouts) {
     parallel::ParallelConfig cfg;
     cfg.pp = l.pp;
     cfg.tp = l.tp;
+    cfg.cp = l.cp;
     cfg.ep = l.ep;
     cfg.sequence_parallel = l.sp;
     cfg.vp_stages = l.vp > 1 && l.layout.empty() ? l.vp : 0;
@@ -1734,6 +1738,100 @@ TEST(MtpParity, LayoutsBf16) {
   }
   ops::set_bf16_gemm_path(path);
 }
+
+// ---- Context parallelism ----
+// The sequence split over the cp ranks (Megatron's load-balanced chunks r and 2 cp - 1 - r), the
+// attention across them by --cp-comm-type (p2p ring or allgather; a list gives each layer its
+// own), alone and folded with TP + SP, EP (expert groups over dp x cp), DP with the distributed
+// optimizer and dropout (Megatron's default model: learned positions, hidden and attention
+// dropout keyed by global positions), MLA. 10 steps vs 1 rank, f64 and f32: per-step lm, aux, z,
+// grad norm and every weight.
+struct CpLayout {
+  int cp = 2, tp = 1, etp = 0, ep = 1;
+  bool sp = false;
+  std::vector<std::string> comm = {"p2p"};
+  bool megatron_model = false;  // dropout on
+  bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce
+  bool mla = false;
+  int world = 0;
+  std::vector<std::string> extra = {};  // flags added to the layout's model
+  const char* note = "";
+};
+
+// seq_aux_loss on micro-batches of two sequences: its per-sequence counts summed over tp x cp.
+const std::vector<std::string> kCpSeqAux = {"--moe-router-load-balancing-type", "seq_aux_loss",
+                                            "--micro-batch-size", "2"};
+// Two MTP depths: their ids and targets rolled on the whole sequences before the split.
+const std::vector<std::string> kCpMtp = {"--mtp-num-layers", "2", "--mtp-loss-scaling-factor",
+                                         "0.3"};
+
+const std::vector<CpLayout> kCpLayouts = {
+    // 2 ranks
+    {.cp = 2, .world = 2},
+    {.cp = 2, .comm = {"allgather"}, .world = 2},
+    {.cp = 2, .comm = {"allgather", "p2p"}, .world = 2},  // one type per layer
+    {.cp = 2, .etp = 1, .ep = 2, .world = 2},             // EP folded over cp
+    {.cp = 2, .megatron_model = true, .world = 2},
+    {.cp = 2, .mla = true, .world = 2},
+    {.cp = 2, .world = 2, .extra = kCpSeqAux, .note = " seq_aux"},
+    {.cp = 2, .world = 2, .extra = kCpMtp, .note = " mtp"},
+    // 4 ranks
+    {.cp = 4, .world = 4},
+    {.cp = 4, .comm = {"allgather"}, .world = 4},
+    {.cp = 2, .tp = 2, .sp = true, .world = 4},
+    {.cp = 2, .etp = 1, .ep = 2, .distopt = true, .world = 4},  // DP 2, EP 2 x EDP 2
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .world = 4},
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .world = 4, .extra = kCpMtp,
+     .note = " mtp"},
+    // 8 ranks: TP 2 + SP x CP 2 x DP 2 with EP 4 x EDP 2, dropout, the distributed optimizer
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 4, .sp = true, .megatron_model = true, .distopt = true,
+     .world = 8},
+};
+
+std::string cp_name(const CpLayout& l) {
+  const int etp = l.etp > 0 ? l.etp : l.tp;
+  return fmt::format("cp={} {} tp={}{} dp={} | ep={} etp={} edp={}{}{}{}{}", l.cp,
+                     fmt::join(l.comm, ","), l.tp, l.sp ? " sp" : "", l.world / (l.tp * l.cp),
+                     l.ep, etp, l.world / (l.ep * etp), l.megatron_model ? " dropout" : "",
+                     l.distopt ? " dist-opt" : "", l.mla ? " mla" : "", l.note);
+}
+
+template <typename T>
+void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
+  int layouts = 0;
+  for (const CpLayout& l : list) {
+    if (l.world != g_rt.world_size) continue;
+    std::optional<MegatronModel> megatron;
+    if (l.megatron_model) megatron.emplace();
+    std::vector<std::string> args = tp_args(TpLayout{.tp = l.tp, .mla = l.mla}) + l.extra;
+    if (l.distopt) args = args + kDistOpt + kOverlap;
+    const Run ref = train_run<T>(args, nullptr);
+    parallel::ParallelConfig cfg;
+    cfg.cp = l.cp;
+    cfg.cp_comm_type = l.comm;
+    cfg.tp = l.tp;
+    cfg.etp = l.etp;
+    cfg.ep = l.ep;
+    cfg.sequence_parallel = l.sp;
+    parallel::ProcessGroups groups = make_groups(cfg, args);
+    const Run got = train_run<T>(args, &groups);
+    const std::string what = fmt::format("{} {}", dtype_str<T>(), cp_name(l));
+    report(what, compare(got, ref, parity_tol<T>(), what));
+    expect_replicas_equal(got, groups, what);
+    // The aux and z losses ran (their counts over tp x cp are what the comparison checks).
+    EXPECT_GT(ref.metrics.front().aux_loss, 0.0) << what;
+    EXPECT_GT(ref.metrics.front().z_loss, 0.0) << what;
+    if (!l.extra.empty() && l.extra == kCpMtp) {
+      EXPECT_GT(ref.metrics.front().mtp_loss[1], 0.0) << what;
+      EXPECT_EQ(got.weights.count("mtp.layers.1.eh_proj.weight"), 1u) << what;
+    }
+    ++layouts;
+  }
+  if (layouts == 0) GTEST_SKIP() << "no context-parallel layout for world size " << g_rt.world_size;
+}
+
+TEST(ContextParallelParity, LayoutsF64) { context_parallel_parity<double>(); }
+TEST(ContextParallelParity, LayoutsF32) { context_parallel_parity<float>(); }
 
 }  // namespace
 }  // namespace moecore
