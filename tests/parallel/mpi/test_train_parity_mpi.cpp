@@ -1753,6 +1753,8 @@ struct CpLayout {
   bool megatron_model = false;  // dropout on
   bool distopt = false;         // --use-distributed-optimizer --overlap-grad-reduce
   bool mla = false;
+  int pp = 1;
+  std::string layout = {};  // --pipeline-model-parallel-layout
   int world = 0;
   std::vector<std::string> extra = {};  // flags added to the layout's model
   const char* note = "";
@@ -1783,6 +1785,9 @@ const std::vector<CpLayout> kCpLayouts = {
     {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .megatron_model = true, .world = 4},
     {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .world = 4, .extra = kCpMtp,
      .note = " mtp"},
+    // The MTP depths in a stage before the loss's: the loss stage's MtpLoss takes the targets
+    // rolled on the whole sequences too.
+    {.cp = 2, .pp = 2, .layout = "Ettmm|L", .world = 4, .extra = kCpMtp, .note = " mtp"},
     // 8 ranks: TP 2 + SP x CP 2 x DP 2 with EP 4 x EDP 2, dropout, the distributed optimizer
     {.cp = 2, .tp = 2, .etp = 1, .ep = 4, .sp = true, .megatron_model = true, .distopt = true,
      .world = 8},
@@ -1790,9 +1795,10 @@ const std::vector<CpLayout> kCpLayouts = {
 
 std::string cp_name(const CpLayout& l) {
   const int etp = l.etp > 0 ? l.etp : l.tp;
-  return fmt::format("cp={} {} tp={}{} dp={} | ep={} etp={} edp={}{}{}{}{}", l.cp,
-                     fmt::join(l.comm, ","), l.tp, l.sp ? " sp" : "", l.world / (l.tp * l.cp),
-                     l.ep, etp, l.world / (l.ep * etp), l.megatron_model ? " dropout" : "",
+  return fmt::format("cp={} {} tp={}{} pp={}{} dp={} | ep={} etp={} edp={}{}{}{}{}", l.cp,
+                     fmt::join(l.comm, ","), l.tp, l.sp ? " sp" : "", l.pp,
+                     l.layout.empty() ? "" : " " + l.layout, l.world / (l.tp * l.cp * l.pp),
+                     l.ep, etp, l.world / (l.ep * etp * l.pp), l.megatron_model ? " dropout" : "",
                      l.distopt ? " dist-opt" : "", l.mla ? " mla" : "", l.note);
 }
 
@@ -1813,6 +1819,8 @@ void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
     cfg.etp = l.etp;
     cfg.ep = l.ep;
     cfg.sequence_parallel = l.sp;
+    cfg.pp = l.pp;
+    cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
     const Run got = train_run<T>(args, &groups);
     const std::string what = fmt::format("{} {}", dtype_str<T>(), cp_name(l));
