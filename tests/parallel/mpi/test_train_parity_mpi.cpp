@@ -1755,6 +1755,7 @@ struct CpLayout {
   bool mla = false;
   int pp = 1;
   std::string layout = {};  // --pipeline-model-parallel-layout
+  bool bf16 = false;        // --bf16: ContextParallelParity.LayoutsBf16 only
   int world = 0;
   std::vector<std::string> extra = {};  // flags added to the layout's model
   const char* note = "";
@@ -1788,6 +1789,10 @@ const std::vector<CpLayout> kCpLayouts = {
     // The MTP depths in a stage before the loss's: the loss stage's MtpLoss takes the targets
     // rolled on the whole sequences too.
     {.cp = 2, .pp = 2, .layout = "Ettmm|L", .world = 4, .extra = kCpMtp, .note = " mtp"},
+    // --bf16: the attention across ranks on the bf16 layers' f32 activations
+    {.cp = 2, .bf16 = true, .world = 2},
+    {.cp = 2, .comm = {"allgather"}, .mla = true, .bf16 = true, .world = 2},
+    {.cp = 2, .tp = 2, .etp = 1, .ep = 2, .sp = true, .bf16 = true, .world = 4},
     // 8 ranks: TP 2 + SP x CP 2 x DP 2 with EP 4 x EDP 2, dropout, the distributed optimizer
     {.cp = 2, .tp = 2, .etp = 1, .ep = 4, .sp = true, .megatron_model = true, .distopt = true,
      .world = 8},
@@ -1803,15 +1808,17 @@ std::string cp_name(const CpLayout& l) {
 }
 
 template <typename T>
-void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
+void context_parallel_parity(bool bf16, const std::vector<CpLayout>& list = kCpLayouts) {
   int layouts = 0;
   for (const CpLayout& l : list) {
-    if (l.world != g_rt.world_size) continue;
+    if (l.world != g_rt.world_size || l.bf16 != bf16) continue;
     std::optional<MegatronModel> megatron;
     if (l.megatron_model) megatron.emplace();
     std::vector<std::string> args = tp_args(TpLayout{.tp = l.tp, .mla = l.mla}) + l.extra;
     if (l.distopt) args = args + kDistOpt + kOverlap;
-    const Run ref = train_run<T>(args, nullptr);
+    if (l.bf16) args.push_back("--bf16");
+    const RunOptions opt{.first_update_weights = bf16, .edit = {}};  // bf16: checked per step
+    const Run ref = train_run<T>(args, nullptr, opt);
     parallel::ParallelConfig cfg;
     cfg.cp = l.cp;
     cfg.cp_comm_type = l.comm;
@@ -1822,9 +1829,14 @@ void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
     cfg.pp = l.pp;
     cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
-    const Run got = train_run<T>(args, &groups);
-    const std::string what = fmt::format("{} {}", dtype_str<T>(), cp_name(l));
-    report(what, compare(got, ref, parity_tol<T>(), what));
+    const Run got = train_run<T>(args, &groups, opt);
+    const std::string what =
+        fmt::format("{} {}{}", dtype_str<T>(), cp_name(l), l.bf16 ? " bf16" : "");
+    const Tol tol = bf16 ? Tol{testing::kParityBf16Rtol, testing::kParityBf16WeightRtol,
+                               testing::kParityBf16WeightAtol}
+                         : parity_tol<T>();
+    report(what, compare(got, ref, tol, what));
+    if (bf16) expect_bf16_steps_close(got, ref, what);
     expect_replicas_equal(got, groups, what);
     // The aux and z losses ran (their counts over tp x cp are what the comparison checks).
     EXPECT_GT(ref.metrics.front().aux_loss, 0.0) << what;
@@ -1838,8 +1850,9 @@ void context_parallel_parity(const std::vector<CpLayout>& list = kCpLayouts) {
   if (layouts == 0) GTEST_SKIP() << "no context-parallel layout for world size " << g_rt.world_size;
 }
 
-TEST(ContextParallelParity, LayoutsF64) { context_parallel_parity<double>(); }
-TEST(ContextParallelParity, LayoutsF32) { context_parallel_parity<float>(); }
+TEST(ContextParallelParity, LayoutsF64) { context_parallel_parity<double>(false); }
+TEST(ContextParallelParity, LayoutsF32) { context_parallel_parity<float>(false); }
+TEST(ContextParallelParity, LayoutsBf16) { context_parallel_parity<float>(true); }
 
 }  // namespace
 }  // namespace moecore
