@@ -205,16 +205,22 @@ void ContextParallelAttention<T>::backward_all_gather(DevPtr<T> dq, DevPtr<T> dk
 // same number of blocks per step (Megatron's load balance).
 
 template <typename T>
+int64_t ContextParallelAttention<T>::ring_start(DevPtr<const T> k, DevPtr<const T> v) {
+  const int64_t local_elems = local_.S * rk_;
+  ops::copy<T>(*ex_, kv_[0], k, local_elems);
+  ops::copy<T>(*ex_, kv_[0] + local_elems, v, local_elems);
+  return local_elems;
+}
+
+template <typename T>
 void ContextParallelAttention<T>::forward_p2p(DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q,
                                               DevPtr<const T> k, DevPtr<const T> v,
                                               const ops::AttentionDropout* drop) {
   const int cp = cp_.size(), r = cp_.rank();
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  const int64_t local_elems = local_.S * rk_;
+  const int64_t local_elems = ring_start(k, v);
   const DType dt = DTypeOf<T>::value;
   Communicator& comm = cp_.communicator();
-  ops::copy<T>(*ex_, kv_[0], k, local_elems);
-  ops::copy<T>(*ex_, kv_[0] + local_elems, v, local_elems);
   CommHandle send, recv;
   bool written[2] = {false, false};
   for (int t = 0; t < cp; ++t) {
@@ -258,11 +264,9 @@ void ContextParallelAttention<T>::backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPt
                                                const ops::AttentionDropout* drop) {
   const int cp = cp_.size(), r = cp_.rank();
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  const int64_t local_elems = local_.S * rk_;
+  const int64_t local_elems = ring_start(k, v);
   const DType dt = DTypeOf<T>::value;
   Communicator& comm = cp_.communicator();
-  ops::copy<T>(*ex_, kv_[0], k, local_elems);
-  ops::copy<T>(*ex_, kv_[0] + local_elems, v, local_elems);
   ops::zero<T>(*ex_, dkv_[0], 2 * local_elems);
   ops::zero<T>(*ex_, dq, local_.S * rq_);
   CommHandle send, recv, dsend, drecv;

@@ -68,6 +68,8 @@ class ContextParallelAttention {
                            DevPtr<const T> q, DevPtr<const T> k, DevPtr<const T> v,
                            DevPtr<const T> out, DevPtr<const T> lse,
                            const ops::AttentionDropout* drop);
+  // P2P: this rank's K and V copied into the ring's first buffer; returns the elements of each.
+  int64_t ring_start(DevPtr<const T> k, DevPtr<const T> v);
   void forward_p2p(DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q, DevPtr<const T> k,
                    DevPtr<const T> v, const ops::AttentionDropout* drop);
   void backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv, DevPtr<const T> dout,
