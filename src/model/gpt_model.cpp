@@ -346,17 +346,12 @@ void GPTModel<T>::allocate(Arena& a) {
   if (pos_embedding_ != nullptr) {
     pos_T_ = a.alloc<int32_t>(T_, "model.positions", MemKind::State);
     pos_TH_ = a.alloc<T>(T_local_ * H, "model.position_rows", MemKind::Workspace);
-    if (pos_T_ != nullptr && !cp_.active()) ops::sequence_positions(a.exec(), pos_T_, T_, B_);
-    if (pos_T_ != nullptr && cp_.active()) {
-      // The learned positions are the global ones of this rank's two chunks. Written by the host
-      // once: context parallelism runs on CPU ranks (the trainer's collectives are MPI's).
-      MOE_CHECK(a.exec().on_cpu(), "[model] context parallelism with learned absolute positions "
-                "runs on --device cpu");
-      const parallel::ContextSplit split = cp_.split(cfg_.seq_length);
-      int32_t* pos = raw_ptr(pos_T_);
-      for (int64_t t = 0; t < T_; ++t)
-        pos[t] = static_cast<int32_t>(split.global_position(t / B_));
-    }
+    // The learned positions are the global ones of this rank's rows (two chunks under CP).
+    const DevPtr<int32_t> whole =
+        cp_.active() ? a.alloc<int32_t>(T_ * cp_.size(), "model.global_positions",
+                                        MemKind::Workspace)
+                     : DevPtr<int32_t>(nullptr);
+    if (pos_T_ != nullptr) parallel::global_positions(a.exec(), cp_, pos_T_, whole, T_ / B_, B_);
   }
   // The head's and the vocabulary tables' buffers: on the stages with the embedding or the loss
   // (the vocab-parallel embedding shares some of the head's workspace).
@@ -554,7 +549,7 @@ void GPTModel<T>::sum_loss_over_cp(DevPtr<ops::MicroBatchReport> report) {
   const Exec& ex = arena_.exec();
   parallel::Communicator& comm = cp_.communicator();
   const auto sum = [&](auto p, int64_t n, DType dt) {
-    comm.all_reduce_async(DevPtr<void>(raw_ptr(p)), n, dt, parallel::ReduceOp::Sum).wait_on(ex);
+    comm.all_reduce_async(p, n, dt, parallel::ReduceOp::Sum).wait_on(ex);
   };
   sum(member_ptr(report, &ops::MicroBatchReport::lm_loss_sum), 1, DType::F64);
   sum(member_ptr(report, &ops::MicroBatchReport::counted), 1, DType::I64);

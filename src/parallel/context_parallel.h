@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dev_ptr.h"
+#include "core/exec.h"
 #include "parallel/context_split.h"
 #include "parallel/process_groups.h"
 
@@ -42,5 +44,11 @@ class ContextParallel {
   const ProcessGroup* group_ = nullptr;
   CpCommType type_ = CpCommType::P2P;
 };
+
+// pos_T [S_local * B] <- the global position of each of this rank's rows (token t = s * B + b,
+// s local): RoPE's angles and the learned position embedding's rows. With cp active, `whole`
+// [cp * S_local * B] is scratch for the whole sequence's positions (null otherwise).
+void global_positions(const Exec& ex, const ContextParallel& cp, DevPtr<int32_t> pos_T,
+                      DevPtr<int32_t> whole, int64_t S_local, int64_t B);
 
 }  // namespace moecore::parallel

@@ -74,15 +74,7 @@ void ContextParallelAttention<T>::allocate(Arena& arena, const ops::AttentionSha
 
 template <typename T>
 void ContextParallelAttention<T>::positions(DevPtr<int32_t> pos_T) {
-  const int64_t B = local_.B, n = local_.S * B;
-  if (!cp_.active()) return ops::sequence_positions(*ex_, pos_T, n, B);
-  // The whole sequence's positions, then this rank's two chunks of them (rows are sequence-major,
-  // so a chunk of C positions is C * B consecutive tokens).
-  const ContextSplit sp = cp_.split(local_.S * cp_.size());
-  ops::sequence_positions(*ex_, positions_, n * cp_.size(), B);
-  for (int h = 0; h < 2; ++h) {
-    ops::copy<int32_t>(*ex_, pos_T + h * C_ * B, positions_ + sp.chunk_index(h) * C_ * B, C_ * B);
-  }
+  global_positions(*ex_, cp_, pos_T, positions_, local_.S, local_.B);
 }
 
 template <typename T>
