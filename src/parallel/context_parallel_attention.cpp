@@ -205,45 +205,56 @@ int64_t ContextParallelAttention<T>::ring_start(DevPtr<const T> k, DevPtr<const 
 }
 
 template <typename T>
+void ContextParallelAttention<T>::ring_post(int cur, int64_t local_elems, CommHandle& send,
+                                            CommHandle& recv) {
+  const int cp = cp_.size(), r = cp_.rank();
+  Communicator& comm = cp_.communicator();
+  const DType dt = DTypeOf<T>::value;
+  send.wait_on(*ex_);  // the buffer received into next has left
+  send = comm.send_async(kv_[cur], 2 * local_elems, dt, (r + 1) % cp, kTagKv);
+  recv = comm.recv_async(kv_[1 - cur], 2 * local_elems, dt, (r + cp - 1) % cp, kTagKv);
+}
+
+template <typename T>
+template <typename F>
+void ContextParallelAttention<T>::for_each_ring_block(int t, F&& f) const {
+  const int cp = cp_.size(), src = (cp_.rank() - t + cp) % cp;
+  for (int hq = 0; hq < 2; ++hq) {
+    const int64_t qc = block(hq, 0, 0).q_offset / C_;
+    for (int hk = 0; hk < 2; ++hk) {
+      const int64_t kc = hk == 0 ? src : 2 * cp - 1 - src;
+      if (kc > qc) continue;     // the keys follow every query: fully masked
+      f(hq, hk, block(hq, kc, C_));  // kc == qc: the causal diagonal
+    }
+  }
+}
+
+template <typename T>
 void ContextParallelAttention<T>::forward_p2p(DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q,
                                               DevPtr<const T> k, DevPtr<const T> v,
                                               const ops::AttentionDropout* drop) {
-  const int cp = cp_.size(), r = cp_.rank();
-  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  const int cp = cp_.size();
   const int64_t local_elems = ring_start(k, v);
-  const DType dt = DTypeOf<T>::value;
-  Communicator& comm = cp_.communicator();
   CommHandle send, recv;
   bool written[2] = {false, false};
   for (int t = 0; t < cp; ++t) {
     const int cur = t % 2;
     if (t > 0) recv.wait_on(*ex_);  // this step's K / V arrived
-    if (t + 1 < cp) {               // the next step's exchange, posted before this step's blocks
-      send.wait_on(*ex_);           // the buffer received into next has left
-      send = comm.send_async(kv_[cur], 2 * local_elems, dt, next, kTagKv);
-      recv = comm.recv_async(kv_[1 - cur], 2 * local_elems, dt, prev, kTagKv);
-    }
-    const int src = (r - t + cp) % cp;
-    for (int hq = 0; hq < 2; ++hq) {
-      const int64_t qc = block(hq, 0, 0).q_offset / C_;
-      for (int hk = 0; hk < 2; ++hk) {
-        const int64_t kc = hk == 0 ? src : 2 * cp - 1 - src;
-        if (kc > qc) continue;  // the keys follow every query: fully masked
-        const ops::AttentionShape b = block(hq, kc, C_);  // kc == qc: causal diagonal
-        DevPtr<const T> kb = kv_[cur] + hk * C_ * rk_, vb = kv_[cur] + local_elems + hk * C_ * rk_;
-        if (!written[hq]) {
-          ops::attention_forward(*ex_, out + hq * C_ * rq_, lse + hq * C_, q + hq * C_ * rq_, kb,
-                                 vb, b, workspace_, drop);
-          written[hq] = true;
-          continue;
-        }
-        ops::attention_forward(*ex_, out_blk_ + hq * C_ * rq_, lse_blk_ + hq * C_,
-                               q + hq * C_ * rq_, kb, vb, b, workspace_, drop);
-        ops::attention_merge(*ex_, out + hq * C_ * rq_, lse + hq * C_,
-                             DevPtr<const T>(out_blk_ + hq * C_ * rq_),
-                             DevPtr<const T>(lse_blk_ + hq * C_), b);
+    if (t + 1 < cp) ring_post(cur, local_elems, send, recv);  // before this step's blocks
+    for_each_ring_block(t, [&](int hq, int hk, const ops::AttentionShape& b) {
+      DevPtr<const T> kb = kv_[cur] + hk * C_ * rk_, vb = kv_[cur] + local_elems + hk * C_ * rk_;
+      if (!written[hq]) {
+        ops::attention_forward(*ex_, out + hq * C_ * rq_, lse + hq * C_, q + hq * C_ * rq_, kb, vb,
+                               b, workspace_, drop);
+        written[hq] = true;
+        return;
       }
-    }
+      ops::attention_forward(*ex_, out_blk_ + hq * C_ * rq_, lse_blk_ + hq * C_,
+                             q + hq * C_ * rq_, kb, vb, b, workspace_, drop);
+      ops::attention_merge(*ex_, out + hq * C_ * rq_, lse + hq * C_,
+                           DevPtr<const T>(out_blk_ + hq * C_ * rq_),
+                           DevPtr<const T>(lse_blk_ + hq * C_), b);
+    });
   }
   send.wait_on(*ex_);
 }
@@ -268,29 +279,18 @@ void ContextParallelAttention<T>::backward_p2p(DevPtr<T> dq, DevPtr<T> dk, DevPt
       recv.wait_on(*ex_);   // this step's K / V
       drecv.wait_on(*ex_);  // and their dK / dV summed by the ranks before
     }
-    if (t + 1 < cp) {
-      send.wait_on(*ex_);
-      send = comm.send_async(kv_[cur], 2 * local_elems, dt, next, kTagKv);
-      recv = comm.recv_async(kv_[1 - cur], 2 * local_elems, dt, prev, kTagKv);
-    }
-    const int src = (r - t + cp) % cp;
-    for (int hq = 0; hq < 2; ++hq) {
-      const int64_t qc = block(hq, 0, 0).q_offset / C_;
-      for (int hk = 0; hk < 2; ++hk) {
-        const int64_t kc = hk == 0 ? src : 2 * cp - 1 - src;
-        if (kc > qc) continue;
-        const ops::AttentionShape b = block(hq, kc, C_);
-        const int64_t ko = hk * C_ * rk_;
-        ops::attention_backward(*ex_, dq_blk_, dk_blk_, dv_blk_, dout + hq * C_ * rq_,
-                                q + hq * C_ * rq_, DevPtr<const T>(kv_[cur] + ko),
-                                DevPtr<const T>(kv_[cur] + local_elems + ko), out + hq * C_ * rq_,
-                                lse + hq * C_, b, workspace_, drop);
-        ops::add<T>(*ex_, dq + hq * C_ * rq_, dq + hq * C_ * rq_, dq_blk_, C_ * rq_);
-        ops::add<T>(*ex_, dkv_[cur] + ko, dkv_[cur] + ko, dk_blk_, C_ * rk_);
-        ops::add<T>(*ex_, dkv_[cur] + local_elems + ko, dkv_[cur] + local_elems + ko, dv_blk_,
-                    C_ * rk_);
-      }
-    }
+    if (t + 1 < cp) ring_post(cur, local_elems, send, recv);
+    for_each_ring_block(t, [&](int hq, int hk, const ops::AttentionShape& b) {
+      const int64_t ko = hk * C_ * rk_;
+      ops::attention_backward(*ex_, dq_blk_, dk_blk_, dv_blk_, dout + hq * C_ * rq_,
+                              q + hq * C_ * rq_, DevPtr<const T>(kv_[cur] + ko),
+                              DevPtr<const T>(kv_[cur] + local_elems + ko), out + hq * C_ * rq_,
+                              lse + hq * C_, b, workspace_, drop);
+      ops::add<T>(*ex_, dq + hq * C_ * rq_, dq + hq * C_ * rq_, dq_blk_, C_ * rq_);
+      ops::add<T>(*ex_, dkv_[cur] + ko, dkv_[cur] + ko, dk_blk_, C_ * rk_);
+      ops::add<T>(*ex_, dkv_[cur] + local_elems + ko, dkv_[cur] + local_elems + ko, dv_blk_,
+                  C_ * rk_);
+    });
     // dK / dV on to the next rank; after the last step's hop they are back with their owner.
     dsend.wait_on(*ex_);
     dsend = comm.send_async(dkv_[cur], 2 * local_elems, dt, next, kTagDkv);

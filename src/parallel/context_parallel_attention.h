@@ -68,6 +68,13 @@ class ContextParallelAttention {
                            DevPtr<const T> q, DevPtr<const T> k, DevPtr<const T> v,
                            DevPtr<const T> out, DevPtr<const T> lse,
                            const ops::AttentionDropout* drop);
+  // P2P: posts the next ring step's K / V exchange (send kv_[cur] on, receive into the other)
+  // once the previous send has left.
+  void ring_post(int cur, int64_t local_elems, CommHandle& send, CommHandle& recv);
+  // P2P: f(hq, hk, block shape) for each pair of local query chunk hq and ring step t's key
+  // chunk hk that is not fully masked, in the order both passes use.
+  template <typename F>
+  void for_each_ring_block(int t, F&& f) const;
   // P2P: this rank's K and V copied into the ring's first buffer; returns the elements of each.
   int64_t ring_start(DevPtr<const T> k, DevPtr<const T> v);
   void forward_p2p(DevPtr<T> out, DevPtr<T> lse, DevPtr<const T> q, DevPtr<const T> k,
