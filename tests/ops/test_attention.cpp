@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_problem.h"
 #include "common/testing.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -43,21 +44,7 @@ const AttentionShape kShapes[] = {
 };
 
 template <typename T>
-struct Problem {
-  AttentionShape s;
-  int64_t n_q, n_kv, n_lse;
-  std::vector<T> q, k, v, dout;
-  Problem(const AttentionShape& shape, uint32_t seed) : s(shape) {
-    n_q = s.S * s.B * s.Hq * s.D;
-    n_kv = s.S * s.B * s.Hkv * s.D;
-    n_lse = s.B * s.Hq * s.S;
-    // q, k in [-2, 2]: scores of O(1) so the softmax is neither flat nor one-hot.
-    q = random_vec<T>(n_q, seed, -2.0, 2.0);
-    k = random_vec<T>(n_kv, seed + 1, -2.0, 2.0);
-    v = random_vec<T>(n_kv, seed + 2);
-    dout = random_vec<T>(n_q, seed + 3);
-  }
-};
+using Problem = testing::AttentionProblem<T>;
 
 template <typename T>
 struct Results {

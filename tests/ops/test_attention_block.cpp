@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_problem.h"
 #include "common/testing.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -44,20 +45,7 @@ const DropoutCounters kCounters{4, 3};
 
 // The whole sequence [S, B, *, D] and its gradient seed.
 template <typename T>
-struct Whole {
-  AttentionShape s;
-  int64_t n_q, n_kv, n_lse;
-  std::vector<T> q, k, v, dout;
-  Whole(const AttentionShape& shape, uint32_t seed) : s(shape) {
-    n_q = s.S * s.B * s.Hq * s.D;
-    n_kv = s.S * s.B * s.Hkv * s.D;
-    n_lse = s.B * s.Hq * s.S;
-    q = random_vec<T>(n_q, seed, -2.0, 2.0);
-    k = random_vec<T>(n_kv, seed + 1, -2.0, 2.0);
-    v = random_vec<T>(n_kv, seed + 2);
-    dout = random_vec<T>(n_q, seed + 3);
-  }
-};
+using Whole = testing::AttentionProblem<T>;
 
 // How the keys of a query chunk are cut: a block per earlier chunk and the diagonal (the ring),
 // or one block of the whole prefix (all-gather).
