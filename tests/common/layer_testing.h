@@ -2,14 +2,42 @@
 // every parameter gradient against central finite differences.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "core/arena.h"
 #include "nn/param_registry.h"
+#include "ops/dropout.h"
 #include "testing.h"
 
 namespace moecore::testing {
+
+// n token ids (or targets) drawn uniformly from [0, V).
+inline std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& i : ids) i = static_cast<int32_t>(gen() % V);
+  return ids;
+}
+
+// Two micro-batches of n tokens, as the pipeline-composition tests feed the whole model and its
+// stages: ids and targets from fixed seeds, each micro-batch its own dropout counters.
+struct MicroBatches {
+  std::vector<std::vector<int32_t>> ids, targets;
+  std::vector<ops::DropoutCounters> counters;
+};
+inline MicroBatches two_micro_batches(int64_t n, int64_t V) {
+  MicroBatches m;
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    m.ids.push_back(random_ids(n, V, 30 + mb));
+    m.targets.push_back(random_ids(n, V, 40 + mb));
+    m.counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
+  }
+  return m;
+}
 
 // Plans the arena for the registry's parameters plus whatever `layer_buffers` allocates, and
 // initializes the parameters from `seed`.

@@ -17,6 +17,7 @@
 namespace moecore::model {
 
 using testing::host;
+using testing::random_ids;
 namespace {
 
 using testing::random_vec;
@@ -237,13 +238,6 @@ TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
         params, loss, [&] { block.backward(dx.data(), R.data(), 1.0); },
         {{x.data(), dx.data(), n * H, "dx"}}));
   }
-}
-
-std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& i : ids) i = static_cast<int32_t>(gen() % V);
-  return ids;
 }
 
 // Every parameter gradient of (mean CE + aux + z losses) against finite differences.
@@ -557,13 +551,7 @@ void expect_chunks_compose(bool tied) {
   GPTModel<double> last(cfg, B, 7, nullptr, false, cpu_exec(),
                         {parallel::VirtualStage{2, 2, 0, false, true}});
   EXPECT_EQ(last.tied_table() != nullptr, tied);
-  std::vector<std::vector<int32_t>> ids, targets;
-  std::vector<ops::DropoutCounters> counters;
-  for (uint32_t mb = 0; mb < 2; ++mb) {
-    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
-    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
-    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
-  }
+  auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
   std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
   std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
   const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {

@@ -19,6 +19,7 @@ namespace moecore::model {
 namespace {
 
 using testing::host;
+using testing::random_ids;
 
 ModelConfig mtp_config(int64_t depths) {
   ModelConfig cfg;
@@ -42,13 +43,6 @@ ModelConfig mtp_config(int64_t depths) {
   cfg.mtp_num_layers = depths;
   cfg.mtp_loss_scaling_factor = 0.3;
   return cfg;
-}
-
-std::vector<int32_t> random_ids(int64_t n, int64_t V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& i : ids) i = static_cast<int32_t>(gen() % V);
-  return ids;
 }
 
 // The training loss (mean CE + the depths' scaled mean CEs) plus the routers' aux and z terms.
@@ -302,13 +296,7 @@ void expect_chunks_compose(bool tied) {
   EXPECT_TRUE(last.shared_embedding()->spec.pipeline_copy);
   EXPECT_EQ(first.shared_embedding(), &first.params().get("embedding.word_embeddings.weight"));
   EXPECT_EQ(last.params().find("output_layer.weight") != nullptr, !tied);
-  std::vector<std::vector<int32_t>> ids, targets;
-  std::vector<ops::DropoutCounters> counters;
-  for (uint32_t mb = 0; mb < 2; ++mb) {
-    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
-    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
-    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
-  }
+  auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
   targets[1][4] = -1;
   std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
   std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
@@ -405,13 +393,7 @@ void expect_standalone_mtp_composes(bool tied, const std::vector<parallel::Virtu
       EXPECT_EQ(part[i]->input_elems(0),
                 (stages[i].mtp_before ? 1 + D : 1) * part[i]->boundary_elems()) << i;
   }
-  std::vector<std::vector<int32_t>> ids, targets;
-  std::vector<ops::DropoutCounters> counters;
-  for (uint32_t mb = 0; mb < 2; ++mb) {
-    ids.push_back(random_ids(n, cfg.vocab_size, 30 + mb));
-    targets.push_back(random_ids(n, cfg.vocab_size, 40 + mb));
-    counters.push_back(ops::DropoutCounters{1, 2 * static_cast<int64_t>(mb)});
-  }
+  auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
   targets[1][4] = -1;
   std::vector<ops::MicroBatchReport> rw(2);
   std::vector<int64_t> tw(2 * E);
