@@ -87,8 +87,8 @@ DeviceAssignment assign_node_devices(const NodeDevices& node) {
         "when it sees at least as many devices as the node runs processes, or its one device when "
         "it sees exactly one. Run at most {} processes on this node (mpirun -np <GPUs per node x "
         "nodes>), or give each process its own GPU with CUDA_VISIBLE_DEVICES",
-        node.host, n, rank_list(all), rank_list(too_few), too_few.size() == 1 ? "s" : "",
-        fewest, describe_views(node), fewest);
+        node.host, n, rank_list(all), rank_list(too_few), too_few.size() == 1 ? "s" : "", fewest,
+        describe_views(node), fewest);
     return a;
   }
   std::vector<int> ordinals(static_cast<size_t>(n));
@@ -135,11 +135,11 @@ void select_device(const Runtime& rt, Device device, std::ostream& log) {
   const int ordinal = a.ordinals[static_cast<size_t>(local_rank)];
   cuda_select_device(ordinal);
   const CudaDeviceId& d = visible[static_cast<size_t>(ordinal)];
-  const std::string line =
-      fmt::format("[device] rank {} on node '{}' (node-local rank {} of {}): CUDA device {} of {} "
-                  "visible, {} ({}, PCI {})",
-                  rt.rank, node.host, local_rank, node.ranks.size(), ordinal, visible.size(),
-                  d.name, d.uuid, d.pci_bus_id);
+  const std::string line = fmt::format(
+      "[device] rank {} on node '{}' (node-local rank {} of {}): CUDA device {} of {} "
+      "visible, {} ({}, PCI {})",
+      rt.rank, node.host, local_rank, node.ranks.size(), ordinal, visible.size(), d.name, d.uuid,
+      d.pci_bus_id);
   for (const std::string& l : gather_lines_on_rank0(line)) log << l << "\n";
   log.flush();
 }

@@ -46,8 +46,8 @@ std::vector<std::string> gather_text(MPI_Comm comm, const std::string& text, int
                                  offsets.data(), MPI_CHAR, comm),
                   "[device] {}: MPI_Allgatherv", what);
   } else {
-    MOE_CHECK_MPI(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(),
-                              offsets.data(), MPI_CHAR, root, comm),
+    MOE_CHECK_MPI(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
+                              MPI_CHAR, root, comm),
                   "[device] {}: MPI_Gatherv", what);
     if (rank != root) return {};
   }
@@ -92,9 +92,9 @@ NodeDevices gather_node_devices(const RankDevices& mine, int* local_rank) {
   MOE_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "[device] MPI_Comm_rank");
   // Keyed by the world rank: node-local ranks follow the world's order on each node.
   MPI_Comm shm = MPI_COMM_NULL;
-  MOE_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank,
-                                    MPI_INFO_NULL, &shm),
-                "[device] MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the processes of this node");
+  MOE_CHECK_MPI(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &shm),
+      "[device] MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the processes of this node");
   MOE_CHECK_MPI(MPI_Comm_set_errhandler(shm, MPI_ERRORS_RETURN),
                 "[device] MPI_Comm_set_errhandler");
   MOE_CHECK_MPI(MPI_Comm_rank(shm, local_rank), "[device] MPI_Comm_rank of the node");

@@ -10,6 +10,8 @@ NodeDevices gather_node_devices(const RankDevices& mine, int* local_rank) {
   return node;
 }
 
-std::vector<std::string> gather_lines_on_rank0(const std::string& line) { return {line}; }
+std::vector<std::string> gather_lines_on_rank0(const std::string& line) {
+  return {line};
+}
 
 }  // namespace moecore::parallel

@@ -85,11 +85,11 @@ TEST(DeviceAssignment, MoreProcessesThanDevicesIsRefused) {
   const DeviceAssignment a = assign_node_devices(node_of(3, 2, /*first_rank=*/3));
   ASSERT_FALSE(a.ok());
   EXPECT_TRUE(a.ordinals.empty());
-  expect_contains(a.error, {"[device] node 'gpu-node-7' runs 3 processes", "(ranks 3, 4, 5)",
-                            "only 2 CUDA devices",
-                            "ranks 3, 4, 5 see 2 devices each (0: " + uuid(0) + ", 1: " +
-                                uuid(1) + ")",
-                            "Run at most 2 processes on this node", "CUDA_VISIBLE_DEVICES"});
+  expect_contains(
+      a.error,
+      {"[device] node 'gpu-node-7' runs 3 processes", "(ranks 3, 4, 5)", "only 2 CUDA devices",
+       "ranks 3, 4, 5 see 2 devices each (0: " + uuid(0) + ", 1: " + uuid(1) + ")",
+       "Run at most 2 processes on this node", "CUDA_VISIBLE_DEVICES"});
 }
 
 TEST(DeviceAssignment, OneRankWithTooFewDevicesIsRefused) {
@@ -104,11 +104,11 @@ TEST(DeviceAssignment, PinnedProcessesOnOneGpuAreRefused) {
   // Both given CUDA_VISIBLE_DEVICES=1, or a node of one GPU with two processes.
   const DeviceAssignment a = assign_node_devices(node_seeing({{1}, {1}}, /*first_rank=*/4));
   ASSERT_FALSE(a.ok());
-  expect_contains(a.error, {"[device] node 'gpu-node-7': ranks 4, 5 would share the same GPU " +
-                                uuid(1),
-                            "rank 4 as its device 0, rank 5 as its device 0",
-                            "ranks 4, 5 see 1 device each (0: " + uuid(1) + ")",
-                            "CUDA_VISIBLE_DEVICES", "fewer processes on this node"});
+  expect_contains(a.error,
+                  {"[device] node 'gpu-node-7': ranks 4, 5 would share the same GPU " + uuid(1),
+                   "rank 4 as its device 0, rank 5 as its device 0",
+                   "ranks 4, 5 see 1 device each (0: " + uuid(1) + ")", "CUDA_VISIBLE_DEVICES",
+                   "fewer processes on this node"});
 }
 
 TEST(DeviceAssignment, DifferentOrdinalsOfOneGpuAreRefused) {

@@ -47,7 +47,9 @@ int physical_devices() {
 }
 
 // Physical device p's identity: the same in every process of the node, as a GPU's is.
-std::string emu_uuid(int p) { return fmt::format("GPU-e0000000-0000-4000-8000-{:012x}", p); }
+std::string emu_uuid(int p) {
+  return fmt::format("GPU-e0000000-0000-4000-8000-{:012x}", p);
+}
 
 std::string trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -103,7 +105,9 @@ void touch_context() {
 }
 }  // namespace
 
-bool cuda_built() { return true; }
+bool cuda_built() {
+  return true;
+}
 
 DeviceInfo cuda_device_info() {
   const int n = static_cast<int>(visible_physical().size());
@@ -145,7 +149,9 @@ void cuda_select_device(int ordinal) {
   g_context = ordinal;
 }
 
-int cuda_current_device() { return g_current; }
+int cuda_current_device() {
+  return g_current;
+}
 
 Exec make_cuda_exec() {
   const DeviceInfo info = cuda_device_info();
@@ -163,7 +169,9 @@ void* cuda_alloc(const Exec&, MemSpace space, size_t bytes) {
   return emu::device_alloc(bytes, space == MemSpace::PinnedHost);
 }
 
-void cuda_free(const Exec&, MemSpace, void* p) { emu::device_free(p); }
+void cuda_free(const Exec&, MemSpace, void* p) {
+  emu::device_free(p);
+}
 
 void cuda_synchronize(const Exec&) {}  // every launch and copy has finished when it returns
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -55,9 +56,9 @@ TEST(DeviceSelectMpi, EachRankTakesTheDeviceOfItsNodeLocalRank) {
   EXPECT_EQ(cuda_current_device(), g_rt.rank);
   EXPECT_EQ(cuda_visible_devices().at(cuda_current_device()).uuid, emu_uuid(g_rt.rank));
   if (g_rt.rank == 0) {
-    expect_contains(log.str(), {"[device] rank 0 on node '", "CUDA device 0 of 2 visible",
-                                "[device] rank 1 on node '", "CUDA device 1 of 2 visible",
-                                emu_uuid(1)});
+    expect_contains(log.str(),
+                    {"[device] rank 0 on node '", "CUDA device 0 of 2 visible",
+                     "[device] rank 1 on node '", "CUDA device 1 of 2 visible", emu_uuid(1)});
   } else {
     EXPECT_EQ(log.str(), "");  // rank 0 alone writes the lines
   }
@@ -152,7 +153,8 @@ TEST(EmuDevice, SelectingAfterAContextExistsIsRefused) {
     error = e.what();
   }
   expect_contains(error, {"[device] selecting device 1 after a CUDA context was created on "
-                          "device 0", "select the device first"});
+                          "device 0",
+                          "select the device first"});
   EXPECT_EQ(cuda_current_device(), 0);
   cuda_select_device(0);
   // And an ordinal this process does not see.
