@@ -4,8 +4,9 @@
 # the others are reported as not run, naming the op without a kernel), and `moecore train
 # --device cuda` on the tiny model against --device cpu, bitwise run to run.
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
-# and its targets test_backend and moecore built: MOECORE_BUILD_DIR=build-emu
-# MOECORE_BUILD_TARGETS="moecore test_backend" bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
+# and its targets test_backend, test_device_select_mpi and moecore built:
+# MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi"
+# bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-emu}
@@ -66,6 +67,17 @@ for i in "${!runs[@]}"; do
   cat "$dir/emu-cuda-train-$i.log"
   [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
+# Device selection under mpirun (tests/CMakeLists.txt, label device_select): ranks on a node of
+# emulated devices take the GPU of their node-local rank, or their one device; 3 ranks on 2
+# devices and two ranks on one GPU are refused with the message, the trainer's run included.
+if command -v mpirun > /dev/null 2>&1; then
+  if [ -x "$dir/tests/test_device_select_mpi" ]; then
+    ctest --test-dir "$dir" -L device_select --output-on-failure || rc=1
+  else
+    echo "[emu-cuda] FAIL: $dir/tests/test_device_select_mpi is not built (build its target too)"
+    rc=1
+  fi
+fi
 # More than one process with --device cuda is refused before step 0, naming the count (the
 # trainer's collectives are MPI's, which move host memory).
 if command -v mpirun > /dev/null 2>&1; then

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "parallel/device_assignment.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
 #include "cli/train_flags.h"
@@ -137,6 +138,8 @@ Subcommand add_eval_command(CLI::App& app) {
         TrainConfig tc = flags.train;
         tc.ckpt = CheckpointConfig{};  // eval loads below and never saves
         const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
+        // Each process's GPU, before anything creates a CUDA context.
+        parallel::select_device(rt, parse_device(flags.train.device), std::cout);
         parallel::ProcessGroups groups =
             parallel::init_process_groups(flags.parallel, rt, model_dims(flags.model));
         Trainer trainer(flags.model, tc, &groups);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "parallel/device_assignment.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
 #include "cli/train_flags.h"
@@ -47,6 +48,8 @@ Subcommand add_train_command(CLI::App& app) {
                           isatty(STDOUT_FILENO) != 0 && !parallel::started_by_launcher();
                       // MPI is up already (apps/moecore.cpp); this returns the same runtime.
                       const parallel::Runtime rt = parallel::runtime_init(nullptr, nullptr);
+                      // Each process's GPU, before anything creates a CUDA context.
+                      parallel::select_device(rt, parse_device(flags.train.device), std::cout);
                       parallel::ProcessGroups groups = parallel::init_process_groups(
                           flags.parallel, rt, model_dims(flags.model));
                       Trainer trainer(flags.model, flags.train, &groups);

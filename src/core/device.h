@@ -2,9 +2,9 @@
 // kernels for the CUDA backend live in ops/cuda/ and slot in behind the same op headers.
 #pragma once
 
-#include <string>
-
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/exec.h"
 #include "core/profiler.h"
@@ -21,6 +21,26 @@ struct DeviceInfo {
 // not a macro, so only the CUDA translation units differ between the CPU and CUDA builds.
 bool cuda_built();
 DeviceInfo cuda_device_info();
+
+// One CUDA device as this process sees it: its ordinal is its place among the devices that
+// CUDA_VISIBLE_DEVICES leaves visible (the runtime applies the variable), while the UUID and the
+// PCI bus id name the physical GPU, whatever ordinal it has in this or another process.
+struct CudaDeviceId {
+  std::string name;
+  std::string uuid;        // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints
+  std::string pci_bus_id;  // "0000:3b:00.0"
+};
+// The devices visible to this process, in ordinal order, read from the runtime's device
+// properties without creating a context on any of them; empty when none is (cuda_device_info
+// says why) or without the CUDA build.
+std::vector<CudaDeviceId> cuda_visible_devices();
+// Makes `ordinal` this process's device (cudaSetDevice, which creates its context): every later
+// stream, allocation and library handle lives there. Call it before anything else touches CUDA:
+// a context made earlier stays on device 0, taking memory there on every process of the node
+// (the emulated device refuses it). Without the CUDA build: an error.
+void cuda_select_device(int ordinal);
+// The device this process's CUDA work goes to (cudaGetDevice; 0 until one is selected).
+int cuda_current_device();
 // A CUDA execution context on the current device with its own stream (the CUDA build);
 // without it, or without a visible device, an error saying which and the fix.
 Exec make_cuda_exec();

@@ -1,7 +1,9 @@
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,50 @@ DeviceInfo cuda_device_info() {
   }
   if (n == 0) info.description = "CUDA built in, but no device is visible";
   return info;
+}
+
+namespace {
+// nvidia-smi's spelling of a UUID: "GPU-" then 8-4-4-4-12 hex digits.
+std::string format_uuid(const cudaUUID_t& uuid) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
+    out += hex;
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<CudaDeviceId> cuda_visible_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return {};
+  std::vector<CudaDeviceId> out;
+  for (int i = 0; i < n; ++i) {
+    // Properties come from the driver: no context is created on device i.
+    cudaDeviceProp prop{};
+    const cudaError_t err = cudaGetDeviceProperties(&prop, i);
+    MOE_CHECK(err == cudaSuccess, "[device] the properties of CUDA device {}: {}", i,
+              cudaGetErrorString(err));
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID,
+                  prop.pciDeviceID);
+    out.push_back(CudaDeviceId{prop.name, format_uuid(prop.uuid), bus});
+  }
+  return out;
+}
+
+void cuda_select_device(int ordinal) {
+  const cudaError_t err = cudaSetDevice(ordinal);
+  MOE_CHECK(err == cudaSuccess, "[device] cudaSetDevice({}): {}", ordinal, cudaGetErrorString(err));
+}
+
+int cuda_current_device() {
+  int d = 0;
+  const cudaError_t err = cudaGetDevice(&d);
+  MOE_CHECK(err == cudaSuccess, "[device] cudaGetDevice: {}", cudaGetErrorString(err));
+  return d;
 }
 
 Exec make_cuda_exec() {

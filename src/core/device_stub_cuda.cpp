@@ -9,6 +9,14 @@ DeviceInfo cuda_device_info() {
   return DeviceInfo{false, 0, "CUDA unavailable: moecore was built without -DMOECORE_CUDA=ON"};
 }
 
+std::vector<CudaDeviceId> cuda_visible_devices() { return {}; }
+
+void cuda_select_device(int ordinal) {
+  MOE_FAIL("[device] selecting CUDA device {}: this moecore was built without CUDA", ordinal);
+}
+
+int cuda_current_device() { return 0; }
+
 Exec make_cuda_exec() {
   MOE_FAIL(
       "[exec] --device cuda: this moecore was built without CUDA; rebuild with "

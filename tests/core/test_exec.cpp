@@ -42,6 +42,18 @@ TEST(Exec, CudaWithoutTheBuildIsAClearError) {
   EXPECT_NE(why.find("built without CUDA (-DMOECORE_CUDA=ON)"), std::string::npos) << why;
 }
 
+// Device selection (parallel/device_assignment.h) without the CUDA build: no device to list, and
+// selecting one says why.
+TEST(Exec, CudaDeviceSelectionWithoutTheBuild) {
+  if (cuda_built()) GTEST_SKIP() << "not run: this build has CUDA devices";
+  EXPECT_TRUE(cuda_visible_devices().empty());
+  const std::string error = error_of([] { cuda_select_device(0); });
+  EXPECT_NE(error.find("selecting CUDA device 0: this moecore was built without CUDA"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(cuda_current_device(), 0);
+}
+
 // The CPU build compiles the kernels too (ops/cuda_kernels.h) but has no device to run them on:
 // a CUDA context reaching an op's switch (only a test can make one here) never falls back to the
 // CPU silently: the launch throws naming the kernel, and nothing is written.
