@@ -9,6 +9,7 @@
 // - The strict rules: a kernel or copy that touches a receive buffer before the collective
 //   completed is a missing wait; one that writes a send buffer is a reuse too early; a host or
 //   pinned buffer handed to a collective is refused; each error names the collective and group.
+// - A wait past the timeout names the group and the call and aborts (one process, its own entry).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -419,6 +420,22 @@ TEST(EmuNcclStrict, HostBuffersAreRefused) {
   exec_free(g_ex, MemSpace::PinnedHost, pinned);
   // The same calls on device buffers still run in step on every rank.
   nccl().barrier();
+}
+
+// A wait past the timeout names the group, the call and the limit, and ends the process: a
+// receive from itself that no send matches, on a communicator of one bootstrapped by a local one
+// (one process: the ctest entry emu_nccl_timeout runs this case alone, without mpirun).
+void wait_past_the_timeout() {
+  auto boot = make_local_communicator("pp", 0);
+  auto comm = make_nccl_communicator(*boot, g_ex, 0.3);
+  Dev<float> in(4);
+  comm->recv(in.span(), 0);
+}
+
+TEST(EmuNcclTimeout, AWaitPastTheTimeoutNamesTheGroupAndTheCall) {
+  EXPECT_DEATH(wait_past_the_timeout(),
+               "timeout: rank 0 of 1 in group 'pp' \\(world rank 0\\) waited 0\\.[3-9] s in recv "
+               "on the emulated NCCL, over the 0\\.3 s limit");
 }
 
 }  // namespace
