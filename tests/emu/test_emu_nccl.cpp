@@ -5,7 +5,8 @@
 //   values, bitwise: f32, f64, i32, i64 and bf16 (reduced in f32, rounded once), sum and max,
 //   even and uneven counts, zero counts, the in-place forms, all-to-all-v, every broadcast root,
 //   send / recv in both directions and to itself, posted before any wait (no deadlock).
-// - Several collectives in flight at once, completed in reverse order, by test() or wait_on().
+// - Several collectives in flight at once, completed in reverse order, by test() or wait_on();
+//   under the sync audit, wait_on is no host sync and the communicator's work no allocation.
 // - The strict rules: a kernel or copy that touches a receive buffer before the collective
 //   completed is a missing wait; one that writes a send buffer is a reuse too early; a host or
 //   pinned buffer handed to a collective is refused; each error names the collective and group.
@@ -23,6 +24,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/exec.h"
+#include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
 #include "ops/cast.h"
 #include "ops/memory.h"
@@ -321,6 +323,32 @@ TEST(EmuNccl, ManyInFlightCompletedInAnyOrder) {
   expect_bitwise(da.get(), want_a, "all_reduce in flight");
   expect_bitwise(dbr.get(), want_b, "reduce_scatter in flight");
   expect_bitwise(dcr.get(), want_c, "all_gather in flight");
+}
+
+// Under the sync audit a collective completed by wait_on is neither an allocation nor a host
+// sync (as on a GPU, where the reader's stream waits for it; the emulated NCCL's own work is the
+// device's); wait() is a host sync, which the audit reports.
+TEST(EmuNccl, WaitOnIsNoHostSyncForTheAudit) {
+  const int64_t n = 32;
+  Dev<float> d(n);
+  d.put(values<float>(n, 71));
+  nccl().all_reduce(d.span());  // the transport's request pool warmed, as after a first step
+  SyncAudit& audit = SyncAudit::instance();
+  audit.begin_step();
+  {
+    CommHandle h = nccl().all_reduce_async(d.span());
+    h.wait_on(g_ex);
+  }
+  EXPECT_NO_THROW(audit.end_step());
+  EXPECT_EQ(audit.allocations(), 0);
+  // Not even the MPI backend's documented host wait: on a GPU the stream waits, not the host.
+  EXPECT_EQ(audit.documented_syncs().count(SyncAudit::kHostCommWait), 0u);
+  audit.begin_step();
+  {
+    CommHandle h = nccl().all_reduce_async(d.span());
+    h.wait();
+  }
+  EXPECT_THROW(audit.end_step(), Error);
 }
 
 // ---- the strict rules ----

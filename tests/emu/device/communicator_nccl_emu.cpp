@@ -162,41 +162,51 @@ class EmuNcclCommunicator final : public Communicator {
   }
 
  protected:
+  // Each plan is built under the audit's pause too: NCCL's work (the real backend builds the same
+  // plans per call on the heap: docs/gpu.md).
   CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
+    const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_reduce(count, dt, red_op(op)), data, data, dt, "all_reduce",
                Args{"data", "data"});
   }
   CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
                                 bool equal, DType dt) override {
+    const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
                equal ? "all_gather" : "all_gather_v", Args{"send", "recv"});
   }
   CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
                                     bool equal, DType dt, ReduceOp op) override {
+    const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
                dt, equal ? "reduce_scatter" : "reduce_scatter_v", Args{"send", "recv"});
   }
   CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
                                 void* recv, std::span<const int64_t> recv_counts,
                                 DType dt) override {
+    const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
                "all_to_all_v", Args{"send", "recv"});
   }
   CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
+    const SyncAudit::Paused library_work;
     // The root's data is only read.
     return run(ops::desc::nccl_broadcast(count, dt, root), data, data, dt, "broadcast",
                Args{"data", "data", rank_ == root});
   }
   // NCCL has no tags: a pair's messages match in the order they were posted.
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
+    const SyncAudit::Paused library_work;
     return run(p2p(NcclKind::Send, count, dt, dst), data, nullptr, dt, "send",
                Args{"data", "data"});
   }
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
+    const SyncAudit::Paused library_work;
     return run(p2p(NcclKind::Recv, count, dt, src), nullptr, data, dt, "recv",
                Args{"data", "data"});
   }
   CommHandle start_barrier() override {
+    const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_reduce(1, DType::I32, NcclRedOp::Sum), barrier_, barrier_,
                DType::I32, "barrier", Args{"data", "data"});
   }
