@@ -466,6 +466,29 @@ TEST(EmuNcclTimeout, AWaitPastTheTimeoutNamesTheGroupAndTheCall) {
                "on the emulated NCCL, over the 0\\.3 s limit");
 }
 
+// Send and recv may overlap only in NCCL's in-place forms: anything else is undefined on NCCL
+// and refused before anything is posted (so the ranks stay in step).
+TEST(EmuNcclStrict, OverlapOutsideTheInPlaceFormsIsRefused) {
+  const int g = size();
+  const int64_t n = 6;
+  Dev<float> buf(n * g + 1);
+  const std::span<float> all = buf.span();
+  // all-gather: send one element past this rank's slot.
+  expect_error([&] { nccl().all_gather(all.subspan(rank() * n + 1, n), all.subspan(0, n * g)); },
+               {"all_gather on group 'world'", "overlap outside NCCL's in-place form",
+                "send = recv + this rank's offset"},
+               "all_gather shifted by one");
+  // reduce-scatter: recv one element past this rank's slot of send.
+  expect_error([&] { nccl().reduce_scatter(all.subspan(0, n * g), all.subspan(rank() * n + 1, n)); },
+               {"reduce_scatter on group 'world'", "overlap outside NCCL's in-place form",
+                "recv = send + this rank's offset"},
+               "reduce_scatter shifted by one");
+  const std::vector<int64_t> counts(g, 1);
+  expect_error([&] { nccl().all_to_all_v(all.subspan(0, g), counts, all.subspan(1, g), counts); },
+               {"all_to_all_v on group 'world'", "no overlap at all"}, "all_to_all_v overlapping");
+  nccl().barrier();
+}
+
 }  // namespace
 }  // namespace moecore::parallel
 

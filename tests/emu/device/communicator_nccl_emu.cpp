@@ -20,7 +20,8 @@
 // Strict mode (the emulated device's default, device_memory_emu.h): every buffer must be a device
 // allocation; the receive range is inaccessible and the send range read-only to kernels, copies
 // and sets until the collective completes; the collective itself is checked against the others
-// in flight (it reads its send range and writes its receive range as a kernel would).
+// in flight (it reads its send range and writes its receive range as a kernel would). Send and
+// recv may overlap only in NCCL's in-place forms (nccl_desc.h), in every mode.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -173,20 +174,22 @@ class EmuNcclCommunicator final : public Communicator {
                                 bool equal, DType dt) override {
     const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
-               equal ? "all_gather" : "all_gather_v", Args{"send", "recv"});
+               equal ? "all_gather" : "all_gather_v",
+               Args{"send", "recv", false, InPlace::Gather, offset_of(counts)});
   }
   CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
                                     bool equal, DType dt, ReduceOp op) override {
     const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
-               dt, equal ? "reduce_scatter" : "reduce_scatter_v", Args{"send", "recv"});
+               dt, equal ? "reduce_scatter" : "reduce_scatter_v",
+               Args{"send", "recv", false, InPlace::Scatter, offset_of(counts)});
   }
   CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
                                 void* recv, std::span<const int64_t> recv_counts,
                                 DType dt) override {
     const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
-               "all_to_all_v", Args{"send", "recv"});
+               "all_to_all_v", Args{"send", "recv", false, InPlace::None});
   }
   CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
     const SyncAudit::Paused library_work;
@@ -213,11 +216,26 @@ class EmuNcclCommunicator final : public Communicator {
 
  private:
   // The arguments' names in errors; recv_read_only: the root of a broadcast only reads its data.
+  // in_place: NCCL's one overlap of send and recv the collective allows (any other is undefined
+  // on NCCL, and refused here).
+  enum class InPlace : uint8_t {
+    None,     // all-to-all-v: none
+    Same,     // all-reduce, broadcast: send == recv
+    Gather,   // all-gather(v): send == recv + (the counts of the ranks before this one)
+    Scatter,  // reduce-scatter(v): recv == send + (the counts of the ranks before this one)
+  };
   struct Args {
     const char* send;
     const char* recv;
     bool recv_read_only = false;
+    InPlace in_place = InPlace::Same;
+    int64_t offset = 0;  // Gather / Scatter: this rank's offset, elements
   };
+  int64_t offset_of(std::span<const int64_t> counts) const {
+    int64_t off = 0;
+    for (int r = 0; r < rank_; ++r) off += counts[r];
+    return off;
+  }
 
   static NcclRedOp red_op(ReduceOp op) {
     return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max;
@@ -291,6 +309,21 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
   const char* lo = nullptr;  // the device address of host element 0 (overlapping ranges)
   const bool overlap = se > 0 && re > 0 && sdev < rdev + recv_bytes && rdev < sdev + send_bytes;
   if (overlap) {
+    const auto at = [es](const char* base, int64_t off) { return base + off * static_cast<int64_t>(es); };
+    const bool nccl_form =
+        (args.in_place == InPlace::Same && sdev == rdev) ||
+        (args.in_place == InPlace::Gather && sdev == at(rdev, args.offset)) ||
+        (args.in_place == InPlace::Scatter && rdev == at(sdev, args.offset));
+    MOE_CHECK(nccl_form,
+              "[comm] {} on group '{}' (emulated NCCL, rank {} of {}): send ({}, {} elements) and "
+              "recv ({}, {} elements) overlap outside NCCL's in-place form, which is undefined on "
+              "NCCL: pass separate buffers, or {}",
+              call, name_, rank_, size(), static_cast<const void*>(sdev), se,
+              static_cast<const void*>(rdev), re,
+              args.in_place == InPlace::Gather    ? "send = recv + this rank's offset"
+              : args.in_place == InPlace::Scatter ? "recv = send + this rank's offset"
+              : args.in_place == InPlace::Same    ? "the same buffer"
+                                                  : "no overlap at all (all-to-all-v)");
     lo = std::min<const char*>(sdev, rdev);
     const char* hi = std::max(sdev + send_bytes, static_cast<const char*>(rdev) + recv_bytes);
     MOE_CHECK((sdev - lo) % static_cast<ptrdiff_t>(es) == 0 &&
