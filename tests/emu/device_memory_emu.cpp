@@ -214,15 +214,17 @@ const Pending* conflict(const State& s, uintptr_t lo, uintptr_t hi, bool writes)
 
 [[noreturn]] void report_conflict(std::string_view who, const Pending& p) {
   if (p.use == PendingUse::Recv) {
-    MOE_FAIL("[emu] {} touches the receive buffer of {} (bytes [{:#x}, {:#x})) before the "
-             "collective completed: a missing wait. Complete it first (CommHandle::wait, "
-             "wait_on(ex) before the ops that read it, or a test() that returned true)",
-             who, p.what, p.lo, p.hi);
+    MOE_FAIL(
+        "[emu] {} touches the receive buffer of {} (bytes [{:#x}, {:#x})) before the "
+        "collective completed: a missing wait. Complete it first (CommHandle::wait, "
+        "wait_on(ex) before the ops that read it, or a test() that returned true)",
+        who, p.what, p.lo, p.hi);
   }
-  MOE_FAIL("[emu] {} writes into the send buffer of {} (bytes [{:#x}, {:#x})): send buffer "
-           "reused before the collective completed. Wait for the collective (CommHandle::wait "
-           "or wait_on) before writing its send buffer",
-           who, p.what, p.lo, p.hi);
+  MOE_FAIL(
+      "[emu] {} writes into the send buffer of {} (bytes [{:#x}, {:#x})): send buffer "
+      "reused before the collective completed. Wait for the collective (CommHandle::wait "
+      "or wait_on) before writing its send buffer",
+      who, p.what, p.lo, p.hi);
 }
 
 }  // namespace
@@ -285,8 +287,8 @@ void check_collective_buffer(const std::string& call, const char* arg, const voi
   if (s.mode != DeviceMemoryMode::Strict) return;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const auto* r = find_region(s, a);
-  const char* what = r == nullptr          ? "host memory"
-                     : r->second.pinned    ? "pinned host memory"
+  const char* what = r == nullptr       ? "host memory"
+                     : r->second.pinned ? "pinned host memory"
                      : a + bytes > r->first + r->second.bytes
                          ? "a range running past the end of its device allocation"
                          : nullptr;

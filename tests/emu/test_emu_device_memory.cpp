@@ -178,16 +178,21 @@ void pending_ranges() {
       ++fails;
     }
   };
-  error("kernel reads the recv range", [&] { ops::cuda::add<float>(nullptr, y, a + 10, b, 4); },
-        "missing wait");
-  error("kernel writes the recv range", [&] { ops::cuda::add<float>(nullptr, a + 23, y, y, 1); },
-        "all_reduce on group 'tp'");
-  error("kernel writes the send range", [&] { ops::cuda::add<float>(nullptr, b + 5, y, y, 4); },
-        "send buffer reused before the collective completed");
-  error("copy overlapping the recv range", [&] { ops::cuda::copy_bytes(nullptr, y, a, bytes); },
-        "missing wait");
-  error("set inside the send range", [&] { ops::cuda::zero_bytes(nullptr, b + 60, 16); },
-        "all_gather on group 'dp'");
+  error(
+      "kernel reads the recv range", [&] { ops::cuda::add<float>(nullptr, y, a + 10, b, 4); },
+      "missing wait");
+  error(
+      "kernel writes the recv range", [&] { ops::cuda::add<float>(nullptr, a + 23, y, y, 1); },
+      "all_reduce on group 'tp'");
+  error(
+      "kernel writes the send range", [&] { ops::cuda::add<float>(nullptr, b + 5, y, y, 4); },
+      "send buffer reused before the collective completed");
+  error(
+      "copy overlapping the recv range", [&] { ops::cuda::copy_bytes(nullptr, y, a, bytes); },
+      "missing wait");
+  error(
+      "set inside the send range", [&] { ops::cuda::zero_bytes(nullptr, b + 60, 16); },
+      "all_gather on group 'dp'");
   fine("kernel reads the send range", [&] { ops::cuda::add<float>(nullptr, y, b, b, n); });
   fine("copy beside the recv range", [&] { ops::cuda::copy_bytes(nullptr, y, a, 8 * 4); });
   fine("kernel past the recv range", [&] { ops::cuda::add<float>(nullptr, a + 24, y, y, 40); });
@@ -198,13 +203,20 @@ void pending_ranges() {
   // What a collective may be handed: device memory, whole.
   std::vector<float> host(4);
   auto* pinned = static_cast<float*>(emu::device_alloc(bytes, true));
-  error("host buffer", [&] { emu::check_collective_buffer("send on group 'pp'", "data", host.data(), 16); },
-        "argument 'data' (");
-  error("pinned buffer", [&] { emu::check_collective_buffer("send on group 'pp'", "data", pinned, 16); },
-        "is pinned host memory");
-  error("past the end", [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a + 60, 32); },
-        "running past the end of its device allocation");
-  fine("device buffer", [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a, bytes); });
+  error(
+      "host buffer",
+      [&] { emu::check_collective_buffer("send on group 'pp'", "data", host.data(), 16); },
+      "argument 'data' (");
+  error(
+      "pinned buffer",
+      [&] { emu::check_collective_buffer("send on group 'pp'", "data", pinned, 16); },
+      "is pinned host memory");
+  error(
+      "past the end",
+      [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a + 60, 32); },
+      "running past the end of its device allocation");
+  fine("device buffer",
+       [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a, bytes); });
   std::exit(fails);
 }
 

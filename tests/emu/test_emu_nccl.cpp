@@ -39,10 +39,18 @@ ProcessGroups* g_groups = nullptr;
 Exec g_ex;
 std::unique_ptr<Communicator> g_nccl;
 
-Communicator& mpi() { return g_groups->world().communicator(); }
-Communicator& nccl() { return *g_nccl; }
-int rank() { return mpi().rank(); }
-int size() { return mpi().size(); }
+Communicator& mpi() {
+  return g_groups->world().communicator();
+}
+Communicator& nccl() {
+  return *g_nccl;
+}
+int rank() {
+  return mpi().rank();
+}
+int size() {
+  return mpi().size();
+}
 
 // A device buffer of n elements, filled and read through ops::copy / ops::read_back.
 template <typename T>
@@ -87,7 +95,8 @@ std::vector<T> values(int64_t n, uint64_t seed) {
 }
 
 template <typename T>
-void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want,
+                    const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
@@ -254,12 +263,22 @@ void check_every_collective(uint64_t seed) {
   }
 }
 
-TEST(EmuNccl, CollectivesF32EqualMpiBitwise) { check_every_collective<float>(1); }
-TEST(EmuNccl, CollectivesF64EqualMpiBitwise) { check_every_collective<double>(2); }
-TEST(EmuNccl, CollectivesI32EqualMpiBitwise) { check_every_collective<int32_t>(3); }
-TEST(EmuNccl, CollectivesI64EqualMpiBitwise) { check_every_collective<int64_t>(4); }
+TEST(EmuNccl, CollectivesF32EqualMpiBitwise) {
+  check_every_collective<float>(1);
+}
+TEST(EmuNccl, CollectivesF64EqualMpiBitwise) {
+  check_every_collective<double>(2);
+}
+TEST(EmuNccl, CollectivesI32EqualMpiBitwise) {
+  check_every_collective<int32_t>(3);
+}
+TEST(EmuNccl, CollectivesI64EqualMpiBitwise) {
+  check_every_collective<int64_t>(4);
+}
 // bf16 reductions staged: widened to f32, reduced, rounded once (the MPI communicator's semantics).
-TEST(EmuNccl, CollectivesBf16EqualMpiBitwise) { check_every_collective<bf16>(5); }
+TEST(EmuNccl, CollectivesBf16EqualMpiBitwise) {
+  check_every_collective<bf16>(5);
+}
 
 // Point to point: each rank sends to its successor and its predecessor and to itself, and
 // receives from both and from itself, every message posted before any wait (the pipeline's and the
@@ -376,10 +395,14 @@ TEST(EmuNcclStrict, MissingWaitIsAnError) {
   data.put(values<float>(n, 41));
   CommHandle h = nccl().all_reduce_async(data.span());
   const std::vector<std::string> parts = {"missing wait", "all_reduce on group 'world'"};
-  expect_error([&] { ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(data.p), n); },
-               parts, "a kernel reading the receive buffer");
-  expect_error([&] { ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(data.p + 9), n - 9); },
-               parts, "a kernel reading inside the receive buffer");
+  expect_error(
+      [&] { ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(data.p), n); },
+      parts, "a kernel reading the receive buffer");
+  expect_error(
+      [&] {
+        ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(data.p + 9), n - 9);
+      },
+      parts, "a kernel reading inside the receive buffer");
   expect_error([&] { data.get(); }, parts, "a read-back of the receive buffer");
   expect_error([&] { ops::zero(g_ex, DevPtr<float>(data.p + 10), 4); }, parts,
                "a set inside the receive buffer");
@@ -399,11 +422,11 @@ TEST(EmuNcclStrict, EarlySendBufferReuseIsAnError) {
   CommHandle h = nccl().all_gather_async(send.span(), recv.span());
   const std::vector<std::string> parts = {"send buffer reused before the collective completed",
                                           "all_gather on group 'world'"};
-  expect_error([&] { ops::cast_bf16_to_f32(g_ex, DevPtr<float>(send.p), DevPtr<const bf16>(y.p), n); },
-               parts, "a kernel writing the send buffer");
+  expect_error(
+      [&] { ops::cast_bf16_to_f32(g_ex, DevPtr<float>(send.p), DevPtr<const bf16>(y.p), n); },
+      parts, "a kernel writing the send buffer");
   expect_error([&] { send.put(values<float>(n, 52)); }, parts, "a copy into the send buffer");
-  EXPECT_NO_THROW(
-      ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(send.p), n));
+  EXPECT_NO_THROW(ops::cast_f32_to_bf16(g_ex, DevPtr<bf16>(y.p), DevPtr<const float>(send.p), n));
   expect_error([&] { recv.get(); }, {"missing wait", "all_gather on group 'world'"},
                "a read-back of the receive buffer");
   while (!h.test()) {
@@ -479,10 +502,11 @@ TEST(EmuNcclStrict, OverlapOutsideTheInPlaceFormsIsRefused) {
                 "send = recv + this rank's offset"},
                "all_gather shifted by one");
   // reduce-scatter: recv one element past this rank's slot of send.
-  expect_error([&] { nccl().reduce_scatter(all.subspan(0, n * g), all.subspan(rank() * n + 1, n)); },
-               {"reduce_scatter on group 'world'", "overlap outside NCCL's in-place form",
-                "recv = send + this rank's offset"},
-               "reduce_scatter shifted by one");
+  expect_error(
+      [&] { nccl().reduce_scatter(all.subspan(0, n * g), all.subspan(rank() * n + 1, n)); },
+      {"reduce_scatter on group 'world'", "overlap outside NCCL's in-place form",
+       "recv = send + this rank's offset"},
+      "reduce_scatter shifted by one");
   const std::vector<int64_t> counts(g, 1);
   expect_error([&] { nccl().all_to_all_v(all.subspan(0, g), counts, all.subspan(1, g), counts); },
                {"all_to_all_v on group 'world'", "no overlap at all"}, "all_to_all_v overlapping");

@@ -40,7 +40,9 @@
 
 namespace moecore::parallel {
 
-bool nccl_built() { return true; }
+bool nccl_built() {
+  return true;
+}
 
 namespace {
 
@@ -55,16 +57,23 @@ using Clock = std::chrono::steady_clock;
 
 DType dtype_of_nccl(NcclDataType t) {
   switch (t) {
-    case NcclDataType::Float32: return DType::F32;
-    case NcclDataType::Bfloat16: return DType::BF16;
-    case NcclDataType::Float64: return DType::F64;
-    case NcclDataType::Int32: return DType::I32;
-    case NcclDataType::Int64: return DType::I64;
+    case NcclDataType::Float32:
+      return DType::F32;
+    case NcclDataType::Bfloat16:
+      return DType::BF16;
+    case NcclDataType::Float64:
+      return DType::F64;
+    case NcclDataType::Int32:
+      return DType::I32;
+    case NcclDataType::Int64:
+      return DType::I64;
   }
   MOE_FAIL("[comm] emulated NCCL: unknown NCCL data type {}", static_cast<int>(t));
 }
 
-ReduceOp reduce_op(NcclRedOp op) { return op == NcclRedOp::Sum ? ReduceOp::Sum : ReduceOp::Max; }
+ReduceOp reduce_op(NcclRedOp op) {
+  return op == NcclRedOp::Sum ? ReduceOp::Sum : ReduceOp::Max;
+}
 
 // A message of a rank to itself (NCCL allows it; the transport may not).
 struct SelfMessage {
@@ -92,16 +101,15 @@ class EmuNcclRequest final : public CommRequest {
 
   EmuNcclCommunicator* comm_;
   const char* call_;
-  std::vector<CommHandle> parts;                      // the transport's operations
-  std::vector<std::unique_ptr<SelfMessage>> self;     // this rank's messages to itself
-  std::vector<std::vector<int64_t>> counts;           // a Reduce's counts, alive while in flight
-  std::vector<unsigned char> host;                    // staging, in the calls' dtype
-  std::vector<unsigned char> bounce;                  // the bf16 bytes of a staged plan
-  char* recv_dev = nullptr;                           // the device range written back
-  int64_t recv_elems = 0, recv_at = 0;                // its extent and place in `host` (elements)
-  size_t recv_es = 0;                                 // the collective's element size
+  std::vector<CommHandle> parts;                   // the transport's operations
+  std::vector<std::unique_ptr<SelfMessage>> self;  // this rank's messages to itself
+  std::vector<unsigned char> host;                 // staging, in the calls' dtype
+  std::vector<unsigned char> bounce;               // the bf16 bytes of a staged plan
+  char* recv_dev = nullptr;                        // the device range written back
+  int64_t recv_elems = 0, recv_at = 0;             // its extent and place in `host` (elements)
+  size_t recv_es = 0;                              // the collective's element size
   bool staged = false;
-  uint64_t tickets[2] = {0, 0};                       // the pending ranges (strict mode)
+  uint64_t tickets[2] = {0, 0};  // the pending ranges (strict mode)
   bool done = false;
 
  private:
@@ -115,8 +123,10 @@ class EmuNcclCommunicator final : public Communicator {
         ranks_(bootstrap.global_ranks()),
         rank_(bootstrap.rank()),
         timeout_s_(timeout_s) {
-    MOE_CHECK(ex.device == Device::CUDA, "[comm] group '{}': the NCCL communicator needs a CUDA "
-              "context, not {}", name_, device_name(ex.device));
+    MOE_CHECK(ex.device == Device::CUDA,
+              "[comm] group '{}': the NCCL communicator needs a CUDA "
+              "context, not {}",
+              name_, device_name(ex.device));
     MOE_CHECK(timeout_s > 0, "[comm] group '{}': the NCCL communicator's timeout {} s must be > 0",
               name_, timeout_s);
     transport_ = duplicate_communicator(bootstrap, "nccl:" + name_);
@@ -184,9 +194,8 @@ class EmuNcclCommunicator final : public Communicator {
                dt, equal ? "reduce_scatter" : "reduce_scatter_v",
                Args{"send", "recv", false, InPlace::Scatter, offset_of(counts)});
   }
-  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
-                                void* recv, std::span<const int64_t> recv_counts,
-                                DType dt) override {
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                std::span<const int64_t> recv_counts, DType dt) override {
     const SyncAudit::Paused library_work;
     return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
                "all_to_all_v", Args{"send", "recv", false, InPlace::None});
@@ -293,8 +302,8 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
   const bool strict = emu::device_memory_mode() == emu::DeviceMemoryMode::Strict;
   std::string what;
   if (strict) {
-    what = fmt::format("{} on group '{}' (emulated NCCL, rank {} of {})", call, name_, rank_,
-                       size());
+    what =
+        fmt::format("{} on group '{}' (emulated NCCL, rank {} of {})", call, name_, rank_, size());
     emu::check_collective_buffer(what, args.send, sdev, send_bytes);
     emu::check_collective_buffer(what, args.recv, rdev, recv_bytes);
     // The collective reads its send range and writes its receive range, as a kernel would.
@@ -309,11 +318,12 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
   const char* lo = nullptr;  // the device address of host element 0 (overlapping ranges)
   const bool overlap = se > 0 && re > 0 && sdev < rdev + recv_bytes && rdev < sdev + send_bytes;
   if (overlap) {
-    const auto at = [es](const char* base, int64_t off) { return base + off * static_cast<int64_t>(es); };
-    const bool nccl_form =
-        (args.in_place == InPlace::Same && sdev == rdev) ||
-        (args.in_place == InPlace::Gather && sdev == at(rdev, args.offset)) ||
-        (args.in_place == InPlace::Scatter && rdev == at(sdev, args.offset));
+    const auto at = [es](const char* base, int64_t off) {
+      return base + off * static_cast<int64_t>(es);
+    };
+    const bool nccl_form = (args.in_place == InPlace::Same && sdev == rdev) ||
+                           (args.in_place == InPlace::Gather && sdev == at(rdev, args.offset)) ||
+                           (args.in_place == InPlace::Scatter && rdev == at(sdev, args.offset));
     MOE_CHECK(nccl_form,
               "[comm] {} on group '{}' (emulated NCCL, rank {} of {}): send ({}, {} elements) and "
               "recv ({}, {} elements) overlap outside NCCL's in-place form, which is undefined on "
@@ -410,8 +420,9 @@ void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_b
       req.parts.push_back(x.broadcast_async(r, c.count, t, c.peer));
       return;
     case NcclKind::Reduce: {
-      // The root's piece of a reduce-scatter whose other pieces are empty.
-      std::vector<int64_t>& counts = req.counts.emplace_back(size(), 0);
+      // The root's piece of a reduce-scatter whose other pieces are empty (the transport copies
+      // the counts).
+      std::vector<int64_t> counts(static_cast<size_t>(size()), 0);
       counts[c.peer] = c.count;
       req.parts.push_back(x.reduce_scatter_v_async(s, r, counts, t, reduce_op(c.op)));
       return;
