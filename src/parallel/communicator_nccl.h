@@ -6,10 +6,19 @@
 // the same members (MPI, or the local one for one rank), which carries NCCL's unique id.
 //
 // What differs from the MPI communicator:
+// - every buffer is device memory of the context's device (not pinned, not the host's);
 // - send / recv have no tags: NCCL matches a pair's messages in the order they were posted;
-// - bf16 reductions (the Communicator reduces bf16 in f32 and rounds once, NCCL would round at
-//   every step) are refused until the backend's cast kernels stage them in f32;
-// - a wait past the group's timeout reports the call and aborts the process, as MPI's does.
+// - bf16 reductions keep the Communicator's semantics (reduced in f32, rounded once; NCCL alone
+//   would round at every step): the bf16 values are widened into f32 device staging by the cast
+//   kernel, reduced there and rounded once into recv, on the communicator's stream; the staging
+//   grows to the largest such collective and stays (nothing allocates once it is sized);
+// - wait_on(ex) makes ex's stream wait for the collective and returns at once: the host does not
+//   wait (the emulated build, whose launches complete as they are called, completes it there);
+// - a wait past the group's timeout reports the group and the call, aborts every NCCL
+//   communicator of the process (ncclCommAbort) and ends it, as MPI's timeout ends the job.
+// The emulated CUDA build links tests/emu/device/communicator_nccl_emu.cpp in place of the real
+// one: the same plans run over MPI on the emulated device memory, with strict buffer rules
+// (docs/testing.md, "The emulated NCCL").
 #pragma once
 
 #include <memory>
@@ -25,5 +34,12 @@ bool nccl_built();
 // collectives bounded by timeout_s. Throws naming what is missing in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const Exec& ex,
                                                      double timeout_s);
+
+// A second communicator over the members of `group`, named `name`, whose operations never match
+// `group`'s own (MPI: a duplicate of its MPI communicator, sharing its timeout, its progress of
+// the rings in flight and its timeout diagnosis; a group of one without MPI: a local
+// communicator). Collective over the members. The emulated NCCL's transport (defined with the
+// MPI communicator: parallel/communicator_mpi.cpp, communicator_stub_mpi.cpp).
+std::unique_ptr<Communicator> duplicate_communicator(Communicator& group, std::string name);
 
 }  // namespace moecore::parallel

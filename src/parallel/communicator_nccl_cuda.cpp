@@ -1,17 +1,24 @@
 // The NCCL communicator (parallel/communicator_nccl.h): each collective's NCCL calls from its
 // descriptor (ops/desc/nccl_desc.h), run on the communicator's own stream between an event of
-// the caller's stream (the inputs are ready) and an event the handle waits on.
+// the caller's stream (the inputs are ready) and an event the handle waits on. A bf16 reduction
+// runs in f32 device staging (the plan's stage_bf16): widened by the cast kernel, reduced, and
+// rounded once into recv, all on that stream. A wait past the timeout aborts every NCCL
+// communicator of the process (a rank stuck in one collective can hold the others' peers) and
+// ends the process naming the group and the call.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/desc/nccl_desc.h"
 #include "parallel/communicator_nccl.h"
 
@@ -35,6 +42,38 @@ void cuda_ok(cudaError_t e, const std::string& group, const char* what) {
 void nccl_ok(ncclResult_t r, const std::string& group, const char* what) {
   MOE_CHECK(r == ncclSuccess, "[comm] group '{}': {} failed: {}", group, what,
             ncclGetErrorString(r));
+}
+
+// The live NCCL communicators of the process: a timeout aborts all of them, so that no peer
+// stays blocked in a collective of another group on a communicator this rank leaves behind.
+struct LiveComms {
+  std::mutex mu;
+  std::vector<ncclComm_t> comms;
+};
+LiveComms& live_comms() {
+  static LiveComms* l = new LiveComms;  // never destroyed: a timeout may come at any time
+  return *l;
+}
+void register_comm(ncclComm_t c) {
+  LiveComms& l = live_comms();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.comms.push_back(c);
+}
+void unregister_comm(ncclComm_t c) {
+  LiveComms& l = live_comms();
+  std::lock_guard<std::mutex> lock(l.mu);
+  std::erase(l.comms, c);
+}
+// ncclCommAbort on each (without the lock held for long: each abort returns once its kernels are
+// stopped); the caller then ends the process.
+void abort_live_comms() {
+  LiveComms& l = live_comms();
+  std::vector<ncclComm_t> all;
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    all.swap(l.comms);
+  }
+  for (ncclComm_t c : all) ncclCommAbort(c);
 }
 
 class NcclCommunicator;
@@ -76,6 +115,7 @@ class NcclCommunicator final : public Communicator {
     bootstrap.broadcast(bytes, 0);
     std::memcpy(&id, bytes.data(), sizeof(id));
     nccl_ok(ncclCommInitRank(&comm_, bootstrap.size(), id, rank_), name_, "ncclCommInitRank");
+    register_comm(comm_);
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name_,
             "cudaStreamCreate");
     cuda_ok(cudaMalloc(&barrier_, sizeof(int32_t)), name_, "cudaMalloc (barrier word)");
@@ -86,6 +126,8 @@ class NcclCommunicator final : public Communicator {
     cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaFree(barrier_);
+    cudaFree(staging_);
+    unregister_comm(comm_);
     ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
   }
@@ -97,17 +139,19 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t stream() const { return stream_; }
   void give_back(cudaEvent_t e) { events_.push_back(e); }
-  // Past the timeout: which group, which call, then the process ends (as MPI's timeout does).
+  // Past the timeout: which group, which call; every NCCL communicator of the process is
+  // aborted, then the process ends (as MPI's timeout does; mpirun then ends the others).
   [[noreturn]] void abort_on_timeout(const char* call, double waited) {
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     std::fprintf(stderr,
-                 "error: [comm] timeout: rank %d of %d in group '%s' waited %.1f s in %s, over the "
-                 "%.1f s limit (--distributed-timeout-minutes); NCCL's state: %s\n",
-                 rank_, size(), name_.c_str(), waited, call, timeout_s_,
+                 "error: [comm] timeout: rank %d of %d in group '%s' (world rank %d) waited %.1f s "
+                 "in %s, over the %.1f s limit (--distributed-timeout-minutes); NCCL's state: %s; "
+                 "aborting every NCCL communicator of this process and ending it\n",
+                 rank_, size(), name_.c_str(), ranks_[rank_], waited, call, timeout_s_,
                  ncclGetErrorString(async));
     std::fflush(stderr);
-    ncclCommAbort(comm_);
+    abort_live_comms();
     std::abort();
   }
   double timeout_s() const { return timeout_s_; }
@@ -151,6 +195,7 @@ class NcclCommunicator final : public Communicator {
   static NcclRedOp red_op(ReduceOp op) { return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max; }
   static NcclPlan p2p(NcclKind kind, int64_t count, DType dt, int peer) {
     NcclPlan p;
+    (kind == NcclKind::Send ? p.send_elems : p.recv_elems) = count;
     if (count == 0) return p;
     NcclCall c;
     c.kind = kind;
@@ -174,23 +219,73 @@ class NcclCommunicator final : public Communicator {
     return e;
   }
 
+  // f32 device staging of at least `elems` elements: grown (never shrunk) when a larger bf16
+  // reduction comes, so a training step, once its largest one has run, allocates nothing. The
+  // old block may still be read by collectives in flight on the stream: it is freed after them.
+  float* staging(int64_t elems) {
+    if (elems <= staging_elems_) return staging_;
+    if (staging_ != nullptr) {
+      cuda_ok(cudaStreamSynchronize(stream_), name_, "cudaStreamSynchronize (staging growth)");
+      cuda_ok(cudaFree(staging_), name_, "cudaFree (staging)");
+      staging_ = nullptr;
+    }
+    void* p = nullptr;
+    cuda_ok(cudaMalloc(&p, static_cast<size_t>(elems) * sizeof(float)), name_,
+            "cudaMalloc (bf16 reduction staging)");
+    staging_ = static_cast<float*>(p);
+    staging_elems_ = elems;
+    return staging_;
+  }
+
   // The plan's calls on the communicator's stream, after the caller's stream reached this call.
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call) {
-    MOE_CHECK(!plan.stage_bf16,
-              "[comm] group '{}': a bf16 {} on NCCL (the Communicator reduces bf16 in f32 and "
-              "rounds once; the f32 staging needs the CUDA cast kernels, not built yet): reduce "
-              "in f32",
-              name_, call);
-    const size_t esize = dtype_size(dt);
-    const auto at = [&](NcclAddr a) -> char* {
-      char* base = a.buf == NcclBuf::Send ? const_cast<char*>(static_cast<const char*>(send))
-                                          : static_cast<char*>(recv);
-      return base == nullptr ? nullptr : base + a.off * static_cast<int64_t>(esize);
-    };
+    MOE_CHECK(!plan.stage_bf16 || dt == DType::BF16,
+              "[comm] group '{}': {} of {} with a bf16-staged plan", name_, call, dtype_name(dt));
     cudaEvent_t ready = event();
     cuda_ok(cudaEventRecord(ready, caller_), name_, "cudaEventRecord");
     cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), name_, "cudaStreamWaitEvent");
     give_back(ready);  // reusable once recorded: the wait is already enqueued
+    // The buffers the calls address: the caller's, or for a bf16 reduction the f32 staging, laid
+    // out as the caller's are (one block when send and recv overlap: the in-place forms).
+    size_t esize = dtype_size(dt);
+    const char* call_send = static_cast<const char*>(send);
+    char* call_recv = static_cast<char*>(recv);
+    int64_t recv_at = 0;
+    if (plan.stage_bf16) {
+      const auto* sb = static_cast<const char*>(send);
+      auto* rb = static_cast<char*>(recv);
+      const int64_t se = sb != nullptr ? plan.send_elems : 0;
+      const int64_t re = rb != nullptr ? plan.recv_elems : 0;
+      const int64_t sbytes = se * 2, rbytes = re * 2;
+      int64_t send_at = 0, total = 0;
+      const bool overlap = se > 0 && re > 0 && sb < rb + rbytes && rb < sb + sbytes;
+      float* st = nullptr;
+      if (overlap) {
+        const char* lo = std::min<const char*>(sb, rb);
+        const char* hi = std::max<const char*>(sb + sbytes, rb + rbytes);
+        MOE_CHECK((sb - lo) % 2 == 0 && (rb - lo) % 2 == 0,
+                  "[comm] group '{}': {}: send and recv overlap at an odd byte offset", name_,
+                  call);
+        send_at = (sb - lo) / 2;
+        recv_at = (rb - lo) / 2;
+        total = (hi - lo) / 2;
+        st = staging(total);
+        ops::cuda::cast_bf16_to_f32(stream_, st, reinterpret_cast<const bf16*>(lo), total);
+      } else {
+        send_at = 0;
+        recv_at = se;
+        total = se + re;
+        st = staging(total);
+        ops::cuda::cast_bf16_to_f32(stream_, st, reinterpret_cast<const bf16*>(sb), se);
+      }
+      call_send = reinterpret_cast<const char*>(st + send_at);
+      call_recv = reinterpret_cast<char*>(st + recv_at);
+      esize = sizeof(float);
+    }
+    const auto at = [&](NcclAddr a) -> char* {
+      char* base = a.buf == NcclBuf::Send ? const_cast<char*>(call_send) : call_recv;
+      return base == nullptr ? nullptr : base + a.off * static_cast<int64_t>(esize);
+    };
     if (plan.grouped) nccl_ok(ncclGroupStart(), name_, "ncclGroupStart");
     for (const NcclCall& c : plan.calls) {
       const auto t = static_cast<ncclDataType_t>(static_cast<int>(c.dtype));
@@ -213,6 +308,10 @@ class NcclCommunicator final : public Communicator {
       nccl_ok(r, name_, call);
     }
     if (plan.grouped) nccl_ok(ncclGroupEnd(), name_, "ncclGroupEnd");
+    if (plan.stage_bf16 && recv != nullptr) {  // rounded once, into the caller's recv
+      ops::cuda::cast_f32_to_bf16(stream_, static_cast<bf16*>(recv),
+                                  reinterpret_cast<const float*>(call_recv), plan.recv_elems);
+    }
     cudaEvent_t done = event();
     cuda_ok(cudaEventRecord(done, stream_), name_, "cudaEventRecord");
     return CommHandle(CommRequestPtr(new NcclRequest(this, done, call)));
@@ -226,6 +325,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   int32_t* barrier_ = nullptr;
+  float* staging_ = nullptr;  // bf16 reductions' f32 staging (staging())
+  int64_t staging_elems_ = 0;
   std::vector<cudaEvent_t> events_;  // recorded and waited for: reusable
 };
 

@@ -2,8 +2,8 @@
 // multi-rank logic stays covered by the MPI tests and the NCCL descriptors' interpreter tests):
 // every collective of the Communicator against its one-rank semantics, in place and not, with
 // uneven and zero counts; the stream order (the collective waits for the caller's stream, the
-// caller's stream waits for it after wait_on, the host does not); the barrier; the refused bf16
-// reduction. Built in the CUDA configuration only; skipped without a visible GPU.
+// caller's stream waits for it after wait_on, the host does not); the barrier; bf16 reductions
+// through the f32 staging. Built in the CUDA configuration only; skipped without a visible GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -111,9 +111,33 @@ TEST_F(NcclOneRank, EveryCollectiveIsItsOneRankSemantics) {
     EXPECT_EQ(d.host(), v);
   }
   comm_->barrier();
-  // bf16 reductions are refused (the Communicator rounds once after an f32 sum).
-  DeviceFloats b(8);
-  EXPECT_THROW(comm_->all_reduce(DevPtr<void>(b.p), 8, DType::BF16, ReduceOp::Sum), Error);
+  // bf16 reductions run in f32 staging, rounded once: over one rank the values themselves,
+  // in place and out of place, whatever the staging held before (it grows to the largest).
+  {
+    std::vector<bf16> hb(16);
+    for (size_t i = 0; i < hb.size(); ++i) hb[i] = float_to_bf16(0.3f * static_cast<float>(i) - 2.1f);
+    DeviceFloats b(8), out(8);  // 16 bf16 each
+    ASSERT_EQ(cudaMemcpy(b.p, hb.data(), hb.size() * sizeof(bf16), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    comm_->all_reduce(DevPtr<void>(b.p), 16, DType::BF16, ReduceOp::Sum);
+    const int64_t c16[1] = {16}, c4[1] = {4};
+    comm_->reduce_scatter_v_async(DevPtr<const void>(b.p), DevPtr<void>(out.p), c16, DType::BF16,
+                                  ReduceOp::Max)
+        .wait();
+    comm_->reduce_scatter_v_async(DevPtr<const void>(b.p), DevPtr<void>(b.p), c4, DType::BF16,
+                                  ReduceOp::Sum)
+        .wait();
+    std::vector<bf16> got(16), got_out(16);
+    ASSERT_EQ(cudaMemcpy(got.data(), b.p, got.size() * sizeof(bf16), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_out.data(), out.p, got_out.size() * sizeof(bf16),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t i = 0; i < hb.size(); ++i) {
+      EXPECT_EQ(bf16_to_float(got[i]), bf16_to_float(hb[i])) << i;
+      EXPECT_EQ(bf16_to_float(got_out[i]), bf16_to_float(hb[i])) << i;
+    }
+  }
 }
 
 // The collective starts after what the caller's stream enqueued before it, and the caller's

@@ -1,11 +1,13 @@
 // The emulated device memory (device_memory_emu.h) in strict mode: a host read or write of device
 // memory outside a kernel, a copy or a library call stops the process naming the access; a host
 // pointer handed to a kernel is an error naming the kernel and the argument; kernels and copies
-// reach device memory; pinned memory stays the host's; shared mode lets all of it through. Each
+// reach device memory; pinned memory stays the host's; the buffers of collectives in flight are
+// guarded; shared mode lets all of it through. Each
 // test runs in a child process of its own (the mode is fixed at a process's first allocation).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -139,6 +141,87 @@ void unknown_mode() {
 TEST_F(EmuDeviceMemory, AnUnknownModeIsAnError) {
   EXPECT_EXIT(unknown_mode(), ::testing::ExitedWithCode(7),
               "MOECORE_EMU_DEVICE_MEMORY=loose: strict .* or shared");
+}
+
+// The collectives in flight (the emulated NCCL's strict rules, device_memory_emu.h): a kernel
+// pointer into a pending receive range is a missing wait, a non-const one into a pending send
+// range an early reuse, a const one there is a read and allowed; copies and sets are checked over
+// their bytes; nothing once the ranges are ended. Failures are printed, the count is the exit code.
+void pending_ranges() {
+  set_mode("strict");
+  const size_t n = 64, bytes = n * sizeof(float);
+  auto* a = static_cast<float*>(emu::device_alloc(bytes, false));
+  auto* b = static_cast<float*>(emu::device_alloc(bytes, false));
+  auto* y = static_cast<float*>(emu::device_alloc(bytes, false));
+  const uint64_t recv = emu::pending_begin(a + 8, 16 * sizeof(float), emu::PendingUse::Recv,
+                                           "all_reduce on group 'tp'");
+  const uint64_t send =
+      emu::pending_begin(b, bytes, emu::PendingUse::Send, "all_gather on group 'dp'");
+  int fails = 0;
+  const auto error = [&](const char* what, const auto& f, const char* part) {
+    try {
+      f();
+      std::fprintf(stderr, "%s: no error\n", what);
+      ++fails;
+    } catch (const Error& e) {
+      if (std::strstr(e.what(), part) == nullptr) {
+        std::fprintf(stderr, "%s: '%s' not in %s\n", what, part, e.what());
+        ++fails;
+      }
+    }
+  };
+  const auto fine = [&](const char* what, const auto& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s: %s\n", what, e.what());
+      ++fails;
+    }
+  };
+  error(
+      "kernel reads the recv range", [&] { ops::cuda::add<float>(nullptr, y, a + 10, b, 4); },
+      "missing wait");
+  error(
+      "kernel writes the recv range", [&] { ops::cuda::add<float>(nullptr, a + 23, y, y, 1); },
+      "all_reduce on group 'tp'");
+  error(
+      "kernel writes the send range", [&] { ops::cuda::add<float>(nullptr, b + 5, y, y, 4); },
+      "send buffer reused before the collective completed");
+  error(
+      "copy overlapping the recv range", [&] { ops::cuda::copy_bytes(nullptr, y, a, bytes); },
+      "missing wait");
+  error(
+      "set inside the send range", [&] { ops::cuda::zero_bytes(nullptr, b + 60, 16); },
+      "all_gather on group 'dp'");
+  fine("kernel reads the send range", [&] { ops::cuda::add<float>(nullptr, y, b, b, n); });
+  fine("copy beside the recv range", [&] { ops::cuda::copy_bytes(nullptr, y, a, 8 * 4); });
+  fine("kernel past the recv range", [&] { ops::cuda::add<float>(nullptr, a + 24, y, y, 40); });
+  emu::pending_end(recv);
+  emu::pending_end(send);
+  fine("kernel reads the ended recv range", [&] { ops::cuda::add<float>(nullptr, y, a, b, n); });
+  fine("kernel writes the ended send range", [&] { ops::cuda::add<float>(nullptr, b, a, a, n); });
+  // What a collective may be handed: device memory, whole.
+  std::vector<float> host(4);
+  auto* pinned = static_cast<float*>(emu::device_alloc(bytes, true));
+  error(
+      "host buffer",
+      [&] { emu::check_collective_buffer("send on group 'pp'", "data", host.data(), 16); },
+      "argument 'data' (");
+  error(
+      "pinned buffer",
+      [&] { emu::check_collective_buffer("send on group 'pp'", "data", pinned, 16); },
+      "is pinned host memory");
+  error(
+      "past the end",
+      [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a + 60, 32); },
+      "running past the end of its device allocation");
+  fine("device buffer",
+       [&] { emu::check_collective_buffer("recv on group 'pp'", "data", a, bytes); });
+  std::exit(fails);
+}
+
+TEST_F(EmuDeviceMemory, CollectivesInFlightGuardTheirBuffers) {
+  EXPECT_EXIT(pending_ranges(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
