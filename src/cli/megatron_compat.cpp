@@ -67,7 +67,6 @@ const std::vector<FlagRule>& megatron_flag_rules() {
        ""},
       {"--cross-entropy-fusion-impl", N, "", kFusion, ""},
       {"--moe-grouped-gemm", N, "", "experts always run as one grouped GEMM", ""},
-      {"--moe-shared-expert-overlap", N, "", "communication scheduling: the same result", ""},
       {"--use-cpu-initialization", N, "", "initialization is layout-independent anyway", ""},
       {"--no-create-attention-mask-in-dataloader", N, "", "masks are implicit (causal)", ""},
       {"--no-position-embedding", N, "",

@@ -192,6 +192,12 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "Scale the shared expert's output by sigmoid(x . w_g) per token (gate_weight [1, "
                "hidden])")
       ->group(kMoe);
+  app.add_flag("--moe-shared-expert-overlap", m.moe.shared_expert_overlap,
+               "Compute the shared expert while the alltoall dispatcher's all-to-alls are in "
+               "flight (its forward during the dispatch's, its backward during the combine "
+               "backward's); bitwise the same results. Needs --moe-token-dispatcher-type "
+               "alltoall; no effect without a shared expert or at EP 1")
+      ->group(kMoe);
   app.add_option("--moe-layer-freq", f.moe_layer_freq, "N, or a list like ([0]*1+[1]*3)")
       ->group(kMoe);
 
@@ -363,6 +369,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-pad-expert-input-to-capacity", &rc.pad_to_capacity},
       {"--moe-aux-loss-megatron-map", &rc.megatron_aux_map},
       {"--moe-shared-expert-gate", &m.moe.shared_expert_gate},
+      {"--moe-shared-expert-overlap", &m.moe.shared_expert_overlap},
       {"--sequence-parallel", &f.parallel.sequence_parallel},
       {"--use-tp-pp-dp-mapping", &f.parallel.use_tp_pp_dp_mapping},
       {"--account-for-embedding-in-pipeline-split", &f.parallel.account_for_embedding},
@@ -523,6 +530,18 @@ void finalize_train_flags(TrainFlags& f) {
   finalize_router_flags(m.moe, f.router);
   m.moe_layer_pattern = m.num_experts > 0 ? parse_moe_layer_freq(f.moe_layer_freq, m.num_layers)
                                           : std::vector<int>{};
+  // Where --moe-shared-expert-overlap cannot take effect, Megatron accepts it (and refuses it
+  // only with the allgather dispatcher: MoeConfig::validate): say so.
+  if (m.moe.shared_expert_overlap && (m.num_experts == 0 || m.moe.shared_ffn_hidden == 0)) {
+    f.notices.push_back(
+        "[flags] --moe-shared-expert-overlap: no shared expert (--moe-shared-expert-"
+        "intermediate-size not given), so nothing to overlap: no effect");
+  } else if (m.moe.shared_expert_overlap && f.parallel.ep == 1) {
+    f.notices.push_back(
+        "[flags] --moe-shared-expert-overlap: at --expert-model-parallel-size 1 no tokens "
+        "travel between EP ranks, so there is no all-to-all to hide the shared expert behind: "
+        "no effect");
+  }
   t.lr.style = optim::parse_lr_decay_style(f.lr_decay_style);
   t.lr.wsd_style = optim::parse_wsd_decay_style(f.lr_wsd_decay_style);
   const bool decay_given = t.lr.decay_steps != 0;

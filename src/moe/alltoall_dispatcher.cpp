@@ -222,59 +222,148 @@ void AlltoAllDispatcher<T>::etp_reduce_scatter(DevPtr<T> mine_W, DevPtr<const T>
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
-                                     DevPtr<const T> probs_TK) {
-  local_.dispatch(send_SH_, send_p_S_, x_TH, probs_TK);
-  {
-    ScopedPhase phase(Phase::Communication);
-    parallel::CommHandle hx = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
-    parallel::CommHandle hp = start_a2a(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
-    hx.wait_on(*ex_);
-    hp.wait_on(*ex_);
+const char* AlltoAllDispatcher<T>::pending_name(Pending p) {
+  switch (p) {
+    case Pending::None:
+      return "none";
+    case Pending::Dispatch:
+      return "dispatch";
+    case Pending::Combine:
+      return "combine";
+    case Pending::CombineBackward:
+      return "combine_backward";
+    case Pending::DispatchBackward:
+      return "dispatch_backward";
   }
+  return "?";
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::begin(Pending phase) {
+  MOE_CHECK(pending_ == Pending::None,
+            "[dispatcher] {}_start while {} is in flight on EP rank {}: every start is followed "
+            "by its finish before the next phase starts",
+            pending_name(phase), pending_name(pending_), me_);
+  pending_ = phase;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::end(Pending phase) {
+  MOE_CHECK(pending_ == phase,
+            "[dispatcher] {}_finish on EP rank {} without its start (in flight: {})",
+            pending_name(phase), me_, pending_name(pending_));
+  pending_ = Pending::None;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::wait_in_flight() {
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_.wait_on(*ex_);
+  probs_in_flight_.wait_on(*ex_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_start(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                                           DevPtr<const T> probs_TK) {
+  begin(Pending::Dispatch);
+  local_.dispatch(send_SH_, send_p_S_, x_TH, probs_TK);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
+  probs_in_flight_ = start_a2a(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
+  out_rows_ = x_NH;
+  out_probs_ = p_N;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_finish() {
+  end(Pending::Dispatch);
+  wait_in_flight();
   etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
   etp_gather(gath_p_N_, recv_p_N_, etp_rows_P_);
-  sort_chunks(x_NH, rows_NH(), H_);
-  sort_chunks(p_N, rows_p_N(), 1);
+  sort_chunks(out_rows_, rows_NH(), H_);
+  sort_chunks(out_probs_, rows_p_N(), 1);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_start(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
+  begin(Pending::Combine);
+  unsort_chunks(rows_NH(), y_NH, H_);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);  // the experts' partial sums over F
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
+  out_rows_ = y_TH;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_finish() {
+  end(Pending::Combine);
+  wait_in_flight();
+  local_.combine(out_rows_, send_SH_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_backward_start(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
+  begin(Pending::CombineBackward);
+  local_.combine_backward(send_SH_, dy_TH);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
+  out_rows_ = dy_NH;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_backward_finish() {
+  end(Pending::CombineBackward);
+  wait_in_flight();
+  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
+  sort_chunks(out_rows_, rows_NH(), H_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                                    DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
+  begin(Pending::DispatchBackward);
+  unsort_chunks(rows_NH(), dx_NH, H_);
+  unsort_chunks(rows_p_N(), dp_N, 1);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);
+  etp_reduce_scatter(recv_p_N_, gath_p_N_, etp_rows_P_);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
+  probs_in_flight_ = start_a2a(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
+  out_rows_ = dx_TH;
+  out_probs_ = dprobs_TK;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_backward_finish() {
+  end(Pending::DispatchBackward);
+  wait_in_flight();
+  local_.dispatch_backward(out_rows_, out_probs_, send_SH_, send_p_S_);
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                                     DevPtr<const T> probs_TK) {
+  dispatch_start(x_NH, p_N, x_TH, probs_TK);
+  dispatch_finish();
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
-  unsort_chunks(rows_NH(), y_NH, H_);
-  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);  // the experts' partial sums over F
-  {
-    ScopedPhase phase(Phase::Communication);
-    start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_).wait_on(*ex_);
-  }
-  local_.combine(y_TH, send_SH_);
+  combine_start(y_TH, y_NH);
+  combine_finish();
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
-  local_.combine_backward(send_SH_, dy_TH);
-  {
-    ScopedPhase phase(Phase::Communication);
-    start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_).wait_on(*ex_);
-  }
-  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
-  sort_chunks(dy_NH, rows_NH(), H_);
+  combine_backward_start(dy_NH, dy_TH);
+  combine_backward_finish();
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
                                               DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
-  unsort_chunks(rows_NH(), dx_NH, H_);
-  unsort_chunks(rows_p_N(), dp_N, 1);
-  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);
-  etp_reduce_scatter(recv_p_N_, gath_p_N_, etp_rows_P_);
-  {
-    ScopedPhase phase(Phase::Communication);
-    parallel::CommHandle hx = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
-    parallel::CommHandle hp = start_a2a(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
-    hx.wait_on(*ex_);
-    hp.wait_on(*ex_);
-  }
-  local_.dispatch_backward(dx_TH, dprobs_TK, send_SH_, send_p_S_);
+  dispatch_backward_start(dx_TH, dprobs_TK, dx_NH, dp_N);
+  dispatch_backward_finish();
 }
 
 template class AlltoAllDispatcher<float>;

@@ -8,8 +8,11 @@
 // the all-to-all (within this rank's ETP slice) the rows are all-gathered over ETP, so every
 // ETP rank of an EP rank holds the rows of all of them, sorted from [etp][ep][local expert] to
 // [local expert][etp][ep]; the experts' partial outputs (F/ETP each) are reduce-scattered over
-// ETP before the all-to-all back. The all-to-all's receive buffers hold this rank's ETP slice
-// only (at most R T K rows dropless, R L capacity padded: N / P), the gathered ones all N.
+// ETP before the all-to-all back. Each phase also runs as start (up to and including starting
+// its all-to-all) and finish (from its wait on), so that the MoE layer can compute the shared
+// expert while the all-to-all is in flight (--moe-shared-expert-overlap). The all-to-all's
+// receive buffers hold this rank's ETP slice only (at most R T K rows dropless, R L capacity
+// padded: N / P), the gathered ones all N.
 // Legend: T tokens, H hidden, K top-k, E experts, L = E/R local experts, R EP ranks, P ETP
 // ranks, S rows this rank sends, N rows for the local experts (all P slices).
 #pragma once
@@ -51,6 +54,20 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
   void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
                          DevPtr<const T> dp_N) override;
+  // The halves (dispatcher.h): each start ends by starting the phase's all-to-all(s) over EP;
+  // each finish waits for them, then runs the ETP collective (ETP > 1) and the local
+  // permutation that follow. The one-call forms are start then finish.
+  void dispatch_start(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                      DevPtr<const T> probs_TK) override;
+  void dispatch_finish() override;
+  void combine_start(DevPtr<T> y_TH, DevPtr<const T> y_NH) override;
+  void combine_finish() override;
+  void combine_backward_start(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
+  void combine_backward_finish() override;
+  void dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                               DevPtr<const T> dp_N) override;
+  void dispatch_backward_finish() override;
+  bool in_flight() const override { return !rows_in_flight_.done() || !probs_in_flight_.done(); }
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
@@ -104,6 +121,19 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   DevPtr<T> recv_p_N_ = nullptr;
   DevPtr<T> gath_NH_ = nullptr;  // ETP > 1: the ETP group's all-to-all rows and probs
   DevPtr<T> gath_p_N_ = nullptr;
+  // Between a phase's start and its finish: its all-to-alls in flight (rows; probs in the
+  // dispatch and its backward) and where the finish puts its result.
+  parallel::CommHandle rows_in_flight_, probs_in_flight_;
+  DevPtr<T> out_rows_ = nullptr;   // x_NH, y_TH, dy_NH or dx_TH
+  DevPtr<T> out_probs_ = nullptr;  // p_N or dprobs_TK
+  // The phase started and not finished (a finish without its start, or a second start, is a
+  // sequencing bug: the MoE layer's, not the data's).
+  enum class Pending : uint8_t { None, Dispatch, Combine, CombineBackward, DispatchBackward };
+  Pending pending_ = Pending::None;
+  static const char* pending_name(Pending p);
+  void begin(Pending phase);
+  void end(Pending phase);
+  void wait_in_flight();
 };
 
 }  // namespace moecore::moe

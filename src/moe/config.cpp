@@ -84,6 +84,15 @@ void MoeConfig::validate() const {
       "(--moe-shared-expert-intermediate-size={}): give --moe-shared-expert-intermediate-size "
       "N > 0 or remove --moe-shared-expert-gate",
       shared_ffn_hidden);
+  // Megatron's TransformerConfig refuses the pair too: the allgather dispatcher's collectives
+  // are not split around the shared expert.
+  MOE_CHECK(!shared_expert_overlap || shared_ffn_hidden == 0 ||
+                dispatcher_type == DispatcherType::AlltoAll,
+            "[moe] --moe-shared-expert-overlap computes the shared expert (width {}) while the "
+            "alltoall dispatcher's all-to-alls are in flight; --moe-token-dispatcher-type {} has "
+            "none (Megatron refuses the pair too): give --moe-token-dispatcher-type alltoall "
+            "(the same model) or drop --moe-shared-expert-overlap",
+            shared_ffn_hidden, dispatcher_type_name(dispatcher_type));
   const double f = expert_rank_capacity_factor;
   MOE_CHECK(
       f == 0 || f >= 1,

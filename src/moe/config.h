@@ -93,6 +93,11 @@ struct MoeConfig {
   // --moe-shared-expert-gate: the shared expert's output times sigmoid(x w_g) per token.
   bool shared_expert_gate = false;
   DispatcherType dispatcher_type = DispatcherType::AlltoAll;  // --moe-token-dispatcher-type
+  // --moe-shared-expert-overlap: the shared expert computed while the alltoall dispatcher's
+  // all-to-alls are in flight (moe_layer.h); bitwise the same results. Refused with the
+  // allgather dispatcher when there is a shared expert (as Megatron does); without a shared
+  // expert, or with no all-to-all between ranks (EP 1), it changes nothing.
+  bool shared_expert_overlap = false;
   // --moe-expert-rank-capacity-factor (0: unset): under EP, an EP rank's dispatch and expert
   // buffers hold factor x its balanced rows (T x K) instead of the dropless worst case EP x T x K;
   // a step that routes more to one rank stops with an error (moe/dispatcher.h, EpRowBudget).

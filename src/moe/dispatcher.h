@@ -78,6 +78,33 @@ class TokenDispatcher {
   virtual void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) = 0;
   virtual void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
                                  DevPtr<const T> dp_N) = 0;
+
+  // Each of the four phases in two halves, so that the MoE layer can compute what depends on
+  // none of them (the shared expert, --moe-shared-expert-overlap) while the phase's collective
+  // is in flight: *_start does the work before the collective and starts it non-blocking,
+  // *_finish waits for it (stream-ordered where the backend can: wait_on) and does the rest.
+  // start then finish runs exactly the one-call form's ops in its order, so the results are
+  // bitwise the same; between the two the caller must not touch the phase's arguments. A
+  // dispatcher whose phase has no non-blocking collective does it all in start.
+  virtual void dispatch_start(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<const T> x_TH,
+                              DevPtr<const T> probs_TK) {
+    dispatch(x_NH, p_N, x_TH, probs_TK);
+  }
+  virtual void dispatch_finish() {}
+  virtual void combine_start(DevPtr<T> y_TH, DevPtr<const T> y_NH) { combine(y_TH, y_NH); }
+  virtual void combine_finish() {}
+  virtual void combine_backward_start(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) {
+    combine_backward(dy_NH, dy_TH);
+  }
+  virtual void combine_backward_finish() {}
+  virtual void dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                                       DevPtr<const T> dp_N) {
+    dispatch_backward(dx_TH, dprobs_TK, dx_NH, dp_N);
+  }
+  virtual void dispatch_backward_finish() {}
+  // True between a *_start that left a collective in flight and its *_finish: the MoE layer
+  // counts the shared-expert work that ran in that window (MoELayer::shared_expert_overlaps).
+  virtual bool in_flight() const { return false; }
 };
 
 // One rank holds every expert: permutation only.

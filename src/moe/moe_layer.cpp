@@ -48,6 +48,7 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix, groups);
   }
+  overlap_shared_ = shared_ != nullptr && cfg.moe.shared_expert_overlap;
 }
 
 template <typename T>
@@ -84,7 +85,14 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
 }
 
 template <typename T>
-void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
+void MoELayer<T>::shared_forward_in_flight() {
+  shared_overlaps_.forward += dispatcher_->in_flight();
+  shared_->compute(x_TH_, gemm_input(x_TH_), n_tok_);
+}
+
+template <typename T>
+void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute,
+                                     bool shared_in_flight) {
   n_tok_ = n_tok;
   x_TH_ = x_TH;
   // Whole sequences only matter to seq_aux_loss; a partial one (layer tests) counts as one.
@@ -105,25 +113,37 @@ void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool r
   }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->dispatch(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
+    dispatcher_->dispatch_start(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
+  }
+  // --moe-shared-expert-overlap: the shared expert reads only the layer's input, so it runs
+  // while the dispatch's all-to-all is in flight; its output waits in its own buffer until the
+  // combine has assigned y.
+  if (shared_in_flight) shared_forward_in_flight();
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->dispatch_finish();
   }
 }
 
 template <typename T>
 void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
-  route_and_dispatch(x_TH, n_tok, recompute);
+  route_and_dispatch(x_TH, n_tok, recompute, overlap_shared_);
   experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->combine(y_TH, y_NH_);
+    dispatcher_->combine_start(y_TH, y_NH_);
+    dispatcher_->combine_finish();
   }
-  if (shared_) shared_->forward(y_TH, x_TH, gemm_input(x_TH), n_tok);
+  if (!shared_) return;
+  // y = the routed experts' combine, then + the shared output: the same order with the overlap.
+  if (!overlap_shared_) shared_->compute(x_TH, gemm_input(x_TH), n_tok);
+  shared_->add_output(y_TH);
 }
 
 template <typename T>
 void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
   // "moe" recomputation: routing and the expert rows again (the experts recompute their fc1).
-  if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true);
+  if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true, false);
   DevPtr<const T> dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
   if constexpr (std::is_same_v<T, float>) {
     if (round_dy_) {
@@ -134,18 +154,34 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
   }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->combine_backward(dy_NH_, dy_in);
+    dispatcher_->combine_backward_start(dy_NH_, dy_in);
+  }
+  // --moe-shared-expert-overlap: the shared expert's backward reads only dy (and what its
+  // forward kept): it runs while dy's all-to-all to the experts is in flight, and its input
+  // gradient waits in its own buffer until the dispatch's backward has assigned dx.
+  if (overlap_shared_) {
+    shared_overlaps_.backward += dispatcher_->in_flight();
+    shared_->backward_compute(dy_TH, dy_in);
+  }
+  {
+    ScopedPhase phase(Phase::Permute);
+    dispatcher_->combine_backward_finish();
   }
   experts_.backward(dx_NH_, dp_N_, dy_NH_);
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->dispatch_backward(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+    dispatcher_->dispatch_backward_start(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+    dispatcher_->dispatch_backward_finish();
   }
   {
     ScopedPhase phase(Phase::Router);
     router_.backward(dx_TH, dprobs_TK_, loss_grad_scale);
   }
-  if (shared_) shared_->backward(dx_TH, dy_TH, dy_in);
+  if (!shared_) return;
+  // dx = the dispatch's backward, + the router's, + the shared expert's: the same order with
+  // the overlap.
+  if (!overlap_shared_) shared_->backward_compute(dy_TH, dy_in);
+  shared_->add_input_grad(dx_TH);
 }
 
 template class MoELayer<float>;

@@ -51,9 +51,27 @@ class MoELayer {
   const DispatchPlan& plan() const { return *plan_; }
   const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
+  // --moe-shared-expert-overlap (with a shared expert): the shared expert's forward runs while
+  // the dispatch's collective is in flight, its backward while the combine backward's is; the
+  // outputs and gradients are bitwise those without the flag (the shared expert's output and
+  // input gradient are added at the same points, in the same order). Counted: the shared
+  // expert's forwards / backwards that ran while the dispatcher had a collective in flight
+  // (none without an EP all-to-all: the local and allgather dispatchers finish in start).
+  bool overlaps_shared_expert() const { return overlap_shared_; }
+  struct SharedOverlaps {
+    int64_t forward = 0, backward = 0;
+  };
+  const SharedOverlaps& shared_expert_overlaps() const { return shared_overlaps_; }
+
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
-  void route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute);
+  // Routing, the plan and the dispatch; shared_in_flight: the shared expert's forward between
+  // the dispatch's start and finish.
+  void route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool recompute,
+                          bool shared_in_flight);
+  void shared_forward_in_flight();
+  bool overlap_shared_ = false;
+  SharedOverlaps shared_overlaps_;
 
   int64_t H_, K_;
   // Splits the tokens into sequences for seq_aux_loss: the sequence positions this rank holds

@@ -89,35 +89,51 @@ void SharedExperts<T>::shared_and_logits(int64_t n) {
 }
 
 template <typename T>
-void SharedExperts<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH,
-                               int64_t n_tok) {
+void SharedExperts<T>::compute(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok) {
   n_tok_ = n_tok;
   x_TH_ = x_TH;
   x_mlp_TH_ = x_mlp_TH;
-  if (!gated()) {
-    mlp_forward(s_TH_, n_tok);
-    ops::add(*ex_, y_TH, y_TH, s_TH_, n_tok * H_);
-    return;
-  }
+  if (!gated()) return mlp_forward(s_TH_, n_tok);
   shared_and_logits(n_tok);
-  ops::sigmoid_gate_forward(*ex_, y_TH, s_TH_, l_T_, n_tok, H_);
+}
+
+template <typename T>
+void SharedExperts<T>::add_output(DevPtr<T> y_TH) {
+  if (!gated()) return ops::add(*ex_, y_TH, y_TH, s_TH_, n_tok_ * H_);
+  ops::sigmoid_gate_forward(*ex_, y_TH, s_TH_, l_T_, n_tok_, H_);
+}
+
+template <typename T>
+void SharedExperts<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH,
+                               int64_t n_tok) {
+  compute(x_TH, x_mlp_TH, n_tok);
+  add_output(y_TH);
+}
+
+template <typename T>
+void SharedExperts<T>::backward_compute(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH) {
+  const int64_t n = n_tok_, H = H_;
+  if (!gated()) return mlp_backward(s_TH_, dy_mlp_TH, n);
+  if (rerun_) shared_and_logits(n);  // the forward's arithmetic again: the same bits
+  ops::sigmoid_gate_backward(*ex_, ds_TH_, dl_T_, dy_TH, s_TH_, l_T_, n, H);
+  mlp_backward(s_TH_, ds_TH_, n);  // s is spent: it takes the MLP's input gradient
+}
+
+template <typename T>
+void SharedExperts<T>::add_input_grad(DevPtr<T> dx_TH) {
+  const int64_t n = n_tok_, H = H_;
+  if (gated()) {
+    // dx += dl w_g (the gate's input gradient), dw_g += dl^T x.
+    ops::linear_backward(*ex_, dx_TH, gate_->grad_as<T>(), dl_T_, x_TH_, gate_->compute_as<T>(), n,
+                         1, H, /*accumulate_dx=*/true);
+  }
+  ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);
 }
 
 template <typename T>
 void SharedExperts<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH) {
-  const int64_t n = n_tok_, H = H_;
-  if (!gated()) {
-    mlp_backward(s_TH_, dy_mlp_TH, n);
-    ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);
-    return;
-  }
-  if (rerun_) shared_and_logits(n);  // the forward's arithmetic again: the same bits
-  ops::sigmoid_gate_backward(*ex_, ds_TH_, dl_T_, dy_TH, s_TH_, l_T_, n, H);
-  // dx += dl w_g (the gate's input gradient), dw_g += dl^T x.
-  ops::linear_backward(*ex_, dx_TH, gate_->grad_as<T>(), dl_T_, x_TH_, gate_->compute_as<T>(), n, 1, H,
-                       /*accumulate_dx=*/true);
-  mlp_backward(s_TH_, ds_TH_, n);  // s is spent: it takes the MLP's input gradient
-  ops::add(*ex_, dx_TH, dx_TH, s_TH_, n * H);
+  backward_compute(dy_TH, dy_mlp_TH);
+  add_input_grad(dx_TH);
 }
 
 template class SharedExperts<float>;

@@ -40,11 +40,27 @@ class SharedExperts {
   // y += shared(x) [* sigmoid(x w_g^T)]. x_TH: the MoE layer's input, which the gate reads (in
   // the model dtype, as the router does: with --bf16 its f32 values and the f32 master weight);
   // x_mlp_TH: what the MLP's GEMMs read (x, or its bf16 values). Both owned by the caller until
-  // backward.
+  // backward. forward = compute then add_output.
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok);
   // dx += the input gradient of the shared branch; weight grads accumulated. dy_mlp_TH: dy as
   // the ungated MLP's GEMMs read it (its bf16 values under widened bf16; else dy).
+  // backward = backward_compute then add_input_grad.
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
+
+  // The two passes in halves that touch the layer's output / input gradient only in the second
+  // (--moe-shared-expert-overlap: the MoE layer runs the first while a dispatcher collective is
+  // in flight, the second where the one-call form ran). Together they run the one-call form's
+  // ops, the same arithmetic, and add into y / dx in the same order, so the results are bitwise
+  // the same wherever the first half runs.
+  // The MLP's output and the gate logits (TP collectives under TP); y untouched.
+  void compute(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok);
+  void add_output(DevPtr<T> y_TH);  // y += the shared output (gated: times sigmoid(l))
+  // The weight gradients of the MLP and the MLP's input gradient (kept); gated, also the gate
+  // logits' gradient. dx untouched.
+  void backward_compute(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
+  // dx += the gate's input gradient (gated; its weight gradient accumulated here too), then
+  // dx += the MLP's input gradient.
+  void add_input_grad(DevPtr<T> dx_TH);
 
   bool gated() const { return gate_ != nullptr; }
   const Param* gate_weight() const { return gate_; }

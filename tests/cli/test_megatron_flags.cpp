@@ -338,6 +338,10 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
        "--moe-shared-expert-intermediate-size 16",
        "",
        {{"model.moe.shared_expert_gate", "true"}}},
+      {"--moe-shared-expert-overlap",
+       "--moe-shared-expert-intermediate-size 16 --moe-token-dispatcher-type alltoall",
+       "",
+       {{"model.moe.shared_expert_overlap", "true"}}},
       {"--moe-token-dispatcher-type", "", "alltoall", {{"model.moe.dispatcher_type", "alltoall"}}},
       {"--moe-expert-rank-capacity-factor",
        "",
@@ -861,6 +865,50 @@ TEST(MegatronFlags, SharedExpertGateAndAttentionOutputBias) {
   EXPECT_NE(e.find("--moe-shared-expert-gate"), std::string::npos) << e;
   EXPECT_NE(e.find("--moe-shared-expert-intermediate-size"), std::string::npos) << e;
   EXPECT_NE(train_help().find("--add-attention-output-bias"), std::string::npos);
+}
+
+// --moe-shared-expert-overlap is implemented (no longer a flag without effect): it binds with a
+// shared expert and the alltoall dispatcher; beside the allgather dispatcher with a shared
+// expert it stops before training, naming both values and the fix (Megatron's TransformerConfig
+// refuses the pair too); without a shared expert, or at EP 1, it is accepted with a notice that
+// it changes nothing.
+TEST(MegatronFlags, SharedExpertOverlap) {
+  const MegatronFlag* flag = megatron_arguments().find("--moe-shared-expert-overlap");
+  ASSERT_NE(flag, nullptr);
+  EXPECT_EQ(flag_class(*flag, train_binds(*flag)), FlagClass::Implemented);
+  const std::string shared = " --moe-shared-expert-intermediate-size 16";
+  EXPECT_FALSE(parse(shared).model.moe.shared_expert_overlap);
+  const TrainFlags on = parse(
+      "--moe-token-dispatcher-type alltoall --moe-shared-expert-overlap"
+      " --expert-model-parallel-size 2" +
+      shared);
+  EXPECT_TRUE(on.model.moe.shared_expert_overlap);
+  for (const std::string& n : on.notices) {
+    EXPECT_EQ(n.find("--moe-shared-expert-overlap"), std::string::npos) << n;
+  }
+  const std::string e =
+      error_of(words("--moe-token-dispatcher-type allgather --moe-shared-expert-overlap" + shared));
+  EXPECT_NE(e.find("[moe] --moe-shared-expert-overlap computes the shared expert (width 16)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--moe-token-dispatcher-type allgather has none"), std::string::npos) << e;
+  EXPECT_NE(e.find("give --moe-token-dispatcher-type alltoall"), std::string::npos) << e;
+  // Megatron's default dispatcher is allgather: the flag alone with a shared expert stops too.
+  EXPECT_NE(error_of(words("--moe-shared-expert-overlap" + shared)).find("allgather has none"),
+            std::string::npos);
+  auto notice = [](const TrainFlags& t) {
+    std::string all;
+    for (const std::string& n : t.notices) {
+      if (n.find("--moe-shared-expert-overlap") != std::string::npos) all += n;
+    }
+    return all;
+  };
+  EXPECT_NE(notice(parse("--moe-shared-expert-overlap")).find("no shared expert"),
+            std::string::npos);
+  EXPECT_NE(notice(parse("--moe-shared-expert-overlap --moe-token-dispatcher-type alltoall" +
+                         shared))
+                .find("--expert-model-parallel-size 1"),
+            std::string::npos);
 }
 
 // --moe-expert-rank-capacity-factor binds (Megatron's None: unset), and what cannot work stops

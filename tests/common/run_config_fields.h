@@ -91,6 +91,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("model.moe.ffn_hidden", text(moe.ffn_hidden));
   add("model.moe.shared_ffn_hidden", text(moe.shared_ffn_hidden));
   add("model.moe.shared_expert_gate", text(moe.shared_expert_gate));
+  add("model.moe.shared_expert_overlap", text(moe.shared_expert_overlap));
   add("model.moe.dispatcher_type", dispatcher_type_name(moe.dispatcher_type));
   add("model.moe.expert_rank_capacity_factor", text(moe.expert_rank_capacity_factor));
   const RouterConfig& r = moe.router;

@@ -554,6 +554,52 @@ TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
       }
 }
 
+// --moe-shared-expert-overlap: the shared expert's forward runs while the dispatch's all-to-all
+// is in flight, its backward while the combine backward's is (counted by the layer from the
+// dispatcher's pending handles: seen between the start and the wait), and the layer's output,
+// input gradient and every parameter gradient are bitwise those without the flag. EP 2, EP 4
+// and ETP 2 x EP 2, dropless and padded, plain and gated shared expert; one rank (the local
+// dispatcher, nothing in flight) the same, bitwise, with nothing counted.
+TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
+  std::vector<ProcessGroups*> all = layouts();
+  if (g_etp2 != nullptr) all.push_back(g_etp2);
+  all.push_back(nullptr);  // one rank
+  for (ProcessGroups* g : all)
+    for (bool pad : {false, true})
+      for (bool gate : {false, true}) {
+        const int me = g != nullptr ? ep_comm(g).rank() : 0;
+        SCOPED_TRACE(::testing::Message()
+                     << (g != nullptr ? "EP=" + std::to_string(g->degrees().ep) +
+                                            " ETP=" + std::to_string(g->degrees().etp)
+                                      : std::string("one rank"))
+                     << (pad ? " padded" : " dropless") << (gate ? " gated" : ""));
+        ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, DispatcherType::AlltoAll);
+        cfg.moe.router.pad_to_capacity = pad;
+        cfg.moe.shared_expert_gate = gate;
+        const int64_t n = 5 + me, H = cfg.hidden;
+        auto x = inputs(me, n * H, 7), dy = inputs(me, n * H, 8);
+        LayerRun plain, overlap;
+        run_layer(plain, cfg, g, x, dy, n, 8);
+        cfg.moe.shared_expert_overlap = true;
+        run_layer(overlap, cfg, g, x, dy, n, 8);
+        EXPECT_FALSE(plain.layer->overlaps_shared_expert());
+        EXPECT_TRUE(overlap.layer->overlaps_shared_expert());
+        const auto& none = plain.layer->shared_expert_overlaps();
+        const auto& seen = overlap.layer->shared_expert_overlaps();
+        EXPECT_EQ(none.forward + none.backward, 0);
+        const int64_t in_flight = g != nullptr ? 1 : 0;  // the local dispatcher sends nothing
+        EXPECT_EQ(seen.forward, in_flight) << "shared expert forwards during the dispatch";
+        EXPECT_EQ(seen.backward, in_flight) << "shared expert backwards during the combine's";
+        EXPECT_EQ(overlap.y, plain.y) << "output";
+        EXPECT_EQ(overlap.dx, plain.dx) << "input grad";
+        ASSERT_EQ(overlap.params.params().size(), plain.params.params().size());
+        for (size_t i = 0; i < plain.params.params().size(); ++i) {
+          EXPECT_EQ(grad(overlap.params.params()[i]), grad(plain.params.params()[i]))
+              << plain.params.params()[i].name();
+        }
+      }
+}
+
 // The whole model with EP groups: each rank's loss and gradients equal the one-rank model's on
 // the same micro-batch (dropless: routing is per token, aux/z losses per rank); the expert
 // grads, which see every EP rank's tokens, equal the one-rank grads summed over EP.

@@ -1020,6 +1020,60 @@ const std::vector<TpLayout> kTpLayouts = {
     {.tp = 2, .etp = 2, .ep = 2, .sp = true, .distopt = true, .world = 8, .bf16 = true},
 };
 
+// --moe-shared-expert-overlap (the shared expert computed while the alltoall dispatcher's
+// all-to-alls are in flight): EP 2 x expert data parallel world / 2 with the tiny model's shared
+// expert, dropless and padded to capacity, gated (with the attention output bias), gated under
+// "moe" recomputation, and TP 2 + SP x EP 2 (the shared expert a TP region
+// whose collectives run while the EP all-to-all is pending): 4 steps each, the per-step losses,
+// grad norms and final weights bitwise those of the same layout without the flag, and both
+// within the layout-parity row of the one-rank run (which has nothing in flight).
+const std::vector<std::string> kSharedOverlap = {"--moe-shared-expert-overlap"};
+
+template <typename T>
+void shared_expert_overlap_parity(const std::vector<std::string>& args,
+                                  const parallel::ParallelConfig& cfg, const std::string& name) {
+  const Run ref = train_run<T>(args, nullptr);
+  parallel::ProcessGroups groups = make_groups(cfg, args);
+  const Run plain = train_run<T>(args, &groups);
+  const Run overlap = train_run<T>(args + kSharedOverlap, &groups);
+  const std::string what =
+      fmt::format("shared overlap {} {} tp={}{} ep={} world={}", name, dtype_str<T>(), cfg.tp,
+                  cfg.sequence_parallel ? " sp" : "", cfg.ep, g_rt.world_size);
+  report(what + " off", compare(plain, ref, parity_tol<T>(), what + " off"));
+  report(what + " on", compare(overlap, ref, parity_tol<T>(), what + " on"));
+  expect_bitwise(overlap, plain, what + " on vs off");
+  expect_replicas_equal(overlap, groups, what);
+}
+
+template <typename T>
+void shared_expert_overlap_layouts() {
+  const std::vector<std::string> steps = {"--train-iters", "4", "--moe-token-dispatcher-type",
+                                          "alltoall"};
+  const std::vector<std::string> padded = {"--moe-expert-capacity-factor", "1.5",
+                                           "--moe-pad-expert-input-to-capacity"};
+  parallel::ParallelConfig ep2;
+  ep2.ep = 2;
+  shared_expert_overlap_parity<T>(kBase + kAux + steps, ep2, "dropless");
+  shared_expert_overlap_parity<T>(kBase + kAux + steps + padded, ep2, "padded");
+  // The gated shared expert, also under "moe" recomputation (its forward rerun in the backward).
+  shared_expert_overlap_parity<T>(kBase + kAux + steps + kGateBias, ep2, "gated");
+  shared_expert_overlap_parity<T>(
+      kBase + kAux + steps + kGateBias +
+          std::vector<std::string>{"--recompute-granularity", "selective", "--recompute-modules",
+                                   "moe"},
+      ep2, "gated recompute moe");
+  const TpLayout l{.tp = 2, .etp = 1, .ep = 2, .sp = true, .world = g_rt.world_size};
+  parallel::ParallelConfig tp2;
+  tp2.tp = 2;
+  tp2.etp = 1;
+  tp2.ep = 2;
+  tp2.sequence_parallel = true;
+  shared_expert_overlap_parity<T>(tp_args(l) + steps, tp2, "dropless");
+}
+
+TEST(SharedExpertOverlapParity, LayoutsF64) { shared_expert_overlap_layouts<double>(); }
+TEST(SharedExpertOverlapParity, LayoutsF32) { shared_expert_overlap_layouts<float>(); }
+
 // --bf16: step 1 runs on the same weights, so its loss and grad norm hold to the f32 row (the
 // later steps' bf16 rounding flips compound: kParityBf16Rtol).
 void expect_first_step_close(const Run& got, const Run& ref, const std::string& what) {
