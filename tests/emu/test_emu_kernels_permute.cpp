@@ -67,9 +67,9 @@ const std::vector<Routing>& routings() {
 // the device drops); one expert taking every slot.
 const std::vector<Routing>& tile_routings() {
   static const std::vector<Routing> all = {
-      routing(2000, 3, 7, 8),  routing(1, 6001, 37, 9), routing(900, 4, 300, 10),
-      routing(3, 2, 50, 11),   routing(3, 2, 2500, 12), uniform(600, 2, 5, -1),
-      uniform(77, 3, 300, 300), uniform(1500, 2, 9, 4), uniform(1, 1, 1, 0)};
+      routing(2000, 3, 7, 8),   routing(1, 6001, 37, 9), routing(900, 4, 300, 10),
+      routing(3, 2, 50, 11),    routing(3, 2, 2500, 12), uniform(600, 2, 5, -1),
+      uniform(77, 3, 300, 300), uniform(1500, 2, 9, 4),  uniform(1, 1, 1, 0)};
   return all;
 }
 
@@ -184,6 +184,64 @@ TEST(EmuKernelsPermute, PadPermutationMatchesTheReference) {
       expect_bitwise(token_rows, want.token_rows, "token_rows_TK");
     }
   }
+}
+
+// An expert over its capacity (the CPU paths throw; the device cannot): its first cap rows are
+// placed, the slots of the others dropped (token_rows -1); the other experts as padded normally.
+TEST(EmuKernelsPermute, PadPermutationOverCapacityKeepsTheFirstCapRows) {
+  const Routing r = routing(300, 2, 5, 21);
+  const Map m = ref_map(r);
+  const int64_t max_count = *std::max_element(m.counts.begin(), m.counts.end());
+  const int64_t cap = max_count - 3, TK = r.T * r.K;
+  ASSERT_GT(cap, 0);
+  const size_t rows = size_t(std::max(r.E * cap, TK));
+  std::vector<int32_t> tok_want(rows, -7), slot_want(rows, -7), trows_want = m.token_rows;
+  for (size_t p = size_t(r.E * cap); p < rows; ++p) {  // past the padded rows: untouched
+    tok_want[p] = m.row_token[p];
+    slot_want[p] = m.row_slot[p];
+  }
+  int64_t start = 0;
+  for (int64_t e = 0; e < r.E; ++e) {
+    for (int64_t j = 0; j < cap; ++j) {
+      const bool real = j < m.counts[size_t(e)];
+      tok_want[size_t(e * cap + j)] = real ? m.row_token[size_t(start + j)] : -1;
+      slot_want[size_t(e * cap + j)] = real ? m.row_slot[size_t(start + j)] : -1;
+    }
+    for (int64_t j = 0; j < m.counts[size_t(e)]; ++j) {
+      const int64_t i = m.row_token[size_t(start + j)] * r.K + m.row_slot[size_t(start + j)];
+      trows_want[size_t(i)] = j < cap ? int32_t(e * cap + j) : -1;
+    }
+    start += m.counts[size_t(e)];
+  }
+  std::vector<int32_t> tok0 = m.row_token, slot0 = m.row_slot;
+  tok0.resize(rows, -7);
+  slot0.resize(rows, -7);
+  const Guarded<int64_t> n_kept = guarded(std::vector<int64_t>{m.N});
+  Guarded<int64_t> pads(1), counts(0);
+  Guarded<int32_t> row_token(0), row_slot(0), token_rows(0);
+  EXPECT_EQ(order_dependence([&] {
+              pads = Guarded<int64_t>(1, -7);
+              counts = guarded(m.counts);
+              row_token = guarded(tok0);
+              row_slot = guarded(slot0);
+              token_rows = guarded(m.token_rows);
+              ops::cuda::pad_permutation(nullptr, pads.data(), counts.data(), row_token.data(),
+                                         row_slot.data(), token_rows.data(), n_kept.data(), r.T,
+                                         r.K, r.E, cap);
+              std::vector<unsigned char> out;
+              append(out, pads);
+              append(out, counts);
+              append(out, row_token);
+              append(out, row_slot);
+              append(out, token_rows);
+              return out;
+            }),
+            "");
+  expect_bitwise(pads, std::vector<int64_t>{r.E * cap - m.N}, "pads (E cap - N)");
+  expect_bitwise(counts, std::vector<int64_t>(size_t(r.E), cap), "counts_E");
+  expect_bitwise(row_token, tok_want, "row_token_N");
+  expect_bitwise(row_slot, slot_want, "row_slot_N");
+  expect_bitwise(token_rows, trows_want, "token_rows_TK");
 }
 
 // The gathers on the packed map (rows [N, T K) are pad rows) for H around a warp and over the

@@ -72,8 +72,8 @@ __device__ __forceinline__ unsigned warp_peers(int32_t v) {
 // does not depend on scheduling. Ids outside [0, E) count nowhere.
 
 // Tile w's column of M: M[e B + w] = its slots routed to e.
-__global__ void permutation_tile_counts(int32_t* M_EB, const int32_t* idx_TK, int32_t TK,
-                                        int32_t E, int32_t B, int32_t S) {
+__global__ void permutation_tile_counts(int32_t* M_EB, const int32_t* idx_TK, int32_t TK, int32_t E,
+                                        int32_t B, int32_t S) {
   const int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
   const int32_t lane = int32_t(threadIdx.x % 32u);
   if (w >= B) return;  // the whole warp
@@ -445,7 +445,8 @@ __global__ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_o
   const T* src = src_NW + src_off[c] * W;
   const int64_t n = rows[c] * W;
   if (n <= 0x7fffffff) {  // the common case: 32-bit indices
-    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x)) dst[i] = src[i];
+    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
+      dst[i] = src[i];
     return;
   }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
@@ -459,7 +460,8 @@ __global__ void copy_row_chunks_vec(int4* dst_NW4, const int4* src_NW4, const in
   const int4* src = src_NW4 + src_off[c] * W4;
   const int64_t n = rows[c] * W4;
   if (n <= 0x7fffffff) {
-    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x)) dst[i] = src[i];
+    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
+      dst[i] = src[i];
     return;
   }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
@@ -639,14 +641,13 @@ void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token
                   int64_t H) {
   MOE_KERNEL_CHECK(N >= 0 && N <= kMaxGrid && H >= 0 && H <= 0x7fffffff,
                    "[permute_rows] rows=" + std::to_string(N) +
-                       " (0 to 2^31-1, one block each), H=" + std::to_string(H) +
-                       " (0 to 2^31-1)");
+                       " (0 to 2^31-1, one block each), H=" + std::to_string(H) + " (0 to 2^31-1)");
   if (N == 0 || H == 0) return;
   if (rows_vectorize<T>(y_NH, x_TH, H)) {
     const int64_t H4 = H * int64_t(sizeof(T)) / 16;
-    launch("permute_rows_vec", kernels::permute_rows_vec, dim3(unsigned(N)), dim3(row_block(H4)),
-           0, stream, reinterpret_cast<int4*>(y_NH), reinterpret_cast<const int4*>(x_TH),
-           row_token_N, int32_t(H4));
+    launch("permute_rows_vec", kernels::permute_rows_vec, dim3(unsigned(N)), dim3(row_block(H4)), 0,
+           stream, reinterpret_cast<int4*>(y_NH), reinterpret_cast<const int4*>(x_TH), row_token_N,
+           int32_t(H4));
     return;
   }
   launch("permute_rows", kernels::permute_rows<T>, dim3(unsigned(N)), dim3(row_block(H)), 0, stream,
@@ -656,11 +657,10 @@ void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token
 template <typename T>
 void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
                     int64_t n_tok, int64_t K, int64_t H) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= kMaxGrid && K >= 0 && K <= 0x7fffffff && H >= 0 &&
-                       H <= 0x7fffffff,
-                   "[unpermute_rows] T=" + std::to_string(n_tok) +
-                       " (0 to 2^31-1, one block each), K=" + std::to_string(K) +
-                       " H=" + std::to_string(H) + " (0 to 2^31-1)");
+  MOE_KERNEL_CHECK(
+      n_tok >= 0 && n_tok <= kMaxGrid && K >= 0 && K <= 0x7fffffff && H >= 0 && H <= 0x7fffffff,
+      "[unpermute_rows] T=" + std::to_string(n_tok) + " (0 to 2^31-1, one block each), K=" +
+          std::to_string(K) + " H=" + std::to_string(H) + " (0 to 2^31-1)");
   if (n_tok == 0 || H == 0) return;
   if (rows_vectorize<T>(y_TH, x_NH, H)) {
     using V = typename kernels::Vec16<T>::type;

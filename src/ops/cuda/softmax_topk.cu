@@ -165,8 +165,9 @@ void softmax_backward(void* stream, T* dx_TE, const T* dy_TE, const T* y_TE, int
 template <typename T>
 void topk(void* stream, int32_t* idx_TK, T* val_TK, const T* x_TE, int64_t n_tok, int64_t E,
           int64_t K) {
-  MOE_KERNEL_CHECK(K >= 1 && K <= E && E <= 0x7fffffff, "[topk] K=" + std::to_string(K) + " outside [1, E=" +
-                                         std::to_string(E) + "]: lower --moe-router-topk");
+  MOE_KERNEL_CHECK(K >= 1 && K <= E && E <= 0x7fffffff, "[topk] K=" + std::to_string(K) +
+                                                            " outside [1, E=" + std::to_string(E) +
+                                                            "]: lower --moe-router-topk");
   MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= 0x7fffffff,
                    "[topk] tokens=" + std::to_string(n_tok) + " outside [0, 2^31-1]");
   if (n_tok == 0) return;
