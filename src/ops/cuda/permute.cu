@@ -56,11 +56,16 @@ __device__ __forceinline__ int popcount(unsigned m) {
 #endif
 }
 
-// The lanes of the warp holding the same v as this lane (this lane included): 32 broadcasts, so
-// it runs wherever shuffles do (the grid emulator too). Every lane of the warp calls it.
-__device__ __forceinline__ unsigned warp_peers(int32_t v) {
+// The lanes of the warp holding the same v as this lane (this lane included), through the warp's
+// 32 ints of shared memory: each lane writes its v, then reads all 32 (broadcast reads). Every
+// lane of the warp calls it; the slots are free again when it returns.
+__device__ __forceinline__ unsigned warp_peers(int32_t v, int32_t* warp_ids) {
+  const int lane = int(threadIdx.x % 32u);
+  warp_ids[lane] = v;
+  __syncwarp();  // every lane's v is written before any lane reads
   unsigned peers = 0;
-  for (int j = 0; j < 32; ++j) peers |= unsigned(__shfl_sync(0xffffffffu, v, j) == v) << j;
+  for (int j = 0; j < 32; ++j) peers |= unsigned(warp_ids[j] == v) << j;
+  __syncwarp();  // every lane has read before the next call writes
   return peers;
 }
 
@@ -71,12 +76,14 @@ __device__ __forceinline__ unsigned warp_peers(int32_t v) {
 // advances the expert's counter; so nothing is ever added by two threads at once and the result
 // does not depend on scheduling. Ids outside [0, E) count nowhere.
 
-// Tile w's column of M: M[e B + w] = its slots routed to e.
+// Tile w's column of M: M[e B + w] = its slots routed to e. Dynamic shared memory: blockDim.x ints
+// (warp_peers').
 __global__ void permutation_tile_counts(int32_t* M_EB, const int32_t* idx_TK, int32_t TK, int32_t E,
                                         int32_t B, int32_t S) {
   const int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
   const int32_t lane = int32_t(threadIdx.x % 32u);
   if (w >= B) return;  // the whole warp
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
   for (int32_t e = lane; e < E; e += 32) M_EB[e * B + w] = 0;
   __syncwarp();  // the zeros are written before any lane adds to them
   const int32_t begin = w * S, n = S < TK - begin ? S : TK - begin;
@@ -84,7 +91,7 @@ __global__ void permutation_tile_counts(int32_t* M_EB, const int32_t* idx_TK, in
     const int32_t i = begin + off + lane;
     const int32_t id = off + lane < n ? idx_TK[i] : -1;
     const bool kept = id >= 0 && id < E;
-    const unsigned peers = warp_peers(kept ? id : -1);
+    const unsigned peers = warp_peers(kept ? id : -1, warp_ids);
     if (kept && (peers & ((1u << lane) - 1u)) == 0) M_EB[id * B + w] += popcount(peers);
     __syncwarp();  // this round's sums are in before the next round reads them
   }
@@ -109,19 +116,21 @@ __global__ void permutation_offsets(int32_t* M, int32_t n) {
 // Tile w places its slots: the slot's row is its expert's counter plus its place among the
 // round's peers; row_token and token_rows are written here, row_slot by permutation_slots (M may
 // live in row_slot's memory until then). After it M[e B + w] is the row after tile w's last of e.
+// Dynamic shared memory: blockDim.x ints.
 __global__ void permutation_place(int32_t* row_token_N, int32_t* token_rows_TK, int32_t* M_EB,
                                   const int32_t* idx_TK, int32_t TK, int32_t K, int32_t E,
                                   int32_t B, int32_t S) {
   const int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
   const int32_t lane = int32_t(threadIdx.x % 32u);
   if (w >= B) return;
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
   const int32_t begin = w * S, n = S < TK - begin ? S : TK - begin;
   for (int32_t off = 0; off < n; off += 32) {
     const bool in = off + lane < n;
     const int32_t i = begin + off + lane;
     const int32_t id = in ? idx_TK[i] : -1;
     const bool kept = id >= 0 && id < E;
-    const unsigned peers = warp_peers(kept ? id : -1);
+    const unsigned peers = warp_peers(kept ? id : -1, warp_ids);
     const unsigned below = peers & ((1u << lane) - 1u);
     const int32_t first = kept ? M_EB[id * B + w] : 0;
     __syncwarp();  // every peer has read the counter before the lowest one advances it
@@ -523,12 +532,13 @@ void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t
   const unsigned warps_per_block = unsigned(kBlock / 32);
   const dim3 tiles(unsigned((B + warps_per_block - 1) / warps_per_block));
   launch("permutation_tile_counts", kernels::permutation_tile_counts, tiles, dim3(unsigned(kBlock)),
-         0, stream, M, idx_TK, int32_t(TK), int32_t(E), int32_t(B), S32);
+         size_t(kBlock) * sizeof(int32_t), stream, M, idx_TK, int32_t(TK), int32_t(E), int32_t(B),
+         S32);
   launch("permutation_offsets", kernels::permutation_offsets, dim3(1), dim3(unsigned(kScanBlock)),
          size_t(kScanBlock / 32) * sizeof(int), stream, M, int32_t(E * B));
-  launch("permutation_place", kernels::permutation_place, tiles, dim3(unsigned(kBlock)), 0, stream,
-         row_token_N, token_rows_TK, M, idx_TK, int32_t(TK), int32_t(K), int32_t(E), int32_t(B),
-         S32);
+  launch("permutation_place", kernels::permutation_place, tiles, dim3(unsigned(kBlock)),
+         size_t(kBlock) * sizeof(int32_t), stream, row_token_N, token_rows_TK, M, idx_TK,
+         int32_t(TK), int32_t(K), int32_t(E), int32_t(B), S32);
   launch("permutation_counts", kernels::permutation_counts, dim3(1), dim3(unsigned(kScanBlock)), 0,
          stream, counts_E, n_kept, static_cast<const int32_t*>(M), int32_t(E), int32_t(B));
   if (TK == 0) return;
