@@ -109,9 +109,9 @@ __global__ void topk(int32_t* idx_TK, T* val_TK, const T* x_TE, int32_t n_tok, i
         best_e = e;
       }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const T v = __shfl_xor_sync(0xffffffffu, best_v, o);
+    for (int o = 16; o > 0; o >>= 1) {  // the index travels; its value is read from the row
       const int32_t e = __shfl_xor_sync(0xffffffffu, best_e, o);
+      const T v = e >= 0 ? x[e] : T(0);
       if (e >= 0 && (best_e < 0 || v > best_v || (v == best_v && e < best_e))) {
         best_v = v;
         best_e = e;
