@@ -46,14 +46,14 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
 }  // namespace cpu
 
 // The CUDA kernels (ops/cuda/permute.cu); `stream` is the context's. The maps and counts are
-// bitwise the CPU's (a histogram and a stable placement by block scans, no atomics), the gathers
+// bitwise the CPU's (per-tile histograms, one scan, a stable placement; no atomics), the gathers
 // copies, unpermute's sum in k order: bitwise the CPU fast path. The device cannot throw: an
-// expert id outside [0, E) is dropped (token_rows -1), pad_permutation moves at most cap rows of
-// an expert, copy_row_chunks skips a chunk with a negative offset or count (the CPU path checks
-// all three). build_group_permutation writes its maps, rows_L and *pads on the device, then reads
-// rows_L back for N: a host sync, the all-gather dispatcher's documented one (inside its
-// token-count exchange point, SyncAudit::kEpTokenCounts); a chunk over its capacity throws the
-// CPU path's error after that read.
+// expert id outside [0, E) is dropped (token_rows -1), pad_permutation keeps the first cap rows
+// of an expert and drops the rest (token_rows -1), copy_row_chunks skips a chunk with a negative
+// offset or count (the CPU path checks all three). build_group_permutation writes its maps, rows_L
+// and *pads on the device, then reads rows_L back for N: a host sync, the all-gather dispatcher's
+// documented one (inside its token-count exchange point, SyncAudit::kEpTokenCounts); a chunk over
+// its capacity throws the CPU path's error after that read.
 namespace cuda {
 void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t* row_token_N,
                        int32_t* row_slot_N, int32_t* token_rows_TK, const int32_t* idx_TK,

@@ -48,10 +48,34 @@ Routing routing(int64_t T, int64_t K, int64_t E, uint32_t seed) {
   return r;
 }
 
+// Every slot routed to `id` (E for all dropped: an id past the experts).
+Routing uniform(int64_t T, int64_t K, int64_t E, int32_t id) {
+  return Routing{T, K, E, std::vector<int32_t>(size_t(T * K), id)};
+}
+
 const std::vector<Routing>& routings() {
   static const std::vector<Routing> all = {
       routing(0, 2, 3, 1),   routing(1, 1, 1, 2),   routing(5, 2, 4, 3),  routing(37, 3, 7, 4),
       routing(300, 2, 5, 5), routing(20, 4, 70, 6), routing(700, 2, 3, 7)};
+  return all;
+}
+
+// The tiled permutation's shapes (the maps only): many tiles over more than one block with a
+// ragged last tile (T K 6001 = 11 tiles of 512 + 369); E over 256 (tiles of 608 slots, 1800
+// counters: more than one round of the scan block); T K < E (a single tile's counters in
+// counts_E; with E 2500 read back in three chunks); all slots dropped (ids -1; ids >= E, which
+// the device drops); one expert taking every slot.
+const std::vector<Routing>& tile_routings() {
+  static const std::vector<Routing> all = {
+      routing(2000, 3, 7, 8),   routing(1, 6001, 37, 9), routing(900, 4, 300, 10),
+      routing(3, 2, 50, 11),    routing(3, 2, 2500, 12), uniform(600, 2, 5, -1),
+      uniform(77, 3, 300, 300), uniform(1500, 2, 9, 4),  uniform(1, 1, 1, 0)};
+  return all;
+}
+
+std::vector<Routing> all_routings() {
+  std::vector<Routing> all = routings();
+  for (const Routing& r : tile_routings()) all.push_back(r);
   return all;
 }
 
@@ -67,8 +91,11 @@ Map ref_map(const Routing& r) {
   m.row_token.resize(size_t(r.T * r.K));
   m.row_slot.resize(size_t(r.T * r.K));
   m.token_rows.resize(size_t(r.T * r.K));
+  // The device drops an id >= E (it cannot throw; the CPU paths do): the reference on -1 there.
+  std::vector<int32_t> idx = r.idx;
+  for (int32_t& id : idx) id = id >= r.E ? -1 : id;
   m.N = ops::build_permutation_ref(m.counts.data(), m.row_token.data(), m.row_slot.data(),
-                                   m.token_rows.data(), r.idx.data(), r.T, r.K, r.E);
+                                   m.token_rows.data(), idx.data(), r.T, r.K, r.E);
   return m;
 }
 
@@ -77,7 +104,7 @@ std::string name(const Routing& r) {
 }
 
 TEST(EmuKernelsPermute, BuildPermutationIsTheStableCountingSort) {
-  for (const Routing& r : routings()) {
+  for (const Routing& r : all_routings()) {
     SCOPED_TRACE(name(r));
     const Map want = ref_map(r);
     const int64_t TK = r.T * r.K;
@@ -112,12 +139,12 @@ TEST(EmuKernelsPermute, BuildPermutationIsTheStableCountingSort) {
 // Capacity the largest count (no pad for that expert), one more, and far more (blocks move past
 // the packed map's end, over several block-widths of rows).
 TEST(EmuKernelsPermute, PadPermutationMatchesTheReference) {
-  for (const Routing& r : routings()) {
+  for (const Routing& r : all_routings()) {
     const Map m = ref_map(r);
     const int64_t max_count =
         m.counts.empty() ? 0 : *std::max_element(m.counts.begin(), m.counts.end());
     for (int64_t cap : {max_count, max_count + 1, max_count + 300}) {
-      if (cap == 0) continue;
+      if (cap == 0 || r.E * cap > 30000) continue;  // the largest shapes: not 300 more (emulator time)
       SCOPED_TRACE(name(r) + " cap=" + std::to_string(cap));
       const size_t rows = size_t(std::max(r.E * cap, r.T * r.K));
       Map want = m;
@@ -157,6 +184,64 @@ TEST(EmuKernelsPermute, PadPermutationMatchesTheReference) {
       expect_bitwise(token_rows, want.token_rows, "token_rows_TK");
     }
   }
+}
+
+// An expert over its capacity (the CPU paths throw; the device cannot): its first cap rows are
+// placed, the slots of the others dropped (token_rows -1); the other experts as padded normally.
+TEST(EmuKernelsPermute, PadPermutationOverCapacityKeepsTheFirstCapRows) {
+  const Routing r = routing(300, 2, 5, 21);
+  const Map m = ref_map(r);
+  const int64_t max_count = *std::max_element(m.counts.begin(), m.counts.end());
+  const int64_t cap = max_count - 3, TK = r.T * r.K;
+  ASSERT_GT(cap, 0);
+  const size_t rows = size_t(std::max(r.E * cap, TK));
+  std::vector<int32_t> tok_want(rows, -7), slot_want(rows, -7), trows_want = m.token_rows;
+  for (size_t p = size_t(r.E * cap); p < rows; ++p) {  // past the padded rows: untouched
+    tok_want[p] = m.row_token[p];
+    slot_want[p] = m.row_slot[p];
+  }
+  int64_t start = 0;
+  for (int64_t e = 0; e < r.E; ++e) {
+    for (int64_t j = 0; j < cap; ++j) {
+      const bool real = j < m.counts[size_t(e)];
+      tok_want[size_t(e * cap + j)] = real ? m.row_token[size_t(start + j)] : -1;
+      slot_want[size_t(e * cap + j)] = real ? m.row_slot[size_t(start + j)] : -1;
+    }
+    for (int64_t j = 0; j < m.counts[size_t(e)]; ++j) {
+      const int64_t i = m.row_token[size_t(start + j)] * r.K + m.row_slot[size_t(start + j)];
+      trows_want[size_t(i)] = j < cap ? int32_t(e * cap + j) : -1;
+    }
+    start += m.counts[size_t(e)];
+  }
+  std::vector<int32_t> tok0 = m.row_token, slot0 = m.row_slot;
+  tok0.resize(rows, -7);
+  slot0.resize(rows, -7);
+  const Guarded<int64_t> n_kept = guarded(std::vector<int64_t>{m.N});
+  Guarded<int64_t> pads(1), counts(0);
+  Guarded<int32_t> row_token(0), row_slot(0), token_rows(0);
+  EXPECT_EQ(order_dependence([&] {
+              pads = Guarded<int64_t>(1, -7);
+              counts = guarded(m.counts);
+              row_token = guarded(tok0);
+              row_slot = guarded(slot0);
+              token_rows = guarded(m.token_rows);
+              ops::cuda::pad_permutation(nullptr, pads.data(), counts.data(), row_token.data(),
+                                         row_slot.data(), token_rows.data(), n_kept.data(), r.T,
+                                         r.K, r.E, cap);
+              std::vector<unsigned char> out;
+              append(out, pads);
+              append(out, counts);
+              append(out, row_token);
+              append(out, row_slot);
+              append(out, token_rows);
+              return out;
+            }),
+            "");
+  expect_bitwise(pads, std::vector<int64_t>{r.E * cap - m.N}, "pads (E cap - N)");
+  expect_bitwise(counts, std::vector<int64_t>(size_t(r.E), cap), "counts_E");
+  expect_bitwise(row_token, tok_want, "row_token_N");
+  expect_bitwise(row_slot, slot_want, "row_slot_N");
+  expect_bitwise(token_rows, trows_want, "token_rows_TK");
 }
 
 // The gathers on the packed map (rows [N, T K) are pad rows) for H around a warp and over the
@@ -221,7 +306,8 @@ void check_rows(const Routing& r, int64_t H) {
 TEST(EmuKernelsPermute, RowGathersAndUnpermute) {
   const std::vector<Routing>& all = routings();
   for (size_t i = 0; i < all.size(); ++i) {
-    const int64_t H = std::vector<int64_t>{1, 33, 300}[i % 3];
+    // 300 and 64: rows of whole 16-byte vectors (the _vec kernels); 1 and 33: the scalar ones.
+    const int64_t H = std::vector<int64_t>{1, 33, 300, 64}[i % 4];
     check_rows<float>(all[i], H);
     check_rows<double>(all[i], i == 2 ? 1 : H);
   }
@@ -263,6 +349,8 @@ TEST(EmuKernelsPermute, CopyRowChunks) {
   check_chunks<float>(3, 5, 7, 82);
   check_chunks<double>(2, 4, 33, 83);
   check_chunks<double>(2, 0, 9, 84);
+  check_chunks<float>(3, 5, 8, 85);   // rows of 32 bytes: the 16-byte kernel
+  check_chunks<double>(2, 4, 6, 86);  // rows of 48 bytes
 }
 
 // build_group_permutation: R ranks' gathered routing (rank r has tok_R[r] tokens, some none), the

@@ -126,17 +126,53 @@ void check_topk(int64_t n_tok, int64_t E, int64_t K) {
   EXPECT_EQ(bytes_of(val.data(), n), bytes_of(val_ref.data(), n)) << "values differ";
 }
 
-// K = 1 and K = E, a row of ties, -inf entries; more rows than a block (the thread-per-row grid's
-// partial last block).
+// K = 1 and K = E, a row of ties, -inf entries; more rows than a block (the warp-per-row grid's
+// partial last block); E over a warp and not a multiple of it (lanes with one entry more).
 TEST(EmuKernelsSoftmaxTopk, TopkIsTheReferenceBitwiseInEveryOrder) {
   struct Case {
     int64_t T, E, K;
   };
   for (auto c : {Case{1, 1, 1}, Case{3, 4, 4}, Case{13, 7, 1}, Case{13, 7, 3}, Case{5, 64, 8},
-                 Case{300, 9, 2}, Case{4, 257, 6}}) {
+                 Case{300, 9, 2}, Case{4, 257, 6}, Case{9, 256, 8}, Case{6, 33, 33}}) {
     check_topk<float>(c.T, c.E, c.K);
     check_topk<double>(c.T, c.E, c.K);
   }
+}
+
+// Ties of +0 and -0 (equal: index order; the bits of the chosen entry), and rows with a NaN, whose
+// insertion order is no sort order: bitwise the CPU fast path's row body, in every resume order.
+template <typename T>
+void check_topk_signed_zeros_and_nan() {
+  const int64_t n_tok = 5, E = 40, K = 5;
+  std::vector<T> x = random_vec<T>(n_tok * E, 62, -3.0, 3.0);
+  for (int64_t e = 0; e < E; ++e) x[size_t(e)] = e % 2 ? T(-0.0) : T(0.0);  // row 0
+  x[size_t(E + 3)] = T(NAN);                                                // row 1
+  x[size_t(2 * E + 0)] = T(NAN);                                            // row 2: first
+  x[size_t(3 * E + E - 1)] = T(NAN);                                        // row 3: last
+  std::vector<int32_t> idx_cpu(size_t(n_tok * K));
+  std::vector<T> val_cpu(size_t(n_tok * K));
+  for (int64_t t = 0; t < n_tok; ++t)
+    ops::topk_row(idx_cpu.data() + t * K, val_cpu.data() + t * K, x.data() + t * E, E, K);
+  Guarded<int32_t> idx(n_tok * K);
+  Guarded<T> val(n_tok * K);
+  EXPECT_EQ(order_dependence([&] {
+              idx = Guarded<int32_t>(n_tok * K, -7);
+              val = Guarded<T>(n_tok * K, T(7));
+              ops::cuda::topk<T>(nullptr, idx.data(), val.data(), x.data(), n_tok, E, K);
+              std::vector<unsigned char> out = bytes_of(idx.data(), size_t(n_tok * K));
+              const std::vector<unsigned char> v = bytes_of(val.data(), size_t(n_tok * K));
+              out.insert(out.end(), v.begin(), v.end());
+              return out;
+            }),
+            "");
+  const size_t n = size_t(n_tok * K);
+  EXPECT_EQ(idx.vec(), idx_cpu) << "indices differ from the CPU fast path's";
+  EXPECT_EQ(bytes_of(val.data(), n), bytes_of(val_cpu.data(), n)) << "values differ";
+}
+
+TEST(EmuKernelsSoftmaxTopk, TopkSignedZerosAndNanRowsAreTheCpuPathBitwise) {
+  check_topk_signed_zeros_and_nan<float>();
+  check_topk_signed_zeros_and_nan<double>();
 }
 
 TEST(EmuKernelsSoftmaxTopk, NoTokensLaunchNothing) {

@@ -1,11 +1,15 @@
-// Token dispatch on the GPU. The permutation is a stable counting sort in two launches without
-// scratch memory or atomics: a histogram (one block per expert counts its (t, k) slots with a
-// fixed-tree block sum, into counts_E), then a placement (one block per expert takes its start
-// offset as the sum of the counts before it, walks the slots in (t, k) order a block-width at a
-// time and places its own by an exclusive block scan). So the maps and counts are bitwise the
-// CPU's. The row gathers have one writer per output element; unpermute sums a token's slots in
-// k order, as the CPU does: bitwise the CPU fast path.
+// Token dispatch on the GPU. The permutation is a stable counting sort in O(T K + E B) without
+// atomics or extra memory: B tiles of consecutive slots, one warp each, count their slots per
+// expert; one block scans the [E, B] counters (expert-major) into each tile's first row of each
+// expert; each tile then places its slots in (t, k) order, a slot's row being its expert's
+// counter plus the lower lanes holding the same expert. The counters live in row_slot's memory
+// (or counts_E's, for a single tile) until the last launch writes row_slot. So the maps and counts
+// are bitwise the CPU's. Padding to capacity moves every row in parallel from its packed row. The
+// row gathers have one writer per output element (16-byte vectors where the rows allow);
+// unpermute sums a token's slots in k order, as the CPU does: bitwise the CPU fast path.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <string>
 
 #include "ops/cuda/launch.cuh"
@@ -43,89 +47,205 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* shared, int* tot
   return (warp > 0 ? shared[warp - 1] : 0) + x - v;
 }
 
-// counts_E[e] = the slots routed to e (block e). Ids outside [0, E) count nowhere.
-__global__ void permutation_counts(int64_t* counts_E, const int32_t* idx_TK, int64_t TK) {
-  const int32_t e = int32_t(blockIdx.x);
-  int64_t c = 0;
-  for (int64_t i = threadIdx.x; i < TK; i += blockDim.x) c += idx_TK[i] == e ? 1 : 0;
-  c = block_sum(c, dynamic_shared<int64_t>());
-  if (threadIdx.x == 0) counts_E[e] = c;
+// The set bits of m (POPC on the device).
+__device__ __forceinline__ int popcount(unsigned m) {
+#ifdef __CUDA_ARCH__
+  return __popc(m);
+#else
+  return std::popcount(m);
+#endif
 }
 
-// Block e places expert e's slots at rows [sum of counts before e, ...) in (t, k) order. Block 0
-// also marks the slots no expert takes (token_rows -1); the last block writes N and the pad rows
-// [N, T K). Dynamic shared memory: blockDim.x / 32 + 1 int64 (the block sums, reused by the scan).
-__global__ void permutation_place(int64_t* n_kept, int32_t* row_token_N, int32_t* row_slot_N,
-                                  int32_t* token_rows_TK, const int64_t* counts_E,
-                                  const int32_t* idx_TK, int64_t TK, int64_t K, int64_t E) {
-  const int32_t e = int32_t(blockIdx.x);
-  int64_t* sums = dynamic_shared<int64_t>();
-  int64_t before = 0;
-  for (int64_t j = threadIdx.x; j < e; j += blockDim.x) before += counts_E[j];
-  int64_t row = block_sum(before, sums);
-  __syncthreads();  // sums reused by the scans below
-  int* scan = reinterpret_cast<int*>(sums);
-  for (int64_t base = 0; base < TK; base += blockDim.x) {  // uniform trip count: every thread
-    const int64_t i = base + threadIdx.x;
-    const int32_t id = i < TK ? idx_TK[i] : -1;
-    const bool mine = i < TK && id == e;
+// The lanes of the warp holding the same v as this lane (this lane included), through the warp's
+// 32 ints of shared memory: each lane writes its v, then reads all 32 (broadcast reads). Every
+// lane of the warp calls it; the slots are free again when it returns.
+__device__ __forceinline__ unsigned warp_peers(int32_t v, int32_t* warp_ids) {
+  const int lane = int(threadIdx.x % 32u);
+  warp_ids[lane] = v;
+  __syncwarp();  // every lane's v is written before any lane reads
+  unsigned peers = 0;
+  for (int j = 0; j < 32; ++j) peers |= unsigned(warp_ids[j] == v) << j;
+  __syncwarp();  // every lane has read before the next call writes
+  return peers;
+}
+
+// build_permutation, five launches, O(T K + E B) work for B tiles of S consecutive slots, one
+// warp per tile; M [E, B] (expert-major) is the tiles' per-expert counters. A tile walks its
+// slots 32 at a time in (t, k) order: the lanes holding the same expert find each other
+// (warp_peers), a slot's place among them is the count of lower lanes, and the lowest lane alone
+// advances the expert's counter; so nothing is ever added by two threads at once and the result
+// does not depend on scheduling. Ids outside [0, E) count nowhere.
+
+// Tile w's column of M: M[e B + w] = its slots routed to e. Dynamic shared memory: blockDim.x ints
+// (warp_peers').
+__global__ void permutation_tile_counts(int32_t* M_EB, const int32_t* idx_TK, int32_t TK, int32_t E,
+                                        int32_t B, int32_t S) {
+  const int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  if (w >= B) return;  // the whole warp
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
+  for (int32_t e = lane; e < E; e += 32) M_EB[e * B + w] = 0;
+  __syncwarp();  // the zeros are written before any lane adds to them
+  const int32_t begin = w * S, n = S < TK - begin ? S : TK - begin;
+  for (int32_t off = 0; off < n; off += 32) {
+    const int32_t i = begin + off + lane;
+    const int32_t id = off + lane < n ? idx_TK[i] : -1;
+    const bool kept = id >= 0 && id < E;
+    const unsigned peers = warp_peers(kept ? id : -1, warp_ids);
+    if (kept && (peers & ((1u << lane) - 1u)) == 0) M_EB[id * B + w] += popcount(peers);
+    __syncwarp();  // this round's sums are in before the next round reads them
+  }
+}
+
+// One block: M (n = E B counters, expert-major) becomes its exclusive prefix, i.e. tile w's first
+// row of expert e. Dynamic shared memory: blockDim.x / 32 ints.
+__global__ void permutation_offsets(int32_t* M, int32_t n) {
+  int* scan = dynamic_shared<int>();
+  int carry = 0;
+  for (uint32_t base = 0; base < uint32_t(n); base += blockDim.x) {  // uniform trip count
+    const uint32_t i = base + threadIdx.x;
+    const int v = i < uint32_t(n) ? M[i] : 0;
     int total = 0;
-    const int at = block_exclusive_scan(mine ? 1 : 0, scan, &total);
-    if (mine) {
-      const int64_t r = row + at;
-      row_token_N[r] = int32_t(i / K);
-      row_slot_N[r] = int32_t(i % K);
-      token_rows_TK[i] = int32_t(r);
-    } else if (e == 0 && i < TK && (id < 0 || id >= E)) {
-      token_rows_TK[i] = -1;
-    }
-    row += total;
+    const int at = block_exclusive_scan(v, scan, &total);
+    if (i < uint32_t(n)) M[i] = carry + at;
+    carry += total;
     __syncthreads();  // scan's shared memory is read above before the next round writes it
   }
-  if (e != E - 1) return;
-  // row is now N: the kept rows end here.
-  for (int64_t r = row + threadIdx.x; r < TK; r += blockDim.x) row_token_N[r] = row_slot_N[r] = -1;
-  if (threadIdx.x == 0) *n_kept = row;
 }
 
-// One block: moves expert blocks from their packed offsets to e * cap, last expert first (blocks
-// only move up); within a block, highest rows first, each round read before it is written, so the
-// overlapping in-place move reads nothing already overwritten. Then token_rows follows.
-__global__ void pad_permutation(int64_t* pads, int64_t* counts_E, int32_t* row_token_N,
-                                int32_t* row_slot_N, int32_t* token_rows_TK, const int64_t* n_kept,
-                                int64_t K, int64_t E, int64_t cap) {
-  int64_t end = *n_kept, pad = 0;
-  for (int64_t e = E - 1; e >= 0; --e) {
-    const int64_t cnt = counts_E[e];
-    const int64_t from = end - cnt;
-    end = from;
-    pad += cap - cnt;
-    const int64_t moved = cnt < cap ? cnt : cap;  // cnt <= cap is the caller's precondition
-    const int64_t to = e * cap;
-    for (int64_t hi = moved; hi > 0; hi -= blockDim.x) {  // rows [hi - blockDim.x, hi)
-      const int64_t j = hi - 1 - int64_t(threadIdx.x);
-      int32_t tok = -1, slot = -1;
-      if (j >= 0) {
-        tok = row_token_N[from + j];
-        slot = row_slot_N[from + j];
-      }
-      __syncthreads();
-      if (j >= 0) {
-        row_token_N[to + j] = tok;
-        row_slot_N[to + j] = slot;
-      }
-      __syncthreads();
+// Tile w places its slots: the slot's row is its expert's counter plus its place among the
+// round's peers; row_token and token_rows are written here, row_slot by permutation_slots (M may
+// live in row_slot's memory until then). After it M[e B + w] is the row after tile w's last of e.
+// Dynamic shared memory: blockDim.x ints.
+__global__ void permutation_place(int32_t* row_token_N, int32_t* token_rows_TK, int32_t* M_EB,
+                                  const int32_t* idx_TK, int32_t TK, int32_t K, int32_t E,
+                                  int32_t B, int32_t S) {
+  const int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  if (w >= B) return;
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
+  const int32_t begin = w * S, n = S < TK - begin ? S : TK - begin;
+  for (int32_t off = 0; off < n; off += 32) {
+    const bool in = off + lane < n;
+    const int32_t i = begin + off + lane;
+    const int32_t id = in ? idx_TK[i] : -1;
+    const bool kept = id >= 0 && id < E;
+    const unsigned peers = warp_peers(kept ? id : -1, warp_ids);
+    const unsigned below = peers & ((1u << lane) - 1u);
+    const int32_t first = kept ? M_EB[id * B + w] : 0;
+    __syncwarp();  // every peer has read the counter before the lowest one advances it
+    if (kept) {
+      const int32_t r = first + popcount(below);
+      row_token_N[r] = i / K;
+      token_rows_TK[i] = r;
+      if (below == 0) M_EB[id * B + w] = first + popcount(peers);
+    } else if (in) {
+      token_rows_TK[i] = -1;
     }
-    for (int64_t r = to + moved + threadIdx.x; r < to + cap; r += blockDim.x)
-      row_token_N[r] = row_slot_N[r] = -1;
-    __syncthreads();  // every thread read counts_E[e] above; the next expert's rows are below
+    __syncwarp();
   }
-  for (int64_t r = threadIdx.x; r < E * cap; r += blockDim.x) {
-    if (row_token_N[r] >= 0)
-      token_rows_TK[int64_t(row_token_N[r]) * K + row_slot_N[r]] = int32_t(r);
+}
+
+// One block: counts_E[e] = the end of e's rows (M's last column) minus the end of e - 1's, *n_kept
+// the end of the last. M may be counts_E's own memory read as E int32 (a single tile): the chunks
+// go from the top down and each reads its ints (and the one below) before it writes, so a write
+// (int64 e covers ints 2e and 2e + 1 >= the chunk's lowest) never lands on an int still unread.
+__global__ void permutation_counts(int64_t* counts_E, int64_t* n_kept, const int32_t* M_EB,
+                                   int32_t E, int32_t B) {
+  for (int32_t hi = E; hi > 0; hi -= int32_t(blockDim.x)) {  // uniform trip count
+    const int32_t lo = hi > int32_t(blockDim.x) ? hi - int32_t(blockDim.x) : 0;
+    const int32_t e = lo + int32_t(threadIdx.x);
+    int32_t end = 0, start = 0;
+    if (e < hi) {
+      end = M_EB[e * B + B - 1];
+      start = e > 0 ? M_EB[(e - 1) * B + B - 1] : 0;
+    }
+    __syncthreads();
+    if (e < hi) counts_E[e] = end - start;
+    if (e == E - 1) *n_kept = end;
+    __syncthreads();
   }
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) counts_E[e] = cap;
-  if (threadIdx.x == 0) *pads = pad;
+}
+
+// row_slot of each kept slot's row, and the pad rows [N, T K) (row_token = row_slot = -1).
+__global__ void permutation_slots(int32_t* row_token_N, int32_t* row_slot_N,
+                                  const int32_t* token_rows_TK, const int64_t* n_kept, int32_t TK,
+                                  int32_t K) {
+  const int32_t N = int32_t(*n_kept);
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < uint32_t(TK); u += stride) {
+    const int32_t i = int32_t(u);
+    const int32_t r = token_rows_TK[i];
+    if (r >= 0) row_slot_N[r] = i % K;
+    if (i >= N) row_token_N[i] = row_slot_N[i] = -1;
+  }
+}
+
+// pad_permutation, three launches, all in parallel and without reading the packed row_token /
+// row_slot: each kept slot's packed row (token_rows) gives its expert (a binary search in the
+// experts' row ends) and its place in the expert's block, hence its padded row; the rows of a
+// block past its count become pad rows. So the in-place move needs no order. A slot past cap rows
+// of its expert (the CPU path throws there) is dropped (token_rows -1).
+
+// One block: counts_E becomes the inclusive prefix (each expert's end row), *pads = E cap - N.
+// Dynamic shared memory: blockDim.x / 32 ints.
+__global__ void pad_ends(int64_t* counts_E, int64_t* pads, int32_t E, int32_t cap) {
+  int* scan = dynamic_shared<int>();
+  int carry = 0;
+  for (uint32_t base = 0; base < uint32_t(E); base += blockDim.x) {  // uniform trip count
+    const uint32_t e = base + threadIdx.x;
+    const int v = e < uint32_t(E) ? int(counts_E[e]) : 0;
+    int total = 0;
+    const int at = block_exclusive_scan(v, scan, &total);
+    if (e < uint32_t(E)) counts_E[e] = carry + at + v;
+    carry += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *pads = int64_t(E) * cap - carry;
+}
+
+// Slots [0, T K) and rows [0, E cap), one index space of max of the two.
+__global__ void pad_place(int32_t* row_token_N, int32_t* row_slot_N, int32_t* token_rows_TK,
+                          const int64_t* end_E, int32_t TK, int32_t K, int32_t E, int32_t cap) {
+  const int32_t rows = E * cap, n = TK > rows ? TK : rows;
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < uint32_t(n); u += stride) {
+    const int32_t j = int32_t(u);
+    if (j < TK) {
+      const int32_t r = token_rows_TK[j];
+      if (r >= 0) {
+        int32_t lo = 0, hi = E;  // the first expert whose end is past r
+        while (lo < hi) {
+          const int32_t mid = lo + (hi - lo) / 2;
+          if (end_E[mid] > r) {
+            hi = mid;
+          } else {
+            lo = mid + 1;
+          }
+        }
+        const int32_t start = lo > 0 ? int32_t(end_E[lo - 1]) : 0;
+        if (lo < E && r - start < cap) {
+          const int32_t p = lo * cap + (r - start);
+          row_token_N[p] = j / K;
+          row_slot_N[p] = j % K;
+          token_rows_TK[j] = p;
+        } else {
+          token_rows_TK[j] = -1;
+        }
+      }
+    }
+    if (j < rows) {
+      const int32_t e = j / cap, q = j - e * cap;
+      const int32_t start = e > 0 ? int32_t(end_E[e - 1]) : 0;
+      if (q >= int32_t(end_E[e]) - start) row_token_N[j] = row_slot_N[j] = -1;
+    }
+  }
+}
+
+__global__ void pad_counts(int64_t* counts_E, int32_t E, int32_t cap) {
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < uint32_t(E); e += stride)
+    counts_E[e] = cap;
 }
 
 // build_group_permutation, three launches. Block (l, r) counts rank r's slots routed to local
@@ -237,47 +357,122 @@ __global__ void scatter_row_probs(T* dprobs_TK, const T* dp_N, const int32_t* to
   }
 }
 
+// The row gathers: one block per row (or chunk), 32-bit index math inside a row. Where every row
+// starts 16-byte aligned (the buffers aligned and a row's bytes a multiple of 16) the _vec kernels
+// move 16 bytes per load and store; the others move one element at a time.
+
 // Block r copies row r (zeros for a pad row).
 template <typename T>
-__global__ void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t H) {
-  const int64_t r = blockIdx.x;
-  const int32_t t = row_token_N[r];
-  T* y = y_NH + r * H;
+__global__ void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int32_t H) {
+  const int32_t t = row_token_N[blockIdx.x];
+  T* y = y_NH + int64_t(blockIdx.x) * H;
   if (t < 0) {
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) y[h] = T(0);
+    for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) y[h] = T(0);
     return;
   }
   const T* x = x_TH + int64_t(t) * H;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) y[h] = x[h];
+  for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) y[h] = x[h];
+}
+// The same on rows of H4 16-byte vectors (the bits move unchanged).
+__global__ void permute_rows_vec(int4* y_NH4, const int4* x_TH4, const int32_t* row_token_N,
+                                 int32_t H4) {
+  const int32_t t = row_token_N[blockIdx.x];
+  int4* y = y_NH4 + int64_t(blockIdx.x) * H4;
+  if (t < 0) {
+    const int4 zero = {0, 0, 0, 0};
+    for (int32_t h = int32_t(threadIdx.x); h < H4; h += int32_t(blockDim.x)) y[h] = zero;
+    return;
+  }
+  const int4* x = x_TH4 + int64_t(t) * H4;
+  for (int32_t h = int32_t(threadIdx.x); h < H4; h += int32_t(blockDim.x)) y[h] = x[h];
 }
 
 // Block t sums its kept rows in k order from 0 (the CPU's order: the same bits).
 template <typename T>
-__global__ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t K,
-                               int64_t H) {
-  const int64_t t = blockIdx.x;
-  const int32_t* rows = token_rows_TK + t * K;
-  T* y = y_TH + t * H;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+__global__ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int32_t K,
+                               int32_t H) {
+  const int32_t* rows = token_rows_TK + int64_t(blockIdx.x) * K;
+  T* y = y_TH + int64_t(blockIdx.x) * H;
+  for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) {
     T s = T(0);
-    for (int64_t k = 0; k < K; ++k) {
+    for (int32_t k = 0; k < K; ++k) {
       const int32_t r = rows[k];
       if (r >= 0) s += x_NH[int64_t(r) * H + h];
     }
     y[h] = s;
   }
 }
+// 16 bytes of T: float4 or double2, added lane by lane.
+template <typename T>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  using type = float4;
+  __device__ __forceinline__ static float4 zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+  __device__ __forceinline__ static void add(float4& s, const float4& v) {
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+  }
+};
+template <>
+struct Vec16<double> {
+  using type = double2;
+  __device__ __forceinline__ static double2 zero() { return make_double2(0.0, 0.0); }
+  __device__ __forceinline__ static void add(double2& s, const double2& v) {
+    s.x += v.x;
+    s.y += v.y;
+  }
+};
+// unpermute_rows on rows of H4 vectors: each element's sum is the scalar kernel's, in k order.
+template <typename T>
+__global__ void unpermute_rows_vec(typename Vec16<T>::type* y_TH4,
+                                   const typename Vec16<T>::type* x_NH4,
+                                   const int32_t* token_rows_TK, int32_t K, int32_t H4) {
+  using V = typename Vec16<T>::type;
+  const int32_t* rows = token_rows_TK + int64_t(blockIdx.x) * K;
+  V* y = y_TH4 + int64_t(blockIdx.x) * H4;
+  for (int32_t h = int32_t(threadIdx.x); h < H4; h += int32_t(blockDim.x)) {
+    V s = Vec16<T>::zero();
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t r = rows[k];
+      if (r >= 0) Vec16<T>::add(s, x_NH4[int64_t(r) * H4 + h]);
+    }
+    y[h] = s;
+  }
+}
 
 // Block c copies chunk c (its offsets and row count are in device memory; a negative one moves
-// nothing: the CPU path checks them).
+// nothing: the CPU path checks them). W elements a row; the _vec kernel gets W in 16-byte vectors.
 template <typename T>
 __global__ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off,
                                 const int64_t* src_off, const int64_t* rows, int64_t W) {
   const int64_t c = blockIdx.x;
-  const int64_t n = rows[c] * W;
   if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
   T* dst = dst_NW + dst_off[c] * W;
   const T* src = src_NW + src_off[c] * W;
+  const int64_t n = rows[c] * W;
+  if (n <= 0x7fffffff) {  // the common case: 32-bit indices
+    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
+      dst[i] = src[i];
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+template <typename T>
+__global__ void copy_row_chunks_vec(int4* dst_NW4, const int4* src_NW4, const int64_t* dst_off,
+                                    const int64_t* src_off, const int64_t* rows, int64_t W4) {
+  const int64_t c = blockIdx.x;
+  if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
+  int4* dst = dst_NW4 + dst_off[c] * W4;
+  const int4* src = src_NW4 + src_off[c] * W4;
+  const int64_t n = rows[c] * W4;
+  if (n <= 0x7fffffff) {
+    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
+      dst[i] = src[i];
+    return;
+  }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
@@ -286,6 +481,9 @@ __global__ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_o
 namespace {
 constexpr int64_t kBlock = 256;
 constexpr int64_t kMaxGrid = 0x7fffffff;
+// The permutation's smallest tile (slots per warp) and its one-block scans' width.
+constexpr int64_t kTileSlots = 512;
+constexpr int64_t kScanBlock = 1024;
 
 // Threads for a row of n elements: whole warps, at most kBlock.
 unsigned row_block(int64_t n) {
@@ -295,6 +493,13 @@ unsigned row_block(int64_t n) {
 // Blocks of kBlock threads for n elements (grid-stride beyond the grid limit).
 unsigned flat_grid(int64_t n) {
   return unsigned(std::min(kMaxGrid, (n + kBlock - 1) / kBlock));
+}
+
+// Every row of W elements of both buffers starts 16-byte aligned: the _vec kernels apply.
+template <typename T>
+bool rows_vectorize(const void* a, const void* b, int64_t W) {
+  return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+         (W * int64_t(sizeof(T))) % 16 == 0;
 }
 
 std::string rows_msg(const char* op, int64_t n_tok, int64_t K, int64_t E) {
@@ -311,23 +516,58 @@ void build_permutation(void* stream, int64_t* n_kept, int64_t* counts_E, int32_t
   MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && E <= kMaxGrid && n_tok <= 0x7fffffff / K,
                    rows_msg("build_permutation", n_tok, K, E));
   const int64_t TK = n_tok * K;
-  const unsigned block = row_block(TK);
-  const size_t smem = size_t(block / 32 + 1) * sizeof(int64_t);
-  launch("permutation_counts", kernels::permutation_counts, dim3(unsigned(E)), dim3(block), smem,
-         stream, counts_E, idx_TK, TK);
-  launch("permutation_place", kernels::permutation_place, dim3(unsigned(E)), dim3(block), smem,
-         stream, n_kept, row_token_N, row_slot_N, token_rows_TK, counts_E, idx_TK, TK, K, E);
+  // Tiles of S >= 2 E slots (a multiple of the warp): then E B <= T K whenever there are two
+  // tiles or more, and M lives in row_slot's memory until permutation_slots; a single tile with
+  // T K < E keeps its E counters in counts_E's memory (E int64 hold 2 E int32).
+  const int64_t S = std::max<int64_t>(kTileSlots, (2 * E + 31) / 32 * 32);
+  const int64_t B = std::max<int64_t>(1, (TK + S - 1) / S);
+  int32_t* M = row_slot_N;
+  if (E * B > TK) {
+    MOE_KERNEL_CHECK(B == 1, "[build_permutation] " + std::to_string(B) + " tiles of " +
+                                 std::to_string(S) + " slots need " + std::to_string(E * B) +
+                                 " counters > T*K=" + std::to_string(TK));
+    M = reinterpret_cast<int32_t*>(counts_E);
+  }
+  const int32_t S32 = int32_t(std::min<int64_t>(S, 0x7fffffff));
+  const unsigned warps_per_block = unsigned(kBlock / 32);
+  const dim3 tiles(unsigned((B + warps_per_block - 1) / warps_per_block));
+  launch("permutation_tile_counts", kernels::permutation_tile_counts, tiles, dim3(unsigned(kBlock)),
+         size_t(kBlock) * sizeof(int32_t), stream, M, idx_TK, int32_t(TK), int32_t(E), int32_t(B),
+         S32);
+  launch("permutation_offsets", kernels::permutation_offsets, dim3(1), dim3(unsigned(kScanBlock)),
+         size_t(kScanBlock / 32) * sizeof(int), stream, M, int32_t(E * B));
+  launch("permutation_place", kernels::permutation_place, tiles, dim3(unsigned(kBlock)),
+         size_t(kBlock) * sizeof(int32_t), stream, row_token_N, token_rows_TK, M, idx_TK,
+         int32_t(TK), int32_t(K), int32_t(E), int32_t(B), S32);
+  launch("permutation_counts", kernels::permutation_counts, dim3(1), dim3(unsigned(kScanBlock)), 0,
+         stream, counts_E, n_kept, static_cast<const int32_t*>(M), int32_t(E), int32_t(B));
+  if (TK == 0) return;
+  launch("permutation_slots", kernels::permutation_slots, dim3(flat_grid(TK)),
+         dim3(unsigned(kBlock)), 0, stream, row_token_N, row_slot_N,
+         static_cast<const int32_t*>(token_rows_TK), static_cast<const int64_t*>(n_kept),
+         int32_t(TK), int32_t(K));
 }
 
 void pad_permutation(void* stream, int64_t* pads, int64_t* counts_E, int32_t* row_token_N,
                      int32_t* row_slot_N, int32_t* token_rows_TK, const int64_t* n_kept,
                      int64_t n_tok, int64_t K, int64_t E, int64_t cap) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && cap >= 0 && E * cap <= 0x7fffffff,
+  MOE_KERNEL_CHECK(n_tok >= 0 && K >= 1 && E >= 1 && cap >= 0 && n_tok <= 0x7fffffff / K &&
+                       E * cap <= 0x7fffffff && E <= 0x7fffffff,
                    "[pad_permutation] T=" + std::to_string(n_tok) + " K=" + std::to_string(K) +
                        " E=" + std::to_string(E) + " capacity=" + std::to_string(cap) +
-                       ": needs K >= 1, E >= 1, capacity >= 0 and E * capacity rows within int32");
-  launch("pad_permutation", kernels::pad_permutation, dim3(1), dim3(unsigned(kBlock)), 0, stream,
-         pads, counts_E, row_token_N, row_slot_N, token_rows_TK, n_kept, K, E, cap);
+                       ": needs K >= 1, E >= 1, capacity >= 0, T*K and E * capacity rows within "
+                       "int32");
+  (void)n_kept;  // the experts' row ends come from counts_E; their sum is N
+  const int64_t TK = n_tok * K, n = std::max(TK, E * cap);
+  launch("pad_ends", kernels::pad_ends, dim3(1), dim3(unsigned(kScanBlock)),
+         size_t(kScanBlock / 32) * sizeof(int), stream, counts_E, pads, int32_t(E), int32_t(cap));
+  if (n > 0) {
+    launch("pad_place", kernels::pad_place, dim3(flat_grid(n)), dim3(unsigned(kBlock)), 0, stream,
+           row_token_N, row_slot_N, token_rows_TK, static_cast<const int64_t*>(counts_E),
+           int32_t(TK), int32_t(K), int32_t(E), int32_t(cap));
+  }
+  launch("pad_counts", kernels::pad_counts, dim3(flat_grid(E)), dim3(unsigned(kBlock)), 0, stream,
+         counts_E, int32_t(E), int32_t(cap));
 }
 
 int64_t build_group_permutation(void* stream, int64_t* rows_L, int32_t* row_token_N,
@@ -409,24 +649,39 @@ void scatter_row_probs(void* stream, T* dprobs_TK, const T* dp_N, const int32_t*
 template <typename T>
 void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
                   int64_t H) {
-  MOE_KERNEL_CHECK(N >= 0 && N <= kMaxGrid && H >= 0,
+  MOE_KERNEL_CHECK(N >= 0 && N <= kMaxGrid && H >= 0 && H <= 0x7fffffff,
                    "[permute_rows] rows=" + std::to_string(N) +
-                       " (0 to 2^31-1, one block each), H=" + std::to_string(H) + " (>= 0)");
+                       " (0 to 2^31-1, one block each), H=" + std::to_string(H) + " (0 to 2^31-1)");
   if (N == 0 || H == 0) return;
+  if (rows_vectorize<T>(y_NH, x_TH, H)) {
+    const int64_t H4 = H * int64_t(sizeof(T)) / 16;
+    launch("permute_rows_vec", kernels::permute_rows_vec, dim3(unsigned(N)), dim3(row_block(H4)), 0,
+           stream, reinterpret_cast<int4*>(y_NH), reinterpret_cast<const int4*>(x_TH), row_token_N,
+           int32_t(H4));
+    return;
+  }
   launch("permute_rows", kernels::permute_rows<T>, dim3(unsigned(N)), dim3(row_block(H)), 0, stream,
-         y_NH, x_TH, row_token_N, H);
+         y_NH, x_TH, row_token_N, int32_t(H));
 }
 
 template <typename T>
 void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
                     int64_t n_tok, int64_t K, int64_t H) {
-  MOE_KERNEL_CHECK(n_tok >= 0 && n_tok <= kMaxGrid && K >= 0 && H >= 0,
-                   "[unpermute_rows] T=" + std::to_string(n_tok) +
-                       " (0 to 2^31-1, one block each), K=" + std::to_string(K) +
-                       " H=" + std::to_string(H) + " (>= 0)");
+  MOE_KERNEL_CHECK(
+      n_tok >= 0 && n_tok <= kMaxGrid && K >= 0 && K <= 0x7fffffff && H >= 0 && H <= 0x7fffffff,
+      "[unpermute_rows] T=" + std::to_string(n_tok) + " (0 to 2^31-1, one block each), K=" +
+          std::to_string(K) + " H=" + std::to_string(H) + " (0 to 2^31-1)");
   if (n_tok == 0 || H == 0) return;
+  if (rows_vectorize<T>(y_TH, x_NH, H)) {
+    using V = typename kernels::Vec16<T>::type;
+    const int64_t H4 = H * int64_t(sizeof(T)) / 16;
+    launch("unpermute_rows_vec", kernels::unpermute_rows_vec<T>, dim3(unsigned(n_tok)),
+           dim3(row_block(H4)), 0, stream, reinterpret_cast<V*>(y_TH),
+           reinterpret_cast<const V*>(x_NH), token_rows_TK, int32_t(K), int32_t(H4));
+    return;
+  }
   launch("unpermute_rows", kernels::unpermute_rows<T>, dim3(unsigned(n_tok)), dim3(row_block(H)), 0,
-         stream, y_TH, x_NH, token_rows_TK, K, H);
+         stream, y_TH, x_NH, token_rows_TK, int32_t(K), int32_t(H));
 }
 
 template <typename T>
@@ -436,6 +691,13 @@ void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* ds
                    "[copy_row_chunks] chunks=" + std::to_string(n_chunks) +
                        " (0 to 2^31-1, one block each), W=" + std::to_string(W) + " (>= 0)");
   if (n_chunks == 0 || W == 0) return;
+  if (rows_vectorize<T>(dst_NW, src_NW, W)) {
+    launch("copy_row_chunks_vec", kernels::copy_row_chunks_vec<T>, dim3(unsigned(n_chunks)),
+           dim3(unsigned(kBlock)), 0, stream, reinterpret_cast<int4*>(dst_NW),
+           reinterpret_cast<const int4*>(src_NW), dst_off, src_off, rows,
+           W * int64_t(sizeof(T)) / 16);
+    return;
+  }
   launch("copy_row_chunks", kernels::copy_row_chunks<T>, dim3(unsigned(n_chunks)),
          dim3(unsigned(kBlock)), 0, stream, dst_NW, src_NW, dst_off, src_off, rows, W);
 }
