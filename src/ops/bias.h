@@ -25,12 +25,14 @@ void grouped_bias_backward(T* db_GC, T* dp_N, const T* dy_NC, const T* b_GC, con
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
 // is the context's. The grouped forms read the group sizes from device memory (no host sync):
-// each group is a y index of the grid, each element has one writer and one order (db: the
-// group's rows in order; dp: the row's columns in order), no atomics.
+// each group is a y (db: z) index of the grid, each element has one writer and one order (db:
+// the group's rows in ops/cuda/reduce_cols.cuh's block tree; dp: the row's columns in order), no
+// atomics.
 namespace cuda {
 template <typename T>
 void bias_forward(void* stream, T* y_MN, const T* b_N, int64_t M, int64_t N);
-// db += the column sums of dy, each over the rows in order (the CPU fast path's sums, bitwise).
+// db += the column sums of dy, each over the rows in the fixed two-stage tree of
+// ops/cuda/reduce_cols.cuh (set by the shape: the same bits run to run, not the CPU's order).
 template <typename T>
 void bias_backward(void* stream, T* db_N, const T* dy_MN, int64_t M, int64_t N);
 // G at most 65535 (the grid's y dimension).

@@ -32,7 +32,7 @@ void layernorm_forward_bf16w(void* stream, float* y_TH, float* mean_T, float* rs
                              const float* x_TH, const float* w_H, const float* b_H, int64_t n_tok,
                              int64_t H, double eps, bool zero_centered);
 // dx assigned, dw and db accumulated, as layernorm_backward below; dw's and db's sums over the
-// tokens in order.
+// tokens in the fixed two-stage tree of ops/cuda/reduce_cols.cuh (set by the shape).
 template <typename T>
 void layernorm_backward(void* stream, T* dx_TH, T* dw_H, T* db_H, const T* dy_TH, const T* x_TH,
                         const T* w_H, const T* mean_T, const T* rstd_T, int64_t n_tok, int64_t H,

@@ -51,7 +51,8 @@ void rmsnorm_forward(void* stream, T* y_TH, T* rstd_T, const T* x_TH, const T* w
 // y rounded to bf16 values in the same pass: bitwise round_f32_to_bf16 of rmsnorm_forward's y.
 void rmsnorm_forward_bf16w(void* stream, float* y_TH, float* rstd_T, const float* x_TH,
                            const float* w_H, int64_t n_tok, int64_t H, double eps);
-// dx assigned, dw accumulated, as rmsnorm_backward below; dw's sums over the tokens in order.
+// dx assigned, dw accumulated, as rmsnorm_backward below; dw's sums over the tokens in the fixed
+// two-stage tree of ops/cuda/reduce_cols.cuh (set by the shape: the same bits run to run).
 template <typename T>
 void rmsnorm_backward(void* stream, T* dx_TH, T* dw_H, const T* dy_TH, const T* x_TH, const T* w_H,
                       const T* rstd_T, int64_t n_tok, int64_t H);

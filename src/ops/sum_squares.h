@@ -25,8 +25,9 @@ template <typename T>
 void sum_squares_ranges(double* out, const T* x, const ElemRange* ranges, int64_t n_ranges);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
-// is the context's. A fixed tree in f64 in one block per buffer or range (no atomics, no
-// scratch): bitwise the same run to run, within 1e-13 relative of the references (not the CPU
+// is the context's. A fixed tree in f64 per buffer or range: blocks (their count set by n) into
+// partials in the stream's reduction workspace (ops/cuda/reduce_workspace.h), then one block (no
+// atomics): bitwise the same run to run, within 1e-13 relative of the references (not the CPU
 // fast path's bits). The ranges stay a host list, as above.
 namespace cuda {
 template <typename T>

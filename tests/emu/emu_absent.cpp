@@ -22,6 +22,8 @@ namespace {
 
 namespace emu {
 
+void* device_alloc(size_t, bool) { no_device("an allocation of device memory"); }
+void device_free(void*) { no_device("a release of device memory"); }
 DeviceAccess::DeviceAccess() { no_device("a copy or set of device memory"); }
 DeviceAccess::~DeviceAccess() = default;
 void check_pending(const char*, const void*, size_t, bool) {

@@ -1,8 +1,10 @@
 // The LayerNorm kernels (src/ops/cuda/layernorm.cu) in the grid emulator: y, mean and rstd
 // against layernorm_forward_ref and dx against layernorm_backward_ref within the dtype's tolerance
-// (docs/numerics.md: the row sums' order differs); the bf16w form bitwise round_f32_to_bf16 of the f32 kernel's y with
-// the same statistics. Both gains (w and the zero-centred 1 + w), NaN-poisoned guarded outputs,
-// dw and db accumulated onto nonzero values, in every resume order.
+// (docs/numerics.md: the row sums' order differs); the bf16w form bitwise round_f32_to_bf16 of the
+// f32 kernel's y with the same statistics. Both gains (w and the zero-centred 1 + w), NaN-poisoned
+// guarded outputs, dw and db accumulated onto nonzero values, in every resume order; dw and db
+// bitwise reduce_cols.cuh's association of the tokens' terms (col_reduce_model.h), dy and x aligned
+// or not, in several blocks of both stages.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include "common/testing.h"
 #include "common/tolerances.h"
 #include "core/check.h"
+#include "emu/col_reduce_model.h"
 #include "emu/emu_testing.h"
 #include "ops/cast.h"
 #include "ops/layernorm.h"
@@ -99,15 +102,20 @@ void check_forward(int64_t n_tok, int64_t H, bool zero_centered) {
   }
 }
 
+// dy and x start `off` elements past a 16-byte boundary.
 template <typename T>
-void check_backward(int64_t n_tok, int64_t H, bool zero_centered) {
+void check_backward(int64_t n_tok, int64_t H, bool zero_centered, int64_t off = 0) {
   SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H) +
-               " zero_centered=" + std::to_string(zero_centered));
+               " zero_centered=" + std::to_string(zero_centered) + " offset " +
+               std::to_string(off));
   const double eps = 1e-5;
-  const std::vector<T> x = random_vec<T>(n_tok * H, 84, -3.0, 3.0);
+  const std::vector<T> x_padded = random_vec<T>(off + n_tok * H, 84, -3.0, 3.0);
   const std::vector<T> w = random_vec<T>(H, 85, 0.5, 1.5);
   const std::vector<T> b = random_vec<T>(H, 86);
-  const std::vector<T> dy = random_vec<T>(n_tok * H, 87);
+  const std::vector<T> dy_padded = random_vec<T>(off + n_tok * H, 87);
+  const T* x_ptr = x_padded.data() + off;
+  const T* dy_ptr = dy_padded.data() + off;
+  const std::vector<T> x(x_ptr, x_ptr + n_tok * H), dy(dy_ptr, dy_ptr + n_tok * H);
   const std::vector<T> dw0 = random_vec<T>(H, 88), db0 = random_vec<T>(H, 89);
   // The reference forward's statistics, so the backward is judged on its own.
   std::vector<T> y(static_cast<size_t>(n_tok * H)), mean(static_cast<size_t>(n_tok)),
@@ -124,7 +132,7 @@ void check_backward(int64_t n_tok, int64_t H, bool zero_centered) {
       dw1[h] = dw0[size_t(h)];
       db1[h] = db0[size_t(h)];
     }
-    ops::cuda::layernorm_backward(nullptr, dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(),
+    ops::cuda::layernorm_backward(nullptr, dx1.data(), dw1.data(), db1.data(), dy_ptr, x_ptr,
                                   w.data(), mean.data(), rstd.data(), n_tok, H, zero_centered);
     dx = dx1;
     dw = dw1;
@@ -137,6 +145,21 @@ void check_backward(int64_t n_tok, int64_t H, bool zero_centered) {
   expect_close(dx.data(), dx_ref.data(), n_tok * H, "dx element");
   expect_close(dw.data(), dw_ref.data(), H, "dw element");
   expect_close(db.data(), db_ref.data(), H, "db element");
+  const ops::cuda::ColReducePlan plan = ops::cuda::plan_col_reduce<T>(n_tok, H, 2, "test");
+  for (int64_t h = 0; h < H; ++h) {
+    const auto at = [&](int64_t t) { return size_t(t * H + h); };
+    const T want_w =
+        dw0[size_t(h)] + emu_test::col_tree_sum<T>(plan, n_tok, [&](T& acc, int64_t t) {
+          acc = acc + dy[at(t)] * ((x[at(t)] - mean[size_t(t)]) * rstd[size_t(t)]);
+        });
+    const T want_b =
+        db0[size_t(h)] +
+        emu_test::col_tree_sum<T>(plan, n_tok, [&](T& acc, int64_t t) { acc += dy[at(t)]; });
+    ASSERT_EQ(std::memcmp(&dw[h], &want_w, sizeof(T)), 0)
+        << "dw element " << h << ": " << dw[h] << " is not reduce_cols' association " << want_w;
+    ASSERT_EQ(std::memcmp(&db[h], &want_b, sizeof(T)), 0)
+        << "db element " << h << ": " << db[h] << " is not reduce_cols' association " << want_b;
+  }
 }
 
 TEST(EmuKernelsLayernorm, ForwardMatchesTheReferenceInEveryOrder) {
@@ -154,6 +177,18 @@ TEST(EmuKernelsLayernorm, BackwardMatchesTheReferenceInEveryOrder) {
       check_backward<float>(n_tok, H, zc);
       check_backward<double>(n_tok, H, zc);
     }
+  }
+}
+
+// dw and db's two stages with several blocks in each (column tiles, splits of >= 64 tokens with a
+// short last one, more than 8 splits); hidden a multiple of the vector width or not; dy and x
+// aligned or one element off.
+TEST(EmuKernelsLayernorm, BackwardDwDbInSeveralBlocksOfBothStagesInEveryOrder) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{600, 130}, {530, 132}, {1100, 12}};
+  for (auto [n_tok, H] : shapes) {
+    check_backward<float>(n_tok, H, false, 0);
+    check_backward<float>(n_tok, H, true, 1);
+    check_backward<double>(n_tok, H, H % 4 == 0, H % 4 == 0 ? 1 : 0);
   }
 }
 

@@ -1,7 +1,8 @@
 // The RMSNorm backward kernels (src/ops/cuda/rmsnorm.cu) in the grid emulator against
 // rmsnorm_backward_ref, within the dtype's tolerance (docs/numerics.md: the sums' order differs),
 // with NaN-poisoned guarded dx, dw accumulated onto nonzero values in a guarded buffer, and
-// bitwise the same in every resume order (no races; dw's sums in token order, no atomics).
+// bitwise the same in every resume order (no races, no atomics); dw bitwise reduce_cols.cuh's
+// association of the tokens' terms (col_reduce_model.h), with dy and x aligned or not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "common/testing.h"
 #include "common/tolerances.h"
 #include "core/check.h"
+#include "emu/col_reduce_model.h"
 #include "emu/emu_testing.h"
 #include "ops/cast.h"
 #include "ops/rmsnorm.h"
@@ -26,13 +28,18 @@ using emu_test::order_dependence;
 using testing::Guarded;
 using testing::random_vec;
 
+// dy and x start `off` elements past a 16-byte boundary.
 template <typename T>
-void check_rmsnorm_backward(int64_t n_tok, int64_t H) {
-  SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H));
+void check_rmsnorm_backward(int64_t n_tok, int64_t H, int64_t off = 0) {
+  SCOPED_TRACE("tokens=" + std::to_string(n_tok) + " hidden=" + std::to_string(H) + " offset " +
+               std::to_string(off));
   const double eps = 1e-5;
-  const std::vector<T> x = random_vec<T>(n_tok * H, 41, -3.0, 3.0);
+  const std::vector<T> x_padded = random_vec<T>(off + n_tok * H, 41, -3.0, 3.0);
   const std::vector<T> w = random_vec<T>(H, 42, 0.5, 1.5);
-  const std::vector<T> dy = random_vec<T>(n_tok * H, 43);
+  const std::vector<T> dy_padded = random_vec<T>(off + n_tok * H, 43);
+  const T* x_ptr = x_padded.data() + off;
+  const T* dy_ptr = dy_padded.data() + off;
+  const std::vector<T> x(x_ptr, x_ptr + n_tok * H), dy(dy_ptr, dy_ptr + n_tok * H);
   const std::vector<T> dw0 = random_vec<T>(H, 44);  // dw accumulates onto these
   // The reference forward's rstd, so the backward is judged on its own.
   std::vector<T> y(static_cast<size_t>(n_tok * H)), rstd(static_cast<size_t>(n_tok));
@@ -44,7 +51,7 @@ void check_rmsnorm_backward(int64_t n_tok, int64_t H) {
   const std::string diff = order_dependence([&] {
     Guarded<T> dx1(n_tok * H, T(NAN)), dw1(H);
     for (int64_t h = 0; h < H; ++h) dw1[h] = dw0[size_t(h)];
-    ops::cuda::rmsnorm_backward(nullptr, dx1.data(), dw1.data(), dy.data(), x.data(), w.data(),
+    ops::cuda::rmsnorm_backward(nullptr, dx1.data(), dw1.data(), dy_ptr, x_ptr, w.data(),
                                 rstd.data(), n_tok, H);
     dx = dx1;
     dw = dw1;
@@ -60,9 +67,16 @@ void check_rmsnorm_backward(int64_t n_tok, int64_t H) {
     ASSERT_NEAR(dx[i], dx_ref[size_t(i)], kAtol<T> + kRtol<T> * std::abs(dx_ref[size_t(i)]))
         << "dx element " << i;
   }
+  const ops::cuda::ColReducePlan plan = ops::cuda::plan_col_reduce<T>(n_tok, H, 1, "test");
   for (int64_t h = 0; h < H; ++h) {
     ASSERT_NEAR(dw[h], dw_ref[size_t(h)], kAtol<T> + kRtol<T> * std::abs(dw_ref[size_t(h)]))
         << "dw element " << h;
+    const T tree = emu_test::col_tree_sum<T>(plan, n_tok, [&](T& acc, int64_t t) {
+      acc += dy[size_t(t * H + h)] * x[size_t(t * H + h)] * rstd[size_t(t)];
+    });
+    const T want = dw0[size_t(h)] + tree;
+    ASSERT_EQ(std::memcmp(&dw[h], &want, sizeof(T)), 0)
+        << "dw element " << h << ": " << dw[h] << " is not reduce_cols' association " << want;
   }
 }
 
@@ -75,6 +89,19 @@ TEST(EmuKernelsRmsnorm, BackwardMatchesTheReferenceInEveryOrder) {
   for (auto [n_tok, H] : shapes) {
     check_rmsnorm_backward<float>(n_tok, H);
     check_rmsnorm_backward<double>(n_tok, H);
+  }
+}
+
+// dw's two stages with several blocks in each (column tiles, splits of >= 64 tokens with a short
+// last one, more than 8 splits); the q/k norms' shape (many rows of a few columns: 18 splits);
+// hidden a multiple of the vector width or not; dy and x aligned or one element off.
+TEST(EmuKernelsRmsnorm, BackwardDwInSeveralBlocksOfBothStagesInEveryOrder) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {600, 130}, {530, 132}, {1100, 8}, {650, 6}};
+  for (auto [n_tok, H] : shapes) {
+    check_rmsnorm_backward<float>(n_tok, H, 0);
+    check_rmsnorm_backward<float>(n_tok, H, 1);
+    check_rmsnorm_backward<double>(n_tok, H, H % 2);
   }
 }
 

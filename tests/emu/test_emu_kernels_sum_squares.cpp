@@ -1,7 +1,9 @@
 // The sum-of-squares kernels (src/ops/cuda/sum_squares.cu) in the grid emulator against their
 // long double references within 1e-13 relative (docs/numerics.md: the sum of squares' own
 // tolerance), bitwise the same in every resume order, with the output guarded and NaN-filled (the
-// ranges form adds into *out after its first range: the first must write it).
+// ranges form adds into *out after its first range: the first must write it); one block and the
+// two stages (blocks' partials, then one block over them), x at every offset from a 16-byte
+// boundary.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -100,6 +102,21 @@ void check_ranges() {
   EXPECT_EQ(std::memcmp(&zero, &plus_zero, sizeof(double)), 0) << zero;
 }
 
+// The two stages: several blocks of 256 threads (one per 4096 elements, at most 1056), x 0 to 3
+// elements past a 16-byte boundary (the head before the first whole vector), tails of every
+// length; and the full grid, whose 1056 partials stage 2's threads take several at a time (in one
+// order: 270k threads).
+TEST(EmuKernelsSumSquares, MultiBlockMatchesTheReferenceInEveryOrder) {
+  for (int64_t n : {4097, 9000, 3 * 4096 + 5, 70001}) {
+    for (int64_t off : {0, 1, 2, 3}) {
+      check_sum_squares<float>(n, off);
+      if (off < 2) check_sum_squares<double>(n, off);
+    }
+  }
+  check_sum_squares<float>(1100 * 4096 + 7, 3, /*orders=*/false);
+  check_sum_squares<double>(1060 * 4096 + 1, 1, /*orders=*/false);
+}
+
 TEST(EmuKernelsSumSquares, RangesMatchTheReferenceInEveryOrder) {
   check_ranges<float>();
   check_ranges<double>();
@@ -111,10 +128,8 @@ TEST(EmuKernelsSumSquares, BadArgumentsAreErrors) {
   EXPECT_THROW(ops::cuda::sum_squares<float>(nullptr, &out, &x, -1), Error);
   const ops::ElemRange bad[] = {{0, 1}, {-1, 2}}, bad_count[] = {{0, -1}};
   EXPECT_THROW(ops::cuda::sum_squares_ranges<float>(nullptr, &out, &x, bad, -1), Error);
-  EXPECT_THROW(ops::cuda::sum_squares_ranges<float>(nullptr, &out, &x, bad + 1, 1),
-               Error);
-  EXPECT_THROW(ops::cuda::sum_squares_ranges<float>(nullptr, &out, &x, bad_count, 1),
-               Error);
+  EXPECT_THROW(ops::cuda::sum_squares_ranges<float>(nullptr, &out, &x, bad + 1, 1), Error);
+  EXPECT_THROW(ops::cuda::sum_squares_ranges<float>(nullptr, &out, &x, bad_count, 1), Error);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // The column bias on the GPU. Forward: a grid-stride loop over the elements of y, each adding its
-// column's bias. Backward: a thread per column summing the rows in order into a register and
-// adding that to db once (no atomics, one writer and one order per element: the CPU fast path's
-// order, so the same sums run to run and on either backend).
+// column's bias. Backward: reduce_cols.cuh's two-stage column reduction (blocks over splits of
+// the rows, then the splits' partials in a fixed order; no atomics, so the same sums run to run,
+// associated otherwise than the CPU fast path's rows in order: within the dtype's row).
 #include <algorithm>
 
 #include "ops/bias.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce_cols.cuh"
 
 namespace moecore::ops::cuda {
 
@@ -18,15 +19,20 @@ __global__ void bias_forward(T* y_MN, const T* b_N, int64_t MN, int64_t N) {
   }
 }
 
-// Adjacent threads read adjacent columns of a row: each row's loads coalesce.
+// db's terms for reduce_cols.cuh: dy of row m, column n.
 template <typename T>
-__global__ void bias_backward(T* db_N, const T* dy_MN, int64_t M, int64_t N) {
-  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  T acc = 0;
-  for (int64_t m = 0; m < M; ++m) acc += dy_MN[m * N + n];
-  db_N[n] += acc;
-}
+struct BiasDbTerm {
+  static constexpr int kOut = 1;
+  const T* dy_MN;
+  int M;
+  __device__ __forceinline__ RowRange rows(int) const { return {0, M}; }
+  template <int kLanes>
+  __device__ __forceinline__ void add(T (&acc)[1][kLanes], size_t i, int) const {
+    T dy[kLanes];
+    load_lanes<kLanes>(dy_MN + i, dy);
+    for (int l = 0; l < kLanes; ++l) acc[0][l] += dy[l];
+  }
+};
 }  // namespace kernels
 
 namespace {
@@ -48,12 +54,12 @@ void bias_forward(void* stream, T* y_MN, const T* b_N, int64_t M, int64_t N) {
 
 template <typename T>
 void bias_backward(void* stream, T* db_N, const T* dy_MN, int64_t M, int64_t N) {
-  MOE_KERNEL_CHECK(M >= 0 && N >= 0 && N <= int64_t(0x7fffffff) * kBlock,
-                   "[bias_backward] shape M=" + std::to_string(M) + " N=" + std::to_string(N) +
-                       ": both >= 0, N at most 2^31-1 blocks of " + std::to_string(kBlock));
-  if (M == 0 || N == 0) return;  // db gains nothing
-  launch("bias_backward", kernels::bias_backward<T>, dim3(unsigned((N + kBlock - 1) / kBlock)),
-         dim3(unsigned(kBlock)), 0, stream, db_N, dy_MN, M, N);
+  // Checks the shape (0 to 2^31-1 each); db gains nothing from no rows or no columns.
+  const ColReducePlan p = plan_col_reduce<T>(M, N, 1, "bias_backward");
+  const kernels::BiasDbTerm<T> term{dy_MN, int(M)};
+  T* const out[1] = {db_N};
+  reduce_cols(stream, p, term, out, 1, N % kColVecLanes<T> == 0 && all_16_aligned(dy_MN),
+              "bias_backward", "bias_backward_partials");
 }
 
 template void bias_forward<float>(void*, float*, const float*, int64_t, int64_t);

@@ -1,13 +1,15 @@
 // The grouped (per expert) bias on the GPU, the group sizes read from device memory (no host
 // sync). The grid's y index is the group: each thread finds its group's first row by summing
-// m_G before it. Forward: a grid-stride loop over the group's elements. Backward: db a thread per
-// (group, column) summing the group's rows in order (the CPU fast path's order), dp a thread per
-// row summing its columns in order; one writer and one order per element, no atomics.
+// m_G before it. Forward: a grid-stride loop over the group's elements. Backward: db by
+// reduce_cols.cuh's block tiles (a block per (group, 32 x 16 bytes of columns), its 8 warps over
+// the group's rows, then the warps in order: one split per group, no second stage), dp a thread
+// per row summing its columns in order; one writer and one order per element, no atomics.
 #include <algorithm>
 #include <string>
 
 #include "ops/bias.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/reduce_cols.cuh"
 
 namespace moecore::ops::cuda {
 
@@ -39,22 +41,31 @@ __global__ void grouped_bias_forward(T* y_NC, const T* b_GC, const T* p_N, const
   }
 }
 
+// db's terms for reduce_cols.cuh, group blockIdx.z: dy (times p when given) of row m, column c.
+// The group's rows from m_G on the device (int: a step's routed rows stay below 2^31).
 template <typename T>
-__global__ void grouped_bias_db(T* db_GC, const T* dy_NC, const T* p_N, const int64_t* m_G,
-                                int64_t C) {
-  const int64_t g = blockIdx.y, c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  int64_t row0 = 0, rows = 0;
-  group_rows(m_G, g, &row0, &rows);
-  const T* dy = dy_NC + row0 * C;
-  T acc = 0;
-  if (p_N == nullptr) {
-    for (int64_t n = 0; n < rows; ++n) acc += dy[n * C + c];
-  } else {
-    for (int64_t n = 0; n < rows; ++n) acc += p_N[row0 + n] * dy[n * C + c];
+struct GroupedBiasDbTerm {
+  static constexpr int kOut = 1;
+  const T* dy_NC;
+  const T* p_N;  // null: no scaling
+  const int64_t* m_G;
+  __device__ __forceinline__ RowRange rows(int g) const {
+    int64_t r0 = 0, n = 0;
+    group_rows(m_G, g, &r0, &n);
+    return {int(r0), int(n)};
   }
-  db_GC[g * C + c] += acc;
-}
+  template <int kLanes>
+  __device__ __forceinline__ void add(T (&acc)[1][kLanes], size_t i, int m) const {
+    T dy[kLanes];
+    load_lanes<kLanes>(dy_NC + i, dy);
+    if (p_N == nullptr) {
+      for (int l = 0; l < kLanes; ++l) acc[0][l] += dy[l];
+    } else {
+      const T p = p_N[m];
+      for (int l = 0; l < kLanes; ++l) acc[0][l] += p * dy[l];
+    }
+  }
+};
 
 template <typename T>
 __global__ void grouped_bias_dp(T* dp_N, const T* dy_NC, const T* b_GC, const int64_t* m_G,
@@ -106,9 +117,19 @@ void grouped_bias_backward(void* stream, T* db_GC, T* dp_N, const T* dy_NC, cons
                            const T* p_N, const int64_t* m_G, int64_t G, int64_t C) {
   check_args("grouped_bias_backward", m_G, G, C);
   if (G == 0 || C == 0) return;  // db has no elements; dp gains sums of no columns
-  launch("grouped_bias_db", kernels::grouped_bias_db<T>,
-         dim3(unsigned((C + kBlock - 1) / kBlock), unsigned(G)), dim3(unsigned(kBlock)), 0, stream,
-         db_GC, dy_NC, p_N, m_G, C);
+  MOE_KERNEL_CHECK(C <= 0x7fffffff, "[grouped_bias_backward] C=" + std::to_string(C) +
+                                        " columns: at most 2^31-1 (32-bit index math)");
+  // db: reduce_cols.cuh's stage 1 with one split per group (the row counts live on the device,
+  // so the grid cannot split them; the groups x column tiles fill it), straight into db.
+  ColReducePlan plan;
+  plan.M = 1;  // not empty: the groups' rows are on the device
+  plan.N = int(C);
+  plan.splits = 1;
+  plan.rows_per_split = 0x7ffffff8;
+  const kernels::GroupedBiasDbTerm<T> term{dy_NC, p_N, m_G};
+  T* const out[1] = {db_GC};
+  reduce_cols(stream, plan, term, out, int(G), C % kColVecLanes<T> == 0 && all_16_aligned(dy_NC),
+              "grouped_bias_db", "grouped_bias_db");
   if (p_N != nullptr && dp_N != nullptr) {
     launch("grouped_bias_dp", kernels::grouped_bias_dp<T>,
            dim3(unsigned(kBlocksPerGroup), unsigned(G)), dim3(unsigned(kBlock)), 0, stream, dp_N,

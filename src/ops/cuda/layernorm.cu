@@ -4,8 +4,9 @@
 // emulator computes the GPU's roundings, and the backward's g is the same value in its sum and in
 // dx, see layernorm_backward_dx). The bf16w form is the same kernel with y rounded to bf16 values
 // (ops::f32_bf16_rounded) in the same pass: bitwise round_f32_to_bf16 of this backend's
-// layernorm_forward. The backward: dx by the same block-per-row scheme, dw and db by a thread per
-// column adding the tokens' terms in token order (no atomics: one writer, one order).
+// layernorm_forward. The backward: dx by the same block-per-row scheme, dw and db together by
+// reduce_cols.cuh's two-stage column reduction (blocks over splits of the tokens, then the splits'
+// partials in a fixed order: no atomics, the order set by the shape alone).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -13,6 +14,7 @@
 #include "ops/cast.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cuda/reduce_cols.cuh"
 #include "ops/cuda/rounding.cuh"
 #include "ops/layernorm.h"
 
@@ -90,22 +92,29 @@ __global__ void layernorm_backward_dx(T* dx_TH, const T* dy_TH, const T* x_TH, c
   }
 }
 
-// One thread per column h: dw[h] += sum_t dy xhat, db[h] += sum_t dy, in token order.
+// dw's and db's terms for reduce_cols.cuh: dy xhat and dy of token m, column h (xhat's products
+// rounded one at a time, as the forward's).
 template <typename T>
-__global__ void layernorm_backward_dwdb(T* dw_H, T* db_H, const T* dy_TH, const T* x_TH,
-                                        const T* mean_T, const T* rstd_T, int64_t n_tok,
-                                        int64_t H) {
-  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (h >= H) return;
-  T acc_w = 0, acc_b = 0;
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const T dy = dy_TH[t * H + h];
-    acc_w = add_rn(acc_w, mul_rn(dy, mul_rn(x_TH[t * H + h] - mean_T[t], rstd_T[t])));
-    acc_b += dy;
+struct LayernormDwDbTerm {
+  static constexpr int kOut = 2;
+  const T* dy_TH;
+  const T* x_TH;
+  const T* mean_T;
+  const T* rstd_T;
+  int n_tok;
+  __device__ __forceinline__ RowRange rows(int) const { return {0, n_tok}; }
+  template <int kLanes>
+  __device__ __forceinline__ void add(T (&acc)[2][kLanes], size_t i, int m) const {
+    T dy[kLanes], x[kLanes];
+    load_lanes<kLanes>(dy_TH + i, dy);
+    load_lanes<kLanes>(x_TH + i, x);
+    const T mean = mean_T[m], rstd = rstd_T[m];
+    for (int l = 0; l < kLanes; ++l) {
+      acc[0][l] = add_rn(acc[0][l], mul_rn(dy[l], mul_rn(x[l] - mean, rstd)));
+      acc[1][l] += dy[l];
+    }
   }
-  dw_H[h] += acc_w;
-  db_H[h] += acc_b;
-}
+};
 }  // namespace kernels
 
 namespace {
@@ -156,9 +165,12 @@ void layernorm_backward(void* stream, T* dx_TH, T* dw_H, T* db_H, const T* dy_TH
   launch("layernorm_backward_dx", kernels::layernorm_backward_dx<T>, dim3(unsigned(n_tok)),
          dim3(unsigned(block)), smem, stream, dx_TH, dy_TH, x_TH, w_H, mean_T, rstd_T, H,
          zero_centered);
-  launch("layernorm_backward_dwdb", kernels::layernorm_backward_dwdb<T>,
-         dim3(unsigned((H + kMaxBlock - 1) / kMaxBlock)), dim3(unsigned(kMaxBlock)), 0, stream,
-         dw_H, db_H, dy_TH, x_TH, mean_T, rstd_T, n_tok, H);
+  // dw and db: reduce_cols.cuh's two stages over the tokens, both in one pass over dy and x.
+  const ColReducePlan p = plan_col_reduce<T>(n_tok, H, 2, "layernorm_backward_dwdb");
+  const kernels::LayernormDwDbTerm<T> term{dy_TH, x_TH, mean_T, rstd_T, int(n_tok)};
+  T* const out[2] = {dw_H, db_H};
+  reduce_cols(stream, p, term, out, 1, H % kColVecLanes<T> == 0 && all_16_aligned(dy_TH, x_TH),
+              "layernorm_backward_dwdb", "layernorm_backward_dwdb_partials");
 }
 
 template void layernorm_forward<float>(void*, float*, float*, float*, const float*, const float*,

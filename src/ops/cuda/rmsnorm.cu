@@ -4,14 +4,16 @@
 // path (ops::rmsnorm_rstd, ops::rmsnorm_element). The summation order depends on the block size
 // alone: the output is the same run to run. The bf16w form is the same kernel with y rounded to
 // bf16 values (ops::f32_bf16_rounded) in the same pass. The backward: dx by the same block-per-row
-// scheme (the row's sum of w dy x), dw by a thread per column that adds the tokens' terms in token
-// order (no atomics: each dw element has one writer and one order).
+// scheme (the row's sum of w dy x), dw by reduce_cols.cuh's two-stage column reduction (blocks of
+// 8 warps over splits of the tokens, then the splits' partials in a fixed order: no atomics, the
+// order set by the shape alone). The q/k norms run here too, with heads x tokens rows of D.
 #include <algorithm>
 #include <string>
 
 #include "ops/cast.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cuda/reduce_cols.cuh"
 #include "ops/rmsnorm.h"
 
 namespace moecore::ops::cuda {
@@ -83,16 +85,24 @@ __global__ void rmsnorm_backward_dx(T* dx_TH, const T* dy_TH, const T* x_TH, con
   }
 }
 
-// One thread per column h: dw[h] += the tokens' terms, added in token order.
+// dw's terms for reduce_cols.cuh: dy x rstd of token m, column h, multiplied in that order.
 template <typename T>
-__global__ void rmsnorm_backward_dw(T* dw_H, const T* dy_TH, const T* x_TH, const T* rstd_T,
-                                    int64_t n_tok, int64_t H) {
-  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (h >= H) return;
-  T acc = 0;
-  for (int64_t t = 0; t < n_tok; ++t) acc += dy_TH[t * H + h] * x_TH[t * H + h] * rstd_T[t];
-  dw_H[h] += acc;
-}
+struct RmsnormDwTerm {
+  static constexpr int kOut = 1;
+  const T* dy_TH;
+  const T* x_TH;
+  const T* rstd_T;
+  int n_tok;
+  __device__ __forceinline__ RowRange rows(int) const { return {0, n_tok}; }
+  template <int kLanes>
+  __device__ __forceinline__ void add(T (&acc)[1][kLanes], size_t i, int m) const {
+    T dy[kLanes], x[kLanes];
+    load_lanes<kLanes>(dy_TH + i, dy);
+    load_lanes<kLanes>(x_TH + i, x);
+    const T rstd = rstd_T[m];
+    for (int l = 0; l < kLanes; ++l) acc[0][l] += dy[l] * x[l] * rstd;
+  }
+};
 }  // namespace kernels
 
 namespace {
@@ -136,9 +146,12 @@ void rmsnorm_backward(void* stream, T* dx_TH, T* dw_H, const T* dy_TH, const T* 
   const size_t smem = size_t(block / 32 + 1) * sizeof(T);
   launch("rmsnorm_backward_dx", kernels::rmsnorm_backward_dx<T>, dim3(unsigned(n_tok)),
          dim3(unsigned(block)), smem, stream, dx_TH, dy_TH, x_TH, w_H, rstd_T, H);
-  launch("rmsnorm_backward_dw", kernels::rmsnorm_backward_dw<T>,
-         dim3(unsigned((H + kMaxBlock - 1) / kMaxBlock)), dim3(unsigned(kMaxBlock)), 0, stream,
-         dw_H, dy_TH, x_TH, rstd_T, n_tok, H);
+  // dw: reduce_cols.cuh's two stages over the tokens (the q/k norms' many rows of D columns too).
+  const ColReducePlan p = plan_col_reduce<T>(n_tok, H, 1, "rmsnorm_backward_dw");
+  const kernels::RmsnormDwTerm<T> term{dy_TH, x_TH, rstd_T, int(n_tok)};
+  T* const out[1] = {dw_H};
+  reduce_cols(stream, p, term, out, 1, H % kColVecLanes<T> == 0 && all_16_aligned(dy_TH, x_TH),
+              "rmsnorm_backward_dw", "rmsnorm_backward_dw_partials");
 }
 
 template void rmsnorm_forward<float>(void*, float*, float*, const float*, const float*, int64_t,
