@@ -66,15 +66,15 @@ for i in "${!runs[@]}"; do
   cat "$dir/emu-cuda-train-$i.log"
   [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
-# More than one process with --device cuda is refused before step 0, naming the count (the
-# trainer's collectives are MPI's, which move host memory).
+# More than one process with --device cuda needs NCCL for the device's collectives: a build
+# without it refuses before step 0, naming the count.
 if command -v mpirun > /dev/null 2>&1; then
   mpi_tmp=$(mktemp -d)
   out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_orte_tmpdir_base=$mpi_tmp \
     mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 \
     "$dir/moecore" train --config configs/tiny.toml --device cuda 2>&1) && rc=1
   rm -rf "$mpi_tmp"
-  if grep -q -- '--device cuda trains on one process so far, not 2' <<< "$out" &&
+  if grep -q -- '--device cuda on 2 processes needs NCCL' <<< "$out" &&
     ! grep -q 'iteration ' <<< "$out"; then
     echo "[emu-cuda] --device cuda on 2 processes: refused before step 0"
   else
