@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "core/fault_injection.h"
+#include "parallel/communicator_nccl.h"
 #include "parallel/mpi_check.h"
 #include "parallel/process_groups.h"
 
@@ -177,6 +178,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   MpiContext& ctx() const { return *ctx_; }
+  const std::shared_ptr<MpiContext>& context() const { return ctx_; }
+  MPI_Comm mpi_comm() const { return comm_; }
   int64_t calls() const { return calls_; }
   const char* last_call() const { return last_call_; }
   int64_t enter(const char* call) {
@@ -984,6 +987,22 @@ void timed_world_barrier(double timeout_s, int rank, int size) {
 }
 
 }  // namespace
+
+std::unique_ptr<Communicator> duplicate_communicator(Communicator& group, std::string name) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&group);
+  if (mpi == nullptr) {
+    MOE_CHECK(group.size() == 1,
+              "[comm] group '{}': a communicator of {} members that is not MPI's cannot be "
+              "duplicated",
+              group.name(), group.size());
+    return make_local_communicator(std::move(name), group.global_ranks()[0]);
+  }
+  MPI_Comm dup;
+  MOE_CHECK_MPI(MPI_Comm_dup(mpi->mpi_comm(), &dup), "[comm] duplicating group '{}'",
+                group.name());
+  return std::make_unique<MpiCommunicator>(dup, std::move(name), group.global_ranks(),
+                                           mpi->context());
+}
 
 void connect_communicators(ProcessGroups& groups) {
   int inited = 0;

@@ -10,6 +10,9 @@
 // - bf16 reductions (the Communicator reduces bf16 in f32 and rounds once, NCCL would round at
 //   every step) are refused until the backend's cast kernels stage them in f32;
 // - a wait past the group's timeout reports the call and aborts the process, as MPI's does.
+// The emulated CUDA build links tests/emu/device/communicator_nccl_emu.cpp in place of the real
+// one: the same plans run over MPI on the emulated device memory, with strict buffer rules
+// (docs/testing.md, "The emulated NCCL").
 #pragma once
 
 #include <memory>
@@ -25,5 +28,12 @@ bool nccl_built();
 // collectives bounded by timeout_s. Throws naming what is missing in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const Exec& ex,
                                                      double timeout_s);
+
+// A second communicator over the members of `group`, named `name`, whose operations never match
+// `group`'s own (MPI: a duplicate of its MPI communicator, sharing its timeout, its progress of
+// the rings in flight and its timeout diagnosis; a group of one without MPI: a local
+// communicator). Collective over the members. The emulated NCCL's transport (defined with the
+// MPI communicator: parallel/communicator_mpi.cpp, communicator_stub_mpi.cpp).
+std::unique_ptr<Communicator> duplicate_communicator(Communicator& group, std::string name);
 
 }  // namespace moecore::parallel

@@ -24,6 +24,10 @@ BlasHandles& blas_handles(const Exec&) {
 void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const void* B, void* C,
                 BlasHandles&) {
   if (d.empty) return;
+  // The operands against the collectives in flight, at their addresses as a kernel's are.
+  emu::check_pending("cuBLASLt matmul (A)", A, 1, false);
+  emu::check_pending("cuBLASLt matmul (B)", B, 1, false);
+  emu::check_pending("cuBLASLt matmul (C)", C, 1, true);
   const emu::DeviceAccess access;
   const SyncAudit::Paused device_work;  // the library's work: not the host's (--sync-audit)
   const desc::MatmulOperands slots = desc::matmul_operands(d, A, B);
@@ -37,6 +41,9 @@ void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const v
 void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const void* A,
                          const void* B, void* C, BlasHandles&) {
   if (d.group_count == 0) return;
+  emu::check_pending("cuBLAS grouped GEMM (A)", A, 1, false);
+  emu::check_pending("cuBLAS grouped GEMM (B)", B, 1, false);
+  emu::check_pending("cuBLAS grouped GEMM (C)", C, 1, true);
   const emu::DeviceAccess access;
   const SyncAudit::Paused device_work;  // the library's work: not the host's (--sync-audit)
   const desc::GroupedArgs args = desc::grouped_args(d, A, B, C);

@@ -134,12 +134,14 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg
 void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem, void (*body)(void*),
             void* arg);
 
-// A kernel's pointer arguments must point into device memory (device_memory_emu.h, strict mode).
+// A kernel's pointer arguments must point into device memory (device_memory_emu.h, strict mode);
+// a pointer to const is read, any other may be written (the collectives in flight: a pointer
+// into a pending send range must be const).
 template <typename T>
 void check_argument(const char*, int, const T&) {}
 template <typename T>
 void check_argument(const char* kernel, int index, T* p) {
-  check_kernel_pointer(kernel, index, static_cast<const void*>(p));
+  check_kernel_pointer(kernel, index, static_cast<const void*>(p), !std::is_const_v<T>);
 }
 
 template <typename T>
@@ -356,13 +358,17 @@ enum cudaMemcpyKind : int {
 inline const char* cudaGetErrorString(cudaError_t) {
   return "no error";
 }
+// Both check their byte ranges against the collectives in flight (device_memory_emu.h).
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  ::moecore::emu::check_pending("cudaMemsetAsync (a set of device memory)", p, bytes, true);
   const ::moecore::emu::DeviceAccess access;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                                    cudaStream_t = nullptr) {
+  ::moecore::emu::check_pending("cudaMemcpyAsync (a copy's source)", src, bytes, false);
+  ::moecore::emu::check_pending("cudaMemcpyAsync (a copy's destination)", dst, bytes, true);
   const ::moecore::emu::DeviceAccess access;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "core/check.h"
 
@@ -28,9 +30,20 @@ struct Region {
   bool pinned = false;
 };
 
+// A collective's buffer in flight (device_memory_emu.h).
+struct Pending {
+  uint64_t ticket = 0;
+  uintptr_t lo = 0, hi = 0;  // bytes [lo, hi)
+  PendingUse use = PendingUse::Recv;
+  std::string what;
+};
+
 struct State {
   std::mutex mu;
   std::map<uintptr_t, Region> regions;  // by base address
+  std::vector<Pending> pending;         // few at a time: a linear search
+  uint64_t next_ticket = 1;
+  std::atomic<size_t> pending_count{0};  // read without the mutex: free when none
   int access_depth = 0;                 // live DeviceAccess objects
   bool mode_fixed = false;
   DeviceMemoryMode mode = DeviceMemoryMode::Shared;
@@ -185,7 +198,36 @@ DeviceAccess::~DeviceAccess() {
   }
 }
 
-void check_kernel_pointer(const char* kernel, int index, const void* p) {
+namespace {
+
+// The first pending range overlapping [lo, hi) that the access may not touch: a receive range
+// always, a send range when written (the caller holds the mutex).
+const Pending* conflict(const State& s, uintptr_t lo, uintptr_t hi, bool writes) {
+  const Pending* found = nullptr;
+  for (const Pending& p : s.pending) {
+    if (!(lo < p.hi && p.lo < hi)) continue;
+    if (p.use == PendingUse::Recv) return &p;  // the stricter rule names it first
+    if (writes && found == nullptr) found = &p;
+  }
+  return found;
+}
+
+[[noreturn]] void report_conflict(std::string_view who, const Pending& p) {
+  if (p.use == PendingUse::Recv) {
+    MOE_FAIL("[emu] {} touches the receive buffer of {} (bytes [{:#x}, {:#x})) before the "
+             "collective completed: a missing wait. Complete it first (CommHandle::wait, "
+             "wait_on(ex) before the ops that read it, or a test() that returned true)",
+             who, p.what, p.lo, p.hi);
+  }
+  MOE_FAIL("[emu] {} writes into the send buffer of {} (bytes [{:#x}, {:#x})): send buffer "
+           "reused before the collective completed. Wait for the collective (CommHandle::wait "
+           "or wait_on) before writing its send buffer",
+           who, p.what, p.lo, p.hi);
+}
+
+}  // namespace
+
+void check_kernel_pointer(const char* kernel, int index, const void* p, bool writes) {
   if (p == nullptr) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -198,6 +240,61 @@ void check_kernel_pointer(const char* kernel, int index, const void* p) {
             "[emu] kernel {}: pointer argument {} ({}) points into no device or pinned "
             "allocation: a host pointer handed to a kernel, an illegal address on a GPU",
             kernel, index, p);
+  if (s.pending_count.load(std::memory_order_relaxed) == 0) return;
+  // The kernel's reach is unknown: its first element stands for it.
+  if (const Pending* c = conflict(s, a, a + 1, writes)) {
+    report_conflict(fmt::format("kernel {} (pointer argument {}, {}{})", kernel, index, p,
+                                writes ? ", not const: written" : ", const: read"),
+                    *c);
+  }
+}
+
+uint64_t pending_begin(const void* p, size_t bytes, PendingUse use, std::string what) {
+  if (bytes == 0 || p == nullptr) return 0;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.mode != DeviceMemoryMode::Strict) return 0;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  const uint64_t ticket = s.next_ticket++;
+  s.pending.push_back(Pending{ticket, lo, lo + bytes, use, std::move(what)});
+  s.pending_count.store(s.pending.size(), std::memory_order_relaxed);
+  return ticket;
+}
+
+void pending_end(uint64_t ticket) {
+  if (ticket == 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::erase_if(s.pending, [ticket](const Pending& p) { return p.ticket == ticket; });
+  s.pending_count.store(s.pending.size(), std::memory_order_relaxed);
+}
+
+void check_pending(const char* who, const void* p, size_t bytes, bool writes) {
+  State& s = state();
+  if (bytes == 0 || s.pending_count.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  if (const Pending* c = conflict(s, lo, lo + bytes, writes)) report_conflict(who, *c);
+}
+
+void check_collective_buffer(const std::string& call, const char* arg, const void* p,
+                             size_t bytes) {
+  if (bytes == 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.mode != DeviceMemoryMode::Strict) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const auto* r = find_region(s, a);
+  const char* what = r == nullptr          ? "host memory"
+                     : r->second.pinned    ? "pinned host memory"
+                     : a + bytes > r->first + r->second.bytes
+                         ? "a range running past the end of its device allocation"
+                         : nullptr;
+  MOE_CHECK(what == nullptr,
+            "[emu] {}: argument '{}' ({}, {} bytes) is {}: NCCL takes device memory only; "
+            "allocate the buffer on the device (MemSpace::Device) and stage host data through "
+            "ops::copy",
+            call, arg, p, bytes, what);
 }
 
 }  // namespace moecore::emu

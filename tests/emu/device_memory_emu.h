@@ -10,9 +10,19 @@
 // an error naming the kernel and the argument). Pinned host memory stays readable by both, as on
 // a GPU. In shared mode device memory is plain host memory and kernels may take host pointers (the
 // grid emulator's own tests, which hand kernels host buffers, run so).
+//
+// Collectives in flight (the emulated NCCL, strict mode): the buffers a collective was handed
+// must be device allocations, and until the collective is completed (CommHandle::wait, wait_on
+// or a test() that returned true) its receive range is inaccessible and its send range read-only
+// to kernels, copies and sets. A kernel's pointer argument is checked at its address (the
+// emulator cannot know how far the kernel reaches): pointing into a pending receive range is a
+// missing wait; pointing into a pending send range, through a non-const pointer parameter, is a
+// send buffer reused too early. Copies and sets are checked over their whole byte ranges.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace moecore::emu {
 
@@ -38,8 +48,28 @@ class DeviceAccess {
   DeviceAccess& operator=(const DeviceAccess&) = delete;
 };
 
-// Strict mode: throws moecore::Error unless p is null or points into device or pinned memory.
-// `index`: the argument's position in the kernel's parameter list (from 0).
-void check_kernel_pointer(const char* kernel, int index, const void* p);
+// Strict mode: throws moecore::Error unless p is null or points into device or pinned memory,
+// and if p points into a pending collective's receive range, or (`writes`: a non-const pointer
+// parameter) into its send range. `index`: the argument's position in the kernel's parameter
+// list (from 0).
+void check_kernel_pointer(const char* kernel, int index, const void* p, bool writes);
+
+// ---- collectives in flight (strict mode; the emulated NCCL) ----
+enum class PendingUse : uint8_t {
+  Recv,  // the collective writes it: inaccessible until completion
+  Send,  // the collective reads it: read-only until completion
+};
+// Registers [p, p + bytes) of the collective `what` ("all_reduce on group 'tp'"); returns the
+// ticket that ends it (0: nothing registered: shared mode or no bytes).
+uint64_t pending_begin(const void* p, size_t bytes, PendingUse use, std::string what);
+void pending_end(uint64_t ticket);
+// Throws naming `who` (a copy, a set, a collective) if [p, p + bytes) overlaps a pending receive
+// range, or (`writes`) a pending send range. Free when nothing is pending.
+void check_pending(const char* who, const void* p, size_t bytes, bool writes);
+// Strict mode: throws unless [p, p + bytes) lies inside one device allocation (not pinned host
+// memory, not the host's): NCCL takes device buffers. `call`: "all_reduce on group 'tp'";
+// `arg`: the argument's name ("send", "recv", "data").
+void check_collective_buffer(const std::string& call, const char* arg, const void* p,
+                             size_t bytes);
 
 }  // namespace moecore::emu

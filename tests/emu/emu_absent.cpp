@@ -24,7 +24,10 @@ namespace emu {
 
 DeviceAccess::DeviceAccess() { no_device("a copy or set of device memory"); }
 DeviceAccess::~DeviceAccess() = default;
-void check_kernel_pointer(const char* kernel, int, const void*) {
+void check_pending(const char*, const void*, size_t, bool) {
+  no_device("a copy or set of device memory");
+}
+void check_kernel_pointer(const char* kernel, int, const void*, bool) {
   no_device(std::string("kernel ") + kernel);
 }
 

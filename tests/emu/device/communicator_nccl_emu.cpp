@@ -1,0 +1,455 @@
+// The NCCL communicator of the emulated CUDA build (parallel/communicator_nccl.h; in place of
+// the real one, src/parallel/communicator_nccl_cuda.cpp): the same NCCL call plans
+// (ops/desc/nccl_desc.h) executed over MPI on host staging of the emulated device memory, so that
+// `mpirun moecore train --device cuda` runs every layout on the CPU, and a wrong plan gives wrong
+// results here as it would on GPUs. Test-only: no other build links it.
+//
+// Each NcclCall runs as the host collective of a communicator of the same members
+// (duplicate_communicator: its own MPI matching space, the MPI backend's ring reductions, so each
+// collective's result is bitwise the MPI communicator's on the same values):
+//   AllReduce -> all_reduce, AllGather -> all_gather, ReduceScatter -> reduce_scatter,
+//   Broadcast -> broadcast, Reduce (root r) -> reduce_scatter_v with only r's count non-zero (the
+//   ring sums piece r in the same order as the full reduce-scatter), Send / Recv -> send / recv
+//   under one tag (NCCL has none: a pair's messages match in the order they were posted; a rank's
+//   messages to itself through a queue of its own).
+// Everything is posted non-blocking when the collective is called (a group's calls all at once);
+// test(), wait() and wait_on() complete it. Device memory is copied to host staging (under
+// emu::DeviceAccess) when the collective starts and the received range back when it completes;
+// MPI never touches device pages. A bf16-staged plan runs on f32 staging, rounded once into recv.
+//
+// Strict mode (the emulated device's default, device_memory_emu.h): every buffer must be a device
+// allocation; the receive range is inaccessible and the send range read-only to kernels, copies
+// and sets until the collective completes; the collective itself is checked against the others
+// in flight (it reads its send range and writes its receive range as a kernel would).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "core/sync_audit.h"
+#include "emu/device_memory_emu.h"
+#include "ops/desc/nccl_desc.h"
+#include "parallel/communicator_nccl.h"
+
+namespace moecore::parallel {
+
+bool nccl_built() { return true; }
+
+namespace {
+
+using ops::desc::NcclAddr;
+using ops::desc::NcclBuf;
+using ops::desc::NcclCall;
+using ops::desc::NcclDataType;
+using ops::desc::NcclKind;
+using ops::desc::NcclPlan;
+using ops::desc::NcclRedOp;
+using Clock = std::chrono::steady_clock;
+
+DType dtype_of_nccl(NcclDataType t) {
+  switch (t) {
+    case NcclDataType::Float32: return DType::F32;
+    case NcclDataType::Bfloat16: return DType::BF16;
+    case NcclDataType::Float64: return DType::F64;
+    case NcclDataType::Int32: return DType::I32;
+    case NcclDataType::Int64: return DType::I64;
+  }
+  MOE_FAIL("[comm] emulated NCCL: unknown NCCL data type {}", static_cast<int>(t));
+}
+
+ReduceOp reduce_op(NcclRedOp op) { return op == NcclRedOp::Sum ? ReduceOp::Sum : ReduceOp::Max; }
+
+// A message of a rank to itself (NCCL allows it; the transport may not).
+struct SelfMessage {
+  char* buf = nullptr;
+  int64_t bytes = 0;
+  bool done = false;
+};
+
+class EmuNcclCommunicator;
+
+// One collective in flight: the transport's handles, the host staging and what completion does.
+class EmuNcclRequest final : public CommRequest {
+ public:
+  EmuNcclRequest(EmuNcclCommunicator* c, const char* call) : comm_(c), call_(call) {}
+  ~EmuNcclRequest() override;
+  bool test() override;
+  void wait() override;
+  // The emulated device runs every launch to completion as it is called, so completing the
+  // collective here orders it before every later op on any stream: what the real backend's
+  // stream wait does, and (as there) not a host sync for the audit.
+  bool wait_on(const Exec&) override {
+    wait();
+    return false;
+  }
+
+  EmuNcclCommunicator* comm_;
+  const char* call_;
+  std::vector<CommHandle> parts;                      // the transport's operations
+  std::vector<std::unique_ptr<SelfMessage>> self;     // this rank's messages to itself
+  std::vector<std::vector<int64_t>> counts;           // a Reduce's counts, alive while in flight
+  std::vector<unsigned char> host;                    // staging, in the calls' dtype
+  std::vector<unsigned char> bounce;                  // the bf16 bytes of a staged plan
+  char* recv_dev = nullptr;                           // the device range written back
+  int64_t recv_elems = 0, recv_at = 0;                // its extent and place in `host` (elements)
+  size_t recv_es = 0;                                 // the collective's element size
+  bool staged = false;
+  uint64_t tickets[2] = {0, 0};                       // the pending ranges (strict mode)
+  bool done = false;
+
+ private:
+  void complete();
+};
+
+class EmuNcclCommunicator final : public Communicator {
+ public:
+  EmuNcclCommunicator(Communicator& bootstrap, const Exec& ex, double timeout_s)
+      : name_(bootstrap.name()),
+        ranks_(bootstrap.global_ranks()),
+        rank_(bootstrap.rank()),
+        timeout_s_(timeout_s) {
+    MOE_CHECK(ex.device == Device::CUDA, "[comm] group '{}': the NCCL communicator needs a CUDA "
+              "context, not {}", name_, device_name(ex.device));
+    MOE_CHECK(timeout_s > 0, "[comm] group '{}': the NCCL communicator's timeout {} s must be > 0",
+              name_, timeout_s);
+    transport_ = duplicate_communicator(bootstrap, "nccl:" + name_);
+    barrier_ = static_cast<int32_t*>(emu::device_alloc(sizeof(int32_t), /*pinned=*/false));
+  }
+  ~EmuNcclCommunicator() override { emu::device_free(barrier_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // Past the timeout: which group, which call, then the process ends (as the real one does).
+  [[noreturn]] void abort_on_timeout(const char* call, double waited) const {
+    std::fprintf(stderr,
+                 "error: [comm] timeout: rank %d of %d in group '%s' (world rank %d) waited %.1f s "
+                 "in %s on the emulated NCCL, over the %.1f s limit "
+                 "(--distributed-timeout-minutes); aborting the process\n",
+                 rank_, size(), name_.c_str(), ranks_[rank_], waited, call, timeout_s_);
+    std::fflush(stderr);
+    std::abort();
+  }
+
+  // Pairs this rank's messages to itself in posting order.
+  void match_self() {
+    while (!self_sends_.empty() && !self_recvs_.empty()) {
+      SelfMessage* s = self_sends_.front();
+      SelfMessage* r = self_recvs_.front();
+      self_sends_.pop_front();
+      self_recvs_.pop_front();
+      MOE_CHECK(s->bytes == r->bytes,
+                "[comm] group '{}' (emulated NCCL): rank {} sends itself {} bytes but its "
+                "matching receive (the next one posted) takes {}: NCCL matches a pair's messages "
+                "in posting order",
+                name_, rank_, s->bytes, r->bytes);
+      std::memcpy(r->buf, s->buf, static_cast<size_t>(s->bytes));
+      s->done = r->done = true;
+    }
+  }
+  void forget_self(SelfMessage* m) {
+    std::erase(self_sends_, m);
+    std::erase(self_recvs_, m);
+  }
+
+ protected:
+  CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
+    return run(ops::desc::nccl_all_reduce(count, dt, red_op(op)), data, data, dt, "all_reduce",
+               Args{"data", "data"});
+  }
+  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                bool equal, DType dt) override {
+    return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
+               equal ? "all_gather" : "all_gather_v", Args{"send", "recv"});
+  }
+  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
+                                    bool equal, DType dt, ReduceOp op) override {
+    return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
+               dt, equal ? "reduce_scatter" : "reduce_scatter_v", Args{"send", "recv"});
+  }
+  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
+                                void* recv, std::span<const int64_t> recv_counts,
+                                DType dt) override {
+    return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
+               "all_to_all_v", Args{"send", "recv"});
+  }
+  CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
+    // The root's data is only read.
+    return run(ops::desc::nccl_broadcast(count, dt, root), data, data, dt, "broadcast",
+               Args{"data", "data", rank_ == root});
+  }
+  // NCCL has no tags: a pair's messages match in the order they were posted.
+  CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
+    return run(p2p(NcclKind::Send, count, dt, dst), data, nullptr, dt, "send",
+               Args{"data", "data"});
+  }
+  CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
+    return run(p2p(NcclKind::Recv, count, dt, src), nullptr, data, dt, "recv",
+               Args{"data", "data"});
+  }
+  CommHandle start_barrier() override {
+    return run(ops::desc::nccl_all_reduce(1, DType::I32, NcclRedOp::Sum), barrier_, barrier_,
+               DType::I32, "barrier", Args{"data", "data"});
+  }
+
+ private:
+  // The arguments' names in errors; recv_read_only: the root of a broadcast only reads its data.
+  struct Args {
+    const char* send;
+    const char* recv;
+    bool recv_read_only = false;
+  };
+
+  static NcclRedOp red_op(ReduceOp op) {
+    return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max;
+  }
+  // The real backend's point-to-point plan (one ncclSend / ncclRecv), with its extents.
+  static NcclPlan p2p(NcclKind kind, int64_t count, DType dt, int peer) {
+    NcclPlan p;
+    (kind == NcclKind::Send ? p.send_elems : p.recv_elems) = count;
+    if (count == 0) return p;
+    NcclCall c;
+    c.kind = kind;
+    c.send = {NcclBuf::Send, 0};
+    c.recv = {NcclBuf::Recv, 0};
+    c.count = count;
+    c.dtype = ops::desc::nccl_data_type(dt);
+    c.peer = peer;
+    p.calls.push_back(c);
+    return p;
+  }
+
+  CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call,
+                 Args args);
+  void post(EmuNcclRequest& req, const NcclCall& c, char* s, char* r, size_t es);
+
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  double timeout_s_ = 0;
+  std::unique_ptr<Communicator> transport_;
+  int32_t* barrier_ = nullptr;  // the barrier's all-reduce word, on the device as the real one's
+  std::deque<SelfMessage*> self_sends_, self_recvs_;
+};
+
+// Copies between the emulated device and the host (the pages are protected outside an access).
+void from_device(void* host, const void* dev, size_t bytes) {
+  if (bytes == 0) return;
+  const emu::DeviceAccess access;
+  std::memcpy(host, dev, bytes);
+}
+void to_device(void* dev, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  const emu::DeviceAccess access;
+  std::memcpy(dev, host, bytes);
+}
+
+CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void* recv, DType dt,
+                                    const char* call, Args args) {
+  const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
+  const size_t es = dtype_size(dt);
+  const int64_t se = send != nullptr ? plan.send_elems : 0;
+  const int64_t re = recv != nullptr ? plan.recv_elems : 0;
+  const size_t send_bytes = static_cast<size_t>(se) * es, recv_bytes = static_cast<size_t>(re) * es;
+  const auto* sdev = static_cast<const char*>(send);
+  auto* rdev = static_cast<char*>(recv);
+  const bool strict = emu::device_memory_mode() == emu::DeviceMemoryMode::Strict;
+  std::string what;
+  if (strict) {
+    what = fmt::format("{} on group '{}' (emulated NCCL, rank {} of {})", call, name_, rank_,
+                       size());
+    emu::check_collective_buffer(what, args.send, sdev, send_bytes);
+    emu::check_collective_buffer(what, args.recv, rdev, recv_bytes);
+    // The collective reads its send range and writes its receive range, as a kernel would.
+    emu::check_pending(what.c_str(), sdev, send_bytes, false);
+    emu::check_pending(what.c_str(), rdev, recv_bytes, !args.recv_read_only);
+  }
+
+  auto req = std::make_unique<EmuNcclRequest>(this, call);
+  // Host staging mirrors the device ranges: one block when they overlap (the in-place forms),
+  // two apart otherwise. Offsets in elements of the collective's dtype.
+  int64_t send_at = 0, recv_at = 0, total = 0;
+  const char* lo = nullptr;  // the device address of host element 0 (overlapping ranges)
+  const bool overlap = se > 0 && re > 0 && sdev < rdev + recv_bytes && rdev < sdev + send_bytes;
+  if (overlap) {
+    lo = std::min<const char*>(sdev, rdev);
+    const char* hi = std::max(sdev + send_bytes, static_cast<const char*>(rdev) + recv_bytes);
+    MOE_CHECK((sdev - lo) % static_cast<ptrdiff_t>(es) == 0 &&
+                  (rdev - lo) % static_cast<ptrdiff_t>(es) == 0,
+              "[comm] {} on group '{}': send and recv overlap at an offset that is not a whole "
+              "number of {} elements",
+              call, name_, dtype_name(dt));
+    send_at = (sdev - lo) / static_cast<ptrdiff_t>(es);
+    recv_at = (rdev - lo) / static_cast<ptrdiff_t>(es);
+    total = (hi - lo) / static_cast<ptrdiff_t>(es);
+  } else {
+    send_at = 0;
+    recv_at = se;
+    total = se + re;
+  }
+  req->staged = plan.stage_bf16;
+  MOE_CHECK(!plan.stage_bf16 || dt == DType::BF16,
+            "[comm] {} on group '{}': a bf16-staged plan for {}", call, name_, dtype_name(dt));
+  const size_t wes = plan.stage_bf16 ? sizeof(float) : es;  // the calls' element size
+  std::vector<unsigned char>& bytes = plan.stage_bf16 ? req->bounce : req->host;
+  bytes.resize(static_cast<size_t>(total) * es);
+  if (overlap) {
+    from_device(bytes.data(), lo, static_cast<size_t>(total) * es);
+  } else {
+    from_device(bytes.data(), sdev, send_bytes);
+    from_device(bytes.data() + send_bytes, rdev, recv_bytes);
+  }
+  if (plan.stage_bf16) {  // widened exactly; the calls run in f32
+    req->host.resize(static_cast<size_t>(total) * sizeof(float));
+    const auto* b = reinterpret_cast<const bf16*>(req->bounce.data());
+    auto* f = reinterpret_cast<float*>(req->host.data());
+    for (int64_t i = 0; i < total; ++i) f[i] = bf16_to_float(b[i]);
+  }
+  req->recv_dev = re > 0 && !args.recv_read_only ? rdev : nullptr;
+  req->recv_elems = re;
+  req->recv_at = recv_at;
+  req->recv_es = es;
+  if (strict) {
+    if (req->recv_dev != nullptr) {
+      req->tickets[0] = emu::pending_begin(rdev, recv_bytes, emu::PendingUse::Recv, what);
+    }
+    const bool send_is_recv = sdev == rdev && send_bytes == recv_bytes && !args.recv_read_only;
+    if (!send_is_recv) {
+      const char* ro = args.recv_read_only ? rdev : sdev;
+      const size_t ro_bytes = args.recv_read_only ? recv_bytes : send_bytes;
+      req->tickets[1] = emu::pending_begin(ro, ro_bytes, emu::PendingUse::Send, what);
+    }
+  }
+
+  char* s = reinterpret_cast<char*>(req->host.data()) + send_at * static_cast<int64_t>(wes);
+  char* r = reinterpret_cast<char*>(req->host.data()) + recv_at * static_cast<int64_t>(wes);
+  for (const NcclCall& c : plan.calls) {
+    post(*req, c, c.send.buf == NcclBuf::Send ? s : r, c.recv.buf == NcclBuf::Send ? s : r, wes);
+  }
+  match_self();
+  return CommHandle(CommRequestPtr(req.release()));
+}
+
+// One NCCL call on the transport, its addresses in host staging (s: the send staging, r: the
+// recv staging, each at the call's offsets).
+void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_base, char* r_base,
+                               size_t es) {
+  char* s = s_base + c.send.off * static_cast<int64_t>(es);
+  char* r = r_base + c.recv.off * static_cast<int64_t>(es);
+  const DType t = dtype_of_nccl(c.dtype);
+  MOE_CHECK(dtype_size(t) == es,
+            "[comm] group '{}' (emulated NCCL): a call of {} in a plan staged as {}-byte elements",
+            name_, dtype_name(t), es);
+  const size_t bytes = static_cast<size_t>(c.count) * es;
+  Communicator& x = *transport_;
+  switch (c.kind) {
+    case NcclKind::AllReduce:
+      if (s != r) std::memmove(r, s, bytes);
+      req.parts.push_back(x.all_reduce_async(r, c.count, t, reduce_op(c.op)));
+      return;
+    case NcclKind::AllGather:
+      req.parts.push_back(x.all_gather_async(s, r, c.count, t));
+      return;
+    case NcclKind::ReduceScatter:
+      req.parts.push_back(x.reduce_scatter_async(s, r, c.count, t, reduce_op(c.op)));
+      return;
+    case NcclKind::Broadcast:
+      if (rank_ == c.peer && s != r) std::memmove(r, s, bytes);
+      req.parts.push_back(x.broadcast_async(r, c.count, t, c.peer));
+      return;
+    case NcclKind::Reduce: {
+      // The root's piece of a reduce-scatter whose other pieces are empty.
+      std::vector<int64_t>& counts = req.counts.emplace_back(size(), 0);
+      counts[c.peer] = c.count;
+      req.parts.push_back(x.reduce_scatter_v_async(s, r, counts, t, reduce_op(c.op)));
+      return;
+    }
+    case NcclKind::Send:
+    case NcclKind::Recv: {
+      const bool sending = c.kind == NcclKind::Send;
+      if (c.peer == rank_) {
+        auto& m = req.self.emplace_back(std::make_unique<SelfMessage>());
+        m->buf = sending ? s : r;
+        m->bytes = static_cast<int64_t>(bytes);
+        (sending ? self_sends_ : self_recvs_).push_back(m.get());
+        return;
+      }
+      req.parts.push_back(sending ? x.send_async(s, c.count, t, c.peer, 0)
+                                  : x.recv_async(r, c.count, t, c.peer, 0));
+      return;
+    }
+  }
+}
+
+EmuNcclRequest::~EmuNcclRequest() {
+  for (const auto& m : self) {
+    if (!m->done) comm_->forget_self(m.get());
+  }
+  emu::pending_end(tickets[0]);
+  emu::pending_end(tickets[1]);
+}
+
+bool EmuNcclRequest::test() {
+  if (done) return true;
+  const SyncAudit::Paused device_work;
+  for (CommHandle& h : parts) {
+    if (!h.test()) return false;
+  }
+  for (const auto& m : self) {
+    if (!m->done) return false;
+  }
+  complete();
+  return true;
+}
+
+void EmuNcclRequest::complete() {
+  if (recv_dev != nullptr && recv_elems > 0) {
+    if (staged) {  // rounded once, into the bf16 bytes, then to the device
+      const auto* f = reinterpret_cast<const float*>(host.data()) + recv_at;
+      auto* b = reinterpret_cast<bf16*>(bounce.data());
+      for (int64_t i = 0; i < recv_elems; ++i) b[i] = float_to_bf16(f[i]);
+      to_device(recv_dev, bounce.data(), static_cast<size_t>(recv_elems) * sizeof(bf16));
+    } else {
+      to_device(recv_dev, host.data() + recv_at * static_cast<int64_t>(recv_es),
+                static_cast<size_t>(recv_elems) * recv_es);
+    }
+  }
+  // Completed for every stream: the buffers are the caller's again.
+  for (uint64_t& t : tickets) {
+    emu::pending_end(t);
+    t = 0;
+  }
+  done = true;
+}
+
+void EmuNcclRequest::wait() {
+  const auto start = Clock::now();
+  for (int64_t spin = 0; !test(); ++spin) {
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (waited > comm_->timeout_s()) comm_->abort_on_timeout(call_, waited);
+    // Spin briefly (latency), then give the core away: ranks are often oversubscribed.
+    if (waited > 5e-3) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (spin > 1000) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const Exec& ex,
+                                                     double timeout_s) {
+  return std::make_unique<EmuNcclCommunicator>(bootstrap, ex, timeout_s);
+}
+
+}  // namespace moecore::parallel
