@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Every parallel layout on `--device cuda` under mpirun in the emulated CUDA build: the device's
+# collectives on the emulated NCCL (strict: device buffers only, no read of a receive buffer
+# before its wait, no write of a send buffer before completion), the host's on MPI. Each layout
+# is tests/emu/train_cuda_emu.sh --np N: 3 steps against --device cpu in the same layout within
+# docs/numerics.md's row "emulated CUDA vs CPU backend", the CUDA run twice bitwise (the second
+# under --sync-audit: clean, only documented points counted). An overlapped form is also
+# required bitwise equal to its plain form (--equal-to). The tiny model at sequence length 32
+# keeps the emulator's time small.
+# Usage: train_cuda_emu_layouts.sh MOECORE_BINARY NP [CONFIG]   (NP: 2, 4 or 8)
+set -euo pipefail
+moecore=$1 np=$2 config=${3:-configs/tiny.toml}
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+small=(--seq-length 32 --num-layers 1 --micro-batch-size 1 --global-batch-size 4)
+padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
+# One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
+# CUDA run's per-step values and digest.
+layouts=()
+case "$np" in
+  2) layouts=(
+       "dp2"
+       "ep2-alltoall --expert-model-parallel-size 2"
+       "ep2-alltoall-padded --expert-model-parallel-size 2 ${padded[*]}"
+       "ep2-allgather --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
+       "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
+       "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
+       "ep2-bf16 --expert-model-parallel-size 2 --bf16"
+     ) ;;
+  4) layouts=(
+       "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
+       "dp2-ep2-distopt @record distopt --expert-model-parallel-size 2 --use-distributed-optimizer"
+       "dp2-ep2-distopt-overlap @equal distopt --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+     ) ;;
+  *) echo "train_cuda_emu_layouts.sh: no layouts for $np processes (2 or 4)" >&2; exit 2 ;;
+esac
+status=0
+for l in "${layouts[@]}"; do
+  read -r -a words <<< "$l"
+  name=${words[0]}
+  opts=()
+  flags=()
+  for ((i = 1; i < ${#words[@]}; ++i)); do
+    case "${words[i]}" in
+      @record) opts+=(--record "$work/${words[i + 1]}"); ((++i)) ;;
+      @equal) opts+=(--equal-to "$work/${words[i + 1]}"); ((++i)) ;;
+      *) flags+=("${words[i]}") ;;
+    esac
+  done
+  start=$(date +%s.%N)
+  if out=$(bash "$here/train_cuda_emu.sh" --np "$np" "${opts[@]}" "$moecore" "$config" "${small[@]}" \
+             "${flags[@]}" 2>&1); then
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
+    echo "[layouts] $name (np $np, ${secs} s): $(grep -o 'worst relative difference: .*' <<< "$out")"
+    echo "[layouts]   $(grep -o 'counted in the last step: .*' <<< "$out")"
+  else
+    echo "[layouts] FAIL $name (np $np): ${flags[*]}"
+    echo "$out" | tail -40
+    status=1
+  fi
+done
+exit $status
