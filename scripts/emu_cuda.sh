@@ -66,21 +66,11 @@ for i in "${!runs[@]}"; do
   cat "$dir/emu-cuda-train-$i.log"
   [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
-# More than one process with --device cuda needs NCCL for the device's collectives: a build
-# without it refuses before step 0, naming the count.
+# Every parallel layout on --device cuda under mpirun (tests/emu/train_cuda_emu_layouts.sh, the
+# ctest entries train_cuda_emu_layouts_mpi_{2,4,8}): the device's collectives on the emulated NCCL.
 if command -v mpirun > /dev/null 2>&1; then
-  mpi_tmp=$(mktemp -d)
-  out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_orte_tmpdir_base=$mpi_tmp \
-    mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 \
-    "$dir/moecore" train --config configs/tiny.toml --device cuda 2>&1) && rc=1
-  rm -rf "$mpi_tmp"
-  if grep -q -- '--device cuda on 2 processes needs NCCL' <<< "$out" &&
-    ! grep -q 'iteration ' <<< "$out"; then
-    echo "[emu-cuda] --device cuda on 2 processes: refused before step 0"
-  else
-    echo "[emu-cuda] FAIL: --device cuda on 2 processes was not refused as expected:"
-    echo "$out"
-    rc=1
-  fi
+  ctest --test-dir "$dir" -R '^train_cuda_emu_layouts_mpi_' --output-on-failure || rc=1
+else
+  echo "[emu-cuda] --device cuda under mpirun: NOT RUN (no mpirun on this machine)"
 fi
 exit "$rc"

@@ -5,8 +5,8 @@
 # is tests/emu/train_cuda_emu.sh --np N: 3 steps against --device cpu in the same layout within
 # docs/numerics.md's row "emulated CUDA vs CPU backend", the CUDA run twice bitwise (the second
 # under --sync-audit: clean, only documented points counted). An overlapped form is also
-# required bitwise equal to its plain form (--equal-to). The tiny model at sequence length 32
-# keeps the emulator's time small.
+# required bitwise equal to its plain form (--equal-to). The tiny model with one layer (two where
+# the layout needs them), sequence length 32 and micro-batches of 1 keeps the emulator's time small.
 # Usage: train_cuda_emu_layouts.sh MOECORE_BINARY NP [CONFIG]   (NP: 2, 4 or 8)
 set -euo pipefail
 moecore=$1 np=$2 config=${3:-configs/tiny.toml}
@@ -18,6 +18,8 @@ padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 # One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
 # CUDA run's per-step values and digest.
 layouts=()
+# PP and CP need 2 layers (a stage each; the ring's chunks) and lengths divisible by 2 cp.
+two=(--num-layers 2)
 case "$np" in
   2) layouts=(
        "dp2"
@@ -27,13 +29,20 @@ case "$np" in
        "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
        "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
+       "pp2 ${two[*]} --pipeline-model-parallel-size 2"
+       "cp2-p2p ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
+       "cp2-allgather ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
      ) ;;
   4) layouts=(
        "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
        "dp2-ep2-distopt @record distopt --expert-model-parallel-size 2 --use-distributed-optimizer"
        "dp2-ep2-distopt-overlap @equal distopt --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
      ) ;;
-  *) echo "train_cuda_emu_layouts.sh: no layouts for $np processes (2 or 4)" >&2; exit 2 ;;
+  # The folded layout of train_parity_mpi_8: attention TP 2 + SP x DP 4, experts EP 4 x EDP 2.
+  8) layouts=(
+       "tp2-sp-ep4-folded --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 4 --expert-tensor-parallel-size 1"
+     ) ;;
+  *) echo "train_cuda_emu_layouts.sh: no layouts for $np processes (2, 4 or 8)" >&2; exit 2 ;;
 esac
 status=0
 for l in "${layouts[@]}"; do
