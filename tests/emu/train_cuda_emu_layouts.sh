@@ -5,15 +5,17 @@
 # is tests/emu/train_cuda_emu.sh --np N: 3 steps against --device cpu in the same layout within
 # docs/numerics.md's row "emulated CUDA vs CPU backend", the CUDA run twice bitwise (the second
 # under --sync-audit: clean, only documented points counted). An overlapped form is also
-# required bitwise equal to its plain form (--equal-to). The tiny model with one layer (two where
-# the layout needs them), sequence length 32 and micro-batches of 1 keeps the emulator's time small.
+# required bitwise equal to its plain form (--equal-to). The tiny model shrunk (one layer, two
+# where the layout needs them; hidden 32, 2 heads, sequence length 16, micro-batches of 1) keeps
+# the emulator's time small: about 15 s a layout.
 # Usage: train_cuda_emu_layouts.sh MOECORE_BINARY NP [CONFIG]   (NP: 2, 4 or 8)
 set -euo pipefail
 moecore=$1 np=$2 config=${3:-configs/tiny.toml}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-small=(--seq-length 32 --num-layers 1 --micro-batch-size 1 --global-batch-size 4)
+small=(--seq-length 16 --num-layers 1 --hidden-size 32 --num-attention-heads 2 --ffn-hidden-size 64
+       --moe-ffn-hidden-size 32 --micro-batch-size 1 --global-batch-size 4)
 padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 # One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
 # CUDA run's per-step values and digest.
