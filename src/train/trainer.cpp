@@ -82,14 +82,29 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
          "group's logits)");
 }
 
-void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig&,
-                                   const parallel::Degrees& d, const ModelConfig&,
+void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
+                                   const parallel::Degrees& d, const ModelConfig& model,
                                    const TrainConfig&) {
   MOE_CHECK(d.world == 1 || parallel::nccl_built(),
             "[train] --device {} on {} processes needs NCCL for the collectives on device memory, "
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
             "one process, or --device cpu",
             device, d.world);
+  // NCCL has no tags: a pair's messages match in the order they are posted. The 1F1B schedule
+  // keeps one kind of message per direction between neighbours (activations forward, gradients
+  // back), each posted in the same order on both sides; the interleaved one sends a neighbour
+  // activations and gradients in the same direction, and the receiver posts them in another
+  // order (its activation receives ahead, in schedule order), so they would land in each
+  // other's buffers (seen in the emulated build: the step-1 loss off by 2e-3).
+  const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
+  MOE_CHECK(vp == 1,
+            "[train] --device {} with {} virtual pipeline stages per rank (--num-layers-per-"
+            "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank or a "
+            "--pipeline-model-parallel-layout with several stages a rank) is not implemented yet: "
+            "NCCL matches a pair's messages in posting order, and the interleaved schedule "
+            "receives a neighbour's activations and gradients in another order than it sends "
+            "them; use one virtual stage per rank, or --device cpu",
+            device, vp);
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
