@@ -2,7 +2,8 @@
 # The emulated CUDA build's checks (docs/testing.md, "The emulated CUDA build"): the backend
 # harness's cuda cases (the ops with a kernel run through the grid emulator against their `_ref`;
 # the others are reported as not run, naming the op without a kernel), and `moecore train
-# --device cuda` on the tiny model against --device cpu, bitwise run to run.
+# --device cuda` on the tiny model against --device cpu, bitwise run to run, on one process and
+# under mpirun in every parallel layout (the emulated NCCL).
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
 # and its targets test_backend and moecore built: MOECORE_BUILD_DIR=build-emu
 # MOECORE_BUILD_TARGETS="moecore test_backend" bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
