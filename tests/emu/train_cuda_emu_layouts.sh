@@ -40,6 +40,7 @@ case "$np" in
        "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
        "dp2-ep2-distopt @record distopt --expert-model-parallel-size 2 --use-distributed-optimizer"
        "dp2-ep2-distopt-overlap @equal distopt --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+       "dp2-ep2-distopt-overlap-bf16 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16"
      ) ;;
   # The folded layout of train_parity_mpi_8: attention TP 2 + SP x DP 4, experts EP 4 x EDP 2.
   8) layouts=(
