@@ -2,7 +2,8 @@
 # The emulated CUDA build's checks (docs/testing.md, "The emulated CUDA build"): the backend
 # harness's cuda cases (the ops with a kernel run through the grid emulator against their `_ref`;
 # the others are reported as not run, naming the op without a kernel), and `moecore train
-# --device cuda` on the tiny model against --device cpu, bitwise run to run.
+# --device cuda` on the tiny model against --device cpu, bitwise run to run, on one process and
+# under mpirun in every parallel layout (the emulated NCCL).
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
 # and its targets test_backend, test_device_select_mpi and moecore built:
 # MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi"
@@ -78,21 +79,11 @@ if command -v mpirun > /dev/null 2>&1; then
     rc=1
   fi
 fi
-# More than one process with --device cuda is refused before step 0, naming the count (the
-# trainer's collectives are MPI's, which move host memory).
+# Every parallel layout on --device cuda under mpirun (tests/emu/train_cuda_emu_layouts.sh, the
+# ctest entries train_cuda_emu_layouts_mpi_{2,4,8}): the device's collectives on the emulated NCCL.
 if command -v mpirun > /dev/null 2>&1; then
-  mpi_tmp=$(mktemp -d)
-  out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_orte_tmpdir_base=$mpi_tmp \
-    mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 \
-    "$dir/moecore" train --config configs/tiny.toml --device cuda 2>&1) && rc=1
-  rm -rf "$mpi_tmp"
-  if grep -q -- '--device cuda trains on one process so far, not 2' <<< "$out" &&
-    ! grep -q 'iteration ' <<< "$out"; then
-    echo "[emu-cuda] --device cuda on 2 processes: refused before step 0"
-  else
-    echo "[emu-cuda] FAIL: --device cuda on 2 processes was not refused as expected:"
-    echo "$out"
-    rc=1
-  fi
+  ctest --test-dir "$dir" -R '^train_cuda_emu_layouts_mpi_' --output-on-failure || rc=1
+else
+  echo "[emu-cuda] --device cuda under mpirun: NOT RUN (no mpirun on this machine)"
 fi
 exit "$rc"

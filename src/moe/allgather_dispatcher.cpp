@@ -17,14 +17,15 @@ namespace moecore::moe {
 
 template <typename T>
 AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
-                                            const EpRowBudget& budget, parallel::Communicator& ep)
-    : AllGatherDispatcher(num_experts, topk, hidden, budget, ep, ep.size(), ep.rank()) {}
+                                            const EpRowBudget& budget, parallel::Communicator& ep,
+                                            parallel::Communicator* ep_host)
+    : AllGatherDispatcher(num_experts, topk, hidden, budget, ep, ep.size(), ep.rank(), ep_host) {}
 
 template <typename T>
 AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
                                             const EpRowBudget& budget,
                                             parallel::Communicator& tp_ep, int64_t ep_size,
-                                            int64_t ep_rank)
+                                            int64_t ep_rank, parallel::Communicator* tp_ep_host)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
@@ -34,7 +35,8 @@ AllGatherDispatcher<T>::AllGatherDispatcher(int64_t num_experts, int64_t topk, i
       ep_size_(ep_size),
       ep_rank_(ep_rank),
       budget_(budget),
-      ep_(tp_ep) {
+      ep_(tp_ep),
+      ep_host_(tp_ep_host != nullptr ? *tp_ep_host : tp_ep) {
   L_ = experts_per_ep_rank(E_, ep_size_);
   MOE_CHECK(ep_rank_ >= 0 && ep_rank_ < ep_size_ && R_ % ep_size_ == 0,
             "[dispatcher] EP rank {} of {} in a group of {} ranks: the all-gather group must be "
@@ -80,7 +82,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
   {
     ScopedPhase phase(Phase::Communication);
     const int64_t meta[2] = {n_tok, pad_to_rows};
-    ep_.all_gather(std::span<const int64_t>(meta, 2), meta_R2_);
+    ep_host_.all_gather(std::span<const int64_t>(meta, 2), meta_R2_);
   }
   tok_off_R_[0] = 0;
   for (int64_t r = 0; r < R_; ++r) {

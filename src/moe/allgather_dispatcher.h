@@ -22,13 +22,16 @@ namespace moecore::moe {
 template <typename T>
 class AllGatherDispatcher final : public TokenDispatcher<T> {
  public:
-  // ep: the EP group (ETP = 1).
+  // ep: the EP group (ETP = 1), the communicator of the context's memory (rows, probs, the
+  // routing map). ep_host: the same group's communicator of host memory, which carries the token
+  // counts the host sizes the gathers from (null: ep carries both, as on the CPU backend).
   AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
-                      parallel::Communicator& ep);
+                      parallel::Communicator& ep, parallel::Communicator* ep_host = nullptr);
   // tp_ep: the ETP x EP group; this rank is EP rank ep_rank of ep_size (its experts
-  // [ep_rank * L, (ep_rank + 1) * L)).
+  // [ep_rank * L, (ep_rank + 1) * L)). tp_ep_host as ep_host.
   AllGatherDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
-                      parallel::Communicator& tp_ep, int64_t ep_size, int64_t ep_rank);
+                      parallel::Communicator& tp_ep, int64_t ep_size, int64_t ep_rank,
+                      parallel::Communicator* tp_ep_host = nullptr);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return ep_rank_ * L_; }
@@ -54,6 +57,7 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   int64_t ep_size_, ep_rank_;
   EpRowBudget budget_;
   parallel::Communicator& ep_;
+  parallel::Communicator& ep_host_;  // the token counts (host memory)
   int64_t max_tokens_ = 0;
   int64_t n_group_ = 0;  // G
   DispatchPlan plan_;

@@ -17,7 +17,9 @@ namespace moecore::moe {
 template <typename T>
 AlltoAllDispatcher<T>::AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden,
                                           const EpRowBudget& budget, parallel::Communicator& ep,
-                                          parallel::Communicator* etp)
+                                          parallel::Communicator* etp,
+                                          parallel::Communicator* ep_host,
+                                          parallel::Communicator* etp_host)
     : E_(num_experts),
       K_(topk),
       H_(hidden),
@@ -29,6 +31,8 @@ AlltoAllDispatcher<T>::AlltoAllDispatcher(int64_t num_experts, int64_t topk, int
       budget_(budget),
       ep_(ep),
       etp_(P_ > 1 ? etp : nullptr),
+      ep_host_(ep_host != nullptr ? *ep_host : ep),
+      etp_host_(P_ > 1 ? (etp_host != nullptr ? etp_host : etp) : nullptr),
       local_(num_experts, topk, hidden, budget.pad_capacity_factor) {
   L_ = experts_per_ep_rank(E_, R_);
 }
@@ -94,8 +98,8 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     // all-to-all from every rank's counts (padded dispatch has static splits and none).
     SyncAudit::Point point(SyncAudit::kEpCountExchange);
     ops::read_back(*ex_, counts_E_.data(), DevPtr<const int64_t>(lp.tokens_per_expert_L), E_);
-    ep_.all_gather(counts_E_, counts_RE_);
-    if (P_ > 1) etp_->all_gather(counts_RE_, counts_PRE_);  // the ETP x EP group's counts
+    ep_host_.all_gather(counts_E_, counts_RE_);
+    if (P_ > 1) etp_host_->all_gather(counts_RE_, counts_PRE_);  // the ETP x EP group's counts
   }
   // Every source (p, r)'s rows per expert: counts_PRE_ [p][r][E] (P = 1: counts_RE_).
   const std::vector<int64_t>& all = P_ > 1 ? counts_PRE_ : counts_RE_;

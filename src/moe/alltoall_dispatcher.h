@@ -30,9 +30,14 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // ep: the EP group (ETP = 1). budget.pad_capacity_factor > 0: plans may be padded to
   // expert_capacity(T, K, E, factor) rows per expert; every EP rank must then pass the same
   // pad_to_rows to plan() (same micro-batch shape), as the splits are not exchanged.
-  // etp: the expert tensor-parallel group (null: ETP = 1).
+  // etp: the expert tensor-parallel group (null: ETP = 1). ep and etp move the context's memory
+  // (rows, probs); ep_host and etp_host, the same groups' communicators of host memory, carry
+  // the counts per expert the host sizes the all-to-all from (null: ep / etp carry both, as on
+  // the CPU backend).
   AlltoAllDispatcher(int64_t num_experts, int64_t topk, int64_t hidden, const EpRowBudget& budget,
-                     parallel::Communicator& ep, parallel::Communicator* etp = nullptr);
+                     parallel::Communicator& ep, parallel::Communicator* etp = nullptr,
+                     parallel::Communicator* ep_host = nullptr,
+                     parallel::Communicator* etp_host = nullptr);
 
   int64_t num_local_experts() const override { return L_; }
   int64_t first_local_expert() const override { return me_ * L_; }
@@ -93,6 +98,8 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   EpRowBudget budget_;
   parallel::Communicator& ep_;
   parallel::Communicator* etp_ = nullptr;
+  parallel::Communicator& ep_host_;            // the count exchange (host memory)
+  parallel::Communicator* etp_host_ = nullptr;
   LocalDispatcher<T> local_;  // this rank's permutation over all E experts (the send side)
   int64_t max_tokens_ = 0;
   int64_t recv_max_rows_ = 0;  // recv_max_rows(max_tokens_): the receive buffers' rows

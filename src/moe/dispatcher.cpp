@@ -72,17 +72,27 @@ std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,
   const int etp = groups ? groups->degrees().etp : 1;
   experts_per_ep_rank(E, ep);
   if (ep == 1 && etp == 1) return std::make_unique<LocalDispatcher<T>>(E, r.topk, cfg.hidden, pad_cf);
-  parallel::Communicator& comm = groups->group(parallel::GroupKind::Ep).communicator();
+  // Rows and probs move in the context's memory (the device communicators); the counts the host
+  // sizes the collectives from, in host memory (the host communicators).
+  const parallel::ProcessGroup& ep_group = groups->group(parallel::GroupKind::Ep);
+  parallel::Communicator& comm = ep_group.device_communicator();
   switch (cfg.moe.dispatcher_type) {
-    case DispatcherType::AllGather:
-      if (etp == 1) return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm);
-      return std::make_unique<AllGatherDispatcher<T>>(
-          E, r.topk, cfg.hidden, budget, groups->group(parallel::GroupKind::TpEp).communicator(),
-          ep, comm.rank());
-    case DispatcherType::AlltoAll:
+    case DispatcherType::AllGather: {
+      if (etp == 1) {
+        return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget, comm,
+                                                        &ep_group.communicator());
+      }
+      const parallel::ProcessGroup& tp_ep = groups->group(parallel::GroupKind::TpEp);
+      return std::make_unique<AllGatherDispatcher<T>>(E, r.topk, cfg.hidden, budget,
+                                                      tp_ep.device_communicator(), ep, comm.rank(),
+                                                      &tp_ep.communicator());
+    }
+    case DispatcherType::AlltoAll: {
+      const parallel::ProcessGroup& etp_group = groups->group(parallel::GroupKind::ExptTp);
       return std::make_unique<AlltoAllDispatcher<T>>(
-          E, r.topk, cfg.hidden, budget, comm,
-          etp > 1 ? &groups->group(parallel::GroupKind::ExptTp).communicator() : nullptr);
+          E, r.topk, cfg.hidden, budget, comm, etp > 1 ? &etp_group.device_communicator() : nullptr,
+          &ep_group.communicator(), etp > 1 ? &etp_group.communicator() : nullptr);
+    }
   }
   MOE_FAIL("[dispatcher] unknown dispatcher type {}", static_cast<int>(cfg.moe.dispatcher_type));
 }

@@ -43,7 +43,7 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
             "--moe-router-load-balancing-type",
             tp);
   if (groups != nullptr && groups->group(parallel::GroupKind::TpCp).size() > 1) {
-    router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).communicator());
+    router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).device_communicator());
   }
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix, groups);

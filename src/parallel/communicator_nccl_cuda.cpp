@@ -83,6 +83,10 @@ class NcclRequest final : public CommRequest {
  public:
   NcclRequest(NcclCommunicator* c, cudaEvent_t done, const char* call)
       : comm_(c), done_(done), call_(call) {}
+  void reset(cudaEvent_t done, const char* call) {
+    done_ = done;
+    call_ = call;
+  }
   bool test() override;
   void wait() override;
   // Ordered on the reader's stream: it waits for the event; the host does not.
@@ -125,6 +129,7 @@ class NcclCommunicator final : public Communicator {
     // Best effort at exit: a failing teardown must not throw from a destructor.
     cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    for (NcclRequest* r : requests_) delete r;
     cudaFree(barrier_);
     cudaFree(staging_);
     unregister_comm(comm_);
@@ -158,45 +163,55 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
-    return run(ops::desc::nccl_all_reduce(count, dt, red_op(op)), data, data, dt, "all_reduce");
+    ops::desc::nccl_all_reduce(plan_, count, dt, red_op(op));
+    return run(plan_, data, data, dt, "all_reduce");
   }
   CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
                                 bool equal, DType dt) override {
-    return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
+    ops::desc::nccl_all_gather_v(plan_, rank_, counts, equal, dt);
+    return run(plan_, send, recv, dt,
                "all_gather");
   }
   CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
                                     bool equal, DType dt, ReduceOp op) override {
-    return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
+    ops::desc::nccl_reduce_scatter_v(plan_, rank_, counts, equal, dt, red_op(op));
+    return run(plan_, send, recv,
                dt, "reduce_scatter");
   }
   CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts,
                                 void* recv, std::span<const int64_t> recv_counts,
                                 DType dt) override {
-    return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
+    ops::desc::nccl_all_to_all_v(plan_, rank_, send_counts, recv_counts, dt);
+    return run(plan_, send, recv, dt,
                "all_to_all_v");
   }
   CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
-    return run(ops::desc::nccl_broadcast(count, dt, root), data, data, dt, "broadcast");
+    ops::desc::nccl_broadcast(plan_, count, dt, root);
+    return run(plan_, data, data, dt, "broadcast");
   }
   // NCCL has no tags: a pair's messages match in the order they were posted.
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
-    return run(p2p(NcclKind::Send, count, dt, dst), data, nullptr, dt, "send");
+    p2p(plan_, NcclKind::Send, count, dt, dst);
+    return run(plan_, data, nullptr, dt, "send");
   }
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
-    return run(p2p(NcclKind::Recv, count, dt, src), nullptr, data, dt, "recv");
+    p2p(plan_, NcclKind::Recv, count, dt, src);
+    return run(plan_, nullptr, data, dt, "recv");
   }
   CommHandle start_barrier() override {
-    return run(ops::desc::nccl_all_reduce(1, DType::I32, NcclRedOp::Sum), barrier_, barrier_,
+    ops::desc::nccl_all_reduce(plan_, 1, DType::I32, NcclRedOp::Sum);
+    return run(plan_, barrier_, barrier_,
                DType::I32, "barrier");
   }
 
  private:
   static NcclRedOp red_op(ReduceOp op) { return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max; }
-  static NcclPlan p2p(NcclKind kind, int64_t count, DType dt, int peer) {
-    NcclPlan p;
+  static void p2p(NcclPlan& p, NcclKind kind, int64_t count, DType dt, int peer) {
+    p.grouped = p.stage_bf16 = false;
+    p.send_elems = p.recv_elems = 0;
+    p.calls.clear();
     (kind == NcclKind::Send ? p.send_elems : p.recv_elems) = count;
-    if (count == 0) return p;
+    if (count == 0) return;
     NcclCall c;
     c.kind = kind;
     c.send = {NcclBuf::Send, 0};
@@ -205,7 +220,6 @@ class NcclCommunicator final : public Communicator {
     c.dtype = ops::desc::nccl_data_type(dt);
     c.peer = peer;
     p.calls.push_back(c);
-    return p;
   }
 
   cudaEvent_t event() {
@@ -314,9 +328,11 @@ class NcclCommunicator final : public Communicator {
     }
     cudaEvent_t done = event();
     cuda_ok(cudaEventRecord(done, stream_), name_, "cudaEventRecord");
-    return CommHandle(CommRequestPtr(new NcclRequest(this, done, call)));
+    return CommHandle(CommRequestPtr(request(done, call)));
   }
 
+  // The plan of the call being started, reused (its capacity kept: nothing allocates per call).
+  NcclPlan plan_;
   std::string name_;
   std::vector<int> ranks_;
   int rank_ = 0;
@@ -328,6 +344,13 @@ class NcclCommunicator final : public Communicator {
   float* staging_ = nullptr;  // bf16 reductions' f32 staging (staging())
   int64_t staging_elems_ = 0;
   std::vector<cudaEvent_t> events_;  // recorded and waited for: reusable
+  // Requests given back (NcclRequest::release): reused, so a step allocates none once the pool
+  // holds as many as are ever in flight.
+  std::vector<NcclRequest*> requests_;
+
+ public:
+  NcclRequest* request(cudaEvent_t done, const char* call);
+  void give_back(NcclRequest* r) { requests_.push_back(r); }
 };
 
 bool NcclRequest::test() {
@@ -354,9 +377,17 @@ bool NcclRequest::wait_on(const Exec& ex) {
   return false;
 }
 
+NcclRequest* NcclCommunicator::request(cudaEvent_t done, const char* call) {
+  if (requests_.empty()) return new NcclRequest(this, done, call);
+  NcclRequest* r = requests_.back();
+  requests_.pop_back();
+  r->reset(done, call);
+  return r;
+}
+
 void NcclRequest::release() {
   comm_->give_back(done_);  // a later record replaces this one; waits already enqueued hold
-  delete this;
+  comm_->give_back(this);
 }
 
 }  // namespace

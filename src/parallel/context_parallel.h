@@ -35,8 +35,9 @@ class ContextParallel {
   int rank() const { return group_ == nullptr ? 0 : group_->rank; }
   bool active() const { return size() > 1; }
   CpCommType type() const { return type_; }
-  // The group's communicator (only when active()).
-  Communicator& communicator() const { return group_->communicator(); }
+  // The group's communicator of the context's memory (only when active()): every cp
+  // collective moves device buffers (K / V blocks, the loss report).
+  Communicator& communicator() const { return group_->device_communicator(); }
   // This rank's part of a sequence of S global positions.
   ContextSplit split(int64_t S) const { return ContextSplit{S, size(), rank()}; }
 

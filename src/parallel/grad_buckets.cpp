@@ -176,7 +176,7 @@ void GradBuckets::start_tp_sum(size_t b) {
       at += r.count;
     }
   }
-  tp_handles_[b] = g->communicator().all_reduce_async(DevPtr<void>(buf), tp_count_[b],
+  tp_handles_[b] = g->device_communicator().all_reduce_async(DevPtr<void>(buf), tp_count_[b],
                                                       params_.dtype(), ReduceOp::Sum);
 }
 
@@ -253,11 +253,11 @@ void GradBuckets::start_reduction(size_t b) {
     // In place: the summed shard lands where it lies in the flat buffer.
     const BucketShard& s = shards_[b];
     DevPtr<void> mine = dev_ptr_cast<char>(ptr) + (s.begin - bk.offset) * esize;
-    handles_[b] = groups_[k]->communicator().reduce_scatter_v_async(ptr, mine, s.counts,
+    handles_[b] = groups_[k]->device_communicator().reduce_scatter_v_async(ptr, mine, s.counts,
                                                                     params_.dtype(), ReduceOp::Sum);
     return;
   }
-  handles_[b] = groups_[k]->communicator().all_reduce_async(ptr, bk.count, params_.dtype(),
+  handles_[b] = groups_[k]->device_communicator().all_reduce_async(ptr, bk.count, params_.dtype(),
                                                             ReduceOp::Sum);
 }
 
@@ -270,7 +270,7 @@ void GradBuckets::start_gather(size_t b) {
   const size_t esize = dtype_size(g.dtype);
   DevPtr<char> flat = dev_ptr_cast<char>(g.data);
   // Own slot of the receive buffer as the send buffer: gathered in place.
-  gathers_[b] = groups_[k]->communicator().all_gather_v_async(
+  gathers_[b] = groups_[k]->device_communicator().all_gather_v_async(
       flat + shards_[b].begin * esize, flat + bk.offset * esize, shards_[b].counts, g.dtype);
 }
 

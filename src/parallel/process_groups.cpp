@@ -107,6 +107,10 @@ Communicator& ProcessGroup::communicator() const {
   return *comm;
 }
 
+Communicator& ProcessGroup::device_communicator() const {
+  return device_comm != nullptr ? *device_comm : communicator();
+}
+
 ProcessGroups::ProcessGroups(Layout layout, int rank) : layout_(std::move(layout)), rank_(rank) {
   const int w = layout_.degrees.world;
   MOE_CHECK(rank >= 0 && rank < w, "[parallel] rank {} outside the world [0, {})", rank, w);

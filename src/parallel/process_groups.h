@@ -4,6 +4,12 @@
 // passed by reference: no global state. The rank lists are pure arithmetic (testable and
 // printable without launching anything); connect_communicators() adds one communicator per
 // group when the processes are actually running.
+// Each group has two communicators: the host's (MPI; the local one for one process), which
+// moves host memory (agreements, the step report's values, the checkpoint protocol, the counts
+// the host sizes a collective from), and the device's, which moves the execution context's
+// memory (activations, gradients, parameters, the step's device-side sums and flags). On the
+// CPU backend they are the same communicator; with_device_communicators() makes the device's
+// on a CUDA context: NCCL, one communicator per distinct member list.
 #pragma once
 
 #include <array>
@@ -12,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/exec.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_config.h"
 #include "parallel/rank_generator.h"
@@ -66,11 +73,18 @@ struct ProcessGroup {
   std::string name;
   std::vector<int> ranks;  // world ranks, in group order
   int rank = 0;            // this process's position in `ranks`
-  std::unique_ptr<Communicator> comm;  // null until connect_communicators()
+  // The host's communicator: host memory only. Null until connect_communicators().
+  std::shared_ptr<Communicator> comm;
+  // The device's communicator: the execution context's memory (with_device_communicators());
+  // null where the host's serves both (the CPU backend).
+  std::shared_ptr<Communicator> device_comm;
 
   int size() const { return static_cast<int>(ranks.size()); }
-  // The communicator; throws naming the group when not connected.
+  // The host's communicator; throws naming the group when not connected.
   Communicator& communicator() const;
+  // The communicator of collectives on the execution context's memory: the device's where one
+  // was made, else the host's (the same memory on the CPU backend).
+  Communicator& device_communicator() const;
 };
 
 class ProcessGroups {
@@ -117,6 +131,17 @@ class ProcessGroups {
 // possible (anything else reports "unavailable"). Collectives time out after
 // config.timeout_seconds().
 void connect_communicators(ProcessGroups& groups);
+
+// A copy of `groups` (the same rank lists and host communicators) whose device communicators run
+// on `ex`'s device. On the CPU backend none is made: the host's serve (the copy is the same
+// groups). On CUDA, collective over the world (every rank calls it, after
+// connect_communicators()): one NCCL communicator per distinct member list of more than one
+// rank (the world and every group; e.g. dp and dp_cp when cp = 1 share one), bootstrapped
+// through the first such group's host communicator and ordered after `ex`'s stream; a group of
+// one rank gets a local communicator whose copies are ops on `ex` (device memory). Each group
+// sees its shared communicator through a view of its own (its name, its call and byte
+// counters), so per-group metrics do not mix. `ex` must outlive the copy.
+ProcessGroups with_device_communicators(const ProcessGroups& groups, const Exec& ex);
 
 // The usual start of a distributed run: validate the layout against the model, build the groups
 // for this rank, connect them.

@@ -49,7 +49,7 @@ template <typename T>
 void TensorParallel::all_reduce(const Exec& ex, DevPtr<T> data, int64_t count) const {
   if (group_ == nullptr) return;
   ScopedPhase phase(Phase::Communication);
-  group_->communicator()
+  group_->device_communicator()
       .all_reduce_async(data, count, DTypeOf<T>::value, ReduceOp::Sum)
       .wait_on(ex);
 }
@@ -58,7 +58,7 @@ template <typename T>
 void TensorParallel::all_reduce_max(const Exec& ex, DevPtr<T> data, int64_t count) const {
   if (group_ == nullptr) return;
   ScopedPhase phase(Phase::Communication);
-  group_->communicator()
+  group_->device_communicator()
       .all_reduce_async(data, count, DTypeOf<T>::value, ReduceOp::Max)
       .wait_on(ex);
 }
@@ -71,14 +71,14 @@ void TensorParallel::all_gather(const Exec& ex, DevPtr<const T> local, DevPtr<T>
     return;
   }
   ScopedPhase phase(Phase::Communication);
-  group_->communicator().all_gather_async(local, full, count, DTypeOf<T>::value).wait_on(ex);
+  group_->device_communicator().all_gather_async(local, full, count, DTypeOf<T>::value).wait_on(ex);
 }
 
 template <typename T>
 void TensorParallel::broadcast(const Exec& ex, DevPtr<T> data, int64_t count, int root) const {
   if (group_ == nullptr) return;
   ScopedPhase phase(Phase::Communication);
-  group_->communicator().broadcast_async(data, count, DTypeOf<T>::value, root).wait_on(ex);
+  group_->device_communicator().broadcast_async(data, count, DTypeOf<T>::value, root).wait_on(ex);
 }
 
 template <typename T>
@@ -89,7 +89,7 @@ void TensorParallel::reduce_scatter(const Exec& ex, DevPtr<const T> full, DevPtr
     return;
   }
   ScopedPhase phase(Phase::Communication);
-  group_->communicator()
+  group_->device_communicator()
       .reduce_scatter_async(full, local, count, DTypeOf<T>::value, ReduceOp::Sum)
       .wait_on(ex);
 }

@@ -102,7 +102,7 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   cfg_.group_size = group_size;
   if (groups != nullptr && groups->group(parallel::GroupKind::Pp).size() > 1) {
     const parallel::ProcessGroup& g = groups->group(parallel::GroupKind::Pp);
-    pp_ = &g.communicator();
+    pp_ = &g.device_communicator();  // activations and gradients: the context's memory
     cfg_.pp = g.size();
     cfg_.rank = g.rank;
   }

@@ -44,12 +44,13 @@ double LargeValueHistory::threshold() const {
 
 NumericGuard::NumericGuard(const NumericGuardConfig& cfg, const Exec& ex, ParamRegistry& params,
                            const parallel::GradBuckets& buckets, parallel::Communicator* world,
-                           int rank)
+                           int rank, parallel::Communicator* world_device)
     : cfg_(cfg),
       ex_(ex),
       params_(params),
       buckets_(buckets),
       world_(world),
+      world_device_(world != nullptr && world_device != nullptr ? world_device : world),
       rank_(rank),
       arena_(ex),
       loss_hist_(cfg.samples, cfg.factor),
@@ -171,7 +172,8 @@ void NumericGuard::combine() {
   ops::copy<int32_t>(ex_, global_, local_, n_flags_);
   if (world_ != nullptr) {
     // Every rank skips (or stops) together: one rank's NaN or spike decides for the job.
-    world_->all_reduce_async(global_, n_flags_, DType::I32, parallel::ReduceOp::Max).wait_on(ex_);
+    world_device_->all_reduce_async(global_, n_flags_, DType::I32, parallel::ReduceOp::Max)
+        .wait_on(ex_);
   }
 }
 

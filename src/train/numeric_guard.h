@@ -72,10 +72,13 @@ class LargeValueHistory {
 
 class NumericGuard {
  public:
-  // world: the communicator every rank's flags are combined over (null: one rank). rank: this
-  // process's world rank, for messages and the injected faults.
+  // world: the world's communicator of host memory, for the agreement on the flag count and
+  // the job's summary (null: one rank). world_device: the world's communicator of the context's
+  // memory, which the flags are combined over in the step (null: world serves both, as on the
+  // CPU backend). rank: this process's world rank, for messages and the injected faults.
   NumericGuard(const NumericGuardConfig& cfg, const Exec& ex, ParamRegistry& params,
-               const parallel::GradBuckets& buckets, parallel::Communicator* world, int rank);
+               const parallel::GradBuckets& buckets, parallel::Communicator* world, int rank,
+               parallel::Communicator* world_device = nullptr);
 
   bool active() const { return cfg_.check_nan || cfg_.checks_spikes(); }
   // Before the step's first forward: clears the flags and writes this step's thresholds.
@@ -120,6 +123,7 @@ class NumericGuard {
   ParamRegistry& params_;
   const parallel::GradBuckets& buckets_;
   parallel::Communicator* world_;
+  parallel::Communicator* world_device_;  // the flags' all-reduce (the context's memory)
   int rank_;
   int64_t iteration_ = 0;
   int64_t n_flags_ = 0;

@@ -23,6 +23,7 @@
 #include "ops/gemm_probe.h"
 #include "ops/numerics_class.h"
 #include "ops/router_balance.h"
+#include "parallel/communicator_nccl.h"
 #include "train/context_batch.h"
 #include "train/exit_conditions.h"
 #include "train/progress.h"
@@ -81,6 +82,31 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
          "group's logits)");
 }
 
+void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
+                                   const parallel::Degrees& d, const ModelConfig& model,
+                                   const TrainConfig&) {
+  MOE_CHECK(d.world == 1 || parallel::nccl_built(),
+            "[train] --device {} on {} processes needs NCCL for the collectives on device memory, "
+            "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
+            "one process, or --device cpu",
+            device, d.world);
+  // NCCL has no tags: a pair's messages match in the order they are posted. The 1F1B schedule
+  // keeps one kind of message per direction between neighbours (activations forward, gradients
+  // back), each posted in the same order on both sides; the interleaved one sends a neighbour
+  // activations and gradients in the same direction, and the receiver posts them in another
+  // order (its activation receives ahead, in schedule order), so they would land in each
+  // other's buffers (seen in the emulated build: the step-1 loss off by 2e-3).
+  const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
+  MOE_CHECK(vp == 1,
+            "[train] --device {} with {} virtual pipeline stages per rank (--num-layers-per-"
+            "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank or a "
+            "--pipeline-model-parallel-layout with several stages a rank) is not implemented yet: "
+            "NCCL matches a pair's messages in posting order, and the interleaved schedule "
+            "receives a neighbour's activations and gradients in another order than it sends "
+            "them; use one virtual stage per rank, or --device cpu",
+            device, vp);
+}
+
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
                                    const parallel::GradBuckets& buckets, const Exec& ex) {
   optim::GradNormSync sync;
@@ -94,7 +120,9 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
   const auto sum_over = [&ex](const parallel::ProcessGroup* g) {
     const Exec* e = &ex;
     return [g, e](DevPtr<double> sq) {
-      g->communicator().all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum).wait_on(*e);
+      g->device_communicator()
+          .all_reduce_async(sq, 1, DType::F64, parallel::ReduceOp::Sum)
+          .wait_on(*e);
     };
   };
   // The distributed optimizer: each rank's owned elements, summed over the bucket's group
@@ -182,13 +210,16 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
   if (groups_ != nullptr) {
-    // The communicators are MPI's, which move host memory: a device's collectives need NCCL's,
-    // which the trainer does not use yet.
-    MOE_CHECK(exec_.on_cpu() || groups_->world_size() == 1,
-              "[train] --device {} trains on one process so far, not {}: its collectives would "
-              "hand device memory to MPI; run one process (no mpirun -np > 1) or --device cpu",
-              cfg_.device, groups_->world_size());
     check_parallel_support(groups_->layout().config, model_cfg_);
+    if (!exec_.on_cpu()) {
+      check_device_parallel_support(cfg_.device, groups_->layout().config, groups_->degrees(),
+                                    model_cfg_, cfg_);
+      // Collectives on the device's memory go to NCCL (the host's MPI communicators keep the
+      // host's traffic: agreements, the step report's values, the checkpoint protocol).
+      device_groups_ = std::make_unique<parallel::ProcessGroups>(
+          parallel::with_device_communicators(*groups_, exec_));
+      groups_ = device_groups_.get();
+    }
     // Each dp rank reads its own share of the global batch; the cp ranks of a group read the same
     // samples and keep their share of each sequence (dense gradients reduce over dp x cp).
     dp_size_ = groups_->group(parallel::GroupKind::Dp).size();
@@ -335,8 +366,10 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
             "[train] --skip-spiky-steps with --moe-router-enable-expert-bias or quantile "
             "balancing is not implemented yet: a skipped step would have to undo their "
             "once-per-step update; drop one of them");
-  guard_ = std::make_unique<NumericGuard>(cfg_.guard, exec_, model_->params(), *buckets_,
-                                          world_comm(), groups_ != nullptr ? groups_->rank() : 0);
+  guard_ = std::make_unique<NumericGuard>(
+      cfg_.guard, exec_, model_->params(), *buckets_, world_comm(),
+      groups_ != nullptr ? groups_->rank() : 0,
+      world_comm() != nullptr ? &groups_->world().device_communicator() : nullptr);
   buckets_->set_before_reduce([this](size_t b) { guard_->check_bucket(b); });
 
   // The routers' once-per-step all-reduces (MOE_SEMANTICS Router 4 and 5).
@@ -345,7 +378,9 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     const Exec* ex = &exec_;
     router_sync_.sum_tp_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
+      g->device_communicator()
+          .all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum)
+          .wait_on(*ex);
     };
   }
   if (groups_ && groups_->group(parallel::GroupKind::DpCp).size() > 1) {
@@ -353,7 +388,9 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     const Exec* ex = &exec_;
     router_sync_.mean_dp_cp = [g, ex](DevPtr<double> v, int64_t n) {
       ScopedPhase phase(Phase::Communication);
-      g->communicator().all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum).wait_on(*ex);
+      g->device_communicator()
+          .all_reduce_async(v, n, DType::F64, parallel::ReduceOp::Sum)
+          .wait_on(*ex);
       ops::divide_in_place(*ex, v, static_cast<double>(g->size()), n);
     };
   }
@@ -469,20 +506,20 @@ StepMetrics BasicTrainer<T>::train_step() {
   // The EP dispatchers' all-to-all traffic of this step (a host counter of the communicator).
   const parallel::Communicator* ep =
       groups_ != nullptr && groups_->degrees().ep > 1
-          ? &groups_->group(parallel::GroupKind::Ep).communicator()
+          ? &groups_->group(parallel::GroupKind::Ep).device_communicator()
           : nullptr;
   const int64_t a2a_before = ep != nullptr ? ep->all_to_all_bytes_sent() : 0;
   // The TP groups' traffic of this step, by collective form.
   const auto group_bytes = [this](parallel::GroupKind k) {
     return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).communicator().bytes_sent()
+               ? groups_->group(k).device_communicator().bytes_sent()
                : parallel::CommBytesSent{};
   };
   const parallel::CommBytesSent tp_before = group_bytes(parallel::GroupKind::Tp);
   const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
   const auto group_calls = [this](parallel::GroupKind k) {
     return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).communicator().calls().collectives()
+               ? groups_->group(k).device_communicator().calls().collectives()
                : int64_t{0};
   };
   const int64_t tp_calls_before = group_calls(parallel::GroupKind::Tp);

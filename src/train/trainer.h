@@ -74,6 +74,13 @@ void check_batch_split(int64_t global_batch, int64_t micro_batch, int dp);
 // divisibility, --cp-comm-type) are parallel::validate_layout's.
 void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConfig& model);
 
+// What `moecore train --device <device>` (not the CPU) refuses of a layout before step 0, naming
+// it: more than one process in a build without NCCL (the device's collectives run on NCCL, one
+// communicator per distinct group), and what has not run over NCCL yet.
+void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
+                                   const parallel::Degrees& degrees, const ModelConfig& model,
+                                   const TrainConfig& train);
+
 // How the gradient norm's sums of squares combine over the ranks of these groups (null: one
 // rank) for these buckets (MOE_SEMANTICS "Gradients and the optimizer"): every element counted
 // once (replicated parameters on TP rank 0 only: GradBuckets::counted_once), the distributed
@@ -184,8 +191,14 @@ class BasicTrainer {
 
   ModelConfig model_cfg_;
   TrainConfig cfg_;
+  // The groups every component is given: the caller's, or on a device their copy with the
+  // device communicators (device_groups_).
   const parallel::ProcessGroups* groups_ = nullptr;
   Exec exec_;  // from --device, before anything is built
+  // On a device: the caller's groups with NCCL communicators on exec_'s stream (made once, here,
+  // before the model; after exec_ and before everything holding a communicator, so destroyed
+  // after them and before the context).
+  std::unique_ptr<parallel::ProcessGroups> device_groups_;
   // The data-parallel ranks that read different samples (dp; the cp ranks of a group read the
   // same ones), and this rank's context-parallel share of each sequence.
   int dp_size_ = 1, dp_rank_ = 0;

@@ -2,13 +2,28 @@
 # `moecore train --device cuda` in the emulated CUDA build (docs/testing.md, "The emulated CUDA
 # build"): the tiny model for a few steps on the emulated device, with device memory kept apart
 # from the host (strict: a host access of device memory or a host pointer handed to a kernel
-# fails the run), against the same binary's `--device cpu` run:
+# fails the run), against the same binary's `--device cpu` run in the same layout:
 # - the CUDA run twice (the second under --sync-audit, which must find no allocation and no
-#   undocumented host sync in a step): bitwise the same per-step values and weights digest;
+#   undocumented host sync in a step, and count only documented points): bitwise the same
+#   per-step values and weights digest;
 # - CUDA vs CPU: per-step lm loss and grad norm within docs/numerics.md's row "emulated CUDA vs
 #   CPU backend" (the kernels' device math and reduction trees vs the CPU fast paths).
-# Usage: train_cuda_emu.sh MOECORE_BINARY CONFIG [FLAGS...]   (extra flags for both devices)
+# Under --np N every run is `mpirun -np N` (the emulated NCCL carries the device's collectives,
+# MPI the host's); --record FILE keeps the CUDA run's per-step values and digest, --equal-to FILE
+# requires them bitwise equal to a recorded run's (an overlapped form against its plain one).
+# Usage: train_cuda_emu.sh [--np N] [--record FILE] [--equal-to FILE] MOECORE_BINARY CONFIG
+#        [FLAGS...]   (extra flags for both devices)
 set -euo pipefail
+np=1 record="" equal_to=""
+while [[ $# -gt 0 && "$1" == --* ]]; do
+  case "$1" in
+    --np) np=$2 ;;
+    --record) record=$2 ;;
+    --equal-to) equal_to=$2 ;;
+    *) echo "train_cuda_emu.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
 moecore=$1 config=$2
 shift 2
 work=$(mktemp -d)
@@ -34,11 +49,18 @@ for flag in "$@"; do
 done
 common=(--config "$config" --train-iters 3 --lr-warmup-iters 0 --lr-decay-iters 20
         --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100 "$@")
+launch=()
+if [ "$np" -gt 1 ]; then
+  # Open MPI's session directories inside this run's own: no other test's mpirun shares them.
+  export OMPI_MCA_orte_tmpdir_base="$work" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  launch=(mpirun --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS
+          -x MOECORE_EMU_DEVICE_MEMORY)
+fi
 run() {  # DEVICE NAME [FLAGS...]
   local device=$1 name=$2
   shift 2
-  MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "$moecore" train "${common[@]}" \
-    --device "$device" --metrics-file "$work/$name.jsonl" "$@" 2>&1
+  MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "${launch[@]}" "$moecore" train \
+    "${common[@]}" --device "$device" --metrics-file "$work/$name.jsonl" "$@" 2>&1
 }
 cpu=$(run cpu cpu) || fail "the --device cpu run failed" "$cpu"
 start=$(date +%s.%N)
@@ -49,6 +71,19 @@ seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a 
 cuda2=$(run cuda cuda2 --sync-audit) || fail "the second --device cuda run (--sync-audit) failed" "$cuda2"
 grep -q '\[sync-audit\] steps 2-3 audited: 0 allocations, 0 undocumented host syncs' <<< "$cuda2" ||
   fail "--sync-audit on --device cuda: no clean audit line" "$cuda2"
+# Only the documented points (docs/design.md, "The execution model"): the EP count exchanges and
+# the grouped GEMMs' size reads; a collective completed on the host for a stream's ops
+# (SyncAudit::kHostCommWait) would be MPI moving device memory.
+counted=$(grep -o 'counted in the last step: .*' <<< "$cuda2" | sed 's/^counted in the last step: //')
+while IFS= read -r point; do
+  [ -z "$point" ] || [ "$point" = nothing ] && continue
+  case "${point% x*}" in
+    "dropless EP count exchange (the host sizes the all-to-all)" | \
+    "allgather dispatcher token counts per EP rank" | \
+    "grouped GEMM group sizes read on the host"*) ;;
+    *) fail "--sync-audit on --device cuda counted an undocumented point: $point" "$cuda2" ;;
+  esac
+done < <(tr ';' '\n' <<< "$counted" | sed 's/^ *//')
 grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logged no step 3" "$cuda"
 [ "$(steps "$work/cuda1.jsonl")" = "$(steps "$work/cuda2.jsonl")" ] ||
   fail "two --device cuda runs differ: $(steps "$work/cuda1.jsonl") vs $(steps "$work/cuda2.jsonl")"
@@ -66,4 +101,11 @@ paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr 
       if (key ~ /grad_norm/ && r > wn) wn = r
       if (r > tol) { printf "FAIL: iteration %d %s: cpu %s, cuda %s: relative %.3g > %s\n", it, key, x, y, r, tol; bad = 1 } }
     END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (rows %s at step 1, %s later), grad norm %.3g (rows %s, %s)\n", wl, lr, llr, wn, nr, lnr; exit bad }'
-echo "[train-cuda-emu] --device cuda (emulated): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"
+if [ -n "$record" ]; then
+  printf '%s\n%s\n' "$(steps "$work/cuda1.jsonl")" "$(digest "$cuda")" > "$record"
+fi
+if [ -n "$equal_to" ]; then
+  [ "$(printf '%s\n%s' "$(steps "$work/cuda1.jsonl")" "$(digest "$cuda")")" = "$(cat "$equal_to")" ] ||
+    fail "not bitwise the recorded run: $(steps "$work/cuda1.jsonl") $(digest "$cuda") vs $(tr '\n' ' ' < "$equal_to")"
+fi
+echo "[train-cuda-emu] --device cuda (emulated$( [ "$np" -gt 1 ] && echo ", $np processes")): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"

@@ -73,4 +73,16 @@ NcclPlan nccl_all_to_all_v(int rank, std::span<const int64_t> send_counts,
 // data (count elements, the recv buffer) = root's data.
 NcclPlan nccl_broadcast(int64_t count, DType dt, int root);
 
+// The same plans written into `plan` (cleared first, its calls' capacity kept): what the
+// communicators call with one plan of their own, so that a collective inside a step allocates
+// nothing once the plan has held the largest (--sync-audit).
+void nccl_all_reduce(NcclPlan& plan, int64_t count, DType dt, NcclRedOp op);
+void nccl_all_gather_v(NcclPlan& plan, int rank, std::span<const int64_t> counts, bool equal,
+                       DType dt);
+void nccl_reduce_scatter_v(NcclPlan& plan, int rank, std::span<const int64_t> counts, bool equal,
+                           DType dt, NcclRedOp op);
+void nccl_all_to_all_v(NcclPlan& plan, int rank, std::span<const int64_t> send_counts,
+                       std::span<const int64_t> recv_counts, DType dt);
+void nccl_broadcast(NcclPlan& plan, int64_t count, DType dt, int root);
+
 }  // namespace moecore::ops::desc

@@ -173,53 +173,56 @@ class EmuNcclCommunicator final : public Communicator {
   }
 
  protected:
-  // Each plan is built under the audit's pause too: NCCL's work (the real backend builds the same
-  // plans per call on the heap: docs/gpu.md).
+  // Each plan is built under the audit's pause too: it is NCCL's work (written into the reused
+  // plan_, as the real backend does).
   CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
     const SyncAudit::Paused library_work;
-    return run(ops::desc::nccl_all_reduce(count, dt, red_op(op)), data, data, dt, "all_reduce",
+    ops::desc::nccl_all_reduce(plan_, count, dt, red_op(op));
+    return run(plan_, data, data, dt, "all_reduce",
                Args{"data", "data"});
   }
   CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
                                 bool equal, DType dt) override {
     const SyncAudit::Paused library_work;
-    return run(ops::desc::nccl_all_gather_v(rank_, counts, equal, dt), send, recv, dt,
-               equal ? "all_gather" : "all_gather_v",
+    ops::desc::nccl_all_gather_v(plan_, rank_, counts, equal, dt);
+    return run(plan_, send, recv, dt, equal ? "all_gather" : "all_gather_v",
                Args{"send", "recv", false, InPlace::Gather, offset_of(counts)});
   }
   CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
                                     bool equal, DType dt, ReduceOp op) override {
     const SyncAudit::Paused library_work;
-    return run(ops::desc::nccl_reduce_scatter_v(rank_, counts, equal, dt, red_op(op)), send, recv,
-               dt, equal ? "reduce_scatter" : "reduce_scatter_v",
+    ops::desc::nccl_reduce_scatter_v(plan_, rank_, counts, equal, dt, red_op(op));
+    return run(plan_, send, recv, dt, equal ? "reduce_scatter" : "reduce_scatter_v",
                Args{"send", "recv", false, InPlace::Scatter, offset_of(counts)});
   }
   CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts, void* recv,
                                 std::span<const int64_t> recv_counts, DType dt) override {
     const SyncAudit::Paused library_work;
-    return run(ops::desc::nccl_all_to_all_v(rank_, send_counts, recv_counts, dt), send, recv, dt,
-               "all_to_all_v", Args{"send", "recv", false, InPlace::None});
+    ops::desc::nccl_all_to_all_v(plan_, rank_, send_counts, recv_counts, dt);
+    return run(plan_, send, recv, dt, "all_to_all_v", Args{"send", "recv", false, InPlace::None});
   }
   CommHandle start_broadcast(void* data, int64_t count, DType dt, int root) override {
     const SyncAudit::Paused library_work;
     // The root's data is only read.
-    return run(ops::desc::nccl_broadcast(count, dt, root), data, data, dt, "broadcast",
+    ops::desc::nccl_broadcast(plan_, count, dt, root);
+    return run(plan_, data, data, dt, "broadcast",
                Args{"data", "data", rank_ == root});
   }
   // NCCL has no tags: a pair's messages match in the order they were posted.
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
     const SyncAudit::Paused library_work;
-    return run(p2p(NcclKind::Send, count, dt, dst), data, nullptr, dt, "send",
-               Args{"data", "data"});
+    p2p(plan_, NcclKind::Send, count, dt, dst);
+    return run(plan_, data, nullptr, dt, "send", Args{"data", "data"});
   }
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
     const SyncAudit::Paused library_work;
-    return run(p2p(NcclKind::Recv, count, dt, src), nullptr, data, dt, "recv",
-               Args{"data", "data"});
+    p2p(plan_, NcclKind::Recv, count, dt, src);
+    return run(plan_, nullptr, data, dt, "recv", Args{"data", "data"});
   }
   CommHandle start_barrier() override {
     const SyncAudit::Paused library_work;
-    return run(ops::desc::nccl_all_reduce(1, DType::I32, NcclRedOp::Sum), barrier_, barrier_,
+    ops::desc::nccl_all_reduce(plan_, 1, DType::I32, NcclRedOp::Sum);
+    return run(plan_, barrier_, barrier_,
                DType::I32, "barrier", Args{"data", "data"});
   }
 
@@ -250,10 +253,12 @@ class EmuNcclCommunicator final : public Communicator {
     return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max;
   }
   // The real backend's point-to-point plan (one ncclSend / ncclRecv), with its extents.
-  static NcclPlan p2p(NcclKind kind, int64_t count, DType dt, int peer) {
-    NcclPlan p;
+  static void p2p(NcclPlan& p, NcclKind kind, int64_t count, DType dt, int peer) {
+    p.grouped = p.stage_bf16 = false;
+    p.send_elems = p.recv_elems = 0;
+    p.calls.clear();
     (kind == NcclKind::Send ? p.send_elems : p.recv_elems) = count;
-    if (count == 0) return p;
+    if (count == 0) return;
     NcclCall c;
     c.kind = kind;
     c.send = {NcclBuf::Send, 0};
@@ -262,13 +267,14 @@ class EmuNcclCommunicator final : public Communicator {
     c.dtype = ops::desc::nccl_data_type(dt);
     c.peer = peer;
     p.calls.push_back(c);
-    return p;
   }
 
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call,
                  Args args);
   void post(EmuNcclRequest& req, const NcclCall& c, char* s, char* r, size_t es);
 
+  // The plan of the call being started, reused (its capacity kept: nothing allocates per call).
+  NcclPlan plan_;
   std::string name_;
   std::vector<int> ranks_;
   int rank_ = 0;

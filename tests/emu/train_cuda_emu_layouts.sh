@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Every parallel layout on `--device cuda` under mpirun in the emulated CUDA build: the device's
+# collectives on the emulated NCCL (strict: device buffers only, no read of a receive buffer
+# before its wait, no write of a send buffer before completion), the host's on MPI. Each layout
+# is tests/emu/train_cuda_emu.sh --np N: 3 steps against --device cpu in the same layout within
+# docs/numerics.md's row "emulated CUDA vs CPU backend", the CUDA run twice bitwise (the second
+# under --sync-audit: clean, only documented points counted). An overlapped form is also
+# required bitwise equal to its plain form (--equal-to). The tiny model shrunk (one layer, two
+# where the layout needs them; hidden 32, 2 heads, sequence length 16, micro-batches of 1) keeps
+# the emulator's time small: about 15 s a layout.
+# Usage: train_cuda_emu_layouts.sh MOECORE_BINARY NP [CONFIG]   (NP: 2, 4 or 8)
+set -euo pipefail
+moecore=$1 np=$2 config=${3:-configs/tiny.toml}
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+small=(--seq-length 16 --num-layers 1 --hidden-size 32 --num-attention-heads 2 --ffn-hidden-size 64
+       --moe-ffn-hidden-size 32 --micro-batch-size 1 --global-batch-size 4)
+padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
+# One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
+# CUDA run's per-step values and digest.
+layouts=()
+# PP and CP need 2 layers (a stage each; the ring's chunks) and lengths divisible by 2 cp.
+two=(--num-layers 2)
+case "$np" in
+  2) layouts=(
+       "dp2"
+       "ep2-alltoall --expert-model-parallel-size 2"
+       "ep2-alltoall-padded --expert-model-parallel-size 2 ${padded[*]}"
+       "ep2-allgather --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
+       "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
+       "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
+       "ep2-bf16 --expert-model-parallel-size 2 --bf16"
+       "pp2 ${two[*]} --pipeline-model-parallel-size 2"
+       "pp2-mtp ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
+       "cp2-p2p ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
+       "cp2-allgather ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
+     ) ;;
+  4) layouts=(
+       "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
+       "dp2-ep2-distopt @record distopt --expert-model-parallel-size 2 --use-distributed-optimizer"
+       "dp2-ep2-distopt-overlap @equal distopt --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
+       "dp2-ep2-distopt-overlap-bf16 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16"
+     ) ;;
+  # The folded layout of train_parity_mpi_8: attention TP 2 + SP x DP 4, experts EP 4 x EDP 2.
+  8) layouts=(
+       "tp2-sp-ep4-folded --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 4 --expert-tensor-parallel-size 1"
+     ) ;;
+  *) echo "train_cuda_emu_layouts.sh: no layouts for $np processes (2, 4 or 8)" >&2; exit 2 ;;
+esac
+status=0
+for l in "${layouts[@]}"; do
+  read -r -a words <<< "$l"
+  name=${words[0]}
+  opts=()
+  flags=()
+  for ((i = 1; i < ${#words[@]}; ++i)); do
+    case "${words[i]}" in
+      @record) opts+=(--record "$work/${words[i + 1]}"); ((++i)) ;;
+      @equal) opts+=(--equal-to "$work/${words[i + 1]}"); ((++i)) ;;
+      *) flags+=("${words[i]}") ;;
+    esac
+  done
+  start=$(date +%s.%N)
+  if out=$(bash "$here/train_cuda_emu.sh" --np "$np" "${opts[@]}" "$moecore" "$config" "${small[@]}" \
+             "${flags[@]}" 2>&1); then
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
+    echo "[layouts] $name (np $np, ${secs} s): $(grep -o 'worst relative difference: .*' <<< "$out")"
+    echo "[layouts]   $(grep -o 'counted in the last step: .*' <<< "$out")"
+  else
+    echo "[layouts] FAIL $name (np $np): ${flags[*]}"
+    echo "$out" | tail -40
+    status=1
+  fi
+done
+# What is refused on --device cuda before step 0, naming it: interleaved pipeline stages (NCCL
+# matches a pair's messages in posting order; the interleaved schedule's would cross).
+if [ "$np" = 2 ]; then
+  out=$(OMPI_MCA_orte_tmpdir_base="$work" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS "$moecore" train \
+        --config "$config" --device cuda "${small[@]}" --num-layers 4 --pipeline-model-parallel-size 2 \
+        --num-layers-per-virtual-pipeline-stage 1 --train-iters 3 --lr-warmup-iters 0 2>&1) && status=1
+  if grep -q -- '--device cuda with 2 virtual pipeline stages per rank' <<< "$out" &&
+     ! grep -q '"iteration"\|iteration *1' <<< "$out"; then
+    echo "[layouts] refused before step 0: PP 2 with 2 virtual stages per rank on --device cuda"
+  else
+    echo "[layouts] FAIL: interleaved PP on --device cuda was not refused as expected"
+    echo "$out" | tail -20
+    status=1
+  fi
+fi
+exit $status
