@@ -18,7 +18,9 @@
 
 #include "common/sdpa_interpreter.h"
 #include "common/testing.h"
+#include "core/device.h"
 #include "core/dtype.h"
+#include "core/exec.h"
 #include "ops/attention.h"
 #include "ops/desc/sdpa_desc.h"
 
@@ -262,6 +264,28 @@ TEST(SdpaDesc, InterpreterRejectsRefusedDescriptor) {
   std::vector<float> lse(8);
   EXPECT_THROW(sdpa_forward(d, buf.data(), buf.data(), buf.data(), buf.data(), lse.data()),
                std::runtime_error);
+}
+
+// The start-up line names the path and why: the CPU, f32 runs and attention dropout always take
+// the own kernel; a --bf16 run on CUDA takes cuDNN where the probe says so, and the builds
+// without cuDNN (CPU, emulated) say why not.
+TEST(SdpaPath, StartUpLineNamesThePathAndWhy) {
+  EXPECT_EQ(attention_path_line(cpu_exec(), true, 0.0), "[attention] own kernel (CPU)");
+  Exec cuda;
+  cuda.device = Device::CUDA;
+  EXPECT_NE(attention_path_line(cuda, false, 0.0).find("own kernel (f32/f64 run"),
+            std::string::npos);
+  EXPECT_NE(attention_path_line(cuda, true, 0.1).find("own kernel (attention dropout 0.1"),
+            std::string::npos);
+  const std::string bf16 = attention_path_line(cuda, true, 0.0);
+  if (!cuda_built()) {
+    EXPECT_EQ(bf16, "[attention] own kernel (emulated build: no cuDNN)");
+  } else {
+    EXPECT_TRUE(bf16.rfind("[attention] cuDNN fused (SDPA, cuDNN ", 0) == 0 ||
+                bf16.rfind("[attention] own kernel (cuDNN ", 0) == 0 ||
+                bf16 == "[attention] own kernel (MOECORE_CUDNN_ATTENTION=0)")
+        << bf16;
+  }
 }
 
 }  // namespace
