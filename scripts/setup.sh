@@ -12,7 +12,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libsentencepiece-dev       # the SentencePiece tokenizers
   libssl-dev                 # SHA-256 of checkpoint shards (libcrypto)
-  python3-venv               # the SASS gate's disassemblers' environment (below)
+  python3-venv               # the SASS gate's disassemblers' and cuDNN frontend's environment (below)
   python3-matplotlib         # tools/plot_metrics.py: the loss and expert-load curves (README)
 )
 missing=()
@@ -45,6 +45,23 @@ if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     else
       echo "[setup] WARNING: could not install cuobjdump/nvdisasm into $tools_dir (needs python3-venv" \
            "and access to PyPI): scripts/sass_gate.sh cannot run until this succeeds" >&2
+    fi
+  fi
+  # cuDNN's header-only C++ frontend (include/cudnn_frontend*.h), for the CUDA build's fused
+  # attention (src/ops/cuda/attention_cudnn.cpp); cuDNN itself is the toolkit's. The CUDA build's
+  # CMake finds the headers here and stops, naming this script, when they are missing.
+  cudnn_frontend_version=1.32.0
+  stamp=$tools_dir/cudnn-frontend-$cudnn_frontend_version
+  if [ ! -e "$stamp" ]; then
+    echo "[setup] installing the cuDNN frontend headers $cudnn_frontend_version (PyPI) into $tools_dir"
+    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
+       "$tools_dir/bin/pip" install -q --disable-pip-version-check --no-deps \
+         "nvidia-cudnn-frontend==$cudnn_frontend_version"; then
+      touch "$stamp"
+    else
+      echo "[setup] WARNING: could not install nvidia-cudnn-frontend into $tools_dir (needs" \
+           "python3-venv and access to PyPI): the CUDA build (-DMOECORE_CUDA=ON) stops until this" \
+           "succeeds" >&2
     fi
   fi
 fi

@@ -22,7 +22,9 @@ SelfAttention<T>::SelfAttention(const ModelConfig& cfg, ParamRegistry& params,
       rope_(rope),
       rope_on_(cfg.position_embedding == PositionEmbedding::Rope),
       eps_(cfg.norm_eps),
-      recompute_core_(cfg.recompute.modules().core_attn) {
+      recompute_core_(cfg.recompute.modules().core_attn),
+      bf16_(cfg.bf16),
+      prepare_core_(cfg.bf16 && cfg.attention_dropout == 0.0) {
   MOE_CHECK(cfg.num_query_groups % tp.size() == 0 && cfg.num_heads % tp.size() == 0,
             "[attention] {} attention heads in {} query groups cannot be split over {} "
             "tensor-parallel ranks: --tensor-model-parallel-size must divide "
@@ -81,6 +83,9 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   MOE_CHECK(!rope_on_ || S * core_.cp().size() <= rope_.max_pos || a.mode() == Arena::Mode::Plan,
             "[attention] sequence {} > RoPE table {}", S * core_.cp().size(), rope_.max_pos);
   shape_ = ops::AttentionShape{S, B, Hq_, Hkv_, D_};
+  shape_.bf16 = bf16_;
+  if (prepare_core_ && core_.cp().size() == 1 && a.mode() != Arena::Mode::Plan)
+    ops::attention_prepare(a.exec(), shape_, nullptr);
   const int64_t n = S * B;
   if (q_norm_ != nullptr) {
     saved_.q_raw = a.alloc<T>(n * Hq_ * D_, "attn.q_raw");

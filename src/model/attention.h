@@ -92,6 +92,8 @@ class SelfAttention {
   Param* proj_;  // [H, Hq D]
   Param* proj_bias_ = nullptr;  // [H] with --add-attention-output-bias
   ops::AttentionShape shape_;
+  bool bf16_;          // --bf16: the core may take cuDNN's fused attention (shape_.bf16)
+  bool prepare_core_;  // --bf16 without attention dropout: its graphs built in allocate()
   AttentionSaved<T> saved_;
   DevPtr<int32_t> pos_T_ = nullptr;  // token positions, filled once (MemKind::State)
   DevPtr<T> qkv_TC_ = nullptr;       // projection output / its gradient

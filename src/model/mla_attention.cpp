@@ -32,7 +32,9 @@ MlaAttention<T>::MlaAttention(const ModelConfig& cfg, ParamRegistry& params,
                std::sqrt(static_cast<double>(std::max(cfg.mla.q_head_dim(), cfg.mla.v_head_dim)))),
       rope_(rope),
       recompute_core_(cfg.recompute.modules().core_attn),
-      recompute_up_(cfg.recompute.modules().mla_up_proj) {
+      recompute_up_(cfg.recompute.modules().mla_up_proj),
+      bf16_(cfg.bf16),
+      prepare_core_(cfg.bf16 && cfg.attention_dropout == 0.0) {
   cfg.mla.validate();
   MOE_CHECK(cfg.num_heads >= 1, "[mla] --num-attention-heads={} must be >= 1", cfg.num_heads);
   MOE_CHECK(cfg.num_heads % tp.size() == 0,
@@ -92,6 +94,9 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
             "MlaConfig::rope_spec",
             rope_.D, pe_);
   shape_ = ops::AttentionShape{S, B, Hq_, Hq_, Dp_};
+  shape_.bf16 = bf16_;
+  if (prepare_core_ && core_.cp().size() == 1 && a.mode() != Arena::Mode::Plan)
+    ops::attention_prepare(a.exec(), shape_, nullptr);
   const int64_t n = S * B, nl = tp_.local_tokens(n), dkv = qk_ + dvh_, lat = std::max(ql_, kl_);
   n_ = n;
   nl_ = nl;

@@ -116,6 +116,8 @@ class MlaAttention {
   double eps_, q_scale_;
   const ops::RopeMlaCache& rope_;
   bool recompute_core_, recompute_up_;  // core_attn, mla_up_proj
+  bool bf16_;          // --bf16: the core may take cuDNN's fused attention (shape_.bf16)
+  bool prepare_core_;  // --bf16 without attention dropout: its graphs built in allocate()
   const ops::AttentionDropout* drop_ = nullptr;
   Param* q_down_ = nullptr;   // [ql, H] with q LoRA
   Param* q_norm_ = nullptr;   // [ql] with q LoRA and --qk-layernorm

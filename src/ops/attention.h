@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "core/dev_ptr.h"
 #include "core/exec.h"
@@ -28,6 +30,11 @@ struct AttentionShape {
   int64_t q_offset = 0;                          // global position of query row 0
   int64_t k_offset = 0;                          // global position of key row 0
   int64_t lse_stride = 0;  // elements between the lse rows of (b, h) (0: S): lse [B, Hq, stride]
+  // A --bf16 run's attention: on CUDA, where the start-up probe found cuDNN's fused attention and
+  // the call is expressible (ops/desc/sdpa_desc.h), T = float calls are computed by cuDNN in bf16
+  // (inputs rounded to bf16, f32 softmax and accumulation, outputs rounded to bf16 and widened;
+  // docs/numerics.md). The CPU paths and the own CUDA kernel ignore it.
+  bool bf16 = false;
 
   int64_t keys() const { return Sk == 0 ? S : Sk; }
   int64_t lse_ld() const { return lse_stride == 0 ? S : lse_stride; }
@@ -53,6 +60,11 @@ struct AttentionDropout {
 // Throws naming `op` when the shape is impossible (negative sizes, Hq not a multiple of Hkv,
 // q_offset < k_offset, lse_stride < S).
 void check_attention_shape(const AttentionShape& s, const char* op);
+
+// The attention path of a run, for its start-up log: "[attention] cuDNN fused (SDPA, cuDNN 9.19,
+// frontend 1.32)" where a --bf16 run without attention dropout on CUDA takes cuDNN, otherwise
+// "[attention] own kernel (why)". CUDA probes cuDNN once per process (cuda::cudnn_attention_probe).
+std::string attention_path_line(const Exec& ex, bool bf16, double attention_dropout);
 
 // Workspace elements (of T) the fast path needs for `n_threads` threads: about
 // 2 * Sk * B * Hkv * D (packed K and V) + n_threads * (2 * 64 * Sk + 5 * Sk * D + 12 * 64 * D).
@@ -80,7 +92,34 @@ template <typename T>
 void attention_backward(void* stream, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                         const T* v, const T* out, const T* lse, const AttentionShape& s,
                         const AttentionDropout* drop);
+// cuDNN's fused attention (ops/cuda/attention_cudnn.cpp in the CUDA build; the other builds have
+// none): the probe says once per process whether it runs (available) and what ("cuDNN 9.19,
+// frontend 1.32"), or why not. MOECORE_CUDNN_ATTENTION=0 turns it off. The calls return false,
+// having enqueued nothing, when the call is not taken by cuDNN (not bf16, dropout, a shape the
+// descriptor refuses or cuDNN does not support: each reason logged once); otherwise they cast
+// the inputs to bf16 staging of the call's shape, run the cached graph on `stream` and widen the
+// outputs. Graphs (and their staging and workspace) are built once per shape: by
+// cudnn_attention_prepare before the first step, or at a shape's first call.
+struct CudnnAttentionProbe {
+  bool available = false;
+  std::string text;
+};
+const CudnnAttentionProbe& cudnn_attention_probe();
+void cudnn_attention_prepare(void* stream, const AttentionShape& s, const AttentionDropout* drop);
+bool cudnn_attention_forward(void* stream, float* out, float* lse, const float* q, const float* k,
+                             const float* v, const AttentionShape& s, const AttentionDropout* drop);
+bool cudnn_attention_backward(void* stream, float* dq, float* dk, float* dv, const float* dout,
+                              const float* q, const float* k, const float* v, const float* out,
+                              const float* lse, const AttentionShape& s,
+                              const AttentionDropout* drop);
 }  // namespace cuda
+
+// Builds what the call of this shape needs before the first step (cuDNN's graphs on CUDA under
+// s.bf16); nothing on the CPU or for the own kernel.
+inline void attention_prepare(const Exec& ex, const AttentionShape& s,
+                              const AttentionDropout* drop) {
+  if (!ex.on_cpu() && s.bf16) cuda::cudnn_attention_prepare(ex.stream, s, drop);
+}
 
 // q, out [S, B, Hq, D]; k, v [Sk, B, Hkv, D]; lse [B, Hq, lse_stride] (its first S of each row)
 // saved for backward. drop: nullptr (or p == 0) for no dropout; the backward must get the
@@ -92,6 +131,11 @@ void attention_forward(const Exec& ex, DevPtr<T> out, DevPtr<T> lse, DevPtr<cons
   if (ex.on_cpu())
     return cpu::attention_forward(raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k), raw_ptr(v), s,
                                   raw_ptr(workspace), drop);
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.bf16 && cuda::cudnn_attention_forward(ex.stream, raw_ptr(out), raw_ptr(lse), raw_ptr(q),
+                                                raw_ptr(k), raw_ptr(v), s, drop))
+      return;
+  }
   return cuda::attention_forward(ex.stream, raw_ptr(out), raw_ptr(lse), raw_ptr(q), raw_ptr(k),
                                  raw_ptr(v), s, drop);
 }
@@ -109,9 +153,15 @@ void attention_backward(const Exec& ex, DevPtr<T> dq, DevPtr<T> dk, DevPtr<T> dv
     return cpu::attention_backward(raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout), raw_ptr(q),
                                    raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
                                    raw_ptr(workspace), drop);
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.bf16 && cuda::cudnn_attention_backward(ex.stream, raw_ptr(dq), raw_ptr(dk), raw_ptr(dv),
+                                                 raw_ptr(dout), raw_ptr(q), raw_ptr(k), raw_ptr(v),
+                                                 raw_ptr(out), raw_ptr(lse), s, drop))
+      return;
+  }
   return cuda::attention_backward(ex.stream, raw_ptr(dq), raw_ptr(dk), raw_ptr(dv), raw_ptr(dout),
-                                  raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse),
-                                  s, drop);
+                                  raw_ptr(q), raw_ptr(k), raw_ptr(v), raw_ptr(out), raw_ptr(lse), s,
+                                  drop);
 }
 template <typename T>
 void attention_backward_ref(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,

@@ -13,7 +13,8 @@ namespace ops {
 std::span<const OpKernel> op_kernels() {
   // Every op of the op headers, sorted by name. A kernel added to an op's switch flips its entry.
   // true without a kernel: the host-side queries that answer for any device (the bf16 GEMM path,
-  // workspace sizes), read_value (read_back's), make_rope_cache and make_rope_mla_cache
+  // workspace sizes, attention_path_line, attention_prepare: cuDNN's plans, none elsewhere),
+  // read_value (read_back's), make_rope_cache and make_rope_mla_cache
   // (ops::copy's).
   static constexpr OpKernel kTable[] = {
     {"accumulate_counts", true}, {"activation_backward", true},
@@ -21,7 +22,8 @@ std::span<const OpKernel> op_kernels() {
     {"activation_forward", true}, {"activation_forward_bf16", true},
     {"activation_forward_bf16w", true}, {"adamw_step", true}, {"add", true},
     {"add_from_f64", true}, {"apply_capacity", true}, {"attention_backward", true},
-    {"attention_forward", true}, {"attention_merge", true}, {"aux_loss_grad", true},
+    {"attention_forward", true}, {"attention_merge", true}, {"attention_path_line", true},
+    {"attention_prepare", true}, {"aux_loss_grad", true},
     {"aux_loss_value", true},
     {"aux_scores_backward", true}, {"bf16_gemm_path", true}, {"bias_backward", true},
     {"bias_forward", true}, {"build_group_permutation", true}, {"build_permutation", true},

@@ -19,6 +19,7 @@
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
+#include "ops/attention.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
 #include "ops/numerics_class.h"
@@ -828,6 +829,10 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                cfg_.device);
   }
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
+  // The attention path and why (the probe of cuDNN's fused attention, once per process).
+  if (!exec_.on_cpu())
+    fmt::print(log, "{}\n",
+               ops::attention_path_line(exec_, model_cfg_.bf16, model_cfg_.attention_dropout));
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ (ranks x peak per rank); peak {} GEMM {}: {:.1f} GFLOP/s per rank\n",
              model_cfg_.bf16

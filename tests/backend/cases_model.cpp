@@ -125,8 +125,8 @@ void vocab_ce_one(const Exec& ex) {
        {std::array<int64_t, 4>{1, 0, 1, 1}, std::array<int64_t, 4>{7, 37, 37, 111},
         std::array<int64_t, 4>{5, 0, 300, 600}, std::array<int64_t, 4>{5, 600, 0, 600},
         std::array<int64_t, 4>{4, 700, 0, 600}}) {
-    BACKEND_TRACE(dtype_name<T>() << " m=" << m << " columns [" << v0 << ", " << v0 + Vl
-                                  << ") of " << V);
+    BACKEND_TRACE(dtype_name<T>() << " m=" << m << " columns [" << v0 << ", " << v0 + Vl << ") of "
+                                  << V);
     const ops::VocabSlice vs{v0, Vl, V};
     auto z = random_vec<T>(m * Vl, seed++);
     for (auto& x : z) x *= T(3);
@@ -339,6 +339,66 @@ void attention_case(const Exec& ex) {
   attention_one<T>(ex, nullptr);
 }
 
+// A --bf16 run's attention (AttentionShape::bf16), its graphs prepared first as the layers do:
+// the whole sequence and the blocks. The CPU, the emulated build and a device without cuDNN run
+// the own kernel (the f32 row); where the start-up line says cuDNN fused, the calls cuDNN takes
+// round q, k, v, out, dout and the results to bf16 (2^-9 relative each) with f32 softmax and
+// sums inside, so they are held to kBf16AttentionTol (outputs of O(1), sums over at most 140
+// keys of bf16-rounded terms).
+constexpr double kBf16AttentionTol = 3e-2;
+
+void attention_bf16_case(const Exec& ex) {
+  const std::string line = ops::attention_path_line(ex, true, 0.0);
+  BACKEND_TRACE(line);
+  if (ex.on_cpu()) EXPECT_EQ(line, "[attention] own kernel (CPU)");
+  const bool fused = line.find("cuDNN fused") != std::string::npos;
+  const double rtol = fused ? kBf16AttentionTol : Tol<float>::rtol;
+  const double atol = fused ? kBf16AttentionTol : Tol<float>::atol;
+  std::vector<ops::AttentionShape> shapes(std::begin(kAttentionShapes), std::end(kAttentionShapes));
+  shapes.insert(shapes.end(), std::begin(kAttentionBlocks), std::end(kAttentionBlocks));
+  uint32_t seed = 300;
+  for (ops::AttentionShape s : shapes) {
+    s.bf16 = true;
+    BACKEND_TRACE("S=" << s.S << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D
+                       << " Sk=" << s.keys() << " q_offset=" << s.q_offset
+                       << " k_offset=" << s.k_offset);
+    const int64_t n_q = s.S * s.B * s.Hq * s.D, n_kv = s.keys() * s.B * s.Hkv * s.D,
+                  n_lse = s.B * s.Hq * s.lse_ld();
+    const auto q = random_vec<float>(n_q, seed++, -2.0, 2.0),
+               k = random_vec<float>(n_kv, seed++, -2.0, 2.0);
+    const auto v = random_vec<float>(n_kv, seed++), dout = random_vec<float>(n_q, seed++);
+    std::vector<float> out_ref(n_q), lse_ref(n_lse), dq_ref(n_q), dk_ref(n_kv), dv_ref(n_kv);
+    ops::attention_forward_ref<float>(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(),
+                                      s, nullptr);
+    ops::attention_backward_ref<float>(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(),
+                                       q.data(), k.data(), v.data(), out_ref.data(), lse_ref.data(),
+                                       s, nullptr);
+    Guarded<float> ws = nan_out<float>(ops::attention_workspace_elems(s, omp_get_max_threads()));
+    Guarded<float> out = nan_out<float>(n_q), lse = nan_out<float>(n_lse), dq = nan_out<float>(n_q),
+                   dk = nan_out<float>(n_kv), dv = nan_out<float>(n_kv);
+    {
+      Staging st(ex);
+      ops::attention_prepare(ex, s, nullptr);
+      ops::attention_forward<float>(ex, st.out(out), st.out(lse), st.in(q), st.in(k), st.in(v), s,
+                                    st.out(ws), nullptr);
+      ops::attention_backward<float>(ex, st.out(dq), st.out(dk), st.out(dv), st.in(dout), st.in(q),
+                                     st.in(k), st.in(v), st.in(out_ref), st.in(lse_ref), s,
+                                     st.out(ws), nullptr);
+      st.back();
+    }
+    EXPECT_TRUE(testing::all_close(out.data(), out_ref.data(), n_q, rtol, atol)) << "out";
+    for (int64_t row = 0; row < s.B * s.Hq; ++row) {
+      const int64_t at = row * s.lse_ld();
+      EXPECT_TRUE(testing::all_close(lse.data() + at, lse_ref.data() + at, s.S, rtol, atol))
+          << "lse row " << row;
+      for (int64_t i = s.S; i < s.lse_ld(); ++i) EXPECT_TRUE(std::isnan(lse[at + i])) << i;
+    }
+    EXPECT_TRUE(testing::all_close(dq.data(), dq_ref.data(), n_q, rtol, atol)) << "dq";
+    EXPECT_TRUE(testing::all_close(dk.data(), dk_ref.data(), n_kv, rtol, atol)) << "dk";
+    EXPECT_TRUE(testing::all_close(dv.data(), dv_ref.data(), n_kv, rtol, atol)) << "dv";
+  }
+}
+
 // Dropout p = 0.1 and 0.3 of the probabilities, heads offset as on a tensor-parallel rank. The
 // counters are the host's here (the reference reads them); attention_one stages them for the op.
 template <typename T>
@@ -481,8 +541,9 @@ void rope_mla_one(const Exec& ex) {
 template <typename T>
 void mla_layout_one(const Exec& ex) {
   uint32_t seed = 400;
-  for (ops::MlaLayoutShape s : {ops::MlaLayoutShape{1, 1, 3, 2, 4}, ops::MlaLayoutShape{7, 3, 4, 2, 9},
-                                ops::MlaLayoutShape{65, 4, 16, 8, 16}}) {
+  for (ops::MlaLayoutShape s :
+       {ops::MlaLayoutShape{1, 1, 3, 2, 4}, ops::MlaLayoutShape{7, 3, 4, 2, 9},
+        ops::MlaLayoutShape{65, 4, 16, 8, 16}}) {
     BACKEND_TRACE(dtype_name<T>() << " n=" << s.n_tok << " heads=" << s.heads << " qk=" << s.qk
                                   << " pe=" << s.pe << " dv=" << s.dv);
     const int64_t r = s.n_tok * s.heads, nD = r * s.Dp();
@@ -502,10 +563,10 @@ void mla_layout_one(const Exec& ex) {
                dkv_up = nan_out<T>(r * s.dkv()), dk_pe = nan_out<T>(s.n_tok * s.pe);
     {
       Staging st(ex);
-      ops::mla_split<T>(ex, st.out(q), st.out(k), st.out(v), st.in(q_up), st.in(q_pe),
-                        st.in(kv_up), st.in(k_pe), s, c);
-      ops::mla_merge<T>(ex, st.out(dq_up), st.out(dq_pe), st.out(dkv_up), st.out(dk_pe),
-                        st.in(dq), st.in(dk), st.in(dv), s, c);
+      ops::mla_split<T>(ex, st.out(q), st.out(k), st.out(v), st.in(q_up), st.in(q_pe), st.in(kv_up),
+                        st.in(k_pe), s, c);
+      ops::mla_merge<T>(ex, st.out(dq_up), st.out(dq_pe), st.out(dkv_up), st.out(dk_pe), st.in(dq),
+                        st.in(dk), st.in(dv), s, c);
       st.back();
     }
     expect_bitwise(q, q_r.data(), "q");
@@ -547,6 +608,10 @@ void add_model_cases(std::vector<OpCase>& out) {
       {"attention_f32", {"attention_forward", "attention_backward"}, attention_case<float>});
   out.push_back(
       {"attention_f64", {"attention_forward", "attention_backward"}, attention_case<double>});
+  out.push_back(
+      {"attention_bf16",
+       {"attention_forward", "attention_backward", "attention_prepare", "attention_path_line"},
+       attention_bf16_case});
   out.push_back({"attention_dropout_f32",
                  {"attention_forward", "attention_backward"},
                  attention_dropout_case<float>});
