@@ -4,7 +4,10 @@
 // runs in f32 device staging (the plan's stage_bf16): widened by the cast kernel, reduced, and
 // rounded once into recv, all on that stream. A wait past the timeout aborts every NCCL
 // communicator of the process (a rank stuck in one collective can hold the others' peers) and
-// ends the process naming the group and the call.
+// ends the process naming the group and the call. send_async / recv_async are collected and
+// issued together inside one ncclGroupStart / ncclGroupEnd (nccl_p2p_batch.h): an ungrouped
+// ncclSend would block the stream until the peer's receive, and the pairs the callers post
+// (send to one neighbour, then receive from the other) would wait for ever.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -21,6 +24,7 @@
 #include "ops/cast.h"
 #include "ops/desc/nccl_desc.h"
 #include "parallel/communicator_nccl.h"
+#include "parallel/nccl_p2p_batch.h"
 
 namespace moecore::parallel {
 
@@ -78,7 +82,8 @@ void abort_live_comms() {
 
 class NcclCommunicator;
 
-// One collective in flight: the event recorded after its calls on the communicator's stream.
+// One collective in flight: the event recorded after its calls on the communicator's stream
+// (none yet for a point-to-point operation still in the batch: issuing the batch records it).
 class NcclRequest final : public CommRequest {
  public:
   NcclRequest(NcclCommunicator* c, cudaEvent_t done, const char* call)
@@ -87,6 +92,7 @@ class NcclRequest final : public CommRequest {
     done_ = done;
     call_ = call;
   }
+  void set_done(cudaEvent_t done) { done_ = done; }
   bool test() override;
   void wait() override;
   // Ordered on the reader's stream: it waits for the event; the host does not.
@@ -189,14 +195,14 @@ class NcclCommunicator final : public Communicator {
     ops::desc::nccl_broadcast(plan_, count, dt, root);
     return run(plan_, data, data, dt, "broadcast");
   }
-  // NCCL has no tags: a pair's messages match in the order they were posted.
+  // NCCL has no tags: a pair's messages match in the order they were posted. Collected, not
+  // issued (nccl_p2p_batch.h); the stream waits for the caller's stream here, so the group reads
+  // and writes the buffers after what the caller enqueued before this call.
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
-    p2p(plan_, NcclKind::Send, count, dt, dst);
-    return run(plan_, data, nullptr, dt, "send");
+    return collect(NcclKind::Send, data, nullptr, count, dt, dst, "send");
   }
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
-    p2p(plan_, NcclKind::Recv, count, dt, src);
-    return run(plan_, nullptr, data, dt, "recv");
+    return collect(NcclKind::Recv, nullptr, data, count, dt, src, "recv");
   }
   CommHandle start_barrier() override {
     ops::desc::nccl_all_reduce(plan_, 1, DType::I32, NcclRedOp::Sum);
@@ -206,22 +212,47 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static NcclRedOp red_op(ReduceOp op) { return op == ReduceOp::Sum ? NcclRedOp::Sum : NcclRedOp::Max; }
-  static void p2p(NcclPlan& p, NcclKind kind, int64_t count, DType dt, int peer) {
-    p.grouped = p.stage_bf16 = false;
-    p.send_elems = p.recv_elems = 0;
-    p.calls.clear();
-    (kind == NcclKind::Send ? p.send_elems : p.recv_elems) = count;
-    if (count == 0) return;
-    NcclCall c;
-    c.kind = kind;
-    c.send = {NcclBuf::Send, 0};
-    c.recv = {NcclBuf::Recv, 0};
-    c.count = count;
-    c.dtype = ops::desc::nccl_data_type(dt);
-    c.peer = peer;
-    p.calls.push_back(c);
+  // The caller's stream reached this call: the communicator's stream waits for it.
+  void after_caller() {
+    cudaEvent_t ready = event();
+    cuda_ok(cudaEventRecord(ready, caller_), name_, "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), name_, "cudaStreamWaitEvent");
+    give_back(ready);  // reusable once recorded: the wait is already enqueued
   }
 
+  CommHandle collect(NcclKind kind, const void* send, void* recv, int64_t count, DType dt,
+                     int peer, const char* call) {
+    after_caller();
+    NcclRequest* r = request(nullptr, call);
+    batch_.add({kind, send, recv, count, dt, peer, r});
+    return CommHandle(CommRequestPtr(r));
+  }
+
+ public:
+  // The collected sends and receives as one NCCL group on the stream; each handle's event is
+  // recorded after the group (one event each: a handle gives its own back).
+  void issue_p2p() {
+    batch_.issue([this](std::span<const NcclP2pBatch<NcclRequest>::Op> ops) {
+      nccl_ok(ncclGroupStart(), name_, "ncclGroupStart");
+      for (const auto& op : ops) {
+        if (op.count == 0) continue;
+        const auto t =
+            static_cast<ncclDataType_t>(static_cast<int>(ops::desc::nccl_data_type(op.dt)));
+        const size_t n = static_cast<size_t>(op.count);
+        nccl_ok(op.kind == NcclKind::Send ? ncclSend(op.send, n, t, op.peer, comm_, stream_)
+                                          : ncclRecv(op.recv, n, t, op.peer, comm_, stream_),
+                name_, op.kind == NcclKind::Send ? "send" : "recv");
+      }
+      nccl_ok(ncclGroupEnd(), name_, "ncclGroupEnd");
+      for (const auto& op : ops) {
+        cudaEvent_t done = event();
+        cuda_ok(cudaEventRecord(done, stream_), name_, "cudaEventRecord");
+        op.req->set_done(done);
+      }
+    });
+  }
+
+ private:
   cudaEvent_t event() {
     if (!events_.empty()) {
       cudaEvent_t e = events_.back();
@@ -252,13 +283,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   // The plan's calls on the communicator's stream, after the caller's stream reached this call.
+  // The point-to-point operations collected before go on the stream first.
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call) {
     MOE_CHECK(!plan.stage_bf16 || dt == DType::BF16,
               "[comm] group '{}': {} of {} with a bf16-staged plan", name_, call, dtype_name(dt));
-    cudaEvent_t ready = event();
-    cuda_ok(cudaEventRecord(ready, caller_), name_, "cudaEventRecord");
-    cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), name_, "cudaStreamWaitEvent");
-    give_back(ready);  // reusable once recorded: the wait is already enqueued
+    issue_p2p();
+    after_caller();
     // The buffers the calls address: the caller's, or for a bf16 reduction the f32 staging, laid
     // out as the caller's are (one block when send and recv overlap: the in-place forms).
     size_t esize = dtype_size(dt);
@@ -344,6 +374,7 @@ class NcclCommunicator final : public Communicator {
   float* staging_ = nullptr;  // bf16 reductions' f32 staging (staging())
   int64_t staging_elems_ = 0;
   std::vector<cudaEvent_t> events_;  // recorded and waited for: reusable
+  NcclP2pBatch<NcclRequest> batch_;  // send_async / recv_async not yet issued
   // Requests given back (NcclRequest::release): reused, so a step allocates none once the pool
   // holds as many as are ever in flight.
   std::vector<NcclRequest*> requests_;
@@ -351,9 +382,13 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclRequest* request(cudaEvent_t done, const char* call);
   void give_back(NcclRequest* r) { requests_.push_back(r); }
+  void forget(NcclRequest* r) { batch_.forget(r); }
 };
 
+// Testing or waiting for any handle issues the collected point-to-point group first (the handle
+// may be one of them).
 bool NcclRequest::test() {
+  comm_->issue_p2p();
   const cudaError_t e = cudaEventQuery(done_);
   if (e == cudaErrorNotReady) return false;
   MOE_CHECK(e == cudaSuccess, "[comm] {} failed on the device: {}", call_, cudaGetErrorString(e));
@@ -371,6 +406,7 @@ void NcclRequest::wait() {
 }
 
 bool NcclRequest::wait_on(const Exec& ex) {
+  comm_->issue_p2p();
   const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(ex.stream), done_, 0);
   MOE_CHECK(e == cudaSuccess, "[comm] {}: cudaStreamWaitEvent failed: {}", call_,
             cudaGetErrorString(e));
@@ -386,7 +422,11 @@ NcclRequest* NcclCommunicator::request(cudaEvent_t done, const char* call) {
 }
 
 void NcclRequest::release() {
-  comm_->give_back(done_);  // a later record replaces this one; waits already enqueued hold
+  if (done_ == nullptr) {
+    comm_->forget(this);  // given up before its group was issued
+  } else {
+    comm_->give_back(done_);  // a later record replaces this one; waits already enqueued hold
+  }
   comm_->give_back(this);
 }
 

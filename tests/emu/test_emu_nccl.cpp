@@ -315,6 +315,37 @@ TEST(EmuNccl, SendRecvBothDirectionsPostedBeforeWaiting) {
   }
 }
 
+// The context-parallel ring's exchange: each rank posts a send to its successor, then a receive
+// from its predecessor, and only then waits (the send first). On GPUs a send issued alone blocks
+// the communicator's stream until the peer posts the receive, which every peer has queued
+// behind its own send: it waits for ever (here too: sends rendezvous and a communicator's
+// operations run in order). Issued together as one group, both complete. A communicator of its
+// own with a short timeout, so that a regression reports (and ends the run) within seconds.
+TEST(EmuNccl, SendThenRecvOnARingCompletesAsOneGroup) {
+  const int g = size(), me = rank();
+  const int next = (me + 1) % g, prev = (me + g - 1) % g;
+  auto ring = make_nccl_communicator(mpi(), g_ex, 10.0);
+  const int64_t n = 1 << 16;
+  const auto message = [n](int from) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(from * 100000 + i % 9973) * 0.5f;
+    return v;
+  };
+  Dev<float> out(n), in(n);
+  out.put(message(me));
+  CommHandle hs = ring->send_async(out.span(), next);
+  CommHandle hr = ring->recv_async(in.span(), prev);
+  hs.wait();
+  hr.wait();
+  expect_bitwise(in.get(), message(prev), "the ring's message from the predecessor");
+  // A collective after the pair issues it too, and completes after it.
+  CommHandle hs2 = ring->send_async(out.span(), next);
+  CommHandle hr2 = ring->recv_async(in.span(), prev);
+  ring->barrier();
+  EXPECT_TRUE(hs2.test());
+  EXPECT_TRUE(hr2.test());
+}
+
 // Several collectives in flight at once on device buffers, completed in reverse order, by
 // polling test(), and by wait_on(): each equals its blocking form.
 TEST(EmuNccl, ManyInFlightCompletedInAnyOrder) {

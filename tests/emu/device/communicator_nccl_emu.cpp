@@ -12,10 +12,17 @@
 //   ring sums piece r in the same order as the full reduce-scatter), Send / Recv -> send / recv
 //   under one tag (NCCL has none: a pair's messages match in the order they were posted; a rank's
 //   messages to itself through a queue of its own).
-// Everything is posted non-blocking when the collective is called (a group's calls all at once);
-// test(), wait() and wait_on() complete it. Device memory is copied to host staging (under
-// emu::DeviceAccess) when the collective starts and the received range back when it completes;
-// MPI never touches device pages. A bf16-staged plan runs on f32 staging, rounded once into recv.
+// The transport's operations are posted when the collective goes on the communicator's stream
+// (a group's calls all at once). As on a GPU, where a communicator's operations run in order on
+// its stream, an operation completes only after the one before it (completing a handle completes
+// the ones before it first), and a receive counts as posted only once it is the stream's turn:
+// then it acknowledges its message (under a tag of its own), and a send completes only once
+// acknowledged, as NCCL's do. So an ungrouped send followed by a receive on both sides of a pair
+// waits for ever here as on GPUs, until the timeout reports it. Every wait progresses every
+// emulated communicator of the process, as the streams run on their own. send_async / recv_async
+// are collected and posted as one group (nccl_p2p_batch.h), as the real backend does. Device
+// memory is copied to host staging (under emu::DeviceAccess) when the collective is called and
+// the received range back when it completes; MPI never touches device pages. A bf16-staged plan runs on f32 staging, rounded once into recv.
 //
 // Strict mode (the emulated device's default, device_memory_emu.h): every buffer must be a device
 // allocation; the receive range is inaccessible and the send range read-only to kernels, copies
@@ -37,6 +44,7 @@
 #include "emu/device_memory_emu.h"
 #include "ops/desc/nccl_desc.h"
 #include "parallel/communicator_nccl.h"
+#include "parallel/nccl_p2p_batch.h"
 
 namespace moecore::parallel {
 
@@ -101,6 +109,24 @@ class EmuNcclRequest final : public CommRequest {
 
   EmuNcclCommunicator* comm_;
   const char* call_;
+  // Posts the calls on the transport (when it goes on the stream: its group is issued).
+  void post_calls();
+  // Its turn on the stream: its receives acknowledge their messages.
+  void start();
+  // Whether every call's transport operation is complete (not yet written back).
+  bool ready();
+  // Its group finished on the stream: the received range is written back to the device.
+  void complete();
+  void release_buffers();
+
+  std::vector<NcclCall> calls;                     // the plan's calls, posted by post_calls()
+  int64_t send_at = 0;                             // the calls' send staging in `host` (elements)
+  size_t call_es = 0;                              // the calls' element size
+  std::vector<int32_t> acks;                       // one word per call: the sends' rendezvous
+  int32_t ack_word = 0;                            // what the receives' acknowledgements send
+  std::vector<int> ack_peers;                      // the receives' peers, acknowledged at start()
+  uint64_t group = 0;                              // the stream group it completes with
+  bool started = false;
   std::vector<CommHandle> parts;                   // the transport's operations
   std::vector<std::unique_ptr<SelfMessage>> self;  // this rank's messages to itself
   std::vector<unsigned char> host;                 // staging, in the calls' dtype
@@ -110,10 +136,8 @@ class EmuNcclRequest final : public CommRequest {
   size_t recv_es = 0;                              // the collective's element size
   bool staged = false;
   uint64_t tickets[2] = {0, 0};  // the pending ranges (strict mode)
-  bool done = false;
-
- private:
-  void complete();
+  bool finished = false;         // its group finished on the stream
+  bool done = false;             // and the caller waited for it (or for a later one)
 };
 
 class EmuNcclCommunicator final : public Communicator {
@@ -131,8 +155,81 @@ class EmuNcclCommunicator final : public Communicator {
               name_, timeout_s);
     transport_ = duplicate_communicator(bootstrap, "nccl:" + name_);
     barrier_ = static_cast<int32_t*>(emu::device_alloc(sizeof(int32_t), /*pinned=*/false));
+    live().push_back(this);
   }
-  ~EmuNcclCommunicator() override { emu::device_free(barrier_); }
+  ~EmuNcclCommunicator() override {
+    std::erase(live(), this);
+    emu::device_free(barrier_);
+  }
+
+  // The stream: the operations in flight, in posting order. A request leaves it when completed.
+  void enqueue(EmuNcclRequest* r, uint64_t group) {
+    r->group = group;
+    queue_.push_back(r);
+    r->post_calls();
+    match_self();
+    progress();
+  }
+  void forget(EmuNcclRequest* r) {
+    std::erase(queue_, r);
+    std::erase(finished_, r);
+    batch_.forget(r);
+  }
+  // The caller waited for r: r and every operation finished before it are the caller's again
+  // (a stream's event orders everything before it). The others stay pending until their own
+  // wait, as the strict rules want: the caller cannot know they finished.
+  void release_through(EmuNcclRequest* r) {
+    while (!finished_.empty()) {
+      EmuNcclRequest* f = finished_.front();
+      finished_.pop_front();
+      f->release_buffers();
+      if (f == r) return;
+    }
+  }
+  // The collected point-to-point operations go on the stream as one group.
+  void issue_p2p() {
+    batch_.issue([this](std::span<const NcclP2pBatch<EmuNcclRequest>::Op> ops) {
+      const uint64_t g = ++groups_;
+      for (const auto& op : ops) {
+        op.req->group = g;
+        queue_.push_back(op.req);
+        op.req->post_calls();
+      }
+      match_self();
+    });
+    progress();
+  }
+  // Runs the stream as far as it goes: the first group starts (all of it at once) and, once all
+  // of it is complete, is completed; then the next.
+  void progress() {
+    const SyncAudit::Paused device_work;  // the device's work, not the host's (--sync-audit)
+    while (!queue_.empty()) {
+      const uint64_t g = queue_.front()->group;
+      size_t end = 0;
+      while (end < queue_.size() && queue_[end]->group == g) ++end;
+      for (size_t i = 0; i < end; ++i) {
+        if (!queue_[i]->started) queue_[i]->start();
+      }
+      for (size_t i = 0; i < end; ++i) {
+        if (!queue_[i]->ready()) return;
+      }
+      for (size_t i = 0; i < end; ++i) {
+        queue_[i]->complete();
+        finished_.push_back(queue_[i]);
+      }
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(end));
+    }
+  }
+  // Every emulated communicator's stream runs while the host waits for any of them.
+  static void progress_all() {
+    for (EmuNcclCommunicator* c : live()) c->progress();
+  }
+  uint64_t next_group() { return ++groups_; }
+  // The tags of the transport's messages: NCCL's (none: posting order) and the acknowledgements.
+  static constexpr int kData = 0, kAck = 1;
+  CommHandle ack(const int32_t* word, int peer) {
+    return transport_->send_async(word, 1, DType::I32, peer, kAck);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(ranks_.size()); }
@@ -212,12 +309,12 @@ class EmuNcclCommunicator final : public Communicator {
   CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
     const SyncAudit::Paused library_work;
     p2p(plan_, NcclKind::Send, count, dt, dst);
-    return run(plan_, data, nullptr, dt, "send", Args{"data", "data"});
+    return run(plan_, data, nullptr, dt, "send", Args{"data", "data"}, true);
   }
   CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
     const SyncAudit::Paused library_work;
     p2p(plan_, NcclKind::Recv, count, dt, src);
-    return run(plan_, nullptr, data, dt, "recv", Args{"data", "data"});
+    return run(plan_, nullptr, data, dt, "recv", Args{"data", "data"}, true);
   }
   CommHandle start_barrier() override {
     const SyncAudit::Paused library_work;
@@ -270,8 +367,12 @@ class EmuNcclCommunicator final : public Communicator {
   }
 
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call,
-                 Args args);
-  void post(EmuNcclRequest& req, const NcclCall& c, char* s, char* r, size_t es);
+                 Args args, bool p2p = false);
+
+ public:
+  void post(EmuNcclRequest& req, const NcclCall& c, char* s, char* r, size_t es, int32_t* ack);
+
+ private:
 
   // The plan of the call being started, reused (its capacity kept: nothing allocates per call).
   NcclPlan plan_;
@@ -282,6 +383,14 @@ class EmuNcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> transport_;
   int32_t* barrier_ = nullptr;  // the barrier's all-reduce word, on the device as the real one's
   std::deque<SelfMessage*> self_sends_, self_recvs_;
+  std::deque<EmuNcclRequest*> queue_;     // the stream (progress())
+  std::deque<EmuNcclRequest*> finished_;  // finished on it, not yet waited for, in order
+  NcclP2pBatch<EmuNcclRequest> batch_;    // send_async / recv_async not yet issued
+  uint64_t groups_ = 0;                   // the last group's number
+  static std::vector<EmuNcclCommunicator*>& live() {
+    static std::vector<EmuNcclCommunicator*> all;
+    return all;
+  }
 };
 
 // Copies between the emulated device and the host (the pages are protected outside an access).
@@ -297,8 +406,10 @@ void to_device(void* dev, const void* host, size_t bytes) {
 }
 
 CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void* recv, DType dt,
-                                    const char* call, Args args) {
+                                    const char* call, Args args, bool p2p) {
   const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
+  // Any other collective goes on the stream after the point-to-point operations collected so far.
+  if (!p2p) issue_p2p();
   const size_t es = dtype_size(dt);
   const int64_t se = send != nullptr ? plan.send_elems : 0;
   const int64_t re = recv != nullptr ? plan.recv_elems : 0;
@@ -389,19 +500,52 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
     }
   }
 
-  char* s = reinterpret_cast<char*>(req->host.data()) + send_at * static_cast<int64_t>(wes);
-  char* r = reinterpret_cast<char*>(req->host.data()) + recv_at * static_cast<int64_t>(wes);
-  for (const NcclCall& c : plan.calls) {
-    post(*req, c, c.send.buf == NcclBuf::Send ? s : r, c.recv.buf == NcclBuf::Send ? s : r, wes);
+  req->calls = plan.calls;
+  req->send_at = send_at;
+  req->call_es = wes;
+  EmuNcclRequest* raw = req.release();
+  CommHandle h{CommRequestPtr(raw)};
+  if (p2p) {
+    batch_.add({plan.calls.empty() ? NcclKind::Send : plan.calls[0].kind, send, recv,
+                se + re, dt, plan.calls.empty() ? rank_ : plan.calls[0].peer, raw});
+  } else {
+    enqueue(raw, next_group());
   }
-  match_self();
-  return CommHandle(CommRequestPtr(req.release()));
+  return h;
+}
+
+void EmuNcclRequest::post_calls() {
+  char* s = reinterpret_cast<char*>(host.data()) + send_at * static_cast<int64_t>(call_es);
+  char* r = reinterpret_cast<char*>(host.data()) + recv_at * static_cast<int64_t>(call_es);
+  acks.assign(calls.size(), 0);  // sized before any is posted: the words stay put
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const NcclCall& c = calls[i];
+    comm_->post(*this, c, c.send.buf == NcclBuf::Send ? s : r, c.recv.buf == NcclBuf::Send ? s : r,
+                call_es, &acks[i]);
+  }
+}
+
+void EmuNcclRequest::start() {
+  for (size_t i = 0; i < ack_peers.size(); ++i) {
+    parts.push_back(comm_->ack(&ack_word, ack_peers[i]));
+  }
+  started = true;
+}
+
+bool EmuNcclRequest::ready() {
+  for (CommHandle& h : parts) {
+    if (!h.test()) return false;
+  }
+  for (const auto& m : self) {
+    if (!m->done) return false;
+  }
+  return true;
 }
 
 // One NCCL call on the transport, its addresses in host staging (s: the send staging, r: the
 // recv staging, each at the call's offsets).
 void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_base, char* r_base,
-                               size_t es) {
+                               size_t es, int32_t* ack) {
   char* s = s_base + c.send.off * static_cast<int64_t>(es);
   char* r = r_base + c.recv.off * static_cast<int64_t>(es);
   const DType t = dtype_of_nccl(c.dtype);
@@ -443,14 +587,22 @@ void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_b
         (sending ? self_sends_ : self_recvs_).push_back(m.get());
         return;
       }
-      req.parts.push_back(sending ? x.send_async(s, c.count, t, c.peer, 0)
-                                  : x.recv_async(r, c.count, t, c.peer, 0));
+      // The rendezvous: a send completes once the peer's receive had its turn on the peer's
+      // stream, which acknowledges it (start(); a pair's acknowledgements match in order too).
+      if (sending) {
+        req.parts.push_back(x.send_async(s, c.count, t, c.peer, kData));
+        req.parts.push_back(x.recv_async(ack, 1, DType::I32, c.peer, kAck));
+      } else {
+        req.parts.push_back(x.recv_async(r, c.count, t, c.peer, kData));
+        req.ack_peers.push_back(c.peer);
+      }
       return;
     }
   }
 }
 
 EmuNcclRequest::~EmuNcclRequest() {
+  if (!done) comm_->forget(this);
   for (const auto& m : self) {
     if (!m->done) comm_->forget_self(m.get());
   }
@@ -458,17 +610,14 @@ EmuNcclRequest::~EmuNcclRequest() {
   emu::pending_end(tickets[1]);
 }
 
+// Testing or waiting for any handle issues the collected point-to-point group first (its
+// handle may be one of them); the stream then runs, completing this request in its turn.
 bool EmuNcclRequest::test() {
   if (done) return true;
   const SyncAudit::Paused device_work;
-  for (CommHandle& h : parts) {
-    if (!h.test()) return false;
-  }
-  for (const auto& m : self) {
-    if (!m->done) return false;
-  }
-  complete();
-  return true;
+  comm_->issue_p2p();
+  if (finished) comm_->release_through(this);
+  return done;
 }
 
 void EmuNcclRequest::complete() {
@@ -483,7 +632,12 @@ void EmuNcclRequest::complete() {
                 static_cast<size_t>(recv_elems) * recv_es);
     }
   }
-  // Completed for every stream: the buffers are the caller's again.
+  finished = true;
+}
+
+// Completed for the caller (its handle, or a later one of the communicator, was waited or
+// tested): the buffers are the caller's again.
+void EmuNcclRequest::release_buffers() {
   for (uint64_t& t : tickets) {
     emu::pending_end(t);
     t = 0;
@@ -494,6 +648,7 @@ void EmuNcclRequest::complete() {
 void EmuNcclRequest::wait() {
   const auto start = Clock::now();
   for (int64_t spin = 0; !test(); ++spin) {
+    EmuNcclCommunicator::progress_all();
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (waited > comm_->timeout_s()) comm_->abort_on_timeout(call_, waited);
     // Spin briefly (latency), then give the core away: ranks are often oversubscribed.
