@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/sync_audit.h"
+#include "ops/memory.h"
 
 namespace moecore::parallel {
 
@@ -229,12 +230,13 @@ namespace {
 
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::string name, int global_rank)
-      : name_(std::move(name)), ranks_{global_rank} {}
+  LocalCommunicator(std::string name, int global_rank, const Exec& ex)
+      : name_(std::move(name)), ranks_{global_rank}, ex_(ex) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
   const std::vector<int>& global_ranks() const override { return ranks_; }
+  std::string_view reduction_algorithm() const override { return "local"; }
 
  protected:
   // A sum or max over one rank is the value itself (bf16 included: f32 round trip is exact).
@@ -268,17 +270,24 @@ class LocalCommunicator final : public Communicator {
   CommHandle start_barrier() override { return {}; }
 
  private:
-  static void copy(const void* src, void* dst, int64_t count, DType dt) {
-    if (count > 0 && src != dst) std::memmove(dst, src, count * dtype_size(dt));
+  // This rank's own data moved by an op on the context's stream (host memory is moved by the
+  // CPU's copy; a device's memory must not be touched by the host).
+  void copy(const void* src, void* dst, int64_t count, DType dt) const {
+    if (count == 0 || src == dst) return;
+    ops::copy<char>(ex_, DevPtr<char>(static_cast<char*>(dst)),
+                    DevPtr<const char>(static_cast<const char*>(src)),
+                    count * static_cast<int64_t>(dtype_size(dt)));
   }
   std::string name_;
   std::vector<int> ranks_;
+  Exec ex_;  // a copy: the context outlives the communicator, its fields never change
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_local_communicator(std::string name, int global_rank) {
-  return std::make_unique<LocalCommunicator>(std::move(name), global_rank);
+std::unique_ptr<Communicator> make_local_communicator(std::string name, int global_rank,
+                                                     const Exec& ex) {
+  return std::make_unique<LocalCommunicator>(std::move(name), global_rank, ex);
 }
 
 }  // namespace moecore::parallel

@@ -346,6 +346,9 @@ class Communicator {
 
 // A group of one process: every collective is a local copy. Used for size-1 groups without
 // MPI (single-process runs, the stub build) and in tests of the argument checks.
-std::unique_ptr<Communicator> make_local_communicator(std::string name, int global_rank);
+// On a device context (`ex`) its copies are ops on the context's stream: the device's group of
+// one rank (parallel::with_device_communicators).
+std::unique_ptr<Communicator> make_local_communicator(std::string name, int global_rank,
+                                                     const Exec& ex = cpu_exec());
 
 }  // namespace moecore::parallel

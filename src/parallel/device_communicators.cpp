@@ -5,68 +5,12 @@
 #include <map>
 
 #include "core/check.h"
-#include "ops/memory.h"
 #include "parallel/communicator_nccl.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::parallel {
 
 namespace {
-
-// A group of one rank on a device: every collective is this rank's own data, moved by an op on
-// the context's stream (the host's local communicator would memmove device memory).
-class DeviceLocalCommunicator final : public Communicator {
- public:
-  DeviceLocalCommunicator(std::string name, int global_rank, const Exec& ex)
-      : name_(std::move(name)), ranks_{global_rank}, ex_(ex) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  const std::string& name() const override { return name_; }
-  const std::vector<int>& global_ranks() const override { return ranks_; }
-  std::string_view reduction_algorithm() const override { return "local"; }
-
- protected:
-  // A sum or max over one rank is the value itself.
-  CommHandle start_all_reduce(void*, int64_t, DType, ReduceOp) override { return {}; }
-  CommHandle start_all_gather_v(const void* send, void* recv, std::span<const int64_t> counts,
-                                bool, DType dt) override {
-    copy(send, recv, counts[0], dt);
-    return {};
-  }
-  CommHandle start_reduce_scatter_v(const void* send, void* recv, std::span<const int64_t> counts,
-                                    bool, DType dt, ReduceOp) override {
-    copy(send, recv, counts[0], dt);
-    return {};
-  }
-  CommHandle start_all_to_all_v(const void* send, std::span<const int64_t> send_counts, void* recv,
-                                std::span<const int64_t> recv_counts, DType dt) override {
-    MOE_CHECK(send_counts[0] == recv_counts[0],
-              "[comm] all_to_all_v on group '{}': sends {} elements to itself but expects {}",
-              name_, send_counts[0], recv_counts[0]);
-    copy(send, recv, send_counts[0], dt);
-    return {};
-  }
-  CommHandle start_broadcast(void*, int64_t, DType, int) override { return {}; }
-  CommHandle start_send(const void*, int64_t, DType, int, int) override {
-    MOE_FAIL("[comm] send on group '{}' of one rank: a rank cannot send to itself here", name_);
-  }
-  CommHandle start_recv(void*, int64_t, DType, int, int) override {
-    MOE_FAIL("[comm] recv on group '{}' of one rank: a rank cannot receive from itself here",
-             name_);
-  }
-  CommHandle start_barrier() override { return {}; }
-
- private:
-  void copy(const void* src, void* dst, int64_t count, DType dt) const {
-    if (count == 0 || src == dst) return;
-    ops::copy<char>(ex_, DevPtr<char>(static_cast<char*>(dst)),
-                    DevPtr<const char>(static_cast<const char*>(src)),
-                    count * static_cast<int64_t>(dtype_size(dt)));
-  }
-  std::string name_;
-  std::vector<int> ranks_;
-  Exec ex_;  // a copy: the context outlives the groups, its fields never change
-};
 
 // One group's view of a communicator it shares with the groups of the same members: the
 // collectives are the shared one's, the name and the counters (calls, bytes sent) the group's,
@@ -135,7 +79,7 @@ ProcessGroups with_device_communicators(const ProcessGroups& groups, const Exec&
     std::shared_ptr<Communicator>& c = shared[g.ranks];
     if (c == nullptr) {
       if (g.size() == 1) {
-        c = std::make_shared<DeviceLocalCommunicator>(g.name, g.ranks[0], ex);
+        c = make_local_communicator(g.name, g.ranks[0], ex);
       } else {
         c = std::shared_ptr<Communicator>(make_nccl_communicator(g.communicator(), ex, timeout_s));
       }
