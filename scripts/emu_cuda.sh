@@ -5,8 +5,8 @@
 # --device cuda` on the tiny model against --device cpu, bitwise run to run, on one process and
 # under mpirun in every parallel layout (the emulated NCCL).
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
-# and its targets test_backend, test_device_select_mpi and moecore built:
-# MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi"
+# and its targets test_backend, test_device_select_mpi, test_emu_nccl and moecore built:
+# MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi test_emu_nccl"
 # bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +68,17 @@ for i in "${!runs[@]}"; do
   cat "$dir/emu-cuda-train-$i.log"
   [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
+# The emulated NCCL under mpirun (tests/emu/test_emu_nccl.cpp, ctests emu_nccl_*): every
+# collective's plans against the MPI communicator, the strict buffer rules, stream order and the
+# grouped sends and receives, its timeout.
+if command -v mpirun > /dev/null 2>&1; then
+  if [ -x "$dir/tests/test_emu_nccl" ]; then
+    ctest --test-dir "$dir" -R '^emu_nccl_' --output-on-failure || rc=1
+  else
+    echo "[emu-cuda] FAIL: $dir/tests/test_emu_nccl is not built (build its target too)"
+    rc=1
+  fi
+fi
 # Device selection under mpirun (tests/CMakeLists.txt, label device_select): ranks on a node of
 # emulated devices take the GPU of their node-local rank, or their one device; 3 ranks on 2
 # devices and two ranks on one GPU are refused with the message, the trainer's run included.
