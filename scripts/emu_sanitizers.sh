@@ -27,9 +27,12 @@ flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=unde
 # The kernels' ops' references: src/ops/cuda/<op>.cu -> src/ops/cpu/<op>_ref.cpp.
 # The library descriptors and the references the emulated library calls are tested against
 # (tests/emu/test_emu_blas.cpp) come too.
-# (Not emu_absent.cpp: the CPU build's stand-in for the emulator, which refuses every launch.)
+# (Not emu_absent.cpp: the CPU build's stand-in for the emulator, which refuses every launch; not
+# test_emu_nccl.cpp: the emulated NCCL's own binary, run under mpirun in the emulated build.)
 sources=(src/core/check.cpp src/ops/desc/*.cpp src/ops/cpu/gemm_ref.cpp src/ops/cpu/gemm_bf16_ref.cpp)
-for t in tests/emu/*.cpp; do [[ $t == */emu_absent.cpp ]] || sources+=("$t"); done
+for t in tests/emu/*.cpp; do
+  [[ $t == */emu_absent.cpp || $t == */test_emu_nccl.cpp ]] || sources+=("$t")
+done
 # What the tests call beside the references: the dropout keys (rng_key), the execution context
 # and its host memory (cpu_exec, exec_alloc: no CUDA here, so the stub device), the RoPE tables
 # (ops::RopeTables, make_rope_cache, the CPU rope the kernels are compared with), the CPU AdamW
