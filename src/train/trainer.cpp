@@ -84,8 +84,7 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
 }
 
 void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
-                                   const parallel::Degrees& d, const ModelConfig& model,
-                                   const TrainConfig&) {
+                                   const parallel::Degrees& d, const ModelConfig& model) {
   MOE_CHECK(d.world == 1 || parallel::nccl_built(),
             "[train] --device {} on {} processes needs NCCL for the collectives on device memory, "
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
@@ -214,7 +213,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     check_parallel_support(groups_->layout().config, model_cfg_);
     if (!exec_.on_cpu()) {
       check_device_parallel_support(cfg_.device, groups_->layout().config, groups_->degrees(),
-                                    model_cfg_, cfg_);
+                                    model_cfg_);
       // Collectives on the device's memory go to NCCL (the host's MPI communicators keep the
       // host's traffic: agreements, the step report's values, the checkpoint protocol).
       device_groups_ = std::make_unique<parallel::ProcessGroups>(

@@ -78,8 +78,7 @@ void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConf
 // it: more than one process in a build without NCCL (the device's collectives run on NCCL, one
 // communicator per distinct group), and what has not run over NCCL yet.
 void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
-                                   const parallel::Degrees& degrees, const ModelConfig& model,
-                                   const TrainConfig& train);
+                                   const parallel::Degrees& degrees, const ModelConfig& model);
 
 // How the gradient norm's sums of squares combine over the ranks of these groups (null: one
 // rank) for these buckets (MOE_SEMANTICS "Gradients and the optimizer"): every element counted
