@@ -1,0 +1,47 @@
+// A grouped GEMM that runs from tables in device memory: the problem sizes and pointers of every
+// group are written on the device (from the MoE layer's token counts, by a kernel on the
+// stream), so the host never reads the sizes and the call can be captured in a CUDA graph.
+// The backends: CUTLASS's pointer-array grouped GEMM for sm_90a in the CUDA build; the
+// emulator's interpreter of the tables in the emulated build; none on the CPU (a build without
+// one says so through device_grouped_gemm_supported, and the caller keeps its host-table path).
+// Row-major, as the project's GEMMs (ops/gemm.h): per problem,
+//   D[m, n] = op(A)[m, k] op(B)[k, n] + beta D
+// op(A) = A stored [m, k] (row stride lda), or with trans_a A stored [k, m] read transposed;
+// op(B) = B stored [k, n] (ldb), or with trans_b B stored [n, k] read transposed; D [m, n] with
+// row stride ldd. A problem with m = 0 or n = 0 writes nothing; k = 0 leaves beta D (D = 0 for
+// beta 0). Element types are the call's GemmTypes (A and B the inputs, D the output),
+// accumulation in f32 (f64 for F64).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/exec.h"
+#include "ops/desc/gemm_desc.h"
+
+namespace moecore::ops::cuda {
+
+struct GroupedGemmProblem {
+  int32_t m = 0, n = 0, k = 0;
+  int32_t trans_a = 0, trans_b = 0;  // 0 or 1
+  int32_t reserved = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+};
+static_assert(sizeof(GroupedGemmProblem) == 72, "the table's layout is shared with device code");
+
+// Whether this build's current device runs grouped GEMMs from device tables for `types`; if not,
+// *why says what is missing (the build, the architecture, the types).
+bool device_grouped_gemm_supported(desc::GemmTypes types, std::string* why);
+// The device workspace a call over G problems needs (the library's argument arrays), in bytes.
+size_t device_grouped_gemm_workspace_bytes(int64_t G);
+// Runs the G problems of `problems` (G entries in device memory, written on ex's stream before
+// this call) on ex's stream. beta: 0 (D assigned) or 1 (D added to). workspace: device memory of
+// at least device_grouped_gemm_workspace_bytes(G). No host synchronisation and no allocation.
+void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
+                         int64_t G, float beta, void* workspace, size_t workspace_bytes);
+
+}  // namespace moecore::ops::cuda
