@@ -6,7 +6,7 @@
 
 namespace moecore::ops::cuda {
 
-bool device_grouped_gemm_supported(desc::GemmTypes, std::string* why) {
+bool device_grouped_gemm_supported(desc::GemmTypes, int64_t, int64_t, std::string* why) {
   if (why != nullptr) *why = "this build has no grouped GEMM that reads its sizes on the device";
   return false;
 }

@@ -33,9 +33,12 @@ struct GroupedGemmProblem {
 };
 static_assert(sizeof(GroupedGemmProblem) == 72, "the table's layout is shared with device code");
 
-// Whether this build's current device runs grouped GEMMs from device tables for `types`; if not,
-// *why says what is missing (the build, the architecture, the types).
-bool device_grouped_gemm_supported(desc::GemmTypes types, std::string* why);
+// Whether this build's current device runs grouped GEMMs from device tables for `types`, the
+// grouped GEMMs of a layer whose fixed dims are N and K (ops/gemm.h: w [G, N, K] or [G, K, N];
+// every problem's row strides and row offsets are multiples of them, so they decide the
+// operands' alignment); if not, *why says what is missing (the build, the architecture, the
+// types, the alignment).
+bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why);
 // The device workspace a call over G problems needs (the library's argument arrays), in bytes.
 size_t device_grouped_gemm_workspace_bytes(int64_t G);
 // Runs the G problems of `problems` (G entries in device memory, written on ex's stream before
