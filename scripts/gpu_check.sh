@@ -248,6 +248,7 @@ max_of() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { m = (a + 0 > b + 0) ? a : 
 
 benchmarks() {
   local failed=() presets torch_presets one_b=() iters_1b=15 small=(--train-iters 8) p f
+  local torch_iters=() small_torch_iters=8
   local -A ms=() peak=()
   if [ "$bench_dev" = cpu ]; then
     presets="small small-deepseek"
@@ -255,6 +256,8 @@ benchmarks() {
       --num-query-groups 2 --moe-ffn-hidden-size 64 --vocab-size 256 --seq-length 64
       --max-position-embeddings 64)
     iters_1b=4
+    torch_iters=(--iters 1 --warmup 0)
+    small_torch_iters=2
     small=(--train-iters 3 --num-layers 1 --micro-batch-size 2 --global-batch-size 2)
   else
     presets="mixtral deepseek"
@@ -282,7 +285,7 @@ benchmarks() {
     torch_ok=1
     echo "== PyTorch's MoE layer: tools/moe_layer_torch.py --device $bench_dev --preset $torch_presets"
     limited 100 "$py" "$here/tools/moe_layer_torch.py" --device "$bench_dev" \
-      --preset "$torch_presets" --forms fast,eager > "$OUT/.bench" 2>&1
+      --preset "$torch_presets" --forms fast,eager "${torch_iters[@]}" > "$OUT/.bench" 2>&1
     cat "$OUT/.bench"
     peak[torch]=$(first_match "$OUT/.bench" 's/^\[gemm-peak\] torch .*: \([0-9.]*\) TFLOP\/s.*/\1/p')
     for p in $presets; do
@@ -329,7 +332,7 @@ benchmarks() {
     echo "== PyTorch's moe-1b step: tools/moe_layer_torch.py --model bench/moe_1b.toml"
     local torch_shrink=() i
     for ((i = 0; i + 1 < ${#one_b[@]}; i += 2)); do torch_shrink+=(--set "${one_b[i]#--}=${one_b[i + 1]}"); done
-    [ "$bench_dev" = cpu ] && torch_shrink+=(--iters 2 --warmup 1)
+    torch_shrink+=("${torch_iters[@]}")
     limited 70 "$py" "$here/tools/moe_layer_torch.py" --device "$bench_dev" \
       --model "$here/bench/moe_1b.toml" ${pk:+--peak-tflops "$pk"} "${torch_shrink[@]}" > "$OUT/.bench" 2>&1
     cat "$OUT/.bench"
@@ -344,7 +347,8 @@ benchmarks() {
   tps_small=$(first_match "$OUT/.bench" 's/^\[summary\] \([0-9.]*\) tokens\/s.*/\1/p')
   if [ "$torch_ok" -eq 1 ]; then
     echo "== PyTorch bench-small (tools/bench_small_torch.py --device $bench_dev)"
-    limited 40 "$py" "$here/tools/bench_small_torch.py" --device "$bench_dev" --iters 8 > "$OUT/.bench" 2>&1
+    limited 40 "$py" "$here/tools/bench_small_torch.py" --device "$bench_dev" --iters "$small_torch_iters" \
+      > "$OUT/.bench" 2>&1
     cat "$OUT/.bench"
     tps_small_torch=$(grep -oE '[0-9]+ tokens/s' "$OUT/.bench" | awk '{ print $1 }' | tail -n 1)
   fi
