@@ -62,14 +62,15 @@ struct Options {
   bool bf16 = false;
   plan::MoeBenchShape shape = plan::moe_bench_preset("small");
   int iters = 10, warmup = 3;
-  int64_t peak_size = 0;  // 0: 8192 on cuda, 256 on the CPU
+  int64_t peak_size = 0;   // 0: 8192 on cuda, 256 on the CPU
   double peak_tflops = 0;  // given: not measured
   double hbm_tbps = 0;     // 0: the prediction's default
   bool kernels = false, predict = false, predict_only = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "bench_moe_layer: %s (see the header comment of bench/moe_layer_bench.cpp)\n",
+  std::fprintf(stderr,
+               "bench_moe_layer: %s (see the header comment of bench/moe_layer_bench.cpp)\n",
                why.c_str());
   std::exit(2);
 }
@@ -145,10 +146,11 @@ plan::DevicePeaks peaks_of(const Options& o) {
 void print_prediction(const Options& o) {
   const plan::DevicePeaks p = peaks_of(o);
   const auto kernels = plan::moe_layer_kernels(o.shape);
-  std::printf("# roofline of %s at %.0f TFLOP/s bf16, %.0f TFLOP/s f32, %.2f TB/s, %.0f us a "
-              "launch, %.0f us a host sync\n",
-              shape_text(o.shape).c_str(), p.bf16_tflops, p.fp32_tflops, p.hbm_tbps, p.launch_us,
-              p.sync_us);
+  std::printf(
+      "# roofline of %s at %.0f TFLOP/s bf16, %.0f TFLOP/s f32, %.2f TB/s, %.0f us a "
+      "launch, %.0f us a host sync\n",
+      shape_text(o.shape).c_str(), p.bf16_tflops, p.fp32_tflops, p.hbm_tbps, p.launch_us,
+      p.sync_us);
   double total[2] = {0, 0};
   std::map<std::string, double> by_group;
   for (const plan::KernelCost& k : kernels) {
@@ -164,10 +166,11 @@ void print_prediction(const Options& o) {
     }
   }
   const double flops = plan::moe_layer_model_flops(o.shape);
-  std::printf("[predict] %s: fwd %.3f ms | bwd %.3f ms | fwd+bwd %.3f ms | model FLOPs %.4g "
-              "(%.3f ms at %.0f TFLOP/s)",
-              o.shape.name.c_str(), total[0] * 1e3, total[1] * 1e3, (total[0] + total[1]) * 1e3,
-              flops, flops / (p.bf16_tflops * 1e12) * 1e3, p.bf16_tflops);
+  std::printf(
+      "[predict] %s: fwd %.3f ms | bwd %.3f ms | fwd+bwd %.3f ms | model FLOPs %.4g "
+      "(%.3f ms at %.0f TFLOP/s)",
+      o.shape.name.c_str(), total[0] * 1e3, total[1] * 1e3, (total[0] + total[1]) * 1e3, flops,
+      flops / (p.bf16_tflops * 1e12) * 1e3, p.bf16_tflops);
   for (const auto& [g, t] : by_group) std::printf(" | %s %.3f ms", g.c_str(), t * 1e3);
   std::printf("\n");
 }
@@ -213,8 +216,9 @@ double measure_peak_tflops(const Exec& ex, bool use_bf16, int64_t n) {
   fill_random(ex, a32, n * n, 1.f, 11);
   fill_random(ex, b32, n * n, 1.f, 12);
   std::vector<float> ws(use_bf16 ? static_cast<size_t>(ops::gemm_bf16_workspace_elems(ex, n, n, n))
-                             : 0);
-  if (use_bf16 && !ex.on_cpu() && !ws.empty()) usage("internal: a device GEMM asked for host workspace");
+                                 : 0);
+  if (use_bf16 && !ex.on_cpu() && !ws.empty())
+    usage("internal: a device GEMM asked for host workspace");
   std::function<void()> gemm;
   if (use_bf16) {
     ops::cast_f32_to_bf16(ex, a16, a32, n * n);
@@ -273,8 +277,9 @@ struct Measured {
 
 // The expert and dispatch kernels of the layer, each alone at the layer's shapes: the group sizes
 // and permutation of the layer's last forward, the layer's own weights and gradients.
-std::vector<Measured> time_kernels(const Exec& ex, const Options& o, const moe::MoELayer<float>& layer,
-                                   ParamRegistry& params, const KernelBuffers& kb, int reps) {
+std::vector<Measured> time_kernels(const Exec& ex, const Options& o,
+                                   const moe::MoELayer<float>& layer, ParamRegistry& params,
+                                   const KernelBuffers& kb, int reps) {
   const plan::MoeBenchShape& s = o.shape;
   const int64_t T = s.tokens, H = s.hidden, F = s.ffn, F1 = 2 * F, E = s.experts, K = s.topk;
   const int64_t N = T * K, Fs = s.shared_ffn;
@@ -302,12 +307,10 @@ std::vector<Measured> time_kernels(const Exec& ex, const Options& o, const moe::
     ops::copy<float>(ex, kb.b, kb.d, wide);
   }
   // Dispatch and combine: the f32 row gathers, forward and backward alike.
-  time("fwd", "dispatch: permute rows (f32) + probs", [&] {
-    ops::permute_rows<float>(ex, kb.c, kb.x_TH, plan.row_token_N, N, H);
-  });
-  time("fwd", "combine: unpermute rows (sum of K)", [&] {
-    ops::unpermute_rows<float>(ex, kb.x_TH, kb.c, plan.token_rows_TK, T, K, H);
-  });
+  time("fwd", "dispatch: permute rows (f32) + probs",
+       [&] { ops::permute_rows<float>(ex, kb.c, kb.x_TH, plan.row_token_N, N, H); });
+  time("fwd", "combine: unpermute rows (sum of K)",
+       [&] { ops::unpermute_rows<float>(ex, kb.x_TH, kb.c, plan.token_rows_TK, T, K, H); });
   if (b16) {
     time("fwd", "experts: cast x rows to bf16",
          [&] { ops::cast_f32_to_bf16(ex, h16(kb.a), kb.c, N * H); });
@@ -326,9 +329,8 @@ std::vector<Measured> time_kernels(const Exec& ex, const Options& o, const moe::
       ops::grouped_gemm_wgrad_bf16(ex, m_G, E, H, F, h16(kb.a), h16(kb.b), fc2.grad_as<float>(),
                                    nullptr);
     });
-    time("bwd", "experts: SwiGLU backward to bf16", [&] {
-      ops::swiglu_backward_bf16(ex, h16(kb.b), kb.dp, kb.c, kb.d, kb.p, N, F);
-    });
+    time("bwd", "experts: SwiGLU backward to bf16",
+         [&] { ops::swiglu_backward_bf16(ex, h16(kb.b), kb.dp, kb.c, kb.d, kb.p, N, F); });
     time("bwd", "experts: fc1 dgrad", [&] {
       ops::grouped_gemm_bf16(ex, m_G, E, H, F1, h16(kb.b), fc1.data16, false, kb.c, nullptr);
     });
@@ -356,9 +358,8 @@ std::vector<Measured> time_kernels(const Exec& ex, const Options& o, const moe::
     time("fwd", "experts: fc1 grouped GEMM", [&] {
       ops::grouped_gemm<float>(ex, m_G, E, F1, H, kb.a, fc1.data_as<float>(), true, kb.d);
     });
-    time("fwd", "experts: SwiGLU x prob", [&] {
-      ops::swiglu_forward<float>(ex, kb.b, kb.d, kb.p, N, F);
-    });
+    time("fwd", "experts: SwiGLU x prob",
+         [&] { ops::swiglu_forward<float>(ex, kb.b, kb.d, kb.p, N, F); });
     time("fwd", "experts: fc2 grouped GEMM", [&] {
       ops::grouped_gemm<float>(ex, m_G, E, H, F, kb.b, fc2.data_as<float>(), true, kb.c);
     });
@@ -440,10 +441,10 @@ int run(int argc, char** argv) {
   fill_random(ex, dy, T * H, 1.7f, 2);
   if (o.kernels) ops::copy<int64_t>(ex, kb.rows_1, &T, 1);
   exec_synchronize(ex);
-  std::printf("# set-up %.1f s: %.2f GiB planned (%lld parameters)\n", now() - t_init,
-              arena.planned_bytes() / 1073741824.0,
-              static_cast<long long>(params.numel(ParamKind::Dense) +
-                                     params.numel(ParamKind::Expert)));
+  std::printf(
+      "# set-up %.1f s: %.2f GiB planned (%lld parameters)\n", now() - t_init,
+      arena.planned_bytes() / 1073741824.0,
+      static_cast<long long>(params.numel(ParamKind::Dense) + params.numel(ParamKind::Expert)));
   std::fflush(stdout);
 
   auto step = [&](double* fwd_s, double* bwd_s) {
@@ -472,10 +473,11 @@ int run(int argc, char** argv) {
   const double flops = plan::moe_layer_model_flops(s);
   const double t = median(both);
   const double tflops = flops / t / 1e12;
-  std::printf("[moe-layer] moecore %s %s %s: fwd %.3f ms | bwd %.3f ms | fwd+bwd %.3f ms | "
-              "%.3f TFLOP/s | %.1f%% of %.1f TFLOP/s peak (%s)\n",
-              o.device.c_str(), dtype, shape_text(s).c_str(), median(fwd) * 1e3,
-              median(bwd) * 1e3, t * 1e3, tflops, 100.0 * tflops / peak, peak, peak_how);
+  std::printf(
+      "[moe-layer] moecore %s %s %s: fwd %.3f ms | bwd %.3f ms | fwd+bwd %.3f ms | "
+      "%.3f TFLOP/s | %.1f%% of %.1f TFLOP/s peak (%s)\n",
+      o.device.c_str(), dtype, shape_text(s).c_str(), median(fwd) * 1e3, median(bwd) * 1e3, t * 1e3,
+      tflops, 100.0 * tflops / peak, peak, peak_how);
   std::fflush(stdout);
 
   // The phase breakdown, from a few more iterations with the phase profiler on.
@@ -512,8 +514,9 @@ int run(int argc, char** argv) {
   if (o.kernels) {
     const bool native = !o.bf16 || ops::bf16_gemm_path(ex) == ops::Bf16GemmPath::Native;
     if (!native) {
-      std::printf("[kernel] NOT RUN: the widened-bf16 GEMM path of this CPU (the kernels timed "
-                  "are the native path's)\n");
+      std::printf(
+          "[kernel] NOT RUN: the widened-bf16 GEMM path of this CPU (the kernels timed "
+          "are the native path's)\n");
     } else {
       const plan::DevicePeaks p = peaks_of(o);
       std::map<std::string, double> predicted;

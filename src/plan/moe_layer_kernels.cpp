@@ -64,8 +64,8 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
   const double F = static_cast<double>(s.ffn), F1 = 2 * F, E = static_cast<double>(s.experts);
   const double K = static_cast<double>(s.topk), N = T * K, Fs = static_cast<double>(s.shared_ffn);
   std::vector<KernelCost> k;
-  auto add = [&](std::string name, const char* pass, const char* group, double flops,
-                 double bytes, int launches = 1, int syncs = 0) {
+  auto add = [&](std::string name, const char* pass, const char* group, double flops, double bytes,
+                 int launches = 1, int syncs = 0) {
     KernelCost c;
     c.name = std::move(name);
     c.pass = pass;
@@ -91,8 +91,8 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
   {
     // build_permutation: tiles of S slots (S = max(512, 2E)), S / 32 rounds of a warp each in
     // the count and the place launches (~1.5 us a round), the [E, tiles] scan, two small ones.
-    KernelCost* c = add("permutation maps (build_permutation)", "fwd", "permute", 0,
-                        T * K * 4 + 3 * N * 4, 6);
+    KernelCost* c =
+        add("permutation maps (build_permutation)", "fwd", "permute", 0, T * K * 4 + 3 * N * 4, 6);
     const double S = std::max(512.0, 2 * E), tiles = std::max(1.0, N / S);
     c->latency_us = 2 * (S / 32) * 1.5 + std::max(1.0, E * tiles / 1024) * 3 + 6;
   }
@@ -110,8 +110,8 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
     add("shared: fc1 GEMM", "fwd", "shared", 2 * T * H * 2 * Fs,
         2 * T * H + 2 * 2 * Fs * H + 4 * T * 2 * Fs, 1, 1);
     add("shared: SwiGLU to bf16", "fwd", "shared", 0, 4 * T * 2 * Fs + 2 * T * Fs);
-    add("shared: fc2 GEMM", "fwd", "shared", 2 * T * Fs * H, 2 * T * Fs + 2 * H * Fs + 4 * T * H,
-        1, 1);
+    add("shared: fc2 GEMM", "fwd", "shared", 2 * T * Fs * H, 2 * T * Fs + 2 * H * Fs + 4 * T * H, 1,
+        1);
     add("shared: add output", "fwd", "shared", 0, 12 * T * H);
   }
 
@@ -129,8 +129,8 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
       2 * N * F1 + 2 * E * F1 * H + 4 * N * H, 1, 1);
   add("experts: fc1 wgrad (f32 accumulate)", "bwd", "experts", 2 * N * F1 * H,
       2 * N * F1 + 2 * N * H + 8 * E * F1 * H, 1, 1);
-  add("dispatch bwd: unpermute dx rows + dprobs", "bwd", "permute", 0, 4 * N * H + 4 * T * H + 8 * N,
-      2);
+  add("dispatch bwd: unpermute dx rows + dprobs", "bwd", "permute", 0,
+      4 * N * H + 4 * T * H + 8 * N, 2);
   add("router bwd: probs, aux and z-loss gradients", "bwd", "router", 0, bwd_small * te_pass,
       bwd_small);
   add("router GEMMs bwd (f32: dx, dw)", "bwd", "router", 4 * T * E * H,
@@ -183,8 +183,8 @@ double moe_layer_model_flops(const MoeBenchShape& s) {
   const double T = static_cast<double>(s.tokens), H = static_cast<double>(s.hidden);
   const double F = static_cast<double>(s.ffn), N = static_cast<double>(s.rows());
   const double Fs = static_cast<double>(s.shared_ffn);
-  const double fwd = 2 * T * H * static_cast<double>(s.experts) + 2 * N * H * 3 * F +
-                     2 * T * H * 3 * Fs;
+  const double fwd =
+      2 * T * H * static_cast<double>(s.experts) + 2 * N * H * 3 * F + 2 * T * H * 3 * Fs;
   return 3 * fwd;
 }
 

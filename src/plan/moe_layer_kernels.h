@@ -26,15 +26,15 @@ namespace moecore::plan {
 // DEEPSEEK_PROXY, 4096 tokens), or small ones for the CPU.
 struct MoeBenchShape {
   std::string name = "custom";
-  int64_t tokens = 4096;   // T (one sequence of T tokens: seq_aux_loss's sequence)
-  int64_t hidden = 4096;   // H
-  int64_t ffn = 14336;     // F per expert
-  int64_t experts = 8;     // E
-  int64_t topk = 2;        // K
-  int64_t shared_ffn = 0;  // Fs (0: no shared expert)
-  bool sigmoid = false;    // sigmoid scores with the expert bias (DeepSeek), else softmax
-  int64_t groups = 0;      // --moe-router-num-groups (0: no group limit)
-  int64_t group_topk = 0;  // --moe-router-group-topk
+  int64_t tokens = 4096;      // T (one sequence of T tokens: seq_aux_loss's sequence)
+  int64_t hidden = 4096;      // H
+  int64_t ffn = 14336;        // F per expert
+  int64_t experts = 8;        // E
+  int64_t topk = 2;           // K
+  int64_t shared_ffn = 0;     // Fs (0: no shared expert)
+  bool sigmoid = false;       // sigmoid scores with the expert bias (DeepSeek), else softmax
+  int64_t groups = 0;         // --moe-router-num-groups (0: no group limit)
+  int64_t group_topk = 0;     // --moe-router-group-topk
   bool seq_aux_loss = false;  // seq_aux_loss, else aux_loss (coefficient 1.0 either way)
 
   int64_t rows() const { return tokens * topk; }  // N

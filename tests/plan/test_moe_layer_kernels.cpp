@@ -71,10 +71,10 @@ TEST(MoeLayerKernels, DeepSeekHasTheSharedExpertAndTheSameRoutedWork) {
   EXPECT_DOUBLE_EQ(find(ks, "fwd", "shared: fc1 GEMM").flops, 2 * T * H * 2 * Fs);
   EXPECT_DOUBLE_EQ(find(ks, "bwd", "shared: fc2 wgrad (f32 accumulate)").flops, 2 * T * H * Fs);
   // The routed experts' FLOPs equal Mixtral's (N H F: 32768 x 7168 x 2048 = 8192 x 4096 x 14336).
-  EXPECT_DOUBLE_EQ(find(ks, "fwd", "experts: fc1 grouped GEMM").flops,
-                   find(moe_layer_kernels(moe_bench_preset("mixtral")), "fwd",
-                        "experts: fc1 grouped GEMM")
-                       .flops);
+  EXPECT_DOUBLE_EQ(
+      find(ks, "fwd", "experts: fc1 grouped GEMM").flops,
+      find(moe_layer_kernels(moe_bench_preset("mixtral")), "fwd", "experts: fc1 grouped GEMM")
+          .flops);
   // The small routing kernels: one more launch each for the group mask and the expert bias.
   EXPECT_EQ(find(ks, "fwd", "router scores, top-k, probs, losses").launches, 15);
   EXPECT_STREQ(bound_by(find(ks, "fwd", "permutation maps (build_permutation)"), DevicePeaks{}),
