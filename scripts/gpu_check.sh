@@ -7,16 +7,22 @@
 #   1 harness     the backend harness's CUDA cases, twice: results and outputs digests compared
 #   2 sanitizer   compute-sanitizer memcheck and racecheck on the harness's CUDA cases
 #   3 tiny model  3 training steps on --device cpu and --device cuda, final loss and digest
-#   4 benchmarks  bench-small's step on --device cuda beside the PyTorch reference, the bench_*
+#   4 benchmarks  the MoE layer's fwd + bwd at Megatron's perf-test shapes (bench_moe_layer:
+#                 mixtral, deepseek) beside tools/moe_layer_torch.py (torchtitan's fast form,
+#                 an eager loop) and the bf16 GEMM peaks; moe-1b's training step (eager, and
+#                 --cuda-graph-impl full_iteration where the binary has it) with MFU against the
+#                 measured peak, and in PyTorch; bench-small beside tools/bench_small_torch.py
 # A stage whose prerequisites are missing says NOT RUN and why. Logs go to $OUT (one file per
 # stage and summary.txt: at most 8 files); the table of stages is printed last. The whole run is
-# bounded by 7 minutes (MOECORE_GPU_CHECK_BUDGET seconds). MOECORE_GPU_CHECK_STAGES="0 3" runs
-# those stages only (to rerun one after a fix). Exit status: 1 if a stage failed.
+# bounded by MOECORE_GPU_CHECK_BUDGET seconds (default 470: under 8 minutes with the pack
+# unpacked); each stage's limit is cut to what is left of it. MOECORE_GPU_CHECK_STAGES="0 3" runs
+# those stages only (to rerun one after a fix). MOECORE_GPU_CHECK_DEVICE=cpu: stage 4 at CPU sizes
+# (the dry run without a GPU, tests/gpu/test_gpu_pack.sh). Exit status: 1 if a stage failed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
-budget=${MOECORE_GPU_CHECK_BUDGET:-420}
+budget=${MOECORE_GPU_CHECK_BUDGET:-470}
 t_start=$SECONDS
 bin=$here/bin
 
@@ -55,7 +61,7 @@ stage() {
     return
   fi
   if [ "$left" -lt 10 ]; then
-    rows+=("$name|NOT RUN|0|the 7-minute budget is spent")
+    rows+=("$name|NOT RUN|0|the budget of $budget s is spent")
     return
   fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -225,30 +231,145 @@ tiny_model() {
   [ "$rc_all" -eq 0 ] && [ -n "$loss_cuda" ] && status=ok || status=FAILED
 }
 
+# Stage 4 runs on --device cuda; MOECORE_GPU_CHECK_DEVICE=cpu is a dry run of the scripts on a
+# machine without a GPU (tests/gpu/test_gpu_pack.sh): the small presets, a shrunken moe-1b model,
+# so that every key number is produced and read.
+bench_dev=${MOECORE_GPU_CHECK_DEVICE:-cuda}
+# first_match FILE SED-EXPRESSION: the first line's capture (sed -n 's/.../\1/p'), or nothing.
+first_match() { sed -n "$2" "$1" | head -n 1; }
+# r1 X: a number to one decimal (for the table's key), anything else as it is; empty as "?".
+r1() { awk -v x="${1:-?}" 'BEGIN { if (x ~ /^[0-9]+(\.[0-9]*)?$/) printf "%.1f", x; else printf "%s", x }'; }
+# last_interval FILE 1|2: tokens/s (1) or MFU % (2) of moecore train's last logged iteration line.
+last_interval() {
+  sed -n 's/.*| tokens\/s: \([0-9.]*\) |.*| MFU: \([0-9.]*\)%.*/\1 \2/p' "$1" | tail -n 1 | cut -d' ' -f"$2"
+}
+# max_of A B: the larger of two numbers, either possibly empty.
+max_of() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { m = (a + 0 > b + 0) ? a : b; if (m + 0 > 0) print m }'; }
+
 benchmarks() {
-  local tps_ours="" tps_torch="" rc_all=0
-  echo "== moecore, bench-small, --device cuda"
-  run_ours limited 45 "$bin/moecore" train --config "$here/bench/small.toml" --train-iters 8 \
-    --device cuda > "$OUT/.bench" 2>&1 || rc_all=$?
-  cat "$OUT/.bench"
-  tps_ours=$(grep -oE '^\[summary\] [0-9.]+ tokens/s' "$OUT/.bench" | awk '{ print $2 }')
-  echo "== PyTorch reference (tools/bench_small_torch.py --device cuda)"
-  if [ -n "$py" ]; then
-    limited 45 "$py" "$here/tools/bench_small_torch.py" --device cuda --iters 8 > "$OUT/.bench" 2>&1 || rc_all=$?
-    cat "$OUT/.bench"
-    tps_torch=$(grep -oE '[0-9]+ tokens/s' "$OUT/.bench" | awk '{ print $1 }' | tail -n 1)
+  local failed=() presets torch_presets one_b=() iters_1b=15 small=(--train-iters 8) p f
+  local torch_iters=() small_torch_iters=8
+  local -A ms=() peak=()
+  if [ "$bench_dev" = cpu ]; then
+    presets="small small-deepseek"
+    one_b=(--num-layers 1 --hidden-size 64 --num-attention-heads 4 --kv-channels 16
+      --num-query-groups 2 --moe-ffn-hidden-size 64 --vocab-size 256 --seq-length 64
+      --max-position-embeddings 64)
+    iters_1b=4
+    torch_iters=(--iters 1 --warmup 0)
+    small_torch_iters=2
+    small=(--train-iters 3 --num-layers 1 --micro-batch-size 2 --global-batch-size 2)
   else
-    echo "NOT RUN: no python3"
+    presets="mixtral deepseek"
   fi
-  # The bench_* binaries measure the CPU backend (they take no --device yet): information only,
-  # a timeout does not fail the stage.
-  echo "== CPU-op benchmarks of the pack (bench_*: the CPU backend of this machine)"
-  [ -x "$bin/bench_gemm" ] && run_ours limited 10 "$bin/bench_gemm" 0.1
-  [ -x "$bin/bench_attention" ] && run_ours limited 10 "$bin/bench_attention" --seconds 0.2
-  [ -x "$bin/bench_ops" ] && run_ours limited 10 "$bin/bench_ops" 0.05
+  torch_presets=${presets// /,}
+  # 1. moecore's MoE layer (bench_moe_layer): fwd + bwd, its GEMM peak, per-kernel times beside
+  #    the roofline (bench/RESULTS.md, "The MoE layer on an H100"), the phase breakdown.
+  for p in $presets; do
+    echo "== moecore's MoE layer: bench_moe_layer --device $bench_dev --bf16 --preset $p --kernels --predict"
+    run_ours limited 60 "$bin/bench_moe_layer" --device "$bench_dev" --bf16 --preset "$p" \
+      --kernels --predict > "$OUT/.bench" 2>&1 || failed+=("bench_moe_layer $p")
+    cat "$OUT/.bench"
+    ms[ours_$p]=$(first_match "$OUT/.bench" 's/^\[moe-layer\] moecore .* fwd+bwd \([0-9.]*\) ms.*/\1/p')
+    peak[ours]=$(max_of "${peak[ours]:-}" "$(first_match "$OUT/.bench" 's/^\[gemm-peak\] moecore .*: \([0-9.]*\) TFLOP\/s.*/\1/p')")
+    [ -n "${ms[ours_$p]}" ] || failed+=("no time from bench_moe_layer $p")
+  done
+  # 2. The same layer in PyTorch, torchtitan's fast form and an eager loop, after torch.matmul's
+  #    bf16 GEMM peak (cuBLAS) in the same process.
+  local torch_ok=0
+  if [ -z "$py" ]; then
+    echo "== PyTorch: NOT RUN: no python3"
+  elif ! timeout 60 "$py" -c 'import torch' > /dev/null 2>&1; then
+    echo "== PyTorch: NOT RUN: python3 has no torch"
+  else
+    torch_ok=1
+    echo "== PyTorch's MoE layer: tools/moe_layer_torch.py --device $bench_dev --preset $torch_presets"
+    limited 100 "$py" "$here/tools/moe_layer_torch.py" --device "$bench_dev" \
+      --preset "$torch_presets" --forms fast,eager "${torch_iters[@]}" > "$OUT/.bench" 2>&1
+    cat "$OUT/.bench"
+    peak[torch]=$(first_match "$OUT/.bench" 's/^\[gemm-peak\] torch .*: \([0-9.]*\) TFLOP\/s.*/\1/p')
+    for p in $presets; do
+      for f in fast eager; do
+        ms[${f}_$p]=$(first_match "$OUT/.bench" "s/^\[moe-layer\] torch-$f .* $p T=.* fwd+bwd \([0-9.]*\) ms.*/\1/p")
+        [ -n "${ms[${f}_$p]}" ] || ms[${f}_$p]=$(grep -q "^\[moe-layer\] torch-$f .* $p T=.*NOT RUN" "$OUT/.bench" && echo "n/a")
+      done
+    done
+  fi
+  # The MFU denominator of the training steps: the higher of the two measured bf16 GEMM peaks.
+  local pk
+  pk=$(max_of "${peak[ours]:-}" "${peak[torch]:-}")
+  echo "== bf16 GEMM peak: moecore ${peak[ours]:-?}, torch.matmul ${peak[torch]:-?} TFLOP/s; MFU below against ${pk:-the probe of moecore train}"
+  # 3. moe-1b's training step (bench/moe_1b.toml), eager, then as one CUDA graph per iteration
+  #    where the binary has --cuda-graph-impl. Each reads the last logged interval (steps 11-15:
+  #    past any graph warm-up and capture) besides the summary (steps 3-15).
+  local tps_eager="" mfu_eager="" tps_graph="" mfu_graph="" graph_note=""
+  local peak_flag=()
+  [ -n "$pk" ] && peak_flag=(--peak-tflops "$pk")
+  echo "== moecore train --config bench/moe_1b.toml --device $bench_dev (eager)"
+  run_ours limited 80 "$bin/moecore" train --config "$here/bench/moe_1b.toml" --device "$bench_dev" \
+    --train-iters "$iters_1b" "${one_b[@]}" "${peak_flag[@]}" > "$OUT/.bench" 2>&1 ||
+    failed+=("moe-1b eager")
+  cat "$OUT/.bench"
+  tps_eager=$(last_interval "$OUT/.bench" 1)
+  mfu_eager=$(last_interval "$OUT/.bench" 2)
+  [ -n "$tps_eager" ] || failed+=("no tokens/s from moe-1b eager")
+  if ! run_ours timeout 20 "$bin/moecore" train --help 2>&1 | grep -q -- '--cuda-graph-impl'; then
+    graph_note="NOT RUN: moecore train has no --cuda-graph-impl"
+    echo "== moe-1b with --cuda-graph-impl full_iteration: $graph_note"
+  else
+    echo "== moecore train --config bench/moe_1b.toml --device $bench_dev --cuda-graph-impl full_iteration"
+    run_ours limited 80 "$bin/moecore" train --config "$here/bench/moe_1b.toml" --device "$bench_dev" \
+      --train-iters "$iters_1b" "${one_b[@]}" "${peak_flag[@]}" --cuda-graph-impl full_iteration \
+      > "$OUT/.bench" 2>&1 || failed+=("moe-1b graph")
+    cat "$OUT/.bench"
+    tps_graph=$(last_interval "$OUT/.bench" 1)
+    mfu_graph=$(last_interval "$OUT/.bench" 2)
+    [ -n "$tps_graph" ] || graph_note="FAILED ($(grep -m1 -iE 'error|refus' "$OUT/.bench" | cut -c1-60))"
+  fi
+  # 4. moe-1b's step in PyTorch (the fast form: torch._grouped_mm, scaled_dot_product_attention).
+  local tps_torch1b=""
+  if [ "$torch_ok" -eq 1 ]; then
+    echo "== PyTorch's moe-1b step: tools/moe_layer_torch.py --model bench/moe_1b.toml"
+    local torch_shrink=() i
+    for ((i = 0; i + 1 < ${#one_b[@]}; i += 2)); do torch_shrink+=(--set "${one_b[i]#--}=${one_b[i + 1]}"); done
+    torch_shrink+=("${torch_iters[@]}")
+    limited 70 "$py" "$here/tools/moe_layer_torch.py" --device "$bench_dev" \
+      --model "$here/bench/moe_1b.toml" ${pk:+--peak-tflops "$pk"} "${torch_shrink[@]}" > "$OUT/.bench" 2>&1
+    cat "$OUT/.bench"
+    tps_torch1b=$(first_match "$OUT/.bench" 's/^\[step\] torch-fast .* | \([0-9]*\) tokens\/s.*/\1/p')
+  fi
+  # 5. bench-small beside tools/bench_small_torch.py (fp32), when time is left.
+  local tps_small="" tps_small_torch=""
+  echo "== moecore, bench-small, --device $bench_dev"
+  run_ours limited 30 "$bin/moecore" train --config "$here/bench/small.toml" "${small[@]}" \
+    --device "$bench_dev" > "$OUT/.bench" 2>&1
+  cat "$OUT/.bench"
+  tps_small=$(first_match "$OUT/.bench" 's/^\[summary\] \([0-9.]*\) tokens\/s.*/\1/p')
+  if [ "$torch_ok" -eq 1 ]; then
+    echo "== PyTorch bench-small (tools/bench_small_torch.py --device $bench_dev)"
+    limited 40 "$py" "$here/tools/bench_small_torch.py" --device "$bench_dev" --iters "$small_torch_iters" \
+      > "$OUT/.bench" 2>&1
+    cat "$OUT/.bench"
+    tps_small_torch=$(grep -oE '[0-9]+ tokens/s' "$OUT/.bench" | awk '{ print $1 }' | tail -n 1)
+  fi
   rm -f "$OUT/.bench"
-  key="bench-small tokens/s: moecore cuda ${tps_ours:-?}, torch cuda ${tps_torch:-?}"
-  [ "$rc_all" -eq 0 ] && [ -n "$tps_ours" ] && status=ok || status=FAILED
+  local a b
+  a=$(echo "$presets" | cut -d' ' -f1)
+  b=$(echo "$presets" | cut -d' ' -f2)
+  echo "== key numbers"
+  for p in $presets; do
+    echo "MoE layer $p fwd+bwd ms: moecore ${ms[ours_$p]:-?}, torch fast ${ms[fast_$p]:-?}, torch eager ${ms[eager_$p]:-?}"
+  done
+  echo "bf16 GEMM peak TFLOP/s: moecore ${peak[ours]:-?}, torch ${peak[torch]:-?}"
+  echo "moe-1b tokens/s (MFU %): eager ${tps_eager:-?} (${mfu_eager:-?}), graph ${tps_graph:-${graph_note:-?}} (${mfu_graph:-?}), torch fast ${tps_torch1b:-?}"
+  echo "bench-small tokens/s: moecore ${tps_small:-?}, torch ${tps_small_torch:-?}"
+  [ "${#failed[@]}" -eq 0 ] || echo "failed: ${failed[*]}"
+  key="$a $(r1 "${ms[ours_$a]:-}")/$(r1 "${ms[fast_$a]:-}")/$(r1 "${ms[eager_$a]:-}")"
+  key="$key $b $(r1 "${ms[ours_$b]:-}")/$(r1 "${ms[fast_$b]:-}")/$(r1 "${ms[eager_$b]:-}") ms"
+  local graph_key=${graph_note:-?}
+  [ -n "$tps_graph" ] && graph_key="$tps_graph tok/s ${mfu_graph:-?}%"
+  key="$key; 1b ${tps_eager:-?} tok/s ${mfu_eager:-?}%, graph $graph_key; peak $(r1 "$pk")"
+  [ "${#failed[@]}" -eq 0 ] && status=ok || status=FAILED
 }
 
 # needs_gpu FUNCTION: the stage's function, or NOT RUN when stage 0 found no usable GPU.
@@ -271,14 +392,14 @@ stage 0_probe 40 probe   # sets gpu_ok and gpu_why (a stage's function runs in t
 stage 1_harness 150 gpu_harness
 stage 2_sanitizer 115 gpu_sanitizer
 stage 3_tiny_model 60 gpu_tiny_model
-stage 4_benchmarks 50 gpu_benchmarks
+stage 4_benchmarks 300 gpu_benchmarks
 
 {
   echo "[gpu-check] $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s in all; logs in $OUT"
   printf '  %-14s %-8s %5s  %s\n' stage status s "key number"
   for r in "${rows[@]}"; do
     IFS='|' read -r name st secs k <<< "$r"
-    printf '  %-14s %-8s %5s  %s\n' "$name" "$st" "$secs" "${k:0:110}"
+    printf '  %-14s %-8s %5s  %s\n' "$name" "$st" "$secs" "${k:0:160}"
   done
 } | tee "$OUT/summary.txt"
 for r in "${rows[@]}"; do

@@ -24,7 +24,7 @@ else
   [ -x "$nvcc" ] || { echo "[gpu-pack] no nvcc (PATH or /usr/local/cuda/bin): the CUDA build needs the CUDA toolkit" >&2; exit 1; }
   echo "[gpu-pack] building the CUDA configuration without MPI in $build"
   MOECORE_BUILD_DIR=$build \
-    MOECORE_BUILD_TARGETS="moecore test_backend test_nccl bench_gemm bench_attention bench_ops" \
+    MOECORE_BUILD_TARGETS="moecore test_backend test_nccl bench_moe_layer bench_gemm bench_attention bench_ops" \
     bash "$root/scripts/build.sh" -DMOECORE_CUDA=ON -DMOECORE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc"
 fi
 [ -x "$build/moecore" ] || { echo "[gpu-pack] $build/moecore does not exist: build it first (or unset MOECORE_PACK_BUILD)" >&2; exit 1; }
@@ -42,10 +42,12 @@ for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "[gpu-pack] $b is missing: build it (scripts/build.sh)" >&2; exit 1; }
   cp "$b" "$pack/bin/"
 done
+[ -x "$pack/bin/bench_moe_layer" ] ||
+  { echo "[gpu-pack] $build/bench_moe_layer is missing (the GPU check's stage 4 runs it): build it" >&2; exit 1; }
 cp "$root/scripts/gpu_check.sh" "$pack/"
 cp "$root/configs/tiny.toml" "$pack/configs/"
-cp "$root/bench/small.toml" "$pack/bench/"
-cp "$root/tools/bench_small_torch.py" "$pack/tools/"
+cp "$root/bench/small.toml" "$root/bench/moe_1b.toml" "$pack/bench/"
+cp "$root/tools/bench_small_torch.py" "$root/tools/moe_layer_torch.py" "$pack/tools/"
 
 # Libraries: every one ldd resolves, except glibc's own (present wherever the binaries can run)
 # and the CUDA libraries (the driver's libcuda; cuBLAS, cuDNN, NCCL, cudart from the GPU
