@@ -42,9 +42,10 @@ sources+=(src/core/rng.cpp src/core/exec.cpp src/core/host_memory.cpp src/core/d
           src/ops/cpu/rope.cpp src/ops/cpu/rope_yarn.cpp src/ops/cpu/rope_mla.cpp
           src/ops/cpu/adamw.cpp src/ops/cpu/memory.cpp
           tests/emu/sanitizers/*.cpp)
-# The kernels: src/ops/cuda/*.cu but the *_check.cu compile checks against the real CUDA headers.
+# The kernels: src/ops/cuda/*.cu but the *_check.cu compile checks against the real CUDA headers
+# and the *_sm90a.cu sources (CUTLASS, wgmma, TMA: the CUDA build's alone).
 kernels=()
-for k in src/ops/cuda/*.cu; do [[ $k == *_check.cu ]] || kernels+=("$k"); done
+for k in src/ops/cuda/*.cu; do [[ $k == *_check.cu || $k == *_sm90a.cu ]] || kernels+=("$k"); done
 for k in "${kernels[@]}"; do
   ref=src/ops/cpu/$(basename "${k%.cu}")_ref.cpp
   [ -f "$ref" ] && sources+=("$ref")

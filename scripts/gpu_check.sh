@@ -4,7 +4,8 @@
 #   tar xJf moecore-gpu.tar.xz -C /tmp && OUT=/some/dir bash /tmp/moecore-gpu/gpu_check.sh
 # Stages, each with a hard time limit, each run even if an earlier one failed:
 #   0 probe       GPU (nvidia-smi), OS, libraries ldd cannot find, cuDNN/cuBLAS/NCCL versions
-#   1 harness     the backend harness's CUDA cases, twice: results and outputs digests compared
+#   1 harness     the backend harness's CUDA cases, twice: results and outputs digests compared;
+#                 the NCCL communicator and the device-table grouped GEMM's own tests
 #   2 sanitizer   compute-sanitizer memcheck and racecheck on the harness's CUDA cases
 #   3 tiny model  3 training steps on --device cpu and --device cuda, final loss and digest
 #   4 benchmarks  the MoE layer's fwd + bwd at Megatron's perf-test shapes (bench_moe_layer:
@@ -187,6 +188,17 @@ harness() {
     key="$key; NCCL one rank: $nccl_ok passed"
     [ "$rc3" -eq 0 ] || { status=FAILED; key="$key (test_nccl failed)"; }
     rm -f "$OUT/.nccl"
+  fi
+  # The device-table grouped GEMM (CUTLASS sm_90a) against its reference, where the pack has it.
+  if [ -x "$bin/test_grouped_gemm_device" ]; then
+    local rc4 gg_ok
+    run_ours limited 40 "$bin/test_grouped_gemm_device" > "$OUT/.gg" 2>&1; rc4=$?
+    echo "== the device-table grouped GEMM (CUTLASS)"
+    cat "$OUT/.gg"
+    gg_ok=$(results_of "$OUT/.gg" | grep -c ' OK$')
+    key="$key; device grouped GEMM: $gg_ok passed"
+    [ "$rc4" -eq 0 ] || { status=FAILED; key="$key (test_grouped_gemm_device failed)"; }
+    rm -f "$OUT/.gg"
   fi
   rm -f "$OUT/.run1" "$OUT/.run2" "$OUT/.res1" "$OUT/.res2" "$OUT/.dig1" "$OUT/.dig2"
 }

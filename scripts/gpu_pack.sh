@@ -24,7 +24,7 @@ else
   [ -x "$nvcc" ] || { echo "[gpu-pack] no nvcc (PATH or /usr/local/cuda/bin): the CUDA build needs the CUDA toolkit" >&2; exit 1; }
   echo "[gpu-pack] building the CUDA configuration without MPI in $build"
   MOECORE_BUILD_DIR=$build \
-    MOECORE_BUILD_TARGETS="moecore test_backend test_nccl bench_moe_layer bench_gemm bench_attention bench_ops" \
+    MOECORE_BUILD_TARGETS="moecore test_backend test_nccl test_grouped_gemm_device bench_moe_layer bench_gemm bench_attention bench_ops" \
     bash "$root/scripts/build.sh" -DMOECORE_CUDA=ON -DMOECORE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc"
 fi
 [ -x "$build/moecore" ] || { echo "[gpu-pack] $build/moecore does not exist: build it first (or unset MOECORE_PACK_BUILD)" >&2; exit 1; }
@@ -35,6 +35,7 @@ pack=$stage/moecore-gpu
 mkdir -p "$pack/bin" "$pack/lib" "$pack/configs" "$pack/bench" "$pack/tools"
 bins=("$build/moecore" "$build/tests/test_backend")
 [ -x "$build/tests/test_nccl" ] && bins+=("$build/tests/test_nccl")  # the CUDA build's
+[ -x "$build/tests/test_grouped_gemm_device" ] && bins+=("$build/tests/test_grouped_gemm_device")
 for b in "$build"/bench_*; do
   [ -x "$b" ] && [ -f "$b" ] && bins+=("$b")
 done

@@ -64,4 +64,23 @@ if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
            "succeeds" >&2
     fi
   fi
+  # CUTLASS's C++ headers (cutlass/, cute/ under cutlass_library/source/include, and its
+  # tools/util/include), for the CUDA build's device-table grouped GEMM
+  # (src/ops/cuda/grouped_gemm_cutlass_sm90a.cu). 4.2.0.0 (CUTLASS 4.2, the first release that
+  # supports CUDA 13; PyPI's newest). Only the headers are used (--no-deps: its Python generator's
+  # dependencies are not needed); the CUDA build's CMake finds them here and stops, naming this
+  # script, when they are missing.
+  cutlass_version=4.2.0.0
+  stamp=$tools_dir/cutlass-$cutlass_version
+  if [ ! -e "$stamp" ]; then
+    echo "[setup] installing the CUTLASS headers $cutlass_version (PyPI) into $tools_dir"
+    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
+       "$tools_dir/bin/pip" install -q --disable-pip-version-check --no-deps \
+         "nvidia-cutlass==$cutlass_version"; then
+      touch "$stamp"
+    else
+      echo "[setup] WARNING: could not install nvidia-cutlass into $tools_dir (needs python3-venv" \
+           "and access to PyPI): the CUDA build (-DMOECORE_CUDA=ON) stops until this succeeds" >&2
+    fi
+  fi
 fi

@@ -43,7 +43,17 @@ bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, 
 size_t device_grouped_gemm_workspace_bytes(int64_t G);
 // Runs the G problems of `problems` (G entries in device memory, written on ex's stream before
 // this call) on ex's stream. beta: 0 (D assigned) or 1 (D added to). workspace: device memory of
-// at least device_grouped_gemm_workspace_bytes(G). No host synchronisation and no allocation.
+// at least device_grouped_gemm_workspace_bytes(G), 64-byte aligned (the arena's blocks are); calls
+// on one stream may share it, calls on concurrent streams may not. No host synchronisation and no
+// allocation.
+// Preconditions the CUDA backend relies on (it reads the table on the device only, so it cannot
+// report them on the host: a table that breaks them stops the stream with a trap):
+// - one form per call: every problem has the same trans_a and trans_b, not both set (the MoE
+//   layer's forward and dgrad have trans_a 0, its wgrad trans_a 1 and trans_b 0); the backend
+//   picks its kernel from them;
+// - for every problem that computes (m, n, k > 0): a, b, d 16-byte aligned, lda and ldb
+//   multiples of 8 elements, ldd of 4, each covering its stored row (what N and K multiples of 8
+//   give the MoE layer's tables: device_grouped_gemm_supported).
 void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
                          int64_t G, float beta, void* workspace, size_t workspace_bytes);
 

@@ -1,0 +1,495 @@
+// The device-table grouped GEMM of the CUDA build (ops/cuda/grouped_gemm_device.h): CUTLASS 3's
+// pointer-array grouped GEMM for sm_90a (TMA loads and stores, wgmma, the cooperative
+// warp-specialized persistent schedule), bf16 operands, f32 accumulation, f32 C/D, with the
+// problem sizes on the device only (CUTLASS's "host problem shapes unavailable" mode, its example
+// 57_hopper_grouped_gemm): the persistent grid is one CTA per SM and each CTA walks the device's
+// table to find its tiles, so the host never reads a size.
+//
+// One call is two kernels on the stream, no host synchronisation, no allocation:
+//   1. grouped_gemm_cutlass_tables (one block per problem) converts our GroupedGemmProblem[G] into
+//      CUTLASS's arrays in the caller's workspace: problem shapes, pointer arrays, strides, and
+//      the call's form (below). A problem that computes nothing gets the shape (0, 0, 0), which
+//      the tile scheduler gives no tile: m = 0 or n = 0 (nothing to write), and k = 0, for which
+//      CUTLASS's mainloop never clears its accumulators (it would write garbage + beta D): with
+//      beta 1 D is already the answer; with beta 0 this block writes D's zeros itself.
+//   2. grouped_gemm_bf16_f32_sm90a runs the GEMM. The project's grouped GEMMs come in three
+//      layouts, each its own CUTLASS instantiation (wgmma reads K-major and MN-major operands
+//      from differently swizzled shared memory, fixed at compile time):
+//        NT  A [m,k] row-major, B stored [n,k]   (trans_b: forward with w [G,N,K], dgrad with
+//                                                 w [G,K,N])
+//        NN  A [m,k] row-major, B stored [k,n]   (dgrad with w [G,N,K], forward with w [G,K,N])
+//        TN  A stored [k,m],    B [k,n] row-major (trans_a: wgrad)
+//      The form is in the table (trans_a, trans_b), which only the device reads, so the kernel
+//      holds all three instantiations and branches once, uniformly, on the form the first kernel
+//      wrote: one launch, and the caller's interface stays free of the form. Every problem of a
+//      call must have the same form (the table kernel writes one form per call); a table that
+//      mixes forms, or asks for trans_a and trans_b together, or breaks TMA's 16-byte alignment,
+//      stops the stream with a trap (the error surfaces at the next synchronisation).
+// CUTLASS's kernel parameters (TMA descriptor templates, built on the host by the driver) depend
+// only on the workspace address, G, beta and the device: they are built on a call's first use and
+// kept in a small cache, so a repeated call costs the two launches.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "ops/cuda/grouped_gemm_device.h"
+#include "ops/cuda/launch.cuh"
+
+namespace moecore::ops::cuda {
+
+namespace gg {
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+using Shape3 = ProblemShape::UnderlyingProblemShape;
+using ElementAB = cutlass::bfloat16_t;
+using ElementCD = float;
+// 128x128 output tiles, 64-deep k-tiles (128 bytes of bf16: the 128-byte swizzle), no clusters:
+// MoE problems are many and uneven, and a 1x1 cluster leaves every tile to one CTA (no multicast
+// pairing across problems of different sizes).
+using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementAB>::value;  // 8: TMA's 16 bytes
+constexpr int kAlignCD = 128 / cutlass::sizeof_bits<ElementCD>::value;  // 4
+using LayoutD = cutlass::layout::RowMajor;
+
+// The epilogue is the same for every form: D [m,n] row-major, D = acc + beta C with C = D.
+using Epilogue = cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementCD, LayoutD*, kAlignCD,
+    ElementCD, LayoutD*, kAlignCD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::fusion::LinearCombination<ElementCD, float>>::CollectiveOp;
+// Outside the template below: GCC (the host compiler) cannot reparse the epilogue's type, as
+// nvcc's front end spells it, inside a template.
+constexpr int kEpilogueSmemBytes = static_cast<int>(sizeof(Epilogue::SharedStorage));
+
+// CUTLASS's layout tags name the logical A [M,K] and B [K,N]: RowMajor A is K-contiguous,
+// ColumnMajor A M-contiguous (stored [k,m]); ColumnMajor B is K-contiguous (stored [n,k]),
+// RowMajor B N-contiguous (stored [k,n]).
+template <class LayoutA, class LayoutB>
+struct Form {
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB,
+      LayoutB*, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+};
+using FormNT = Form<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>::Kernel;
+using FormNN = Form<cutlass::layout::RowMajor, cutlass::layout::RowMajor>::Kernel;
+using FormTN = Form<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>::Kernel;
+
+// The form codes the table kernel writes: trans_a * 2 + trans_b.
+enum FormCode : int32_t { kFormNN = 0, kFormNT = 1, kFormTN = 2 };
+
+constexpr uint32_t kThreads = FormNT::MaxThreadsPerBlock;
+static_assert(FormNN::MaxThreadsPerBlock == kThreads && FormTN::MaxThreadsPerBlock == kThreads &&
+                  FormNT::MinBlocksPerMultiprocessor == 1 &&
+                  FormNN::MinBlocksPerMultiprocessor == 1 &&
+                  FormTN::MinBlocksPerMultiprocessor == 1,
+              "the three forms share one kernel: one block shape and launch bound");
+constexpr int kSmemBytes = cute::max(
+    FormNT::SharedStorageSize, cute::max(FormNN::SharedStorageSize, FormTN::SharedStorageSize));
+
+// Every stride CUTLASS reads per problem holds one dynamic 64-bit leading dimension beside
+// static unit and batch strides, so the table kernel writes each as one int64 (its position in
+// the tuple depends on the layout: stride_of below).
+template <class Stride>
+constexpr bool kOneDynamicStride = sizeof(Stride) == sizeof(int64_t);
+static_assert(kOneDynamicStride<FormNT::InternalStrideA> &&
+                  kOneDynamicStride<FormNT::InternalStrideB> &&
+                  kOneDynamicStride<FormNN::InternalStrideB> &&
+                  kOneDynamicStride<FormTN::InternalStrideA> &&
+                  kOneDynamicStride<FormNT::InternalStrideD>,
+              "a per-problem stride is one int64 leading dimension");
+static_assert(std::is_same_v<FormNT::InternalStrideC, FormNT::InternalStrideD> &&
+                  std::is_same_v<FormNN::InternalStrideD, FormNT::InternalStrideD> &&
+                  std::is_same_v<FormTN::InternalStrideD, FormNT::InternalStrideD>,
+              "C and D share one stride array");
+static_assert(std::is_same_v<FormNN::InternalStrideA, FormNT::InternalStrideA> &&
+                  std::is_same_v<FormTN::InternalStrideB, FormNN::InternalStrideB>,
+              "the forms share A's K-major and B's N-major stride types");
+static_assert(sizeof(Shape3) == 3 * sizeof(int), "a problem shape is three ints");
+
+// The kernel parameters of one call: the form word and each form's CUTLASS parameters (TMA
+// descriptors live in them: the kernel takes them as a __grid_constant__).
+struct FusedParams {
+  const int32_t* form = nullptr;
+  FormNT::Params nt;
+  FormNN::Params nn;
+  FormTN::Params tn;
+};
+
+// The workspace: our arrays, then CUTLASS's own (per-SM TMA descriptor copies).
+struct Layout {
+  size_t form = 0, shapes = 0, a = 0, b = 0, d = 0, stride_a = 0, stride_b = 0, stride_d = 0;
+  size_t cutlass = 0, total = 0;
+};
+
+}  // namespace gg
+
+namespace kernels {
+
+// The table kernel writes stride s's one dynamic component (see gg::kOneDynamicStride).
+template <class Stride>
+__device__ __forceinline__ Stride stride_of(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::tuple_element_t<0, Stride>>::value) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  return s;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// One block per problem: thread 0 checks the problem and writes its CUTLASS entries; with k = 0
+// and beta 0 the whole block zeroes its D (a rare case: the wgrad of an expert without tokens
+// when the caller assigns; the block walks D's rows, so a large D takes one SM's time).
+__global__ void grouped_gemm_cutlass_tables(const GroupedGemmProblem* problems, float beta,
+                                            int32_t* form_out, gg::Shape3* shapes,
+                                            const gg::ElementAB** a, const gg::ElementAB** b,
+                                            float** d, void* stride_a, void* stride_b,
+                                            void* stride_d) {
+  const int64_t g = blockIdx.x;
+  const GroupedGemmProblem p = problems[g];
+  const bool writes = p.m > 0 && p.n > 0;
+  const bool runs = writes && p.k > 0;
+  if (threadIdx.x == 0) {
+    const int32_t form = p.trans_a * 2 + p.trans_b;
+    const GroupedGemmProblem& first = problems[0];
+    bool ok = (p.trans_a == 0 || p.trans_a == 1) && (p.trans_b == 0 || p.trans_b == 1) &&
+              form != 3 && p.trans_a == first.trans_a && p.trans_b == first.trans_b && p.m >= 0 &&
+              p.n >= 0 && p.k >= 0;
+    if (runs) {
+      // TMA: 16-byte aligned bases and row strides; the strides cover a stored row.
+      ok = ok && aligned16(p.a) && aligned16(p.b) && aligned16(p.d) && p.lda % gg::kAlignAB == 0 &&
+           p.ldb % gg::kAlignAB == 0 && p.ldd % gg::kAlignCD == 0 &&
+           p.lda >= (p.trans_a ? p.m : p.k) && p.ldb >= (p.trans_b ? p.k : p.n) && p.ldd >= p.n;
+    }
+    if (!ok) __trap();
+    if (g == 0) *form_out = form;
+    shapes[g] = runs ? gg::Shape3{p.m, p.n, p.k} : gg::Shape3{0, 0, 0};
+    a[g] = static_cast<const gg::ElementAB*>(p.a);
+    b[g] = static_cast<const gg::ElementAB*>(p.b);
+    d[g] = static_cast<float*>(p.d);
+    using SA_K = gg::FormNT::InternalStrideA;  // A [m,k] row-major
+    using SA_M = gg::FormTN::InternalStrideA;  // A stored [k,m]
+    using SB_K = gg::FormNT::InternalStrideB;  // B stored [n,k]
+    using SB_N = gg::FormNN::InternalStrideB;  // B stored [k,n]
+    using SD = gg::FormNT::InternalStrideD;
+    if (p.trans_a) {
+      static_cast<SA_M*>(stride_a)[g] = stride_of<SA_M>(p.lda);
+    } else {
+      static_cast<SA_K*>(stride_a)[g] = stride_of<SA_K>(p.lda);
+    }
+    if (p.trans_b) {
+      static_cast<SB_K*>(stride_b)[g] = stride_of<SB_K>(p.ldb);
+    } else {
+      static_cast<SB_N*>(stride_b)[g] = stride_of<SB_N>(p.ldb);
+    }
+    static_cast<SD*>(stride_d)[g] = stride_of<SD>(p.ldd);
+  }
+  if (writes && p.k == 0 && beta == 0.f) {
+    float* d_g = static_cast<float*>(p.d);
+    for (int32_t i = 0; i < p.m; ++i) {
+      for (int32_t j = threadIdx.x; j < p.n; j += blockDim.x) d_g[i * p.ldd + j] = 0.f;
+    }
+  }
+}
+
+// The GEMM: the form the table kernel wrote picks the instantiation (uniform over the grid).
+// Declared as CUTLASS's own device_kernel is: the parameters a __grid_constant__, the shared
+// storage the dynamic shared memory from its base.
+__global__ void __launch_bounds__(gg::kThreads, 1)
+    grouped_gemm_bf16_f32_sm90a(const __grid_constant__ gg::FusedParams params) {
+  extern __shared__ char smem[];
+  const int32_t form = *params.form;
+  if (form == gg::kFormNT) {
+    gg::FormNT op;
+    op(params.nt, smem);
+  } else if (form == gg::kFormNN) {
+    gg::FormNN op;
+    op(params.nn, smem);
+  } else {
+    gg::FormTN op;
+    op(params.tn, smem);
+  }
+}
+
+}  // namespace kernels
+
+namespace {
+
+// The workspace's arrays start at multiples of 64 bytes from its 64-byte aligned base (TMA
+// descriptors need 64).
+constexpr size_t kAlign = 64;
+size_t round_up(size_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
+// Without a device to ask, the workspace is sized for this many SMs (an H100 has 132).
+constexpr int kSmCountBound = 256;
+
+// The current device, asked once: whether it is sm_90 and how many SMs it has.
+struct DeviceFacts {
+  int device = -1;
+  int sm_count = 0;
+  bool sm90 = false;
+  std::string why;
+};
+const DeviceFacts& device_facts() {
+  static const DeviceFacts facts = [] {
+    DeviceFacts f;
+    int major = 0, minor = 0;
+    cudaError_t err = cudaGetDevice(&f.device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, f.device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, f.device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, f.device);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      f.why = std::string("no CUDA device to run it on (") + cudaGetErrorString(err) + ")";
+      f.device = -1;
+      f.sm_count = 0;
+      return f;
+    }
+    f.sm90 = major == 9 && minor == 0;
+    if (!f.sm90) {
+      f.why = "its kernel is built for sm_90a (H100/H200) and this device is compute capability " +
+              std::to_string(major) + "." + std::to_string(minor);
+    }
+    return f;
+  }();
+  return facts;
+}
+
+int sm_count_for_sizing() {
+  const DeviceFacts& f = device_facts();
+  return f.sm_count > 0 ? f.sm_count : kSmCountBound;
+}
+
+// CUTLASS's arguments of one form over the workspace's arrays.
+template <class K>
+typename K::Arguments arguments_of(const gg::Layout& l, char* ws, int G, float beta, int device,
+                                   int sm_count) {
+  typename K::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {G, reinterpret_cast<gg::Shape3*>(ws + l.shapes), nullptr};
+  args.mainloop.ptr_A = reinterpret_cast<const gg::ElementAB**>(ws + l.a);
+  args.mainloop.dA = reinterpret_cast<typename K::InternalStrideA*>(ws + l.stride_a);
+  args.mainloop.ptr_B = reinterpret_cast<const gg::ElementAB**>(ws + l.b);
+  args.mainloop.dB = reinterpret_cast<typename K::InternalStrideB*>(ws + l.stride_b);
+  auto& fusion = args.epilogue.thread;
+  fusion.alpha = 1.f;
+  fusion.beta = beta;
+  fusion.alpha_ptr = nullptr;
+  fusion.beta_ptr = nullptr;
+  fusion.alpha_ptr_array = nullptr;
+  fusion.beta_ptr_array = nullptr;
+  args.epilogue.ptr_C = reinterpret_cast<const float**>(ws + l.d);  // C is D (beta 1 adds D)
+  args.epilogue.dC = reinterpret_cast<typename K::InternalStrideC*>(ws + l.stride_d);
+  args.epilogue.ptr_D = reinterpret_cast<float**>(ws + l.d);
+  args.epilogue.dD = reinterpret_cast<typename K::InternalStrideD*>(ws + l.stride_d);
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+template <class K>
+size_t cutlass_workspace_bytes(int G, int sm_count) {
+  gg::Layout none;
+  return K::get_workspace_size(arguments_of<K>(none, nullptr, G, 0.f, 0, sm_count));
+}
+
+gg::Layout layout_of(int64_t G, int sm_count) {
+  const int g = static_cast<int>(G);
+  const size_t n = static_cast<size_t>(G);
+  gg::Layout l;
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at = round_up(at + bytes);
+    return here;
+  };
+  l.form = take(sizeof(int32_t));
+  l.shapes = take(n * sizeof(gg::Shape3));
+  l.a = take(n * sizeof(void*));
+  l.b = take(n * sizeof(void*));
+  l.d = take(n * sizeof(void*));
+  l.stride_a = take(n * sizeof(int64_t));
+  l.stride_b = take(n * sizeof(int64_t));
+  l.stride_d = take(n * sizeof(int64_t));
+  // One form runs per call, so the forms share CUTLASS's workspace: the largest of the three.
+  const size_t cutlass_bytes = std::max(cutlass_workspace_bytes<gg::FormNT>(g, sm_count),
+                                        std::max(cutlass_workspace_bytes<gg::FormNN>(g, sm_count),
+                                                 cutlass_workspace_bytes<gg::FormTN>(g, sm_count)));
+  l.cutlass = take(cutlass_bytes);
+  l.total = at;
+  return l;
+}
+
+template <class K>
+typename K::Params params_of(const gg::Layout& l, char* ws, int G, float beta, int device,
+                             int sm_count) {
+  const typename K::Arguments args = arguments_of<K>(l, ws, G, beta, device, sm_count);
+  MOE_KERNEL_CHECK(K::can_implement(args),
+                   "[gemm] the device grouped GEMM's CUTLASS kernel refuses its arguments (G=" +
+                       std::to_string(G) + ")");
+  return K::to_underlying_arguments(args, ws + l.cutlass);
+}
+
+template <class K>
+void initialize_cutlass_workspace(const gg::Layout& l, char* ws, int64_t G, float beta,
+                                  const DeviceFacts& facts, void* stream) {
+  const cutlass::Status st = K::initialize_workspace(
+      arguments_of<K>(l, ws, static_cast<int>(G), beta, facts.device, facts.sm_count),
+      ws + l.cutlass, static_cast<cudaStream_t>(stream));
+  MOE_KERNEL_CHECK(
+      st == cutlass::Status::kSuccess,
+      std::string("[gemm] the device grouped GEMM's workspace: ") + cutlassGetStatusString(st));
+}
+
+// The parameters of recent calls, by (workspace, G, beta, device): built once each (the TMA
+// descriptor templates come from the driver), in fixed storage (a call allocates nothing).
+struct CachedParams {
+  const void* workspace = nullptr;
+  int64_t G = -1;
+  float beta = 0.f;
+  int device = -1;
+  gg::FusedParams params;
+  dim3 grid;
+};
+constexpr int kCacheSlots = 32;
+
+struct ParamsCache {
+  std::mutex mutex;
+  std::array<CachedParams, kCacheSlots> slots;
+  int next = 0;
+  uint64_t smem_attribute_set = 0;  // bit d: the kernel's shared-memory size is set on device d
+};
+ParamsCache& params_cache() {
+  static ParamsCache cache;
+  return cache;
+}
+
+}  // namespace
+
+bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why) {
+  std::string reason;
+  if (types != desc::GemmTypes::Bf16F32) {
+    reason = "its CUTLASS kernel takes bf16 operands with f32 output only (--bf16)";
+  } else if (N % 8 != 0 || K % 8 != 0) {
+    reason = "TMA needs 16-byte aligned rows: N=" + std::to_string(N) +
+             " and K=" + std::to_string(K) + " must be multiples of 8";
+  } else if (!device_facts().sm90) {
+    reason = device_facts().why;
+  }
+  if (reason.empty()) return true;
+  if (why != nullptr) *why = "the device grouped GEMM cannot run: " + reason;
+  return false;
+}
+
+size_t device_grouped_gemm_workspace_bytes(int64_t G) {
+  MOE_KERNEL_CHECK(G >= 0 && G <= INT32_MAX,
+                   "[gemm] device grouped GEMM over G=" + std::to_string(G) + " problems");
+  return layout_of(G, sm_count_for_sizing()).total;
+}
+
+void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
+                         int64_t G, float beta, void* workspace, size_t workspace_bytes) {
+  MOE_KERNEL_CHECK(types == desc::GemmTypes::Bf16F32,
+                   "[gemm] the device grouped GEMM runs bf16 operands with f32 output only: ask "
+                   "device_grouped_gemm_supported first");
+  MOE_KERNEL_CHECK(G >= 0 && G <= INT32_MAX,
+                   "[gemm] device grouped GEMM over G=" + std::to_string(G) + " problems");
+  MOE_KERNEL_CHECK(beta == 0.f || beta == 1.f,
+                   "[gemm] device grouped GEMM: beta=" + std::to_string(beta) + " (0 or 1)");
+  if (G == 0) return;
+  const DeviceFacts& facts = device_facts();
+  MOE_KERNEL_CHECK(facts.sm90, "[gemm] the device grouped GEMM cannot run: " + facts.why);
+  MOE_KERNEL_CHECK(problems != nullptr && workspace != nullptr &&
+                       reinterpret_cast<uintptr_t>(workspace) % kAlign == 0,
+                   "[gemm] device grouped GEMM: the table and a 64-byte aligned workspace are "
+                   "needed");
+  const gg::Layout l = layout_of(G, facts.sm_count);
+  MOE_KERNEL_CHECK(workspace_bytes >= l.total,
+                   "[gemm] device grouped GEMM over G=" + std::to_string(G) + " needs " +
+                       std::to_string(l.total) + " bytes of workspace, given " +
+                       std::to_string(workspace_bytes) + " (device_grouped_gemm_workspace_bytes)");
+  char* ws = static_cast<char*>(workspace);
+
+  launch("grouped_gemm_cutlass_tables", kernels::grouped_gemm_cutlass_tables,
+         dim3(static_cast<unsigned>(G)), dim3(256), 0, ex.stream, problems, beta,
+         reinterpret_cast<int32_t*>(ws + l.form), reinterpret_cast<gg::Shape3*>(ws + l.shapes),
+         reinterpret_cast<const gg::ElementAB**>(ws + l.a),
+         reinterpret_cast<const gg::ElementAB**>(ws + l.b), reinterpret_cast<float**>(ws + l.d),
+         static_cast<void*>(ws + l.stride_a), static_cast<void*>(ws + l.stride_b),
+         static_cast<void*>(ws + l.stride_d));
+
+  ParamsCache& cache = params_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  CachedParams* hit = nullptr;
+  for (CachedParams& s : cache.slots) {
+    if (s.workspace == workspace && s.G == G && s.beta == beta && s.device == facts.device) {
+      hit = &s;
+      break;
+    }
+  }
+  if (hit == nullptr) {
+    hit = &cache.slots[static_cast<size_t>(cache.next)];
+    cache.next = (cache.next + 1) % kCacheSlots;
+    const int g = static_cast<int>(G);
+    hit->workspace = nullptr;  // invalid until filled
+    hit->params.form = reinterpret_cast<const int32_t*>(ws + l.form);
+    hit->params.nt = params_of<gg::FormNT>(l, ws, g, beta, facts.device, facts.sm_count);
+    hit->params.nn = params_of<gg::FormNN>(l, ws, g, beta, facts.device, facts.sm_count);
+    hit->params.tn = params_of<gg::FormTN>(l, ws, g, beta, facts.device, facts.sm_count);
+    const dim3 grid = gg::FormNT::get_grid_shape(hit->params.nt);
+    const dim3 grid_nn = gg::FormNN::get_grid_shape(hit->params.nn);
+    const dim3 grid_tn = gg::FormTN::get_grid_shape(hit->params.tn);
+    MOE_KERNEL_CHECK(grid.x == grid_nn.x && grid.y == grid_nn.y && grid.x == grid_tn.x &&
+                         grid.y == grid_tn.y && grid.z == grid_nn.z && grid.z == grid_tn.z,
+                     "[gemm] the device grouped GEMM's three forms want different grids");
+    hit->grid = grid;
+    hit->G = G;
+    hit->beta = beta;
+    hit->device = facts.device;
+    hit->workspace = workspace;
+  }
+  // The CUTLASS workspace's own preparation, in stream order: nothing for these kernels (the
+  // kernel writes its per-SM TMA descriptor copies itself), asked all the same.
+  initialize_cutlass_workspace<gg::FormNT>(l, ws, G, beta, facts, ex.stream);
+  initialize_cutlass_workspace<gg::FormNN>(l, ws, G, beta, facts, ex.stream);
+  initialize_cutlass_workspace<gg::FormTN>(l, ws, G, beta, facts, ex.stream);
+  const uint64_t bit = facts.device >= 0 && facts.device < 64 ? (uint64_t{1} << facts.device) : 0;
+  if ((cache.smem_attribute_set & bit) == 0 || bit == 0) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernels::grouped_gemm_bf16_f32_sm90a,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, gg::kSmemBytes);
+    MOE_KERNEL_CHECK(err == cudaSuccess, "[gemm] the device grouped GEMM's " +
+                                             std::to_string(gg::kSmemBytes) +
+                                             " bytes of shared memory: " + cudaGetErrorString(err));
+    cache.smem_attribute_set |= bit;
+  }
+  launch("grouped_gemm_bf16_f32_sm90a", kernels::grouped_gemm_bf16_f32_sm90a, hit->grid,
+         dim3(gg::kThreads), static_cast<size_t>(gg::kSmemBytes), ex.stream, hit->params);
+}
+
+}  // namespace moecore::ops::cuda
