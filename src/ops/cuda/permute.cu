@@ -444,31 +444,18 @@ __global__ void unpermute_rows_vec(typename Vec16<T>::type* y_TH4,
 }
 
 // Block c copies chunk c (its offsets and row count are in device memory; a negative one moves
-// nothing: the CPU path checks them). W elements a row; the _vec kernel gets W in 16-byte vectors.
-template <typename T>
-__global__ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off,
+// nothing: the CPU path checks them), W elements of V a row. V is the element type, or int4 when
+// every row starts 16-byte aligned: then W counts 16-byte vectors and the bits move unchanged
+// (copy_row_chunks<int4>, SASS-gated for its 16-byte loads).
+template <typename V>
+__global__ void copy_row_chunks(V* dst_NW, const V* src_NW, const int64_t* dst_off,
                                 const int64_t* src_off, const int64_t* rows, int64_t W) {
   const int64_t c = blockIdx.x;
   if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
-  T* dst = dst_NW + dst_off[c] * W;
-  const T* src = src_NW + src_off[c] * W;
+  V* dst = dst_NW + dst_off[c] * W;
+  const V* src = src_NW + src_off[c] * W;
   const int64_t n = rows[c] * W;
   if (n <= 0x7fffffff) {  // the common case: 32-bit indices
-    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
-      dst[i] = src[i];
-    return;
-  }
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-template <typename T>
-__global__ void copy_row_chunks_vec(int4* dst_NW4, const int4* src_NW4, const int64_t* dst_off,
-                                    const int64_t* src_off, const int64_t* rows, int64_t W4) {
-  const int64_t c = blockIdx.x;
-  if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
-  int4* dst = dst_NW4 + dst_off[c] * W4;
-  const int4* src = src_NW4 + src_off[c] * W4;
-  const int64_t n = rows[c] * W4;
-  if (n <= 0x7fffffff) {
     for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
       dst[i] = src[i];
     return;
@@ -691,8 +678,8 @@ void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* ds
                    "[copy_row_chunks] chunks=" + std::to_string(n_chunks) +
                        " (0 to 2^31-1, one block each), W=" + std::to_string(W) + " (>= 0)");
   if (n_chunks == 0 || W == 0) return;
-  if (rows_vectorize<T>(dst_NW, src_NW, W)) {
-    launch("copy_row_chunks_vec", kernels::copy_row_chunks_vec<T>, dim3(unsigned(n_chunks)),
+  if (rows_vectorize<T>(dst_NW, src_NW, W)) {  // the same kernel on 16-byte vectors
+    launch("copy_row_chunks<int4>", kernels::copy_row_chunks<int4>, dim3(unsigned(n_chunks)),
            dim3(unsigned(kBlock)), 0, stream, reinterpret_cast<int4*>(dst_NW),
            reinterpret_cast<const int4*>(src_NW), dst_off, src_off, rows,
            W * int64_t(sizeof(T)) / 16);
