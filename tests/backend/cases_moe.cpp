@@ -271,7 +271,7 @@ void build_group_permutation_case(const Exec& ex) {
     const int64_t max_rows = R * (c.cap > 0 ? c.cap * L : G * K);
     for (int64_t me = 0; me < R; ++me) {
       BACKEND_TRACE("R=" << R << " me=" << me << " L=" << L << " K=" << K << " cap=" << c.cap);
-      ops::GroupRouting g{idx.data(), tok_off.data(), cap.data(), R, me, L, me * L, K, max_rows};
+      ops::GroupRouting g{idx.data(), tok_off.data(), cap.data(), R, me, L, me * L, K, max_rows, G};
       std::vector<int64_t> rows_ref(L), pads_ref(1);
       std::vector<int32_t> tok_ref(max_rows), slot_ref(max_rows), grp_ref(G * K);
       const int64_t n_ref = ops::build_group_permutation_ref(rows_ref.data(), tok_ref.data(),
