@@ -26,7 +26,8 @@ skipped=$( (grep -oE '^\[  SKIPPED \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" |
 echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
 # `moecore train --device cuda` against --device cpu (tests/emu/train_cuda_emu.sh): the tiny model
-# in f32; --bf16; dropout with full recomputation and padded capacity; quantile balancing with two
+# in f32; --bf16; f32 with TF32 GEMMs on the device (--fp32-matmul-precision high, against the
+# CPU's full f32); dropout with full recomputation and padded capacity; quantile balancing with two
 # multi-token prediction depths (their rolled tokens, MoE layers and heads); multi-latent attention
 # under --bf16 with its recomputation (v narrower than q / k: the bf16 GEMMs over the padded
 # heads' column blocks; the MLA rotary and layout kernels); and the tiny DeepSeek-V3 (MLA, grouped
@@ -35,6 +36,7 @@ echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skip
 runs=(
   ""
   "--bf16"
+  "--fp32-matmul-precision high"
   "--hidden-dropout 0.1 --attention-dropout 0.1 --recompute-granularity full
    --recompute-method uniform --recompute-num-layers 1 --moe-expert-capacity-factor 1.0
    --moe-pad-expert-input-to-capacity"

@@ -283,6 +283,13 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "GPU: docs/gpu.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->group(kTrain);
+  app.add_option("--fp32-matmul-precision", t.fp32_matmul_precision,
+                 "f32 GEMMs' arithmetic, PyTorch's torch.set_float32_matmul_precision names: "
+                 "highest (the default: full f32 products) or high (on --device cuda, TF32 "
+                 "tensor cores: inputs rounded to 10 mantissa bits, f32 sums; on the CPU a "
+                 "no-op with a notice)")
+      ->check(CLI::IsMember({"highest", "high"}))
+      ->group(kTrain);
   app.add_flag("--sync-audit", t.sync_audit,
                "Stop with the call sites if a step allocates or waits for the host outside its "
                "documented sync points (docs/design.md)")

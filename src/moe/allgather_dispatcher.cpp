@@ -117,6 +117,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
   g.cap_R = cap_dev_R_;
   g.R = R_, g.me = me_, g.L = L_, g.first = ep_rank_ * L_, g.K = K_;
   g.max_rows = max_rows(max_tokens_);
+  g.G = G;
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
                                                  row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
   if (N > g.max_rows) {

@@ -30,8 +30,8 @@ template <typename T>
 void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const T* dy,
                         const T* x, T* dw);
 }  // namespace cpu
-// The CUDA paths (ops/cuda/gemm.cu): cuBLASLt matmuls (ops/cuda/blas.h), f32 with TF32 off, f64
-// in f64. The grouped GEMMs call cublasGemmGroupedBatchedEx, whose group sizes are host arrays:
+// The CUDA paths (ops/cuda/gemm.cu): cuBLASLt matmuls (ops/cuda/blas.h), f32 with TF32 off
+// (unless --fp32-matmul-precision high: ops/f32_matmul_precision.h), f64 in f64. The grouped GEMMs call cublasGemmGroupedBatchedEx, whose group sizes are host arrays:
 // their switches read m_G on the host (grouped_gemm_host_sizes: ops::read_back, a wait for the
 // stream), the documented sync point kGroupedGemmSizes (docs/design.md, "The execution model"),
 // and the library's problem tables are built on the host, so a step with a grouped GEMM on CUDA

@@ -18,6 +18,9 @@ struct GroupRouting {
   DevPtr<const int64_t> cap_R = nullptr;      // [R] rank r pads each expert's block to cap_R[r]
   int64_t R = 1, me = 0, L = 0, first = 0, K = 1;
   int64_t max_rows = 0;  // the planned worst case of N
+  // tok_off_R[R] as the host knows it: sizes the CUDA path's grid-stride launches only (its
+  // kernels read the slots from tok_off_R; a smaller G is slower, never wrong). The CPU ignores it.
+  int64_t G = 0;
 };
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them
@@ -46,7 +49,8 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
 }  // namespace cpu
 
 // The CUDA kernels (ops/cuda/permute.cu); `stream` is the context's. The maps and counts are
-// bitwise the CPU's (per-tile histograms, one scan, a stable placement; no atomics), the gathers
+// bitwise the CPU's (per-tile histograms, one scan, a stable placement; no float atomics, and
+// integer ones only for build_group_permutation's chunk counts), the gathers
 // copies, unpermute's sum in k order: bitwise the CPU fast path. The device cannot throw: an
 // expert id outside [0, E) is dropped (token_rows -1), pad_permutation keeps the first cap rows
 // of an expert and drops the rest (token_rows -1), copy_row_chunks skips a chunk with a negative

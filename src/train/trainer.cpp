@@ -20,6 +20,7 @@
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
 #include "ops/attention.h"
+#include "ops/f32_matmul_precision.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
 #include "ops/numerics_class.h"
@@ -158,6 +159,14 @@ optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,
   return sync;
 }
 
+// The context of --device; --fp32-matmul-precision set for the process's f32 GEMMs (TF32 on
+// CUDA with "high"; the CPU has none, print_header says so).
+static Exec train_exec(const TrainConfig& cfg) {
+  Exec ex = make_exec(parse_device(cfg.device));
+  ops::set_f32_matmul_precision(ops::parse_f32_matmul_precision(cfg.fp32_matmul_precision));
+  return ex;
+}
+
 // Before the model is built layer by layer (minutes for a size no machine holds): its weights,
 // gradients and Adam moments (16 bytes a parameter), the RoPE table and the layers' inputs kept
 // for the backward (a lower bound of the activations) against the host memory available.
@@ -200,7 +209,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
     : model_cfg_(model_cfg),
       cfg_(cfg),
       groups_(groups),
-      exec_(make_exec(parse_device(cfg_.device))),  // first: a missing device says so
+      exec_(train_exec(cfg_)),  // first: a missing device says so
       // Phase boundaries timed where the ops run (stream events on a device).
       profiler_(make_phase_timer(exec_, PhaseProfiler::kDefaultMarks)) {
   {
@@ -828,6 +837,9 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                cfg_.device);
   }
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
+  // The f32 GEMMs' arithmetic (--fp32-matmul-precision): TF32 on or off, and why.
+  if (const std::string line = ops::f32_gemm_line(exec_.device); !line.empty())
+    fmt::print(log, "{}\n", line);
   // The attention path and why (the probe of cuDNN's fused attention, once per process).
   if (!exec_.on_cpu())
     fmt::print(log, "{}\n",

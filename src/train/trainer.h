@@ -51,6 +51,10 @@ struct TrainConfig {
   optim::AdamWConfig adam;
   std::string metrics_file;   // --metrics-file (JSON lines)
   std::string device = "cpu"; // --device: the backend every op of the step runs on
+  // --fp32-matmul-precision (PyTorch's torch.set_float32_matmul_precision names): "highest" (the
+  // default: full f32 GEMM products, the reference) or "high" (f32 GEMMs on CUDA may round their
+  // inputs to TF32: ops/f32_matmul_precision.h; on the CPU a no-op with a notice).
+  std::string fp32_matmul_precision = "highest";
   bool sync_audit = false;    // --sync-audit: every step proves it allocates and syncs nothing
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)

@@ -538,6 +538,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--metrics-file", "", dir + "/m.jsonl", {{"train.metrics_file", dir + "/m.jsonl"}}},
       {"--peak-tflops", "", "2", {{"train.peak_gflops", "2000"}}},
       {"--device", "", "cuda", {{"train.device", "cuda"}}},
+      {"--fp32-matmul-precision", "", "high", {{"train.fp32_matmul_precision", "high"}}},
       {"--sync-audit", "", "", {{"train.sync_audit", "true"}}},
   };
   const std::vector<FlagNoEffect> no_effect = {

@@ -4,9 +4,18 @@
 // D = alpha * op(A) op(B) + beta * C, C not read when beta == 0. Each checks what the library
 // checks (layout rows/cols match the op and m/n/k, ld >= rows, supported type combinations) and
 // sums in double in k order, as ops::gemm_ref does, so results compare bitwise.
+// CUBLAS_COMPUTE_32F_FAST_TF32 is modelled as NVIDIA describes TF32 tensor-core math: each f32
+// input rounded to TF32 (cvt.rna.tf32.f32's rounding: to nearest, ties away from zero; 10
+// explicit mantissa bits), the products exact (11 x 11 significant bits fit an f32), summed in
+// f32 in k order, then alpha / beta applied in f32. The library only "allows down-converting"
+// (cublas_api.h): it may also read the f32 bits with the low 13 cut off (the tensor core's
+// truncation) or not convert at all, so tests hold the result to a bound valid for either
+// rounding (tf32_truncate is the other model), not to these bits.
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -42,8 +51,9 @@ inline void blas_store(BlasDataType t, void* p, int64_t i, double v) {
 // The type combinations this project uses, from cublasLtMatmul's table of supported types.
 inline void blas_check_types(BlasComputeType compute, BlasDataType a, BlasDataType b,
                              BlasDataType c) {
-  const bool f32 = compute == BlasComputeType::F32 && a == BlasDataType::R32F &&
-                   b == BlasDataType::R32F && c == BlasDataType::R32F;
+  const bool f32 =
+      (compute == BlasComputeType::F32 || compute == BlasComputeType::F32FastTf32) &&
+      a == BlasDataType::R32F && b == BlasDataType::R32F && c == BlasDataType::R32F;
   const bool f64 = compute == BlasComputeType::F64 && a == BlasDataType::R64F &&
                    b == BlasDataType::R64F && c == BlasDataType::R64F;
   const bool bf16 = compute == BlasComputeType::F32 && a == BlasDataType::R16BF &&
@@ -51,11 +61,76 @@ inline void blas_check_types(BlasComputeType compute, BlasDataType a, BlasDataTy
   if (!(f32 || f64 || bf16)) throw std::runtime_error("cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED types");
 }
 
+// f32 -> TF32 (8 exponent bits, 10 explicit mantissa bits, kept in an f32), rounded to nearest
+// with ties away from zero: cvt.rna.tf32.f32 (PTX ISA), which adds half an ulp of TF32 (bit 12)
+// to the bits and clears the low 13. Inf and NaN pass unchanged; a value that rounds past the
+// largest TF32 becomes inf, as the hardware's add carries into the exponent.
+inline float tf32_round(float x) {
+  if (!std::isfinite(x)) return x;
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return std::bit_cast<float>((u + 0x1000u) & 0xffffe000u);
+}
+// The other documented reading: the tensor core takes the f32 bits' top 19 (the low 13 mantissa
+// bits ignored), i.e. rounding toward zero.
+inline float tf32_truncate(float x) {
+  if (std::isnan(x)) return x;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0xffffe000u);
+}
+
+// The TF32 GEMM's bound (docs/numerics.md, "TF32 GEMM vs its exact product"), per element of
+// C = A B against the exact product of the f32 inputs: each input rounded to TF32 errs by at most
+// u_t |x|, u_t = 2^-10 when the library truncates and 2^-11 when it rounds to nearest, so a
+// product errs by (2 u_t + u_t^2) |a b|; the products are exact in f32 and summed in f32
+// (gamma_K = K u / (1 - K u), u = 2^-24, in any order). Bound: (2 u_t + u_t^2 + gamma_K)
+// sum_k |a_ik| |b_kj| with the truncation's u_t, valid for both roundings.
+inline constexpr double kTf32UnitTruncate = 0x1p-10;
+inline constexpr double kF32UnitRoundoff = 0x1p-24;
+inline double tf32_gemm_bound_factor(double K) {
+  const double gamma = K * kF32UnitRoundoff / (1 - K * kF32UnitRoundoff);
+  return 2 * kTf32UnitTruncate + kTf32UnitTruncate * kTf32UnitTruncate + gamma;
+}
+
+// Which f32 -> TF32 rounding the COMPUTE_32F_FAST_TF32 model applies (tests switch it to show
+// that their bound holds for both); the emulated build uses the default.
+enum class Tf32Rounding { NearestTiesAway, Truncate };
+inline Tf32Rounding& tf32_rounding() {
+  static Tf32Rounding r = Tf32Rounding::NearestTiesAway;
+  return r;
+}
+
+// One column-major problem in TF32 (the model above): f32 operands and output.
+inline void blas_gemm_colmajor_tf32(BlasOp op_a, BlasOp op_b, int64_t m, int64_t n, int64_t k,
+                                    double alpha, const float* A, int64_t lda, const float* B,
+                                    int64_t ldb, double beta, float* C, int64_t ldc) {
+  const bool away = tf32_rounding() == Tf32Rounding::NearestTiesAway;
+  const auto tf32 = [away](float x) { return away ? tf32_round(x) : tf32_truncate(x); };
+  const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.f;
+      for (int64_t p = 0; p < k; ++p) {
+        const float a = tf32(A[op_a == BlasOp::N ? i + p * lda : p + i * lda]);
+        const float b = tf32(B[op_b == BlasOp::N ? p + j * ldb : j + p * ldb]);
+        acc += a * b;  // exact product (22 significant bits), one f32 rounding per addition
+      }
+      float& c = C[i + j * ldc];
+      c = beta == 0.0 ? alpha32 * acc : alpha32 * acc + beta32 * c;
+    }
+  }
+}
+
 // One column-major problem.
 inline void blas_gemm_colmajor(BlasOp op_a, BlasOp op_b, int64_t m, int64_t n, int64_t k,
                                double alpha, BlasDataType at, const void* A, int64_t lda,
                                BlasDataType bt, const void* B, int64_t ldb, double beta,
-                               BlasDataType ct, void* C, int64_t ldc) {
+                               BlasDataType ct, void* C, int64_t ldc,
+                               BlasComputeType compute = BlasComputeType::F32) {
+  if (compute == BlasComputeType::F32FastTf32) {
+    blas_check_types(compute, at, bt, ct);
+    blas_gemm_colmajor_tf32(op_a, op_b, m, n, k, alpha, static_cast<const float*>(A), lda,
+                            static_cast<const float*>(B), ldb, beta, static_cast<float*>(C), ldc);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       double acc = 0.0;
@@ -98,7 +173,7 @@ inline void lt_matmul(const ops::desc::LtMatmulDesc& d, const void* a_slot, cons
     const char* pb = static_cast<const char*>(b_slot) + b * B.batch_stride * as;
     char* pc = static_cast<char*>(C) + b * Cl.batch_stride * cs;
     blas_gemm_colmajor(d.trans_a, d.trans_b, d.m, d.n, d.k, d.alpha, A.type, pa, A.ld, B.type, pb,
-                       B.ld, d.beta, Cl.type, pc, Cl.ld);
+                       B.ld, d.beta, Cl.type, pc, Cl.ld, d.compute);
   }
 }
 
@@ -125,7 +200,7 @@ inline void gemm_grouped_batched_tables(const ops::desc::GroupedBatchedDesc& d,
     for (int32_t i = 0; i < d.group_size[g]; ++i, ++problem) {
       blas_gemm_colmajor(d.transa[g], d.transb[g], d.m[g], d.n[g], d.k[g], alpha, d.a_type,
                          Aarray[problem], d.lda[g], d.b_type, Barray[problem], d.ldb[g], beta,
-                         d.c_type, Carray[problem], d.ldc[g]);
+                         d.c_type, Carray[problem], d.ldc[g], d.compute);
     }
   }
 }

@@ -169,6 +169,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("train.adam.clip_grad", text(adam.clip_grad));
   add("train.metrics_file", t.metrics_file);
   add("train.device", t.device);
+  add("train.fp32_matmul_precision", t.fp32_matmul_precision);
   add("train.sync_audit", text(t.sync_audit));
   add("train.peak_gflops", text(t.peak_gflops));
   add("train.ddp.overlap", text(t.ddp.overlap));

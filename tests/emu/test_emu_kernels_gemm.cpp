@@ -8,16 +8,19 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "common/blas_interpreter.h"
 #include "common/testing.h"
 #include "common/tolerances.h"
 #include "core/check.h"
 #include "emu/emu_testing.h"
 #include "ops/cast.h"
+#include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 
@@ -174,6 +177,86 @@ TEST(EmuKernelsGemm, LinearBf16MatchesTheReferenceOnBf16Values) {
   EXPECT_THROW(
       ops::cuda::gemm_bf16(kCuda, false, false, 1, 1, 1, x16p, 1, w16.data(), 1, 0.5f, y.data(), 1),
       Error);
+}
+
+// --fp32-matmul-precision high on CUDA: the f32 GEMMs of the dispatch (linear forward, dx, dw;
+// grouped forward and wgrad) take TF32 products, so they equal the references on TF32-rounded
+// inputs (within the f32 row: f32 sums against the reference's f64 ones) and miss the references
+// on the inputs as given by far more than that row; f64 is untouched; highest is bitwise as before.
+TEST(EmuKernelsGemm, Tf32PrecisionRoundsTheF32GemmInputs) {
+  struct High {  // the process's setting for this test, restored after it
+    High() { ops::set_f32_matmul_precision(ops::F32MatmulPrecision::High); }
+    ~High() { ops::set_f32_matmul_precision(ops::F32MatmulPrecision::Highest); }
+  } high;
+  const Exec& tf32 = kCuda;
+  ASSERT_TRUE(ops::f32_gemm_tf32(Device::CUDA));
+  ASSERT_FALSE(ops::f32_gemm_tf32(Device::CPU));  // the CPU has no TF32
+  const auto rounded = [](const std::vector<float>& v) {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = testing::tf32_round(v[i]);
+    return r;
+  };
+  // The largest |got - want| / (1 + |want|): near 0 against the rounded inputs, about 2^-11
+  // relative to the products' size against the unrounded ones.
+  const auto worst = [](const Guarded<float>& got, const std::vector<float>& want) {
+    double w = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      w = std::max(w, std::abs(double(got[int64_t(i)]) - double(want[i])) /
+                          (1.0 + std::abs(double(want[i]))));
+    return w;
+  };
+  const int64_t M = 17, N = 11, K = 64;
+  const auto x = random_vec<float>(M * K, 31), w = random_vec<float>(N * K, 32),
+             dy = random_vec<float>(M * N, 33), dw0 = random_vec<float>(N * K, 34);
+  const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+  std::vector<float> y_t(size_t(M * N)), dx_t(size_t(M * K)), dw_t = dw0;  // on rounded inputs
+  ops::gemm_ref<float>(false, true, M, N, K, 1.f, xr.data(), K, wr.data(), K, 0.f, y_t.data(), N);
+  ops::gemm_ref<float>(false, false, M, K, N, 1.f, dyr.data(), N, wr.data(), K, 0.f, dx_t.data(),
+                       K);
+  ops::gemm_ref<float>(true, false, N, K, M, 1.f, dyr.data(), N, xr.data(), K, 1.f, dw_t.data(), K);
+  std::vector<float> y_f(size_t(M * N));  // on the inputs as given
+  ops::gemm_ref<float>(false, true, M, N, K, 1.f, x.data(), K, w.data(), K, 0.f, y_f.data(), N);
+  Guarded<float> y = filled<float>(M * N), dx = filled<float>(M * K),
+                 dw = filled<float>(N * K, &dw0);
+  ops::cuda::linear_forward<float>(tf32, y.data(), x.data(), w.data(), M, N, K, false);
+  ops::cuda::linear_backward<float>(tf32, dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N,
+                                    K, false);
+  expect_near_all(y, y_t, "y (TF32)");
+  expect_near_all(dx, dx_t, "dx (TF32)");
+  expect_near_all(dw, dw_t, "dw (TF32, accumulated)");
+  const double off = worst(y, y_f);
+  std::printf("[tf32] linear forward M=%lld N=%lld K=%lld: worst |y - y_f32| / (1 + |y_f32|) = "
+              "%.3g; against the rounded inputs %.3g\n",
+              (long long)M, (long long)N, (long long)K, off, worst(y, y_t));
+  EXPECT_GT(off, 10 * testing::kF32Rtol) << "TF32 asked for, full f32 products computed";
+
+  // Grouped forward and wgrad (an empty expert in the middle).
+  const std::vector<int64_t> m_G = {5, 0, 9};
+  const int64_t G = 3, rows = 14;
+  const auto gx = random_vec<float>(rows * K, 41), gw = random_vec<float>(G * N * K, 42),
+             gdy = random_vec<float>(rows * N, 43), gdw0 = random_vec<float>(G * N * K, 44);
+  const auto gxr = rounded(gx), gwr = rounded(gw), gdyr = rounded(gdy);
+  std::vector<float> gy_t(size_t(rows * N)), gdw_t = gdw0;
+  ops::grouped_gemm_ref<float>(m_G.data(), G, N, K, gxr.data(), gwr.data(), true, gy_t.data());
+  ops::grouped_gemm_wgrad_ref<float>(m_G.data(), G, N, K, gdyr.data(), gxr.data(), gdw_t.data());
+  Guarded<float> gy = filled<float>(rows * N), gdw = filled<float>(G * N * K, &gdw0);
+  ops::cuda::grouped_gemm<float>(tf32, m_G.data(), G, N, K, gx.data(), gw.data(), true, gy.data());
+  ops::cuda::grouped_gemm_wgrad<float>(tf32, m_G.data(), G, N, K, gdy.data(), gx.data(),
+                                       gdw.data());
+  expect_near_all(gy, gy_t, "grouped y (TF32)");
+  expect_near_all(gdw, gdw_t, "grouped dw (TF32, accumulated)");
+
+  // f64 keeps f64 products: bitwise the run at highest.
+  const auto x64 = random_vec<double>(M * K, 51), w64 = random_vec<double>(N * K, 52);
+  Guarded<double> y64 = filled<double>(M * N), y64_ref = filled<double>(M * N);
+  ops::cuda::linear_forward<double>(tf32, y64.data(), x64.data(), w64.data(), M, N, K, false);
+  ops::set_f32_matmul_precision(ops::F32MatmulPrecision::Highest);
+  ops::cuda::linear_forward<double>(kCuda, y64_ref.data(), x64.data(), w64.data(), M, N, K, false);
+  for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(y64[i], y64_ref[i]) << "f64 element " << i;
+  // Back at highest the f32 GEMM is the full-f32 one again: the reference on the given inputs.
+  Guarded<float> y_hi = filled<float>(M * N);
+  ops::cuda::linear_forward<float>(kCuda, y_hi.data(), x.data(), w.data(), M, N, K, false);
+  expect_near_all(y_hi, y_f, "y (highest)");
 }
 
 }  // namespace

@@ -362,6 +362,7 @@ struct Group {
   int64_t L, me, K;
   std::vector<int64_t> extra_cap_R;  // cap_R[r] = the largest chunk of rank r + extra; < 0: none
   uint32_t seed;
+  int64_t host_G = -1;  // GroupRouting::G (sizes the launches only); < 0: the true G
 };
 
 std::string name(const Group& s) {
@@ -383,6 +384,7 @@ void check_group(const Group& s, bool over_plan) {
   g.idx_GK = idx.data();
   g.tok_off_R = tok_off.data();
   g.R = R, g.me = s.me, g.L = s.L, g.first = s.me * s.L, g.K = K;
+  g.G = s.host_G < 0 ? tok_off[size_t(R)] : s.host_G;
   for (int64_t r = 0; r < R; ++r) {  // the capacities: the largest chunk of rank r + extra
     if (s.extra_cap_R[size_t(r)] < 0) continue;
     int64_t most = 0;
@@ -445,7 +447,9 @@ void check_group(const Group& s, bool over_plan) {
   expect_bitwise(grows, grows_want, "group_rows_GK");
 }
 
-// One rank; ranks without tokens; more slots than a block; no local experts; mixed caps.
+// One rank; ranks without tokens; more slots than a block; no local experts; mixed caps; more
+// slots than a tile (several tiles: their counters in group_rows' memory), tiles wider than 512
+// for many local experts; grids smaller than the slots (a host G below the true one).
 TEST(EmuKernelsPermute, BuildGroupPermutationMatchesTheReference) {
   const std::vector<Group> all = {
       {{0}, 2, 0, 2, {-1}, 11},
@@ -456,6 +460,9 @@ TEST(EmuKernelsPermute, BuildGroupPermutationMatchesTheReference) {
       {{200, 61}, 5, 0, 4, {3, 300}, 16},
       {{13, 4, 21}, 2, 1, 2, {-1, 2, 0}, 17},
       {{6, 6}, 0, 1, 2, {-1, -1}, 18},
+      {{700, 500}, 40, 1, 2, {-1, 5}, 19},         // 5 tiles of 512 slots, a padded rank
+      {{600, 400}, 300, 0, 2, {-1, -1}, 20},       // tiles of 2 L = 608 slots
+      {{37, 300, 0, 9}, 3, 2, 3, {-1, 1, -1, 0}, 21, 1},  // G given as 1: one block a launch
   };
   for (const Group& s : all) {
     check_group(s, /*over_plan=*/false);

@@ -43,10 +43,19 @@ steps() {
 # (the same weights: an f32 difference of an ulp flips a bf16 rounding of an activation, 2^-8 of
 # that element, now and then) and at the later steps (after updates: Adam's first normalised steps
 # turn gradients that differ near zero into whole learning-rate steps, and the flips compound).
+# With --fp32-matmul-precision high the CUDA run's f32 GEMMs take TF32 products and the CPU's do
+# not (the flag is a no-op there): the row "--device cuda f32 training with TF32 vs without",
+# which also asks the difference to exceed the f32 row (TF32 really ran).
 loss_rtol=1e-5 norm_rtol=1e-5 later_loss_rtol=1e-5 later_norm_rtol=1e-5
+tf32=0 prev=""
 for flag in "$@"; do
   [ "$flag" = --bf16 ] && loss_rtol=1e-6 norm_rtol=2e-5 later_loss_rtol=1e-4 later_norm_rtol=2e-3
+  [ "$prev" = --fp32-matmul-precision ] && [ "$flag" = high ] && tf32=1
+  prev=$flag
 done
+if [ "$tf32" = 1 ]; then
+  loss_rtol=1e-5 norm_rtol=2e-4 later_loss_rtol=2e-4 later_norm_rtol=5e-3
+fi
 common=(--config "$config" --train-iters 3 --lr-warmup-iters 0 --lr-decay-iters 20
         --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100 "$@")
 launch=()
@@ -85,13 +94,21 @@ while IFS= read -r point; do
   esac
 done < <(tr ';' '\n' <<< "$counted" | sed 's/^ *//')
 grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logged no step 3" "$cuda"
+# The start-up line of the f32 GEMMs' arithmetic: TF32 on or off on CUDA, the notice on the CPU.
+if [ "$tf32" = 1 ]; then
+  grep -q '^\[gemm\] f32 GEMMs: TF32 on ' <<< "$cuda" || fail "--device cuda: no 'TF32 on' line" "$cuda"
+  grep -q '^\[gemm\] f32 GEMMs: TF32 off (--fp32-matmul-precision high changes nothing' <<< "$cpu" ||
+    fail "--device cpu with --fp32-matmul-precision high: no notice" "$cpu"
+else
+  grep -q '^\[gemm\] f32 GEMMs: TF32 off ' <<< "$cuda" || fail "--device cuda: no 'TF32 off' line" "$cuda"
+fi
 [ "$(steps "$work/cuda1.jsonl")" = "$(steps "$work/cuda2.jsonl")" ] ||
   fail "two --device cuda runs differ: $(steps "$work/cuda1.jsonl") vs $(steps "$work/cuda2.jsonl")"
 [ -n "$(digest "$cuda")" ] && [ "$(digest "$cuda")" = "$(digest "$cuda2")" ] ||
   fail "two --device cuda runs end with other weights: $(digest "$cuda") vs $(digest "$cuda2")"
 # Per step: |cuda - cpu| <= rtol |cpu| for the lm loss and the grad norm; prints the worst ratios.
 paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr ' ' '\n') |
-  awk -v lr="$loss_rtol" -v nr="$norm_rtol" -v llr="$later_loss_rtol" -v lnr="$later_norm_rtol" -F'\t' '
+  awk -v lr="$loss_rtol" -v nr="$norm_rtol" -v llr="$later_loss_rtol" -v lnr="$later_norm_rtol" -v tf32="$tf32" -F'\t' '
     { split($1, a, ":"); split($2, b, ":"); key = a[1]; x = a[2] + 0; y = b[2] + 0
       if (key != b[1]) { print "FAIL: the runs log other keys: " $1 " vs " $2; bad = 1; next }
       if (key ~ /iteration/) { it = x; if (x != y) { print "FAIL: iterations " x " vs " y; bad = 1 }; next }
@@ -100,7 +117,9 @@ paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr 
       if (key ~ /lm_loss/ && r > wl) wl = r
       if (key ~ /grad_norm/ && r > wn) wn = r
       if (r > tol) { printf "FAIL: iteration %d %s: cpu %s, cuda %s: relative %.3g > %s\n", it, key, x, y, r, tol; bad = 1 } }
-    END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (rows %s at step 1, %s later), grad norm %.3g (rows %s, %s)\n", wl, lr, llr, wn, nr, lnr; exit bad }'
+    END { printf "[train-cuda-emu] cuda vs cpu, worst relative difference: lm loss %.3g (rows %s at step 1, %s later), grad norm %.3g (rows %s, %s)\n", wl, lr, llr, wn, nr, lnr
+          if (tf32 && wl <= 1e-5 && wn <= 1e-5) { printf "FAIL: --fp32-matmul-precision high: cuda within the f32 row of cpu (lm %.3g, grad norm %.3g <= 1e-5): TF32 did not run\n", wl, wn; bad = 1 }
+          exit bad }'
 if [ -n "$record" ]; then
   printf '%s\n%s\n' "$(steps "$work/cuda1.jsonl")" "$(digest "$cuda")" > "$record"
 fi

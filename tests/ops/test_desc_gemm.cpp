@@ -7,7 +7,11 @@
 // K = 1, experts with zero rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -160,6 +164,115 @@ TEST(DescGemm, TypesAndComputeModes) {
   EXPECT_EQ(bf.trans_b, BlasOp::N);
   // Empty problems make no call.
   EXPECT_TRUE(gemm_desc(GemmCall{GemmTypes::F32, false, false, 0, 3, 4, 4, 3, 3}).empty);
+}
+
+// --fp32-matmul-precision high: every f32 form names CUBLAS_COMPUTE_32F_FAST_TF32 (77) with f32
+// operands, output and scales; plain F32 stays COMPUTE_32F (above).
+TEST(DescGemm, Tf32ComputeTypeOnEveryF32Form) {
+  const auto expect_tf32 = [](BlasComputeType compute, BlasDataType a, BlasDataType b,
+                              BlasDataType c) {
+    EXPECT_EQ(compute, BlasComputeType::F32FastTf32);
+    EXPECT_EQ(a, BlasDataType::R32F);
+    EXPECT_EQ(b, BlasDataType::R32F);
+    EXPECT_EQ(c, BlasDataType::R32F);
+  };
+  const LtMatmulDesc d = gemm_desc(GemmCall{GemmTypes::F32Tf32, false, true, 2, 3, 4, 4, 4, 3});
+  EXPECT_EQ(static_cast<int>(d.compute), 77);
+  EXPECT_STREQ(blas_compute_type_name(d.compute), "CUBLAS_COMPUTE_32F_FAST_TF32");
+  EXPECT_EQ(d.scale_type, BlasDataType::R32F);
+  expect_tf32(d.compute, d.a.type, d.b.type, d.c.type);
+  const LtMatmulDesc padded =
+      gemm_desc(padded_grouped_forward_call(GemmTypes::F32Tf32, 3, 4, 5, 6, true));
+  expect_tf32(padded.compute, padded.a.type, padded.b.type, padded.c.type);
+  const LtMatmulDesc padded_w =
+      gemm_desc(padded_grouped_wgrad_call(GemmTypes::F32Tf32, 3, 4, 5, 6));
+  expect_tf32(padded_w.compute, padded_w.a.type, padded_w.b.type, padded_w.c.type);
+  const std::vector<int64_t> m_G = {2, 0, 3};
+  const GroupedBatchedDesc fwd =
+      grouped_batched_forward(GemmTypes::F32Tf32, m_G.data(), 3, 5, 6, false);
+  expect_tf32(fwd.compute, fwd.a_type, fwd.b_type, fwd.c_type);
+  const GroupedBatchedDesc wgrad = grouped_batched_wgrad(GemmTypes::F32Tf32, m_G.data(), 3, 5, 6);
+  expect_tf32(wgrad.compute, wgrad.a_type, wgrad.b_type, wgrad.c_type);
+  EXPECT_EQ(grouped_batched_forward(GemmTypes::F32, m_G.data(), 3, 5, 6, false).compute,
+            BlasComputeType::F32);
+}
+
+// The interpreter's TF32 rounding: cvt.rna.tf32.f32 (to nearest, ties away from zero, 10
+// explicit mantissa bits) and the truncating reading it is bounded against.
+TEST(Tf32Model, RoundsToNearestTiesAwayOrTruncates) {
+  using moecore::testing::tf32_round;
+  using moecore::testing::tf32_truncate;
+  EXPECT_EQ(tf32_round(1.0f), 1.0f);
+  EXPECT_EQ(tf32_round(1.0f + 0x1p-10f), 1.0f + 0x1p-10f);  // 10 explicit bits kept
+  const float tie = 1.0f + 0x1p-11f;                          // halfway to 1 + 2^-10
+  EXPECT_EQ(tf32_round(tie), 1.0f + 0x1p-10f);                // away from zero
+  EXPECT_EQ(tf32_round(-tie), -(1.0f + 0x1p-10f));
+  EXPECT_EQ(tf32_round(3.0f + 0x1p-10f), 3.0f + 0x1p-9f);     // a tie above an even TF32: away
+  EXPECT_EQ(tf32_round(tie - 0x1p-23f), 1.0f);
+  EXPECT_EQ(tf32_round(tie + 0x1p-23f), 1.0f + 0x1p-10f);
+  EXPECT_EQ(tf32_round(2.0f - 0x1p-23f), 2.0f);               // carries into the exponent
+  EXPECT_EQ(tf32_truncate(tie), 1.0f);
+  EXPECT_EQ(tf32_truncate(-(2.0f - 0x1p-23f)), -(2.0f - 0x1p-10f));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(tf32_round(std::numeric_limits<float>::max()), inf);
+  EXPECT_EQ(tf32_round(-inf), -inf);
+  EXPECT_TRUE(std::isnan(tf32_round(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(tf32_truncate(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(tf32_round(0x1p-136f), 0x1p-136f);  // TF32's smallest subnormal is kept
+  EXPECT_EQ(tf32_round(0x1p-140f), 0.0f);       // below half of it: zero
+}
+
+// The TF32 descriptor through the interpreter, on f32 inputs with full mantissas: within
+// tf32_gemm_bound_factor(K) sum_k |a||b| of the exact product for both roundings (the bound of
+// docs/numerics.md, "TF32 GEMM vs its exact product"), and visibly coarser than COMPUTE_32F,
+// which stays within its own f32 bound: TF32 changes the arithmetic, and only when asked.
+TEST(Tf32Model, GemmWithinTheBoundForEitherRounding) {
+  using moecore::testing::Tf32Rounding;
+  using moecore::testing::tf32_gemm_bound_factor;
+  using moecore::testing::tf32_rounding;
+  const int64_t M = 9, N = 7, K = 300;
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      std::vector<float> A(M * K), B(K * N);
+      for (auto& x : A) x = u(rng);
+      for (auto& x : B) x = u(rng);
+      const auto a_at = [&](int64_t i, int64_t p) { return A[ta ? p * M + i : i * K + p]; };
+      const auto b_at = [&](int64_t p, int64_t j) { return B[tb ? j * K + p : p * N + j]; };
+      std::vector<double> exact(M * N), mag(M * N);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j)
+          for (int64_t p = 0; p < K; ++p) {
+            exact[i * N + j] += double(a_at(i, p)) * double(b_at(p, j));
+            mag[i * N + j] += std::abs(double(a_at(i, p)) * double(b_at(p, j)));
+          }
+      const auto run = [&](GemmTypes types) {
+        std::vector<float> C(M * N, std::numeric_limits<float>::quiet_NaN());
+        const LtMatmulDesc d =
+            gemm_desc(GemmCall{types, ta, tb, M, N, K, ta ? M : K, tb ? K : N, N});
+        lt_matmul(d, slot(d.a_operand, A.data(), B.data()), slot(d.b_operand, A.data(), B.data()),
+                  C.data());
+        double worst = 0;  // the largest |C - exact| / sum |a||b|
+        for (int64_t e = 0; e < M * N; ++e)
+          worst = std::max(worst, std::abs(double(C[e]) - exact[e]) / mag[e]);
+        return worst;
+      };
+      const double bound = tf32_gemm_bound_factor(double(K));
+      for (Tf32Rounding r : {Tf32Rounding::NearestTiesAway, Tf32Rounding::Truncate}) {
+        tf32_rounding() = r;
+        const double worst = run(GemmTypes::F32Tf32);
+        tf32_rounding() = Tf32Rounding::NearestTiesAway;
+        std::printf("[tf32] ta=%d tb=%d %s: worst |C - exact| / sum|a||b| = %.3g (bound %.3g)\n",
+                    int(ta), int(tb), r == Tf32Rounding::Truncate ? "truncate" : "nearest-away",
+                    worst, bound);
+        EXPECT_LE(worst, bound);
+        EXPECT_GT(worst, 0x1p-17) << "the TF32 rounding left no trace (64 x the f32 bound 2u)";
+      }
+      const double f32 = run(GemmTypes::F32);  // the interpreter sums f32 products in f64
+      EXPECT_LE(f32, 2 * moecore::testing::kF32UnitRoundoff);
+    }
 }
 
 TEST(DescGemm, RejectsShortLeadingDimensions) {

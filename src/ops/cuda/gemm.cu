@@ -1,7 +1,7 @@
 // The GEMMs of ops/gemm.h and ops/gemm_bf16.h on the GPU: host-side dispatch to the library
 // calls of ops/cuda/blas.h (no kernel of its own but the bf16 casts of ops/cuda/cast.cu).
-// Dense GEMMs: one cuBLASLt matmul per call (f32 with TF32 off, f64, bf16 in / f32 out), the
-// descriptor from desc::gemm_desc. Grouped GEMMs: cublasGemmGroupedBatchedEx from the group sizes
+// Dense GEMMs: one cuBLASLt matmul per call (f32 with TF32 off unless --fp32-matmul-precision
+// high, f64, bf16 in / f32 out), the descriptor from desc::gemm_desc. Grouped GEMMs: cublasGemmGroupedBatchedEx from the group sizes
 // in host memory (the switches read them: the documented sync point kGroupedGemmSizes, ops/gemm.h).
 #include <string>
 #include <type_traits>
@@ -11,6 +11,7 @@
 #include "ops/cast.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 
@@ -18,9 +19,12 @@ namespace moecore::ops::cuda {
 
 namespace {
 
+// f32 GEMMs take TF32 products where --fp32-matmul-precision high asks for them
+// (ops/f32_matmul_precision.h), full f32 otherwise; f64 stays f64.
 template <typename T>
-constexpr desc::GemmTypes gemm_types() {
-  return std::is_same_v<T, double> ? desc::GemmTypes::F64 : desc::GemmTypes::F32;
+desc::GemmTypes gemm_types(const Exec& ex) {
+  if constexpr (std::is_same_v<T, double>) return desc::GemmTypes::F64;
+  return f32_gemm_tf32(ex.device) ? desc::GemmTypes::F32Tf32 : desc::GemmTypes::F32;
 }
 
 int64_t ld(int64_t cols) {
@@ -70,7 +74,7 @@ void grouped_wgrad(const Exec& ex, desc::GemmTypes types, const int64_t* m_G_hos
 template <typename T>
 void gemm(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
           const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  matmul(ex, gemm_types<T>(), trans_a, trans_b, M, N, K, double(alpha), A, lda, B, ldb,
+  matmul(ex, gemm_types<T>(ex), trans_a, trans_b, M, N, K, double(alpha), A, lda, B, ldb,
          double(beta), C, ldc);
 }
 
@@ -94,13 +98,13 @@ void linear_backward(const Exec& ex, T* dx_MK, T* dw_NK, const T* dy_MN, const T
 template <typename T>
 void grouped_gemm(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                   const T* x, const T* w, bool trans_w, T* y) {
-  grouped_forward(ex, gemm_types<T>(), m_G_host, G, N, K, x, w, trans_w, y);
+  grouped_forward(ex, gemm_types<T>(ex), m_G_host, G, N, K, x, w, trans_w, y);
 }
 
 template <typename T>
 void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                         const T* dy, const T* x, T* dw) {
-  grouped_wgrad(ex, gemm_types<T>(), m_G_host, G, N, K, dy, x, dw);
+  grouped_wgrad(ex, gemm_types<T>(ex), m_G_host, G, N, K, dy, x, dw);
 }
 
 #define MOECORE_INSTANTIATE_CUDA_GEMM(T)                                                          \

@@ -15,6 +15,7 @@ static_assert(static_cast<int>(BlasDataType::R64F) == CUDA_R_64F);
 static_assert(static_cast<int>(BlasDataType::R16BF) == CUDA_R_16BF);
 static_assert(static_cast<int>(BlasComputeType::F32) == CUBLAS_COMPUTE_32F);
 static_assert(static_cast<int>(BlasComputeType::F64) == CUBLAS_COMPUTE_64F);
+static_assert(static_cast<int>(BlasComputeType::F32FastTf32) == CUBLAS_COMPUTE_32F_FAST_TF32);
 static_assert(static_cast<int>(NcclDataType::Int32) == ncclInt32);
 static_assert(static_cast<int>(NcclDataType::Int64) == ncclInt64);
 static_assert(static_cast<int>(NcclDataType::Float32) == ncclFloat32);

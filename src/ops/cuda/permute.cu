@@ -248,93 +248,253 @@ __global__ void pad_counts(int64_t* counts_E, int32_t E, int32_t cap) {
     counts_E[e] = cap;
 }
 
-// build_group_permutation, three launches. Block (l, r) counts rank r's slots routed to local
-// expert l into chunk_LR[l R + r]. Dynamic shared memory: blockDim.x / 32 + 1 int64.
-__global__ void group_chunk_counts(int64_t* chunk_LR, const int32_t* idx_GK,
-                                   const int64_t* tok_off_R, int64_t R, int64_t K, int64_t first) {
-  const int64_t l = blockIdx.x, r = blockIdx.y, want = first + l;
-  const int64_t end = tok_off_R[r + 1] * K;
-  int64_t c = 0;
-  for (int64_t i = tok_off_R[r] * K + threadIdx.x; i < end; i += blockDim.x) {
-    const int64_t id = idx_GK[i];
-    c += id >= 0 && id == want ? 1 : 0;
+// build_group_permutation: histogram -> scan -> stable scatter, O(G K + L R) work for G K slots
+// (rank r's tokens [tok_off[r], tok_off[r + 1]), K slots each) and L R chunks (local expert l,
+// source rank r). The chunks' counts are a histogram (integer atomics: the counts, hence
+// everything after them, do not depend on the order of the adds); one thread walks them into
+// rows_L, the pads and each chunk's base (its first row, less the slots of expert l before the
+// chunk in slot order); then the stable scatter is build_permutation's: B tiles of S consecutive
+// slots (S = max(512, 2 L) rounded to the warp), one warp each, count their slots per local
+// expert into M [L, B] (expert-major), one block scans M, and each tile places its slots in slot
+// order, a slot's row being its chunk's base plus its expert's counter plus the lower lanes
+// holding the same expert. So a slot's row is its chunk's first row plus the slots of its chunk
+// before it: the (local expert, source rank, token, slot) order of the reference, bitwise. M lives
+// in group_rows' memory (S >= 2 L keeps L B <= G K when B >= 2) or, for one tile, in the second
+// half of chunk_LR's (L ints of its 2 L R); group_rows is written last, from the rows. Nothing
+// but rows_L is written when a chunk is over its capacity or N > max_rows. 32-bit indices: G K
+// and the rows within int32 (checked on the host).
+
+// The rank whose tokens hold token t (the last r with tok_off[r] <= t: ranks without tokens hold
+// none).
+__device__ __forceinline__ int32_t rank_of(const int64_t* tok_off_R, int32_t R, int32_t t) {
+  int32_t lo = 0, hi = R;
+  while (hi - lo > 1) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (tok_off_R[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
   }
-  c = block_sum(c, dynamic_shared<int64_t>());
-  if (threadIdx.x == 0) chunk_LR[l * R + r] = c;
+  return lo;
 }
 
-// One thread, in the CPU's (l, r) order: chunk_LR's counts become the chunks' first rows, rank
-// r's blocks padded to cap_R[r] when it is > 0; rows_L gets the rows per local expert and *pads
-// the pad rows of rank me's blocks (only when N <= max_rows). A chunk over its rank's capacity
-// stops the walk: rows_L[l] = -1 - r, its count left in chunk_LR[l R + r] (the host reports it).
+// The local expert of a routed id (-1: dropped or another rank's expert).
+__device__ __forceinline__ int32_t local_expert(int32_t id, int32_t first, int32_t L) {
+  const int32_t l = id - first;
+  return id >= 0 && l >= 0 && l < L ? l : -1;
+}
+
+// N = the sum of rows_L when every chunk fit its capacity and N <= max_rows (the walk placed the
+// chunks), else -1: then nothing but rows_L is written. Every lane of the warp calls it.
+__device__ __forceinline__ int32_t group_rows_placed(const int64_t* rows_L, int32_t L,
+                                                     int64_t max_rows) {
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  int64_t n = 0;
+  bool over = false;
+  for (int32_t l = lane; l < L; l += 32) {
+    const int64_t v = rows_L[l];
+    over = over || v < 0;
+    n += v < 0 ? 0 : v;
+  }
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  return __any_sync(0xffffffffu, over) || n > max_rows ? -1 : int32_t(n);
+}
+
+// The slots G K (from the device's tok_off) and the tiles B of S slots (at least one).
+__device__ __forceinline__ int32_t group_slots(const int64_t* tok_off_R, int32_t R, int32_t K) {
+  return int32_t(tok_off_R[R] * K);
+}
+__device__ __forceinline__ int32_t group_tiles(int32_t GK, int32_t S) {
+  return GK > S ? (GK + S - 1) / S : 1;
+}
+// M's memory: group_rows' for two tiles or more, else after the chunks' bases in chunk_LR's.
+__device__ __forceinline__ int32_t* group_counters(int32_t* group_rows_GK, int64_t* chunk_LR,
+                                                   int32_t B, int32_t L, int32_t R) {
+  return B >= 2 ? group_rows_GK : reinterpret_cast<int32_t*>(chunk_LR) + L * R;
+}
+
+__global__ void group_zero(int64_t* chunk_LR, int32_t n) {
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < uint32_t(n); j += stride)
+    chunk_LR[j] = 0;
+}
+
+// The histogram: chunk_LR[l R + r] += rank r's slots routed to local expert l, a warp's 32 slots
+// at a time, the lowest lane of each (l, r) adding its peers' count. Dynamic shared memory:
+// blockDim.x ints (warp_peers').
+__global__ void group_counts(int64_t* chunk_LR, const int32_t* idx_GK, const int64_t* tok_off_R,
+                             int32_t R, int32_t L, int32_t K, int32_t first) {
+  const int32_t GK = group_slots(tok_off_R, R, K);
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  const int32_t warp = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u);
+  const int32_t warps = int32_t(gridDim.x * blockDim.x / 32u);
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
+  for (int64_t base = int64_t(warp) * 32; base < GK; base += int64_t(warps) * 32) {  // per warp
+    const int32_t i = int32_t(base) + lane;
+    const int32_t l = i < GK ? local_expert(idx_GK[i], first, L) : -1;
+    const int32_t key = l >= 0 ? l * R + rank_of(tok_off_R, R, i / K) : -1;
+    const unsigned peers = warp_peers(key, warp_ids);
+    if (key >= 0 && (peers & ((1u << lane) - 1u)) == 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(chunk_LR + key),
+                static_cast<unsigned long long>(popcount(peers)));
+  }
+}
+
+// One thread, in the reference's (l, r) order: rows_L gets the rows per local expert (rank r's
+// blocks padded to cap_R[r] when it is > 0). A chunk over its rank's capacity stops the walk:
+// rows_L[l] = -1 - r, its count left in chunk_LR[l R + r] (the host reports it). When N <=
+// max_rows: *pads = the pad rows of rank me's blocks, and chunk_LR's first L R ints become the
+// chunks' bases, base(l, r) = start(l, r) - (slots of l from ranks before r) - (slots of the local
+// experts before l), each int j written after the int64 j / 2 <= j under it was read.
 __global__ void group_chunk_offsets(int64_t* rows_L, int64_t* pads, int64_t* chunk_LR,
-                                    const int64_t* cap_R, int64_t R, int64_t L, int64_t me,
+                                    const int64_t* cap_R, int32_t R, int32_t L, int32_t me,
                                     int64_t max_rows) {
   if (threadIdx.x != 0) return;
   int64_t N = 0, pad = 0;
-  for (int64_t l = 0; l < L; ++l) {
+  for (int32_t l = 0; l < L; ++l) {
     int64_t rows = 0;
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t c = chunk_LR[l * R + r], cap = cap_R[r];
+    for (int32_t r = 0; r < R; ++r) {
+      const int64_t c = chunk_LR[int64_t(l) * R + r], cap = cap_R[r];
       if (cap > 0 && c > cap) {
         rows_L[l] = -1 - r;
         return;
       }
       const int64_t block = cap > 0 ? cap : c;
       if (r == me) pad += block - c;
-      chunk_LR[l * R + r] = N;
       N += block;
       rows += block;
     }
     rows_L[l] = rows;
   }
-  if (N <= max_rows) *pads = pad;
+  if (N > max_rows) return;
+  *pads = pad;
+  int32_t* base = reinterpret_cast<int32_t*>(chunk_LR);
+  int64_t start = 0, earlier = 0;
+  for (int32_t l = 0; l < L; ++l) {
+    int64_t q = 0;
+    for (int32_t r = 0; r < R; ++r) {
+      const int32_t j = l * R + r;
+      const int64_t c = chunk_LR[j], cap = cap_R[r];
+      base[j] = int32_t(start - q - earlier);
+      q += c;
+      start += cap > 0 ? cap : c;
+    }
+    earlier += q;
+  }
 }
 
-// Block (l, r) places rank r's slots of local expert l at its chunk's rows in (token, slot) order
-// (an exclusive block scan per block-width of slots) and fills the chunk's pad rows; the blocks
-// of l = 0 also mark the slots no local expert takes (group_rows -1). Nothing when N (the sum of
-// rows_L) > max_rows or a chunk was over its capacity. With L = 0 the one block column only
-// marks. Dynamic shared memory: blockDim.x / 32 ints.
-__global__ void group_place(int32_t* row_token_N, int32_t* row_slot_N, int32_t* group_rows_GK,
-                            const int64_t* rows_L, const int64_t* chunk_LR, const int32_t* idx_GK,
-                            const int64_t* tok_off_R, const int64_t* cap_R, int64_t R, int64_t L,
-                            int64_t K, int64_t first, int64_t max_rows) {
-  int64_t N = 0;
-  bool over_cap = false;
-  for (int64_t j = 0; j < L; ++j) {
-    const int64_t v = rows_L[j];
-    over_cap = over_cap || v < 0;
-    N += v;
-  }
-  if (over_cap || N > max_rows) return;  // uniform over the grid
-  const int64_t l = blockIdx.x, r = blockIdx.y;
-  const bool local = l < L;
-  const int64_t start = local ? chunk_LR[l * R + r] : 0, want = first + l;
-  int64_t row = start;
-  int* scan = dynamic_shared<int>();
-  const int64_t begin = tok_off_R[r] * K, end = tok_off_R[r + 1] * K;
-  for (int64_t base = begin; base < end; base += blockDim.x) {  // uniform trip count
-    const int64_t i = base + threadIdx.x;
-    const int64_t id = i < end ? idx_GK[i] : -1;
-    const bool mine = local && i < end && id >= 0 && id == want;
-    int total = 0;
-    const int at = block_exclusive_scan(mine ? 1 : 0, scan, &total);
-    if (mine) {
-      const int64_t row_i = row + at;
-      row_token_N[row_i] = int32_t(i / K);
-      row_slot_N[row_i] = int32_t(i % K);
-      group_rows_GK[i] = int32_t(row_i);
-    } else if (l == 0 && i < end && (id < 0 || id < first || id >= first + L)) {
-      group_rows_GK[i] = -1;
+// Tile w's column of M: M[l B + w] = its slots routed to local expert l. Dynamic shared memory:
+// blockDim.x ints (warp_peers').
+__global__ void group_tile_counts(int32_t* group_rows_GK, int64_t* chunk_LR, const int64_t* rows_L,
+                                  const int32_t* idx_GK, const int64_t* tok_off_R, int32_t R,
+                                  int32_t L, int32_t K, int32_t first, int64_t max_rows,
+                                  int32_t S) {
+  if (group_rows_placed(rows_L, L, max_rows) < 0) return;  // uniform over the grid
+  const int32_t GK = group_slots(tok_off_R, R, K), B = group_tiles(GK, S);
+  int32_t* M = group_counters(group_rows_GK, chunk_LR, B, L, R);
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  const int32_t warps = int32_t(gridDim.x * blockDim.x / 32u);
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
+  for (int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u); w < B; w += warps) {
+    for (int32_t l = lane; l < L; l += 32) M[l * B + w] = 0;
+    __syncwarp();  // the zeros are written before any lane adds to them
+    const int32_t begin = w * S, n = S < GK - begin ? S : GK - begin;
+    for (int32_t off = 0; off < n; off += 32) {
+      const int32_t l = off + lane < n ? local_expert(idx_GK[begin + off + lane], first, L) : -1;
+      const unsigned peers = warp_peers(l, warp_ids);
+      if (l >= 0 && (peers & ((1u << lane) - 1u)) == 0) M[l * B + w] += popcount(peers);
+      __syncwarp();  // this round's sums are in before the next round reads them
     }
-    row += total;
+  }
+}
+
+// One block: M (L B counters, expert-major) becomes its exclusive prefix. Dynamic shared memory:
+// blockDim.x / 32 ints.
+__global__ void group_tile_offsets(int32_t* group_rows_GK, int64_t* chunk_LR,
+                                   const int64_t* rows_L, const int64_t* tok_off_R, int32_t R,
+                                   int32_t L, int32_t K, int64_t max_rows, int32_t S) {
+  if (group_rows_placed(rows_L, L, max_rows) < 0) return;  // uniform over the block
+  const int32_t B = group_tiles(group_slots(tok_off_R, R, K), S), n = L * B;
+  int32_t* M = group_counters(group_rows_GK, chunk_LR, B, L, R);
+  int* scan = dynamic_shared<int>();
+  int carry = 0;
+  for (uint32_t base = 0; base < uint32_t(n); base += blockDim.x) {  // uniform trip count
+    const uint32_t i = base + threadIdx.x;
+    const int v = i < uint32_t(n) ? M[i] : 0;
+    int total = 0;
+    const int at = block_exclusive_scan(v, scan, &total);
+    if (i < uint32_t(n)) M[i] = carry + at;
+    carry += total;
     __syncthreads();  // scan's shared memory is read above before the next round writes it
   }
-  if (!local) return;
-  const int64_t cap = cap_R[r], stop = cap > 0 ? start + cap : row;
-  for (int64_t p = row + threadIdx.x; p < stop; p += blockDim.x)
+}
+
+// Rows [0, N) start as pad rows (row_token = row_slot = -1); group_tile_place overwrites the
+// chunks' kept rows.
+__global__ void group_pad_rows(int32_t* row_token_N, int32_t* row_slot_N, const int64_t* rows_L,
+                               int32_t L, int64_t max_rows) {
+  const int32_t N = group_rows_placed(rows_L, L, max_rows);
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; int64_t(p) < N; p += stride)
     row_token_N[p] = row_slot_N[p] = -1;
+}
+
+// Tile w places its slots in slot order: row = the chunk's base + the expert's counter + the lower
+// peers; the lowest peer alone advances the counter. Writes row_token and row_slot (M may live in
+// group_rows' memory until group_slot_rows). Dynamic shared memory: blockDim.x ints.
+__global__ void group_tile_place(int32_t* row_token_N, int32_t* row_slot_N, int32_t* group_rows_GK,
+                                 int64_t* chunk_LR, const int64_t* rows_L, const int32_t* idx_GK,
+                                 const int64_t* tok_off_R, int32_t R, int32_t L, int32_t K,
+                                 int32_t first, int64_t max_rows, int32_t S) {
+  if (group_rows_placed(rows_L, L, max_rows) < 0) return;  // uniform over the grid
+  const int32_t GK = group_slots(tok_off_R, R, K), B = group_tiles(GK, S);
+  int32_t* M = group_counters(group_rows_GK, chunk_LR, B, L, R);
+  const int32_t* base_LR = reinterpret_cast<const int32_t*>(chunk_LR);
+  const int32_t lane = int32_t(threadIdx.x % 32u);
+  const int32_t warps = int32_t(gridDim.x * blockDim.x / 32u);
+  int32_t* warp_ids = dynamic_shared<int32_t>() + (threadIdx.x / 32u) * 32u;
+  for (int32_t w = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32u); w < B; w += warps) {
+    const int32_t begin = w * S, n = S < GK - begin ? S : GK - begin;
+    for (int32_t off = 0; off < n; off += 32) {
+      const int32_t i = begin + off + lane;
+      const int32_t l = off + lane < n ? local_expert(idx_GK[i], first, L) : -1;
+      const unsigned peers = warp_peers(l, warp_ids);
+      const unsigned below = peers & ((1u << lane) - 1u);
+      const int32_t counter = l >= 0 ? M[l * B + w] : 0;
+      __syncwarp();  // every peer has read the counter before the lowest one advances it
+      if (l >= 0) {
+        const int32_t t = i / K;
+        const int32_t row = base_LR[l * R + rank_of(tok_off_R, R, t)] + counter + popcount(below);
+        row_token_N[row] = t;
+        row_slot_N[row] = i - t * K;
+        if (below == 0) M[l * B + w] = counter + popcount(peers);
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// group_rows: -1 for every slot (dropped, another rank's expert), then each kept row's slot gets
+// the row (one writer per slot).
+__global__ void group_slot_rows_clear(int32_t* group_rows_GK, const int64_t* rows_L,
+                                      const int64_t* tok_off_R, int32_t R, int32_t L, int32_t K,
+                                      int64_t max_rows) {
+  if (group_rows_placed(rows_L, L, max_rows) < 0) return;
+  const int32_t GK = group_slots(tok_off_R, R, K);
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < uint32_t(GK); i += stride)
+    group_rows_GK[i] = -1;
+}
+__global__ void group_slot_rows(int32_t* group_rows_GK, const int32_t* row_token_N,
+                                const int32_t* row_slot_N, const int64_t* rows_L, int32_t L,
+                                int32_t K, int64_t max_rows) {
+  const int32_t N = group_rows_placed(rows_L, L, max_rows);
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; int64_t(p) < N; p += stride) {
+    const int32_t t = row_token_N[p];
+    if (t >= 0) group_rows_GK[t * K + row_slot_N[p]] = int32_t(p);
+  }
 }
 
 template <typename T>
@@ -444,31 +604,18 @@ __global__ void unpermute_rows_vec(typename Vec16<T>::type* y_TH4,
 }
 
 // Block c copies chunk c (its offsets and row count are in device memory; a negative one moves
-// nothing: the CPU path checks them). W elements a row; the _vec kernel gets W in 16-byte vectors.
-template <typename T>
-__global__ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off,
+// nothing: the CPU path checks them), W elements of V a row. V is the element type, or int4 when
+// every row starts 16-byte aligned: then W counts 16-byte vectors and the bits move unchanged
+// (copy_row_chunks<int4>, SASS-gated for its 16-byte loads).
+template <typename V>
+__global__ void copy_row_chunks(V* dst_NW, const V* src_NW, const int64_t* dst_off,
                                 const int64_t* src_off, const int64_t* rows, int64_t W) {
   const int64_t c = blockIdx.x;
   if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
-  T* dst = dst_NW + dst_off[c] * W;
-  const T* src = src_NW + src_off[c] * W;
+  V* dst = dst_NW + dst_off[c] * W;
+  const V* src = src_NW + src_off[c] * W;
   const int64_t n = rows[c] * W;
   if (n <= 0x7fffffff) {  // the common case: 32-bit indices
-    for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
-      dst[i] = src[i];
-    return;
-  }
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-template <typename T>
-__global__ void copy_row_chunks_vec(int4* dst_NW4, const int4* src_NW4, const int64_t* dst_off,
-                                    const int64_t* src_off, const int64_t* rows, int64_t W4) {
-  const int64_t c = blockIdx.x;
-  if (rows[c] <= 0 || dst_off[c] < 0 || src_off[c] < 0) return;
-  int4* dst = dst_NW4 + dst_off[c] * W4;
-  const int4* src = src_NW4 + src_off[c] * W4;
-  const int64_t n = rows[c] * W4;
-  if (n <= 0x7fffffff) {
     for (int32_t i = int32_t(threadIdx.x); i < int32_t(n); i += int32_t(blockDim.x))
       dst[i] = src[i];
     return;
@@ -484,6 +631,8 @@ constexpr int64_t kMaxGrid = 0x7fffffff;
 // The permutation's smallest tile (slots per warp) and its one-block scans' width.
 constexpr int64_t kTileSlots = 512;
 constexpr int64_t kScanBlock = 1024;
+// The group permutation's grid-stride launches: at most one wave of an H100 (132 SMs x 8 blocks).
+constexpr int64_t kGroupGrid = 1056;
 
 // Threads for a row of n elements: whole warps, at most kBlock.
 unsigned row_block(int64_t n) {
@@ -574,30 +723,57 @@ int64_t build_group_permutation(void* stream, int64_t* rows_L, int32_t* row_toke
                                 int32_t* row_slot_N, int32_t* group_rows_GK, int64_t* chunk_LR,
                                 int64_t* pads, const GroupRouting& g) {
   MOE_KERNEL_CHECK(g.R >= 1 && g.R <= 65535 && g.me >= 0 && g.me < g.R && g.L >= 0 &&
-                       g.L <= kMaxGrid && g.first >= 0 && g.first + g.L <= 0x7fffffff && g.K >= 1 &&
-                       g.max_rows >= 0 && g.max_rows <= 0x7fffffff,
+                       g.L * g.R <= 0x3fffffff && g.first >= 0 && g.first + g.L <= 0x7fffffff &&
+                       g.K >= 1 && g.G >= 0 && g.G <= 0x7fffffff / g.K && g.max_rows >= 0 &&
+                       g.max_rows <= 0x7fffffff,
                    "[build_group_permutation] R=" + std::to_string(g.R) +
                        " me=" + std::to_string(g.me) + " L=" + std::to_string(g.L) +
                        " first=" + std::to_string(g.first) + " K=" + std::to_string(g.K) +
-                       " max_rows=" + std::to_string(g.max_rows) +
-                       ": needs 1 <= R <= 65535 (a block column per rank), 0 <= me < R, L >= 0, "
-                       "expert ids first..first+L within int32, K >= 1 and 0 <= max_rows <= "
-                       "2^31-1 (int32 rows)");
+                       " G=" + std::to_string(g.G) + " max_rows=" + std::to_string(g.max_rows) +
+                       ": needs 1 <= R <= 65535, 0 <= me < R, L R < 2^30 chunks, expert ids "
+                       "first..first+L within int32, K >= 1, G K slots and 0 <= max_rows rows "
+                       "within int32");
   const int32_t* idx = raw_ptr(g.idx_GK);
   const int64_t* tok_off = raw_ptr(g.tok_off_R);
   const int64_t* cap = raw_ptr(g.cap_R);
-  const unsigned block = unsigned(kBlock);
-  if (g.L > 0) {
-    launch("group_chunk_counts", kernels::group_chunk_counts, dim3(unsigned(g.L), unsigned(g.R)),
-           dim3(block), size_t(block / 32 + 1) * sizeof(int64_t), stream, chunk_LR, idx, tok_off,
-           g.R, g.K, g.first);
+  const int32_t R = int32_t(g.R), L = int32_t(g.L), K = int32_t(g.K), first = int32_t(g.first);
+  // Tiles of S >= 2 L slots (a multiple of the warp): L B <= G K whenever there are two tiles or
+  // more, so M fits group_rows' memory (kernels above). The host's G sizes the grids only: the
+  // kernels read the slots from tok_off_R.
+  const int32_t S = int32_t(std::max<int64_t>(kTileSlots, (2 * g.L + 31) / 32 * 32));
+  const int64_t GK = g.G * g.K, B = std::max<int64_t>(1, (GK + S - 1) / S);
+  const auto blocks = [](int64_t threads) {  // grid-stride launches: at most one H100 wave
+    return dim3(unsigned(std::clamp<int64_t>((threads + kBlock - 1) / kBlock, 1, kGroupGrid)));
+  };
+  const dim3 block = dim3(unsigned(kBlock));
+  const size_t warp_ids = size_t(kBlock) * sizeof(int32_t);
+  if (L > 0) {
+    launch("group_zero", kernels::group_zero, blocks(g.L * g.R), block, 0, stream, chunk_LR,
+           int32_t(g.L * g.R));
+    launch("group_counts", kernels::group_counts, blocks(GK), block, warp_ids, stream, chunk_LR,
+           idx, tok_off, R, L, K, first);
   }
   launch("group_chunk_offsets", kernels::group_chunk_offsets, dim3(1), dim3(32), 0, stream, rows_L,
-         pads, chunk_LR, cap, g.R, g.L, g.me, g.max_rows);
-  launch("group_place", kernels::group_place,
-         dim3(unsigned(std::max<int64_t>(g.L, 1)), unsigned(g.R)), dim3(block),
-         size_t(block / 32) * sizeof(int), stream, row_token_N, row_slot_N, group_rows_GK, rows_L,
-         chunk_LR, idx, tok_off, cap, g.R, g.L, g.K, g.first, g.max_rows);
+         pads, chunk_LR, cap, R, L, int32_t(g.me), g.max_rows);
+  launch("group_pad_rows", kernels::group_pad_rows, blocks(g.max_rows), block, 0, stream,
+         row_token_N, row_slot_N, static_cast<const int64_t*>(rows_L), L, g.max_rows);
+  if (L > 0) {
+    launch("group_tile_counts", kernels::group_tile_counts, blocks(B * 32), block, warp_ids, stream,
+           group_rows_GK, chunk_LR, static_cast<const int64_t*>(rows_L), idx, tok_off, R, L, K,
+           first, g.max_rows, S);
+    launch("group_tile_offsets", kernels::group_tile_offsets, dim3(1), dim3(unsigned(kScanBlock)),
+           size_t(kScanBlock / 32) * sizeof(int), stream, group_rows_GK, chunk_LR,
+           static_cast<const int64_t*>(rows_L), tok_off, R, L, K, g.max_rows, S);
+    launch("group_tile_place", kernels::group_tile_place, blocks(B * 32), block, warp_ids, stream,
+           row_token_N, row_slot_N, group_rows_GK, chunk_LR, static_cast<const int64_t*>(rows_L),
+           idx, tok_off, R, L, K, first, g.max_rows, S);
+  }
+  launch("group_slot_rows_clear", kernels::group_slot_rows_clear, blocks(GK), block, 0, stream,
+         group_rows_GK, static_cast<const int64_t*>(rows_L), tok_off, R, L, K, g.max_rows);
+  launch("group_slot_rows", kernels::group_slot_rows, blocks(g.max_rows), block, 0, stream,
+         group_rows_GK, static_cast<const int32_t*>(row_token_N),
+         static_cast<const int32_t*>(row_slot_N), static_cast<const int64_t*>(rows_L), L, K,
+         g.max_rows);
   // N back to the host: the all-gather dispatcher's documented sync (its token-count exchange
   // point). rows_L in pieces of a fixed host buffer: nothing allocates.
   // (ops::read_back's audit and copy, called directly: this is the kernel side of its switch.)
@@ -691,8 +867,8 @@ void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* ds
                    "[copy_row_chunks] chunks=" + std::to_string(n_chunks) +
                        " (0 to 2^31-1, one block each), W=" + std::to_string(W) + " (>= 0)");
   if (n_chunks == 0 || W == 0) return;
-  if (rows_vectorize<T>(dst_NW, src_NW, W)) {
-    launch("copy_row_chunks_vec", kernels::copy_row_chunks_vec<T>, dim3(unsigned(n_chunks)),
+  if (rows_vectorize<T>(dst_NW, src_NW, W)) {  // the same kernel on 16-byte vectors
+    launch("copy_row_chunks<int4>", kernels::copy_row_chunks<int4>, dim3(unsigned(n_chunks)),
            dim3(unsigned(kBlock)), 0, stream, reinterpret_cast<int4*>(dst_NW),
            reinterpret_cast<const int4*>(src_NW), dst_off, src_off, rows,
            W * int64_t(sizeof(T)) / 16);

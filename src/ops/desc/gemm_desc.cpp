@@ -73,6 +73,10 @@ LtMatmulDesc gemm_desc(const GemmCall& call) {
       d.compute = BlasComputeType::F32;  // not _FAST_TF32: full f32 products (library_enums.h)
       d.scale_type = BlasDataType::R32F;
       break;
+    case GemmTypes::F32Tf32:
+      d.compute = BlasComputeType::F32FastTf32;  // f32 in and out, TF32 products (opt-in)
+      d.scale_type = BlasDataType::R32F;
+      break;
     case GemmTypes::F64:
       in = out = BlasDataType::R64F;
       d.compute = BlasComputeType::F64;

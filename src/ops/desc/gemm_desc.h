@@ -16,8 +16,11 @@
 
 namespace moecore::ops::desc {
 
-// The element types of a GEMM: f32, f64, or bf16 operands with f32 output (--bf16).
-enum class GemmTypes : uint8_t { F32, F64, Bf16F32 };
+// The element types of a GEMM and, for f32, its arithmetic: f32 (CUBLAS_COMPUTE_32F, full f32
+// products: the reference), f32 with TF32 products (F32Tf32: f32 operands and output, the inputs
+// rounded to TF32 by the library, CUBLAS_COMPUTE_32F_FAST_TF32; --fp32-matmul-precision high on
+// CUDA), f64, or bf16 operands with f32 output (--bf16).
+enum class GemmTypes : uint8_t { F32, F64, Bf16F32, F32Tf32 };
 
 // The project's operands, to say which one goes in a library slot.
 enum class GemmOperand : uint8_t { A, B };

@@ -15,7 +15,12 @@ const char* blas_data_type_name(BlasDataType t) {
 }
 
 const char* blas_compute_type_name(BlasComputeType t) {
-  return t == BlasComputeType::F32 ? "CUBLAS_COMPUTE_32F" : "CUBLAS_COMPUTE_64F";
+  switch (t) {
+    case BlasComputeType::F32: return "CUBLAS_COMPUTE_32F";
+    case BlasComputeType::F64: return "CUBLAS_COMPUTE_64F";
+    case BlasComputeType::F32FastTf32: return "CUBLAS_COMPUTE_32F_FAST_TF32";
+  }
+  return "?";
 }
 
 }  // namespace moecore::ops::desc

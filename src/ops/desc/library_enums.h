@@ -15,10 +15,12 @@ enum class BlasOp : int32_t { N = 0, T = 1 };
 // cudaDataType_t (library_types.h): the element types of GEMM operands and scales.
 enum class BlasDataType : int32_t { R32F = 0, R64F = 1, R16BF = 14 };
 
-// cublasComputeType_t (cublas_api.h). COMPUTE_32F is full f32 arithmetic: the TF32 variant
-// (CUBLAS_COMPUTE_32F_FAST_TF32 = 77) rounds the inputs to 10 mantissa bits, outside the f32
-// tolerances of docs/numerics.md, so no descriptor ever names it.
-enum class BlasComputeType : int32_t { F32 = 68, F64 = 70 };
+// cublasComputeType_t (cublas_api.h). COMPUTE_32F is full f32 arithmetic, the reference and the
+// default. COMPUTE_32F_FAST_TF32 lets the library round f32 inputs to TF32 (10 explicit mantissa
+// bits) and multiply them on tensor cores, summing in f32: outside the f32 tolerances of
+// docs/numerics.md (its own row there), so only an f32 GEMM asked for it names it
+// (GemmTypes::F32Tf32, --fp32-matmul-precision high on CUDA).
+enum class BlasComputeType : int32_t { F32 = 68, F64 = 70, F32FastTf32 = 77 };
 
 // ncclDataType_t and ncclRedOp_t (nccl.h).
 enum class NcclDataType : int32_t { Int32 = 2, Int64 = 4, Float32 = 7, Float64 = 8, Bfloat16 = 9 };
