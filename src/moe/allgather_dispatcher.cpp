@@ -143,7 +143,8 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::gather_rows(DevPtr<T> out_NH, DevPtr<const T> all_GH) const {
+template <typename R>
+void AllGatherDispatcher<T>::gather_rows(DevPtr<R> out_NH, DevPtr<const R> all_GH) const {
   ops::permute_rows(*ex_, out_NH, all_GH, row_token_N_, plan_.n_rows, H_);  // pad rows: zeros
 }
 
@@ -164,8 +165,35 @@ void AllGatherDispatcher<T>::dispatch(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr<cons
     hx.wait_on(*ex_);
     hp.wait_on(*ex_);
   }
-  gather_rows(x_NH, all_GH_);
+  gather_rows<T>(x_NH, all_GH_);
   ops::gather_row_probs(*ex_, p_N, all_GK_, row_token_N_, row_slot_N_, plan_.n_rows, K_);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N,
+                                              DevPtr<const bf16> x_TH, DevPtr<const T> probs_TK) {
+  const DevPtr<bf16> all16_GH = dev_ptr_cast<bf16>(all_GH_);
+  {
+    ScopedPhase phase(Phase::Communication);
+    parallel::CommHandle hx = ep_.all_gather_v_async(x_TH, all16_GH, tok_elems_R_, DType::BF16);
+    parallel::CommHandle hp =
+        ep_.all_gather_v_async(probs_TK, all_GK_, slot_elems_R_, DTypeOf<T>::value);
+    hx.wait_on(*ex_);
+    hp.wait_on(*ex_);
+  }
+  gather_rows<bf16>(x_NH, all16_GH);
+  ops::gather_row_probs(*ex_, p_N, all_GK_, row_token_N_, row_slot_N_, plan_.n_rows, K_);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::combine_backward16_start(DevPtr<bf16> dy_NH,
+                                                      DevPtr<const bf16> dy_TH) {
+  const DevPtr<bf16> all16_GH = dev_ptr_cast<bf16>(all_GH_);
+  {
+    ScopedPhase phase(Phase::Communication);
+    ep_.all_gather_v_async(dy_TH, all16_GH, tok_elems_R_, DType::BF16).wait_on(*ex_);
+  }
+  gather_rows<bf16>(dy_NH, all16_GH);
 }
 
 template <typename T>
@@ -183,7 +211,7 @@ void AllGatherDispatcher<T>::combine_backward(DevPtr<T> dy_NH, DevPtr<const T> d
     ScopedPhase phase(Phase::Communication);
     ep_.all_gather_v_async(dy_TH, all_GH_, tok_elems_R_, DTypeOf<T>::value).wait_on(*ex_);
   }
-  gather_rows(dy_NH, all_GH_);
+  gather_rows<T>(dy_NH, all_GH_);
 }
 
 template <typename T>

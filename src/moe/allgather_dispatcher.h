@@ -46,10 +46,15 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
   void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
                          DevPtr<const T> dp_N) override;
+  // bf16 rows: gathered as bf16 into the first half of the row workspace.
+  void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                        DevPtr<const T> probs_TK) override;
+  void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
 
  private:
   const Exec* ex_ = &cpu_exec();                       // the arena's, from allocate()
-  void gather_rows(DevPtr<T> out_NH, DevPtr<const T> all_GH) const;  // pad rows zero
+  template <typename R>
+  void gather_rows(DevPtr<R> out_NH, DevPtr<const R> all_GH) const;  // pad rows zero
   // The sum of each token's local copies.
   void scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const;
 

@@ -186,15 +186,17 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
 }
 
 template <typename T>
-parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(DevPtr<const T> send,
+template <typename R>
+parallel::CommHandle AlltoAllDispatcher<T>::start_a2a(DevPtr<const R> send,
                                                       const std::vector<int64_t>& send_counts,
-                                                      DevPtr<T> recv,
+                                                      DevPtr<R> recv,
                                                       const std::vector<int64_t>& recv_counts) {
-  return ep_.all_to_all_v_async(send, send_counts, recv, recv_counts, DTypeOf<T>::value);
+  return ep_.all_to_all_v_async(send, send_counts, recv, recv_counts, DTypeOf<R>::value);
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const {
+template <typename R>
+void AlltoAllDispatcher<T>::sort_chunks(DevPtr<R> out_NW, DevPtr<const R> recv_W, int64_t W) const {
   ops::copy_row_chunks(*ex_, out_NW, recv_W, sort_off_dev_RL_, recv_off_dev_RL_, chunk_dev_RL_,
                        P_ * R_ * L_, W);
 }
@@ -207,12 +209,12 @@ void AlltoAllDispatcher<T>::unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_N
 }
 
 template <typename T>
-void AlltoAllDispatcher<T>::etp_gather(DevPtr<T> all_W, DevPtr<const T> mine_W,
+template <typename R>
+void AlltoAllDispatcher<T>::etp_gather(DevPtr<R> all_W, DevPtr<const R> mine_W,
                                        const std::vector<int64_t>& counts_P) {
   if (P_ == 1) return;
   ScopedPhase phase(Phase::Communication);
-  etp_->all_gather_v_async(mine_W, all_W, counts_P, DTypeOf<T>::value)
-      .wait_on(*ex_);
+  etp_->all_gather_v_async(mine_W, all_W, counts_P, DTypeOf<R>::value).wait_on(*ex_);
 }
 
 template <typename T>
@@ -272,9 +274,23 @@ void AlltoAllDispatcher<T>::dispatch_start(DevPtr<T> x_NH, DevPtr<T> p_N, DevPtr
   begin(Pending::Dispatch);
   local_.dispatch(send_SH_, send_p_S_, x_TH, probs_TK);
   ScopedPhase phase(Phase::Communication);
-  rows_in_flight_ = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
-  probs_in_flight_ = start_a2a(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
+  rows_in_flight_ = start_a2a<T>(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
+  probs_in_flight_ = start_a2a<T>(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
   out_rows_ = x_NH;
+  out_rows16_ = nullptr;
+  out_probs_ = p_N;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N,
+                                             DevPtr<const bf16> x_TH, DevPtr<const T> probs_TK) {
+  begin(Pending::Dispatch);
+  local_.dispatch16(send16_SH(), send_p_S_, x_TH, probs_TK);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a<bf16>(send16_SH(), send_elems_R_, recv16_NH(), recv_elems_R_);
+  probs_in_flight_ = start_a2a<T>(send_p_S_, send_rows_R_, recv_p_N_, recv_rows_R_);
+  out_rows_ = nullptr;
+  out_rows16_ = x_NH;
   out_probs_ = p_N;
 }
 
@@ -282,10 +298,18 @@ template <typename T>
 void AlltoAllDispatcher<T>::dispatch_finish() {
   end(Pending::Dispatch);
   wait_in_flight();
-  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
-  etp_gather(gath_p_N_, recv_p_N_, etp_rows_P_);
-  sort_chunks(out_rows_, rows_NH(), H_);
-  sort_chunks(out_probs_, rows_p_N(), 1);
+  if (out_rows16_) {
+    etp_gather<bf16>(rows16_NH(), recv16_NH(), etp_elems_P_);
+  } else {
+    etp_gather<T>(gath_NH_, recv_NH_, etp_elems_P_);
+  }
+  etp_gather<T>(gath_p_N_, recv_p_N_, etp_rows_P_);
+  if (out_rows16_) {
+    sort_chunks<bf16>(out_rows16_, rows16_NH(), H_);
+  } else {
+    sort_chunks<T>(out_rows_, rows_NH(), H_);
+  }
+  sort_chunks<T>(out_probs_, rows_p_N(), 1);
 }
 
 template <typename T>
@@ -294,7 +318,7 @@ void AlltoAllDispatcher<T>::combine_start(DevPtr<T> y_TH, DevPtr<const T> y_NH) 
   unsort_chunks(rows_NH(), y_NH, H_);
   etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);  // the experts' partial sums over F
   ScopedPhase phase(Phase::Communication);
-  rows_in_flight_ = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
+  rows_in_flight_ = start_a2a<T>(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
   out_rows_ = y_TH;
 }
 
@@ -310,16 +334,32 @@ void AlltoAllDispatcher<T>::combine_backward_start(DevPtr<T> dy_NH, DevPtr<const
   begin(Pending::CombineBackward);
   local_.combine_backward(send_SH_, dy_TH);
   ScopedPhase phase(Phase::Communication);
-  rows_in_flight_ = start_a2a(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
+  rows_in_flight_ = start_a2a<T>(send_SH_, send_elems_R_, recv_NH_, recv_elems_R_);
   out_rows_ = dy_NH;
+  out_rows16_ = nullptr;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) {
+  begin(Pending::CombineBackward);
+  local_.combine_backward16(send16_SH(), dy_TH);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a<bf16>(send16_SH(), send_elems_R_, recv16_NH(), recv_elems_R_);
+  out_rows_ = nullptr;
+  out_rows16_ = dy_NH;
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::combine_backward_finish() {
   end(Pending::CombineBackward);
   wait_in_flight();
-  etp_gather(gath_NH_, recv_NH_, etp_elems_P_);
-  sort_chunks(out_rows_, rows_NH(), H_);
+  if (out_rows16_) {
+    etp_gather<bf16>(rows16_NH(), recv16_NH(), etp_elems_P_);
+    sort_chunks<bf16>(out_rows16_, rows16_NH(), H_);
+    return;
+  }
+  etp_gather<T>(gath_NH_, recv_NH_, etp_elems_P_);
+  sort_chunks<T>(out_rows_, rows_NH(), H_);
 }
 
 template <typename T>
@@ -331,8 +371,8 @@ void AlltoAllDispatcher<T>::dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> d
   etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);
   etp_reduce_scatter(recv_p_N_, gath_p_N_, etp_rows_P_);
   ScopedPhase phase(Phase::Communication);
-  rows_in_flight_ = start_a2a(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
-  probs_in_flight_ = start_a2a(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
+  rows_in_flight_ = start_a2a<T>(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
+  probs_in_flight_ = start_a2a<T>(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
   out_rows_ = dx_TH;
   out_probs_ = dprobs_TK;
 }

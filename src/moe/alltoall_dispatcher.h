@@ -72,25 +72,37 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   void dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
                                DevPtr<const T> dp_N) override;
   void dispatch_backward_finish() override;
+  // bf16 rows: sent, received and ETP-gathered as bf16 in the first half of the row workspaces,
+  // then sorted as the T rows are.
+  void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                        DevPtr<const T> probs_TK) override;
+  void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
   bool in_flight() const override { return !rows_in_flight_.done() || !probs_in_flight_.done(); }
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // Counts per EP rank in elements: rows (x H) for tokens, rows for probs. Forward (dispatch)
   // sends with send_*, receives with recv_*; backward (combine) swaps them.
-  parallel::CommHandle start_a2a(DevPtr<const T> send, const std::vector<int64_t>& send_counts,
-                                 DevPtr<T> recv, const std::vector<int64_t>& recv_counts);
-  // [p][r][l] -> [l][p][r] and back.
-  void sort_chunks(DevPtr<T> out_NW, DevPtr<const T> recv_W, int64_t W) const;
+  template <typename R>
+  parallel::CommHandle start_a2a(DevPtr<const R> send, const std::vector<int64_t>& send_counts,
+                                 DevPtr<R> recv, const std::vector<int64_t>& recv_counts);
+  // [p][r][l] -> [l][p][r] and back (rows of T or bf16).
+  template <typename R>
+  void sort_chunks(DevPtr<R> out_NW, DevPtr<const R> recv_W, int64_t W) const;
   void unsort_chunks(DevPtr<T> recv_W, DevPtr<const T> in_NW, int64_t W) const;
   // ETP > 1: the all-to-all outputs of the ETP group gathered ([p][r][l]) and the partial sums
   // reduce-scattered back into this rank's all-to-all rows (counts: etp_elems_P_ for rows,
   // etp_rows_P_ for probs). No-ops at ETP = 1.
-  void etp_gather(DevPtr<T> all_W, DevPtr<const T> mine_W, const std::vector<int64_t>& counts_P);
+  template <typename R>
+  void etp_gather(DevPtr<R> all_W, DevPtr<const R> mine_W, const std::vector<int64_t>& counts_P);
   void etp_reduce_scatter(DevPtr<T> mine_W, DevPtr<const T> all_W,
                           const std::vector<int64_t>& counts_P);
   // The rows the experts see in [p][r][l] order: the ETP gather's buffer, or the all-to-all's.
   DevPtr<T> rows_NH() const { return P_ > 1 ? gath_NH_ : recv_NH_; }
+  // The bf16 rows' views of the row workspaces (their first halves).
+  DevPtr<bf16> send16_SH() const { return dev_ptr_cast<bf16>(send_SH_); }
+  DevPtr<bf16> recv16_NH() const { return dev_ptr_cast<bf16>(recv_NH_); }
+  DevPtr<bf16> rows16_NH() const { return dev_ptr_cast<bf16>(rows_NH()); }
   DevPtr<T> rows_p_N() const { return P_ > 1 ? gath_p_N_ : recv_p_N_; }
 
   int64_t E_, K_, H_, L_, R_, me_;
@@ -132,6 +144,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // dispatch and its backward) and where the finish puts its result.
   parallel::CommHandle rows_in_flight_, probs_in_flight_;
   DevPtr<T> out_rows_ = nullptr;   // x_NH, y_TH, dy_NH or dx_TH
+  DevPtr<bf16> out_rows16_ = nullptr;  // x_NH or dy_NH of a bf16 phase (else null)
   DevPtr<T> out_probs_ = nullptr;  // p_N or dprobs_TK
   // The phase started and not finished (a finish without its start, or a second start, is a
   // sequencing bug: the MoE layer's, not the data's).

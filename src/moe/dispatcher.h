@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/arena.h"
+#include "core/dtype.h"
 #include "moe/config.h"
 
 namespace moecore::parallel {
@@ -102,6 +103,24 @@ class TokenDispatcher {
     dispatch_backward(dx_TH, dprobs_TK, dx_NH, dp_N);
   }
   virtual void dispatch_backward_finish() {}
+  // --bf16 (T = float): the rows that feed nothing but the experts' bf16 GEMMs move as bf16: the
+  // tokens (dispatch) and, without MLP biases, the output gradient (combine's backward). The
+  // caller casts them once in token order; a cast commutes with moving rows, so the expert rows
+  // are bitwise the cast of the T forms' rows, and the permutation, the all-to-all and the ETP
+  // gather move half the bytes. The probs stay T. Each has the T form's start / finish split
+  // and shares its finish (dispatch_finish, combine_backward_finish).
+  virtual void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                                DevPtr<const T> probs_TK) = 0;
+  virtual void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) = 0;
+  void dispatch16(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                  DevPtr<const T> probs_TK) {
+    dispatch16_start(x_NH, p_N, x_TH, probs_TK);
+    dispatch_finish();
+  }
+  void combine_backward16(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) {
+    combine_backward16_start(dy_NH, dy_TH);
+    combine_backward_finish();
+  }
   // True between a *_start that left a collective in flight and its *_finish: the MoE layer
   // counts the shared-expert work that ran in that window (MoELayer::shared_expert_overlaps).
   virtual bool in_flight() const { return false; }
@@ -128,6 +147,9 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   void combine_backward(DevPtr<T> dy_NH, DevPtr<const T> dy_TH) override;
   void dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
                          DevPtr<const T> dp_N) override;
+  void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                        DevPtr<const T> probs_TK) override;
+  void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()

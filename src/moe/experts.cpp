@@ -1,5 +1,7 @@
 #include "moe/experts.h"
 
+#include <type_traits>
+
 #include "core/check.h"
 #include "ops/memory.h"
 
@@ -105,10 +107,22 @@ void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<con
 }
 
 template <typename T>
-void GroupedExperts<T>::backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH) {
+void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const bf16> x16_NH, DevPtr<const T> p_N,
+                                DevPtr<const int64_t> rows_per_expert_L, int64_t N) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (sh_.bias && !adds_fc2_bias()) ops::zero(*saved_.ex, zero_bias_LH_, L_ * sh_.H);
+    nn::mlp_forward(saved_, y_NH, x16_NH, p_N, rows_per_expert_L, L_, N, values(), sh_);
+  } else {
+    MOE_FAIL("[experts] bf16 input rows are for the f32 model under --bf16");
+  }
+}
+
+template <typename T>
+void GroupedExperts<T>::backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH,
+                                 DevPtr<const bf16> dy16_NH) {
   nn::MlpParams<DevPtr<T>> grad = nn::mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, fc2_bias_);
   if (sh_.bias && !adds_fc2_bias()) grad.fc2_bias = dropped_bias_grad_LH_;
-  nn::mlp_backward(saved_, dx_NH, dp_N, grad, dy_NH, values(), sh_, da_, dh_);
+  nn::mlp_backward(saved_, dx_NH, dp_N, grad, dy_NH, values(), sh_, da_, dh_, dy16_NH);
 }
 
 template class GroupedExperts<float>;

@@ -35,11 +35,20 @@ class GroupedExperts {
   // Not with biases: fc2's bias gradient sums dy's f32 values.
   void output_grad_rounded();
   bool has_bias() const { return sh_.bias; }
+  // --bf16 (after allocate()): the GEMMs read bf16 (native, or widened), so the rows may arrive
+  // cast to bf16 (the bf16 forms below).
+  bool reads_bf16_rows() const { return saved_.gemm16; }
   // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
   void forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
                DevPtr<const int64_t> rows_per_expert_L, int64_t N);
-  // dx, dp assigned; weight and bias grads accumulated.
-  void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH);
+  // The same on rows cast to bf16 (reads_bf16_rows()), kept by the caller until the backward:
+  // bitwise the forward on the f32 rows they were cast from.
+  void forward(DevPtr<T> y_NH, DevPtr<const bf16> x16_NH, DevPtr<const T> p_N,
+               DevPtr<const int64_t> rows_per_expert_L, int64_t N);
+  // dx, dp assigned; weight and bias grads accumulated. dy16_NH: dy cast to bf16 instead (no
+  // biases; dy_NH then null), bitwise the backward on the f32 dy it was cast from.
+  void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH,
+                DevPtr<const bf16> dy16_NH = nullptr);
 
   int64_t num_local() const { return L_; }
   const TpShard& etp() const { return etp_; }

@@ -91,6 +91,18 @@ void LocalDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
   ops::scatter_row_probs(*ex_, dprobs_TK, dp_N, plan_.token_rows_TK, plan_.n_tok * K_);
 }
 
+template <typename T>
+void LocalDispatcher<T>::dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
+                                          DevPtr<const T> probs_TK) {
+  ops::permute_rows(*ex_, x_NH, x_TH, plan_.row_token_N, plan_.n_rows, H_);
+  ops::gather_row_probs(*ex_, p_N, probs_TK, plan_.row_token_N, plan_.row_slot_N, plan_.n_rows, K_);
+}
+
+template <typename T>
+void LocalDispatcher<T>::combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) {
+  ops::permute_rows(*ex_, dy_NH, dy_TH, plan_.row_token_N, plan_.n_rows, H_);
+}
+
 template class LocalDispatcher<float>;
 template class LocalDispatcher<double>;
 

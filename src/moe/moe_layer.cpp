@@ -59,25 +59,40 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dispatcher_->allocate(a, max_tokens);
   const int64_t rows = dispatcher_->max_rows(max_tokens);
   experts_.allocate(a, rows, nn::MlpRecompute{recompute_.moe, recompute_.moe_act});
-  // Widened bf16: the input feeds the router in f32 and, as bf16 values, the experts' and the
-  // shared expert's fc1 GEMMs; it is rounded once into x16w_TH_, which the dispatch permutes
-  // (rounding commutes with it), instead of at each of those GEMMs. The same for the output's
-  // gradient, which feeds only the fc2 GEMMs: dy16w_TH_ (not with biases, whose gradients
-  // sum dy's f32 values).
-  round_rows_ = experts_.widened_bf16();
-  round_dy_ = round_rows_ && !experts_.has_bias();
+  // --bf16: the input feeds the router in f32 and, as bf16, the experts' fc1 GEMMs: it is cast
+  // once into x16_TH_ (consumed by the dispatch's start) and the dispatch moves bf16 rows
+  // (rows16_). The same for the output's gradient, which feeds only the fc2 GEMMs (dy16_; not
+  // with biases, whose gradients sum dy's f32 values).
+  rows16_ = std::is_same_v<T, float> && bf16_dispatch_ && experts_.reads_bf16_rows();
+  dy16_ = rows16_ && !experts_.has_bias();
+  // Widened bf16: the shared expert's fc1 GEMM (and, with f32 rows, the experts') reads the
+  // input's bf16 values, rounded once into x16w_TH_ (rounding commutes with the permutation)
+  // instead of at each GEMM; the output's gradient the same, dy16w_TH_.
+  const bool widened = experts_.widened_bf16();
+  round_rows_ = widened && (!rows16_ || shared_ != nullptr);
+  round_dy_ = widened && !experts_.has_bias() && (!dy16_ || shared_ != nullptr);
   if (round_rows_) {
-    experts_.input_rounded();
+    if (!rows16_) experts_.input_rounded();
     x16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.x_bf16_values");
   }
   if (round_dy_) {
-    experts_.output_grad_rounded();
+    if (!dy16_) experts_.output_grad_rounded();
     dy16w_TH_ = a.alloc<T>(max_tokens * H_, "moe.dy_bf16_values", MemKind::Workspace);
   }
-  x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
+  if (rows16_) {
+    x16_TH_ = a.alloc<bf16>(max_tokens * H_, "moe.x_bf16", MemKind::Workspace);
+    x16_NH_ = a.alloc<bf16>(rows * H_, "moe.x_rows");
+  } else {
+    x_NH_ = a.alloc<T>(rows * H_, "moe.x_rows");
+  }
   p_N_ = a.alloc<T>(rows, "moe.p_rows");
   y_NH_ = a.alloc<T>(rows * H_, "moe.y_rows", MemKind::Workspace);
-  dy_NH_ = a.alloc<T>(rows * H_, "moe.dy_rows", MemKind::Workspace);
+  if (dy16_) {
+    dy16_TH_ = a.alloc<bf16>(max_tokens * H_, "moe.dy_bf16", MemKind::Workspace);
+    dy16_NH_ = a.alloc<bf16>(rows * H_, "moe.dy_rows", MemKind::Workspace);
+  } else {
+    dy_NH_ = a.alloc<T>(rows * H_, "moe.dy_rows", MemKind::Workspace);
+  }
   dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
@@ -106,14 +121,17 @@ void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool r
     plan_ = &dispatcher_->plan(rs.idx_TK, n_tok, pad_to_capacity_ ? rs.capacity : 0);
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (round_rows_) {
-      ScopedPhase phase(Phase::Gemm);  // where the GEMMs' own rounding was counted
-      ops::round_f32_to_bf16(*ex_, x16w_TH_, x_TH, n_tok * H_);
-    }
+    ScopedPhase phase(Phase::Gemm);  // where the GEMMs' own rounding was counted
+    if (round_rows_) ops::round_f32_to_bf16(*ex_, x16w_TH_, x_TH, n_tok * H_);
+    if (rows16_) ops::cast_f32_to_bf16(*ex_, x16_TH_, x_TH, n_tok * H_);
   }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->dispatch_start(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
+    if (rows16_) {
+      dispatcher_->dispatch16_start(x16_NH_, p_N_, x16_TH_, rs.probs_TK);
+    } else {
+      dispatcher_->dispatch_start(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
+    }
   }
   // --moe-shared-expert-overlap: the shared expert reads only the layer's input, so it runs
   // while the dispatch's all-to-all is in flight; its output waits in its own buffer until the
@@ -128,7 +146,11 @@ void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool r
 template <typename T>
 void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
   route_and_dispatch(x_TH, n_tok, recompute, overlap_shared_);
-  experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+  if (rows16_) {
+    experts_.forward(y_NH_, x16_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+  } else {
+    experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+  }
   {
     ScopedPhase phase(Phase::Permute);
     dispatcher_->combine_start(y_TH, y_NH_);
@@ -146,15 +168,20 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
   if (recompute_.moe) route_and_dispatch(x_TH_, n_tok_, /*recompute=*/true, false);
   DevPtr<const T> dy_in = dy_TH;  // what the experts' and the shared expert's GEMMs read
   if constexpr (std::is_same_v<T, float>) {
+    ScopedPhase phase(Phase::Gemm);
     if (round_dy_) {
-      ScopedPhase phase(Phase::Gemm);
       ops::round_f32_to_bf16(*ex_, dy16w_TH_, dy_TH, n_tok_ * H_);
       dy_in = dy16w_TH_;
     }
+    if (dy16_) ops::cast_f32_to_bf16(*ex_, dy16_TH_, dy_TH, n_tok_ * H_);
   }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->combine_backward_start(dy_NH_, dy_in);
+    if (dy16_) {
+      dispatcher_->combine_backward16_start(dy16_NH_, dy16_TH_);
+    } else {
+      dispatcher_->combine_backward_start(dy_NH_, dy_in);
+    }
   }
   // --moe-shared-expert-overlap: the shared expert's backward reads only dy (and what its
   // forward kept): it runs while dy's all-to-all to the experts is in flight, and its input
@@ -167,7 +194,7 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
     ScopedPhase phase(Phase::Permute);
     dispatcher_->combine_backward_finish();
   }
-  experts_.backward(dx_NH_, dp_N_, dy_NH_);
+  experts_.backward(dx_NH_, dp_N_, dy_NH_, dy16_NH_);
   {
     ScopedPhase phase(Phase::Permute);
     dispatcher_->dispatch_backward_start(dx_TH, dprobs_TK_, dx_NH_, dp_N_);

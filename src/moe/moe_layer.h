@@ -36,6 +36,16 @@ class MoELayer {
   // activation; "shared_experts" the shared expert's fc1 and activation (shared_experts.h:
   // with the gate, what its backward needs).
   void allocate(Arena& arena, int64_t max_tokens);
+  // --bf16 (T = float, the experts' GEMMs on bf16 copies of their weights): the tokens are cast
+  // to bf16 once before the dispatch and the permutation, all-to-all and ETP gather move bf16
+  // rows, which the experts' fc1 GEMMs read as they are; without MLP biases the output gradient
+  // takes the same way through the combine's backward to the fc2 GEMMs. Bitwise what the f32
+  // rows gave (the GEMMs cast them to bf16 themselves), with half the bytes moved and the saved
+  // expert rows half the size. On by default; off (before allocate()) moves f32 rows as before,
+  // which the tests compare with.
+  void set_bf16_dispatch(bool on) { bf16_dispatch_ = on; }
+  bool bf16_rows() const { return rows16_; }   // after allocate(): the tokens move as bf16
+  bool bf16_dy_rows() const { return dy16_; }  // the output gradient too
   // recompute: the backward's rerun of the last forward (full recomputation of the layer).
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute = false);
   // dx assigned; loss_grad_scale multiplies the aux/z-loss gradients.
@@ -79,9 +89,13 @@ class MoELayer {
   int64_t seq_length_;
   bool pad_to_capacity_;
   // Widened bf16 without MLP biases: dy is rounded once too, dy16w_TH_ (fc2's bias gradients
-  // need dy's f32 values, so with biases the experts round it themselves).
+  // need dy's f32 values, so with biases the experts round it themselves). With bf16 rows only
+  // for the shared expert.
   bool round_dy_ = false;
   bool round_rows_ = false;  // widened bf16: the GEMMs read the input's bf16 values, x16w_TH_
+  bool bf16_dispatch_ = true;
+  bool rows16_ = false;  // the tokens dispatched as bf16: x16_TH_ -> x16_NH_
+  bool dy16_ = false;    // the output gradient too: dy16_TH_ -> dy16_NH_ (no MLP biases)
   RecomputeModules recompute_;
   Router<T> router_;
   std::unique_ptr<TokenDispatcher<T>> dispatcher_;
@@ -96,6 +110,10 @@ class MoELayer {
   DevPtr<const T> gemm_input(DevPtr<const T> x_TH) const {
     return round_rows_ ? DevPtr<const T>(x16w_TH_) : x_TH;
   }
+  DevPtr<bf16> x16_TH_ = nullptr;
+  DevPtr<bf16> x16_NH_ = nullptr;
+  DevPtr<bf16> dy16_TH_ = nullptr;
+  DevPtr<bf16> dy16_NH_ = nullptr;
   DevPtr<T> x_NH_ = nullptr;
   DevPtr<T> p_N_ = nullptr;
   DevPtr<T> y_NH_ = nullptr;

@@ -31,6 +31,7 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   s.recompute_act = recompute.fc1 || recompute.act;
   const bool use16 =
       std::is_same_v<T, float> && fc1 != nullptr && fc2 != nullptr && fc1->has_bf16_copy();
+  s.gemm16 = use16;
   s.widened = use16 && fc1->has_data16w && fc2->has_data16w;
   s.x_rounded = s.dy_rounded = false;  // until the owner says otherwise
   const int64_t F1 = sh.F1();
@@ -132,16 +133,23 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
     if constexpr (std::is_same_v<T, float>) {
       if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
         DevPtr<const float> x32 = s.x_NH;
-        if (!s.x_rounded) {
+        if (s.x16_NH) {  // bf16 rows: widened, exact
+          ops::cast_bf16_to_f32(*s.ex, s.ws32, s.x16_NH, s.N * sh.H);
+          x32 = s.ws32;
+        } else if (!s.x_rounded) {
           ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
           x32 = s.ws32;
         }
         return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1);
       }
       if (s.fc1_16 != nullptr) {
-        ops::cast_f32_to_bf16(*s.ex, s.ws_a16, s.x_NH, s.N * sh.H);
-        return ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, s.fc1_16, true,
-                                      s.h_NF1, s.ws32, s.fc1_16w);
+        DevPtr<const bf16> x16 = s.x16_NH;
+        if (!x16) {
+          ops::cast_f32_to_bf16(*s.ex, s.ws_a16, s.x_NH, s.N * sh.H);
+          x16 = s.ws_a16;
+        }
+        return ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, F1, sh.H, x16, s.fc1_16, true, s.h_NF1,
+                                      s.ws32, s.fc1_16w);
       }
     }
     ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1);
@@ -161,14 +169,11 @@ void act_forward(const MlpSaved<T>& s, MlpShape sh) {
   act_fwd<T>(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
 }
 
-}  // namespace
-
+// The forward from s's input rows (x_NH, or x16_NH).
 template <typename T>
-void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
-                 DevPtr<const int64_t> m_G, int64_t G, int64_t N,
-                 const MlpParams<DevPtr<const T>>& w, MlpShape sh) {
+void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<const int64_t> m_G,
+                  int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh) {
   check_biases(w, sh, "forward");
-  s.x_NH = x_NH;
   s.p_N = p_N;
   s.m_G = m_G;
   s.G = G;
@@ -192,15 +197,36 @@ void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<co
   if (w.fc2_bias != nullptr) ops::grouped_bias_forward(*s.ex, y_NH, w.fc2_bias, p_N, m_G, G, sh.H);
 }
 
+}  // namespace
+
+template <typename T>
+void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
+                 DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                 const MlpParams<DevPtr<const T>>& w, MlpShape sh) {
+  s.x_NH = x_NH;
+  s.x16_NH = nullptr;
+  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh);
+}
+
+void mlp_forward(MlpSaved<float>& s, DevPtr<float> y_NH, DevPtr<const bf16> x16_NH,
+                 DevPtr<const float> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                 const MlpParams<DevPtr<const float>>& w, MlpShape sh) {
+  MOE_CHECK(s.gemm16, "[mlp] bf16 input rows need the weights' bf16 copies (--bf16)");
+  s.x_NH = nullptr;
+  s.x16_NH = x16_NH;
+  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh);
+}
+
 template <typename T>
 void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
                   const MlpParams<DevPtr<T>>& grad, DevPtr<const T> dy_NH,
                   const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> da_NF,
-                  DevPtr<T> dh_NF1) {
+                  DevPtr<T> dh_NF1, DevPtr<const bf16> dy16_NH) {
   check_biases(w, sh, "backward");
   check_biases(grad, sh, "backward (gradients)");
-  MOE_CHECK(!(sh.bias && s.dy_rounded),
+  MOE_CHECK(!(sh.bias && (s.dy_rounded || dy16_NH)),
             "[mlp] dy arrives rounded to bf16, but fc2's bias gradient needs its f32 values");
+  MOE_CHECK(!dy16_NH || s.gemm16, "[mlp] a bf16 dy needs the weights' bf16 copies (--bf16)");
   const int64_t F1 = sh.F1();
   // Recomputation: the forward's arithmetic again, so the values are bitwise the forward's.
   if (s.recompute_fc1) fc1_forward(s, w.fc1, w.fc1_bias, sh);
@@ -222,7 +248,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
     if (s.widened) {  // f32 GEMMs on bf16 values: dy, x rounded; a, dh written so
       DevPtr<float> x32 = s.ws32;
       DevPtr<const float> dy32 = dy_NH;
-      if (!s.dy_rounded) {
+      if (dy16_NH) {  // bf16 rows: widened, exact
+        ops::cast_bf16_to_f32(*s.ex, s.ws32 + s.N * sh.H, dy16_NH, s.N * sh.H);
+        dy32 = s.ws32 + s.N * sh.H;
+      } else if (!s.dy_rounded) {
         ops::round_f32_to_bf16(*s.ex, s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
         dy32 = s.ws32 + s.N * sh.H;
       }
@@ -236,7 +265,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
       }
       DevPtr<const float> x_in = s.x_NH;
-      if (!s.x_rounded) {
+      if (s.x16_NH) {
+        ops::cast_bf16_to_f32(*s.ex, x32, s.x16_NH, s.N * sh.H);
+        x_in = x32;
+      } else if (!s.x_rounded) {
         ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
         x_in = x32;
       }
@@ -245,11 +277,14 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
       return;
     }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
-      ops::cast_f32_to_bf16(*s.ex, s.ws_a16, dy_NH, s.N * sh.H);
-      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.F, sh.H, s.ws_a16, s.fc2_16, false, da_NF,
-                             s.ws32, s.fc2_16w);
-      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, s.ws_a16, s.a16_NF, grad.fc2,
-                                   s.ws32);
+      DevPtr<const bf16> dy16 = dy16_NH;
+      if (!dy16) {
+        ops::cast_f32_to_bf16(*s.ex, s.ws_a16, dy_NH, s.N * sh.H);
+        dy16 = s.ws_a16;
+      }
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.F, sh.H, dy16, s.fc2_16, false, da_NF, s.ws32,
+                             s.fc2_16w);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, dy16, s.a16_NF, grad.fc2, s.ws32);
       // dh only feeds fc1's GEMMs: written as bf16 straight away (with biases, its f32 values
       // first, for the fc1 bias gradient, then their cast: the bf16 kernel's output bitwise).
       if (sh.bias) {
@@ -259,11 +294,14 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
       } else {
         act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
       }
-      ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
+      DevPtr<const bf16> x16 = s.x16_NH;
+      if (!x16) {
+        ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
+        x16 = s.ws_b16;
+      }
       ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
                              s.fc1_16w);
-      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, s.ws_b16, grad.fc1,
-                                   s.ws32);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32);
       return;
     }
   }
@@ -378,7 +416,7 @@ void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
                                const MlpParams<DevPtr<const T>>&, MlpShape);                  \
   template void mlp_backward<T>(                                                              \
       const MlpSaved<T>&, DevPtr<T>, DevPtr<T>, const MlpParams<DevPtr<T>>&, DevPtr<const T>, \
-      const MlpParams<DevPtr<const T>>&, MlpShape, DevPtr<T>, DevPtr<T>);                     \
+      const MlpParams<DevPtr<const T>>&, MlpShape, DevPtr<T>, DevPtr<T>, DevPtr<const bf16>); \
   template class MLP<T>;
 MOECORE_INSTANTIATE(float)
 MOECORE_INSTANTIATE(double)

@@ -75,6 +75,9 @@ struct MlpSaved {
   // and then a (recompute_fc1); those buffers are MemKind::Recomputed.
   bool recompute_fc1 = false;
   bool recompute_act = false;
+  // --bf16: the GEMMs read the weights' bf16 copies (native or widened; known in both of the
+  // arena's passes, unlike the copies' addresses below).
+  bool gemm16 = false;
   // --bf16: the bf16 copies of fc1/fc2 (set by the owner at allocation; null: f32 GEMMs) and
   // two bf16 workspaces of max_rows * max(F1, H) for the other GEMM inputs.
   DevPtr<const bf16> fc1_16 = nullptr;
@@ -88,6 +91,11 @@ struct MlpSaved {
   // it again. Set by the owner after allocation; the forward's recomputation must then hold too.
   bool x_rounded = false;
   bool dy_rounded = false;  // the same for the backward's dy_NH (never with biases)
+  // --bf16, rows that arrive as bf16 (mlp_forward's bf16 form; x_NH then null): the owner cast
+  // them once before moving them (the MoE layer's dispatch). The native GEMMs read them as they
+  // are, the widened path widens them into ws32 (exact): both compute what the cast of the f32
+  // rows gave, bitwise. Kept by the owner until the backward, like x_NH.
+  DevPtr<const bf16> x16_NH = nullptr;
   DevPtr<bf16> ws_a16 = nullptr;
   DevPtr<bf16> ws_b16 = nullptr;
   // f32 operands of the widened-bf16 GEMM path (null on the native one).
@@ -112,14 +120,20 @@ template <typename T>
 void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
                  DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                  const MlpParams<DevPtr<const T>>& w, MlpShape sh);
+// The same on input rows already cast to bf16 (MlpSaved::x16_NH): --bf16 only (the weights'
+// bf16 copies allocated), bitwise mlp_forward on the f32 rows they were cast from.
+void mlp_forward(MlpSaved<float>& s, DevPtr<float> y_NH, DevPtr<const bf16> x16_NH,
+                 DevPtr<const float> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                 const MlpParams<DevPtr<const float>>& w, MlpShape sh);
 // dx assigned, dp assigned (if p and dp non-null), every parameter gradient in `grad`
 // accumulated. da_NF [N, F] and dh_NF1 [N, F1] are workspace. Recomputes first what
-// s.recompute_* say was not kept.
+// s.recompute_* say was not kept. dy16_NH (--bf16, no biases; dy_NH then null): dy already cast
+// to bf16 by the owner, which the GEMMs read as they would read the cast of dy_NH (bitwise).
 template <typename T>
 void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
                   const MlpParams<DevPtr<T>>& grad, DevPtr<const T> dy_NH,
                   const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> da_NF,
-                  DevPtr<T> dh_NF1);
+                  DevPtr<T> dh_NF1, DevPtr<const bf16> dy16_NH = nullptr);
 
 // A dense MLP layer (a transformer FFN or the shared expert): linear_fc1.weight [F1, H],
 // linear_fc2.weight [H, F], with biases linear_fc1.bias [F1] and linear_fc2.bias [H] (zeros at

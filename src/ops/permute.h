@@ -1,11 +1,15 @@
 // Token permutation for dispatch: rows ordered expert-major, token index ascending within an
 // expert (stable). Both directions are gathers over precomputed maps, so they are
 // deterministic without atomics; permute's backward is unpermute and vice versa.
+// The row moves (permute_rows, copy_row_chunks) also take bf16 rows (--bf16: the tokens and the
+// output gradient the experts' GEMMs read in bf16 anyway are cast once before the permutation,
+// which then moves half the bytes; a copy of the bits, so bitwise the cast of the f32 rows).
 #pragma once
 
 #include <cstdint>
 
 #include "core/dev_ptr.h"
+#include "core/dtype.h"
 #include "core/exec.h"
 
 namespace moecore::ops {
@@ -187,6 +191,7 @@ template <typename T>
 void scatter_row_probs_ref(T* dprobs_TK, const T* dp_N, const int32_t* token_rows_TK, int64_t TK);
 
 // y[r] = x[row_token[r]]  (y [N, H], x [T, H]); a pad row (row_token[r] < 0) becomes zeros.
+// T: float, double or bf16.
 template <typename T>
 void permute_rows(const Exec& ex, DevPtr<T> y_NH, DevPtr<const T> x_TH,
                   DevPtr<const int32_t> row_token_N, int64_t N, int64_t H) {
@@ -211,7 +216,8 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
 
 // Chunk c of rows[c] rows of W elements moves from row src_off[c] of src to row dst_off[c] of
 // dst (the all-to-all dispatcher's reorder between (source rank, expert) and (expert, source
-// rank) order). Chunks must not overlap in dst; src and dst are distinct buffers.
+// rank) order). Chunks must not overlap in dst; src and dst are distinct buffers. T: float,
+// double or bf16.
 template <typename T>
 void copy_row_chunks(const Exec& ex, DevPtr<T> dst_NW, DevPtr<const T> src_NW,
                      DevPtr<const int64_t> dst_off, DevPtr<const int64_t> src_off,

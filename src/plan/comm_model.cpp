@@ -216,11 +216,16 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
     c.items.push_back(std::move(it));
   };
   if (m.num_experts > 0 && d.ep > 1) {
-    // What the EP dispatcher of one rank sends per MoE layer and micro-batch. Token rows travel
-    // in the activations' dtype (f32 on the CPU backend, whose activations are f32 also with
-    // --bf16), the routing probs in fp32. Recomputation reruns the dispatch: the "moe" module
-    // its forward dispatch (tokens + probs), full recomputation the layer's whole forward.
+    // What the EP dispatcher of one rank sends per MoE layer and micro-batch. Under --bf16 the
+    // tokens travel as bf16 (the MoE layer casts them before the permutation), and so does the
+    // output gradient in the combine's backward without MLP biases; the expert outputs
+    // (combine) and the input gradients (the dispatch's backward) in the activations' dtype: f32
+    // on the CPU backend, whose activations are f32 also with --bf16, `dt` on a GPU (Megatron's
+    // bf16 dataflow). The routing probs in fp32. Recomputation reruns the dispatch: the "moe"
+    // module its forward dispatch (tokens + probs), full recomputation the layer's whole forward.
     const double tok = hw.device == Device::CPU ? 4.0 : dt, prob = 4.0;
+    const double tok_in = run.bf16 ? 2.0 : tok;
+    const double tok_dy = run.bf16 && !m.add_mlp_bias ? 2.0 : tok;
     // Tokens entering this rank's router: its sequence slice at tp > 1 (with or without SP).
     const double t_rank = T / d.tp;
     double reruns = 0;  // forwards rerun per MoE layer, averaged over the layers
@@ -242,16 +247,18 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
                                                        m.num_experts, run.capacity_factor))
                  : t_rank * m.topk;
       const double out = rows * (d.ep - 1.0) / d.ep;
-      const double dispatch = out * (H * tok + prob), combine = out * H * tok;
+      const double dispatch = out * (H * tok_in + prob), combine = out * H * tok;
+      const double combine_bwd = out * H * tok_dy, dispatch_bwd = out * (H * tok + prob);
       c.alltoall_bytes_per_layer_fwd = dispatch + combine;
-      const double per_layer = 2 * (dispatch + combine) + (moe_rerun ? dispatch : 0) +
-                               reruns * (dispatch + combine);
+      const double per_layer = dispatch + combine + combine_bwd + dispatch_bwd +
+                               (moe_rerun ? dispatch : 0) + reruns * (dispatch + combine);
       c.alltoall_bytes_per_step = per_layer * per_micro;
       add("ep all-to-all (dispatch + combine, fwd + bwd)", parallel::GroupKind::Ep,
           c.alltoall_bytes_per_step, false,
-          fmt::format("rows x (ep-1)/ep x (4 x H x {} B + 2 x 4 B probs){}{} x {:.1f} MoE layers "
-                      "x {} micro-batches, rows = {}",
-                      tok, moe_rerun ? " + the moe module's rerun dispatch" : "",
+          fmt::format("rows x (ep-1)/ep x (H x ({} + {} + {} + {}) B + 2 x 4 B probs){}{} x {:.1f} "
+                      "MoE layers x {} micro-batches, rows = {}",
+                      tok_in, tok, tok_dy, tok,
+                      moe_rerun ? " + the moe module's rerun dispatch" : "",
                       reruns > 0 ? " + the recomputed layers' forward" : "", moe_layers, n_micro,
                       padded ? "E x capacity (padded)" : "T/tp x K"));
     }

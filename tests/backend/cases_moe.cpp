@@ -192,6 +192,28 @@ void permute_rows_case(const Exec& ex) {
   });
 }
 
+// permute_rows on bf16 rows (--bf16: the tokens and output gradients moved as the bf16 the
+// experts' GEMMs read), H from 1 to rows of whole 16-byte vectors: a gather of the bits, bitwise
+// the reference; pad rows are bf16 zeros (bits 0, the cast of 0.f).
+void permute_rows_bf16_case(const Exec& ex) {
+  uint32_t seed = 25;
+  for_each_map([&](const Routing& r, const Map& m, int64_t rows, bool padded) {
+    for (int64_t H : {1, 7, 8, 37, 64}) {
+      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+      const auto x = to_bf16(random_vec<float>(r.T * H, seed++));
+      std::vector<bf16> y_ref(rows * H);
+      Guarded<uint16_t> y(rows * H, 0x7fc1);  // NaN bits: an unassigned element fails
+      {
+        Staging st(ex);
+        ops::permute_rows<bf16>(ex, as_bf16(st.out(y)), st.in(x), st.in(m.row_token), rows, H);
+        st.back();
+      }
+      ops::permute_rows_ref(y_ref.data(), x.data(), m.row_token.data(), rows, H);
+      expect_bitwise(y, reinterpret_cast<const uint16_t*>(y_ref.data()), "y_NH (bf16)");
+    }
+  });
+}
+
 // unpermute_rows sums a token's kept rows in k order; the reference sums in f64, so random
 // values compare within the dtype's tolerance, small integers (exact sums) bitwise.
 template <typename T>
@@ -382,6 +404,40 @@ void copy_row_chunks_case(const Exec& ex) {
   }
 }
 
+// copy_row_chunks on bf16 rows (the --bf16 dispatch's chunk sort): the layouts above, W = 1, 7
+// and 16 (16-byte vectors), there and back, bitwise; a row past the chunks stays untouched.
+void copy_row_chunks_bf16_case(const Exec& ex) {
+  uint32_t seed = 45;
+  const int64_t R = 3, L = 2;
+  const std::vector<int64_t> rows = {1, 2, 0, 0, 7, 1};
+  std::vector<int64_t> src_off(R * L), dst_off(R * L);
+  int64_t n = 0;
+  for (int64_t i = 0; i < R * L; ++i) src_off[i] = n, n += rows[i];
+  int64_t d = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t r = 0; r < R; ++r) dst_off[r * L + l] = d, d += rows[r * L + l];
+  }
+  for (int64_t W : {1, 7, 16}) {
+    BACKEND_TRACE("bf16 rows=" << n << " W=" << W);
+    const auto src = to_bf16(random_vec<float>(n * W, seed++));
+    Guarded<uint16_t> dst(n * W + W, 0x7fc1), back(n * W, 0x7fc1);
+    std::vector<bf16> want(n * W + W, bf16{0x7fc1});
+    {
+      Staging st(ex);
+      bf16* const sorted = as_bf16(st.out(dst));
+      ops::copy_row_chunks<bf16>(ex, sorted, st.in(src), st.in(dst_off), st.in(src_off),
+                                 st.in(rows), R * L, W);
+      ops::copy_row_chunks<bf16>(ex, as_bf16(st.out(back)), sorted, st.in(src_off), st.in(dst_off),
+                                 st.in(rows), R * L, W);
+      st.back();
+    }
+    ops::copy_row_chunks_ref(want.data(), src.data(), dst_off.data(), src_off.data(), rows.data(),
+                             R * L, W);
+    expect_bitwise(dst, reinterpret_cast<const uint16_t*>(want.data()), "sorted (bf16)");
+    expect_bitwise(back, reinterpret_cast<const uint16_t*>(src.data()), "unsorted (bf16)");
+  }
+}
+
 // Softmax rows with a masked (-inf) expert; the backward takes the reference's y.
 struct SoftmaxShape {
   int64_t T, E;
@@ -518,6 +574,7 @@ void add_moe_cases(std::vector<OpCase>& out) {
                    permute_rows_case<float>(ex);
                    permute_rows_case<double>(ex);
                  }});
+  out.push_back({"permute_rows_bf16", {"permute_rows"}, permute_rows_bf16_case});
   out.push_back({"unpermute_rows_f32", {"unpermute_rows"}, unpermute_rows_case<float>});
   out.push_back({"unpermute_rows_f64", {"unpermute_rows"}, unpermute_rows_case<double>});
   out.push_back({"build_group_permutation", {"build_group_permutation"},
@@ -526,6 +583,7 @@ void add_moe_cases(std::vector<OpCase>& out) {
                    copy_row_chunks_case<float>(ex);
                    copy_row_chunks_case<double>(ex);
                  }});
+  out.push_back({"copy_row_chunks_bf16", {"copy_row_chunks"}, copy_row_chunks_bf16_case});
 }
 
 }  // namespace moecore::backend_test

@@ -313,6 +313,43 @@ TEST(EmuKernelsPermute, RowGathersAndUnpermute) {
   }
 }
 
+// bf16 rows (the --bf16 dispatch: the tokens and output gradients cast once, then moved): the
+// gathers and the chunk copies move the bits, bitwise the reference, pad rows bf16 zeros. Held as
+// uint16_t bits; H 8 and 64 (16-byte rows, the _vec kernels), 1 and 33 (the scalar ones), and a
+// row start 2 bytes off 16-byte alignment (the scalar kernels on rows of whole vectors).
+void check_rows_bf16(const Routing& r, int64_t H, int64_t off) {
+  SCOPED_TRACE(name(r) + " bf16 H=" + std::to_string(H) + " offset=" + std::to_string(off));
+  const Map m = ref_map(r);
+  const int64_t TK = r.T * r.K;
+  std::vector<uint16_t> x(size_t(off + r.T * H));
+  std::mt19937 g(91 + uint32_t(H));
+  for (uint16_t& v : x) v = uint16_t(g());
+  std::vector<uint16_t> want(size_t(TK * H));
+  ops::permute_rows_ref(reinterpret_cast<bf16*>(want.data()),
+                        reinterpret_cast<const bf16*>(x.data() + off), m.row_token.data(), TK, H);
+  Guarded<uint16_t> y(off + TK * H);
+  EXPECT_EQ(order_dependence([&] {
+              y = Guarded<uint16_t>(off + TK * H, 0x7fc1);
+              ops::cuda::permute_rows(nullptr, reinterpret_cast<bf16*>(y.data() + off),
+                                      reinterpret_cast<const bf16*>(x.data() + off),
+                                      m.row_token.data(), TK, H);
+              return bytes_of(y.data(), size_t(off + TK * H));
+            }),
+            "");
+  for (int64_t i = 0; i < TK * H; ++i)
+    ASSERT_EQ(y[off + i], want[size_t(i)]) << "permute_rows (bf16) element " << i;
+  EXPECT_TRUE(y.intact()) << "permute_rows (bf16): written outside its rows";
+}
+
+TEST(EmuKernelsPermute, RowGathersOfBf16Rows) {
+  const std::vector<Routing>& all = routings();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int64_t H = std::vector<int64_t>{8, 33, 64, 1}[i % 4];
+    check_rows_bf16(all[i], H, 0);
+    check_rows_bf16(all[i], 64, 1);
+  }
+}
+
 // The all-to-all reorder [source rank][expert] -> [expert][source rank] with empty chunks and
 // chunks longer than a block.
 template <typename T>
@@ -351,6 +388,45 @@ TEST(EmuKernelsPermute, CopyRowChunks) {
   check_chunks<double>(2, 0, 9, 84);
   check_chunks<float>(3, 5, 8, 85);   // rows of 32 bytes: the 16-byte kernel
   check_chunks<double>(2, 4, 6, 86);  // rows of 48 bytes
+}
+
+// The same reorder of bf16 rows (the --bf16 dispatch's chunk sort): W 16 (32-byte rows, the
+// 16-byte kernel), 7 and 1 (the scalar one); a copy of the bits, bitwise the reference.
+void check_chunks_bf16(int64_t R, int64_t L, int64_t W, uint32_t seed) {
+  SCOPED_TRACE("bf16 R=" + std::to_string(R) + " L=" + std::to_string(L) +
+               " W=" + std::to_string(W));
+  std::mt19937 g(seed);
+  std::vector<int64_t> rows(size_t(R * L));
+  for (int64_t& n : rows) n = g() % 4 == 0 ? 0 : int64_t(g() % 40);
+  std::vector<int64_t> src_off(rows.size()), dst_off(rows.size());
+  int64_t at = 0;
+  for (int64_t c = 0; c < R * L; ++c) src_off[size_t(c)] = at, at += rows[size_t(c)];
+  const int64_t N = at;
+  at = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t r = 0; r < R; ++r) dst_off[size_t(r * L + l)] = at, at += rows[size_t(r * L + l)];
+  }
+  std::vector<uint16_t> src(size_t(N * W)), want(size_t(N * W), 0x7fc1);
+  for (uint16_t& v : src) v = uint16_t(g());
+  ops::copy_row_chunks_ref(reinterpret_cast<bf16*>(want.data()),
+                           reinterpret_cast<const bf16*>(src.data()), dst_off.data(),
+                           src_off.data(), rows.data(), R * L, W);
+  Guarded<uint16_t> dst(N * W);
+  EXPECT_EQ(order_dependence([&] {
+              dst = Guarded<uint16_t>(N * W, 0x7fc1);
+              ops::cuda::copy_row_chunks(nullptr, reinterpret_cast<bf16*>(dst.data()),
+                                         reinterpret_cast<const bf16*>(src.data()), dst_off.data(),
+                                         src_off.data(), rows.data(), R * L, W);
+              return bytes_of(dst.data(), size_t(N * W));
+            }),
+            "");
+  expect_bitwise(dst, want, "copy_row_chunks (bf16)");
+}
+
+TEST(EmuKernelsPermute, CopyRowChunksOfBf16Rows) {
+  check_chunks_bf16(3, 5, 16, 87);
+  check_chunks_bf16(2, 4, 7, 88);
+  check_chunks_bf16(1, 1, 1, 89);
 }
 
 // build_group_permutation: R ranks' gathered routing (rank r has tok_R[r] tokens, some none), the

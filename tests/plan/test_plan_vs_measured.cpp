@@ -7,7 +7,8 @@
 // (weights, grads and Adam state of 50M parameters) is what the process holds, with tokens few
 // enough that a step takes a fraction of a second. And EP 4 on 4 ranks, all-to-all bytes only,
 // on a tiny model: at EP 2 the share of rows that leaves a rank, (ep-1)/ep, equals 1/ep, so only
-// a wider EP tells the planner's factor from its mistakes.
+// a wider EP tells the planner's factor from its mistakes; and EP 2 --bf16 (bf16 token and
+// output-gradient rows), bytes only.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -94,6 +95,12 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
        " --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity",
        true, kTinyModel, false, "198,144",
        "bytes only, padded): predicted and measured 198,144 B."},
+      // --bf16: the tokens and the output gradient move as bf16 (MoELayer::set_bf16_dispatch),
+      // the expert outputs and input gradients as f32.
+      {"EP 2 --bf16, padded capacity 1 (all-to-all only)", 2,
+       " --micro-batch-size 2 --global-batch-size 4 --expert-model-parallel-size 2 --bf16"
+       " --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity",
+       true, kTinyModel, false},
   };
   const std::string dir =
       ::testing::TempDir() + "moecore_plan_measured_" + std::to_string(::getpid());

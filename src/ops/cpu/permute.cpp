@@ -205,6 +205,8 @@ template void copy_row_chunks<float>(float*, const float*, const int64_t*, const
                                      const int64_t*, int64_t, int64_t);
 template void copy_row_chunks<double>(double*, const double*, const int64_t*, const int64_t*,
                                       const int64_t*, int64_t, int64_t);
+template void copy_row_chunks<bf16>(bf16*, const bf16*, const int64_t*, const int64_t*,
+                                    const int64_t*, int64_t, int64_t);
 template void gather_row_probs<float>(float*, const float*, const int32_t*, const int32_t*, int64_t,
                                       int64_t);
 template void gather_row_probs<double>(double*, const double*, const int32_t*, const int32_t*,
@@ -213,6 +215,7 @@ template void scatter_row_probs<float>(float*, const float*, const int32_t*, int
 template void scatter_row_probs<double>(double*, const double*, const int32_t*, int64_t);
 template void permute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t);
 template void permute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t);
+template void permute_rows<bf16>(bf16*, const bf16*, const int32_t*, int64_t, int64_t);
 template void unpermute_rows<float>(float*, const float*, const int32_t*, int64_t, int64_t,
                                     int64_t);
 template void unpermute_rows<double>(double*, const double*, const int32_t*, int64_t, int64_t,

@@ -90,7 +90,7 @@ template <typename T>
 void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N, int64_t H) {
   for (int64_t r = 0; r < N; ++r) {
     for (int64_t h = 0; h < H; ++h) {
-      y_NH[r * H + h] = row_token_N[r] < 0 ? T(0) : x_TH[int64_t(row_token_N[r]) * H + h];
+      y_NH[r * H + h] = row_token_N[r] < 0 ? T{} : x_TH[int64_t(row_token_N[r]) * H + h];
     }
   }
 }
@@ -169,6 +169,8 @@ template void copy_row_chunks_ref<float>(float*, const float*, const int64_t*, c
                                          const int64_t*, int64_t, int64_t);
 template void copy_row_chunks_ref<double>(double*, const double*, const int64_t*, const int64_t*,
                                           const int64_t*, int64_t, int64_t);
+template void copy_row_chunks_ref<bf16>(bf16*, const bf16*, const int64_t*, const int64_t*,
+                                        const int64_t*, int64_t, int64_t);
 template void gather_row_probs_ref<float>(float*, const float*, const int32_t*, const int32_t*,
                                           int64_t, int64_t);
 template void gather_row_probs_ref<double>(double*, const double*, const int32_t*, const int32_t*,
@@ -177,6 +179,7 @@ template void scatter_row_probs_ref<float>(float*, const float*, const int32_t*,
 template void scatter_row_probs_ref<double>(double*, const double*, const int32_t*, int64_t);
 template void permute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t);
 template void permute_rows_ref<double>(double*, const double*, const int32_t*, int64_t, int64_t);
+template void permute_rows_ref<bf16>(bf16*, const bf16*, const int32_t*, int64_t, int64_t);
 template void unpermute_rows_ref<float>(float*, const float*, const int32_t*, int64_t, int64_t,
                                         int64_t);
 template void unpermute_rows_ref<double>(double*, const double*, const int32_t*, int64_t, int64_t,

@@ -527,7 +527,7 @@ __global__ void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N,
   const int32_t t = row_token_N[blockIdx.x];
   T* y = y_NH + int64_t(blockIdx.x) * H;
   if (t < 0) {
-    for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) y[h] = T(0);
+    for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) y[h] = T{};
     return;
   }
   const T* x = x_TH + int64_t(t) * H;
@@ -889,5 +889,10 @@ void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* ds
 MOECORE_PERMUTE_INSTANTIATE(float)
 MOECORE_PERMUTE_INSTANTIATE(double)
 #undef MOECORE_PERMUTE_INSTANTIATE
+// bf16 rows (--bf16: the tokens and output gradients the experts' GEMMs read in bf16) only move:
+// the gathers and the chunk copies, 16-byte vectors where the rows allow (H a multiple of 8).
+template void permute_rows<bf16>(void*, bf16*, const bf16*, const int32_t*, int64_t, int64_t);
+template void copy_row_chunks<bf16>(void*, bf16*, const bf16*, const int64_t*, const int64_t*,
+                                    const int64_t*, int64_t, int64_t);
 
 }  // namespace moecore::ops::cuda

@@ -21,12 +21,13 @@
 #include <random>
 #include <vector>
 
-#include "common/mpi_testing.h"
 #include "common/layer_testing.h"
+#include "common/mpi_testing.h"
+#include "model/gpt_model.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
-#include "model/gpt_model.h"
 #include "moe/moe_layer.h"
+#include "ops/gemm_bf16.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::moe {
@@ -598,6 +599,88 @@ TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
               << plain.params.params()[i].name();
         }
       }
+}
+
+// --bf16 dispatch under EP (MoELayer::set_bf16_dispatch): the tokens, and without MLP biases the
+// output gradient, move as bf16 through the permutation, the all-to-all and the ETP gather. The
+// f32 model on bf16 weight copies (this CPU's bf16 GEMM path), its output, input gradient and every
+// parameter gradient bitwise those of the f32 rows; the all-to-all sends exactly 2 H bytes less
+// per row leaving this rank in the dispatch and, without biases, in the combine's backward. EP 2,
+// EP 4, ETP 2 x EP 2, both dispatchers, dropless and padded, with and without biases.
+struct Bf16Run {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;
+  int64_t a2a_bytes = 0;  // this rank's all-to-all bytes of the forward and backward
+  int64_t rows_left = 0;  // rows the dispatch sent to other EP ranks
+};
+
+Bf16Run run_bf16_layer(const ModelConfig& cfg, ProcessGroups* g, bool bf16_dispatch, int me) {
+  ParamRegistry params(DType::F32);
+  params.enable_bf16_copies(ops::bf16_gemm_path() == ops::Bf16GemmPath::Widen);
+  MoELayer<float> layer(cfg.moe_layer(), params, "decoder.layers.0.mlp", g);
+  layer.set_bf16_dispatch(bf16_dispatch);
+  Arena arena;
+  testing::plan_layer(arena, params, 7, [&](Arena& a) { layer.allocate(a, 8); });
+  const int64_t first = layer.dispatcher().first_local_expert();
+  for (Param& p : params.params()) {
+    if (!p.name().ends_with(".bias")) continue;
+    const int64_t off = p.spec.kind == ParamKind::Expert
+                            ? first * (p.local_numel() / layer.experts().num_local())
+                            : 0;
+    for (int64_t i = 0; i < p.local_numel(); ++i)
+      host(p.data_as<float>())[i] = 0.2f * std::sin(0.7f * static_cast<float>(off + i));
+  }
+  params.refresh_bf16();
+  EXPECT_EQ(layer.bf16_rows(), bf16_dispatch);
+  EXPECT_EQ(layer.bf16_dy_rows(), bf16_dispatch && !cfg.add_mlp_bias);
+  const int64_t n = 5 + me, H = cfg.hidden;
+  const auto x = testing::random_vec<float>(n * H, 100 + 31 * me);
+  const auto dy = testing::random_vec<float>(n * H, 200 + 31 * me);
+  Bf16Run r{std::vector<float>(n * H), std::vector<float>(n * H), {}, 0, 0};
+  const int64_t before = ep_comm(g).all_to_all_bytes_sent();
+  params.zero_grads();
+  layer.forward(r.y.data(), x.data(), n);
+  layer.backward(r.dx.data(), dy.data(), 1.0);
+  r.a2a_bytes = ep_comm(g).all_to_all_bytes_sent() - before;
+  const DispatchPlan& p = layer.plan();
+  for (int64_t q = 0; q < p.ep_size; ++q)
+    if (q != ep_comm(g).rank() && p.send_rows_R != nullptr) r.rows_left += p.send_rows_R[q];
+  for (const Param& prm : params.params()) {
+    const float* gr = host(prm.grad_as<float>());
+    r.grads.emplace_back(gr, gr + prm.local_numel());
+  }
+  return r;
+}
+
+TEST(EpMoELayerMpi, Bf16DispatchIsBitwiseTheF32RowsWithHalfTheRowBytes) {
+  std::vector<ProcessGroups*> all = layouts();
+  if (g_etp2 != nullptr) all.push_back(g_etp2);
+  for (ProcessGroups* g : all)
+    for (DispatcherType type : {DispatcherType::AlltoAll, DispatcherType::AllGather})
+      for (bool pad : {false, true})
+        for (bool bias : {false, true}) {
+          const int me = ep_comm(g).rank();
+          SCOPED_TRACE(::testing::Message()
+                       << "EP=" << g->degrees().ep << " ETP=" << g->degrees().etp
+                       << (type == DispatcherType::AlltoAll ? " alltoall" : " allgather")
+                       << (pad ? " padded" : " dropless") << (bias ? " biases" : ""));
+          ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, type);
+          cfg.hidden = 16;  // rows of whole 16-byte vectors in bf16
+          cfg.moe.router.pad_to_capacity = pad;
+          cfg.add_mlp_bias = bias;
+          const Bf16Run f32 = run_bf16_layer(cfg, g, false, me);
+          const Bf16Run b16 = run_bf16_layer(cfg, g, true, me);
+          EXPECT_EQ(b16.y, f32.y) << "output";
+          EXPECT_EQ(b16.dx, f32.dx) << "input grad";
+          ASSERT_EQ(b16.grads.size(), f32.grads.size());
+          for (size_t i = 0; i < f32.grads.size(); ++i) EXPECT_EQ(b16.grads[i], f32.grads[i]) << i;
+          if (type == DispatcherType::AlltoAll) {
+            EXPECT_EQ(b16.rows_left, f32.rows_left);
+            EXPECT_GT(f32.rows_left, 0) << "rows must leave this rank";
+            const int64_t phases = bias ? 1 : 2;  // the dispatch, and the combine's backward
+            EXPECT_EQ(f32.a2a_bytes - b16.a2a_bytes, phases * 2 * cfg.hidden * f32.rows_left);
+          }
+        }
 }
 
 // The whole model with EP groups: each rank's loss and gradients equal the one-rank model's on
