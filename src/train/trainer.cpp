@@ -90,20 +90,20 @@ void check_device_parallel_support(const std::string& device, const parallel::Pa
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
             "one process, or --device cpu",
             device, d.world);
-  // NCCL has no tags: a pair's messages match in the order they are posted. The 1F1B schedule
-  // keeps one kind of message per direction between neighbours (activations forward, gradients
-  // back), each posted in the same order on both sides; the interleaved one sends a neighbour
-  // activations and gradients in the same direction, and the receiver posts them in another
-  // order (its activation receives ahead, in schedule order), so they would land in each
-  // other's buffers (seen in the emulated build: the step-1 loss off by 2e-3).
+  // NCCL has no tags: a pair's messages match in the order they are posted, which the pipeline
+  // runner now follows (every receive in its sender's order: pipeline::recv_plan). But NCCL also
+  // runs a communicator's groups in order, each to its end: the runner issues a step's sends with
+  // the receive it waits for, and under the interleaved schedule a group's send can wait for a
+  // receive its neighbour posts only after a receive of its own that is queued behind it (seen
+  // in the emulated build: PP 2 x VP 2 stops at step 1 until the timeout). The 1F1B schedule
+  // does not cross so. Megatron's per-iteration batches are what would lift this.
   const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
   MOE_CHECK(vp == 1,
             "[train] --device {} with {} virtual pipeline stages per rank (--num-layers-per-"
             "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank or a "
             "--pipeline-model-parallel-layout with several stages a rank) is not implemented yet: "
-            "NCCL matches a pair's messages in posting order, and the interleaved schedule "
-            "receives a neighbour's activations and gradients in another order than it sends "
-            "them; use one virtual stage per rank, or --device cpu",
+            "NCCL runs a communicator's point-to-point groups in order, and the interleaved "
+            "schedule's would wait on each other; use one virtual stage per rank, or --device cpu",
             device, vp);
 }
 
