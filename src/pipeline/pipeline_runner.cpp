@@ -276,6 +276,10 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
       }
       input = stash_[ch][s];
     }
+    if (pipelined() && recvs.with_next[i] && recvs.grad_slot[i + 1] >= 0) {
+      ScopedPhase phase(Phase::Communication);
+      grad_recv_[recvs.grad_slot[i + 1]].wait_on(ex);
+    }
     if (w.pass == Pass::Forward) {
       model_.forward_chunk(ch, hooks.io(mb, ch), input, mb);
       if (st.loss) {

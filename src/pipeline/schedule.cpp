@@ -187,6 +187,7 @@ RecvPlan recv_plan(const ScheduleConfig& c) {
   p.first.assign(1, 0);
   p.input_slot.assign(n, -1);
   p.grad_slot.assign(n, -1);
+  p.with_next.assign(n, false);
   p.stash_slots.assign(c.vp, 0);
   if (c.pp == 1) {
     p.first.assign(n + 1, 0);
@@ -209,31 +210,45 @@ RecvPlan recv_plan(const ScheduleConfig& c) {
   std::vector<std::vector<int>> stash_of(c.vp, std::vector<int>(m, -1)), grad_of = stash_of;
   std::vector<std::vector<char>> stash_taken(c.vp);
   std::vector<char> grad_taken;
-  for (size_t i = 0; i < n; ++i) {
-    const Work& w = order[i];
+  // Posts the receive step j reads (if not yet posted) and every earlier one of its sender.
+  const auto post_through = [&](size_t j) {
+    const Work& w = order[j];
     const auto mb = static_cast<size_t>(w.microbatch);
     const bool first_stage = c.rank == 0 && w.chunk == 0;
     const bool last_stage = c.rank == c.pp - 1 && w.chunk == c.vp - 1;
     const bool reads = w.pass == Pass::Forward ? !first_stage : !last_stage;
     std::vector<std::vector<int>>& held = w.pass == Pass::Forward ? stash_of : grad_of;
-    if (reads && held[w.chunk][mb] < 0) {
-      Sender& s = sender_of(w.pass == Pass::Forward ? prev : next);
-      const Message want{w.pass == Pass::Backward, w.microbatch, w.chunk};
-      const auto it = std::find(s.sent.begin() + static_cast<ptrdiff_t>(s.posted), s.sent.end(), want);
-      MOE_CHECK(it != s.sent.end(),
-                "[pipeline] internal: pp rank {} reads micro-batch {}'s {} of chunk {} that pp "
-                "rank {} does not send it",
-                c.rank, w.microbatch, want.gradient ? "gradient" : "activation", w.chunk, s.rank);
-      const auto upto = static_cast<size_t>(it - s.sent.begin());
-      for (; s.posted <= upto; ++s.posted) {
-        const Message& msg = s.sent[s.posted];
-        const auto at = static_cast<size_t>(msg.microbatch);
-        int& slot = (msg.gradient ? grad_of : stash_of)[msg.chunk][at];
-        MOE_CHECK(slot < 0, "[pipeline] internal: micro-batch {}'s {} of chunk {} received twice",
-                  msg.microbatch, msg.gradient ? "gradient" : "activation", msg.chunk);
-        slot = take_slot(msg.gradient ? grad_taken : stash_taken[msg.chunk]);
-        p.posts.push_back(RecvPost{msg, s.rank, slot});
-      }
+    if (!reads || held[w.chunk][mb] >= 0) return;
+    Sender& s = sender_of(w.pass == Pass::Forward ? prev : next);
+    const Message want{w.pass == Pass::Backward, w.microbatch, w.chunk};
+    const auto it = std::find(s.sent.begin() + static_cast<ptrdiff_t>(s.posted), s.sent.end(), want);
+    MOE_CHECK(it != s.sent.end(),
+              "[pipeline] internal: pp rank {} reads micro-batch {}'s {} of chunk {} that pp "
+              "rank {} does not send it",
+              c.rank, w.microbatch, want.gradient ? "gradient" : "activation", w.chunk, s.rank);
+    const auto upto = static_cast<size_t>(it - s.sent.begin());
+    for (; s.posted <= upto; ++s.posted) {
+      const Message& msg = s.sent[s.posted];
+      const auto at = static_cast<size_t>(msg.microbatch);
+      int& slot = (msg.gradient ? grad_of : stash_of)[msg.chunk][at];
+      MOE_CHECK(slot < 0, "[pipeline] internal: micro-batch {}'s {} of chunk {} received twice",
+                msg.microbatch, msg.gradient ? "gradient" : "activation", msg.chunk);
+      slot = take_slot(msg.gradient ? grad_taken : stash_taken[msg.chunk]);
+      p.posts.push_back(RecvPost{msg, s.rank, slot});
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Work& w = order[i];
+    const auto mb = static_cast<size_t>(w.microbatch);
+    const bool first_stage = c.rank == 0 && w.chunk == 0;
+    const bool last_stage = c.rank == c.pp - 1 && w.chunk == c.vp - 1;
+    post_through(i);
+    // Megatron's interleaved iteration: a forward and the backward after it exchange as one
+    // (their receives posted and waited before the forward; their sends go with the next
+    // iteration's receives), so both neighbours' groups pair up.
+    if (c.vp > 1 && w.pass == Pass::Forward && i + 1 < n && order[i + 1].pass == Pass::Backward) {
+      post_through(i + 1);
+      p.with_next[i] = true;
     }
     p.first.push_back(p.posts.size());
     if (!first_stage) p.input_slot[i] = stash_of[w.chunk][mb];

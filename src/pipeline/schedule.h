@@ -75,7 +75,10 @@ std::vector<Message> messages_sent(const ScheduleConfig& c, int sender, int rece
 // some ahead). Nothing is posted beyond what a step reads: a receive waits for its sender, and on
 // NCCL everything after it on the communicator waits with it. Activations land in a stash slot of
 // their chunk, kept until the backward (forward-only: until the forward ends), gradients in a
-// gradient slot until the backward reads them; each takes the lowest free slot.
+// gradient slot until the backward reads them; each takes the lowest free slot. Under the
+// interleaved schedule a forward followed by a backward posts and waits the backward's gradient
+// too (Megatron's iteration: both exchanges in one group), else NCCL's in-order groups of the
+// two neighbours wait on each other.
 struct RecvPost {
   Message msg;
   int peer = 0;  // pp rank of the sender
@@ -87,6 +90,9 @@ struct RecvPlan {
   // Per step: the stash slot of the chunk's input (-1: the embedding's chunk, or no pipelining)
   // and, for a backward, the gradient slot of its output gradient (-1: the loss's chunk).
   std::vector<int> input_slot, grad_slot;
+  // Per step: the next step's receives are posted and waited with this one's (vp > 1: a forward
+  // and the backward after it, Megatron's iteration).
+  std::vector<bool> with_next;
   std::vector<int64_t> stash_slots;  // per chunk: the most activations held at once
   int64_t grad_slots = 0;            // the most gradients held at once
 };

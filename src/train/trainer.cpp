@@ -90,21 +90,22 @@ void check_device_parallel_support(const std::string& device, const parallel::Pa
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
             "one process, or --device cpu",
             device, d.world);
-  // NCCL has no tags: a pair's messages match in the order they are posted, which the pipeline
-  // runner now follows (every receive in its sender's order: pipeline::recv_plan). But NCCL also
-  // runs a communicator's groups in order, each to its end: the runner issues a step's sends with
-  // the receive it waits for, and under the interleaved schedule a group's send can wait for a
-  // receive its neighbour posts only after a receive of its own that is queued behind it (seen
-  // in the emulated build: PP 2 x VP 2 stops at step 1 until the timeout). The 1F1B schedule
-  // does not cross so. Megatron's per-iteration batches are what would lift this.
+  // NCCL has no tags and runs a communicator's groups in order, each to its end. The pipeline
+  // runner posts every receive in its sender's order (pipeline::recv_plan) and, under the
+  // interleaved schedule, exchanges a forward and the backward after it as one group
+  // (Megatron's iteration). A model of that against NCCL's rules (each rank's groups in order, a
+  // send complete once its receive runs) finds no wait cycle for PP 2 in groups of 2
+  // micro-batches (VP 2 to 4, every count from 2 to 24; the emulated build runs PP 2 x VP 2);
+  // larger groups, and PP > 2 with as many micro-batches as stages, leave two neighbours'
+  // groups waiting on each other.
   const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
-  MOE_CHECK(vp == 1,
-            "[train] --device {} with {} virtual pipeline stages per rank (--num-layers-per-"
-            "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank or a "
-            "--pipeline-model-parallel-layout with several stages a rank) is not implemented yet: "
-            "NCCL runs a communicator's point-to-point groups in order, and the interleaved "
-            "schedule's would wait on each other; use one virtual stage per rank, or --device cpu",
-            device, vp);
+  MOE_CHECK(vp == 1 || (d.pp == 2 && cfg.microbatch_group() == 2),
+            "[train] --device {} with {} virtual pipeline stages per rank over pipeline size {} "
+            "in groups of {} micro-batches (--microbatch-group-size-per-virtual-pipeline-stage) "
+            "is not implemented yet: NCCL runs a communicator's point-to-point groups in order, "
+            "and this interleaved schedule's would wait on each other. Use pipeline size 2 with "
+            "the default group size, one virtual stage per rank, or --device cpu",
+            device, vp, d.pp, cfg.microbatch_group());
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,

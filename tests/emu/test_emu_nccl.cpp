@@ -530,13 +530,18 @@ TEST(EmuNcclStrict, MismatchedPairsAreErrorsOnBothSides) {
       CommHandle h2 = nccl().send_async(b.span(), peer, 2);
       h1.wait();
       h2.wait();
+      mpi().send(va, peer, 1);  // what was sent, for the receiver to compare
+      mpi().send(vb, peer, 2);
     } else {
       CommHandle h1 = nccl().recv_async(x.span(), peer, 1);
       CommHandle h2 = nccl().recv_async(y.span(), peer, 2);
       h1.wait();
       h2.wait();
-      expect_bitwise(x.get(), va, "the first message");
-      expect_bitwise(y.get(), vb, "the second message");
+      std::vector<float> want_a(n), want_b(n);
+      mpi().recv(want_a, peer, 1);
+      mpi().recv(want_b, peer, 2);
+      expect_bitwise(x.get(), want_a, "the first message");
+      expect_bitwise(y.get(), want_b, "the second message");
     }
   }
   nccl().barrier();
