@@ -64,15 +64,23 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
   s.stash_slots.assign(c.vp, 0);
   if (c.pp <= 1) return s;  // the plain loop: nothing crosses a stage
   const std::vector<int64_t> in_flight = in_flight_per_chunk(c);
+  // The receive plans of the step and of eval (recv_plan): the activations each chunk holds at
+  // once (the micro-batches in flight, and those received ahead in their sender's order) and
+  // the gradients received before their backward.
+  ScheduleConfig eval = c;
+  eval.forward_only = true;
+  const RecvPlan train = recv_plan(c), ev = recv_plan(eval);
   int64_t most = 1;
   for (int ch = 0; ch < c.vp; ++ch) {
     most = std::max(most, in_flight[ch]);
     // The embedding's chunk reads the token ids: nothing to keep.
-    if (!chunks[ch].embedding) s.stash_slots[ch] = in_flight[ch];
+    if (!chunks[ch].embedding) s.stash_slots[ch] = std::max(train.stash_slots[ch], ev.stash_slots[ch]);
     s.stash_elems += s.stash_slots[ch] * chunks[ch].input_elems;
   }
-  // A send slot carries any activation or gradient of the rank, grad_in any output's gradient.
+  // A send slot carries any activation or gradient of the rank, a gradient slot any output's
+  // gradient (one even on the last stage of 1F1B, which receives none).
   s.grad_in_elems = s.boundary_elems;
+  s.grad_in_slots = std::max<int64_t>(1, train.grad_slots);
   s.send_slots_per_pool = c.vp * most + 1;
   s.send_elems = 2 * s.send_slots_per_pool * s.boundary_elems;
   s.tied_elems = tied_table_elems;
@@ -86,7 +94,7 @@ int64_t PipelineBufferSizes::bytes(size_t elem_size) const {
   };
   int64_t total = 0;
   for (size_t c = 0; c < stash_slots.size(); ++c) total += stash_slots[c] * buffer(input_elems[c]);
-  if (grad_in_elems > 0) total += buffer(grad_in_elems);
+  if (grad_in_elems > 0) total += grad_in_slots * buffer(grad_in_elems);
   total += 2 * send_slots_per_pool * buffer(boundary_elems);
   if (tied_elems > 0) total += buffer(tied_elems);
   return total;
@@ -110,7 +118,6 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   in_flight_ = in_flight_per_chunk(cfg_);
   const int vp = cfg_.vp;
   stash_.assign(vp, {});
-  stash_mb_.assign(vp, {});
   stash_recv_.resize(vp);
   const Param* table = model.shared_embedding();
   const PipelineBufferSizes sizes =
@@ -135,7 +142,9 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
         stash_[c].push_back(
             a.alloc<T>(sizes.input_elems[c], "pipeline.stash", MemKind::Activations));
     }
-    grad_in_ = a.alloc<T>(sizes.grad_in_elems, "pipeline.grad_in", MemKind::Workspace);
+    grad_in_.clear();
+    for (int64_t s = 0; s < sizes.grad_in_slots; ++s)
+      grad_in_.push_back(a.alloc<T>(sizes.grad_in_elems, "pipeline.grad_in", MemKind::Workspace));
     // Sends complete once the neighbour posts the receive; a pool per direction as deep as
     // the micro-batches in flight lets a stage run ahead without waiting on them.
     for (SendPool& p : send_) {
@@ -147,16 +156,28 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
       tied_recv_ = a.alloc<T>(sizes.tied_elems, "pipeline.tied_grad", MemKind::Workspace);
     }
   });
-  for (int c = 0; c < vp; ++c) {
-    stash_mb_[c].assign(stash_[c].size(), -1);
-    stash_recv_[c].resize(stash_[c].size());
-  }
+  for (int c = 0; c < vp; ++c) stash_recv_[c].resize(stash_[c].size());
+  grad_recv_.resize(grad_in_.size());
   for (SendPool& p : send_) p.handle.resize(p.buf.size());
   if (!table_ranks_.empty()) table_sends_.resize(table_ranks_.size() - 1);
   ScheduleConfig c = cfg_;
   train_order_ = schedule(c);
+  train_recvs_ = recv_plan(c);
   c.forward_only = true;
   eval_order_ = schedule(c);
+  eval_recvs_ = recv_plan(c);
+  if (pipelined()) {
+    // The plan's messages follow from the first and last virtual stages (recv_plan).
+    for (int ch = 0; ch < vp; ++ch) {
+      const parallel::VirtualStage& st = model.chunk(ch);
+      MOE_CHECK(st.embedding == (cfg_.rank == 0 && ch == 0) &&
+                    st.loss == (cfg_.rank == cfg_.pp - 1 && ch == vp - 1),
+                "[pipeline] internal: chunk {} of pp rank {} {} the embedding and {} the loss, "
+                "which only the first and the last virtual stage hold",
+                ch, cfg_.rank, st.embedding ? "holds" : "does not hold",
+                st.loss ? "holds" : "does not hold");
+    }
+  }
   backwards_.assign(vp, 0);
   model_.set_grad_ready_hook([this](int stage) { this->stage_done(stage); });
 }
@@ -197,20 +218,19 @@ DevPtr<T> PipelineRunner<T>::send_slot(bool gradient, parallel::CommHandle** han
 
 template <typename T>
 void PipelineRunner<T>::train(double loss_grad_scale, const Hooks& hooks) {
-  run(train_order_, loss_grad_scale, hooks, false);
+  run(train_order_, train_recvs_, loss_grad_scale, hooks, false);
 }
 
 template <typename T>
 void PipelineRunner<T>::forward_only(const Hooks& hooks) {
-  run(eval_order_, 0.0, hooks, true);
+  run(eval_order_, eval_recvs_, 0.0, hooks, true);
 }
 
 template <typename T>
-void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_scale,
-                            const Hooks& hooks, bool forward_only) {
+void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recvs,
+                            double loss_grad_scale, const Hooks& hooks, bool forward_only) {
   const Exec& ex = arena_.exec();
   const DType dt = DTypeOf<T>::value;
-  const int vp = cfg_.vp;
   const int64_t M = cfg_.num_microbatches;
   const int L = static_cast<int>(model_.config().num_layers);
   // The shared table's gradient (the tied head's, MTP's) is final only once the other stage's
@@ -220,42 +240,24 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
   bool armed = false;
   hooks_ = &hooks;
   replays_ = 0;
-  for (int ch = 0; ch < vp; ++ch) std::fill(stash_mb_[ch].begin(), stash_mb_[ch].end(), -1);
 
-  // The slot of micro-batch mb's input in chunk ch, its receive posted if need be.
-  const auto find_slot = [&](int64_t mb, int ch) -> int {
-    for (size_t s = 0; s < stash_mb_[ch].size(); ++s) {
-      if (stash_mb_[ch][s] == mb) return static_cast<int>(s);
-    }
-    return -1;
-  };
-  const auto post_recv = [&](int64_t mb, int ch) -> bool {
-    for (size_t s = 0; s < stash_mb_[ch].size(); ++s) {
-      if (stash_mb_[ch][s] >= 0) continue;
-      stash_mb_[ch][s] = mb;
-      stash_recv_[ch][s] = pp_->recv_async(stash_[ch][s], model_.input_elems(ch), dt,
-                                           prev_rank(ch), tag(mb, ch, false));
-      return true;
-    }
-    return false;
-  };
-  const auto release = [&](int64_t mb, int ch) {
-    const int s = find_slot(mb, ch);
-    if (s >= 0) stash_mb_[ch][s] = -1;
-  };
-  // The inputs of the next forwards are received into free slots ahead of time, in schedule
-  // order (a later one never takes the slot an earlier one needs).
-  size_t prefetch = 0;
-  const auto prefetch_inputs = [&](size_t from) {
-    prefetch = std::max(prefetch, from);
-    for (; prefetch < order.size(); ++prefetch) {
-      const Work& w = order[prefetch];
-      if (w.pass != Pass::Forward || model_.chunk(w.chunk).embedding) continue;
-      if (find_slot(w.microbatch, w.chunk) >= 0) continue;
-      if (!post_recv(w.microbatch, w.chunk)) break;
+  // Before each step, its receives in their senders' order (recv_plan): NCCL pairs a
+  // neighbour's messages with the receives in the order both post them (the tags name them for
+  // MPI).
+  const auto post_receives = [&](size_t step) {
+    for (size_t k = recvs.first[step]; k < recvs.first[step + 1]; ++k) {
+      const RecvPost& r = recvs.posts[k];
+      const int64_t mb = r.msg.microbatch;
+      const int ch = r.msg.chunk;
+      if (r.msg.gradient) {
+        grad_recv_[r.slot] = pp_->recv_async(grad_in_[r.slot], model_.output_elems(ch), dt,
+                                             r.peer, tag(mb, ch, true));
+      } else {
+        stash_recv_[ch][r.slot] = pp_->recv_async(stash_[ch][r.slot], model_.input_elems(ch), dt,
+                                                  r.peer, tag(mb, ch, false));
+      }
     }
   };
-  if (pipelined()) prefetch_inputs(0);
 
   bool have_last = false;
   Work last{Pass::Forward, -1, -1};
@@ -265,18 +267,18 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
     const int64_t mb = w.microbatch;
     const parallel::VirtualStage& st = model_.chunk(ch);
     DevPtr<const T> input = nullptr;
+    if (pipelined()) post_receives(i);
     if (pipelined() && !st.embedding) {
-      int s = find_slot(mb, ch);
-      if (s < 0) {
-        MOE_CHECK(post_recv(mb, ch), "[pipeline] no free input slot for micro-batch {} of chunk {}",
-                  mb, ch);
-        s = find_slot(mb, ch);
-      }
+      const int s = recvs.input_slot[i];
       if (w.pass == Pass::Forward) {
         ScopedPhase phase(Phase::Communication);
         stash_recv_[ch][s].wait_on(ex);
       }
       input = stash_[ch][s];
+    }
+    if (pipelined() && recvs.with_next[i] && recvs.grad_slot[i + 1] >= 0) {
+      ScopedPhase phase(Phase::Communication);
+      grad_recv_[recvs.grad_slot[i + 1]].wait_on(ex);
     }
     if (w.pass == Pass::Forward) {
       model_.forward_chunk(ch, hooks.io(mb, ch), input, mb);
@@ -293,7 +295,6 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
         ops::copy(ex, buf, model_.chunk_output(ch), n);
         *h = pp_->send_async(buf, n, dt, next_rank(ch), tag(mb, next_chunk(ch), false));
       }
-      if (forward_only) release(mb, ch);
     } else {
       // The activations are the last forward's: any other forward since, and the chunk reruns
       // this micro-batch's from its kept input.
@@ -304,9 +305,9 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
       DevPtr<const T> dout = nullptr;
       if (!st.loss) {
         ScopedPhase phase(Phase::Communication);
-        pp_->recv_async(grad_in_, model_.output_elems(ch), dt, next_rank(ch), tag(mb, ch, true))
-            .wait_on(ex);
-        dout = grad_in_;
+        const int g = recvs.grad_slot[i];
+        grad_recv_[g].wait_on(ex);
+        dout = grad_in_[g];
       }
       final_backward_ = backwards_[ch] == M - 1;
       if (final_backward_ && !armed) {
@@ -327,11 +328,9 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, double loss_grad_sca
         ops::copy(ex, buf, model_.input_grad(), n);
         *h = pp_->send_async(buf, n, dt, prev_rank(ch), tag(mb, prev_chunk(ch), true));
       }
-      release(mb, ch);
     }
     have_last = true;
     last = w;
-    if (pipelined()) prefetch_inputs(i + 1);
   }
   if (pipelined()) {
     ScopedPhase phase(Phase::Communication);

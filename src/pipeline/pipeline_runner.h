@@ -1,7 +1,8 @@
 // Runs one global batch's micro-batches through this rank's model chunks in its pipeline
 // schedule (pipeline/schedule.h): the forwards and backwards in Megatron's order, the activations
 // and their gradients to and from the neighbouring virtual stages (point-to-point on the pipeline
-// group, non-blocking, through parallel::Communicator), the gradients' readiness for the
+// group, non-blocking, through parallel::Communicator; the receives posted as recv_plan says: in
+// each sender's order, which NCCL's posting-order matching needs), the gradients' readiness for the
 // data-parallel reduction, and the shared embedding table's gradient (the tied head's, MTP's)
 // summed over the ranks that hold it (Megatron's embedding group: parallel::word_table_ranks).
 // Each chunk's boundary is the stage's own (GPTModel::input_elems / output_elems): from a
@@ -40,7 +41,8 @@ struct PipelineBufferSizes {
   std::vector<int64_t> input_elems;       // per chunk: one kept input
   int64_t send_slots_per_pool = 0;        // activations forward and gradients backward, each
   int64_t stash_elems = 0;                // all chunks' kept inputs
-  int64_t grad_in_elems = 0;              // the received output gradient of the next backward
+  int64_t grad_in_elems = 0;              // one received output gradient (a gradient slot)
+  int64_t grad_in_slots = 0;              // gradients received before their backward, at most
   int64_t send_elems = 0;                 // both send pools
   int64_t tied_elems = 0;                 // the other stage's tied-table gradient
   // The arena bytes of these buffers at elem_size bytes per element (the runner's planned bytes).
@@ -64,7 +66,8 @@ int64_t exchanged_table_elems(const model::GPTModel<T>& model,
                               const parallel::ProcessGroups* groups);
 
 // What PipelineRunner plans for schedule `c` (pp 1: nothing): per chunk without the embedding
-// in_flight_per_chunk(c) stash slots of its input, one grad_in slot, two send pools of
+// the stash slots of its input recv_plan counts (in_flight_per_chunk(c), and those received
+// ahead in their sender's order), its gradient slots (at least one), two send pools of
 // vp x max(in flight) + 1 slots (the slots of the rank's largest boundary), and with
 // tied_table_elems > 0 (the shared table's local size on a stage that holds it) its receive
 // buffer.
@@ -118,8 +121,8 @@ class PipelineRunner {
   // The message tags of micro-batch mb's activation entering chunk c of the receiving rank,
   // and of the gradient leaving it.
   int tag(int64_t mb, int receiver_chunk, bool gradient) const;
-  void run(const std::vector<Work>& order, double loss_grad_scale, const Hooks& hooks,
-           bool forward_only);
+  void run(const std::vector<Work>& order, const RecvPlan& recvs, double loss_grad_scale,
+           const Hooks& hooks, bool forward_only);
   // The model's grad-ready hook (set once): a stage goes to hooks_->stage_done when the running
   // backward finalises it (its chunk's last micro-batch), the tied table's after the exchange.
   void stage_done(int stage);
@@ -136,11 +139,13 @@ class PipelineRunner {
   std::vector<int> table_ranks_;
   std::vector<parallel::CommHandle> table_sends_;  // the last holder's, of the whole sum
   Arena arena_;
-  // Per chunk: the kept inputs of the micro-batches in flight ([in_flight] x [elems]).
+  // Per chunk: the kept inputs of the micro-batches in flight ([stash slots] x [elems]), each
+  // slot's receive.
   std::vector<std::vector<DevPtr<T>>> stash_;
-  std::vector<std::vector<int64_t>> stash_mb_;  // which micro-batch each slot holds (-1: free)
   std::vector<std::vector<parallel::CommHandle>> stash_recv_;
-  DevPtr<T> grad_in_ = nullptr;  // the received output gradient of the next backward
+  // The received output gradients of the next backwards ([gradient slots] x [elems]).
+  std::vector<DevPtr<T>> grad_in_;
+  std::vector<parallel::CommHandle> grad_recv_;
   struct SendPool {
     std::vector<DevPtr<T>> buf;
     std::vector<parallel::CommHandle> handle;
@@ -149,8 +154,10 @@ class PipelineRunner {
   SendPool send_[2];  // [0] activations forward, [1] gradients backward
   DevPtr<T> tied_recv_ = nullptr;  // a partial sum of the shared table's gradient
   int64_t replays_ = 0;
-  // Planned once: the schedules, and the step's counters (a step allocates nothing).
+  // Planned once: the schedules, their receives, and the step's counters (a step allocates
+  // nothing).
   std::vector<Work> train_order_, eval_order_;
+  RecvPlan train_recvs_, eval_recvs_;
   std::vector<int64_t> backwards_;  // per chunk, in the running step
   const Hooks* hooks_ = nullptr;    // the running step's
   bool final_backward_ = false, exchange_ = false;

@@ -145,6 +145,133 @@ int64_t recomputed_forwards(const ScheduleConfig& c) {
   return n;
 }
 
+std::vector<Message> messages_sent(const ScheduleConfig& c, int sender, int receiver) {
+  ScheduleConfig s = c;
+  s.rank = sender;
+  const std::vector<Work> order = schedule(s);  // validates
+  std::vector<Message> out;
+  const int last = c.pp - 1;
+  for (const Work& w : order) {
+    if (w.pass == Pass::Forward) {
+      if (sender == last && w.chunk == c.vp - 1) continue;  // the loss
+      // The last rank's chunk c feeds the first rank's chunk c + 1.
+      if ((sender + 1) % c.pp == receiver)
+        out.push_back(Message{false, w.microbatch, sender == last ? w.chunk + 1 : w.chunk});
+    } else {
+      if (sender == 0 && w.chunk == 0) continue;  // the embedding
+      if ((sender + c.pp - 1) % c.pp == receiver)
+        out.push_back(Message{true, w.microbatch, sender == 0 ? w.chunk - 1 : w.chunk});
+    }
+  }
+  return out;
+}
+
+namespace {
+// The lowest free slot of a pool (grown by one when all are taken), marked taken.
+int take_slot(std::vector<char>& taken) {
+  const auto it = std::find(taken.begin(), taken.end(), 0);
+  const auto slot = static_cast<int>(it - taken.begin());
+  if (it == taken.end()) {
+    taken.push_back(1);
+  } else {
+    *it = 1;
+  }
+  return slot;
+}
+}  // namespace
+
+RecvPlan recv_plan(const ScheduleConfig& c) {
+  const std::vector<Work> order = schedule(c);  // validates
+  const size_t n = order.size();
+  RecvPlan p;
+  p.first.assign(1, 0);
+  p.input_slot.assign(n, -1);
+  p.grad_slot.assign(n, -1);
+  p.with_next.assign(n, false);
+  p.stash_slots.assign(c.vp, 0);
+  if (c.pp == 1) {
+    p.first.assign(n + 1, 0);
+    return p;
+  }
+  // The senders: the previous rank's activations, the next rank's gradients (with pp 2 both
+  // the other rank, in one sequence).
+  struct Sender {
+    int rank;
+    std::vector<Message> sent;
+    size_t posted = 0;
+  };
+  const int prev = (c.rank + c.pp - 1) % c.pp, next = (c.rank + 1) % c.pp;
+  std::vector<Sender> senders;
+  senders.push_back(Sender{prev, messages_sent(c, prev, c.rank)});
+  if (next != prev) senders.push_back(Sender{next, messages_sent(c, next, c.rank)});
+  const auto sender_of = [&](int rank) -> Sender& { return rank == prev ? senders[0] : senders.back(); };
+  // Per chunk and micro-batch, the slot holding its activation / its output's gradient (-1: none).
+  const size_t m = static_cast<size_t>(c.num_microbatches);
+  std::vector<std::vector<int>> stash_of(c.vp, std::vector<int>(m, -1)), grad_of = stash_of;
+  std::vector<std::vector<char>> stash_taken(c.vp);
+  std::vector<char> grad_taken;
+  // Posts the receive step j reads (if not yet posted) and every earlier one of its sender.
+  const auto post_through = [&](size_t j) {
+    const Work& w = order[j];
+    const auto mb = static_cast<size_t>(w.microbatch);
+    const bool first_stage = c.rank == 0 && w.chunk == 0;
+    const bool last_stage = c.rank == c.pp - 1 && w.chunk == c.vp - 1;
+    const bool reads = w.pass == Pass::Forward ? !first_stage : !last_stage;
+    std::vector<std::vector<int>>& held = w.pass == Pass::Forward ? stash_of : grad_of;
+    if (!reads || held[w.chunk][mb] >= 0) return;
+    Sender& s = sender_of(w.pass == Pass::Forward ? prev : next);
+    const Message want{w.pass == Pass::Backward, w.microbatch, w.chunk};
+    const auto it = std::find(s.sent.begin() + static_cast<ptrdiff_t>(s.posted), s.sent.end(), want);
+    MOE_CHECK(it != s.sent.end(),
+              "[pipeline] internal: pp rank {} reads micro-batch {}'s {} of chunk {} that pp "
+              "rank {} does not send it",
+              c.rank, w.microbatch, want.gradient ? "gradient" : "activation", w.chunk, s.rank);
+    const auto upto = static_cast<size_t>(it - s.sent.begin());
+    for (; s.posted <= upto; ++s.posted) {
+      const Message& msg = s.sent[s.posted];
+      const auto at = static_cast<size_t>(msg.microbatch);
+      int& slot = (msg.gradient ? grad_of : stash_of)[msg.chunk][at];
+      MOE_CHECK(slot < 0, "[pipeline] internal: micro-batch {}'s {} of chunk {} received twice",
+                msg.microbatch, msg.gradient ? "gradient" : "activation", msg.chunk);
+      slot = take_slot(msg.gradient ? grad_taken : stash_taken[msg.chunk]);
+      p.posts.push_back(RecvPost{msg, s.rank, slot});
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Work& w = order[i];
+    const auto mb = static_cast<size_t>(w.microbatch);
+    const bool first_stage = c.rank == 0 && w.chunk == 0;
+    const bool last_stage = c.rank == c.pp - 1 && w.chunk == c.vp - 1;
+    post_through(i);
+    // Megatron's interleaved iteration: a forward and the backward after it exchange as one
+    // (their receives posted and waited before the forward; their sends go with the next
+    // iteration's receives), so both neighbours' groups pair up.
+    if (c.vp > 1 && w.pass == Pass::Forward && i + 1 < n && order[i + 1].pass == Pass::Backward) {
+      post_through(i + 1);
+      p.with_next[i] = true;
+    }
+    p.first.push_back(p.posts.size());
+    if (!first_stage) p.input_slot[i] = stash_of[w.chunk][mb];
+    if (w.pass == Pass::Backward && !last_stage) p.grad_slot[i] = grad_of[w.chunk][mb];
+    MOE_CHECK(first_stage || p.input_slot[i] >= 0,
+              "[pipeline] internal: pp rank {} runs micro-batch {} of chunk {} without its input",
+              c.rank, w.microbatch, w.chunk);
+    // The slots the step read are free after it: the activation once no backward needs it.
+    const auto release = [](int& slot, std::vector<char>& taken) {
+      if (slot >= 0) taken[static_cast<size_t>(slot)] = 0;
+      slot = -1;
+    };
+    if (w.pass == Pass::Backward || c.forward_only) {
+      release(stash_of[w.chunk][mb], stash_taken[w.chunk]);
+    }
+    if (w.pass == Pass::Backward) release(grad_of[w.chunk][mb], grad_taken);
+  }
+  for (int ch = 0; ch < c.vp; ++ch)
+    p.stash_slots[ch] = static_cast<int64_t>(stash_taken[ch].size());
+  p.grad_slots = static_cast<int64_t>(grad_taken.size());
+  return p;
+}
+
 std::string format_schedule(const ScheduleConfig& c) {
   std::string out;
   for (const Work& w : schedule(c)) {

@@ -1,6 +1,7 @@
 // The order in which one pipeline rank runs the forward and backward passes of its micro-batches:
 // Megatron-Core's schedules (no pipelining, 1F1B, interleaved 1F1B over virtual stages) as pure
-// functions of the degrees, so the trainer, the planner and the tests read one table.
+// functions of the degrees, so the trainer, the planner and the tests read one table; and the
+// messages between the ranks that follow from them, with the order each rank posts its receives.
 #pragma once
 
 #include <cstdint>
@@ -46,5 +47,56 @@ std::string format_schedule(const ScheduleConfig& c);       // e.g. "F0.0 F1.0 B
 // k-th backward runs the same slot's micro-batch through chunk vp - 1 - chunk.
 std::vector<std::pair<int64_t, int>> schedule_table(int64_t num_microbatches, int vp,
                                                     int64_t group_size);
+
+// A message between pipeline ranks: micro-batch `microbatch`'s activation entering the receiver's
+// chunk `chunk` (a forward's output), or the gradient of that chunk's output (a backward's input
+// gradient, sent back). The first virtual stage (rank 0, chunk 0: the embedding) receives no
+// activation and sends no gradient; the last (rank pp - 1, chunk vp - 1: the loss) sends no
+// activation and receives no gradient.
+struct Message {
+  bool gradient = false;
+  int64_t microbatch = 0;
+  int chunk = 0;  // the receiver's
+  bool operator==(const Message&) const = default;
+};
+
+// What rank `sender` sends rank `receiver` (c.rank is ignored), in the order it posts the sends:
+// its schedule's, each forward's activation as the forward ends, each backward's input gradient
+// as the backward ends.
+std::vector<Message> messages_sent(const ScheduleConfig& c, int sender, int receiver);
+
+// Where rank c.rank receives its messages, and when it posts the receives. NCCL has no tags: a
+// pair's messages match in the order both sides post them. So every receive is posted in its
+// sender's order (messages_sent), whatever order the receiver reads them in: before each step,
+// the receive of what the step reads and every earlier one of the same sender not yet posted
+// (1F1B and the interleaved schedule with groups of pp micro-batches read in the sender's order,
+// so that is the step's receive alone; with pp 2 and larger groups a rank sends its neighbour
+// activations and gradients in another order than the neighbour reads them, which then receives
+// some ahead). Nothing is posted beyond what a step reads: a receive waits for its sender, and on
+// NCCL everything after it on the communicator waits with it. Activations land in a stash slot of
+// their chunk, kept until the backward (forward-only: until the forward ends), gradients in a
+// gradient slot until the backward reads them; each takes the lowest free slot. Under the
+// interleaved schedule a forward followed by a backward posts and waits the backward's gradient
+// too (Megatron's iteration: both exchanges in one group), else NCCL's in-order groups of the
+// two neighbours wait on each other.
+struct RecvPost {
+  Message msg;
+  int peer = 0;  // pp rank of the sender
+  int slot = 0;  // a stash slot of msg.chunk, or a gradient slot
+};
+struct RecvPlan {
+  std::vector<RecvPost> posts;  // in posting order
+  std::vector<size_t> first;    // step i posts posts[first[i] .. first[i + 1]) before it runs
+  // Per step: the stash slot of the chunk's input (-1: the embedding's chunk, or no pipelining)
+  // and, for a backward, the gradient slot of its output gradient (-1: the loss's chunk).
+  std::vector<int> input_slot, grad_slot;
+  // Per step: the next step's receives are posted and waited with this one's (vp > 1: a forward
+  // and the backward after it, Megatron's iteration).
+  std::vector<bool> with_next;
+  std::vector<int64_t> stash_slots;  // per chunk: the most activations held at once
+  int64_t grad_slots = 0;            // the most gradients held at once
+};
+// The plan of rank c.rank's schedule(c) (pp 1: nothing received).
+RecvPlan recv_plan(const ScheduleConfig& c);
 
 }  // namespace moecore::pipeline

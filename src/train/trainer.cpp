@@ -91,21 +91,22 @@ void check_device_parallel_support(const std::string& device, const parallel::Pa
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
             "one process, or --device cpu",
             device, d.world);
-  // NCCL has no tags: a pair's messages match in the order they are posted. The 1F1B schedule
-  // keeps one kind of message per direction between neighbours (activations forward, gradients
-  // back), each posted in the same order on both sides; the interleaved one sends a neighbour
-  // activations and gradients in the same direction, and the receiver posts them in another
-  // order (its activation receives ahead, in schedule order), so they would land in each
-  // other's buffers (seen in the emulated build: the step-1 loss off by 2e-3).
+  // NCCL has no tags and runs a communicator's groups in order, each to its end. The pipeline
+  // runner posts every receive in its sender's order (pipeline::recv_plan) and, under the
+  // interleaved schedule, exchanges a forward and the backward after it as one group
+  // (Megatron's iteration). A model of that against NCCL's rules (each rank's groups in order, a
+  // send complete once its receive runs) finds no wait cycle for PP 2 in groups of 2
+  // micro-batches (VP 2 to 4, every count from 2 to 24; the emulated build runs PP 2 x VP 2);
+  // larger groups, and PP > 2 with as many micro-batches as stages, leave two neighbours'
+  // groups waiting on each other.
   const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
-  MOE_CHECK(vp == 1,
-            "[train] --device {} with {} virtual pipeline stages per rank (--num-layers-per-"
-            "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank or a "
-            "--pipeline-model-parallel-layout with several stages a rank) is not implemented yet: "
-            "NCCL matches a pair's messages in posting order, and the interleaved schedule "
-            "receives a neighbour's activations and gradients in another order than it sends "
-            "them; use one virtual stage per rank, or --device cpu",
-            device, vp);
+  MOE_CHECK(vp == 1 || (d.pp == 2 && cfg.microbatch_group() == 2),
+            "[train] --device {} with {} virtual pipeline stages per rank over pipeline size {} "
+            "in groups of {} micro-batches (--microbatch-group-size-per-virtual-pipeline-stage) "
+            "is not implemented yet: NCCL runs a communicator's point-to-point groups in order, "
+            "and this interleaved schedule's would wait on each other. Use pipeline size 2 with "
+            "the default group size, one virtual stage per rank, or --device cpu",
+            device, vp, d.pp, cfg.microbatch_group());
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,

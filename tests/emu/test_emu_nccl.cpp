@@ -483,6 +483,70 @@ TEST(EmuNcclStrict, PointToPointBuffersArePending) {
   EXPECT_NO_THROW(in.get());
 }
 
+// NCCL pairs two ranks' messages in the order each posts them: a pair posted in different orders
+// (or with other sizes) swaps the messages, or fails, on GPUs. Here a send's header and its
+// receive's answer (bytes, the caller's tag) must agree, else the wait of the send and the wait
+// of the receive fail, each naming both sides; the ranks stay in step (the next pairs run).
+TEST(EmuNcclStrict, MismatchedPairsAreErrorsOnBothSides) {
+  const int g = size(), me = rank(), peer = me ^ 1;
+  const bool sender = me % 2 == 0;
+  const int64_t n = 8;
+  Dev<float> a(n), b(n), x(n), y(n), big(n + 2);
+  const std::vector<float> va = values<float>(n, 71), vb = values<float>(n, 72);
+  a.put(va);
+  b.put(vb);
+  const auto names = [&](int64_t my_bytes, int my_tag, int64_t their_bytes, int their_tag) {
+    return std::vector<std::string>{
+        "group 'world' (emulated NCCL)",
+        fmt::format("rank {}'s {} rank {} ({} bytes, tag {}) matched rank {}'s {} ({} bytes, tag {})",
+                    me, sender ? "send to" : "receive from", peer, my_bytes, my_tag, peer,
+                    sender ? "receive" : "send", their_bytes, their_tag),
+        "in its sender's order"};
+  };
+  if (peer < g) {  // pairs (0, 1), (2, 3), ...
+    // Other sizes: 8 floats sent, 10 received.
+    if (sender) {
+      CommHandle h = nccl().send_async(a.span(), peer);
+      expect_error([&] { h.wait(); }, names(32, 0, 40, 0), "a send of other bytes");
+    } else {
+      CommHandle h = nccl().recv_async(big.span(), peer);
+      expect_error([&] { h.wait(); }, names(40, 0, 32, 0), "a receive of other bytes");
+    }
+    // The same sizes posted in other orders: the sender's tag 1 then 2, the receiver's 2 then 1.
+    if (sender) {
+      CommHandle h1 = nccl().send_async(a.span(), peer, 1);
+      CommHandle h2 = nccl().send_async(b.span(), peer, 2);
+      expect_error([&] { h1.wait(); }, names(32, 1, 32, 2), "the first send, crossed");
+      expect_error([&] { h2.wait(); }, names(32, 2, 32, 1), "the second send, crossed");
+    } else {
+      CommHandle h2 = nccl().recv_async(y.span(), peer, 2);
+      CommHandle h1 = nccl().recv_async(x.span(), peer, 1);
+      expect_error([&] { h2.wait(); }, names(32, 2, 32, 1), "the first receive, crossed");
+      expect_error([&] { h1.wait(); }, names(32, 1, 32, 2), "the second receive, crossed");
+    }
+    // In one order: delivered.
+    if (sender) {
+      CommHandle h1 = nccl().send_async(a.span(), peer, 1);
+      CommHandle h2 = nccl().send_async(b.span(), peer, 2);
+      h1.wait();
+      h2.wait();
+      mpi().send(va, peer, 1);  // what was sent, for the receiver to compare
+      mpi().send(vb, peer, 2);
+    } else {
+      CommHandle h1 = nccl().recv_async(x.span(), peer, 1);
+      CommHandle h2 = nccl().recv_async(y.span(), peer, 2);
+      h1.wait();
+      h2.wait();
+      std::vector<float> want_a(n), want_b(n);
+      mpi().recv(want_a, peer, 1);
+      mpi().recv(want_b, peer, 2);
+      expect_bitwise(x.get(), want_a, "the first message");
+      expect_bitwise(y.get(), want_b, "the second message");
+    }
+  }
+  nccl().barrier();
+}
+
 // Host and pinned host buffers are refused, naming the collective, the group and the argument;
 // nothing was posted, so the ranks stay in step.
 TEST(EmuNcclStrict, HostBuffersAreRefused) {

@@ -33,6 +33,7 @@ case "$np" in
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
        "pp2 ${two[*]} --pipeline-model-parallel-size 2"
        "pp2-mtp ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
+       "pp2-vp2 --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
        "cp2-p2p ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
        "cp2-allgather ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
      ) ;;
@@ -73,18 +74,19 @@ for l in "${layouts[@]}"; do
     status=1
   fi
 done
-# What is refused on --device cuda before step 0, naming it: interleaved pipeline stages (NCCL
-# matches a pair's messages in posting order; the interleaved schedule's would cross).
+# What is refused on --device cuda before step 0, naming it: interleaved groups larger than the
+# pipeline (NCCL runs a communicator's groups in order; these would wait on each other).
 if [ "$np" = 2 ]; then
   out=$(OMPI_MCA_orte_tmpdir_base="$work" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS "$moecore" train \
         --config "$config" --device cuda "${small[@]}" --num-layers 4 --pipeline-model-parallel-size 2 \
-        --num-layers-per-virtual-pipeline-stage 1 --train-iters 3 --lr-warmup-iters 0 2>&1) && status=1
-  if grep -q -- '--device cuda with 2 virtual pipeline stages per rank' <<< "$out" &&
+        --num-layers-per-virtual-pipeline-stage 1 --microbatch-group-size-per-virtual-pipeline-stage 4 \
+        --train-iters 3 --lr-warmup-iters 0 2>&1) && status=1
+  if grep -q -- '--device cuda with 2 virtual pipeline stages per rank over pipeline size 2 in groups of 4' <<< "$out" &&
      ! grep -q '"iteration"\|iteration *1' <<< "$out"; then
-    echo "[layouts] refused before step 0: PP 2 with 2 virtual stages per rank on --device cuda"
+    echo "[layouts] refused before step 0: PP 2 x VP 2 in groups of 4 on --device cuda"
   else
-    echo "[layouts] FAIL: interleaved PP on --device cuda was not refused as expected"
+    echo "[layouts] FAIL: interleaved PP in groups of 4 on --device cuda was not refused as expected"
     echo "$out" | tail -20
     status=1
   fi

@@ -73,6 +73,22 @@ TEST(PipelineBuffers, HandCountsInterleaved) {
   EXPECT_EQ(s.bytes(4), (2 + 1 + 2 * 9) * 64);
 }
 
+TEST(PipelineBuffers, HandCountsReceivedAhead) {
+  // PP 2, VP 2, M 4 in groups of 4, rank 0: F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 B0.1 F3.1 ...
+  // keeps 3 of chunk 1 in flight, and receives micro-batch 3's activation before B0.1's gradient
+  // (rank 1 sends them in that order): 4 stash slots of chunk 1, one gradient slot.
+  const PipelineBufferSizes s =
+      pipeline_buffer_sizes(sched(2, 0, 2, 4, 4), chunks({true, false}, 10), 0);
+  EXPECT_EQ(s.stash_slots, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(s.grad_in_slots, 1);
+  // M 8 in groups of 4, rank 1: two gradients held at once (chunk 0's stash: 5 slots).
+  const PipelineBufferSizes r1 =
+      pipeline_buffer_sizes(sched(2, 1, 2, 8, 4), chunks({false, false}, 10), 0);
+  EXPECT_EQ(r1.stash_slots, (std::vector<int64_t>{5, 1}));
+  EXPECT_EQ(r1.grad_in_slots, 2);
+  EXPECT_EQ(r1.bytes(4), (5 + 1 + 2 + 2 * r1.send_slots_per_pool) * 64);
+}
+
 TEST(PipelineBuffers, RecomputedForwards) {
   // No pipelining and forward-only: never.
   EXPECT_EQ(recomputed_forwards(sched(1, 0, 1, 8)), 0);
@@ -121,7 +137,8 @@ TEST(PipelineBuffers, RunnerPlansTheCounts) {
   };
   for (const Case& k : {Case{2, 1, 2, 4, 0, true}, Case{2, 1, 4, 3, 0, false},
                         Case{4, 1, 4, 8, 0, true}, Case{2, 2, 4, 4, 0, true},
-                        Case{2, 2, 8, 5, 3, false}, Case{4, 2, 8, 8, 0, true}}) {
+                        Case{2, 2, 8, 5, 3, false}, Case{4, 2, 8, 8, 0, true},
+                        Case{2, 2, 4, 8, 4, true}}) {
     parallel::ParallelConfig pc;
     pc.pp = k.pp;
     pc.vp_stages = k.vp > 1 ? k.vp : 0;

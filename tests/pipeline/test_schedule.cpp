@@ -3,9 +3,11 @@
 // layouts, a simulation of all ranks together (no deadlock), and one test per error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/check.h"
@@ -245,6 +247,115 @@ TEST(PipelineSchedule, AllRanksTogetherNeverDeadlock) {
   simulate(4, 2, 10, 6);
   simulate(4, 4, 29, 5);
   simulate(8, 2, 32, 11);
+}
+
+// NCCL pairs a neighbour's messages with the receives in posting order: every rank must post the
+// receives from each sender in the order that sender posts its sends (recv_plan), and each step
+// must read its own message from the slot the plan gives it, never one overwritten while held.
+void check_recv_plans(const ScheduleConfig& base) {
+  for (int rank = 0; rank < base.pp; ++rank) {
+    ScheduleConfig c = base;
+    c.rank = rank;
+    SCOPED_TRACE(testing::Message() << "pp " << c.pp << " vp " << c.vp << " M " << c.num_microbatches
+                                    << " G " << c.group_size << " rank " << rank
+                                    << (c.forward_only ? " forward-only" : ""));
+    const std::vector<Work> order = schedule(c);
+    const RecvPlan p = recv_plan(c);
+    ASSERT_EQ(p.first.size(), order.size() + 1);
+    std::map<int, std::vector<Message>> from;
+    for (const RecvPost& r : p.posts) from[r.peer].push_back(r.msg);
+    for (int peer = 0; peer < c.pp; ++peer) {
+      if (peer == rank) continue;
+      EXPECT_EQ(from[peer], messages_sent(c, peer, rank)) << "from pp rank " << peer;
+    }
+    // The slots' contents over the schedule: (gradient?, chunk, slot) -> the message held.
+    std::map<std::tuple<bool, int, int>, Message> held;
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (size_t k = p.first[i]; k < p.first[i + 1]; ++k) {
+        const RecvPost& r = p.posts[k];
+        const auto key = std::make_tuple(r.msg.gradient, r.msg.gradient ? 0 : r.msg.chunk, r.slot);
+        EXPECT_EQ(held.count(key), 0u) << "a slot overwritten while held, step " << i;
+        held[key] = r.msg;
+        EXPECT_LT(r.slot, r.msg.gradient ? p.grad_slots : p.stash_slots[r.msg.chunk]);
+      }
+      const Work& w = order[i];
+      const bool first_stage = rank == 0 && w.chunk == 0;
+      const bool last_stage = rank == c.pp - 1 && w.chunk == c.vp - 1;
+      if (c.pp > 1 && !first_stage) {
+        const auto key = std::make_tuple(false, w.chunk, p.input_slot[i]);
+        ASSERT_EQ(held.count(key), 1u) << "step " << i;
+        EXPECT_EQ(held[key], (Message{false, w.microbatch, w.chunk})) << "step " << i;
+        if (w.pass == Pass::Backward || c.forward_only) held.erase(key);
+      }
+      if (c.pp > 1 && w.pass == Pass::Backward && !last_stage) {
+        const auto key = std::make_tuple(true, 0, p.grad_slot[i]);
+        ASSERT_EQ(held.count(key), 1u) << "step " << i;
+        EXPECT_EQ(held[key], (Message{true, w.microbatch, w.chunk})) << "step " << i;
+        held.erase(key);
+      }
+    }
+    EXPECT_TRUE(held.empty());
+    if (c.pp == 1) {
+      EXPECT_TRUE(p.posts.empty());
+    }
+  }
+}
+
+TEST(PipelineSchedule, ReceivesPostedInTheSendersOrder) {
+  for (const Grid& gr : grid()) {
+    for (bool fo : {false, true})
+      check_recv_plans({.pp = gr.pp, .vp = gr.vp, .num_microbatches = gr.m, .forward_only = fo});
+  }
+  for (int64_t m = 2; m <= 12; ++m) {
+    for (int64_t g = 2; g <= m; ++g) {
+      const ScheduleConfig c{.pp = 2, .vp = 2, .num_microbatches = m, .group_size = g};
+      if (valid(c)) check_recv_plans(c);
+    }
+  }
+  check_recv_plans({.pp = 2, .vp = 3, .num_microbatches = 7, .group_size = 4});
+  check_recv_plans({.pp = 4, .vp = 2, .num_microbatches = 10, .group_size = 6});
+  check_recv_plans({.pp = 4, .vp = 4, .num_microbatches = 29, .group_size = 5});
+}
+
+// Why the sender's order: with PP 2 and groups larger than pp a rank reads its neighbour's
+// messages in another order than the neighbour sends them (rank 1 sends rank 0 the activation of
+// micro-batch 3 for chunk 1 before the gradient of micro-batch 0; rank 0 reads that gradient
+// first), so rank 0 receives that activation ahead, into a stash slot more than it keeps in
+// flight. With groups of pp micro-batches (the default) and with PP > 2 (one kind of message
+// per direction) each step receives exactly what it reads (under the interleaved schedule a
+// forward also receives the gradient of the backward after it).
+TEST(PipelineSchedule, ReceivesAheadOnlyWhereTheOrdersDiffer) {
+  const ScheduleConfig c{.pp = 2, .rank = 0, .vp = 2, .num_microbatches = 4, .group_size = 4};
+  const std::vector<Message> sent = messages_sent(c, 1, 0);
+  const auto at = [&](Message m) { return std::find(sent.begin(), sent.end(), m) - sent.begin(); };
+  EXPECT_LT(at({false, 3, 1}), at({true, 0, 1}));
+  EXPECT_EQ(format_schedule(c),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 B0.1 F3.1 B1.1 B2.1 B3.1 B0.0 B1.0 B2.0 B3.0");
+  // F2.1 and B0.1 exchange as one (Megatron's iteration): before F2.1, A2.1, A3.1, then G0.1.
+  const RecvPlan p = recv_plan(c);
+  EXPECT_TRUE(p.with_next[6]);
+  ASSERT_EQ(p.first[7] - p.first[6], 3u);
+  EXPECT_EQ(p.posts[p.first[6]].msg, (Message{false, 2, 1}));
+  EXPECT_EQ(p.posts[p.first[6] + 1].msg, (Message{false, 3, 1}));
+  EXPECT_EQ(p.posts[p.first[6] + 2].msg, (Message{true, 0, 1}));
+  EXPECT_EQ(p.first[8], p.first[7]);  // nothing more before B0.1
+  EXPECT_EQ(in_flight_per_chunk(c), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(p.stash_slots, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(p.grad_slots, 1);
+  // PP 2 x VP 2 x M 8 in groups of 4: rank 1 holds two gradients at once.
+  EXPECT_EQ(recv_plan({.pp = 2, .rank = 1, .vp = 2, .num_microbatches = 8, .group_size = 4})
+                .grad_slots,
+            2);
+  for (const ScheduleConfig& d : {ScheduleConfig{.pp = 2, .rank = 0, .vp = 2, .num_microbatches = 8},
+                                  ScheduleConfig{.pp = 4, .rank = 2, .vp = 2, .num_microbatches = 8,
+                                                 .group_size = 8},
+                                  ScheduleConfig{.pp = 2, .rank = 1, .vp = 1, .num_microbatches = 8}}) {
+    const RecvPlan q = recv_plan(d);
+    // Each step receives what it reads, with the next step's under the interleaved iteration.
+    for (size_t i = 0; i + 1 < q.first.size(); ++i)
+      EXPECT_LE(q.first[i + 1] - q.first[i], q.with_next[i] ? 2u : 1u);
+    EXPECT_EQ(q.grad_slots, d.rank == d.pp - 1 && d.vp == 1 ? 0 : 1);
+  }
 }
 
 TEST(PipelineSchedule, ForwardOnlyRunsTheTableInOrder) {

@@ -12,6 +12,13 @@
 //   ring sums piece r in the same order as the full reduce-scatter), Send / Recv -> send / recv
 //   under one tag (NCCL has none: a pair's messages match in the order they were posted; a rank's
 //   messages to itself through a queue of its own).
+// Each send goes with a header (its bytes and the caller's tag, which NCCL ignores) and each
+// receive answers with its own: a matched pair that differs in either is an error on both sides,
+// naming both (NCCL would write the other message into the receive buffer, or fail, and the
+// tags, the MPI backend's matching, say the callers meant other messages: the pair was posted in
+// different orders). The data is received into the buffer only after its header matched (a
+// mismatched message is drained), and the error is thrown by the wait or test of that send or
+// receive, so both ranks stay in step.
 // The transport's operations are posted when the collective goes on the communicator's stream
 // (a group's calls all at once). As on a GPU, where a communicator's operations run in order on
 // its stream, an operation completes only after the one before it (completing a handle completes
@@ -87,7 +94,15 @@ ReduceOp reduce_op(NcclRedOp op) {
 struct SelfMessage {
   char* buf = nullptr;
   int64_t bytes = 0;
+  int tag = 0;
   bool done = false;
+};
+
+// What a send announces and a receive answers: its bytes and the caller's tag.
+struct P2pHeader {
+  int64_t bytes = 0;
+  int64_t tag = 0;
+  bool operator==(const P2pHeader&) const = default;
 };
 
 class EmuNcclCommunicator;
@@ -122,9 +137,25 @@ class EmuNcclRequest final : public CommRequest {
   std::vector<NcclCall> calls;                     // the plan's calls, posted by post_calls()
   int64_t send_at = 0;                             // the calls' send staging in `host` (elements)
   size_t call_es = 0;                              // the calls' element size
-  std::vector<int32_t> acks;                       // one word per call: the sends' rendezvous
-  int32_t ack_word = 0;                            // what the receives' acknowledgements send
-  std::vector<int> ack_peers;                      // the receives' peers, acknowledged at start()
+  int tag = 0;                                     // send / recv: the caller's (NCCL ignores it)
+  // Per send / receive call: what this side announces, and what the other side's header or
+  // answer said (the sends' rendezvous: the answer comes once the receive had its turn).
+  std::vector<P2pHeader> mine, theirs;
+  // The receives: their data is posted once the header arrived and matched (in posting order).
+  struct Incoming {
+    size_t call;    // index in calls / mine / theirs
+    char* dst;      // the host staging
+    int64_t count;
+    DType t;
+    CommHandle header;
+    bool posted = false;
+  };
+  std::vector<Incoming> incoming;
+  std::vector<size_t> outgoing;                    // the sends' call indices
+  std::vector<unsigned char> drain;                // a mismatched message's bytes
+  std::string error;                               // a mismatched pair: thrown by test() / wait()
+  bool receive_posted();                           // the receives' data posted (in order)
+  void check_answers();                            // the sends' answers against their headers
   uint64_t group = 0;                              // the stream group it completes with
   bool started = false;
   std::vector<CommHandle> parts;                   // the transport's operations
@@ -210,6 +241,11 @@ class EmuNcclCommunicator final : public Communicator {
       for (size_t i = 0; i < end; ++i) {
         if (!queue_[i]->started) queue_[i]->start();
       }
+      // Every receive of the group posts its data once its header is in, in posting order (a
+      // group's sends wait for their peers' receives: none may wait behind a send).
+      for (size_t i = 0; i < end; ++i) {
+        if (!queue_[i]->receive_posted()) break;
+      }
       for (size_t i = 0; i < end; ++i) {
         if (!queue_[i]->ready()) return;
       }
@@ -226,9 +262,18 @@ class EmuNcclCommunicator final : public Communicator {
   }
   uint64_t next_group() { return ++groups_; }
   // The tags of the transport's messages: NCCL's (none: posting order) and the acknowledgements.
-  static constexpr int kData = 0, kAck = 1;
-  CommHandle ack(const int32_t* word, int peer) {
-    return transport_->send_async(word, 1, DType::I32, peer, kAck);
+  static constexpr int kData = 0, kAck = 1, kHead = 2;
+  static constexpr int64_t kHeaderWords = sizeof(P2pHeader) / sizeof(int64_t);
+  Communicator& transport() { return *transport_; }
+  // A mismatched pair, as this rank saw it (`sending`: its send met the other's receive).
+  std::string mismatch(bool sending, int peer, const P2pHeader& mine, const P2pHeader& theirs) const {
+    return fmt::format(
+        "[comm] group '{}' (emulated NCCL): rank {}'s {} rank {} ({} bytes, tag {}) matched rank "
+        "{}'s {} ({} bytes, tag {}): NCCL pairs the messages of two ranks in the order each "
+        "posts them, so these two were posted in different orders (or with other sizes). Post "
+        "every receive in its sender's order",
+        name_, rank_, sending ? "send to" : "receive from", peer, mine.bytes, mine.tag, peer,
+        sending ? "receive" : "send", theirs.bytes, theirs.tag);
   }
 
   int rank() const override { return rank_; }
@@ -255,11 +300,11 @@ class EmuNcclCommunicator final : public Communicator {
       SelfMessage* r = self_recvs_.front();
       self_sends_.pop_front();
       self_recvs_.pop_front();
-      MOE_CHECK(s->bytes == r->bytes,
-                "[comm] group '{}' (emulated NCCL): rank {} sends itself {} bytes but its "
-                "matching receive (the next one posted) takes {}: NCCL matches a pair's messages "
-                "in posting order",
-                name_, rank_, s->bytes, r->bytes);
+      MOE_CHECK(s->bytes == r->bytes && s->tag == r->tag,
+                "[comm] group '{}' (emulated NCCL): rank {} sends itself {} bytes (tag {}) but "
+                "its matching receive (the next one posted) takes {} (tag {}): NCCL matches a "
+                "pair's messages in posting order",
+                name_, rank_, s->bytes, s->tag, r->bytes, r->tag);
       std::memcpy(r->buf, s->buf, static_cast<size_t>(s->bytes));
       s->done = r->done = true;
     }
@@ -306,15 +351,16 @@ class EmuNcclCommunicator final : public Communicator {
                Args{"data", "data", rank_ == root});
   }
   // NCCL has no tags: a pair's messages match in the order they were posted.
-  CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int) override {
+  // (The tag only names the message for the pairing check.)
+  CommHandle start_send(const void* data, int64_t count, DType dt, int dst, int tag) override {
     const SyncAudit::Paused library_work;
     p2p(plan_, NcclKind::Send, count, dt, dst);
-    return run(plan_, data, nullptr, dt, "send", Args{"data", "data"}, true);
+    return run(plan_, data, nullptr, dt, "send", Args{"data", "data"}, true, tag);
   }
-  CommHandle start_recv(void* data, int64_t count, DType dt, int src, int) override {
+  CommHandle start_recv(void* data, int64_t count, DType dt, int src, int tag) override {
     const SyncAudit::Paused library_work;
     p2p(plan_, NcclKind::Recv, count, dt, src);
-    return run(plan_, nullptr, data, dt, "recv", Args{"data", "data"}, true);
+    return run(plan_, nullptr, data, dt, "recv", Args{"data", "data"}, true, tag);
   }
   CommHandle start_barrier() override {
     const SyncAudit::Paused library_work;
@@ -367,10 +413,10 @@ class EmuNcclCommunicator final : public Communicator {
   }
 
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call,
-                 Args args, bool p2p = false);
+                 Args args, bool p2p = false, int tag = 0);
 
  public:
-  void post(EmuNcclRequest& req, const NcclCall& c, char* s, char* r, size_t es, int32_t* ack);
+  void post(EmuNcclRequest& req, size_t i, char* s, char* r, size_t es);
 
  private:
 
@@ -406,7 +452,7 @@ void to_device(void* dev, const void* host, size_t bytes) {
 }
 
 CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void* recv, DType dt,
-                                    const char* call, Args args, bool p2p) {
+                                    const char* call, Args args, bool p2p, int tag) {
   const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
   // Any other collective goes on the stream after the point-to-point operations collected so far.
   if (!p2p) issue_p2p();
@@ -501,6 +547,7 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
   }
 
   req->calls = plan.calls;
+  req->tag = tag;
   req->send_at = send_at;
   req->call_es = wes;
   EmuNcclRequest* raw = req.release();
@@ -517,35 +564,73 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
 void EmuNcclRequest::post_calls() {
   char* s = reinterpret_cast<char*>(host.data()) + send_at * static_cast<int64_t>(call_es);
   char* r = reinterpret_cast<char*>(host.data()) + recv_at * static_cast<int64_t>(call_es);
-  acks.assign(calls.size(), 0);  // sized before any is posted: the words stay put
+  // Sized before any is posted: the headers stay put.
+  mine.assign(calls.size(), P2pHeader{});
+  theirs.assign(calls.size(), P2pHeader{});
+  incoming.reserve(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
     const NcclCall& c = calls[i];
-    comm_->post(*this, c, c.send.buf == NcclBuf::Send ? s : r, c.recv.buf == NcclBuf::Send ? s : r,
-                call_es, &acks[i]);
+    comm_->post(*this, i, c.send.buf == NcclBuf::Send ? s : r, c.recv.buf == NcclBuf::Send ? s : r,
+                call_es);
   }
 }
 
-void EmuNcclRequest::start() {
-  for (size_t i = 0; i < ack_peers.size(); ++i) {
-    parts.push_back(comm_->ack(&ack_word, ack_peers[i]));
+void EmuNcclRequest::start() { started = true; }
+
+// Its turn on the stream: each receive whose header arrived (in posting order: a later one's
+// data never overtakes an earlier one's) is checked against it, its data posted (drained if the
+// pair does not match) and the sender answered.
+bool EmuNcclRequest::receive_posted() {
+  Communicator& x = comm_->transport();
+  for (Incoming& in : incoming) {
+    if (in.posted) continue;
+    if (!in.header.test()) return false;
+    const NcclCall& c = calls[in.call];
+    char* dst = in.dst;
+    if (!(mine[in.call] == theirs[in.call])) {
+      if (error.empty()) error = comm_->mismatch(false, c.peer, mine[in.call], theirs[in.call]);
+      // (every dtype is a whole number of 2-byte words)
+      drain.resize(static_cast<size_t>(std::max<int64_t>(theirs[in.call].bytes, 0)));
+      dst = reinterpret_cast<char*>(drain.data());
+      parts.push_back(x.recv_async(dst, theirs[in.call].bytes / 2, DType::BF16, c.peer,
+                                   EmuNcclCommunicator::kData));
+    } else {
+      parts.push_back(x.recv_async(dst, in.count, in.t, c.peer, EmuNcclCommunicator::kData));
+    }
+    parts.push_back(x.send_async(reinterpret_cast<const int64_t*>(&mine[in.call]),
+                                 EmuNcclCommunicator::kHeaderWords, DType::I64, c.peer,
+                                 EmuNcclCommunicator::kAck));
+    in.posted = true;
   }
-  started = true;
+  return true;
+}
+
+void EmuNcclRequest::check_answers() {
+  for (size_t i : outgoing) {
+    if (error.empty() && !(mine[i] == theirs[i]))
+      error = comm_->mismatch(true, calls[i].peer, mine[i], theirs[i]);
+  }
 }
 
 bool EmuNcclRequest::ready() {
+  for (const Incoming& in : incoming) {
+    if (!in.posted) return false;
+  }
   for (CommHandle& h : parts) {
     if (!h.test()) return false;
   }
   for (const auto& m : self) {
     if (!m->done) return false;
   }
+  check_answers();
   return true;
 }
 
 // One NCCL call on the transport, its addresses in host staging (s: the send staging, r: the
 // recv staging, each at the call's offsets).
-void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_base, char* r_base,
-                               size_t es, int32_t* ack) {
+void EmuNcclCommunicator::post(EmuNcclRequest& req, size_t i, char* s_base, char* r_base,
+                               size_t es) {
+  const NcclCall& c = req.calls[i];
   char* s = s_base + c.send.off * static_cast<int64_t>(es);
   char* r = r_base + c.recv.off * static_cast<int64_t>(es);
   const DType t = dtype_of_nccl(c.dtype);
@@ -584,17 +669,24 @@ void EmuNcclCommunicator::post(EmuNcclRequest& req, const NcclCall& c, char* s_b
         auto& m = req.self.emplace_back(std::make_unique<SelfMessage>());
         m->buf = sending ? s : r;
         m->bytes = static_cast<int64_t>(bytes);
+        m->tag = req.tag;
         (sending ? self_sends_ : self_recvs_).push_back(m.get());
         return;
       }
       // The rendezvous: a send completes once the peer's receive had its turn on the peer's
-      // stream, which acknowledges it (start(); a pair's acknowledgements match in order too).
+      // stream, which answers it with its own header (receive_posted(); a pair's headers and
+      // answers match in order too).
+      req.mine[i] = P2pHeader{static_cast<int64_t>(bytes), req.tag};
+      auto* their = reinterpret_cast<int64_t*>(&req.theirs[i]);
       if (sending) {
+        req.parts.push_back(x.send_async(reinterpret_cast<const int64_t*>(&req.mine[i]),
+                                         kHeaderWords, DType::I64, c.peer, kHead));
         req.parts.push_back(x.send_async(s, c.count, t, c.peer, kData));
-        req.parts.push_back(x.recv_async(ack, 1, DType::I32, c.peer, kAck));
+        req.parts.push_back(x.recv_async(their, kHeaderWords, DType::I64, c.peer, kAck));
+        req.outgoing.push_back(i);
       } else {
-        req.parts.push_back(x.recv_async(r, c.count, t, c.peer, kData));
-        req.ack_peers.push_back(c.peer);
+        req.incoming.push_back(EmuNcclRequest::Incoming{
+            i, r, c.count, t, x.recv_async(their, kHeaderWords, DType::I64, c.peer, kHead)});
       }
       return;
     }
@@ -613,10 +705,17 @@ EmuNcclRequest::~EmuNcclRequest() {
 // Testing or waiting for any handle issues the collected point-to-point group first (its
 // handle may be one of them); the stream then runs, completing this request in its turn.
 bool EmuNcclRequest::test() {
-  if (done) return true;
-  const SyncAudit::Paused device_work;
-  comm_->issue_p2p();
-  if (finished) comm_->release_through(this);
+  if (!done) {
+    const SyncAudit::Paused device_work;
+    comm_->issue_p2p();
+    if (finished) comm_->release_through(this);
+  }
+  // A mismatched pair is reported once; the request is complete (a dropped handle's wait ends).
+  if (done && !error.empty()) {
+    const std::string e = std::move(error);
+    error.clear();
+    MOE_FAIL("{}", e);
+  }
   return done;
 }
 
