@@ -35,9 +35,11 @@ class GroupedExperts {
   // Not with biases: fc2's bias gradient sums dy's f32 values.
   void output_grad_rounded();
   bool has_bias() const { return sh_.bias; }
-  // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
+  // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned. fixed_rows > 0:
+  // every local expert has exactly that many rows (padded dispatch: DispatchPlan's
+  // rows_per_expert), so the GEMMs need not read rows_per_expert_L (nn::MlpSaved).
   void forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
-               DevPtr<const int64_t> rows_per_expert_L, int64_t N);
+               DevPtr<const int64_t> rows_per_expert_L, int64_t N, int64_t fixed_rows = 0);
   // dx, dp assigned; weight and bias grads accumulated.
   void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH);
 
