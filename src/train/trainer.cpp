@@ -468,8 +468,8 @@ void BasicTrainer<T>::check_cuda_graph_support() {
   refuse(model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity,
          fmt::format("MoE layers without --moe-pad-expert-input-to-capacity: their grouped GEMMs "
                      "read the rows per expert on the host (the sync point \"{}\"), which a "
-                     "graph cannot contain until the grouped GEMM runs from device tables "
-                     "(ops/cuda/grouped_gemm_device.h); use --moe-expert-capacity-factor C "
+                     "graph cannot contain until the grouped GEMM runs from tables in device "
+                     "memory; use --moe-expert-capacity-factor C "
                      "--moe-pad-expert-input-to-capacity (static rows per expert), or a dense "
                      "model",
                      ops::kGroupedGemmSizes));
@@ -507,10 +507,11 @@ void BasicTrainer<T>::forward_backward(int64_t n_global) {
   if (!graphs_) return work();
   if (graph_ != nullptr) {
     graph_->launch();
-    // The host side of the region did not run: the routers' counts as the captured step left.
-    const std::vector<moe::Router<T>*> routers = model_->routers();
-    for (size_t i = 0; i < routers.size(); ++i)
-      routers[i]->set_step_counts(graph_router_counts_[i]);
+    // The host side of the region did not run: the routers' counts as the captured step left
+    // (the pointers kept at the capture: a replayed step allocates nothing).
+    for (size_t i = 0; i < graph_routers_.size(); ++i) {
+      graph_routers_[i]->set_step_counts(graph_router_counts_[i]);
+    }
     return;
   }
   if (graph_eager_steps_ < cfg_.cuda_graph_warmup_steps) {
@@ -525,9 +526,8 @@ void BasicTrainer<T>::forward_backward(int64_t n_global) {
     graph_ = std::make_unique<StreamGraph>(StreamGraph::capture(
         exec_, "forward and backward of every micro-batch (--cuda-graph-impl full_iteration)",
         work));
-    for (const moe::Router<T>* r : model_->routers()) {
-      graph_router_counts_.push_back(r->step_counts());
-    }
+    graph_routers_ = model_->routers();
+    for (const moe::Router<T>* r : graph_routers_) graph_router_counts_.push_back(r->step_counts());
     graph_note_ = fmt::format(
         "[cuda-graph] iteration {}: the forward and backward of {} micro-batch{} captured as one "
         "graph of {} operations after {} eager step{}; replayed from this step on",

@@ -271,6 +271,7 @@ class BasicTrainer {
   std::unique_ptr<StreamGraph> graph_;
   // The routers' host counts the captured step left (Router::StepCounts), set before each
   // replay's finish_step.
+  std::vector<moe::Router<T>*> graph_routers_;
   std::vector<typename moe::Router<T>::StepCounts> graph_router_counts_;
   std::string graph_note_;                      // the capture's log line, printed after its step
   std::unique_ptr<SaveInFlight> pending_save_;  // an --async-save being written
