@@ -77,10 +77,10 @@ void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int6
                         const T* dy, const T* x, T* dw);
 // Every group `rows` rows (> 0): one strided-batched matmul, no sizes read.
 template <typename T>
-void grouped_gemm_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
+void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
                         const T* w, bool trans_w, T* y);
 template <typename T>
-void grouped_gemm_wgrad_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                               const T* dy, const T* x, T* dw);
 }  // namespace cuda
 
@@ -133,7 +133,7 @@ void grouped_gemm(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t 
   if (ex.on_cpu())
     return cpu::grouped_gemm(raw_ptr(m_G), G, N, K, raw_ptr(x), raw_ptr(w), trans_w, raw_ptr(y));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_fixed(ex, rows_per_group, G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
+    return cuda::grouped_gemm(ex, rows_per_group, G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
                                     raw_ptr(y));
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
@@ -151,7 +151,7 @@ void grouped_gemm_wgrad(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, in
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad(raw_ptr(m_G), G, N, K, raw_ptr(dy), raw_ptr(x), raw_ptr(dw));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_wgrad_fixed(ex, rows_per_group, G, N, K, raw_ptr(dy), raw_ptr(x),
+    return cuda::grouped_gemm_wgrad(ex, rows_per_group, G, N, K, raw_ptr(dy), raw_ptr(x),
                                           raw_ptr(dw));
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);

@@ -81,9 +81,9 @@ void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64
 void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
                              int64_t K, const bf16* dy16, const bf16* x16, float* dw);
 // Every group `rows` rows (> 0): one strided-batched matmul, no sizes read (ops/gemm.h).
-void grouped_gemm_bf16_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                              const bf16* x16, const bf16* w, bool trans_w, float* y);
-void grouped_gemm_wgrad_bf16_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                                    const bf16* dy16, const bf16* x16, float* dw);
 }  // namespace cuda
 
@@ -146,7 +146,7 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_bf16_fixed(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w),
+    return cuda::grouped_gemm_bf16(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w),
                                          trans_w, raw_ptr(y));
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
@@ -162,7 +162,7 @@ inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, i
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_wgrad_bf16_fixed(ex, rows_per_group, G, N, K, raw_ptr(dy16),
+    return cuda::grouped_gemm_wgrad_bf16(ex, rows_per_group, G, N, K, raw_ptr(dy16),
                                                raw_ptr(x16), raw_ptr(dw));
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);

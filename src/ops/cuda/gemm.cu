@@ -120,13 +120,13 @@ void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int6
 }
 
 template <typename T>
-void grouped_gemm_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
+void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
                         const T* w, bool trans_w, T* y) {
   fixed_forward(ex, gemm_types<T>(), rows, G, N, K, x, w, trans_w, y);
 }
 
 template <typename T>
-void grouped_gemm_wgrad_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                               const T* dy, const T* x, T* dw) {
   fixed_wgrad(ex, gemm_types<T>(), rows, G, N, K, dy, x, dw);
 }
@@ -142,9 +142,9 @@ void grouped_gemm_wgrad_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N
                                 const T*, bool, T*);                                              \
   template void grouped_gemm_wgrad<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t,     \
                                       const T*, const T*, T*);                                    \
-  template void grouped_gemm_fixed<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,  \
+  template void grouped_gemm<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,  \
                                       const T*, bool, T*);                                        \
-  template void grouped_gemm_wgrad_fixed<T>(const Exec&, int64_t, int64_t, int64_t, int64_t,      \
+  template void grouped_gemm_wgrad<T>(const Exec&, int64_t, int64_t, int64_t, int64_t,      \
                                             const T*, const T*, T*);
 MOECORE_INSTANTIATE_CUDA_GEMM(float)
 MOECORE_INSTANTIATE_CUDA_GEMM(double)
@@ -196,12 +196,12 @@ void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G,
   grouped_wgrad(ex, desc::GemmTypes::Bf16F32, m_G_host, G, N, K, dy16, x16, dw);
 }
 
-void grouped_gemm_bf16_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                              const bf16* x16, const bf16* w, bool trans_w, float* y) {
   fixed_forward(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, x16, w, trans_w, y);
 }
 
-void grouped_gemm_wgrad_bf16_fixed(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                                    const bf16* dy16, const bf16* x16, float* dw) {
   fixed_wgrad(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, dy16, x16, dw);
 }
