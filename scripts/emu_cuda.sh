@@ -18,7 +18,7 @@ log=$dir/emu-cuda.log
 # stage their buffers (tests/backend/backend_case.h, Staging), and a host pointer reaching a
 # kernel, or the host touching device memory, fails.
 MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "$dir/tests/test_backend" \
-  --gtest_filter='*/cuda_*:CudaTraining.*' 2>&1 | tee "$log"
+  --gtest_filter='*/cuda_*:CudaTraining.*:CudaGraph.*' 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 # gtest names each skipped test twice (when it ends, and in the summary): count names once.
 ran=$(grep -oE '^\[       OK \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" | sort -u | sed 's/.*Run\///' || true)
@@ -51,7 +51,7 @@ runs=(
 # Each run is one thread (OMP_NUM_THREADS=1 in train_cuda_emu.sh): as many at once as there are
 # cores, each into its own log, printed in order once all have ended.
 jobs_max=$(nproc)
-rm -f "$dir"/emu-cuda-train-*.status  # a run that dies before writing its status fails
+rm -f "$dir"/emu-cuda-train-*.status "$dir"/emu-cuda-graph-*.status  # a run that dies first fails
 for i in "${!runs[@]}"; do
   while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
   r=${runs[i]} config=configs/tiny.toml
@@ -65,10 +65,33 @@ for i in "${!runs[@]}"; do
     echo "$status" > "$dir/emu-cuda-train-$i.status"
   ) > "$dir/emu-cuda-train-$i.log" 2>&1 &
 done
+# --cuda-graph-impl full_iteration (tests/emu/train_cuda_graph_emu.sh, also the ctests
+# train_cuda_graph_emu_*): 4 steps with the forward and backward captured after one warm-up step
+# and replayed, bitwise the eager run, on the dense tiny model with dropout (the iteration reaches
+# the masks through memory) and on padded dispatch; a planted host read refused by name.
+graph_runs=(
+  "--num-experts 0 --hidden-dropout 0.1 --attention-dropout 0.1"
+  "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-input-jitter-eps 0.01"
+)
+for i in "${!graph_runs[@]}"; do
+  while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
+  r=${graph_runs[i]}
+  (
+    echo "[emu-cuda] moecore train --device cuda --cuda-graph-impl full_iteration $r"
+    status=0
+    # shellcheck disable=SC2086  # the run's flags, split on purpose
+    bash tests/emu/train_cuda_graph_emu.sh "$dir/moecore" configs/tiny.toml $r || status=$?
+    echo "$status" > "$dir/emu-cuda-graph-$i.status"
+  ) > "$dir/emu-cuda-graph-$i.log" 2>&1 &
+done
 wait
 for i in "${!runs[@]}"; do
   cat "$dir/emu-cuda-train-$i.log"
   [ "$(cat "$dir/emu-cuda-train-$i.status" 2>/dev/null)" = 0 ] || rc=1
+done
+for i in "${!graph_runs[@]}"; do
+  cat "$dir/emu-cuda-graph-$i.log"
+  [ "$(cat "$dir/emu-cuda-graph-$i.status" 2>/dev/null)" = 0 ] || rc=1
 done
 # The emulated NCCL under mpirun (tests/emu/test_emu_nccl.cpp, ctests emu_nccl_*): every
 # collective's plans against the MPI communicator, the strict buffer rules, stream order and the

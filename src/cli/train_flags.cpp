@@ -294,6 +294,34 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "Stop with the call sites if a step allocates or waits for the host outside its "
                "documented sync points (docs/design.md)")
       ->group(kTrain);
+  app.add_option("--cuda-graph-impl", t.cuda_graph_impl,
+                 "full_iteration: on --device cuda, the forward and backward of every "
+                 "micro-batch captured as one CUDA graph after the warm-up steps and replayed "
+                 "(the optimizer step outside); what cannot be captured is refused by name "
+                 "(docs/gpu.md, \"CUDA graphs\"); no effect on --device cpu. none: no graph. "
+                 "Megatron's per-layer local and transformer_engine are refused")
+      ->check(CLI::IsMember({"none", "local", "transformer_engine", "full_iteration"}))
+      ->group(kTrain);
+  app.add_option("--cuda-graph-warmup-steps", t.cuda_graph_warmup_steps,
+                 "Eager steps (counted in this process) before the step that captures the graph; "
+                 "at least 1 (the first step chooses the GEMM algorithms and makes the "
+                 "libraries' workspaces, which a capture cannot)")
+      ->group(kTrain);
+  app.add_option("--cuda-graph-modules", f.cuda_graph_modules,
+                 "Megatron's per-layer graph scopes (empty with full_iteration); the deprecated "
+                 "values full_iteration (= --cuda-graph-impl full_iteration) and full (= empty) "
+                 "are migrated as Megatron's validate_args does")
+      ->group(kTrain);
+  app.add_option("--cuda-graph-scope", f.cuda_graph_scope,
+                 "Deprecated spelling of --cuda-graph-modules (Megatron migrates it)")
+      ->group(kTrain);
+  app.add_flag("--enable-cuda-graph", f.enable_cuda_graph,
+               "Deprecated: Megatron's --cuda-graph-impl local (with --cuda-graph-scope "
+               "full_iteration: --cuda-graph-impl full_iteration)")
+      ->group(kTrain);
+  app.add_flag("--external-cuda-graph", f.external_cuda_graph,
+               "Deprecated: Megatron's --cuda-graph-impl transformer_engine (refused)")
+      ->group(kTrain);
   app.add_option("--peak-tflops", f.peak_tflops,
                  "Peak for MFU in TFLOP/s per rank (default: measured fp32 GEMM at start-up); MFU "
                  "divides the job's rate by ranks x peak")
@@ -364,6 +392,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},
       {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},
+      {"--enable-cuda-graph", &f.enable_cuda_graph},
+      {"--external-cuda-graph", &f.external_cuda_graph},
       {"--use-distributed-optimizer", &t.ddp.distributed_optimizer},
       {"--overlap-param-gather", &t.ddp.overlap_param_gather},
       {"--check-for-nan-in-loss-and-grad", &t.guard.check_nan},
@@ -455,6 +485,98 @@ static void check_lr_iterations(const TrainConfig& t, bool decay_given) {
             "[flags] --lr-decay-style WSD anneals over --lr-wsd-decay-iters={}, which must be in "
             "1..{} ({}): give --lr-wsd-decay-iters N with 0 < N <= {}",
             lr.wsd_decay_steps, lr.decay_steps, decay, lr.decay_steps);
+}
+
+// Megatron's CUDA graph flags as validate_args migrates them (the deprecated spellings first),
+// then what moecore implements: --cuda-graph-impl none or full_iteration.
+static void finalize_cuda_graph_flags(TrainFlags& f) {
+  TrainConfig& t = f.train;
+  std::string source = "--cuda-graph-impl " + t.cuda_graph_impl;  // what set the impl
+  // --enable-cuda-graph / --external-cuda-graph: Megatron asserts the impl was left at none.
+  if (f.enable_cuda_graph || f.external_cuda_graph) {
+    const char* flag = f.enable_cuda_graph ? "--enable-cuda-graph" : "--external-cuda-graph";
+    MOE_CHECK(t.cuda_graph_impl == "none",
+              "[flags] {} (deprecated) and --cuda-graph-impl {} are both given: Megatron refuses "
+              "the pair; give --cuda-graph-impl alone",
+              flag, t.cuda_graph_impl);
+    MOE_CHECK(!(f.enable_cuda_graph && f.external_cuda_graph),
+              "[flags] --enable-cuda-graph and --external-cuda-graph are both given: give "
+              "--cuda-graph-impl alone");
+    t.cuda_graph_impl = f.enable_cuda_graph ? "local" : "transformer_engine";
+    source = fmt::format("{} (deprecated: Megatron reads it as --cuda-graph-impl {})", flag,
+                         t.cuda_graph_impl);
+  }
+  // --cuda-graph-scope is --cuda-graph-modules' old name.
+  std::vector<std::string> given = f.cuda_graph_modules;
+  if (!f.cuda_graph_scope.empty()) {
+    MOE_CHECK(f.cuda_graph_modules.empty(),
+              "[flags] --cuda-graph-scope (deprecated) and --cuda-graph-modules are both given: "
+              "give --cuda-graph-modules alone");
+    given = f.cuda_graph_scope;
+  }
+  std::vector<std::string> modules;  // comma lists split, as Megatron's parser does
+  for (const std::string& g : given) {
+    size_t start = 0;
+    for (size_t comma; (comma = g.find(',', start)) != std::string::npos; start = comma + 1) {
+      if (comma > start) modules.push_back(g.substr(start, comma - start));
+    }
+    if (start < g.size()) modules.push_back(g.substr(start));
+  }
+  if (std::find(modules.begin(), modules.end(), "full") != modules.end()) {
+    MOE_CHECK(modules.size() == 1,
+              "[flags] --cuda-graph-modules full cannot be used with other values (it is the "
+              "deprecated spelling of the whole layer: no value)");
+    modules.clear();
+  }
+  const bool iteration =
+      std::find(modules.begin(), modules.end(), "full_iteration") != modules.end();
+  const bool inference =
+      std::find(modules.begin(), modules.end(), "full_iteration_inference") != modules.end();
+  MOE_CHECK(!(iteration && inference),
+            "[flags] --cuda-graph-modules cannot hold both deprecated values full_iteration and "
+            "full_iteration_inference");
+  std::erase(modules, std::string("full_iteration"));
+  std::erase(modules, std::string("full_iteration_inference"));
+  if (iteration) {
+    // Megatron: the deprecated scope full_iteration sets --cuda-graph-impl full_iteration.
+    MOE_CHECK(t.cuda_graph_impl == "none" || t.cuda_graph_impl == "local" ||
+                  t.cuda_graph_impl == "full_iteration",
+              "[flags] --cuda-graph-modules full_iteration cannot be combined with {}", source);
+    t.cuda_graph_impl = "full_iteration";
+    source = "--cuda-graph-modules full_iteration (deprecated: Megatron reads it as "
+             "--cuda-graph-impl full_iteration)";
+  }
+  if (inference) {
+    MOE_CHECK(t.cuda_graph_impl == "none" || t.cuda_graph_impl == "local",
+              "[flags] --cuda-graph-modules full_iteration_inference cannot be combined with {}",
+              source);
+    f.notices.push_back(
+        "[flags] --cuda-graph-modules full_iteration_inference: an inference graph scope "
+        "(Megatron's --inference-cuda-graph-scope block); training takes no effect from it");
+  }
+  if (t.cuda_graph_impl == "local" || t.cuda_graph_impl == "transformer_engine") {
+    MOE_FAIL(
+        "[flags] {}: per-layer CUDA graphs (Megatron's {} implementation) are not implemented; "
+        "moecore captures a whole step's forward and backward as one graph: use "
+        "--cuda-graph-impl full_iteration (or --enable-cuda-graph --cuda-graph-scope "
+        "full_iteration), or none",
+        source, t.cuda_graph_impl == "local" ? "MCore" : "Transformer Engine");
+  }
+  if (t.cuda_graph_impl == "full_iteration") {
+    MOE_CHECK(modules.empty(),
+              "[flags] --cuda-graph-modules {} with --cuda-graph-impl full_iteration: Megatron "
+              "requires it empty (the whole forward-backward is one graph)",
+              fmt::join(modules, " "));
+    MOE_CHECK(t.cuda_graph_warmup_steps >= 1,
+              "[flags] --cuda-graph-warmup-steps {}: at least 1 eager step must come before the "
+              "capture (it chooses the GEMM algorithms and makes the libraries' workspaces, "
+              "which a capture cannot do)",
+              t.cuda_graph_warmup_steps);
+  } else if (!modules.empty()) {
+    f.notices.push_back(fmt::format(
+        "[flags] --cuda-graph-modules {}: no effect without --cuda-graph-impl (as in Megatron)",
+        fmt::join(modules, " ")));
+  }
 }
 
 void finalize_train_flags(TrainFlags& f) {
@@ -563,6 +685,7 @@ void finalize_train_flags(TrainFlags& f) {
   check_lr_iterations(t, decay_given);
   t.peak_gflops = f.peak_tflops * 1e3;
   finalize_checkpoint_flags(t.ckpt, f.ckpt);
+  finalize_cuda_graph_flags(f);
   // Megatron disables sequence parallelism without tensor parallelism (same numerics).
   if (f.parallel.tp == 1 && f.parallel.sequence_parallel) {
     f.parallel.sequence_parallel = false;

@@ -71,6 +71,13 @@ struct TrainFlags {
   std::string lr_wsd_decay_style = "exponential";
   double lr_warmup_fraction = NAN;          // None
   double peak_tflops = 0;
+  // Megatron's CUDA graph flags before validate_args' migration (finalize_train_flags):
+  // --cuda-graph-modules, the deprecated --cuda-graph-scope (its old name), --enable-cuda-graph
+  // (deprecated: "local") and --external-cuda-graph (deprecated: "transformer_engine").
+  std::vector<std::string> cuda_graph_modules;
+  std::vector<std::string> cuda_graph_scope;
+  bool enable_cuda_graph = false;
+  bool external_cuda_graph = false;
   std::string config_file;                  // consumed before parsing (expand_config_files)
   std::vector<std::string> notices;         // one line per flag accepted without effect
 };

@@ -49,6 +49,16 @@ Exec make_cuda_exec();
 void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void cuda_free(const Exec& ex, MemSpace space, void* p);
 void cuda_synchronize(const Exec& ex);  // cudaStreamSynchronize of ex's stream
+// CUDA graphs of ex's stream (core/stream_graph.h calls these; the CUDA build and the emulated
+// device have them, without the CUDA build they are errors). Begin: the stream starts capturing
+// (cudaStreamBeginCapture, global mode). End: the capture stops (cudaStreamEndCapture); with
+// `keep`, the graph is instantiated (cudaGraphInstantiate) and returned, *operations set to its
+// node count; without, it is discarded (the capture failed) and null returned, never throwing.
+// Launch: one replay on ex's stream (cudaGraphLaunch). Destroy: an instantiated graph (null: none).
+void cuda_capture_begin(const Exec& ex);
+void* cuda_capture_end(const Exec& ex, bool keep, int64_t* operations);
+void cuda_graph_launch(const Exec& ex, void* graph);
+void cuda_graph_destroy(void* graph);
 // The phase profiler's timer on ex's stream: a planned pool of `capacity` CUDA events, one
 // recorded per phase boundary, read after the stream ran them (cudaEventElapsedTime).
 std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec& ex, int capacity);

@@ -153,4 +153,47 @@ void cuda_free(const Exec&, MemSpace space, void* p) {
   }
 }
 
+// ---- CUDA graphs of the context's stream (core/stream_graph.h) ----
+
+void cuda_capture_begin(const Exec& ex) {
+  // Global mode: an unsafe call (cudaMalloc, a synchronisation) from any thread while the stream
+  // captures fails the capture, as the emulated device's rules do.
+  const cudaError_t err =
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(ex.stream), cudaStreamCaptureModeGlobal);
+  MOE_CHECK(err == cudaSuccess, "[cuda-graph] cudaStreamBeginCapture: {}", cudaGetErrorString(err));
+}
+
+void* cuda_capture_end(const Exec& ex, bool keep, int64_t* operations) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(static_cast<cudaStream_t>(ex.stream), &graph);
+  if (!keep) {  // the capture failed: the stream leaves capture mode, the graph goes
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  MOE_CHECK(err == cudaSuccess,
+            "[cuda-graph] cudaStreamEndCapture: {} (an operation of the captured region was not "
+            "capturable, or another thread made an unsafe CUDA call during the capture)",
+            cudaGetErrorString(err));
+  size_t nodes = 0;
+  cudaError_t step = cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphExec_t exec = nullptr;
+  if (step == cudaSuccess) step = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  MOE_CHECK(step == cudaSuccess, "[cuda-graph] cudaGraphInstantiate of {} nodes: {}", nodes,
+            cudaGetErrorString(step));
+  if (operations != nullptr) *operations = static_cast<int64_t>(nodes);
+  return exec;
+}
+
+void cuda_graph_launch(const Exec& ex, void* graph) {
+  const cudaError_t err =
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(ex.stream));
+  MOE_CHECK(err == cudaSuccess, "[cuda-graph] cudaGraphLaunch: {}", cudaGetErrorString(err));
+}
+
+void cuda_graph_destroy(void* graph) {
+  if (graph != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
 }  // namespace moecore

@@ -38,4 +38,18 @@ void cuda_synchronize(const Exec&) {
   MOE_FAIL("[exec] a CUDA stream: this moecore was built without CUDA");
 }
 
+void cuda_capture_begin(const Exec&) {
+  MOE_FAIL("[cuda-graph] a CUDA graph capture: this moecore was built without CUDA");
+}
+
+void* cuda_capture_end(const Exec&, bool, int64_t*) {
+  return nullptr;
+}
+
+void cuda_graph_launch(const Exec&, void*) {
+  MOE_FAIL("[cuda-graph] a CUDA graph launch: this moecore was built without CUDA");
+}
+
+void cuda_graph_destroy(void*) {}
+
 }  // namespace moecore

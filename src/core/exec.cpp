@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/host_memory.h"
+#include "core/sync_audit.h"
 
 namespace moecore {
 
@@ -37,7 +38,14 @@ std::string_view mem_space_name(MemSpace s) {
 
 void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes) {
   MOE_CHECK(bytes > 0, "[exec] a {} block of 0 bytes", mem_space_name(space));
-  if (!ex.on_cpu()) return cuda_alloc(ex, space, bytes);
+  if (!ex.on_cpu()) {
+    // Inside a captured stream region: an error naming it (core/stream_graph.h).
+    SyncAudit::instance().device_allocation(space == MemSpace::Device
+                                                ? "device memory (exec_alloc)"
+                                                : "pinned host memory (exec_alloc)",
+                                            bytes);
+    return cuda_alloc(ex, space, bytes);
+  }
   constexpr size_t kAlign = 64;
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;  // aligned_alloc's contract
   const int64_t available = host_bytes_available();
@@ -62,7 +70,9 @@ void exec_free(const Exec& ex, MemSpace space, void* p) {
 }
 
 void exec_synchronize(const Exec& ex) {
-  if (!ex.on_cpu()) cuda_synchronize(ex);
+  if (ex.on_cpu()) return;
+  SyncAudit::instance().not_capturable("exec_synchronize: the host waits for the stream");
+  cuda_synchronize(ex);
 }
 
 void no_kernel(const Exec& ex, const char* op) {

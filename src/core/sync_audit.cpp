@@ -77,6 +77,11 @@ SyncAudit::Point::Point(const char* documented) : outer_(t_point) {
 SyncAudit::Point::~Point() { t_point = outer_; }
 
 void SyncAudit::host_sync(const char* what, const char* documented) {
+  if (capturing() && !t_recording) {
+    capture_error("a host sync", documented != nullptr
+                                     ? fmt::format("{} (a documented sync point)", documented)
+                                     : std::string(what));
+  }
   if (!in_step() || t_recording) return;
   if (documented == nullptr && t_point != nullptr) return;  // part of the point
   t_recording = true;  // what this records allocates: not an event
@@ -117,6 +122,48 @@ void SyncAudit::on_allocation(std::size_t) {
     }
   }
   t_recording = false;
+}
+
+void SyncAudit::begin_capture(const std::string& region) {
+  MOE_CHECK(!capturing(),
+            "[cuda-graph] capturing {} while {} is being captured: one capture at "
+            "a time",
+            region, region_);
+  region_ = region;
+  capturing_.store(true);
+}
+
+void SyncAudit::end_capture() {
+  capturing_.store(false);
+}
+
+void SyncAudit::device_allocation(const char* what, std::size_t bytes) {
+  if (!capturing() || t_recording) return;
+  capture_error("a device allocation", fmt::format("{} bytes of {}", bytes, what));
+}
+
+void SyncAudit::not_capturable(const char* what) {
+  if (!capturing() || t_recording) return;
+  capture_error("a call a graph cannot contain", what);
+}
+
+void SyncAudit::capture_error(const std::string& kind, const std::string& what) {
+  // The stack first (the caller's site), then the message; what it allocates is not an event.
+  t_recording = true;
+  void* frames[kFrames];
+  const int n = backtrace(frames, kFrames);
+  char** names = backtrace_symbols(frames, n);
+  std::string where;
+  for (int i = 2; i < n && i < 12; ++i) {
+    where += "    " + (names ? symbolise(names[i]) : std::string("?")) + "\n";
+  }
+  std::free(names);
+  t_recording = false;
+  MOE_FAIL(
+      "[cuda-graph] {} inside the captured {}: {}. A CUDA graph replays the stream's work "
+      "without the host, so it cannot contain it (docs/gpu.md, \"CUDA graphs\"); keep it out "
+      "of the captured region, or train without --cuda-graph-impl. At:\n{}",
+      kind, region_, what, where);
 }
 
 // Under g_mutex, with t_recording set.

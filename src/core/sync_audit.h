@@ -9,8 +9,16 @@
 // The host writing the step's inputs (token ids) is outside the audit (Paused).
 // On the CPU backend the buffers are host memory, so a host read of step data is not an event
 // the audit can see; on a device backend every device-to-host copy goes through host_sync().
+//
+// The same events decide what a CUDA graph may capture (core/stream_graph.h): while a stream is
+// being captured (begin_capture .. end_capture), every host sync (a documented point's too: a
+// replayed graph cannot stop for the host), a device allocation and the host waiting for the
+// stream are errors at once, naming the event, the captured region and the call site. Paused
+// does not lift that: it silences the step's audit, not a capture's rules.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -79,6 +87,18 @@ class SyncAudit {
     const char* outer_;
   };
 
+  // ---- stream capture (core/stream_graph.h) ----
+  // Arms the capture rules until end_capture(); `region` names what is captured in the errors.
+  // One capture at a time, in the whole process (CUDA's global capture mode).
+  void begin_capture(const std::string& region);
+  void end_capture();
+  bool capturing() const { return capturing_.load(std::memory_order_relaxed); }
+  // A device allocation (exec_alloc; the emulated device's memory): while capturing, an error.
+  void device_allocation(const char* what, std::size_t bytes);
+  // A call a graph cannot contain that is not a host read (the host waiting for the stream, a
+  // copy from pageable host memory): while capturing, an error naming `what`.
+  void not_capturable(const char* what);
+
   // Counts of the last audited step.
   int64_t allocations() const { return allocations_; }
   const std::map<std::string, int64_t>& documented_syncs() const { return documented_; }
@@ -89,6 +109,11 @@ class SyncAudit {
 
  private:
   void record(const std::string& kind, void* const* frames, int n, int skip_frames);
+  // Throws the capture error: `kind` and `what` at the caller's call site.
+  [[noreturn]] void capture_error(const std::string& kind, const std::string& what);
+
+  std::atomic<bool> capturing_{false};
+  std::string region_;  // what is being captured
 
   int64_t allocations_ = 0;
   std::map<std::string, int64_t> documented_;

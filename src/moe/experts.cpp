@@ -101,17 +101,20 @@ nn::MlpParams<DevPtr<const T>> GroupedExperts<T>::values() const {
 
 template <typename T>
 void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
-                                DevPtr<const int64_t> rows_per_expert_L, int64_t N) {
+                                DevPtr<const int64_t> rows_per_expert_L, int64_t N,
+                                int64_t fixed_rows) {
   if (sh_.bias && !adds_fc2_bias()) ops::zero(*saved_.ex, zero_bias_LH_, L_ * sh_.H);
-  nn::mlp_forward(saved_, y_NH, x_NH, p_N, rows_per_expert_L, L_, N, values(), sh_);
+  nn::mlp_forward(saved_, y_NH, x_NH, p_N, rows_per_expert_L, L_, N, values(), sh_, fixed_rows);
 }
 
 template <typename T>
 void GroupedExperts<T>::forward(DevPtr<T> y_NH, DevPtr<const bf16> x16_NH, DevPtr<const T> p_N,
-                                DevPtr<const int64_t> rows_per_expert_L, int64_t N) {
+                                DevPtr<const int64_t> rows_per_expert_L, int64_t N,
+                                int64_t fixed_rows) {
   if constexpr (std::is_same_v<T, float>) {
     if (sh_.bias && !adds_fc2_bias()) ops::zero(*saved_.ex, zero_bias_LH_, L_ * sh_.H);
-    nn::mlp_forward(saved_, y_NH, x16_NH, p_N, rows_per_expert_L, L_, N, values(), sh_);
+    nn::mlp_forward(saved_, y_NH, x16_NH, p_N, rows_per_expert_L, L_, N, values(), sh_,
+                    fixed_rows);
   } else {
     MOE_FAIL("[experts] bf16 input rows are for the f32 model under --bf16");
   }

@@ -38,13 +38,15 @@ class GroupedExperts {
   // --bf16 (after allocate()): the GEMMs read bf16 (native, or widened), so the rows may arrive
   // cast to bf16 (the bf16 forms below).
   bool reads_bf16_rows() const { return saved_.gemm16; }
-  // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned.
+  // x [N, H] expert-major with rows_per_expert_L; p [N]; y [N, H] assigned. fixed_rows > 0:
+  // every local expert has exactly that many rows (padded dispatch: DispatchPlan's
+  // rows_per_expert), so the GEMMs need not read rows_per_expert_L (nn::MlpSaved).
   void forward(DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
-               DevPtr<const int64_t> rows_per_expert_L, int64_t N);
+               DevPtr<const int64_t> rows_per_expert_L, int64_t N, int64_t fixed_rows = 0);
   // The same on rows cast to bf16 (reads_bf16_rows()), kept by the caller until the backward:
   // bitwise the forward on the f32 rows they were cast from.
   void forward(DevPtr<T> y_NH, DevPtr<const bf16> x16_NH, DevPtr<const T> p_N,
-               DevPtr<const int64_t> rows_per_expert_L, int64_t N);
+               DevPtr<const int64_t> rows_per_expert_L, int64_t N, int64_t fixed_rows = 0);
   // dx, dp assigned; weight and bias grads accumulated. dy16_NH: dy cast to bf16 instead (no
   // biases; dy_NH then null), bitwise the backward on the f32 dy it was cast from.
   void backward(DevPtr<T> dx_NH, DevPtr<T> dp_N, DevPtr<const T> dy_NH,

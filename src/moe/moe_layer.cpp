@@ -146,10 +146,13 @@ void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool r
 template <typename T>
 void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, bool recompute) {
   route_and_dispatch(x_TH, n_tok, recompute, overlap_shared_);
+  // Padded dispatch: every local expert's rows are known on the host (no size read on CUDA).
   if (rows16_) {
-    experts_.forward(y_NH_, x16_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+    experts_.forward(y_NH_, x16_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows,
+                     plan_->rows_per_expert);
   } else {
-    experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows);
+    experts_.forward(y_NH_, x_NH_, p_N_, plan_->tokens_per_expert_L, plan_->n_rows,
+                     plan_->rows_per_expert);
   }
   {
     ScopedPhase phase(Phase::Permute);

@@ -118,6 +118,19 @@ class Router {
   void finish_step(const RouterStepSync& sync = {});
   // Drops this step's accumulators without updating anything (tests, aborted steps).
   void reset_step();
+  // The host's counts of this step's training forwards (micro-batches, quantile estimates,
+  // global aux-loss counts), which the ops read by value and finish_step divides by. A replayed
+  // CUDA graph runs a step's forwards without their host code, so the trainer sets the counts
+  // the captured step left (train/trainer.cpp) before finish_step.
+  struct StepCounts {
+    int64_t micro = 0, beta_micro = 0, global_micro = 0;
+  };
+  StepCounts step_counts() const { return {micro_, beta_micro_, global_micro_}; }
+  void set_step_counts(const StepCounts& c) {
+    micro_ = c.micro;
+    beta_micro_ = c.beta_micro;
+    global_micro_ = c.global_micro;
+  }
   // Training forwards jitter the input, accumulate counts and use Sinkhorn selection; eval
   // forwards route with the current bias / beta and change no state.
   void set_training(bool training) { training_ = training; }

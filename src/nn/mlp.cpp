@@ -140,7 +140,8 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
           ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
           x32 = s.ws32;
         }
-        return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1);
+        return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1,
+                                 s.rows_per_group);
       }
       if (s.fc1_16 != nullptr) {
         DevPtr<const bf16> x16 = s.x16_NH;
@@ -149,10 +150,11 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
           x16 = s.ws_a16;
         }
         return ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, F1, sh.H, x16, s.fc1_16, true, s.h_NF1,
-                                      s.ws32, s.fc1_16w);
+                                      s.ws32, s.fc1_16w, s.rows_per_group);
       }
     }
-    ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1);
+    ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1,
+                      s.rows_per_group);
   }();
   if (sh.bias) {
     ops::grouped_bias_forward(*s.ex, s.h_NF1, fc1_bias, DevPtr<const T>(nullptr), s.m_G, s.G, F1);
@@ -172,24 +174,30 @@ void act_forward(const MlpSaved<T>& s, MlpShape sh) {
 // The forward from s's input rows (x_NH, or x16_NH).
 template <typename T>
 void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<const int64_t> m_G,
-                  int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh) {
+                  int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh,
+                  int64_t rows_per_group) {
   check_biases(w, sh, "forward");
+  MOE_CHECK(rows_per_group >= 0 && (rows_per_group == 0 || rows_per_group * G == N),
+            "[mlp] {} rows per group x {} groups != {} rows", rows_per_group, G, N);
   s.p_N = p_N;
   s.m_G = m_G;
   s.G = G;
   s.N = N;
+  s.rows_per_group = rows_per_group;
   fc1_forward(s, w.fc1, w.fc1_bias, sh);
   act_forward(s, sh);
   [&] {
     if constexpr (std::is_same_v<T, float>) {
       if (s.widened)
-        return ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH);
+        return ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH,
+                                 s.rows_per_group);
       if (s.fc2_16 != nullptr) {
         return ops::grouped_gemm_bf16(*s.ex, m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
-                                      s.ws32, s.fc2_16w);
+                                      s.ws32, s.fc2_16w, s.rows_per_group);
       }
     }
-    ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, w.fc2, /*trans_w=*/true, y_NH);
+    ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, w.fc2, /*trans_w=*/true, y_NH,
+                      s.rows_per_group);
   }();
   // fc2's bias times the row's prob: Megatron's grouped experts add `t + b * p` per expert
   // (megatron/core/transformer/moe/experts.py, TEGroupedMLP._apply_bias), so a token's output
@@ -202,19 +210,19 @@ void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<co
 template <typename T>
 void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
                  DevPtr<const int64_t> m_G, int64_t G, int64_t N,
-                 const MlpParams<DevPtr<const T>>& w, MlpShape sh) {
+                 const MlpParams<DevPtr<const T>>& w, MlpShape sh, int64_t rows_per_group) {
   s.x_NH = x_NH;
   s.x16_NH = nullptr;
-  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh);
+  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh, rows_per_group);
 }
 
 void mlp_forward(MlpSaved<float>& s, DevPtr<float> y_NH, DevPtr<const bf16> x16_NH,
                  DevPtr<const float> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
-                 const MlpParams<DevPtr<const float>>& w, MlpShape sh) {
+                 const MlpParams<DevPtr<const float>>& w, MlpShape sh, int64_t rows_per_group) {
   MOE_CHECK(s.gemm16, "[mlp] bf16 input rows need the weights' bf16 copies (--bf16)");
   s.x_NH = nullptr;
   s.x16_NH = x16_NH;
-  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh);
+  forward_rows(s, y_NH, p_N, m_G, G, N, w, sh, rows_per_group);
 }
 
 template <typename T>
@@ -255,8 +263,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::round_f32_to_bf16(*s.ex, s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
         dy32 = s.ws32 + s.N * sh.H;
       }
-      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF);
-      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, grad.fc2);
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF,
+                        s.rows_per_group);
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, grad.fc2,
+                              s.rows_per_group);
       if (sh.bias) {
         dh_f32_and_fc1_bias();
         ops::round_f32_to_bf16(*s.ex, dh_NF1, dh_NF1, s.N * F1);  // = the bf16w kernel's output
@@ -272,8 +282,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
         x_in = x32;
       }
-      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH);
-      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1);
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH,
+                        s.rows_per_group);
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1,
+                              s.rows_per_group);
       return;
     }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
@@ -283,8 +295,9 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         dy16 = s.ws_a16;
       }
       ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.F, sh.H, dy16, s.fc2_16, false, da_NF, s.ws32,
-                             s.fc2_16w);
-      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, dy16, s.a16_NF, grad.fc2, s.ws32);
+                             s.fc2_16w, s.rows_per_group);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, dy16, s.a16_NF, grad.fc2, s.ws32,
+                                   s.rows_per_group);
       // dh only feeds fc1's GEMMs: written as bf16 straight away (with biases, its f32 values
       // first, for the fc1 bias gradient, then their cast: the bf16 kernel's output bitwise).
       if (sh.bias) {
@@ -300,14 +313,16 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         x16 = s.ws_b16;
       }
       ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
-                             s.fc1_16w);
-      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32);
+                             s.fc1_16w, s.rows_per_group);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32,
+                                   s.rows_per_group);
       return;
     }
   }
   // fc2: y = a fc2^T  ->  da = dy fc2 (fc2_g is [H, F] = [K, N] untransposed), dfc2 += dy^T a.
-  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy_NH, w.fc2, /*trans_w=*/false, da_NF);
-  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, grad.fc2);
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy_NH, w.fc2, /*trans_w=*/false, da_NF,
+                    s.rows_per_group);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, grad.fc2, s.rows_per_group);
   if (sh.bias) {
     dh_f32_and_fc1_bias();
     fc2_bias();
@@ -315,8 +330,9 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
     act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
   }
   // fc1: h = x fc1^T  ->  dx = dh fc1, dfc1 += dh^T x.
-  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, w.fc1, /*trans_w=*/false, dx_NH);
-  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, s.x_NH, grad.fc1);
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, w.fc1, /*trans_w=*/false, dx_NH,
+                    s.rows_per_group);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, s.x_NH, grad.fc1, s.rows_per_group);
 }
 
 template <typename T>
@@ -395,10 +411,15 @@ void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
 
 template <typename T>
 void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
-  // One group of n_tok rows: the grouped GEMMs read the group size from memory.
-  rows_ = n_tok;
-  ops::copy<int64_t>(*saved_.ex, rows_dev_, &rows_, 1);
-  mlp_forward(saved_, y_TH, x_TH, DevPtr<const T>(nullptr), rows_dev_, 1, n_tok, values(), sh_);
+  // One group of n_tok rows, known here: the CUDA GEMMs take it from the host, the CPU's and the
+  // bias ops from memory, written when it changes (the first forward, in the warm-up step before
+  // any CUDA graph capture: a capture cannot copy from this pageable host value).
+  if (n_tok != rows_) {
+    rows_ = n_tok;
+    ops::copy<int64_t>(*saved_.ex, rows_dev_, &rows_, 1);
+  }
+  mlp_forward(saved_, y_TH, x_TH, DevPtr<const T>(nullptr), rows_dev_, 1, n_tok, values(), sh_,
+              n_tok);
 }
 
 template <typename T>
@@ -413,7 +434,7 @@ void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
                                 const Param*, const Param*, MlpRecompute);                    \
   template void mlp_forward<T>(MlpSaved<T>&, DevPtr<T>, DevPtr<const T>, DevPtr<const T>,     \
                                DevPtr<const int64_t>, int64_t, int64_t,                       \
-                               const MlpParams<DevPtr<const T>>&, MlpShape);                  \
+                               const MlpParams<DevPtr<const T>>&, MlpShape, int64_t);         \
   template void mlp_backward<T>(                                                              \
       const MlpSaved<T>&, DevPtr<T>, DevPtr<T>, const MlpParams<DevPtr<T>>&, DevPtr<const T>, \
       const MlpParams<DevPtr<const T>>&, MlpShape, DevPtr<T>, DevPtr<T>, DevPtr<const bf16>); \

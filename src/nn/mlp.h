@@ -68,6 +68,10 @@ struct MlpSaved {
   DevPtr<const T> p_N = nullptr;        // per-row probs (null: 1)
   DevPtr<const int64_t> m_G = nullptr;  // rows per group
   int64_t G = 0, N = 0;
+  // > 0: every group has exactly this many rows, known on the host (the dense MLP's one group,
+  // padded dispatch's capacity blocks): the CUDA GEMMs read no size (ops/gemm.h), so a step
+  // with them can be captured in a CUDA graph. 0: the sizes are m_G's alone.
+  int64_t rows_per_group = 0;
   DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias)
   DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
   DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
@@ -116,15 +120,16 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
                   MlpRecompute recompute = {});
 
 // y [N, H] assigned. w.fc1_bias / w.fc2_bias must be set exactly when sh.bias.
+// rows_per_group: MlpSaved's (G * rows_per_group == N when > 0).
 template <typename T>
 void mlp_forward(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> x_NH, DevPtr<const T> p_N,
                  DevPtr<const int64_t> m_G, int64_t G, int64_t N,
-                 const MlpParams<DevPtr<const T>>& w, MlpShape sh);
+                 const MlpParams<DevPtr<const T>>& w, MlpShape sh, int64_t rows_per_group = 0);
 // The same on input rows already cast to bf16 (MlpSaved::x16_NH): --bf16 only (the weights'
 // bf16 copies allocated), bitwise mlp_forward on the f32 rows they were cast from.
 void mlp_forward(MlpSaved<float>& s, DevPtr<float> y_NH, DevPtr<const bf16> x16_NH,
                  DevPtr<const float> p_N, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
-                 const MlpParams<DevPtr<const float>>& w, MlpShape sh);
+                 const MlpParams<DevPtr<const float>>& w, MlpShape sh, int64_t rows_per_group = 0);
 // dx assigned, dp assigned (if p and dp non-null), every parameter gradient in `grad`
 // accumulated. da_NF [N, F] and dh_NF1 [N, F1] are workspace. Recomputes first what
 // s.recompute_* say was not kept. dy16_NH (--bf16, no biases; dy_NH then null): dy already cast
@@ -169,7 +174,7 @@ class MLP {
   Param* fc1_bias_ = nullptr;  // [F1]
   Param* fc2_bias_ = nullptr;  // [H]
   MlpSaved<T> saved_;
-  int64_t rows_ = 0;                    // the host's group size, uploaded each forward
+  int64_t rows_ = 0;                    // the host's group size, uploaded when it changes
   DevPtr<int64_t> rows_dev_ = nullptr;  // [1] what the grouped GEMMs read
   DevPtr<T> da_ = nullptr;
   DevPtr<T> dh_ = nullptr;

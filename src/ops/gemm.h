@@ -36,8 +36,10 @@ void grouped_gemm_wgrad(const int64_t* m_G, int64_t G, int64_t N, int64_t K, con
 // stream), the documented sync point kGroupedGemmSizes (docs/design.md, "The execution model"),
 // and the library's problem tables are built on the host, so a step with a grouped GEMM on CUDA
 // is not capturable. The cuda:: grouped forms take those host sizes (m_G_host). Experts with no
-// rows make no problem. Padded dispatch as one strided-batched matmul without that sync
-// (desc::padded_grouped_forward_call) needs the capacity on the host: not wired yet.
+// rows make no problem. When every group has the same rows and the caller knows how many on the
+// host (rows_per_group > 0: the dense MLP's one group of tokens, padded dispatch's capacity
+// blocks), the CUDA path is one strided-batched matmul (desc::padded_grouped_*_call) that reads
+// no size: no sync, capturable in a CUDA graph (core/stream_graph.h). The CPU path reads m_G.
 inline constexpr const char* kGroupedGemmSizes =
     "grouped GEMM group sizes read on the host (cublasGemmGroupedBatchedEx takes host arrays)";
 // m_G [G] of the context's memory in host memory, inside the sync point kGroupedGemmSizes (empty
@@ -73,6 +75,13 @@ void grouped_gemm(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
 template <typename T>
 void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N, int64_t K,
                         const T* dy, const T* x, T* dw);
+// Every group `rows` rows (> 0): one strided-batched matmul, no sizes read.
+template <typename T>
+void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
+                        const T* w, bool trans_w, T* y);
+template <typename T>
+void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                              const T* dy, const T* x, T* dw);
 }  // namespace cuda
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is [M,K], op(B) is [K,N].
@@ -116,11 +125,17 @@ void linear_backward(const Exec& ex, DevPtr<T> dx_MK, DevPtr<T> dw_NK, DevPtr<co
 // Grouped GEMM over G groups (local experts), one call, zero-row groups allowed.
 // x is stacked by rows: group g owns rows [sum_{h<g} m_G[h], + m_G[g]).
 // Forward:  y_g[m_g, N] = x_g[m_g, K] * op(w_g),  w is [G, N, K] if trans_w else [G, K, N].
+// rows_per_group > 0: every m_g equals it (the caller knows it on the host); see above.
 template <typename T>
 void grouped_gemm(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N, int64_t K,
-                  DevPtr<const T> x, DevPtr<const T> w, bool trans_w, DevPtr<T> y) {
+                  DevPtr<const T> x, DevPtr<const T> w, bool trans_w, DevPtr<T> y,
+                  int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm(raw_ptr(m_G), G, N, K, raw_ptr(x), raw_ptr(w), trans_w, raw_ptr(y));
+  if (rows_per_group > 0) {
+    return cuda::grouped_gemm(ex, rows_per_group, G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
+                                    raw_ptr(y));
+  }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm(ex, sizes.data(), G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
                             raw_ptr(y));
@@ -131,9 +146,14 @@ void grouped_gemm_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const
 // Weight gradient: dw_g[N, K] += dy_g[m_g, N]^T * x_g[m_g, K]  (dw is [G, N, K], accumulated).
 template <typename T>
 void grouped_gemm_wgrad(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N, int64_t K,
-                        DevPtr<const T> dy, DevPtr<const T> x, DevPtr<T> dw) {
+                        DevPtr<const T> dy, DevPtr<const T> x, DevPtr<T> dw,
+                        int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad(raw_ptr(m_G), G, N, K, raw_ptr(dy), raw_ptr(x), raw_ptr(dw));
+  if (rows_per_group > 0) {
+    return cuda::grouped_gemm_wgrad(ex, rows_per_group, G, N, K, raw_ptr(dy), raw_ptr(x),
+                                          raw_ptr(dw));
+  }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_wgrad(ex, sizes.data(), G, N, K, raw_ptr(dy), raw_ptr(x),
                                   raw_ptr(dw));

@@ -80,6 +80,11 @@ void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64
                        const bf16* x16, const bf16* w, bool trans_w, float* y);
 void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
                              int64_t K, const bf16* dy16, const bf16* x16, float* dw);
+// Every group `rows` rows (> 0): one strided-batched matmul, no sizes read (ops/gemm.h).
+void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                             const bf16* x16, const bf16* w, bool trans_w, float* y);
+void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                                   const bf16* dy16, const bf16* x16, float* dw);
 }  // namespace cuda
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
@@ -132,13 +137,18 @@ int64_t linear_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_
 // Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
 //   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
+// rows_per_group > 0: every group has that many rows (ops/gemm.h: no sizes read on CUDA).
 inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                               int64_t K, DevPtr<const bf16> x16, DevPtr<const bf16> w, bool trans_w,
                               DevPtr<float> y, DevPtr<float> ws32,
-                              DevPtr<const float> w32 = nullptr) {
+                              DevPtr<const float> w32 = nullptr, int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
+  if (rows_per_group > 0) {
+    return cuda::grouped_gemm_bf16(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w),
+                                         trans_w, raw_ptr(y));
+  }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                  raw_ptr(y));
@@ -146,10 +156,15 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
 //   dw_g[N, K] += dy16_g^T * x16_g (f32 accumulate).
 inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                                     int64_t K, DevPtr<const bf16> dy16, DevPtr<const bf16> x16,
-                                    DevPtr<float> dw, DevPtr<float> ws32) {
+                                    DevPtr<float> dw, DevPtr<float> ws32,
+                                    int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
+  if (rows_per_group > 0) {
+    return cuda::grouped_gemm_wgrad_bf16(ex, rows_per_group, G, N, K, raw_ptr(dy16),
+                                               raw_ptr(x16), raw_ptr(dw));
+  }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                        raw_ptr(dw));

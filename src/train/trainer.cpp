@@ -14,15 +14,17 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
-#include "core/host_memory.h"
 #include "core/fault_injection.h"
+#include "core/host_memory.h"
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
 #include "ops/attention.h"
 #include "ops/f32_matmul_precision.h"
+#include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 #include "ops/gemm_probe.h"
+#include "ops/memory.h"
 #include "ops/numerics_class.h"
 #include "ops/router_balance.h"
 #include "parallel/communicator_nccl.h"
@@ -441,6 +443,108 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   mb_values_.resize(n_micro_ * mb_width_);
   guard_losses_.resize(n_micro_);
   all_values_.resize(n_micro_ * dp_size_ * mb_width_);
+  check_cuda_graph_support();
+}
+
+// --cuda-graph-impl full_iteration: what is known before step 0 not to be capturable is refused
+// here, naming it and the fix; anything else a capture cannot contain stops the capture step,
+// naming the call (core/sync_audit.h's capture rules).
+template <typename T>
+void BasicTrainer<T>::check_cuda_graph_support() {
+  if (cfg_.cuda_graph_impl == "none") return;
+  MOE_CHECK(cfg_.cuda_graph_impl == "full_iteration",
+            "[train] --cuda-graph-impl {}: moecore captures full_iteration only (the flags "
+            "refuse the others)",
+            cfg_.cuda_graph_impl);
+  MOE_CHECK(cfg_.cuda_graph_warmup_steps >= 1,
+            "[train] --cuda-graph-warmup-steps {}: at least 1 eager step before the capture",
+            cfg_.cuda_graph_warmup_steps);
+  if (exec_.on_cpu()) return;  // no effect: print_header says so
+  const auto refuse = [](bool bad, const std::string& what) {
+    MOE_CHECK(!bad,
+              "[train] --cuda-graph-impl full_iteration: {}; train without --cuda-graph-impl "
+              "(docs/gpu.md, \"CUDA graphs\")",
+              what);
+  };
+  const int world = groups_ != nullptr ? groups_->world_size() : 1;
+  refuse(world > 1,
+         fmt::format("{} processes: NCCL's collectives can be captured on a GPU, but the emulated "
+                     "NCCL that tests this build does not record its plans into a graph, so "
+                     "capture with more than one process has not been built or tested yet; run "
+                     "one process",
+                     world));
+  // MoE layers whose grouped GEMMs read their group sizes on the host: dropless or dropping
+  // dispatch (the rows per expert are the routing's); padded dispatch's are the capacity.
+  refuse(model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity,
+         fmt::format("MoE layers without --moe-pad-expert-input-to-capacity: their grouped GEMMs "
+                     "read the rows per expert on the host (the sync point \"{}\"), which a "
+                     "graph cannot contain until the grouped GEMM runs from tables in device "
+                     "memory; use --moe-expert-capacity-factor C "
+                     "--moe-pad-expert-input-to-capacity (static rows per expert), or a dense "
+                     "model",
+                     ops::kGroupedGemmSizes));
+  // Injected faults that the host decides per iteration inside the captured region.
+  for (const char* kind : {"nan_loss", "spike_loss", "inf_grad"}) {
+    refuse(fault::find(kind) != nullptr,
+           fmt::format("MOECORE_FAULT {}: the injected fault is the host's per-iteration decision "
+                       "inside the captured forward-backward (a replay would repeat the capture "
+                       "step's choice)",
+                       kind));
+  }
+  graphs_ = true;
+}
+
+// Every micro-batch's forward and backward in the pipeline schedule (one rank: each forward then
+// its backward), then the gradients summed over their data-parallel groups. Megatron averages
+// the loss over micro-batches and the gradients over dp x cp replicas: each backward carries
+// 1 / (micro-batches x dp), so the all-reduce is a plain sum. A gradient is final after its
+// chunk's last micro-batch: that backward launches its buckets. With --cuda-graph-impl
+// full_iteration this is the captured region (Megatron's FullCudaGraphWrapper around
+// forward_backward_func): eager for the warm-up steps, captured on the next, replayed after.
+template <typename T>
+void BasicTrainer<T>::forward_backward(int64_t n_global) {
+  const double scale = 1.0 / static_cast<double>(n_global);
+  const auto work = [this, scale] {
+    runner_->train(scale, pipeline_hooks());
+    buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
+    // MOECORE_FAULT host_read_in_step: a host read of step data planted in this region (the
+    // test that a capture refuses it by name).
+    if (fault::find("host_read_in_step", groups_ != nullptr ? groups_->rank() : 0, iteration_)) {
+      (void)ops::read_value<double>(exec_, member_ptr(step_->io(0, model_->num_chunks() - 1).report,
+                                                      &ops::MicroBatchReport::lm_loss_sum));
+    }
+  };
+  if (!graphs_) return work();
+  if (graph_ != nullptr) {
+    graph_->launch();
+    // The host side of the region did not run: the routers' counts as the captured step left
+    // (the pointers kept at the capture: a replayed step allocates nothing).
+    for (size_t i = 0; i < graph_routers_.size(); ++i) {
+      graph_routers_[i]->set_step_counts(graph_router_counts_[i]);
+    }
+    return;
+  }
+  if (graph_eager_steps_ < cfg_.cuda_graph_warmup_steps) {
+    ++graph_eager_steps_;
+    return work();
+  }
+  {
+    // The capture's own bookkeeping is not the step's (--sync-audit), and no phase event is
+    // recorded into the graph: a replay is timed as one region of the step.
+    const SyncAudit::Paused capture;
+    const ActiveProfiler no_phases(nullptr);
+    graph_ = std::make_unique<StreamGraph>(StreamGraph::capture(
+        exec_, "forward and backward of every micro-batch (--cuda-graph-impl full_iteration)",
+        work));
+    graph_routers_ = model_->routers();
+    for (const moe::Router<T>* r : graph_routers_) graph_router_counts_.push_back(r->step_counts());
+    graph_note_ = fmt::format(
+        "[cuda-graph] iteration {}: the forward and backward of {} micro-batch{} captured as one "
+        "graph of {} operations after {} eager step{}; replayed from this step on",
+        iteration_, n_micro_, n_micro_ == 1 ? "" : "es", graph_->operations(), graph_eager_steps_,
+        graph_eager_steps_ == 1 ? "" : "s");
+  }
+  graph_->launch();
 }
 
 // What sharing the per-layer buffers across layers saves by itself: the overlays' saving less
@@ -538,13 +642,9 @@ StepMetrics BasicTrainer<T>::train_step() {
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
   fill_inputs(*train_stream_);
-  // Every micro-batch's forward and backward in the pipeline schedule (one rank: each
-  // forward then its backward). Megatron averages the loss over micro-batches and the
-  // gradients over dp x cp replicas: each backward carries 1 / (micro-batches x dp), so the
-  // all-reduce is a plain sum. A gradient is final after its chunk's last micro-batch: that
-  // backward launches its buckets.
-  runner_->train(1.0 / static_cast<double>(n_global), pipeline_hooks());
-  buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
+  // Every micro-batch's forward and backward, and the gradient reduction: eager, or the CUDA
+  // graph of them (--cuda-graph-impl full_iteration).
+  forward_backward(n_global);
   guard_->combine();   // every rank's findings, so that all skip or stop together
   train_stream_->advance();
   // No active guard: no veto (a null one).
@@ -837,6 +937,23 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
                     "verified on the CPU, its kernels through the grid emulator (docs/gpu.md)\n",
                cfg_.device);
   }
+  if (cfg_.cuda_graph_impl == "full_iteration") {
+    if (exec_.on_cpu()) {
+      fmt::print(log,
+                 "[cuda-graph] --cuda-graph-impl full_iteration on --device cpu: no effect "
+                 "(the CPU backend runs each op when it is called: there is no stream to "
+                 "capture); the steps are the same computation with or without it\n");
+    } else {
+      fmt::print(log,
+                 "[cuda-graph] --cuda-graph-impl full_iteration: steps 1-{} of this process "
+                 "eager (warm-up), the next captures the forward and backward of every "
+                 "micro-batch and the gradient reduction as one CUDA graph, replayed on each "
+                 "step after; the optimizer step, the inputs' upload and the report stay "
+                 "outside it, evaluation is eager; the replayed region is timed as "
+                 "\"other\"\n",
+                 cfg_.cuda_graph_warmup_steps);
+    }
+  }
   if (model_cfg_.bf16) fmt::print(log, "{}\n", ops::bf16_gemm_path_line());
   // The f32 GEMMs' arithmetic (--fp32-matmul-precision): TF32 on or off, and why.
   if (const std::string line = ops::f32_gemm_line(exec_.device); !line.empty())
@@ -914,6 +1031,10 @@ std::vector<StepMetrics> BasicTrainer<T>::run(std::ostream& log) {
       throw;
     }
     all.push_back(m);
+    if (!graph_note_.empty()) {
+      if (logging_rank()) fmt::print(log, "{}\n", graph_note_);
+      graph_note_.clear();
+    }
     // A skipped iteration of --iterations-to-skip computed nothing: no values for the means.
     const bool computed = !m.skipped || guard_->skipped_iteration() == m.iteration;
     if (m.skipped && logging_rank()) {

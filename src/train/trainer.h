@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream_graph.h"
 #include "data/data_pipeline.h"
 #include "data/sample_stream.h"
 #include "data/token_source.h"
@@ -56,6 +57,13 @@ struct TrainConfig {
   // inputs to TF32: ops/f32_matmul_precision.h; on the CPU a no-op with a notice).
   std::string fp32_matmul_precision = "highest";
   bool sync_audit = false;    // --sync-audit: every step proves it allocates and syncs nothing
+  // --cuda-graph-impl (Megatron's): "none", or "full_iteration": on a device, the forward and
+  // backward of every micro-batch (the gradient reduction included, the optimizer step not)
+  // captured as one CUDA graph after --cuda-graph-warmup-steps eager steps and replayed each
+  // step after (docs/gpu.md, "CUDA graphs"). The CLI refuses Megatron's per-layer "local" and
+  // "transformer_engine" before step 0.
+  std::string cuda_graph_impl = "none";
+  int64_t cuda_graph_warmup_steps = 3;  // --cuda-graph-warmup-steps (Megatron's default)
   double peak_gflops = 0;     // --peak-tflops * 1000; 0: measured at start-up
   bool live_progress = false; // a redrawn progress line (set when stdout is a terminal)
   parallel::GradReduceConfig ddp;  // --overlap-grad-reduce, --ddp-bucket-size
@@ -256,6 +264,20 @@ class BasicTrainer {
   std::vector<double> all_values_;  // [dp * n_micro, 3]: every micro-batch of the global batch
   int64_t iteration_ = 0;
   bool stopped_early_ = false;
+  // --cuda-graph-impl full_iteration (docs/gpu.md, "CUDA graphs"). The step's forward and
+  // backward of every micro-batch and the gradient reduction (forward_backward): eager for the
+  // warm-up steps, then captured once and replayed. What cannot be captured is refused before
+  // step 0 where it is known (check_cuda_graph_support), otherwise by the capture, by name.
+  void check_cuda_graph_support();
+  void forward_backward(int64_t n_global);
+  bool graphs_ = false;            // full_iteration on a device (a no-op on the CPU)
+  int64_t graph_eager_steps_ = 0;  // warm-up steps run so far in this process
+  std::unique_ptr<StreamGraph> graph_;
+  // The routers' host counts the captured step left (Router::StepCounts), set before each
+  // replay's finish_step.
+  std::vector<moe::Router<T>*> graph_routers_;
+  std::vector<typename moe::Router<T>::StepCounts> graph_router_counts_;
+  std::string graph_note_;                      // the capture's log line, printed after its step
   std::unique_ptr<SaveInFlight> pending_save_;  // an --async-save being written
   PhaseProfiler profiler_;
 };

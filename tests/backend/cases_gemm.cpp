@@ -165,12 +165,15 @@ int64_t total_rows(const std::vector<int64_t>& m_G) {
   return std::accumulate(m_G.begin(), m_G.end(), int64_t{0});
 }
 
+// fixed: every group has the same rows and the op is told so (rows_per_group: the CUDA path's
+// strided-batched matmul, which reads no size).
 template <typename T>
 void grouped_forward(const Exec& ex, const std::vector<std::vector<int64_t>>& groups, int64_t N,
-                     int64_t K) {
+                     int64_t K, bool fixed = false) {
   uint32_t seed = 50;
   for (const auto& m_G : groups) {
     const int64_t G = static_cast<int64_t>(m_G.size()), rows = total_rows(m_G);
+    const int64_t per_group = fixed ? m_G[0] : 0;
     const auto x = random_vec<T>(rows * K, seed++), w = random_vec<T>(G * N * K, seed++);
     for (bool trans_w : {false, true}) {
       BACKEND_TRACE("G=" << G << " rows=" << rows << " N=" << N << " K=" << K
@@ -179,7 +182,8 @@ void grouped_forward(const Exec& ex, const std::vector<std::vector<int64_t>>& gr
       std::vector<T> y_ref(rows * N);
       {
         Staging st(ex);
-        ops::grouped_gemm<T>(ex, st.in(m_G), G, N, K, st.in(x), st.in(w), trans_w, st.out(y));
+        ops::grouped_gemm<T>(ex, st.in(m_G), G, N, K, st.in(x), st.in(w), trans_w, st.out(y),
+                             per_group);
         st.back();
       }
       ops::grouped_gemm_ref<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, y_ref.data());
@@ -191,10 +195,11 @@ void grouped_forward(const Exec& ex, const std::vector<std::vector<int64_t>>& gr
 // dw accumulates into a non-zero start; a zero-row group's dw stays bitwise as it was.
 template <typename T>
 void grouped_wgrad(const Exec& ex, const std::vector<std::vector<int64_t>>& groups, int64_t N,
-                   int64_t K) {
+                   int64_t K, bool fixed = false) {
   uint32_t seed = 70;
   for (const auto& m_G : groups) {
     const int64_t G = static_cast<int64_t>(m_G.size()), rows = total_rows(m_G);
+    const int64_t per_group = fixed ? m_G[0] : 0;
     BACKEND_TRACE("G=" << G << " rows=" << rows << " N=" << N << " K=" << K);
     const auto x = random_vec<T>(rows * K, seed++), dy = random_vec<T>(rows * N, seed++);
     const auto dw0 = random_vec<T>(G * N * K, seed++);
@@ -202,7 +207,8 @@ void grouped_wgrad(const Exec& ex, const std::vector<std::vector<int64_t>>& grou
     std::vector<T> dw_ref = dw0;
     {
       Staging st(ex);
-      ops::grouped_gemm_wgrad<T>(ex, st.in(m_G), G, N, K, st.in(dy), st.in(x), st.out(dw));
+      ops::grouped_gemm_wgrad<T>(ex, st.in(m_G), G, N, K, st.in(dy), st.in(x), st.out(dw),
+                                 per_group);
       st.back();
     }
     ops::grouped_gemm_wgrad_ref<T>(m_G.data(), G, N, K, dy.data(), x.data(), dw_ref.data());
@@ -223,6 +229,9 @@ const std::vector<std::vector<int64_t>> kEmptyGroups = {{0, 5, 0, 3}, {0, 0, 7},
 // loads with an empty group (the parallel-groups path at >= 2 threads).
 const std::vector<std::vector<int64_t>> kUnevenGroups = {
     {6}, {1}, {3, 1, 4, 1, 5, 9, 2, 6}, {13, 13}, {9, 0, 11, 10, 12}};
+
+// Equal groups whose rows the caller states (the dense MLP's one group, padded capacity blocks).
+const std::vector<std::vector<int64_t>> kFixedGroups = {{6}, {1}, {13, 13}, {4, 4, 4, 4, 4, 4, 4}};
 
 std::vector<std::vector<int64_t>> all_groups() {
   auto g = kEmptyGroups;
@@ -247,6 +256,12 @@ void add_gemm_cases(std::vector<OpCase>& out) {
                  }});
   out.push_back({"grouped_gemm_f64", {"grouped_gemm"}, [](const Exec& ex) {
                    grouped_forward<double>(ex, all_groups(), 5, 3);
+                 }});
+  out.push_back({"grouped_gemm_f32_fixed_rows", {"grouped_gemm"}, [](const Exec& ex) {
+                   grouped_forward<float>(ex, kFixedGroups, 17, 33, /*fixed=*/true);
+                 }});
+  out.push_back({"grouped_gemm_wgrad_f32_fixed_rows", {"grouped_gemm_wgrad"}, [](const Exec& ex) {
+                   grouped_wgrad<float>(ex, kFixedGroups, 17, 33, /*fixed=*/true);
                  }});
   out.push_back({"grouped_gemm_wgrad_f32_empty_groups", {"grouped_gemm_wgrad"}, [](const Exec& ex) {
                    grouped_wgrad<float>(ex, kEmptyGroups, 7, 13);

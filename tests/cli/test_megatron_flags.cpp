@@ -540,6 +540,12 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--device", "", "cuda", {{"train.device", "cuda"}}},
       {"--fp32-matmul-precision", "", "high", {{"train.fp32_matmul_precision", "high"}}},
       {"--sync-audit", "", "", {{"train.sync_audit", "true"}}},
+      // CUDA graphs: the implementation, its warm-up, and the deprecated scope spellings that
+      // Megatron's validate_args migrates to it.
+      {"--cuda-graph-impl", "", "full_iteration", {{"train.cuda_graph_impl", "full_iteration"}}},
+      {"--cuda-graph-warmup-steps", "", "2", {{"train.cuda_graph_warmup_steps", "2"}}},
+      {"--cuda-graph-modules", "", "full_iteration", {{"train.cuda_graph_impl", "full_iteration"}}},
+      {"--cuda-graph-scope", "", "full_iteration", {{"train.cuda_graph_impl", "full_iteration"}}},
   };
   const std::vector<FlagNoEffect> no_effect = {
       {"--sequence-parallel", "",
@@ -552,6 +558,13 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
       {"--batch-size", "4", "use --micro-batch-size"},
       {"--model-parallel-size", "2", "use --tensor-model-parallel-size"},
       {"--checkpoint-activations", "", "use --recompute-activations"},
+      // Megatron's deprecated switches for its per-layer implementations.
+      {"--enable-cuda-graph", "",
+       "--enable-cuda-graph (deprecated: Megatron reads it as --cuda-graph-impl local): "
+       "per-layer CUDA graphs"},
+      {"--external-cuda-graph", "",
+       "--external-cuda-graph (deprecated: Megatron reads it as --cuda-graph-impl "
+       "transformer_engine): per-layer CUDA graphs"},
   };
 
   // Each flag with an effect is listed exactly once, and nothing else is.
@@ -755,6 +768,56 @@ TEST(MegatronFlags, ImplementedFlagsHaveMegatronsDefaults) {
     ++compared;
   }
   EXPECT_GT(compared, 30);
+}
+
+// Megatron's CUDA graph flags: full_iteration (and its deprecated spellings, migrated as
+// validate_args does) is taken; the per-layer implementations and what Megatron refuses of the
+// combinations stop before anything is built, naming the flag and the fix.
+TEST(MegatronFlags, CudaGraphFlagsMigrateAsMegatronsAndRefuseThePerLayerGraphs) {
+  EXPECT_EQ(parse("").train.cuda_graph_impl, "none");
+  EXPECT_EQ(parse("").train.cuda_graph_warmup_steps, 3);
+  for (const char* spelling :
+       {"--cuda-graph-impl full_iteration", "--cuda-graph-modules full_iteration",
+        "--cuda-graph-scope full_iteration",
+        "--enable-cuda-graph --cuda-graph-scope full_iteration",
+        "--cuda-graph-impl local --cuda-graph-modules full_iteration",
+        "--cuda-graph-impl full_iteration --cuda-graph-modules full"}) {
+    SCOPED_TRACE(spelling);
+    EXPECT_EQ(parse(spelling).train.cuda_graph_impl, "full_iteration");
+  }
+  EXPECT_EQ(parse("--cuda-graph-modules full").train.cuda_graph_impl, "none");
+  const TrainFlags inference = parse("--cuda-graph-modules full_iteration_inference");
+  EXPECT_EQ(inference.train.cuda_graph_impl, "none");
+  std::string notices;
+  for (const std::string& n : inference.notices) notices += n + "\n";
+  EXPECT_NE(notices.find("full_iteration_inference: an inference graph scope"), std::string::npos)
+      << notices;
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--cuda-graph-impl local",
+       "--cuda-graph-impl local: per-layer CUDA graphs (Megatron's MCore implementation) are not "
+       "implemented; moecore captures a whole step's forward and backward as one graph: use "
+       "--cuda-graph-impl full_iteration"},
+      {"--cuda-graph-impl transformer_engine",
+       "--cuda-graph-impl transformer_engine: per-layer CUDA graphs (Megatron's Transformer "
+       "Engine implementation) are not implemented"},
+      {"--cuda-graph-impl full_iteration --cuda-graph-modules attn mlp",
+       "--cuda-graph-modules attn mlp with --cuda-graph-impl full_iteration: Megatron requires it "
+       "empty"},
+      {"--cuda-graph-impl full_iteration --cuda-graph-warmup-steps 0",
+       "--cuda-graph-warmup-steps 0: at least 1 eager step must come before the capture"},
+      {"--enable-cuda-graph --cuda-graph-impl full_iteration",
+       "--enable-cuda-graph (deprecated) and --cuda-graph-impl full_iteration are both given"},
+      {"--cuda-graph-scope full_iteration --cuda-graph-modules attn",
+       "--cuda-graph-scope (deprecated) and --cuda-graph-modules are both given"},
+      {"--cuda-graph-impl transformer_engine --cuda-graph-modules full_iteration",
+       "--cuda-graph-modules full_iteration cannot be combined with --cuda-graph-impl "
+       "transformer_engine"},
+      {"--cuda-graph-modules full attn", "--cuda-graph-modules full cannot be used with other"},
+  };
+  for (const auto& [flags, want] : refused) {
+    const std::string msg = error_of(words(flags));
+    EXPECT_NE(msg.find(want), std::string::npos) << flags << ": " << msg;
+  }
 }
 
 TEST(MegatronFlags, ArgparseSemantics) {

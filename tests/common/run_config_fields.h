@@ -171,6 +171,8 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("train.device", t.device);
   add("train.fp32_matmul_precision", t.fp32_matmul_precision);
   add("train.sync_audit", text(t.sync_audit));
+  add("train.cuda_graph_impl", t.cuda_graph_impl);
+  add("train.cuda_graph_warmup_steps", text(t.cuda_graph_warmup_steps));
   add("train.peak_gflops", text(t.peak_gflops));
   add("train.ddp.overlap", text(t.ddp.overlap));
   add("train.ddp.distributed_optimizer", text(t.ddp.distributed_optimizer));

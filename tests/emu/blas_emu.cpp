@@ -9,6 +9,7 @@
 #include "common/blas_interpreter.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
+#include "emu/stream_capture_emu.h"
 #include "ops/desc/blas_args.h"
 
 namespace moecore::ops::cuda {
@@ -21,9 +22,9 @@ BlasHandles& blas_handles(const Exec&) {
   return none;
 }
 
-void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const void* B, void* C,
-                BlasHandles&) {
-  if (d.empty) return;
+namespace {
+
+void matmul_now(const desc::LtMatmulDesc& d, const void* A, const void* B, void* C) {
   // The operands against the collectives in flight, at their addresses as a kernel's are.
   emu::check_pending("cuBLASLt matmul (A)", A, 1, false);
   emu::check_pending("cuBLASLt matmul (B)", B, 1, false);
@@ -38,9 +39,7 @@ void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const v
   testing::lt_matmul(lib, slots.a_slot, slots.b_slot, C);
 }
 
-void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const void* A,
-                         const void* B, void* C, BlasHandles&) {
-  if (d.group_count == 0) return;
+void grouped_batched_now(const desc::GroupedBatchedDesc& d, const void* A, const void* B, void* C) {
   emu::check_pending("cuBLAS grouped GEMM (A)", A, 1, false);
   emu::check_pending("cuBLAS grouped GEMM (B)", B, 1, false);
   emu::check_pending("cuBLAS grouped GEMM (C)", C, 1, true);
@@ -49,6 +48,32 @@ void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const v
   const desc::GroupedArgs args = desc::grouped_args(d, A, B, C);
   testing::gemm_grouped_batched_tables(d, args.alpha.data(), args.a.data(), args.b.data(),
                                        args.beta.data(), args.c.data());
+}
+
+}  // namespace
+
+// While a stream capture is open (stream_capture_emu.h) a call is recorded with its descriptor
+// and operand addresses, and runs when the graph is replayed.
+void run_matmul(const Exec&, const desc::LtMatmulDesc& d, const void* A, const void* B, void* C,
+                BlasHandles&) {
+  if (d.empty) return;
+  if (emu::capturing()) {
+    const SyncAudit::Paused device_work;
+    emu::record("cuBLASLt matmul", [d, A, B, C] { matmul_now(d, A, B, C); });
+    return;
+  }
+  matmul_now(d, A, B, C);
+}
+
+void run_grouped_batched(const Exec&, const desc::GroupedBatchedDesc& d, const void* A,
+                         const void* B, void* C, BlasHandles&) {
+  if (d.group_count == 0) return;
+  if (emu::capturing()) {
+    const SyncAudit::Paused device_work;
+    emu::record("cuBLAS grouped GEMM", [d, A, B, C] { grouped_batched_now(d, A, B, C); });
+    return;
+  }
+  grouped_batched_now(d, A, B, C);
 }
 
 }  // namespace moecore::ops::cuda

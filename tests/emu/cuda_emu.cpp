@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -550,5 +552,78 @@ void launch(const char* name, dim3 grid_dim, dim3 block, size_t dynamic_smem, vo
 }
 
 }  // namespace detail
+
+// ---- stream capture (stream_capture_emu.h) ----
+
+struct Graph {
+  std::vector<std::pair<const char*, std::function<void()>>> ops;
+};
+
+namespace {
+std::atomic<bool> g_capturing{false};
+std::mutex g_capture_mutex;
+Graph* g_capture = nullptr;  // the open capture's recording
+}  // namespace
+
+bool capturing() {
+  return g_capturing.load(std::memory_order_relaxed);
+}
+
+void capture_begin() {
+  const SyncAudit::Paused device_work;
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  MOE_CHECK(g_capture == nullptr,
+            "[emu] a stream capture begun while another is open (one capture at a time)");
+  g_capture = new Graph();
+  g_capturing.store(true);
+}
+
+Graph* capture_end(bool keep, int64_t* operations) {
+  const SyncAudit::Paused device_work;
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  Graph* g = g_capture;
+  g_capture = nullptr;
+  g_capturing.store(false);
+  if (!keep) {
+    delete g;
+    return nullptr;
+  }
+  if (g != nullptr && operations != nullptr) *operations = static_cast<int64_t>(g->ops.size());
+  return g;
+}
+
+void record(const char* what, std::function<void()> op) {
+  const SyncAudit::Paused device_work;
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  MOE_CHECK(g_capture != nullptr, "[emu] {} recorded with no stream capture open", what);
+  g_capture->ops.emplace_back(what, std::move(op));
+}
+
+void graph_replay(const Graph& g) {
+  if (capturing()) {  // a graph launched into a capture: one operation that replays it
+    const Graph* inner = &g;
+    record("a graph launch", [inner] { graph_replay(*inner); });
+    return;
+  }
+  for (const auto& op : g.ops) op.second();
+}
+
+void graph_destroy(Graph* g) {
+  const SyncAudit::Paused device_work;
+  delete g;
+}
+
+void check_capturable_range(const char* who, const void* p, size_t bytes) {
+  if (bytes == 0 || in_allocation(p, bytes)) return;
+  MOE_FAIL(
+      "[emu] {} of {} bytes at {} during a stream capture: it is pageable host memory (not a "
+      "device or pinned allocation), which a CUDA graph's copy cannot take; copy through pinned "
+      "staging (MemSpace::PinnedHost), or out of the captured region",
+      who, bytes, p);
+}
+
+void stream_synchronize() {
+  SyncAudit::instance().not_capturable("cudaStreamSynchronize: the host waits for the stream");
+}
 
 }  // namespace moecore::emu

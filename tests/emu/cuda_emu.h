@@ -34,7 +34,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/sync_audit.h"
 #include "device_memory_emu.h"
+#include "stream_capture_emu.h"
 
 // ---- keywords --------------------------------------------------------------------------------
 #define __global__
@@ -160,7 +162,8 @@ T from_bits(uint64_t b) {
 }  // namespace detail
 
 // Runs kernel(args...) over the grid, the arguments converted to the kernel's parameter types
-// and copied once (as a launch does).
+// and copied once (as a launch does). While a stream capture is open (stream_capture_emu.h) the
+// launch is recorded with those copies instead, and runs when the graph is replayed.
 template <typename... P, typename... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_smem,
             A&&... args) {
@@ -168,20 +171,35 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
     void (*kernel)(P...);
     std::tuple<std::decay_t<P>...> params;
   } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
-  std::apply(
-      [name](const auto&... p) {
-        int index = 0;
-        (detail::check_argument(name, index++, p), ...);
-      },
-      call.params);
-  DeviceAccess access;
-  detail::launch(
-      name, grid, block, dynamic_smem,
-      [](void* p) {
-        auto* c = static_cast<Call*>(p);
-        std::apply(c->kernel, c->params);
-      },
-      &call);
+  const auto run = [name, grid, block, dynamic_smem](Call& c) {
+    std::apply(
+        [name](const auto&... p) {
+          int index = 0;
+          (detail::check_argument(name, index++, p), ...);
+        },
+        c.params);
+    DeviceAccess access;
+    detail::launch(
+        name, grid, block, dynamic_smem,
+        [](void* p) {
+          auto* k = static_cast<Call*>(p);
+          std::apply(k->kernel, k->params);
+        },
+        &c);
+  };
+  if (capturing()) {
+    // The arguments are checked now too, where the launch is written.
+    std::apply(
+        [name](const auto&... p) {
+          int index = 0;
+          (detail::check_argument(name, index++, p), ...);
+        },
+        call.params);
+    const SyncAudit::Paused device_work;  // the recording is the device's, not the host step's
+    record(name, [run, call]() mutable { run(call); });
+    return;
+  }
+  run(call);
 }
 
 }  // namespace moecore::emu
@@ -358,21 +376,47 @@ enum cudaMemcpyKind : int {
 inline const char* cudaGetErrorString(cudaError_t) {
   return "no error";
 }
-// Both check their byte ranges against the collectives in flight (device_memory_emu.h).
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
-  ::moecore::emu::check_pending("cudaMemsetAsync (a set of device memory)", p, bytes, true);
-  const ::moecore::emu::DeviceAccess access;
+// Both check their byte ranges against the collectives in flight (device_memory_emu.h). While a
+// stream capture is open they are recorded (stream_capture_emu.h), their ranges in device or
+// pinned memory, and run when the graph is replayed.
+namespace moecore::emu::detail {
+inline void memset_now(void* p, int value, size_t bytes) {
+  check_pending("cudaMemsetAsync (a set of device memory)", p, bytes, true);
+  const DeviceAccess access;
   std::memset(p, value, bytes);
+}
+inline void memcpy_now(void* dst, const void* src, size_t bytes) {
+  check_pending("cudaMemcpyAsync (a copy's source)", src, bytes, false);
+  check_pending("cudaMemcpyAsync (a copy's destination)", dst, bytes, true);
+  const DeviceAccess access;
+  std::memcpy(dst, src, bytes);
+}
+}  // namespace moecore::emu::detail
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  if (::moecore::emu::capturing()) {
+    ::moecore::emu::check_capturable_range("cudaMemsetAsync (a set)", p, bytes);
+    const ::moecore::SyncAudit::Paused device_work;
+    ::moecore::emu::record("cudaMemsetAsync",
+                           [p, value, bytes] { ::moecore::emu::detail::memset_now(p, value, bytes); });
+    return cudaSuccess;
+  }
+  ::moecore::emu::detail::memset_now(p, value, bytes);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                                    cudaStream_t = nullptr) {
-  ::moecore::emu::check_pending("cudaMemcpyAsync (a copy's source)", src, bytes, false);
-  ::moecore::emu::check_pending("cudaMemcpyAsync (a copy's destination)", dst, bytes, true);
-  const ::moecore::emu::DeviceAccess access;
-  std::memcpy(dst, src, bytes);
+  if (::moecore::emu::capturing()) {
+    ::moecore::emu::check_capturable_range("cudaMemcpyAsync (a copy's source)", src, bytes);
+    ::moecore::emu::check_capturable_range("cudaMemcpyAsync (a copy's destination)", dst, bytes);
+    const ::moecore::SyncAudit::Paused device_work;
+    ::moecore::emu::record("cudaMemcpyAsync",
+                           [dst, src, bytes] { ::moecore::emu::detail::memcpy_now(dst, src, bytes); });
+    return cudaSuccess;
+  }
+  ::moecore::emu::detail::memcpy_now(dst, src, bytes);
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ::moecore::emu::stream_synchronize();
   return cudaSuccess;
 }

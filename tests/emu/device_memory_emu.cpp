@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/sync_audit.h"
 
 namespace moecore::emu {
 
@@ -157,6 +158,10 @@ DeviceMemoryMode device_memory_mode() {
 }
 
 void* device_alloc(size_t bytes, bool pinned) {
+  // Inside a stream capture: an error naming it (cudaMalloc is not capturable).
+  SyncAudit::instance().device_allocation(pinned ? "emulated pinned host memory (cudaMallocHost)"
+                                                 : "emulated device memory (cudaMalloc)",
+                                          bytes);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   fix_mode(s);
@@ -180,6 +185,14 @@ void device_free(void* p) {
   MOE_CHECK(it != s.regions.end(), "[emu] free of {} which is no emulated device allocation", p);
   munmap(p, it->second.mapped);
   s.regions.erase(it);
+}
+
+bool in_allocation(const void* p, size_t bytes) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const auto* r = find_region(s, a);
+  return r != nullptr && a + bytes <= r->first + r->second.bytes;
 }
 
 DeviceAccess::DeviceAccess() {

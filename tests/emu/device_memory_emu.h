@@ -38,6 +38,9 @@ DeviceMemoryMode device_memory_mode();
 void* device_alloc(size_t bytes, bool pinned);
 void device_free(void* p);
 
+// Whether [p, p + bytes) lies inside one allocation of device_alloc (device or pinned).
+bool in_allocation(const void* p, size_t bytes);
+
 // While one lives (on any thread; nested freely), device memory is readable and writable: the
 // emulator's launches, the runtime's copies and sets, and the emulated library calls hold one.
 class DeviceAccess {

@@ -33,6 +33,20 @@ void check_kernel_pointer(const char* kernel, int, const void*, bool) {
   no_device(std::string("kernel ") + kernel);
 }
 
+// No capture is ever open without a device.
+bool capturing() {
+  return false;
+}
+void record(const char* what, std::function<void()>) {
+  no_device(std::string("recording ") + what);
+}
+void check_capturable_range(const char* who, const void*, size_t) {
+  no_device(who);
+}
+void stream_synchronize() {
+  no_device("cudaStreamSynchronize");
+}
+
 namespace detail {
 // Inside a kernel body only, which no launch here ever runs.
 const uint3& thread_idx() { no_device("threadIdx"); }

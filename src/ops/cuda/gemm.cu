@@ -69,6 +69,22 @@ void grouped_wgrad(const Exec& ex, desc::GemmTypes types, const int64_t* m_G_hos
   run_grouped_batched(ex, d, dy, x, dw, blas_handles(ex));
 }
 
+// Every group `rows` rows: one strided-batched matmul over the groups' blocks, the sizes known
+// on the host (ops/gemm.h): no sync, capturable.
+void fixed_forward(const Exec& ex, desc::GemmTypes types, int64_t rows, int64_t G, int64_t N,
+                   int64_t K, const void* x, const void* w, bool trans_w, void* y) {
+  const desc::LtMatmulDesc d =
+      desc::gemm_desc(desc::padded_grouped_forward_call(types, G, rows, N, K, trans_w));
+  run_matmul(ex, d, x, w, y, blas_handles(ex));
+}
+
+void fixed_wgrad(const Exec& ex, desc::GemmTypes types, int64_t rows, int64_t G, int64_t N,
+                 int64_t K, const void* dy, const void* x, void* dw) {
+  const desc::LtMatmulDesc d =
+      desc::gemm_desc(desc::padded_grouped_wgrad_call(types, G, rows, N, K));
+  run_matmul(ex, d, dy, x, dw, blas_handles(ex));
+}
+
 }  // namespace
 
 template <typename T>
@@ -107,6 +123,18 @@ void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int6
   grouped_wgrad(ex, gemm_types<T>(ex), m_G_host, G, N, K, dy, x, dw);
 }
 
+template <typename T>
+void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
+                        const T* w, bool trans_w, T* y) {
+  fixed_forward(ex, gemm_types<T>(), rows, G, N, K, x, w, trans_w, y);
+}
+
+template <typename T>
+void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                              const T* dy, const T* x, T* dw) {
+  fixed_wgrad(ex, gemm_types<T>(), rows, G, N, K, dy, x, dw);
+}
+
 #define MOECORE_INSTANTIATE_CUDA_GEMM(T)                                                          \
   template void gemm<T>(const Exec&, bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
                         const T*, int64_t, T, T*, int64_t);                                       \
@@ -117,7 +145,11 @@ void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int6
   template void grouped_gemm<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t, const T*, \
                                 const T*, bool, T*);                                              \
   template void grouped_gemm_wgrad<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t,     \
-                                      const T*, const T*, T*);
+                                      const T*, const T*, T*);                                    \
+  template void grouped_gemm<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,  \
+                                      const T*, bool, T*);                                        \
+  template void grouped_gemm_wgrad<T>(const Exec&, int64_t, int64_t, int64_t, int64_t,      \
+                                            const T*, const T*, T*);
 MOECORE_INSTANTIATE_CUDA_GEMM(float)
 MOECORE_INSTANTIATE_CUDA_GEMM(double)
 #undef MOECORE_INSTANTIATE_CUDA_GEMM
@@ -166,6 +198,16 @@ void grouped_gemm_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64
 void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G, int64_t N,
                              int64_t K, const bf16* dy16, const bf16* x16, float* dw) {
   grouped_wgrad(ex, desc::GemmTypes::Bf16F32, m_G_host, G, N, K, dy16, x16, dw);
+}
+
+void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                             const bf16* x16, const bf16* w, bool trans_w, float* y) {
+  fixed_forward(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, x16, w, trans_w, y);
+}
+
+void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                                   const bf16* dy16, const bf16* x16, float* dw) {
+  fixed_wgrad(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, dy16, x16, dw);
 }
 
 }  // namespace moecore::ops::cuda

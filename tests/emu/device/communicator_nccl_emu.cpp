@@ -49,6 +49,7 @@
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
+#include "emu/stream_capture_emu.h"
 #include "ops/desc/nccl_desc.h"
 #include "parallel/communicator_nccl.h"
 #include "parallel/nccl_p2p_batch.h"
@@ -453,6 +454,13 @@ void to_device(void* dev, const void* host, size_t bytes) {
 
 CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void* recv, DType dt,
                                     const char* call, Args args, bool p2p, int tag) {
+  // NCCL's calls can be captured into a CUDA graph on a GPU; the emulated NCCL runs its plans
+  // over MPI when called and does not record them (tests/emu/stream_capture_emu.h).
+  MOE_CHECK(
+      !emu::capturing(),
+      "[emu] NCCL {} on group '{}' during a stream capture: the emulated NCCL does not record "
+      "its collectives into a graph (train with one process, or without --cuda-graph-impl)",
+      call, name_);
   const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
   // Any other collective goes on the stream after the point-to-point operations collected so far.
   if (!p2p) issue_p2p();

@@ -18,6 +18,7 @@
 #include "core/device.h"
 #include "core/host_memory.h"
 #include "emu/device_memory_emu.h"
+#include "emu/stream_capture_emu.h"
 
 namespace moecore {
 
@@ -177,6 +178,23 @@ void cuda_synchronize(const Exec&) {}  // every launch and copy has finished whe
 
 std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec&, int capacity) {
   return make_host_phase_timer(capacity);
+}
+
+// CUDA graphs: the emulator's recorder (tests/emu/stream_capture_emu.h).
+void cuda_capture_begin(const Exec&) {
+  emu::capture_begin();
+}
+
+void* cuda_capture_end(const Exec&, bool keep, int64_t* operations) {
+  return emu::capture_end(keep, operations);
+}
+
+void cuda_graph_launch(const Exec&, void* graph) {
+  emu::graph_replay(*static_cast<const emu::Graph*>(graph));
+}
+
+void cuda_graph_destroy(void* graph) {
+  emu::graph_destroy(static_cast<emu::Graph*>(graph));
 }
 
 }  // namespace moecore
