@@ -125,14 +125,14 @@ void grouped_gemm_wgrad(const Exec& ex, const int64_t* m_G_host, int64_t G, int6
 
 template <typename T>
 void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* x,
-                        const T* w, bool trans_w, T* y) {
-  fixed_forward(ex, gemm_types<T>(), rows, G, N, K, x, w, trans_w, y);
+                  const T* w, bool trans_w, T* y) {
+  fixed_forward(ex, gemm_types<T>(ex), rows, G, N, K, x, w, trans_w, y);
 }
 
 template <typename T>
 void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                              const T* dy, const T* x, T* dw) {
-  fixed_wgrad(ex, gemm_types<T>(), rows, G, N, K, dy, x, dw);
+                        const T* dy, const T* x, T* dw) {
+  fixed_wgrad(ex, gemm_types<T>(ex), rows, G, N, K, dy, x, dw);
 }
 
 #define MOECORE_INSTANTIATE_CUDA_GEMM(T)                                                          \
