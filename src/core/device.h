@@ -48,7 +48,10 @@ Exec make_cuda_exec();
 // before it returns; and its release. The CUDA build only (without it: an error).
 void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void cuda_free(const Exec& ex, MemSpace space, void* p);
-void cuda_synchronize(const Exec& ex);  // cudaStreamSynchronize of ex's stream
+// Whether ex's stream has run everything enqueued on it (cudaStreamQuery; the emulated device:
+// always, unless MOECORE_FAULT plants a stream that never ends); throws naming the error of a
+// failed stream. exec_synchronize polls it under the stream-wait watchdog.
+bool cuda_stream_idle(const Exec& ex);
 // The phase profiler's timer on ex's stream: a planned pool of `capacity` CUDA events, one
 // recorded per phase boundary, read after the stream ran them (cudaEventElapsedTime).
 std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec& ex, int capacity);

@@ -209,6 +209,23 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
               why);
   }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
+  if (!exec_.on_cpu()) {
+    // The hang watchdog of the host's waits on the stream (core/exec.h): the collectives' limit.
+    // (A collective's handle waited on by the stream is past its communicator's timeout once the
+    // host moves on: a stream behind one that never ends is reported here.)
+    const parallel::ParallelConfig one_process;  // the flag's default limit
+    const parallel::ParallelConfig& pc =
+        groups_ != nullptr ? groups_->layout().config : one_process;
+    const int rank = groups_ != nullptr ? groups_->rank() : 0;
+    double limit = pc.timeout_seconds();
+    // The watchdog's tests: a limit of seconds, as the MPI communicators take it.
+    if (const fault::Fault* f = fault::find("comm_timeout", rank)) {
+      limit = static_cast<double>(f->int_arg("seconds", -1));
+      MOE_CHECK(limit > 0, "[fault] MOECORE_FAULT: comm_timeout needs seconds=S (S > 0)");
+    }
+    set_stream_wait_limit(limit, groups_ != nullptr ? fmt::format("world rank {}", rank)
+                                                    : std::string("this process"));
+  }
   if (groups_ != nullptr) {
     check_parallel_support(groups_->layout().config, model_cfg_);
     if (!exec_.on_cpu()) {
