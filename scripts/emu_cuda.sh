@@ -3,7 +3,7 @@
 # harness's cuda cases (the ops with a kernel run through the grid emulator against their `_ref`;
 # the others are reported as not run, naming the op without a kernel), and `moecore train
 # --device cuda` on the tiny model against --device cpu, bitwise run to run, on one process and
-# under mpirun in every parallel layout (the emulated NCCL).
+# under mpirun in every parallel layout (the emulated NCCL), with checkpoints, stops and eval.
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
 # and its targets test_backend, test_device_select_mpi, test_emu_nccl and moecore built:
 # MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi test_emu_nccl"
@@ -116,9 +116,11 @@ if command -v mpirun > /dev/null 2>&1; then
   fi
 fi
 # Every parallel layout on --device cuda under mpirun (tests/emu/train_cuda_emu_layouts.sh, the
-# ctest entries train_cuda_emu_layouts_mpi_{2,4,8}): the device's collectives on the emulated NCCL.
+# ctest entries train_cuda_emu_layouts_mpi_{2,4,8}): the device's collectives on the emulated NCCL;
+# then checkpoints, SIGTERM to mpirun, eval and the stream-wait watchdog there
+# (tests/emu/train_cuda_emu_ckpt.sh, train_cuda_emu_ckpt_mpi_2).
 if command -v mpirun > /dev/null 2>&1; then
-  ctest --test-dir "$dir" -R '^train_cuda_emu_layouts_mpi_' --output-on-failure || rc=1
+  ctest --test-dir "$dir" -R '^train_cuda_emu_(layouts|ckpt)_mpi_' --output-on-failure || rc=1
 else
   echo "[emu-cuda] --device cuda under mpirun: NOT RUN (no mpirun on this machine)"
 fi

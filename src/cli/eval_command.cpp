@@ -45,25 +45,6 @@ std::string take_tokens_json(std::vector<std::string>& args) {
   return path;
 }
 
-struct SequenceLoss {
-  double sum = 0;  // cross entropy summed over the sequence's predictions
-  int64_t predictions = 0;
-};
-
-// Each sequence alone in row 0 of a micro-batch, padded to --seq-length: the padding comes after
-// the sequence, which causal attention never lets it see, and its targets are ignored (< 0).
-SequenceLoss sequence_loss(Trainer& t, const std::vector<int32_t>& seq, int64_t S, int64_t B) {
-  std::vector<int32_t> ids(static_cast<size_t>(B * S), 0), targets(ids.size(), -1);
-  const int64_t n = static_cast<int64_t>(seq.size());
-  for (int64_t s = 0; s < n; ++s) ids[s] = seq[s];
-  for (int64_t s = 0; s + 1 < n; ++s) targets[s] = seq[s + 1];
-  SequenceLoss r;
-  r.predictions = n > 0 ? n - 1 : 0;
-  if (r.predictions == 0) return r;
-  r.sum = t.model().forward(ids.data(), targets.data()) * static_cast<double>(r.predictions);
-  return r;
-}
-
 }  // namespace
 
 std::vector<std::vector<int32_t>> read_tokens_json(const std::string& path, int64_t vocab_size) {
@@ -169,23 +150,28 @@ Subcommand add_eval_command(CLI::App& app) {
         }
         const auto seqs = read_tokens_json(tokens_json, flags.model.vocab_size);
         const int64_t S = flags.model.seq_length;
-        trainer.model().set_training(false);
-        double sum = 0;
-        int64_t n = 0;
         for (size_t i = 0; i < seqs.size(); ++i) {
           MOE_CHECK(static_cast<int64_t>(seqs[i].size()) <= S,
                     "[eval] --tokens-json sequence {} has {} tokens, more than "
                     "--seq-length {}: raise --seq-length or split it",
                     i, seqs[i].size(), S);
-          const SequenceLoss l = sequence_loss(trainer, seqs[i], S, flags.train.micro_batch);
-          sum += l.sum;
-          n += l.predictions;
+        }
+        // Each sequence alone in a micro-batch, through the evaluation's forward in this layout
+        // (Trainer::score_sequences): device memory, pipeline stages and CP chunks alike.
+        const std::vector<double> sums = trainer.score_sequences(seqs);
+        double sum = 0;
+        int64_t n = 0;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          const int64_t predictions =
+              std::max<int64_t>(0, static_cast<int64_t>(seqs[i].size()) - 1);
+          sum += sums[i];
+          n += predictions;
           if (print) {
-            std::cout << (l.predictions > 0
+            std::cout << (predictions > 0
                               ? fmt::format("[eval] sequence {}: {} tokens | mean next-token loss "
                                             "{:.9f}\n",
                                             i, seqs[i].size(),
-                                            l.sum / static_cast<double>(l.predictions))
+                                            sums[i] / static_cast<double>(predictions))
                               : fmt::format("[eval] sequence {}: {} token(s) | nothing to score\n",
                                             i, seqs[i].size()));
           }

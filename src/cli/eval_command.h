@@ -2,8 +2,10 @@
 // checkpoint (trained, or imported by `moecore convert`). With --tokens-json FILE (a JSON list
 // of token-id lists) it prints the mean next-token cross entropy over every prediction of every
 // sequence and each sequence's own; without it, the mean lm loss over --eval-iters global
-// batches of the validation split (--data-path ..., as `moecore train` evaluates). Runs under
-// mpirun in any layout the checkpoint loads into; rank 0 prints.
+// batches of the validation split (--data-path ..., as `moecore train` evaluates). Either goes
+// through the trainer's evaluation forward (Trainer::score_sequences, Trainer::evaluate), so it
+// runs under mpirun in any layout the checkpoint loads into, on --device cpu or cuda; rank 0
+// prints.
 #pragma once
 
 #include <cstdint>

@@ -48,7 +48,10 @@ Exec make_cuda_exec();
 // before it returns; and its release. The CUDA build only (without it: an error).
 void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void cuda_free(const Exec& ex, MemSpace space, void* p);
-void cuda_synchronize(const Exec& ex);  // cudaStreamSynchronize of ex's stream
+// Whether ex's stream has run everything enqueued on it (cudaStreamQuery; the emulated device:
+// always, unless MOECORE_FAULT plants a stream that never ends); throws naming the error of a
+// failed stream. exec_synchronize polls it under the stream-wait watchdog.
+bool cuda_stream_idle(const Exec& ex);
 // CUDA graphs of ex's stream (core/stream_graph.h calls these; the CUDA build and the emulated
 // device have them, without the CUDA build they are errors). Begin: the stream starts capturing
 // (cudaStreamBeginCapture, global mode). End: the capture stops (cudaStreamEndCapture); with

@@ -107,9 +107,11 @@ void* cuda_alloc(const Exec& ex, MemSpace space, size_t bytes) {
   return p;
 }
 
-void cuda_synchronize(const Exec& ex) {
-  const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(ex.stream));
+bool cuda_stream_idle(const Exec& ex) {
+  const cudaError_t err = cudaStreamQuery(static_cast<cudaStream_t>(ex.stream));
+  if (err == cudaErrorNotReady) return false;
   MOE_CHECK(err == cudaSuccess, "[exec] the step's stream failed: {}", cudaGetErrorString(err));
+  return true;
 }
 
 namespace {

@@ -34,7 +34,7 @@ std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec&, int) {
   MOE_FAIL("[profiler] CUDA events: this moecore was built without CUDA");
 }
 
-void cuda_synchronize(const Exec&) {
+bool cuda_stream_idle(const Exec&) {
   MOE_FAIL("[exec] a CUDA stream: this moecore was built without CUDA");
 }
 

@@ -2,11 +2,15 @@
 // device_cuda.cpp (device_stub_cuda.cpp without the CUDA build).
 #include "core/exec.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/fault_injection.h"
 #include "core/host_memory.h"
 #include "core/sync_audit.h"
 
@@ -69,10 +73,57 @@ void exec_free(const Exec& ex, MemSpace space, void* p) {
   std::free(p);
 }
 
-void exec_synchronize(const Exec& ex) {
+namespace {
+// The stream-wait watchdog's setting (one execution context per process).
+double g_stream_wait_limit_s = 0;
+std::string g_stream_wait_who;
+
+bool cuda_idle(void* ex) {
+  return cuda_stream_idle(*static_cast<const Exec*>(ex));
+}
+}  // namespace
+
+void set_stream_wait_limit(double seconds, std::string who) {
+  MOE_CHECK(seconds >= 0, "[exec] a stream wait limit of {} s", seconds);
+  g_stream_wait_limit_s = seconds;
+  g_stream_wait_who = std::move(who);
+}
+
+void wait_for_stream(const char* what, bool (*idle)(void*), void* arg) {
+  if (idle(arg)) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  // A short spin for the common wait (a step's tail), then sleeps: a hung stream costs no core.
+  for (int polls = 1;; ++polls) {
+    if (idle(arg)) return;
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    const double limit = g_stream_wait_limit_s;
+    if (limit > 0 && waited > limit) {
+      const int64_t it = fault::iteration();
+      const std::string at = it >= 0 ? "at iteration " + std::to_string(it) : "outside a step";
+      const std::string who = g_stream_wait_who.empty() ? "this process" : g_stream_wait_who;
+      std::fprintf(stderr,
+                   "error: [exec] timeout: %s waited %.1f s for its device stream in %s, %s, "
+                   "over the %.1f s limit (--distributed-timeout-minutes): the stream has not run "
+                   "what was enqueued before the wait (a kernel that does not end, or a "
+                   "collective on the stream whose peers never reached it); ending the process\n",
+                   who.c_str(), waited, what, at.c_str(), limit);
+      std::fflush(stderr);
+      std::fflush(stdout);
+      std::abort();
+    }
+    if (polls < 2000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void exec_synchronize(const Exec& ex, const char* what) {
   if (ex.on_cpu()) return;
   SyncAudit::instance().not_capturable("exec_synchronize: the host waits for the stream");
-  cuda_synchronize(ex);
+  wait_for_stream(what, cuda_idle, const_cast<Exec*>(&ex));
 }
 
 void no_kernel(const Exec& ex, const char* op) {

@@ -44,8 +44,23 @@ std::string_view mem_space_name(MemSpace s);  // "device", "pinned host"
 void* exec_alloc(const Exec& ex, MemSpace space, size_t bytes);
 void exec_free(const Exec& ex, MemSpace space, void* p);
 // Blocks the host until the context's stream has run everything enqueued on it: the host's one
-// wait per step, before it reads the step's report (nothing to wait for on the CPU).
-void exec_synchronize(const Exec& ex);
+// wait per step, before it reads the step's report (nothing to wait for on the CPU). `what` names
+// the wait in the hang watchdog's report (set_stream_wait_limit).
+void exec_synchronize(const Exec& ex, const char* what = "a wait for the stream");
+
+// The hang watchdog of the host's waits on a device stream (exec_synchronize, ops::read_back):
+// such a wait polls the stream (cudaStreamQuery) instead of blocking in the driver, against a
+// deadline of `seconds` from its start. Past it, with the stream still busy (a kernel that never
+// ends; a collective on the stream whose peers never reach it, which the communicator's own
+// timeout does not see once the host has moved on), it prints which wait, at which iteration
+// (fault::iteration(), the trainer's step), on which process (`who`, e.g. "world rank 3") and how
+// long, and ends the process (std::abort, as an NCCL collective's timeout does: mpirun then ends
+// the job). The trainer sets it from --distributed-timeout-minutes on a device; 0 (the default)
+// leaves the waits unbounded.
+void set_stream_wait_limit(double seconds, std::string who);
+// Polls idle(arg) (true once the stream has run what was enqueued before the wait; it throws on
+// a failed stream) until it holds, under that deadline: the backends' waits on a stream.
+void wait_for_stream(const char* what, bool (*idle)(void* arg), void* arg);
 
 // An op reached with a context whose backend has no kernel for it: the error names both.
 [[noreturn]] void no_kernel(const Exec& ex, const char* op);

@@ -38,7 +38,8 @@ void inject_for_test(std::string_view spec);
 // The first injected fault of `kind` that matches(rank, iteration); null when none.
 const Fault* find(std::string_view kind, int rank = -1, int64_t iteration = -1);
 // The iteration a running step is at (the trainer sets it as each step starts; -1 outside
-// training), for the faults of code that does not know it (the communicator).
+// training), for the faults of code that does not know it (the communicator, the emulated
+// device's stream) and the stream-wait watchdog's report (core/exec.h).
 void set_iteration(int64_t iteration);
 int64_t iteration();
 // Sleeps inside `point` (a communicator call's name, e.g. "all_to_all_v", or "save") when

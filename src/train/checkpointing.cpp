@@ -399,7 +399,7 @@ std::optional<int64_t> BasicTrainer<T>::load_checkpoint(const fs::path& load,
       }
       ops::copy<std::byte>(ex, dev_ptr_cast<std::byte>(t.data), bytes.data(),
                            static_cast<int64_t>(bytes.size()));
-      exec_synchronize(ex);  // `bytes` goes out of scope
+      exec_synchronize(ex, "a checkpoint load's copy");  // `bytes` goes out of scope
     };
     std::set<std::string> read;
     for (const StateTensor& t : state_tensors(*model_, *optimizer_, groups_)) {

@@ -63,7 +63,7 @@ void StepBuffers::download() {
   const Exec& ex = dev_arena_.exec();
   ops::copy<ops::MicroBatchReport>(ex, host_.report, dev_.report, n_micro_ * chunks_);
   ops::copy<int64_t>(ex, host_.tokens_E, dev_.tokens_E, n_micro_ * chunks_ * E_);
-  exec_synchronize(ex);  // the host reads the copies next
+  exec_synchronize(ex, "the step's report (StepBuffers::download)");  // read next
 }
 
 model::MicroBatchIO StepBuffers::io(int64_t mb, int chunk) const {

@@ -221,6 +221,23 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
               why);
   }
   if (cfg_.lr.decay_steps == 0) cfg_.lr.decay_steps = cfg_.train_iters;
+  if (!exec_.on_cpu()) {
+    // The hang watchdog of the host's waits on the stream (core/exec.h): the collectives' limit.
+    // (A collective's handle waited on by the stream is past its communicator's timeout once the
+    // host moves on: a stream behind one that never ends is reported here.)
+    const parallel::ParallelConfig one_process;  // the flag's default limit
+    const parallel::ParallelConfig& pc =
+        groups_ != nullptr ? groups_->layout().config : one_process;
+    const int rank = groups_ != nullptr ? groups_->rank() : 0;
+    double limit = pc.timeout_seconds();
+    // The watchdog's tests: a limit of seconds, as the MPI communicators take it.
+    if (const fault::Fault* f = fault::find("comm_timeout", rank)) {
+      limit = static_cast<double>(f->int_arg("seconds", -1));
+      MOE_CHECK(limit > 0, "[fault] MOECORE_FAULT: comm_timeout needs seconds=S (S > 0)");
+    }
+    set_stream_wait_limit(limit, groups_ != nullptr ? fmt::format("world rank {}", rank)
+                                                    : std::string("this process"));
+  }
   if (groups_ != nullptr) {
     check_parallel_support(groups_->layout().config, model_cfg_);
     if (!exec_.on_cpu()) {
@@ -563,16 +580,7 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
         // The whole sequences (labels and loss mask made on them), then this rank's chunks.
         stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, global_ids_.data(),
                                 global_targets_.data(), scratch_.data());
-        split_micro_batch(cp_split_, cfg_.micro_batch, global_ids_.data(),
-                          global_targets_.data(), step_->ids(mb), step_->targets(mb));
-        // MTP depth k's tokens rolled on the whole sequences, then split the same way.
-        for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
-          roll_micro_batch(cfg_.micro_batch, model_cfg_.seq_length, j + 1, global_ids_.data(),
-                           global_targets_.data(), rolled_ids_.data(), rolled_targets_.data());
-          split_micro_batch(cp_split_, cfg_.micro_batch, rolled_ids_.data(),
-                            rolled_targets_.data(), step_->mtp_ids(mb, j),
-                            step_->mtp_targets(mb, j));
-        }
+        split_inputs(mb, global_ids_.data(), global_targets_.data());
       } else {
         stream.fill_micro_batch(mb, cfg_.micro_batch, model_cfg_.seq_length, step_->ids(mb),
                                 step_->targets(mb), scratch_.data());
@@ -582,6 +590,19 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
     }
   }
   step_->upload();  // an op on the stream: part of the step
+}
+
+template <typename T>
+void BasicTrainer<T>::split_inputs(int64_t mb, const int32_t* ids_BS, const int32_t* targets_BS) {
+  split_micro_batch(cp_split_, cfg_.micro_batch, ids_BS, targets_BS, step_->ids(mb),
+                    step_->targets(mb));
+  // MTP depth k's tokens rolled on the whole sequences, then split the same way.
+  for (int64_t j = 0; j < model_cfg_.mtp_num_layers; ++j) {
+    roll_micro_batch(cfg_.micro_batch, model_cfg_.seq_length, j + 1, ids_BS, targets_BS,
+                     rolled_ids_.data(), rolled_targets_.data());
+    split_micro_batch(cp_split_, cfg_.micro_batch, rolled_ids_.data(), rolled_targets_.data(),
+                      step_->mtp_ids(mb, j), step_->mtp_targets(mb, j));
+  }
 }
 
 template <typename T>
@@ -1343,6 +1364,52 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   r.ppl = std::exp(std::min(20.0, r.lm_loss));
   evals_.push_back(r);
   return r;
+}
+
+template <typename T>
+std::vector<double> BasicTrainer<T>::score_sequences(
+    const std::vector<std::vector<int32_t>>& seqs) {
+  const int64_t S = model_cfg_.seq_length, B = cfg_.micro_batch;
+  const int64_t n_global = n_micro_ * dp_size_;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    MOE_CHECK(static_cast<int64_t>(seqs[i].size()) <= S,
+              "[eval] sequence {} has {} tokens, more than --seq-length {}", i, seqs[i].size(), S);
+  }
+  buckets_->wait_params();  // --overlap-param-gather: whole weights before any eval forward
+  model_->set_training(false);
+  std::vector<double> sums(seqs.size(), 0.0);
+  // Whole sequences [B, S]: under CP split into this rank's chunks, else the staging itself.
+  std::vector<int32_t> ids(static_cast<size_t>(B * S)), targets(ids.size());
+  for (size_t first = 0; first < seqs.size(); first += static_cast<size_t>(n_global)) {
+    {
+      SyncAudit::Paused inputs;  // the host writes the inputs into its staging
+      for (int64_t mb = 0; mb < n_micro_; ++mb) {
+        // The global batch's micro-batch g (dp rank major, as the sample streams read it).
+        const size_t g = first + static_cast<size_t>(dp_rank_ * n_micro_ + mb);
+        int32_t* mb_ids = cp_split_.cp > 1 ? ids.data() : step_->ids(mb);
+        int32_t* mb_targets = cp_split_.cp > 1 ? targets.data() : step_->targets(mb);
+        std::fill(mb_ids, mb_ids + B * S, 0);
+        std::fill(mb_targets, mb_targets + B * S, -1);  // ignored: a slot past the last sequence
+        if (g < seqs.size()) {
+          const std::vector<int32_t>& seq = seqs[g];
+          const int64_t n = static_cast<int64_t>(seq.size());
+          for (int64_t s = 0; s < n; ++s) mb_ids[s] = seq[s];
+          for (int64_t s = 0; s + 1 < n; ++s) mb_targets[s] = seq[s + 1];
+        }
+        if (cp_split_.cp > 1) split_inputs(mb, ids.data(), targets.data());
+        step_->dropout(mb) = ops::DropoutCounters{iteration_, static_cast<int64_t>(g) * B};
+      }
+    }
+    step_->upload();
+    runner_->forward_only(pipeline_hooks());
+    step_->download();
+    gather_micro_batch_values();  // every micro-batch's loss sum, on every rank
+    for (int64_t g = 0; g < n_global && first + g < seqs.size(); ++g) {
+      sums[first + g] = all_values_[g * mb_width_];
+    }
+  }
+  model_->set_training(true);
+  return sums;
 }
 
 template <typename T>

@@ -127,6 +127,14 @@ class BasicTrainer {
   EvalMetrics evaluate(data::Split split);
   bool has_eval_data(data::Split split) const;
   const std::vector<EvalMetrics>& eval_results() const { return evals_; }
+  // Scores token sequences (`moecore eval --tokens-json`): each alone in row 0 of a micro-batch,
+  // padded to --seq-length after its end (causal attention never lets it see the padding, whose
+  // targets are ignored), through the evaluation's forward in any layout (the pipeline's stages,
+  // the context-parallel chunks, the device's memory), the step's micro-batches of every
+  // data-parallel rank at once. Returns each sequence's cross entropy summed over its
+  // predictions (0 for one of fewer than 2 tokens), on every rank. Collective over the world;
+  // each sequence holds at most --seq-length token ids below the vocabulary's size.
+  std::vector<double> score_sequences(const std::vector<std::vector<int32_t>>& seqs);
 
   // The data position (Megatron's consumed_train_samples / consumed_valid_samples), for
   // checkpoints: a run resumed with the saved values continues the same sample streams.
@@ -241,6 +249,9 @@ class BasicTrainer {
   // Fills this rank's share of the inputs of every micro-batch of the step (or of one eval
   // iteration) from `stream`.
   void fill_inputs(data::SampleStream& stream);
+  // Context parallelism: micro-batch mb's inputs from its whole sequences [B, S] (host): this
+  // rank's chunks of them, and of MTP's tokens rolled on them, into the step's staging.
+  void split_inputs(int64_t mb, const int32_t* ids_BS, const int32_t* targets_BS);
   // What the pipeline runner asks the trainer for (inputs, report slots) and tells it (the
   // loss for the guards, gradients ready for the buckets).
   typename pipeline::PipelineRunner<T>::Hooks pipeline_hooks();

@@ -365,7 +365,7 @@ inline double __longlong_as_double(long long x) {
 // ---- the runtime API's memory calls on host memory ---------------------------------------------
 // The emulated CUDA build's memory is the host's and a launch runs to completion before it
 // returns, so the asynchronous copies are plain ones and a stream has nothing left to wait for.
-enum cudaError_t : int { cudaSuccess = 0 };
+enum cudaError_t : int { cudaSuccess = 0, cudaErrorNotReady = 600 };
 enum cudaMemcpyKind : int {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -418,5 +418,8 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cud
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
   ::moecore::emu::stream_synchronize();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamQuery(cudaStream_t) {
   return cudaSuccess;
 }

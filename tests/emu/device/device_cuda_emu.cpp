@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/fault_injection.h"
 #include "core/host_memory.h"
 #include "emu/device_memory_emu.h"
 #include "emu/stream_capture_emu.h"
@@ -174,7 +175,18 @@ void cuda_free(const Exec&, MemSpace, void* p) {
   emu::device_free(p);
 }
 
-void cuda_synchronize(const Exec&) {}  // every launch and copy has finished when it returns
+// Every launch and copy has finished when it returns, so the stream is idle; unless MOECORE_FAULT
+// holds "stream_hang" (optional device=D, this process's device ordinal; iter=N, the trainer's
+// step, fault::iteration()): there it never is, as a GPU's stream behind a kernel that does not
+// end (the stream-wait watchdog's test: core/exec.h).
+bool cuda_stream_idle(const Exec&) {
+  for (const fault::Fault& f : fault::injected()) {
+    if (f.kind != "stream_hang") continue;
+    const int64_t device = f.int_arg("device", -1);
+    if ((device < 0 || device == g_current) && f.matches(-1, fault::iteration())) return false;
+  }
+  return true;
+}
 
 std::unique_ptr<PhaseTimer> make_cuda_phase_timer(const Exec&, int capacity) {
   return make_host_phase_timer(capacity);
