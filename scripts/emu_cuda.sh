@@ -32,10 +32,13 @@ echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skip
 # under --bf16 with its recomputation (v narrower than q / k: the bf16 GEMMs over the padded
 # heads' column blocks; the MLA rotary and layout kernels); and the tiny DeepSeek-V3 (MLA, grouped
 # sigmoid routing with expert bias, MTP). A run's first word may name its config
-# (configs/tiny.toml otherwise).
+# (configs/tiny.toml otherwise). Every one of them is one process (EP 1, dropless or padded): its
+# audited steps must make no host sync at all (--sync-free: the grouped GEMMs run from device
+# tables, docs/gpu.md "GEMMs on CUDA"). A run marked @host-tables is also run with the grouped
+# GEMMs' host tables (MOECORE_GROUPED_GEMM=host), bitwise the same.
 runs=(
-  ""
-  "--bf16"
+  "@host-tables"
+  "@host-tables --bf16"
   "--fp32-matmul-precision high"
   "--hidden-dropout 0.1 --attention-dropout 0.1 --recompute-granularity full
    --recompute-method uniform --recompute-num-layers 1 --moe-expert-capacity-factor 1.0
@@ -54,14 +57,15 @@ jobs_max=$(nproc)
 rm -f "$dir"/emu-cuda-train-*.status "$dir"/emu-cuda-graph-*.status  # a run that dies first fails
 for i in "${!runs[@]}"; do
   while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
-  r=${runs[i]} config=configs/tiny.toml
+  r=${runs[i]} config=configs/tiny.toml opts=(--sync-free)
+  if [[ "$r" == @host-tables* ]]; then opts+=(--host-tables); r=${r#@host-tables}; fi
   if [[ "$r" == configs/* ]]; then config=${r%% *}; r=${r#"$config"}; fi
   (
     echo "[emu-cuda] moecore train --device cuda --config $config ${r:-(as configured)}" | tr -s ' \n' ' '
     echo
     # shellcheck disable=SC2086  # the run's flags, split on purpose
     status=0
-    bash tests/emu/train_cuda_emu.sh "$dir/moecore" "$config" $r || status=$?
+    bash tests/emu/train_cuda_emu.sh "${opts[@]}" "$dir/moecore" "$config" $r || status=$?
     echo "$status" > "$dir/emu-cuda-train-$i.status"
   ) > "$dir/emu-cuda-train-$i.log" 2>&1 &
 done

@@ -76,7 +76,7 @@ GroupedExperts<T>::GroupedExperts(int64_t num_experts, int64_t first_expert, int
 
 template <typename T>
 void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, nn::MlpRecompute recompute) {
-  nn::mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute);
+  nn::mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute, L_);
   da_ = a.alloc<T>(max_rows * sh_.F, "experts.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_rows * sh_.F1(), "experts.dh", MemKind::Workspace);
   if (sh_.bias && !adds_fc2_bias()) {

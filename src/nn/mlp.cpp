@@ -25,7 +25,7 @@ static int64_t widened_elems(int64_t max_rows, MlpShape sh) {
 
 template <typename T>
 void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const char* name,
-                  const Param* fc1, const Param* fc2, MlpRecompute recompute) {
+                  const Param* fc1, const Param* fc2, MlpRecompute recompute, int64_t groups) {
   s.ex = &a.exec();
   s.recompute_fc1 = recompute.fc1;
   s.recompute_act = recompute.fc1 || recompute.act;
@@ -74,6 +74,11 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
     }
     if (ws32 > 0) s.ws32 = a.alloc<float>(ws32, name, MemKind::Workspace);
   }
+  // Every grouped GEMM of the MLP reuses one table and workspace (one stream: a call's table is
+  // read before the next call's kernel writes it).
+  s.gws = {};
+  if (const int64_t bytes = ops::grouped_gemm_workspace_bytes(a.exec(), groups); bytes > 0)
+    s.gws = {a.alloc<std::byte>(bytes, name, MemKind::Workspace), bytes};
 }
 
 namespace {
@@ -140,7 +145,7 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
           ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
           x32 = s.ws32;
         }
-        return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1,
+        return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1, s.gws,
                                  s.rows_per_group);
       }
       if (s.fc1_16 != nullptr) {
@@ -150,10 +155,10 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
           x16 = s.ws_a16;
         }
         return ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, F1, sh.H, x16, s.fc1_16, true, s.h_NF1,
-                                      s.ws32, s.fc1_16w, s.rows_per_group);
+                                      s.ws32, s.fc1_16w, s.gws, s.rows_per_group);
       }
     }
-    ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1,
+    ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1, s.gws,
                       s.rows_per_group);
   }();
   if (sh.bias) {
@@ -189,14 +194,14 @@ void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<co
   [&] {
     if constexpr (std::is_same_v<T, float>) {
       if (s.widened)
-        return ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH,
+        return ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, s.fc2_16w, true, y_NH, s.gws,
                                  s.rows_per_group);
       if (s.fc2_16 != nullptr) {
         return ops::grouped_gemm_bf16(*s.ex, m_G, G, sh.H, sh.F, s.a16_NF, s.fc2_16, true, y_NH,
-                                      s.ws32, s.fc2_16w, s.rows_per_group);
+                                      s.ws32, s.fc2_16w, s.gws, s.rows_per_group);
       }
     }
-    ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, w.fc2, /*trans_w=*/true, y_NH,
+    ops::grouped_gemm(*s.ex, m_G, G, sh.H, sh.F, s.a_NF, w.fc2, /*trans_w=*/true, y_NH, s.gws,
                       s.rows_per_group);
   }();
   // fc2's bias times the row's prob: Megatron's grouped experts add `t + b * p` per expert
@@ -263,9 +268,9 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::round_f32_to_bf16(*s.ex, s.ws32 + s.N * sh.H, dy_NH, s.N * sh.H);
         dy32 = s.ws32 + s.N * sh.H;
       }
-      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF,
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy32, s.fc2_16w, false, da_NF, s.gws,
                         s.rows_per_group);
-      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, grad.fc2,
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy32, s.a_NF, grad.fc2, s.gws,
                               s.rows_per_group);
       if (sh.bias) {
         dh_f32_and_fc1_bias();
@@ -282,9 +287,9 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
         x_in = x32;
       }
-      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH,
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH, s.gws,
                         s.rows_per_group);
-      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1,
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1, s.gws,
                               s.rows_per_group);
       return;
     }
@@ -295,9 +300,9 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         dy16 = s.ws_a16;
       }
       ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.F, sh.H, dy16, s.fc2_16, false, da_NF, s.ws32,
-                             s.fc2_16w, s.rows_per_group);
+                             s.fc2_16w, s.gws, s.rows_per_group);
       ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, sh.H, sh.F, dy16, s.a16_NF, grad.fc2, s.ws32,
-                                   s.rows_per_group);
+                                   s.gws, s.rows_per_group);
       // dh only feeds fc1's GEMMs: written as bf16 straight away (with biases, its f32 values
       // first, for the fc1 bias gradient, then their cast: the bf16 kernel's output bitwise).
       if (sh.bias) {
@@ -313,16 +318,17 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         x16 = s.ws_b16;
       }
       ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
-                             s.fc1_16w, s.rows_per_group);
+                             s.fc1_16w, s.gws, s.rows_per_group);
       ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32,
-                                   s.rows_per_group);
+                                   s.gws, s.rows_per_group);
       return;
     }
   }
   // fc2: y = a fc2^T  ->  da = dy fc2 (fc2_g is [H, F] = [K, N] untransposed), dfc2 += dy^T a.
-  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy_NH, w.fc2, /*trans_w=*/false, da_NF,
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.F, sh.H, dy_NH, w.fc2, /*trans_w=*/false, da_NF, s.gws,
                     s.rows_per_group);
-  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, grad.fc2, s.rows_per_group);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, sh.H, sh.F, dy_NH, s.a_NF, grad.fc2, s.gws,
+                          s.rows_per_group);
   if (sh.bias) {
     dh_f32_and_fc1_bias();
     fc2_bias();
@@ -330,9 +336,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
     act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
   }
   // fc1: h = x fc1^T  ->  dx = dh fc1, dfc1 += dh^T x.
-  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, w.fc1, /*trans_w=*/false, dx_NH,
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, w.fc1, /*trans_w=*/false, dx_NH, s.gws,
                     s.rows_per_group);
-  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, s.x_NH, grad.fc1, s.rows_per_group);
+  ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, s.x_NH, grad.fc1, s.gws,
+                          s.rows_per_group);
 }
 
 template <typename T>
@@ -343,9 +350,9 @@ MLP<T>::MLP(int64_t hidden, int64_t ffn, ops::Activation act, bool bias, double 
             "[mlp] '{}': ffn width {} is not divisible by the tensor-parallel size {}; choose an "
             "ffn width that is a multiple of it",
             prefix, ffn, tp.size);
-  const int64_t F1 = sh_.F1();                // global
-  const int parts = F1 == ffn ? 1 : 2;        // gated: [gate; up]
-  sh_.F = ffn / tp.size;                      // this rank's share
+  const int64_t F1 = sh_.F1();          // global
+  const int parts = F1 == ffn ? 1 : 2;  // gated: [gate; up]
+  sh_.F = ffn / tp.size;                // this rank's share
   sh_.fc2_bias_here = tp.rank == 0;
   const TpRole sharded = tp.sharded();
   fc1_ = &params.add(ParamSpec{prefix + ".linear_fc1.weight",
@@ -431,7 +438,7 @@ void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
 
 #define MOECORE_INSTANTIATE(T)                                                                \
   template void mlp_allocate<T>(MlpSaved<T>&, Arena&, int64_t, MlpShape, const char*,         \
-                                const Param*, const Param*, MlpRecompute);                    \
+                                const Param*, const Param*, MlpRecompute, int64_t);           \
   template void mlp_forward<T>(MlpSaved<T>&, DevPtr<T>, DevPtr<const T>, DevPtr<const T>,     \
                                DevPtr<const int64_t>, int64_t, int64_t,                       \
                                const MlpParams<DevPtr<const T>>&, MlpShape, int64_t);         \

@@ -13,6 +13,7 @@
 #include "core/arena.h"
 #include "nn/param_registry.h"
 #include "ops/activation.h"
+#include "ops/gemm.h"
 
 namespace moecore::nn {
 
@@ -104,6 +105,9 @@ struct MlpSaved {
   DevPtr<bf16> ws_b16 = nullptr;
   // f32 operands of the widened-bf16 GEMM path (null on the native one).
   DevPtr<float> ws32 = nullptr;
+  // The grouped GEMMs' device-table memory on CUDA (ops/gemm.h, GroupedGemmWorkspace: their
+  // problem table and the backend's workspace, for G groups); empty elsewhere.
+  ops::GroupedGemmWorkspace gws;
 };
 
 // What an MLP recomputes in its backward instead of keeping from the forward.
@@ -112,12 +116,12 @@ struct MlpRecompute {
   bool act = false;  // the activation: fc1's output is kept
 };
 
-// Buffers of an MlpSaved for up to max_rows rows; with bf16 copies of the weights
-// (fc1_16/fc2_16 non-null after the params are allocated) also the bf16 workspaces.
+// Buffers of an MlpSaved for up to max_rows rows in up to `groups` groups; with bf16 copies of
+// the weights (fc1_16/fc2_16 non-null after the params are allocated) also the bf16 workspaces.
 template <typename T>
 void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const char* name,
                   const Param* fc1 = nullptr, const Param* fc2 = nullptr,
-                  MlpRecompute recompute = {});
+                  MlpRecompute recompute = {}, int64_t groups = 1);
 
 // y [N, H] assigned. w.fc1_bias / w.fc2_bias must be set exactly when sh.bias.
 // rows_per_group: MlpSaved's (G * rows_per_group == N when > 0).

@@ -13,7 +13,8 @@ namespace ops {
 std::span<const OpKernel> op_kernels() {
   // Every op of the op headers, sorted by name. A kernel added to an op's switch flips its entry.
   // true without a kernel: the host-side queries that answer for any device (the bf16 GEMM path,
-  // workspace sizes, attention_path_line, attention_prepare: cuDNN's plans, none elsewhere),
+  // workspace sizes, attention_path_line and grouped_gemm_path_line, attention_prepare: cuDNN's
+  // plans, none elsewhere),
   // read_value (read_back's), make_rope_cache and make_rope_mla_cache
   // (ops::copy's).
   static constexpr OpKernel kTable[] = {
@@ -37,8 +38,10 @@ std::span<const OpKernel> op_kernels() {
     {"gemm_bf16", true}, {"gemm_bf16_workspace_elems", true}, {"grad_clip", true},
     {"group_limited_mask", true}, {"grouped_bias_backward", true},
     {"grouped_bias_forward", true}, {"grouped_gemm", true}, {"grouped_gemm_bf16", true},
-    {"grouped_gemm_bf16_workspace_elems", true}, {"grouped_gemm_wgrad", true},
+    {"grouped_gemm_bf16_workspace_elems", true}, {"grouped_gemm_path_line", true},
+    {"grouped_gemm_tables", true}, {"grouped_gemm_wgrad", true},
     {"grouped_gemm_wgrad_bf16", true}, {"grouped_gemm_wgrad_bf16_workspace_elems", true},
+    {"grouped_gemm_workspace_bytes", true},
     {"head_loss_backward", true}, {"head_loss_bf16_workspace_elems", true},
     {"head_loss_forward", true}, {"input_jitter_advance", true}, {"input_jitter_backward", true},
     {"input_jitter_forward", true}, {"kept_prob_grads", true}, {"layernorm_backward", true},

@@ -65,8 +65,9 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
 }  // namespace cpu
 // The CUDA paths (ops/cuda/gemm.cu): the native path always (cuBLASLt, bf16 operands, f32
 // accumulation and output), so ws32, b32 and w32 are unused; the f32 activations are cast into
-// the caller's bf16 workspaces (x16, dy16) by ops/cuda/cast.cu. The grouped forms' switches read
-// m_G on the host as ops::grouped_gemm's do on CUDA (ops/gemm.h, kGroupedGemmSizes).
+// the caller's bf16 workspaces (x16, dy16) by ops/cuda/cast.cu. The grouped forms take the path
+// ops::grouped_gemm's take on CUDA (ops/gemm.h): device tables where the backend takes bf16 at
+// the call's N and K (no host read of m_G), else m_G read on the host (kGroupedGemmSizes).
 namespace cuda {
 void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
@@ -82,9 +83,9 @@ void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G,
                              int64_t K, const bf16* dy16, const bf16* x16, float* dw);
 // Every group `rows` rows (> 0): one strided-batched matmul, no sizes read (ops/gemm.h).
 void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                             const bf16* x16, const bf16* w, bool trans_w, float* y);
+                       const bf16* x16, const bf16* w, bool trans_w, float* y);
 void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                                   const bf16* dy16, const bf16* x16, float* dw);
+                             const bf16* dy16, const bf16* x16, float* dw);
 }  // namespace cuda
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
@@ -137,17 +138,24 @@ int64_t linear_bf16_workspace_elems(const Exec& ex, int64_t M, int64_t N, int64_
 // Grouped (per local expert) versions over rows stacked by group, as grouped_gemm in gemm.h,
 // on inputs already cast to bf16 (the caller casts each activation once and reuses it):
 //   y_g = x16_g * op(w_g),  w [G, N, K] (trans_w) or [G, K, N].
-// rows_per_group > 0: every group has that many rows (ops/gemm.h: no sizes read on CUDA).
+// gws: the device-table path's memory (ops/gemm.h, GroupedGemmWorkspace). rows_per_group > 0:
+// every group has that many rows (ops/gemm.h: no sizes read on CUDA).
 inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                               int64_t K, DevPtr<const bf16> x16, DevPtr<const bf16> w, bool trans_w,
                               DevPtr<float> y, DevPtr<float> ws32,
-                              DevPtr<const float> w32 = nullptr, int64_t rows_per_group = 0) {
+                              DevPtr<const float> w32 = nullptr, GroupedGemmWorkspace gws = {},
+                              int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_bf16(raw_ptr(m_G), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
                                   raw_ptr(y), raw_ptr(ws32), raw_ptr(w32));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_bf16(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w),
-                                         trans_w, raw_ptr(y));
+    return cuda::grouped_gemm_bf16(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
+                                   raw_ptr(y));
+  }
+  if (grouped_gemm_path(desc::GemmTypes::Bf16F32, N, K) == GroupedGemmPath::Device) {
+    return cuda::grouped_gemm_device_tables(
+        {&ex, desc::GemmTypes::Bf16F32, GroupedGemmForm::Forward, raw_ptr(m_G), G, N, K, trans_w,
+         raw_ptr(x16), raw_ptr(w), raw_ptr(y), raw_ptr(gws.data), gws.bytes});
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_bf16(ex, sizes.data(), G, N, K, raw_ptr(x16), raw_ptr(w), trans_w,
@@ -157,13 +165,18 @@ inline void grouped_gemm_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t
 inline void grouped_gemm_wgrad_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                                     int64_t K, DevPtr<const bf16> dy16, DevPtr<const bf16> x16,
                                     DevPtr<float> dw, DevPtr<float> ws32,
-                                    int64_t rows_per_group = 0) {
+                                    GroupedGemmWorkspace gws = {}, int64_t rows_per_group = 0) {
   if (ex.on_cpu())
     return cpu::grouped_gemm_wgrad_bf16(raw_ptr(m_G), G, N, K, raw_ptr(dy16), raw_ptr(x16),
                                         raw_ptr(dw), raw_ptr(ws32));
   if (rows_per_group > 0) {
-    return cuda::grouped_gemm_wgrad_bf16(ex, rows_per_group, G, N, K, raw_ptr(dy16),
-                                               raw_ptr(x16), raw_ptr(dw));
+    return cuda::grouped_gemm_wgrad_bf16(ex, rows_per_group, G, N, K, raw_ptr(dy16), raw_ptr(x16),
+                                         raw_ptr(dw));
+  }
+  if (grouped_gemm_path(desc::GemmTypes::Bf16F32, N, K) == GroupedGemmPath::Device) {
+    return cuda::grouped_gemm_device_tables(
+        {&ex, desc::GemmTypes::Bf16F32, GroupedGemmForm::Wgrad, raw_ptr(m_G), G, N, K, false,
+         raw_ptr(dy16), raw_ptr(x16), raw_ptr(dw), raw_ptr(gws.data), gws.bytes});
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_wgrad_bf16(ex, sizes.data(), G, N, K, raw_ptr(dy16), raw_ptr(x16),

@@ -11,6 +11,7 @@
 #include <ostream>
 #include <span>
 #include <sstream>
+#include <type_traits>
 
 #include "ckpt/checkpoint_dir.h"
 #include "core/check.h"
@@ -19,6 +20,7 @@
 #include "core/sync_audit.h"
 #include "data/synthetic_language.h"
 #include "data/tokenizer.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
@@ -983,6 +985,27 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
   if (!exec_.on_cpu())
     fmt::print(log, "{}\n",
                ops::attention_path_line(exec_, model_cfg_.bf16, model_cfg_.attention_dropout));
+  // The grouped GEMMs' path and why (device tables or host-read sizes; ops/gemm.h): their fixed
+  // dims are the hidden size and each MLP's ffn width (this rank's share) and fc1's width.
+  if (!exec_.on_cpu()) {
+    const int64_t tp = groups_ != nullptr ? groups_->degrees().tp : 1;
+    const int64_t etp = groups_ != nullptr ? groups_->degrees().etp : 1;
+    std::vector<int64_t> dims{model_cfg_.hidden};
+    const auto add_mlp = [&](ops::Activation act, int64_t F) {
+      if (F <= 0) return;
+      dims.push_back(F);
+      dims.push_back(ops::activation_fc1_width(act, F));
+    };
+    if (model_cfg_.has_dense_layer()) add_mlp(model_cfg_.activation, model_cfg_.ffn_hidden / tp);
+    if (model_cfg_.num_experts > 0) {
+      add_mlp(model_cfg_.activation, model_cfg_.moe.ffn_hidden / etp);
+      add_mlp(model_cfg_.activation, model_cfg_.moe.shared_ffn_hidden / tp);
+    }
+    const ops::desc::GemmTypes types = std::is_same_v<T, double> ? ops::desc::GemmTypes::F64
+                                       : model_cfg_.bf16         ? ops::desc::GemmTypes::Bf16F32
+                                                                 : ops::desc::GemmTypes::F32;
+    fmt::print(log, "{}\n", ops::grouped_gemm_path_line(exec_, types, dims));
+  }
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "
                   "/ (ranks x peak per rank); peak {} GEMM {}: {:.1f} GFLOP/s per rank\n",
              model_cfg_.bf16

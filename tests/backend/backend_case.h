@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -47,6 +48,7 @@ const std::vector<OpCase>& op_cases();
 // The table, one function per family of ops (cases_*.cpp).
 void add_gemm_cases(std::vector<OpCase>& out);
 void add_gemm_bf16_cases(std::vector<OpCase>& out);
+void add_grouped_gemm_device_cases(std::vector<OpCase>& out);  // cases_grouped_gemm_device.cpp
 void add_moe_cases(std::vector<OpCase>& out);
 void add_elementwise_cases(std::vector<OpCase>& out);
 void add_dropout_cases(std::vector<OpCase>& out);  // cases_dropout.cpp
@@ -211,6 +213,16 @@ class Staging {
 
   const Exec& ex_;
   std::vector<Buffer> buffers_;
+};
+
+// The grouped GEMMs' device-table memory for up to G groups (ops/gemm.h, GroupedGemmWorkspace)
+// as a case stages it: guarded (a write past it shows), empty where the backend's path needs none.
+// Declared here, defined in cases_grouped_gemm_device.cpp.
+struct StagedGroupedWorkspace {
+  Guarded<uint8_t> buf;
+  std::byte* data = nullptr;
+  int64_t bytes = 0;
+  StagedGroupedWorkspace(const Exec& ex, Staging& st, int64_t G);
 };
 
 // The outputs digest of the running case: every buffer Staging::back() returns, folded in order

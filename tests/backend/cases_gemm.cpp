@@ -182,8 +182,9 @@ void grouped_forward(const Exec& ex, const std::vector<std::vector<int64_t>>& gr
       std::vector<T> y_ref(rows * N);
       {
         Staging st(ex);
+        const StagedGroupedWorkspace gws(ex, st, G);
         ops::grouped_gemm<T>(ex, st.in(m_G), G, N, K, st.in(x), st.in(w), trans_w, st.out(y),
-                             per_group);
+                             {gws.data, gws.bytes}, per_group);
         st.back();
       }
       ops::grouped_gemm_ref<T>(m_G.data(), G, N, K, x.data(), w.data(), trans_w, y_ref.data());
@@ -207,8 +208,9 @@ void grouped_wgrad(const Exec& ex, const std::vector<std::vector<int64_t>>& grou
     std::vector<T> dw_ref = dw0;
     {
       Staging st(ex);
+      const StagedGroupedWorkspace gws(ex, st, G);
       ops::grouped_gemm_wgrad<T>(ex, st.in(m_G), G, N, K, st.in(dy), st.in(x), st.out(dw),
-                                 per_group);
+                                 {gws.data, gws.bytes}, per_group);
       st.back();
     }
     ops::grouped_gemm_wgrad_ref<T>(m_G.data(), G, N, K, dy.data(), x.data(), dw_ref.data());

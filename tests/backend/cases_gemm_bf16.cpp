@@ -199,10 +199,11 @@ void grouped_bf16_case(const Exec& ex) {
         Guarded<float> y = nan_out<float>(rows * N), y32 = nan_out<float>(rows * N);
         {
           Staging st(ex);
+          const StagedGroupedWorkspace gws(ex, st, G);
           ops::grouped_gemm_bf16(ex, st.in(m), G, N, K, st.in(x16), st.in(w16), trans_w, st.out(y),
-                                 st.out(ws));
+                                 st.out(ws), nullptr, {gws.data, gws.bytes});
           ops::grouped_gemm_bf16(ex, st.in(m), G, N, K, st.in(x16), st.in(w16), trans_w,
-                                 st.out(y32), st.out(ws), st.in(w32));
+                                 st.out(y32), st.out(ws), st.in(w32), {gws.data, gws.bytes});
           st.back();
         }
         expect_close(y, y_ref.data(), "y");
@@ -230,8 +231,9 @@ void grouped_wgrad_bf16_case(const Exec& ex) {
       Guarded<float> dw = guarded(dw0);
       {
         Staging st(ex);
+        const StagedGroupedWorkspace gws(ex, st, G);
         ops::grouped_gemm_wgrad_bf16(ex, st.in(m), G, N, K, st.in(dy16), st.in(x16), st.out(dw),
-                                     st.out(ws));
+                                     st.out(ws), {gws.data, gws.bytes});
         st.back();
       }
       expect_close(dw, dw_ref.data(), "dw (accumulated)");

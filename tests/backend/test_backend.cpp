@@ -47,6 +47,7 @@ const std::vector<OpCase>& op_cases() {
     std::vector<OpCase> c;
     add_gemm_cases(c);
     add_gemm_bf16_cases(c);
+    add_grouped_gemm_device_cases(c);
     add_moe_cases(c);
     add_elementwise_cases(c);
     add_dropout_cases(c);

@@ -312,4 +312,22 @@ void check_collective_buffer(const std::string& call, const char* arg, const voi
             call, arg, p, bytes, what);
 }
 
+void check_device_range(std::string_view who, const void* p, size_t bytes) {
+  if (bytes == 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const auto* r = find_region(s, a);
+  const char* what = r == nullptr       ? "host memory (no device allocation)"
+                     : r->second.pinned ? "pinned host memory"
+                     : a + bytes > r->first + r->second.bytes
+                         ? "a range running past the end of its device allocation"
+                         : nullptr;
+  MOE_CHECK(what == nullptr,
+            "[emu] {}: bytes [{}, +{}) are {}: a library call reads and writes device memory "
+            "only, each range inside one allocation (allocation [{:#x}, +{}))",
+            who, p, bytes, what, r == nullptr ? uintptr_t{0} : r->first,
+            r == nullptr ? size_t{0} : r->second.bytes);
+}
+
 }  // namespace moecore::emu

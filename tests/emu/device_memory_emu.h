@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace moecore::emu {
 
@@ -74,5 +75,12 @@ void check_pending(const char* who, const void* p, size_t bytes, bool writes);
 // `arg`: the argument's name ("send", "recv", "data").
 void check_collective_buffer(const std::string& call, const char* arg, const void* p,
                              size_t bytes);
+
+// In every mode: throws unless [p, p + bytes) lies inside one device allocation (not pinned host
+// memory, not the host's, not across two allocations). For the ranges a library call reaches
+// through a table in device memory (the device-table grouped GEMM,
+// tests/emu/grouped_gemm_device_emu.cpp), which no check of a kernel's pointer arguments sees.
+// `who` names the call and the range ("device grouped GEMM: problem 3's A"). bytes 0: no check.
+void check_device_range(std::string_view who, const void* p, size_t bytes);
 
 }  // namespace moecore::emu

@@ -10,16 +10,23 @@
 #   CPU backend" (the kernels' device math and reduction trees vs the CPU fast paths).
 # Under --np N every run is `mpirun -np N` (the emulated NCCL carries the device's collectives,
 # MPI the host's); --record FILE keeps the CUDA run's per-step values and digest, --equal-to FILE
-# requires them bitwise equal to a recorded run's (an overlapped form against its plain one).
-# Usage: train_cuda_emu.sh [--np N] [--record FILE] [--equal-to FILE] MOECORE_BINARY CONFIG
-#        [FLAGS...]   (extra flags for both devices)
+# requires them bitwise equal to a recorded run's (an overlapped form against its plain one);
+# --sync-free requires the audited steps to count no host sync at all, not even a documented
+# point ("counted in the last step: nothing": the grouped GEMMs from device tables, no count
+# exchange; docs/gpu.md, "GEMMs on CUDA"); --host-tables runs the CUDA run once more with
+# MOECORE_GROUPED_GEMM=host (the grouped GEMMs from sizes read on the host) and requires it
+# bitwise the same (the emulated build interprets both paths' problems alike).
+# Usage: train_cuda_emu.sh [--np N] [--record FILE] [--equal-to FILE] [--sync-free]
+#        [--host-tables] MOECORE_BINARY CONFIG [FLAGS...]   (extra flags for both devices)
 set -euo pipefail
-np=1 record="" equal_to=""
+np=1 record="" equal_to="" sync_free=0 host_tables=0
 while [[ $# -gt 0 && "$1" == --* ]]; do
   case "$1" in
     --np) np=$2 ;;
     --record) record=$2 ;;
     --equal-to) equal_to=$2 ;;
+    --sync-free) sync_free=1; shift; continue ;;
+    --host-tables) host_tables=1; shift; continue ;;
     *) echo "train_cuda_emu.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -63,12 +70,13 @@ if [ "$np" -gt 1 ]; then
   # Open MPI's session directories inside this run's own: no other test's mpirun shares them.
   export OMPI_MCA_orte_tmpdir_base="$work" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   launch=(mpirun --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS
-          -x MOECORE_EMU_DEVICE_MEMORY)
+          -x MOECORE_EMU_DEVICE_MEMORY -x MOECORE_GROUPED_GEMM)
 fi
 run() {  # DEVICE NAME [FLAGS...]
   local device=$1 name=$2
   shift 2
-  MOECORE_EMU_DEVICE_MEMORY=strict OMP_NUM_THREADS=1 "${launch[@]}" "$moecore" train \
+  MOECORE_EMU_DEVICE_MEMORY=strict MOECORE_GROUPED_GEMM=${MOECORE_GROUPED_GEMM:-auto} \
+    OMP_NUM_THREADS=1 "${launch[@]}" "$moecore" train \
     "${common[@]}" --device "$device" --metrics-file "$work/$name.jsonl" "$@" 2>&1
 }
 cpu=$(run cpu cpu) || fail "the --device cpu run failed" "$cpu"
@@ -93,6 +101,9 @@ while IFS= read -r point; do
     *) fail "--sync-audit on --device cuda counted an undocumented point: $point" "$cuda2" ;;
   esac
 done < <(tr ';' '\n' <<< "$counted" | sed 's/^ *//')
+if [ "$sync_free" = 1 ] && [ "$counted" != nothing ]; then
+  fail "--sync-free: the audited --device cuda steps counted host syncs: $counted" "$cuda2"
+fi
 grep -q '"iteration":3' "$work/cuda1.jsonl" || fail "the --device cuda run logged no step 3" "$cuda"
 # The start-up line of the f32 GEMMs' arithmetic: TF32 on or off on CUDA, the notice on the CPU.
 if [ "$tf32" = 1 ]; then
@@ -106,6 +117,17 @@ fi
   fail "two --device cuda runs differ: $(steps "$work/cuda1.jsonl") vs $(steps "$work/cuda2.jsonl")"
 [ -n "$(digest "$cuda")" ] && [ "$(digest "$cuda")" = "$(digest "$cuda2")" ] ||
   fail "two --device cuda runs end with other weights: $(digest "$cuda") vs $(digest "$cuda2")"
+if [ "$host_tables" = 1 ]; then
+  host=$(MOECORE_GROUPED_GEMM=host run cuda cuda_host) ||
+    fail "the --device cuda run with MOECORE_GROUPED_GEMM=host failed" "$host"
+  grep -q '\[gemm\] grouped GEMMs (.*): host tables' <<< "$host" ||
+    fail "MOECORE_GROUPED_GEMM=host: the start-up line names no host tables" "$host"
+  grep -q '\[gemm\] grouped GEMMs (.*): device tables' <<< "$cuda" ||
+    fail "the --device cuda run's start-up line names no device tables" "$cuda"
+  [ "$(steps "$work/cuda1.jsonl")" = "$(steps "$work/cuda_host.jsonl")" ] &&
+    [ "$(digest "$cuda")" = "$(digest "$host")" ] ||
+    fail "the grouped GEMMs' device tables and host tables differ: $(steps "$work/cuda1.jsonl") $(digest "$cuda") vs $(steps "$work/cuda_host.jsonl") $(digest "$host")"
+fi
 # Per step: |cuda - cpu| <= rtol |cpu| for the lm loss and the grad norm; prints the worst ratios.
 paste <(steps "$work/cpu.jsonl" | tr ' ' '\n') <(steps "$work/cuda1.jsonl" | tr ' ' '\n') |
   awk -v lr="$loss_rtol" -v nr="$norm_rtol" -v llr="$later_loss_rtol" -v lnr="$later_norm_rtol" -v tf32="$tf32" -F'\t' '
@@ -127,4 +149,4 @@ if [ -n "$equal_to" ]; then
   [ "$(printf '%s\n%s' "$(steps "$work/cuda1.jsonl")" "$(digest "$cuda")")" = "$(cat "$equal_to")" ] ||
     fail "not bitwise the recorded run: $(steps "$work/cuda1.jsonl") $(digest "$cuda") vs $(tr '\n' ' ' < "$equal_to")"
 fi
-echo "[train-cuda-emu] --device cuda (emulated$( [ "$np" -gt 1 ] && echo ", $np processes")): 3 steps in ${seconds} s, bitwise the same twice (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"
+echo "[train-cuda-emu] --device cuda (emulated$( [ "$np" -gt 1 ] && echo ", $np processes")): 3 steps in ${seconds} s, bitwise the same twice$( [ "$host_tables" = 1 ] && echo " and with the grouped GEMMs' host tables") (digest $(digest "$cuda")); $(grep -o 'counted in the last step: .*' <<< "$cuda2")"

@@ -18,24 +18,29 @@ small=(--seq-length 16 --num-layers 1 --hidden-size 32 --num-attention-heads 2 -
        --moe-ffn-hidden-size 32 --micro-batch-size 1 --global-batch-size 4)
 padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 # One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
-# CUDA run's per-step values and digest.
+# CUDA run's per-step values and digest; "@sync-free" requires its audited steps to count no host
+# sync at all (train_cuda_emu.sh --sync-free): every layout without a count exchange, EP's padded
+# all-to-all dispatch included (static splits; the grouped GEMMs from device tables). The
+# all-gather dispatcher keeps its documented token-count exchange, padded or not
+# (SyncAudit::kEpTokenCounts: the host sizes the gathers), and dropless expert parallelism its
+# count exchange (kEpCountExchange), also over the expert-TP group of TP + SP.
 layouts=()
 # PP and CP need 2 layers (a stage each; the ring's chunks) and lengths divisible by 2 cp.
 two=(--num-layers 2)
 case "$np" in
   2) layouts=(
-       "dp2"
+       "dp2 @sync-free"
        "ep2-alltoall --expert-model-parallel-size 2"
-       "ep2-alltoall-padded --expert-model-parallel-size 2 ${padded[*]}"
+       "ep2-alltoall-padded @sync-free --expert-model-parallel-size 2 ${padded[*]}"
        "ep2-allgather --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
        "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
        "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
-       "pp2 ${two[*]} --pipeline-model-parallel-size 2"
-       "pp2-mtp ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
+       "pp2 @sync-free ${two[*]} --pipeline-model-parallel-size 2"
+       "pp2-mtp @sync-free ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
        "pp2-vp2 --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
-       "cp2-p2p ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
-       "cp2-allgather ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
+       "cp2-p2p @sync-free ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
+       "cp2-allgather @sync-free ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
      ) ;;
   4) layouts=(
        "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
@@ -59,6 +64,7 @@ for l in "${layouts[@]}"; do
     case "${words[i]}" in
       @record) opts+=(--record "$work/${words[i + 1]}"); ((++i)) ;;
       @equal) opts+=(--equal-to "$work/${words[i + 1]}"); ((++i)) ;;
+      @sync-free) opts+=(--sync-free) ;;
       *) flags+=("${words[i]}") ;;
     esac
   done

@@ -22,6 +22,7 @@
 #include "ops/desc/grouped_gemm_desc.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
+#include "ops/grouped_gemm_tables.h"
 
 namespace moecore::ops::desc {
 namespace {
@@ -364,6 +365,147 @@ TEST(DescGroupedGemm, GroupedBatchedTablesEqualGroupedRef) {
                            slot(d.b_operand, dy.data(), x.data()), got_dw.data());
       expect_bitwise(got_dw, want_dw);
     }
+}
+
+// The device-table grouped GEMM's tables (ops/grouped_gemm_tables.h, the `_ref` the table kernel
+// is tested against) describe the host-table path's problems: for the same m_G, problem by
+// problem, the column-major form of table entry g (desc::column_major_gemm of its row-major
+// fields) is the descriptor's group for expert g, with the same operand offsets; an empty expert
+// has an entry that computes nothing (forward m = 0, wgrad k = 0, so dw_g stays). Then both
+// interpreted (the table through the same column-major interpreter, as the emulated backend
+// runs it): bitwise the same outputs, the rows and the dw of empty experts untouched.
+struct TableForm {
+  const char* name;
+  GroupedGemmForm form;
+  bool trans_w;
+  bool dgrad;  // the forward with N and K exchanged and trans_w flipped
+};
+
+void expect_table_is_descriptor(GemmTypes types, const std::vector<int64_t>& m_G, TableForm tf,
+                                uint32_t seed) {
+  const int64_t G = static_cast<int64_t>(m_G.size());
+  const int64_t N = tf.dgrad ? 4 : 6, K = tf.dgrad ? 6 : 4;  // the call's N, K
+  int64_t rows = 0;
+  for (int64_t m : m_G) rows += m;
+  SCOPED_TRACE(::testing::Message() << tf.name << " G=" << G << " rows=" << rows
+                                    << " types=" << int(types));
+  const bool wgrad = tf.form == GroupedGemmForm::Wgrad;
+  const GroupedBatchedDesc d = wgrad ? grouped_batched_wgrad(types, m_G.data(), G, N, K)
+                                     : grouped_batched_forward(types, m_G.data(), G, N, K,
+                                                               tf.trans_w);
+  // Operands in their element types: A / B in the input type, D in the output type.
+  const size_t in = types == GemmTypes::F64 ? 8 : types == GemmTypes::Bf16F32 ? 2 : 4;
+  const size_t out = types == GemmTypes::F64 ? 8 : 4;
+  const int64_t a_elems = wgrad ? rows * N : rows * K, b_elems = wgrad ? rows * K : G * N * K;
+  const int64_t d_elems = wgrad ? G * N * K : rows * N;
+  std::vector<unsigned char> a(std::max<int64_t>(a_elems, 1) * in), b(std::max<int64_t>(b_elems, 1) * in);
+  std::vector<unsigned char> d0(std::max<int64_t>(d_elems, 1) * out);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(-16, 16);
+  const auto fill = [&](std::vector<unsigned char>& v, size_t elem) {
+    for (size_t i = 0; i < v.size() / elem; ++i) {
+      const float x = float(u(rng));
+      if (elem == 8) {
+        const double y = x;
+        std::memcpy(v.data() + i * 8, &y, 8);
+      } else if (elem == 4) {
+        std::memcpy(v.data() + i * 4, &x, 4);
+      } else {
+        const bf16 y = float_to_bf16(x);
+        std::memcpy(v.data() + i * 2, &y, 2);
+      }
+    }
+  };
+  fill(a, in);
+  fill(b, in);
+  fill(d0, out);
+  std::vector<cuda::GroupedGemmProblem> table(static_cast<size_t>(G));
+  grouped_gemm_tables_ref(table.data(), m_G.data(), G, tf.form, types, N, K, tf.trans_w, a.data(),
+                          b.data(), d0.data());
+  // Problem by problem.
+  int32_t i = 0;  // the descriptor's group
+  for (int64_t g = 0; g < G; ++g) {
+    const cuda::GroupedGemmProblem& p = table[static_cast<size_t>(g)];
+    SCOPED_TRACE(::testing::Message() << "expert " << g << " (" << m_G[g] << " rows)");
+    EXPECT_EQ(p.reserved, 0);
+    if (m_G[g] == 0) {
+      EXPECT_EQ(wgrad ? p.k : p.m, 0) << "an empty expert's problem must compute nothing";
+      EXPECT_TRUE(i >= d.group_count || d.expert[i] != g);
+      continue;
+    }
+    ASSERT_LT(i, d.group_count);
+    ASSERT_EQ(d.expert[i], g);
+    const ColumnMajorGemm c = column_major_gemm("table", p.trans_a, p.trans_b, p.m, p.n, p.k,
+                                                p.lda, p.ldb, p.ldd);
+    EXPECT_EQ(c.op_a, d.transa[i]);
+    EXPECT_EQ(c.op_b, d.transb[i]);
+    EXPECT_EQ(c.m, d.m[i]);
+    EXPECT_EQ(c.n, d.n[i]);
+    EXPECT_EQ(c.k, d.k[i]);
+    EXPECT_EQ(c.lda, d.lda[i]);
+    EXPECT_EQ(c.ldb, d.ldb[i]);
+    EXPECT_EQ(c.ldc, d.ldc[i]);
+    EXPECT_EQ(c.a_operand, d.a_operand);
+    EXPECT_EQ(c.b_operand, d.b_operand);
+    EXPECT_EQ(d.beta[i], wgrad ? 1.0 : 0.0);
+    // Our A, B, D offsets (in elements) against the descriptor's slot offsets.
+    const auto off = [](const void* p, const void* base, size_t elem) {
+      return (static_cast<const unsigned char*>(p) - static_cast<const unsigned char*>(base)) /
+             static_cast<int64_t>(elem);
+    };
+    const int64_t our_a = off(p.a, a.data(), in), our_b = off(p.b, b.data(), in);
+    EXPECT_EQ(d.a_operand == GemmOperand::B ? our_b : our_a, d.a_off[i]);
+    EXPECT_EQ(d.b_operand == GemmOperand::A ? our_a : our_b, d.b_off[i]);
+    EXPECT_EQ(off(p.d, d0.data(), out), d.c_off[i]);
+    ++i;
+  }
+  EXPECT_EQ(i, d.group_count);
+  // Both interpreted: the descriptor as cuBLAS runs it, the table as the device backend runs it.
+  std::vector<unsigned char> want = d0, got = d0;
+  gemm_grouped_batched(d, slot(d.a_operand, a.data(), b.data()),
+                       slot(d.b_operand, a.data(), b.data()), want.data());
+  const BlasDataType it = types == GemmTypes::F64       ? BlasDataType::R64F
+                          : types == GemmTypes::Bf16F32 ? BlasDataType::R16BF
+                                                        : BlasDataType::R32F;
+  const BlasDataType ot = types == GemmTypes::F64 ? BlasDataType::R64F : BlasDataType::R32F;
+  std::vector<cuda::GroupedGemmProblem> rebased(table);
+  for (cuda::GroupedGemmProblem& p : rebased) {  // onto `got`
+    p.d = got.data() + (static_cast<unsigned char*>(p.d) - d0.data());
+    if (p.m == 0 || p.n == 0) continue;
+    moecore::testing::blas_gemm_colmajor(p.trans_b ? BlasOp::T : BlasOp::N,
+                                         p.trans_a ? BlasOp::T : BlasOp::N, p.n, p.m, p.k, 1.0,
+                                         it, p.b, p.ldb, it, p.a, p.lda, wgrad ? 1.0 : 0.0, ot,
+                                         p.d, p.ldd);
+  }
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0)
+      << "the table's problems and the descriptor's computed other bytes";
+}
+
+TEST(DescGroupedGemm, DeviceTablesDescribeTheGroupedBatchedProblems) {
+  const std::vector<std::vector<int64_t>> loads = {
+      {3, 0, 5, 1}, {0, 0, 2, 0}, {1}, {0, 4}, {0, 0, 0}, {6, 1, 0, 0, 2}, {0}, {2, 2, 0, 0}};
+  const TableForm forms[] = {{"forward", GroupedGemmForm::Forward, false, false},
+                             {"forward trans_w", GroupedGemmForm::Forward, true, false},
+                             {"dgrad (of trans_w)", GroupedGemmForm::Forward, false, true},
+                             {"dgrad (of w [G, K, N])", GroupedGemmForm::Forward, true, true},
+                             {"wgrad", GroupedGemmForm::Wgrad, false, false}};
+  uint32_t seed = 700;
+  for (GemmTypes types : {GemmTypes::F32, GemmTypes::F64, GemmTypes::Bf16F32})
+    for (const TableForm& tf : forms)
+      for (const auto& m_G : loads) expect_table_is_descriptor(types, m_G, tf, seed++);
+}
+
+// A negative count is read as 0 by the tables (the host tables refuse it: RejectsNegativeCounts).
+TEST(DescGroupedGemm, DeviceTablesReadNegativeCountsAsZero) {
+  const std::vector<int64_t> m_G = {2, -1, 3};
+  std::vector<cuda::GroupedGemmProblem> t(3);
+  std::vector<float> x(5 * 4), w(3 * 6 * 4), y(5 * 6);
+  grouped_gemm_tables_ref(t.data(), m_G.data(), 3, GroupedGemmForm::Forward, GemmTypes::F32, 6, 4,
+                          true, x.data(), w.data(), y.data());
+  EXPECT_EQ(t[1].m, 0);
+  EXPECT_EQ(t[2].m, 3);
+  EXPECT_EQ(t[2].a, static_cast<const void*>(x.data() + 2 * 4));
+  EXPECT_EQ(t[2].d, static_cast<void*>(y.data() + 2 * 6));
 }
 
 TEST(DescGroupedGemm, RejectsNegativeCounts) {

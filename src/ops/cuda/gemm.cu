@@ -1,8 +1,12 @@
 // The GEMMs of ops/gemm.h and ops/gemm_bf16.h on the GPU: host-side dispatch to the library
 // calls of ops/cuda/blas.h (no kernel of its own but the bf16 casts of ops/cuda/cast.cu).
 // Dense GEMMs: one cuBLASLt matmul per call (f32 with TF32 off unless --fp32-matmul-precision
-// high, f64, bf16 in / f32 out), the descriptor from desc::gemm_desc. Grouped GEMMs: cublasGemmGroupedBatchedEx from the group sizes
-// in host memory (the switches read them: the documented sync point kGroupedGemmSizes, ops/gemm.h).
+// high, f64, bf16 in / f32 out), the descriptor from desc::gemm_desc. Grouped GEMMs (the switches
+// choose, ops/gemm.h): one strided-batched matmul when every group's rows are known on the host,
+// from device tables (the table kernel of ops/cuda/grouped_gemm_tables.cu, then the build's
+// device_grouped_gemm; no host read of the sizes), or cublasGemmGroupedBatchedEx from the group
+// sizes in host memory (the switches read them: the documented sync point kGroupedGemmSizes).
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -10,6 +14,7 @@
 #include "core/sync_audit.h"
 #include "ops/cast.h"
 #include "ops/cuda/blas.h"
+#include "ops/cuda/grouped_gemm_device.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
@@ -87,6 +92,32 @@ void fixed_wgrad(const Exec& ex, desc::GemmTypes types, int64_t rows, int64_t G,
 
 }  // namespace
 
+void grouped_gemm_device_tables(const DeviceTablesCall& c) {
+  MOE_KERNEL_CHECK(
+      c.ex != nullptr && c.G >= 0 && c.N >= 0 && c.K >= 0 && (c.G == 0 || c.m_G != nullptr),
+      "[grouped_gemm] device tables: G=" + std::to_string(c.G) + " N=" + std::to_string(c.N) +
+          " K=" + std::to_string(c.K) + ": sizes >= 0, the context and m_G set");
+  if (c.G == 0) return;
+  // The table at the workspace's first 256-byte boundary, the backend's workspace after it.
+  const int64_t need = grouped_gemm_device_workspace_bytes(c.G);
+  MOE_KERNEL_CHECK(c.workspace != nullptr && c.workspace_bytes >= need,
+                   "[grouped_gemm] the device-table path needs its planned workspace of " +
+                       std::to_string(need) + " bytes for " + std::to_string(c.G) +
+                       " groups, got " + std::to_string(c.workspace_bytes) +
+                       (c.workspace == nullptr ? " (none)" : "") +
+                       ": plan ops::grouped_gemm_workspace_bytes(ex, G) with the layer's other "
+                       "workspaces and pass it (GroupedGemmWorkspace)");
+  const uintptr_t base = reinterpret_cast<uintptr_t>(c.workspace);
+  const uintptr_t table_at = (base + 255) / 256 * 256;
+  auto* table = reinterpret_cast<GroupedGemmProblem*>(table_at);
+  std::byte* lib = c.workspace + (table_at - base) + detail::grouped_table_bytes(c.G);
+  const size_t lib_bytes = size_t(c.workspace_bytes - (lib - c.workspace));
+  grouped_gemm_tables(c.ex->stream, table, c.m_G, c.G, c.form, c.types, c.N, c.K, c.trans_w, c.a,
+                      c.b, c.d);
+  device_grouped_gemm(*c.ex, c.types, table, c.G, c.form == GroupedGemmForm::Wgrad ? 1.f : 0.f, lib,
+                      lib_bytes);
+}
+
 template <typename T>
 void gemm(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
           const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
@@ -130,8 +161,8 @@ void grouped_gemm(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
 }
 
 template <typename T>
-void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                        const T* dy, const T* x, T* dw) {
+void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K, const T* dy,
+                        const T* x, T* dw) {
   fixed_wgrad(ex, gemm_types<T>(ex), rows, G, N, K, dy, x, dw);
 }
 
@@ -146,10 +177,10 @@ void grouped_gemm_wgrad(const Exec& ex, int64_t rows, int64_t G, int64_t N, int6
                                 const T*, bool, T*);                                              \
   template void grouped_gemm_wgrad<T>(const Exec&, const int64_t*, int64_t, int64_t, int64_t,     \
                                       const T*, const T*, T*);                                    \
-  template void grouped_gemm<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,  \
-                                      const T*, bool, T*);                                        \
-  template void grouped_gemm_wgrad<T>(const Exec&, int64_t, int64_t, int64_t, int64_t,      \
-                                            const T*, const T*, T*);
+  template void grouped_gemm<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,        \
+                                const T*, bool, T*);                                              \
+  template void grouped_gemm_wgrad<T>(const Exec&, int64_t, int64_t, int64_t, int64_t, const T*,  \
+                                      const T*, T*);
 MOECORE_INSTANTIATE_CUDA_GEMM(float)
 MOECORE_INSTANTIATE_CUDA_GEMM(double)
 #undef MOECORE_INSTANTIATE_CUDA_GEMM
@@ -201,12 +232,12 @@ void grouped_gemm_wgrad_bf16(const Exec& ex, const int64_t* m_G_host, int64_t G,
 }
 
 void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                             const bf16* x16, const bf16* w, bool trans_w, float* y) {
+                       const bf16* x16, const bf16* w, bool trans_w, float* y) {
   fixed_forward(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, x16, w, trans_w, y);
 }
 
 void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
-                                   const bf16* dy16, const bf16* x16, float* dw) {
+                             const bf16* dy16, const bf16* x16, float* dw) {
   fixed_wgrad(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, dy16, x16, dw);
 }
 
