@@ -72,8 +72,10 @@ done
 # --cuda-graph-impl full_iteration (tests/emu/train_cuda_graph_emu.sh, also the ctests
 # train_cuda_graph_emu_*): 4 steps with the forward and backward captured after one warm-up step
 # and replayed, bitwise the eager run, on the dense tiny model with dropout (the iteration reaches
-# the masks through memory) and on padded dispatch; a planted host read refused by name.
+# the masks through memory), on padded dispatch (its fixed-rows GEMMs) and on dropless MoE (its
+# grouped GEMMs from device tables); a planted host read refused by name.
 graph_runs=(
+  ""
   "--num-experts 0 --hidden-dropout 0.1 --attention-dropout 0.1"
   "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-input-jitter-eps 0.01"
 )

@@ -493,15 +493,27 @@ void BasicTrainer<T>::check_cuda_graph_support() {
                      "one process",
                      world));
   // MoE layers whose grouped GEMMs read their group sizes on the host: dropless or dropping
-  // dispatch (the rows per expert are the routing's); padded dispatch's are the capacity.
-  refuse(model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity,
-         fmt::format("MoE layers without --moe-pad-expert-input-to-capacity: their grouped GEMMs "
-                     "read the rows per expert on the host (the sync point \"{}\"), which a "
-                     "graph cannot contain until the grouped GEMM runs from tables in device "
-                     "memory; use --moe-expert-capacity-factor C "
-                     "--moe-pad-expert-input-to-capacity (static rows per expert), or a dense "
-                     "model",
-                     ops::kGroupedGemmSizes));
+  // dispatch (the rows per expert are the routing's) where the experts' grouped GEMMs take the
+  // host-table path (ops/gemm.h: the device-table backend does not take their shapes, or
+  // MOECORE_GROUPED_GEMM=host); padded dispatch's rows are the capacity, known on the host.
+  if (model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity) {
+    const ops::desc::GemmTypes types = std::is_same_v<T, double> ? ops::desc::GemmTypes::F64
+                                       : model_cfg_.bf16         ? ops::desc::GemmTypes::Bf16F32
+                                                                 : ops::desc::GemmTypes::F32;
+    const int64_t H = model_cfg_.hidden, F = model_cfg_.moe.ffn_hidden;
+    const int64_t F1 = ops::activation_fc1_width(model_cfg_.activation, F);
+    const bool host_tables = ops::grouped_gemm_path(types, F1, H) == ops::GroupedGemmPath::Host ||
+                             ops::grouped_gemm_path(types, H, F) == ops::GroupedGemmPath::Host;
+    refuse(host_tables,
+           fmt::format("MoE layers without --moe-pad-expert-input-to-capacity whose grouped GEMMs "
+                       "(hidden {}, expert FFN {}) take the host-table path here: they read the "
+                       "rows per expert on the host (the sync point \"{}\"), which a graph cannot "
+                       "contain; use --moe-expert-capacity-factor C "
+                       "--moe-pad-expert-input-to-capacity (static rows per expert), or a build "
+                       "whose grouped GEMM runs from device tables for these shapes (docs/gpu.md, "
+                       "\"GEMMs on CUDA\")",
+                       H, F, ops::kGroupedGemmSizes));
+  }
   // Injected faults that the host decides per iteration inside the captured region.
   for (const char* kind : {"nan_loss", "spike_loss", "inf_grad"}) {
     refuse(fault::find(kind) != nullptr,

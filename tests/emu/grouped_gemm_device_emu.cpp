@@ -37,6 +37,7 @@
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
+#include "emu/stream_capture_emu.h"
 
 namespace moecore::ops::cuda {
 
@@ -94,8 +95,9 @@ bool overlap(Range x, Range y) {
 bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why) {
   if (forced_unsupported()) {
     if (why != nullptr)
-      *why = "the emulated device-table grouped GEMM is turned off (MOECORE_EMU_GROUPED_GEMM="
-             "unsupported)";
+      *why =
+          "the emulated device-table grouped GEMM is turned off (MOECORE_EMU_GROUPED_GEMM="
+          "unsupported)";
     return false;
   }
   const int64_t multiple = 16 / input_bytes(types);  // the output's is no larger
@@ -114,10 +116,21 @@ size_t device_grouped_gemm_workspace_bytes(int64_t G) {
   return G > 0 ? static_cast<size_t>(G) * sizeof(EmuArgs) : 0;
 }
 
-void device_grouped_gemm(const Exec&, desc::GemmTypes types, const GroupedGemmProblem* problems,
+void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
                          int64_t G, float beta, void* workspace, size_t workspace_bytes) {
   // The library's own work is the device's, not the host's (--sync-audit), its host staging too.
   const SyncAudit::Paused device_work;
+  // While a stream capture is open (stream_capture_emu.h) the call is recorded with its
+  // arguments and runs, checks included, when the graph is replayed: the table it reads is
+  // written by a kernel recorded before it.
+  if (emu::capturing()) {
+    const Exec ex_copy = ex;
+    emu::record(
+        "device grouped GEMM", [ex_copy, types, problems, G, beta, workspace, workspace_bytes] {
+          device_grouped_gemm(ex_copy, types, problems, G, beta, workspace, workspace_bytes);
+        });
+    return;
+  }
   MOE_CHECK(G >= 0 && (beta == 0.f || beta == 1.f),
             "[emu] device grouped GEMM: G={} problems, beta={}: G >= 0, beta 0 or 1", G, beta);
   MOE_CHECK(!forced_unsupported(),
@@ -193,10 +206,10 @@ void device_grouped_gemm(const Exec&, desc::GemmTypes types, const GroupedGemmPr
     const bool ta = e.trans & 1, tb = e.trans & 2;
     // A problem with m = 0 or n = 0 writes nothing and reads nothing; k = 0 reads no A, B.
     const bool writes = e.m > 0 && e.n > 0;
-    const Range a = writes && e.k > 0 ? matrix_range(e.a, ta ? e.k : e.m, ta ? e.m : e.k, e.lda, ab)
-                                      : Range{};
-    const Range b = writes && e.k > 0 ? matrix_range(e.b, tb ? e.n : e.k, tb ? e.k : e.n, e.ldb, ab)
-                                      : Range{};
+    const Range a =
+        writes && e.k > 0 ? matrix_range(e.a, ta ? e.k : e.m, ta ? e.m : e.k, e.lda, ab) : Range{};
+    const Range b =
+        writes && e.k > 0 ? matrix_range(e.b, tb ? e.n : e.k, tb ? e.k : e.n, e.ldb, ab) : Range{};
     const Range d = writes ? matrix_range(e.d, e.m, e.n, e.ldd, db) : Range{};
     const struct {
       const char* name;
@@ -204,7 +217,8 @@ void device_grouped_gemm(const Exec&, desc::GemmTypes types, const GroupedGemmPr
       const void* p;
       int64_t ld, elem;
       bool writes;
-    } ops[] = {{"A", a, e.a, e.lda, ab, false}, {"B", b, e.b, e.ldb, ab, false},
+    } ops[] = {{"A", a, e.a, e.lda, ab, false},
+               {"B", b, e.b, e.ldb, ab, false},
                {"D", d, e.d, e.ldd, db, true}};
     for (const auto& o : ops) {
       if (o.r.empty()) continue;
@@ -239,10 +253,9 @@ void device_grouped_gemm(const Exec&, desc::GemmTypes types, const GroupedGemmPr
     std::memcpy(&e, args + g, sizeof e);
     if (e.m == 0 || e.n == 0) continue;
     const bool ta = e.trans & 1, tb = e.trans & 2;
-    testing::blas_gemm_colmajor(tb ? desc::BlasOp::T : desc::BlasOp::N,
-                                ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m, e.k, 1.0,
-                                in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type,
-                                e.d, e.ldd);
+    testing::blas_gemm_colmajor(
+        tb ? desc::BlasOp::T : desc::BlasOp::N, ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m,
+        e.k, 1.0, in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd);
   }
 }
 
