@@ -33,10 +33,8 @@ while [[ $# -gt 0 && "$1" == --* ]]; do
 done
 moecore=$1 config=$2
 shift 2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
-digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
+# $work, fail, digest (steps below: in a fixed order, the rows read them by position).
+source "$(dirname "${BASH_SOURCE[0]}")/../train/lib.sh"
 # Each logged step's "iteration", "lm_loss" and "grad_norm", in that order (the rows depend on
 # the step).
 steps() {

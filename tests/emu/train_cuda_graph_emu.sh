@@ -13,18 +13,8 @@
 set -euo pipefail
 moecore=$1 config=$2
 shift 2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { { echo "FAIL: $1"; echo "${2:-}"; } >&2; exit 1; }
-digest() { grep -o 'weights digest [0-9a-f]*' <<< "$1" | awk '{print $3}'; }
-# Each logged step's "iteration", "lm_loss" and "grad_norm", in that order.
-steps() {
-  awk '/"iteration"/ { out = ""
-         n = split("iteration lm_loss grad_norm", k, " ")
-         for (i = 1; i <= n; ++i)
-           if (match($0, "\"" k[i] "\":[^,}]*")) out = out (out == "" ? "" : " ") substr($0, RSTART, RLENGTH)
-         print out }' "$1" | paste -sd' '
-}
+# $work, fail, digest, steps (each step's iteration, lm loss and grad norm).
+source "$(dirname "${BASH_SOURCE[0]}")/../train/lib.sh"
 common=(--config "$config" --train-iters 4 --lr-warmup-iters 0 --lr-decay-iters 20
         --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --peak-tflops 100
         --device cuda "$@")
