@@ -28,10 +28,12 @@ flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=unde
 # The library descriptors and the references the emulated library calls are tested against
 # (tests/emu/test_emu_blas.cpp) come too.
 # (Not emu_absent.cpp: the CPU build's stand-in for the emulator, which refuses every launch; not
-# test_emu_nccl.cpp: the emulated NCCL's own binary, run under mpirun in the emulated build.)
+# test_emu_nccl.cpp: the emulated NCCL's own binary, run under mpirun in the emulated build; not
+# test_emu_capture.cpp: the capture rules need the real sync audit, replaced here.)
 sources=(src/core/check.cpp src/ops/desc/*.cpp src/ops/cpu/gemm_ref.cpp src/ops/cpu/gemm_bf16_ref.cpp)
 for t in tests/emu/*.cpp; do
-  [[ $t == */emu_absent.cpp || $t == */test_emu_nccl.cpp ]] || sources+=("$t")
+  [[ $t == */emu_absent.cpp || $t == */test_emu_nccl.cpp || $t == */test_emu_capture.cpp ]] ||
+    sources+=("$t")
 done
 # What the tests call beside the references: the dropout keys (rng_key), the execution context
 # and its host memory (cpu_exec, exec_alloc: no CUDA here, so the stub device), the RoPE tables
@@ -39,6 +41,7 @@ done
 # step. The sync audit is its never-armed stand-in (tests/emu/sanitizers/): the real one replaces
 # the global operator new, which is ASan's here.
 sources+=(src/core/rng.cpp src/core/exec.cpp src/core/host_memory.cpp src/core/device_stub_cuda.cpp
+          src/core/fault_injection.cpp src/ops/f32_matmul_precision.cpp
           src/ops/cpu/rope.cpp src/ops/cpu/rope_yarn.cpp src/ops/cpu/rope_mla.cpp
           src/ops/cpu/adamw.cpp src/ops/cpu/memory.cpp
           tests/emu/sanitizers/*.cpp)
