@@ -47,40 +47,30 @@ if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
            "and access to PyPI): scripts/sass_gate.sh cannot run until this succeeds" >&2
     fi
   fi
+  # header_wheel PACKAGE VERSION STAMP WHAT: a header-only wheel pinned into $tools_dir, once
+  # (the stamp), --no-deps (only its headers are used); a failure is a warning: the CUDA build
+  # stops, naming this script, until it succeeds.
+  header_wheel() {
+    local stamp=$tools_dir/$3-$2
+    [ -e "$stamp" ] && return 0
+    echo "[setup] installing $4 $2 (PyPI) into $tools_dir"
+    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
+       "$tools_dir/bin/pip" install -q --disable-pip-version-check --no-deps "$1==$2"; then
+      touch "$stamp"
+    else
+      echo "[setup] WARNING: could not install $1 into $tools_dir (needs python3-venv and access" \
+           "to PyPI): the CUDA build (-DMOECORE_CUDA=ON) stops until this succeeds" >&2
+    fi
+  }
   # cuDNN's header-only C++ frontend (include/cudnn_frontend*.h), for the CUDA build's fused
   # attention (src/ops/cuda/attention_cudnn.cpp); cuDNN itself is the toolkit's. The CUDA build's
   # CMake finds the headers here and stops, naming this script, when they are missing.
-  cudnn_frontend_version=1.32.0
-  stamp=$tools_dir/cudnn-frontend-$cudnn_frontend_version
-  if [ ! -e "$stamp" ]; then
-    echo "[setup] installing the cuDNN frontend headers $cudnn_frontend_version (PyPI) into $tools_dir"
-    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
-       "$tools_dir/bin/pip" install -q --disable-pip-version-check --no-deps \
-         "nvidia-cudnn-frontend==$cudnn_frontend_version"; then
-      touch "$stamp"
-    else
-      echo "[setup] WARNING: could not install nvidia-cudnn-frontend into $tools_dir (needs" \
-           "python3-venv and access to PyPI): the CUDA build (-DMOECORE_CUDA=ON) stops until this" \
-           "succeeds" >&2
-    fi
-  fi
+  header_wheel nvidia-cudnn-frontend 1.32.0 cudnn-frontend "the cuDNN frontend headers"
   # CUTLASS's C++ headers (cutlass/, cute/ under cutlass_library/source/include, and its
   # tools/util/include), for the CUDA build's device-table grouped GEMM
   # (src/ops/cuda/grouped_gemm_cutlass_sm90a.cu). 4.2.0.0 (CUTLASS 4.2, the first release that
   # supports CUDA 13; PyPI's newest). Only the headers are used (--no-deps: its Python generator's
   # dependencies are not needed); the CUDA build's CMake finds them here and stops, naming this
   # script, when they are missing.
-  cutlass_version=4.2.0.0
-  stamp=$tools_dir/cutlass-$cutlass_version
-  if [ ! -e "$stamp" ]; then
-    echo "[setup] installing the CUTLASS headers $cutlass_version (PyPI) into $tools_dir"
-    if { [ -x "$tools_dir/bin/pip" ] || python3 -m venv "$tools_dir"; } &&
-       "$tools_dir/bin/pip" install -q --disable-pip-version-check --no-deps \
-         "nvidia-cutlass==$cutlass_version"; then
-      touch "$stamp"
-    else
-      echo "[setup] WARNING: could not install nvidia-cutlass into $tools_dir (needs python3-venv" \
-           "and access to PyPI): the CUDA build (-DMOECORE_CUDA=ON) stops until this succeeds" >&2
-    fi
-  fi
+  header_wheel nvidia-cutlass 4.2.0.0 cutlass "the CUTLASS headers"
 fi
