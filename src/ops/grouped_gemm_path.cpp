@@ -71,15 +71,21 @@ bool supported(desc::GemmTypes types, int64_t N, int64_t K) {
 
 // Whether the build's backend takes any of the project's types at all (at an aligned shape).
 bool device_tables_built() {
-  for (desc::GemmTypes t :
-       {desc::GemmTypes::Bf16F32, desc::GemmTypes::F32, desc::GemmTypes::F64}) {
+  for (desc::GemmTypes t : {desc::GemmTypes::Bf16F32, desc::GemmTypes::F32,
+                            desc::GemmTypes::F32Tf32, desc::GemmTypes::F64}) {
     if (supported(t, 256, 256)) return true;
   }
   return false;
 }
 
 const char* types_name(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? "f64" : t == desc::GemmTypes::Bf16F32 ? "bf16" : "f32";
+  switch (t) {
+    case desc::GemmTypes::F64: return "f64";
+    case desc::GemmTypes::Bf16F32: return "bf16";
+    case desc::GemmTypes::F32Tf32: return "f32, TF32 products";
+    case desc::GemmTypes::F32: break;
+  }
+  return "f32";
 }
 
 }  // namespace

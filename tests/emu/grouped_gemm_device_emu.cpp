@@ -7,9 +7,11 @@
 // desc::column_major_gemm swaps it), so a table describing the host-table path's problems gives
 // its results bitwise.
 //
-// What it takes is what the CUTLASS backend will take: the project's three type combinations
-// (f32, f64, bf16 in / f32 out), N and K multiples of 16 bytes' worth of elements (bf16 8, f32
-// 4, f64 2: TMA's 16-byte rule for the operands' row strides and row offsets). With
+// What it takes: the project's type combinations (f32, f32 with TF32 products under
+// --fp32-matmul-precision high, f64, bf16 in / f32 out), N and K multiples of 16 bytes' worth of
+// elements (bf16 8, f32 and TF32 4, f64 2: TMA's 16-byte rule for the operands' row strides and
+// row offsets, which the CUDA build's CUTLASS backend has; that backend runs bf16 alone,
+// docs/gpu.md). With
 // MOECORE_EMU_GROUPED_GEMM=unsupported (read at every query) it answers "unsupported" instead,
 // as a build or a device without the backend does, so the callers' host-table path runs in the
 // emulated build too.
@@ -62,7 +64,10 @@ int64_t output_bytes(desc::GemmTypes t) {
   return t == desc::GemmTypes::F64 ? 8 : 4;
 }
 const char* types_name(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? "f64" : t == desc::GemmTypes::Bf16F32 ? "bf16" : "f32";
+  return t == desc::GemmTypes::F64       ? "f64"
+         : t == desc::GemmTypes::Bf16F32 ? "bf16"
+         : t == desc::GemmTypes::F32Tf32 ? "tf32"
+                                         : "f32";
 }
 
 bool forced_unsupported() {
@@ -198,6 +203,13 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
                                                                          : desc::BlasDataType::R32F;
   const desc::BlasDataType out_type =
       types == desc::GemmTypes::F64 ? desc::BlasDataType::R64F : desc::BlasDataType::R32F;
+  // F32Tf32: the TF32 model of the emulated cuBLASLt (common/blas_interpreter.h: each f32 input
+  // rounded to TF32, exact products, f32 sums in k order), so a table of the host-table path's
+  // problems gives its TF32 results bitwise, as for the other types.
+  const desc::BlasComputeType compute = types == desc::GemmTypes::F64 ? desc::BlasComputeType::F64
+                                        : types == desc::GemmTypes::F32Tf32
+                                            ? desc::BlasComputeType::F32FastTf32
+                                            : desc::BlasComputeType::F32;
   // Every operand range first (nothing is written before the whole call is known valid).
   std::vector<std::pair<Range, int64_t>> d_ranges;  // D of each problem that writes one
   for (int64_t g = 0; g < G; ++g) {
@@ -255,7 +267,8 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
     const bool ta = e.trans & 1, tb = e.trans & 2;
     testing::blas_gemm_colmajor(
         tb ? desc::BlasOp::T : desc::BlasOp::N, ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m,
-        e.k, 1.0, in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd);
+        e.k, 1.0, in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd,
+        compute);
   }
 }
 
