@@ -90,6 +90,10 @@ struct GroupedGemmWorkspace {
 };
 // Its size for grouped GEMMs of up to G groups on ex: 0 on the CPU, under
 // MOECORE_GROUPED_GEMM=host, and where the build's backend takes no type at all (the stub).
+// Sizing one on a context that runs (one with a stream; a sizing pass's has none) plans its calls:
+// a workspace serves two distinct device-table calls a step (beta 0: the forwards and dgrads;
+// beta 1: the wgrads), whose parameters the backend keeps (cuda::device_grouped_gemm_reserve_calls
+// with the process's count), so the layers x forms of a step never rebuild them after the first.
 int64_t grouped_gemm_workspace_bytes(const Exec& ex, int64_t G);
 
 // Which path the grouped GEMMs take on CUDA. MOECORE_GROUPED_GEMM: `auto` (or unset): device

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,7 +40,9 @@
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
+#include "emu/grouped_gemm_device_emu.h"
 #include "emu/stream_capture_emu.h"
+#include "ops/cuda/grouped_gemm_params_cache.h"
 
 namespace moecore::ops::cuda {
 
@@ -95,6 +98,19 @@ bool overlap(Range x, Range y) {
   return !x.empty() && !y.empty() && x.lo < y.hi && y.lo < x.hi;
 }
 
+// The CUDA backend's cache of host-built kernel parameters (ops/cuda/grouped_gemm_params_cache.h),
+// modelled with the same keys and slots (nothing in them: the interpreter needs no parameters),
+// so that what a step of the emulated build would rebuild on a GPU is counted here
+// (grouped_gemm_device_emu.h).
+struct EmuParamsCache {
+  std::mutex mu;
+  GroupedGemmParamsCache<char> cache;
+};
+EmuParamsCache& params_cache() {
+  static EmuParamsCache c;
+  return c;
+}
+
 }  // namespace
 
 bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why) {
@@ -121,6 +137,12 @@ size_t device_grouped_gemm_workspace_bytes(int64_t G) {
   return G > 0 ? static_cast<size_t>(G) * sizeof(EmuArgs) : 0;
 }
 
+void device_grouped_gemm_reserve_calls(int64_t calls) {
+  EmuParamsCache& c = params_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.cache.reserve(static_cast<size_t>(std::max<int64_t>(calls, 0)));
+}
+
 void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
                          int64_t G, float beta, void* workspace, size_t workspace_bytes) {
   // The library's own work is the device's, not the host's (--sync-audit), its host staging too.
@@ -142,6 +164,12 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
             "[emu] device grouped GEMM called while MOECORE_EMU_GROUPED_GEMM=unsupported: the "
             "caller must ask device_grouped_gemm_supported first and keep its host-table path");
   if (G == 0) return;
+  {
+    EmuParamsCache& c = params_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    const GroupedGemmParamsKey key{workspace, G, beta, 0};
+    if (c.cache.find(key) == nullptr) c.cache.keep(key, [](char&) {});
+  }
   const size_t table_bytes = static_cast<size_t>(G) * sizeof(GroupedGemmProblem);
   const size_t need = device_grouped_gemm_workspace_bytes(G);
   emu::check_device_range("device grouped GEMM: the problem table", problems, table_bytes);
@@ -273,3 +301,13 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
 }
 
 }  // namespace moecore::ops::cuda
+
+namespace moecore::emu {
+
+GroupedGemmParamsCounts grouped_gemm_params_counts() {
+  ops::cuda::EmuParamsCache& c = ops::cuda::params_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.cache.slots(), c.cache.misses()};
+}
+
+}  // namespace moecore::emu

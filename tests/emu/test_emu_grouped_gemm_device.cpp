@@ -8,6 +8,8 @@
 //   the dw of empty experts and the workspace's tail untouched;
 // - TF32 (--fp32-matmul-precision high, GemmTypes::F32Tf32) on full-mantissa inputs: bitwise the
 //   host tables' TF32 results, directly and through the switch of ops/gemm.h;
+// - the CUDA backend's parameter cache (ops/cuda/grouped_gemm_params_cache.h): its policy, and the
+//   plan's count of distinct calls reaching the emulated backend's model of it;
 // - what it takes (the project's types, N and K multiples of 16 bytes' worth of elements) and the
 //   override MOECORE_EMU_GROUPED_GEMM=unsupported;
 // - strict: a table, workspace or operand outside one device allocation, misaligned operands,
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,7 +32,9 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "emu/device_memory_emu.h"
+#include "emu/grouped_gemm_device_emu.h"
 #include "ops/cuda/grouped_gemm_device.h"
+#include "ops/cuda/grouped_gemm_params_cache.h"
 #include "ops/desc/grouped_gemm_desc.h"
 #include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
@@ -246,6 +251,92 @@ TEST(EmuGroupedGemmDevice, HighPrecisionTakesTheDeviceTablesWithTf32) {
       << "the forward at highest is not the full f32 result";
   EXPECT_NE(std::memcmp(dy_out.p, host_tables(GemmTypes::F32Tf32, false).data(), dy_out.bytes), 0)
       << "TF32 and f32 agree bitwise: the inputs do not show TF32's rounding";
+}
+
+// The CUDA backend's parameter cache (ops/cuda/grouped_gemm_params_cache.h), its policy alone: a
+// step of 24 layers x (forward, dgrad, wgrad) makes 48 distinct calls (the forward and dgrad share
+// beta 0); with the default 32 slots the least recently used call goes first, so every step
+// misses every call; with the slots reserved for the step's 48, only the first step builds any.
+// A build that throws keeps nothing.
+TEST(GroupedGemmParamsCache, ReservedForAStepsCallsOnlyTheFirstStepBuilds) {
+  using Cache = ops::cuda::GroupedGemmParamsCache<int>;
+  using Key = ops::cuda::GroupedGemmParamsKey;
+  std::vector<char> ws(64);
+  const int layers = 24;
+  const auto step = [&](Cache& c) {
+    for (int l = 0; l < layers; ++l) {
+      for (float beta : {0.f, 0.f, 1.f}) {
+        const Key k{ws.data() + l, 8, beta, 0};
+        const int want = l * 2 + int(beta);
+        const int* p = c.find(k);
+        if (p == nullptr) p = &c.keep(k, [&](int& v) { v = want; });
+        EXPECT_EQ(*p, want) << "layer " << l << " beta " << beta;
+      }
+    }
+  };
+  Cache unplanned;
+  ASSERT_LT(unplanned.slots(), size_t(2 * layers));
+  for (int i = 0; i < 3; ++i) step(unplanned);
+  EXPECT_EQ(unplanned.misses(), uint64_t(3 * 2 * layers)) << "more calls than slots: all miss";
+  Cache planned;
+  planned.reserve(size_t(2 * layers));
+  EXPECT_EQ(planned.slots(), size_t(2 * layers));
+  planned.reserve(4);  // never shrinks
+  EXPECT_EQ(planned.slots(), size_t(2 * layers));
+  step(planned);
+  EXPECT_EQ(planned.misses(), uint64_t(2 * layers));
+  step(planned);
+  step(planned);
+  EXPECT_EQ(planned.misses(), uint64_t(2 * layers)) << "a step after the first rebuilt parameters";
+  const Key k{ws.data(), 9, 0.f, 0};
+  EXPECT_THROW(planned.keep(k, [](int&) { throw std::runtime_error("driver refused"); }),
+               std::runtime_error);
+  EXPECT_EQ(planned.find(k), nullptr);
+}
+
+// The plan's count reaches the backend: every workspace sized on a context that runs reserves
+// its two calls (beta 0 and 1) in the cache the emulated backend models, so a step over 24
+// layers' workspaces, forward, dgrad and wgrad each, builds every call's parameters once, in its
+// first step. A sizing pass's context (no stream) reserves nothing.
+TEST(EmuGroupedGemmDevice, PlannedWorkspacesKeepEveryCallOfAStep) {
+  if (!shared_mode()) GTEST_SKIP() << "device memory is strict in this process";
+  const int64_t G = 7;  // no other test of this file calls with 7 problems (no key of theirs)
+  const int layers = 24;
+  const emu::GroupedGemmParamsCounts start = emu::grouped_gemm_params_counts();
+  const Exec sizing{Device::CUDA, nullptr};
+  for (int l = 0; l < layers; ++l) ASSERT_GT(ops::grouped_gemm_workspace_bytes(sizing, G), 0);
+  EXPECT_EQ(emu::grouped_gemm_params_counts().slots, start.slots) << "a sizing pass reserved";
+  int stream_tag = 0;
+  const Exec runs{Device::CUDA, &stream_tag};
+  for (int l = 0; l < layers; ++l) ASSERT_GT(ops::grouped_gemm_workspace_bytes(runs, G), 0);
+  EXPECT_GE(emu::grouped_gemm_params_counts().slots, size_t(2 * layers));
+
+  // Each layer's calls from its own workspace, over a table of experts without rows.
+  DevBuf table(size_t(G) * sizeof(GroupedGemmProblem));
+  for (int64_t g = 0; g < G; ++g) {
+    GroupedGemmProblem p;
+    p.lda = p.ldb = p.ldd = 1;
+    std::memcpy(table.bytes_ptr() + g * int64_t(sizeof p), &p, sizeof p);
+  }
+  const size_t ws_bytes = (ops::cuda::device_grouped_gemm_workspace_bytes(G) + 63) / 64 * 64;
+  DevBuf ws(ws_bytes * size_t(layers));
+  const Exec ex{Device::CUDA, nullptr};
+  const auto step = [&] {
+    for (int l = 0; l < layers; ++l) {
+      for (float beta : {0.f, 0.f, 1.f}) {  // forward, dgrad, wgrad
+        ops::cuda::device_grouped_gemm(ex, GemmTypes::F32,
+                                       static_cast<const GroupedGemmProblem*>(table.p), G, beta,
+                                       ws.bytes_ptr() + size_t(l) * ws_bytes, ws_bytes);
+      }
+    }
+  };
+  step();
+  const uint64_t first = emu::grouped_gemm_params_counts().built - start.built;
+  EXPECT_EQ(first, uint64_t(2 * layers));
+  step();
+  step();
+  EXPECT_EQ(emu::grouped_gemm_params_counts().built - start.built, first)
+      << "steps after the first rebuilt the parameters of some calls";
 }
 
 TEST(EmuGroupedGemmDevice, TakesTheProjectTypesAtSixteenByteAlignment) {
