@@ -293,10 +293,10 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
     std::memcpy(&e, args + g, sizeof e);
     if (e.m == 0 || e.n == 0) continue;
     const bool ta = e.trans & 1, tb = e.trans & 2;
-    testing::blas_gemm_colmajor(
-        tb ? desc::BlasOp::T : desc::BlasOp::N, ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m,
-        e.k, 1.0, in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd,
-        compute);
+    testing::blas_gemm_colmajor(tb ? desc::BlasOp::T : desc::BlasOp::N,
+                                ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m, e.k, 1.0, in_type,
+                                e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd,
+                                compute);
   }
 }
 

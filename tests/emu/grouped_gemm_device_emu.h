@@ -10,7 +10,7 @@
 namespace moecore::emu {
 
 struct GroupedGemmParamsCounts {
-  size_t slots = 0;   // the cache's slots (the plan's count of distinct calls, or the default)
+  size_t slots = 0;    // the cache's slots (the plan's count of distinct calls, or the default)
   uint64_t built = 0;  // the calls that missed (parameters built), since the process began
 };
 GroupedGemmParamsCounts grouped_gemm_params_counts();

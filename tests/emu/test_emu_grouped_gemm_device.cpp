@@ -205,7 +205,8 @@ TEST(EmuGroupedGemmDevice, HighPrecisionTakesTheDeviceTablesWithTf32) {
   ASSERT_EQ(ops::grouped_gemm_types<float>(ex), GemmTypes::F32Tf32);
   ASSERT_EQ(ops::grouped_gemm_path(GemmTypes::F32Tf32, N, K), ops::GroupedGemmPath::Device);
   const auto x = values(size_t(rows * K), 4, 71, true), w = values(size_t(G * N * K), 4, 72, true),
-             dy = values(size_t(rows * N), 4, 73, true), dw0 = values(size_t(G * N * K), 4, 74, true);
+             dy = values(size_t(rows * N), 4, 73, true),
+             dw0 = values(size_t(G * N * K), 4, 74, true);
   // What the host tables compute (the cuBLAS stand-in's interpreter) for `types`.
   const auto host_tables = [&](GemmTypes types, bool wgrad) {
     std::vector<unsigned char> d = wgrad ? dw0 : std::vector<unsigned char>(size_t(rows * N) * 4);
@@ -220,8 +221,8 @@ TEST(EmuGroupedGemmDevice, HighPrecisionTakesTheDeviceTablesWithTf32) {
     testing::gemm_grouped_batched(desc, slot(desc.a_operand), slot(desc.b_operand), d.data());
     return d;
   };
-  DevBuf dx(x.size()), dwt(w.size()), ddy(dy.size()), dy_out(size_t(rows * N) * 4),
-      ddw(dw0.size()), dm(size_t(G) * 8);
+  DevBuf dx(x.size()), dwt(w.size()), ddy(dy.size()), dy_out(size_t(rows * N) * 4), ddw(dw0.size()),
+      dm(size_t(G) * 8);
   std::memcpy(dx.p, x.data(), x.size());
   std::memcpy(dwt.p, w.data(), w.size());
   std::memcpy(ddy.p, dy.data(), dy.size());

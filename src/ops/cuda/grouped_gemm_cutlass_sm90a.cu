@@ -395,9 +395,10 @@ bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, 
     // transpose no 4-byte operand (their register-sourced mainloop, which would, is built for
     // mixed input types only): the MoE layer's dgrad or forward (B stored [k,n]) and its wgrad
     // (A and B stored [k, ...]) have no TF32 kernel here (docs/gpu.md).
-    reason = "TF32 (--fp32-matmul-precision high) has no kernel: CUTLASS's sm90a pointer-array "
-             "grouped GEMM takes TF32 operands K-major only, and the MoE layer's dgrad and wgrad "
-             "read N- or M-major operands";
+    reason =
+        "TF32 (--fp32-matmul-precision high) has no kernel: CUTLASS's sm90a pointer-array "
+        "grouped GEMM takes TF32 operands K-major only, and the MoE layer's dgrad and wgrad "
+        "read N- or M-major operands";
   } else if (types != desc::GemmTypes::Bf16F32) {
     reason = "its CUTLASS kernel takes bf16 operands with f32 output only (--bf16)";
   } else if (N % 8 != 0 || K % 8 != 0) {
