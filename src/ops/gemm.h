@@ -14,6 +14,7 @@
 #include "core/dev_ptr.h"
 #include "core/exec.h"
 #include "ops/desc/gemm_desc.h"
+#include "ops/f32_matmul_precision.h"
 #include "ops/grouped_gemm_tables.h"
 #include "ops/memory.h"
 
@@ -89,6 +90,10 @@ struct GroupedGemmWorkspace {
 };
 // Its size for grouped GEMMs of up to G groups on ex: 0 on the CPU, under
 // MOECORE_GROUPED_GEMM=host, and where the build's backend takes no type at all (the stub).
+// Sizing one on a context that runs (one with a stream; a sizing pass's has none) plans its calls:
+// a workspace serves two distinct device-table calls a step (beta 0: the forwards and dgrads;
+// beta 1: the wgrads), whose parameters the backend keeps (cuda::device_grouped_gemm_reserve_calls
+// with the process's count), so the layers x forms of a step never rebuild them after the first.
 int64_t grouped_gemm_workspace_bytes(const Exec& ex, int64_t G);
 
 // Which path the grouped GEMMs take on CUDA. MOECORE_GROUPED_GEMM: `auto` (or unset): device
@@ -162,9 +167,13 @@ struct DeviceTablesCall {
 void grouped_gemm_device_tables(const DeviceTablesCall& call);
 }  // namespace cuda
 
+// The types of a grouped GEMM of T on ex: f32 takes TF32 products where
+// --fp32-matmul-precision high asks for them on CUDA (F32Tf32, as the dense GEMMs do: the
+// device-table backend is asked about, and computes, TF32), f64 stays f64.
 template <typename T>
-constexpr desc::GemmTypes grouped_gemm_types() {
-  return std::is_same_v<T, double> ? desc::GemmTypes::F64 : desc::GemmTypes::F32;
+desc::GemmTypes grouped_gemm_types(const Exec& ex) {
+  if constexpr (std::is_same_v<T, double>) return desc::GemmTypes::F64;
+  return f32_gemm_tf32(ex.device) ? desc::GemmTypes::F32Tf32 : desc::GemmTypes::F32;
 }
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is [M,K], op(B) is [K,N].
@@ -220,10 +229,11 @@ void grouped_gemm(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t 
     return cuda::grouped_gemm(ex, rows_per_group, G, N, K, raw_ptr(x), raw_ptr(w), trans_w,
                               raw_ptr(y));
   }
-  if (grouped_gemm_path(grouped_gemm_types<T>(), N, K) == GroupedGemmPath::Device) {
-    return cuda::grouped_gemm_device_tables({&ex, grouped_gemm_types<T>(), GroupedGemmForm::Forward,
-                                             raw_ptr(m_G), G, N, K, trans_w, raw_ptr(x), raw_ptr(w),
-                                             raw_ptr(y), raw_ptr(ws.data), ws.bytes});
+  const desc::GemmTypes types = grouped_gemm_types<T>(ex);
+  if (grouped_gemm_path(types, N, K) == GroupedGemmPath::Device) {
+    return cuda::grouped_gemm_device_tables({&ex, types, GroupedGemmForm::Forward, raw_ptr(m_G), G,
+                                             N, K, trans_w, raw_ptr(x), raw_ptr(w), raw_ptr(y),
+                                             raw_ptr(ws.data), ws.bytes});
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm(ex, sizes.data(), G, N, K, raw_ptr(x), raw_ptr(w), trans_w, raw_ptr(y));
@@ -242,10 +252,11 @@ void grouped_gemm_wgrad(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, in
     return cuda::grouped_gemm_wgrad(ex, rows_per_group, G, N, K, raw_ptr(dy), raw_ptr(x),
                                     raw_ptr(dw));
   }
-  if (grouped_gemm_path(grouped_gemm_types<T>(), N, K) == GroupedGemmPath::Device) {
-    return cuda::grouped_gemm_device_tables({&ex, grouped_gemm_types<T>(), GroupedGemmForm::Wgrad,
-                                             raw_ptr(m_G), G, N, K, false, raw_ptr(dy), raw_ptr(x),
-                                             raw_ptr(dw), raw_ptr(ws.data), ws.bytes});
+  const desc::GemmTypes types = grouped_gemm_types<T>(ex);
+  if (grouped_gemm_path(types, N, K) == GroupedGemmPath::Device) {
+    return cuda::grouped_gemm_device_tables({&ex, types, GroupedGemmForm::Wgrad, raw_ptr(m_G), G, N,
+                                             K, false, raw_ptr(dy), raw_ptr(x), raw_ptr(dw),
+                                             raw_ptr(ws.data), ws.bytes});
   }
   const std::vector<int64_t> sizes = grouped_gemm_host_sizes(m_G, G, ex);
   return cuda::grouped_gemm_wgrad(ex, sizes.data(), G, N, K, raw_ptr(dy), raw_ptr(x), raw_ptr(dw));

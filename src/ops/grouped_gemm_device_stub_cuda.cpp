@@ -13,6 +13,8 @@ bool device_grouped_gemm_supported(desc::GemmTypes, int64_t, int64_t, std::strin
 
 size_t device_grouped_gemm_workspace_bytes(int64_t) { return 0; }
 
+void device_grouped_gemm_reserve_calls(int64_t) {}  // no parameters to keep
+
 void device_grouped_gemm(const Exec&, desc::GemmTypes, const GroupedGemmProblem*, int64_t, float,
                          void*, size_t) {
   MOE_CHECK(false,

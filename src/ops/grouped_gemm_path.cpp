@@ -46,7 +46,13 @@ struct State {
   GroupedGemmPathChoice choice = GroupedGemmPathChoice::Auto;
   std::array<Probe, 64> probes;  // a fixed table: a lookup never allocates
   size_t n_probes = 0;
+  int64_t planned_calls = 0;  // distinct device-table calls of the workspaces planned so far
 };
+
+// The distinct device-table calls one workspace serves in a step: the backend's parameters
+// depend on (workspace, G, beta), and a layer's calls share its workspace and G, with beta 0
+// (forwards, dgrads) or 1 (wgrads).
+constexpr int64_t kCallsPerWorkspace = 2;
 
 State& state() {
   static State s;
@@ -71,15 +77,21 @@ bool supported(desc::GemmTypes types, int64_t N, int64_t K) {
 
 // Whether the build's backend takes any of the project's types at all (at an aligned shape).
 bool device_tables_built() {
-  for (desc::GemmTypes t :
-       {desc::GemmTypes::Bf16F32, desc::GemmTypes::F32, desc::GemmTypes::F64}) {
+  for (desc::GemmTypes t : {desc::GemmTypes::Bf16F32, desc::GemmTypes::F32,
+                            desc::GemmTypes::F32Tf32, desc::GemmTypes::F64}) {
     if (supported(t, 256, 256)) return true;
   }
   return false;
 }
 
 const char* types_name(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? "f64" : t == desc::GemmTypes::Bf16F32 ? "bf16" : "f32";
+  switch (t) {
+    case desc::GemmTypes::F64: return "f64";
+    case desc::GemmTypes::Bf16F32: return "bf16";
+    case desc::GemmTypes::F32Tf32: return "f32, TF32 products";
+    case desc::GemmTypes::F32: break;
+  }
+  return "f32";
 }
 
 }  // namespace
@@ -120,6 +132,19 @@ int64_t grouped_gemm_workspace_bytes(const Exec& ex, int64_t G) {
   if (ex.on_cpu() || G <= 0 || grouped_gemm_path_choice() == GroupedGemmPathChoice::Host ||
       !device_tables_built())
     return 0;
+  if (ex.stream != nullptr) {
+    // A workspace of a context that runs: its two calls (beta 0 and 1) join the process's count
+    // of distinct device-table calls, which the backend keeps (a sizing pass's context has no
+    // stream: it plans nothing that runs).
+    State& s = state();
+    int64_t calls = 0;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.planned_calls += kCallsPerWorkspace;
+      calls = s.planned_calls;
+    }
+    cuda::device_grouped_gemm_reserve_calls(calls);
+  }
   return grouped_gemm_device_workspace_bytes(G);
 }
 

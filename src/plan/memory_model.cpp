@@ -1,6 +1,7 @@
 #include "plan/memory_model.h"
 
 #include "ops/activation.h"
+#include "ops/cuda/reduce_workspace.h"
 
 #include <fmt/format.h>
 
@@ -488,6 +489,14 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                        : "all-to-all send + receive buffers",
             etp_gather ? "(2 + etp) x T/tp x K x H x dt" : "2 x T/tp x K x H x dt");
       }
+    }
+    if (hw.device == Device::CUDA) {
+      // The multi-block reductions' scratch (norms' weight gradients, the gradient norm):
+      // one fixed block per stream that runs them, made on the stream's first reduction and
+      // kept for the process, outside the arena; the trainer's ops run on one stream.
+      add(st, MemPart::Workspace, static_cast<double>(ops::cuda::kReduceWorkspaceBytes),
+          "reductions' scratch (one stream)",
+          fmt::format("{} MiB per stream x 1", ops::cuda::kReduceWorkspaceBytes >> 20));
     }
     add(st, MemPart::Reserved, hw.reserved_gib * 1024.0 * 1024 * 1024,
         "CUDA context, library workspaces, NCCL buffers", fmt::format("{} GiB (estimate)",

@@ -497,9 +497,9 @@ void BasicTrainer<T>::check_cuda_graph_support() {
   // host-table path (ops/gemm.h: the device-table backend does not take their shapes, or
   // MOECORE_GROUPED_GEMM=host); padded dispatch's rows are the capacity, known on the host.
   if (model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity) {
-    const ops::desc::GemmTypes types = std::is_same_v<T, double> ? ops::desc::GemmTypes::F64
-                                       : model_cfg_.bf16         ? ops::desc::GemmTypes::Bf16F32
-                                                                 : ops::desc::GemmTypes::F32;
+    const ops::desc::GemmTypes types = model_cfg_.bf16 && !std::is_same_v<T, double>
+                                           ? ops::desc::GemmTypes::Bf16F32
+                                           : ops::grouped_gemm_types<T>(exec_);  // TF32 under high
     const int64_t H = model_cfg_.hidden, F = model_cfg_.moe.ffn_hidden;
     const int64_t F1 = ops::activation_fc1_width(model_cfg_.activation, F);
     const bool host_tables = ops::grouped_gemm_path(types, F1, H) == ops::GroupedGemmPath::Host ||
@@ -1013,9 +1013,9 @@ void BasicTrainer<T>::print_header(std::ostream& log) const {
       add_mlp(model_cfg_.activation, model_cfg_.moe.ffn_hidden / etp);
       add_mlp(model_cfg_.activation, model_cfg_.moe.shared_ffn_hidden / tp);
     }
-    const ops::desc::GemmTypes types = std::is_same_v<T, double> ? ops::desc::GemmTypes::F64
-                                       : model_cfg_.bf16         ? ops::desc::GemmTypes::Bf16F32
-                                                                 : ops::desc::GemmTypes::F32;
+    const ops::desc::GemmTypes types = model_cfg_.bf16 && !std::is_same_v<T, double>
+                                           ? ops::desc::GemmTypes::Bf16F32
+                                           : ops::grouped_gemm_types<T>(exec_);  // TF32 under high
     fmt::print(log, "{}\n", ops::grouped_gemm_path_line(exec_, types, dims));
   }
   fmt::print(log, "[train] MFU = (6 * active matmul params + 3 * attention fwd FLOPs) * tokens/s "

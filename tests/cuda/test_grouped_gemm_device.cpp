@@ -246,6 +246,11 @@ TEST_F(DeviceGroupedGemm, SupportNamesWhatIsMissing) {
   std::string why;
   EXPECT_FALSE(device_grouped_gemm_supported(desc::GemmTypes::F32, 64, 64, &why));
   EXPECT_NE(why.find("bf16"), std::string::npos) << why;
+  // TF32 (--fp32-matmul-precision high): no kernel (wgmma's TF32 operands are K-major only and
+  // the MoE layer's dgrad and wgrad have MN-major ones), so the f32 grouped GEMMs keep the host
+  // tables, with TF32 (docs/gpu.md, "No TF32 kernel").
+  EXPECT_FALSE(device_grouped_gemm_supported(desc::GemmTypes::F32Tf32, 64, 64, &why));
+  EXPECT_NE(why.find("TF32"), std::string::npos) << why;
   EXPECT_FALSE(device_grouped_gemm_supported(desc::GemmTypes::Bf16F32, 64, 36, &why));
   EXPECT_NE(why.find("K=36"), std::string::npos) << why;
   EXPECT_TRUE(device_grouped_gemm_supported(desc::GemmTypes::Bf16F32, 200, 136, &why));

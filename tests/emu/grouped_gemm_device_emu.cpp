@@ -7,9 +7,11 @@
 // desc::column_major_gemm swaps it), so a table describing the host-table path's problems gives
 // its results bitwise.
 //
-// What it takes is what the CUTLASS backend will take: the project's three type combinations
-// (f32, f64, bf16 in / f32 out), N and K multiples of 16 bytes' worth of elements (bf16 8, f32
-// 4, f64 2: TMA's 16-byte rule for the operands' row strides and row offsets). With
+// What it takes: the project's type combinations (f32, f32 with TF32 products under
+// --fp32-matmul-precision high, f64, bf16 in / f32 out), N and K multiples of 16 bytes' worth of
+// elements (bf16 8, f32 and TF32 4, f64 2: TMA's 16-byte rule for the operands' row strides and
+// row offsets, which the CUDA build's CUTLASS backend has; that backend runs bf16 alone,
+// docs/gpu.md). With
 // MOECORE_EMU_GROUPED_GEMM=unsupported (read at every query) it answers "unsupported" instead,
 // as a build or a device without the backend does, so the callers' host-table path runs in the
 // emulated build too.
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +40,9 @@
 #include "core/check.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
+#include "emu/grouped_gemm_device_emu.h"
 #include "emu/stream_capture_emu.h"
+#include "ops/cuda/grouped_gemm_params_cache.h"
 
 namespace moecore::ops::cuda {
 
@@ -62,7 +67,10 @@ int64_t output_bytes(desc::GemmTypes t) {
   return t == desc::GemmTypes::F64 ? 8 : 4;
 }
 const char* types_name(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? "f64" : t == desc::GemmTypes::Bf16F32 ? "bf16" : "f32";
+  return t == desc::GemmTypes::F64       ? "f64"
+         : t == desc::GemmTypes::Bf16F32 ? "bf16"
+         : t == desc::GemmTypes::F32Tf32 ? "tf32"
+                                         : "f32";
 }
 
 bool forced_unsupported() {
@@ -88,6 +96,19 @@ Range matrix_range(const void* p, int64_t rows, int64_t cols, int64_t ld, int64_
 }
 bool overlap(Range x, Range y) {
   return !x.empty() && !y.empty() && x.lo < y.hi && y.lo < x.hi;
+}
+
+// The CUDA backend's cache of host-built kernel parameters (ops/cuda/grouped_gemm_params_cache.h),
+// modelled with the same keys and slots (nothing in them: the interpreter needs no parameters),
+// so that what a step of the emulated build would rebuild on a GPU is counted here
+// (grouped_gemm_device_emu.h).
+struct EmuParamsCache {
+  std::mutex mu;
+  GroupedGemmParamsCache<char> cache;
+};
+EmuParamsCache& params_cache() {
+  static EmuParamsCache c;
+  return c;
 }
 
 }  // namespace
@@ -116,6 +137,12 @@ size_t device_grouped_gemm_workspace_bytes(int64_t G) {
   return G > 0 ? static_cast<size_t>(G) * sizeof(EmuArgs) : 0;
 }
 
+void device_grouped_gemm_reserve_calls(int64_t calls) {
+  EmuParamsCache& c = params_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.cache.reserve(static_cast<size_t>(std::max<int64_t>(calls, 0)));
+}
+
 void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
                          int64_t G, float beta, void* workspace, size_t workspace_bytes) {
   // The library's own work is the device's, not the host's (--sync-audit), its host staging too.
@@ -137,6 +164,12 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
             "[emu] device grouped GEMM called while MOECORE_EMU_GROUPED_GEMM=unsupported: the "
             "caller must ask device_grouped_gemm_supported first and keep its host-table path");
   if (G == 0) return;
+  {
+    EmuParamsCache& c = params_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    const GroupedGemmParamsKey key{workspace, G, beta, 0};
+    if (c.cache.find(key) == nullptr) c.cache.keep(key, [](char&) {});
+  }
   const size_t table_bytes = static_cast<size_t>(G) * sizeof(GroupedGemmProblem);
   const size_t need = device_grouped_gemm_workspace_bytes(G);
   emu::check_device_range("device grouped GEMM: the problem table", problems, table_bytes);
@@ -198,6 +231,13 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
                                                                          : desc::BlasDataType::R32F;
   const desc::BlasDataType out_type =
       types == desc::GemmTypes::F64 ? desc::BlasDataType::R64F : desc::BlasDataType::R32F;
+  // F32Tf32: the TF32 model of the emulated cuBLASLt (common/blas_interpreter.h: each f32 input
+  // rounded to TF32, exact products, f32 sums in k order), so a table of the host-table path's
+  // problems gives its TF32 results bitwise, as for the other types.
+  const desc::BlasComputeType compute = types == desc::GemmTypes::F64 ? desc::BlasComputeType::F64
+                                        : types == desc::GemmTypes::F32Tf32
+                                            ? desc::BlasComputeType::F32FastTf32
+                                            : desc::BlasComputeType::F32;
   // Every operand range first (nothing is written before the whole call is known valid).
   std::vector<std::pair<Range, int64_t>> d_ranges;  // D of each problem that writes one
   for (int64_t g = 0; g < G; ++g) {
@@ -253,10 +293,21 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
     std::memcpy(&e, args + g, sizeof e);
     if (e.m == 0 || e.n == 0) continue;
     const bool ta = e.trans & 1, tb = e.trans & 2;
-    testing::blas_gemm_colmajor(
-        tb ? desc::BlasOp::T : desc::BlasOp::N, ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m,
-        e.k, 1.0, in_type, e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd);
+    testing::blas_gemm_colmajor(tb ? desc::BlasOp::T : desc::BlasOp::N,
+                                ta ? desc::BlasOp::T : desc::BlasOp::N, e.n, e.m, e.k, 1.0, in_type,
+                                e.b, e.ldb, in_type, e.a, e.lda, double(beta), out_type, e.d, e.ldd,
+                                compute);
   }
 }
 
 }  // namespace moecore::ops::cuda
+
+namespace moecore::emu {
+
+GroupedGemmParamsCounts grouped_gemm_params_counts() {
+  ops::cuda::EmuParamsCache& c = ops::cuda::params_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.cache.slots(), c.cache.misses()};
+}
+
+}  // namespace moecore::emu

@@ -6,6 +6,10 @@
 //   the forward in both weight layouts, the dgrad and the wgrad, f32, f64 and bf16, empty experts
 //   first, last, in the middle and all, more experts than a warp; the rows past the last group,
 //   the dw of empty experts and the workspace's tail untouched;
+// - TF32 (--fp32-matmul-precision high, GemmTypes::F32Tf32) on full-mantissa inputs: bitwise the
+//   host tables' TF32 results, directly and through the switch of ops/gemm.h;
+// - the CUDA backend's parameter cache (ops/cuda/grouped_gemm_params_cache.h): its policy, and the
+//   plan's count of distinct calls reaching the emulated backend's model of it;
 // - what it takes (the project's types, N and K multiples of 16 bytes' worth of elements) and the
 //   override MOECORE_EMU_GROUPED_GEMM=unsupported;
 // - strict: a table, workspace or operand outside one device allocation, misaligned operands,
@@ -20,6 +24,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,8 +32,11 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "emu/device_memory_emu.h"
+#include "emu/grouped_gemm_device_emu.h"
 #include "ops/cuda/grouped_gemm_device.h"
+#include "ops/cuda/grouped_gemm_params_cache.h"
 #include "ops/desc/grouped_gemm_desc.h"
+#include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
 #include "ops/grouped_gemm_tables.h"
 
@@ -66,13 +74,15 @@ size_t out_bytes(GemmTypes t) {
   return size_t(ops::gemm_output_bytes(t));
 }
 
-// n small integers (exact in every type) in the type's bytes.
-std::vector<unsigned char> values(size_t n, size_t elem, uint32_t seed) {
+// n small integers (exact in every type) in the type's bytes; `real`: full-mantissa f32 values
+// in [-1, 1] instead (TF32's rounding of the inputs shows in the products).
+std::vector<unsigned char> values(size_t n, size_t elem, uint32_t seed, bool real = false) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> u(-8, 8);
+  std::uniform_real_distribution<float> r(-1.f, 1.f);
   std::vector<unsigned char> v(n * elem);
   for (size_t i = 0; i < n; ++i) {
-    const float x = float(u(rng)) * 0.25f;
+    const float x = real ? r(rng) : float(u(rng)) * 0.25f;
     if (elem == 8) {
       const double y = x;
       std::memcpy(v.data() + i * 8, &y, 8);
@@ -94,7 +104,7 @@ struct Call {
 
 // One call of the CUDA path on device buffers vs the host-table descriptors on host copies.
 void check_against_host_tables(GemmTypes types, const std::vector<int64_t>& m_G, int64_t N,
-                               int64_t K, Call c, uint32_t seed) {
+                               int64_t K, Call c, uint32_t seed, bool real = false) {
   const int64_t G = int64_t(m_G.size());
   const int64_t rows = std::accumulate(m_G.begin(), m_G.end(), int64_t{0});
   SCOPED_TRACE(::testing::Message() << c.name << " types " << int(types) << " G=" << G
@@ -105,8 +115,8 @@ void check_against_host_tables(GemmTypes types, const std::vector<int64_t>& m_G,
   const size_t a_n = size_t((rows + extra) * (wgrad ? N : K)),
                b_n = size_t(wgrad ? (rows + extra) * K : G * N * K),
                d_n = size_t(wgrad ? G * N * K : (rows + extra) * N);
-  const auto a = values(a_n, ib, seed), b = values(b_n, ib, seed + 1),
-             d0 = values(d_n, ob, seed + 2);
+  const auto a = values(a_n, ib, seed, real), b = values(b_n, ib, seed + 1, real),
+             d0 = values(d_n, ob, seed + 2, real);
   // The host-table path: cuBLAS's grouped call as the descriptor states it.
   const ops::desc::GroupedBatchedDesc desc =
       wgrad ? ops::desc::grouped_batched_wgrad(types, m_G.data(), G, N, K)
@@ -159,6 +169,177 @@ TEST(EmuGroupedGemmDevice, BitwiseTheHostTables) {
   }
 }
 
+// --fp32-matmul-precision high (GemmTypes::F32Tf32): the inputs rounded to TF32 as the emulated
+// cuBLASLt rounds them, so on full-mantissa values the device tables give the host tables' TF32
+// results bitwise (the f32 model, which sums exact products in double, gives other bits).
+TEST(EmuGroupedGemmDevice, Tf32BitwiseTheHostTablesTf32) {
+  if (!shared_mode()) GTEST_SKIP() << "device memory is strict in this process";
+  const Call calls[] = {{GroupedGemmForm::Forward, false, "forward, w [G, K, N]"},
+                        {GroupedGemmForm::Forward, true, "forward, w [G, N, K]"},
+                        {GroupedGemmForm::Wgrad, false, "wgrad"}};
+  uint32_t seed = 501;
+  const std::vector<std::vector<int64_t>> loads = {{0, 5, 0, 3}, {3, 1, 4, 1, 5, 9}};
+  for (const std::vector<int64_t>& m : loads) {
+    for (const Call& c : calls) {
+      check_against_host_tables(GemmTypes::F32Tf32, m, 16, 24, c, seed += 3, true);
+      if (c.form == GroupedGemmForm::Forward) {
+        check_against_host_tables(GemmTypes::F32Tf32, m, 24, 16, {c.form, !c.trans_w, "dgrad"},
+                                  seed += 3, true);
+      }
+    }
+  }
+}
+
+// The switch of ops/gemm.h under --fp32-matmul-precision high: the f32 grouped GEMMs (forward
+// and wgrad, an expert without rows in the middle) take the device tables with TF32 products,
+// bitwise the host tables' TF32 results; back at highest, the full f32 ones.
+TEST(EmuGroupedGemmDevice, HighPrecisionTakesTheDeviceTablesWithTf32) {
+  if (!shared_mode()) GTEST_SKIP() << "device memory is strict in this process";
+  struct High {  // the process's setting for this test, restored after it
+    High() { ops::set_f32_matmul_precision(ops::F32MatmulPrecision::High); }
+    ~High() { ops::set_f32_matmul_precision(ops::F32MatmulPrecision::Highest); }
+  } high;
+  const std::vector<int64_t> m_G = {5, 0, 9};
+  const int64_t G = 3, N = 16, K = 24, rows = 14;
+  const Exec ex{Device::CUDA, nullptr};
+  ASSERT_EQ(ops::grouped_gemm_types<float>(ex), GemmTypes::F32Tf32);
+  ASSERT_EQ(ops::grouped_gemm_path(GemmTypes::F32Tf32, N, K), ops::GroupedGemmPath::Device);
+  const auto x = values(size_t(rows * K), 4, 71, true), w = values(size_t(G * N * K), 4, 72, true),
+             dy = values(size_t(rows * N), 4, 73, true),
+             dw0 = values(size_t(G * N * K), 4, 74, true);
+  // What the host tables compute (the cuBLAS stand-in's interpreter) for `types`.
+  const auto host_tables = [&](GemmTypes types, bool wgrad) {
+    std::vector<unsigned char> d = wgrad ? dw0 : std::vector<unsigned char>(size_t(rows * N) * 4);
+    const ops::desc::GroupedBatchedDesc desc =
+        wgrad ? ops::desc::grouped_batched_wgrad(types, m_G.data(), G, N, K)
+              : ops::desc::grouped_batched_forward(types, m_G.data(), G, N, K, true);
+    const auto& a = wgrad ? dy : x;
+    const auto& b = wgrad ? x : w;
+    const auto slot = [&](ops::desc::GemmOperand o) -> const void* {
+      return o == ops::desc::GemmOperand::A ? a.data() : b.data();
+    };
+    testing::gemm_grouped_batched(desc, slot(desc.a_operand), slot(desc.b_operand), d.data());
+    return d;
+  };
+  DevBuf dx(x.size()), dwt(w.size()), ddy(dy.size()), dy_out(size_t(rows * N) * 4), ddw(dw0.size()),
+      dm(size_t(G) * 8);
+  std::memcpy(dx.p, x.data(), x.size());
+  std::memcpy(dwt.p, w.data(), w.size());
+  std::memcpy(ddy.p, dy.data(), dy.size());
+  std::memcpy(dm.p, m_G.data(), size_t(G) * 8);
+  const int64_t ws_bytes = ops::grouped_gemm_workspace_bytes(ex, G);
+  ASSERT_GT(ws_bytes, 0);
+  DevBuf dws{size_t(ws_bytes)};
+  const ops::GroupedGemmWorkspace ws{static_cast<std::byte*>(dws.p), ws_bytes};
+  const auto* mp = static_cast<const int64_t*>(dm.p);
+  const auto run = [&] {
+    std::memset(dy_out.p, 0, dy_out.bytes);
+    std::memcpy(ddw.p, dw0.data(), dw0.size());
+    ops::grouped_gemm<float>(ex, mp, G, N, K, static_cast<const float*>(dx.p),
+                             static_cast<const float*>(dwt.p), true, static_cast<float*>(dy_out.p),
+                             ws);
+    ops::grouped_gemm_wgrad<float>(ex, mp, G, N, K, static_cast<const float*>(ddy.p),
+                                   static_cast<const float*>(dx.p), static_cast<float*>(ddw.p), ws);
+  };
+  run();
+  EXPECT_EQ(std::memcmp(dy_out.p, host_tables(GemmTypes::F32Tf32, false).data(), dy_out.bytes), 0)
+      << "the forward under high is not the host tables' TF32 result";
+  EXPECT_EQ(std::memcmp(ddw.p, host_tables(GemmTypes::F32Tf32, true).data(), ddw.bytes), 0)
+      << "the wgrad under high is not the host tables' TF32 result";
+  ops::set_f32_matmul_precision(ops::F32MatmulPrecision::Highest);
+  run();
+  EXPECT_EQ(std::memcmp(dy_out.p, host_tables(GemmTypes::F32, false).data(), dy_out.bytes), 0)
+      << "the forward at highest is not the full f32 result";
+  EXPECT_NE(std::memcmp(dy_out.p, host_tables(GemmTypes::F32Tf32, false).data(), dy_out.bytes), 0)
+      << "TF32 and f32 agree bitwise: the inputs do not show TF32's rounding";
+}
+
+// The CUDA backend's parameter cache (ops/cuda/grouped_gemm_params_cache.h), its policy alone: a
+// step of 24 layers x (forward, dgrad, wgrad) makes 48 distinct calls (the forward and dgrad share
+// beta 0); with the default 32 slots the least recently used call goes first, so every step
+// misses every call; with the slots reserved for the step's 48, only the first step builds any.
+// A build that throws keeps nothing.
+TEST(GroupedGemmParamsCache, ReservedForAStepsCallsOnlyTheFirstStepBuilds) {
+  using Cache = ops::cuda::GroupedGemmParamsCache<int>;
+  using Key = ops::cuda::GroupedGemmParamsKey;
+  std::vector<char> ws(64);
+  const int layers = 24;
+  const auto step = [&](Cache& c) {
+    for (int l = 0; l < layers; ++l) {
+      for (float beta : {0.f, 0.f, 1.f}) {
+        const Key k{ws.data() + l, 8, beta, 0};
+        const int want = l * 2 + int(beta);
+        const int* p = c.find(k);
+        if (p == nullptr) p = &c.keep(k, [&](int& v) { v = want; });
+        EXPECT_EQ(*p, want) << "layer " << l << " beta " << beta;
+      }
+    }
+  };
+  Cache unplanned;
+  ASSERT_LT(unplanned.slots(), size_t(2 * layers));
+  for (int i = 0; i < 3; ++i) step(unplanned);
+  EXPECT_EQ(unplanned.misses(), uint64_t(3 * 2 * layers)) << "more calls than slots: all miss";
+  Cache planned;
+  planned.reserve(size_t(2 * layers));
+  EXPECT_EQ(planned.slots(), size_t(2 * layers));
+  planned.reserve(4);  // never shrinks
+  EXPECT_EQ(planned.slots(), size_t(2 * layers));
+  step(planned);
+  EXPECT_EQ(planned.misses(), uint64_t(2 * layers));
+  step(planned);
+  step(planned);
+  EXPECT_EQ(planned.misses(), uint64_t(2 * layers)) << "a step after the first rebuilt parameters";
+  const Key k{ws.data(), 9, 0.f, 0};
+  EXPECT_THROW(planned.keep(k, [](int&) { throw std::runtime_error("driver refused"); }),
+               std::runtime_error);
+  EXPECT_EQ(planned.find(k), nullptr);
+}
+
+// The plan's count reaches the backend: every workspace sized on a context that runs reserves
+// its two calls (beta 0 and 1) in the cache the emulated backend models, so a step over 24
+// layers' workspaces, forward, dgrad and wgrad each, builds every call's parameters once, in its
+// first step. A sizing pass's context (no stream) reserves nothing.
+TEST(EmuGroupedGemmDevice, PlannedWorkspacesKeepEveryCallOfAStep) {
+  if (!shared_mode()) GTEST_SKIP() << "device memory is strict in this process";
+  const int64_t G = 7;  // no other test of this file calls with 7 problems (no key of theirs)
+  const int layers = 24;
+  const emu::GroupedGemmParamsCounts start = emu::grouped_gemm_params_counts();
+  const Exec sizing{Device::CUDA, nullptr};
+  for (int l = 0; l < layers; ++l) ASSERT_GT(ops::grouped_gemm_workspace_bytes(sizing, G), 0);
+  EXPECT_EQ(emu::grouped_gemm_params_counts().slots, start.slots) << "a sizing pass reserved";
+  int stream_tag = 0;
+  const Exec runs{Device::CUDA, &stream_tag};
+  for (int l = 0; l < layers; ++l) ASSERT_GT(ops::grouped_gemm_workspace_bytes(runs, G), 0);
+  EXPECT_GE(emu::grouped_gemm_params_counts().slots, size_t(2 * layers));
+
+  // Each layer's calls from its own workspace, over a table of experts without rows.
+  DevBuf table(size_t(G) * sizeof(GroupedGemmProblem));
+  for (int64_t g = 0; g < G; ++g) {
+    GroupedGemmProblem p;
+    p.lda = p.ldb = p.ldd = 1;
+    std::memcpy(table.bytes_ptr() + g * int64_t(sizeof p), &p, sizeof p);
+  }
+  const size_t ws_bytes = (ops::cuda::device_grouped_gemm_workspace_bytes(G) + 63) / 64 * 64;
+  DevBuf ws(ws_bytes * size_t(layers));
+  const Exec ex{Device::CUDA, nullptr};
+  const auto step = [&] {
+    for (int l = 0; l < layers; ++l) {
+      for (float beta : {0.f, 0.f, 1.f}) {  // forward, dgrad, wgrad
+        ops::cuda::device_grouped_gemm(ex, GemmTypes::F32,
+                                       static_cast<const GroupedGemmProblem*>(table.p), G, beta,
+                                       ws.bytes_ptr() + size_t(l) * ws_bytes, ws_bytes);
+      }
+    }
+  };
+  step();
+  const uint64_t first = emu::grouped_gemm_params_counts().built - start.built;
+  EXPECT_EQ(first, uint64_t(2 * layers));
+  step();
+  step();
+  EXPECT_EQ(emu::grouped_gemm_params_counts().built - start.built, first)
+      << "steps after the first rebuilt the parameters of some calls";
+}
+
 TEST(EmuGroupedGemmDevice, TakesTheProjectTypesAtSixteenByteAlignment) {
   std::string why;
   EXPECT_TRUE(ops::cuda::device_grouped_gemm_supported(GemmTypes::Bf16F32, 8, 16, &why));
@@ -166,6 +347,9 @@ TEST(EmuGroupedGemmDevice, TakesTheProjectTypesAtSixteenByteAlignment) {
   EXPECT_NE(why.find("multiples of 8"), std::string::npos) << why;
   EXPECT_TRUE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F32, 12, 4, nullptr));
   EXPECT_FALSE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F32, 6, 4, nullptr));
+  EXPECT_TRUE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F32Tf32, 12, 4, nullptr));
+  EXPECT_FALSE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F32Tf32, 12, 6, &why));
+  EXPECT_NE(why.find("tf32"), std::string::npos) << why;
   EXPECT_TRUE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F64, 6, 2, nullptr));
   EXPECT_FALSE(ops::cuda::device_grouped_gemm_supported(GemmTypes::F64, 7, 2, nullptr));
   EXPECT_EQ(ops::cuda::device_grouped_gemm_workspace_bytes(0), 0u);

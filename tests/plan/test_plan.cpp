@@ -18,6 +18,7 @@
 #include "common/testing.h"
 #include "documented_figure.h"
 #include "model/gpt_model.h"
+#include "ops/cuda/reduce_workspace.h"
 #include "ops/gemm_bf16.h"
 #include "plan/layout_search.h"
 #include "plan/param_count.h"
@@ -524,6 +525,39 @@ TEST(PlanMemory, ContextParallelActivationsAndKvBlocks) {
   EXPECT_DOUBLE_EQ(kv_line(p2p), 4 * kv_block);
   EXPECT_DOUBLE_EQ(kv_line(p2p4), 4 * kv_block / 2);
   EXPECT_DOUBLE_EQ(kv_line(gather4), 2.5 * 4 * kv_block / 2);
+}
+
+// A CUDA plan counts the multi-block reductions' scratch (ops/cuda/reduce_workspace.h, one
+// block for the trainer's one stream, outside the arena): a formula line of the workspace (so the
+// stage's total counts it beside the arena's plan), on the formula path and on the trainer's
+// planning pass alike; the same layout planned for the CPU has no such line.
+TEST(PlanMemory, CudaPlansCountTheReductionsScratch) {
+  const ModelSpec m = shipped("mixtral-8x7b");
+  const auto scratch = [](const StageMemory& st) {
+    double bytes = 0;
+    for (const MemLine& l : st.lines) {
+      if (l.what.rfind("reductions' scratch", 0) == 0) {
+        EXPECT_EQ(l.part, MemPart::Workspace);
+        EXPECT_FALSE(l.formula.empty());
+        bytes += l.bytes;
+      }
+    }
+    return bytes;
+  };
+  for (int tp : {1, 2}) {  // the trainer's pass (TP 1) and the formula path (TP 2)
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    RunSpec r;
+    r.bf16 = true;
+    r.parallel.tp = tp;
+    r.parallel.ep = 8;
+    Hardware gpu = hardware_preset("h100"), cpu = gpu;
+    cpu.device = Device::CPU;
+    const StageMemory on_gpu = plan_memory(m, r, 8 * tp, gpu).stages[0];
+    const StageMemory on_cpu = plan_memory(m, r, 8 * tp, cpu).stages[0];
+    EXPECT_EQ(on_gpu.from_arena, tp == 1);
+    EXPECT_EQ(scratch(on_gpu), double(ops::cuda::kReduceWorkspaceBytes));
+    EXPECT_EQ(scratch(on_cpu), 0.0);
+  }
 }
 
 // Context parallelism through the trainer's sizing pass (what `moecore plan` uses without TP):

@@ -27,11 +27,11 @@
 //      stops the stream with a trap (the error surfaces at the next synchronisation).
 // CUTLASS's kernel parameters (TMA descriptor templates, built on the host by the driver) depend
 // only on the workspace address, G, beta and the device: they are built on a call's first use and
-// kept in a small cache, so a repeated call costs the two launches.
+// kept in a cache with a slot per distinct call the plan counted
+// (ops/cuda/grouped_gemm_params_cache.h), so a repeated call costs the two launches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -47,6 +47,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "ops/cuda/grouped_gemm_device.h"
+#include "ops/cuda/grouped_gemm_params_cache.h"
 #include "ops/cuda/launch.cuh"
 
 namespace moecore::ops::cuda {
@@ -367,22 +368,17 @@ void initialize_cutlass_workspace(const gg::Layout& l, char* ws, int64_t G, floa
       std::string("[gemm] the device grouped GEMM's workspace: ") + cutlassGetStatusString(st));
 }
 
-// The parameters of recent calls, by (workspace, G, beta, device): built once each (the TMA
-// descriptor templates come from the driver), in fixed storage (a call allocates nothing).
-struct CachedParams {
-  const void* workspace = nullptr;
-  int64_t G = -1;
-  float beta = 0.f;
-  int device = -1;
+// The parameters of the calls, by (workspace, G, beta, device): built once each (the TMA
+// descriptor templates come from the driver), in fixed storage (a call allocates nothing), as
+// many as the plan's distinct calls (ops/cuda/grouped_gemm_params_cache.h).
+struct CallParams {
   gg::FusedParams params;
   dim3 grid;
 };
-constexpr int kCacheSlots = 32;
 
 struct ParamsCache {
   std::mutex mutex;
-  std::array<CachedParams, kCacheSlots> slots;
-  int next = 0;
+  GroupedGemmParamsCache<CallParams> calls;
   uint64_t smem_attribute_set = 0;  // bit d: the kernel's shared-memory size is set on device d
 };
 ParamsCache& params_cache() {
@@ -394,7 +390,16 @@ ParamsCache& params_cache() {
 
 bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why) {
   std::string reason;
-  if (types != desc::GemmTypes::Bf16F32) {
+  if (types == desc::GemmTypes::F32Tf32) {
+    // wgmma reads TF32 operands K-major only, and CUTLASS's sm90 pointer-array builders
+    // transpose no 4-byte operand (their register-sourced mainloop, which would, is built for
+    // mixed input types only): the MoE layer's dgrad or forward (B stored [k,n]) and its wgrad
+    // (A and B stored [k, ...]) have no TF32 kernel here (docs/gpu.md).
+    reason =
+        "TF32 (--fp32-matmul-precision high) has no kernel: CUTLASS's sm90a pointer-array "
+        "grouped GEMM takes TF32 operands K-major only, and the MoE layer's dgrad and wgrad "
+        "read N- or M-major operands";
+  } else if (types != desc::GemmTypes::Bf16F32) {
     reason = "its CUTLASS kernel takes bf16 operands with f32 output only (--bf16)";
   } else if (N % 8 != 0 || K % 8 != 0) {
     reason = "TMA needs 16-byte aligned rows: N=" + std::to_string(N) +
@@ -411,6 +416,12 @@ size_t device_grouped_gemm_workspace_bytes(int64_t G) {
   MOE_KERNEL_CHECK(G >= 0 && G <= INT32_MAX,
                    "[gemm] device grouped GEMM over G=" + std::to_string(G) + " problems");
   return layout_of(G, sm_count_for_sizing()).total;
+}
+
+void device_grouped_gemm_reserve_calls(int64_t calls) {
+  ParamsCache& cache = params_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.calls.reserve(static_cast<size_t>(std::max<int64_t>(calls, 0)));
 }
 
 void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGemmProblem* problems,
@@ -446,33 +457,23 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
 
   ParamsCache& cache = params_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  CachedParams* hit = nullptr;
-  for (CachedParams& s : cache.slots) {
-    if (s.workspace == workspace && s.G == G && s.beta == beta && s.device == facts.device) {
-      hit = &s;
-      break;
-    }
-  }
+  const GroupedGemmParamsKey key{workspace, G, beta, facts.device};
+  const CallParams* hit = cache.calls.find(key);
   if (hit == nullptr) {
-    hit = &cache.slots[static_cast<size_t>(cache.next)];
-    cache.next = (cache.next + 1) % kCacheSlots;
-    const int g = static_cast<int>(G);
-    hit->workspace = nullptr;  // invalid until filled
-    hit->params.form = reinterpret_cast<const int32_t*>(ws + l.form);
-    hit->params.nt = params_of<gg::FormNT>(l, ws, g, beta, facts.device, facts.sm_count);
-    hit->params.nn = params_of<gg::FormNN>(l, ws, g, beta, facts.device, facts.sm_count);
-    hit->params.tn = params_of<gg::FormTN>(l, ws, g, beta, facts.device, facts.sm_count);
-    const dim3 grid = gg::FormNT::get_grid_shape(hit->params.nt);
-    const dim3 grid_nn = gg::FormNN::get_grid_shape(hit->params.nn);
-    const dim3 grid_tn = gg::FormTN::get_grid_shape(hit->params.tn);
-    MOE_KERNEL_CHECK(grid.x == grid_nn.x && grid.y == grid_nn.y && grid.x == grid_tn.x &&
-                         grid.y == grid_tn.y && grid.z == grid_nn.z && grid.z == grid_tn.z,
-                     "[gemm] the device grouped GEMM's three forms want different grids");
-    hit->grid = grid;
-    hit->G = G;
-    hit->beta = beta;
-    hit->device = facts.device;
-    hit->workspace = workspace;
+    hit = &cache.calls.keep(key, [&](CallParams& c) {
+      const int g = static_cast<int>(G);
+      c.params.form = reinterpret_cast<const int32_t*>(ws + l.form);
+      c.params.nt = params_of<gg::FormNT>(l, ws, g, beta, facts.device, facts.sm_count);
+      c.params.nn = params_of<gg::FormNN>(l, ws, g, beta, facts.device, facts.sm_count);
+      c.params.tn = params_of<gg::FormTN>(l, ws, g, beta, facts.device, facts.sm_count);
+      const dim3 grid = gg::FormNT::get_grid_shape(c.params.nt);
+      const dim3 grid_nn = gg::FormNN::get_grid_shape(c.params.nn);
+      const dim3 grid_tn = gg::FormTN::get_grid_shape(c.params.tn);
+      MOE_KERNEL_CHECK(grid.x == grid_nn.x && grid.y == grid_nn.y && grid.x == grid_tn.x &&
+                           grid.y == grid_tn.y && grid.z == grid_nn.z && grid.z == grid_tn.z,
+                       "[gemm] the device grouped GEMM's three forms want different grids");
+      c.grid = grid;
+    });
   }
   // The CUTLASS workspace's own preparation, in stream order: nothing for these kernels (the
   // kernel writes its per-SM TMA descriptor copies itself), asked all the same.

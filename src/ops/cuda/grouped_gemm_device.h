@@ -41,6 +41,12 @@ static_assert(sizeof(GroupedGemmProblem) == 72, "the table's layout is shared wi
 bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, std::string* why);
 // The device workspace a call over G problems needs (the library's argument arrays), in bytes.
 size_t device_grouped_gemm_workspace_bytes(int64_t G);
+// Keeps the host-built parameters of at least `calls` distinct calls (workspace, G, beta) for the
+// process (the CUTLASS backend's kernel parameters, TMA descriptors among them, built on a call's
+// first use): the plan's count of the distinct calls a step makes, so that after its first step
+// no call rebuilds them. Never shrinks. Allocates host memory: call it while planning, before a
+// step. Nothing to keep in the other backends.
+void device_grouped_gemm_reserve_calls(int64_t calls);
 // Runs the G problems of `problems` (G entries in device memory, written on ex's stream before
 // this call) on ex's stream. beta: 0 (D assigned) or 1 (D added to). workspace: device memory of
 // at least device_grouped_gemm_workspace_bytes(G), 64-byte aligned (the arena's blocks are); calls
