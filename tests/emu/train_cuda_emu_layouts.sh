@@ -20,10 +20,11 @@ padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 # One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
 # CUDA run's per-step values and digest; "@sync-free" requires its audited steps to count no host
 # sync at all (train_cuda_emu.sh --sync-free): every layout without a count exchange, EP's padded
-# all-to-all dispatch included (static splits; the grouped GEMMs from device tables). The
-# all-gather dispatcher keeps its documented token-count exchange, padded or not
-# (SyncAudit::kEpTokenCounts: the host sizes the gathers), and dropless expert parallelism its
-# count exchange (kEpCountExchange), also over the expert-TP group of TP + SP.
+# dispatch included, both dispatchers (static splits, token counts and capacities known on every
+# rank; the grouped GEMMs from device tables). Dropless, the all-gather dispatcher keeps its
+# documented token-count exchange (SyncAudit::kEpTokenCounts: the host sizes the gathers), and the
+# all-to-all dispatcher its count exchange (kEpCountExchange), also over the expert-TP group of
+# TP + SP.
 layouts=()
 # PP and CP need 2 layers (a stage each; the ring's chunks) and lengths divisible by 2 cp.
 two=(--num-layers 2)
@@ -33,7 +34,7 @@ case "$np" in
        "ep2-alltoall --expert-model-parallel-size 2"
        "ep2-alltoall-padded @sync-free --expert-model-parallel-size 2 ${padded[*]}"
        "ep2-allgather --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
-       "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
+       "ep2-allgather-padded @sync-free --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
        "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
        "pp2 @sync-free ${two[*]} --pipeline-model-parallel-size 2"
