@@ -567,16 +567,20 @@ TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
       }
 }
 
-// --moe-shared-expert-overlap: the shared expert's forward runs while the dispatch's all-to-all
-// is in flight, its backward while the combine backward's is (counted by the layer from the
-// dispatcher's pending handles: seen between the start and the wait), and the layer's output,
-// input gradient and every parameter gradient are bitwise those without the flag. EP 2, EP 4
-// and ETP 2 x EP 2, dropless and padded, plain and gated shared expert; one rank (the local
-// dispatcher, nothing in flight) the same, bitwise, with nothing counted.
+// --moe-shared-expert-overlap: the shared expert's four pieces run while the dispatcher's
+// collectives are in flight: fc1 with the dispatch, fc2 with the combine, fc2's backward with
+// the combine's backward, fc1's backward with the dispatch's backward (each window counted by
+// the layer from the dispatcher's pending handles: seen between the start and the wait), and
+// the layer's output, input gradient and every parameter gradient are bitwise those without the
+// flag. EP 2, EP 4 and ETP 2 x EP 2 (the alltoall dispatcher: the configuration refuses the
+// overlap with the all-gather one, as Megatron does), dropless and padded, plain and gated
+// shared expert; one rank (the local dispatcher, nothing in flight) the same, bitwise, with
+// nothing counted.
 TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
   std::vector<ProcessGroups*> all = layouts();
   if (g_etp2 != nullptr) all.push_back(g_etp2);
   all.push_back(nullptr);  // one rank
+  const DispatcherType type = DispatcherType::AlltoAll;
   for (ProcessGroups* g : all)
     for (bool pad : {false, true})
       for (bool gate : {false, true}) {
@@ -585,8 +589,9 @@ TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
                      << (g != nullptr ? "EP=" + std::to_string(g->degrees().ep) +
                                             " ETP=" + std::to_string(g->degrees().etp)
                                       : std::string("one rank"))
-                     << (pad ? " padded" : " dropless") << (gate ? " gated" : ""));
-        ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, DispatcherType::AlltoAll);
+                     << " " << dispatcher_type_name(type) << (pad ? " padded" : " dropless")
+                     << (gate ? " gated" : ""));
+        ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, type);
         cfg.moe.router.pad_to_capacity = pad;
         cfg.moe.shared_expert_gate = gate;
         const int64_t n = 5 + me, H = cfg.hidden;
@@ -599,10 +604,14 @@ TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
         EXPECT_TRUE(overlap.layer->overlaps_shared_expert());
         const auto& none = plain.layer->shared_expert_overlaps();
         const auto& seen = overlap.layer->shared_expert_overlaps();
-        EXPECT_EQ(none.forward + none.backward, 0);
+        EXPECT_EQ(none.dispatch + none.combine + none.combine_backward + none.dispatch_backward,
+                  0);
         const int64_t in_flight = g != nullptr ? 1 : 0;  // the local dispatcher sends nothing
-        EXPECT_EQ(seen.forward, in_flight) << "shared expert forwards during the dispatch";
-        EXPECT_EQ(seen.backward, in_flight) << "shared expert backwards during the combine's";
+        EXPECT_EQ(seen.dispatch, in_flight) << "shared fc1 during the dispatch";
+        EXPECT_EQ(seen.combine, in_flight) << "shared fc2 during the combine";
+        EXPECT_EQ(seen.combine_backward, in_flight) << "shared fc2 backward during the combine's";
+        EXPECT_EQ(seen.dispatch_backward, in_flight)
+            << "shared fc1 backward during the dispatch's";
         EXPECT_EQ(overlap.y, plain.y) << "output";
         EXPECT_EQ(overlap.dx, plain.dx) << "input grad";
         ASSERT_EQ(overlap.params.params().size(), plain.params.params().size());
