@@ -194,9 +194,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->group(kMoe);
   app.add_flag("--moe-shared-expert-overlap", m.moe.shared_expert_overlap,
                "Compute the shared expert while the alltoall dispatcher's all-to-alls are in "
-               "flight (its forward during the dispatch's, its backward during the combine "
-               "backward's); bitwise the same results. Needs --moe-token-dispatcher-type "
-               "alltoall; no effect without a shared expert or at EP 1")
+               "flight (fc1 during the dispatch's, fc2 during the combine's; fc2's backward "
+               "during the combine backward's, fc1's during the dispatch backward's); bitwise "
+               "the same results. Needs --moe-token-dispatcher-type alltoall; no effect without "
+               "a shared expert or at EP 1")
       ->group(kMoe);
   app.add_option("--moe-layer-freq", f.moe_layer_freq, "N, or a list like ([0]*1+[1]*3)")
       ->group(kMoe);

@@ -5,6 +5,7 @@
 #include "moe/allgather_dispatcher.h"
 
 #include <algorithm>
+#include <optional>
 #include <span>
 
 #include "core/check.h"
@@ -76,10 +77,20 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
                                                  int64_t pad_to_rows) {
   MOE_CHECK(n_tok <= max_tokens_, "[dispatcher] {} tokens > planned maximum {}", n_tok,
             max_tokens_);
-  // The documented sync point of this dispatcher: the host reads every rank's token count, and
-  // the row count of the plan, to size the gathers and the experts' launch.
-  SyncAudit::Point point(SyncAudit::kEpTokenCounts);
-  {
+  // Dropless: the documented sync point of this dispatcher, the host reads every rank's token
+  // count, and the row count of the plan, to size the gathers and the experts' launch. Padded
+  // (--moe-pad-expert-input-to-capacity): every rank of the group runs the same micro-batch shape
+  // and pads every expert to the same capacity (the all-to-all dispatcher's static splits rest on
+  // the same), so both are known here and so is N: no exchange, no host sync, a plan that a CUDA
+  // graph can hold.
+  std::optional<SyncAudit::Point> point;
+  if (pad_to_rows > 0) {
+    for (int64_t r = 0; r < R_; ++r) {
+      meta_R2_[2 * r] = n_tok;
+      meta_R2_[2 * r + 1] = pad_to_rows;
+    }
+  } else {
+    point.emplace(SyncAudit::kEpTokenCounts);
     ScopedPhase phase(Phase::Communication);
     const int64_t meta[2] = {n_tok, pad_to_rows};
     ep_host_.all_gather(std::span<const int64_t>(meta, 2), meta_R2_);
@@ -118,6 +129,7 @@ const DispatchPlan& AllGatherDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, i
   g.R = R_, g.me = me_, g.L = L_, g.first = ep_rank_ * L_, g.K = K_;
   g.max_rows = max_rows(max_tokens_);
   g.G = G;
+  g.known_rows = pad_to_rows > 0 ? L_ * R_ * pad_to_rows : 0;
   const int64_t N = ops::build_group_permutation(*ex_, plan_.tokens_per_expert_L, row_token_N_,
                                                  row_slot_N_, group_rows_GK_, cnt_LR_, pads_, g);
   if (N > g.max_rows) {

@@ -3,7 +3,8 @@
 // for its local experts, and after the experts scatters each token's local copies (summed in
 // slot order) into a [group tokens, H] buffer that a reduce-scatter sums back to the owners.
 // More traffic than alltoall (every token goes everywhere), no count exchange beyond the token
-// counts, and the same rows in the same order for the experts.
+// counts (none at all when padded: every rank's tokens and capacity are known, so the plan has
+// no host sync), and the same rows in the same order for the experts.
 // With expert tensor parallelism the group is ETP x EP (tp_ep): every rank gathers the tokens of
 // the whole tp_ep group, keeps the rows of its EP rank's experts (the ETP ranks of one EP rank
 // keep the same rows), its experts produce partial outputs (their F/ETP share), and the

@@ -101,8 +101,8 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
 
 template <typename T>
 void MoELayer<T>::shared_forward_in_flight() {
-  shared_overlaps_.forward += dispatcher_->in_flight();
-  shared_->compute(x_TH_, gemm_input(x_TH_), n_tok_);
+  shared_overlaps_.dispatch += dispatcher_->in_flight();
+  shared_->compute_fc1(x_TH_, gemm_input(x_TH_), n_tok_);
 }
 
 template <typename T>
@@ -133,9 +133,8 @@ void MoELayer<T>::route_and_dispatch(DevPtr<const T> x_TH, int64_t n_tok, bool r
       dispatcher_->dispatch_start(x_NH_, p_N_, gemm_input(x_TH), rs.probs_TK);
     }
   }
-  // --moe-shared-expert-overlap: the shared expert reads only the layer's input, so it runs
-  // while the dispatch's all-to-all is in flight; its output waits in its own buffer until the
-  // combine has assigned y.
+  // --moe-shared-expert-overlap: the shared expert reads only the layer's input, so its first
+  // half (to the activation) runs while the dispatch's all-to-all is in flight.
   if (shared_in_flight) shared_forward_in_flight();
   {
     ScopedPhase phase(Phase::Permute);
@@ -157,6 +156,15 @@ void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, b
   {
     ScopedPhase phase(Phase::Permute);
     dispatcher_->combine_start(y_TH, y_NH_);
+  }
+  // Its second half (fc2) while the combine's all-to-all is in flight; the output waits in its
+  // own buffer until the combine has assigned y.
+  if (overlap_shared_) {
+    shared_overlaps_.combine += dispatcher_->in_flight();
+    shared_->compute_fc2();
+  }
+  {
+    ScopedPhase phase(Phase::Permute);
     dispatcher_->combine_finish();
   }
   if (!shared_) return;
@@ -187,11 +195,11 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
     }
   }
   // --moe-shared-expert-overlap: the shared expert's backward reads only dy (and what its
-  // forward kept): it runs while dy's all-to-all to the experts is in flight, and its input
-  // gradient waits in its own buffer until the dispatch's backward has assigned dx.
+  // forward kept): its first half (fc2's and the activation's) runs while dy's all-to-all to
+  // the experts is in flight.
   if (overlap_shared_) {
-    shared_overlaps_.backward += dispatcher_->in_flight();
-    shared_->backward_compute(dy_TH, dy_in);
+    shared_overlaps_.combine_backward += dispatcher_->in_flight();
+    shared_->backward_fc2(dy_TH, dy_in);
   }
   {
     ScopedPhase phase(Phase::Permute);
@@ -201,6 +209,15 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
   {
     ScopedPhase phase(Phase::Permute);
     dispatcher_->dispatch_backward_start(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+  }
+  // Its second half (fc1's) while the gradients' all-to-all back is in flight; its input
+  // gradient waits in its own buffer until the dispatch's backward has assigned dx.
+  if (overlap_shared_) {
+    shared_overlaps_.dispatch_backward += dispatcher_->in_flight();
+    shared_->backward_fc1();
+  }
+  {
+    ScopedPhase phase(Phase::Permute);
     dispatcher_->dispatch_backward_finish();
   }
   {

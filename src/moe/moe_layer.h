@@ -61,15 +61,21 @@ class MoELayer {
   const DispatchPlan& plan() const { return *plan_; }
   const TokenDispatcher<T>& dispatcher() const { return *dispatcher_; }
 
-  // --moe-shared-expert-overlap (with a shared expert): the shared expert's forward runs while
-  // the dispatch's collective is in flight, its backward while the combine backward's is; the
-  // outputs and gradients are bitwise those without the flag (the shared expert's output and
-  // input gradient are added at the same points, in the same order). Counted: the shared
-  // expert's forwards / backwards that ran while the dispatcher had a collective in flight
-  // (none without an EP all-to-all: the local and allgather dispatchers finish in start).
+  // --moe-shared-expert-overlap (with a shared expert): the shared expert's work runs in four
+  // windows, while a dispatcher collective is in flight (Megatron's SharedExpertMLP schedule):
+  // its gate logits, TP all-gather, fc1 and activation during the dispatch; fc2 and its TP
+  // reduce-scatter during the combine; in the backward, fc2's and the activation's backward
+  // (and the TP all-gathers) during the combine's backward, fc1's backward and its TP
+  // reduce-scatter during the dispatch's backward. On a device the collectives run on the
+  // communicators' streams, the shared expert's kernels on the layer's, ordered only by the
+  // events of the async forms (start ... wait_on). The outputs and gradients are bitwise those
+  // without the flag (the shared expert's output and input gradient are added at the same
+  // points, in the same order). Counted per window: the pieces that ran while the dispatcher had
+  // a collective in flight (none without an EP all-to-all: the local and allgather dispatchers
+  // finish in start).
   bool overlaps_shared_expert() const { return overlap_shared_; }
   struct SharedOverlaps {
-    int64_t forward = 0, backward = 0;
+    int64_t dispatch = 0, combine = 0, combine_backward = 0, dispatch_backward = 0;
   };
   const SharedOverlaps& shared_expert_overlaps() const { return shared_overlaps_; }
 

@@ -64,22 +64,40 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
 }
 
 template <typename T>
-void SharedExperts<T>::mlp_forward(DevPtr<T> s, int64_t n_tok) {
-  if (!tp_.active()) return mlp_->forward(s, x_mlp_TH_, n_tok);
+void SharedExperts<T>::mlp_forward_fc1(int64_t n_tok) {
+  if (!tp_.active()) return mlp_->forward_fc1(x_mlp_TH_, n_tok);
   const int64_t n = n_tok * tp_.size();
-  mlp_->forward(full_y_, tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_), n);
-  tp_.leave(*ex_, full_y_, s, n, H_);
+  mlp_->forward_fc1(tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_), n);
 }
 
 template <typename T>
-void SharedExperts<T>::mlp_backward(DevPtr<T> ds_x, DevPtr<const T> dy, int64_t n_tok) {
-  if (!tp_.active()) return mlp_->backward(ds_x, dy);
+void SharedExperts<T>::mlp_forward_fc2(DevPtr<T> s, int64_t n_tok) {
+  if (!tp_.active()) return mlp_->forward_fc2(s);
+  mlp_->forward_fc2(full_y_);
+  tp_.leave(*ex_, full_y_, s, n_tok * tp_.size(), H_);
+}
+
+template <typename T>
+void SharedExperts<T>::mlp_forward(DevPtr<T> s, int64_t n_tok) {
+  mlp_forward_fc1(n_tok);
+  mlp_forward_fc2(s, n_tok);
+}
+
+template <typename T>
+void SharedExperts<T>::mlp_backward_fc2(DevPtr<const T> dy, int64_t n_tok) {
+  if (!tp_.active()) return mlp_->backward_fc2(dy);
   const int64_t n = n_tok * tp_.size();
-  // The forward's gathered input again (the MLP's backward reads it); the input gradient's
-  // partial sum goes to the gathered dy's buffer (read before dx is written).
+  // The forward's gathered input again (the MLP's backward reads it, its recomputation too).
   tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_);
-  mlp_->backward(full_y_, tp_.leave_backward(*ex_, dy, full_y_, n, H_));
-  tp_.enter_backward(*ex_, full_y_, ds_x, n, H_);
+  mlp_->backward_fc2(tp_.leave_backward(*ex_, dy, full_y_, n, H_));
+}
+
+template <typename T>
+void SharedExperts<T>::mlp_backward_fc1(DevPtr<T> ds_x, int64_t n_tok) {
+  if (!tp_.active()) return mlp_->backward_fc1(ds_x);
+  // The input gradient's partial sum goes to the gathered dy's buffer (fc2's half read it).
+  mlp_->backward_fc1(full_y_);
+  tp_.enter_backward(*ex_, full_y_, ds_x, n_tok * tp_.size(), H_);
 }
 
 template <typename T>
@@ -90,11 +108,24 @@ void SharedExperts<T>::shared_and_logits(int64_t n) {
 
 template <typename T>
 void SharedExperts<T>::compute(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok) {
+  compute_fc1(x_TH, x_mlp_TH, n_tok);
+  compute_fc2();
+}
+
+template <typename T>
+void SharedExperts<T>::compute_fc1(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH,
+                                   int64_t n_tok) {
   n_tok_ = n_tok;
   x_TH_ = x_TH;
   x_mlp_TH_ = x_mlp_TH;
-  if (!gated()) return mlp_forward(s_TH_, n_tok);
-  shared_and_logits(n_tok);
+  // The gate logits first (Megatron's pre_forward_comm): they read only x, into their own buffer.
+  if (gated()) ops::linear_forward(*ex_, l_T_, x_TH_, gate_->compute_as<T>(), n_tok, 1, H_);
+  mlp_forward_fc1(n_tok);
+}
+
+template <typename T>
+void SharedExperts<T>::compute_fc2() {
+  mlp_forward_fc2(s_TH_, n_tok_);
 }
 
 template <typename T>
@@ -112,11 +143,22 @@ void SharedExperts<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, DevPtr<cons
 
 template <typename T>
 void SharedExperts<T>::backward_compute(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH) {
+  backward_fc2(dy_TH, dy_mlp_TH);
+  backward_fc1();
+}
+
+template <typename T>
+void SharedExperts<T>::backward_fc2(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH) {
   const int64_t n = n_tok_, H = H_;
-  if (!gated()) return mlp_backward(s_TH_, dy_mlp_TH, n);
+  if (!gated()) return mlp_backward_fc2(dy_mlp_TH, n);
   if (rerun_) shared_and_logits(n);  // the forward's arithmetic again: the same bits
   ops::sigmoid_gate_backward(*ex_, ds_TH_, dl_T_, dy_TH, s_TH_, l_T_, n, H);
-  mlp_backward(s_TH_, ds_TH_, n);  // s is spent: it takes the MLP's input gradient
+  mlp_backward_fc2(ds_TH_, n);
+}
+
+template <typename T>
+void SharedExperts<T>::backward_fc1() {
+  mlp_backward_fc1(s_TH_, n_tok_);  // s is spent: it takes the MLP's input gradient
 }
 
 template <typename T>

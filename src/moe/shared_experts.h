@@ -47,17 +47,29 @@ class SharedExperts {
   // backward = backward_compute then add_input_grad.
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
 
-  // The two passes in halves that touch the layer's output / input gradient only in the second
-  // (--moe-shared-expert-overlap: the MoE layer runs the first while a dispatcher collective is
-  // in flight, the second where the one-call form ran). Together they run the one-call form's
-  // ops, the same arithmetic, and add into y / dx in the same order, so the results are bitwise
-  // the same wherever the first half runs.
+  // The two passes in pieces that touch the layer's output / input gradient only in the last
+  // (--moe-shared-expert-overlap: the MoE layer runs the others while dispatcher collectives are
+  // in flight, as Megatron's SharedExpertMLP does: fc1 with the dispatch, fc2 with the combine;
+  // fc2's backward with the combine's backward, fc1's with the dispatch's backward). Together
+  // they run the one-call form's ops, the same arithmetic, and add into y / dx in the same order,
+  // so the results are bitwise the same wherever the first pieces run.
   // The MLP's output and the gate logits (TP collectives under TP); y untouched.
+  // compute = compute_fc1 then compute_fc2.
   void compute(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok);
+  // The gate logits, the MLP's input gathered over TP, fc1 and the activation.
+  void compute_fc1(DevPtr<const T> x_TH, DevPtr<const T> x_mlp_TH, int64_t n_tok);
+  // fc2, its output reduce-scattered over TP: the shared output, kept.
+  void compute_fc2();
   void add_output(DevPtr<T> y_TH);  // y += the shared output (gated: times sigmoid(l))
   // The weight gradients of the MLP and the MLP's input gradient (kept); gated, also the gate
-  // logits' gradient. dx untouched.
+  // logits' gradient. dx untouched. backward_compute = backward_fc2 then backward_fc1.
   void backward_compute(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
+  // Gated: the forward's rerun under "moe" recomputation and the gate's backward; the MLP's
+  // input gathered again and dy gathered over TP; fc2's and the activation's backward. Reads dy
+  // (the caller's, until this returns).
+  void backward_fc2(DevPtr<const T> dy_TH, DevPtr<const T> dy_mlp_TH);
+  // fc1's backward, its input gradient reduce-scattered over TP: kept.
+  void backward_fc1();
   // dx += the gate's input gradient (gated; its weight gradient accumulated here too), then
   // dx += the MLP's input gradient.
   void add_input_grad(DevPtr<T> dx_TH);
@@ -69,10 +81,15 @@ class SharedExperts {
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // s = mlp(x_mlp) and the gate logits l = x w_g^T (the forward; also its rerun).
   void shared_and_logits(int64_t n_tok);
-  // s (n_tok tokens) = the MLP on x_mlp: a TP region when tp > 1.
+  // s (n_tok tokens) = the MLP on x_mlp: a TP region when tp > 1. In halves: the gathered
+  // input, fc1 and the activation; fc2 and the reduce-scatter into s.
   void mlp_forward(DevPtr<T> s, int64_t n_tok);
-  // ds_x (n_tok tokens) = the MLP's input gradient from dy (the MLP's output gradient).
-  void mlp_backward(DevPtr<T> ds_x, DevPtr<const T> dy, int64_t n_tok);
+  void mlp_forward_fc1(int64_t n_tok);
+  void mlp_forward_fc2(DevPtr<T> s, int64_t n_tok);
+  // ds_x (n_tok tokens) = the MLP's input gradient from dy (the MLP's output gradient). In
+  // halves: the input gathered again, dy gathered, fc2's backward; fc1's and the reduce-scatter.
+  void mlp_backward_fc2(DevPtr<const T> dy, int64_t n_tok);
+  void mlp_backward_fc1(DevPtr<T> ds_x, int64_t n_tok);
 
   parallel::TensorParallel tp_;  // with sequence parallelism
   int64_t H_;

@@ -176,11 +176,11 @@ void act_forward(const MlpSaved<T>& s, MlpShape sh) {
   act_fwd<T>(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
 }
 
-// The forward from s's input rows (x_NH, or x16_NH).
+// The forward's first half from s's input rows (x_NH, or x16_NH): fc1 and the activation.
 template <typename T>
-void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<const int64_t> m_G,
-                  int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh,
-                  int64_t rows_per_group) {
+void forward_rows_fc1(MlpSaved<T>& s, DevPtr<const T> p_N, DevPtr<const int64_t> m_G, int64_t G,
+                      int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh,
+                      int64_t rows_per_group) {
   check_biases(w, sh, "forward");
   MOE_CHECK(rows_per_group >= 0 && (rows_per_group == 0 || rows_per_group * G == N),
             "[mlp] {} rows per group x {} groups != {} rows", rows_per_group, G, N);
@@ -191,6 +191,14 @@ void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<co
   s.rows_per_group = rows_per_group;
   fc1_forward(s, w.fc1, w.fc1_bias, sh);
   act_forward(s, sh);
+}
+
+// Its second half: y = fc2 on the activation s kept (+ its bias).
+template <typename T>
+void forward_rows_fc2(const MlpSaved<T>& s, DevPtr<T> y_NH, const MlpParams<DevPtr<const T>>& w,
+                      MlpShape sh) {
+  const DevPtr<const int64_t> m_G = s.m_G;
+  const int64_t G = s.G;
   [&] {
     if constexpr (std::is_same_v<T, float>) {
       if (s.widened)
@@ -207,7 +215,16 @@ void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<co
   // fc2's bias times the row's prob: Megatron's grouped experts add `t + b * p` per expert
   // (megatron/core/transformer/moe/experts.py, TEGroupedMLP._apply_bias), so a token's output
   // is sum_k p_k (a_k fc2_k^T + b2_k) and combine stays a plain sum.
-  if (w.fc2_bias != nullptr) ops::grouped_bias_forward(*s.ex, y_NH, w.fc2_bias, p_N, m_G, G, sh.H);
+  if (w.fc2_bias != nullptr) ops::grouped_bias_forward(*s.ex, y_NH, w.fc2_bias, s.p_N, m_G, G, sh.H);
+}
+
+// The forward from s's input rows (x_NH, or x16_NH).
+template <typename T>
+void forward_rows(MlpSaved<T>& s, DevPtr<T> y_NH, DevPtr<const T> p_N, DevPtr<const int64_t> m_G,
+                  int64_t G, int64_t N, const MlpParams<DevPtr<const T>>& w, MlpShape sh,
+                  int64_t rows_per_group) {
+  forward_rows_fc1(s, p_N, m_G, G, N, w, sh, rows_per_group);
+  forward_rows_fc2(s, y_NH, w, sh);
 }
 
 }  // namespace
@@ -230,11 +247,15 @@ void mlp_forward(MlpSaved<float>& s, DevPtr<float> y_NH, DevPtr<const bf16> x16_
   forward_rows(s, y_NH, p_N, m_G, G, N, w, sh, rows_per_group);
 }
 
+namespace {
+
+// The backward's first half: recomputation, fc2's GEMMs and the activation's backward (dp
+// assigned, fc2's gradients and fc1's bias gradient accumulated). It leaves dh for the second
+// half: in dh_NF1 (f32 GEMMs, widened or not), in s.ws_a16 (native bf16 GEMMs).
 template <typename T>
-void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
-                  const MlpParams<DevPtr<T>>& grad, DevPtr<const T> dy_NH,
-                  const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> da_NF,
-                  DevPtr<T> dh_NF1, DevPtr<const bf16> dy16_NH) {
+void backward_fc2(const MlpSaved<T>& s, DevPtr<T> dp_N, const MlpParams<DevPtr<T>>& grad,
+                  DevPtr<const T> dy_NH, const MlpParams<DevPtr<const T>>& w, MlpShape sh,
+                  DevPtr<T> da_NF, DevPtr<T> dh_NF1, DevPtr<const bf16> dy16_NH) {
   check_biases(w, sh, "backward");
   check_biases(grad, sh, "backward (gradients)");
   MOE_CHECK(!(sh.bias && (s.dy_rounded || dy16_NH)),
@@ -258,8 +279,7 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
                                sh.H);
   };
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) {  // f32 GEMMs on bf16 values: dy, x rounded; a, dh written so
-      DevPtr<float> x32 = s.ws32;
+    if (s.widened) {  // f32 GEMMs on bf16 values: dy rounded; dh written so
       DevPtr<const float> dy32 = dy_NH;
       if (dy16_NH) {  // bf16 rows: widened, exact
         ops::cast_bf16_to_f32(*s.ex, s.ws32 + s.N * sh.H, dy16_NH, s.N * sh.H);
@@ -279,18 +299,6 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
       } else {
         act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
       }
-      DevPtr<const float> x_in = s.x_NH;
-      if (s.x16_NH) {
-        ops::cast_bf16_to_f32(*s.ex, x32, s.x16_NH, s.N * sh.H);
-        x_in = x32;
-      } else if (!s.x_rounded) {
-        ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
-        x_in = x32;
-      }
-      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH, s.gws,
-                        s.rows_per_group);
-      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1, s.gws,
-                              s.rows_per_group);
       return;
     }
     if (s.fc1_16 != nullptr) {  // the same products on bf16 inputs, f32 accumulation
@@ -312,15 +320,6 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
       } else {
         act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
       }
-      DevPtr<const bf16> x16 = s.x16_NH;
-      if (!x16) {
-        ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
-        x16 = s.ws_b16;
-      }
-      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
-                             s.fc1_16w, s.gws, s.rows_per_group);
-      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32,
-                                   s.gws, s.rows_per_group);
       return;
     }
   }
@@ -335,11 +334,60 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
   } else {
     act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
   }
+}
+
+// The second half: fc1's GEMMs from the dh the first left (dx assigned, fc1's gradient
+// accumulated). dy is no longer read: dx may take its memory.
+template <typename T>
+void backward_fc1(const MlpSaved<T>& s, DevPtr<T> dx_NH, const MlpParams<DevPtr<T>>& grad,
+                  const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> dh_NF1) {
+  const int64_t F1 = sh.F1();
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.widened) {  // x rounded (dh was written so)
+      DevPtr<float> x32 = s.ws32;
+      DevPtr<const float> x_in = s.x_NH;
+      if (s.x16_NH) {
+        ops::cast_bf16_to_f32(*s.ex, x32, s.x16_NH, s.N * sh.H);
+        x_in = x32;
+      } else if (!s.x_rounded) {
+        ops::round_f32_to_bf16(*s.ex, x32, s.x_NH, s.N * sh.H);
+        x_in = x32;
+      }
+      ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, s.fc1_16w, false, dx_NH, s.gws,
+                        s.rows_per_group);
+      ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, x_in, grad.fc1, s.gws,
+                              s.rows_per_group);
+      return;
+    }
+    if (s.fc1_16 != nullptr) {  // dh as bf16 in ws_a16
+      DevPtr<const bf16> x16 = s.x16_NH;
+      if (!x16) {
+        ops::cast_f32_to_bf16(*s.ex, s.ws_b16, s.x_NH, s.N * sh.H);
+        x16 = s.ws_b16;
+      }
+      ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, sh.H, F1, s.ws_a16, s.fc1_16, false, dx_NH, s.ws32,
+                             s.fc1_16w, s.gws, s.rows_per_group);
+      ops::grouped_gemm_wgrad_bf16(*s.ex, s.m_G, s.G, F1, sh.H, s.ws_a16, x16, grad.fc1, s.ws32,
+                                   s.gws, s.rows_per_group);
+      return;
+    }
+  }
   // fc1: h = x fc1^T  ->  dx = dh fc1, dfc1 += dh^T x.
   ops::grouped_gemm(*s.ex, s.m_G, s.G, sh.H, F1, dh_NF1, w.fc1, /*trans_w=*/false, dx_NH, s.gws,
                     s.rows_per_group);
   ops::grouped_gemm_wgrad(*s.ex, s.m_G, s.G, F1, sh.H, dh_NF1, s.x_NH, grad.fc1, s.gws,
                           s.rows_per_group);
+}
+
+}  // namespace
+
+template <typename T>
+void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
+                  const MlpParams<DevPtr<T>>& grad, DevPtr<const T> dy_NH,
+                  const MlpParams<DevPtr<const T>>& w, MlpShape sh, DevPtr<T> da_NF,
+                  DevPtr<T> dh_NF1, DevPtr<const bf16> dy16_NH) {
+  backward_fc2(s, dp_N, grad, dy_NH, w, sh, da_NF, dh_NF1, dy16_NH);
+  backward_fc1(s, dx_NH, grad, w, sh, dh_NF1);
 }
 
 template <typename T>
@@ -418,6 +466,12 @@ void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
 
 template <typename T>
 void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
+  forward_fc1(x_TH, n_tok);
+  forward_fc2(y_TH);
+}
+
+template <typename T>
+void MLP<T>::forward_fc1(DevPtr<const T> x_TH, int64_t n_tok) {
   // One group of n_tok rows, known here: the CUDA GEMMs take it from the host, the CPU's and the
   // bias ops from memory, written when it changes (the first forward, in the warm-up step before
   // any CUDA graph capture: a capture cannot copy from this pageable host value).
@@ -425,15 +479,36 @@ void MLP<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok) {
     rows_ = n_tok;
     ops::copy<int64_t>(*saved_.ex, rows_dev_, &rows_, 1);
   }
-  mlp_forward(saved_, y_TH, x_TH, DevPtr<const T>(nullptr), rows_dev_, 1, n_tok, values(), sh_,
-              n_tok);
+  saved_.x_NH = x_TH;
+  saved_.x16_NH = nullptr;
+  forward_rows_fc1(saved_, DevPtr<const T>(nullptr), DevPtr<const int64_t>(rows_dev_), 1, n_tok,
+                   values(), sh_, n_tok);
+}
+
+template <typename T>
+void MLP<T>::forward_fc2(DevPtr<T> y_TH) {
+  forward_rows_fc2(saved_, y_TH, values(), sh_);
 }
 
 template <typename T>
 void MLP<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
+  backward_fc2(dy_TH);
+  backward_fc1(dx_TH);
+}
+
+template <typename T>
+void MLP<T>::backward_fc2(DevPtr<const T> dy_TH) {
   const MlpParams<DevPtr<T>> grad =
       mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, sh_.fc2_bias_here ? fc2_bias_ : nullptr);
-  mlp_backward(saved_, dx_TH, DevPtr<T>(nullptr), grad, dy_TH, values(), sh_, da_, dh_);
+  nn::backward_fc2(saved_, DevPtr<T>(nullptr), grad, dy_TH, values(), sh_, da_, dh_,
+                   DevPtr<const bf16>(nullptr));
+}
+
+template <typename T>
+void MLP<T>::backward_fc1(DevPtr<T> dx_TH) {
+  const MlpParams<DevPtr<T>> grad =
+      mlp_grads<T>(*fc1_, *fc2_, fc1_bias_, sh_.fc2_bias_here ? fc2_bias_ : nullptr);
+  nn::backward_fc1(saved_, dx_TH, grad, values(), sh_, dh_);
 }
 
 #define MOECORE_INSTANTIATE(T)                                                                \

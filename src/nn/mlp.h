@@ -169,6 +169,16 @@ class MLP {
   int64_t local_ffn() const { return sh_.F; }
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
+  // Each pass in two halves, for a caller that runs them in separate windows (the shared
+  // expert's overlap with the dispatcher's collectives): the same ops in the same order as the
+  // one-call forms, so bitwise the same results. Between the halves the MLP's buffers hold the
+  // activation (forward) or dh (backward); the caller keeps x (and dy until backward_fc1).
+  void forward_fc1(DevPtr<const T> x_TH, int64_t n_tok);  // fc1 and the activation
+  void forward_fc2(DevPtr<T> y_TH);                       // y = fc2 (+ its bias)
+  // Recomputation, fc2's and the activation's backward: fc2's gradients accumulated.
+  void backward_fc2(DevPtr<const T> dy_TH);
+  // fc1's backward: dx assigned (it may be dy's memory), fc1's gradients accumulated.
+  void backward_fc1(DevPtr<T> dx_TH);
 
  private:
   MlpParams<DevPtr<const T>> values() const;

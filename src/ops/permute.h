@@ -25,6 +25,11 @@ struct GroupRouting {
   // tok_off_R[R] as the host knows it: sizes the CUDA path's grid-stride launches only (its
   // kernels read the slots from tok_off_R; a smaller G is slower, never wrong). The CPU ignores it.
   int64_t G = 0;
+  // > 0: N as the host already knows it (padded: every rank pads each local expert to its
+  // capacity, N = L x the sum of cap_R): the CUDA path returns it without reading rows_L back,
+  // so a padded plan has no host sync (the router has dropped to capacity, so no chunk can
+  // overflow; the CPU path still checks). 0: N is read back (dropless).
+  int64_t known_rows = 0;
 };
 
 namespace cpu {  // the CPU fast paths (ops/cpu/): the switch of each op below calls them

@@ -11,11 +11,14 @@
 // - bf16 reductions keep the Communicator's semantics (reduced in f32, rounded once; NCCL alone
 //   would round at every step): the bf16 values are widened into f32 device staging by the cast
 //   kernel, reduced there and rounded once into recv, on the communicator's stream; the staging
-//   grows to the largest such collective and stays (nothing allocates once it is sized);
+//   grows to the largest such collective and stays (nothing allocates once it is sized), its
+//   growth ordered on that stream (cudaFreeAsync, cudaMallocAsync): the host never waits for it;
 // - wait_on(ex) makes ex's stream wait for the collective and returns at once: the host does not
 //   wait (the emulated build, whose launches complete as they are called, completes it there);
 // - a wait past the group's timeout reports the group and the call, aborts every NCCL
-//   communicator of the process (ncclCommAbort) and ends it, as MPI's timeout ends the job.
+//   communicator of the process (ncclCommAbort) and ends it, as MPI's timeout ends the job; the
+//   destructor's wait for the communicator's stream is bounded the same way (it polls the stream,
+//   never a blocking cudaStreamSynchronize).
 // The emulated CUDA build links tests/emu/device/communicator_nccl_emu.cpp in place of the real
 // one: the same plans run over MPI on the emulated device memory, with strict buffer rules
 // (docs/testing.md, "The emulated NCCL").

@@ -2,9 +2,10 @@
 // descriptor (ops/desc/nccl_desc.h), run on the communicator's own stream between an event of
 // the caller's stream (the inputs are ready) and an event the handle waits on. A bf16 reduction
 // runs in f32 device staging (the plan's stage_bf16): widened by the cast kernel, reduced, and
-// rounded once into recv, all on that stream. A wait past the timeout aborts every NCCL
-// communicator of the process (a rank stuck in one collective can hold the others' peers) and
-// ends the process naming the group and the call. send_async / recv_async are collected and
+// rounded once into recv, all on that stream; the staging grows on that stream too
+// (stream-ordered free and allocation: no host wait). A wait past the timeout (a handle's, or the
+// destructor's for the stream) aborts every NCCL communicator of the process (a rank stuck in one
+// collective can hold the others' peers) and ends the process naming the group and the call. send_async / recv_async are collected and
 // issued together inside one ncclGroupStart / ncclGroupEnd (nccl_p2p_batch.h): an ungrouped
 // ncclSend would block the stream until the peer's receive, and the pairs the callers post
 // (send to one neighbour, then receive from the other) would wait for ever.
@@ -132,12 +133,15 @@ class NcclCommunicator final : public Communicator {
     cuda_ok(cudaMemset(barrier_, 0, sizeof(int32_t)), name_, "cudaMemset (barrier word)");
   }
   ~NcclCommunicator() override {
-    // Best effort at exit: a failing teardown must not throw from a destructor.
-    cudaStreamSynchronize(stream_);
+    // The collectives still on the stream finish before their buffers and the communicator go;
+    // a stream that never drains (a peer that never reached a collective) is the watchdog's, as
+    // a wait on a handle is: bounded by the group's timeout, then reported and aborted. Otherwise
+    // best effort: a failing teardown must not throw from a destructor.
+    wait_for_own_stream("the destructor's wait for the communicator's stream");
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (NcclRequest* r : requests_) delete r;
     cudaFree(barrier_);
-    cudaFree(staging_);
+    if (staging_ != nullptr) cudaFreeAsync(staging_, stream_);  // stream-ordered, as allocated
     unregister_comm(comm_);
     ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
@@ -166,6 +170,20 @@ class NcclCommunicator final : public Communicator {
     std::abort();
   }
   double timeout_s() const { return timeout_s_; }
+
+  // Polls the communicator's stream (cudaStreamQuery, never a blocking synchronize) until it has
+  // run what was enqueued; past the group's timeout, abort_on_timeout names the group and `call`.
+  void wait_for_own_stream(const char* call) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e != cudaErrorNotReady) return;  // done, or failed: nothing left to wait for
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_) abort_on_timeout(call, waited);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
  protected:
   CommHandle start_all_reduce(void* data, int64_t count, DType dt, ReduceOp op) override {
@@ -265,18 +283,19 @@ class NcclCommunicator final : public Communicator {
   }
 
   // f32 device staging of at least `elems` elements: grown (never shrunk) when a larger bf16
-  // reduction comes, so a training step, once its largest one has run, allocates nothing. The
-  // old block may still be read by collectives in flight on the stream: it is freed after them.
+  // reduction comes, so a training step, once its largest one has run, allocates nothing. Only
+  // the communicator's stream touches the staging, so growth is ordered on that stream and the
+  // host never waits for it: the old block is freed after the collectives in flight that read
+  // it (cudaFreeAsync), the new one allocated before the next (cudaMallocAsync).
   float* staging(int64_t elems) {
     if (elems <= staging_elems_) return staging_;
     if (staging_ != nullptr) {
-      cuda_ok(cudaStreamSynchronize(stream_), name_, "cudaStreamSynchronize (staging growth)");
-      cuda_ok(cudaFree(staging_), name_, "cudaFree (staging)");
+      cuda_ok(cudaFreeAsync(staging_, stream_), name_, "cudaFreeAsync (staging growth)");
       staging_ = nullptr;
     }
     void* p = nullptr;
-    cuda_ok(cudaMalloc(&p, static_cast<size_t>(elems) * sizeof(float)), name_,
-            "cudaMalloc (bf16 reduction staging)");
+    cuda_ok(cudaMallocAsync(&p, static_cast<size_t>(elems) * sizeof(float), stream_), name_,
+            "cudaMallocAsync (bf16 reduction staging)");
     staging_ = static_cast<float*>(p);
     staging_elems_ = elems;
     return staging_;

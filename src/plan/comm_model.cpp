@@ -146,11 +146,14 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     const double dispatch_reruns = moe_rerun ? static_cast<double>(moe_layers) : 0;
     const double gtpep = static_cast<double>(d.etp) * d.ep;
     if (run.dispatcher == "allgather" && gtpep > 1) {
-      // Over tp_ep: fwd all-gather of the (token count, slot count) meta (2 int64), the top-k
-      // indices (int32), the tokens and the probs; reduce-scatter of the outputs. Bwd: all-gather
-      // of dy, reduce-scatter of dx and dprobs. The moe module reruns the dispatch's gathers.
+      // Over tp_ep: fwd all-gather of the (token count, slot count) meta (2 int64; dropless
+      // only: padded, every rank's counts are known), the top-k indices (int32), the tokens and
+      // the probs; reduce-scatter of the outputs. Bwd: all-gather of dy, reduce-scatter of dx and
+      // dprobs. The moe module reruns the dispatch's gathers.
+      const bool padded = run.pad_to_capacity && run.capacity_factor > 0;
       const double others = (gtpep - 1) * t;
-      const double gather_fwd = (gtpep - 1) * 16 + others * (K * 4 + H * tok + K * prob);
+      const double meta = padded ? 0 : (gtpep - 1) * 16;
+      const double gather_fwd = meta + others * (K * 4 + H * tok + K * prob);
       tpep.all_gather = (forwards + dispatch_reruns) * gather_fwd + moe_layers * others * H * tok;
       tpep.reduce_scatter =
           forwards * others * H * tok + moe_layers * others * (H * tok + K * prob);

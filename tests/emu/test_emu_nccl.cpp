@@ -24,6 +24,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/exec.h"
+#include "core/fault_injection.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
 #include "ops/cast.h"
@@ -582,6 +583,23 @@ TEST(EmuNcclTimeout, AWaitPastTheTimeoutNamesTheGroupAndTheCall) {
   EXPECT_DEATH(wait_past_the_timeout(),
                "timeout: rank 0 of 1 in group 'pp' \\(world rank 0\\) waited 0\\.[3-9] s in recv "
                "on the emulated NCCL, over the 0\\.3 s limit");
+}
+
+// The destructor's wait for the communicator's stream is bounded as a handle's is: a stream that
+// never drains (MOECORE_FAULT=stream_hang, planted in the dying child) is reported naming the group
+// and the wait, and the process ends after the group's timeout instead of hanging.
+void destroy_with_a_hung_stream() {
+  auto boot = make_local_communicator("ep", 0);
+  auto comm = make_nccl_communicator(*boot, g_ex, 0.3);
+  fault::inject_for_test("stream_hang");
+  comm.reset();
+}
+
+TEST(EmuNcclTimeout, TheDestructorsWaitForTheStreamIsBoundedAndNamed) {
+  EXPECT_DEATH(destroy_with_a_hung_stream(),
+               "timeout: rank 0 of 1 in group 'ep' \\(world rank 0\\) waited 0\\.[3-9] s in the "
+               "destructor's wait for the communicator's stream on the emulated NCCL, over the "
+               "0\\.3 s limit");
 }
 
 // Send and recv may overlap only in NCCL's in-place forms: anything else is undefined on NCCL

@@ -17,13 +17,20 @@ trap 'rm -rf "$work"' EXIT
 small=(--seq-length 16 --num-layers 1 --hidden-size 32 --num-attention-heads 2 --ffn-hidden-size 64
        --moe-ffn-hidden-size 32 --micro-batch-size 1 --global-batch-size 4)
 padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
+# The shared expert; --moe-shared-expert-overlap runs its pieces while the alltoall dispatcher's
+# all-to-alls are in flight (fc1 / fc2 with the dispatch / combine, their backwards with the
+# combine's / dispatch's backward), required bitwise equal to the same layout without it.
+shared=(--moe-shared-expert-intermediate-size 32)
+tp2ep2=(--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2
+        --expert-tensor-parallel-size 2)
 # One layout per line: a name, then its flags; "@record NAME" / "@equal NAME" keep or compare the
 # CUDA run's per-step values and digest; "@sync-free" requires its audited steps to count no host
 # sync at all (train_cuda_emu.sh --sync-free): every layout without a count exchange, EP's padded
-# all-to-all dispatch included (static splits; the grouped GEMMs from device tables). The
-# all-gather dispatcher keeps its documented token-count exchange, padded or not
-# (SyncAudit::kEpTokenCounts: the host sizes the gathers), and dropless expert parallelism its
-# count exchange (kEpCountExchange), also over the expert-TP group of TP + SP.
+# dispatch included, both dispatchers (static splits, token counts and capacities known on every
+# rank; the grouped GEMMs from device tables). Dropless, the all-gather dispatcher keeps its
+# documented token-count exchange (SyncAudit::kEpTokenCounts: the host sizes the gathers), and the
+# all-to-all dispatcher its count exchange (kEpCountExchange), also over the expert-TP group of
+# TP + SP.
 layouts=()
 # PP and CP need 2 layers (a stage each; the ring's chunks) and lengths divisible by 2 cp.
 two=(--num-layers 2)
@@ -33,9 +40,13 @@ case "$np" in
        "ep2-alltoall --expert-model-parallel-size 2"
        "ep2-alltoall-padded @sync-free --expert-model-parallel-size 2 ${padded[*]}"
        "ep2-allgather --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
-       "ep2-allgather-padded --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
+       "ep2-allgather-padded @sync-free --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather ${padded[*]}"
        "tp2-sp --tensor-model-parallel-size 2 --sequence-parallel"
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
+       "ep2-shared @record shared --expert-model-parallel-size 2 ${shared[*]}"
+       "ep2-shared-overlap @equal shared --expert-model-parallel-size 2 ${shared[*]} --moe-shared-expert-overlap"
+       "ep2-shared-gate-bf16 @record shared16 --expert-model-parallel-size 2 ${shared[*]} --moe-shared-expert-gate --bf16"
+       "ep2-shared-gate-bf16-overlap @equal shared16 --expert-model-parallel-size 2 ${shared[*]} --moe-shared-expert-gate --bf16 --moe-shared-expert-overlap"
        "pp2 @sync-free ${two[*]} --pipeline-model-parallel-size 2"
        "pp2-mtp @sync-free ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
        "pp2-vp2 --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
@@ -44,6 +55,8 @@ case "$np" in
      ) ;;
   4) layouts=(
        "ep2-etp2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2"
+       "tp2-sp-etp2-ep2-shared @record etpshared ${tp2ep2[*]} ${shared[*]}"
+       "tp2-sp-etp2-ep2-shared-overlap @equal etpshared ${tp2ep2[*]} ${shared[*]} --moe-shared-expert-overlap"
        "dp2-ep2-distopt @record distopt --expert-model-parallel-size 2 --use-distributed-optimizer"
        "dp2-ep2-distopt-overlap @equal distopt --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
        "dp2-ep2-distopt-overlap-bf16 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16"

@@ -144,6 +144,11 @@ TEST(PlanTpComm, ExpertTensorParallelDispatchers) {
   padded.capacity_factor = 1;
   padded.pad_to_capacity = true;
   EXPECT_EQ(tp_comm(m, padded, 4).tp_ep.all_gather, 0);
+  // The allgather dispatcher padded: no meta (every rank's counts known), 1056 - 2 x 48 B.
+  RunSpec padded_ag = run_of(2, true, 2, 2, "allgather");
+  padded_ag.capacity_factor = 1;
+  padded_ag.pad_to_capacity = true;
+  EXPECT_EQ(tp_comm(m, padded_ag, 4).tp_ep.all_gather, 960);
   // The experts' fc2 biases (E / ep = 2 local experts x H a layer: 32 fp32) all-reduced over
   // ETP: 2 x 128 / 2 = 128 B.
   ModelSpec biased = m;

@@ -774,6 +774,7 @@ int64_t build_group_permutation(void* stream, int64_t* rows_L, int32_t* row_toke
          group_rows_GK, static_cast<const int32_t*>(row_token_N),
          static_cast<const int32_t*>(row_slot_N), static_cast<const int64_t*>(rows_L), L, K,
          g.max_rows);
+  if (g.known_rows > 0) return g.known_rows;  // padded: no read back, no host sync
   // N back to the host: the all-gather dispatcher's documented sync (its token-count exchange
   // point). rows_L in pieces of a fixed host buffer: nothing allocates.
   // (ops::read_back's audit and copy, called directly: this is the kernel side of its switch.)

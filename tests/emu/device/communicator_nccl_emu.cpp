@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
 #include "emu/stream_capture_emu.h"
@@ -178,6 +179,7 @@ class EmuNcclCommunicator final : public Communicator {
       : name_(bootstrap.name()),
         ranks_(bootstrap.global_ranks()),
         rank_(bootstrap.rank()),
+        ex_(ex),
         timeout_s_(timeout_s) {
     MOE_CHECK(ex.device == Device::CUDA,
               "[comm] group '{}': the NCCL communicator needs a CUDA "
@@ -190,8 +192,23 @@ class EmuNcclCommunicator final : public Communicator {
     live().push_back(this);
   }
   ~EmuNcclCommunicator() override {
+    // As the real one's: the stream runs what is on it before the buffers go, a wait bounded by
+    // the group's timeout and reported past it (MOECORE_FAULT=stream_hang plants a stream that
+    // never drains).
+    wait_for_stream("the destructor's wait for the communicator's stream");
     std::erase(live(), this);
     emu::device_free(barrier_);
+  }
+
+  // Polls the emulated device's stream (idle once its launches returned, unless a hang is
+  // planted) until it is idle; past the timeout, abort_on_timeout names the group and `call`.
+  void wait_for_stream(const char* call) const {
+    const auto start = Clock::now();
+    while (!cuda_stream_idle(ex_)) {
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (waited > timeout_s_) abort_on_timeout(call, waited);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   // The stream: the operations in flight, in posting order. A request leaves it when completed.
@@ -426,6 +443,7 @@ class EmuNcclCommunicator final : public Communicator {
   std::string name_;
   std::vector<int> ranks_;
   int rank_ = 0;
+  Exec ex_;  // the context whose device's stream stands for the communicator's
   double timeout_s_ = 0;
   std::unique_ptr<Communicator> transport_;
   int32_t* barrier_ = nullptr;  // the barrier's all-reduce word, on the device as the real one's

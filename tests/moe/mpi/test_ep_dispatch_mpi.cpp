@@ -4,7 +4,8 @@
 // - Routing proof: each rank fills its tokens with its EP rank and token index; the experts'
 //   rows must be exactly the routed (source rank, token, slot) triples in (expert, source rank,
 //   token) order, every output row must come back to its source token, and the prob gradient to
-//   its source slot. Uneven token counts (one rank has none), dropped slots, an expert no rank
+//   its source slot. Uneven token counts (one rank has none; padded all-gather: the same count
+//   on every rank of a group, which it does not exchange), dropped slots, an expert no rank
 //   routes to, every token to one expert, padding to capacity.
 // - allgather == alltoall: MoE layer outputs, input grads, router and expert weight grads
 //   (bitwise for top-k <= 2, within the f64 tolerance for top-k 3).
@@ -104,7 +105,12 @@ void check_routing(ProcessGroups* g, DispatcherType type, RouteCase rc) {
   const int me = c.rank(), R = c.size();
   const int64_t E = 8, K = rc.K, H = 3, L = E / R, max_tok = 8;
   std::vector<Routing> all;
-  for (int s = 0; s < R; ++s) all.push_back(make_routing(rc.pat, s, tokens_of(s), K, E, rc.drops));
+  // Padded, the all-gather dispatcher takes every rank's tokens to be its own count (the same
+  // micro-batch shape everywhere: nothing is exchanged); the all-to-all one needs only the same
+  // capacity, so it keeps the uneven counts.
+  const bool same_tokens = rc.pad && type == DispatcherType::AllGather;
+  for (int s = 0; s < R; ++s)
+    all.push_back(make_routing(rc.pat, s, tokens_of(same_tokens ? 0 : s), K, E, rc.drops));
   const Routing& mine = all[me];
   // Padding: one capacity for every rank, at least the fullest (expert, rank) chunk.
   int64_t cap = 0;
@@ -116,7 +122,13 @@ void check_routing(ProcessGroups* g, DispatcherType type, RouteCase rc) {
   auto d = make(type, E, K, H, rc.pad ? 8.0 : 0.0, c);
   Arena arena;
   arena.plan([&](Arena& a) { d->allocate(a, max_tok); });
+  const auto calls_before = c.calls();
   const DispatchPlan& p = d->plan(mine.idx.data(), mine.n_tok, cap);
+  if (type == DispatcherType::AllGather) {
+    // The routing map's all-gather, after the token counts' exchange when dropless; padded,
+    // every rank's counts are known and nothing else is exchanged.
+    EXPECT_EQ((c.calls() - calls_before).all_gather, rc.pad ? 1 : 2) << "the plan's all-gathers";
+  }
 
   // Expected expert rows: (expert, source rank, token), pad rows after each source's chunk.
   struct Row { int src; int64_t t, k; };
@@ -555,16 +567,20 @@ TEST(EpMoELayerMpi, CapacityDroppingAndPaddingEqualPerRankLayers) {
       }
 }
 
-// --moe-shared-expert-overlap: the shared expert's forward runs while the dispatch's all-to-all
-// is in flight, its backward while the combine backward's is (counted by the layer from the
-// dispatcher's pending handles: seen between the start and the wait), and the layer's output,
-// input gradient and every parameter gradient are bitwise those without the flag. EP 2, EP 4
-// and ETP 2 x EP 2, dropless and padded, plain and gated shared expert; one rank (the local
-// dispatcher, nothing in flight) the same, bitwise, with nothing counted.
+// --moe-shared-expert-overlap: the shared expert's four pieces run while the dispatcher's
+// collectives are in flight: fc1 with the dispatch, fc2 with the combine, fc2's backward with
+// the combine's backward, fc1's backward with the dispatch's backward (each window counted by
+// the layer from the dispatcher's pending handles: seen between the start and the wait), and
+// the layer's output, input gradient and every parameter gradient are bitwise those without the
+// flag. EP 2, EP 4 and ETP 2 x EP 2 (the alltoall dispatcher: the configuration refuses the
+// overlap with the all-gather one, as Megatron does), dropless and padded, plain and gated
+// shared expert; one rank (the local dispatcher, nothing in flight) the same, bitwise, with
+// nothing counted.
 TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
   std::vector<ProcessGroups*> all = layouts();
   if (g_etp2 != nullptr) all.push_back(g_etp2);
   all.push_back(nullptr);  // one rank
+  const DispatcherType type = DispatcherType::AlltoAll;
   for (ProcessGroups* g : all)
     for (bool pad : {false, true})
       for (bool gate : {false, true}) {
@@ -573,8 +589,9 @@ TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
                      << (g != nullptr ? "EP=" + std::to_string(g->degrees().ep) +
                                             " ETP=" + std::to_string(g->degrees().etp)
                                       : std::string("one rank"))
-                     << (pad ? " padded" : " dropless") << (gate ? " gated" : ""));
-        ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, DispatcherType::AlltoAll);
+                     << " " << dispatcher_type_name(type) << (pad ? " padded" : " dropless")
+                     << (gate ? " gated" : ""));
+        ModelConfig cfg = dispatcher_config(2, pad ? 1.0 : 0.0, type);
         cfg.moe.router.pad_to_capacity = pad;
         cfg.moe.shared_expert_gate = gate;
         const int64_t n = 5 + me, H = cfg.hidden;
@@ -587,10 +604,14 @@ TEST(EpMoELayerMpi, SharedExpertOverlapIsBitwiseAndInFlight) {
         EXPECT_TRUE(overlap.layer->overlaps_shared_expert());
         const auto& none = plain.layer->shared_expert_overlaps();
         const auto& seen = overlap.layer->shared_expert_overlaps();
-        EXPECT_EQ(none.forward + none.backward, 0);
+        EXPECT_EQ(none.dispatch + none.combine + none.combine_backward + none.dispatch_backward,
+                  0);
         const int64_t in_flight = g != nullptr ? 1 : 0;  // the local dispatcher sends nothing
-        EXPECT_EQ(seen.forward, in_flight) << "shared expert forwards during the dispatch";
-        EXPECT_EQ(seen.backward, in_flight) << "shared expert backwards during the combine's";
+        EXPECT_EQ(seen.dispatch, in_flight) << "shared fc1 during the dispatch";
+        EXPECT_EQ(seen.combine, in_flight) << "shared fc2 during the combine";
+        EXPECT_EQ(seen.combine_backward, in_flight) << "shared fc2 backward during the combine's";
+        EXPECT_EQ(seen.dispatch_backward, in_flight)
+            << "shared fc1 backward during the dispatch's";
         EXPECT_EQ(overlap.y, plain.y) << "output";
         EXPECT_EQ(overlap.dx, plain.dx) << "input grad";
         ASSERT_EQ(overlap.params.params().size(), plain.params.params().size());
@@ -633,7 +654,11 @@ Bf16Run run_bf16_layer(const ModelConfig& cfg, ProcessGroups* g, bool bf16_dispa
   params.refresh_bf16();
   EXPECT_EQ(layer.bf16_rows(), bf16_dispatch);
   EXPECT_EQ(layer.bf16_dy_rows(), bf16_dispatch && !cfg.add_mlp_bias);
-  const int64_t n = 5 + me, H = cfg.hidden;
+  // Uneven token counts, but for the padded all-gather dispatcher, which takes every rank's
+  // micro-batch to have this one's shape (it exchanges no counts).
+  const bool same_tokens = cfg.moe.router.pad_to_capacity &&
+                           cfg.moe.dispatcher_type == DispatcherType::AllGather;
+  const int64_t n = same_tokens ? 5 : 5 + me, H = cfg.hidden;
   const auto x = testing::random_vec<float>(n * H, 100 + 31 * me);
   const auto dy = testing::random_vec<float>(n * H, 200 + 31 * me);
   Bf16Run r{std::vector<float>(n * H), std::vector<float>(n * H), {}, 0, 0};
