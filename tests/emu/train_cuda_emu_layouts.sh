@@ -43,7 +43,7 @@ case "$np" in
        "ep2-bf16 --expert-model-parallel-size 2 --bf16"
        "pp2 @sync-free ${two[*]} --pipeline-model-parallel-size 2"
        "pp2-mtp @sync-free ${two[*]} --pipeline-model-parallel-size 2 --mtp-num-layers 1"
-       "pp2-vp2 --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
+       "pp2-vp2 @sync-free --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
        "pp2-vp2-group4 @sync-free --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --microbatch-group-size-per-virtual-pipeline-stage 4"
        "cp2-p2p @sync-free ${two[*]} --context-parallel-size 2 --cp-comm-type p2p"
        "cp2-allgather @sync-free ${two[*]} --context-parallel-size 2 --cp-comm-type allgather"
