@@ -122,7 +122,7 @@ if command -v mpirun > /dev/null 2>&1; then
   fi
 fi
 # Every parallel layout on --device cuda under mpirun (tests/emu/train_cuda_emu_layouts.sh, the
-# ctest entries train_cuda_emu_layouts_mpi_{2,4,8}): the device's collectives on the emulated NCCL;
+# ctest entries train_cuda_emu_layouts_mpi_{2,3,4,8}): the device's collectives on the emulated NCCL;
 # then checkpoints, SIGTERM to mpirun, eval and the stream-wait watchdog there
 # (tests/emu/train_cuda_emu_ckpt.sh, train_cuda_emu_ckpt_mpi_2).
 if command -v mpirun > /dev/null 2>&1; then

@@ -179,6 +179,7 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
     }
   }
   backwards_.assign(vp, 0);
+  pending_.reserve(2);
   model_.set_grad_ready_hook([this](int stage) { this->stage_done(stage); });
 }
 
@@ -244,8 +245,8 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
   // Before each step, its receives in their senders' order (recv_plan): NCCL pairs a
   // neighbour's messages with the receives in the order both post them (the tags name them for
   // MPI).
-  const auto post_receives = [&](size_t step) {
-    for (size_t k = recvs.first[step]; k < recvs.first[step + 1]; ++k) {
+  const auto post_receives = [&](size_t from, size_t to) {
+    for (size_t k = from; k < to; ++k) {
       const RecvPost& r = recvs.posts[k];
       const int64_t mb = r.msg.microbatch;
       const int ch = r.msg.chunk;
@@ -258,6 +259,52 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
       }
     }
   };
+  // The interleaved schedule's exchanges (recv_plan, pipeline/lockstep.h): the outputs of the
+  // last iteration, copied into send slots as each step ends, go out with the round's receives
+  // as one group, and the whole group is waited before the next step, as Megatron's batched
+  // exchange: each group's partners are in the neighbours' groups of the same round, so the
+  // groups of all ranks finish round by round (no two can wait on each other).
+  const bool lockstep = pipelined() && cfg_.vp > 1;
+  size_t next_exchange = 0;
+  std::vector<PendingSend>& pending = pending_;
+  pending.clear();
+  const auto exchange_before = [&](size_t step) {
+    ScopedPhase phase(Phase::Communication);
+    for (; next_exchange < recvs.exchanges.size() && recvs.exchanges[next_exchange].before == step;
+         ++next_exchange) {
+      const Exchange& e = recvs.exchanges[next_exchange];
+      MOE_CHECK(e.sends.size() == pending.size(),
+                "[pipeline] internal: pp rank {}'s exchange before step {} sends {} outputs, {} "
+                "are waiting",
+                cfg_.rank, step, e.sends.size(), pending.size());
+      for (PendingSend& ps : pending)
+        *ps.handle = pp_->send_async(ps.buf, ps.elems, dt, ps.peer, ps.tag);
+      post_receives(e.first_post, e.end_post);
+      // The first wait issues the group (NcclP2pBatch); the others complete with it.
+      for (PendingSend& ps : pending) ps.handle->wait_on(ex);
+      for (size_t k = e.first_post; k < e.end_post; ++k) {
+        const RecvPost& r = recvs.posts[k];
+        (r.msg.gradient ? grad_recv_[r.slot] : stash_recv_[r.msg.chunk][r.slot]).wait_on(ex);
+      }
+      pending.clear();
+    }
+  };
+  // A step's output to a neighbour: sent now (1F1B: with the next receive's group), or with the
+  // next exchange (the interleaved schedule).
+  const auto send = [&](bool gradient, DevPtr<const T> data, int64_t n, int peer, int msg_tag) {
+    parallel::CommHandle* h = nullptr;
+    DevPtr<T> buf;
+    {
+      ScopedPhase phase(Phase::Communication);
+      buf = send_slot(gradient, &h);
+    }
+    ops::copy(ex, buf, data, n);
+    if (lockstep) {
+      pending.push_back(PendingSend{buf, n, peer, msg_tag, h});
+    } else {
+      *h = pp_->send_async(buf, n, dt, peer, msg_tag);
+    }
+  };
 
   bool have_last = false;
   Work last{Pass::Forward, -1, -1};
@@ -267,33 +314,26 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
     const int64_t mb = w.microbatch;
     const parallel::VirtualStage& st = model_.chunk(ch);
     DevPtr<const T> input = nullptr;
-    if (pipelined()) post_receives(i);
+    if (lockstep) {
+      exchange_before(i);
+    } else if (pipelined()) {
+      post_receives(recvs.first[i], recvs.first[i + 1]);
+    }
     if (pipelined() && !st.embedding) {
       const int s = recvs.input_slot[i];
-      if (w.pass == Pass::Forward) {
+      if (w.pass == Pass::Forward && !lockstep) {
         ScopedPhase phase(Phase::Communication);
         stash_recv_[ch][s].wait_on(ex);
       }
       input = stash_[ch][s];
-    }
-    if (pipelined() && recvs.with_next[i] && recvs.grad_slot[i + 1] >= 0) {
-      ScopedPhase phase(Phase::Communication);
-      grad_recv_[recvs.grad_slot[i + 1]].wait_on(ex);
     }
     if (w.pass == Pass::Forward) {
       model_.forward_chunk(ch, hooks.io(mb, ch), input, mb);
       if (st.loss) {
         if (hooks.after_loss_forward) hooks.after_loss_forward(mb, ch);
       } else if (pipelined()) {
-        parallel::CommHandle* h = nullptr;
-        DevPtr<T> buf;
-        {
-          ScopedPhase phase(Phase::Communication);
-          buf = send_slot(false, &h);
-        }
-        const int64_t n = model_.output_elems(ch);
-        ops::copy(ex, buf, model_.chunk_output(ch), n);
-        *h = pp_->send_async(buf, n, dt, next_rank(ch), tag(mb, next_chunk(ch), false));
+        send(false, model_.chunk_output(ch), model_.output_elems(ch), next_rank(ch),
+             tag(mb, next_chunk(ch), false));
       }
     } else {
       // The activations are the last forward's: any other forward since, and the chunk reruns
@@ -304,9 +344,11 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
       }
       DevPtr<const T> dout = nullptr;
       if (!st.loss) {
-        ScopedPhase phase(Phase::Communication);
         const int g = recvs.grad_slot[i];
-        grad_recv_[g].wait_on(ex);
+        if (!lockstep) {
+          ScopedPhase phase(Phase::Communication);
+          grad_recv_[g].wait_on(ex);
+        }
         dout = grad_in_[g];
       }
       final_backward_ = backwards_[ch] == M - 1;
@@ -318,20 +360,14 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
       final_backward_ = false;
       ++backwards_[ch];
       if (pipelined() && !st.embedding) {
-        parallel::CommHandle* h = nullptr;
-        DevPtr<T> buf;
-        {
-          ScopedPhase phase(Phase::Communication);
-          buf = send_slot(true, &h);
-        }
-        const int64_t n = model_.input_elems(ch);
-        ops::copy(ex, buf, model_.input_grad(), n);
-        *h = pp_->send_async(buf, n, dt, prev_rank(ch), tag(mb, prev_chunk(ch), true));
+        send(true, model_.input_grad(), model_.input_elems(ch), prev_rank(ch),
+             tag(mb, prev_chunk(ch), true));
       }
     }
     have_last = true;
     last = w;
   }
+  if (lockstep) exchange_before(order.size());
   if (pipelined()) {
     ScopedPhase phase(Phase::Communication);
     for (SendPool& p : send_) {

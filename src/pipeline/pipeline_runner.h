@@ -2,9 +2,11 @@
 // schedule (pipeline/schedule.h): the forwards and backwards in Megatron's order, the activations
 // and their gradients to and from the neighbouring virtual stages (point-to-point on the pipeline
 // group, non-blocking, through parallel::Communicator; the receives posted as recv_plan says: in
-// each sender's order, which NCCL's posting-order matching needs), the gradients' readiness for the
-// data-parallel reduction, and the shared embedding table's gradient (the tied head's, MTP's)
-// summed over the ranks that hold it (Megatron's embedding group: parallel::word_table_ranks).
+// each sender's order, which NCCL's posting-order matching needs, and under the interleaved
+// schedule in lockstep rounds of batched exchanges, pipeline/lockstep.h), the gradients'
+// readiness for the data-parallel reduction, and the shared embedding table's gradient (the tied
+// head's, MTP's) summed over the ranks that hold it (Megatron's embedding group:
+// parallel::word_table_ranks).
 // Each chunk's boundary is the stage's own (GPTModel::input_elems / output_elems): from a
 // standalone MTP stage on, 1 + --mtp-num-layers activations. Without pipeline parallelism it is the plain loop
 // (each micro-batch's forward then its backward) with no communication.
@@ -152,6 +154,15 @@ class PipelineRunner {
     size_t next = 0;
   };
   SendPool send_[2];  // [0] activations forward, [1] gradients backward
+  // The interleaved schedule: the last iteration's outputs, copied into send slots, waiting for
+  // the next exchange (at most a forward's and a backward's).
+  struct PendingSend {
+    DevPtr<T> buf;
+    int64_t elems;
+    int peer, tag;
+    parallel::CommHandle* handle;
+  };
+  std::vector<PendingSend> pending_;
   DevPtr<T> tied_recv_ = nullptr;  // a partial sum of the shared table's gradient
   int64_t replays_ = 0;
   // Planned once: the schedules, their receives, and the step's counters (a step allocates

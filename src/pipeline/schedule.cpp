@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "pipeline/lockstep.h"
 
 namespace moecore::pipeline {
 
@@ -187,7 +188,6 @@ RecvPlan recv_plan(const ScheduleConfig& c) {
   p.first.assign(1, 0);
   p.input_slot.assign(n, -1);
   p.grad_slot.assign(n, -1);
-  p.with_next.assign(n, false);
   p.stash_slots.assign(c.vp, 0);
   if (c.pp == 1) {
     p.first.assign(n + 1, 0);
@@ -237,24 +237,45 @@ RecvPlan recv_plan(const ScheduleConfig& c) {
       p.posts.push_back(RecvPost{msg, s.rank, slot});
     }
   };
+  // The interleaved schedule: the lockstep rounds' receives, each round's group before its step.
+  std::vector<Round> rounds;
+  if (c.vp > 1) rounds = lockstep_rounds(c);
+  size_t next_round = 0;
+  const auto take_rounds_before = [&](size_t i) {
+    for (; next_round < rounds.size() && rounds[next_round].before == i; ++next_round) {
+      const Round& r = rounds[next_round];
+      Exchange e{r.before, r.sends, p.posts.size(), 0};
+      for (const auto& [msg, from] : r.recvs) {
+        const auto at = static_cast<size_t>(msg.microbatch);
+        int& slot = (msg.gradient ? grad_of : stash_of)[msg.chunk][at];
+        MOE_CHECK(slot < 0, "[pipeline] internal: micro-batch {}'s {} of chunk {} received twice",
+                  msg.microbatch, msg.gradient ? "gradient" : "activation", msg.chunk);
+        slot = take_slot(msg.gradient ? grad_taken : stash_taken[msg.chunk]);
+        p.posts.push_back(RecvPost{msg, from, slot});
+      }
+      e.end_post = p.posts.size();
+      p.exchanges.push_back(std::move(e));
+    }
+  };
   for (size_t i = 0; i < n; ++i) {
     const Work& w = order[i];
     const auto mb = static_cast<size_t>(w.microbatch);
     const bool first_stage = c.rank == 0 && w.chunk == 0;
     const bool last_stage = c.rank == c.pp - 1 && w.chunk == c.vp - 1;
-    post_through(i);
-    // Megatron's interleaved iteration: a forward and the backward after it exchange as one
-    // (their receives posted and waited before the forward; their sends go with the next
-    // iteration's receives), so both neighbours' groups pair up.
-    if (c.vp > 1 && w.pass == Pass::Forward && i + 1 < n && order[i + 1].pass == Pass::Backward) {
-      post_through(i + 1);
-      p.with_next[i] = true;
+    if (c.vp > 1) {
+      take_rounds_before(i);
+    } else {
+      post_through(i);
     }
     p.first.push_back(p.posts.size());
     if (!first_stage) p.input_slot[i] = stash_of[w.chunk][mb];
     if (w.pass == Pass::Backward && !last_stage) p.grad_slot[i] = grad_of[w.chunk][mb];
     MOE_CHECK(first_stage || p.input_slot[i] >= 0,
               "[pipeline] internal: pp rank {} runs micro-batch {} of chunk {} without its input",
+              c.rank, w.microbatch, w.chunk);
+    MOE_CHECK(w.pass == Pass::Forward || last_stage || p.grad_slot[i] >= 0,
+              "[pipeline] internal: pp rank {} runs the backward of micro-batch {} of chunk {} "
+              "without its output's gradient",
               c.rank, w.microbatch, w.chunk);
     // The slots the step read are free after it: the activation once no backward needs it.
     const auto release = [](int& slot, std::vector<char>& taken) {
@@ -266,6 +287,11 @@ RecvPlan recv_plan(const ScheduleConfig& c) {
     }
     if (w.pass == Pass::Backward) release(grad_of[w.chunk][mb], grad_taken);
   }
+  // The last outputs' sends (nothing is received after the last step: every message is read).
+  const size_t posted = p.posts.size();
+  take_rounds_before(n);
+  MOE_CHECK(next_round == rounds.size() && p.posts.size() == posted,
+            "[pipeline] internal: pp rank {} receives after its last step", c.rank);
   for (int ch = 0; ch < c.vp; ++ch)
     p.stash_slots[ch] = static_cast<int64_t>(stash_taken[ch].size());
   p.grad_slots = static_cast<int64_t>(grad_taken.size());

@@ -66,23 +66,30 @@ struct Message {
 std::vector<Message> messages_sent(const ScheduleConfig& c, int sender, int receiver);
 
 // Where rank c.rank receives its messages, and when it posts the receives. NCCL has no tags: a
-// pair's messages match in the order both sides post them. So every receive is posted in its
-// sender's order (messages_sent), whatever order the receiver reads them in: before each step,
-// the receive of what the step reads and every earlier one of the same sender not yet posted
-// (1F1B and the interleaved schedule with groups of pp micro-batches read in the sender's order,
-// so that is the step's receive alone; with pp 2 and larger groups a rank sends its neighbour
-// activations and gradients in another order than the neighbour reads them, which then receives
-// some ahead). Nothing is posted beyond what a step reads: a receive waits for its sender, and on
-// NCCL everything after it on the communicator waits with it. Activations land in a stash slot of
-// their chunk, kept until the backward (forward-only: until the forward ends), gradients in a
-// gradient slot until the backward reads them; each takes the lowest free slot. Under the
-// interleaved schedule a forward followed by a backward posts and waits the backward's gradient
-// too (Megatron's iteration: both exchanges in one group), else NCCL's in-order groups of the
-// two neighbours wait on each other.
+// pair's messages match in the order both sides post them, and a communicator's groups run in
+// order, each to its end.
+// - 1F1B (vp 1): every receive is posted in its sender's order (messages_sent), before the step
+//   that reads it (and every earlier one of the same sender not yet posted), and waited there;
+//   the sends of the steps before go in the same group. The stages form a chain, each group
+//   pairs with its neighbour's.
+// - The interleaved schedule (vp > 1): the lockstep rounds of pipeline/lockstep.h, Megatron's
+//   batched exchanges: after each iteration one group sends its outputs and receives what the
+//   neighbours send in the same round (ahead of the step that reads it where that is later), and
+//   is waited whole (`exchanges`). Every group's partners lie in the peers' groups of the same
+//   round: no two groups can wait on each other (the ring of the virtual stages included).
+// Activations land in a stash slot of their chunk, kept until the backward (forward-only: until
+// the forward ends), gradients in a gradient slot until the backward reads them; each takes the
+// lowest free slot.
 struct RecvPost {
   Message msg;
   int peer = 0;  // pp rank of the sender
   int slot = 0;  // a stash slot of msg.chunk, or a gradient slot
+};
+// One group of the interleaved schedule's exchanges, issued and waited whole.
+struct Exchange {
+  size_t before = 0;                    // the step it precedes (the schedule's length: the end)
+  std::vector<size_t> sends;            // the steps whose outputs it sends, in step order
+  size_t first_post = 0, end_post = 0;  // its receives: posts[first_post, end_post)
 };
 struct RecvPlan {
   std::vector<RecvPost> posts;  // in posting order
@@ -90,9 +97,9 @@ struct RecvPlan {
   // Per step: the stash slot of the chunk's input (-1: the embedding's chunk, or no pipelining)
   // and, for a backward, the gradient slot of its output gradient (-1: the loss's chunk).
   std::vector<int> input_slot, grad_slot;
-  // Per step: the next step's receives are posted and waited with this one's (vp > 1: a forward
-  // and the backward after it, Megatron's iteration).
-  std::vector<bool> with_next;
+  // vp > 1: the groups in order (every receive belongs to one; each step's outputs are sent by
+  // the first one after it). Empty for vp 1.
+  std::vector<Exchange> exchanges;
   std::vector<int64_t> stash_slots;  // per chunk: the most activations held at once
   int64_t grad_slots = 0;            // the most gradients held at once
 };

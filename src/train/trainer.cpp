@@ -88,29 +88,21 @@ void check_parallel_support(const parallel::ParallelConfig& p, const ModelConfig
          "group's logits)");
 }
 
-void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
-                                   const parallel::Degrees& d, const ModelConfig& model) {
+// (The layout and the model are not read: no pipeline layout is refused on the device.)
+void check_device_parallel_support(const std::string& device,
+                                   const parallel::ParallelConfig& /*cfg*/,
+                                   const parallel::Degrees& d, const ModelConfig& /*model*/) {
   MOE_CHECK(d.world == 1 || parallel::nccl_built(),
             "[train] --device {} on {} processes needs NCCL for the collectives on device memory, "
             "which this build does not have: build with -DMOECORE_CUDA=ON (docs/gpu.md), or run "
             "one process, or --device cpu",
             device, d.world);
   // NCCL has no tags and runs a communicator's groups in order, each to its end. The pipeline
-  // runner posts every receive in its sender's order (pipeline::recv_plan) and, under the
-  // interleaved schedule, exchanges a forward and the backward after it as one group
-  // (Megatron's iteration). A model of that against NCCL's rules (each rank's groups in order, a
-  // send complete once its receive runs) finds no wait cycle for PP 2 in groups of 2
-  // micro-batches (VP 2 to 4, every count from 2 to 24; the emulated build runs PP 2 x VP 2);
-  // larger groups, and PP > 2 with as many micro-batches as stages, leave two neighbours'
-  // groups waiting on each other.
-  const int vp = d.pp > 1 ? cfg.vp(model.num_layers) : 1;
-  MOE_CHECK(vp == 1 || (d.pp == 2 && cfg.microbatch_group() == 2),
-            "[train] --device {} with {} virtual pipeline stages per rank over pipeline size {} "
-            "in groups of {} micro-batches (--microbatch-group-size-per-virtual-pipeline-stage) "
-            "is not implemented yet: NCCL runs a communicator's point-to-point groups in order, "
-            "and this interleaved schedule's would wait on each other. Use pipeline size 2 with "
-            "the default group size, one virtual stage per rank, or --device cpu",
-            device, vp, d.pp, cfg.microbatch_group());
+  // runner posts every receive in its sender's order (pipeline::recv_plan); 1F1B's stages form a
+  // chain, and the interleaved schedule exchanges in lockstep rounds (pipeline/lockstep.h:
+  // every group's partners lie in the neighbours' groups of the same round), so no two groups
+  // wait on each other for any pipeline size, virtual stages or group size (a model of NCCL's
+  // rules checks PP 2 to 4, VP 2 to 4, groups of PP to PP + 2, 1 to 24 micro-batches).
 }
 
 optim::GradNormSync grad_norm_sync(const parallel::ProcessGroups* groups,

@@ -88,7 +88,7 @@ void check_parallel_support(const parallel::ParallelConfig& cfg, const ModelConf
 
 // What `moecore train --device <device>` (not the CPU) refuses of a layout before step 0, naming
 // it: more than one process in a build without NCCL (the device's collectives run on NCCL, one
-// communicator per distinct group), and what has not run over NCCL yet.
+// communicator per distinct group).
 void check_device_parallel_support(const std::string& device, const parallel::ParallelConfig& cfg,
                                    const parallel::Degrees& degrees, const ModelConfig& model);
 

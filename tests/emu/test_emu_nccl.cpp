@@ -569,9 +569,10 @@ TEST(EmuNcclStrict, HostBuffersAreRefused) {
   nccl().barrier();
 }
 
-// A wait past the timeout names the group, the call and the limit, and ends the process: a
-// receive from itself that no send matches, on a communicator of one bootstrapped by a local one
-// (one process: the ctest entry emu_nccl_timeout runs this case alone, without mpirun).
+// A wait past the timeout names the group, the call, the limit and what the running group
+// waits for (the pair: here its receive from itself), and ends the process: a receive from
+// itself that no send matches, on a communicator of one bootstrapped by a local one (one
+// process: the ctest entry emu_nccl_timeout runs this case alone, without mpirun).
 void wait_past_the_timeout() {
   auto boot = make_local_communicator("pp", 0);
   auto comm = make_nccl_communicator(*boot, g_ex, 0.3);
@@ -582,7 +583,9 @@ void wait_past_the_timeout() {
 TEST(EmuNcclTimeout, AWaitPastTheTimeoutNamesTheGroupAndTheCall) {
   EXPECT_DEATH(wait_past_the_timeout(),
                "timeout: rank 0 of 1 in group 'pp' \\(world rank 0\\) waited 0\\.[3-9] s in recv "
-               "on the emulated NCCL, over the 0\\.3 s limit");
+               "on the emulated NCCL, over the 0\\.3 s limit \\(--distributed-timeout-minutes\\); "
+               "its running group waits on: its receive from itself \\(world rank 0; 16 bytes, "
+               "tag 0\\) not sent; aborting");
 }
 
 // The destructor's wait for the communicator's stream is bounded as a handle's is: a stream that

@@ -81,12 +81,14 @@ TEST(PipelineBuffers, HandCountsReceivedAhead) {
       pipeline_buffer_sizes(sched(2, 0, 2, 4, 4), chunks({true, false}, 10), 0);
   EXPECT_EQ(s.stash_slots, (std::vector<int64_t>{0, 4}));
   EXPECT_EQ(s.grad_in_slots, 1);
-  // M 8 in groups of 4, rank 1: two gradients held at once (chunk 0's stash: 5 slots).
+  // M 8 in groups of 4, rank 1: three gradients held at once, each received in the round rank 0
+  // sends it (G0.0, G1.0, G2.0 before rank 1's B0.0: the lockstep exchanges), and chunk 0's
+  // stash: 5 slots.
   const PipelineBufferSizes r1 =
       pipeline_buffer_sizes(sched(2, 1, 2, 8, 4), chunks({false, false}, 10), 0);
   EXPECT_EQ(r1.stash_slots, (std::vector<int64_t>{5, 1}));
-  EXPECT_EQ(r1.grad_in_slots, 2);
-  EXPECT_EQ(r1.bytes(4), (5 + 1 + 2 + 2 * r1.send_slots_per_pool) * 64);
+  EXPECT_EQ(r1.grad_in_slots, 3);
+  EXPECT_EQ(r1.bytes(4), (5 + 1 + 3 + 2 * r1.send_slots_per_pool) * 64);
 }
 
 TEST(PipelineBuffers, RecomputedForwards) {

@@ -317,43 +317,62 @@ TEST(PipelineSchedule, ReceivesPostedInTheSendersOrder) {
   check_recv_plans({.pp = 4, .vp = 4, .num_microbatches = 29, .group_size = 5});
 }
 
-// Why the sender's order: with PP 2 and groups larger than pp a rank reads its neighbour's
-// messages in another order than the neighbour sends them (rank 1 sends rank 0 the activation of
-// micro-batch 3 for chunk 1 before the gradient of micro-batch 0; rank 0 reads that gradient
-// first), so rank 0 receives that activation ahead, into a stash slot more than it keeps in
-// flight. With groups of pp micro-batches (the default) and with PP > 2 (one kind of message
-// per direction) each step receives exactly what it reads (under the interleaved schedule a
-// forward also receives the gradient of the backward after it).
-TEST(PipelineSchedule, ReceivesAheadOnlyWhereTheOrdersDiffer) {
+// 1F1B receives each message just before the step that reads it. The interleaved schedule
+// receives each in the round its sender sends it (pipeline/lockstep.h): with PP 2 in groups of 4,
+// rank 1 sends rank 0 the activation of micro-batch 3 for chunk 1 before the gradient of
+// micro-batch 0, which rank 0 reads first; rank 0 receives the activations as they come, into a
+// stash slot more than it keeps in flight.
+TEST(PipelineSchedule, InterleavedReceivesInTheRoundOfTheSend) {
   const ScheduleConfig c{.pp = 2, .rank = 0, .vp = 2, .num_microbatches = 4, .group_size = 4};
   const std::vector<Message> sent = messages_sent(c, 1, 0);
   const auto at = [&](Message m) { return std::find(sent.begin(), sent.end(), m) - sent.begin(); };
   EXPECT_LT(at({false, 3, 1}), at({true, 0, 1}));
   EXPECT_EQ(format_schedule(c),
             "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 B0.1 F3.1 B1.1 B2.1 B3.1 B0.0 B1.0 B2.0 B3.0");
-  // F2.1 and B0.1 exchange as one (Megatron's iteration): before F2.1, A2.1, A3.1, then G0.1.
   const RecvPlan p = recv_plan(c);
-  EXPECT_TRUE(p.with_next[6]);
-  ASSERT_EQ(p.first[7] - p.first[6], 3u);
-  EXPECT_EQ(p.posts[p.first[6]].msg, (Message{false, 2, 1}));
-  EXPECT_EQ(p.posts[p.first[6] + 1].msg, (Message{false, 3, 1}));
-  EXPECT_EQ(p.posts[p.first[6] + 2].msg, (Message{true, 0, 1}));
+  // Round by round: rank 1 runs F0.0 F1.0 F0.1 ... one round behind rank 0, so A0.1 comes
+  // before F2.0, A3.1 before F1.1, and G0.1 (rank 1's B0.1 after its F0.1) before F2.1.
+  EXPECT_EQ(p.first[2], 0u);
+  EXPECT_EQ(p.posts[p.first[2]].msg, (Message{false, 0, 1}));
+  ASSERT_EQ(p.first[6] - p.first[5], 1u);
+  EXPECT_EQ(p.posts[p.first[5]].msg, (Message{false, 3, 1}));
+  ASSERT_EQ(p.first[7] - p.first[6], 1u);
+  EXPECT_EQ(p.posts[p.first[6]].msg, (Message{true, 0, 1}));
   EXPECT_EQ(p.first[8], p.first[7]);  // nothing more before B0.1
+  // F2.1 and B0.1 are one iteration: their outputs go out together, before F3.1.
+  const auto before_f31 = std::find_if(p.exchanges.begin(), p.exchanges.end(),
+                                       [](const Exchange& e) { return e.before == 8; });
+  ASSERT_NE(before_f31, p.exchanges.end());
+  EXPECT_EQ(before_f31->sends, (std::vector<size_t>{6, 7}));
   EXPECT_EQ(in_flight_per_chunk(c), (std::vector<int64_t>{4, 3}));
   EXPECT_EQ(p.stash_slots, (std::vector<int64_t>{0, 4}));
   EXPECT_EQ(p.grad_slots, 1);
-  // PP 2 x VP 2 x M 8 in groups of 4: rank 1 holds two gradients at once.
+  // PP 2 x VP 2 x M 8 in groups of 4: rank 0 sends rank 1 the gradients G0.0, G1.0, G2.0 in the
+  // rounds before rank 1's F2.1, F3.1 and F4.0, which reads the first in B0.0 after F4.0: three
+  // held at once.
   EXPECT_EQ(recv_plan({.pp = 2, .rank = 1, .vp = 2, .num_microbatches = 8, .group_size = 4})
                 .grad_slots,
-            2);
+            3);
   for (const ScheduleConfig& d : {ScheduleConfig{.pp = 2, .rank = 0, .vp = 2, .num_microbatches = 8},
                                   ScheduleConfig{.pp = 4, .rank = 2, .vp = 2, .num_microbatches = 8,
                                                  .group_size = 8},
                                   ScheduleConfig{.pp = 2, .rank = 1, .vp = 1, .num_microbatches = 8}}) {
     const RecvPlan q = recv_plan(d);
-    // Each step receives what it reads, with the next step's under the interleaved iteration.
-    for (size_t i = 0; i + 1 < q.first.size(); ++i)
-      EXPECT_LE(q.first[i + 1] - q.first[i], q.with_next[i] ? 2u : 1u);
+    if (d.vp == 1) {
+      // Each step receives what it reads, nothing ahead; no exchanges.
+      for (size_t i = 0; i + 1 < q.first.size(); ++i) EXPECT_LE(q.first[i + 1] - q.first[i], 1u);
+      EXPECT_TRUE(q.exchanges.empty());
+    }
+    // Each round receives at most the previous rank's activation and then the next rank's
+    // gradient, and sends at most one iteration's outputs (a forward's, then a backward's).
+    for (const Exchange& e : q.exchanges) {
+      ASSERT_LE(e.end_post - e.first_post, 2u);
+      if (e.end_post - e.first_post == 2) {
+        EXPECT_FALSE(q.posts[e.first_post].msg.gradient);
+        EXPECT_TRUE(q.posts[e.first_post + 1].msg.gradient);
+      }
+      EXPECT_LE(e.sends.size(), 2u);
+    }
     EXPECT_EQ(q.grad_slots, d.rank == d.pp - 1 && d.vp == 1 ? 0 : 1);
   }
 }

@@ -94,6 +94,7 @@ ReduceOp reduce_op(NcclRedOp op) {
 
 // A message of a rank to itself (NCCL allows it; the transport may not).
 struct SelfMessage {
+  bool sending = false;
   char* buf = nullptr;
   int64_t bytes = 0;
   int tag = 0;
@@ -300,16 +301,23 @@ class EmuNcclCommunicator final : public Communicator {
   const std::vector<int>& global_ranks() const override { return ranks_; }
   double timeout_s() const { return timeout_s_; }
 
-  // Past the timeout: which group, which call, then the process ends (as the real one does).
+  // Past the timeout: which group, which call, what the stream's running group still waits for
+  // (the pairs of a wait cycle: this rank's sends no peer has received yet, its receives no
+  // peer has sent yet), then the process ends (as the real one does).
   [[noreturn]] void abort_on_timeout(const char* call, double waited) const {
+    const std::string pairs = waiting_pairs();
     std::fprintf(stderr,
                  "error: [comm] timeout: rank %d of %d in group '%s' (world rank %d) waited %.1f s "
                  "in %s on the emulated NCCL, over the %.1f s limit "
-                 "(--distributed-timeout-minutes); aborting the process\n",
-                 rank_, size(), name_.c_str(), ranks_[rank_], waited, call, timeout_s_);
+                 "(--distributed-timeout-minutes)%s; aborting the process\n",
+                 rank_, size(), name_.c_str(), ranks_[rank_], waited, call, timeout_s_,
+                 pairs.c_str());
     std::fflush(stderr);
     std::abort();
   }
+  // The point-to-point operations of the stream's running group not yet matched, as
+  // "; its running group waits on: ..." (empty: none, or no group running).
+  std::string waiting_pairs() const;
 
   // Pairs this rank's messages to itself in posting order.
   void match_self() {
@@ -457,6 +465,36 @@ class EmuNcclCommunicator final : public Communicator {
     return all;
   }
 };
+
+std::string EmuNcclCommunicator::waiting_pairs() const {
+  if (queue_.empty()) return "";
+  const uint64_t g = queue_.front()->group;
+  std::string out;
+  const auto add = [&](const std::string& what) { out += (out.empty() ? "" : ", ") + what; };
+  for (const EmuNcclRequest* r : queue_) {
+    if (r->group != g) break;
+    for (size_t i : r->outgoing) {
+      // The peer's answer (its receive's header) fills `theirs` once that receive had its turn.
+      if (r->theirs[i] == P2pHeader{})
+        add(fmt::format("its send to rank {} (world rank {}; {} bytes, tag {}) not received",
+                        r->calls[i].peer, ranks_[r->calls[i].peer], r->mine[i].bytes,
+                        r->mine[i].tag));
+    }
+    for (const EmuNcclRequest::Incoming& in : r->incoming) {
+      if (!in.posted)
+        add(fmt::format("its receive from rank {} (world rank {}; {} bytes, tag {}) not sent",
+                        r->calls[in.call].peer, ranks_[r->calls[in.call].peer],
+                        r->mine[in.call].bytes, r->mine[in.call].tag));
+    }
+    for (const auto& m : r->self) {
+      if (!m->done)
+        add(fmt::format("its {} itself (world rank {}; {} bytes, tag {}) not {}",
+                        m->sending ? "send to" : "receive from", ranks_[rank_], m->bytes, m->tag,
+                        m->sending ? "received" : "sent"));
+    }
+  }
+  return out.empty() ? "" : "; its running group waits on: " + out;
+}
 
 // Copies between the emulated device and the host (the pages are protected outside an access).
 void from_device(void* host, const void* dev, size_t bytes) {
@@ -693,6 +731,7 @@ void EmuNcclCommunicator::post(EmuNcclRequest& req, size_t i, char* s_base, char
       const bool sending = c.kind == NcclKind::Send;
       if (c.peer == rank_) {
         auto& m = req.self.emplace_back(std::make_unique<SelfMessage>());
+        m->sending = sending;
         m->buf = sending ? s : r;
         m->bytes = static_cast<int64_t>(bytes);
         m->tag = req.tag;
