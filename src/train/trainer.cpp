@@ -539,27 +539,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   // reusable host structures reach their sizes there; every later step is audited.
   const bool audited = cfg_.sync_audit && iteration_ > 1;
   if (audited) audit.begin_step();
-  // The EP dispatchers' all-to-all traffic of this step (a host counter of the communicator).
-  const parallel::Communicator* ep =
-      groups_ != nullptr && groups_->degrees().ep > 1
-          ? &groups_->group(parallel::GroupKind::Ep).device_communicator()
-          : nullptr;
-  const int64_t a2a_before = ep != nullptr ? ep->all_to_all_bytes_sent() : 0;
-  // The TP groups' traffic of this step, by collective form.
-  const auto group_bytes = [this](parallel::GroupKind k) {
-    return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).device_communicator().bytes_sent()
-               : parallel::CommBytesSent{};
-  };
-  const parallel::CommBytesSent tp_before = group_bytes(parallel::GroupKind::Tp);
-  const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
-  const auto group_calls = [this](parallel::GroupKind k) {
-    return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).device_communicator().calls().collectives()
-               : int64_t{0};
-  };
-  const int64_t tp_calls_before = group_calls(parallel::GroupKind::Tp);
-  const int64_t etp_calls_before = group_calls(parallel::GroupKind::ExptTp);
+  const StepComm comm_before = step_comm();
   model_->params().zero_grads();
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
@@ -575,14 +555,18 @@ StepMetrics BasicTrainer<T>::train_step() {
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
-  m.alltoall_bytes = ep != nullptr ? ep->all_to_all_bytes_sent() - a2a_before : 0;
+  // A replayed step's traffic: the captured region's, which the host did not count, and the
+  // rest of the step's.
+  StepComm comm = step_comm() - comm_before;
+  if (graph_replayed_) comm = comm + graph_comm_;
+  m.alltoall_bytes = comm.alltoall_bytes;
   const auto forms = [](const parallel::CommBytesSent& b) {
     return StepMetrics::FormBytes{b.all_gather, b.reduce_scatter, b.all_reduce};
   };
-  m.tp_bytes = forms(group_bytes(parallel::GroupKind::Tp) - tp_before);
-  m.expt_tp_bytes = forms(group_bytes(parallel::GroupKind::ExptTp) - etp_before);
-  m.tp_calls = group_calls(parallel::GroupKind::Tp) - tp_calls_before;
-  m.expt_tp_calls = group_calls(parallel::GroupKind::ExptTp) - etp_calls_before;
+  m.tp_bytes = forms(comm.tp_bytes);
+  m.expt_tp_bytes = forms(comm.etp_bytes);
+  m.tp_calls = comm.tp_calls;
+  m.expt_tp_calls = comm.etp_calls;
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.
