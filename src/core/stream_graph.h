@@ -11,7 +11,9 @@
 // site, through the sync audit's capture rules (core/sync_audit.h): a host sync of any kind
 // (ops::read_back, CommHandle::wait, a documented sync point such as ops::kGroupedGemmSizes), the
 // host waiting for the stream (exec_synchronize), a device allocation (exec_alloc), a copy from
-// pageable host memory (the emulated device).
+// pageable host memory (the emulated device). NCCL's calls are captured with the work: each on
+// its communicator's stream, forked from the captured one and joined back by its handle's
+// CommHandle::wait_on inside the region; one left unjoined fails the capture when it ends.
 //
 // Backends (core/device.h): CUDA's stream capture in the CUDA build (core/device_cuda.cpp:
 // cudaStreamBeginCapture in global mode, cudaStreamEndCapture, cudaGraphInstantiate,

@@ -64,10 +64,18 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   counts_E_.assign(E_, 0);
   counts_RE_.assign(R_ * E_, 0);
   counts_PRE_.assign(P_ > 1 ? P_ * R_ * E_ : 0, 0);
-  for (auto* v : {&chunk_RL_, &recv_off_RL_, &sort_off_RL_}) v->assign(P_ * R_ * L_, 0);
+  const int64_t n_RL = P_ * R_ * L_;
+  tables_ = std::unique_ptr<int64_t[], PinnedFree>(
+      static_cast<int64_t*>(exec_alloc(*ex_, MemSpace::PinnedHost,
+                                       static_cast<size_t>(3 * n_RL + L_) * sizeof(int64_t))),
+      PinnedFree{ex_});
+  std::fill(tables_.get(), tables_.get() + 3 * n_RL + L_, 0);
+  chunk_RL_ = tables_.get();
+  recv_off_RL_ = chunk_RL_ + n_RL;
+  sort_off_RL_ = recv_off_RL_ + n_RL;
+  rows_L_ = sort_off_RL_ + n_RL;
   etp_rows_P_.assign(P_, 0);
   etp_elems_P_.assign(P_, 0);
-  rows_L_.assign(L_, 0);
   for (auto* v : {&send_rows_R_, &recv_rows_R_, &send_elems_R_, &recv_elems_R_}) v->assign(R_, 0);
   send_SH_ = a.alloc<T>(S * H_, "dispatcher.send_rows_data", MemKind::Workspace);
   send_p_S_ = a.alloc<T>(S, "dispatcher.send_probs", MemKind::Workspace);
@@ -167,10 +175,10 @@ const DispatchPlan& AlltoAllDispatcher<T>::plan(DevPtr<const int32_t> idx_TK, in
     rows_L_[l] = rows;
   }
   // What the ops read from memory: the chunk table and the experts' group sizes.
-  ops::copy<int64_t>(*ex_, chunk_dev_RL_, chunk_RL_.data(), P_ * R_ * L_);
-  ops::copy<int64_t>(*ex_, recv_off_dev_RL_, recv_off_RL_.data(), P_ * R_ * L_);
-  ops::copy<int64_t>(*ex_, sort_off_dev_RL_, sort_off_RL_.data(), P_ * R_ * L_);
-  ops::copy<int64_t>(*ex_, plan_.tokens_per_expert_L, rows_L_.data(), L_);
+  ops::copy<int64_t>(*ex_, chunk_dev_RL_, chunk_RL_, P_ * R_ * L_);
+  ops::copy<int64_t>(*ex_, recv_off_dev_RL_, recv_off_RL_, P_ * R_ * L_);
+  ops::copy<int64_t>(*ex_, sort_off_dev_RL_, sort_off_RL_, P_ * R_ * L_);
+  ops::copy<int64_t>(*ex_, plan_.tokens_per_expert_L, rows_L_, L_);
   plan_.n_tok = n_tok;
   plan_.topk = K_;
   plan_.n_rows = N;

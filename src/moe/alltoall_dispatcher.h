@@ -17,6 +17,7 @@
 // ranks, S rows this rank sends, N rows for the local experts (all P slices).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "moe/dispatcher.h"
@@ -120,12 +121,20 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   // result, the MPI counts and the chunk table, whose copies in memory the chunk sort reads.
   std::vector<int64_t> counts_E_, counts_RE_;  // this rank's rows per expert; its ETP slice's
   std::vector<int64_t> counts_PRE_;            // every ETP slice's (ETP > 1)
-  // Chunks [p][r][l] (P = 1: [r][l]):
-  std::vector<int64_t> chunk_RL_;              // rows from source (p, r) for local expert l
-  std::vector<int64_t> recv_off_RL_;           // where that chunk lands in the gathered rows
-  std::vector<int64_t> sort_off_RL_;           // where it goes in expert order
+  // Chunks [p][r][l] (P = 1: [r][l]), and the rows per local expert: the tables the ops read,
+  // copied into memory each plan, so in pinned host memory (one block, tables_): a CUDA graph's
+  // copy takes pinned or device memory (--cuda-graph-impl full_iteration captures the padded
+  // all-to-all's plan; its values are static, so each replay's copies read the same).
+  struct PinnedFree {
+    const Exec* ex = nullptr;
+    void operator()(int64_t* p) const { exec_free(*ex, MemSpace::PinnedHost, p); }
+  };
+  std::unique_ptr<int64_t[], PinnedFree> tables_;
+  int64_t* chunk_RL_ = nullptr;                // rows from source (p, r) for local expert l
+  int64_t* recv_off_RL_ = nullptr;             // where that chunk lands in the gathered rows
+  int64_t* sort_off_RL_ = nullptr;             // where it goes in expert order
+  int64_t* rows_L_ = nullptr;                  // rows per local expert
   std::vector<int64_t> etp_rows_P_, etp_elems_P_;  // all-to-all rows of each ETP rank (x H)
-  std::vector<int64_t> rows_L_;                // rows per local expert
   std::vector<int64_t> send_rows_R_, recv_rows_R_;
   std::vector<int64_t> send_elems_R_, recv_elems_R_;  // rows * H
   // The chunk table in memory (uploaded after the arithmetic): what copy_row_chunks reads.

@@ -9,6 +9,16 @@
 // issued together inside one ncclGroupStart / ncclGroupEnd (nccl_p2p_batch.h): an ungrouped
 // ncclSend would block the stream until the peer's receive, and the pairs the callers post
 // (send to one neighbour, then receive from the other) would wait for ever.
+//
+// CUDA graphs (--cuda-graph-impl full_iteration, docs/gpu.md "CUDA graphs"): a call made while
+// the caller's stream is being captured is captured with it (NCCL >= 2.9): the event recorded on
+// the caller's stream and waited on by the communicator's forks that stream into the capture,
+// and the handle's wait_on joins it back. Nothing of a call reads the host per step (the plan's
+// counts and addresses are the call's arguments, frozen as the eager path's are), and what would
+// break a capture is made by the warm-up steps or refused by name: the bf16 staging grows only
+// eagerly (its growth synchronises the stream and allocates: refused while capturing, which a
+// warm-up step of the same collectives prevents), the events and requests pools are filled by
+// the warm-up, and a call issued before the capture cannot be ordered inside it.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -22,6 +32,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/sync_audit.h"
 #include "ops/cast.h"
 #include "ops/desc/nccl_desc.h"
 #include "parallel/communicator_nccl.h"
@@ -94,6 +105,7 @@ class NcclRequest final : public CommRequest {
     call_ = call;
   }
   void set_done(cudaEvent_t done) { done_ = done; }
+  void set_captured(bool c) { captured_ = c; }
   bool test() override;
   void wait() override;
   // Ordered on the reader's stream: it waits for the event; the host does not.
@@ -104,6 +116,7 @@ class NcclRequest final : public CommRequest {
   NcclCommunicator* comm_;
   cudaEvent_t done_;
   const char* call_;
+  bool captured_ = false;  // issued while the caller's stream was being captured
 };
 
 class NcclCommunicator final : public Communicator {
@@ -242,6 +255,7 @@ class NcclCommunicator final : public Communicator {
                      int peer, const char* call) {
     after_caller();
     NcclRequest* r = request(nullptr, call);
+    r->set_captured(capturing());
     batch_.add({kind, send, recv, count, dt, peer, r});
     return CommHandle(CommRequestPtr(r));
   }
@@ -289,6 +303,13 @@ class NcclCommunicator final : public Communicator {
   // it (cudaFreeAsync), the new one allocated before the next (cudaMallocAsync).
   float* staging(int64_t elems) {
     if (elems <= staging_elems_) return staging_;
+    // The growth synchronises the stream and allocates: neither can be captured. The warm-up
+    // steps run the captured step's reductions, so a capture never gets here.
+    SyncAudit::instance().device_allocation(
+        fmt::format("the bf16 reduction staging of NCCL group '{}' (grown to {} f32 elements)",
+                    name_, elems)
+            .c_str(),
+        static_cast<size_t>(elems) * sizeof(float));
     if (staging_ != nullptr) {
       cuda_ok(cudaFreeAsync(staging_, stream_), name_, "cudaFreeAsync (staging growth)");
       staging_ = nullptr;
@@ -377,8 +398,20 @@ class NcclCommunicator final : public Communicator {
     }
     cudaEvent_t done = event();
     cuda_ok(cudaEventRecord(done, stream_), name_, "cudaEventRecord");
-    return CommHandle(CommRequestPtr(request(done, call)));
+    NcclRequest* r = request(done, call);
+    r->set_captured(capturing());
+    return CommHandle(CommRequestPtr(r));
   }
+
+ public:
+  // Whether the caller's stream is being captured (the calls then go into its graph).
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cuda_ok(cudaStreamIsCapturing(caller_, &st), name_, "cudaStreamIsCapturing");
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+ private:
 
   // The plan of the call being started, reused (its capacity kept: nothing allocates per call).
   NcclPlan plan_;
@@ -425,6 +458,15 @@ void NcclRequest::wait() {
 }
 
 bool NcclRequest::wait_on(const Exec& ex) {
+  // A call issued before the capture, ordered inside it: the graph would depend on an event of
+  // the eager stream, and a replay would not wait for the call at all.
+  if (!captured_ && comm_->capturing()) {
+    const std::string what =
+        fmt::format("NCCL {} on group '{}', issued before the capture began, ordered on the "
+                    "captured stream (complete it before the captured region, or issue it inside)",
+                    call_, comm_->name());
+    SyncAudit::instance().not_capturable(what.c_str());
+  }
   comm_->issue_p2p();
   const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(ex.stream), done_, 0);
   MOE_CHECK(e == cudaSuccess, "[comm] {}: cudaStreamWaitEvent failed: {}", call_,

@@ -457,119 +457,6 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   check_cuda_graph_support();
 }
 
-// --cuda-graph-impl full_iteration: what is known before step 0 not to be capturable is refused
-// here, naming it and the fix; anything else a capture cannot contain stops the capture step,
-// naming the call (core/sync_audit.h's capture rules).
-template <typename T>
-void BasicTrainer<T>::check_cuda_graph_support() {
-  if (cfg_.cuda_graph_impl == "none") return;
-  MOE_CHECK(cfg_.cuda_graph_impl == "full_iteration",
-            "[train] --cuda-graph-impl {}: moecore captures full_iteration only (the flags "
-            "refuse the others)",
-            cfg_.cuda_graph_impl);
-  MOE_CHECK(cfg_.cuda_graph_warmup_steps >= 1,
-            "[train] --cuda-graph-warmup-steps {}: at least 1 eager step before the capture",
-            cfg_.cuda_graph_warmup_steps);
-  if (exec_.on_cpu()) return;  // no effect: print_header says so
-  const auto refuse = [](bool bad, const std::string& what) {
-    MOE_CHECK(!bad,
-              "[train] --cuda-graph-impl full_iteration: {}; train without --cuda-graph-impl "
-              "(docs/gpu.md, \"CUDA graphs\")",
-              what);
-  };
-  const int world = groups_ != nullptr ? groups_->world_size() : 1;
-  refuse(world > 1,
-         fmt::format("{} processes: NCCL's collectives can be captured on a GPU, but the emulated "
-                     "NCCL that tests this build does not record its plans into a graph, so "
-                     "capture with more than one process has not been built or tested yet; run "
-                     "one process",
-                     world));
-  // MoE layers whose grouped GEMMs read their group sizes on the host: dropless or dropping
-  // dispatch (the rows per expert are the routing's) where the experts' grouped GEMMs take the
-  // host-table path (ops/gemm.h: the device-table backend does not take their shapes, or
-  // MOECORE_GROUPED_GEMM=host); padded dispatch's rows are the capacity, known on the host.
-  if (model_cfg_.num_experts > 0 && !model_cfg_.moe.router.pad_to_capacity) {
-    const ops::desc::GemmTypes types = model_cfg_.bf16 && !std::is_same_v<T, double>
-                                           ? ops::desc::GemmTypes::Bf16F32
-                                           : ops::grouped_gemm_types<T>(exec_);  // TF32 under high
-    const int64_t H = model_cfg_.hidden, F = model_cfg_.moe.ffn_hidden;
-    const int64_t F1 = ops::activation_fc1_width(model_cfg_.activation, F);
-    const bool host_tables = ops::grouped_gemm_path(types, F1, H) == ops::GroupedGemmPath::Host ||
-                             ops::grouped_gemm_path(types, H, F) == ops::GroupedGemmPath::Host;
-    refuse(host_tables,
-           fmt::format("MoE layers without --moe-pad-expert-input-to-capacity whose grouped GEMMs "
-                       "(hidden {}, expert FFN {}) take the host-table path here: they read the "
-                       "rows per expert on the host (the sync point \"{}\"), which a graph cannot "
-                       "contain; use --moe-expert-capacity-factor C "
-                       "--moe-pad-expert-input-to-capacity (static rows per expert), or a build "
-                       "whose grouped GEMM runs from device tables for these shapes (docs/gpu.md, "
-                       "\"GEMMs on CUDA\")",
-                       H, F, ops::kGroupedGemmSizes));
-  }
-  // Injected faults that the host decides per iteration inside the captured region.
-  for (const char* kind : {"nan_loss", "spike_loss", "inf_grad"}) {
-    refuse(fault::find(kind) != nullptr,
-           fmt::format("MOECORE_FAULT {}: the injected fault is the host's per-iteration decision "
-                       "inside the captured forward-backward (a replay would repeat the capture "
-                       "step's choice)",
-                       kind));
-  }
-  graphs_ = true;
-}
-
-// Every micro-batch's forward and backward in the pipeline schedule (one rank: each forward then
-// its backward), then the gradients summed over their data-parallel groups. Megatron averages
-// the loss over micro-batches and the gradients over dp x cp replicas: each backward carries
-// 1 / (micro-batches x dp), so the all-reduce is a plain sum. A gradient is final after its
-// chunk's last micro-batch: that backward launches its buckets. With --cuda-graph-impl
-// full_iteration this is the captured region (Megatron's FullCudaGraphWrapper around
-// forward_backward_func): eager for the warm-up steps, captured on the next, replayed after.
-template <typename T>
-void BasicTrainer<T>::forward_backward(int64_t n_global) {
-  const double scale = 1.0 / static_cast<double>(n_global);
-  const auto work = [this, scale] {
-    runner_->train(scale, pipeline_hooks());
-    buckets_->finish();  // every gradient summed over its data-parallel group (checked before)
-    // MOECORE_FAULT host_read_in_step: a host read of step data planted in this region (the
-    // test that a capture refuses it by name).
-    if (fault::find("host_read_in_step", groups_ != nullptr ? groups_->rank() : 0, iteration_)) {
-      (void)ops::read_value<double>(exec_, member_ptr(step_->io(0, model_->num_chunks() - 1).report,
-                                                      &ops::MicroBatchReport::lm_loss_sum));
-    }
-  };
-  if (!graphs_) return work();
-  if (graph_ != nullptr) {
-    graph_->launch();
-    // The host side of the region did not run: the routers' counts as the captured step left
-    // (the pointers kept at the capture: a replayed step allocates nothing).
-    for (size_t i = 0; i < graph_routers_.size(); ++i) {
-      graph_routers_[i]->set_step_counts(graph_router_counts_[i]);
-    }
-    return;
-  }
-  if (graph_eager_steps_ < cfg_.cuda_graph_warmup_steps) {
-    ++graph_eager_steps_;
-    return work();
-  }
-  {
-    // The capture's own bookkeeping is not the step's (--sync-audit), and no phase event is
-    // recorded into the graph: a replay is timed as one region of the step.
-    const SyncAudit::Paused capture;
-    const ActiveProfiler no_phases(nullptr);
-    graph_ = std::make_unique<StreamGraph>(StreamGraph::capture(
-        exec_, "forward and backward of every micro-batch (--cuda-graph-impl full_iteration)",
-        work));
-    graph_routers_ = model_->routers();
-    for (const moe::Router<T>* r : graph_routers_) graph_router_counts_.push_back(r->step_counts());
-    graph_note_ = fmt::format(
-        "[cuda-graph] iteration {}: the forward and backward of {} micro-batch{} captured as one "
-        "graph of {} operations after {} eager step{}; replayed from this step on",
-        iteration_, n_micro_, n_micro_ == 1 ? "" : "es", graph_->operations(), graph_eager_steps_,
-        graph_eager_steps_ == 1 ? "" : "s");
-  }
-  graph_->launch();
-}
-
 // What sharing the per-layer buffers across layers saves by itself: the overlays' saving less
 // the part that activation recomputation accounts for (reported separately).
 static size_t sharing_saving_bytes(const Arena& a) {
@@ -644,27 +531,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   // reusable host structures reach their sizes there; every later step is audited.
   const bool audited = cfg_.sync_audit && iteration_ > 1;
   if (audited) audit.begin_step();
-  // The EP dispatchers' all-to-all traffic of this step (a host counter of the communicator).
-  const parallel::Communicator* ep =
-      groups_ != nullptr && groups_->degrees().ep > 1
-          ? &groups_->group(parallel::GroupKind::Ep).device_communicator()
-          : nullptr;
-  const int64_t a2a_before = ep != nullptr ? ep->all_to_all_bytes_sent() : 0;
-  // The TP groups' traffic of this step, by collective form.
-  const auto group_bytes = [this](parallel::GroupKind k) {
-    return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).device_communicator().bytes_sent()
-               : parallel::CommBytesSent{};
-  };
-  const parallel::CommBytesSent tp_before = group_bytes(parallel::GroupKind::Tp);
-  const parallel::CommBytesSent etp_before = group_bytes(parallel::GroupKind::ExptTp);
-  const auto group_calls = [this](parallel::GroupKind k) {
-    return groups_ != nullptr && groups_->group(k).size() > 1
-               ? groups_->group(k).device_communicator().calls().collectives()
-               : int64_t{0};
-  };
-  const int64_t tp_calls_before = group_calls(parallel::GroupKind::Tp);
-  const int64_t etp_calls_before = group_calls(parallel::GroupKind::ExptTp);
+  const StepComm comm_before = step_comm();
   model_->params().zero_grads();
   // This rank's contiguous share of the global batch (data::SampleStream), every micro-batch's
   // inputs written before the step's work.
@@ -680,14 +547,18 @@ StepMetrics BasicTrainer<T>::train_step() {
   // Once per step, after the update: expert-bias and quantile updates, balancing counts reset.
   model_->finish_step(router_sync_);
   if (audited) audit.end_step();
-  m.alltoall_bytes = ep != nullptr ? ep->all_to_all_bytes_sent() - a2a_before : 0;
+  // A replayed step's traffic: the captured region's, which the host did not count, and the
+  // rest of the step's.
+  StepComm comm = step_comm() - comm_before;
+  if (graph_replayed_) comm = comm + graph_comm_;
+  m.alltoall_bytes = comm.alltoall_bytes;
   const auto forms = [](const parallel::CommBytesSent& b) {
     return StepMetrics::FormBytes{b.all_gather, b.reduce_scatter, b.all_reduce};
   };
-  m.tp_bytes = forms(group_bytes(parallel::GroupKind::Tp) - tp_before);
-  m.expt_tp_bytes = forms(group_bytes(parallel::GroupKind::ExptTp) - etp_before);
-  m.tp_calls = group_calls(parallel::GroupKind::Tp) - tp_calls_before;
-  m.expt_tp_calls = group_calls(parallel::GroupKind::ExptTp) - etp_calls_before;
+  m.tp_bytes = forms(comm.tp_bytes);
+  m.expt_tp_bytes = forms(comm.etp_bytes);
+  m.tp_calls = comm.tp_calls;
+  m.expt_tp_calls = comm.etp_calls;
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.
@@ -1391,52 +1262,6 @@ EvalMetrics BasicTrainer<T>::evaluate(data::Split split) {
   r.ppl = std::exp(std::min(20.0, r.lm_loss));
   evals_.push_back(r);
   return r;
-}
-
-template <typename T>
-std::vector<double> BasicTrainer<T>::score_sequences(
-    const std::vector<std::vector<int32_t>>& seqs) {
-  const int64_t S = model_cfg_.seq_length, B = cfg_.micro_batch;
-  const int64_t n_global = n_micro_ * dp_size_;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    MOE_CHECK(static_cast<int64_t>(seqs[i].size()) <= S,
-              "[eval] sequence {} has {} tokens, more than --seq-length {}", i, seqs[i].size(), S);
-  }
-  buckets_->wait_params();  // --overlap-param-gather: whole weights before any eval forward
-  model_->set_training(false);
-  std::vector<double> sums(seqs.size(), 0.0);
-  // Whole sequences [B, S]: under CP split into this rank's chunks, else the staging itself.
-  std::vector<int32_t> ids(static_cast<size_t>(B * S)), targets(ids.size());
-  for (size_t first = 0; first < seqs.size(); first += static_cast<size_t>(n_global)) {
-    {
-      SyncAudit::Paused inputs;  // the host writes the inputs into its staging
-      for (int64_t mb = 0; mb < n_micro_; ++mb) {
-        // The global batch's micro-batch g (dp rank major, as the sample streams read it).
-        const size_t g = first + static_cast<size_t>(dp_rank_ * n_micro_ + mb);
-        int32_t* mb_ids = cp_split_.cp > 1 ? ids.data() : step_->ids(mb);
-        int32_t* mb_targets = cp_split_.cp > 1 ? targets.data() : step_->targets(mb);
-        std::fill(mb_ids, mb_ids + B * S, 0);
-        std::fill(mb_targets, mb_targets + B * S, -1);  // ignored: a slot past the last sequence
-        if (g < seqs.size()) {
-          const std::vector<int32_t>& seq = seqs[g];
-          const int64_t n = static_cast<int64_t>(seq.size());
-          for (int64_t s = 0; s < n; ++s) mb_ids[s] = seq[s];
-          for (int64_t s = 0; s + 1 < n; ++s) mb_targets[s] = seq[s + 1];
-        }
-        if (cp_split_.cp > 1) split_inputs(mb, ids.data(), targets.data());
-        step_->dropout(mb) = ops::DropoutCounters{iteration_, static_cast<int64_t>(g) * B};
-      }
-    }
-    step_->upload();
-    runner_->forward_only(pipeline_hooks());
-    step_->download();
-    gather_micro_batch_values();  // every micro-batch's loss sum, on every rank
-    for (int64_t g = 0; g < n_global && first + g < seqs.size(); ++g) {
-      sums[first + g] = all_values_[g * mb_width_];
-    }
-  }
-  model_->set_training(true);
-  return sums;
 }
 
 template <typename T>

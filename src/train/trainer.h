@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -281,6 +282,7 @@ class BasicTrainer {
   // step 0 where it is known (check_cuda_graph_support), otherwise by the capture, by name.
   void check_cuda_graph_support();
   void forward_backward(int64_t n_global);
+  void graph_region(const std::function<void()>& work);
   bool graphs_ = false;            // full_iteration on a device (a no-op on the CPU)
   int64_t graph_eager_steps_ = 0;  // warm-up steps run so far in this process
   std::unique_ptr<StreamGraph> graph_;
@@ -289,6 +291,31 @@ class BasicTrainer {
   std::vector<moe::Router<T>*> graph_routers_;
   std::vector<typename moe::Router<T>::StepCounts> graph_router_counts_;
   std::string graph_note_;                      // the capture's log line, printed after its step
+  // The traffic the step counts (StepMetrics: alltoall_bytes, tp / expt_tp bytes and calls), as
+  // the communicators' host counters have it. A replay moves the captured region's traffic
+  // without the host calls that count it, so the region's share, counted while capturing, is
+  // added to each replayed step's.
+  struct StepComm {
+    int64_t alltoall_bytes = 0;
+    parallel::CommBytesSent tp_bytes, etp_bytes;
+    int64_t tp_calls = 0, etp_calls = 0;
+    StepComm operator-(const StepComm& o) const {
+      return {alltoall_bytes - o.alltoall_bytes, tp_bytes - o.tp_bytes, etp_bytes - o.etp_bytes,
+              tp_calls - o.tp_calls, etp_calls - o.etp_calls};
+    }
+    StepComm operator+(const StepComm& o) const {
+      const auto sum = [](const parallel::CommBytesSent& a, const parallel::CommBytesSent& b) {
+        return parallel::CommBytesSent{a.all_gather + b.all_gather,
+                                       a.reduce_scatter + b.reduce_scatter,
+                                       a.all_reduce + b.all_reduce, a.all_to_all + b.all_to_all};
+      };
+      return {alltoall_bytes + o.alltoall_bytes, sum(tp_bytes, o.tp_bytes),
+              sum(etp_bytes, o.etp_bytes), tp_calls + o.tp_calls, etp_calls + o.etp_calls};
+    }
+  };
+  StepComm step_comm() const;
+  StepComm graph_comm_;          // the captured region's
+  bool graph_replayed_ = false;  // this step's region was a replay
   std::unique_ptr<SaveInFlight> pending_save_;  // an --async-save being written
   PhaseProfiler profiler_;
 };

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -557,6 +558,9 @@ void launch(const char* name, dim3 grid_dim, dim3 block, size_t dynamic_smem, vo
 
 struct Graph {
   std::vector<std::pair<const char*, std::function<void()>>> ops;
+  // While capturing: the forks not joined yet, by token (capture_fork).
+  std::map<int64_t, std::string> forks;
+  int64_t next_fork = 0;
 };
 
 namespace {
@@ -588,8 +592,34 @@ Graph* capture_end(bool keep, int64_t* operations) {
     delete g;
     return nullptr;
   }
+  if (g != nullptr && !g->forks.empty()) {
+    const std::string what = g->forks.begin()->second;
+    const size_t n = g->forks.size();
+    delete g;
+    MOE_FAIL(
+        "[emu] stream capture ended with {} collective{} begun in it and never joined back to "
+        "the captured stream, the first {}: its completion would lie outside the graph (CUDA: "
+        "cudaErrorStreamCaptureUnjoined); order it on the stream inside the captured region "
+        "(CommHandle::wait_on), not by a host wait after it",
+        n, n == 1 ? "" : "s", what);
+  }
   if (g != nullptr && operations != nullptr) *operations = static_cast<int64_t>(g->ops.size());
   return g;
+}
+
+int64_t capture_fork(const std::string& what) {
+  const SyncAudit::Paused device_work;
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  MOE_CHECK(g_capture != nullptr, "[emu] {} forked from a stream with no capture open", what);
+  const int64_t id = g_capture->next_fork++;
+  g_capture->forks.emplace(id, what);
+  return id;
+}
+
+void capture_join(int64_t fork) {
+  const SyncAudit::Paused device_work;
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  if (g_capture != nullptr) g_capture->forks.erase(fork);
 }
 
 void record(const char* what, std::function<void()> op) {

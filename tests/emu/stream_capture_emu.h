@@ -17,12 +17,21 @@
 // name it and its call site): the host reading device memory (ops::read_back: a host sync), the
 // host waiting for the stream (cudaStreamSynchronize, exec_synchronize), a device allocation
 // (device_alloc), a copy from or to pageable host memory (a CUDA graph's copy nodes take device
-// and pinned memory), a collective of the emulated NCCL (its plans are not recorded).
+// and pinned memory).
+//
+// The emulated NCCL's collectives are recorded too (tests/emu/device/communicator_nccl_emu.cpp):
+// each call's plan with its buffers, counts and peers, and each join of its completion onto the
+// captured stream (CommHandle::wait_on), in the order the host issued them, so a replay issues
+// the same calls in the same groups. As on a GPU, where NCCL runs on the communicator's own
+// stream forked from the captured one (an event recorded on it, waited on by the NCCL stream),
+// every collective begun in the capture is a fork that must be joined back before the capture
+// ends (cudaErrorStreamCaptureUnjoined): one that is not would complete outside the graph.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace moecore::emu {
 
@@ -34,8 +43,13 @@ bool capturing();
 // Opens the capture (an error if one is open).
 void capture_begin();
 // Closes it: with `keep` returns the graph (*operations set to its size); without, discards the
-// recording and returns null. Never throws.
+// recording and returns null. With `keep`, a fork not joined (capture_fork) discards the
+// recording and throws naming it; without, it never throws.
 Graph* capture_end(bool keep, int64_t* operations);
+// Work that leaves the captured stream (an NCCL collective on its communicator's stream), named
+// `what` in the error: a token for capture_join, which must come before the capture ends.
+int64_t capture_fork(const std::string& what);
+void capture_join(int64_t fork);
 // Runs a graph's operations in order (a replay inside an open capture is recorded as one
 // operation that replays it).
 void graph_replay(const Graph& g);

@@ -11,6 +11,10 @@
 //   completed is a missing wait; one that writes a send buffer is a reuse too early; a host or
 //   pinned buffer handed to a collective is refused; each error names the collective and group.
 // - A wait past the timeout names the group and the call and aborts (one process, its own entry).
+// - Stream capture (core/stream_graph.h): collectives and a point-to-point group captured with
+//   their joins replay to the eager bits, and follow new inputs; a collective not joined before
+//   the capture ends, a host wait for a captured one and a join inside the capture of one issued
+//   before it are refused, naming the collective and the group.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,6 +29,7 @@
 #include "core/device.h"
 #include "core/exec.h"
 #include "core/fault_injection.h"
+#include "core/stream_graph.h"
 #include "core/sync_audit.h"
 #include "emu/device_memory_emu.h"
 #include "ops/cast.h"
@@ -626,6 +631,95 @@ TEST(EmuNcclStrict, OverlapOutsideTheInPlaceFormsIsRefused) {
   const std::vector<int64_t> counts(g, 1);
   expect_error([&] { nccl().all_to_all_v(all.subspan(0, g), counts, all.subspan(1, g), counts); },
                {"all_to_all_v on group 'world'", "no overlap at all"}, "all_to_all_v overlapping");
+  nccl().barrier();
+}
+
+// ---- stream capture ----
+
+// One step's communication: an all-reduce, a reduce-scatter and a ring's send / recv group, each
+// joined onto the stream (wait_on), as the trainer's captured region issues them.
+struct CommStep {
+  static constexpr int64_t n = 37;
+  Dev<float> a{n}, b{n * 4}, br{n}, out{n}, in{n};
+  void issue(Communicator& c) {
+    const int g = c.size(), me = c.rank();
+    CommHandle ha = c.all_reduce_async(a.span());
+    CommHandle hb = c.reduce_scatter_async(std::span<float>(b.p, static_cast<size_t>(n * g)),
+                                           br.span());
+    CommHandle hs = c.send_async(out.span(), (me + 1) % g);
+    CommHandle hr = c.recv_async(in.span(), (me + g - 1) % g);
+    ha.wait_on(g_ex);
+    hb.wait_on(g_ex);
+    hs.wait_on(g_ex);
+    hr.wait_on(g_ex);
+  }
+  void put(uint64_t seed) {
+    a.put(values<float>(n, seed));
+    b.put(values<float>(n * 4, seed + 1));
+    out.put(values<float>(n, seed + 2));
+  }
+  std::vector<std::vector<float>> get() const { return {a.get(), br.get(), in.get()}; }
+};
+
+TEST(EmuNcclCapture, ReplaysEqualTheEagerCallsAndFollowNewInputs) {
+  ASSERT_LE(size(), 4);
+  CommStep eager, graphed;
+  const std::string region = "the communication of a test step";
+  graphed.put(1);
+  StreamGraph g = StreamGraph::capture(g_ex, region, [&] { graphed.issue(nccl()); });
+  EXPECT_EQ(g.operations(), 8);  // four calls and four joins, the sends' group among them
+  // Nothing ran at the capture: the inputs are as they were put.
+  expect_bitwise(graphed.a.get(), values<float>(CommStep::n, 1), "a after the capture");
+  for (uint64_t seed : {11, 23}) {
+    eager.put(seed);
+    eager.issue(nccl());
+    graphed.put(seed);
+    g.launch();
+    const auto want = eager.get(), got = graphed.get();
+    expect_bitwise(got[0], want[0], "captured all_reduce");
+    expect_bitwise(got[1], want[1], "captured reduce_scatter");
+    expect_bitwise(got[2], want[2], "captured ring send / recv");
+  }
+}
+
+TEST(EmuNcclCapture, ACollectiveNotJoinedBeforeTheCaptureEndsIsRefused) {
+  Dev<float> d(8);
+  d.put(values<float>(8, 5));
+  CommHandle h;
+  expect_error(
+      [&] {
+        StreamGraph g = StreamGraph::capture(g_ex, "a test region",
+                                             [&] { h = nccl().all_reduce_async(d.span()); });
+      },
+      {"never joined back to the captured stream", "all_reduce on group 'world'"},
+      "an unjoined captured all_reduce");
+  h = CommHandle();  // nothing for the host to wait for: the recording was discarded
+  nccl().barrier();
+}
+
+TEST(EmuNcclCapture, AHostWaitForACapturedCollectiveIsRefused) {
+  Dev<float> d(8);
+  d.put(values<float>(8, 6));
+  expect_error(
+      [&] {
+        StreamGraph::capture(g_ex, "a test region", [&] {
+          CommHandle h = nccl().all_reduce_async(d.span());
+          h.wait();
+        });
+      },
+      {"a host sync inside the captured a test region", "CommHandle::wait"},
+      "a host wait inside the capture");
+  nccl().barrier();
+}
+
+TEST(EmuNcclCapture, ACollectiveIssuedBeforeTheCaptureIsNotJoinedInsideIt) {
+  Dev<float> d(8);
+  d.put(values<float>(8, 7));
+  CommHandle h = nccl().all_reduce_async(d.span());
+  expect_error([&] { StreamGraph::capture(g_ex, "a test region", [&] { h.wait_on(g_ex); }); },
+               {"all_reduce on group 'world'", "issued before the capture began"},
+               "an eager collective joined inside the capture");
+  h.wait();
   nccl().barrier();
 }
 

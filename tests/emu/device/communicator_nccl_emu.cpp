@@ -31,6 +31,15 @@
 // memory is copied to host staging (under emu::DeviceAccess) when the collective is called and
 // the received range back when it completes; MPI never touches device pages. A bf16-staged plan runs on f32 staging, rounded once into recv.
 //
+// Stream capture (tests/emu/stream_capture_emu.h, --cuda-graph-impl full_iteration): a call made
+// while the stream is being captured runs nothing; its plan (the calls, buffers, counts, peers),
+// its arguments and its point-to-point kind are recorded as one operation of the graph, and its
+// handle's wait_on as another (the join of NCCL's stream back onto the captured one). A replay
+// issues each recorded call through the eager path at its place in the order (so the groups of
+// point-to-point calls form at the same boundaries) and completes it at its recorded join, with
+// the eager strict checks. The host cannot test or wait for a captured call (its completion is
+// the graph's); a call not joined before the capture ends fails the capture, naming it.
+//
 // Strict mode (the emulated device's default, device_memory_emu.h): every buffer must be a device
 // allocation; the receive range is inaccessible and the send range read-only to kernels, copies
 // and sets until the collective completes; the collective itself is checked against the others
@@ -41,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,9 +131,21 @@ class EmuNcclRequest final : public CommRequest {
   // collective here orders it before every later op on any stream: what the real backend's
   // stream wait does, and (as there) not a host sync for the audit.
   bool wait_on(const Exec&) override {
+    // A call issued before the capture began, ordered inside it: the graph would wait for an
+    // event of the eager stream (CUDA refuses a capture's dependency outside it), and a replay
+    // would not wait at all.
+    if (emu::capturing()) {
+      const std::string what = fmt::format(
+          "{} on group '{}' (emulated NCCL), issued before the capture began, ordered on the "
+          "captured stream (complete it before the captured region, or issue it inside)",
+          call_, comm_name());
+      SyncAudit::instance().not_capturable(what.c_str());
+      MOE_FAIL("[emu] {}", what);
+    }
     wait();
     return false;
   }
+  const std::string& comm_name() const;
 
   EmuNcclCommunicator* comm_;
   const char* call_;
@@ -172,6 +194,54 @@ class EmuNcclRequest final : public CommRequest {
   uint64_t tickets[2] = {0, 0};  // the pending ranges (strict mode)
   bool finished = false;         // its group finished on the stream
   bool done = false;             // and the caller waited for it (or for a later one)
+};
+
+// A call recorded into a capture: what the graph's replays share, the handle of the replay's
+// eager call between its issue and its join.
+struct CapturedCall {
+  std::string what;  // "all_reduce on group 'dp' (emulated NCCL, rank 0 of 2)"
+  int64_t fork = 0;  // its fork of the captured stream (emu::capture_fork)
+  CommHandle live;   // during a replay: the eager call, issued, not yet joined
+};
+
+// The capture's handle of a recorded call: joined onto the captured stream by wait_on (recorded
+// into the graph); the host can neither wait for nor test it (its completion is the graph's).
+class CapturedNcclRequest final : public CommRequest {
+ public:
+  explicit CapturedNcclRequest(std::shared_ptr<CapturedCall> c) : call_(std::move(c)) {}
+  bool test() override {
+    host_wait("tests");
+    return true;
+  }
+  void wait() override { host_wait("waits for"); }
+  bool wait_on(const Exec& ex) override {
+    MOE_CHECK(emu::capturing(),
+              "[emu] NCCL {}: recorded into a stream capture, ordered on a stream after the "
+              "capture ended (join it inside the captured region)",
+              call_->what);
+    std::shared_ptr<CapturedCall> c = call_;
+    emu::record("an NCCL collective's join", [c, ex] {
+      const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
+      c->live.wait_on(ex);
+    });
+    emu::capture_join(c->fork);
+    return false;
+  }
+
+ private:
+  // A host wait in the captured region is an error (as cudaEventQuery on a captured event is),
+  // unless the region is being left by an error already (the handle dropped while unwinding:
+  // the capture is discarded). After the capture, there is nothing for the host to wait for.
+  void host_wait(const char* verb) const {
+    if (!emu::capturing() || std::uncaught_exceptions() > 0) return;
+    const std::string what =
+        fmt::format("the host {} NCCL {}, recorded into the capture (its completion is the "
+                    "graph's: order its readers on the stream with CommHandle::wait_on)",
+                    verb, call_->what);
+    SyncAudit::instance().not_capturable(what.c_str());
+    MOE_FAIL("[emu] {} during a stream capture", what);
+  }
+  std::shared_ptr<CapturedCall> call_;
 };
 
 class EmuNcclCommunicator final : public Communicator {
@@ -440,6 +510,9 @@ class EmuNcclCommunicator final : public Communicator {
 
   CommHandle run(const NcclPlan& plan, const void* send, void* recv, DType dt, const char* call,
                  Args args, bool p2p = false, int tag = 0);
+  // run() while the stream is being captured: the call recorded, to be run by each replay.
+  CommHandle capture(const NcclPlan& plan, const void* send, void* recv, DType dt,
+                     const char* call, Args args, bool p2p, int tag);
 
  public:
   void post(EmuNcclRequest& req, size_t i, char* s, char* r, size_t es);
@@ -510,13 +583,7 @@ void to_device(void* dev, const void* host, size_t bytes) {
 
 CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void* recv, DType dt,
                                     const char* call, Args args, bool p2p, int tag) {
-  // NCCL's calls can be captured into a CUDA graph on a GPU; the emulated NCCL runs its plans
-  // over MPI when called and does not record them (tests/emu/stream_capture_emu.h).
-  MOE_CHECK(
-      !emu::capturing(),
-      "[emu] NCCL {} on group '{}' during a stream capture: the emulated NCCL does not record "
-      "its collectives into a graph (train with one process, or without --cuda-graph-impl)",
-      call, name_);
+  if (emu::capturing()) return capture(plan, send, recv, dt, call, args, p2p, tag);
   const SyncAudit::Paused device_work;  // NCCL's work, not the host's (--sync-audit)
   // Any other collective goes on the stream after the point-to-point operations collected so far.
   if (!p2p) issue_p2p();
@@ -623,6 +690,24 @@ CommHandle EmuNcclCommunicator::run(const NcclPlan& plan, const void* send, void
     enqueue(raw, next_group());
   }
   return h;
+}
+
+const std::string& EmuNcclRequest::comm_name() const {
+  return comm_->name();
+}
+
+CommHandle EmuNcclCommunicator::capture(const NcclPlan& plan, const void* send, void* recv,
+                                        DType dt, const char* call, Args args, bool p2p,
+                                        int tag) {
+  auto c = std::make_shared<CapturedCall>();
+  c->what = fmt::format("{} on group '{}' (emulated NCCL, rank {} of {})", call, name_, rank_,
+                        size());
+  c->fork = emu::capture_fork(c->what);
+  // By value: the plan_ it came from is reused by the next call.
+  emu::record("an NCCL collective", [this, plan, send, recv, dt, call, args, p2p, tag, c] {
+    c->live = run(plan, send, recv, dt, call, args, p2p, tag);
+  });
+  return CommHandle(CommRequestPtr(new CapturedNcclRequest(std::move(c))));
 }
 
 void EmuNcclRequest::post_calls() {
