@@ -124,9 +124,11 @@ fi
 # Every parallel layout on --device cuda under mpirun (tests/emu/train_cuda_emu_layouts.sh, the
 # ctest entries train_cuda_emu_layouts_mpi_{2,3,4,8}): the device's collectives on the emulated NCCL;
 # then checkpoints, SIGTERM to mpirun, eval and the stream-wait watchdog there
-# (tests/emu/train_cuda_emu_ckpt.sh, train_cuda_emu_ckpt_mpi_2).
+# (tests/emu/train_cuda_emu_ckpt.sh, train_cuda_emu_ckpt_mpi_2); and --cuda-graph-impl
+# full_iteration with several processes, replay bitwise eager (train_cuda_graph_emu_mpi_*).
 if command -v mpirun > /dev/null 2>&1; then
-  ctest --test-dir "$dir" -R '^train_cuda_emu_(layouts|ckpt)_mpi_' --output-on-failure || rc=1
+  ctest --test-dir "$dir" -R '^train_cuda_(emu_(layouts|ckpt)|graph_emu)_mpi_' \
+    --output-on-failure || rc=1
 else
   echo "[emu-cuda] --device cuda under mpirun: NOT RUN (no mpirun on this machine)"
 fi
