@@ -37,7 +37,15 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   const int64_t F1 = sh.F1();
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
-    s.h_NF1 = a.alloc<T>(max_rows * F1, name);
+    // --bf16 keeps h in bf16; its f32 form is the GEMM's output and the activation's input,
+    // needed only within the forward or the backward.
+    if (use16) {
+      s.h16_NF1 = a.alloc<bf16>(max_rows * F1, name);
+      s.h_NF1 = a.alloc<T>(max_rows * F1, name, MemKind::Workspace);
+    } else {
+      s.h16_NF1 = nullptr;
+      s.h_NF1 = a.alloc<T>(max_rows * F1, name);
+    }
   }
   {
     // The activation only feeds fc2: under --bf16 it is kept as the bf16 GEMM input alone.
@@ -164,6 +172,23 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
   if (sh.bias) {
     ops::grouped_bias_forward(*s.ex, s.h_NF1, fc1_bias, DevPtr<const T>(nullptr), s.m_G, s.G, F1);
   }
+  if constexpr (std::is_same_v<T, float>) {
+    // --bf16: h rounded once (after the f32 bias, as a bf16 GEMM epilogue), kept as bf16; the
+    // activation reads the same values widened, on both bf16 GEMM paths.
+    if (s.h16_NF1) {
+      ops::cast_f32_to_bf16(*s.ex, s.h16_NF1, s.h_NF1, s.N * F1);
+      ops::cast_bf16_to_f32(*s.ex, s.h_NF1, s.h16_NF1, s.N * F1);
+    }
+  }
+}
+
+// --bf16, before the backward reads h: the kept bf16 h widened into its f32 workspace (which
+// the layers after this one used in the meantime).
+template <typename T>
+void widen_h(const MlpSaved<T>& s, MlpShape sh) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.h16_NF1) ops::cast_bf16_to_f32(*s.ex, s.h_NF1, s.h16_NF1, s.N * sh.F1());
+  }
 }
 
 // a = act(h) * p, in bf16 when that is what fc2 reads.
@@ -242,7 +267,10 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
   MOE_CHECK(!dy16_NH || s.gemm16, "[mlp] a bf16 dy needs the weights' bf16 copies (--bf16)");
   const int64_t F1 = sh.F1();
   // Recomputation: the forward's arithmetic again, so the values are bitwise the forward's.
-  if (s.recompute_fc1) fc1_forward(s, w.fc1, w.fc1_bias, sh);
+  if (s.recompute_fc1)
+    fc1_forward(s, w.fc1, w.fc1_bias, sh);
+  else
+    widen_h(s, sh);
   if (s.recompute_act) act_forward(s, sh);
   const DevPtr<const T> no_p = nullptr;
   // dh's f32 values, then the fc1 bias gradient from them (before any rounding to bf16).
