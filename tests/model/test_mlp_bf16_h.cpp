@@ -166,8 +166,8 @@ TEST(MlpBf16, FcOneOutputIsKeptInBf16AndTheBackwardReadsIt) {
 TEST(MlpBf16, KeptActivationsCountHInBf16) {
   Rig r(ops::Activation::SwiGLU, false, false);
   const int64_t F1 = r.sh.F1(), F = r.sh.F, N = Rig::N;
-  // h (bf16) and the activation a (bf16 on the native path), each rounded up to the arena's
-  // alignment.
+  // h (bf16), the activation a (bf16 with bf16 weights; widened weights keep its f32 form) and
+  // the rig's group sizes, each rounded up to the arena's alignment.
   auto aligned = [](int64_t bytes) {
     return (bytes + int64_t(Arena::kAlign) - 1) / int64_t(Arena::kAlign) * int64_t(Arena::kAlign);
   };
