@@ -37,8 +37,8 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   const int64_t F1 = sh.F1();
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
-    // --bf16 keeps h in bf16; its f32 form is the GEMM's output and the activation's input,
-    // needed only within the forward or the backward.
+    // --bf16 keeps h in bf16; its f32 form is the GEMM's output, needed only until the bias is
+    // added and the sum rounded (the activation and its backward read the bf16 h).
     if (use16) {
       s.h16_NF1 = a.alloc<bf16>(max_rows * F1, name);
       s.h_NF1 = a.alloc<T>(max_rows * F1, name, MemKind::Workspace);
@@ -92,19 +92,20 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
 namespace {
 
 // The activation's ops: ops/swiglu.h for SwiGLU, ops/activation.h for the element-wise ones,
-// each in the form its consumer reads (T, bf16, or bf16 values widened to f32).
+// each in the form its consumer reads (T, bf16, or bf16 values widened to f32). Under --bf16 they
+// read h as the kept bf16 (h16), widened on load: bitwise the f32 forms on widened values.
 template <typename T>
 void act_fwd(const Exec& ex, MlpShape sh, DevPtr<T> a, DevPtr<const T> h, DevPtr<const T> p,
              int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward(ex, a, h, p, N, sh.F);
   ops::activation_forward(ex, sh.act, a, h, p, N, sh.F);
 }
-void act_fwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> a16, DevPtr<const float> h,
+void act_fwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> a16, DevPtr<const bf16> h,
                   DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward_bf16(ex, a16, h, p, N, sh.F);
   ops::activation_forward_bf16(ex, sh.act, a16, h, p, N, sh.F);
 }
-void act_fwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> a, DevPtr<const float> h,
+void act_fwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> a, DevPtr<const bf16> h,
                    DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward_bf16w(ex, a, h, p, N, sh.F);
   ops::activation_forward_bf16w(ex, sh.act, a, h, p, N, sh.F);
@@ -115,14 +116,20 @@ void act_bwd(const Exec& ex, MlpShape sh, DevPtr<T> dh, DevPtr<T> dp, DevPtr<con
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_backward(ex, dh, dp, da, h, p, N, sh.F);
   ops::activation_backward(ex, sh.act, dh, dp, da, h, p, N, sh.F);
 }
+// dh in f32 from the bf16 h (--bf16 with biases: the fc1 bias gradient reads dh's f32 values).
+void act_bwd_h16(const Exec& ex, MlpShape sh, DevPtr<float> dh, DevPtr<float> dp,
+                 DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p, int64_t N) {
+  if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_backward(ex, dh, dp, da, h, p, N, sh.F);
+  ops::activation_backward(ex, sh.act, dh, dp, da, h, p, N, sh.F);
+}
 void act_bwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> dh16, DevPtr<float> dp,
-                  DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p, int64_t N) {
+                  DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU)
     return ops::swiglu_backward_bf16(ex, dh16, dp, da, h, p, N, sh.F);
   ops::activation_backward_bf16(ex, sh.act, dh16, dp, da, h, p, N, sh.F);
 }
 void act_bwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> dh, DevPtr<float> dp,
-                   DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p,
+                   DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p,
                    int64_t N) {
   if (sh.act == ops::Activation::SwiGLU)
     return ops::swiglu_backward_bf16w(ex, dh, dp, da, h, p, N, sh.F);
@@ -174,20 +181,8 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
   }
   if constexpr (std::is_same_v<T, float>) {
     // --bf16: h rounded once (after the f32 bias, as a bf16 GEMM epilogue), kept as bf16; the
-    // activation reads the same values widened, on both bf16 GEMM paths.
-    if (s.h16_NF1) {
-      ops::cast_f32_to_bf16(*s.ex, s.h16_NF1, s.h_NF1, s.N * F1);
-      ops::cast_bf16_to_f32(*s.ex, s.h_NF1, s.h16_NF1, s.N * F1);
-    }
-  }
-}
-
-// --bf16, before the backward reads h: the kept bf16 h widened into its f32 workspace (which
-// the layers after this one used in the meantime).
-template <typename T>
-void widen_h(const MlpSaved<T>& s, MlpShape sh) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.h16_NF1) ops::cast_bf16_to_f32(*s.ex, s.h_NF1, s.h16_NF1, s.N * sh.F1());
+    // activation and its backward read it so, on both bf16 GEMM paths. The f32 h is dead here.
+    if (s.h16_NF1) ops::cast_f32_to_bf16(*s.ex, s.h16_NF1, s.h_NF1, s.N * F1);
   }
 }
 
@@ -195,8 +190,8 @@ void widen_h(const MlpSaved<T>& s, MlpShape sh) {
 template <typename T>
 void act_forward(const MlpSaved<T>& s, MlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) return act_fwd_bf16w(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
-    if (s.a16_NF != nullptr) return act_fwd_bf16(*s.ex, sh, s.a16_NF, s.h_NF1, s.p_N, s.N);
+    if (s.widened) return act_fwd_bf16w(*s.ex, sh, s.a_NF, s.h16_NF1, s.p_N, s.N);
+    if (s.a16_NF != nullptr) return act_fwd_bf16(*s.ex, sh, s.a16_NF, s.h16_NF1, s.p_N, s.N);
   }
   act_fwd<T>(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
 }
@@ -267,15 +262,19 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
   MOE_CHECK(!dy16_NH || s.gemm16, "[mlp] a bf16 dy needs the weights' bf16 copies (--bf16)");
   const int64_t F1 = sh.F1();
   // Recomputation: the forward's arithmetic again, so the values are bitwise the forward's.
-  if (s.recompute_fc1)
-    fc1_forward(s, w.fc1, w.fc1_bias, sh);
-  else
-    widen_h(s, sh);
+  if (s.recompute_fc1) fc1_forward(s, w.fc1, w.fc1_bias, sh);
   if (s.recompute_act) act_forward(s, sh);
   const DevPtr<const T> no_p = nullptr;
   // dh's f32 values, then the fc1 bias gradient from them (before any rounding to bf16).
   auto dh_f32_and_fc1_bias = [&] {
-    act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    if constexpr (std::is_same_v<T, float>) {
+      if (s.h16_NF1)
+        act_bwd_h16(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
+      else
+        act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    } else {
+      act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    }
     ops::grouped_bias_backward(*s.ex, grad.fc1_bias, DevPtr<T>(nullptr), dh_NF1, w.fc1_bias, no_p,
                                s.m_G, s.G, F1);
   };
@@ -305,7 +304,7 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::round_f32_to_bf16(*s.ex, dh_NF1, dh_NF1, s.N * F1);  // = the bf16w kernel's output
         fc2_bias();
       } else {
-        act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+        act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
       }
       DevPtr<const float> x_in = s.x_NH;
       if (s.x16_NH) {
@@ -338,7 +337,7 @@ void mlp_backward(const MlpSaved<T>& s, DevPtr<T> dx_NH, DevPtr<T> dp_N,
         ops::cast_f32_to_bf16(*s.ex, s.ws_a16, dh_NF1, s.N * F1);
         fc2_bias();
       } else {
-        act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+        act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
       }
       DevPtr<const bf16> x16 = s.x16_NH;
       if (!x16) {

@@ -1,8 +1,8 @@
 // --bf16: fc1's output h is kept in bf16 (nn/mlp.h, MlpSaved::h16_NF1), as Megatron's TE GEMMs
 // write it: the f32 GEMM result plus the f32 bias, rounded to nearest even. Checked against a
 // plain loop of that contract on every bf16 GEMM path the CPU has, with G groups of uneven rows
-// (SwiGLU without biases, GeLU with them); the backward reads the kept bf16 h, not the f32
-// workspace the forward computed it in (other layers use that workspace in between).
+// (SwiGLU without biases, GeLU with them); the activation and its backward read the kept bf16 h,
+// not the f32 workspace the forward computed it in (other layers use that workspace in between).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,9 +116,10 @@ Grads run(ops::Activation act, bool bias, bool widened, bool poison_h32) {
   mlp_forward<float>(r.s, out.y.data(), x.data(), p.data(), r.m_dev, Rig::G, Rig::N, r.values(),
                      r.sh);
   expect_h16_is_rounded_gemm_plus_bias(r, x);
-  // The activation read h's bf16 values: its f32 workspace holds them widened.
+  // The f32 workspace is the GEMM's output plus the bias, left unrounded: h16 is its rounding,
+  // and the activation reads h16 (the f32 h is dead once rounded).
   for (int64_t i = 0; i < Rig::N * F1; ++i)
-    EXPECT_EQ(host(r.s.h_NF1)[i], bf16_to_float(host(r.s.h16_NF1)[i])) << i;
+    EXPECT_EQ(float_to_bf16(host(r.s.h_NF1)[i]).bits, host(r.s.h16_NF1)[i].bits) << i;
   if (poison_h32) {  // what another layer's use of the shared workspace leaves there
     for (int64_t i = 0; i < Rig::N * F1; ++i)
       host(r.s.h_NF1)[i] = std::numeric_limits<float>::quiet_NaN();
