@@ -3,6 +3,7 @@
 // (ops::ActivationFn). The backward's dp (the row's sum of act(h) da) meets in a fixed block tree
 // (ops/cuda/reduce.cuh): the same bits run to run, no atomics. The bf16 forms are the same
 // kernels writing through ops/cuda/store_bf16.cuh: bitwise the cast of the f32 form's outputs.
+// The bf16-h forms (--bf16's kept fc1 output) widen h on load: bitwise the f32-h kernels on it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -3,7 +3,8 @@
 // reduce.cuh): the same bits run to run, no atomics. The sigmoid uses the device's exp, not the
 // CPU fast path's fast_exp, so the two backends agree within the dtype's tolerance, not bitwise.
 // The bf16 forms are the same kernels writing through ops/cuda/store_bf16.cuh: bitwise the cast
-// of the f32 form's outputs, dp the f32 form's.
+// of the f32 form's outputs, dp the f32 form's. The bf16-h forms (--bf16's kept fc1 output) take
+// h's element type as a parameter, widening on load: bitwise the f32-h kernels on the widened h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
