@@ -37,7 +37,15 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   const int64_t F1 = sh.F1();
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
-    s.h_NF1 = a.alloc<T>(max_rows * F1, name);
+    // --bf16 keeps h in bf16; its f32 form is the GEMM's output, needed only until the bias is
+    // added and the sum rounded (the activation and its backward read the bf16 h).
+    if (use16) {
+      s.h16_NF1 = a.alloc<bf16>(max_rows * F1, name);
+      s.h_NF1 = a.alloc<T>(max_rows * F1, name, MemKind::Workspace);
+    } else {
+      s.h16_NF1 = nullptr;
+      s.h_NF1 = a.alloc<T>(max_rows * F1, name);
+    }
   }
   {
     // The activation only feeds fc2: under --bf16 it is kept as the bf16 GEMM input alone.
@@ -84,19 +92,20 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
 namespace {
 
 // The activation's ops: ops/swiglu.h for SwiGLU, ops/activation.h for the element-wise ones,
-// each in the form its consumer reads (T, bf16, or bf16 values widened to f32).
+// each in the form its consumer reads (T, bf16, or bf16 values widened to f32). Under --bf16 they
+// read h as the kept bf16 (h16), widened on load: bitwise the f32 forms on widened values.
 template <typename T>
 void act_fwd(const Exec& ex, MlpShape sh, DevPtr<T> a, DevPtr<const T> h, DevPtr<const T> p,
              int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward(ex, a, h, p, N, sh.F);
   ops::activation_forward(ex, sh.act, a, h, p, N, sh.F);
 }
-void act_fwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> a16, DevPtr<const float> h,
+void act_fwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> a16, DevPtr<const bf16> h,
                   DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward_bf16(ex, a16, h, p, N, sh.F);
   ops::activation_forward_bf16(ex, sh.act, a16, h, p, N, sh.F);
 }
-void act_fwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> a, DevPtr<const float> h,
+void act_fwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> a, DevPtr<const bf16> h,
                    DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_forward_bf16w(ex, a, h, p, N, sh.F);
   ops::activation_forward_bf16w(ex, sh.act, a, h, p, N, sh.F);
@@ -107,14 +116,20 @@ void act_bwd(const Exec& ex, MlpShape sh, DevPtr<T> dh, DevPtr<T> dp, DevPtr<con
   if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_backward(ex, dh, dp, da, h, p, N, sh.F);
   ops::activation_backward(ex, sh.act, dh, dp, da, h, p, N, sh.F);
 }
+// dh in f32 from the bf16 h (--bf16 with biases: the fc1 bias gradient reads dh's f32 values).
+void act_bwd_h16(const Exec& ex, MlpShape sh, DevPtr<float> dh, DevPtr<float> dp,
+                 DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p, int64_t N) {
+  if (sh.act == ops::Activation::SwiGLU) return ops::swiglu_backward(ex, dh, dp, da, h, p, N, sh.F);
+  ops::activation_backward(ex, sh.act, dh, dp, da, h, p, N, sh.F);
+}
 void act_bwd_bf16(const Exec& ex, MlpShape sh, DevPtr<bf16> dh16, DevPtr<float> dp,
-                  DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p, int64_t N) {
+                  DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p, int64_t N) {
   if (sh.act == ops::Activation::SwiGLU)
     return ops::swiglu_backward_bf16(ex, dh16, dp, da, h, p, N, sh.F);
   ops::activation_backward_bf16(ex, sh.act, dh16, dp, da, h, p, N, sh.F);
 }
 void act_bwd_bf16w(const Exec& ex, MlpShape sh, DevPtr<float> dh, DevPtr<float> dp,
-                   DevPtr<const float> da, DevPtr<const float> h, DevPtr<const float> p,
+                   DevPtr<const float> da, DevPtr<const bf16> h, DevPtr<const float> p,
                    int64_t N) {
   if (sh.act == ops::Activation::SwiGLU)
     return ops::swiglu_backward_bf16w(ex, dh, dp, da, h, p, N, sh.F);
@@ -164,14 +179,19 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
   if (sh.bias) {
     ops::grouped_bias_forward(*s.ex, s.h_NF1, fc1_bias, DevPtr<const T>(nullptr), s.m_G, s.G, F1);
   }
+  if constexpr (std::is_same_v<T, float>) {
+    // --bf16: h rounded once (after the f32 bias, as a bf16 GEMM epilogue), kept as bf16; the
+    // activation and its backward read it so, on both bf16 GEMM paths. The f32 h is dead here.
+    if (s.h16_NF1) ops::cast_f32_to_bf16(*s.ex, s.h16_NF1, s.h_NF1, s.N * F1);
+  }
 }
 
 // a = act(h) * p, in bf16 when that is what fc2 reads.
 template <typename T>
 void act_forward(const MlpSaved<T>& s, MlpShape sh) {
   if constexpr (std::is_same_v<T, float>) {
-    if (s.widened) return act_fwd_bf16w(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
-    if (s.a16_NF != nullptr) return act_fwd_bf16(*s.ex, sh, s.a16_NF, s.h_NF1, s.p_N, s.N);
+    if (s.widened) return act_fwd_bf16w(*s.ex, sh, s.a_NF, s.h16_NF1, s.p_N, s.N);
+    if (s.a16_NF != nullptr) return act_fwd_bf16(*s.ex, sh, s.a16_NF, s.h16_NF1, s.p_N, s.N);
   }
   act_fwd<T>(*s.ex, sh, s.a_NF, s.h_NF1, s.p_N, s.N);
 }
@@ -268,7 +288,14 @@ void backward_fc2(const MlpSaved<T>& s, DevPtr<T> dp_N, const MlpParams<DevPtr<T
   const DevPtr<const T> no_p = nullptr;
   // dh's f32 values, then the fc1 bias gradient from them (before any rounding to bf16).
   auto dh_f32_and_fc1_bias = [&] {
-    act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    if constexpr (std::is_same_v<T, float>) {
+      if (s.h16_NF1)
+        act_bwd_h16(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
+      else
+        act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    } else {
+      act_bwd<T>(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+    }
     ops::grouped_bias_backward(*s.ex, grad.fc1_bias, DevPtr<T>(nullptr), dh_NF1, w.fc1_bias, no_p,
                                s.m_G, s.G, F1);
   };
@@ -297,7 +324,7 @@ void backward_fc2(const MlpSaved<T>& s, DevPtr<T> dp_N, const MlpParams<DevPtr<T
         ops::round_f32_to_bf16(*s.ex, dh_NF1, dh_NF1, s.N * F1);  // = the bf16w kernel's output
         fc2_bias();
       } else {
-        act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+        act_bwd_bf16w(*s.ex, sh, dh_NF1, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
       }
       return;
     }
@@ -318,7 +345,7 @@ void backward_fc2(const MlpSaved<T>& s, DevPtr<T> dp_N, const MlpParams<DevPtr<T
         ops::cast_f32_to_bf16(*s.ex, s.ws_a16, dh_NF1, s.N * F1);
         fc2_bias();
       } else {
-        act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h_NF1, s.p_N, s.N);
+        act_bwd_bf16(*s.ex, sh, s.ws_a16, dp_N, da_NF, s.h16_NF1, s.p_N, s.N);
       }
       return;
     }

@@ -74,6 +74,13 @@ struct MlpSaved {
   // with them can be captured in a CUDA graph. 0: the sizes are m_G's alone.
   int64_t rows_per_group = 0;
   DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias)
+  // --bf16: fc1's output is kept as bf16 alone, as Megatron's (TE's GEMMs write bf16): the f32
+  // GEMM result plus the f32 bias, rounded to nearest even (what a GEMM with a bf16 D and the
+  // bias in its epilogue writes). h_NF1 is then workspace, shared with the other layers, live
+  // only within fc1's forward (and its recomputation): the GEMM's f32 output and the bias, then
+  // rounded into h16_NF1. The activation and its backward read h16_NF1 (ops/swiglu.h,
+  // ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened values).
+  DevPtr<bf16> h16_NF1 = nullptr;
   DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
   DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x

@@ -95,6 +95,17 @@ void activation_forward_bf16w(Activation act, float* a_NF, const float* h_NF, co
                               int64_t N, int64_t F);
 void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
                                const float* h_NF, const float* p_N, int64_t N, int64_t F);
+// h kept in bf16 (the forms below that take a bf16 h).
+void activation_forward_bf16(Activation act, bf16* a16_NF, const bf16* h16_NF, const float* p_N,
+                             int64_t N, int64_t F);
+void activation_forward_bf16w(Activation act, float* a_NF, const bf16* h16_NF, const float* p_N,
+                              int64_t N, int64_t F);
+void activation_backward(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                         const bf16* h16_NF, const float* p_N, int64_t N, int64_t F);
+void activation_backward_bf16(Activation act, bf16* dh16_NF, float* dp_N, const float* da_NF,
+                              const bf16* h16_NF, const float* p_N, int64_t N, int64_t F);
+void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                               const bf16* h16_NF, const float* p_N, int64_t N, int64_t F);
 }  // namespace cpu
 // The CUDA kernels (ops/cuda/: the CUDA build, and the grid emulator's tests on the CPU); `stream`
 // is the context's. dp's sum over a row in a fixed
@@ -116,6 +127,22 @@ void activation_forward_bf16w(void* stream, Activation act, float* a_NF, const f
                               const float* p_N, int64_t N, int64_t F);
 void activation_backward_bf16w(void* stream, Activation act, float* dh_NF, float* dp_N,
                                const float* da_NF, const float* h_NF, const float* p_N, int64_t N,
+                               int64_t F);
+// h kept in bf16: the same kernels, h widened on load (the forwards load 16 bytes of h a step
+// when F % 8 == 0 and h is 16-byte aligned; the backwards one element a step, the order dp's
+// block tree sums in).
+void activation_forward_bf16(void* stream, Activation act, bf16* a16_NF, const bf16* h16_NF,
+                             const float* p_N, int64_t N, int64_t F);
+void activation_forward_bf16w(void* stream, Activation act, float* a_NF, const bf16* h16_NF,
+                              const float* p_N, int64_t N, int64_t F);
+void activation_backward(void* stream, Activation act, float* dh_NF, float* dp_N,
+                         const float* da_NF, const bf16* h16_NF, const float* p_N, int64_t N,
+                         int64_t F);
+void activation_backward_bf16(void* stream, Activation act, bf16* dh16_NF, float* dp_N,
+                              const float* da_NF, const bf16* h16_NF, const float* p_N, int64_t N,
+                              int64_t F);
+void activation_backward_bf16w(void* stream, Activation act, float* dh_NF, float* dp_N,
+                               const float* da_NF, const bf16* h16_NF, const float* p_N, int64_t N,
                                int64_t F);
 }  // namespace cuda
 
@@ -187,5 +214,62 @@ inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<flo
   return cuda::activation_backward_bf16w(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
  raw_ptr(h_NF), raw_ptr(p_N), N, F);
 }
+
+
+// --bf16 keeps fc1's output h in bf16 alone, as swiglu's: the forms above that read it as bf16
+// (the f32 output of the backward too, for the fc1 bias gradient), each bitwise that form on
+// cast_bf16_to_f32(h16) (h widened exactly on load, the same f32 arithmetic and dp association).
+inline void activation_forward_bf16(const Exec& ex, Activation act, DevPtr<bf16> a16_NF,
+                                    DevPtr<const bf16> h16_NF, DevPtr<const float> p_N, int64_t N,
+                                    int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_forward_bf16(act, raw_ptr(a16_NF), raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+  return cuda::activation_forward_bf16(ex.stream, act, raw_ptr(a16_NF), raw_ptr(h16_NF),
+                                       raw_ptr(p_N), N, F);
+}
+inline void activation_forward_bf16w(const Exec& ex, Activation act, DevPtr<float> a_NF,
+                                     DevPtr<const bf16> h16_NF, DevPtr<const float> p_N, int64_t N,
+                                     int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_forward_bf16w(act, raw_ptr(a_NF), raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+  return cuda::activation_forward_bf16w(ex.stream, act, raw_ptr(a_NF), raw_ptr(h16_NF),
+                                        raw_ptr(p_N), N, F);
+}
+inline void activation_backward(const Exec& ex, Activation act, DevPtr<float> dh_NF,
+                                DevPtr<float> dp_N, DevPtr<const float> da_NF,
+                                DevPtr<const bf16> h16_NF, DevPtr<const float> p_N, int64_t N,
+                                int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                    raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+  return cuda::activation_backward(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                   raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+}
+inline void activation_backward_bf16(const Exec& ex, Activation act, DevPtr<bf16> dh16_NF,
+                                     DevPtr<float> dp_N, DevPtr<const float> da_NF,
+                                     DevPtr<const bf16> h16_NF, DevPtr<const float> p_N, int64_t N,
+                                     int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward_bf16(act, raw_ptr(dh16_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                         raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+  return cuda::activation_backward_bf16(ex.stream, act, raw_ptr(dh16_NF), raw_ptr(dp_N),
+                                        raw_ptr(da_NF), raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+}
+inline void activation_backward_bf16w(const Exec& ex, Activation act, DevPtr<float> dh_NF,
+                                      DevPtr<float> dp_N, DevPtr<const float> da_NF,
+                                      DevPtr<const bf16> h16_NF, DevPtr<const float> p_N,
+                                      int64_t N, int64_t F) {
+  if (ex.on_cpu())
+    return cpu::activation_backward_bf16w(act, raw_ptr(dh_NF), raw_ptr(dp_N), raw_ptr(da_NF),
+                                          raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+  return cuda::activation_backward_bf16w(ex.stream, act, raw_ptr(dh_NF), raw_ptr(dp_N),
+                                         raw_ptr(da_NF), raw_ptr(h16_NF), raw_ptr(p_N), N, F);
+}
+// Their oracle: the f32 plain loops on h widened (f32 outputs; the bf16 forms within bf16's
+// rounding of them).
+void activation_forward_ref(Activation act, float* a_NF, const bf16* h16_NF, const float* p_N,
+                            int64_t N, int64_t F);
+void activation_backward_ref(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                             const bf16* h16_NF, const float* p_N, int64_t N, int64_t F);
 
 }  // namespace moecore::ops

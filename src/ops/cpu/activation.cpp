@@ -19,14 +19,15 @@ constexpr int64_t kParallelMin = int64_t(1) << 14;
 template <Activation A, typename T>
 using Act = ActivationFn<A, T>;
 
-template <Activation A, typename T, typename Out, bool kWide>
-void forward_rows(Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+// H: h's element type, T or bf16 bits (uint16_t) widened on load.
+template <Activation A, typename T, typename Out, bool kWide, typename H>
+void forward_rows(Out* a_NF, const H* h_NF, const T* p_N, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
-    const T* h = h_NF + n * F;
+    const H* h = h_NF + n * F;
     Out* a = a_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
-    for (int64_t f = 0; f < F; ++f) a[f] = store<kWide>(Act<A, T>::f(h[f]) * p, a);
+    for (int64_t f = 0; f < F; ++f) a[f] = store<kWide>(Act<A, T>::f(T(widen(h[f]))) * p, a);
   }
 }
 
@@ -44,13 +45,13 @@ T sum_lanes(const T* part) {
   return s[0];
 }
 
-template <Activation A, typename T, typename Out, bool kWide>
-void backward_rows(Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N, int64_t N,
+template <Activation A, typename T, typename Out, bool kWide, typename H>
+void backward_rows(Out* dh_NF, T* dp_N, const T* da_NF, const H* h_NF, const T* p_N, int64_t N,
                    int64_t F) {
   const bool want_dp = p_N && dp_N;
 #pragma omp parallel for schedule(static) if (N * F >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
-    const T* h = h_NF + n * F;
+    const H* h = h_NF + n * F;
     const T* da = da_NF + n * F;
     Out* dh = dh_NF + n * F;
     const T p = p_N ? p_N[n] : T(1);
@@ -59,41 +60,42 @@ void backward_rows(Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* 
       const int64_t m = std::min<int64_t>(kLanes, F - f0);
       for (int64_t l = 0; l < m; ++l) {
         const int64_t f = f0 + l;
-        dh[f] = store<kWide>(da[f] * p * Act<A, T>::df(h[f]), dh);
-        if (want_dp) part[l] += Act<A, T>::f(h[f]) * da[f];
+        const T hf = widen(h[f]);
+        dh[f] = store<kWide>(da[f] * p * Act<A, T>::df(hf), dh);
+        if (want_dp) part[l] += Act<A, T>::f(hf) * da[f];
       }
     }
     if (want_dp) dp_N[n] = sum_lanes(part);
   }
 }
 
-template <typename T, typename Out, bool kWide = false>
-void forward(Activation act, Out* a_NF, const T* h_NF, const T* p_N, int64_t N, int64_t F) {
+template <typename T, typename Out, bool kWide = false, typename H = T>
+void forward(Activation act, Out* a_NF, const H* h_NF, const T* p_N, int64_t N, int64_t F) {
   check_elementwise_activation(act, "activation_forward");
   switch (act) {
     case Activation::GeLU:
-      return forward_rows<Activation::GeLU, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+      return forward_rows<Activation::GeLU, T, Out, kWide, H>(a_NF, h_NF, p_N, N, F);
     case Activation::GeLUTanh:
-      return forward_rows<Activation::GeLUTanh, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+      return forward_rows<Activation::GeLUTanh, T, Out, kWide, H>(a_NF, h_NF, p_N, N, F);
     case Activation::SquaredReLU:
-      return forward_rows<Activation::SquaredReLU, T, Out, kWide>(a_NF, h_NF, p_N, N, F);
+      return forward_rows<Activation::SquaredReLU, T, Out, kWide, H>(a_NF, h_NF, p_N, N, F);
     case Activation::SwiGLU:
       break;
   }
 }
 
-template <typename T, typename Out, bool kWide = false>
-void backward(Activation act, Out* dh_NF, T* dp_N, const T* da_NF, const T* h_NF, const T* p_N,
+template <typename T, typename Out, bool kWide = false, typename H = T>
+void backward(Activation act, Out* dh_NF, T* dp_N, const T* da_NF, const H* h_NF, const T* p_N,
               int64_t N, int64_t F) {
   check_elementwise_activation(act, "activation_backward");
   switch (act) {
     case Activation::GeLU:
-      return backward_rows<Activation::GeLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+      return backward_rows<Activation::GeLU, T, Out, kWide, H>(dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
     case Activation::GeLUTanh:
-      return backward_rows<Activation::GeLUTanh, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
+      return backward_rows<Activation::GeLUTanh, T, Out, kWide, H>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
                                                                 F);
     case Activation::SquaredReLU:
-      return backward_rows<Activation::SquaredReLU, T, Out, kWide>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
+      return backward_rows<Activation::SquaredReLU, T, Out, kWide, H>(dh_NF, dp_N, da_NF, h_NF, p_N, N,
                                                                    F);
     case Activation::SwiGLU:
       break;
@@ -133,6 +135,37 @@ void activation_forward_bf16w(Activation act, float* a_NF, const float* h_NF, co
 void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
                                const float* h_NF, const float* p_N, int64_t N, int64_t F) {
   backward<float, float, true>(act, dh_NF, dp_N, da_NF, h_NF, p_N, N, F);
+}
+
+// h kept in bf16: the same row loops, h widened on load.
+namespace {
+const uint16_t* bits(const bf16* h) { return reinterpret_cast<const uint16_t*>(h); }
+}  // namespace
+
+void activation_forward_bf16(Activation act, bf16* a16_NF, const bf16* h16_NF, const float* p_N,
+                             int64_t N, int64_t F) {
+  forward<float, uint16_t>(act, reinterpret_cast<uint16_t*>(a16_NF), bits(h16_NF), p_N, N, F);
+}
+
+void activation_forward_bf16w(Activation act, float* a_NF, const bf16* h16_NF, const float* p_N,
+                              int64_t N, int64_t F) {
+  forward<float, float, true>(act, a_NF, bits(h16_NF), p_N, N, F);
+}
+
+void activation_backward(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                         const bf16* h16_NF, const float* p_N, int64_t N, int64_t F) {
+  backward<float, float>(act, dh_NF, dp_N, da_NF, bits(h16_NF), p_N, N, F);
+}
+
+void activation_backward_bf16(Activation act, bf16* dh16_NF, float* dp_N, const float* da_NF,
+                              const bf16* h16_NF, const float* p_N, int64_t N, int64_t F) {
+  backward<float, uint16_t>(act, reinterpret_cast<uint16_t*>(dh16_NF), dp_N, da_NF, bits(h16_NF),
+                            p_N, N, F);
+}
+
+void activation_backward_bf16w(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                               const bf16* h16_NF, const float* p_N, int64_t N, int64_t F) {
+  backward<float, float, true>(act, dh_NF, dp_N, da_NF, bits(h16_NF), p_N, N, F);
 }
 
 template void activation_forward<float>(Activation, float*, const float*, const float*, int64_t,

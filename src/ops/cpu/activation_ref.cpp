@@ -1,6 +1,7 @@
 // Element-wise MLP activations, plain loops in f64 (the oracle of activation.cpp): a = act(h) * p,
 // GeLU exact (F.gelu), its tanh form (Megatron's openai_gelu, HF's gelu_new), squared ReLU.
 #include <cmath>
+#include <vector>
 
 #include "core/check.h"
 #include "ops/activation.h"
@@ -80,6 +81,27 @@ void activation_backward_ref(Activation act, T* dh_NF, T* dp_N, const T* da_NF, 
     }
     if (p_N && dp_N) dp_N[n] = T(dp);
   }
+}
+
+// h kept in bf16: widened (exactly), then the plain loops above.
+namespace {
+std::vector<float> widened(const bf16* h16, int64_t n) {
+  std::vector<float> h(size_t(n > 0 ? n : 0));
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = bf16_to_float(h16[i]);
+  return h;
+}
+}  // namespace
+
+void activation_forward_ref(Activation act, float* a_NF, const bf16* h16_NF, const float* p_N,
+                            int64_t N, int64_t F) {
+  const std::vector<float> h = widened(h16_NF, N * F);
+  activation_forward_ref(act, a_NF, h.data(), p_N, N, F);
+}
+
+void activation_backward_ref(Activation act, float* dh_NF, float* dp_N, const float* da_NF,
+                             const bf16* h16_NF, const float* p_N, int64_t N, int64_t F) {
+  const std::vector<float> h = widened(h16_NF, N * F);
+  activation_backward_ref(act, dh_NF, dp_N, da_NF, h.data(), p_N, N, F);
 }
 
 template void activation_forward_ref<float>(Activation, float*, const float*, const float*, int64_t,

@@ -25,4 +25,11 @@ inline Out store(T v, Out* p) {
   }
 }
 
+// How they read an input that may be the working type or bf16 bits (fc1's output kept in bf16
+// under --bf16): widened exactly, so the f32 arithmetic after it is the widen-then-f32 op's.
+template <typename T>
+inline T widen(T v) {
+  return v;
+}
+inline float widen(uint16_t b) { return bf16_bits_to_f32(b); }
 }  // namespace moecore::ops::cpu

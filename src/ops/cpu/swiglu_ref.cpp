@@ -1,6 +1,7 @@
 // SwiGLU reference: plain loops in f64. a = silu(gate) * up * p with h rows [gate | up];
 // the oracle for swiglu.cpp.
 #include <cmath>
+#include <vector>
 
 #include "ops/swiglu.h"
 
@@ -39,6 +40,26 @@ void swiglu_backward_ref(T* dh_N2F, T* dp_N, const T* da_NF, const T* h_N2F, con
     }
     if (p_N && dp_N) dp_N[n] = T(dp);
   }
+}
+
+// h kept in bf16: widened (exactly), then the plain loops above.
+namespace {
+std::vector<float> widened(const bf16* h16, int64_t n) {
+  std::vector<float> h(size_t(n > 0 ? n : 0));
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = bf16_to_float(h16[i]);
+  return h;
+}
+}  // namespace
+
+void swiglu_forward_ref(float* a_NF, const bf16* h16_N2F, const float* p_N, int64_t N, int64_t F) {
+  const std::vector<float> h = widened(h16_N2F, N * 2 * F);
+  swiglu_forward_ref(a_NF, h.data(), p_N, N, F);
+}
+
+void swiglu_backward_ref(float* dh_N2F, float* dp_N, const float* da_NF, const bf16* h16_N2F,
+                         const float* p_N, int64_t N, int64_t F) {
+  const std::vector<float> h = widened(h16_N2F, N * 2 * F);
+  swiglu_backward_ref(dh_N2F, dp_N, da_NF, h.data(), p_N, N, F);
 }
 
 template void swiglu_forward_ref<float>(float*, const float*, const float*, int64_t, int64_t);

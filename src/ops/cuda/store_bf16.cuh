@@ -28,4 +28,22 @@ __device__ __forceinline__ Out store(T v, Out* p) {
   }
 }
 
+// How they read an input that may be the working type or bf16 bits (fc1's output kept in bf16
+// under --bf16): widened exactly, so the f32 arithmetic after it is the widen-then-f32 op's.
+template <typename T>
+__device__ __forceinline__ T widen(T v) {
+  return v;
+}
+__device__ __forceinline__ float widen(uint16_t b) { return bf16_bits_to_f32(b); }
+// Eight bf16 at a 16-byte-aligned p, widened, with one 16-byte load (memory-bound kernels reading
+// a bf16 input). Each 32-bit word holds two bf16, the lower-addressed one in its low half.
+__device__ __forceinline__ void widen8(float (&v)[8], const uint16_t* p) {
+  const int4 w = *reinterpret_cast<const int4*>(p);
+  const int words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16_bits_to_f32(uint16_t(uint32_t(words[i]) & 0xffffu));
+    v[2 * i + 1] = bf16_bits_to_f32(uint16_t(uint32_t(words[i]) >> 16));
+  }
+}
 }  // namespace moecore::ops::cuda
