@@ -65,12 +65,22 @@ void AlltoAllDispatcher<T>::allocate(Arena& a, int64_t max_tokens) {
   counts_RE_.assign(R_ * E_, 0);
   counts_PRE_.assign(P_ > 1 ? P_ * R_ * E_ : 0, 0);
   const int64_t n_RL = P_ * R_ * L_;
-  tables_ = std::unique_ptr<int64_t[], PinnedFree>(
-      static_cast<int64_t*>(exec_alloc(*ex_, MemSpace::PinnedHost,
-                                       static_cast<size_t>(3 * n_RL + L_) * sizeof(int64_t))),
-      PinnedFree{ex_});
-  std::fill(tables_.get(), tables_.get() + 3 * n_RL + L_, 0);
-  chunk_RL_ = tables_.get();
+  const size_t n_tables = static_cast<size_t>(3 * n_RL + L_);
+  int64_t* tables = nullptr;
+  if (ex_->on_cpu() || ex_->stream == nullptr) {
+    // The CPU's copies read any host memory; a sizing pass's context (no stream: a plan for a
+    // device, maybe in a build without it) runs nothing and has no pinned memory to give.
+    tables_.reset();
+    tables_host_.assign(n_tables, 0);
+    tables = tables_host_.data();
+  } else {
+    tables_ = std::unique_ptr<int64_t[], PinnedFree>(
+        static_cast<int64_t*>(exec_alloc(*ex_, MemSpace::PinnedHost, n_tables * sizeof(int64_t))),
+        PinnedFree{ex_});
+    tables = tables_.get();
+    std::fill(tables, tables + n_tables, 0);
+  }
+  chunk_RL_ = tables;
   recv_off_RL_ = chunk_RL_ + n_RL;
   sort_off_RL_ = recv_off_RL_ + n_RL;
   rows_L_ = sort_off_RL_ + n_RL;

@@ -130,6 +130,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
     void operator()(int64_t* p) const { exec_free(*ex, MemSpace::PinnedHost, p); }
   };
   std::unique_ptr<int64_t[], PinnedFree> tables_;
+  std::vector<int64_t> tables_host_;  // the same block on the CPU and in sizing passes
   int64_t* chunk_RL_ = nullptr;                // rows from source (p, r) for local expert l
   int64_t* recv_off_RL_ = nullptr;             // where that chunk lands in the gathered rows
   int64_t* sort_off_RL_ = nullptr;             // where it goes in expert order

@@ -117,7 +117,9 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
     ASSERT_EQ(plan["stages"][0]["source"], "arena");
     const double planned = plan["memory_per_rank_bytes"]["total"].get<double>();
     const double a2a_planned = plan["alltoall_bytes_per_step"].get<double>();
-    if (l.a2a_printed != nullptr) EXPECT_TRUE(documented(a2a_planned, l.a2a_printed, l.a2a_line));
+    if (l.a2a_printed != nullptr) {
+      EXPECT_TRUE(documented(a2a_planned, l.a2a_printed, l.a2a_line));
+    }
 #ifndef MOECORE_HAVE_MPI
     if (l.ranks > 1) {
       std::printf("[ NOT RUN  ] %s: no mpirun in this build\n", l.what);
