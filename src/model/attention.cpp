@@ -102,10 +102,12 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     saved_.q16 = a.alloc<bf16>(n * Hq_ * D_, "attn.q16");
     saved_.k16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.k16");
     saved_.v16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.v16");
-    // Recomputed from q, k, v: no bf16 copy kept.
-    if (!recompute_core_) saved_.out16 = a.alloc<bf16>(n * Hq_ * D_, "attn.core_out16");
     {
+      // With core_attn recomputed the backward recomputes the output from q, k, v into its f32
+      // workspace and never reads out16: it is planned as recomputed (so the plan shrinks by
+      // the reported saving, as the f32 core_out does) and left unwritten.
       Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+      saved_.out16 = a.alloc<bf16>(n * Hq_ * D_, "attn.core_out16");
       saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
     }
     q_w_ = a.alloc<T>(n * Hq_ * D_, "attn.q32", MemKind::Workspace);
@@ -197,7 +199,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   }
   core_.forward(out_w_, saved_.lse, q_w_, k_w_, v_w_, drop_);
   core_out_rounded();
-  if (saved_.out16 != nullptr)
+  if (saved_.out16 != nullptr && !recompute_core_)
     store_bf16(*ex_, saved_.out16, DevPtr<const T>(out_w_), n * Hq_ * D_);
   // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
   // place), else into the whole-token buffer that is reduce-scattered into y.

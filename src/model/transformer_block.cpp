@@ -113,8 +113,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
   if (round_n2_) mlp_->input_rounded();
   // --bf16 (the attention's projections read bf16): n1 kept in bf16, read back in the backward.
-  const bool bf16_n1 =
-      (attn_ != nullptr ? attn_->stores_bf16() : mla_->reads_input_as_bf16()) && !recompute_norms_;
+  // With the layernorm recomputation the backward recomputes n1 into its f32 workspace and
+  // never reads n1_16: planned as recomputed (the plan shrinks by the reported saving, the bf16
+  // bytes a kept n1 would take) and left unwritten.
+  const bool bf16_n1 = attn_ != nullptr ? attn_->stores_bf16() : mla_->reads_input_as_bf16();
   n1_16_ = nullptr;
   {
     Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
@@ -268,7 +270,7 @@ void TransformerBlock<T>::store_n1() {
   // to bf16 on both paths), so keeping n1 in bf16 leaves the numerics bitwise as they were.
   // Two passes (the norm, a cast); a norm writing bf16 directly would be one.
   if constexpr (std::is_same_v<T, float>) {
-    if (n1_16_ != nullptr)
+    if (n1_16_ != nullptr && !recompute_norms_)
       ops::cast_f32_to_bf16(*ex_, n1_16_, DevPtr<const float>(n1_), n_loc_ * H_);
   }
 }
@@ -278,7 +280,7 @@ void TransformerBlock<T>::load_n1() {
   // n1's workspace was the other layers' meanwhile; the attention's backward reads it (its
   // weight gradients' input). Widened: the bf16 values the GEMMs read in the forward.
   if constexpr (std::is_same_v<T, float>) {
-    if (n1_16_ != nullptr)
+    if (n1_16_ != nullptr && !recompute_norms_)
       ops::cast_bf16_to_f32(*ex_, n1_, DevPtr<const bf16>(n1_16_), n_loc_ * H_);
   }
 }
