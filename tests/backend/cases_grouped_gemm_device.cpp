@@ -22,6 +22,7 @@
 
 #include "backend_case.h"
 #include "core/device.h"
+#include "ops/f32_matmul_precision.h"
 #include "ops/gemm.h"
 #include "ops/gemm_bf16.h"
 #include "ops/grouped_gemm_tables.h"
@@ -268,8 +269,19 @@ void tables_case(const Exec& ex) {
   }
 }
 
-// The workspace query and the start-up line on each path.
+// The workspace query and the start-up line on each path; the types a grouped GEMM of f32 / f64
+// asks for: TF32 products on a device under --fp32-matmul-precision high, else its own dtype.
 void path_case(const Exec& ex) {
+  {
+    const ops::F32MatmulPrecision was = ops::f32_matmul_precision();
+    for (ops::F32MatmulPrecision p : {ops::F32MatmulPrecision::Highest, ops::F32MatmulPrecision::High}) {
+      ops::set_f32_matmul_precision(p);
+      const bool tf32 = !ex.on_cpu() && p == ops::F32MatmulPrecision::High;
+      EXPECT_EQ(ops::grouped_gemm_types<float>(ex), tf32 ? GemmTypes::F32Tf32 : GemmTypes::F32);
+      EXPECT_EQ(ops::grouped_gemm_types<double>(ex), GemmTypes::F64);
+    }
+    ops::set_f32_matmul_precision(was);
+  }
   const int64_t dims[] = {16, 64, 128};
   for (GemmTypes types : {GemmTypes::F32, GemmTypes::Bf16F32, GemmTypes::F64}) {
     if (ex.on_cpu()) {
@@ -315,7 +327,7 @@ void add_grouped_gemm_device_cases(std::vector<OpCase>& out) {
                  device_tables_case});
   out.push_back({"grouped_gemm_tables", {"grouped_gemm_tables"}, tables_case});
   out.push_back({"grouped_gemm_path",
-                 {"grouped_gemm_workspace_bytes", "grouped_gemm_path_line"},
+                 {"grouped_gemm_workspace_bytes", "grouped_gemm_path_line", "grouped_gemm_types"},
                  path_case});
 }
 
