@@ -44,6 +44,8 @@ sources+=(src/core/rng.cpp src/core/exec.cpp src/core/host_memory.cpp src/core/d
           src/core/fault_injection.cpp src/ops/f32_matmul_precision.cpp
           src/ops/cpu/rope.cpp src/ops/cpu/rope_yarn.cpp src/ops/cpu/rope_mla.cpp
           src/ops/cpu/adamw.cpp src/ops/cpu/memory.cpp
+          src/ops/grouped_gemm_path.cpp src/ops/cpu/gemm.cpp src/ops/cpu/cast.cpp
+          src/core/profiler.cpp
           tests/emu/sanitizers/*.cpp)
 # The kernels: src/ops/cuda/*.cu but the *_check.cu compile checks against the real CUDA headers
 # and the *_sm90a.cu sources (CUTLASS, wgmma, TMA: the CUDA build's alone).
@@ -69,7 +71,7 @@ for s in "${sources[@]}"; do compile "$s"; done
 for k in "${kernels[@]}"; do compile "$k" -x c++ -include tests/emu/cuda_emu.h; done
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 if (( failed )); then echo "[emu] a compile failed (above)" >&2; exit 1; fi
-"$cxx" "${flags[@]}" "${objects[@]}" -lgtest -lgtest_main -lfmt -pthread -o "$out/test_emu"
+"$cxx" "${flags[@]}" "${objects[@]}" -lgtest -lgtest_main -lfmt -ldnnl -pthread -o "$out/test_emu"
 # ASan's swapcontext interceptor clears the shadow of the whole fiber stack at every switch to a
 # fiber (64 KiB of shadow for its 512 KiB): by default with mmap and madvise, which made the run
 # system time (about 70 us a switch); a memset of the shadow is a few microseconds.

@@ -14,6 +14,8 @@ SyncAudit& SyncAudit::instance() {
 }
 
 void SyncAudit::host_sync(const char*, const char*) {}
+SyncAudit::Point::Point(const char*) : outer_(nullptr) {}
+SyncAudit::Point::~Point() = default;
 SyncAudit::Paused::Paused() : was_armed_(false) {}
 SyncAudit::Paused::~Paused() = default;
 // The capture rules: no test of this build captures (test_emu_capture.cpp, which checks them,
