@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <random>
 
+#include "common/bf16_gemm_paths.h"
 #include "backend_case.h"
 #include "ops/cast.h"
 #include "ops/cross_entropy.h"
@@ -25,22 +26,12 @@ using ops::gemm_ref;
 
 // Runs `body` once per bf16 GEMM path available here, restoring the process's choice.
 void on_each_path(const std::function<void()>& body) {
-  const Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (Bf16GemmPath path : {Bf16GemmPath::Widen, Bf16GemmPath::Native}) {
-    if (path == Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
-    BACKEND_TRACE("bf16 path " << ops::bf16_gemm_path_name(path));
-    try {
-      body();
-    } catch (...) {
-      ops::set_bf16_gemm_path(chosen);
-      throw;
-    }
-  }
-  ops::set_bf16_gemm_path(chosen);
+  testing::for_each_bf16_gemm_path(
+      [&](Bf16GemmPath path) {
+        BACKEND_TRACE("bf16 path " << ops::bf16_gemm_path_name(path));
+        body();
+      },
+      {Bf16GemmPath::Widen, Bf16GemmPath::Native});
 }
 
 Guarded<float> nan_ws(int64_t n) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
 #include "common/testing.h"
 #include "nn/mlp.h"
@@ -136,13 +137,8 @@ Grads run(ops::Activation act, bool bias, bool widened, bool poison_h32) {
 }
 
 TEST(MlpBf16, FcOneOutputIsKeptInBf16AndTheBackwardReadsIt) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
+  for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths()) {
+    testing::ScopedBf16GemmPath scope(path);
     for (bool widened : {false, true}) {
       for (auto [act, bias] : {std::pair{ops::Activation::SwiGLU, false},
                                std::pair{ops::Activation::GeLU, true}}) {
@@ -159,7 +155,6 @@ TEST(MlpBf16, FcOneOutputIsKeptInBf16AndTheBackwardReadsIt) {
       }
     }
   }
-  ops::set_bf16_gemm_path(chosen);
 }
 
 // The planner's view: under --bf16 the kept h is bf16 (2 bytes an element), its f32 form

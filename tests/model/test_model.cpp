@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
 #include "model/attention.h"
 #include "model/gpt_model.h"
@@ -745,13 +746,8 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32) { expect_bf16_tracks_f32(tiny_config
 // The same for the element-wise activations with MLP biases (dense, experts, shared expert),
 // on both bf16 GEMM paths: the biases stay f32, their gradients summed from f32 values.
 TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
+  for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths()) {
+    testing::ScopedBf16GemmPath scope(path);
     for (ops::Activation act : {ops::Activation::GeLU, ops::Activation::SquaredReLU}) {
       SCOPED_TRACE(::testing::Message() << ops::bf16_gemm_path_name(path) << " "
                                         << ops::activation_name(act));
@@ -761,7 +757,6 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
       expect_bf16_tracks_f32(cfg);
     }
   }
-  ops::set_bf16_gemm_path(chosen);
 }
 
 // Multi-latent attention under --bf16, on both bf16 GEMM paths: with q LoRA and the latents'
@@ -770,13 +765,8 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
 // projection's two row blocks, the blocks' GEMMs, the input gradient added over the q and kv
 // paths), the norms and the rotary stay f32.
 TEST(GPTModel, Bf16MixedPrecisionTracksF32MultiLatentAttention) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
+  for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths()) {
+    testing::ScopedBf16GemmPath scope(path);
     for (const bool lora : {true, false}) {
       SCOPED_TRACE(::testing::Message() << ops::bf16_gemm_path_name(path)
                                         << (lora ? " q LoRA, dv < qk + pe" : " q proj, dv > qk + pe"));
@@ -793,7 +783,6 @@ TEST(GPTModel, Bf16MixedPrecisionTracksF32MultiLatentAttention) {
       expect_bf16_tracks_f32(cfg);
     }
   }
-  ops::set_bf16_gemm_path(chosen);
 }
 
 // The cross entropy that forward_logits' [B, S, V] logits imply (on the host, in f64) and the
@@ -850,11 +839,9 @@ TEST(GPTModel, ForwardLogitsImplyTheFusedHeadsLoss) {
 // bf16 GEMM path, so the loss they imply is the fused loss to summation order (kF32Rtol), tied
 // and untied.
 TEST(GPTModel, ForwardLogitsUnderBf16ImplyTheFusedHeadsLoss) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  std::vector<ops::Bf16GemmPath> paths = {ops::Bf16GemmPath::Widen};
-  if (ops::bf16_native_available()) paths.push_back(ops::Bf16GemmPath::Native);
-  for (ops::Bf16GemmPath path : paths) {
-    ops::set_bf16_gemm_path(path);
+  for (ops::Bf16GemmPath path :
+       testing::runnable_bf16_gemm_paths({ops::Bf16GemmPath::Widen, ops::Bf16GemmPath::Native})) {
+    testing::ScopedBf16GemmPath scope(path);
     for (bool tie : {false, true}) {
       SCOPED_TRACE(std::string(ops::bf16_gemm_path_name(path)) + (tie ? " tied" : " untied"));
       ModelConfig cfg = tiny_config();
@@ -867,7 +854,6 @@ TEST(GPTModel, ForwardLogitsUnderBf16ImplyTheFusedHeadsLoss) {
       EXPECT_NEAR(implied, fused, testing::kF32Rtol * fused);
     }
   }
-  ops::set_bf16_gemm_path(chosen);
 }
 
 // One rank, the tables padded from 11 to 16 rows: the padding is not part of the model. The
@@ -924,14 +910,12 @@ TEST(GPTModel, VocabularyPaddingChangesNothing) {
     expect_padding_changes_nothing<double>(cfg);
     expect_padding_changes_nothing<float>(cfg);
     cfg.bf16 = true;
-    const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-    for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Widen, ops::Bf16GemmPath::Native}) {
-      if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+    for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths(
+             {ops::Bf16GemmPath::Widen, ops::Bf16GemmPath::Native})) {
       SCOPED_TRACE(ops::bf16_gemm_path_name(path));
-      ops::set_bf16_gemm_path(path);
+      testing::ScopedBf16GemmPath scope(path);
       expect_padding_changes_nothing<float>(cfg);
     }
-    ops::set_bf16_gemm_path(chosen);
   }
 }
 

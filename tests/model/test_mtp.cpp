@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
 #include "model/gpt_model.h"
 #include "model/transformer_block.h"
@@ -387,11 +388,13 @@ void expect_standalone_mtp_composes(bool tied, const std::vector<parallel::Virtu
   // The boundaries: (1 + D) activations from the MTP stage on.
   for (size_t i = 0; i < S; ++i) {
     const bool wide_out = stages[i].num_mtp_layers > 0 || stages[i].mtp_before;
-    if (!stages[i].loss)
+    if (!stages[i].loss) {
       EXPECT_EQ(part[i]->output_elems(0), (wide_out ? 1 + D : 1) * part[i]->boundary_elems()) << i;
-    if (!stages[i].embedding)
+    }
+    if (!stages[i].embedding) {
       EXPECT_EQ(part[i]->input_elems(0),
                 (stages[i].mtp_before ? 1 + D : 1) * part[i]->boundary_elems()) << i;
+    }
   }
   auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
   targets[1][4] = -1;
@@ -507,13 +510,8 @@ TEST(Mtp, MtpBesideTheLossAfterTheFinalNormComposes) {
 // within the bf16 rows, on both bf16 GEMM paths where both exist, tied and untied (the heads'
 // bf16 form of their input written again before each backward: the depths' heads used it).
 TEST(Mtp, Bf16TracksF32) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
+  for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths()) {
+    testing::ScopedBf16GemmPath scope(path);
     for (bool tied : {false, true}) {
       SCOPED_TRACE(::testing::Message()
                    << ops::bf16_gemm_path_name(path) << (tied ? " tied" : " untied"));
@@ -559,7 +557,6 @@ TEST(Mtp, Bf16TracksF32) {
       }
     }
   }
-  ops::set_bf16_gemm_path(chosen);
 }
 
 // Recomputation repeats the forward's arithmetic, the depths' layers included: selective (every

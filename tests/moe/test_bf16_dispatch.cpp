@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
 #include "common/testing.h"
 #include "moe/moe_layer.h"
@@ -118,20 +119,13 @@ void expect_bitwise_runs(const Case& c) {
 }
 
 TEST(Bf16Dispatch, MoELayerIsBitwiseTheF32RowsOnEveryBf16GemmPath) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (path == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) {
-      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
-      continue;
-    }
-    ops::set_bf16_gemm_path(path);
+  testing::for_each_bf16_gemm_path([](ops::Bf16GemmPath) {
     for (const Case& c : {Case{"plain"}, Case{"shared_gate", 8, true},
                           Case{"gelu_bias", 8, false, true}, Case{"padded", 0, false, false, true},
                           Case{"recompute_moe", 8, true, false, false, true}}) {
       expect_bitwise_runs(c);
     }
-  }
-  ops::set_bf16_gemm_path(chosen);
+  });
 }
 
 // Without --bf16 (no bf16 weight copies) and in f64 the rows stay in the model's type.

@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/testing.h"
 #include "core/check.h"
 #include "ops/cast.h"
@@ -228,10 +229,26 @@ TEST_P(GemmBf16, GroupedOrientationsEmptyGroupsAndAccumulation) {
   EXPECT_TRUE(all_close(dw, dw_ref, kF32Rtol, kF32Atol));
 }
 
+// The tests' path scope restores the process's choice at its end, also when an exception
+// leaves it; each path runs once, the native one only where it exists.
+TEST(GemmBf16Path, TestScopeRestoresTheChoice) {
+  const Bf16GemmPath chosen = bf16_gemm_path();
+  std::vector<Bf16GemmPath> seen;
+  EXPECT_THROW(testing::for_each_bf16_gemm_path([&](Bf16GemmPath p) {
+                 seen.push_back(bf16_gemm_path());
+                 EXPECT_EQ(seen.back(), p);
+                 if (p == Bf16GemmPath::Widen) throw moecore::Error("planted");
+               }),
+               moecore::Error);
+  EXPECT_EQ(bf16_gemm_path(), chosen);
+  std::vector<Bf16GemmPath> want = {Bf16GemmPath::Widen};
+  if (bf16_native_available()) want.insert(want.begin(), Bf16GemmPath::Native);
+  EXPECT_EQ(seen, want);
+}
+
 // The widen path cannot run without its workspace: a loud error, not a write through null.
 TEST(GemmBf16Path, WidenWithoutWorkspaceFailsLoudly) {
-  const Bf16GemmPath chosen = bf16_gemm_path();
-  set_bf16_gemm_path(Bf16GemmPath::Widen);
+  testing::ScopedBf16GemmPath scope(Bf16GemmPath::Widen);
   std::vector<bf16> a(4), b(4);
   std::vector<float> c(4);
   EXPECT_THROW(gemm_bf16(cpu_exec(), false, false, 2, 2, 2, a.data(), 2, b.data(), 2, 0.f, c.data(),
@@ -245,7 +262,6 @@ TEST(GemmBf16Path, WidenWithoutWorkspaceFailsLoudly) {
   } else {
     EXPECT_THROW(set_bf16_gemm_path(Bf16GemmPath::Native), moecore::Error);
   }
-  set_bf16_gemm_path(chosen);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, GemmBf16,

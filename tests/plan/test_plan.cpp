@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/paths.h"
 #include "common/testing.h"
 #include "documented_figure.h"
@@ -459,16 +460,14 @@ TEST(PlanMemory, SizingPassAllocatesNothing) {
 TEST(PlanMemory, GpuSizingIsTheSameOnEveryHost) {
   cli::TrainFlags f = cli::parse_train_args(cli::config_file_args(config("tiny")));
   f.model.bf16 = true;
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
-  std::vector<ops::Bf16GemmPath> paths = {ops::Bf16GemmPath::Widen};
-  if (ops::bf16_native_available()) paths.push_back(ops::Bf16GemmPath::Native);
+  const std::vector<ops::Bf16GemmPath> paths =
+      testing::runnable_bf16_gemm_paths({ops::Bf16GemmPath::Widen, ops::Bf16GemmPath::Native});
   std::vector<ArenaSizes> gpu, cpu;
   for (ops::Bf16GemmPath p : paths) {
-    ops::set_bf16_gemm_path(p);
+    testing::ScopedBf16GemmPath scope(p);
     gpu.push_back(trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0, Device::CUDA));
     cpu.push_back(trainer_arena_sizes(f.model, f.train.micro_batch, {}, 1, 0, Device::CPU));
   }
-  ops::set_bf16_gemm_path(chosen);
   const int w = static_cast<int>(MemKind::Weights);
   const double numel = static_cast<double>(gpu[0].numel_dense + gpu[0].numel_expert);
   // CUDA: the fp32 master and its bf16 copy, and the f32 copies of the bf16 values f32 kernels
@@ -610,7 +609,7 @@ TEST(PlanFlops, EqualsTheTrainersFlopsModel) {
   EXPECT_DOUBLE_EQ(p.attention_flops_per_token, t.attention_flops_per_token);
   // Multi-latent attention (with q LoRA and with linear_q_proj): the planner's spec from the
   // same flags, and the trainer's model.
-  for (const std::vector<std::string> q : {std::vector<std::string>{"--q-lora-rank", "24"},
+  for (const std::vector<std::string>& q : {std::vector<std::string>{"--q-lora-rank", "24"},
                                            std::vector<std::string>{}}) {
     std::vector<std::string> args = cli::config_file_args(config("tiny"));
     for (const char* x : {"--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim",

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/train_flags.h"
+#include "common/bf16_gemm_paths.h"
 #include "common/testing.h"
 #include "common/tiny_train_flags.h"
 #include "common/tolerances.h"
@@ -405,14 +406,13 @@ TEST(Train, Bf16LossApproachesEntropyFloor) {
 // summation order differs), so a short run trains alike on either; the start-up log names the
 // path. The widen path's workspaces are planned (the arena would throw on a step allocation).
 TEST(Train, Bf16GemmPathsTrainAlike) {
-  const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
   std::vector<std::vector<train::StepMetrics>> runs;
   if (!ops::bf16_native_available()) {
     GTEST_SKIP() << "native bf16 path not run: oneDNN runs below AVX-512 here (no bf16 matmul); "
                     "the widen path trains in Train.Bf16LossApproachesEntropyFloor";
   }
   for (ops::Bf16GemmPath path : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    ops::set_bf16_gemm_path(path);
+    testing::ScopedBf16GemmPath scope(path);
     cli::TrainFlags f = short_run_flags(6);
     f.model.bf16 = true;
     train::Trainer trainer(f.model, f.train);
@@ -423,7 +423,6 @@ TEST(Train, Bf16GemmPathsTrainAlike) {
               std::string::npos)
         << log.str();
   }
-  ops::set_bf16_gemm_path(chosen);
   for (size_t i = 0; i < runs[0].size(); ++i) {
     EXPECT_NEAR(runs[0][i].lm_loss, runs[1][i].lm_loss, 1e-4 * std::abs(runs[0][i].lm_loss))
         << "iteration " << i + 1;

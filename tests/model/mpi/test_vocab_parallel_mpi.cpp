@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/mpi_testing.h"
 #include "common/tolerances.h"
 #include "core/exec.h"
@@ -181,11 +182,10 @@ TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
   ops::cast_f32_to_bf16(ex, w16.data(), w.data(), V * H);
   ops::round_f32_to_bf16(ex, w_wide.data(), w.data(), V * H);
   const float dloss = 1.f / 7.f;
-  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
-  for (bool wide : {false, true}) {
-    if (!wide && !ops::bf16_native_available()) continue;
+  for (ops::Bf16GemmPath path : testing::runnable_bf16_gemm_paths()) {
+    const bool wide = path == ops::Bf16GemmPath::Widen;
     SCOPED_TRACE(wide ? "widened" : "bf16 copy");
-    ops::set_bf16_gemm_path(wide ? ops::Bf16GemmPath::Widen : ops::Bf16GemmPath::Native);
+    testing::ScopedBf16GemmPath scope(path);
     // One rank, the fused head.
     std::vector<float> loss1(n), lse1(n), ws1(ops::head_loss_workspace_elems(s)), dh1(n * H),
         dw1(V * H, 0.f), h32(n * H), ws32(std::max<int64_t>(1, ops::head_loss_bf16_workspace_elems(ex, s)));
@@ -237,7 +237,6 @@ TEST(VocabParallelMpi, HeadLossBf16MatchesFusedHead) {
       expect_close(dw.data(), dw1.data() + v0 * H, Vl * H, kParityF32Rtol, 1e-7, "dw");
     });
   }
-  ops::set_bf16_gemm_path(path);
 }
 
 // --bf16 on the native GEMM path: the lookup of the slice's bf16 copy gives

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16_gemm_paths.h"
 #include "common/mpi_testing.h"
 #include "common/testing.h"
 #include "common/tiny_train_flags.h"
@@ -1211,14 +1212,10 @@ TEST(TensorParallelParity, LayoutsF32) { tensor_parallel_parity<float>(false); }
 // bf16 GEMMs against the 1-rank --bf16 run, on the native bf16 GEMM path where the CPU has one
 // and on the widened path.
 TEST(TensorParallelParity, LayoutsBf16) {
-  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+  testing::for_each_bf16_gemm_path([](ops::Bf16GemmPath p) {
     SCOPED_TRACE(ops::bf16_gemm_path_name(p));
-    ops::set_bf16_gemm_path(p);
     tensor_parallel_parity<float>(true);
-  }
-  ops::set_bf16_gemm_path(path);
+  });
 }
 
 // The allgather dispatcher with TP 2 x ETP 2 and in folded 8-rank layouts, and TP without SP
@@ -1257,14 +1254,10 @@ TEST(TensorParallelParity, MultiLatentAttentionF32) {
   tensor_parallel_parity<float>(false, kMlaLayouts);
 }
 TEST(TensorParallelParity, MultiLatentAttentionBf16) {
-  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+  testing::for_each_bf16_gemm_path([](ops::Bf16GemmPath p) {
     SCOPED_TRACE(ops::bf16_gemm_path_name(p));
-    ops::set_bf16_gemm_path(p);
     tensor_parallel_parity<float>(true, kMlaLayouts);
-  }
-  ops::set_bf16_gemm_path(path);
+  });
 }
 
 TEST(TensorParallelParity, AllgatherAndDropoutLayoutsF64) {
@@ -1783,14 +1776,10 @@ void mtp_parity(bool bf16) {
 TEST(MtpParity, LayoutsF64) { mtp_parity<double>(false); }
 TEST(MtpParity, LayoutsF32) { mtp_parity<float>(false); }
 TEST(MtpParity, LayoutsBf16) {
-  const ops::Bf16GemmPath path = ops::bf16_gemm_path();
-  for (ops::Bf16GemmPath p : {ops::Bf16GemmPath::Native, ops::Bf16GemmPath::Widen}) {
-    if (p == ops::Bf16GemmPath::Native && !ops::bf16_native_available()) continue;
+  testing::for_each_bf16_gemm_path([](ops::Bf16GemmPath p) {
     SCOPED_TRACE(ops::bf16_gemm_path_name(p));
-    ops::set_bf16_gemm_path(p);
     mtp_parity<float>(true);
-  }
-  ops::set_bf16_gemm_path(path);
+  });
 }
 
 // ---- Context parallelism ----
