@@ -41,7 +41,7 @@ __global__ void activation_forward_h16_vec(Out* a_NF, const uint16_t* h_NF, cons
   for (int64_t f0 = 8 * int64_t(threadIdx.x); f0 < F; f0 += 8 * int64_t(blockDim.x)) {
     float hv[8];
     widen8(hv, h + f0);
-#pragma unroll
+    MOE_UNROLL
     for (int i = 0; i < 8; ++i) a[f0 + i] = store<kWide>(ActivationFn<A, float>::f(hv[i]) * p, a);
   }
 }

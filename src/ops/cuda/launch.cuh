@@ -27,6 +27,14 @@ namespace moecore {
     if (!(cond)) ::moecore::fail(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)
 
+// MOE_UNROLL before a loop: nvcc's `#pragma unroll`; the grid emulator's host compiler gets GCC's
+// form (a bare `#pragma unroll` is an unknown pragma to it, a -Wunknown-pragmas warning).
+#ifdef MOECORE_CUDA_EMU
+#define MOE_UNROLL _Pragma("GCC unroll 8")
+#else
+#define MOE_UNROLL _Pragma("unroll")
+#endif
+
 namespace moecore::ops::cuda {
 
 // `name` names the kernel in errors; `stream` is the context's (Exec::stream).

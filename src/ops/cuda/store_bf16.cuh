@@ -40,7 +40,7 @@ __device__ __forceinline__ float widen(uint16_t b) { return bf16_bits_to_f32(b);
 __device__ __forceinline__ void widen8(float (&v)[8], const uint16_t* p) {
   const int4 w = *reinterpret_cast<const int4*>(p);
   const int words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
+  MOE_UNROLL
   for (int i = 0; i < 4; ++i) {
     v[2 * i] = bf16_bits_to_f32(uint16_t(uint32_t(words[i]) & 0xffffu));
     v[2 * i + 1] = bf16_bits_to_f32(uint16_t(uint32_t(words[i]) >> 16));

@@ -53,7 +53,7 @@ __global__ void swiglu_forward_h16_vec(Out* a_NF, const uint16_t* h_N2F, const f
     float gv[8], uv[8];
     widen8(gv, g + f0);
     widen8(uv, u + f0);
-#pragma unroll
+    MOE_UNROLL
     for (int i = 0; i < 8; ++i) a[f0 + i] = store<kWide>(gv[i] * sigmoid(gv[i]) * uv[i] * p, a);
   }
 }
