@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <optional>
 #include <span>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/profiler.h"
@@ -209,12 +210,35 @@ void AllGatherDispatcher<T>::combine_backward16_start(DevPtr<bf16> dy_NH,
 }
 
 template <typename T>
-void AllGatherDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
-  scatter_rows(all_GH_, y_NH);
+void AllGatherDispatcher<T>::scatter_rows16(DevPtr<T> all_GH, DevPtr<const bf16> in_NH) const {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::unpermute_rows(*ex_, all_GH, in_NH, group_rows_GK_, n_group_, K_, H_);
+  } else {
+    MOE_FAIL("[dispatcher] bf16 expert rows are for the f32 model under --bf16");
+  }
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::reduce_rows(DevPtr<T> y_TH) {
   ScopedPhase phase(Phase::Communication);
   ep_.reduce_scatter_v_async(all_GH_, y_TH, tok_elems_R_, DTypeOf<T>::value,
                              parallel::ReduceOp::Sum)
       .wait_on(*ex_);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::combine(DevPtr<T> y_TH, DevPtr<const T> y_NH) {
+  scatter_rows(all_GH_, y_NH);
+  reduce_rows(y_TH);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH,
+                                             DevPtr<bf16> y16_NH) {
+  if (R_ > ep_size_) return combine(y_TH, y_NH);  // ETP partial sums: summed in T, not rounded
+  round_rows_to_bf16<T>(*ex_, y16_NH, y_NH, plan_.n_rows * H_);
+  scatter_rows16(all_GH_, y16_NH);
+  reduce_rows(y_TH);
 }
 
 template <typename T>
@@ -231,6 +255,23 @@ void AllGatherDispatcher<T>::dispatch_backward(DevPtr<T> dx_TH, DevPtr<T> dprobs
                                                DevPtr<const T> dx_NH, DevPtr<const T> dp_N) {
   scatter_rows(all_GH_, dx_NH);
   ops::scatter_row_probs(*ex_, all_GK_, dp_N, group_rows_GK_, n_group_ * K_);
+  reduce_rows_and_probs(dx_TH, dprobs_TK);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                                       DevPtr<const T> dx_NH,
+                                                       DevPtr<bf16> dx16_NH,
+                                                       DevPtr<const T> dp_N) {
+  if (R_ > ep_size_) return dispatch_backward(dx_TH, dprobs_TK, dx_NH, dp_N);  // as combine16
+  round_rows_to_bf16<T>(*ex_, dx16_NH, dx_NH, plan_.n_rows * H_);
+  scatter_rows16(all_GH_, dx16_NH);
+  ops::scatter_row_probs(*ex_, all_GK_, dp_N, group_rows_GK_, n_group_ * K_);
+  reduce_rows_and_probs(dx_TH, dprobs_TK);
+}
+
+template <typename T>
+void AllGatherDispatcher<T>::reduce_rows_and_probs(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK) {
   ScopedPhase phase(Phase::Communication);
   parallel::CommHandle hx = ep_.reduce_scatter_v_async(all_GH_, dx_TH, tok_elems_R_,
                                                        DTypeOf<T>::value, parallel::ReduceOp::Sum);

@@ -51,6 +51,14 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
                         DevPtr<const T> probs_TK) override;
   void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
+  // The way back with bf16 rows (ETP = 1): the rows rounded once into the caller's workspace,
+  // each gathered token's local rows summed widened, in f32, into the T row workspace, which the
+  // reduce-scatter over the group sums in T as the T forms do (it still moves T). Under expert TP
+  // the rows are partial sums, which that one reduce-scatter adds together with the K rows: the T
+  // forms (no rounding).
+  void combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH, DevPtr<bf16> y16_NH) override;
+  void dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                                 DevPtr<bf16> dx16_NH, DevPtr<const T> dp_N) override;
 
  private:
   const Exec* ex_ = &cpu_exec();                       // the arena's, from allocate()
@@ -58,6 +66,10 @@ class AllGatherDispatcher final : public TokenDispatcher<T> {
   void gather_rows(DevPtr<R> out_NH, DevPtr<const R> all_GH) const;  // pad rows zero
   // The sum of each token's local copies.
   void scatter_rows(DevPtr<T> all_GH, DevPtr<const T> in_NH) const;
+  void scatter_rows16(DevPtr<T> all_GH, DevPtr<const bf16> in_NH) const;
+  // The reduce-scatters that end the combine (rows) and the dispatch's backward (rows, probs).
+  void reduce_rows(DevPtr<T> y_TH);
+  void reduce_rows_and_probs(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK);
 
   int64_t E_, K_, H_, L_, R_, me_;  // R_, me_: the group's (ETP x EP) size and rank
   int64_t ep_size_, ep_rank_;

@@ -1,6 +1,7 @@
 // AlltoAllDispatcher: the local permutation is LocalDispatcher's (over all E experts), so the
 // send side is exactly the single-rank path; what is added is the split arithmetic, the
-// all-to-all-v and the chunk sort. Deterministic: no reductions, every row is copied.
+// all-to-all-v and the chunk sort. Deterministic: every row is copied; the only reduction is
+// ETP's reduce-scatter of the experts' partial sums (in T, also on the bf16 way back).
 #include "moe/alltoall_dispatcher.h"
 
 #include <algorithm>
@@ -338,13 +339,31 @@ void AlltoAllDispatcher<T>::combine_start(DevPtr<T> y_TH, DevPtr<const T> y_NH) 
   ScopedPhase phase(Phase::Communication);
   rows_in_flight_ = start_a2a<T>(recv_NH_, recv_elems_R_, send_SH_, send_elems_R_);
   out_rows_ = y_TH;
+  back16_ = false;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH,
+                                            DevPtr<bf16> y16_NH) {
+  begin(Pending::Combine);
+  unsort_chunks(rows_NH(), y_NH, H_);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);  // the partial sums over F, in T
+  round_rows_to_bf16<T>(*ex_, y16_NH, recv_NH_, etp_elems_P_[pe_]);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a<bf16>(y16_NH, recv_elems_R_, send16_SH(), send_elems_R_);
+  out_rows_ = y_TH;
+  back16_ = true;
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::combine_finish() {
   end(Pending::Combine);
   wait_in_flight();
-  local_.combine(out_rows_, send_SH_);
+  if (back16_) {
+    local_.unpermute16(out_rows_, send16_SH());
+  } else {
+    local_.combine(out_rows_, send_SH_);
+  }
 }
 
 template <typename T>
@@ -393,13 +412,37 @@ void AlltoAllDispatcher<T>::dispatch_backward_start(DevPtr<T> dx_TH, DevPtr<T> d
   probs_in_flight_ = start_a2a<T>(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
   out_rows_ = dx_TH;
   out_probs_ = dprobs_TK;
+  back16_ = false;
+}
+
+template <typename T>
+void AlltoAllDispatcher<T>::dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                                      DevPtr<const T> dx_NH,
+                                                      DevPtr<bf16> dx16_NH,
+                                                      DevPtr<const T> dp_N) {
+  begin(Pending::DispatchBackward);
+  unsort_chunks(rows_NH(), dx_NH, H_);
+  unsort_chunks(rows_p_N(), dp_N, 1);
+  etp_reduce_scatter(recv_NH_, gath_NH_, etp_elems_P_);
+  etp_reduce_scatter(recv_p_N_, gath_p_N_, etp_rows_P_);
+  round_rows_to_bf16<T>(*ex_, dx16_NH, recv_NH_, etp_elems_P_[pe_]);
+  ScopedPhase phase(Phase::Communication);
+  rows_in_flight_ = start_a2a<bf16>(dx16_NH, recv_elems_R_, send16_SH(), send_elems_R_);
+  probs_in_flight_ = start_a2a<T>(recv_p_N_, recv_rows_R_, send_p_S_, send_rows_R_);
+  out_rows_ = dx_TH;
+  out_probs_ = dprobs_TK;
+  back16_ = true;
 }
 
 template <typename T>
 void AlltoAllDispatcher<T>::dispatch_backward_finish() {
   end(Pending::DispatchBackward);
   wait_in_flight();
-  local_.dispatch_backward(out_rows_, out_probs_, send_SH_, send_p_S_);
+  if (back16_) {
+    local_.dispatch_backward_rows16(out_rows_, out_probs_, send16_SH(), send_p_S_);
+  } else {
+    local_.dispatch_backward(out_rows_, out_probs_, send_SH_, send_p_S_);
+  }
 }
 
 template <typename T>

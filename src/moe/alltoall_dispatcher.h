@@ -78,6 +78,13 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
                         DevPtr<const T> probs_TK) override;
   void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
+  // The way back as bf16: the expert rows unsorted and (ETP > 1) their partial sums
+  // reduce-scattered in T, as the T forms do; this rank's all-to-all rows are then rounded once
+  // into the caller's bf16 workspace, which the all-to-all sends back into the first half of the
+  // send workspace; the finish sums each token's rows widened into the T output.
+  void combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH, DevPtr<bf16> y16_NH) override;
+  void dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                                 DevPtr<bf16> dx16_NH, DevPtr<const T> dp_N) override;
   bool in_flight() const override { return !rows_in_flight_.done() || !probs_in_flight_.done(); }
 
  private:
@@ -156,6 +163,7 @@ class AlltoAllDispatcher final : public TokenDispatcher<T> {
   DevPtr<T> out_rows_ = nullptr;   // x_NH, y_TH, dy_NH or dx_TH
   DevPtr<bf16> out_rows16_ = nullptr;  // x_NH or dy_NH of a bf16 phase (else null)
   DevPtr<T> out_probs_ = nullptr;  // p_N or dprobs_TK
+  bool back16_ = false;  // the combine or the dispatch's backward in flight moves bf16 rows
   // The phase started and not finished (a finish without its start, or a second start, is a
   // sequencing bug: the MoE layer's, not the data's).
   enum class Pending : uint8_t { None, Dispatch, Combine, CombineBackward, DispatchBackward };

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
+#include "ops/cast.h"
 #include "parallel/process_groups.h"
 
 namespace moecore::moe {
@@ -60,6 +62,18 @@ void fail_received_rows(int64_t ep_rank, int64_t rows, int64_t max_rows, int64_t
       "for the same maximum micro-batch and capacity",
       ep_rank, rows, max_rows, ep_size, max_tokens, topk);
 }
+
+template <typename T>
+void round_rows_to_bf16(const Exec& ex, DevPtr<bf16> y16, DevPtr<const T> y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::cast_f32_to_bf16(ex, y16, y, n);
+  } else {
+    MOE_FAIL("[dispatcher] bf16 expert rows are for the f32 model under --bf16");
+  }
+}
+template void round_rows_to_bf16<float>(const Exec&, DevPtr<bf16>, DevPtr<const float>, int64_t);
+template void round_rows_to_bf16<double>(const Exec&, DevPtr<bf16>, DevPtr<const double>,
+                                         int64_t);
 
 template <typename T>
 std::unique_ptr<TokenDispatcher<T>> make_dispatcher(const MoeLayerConfig& cfg,

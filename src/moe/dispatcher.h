@@ -121,6 +121,28 @@ class TokenDispatcher {
     combine_backward16_start(dy_NH, dy_TH);
     combine_backward_finish();
   }
+  // The way back as bf16 (T = float): the experts' T output rows (combine) and input-gradient
+  // rows (the dispatch's backward) are rounded once to bf16 into the caller's [N, H] workspace
+  // (y16_NH, dx16_NH), which the all-to-all back then sends as bf16; each token sums its rows
+  // widened, in f32, in k order into the T output (ops::unpermute_rows on bf16 rows). Where the
+  // rows are partial sums over expert TP, the ETP reduce-scatter sums them in T first and the sum
+  // is rounded once (as one rank rounds the whole row: the same value up to summation order);
+  // the allgather dispatcher under expert TP, whose one reduce-scatter sums the partials and the
+  // K rows together, keeps the T way back. The probs' gradient stays T. Each shares its T form's
+  // finish (combine_finish, dispatch_backward_finish).
+  virtual void combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH, DevPtr<bf16> y16_NH) = 0;
+  virtual void dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                         DevPtr<const T> dx_NH, DevPtr<bf16> dx16_NH,
+                                         DevPtr<const T> dp_N) = 0;
+  void combine16(DevPtr<T> y_TH, DevPtr<const T> y_NH, DevPtr<bf16> y16_NH) {
+    combine16_start(y_TH, y_NH, y16_NH);
+    combine_finish();
+  }
+  void dispatch_backward16(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                           DevPtr<bf16> dx16_NH, DevPtr<const T> dp_N) {
+    dispatch_backward16_start(dx_TH, dprobs_TK, dx_NH, dx16_NH, dp_N);
+    dispatch_backward_finish();
+  }
   // True between a *_start that left a collective in flight and its *_finish: the MoE layer
   // counts the shared-expert work that ran in that window (MoELayer::shared_expert_overlaps).
   virtual bool in_flight() const { return false; }
@@ -150,6 +172,13 @@ class LocalDispatcher final : public TokenDispatcher<T> {
   void dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevPtr<const bf16> x_TH,
                         DevPtr<const T> probs_TK) override;
   void combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) override;
+  void combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH, DevPtr<bf16> y16_NH) override;
+  void dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const T> dx_NH,
+                                 DevPtr<bf16> dx16_NH, DevPtr<const T> dp_N) override;
+  // The bf16 forms' second halves on rows already rounded (the alltoall dispatcher's finish).
+  void unpermute16(DevPtr<T> y_TH, DevPtr<const bf16> y16_NH);
+  void dispatch_backward_rows16(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK, DevPtr<const bf16> dx16_NH,
+                                DevPtr<const T> dp_N);
 
  private:
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
@@ -189,6 +218,11 @@ int64_t ep_max_rows(int64_t ep_size, int64_t max_tokens, int64_t topk, int64_t n
 [[noreturn]] void fail_received_rows(int64_t ep_rank, int64_t rows, int64_t max_rows,
                                      int64_t ep_size, int64_t max_tokens, int64_t topk,
                                      const EpRowBudget& budget);
+
+// The bf16 way back's one rounding: n elements of the experts' T rows to nearest even bf16 (the
+// cast of ops/cast.h); T = double, which has no bf16 rows, fails.
+template <typename T>
+void round_rows_to_bf16(const Exec& ex, DevPtr<bf16> y16, DevPtr<const T> y, int64_t n);
 
 // The dispatcher for a layout: LocalDispatcher without groups or with EP = ETP = 1 (bitwise the
 // single-process path), else cfg.moe.dispatcher_type: allgather over the ETP x EP group

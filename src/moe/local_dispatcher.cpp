@@ -3,6 +3,7 @@
 // input and gradient are zero.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/check.h"
 #include "moe/dispatcher.h"
@@ -101,6 +102,38 @@ void LocalDispatcher<T>::dispatch16_start(DevPtr<bf16> x_NH, DevPtr<T> p_N, DevP
 template <typename T>
 void LocalDispatcher<T>::combine_backward16_start(DevPtr<bf16> dy_NH, DevPtr<const bf16> dy_TH) {
   ops::permute_rows(*ex_, dy_NH, dy_TH, plan_.row_token_N, plan_.n_rows, H_);
+}
+
+template <typename T>
+void LocalDispatcher<T>::unpermute16(DevPtr<T> y_TH, DevPtr<const bf16> y16_NH) {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::unpermute_rows(*ex_, y_TH, y16_NH, plan_.token_rows_TK, plan_.n_tok, K_, H_);
+  } else {
+    MOE_FAIL("[dispatcher] bf16 expert rows are for the f32 model under --bf16");
+  }
+}
+
+template <typename T>
+void LocalDispatcher<T>::dispatch_backward_rows16(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                                  DevPtr<const bf16> dx16_NH,
+                                                  DevPtr<const T> dp_N) {
+  unpermute16(dx_TH, dx16_NH);
+  ops::scatter_row_probs(*ex_, dprobs_TK, dp_N, plan_.token_rows_TK, plan_.n_tok * K_);
+}
+
+template <typename T>
+void LocalDispatcher<T>::combine16_start(DevPtr<T> y_TH, DevPtr<const T> y_NH,
+                                         DevPtr<bf16> y16_NH) {
+  round_rows_to_bf16<T>(*ex_, y16_NH, y_NH, plan_.n_rows * H_);
+  unpermute16(y_TH, y16_NH);
+}
+
+template <typename T>
+void LocalDispatcher<T>::dispatch_backward16_start(DevPtr<T> dx_TH, DevPtr<T> dprobs_TK,
+                                                   DevPtr<const T> dx_NH, DevPtr<bf16> dx16_NH,
+                                                   DevPtr<const T> dp_N) {
+  round_rows_to_bf16<T>(*ex_, dx16_NH, dx_NH, plan_.n_rows * H_);
+  dispatch_backward_rows16(dx_TH, dprobs_TK, dx16_NH, dp_N);
 }
 
 template class LocalDispatcher<float>;

@@ -87,6 +87,9 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   }
   p_N_ = a.alloc<T>(rows, "moe.p_rows");
   y_NH_ = a.alloc<T>(rows * H_, "moe.y_rows", MemKind::Workspace);
+  // One bf16 buffer for the way back of both passes: the combine has finished with it before
+  // the backward starts.
+  if (rows16_) back16_NH_ = a.alloc<bf16>(rows * H_, "moe.back_rows_bf16", MemKind::Workspace);
   if (dy16_) {
     dy16_TH_ = a.alloc<bf16>(max_tokens * H_, "moe.dy_bf16", MemKind::Workspace);
     dy16_NH_ = a.alloc<bf16>(rows * H_, "moe.dy_rows", MemKind::Workspace);
@@ -155,7 +158,11 @@ void MoELayer<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok, b
   }
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->combine_start(y_TH, y_NH_);
+    if (rows16_) {
+      dispatcher_->combine16_start(y_TH, y_NH_, back16_NH_);
+    } else {
+      dispatcher_->combine_start(y_TH, y_NH_);
+    }
   }
   // Its second half (fc2) while the combine's all-to-all is in flight; the output waits in its
   // own buffer until the combine has assigned y.
@@ -208,7 +215,11 @@ void MoELayer<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_g
   experts_.backward(dx_NH_, dp_N_, dy_NH_, dy16_NH_);
   {
     ScopedPhase phase(Phase::Permute);
-    dispatcher_->dispatch_backward_start(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+    if (rows16_) {
+      dispatcher_->dispatch_backward16_start(dx_TH, dprobs_TK_, dx_NH_, back16_NH_, dp_N_);
+    } else {
+      dispatcher_->dispatch_backward_start(dx_TH, dprobs_TK_, dx_NH_, dp_N_);
+    }
   }
   // Its second half (fc1's) while the gradients' all-to-all back is in flight; its input
   // gradient waits in its own buffer until the dispatch's backward has assigned dx.

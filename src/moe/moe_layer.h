@@ -43,6 +43,13 @@ class MoELayer {
   // rows gave (the GEMMs cast them to bf16 themselves), with half the bytes moved and the saved
   // expert rows half the size. On by default; off (before allocate()) moves f32 rows as before,
   // which the tests compare with.
+  // The way back moves bf16 rows too (as Megatron's bf16 expert outputs): fc2's output rows (the
+  // f32 GEMM result and bias) are rounded once to bf16 for the combine, and fc1's input-gradient
+  // rows for the dispatch's backward (under expert TP after the reduce-scatter has summed the
+  // partials in f32); the all-to-all moves them as bf16 and each token sums its rows widened, in
+  // f32, in k order (dispatcher.h's combine16 / dispatch_backward16). The parameters' gradients
+  // stay bitwise those of the f32 rows; the output and the input gradient carry the one rounding
+  // per row.
   void set_bf16_dispatch(bool on) { bf16_dispatch_ = on; }
   bool bf16_rows() const { return rows16_; }   // after allocate(): the tokens move as bf16
   bool bf16_dy_rows() const { return dy16_; }  // the output gradient too
@@ -123,6 +130,9 @@ class MoELayer {
   DevPtr<T> x_NH_ = nullptr;
   DevPtr<T> p_N_ = nullptr;
   DevPtr<T> y_NH_ = nullptr;
+  // rows16_: where the dispatcher rounds fc2's output rows (combine) and the input-gradient rows
+  // (the dispatch's backward) once.
+  DevPtr<bf16> back16_NH_ = nullptr;
   DevPtr<T> dy_NH_ = nullptr;
   DevPtr<T> dx_NH_ = nullptr;
   DevPtr<T> dp_N_ = nullptr;

@@ -4,6 +4,9 @@
 // The row moves (permute_rows, copy_row_chunks) also take bf16 rows (--bf16: the tokens and the
 // output gradient the experts' GEMMs read in bf16 anyway are cast once before the permutation,
 // which then moves half the bytes; a copy of the bits, so bitwise the cast of the f32 rows).
+// unpermute_rows also sums bf16 rows into f32 tokens (--bf16: the experts' outputs and input
+// gradients come back as bf16 rows, rounded once where the GEMMs wrote them, and each token sums
+// its rows widened, in f32, in k order: bitwise the f32 form on the widened rows).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +58,8 @@ void copy_row_chunks(T* dst_NW, const T* src_NW, const int64_t* dst_off, const i
 template <typename T>
 void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok, int64_t K,
                     int64_t H);
+void unpermute_rows(float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                    int64_t K, int64_t H);
 }  // namespace cpu
 
 // The CUDA kernels (ops/cuda/permute.cu); `stream` is the context's. The maps and counts are
@@ -88,6 +93,8 @@ void permute_rows(void* stream, T* y_NH, const T* x_TH, const int32_t* row_token
                   int64_t H);
 template <typename T>
 void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_rows_TK,
+                    int64_t n_tok, int64_t K, int64_t H);
+void unpermute_rows(void* stream, float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK,
                     int64_t n_tok, int64_t K, int64_t H);
 template <typename T>
 void copy_row_chunks(void* stream, T* dst_NW, const T* src_NW, const int64_t* dst_off,
@@ -217,6 +224,18 @@ void unpermute_rows(const Exec& ex, DevPtr<T> y_TH, DevPtr<const T> x_NH,
 }
 template <typename T>
 void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                        int64_t K, int64_t H);
+// bf16 rows into f32 tokens: y[t] = sum_k f32(x[token_rows[t, k]]) over kept slots, summed in f32
+// from 0 in k order (the fast paths' order, so the reference is bitwise, not within a tolerance).
+inline void unpermute_rows(const Exec& ex, DevPtr<float> y_TH, DevPtr<const bf16> x_NH,
+                           DevPtr<const int32_t> token_rows_TK, int64_t n_tok, int64_t K,
+                           int64_t H) {
+  if (ex.on_cpu())
+    return cpu::unpermute_rows(raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK), n_tok, K, H);
+  return cuda::unpermute_rows(ex.stream, raw_ptr(y_TH), raw_ptr(x_NH), raw_ptr(token_rows_TK),
+                              n_tok, K, H);
+}
+void unpermute_rows_ref(float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
                         int64_t K, int64_t H);
 
 // Chunk c of rows[c] rows of W elements moves from row src_off[c] of src to row dst_off[c] of

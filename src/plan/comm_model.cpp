@@ -135,6 +135,11 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
   if (m.num_experts > 0) {
     const double t = T / d.tp;  // the tokens of this rank's MoE layer (a sequence slice at tp > 1)
     const double K = static_cast<double>(m.topk), prob = tok;
+    // --bf16: the gathers move the dispatched tokens as bf16 rows, and the output gradient too
+    // without MLP biases; the reduce-scatters sum the experts' outputs and input gradients in the
+    // activations' dtype (the alltoall dispatcher rounds the sums to bf16 after its ETP
+    // reduce-scatter, before the all-to-all back).
+    const double row_in = run.bf16 ? 2.0 : tok, row_dy = run.bf16 && !m.add_mlp_bias ? 2.0 : tok;
     int64_t moe_layers = 0, full_moe = 0;
     for (int64_t l = 0; l < m.num_layers; ++l) {
       if (!m.is_moe_layer(l)) continue;
@@ -153,8 +158,9 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       const bool padded = run.pad_to_capacity && run.capacity_factor > 0;
       const double others = (gtpep - 1) * t;
       const double meta = padded ? 0 : (gtpep - 1) * 16;
-      const double gather_fwd = meta + others * (K * 4 + H * tok + K * prob);
-      tpep.all_gather = (forwards + dispatch_reruns) * gather_fwd + moe_layers * others * H * tok;
+      const double gather_fwd = meta + others * (K * 4 + H * row_in + K * prob);
+      tpep.all_gather =
+          (forwards + dispatch_reruns) * gather_fwd + moe_layers * others * H * row_dy;
       tpep.reduce_scatter =
           forwards * others * H * tok + moe_layers * others * (H * tok + K * prob);
     } else if (run.dispatcher == "alltoall" && gtpep > 1) {
@@ -167,8 +173,8 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
         // with their probs over ETP (fwd), the experts' outputs reduce-scattered back; the
         // backward the reverse (all-gather of dy, reduce-scatter of dx and dprobs).
         const double rows = (d.etp - 1.0) * t * K;
-        expt.all_gather =
-            (forwards + dispatch_reruns) * rows * (H * tok + prob) + moe_layers * rows * H * tok;
+        expt.all_gather = (forwards + dispatch_reruns) * rows * (H * row_in + prob) +
+                          moe_layers * rows * H * row_dy;
         expt.reduce_scatter = forwards * rows * H * tok + moe_layers * rows * (H * tok + prob);
       }
     }
@@ -220,14 +226,16 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
   };
   if (m.num_experts > 0 && d.ep > 1) {
     // What the EP dispatcher of one rank sends per MoE layer and micro-batch. Under --bf16 the
-    // tokens travel as bf16 (the MoE layer casts them before the permutation), and so does the
-    // output gradient in the combine's backward without MLP biases; the expert outputs
-    // (combine) and the input gradients (the dispatch's backward) in the activations' dtype: f32
-    // on the CPU backend, whose activations are f32 also with --bf16, `dt` on a GPU (Megatron's
-    // bf16 dataflow). The routing probs in fp32. Recomputation reruns the dispatch: the "moe"
-    // module its forward dispatch (tokens + probs), full recomputation the layer's whole forward.
+    // tokens travel as bf16 (the MoE layer casts them before the permutation), and so do the
+    // expert outputs (combine) and the input gradients (the dispatch's backward), rounded once
+    // where the experts' GEMMs wrote them, and the output gradient in the combine's backward
+    // without MLP biases; otherwise the activations' dtype: f32 on the CPU backend, `dt` on a
+    // GPU (Megatron's bf16 dataflow). The routing probs in fp32. Recomputation reruns the
+    // dispatch: the "moe" module its forward dispatch (tokens + probs), full recomputation the
+    // layer's whole forward.
     const double tok = hw.device == Device::CPU ? 4.0 : dt, prob = 4.0;
     const double tok_in = run.bf16 ? 2.0 : tok;
+    const double tok_out = run.bf16 ? 2.0 : tok;
     const double tok_dy = run.bf16 && !m.add_mlp_bias ? 2.0 : tok;
     // Tokens entering this rank's router: its sequence slice at tp > 1 (with or without SP).
     const double t_rank = T / d.tp;
@@ -250,8 +258,8 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
                                                        m.num_experts, run.capacity_factor))
                  : t_rank * m.topk;
       const double out = rows * (d.ep - 1.0) / d.ep;
-      const double dispatch = out * (H * tok_in + prob), combine = out * H * tok;
-      const double combine_bwd = out * H * tok_dy, dispatch_bwd = out * (H * tok + prob);
+      const double dispatch = out * (H * tok_in + prob), combine = out * H * tok_out;
+      const double combine_bwd = out * H * tok_dy, dispatch_bwd = out * (H * tok_out + prob);
       c.alltoall_bytes_per_layer_fwd = dispatch + combine;
       const double per_layer = dispatch + combine + combine_bwd + dispatch_bwd +
                                (moe_rerun ? dispatch : 0) + reruns * (dispatch + combine);
@@ -260,7 +268,7 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
           c.alltoall_bytes_per_step, false,
           fmt::format("rows x (ep-1)/ep x (H x ({} + {} + {} + {}) B + 2 x 4 B probs){}{} x {:.1f} "
                       "MoE layers x {} micro-batches, rows = {}",
-                      tok_in, tok, tok_dy, tok,
+                      tok_in, tok_out, tok_dy, tok_out,
                       moe_rerun ? " + the moe module's rerun dispatch" : "",
                       reruns > 0 ? " + the recomputed layers' forward" : "", moe_layers, n_micro,
                       padded ? "E x capacity (padded)" : "T/tp x K"));

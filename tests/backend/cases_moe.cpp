@@ -246,6 +246,28 @@ void unpermute_rows_case(const Exec& ex) {
   });
 }
 
+// unpermute_rows on bf16 rows into f32 tokens (--bf16: the experts' outputs and input gradients
+// come back as bf16 rows): the widened rows summed in f32 in k order, bitwise the reference
+// (which sums in that order too), H from 1 to rows of whole 16-byte vectors.
+void unpermute_rows_bf16_case(const Exec& ex) {
+  uint32_t seed = 35;
+  for_each_map([&](const Routing& r, const Map& m, int64_t rows, bool padded) {
+    for (int64_t H : {1, 7, 8, 37, 64}) {
+      BACKEND_TRACE(r.name << (padded ? " padded" : " packed") << " rows=" << rows << " H=" << H);
+      const auto x = to_bf16(random_vec<float>(rows * H, seed++));
+      std::vector<float> y_ref(r.T * H);
+      Guarded<float> y = nan_out<float>(r.T * H);
+      {
+        Staging st(ex);
+        ops::unpermute_rows(ex, st.out(y), st.in(x), st.in(m.token_rows), r.T, r.K, H);
+        st.back();
+      }
+      ops::unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      expect_bitwise(y, y_ref.data(), "y_TH (bf16 rows)");
+    }
+  });
+}
+
 // g with its tables staged (the reference reads the host's); G tokens over all ranks.
 ops::GroupRouting staged(Staging& st, const ops::GroupRouting& g, int64_t G) {
   ops::GroupRouting d = g;
@@ -577,6 +599,7 @@ void add_moe_cases(std::vector<OpCase>& out) {
   out.push_back({"permute_rows_bf16", {"permute_rows"}, permute_rows_bf16_case});
   out.push_back({"unpermute_rows_f32", {"unpermute_rows"}, unpermute_rows_case<float>});
   out.push_back({"unpermute_rows_f64", {"unpermute_rows"}, unpermute_rows_case<double>});
+  out.push_back({"unpermute_rows_bf16", {"unpermute_rows"}, unpermute_rows_bf16_case});
   out.push_back({"build_group_permutation", {"build_group_permutation"},
                  build_group_permutation_case});
   out.push_back({"copy_row_chunks", {"copy_row_chunks"}, [](const Exec& ex) {

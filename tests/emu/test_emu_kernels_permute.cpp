@@ -350,6 +350,43 @@ TEST(EmuKernelsPermute, RowGathersOfBf16Rows) {
   }
 }
 
+// bf16 rows into f32 tokens (--bf16: the experts' outputs and input gradients come back as bf16
+// rows): each token's rows widened and summed in f32 in k order, bitwise the reference, in every
+// resume order; H 8 and 64 (rows of whole 16-byte vectors: the _vec kernel, 8 bf16 in, 8 f32
+// out), 1 and 33 (the scalar one), and rows 2 bytes off 16-byte alignment (the scalar kernel on
+// rows of whole vectors). Random bits of finite values (the exponent kept below all ones).
+void check_unpermute_bf16(const Routing& r, int64_t H, int64_t off) {
+  SCOPED_TRACE(name(r) + " unpermute bf16 H=" + std::to_string(H) + " offset=" +
+               std::to_string(off));
+  const Map m = ref_map(r);
+  const int64_t TK = r.T * r.K;
+  std::vector<uint16_t> x(size_t(off + TK * H));
+  std::mt19937 g(97 + uint32_t(H));
+  for (uint16_t& v : x) v = uint16_t(g() & 0xbeffu);  // exponent < 0xff: finite
+  std::vector<float> want(size_t(r.T * H));
+  ops::unpermute_rows_ref(want.data(), reinterpret_cast<const bf16*>(x.data() + off),
+                          m.token_rows.data(), r.T, r.K, H);
+  Guarded<float> y(r.T * H);
+  EXPECT_EQ(order_dependence([&] {
+              y = Guarded<float>(r.T * H, NAN);
+              ops::cuda::unpermute_rows(nullptr, y.data(),
+                                        reinterpret_cast<const bf16*>(x.data() + off),
+                                        m.token_rows.data(), r.T, r.K, H);
+              return bytes_of(y.data(), size_t(r.T * H));
+            }),
+            "");
+  expect_bitwise(y, want, "unpermute_rows (bf16 rows, f32 sums in k order)");
+}
+
+TEST(EmuKernelsPermute, UnpermuteOfBf16Rows) {
+  const std::vector<Routing>& all = routings();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int64_t H = std::vector<int64_t>{8, 33, 64, 1}[i % 4];
+    check_unpermute_bf16(all[i], H, 0);
+    check_unpermute_bf16(all[i], 64, 1);
+  }
+}
+
 // The all-to-all reorder [source rank][expert] -> [expert][source rank] with empty chunks and
 // chunks longer than a block.
 template <typename T>

@@ -2,6 +2,7 @@
 // reference map on awkward routings (drops, empty experts, all to one expert, K = E), gathers vs
 // reference with guard bytes, unpermute(permute(x)) == K * x, and the adjoint gradients.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -264,6 +265,39 @@ TEST(Permute, UnpermuteOfPermuteIsKTimesXWhenNothingDropped) {
   permute_rows<float>(cpu_exec(), y.data(), x.data(), m.row_token.data(), m.N, H);
   unpermute_rows<float>(cpu_exec(), z.data(), y.data(), m.token_rows.data(), r.T, r.K, H);
   for (int64_t i = 0; i < r.T * H; ++i) ASSERT_EQ(z[i], float(r.K) * x[i]);
+}
+
+// bf16 rows into f32 tokens (--bf16: the experts' outputs and input gradients come back as bf16
+// rows): the fast path bitwise the reference (both sum the widened rows in f32, from 0, in k
+// order) and bitwise the f32 form on the widened rows; random bits of finite values, guarded
+// output, a size over the parallel threshold. Its adjoint is the permutation of the f32
+// gradient, which the finite differences above check for the f32 form: the bf16 rows only change
+// what the rows hold, not the map.
+TEST(Permute, UnpermuteOfBf16RowsIsTheF32FormOnWidenedRows) {
+  for (const auto& r : routings()) {
+    for (int64_t H : {int64_t(1), int64_t(9), int64_t(640)}) {
+      SCOPED_TRACE(r.name + " H=" + std::to_string(H));
+      Map m = build<true>(r.idx, r.T, r.K, r.E);
+      const auto xf = random_vec<float>(m.N * H, 7 + uint32_t(H));
+      std::vector<bf16> x(xf.size());
+      std::vector<float> widened(xf.size());
+      for (size_t i = 0; i < xf.size(); ++i) {
+        x[i] = float_to_bf16(xf[i]);
+        widened[i] = bf16_to_float(x[i]);
+      }
+      Guarded<float> y(r.T * H, NAN);
+      std::vector<float> y_ref(r.T * H), y_f32(r.T * H);
+      unpermute_rows(cpu_exec(), y.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows_ref(y_ref.data(), x.data(), m.token_rows.data(), r.T, r.K, H);
+      unpermute_rows<float>(cpu_exec(), y_f32.data(), widened.data(), m.token_rows.data(), r.T,
+                            r.K, H);
+      EXPECT_TRUE(y.intact());
+      for (int64_t i = 0; i < r.T * H; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(y_ref[i])) << i;
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(y_f32[i])) << i;
+      }
+    }
+  }
 }
 
 // permute and unpermute are each other's adjoints; check both against finite differences.

@@ -156,6 +156,43 @@ TEST(PlanTpComm, ExpertTensorParallelDispatchers) {
   EXPECT_EQ(tp_comm(biased, run_of(2, true, 2, 2, "alltoall"), 4).expt_tp.all_reduce, 128);
 }
 
+// --bf16 (the CPU backend's f32 activations, 4 B): the gathers move the tokens as bf16 (and dy
+// without biases), the reduce-scatters the sums in f32. alltoall: forward all-gather 4 x (16 + 4),
+// backward 4 x 16: 2 x (80 + 64) = 288 B; the reduce-scatter stays 544 B. With biases dy is
+// gathered in f32: 2 x (80 + 128) = 416 B. allgather: forward 3 x 16 + 6 x (8 + 16 + 8) = 240 B,
+// backward 6 x 16: 2 x 240 + 2 x 96 = 672 B, the reduce-scatter 864 B.
+TEST(PlanTpComm, ExpertTensorParallelGathersUnderBf16) {
+  const ModelSpec m = small(4);
+  RunSpec a = run_of(2, true, 2, 2, "alltoall");
+  a.bf16 = true;
+  EXPECT_EQ(tp_comm(m, a, 4).expt_tp.all_gather, 288);
+  EXPECT_EQ(tp_comm(m, a, 4).expt_tp.reduce_scatter, 544);
+  ModelSpec biased = m;
+  biased.add_mlp_bias = true;
+  EXPECT_EQ(tp_comm(biased, a, 4).expt_tp.all_gather, 416);
+  RunSpec g = run_of(2, true, 2, 2, "allgather");
+  g.bf16 = true;
+  EXPECT_EQ(tp_comm(m, g, 4).tp_ep.all_gather, 672);
+  EXPECT_EQ(tp_comm(m, g, 4).tp_ep.reduce_scatter, 864);
+}
+
+// The EP all-to-all per step (alltoall dispatcher, EP 2 on 2 ranks, the CPU backend: f32
+// activations): the MoE layer's n = 4 tokens x K 2 = 8 rows, half of them leave: 4 rows a phase.
+// f32: each of the four phases moves 4 x 32 B of rows, the dispatch and its backward 4 x 4 B of
+// probs: per layer 2 x (128 + 16) + 2 x 128 = 544 B, 1088 B for the 2 layers. --bf16: every
+// phase's rows as bf16 (4 x 16 B): 2 x (64 + 16) + 2 x 64 = 288 B a layer, 576 B; with biases the
+// combine's backward keeps f32 dy (4 x 32 B): 352 B a layer, 704 B.
+TEST(PlanTpComm, EpAllToAllBytesUnderBf16) {
+  const Hardware hw = hardware_preset("cpu");
+  RunSpec r = run_of(1, false, 2, 1, "alltoall");
+  EXPECT_EQ(make_plan(small(4), r, 2, hw).comm.alltoall_bytes_per_step, 1088);
+  r.bf16 = true;
+  EXPECT_EQ(make_plan(small(4), r, 2, hw).comm.alltoall_bytes_per_step, 576);
+  ModelSpec biased = small(4);
+  biased.add_mlp_bias = true;
+  EXPECT_EQ(make_plan(biased, r, 2, hw).comm.alltoall_bytes_per_step, 704);
+}
+
 // The plan's communication lists them, over their groups.
 TEST(PlanTpComm, PlanListsTheTpItems) {
   Hardware hw = hardware_preset("cpu");

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "ops/cast.h"
 #include "ops/permute.h"
 
 namespace moecore::ops::cpu {
@@ -184,6 +185,22 @@ void unpermute_rows(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_
       const T* x = x_NH + r * H;
 #pragma omp simd
       for (int64_t h = 0; h < H; ++h) y[h] += x[h];
+    }
+  }
+}
+
+void unpermute_rows(float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                    int64_t K, int64_t H) {
+#pragma omp parallel for schedule(static) if (n_tok * K * H >= kParallelMin)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float* y = y_TH + t * H;
+    for (int64_t h = 0; h < H; ++h) y[h] = 0.f;
+    for (int64_t k = 0; k < K; ++k) {  // k order, as the f32 form
+      const int64_t r = token_rows_TK[t * K + k];
+      if (r < 0) continue;
+      const uint16_t* x = reinterpret_cast<const uint16_t*>(x_NH + r * H);
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) y[h] += bf16_bits_to_f32(x[h]);
     }
   }
 }

@@ -110,6 +110,20 @@ void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, in
   }
 }
 
+void unpermute_rows_ref(float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                        int64_t K, int64_t H) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t r = token_rows_TK[t * K + k];
+        if (r >= 0) acc += bf16_to_float(x_NH[r * H + h]);
+      }
+      y_TH[t * H + h] = acc;
+    }
+  }
+}
+
 // From the definition: for each local expert, for each source rank, that rank's kept slots of
 // the expert in (token, slot) order, then the block's pad rows.
 int64_t build_group_permutation_ref(int64_t* rows_L, int32_t* row_token_N, int32_t* row_slot_N,

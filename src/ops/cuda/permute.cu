@@ -14,6 +14,7 @@
 
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cast.h"
 #include "ops/memory.h"
 #include "ops/permute.h"
 
@@ -603,6 +604,48 @@ __global__ void unpermute_rows_vec(typename Vec16<T>::type* y_TH4,
   }
 }
 
+// bf16 rows into f32 tokens: the scalar kernel's loop on widened bf16, summed in f32 in k order.
+__global__ void unpermute_rows_bf16(float* y_TH, const uint16_t* x_NH,
+                                    const int32_t* token_rows_TK, int32_t K, int32_t H) {
+  const int32_t* rows = token_rows_TK + int64_t(blockIdx.x) * K;
+  float* y = y_TH + int64_t(blockIdx.x) * H;
+  for (int32_t h = int32_t(threadIdx.x); h < H; h += int32_t(blockDim.x)) {
+    float s = 0.f;
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t r = rows[k];
+      if (r >= 0) s += bf16_bits_to_f32(x_NH[int64_t(r) * H + h]);
+    }
+    y[h] = s;
+  }
+}
+// The same on rows of H8 groups of 8: a 16-byte load of 8 bf16 per row, two float4 stores; each
+// element's sum is the scalar kernel's, in k order.
+__global__ void unpermute_rows_bf16_vec(float4* y_TH4, const int4* x_NH8,
+                                        const int32_t* token_rows_TK, int32_t K, int32_t H8) {
+  const int32_t* rows = token_rows_TK + int64_t(blockIdx.x) * K;
+  float4* y = y_TH4 + int64_t(blockIdx.x) * 2 * H8;
+  const auto lo = [](int w) { return bf16_bits_to_f32(uint16_t(uint32_t(w) & 0xffffu)); };
+  const auto hi = [](int w) { return bf16_bits_to_f32(uint16_t(uint32_t(w) >> 16)); };
+  for (int32_t h = int32_t(threadIdx.x); h < H8; h += int32_t(blockDim.x)) {
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t r = rows[k];
+      if (r < 0) continue;
+      const int4 v = x_NH8[int64_t(r) * H8 + h];
+      a.x += lo(v.x);
+      a.y += hi(v.x);
+      a.z += lo(v.y);
+      a.w += hi(v.y);
+      b.x += lo(v.z);
+      b.y += hi(v.z);
+      b.z += lo(v.w);
+      b.w += hi(v.w);
+    }
+    y[2 * h] = a;
+    y[2 * h + 1] = b;
+  }
+}
+
 // Block c copies chunk c (its offsets and row count are in device memory; a negative one moves
 // nothing: the CPU path checks them), W elements of V a row. V is the element type, or int4 when
 // every row starts 16-byte aligned: then W counts 16-byte vectors and the bits move unchanged
@@ -859,6 +902,27 @@ void unpermute_rows(void* stream, T* y_TH, const T* x_NH, const int32_t* token_r
   }
   launch("unpermute_rows", kernels::unpermute_rows<T>, dim3(unsigned(n_tok)), dim3(row_block(H)), 0,
          stream, y_TH, x_NH, token_rows_TK, int32_t(K), int32_t(H));
+}
+
+void unpermute_rows(void* stream, float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK,
+                    int64_t n_tok, int64_t K, int64_t H) {
+  MOE_KERNEL_CHECK(
+      n_tok >= 0 && n_tok <= kMaxGrid && K >= 0 && K <= 0x7fffffff && H >= 0 && H <= 0x7fffffff,
+      "[unpermute_rows] bf16 rows: T=" + std::to_string(n_tok) +
+          " (0 to 2^31-1, one block each), K=" + std::to_string(K) + " H=" + std::to_string(H) +
+          " (0 to 2^31-1)");
+  if (n_tok == 0 || H == 0) return;
+  const auto* x = reinterpret_cast<const uint16_t*>(x_NH);
+  // 8 bf16 (16 bytes) in, 8 f32 (two 16-byte vectors) out: H a multiple of 8, both aligned.
+  if (rows_vectorize<bf16>(y_TH, x_NH, H)) {
+    const int64_t H8 = H / 8;
+    launch("unpermute_rows_bf16_vec", kernels::unpermute_rows_bf16_vec, dim3(unsigned(n_tok)),
+           dim3(row_block(H8)), 0, stream, reinterpret_cast<float4*>(y_TH),
+           reinterpret_cast<const int4*>(x), token_rows_TK, int32_t(K), int32_t(H8));
+    return;
+  }
+  launch("unpermute_rows_bf16", kernels::unpermute_rows_bf16, dim3(unsigned(n_tok)),
+         dim3(row_block(H)), 0, stream, y_TH, x, token_rows_TK, int32_t(K), int32_t(H));
 }
 
 template <typename T>
