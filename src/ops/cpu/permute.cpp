@@ -1,6 +1,7 @@
 // Dispatch permutation fast path: the map is a stable counting sort in O(T*K + E) that uses
 // counts_E itself as the scatter cursor (no scratch memory); the row gathers run OpenMP over
 // destination rows, so every output element has one writer and a fixed summation order.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -165,7 +166,7 @@ void permute_rows(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_t N,
 #pragma omp parallel for schedule(static) if (N * H >= kParallelMin)
   for (int64_t r = 0; r < N; ++r) {
     if (row_token_N[r] < 0) {
-      std::memset(y_NH + r * H, 0, sizeof(T) * size_t(H));
+      std::fill(y_NH + r * H, y_NH + (r + 1) * H, T{});  // zero bits for float, double and bf16
     } else {
       std::memcpy(y_NH + r * H, x_TH + int64_t(row_token_N[r]) * H, sizeof(T) * size_t(H));
     }
