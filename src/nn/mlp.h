@@ -73,13 +73,13 @@ struct MlpSaved {
   // padded dispatch's capacity blocks): the CUDA GEMMs read no size (ops/gemm.h), so a step
   // with them can be captured in a CUDA graph. 0: the sizes are m_G's alone.
   int64_t rows_per_group = 0;
-  DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias)
+  DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias); null under --bf16
   // --bf16: fc1's output is kept as bf16 alone, as Megatron's (TE's GEMMs write bf16): the f32
-  // GEMM result plus the f32 bias, rounded to nearest even (what a GEMM with a bf16 D and the
-  // bias in its epilogue writes). h_NF1 is then workspace, shared with the other layers, live
-  // only within fc1's forward (and its recomputation): the GEMM's f32 output and the bias, then
-  // rounded into h16_NF1. The activation and its backward read h16_NF1 (ops/swiglu.h,
-  // ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened values).
+  // accumulation plus the f32 bias, rounded to nearest even, written by fc1's bf16-output GEMM
+  // (ops/gemm_bf16.h, grouped_gemm_bf16_out / grouped_gemm_widened_bf16_out: a bf16 D with the
+  // bias in its epilogue; no f32 h). The activation and its backward read h16_NF1
+  // (ops/swiglu.h, ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened
+  // values).
   DevPtr<bf16> h16_NF1 = nullptr;
   DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
   DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
@@ -110,7 +110,8 @@ struct MlpSaved {
   DevPtr<const bf16> x16_NH = nullptr;
   DevPtr<bf16> ws_a16 = nullptr;
   DevPtr<bf16> ws_b16 = nullptr;
-  // f32 operands of the widened-bf16 GEMM path (null on the native one).
+  // f32 workspace of the bf16 GEMMs: the widened path's operands, fc1's bf16-output blocks
+  // (ops/gemm_bf16.h's *_workspace_elems).
   DevPtr<float> ws32 = nullptr;
   // The grouped GEMMs' device-table memory on CUDA (ops/gemm.h, GroupedGemmWorkspace: their
   // problem table and the backend's workspace, for G groups); empty elsewhere.
