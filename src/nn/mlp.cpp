@@ -37,8 +37,8 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   const int64_t F1 = sh.F1();
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
-    // --bf16 keeps h in bf16 alone: fc1's bf16-output GEMM writes it (no f32 h; on the CPU the
-    // f32 products of a row block at a time, in ws32 below).
+    // --bf16 keeps h in bf16 alone: fc1's bf16-output GEMM writes it; its f32 products pass
+    // through the owner's dh workspace (MlpSaved::fc1_f32), so no f32 h is planned.
     if (use16) {
       s.h16_NF1 = a.alloc<bf16>(max_rows * F1, name);
       s.h_NF1 = nullptr;
@@ -65,19 +65,14 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
       s.ws_a16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
       s.ws_b16 = a.alloc<bf16>(max_rows * width, name, MemKind::Workspace);
     }
-    // f32 workspace: the widened path's operands, fc1's bf16-output GEMM's row blocks (on CUDA
-    // its f32 product, ops/gemm_bf16.h), the widen path's operands of the other GEMMs.
+    // The widened-bf16 GEMM path's f32 operands (none on the native path).
     const int threads = omp_get_max_threads();
     int64_t ws32 = 0;
-    const Exec& ex = a.exec();
     if (s.widened) {
-      // fc1's bf16-output GEMM's blocks after the rounded x.
-      ws32 = std::max(widened_elems(max_rows, sh),
-                      max_rows * sh.H + ops::grouped_gemm_widened_bf16_out_workspace_elems(
-                                            ex, max_rows, F1, threads));
+      ws32 = widened_elems(max_rows, sh);
     } else {
+      const Exec& ex = a.exec();
       const int64_t F = sh.F, H = sh.H;
-      ws32 = ops::grouped_gemm_bf16_out_workspace_elems(ex, max_rows, F1, H, threads);
       // fc1 and fc2 forward and data gradients (N, K), then the two weight gradients.
       for (const auto& [n, k] :
            {std::pair{F1, H}, std::pair{H, F}, std::pair{F, H}, std::pair{H, F1}})
@@ -155,6 +150,8 @@ template <typename T>
 void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_bias, MlpShape sh) {
   const int64_t F1 = sh.F1();
   if constexpr (std::is_same_v<T, float>) {
+    MOE_CHECK(!s.h16_NF1 || s.fc1_f32,
+              "[mlp] --bf16: fc1's f32 products need the owner's dh workspace (MlpSaved::fc1_f32)");
     // --bf16: h written in bf16 by the GEMM, rounded once after the f32 bias (a bf16 D with the
     // bias in the epilogue); the activation and its backward read it so, on both GEMM paths.
     if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
@@ -167,8 +164,8 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
         x32 = s.ws32;
       }
       return ops::grouped_gemm_widened_bf16_out(*s.ex, s.m_G, s.G, F1, sh.H, s.N, x32, s.fc1_16w,
-                                                true, fc1_bias, s.h16_NF1, s.ws32 + s.N * sh.H,
-                                                s.gws, s.rows_per_group);
+                                                true, fc1_bias, s.h16_NF1, s.fc1_f32, s.gws,
+                                                s.rows_per_group);
     }
     if (s.fc1_16 != nullptr) {
       DevPtr<const bf16> x16 = s.x16_NH;
@@ -177,8 +174,8 @@ void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_
         x16 = s.ws_a16;
       }
       return ops::grouped_gemm_bf16_out(*s.ex, s.m_G, s.G, F1, sh.H, s.N, x16, s.fc1_16, true,
-                                        fc1_bias, s.h16_NF1, s.ws32, s.fc1_16w, s.gws,
-                                        s.rows_per_group);
+                                        fc1_bias, s.h16_NF1, s.fc1_f32, s.ws32, s.fc1_16w,
+                                        s.gws, s.rows_per_group);
     }
   }
   ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1, s.gws,
@@ -490,6 +487,7 @@ void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
                MlpRecompute{recompute, recompute});
   da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_tokens * sh_.F1(), "mlp.dh", MemKind::Workspace);
+  saved_.fc1_f32 = saved_.h16_NF1 ? dh_ : nullptr;
   rows_dev_ = a.alloc<int64_t>(1, "mlp.rows", MemKind::State);
 }
 

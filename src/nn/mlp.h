@@ -77,10 +77,15 @@ struct MlpSaved {
   // --bf16: fc1's output is kept as bf16 alone, as Megatron's (TE's GEMMs write bf16): the f32
   // accumulation plus the f32 bias, rounded to nearest even, written by fc1's bf16-output GEMM
   // (ops/gemm_bf16.h, grouped_gemm_bf16_out / grouped_gemm_widened_bf16_out: a bf16 D with the
-  // bias in its epilogue; no f32 h). The activation and its backward read h16_NF1
+  // bias in its epilogue; no f32 h of its own). The activation and its backward read h16_NF1
   // (ops/swiglu.h, ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened
   // values).
   DevPtr<bf16> h16_NF1 = nullptr;
+  // --bf16: where fc1's f32 products land before the bias and the rounding (ops/gemm_bf16.h,
+  // grouped_gemm_bf16_out: the library's f32-output calls, which keep the bits): the owner's dh
+  // workspace [max_rows, F1], set after allocation. dh is dead in the forward, and the backward
+  // writes it only after recomputing fc1, so no f32 h is planned.
+  DevPtr<T> fc1_f32 = nullptr;
   DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
   DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x
@@ -110,8 +115,7 @@ struct MlpSaved {
   DevPtr<const bf16> x16_NH = nullptr;
   DevPtr<bf16> ws_a16 = nullptr;
   DevPtr<bf16> ws_b16 = nullptr;
-  // f32 workspace of the bf16 GEMMs: the widened path's operands, fc1's bf16-output blocks
-  // (ops/gemm_bf16.h's *_workspace_elems).
+  // f32 operands of the widened-bf16 GEMM path (null on the native one).
   DevPtr<float> ws32 = nullptr;
   // The grouped GEMMs' device-table memory on CUDA (ops/gemm.h, GroupedGemmWorkspace: their
   // problem table and the backend's workspace, for G groups); empty elsewhere.

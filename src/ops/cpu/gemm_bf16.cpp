@@ -229,21 +229,6 @@ int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows
   return bf16_gemm_path(ex) == Bf16GemmPath::Widen ? max_rows * (N + K) : 0;
 }
 
-int64_t grouped_gemm_bf16_out_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N,
-                                              int64_t K, int threads) {
-  if (!ex.on_cpu()) return max_rows * N;  // the f32 product before its bias and cast
-  const int64_t slots = std::max(threads, 1);
-  const int64_t out = slots * std::min(max_rows, kBf16OutBlockRows) * N;
-  if (bf16_gemm_path(ex) != Bf16GemmPath::Widen) return out;
-  return max_rows * K + slots * N * K + out;
-}
-
-int64_t grouped_gemm_widened_bf16_out_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N,
-                                                      int threads) {
-  if (!ex.on_cpu()) return max_rows * N;
-  return std::max(threads, 1) * std::min(max_rows, kBf16OutBlockRows) * N;
-}
-
 namespace cpu {
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
@@ -419,138 +404,26 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
   });
 }
 
-namespace {
-
-// The row blocks [r, r + n) of a group of m rows: kBf16OutBlockRows each, except that a last
-// block of one row cut from a larger group takes a row from the block before it: oneDNN may send
-// an M = 1 product to a GEMV kernel, which could sum in another order than its GEMM (not seen to
-// change a bit on the shapes tests/ops/test_gemm_bf16_out.cpp runs; a one-row block then only
-// comes from a one-row group, which the full-size call computed at M = 1 too).
-template <typename Body>
-void for_each_row_block(int64_t m, const Body& body) {
-  int64_t r = 0;
-  while (r < m) {
-    int64_t n = std::min(kBf16OutBlockRows, m - r);
-    if (m - r - n == 1) n -= 1;
-    body(r, n);
-    r += n;
-  }
-}
-
-// y16[i, j] = bf16(c[i, j] + b[j]): grouped_bias_forward's f32 add, then cast_f32_to_bf16's
-// rounding, in one pass over the block.
-void store_block(bf16* y16, const float* c, const float* b, int64_t rows, int64_t N) {
-  uint16_t* y = reinterpret_cast<uint16_t*>(y16);
-  const int64_t n = rows * N;
-  if (b == nullptr) {
-#pragma omp parallel for simd schedule(static) if (n >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16_bits(c[i]);
-    return;
-  }
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < rows; ++i) {
-#pragma omp simd
-    for (int64_t j = 0; j < N; ++j) y[i * N + j] = f32_to_bf16_bits(c[i * N + j] + b[j]);
-  }
-}
-
-// K == 0: every product is 0, so y = bf16(0 + b) (the full-size path's zeros plus the bias).
-void store_empty_products(const int64_t* m_G, int64_t G, int64_t N, const float* bias_GN,
-                          bf16* y16) {
-  uint16_t* y = reinterpret_cast<uint16_t*>(y16);
-  int64_t row = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t i = 0; i < m_G[g]; ++i, ++row) {
-      for (int64_t j = 0; j < N; ++j)
-        y[row * N + j] = f32_to_bf16_bits(bias_GN != nullptr ? 0.f + bias_GN[g * N + j] : 0.f);
-    }
-  }
-}
-
-// Each group's row blocks through gemm_block(g, first row, rows, c) into the thread's slot c of
-// ws elements, then stored; `prepare(g, thread)` runs once per group before its blocks.
-template <typename Prepare, typename GemmBlock>
-void grouped_out_blocks(const int64_t* m_G, int64_t G, int64_t N, bool parallel, float* slots,
-                        int64_t slot_elems, const float* bias_GN, bf16* y16,
-                        const Prepare& prepare, const GemmBlock& gemm_block) {
-  detail::for_each_group(m_G, G, parallel, [&](int64_t g, int64_t row0) {
-    const int thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-    float* c = slots + thread * slot_elems;
-    const float* b = bias_GN != nullptr ? bias_GN + g * N : nullptr;
-    prepare(g, thread);
-    for_each_row_block(m_G[g], [&](int64_t r, int64_t n) {
-      gemm_block(g, row0 + r, n, c);
-      store_block(y16 + (row0 + r) * N, c, b, n, N);
-    });
-  });
-}
-
-int64_t total_rows(const int64_t* m_G, int64_t G) {
+// The bf16-output forms' epilogue: y16 = bf16(h32 + b_g) per row of group g, grouped_bias_forward's
+// f32 add and cast_f32_to_bf16's rounding in one pass (h32 is left as it was).
+void grouped_bias_round_bf16(bf16* y16, const float* h32, const float* bias_GN, const int64_t* m_G,
+                             int64_t G, int64_t N) {
+  detail::check_group_sizes("grouped_bias_round_bf16", m_G, G, N, 0);
   int64_t rows = 0;
   for (int64_t g = 0; g < G; ++g) rows += m_G[g];
-  return rows;
-}
-
-}  // namespace
-
-void grouped_gemm_bf16_out(const int64_t* m_G, int64_t G, int64_t N, int64_t K, const bf16* x16,
-                           const bf16* w, bool trans_w, const float* bias_GN, bf16* y16,
-                           float* ws32, const float* w32) {
-  ScopedPhase phase(Phase::Gemm);
-  detail::check_group_sizes("grouped_gemm_bf16_out", m_G, G, N, K);
-  const int64_t rows = total_rows(m_G, G);
-  if (N == 0 || rows == 0) return;
-  if (K == 0) return store_empty_products(m_G, G, N, bias_GN, y16);
-  check_ws(ws32, "grouped_gemm_bf16_out");
-  const int64_t slot_elems = std::min(rows, kBf16OutBlockRows) * N;
-  const int64_t ld_w = trans_w ? K : N;
-  if (bf16_gemm_path() == Bf16GemmPath::Widen) {
-    // grouped_gemm_bf16's widen path, block by block: x widened once, each group's weight into
-    // its thread's slot (unless it comes widened), the f32 GEMM.
-    const int64_t threads = std::max(omp_get_max_threads(), 1);
-    float* x32 = ws32;
-    float* w_slots = ws32 + rows * K;
-    float* out = w_slots + threads * N * K;
-    cast_bf16_to_f32(x32, x16, rows * K);
-    grouped_out_blocks(
-        m_G, G, N, detail::groups_in_parallel(m_G, G), out, slot_elems, bias_GN, y16,
-        [&](int64_t g, int thread) {
-          if (w32 == nullptr) cast_bf16_to_f32(w_slots + thread * N * K, w + g * N * K, N * K);
-        },
-        [&](int64_t g, int64_t row, int64_t n, float* c) {
-          const float* wg = w32 != nullptr
-                                ? w32 + g * N * K
-                                : w_slots + (omp_in_parallel() ? omp_get_thread_num() : 0) * N * K;
-          gemm<float>(false, trans_w, n, N, K, 1.f, x32 + row * K, K, wg, ld_w, 0.f, c, N);
-        });
-    return;
+  if (bias_GN == nullptr) return cast_f32_to_bf16(y16, h32, rows * N);
+  uint16_t* y = reinterpret_cast<uint16_t*>(y16);
+  int64_t row0 = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* b = bias_GN + g * N;
+#pragma omp parallel for schedule(static) if (m_G[g] * N >= (int64_t{1} << 16))
+    for (int64_t i = row0; i < row0 + m_G[g]; ++i) {
+      const float* h = h32 + i * N;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) y[i * N + j] = f32_to_bf16_bits(h[j] + b[j]);
+    }
+    row0 += m_G[g];
   }
-  grouped_out_blocks(
-      m_G, G, N, bf16_groups_in_parallel(m_G, G), ws32, slot_elems, bias_GN, y16,
-      [](int64_t, int) {},
-      [&](int64_t g, int64_t row, int64_t n, float* c) {
-        group_gemm(false, trans_w, n, N, K, x16 + row * K, K, w + g * N * K, ld_w, 0.f, c, N);
-      });
-}
-
-void grouped_gemm_widened_bf16_out(const int64_t* m_G, int64_t G, int64_t N, int64_t K,
-                                   const float* x32, const float* w32, bool trans_w,
-                                   const float* bias_GN, bf16* y16, float* ws32) {
-  ScopedPhase phase(Phase::Gemm);
-  detail::check_group_sizes("grouped_gemm_widened_bf16_out", m_G, G, N, K);
-  const int64_t rows = total_rows(m_G, G);
-  if (N == 0 || rows == 0) return;
-  if (K == 0) return store_empty_products(m_G, G, N, bias_GN, y16);
-  check_ws(ws32, "grouped_gemm_widened_bf16_out");
-  const int64_t ld_w = trans_w ? K : N;
-  // The f32 grouped_gemm's calls (ops/cpu/gemm.cpp), each group's rows block by block.
-  grouped_out_blocks(
-      m_G, G, N, detail::groups_in_parallel(m_G, G), ws32, std::min(rows, kBf16OutBlockRows) * N,
-      bias_GN, y16, [](int64_t, int) {},
-      [&](int64_t g, int64_t row, int64_t n, float* c) {
-        gemm<float>(false, trans_w, n, N, K, 1.f, x32 + row * K, K, w32 + g * N * K, ld_w, 0.f, c,
-                    N);
-      });
 }
 
 }  // namespace cpu
