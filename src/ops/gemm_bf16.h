@@ -197,9 +197,10 @@ int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows
 // grouped_bias_forward, then cast_f32_to_bf16 wrote. The f32 products pass through h32 [rows, N],
 // the caller's f32 memory: the library calls are exactly the f32-output ones (the same M, N, K),
 // which is what keeps the bits. Computing the products a block of rows at a time into a small
-// slot was tried and is not bitwise: oneDNN's sgemm and bf16 GEMM choose their kernel (copy-based
-// or not, so the K blocking) from M as well (bench-small's fc1, 2048 x 1024 x 512, differs from
-// 128-row blocks in some elements). The caller lends memory that is dead in the forward (the MLP:
+// slot was tried and is not bitwise: oneDNN's sgemm and bf16 GEMM choose their kernels from M as
+// well (likely the sgemm's copy-based or no-copy driver, a threshold on M and N in oneDNN's
+// sources; not traced further): bench-small's fc1, 2048 x 1024 x 512, differs from 128-row
+// blocks in some elements. The caller lends memory that is dead in the forward (the MLP:
 // its backward's dh workspace), so no f32 h is planned. bias_GN [G, N] f32 or null; `rows` = the
 // sum of m_G (the caller knows it; the CUDA cast reads no size). The CPU adds the bias and rounds
 // in one pass; CUDA runs grouped_bias_forward and cast_f32_to_bf16 (a cuBLASLt bf16 D with the
