@@ -79,6 +79,7 @@ void GroupedExperts<T>::allocate(Arena& a, int64_t max_rows, nn::MlpRecompute re
   nn::mlp_allocate(saved_, a, max_rows, sh_, "experts.saved", fc1_, fc2_, recompute, L_);
   da_ = a.alloc<T>(max_rows * sh_.F, "experts.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_rows * sh_.F1(), "experts.dh", MemKind::Workspace);
+  saved_.fc1_f32 = saved_.h16_NF1 ? dh_ : nullptr;  // fc1's f32 products under --bf16
   if (sh_.bias && !adds_fc2_bias()) {
     zero_bias_LH_ = a.alloc<T>(L_ * sh_.H, "experts.zero_fc2_bias");
     dropped_bias_grad_LH_ = a.alloc<T>(L_ * sh_.H, "experts.dropped_fc2_bias_grad",

@@ -37,11 +37,11 @@ void mlp_allocate(MlpSaved<T>& s, Arena& a, int64_t max_rows, MlpShape sh, const
   const int64_t F1 = sh.F1();
   {
     Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, s.recompute_fc1);
-    // --bf16 keeps h in bf16; its f32 form is the GEMM's output, needed only until the bias is
-    // added and the sum rounded (the activation and its backward read the bf16 h).
+    // --bf16 keeps h in bf16 alone: fc1's bf16-output GEMM writes it; its f32 products pass
+    // through the owner's dh workspace (MlpSaved::fc1_f32), so no f32 h is planned.
     if (use16) {
       s.h16_NF1 = a.alloc<bf16>(max_rows * F1, name);
-      s.h_NF1 = a.alloc<T>(max_rows * F1, name, MemKind::Workspace);
+      s.h_NF1 = nullptr;
     } else {
       s.h16_NF1 = nullptr;
       s.h_NF1 = a.alloc<T>(max_rows * F1, name);
@@ -149,40 +149,39 @@ void check_biases(const MlpParams<P>& w, MlpShape sh, const char* what) {
 template <typename T>
 void fc1_forward(const MlpSaved<T>& s, DevPtr<const T> fc1, DevPtr<const T> fc1_bias, MlpShape sh) {
   const int64_t F1 = sh.F1();
-  [&] {
-    if constexpr (std::is_same_v<T, float>) {
-      if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
-        DevPtr<const float> x32 = s.x_NH;
-        if (s.x16_NH) {  // bf16 rows: widened, exact
-          ops::cast_bf16_to_f32(*s.ex, s.ws32, s.x16_NH, s.N * sh.H);
-          x32 = s.ws32;
-        } else if (!s.x_rounded) {
-          ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
-          x32 = s.ws32;
-        }
-        return ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, x32, s.fc1_16w, true, s.h_NF1, s.gws,
-                                 s.rows_per_group);
+  if constexpr (std::is_same_v<T, float>) {
+    MOE_CHECK(!s.h16_NF1 || s.fc1_f32,
+              "[mlp] --bf16: fc1's f32 products need the owner's dh workspace (MlpSaved::fc1_f32)");
+    // --bf16: h written in bf16 by the GEMM, rounded once after the f32 bias (a bf16 D with the
+    // bias in the epilogue); the activation and its backward read it so, on both GEMM paths.
+    if (s.widened) {  // x rounded straight into f32, one pass (none when it came rounded)
+      DevPtr<const float> x32 = s.x_NH;
+      if (s.x16_NH) {  // bf16 rows: widened, exact
+        ops::cast_bf16_to_f32(*s.ex, s.ws32, s.x16_NH, s.N * sh.H);
+        x32 = s.ws32;
+      } else if (!s.x_rounded) {
+        ops::round_f32_to_bf16(*s.ex, s.ws32, s.x_NH, s.N * sh.H);
+        x32 = s.ws32;
       }
-      if (s.fc1_16 != nullptr) {
-        DevPtr<const bf16> x16 = s.x16_NH;
-        if (!x16) {
-          ops::cast_f32_to_bf16(*s.ex, s.ws_a16, s.x_NH, s.N * sh.H);
-          x16 = s.ws_a16;
-        }
-        return ops::grouped_gemm_bf16(*s.ex, s.m_G, s.G, F1, sh.H, x16, s.fc1_16, true, s.h_NF1,
-                                      s.ws32, s.fc1_16w, s.gws, s.rows_per_group);
-      }
+      return ops::grouped_gemm_widened_bf16_out(*s.ex, s.m_G, s.G, F1, sh.H, s.N, x32, s.fc1_16w,
+                                                true, fc1_bias, s.h16_NF1, s.fc1_f32, s.gws,
+                                                s.rows_per_group);
     }
-    ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1, s.gws,
-                      s.rows_per_group);
-  }();
+    if (s.fc1_16 != nullptr) {
+      DevPtr<const bf16> x16 = s.x16_NH;
+      if (!x16) {
+        ops::cast_f32_to_bf16(*s.ex, s.ws_a16, s.x_NH, s.N * sh.H);
+        x16 = s.ws_a16;
+      }
+      return ops::grouped_gemm_bf16_out(*s.ex, s.m_G, s.G, F1, sh.H, s.N, x16, s.fc1_16, true,
+                                        fc1_bias, s.h16_NF1, s.fc1_f32, s.ws32, s.fc1_16w,
+                                        s.gws, s.rows_per_group);
+    }
+  }
+  ops::grouped_gemm(*s.ex, s.m_G, s.G, F1, sh.H, s.x_NH, fc1, /*trans_w=*/true, s.h_NF1, s.gws,
+                    s.rows_per_group);
   if (sh.bias) {
     ops::grouped_bias_forward(*s.ex, s.h_NF1, fc1_bias, DevPtr<const T>(nullptr), s.m_G, s.G, F1);
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    // --bf16: h rounded once (after the f32 bias, as a bf16 GEMM epilogue), kept as bf16; the
-    // activation and its backward read it so, on both bf16 GEMM paths. The f32 h is dead here.
-    if (s.h16_NF1) ops::cast_f32_to_bf16(*s.ex, s.h16_NF1, s.h_NF1, s.N * F1);
   }
 }
 
@@ -488,6 +487,7 @@ void MLP<T>::allocate(Arena& a, int64_t max_tokens, bool recompute) {
                MlpRecompute{recompute, recompute});
   da_ = a.alloc<T>(max_tokens * sh_.F, "mlp.da", MemKind::Workspace);
   dh_ = a.alloc<T>(max_tokens * sh_.F1(), "mlp.dh", MemKind::Workspace);
+  saved_.fc1_f32 = saved_.h16_NF1 ? dh_ : nullptr;
   rows_dev_ = a.alloc<int64_t>(1, "mlp.rows", MemKind::State);
 }
 

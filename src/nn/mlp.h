@@ -73,14 +73,19 @@ struct MlpSaved {
   // padded dispatch's capacity blocks): the CUDA GEMMs read no size (ops/gemm.h), so a step
   // with them can be captured in a CUDA graph. 0: the sizes are m_G's alone.
   int64_t rows_per_group = 0;
-  DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias)
+  DevPtr<T> h_NF1 = nullptr;      // fc1 output (with its bias); null under --bf16
   // --bf16: fc1's output is kept as bf16 alone, as Megatron's (TE's GEMMs write bf16): the f32
-  // GEMM result plus the f32 bias, rounded to nearest even (what a GEMM with a bf16 D and the
-  // bias in its epilogue writes). h_NF1 is then workspace, shared with the other layers, live
-  // only within fc1's forward (and its recomputation): the GEMM's f32 output and the bias, then
-  // rounded into h16_NF1. The activation and its backward read h16_NF1 (ops/swiglu.h,
-  // ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened values).
+  // accumulation plus the f32 bias, rounded to nearest even, written by fc1's bf16-output GEMM
+  // (ops/gemm_bf16.h, grouped_gemm_bf16_out / grouped_gemm_widened_bf16_out: a bf16 D with the
+  // bias in its epilogue; no f32 h of its own). The activation and its backward read h16_NF1
+  // (ops/swiglu.h, ops/activation.h: the bf16-h forms, bitwise the f32 ones on the widened
+  // values).
   DevPtr<bf16> h16_NF1 = nullptr;
+  // --bf16: where fc1's f32 products land before the bias and the rounding (ops/gemm_bf16.h,
+  // grouped_gemm_bf16_out: the library's f32-output calls, which keep the bits): the owner's dh
+  // workspace [max_rows, F1], set after allocation. dh is dead in the forward, and the backward
+  // writes it only after recomputing fc1, so no f32 h is planned.
+  DevPtr<T> fc1_f32 = nullptr;
   DevPtr<T> a_NF = nullptr;       // activation (fc2 input); null under --bf16, which keeps
   DevPtr<bf16> a16_NF = nullptr;  // only its bf16 copy
   // Activation recomputation: the backward recomputes a from h (recompute_act), or h from x

@@ -23,6 +23,8 @@
 #include "core/exec.h"
 
 #include "core/dtype.h"
+#include "ops/bias.h"
+#include "ops/cast.h"
 #include "ops/gemm.h"
 
 namespace moecore::ops {
@@ -187,5 +189,61 @@ int64_t grouped_gemm_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int6
                                           int threads);
 int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows, int64_t N,
                                                 int64_t K);
+
+// The bf16-output forms (fc1's h under --bf16): a bf16 D with the f32 bias in the epilogue and one
+// rounding,
+//   y16_g[m_g, N] = round_rne(x_g op(w_g) accumulated in f32 (+ bias_g, f32)),
+// bitwise what grouped_gemm_bf16 (or, on widened operands, the f32 grouped_gemm), then
+// grouped_bias_forward, then cast_f32_to_bf16 wrote. The f32 products pass through h32 [rows, N],
+// the caller's f32 memory: the library calls are exactly the f32-output ones (the same M, N, K),
+// which is what keeps the bits. Computing the products a block of rows at a time into a small
+// slot was tried and is not bitwise: oneDNN's sgemm and bf16 GEMM choose their kernels from M as
+// well (likely the sgemm's copy-based or no-copy driver, a threshold on M and N in oneDNN's
+// sources; not traced further): bench-small's fc1, 2048 x 1024 x 512, differs from 128-row
+// blocks in some elements. The caller lends memory that is dead in the forward (the MLP:
+// its backward's dh workspace), so no f32 h is planned. bias_GN [G, N] f32 or null; `rows` = the
+// sum of m_G (the caller knows it; the CUDA cast reads no size). The CPU adds the bias and rounds
+// in one pass; CUDA runs grouped_bias_forward and cast_f32_to_bf16 (a cuBLASLt bf16 D with the
+// bias epilogue, and the device-table backend's bf16 D, would save that pass, not memory: h32 is
+// the dh the backward needs anyway).
+namespace cpu {
+void grouped_bias_round_bf16(bf16* y16, const float* h32, const float* bias_GN, const int64_t* m_G,
+                             int64_t G, int64_t N);
+}  // namespace cpu
+inline void grouped_gemm_bf16_out(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
+                                  int64_t K, int64_t rows, DevPtr<const bf16> x16,
+                                  DevPtr<const bf16> w, bool trans_w, DevPtr<const float> bias_GN,
+                                  DevPtr<bf16> y16, DevPtr<float> h32, DevPtr<float> ws32,
+                                  DevPtr<const float> w32 = nullptr, GroupedGemmWorkspace gws = {},
+                                  int64_t rows_per_group = 0) {
+  grouped_gemm_bf16(ex, m_G, G, N, K, x16, w, trans_w, h32, ws32, w32, gws, rows_per_group);
+  if (ex.on_cpu())
+    return cpu::grouped_bias_round_bf16(raw_ptr(y16), raw_ptr(h32), raw_ptr(bias_GN),
+                                        raw_ptr(m_G), G, N);
+  if (bias_GN != nullptr)
+    grouped_bias_forward(ex, h32, bias_GN, DevPtr<const float>(nullptr), m_G, G, N);
+  cast_f32_to_bf16(ex, y16, DevPtr<const float>(h32), rows * N);
+}
+// The same on f32 operands that hold bf16 values (the widen path's rounded activations and
+// widened weights, Param::data16w): the f32 grouped_gemm's products.
+inline void grouped_gemm_widened_bf16_out(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G,
+                                          int64_t N, int64_t K, int64_t rows,
+                                          DevPtr<const float> x32, DevPtr<const float> w32,
+                                          bool trans_w, DevPtr<const float> bias_GN,
+                                          DevPtr<bf16> y16, DevPtr<float> h32,
+                                          GroupedGemmWorkspace gws = {},
+                                          int64_t rows_per_group = 0) {
+  grouped_gemm(ex, m_G, G, N, K, x32, w32, trans_w, h32, gws, rows_per_group);
+  if (ex.on_cpu())
+    return cpu::grouped_bias_round_bf16(raw_ptr(y16), raw_ptr(h32), raw_ptr(bias_GN),
+                                        raw_ptr(m_G), G, N);
+  if (bias_GN != nullptr)
+    grouped_bias_forward(ex, h32, bias_GN, DevPtr<const float>(nullptr), m_G, G, N);
+  cast_f32_to_bf16(ex, y16, DevPtr<const float>(h32), rows * N);
+}
+// The plain loops: f32 sums in k order, + bias, rounded to nearest even.
+void grouped_gemm_bf16_out_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K,
+                               const bf16* x16, const bf16* w, bool trans_w, const float* bias_GN,
+                               bf16* y16);
 
 }  // namespace moecore::ops

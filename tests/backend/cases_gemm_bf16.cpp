@@ -7,12 +7,14 @@
 // is set and NaN-filled, so reading workspace the path did not write shows.
 #include <omp.h>
 #include <algorithm>
+#include <cmath>
 
 #include <cstdio>
 #include <random>
 
 #include "common/bf16_gemm_paths.h"
 #include "backend_case.h"
+#include "ops/bias.h"
 #include "ops/cast.h"
 #include "ops/cross_entropy.h"
 #include "ops/gemm.h"
@@ -205,6 +207,73 @@ void grouped_bf16_case(const Exec& ex) {
   });
 }
 
+// The bf16-output forms (fc1's h under --bf16): bitwise grouped_gemm_bf16 (widened: the f32
+// grouped_gemm on the widened values), grouped_bias_forward and cast_f32_to_bf16 on the same
+// context, with and without the bias; the plain loop within a bf16 step.
+void grouped_bf16_out_case(const Exec& ex) {
+  on_each_path([&] {
+    const int64_t N = 20, K = 36;
+    uint32_t seed = 250;
+    for (const auto& m : kBf16Groups) {
+      const int64_t G = static_cast<int64_t>(m.size()), rows = rows_of(m);
+      const auto x16 = to_bf16(random_vec<float>(rows * K, seed++));
+      const auto w16 = to_bf16(random_vec<float>(G * N * K, seed++));
+      const auto bias = random_vec<float>(G * N, seed++);
+      std::vector<float> x32(rows * K), w32(G * N * K);
+      ops::cast_bf16_to_f32_ref(x32.data(), x16.data(), rows * K);
+      ops::cast_bf16_to_f32_ref(w32.data(), w16.data(), G * N * K);
+      for (bool with_bias : {false, true}) {
+        BACKEND_TRACE("G=" << G << " rows=" << rows << " bias=" << with_bias);
+        std::vector<bf16> ref(rows * N);
+        ops::grouped_gemm_bf16_out_ref(m.data(), G, N, K, x16.data(), w16.data(), true,
+                                       with_bias ? bias.data() : nullptr, ref.data());
+        Guarded<float> ws =
+            nan_ws(ops::grouped_gemm_bf16_workspace_elems(ex, rows, N, K, omp_get_max_threads()));
+        Guarded<float> h32 = nan_out<float>(rows * N), f32 = nan_out<float>(rows * N),
+                       f32w = nan_out<float>(rows * N);
+        Guarded<uint16_t> y(rows * N), yw(rows * N), want(rows * N), want_w(rows * N);
+        {
+          Staging st(ex);
+          const StagedGroupedWorkspace gws(ex, st, G);
+          const float* b = with_bias ? st.in(bias) : nullptr;
+          // What fc1 ran before: the f32 products, the bias, the cast.
+          const int64_t* m_d = st.in(m);
+          float* f32_d = st.out(f32);
+          float* f32w_d = st.out(f32w);
+          ops::grouped_gemm_bf16(ex, m_d, G, N, K, st.in(x16), st.in(w16), true, f32_d, st.out(ws),
+                                 nullptr, {gws.data, gws.bytes});
+          ops::grouped_gemm<float>(ex, m_d, G, N, K, st.in(x32), st.in(w32), true, f32w_d,
+                                   {gws.data, gws.bytes});
+          if (with_bias) {
+            ops::grouped_bias_forward<float>(ex, f32_d, b, nullptr, m_d, G, N);
+            ops::grouped_bias_forward<float>(ex, f32w_d, b, nullptr, m_d, G, N);
+          }
+          ops::cast_f32_to_bf16(ex, as_bf16(st.out(want)), f32_d, rows * N);
+          ops::cast_f32_to_bf16(ex, as_bf16(st.out(want_w)), f32w_d, rows * N);
+          float* h32_d = st.out(h32);
+          ops::grouped_gemm_bf16_out(ex, m_d, G, N, K, rows, st.in(x16), st.in(w16), true, b,
+                                     as_bf16(st.out(y)), h32_d, st.out(ws), nullptr,
+                                     {gws.data, gws.bytes});
+          ops::grouped_gemm_widened_bf16_out(ex, m_d, G, N, K, rows, st.in(x32), st.in(w32), true,
+                                             b, as_bf16(st.out(yw)), h32_d,
+                                             {gws.data, gws.bytes});
+          st.back();
+        }
+        expect_bitwise(y, want, "h16");
+        expect_bitwise(yw, want_w, "h16 (widened operands)");
+        int bad = 0;
+        for (int64_t i = 0; i < rows * N && bad < 5; ++i) {
+          const float got = bf16_to_float(bf16{y[i]}), exp = bf16_to_float(ref[i]);
+          if (std::abs(got - exp) > 0.0079f * std::abs(exp) + 1e-5f) {
+            ADD_FAILURE() << "h16[" << i << "] " << got << " vs the loop's " << exp;
+            ++bad;
+          }
+        }
+      }
+    }
+  });
+}
+
 void grouped_wgrad_bf16_case(const Exec& ex) {
   on_each_path([&] {
     const int64_t N = 20, K = 36;
@@ -347,6 +416,9 @@ void add_gemm_bf16_cases(std::vector<OpCase>& out) {
   out.push_back({"gemm_bf16", {"gemm_bf16"}, gemm_bf16_case});
   out.push_back({"linear_bf16", {"linear_forward_bf16", "linear_backward_bf16"}, linear_bf16_case});
   out.push_back({"grouped_gemm_bf16", {"grouped_gemm_bf16"}, grouped_bf16_case});
+  out.push_back({"grouped_gemm_bf16_out",
+                 {"grouped_gemm_bf16_out", "grouped_gemm_widened_bf16_out"},
+                 grouped_bf16_out_case});
   out.push_back({"grouped_gemm_wgrad_bf16", {"grouped_gemm_wgrad_bf16"}, grouped_wgrad_bf16_case});
   out.push_back(
       {"head_loss_bf16", {"head_loss_forward", "head_loss_backward"}, head_loss_bf16_case});

@@ -774,13 +774,13 @@ TEST(PlanPublished, Qwen3_30B_PaddedCapacityFactorFits) {
     return j["memory_per_rank_bytes"][kind].get<double>() / (1 << 30);
   };
   const std::string row =
-      "| the trainer's plan: 149.2 GiB dropless (does not fit); 66.6 GiB dropless with "
-      "`--moe-expert-rank-capacity-factor 1.2` (70.3 at 1.5); 64.2 GiB with a padded capacity "
+      "| the trainer's plan: 147.7 GiB dropless (does not fit); 66.4 GiB dropless with "
+      "`--moe-expert-rank-capacity-factor 1.2` (70.0 at 1.5); 64.0 GiB with a padded capacity "
       "factor 1: all three fit | 621 |";
-  EXPECT_TRUE(documented(gib(dropless, "total"), "149.2", row));
-  EXPECT_TRUE(documented(gib(rank_cap, "total"), "66.6", row));
-  EXPECT_TRUE(documented(gib(rank_cap_15, "total"), "70.3", row));
-  EXPECT_TRUE(documented(gib(cap, "total"), "64.2", row));
+  EXPECT_TRUE(documented(gib(dropless, "total"), "147.7", row));
+  EXPECT_TRUE(documented(gib(rank_cap, "total"), "66.4", row));
+  EXPECT_TRUE(documented(gib(rank_cap_15, "total"), "70.0", row));
+  EXPECT_TRUE(documented(gib(cap, "total"), "64.0", row));
   for (const auto* j : {&dropless, &cap, &rank_cap, &rank_cap_15}) {
     EXPECT_TRUE(documented((*j)["tflops_per_gpu"].get<double>(), "621", row));
   }

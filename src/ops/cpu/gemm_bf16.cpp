@@ -404,5 +404,27 @@ void grouped_gemm_wgrad_bf16(const int64_t* m_G, int64_t G, int64_t N, int64_t K
   });
 }
 
+// The bf16-output forms' epilogue: y16 = bf16(h32 + b_g) per row of group g, grouped_bias_forward's
+// f32 add and cast_f32_to_bf16's rounding in one pass (h32 is left as it was).
+void grouped_bias_round_bf16(bf16* y16, const float* h32, const float* bias_GN, const int64_t* m_G,
+                             int64_t G, int64_t N) {
+  detail::check_group_sizes("grouped_bias_round_bf16", m_G, G, N, 0);
+  int64_t rows = 0;
+  for (int64_t g = 0; g < G; ++g) rows += m_G[g];
+  if (bias_GN == nullptr) return cast_f32_to_bf16(y16, h32, rows * N);
+  uint16_t* y = reinterpret_cast<uint16_t*>(y16);
+  int64_t row0 = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* b = bias_GN + g * N;
+#pragma omp parallel for schedule(static) if (m_G[g] * N >= (int64_t{1} << 16))
+    for (int64_t i = row0; i < row0 + m_G[g]; ++i) {
+      const float* h = h32 + i * N;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) y[i * N + j] = f32_to_bf16_bits(h[j] + b[j]);
+    }
+    row0 += m_G[g];
+  }
+}
+
 }  // namespace cpu
 }  // namespace moecore::ops
