@@ -742,6 +742,13 @@ void expect_bf16_tracks_f32(ModelConfig cfg) {
 
 TEST(GPTModel, Bf16MixedPrecisionTracksF32) { expect_bf16_tracks_f32(tiny_config()); }
 
+// --fp32-residual-connection: the same with the residual stream kept in f32.
+TEST(GPTModel, Bf16MixedPrecisionTracksF32Fp32ResidualConnection) {
+  ModelConfig cfg = tiny_config();
+  cfg.fp32_residual_connection = true;
+  expect_bf16_tracks_f32(cfg);
+}
+
 // The same for the element-wise activations with MLP biases (dense, experts, shared expert),
 // on both bf16 GEMM paths: the biases stay f32, their gradients summed from f32 values.
 TEST(GPTModel, Bf16MixedPrecisionTracksF32GeluWithMlpBiases) {
