@@ -284,11 +284,10 @@ void GPTModel<T>::allocate(Arena& a) {
   const RecomputeConfig& rc = cfg_.recompute;
   // After the MTP layers' stage a chunk holds no layer: its one stream buffer is what it
   // receives and passes on, every depth's hidden states after the decoder's.
-  // bf16 residual (Megatron-Core's bf16 hidden states): a boundary read only by a block that
-  // keeps its activations, or only by the final norm, is not kept: its reader keeps the bf16
-  // copy (TransformerBlock::keep_input_bf16, final_x16_), and the f32 values pass through one of
-  // two alternating workspaces. The boundaries that are sent on or that start a recomputed chunk
-  // stay f32.
+  // bf16 residual (Megatron-Core's bf16 hidden states): a boundary read by a block or by the
+  // final norm is not kept in f32: its reader keeps the bf16 copy (TransformerBlock::
+  // keep_input_bf16, final_x16_), and the f32 values pass through one of two alternating
+  // workspaces. The boundary that is sent on (a pipeline stage's output) stays f32.
   const bool resid16 = std::is_same_v<T, float> && cfg_.bf16_residual();
   DevPtr<T> pass[2] = {nullptr, nullptr};
   bool pass_made = false;
@@ -299,9 +298,11 @@ void GPTModel<T>::allocate(Arena& a) {
     ch.final_in16 = false;
     for (int64_t j = 0; j <= n; ++j) {
       const int64_t chunk = j > 0 && j < n ? rc.chunk_of(first + j - 1) : -1;
-      const bool passed = resid16 && n > 0 &&
-                          (j < n ? rc.chunk_of(first + j) < 0 : ch.final_norm);
-      if (chunk >= 0 && rc.chunk_of(first + j) == chunk) {
+      // Under full recomputation too: the chunk's first block keeps its input's bf16 copy,
+      // restored into the pass-through buffer before the chunk is recomputed; the others'
+      // copies are recomputed with the chunk.
+      const bool passed = resid16 && n > 0 && (j < n || ch.final_norm);
+      if (!passed && chunk >= 0 && rc.chunk_of(first + j) == chunk) {
         Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
         ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
       } else if (passed) {
@@ -312,7 +313,9 @@ void GPTModel<T>::allocate(Arena& a) {
         }
         ch.stream[j] = pass[j % 2];
         if (j < n) {
-          blocks_[ch.block_begin + j]->keep_input_bf16(ch.stream[j]);
+          const int64_t own = rc.chunk_of(first + j);
+          const bool starts = own >= 0 && (j == 0 || rc.chunk_of(first + j - 1) != own);
+          blocks_[ch.block_begin + j]->keep_input_bf16(ch.stream[j], starts);
         } else {
           ch.final_in16 = true;
           if constexpr (std::is_same_v<T, float>)
@@ -872,6 +875,7 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
       // pipeline chunk's input at the latest).
       int64_t from = l;
       while (from > first && rc.chunk_of(from - 1) == chunk) --from;
+      blocks_[ch.block_begin + from - first]->restore_input();  // bf16 residual: its input
       for (int64_t j = from; j <= l; ++j) {
         blocks_[ch.block_begin + j - first]->forward(ch.stream[j - first + 1],
                                                      ch.stream[j - first], /*recompute=*/true);

@@ -94,6 +94,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
   // layer (they are rebuilt together before the chunk's backward).
   const bool full = recompute_chunk_ >= 0;
+  // The input's bf16 copy of a block that starts a recomputed chunk is what the chunk is
+  // recomputed from: kept, outside the chunk's overlay.
+  x16_ = keep_x16_ && input_kept_ ? a.alloc<bf16>(n_loc_ * H_, "block.input_bf16")
+                                  : DevPtr<bf16>(nullptr);
   Arena::Share workspace(a, "layer", member_, {MemKind::Workspace});
   Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : member_,
                           {MemKind::Recomputed});
@@ -124,7 +128,7 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     // as bf16 only; their f32 forms live in buffers the layer has anyway (forward(), backward()).
     x1_ = nullptr;
     x1_16_ = a.alloc<bf16>(n_loc_ * H_, "block.x1_bf16");
-    x16_ = keep_x16_ ? a.alloc<bf16>(n_loc_ * H_, "block.input_bf16") : DevPtr<bf16>(nullptr);
+    if (keep_x16_ && !input_kept_) x16_ = a.alloc<bf16>(n_loc_ * H_, "block.input_bf16");
   } else {
     x1_ = a.alloc<T>(n_loc_ * H_, "block.x1");
   }
@@ -196,6 +200,11 @@ void TransformerBlock<T>::round_stream(DevPtr<T> y) {
   if constexpr (std::is_same_v<T, float>) {
     if (round_resid_) ops::round_f32_to_bf16(*ex_, y, DevPtr<const float>(y), n_loc_ * H_);
   }
+}
+
+template <typename T>
+void TransformerBlock<T>::restore_input() {
+  if (keep_x16_) widen_kept(x_scratch_, x16_);
 }
 
 template <typename T>

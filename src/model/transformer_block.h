@@ -86,10 +86,14 @@ class TransformerBlock {
   // block keeps its own bf16 copy of x (exact: x holds bf16 values) and, in its backward,
   // widens it into `input`, which the owner leaves to the block then.
   bool bf16_residual() const { return round_resid_; }
-  void keep_input_bf16(DevPtr<T> input) {
+  // kept: the block starts a fully recomputed chunk; its bf16 copy is then kept (not
+  // recomputed) and restore_input() widens it into `input` before the chunk's recomputation.
+  void keep_input_bf16(DevPtr<T> input, bool kept = false) {
     keep_x16_ = round_resid_;
     x_scratch_ = input;
+    input_kept_ = kept;
   }
+  void restore_input();
 
   bool is_moe() const { return moe_ != nullptr; }
   int64_t member() const { return member_; }  // BlockSite::member
@@ -136,6 +140,7 @@ class TransformerBlock {
   bool round_n2_ = false;
   bool round_resid_ = false;  // bf16_residual()
   bool keep_x16_ = false;     // keep_input_bf16()
+  bool input_kept_ = false;
   nn::Norm<T> norm1_;
   nn::Norm<T> norm2_;
   // One of the two: the QKV self-attention, or multi-latent attention.
