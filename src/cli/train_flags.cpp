@@ -213,6 +213,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                "values, GEMMs take bf16 inputs; fp32 master weights (sharded with "
                "--use-distributed-optimizer), grads and Adam state")
       ->group(kTrain);
+  app.add_flag("--fp32-residual-connection", m.fp32_residual_connection,
+               "With --bf16: keep the residual stream (the embedding's output, each residual "
+               "add's, the norms' saved inputs) in fp32 instead of bf16")
+      ->group(kTrain);
   app.add_option("--recompute-granularity", f.recompute_granularity,
                  "Activation recomputation: full (whole layers) | selective (--recompute-modules)")
       ->check(CLI::IsMember({"full", "selective"}))
@@ -390,6 +394,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       {"--apply-layernorm-1p", &f.apply_layernorm_1p},
       {"--eod-mask-loss", &t.data.eod_mask_loss},
       {"--bf16", &f.bf16}, {"--recompute-activations", &f.recompute_activations},
+      {"--fp32-residual-connection", &m.fp32_residual_connection},
       {"--moe-layer-recompute", &f.moe_layer_recompute},
       {"--checkpoint-activations", &f.checkpoint_activations},
       {"--overlap-grad-reduce", &t.ddp.overlap}, {"--fp32", &f.fp32},

@@ -103,6 +103,12 @@ struct ModelConfig {
   // weights; GEMMs take bf16 inputs (activations cast on the way in) and accumulate in f32;
   // router, softmax, norms and losses compute in f32 on those bf16 weight values.
   bool bf16 = false;
+  // --fp32-residual-connection: under --bf16 the residual stream stays f32 (Megatron's flag).
+  // Without it (the default) --bf16 keeps the stream in bf16 as Megatron-Core does: the
+  // embedding's output and each residual add's are rounded to bf16, and the copies kept for the
+  // norms' backwards are bf16 (bf16_residual()).
+  bool fp32_residual_connection = false;
+  bool bf16_residual() const { return bf16 && !fp32_residual_connection; }
   // --bf16 with the distributed optimizer sharding over more than one rank: the fp32 master
   // weights exist only in the optimizer's shards (Megatron's 6 + 12/d bytes per parameter); the
   // model holds the bf16 values alone. Set by the trainer and the planner, not a flag.

@@ -284,14 +284,43 @@ void GPTModel<T>::allocate(Arena& a) {
   const RecomputeConfig& rc = cfg_.recompute;
   // After the MTP layers' stage a chunk holds no layer: its one stream buffer is what it
   // receives and passes on, every depth's hidden states after the decoder's.
+  // bf16 residual (Megatron-Core's bf16 hidden states): a boundary read by a block or by the
+  // final norm is not kept in f32: its reader keeps the bf16 copy (TransformerBlock::
+  // keep_input_bf16, final_x16_), and the f32 values pass through one of two alternating
+  // workspaces. The boundary that is sent on (a pipeline stage's output) stays f32.
+  const bool resid16 = std::is_same_v<T, float> && cfg_.bf16_residual();
+  DevPtr<T> pass[2] = {nullptr, nullptr};
+  bool pass_made = false;
+  final_x16_ = nullptr;
   for (Chunk& ch : chunks_) {
     const int64_t n = ch.stage.num_layers, first = ch.stage.first_layer;
     ch.stream.assign(n + 1, nullptr);
+    ch.final_in16 = false;
     for (int64_t j = 0; j <= n; ++j) {
       const int64_t chunk = j > 0 && j < n ? rc.chunk_of(first + j - 1) : -1;
-      if (chunk >= 0 && rc.chunk_of(first + j) == chunk) {
+      // Under full recomputation too: the chunk's first block keeps its input's bf16 copy,
+      // restored into the pass-through buffer before the chunk is recomputed; the others'
+      // copies are recomputed with the chunk.
+      const bool passed = resid16 && n > 0 && (j < n || ch.final_norm);
+      if (!passed && chunk >= 0 && rc.chunk_of(first + j) == chunk) {
         Arena::Share share(a, "recompute", chunk, {MemKind::Recomputed});
         ch.stream[j] = a.alloc<T>(T_local_ * H, "model.residual", MemKind::Recomputed);
+      } else if (passed) {
+        if (!pass_made) {
+          pass[0] = a.alloc<T>(T_local_ * H, "model.residual_pass", MemKind::Workspace);
+          pass[1] = a.alloc<T>(T_local_ * H, "model.residual_pass", MemKind::Workspace);
+          pass_made = true;
+        }
+        ch.stream[j] = pass[j % 2];
+        if (j < n) {
+          const int64_t own = rc.chunk_of(first + j);
+          const bool starts = own >= 0 && (j == 0 || rc.chunk_of(first + j - 1) != own);
+          blocks_[ch.block_begin + j]->keep_input_bf16(ch.stream[j], starts);
+        } else {
+          ch.final_in16 = true;
+          if constexpr (std::is_same_v<T, float>)
+            final_x16_ = a.alloc<bf16>(T_local_ * H, "model.final_norm_input_bf16");
+        }
       } else {
         ch.stream[j] = a.alloc<T>(ch.in_width * T_local_ * H, "model.residual");
       }
@@ -491,6 +520,10 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   if (embedding_ == nullptr && shared_embedding() != nullptr && (ch.stage.loss || ch.mtp))
     params_needed(L + 1);  // this stage's copy of the table (the tied head's, MTP's)
   if (ch.final_norm) final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (ch.final_in16)  // exact: the last block's output holds bf16 values
+      ops::cast_f32_to_bf16(ex, final_x16_, DevPtr<const float>(ch.stream.back()), T_local_ * H);
+  }
 }
 
 template <typename T>
@@ -596,6 +629,11 @@ void GPTModel<T>::embed(const Param& table, DevPtr<T> x_local, DevPtr<const int3
           ops::dropout_forward(ex, x, DevPtr<const T>(x), cfg_.hidden_dropout, key, counters_,
                                rows, B_, H, pos);
         });
+  }
+  // bf16 residual: Megatron-Core's embedding output is bf16 (after its dropout).
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16_residual())
+      ops::round_f32_to_bf16(ex, x_local, DevPtr<const float>(x_local), T_local_ * H);
   }
 }
 
@@ -818,6 +856,11 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
       ops::copy(ex, ch.final_norm ? dh0 : dstream_, doutput, ch.out_width * n);
     }
   }
+  if constexpr (std::is_same_v<T, float>) {
+    // The final norm's input kept as bf16: widened into its pass-through buffer (free now).
+    if (ch.final_in16)
+      ops::cast_bf16_to_f32(ex, ch.stream.back(), DevPtr<const bf16>(final_x16_), n);
+  }
   if (ch.final_norm) final_norm_->backward(ex, dstream_, dfinal_, ch.stream.back(), T_local_);
   if (c == stage0_chunk_) stage_done(0);
   // This stage's copy of the table has its gradient (its stage is the embedding's).
@@ -832,6 +875,7 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
       // pipeline chunk's input at the latest).
       int64_t from = l;
       while (from > first && rc.chunk_of(from - 1) == chunk) --from;
+      blocks_[ch.block_begin + from - first]->restore_input();  // bf16 residual: its input
       for (int64_t j = from; j <= l; ++j) {
         blocks_[ch.block_begin + j - first]->forward(ch.stream[j - first + 1],
                                                      ch.stream[j - first], /*recompute=*/true);

@@ -270,6 +270,9 @@ class GPTModel {
     // (stream[0] then holds all of them: such a chunk has no decoder layer).
     int64_t in_width = 1, out_width = 1;
     DevPtr<T> output = nullptr;     // what it sends on: stream.back(), or mtp_out_
+    // bf16 residual: stream.back() passes through a workspace and the final norm's backward
+    // reads its bf16 copy final_x16_.
+    bool final_in16 = false;
   };
   // The decoder's final-normed hidden states h_0 of chunk ch's last forward: its final norm's
   // output, or (on a stage after it) its input's first block.
@@ -331,6 +334,7 @@ class GPTModel {
   DevPtr<int64_t> own_tokens_E_ = nullptr;
   DevPtr<T> dloss_ = nullptr;      // d(loss) / d(each token's CE): loss_grad_scale / counted
   DevPtr<T> final_n_ = nullptr;
+  DevPtr<bf16> final_x16_ = nullptr;  // Chunk::final_in16: the final norm's input, kept as bf16
   DevPtr<int32_t> pos_T_ = nullptr;  // each token's position s (t = s * B + b), filled once
   DevPtr<T> pos_TH_ = nullptr;       // the position embedding rows (workspace)
   DevPtr<ops::DropoutCounters> own_counters_ = nullptr;

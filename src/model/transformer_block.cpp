@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "ops/add.h"
+#include "ops/cast.h"
 
 namespace moecore::model {
 
@@ -38,6 +39,7 @@ TransformerBlock<T>::TransformerBlock(const ModelConfig& cfg, const BlockSite& s
       recompute_chunk_(site.recompute_chunk),
       recompute_norms_(cfg.recompute.modules().layernorm),
       recompute_mlp_(cfg.recompute.modules().mlp),
+      round_resid_(std::is_same_v<T, float> && cfg.bf16_residual()),
       norm1_(norm_config(cfg), params, site.prefix + ".input_layernorm", tp_.token_role()),
       norm2_(norm_config(cfg), params, site.prefix + ".pre_mlp_layernorm", tp_.token_role()) {
   const std::string attn_prefix = site.prefix + ".self_attention";
@@ -92,6 +94,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
   // layer (they are rebuilt together before the chunk's backward).
   const bool full = recompute_chunk_ >= 0;
+  // The input's bf16 copy of a block that starts a recomputed chunk is what the chunk is
+  // recomputed from: kept, outside the chunk's overlay.
+  x16_ = keep_x16_ && input_kept_ ? a.alloc<bf16>(n_loc_ * H_, "block.input_bf16")
+                                  : DevPtr<bf16>(nullptr);
   Arena::Share workspace(a, "layer", member_, {MemKind::Workspace});
   Arena::Share recomputed(a, full ? "recompute" : "layer", full ? recompute_chunk_ : member_,
                           {MemKind::Recomputed});
@@ -117,7 +123,15 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     n2_ = a.alloc<T>(n_loc_ * H_, "block.norm2");
   }
   norm1_.allocate(a, n_loc_, "block.rstd1");
-  x1_ = a.alloc<T>(n_loc_ * H_, "block.x1");
+  if (round_resid_) {
+    // Megatron-Core's bf16 hidden states: x1 (norm2's input) and the input x (norm1's) are kept
+    // as bf16 only; their f32 forms live in buffers the layer has anyway (forward(), backward()).
+    x1_ = nullptr;
+    x1_16_ = a.alloc<bf16>(n_loc_ * H_, "block.x1_bf16");
+    if (keep_x16_ && !input_kept_) x16_ = a.alloc<bf16>(n_loc_ * H_, "block.input_bf16");
+  } else {
+    x1_ = a.alloc<T>(n_loc_ * H_, "block.x1");
+  }
   norm2_.allocate(a, n_loc_, "block.rstd2");
   branch_ = a.alloc<T>(n_loc_ * H_, "block.branch", MemKind::Workspace);
   dn_ = a.alloc<T>(n_loc_ * H_, "block.dnorm", MemKind::Workspace);
@@ -182,6 +196,27 @@ void TransformerBlock<T>::residual_add(DevPtr<T> y, DevPtr<const T> residual,
 }
 
 template <typename T>
+void TransformerBlock<T>::round_stream(DevPtr<T> y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (round_resid_) ops::round_f32_to_bf16(*ex_, y, DevPtr<const float>(y), n_loc_ * H_);
+  }
+}
+
+template <typename T>
+void TransformerBlock<T>::restore_input() {
+  if (keep_x16_) widen_kept(x_scratch_, x16_);
+}
+
+template <typename T>
+void TransformerBlock<T>::widen_kept(DevPtr<T> y, DevPtr<const bf16> x16) {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::cast_bf16_to_f32(*ex_, y, x16, n_loc_ * H_);
+  } else {
+    MOE_CHECK(false, "[block] bf16 residual copies exist only in f32 models");
+  }
+}
+
+template <typename T>
 template <typename F>
 void TransformerBlock<T>::for_each_dropout_run(F&& f) const {
   parallel::for_each_position_run(cp_.split(S_ * cp_.size()), s0_, S_loc_, f);
@@ -190,6 +225,10 @@ void TransformerBlock<T>::for_each_dropout_run(F&& f) const {
 template <typename T>
 void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool recompute) {
   x_TH_ = x_TH;
+  if constexpr (std::is_same_v<T, float>) {
+    // The input's bf16 values (its producer rounded them): the cast is exact.
+    if (keep_x16_) ops::cast_f32_to_bf16(*ex_, x16_, x_TH, n_loc_ * H_);
+  }
   const ops::AttentionDropout* drop = training_ && attn_drop_.p > 0 ? &attn_drop_ : nullptr;
   if (attn_ != nullptr)
     attn_->set_dropout(drop);
@@ -201,20 +240,35 @@ void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool rec
     attn_->forward(branch_, n1_);
   else
     mla_->forward(branch_, n1_);
-  residual_add(x1_, x_TH, branch_, key_attn_out_);
-  norm2_.forward(*ex_, n2_, x1_, n_loc_, round_n2_);
+  // bf16 residual: x1's f32 form in y (the second add reads it and overwrites it in place), its
+  // bf16 copy kept.
+  const DevPtr<T> x1 = round_resid_ ? y_TH : x1_;
+  residual_add(x1, x_TH, branch_, key_attn_out_);
+  round_stream(x1);
+  if constexpr (std::is_same_v<T, float>) {
+    if (round_resid_) ops::cast_f32_to_bf16(*ex_, x1_16_, DevPtr<const float>(x1), n_loc_ * H_);
+  }
+  norm2_.forward(*ex_, n2_, x1, n_loc_, round_n2_);
   if (moe_)
     moe_forward(n2_, recompute);
   else
     mlp_forward(branch_, n2_);
-  residual_add(y_TH, x1_, branch_, key_ffn_out_);
+  residual_add(y_TH, x1, branch_, key_ffn_out_);
+  round_stream(y_TH);
 }
 
 template <typename T>
 void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, double loss_grad_scale) {
   const int64_t n = n_loc_ * H_;
+  // bf16 residual: x1's f32 form again (exactly the values the forward's norm2 read) in dx1_,
+  // where it is needed: before the FFN's backward for the recomputed n2, after it for norm2's
+  // backward (the dropout's gradient takes dx1_ in between).
+  const DevPtr<const T> x1 = round_resid_ ? DevPtr<const T>(dx1_) : DevPtr<const T>(x1_);
   // "layernorm" recomputation: the FFN reads its input n2 in its backward.
-  if (recompute_norms_) norm2_.forward(*ex_, n2_, x1_, n_loc_, round_n2_);
+  if (recompute_norms_) {
+    if (round_resid_) widen_kept(dx1_, x1_16_);
+    norm2_.forward(*ex_, n2_, x1, n_loc_, round_n2_);
+  }
   // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
   DevPtr<const T> dffn = dy_TH;
   if (dropping()) {
@@ -229,10 +283,17 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
     moe_backward(dn_, dffn, loss_grad_scale);
   else
     mlp_backward(dn_, dffn);
-  norm2_.backward(*ex_, branch_, dn_, x1_, n_loc_);
+  if (round_resid_) widen_kept(dx1_, x1_16_);
+  norm2_.backward(*ex_, branch_, dn_, x1, n_loc_);
   ops::add(*ex_, dx1_, dy_TH, branch_, n);
   // Attention branch: dx = dx1 + norm1'(attn'(dropout'(dx1))).
-  if (recompute_norms_) norm1_.forward(*ex_, n1_, x_TH_, n_loc_, round_n1_);
+  // The input kept as bf16: widened into the owner's input buffer, left to this backward.
+  DevPtr<const T> x_in = x_TH_;
+  if (keep_x16_) {
+    widen_kept(x_scratch_, x16_);
+    x_in = x_scratch_;
+  }
+  if (recompute_norms_) norm1_.forward(*ex_, n1_, x_in, n_loc_, round_n1_);
   DevPtr<const T> dattn = dx1_;
   if (dropping()) {
     for_each_dropout_run([&](int64_t row, int64_t rows, int64_t pos) {
@@ -246,7 +307,7 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
     attn_->backward(dn_, dattn);
   else
     mla_->backward(dn_, dattn);
-  norm1_.backward(*ex_, branch_, dn_, x_TH_, n_loc_);
+  norm1_.backward(*ex_, branch_, dn_, x_in, n_loc_);
   ops::add(*ex_, dx_TH, dx1_, branch_, n);
 }
 

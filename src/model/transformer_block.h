@@ -78,6 +78,23 @@ class TransformerBlock {
   void set_dropout_counters(DevPtr<const ops::DropoutCounters> c) { counters_ = c; }
   void set_training(bool training);
 
+  // --bf16 without --fp32-residual-connection (ModelConfig::bf16_residual, T = float): the
+  // stream's values are bf16 (each residual add's output rounded once) and the block keeps x1
+  // as bf16 alone (its f32 form lives in the output y until the second add overwrites it).
+  // keep_input_bf16(input): called before allocate() by an owner whose input buffer `input`
+  // (every forward's x) is not kept for the backward (GPTModel's stream between layers): the
+  // block keeps its own bf16 copy of x (exact: x holds bf16 values) and, in its backward,
+  // widens it into `input`, which the owner leaves to the block then.
+  bool bf16_residual() const { return round_resid_; }
+  // kept: the block starts a fully recomputed chunk; its bf16 copy is then kept (not
+  // recomputed) and restore_input() widens it into `input` before the chunk's recomputation.
+  void keep_input_bf16(DevPtr<T> input, bool kept = false) {
+    keep_x16_ = round_resid_;
+    x_scratch_ = input;
+    input_kept_ = kept;
+  }
+  void restore_input();
+
   bool is_moe() const { return moe_ != nullptr; }
   int64_t member() const { return member_; }  // BlockSite::member
   const moe::MoELayer<T>* moe() const { return moe_.get(); }
@@ -87,6 +104,10 @@ class TransformerBlock {
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // y = residual + dropout(branch) (the plain sum without dropout).
   void residual_add(DevPtr<T> y, DevPtr<const T> residual, DevPtr<const T> branch, uint64_t key);
+  // bf16 residual: y rounded to bf16 values in place (else nothing), and a kept bf16 copy
+  // widened into y.
+  void round_stream(DevPtr<T> y);
+  void widen_kept(DevPtr<T> y, DevPtr<const bf16> x16);
   bool dropping() const { return training_ && hidden_p_ > 0; }
 
   // The MoE layer's input (moe_in) and output: its slice of the stream without SP.
@@ -117,6 +138,9 @@ class TransformerBlock {
   bool recompute_mlp_;       // selective "mlp": a dense FFN recomputes fc1 and activation
   bool round_n1_ = false;    // n1 / n2 written as bf16 values (they feed only bf16 GEMMs)
   bool round_n2_ = false;
+  bool round_resid_ = false;  // bf16_residual()
+  bool keep_x16_ = false;     // keep_input_bf16()
+  bool input_kept_ = false;
   nn::Norm<T> norm1_;
   nn::Norm<T> norm2_;
   // One of the two: the QKV self-attention, or multi-latent attention.
@@ -126,7 +150,12 @@ class TransformerBlock {
   std::unique_ptr<nn::MLP<T>> mlp_;
   DevPtr<const T> x_TH_ = nullptr;
   DevPtr<T> n1_ = nullptr;
-  DevPtr<T> x1_ = nullptr;
+  DevPtr<T> x1_ = nullptr;  // null with the bf16 residual (x1 in y, then in dx1_)
+  // bf16 residual: the kept bf16 copies of x1 and (keep_input_bf16) of the input x, and the
+  // owner's input buffer that the backward widens x16_ into.
+  DevPtr<bf16> x1_16_ = nullptr;
+  DevPtr<bf16> x16_ = nullptr;
+  DevPtr<T> x_scratch_ = nullptr;
   DevPtr<T> n2_ = nullptr;
   DevPtr<T> branch_ = nullptr;  // attention / FFN output, then gradients
   DevPtr<T> dn_ = nullptr;

@@ -221,6 +221,7 @@ RunSpec run_from_args(const cli::ParsedArgs& a) {
   r.micro_batch = int_or(a, "--micro-batch-size", 1);
   r.global_batch = int_or(a, "--global-batch-size", 0);
   r.bf16 = on(a, "--bf16");
+  r.fp32_residual_connection = on(a, "--fp32-residual-connection");
   r.distributed_optimizer = on(a, "--use-distributed-optimizer");
   r.ddp_bucket_size = int_or(a, "--ddp-bucket-size", 0);
   auto dtype_bytes = [](const std::string& t) {
@@ -288,6 +289,7 @@ ModelConfig trainer_model_config(const ModelSpec& m, const RunSpec& run, int64_t
   c.tie_embeddings = m.tie_embeddings;
   c.mtp_num_layers = m.mtp_num_layers;
   c.bf16 = run.bf16;
+  c.fp32_residual_connection = run.fp32_residual_connection;
   c.num_experts = m.num_experts;
   if (m.num_experts > 0) {
     if (m.moe_layer_pattern.empty()) {  // every layer an MoE layer (ModelSpec::is_moe_layer)

@@ -70,6 +70,7 @@ struct RunSpec {
   int64_t micro_batch = 1;
   int64_t global_batch = 0;           // 0: micro_batch x dp
   bool bf16 = false;
+  bool fp32_residual_connection = false;  // with bf16: the residual stream kept f32
   bool distributed_optimizer = false; // --use-distributed-optimizer
   int64_t ddp_bucket_size = 0;        // --ddp-bucket-size (0: one bucket per backward stage)
   // Megatron's precision-aware optimizer (--main-params-dtype, --main-grads-dtype,

@@ -326,6 +326,7 @@ TEST(MegatronFlags, EveryBoundFlagReachesTheRunConfig) {
        {{"train.data.synthetic_vocab", "100"}, {"model.vocab_size", "100"}}},
       {"--make-vocab-size-divisible-by", "", "32", {{"model.padded_vocab_size", "64"}}},
       {"--bf16", "", "", {{"model.bf16", "true"}}},
+      {"--fp32-residual-connection", "", "", {{"model.fp32_residual_connection", "true"}}},
       // Mixture of experts.
       {"--num-experts",
        "",

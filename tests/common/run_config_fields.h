@@ -83,6 +83,7 @@ inline RunConfigFields run_config_fields(const cli::TrainFlags& f) {
   add("model.attention_dropout", text(m.attention_dropout));
   add("model.tie_embeddings", text(m.tie_embeddings));
   add("model.bf16", text(m.bf16));
+  add("model.fp32_residual_connection", text(m.fp32_residual_connection));
   add("model.mtp_num_layers", text(m.mtp_num_layers));
   add("model.mtp_loss_scaling_factor", text(m.mtp_loss_scaling_factor));
   add("model.num_experts", text(m.num_experts));

@@ -1,0 +1,150 @@
+// --bf16 without --fp32-residual-connection keeps the residual stream in bf16, as Megatron-Core
+// does (ModelConfig::bf16_residual): the embedding's output and every residual add's are rounded
+// to bf16 values, and the inputs the norms' backwards read (each layer's input, x1, the final
+// norm's) are kept as bf16 copies while their f32 forms pass through workspaces that later
+// layers overwrite. Checked: a pipeline stage's output holds bf16 values (f32 values with the
+// flag); the whole model equals its two pipeline stages bitwise (the whole model's
+// pass-through buffers are overwritten by its later layers before its backward reads their
+// kept copies; the split model's boundary is kept in f32); the kept activations shrink by
+// exactly the bytes of the f32 copies replaced by bf16 ones.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/layer_testing.h"
+#include "model/gpt_model.h"
+#include "ops/cast.h"
+
+namespace moecore::model {
+namespace {
+
+using testing::host;
+
+ModelConfig resid_config() {
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.hidden = 32;
+  cfg.num_layers = 4;
+  cfg.num_heads = 4;
+  cfg.num_query_groups = 2;
+  cfg.ffn_hidden = 12;
+  cfg.seq_length = 5;
+  cfg.init_std = 0.1;
+  cfg.num_experts = 4;
+  cfg.moe_layer_pattern = {1, 0, 1, 1};
+  cfg.moe.router.num_experts = 4;
+  cfg.moe.router.topk = 2;
+  cfg.moe.router.aux_loss_coeff = 0.1;
+  cfg.moe.ffn_hidden = 6;
+  cfg.tie_embeddings = false;
+  cfg.hidden_dropout = 0.2;  // the dropout-add's output is rounded too
+  cfg.position_embedding = PositionEmbedding::LearnedAbsolute;  // the embedding's sum rounded
+  cfg.bf16 = true;
+  return cfg;
+}
+
+int64_t not_bf16_values(const float* x, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += ops::f32_bf16_rounded(x[i]) != x[i];
+  return bad;
+}
+
+// A stage of layers [0, 2) with the embedding: its output (the sent boundary, kept f32) is the
+// second layer's residual add.
+TEST(Bf16Residual, StageOutputHoldsBf16ValuesUnlessFp32ResidualConnection) {
+  for (bool fp32_residual : {false, true}) {
+    SCOPED_TRACE(fp32_residual ? "--fp32-residual-connection" : "bf16 residual");
+    ModelConfig cfg = resid_config();
+    cfg.fp32_residual_connection = fp32_residual;
+    const int64_t B = 2, n = B * cfg.seq_length;
+    GPTModel<float> first(cfg, B, 7, nullptr, false, cpu_exec(),
+                          {parallel::VirtualStage{0, 2, 0, true, false}});
+    auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
+    std::vector<ops::MicroBatchReport> r(1);
+    std::vector<int64_t> t(cfg.num_experts);
+    first.forward_chunk(0, MicroBatchIO{ids[0].data(), targets[0].data(), &r[0], t.data(),
+                                        &counters[0]},
+                        nullptr, 0);
+    const int64_t bad = not_bf16_values(host(first.chunk_output(0)), first.boundary_elems());
+    if (fp32_residual)
+      EXPECT_GT(bad, first.boundary_elems() / 2) << "the f32 stream is not rounded";
+    else
+      EXPECT_EQ(bad, 0);
+  }
+}
+
+// The whole model (its stream through two alternating workspaces, each layer's input and x1
+// read back from their bf16 copies) equals the model split in two pipeline stages (the boundary
+// kept in f32) bitwise: losses and every gradient, over two micro-batches.
+TEST(Bf16Residual, WholeModelEqualsItsPipelineStagesBitwise) {
+  for (bool fp32_residual : {false, true}) {
+    SCOPED_TRACE(fp32_residual ? "--fp32-residual-connection" : "bf16 residual");
+    ModelConfig cfg = resid_config();
+    cfg.fp32_residual_connection = fp32_residual;
+    const int64_t B = 2, n = B * cfg.seq_length, E = cfg.num_experts;
+    GPTModel<float> whole(cfg, B, 7);
+    GPTModel<float> first(cfg, B, 7, nullptr, false, cpu_exec(),
+                          {parallel::VirtualStage{0, 2, 0, true, false}});
+    GPTModel<float> last(cfg, B, 7, nullptr, false, cpu_exec(),
+                         {parallel::VirtualStage{2, 2, 0, false, true}});
+    auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
+    std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
+    std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
+    const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {
+      return MicroBatchIO{ids[mb].data(), targets[mb].data(), &r[mb], &t[mb * E], &counters[mb]};
+    };
+    for (GPTModel<float>* m : {&whole, &first, &last}) m->params().zero_grads();
+    for (int mb = 0; mb < 2; ++mb) {
+      whole.forward(io(rw, tw, mb));
+      whole.backward(0.5);
+    }
+    std::vector<std::vector<float>> act(2), grad(2);
+    for (int mb = 0; mb < 2; ++mb) {
+      first.forward_chunk(0, io(rf, tf, mb), nullptr, mb);
+      const float* out = host(first.chunk_output(0));
+      act[mb].assign(out, out + first.boundary_elems());
+      last.forward_chunk(0, io(rl, tl, mb), act[mb].data(), mb);
+      last.backward_chunk(0, 0.5, nullptr, mb);
+      const float* g = host(last.input_grad());
+      grad[mb].assign(g, g + last.boundary_elems());
+    }
+    for (int mb = 0; mb < 2; ++mb) {
+      first.forward_chunk(0, io(rf, tf, mb), nullptr, mb, /*replay=*/true);
+      first.backward_chunk(0, 0.5, grad[mb].data(), mb);
+    }
+    for (int mb = 0; mb < 2; ++mb) EXPECT_EQ(rl[mb].lm_loss_sum, rw[mb].lm_loss_sum) << mb;
+    int compared = 0;
+    for (const Param& w : whole.params().params()) {
+      const ParamRegistry& reg =
+          first.params().find(w.name()) != nullptr ? first.params() : last.params();
+      const Param* a = reg.find(w.name());
+      ASSERT_NE(a, nullptr) << w.name() << " is on no stage";
+      EXPECT_EQ(std::memcmp(host(a->grad_as<float>()), host(w.grad_as<float>()),
+                            sizeof(float) * w.local_numel()),
+                0)
+          << w.name();
+      ++compared;
+    }
+    EXPECT_EQ(compared, static_cast<int>(whole.params().params().size()));
+  }
+}
+
+// The planner's view (a sizing pass): the kept f32 stream (L + 1 boundaries) and the blocks'
+// f32 x1 become bf16 copies of each layer's input, of x1 and of the final norm's input:
+// (4 (L + 1) + 4 L) - 2 (2 L + 1) = 4 L + 2 bytes per token and hidden unit fewer.
+TEST(Bf16Residual, KeptActivationsHoldTheStreamInBf16) {
+  ModelConfig cfg = resid_config();
+  const int64_t B = 2, L = cfg.num_layers;
+  const int64_t TH = B * cfg.seq_length * cfg.hidden;  // 320: bf16 rows stay 64-byte aligned
+  ModelConfig f32 = cfg;
+  f32.fp32_residual_connection = true;
+  GPTModel<float> m16(cfg, B, 7, nullptr, /*size_only=*/true);
+  GPTModel<float> m32(f32, B, 7, nullptr, /*size_only=*/true);
+  const int64_t a16 = static_cast<int64_t>(m16.arena().bytes_of(MemKind::Activations));
+  const int64_t a32 = static_cast<int64_t>(m32.arena().bytes_of(MemKind::Activations));
+  EXPECT_EQ(a32 - a16, (4 * L + 2) * TH);
+}
+
+}  // namespace
+}  // namespace moecore::model
