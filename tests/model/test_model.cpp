@@ -24,6 +24,16 @@ using testing::host;
 using testing::random_ids;
 namespace {
 
+// The bf16 GEMM path that matches the registry's bf16 copies (as the trainer chooses them:
+// widened f32 copies for the widen path, bf16 ones for the native path), for the scope.
+struct Bf16PathForCopies {
+  explicit Bf16PathForCopies(bool widened) : chosen(ops::bf16_gemm_path()) {
+    ops::set_bf16_gemm_path(widened ? ops::Bf16GemmPath::Widen : ops::Bf16GemmPath::Native);
+  }
+  ~Bf16PathForCopies() { ops::set_bf16_gemm_path(chosen); }
+  ops::Bf16GemmPath chosen;
+};
+
 using testing::random_vec;
 
 ModelConfig tiny_config() {
@@ -161,6 +171,7 @@ TEST(SelfAttention, Bf16DataflowRoundsAsMegatron) {
       continue;
     }
     SCOPED_TRACE(::testing::Message() << "widened=" << widened);
+    const Bf16PathForCopies path(widened);
     ParamRegistry params(DType::F32);
     params.enable_bf16_copies(widened);
     const ops::RopeTables rope(S, D, cfg.rotary_base);
@@ -322,6 +333,7 @@ void expect_bf16_norm_output_survives_the_next_layer(bool mla) {
   const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
   const ops::RopeMlaTables mla_rope(S, cfg.mla.rope_spec(cfg.rotary_base));
   ParamRegistry params(DType::F32);
+  const Bf16PathForCopies path(/*widened=*/true);
   params.enable_bf16_copies(true);
   TransformerBlock<float> b0(cfg, 0, params, rope, nullptr, 0, &mla_rope.cache()),
       b1(cfg, 1, params, rope, nullptr, 0, &mla_rope.cache());
