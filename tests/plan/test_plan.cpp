@@ -775,13 +775,13 @@ TEST(PlanPublished, Qwen3_30B_PaddedCapacityFactorFits) {
     return j["memory_per_rank_bytes"][kind].get<double>() / (1 << 30);
   };
   const std::string row =
-      "| the trainer's plan: 180.5 GiB dropless (does not fit); 68.6 GiB dropless with "
-      "`--moe-expert-rank-capacity-factor 1.2` (73.5 at 1.5); 65.3 GiB with a padded capacity "
+      "| the trainer's plan: 146.0 GiB dropless (does not fit); 63.4 GiB dropless with "
+      "`--moe-expert-rank-capacity-factor 1.2` (67.1 at 1.5); 61.0 GiB with a padded capacity "
       "factor 1: all three fit | 621 |";
-  EXPECT_TRUE(documented(gib(dropless, "total"), "180.5", row));
-  EXPECT_TRUE(documented(gib(rank_cap, "total"), "68.6", row));
-  EXPECT_TRUE(documented(gib(rank_cap_15, "total"), "73.5", row));
-  EXPECT_TRUE(documented(gib(cap, "total"), "65.3", row));
+  EXPECT_TRUE(documented(gib(dropless, "total"), "146.0", row));
+  EXPECT_TRUE(documented(gib(rank_cap, "total"), "63.4", row));
+  EXPECT_TRUE(documented(gib(rank_cap_15, "total"), "67.1", row));
+  EXPECT_TRUE(documented(gib(cap, "total"), "61.0", row));
   for (const auto* j : {&dropless, &cap, &rank_cap, &rank_cap_15}) {
     EXPECT_TRUE(documented((*j)["tflops_per_gpu"].get<double>(), "621", row));
   }
@@ -794,10 +794,10 @@ TEST(PlanPublished, Qwen3_30B_PaddedCapacityFactorFits) {
   EXPECT_LT(gib(cap, "weights"), 0.51 * gib(cap, "grads"));
   EXPECT_TRUE(documented(gib(cap, "grads"), "19.2", kinds));
   EXPECT_TRUE(documented(gib(cap, "optimizer"), "5.3", kinds));
-  const std::string kinds3 = "25.7 activations, 5.3 recomputed";
-  EXPECT_TRUE(documented(gib(cap, "activations"), "25.7", kinds3));
-  const std::string kinds2 = "5.3 recomputed, the workspace shared, 2 reserved";
-  EXPECT_TRUE(documented(gib(cap, "recomputed"), "5.3", kinds2));
+  const std::string kinds3 = "21.2 activations, 4.5 recomputed";
+  EXPECT_TRUE(documented(gib(cap, "activations"), "21.2", kinds3));
+  const std::string kinds2 = "4.5 recomputed, the workspace shared, 2 reserved";
+  EXPECT_TRUE(documented(gib(cap, "recomputed"), "4.5", kinds2));
   EXPECT_TRUE(documented(gib(cap, "reserved"), "2", kinds2));
 }
 
