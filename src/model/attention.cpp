@@ -1,9 +1,11 @@
 #include "model/attention.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/check.h"
 #include "ops/bias.h"
+#include "ops/cast.h"
 #include "ops/qkv_layout.h"
 #include "ops/rmsnorm.h"
 
@@ -87,19 +89,44 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (prepare_core_ && core_.cp().size() == 1 && a.mode() != Arena::Mode::Plan)
     ops::attention_prepare(a.exec(), shape_, nullptr);
   const int64_t n = S * B;
+  // The projections' bf16 path (the test LinearGemms makes) decides the bf16 dataflow.
+  store16_ = std::is_same_v<T, float> && qkv_->has_bf16_copy();
+  saved_ = AttentionSaved<T>{};
   if (q_norm_ != nullptr) {
     saved_.q_raw = a.alloc<T>(n * Hq_ * D_, "attn.q_raw");
     saved_.k_raw = a.alloc<T>(n * Hkv_ * D_, "attn.k_raw");
     saved_.rstd_q = a.alloc<T>(n * Hq_, "attn.rstd_q");
     saved_.rstd_k = a.alloc<T>(n * Hkv_, "attn.rstd_k");
   }
-  saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
-  saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
-  saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
-  {
-    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
-    saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
-    saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
+  if (store16_) {
+    saved_.q16 = a.alloc<bf16>(n * Hq_ * D_, "attn.q16");
+    saved_.k16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.k16");
+    saved_.v16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.v16");
+    {
+      // With core_attn recomputed the backward recomputes the output from q, k, v into its f32
+      // workspace and never reads out16: it is planned as recomputed (so the plan shrinks by
+      // the reported saving, as the f32 core_out does) and left unwritten.
+      Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+      saved_.out16 = a.alloc<bf16>(n * Hq_ * D_, "attn.core_out16");
+      saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
+    }
+    q_w_ = a.alloc<T>(n * Hq_ * D_, "attn.q32", MemKind::Workspace);
+    k_w_ = a.alloc<T>(n * Hkv_ * D_, "attn.k32", MemKind::Workspace);
+    v_w_ = a.alloc<T>(n * Hkv_ * D_, "attn.v32", MemKind::Workspace);
+    out_w_ = a.alloc<T>(n * Hq_ * D_, "attn.core_out32", MemKind::Workspace);
+  } else {
+    saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
+    saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
+    saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
+    {
+      Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+      saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
+      saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
+    }
+    q_w_ = saved_.q;
+    k_w_ = saved_.k;
+    v_w_ = saved_.v;
+    out_w_ = saved_.core_out;
   }
   pos_T_ = a.alloc<int32_t>(n, "attn.positions", MemKind::State);
   qkv_TC_ = a.alloc<T>(n * (Hq_ + 2 * Hkv_) * D_, "attn.qkv", MemKind::Workspace);
@@ -118,6 +145,23 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (pos_T_ != nullptr) core_.positions(pos_T_);
 }
 
+namespace {
+// --bf16: x (f32 storage) rounded to its bf16 values in place, where Megatron-Core's op writes
+// bf16; the f32 work of the next op then reads exactly what a bf16 read would give it.
+template <typename T>
+void round_bf16(const Exec& ex, DevPtr<T> x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) ops::round_f32_to_bf16(ex, x, DevPtr<const float>(x), n);
+}
+template <typename T>
+void store_bf16(const Exec& ex, DevPtr<bf16> y, DevPtr<const T> x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) ops::cast_f32_to_bf16(ex, y, x, n);
+}
+template <typename T>
+void load_bf16(const Exec& ex, DevPtr<T> y, DevPtr<const bf16> x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) ops::cast_bf16_to_f32(ex, y, x, n);
+}
+}  // namespace
+
 template <typename T>
 void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   const int64_t n = shape_.S * shape_.B;
@@ -126,54 +170,97 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   const DevPtr<const T> x = tp_.enter(*ex_, x_TH, x_full_, n, H_);
   lin_.forward(qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->compute_as<T>(), n, C);
+  // --bf16: the QKV GEMM's output is bf16 (its bias added in the f32 epilogue, then rounded
+  // once), computed here as the f32-output GEMM into the f32 workspace qkv_TC_ and a rounding
+  // pass, bitwise what a bf16 epilogue computes on the CPU. The one place to switch to a
+  // bf16-output GEMM (ops/gemm_bf16.h) when the projections have one.
+  if (store16_) round_bf16(*ex_, qkv_TC_, n * C);
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
   if (q_norm_ != nullptr) {
-    ops::split_qkv(*ex_, saved_.q_raw, saved_.k_raw, saved_.v, qkv_TC_, qs);
-    ops::rmsnorm_forward(*ex_, saved_.q, saved_.rstd_q, saved_.q_raw, q_norm_->compute_as<T>(),
-                         n * Hq_, D_, eps_);
-    ops::rmsnorm_forward(*ex_, saved_.k, saved_.rstd_k, saved_.k_raw, k_norm_->compute_as<T>(),
-                         n * Hkv_, D_, eps_);
+    ops::split_qkv(*ex_, saved_.q_raw, saved_.k_raw, v_w_, qkv_TC_, qs);
+    qk_norm_forward(q_w_, saved_.rstd_q, saved_.q_raw, *q_norm_, n * Hq_);
+    qk_norm_forward(k_w_, saved_.rstd_k, saved_.k_raw, *k_norm_, n * Hkv_);
   } else {
-    ops::split_qkv(*ex_, saved_.q, saved_.k, saved_.v, qkv_TC_, qs);
+    ops::split_qkv(*ex_, q_w_, k_w_, v_w_, qkv_TC_, qs);
   }
   if (rope_on_) {
-    ops::rope_forward(*ex_, saved_.q, saved_.q, pos_T_, n, Hq_, rope_);
-    ops::rope_forward(*ex_, saved_.k, saved_.k, pos_T_, n, Hkv_, rope_);
+    // RoPE reads bf16 values, computes in f32 and (--bf16) writes bf16.
+    ops::rope_forward(*ex_, q_w_, q_w_, pos_T_, n, Hq_, rope_);
+    ops::rope_forward(*ex_, k_w_, k_w_, pos_T_, n, Hkv_, rope_);
+    if (store16_) {
+      round_bf16(*ex_, q_w_, n * Hq_ * D_);
+      round_bf16(*ex_, k_w_, n * Hkv_ * D_);
+    }
   }
-  core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
+  if (store16_) {  // saved for the backward in bf16 (exact: they hold bf16 values)
+    store_bf16(*ex_, saved_.q16, DevPtr<const T>(q_w_), n * Hq_ * D_);
+    store_bf16(*ex_, saved_.k16, DevPtr<const T>(k_w_), n * Hkv_ * D_);
+    store_bf16(*ex_, saved_.v16, DevPtr<const T>(v_w_), n * Hkv_ * D_);
+  }
+  core_.forward(out_w_, saved_.lse, q_w_, k_w_, v_w_, drop_);
+  core_out_rounded();
+  if (saved_.out16 != nullptr && !recompute_core_)
+    store_bf16(*ex_, saved_.out16, DevPtr<const T>(out_w_), n * Hq_ * D_);
   // The row-parallel projection's partial sum: into y itself without SP (the all-reduce is in
   // place), else into the whole-token buffer that is reduce-scattered into y.
   const DevPtr<T> partial = tp_.sequence_parallel() ? y_full_ : y_TH;
-  lin_.forward(partial, saved_.core_out, *proj_, n, H_, Hq_ * D_);
+  lin_.forward(partial, out_w_, *proj_, n, H_, Hq_ * D_, store16_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_forward(*ex_, partial, proj_bias_->compute_as<T>(), n, H_);
   tp_.leave(*ex_, partial, y_TH, n, H_);
 }
 
 template <typename T>
+void SelfAttention<T>::qk_norm_forward(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x,
+                                       const Param& w, int64_t rows) {
+  if constexpr (std::is_same_v<T, float>) {
+    // --bf16: the norm writes bf16 (its f32 math rounded once), RoPE's input.
+    if (store16_)
+      return ops::rmsnorm_forward_bf16w(*ex_, y, rstd, x, w.compute_as<T>(), rows, D_, eps_);
+  }
+  ops::rmsnorm_forward(*ex_, y, rstd, x, w.compute_as<T>(), rows, D_, eps_);
+}
+
+template <typename T>
+void SelfAttention<T>::core_out_rounded() {
+  // --bf16: the core writes bf16 (f32 softmax and sums inside), the projection's input.
+  if (store16_) round_bf16(*ex_, out_w_, shape_.S * shape_.B * Hq_ * D_);
+}
+
+template <typename T>
 void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   const int64_t n = shape_.S * shape_.B;
   const ops::QkvShape qs{n, Hq_, Hkv_, D_};
-  if (recompute_core_)
-    core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
+  if (store16_) {  // the core's f32 operands again (their workspaces were other layers')
+    load_bf16(*ex_, q_w_, DevPtr<const bf16>(saved_.q16), n * Hq_ * D_);
+    load_bf16(*ex_, k_w_, DevPtr<const bf16>(saved_.k16), n * Hkv_ * D_);
+    load_bf16(*ex_, v_w_, DevPtr<const bf16>(saved_.v16), n * Hkv_ * D_);
+    if (!recompute_core_) load_bf16(*ex_, out_w_, DevPtr<const bf16>(saved_.out16), n * Hq_ * D_);
+  }
+  if (recompute_core_) {
+    core_.forward(out_w_, saved_.lse, q_w_, k_w_, v_w_, drop_);
+    core_out_rounded();
+  }
   const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
-  lin_.backward(dcore_, dy, saved_.core_out, *proj_, n, H_, Hq_ * D_);
-  core_.backward(dq_, dk_, dv_, dcore_, saved_.q, saved_.k, saved_.v, saved_.core_out, saved_.lse,
-                 drop_);
+  lin_.backward(dcore_, dy, out_w_, *proj_, n, H_, Hq_ * D_, store16_);
+  core_.backward(dq_, dk_, dv_, dcore_, q_w_, k_w_, v_w_, out_w_, saved_.lse, drop_);
+  // dq, dk, dv stay f32 (TE writes them in bf16): rounded, they moved the final weights of the
+  // --bf16 TP x EP layout rows (MtpParity.LayoutsBf16) past their row; the QKV GEMM's backward
+  // reads their bf16 values.
   if (rope_on_) {
     ops::rope_backward(*ex_, dq_, dq_, pos_T_, n, Hq_, rope_);
     ops::rope_backward(*ex_, dk_, dk_, pos_T_, n, Hkv_, rope_);
   }
   if (q_norm_ != nullptr) {
-    // dq/dk now hold gradients w.r.t. the normed q/k; the core-attention buffers q/k are free
-    // for the pre-norm gradients.
-    ops::rmsnorm_backward(*ex_, saved_.q, q_norm_->grad_as<T>(), dq_, saved_.q_raw,
+    // dq/dk now hold gradients w.r.t. the normed q/k; the core's q/k operands are free for the
+    // pre-norm gradients.
+    ops::rmsnorm_backward(*ex_, q_w_, q_norm_->grad_as<T>(), dq_, saved_.q_raw,
                           q_norm_->compute_as<T>(), saved_.rstd_q, n * Hq_, D_);
-    ops::rmsnorm_backward(*ex_, saved_.k, k_norm_->grad_as<T>(), dk_, saved_.k_raw,
+    ops::rmsnorm_backward(*ex_, k_w_, k_norm_->grad_as<T>(), dk_, saved_.k_raw,
                           k_norm_->compute_as<T>(), saved_.rstd_k, n * Hkv_, D_);
-    ops::fuse_qkv(*ex_, qkv_TC_, saved_.q, saved_.k, dv_, qs);
+    ops::fuse_qkv(*ex_, qkv_TC_, q_w_, k_w_, dv_, qs);
   } else {
     ops::fuse_qkv(*ex_, qkv_TC_, dq_, dk_, dv_, qs);
   }

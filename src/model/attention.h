@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/arena.h"
+#include "core/dtype.h"
 #include "model/config.h"
 #include "nn/linear_gemms.h"
 #include "nn/param_registry.h"
@@ -42,6 +43,13 @@ struct AttentionSaved {
   DevPtr<T> v = nullptr;           // [S, B, Hkv, D]
   DevPtr<T> core_out = nullptr;    // [S, B, Hq, D]
   DevPtr<T> lse = nullptr;         // [B, Hq, S]
+  // --bf16 (T = float): q, k, v and the core's output are kept in bf16 instead of the four
+  // above (which stay null), as Megatron-Core keeps them; the core's output only when it is
+  // not recomputed. lse stays f32 (the softmax statistics, as TE's).
+  DevPtr<bf16> q16 = nullptr;    // [S, B, Hq, D] after RoPE
+  DevPtr<bf16> k16 = nullptr;    // [S, B, Hkv, D] after RoPE
+  DevPtr<bf16> v16 = nullptr;    // [S, B, Hkv, D]
+  DevPtr<bf16> out16 = nullptr;  // [S, B, Hq, D]
 };
 
 template <typename T>
@@ -61,6 +69,9 @@ class SelfAttention {
   // allocate(), the block says so with input_rounded() when widened_bf16().
   bool widened_bf16() const { return lin_.widened(); }
   void input_rounded() { x_rounded_ = widened_bf16(); }
+  // --bf16 with T = float, after allocate(): q, k, v and the core's output kept in bf16
+  // (AttentionSaved); the projections read bf16 inputs.
+  bool stores_bf16() const { return store16_; }
   // Dropout on the attention probabilities of the next forward, its recomputation and its
   // backward (null: none). The caller owns *drop.
   // Its head0 must be first_head().
@@ -72,6 +83,12 @@ class SelfAttention {
   void backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH);  // dx assigned, weight grads accumulated
 
  private:
+  // q or k normed over the head dim (--qk-layernorm), written as bf16 values under store16_.
+  void qk_norm_forward(DevPtr<T> y, DevPtr<T> rstd, DevPtr<const T> x, const Param& w,
+                       int64_t rows);
+  // out_w_ rounded to bf16 values under store16_ (the core's bf16 output).
+  void core_out_rounded();
+
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // The projections: GEMMs in T, or bf16 inputs with f32 accumulation under --bf16.
   nn::LinearGemms<T> lin_;
@@ -94,7 +111,16 @@ class SelfAttention {
   ops::AttentionShape shape_;
   bool bf16_;          // --bf16: the core may take cuDNN's fused attention (shape_.bf16)
   bool prepare_core_;  // --bf16 without attention dropout: its graphs built in allocate()
+  // --bf16 with T = float (the projections' bf16 path): the bf16 dataflow below.
+  bool store16_ = false;
   AttentionSaved<T> saved_;
+  // The core's f32 operands: saved_'s q, k, v, core_out, or under store16_ transient workspaces
+  // holding the bf16 values of q16, k16, v16, out16 (written by the forward, widened again in
+  // the backward): the core computes in f32 on bf16 values, as a kernel reading bf16 would.
+  DevPtr<T> q_w_ = nullptr;
+  DevPtr<T> k_w_ = nullptr;
+  DevPtr<T> v_w_ = nullptr;
+  DevPtr<T> out_w_ = nullptr;
   DevPtr<int32_t> pos_T_ = nullptr;  // token positions, filled once (MemKind::State)
   DevPtr<T> qkv_TC_ = nullptr;       // projection output / its gradient
   DevPtr<T> dq_ = nullptr;

@@ -84,6 +84,9 @@ class MlaAttention {
   // no rounding pass; after allocate(), the block says so with input_rounded().
   bool widened_bf16() const { return lin_.widened(); }
   void input_rounded() { x_rounded_ = widened_bf16(); }
+  // --bf16 with T = float, after allocate(): the block input is read only by bf16 GEMMs (the
+  // down projections), so the block may keep it in bf16 (TransformerBlock).
+  bool reads_input_as_bf16() const { return lin_.bf16(); }
   // Dropout on the attention probabilities (null: none). The caller owns *drop; its head0 must
   // be first_head().
   void set_dropout(const ops::AttentionDropout* drop) { drop_ = drop; }

@@ -117,9 +117,20 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (round_n1_ && mla_ != nullptr) mla_->input_rounded();
   round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
   if (round_n2_) mlp_->input_rounded();
+  // --bf16 (the attention's projections read bf16): n1 kept in bf16, read back in the backward.
+  // With the layernorm recomputation the backward recomputes n1 into its f32 workspace and
+  // never reads n1_16: planned as recomputed (the plan shrinks by the reported saving, the bf16
+  // bytes a kept n1 would take) and left unwritten.
+  const bool bf16_n1 = attn_ != nullptr ? attn_->stores_bf16() : mla_->reads_input_as_bf16();
+  n1_16_ = nullptr;
   {
     Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
-    n1_ = a.alloc<T>(n_loc_ * H_, "block.norm1");
+    if (bf16_n1) {
+      n1_16_ = a.alloc<bf16>(n_loc_ * H_, "block.norm1_16");
+      n1_ = a.alloc<T>(n_loc_ * H_, "block.norm1_32", MemKind::Workspace);
+    } else {
+      n1_ = a.alloc<T>(n_loc_ * H_, "block.norm1");
+    }
     n2_ = a.alloc<T>(n_loc_ * H_, "block.norm2");
   }
   norm1_.allocate(a, n_loc_, "block.rstd1");
@@ -236,6 +247,7 @@ void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool rec
     mla_->set_dropout(drop);
   attn_drop_.counters = counters_;
   norm1_.forward(*ex_, n1_, x_TH, n_loc_, round_n1_);
+  store_n1();
   if (attn_ != nullptr)
     attn_->forward(branch_, n1_);
   else
@@ -294,6 +306,7 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
     x_in = x_scratch_;
   }
   if (recompute_norms_) norm1_.forward(*ex_, n1_, x_in, n_loc_, round_n1_);
+  load_n1();
   DevPtr<const T> dattn = dx1_;
   if (dropping()) {
     for_each_dropout_run([&](int64_t row, int64_t rows, int64_t pos) {
@@ -309,6 +322,27 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
     mla_->backward(dn_, dattn);
   norm1_.backward(*ex_, branch_, dn_, x_in, n_loc_);
   ops::add(*ex_, dx_TH, dx1_, branch_, n);
+}
+
+template <typename T>
+void TransformerBlock<T>::store_n1() {
+  // The bf16 value of each element: the one the input GEMMs read (they cast or round their input
+  // to bf16 on both paths), so keeping n1 in bf16 leaves the numerics bitwise as they were.
+  // Two passes (the norm, a cast); a norm writing bf16 directly would be one.
+  if constexpr (std::is_same_v<T, float>) {
+    if (n1_16_ != nullptr && !recompute_norms_)
+      ops::cast_f32_to_bf16(*ex_, n1_16_, DevPtr<const float>(n1_), n_loc_ * H_);
+  }
+}
+
+template <typename T>
+void TransformerBlock<T>::load_n1() {
+  // n1's workspace was the other layers' meanwhile; the attention's backward reads it (its
+  // weight gradients' input). Widened: the bf16 values the GEMMs read in the forward.
+  if constexpr (std::is_same_v<T, float>) {
+    if (n1_16_ != nullptr && !recompute_norms_)
+      ops::cast_bf16_to_f32(*ex_, n1_, DevPtr<const bf16>(n1_16_), n_loc_ * H_);
+  }
 }
 
 template class TransformerBlock<float>;

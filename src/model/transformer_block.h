@@ -109,6 +109,9 @@ class TransformerBlock {
   void round_stream(DevPtr<T> y);
   void widen_kept(DevPtr<T> y, DevPtr<const bf16> x16);
   bool dropping() const { return training_ && hidden_p_ > 0; }
+  // --bf16: n1 into its bf16 copy after the norm; back into n1_ before the attention's backward.
+  void store_n1();
+  void load_n1();
 
   // The MoE layer's input (moe_in) and output: its slice of the stream without SP.
   void moe_forward(DevPtr<const T> x, bool recompute);
@@ -149,6 +152,12 @@ class TransformerBlock {
   std::unique_ptr<moe::MoELayer<T>> moe_;
   std::unique_ptr<nn::MLP<T>> mlp_;
   DevPtr<const T> x_TH_ = nullptr;
+  // n1 feeds only the attention's bf16 GEMMs under --bf16 (T = float; QKV or MLA's down
+  // projections): it is kept for the
+  // backward in bf16 (n1_16_, Megatron-Core's bf16 norm output), n1_ then the transient f32
+  // workspace the attention reads (its values rounded to bf16), refilled from n1_16_ before
+  // the attention's backward. Null without --bf16 or when n1 is recomputed.
+  DevPtr<bf16> n1_16_ = nullptr;
   DevPtr<T> n1_ = nullptr;
   DevPtr<T> x1_ = nullptr;  // null with the bf16 residual (x1 in y, then in dx1_)
   // bf16 residual: the kept bf16 copies of x1 and (keep_input_bf16) of the input x, and the

@@ -15,6 +15,7 @@
 #include "common/testing.h"
 #include "core/arena.h"
 #include "model/mla_attention.h"
+#include "ops/gemm_bf16.h"
 
 namespace moecore::model {
 namespace {
@@ -266,6 +267,10 @@ TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
     };
     // form 0: f32, 1: bf16, 2: widened. The arena holds the gradients read below.
     auto run = [&](ParamRegistry& params, Arena& arena, int form) {
+      // The widened copies are the widen path's: run them on it (the native path reads bf16
+      // copies, which a widened registry does not keep).
+      const ops::Bf16GemmPath chosen = ops::bf16_gemm_path();
+      if (form == 2) ops::set_bf16_gemm_path(ops::Bf16GemmPath::Widen);
       if (form > 0) params.enable_bf16_copies(/*widened=*/form == 2);
       MlaAttention<float> attn(cfg, params, "attn", rope);
       testing::plan_layer(arena, params, 5, [&](Arena& a) { attn.allocate(a, S, B); });
@@ -273,6 +278,7 @@ TEST(MlaAttention, Bf16WeightFormsAgreeAndTrackF32) {
       Out o{std::vector<float>(N), std::vector<float>(N)};
       attn.forward(o.y.data(), xf.data());
       attn.backward(o.dx.data(), Rf.data());
+      ops::set_bf16_gemm_path(chosen);
       return o;
     };
     ParamRegistry p32{DType::F32}, p16{DType::F32}, p16w{DType::F32};

@@ -13,6 +13,10 @@
 #include "model/gpt_model.h"
 #include "nn/mlp.h"
 #include "ops/gemm_bf16.h"
+#include "ops/attention.h"
+#include "ops/qkv_layout.h"
+#include "ops/rope.h"
+#include "ops/rope_mla.h"
 #include "model/transformer_block.h"
 
 namespace moecore::model {
@@ -20,6 +24,16 @@ namespace moecore::model {
 using testing::host;
 using testing::random_ids;
 namespace {
+
+// The bf16 GEMM path that matches the registry's bf16 copies (as the trainer chooses them:
+// widened f32 copies for the widen path, bf16 ones for the native path), for the scope.
+struct Bf16PathForCopies {
+  explicit Bf16PathForCopies(bool widened) : chosen(ops::bf16_gemm_path()) {
+    ops::set_bf16_gemm_path(widened ? ops::Bf16GemmPath::Widen : ops::Bf16GemmPath::Native);
+  }
+  ~Bf16PathForCopies() { ops::set_bf16_gemm_path(chosen); }
+  ops::Bf16GemmPath chosen;
+};
 
 using testing::random_vec;
 
@@ -136,6 +150,89 @@ TEST_F(SelfAttentionTest, IsCausalOverSequence) {
   }
 }
 
+// --bf16: the attention block keeps Megatron-Core's bf16 activations. The QKV GEMM's output,
+// RoPE's output and the core's output are rounded to bf16 once each (f32 math inside), and both
+// GEMMs read bf16 inputs with f32 accumulation; against that dataflow built from the plain-loop
+// references (f64 GEMM sums), on both bf16 GEMM paths. The same dataflow without the three
+// roundings is checked to lie outside the tolerance, so a missing rounding point fails.
+TEST(SelfAttention, Bf16DataflowRoundsAsMegatron) {
+  constexpr int64_t S = 5, B = 2, n = S * B;
+  ModelConfig cfg = tiny_config();
+  cfg.hidden = 16;
+  cfg.bf16 = true;
+  const int64_t H = cfg.hidden, Hq = cfg.num_heads, Hkv = cfg.num_query_groups;
+  const int64_t D = cfg.head_dim(), C = (Hq + 2 * Hkv) * D;
+  auto r16 = [](float v) { return bf16_to_float(float_to_bf16(v)); };
+  const std::vector<float> x = random_vec<float>(n * H, 31);
+  std::vector<int32_t> pos(n);
+  for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(t / B);
+  for (bool widened : {false, true}) {
+    if (!widened && !ops::bf16_native_available()) {
+      std::printf("[ NOT RUN  ] native bf16 path: oneDNN runs below AVX-512 here\n");
+      continue;
+    }
+    SCOPED_TRACE(::testing::Message() << "widened=" << widened);
+    const Bf16PathForCopies path(widened);
+    ParamRegistry params(DType::F32);
+    params.enable_bf16_copies(widened);
+    const ops::RopeTables rope(S, D, cfg.rotary_base);
+    SelfAttention<float> attn(cfg, params, "attn", rope);
+    Arena arena;
+    testing::plan_layer(arena, params, 8, [&](Arena& a) { attn.allocate(a, S, B); });
+    params.refresh_bf16();
+    std::vector<float> y(n * H);
+    attn.forward(y.data(), x.data());
+    const float* wqkv = host(params.get("attn.linear_qkv.weight").data_as<float>());
+    const float* wproj = host(params.get("attn.linear_proj.weight").data_as<float>());
+    // y = in w^T over bf16 values, summed in f64; the output rounded to bf16 when asked.
+    auto linear = [&](std::vector<float>& out, const std::vector<float>& in, const float* w,
+                      int64_t N, int64_t K, bool round) {
+      out.assign(n * N, 0.f);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t o = 0; o < N; ++o) {
+          double acc = 0;
+          for (int64_t i = 0; i < K; ++i) acc += double(r16(in[t * K + i])) * r16(w[o * K + i]);
+          out[t * N + o] = round ? r16(float(acc)) : float(acc);
+        }
+      }
+    };
+    auto reference = [&](bool round) {
+      auto round_all = [&](std::vector<float>& v) {
+        if (round)
+          for (float& e : v) e = r16(e);
+      };
+      std::vector<float> qkv, q(n * Hq * D), k(n * Hkv * D), v(n * Hkv * D), qr(q.size()),
+          kr(k.size()), out(q.size()), lse(B * Hq * S), yr;
+      linear(qkv, x, wqkv, C, H, round);
+      ops::split_qkv_ref(q.data(), k.data(), v.data(), qkv.data(), ops::QkvShape{n, Hq, Hkv, D});
+      ops::rope_forward_ref(qr.data(), q.data(), pos.data(), n, Hq, D, cfg.rotary_base);
+      ops::rope_forward_ref(kr.data(), k.data(), pos.data(), n, Hkv, D, cfg.rotary_base);
+      round_all(qr);
+      round_all(kr);
+      ops::attention_forward_ref(out.data(), lse.data(), qr.data(), kr.data(), v.data(),
+                                 ops::AttentionShape{S, B, Hq, Hkv, D}, nullptr);
+      round_all(out);
+      linear(yr, out, wproj, H, Hq * D, false);
+      return yr;
+    };
+    const std::vector<float> y_ref = reference(true), y_unrounded = reference(false);
+    double rms = 0;
+    for (float e : y_ref) rms += double(e) * e;
+    rms = std::sqrt(rms / double(y_ref.size()));
+    ASSERT_GT(rms, 0);
+    // f32 sums in the block vs f64 here, and the fast paths vs the references: ~1e-7 of rms;
+    // a missing or extra rounding to bf16 moves y by ~2^-9 of rms.
+    const double tol = 1e-5 * rms;
+    double worst = 0, moved = 0;
+    for (int64_t i = 0; i < n * H; ++i) {
+      worst = std::max(worst, std::abs(double(y[i]) - y_ref[i]));
+      moved = std::max(moved, std::abs(double(y_unrounded[i]) - y_ref[i]));
+    }
+    EXPECT_LE(worst, tol);
+    EXPECT_GT(moved, 10 * tol) << "the roundings do not move y: the test checks nothing";
+  }
+}
+
 // Every activation, with and without biases (set away from their zero init so they act).
 TEST(MLP, FiniteDifferences) {
   const int64_t n = 5, H = 4, F = 3;
@@ -213,6 +310,63 @@ TEST(MLP, RecomputationIsBitwiseWithGeluAndBiases) {
     ASSERT_EQ(kept.grads.size(), 4u);
     for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(kept.grads[i], again.grads[i]) << i;
   }
+}
+
+// --bf16 keeps the input norm's output n1 in bf16 and its f32 values in the layer's workspace,
+// which the next layer's forward overwrites: the backward refills it. A block's backward after
+// the next layer's forward gives bitwise the gradients of a backward right after its own forward,
+// with self-attention and with multi-latent attention.
+void expect_bf16_norm_output_survives_the_next_layer(bool mla) {
+  SCOPED_TRACE(mla ? "multi-latent attention" : "self-attention");
+  ModelConfig cfg = tiny_config();
+  cfg.hidden = 16;
+  cfg.bf16 = true;
+  cfg.moe_layer_pattern = {0, 0};  // two dense layers: the same workspace offsets
+  if (mla) {
+    cfg.multi_latent_attention = true;
+    cfg.mla.q_lora_rank = 6;
+    cfg.mla.kv_lora_rank = 5;
+    cfg.mla.qk_head_dim = 3;
+    cfg.mla.qk_pos_emb_head_dim = 4;
+    cfg.mla.v_head_dim = 5;
+  }
+  const int64_t S = 4, B = 2, n = S * B, H = cfg.hidden;
+  const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
+  const ops::RopeMlaTables mla_rope(S, cfg.mla.rope_spec(cfg.rotary_base));
+  ParamRegistry params(DType::F32);
+  const Bf16PathForCopies path(/*widened=*/true);
+  params.enable_bf16_copies(true);
+  TransformerBlock<float> b0(cfg, 0, params, rope, nullptr, 0, &mla_rope.cache()),
+      b1(cfg, 1, params, rope, nullptr, 0, &mla_rope.cache());
+  Arena arena;
+  testing::plan_layer(arena, params, 8, [&](Arena& a) {
+    b0.allocate(a, S, B);
+    b1.allocate(a, S, B);
+  });
+  params.refresh_bf16();
+  const auto x = random_vec<float>(n * H, 41), dy = random_vec<float>(n * H, 42);
+  auto grads = [&](bool next_layer_between) {
+    std::vector<float> y0(n * H), y1(n * H), dx(n * H);
+    params.zero_grads();
+    b0.forward(y0.data(), x.data());
+    if (next_layer_between) b1.forward(y1.data(), y0.data());
+    b0.backward(dx.data(), dy.data(), 1.0);
+    std::vector<float> all = dx;
+    for (const Param& p : params.params()) {
+      if (!p.name().starts_with("decoder.layers.0.")) continue;
+      const float* g = host(p.grad_as<float>());
+      all.insert(all.end(), g, g + p.local_numel());
+    }
+    return all;
+  };
+  const std::vector<float> alone = grads(false), between = grads(true);
+  ASSERT_EQ(alone.size(), between.size());
+  EXPECT_EQ(alone, between);
+}
+
+TEST(TransformerBlock, Bf16KeptNormOutputSurvivesTheNextLayer) {
+  expect_bf16_norm_output_survives_the_next_layer(false);
+  expect_bf16_norm_output_survives_the_next_layer(true);
 }
 
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {
