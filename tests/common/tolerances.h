@@ -123,6 +123,12 @@ inline constexpr double kParityBf16WeightAtol = 3e-3;  // the tests' peak learni
 // both GEMM paths (kParityBf16Rtol above): lm 6.0e-5 = u / 65, aux / z 1.7e-4 = u / 23, grad norm
 // 2.4e-3 = u / 1.6. One rank's learning rate x 1.1 in step 5 moves the next steps' lm by 4.2e-4
 // (u / 9), in step 8 by 2.2e-4 (u / 18).
+// The first update leaves out the elements that moved less than lr / 2 in both runs: Adam's
+// first step is lr g / (|g| + eps), so their gradients were below eps in both, where the layouts'
+// rounding noise sets the sign (with the residual stream and the MoE way back in bf16, one
+// element of MLA's 512-element linear_kv_down_proj.weight at TP 2 + SP x ETP 2, native path,
+// had a gradient of +8.7e-10 in one run and -6.6e-10 in the other: 2.15 u for that tensor with
+// it, 0.083 u without; a layout's update scaled by 1.01 gives 2.6 u).
 inline constexpr double kBf16UnitRoundoff = 0x1p-8;
 inline constexpr double kParityBf16FirstUpdateRelNorm = kBf16UnitRoundoff;
 inline constexpr double kParityBf16StepLmRtol = kBf16UnitRoundoff / 32;
