@@ -12,6 +12,7 @@
 
 #include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
+#include "common/pipeline_stages.h"
 #include "model/gpt_model.h"
 #include "model/transformer_block.h"
 #include "ops/gemm_bf16.h"
@@ -297,32 +298,11 @@ void expect_chunks_compose(bool tied) {
   EXPECT_TRUE(last.shared_embedding()->spec.pipeline_copy);
   EXPECT_EQ(first.shared_embedding(), &first.params().get("embedding.word_embeddings.weight"));
   EXPECT_EQ(last.params().find("output_layer.weight") != nullptr, !tied);
-  auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
-  targets[1][4] = -1;
-  std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
-  std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
-  const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {
-    return MicroBatchIO{ids[mb].data(), targets[mb].data(), &r[mb], &t[mb * E], &counters[mb]};
-  };
-  for (GPTModel<double>* m : {&whole, &first, &last}) m->params().zero_grads();
-  for (int mb = 0; mb < 2; ++mb) {
-    whole.forward(io(rw, tw, mb));
-    whole.backward(0.5);
-  }
-  std::vector<std::vector<double>> act(2), grad(2);
-  for (int mb = 0; mb < 2; ++mb) {
-    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb);
-    const double* out = host(first.chunk_output(0));
-    act[mb].assign(out, out + first.boundary_elems());
-    last.forward_chunk(0, io(rl, tl, mb), act[mb].data(), mb);
-    last.backward_chunk(0, 0.5, nullptr, mb);
-    const double* g = host(last.input_grad());
-    grad[mb].assign(g, g + last.boundary_elems());
-  }
-  for (int mb = 0; mb < 2; ++mb) {
-    first.forward_chunk(0, io(rf, tf, mb), nullptr, mb, /*replay=*/true);
-    first.backward_chunk(0, 0.5, grad[mb].data(), mb);
-  }
+  testing::MicroBatches batches = testing::two_micro_batches(n, cfg.vocab_size);
+  batches.targets[1][4] = -1;
+  const testing::StageReports reports =
+      testing::run_whole_and_two_stages(whole, first, last, batches, E);
+  const auto &rw = reports.whole, &rf = reports.first, &rl = reports.last;
   for (int mb = 0; mb < 2; ++mb) {
     EXPECT_EQ(rl[mb].lm_loss_sum, rw[mb].lm_loss_sum) << mb;
     for (int j = 0; j < 2; ++j) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/layer_testing.h"
+#include "common/pipeline_stages.h"
 #include "model/gpt_model.h"
 #include "ops/cast.h"
 
@@ -88,31 +89,10 @@ TEST(Bf16Residual, WholeModelEqualsItsPipelineStagesBitwise) {
                           {parallel::VirtualStage{0, 2, 0, true, false}});
     GPTModel<float> last(cfg, B, 7, nullptr, false, cpu_exec(),
                          {parallel::VirtualStage{2, 2, 0, false, true}});
-    auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
-    std::vector<ops::MicroBatchReport> rw(2), rf(2), rl(2);
-    std::vector<int64_t> tw(2 * E), tf(2 * E), tl(2 * E);
-    const auto io = [&](std::vector<ops::MicroBatchReport>& r, std::vector<int64_t>& t, int mb) {
-      return MicroBatchIO{ids[mb].data(), targets[mb].data(), &r[mb], &t[mb * E], &counters[mb]};
-    };
-    for (GPTModel<float>* m : {&whole, &first, &last}) m->params().zero_grads();
-    for (int mb = 0; mb < 2; ++mb) {
-      whole.forward(io(rw, tw, mb));
-      whole.backward(0.5);
-    }
-    std::vector<std::vector<float>> act(2), grad(2);
-    for (int mb = 0; mb < 2; ++mb) {
-      first.forward_chunk(0, io(rf, tf, mb), nullptr, mb);
-      const float* out = host(first.chunk_output(0));
-      act[mb].assign(out, out + first.boundary_elems());
-      last.forward_chunk(0, io(rl, tl, mb), act[mb].data(), mb);
-      last.backward_chunk(0, 0.5, nullptr, mb);
-      const float* g = host(last.input_grad());
-      grad[mb].assign(g, g + last.boundary_elems());
-    }
-    for (int mb = 0; mb < 2; ++mb) {
-      first.forward_chunk(0, io(rf, tf, mb), nullptr, mb, /*replay=*/true);
-      first.backward_chunk(0, 0.5, grad[mb].data(), mb);
-    }
+    const testing::StageReports reports = testing::run_whole_and_two_stages(
+        whole, first, last, testing::two_micro_batches(n, cfg.vocab_size), E);
+    const auto& rw = reports.whole;
+    const auto& rl = reports.last;
     for (int mb = 0; mb < 2; ++mb) EXPECT_EQ(rl[mb].lm_loss_sum, rw[mb].lm_loss_sum) << mb;
     int compared = 0;
     for (const Param& w : whole.params().params()) {
