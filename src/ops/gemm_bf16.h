@@ -210,6 +210,18 @@ namespace cpu {
 void grouped_bias_round_bf16(bf16* y16, const float* h32, const float* bias_GN, const int64_t* m_G,
                              int64_t G, int64_t N);
 }  // namespace cpu
+// The bf16-output forms' epilogue: y16 = round_rne(h32 + bias) over the groups' rows (the CPU in
+// one pass; a device adds the bias in place, then casts).
+inline void grouped_bias_round_bf16(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G,
+                                    int64_t N, int64_t rows, DevPtr<const float> bias_GN,
+                                    DevPtr<bf16> y16, DevPtr<float> h32) {
+  if (ex.on_cpu())
+    return cpu::grouped_bias_round_bf16(raw_ptr(y16), raw_ptr(h32), raw_ptr(bias_GN),
+                                        raw_ptr(m_G), G, N);
+  if (bias_GN != nullptr)
+    grouped_bias_forward(ex, h32, bias_GN, DevPtr<const float>(nullptr), m_G, G, N);
+  cast_f32_to_bf16(ex, y16, DevPtr<const float>(h32), rows * N);
+}
 inline void grouped_gemm_bf16_out(const Exec& ex, DevPtr<const int64_t> m_G, int64_t G, int64_t N,
                                   int64_t K, int64_t rows, DevPtr<const bf16> x16,
                                   DevPtr<const bf16> w, bool trans_w, DevPtr<const float> bias_GN,
@@ -217,12 +229,7 @@ inline void grouped_gemm_bf16_out(const Exec& ex, DevPtr<const int64_t> m_G, int
                                   DevPtr<const float> w32 = nullptr, GroupedGemmWorkspace gws = {},
                                   int64_t rows_per_group = 0) {
   grouped_gemm_bf16(ex, m_G, G, N, K, x16, w, trans_w, h32, ws32, w32, gws, rows_per_group);
-  if (ex.on_cpu())
-    return cpu::grouped_bias_round_bf16(raw_ptr(y16), raw_ptr(h32), raw_ptr(bias_GN),
-                                        raw_ptr(m_G), G, N);
-  if (bias_GN != nullptr)
-    grouped_bias_forward(ex, h32, bias_GN, DevPtr<const float>(nullptr), m_G, G, N);
-  cast_f32_to_bf16(ex, y16, DevPtr<const float>(h32), rows * N);
+  grouped_bias_round_bf16(ex, m_G, G, N, rows, bias_GN, y16, h32);
 }
 // The same on f32 operands that hold bf16 values (the widen path's rounded activations and
 // widened weights, Param::data16w): the f32 grouped_gemm's products.
@@ -234,12 +241,7 @@ inline void grouped_gemm_widened_bf16_out(const Exec& ex, DevPtr<const int64_t> 
                                           GroupedGemmWorkspace gws = {},
                                           int64_t rows_per_group = 0) {
   grouped_gemm(ex, m_G, G, N, K, x32, w32, trans_w, h32, gws, rows_per_group);
-  if (ex.on_cpu())
-    return cpu::grouped_bias_round_bf16(raw_ptr(y16), raw_ptr(h32), raw_ptr(bias_GN),
-                                        raw_ptr(m_G), G, N);
-  if (bias_GN != nullptr)
-    grouped_bias_forward(ex, h32, bias_GN, DevPtr<const float>(nullptr), m_G, G, N);
-  cast_f32_to_bf16(ex, y16, DevPtr<const float>(h32), rows * N);
+  grouped_bias_round_bf16(ex, m_G, G, N, rows, bias_GN, y16, h32);
 }
 // The plain loops: f32 sums in k order, + bias, rounded to nearest even.
 void grouped_gemm_bf16_out_ref(const int64_t* m_G, int64_t G, int64_t N, int64_t K,
