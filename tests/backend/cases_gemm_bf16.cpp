@@ -417,7 +417,8 @@ void add_gemm_bf16_cases(std::vector<OpCase>& out) {
   out.push_back({"linear_bf16", {"linear_forward_bf16", "linear_backward_bf16"}, linear_bf16_case});
   out.push_back({"grouped_gemm_bf16", {"grouped_gemm_bf16"}, grouped_bf16_case});
   out.push_back({"grouped_gemm_bf16_out",
-                 {"grouped_gemm_bf16_out", "grouped_gemm_widened_bf16_out"},
+                 {"grouped_gemm_bf16_out", "grouped_gemm_widened_bf16_out",
+                  "grouped_bias_round_bf16"},
                  grouped_bf16_out_case});
   out.push_back({"grouped_gemm_wgrad_bf16", {"grouped_gemm_wgrad_bf16"}, grouped_wgrad_bf16_case});
   out.push_back(
