@@ -1,6 +1,7 @@
 #include "model/attention.h"
 
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "core/check.h"
@@ -98,35 +99,24 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     saved_.rstd_q = a.alloc<T>(n * Hq_, "attn.rstd_q");
     saved_.rstd_k = a.alloc<T>(n * Hkv_, "attn.rstd_k");
   }
-  if (store16_) {
-    saved_.q16 = a.alloc<bf16>(n * Hq_ * D_, "attn.q16");
-    saved_.k16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.k16");
-    saved_.v16 = a.alloc<bf16>(n * Hkv_ * D_, "attn.v16");
-    {
-      // With core_attn recomputed the backward recomputes the output from q, k, v into its f32
-      // workspace and never reads out16: it is planned as recomputed (so the plan shrinks by
-      // the reported saving, as the f32 core_out does) and left unwritten.
-      Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
-      saved_.out16 = a.alloc<bf16>(n * Hq_ * D_, "attn.core_out16");
-      saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
-    }
-    q_w_ = a.alloc<T>(n * Hq_ * D_, "attn.q32", MemKind::Workspace);
-    k_w_ = a.alloc<T>(n * Hkv_ * D_, "attn.k32", MemKind::Workspace);
-    v_w_ = a.alloc<T>(n * Hkv_ * D_, "attn.v32", MemKind::Workspace);
-    out_w_ = a.alloc<T>(n * Hq_ * D_, "attn.core_out32", MemKind::Workspace);
-  } else {
-    saved_.q = a.alloc<T>(n * Hq_ * D_, "attn.q");
-    saved_.k = a.alloc<T>(n * Hkv_ * D_, "attn.k");
-    saved_.v = a.alloc<T>(n * Hkv_ * D_, "attn.v");
-    {
-      Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
-      saved_.core_out = a.alloc<T>(n * Hq_ * D_, "attn.core_out");
-      saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
-    }
-    q_w_ = saved_.q;
-    k_w_ = saved_.k;
-    v_w_ = saved_.v;
-    out_w_ = saved_.core_out;
+  // A kept activation NAME of `elems`: under --bf16 a bf16 copy (NAME16) is kept and the f32 work
+  // runs in a transient workspace (NAME32); otherwise the kept f32 buffer is the workspace too.
+  const auto kept = [&](DevPtr<T>& f32, DevPtr<bf16>& copy16, int64_t elems,
+                        const std::string& name) {
+    if (!store16_) return f32 = a.alloc<T>(elems, name);
+    copy16 = a.alloc<bf16>(elems, name + "16");
+    return a.alloc<T>(elems, name + "32", MemKind::Workspace);
+  };
+  q_w_ = kept(saved_.q, saved_.q16, n * Hq_ * D_, "attn.q");
+  k_w_ = kept(saved_.k, saved_.k16, n * Hkv_ * D_, "attn.k");
+  v_w_ = kept(saved_.v, saved_.v16, n * Hkv_ * D_, "attn.v");
+  {
+    // With core_attn recomputed the backward recomputes the output from q, k, v into its f32
+    // workspace and never reads the kept output: it is planned as recomputed (so the plan shrinks
+    // by the reported saving) and, under --bf16, left unwritten.
+    Arena::Retag retag(a, MemKind::Activations, MemKind::Recomputed, recompute_core_);
+    out_w_ = kept(saved_.core_out, saved_.out16, n * Hq_ * D_, "attn.core_out");
+    saved_.lse = a.alloc<T>(B * Hq_ * S, "attn.lse");
   }
   pos_T_ = a.alloc<int32_t>(n, "attn.positions", MemKind::State);
   qkv_TC_ = a.alloc<T>(n * (Hq_ + 2 * Hkv_) * D_, "attn.qkv", MemKind::Workspace);
