@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "ops/cpu/store_bf16.h"
 #include "ops/permute.h"
 
 namespace moecore::ops {
@@ -95,33 +96,33 @@ void permute_rows_ref(T* y_NH, const T* x_TH, const int32_t* row_token_N, int64_
   }
 }
 
-template <typename T>
-void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
-                        int64_t K, int64_t H) {
+// y[t] = the sum of token t's K rows in k order, accumulated in Acc from the rows' values (bf16
+// widened exactly to f32).
+template <typename Acc, typename Y, typename X>
+void sum_token_rows(Y* y_TH, const X* x_NH, const int32_t* token_rows_TK, int64_t n_tok, int64_t K,
+                    int64_t H) {
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int64_t h = 0; h < H; ++h) {
-      double acc = 0;
+      Acc acc = 0;
       for (int64_t k = 0; k < K; ++k) {
-        int64_t r = token_rows_TK[t * K + k];
-        if (r >= 0) acc += double(x_NH[r * H + h]);
+        const int64_t r = token_rows_TK[t * K + k];
+        if (r >= 0) acc += Acc(cpu::widen(x_NH[r * H + h]));
       }
-      y_TH[t * H + h] = T(acc);
+      y_TH[t * H + h] = Y(acc);
     }
   }
 }
 
+template <typename T>
+void unpermute_rows_ref(T* y_TH, const T* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
+                        int64_t K, int64_t H) {
+  sum_token_rows<double>(y_TH, x_NH, token_rows_TK, n_tok, K, H);
+}
+
+// The bf16 rows' sum in f32 (the kernels' order and precision).
 void unpermute_rows_ref(float* y_TH, const bf16* x_NH, const int32_t* token_rows_TK, int64_t n_tok,
                         int64_t K, int64_t H) {
-  for (int64_t t = 0; t < n_tok; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
-      float acc = 0.f;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t r = token_rows_TK[t * K + k];
-        if (r >= 0) acc += bf16_to_float(x_NH[r * H + h]);
-      }
-      y_TH[t * H + h] = acc;
-    }
-  }
+  sum_token_rows<float>(y_TH, x_NH, token_rows_TK, n_tok, K, H);
 }
 
 // From the definition: for each local expert, for each source rank, that rank's kept slots of

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "ops/cast.h"
 
 namespace moecore::ops::cpu {
@@ -32,4 +33,5 @@ inline T widen(T v) {
   return v;
 }
 inline float widen(uint16_t b) { return bf16_bits_to_f32(b); }
+inline float widen(bf16 v) { return bf16_to_float(v); }
 }  // namespace moecore::ops::cpu
