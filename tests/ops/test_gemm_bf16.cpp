@@ -264,6 +264,24 @@ TEST(GemmBf16Path, WidenWithoutWorkspaceFailsLoudly) {
   }
 }
 
+// The native path cannot run without its bf16 copies of the f32 operands either.
+TEST(GemmBf16Path, NativeWithoutBf16WorkspaceFailsLoudly) {
+  if (!bf16_native_available()) GTEST_SKIP() << "this CPU has no native bf16 GEMM";
+  testing::ScopedBf16GemmPath scope(Bf16GemmPath::Native);
+  std::vector<bf16> w(6), x16(4), dy16(6);
+  std::vector<float> x(4), y(6), dy(6), dx(4), dw(6);
+  EXPECT_THROW(linear_forward_bf16(cpu_exec(), y.data(), x.data(), w.data(), 2, 3, 2, nullptr,
+                                   nullptr),
+               moecore::Error);
+  EXPECT_THROW(linear_backward_bf16(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(),
+                                    w.data(), 2, 3, 2, nullptr, x16.data(), nullptr),
+               moecore::Error);
+  EXPECT_THROW(linear_backward_bf16(cpu_exec(), dx.data(), dw.data(), dy.data(), x.data(),
+                                    w.data(), 2, 3, 2, dy16.data(), nullptr, nullptr),
+               moecore::Error);
+  linear_forward_bf16(cpu_exec(), y.data(), x.data(), w.data(), 2, 3, 2, x16.data(), nullptr);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, GemmBf16,
                          ::testing::Values(Bf16GemmPath::Native, Bf16GemmPath::Widen),
                          [](const ::testing::TestParamInfo<Bf16GemmPath>& info) {

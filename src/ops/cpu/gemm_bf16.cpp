@@ -174,6 +174,13 @@ void check_ws(const float* ws32, const char* who) {
             "*_workspace_elems functions of ops/gemm_bf16.h after choosing the path",
             who);
 }
+// The native path's bf16 copies of the f32 operands (x16, dy16).
+void check_ws16(const bf16* ws16, const char* what, const char* who) {
+  MOE_CHECK(ws16 != nullptr,
+            "[{}] the native bf16 path needs the bf16 workspace {} (it is null): plan it beside "
+            "the operand it holds",
+            who, what);
+}
 
 }  // namespace
 
@@ -283,6 +290,7 @@ void linear_forward_bf16(float* y_MN, const float* x_MK, const bf16* w_NK, int64
     }
     return linear_forward<float>(y_MN, x32, w32, M, N, K);
   }
+  if (M * K > 0) check_ws16(x16, "x16", "linear_forward_bf16");
   cast_f32_to_bf16(x16, x_MK, M * K);
   gemm_bf16(false, true, M, N, K, x16, K, w_NK, K, 0.f, y_MN, N, ws32);
 }
@@ -310,6 +318,8 @@ void linear_backward_bf16(float* dx_MK, float* dw_NK, const float* dy_MN, const 
     }
     return gemm<float>(true, false, N, K, M, 1.f, dy32, N, x32, K, 1.f, dw_NK, K);
   }
+  if (M * N > 0) check_ws16(dy16, "dy16", "linear_backward_bf16");
+  if (M * K > 0) check_ws16(x16, "x16", "linear_backward_bf16");
   cast_f32_to_bf16(dy16, dy_MN, M * N);
   if (dx_MK != nullptr) gemm_bf16(false, false, M, K, N, dy16, N, w_NK, K, 0.f, dx_MK, K, ws32);
   cast_f32_to_bf16(x16, x_MK, M * K);
