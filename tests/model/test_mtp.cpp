@@ -13,6 +13,7 @@
 #include "common/bf16_gemm_paths.h"
 #include "common/layer_testing.h"
 #include "common/pipeline_stages.h"
+#include "common/tiny_model_config.h"
 #include "model/gpt_model.h"
 #include "model/transformer_block.h"
 #include "ops/gemm_bf16.h"
@@ -24,22 +25,10 @@ using testing::host;
 using testing::random_ids;
 
 ModelConfig mtp_config(int64_t depths) {
-  ModelConfig cfg;
-  cfg.vocab_size = 11;
-  cfg.hidden = 8;
-  cfg.num_layers = 2;
-  cfg.num_heads = 4;
-  cfg.num_query_groups = 2;
-  cfg.ffn_hidden = 6;
-  cfg.seq_length = 5;
-  cfg.init_std = 0.3;
-  cfg.num_experts = 4;
+  ModelConfig cfg = testing::tiny_moe_config();
   cfg.moe_layer_pattern = {1, 0};  // the last layer dense: so is every MTP layer
-  cfg.moe.router.num_experts = 4;
-  cfg.moe.router.topk = 2;
   cfg.moe.router.aux_loss_coeff = 0.1;
   cfg.moe.router.z_loss_coeff = 0.01;
-  cfg.moe.ffn_hidden = 3;
   cfg.moe.shared_ffn_hidden = 4;
   cfg.tie_embeddings = false;
   cfg.mtp_num_layers = depths;

@@ -14,6 +14,7 @@
 
 #include "common/layer_testing.h"
 #include "common/pipeline_stages.h"
+#include "common/tiny_model_config.h"
 #include "model/gpt_model.h"
 #include "ops/cast.h"
 
@@ -23,19 +24,11 @@ namespace {
 using testing::host;
 
 ModelConfig resid_config() {
-  ModelConfig cfg;
-  cfg.vocab_size = 11;
+  ModelConfig cfg = testing::tiny_moe_config(4);
   cfg.hidden = 32;
-  cfg.num_layers = 4;
-  cfg.num_heads = 4;
-  cfg.num_query_groups = 2;
   cfg.ffn_hidden = 12;
-  cfg.seq_length = 5;
   cfg.init_std = 0.1;
-  cfg.num_experts = 4;
   cfg.moe_layer_pattern = {1, 0, 1, 1};
-  cfg.moe.router.num_experts = 4;
-  cfg.moe.router.topk = 2;
   cfg.moe.router.aux_loss_coeff = 0.1;
   cfg.moe.ffn_hidden = 6;
   cfg.tie_embeddings = false;

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "common/tiny_model_config.h"
 #include "model/gpt_model.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/process_groups.h"
@@ -112,20 +113,8 @@ TEST(PipelineBuffers, RecomputedForwards) {
 }
 
 ModelConfig tiny(bool tied, int64_t layers) {
-  ModelConfig cfg;
-  cfg.vocab_size = 11;
-  cfg.hidden = 8;
-  cfg.num_layers = layers;
-  cfg.num_heads = 4;
-  cfg.num_query_groups = 2;
-  cfg.ffn_hidden = 6;
-  cfg.seq_length = 5;
-  cfg.init_std = 0.3;
-  cfg.num_experts = 4;
+  ModelConfig cfg = testing::tiny_moe_config(layers);
   cfg.moe_layer_pattern.assign(layers, 1);
-  cfg.moe.router.num_experts = 4;
-  cfg.moe.router.topk = 2;
-  cfg.moe.ffn_hidden = 3;
   cfg.tie_embeddings = tied;
   return cfg;
 }
@@ -149,7 +138,7 @@ TEST(PipelineBuffers, RunnerPlansTheCounts) {
     const parallel::PipelineLayout pl = parallel::pipeline_layout(pc, k.layers);
     const parallel::Layout layout = parallel::make_layout(pc, k.pp);
     for (int r = 0; r < k.pp; ++r) {
-      SCOPED_TRACE(testing::Message() << "pp " << k.pp << " vp " << k.vp << " M " << k.m
+      SCOPED_TRACE(::testing::Message() << "pp " << k.pp << " vp " << k.vp << " M " << k.m
                                       << " tied " << k.tied << " rank " << r);
       const auto groups = plan::sizing_groups(layout, r);
       const int stage = groups->pp_stage();

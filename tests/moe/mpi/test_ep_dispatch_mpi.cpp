@@ -24,6 +24,7 @@
 
 #include "common/layer_testing.h"
 #include "common/mpi_testing.h"
+#include "common/tiny_model_config.h"
 #include "model/gpt_model.h"
 #include "moe/allgather_dispatcher.h"
 #include "moe/alltoall_dispatcher.h"
@@ -753,20 +754,9 @@ TEST(EpGPTModelMpi, EachRankMatchesTheOneRankModelOnItsMicroBatch) {
       Communicator& c = ep_comm(g);
       const int me = c.rank();
       SCOPED_TRACE(::testing::Message() << "EP=" << c.size() << " gate+output bias=" << qwen);
-      ModelConfig cfg;
-      cfg.vocab_size = 11;
-      cfg.hidden = 8;
-      cfg.num_layers = 2;
+      ModelConfig cfg = testing::tiny_moe_config();
       cfg.num_heads = 2;
-      cfg.num_query_groups = 2;
-      cfg.ffn_hidden = 6;
-      cfg.seq_length = 5;
-      cfg.init_std = 0.3;
-      cfg.num_experts = 4;
-      cfg.moe.router.num_experts = 4;
-      cfg.moe.router.topk = 2;
       cfg.moe.router.aux_loss_coeff = 0.1;
-      cfg.moe.ffn_hidden = 3;
       // Qwen-style: a gated shared expert and the attention output bias (dense, replicated).
       cfg.moe.shared_ffn_hidden = qwen ? 4 : 0;
       cfg.moe.shared_expert_gate = qwen;
