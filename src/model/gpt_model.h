@@ -351,6 +351,7 @@ class GPTModel {
   int64_t T_local_ = 0;                 // tp_.local_tokens(T_): the residual stream's tokens
   DevPtr<T> vp_full_ = nullptr;         // [T, H] with SP: the embedding's partial, the head input
   DevPtr<T> vp_dfull_ = nullptr;        // [T, H] with SP: the head's partial input gradient
+  DevPtr<bf16> vp_wire16_ = nullptr;    // --bf16 with SP: the head all-gather's bf16 staging
   DevPtr<T> vp_head_slice_ = nullptr;   // [Vp/tp, H] forward_logits' slice of another TP rank
   VocabHeadWorkspace<T> vp_ws_;
   // --bf16 on the native GEMM path: a vocabulary slice's bf16 values widened to f32 [Vp/tp, H]

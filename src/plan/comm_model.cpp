@@ -44,13 +44,19 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
   if (d.tp > 1) {
     const double g = d.tp, f = (g - 1) / g;
     const double N = T * H * tok;  // one [n, H] activation
+    // --bf16: the inputs of the attention's QKV projections, the dense MLPs' fc1 and the head
+    // (bf16 GEMMs, which read the input's bf16 values) are all-gathered as bf16
+    // (TensorParallel::enter with a staging buffer): 2 bytes also on the CPU. The gradients
+    // (leave's backward all-gather, every reduce-scatter and all-reduce) keep the activations'
+    // dtype: reduced in bf16 they would sum rounded partials.
+    const double N_in = T * H * (run.bf16 ? 2.0 : tok);
     // A TP region's forward and its backward (enter + leave each way). With SP the backward
     // also gathers the region's input again (the gathered input is workspace, not kept: the
     // weight gradients of the column-parallel projection read it), as Megatron does.
     const auto region = [&](GroupBytes& x, double times) {
       if (sp) {
-        x.all_gather += (times + 1) * N * f;  // enter (fwd) / leave's backward, the regather
-        x.reduce_scatter += times * N * f;    // leave (fwd) / enter's backward
+        x.all_gather += times * N_in * f + N * f;  // enter (fwd) and the regather / leave's bwd
+        x.reduce_scatter += times * N * f;         // leave (fwd) / enter's backward
       } else {
         x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
       }
@@ -120,7 +126,7 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     const double heads = 1.0 + static_cast<double>(m.mtp_num_layers);
     if (sp) {
       b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
-      b.tp_vocab.all_gather = heads * 2 * N * f;      // embedding leave's backward, head enter
+      b.tp_vocab.all_gather = heads * (N + N_in) * f;  // embedding leave's backward, head enter
     } else {
       b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
     }

@@ -166,8 +166,10 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
 // SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention and with
-// multi-latent attention (with q LoRA; with linear_q_proj and mla_up_proj). Every form is
-// deterministic (no routing in it), so they must be equal, byte for byte.
+// multi-latent attention (with q LoRA; with linear_q_proj and mla_up_proj), in f32 and --bf16
+// (with SP the inputs of the QKV projections, the dense MLPs and the head all-gathered as bf16:
+// 2 bytes an element, the gradients' collectives f32). Every form is deterministic (no routing
+// in it), so they must be equal, byte for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
@@ -187,17 +189,20 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
   const std::string mla =
       " --multi-latent-attention --kv-lora-rank 12 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
       " --v-head-dim 8 --qk-layernorm";
+  // A dense layer first (--moe-layer-freq): the dense MLP's TP region.
   const std::vector<std::pair<const char*, std::string>> models = {
       {"", ""},
+      {" dense+moe", " --moe-layer-freq [0,1]"},
       {" mla", mla + " --q-lora-rank 24"},
       {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"}};
   int compared = 0;
+  for (const char* precision : {"", " --bf16"})
   for (const auto& [name, extra] : models)
   for (const char* sp : {"", " --sequence-parallel"}) {
-    SCOPED_TRACE(std::string(name) + sp);
+    SCOPED_TRACE(std::string(name) + sp + precision);
     const std::string flags = std::string(" --micro-batch-size 2 --global-batch-size 2") +
                               " --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1" +
-                              sp + extra;
+                              sp + extra + precision;
     const testing::CommandResult p = testing::run_command(
         moecore() + " plan" + model + flags + " --hardware cpu --gpus 2 --json");
     ASSERT_EQ(p.exit_code, 0) << p.output;
@@ -216,14 +221,14 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     for (const char* form : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double want = plan["tp_bytes_per_step"][form].get<double>();
       const double got = m["tp_bytes"][form].get<double>();
-      std::printf("[plan vs measured] TP 2%-11s%-20s %-15s %10.0f / %10.0f B\n", name, sp, form,
-                  want, got);
+      std::printf("[plan vs measured] TP 2%-11s%-20s%-7s %-15s %10.0f / %10.0f B\n", name, sp,
+                  precision, form, want, got);
       EXPECT_EQ(want, got) << form;
     }
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 6);
+  EXPECT_EQ(compared, 16);
 #endif
 }
 
