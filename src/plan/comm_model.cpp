@@ -342,15 +342,23 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
   if (d.pp > 1) {
     // Each of a rank's chunks sends its output forward and its input's gradient backward for
     // every micro-batch, but the first virtual stage has no input to send back and the last no
-    // output: a middle rank crosses 2 vp boundaries per micro-batch, and with pp 2 every rank
-    // holds one end (2 vp - 1). The busiest rank's bytes.
+    // output: a middle rank sends vp activations and vp gradients per micro-batch; the first
+    // rank vp and vp - 1, the last vp - 1 and vp. Under --bf16 the activations (the residual
+    // stream, bf16 values unless --fp32-residual-connection) move as bf16
+    // (pipeline::ChunkBoundary), the gradients in the activations' dtype (f32 on the CPU). The
+    // busiest rank's bytes; one activation per boundary (an MTP stage's boundaries are wider).
     const int vp = virtual_stages(m, run);
-    const int crossings = 2 * vp - (d.pp == 2 ? 1 : 0);
+    const double act = run.bf16 && !run.fp32_residual_connection ? 2.0 : tok, grad = tok;
+    const double A = T / sp * H * n_micro;  // elements of one boundary over the step
+    const double acts = d.pp == 2 ? vp - 1.0 : vp, grads = vp;
+    c.pp_first_stage_bytes_per_step = A * (vp * act + (vp - 1.0) * grad);
+    // The shared word table's gradient (tied head on another stage): the first holder sends
+    // its copy's (pipeline::PipelineRunner::exchange_tied_gradient), f32.
+    if (m.tie_embeddings) c.pp_first_stage_bytes_per_step += m.vocab_size / d.tp * H * 4.0;
     add("pp send/recv of activations and their gradients", parallel::GroupKind::Pp,
-        crossings * T / sp * H * dt * n_micro, false,
-        fmt::format("{} boundaries (2 x vp{}) x M x T/sp x H x dt: activations forward, "
-                    "gradients backward",
-                    crossings, d.pp == 2 ? " - 1" : ""));
+        A * (acts * act + grads * grad), false,
+        fmt::format("M x T/sp x H x ({} activations x {} B + {} gradients x {} B)", acts, act,
+                    grads, grad));
   }
   return c;
 }

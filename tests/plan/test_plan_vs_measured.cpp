@@ -232,6 +232,76 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #endif
 }
 
+// The pipeline's point-to-point bytes per step of pp rank 0, predicted (the plan's
+// `pp_first_stage_bytes_per_step`) against what its pipeline communicator sent (the metrics
+// file's `pp_bytes`, which rank 0 writes): the activations forward, the gradients of its later
+// chunks back, the tied table's gradient. Under --bf16 the activations (the residual stream's
+// bf16 values) move as bf16, 2 bytes an element; with --fp32-residual-connection, and every
+// gradient, in f32. PP 2 with one and two virtual stages per rank, tied and untied, and
+// PP 2 x TP 2 + SP (the boundary is the rank's sequence slice). Deterministic: equal, byte for
+// byte.
+TEST(PlanVsMeasured, PpBytesOfTheFirstStageExactly) {
+#ifndef MOECORE_HAVE_MPI
+  GTEST_SKIP() << "no mpirun in this build";
+#else
+  const std::string model =
+      " --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32"
+      " --max-position-embeddings 32 --num-experts 8 --moe-ffn-hidden-size 64"
+      " --moe-router-topk 2 --vocab-size 256 --swiglu --disable-bias-linear"
+      " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
+      " --hidden-dropout 0 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2"
+      " --micro-batch-size 2 --global-batch-size 4";
+  const std::string dir =
+      ::testing::TempDir() + "moecore_plan_pp_measured_" + std::to_string(::getpid());
+  const std::string session = dir + ".ompi";
+  ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
+  struct Row {
+    const char* what;
+    int ranks;
+    std::string flags;
+  };
+  const std::string pp2 = " --pipeline-model-parallel-size 2";
+  const std::vector<Row> rows = {
+      {"PP 2, f32", 2, pp2},
+      {"PP 2, --bf16", 2, pp2 + " --bf16"},
+      {"PP 2, --bf16, untied", 2, pp2 + " --bf16 --untie-embeddings-and-output-weights"},
+      {"PP 2, --bf16 --fp32-residual-connection", 2, pp2 + " --bf16 --fp32-residual-connection"},
+      {"PP 2 x vp 2, --bf16", 2, pp2 + " --num-layers-per-virtual-pipeline-stage 1 --bf16"},
+      {"PP 2 x TP 2 + SP, --bf16", 4,
+       pp2 + " --tensor-model-parallel-size 2 --sequence-parallel --bf16"},
+  };
+  int compared = 0;
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.what);
+    const testing::CommandResult p =
+        testing::run_command(moecore() + " plan" + model + r.flags + " --hardware cpu --gpus " +
+                             std::to_string(r.ranks) + " --json");
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    const double want =
+        nlohmann::json::parse(p.output)["pp_first_stage_bytes_per_step"].get<double>();
+    const std::string metrics = dir + "." + std::to_string(compared) + ".jsonl";
+    const testing::CommandResult t = testing::run_command(
+        launcher(r.ranks, session) + moecore() + " train" + model + r.flags +
+        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    std::ifstream in(metrics);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << t.output;
+    const auto m = nlohmann::json::parse(line);
+    std::remove(metrics.c_str());
+    ASSERT_TRUE(m.contains("pp_bytes")) << "the metrics file has no pp_bytes: " << line;
+    const double got = m["pp_bytes"].get<double>();
+    std::printf("[plan vs measured] %-42s pp rank 0 sent %10.0f / %10.0f B\n", r.what, want,
+                got);
+    EXPECT_GT(got, 0);
+    EXPECT_EQ(want, got);
+    ++compared;
+  }
+  testing::run_command("rm -rf " + session);
+  EXPECT_EQ(compared, static_cast<int>(rows.size()));
+#endif
+}
+
 }  // namespace
 }  // namespace moecore::plan
 
