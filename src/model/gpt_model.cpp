@@ -502,7 +502,8 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   const DevPtr<T> x0 = ch.stream[0];
   if (!ch.stage.embedding) {
     MOE_CHECK(input != nullptr, "[model] pipeline chunk {} needs its input activation", c);
-    ops::copy(ex, x0, input, ch.in_width * T_local_ * H);
+    // The pipeline may have written it in place (chunk_input: a bf16 boundary widened there).
+    if (input != DevPtr<const T>(x0)) ops::copy(ex, x0, input, ch.in_width * T_local_ * H);
   } else {
     params_needed(L + 1);
     embed(*embedding_, x0, ids_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr, emb_drop_key_);

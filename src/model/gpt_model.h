@@ -116,6 +116,9 @@ class GPTModel {
   // ran since: the same values, nothing reported, no balancing counts.
   void forward_chunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
                      bool replay = false);
+  // Where chunk c's forward takes its input (input_elems(c)): a caller may write the input there
+  // itself and pass this buffer as forward_chunk's input (nothing is copied then).
+  DevPtr<T> chunk_input(int c) const { return chunks_[c].stream[0]; }
   // Chunk c's output after its forward (not for the chunk with the loss): output_elems(c).
   DevPtr<const T> chunk_output(int c) const { return chunks_[c].output; }
   // The decoder's final-normed output [T_local, H] of the last forward (the head's and the

@@ -86,7 +86,6 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
     if (!chunks[ch].embedding) s.stash_slots[ch] = std::max(train.stash_slots[ch], ev.stash_slots[ch]);
     s.stash_elems += s.stash_slots[ch] * chunks[ch].input_elems;
     s.input_bf16[ch] = chunks[ch].input_bf16 && s.stash_slots[ch] > 0;
-    if (s.input_bf16[ch]) s.widen_elems = std::max(s.widen_elems, chunks[ch].input_elems);
   }
   // A send slot carries any activation or gradient of the rank, a gradient slot any output's
   // gradient (one even on the last stage of 1F1B, which receives none).
@@ -108,7 +107,6 @@ int64_t PipelineBufferSizes::bytes(size_t elem_size) const {
     const bool b16 = c < input_bf16.size() && input_bf16[c];
     total += stash_slots[c] * buffer(input_elems[c], b16 ? sizeof(bf16) : 0);
   }
-  if (widen_elems > 0) total += buffer(widen_elems);
   if (grad_in_elems > 0) total += grad_in_slots * buffer(grad_in_elems);
   total += 2 * send_slots_per_pool * buffer(boundary_elems);
   if (tied_elems > 0) total += buffer(tied_elems);
@@ -167,9 +165,6 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
         }
       }
     }
-    input32_ = sizes.widen_elems > 0
-                   ? a.alloc<T>(sizes.widen_elems, "pipeline.input_widened", MemKind::Workspace)
-                   : DevPtr<T>(nullptr);
     grad_in_.clear();
     for (int64_t s = 0; s < sizes.grad_in_slots; ++s)
       grad_in_.push_back(a.alloc<T>(sizes.grad_in_elems, "pipeline.grad_in", MemKind::Workspace));
@@ -248,11 +243,12 @@ DevPtr<T> PipelineRunner<T>::send_slot(bool gradient, parallel::CommHandle** han
 template <typename T>
 DevPtr<const T> PipelineRunner<T>::stash_input(int c, int s) {
   if (!boundaries_[c].input_bf16) return stash_[c][s];
+  const DevPtr<T> x = model_.chunk_input(c);
   if constexpr (std::is_same_v<T, float>) {
-    ops::cast_bf16_to_f32(arena_.exec(), input32_, DevPtr<const bf16>(stash16_[c][s]),
+    ops::cast_bf16_to_f32(arena_.exec(), x, DevPtr<const bf16>(stash16_[c][s]),
                           model_.input_elems(c));
   }
-  return input32_;
+  return x;
 }
 
 template <typename T>

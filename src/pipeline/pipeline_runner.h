@@ -48,9 +48,8 @@ struct PipelineBufferSizes {
   int64_t send_elems = 0;                 // both send pools
   int64_t tied_elems = 0;                 // the other stage's tied-table gradient
   // --bf16 (ChunkBoundary::input_bf16): per chunk whether its kept inputs are bf16 (2 bytes an
-  // element, whatever elem_size), and the f32 buffer one of them is widened into for a forward.
+  // element, whatever elem_size; a forward widens one into the model's input buffer).
   std::vector<bool> input_bf16;
-  int64_t widen_elems = 0;
   // The arena bytes of these buffers at elem_size bytes per element (the runner's planned bytes).
   int64_t bytes(size_t elem_size) const;
 };
@@ -141,8 +140,8 @@ class PipelineRunner {
   void stage_done(int stage);
   // A send buffer of the direction's pool, waiting for its previous send to complete.
   DevPtr<T> send_slot(bool gradient, parallel::CommHandle** handle);
-  // Chunk c's kept input in stash slot s as the forward reads it (widened into input32_ when
-  // it is kept in bf16).
+  // Chunk c's kept input in stash slot s as the forward reads it (when kept in bf16, widened
+  // into the model's own input buffer, GPTModel::chunk_input).
   DevPtr<const T> stash_input(int c, int s);
   void exchange_tied_gradient();
 
@@ -159,10 +158,9 @@ class PipelineRunner {
   // slot's receive.
   std::vector<std::vector<DevPtr<T>>> stash_;
   // Per chunk whose input moves as bf16 (ChunkBoundary::input_bf16): its stash slots in bf16
-  // (stash_'s entries null), and the f32 buffer a forward's input is widened into.
+  // (stash_'s entries null).
   std::vector<std::vector<DevPtr<bf16>>> stash16_;
   std::vector<ChunkBoundary> boundaries_;
-  DevPtr<T> input32_ = nullptr;
   std::vector<std::vector<parallel::CommHandle>> stash_recv_;
   // The received output gradients of the next backwards ([gradient slots] x [elems]).
   std::vector<DevPtr<T>> grad_in_;

@@ -391,7 +391,6 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
         const pipeline::PipelineBufferSizes& b = a.pipeline;
         pipeline::PipelineBufferSizes stash = b, rest = b;
         stash.grad_in_elems = stash.send_elems = stash.tied_elems = stash.send_slots_per_pool = 0;
-        stash.widen_elems = 0;  // workspace: with the buffers below
         rest.stash_slots.assign(rest.stash_slots.size(), 0);
         rest.stash_elems = 0;
         std::string slots;
@@ -401,9 +400,8 @@ MemoryPlan plan_memory(const ModelSpec& m, const RunSpec& run, int world, const 
                         slots),
             "");
         add(st, MemPart::CommBuffers, static_cast<double>(rest.bytes(sizeof(float))),
-            fmt::format("pipeline send pools (2 x {}), received gradient{}{}",
-                        b.send_slots_per_pool, b.tied_elems > 0 ? ", the shared word table's gradient" : "",
-                        b.widen_elems > 0 ? ", the bf16 input widened" : ""),
+            fmt::format("pipeline send pools (2 x {}), received gradient{}",
+                        b.send_slots_per_pool, b.tied_elems > 0 ? ", the shared word table's gradient" : ""),
             "");
       }
       if (hw.device == Device::CPU && (d.dp * d.cp > 1 || d.edp > 1)) {
