@@ -61,9 +61,10 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
         x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
       }
     };
-    // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice).
+    // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice); its
+    // input's all-gathers bf16 under --bf16 too.
     const auto seq_region = [&](GroupBytes& x, double times) {
-      x.all_gather += (times + 1) * N * f;
+      x.all_gather += times * N_in * f + N * f;
       x.reduce_scatter += times * N * f;
     };
     // Multi-latent attention (model/mla_attention.h): its latents enter the region instead of

@@ -165,11 +165,12 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // The TP collectives' bytes per step of a rank, predicted (the plan's `tp_bytes_per_step`, by
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
-// SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention and with
-// multi-latent attention (with q LoRA; with linear_q_proj and mla_up_proj), in f32 and --bf16
-// (with SP the inputs of the QKV projections, the dense MLPs and the head all-gathered as bf16:
-// 2 bytes an element, the gradients' collectives f32). Every form is deterministic (no routing
-// in it), so they must be equal, byte for byte.
+// SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention, a dense
+// layer, a shared expert and multi-latent attention (with q LoRA; with linear_q_proj and
+// mla_up_proj), in f32 and --bf16 (with SP the inputs of the QKV projections, the dense MLPs,
+// the shared expert and the head all-gathered as bf16: 2 bytes an element, the gradients'
+// collectives f32). Every form is deterministic (no routing in it), so they must be equal, byte
+// for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
@@ -193,6 +194,7 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
   const std::vector<std::pair<const char*, std::string>> models = {
       {"", ""},
       {" dense+moe", " --moe-layer-freq [0,1]"},
+      {" shared", " --moe-shared-expert-intermediate-size 64"},
       {" mla", mla + " --q-lora-rank 24"},
       {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"}};
   int compared = 0;
@@ -228,7 +230,7 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 16);
+  EXPECT_EQ(compared, 20);
 #endif
 }
 
