@@ -129,6 +129,10 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     x_full_ = a.alloc<T>(n * H_, "attn.x_full", MemKind::Workspace);
     y_full_ = a.alloc<T>(n * H_, "attn.y_full", MemKind::Workspace);
   }
+  // --bf16: the input (n1) feeds only the QKV GEMMs, which read its bf16 values: gathered as bf16.
+  x_wire16_ = store16_ && tp_.sequence_parallel()
+                  ? a.alloc<bf16>(tp_.enter_wire_elems(n, H_), "attn.x_wire16", MemKind::Workspace)
+                  : DevPtr<bf16>(nullptr);
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
   lin_.allocate(a, *qkv_, {{n, C, H_}, {n, H_, Hq_ * D_}}, "attn");
   x_rounded_ = false;  // until the block says otherwise
@@ -157,7 +161,7 @@ void SelfAttention<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH) {
   const int64_t n = shape_.S * shape_.B;
   saved_.x_TH = x_TH;
   const int64_t C = (Hq_ + 2 * Hkv_) * D_;
-  const DevPtr<const T> x = tp_.enter(*ex_, x_TH, x_full_, n, H_);
+  const DevPtr<const T> x = tp_.enter(*ex_, x_TH, x_full_, n, H_, x_wire16_);
   lin_.forward(qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   if (qkv_bias_ != nullptr) ops::bias_forward(*ex_, qkv_TC_, qkv_bias_->compute_as<T>(), n, C);
   // --bf16: the QKV GEMM's output is bf16 (its bias added in the f32 epilogue, then rounded
@@ -258,7 +262,7 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   if (qkv_bias_ != nullptr) ops::bias_backward(*ex_, qkv_bias_->grad_as<T>(), qkv_TC_, n, C);
   // The forward's gathered input again (its workspace was the other layers' meanwhile), and the
   // input gradient's partial sum: into dx itself without SP, else into the free output buffer.
-  const DevPtr<const T> x = tp_.enter(*ex_, saved_.x_TH, x_full_, n, H_);
+  const DevPtr<const T> x = tp_.enter(*ex_, saved_.x_TH, x_full_, n, H_, x_wire16_);
   const DevPtr<T> dx = tp_.sequence_parallel() ? y_full_ : dx_TH;
   lin_.backward(dx, qkv_TC_, x, *qkv_, n, C, H_, x_rounded_);
   tp_.enter_backward(*ex_, dx, dx_TH, n, H_);

@@ -132,6 +132,8 @@ class SelfAttention {
   // gradient's partial sum). Null otherwise.
   DevPtr<T> x_full_ = nullptr;
   DevPtr<T> y_full_ = nullptr;
+  // --bf16 with SP: the bf16 staging of the input's all-gather (TensorParallel::enter).
+  DevPtr<bf16> x_wire16_ = nullptr;
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
 };
 

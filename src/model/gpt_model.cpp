@@ -433,6 +433,10 @@ void GPTModel<T>::allocate_vocab(Arena& a, Param* table) {
     if (tp_.sequence_parallel()) {
       vp_full_ = a.alloc<T>(T_ * H, "model.tp_full", MemKind::Workspace);
       vp_dfull_ = a.alloc<T>(T_ * H, "model.tp_dfull", MemKind::Workspace);
+      // --bf16: the head's input feeds only its bf16 GEMMs: gathered as bf16.
+      if (std::is_same_v<T, float> && cfg_.bf16)
+        vp_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(T_, H), "model.tp_full_wire16",
+                                   MemKind::Workspace);
     }
     vp_head_slice_ =
         a.alloc<T>(tp_.share(cfg_.padded_vocab()) * H, "model.head_slice", MemKind::Workspace);
@@ -498,7 +502,8 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   const DevPtr<T> x0 = ch.stream[0];
   if (!ch.stage.embedding) {
     MOE_CHECK(input != nullptr, "[model] pipeline chunk {} needs its input activation", c);
-    ops::copy(ex, x0, input, ch.in_width * T_local_ * H);
+    // The pipeline may have written it in place (chunk_input: a bf16 boundary widened there).
+    if (input != DevPtr<const T>(x0)) ops::copy(ex, x0, input, ch.in_width * T_local_ * H);
   } else {
     params_needed(L + 1);
     embed(*embedding_, x0, ids_T_, pos_embedding_ != nullptr ? pos_T_ : nullptr, emb_drop_key_);
@@ -670,7 +675,8 @@ void GPTModel<T>::head_forward(DevPtr<const T> h_local, DevPtr<const int32_t> ta
                                DevPtr<T> lse_T, DevPtr<double> sum) {
   const Exec& ex = arena_.exec();
   if (tp_.active()) {
-    const DevPtr<const T> h = tp_.enter(ex, h_local, vp_full_, T_, cfg_.hidden);  // [T, H]
+    const DevPtr<const T> h =
+        tp_.enter(ex, h_local, vp_full_, T_, cfg_.hidden, vp_wire16_);  // [T, H]
     vocab_parallel_head_loss_forward(ex, tp_, sum, loss_T_, lse_T, h, head_values(), targets_T,
                                      head_shape_, cfg_.padded_vocab(), vp_ws_,
                                      cfg_.bf16 ? &head16_ : nullptr);
@@ -692,7 +698,7 @@ void GPTModel<T>::head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local,
   // vp_full_ with SP) and, under --bf16, its bf16 form (HeadLossBf16): both written again from
   // h, the same values.
   if (mtp_loss_ != nullptr) {
-    if (sp) tp_.enter(ex, h_local, vp_full_, T_, H);
+    if (sp) tp_.enter(ex, h_local, vp_full_, T_, H, vp_wire16_);
     if constexpr (std::is_same_v<T, float>) {
       const DevPtr<const float> h = sp ? DevPtr<const float>(vp_full_) : h_local;
       if (cfg_.bf16 && head16_.w_VH_wide != nullptr)
@@ -738,7 +744,7 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
     // The whole input (all-gathered with SP) against each TP rank's vocabulary slice in turn
     // (its model rows broadcast from its rank: one slice of workspace, not the whole head), into
     // that slice's columns of the logits. A slice of padding only has no column.
-    DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H);
+    DevPtr<const T> h = tp_.enter(ex, DevPtr<const T>(final_n_), vp_full_, T_, H, vp_wire16_);
     DevPtr<const T> w_local = head_values();
     if constexpr (std::is_same_v<T, float>) {
       if (cfg_.bf16) {  // bf16 values (h rounded, the head's), f32 accumulation

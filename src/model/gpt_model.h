@@ -116,6 +116,9 @@ class GPTModel {
   // ran since: the same values, nothing reported, no balancing counts.
   void forward_chunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
                      bool replay = false);
+  // Where chunk c's forward takes its input (input_elems(c)): a caller may write the input there
+  // itself and pass this buffer as forward_chunk's input (nothing is copied then).
+  DevPtr<T> chunk_input(int c) const { return chunks_[c].stream[0]; }
   // Chunk c's output after its forward (not for the chunk with the loss): output_elems(c).
   DevPtr<const T> chunk_output(int c) const { return chunks_[c].output; }
   // The decoder's final-normed output [T_local, H] of the last forward (the head's and the
@@ -351,6 +354,7 @@ class GPTModel {
   int64_t T_local_ = 0;                 // tp_.local_tokens(T_): the residual stream's tokens
   DevPtr<T> vp_full_ = nullptr;         // [T, H] with SP: the embedding's partial, the head input
   DevPtr<T> vp_dfull_ = nullptr;        // [T, H] with SP: the head's partial input gradient
+  DevPtr<bf16> vp_wire16_ = nullptr;    // --bf16 with SP: the head all-gather's bf16 staging
   DevPtr<T> vp_head_slice_ = nullptr;   // [Vp/tp, H] forward_logits' slice of another TP rank
   VocabHeadWorkspace<T> vp_ws_;
   // --bf16 on the native GEMM path: a vocabulary slice's bf16 values widened to f32 [Vp/tp, H]

@@ -147,9 +147,14 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   branch_ = a.alloc<T>(n_loc_ * H_, "block.branch", MemKind::Workspace);
   dn_ = a.alloc<T>(n_loc_ * H_, "block.dnorm", MemKind::Workspace);
   dx1_ = a.alloc<T>(n_loc_ * H_, "block.dx1", MemKind::Workspace);
+  mlp_wire16_ = nullptr;
   if (mlp_ && tp_.sequence_parallel()) {
     full_x_ = a.alloc<T>(n_tok_ * H_, "block.mlp_in_full", MemKind::Workspace);
     full_y_ = a.alloc<T>(n_tok_ * H_, "block.mlp_out_full", MemKind::Workspace);
+    // --bf16: n2 feeds only fc1's bf16 GEMMs here: gathered as bf16 (TensorParallel::enter).
+    if (mlp_->reads_input_as_bf16())
+      mlp_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n_tok_, H_), "block.mlp_in_wire16",
+                                  MemKind::Workspace);
   }
   if (moe_ && tp_.active() && !tp_.sequence_parallel())
     moe_slice_ = a.alloc<T>(n_moe * H_, "block.moe_slice", MemKind::Workspace);
@@ -176,7 +181,7 @@ void TransformerBlock<T>::moe_backward(DevPtr<T> dx, DevPtr<const T> dy, double 
 
 template <typename T>
 void TransformerBlock<T>::mlp_forward(DevPtr<T> y, DevPtr<const T> x) {
-  const DevPtr<const T> xf = tp_.enter(*ex_, x, full_x_, n_tok_, H_);
+  const DevPtr<const T> xf = tp_.enter(*ex_, x, full_x_, n_tok_, H_, mlp_wire16_);
   const DevPtr<T> partial = tp_.sequence_parallel() ? full_y_ : y;
   mlp_->forward(partial, xf, n_tok_);
   tp_.leave(*ex_, partial, y, n_tok_, H_);
@@ -186,7 +191,7 @@ template <typename T>
 void TransformerBlock<T>::mlp_backward(DevPtr<T> dx, DevPtr<const T> dy) {
   // The forward's gathered input again: the MLP's backward reads it (its workspace was the other
   // layers' meanwhile).
-  tp_.enter(*ex_, DevPtr<const T>(n2_), full_x_, n_tok_, H_);
+  tp_.enter(*ex_, DevPtr<const T>(n2_), full_x_, n_tok_, H_, mlp_wire16_);
   const DevPtr<const T> dyf = tp_.leave_backward(*ex_, dy, full_y_, n_tok_, H_);
   // The input gradient's partial sum: into dx without SP, else into the gathered output
   // gradient's buffer (the MLP's backward reads dy before it writes dx; it reads x after).

@@ -174,6 +174,7 @@ class TransformerBlock {
   // output and input gradient on this rank's slice, [T / tp, H].
   DevPtr<T> full_x_ = nullptr;
   DevPtr<T> full_y_ = nullptr;
+  DevPtr<bf16> mlp_wire16_ = nullptr;  // --bf16 + SP: the bf16 staging of full_x_'s all-gather
   DevPtr<T> moe_slice_ = nullptr;
 };
 

@@ -43,8 +43,10 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
     full_x_ = a.alloc<T>(N_full * H, "moe.shared_in_full", MemKind::Workspace);
     full_y_ = a.alloc<T>(N_full * H, "moe.shared_out_full", MemKind::Workspace);
   }
+  wire16_ = nullptr;
   if (!gated()) {
     mlp_->allocate(a, N_full, recompute.moe || recompute.shared_experts);
+    allocate_wire(a, N_full);
     if (rounded_rows) mlp_->input_rounded();
     if (rounded_dy) mlp_->output_grad_rounded();
     s_TH_ = a.alloc<T>(N * H, "moe.shared_out", MemKind::Workspace);
@@ -55,6 +57,7 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
   // allocates under "moe") instead of recomputing them a second time.
   rerun_ = recompute.moe;
   mlp_->allocate(a, N_full, recompute.shared_experts && !recompute.moe);
+  allocate_wire(a, N_full);
   // The MLP's output gradient is sigmoid(l) dy, not the layer's rounded dy.
   if (rounded_rows) mlp_->input_rounded();
   s_TH_ = a.alloc<T>(N * H, "moe.shared_out");
@@ -63,11 +66,20 @@ void SharedExperts<T>::allocate(Arena& a, int64_t max_tokens, const RecomputeMod
   dl_T_ = a.alloc<T>(N, "moe.shared_gate_dlogits", MemKind::Workspace);
 }
 
+// --bf16: the gathered input feeds only fc1's bf16 GEMMs (the gate reads this rank's x): it is
+// all-gathered as bf16.
+template <typename T>
+void SharedExperts<T>::allocate_wire(Arena& a, int64_t n_full) {
+  if (tp_.active() && mlp_->reads_input_as_bf16())
+    wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n_full, H_), "moe.shared_in_wire16",
+                            MemKind::Workspace);
+}
+
 template <typename T>
 void SharedExperts<T>::mlp_forward_fc1(int64_t n_tok) {
   if (!tp_.active()) return mlp_->forward_fc1(x_mlp_TH_, n_tok);
   const int64_t n = n_tok * tp_.size();
-  mlp_->forward_fc1(tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_), n);
+  mlp_->forward_fc1(tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_, wire16_), n);
 }
 
 template <typename T>
@@ -88,7 +100,7 @@ void SharedExperts<T>::mlp_backward_fc2(DevPtr<const T> dy, int64_t n_tok) {
   if (!tp_.active()) return mlp_->backward_fc2(dy);
   const int64_t n = n_tok * tp_.size();
   // The forward's gathered input again (the MLP's backward reads it, its recomputation too).
-  tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_);
+  tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_, wire16_);
   mlp_->backward_fc2(tp_.leave_backward(*ex_, dy, full_y_, n, H_));
 }
 

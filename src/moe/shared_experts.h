@@ -81,6 +81,7 @@ class SharedExperts {
   const Exec* ex_ = &cpu_exec();  // the arena's, from allocate()
   // s = mlp(x_mlp) and the gate logits l = x w_g^T (the forward; also its rerun).
   void shared_and_logits(int64_t n_tok);
+  void allocate_wire(Arena& a, int64_t n_full);  // wire16_ (after the MLP's allocate())
   // s (n_tok tokens) = the MLP on x_mlp: a TP region when tp > 1. In halves: the gathered
   // input, fc1 and the activation; fc2 and the reduce-scatter into s.
   void mlp_forward(DevPtr<T> s, int64_t n_tok);
@@ -105,6 +106,8 @@ class SharedExperts {
   DevPtr<T> dl_T_ = nullptr;   // d(loss)/d(l) (gated)
   DevPtr<T> full_x_ = nullptr;  // tp > 1: the MLP's gathered input [T tp, H]
   DevPtr<T> full_y_ = nullptr;  // tp > 1: its partial output, then gradients [T tp, H]
+  // --bf16, tp > 1: the bf16 staging of full_x_'s all-gather (TensorParallel::enter).
+  DevPtr<bf16> wire16_ = nullptr;
 };
 
 }  // namespace moecore::moe

@@ -177,6 +177,8 @@ class MLP {
   // dy as bf16 values. Not with biases: fc2's bias gradient sums dy's f32 values.
   void output_grad_rounded();
   bool has_bias() const { return sh_.bias; }
+  // --bf16 (after allocate()): fc1 and fc2 are bf16 GEMMs, which read the input's bf16 values.
+  bool reads_input_as_bf16() const { return saved_.gemm16; }
   // This rank's ffn width (ffn / tp).
   int64_t local_ffn() const { return sh_.F; }
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);

@@ -208,6 +208,7 @@ CommHandle Communicator::send_async(DevPtr<const void> data, int64_t count, DTyp
   check_peer(dst, "destination", "send");
   MOE_CHECK(tag >= 0, "[comm] send on group '{}': tag {} < 0", name(), tag);
   ++calls_.send;
+  bytes_sent_.send += count * static_cast<int64_t>(dtype_size(dt));
   return start_send(raw_ptr(data), count, dt, dst, tag);
 }
 

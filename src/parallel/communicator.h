@@ -91,17 +91,19 @@ class CommHandle {
 // - all-reduce of M bytes: a reduce-scatter and an all-gather of the buffer cut into g chunks
 //   (count / g elements, the first count mod g chunks one more): 2 M (g-1)/g when g divides the
 //   count;
-// - all-to-all: the blocks sent to the other members (its own block is a local copy).
+// - all-to-all: the blocks sent to the other members (its own block is a local copy);
+// - send: the point-to-point messages' bytes (the pipeline's activations and gradients).
 // One member sends nothing.
 struct CommBytesSent {
   int64_t all_gather = 0;
   int64_t reduce_scatter = 0;
   int64_t all_reduce = 0;
   int64_t all_to_all = 0;
-  int64_t total() const { return all_gather + reduce_scatter + all_reduce + all_to_all; }
+  int64_t send = 0;
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce + all_to_all + send; }
   CommBytesSent operator-(const CommBytesSent& o) const {
     return {all_gather - o.all_gather, reduce_scatter - o.reduce_scatter,
-            all_reduce - o.all_reduce, all_to_all - o.all_to_all};
+            all_reduce - o.all_reduce, all_to_all - o.all_to_all, send - o.send};
   }
 };
 

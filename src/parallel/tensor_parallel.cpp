@@ -1,8 +1,11 @@
 #include "parallel/tensor_parallel.h"
 
+#include <type_traits>
+
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/profiler.h"
+#include "ops/cast.h"
 #include "ops/memory.h"
 #include "parallel/process_groups.h"
 
@@ -32,6 +35,27 @@ DevPtr<const T> TensorParallel::enter(const Exec& ex, DevPtr<const T> x, DevPtr<
   if (!sequence_parallel()) return x;
   all_gather(ex, x, full_nH, local_tokens(n) * H);
   return full_nH;
+}
+
+template <typename T>
+DevPtr<const T> TensorParallel::enter(const Exec& ex, DevPtr<const T> x, DevPtr<T> full_nH,
+                                      int64_t n, int64_t H, DevPtr<bf16> wire16) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (sequence_parallel() && wire16 != nullptr) {
+      const int64_t count = local_tokens(n) * H;
+      const DevPtr<bf16> local = wire16, full = wire16 + count;
+      ops::cast_f32_to_bf16(ex, local, x, count);
+      {
+        ScopedPhase phase(Phase::Communication);
+        group_->device_communicator()
+            .all_gather_async(DevPtr<const bf16>(local), full, count, DType::BF16)
+            .wait_on(ex);
+      }
+      ops::cast_bf16_to_f32(ex, full_nH, DevPtr<const bf16>(full), n * H);
+      return full_nH;
+    }
+  }
+  return enter(ex, x, full_nH, n, H);
 }
 
 template <typename T>
@@ -97,6 +121,8 @@ void TensorParallel::reduce_scatter(const Exec& ex, DevPtr<const T> full, DevPtr
 #define MOECORE_TP_INSTANTIATE(T)                                                                \
   template DevPtr<const T> TensorParallel::enter<T>(const Exec&, DevPtr<const T>, DevPtr<T>,     \
                                                     int64_t, int64_t) const;                     \
+  template DevPtr<const T> TensorParallel::enter<T>(const Exec&, DevPtr<const T>, DevPtr<T>,     \
+                                                    int64_t, int64_t, DevPtr<bf16>) const;       \
   template void TensorParallel::enter_backward<T>(const Exec&, DevPtr<T>, DevPtr<T>, int64_t,    \
                                                   int64_t) const;                                \
   template void TensorParallel::all_reduce<T>(const Exec&, DevPtr<T>, int64_t) const;           \

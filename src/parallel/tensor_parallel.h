@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "core/dev_ptr.h"
+#include "core/dtype.h"
 #include "core/exec.h"
 #include "nn/param_registry.h"
 
@@ -70,6 +71,21 @@ class TensorParallel {
   template <typename T>
   DevPtr<const T> enter(const Exec& ex, DevPtr<const T> x, DevPtr<T> full_nH, int64_t n,
                         int64_t H) const;
+  // The same in bf16 bytes (--bf16, Megatron-Core's bf16 activations): with SP and a staging
+  // buffer wire16 of enter_wire_elems(n, H) elements, x is cast to bf16 into it, all-gathered as
+  // bf16 and widened into full_nH: half the bytes of the f32 all-gather. Exact only for values
+  // whose every reader takes their bf16 values: x's producer rounded it, or what the region
+  // does with the gathered input is bf16 GEMMs, which round their input to nearest even as the
+  // cast does. Then every reader sees the bits the f32 all-gather gave it. A null wire16 (or T
+  // other than float) is the f32 all-gather.
+  template <typename T>
+  DevPtr<const T> enter(const Exec& ex, DevPtr<const T> x, DevPtr<T> full_nH, int64_t n, int64_t H,
+                        DevPtr<bf16> wire16) const;
+  // The bf16 staging enter needs: this rank's piece and the gathered whole (0 without SP: enter
+  // moves nothing then).
+  int64_t enter_wire_elems(int64_t n, int64_t H) const {
+    return sequence_parallel() ? (local_tokens(n) + n) * H : 0;
+  }
   // Its backward: the input gradient dfull_nH [n, H] (this rank's partial sum) to the gradient
   // of x: reduce-scattered into dx [local_tokens(n), H] with SP, all-reduced without (dx may be
   // dfull_nH then; otherwise it is copied).

@@ -1,10 +1,12 @@
 #include "pipeline/pipeline_runner.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/profiler.h"
 #include "ops/add.h"
+#include "ops/cast.h"
 #include "ops/memory.h"
 #include "parallel/process_groups.h"
 
@@ -21,8 +23,14 @@ constexpr int kTiedSumTag = kMaxTag - 1;
 template <typename T>
 std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<T>& model) {
   std::vector<ChunkBoundary> out;
-  for (int c = 0; c < model.num_chunks(); ++c)
-    out.push_back(ChunkBoundary{model.chunk(c).embedding, model.input_elems(c), model.output_elems(c)});
+  const bool resid16 = std::is_same_v<T, float> && model.config().bf16_residual();
+  const int64_t one = model.boundary_elems();
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    ChunkBoundary b{model.chunk(c).embedding, model.input_elems(c), model.output_elems(c)};
+    b.input_bf16 = resid16 && !b.embedding && b.input_elems == one;
+    b.output_bf16 = resid16 && b.output_elems == one;
+    out.push_back(b);
+  }
   return out;
 }
 template std::vector<ChunkBoundary> chunk_boundaries(const model::GPTModel<float>&);
@@ -62,6 +70,7 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
     s.input_elems.push_back(b.input_elems);
   }
   s.stash_slots.assign(c.vp, 0);
+  s.input_bf16.assign(c.vp, false);
   if (c.pp <= 1) return s;  // the plain loop: nothing crosses a stage
   const std::vector<int64_t> in_flight = in_flight_per_chunk(c);
   // The receive plans of the step and of eval (recv_plan): the activations each chunk holds at
@@ -76,6 +85,7 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
     // The embedding's chunk reads the token ids: nothing to keep.
     if (!chunks[ch].embedding) s.stash_slots[ch] = std::max(train.stash_slots[ch], ev.stash_slots[ch]);
     s.stash_elems += s.stash_slots[ch] * chunks[ch].input_elems;
+    s.input_bf16[ch] = chunks[ch].input_bf16 && s.stash_slots[ch] > 0;
   }
   // A send slot carries any activation or gradient of the rank, a gradient slot any output's
   // gradient (one even on the last stage of 1F1B, which receives none).
@@ -88,12 +98,15 @@ PipelineBufferSizes pipeline_buffer_sizes(const ScheduleConfig& c,
 }
 
 int64_t PipelineBufferSizes::bytes(size_t elem_size) const {
-  const auto buffer = [&](int64_t elems) {
-    const size_t b = static_cast<size_t>(elems) * elem_size;
+  const auto buffer = [&](int64_t elems, size_t size = 0) {
+    const size_t b = static_cast<size_t>(elems) * (size > 0 ? size : elem_size);
     return static_cast<int64_t>((b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign);
   };
   int64_t total = 0;
-  for (size_t c = 0; c < stash_slots.size(); ++c) total += stash_slots[c] * buffer(input_elems[c]);
+  for (size_t c = 0; c < stash_slots.size(); ++c) {
+    const bool b16 = c < input_bf16.size() && input_bf16[c];
+    total += stash_slots[c] * buffer(input_elems[c], b16 ? sizeof(bf16) : 0);
+  }
   if (grad_in_elems > 0) total += grad_in_slots * buffer(grad_in_elems);
   total += 2 * send_slots_per_pool * buffer(boundary_elems);
   if (tied_elems > 0) total += buffer(tied_elems);
@@ -118,10 +131,12 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
   in_flight_ = in_flight_per_chunk(cfg_);
   const int vp = cfg_.vp;
   stash_.assign(vp, {});
+  stash16_.assign(vp, {});
   stash_recv_.resize(vp);
   const Param* table = model.shared_embedding();
+  boundaries_ = chunk_boundaries(model);
   const PipelineBufferSizes sizes =
-      pipeline_buffer_sizes(cfg_, chunk_boundaries(model), exchanged_table_elems(model, groups));
+      pipeline_buffer_sizes(cfg_, boundaries_, exchanged_table_elems(model, groups));
   elems_ = sizes.boundary_elems;
   if (pipelined()) {
     // The embedding group from the placement every rank computes alike (no communication).
@@ -138,9 +153,17 @@ PipelineRunner<T>::PipelineRunner(model::GPTModel<T>& model,
     if (!pipelined()) return;
     for (int c = 0; c < vp; ++c) {
       stash_[c].clear();
-      for (int64_t s = 0; s < sizes.stash_slots[c]; ++s)
-        stash_[c].push_back(
-            a.alloc<T>(sizes.input_elems[c], "pipeline.stash", MemKind::Activations));
+      stash16_[c].clear();
+      for (int64_t s = 0; s < sizes.stash_slots[c]; ++s) {
+        if (sizes.input_bf16[c]) {
+          stash_[c].push_back(nullptr);
+          stash16_[c].push_back(
+              a.alloc<bf16>(sizes.input_elems[c], "pipeline.stash_bf16", MemKind::Activations));
+        } else {
+          stash_[c].push_back(
+              a.alloc<T>(sizes.input_elems[c], "pipeline.stash", MemKind::Activations));
+        }
+      }
     }
     grad_in_.clear();
     for (int64_t s = 0; s < sizes.grad_in_slots; ++s)
@@ -218,6 +241,17 @@ DevPtr<T> PipelineRunner<T>::send_slot(bool gradient, parallel::CommHandle** han
 }
 
 template <typename T>
+DevPtr<const T> PipelineRunner<T>::stash_input(int c, int s) {
+  if (!boundaries_[c].input_bf16) return stash_[c][s];
+  const DevPtr<T> x = model_.chunk_input(c);
+  if constexpr (std::is_same_v<T, float>) {
+    ops::cast_bf16_to_f32(arena_.exec(), x, DevPtr<const bf16>(stash16_[c][s]),
+                          model_.input_elems(c));
+  }
+  return x;
+}
+
+template <typename T>
 void PipelineRunner<T>::train(double loss_grad_scale, const Hooks& hooks) {
   run(train_order_, train_recvs_, loss_grad_scale, hooks, false);
 }
@@ -254,8 +288,13 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
         grad_recv_[r.slot] = pp_->recv_async(grad_in_[r.slot], model_.output_elems(ch), dt,
                                              r.peer, tag(mb, ch, true));
       } else {
-        stash_recv_[ch][r.slot] = pp_->recv_async(stash_[ch][r.slot], model_.input_elems(ch), dt,
-                                                  r.peer, tag(mb, ch, false));
+        // --bf16: the stream's bf16 values, kept as bf16 (widened for each forward).
+        const bool b16 = boundaries_[ch].input_bf16;
+        stash_recv_[ch][r.slot] =
+            b16 ? pp_->recv_async(stash16_[ch][r.slot], model_.input_elems(ch), DType::BF16,
+                                  r.peer, tag(mb, ch, false))
+                : pp_->recv_async(stash_[ch][r.slot], model_.input_elems(ch), dt, r.peer,
+                                  tag(mb, ch, false));
       }
     }
   };
@@ -278,7 +317,7 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
                 "are waiting",
                 cfg_.rank, step, e.sends.size(), pending.size());
       for (PendingSend& ps : pending)
-        *ps.handle = pp_->send_async(ps.buf, ps.elems, dt, ps.peer, ps.tag);
+        *ps.handle = pp_->send_async(ps.buf, ps.elems, ps.dt, ps.peer, ps.tag);
       post_receives(e.first_post, e.end_post);
       // The first wait issues the group (NcclP2pBatch); the others complete with it.
       for (PendingSend& ps : pending) ps.handle->wait_on(ex);
@@ -291,18 +330,28 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
   };
   // A step's output to a neighbour: sent now (1F1B: with the next receive's group), or with the
   // next exchange (the interleaved schedule).
-  const auto send = [&](bool gradient, DevPtr<const T> data, int64_t n, int peer, int msg_tag) {
+  // bf16: an activation of bf16 values (ChunkBoundary::output_bf16), cast exactly into the
+  // slot's first half and sent as bf16.
+  const auto send = [&](bool gradient, DevPtr<const T> data, int64_t n, int peer, int msg_tag,
+                        bool bf16_values) {
     parallel::CommHandle* h = nullptr;
     DevPtr<T> buf;
     {
       ScopedPhase phase(Phase::Communication);
       buf = send_slot(gradient, &h);
     }
-    ops::copy(ex, buf, data, n);
+    DType wire = dt;
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_values) {
+        ops::cast_f32_to_bf16(ex, dev_ptr_cast<bf16>(buf), data, n);
+        wire = DType::BF16;
+      }
+    }
+    if (wire == dt) ops::copy(ex, buf, data, n);
     if (lockstep) {
-      pending.push_back(PendingSend{buf, n, peer, msg_tag, h});
+      pending.push_back(PendingSend{buf, n, wire, peer, msg_tag, h});
     } else {
-      *h = pp_->send_async(buf, n, dt, peer, msg_tag);
+      *h = pp_->send_async(buf, n, wire, peer, msg_tag);
     }
   };
 
@@ -313,7 +362,7 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
     const int ch = w.chunk;
     const int64_t mb = w.microbatch;
     const parallel::VirtualStage& st = model_.chunk(ch);
-    DevPtr<const T> input = nullptr;
+    int slot = -1;  // the kept input's stash slot (chunks without the embedding)
     if (lockstep) {
       exchange_before(i);
     } else if (pipelined()) {
@@ -325,21 +374,25 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
         ScopedPhase phase(Phase::Communication);
         stash_recv_[ch][s].wait_on(ex);
       }
-      input = stash_[ch][s];
+      slot = s;
     }
+    // The forward's input (widened from bf16 when kept so), read only by the forward.
+    const auto input = [&]() {
+      return slot >= 0 ? stash_input(ch, slot) : DevPtr<const T>(nullptr);
+    };
     if (w.pass == Pass::Forward) {
-      model_.forward_chunk(ch, hooks.io(mb, ch), input, mb);
+      model_.forward_chunk(ch, hooks.io(mb, ch), input(), mb);
       if (st.loss) {
         if (hooks.after_loss_forward) hooks.after_loss_forward(mb, ch);
       } else if (pipelined()) {
         send(false, model_.chunk_output(ch), model_.output_elems(ch), next_rank(ch),
-             tag(mb, next_chunk(ch), false));
+             tag(mb, next_chunk(ch), false), boundaries_[ch].output_bf16);
       }
     } else {
       // The activations are the last forward's: any other forward since, and the chunk reruns
       // this micro-batch's from its kept input.
       if (!have_last || last.pass != Pass::Forward || last.microbatch != mb || last.chunk != ch) {
-        model_.forward_chunk(ch, hooks.io(mb, ch), input, mb, /*replay=*/true);
+        model_.forward_chunk(ch, hooks.io(mb, ch), input(), mb, /*replay=*/true);
         ++replays_;
       }
       DevPtr<const T> dout = nullptr;
@@ -361,7 +414,7 @@ void PipelineRunner<T>::run(const std::vector<Work>& order, const RecvPlan& recv
       ++backwards_[ch];
       if (pipelined() && !st.embedding) {
         send(true, model_.input_grad(), model_.input_elems(ch), prev_rank(ch),
-             tag(mb, prev_chunk(ch), true));
+             tag(mb, prev_chunk(ch), true), /*bf16_values=*/false);
       }
     }
     have_last = true;

@@ -47,6 +47,9 @@ struct PipelineBufferSizes {
   int64_t grad_in_slots = 0;              // gradients received before their backward, at most
   int64_t send_elems = 0;                 // both send pools
   int64_t tied_elems = 0;                 // the other stage's tied-table gradient
+  // --bf16 (ChunkBoundary::input_bf16): per chunk whether its kept inputs are bf16 (2 bytes an
+  // element, whatever elem_size; a forward widens one into the model's input buffer).
+  std::vector<bool> input_bf16;
   // The arena bytes of these buffers at elem_size bytes per element (the runner's planned bytes).
   int64_t bytes(size_t elem_size) const;
 };
@@ -56,6 +59,13 @@ struct ChunkBoundary {
   bool embedding = false;   // it reads the token ids: nothing received
   int64_t input_elems = 0;  // one activation it receives (its gradient it sends back)
   int64_t output_elems = 0;  // one activation it sends (its gradient it receives)
+  // --bf16 with the bf16 residual stream (ModelConfig::bf16_residual, an f32 model): a boundary
+  // of one activation is the stream, which holds bf16 values (its producer rounded them), so it
+  // moves as bf16 (Megatron-Core's bf16 p2p): cast exactly, sent, kept and widened exactly.
+  // Wider boundaries (an MTP stage's, with the depths' eh_proj outputs) and every gradient stay
+  // f32.
+  bool input_bf16 = false;
+  bool output_bf16 = false;
 };
 // A model's chunks' boundaries.
 template <typename T>
@@ -130,6 +140,9 @@ class PipelineRunner {
   void stage_done(int stage);
   // A send buffer of the direction's pool, waiting for its previous send to complete.
   DevPtr<T> send_slot(bool gradient, parallel::CommHandle** handle);
+  // Chunk c's kept input in stash slot s as the forward reads it (when kept in bf16, widened
+  // into the model's own input buffer, GPTModel::chunk_input).
+  DevPtr<const T> stash_input(int c, int s);
   void exchange_tied_gradient();
 
   model::GPTModel<T>& model_;
@@ -144,6 +157,10 @@ class PipelineRunner {
   // Per chunk: the kept inputs of the micro-batches in flight ([stash slots] x [elems]), each
   // slot's receive.
   std::vector<std::vector<DevPtr<T>>> stash_;
+  // Per chunk whose input moves as bf16 (ChunkBoundary::input_bf16): its stash slots in bf16
+  // (stash_'s entries null).
+  std::vector<std::vector<DevPtr<bf16>>> stash16_;
+  std::vector<ChunkBoundary> boundaries_;
   std::vector<std::vector<parallel::CommHandle>> stash_recv_;
   // The received output gradients of the next backwards ([gradient slots] x [elems]).
   std::vector<DevPtr<T>> grad_in_;
@@ -159,6 +176,7 @@ class PipelineRunner {
   struct PendingSend {
     DevPtr<T> buf;
     int64_t elems;
+    DType dt;  // the activations' dtype, or bf16 (ChunkBoundary::output_bf16)
     int peer, tag;
     parallel::CommHandle* handle;
   };

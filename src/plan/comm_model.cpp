@@ -44,20 +44,27 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
   if (d.tp > 1) {
     const double g = d.tp, f = (g - 1) / g;
     const double N = T * H * tok;  // one [n, H] activation
+    // --bf16: the inputs of the attention's QKV projections, the dense MLPs' fc1 and the head
+    // (bf16 GEMMs, which read the input's bf16 values) are all-gathered as bf16
+    // (TensorParallel::enter with a staging buffer): 2 bytes also on the CPU. The gradients
+    // (leave's backward all-gather, every reduce-scatter and all-reduce) keep the activations'
+    // dtype: reduced in bf16 they would sum rounded partials.
+    const double N_in = T * H * (run.bf16 ? 2.0 : tok);
     // A TP region's forward and its backward (enter + leave each way). With SP the backward
     // also gathers the region's input again (the gathered input is workspace, not kept: the
     // weight gradients of the column-parallel projection read it), as Megatron does.
     const auto region = [&](GroupBytes& x, double times) {
       if (sp) {
-        x.all_gather += (times + 1) * N * f;  // enter (fwd) / leave's backward, the regather
-        x.reduce_scatter += times * N * f;    // leave (fwd) / enter's backward
+        x.all_gather += times * N_in * f + N * f;  // enter (fwd) and the regather / leave's bwd
+        x.reduce_scatter += times * N * f;         // leave (fwd) / enter's backward
       } else {
         x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
       }
     };
-    // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice).
+    // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice); its
+    // input's all-gathers bf16 under --bf16 too.
     const auto seq_region = [&](GroupBytes& x, double times) {
-      x.all_gather += (times + 1) * N * f;
+      x.all_gather += times * N_in * f + N * f;
       x.reduce_scatter += times * N * f;
     };
     // Multi-latent attention (model/mla_attention.h): its latents enter the region instead of
@@ -120,7 +127,7 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     const double heads = 1.0 + static_cast<double>(m.mtp_num_layers);
     if (sp) {
       b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
-      b.tp_vocab.all_gather = heads * 2 * N * f;      // embedding leave's backward, head enter
+      b.tp_vocab.all_gather = heads * (N + N_in) * f;  // embedding leave's backward, head enter
     } else {
       b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
     }
@@ -336,15 +343,23 @@ CommPlan plan_comm(const ModelSpec& m, const RunSpec& run, int world, const Hard
   if (d.pp > 1) {
     // Each of a rank's chunks sends its output forward and its input's gradient backward for
     // every micro-batch, but the first virtual stage has no input to send back and the last no
-    // output: a middle rank crosses 2 vp boundaries per micro-batch, and with pp 2 every rank
-    // holds one end (2 vp - 1). The busiest rank's bytes.
+    // output: a middle rank sends vp activations and vp gradients per micro-batch; the first
+    // rank vp and vp - 1, the last vp - 1 and vp. Under --bf16 the activations (the residual
+    // stream, bf16 values unless --fp32-residual-connection) move as bf16
+    // (pipeline::ChunkBoundary), the gradients in the activations' dtype (f32 on the CPU). The
+    // busiest rank's bytes; one activation per boundary (an MTP stage's boundaries are wider).
     const int vp = virtual_stages(m, run);
-    const int crossings = 2 * vp - (d.pp == 2 ? 1 : 0);
+    const double act = run.bf16 && !run.fp32_residual_connection ? 2.0 : tok, grad = tok;
+    const double A = T / sp * H * n_micro;  // elements of one boundary over the step
+    const double acts = d.pp == 2 ? vp - 1.0 : vp, grads = vp;
+    c.pp_first_stage_bytes_per_step = A * (vp * act + (vp - 1.0) * grad);
+    // The shared word table's gradient (tied head on another stage): the first holder sends
+    // its copy's (pipeline::PipelineRunner::exchange_tied_gradient), f32.
+    if (m.tie_embeddings) c.pp_first_stage_bytes_per_step += m.vocab_size / d.tp * H * 4.0;
     add("pp send/recv of activations and their gradients", parallel::GroupKind::Pp,
-        crossings * T / sp * H * dt * n_micro, false,
-        fmt::format("{} boundaries (2 x vp{}) x M x T/sp x H x dt: activations forward, "
-                    "gradients backward",
-                    crossings, d.pp == 2 ? " - 1" : ""));
+        A * (acts * act + grads * grad), false,
+        fmt::format("M x T/sp x H x ({} activations x {} B + {} gradients x {} B)", acts, act,
+                    grads, grad));
   }
   return c;
 }

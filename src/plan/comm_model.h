@@ -50,7 +50,9 @@ struct TpCommBytes {
 };
 
 // token_bytes: the bytes of an activation element on the wire (the CPU backend's activations are
-// f32 also with --bf16; a GPU's are bf16 with it). Averaged over the pipeline stages (/ pp).
+// f32 also with --bf16; a GPU's are bf16 with it); under --bf16 the all-gathers entering a TP
+// region with SP move 2 bytes an element on either (parallel::TensorParallel::enter's bf16
+// staging). Averaged over the pipeline stages (/ pp).
 TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel::Degrees& d,
                          double token_bytes);
 
@@ -59,6 +61,10 @@ struct CommPlan {
   TpCommBytes tp;                            // per rank per step
   double alltoall_bytes_per_step = 0;        // per rank
   double alltoall_bytes_per_layer_fwd = 0;   // per MoE layer per micro-batch, one direction
+  // What pp rank 0 (the first stage, whose metrics the trainer logs: `pp_bytes`) sends over the
+  // pipeline group per step: its activations forward (bf16 under --bf16 without
+  // --fp32-residual-connection), its later chunks' gradients back, the tied table's gradient.
+  double pp_first_stage_bytes_per_step = 0;
   double exposed_seconds = 0;                // not overlapped
   double overlapped_seconds = 0;
 };

@@ -263,6 +263,7 @@ std::string plan_json(const Plan& p) {
   j["tp_bytes_per_step"] = forms(p.comm.tp.tp());
   j["expt_tp_bytes_per_step"] = forms(p.comm.tp.expt_tp);
   j["tp_ep_bytes_per_step"] = forms(p.comm.tp.tp_ep);
+  j["pp_first_stage_bytes_per_step"] = p.comm.pp_first_stage_bytes_per_step;
   J comm = J::array();
   for (const CommItem& it : p.comm.items) {
     comm.push_back({{"name", it.name}, {"group", it.group}, {"bytes", it.bytes},

@@ -203,6 +203,8 @@ typename BasicTrainer<T>::StepComm BasicTrainer<T>::step_comm() const {
     c.etp_bytes = etp.device_communicator().bytes_sent();
     c.etp_calls = etp.device_communicator().calls().collectives();
   }
+  const auto& pp = groups_->group(parallel::GroupKind::Pp);
+  if (pp.size() > 1) c.pp_bytes = pp.device_communicator().bytes_sent().send;
   return c;
 }
 

@@ -153,6 +153,7 @@ void MetricsFile::write(const StepMetrics& m) {
                       {"expt_tp_bytes", form_bytes(m.expt_tp_bytes)},
                       {"tp_calls", m.tp_calls},
                       {"expt_tp_calls", m.expt_tp_calls},
+                      {"pp_bytes", m.pp_bytes},
                       {"mem_planned_bytes", m.mem_planned_bytes},
                       {"mem_shared_saved_bytes", m.mem_shared_saved_bytes},
                       {"mem_recompute_saved_bytes", m.mem_recompute_saved_bytes},

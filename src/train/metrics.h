@@ -88,6 +88,9 @@ struct StepMetrics {
   // CommCalls::collectives()): the TP regions' and vocab-parallel collectives, the TP sums of
   // partial gradients (one per gradient bucket), the experts' ETP collectives.
   int64_t tp_calls = 0, expt_tp_calls = 0;
+  // Bytes this rank sent point-to-point over the pipeline group in the step (activations
+  // forward, their gradients back, the shared table's gradient); 0 without PP.
+  int64_t pp_bytes = 0;
   std::array<double, kNumPhases> phase_seconds{};  // exclusive time per phase (add up)
   // Planned bytes by kind (weights, grads, optimizer state, activations, recomputed, state,
   // workspace), as requested: buffers that share memory count in full.

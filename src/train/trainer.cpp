@@ -558,6 +558,7 @@ StepMetrics BasicTrainer<T>::train_step() {
   m.tp_bytes = forms(comm.tp_bytes);
   m.expt_tp_bytes = forms(comm.etp_bytes);
   m.tp_calls = comm.tp_calls;
+  m.pp_bytes = comm.pp_bytes;
   m.expt_tp_calls = comm.etp_calls;
 
   // The step report, read once after the step: this rank's micro-batches' losses, dropped

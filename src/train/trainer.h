@@ -299,18 +299,21 @@ class BasicTrainer {
     int64_t alltoall_bytes = 0;
     parallel::CommBytesSent tp_bytes, etp_bytes;
     int64_t tp_calls = 0, etp_calls = 0;
+    int64_t pp_bytes = 0;  // the pipeline group's sends
     StepComm operator-(const StepComm& o) const {
       return {alltoall_bytes - o.alltoall_bytes, tp_bytes - o.tp_bytes, etp_bytes - o.etp_bytes,
-              tp_calls - o.tp_calls, etp_calls - o.etp_calls};
+              tp_calls - o.tp_calls, etp_calls - o.etp_calls, pp_bytes - o.pp_bytes};
     }
     StepComm operator+(const StepComm& o) const {
       const auto sum = [](const parallel::CommBytesSent& a, const parallel::CommBytesSent& b) {
         return parallel::CommBytesSent{a.all_gather + b.all_gather,
                                        a.reduce_scatter + b.reduce_scatter,
-                                       a.all_reduce + b.all_reduce, a.all_to_all + b.all_to_all};
+                                       a.all_reduce + b.all_reduce, a.all_to_all + b.all_to_all,
+                                       a.send + b.send};
       };
       return {alltoall_bytes + o.alltoall_bytes, sum(tp_bytes, o.tp_bytes),
-              sum(etp_bytes, o.etp_bytes), tp_calls + o.tp_calls, etp_calls + o.etp_calls};
+              sum(etp_bytes, o.etp_bytes), tp_calls + o.tp_calls, etp_calls + o.etp_calls,
+              pp_bytes + o.pp_bytes};
     }
   };
   StepComm step_comm() const;

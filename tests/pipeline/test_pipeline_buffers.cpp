@@ -18,9 +18,9 @@ namespace moecore::pipeline {
 namespace {
 
 // Chunks of one boundary size each; emb: which hold the embedding.
-std::vector<ChunkBoundary> chunks(std::vector<bool> emb, int64_t elems) {
+std::vector<ChunkBoundary> chunks(std::vector<bool> emb, int64_t elems, bool bf16 = false) {
   std::vector<ChunkBoundary> out;
-  for (bool e : emb) out.push_back(ChunkBoundary{e, elems, elems});
+  for (bool e : emb) out.push_back(ChunkBoundary{e, elems, elems, bf16 && !e, bf16});
   return out;
 }
 
@@ -119,27 +119,32 @@ ModelConfig tiny(bool tied, int64_t layers) {
   return cfg;
 }
 
-// Every pp rank's runner plans exactly pipeline_buffer_sizes(...).bytes().
+// Every pp rank's runner plans exactly pipeline_buffer_sizes(...).bytes(); under --bf16 (the
+// bf16 residual stream) with the kept inputs in bf16.
 TEST(PipelineBuffers, RunnerPlansTheCounts) {
   struct Case {
     int pp, vp;
     int64_t layers, m, group;
     bool tied;
+    bool bf16 = false;
   };
   for (const Case& k : {Case{2, 1, 2, 4, 0, true}, Case{2, 1, 4, 3, 0, false},
                         Case{4, 1, 4, 8, 0, true}, Case{2, 2, 4, 4, 0, true},
                         Case{2, 2, 8, 5, 3, false}, Case{4, 2, 8, 8, 0, true},
-                        Case{2, 2, 4, 8, 4, true}}) {
+                        Case{2, 2, 4, 8, 4, true}, Case{2, 1, 2, 4, 0, true, true},
+                        Case{4, 2, 8, 8, 0, false, true}}) {
     parallel::ParallelConfig pc;
     pc.pp = k.pp;
     pc.vp_stages = k.vp > 1 ? k.vp : 0;
     pc.microbatch_group_size = static_cast<int>(k.group);
-    const ModelConfig cfg = tiny(k.tied, k.layers);
+    ModelConfig cfg = tiny(k.tied, k.layers);
+    cfg.bf16 = k.bf16;
     const parallel::PipelineLayout pl = parallel::pipeline_layout(pc, k.layers);
     const parallel::Layout layout = parallel::make_layout(pc, k.pp);
     for (int r = 0; r < k.pp; ++r) {
       SCOPED_TRACE(::testing::Message() << "pp " << k.pp << " vp " << k.vp << " M " << k.m
-                                      << " tied " << k.tied << " rank " << r);
+                                        << " tied " << k.tied << " bf16 " << k.bf16 << " rank "
+                                        << r);
       const auto groups = plan::sizing_groups(layout, r);
       const int stage = groups->pp_stage();
       std::vector<parallel::VirtualStage> stages;
@@ -152,11 +157,14 @@ TEST(PipelineBuffers, RunnerPlansTheCounts) {
                                    /*size_only=*/true, cpu_exec(), stages);
       const PipelineRunner<float> runner(model, groups.get(), k.m, k.group, cpu_exec());
       const Param* table = model.tied_table();
-      const PipelineBufferSizes s =
-          pipeline_buffer_sizes(runner.schedule_config(), chunks(emb, model.boundary_elems()),
-                                table != nullptr ? table->local_numel() : 0);
+      const PipelineBufferSizes s = pipeline_buffer_sizes(
+          runner.schedule_config(), chunks(emb, model.boundary_elems(), k.bf16),
+          table != nullptr ? table->local_numel() : 0);
       EXPECT_EQ(static_cast<int64_t>(runner.planned_bytes()), s.bytes(sizeof(float)));
       EXPECT_GT(s.bytes(sizeof(float)), 0);
+      // Under --bf16 every kept input is bf16.
+      for (size_t c = 0; c < s.stash_slots.size(); ++c)
+        EXPECT_EQ(s.input_bf16[c], k.bf16 && s.stash_slots[c] > 0) << "chunk " << c;
       EXPECT_EQ(s.tied_elems > 0, k.tied && (stage == 0 || stage == k.pp - 1));
     }
   }

@@ -165,9 +165,12 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // The TP collectives' bytes per step of a rank, predicted (the plan's `tp_bytes_per_step`, by
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
-// SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention and with
-// multi-latent attention (with q LoRA; with linear_q_proj and mla_up_proj). Every form is
-// deterministic (no routing in it), so they must be equal, byte for byte.
+// SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention, a dense
+// layer, a shared expert and multi-latent attention (with q LoRA; with linear_q_proj and
+// mla_up_proj), in f32 and --bf16 (with SP the inputs of the QKV projections, the dense MLPs,
+// the shared expert and the head all-gathered as bf16: 2 bytes an element, the gradients'
+// collectives f32). Every form is deterministic (no routing in it), so they must be equal, byte
+// for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
@@ -187,17 +190,21 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
   const std::string mla =
       " --multi-latent-attention --kv-lora-rank 12 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
       " --v-head-dim 8 --qk-layernorm";
+  // A dense layer first (--moe-layer-freq): the dense MLP's TP region.
   const std::vector<std::pair<const char*, std::string>> models = {
       {"", ""},
+      {" dense+moe", " --moe-layer-freq [0,1]"},
+      {" shared", " --moe-shared-expert-intermediate-size 64"},
       {" mla", mla + " --q-lora-rank 24"},
       {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"}};
   int compared = 0;
+  for (const char* precision : {"", " --bf16"})
   for (const auto& [name, extra] : models)
   for (const char* sp : {"", " --sequence-parallel"}) {
-    SCOPED_TRACE(std::string(name) + sp);
+    SCOPED_TRACE(std::string(name) + sp + precision);
     const std::string flags = std::string(" --micro-batch-size 2 --global-batch-size 2") +
                               " --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1" +
-                              sp + extra;
+                              sp + extra + precision;
     const testing::CommandResult p = testing::run_command(
         moecore() + " plan" + model + flags + " --hardware cpu --gpus 2 --json");
     ASSERT_EQ(p.exit_code, 0) << p.output;
@@ -216,14 +223,84 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     for (const char* form : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double want = plan["tp_bytes_per_step"][form].get<double>();
       const double got = m["tp_bytes"][form].get<double>();
-      std::printf("[plan vs measured] TP 2%-11s%-20s %-15s %10.0f / %10.0f B\n", name, sp, form,
-                  want, got);
+      std::printf("[plan vs measured] TP 2%-11s%-20s%-7s %-15s %10.0f / %10.0f B\n", name, sp,
+                  precision, form, want, got);
       EXPECT_EQ(want, got) << form;
     }
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 6);
+  EXPECT_EQ(compared, 20);
+#endif
+}
+
+// The pipeline's point-to-point bytes per step of pp rank 0, predicted (the plan's
+// `pp_first_stage_bytes_per_step`) against what its pipeline communicator sent (the metrics
+// file's `pp_bytes`, which rank 0 writes): the activations forward, the gradients of its later
+// chunks back, the tied table's gradient. Under --bf16 the activations (the residual stream's
+// bf16 values) move as bf16, 2 bytes an element; with --fp32-residual-connection, and every
+// gradient, in f32. PP 2 with one and two virtual stages per rank, tied and untied, and
+// PP 2 x TP 2 + SP (the boundary is the rank's sequence slice). Deterministic: equal, byte for
+// byte.
+TEST(PlanVsMeasured, PpBytesOfTheFirstStageExactly) {
+#ifndef MOECORE_HAVE_MPI
+  GTEST_SKIP() << "no mpirun in this build";
+#else
+  const std::string model =
+      " --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32"
+      " --max-position-embeddings 32 --num-experts 8 --moe-ffn-hidden-size 64"
+      " --moe-router-topk 2 --vocab-size 256 --swiglu --disable-bias-linear"
+      " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
+      " --hidden-dropout 0 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2"
+      " --micro-batch-size 2 --global-batch-size 4";
+  const std::string dir =
+      ::testing::TempDir() + "moecore_plan_pp_measured_" + std::to_string(::getpid());
+  const std::string session = dir + ".ompi";
+  ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
+  struct Row {
+    const char* what;
+    int ranks;
+    std::string flags;
+  };
+  const std::string pp2 = " --pipeline-model-parallel-size 2";
+  const std::vector<Row> rows = {
+      {"PP 2, f32", 2, pp2},
+      {"PP 2, --bf16", 2, pp2 + " --bf16"},
+      {"PP 2, --bf16, untied", 2, pp2 + " --bf16 --untie-embeddings-and-output-weights"},
+      {"PP 2, --bf16 --fp32-residual-connection", 2, pp2 + " --bf16 --fp32-residual-connection"},
+      {"PP 2 x vp 2, --bf16", 2, pp2 + " --num-layers-per-virtual-pipeline-stage 1 --bf16"},
+      {"PP 2 x TP 2 + SP, --bf16", 4,
+       pp2 + " --tensor-model-parallel-size 2 --sequence-parallel --bf16"},
+  };
+  int compared = 0;
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.what);
+    const testing::CommandResult p =
+        testing::run_command(moecore() + " plan" + model + r.flags + " --hardware cpu --gpus " +
+                             std::to_string(r.ranks) + " --json");
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    const double want =
+        nlohmann::json::parse(p.output)["pp_first_stage_bytes_per_step"].get<double>();
+    const std::string metrics = dir + "." + std::to_string(compared) + ".jsonl";
+    const testing::CommandResult t = testing::run_command(
+        launcher(r.ranks, session) + moecore() + " train" + model + r.flags +
+        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    std::ifstream in(metrics);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << t.output;
+    const auto m = nlohmann::json::parse(line);
+    std::remove(metrics.c_str());
+    ASSERT_TRUE(m.contains("pp_bytes")) << "the metrics file has no pp_bytes: " << line;
+    const double got = m["pp_bytes"].get<double>();
+    std::printf("[plan vs measured] %-42s pp rank 0 sent %10.0f / %10.0f B\n", r.what, want,
+                got);
+    EXPECT_GT(got, 0);
+    EXPECT_EQ(want, got);
+    ++compared;
+  }
+  testing::run_command("rm -rf " + session);
+  EXPECT_EQ(compared, static_cast<int>(rows.size()));
 #endif
 }
 
