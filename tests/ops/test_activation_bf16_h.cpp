@@ -136,7 +136,9 @@ void check(Activation act) {
         ops::activation_forward<float>(cpu_exec(), act, a32.data(), hw.data(), p, N, F);
       EXPECT_TRUE(all_close(a32, a_r.vec(), kF32Rtol, kF32Atol)) << "a";
       EXPECT_TRUE(all_close(dh.vec(), dh_r.vec(), kF32Rtol, kF32Atol)) << "dh";
-      if (with_p) EXPECT_TRUE(all_close(dp.vec(), dp_r.vec(), kF32Rtol, kF32Atol)) << "dp";
+      if (with_p) {
+        EXPECT_TRUE(all_close(dp.vec(), dp_r.vec(), kF32Rtol, kF32Atol)) << "dp";
+      }
     }
   }
 }
