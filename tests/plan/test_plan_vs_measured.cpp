@@ -42,6 +42,13 @@ const std::string kTinyModel =
     " --position-embedding-type rope --attention-dropout 0 --hidden-dropout 0"
     " --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2";
 
+// A test's directory for its runs' files, unique to the process; its Open MPI session directory
+// is the same path + ".ompi".
+std::string run_dir(const std::string& what) {
+  return ::testing::TempDir() + "moecore_plan_" + (what.empty() ? "" : what + "_") + "measured_" +
+         std::to_string(::getpid());
+}
+
 struct Layout {
   const char* what;
   int ranks;
@@ -102,8 +109,7 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
        " --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity",
        true, kTinyModel, false},
   };
-  const std::string dir =
-      ::testing::TempDir() + "moecore_plan_measured_" + std::to_string(::getpid());
+  const std::string dir = run_dir("");
   const std::string session = dir + ".ompi";
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
   int n = 0;
@@ -175,14 +181,8 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
 #else
-  const std::string model =
-      " --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32"
-      " --max-position-embeddings 32 --num-experts 8 --moe-ffn-hidden-size 64"
-      " --moe-router-topk 2 --vocab-size 256 --swiglu --disable-bias-linear"
-      " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
-      " --hidden-dropout 0 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2";
-  const std::string dir =
-      ::testing::TempDir() + "moecore_plan_tp_measured_" + std::to_string(::getpid());
+  const std::string& model = kTinyModel;
+  const std::string dir = run_dir("tp");
   const std::string session = dir + ".ompi";
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
   // Multi-latent attention's region: its latents gathered instead of x (q LoRA, the norms), and
@@ -253,8 +253,7 @@ TEST(PlanVsMeasured, PpBytesOfTheFirstStageExactly) {
       " --normalization RMSNorm --position-embedding-type rope --attention-dropout 0"
       " --hidden-dropout 0 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2"
       " --micro-batch-size 2 --global-batch-size 4";
-  const std::string dir =
-      ::testing::TempDir() + "moecore_plan_pp_measured_" + std::to_string(::getpid());
+  const std::string dir = run_dir("pp");
   const std::string session = dir + ".ompi";
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
   struct Row {
