@@ -79,6 +79,21 @@ std::string launcher(int ranks, const std::string& session) {
 #endif
 }
 
+// One step of `moecore train ARGS` on `ranks` ranks, its metrics file's first line in *m (the
+// file is removed). Fatal failures: the run's exit status, a missing line.
+void one_step_metrics(int ranks, const std::string& session, const std::string& args,
+                      const std::string& metrics, nlohmann::json* m) {
+  const testing::CommandResult t = testing::run_command(
+      launcher(ranks, session) + moecore() + " train" + args +
+      " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  std::ifstream in(metrics);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line)) << t.output;
+  *m = nlohmann::json::parse(line);
+  std::remove(metrics.c_str());
+}
+
 TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
   const std::vector<Layout> layouts = {
       {"1 rank, fp32", 1, " --micro-batch-size 2 --global-batch-size 2", false},
@@ -133,16 +148,9 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
     }
 #endif
 
-    const std::string metrics = dir + "." + std::to_string(n++) + ".jsonl";
-    const testing::CommandResult t = testing::run_command(
-        launcher(l.ranks, session) + moecore() + " train" + l.model + l.flags +
-        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
-    ASSERT_EQ(t.exit_code, 0) << t.output;
-    std::ifstream in(metrics);
-    std::string line;
-    ASSERT_TRUE(std::getline(in, line)) << t.output;
-    const auto m = nlohmann::json::parse(line);
-    std::remove(metrics.c_str());
+    nlohmann::json m;
+    ASSERT_NO_FATAL_FAILURE(one_step_metrics(
+        l.ranks, session, l.model + l.flags, dir + "." + std::to_string(n++) + ".jsonl", &m));
     const double rss = m["peak_mem_bytes"].get<double>();
     const double a2a = m["alltoall_bytes"].get<double>();
     std::printf(
@@ -209,17 +217,11 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
         moecore() + " plan" + model + flags + " --hardware cpu --gpus 2 --json");
     ASSERT_EQ(p.exit_code, 0) << p.output;
     const auto plan = nlohmann::json::parse(p.output);
-    const std::string metrics = dir + (*sp ? ".sp" : ".nosp") + std::to_string(compared) + ".jsonl";
-    const testing::CommandResult t = testing::run_command(
-        launcher(2, session) + moecore() + " train" + model + flags +
-        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
-    ASSERT_EQ(t.exit_code, 0) << t.output;
-    std::ifstream in(metrics);
-    std::string line;
-    ASSERT_TRUE(std::getline(in, line)) << t.output;
-    const auto m = nlohmann::json::parse(line);
-    std::remove(metrics.c_str());
-    ASSERT_TRUE(m.contains("tp_bytes")) << "the metrics file has no tp_bytes: " << line;
+    nlohmann::json m;
+    ASSERT_NO_FATAL_FAILURE(one_step_metrics(
+        2, session, model + flags,
+        dir + (*sp ? ".sp" : ".nosp") + std::to_string(compared) + ".jsonl", &m));
+    ASSERT_TRUE(m.contains("tp_bytes")) << "the metrics file has no tp_bytes: " << m.dump();
     for (const char* form : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double want = plan["tp_bytes_per_step"][form].get<double>();
       const double got = m["tp_bytes"][form].get<double>();
@@ -280,17 +282,10 @@ TEST(PlanVsMeasured, PpBytesOfTheFirstStageExactly) {
     ASSERT_EQ(p.exit_code, 0) << p.output;
     const double want =
         nlohmann::json::parse(p.output)["pp_first_stage_bytes_per_step"].get<double>();
-    const std::string metrics = dir + "." + std::to_string(compared) + ".jsonl";
-    const testing::CommandResult t = testing::run_command(
-        launcher(r.ranks, session) + moecore() + " train" + model + r.flags +
-        " --train-iters 1 --lr 1e-4 --peak-tflops 0.1 --log-interval 1 --metrics-file " + metrics);
-    ASSERT_EQ(t.exit_code, 0) << t.output;
-    std::ifstream in(metrics);
-    std::string line;
-    ASSERT_TRUE(std::getline(in, line)) << t.output;
-    const auto m = nlohmann::json::parse(line);
-    std::remove(metrics.c_str());
-    ASSERT_TRUE(m.contains("pp_bytes")) << "the metrics file has no pp_bytes: " << line;
+    nlohmann::json m;
+    ASSERT_NO_FATAL_FAILURE(one_step_metrics(
+        r.ranks, session, model + r.flags, dir + "." + std::to_string(compared) + ".jsonl", &m));
+    ASSERT_TRUE(m.contains("pp_bytes")) << "the metrics file has no pp_bytes: " << m.dump();
     const double got = m["pp_bytes"].get<double>();
     std::printf("[plan vs measured] %-42s pp rank 0 sent %10.0f / %10.0f B\n", r.what, want,
                 got);
