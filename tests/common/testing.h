@@ -49,6 +49,16 @@ std::vector<T> random_vec(int64_t n, uint32_t seed, double lo = -1.0, double hi 
   return v;
 }
 
+// ||a - b|| / ||b|| (b the reference).
+inline double rel_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
+}
+
 // A buffer of n elements with canary elements on both sides; intact() tells whether an op
 // wrote outside [0, n).
 template <typename T>

@@ -28,6 +28,7 @@ namespace {
 
 using testing::host;
 using testing::random_vec;
+using testing::rel_distance;
 
 struct Case {
   const char* name;
@@ -64,16 +65,6 @@ MoeLayerConfig config(const Case& c) {
   cfg.init_std = 0.3;
   cfg.output_init_std = 0.2;
   return cfg;
-}
-
-// ||a - b|| / ||b||.
-double rel_distance(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 struct Run {

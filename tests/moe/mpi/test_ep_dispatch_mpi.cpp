@@ -40,6 +40,7 @@ namespace {
 using parallel::Communicator;
 using parallel::ProcessGroups;
 using testing::all_close;
+using testing::rel_distance;
 
 parallel::Runtime g_rt;
 ProcessGroups* g_ep2 = nullptr;  // EP = 2 (EDP = 2)
@@ -641,15 +642,6 @@ struct Bf16Run {
   int64_t rows_left = 0;  // rows the dispatch sent to other EP ranks
   int64_t rows_came = 0;  // rows the dispatch received from other EP ranks (they go back)
 };
-
-double rel_distance(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
-}
 
 Bf16Run run_bf16_layer(const ModelConfig& cfg, ProcessGroups* g, bool bf16_dispatch, int me) {
   ParamRegistry params(DType::F32);
