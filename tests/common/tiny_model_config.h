@@ -26,4 +26,15 @@ inline ModelConfig tiny_moe_config(int64_t layers = 2) {
   return cfg;
 }
 
+// Multi-latent attention at the tests' tiny dims: q LoRA rank 6, kv LoRA rank 5, q / k heads of
+// 3 + 4 rotary dims, v heads of 5 (narrower than q / k).
+inline void use_tiny_mla(ModelConfig& cfg) {
+  cfg.multi_latent_attention = true;
+  cfg.mla.q_lora_rank = 6;
+  cfg.mla.kv_lora_rank = 5;
+  cfg.mla.qk_head_dim = 3;
+  cfg.mla.qk_pos_emb_head_dim = 4;
+  cfg.mla.v_head_dim = 5;
+}
+
 }  // namespace moecore::testing

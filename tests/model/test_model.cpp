@@ -313,12 +313,7 @@ void expect_bf16_norm_output_survives_the_next_layer(bool mla) {
   cfg.bf16 = true;
   cfg.moe_layer_pattern = {0, 0};  // two dense layers: the same workspace offsets
   if (mla) {
-    cfg.multi_latent_attention = true;
-    cfg.mla.q_lora_rank = 6;
-    cfg.mla.kv_lora_rank = 5;
-    cfg.mla.qk_head_dim = 3;
-    cfg.mla.qk_pos_emb_head_dim = 4;
-    cfg.mla.v_head_dim = 5;
+    testing::use_tiny_mla(cfg);
   }
   const int64_t S = 4, B = 2, n = S * B, H = cfg.hidden;
   const ops::RopeTables rope(S, cfg.head_dim(), cfg.rotary_base);
@@ -415,14 +410,9 @@ TEST(GPTModel, FiniteDifferencesEveryParameter) {
 // parameter against finite differences; no QKV parameter is built.
 TEST(GPTModel, FiniteDifferencesMultiLatentAttention) {
   ModelConfig cfg = tiny_config();
-  cfg.multi_latent_attention = true;
   cfg.qk_layernorm = true;
   cfg.attention_dropout = 0.2;
-  cfg.mla.q_lora_rank = 6;
-  cfg.mla.kv_lora_rank = 5;
-  cfg.mla.qk_head_dim = 3;
-  cfg.mla.qk_pos_emb_head_dim = 4;
-  cfg.mla.v_head_dim = 5;
+  testing::use_tiny_mla(cfg);
   cfg.mla.rope_type = ops::RopeType::Yarn;
   cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
   const int64_t B = 2;

@@ -124,13 +124,8 @@ TEST(Mtp, FiniteDifferencesMegatronDefaultModel) {
 TEST(Mtp, FiniteDifferencesMultiLatentAttention) {
   ModelConfig cfg = mtp_config(1);
   cfg.moe_layer_pattern = {0, 1};
-  cfg.multi_latent_attention = true;
   cfg.qk_layernorm = true;
-  cfg.mla.q_lora_rank = 6;
-  cfg.mla.kv_lora_rank = 5;
-  cfg.mla.qk_head_dim = 3;
-  cfg.mla.qk_pos_emb_head_dim = 4;
-  cfg.mla.v_head_dim = 5;
+  testing::use_tiny_mla(cfg);
   cfg.mla.rope_type = ops::RopeType::Rope;
   const int64_t B = 2;
   GPTModel<double> model(cfg, B, 4321);

@@ -25,6 +25,7 @@
 
 #include "common/layer_testing.h"
 #include "common/mpi_testing.h"
+#include "common/tiny_model_config.h"
 #include "model/attention.h"
 #include "model/mla_attention.h"
 #include "model/transformer_block.h"
@@ -351,12 +352,7 @@ TEST(TpLayers, TransformerBlock) {
                                       << (recompute ? " selective recomputation" : ""));
     ModelConfig cfg = block_config(is_moe);
     if (mla) {  // q LoRA, the latents' norms (--qk-layernorm), YaRN, padded heads
-      cfg.multi_latent_attention = true;
-      cfg.mla.q_lora_rank = 6;
-      cfg.mla.kv_lora_rank = 5;
-      cfg.mla.qk_head_dim = 3;
-      cfg.mla.qk_pos_emb_head_dim = 4;
-      cfg.mla.v_head_dim = 5;
+      testing::use_tiny_mla(cfg);
       cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
     }
     const ops::RopeMlaTables mla_rope(S, cfg.mla.rope_spec(cfg.rotary_base));

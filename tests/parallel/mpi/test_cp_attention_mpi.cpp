@@ -17,6 +17,7 @@
 
 #include "common/layer_testing.h"
 #include "common/mpi_testing.h"
+#include "common/tiny_model_config.h"
 #include "core/arena.h"
 #include "model/attention.h"
 #include "model/mla_attention.h"
@@ -244,12 +245,7 @@ TEST(CpAttention, MultiLatentAttentionEqualsOneRank) {
   cfg.qk_layernorm = true;
   cfg.attention_dropout = 0.25;
   cfg.add_attention_output_bias = true;
-  cfg.multi_latent_attention = true;
-  cfg.mla.q_lora_rank = 6;
-  cfg.mla.kv_lora_rank = 5;
-  cfg.mla.qk_head_dim = 3;
-  cfg.mla.qk_pos_emb_head_dim = 4;
-  cfg.mla.v_head_dim = 5;
+  testing::use_tiny_mla(cfg);
   cfg.mla.rope_type = ops::RopeType::Yarn;
   cfg.mla.yarn = ops::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.8};
   std::unique_ptr<ops::RopeMlaTables> rope;
