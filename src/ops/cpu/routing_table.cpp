@@ -1,9 +1,8 @@
 // Routing replay's table copies, the CPU fast path: a token's K ids are contiguous in both the
-// local buffer and the table, so each token is one memcpy (or one fill of -1); OpenMP over the
-// run's rows when there are enough ids. Pure copies: bitwise the reference for any thread count.
-#include <algorithm>
-#include <cstring>
-
+// local buffer and the table, so each token is one short loop (a copy, or a fill of -1) after one
+// range test; OpenMP over the run's rows when there are enough ids. A plain loop, not memcpy: a
+// call per token of K = 8 ids cost ~20% more here (2-core AMD EPYC, 32768 tokens: 98 vs 81 us).
+// Pure copies: bitwise the reference for any thread count.
 #include "ops/routing_table.h"
 
 namespace moecore::ops::cpu {
@@ -31,7 +30,9 @@ void routing_table_store(int32_t* table, const int32_t* local_TK, const DropoutC
     for (int64_t b = 0; b < B; ++b) {
       const int64_t r = table_row(sample0, samples, S, s, b, pos0);
       if (r < 0) continue;
-      std::memcpy(table + r * K, local_TK + (s * B + b) * K, sizeof(int32_t) * size_t(K));
+      const int32_t* src = local_TK + (s * B + b) * K;
+      int32_t* dst = table + r * K;
+      for (int64_t k = 0; k < K; ++k) dst[k] = src[k];
     }
   }
 }
@@ -46,10 +47,12 @@ void routing_table_load(int32_t* local_TK, const int32_t* table, const DropoutCo
     for (int64_t b = 0; b < B; ++b) {
       const int64_t r = table_row(sample0, samples, S, s, b, pos0);
       int32_t* dst = local_TK + (s * B + b) * K;
-      if (r < 0)
-        std::fill(dst, dst + K, -1);
-      else
-        std::memcpy(dst, table + r * K, sizeof(int32_t) * size_t(K));
+      if (r < 0) {
+        for (int64_t k = 0; k < K; ++k) dst[k] = -1;
+      } else {
+        const int32_t* src = table + r * K;
+        for (int64_t k = 0; k < K; ++k) dst[k] = src[k];
+      }
     }
   }
 }
