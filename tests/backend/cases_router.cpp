@@ -197,38 +197,31 @@ void topk_prefix_case(const Exec& ex) {
   }
 }
 
-// Routing replay's table copies: a run inside the table, past its last position, with samples
-// past its end or before its start (sample0 < 0), all outside, no rows, no samples; K = 1; one
-// run above the CPU's OpenMP threshold. Store into a table of other values (the entries of other
-// tokens must stay), load into a -7 fill; both bitwise the references.
+// Routing replay's table copies: a run inside the table, past its last position, before its
+// first, wholly outside, no rows, no samples; K = 1; one run above the CPU's OpenMP threshold.
+// Store into a table of other values (the entries of other tokens must stay), load into a -7
+// fill; both bitwise the references.
 void routing_table_case(const Exec& ex) {
   struct Case {
-    int64_t samples, S, rows, B, K, pos0, sample0;
+    int64_t B, S, K, rows, pos0;
   };
   uint32_t seed = 240;
-  for (auto c :
-       {Case{1, 1, 1, 1, 1, 0, 0}, Case{4, 16, 16, 2, 2, 0, 0}, Case{4, 16, 5, 3, 3, 7, 1},
-        Case{4, 16, 5, 3, 3, 13, 2}, Case{3, 10, 4, 2, 1, 0, -1}, Case{2, 6, 3, 2, 2, 0, 5},
-        Case{2, 8, 0, 2, 4, 0, 0}, Case{0, 4, 2, 2, 2, 0, 0}, Case{8, 512, 512, 4, 8, 0, 2}}) {
-    BACKEND_TRACE("samples=" << c.samples << " S=" << c.S << " rows=" << c.rows << " B=" << c.B
-                             << " K=" << c.K << " pos0=" << c.pos0 << " sample0=" << c.sample0);
-    const ops::DropoutCounters counters{3, c.sample0};
-    const int64_t n_local = c.rows * c.B * c.K, n_table = c.samples * c.S * c.K;
+  for (auto c : {Case{1, 1, 1, 1, 0}, Case{2, 16, 2, 16, 0}, Case{3, 16, 3, 5, 7},
+                 Case{3, 16, 3, 5, 13}, Case{2, 9, 1, 4, -2}, Case{2, 6, 2, 3, 9},
+                 Case{2, 8, 4, 0, 0}, Case{0, 4, 2, 2, 0}, Case{4, 512, 8, 512, 0}}) {
+    BACKEND_TRACE("B=" << c.B << " S=" << c.S << " K=" << c.K << " rows=" << c.rows
+                       << " pos0=" << c.pos0);
+    const int64_t n_local = c.rows * c.B * c.K, n_table = c.B * c.S * c.K;
     const auto local = random_vec<int32_t>(n_local, seed++, 0, 1 << 20);
     const auto table0 = random_vec<int32_t>(n_table, seed++, 1 << 20, 1 << 21);
     std::vector<int32_t> table_ref = table0, local_ref(n_local);
-    ops::routing_table_store_ref(table_ref.data(), local.data(), &counters, c.samples, c.S, c.rows,
-                                 c.B, c.K, c.pos0);
-    ops::routing_table_load_ref(local_ref.data(), table0.data(), &counters, c.samples, c.S, c.rows,
-                                c.B, c.K, c.pos0);
+    ops::routing_table_store_ref(table_ref.data(), local.data(), c.B, c.S, c.K, c.rows, c.pos0);
+    ops::routing_table_load_ref(local_ref.data(), table0.data(), c.B, c.S, c.K, c.rows, c.pos0);
     Guarded<int32_t> table = guarded(table0), loaded(n_local, -7);
     {
       Staging st(ex);
-      const ops::DropoutCounters* c_d = st.in(&counters, 1);
-      ops::routing_table_store(ex, st.out(table), st.in(local), c_d, c.samples, c.S, c.rows, c.B,
-                               c.K, c.pos0);
-      ops::routing_table_load(ex, st.out(loaded), st.in(table0), c_d, c.samples, c.S, c.rows, c.B,
-                              c.K, c.pos0);
+      ops::routing_table_store(ex, st.out(table), st.in(local), c.B, c.S, c.K, c.rows, c.pos0);
+      ops::routing_table_load(ex, st.out(loaded), st.in(table0), c.B, c.S, c.K, c.rows, c.pos0);
       st.back();
     }
     expect_bitwise(table, table_ref.data(), "table (store)");
