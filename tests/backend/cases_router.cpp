@@ -2,10 +2,11 @@
 // backward (softmax, sigmoid, sqrt(softplus); T = 0, E = 1, E not divisible by 8, large
 // |logits|, in place), the routing key, group-limited masking (tied keys), Sinkhorn, the top-K
 // prefix of a top-(K+1), capacity dropping (K = 1, K = E, experts with no tokens, every pair
-// over capacity, tied probs, dropless), the gather and probs at the chosen experts and their
-// backward (every ProbsFn, K = 1, K = E, dropped slots), and the aux / seq-aux / z losses and
-// their gradients. Comparisons as each op's own test (tests/ops/test_router_*.cpp): keys, masks,
-// Sinkhorn's cost, selections, gathers, the elementwise score functions and kept_prob_grads
+// over capacity, tied probs, dropless), routing replay's table copies (tokens outside the table),
+// the gather and probs at the chosen experts and their backward (every ProbsFn, K = 1, K = E,
+// dropped slots), and the aux / seq-aux / z losses and their gradients. Comparisons as each op's
+// own test (tests/ops/test_router_*.cpp, test_routing_table.cpp): keys, masks, Sinkhorn's cost,
+// selections, table copies, gathers, the elementwise score functions and kept_prob_grads
 // bitwise; the softmax scores, probs, loss values and every gradient within kF64Rtol/Atol.
 // A backward takes the reference forward's saved values.
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "ops/router_probs.h"
 #include "ops/router_scores.h"
 #include "ops/router_select.h"
+#include "ops/routing_table.h"
 
 namespace moecore::backend_test {
 namespace {
@@ -192,6 +194,38 @@ void topk_prefix_case(const Exec& ex) {
       }
       expect_bitwise(idx, idx_ref.data(), "idx_TK");
     }
+  }
+}
+
+// Routing replay's table copies: a run inside the table, past its last position, before its
+// first, wholly outside, no rows, no samples; K = 1; one run above the CPU's OpenMP threshold.
+// Store into a table of other values (the entries of other tokens must stay), load into a -7
+// fill; both bitwise the references.
+void routing_table_case(const Exec& ex) {
+  struct Case {
+    int64_t B, S, K, rows, pos0;
+  };
+  uint32_t seed = 240;
+  for (auto c : {Case{1, 1, 1, 1, 0}, Case{2, 16, 2, 16, 0}, Case{3, 16, 3, 5, 7},
+                 Case{3, 16, 3, 5, 13}, Case{2, 9, 1, 4, -2}, Case{2, 6, 2, 3, 9},
+                 Case{2, 8, 4, 0, 0}, Case{0, 4, 2, 2, 0}, Case{4, 512, 8, 512, 0}}) {
+    BACKEND_TRACE("B=" << c.B << " S=" << c.S << " K=" << c.K << " rows=" << c.rows
+                       << " pos0=" << c.pos0);
+    const int64_t n_local = c.rows * c.B * c.K, n_table = c.B * c.S * c.K;
+    const auto local = random_vec<int32_t>(n_local, seed++, 0, 1 << 20);
+    const auto table0 = random_vec<int32_t>(n_table, seed++, 1 << 20, 1 << 21);
+    std::vector<int32_t> table_ref = table0, local_ref(n_local);
+    ops::routing_table_store_ref(table_ref.data(), local.data(), c.B, c.S, c.K, c.rows, c.pos0);
+    ops::routing_table_load_ref(local_ref.data(), table0.data(), c.B, c.S, c.K, c.rows, c.pos0);
+    Guarded<int32_t> table = guarded(table0), loaded(n_local, -7);
+    {
+      Staging st(ex);
+      ops::routing_table_store(ex, st.out(table), st.in(local), c.B, c.S, c.K, c.rows, c.pos0);
+      ops::routing_table_load(ex, st.out(loaded), st.in(table0), c.B, c.S, c.K, c.rows, c.pos0);
+      st.back();
+    }
+    expect_bitwise(table, table_ref.data(), "table (store)");
+    expect_bitwise(loaded, local_ref.data(), "local_TK (load)");
   }
 }
 
@@ -465,6 +499,8 @@ void add_router_cases(std::vector<OpCase>& out) {
   out.push_back({"sinkhorn_balance", {"sinkhorn_balance"}, sinkhorn_case});
   out.push_back({"topk_prefix", {"topk_prefix"}, topk_prefix_case});
   out.push_back({"apply_capacity", {"apply_capacity"}, apply_capacity_case});
+  out.push_back(
+      {"routing_table", {"routing_table_store", "routing_table_load"}, routing_table_case});
   out.push_back({"gather_topk_probs", {"gather_topk", "topk_probs"}, gather_topk_probs_case});
   out.push_back({"kept_prob_grads_f32", {"kept_prob_grads"}, kept_prob_grads_case<float>});
   out.push_back({"kept_prob_grads_f64", {"kept_prob_grads"}, kept_prob_grads_case<double>});
