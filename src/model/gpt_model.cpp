@@ -512,6 +512,7 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   for (int64_t j = 0; j < ch.stage.num_layers; ++j) {
     TransformerBlock<T>& block = *blocks_[ch.block_begin + j];
     block.set_dropout_counters(counters_);
+    block.set_routing_table(routing_table(io, block));
     params_needed(L - static_cast<int>(ch.stage.first_layer + j));
     block.forward(ch.stream[j + 1], ch.stream[j], /*recompute=*/replay);
     if (block.is_moe() && !replay) {  // in layer order: the report sums as the logs always did
@@ -554,8 +555,11 @@ void GPTModel<T>::forward_chunk(int c, const MicroBatchIO& io_in, DevPtr<const T
   }
   const int64_t n = T_local_ * cfg_.hidden;
   if (ch.mtp) {
-    for (int64_t j = 0; j < mtp_->depths(); ++j)
-      mtp_->layer(j).block().set_dropout_counters(counters_);
+    for (int64_t j = 0; j < mtp_->depths(); ++j) {
+      TransformerBlock<T>& block = mtp_->layer(j).block();
+      block.set_dropout_counters(counters_);
+      block.set_routing_table(routing_table(io, block));
+    }
     MOE_CHECK(!cp_.active() || io.mtp_ids_BS != nullptr,
               "[model] multi-token prediction under context parallelism needs each depth's ids "
               "and targets rolled on the whole sequences (MicroBatchIO::mtp_ids_BS)");
@@ -941,6 +945,27 @@ void GPTModel<T>::moe_stats(MoeStats* out) const {
     st.max_over_mean_load = std::max(st.max_over_mean_load, ls.router.max_over_mean_load);
   }
   st.layers.resize(n_layers);
+}
+
+template <typename T>
+DevPtr<int32_t> GPTModel<T>::routing_table(const MicroBatchIO& io,
+                                           const TransformerBlock<T>& b) const {
+  if (io.routing_BSK == nullptr || !b.is_moe()) return nullptr;
+  int64_t slot = 0;
+  for (const TransformerBlock<T>* x : all_blocks_) {
+    if (x == &b) break;
+    slot += x->is_moe() ? 1 : 0;
+  }
+  return io.routing_BSK + slot * B_ * cfg_.seq_length * cfg_.moe.router.topk;
+}
+
+template <typename T>
+std::vector<std::string> GPTModel<T>::routing_layers() const {
+  std::vector<std::string> out;
+  for (const TransformerBlock<T>* b : all_blocks_) {
+    if (b->is_moe()) out.push_back(b->moe()->prefix());
+  }
+  return out;
 }
 
 template <typename T>

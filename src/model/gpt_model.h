@@ -78,6 +78,11 @@ struct MicroBatchIO {
   // Null: the depths roll the micro-batch's own tokens (one CP rank).
   DevPtr<const int32_t> mtp_ids_BS = nullptr;
   DevPtr<const int32_t> mtp_targets_BS = nullptr;
+  // Routing replay (moe/routing_replay.h; ModelConfig's moe.routing_replay not Off): the
+  // micro-batch's routing tables, [routing_layers(), B, S, K] int32 over the whole sequences,
+  // which the MoE layers' training forwards read (replay) or write (record: their own tokens).
+  // Null: neither.
+  DevPtr<int32_t> routing_BSK = nullptr;
 };
 
 template <typename T>
@@ -231,6 +236,9 @@ class GPTModel {
   }
   // The routers of the MoE layers in layer order: their balancing state (expert bias, quantile
   // beta) for checks across replicas.
+  // The prefixes of this rank's MoE layers ("decoder.layers.3.mlp"), in routers()' order: the
+  // order of MicroBatchIO::routing_BSK's tables.
+  std::vector<std::string> routing_layers() const;
   std::vector<const moe::Router<T>*> routers() const;
   std::vector<moe::Router<T>*> routers();  // the same, to load their state from a checkpoint
   ParamRegistry& params() { return params_; }
@@ -249,6 +257,8 @@ class GPTModel {
   void forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> input, int64_t microbatch,
                      bool replay);
   void set_replay_micro_batch(int c, int64_t microbatch);
+  // Block b's table in io.routing_BSK (null without one, or when b has no MoE layer).
+  DevPtr<int32_t> routing_table(const MicroBatchIO& io, const TransformerBlock<T>& b) const;
   // x_local [T_local, H] = dropout(table[ids_T] (+ positions[pos_T])) with the dropout stream
   // `key` (the embedding's, or an MTP depth's), and its backward (dx_local overwritten).
   void embed(const Param& table, DevPtr<T> x_local, DevPtr<const int32_t> ids_T,

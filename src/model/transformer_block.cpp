@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "ops/add.h"
 #include "ops/cast.h"
+#include "ops/routing_table.h"
 
 namespace moecore::model {
 
@@ -162,12 +163,43 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
 
 template <typename T>
 void TransformerBlock<T>::moe_forward(DevPtr<const T> x, bool recompute) {
-  if (!tp_.active() || tp_.sequence_parallel()) return moe_->forward(branch_, x, n_loc_, recompute);
-  // Without SP: this rank's slice of the (replicated) stream, its output all-gathered over TP.
+  replay_routing(/*after_forward=*/false);
+  if (!tp_.active() || tp_.sequence_parallel()) {
+    moe_->forward(branch_, x, n_loc_, recompute);
+  } else {
+    // Without SP: this rank's slice of the (replicated) stream, its output all-gathered over TP.
+    const parallel::TensorParallel sp = tp_.with_sequence_parallel();
+    const int64_t n = sp.local_tokens(n_tok_);
+    moe_->forward(moe_slice_, x + sp.first_token(n_tok_) * H_, n, recompute);
+    tp_.all_gather(*ex_, DevPtr<const T>(moe_slice_), branch_, n * H_);
+  }
+  replay_routing(/*after_forward=*/true);
+}
+
+template <typename T>
+void TransformerBlock<T>::replay_routing(bool after_forward) {
+  const RoutingReplayMode mode = moe_->routing_replay();
+  const bool replay = mode == RoutingReplayMode::Replay && routing_table_ != nullptr && training_;
+  if (!after_forward) moe_->router().set_routing_replayed(replay);
+  const bool record = mode == RoutingReplayMode::Record && routing_table_ != nullptr && training_;
+  if (after_forward ? !record : !replay) return;
+  // The layer's tokens: this rank's sequence slice (S / TP rows of B tokens) of its CP positions.
   const parallel::TensorParallel sp = tp_.with_sequence_parallel();
-  const int64_t n = sp.local_tokens(n_tok_);
-  moe_->forward(moe_slice_, x + sp.first_token(n_tok_) * H_, n, recompute);
-  tp_.all_gather(*ex_, DevPtr<const T>(moe_slice_), branch_, n * H_);
+  const int64_t first = sp.first_token(n_tok_) / B_, rows = sp.local_tokens(n_tok_) / B_;
+  const int64_t S = S_ * cp_.size(), K = moe_->router().config().topk;
+  moe::Router<T>& router = moe_->router();
+  parallel::for_each_position_run(
+      cp_.split(S), first, rows, [&](int64_t row, int64_t n, int64_t pos) {
+        const int64_t at = (row - first) * B_ * K;
+        if (record) {
+          ops::routing_table_store(*ex_, routing_table_,
+                                   DevPtr<const int32_t>(router.saved().routed_TK + at), B_, S, K,
+                                   n, pos);
+        } else {
+          ops::routing_table_load(*ex_, router.replayed_experts() + at,
+                                  DevPtr<const int32_t>(routing_table_), B_, S, K, n, pos);
+        }
+      });
 }
 
 template <typename T>

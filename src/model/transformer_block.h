@@ -76,6 +76,11 @@ class TransformerBlock {
   // The micro-batch's dropout counters, read by the next forward (and its recomputation and
   // backward); training off: no dropout.
   void set_dropout_counters(DevPtr<const ops::DropoutCounters> c) { counters_ = c; }
+  // Routing replay (MoE layers; moe/routing_replay.h): the micro-batch's table of this layer,
+  // [B, S, K] over the whole sequences (every position, before the CP split), which the next
+  // training forwards (their recomputations included) route from (replay) or write their
+  // tokens' experts to (record). Null: neither.
+  void set_routing_table(DevPtr<int32_t> table_BSK) { routing_table_ = table_BSK; }
   void set_training(bool training);
 
   // --bf16 without --fp32-residual-connection (ModelConfig::bf16_residual, T = float): the
@@ -115,6 +120,9 @@ class TransformerBlock {
 
   // The MoE layer's input (moe_in) and output: its slice of the stream without SP.
   void moe_forward(DevPtr<const T> x, bool recompute);
+  // Routing replay: the MoE layer's tokens' rows of the table into the router's replayed
+  // experts before the forward (replay), or its experts into the table after it (record).
+  void replay_routing(bool after_forward);
   void moe_backward(DevPtr<T> dx, DevPtr<const T> dy, double loss_grad_scale);
   // The dense MLP as a TP region: y (local tokens) from x (local tokens).
   void mlp_forward(DevPtr<T> y, DevPtr<const T> x);
@@ -135,6 +143,7 @@ class TransformerBlock {
   uint64_t key_attn_out_, key_ffn_out_;  // the two hidden-dropout sites' streams
   ops::AttentionDropout attn_drop_;
   DevPtr<const ops::DropoutCounters> counters_ = nullptr;
+  DevPtr<int32_t> routing_table_ = nullptr;  // set_routing_table's
   bool training_ = true;
   int64_t recompute_chunk_;  // full recomputation: this layer's chunk (-1: kept)
   bool recompute_norms_;     // selective "layernorm": n1 and n2 recomputed in the backward

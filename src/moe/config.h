@@ -28,6 +28,9 @@ enum class TokenDropPolicy : uint8_t { Probs, Position };
 // --moe-token-dispatcher-type (docs/parallel.md, "Expert parallelism"). Both give the same
 // model; on one EP rank neither communicates. Megatron's `flex` is not implemented yet.
 enum class DispatcherType : uint8_t { AllGather, AlltoAll };
+// Routing replay (moe/routing_replay.h): the training forwards record their routing, or route to
+// recorded experts.
+enum class RoutingReplayMode : uint8_t { Off, Record, Replay };
 
 struct LoadBalancingTerm {
   LoadBalancing type = LoadBalancing::None;
@@ -102,6 +105,8 @@ struct MoeConfig {
   // buffers hold factor x its balanced rows (T x K) instead of the dropless worst case EP x T x K;
   // a step that routes more to one rank stops with an error (moe/dispatcher.h, EpRowBudget).
   double expert_rank_capacity_factor = 0.0;
+  // Set by the trainer from its routing replay (train::TrainConfig::routing_replay); no flag.
+  RoutingReplayMode routing_replay = RoutingReplayMode::Off;
 
   // The shared-expert and dispatcher fields (the router validates its own config).
   void validate() const;

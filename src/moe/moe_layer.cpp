@@ -19,7 +19,9 @@ template <typename T>
 MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const std::string& prefix,
                       std::unique_ptr<TokenDispatcher<T>> dispatcher,
                       const parallel::ProcessGroups* groups)
-    : H_(cfg.hidden),
+    : prefix_(prefix),
+      routing_replay_(cfg.moe.routing_replay),
+      H_(cfg.hidden),
       K_(cfg.moe.router.topk),
       seq_length_(cfg.seq_length / parallel::TensorParallel::attention(groups).size()),
       pad_to_capacity_(cfg.moe.router.pad_to_capacity),
@@ -45,6 +47,7 @@ MoELayer<T>::MoELayer(const MoeLayerConfig& cfg, ParamRegistry& params, const st
   if (groups != nullptr && groups->group(parallel::GroupKind::TpCp).size() > 1) {
     router_.set_token_group(&groups->group(parallel::GroupKind::TpCp).device_communicator());
   }
+  if (cfg.moe.routing_replay == RoutingReplayMode::Replay) router_.enable_routing_replay();
   if (cfg.moe.shared_ffn_hidden > 0) {
     shared_ = std::make_unique<SharedExperts<T>>(cfg, params, prefix, groups);
   }

@@ -61,6 +61,8 @@ class MoELayer {
   void finish_step(const RouterStepSync& sync = {}) { router_.finish_step(sync); }
   void set_training(bool training) { router_.set_training(training); }
 
+  const std::string& prefix() const { return prefix_; }  // "decoder.layers.3.mlp"
+  RoutingReplayMode routing_replay() const { return routing_replay_; }
   const Router<T>& router() const { return router_; }
   Router<T>& router() { return router_; }
   const GroupedExperts<T>& experts() const { return experts_; }
@@ -95,6 +97,8 @@ class MoELayer {
   void shared_forward_in_flight();
   bool overlap_shared_ = false;
   SharedOverlaps shared_overlaps_;
+  std::string prefix_;
+  RoutingReplayMode routing_replay_;
 
   int64_t H_, K_;
   // Splits the tokens into sequences for seq_aux_loss: the sequence positions this rank holds

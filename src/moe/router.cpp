@@ -148,6 +148,9 @@ void Router<T>::allocate(Arena& a, int64_t max_tokens) {
   dlogits_TE_ = a.alloc<double>(N * E, "router.dlogits", MemKind::Workspace);
   work_TE_ = a.alloc<double>(N * E, "router.work", MemKind::Workspace);
   work_TK_ = a.alloc<double>(N * K, "router.work_k", MemKind::Workspace);
+  // Kept whatever is recomputed: the "moe" recomputation reroutes from it in the backward.
+  if (routing_replay_)
+    replay_TK_ = a.alloc<int32_t>(N * K, "router.replayed_experts", MemKind::State);
   report_ = a.alloc<double>(kReportSlots, "router.report", MemKind::State);
   // [0] the report's count; [1] a later capacity group's, added to it.
   report_dropped_ = a.alloc<int64_t>(cfg_.capacity_groups > 1 ? 2 : 1, "router.report_dropped",
@@ -183,6 +186,8 @@ void Router<T>::forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length,
   gate_forward(x_TH, n_tok);
   compute_scores(n_tok);
   select(n_tok);
+  if (routing_replayed_ && training_)
+    ops::copy<int32_t>(*ex_, s.routed_TK, replay_TK_, n_tok * K_);
   compute_probs(n_tok);
   apply_capacity(n_tok);
   ops::narrow_from_f64(*ex_, s.probs_TK, s.probs64_TK, n_tok * K_);
@@ -197,6 +202,13 @@ void Router<T>::forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length,
     ++micro_;
   }
   recompute_ = false;
+}
+
+template <typename T>
+void Router<T>::set_routing_replayed(bool on) {
+  MOE_CHECK(!on || replay_TK_ != nullptr,
+            "[router] routing replay was not enabled before the router was allocated");
+  routing_replayed_ = on;
 }
 
 template <typename T>

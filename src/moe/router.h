@@ -134,6 +134,15 @@ class Router {
   // Training forwards jitter the input, accumulate counts and use Sinkhorn selection; eval
   // forwards route with the current bias / beta and change no state.
   void set_training(bool training) { training_ = training; }
+  // Routing replay (moe/routing_replay.h): enable_routing_replay() before allocate() makes room
+  // for replayed experts, replayed_experts() [T, K]. While set_routing_replayed(true), every
+  // training forward (a recomputing one included) routes its tokens to the experts the caller
+  // wrote there before it, in place of its selection's: the probs are gathered from this
+  // router's scores at them, and capacity, losses and counts follow as from selected experts.
+  // The selection still runs first (its quantile estimate is kept). Eval forwards select.
+  void enable_routing_replay() { routing_replay_ = true; }
+  DevPtr<int32_t> replayed_experts() { return replay_TK_; }
+  void set_routing_replayed(bool on);
 
   const RouterSaved<T>& saved() const { return saved_; }
   RouterReport report() const;
@@ -193,6 +202,9 @@ class Router {
   uint64_t jitter_key_ = 0;
   int64_t step_ = 0, micro_ = 0;  // micro_: training forwards of this step so far
   int64_t replay_micro_ = -1;     // set_replay_micro_batch's
+  bool routing_replay_ = false;   // enable_routing_replay()
+  bool routing_replayed_ = false;  // set_routing_replayed()
+  DevPtr<int32_t> replay_TK_ = nullptr;  // the replayed experts (routing replay)
   Param* weight_;                 // [E, H]
   RouterSaved<T> saved_;
 

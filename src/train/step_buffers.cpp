@@ -7,15 +7,17 @@
 namespace moecore::train {
 
 StepBuffers::StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E,
-                         int chunks, int64_t mtp_depths)
+                         int chunks, int64_t mtp_depths, int64_t routing)
     : n_micro_(n_micro),
       chunks_(chunks),
       tokens_(tokens),
       E_(std::max<int64_t>(E, 1)),
       D_(mtp_depths),
+      R_(routing),
       host_arena_(ex, MemSpace::PinnedHost),
       dev_arena_(ex, MemSpace::Device) {
-  MOE_CHECK(n_micro >= 1 && tokens >= 1 && E >= 0 && chunks >= 1 && mtp_depths >= 0,
+  MOE_CHECK(n_micro >= 1 && tokens >= 1 && E >= 0 && chunks >= 1 && mtp_depths >= 0 &&
+                routing >= 0,
             "[train] step buffers for {} micro-batches of {} tokens and {} experts", n_micro,
             tokens, E);
   host_arena_.plan([this](Arena& a) { layout(a, host_); });
@@ -46,6 +48,7 @@ void StepBuffers::layout(Arena& a, S& s) const {
     alloc_slot(a, s.mtp_targets, n_micro_ * D_ * tokens_, "step.mtp_targets",
                MemKind::Activations);
   }
+  if (R_ > 0) alloc_slot(a, s.routing, n_micro_ * R_, "step.routing_tables", MemKind::State);
 }
 
 void StepBuffers::upload() {
@@ -57,6 +60,14 @@ void StepBuffers::upload() {
     ops::copy<int32_t>(ex, dev_.mtp_ids, host_.mtp_ids, n_micro_ * D_ * tokens_);
     ops::copy<int32_t>(ex, dev_.mtp_targets, host_.mtp_targets, n_micro_ * D_ * tokens_);
   }
+  if (R_ > 0) ops::copy<int32_t>(ex, dev_.routing, host_.routing, n_micro_ * R_);
+}
+
+void StepBuffers::download_routing() {
+  if (R_ == 0) return;
+  const Exec& ex = dev_arena_.exec();
+  ops::copy<int32_t>(ex, host_.routing, dev_.routing, n_micro_ * R_);
+  exec_synchronize(ex, "the step's routing tables (StepBuffers::download_routing)");
 }
 
 void StepBuffers::download() {
@@ -76,6 +87,7 @@ model::MicroBatchIO StepBuffers::io(int64_t mb, int chunk) const {
     io.mtp_ids_BS = dev_.mtp_ids + mb * D_ * tokens_;
     io.mtp_targets_BS = dev_.mtp_targets + mb * D_ * tokens_;
   }
+  if (R_ > 0) io.routing_BSK = dev_.routing + mb * R_;
   return io;
 }
 

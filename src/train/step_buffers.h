@@ -23,8 +23,10 @@ class StepBuffers {
   // the model chunks (virtual pipeline stages) of this rank, each with its own report slot.
   // mtp_depths: the MTP depths whose rolled ids and targets the host writes too (context
   // parallelism: rolled on the whole sequences before the split); 0: the model rolls its own.
+  // routing: the routing replay's tables of a micro-batch (GPTModel::routing_layers() x B x S x
+  // K int32; 0: no routing replay), uploaded with the inputs and downloaded on request.
   StepBuffers(const Exec& ex, int64_t n_micro, int64_t tokens, int64_t E, int chunks = 1,
-              int64_t mtp_depths = 0);
+              int64_t mtp_depths = 0, int64_t routing = 0);
 
   int64_t micro_batches() const { return n_micro_; }
   // Micro-batch mb's inputs in the host's staging, [B, S] batch-major, for the host to fill
@@ -36,6 +38,8 @@ class StepBuffers {
   int32_t* mtp_targets(int64_t mb, int64_t j) {
     return host_.mtp_targets + (mb * D_ + j) * tokens_;
   }
+  // Micro-batch mb's routing tables in the host's staging (MicroBatchIO::routing_BSK's layout).
+  int32_t* routing(int64_t mb) { return host_.routing + mb * R_; }
   // Micro-batch mb's dropout counters (its iteration and first sample in the global batch).
   ops::DropoutCounters& dropout(int64_t mb) { return host_.dropout[mb]; }
   // The staged inputs of every micro-batch to the device buffers the forwards read.
@@ -45,6 +49,8 @@ class StepBuffers {
   model::MicroBatchIO io(int64_t mb, int chunk = 0) const;
   // The report of every micro-batch back to the host's staging, after the step.
   void download();
+  // The routing tables back to the host's staging (routing replay's record), after the step.
+  void download_routing();
   // Host reads of the downloaded report.
   const ops::MicroBatchReport& report(int64_t mb, int chunk = 0) const {
     return host_.report[mb * chunks_ + chunk];
@@ -65,6 +71,7 @@ class StepBuffers {
     P<ops::DropoutCounters> dropout = nullptr;  // [n_micro]
     P<int32_t> mtp_ids = nullptr;               // [n_micro, D, tokens] (D = mtp_depths)
     P<int32_t> mtp_targets = nullptr;           // [n_micro, D, tokens]
+    P<int32_t> routing = nullptr;               // [n_micro, R]
   };
   template <typename T>
   using HostPtr = T*;
@@ -73,7 +80,7 @@ class StepBuffers {
 
   int64_t n_micro_;
   int chunks_;
-  int64_t tokens_, E_, D_;
+  int64_t tokens_, E_, D_, R_;
   Arena host_arena_, dev_arena_;
   Slots<HostPtr> host_;
   Slots<DevPtr> dev_;

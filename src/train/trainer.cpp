@@ -275,6 +275,7 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
             "forward; use aux_loss or seq_aux_loss, or one data-parallel rank",
             dp_size_);
   n_micro_ = cfg_.global_batch / (cfg_.micro_batch * dp_size_);
+  check_routing_replay();
   {
     if (cfg_.data.synthetic()) {
       splits_.split[0] = std::make_unique<data::SyntheticLanguage>(
@@ -436,9 +437,13 @@ BasicTrainer<T>::BasicTrainer(const ModelConfig& model_cfg, const TrainConfig& c
   const int64_t S = model_cfg_.seq_length;
   // Under CP the host rolls MTP's ids and targets on the whole sequences (fill_inputs).
   const int64_t host_rolled = cp_split_.cp > 1 ? model_cfg_.mtp_num_layers : 0;
+  if (cfg_.routing_replay) routing_layers_ = model_->routing_layers();
+  const int64_t routing = static_cast<int64_t>(routing_layers_.size()) * cfg_.micro_batch * S *
+                          model_cfg_.moe.router.topk;
   step_ = std::make_unique<StepBuffers>(exec_, n_micro_,
                                         cfg_.micro_batch * cp_split_.local_length(),
-                                        model_cfg_.num_experts, model_->num_chunks(), host_rolled);
+                                        model_cfg_.num_experts, model_->num_chunks(), host_rolled,
+                                        routing);
   scratch_.resize(S + 1);
   if (cp_split_.cp > 1) {
     global_ids_.resize(cfg_.micro_batch * S);
@@ -480,6 +485,7 @@ void BasicTrainer<T>::fill_inputs(data::SampleStream& stream) {
       }
       // The dropout masks follow the sample's place in the global batch, not this rank's.
       step_->dropout(mb) = ops::DropoutCounters{iteration_, stream.first_sample(mb, cfg_.micro_batch)};
+      if (!routing_layers_.empty()) stage_routing(mb);
     }
   }
   step_->upload();  // an op on the stream: part of the step
@@ -564,6 +570,8 @@ StepMetrics BasicTrainer<T>::train_step() {
   // The step report, read once after the step: this rank's micro-batches' losses, dropped
   // slots and tokens per expert; with it the guards' flags and the optimizer's results.
   step_->download();
+  if (!routing_layers_.empty() && cfg_.routing_replay->mode() == RoutingReplayMode::Record)
+    record_routing();
   const int loss_chunk = model_->num_chunks() - 1;  // its report holds the loss, if any here
   const bool has_loss = model_->chunk(loss_chunk).loss;
   for (int64_t mb = 0; mb < n_micro_; ++mb)

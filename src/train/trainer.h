@@ -23,6 +23,7 @@
 #include "data/token_source.h"
 #include "model/config.h"
 #include "model/gpt_model.h"
+#include "moe/routing_replay.h"
 #include "optim/chained_optimizer.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -73,6 +74,11 @@ struct TrainConfig {
   // --iterations-to-skip (Megatron): these 1-based iterations consume their batch and change
   // nothing else (no forward, backward or update).
   std::vector<int64_t> iterations_to_skip;
+  // Routing replay (moe/routing_replay.h; no flag): a store in Record mode receives every MoE
+  // layer's routing of every training iteration (each rank's store: its layers' whole tables,
+  // merged over TP x DP x CP); one in Replay mode routes each iteration's tokens to what it
+  // holds. Its global batch, sequence length and top-k must be the run's.
+  std::shared_ptr<moe::RoutingReplay> routing_replay;
   // Checks every value; dp is the data-parallel size (the global batch splits over it).
   void validate(int dp = 1) const;
 };
@@ -253,6 +259,14 @@ class BasicTrainer {
   // Context parallelism: micro-batch mb's inputs from its whole sequences [B, S] (host): this
   // rank's chunks of them, and of MTP's tokens rolled on them, into the step's staging.
   void split_inputs(int64_t mb, const int32_t* ids_BS, const int32_t* targets_BS);
+  // Routing replay (train/routing_replay_step.cpp): the checks and the model's mode before it is
+  // built; micro-batch mb's tables staged (replay: the store's rows of its samples; record: -1);
+  // after the step, the recorded tables merged over TP x DP x CP into the store.
+  void check_routing_replay();
+  void stage_routing(int64_t mb);
+  void record_routing();
+  std::vector<std::string> routing_layers_;  // the model's MoE layers, in its tables' order
+  std::vector<int32_t> routing_merge_;       // one layer's [global batch, S, K] (record)
   // What the pipeline runner asks the trainer for (inputs, report slots) and tells it (the
   // loss for the guards, gradients ready for the buckets).
   typename pipeline::PipelineRunner<T>::Hooks pipeline_hooks();

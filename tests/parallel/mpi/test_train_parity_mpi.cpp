@@ -19,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +31,7 @@
 #include "common/tiny_train_flags.h"
 #include "common/tolerances.h"
 #include "core/check.h"
+#include "moe/routing_replay.h"
 #include "ops/gemm_bf16.h"
 #include "parallel/process_groups.h"
 #include "parallel/runtime.h"
@@ -260,6 +262,34 @@ struct RunOptions {
   bool first_update_weights = false;
   std::function<void(cli::TrainFlags&)> edit;  // applied after parsing (fields without a flag)
 };
+
+// The options of a layout row's one-rank reference and of its layout run. Under --bf16 the
+// layout replays the reference's routing (moe/routing_replay.h): the layouts sum attention's
+// outputs in another order than one rank, so now and then a value lands on the other side of a
+// bf16 rounding point, and a token within that of a top-k tie would go to another expert, a
+// difference of routing, not of layout (docs/numerics.md, "The `--bf16` layout rows across
+// seeds"). The f32 and f64 rows route by themselves.
+struct ParityOptions {
+  RunOptions ref, layout;
+};
+ParityOptions parity_options(bool bf16) {
+  ParityOptions o;
+  o.ref.first_update_weights = o.layout.first_update_weights = bf16;  // bf16: checked per step
+  if (!bf16) return o;
+  auto store = std::make_shared<std::shared_ptr<moe::RoutingReplay>>();
+  o.ref.edit = [store](cli::TrainFlags& f) {
+    const int64_t samples = f.train.global_batch > 0 ? f.train.global_batch : f.train.micro_batch;
+    *store = std::make_shared<moe::RoutingReplay>(RoutingReplayMode::Record, samples,
+                                                  f.model.seq_length, f.model.moe.router.topk);
+    f.train.routing_replay = *store;
+  };
+  o.layout.edit = [store](cli::TrainFlags& f) {
+    ASSERT_NE(*store, nullptr) << "the reference runs first";
+    (*store)->set_mode(RoutingReplayMode::Replay);
+    f.train.routing_replay = *store;
+  };
+  return o;
+}
 
 // Trains with `args`; groups null = the 1-rank reference.
 template <typename T>
@@ -1273,15 +1303,15 @@ void tensor_parallel_parity(bool bf16, const std::vector<TpLayout>& list = kTpLa
     std::optional<MegatronModel> megatron;
     if (l.megatron_model) megatron.emplace();
     const std::vector<std::string> args = tp_args(l);
-    const RunOptions opt{.first_update_weights = bf16, .edit = {}};  // bf16: checked per step
-    const Run ref = train_run<T>(args, nullptr, opt);
+    const ParityOptions opt = parity_options(bf16);
+    const Run ref = train_run<T>(args, nullptr, opt.ref);
     parallel::ParallelConfig cfg;
     cfg.tp = l.tp;
     cfg.etp = l.etp;
     cfg.ep = l.ep;
     cfg.sequence_parallel = l.sp;
     parallel::ProcessGroups groups = make_groups(cfg, args);
-    const Run got = train_run<T>(args, &groups, opt);
+    const Run got = train_run<T>(args, &groups, opt.layout);
     const std::string what = fmt::format("{} {}", dtype_str<T>(), tp_name(l));
     const Tol tol = bf16 ? bf16_parity_tol() : parity_tol<T>();
     report(what, compare(got, ref, tol, what));
@@ -1289,7 +1319,7 @@ void tensor_parallel_parity(bool bf16, const std::vector<TpLayout>& list = kTpLa
     if (bf16) expect_bf16_routed_weights_close(got, ref, what);
     expect_replicas_equal(got, groups, what);
     if (l.distopt) {
-      const Run dist = train_run<T>(args + kDistOpt + kOverlap, &groups, opt);
+      const Run dist = train_run<T>(args + kDistOpt + kOverlap, &groups, opt.layout);
       report(what + " dist-opt", compare(dist, ref, tol, what + " dist-opt"));
       if (bf16) expect_bf16_steps_close(dist, ref, what + " dist-opt");
       if (bf16) expect_bf16_routed_weights_close(dist, ref, what + " dist-opt");
@@ -1836,8 +1866,8 @@ void mtp_parity(bool bf16) {
   for (const MtpLayout& l : kMtpLayouts) {
     if (l.world != g_rt.world_size || l.bf16 != bf16) continue;
     const std::vector<std::string> args = mtp_args(l);
-    const RunOptions opt{.first_update_weights = bf16, .edit = {}};  // bf16: checked per step
-    const Run ref = train_run<T>(args, nullptr, opt);
+    const ParityOptions opt = parity_options(bf16);
+    const Run ref = train_run<T>(args, nullptr, opt.ref);
     parallel::ParallelConfig cfg;
     cfg.tp = l.tp;
     cfg.etp = l.tp > 1 ? 1 : 0;
@@ -1846,7 +1876,7 @@ void mtp_parity(bool bf16) {
     cfg.sequence_parallel = l.sp;
     cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
-    const Run got = train_run<T>(args, &groups, opt);
+    const Run got = train_run<T>(args, &groups, opt.layout);
     const std::string what =
         fmt::format("{} mtp 2 tp={}{} ep={} pp={}{} dp={} {}{}", dtype_str<T>(), l.tp,
                     l.sp ? " sp" : "", l.ep, l.pp, l.layout.empty() ? "" : " " + l.layout,
@@ -1953,8 +1983,8 @@ void context_parallel_parity(bool bf16, const std::vector<CpLayout>& list = kCpL
     std::vector<std::string> args = tp_args(TpLayout{.tp = l.tp, .mla = l.mla}) + l.extra;
     if (l.distopt) args = args + kDistOpt + kOverlap;
     if (l.bf16) args.push_back("--bf16");
-    const RunOptions opt{.first_update_weights = bf16, .edit = {}};  // bf16: checked per step
-    const Run ref = train_run<T>(args, nullptr, opt);
+    const ParityOptions opt = parity_options(bf16);
+    const Run ref = train_run<T>(args, nullptr, opt.ref);
     parallel::ParallelConfig cfg;
     cfg.cp = l.cp;
     cfg.cp_comm_type = l.comm;
@@ -1965,7 +1995,7 @@ void context_parallel_parity(bool bf16, const std::vector<CpLayout>& list = kCpL
     cfg.pp = l.pp;
     cfg.layout = l.layout;
     parallel::ProcessGroups groups = make_groups(cfg, args);
-    const Run got = train_run<T>(args, &groups, opt);
+    const Run got = train_run<T>(args, &groups, opt.layout);
     const std::string what =
         fmt::format("{} {}{}", dtype_str<T>(), cp_name(l), l.bf16 ? " bf16" : "");
     const Tol tol = bf16 ? bf16_parity_tol() : parity_tol<T>();
