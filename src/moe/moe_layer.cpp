@@ -100,7 +100,8 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
-  if (shared_) shared_->allocate(a, max_tokens, recompute_, round_rows_ || input_rounded_, round_dy_);
+  if (shared_)
+    shared_->allocate(a, max_tokens, recompute_, round_rows_ || input_rounded_, round_dy_);
 }
 
 template <typename T>
