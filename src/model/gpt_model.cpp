@@ -353,7 +353,23 @@ void GPTModel<T>::allocate(Arena& a) {
   }
   for (auto& b : blocks_) b->allocate(a, S_, B_);
   if (final_norm_ != nullptr) {
-    final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
+    // bf16 residual: the final norm's output is Megatron-Core's bf16 hidden states (the head's
+    // and the first MTP depth's input): rounded once and kept as bf16 (final_n16_). Its f32 form
+    // lives in the pass-through buffer of the last block's input (dead from that block's forward
+    // to its backward, which widens its own copy into it after the final norm's backward). Not
+    // on a chunk that sends the final-normed states on (a stage boundary, kept f32).
+    final_n16_ = nullptr;
+    const Chunk* fc = nullptr;
+    for (const Chunk& ch : chunks_) {
+      if (ch.final_norm) fc = &ch;
+    }
+    const bool sent = fc != nullptr && !fc->stage.loss && !fc->mtp;
+    if (fc != nullptr && fc->final_in16 && !sent) {
+      final_n16_ = a.alloc<bf16>(T_local_ * H, "model.final_norm_bf16");
+      final_n_ = fc->stream[fc->stream.size() - 2];
+    } else {
+      final_n_ = a.alloc<T>(T_local_ * H, "model.final_norm");
+    }
     final_norm_->allocate(a, T_local_, "model.final_rstd");
     // The decoder's last chunk before the MTP layers' stage sends the final-normed states on.
     for (Chunk& ch : chunks_) {
@@ -525,10 +541,15 @@ void GPTModel<T>::forward_trunk(int c, const MicroBatchIO& io, DevPtr<const T> i
   params_needed(0);  // the final norm, MTP, and the head that forward() / forward_logits() run next
   if (embedding_ == nullptr && shared_embedding() != nullptr && (ch.stage.loss || ch.mtp))
     params_needed(L + 1);  // this stage's copy of the table (the tied head's, MTP's)
-  if (ch.final_norm) final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_);
+  if (ch.final_norm) {
+    final_norm_->forward(ex, final_n_, DevPtr<const T>(ch.stream.back()), T_local_,
+                         final_n16_ != nullptr);
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (ch.final_in16)  // exact: the last block's output holds bf16 values
       ops::cast_f32_to_bf16(ex, final_x16_, DevPtr<const float>(ch.stream.back()), T_local_ * H);
+    if (ch.final_norm && final_n16_ != nullptr)  // exact: rounded by the norm
+      ops::cast_f32_to_bf16(ex, final_n16_, DevPtr<const float>(final_n_), T_local_ * H);
   }
 }
 
@@ -842,6 +863,12 @@ void GPTModel<T>::backward_chunk(int c, double loss_grad_scale, DevPtr<const T> 
   // backward where it ran here, else it is this chunk's input gradient (its first block).
   const DevPtr<T> dh0 = ch.final_norm ? dfinal_ : dstream_;
   const DevPtr<const T> h0 = h0_of(ch);
+  if constexpr (std::is_same_v<T, float>) {
+    // The final norm's output kept as bf16: widened into its f32 buffer for the heads' and the
+    // MTP depths' backward (the other layers' forwards used it meanwhile).
+    if (ch.final_norm && final_n16_ != nullptr)
+      ops::cast_bf16_to_f32(ex, final_n_, DevPtr<const bf16>(final_n16_), n);
+  }
   if (ch.stage.loss) {
     // The MTP depths first (their gradient of h_0 into mtp_dh0_; beside the loss), or their
     // losses' (the gradients of h_1 .. h_D sent back to the MTP layers' stage), then the main

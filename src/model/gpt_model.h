@@ -348,6 +348,9 @@ class GPTModel {
   DevPtr<T> dloss_ = nullptr;      // d(loss) / d(each token's CE): loss_grad_scale / counted
   DevPtr<T> final_n_ = nullptr;
   DevPtr<bf16> final_x16_ = nullptr;  // Chunk::final_in16: the final norm's input, kept as bf16
+  // The bf16 residual: the final norm's output kept as bf16 (final_n_ then a pass-through
+  // buffer; null where the output is f32: sent on, or without the bf16 stream).
+  DevPtr<bf16> final_n16_ = nullptr;
   DevPtr<int32_t> pos_T_ = nullptr;  // each token's position s (t = s * B + b), filled once
   DevPtr<T> pos_TH_ = nullptr;       // the position embedding rows (workspace)
   DevPtr<ops::DropoutCounters> own_counters_ = nullptr;

@@ -95,6 +95,11 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   // under full recomputation, to the chunk's member of "recompute" with every activation of the
   // layer (they are rebuilt together before the chunk's backward).
   const bool full = recompute_chunk_ >= 0;
+  // The bf16 residual: n2 is Megatron-Core's bf16 hidden states entering the FFN (its pre-MLP
+  // norm writes the stream's dtype; the router upcasts them for its f32 logits). Rounded once,
+  // so the MoE layer's widened GEMMs read it as it is.
+  const bool bf16_n2 = round_resid_;
+  if (moe_ && bf16_n2) moe_->input_rounded();
   // The input's bf16 copy of a block that starts a recomputed chunk is what the chunk is
   // recomputed from: kept, outside the chunk's overlay.
   x16_ = keep_x16_ && input_kept_ ? a.alloc<bf16>(n_loc_ * H_, "block.input_bf16")
@@ -116,14 +121,18 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   round_n1_ = attn_ != nullptr ? attn_->widened_bf16() : mla_->widened_bf16();
   if (round_n1_ && attn_ != nullptr) attn_->input_rounded();
   if (round_n1_ && mla_ != nullptr) mla_->input_rounded();
-  round_n2_ = mlp_ != nullptr && mlp_->widened_bf16();
-  if (round_n2_) mlp_->input_rounded();
+  round_n2_ = bf16_n2 || (mlp_ != nullptr && mlp_->widened_bf16());
+  if (round_n2_ && mlp_ != nullptr) mlp_->input_rounded();
   // --bf16 (the attention's projections read bf16): n1 kept in bf16, read back in the backward.
   // With the layernorm recomputation the backward recomputes n1 into its f32 workspace and
   // never reads n1_16: planned as recomputed (the plan shrinks by the reported saving, the bf16
   // bytes a kept n1 would take) and left unwritten.
+  // n2 the same under the bf16 residual (n2_16_, read back before the FFN's backward: the
+  // router's weight gradient, the shared expert's or the dense MLP's, the "moe" recomputation);
+  // its f32 form lives in dn_, free in the forward and until norm2's backward.
   const bool bf16_n1 = attn_ != nullptr ? attn_->stores_bf16() : mla_->reads_input_as_bf16();
   n1_16_ = nullptr;
+  n2_16_ = nullptr;
   {
     Arena::Retag norms(a, MemKind::Activations, MemKind::Recomputed, recompute_norms_);
     if (bf16_n1) {
@@ -132,7 +141,10 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
     } else {
       n1_ = a.alloc<T>(n_loc_ * H_, "block.norm1");
     }
-    n2_ = a.alloc<T>(n_loc_ * H_, "block.norm2");
+    if (bf16_n2)
+      n2_16_ = a.alloc<bf16>(n_loc_ * H_, "block.norm2_16");
+    else
+      n2_ = a.alloc<T>(n_loc_ * H_, "block.norm2");
   }
   norm1_.allocate(a, n_loc_, "block.rstd1");
   if (round_resid_) {
@@ -147,6 +159,7 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   norm2_.allocate(a, n_loc_, "block.rstd2");
   branch_ = a.alloc<T>(n_loc_ * H_, "block.branch", MemKind::Workspace);
   dn_ = a.alloc<T>(n_loc_ * H_, "block.dnorm", MemKind::Workspace);
+  if (bf16_n2) n2_ = dn_;
   dx1_ = a.alloc<T>(n_loc_ * H_, "block.dx1", MemKind::Workspace);
   mlp_wire16_ = nullptr;
   if (mlp_ && tp_.sequence_parallel()) {
@@ -298,6 +311,7 @@ void TransformerBlock<T>::forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, bool rec
     if (round_resid_) ops::cast_f32_to_bf16(*ex_, x1_16_, DevPtr<const float>(x1), n_loc_ * H_);
   }
   norm2_.forward(*ex_, n2_, x1, n_loc_, round_n2_);
+  store_n2();
   if (moe_)
     moe_forward(n2_, recompute);
   else
@@ -313,11 +327,13 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
   // where it is needed: before the FFN's backward for the recomputed n2, after it for norm2's
   // backward (the dropout's gradient takes dx1_ in between).
   const DevPtr<const T> x1 = round_resid_ ? DevPtr<const T>(dx1_) : DevPtr<const T>(x1_);
-  // "layernorm" recomputation: the FFN reads its input n2 in its backward.
+  // "layernorm" recomputation: the FFN reads its input n2 in its backward. Else, n2 kept in
+  // bf16: widened into its f32 workspace.
   if (recompute_norms_) {
     if (round_resid_) widen_kept(dx1_, x1_16_);
     norm2_.forward(*ex_, n2_, x1, n_loc_, round_n2_);
   }
+  load_n2();
   // FFN branch: dx1 = dy + norm2'(ffn'(dropout'(dy))).
   DevPtr<const T> dffn = dy_TH;
   if (dropping()) {
@@ -328,13 +344,14 @@ void TransformerBlock<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH, doubl
     });
     dffn = dx1_;
   }
+  // The FFN's input gradient into branch_: dn_ may hold n2, which the FFN's backward reads.
   if (moe_)
-    moe_backward(dn_, dffn, loss_grad_scale);
+    moe_backward(branch_, dffn, loss_grad_scale);
   else
-    mlp_backward(dn_, dffn);
+    mlp_backward(branch_, dffn);
   if (round_resid_) widen_kept(dx1_, x1_16_);
-  norm2_.backward(*ex_, branch_, dn_, x1, n_loc_);
-  ops::add(*ex_, dx1_, dy_TH, branch_, n);
+  norm2_.backward(*ex_, dn_, branch_, x1, n_loc_);
+  ops::add(*ex_, dx1_, dy_TH, dn_, n);
   // Attention branch: dx = dx1 + norm1'(attn'(dropout'(dx1))).
   // The input kept as bf16: widened into the owner's input buffer, left to this backward.
   DevPtr<const T> x_in = x_TH_;
@@ -380,6 +397,21 @@ void TransformerBlock<T>::load_n1() {
     if (n1_16_ != nullptr && !recompute_norms_)
       ops::cast_bf16_to_f32(*ex_, n1_, DevPtr<const bf16>(n1_16_), n_loc_ * H_);
   }
+}
+
+template <typename T>
+void TransformerBlock<T>::store_n2() {
+  // Exact: n2 holds bf16 values (rounded by the norm).
+  if constexpr (std::is_same_v<T, float>) {
+    if (n2_16_ != nullptr && !recompute_norms_)
+      ops::cast_f32_to_bf16(*ex_, n2_16_, DevPtr<const float>(n2_), n_loc_ * H_);
+  }
+}
+
+template <typename T>
+void TransformerBlock<T>::load_n2() {
+  // n2's workspace was the other layers' meanwhile (and this backward's dn_ before it).
+  if (n2_16_ != nullptr && !recompute_norms_) widen_kept(n2_, n2_16_);
 }
 
 template class TransformerBlock<float>;

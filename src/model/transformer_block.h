@@ -117,6 +117,10 @@ class TransformerBlock {
   // --bf16: n1 into its bf16 copy after the norm; back into n1_ before the attention's backward.
   void store_n1();
   void load_n1();
+  // The bf16 residual: n2 into its bf16 copy after the norm; back into n2_ (dn_) before the
+  // FFN's backward.
+  void store_n2();
+  void load_n2();
 
   // The MoE layer's input (moe_in) and output: its slice of the stream without SP.
   void moe_forward(DevPtr<const T> x, bool recompute);
@@ -148,7 +152,8 @@ class TransformerBlock {
   int64_t recompute_chunk_;  // full recomputation: this layer's chunk (-1: kept)
   bool recompute_norms_;     // selective "layernorm": n1 and n2 recomputed in the backward
   bool recompute_mlp_;       // selective "mlp": a dense FFN recomputes fc1 and activation
-  bool round_n1_ = false;    // n1 / n2 written as bf16 values (they feed only bf16 GEMMs)
+  bool round_n1_ = false;    // n1 / n2 written as bf16 values (they feed only bf16 GEMMs, or
+                             // n2 is a bf16 tensor: the bf16 residual)
   bool round_n2_ = false;
   bool round_resid_ = false;  // bf16_residual()
   bool keep_x16_ = false;     // keep_input_bf16()
@@ -174,6 +179,11 @@ class TransformerBlock {
   DevPtr<bf16> x1_16_ = nullptr;
   DevPtr<bf16> x16_ = nullptr;
   DevPtr<T> x_scratch_ = nullptr;
+  // n2, the FFN's input: with the bf16 residual rounded to bf16 and kept as bf16 alone (n2_16_,
+  // Megatron-Core's bf16 hidden states entering the MoE layer or MLP; planned as recomputed and
+  // left unwritten when the "layernorm" recomputation recomputes n2), n2_ then dn_, the layer's
+  // workspace that is free in the forward and in the backward until norm2's.
+  DevPtr<bf16> n2_16_ = nullptr;
   DevPtr<T> n2_ = nullptr;
   DevPtr<T> branch_ = nullptr;  // attention / FFN output, then gradients
   DevPtr<T> dn_ = nullptr;

@@ -72,7 +72,8 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   // input's bf16 values, rounded once into x16w_TH_ (rounding commutes with the permutation)
   // instead of at each GEMM; the output's gradient the same, dy16w_TH_.
   const bool widened = experts_.widened_bf16();
-  round_rows_ = widened && (!rows16_ || shared_ != nullptr);
+  round_rows_ = widened && !input_rounded_ && (!rows16_ || shared_ != nullptr);
+  if (input_rounded_ && !rows16_) experts_.input_rounded();  // a no-op on the native path
   round_dy_ = widened && !experts_.has_bias() && (!dy16_ || shared_ != nullptr);
   if (round_rows_) {
     if (!rows16_) experts_.input_rounded();
@@ -102,7 +103,8 @@ void MoELayer<T>::allocate(Arena& a, int64_t max_tokens) {
   dx_NH_ = a.alloc<T>(rows * H_, "moe.dx_rows", MemKind::Workspace);
   dp_N_ = a.alloc<T>(rows, "moe.dp_rows", MemKind::Workspace);
   dprobs_TK_ = a.alloc<T>(max_tokens * K_, "moe.dprobs", MemKind::Workspace);
-  if (shared_) shared_->allocate(a, max_tokens, recompute_, round_rows_, round_dy_);
+  if (shared_)
+    shared_->allocate(a, max_tokens, recompute_, round_rows_ || input_rounded_, round_dy_);
 }
 
 template <typename T>

@@ -51,6 +51,10 @@ class MoELayer {
   // stay bitwise those of the f32 rows; the output and the input gradient carry the one rounding
   // per row.
   void set_bf16_dispatch(bool on) { bf16_dispatch_ = on; }
+  // Before allocate(): the input arrives as bf16 values (its producer rounded it: the block's
+  // n2 under --bf16 with the bf16 residual stream, Megatron-Core's bf16 hidden states), so the
+  // widened bf16 path's GEMMs read it as it is, without the rounded copy (x16w_TH_).
+  void input_rounded() { input_rounded_ = true; }
   bool bf16_rows() const { return rows16_; }   // after allocate(): the tokens move as bf16
   bool bf16_dy_rows() const { return dy16_; }  // the output gradient too
   // recompute: the backward's rerun of the last forward (full recomputation of the layer).
@@ -110,6 +114,7 @@ class MoELayer {
   // for the shared expert.
   bool round_dy_ = false;
   bool round_rows_ = false;  // widened bf16: the GEMMs read the input's bf16 values, x16w_TH_
+  bool input_rounded_ = false;  // input_rounded(): they read the input itself
   bool bf16_dispatch_ = true;
   bool rows16_ = false;  // the tokens dispatched as bf16: x16_TH_ -> x16_NH_
   bool dy16_ = false;    // the output gradient too: dy16_TH_ -> dy16_NH_ (no MLP biases)

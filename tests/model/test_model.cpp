@@ -303,15 +303,21 @@ TEST(MLP, RecomputationIsBitwiseWithGeluAndBiases) {
 }
 
 // --bf16 keeps the input norm's output n1 in bf16 and its f32 values in the layer's workspace,
-// which the next layer's forward overwrites: the backward refills it. A block's backward after
-// the next layer's forward gives bitwise the gradients of a backward right after its own forward,
-// with self-attention and with multi-latent attention.
-void expect_bf16_norm_output_survives_the_next_layer(bool mla) {
+// which the next layer's forward overwrites: the backward refills it. With the bf16 residual
+// stream the pre-MLP norm's output n2 too (its f32 values in the block's dnorm workspace; the
+// FFN's backward reads them: the router's and the shared expert's weight gradients, a dense
+// MLP's). A block's backward after the next layer's forward gives bitwise the gradients of a
+// backward right after its own forward, with self-attention and with multi-latent attention,
+// dense and MoE layers.
+void expect_bf16_norm_output_survives_the_next_layer(bool mla, bool moe) {
   SCOPED_TRACE(mla ? "multi-latent attention" : "self-attention");
+  SCOPED_TRACE(moe ? "MoE layers" : "dense layers");
   ModelConfig cfg = tiny_config();
   cfg.hidden = 16;
   cfg.bf16 = true;
-  cfg.moe_layer_pattern = {0, 0};  // two dense layers: the same workspace offsets
+  ASSERT_TRUE(cfg.bf16_residual());
+  // Two layers of one kind: the same workspace offsets.
+  cfg.moe_layer_pattern = moe ? std::vector<int>{1, 1} : std::vector<int>{0, 0};
   if (mla) {
     testing::use_tiny_mla(cfg);
   }
@@ -350,8 +356,10 @@ void expect_bf16_norm_output_survives_the_next_layer(bool mla) {
 }
 
 TEST(TransformerBlock, Bf16KeptNormOutputSurvivesTheNextLayer) {
-  expect_bf16_norm_output_survives_the_next_layer(false);
-  expect_bf16_norm_output_survives_the_next_layer(true);
+  for (bool moe : {false, true}) {
+    expect_bf16_norm_output_survives_the_next_layer(false, moe);
+    expect_bf16_norm_output_survives_the_next_layer(true, moe);
+  }
 }
 
 TEST(TransformerBlock, FiniteDifferencesDenseAndMoE) {

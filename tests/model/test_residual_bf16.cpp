@@ -5,8 +5,10 @@
 // layers overwrite. Checked: a pipeline stage's output holds bf16 values (f32 values with the
 // flag); the whole model equals its two pipeline stages bitwise (the whole model's
 // pass-through buffers are overwritten by its later layers before its backward reads their
-// kept copies; the split model's boundary is kept in f32); the kept activations shrink by
-// exactly the bytes of the f32 copies replaced by bf16 ones.
+// kept copies; the split model's boundary is kept in f32); the norms' outputs that Megatron-Core
+// writes in bf16 (n2, the hidden states entering the MoE layer or MLP, and the final norm's)
+// hold bf16 values; the kept activations shrink by exactly the bytes of the f32 copies replaced
+// by bf16 ones.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -103,9 +105,40 @@ TEST(Bf16Residual, WholeModelEqualsItsPipelineStagesBitwise) {
   }
 }
 
+// The router's input (n2 of the last layer, a MoE layer) and the final norm's output (the
+// head's input) after a forward: bf16 values with the bf16 stream, as Megatron-Core's bf16
+// norms write them (the router upcasts them for its f32 logits); f32 values with the flag.
+TEST(Bf16Residual, NormOutputsHoldBf16ValuesUnlessFp32ResidualConnection) {
+  for (bool fp32_residual : {false, true}) {
+    SCOPED_TRACE(fp32_residual ? "--fp32-residual-connection" : "bf16 residual");
+    ModelConfig cfg = resid_config();
+    cfg.fp32_residual_connection = fp32_residual;
+    const int64_t B = 2, n = B * cfg.seq_length;
+    GPTModel<float> model(cfg, B, 7);
+    auto [ids, targets, counters] = testing::two_micro_batches(n, cfg.vocab_size);
+    std::vector<ops::MicroBatchReport> r(1);
+    std::vector<int64_t> t(cfg.num_experts);
+    model.forward(
+        MicroBatchIO{ids[0].data(), targets[0].data(), &r[0], t.data(), &counters[0]});
+    const moe::Router<float>* last = model.routers().back();  // layer L - 1's
+    const int64_t bad_n2 = not_bf16_values(host(last->saved().x_TH), n * cfg.hidden);
+    const int64_t bad_final = not_bf16_values(host(model.final_norm_output()), n * cfg.hidden);
+    if (fp32_residual) {
+      EXPECT_GT(bad_n2, n * cfg.hidden / 2) << "n2 is not rounded";
+      EXPECT_GT(bad_final, n * cfg.hidden / 2) << "the final norm's output is not rounded";
+    } else {
+      EXPECT_EQ(bad_n2, 0);
+      EXPECT_EQ(bad_final, 0);
+    }
+  }
+}
+
 // The planner's view (a sizing pass): the kept f32 stream (L + 1 boundaries) and the blocks'
 // f32 x1 become bf16 copies of each layer's input, of x1 and of the final norm's input:
-// (4 (L + 1) + 4 L) - 2 (2 L + 1) = 4 L + 2 bytes per token and hidden unit fewer.
+// (4 (L + 1) + 4 L) - 2 (2 L + 1) = 4 L + 2 bytes per token and hidden unit fewer; n2 (every
+// layer's, MoE or dense) and the final norm's output are kept as bf16 alone, their f32 forms
+// in workspaces the model has anyway (the block's dnorm, the stream's pass-through buffer):
+// 2 (L + 1) bytes fewer again, 6 L + 4 in all.
 TEST(Bf16Residual, KeptActivationsHoldTheStreamInBf16) {
   ModelConfig cfg = resid_config();
   const int64_t B = 2, L = cfg.num_layers;
@@ -116,7 +149,10 @@ TEST(Bf16Residual, KeptActivationsHoldTheStreamInBf16) {
   GPTModel<float> m32(f32, B, 7, nullptr, /*size_only=*/true);
   const int64_t a16 = static_cast<int64_t>(m16.arena().bytes_of(MemKind::Activations));
   const int64_t a32 = static_cast<int64_t>(m32.arena().bytes_of(MemKind::Activations));
-  EXPECT_EQ(a32 - a16, (4 * L + 2) * TH);
+  EXPECT_EQ(a32 - a16, (6 * L + 4) * TH);
+  // The workspace stays: nothing new is planned for the f32 forms.
+  EXPECT_EQ(m16.arena().bytes_of(MemKind::Workspace) - m32.arena().bytes_of(MemKind::Workspace),
+            2 * 4 * TH);  // the two pass-through buffers of the stream only
 }
 
 }  // namespace
