@@ -350,7 +350,9 @@ constexpr double kBf16AttentionTol = 3e-2;
 void attention_bf16_case(const Exec& ex) {
   const std::string line = ops::attention_path_line(ex, true, 0.0);
   BACKEND_TRACE(line);
-  if (ex.on_cpu()) EXPECT_EQ(line, "[attention] own kernel (CPU)");
+  if (ex.on_cpu()) {
+    EXPECT_EQ(line, "[attention] own kernel (CPU)");
+  }
   const bool fused = line.find("cuDNN fused") != std::string::npos;
   const double rtol = fused ? kBf16AttentionTol : Tol<float>::rtol;
   const double atol = fused ? kBf16AttentionTol : Tol<float>::atol;

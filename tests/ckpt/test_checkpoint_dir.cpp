@@ -531,7 +531,9 @@ TEST(CheckpointDir, ValidatesAShardsHeaderAsSafetensorsFileDoes) {
   testing::write_text(p, file);
   ShardDigester d(chunk_bytes_for(file.size()));
   d.update(testing::as_bytes(file));
-  ShardFile f{shard_name("model", 1), 1};
+  ShardFile f;
+  f.file = shard_name("model", 1);
+  f.rank = 1;
   d.finish(f);
   for (ShardFile& g : m.files) {
     if (g.file == f.file) g = f;
