@@ -50,6 +50,30 @@ inline TrainFlags tiny_train_flags() {
   return f;
 }
 
+// Four layers (MoE, dense, MoE, MoE) of hidden 32 over sequences of 16, 4 experts with a z-loss
+// and input jitter, 2 micro-batches of 2 per step, no warm-up and no GEMM probe: the training
+// tests that step a whole model through its MoE and dense layers (recomputation, routing replay).
+inline TrainFlags small_moe_train_flags() {
+  TrainFlags f = tiny_train_flags();
+  f.vocab_size = 64;
+  f.make_vocab_size_divisible_by = 64;
+  f.model.hidden = 32;
+  f.model.num_layers = 4;
+  f.model.seq_length = 16;
+  f.model.ffn_hidden = 48;
+  f.model.num_experts = 4;
+  f.model.moe.ffn_hidden = 24;
+  f.model.moe.router.z_loss_coeff = 1e-3;
+  f.model.moe.router.input_jitter_eps = 1e-2;
+  f.moe_layer_freq = "[1,0,1,1]";
+  f.train.micro_batch = 2;
+  f.train.global_batch = 4;
+  f.train.log_interval = 1000;
+  f.train.lr.warmup_steps = 0;
+  f.train.peak_gflops = 100;  // skip the start-up GEMM probe
+  return f;
+}
+
 // The same model as Megatron builds it without the tiny model's flags: GeLU MLPs, biases on
 // every linear layer, LayerNorm, learned absolute positions, dropout 0.1 on the hidden states
 // and the attention probabilities.

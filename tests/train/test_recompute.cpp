@@ -23,28 +23,12 @@ namespace {
 // qk-layernorm and a qkv bias, input jitter, and 2 micro-batches per step; the mla variants
 // with multi-latent attention instead of the QKV attention.
 cli::TrainFlags base_flags(const std::string& variant) {
-  cli::TrainFlags f = cli::tiny_train_flags();
-  f.vocab_size = 64;
-  f.make_vocab_size_divisible_by = 64;
+  cli::TrainFlags f = cli::small_moe_train_flags();
   f.untie_embeddings = true;
-  f.model.hidden = 32;
-  f.model.num_layers = 4;
-  f.model.seq_length = 16;
-  f.model.ffn_hidden = 48;
   f.model.qk_layernorm = true;
   f.model.add_qkv_bias = true;
-  f.model.num_experts = 4;
-  f.model.moe.ffn_hidden = 24;
   f.model.moe.shared_ffn_hidden = 16;
-  f.model.moe.router.z_loss_coeff = 1e-3;
-  f.model.moe.router.input_jitter_eps = 1e-2;
-  f.moe_layer_freq = "[1,0,1,1]";
-  f.train.micro_batch = 2;
-  f.train.global_batch = 4;
   f.train.train_iters = 4;
-  f.train.log_interval = 1000;
-  f.train.lr.warmup_steps = 0;
-  f.train.peak_gflops = 100;  // skip the start-up GEMM probe
   if (variant == "balancing") {
     // Sigmoid + expert bias + group-limited routing, global and sequence aux losses (their
     // per-step accumulators must not count a recomputing forward), capacity dropping.

@@ -23,27 +23,11 @@ namespace {
 using moe::RoutingReplay;
 
 
-// Three MoE layers and a dense one, 2 micro-batches per step; "balancing": sigmoid scores with
-// expert bias, group-limited routing and capacity dropping.
+// Three MoE layers and a dense one (cli::small_moe_train_flags), 2 micro-batches per step;
+// "balancing": sigmoid scores with expert bias, group-limited routing and capacity dropping.
 cli::TrainFlags replay_flags(const std::string& variant) {
-  cli::TrainFlags f = cli::tiny_train_flags();
-  f.vocab_size = 64;
-  f.make_vocab_size_divisible_by = 64;
-  f.model.hidden = 32;
-  f.model.num_layers = 4;
-  f.model.seq_length = 16;
-  f.model.ffn_hidden = 48;
-  f.model.num_experts = 4;
-  f.model.moe.ffn_hidden = 24;
-  f.model.moe.router.z_loss_coeff = 1e-3;
-  f.model.moe.router.input_jitter_eps = 1e-2;
-  f.moe_layer_freq = "[1,0,1,1]";
-  f.train.micro_batch = 2;
-  f.train.global_batch = 4;
+  cli::TrainFlags f = cli::small_moe_train_flags();
   f.train.train_iters = 3;
-  f.train.log_interval = 1000;
-  f.train.lr.warmup_steps = 0;
-  f.train.peak_gflops = 100;  // skip the start-up GEMM probe
   if (variant == "balancing") {
     f.router.score_function = "sigmoid";
     f.model.moe.router.enable_expert_bias = true;

@@ -1241,15 +1241,14 @@ void expect_bf16_steps_close(const Run& got, const Run& ref, const std::string& 
 // --bf16, the final weights of the routed parameters (is_routed), per expert e: the norm of
 // their difference to the one-rank weights over the norm of the one-rank travel,
 // |w_e - w_ref,e| / |w_ref,e - w0,e| <= kParityBf16RoutedTravelRelNorm. Element by element
-// (compare()) they cannot be held to a learning rate: a token whose top-k lies within a bf16
-// rounding flip of a tie is routed to another expert in one of the runs (the layouts sum in
-// another order, e.g. the CP ring's log-sum-exp merge), which adds or removes that token's
-// whole term in two experts' gradients; where the other tokens' terms nearly cancel, the
-// element's gradient changes sign, and Adam's normalised step turns it into a step of up to
-// ~lr of the other sign, kept by the momentum over the remaining steps (docs/numerics.md,
-// "layout parity --bf16, final weights of the routed parameters"). Over a whole expert those
-// elements are a small part of its travel (measured <= 0.094); an error that moves the expert
-// as a whole is not (one step's gradient of one expert negated: 0.32 .. 0.42).
+// (compare()) they cannot be held to a learning rate: an element whose gradient terms nearly
+// cancel takes its sign from the layouts' bf16 rounding flips (the layouts sum in another order,
+// e.g. the CP ring's log-sum-exp merge), and Adam's normalised step turns it into a step of up
+// to ~lr, kept by the momentum over the remaining steps (docs/numerics.md, "layout parity --bf16,
+// final weights of the routed parameters"). The layout replays the reference's routing
+// (parity_options), so no token changes experts. Over a whole expert those elements are a small
+// part of its travel (measured <= 0.009); an error that moves one expert is not (its gradient
+// doubled in one step: 0.072; negated: 0.32 .. 0.42).
 void expect_bf16_routed_weights_close(const Run& got, const Run& ref, const std::string& what) {
   double worst = 0;
   std::string worst_at = "none";
