@@ -152,6 +152,15 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
                 {{nl, ql_, H_}, {n, Hq_ * dqh_, q_in}, {nl, kl_ + pe_, H_}, {n, Hq_ * dkv, kl_},
                  {n, H_, Hq_ * (Dp_ == dvh_ ? dvh_ : Dp_)}},
                 "mla");
+  // --bf16 with SP: q's latent (x without q LoRA) and kv's feed only the up projections' bf16
+  // GEMMs (their forward and weight gradients), which read their bf16 values: all-gathered as
+  // bf16 through one staging buffer (TensorParallel::enter). The raw rotary key stays f32: RoPE
+  // reads its f32 values. (After lin_.allocate: it decides whether the GEMMs are bf16.)
+  lat_wire16_ = nullptr;
+  if (tp_.sequence_parallel() && lin_.bf16()) {
+    lat_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n, std::max(q_in, kl_)), "mla.latent_wire16",
+                                MemKind::Workspace);
+  }
   x_rounded_ = false;  // until the block says otherwise
   if (pos_T_ != nullptr) core_.positions(pos_T_);
 }
@@ -160,12 +169,12 @@ template <typename T>
 void MlaAttention<T>::gather_latents(bool k_pe) {
   if (q_down_ != nullptr) {
     const DevPtr<const T> q_lat = q_norm_ != nullptr ? saved_.q_cn : saved_.q_c;
-    q_in_ = tp_.enter(*ex_, q_lat, q_in_full_, n_, ql_);
+    q_in_ = tp_.enter(*ex_, q_lat, q_in_full_, n_, ql_, lat_wire16_);
   } else {
-    q_in_ = tp_.enter(*ex_, saved_.x_TH, x_full_, n_, H_);
+    q_in_ = tp_.enter(*ex_, saved_.x_TH, x_full_, n_, H_, lat_wire16_);
   }
   const DevPtr<const T> kv_lat = kv_norm_ != nullptr ? saved_.kv_cn : saved_.kv_c;
-  kv_in_ = tp_.enter(*ex_, kv_lat, kv_in_full_, n_, kl_);
+  kv_in_ = tp_.enter(*ex_, kv_lat, kv_in_full_, n_, kl_, lat_wire16_);
   if (k_pe) k_pe_in_ = tp_.enter(*ex_, DevPtr<const T>(k_pe_raw_), k_pe_full_, n_, pe_);
 }
 

@@ -110,6 +110,7 @@ class MlaAttention {
   const Exec* ex_ = &cpu_exec();
   // The projections: GEMMs in T, or bf16 inputs with f32 accumulation under --bf16.
   nn::LinearGemms<T> lin_;
+  DevPtr<bf16> lat_wire16_ = nullptr;  // --bf16 with SP: the latents' bf16 all-gathers' staging
   bool x_rounded_ = false;  // the block input arrives as bf16 values (input_rounded())
   parallel::TensorParallel tp_;
   // The core attention (forward, its recomputation, backward): the plain op on one CP rank.

@@ -75,17 +75,21 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
         run.recompute.selective() &&
         std::find(run.recompute_modules.begin(), run.recompute_modules.end(), "mla_up_proj") !=
             run.recompute_modules.end();
+    // Under --bf16 q's and kv's latents (bf16 GEMMs' inputs) are gathered as bf16, the raw
+    // rotary key (RoPE reads its f32 values) in the activations' dtype.
     const auto mla_region = [&](GroupBytes& x, double fwd) {
       const MlaSpec& s = *m.mla;
       const double q = s.q_lora_rank > 0 ? static_cast<double>(s.q_lora_rank) : H;
       const double lat = q + s.kv_lora_rank + s.qk_pos_emb_head_dim;  // per token
-      const double regather = q + s.kv_lora_rank + (up_proj ? s.qk_pos_emb_head_dim : 0);
-      const double t = T * tok * f;
+      const double qkv16 = (q + s.kv_lora_rank) * (run.bf16 ? 2.0 : tok);  // bytes per token
+      const double pe = s.qk_pos_emb_head_dim * tok;
+      const double t = T * f;
       if (sp) {
-        x.all_gather += t * (fwd * lat + regather + H);  // + leave's backward
-        x.reduce_scatter += t * (fwd * H + lat);
+        // Each forward's gathers, the backward's regathers, leave's backward.
+        x.all_gather += t * (fwd * (qkv16 + pe) + qkv16 + (up_proj ? pe : 0) + H * tok);
+        x.reduce_scatter += t * tok * (fwd * H + lat);
       } else {
-        x.all_reduce += 2 * t * (fwd * H + lat);
+        x.all_reduce += 2 * t * tok * (fwd * H + lat);
       }
     };
     for (int64_t l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
