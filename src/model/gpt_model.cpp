@@ -236,11 +236,13 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     all_blocks_.push_back(blocks_[b].get());
     all_layers_.push_back(block_layer_[b]);
   }
+  routing_slots();
   if (mtp_ != nullptr) {
     for (int64_t j = 0; j < mtp_->depths(); ++j) {
       all_blocks_.push_back(&mtp_->layer(j).block());
       all_layers_.push_back(cfg_.num_layers + j);
     }
+    routing_slots();
     mtp_->set_ends(typename MtpBlock<T>::Ends{
         [this](DevPtr<T> x, DevPtr<const int32_t> ids, DevPtr<const int32_t> pos, uint64_t key) {
           embed(*mtp_table_, x, ids, pos, key);
@@ -978,12 +980,17 @@ template <typename T>
 DevPtr<int32_t> GPTModel<T>::routing_table(const MicroBatchIO& io,
                                            const TransformerBlock<T>& b) const {
   if (io.routing_BSK == nullptr || !b.is_moe()) return nullptr;
-  int64_t slot = 0;
-  for (const TransformerBlock<T>* x : all_blocks_) {
-    if (x == &b) break;
-    slot += x->is_moe() ? 1 : 0;
+  const auto it = routing_slot_.find(&b);
+  MOE_CHECK(it != routing_slot_.end(), "[model] a MoE block outside the model's blocks");
+  return io.routing_BSK + it->second * B_ * cfg_.seq_length * cfg_.moe.router.topk;
+}
+
+template <typename T>
+void GPTModel<T>::routing_slots() {
+  routing_slot_.clear();
+  for (const TransformerBlock<T>* b : all_blocks_) {
+    if (b->is_moe()) routing_slot_.emplace(b, static_cast<int64_t>(routing_slot_.size()));
   }
-  return io.routing_BSK + slot * B_ * cfg_.seq_length * cfg_.moe.router.topk;
 }
 
 template <typename T>

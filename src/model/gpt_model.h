@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/arena.h"
@@ -259,6 +260,10 @@ class GPTModel {
   void set_replay_micro_batch(int c, int64_t microbatch);
   // Block b's table in io.routing_BSK (null without one, or when b has no MoE layer).
   DevPtr<int32_t> routing_table(const MicroBatchIO& io, const TransformerBlock<T>& b) const;
+  // Each MoE block's slot in MicroBatchIO::routing_BSK (routers()' order), set once the blocks
+  // are listed in all_blocks_.
+  void routing_slots();
+  std::unordered_map<const TransformerBlock<T>*, int64_t> routing_slot_;
   // x_local [T_local, H] = dropout(table[ids_T] (+ positions[pos_T])) with the dropout stream
   // `key` (the embedding's, or an MTP depth's), and its backward (dx_local overwritten).
   void embed(const Param& table, DevPtr<T> x_local, DevPtr<const int32_t> ids_T,

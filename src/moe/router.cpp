@@ -185,9 +185,11 @@ void Router<T>::forward(DevPtr<const T> x_TH, int64_t n_tok, int64_t seq_length,
 
   gate_forward(x_TH, n_tok);
   compute_scores(n_tok);
-  select(n_tok);
-  if (routing_replayed_ && training_)
-    ops::copy<int32_t>(*ex_, s.routed_TK, replay_TK_, n_tok * K_);
+  // Routing replay: the replayed experts in place of a selection, which runs only where it
+  // keeps state (quantile balancing's beta estimate).
+  const bool replayed = routing_replayed_ && training_;
+  if (!replayed || cfg_.uses(LoadBalancing::QuantileBalancing)) select(n_tok);
+  if (replayed) ops::copy<int32_t>(*ex_, s.routed_TK, replay_TK_, n_tok * K_);
   compute_probs(n_tok);
   apply_capacity(n_tok);
   ops::narrow_from_f64(*ex_, s.probs_TK, s.probs64_TK, n_tok * K_);

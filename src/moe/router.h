@@ -139,7 +139,8 @@ class Router {
   // training forward (a recomputing one included) routes its tokens to the experts the caller
   // wrote there before it, in place of its selection's: the probs are gathered from this
   // router's scores at them, and capacity, losses and counts follow as from selected experts.
-  // The selection still runs first (its quantile estimate is kept). Eval forwards select.
+  // No selection runs then, but quantile balancing's (its beta estimate is kept). Eval forwards
+  // select.
   void enable_routing_replay() { routing_replay_ = true; }
   DevPtr<int32_t> replayed_experts() { return replay_TK_; }
   void set_routing_replayed(bool on);
