@@ -76,6 +76,9 @@ void MtpLayer<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (tp_.sequence_parallel()) {
     en_full_ = a.alloc<T>(n_tok_ * H, "mtp.enorm_full", MemKind::Workspace);
     hn_full_ = a.alloc<T>(n_tok_ * H, "mtp.hnorm_full", MemKind::Workspace);
+    if (bf16_)
+      in_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n_tok_, H), "mtp.eh_proj_in_wire16",
+                                 MemKind::Workspace);
   }
   y_cols_ = a.alloc<T>(n_tok_ * W_, "mtp.eh_proj_cols", MemKind::Workspace);
   gathered_ = a.alloc<T>(n_tok_ * H, "mtp.eh_proj_gathered", MemKind::Workspace);
@@ -155,8 +158,8 @@ void MtpLayer<T>::proj_forward() {
   const int64_t H = H_;
   if (!tp_.active()) return proj_gemms_forward(x_, H, en_, hn_, n_loc_);
   // This rank's W output columns over every token, then all of them onto its tokens.
-  const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H);
-  const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H);
+  const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H, in_wire16_);
+  const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H, in_wire16_);
   proj_gemms_forward(y_cols_, W_, en, hn, n_tok_);
   tp_.all_gather(ex, DevPtr<const T>(y_cols_), gathered_, n_tok_ * W_);
   ops::permute_rows<T>(ex, x_, gathered_, fwd_map_, n_loc_ * tp_.size(), W_);
@@ -174,8 +177,8 @@ void MtpLayer<T>::proj_backward() {
   // The whole inputs again (SP: their gathers were workspace). Each input gradient's partial
   // sum over this rank's columns (into dfull_ and the gather's buffer, free by now), then
   // summed over TP.
-  const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H);
-  const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H);
+  const DevPtr<const T> en = tp_.enter(ex, DevPtr<const T>(en_), en_full_, n_tok_, H, in_wire16_);
+  const DevPtr<const T> hn = tp_.enter(ex, DevPtr<const T>(hn_), hn_full_, n_tok_, H, in_wire16_);
   proj_gemms_backward(dfull_, gathered_, y_cols_, W_, en, hn, n_tok_);
   tp_.enter_backward(ex, dfull_, den_, n_tok_, H);
   tp_.enter_backward(ex, gathered_, dhn_, n_tok_, H);

@@ -123,6 +123,20 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       if (moe) partial_grads += static_cast<double>(m.num_experts) * H;
       if (m.add_attention_output_bias) partial_grads += H;
       if (m.add_mlp_bias && (!moe || m.shared_ffn_hidden > 0)) partial_grads += H;
+      if (l < m.num_layers) continue;
+      // An MTP depth's eh_proj (model/mtp_layer.h): its output columns all-gathered onto the
+      // tokens (fwd) and the output gradient gathered back (leave's backward, SP only); with SP
+      // en and hn enter the region each way (as bf16 under --bf16: eh_proj's bf16 GEMMs read
+      // them) and their gradients are reduce-scattered, all-reduced without SP. Under SP its
+      // three norms' gradients are partial.
+      regions.all_gather += N * f;
+      if (sp) {
+        regions.all_gather += 2 * 2 * N_in * f + N * f;
+        regions.reduce_scatter += 2 * N * f;
+        partial_grads += 3 * H * ln;
+      } else {
+        regions.all_reduce += 2 * 2 * N * f;
+      }
     }
     if (sp) partial_grads += H * ln;  // the final norm
     // Vocab-parallel embedding (one leave) and head (one enter), once per micro-batch and MTP
@@ -132,6 +146,9 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     if (sp) {
       b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
       b.tp_vocab.all_gather = heads * (N + N_in) * f;  // embedding leave's backward, head enter
+      // With MTP every head's backward gathers its input again (GPTModel::head_backward: the
+      // depths' heads ran after it on the same buffers).
+      if (m.mtp_num_layers > 0) b.tp_vocab.all_gather += heads * N_in * f;
     } else {
       b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
     }

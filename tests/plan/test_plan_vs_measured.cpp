@@ -180,10 +180,10 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // collective form) against what the rank's TP communicator counted (the metrics file's
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
 // SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention, a dense
-// layer, a shared expert and multi-latent attention (with q LoRA; with linear_q_proj and
-// mla_up_proj), in f32 and --bf16 (with SP the inputs of the QKV projections, the dense MLPs,
-// the shared expert and the head all-gathered as bf16: 2 bytes an element, the gradients'
-// collectives f32). Every form is deterministic (no routing in it), so they must be equal, byte
+// layer, a shared expert, multi-latent attention (with q LoRA; with linear_q_proj and
+// mla_up_proj) and two MTP depths (eh_proj's traffic, every head's regather), in f32 and --bf16
+// (with SP the inputs of the QKV projections, the dense MLPs, the shared expert, eh_proj and the
+// head all-gathered as bf16: 2 bytes an element, the gradients' collectives f32). Every form is deterministic (no routing in it), so they must be equal, byte
 // for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
@@ -204,7 +204,8 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
       {" dense+moe", " --moe-layer-freq [0,1]"},
       {" shared", " --moe-shared-expert-intermediate-size 64"},
       {" mla", mla + " --q-lora-rank 24"},
-      {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"}};
+      {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"},
+      {" mtp", " --mtp-num-layers 2"}};
   int compared = 0;
   for (const char* precision : {"", " --bf16"})
   for (const auto& [name, extra] : models)
@@ -232,7 +233,7 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 20);
+  EXPECT_EQ(compared, 24);
 #endif
 }
 
