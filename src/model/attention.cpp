@@ -129,7 +129,8 @@ void SelfAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
     x_full_ = a.alloc<T>(n * H_, "attn.x_full", MemKind::Workspace);
     y_full_ = a.alloc<T>(n * H_, "attn.y_full", MemKind::Workspace);
   }
-  // --bf16: the input (n1) feeds only the QKV GEMMs, which read its bf16 values: gathered as bf16.
+  // --bf16: the input (n1) feeds only the QKV GEMMs, which read its bf16 values: gathered as bf16
+  // (the backward's output gradient through the same buffer, backward()).
   x_wire16_ = store16_ && tp_.sequence_parallel()
                   ? a.alloc<bf16>(tp_.enter_wire_elems(n, H_), "attn.x_wire16", MemKind::Workspace)
                   : DevPtr<bf16>(nullptr);
@@ -235,7 +236,10 @@ void SelfAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
     core_.forward(out_w_, saved_.lse, q_w_, k_w_, v_w_, drop_);
     core_out_rounded();
   }
-  const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
+  // --bf16 without the output bias: only the output projection's bf16 GEMMs read the gathered
+  // gradient, so it travels as bf16 (the bias gradient would sum its f32 values).
+  const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_,
+                                                proj_bias_ == nullptr ? x_wire16_ : nullptr);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
   lin_.backward(dcore_, dy, out_w_, *proj_, n, H_, Hq_ * D_, store16_);

@@ -155,10 +155,12 @@ void MlaAttention<T>::allocate(Arena& a, int64_t S, int64_t B) {
   // --bf16 with SP: q's latent (x without q LoRA) and kv's feed only the up projections' bf16
   // GEMMs (their forward and weight gradients), which read their bf16 values: all-gathered as
   // bf16 through one staging buffer (TensorParallel::enter). The raw rotary key stays f32: RoPE
-  // reads its f32 values. (After lin_.allocate: it decides whether the GEMMs are bf16.)
+  // reads its f32 values. (After lin_.allocate: it decides whether the GEMMs are bf16.) Without
+  // the output bias the backward's output gradient [n, H] travels through it too.
   lat_wire16_ = nullptr;
   if (tp_.sequence_parallel() && lin_.bf16()) {
-    lat_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n, std::max(q_in, kl_)), "mla.latent_wire16",
+    const int64_t width = std::max({q_in, kl_, proj_bias_ == nullptr ? H_ : int64_t{0}});
+    lat_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n, width), "mla.latent_wire16",
                                 MemKind::Workspace);
   }
   x_rounded_ = false;  // until the block says otherwise
@@ -258,7 +260,10 @@ void MlaAttention<T>::backward(DevPtr<T> dx_TH, DevPtr<const T> dy_TH) {
   if (recompute_up_) up_forward();
   if (recompute_core_)
     core_.forward(saved_.core_out, saved_.lse, saved_.q, saved_.k, saved_.v, drop_);
-  const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_);
+  // --bf16 without the output bias: only the output projection's bf16 GEMMs read the gathered
+  // gradient: as bf16, through the latents' staging buffer (their gathers are widened by now).
+  const DevPtr<const T> dy = tp_.leave_backward(*ex_, dy_TH, y_full_, n, H_,
+                                                proj_bias_ == nullptr ? lat_wire16_ : nullptr);
   if (proj_bias_ != nullptr && tp_.rank() == 0)
     ops::bias_backward(*ex_, proj_bias_->grad_as<T>(), dy, n, H_);
   proj_backward(dy, n);

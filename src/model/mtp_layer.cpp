@@ -172,7 +172,9 @@ void MtpLayer<T>::proj_backward() {
   if (!tp_.active()) return proj_gemms_backward(den_, dhn_, dx_, H, en_, hn_, n_loc_);
   // The gather's backward: this rank's columns of the whole output gradient (all-gathered over
   // the tokens with SP), into y_cols_.
-  const DevPtr<const T> dfull = tp_.leave_backward(ex, DevPtr<const T>(dx_), dfull_, n_tok_, H);
+  // Only eh_proj's bf16 GEMMs read it under --bf16: gathered as bf16 with SP.
+  const DevPtr<const T> dfull =
+      tp_.leave_backward(ex, DevPtr<const T>(dx_), dfull_, n_tok_, H, in_wire16_);
   ops::permute_rows<T>(ex, y_cols_, dfull, bwd_map_, n_tok_, W_);
   // The whole inputs again (SP: their gathers were workspace). Each input gradient's partial
   // sum over this rank's columns (into dfull_ and the gather's buffer, free by now), then

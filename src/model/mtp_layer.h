@@ -84,8 +84,8 @@ class MtpLayer {
   // this rank's token-major rows (fwd: [T_local tp]) and from the whole output gradient's rows to
   // this rank's columns (bwd: [T]), rows W wide.
   DevPtr<T> en_full_ = nullptr, hn_full_ = nullptr;
-  // --bf16 with SP: en's and hn's all-gathers as bf16 (only eh_proj's bf16 GEMMs read them, so
-  // the gathered values are exact), one staging buffer for both.
+  // --bf16 with SP: en's and hn's all-gathers as bf16 and the output gradient's (only eh_proj's
+  // bf16 GEMMs read them, so the gathered values are exact), one staging buffer for all three.
   DevPtr<bf16> in_wire16_ = nullptr;
   DevPtr<T> y_cols_ = nullptr, gathered_ = nullptr, dfull_ = nullptr;
   DevPtr<int32_t> fwd_map_ = nullptr, bwd_map_ = nullptr;

@@ -165,7 +165,8 @@ void TransformerBlock<T>::allocate(Arena& a, int64_t S, int64_t B) {
   if (mlp_ && tp_.sequence_parallel()) {
     full_x_ = a.alloc<T>(n_tok_ * H_, "block.mlp_in_full", MemKind::Workspace);
     full_y_ = a.alloc<T>(n_tok_ * H_, "block.mlp_out_full", MemKind::Workspace);
-    // --bf16: n2 feeds only fc1's bf16 GEMMs here: gathered as bf16 (TensorParallel::enter).
+    // --bf16: n2 feeds only fc1's bf16 GEMMs here: gathered as bf16 (TensorParallel::enter);
+    // without biases the output gradient too (mlp_backward()).
     if (mlp_->reads_input_as_bf16())
       mlp_wire16_ = a.alloc<bf16>(tp_.enter_wire_elems(n_tok_, H_), "block.mlp_in_wire16",
                                   MemKind::Workspace);
@@ -237,7 +238,9 @@ void TransformerBlock<T>::mlp_backward(DevPtr<T> dx, DevPtr<const T> dy) {
   // The forward's gathered input again: the MLP's backward reads it (its workspace was the other
   // layers' meanwhile).
   tp_.enter(*ex_, DevPtr<const T>(n2_), full_x_, n_tok_, H_, mlp_wire16_);
-  const DevPtr<const T> dyf = tp_.leave_backward(*ex_, dy, full_y_, n_tok_, H_);
+  // --bf16 without biases only fc2's bf16 GEMMs read the gathered output gradient: as bf16.
+  const DevPtr<const T> dyf = tp_.leave_backward(
+      *ex_, dy, full_y_, n_tok_, H_, mlp_->reads_output_grad_as_bf16() ? mlp_wire16_ : nullptr);
   // The input gradient's partial sum: into dx without SP, else into the gathered output
   // gradient's buffer (the MLP's backward reads dy before it writes dx; it reads x after).
   const DevPtr<T> dxf = tp_.sequence_parallel() ? full_y_ : dx;

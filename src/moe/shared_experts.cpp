@@ -101,7 +101,9 @@ void SharedExperts<T>::mlp_backward_fc2(DevPtr<const T> dy, int64_t n_tok) {
   const int64_t n = n_tok * tp_.size();
   // The forward's gathered input again (the MLP's backward reads it, its recomputation too).
   tp_.enter(*ex_, x_mlp_TH_, full_x_, n, H_, wire16_);
-  mlp_->backward_fc2(tp_.leave_backward(*ex_, dy, full_y_, n, H_));
+  // --bf16 without biases only fc2's bf16 GEMMs read the gathered output gradient: as bf16.
+  mlp_->backward_fc2(tp_.leave_backward(*ex_, dy, full_y_, n, H_,
+                                        mlp_->reads_output_grad_as_bf16() ? wire16_ : nullptr));
 }
 
 template <typename T>

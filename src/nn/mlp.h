@@ -179,6 +179,9 @@ class MLP {
   bool has_bias() const { return sh_.bias; }
   // --bf16 (after allocate()): fc1 and fc2 are bf16 GEMMs, which read the input's bf16 values.
   bool reads_input_as_bf16() const { return saved_.gemm16; }
+  // --bf16 without biases: only fc2's bf16 GEMMs read the output gradient (with biases fc2's
+  // bias gradient sums its f32 values; on every TP rank alike, whichever adds the bias).
+  bool reads_output_grad_as_bf16() const { return saved_.gemm16 && !sh_.bias; }
   // This rank's ffn width (ffn / tp).
   int64_t local_ffn() const { return sh_.F; }
   void forward(DevPtr<T> y_TH, DevPtr<const T> x_TH, int64_t n_tok);

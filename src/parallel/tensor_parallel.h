@@ -104,6 +104,15 @@ class TensorParallel {
                                  int64_t H) const {
     return enter(ex, dy, full_nH, n, H);
   }
+  // The same in bf16 bytes through a staging buffer of enter_wire_elems(n, H) (enter's form):
+  // exact only when every reader of the gathered gradient takes its bf16 values (the
+  // row-parallel projection's bf16 GEMMs; not a bias gradient, which sums its f32 values). The
+  // choice must be the same on every rank of the group.
+  template <typename T>
+  DevPtr<const T> leave_backward(const Exec& ex, DevPtr<const T> dy, DevPtr<T> full_nH, int64_t n,
+                                 int64_t H, DevPtr<bf16> wire16) const {
+    return enter(ex, dy, full_nH, n, H, wire16);
+  }
 
   // The plain collectives over the group, ordered on ex's stream (no-ops on one rank).
   template <typename T>

@@ -50,13 +50,19 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     // (leave's backward all-gather, every reduce-scatter and all-reduce) keep the activations'
     // dtype: reduced in bf16 they would sum rounded partials.
     const double N_in = T * H * (run.bf16 ? 2.0 : tok);
+    // The output gradient's all-gather (leave's backward, SP) is bf16 too where only the
+    // row-parallel projection's bf16 GEMMs read it: without that projection's bias (whose
+    // gradient sums the f32 values).
+    const double dy_attn = run.bf16 && !m.add_attention_output_bias ? 2.0 : tok;  // B a value
+    const double dy_mlp = run.bf16 && !m.add_mlp_bias ? 2.0 : tok;
     // A TP region's forward and its backward (enter + leave each way). With SP the backward
     // also gathers the region's input again (the gathered input is workspace, not kept: the
     // weight gradients of the column-parallel projection read it), as Megatron does.
-    const auto region = [&](GroupBytes& x, double times) {
+    const auto region = [&](GroupBytes& x, double times, double dy) {
       if (sp) {
-        x.all_gather += times * N_in * f + N * f;  // enter (fwd) and the regather / leave's bwd
-        x.reduce_scatter += times * N * f;         // leave (fwd) / enter's backward
+        // enter (fwd) and the regather; leave's backward
+        x.all_gather += times * N_in * f + T * H * dy * f;
+        x.reduce_scatter += times * N * f;  // leave (fwd) / enter's backward
       } else {
         x.all_reduce += times * 2 * N * f;  // leave (fwd) / enter's backward
       }
@@ -64,7 +70,7 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     // The shared expert always runs sequence-parallel (the MoE layer's tokens are a slice); its
     // input's all-gathers bf16 under --bf16 too.
     const auto seq_region = [&](GroupBytes& x, double times) {
-      x.all_gather += times * N_in * f + N * f;
+      x.all_gather += times * N_in * f + T * H * dy_mlp * f;
       x.reduce_scatter += times * N * f;
     };
     // Multi-latent attention (model/mla_attention.h): its latents enter the region instead of
@@ -86,7 +92,7 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       const double t = T * f;
       if (sp) {
         // Each forward's gathers, the backward's regathers, leave's backward.
-        x.all_gather += t * (fwd * (qkv16 + pe) + qkv16 + (up_proj ? pe : 0) + H * tok);
+        x.all_gather += t * (fwd * (qkv16 + pe) + qkv16 + (up_proj ? pe : 0) + H * dy_attn);
         x.reduce_scatter += t * tok * (fwd * H + lat);
       } else {
         x.all_reduce += 2 * t * tok * (fwd * H + lat);
@@ -99,9 +105,9 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       if (m.mla)
         mla_region(regions, fwd);  // attention
       else
-        region(regions, fwd + 1);  // attention
+        region(regions, fwd + 1, dy_attn);  // attention
       if (!moe) {
-        region(regions, fwd + 1 + (run.recompute.selective() && rm.mlp ? 1 : 0));
+        region(regions, fwd + 1 + (run.recompute.selective() && rm.mlp ? 1 : 0), dy_mlp);
       } else {
         if (!sp) {
           // The MoE output all-gathered over TP (fwd), its input gradient likewise (bwd).
@@ -126,12 +132,12 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
       if (l < m.num_layers) continue;
       // An MTP depth's eh_proj (model/mtp_layer.h): its output columns all-gathered onto the
       // tokens (fwd) and the output gradient gathered back (leave's backward, SP only); with SP
-      // en and hn enter the region each way (as bf16 under --bf16: eh_proj's bf16 GEMMs read
-      // them) and their gradients are reduce-scattered, all-reduced without SP. Under SP its
-      // three norms' gradients are partial.
+      // en and hn enter the region each way and their gradients are reduce-scattered,
+      // all-reduced without SP (under --bf16 the gathers but the output's as bf16: only
+      // eh_proj's bf16 GEMMs read them). Under SP its three norms' gradients are partial.
       regions.all_gather += N * f;
       if (sp) {
-        regions.all_gather += 2 * 2 * N_in * f + N * f;
+        regions.all_gather += 2 * 2 * N_in * f + N_in * f;
         regions.reduce_scatter += 2 * N * f;
         partial_grads += 3 * H * ln;
       } else {

@@ -181,15 +181,15 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
 // SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention, a dense
 // layer, a shared expert, multi-latent attention (with q LoRA; with linear_q_proj and
-// mla_up_proj) and two MTP depths (eh_proj's traffic, every head's regather), in f32 and --bf16
-// (with SP the inputs of the QKV projections, the dense MLPs, the shared expert, eh_proj and the
-// head all-gathered as bf16: 2 bytes an element, the gradients' collectives f32). Every form is deterministic (no routing in it), so they must be equal, byte
-// for byte.
+// mla_up_proj), two MTP depths (eh_proj's traffic, every head's regather) and Megatron's biases,
+// in f32 and --bf16 (with SP the inputs of the QKV projections, the dense MLPs, the shared
+// expert, eh_proj and the head all-gathered as bf16: 2 bytes an element; without biases the
+// output gradients' all-gathers of those regions too; the reductions f32). Every form is
+// deterministic (no routing in it), so they must be equal, byte for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
 #else
-  const std::string& model = kTinyModel;
   const std::string dir = run_dir("tp");
   const std::string session = dir + ".ompi";
   ASSERT_EQ(::mkdir(session.c_str(), 0700), 0) << session;
@@ -198,18 +198,28 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
   const std::string mla =
       " --multi-latent-attention --kv-lora-rank 12 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
       " --v-head-dim 8 --qk-layernorm";
-  // A dense layer first (--moe-layer-freq): the dense MLP's TP region.
+  // A dense layer first (--moe-layer-freq): the dense MLP's TP region. With Megatron's default
+  // biases (the tiny model without --disable-bias-linear) the output gradients' all-gathers
+  // stay f32 under --bf16: the biases' gradients sum their f32 values.
+  const std::string biased = [&] {
+    std::string b = kTinyModel;
+    const std::string off = " --disable-bias-linear";
+    b.erase(b.find(off), off.size());
+    return b;
+  }();
   const std::vector<std::pair<const char*, std::string>> models = {
       {"", ""},
       {" dense+moe", " --moe-layer-freq [0,1]"},
       {" shared", " --moe-shared-expert-intermediate-size 64"},
       {" mla", mla + " --q-lora-rank 24"},
       {" mla q proj", mla + " --recompute-granularity selective --recompute-modules mla_up_proj"},
-      {" mtp", " --mtp-num-layers 2"}};
+      {" mtp", " --mtp-num-layers 2"},
+      {" biases", " --moe-layer-freq [0,1] --moe-shared-expert-intermediate-size 64"}};
   int compared = 0;
   for (const char* precision : {"", " --bf16"})
   for (const auto& [name, extra] : models)
   for (const char* sp : {"", " --sequence-parallel"}) {
+    const std::string& model = std::string(name) == " biases" ? biased : kTinyModel;
     SCOPED_TRACE(std::string(name) + sp + precision);
     const std::string flags = std::string(" --micro-batch-size 2 --global-batch-size 2") +
                               " --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1" +
@@ -233,7 +243,7 @@ TEST(PlanVsMeasured, TpBytesPerRankExactly) {
     ++compared;
   }
   testing::run_command("rm -rf " + session);
-  EXPECT_EQ(compared, 24);
+  EXPECT_EQ(compared, 28);
 #endif
 }
 
