@@ -88,7 +88,15 @@ void grouped_gemm_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64
                        const bf16* x16, const bf16* w, bool trans_w, float* y);
 void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
                              const bf16* dy16, const bf16* x16, float* dw);
+// The same forward with a bf16 D (desc::GemmTypes::Bf16Bf16: the f32 accumulation rounded to
+// nearest even once): one strided-batched cuBLASLt matmul writing bf16.
+void grouped_gemm_bf16_out(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                           const bf16* x16, const bf16* w, bool trans_w, bf16* y16);
 }  // namespace cuda
+// Whether the bf16 grouped forward of this shape writes a bf16 D from device tables on CUDA: its
+// f32-output calls take the device tables (grouped_gemm_path) and the build's backend takes
+// Bf16Bf16 there too (ops/grouped_gemm_path.cpp).
+bool grouped_gemm_device_bf16_output(int64_t N, int64_t K);
 
 // C[M,N] = op(A) op(B) + beta * C (beta 0 or 1), row-major with row strides lda/ldb/ldc.
 inline void gemm_bf16(const Exec& ex, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -203,9 +211,14 @@ int64_t grouped_gemm_wgrad_bf16_workspace_elems(const Exec& ex, int64_t max_rows
 // blocks in some elements. The caller lends memory that is dead in the forward (the MLP:
 // its backward's dh workspace), so no f32 h is planned. bias_GN [G, N] f32 or null; `rows` = the
 // sum of m_G (the caller knows it; the CUDA cast reads no size). The CPU adds the bias and rounds
-// in one pass; CUDA runs grouped_bias_forward and cast_f32_to_bf16 (a cuBLASLt bf16 D with the
-// bias epilogue, and the device-table backend's bf16 D, would save that pass, not memory: h32 is
-// the dh the backward needs anyway).
+// in one pass; CUDA runs grouped_bias_forward and cast_f32_to_bf16 with a bias. Without one, CUDA
+// writes the bf16 D in the GEMM itself where the library takes it (desc::GemmTypes::Bf16Bf16):
+// the strided-batched form (rows_per_group) always, the device tables where the build's backend
+// has a bf16-output kernel (grouped_gemm_device_bf16_output); h32 is then not written. That
+// saves the f32 write and the cast pass's read, not memory (h32 is the dh the backward needs
+// anyway). Its bits are the f32 output's rounded once as long as the library sums in the same
+// order for either output type: the emulated build's interpreters do; a GPU's heuristic may
+// pick another algorithm for another output type (another f32 summation order, rounded once).
 namespace cpu {
 void grouped_bias_round_bf16(bf16* y16, const float* h32, const float* bias_GN, const int64_t* m_G,
                              int64_t G, int64_t N);
@@ -228,6 +241,16 @@ inline void grouped_gemm_bf16_out(const Exec& ex, DevPtr<const int64_t> m_G, int
                                   DevPtr<bf16> y16, DevPtr<float> h32, DevPtr<float> ws32,
                                   DevPtr<const float> w32 = nullptr, GroupedGemmWorkspace gws = {},
                                   int64_t rows_per_group = 0) {
+  if (!ex.on_cpu() && bias_GN == nullptr) {
+    if (rows_per_group > 0)
+      return cuda::grouped_gemm_bf16_out(ex, rows_per_group, G, N, K, raw_ptr(x16), raw_ptr(w),
+                                         trans_w, raw_ptr(y16));
+    if (grouped_gemm_device_bf16_output(N, K)) {
+      return cuda::grouped_gemm_device_tables(
+          {&ex, desc::GemmTypes::Bf16Bf16, GroupedGemmForm::Forward, raw_ptr(m_G), G, N, K,
+           trans_w, raw_ptr(x16), raw_ptr(w), raw_ptr(y16), raw_ptr(gws.data), gws.bytes});
+    }
+  }
   grouped_gemm_bf16(ex, m_G, G, N, K, x16, w, trans_w, h32, ws32, w32, gws, rows_per_group);
   grouped_bias_round_bf16(ex, m_G, G, N, rows, bias_GN, y16, h32);
 }

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "ops/cuda/grouped_gemm_device.h"
 #include "ops/gemm.h"
+#include "ops/gemm_bf16.h"
 
 namespace moecore::ops {
 
@@ -84,16 +85,6 @@ bool device_tables_built() {
   return false;
 }
 
-const char* types_name(desc::GemmTypes t) {
-  switch (t) {
-    case desc::GemmTypes::F64: return "f64";
-    case desc::GemmTypes::Bf16F32: return "bf16";
-    case desc::GemmTypes::F32Tf32: return "f32, TF32 products";
-    case desc::GemmTypes::F32: break;
-  }
-  return "f32";
-}
-
 }  // namespace
 
 GroupedGemmPathChoice grouped_gemm_path_choice() {
@@ -123,9 +114,14 @@ GroupedGemmPath grouped_gemm_path(desc::GemmTypes types, int64_t N, int64_t K) {
     MOE_FAIL(
         "[gemm] MOECORE_GROUPED_GEMM=device, but the {} grouped GEMM with N={} K={} cannot run "
         "from device tables: {}; unset it (auto) to take the host tables there",
-        types_name(types), N, K, why);
+        desc::gemm_types_name(types), N, K, why);
   }
   return GroupedGemmPath::Host;
+}
+
+bool grouped_gemm_device_bf16_output(int64_t N, int64_t K) {
+  return grouped_gemm_path(desc::GemmTypes::Bf16F32, N, K) == GroupedGemmPath::Device &&
+         supported(desc::GemmTypes::Bf16Bf16, N, K);
 }
 
 int64_t grouped_gemm_workspace_bytes(const Exec& ex, int64_t G) {
@@ -150,7 +146,7 @@ int64_t grouped_gemm_workspace_bytes(const Exec& ex, int64_t G) {
 
 std::string grouped_gemm_path_line(const Exec& ex, desc::GemmTypes types,
                                    std::span<const int64_t> dims) {
-  const char* t = types_name(types);
+  const char* t = desc::gemm_types_name(types);
   if (ex.on_cpu())
     return fmt::format("[gemm] grouped GEMMs ({}): CPU (the group sizes read where they are)", t);
   const std::string host =

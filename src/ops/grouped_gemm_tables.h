@@ -36,14 +36,6 @@ enum class GroupedGemmForm : uint8_t {
   Wgrad,    // dw += dy^T x: a dy, b x, d dw
 };
 
-// Bytes of one element of A and B (the inputs) and of D (the output) for the types.
-inline int64_t gemm_input_bytes(desc::GemmTypes types) {
-  return types == desc::GemmTypes::F64 ? 8 : types == desc::GemmTypes::Bf16F32 ? 2 : 4;
-}
-inline int64_t gemm_output_bytes(desc::GemmTypes types) {
-  return types == desc::GemmTypes::F64 ? 8 : 4;
-}
-
 // The plain loop: the table's entries as documented above (m_G and `problems` host memory; the
 // operand addresses are only offset, never read).
 void grouped_gemm_tables_ref(cuda::GroupedGemmProblem* problems, const int64_t* m_G, int64_t G,

@@ -209,12 +209,22 @@ void grouped_bf16_case(const Exec& ex) {
 
 // The bf16-output forms (fc1's h under --bf16): bitwise grouped_gemm_bf16 (widened: the f32
 // grouped_gemm on the widened values), grouped_bias_forward and cast_f32_to_bf16 on the same
-// context, with and without the bias; the plain loop within a bf16 step.
+// context, with and without the bias; the plain loop within a bf16 step. At N and K that the
+// device tables take (multiples of 8) and with every group's rows known (rows_per_group, the
+// strided-batched form) too: there CUDA writes the bf16 D in the GEMM without a bias
+// (desc::GemmTypes::Bf16Bf16), which leaves h32 as it was (asserted: the direct path ran).
 void grouped_bf16_out_case(const Exec& ex) {
   on_each_path([&] {
-    const int64_t N = 20, K = 36;
     uint32_t seed = 250;
-    for (const auto& m : kBf16Groups) {
+    struct Form {
+      std::vector<int64_t> m;
+      int64_t rows_per_group;
+    };
+    std::vector<Form> forms;
+    for (const auto& m : kBf16Groups) forms.push_back({m, 0});
+    forms.push_back({{6, 6, 6}, 6});
+    for (const auto& [N, K] : {std::pair<int64_t, int64_t>{20, 36}, {24, 40}})
+    for (const auto& [m, rpg] : forms) {
       const int64_t G = static_cast<int64_t>(m.size()), rows = rows_of(m);
       const auto x16 = to_bf16(random_vec<float>(rows * K, seed++));
       const auto w16 = to_bf16(random_vec<float>(G * N * K, seed++));
@@ -223,14 +233,16 @@ void grouped_bf16_out_case(const Exec& ex) {
       ops::cast_bf16_to_f32_ref(x32.data(), x16.data(), rows * K);
       ops::cast_bf16_to_f32_ref(w32.data(), w16.data(), G * N * K);
       for (bool with_bias : {false, true}) {
-        BACKEND_TRACE("G=" << G << " rows=" << rows << " bias=" << with_bias);
+        BACKEND_TRACE("N=" << N << " K=" << K << " G=" << G << " rows=" << rows
+                           << " rows_per_group=" << rpg << " bias=" << with_bias);
         std::vector<bf16> ref(rows * N);
         ops::grouped_gemm_bf16_out_ref(m.data(), G, N, K, x16.data(), w16.data(), true,
                                        with_bias ? bias.data() : nullptr, ref.data());
         Guarded<float> ws =
             nan_ws(ops::grouped_gemm_bf16_workspace_elems(ex, rows, N, K, omp_get_max_threads()));
-        Guarded<float> h32 = nan_out<float>(rows * N), f32 = nan_out<float>(rows * N),
-                       f32w = nan_out<float>(rows * N);
+        Guarded<float> h32 = nan_out<float>(rows * N), h32w = nan_out<float>(rows * N),
+                       f32 = nan_out<float>(rows * N), f32w = nan_out<float>(rows * N);
+        const std::vector<float> poison(h32.data(), h32.data() + rows * N);
         Guarded<uint16_t> y(rows * N), yw(rows * N), want(rows * N), want_w(rows * N);
         {
           Staging st(ex);
@@ -241,26 +253,31 @@ void grouped_bf16_out_case(const Exec& ex) {
           float* f32_d = st.out(f32);
           float* f32w_d = st.out(f32w);
           ops::grouped_gemm_bf16(ex, m_d, G, N, K, st.in(x16), st.in(w16), true, f32_d, st.out(ws),
-                                 nullptr, {gws.data, gws.bytes});
+                                 nullptr, {gws.data, gws.bytes}, rpg);
           ops::grouped_gemm<float>(ex, m_d, G, N, K, st.in(x32), st.in(w32), true, f32w_d,
-                                   {gws.data, gws.bytes});
+                                   {gws.data, gws.bytes}, rpg);
           if (with_bias) {
             ops::grouped_bias_forward<float>(ex, f32_d, b, nullptr, m_d, G, N);
             ops::grouped_bias_forward<float>(ex, f32w_d, b, nullptr, m_d, G, N);
           }
           ops::cast_f32_to_bf16(ex, as_bf16(st.out(want)), f32_d, rows * N);
           ops::cast_f32_to_bf16(ex, as_bf16(st.out(want_w)), f32w_d, rows * N);
-          float* h32_d = st.out(h32);
           ops::grouped_gemm_bf16_out(ex, m_d, G, N, K, rows, st.in(x16), st.in(w16), true, b,
-                                     as_bf16(st.out(y)), h32_d, st.out(ws), nullptr,
-                                     {gws.data, gws.bytes});
+                                     as_bf16(st.out(y)), st.out(h32), st.out(ws), nullptr,
+                                     {gws.data, gws.bytes}, rpg);
           ops::grouped_gemm_widened_bf16_out(ex, m_d, G, N, K, rows, st.in(x32), st.in(w32), true,
-                                             b, as_bf16(st.out(yw)), h32_d,
-                                             {gws.data, gws.bytes});
+                                             b, as_bf16(st.out(yw)), st.out(h32w),
+                                             {gws.data, gws.bytes}, rpg);
           st.back();
         }
         expect_bitwise(y, want, "h16");
         expect_bitwise(yw, want_w, "h16 (widened operands)");
+        const bool direct = !ex.on_cpu() && !with_bias &&
+                            (rpg > 0 || ops::grouped_gemm_device_bf16_output(N, K));
+        if (direct && rows > 0) {
+          EXPECT_TRUE(same_bits(h32.data(), poison.data(), rows * N))
+              << "the bf16 D written in the GEMM leaves h32 as it was";
+        }
         int bad = 0;
         for (int64_t i = 0; i < rows * N && bad < 5; ++i) {
           const float got = bf16_to_float(bf16{y[i]}), exp = bf16_to_float(ref[i]);

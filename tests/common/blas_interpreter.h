@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/desc/blas_args.h"
 #include "ops/desc/gemm_desc.h"
 #include "ops/desc/grouped_gemm_desc.h"
 
@@ -57,7 +58,8 @@ inline void blas_check_types(BlasComputeType compute, BlasDataType a, BlasDataTy
   const bool f64 = compute == BlasComputeType::F64 && a == BlasDataType::R64F &&
                    b == BlasDataType::R64F && c == BlasDataType::R64F;
   const bool bf16 = compute == BlasComputeType::F32 && a == BlasDataType::R16BF &&
-                    b == BlasDataType::R16BF && c == BlasDataType::R32F;
+                    b == BlasDataType::R16BF &&
+                    (c == BlasDataType::R32F || c == BlasDataType::R16BF);
   if (!(f32 || f64 || bf16)) throw std::runtime_error("cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED types");
 }
 
@@ -166,8 +168,7 @@ inline void lt_matmul(const ops::desc::LtMatmulDesc& d, const void* a_slot, cons
   check(Cl.rows == d.m && Cl.cols == d.n, "C layout is not [m,n]");
   check(A.ld >= A.rows && B.ld >= B.rows && Cl.ld >= Cl.rows, "ld < rows");
   check(A.batch_count == B.batch_count && B.batch_count == Cl.batch_count, "batch counts differ");
-  const size_t as = A.type == BlasDataType::R16BF ? 2 : (A.type == BlasDataType::R64F ? 8 : 4);
-  const size_t cs = Cl.type == BlasDataType::R64F ? 8 : 4;
+  const size_t as = ops::desc::blas_type_bytes(A.type), cs = ops::desc::blas_type_bytes(Cl.type);
   for (int32_t b = 0; b < Cl.batch_count; ++b) {
     const char* pa = static_cast<const char*>(a_slot) + b * A.batch_stride * as;
     const char* pb = static_cast<const char*>(b_slot) + b * B.batch_stride * as;
@@ -209,8 +210,7 @@ inline void gemm_grouped_batched_tables(const ops::desc::GroupedBatchedDesc& d,
 // bases (what the backend uploads) and the descriptor's scalars.
 inline void gemm_grouped_batched(const ops::desc::GroupedBatchedDesc& d, const void* a_base,
                                  const void* b_base, void* c_base) {
-  const size_t as = d.a_type == BlasDataType::R16BF ? 2 : (d.a_type == BlasDataType::R64F ? 8 : 4);
-  const size_t cs = d.c_type == BlasDataType::R64F ? 8 : 4;
+  const size_t as = ops::desc::blas_type_bytes(d.a_type), cs = ops::desc::blas_type_bytes(d.c_type);
   std::vector<const void*> A, B;
   std::vector<void*> C;
   for (size_t p = 0; p < d.a_off.size(); ++p) {

@@ -60,18 +60,6 @@ struct EmuArgs {
 };
 static_assert(sizeof(EmuArgs) == 64);
 
-int64_t input_bytes(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? 8 : t == desc::GemmTypes::Bf16F32 ? 2 : 4;
-}
-int64_t output_bytes(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64 ? 8 : 4;
-}
-const char* types_name(desc::GemmTypes t) {
-  return t == desc::GemmTypes::F64       ? "f64"
-         : t == desc::GemmTypes::Bf16F32 ? "bf16"
-         : t == desc::GemmTypes::F32Tf32 ? "tf32"
-                                         : "f32";
-}
 
 bool forced_unsupported() {
   const char* env = std::getenv("MOECORE_EMU_GROUPED_GEMM");
@@ -121,13 +109,13 @@ bool device_grouped_gemm_supported(desc::GemmTypes types, int64_t N, int64_t K, 
           "unsupported)";
     return false;
   }
-  const int64_t multiple = 16 / input_bytes(types);  // the output's is no larger
+  const int64_t multiple = 16 / desc::gemm_input_bytes(types);  // the output's is no larger
   if (N < 0 || K < 0 || N % multiple != 0 || K % multiple != 0) {
     if (why != nullptr)
       *why = fmt::format(
           "{} grouped GEMMs from device tables need N and K multiples of {} (16-byte rows and "
           "row offsets, TMA's rule); this one has N={} K={}",
-          types_name(types), multiple, N, K);
+          desc::gemm_types_name(types), multiple, N, K);
     return false;
   }
   return true;
@@ -225,19 +213,13 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
     std::memcpy(args + g, &e, sizeof e);
   }
 
-  const int64_t ab = input_bytes(types), db = output_bytes(types);
-  const desc::BlasDataType in_type = types == desc::GemmTypes::F64       ? desc::BlasDataType::R64F
-                                     : types == desc::GemmTypes::Bf16F32 ? desc::BlasDataType::R16BF
-                                                                         : desc::BlasDataType::R32F;
-  const desc::BlasDataType out_type =
-      types == desc::GemmTypes::F64 ? desc::BlasDataType::R64F : desc::BlasDataType::R32F;
+  const int64_t ab = desc::gemm_input_bytes(types), db = desc::gemm_output_bytes(types);
+  const desc::BlasDataType in_type = desc::gemm_input_type(types);
+  const desc::BlasDataType out_type = desc::gemm_output_type(types);
   // F32Tf32: the TF32 model of the emulated cuBLASLt (common/blas_interpreter.h: each f32 input
   // rounded to TF32, exact products, f32 sums in k order), so a table of the host-table path's
   // problems gives its TF32 results bitwise, as for the other types.
-  const desc::BlasComputeType compute = types == desc::GemmTypes::F64 ? desc::BlasComputeType::F64
-                                        : types == desc::GemmTypes::F32Tf32
-                                            ? desc::BlasComputeType::F32FastTf32
-                                            : desc::BlasComputeType::F32;
+  const desc::BlasComputeType compute = desc::gemm_compute_type(types);
   // Every operand range first (nothing is written before the whole call is known valid).
   std::vector<std::pair<Range, int64_t>> d_ranges;  // D of each problem that writes one
   for (int64_t g = 0; g < G; ++g) {

@@ -96,7 +96,8 @@ TEST(EmuKernelsGroupedGemmTables, MatchTheReferenceInEveryOrder) {
   loads.push_back(late);
   for (const auto& m : loads) {
     for (const Form& f : kForms) {
-      for (GemmTypes types : {GemmTypes::F32, GemmTypes::F64, GemmTypes::Bf16F32}) {
+      for (GemmTypes types :
+           {GemmTypes::F32, GemmTypes::F64, GemmTypes::Bf16F32, GemmTypes::Bf16Bf16}) {
         check_tables(m, 24, 40, f, types);
       }
     }

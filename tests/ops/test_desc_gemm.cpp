@@ -141,6 +141,70 @@ TEST(DescGemm, Bf16InF32OutEqualsGemmBf16Ref) {
       }
 }
 
+// The bf16-output form (fc1's h under --bf16 on CUDA): the bf16 D is the f32-output descriptor's
+// result rounded to nearest even once, through the same interpreter (the layouts differ only in
+// C's type); beta must be 0.
+TEST(DescGemm, Bf16OutIsTheF32OutputRoundedOnce) {
+  uint32_t seed = 260;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t M = 6, N = 5, K = 9, pad = 2;
+      GemmCall call{GemmTypes::Bf16Bf16, ta, tb, M, N, K, (ta ? M : K) + pad,
+                    (tb ? K : N) + pad, N + pad, 1.0, 0.0};
+      // Full-mantissa operands: the sums are rounded, so the roundings must agree.
+      std::mt19937 rng(seed++);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      std::vector<bf16> A((ta ? K : M) * call.lda), B((tb ? N : K) * call.ldb);
+      for (bf16& v : A) v = float_to_bf16(u(rng));
+      for (bf16& v : B) v = float_to_bf16(u(rng));
+      std::vector<float> f32(M * call.ldc, 0.f);
+      GemmCall f32_call = call;
+      f32_call.types = GemmTypes::Bf16F32;
+      const LtMatmulDesc d32 = gemm_desc(f32_call);
+      lt_matmul(d32, slot(d32.a_operand, A.data(), B.data()),
+                slot(d32.b_operand, A.data(), B.data()), f32.data());
+      std::vector<bf16> want(f32.size()), got(f32.size(), bf16{0x7fc1});
+      for (size_t i = 0; i < f32.size(); ++i) want[i] = float_to_bf16(f32[i]);
+      const LtMatmulDesc d = gemm_desc(call);
+      EXPECT_EQ(d.a.type, BlasDataType::R16BF);
+      EXPECT_EQ(d.b.type, BlasDataType::R16BF);
+      EXPECT_EQ(d.c.type, BlasDataType::R16BF);
+      EXPECT_EQ(d.compute, BlasComputeType::F32);
+      EXPECT_EQ(d.scale_type, BlasDataType::R32F);
+      lt_matmul(d, slot(d.a_operand, A.data(), B.data()), slot(d.b_operand, A.data(), B.data()),
+                got.data());
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) {
+          const size_t i = static_cast<size_t>(r * call.ldc + c);
+          ASSERT_EQ(got[i].bits, want[i].bits) << "row " << r << " col " << c;
+        }
+      // The padding between rows is not written.
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = N; c < call.ldc; ++c)
+          EXPECT_EQ(got[static_cast<size_t>(r * call.ldc + c)].bits, 0x7fc1);
+    }
+  // Accumulating into a bf16 D would round twice: refused, naming the way that accumulates.
+  const auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const GemmCall add{GemmTypes::Bf16Bf16, false, false, 2, 3, 4, 4, 3, 3, 1.0, 1.0};
+  EXPECT_NE(message([&] { gemm_desc(add); }).find("Bf16F32"), std::string::npos);
+  const int64_t m_G[] = {2, 0, 3};
+  EXPECT_NE(message([&] { grouped_batched_wgrad(GemmTypes::Bf16Bf16, m_G, 3, 4, 8); })
+                .find("accumulates"),
+            std::string::npos);
+  const GroupedBatchedDesc fwd = grouped_batched_forward(GemmTypes::Bf16Bf16, m_G, 3, 4, 8, true);
+  EXPECT_EQ(fwd.a_type, BlasDataType::R16BF);
+  EXPECT_EQ(fwd.c_type, BlasDataType::R16BF);
+  EXPECT_EQ(fwd.compute, BlasComputeType::F32);
+}
+
 TEST(DescGemm, TypesAndComputeModes) {
   const LtMatmulDesc f32 = gemm_desc(GemmCall{GemmTypes::F32, false, false, 2, 3, 4, 4, 3, 3});
   EXPECT_EQ(f32.compute, BlasComputeType::F32);  // CUBLAS_COMPUTE_32F: TF32 off
@@ -394,8 +458,8 @@ void expect_table_is_descriptor(GemmTypes types, const std::vector<int64_t>& m_G
                                      : grouped_batched_forward(types, m_G.data(), G, N, K,
                                                                tf.trans_w);
   // Operands in their element types: A / B in the input type, D in the output type.
-  const size_t in = types == GemmTypes::F64 ? 8 : types == GemmTypes::Bf16F32 ? 2 : 4;
-  const size_t out = types == GemmTypes::F64 ? 8 : 4;
+  const size_t in = static_cast<size_t>(gemm_input_bytes(types));
+  const size_t out = static_cast<size_t>(gemm_output_bytes(types));
   const int64_t a_elems = wgrad ? rows * N : rows * K, b_elems = wgrad ? rows * K : G * N * K;
   const int64_t d_elems = wgrad ? G * N * K : rows * N;
   std::vector<unsigned char> a(std::max<int64_t>(a_elems, 1) * in), b(std::max<int64_t>(b_elems, 1) * in);
@@ -464,10 +528,7 @@ void expect_table_is_descriptor(GemmTypes types, const std::vector<int64_t>& m_G
   std::vector<unsigned char> want = d0, got = d0;
   gemm_grouped_batched(d, slot(d.a_operand, a.data(), b.data()),
                        slot(d.b_operand, a.data(), b.data()), want.data());
-  const BlasDataType it = types == GemmTypes::F64       ? BlasDataType::R64F
-                          : types == GemmTypes::Bf16F32 ? BlasDataType::R16BF
-                                                        : BlasDataType::R32F;
-  const BlasDataType ot = types == GemmTypes::F64 ? BlasDataType::R64F : BlasDataType::R32F;
+  const BlasDataType it = gemm_input_type(types), ot = gemm_output_type(types);
   std::vector<cuda::GroupedGemmProblem> rebased(table);
   for (cuda::GroupedGemmProblem& p : rebased) {  // onto `got`
     p.d = got.data() + (static_cast<unsigned char*>(p.d) - d0.data());
@@ -490,9 +551,13 @@ TEST(DescGroupedGemm, DeviceTablesDescribeTheGroupedBatchedProblems) {
                              {"dgrad (of w [G, K, N])", GroupedGemmForm::Forward, true, true},
                              {"wgrad", GroupedGemmForm::Wgrad, false, false}};
   uint32_t seed = 700;
-  for (GemmTypes types : {GemmTypes::F32, GemmTypes::F64, GemmTypes::Bf16F32})
-    for (const TableForm& tf : forms)
+  for (GemmTypes types :
+       {GemmTypes::F32, GemmTypes::F64, GemmTypes::Bf16F32, GemmTypes::Bf16Bf16})
+    for (const TableForm& tf : forms) {
+      // A bf16 output is assigned only: no weight gradient (it accumulates).
+      if (types == GemmTypes::Bf16Bf16 && tf.form == GroupedGemmForm::Wgrad) continue;
       for (const auto& m_G : loads) expect_table_is_descriptor(types, m_G, tf, seed++);
+    }
 }
 
 // A negative count is read as 0 by the tables (the host tables refuse it: RejectsNegativeCounts).

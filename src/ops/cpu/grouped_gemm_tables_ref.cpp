@@ -18,7 +18,7 @@ void grouped_gemm_tables_ref(cuda::GroupedGemmProblem* problems, const int64_t* 
             "[grouped_gemm_tables_ref] G={} N={} K={}, m_G {}, problems {}: sizes in [0, 2^31), "
             "m_G and problems set when G > 0",
             G, N, K, m_G ? "set" : "null", problems ? "set" : "null");
-  const int64_t ab = gemm_input_bytes(types), db = gemm_output_bytes(types);
+  const int64_t ab = desc::gemm_input_bytes(types), db = desc::gemm_output_bytes(types);
   const auto* pa = static_cast<const char*>(a);
   const auto* pb = static_cast<const char*>(b);
   auto* pd = static_cast<char*>(d);

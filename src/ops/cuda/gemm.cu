@@ -241,4 +241,9 @@ void grouped_gemm_wgrad_bf16(const Exec& ex, int64_t rows, int64_t G, int64_t N,
   fixed_wgrad(ex, desc::GemmTypes::Bf16F32, rows, G, N, K, dy16, x16, dw);
 }
 
+void grouped_gemm_bf16_out(const Exec& ex, int64_t rows, int64_t G, int64_t N, int64_t K,
+                           const bf16* x16, const bf16* w, bool trans_w, bf16* y16) {
+  fixed_forward(ex, desc::GemmTypes::Bf16Bf16, rows, G, N, K, x16, w, trans_w, y16);
+}
+
 }  // namespace moecore::ops::cuda

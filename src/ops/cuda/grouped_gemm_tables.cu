@@ -104,7 +104,8 @@ void grouped_gemm_tables(void* stream, GroupedGemmProblem* problems, const int64
   if (G == 0) return;
   launch("grouped_gemm_tables", kernels::grouped_gemm_tables, dim3(1), dim3(unsigned(kBlock)), 0,
          stream, problems, m_G, int(G), form == GroupedGemmForm::Wgrad ? 1 : 0, int(N), int(K),
-         trans_w ? 1 : 0, a, b, d, int(gemm_input_bytes(types)), int(gemm_output_bytes(types)));
+         trans_w ? 1 : 0, a, b, d, int(desc::gemm_input_bytes(types)),
+         int(desc::gemm_output_bytes(types)));
 }
 
 }  // namespace moecore::ops::cuda

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "ops/desc/blas_args.h"
 
 namespace moecore::ops::desc {
 
@@ -36,6 +37,58 @@ ColumnMajorGemm column_major_gemm(const char* who, bool trans_a, bool trans_b, i
   return g;
 }
 
+BlasDataType gemm_input_type(GemmTypes types) {
+  switch (types) {
+    case GemmTypes::F64: return BlasDataType::R64F;
+    case GemmTypes::Bf16F32:
+    case GemmTypes::Bf16Bf16: return BlasDataType::R16BF;
+    case GemmTypes::F32:
+    case GemmTypes::F32Tf32: break;
+  }
+  return BlasDataType::R32F;
+}
+
+BlasDataType gemm_output_type(GemmTypes types) {
+  switch (types) {
+    case GemmTypes::F64: return BlasDataType::R64F;
+    case GemmTypes::Bf16Bf16: return BlasDataType::R16BF;
+    case GemmTypes::F32:
+    case GemmTypes::F32Tf32:
+    case GemmTypes::Bf16F32: break;
+  }
+  return BlasDataType::R32F;
+}
+
+BlasComputeType gemm_compute_type(GemmTypes types) {
+  switch (types) {
+    case GemmTypes::F64: return BlasComputeType::F64;
+    case GemmTypes::F32Tf32: return BlasComputeType::F32FastTf32;  // TF32 products (opt-in)
+    case GemmTypes::F32:  // not _FAST_TF32: full f32 products (library_enums.h)
+    case GemmTypes::Bf16F32:
+    case GemmTypes::Bf16Bf16: break;
+  }
+  return BlasComputeType::F32;
+}
+
+int64_t gemm_input_bytes(GemmTypes types) {
+  return static_cast<int64_t>(blas_type_bytes(gemm_input_type(types)));
+}
+
+int64_t gemm_output_bytes(GemmTypes types) {
+  return static_cast<int64_t>(blas_type_bytes(gemm_output_type(types)));
+}
+
+const char* gemm_types_name(GemmTypes types) {
+  switch (types) {
+    case GemmTypes::F64: return "f64";
+    case GemmTypes::Bf16F32: return "bf16";
+    case GemmTypes::F32Tf32: return "tf32 (f32 with TF32 products)";
+    case GemmTypes::Bf16Bf16: return "bf16 -> bf16";
+    case GemmTypes::F32: break;
+  }
+  return "f32";
+}
+
 namespace {
 
 LtMatrixLayout layout(BlasDataType type, BlasOp op, int64_t rows_op, int64_t cols_op, int64_t ld,
@@ -66,28 +119,15 @@ LtMatmulDesc gemm_desc(const GemmCall& call) {
   MOE_CHECK(g.m <= kInt32Max && g.n <= kInt32Max && g.k <= kInt32Max,
             "[gemm_desc] M={} N={} K={}: cuBLASLt supports sizes up to 2^31-1; split the GEMM",
             call.M, call.N, call.K);
+  // A bf16 D holds the rounded result only: accumulating into it (beta 1) would round twice.
+  MOE_CHECK(call.types != GemmTypes::Bf16Bf16 || call.beta == 0.0,
+            "[gemm_desc] a bf16 output is assigned only (beta={} asks to add to it): use the f32 "
+            "output (Bf16F32) to accumulate",
+            call.beta);
   LtMatmulDesc d;
-  BlasDataType in = BlasDataType::R32F, out = BlasDataType::R32F;
-  switch (call.types) {
-    case GemmTypes::F32:
-      d.compute = BlasComputeType::F32;  // not _FAST_TF32: full f32 products (library_enums.h)
-      d.scale_type = BlasDataType::R32F;
-      break;
-    case GemmTypes::F32Tf32:
-      d.compute = BlasComputeType::F32FastTf32;  // f32 in and out, TF32 products (opt-in)
-      d.scale_type = BlasDataType::R32F;
-      break;
-    case GemmTypes::F64:
-      in = out = BlasDataType::R64F;
-      d.compute = BlasComputeType::F64;
-      d.scale_type = BlasDataType::R64F;
-      break;
-    case GemmTypes::Bf16F32:
-      in = BlasDataType::R16BF;
-      d.compute = BlasComputeType::F32;
-      d.scale_type = BlasDataType::R32F;
-      break;
-  }
+  const BlasDataType in = gemm_input_type(call.types), out = gemm_output_type(call.types);
+  d.compute = gemm_compute_type(call.types);
+  d.scale_type = blas_scale_type(d.compute);
   d.trans_a = g.op_a;
   d.trans_b = g.op_b;
   d.m = g.m;

@@ -19,8 +19,20 @@ namespace moecore::ops::desc {
 // The element types of a GEMM and, for f32, its arithmetic: f32 (CUBLAS_COMPUTE_32F, full f32
 // products: the reference), f32 with TF32 products (F32Tf32: f32 operands and output, the inputs
 // rounded to TF32 by the library, CUBLAS_COMPUTE_32F_FAST_TF32; --fp32-matmul-precision high on
-// CUDA), f64, or bf16 operands with f32 output (--bf16).
-enum class GemmTypes : uint8_t { F32, F64, Bf16F32, F32Tf32 };
+// CUDA), f64, bf16 operands with f32 output (--bf16), or bf16 operands with a bf16 output
+// (Bf16Bf16: the f32 accumulation rounded to nearest even once, as the f32 output cast to bf16
+// would be; D assigned only, beta 0: fc1's h under --bf16).
+enum class GemmTypes : uint8_t { F32, F64, Bf16F32, F32Tf32, Bf16Bf16 };
+
+// The types' library element types, compute type and element sizes (one place for every
+// backend, descriptor and interpreter).
+BlasDataType gemm_input_type(GemmTypes types);   // A and B
+BlasDataType gemm_output_type(GemmTypes types);  // C and D
+BlasComputeType gemm_compute_type(GemmTypes types);
+int64_t gemm_input_bytes(GemmTypes types);
+int64_t gemm_output_bytes(GemmTypes types);
+// "f32", "f64", "bf16", "tf32 (f32 with TF32 products)", "bf16 -> bf16"
+const char* gemm_types_name(GemmTypes types);
 
 // The project's operands, to say which one goes in a library slot.
 enum class GemmOperand : uint8_t { A, B };

@@ -58,12 +58,12 @@ GroupedBatchedDesc tables(const char* who, GemmTypes types, const int64_t* m_G, 
   check_grouped(who, G, N, K);
   MOE_CHECK(G == 0 || m_G != nullptr, "[{}] m_G is null with G={} experts", who, G);
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  MOE_CHECK(!wgrad || types != GemmTypes::Bf16Bf16,
+            "[{}] the weight gradient accumulates (beta 1): a bf16 output cannot hold it", who);
   GroupedBatchedDesc d;
-  const LtMatmulDesc types_of = gemm_desc(GemmCall{types, false, false, 1, 1, 1, 1, 1, 1});
-  d.a_type = types_of.a.type;
-  d.b_type = types_of.b.type;
-  d.c_type = types_of.c.type;
-  d.compute = types_of.compute;
+  d.a_type = d.b_type = gemm_input_type(types);
+  d.c_type = gemm_output_type(types);
+  d.compute = gemm_compute_type(types);
   int64_t row0 = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t rows = m_G[g];
