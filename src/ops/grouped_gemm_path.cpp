@@ -51,9 +51,9 @@ struct State {
 };
 
 // The distinct device-table calls one workspace serves in a step: the backend's parameters
-// depend on (workspace, G, beta), and a layer's calls share its workspace and G, with beta 0
-// (forwards, dgrads) or 1 (wgrads).
-constexpr int64_t kCallsPerWorkspace = 2;
+// depend on (workspace, G, beta, types), and a layer's calls share its workspace and G, with
+// beta 0 (forwards, dgrads) or 1 (wgrads), and fc1's forward with a bf16 D under --bf16.
+constexpr int64_t kCallsPerWorkspace = 3;
 
 State& state() {
   static State s;

@@ -81,16 +81,9 @@ struct DeviceBuffer {
   T* get() const { return static_cast<T*>(p); }
 };
 
-// Uploads the operands, writes the device table on `stream`, runs the call (captured in a graph
-// when `graph`), and returns D. The workspace starts ws_offset bytes into its allocation (a
-// multiple of 64 that no allocation starts at: an address no earlier call used).
-std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands& o, float beta,
-                                 cudaStream_t stream, bool graph, size_t ws_offset = 0) {
-  DeviceBuffer<bf16> a(o.a.size()), b(o.b.size());
-  DeviceBuffer<float> d(o.d0.size());
-  EXPECT_EQ(cudaMemcpy(a.p, o.a.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(b.p, o.b.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d.p, o.d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+// The device table of the problems over device operands a, b and D (elements of d_bytes).
+std::vector<GroupedGemmProblem> table_of(const std::vector<Problem>& ps, const bf16* a,
+                                         const bf16* b, void* d, size_t d_bytes) {
   std::vector<GroupedGemmProblem> table(ps.size());
   for (size_t g = 0; g < ps.size(); ++g) {
     const Problem& p = ps[g];
@@ -103,10 +96,48 @@ std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands&
     t.lda = p.lda;
     t.ldb = p.ldb;
     t.ldd = p.ldd;
-    t.a = a.get() + p.a_off;
-    t.b = b.get() + p.b_off;
-    t.d = d.get() + p.d_off;
+    t.a = a + p.a_off;
+    t.b = b + p.b_off;
+    t.d = static_cast<char*>(d) + p.d_off * int64_t(d_bytes);
   }
+  return table;
+}
+
+// The forward with a bf16 D (GemmTypes::Bf16Bf16, beta 0) over D filled with `fill` bits.
+std::vector<uint16_t> run_bf16_out_on_device(const std::vector<Problem>& ps, const Operands& o,
+                                             uint16_t fill, cudaStream_t stream) {
+  DeviceBuffer<bf16> a(o.a.size()), b(o.b.size());
+  DeviceBuffer<uint16_t> d(o.d0.size());
+  EXPECT_EQ(cudaMemcpy(a.p, o.a.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(b.p, o.b.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<uint16_t> d0(o.d0.size(), fill);
+  EXPECT_EQ(cudaMemcpy(d.p, d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<GroupedGemmProblem> table = table_of(ps, a.get(), b.get(), d.p, 2);
+  const int64_t G = static_cast<int64_t>(ps.size());
+  DeviceBuffer<GroupedGemmProblem> dtable(table.size());
+  const size_t ws_bytes = device_grouped_gemm_workspace_bytes(G);
+  DeviceBuffer<char> ws(ws_bytes);
+  const Exec ex{Device::CUDA, stream};
+  EXPECT_EQ(cudaMemcpyAsync(dtable.p, table.data(), dtable.bytes, cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  device_grouped_gemm(ex, desc::GemmTypes::Bf16Bf16, dtable.get(), G, 0.f, ws.p, ws_bytes);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<uint16_t> out(o.d0.size());
+  EXPECT_EQ(cudaMemcpy(out.data(), d.p, d.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+// Uploads the operands, writes the device table on `stream`, runs the call (captured in a graph
+// when `graph`), and returns D. The workspace starts ws_offset bytes into its allocation (a
+// multiple of 64 that no allocation starts at: an address no earlier call used).
+std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands& o, float beta,
+                                 cudaStream_t stream, bool graph, size_t ws_offset = 0) {
+  DeviceBuffer<bf16> a(o.a.size()), b(o.b.size());
+  DeviceBuffer<float> d(o.d0.size());
+  EXPECT_EQ(cudaMemcpy(a.p, o.a.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(b.p, o.b.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d.p, o.d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<GroupedGemmProblem> table = table_of(ps, a.get(), b.get(), d.p, 4);
   const int64_t G = static_cast<int64_t>(ps.size());
   DeviceBuffer<GroupedGemmProblem> dtable(table.size());
   const size_t ws_bytes = device_grouped_gemm_workspace_bytes(G);
@@ -246,6 +277,8 @@ TEST_F(DeviceGroupedGemm, SupportNamesWhatIsMissing) {
   std::string why;
   EXPECT_FALSE(device_grouped_gemm_supported(desc::GemmTypes::F32, 64, 64, &why));
   EXPECT_NE(why.find("bf16"), std::string::npos) << why;
+  EXPECT_TRUE(device_grouped_gemm_supported(desc::GemmTypes::Bf16Bf16, 200, 136, &why));
+  EXPECT_FALSE(device_grouped_gemm_supported(desc::GemmTypes::Bf16Bf16, 200, 132, &why));
   // TF32 (--fp32-matmul-precision high): no kernel (wgmma's TF32 operands are K-major only and
   // the MoE layer's dgrad and wgrad have MN-major ones), so the f32 grouped GEMMs keep the host
   // tables, with TF32 (docs/gpu.md, "No TF32 kernel").
@@ -293,6 +326,37 @@ TEST_F(DeviceGroupedGemm, ManyMostlyEmptyProblemsAndAnEmptyTable) {
   // Nothing to compute anywhere (an EP rank whose experts got no token): D stays as it was.
   check(moe_layer(Kind::Forward, {0, 0, 0, 0}, 64, 72, true, false, 9), 0.f, true);
   check(moe_layer(Kind::Wgrad, {0, 0, 0}, 64, 72, false, false, 10), 1.f, true);
+}
+
+// The bf16 D (fc1's h under --bf16): the same mainloop and tiles as the f32 D, so on full-mantissa
+// values each element is the f32 D's rounded to nearest even, bitwise; the forward's forms (both
+// weight layouts, and the dgrad's), empty experts; what no problem covers keeps its bits.
+TEST_F(DeviceGroupedGemm, Bf16OutputIsTheF32OutputRoundedOnce) {
+  std::string why;
+  ASSERT_TRUE(device_grouped_gemm_supported(desc::GemmTypes::Bf16Bf16, 200, 136, &why)) << why;
+  const uint16_t fill = 0x7fc1;  // a NaN no result has
+  uint32_t seed = 40;
+  for (Kind kind : {Kind::Forward, Kind::Dgrad})
+    for (bool trans_w : {true, false}) {
+      SCOPED_TRACE(std::string(kind == Kind::Forward ? "forward" : "dgrad") +
+                   (trans_w ? ", w [G,N,K]" : ", w [G,K,N]"));
+      const Layer l = moe_layer(kind, kUneven, 200, 136, trans_w, true, seed++);
+      std::vector<float> want;
+      std::vector<double> tol;
+      std::vector<char> covered;
+      reference(l.problems, l.operands, 0.f, &want, &tol, &covered);
+      const std::vector<float> f32 = run_on_device(l.problems, l.operands, 0.f, stream(), false);
+      const std::vector<uint16_t> got = run_bf16_out_on_device(l.problems, l.operands, fill, stream());
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size() && bad < 10; ++i) {
+        const uint16_t expect = covered[i] ? float_to_bf16(f32[i]).bits : fill;
+        if (got[i] != expect) {
+          ++bad;
+          ADD_FAILURE() << "D[" << i << "] bits " << got[i] << ", want " << expect
+                        << (covered[i] ? " (the f32 D rounded)" : " (no problem covers it)");
+        }
+      }
+    }
 }
 
 TEST_F(DeviceGroupedGemm, NoProblemsIsNoWork) {

@@ -151,11 +151,14 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
   MOE_CHECK(!forced_unsupported(),
             "[emu] device grouped GEMM called while MOECORE_EMU_GROUPED_GEMM=unsupported: the "
             "caller must ask device_grouped_gemm_supported first and keep its host-table path");
+  // The CUDA backend's bf16 D: the forward's forms only (no trans_a), assigned (beta 0).
+  MOE_CHECK(types != desc::GemmTypes::Bf16Bf16 || beta == 0.f,
+            "[emu] device grouped GEMM: a bf16 output is assigned only (beta={})", beta);
   if (G == 0) return;
   {
     EmuParamsCache& c = params_cache();
     std::lock_guard<std::mutex> lock(c.mu);
-    const GroupedGemmParamsKey key{workspace, G, beta, 0};
+    const GroupedGemmParamsKey key{workspace, G, beta, 0, static_cast<uint8_t>(types)};
     if (c.cache.find(key) == nullptr) c.cache.keep(key, [](char&) {});
   }
   const size_t table_bytes = static_cast<size_t>(G) * sizeof(GroupedGemmProblem);
@@ -226,6 +229,10 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
     EmuArgs e;
     std::memcpy(&e, args + g, sizeof e);
     const bool ta = e.trans & 1, tb = e.trans & 2;
+    MOE_CHECK(!(ta && types == desc::GemmTypes::Bf16Bf16),
+              "[emu] device grouped GEMM: problem {} reads A transposed with a bf16 output (the "
+              "CUDA backend's bf16-output kernel has the forward's forms only)",
+              g);
     // A problem with m = 0 or n = 0 writes nothing and reads nothing; k = 0 reads no A, B.
     const bool writes = e.m > 0 && e.n > 0;
     const Range a =

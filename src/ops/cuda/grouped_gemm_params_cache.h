@@ -1,6 +1,7 @@
 // The device-table grouped GEMM's cache of host-built kernel parameters (the CUTLASS backend,
 // ops/cuda/grouped_gemm_cutlass_sm90a.cu): a call's parameters (TMA descriptor templates among
-// them, built on the host by the driver) depend only on its key (workspace, G, beta, device), so
+// them, built on the host by the driver) depend only on its key (workspace, G, beta, device,
+// types), so
 // they are built on the key's first call and kept. The slots are fixed storage that a call never
 // allocates; the plan sizes them (reserve: the distinct calls a step makes, layers x forms, from
 // ops::grouped_gemm_workspace_bytes) so that after a step's first calls none misses. When more
@@ -21,6 +22,7 @@ struct GroupedGemmParamsKey {
   int64_t G = -1;
   float beta = 0.f;
   int device = -1;
+  uint8_t types = 0;  // desc::GemmTypes: the f32 and the bf16 output run different kernels
   bool operator==(const GroupedGemmParamsKey&) const = default;
 };
 
