@@ -353,7 +353,9 @@ ShardFile write_shard(const fs::path& dir, const std::string& file, int rank,
       sink(piece);
     });
   });
-  ShardFile f{file, rank};
+  ShardFile f;
+  f.file = file;
+  f.rank = rank;
   digests.finish(f);
   MOE_CHECK(f.bytes == size, "[checkpoint] '{}': {} bytes written, the header promised {}",
             (dir / file).string(), f.bytes, size);

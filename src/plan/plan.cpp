@@ -148,7 +148,10 @@ std::string plan_text(const Plan& p) {
     }
     if (d.pp > 1) {
       std::string in_flight;
-      for (int64_t n : s.in_flight) in_flight += (in_flight.empty() ? "" : " ") + std::to_string(n);
+      for (int64_t n : s.in_flight) {
+        if (!in_flight.empty()) in_flight += ' ';
+        in_flight += std::to_string(n);
+      }
       o += fmt::format("         schedule: {} warm-up forwards, micro-batches in flight per chunk "
                        "[{}], {} forwards recomputed before their backward; Megatron's schedule "
                        "would keep {:.2f} layer x micro-batch activations (informational){}\n",

@@ -27,8 +27,8 @@ Manifest two_rank_manifest() {
   m.world_size = 2;
   m.layout = {{"dp", 1}, {"ep", 2}};
   m.state = {{"consumed_samples", 56}};
-  m.files = {{"model_rank_00000.safetensors", 0, 4096, kHash},
-             {"model_rank_00001.safetensors", 1, 2048, std::string(64, 'b')}};
+  m.files = {{"model_rank_00000.safetensors", 0, 4096, kHash, 0, {}},
+             {"model_rank_00001.safetensors", 1, 2048, std::string(64, 'b'), 0, {}}};
   m.tensors = {
       {"decoder.layers.0.mlp.experts.linear_fc1.weight",
        "F32",
@@ -227,7 +227,7 @@ Manifest ep2_etp2_manifest() {
   GlobalTensor w{"decoder.layers.0.mlp.experts.linear_fc1.weight", "F32", {4, 8, 3}, {}};
   for (int r = 0; r < 4; ++r) {
     const std::string file = fmt::format("model_rank_{:05d}.safetensors", r);
-    m.files.push_back({file, r, 1024, kHash});
+    m.files.push_back({file, r, 1024, kHash, 0, {}});
     const int ep = r / 2, etp = r % 2;
     w.slices.push_back({file, 0, 2 * ep, 2, 1, SliceDim{1, 2 * etp, 2, 2}});
   }
@@ -407,7 +407,7 @@ TEST(Manifest, ValidatesTensOfThousandsOfRangedSlicesWithoutComparingEveryPair) 
   Manifest m;
   m.iteration = 1;
   m.world_size = 1;
-  m.files = {{"optim_rank_00000.safetensors", 0, 8, kHash}};
+  m.files = {{"optim_rank_00000.safetensors", 0, 8, kHash, 0, {}}};
   GlobalTensor t{"exp_avg.w", "F32", {64, 64, 64}, {}};
   for (int e = 0; e < 64; ++e) {
     for (int r = 0; r < 512; ++r) {  // 4096 elements per expert: 8 each

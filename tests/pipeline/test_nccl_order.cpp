@@ -280,7 +280,7 @@ TEST(PipelineNcclOrder, TheRunnersGroupsNeverWaitOnEachOther) {
 // groups larger than PP). Over the grid above, that posting waits for ever in 210 of the 588
 // layouts: PP 2 in groups of 4, PP 3 and 4 in groups of PP + 1 and PP + 2, and M = PP.
 TEST(PipelineNcclOrder, ReceivingWhenReadWaitsForEverOnPp4) {
-  for (const auto [g, m] : {std::pair<int64_t, int64_t>{4, 4}, {5, 10}, {6, 12}}) {
+  for (const auto& [g, m] : {std::pair<int64_t, int64_t>{4, 4}, {5, 10}, {6, 12}}) {
     const std::string why =
         model_of(ScheduleConfig{.pp = 4, .vp = 2, .num_microbatches = m, .group_size = g},
                  read_time_groups);
