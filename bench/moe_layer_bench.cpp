@@ -268,6 +268,7 @@ struct KernelBuffers {
   DevPtr<float> p = nullptr, dp = nullptr;                           // [N]
   DevPtr<float> x_TH = nullptr;                                      // [T, H]
   DevPtr<int64_t> rows_1 = nullptr;                                  // one group of T rows
+  ops::GroupedGemmWorkspace gws;  // the device-table path's, for E groups (or one)
 };
 
 struct Measured {
@@ -306,71 +307,100 @@ std::vector<Measured> time_kernels(const Exec& ex, const Options& o,
     ops::copy<float>(ex, kb.a, kb.c, wide);
     ops::copy<float>(ex, kb.b, kb.d, wide);
   }
-  // Dispatch and combine: the f32 row gathers, forward and backward alike.
-  time("fwd", "dispatch: permute rows (f32) + probs",
-       [&] { ops::permute_rows<float>(ex, kb.c, kb.x_TH, plan.row_token_N, N, H); });
-  time("fwd", "combine: unpermute rows (sum of K)",
-       [&] { ops::unpermute_rows<float>(ex, kb.x_TH, kb.c, plan.token_rows_TK, T, K, H); });
+  const ops::GroupedGemmWorkspace gws = kb.gws;
   if (b16) {
-    time("fwd", "experts: cast x rows to bf16",
-         [&] { ops::cast_f32_to_bf16(ex, h16(kb.a), kb.c, N * H); });
+    // The layer's --bf16 kernels (plan/moe_layer_kernels.h), in its order: x [T, H] cast once,
+    // bf16 rows gathered, fc1 writing the bf16 h, the activation from it, fc2's f32 rows rounded
+    // for the way back and summed per token; the backward likewise. Rows: a holds the expert
+    // input rows (bf16), b the bf16 h, c the bf16 activation then f32 gradients, d the f32
+    // products and then the bf16 dh.
+    time("fwd", "dispatch: cast x to bf16",
+         [&] { ops::cast_f32_to_bf16(ex, h16(kb.c), kb.x_TH, T * H); });
+    time("fwd", "dispatch: permute bf16 rows + probs", [&] {
+      ops::permute_rows<bf16>(ex, h16(kb.a), h16(kb.c), plan.row_token_N, N, H);
+    });
     time("fwd", "experts: fc1 grouped GEMM", [&] {
-      ops::grouped_gemm_bf16(ex, m_G, E, F1, H, h16(kb.a), fc1.data16, true, kb.d, nullptr);
+      ops::grouped_gemm_bf16_out(ex, m_G, E, F1, H, N, h16(kb.a), fc1.data16, true, nullptr,
+                                 h16(kb.b), kb.d, nullptr, nullptr, gws);
     });
     time("fwd", "experts: SwiGLU x prob to bf16",
-         [&] { ops::swiglu_forward_bf16(ex, h16(kb.b), kb.d, kb.p, N, F); });
+         [&] { ops::swiglu_forward_bf16(ex, h16(kb.c), h16(kb.b), kb.p, N, F); });
     time("fwd", "experts: fc2 grouped GEMM", [&] {
-      ops::grouped_gemm_bf16(ex, m_G, E, H, F, h16(kb.b), fc2.data16, true, kb.c, nullptr);
+      ops::grouped_gemm_bf16(ex, m_G, E, H, F, h16(kb.c), fc2.data16, true, kb.d, nullptr, nullptr,
+                             gws);
+    });
+    time("fwd", "combine: round rows to bf16",
+         [&] { ops::cast_f32_to_bf16(ex, h16(kb.c), kb.d, N * H); });
+    time("fwd", "combine: unpermute rows (sum of K)", [&] {
+      ops::unpermute_rows(ex, kb.x_TH, DevPtr<const bf16>(h16(kb.c)), plan.token_rows_TK, T, K, H);
+    });
+    time("bwd", "combine bwd: cast dy to bf16",
+         [&] { ops::cast_f32_to_bf16(ex, h16(kb.c), kb.x_TH, T * H); });
+    time("bwd", "combine bwd: permute dy rows", [&] {
+      ops::permute_rows<bf16>(ex, h16(kb.d), h16(kb.c), plan.row_token_N, N, H);
     });
     time("bwd", "experts: fc2 dgrad", [&] {
-      ops::grouped_gemm_bf16(ex, m_G, E, F, H, h16(kb.a), fc2.data16, false, kb.c, nullptr);
+      ops::grouped_gemm_bf16(ex, m_G, E, F, H, h16(kb.d), fc2.data16, false, kb.c, nullptr, nullptr,
+                             gws);
     });
     time("bwd", "experts: fc2 wgrad (f32 accumulate)", [&] {
-      ops::grouped_gemm_wgrad_bf16(ex, m_G, E, H, F, h16(kb.a), h16(kb.b), fc2.grad_as<float>(),
-                                   nullptr);
+      ops::grouped_gemm_wgrad_bf16(ex, m_G, E, H, F, h16(kb.d), h16(kb.b), fc2.grad_as<float>(),
+                                   nullptr, gws);
     });
-    time("bwd", "experts: SwiGLU backward to bf16",
-         [&] { ops::swiglu_backward_bf16(ex, h16(kb.b), kb.dp, kb.c, kb.d, kb.p, N, F); });
+    time("bwd", "experts: SwiGLU backward to bf16", [&] {
+      ops::swiglu_backward_bf16(ex, h16(kb.d), kb.dp, kb.c, h16(kb.b), kb.p, N, F);
+    });
     time("bwd", "experts: fc1 dgrad", [&] {
-      ops::grouped_gemm_bf16(ex, m_G, E, H, F1, h16(kb.b), fc1.data16, false, kb.c, nullptr);
+      ops::grouped_gemm_bf16(ex, m_G, E, H, F1, h16(kb.d), fc1.data16, false, kb.c, nullptr,
+                             nullptr, gws);
     });
     time("bwd", "experts: fc1 wgrad (f32 accumulate)", [&] {
-      ops::grouped_gemm_wgrad_bf16(ex, m_G, E, F1, H, h16(kb.b), h16(kb.a), fc1.grad_as<float>(),
-                                   nullptr);
+      ops::grouped_gemm_wgrad_bf16(ex, m_G, E, F1, H, h16(kb.d), h16(kb.a), fc1.grad_as<float>(),
+                                   nullptr, gws);
+    });
+    time("bwd", "dispatch bwd: round dx rows to bf16",
+         [&] { ops::cast_f32_to_bf16(ex, h16(kb.b), kb.c, N * H); });
+    time("bwd", "dispatch bwd: unpermute dx rows + dprobs", [&] {
+      ops::unpermute_rows(ex, kb.x_TH, DevPtr<const bf16>(h16(kb.b)), plan.token_rows_TK, T, K, H);
     });
     if (Fs > 0) {
       const std::string pre = "moe.shared_experts.";
       const Param& s1 = params.get(pre + "linear_fc1.weight");
       const Param& s2 = params.get(pre + "linear_fc2.weight");
       time("fwd", "shared: fc1 GEMM", [&] {
-        ops::grouped_gemm_bf16(ex, kb.rows_1, 1, 2 * Fs, H, h16(kb.a), s1.data16, true, kb.d,
-                               nullptr);
+        ops::grouped_gemm_bf16_out(ex, kb.rows_1, 1, 2 * Fs, H, T, h16(kb.a), s1.data16, true,
+                                   nullptr, h16(kb.b), kb.d, nullptr, nullptr, gws, T);
       });
       time("fwd", "shared: fc2 GEMM", [&] {
-        ops::grouped_gemm_bf16(ex, kb.rows_1, 1, H, Fs, h16(kb.b), s2.data16, true, kb.c, nullptr);
+        ops::grouped_gemm_bf16(ex, kb.rows_1, 1, H, Fs, h16(kb.b), s2.data16, true, kb.c, nullptr,
+                               nullptr, gws, T);
       });
       time("bwd", "shared: fc1 wgrad (f32 accumulate)", [&] {
         ops::grouped_gemm_wgrad_bf16(ex, kb.rows_1, 1, 2 * Fs, H, h16(kb.b), h16(kb.a),
-                                     s1.grad_as<float>(), nullptr);
+                                     s1.grad_as<float>(), nullptr, gws, T);
       });
     }
-  } else {  // f32 (no --bf16): the same products in f32
+  } else {  // f32 (no --bf16): the same products in f32, the f32 rows gathered
+    time("fwd", "dispatch: permute rows + probs",
+         [&] { ops::permute_rows<float>(ex, kb.c, kb.x_TH, plan.row_token_N, N, H); });
+    time("fwd", "combine: unpermute rows (sum of K)",
+         [&] { ops::unpermute_rows<float>(ex, kb.x_TH, kb.c, plan.token_rows_TK, T, K, H); });
     time("fwd", "experts: fc1 grouped GEMM", [&] {
-      ops::grouped_gemm<float>(ex, m_G, E, F1, H, kb.a, fc1.data_as<float>(), true, kb.d);
+      ops::grouped_gemm<float>(ex, m_G, E, F1, H, kb.a, fc1.data_as<float>(), true, kb.d, gws);
     });
     time("fwd", "experts: SwiGLU x prob",
          [&] { ops::swiglu_forward<float>(ex, kb.b, kb.d, kb.p, N, F); });
     time("fwd", "experts: fc2 grouped GEMM", [&] {
-      ops::grouped_gemm<float>(ex, m_G, E, H, F, kb.b, fc2.data_as<float>(), true, kb.c);
+      ops::grouped_gemm<float>(ex, m_G, E, H, F, kb.b, fc2.data_as<float>(), true, kb.c, gws);
     });
     time("bwd", "experts: fc2 dgrad", [&] {
-      ops::grouped_gemm<float>(ex, m_G, E, F, H, kb.a, fc2.data_as<float>(), false, kb.c);
+      ops::grouped_gemm<float>(ex, m_G, E, F, H, kb.a, fc2.data_as<float>(), false, kb.c, gws);
     });
     time("bwd", "experts: fc2 wgrad (f32 accumulate)", [&] {
-      ops::grouped_gemm_wgrad<float>(ex, m_G, E, H, F, kb.a, kb.b, fc2.grad_as<float>());
+      ops::grouped_gemm_wgrad<float>(ex, m_G, E, H, F, kb.a, kb.b, fc2.grad_as<float>(), gws);
     });
     time("bwd", "experts: fc1 wgrad (f32 accumulate)", [&] {
-      ops::grouped_gemm_wgrad<float>(ex, m_G, E, F1, H, kb.b, kb.a, fc1.grad_as<float>());
+      ops::grouped_gemm_wgrad<float>(ex, m_G, E, F1, H, kb.b, kb.a, fc1.grad_as<float>(), gws);
     });
   }
   return out;
@@ -432,6 +462,9 @@ int run(int argc, char** argv) {
       kb.dp = a.alloc<float>(N, "bench.kernels.dp", MemKind::Workspace);
       kb.x_TH = a.alloc<float>(T * H, "bench.kernels.x", MemKind::Workspace);
       kb.rows_1 = a.alloc<int64_t>(1, "bench.kernels.rows", MemKind::Workspace);
+      // The device-table path's table and backend workspace, as the layer plans its own.
+      if (const int64_t bytes = ops::grouped_gemm_workspace_bytes(ex, s.experts); bytes > 0)
+        kb.gws = {a.alloc<std::byte>(bytes, "bench.kernels.gws", MemKind::Workspace), bytes};
     }
   });
   params.init(1234);

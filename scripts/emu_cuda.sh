@@ -5,8 +5,9 @@
 # --device cuda` on the tiny model against --device cpu, bitwise run to run, on one process and
 # under mpirun in every parallel layout (the emulated NCCL), with checkpoints, stops and eval.
 # Usage: scripts/emu_cuda.sh [BUILD_DIR]   (default build-emu, configured with -DMOECORE_CUDA_EMU=ON
-# and its targets test_backend, test_device_select_mpi, test_emu_nccl and moecore built:
-# MOECORE_BUILD_DIR=build-emu MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi test_emu_nccl"
+# and its targets test_backend, test_device_select_mpi, test_emu_nccl, bench_moe_layer and moecore
+# built: MOECORE_BUILD_DIR=build-emu
+# MOECORE_BUILD_TARGETS="moecore test_backend test_device_select_mpi test_emu_nccl bench_moe_layer"
 # bash scripts/build.sh -DMOECORE_CUDA_EMU=ON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,23 @@ ran=$(grep -oE '^\[       OK \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" | sort 
 skipped=$( (grep -oE '^\[  SKIPPED \] Backend/Ops\.Run/cuda_[a-z0-9_]+' "$log" || true) | sort -u | wc -l)
 echo "[emu-cuda] cuda cases run against their reference: $(echo $ran | wc -w)"
 echo "[emu-cuda] cuda cases not run (an op without a kernel, named above): $skipped"
+# The GPU check's stage-4 program on the emulated device (scripts/gpu_check.sh runs it on a GPU
+# at Megatron's shapes): bench_moe_layer --device cuda --bf16 --kernels at the small presets (the
+# routed experts alone; and with DeepSeek-like routing and a shared expert), each kernel timed
+# alone through the path a GPU takes (device-table grouped GEMMs with their workspace, fc1's bf16
+# D) beside its prediction. Timings are the emulator's: only that it runs and prints is checked.
+for preset in small small-deepseek; do
+  out=$dir/emu-cuda-bench-$preset.log
+  if OMP_NUM_THREADS=1 "$dir/bench_moe_layer" --device cuda --bf16 --preset "$preset" --kernels \
+       --iters 1 --warmup 1 --peak-tflops 1 > "$out" 2>&1 &&
+     grep -qE '^\[kernel\] fwd experts: fc1 grouped GEMM: [0-9.]+ ms, predicted' "$out"; then
+    echo "[emu-cuda] bench_moe_layer --device cuda --bf16 --preset $preset --kernels: ok ($(grep -c '^\[kernel\]' "$out") kernels timed)"
+  else
+    echo "[emu-cuda] FAIL: bench_moe_layer --device cuda --bf16 --preset $preset --kernels:"
+    sed 's/^/    /' "$out"
+    rc=1
+  fi
+done
 # `moecore train --device cuda` against --device cpu (tests/emu/train_cuda_emu.sh): the tiny model
 # in f32; --bf16; f32 with TF32 GEMMs on the device (--fp32-matmul-precision high, against the
 # CPU's full f32); dropout with full recomputation and padded capacity; quantile balancing with two

@@ -96,41 +96,50 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
     const double S = std::max(512.0, 2 * E), tiles = std::max(1.0, N / S);
     c->latency_us = 2 * (S / 32) * 1.5 + std::max(1.0, E * tiles / 1024) * 3 + 6;
   }
-  add("dispatch: permute rows (f32) + probs", "fwd", "permute", 0, 8 * N * H + 12 * N, 2);
-  add("experts: cast x rows to bf16", "fwd", "experts", 0, 6 * N * H);
+  // --bf16 on a GPU (the native path, no biases: Megatron's MoE recipes), as the layer runs it
+  // (docs/design.md, "The MoE token path under --bf16"): the tokens cast to bf16 once and moved
+  // as bf16 rows; the routed experts' grouped GEMMs from device tables (the table kernel, the
+  // backend's table kernel and the GEMM: 3 launches, no host read); fc1 writes h as bf16 in the
+  // GEMM (GemmTypes::Bf16Bf16); the activation reads the bf16 h and writes the bf16 fc2 input;
+  // fc2 and the dgrads write f32 rows, rounded once to bf16 for the way back; the expert input
+  // rows are kept as bf16 for fc1's weight gradient; the weight gradients accumulate into f32.
+  const int gemm_launches = 3;
+  add("dispatch: cast x to bf16", "fwd", "permute", 0, 6 * T * H);
+  add("dispatch: permute bf16 rows + probs", "fwd", "permute", 0, 4 * N * H + 12 * N, 2);
   add("experts: fc1 grouped GEMM", "fwd", "experts", 2 * N * H * F1,
-      2 * N * H + 2 * E * F1 * H + 4 * N * F1, 1, 1);
-  add("experts: SwiGLU x prob to bf16", "fwd", "experts", 0, 4 * N * F1 + 4 * N + 2 * N * F);
+      2 * N * H + 2 * E * F1 * H + 2 * N * F1, gemm_launches);
+  add("experts: SwiGLU x prob to bf16", "fwd", "experts", 0, 2 * N * F1 + 4 * N + 2 * N * F);
   add("experts: fc2 grouped GEMM", "fwd", "experts", 2 * N * F * H,
-      2 * N * F + 2 * E * H * F + 4 * N * H, 1, 1);
-  add("combine: unpermute rows (sum of K)", "fwd", "permute", 0, 4 * N * H + 4 * T * H + 4 * N);
+      2 * N * F + 2 * E * H * F + 4 * N * H, gemm_launches);
+  add("combine: round rows to bf16", "fwd", "permute", 0, 6 * N * H);
+  add("combine: unpermute rows (sum of K)", "fwd", "permute", 0, 2 * N * H + 4 * T * H + 4 * N);
   if (Fs > 0) {
-    // The shared expert: nn::MLP, its grouped GEMMs with one group (the row count copied in).
-    add("shared: cast x to bf16", "fwd", "shared", 0, 6 * T * H, 2);
+    // The shared expert: nn::MLP, its GEMMs one strided-batched matmul each (one group whose rows
+    // the host knows), fc1 writing the bf16 h too.
+    add("shared: cast x to bf16", "fwd", "shared", 0, 6 * T * H);
     add("shared: fc1 GEMM", "fwd", "shared", 2 * T * H * 2 * Fs,
-        2 * T * H + 2 * 2 * Fs * H + 4 * T * 2 * Fs, 1, 1);
-    add("shared: SwiGLU to bf16", "fwd", "shared", 0, 4 * T * 2 * Fs + 2 * T * Fs);
-    add("shared: fc2 GEMM", "fwd", "shared", 2 * T * Fs * H, 2 * T * Fs + 2 * H * Fs + 4 * T * H, 1,
-        1);
+        2 * T * H + 2 * 2 * Fs * H + 2 * T * 2 * Fs);
+    add("shared: SwiGLU to bf16", "fwd", "shared", 0, 2 * T * 2 * Fs + 2 * T * Fs);
+    add("shared: fc2 GEMM", "fwd", "shared", 2 * T * Fs * H, 2 * T * Fs + 2 * H * Fs + 4 * T * H);
     add("shared: add output", "fwd", "shared", 0, 12 * T * H);
   }
 
   // Backward.
-  add("combine bwd: permute dy rows", "bwd", "permute", 0, 8 * N * H + 4 * N);
-  add("experts: cast dy rows to bf16", "bwd", "experts", 0, 6 * N * H);
+  add("combine bwd: cast dy to bf16", "bwd", "permute", 0, 6 * T * H);
+  add("combine bwd: permute dy rows", "bwd", "permute", 0, 4 * N * H + 4 * N);
   add("experts: fc2 dgrad", "bwd", "experts", 2 * N * H * F, 2 * N * H + 2 * E * H * F + 4 * N * F,
-      1, 1);
+      gemm_launches);
   add("experts: fc2 wgrad (f32 accumulate)", "bwd", "experts", 2 * N * H * F,
-      2 * N * H + 2 * N * F + 8 * E * H * F, 1, 1);
+      2 * N * H + 2 * N * F + 8 * E * H * F, gemm_launches);
   add("experts: SwiGLU backward to bf16", "bwd", "experts", 0,
-      4 * N * F + 4 * N * F1 + 4 * N + 2 * N * F1 + 4 * N);
-  add("experts: cast x rows to bf16 again", "bwd", "experts", 0, 6 * N * H);
+      4 * N * F + 2 * N * F1 + 4 * N + 2 * N * F1 + 4 * N);
   add("experts: fc1 dgrad", "bwd", "experts", 2 * N * F1 * H,
-      2 * N * F1 + 2 * E * F1 * H + 4 * N * H, 1, 1);
+      2 * N * F1 + 2 * E * F1 * H + 4 * N * H, gemm_launches);
   add("experts: fc1 wgrad (f32 accumulate)", "bwd", "experts", 2 * N * F1 * H,
-      2 * N * F1 + 2 * N * H + 8 * E * F1 * H, 1, 1);
+      2 * N * F1 + 2 * N * H + 8 * E * F1 * H, gemm_launches);
+  add("dispatch bwd: round dx rows to bf16", "bwd", "permute", 0, 6 * N * H);
   add("dispatch bwd: unpermute dx rows + dprobs", "bwd", "permute", 0,
-      4 * N * H + 4 * T * H + 8 * N, 2);
+      2 * N * H + 4 * T * H + 8 * N, 2);
   add("router bwd: probs, aux and z-loss gradients", "bwd", "router", 0, bwd_small * te_pass,
       bwd_small);
   add("router GEMMs bwd (f32: dx, dw)", "bwd", "router", 4 * T * E * H,
@@ -138,17 +147,16 @@ std::vector<KernelCost> moe_layer_kernels(const MoeBenchShape& s) {
       ->f32_gemm = true;
   if (Fs > 0) {
     add("shared: cast dy to bf16", "bwd", "shared", 0, 6 * T * H);
-    add("shared: fc2 dgrad", "bwd", "shared", 2 * T * H * Fs, 2 * T * H + 2 * H * Fs + 4 * T * Fs,
-        1, 1);
+    add("shared: fc2 dgrad", "bwd", "shared", 2 * T * H * Fs, 2 * T * H + 2 * H * Fs + 4 * T * Fs);
     add("shared: fc2 wgrad (f32 accumulate)", "bwd", "shared", 2 * T * H * Fs,
-        2 * T * H + 2 * T * Fs + 8 * H * Fs, 1, 1);
+        2 * T * H + 2 * T * Fs + 8 * H * Fs);
     add("shared: SwiGLU backward to bf16", "bwd", "shared", 0,
-        4 * T * Fs + 4 * T * 2 * Fs + 2 * T * 2 * Fs);
+        4 * T * Fs + 2 * T * 2 * Fs + 2 * T * 2 * Fs);
     add("shared: cast x to bf16 again", "bwd", "shared", 0, 6 * T * H);
     add("shared: fc1 dgrad", "bwd", "shared", 2 * T * 2 * Fs * H,
-        2 * T * 2 * Fs + 2 * 2 * Fs * H + 4 * T * H, 1, 1);
+        2 * T * 2 * Fs + 2 * 2 * Fs * H + 4 * T * H);
     add("shared: fc1 wgrad (f32 accumulate)", "bwd", "shared", 2 * T * 2 * Fs * H,
-        2 * T * 2 * Fs + 2 * T * H + 8 * 2 * Fs * H, 1, 1);
+        2 * T * 2 * Fs + 2 * T * H + 8 * 2 * Fs * H);
     add("shared: add input gradient", "bwd", "shared", 0, 12 * T * H);
   }
   return k;

@@ -3,14 +3,17 @@
 // peaks: the predictions the GPU check's MoE-layer benchmark is read against (bench_moe_layer
 // --predict, bench/RESULTS.md "The MoE layer on an H100").
 //
-// The dataflow counted (src/moe/, src/nn/mlp.cpp on the native bf16 path): activations are f32;
-// each grouped GEMM's input is cast to bf16 first (x rows twice: forward and backward), the
-// GEMMs read bf16 and write f32, the weight gradients accumulate into the f32 gradients (read and
-// written), the SwiGLU kernels read f32 and write the bf16 GEMM input. The router runs its GEMMs
-// in f32 (CUDA cores, TF32 off) and its selection and losses on [T, E] in f64: small kernels
-// whose time is their launches, not their bytes. Every grouped GEMM reads its group sizes on the
-// host (ops::kGroupedGemmSizes): a wait for the stream, counted apart (`syncs`). Local dispatch
-// (EP 1): the permutation is a gather of f32 rows, the combine a gather-sum.
+// The dataflow counted (src/moe/, src/nn/mlp.cpp on the native bf16 path, no biases; docs/design.md
+// "The MoE token path under --bf16"): the layer's input and output f32; the tokens cast to bf16
+// once and moved as bf16 rows (local dispatch, EP 1: gathers); the routed experts' grouped GEMMs
+// from device tables (no host read of the group sizes: `syncs` 0; three launches each: the
+// table kernel, the backend's, the GEMM), fc1 writing h as bf16 in the GEMM, the activation
+// reading the bf16 h and writing the bf16 fc2 input, fc2 and the dgrads writing f32 rows that are
+// rounded once to bf16 for the way back, the expert input rows kept as bf16 for fc1's weight
+// gradient, the weight gradients accumulated into the f32 gradients (read and written). The
+// shared expert's GEMMs are one strided-batched matmul each. The router runs its GEMMs in f32
+// (CUDA cores, TF32 off) and its selection and losses on [T, E] in f64: small kernels whose time
+// is their launches, not their bytes.
 // Legend: T tokens, H hidden, F expert ffn, F1 = 2F (SwiGLU's [gate; up]), E experts, K top-k,
 // N = T K routed rows, Fs the shared expert's ffn.
 #pragma once
