@@ -236,13 +236,14 @@ GPTModel<T>::GPTModel(const ModelConfig& cfg, int64_t micro_batch, uint64_t seed
     all_blocks_.push_back(blocks_[b].get());
     all_layers_.push_back(block_layer_[b]);
   }
-  routing_slots();
   if (mtp_ != nullptr) {
     for (int64_t j = 0; j < mtp_->depths(); ++j) {
       all_blocks_.push_back(&mtp_->layer(j).block());
       all_layers_.push_back(cfg_.num_layers + j);
     }
-    routing_slots();
+  }
+  routing_slots();  // every block is listed now
+  if (mtp_ != nullptr) {
     mtp_->set_ends(typename MtpBlock<T>::Ends{
         [this](DevPtr<T> x, DevPtr<const int32_t> ids, DevPtr<const int32_t> pos, uint64_t key) {
           embed(*mtp_table_, x, ids, pos, key);

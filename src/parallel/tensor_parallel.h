@@ -98,19 +98,14 @@ class TensorParallel {
     enter_backward(ex, partial_nH, y, n, H);
   }
   // Its backward: dy [local_tokens(n), H] to the whole [n, H] gradient of the row-parallel
-  // output (all-gathered with SP; dy itself without).
+  // output (all-gathered with SP; dy itself without). With a staging buffer wire16 of
+  // enter_wire_elems(n, H) the gather moves bf16 bytes (enter's form): exact only when every
+  // reader of the gathered gradient takes its bf16 values (the row-parallel projection's bf16
+  // GEMMs; not a bias gradient, which sums its f32 values). The choice must be the same on every
+  // rank of the group.
   template <typename T>
   DevPtr<const T> leave_backward(const Exec& ex, DevPtr<const T> dy, DevPtr<T> full_nH, int64_t n,
-                                 int64_t H) const {
-    return enter(ex, dy, full_nH, n, H);
-  }
-  // The same in bf16 bytes through a staging buffer of enter_wire_elems(n, H) (enter's form):
-  // exact only when every reader of the gathered gradient takes its bf16 values (the
-  // row-parallel projection's bf16 GEMMs; not a bias gradient, which sums its f32 values). The
-  // choice must be the same on every rank of the group.
-  template <typename T>
-  DevPtr<const T> leave_backward(const Exec& ex, DevPtr<const T> dy, DevPtr<T> full_nH, int64_t n,
-                                 int64_t H, DevPtr<bf16> wire16) const {
+                                 int64_t H, DevPtr<bf16> wire16 = nullptr) const {
     return enter(ex, dy, full_nH, n, H, wire16);
   }
 

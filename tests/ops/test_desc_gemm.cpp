@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/blas_interpreter.h"
+#include "common/testing.h"
 #include "core/check.h"
 #include "core/dtype.h"
 #include "ops/desc/gemm_desc.h"
@@ -185,18 +186,10 @@ TEST(DescGemm, Bf16OutIsTheF32OutputRoundedOnce) {
           EXPECT_EQ(got[static_cast<size_t>(r * call.ldc + c)].bits, 0x7fc1);
     }
   // Accumulating into a bf16 D would round twice: refused, naming the way that accumulates.
-  const auto message = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   const GemmCall add{GemmTypes::Bf16Bf16, false, false, 2, 3, 4, 4, 3, 3, 1.0, 1.0};
-  EXPECT_NE(message([&] { gemm_desc(add); }).find("Bf16F32"), std::string::npos);
+  EXPECT_NE(moecore::testing::error_of([&] { gemm_desc(add); }).find("Bf16F32"), std::string::npos);
   const int64_t m_G[] = {2, 0, 3};
-  EXPECT_NE(message([&] { grouped_batched_wgrad(GemmTypes::Bf16Bf16, m_G, 3, 4, 8); })
+  EXPECT_NE(moecore::testing::error_of([&] { grouped_batched_wgrad(GemmTypes::Bf16Bf16, m_G, 3, 4, 8); })
                 .find("accumulates"),
             std::string::npos);
   const GroupedBatchedDesc fwd = grouped_batched_forward(GemmTypes::Bf16Bf16, m_G, 3, 4, 8, true);
