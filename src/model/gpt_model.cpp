@@ -633,6 +633,7 @@ void GPTModel<T>::embed(const Param& table, DevPtr<T> x_local, DevPtr<const int3
   const int64_t first = tp_.first_token(T_);  // the local tokens' first (0 without SP)
   if (tp_.active()) {  // this rank's vocabulary rows, summed over TP (to this rank's tokens)
     const DevPtr<T> partial = tp_.sequence_parallel() ? vp_full_ : x_local;
+    if (tp_.sequence_parallel()) head_input_held_ = nullptr;
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {
       if (table.has_data16) {  // --bf16, the bf16 copy: its values, as on one rank
@@ -702,6 +703,7 @@ template <typename T>
 void GPTModel<T>::head_forward(DevPtr<const T> h_local, DevPtr<const int32_t> targets_T,
                                DevPtr<T> lse_T, DevPtr<double> sum) {
   const Exec& ex = arena_.exec();
+  head_input_held_ = h_local;
   if (tp_.active()) {
     const DevPtr<const T> h =
         tp_.enter(ex, h_local, vp_full_, T_, cfg_.hidden, vp_wire16_);  // [T, H]
@@ -724,8 +726,10 @@ void GPTModel<T>::head_backward(DevPtr<T> dh_local, DevPtr<const T> h_local,
   // With MTP the heads (and embeddings) of the depths ran after this head's forward and used the
   // buffers its backward reads as the forward left them: the whole input (all-gathered into
   // vp_full_ with SP) and, under --bf16, its bf16 form (HeadLossBf16): both written again from
-  // h, the same values.
-  if (mtp_loss_ != nullptr) {
+  // h, the same values; unless they still hold h's (the last head's forward before the first
+  // head's backward: the last MTP depth's).
+  if (mtp_loss_ != nullptr && head_input_held_ != h_local) {
+    head_input_held_ = h_local;
     if (sp) tp_.enter(ex, h_local, vp_full_, T_, H, vp_wire16_);
     if constexpr (std::is_same_v<T, float>) {
       const DevPtr<const float> h = sp ? DevPtr<const float>(vp_full_) : h_local;
@@ -757,6 +761,7 @@ void GPTModel<T>::forward_logits(DevPtr<const int32_t> ids_BS, DevPtr<T> logits_
   io_ = MicroBatchIO{};  // the saved activations are not a forward()'s: no backward from here
   // The ids stand in for the targets: no loss is computed.
   check_whole("forward_logits()");
+  head_input_held_ = nullptr;  // its input goes through the head's buffers
   MOE_CHECK(!cp_.active(), "[model] forward_logits with --context-parallel-size {} is not "
             "implemented: the logits of the whole sequence would have to be gathered from the CP "
             "ranks; run it on one CP rank",

@@ -364,6 +364,10 @@ class GPTModel {
   DevPtr<T> lse_T_ = nullptr;
   DevPtr<T> head_ws_ = nullptr;
   ops::HeadLossBf16 head16_;  // --bf16 head GEMM inputs
+  // The head input whose forms the head's buffers hold (its whole form in vp_full_ with SP, its
+  // bf16 form in head16_): the last head forward's input, or its backward's after a regather;
+  // null once anything else wrote them (the embedding's SP partial, forward_logits).
+  DevPtr<const T> head_input_held_ = nullptr;
   DevPtr<float> logits_ws32_ = nullptr;  // --bf16 forward_logits: gemm_bf16's workspace
   void embedding_lookup(const Param& table, DevPtr<T> y_TH, DevPtr<const int32_t> ids_T,
                         int64_t n_tok, int64_t rows);

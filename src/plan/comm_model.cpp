@@ -152,9 +152,10 @@ TpCommBytes plan_tp_comm(const ModelSpec& m, const RunSpec& run, const parallel:
     if (sp) {
       b.tp_vocab.reduce_scatter = heads * 2 * N * f;  // embedding leave, head enter's backward
       b.tp_vocab.all_gather = heads * (N + N_in) * f;  // embedding leave's backward, head enter
-      // With MTP every head's backward gathers its input again (GPTModel::head_backward: the
-      // depths' heads ran after it on the same buffers).
-      if (m.mtp_num_layers > 0) b.tp_vocab.all_gather += heads * N_in * f;
+      // With MTP every head's backward but the first gathers its input again
+      // (GPTModel::head_backward: the depths' heads ran after it on the same buffers); the
+      // first, the last depth's, finds its input still gathered.
+      if (m.mtp_num_layers > 0) b.tp_vocab.all_gather += (heads - 1) * N_in * f;
     } else {
       b.tp_vocab.all_reduce = heads * 2 * 2 * N * f;  // embedding leave, head enter's backward
     }

@@ -181,11 +181,12 @@ TEST(PlanVsMeasured, MemoryAndAllToAllBytesPerRank) {
 // `tp_bytes`: Communicator::bytes_sent() of the tp group over the step), on TP 2 with and without
 // SP (expert TP 1, so only the tp group's traffic; dropout off), with the QKV attention, a dense
 // layer, a shared expert, multi-latent attention (with q LoRA; with linear_q_proj and
-// mla_up_proj), two MTP depths (eh_proj's traffic, every head's regather) and Megatron's biases,
-// in f32 and --bf16 (with SP the inputs of the QKV projections, the dense MLPs, the shared
-// expert, eh_proj and the head all-gathered as bf16: 2 bytes an element; without biases the
-// output gradients' all-gathers of those regions too; the reductions f32). Every form is
-// deterministic (no routing in it), so they must be equal, byte for byte.
+// mla_up_proj), two MTP depths (eh_proj's traffic, the regather of every head but the last
+// depth's) and Megatron's biases, in f32 and --bf16 (with SP the inputs of the QKV projections,
+// the dense MLPs, the shared expert, eh_proj and the head all-gathered as bf16: 2 bytes an
+// element; without biases the output gradients' all-gathers of those regions too; the
+// reductions f32). Every form is deterministic (no routing in it), so they must be equal, byte
+// for byte.
 TEST(PlanVsMeasured, TpBytesPerRankExactly) {
 #ifndef MOECORE_HAVE_MPI
   GTEST_SKIP() << "no mpirun in this build";
