@@ -103,41 +103,20 @@ std::vector<GroupedGemmProblem> table_of(const std::vector<Problem>& ps, const b
   return table;
 }
 
-// The forward with a bf16 D (GemmTypes::Bf16Bf16, beta 0) over D filled with `fill` bits.
-std::vector<uint16_t> run_bf16_out_on_device(const std::vector<Problem>& ps, const Operands& o,
-                                             uint16_t fill, cudaStream_t stream) {
-  DeviceBuffer<bf16> a(o.a.size()), b(o.b.size());
-  DeviceBuffer<uint16_t> d(o.d0.size());
-  EXPECT_EQ(cudaMemcpy(a.p, o.a.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(b.p, o.b.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  const std::vector<uint16_t> d0(o.d0.size(), fill);
-  EXPECT_EQ(cudaMemcpy(d.p, d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  const std::vector<GroupedGemmProblem> table = table_of(ps, a.get(), b.get(), d.p, 2);
-  const int64_t G = static_cast<int64_t>(ps.size());
-  DeviceBuffer<GroupedGemmProblem> dtable(table.size());
-  const size_t ws_bytes = device_grouped_gemm_workspace_bytes(G);
-  DeviceBuffer<char> ws(ws_bytes);
-  const Exec ex{Device::CUDA, stream};
-  EXPECT_EQ(cudaMemcpyAsync(dtable.p, table.data(), dtable.bytes, cudaMemcpyHostToDevice, stream),
-            cudaSuccess);
-  device_grouped_gemm(ex, desc::GemmTypes::Bf16Bf16, dtable.get(), G, 0.f, ws.p, ws_bytes);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  std::vector<uint16_t> out(o.d0.size());
-  EXPECT_EQ(cudaMemcpy(out.data(), d.p, d.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-
-// Uploads the operands, writes the device table on `stream`, runs the call (captured in a graph
-// when `graph`), and returns D. The workspace starts ws_offset bytes into its allocation (a
+// Uploads the operands and D's initial values d0 (elements of D: float for Bf16F32, bf16 bits
+// for Bf16Bf16), writes the device table on `stream`, runs the call of `types` (captured in a
+// graph when `graph`), and returns D. The workspace starts ws_offset bytes into its allocation (a
 // multiple of 64 that no allocation starts at: an address no earlier call used).
-std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands& o, float beta,
-                                 cudaStream_t stream, bool graph, size_t ws_offset = 0) {
+template <typename D>
+std::vector<D> run_types_on_device(desc::GemmTypes types, const std::vector<Problem>& ps,
+                                   const Operands& o, const std::vector<D>& d0, float beta,
+                                   cudaStream_t stream, bool graph, size_t ws_offset = 0) {
   DeviceBuffer<bf16> a(o.a.size()), b(o.b.size());
-  DeviceBuffer<float> d(o.d0.size());
+  DeviceBuffer<D> d(d0.size());
   EXPECT_EQ(cudaMemcpy(a.p, o.a.data(), a.bytes, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(b.p, o.b.data(), b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d.p, o.d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  const std::vector<GroupedGemmProblem> table = table_of(ps, a.get(), b.get(), d.p, 4);
+  EXPECT_EQ(cudaMemcpy(d.p, d0.data(), d.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<GroupedGemmProblem> table = table_of(ps, a.get(), b.get(), d.p, sizeof(D));
   const int64_t G = static_cast<int64_t>(ps.size());
   DeviceBuffer<GroupedGemmProblem> dtable(table.size());
   const size_t ws_bytes = device_grouped_gemm_workspace_bytes(G);
@@ -145,7 +124,7 @@ std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands&
   void* workspace = ws.get() + ws_offset;
   const Exec ex{Device::CUDA, stream};
   const auto call = [&] {
-    device_grouped_gemm(ex, desc::GemmTypes::Bf16F32, dtable.get(), G, beta, workspace, ws_bytes);
+    device_grouped_gemm(ex, types, dtable.get(), G, beta, workspace, ws_bytes);
   };
   if (graph) {
     // The table is in place before the capture (a copy from pageable memory is not capturable);
@@ -168,9 +147,16 @@ std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands&
     call();
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   }
-  std::vector<float> out(o.d0.size());
+  std::vector<D> out(d0.size());
   EXPECT_EQ(cudaMemcpy(out.data(), d.p, d.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   return out;
+}
+
+// The f32 D's call (Bf16F32) from the operands' d0.
+std::vector<float> run_on_device(const std::vector<Problem>& ps, const Operands& o, float beta,
+                                 cudaStream_t stream, bool graph, size_t ws_offset = 0) {
+  return run_types_on_device(desc::GemmTypes::Bf16F32, ps, o, o.d0, beta, stream, graph,
+                             ws_offset);
 }
 
 // Values on a grid of 1/2 in [-4, 4]: every product and partial sum of a test is exact in f32,
@@ -346,7 +332,10 @@ TEST_F(DeviceGroupedGemm, Bf16OutputIsTheF32OutputRoundedOnce) {
       std::vector<char> covered;
       reference(l.problems, l.operands, 0.f, &want, &tol, &covered);
       const std::vector<float> f32 = run_on_device(l.problems, l.operands, 0.f, stream(), false);
-      const std::vector<uint16_t> got = run_bf16_out_on_device(l.problems, l.operands, fill, stream());
+      const std::vector<uint16_t> got =
+          run_types_on_device(desc::GemmTypes::Bf16Bf16, l.problems, l.operands,
+                              std::vector<uint16_t>(l.operands.d0.size(), fill), 0.f, stream(),
+                              false);
       int64_t bad = 0;
       for (size_t i = 0; i < got.size() && bad < 10; ++i) {
         const uint16_t expect = covered[i] ? float_to_bf16(f32[i]).bits : fill;

@@ -460,6 +460,19 @@ void set_smem_once(Kernel kernel, int bytes, uint64_t* bits, int device) {
                                            " bytes of shared memory: " + cudaGetErrorString(err));
   *bits |= bit;
 }
+// The grid of a call's kernel: one kernel holds the forms and branches on the form word, so every
+// form's parameters must ask for the same grid.
+template <class... Forms>
+dim3 common_grid(const char* which, const typename Forms::Params&... params) {
+  const dim3 grids[] = {Forms::get_grid_shape(params)...};
+  for (const dim3& g : grids) {
+    MOE_KERNEL_CHECK(g.x == grids[0].x && g.y == grids[0].y && g.z == grids[0].z,
+                     std::string("[gemm] the device grouped GEMM's ") + which +
+                         " forms want different grids");
+  }
+  return grids[0];
+}
+
 ParamsCache& params_cache() {
   static ParamsCache cache;
   return cache;
@@ -547,11 +560,8 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
       c.params16.form = reinterpret_cast<const int32_t*>(ws + l.form);
       c.params16.nt = params_of<gg::FormNT16>(l, ws, g, beta, facts.device, facts.sm_count);
       c.params16.nn = params_of<gg::FormNN16>(l, ws, g, beta, facts.device, facts.sm_count);
-      const dim3 grid = gg::FormNT16::get_grid_shape(c.params16.nt);
-      const dim3 grid_nn = gg::FormNN16::get_grid_shape(c.params16.nn);
-      MOE_KERNEL_CHECK(grid.x == grid_nn.x && grid.y == grid_nn.y && grid.z == grid_nn.z,
-                       "[gemm] the device grouped GEMM's bf16-output forms want different grids");
-      c.grid = grid;
+      c.grid = common_grid<gg::FormNT16, gg::FormNN16>("bf16-output", c.params16.nt,
+                                                        c.params16.nn);
     });
   } else if (hit == nullptr) {
     hit = &cache.calls.keep(key, [&](CallParams& c) {
@@ -560,13 +570,8 @@ void device_grouped_gemm(const Exec& ex, desc::GemmTypes types, const GroupedGem
       c.params.nt = params_of<gg::FormNT>(l, ws, g, beta, facts.device, facts.sm_count);
       c.params.nn = params_of<gg::FormNN>(l, ws, g, beta, facts.device, facts.sm_count);
       c.params.tn = params_of<gg::FormTN>(l, ws, g, beta, facts.device, facts.sm_count);
-      const dim3 grid = gg::FormNT::get_grid_shape(c.params.nt);
-      const dim3 grid_nn = gg::FormNN::get_grid_shape(c.params.nn);
-      const dim3 grid_tn = gg::FormTN::get_grid_shape(c.params.tn);
-      MOE_KERNEL_CHECK(grid.x == grid_nn.x && grid.y == grid_nn.y && grid.x == grid_tn.x &&
-                           grid.y == grid_tn.y && grid.z == grid_nn.z && grid.z == grid_tn.z,
-                       "[gemm] the device grouped GEMM's three forms want different grids");
-      c.grid = grid;
+      c.grid = common_grid<gg::FormNT, gg::FormNN, gg::FormTN>("three", c.params.nt, c.params.nn,
+                                                               c.params.tn);
     });
   }
   // The CUTLASS workspace's own preparation, in stream order: nothing for these kernels (the
